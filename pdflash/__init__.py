@@ -1,0 +1,17 @@
+"""pdflash: serve Mixture-of-Experts models with experts in host memory.
+
+DFlash block-diffusion drafts a block; route-ahead predicts the experts its
+verify pass needs and copies them over PCIe early, in priority bands; a 2-D
+{tokens, expert-bytes} deficit scheduler batches the verify steps.
+"""
+
+from __future__ import annotations
+
+from pdflash._native import NativeExtensionError, load_all
+
+# Fail at import, naming the module, if the build is incomplete.
+_NATIVE = load_all()
+
+__version__ = "0.1.0"
+
+__all__ = ["NativeExtensionError", "__version__"]

@@ -1,0 +1,226 @@
+"""The typed seams between pdflash's layers.
+
+Policies and the engine (Python) talk to the native hot loops and to each
+other only through these Protocols, so each side can be replaced, faked in a
+test, or embedded in someone else's serving loop.
+
+Conventions used everywhere:
+
+* An *expert id* is flat: ``g = layer * num_experts + expert`` (int32/int64),
+  ``0 <= g < num_layers * num_experts``.
+* An *expert set* is a boolean (or uint8) array of shape
+  ``(num_layers, num_experts)``, or a 1-D array of flat ids.
+* Sizes are bytes (int); times are seconds (float) unless a name says ``_us``.
+
+Domain-specific Protocols (eviction policies, scheduler weight policies,
+acceptance models) live beside their concept: ``pdflash.cache``,
+``pdflash.scheduler``, ``pdflash.engine``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Band(enum.IntEnum):
+    """H2D priority bands; a lower value is served first."""
+
+    ON_DEMAND = 0  # the forward is stalled on this copy
+    ROUTE_AHEAD = 1  # predicted for the verify about to run
+    BACKGROUND = 2  # opportunistic (frequency prior, warm-up)
+
+
+# --------------------------------------------------------------------------
+# H2D copy issuer (cuda/ + pdflash_native; Python class in pdflash.h2d)
+# --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class CopyIssuer(Protocol):
+    """Moves expert bytes host -> device in named bands.
+
+    Pointers are raw integer addresses (``tensor.data_ptr()``,
+    ``ndarray.ctypes.data``); the issuer never sees a torch object.
+    """
+
+    @property
+    def backend(self) -> str:
+        """``"cuda"`` or ``"host"``."""
+        ...
+
+    def submit(
+        self,
+        src: npt.ArrayLike,
+        dst: npt.ArrayLike,
+        nbytes: npt.ArrayLike,
+        keys: npt.ArrayLike,
+        band: Band,
+    ) -> npt.NDArray[np.int64]:
+        """Queue N copies in one call; returns N tickets. A key already queued
+        is not copied twice (its ticket is returned; a higher band promotes it)."""
+        ...
+
+    def poll(self, tickets: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Done flags, without blocking. A failed copy raises on wait, not here."""
+        ...
+
+    def wait(self, tickets: npt.ArrayLike, timeout_s: float | None = None) -> None:
+        """Block until all tickets are done; raises on timeout or a failed copy."""
+        ...
+
+    def stream_wait(self, tickets: npt.ArrayLike, stream_handle: int) -> None:
+        """Make a CUDA stream (raw ``cudaStream_t``) wait for the tickets
+        without a host sync. On the host backend this waits on the host."""
+        ...
+
+    def cancel(self, band: Band | None = None) -> int:
+        """Cancel queued, not-yet-started copies (of one band, or all); returns
+        how many. The issuer stays usable."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Per-band counters (copies, bytes, queue delay p50/p99, blocked wait s...)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the issuer thread and free everything; idempotent."""
+        ...
+
+
+# --------------------------------------------------------------------------
+# Model adapters (pdflash.models): what predictors and the engine need from a
+# real MoE architecture. Every decoder layer is an MoE layer for the shipped
+# architectures; an adapter refuses a config with dense layers.
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How one decoder layer's attention must be computed."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+    sliding_window: int | None  # None: full causal attention
+    has_sinks: bool  # gpt-oss learned attention sinks
+
+
+@runtime_checkable
+class MoEModelAdapter(Protocol):
+    """One architecture's exact semantics, over weights it holds.
+
+    All tensor arguments are 2-D ``[tokens, features]`` (no batch dim); the
+    engine flattens batches into tokens and keeps per-request positions.
+    """
+
+    arch: str
+    num_layers: int
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    vocab_size: int
+    expert_nbytes: int  # bytes of one packed expert (one H2D copy)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def attention_spec(self, layer: int) -> AttentionSpec: ...
+
+    def project_qkv(
+        self, layer: int, normed: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q ``[T, heads, D]``, k and v ``[T, kv_heads, D]``, rotary and any
+        q/k norms already applied."""
+        ...
+
+    def attention_sinks(self, layer: int) -> torch.Tensor | None: ...
+
+    def project_out(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
+        """``[T, heads * D]`` -> ``[T, hidden]``."""
+        ...
+
+    def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The norm applied before the router (post-attention norm)."""
+        ...
+
+    def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        """``[T, num_experts]`` raw gate logits."""
+        ...
+
+    def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact routing: top-k expert ids ``[T, k]`` (int64) and weights."""
+        ...
+
+    def moe(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        """The layer's MoE output ``[T, hidden]`` (offloaded or resident)."""
+        ...
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+# --------------------------------------------------------------------------
+# Route-ahead predictors (pdflash.routeahead)
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class DraftedBlock:
+    """A request's drafted verify block, as a predictor sees it."""
+
+    request_id: int
+    token_ids: torch.Tensor  # [B] anchor + drafted tokens
+    positions: torch.Tensor  # [B]
+    drafter_hidden: torch.Tensor | None = None  # [B, hidden] if the drafter exposes it
+    horizon: int | None = None  # predict for the first `horizon` positions only
+
+
+@runtime_checkable
+class ExpertPredictor(Protocol):
+    """Predicts the experts a verify pass will route to."""
+
+    name: str
+
+    def predict(self, block: DraftedBlock) -> npt.NDArray[np.float32]:
+        """Scores ``[num_layers, num_experts]``; > 0 means predicted, larger
+        means more confident (callers rank by it under a byte budget)."""
+        ...
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        """The experts the verify actually routed to, ``[num_layers, num_experts]``."""
+        ...
+
+    def forget(self, request_id: int) -> None:
+        """The request left; drop per-request state."""
+        ...
+
+
+def flat_expert_ids(mask: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
+    """Flat ids of a ``(layers, experts)`` expert set."""
+    return np.flatnonzero(np.asarray(mask).reshape(-1)).astype(np.int64)
+
+
+def expert_mask(
+    flat_ids: Sequence[int] | npt.NDArray[Any], num_layers: int, num_experts: int
+) -> npt.NDArray[np.bool_]:
+    """The ``(layers, experts)`` mask of flat ids; raises on an id out of range."""
+    ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+    total = num_layers * num_experts
+    if ids.size and (ids.min() < 0 or ids.max() >= total):
+        bad = ids[(ids < 0) | (ids >= total)][0]
+        raise ValueError(f"expert id {int(bad)} out of range [0, {total})")
+    mask = np.zeros(total, dtype=np.bool_)
+    mask[ids] = True
+    return mask.reshape(num_layers, num_experts)

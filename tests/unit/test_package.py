@@ -1,0 +1,115 @@
+"""The package foundation: import guard, stubs, lint and type gates."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pdflash
+import pdflash_native
+from pdflash import _native
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_every_native_module_loads_compiled() -> None:
+    modules = _native.load_all()
+    assert set(modules) == set(_native.NATIVE_MODULES)
+    for name, module in modules.items():
+        # a compiled extension, not a .py fallback
+        assert Path(module.__file__ or "").suffix in {".so", ".pyd"}, name
+
+
+def test_missing_native_module_raises_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_native, "NATIVE_MODULES", (*_native.NATIVE_MODULES, "_not_built"))
+    with pytest.raises(_native.NativeExtensionError, match=r"pdflash_native\._not_built"):
+        _native.load_all()
+
+
+def test_import_pdflash_fails_loudly_when_a_module_is_broken(tmp_path: Path) -> None:
+    # A fresh interpreter where one native module's import raises: importing
+    # pdflash must raise NativeExtensionError naming it, not fall back.
+    code = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name == 'pdflash_native._build_info':\n"
+        "            raise ImportError('simulated broken build')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "try:\n"
+        "    import pdflash\n"
+        "except ImportError as e:\n"
+        "    print(type(e).__name__, e)\n"
+        "    raise SystemExit(0)\n"
+        "raise SystemExit('pdflash imported without its native module')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert "NativeExtensionError" in out.stdout
+    assert "pdflash_native._build_info" in out.stdout
+
+
+def test_build_info_reports_cuda_flag() -> None:
+    info = importlib.import_module("pdflash_native._build_info").summary()
+    assert isinstance(info["cuda_compiled"], bool)
+    # nvcc on PATH at build time means the CUDA backend must have been built
+    # (PDFLASH_CUDA=AUTO), unless the builder turned it off explicitly.
+    import os
+
+    if shutil.which("nvcc") and os.environ.get("PDFLASH_CUDA", "AUTO") != "OFF":
+        assert info["cuda_compiled"] is True
+
+
+def test_py_typed_shipped() -> None:
+    assert (Path(pdflash.__file__).parent / "py.typed").is_file()
+    assert (Path(pdflash_native.__file__).parent / "py.typed").is_file()
+
+
+def test_stubs_match_compiled_modules(tmp_path: Path) -> None:
+    """pandas-style stubtest gate: the hand-written .pyi files must describe
+    the compiled modules exactly."""
+    pytest.importorskip("mypy")
+    modules = [f"pdflash_native.{name}" for name in _native.NATIVE_MODULES]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy.stubtest",
+            "--allowlist",
+            str(REPO / "tests" / "stubtest_allowlist.txt"),
+            *modules,
+        ],
+        cwd=tmp_path,  # never pick up the source tree instead of the install
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_clean() -> None:
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff not installed (it is in the [test] extra)")
+    proc = subprocess.run([ruff, "check", "."], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_clean() -> None:
+    pytest.importorskip("mypy")
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_and_ci_run_the_same_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text()
+    marker = "# test-command"
+    cmd = next(line for line in ci.splitlines() if line.rstrip().endswith(marker))
+    cmd = cmd.replace(marker, "").strip()
+    assert cmd in readme
