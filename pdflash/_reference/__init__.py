@@ -1,0 +1,1 @@
+"""Pure-Python references of the native hot loops, for differential tests only."""
