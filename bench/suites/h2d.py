@@ -25,7 +25,7 @@ Everything is measured side by side in one run on one backend:
   backlog as 8 MiB copies on the low-priority stream).
 
 On a CPU machine the host backend runs with an emulated link (default
-2 GB/s) and every size scaled down by ``--host-scale`` (default 4: a 4 MiB
+1 GB/s, well below memcpy speed so the CPU is not the link) and every size scaled down by ``--host-scale`` (default 4: a 4 MiB
 on-demand copy under a 128 MiB backlog with 1 MiB chunks): the time ratios,
 not the absolute numbers, are the comparable part.
 """
@@ -41,6 +41,8 @@ from typing import Any
 HELP = "H2D issuer: issue cost, copy bandwidth, on-demand latency under background load"
 
 MiB = 1 << 20
+#: (chunk MiB, window MiB) pairs for --sweep (before --host-scale).
+SWEEP = [(1.0, 2.0), (2.0, 4.0), (2.0, 6.0), (4.0, 8.0), (4.0, 12.0), (8.0, 16.0)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", type=int, default=0, help="CUDA device")
     parser.add_argument(
-        "--emulated-gbps", type=float, default=2.0, help="host backend: emulated link GB/s"
+        "--emulated-gbps", type=float, default=1.0, help="host backend: emulated link GB/s"
     )
     parser.add_argument(
         "--host-scale",
@@ -64,6 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--background-mib", type=int, default=512, help="background backlog")
     parser.add_argument("--reps", type=int, default=5, help="repetitions of each load scenario")
     parser.add_argument("--issue-reps", type=int, default=101, help="repetitions of issue timing")
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also run the on-demand scenario for several (chunk, window) sizes",
+    )
     parser.add_argument("--out", default=None, help="also write the JSON result to this path")
 
 
@@ -209,32 +216,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["expert_copy_gbps"] = _p50(rates)
 
         # ---- on-demand alone and under a background backlog ----------------
-        od_src, od_dst = _copies(mem, 1, on_demand, offset=background)
-        alone = [
-            _timed_copy(issuer, od_src, od_dst, on_demand, keys(1), Band.ON_DEMAND)
-            for _ in range(max(5, args.reps * 2))
-        ]
-        metrics["on_demand_alone_us"] = _p50(alone) * 1e6
-
+        lead_s = 3e-3 if backend == "cuda" else 12e-3 * scale / 4
         n_bg = max(8, background // expert)
         bg_size = background // n_bg
-        bg_src, bg_dst = _copies(mem, n_bg, bg_size)
-        under, bg_rates = [], []
-        lead_s = 3e-3 if backend == "cuda" else 12e-3 * scale / 4
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            bg = issuer.submit(bg_src, bg_dst, bg_size, keys(n_bg), Band.BACKGROUND)
-            _sleep_until(t0 + lead_s)  # the backlog is queued and running
-            t1 = time.perf_counter()
-            od = issuer.submit(od_src, od_dst, on_demand, keys(1), Band.ON_DEMAND)
-            issuer.wait(od)
-            under.append(time.perf_counter() - t1)
-            if not (issuer.states(bg) < 2).any():
-                raise RuntimeError("background backlog finished before the on-demand copy")
-            issuer.wait(bg)
-            bg_rates.append(n_bg * bg_size / (time.perf_counter() - t0) / 1e9)
-        metrics["on_demand_under_load_us"] = _p50(under) * 1e6
-        metrics["background_gbps_under_load"] = _p50(bg_rates)
+        scenario = _BandScenario(mem, keys, on_demand, background, n_bg, bg_size, lead_s)
+        alone_us, under_us, bg_gbps = scenario.run(issuer, args.reps)
+        metrics["on_demand_alone_us"] = alone_us
+        metrics["on_demand_under_load_us"] = under_us
+        metrics["background_gbps_under_load"] = bg_gbps
         stats = issuer.stats()
 
         if backend == "cuda":
@@ -245,6 +234,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             metrics["naive_priority_under_load_us"] = NotMeasured(
                 "CUDA stream priorities exist only on the CUDA backend"
             )
+        sweep: list[dict[str, Any]] = []
+        if args.sweep:
+            for chunk_mib, window_mib in SWEEP:
+                c, w = int(chunk_mib * MiB) // scale, int(window_mib * MiB) // scale
+                with H2DIssuer(
+                    backend=backend,
+                    device=args.device,
+                    chunk_bytes=c,
+                    window_bytes=w,
+                    **link_kwargs,
+                ) as other:
+                    a_us, u_us, g = scenario.run(other, args.reps)
+                sweep.append(
+                    {
+                        "chunk_bytes": c,
+                        "window_bytes": w,
+                        "on_demand_alone_us": a_us,
+                        "on_demand_under_load_us": u_us,
+                        "on_demand_under_load_ratio": u_us / a_us,
+                        "background_gbps_under_load": g,
+                        "background_fraction_of_peak": g / metrics["link_peak_gbps"],
+                    }
+                )
         del mem
 
     peak_gbps = metrics["link_peak_gbps"]
@@ -285,12 +297,63 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "build": _build_info(),
         }
     )
+    if sweep:
+        result["sweep"] = sweep
     if args.out:
         import json
 
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2, sort_keys=True)
     return result
+
+
+class _BandScenario:
+    """An ON_DEMAND copy alone, then submitted ``lead_s`` after a BACKGROUND
+    backlog (which must still be running when it is submitted)."""
+
+    def __init__(
+        self,
+        mem: _Memory,
+        keys: Any,
+        on_demand: int,
+        background: int,
+        n_bg: int,
+        bg_size: int,
+        lead_s: float,
+    ) -> None:
+        self.keys = keys
+        self.on_demand = on_demand
+        self.od_src, self.od_dst = _copies(mem, 1, on_demand, offset=background)
+        self.bg_src, self.bg_dst = _copies(mem, n_bg, bg_size)
+        self.n_bg, self.bg_size, self.lead_s = n_bg, bg_size, lead_s
+
+    def run(self, issuer: Any, reps: int) -> tuple[float, float, float]:
+        from pdflash.protocols import Band
+
+        alone = [
+            _timed_copy(
+                issuer, self.od_src, self.od_dst, self.on_demand, self.keys(1), Band.ON_DEMAND
+            )
+            for _ in range(max(5, reps * 2))
+        ]
+        under, bg_rates = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            bg = issuer.submit(
+                self.bg_src, self.bg_dst, self.bg_size, self.keys(self.n_bg), Band.BACKGROUND
+            )
+            _sleep_until(t0 + self.lead_s)  # the backlog is queued and running
+            t1 = time.perf_counter()
+            od = issuer.submit(
+                self.od_src, self.od_dst, self.on_demand, self.keys(1), Band.ON_DEMAND
+            )
+            issuer.wait(od)
+            under.append(time.perf_counter() - t1)
+            if not (issuer.states(bg) < 2).any():
+                raise RuntimeError("the background backlog finished before the on-demand copy")
+            issuer.wait(bg)
+            bg_rates.append(self.n_bg * self.bg_size / (time.perf_counter() - t0) / 1e9)
+        return _p50(alone) * 1e6, _p50(under) * 1e6, _p50(bg_rates)
 
 
 def _build_info() -> dict[str, Any]:

@@ -227,3 +227,21 @@ def test_close_with_work_in_flight_frees_everything() -> None:
     del iss, src, t
     gc.collect()
     assert native_live_counts() == base
+
+
+def test_on_demand_waits_at_most_one_window(issuer: H2DIssuer) -> None:
+    n, size = 32, 16 * MiB
+    src, dst = _pools(issuer, (n + 1) * size)
+    s, d = _slots(src.ctypes.data, n + 1, size), _slots(dst.data_ptr(), n + 1, size)
+    bg = issuer.submit(s[:n], d[:n], size, np.arange(n), Band.BACKGROUND)
+    od = issuer.submit(s[n:], d[n:], size, [n], Band.ON_DEMAND)
+    issuer.wait(od, timeout_s=30)
+    assert (issuer.states(bg) < STATE_DONE).any()  # the backlog was still there
+    issuer.wait(bg, timeout_s=60)
+    assert torch.equal(dst.cpu(), torch.from_numpy(src))
+    log = records_from_log(issuer.debug_log())
+    i_submit = next(i for i, e in enumerate(log) if e.kind == 0 and e.ticket == od[0])
+    i_first = next(i for i, e in enumerate(log) if e.kind == 3 and e.ticket == od[0])
+    ahead = sum(e.nbytes for e in log[i_submit:i_first] if e.kind == 3)
+    assert ahead <= issuer.window_bytes
+    _replay(issuer)
