@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     link_kwargs: dict[str, Any] = {}
     if backend == "host":
         link_kwargs["emulated_link_gbps"] = args.emulated_gbps
-    pool = max(background + on_demand, 768 * (64 << 10)) + 2 * chunk
+    # room for the backlog plus what the link moves before the on-demand copy
+    pool = max(2 * background + on_demand, 768 * (64 << 10)) + 2 * chunk
 
     metrics: dict[str, Any] = {}
     keybase = [1 << 40]
@@ -216,19 +217,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["expert_copy_gbps"] = _p50(rates)
 
         # ---- on-demand alone and under a background backlog ----------------
-        lead_s = 3e-3 if backend == "cuda" else 12e-3 * scale / 4
-        n_bg = max(8, background // expert)
-        bg_size = background // n_bg
+        # NOTE: the backlog is submitted lead_s before the on-demand copy (so
+        # the window is in steady state) and sized so that >= `background`
+        # bytes are still queued when the on-demand copy arrives (reported).
+        lead_s = 1e-3 if backend == "cuda" else 4e-3
+        backlog = background + int(1.25 * lead_s * metrics["link_peak_gbps"] * 1e9)
+        n_bg = max(8, backlog // expert)
+        bg_size = backlog // n_bg
         scenario = _BandScenario(mem, keys, on_demand, background, n_bg, bg_size, lead_s)
         alone_us, under_us, bg_gbps = scenario.run(issuer, args.reps)
         metrics["on_demand_alone_us"] = alone_us
         metrics["on_demand_under_load_us"] = under_us
         metrics["background_gbps_under_load"] = bg_gbps
+        metrics["background_queued_bytes_at_on_demand"] = scenario.queued_at_submit
         stats = issuer.stats()
 
         if backend == "cuda":
             metrics["naive_priority_under_load_us"] = _torch_priority_under_load_us(
-                mem, bg_size, n_bg, on_demand, background, args.reps
+                mem, on_demand, n_bg * bg_size, lead_s, args.reps
             )
         else:
             metrics["naive_priority_under_load_us"] = NotMeasured(
@@ -323,9 +329,10 @@ class _BandScenario:
     ) -> None:
         self.keys = keys
         self.on_demand = on_demand
-        self.od_src, self.od_dst = _copies(mem, 1, on_demand, offset=background)
+        self.od_src, self.od_dst = _copies(mem, 1, on_demand, offset=n_bg * bg_size)
         self.bg_src, self.bg_dst = _copies(mem, n_bg, bg_size)
         self.n_bg, self.bg_size, self.lead_s = n_bg, bg_size, lead_s
+        self.queued_at_submit = 0.0
 
     def run(self, issuer: Any, reps: int) -> tuple[float, float, float]:
         from pdflash.protocols import Band
@@ -336,13 +343,14 @@ class _BandScenario:
             )
             for _ in range(max(5, reps * 2))
         ]
-        under, bg_rates = [], []
+        under, bg_rates, queued = [], [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             bg = issuer.submit(
                 self.bg_src, self.bg_dst, self.bg_size, self.keys(self.n_bg), Band.BACKGROUND
             )
             _sleep_until(t0 + self.lead_s)  # the backlog is queued and running
+            queued.append(issuer.stats()["queued_bytes"])
             t1 = time.perf_counter()
             od = issuer.submit(
                 self.od_src, self.od_dst, self.on_demand, self.keys(1), Band.ON_DEMAND
@@ -353,6 +361,7 @@ class _BandScenario:
                 raise RuntimeError("the background backlog finished before the on-demand copy")
             issuer.wait(bg)
             bg_rates.append(self.n_bg * self.bg_size / (time.perf_counter() - t0) / 1e9)
+        self.queued_at_submit = _p50(queued)
         return _p50(alone) * 1e6, _p50(under) * 1e6, _p50(bg_rates)
 
 
@@ -397,7 +406,7 @@ def _torch_naive_issue_us(mem: _Memory, size: int, reps: int) -> float:
 
 
 def _torch_priority_under_load_us(
-    mem: _Memory, bg_size: int, n_bg: int, on_demand: int, background: int, reps: int
+    mem: _Memory, on_demand: int, background: int, lead_s: float, reps: int
 ) -> float:
     """Two CUDA streams (least / greatest priority), no issuer: the backlog as
     8 MiB copies on the low stream, then the on-demand copy on the high one;
@@ -405,7 +414,8 @@ def _torch_priority_under_load_us(
     import torch
 
     dev = mem.torch_dst.device
-    low_prio, high_prio = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
+    a, b = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]
+    low_prio, high_prio = max(a, b), min(a, b)  # a lower number is a higher priority
     low = torch.cuda.Stream(device=dev, priority=low_prio)
     high = torch.cuda.Stream(device=dev, priority=high_prio)
     src = torch.from_numpy(mem.src[: background + on_demand])
@@ -417,7 +427,7 @@ def _torch_priority_under_load_us(
         with torch.cuda.stream(low):
             for off in range(0, background, piece):
                 dst[off : off + piece].copy_(src[off : off + piece], non_blocking=True)
-        time.sleep(3e-3)
+        _sleep_until(time.perf_counter() + lead_s)
         done = torch.cuda.Event()
         t1 = time.perf_counter()
         with torch.cuda.stream(high):

@@ -353,8 +353,36 @@ def test_window_holds_at_most_its_bytes(issuer: H2DIssuer) -> None:
     stats = issuer.stats()
     assert stats["inflight_bytes"] == issuer.window_bytes
     assert stats["queued_copies"] == 4
+    assert stats["queued_bytes"] == 14 * CHUNK
     log = records_from_log(issuer.debug_log())
     assert sum(e.kind == LOG_START for e in log) == 2
     issuer._native.test_hold_link(False)
     issuer.wait(t, timeout_s=30)
     _replay(issuer)
+
+
+def test_close_wakes_a_blocked_waiter() -> None:
+    iss = H2DIssuer(backend="host", chunk_bytes=CHUNK, window_bytes=2 * CHUNK)
+    src, dst = _buffers(iss, 8 * CHUNK)
+    iss._native.test_hold_link(True)
+    t = iss.submit(
+        _slots(src, 8, CHUNK), _slots(dst, 8, CHUNK), CHUNK, np.arange(8), Band.ON_DEMAND
+    )
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            iss.wait(t, timeout_s=60)
+        except BaseException as exc:
+            raised.append(exc)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    _wait_for(lambda: iss.stats()["inflight_chunks"] == 2)
+    iss.close()
+    th.join(timeout=30)
+    assert not th.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], CopyCancelledError)
+    # the two chunks already in the window ran to completion before close returned
+    assert (iss.states(t)[:2] == STATE_DONE).all()
+    assert np.array_equal(src[: 2 * CHUNK], dst[: 2 * CHUNK])
