@@ -189,7 +189,8 @@ struct Issuer::Impl {
 
   std::vector<CopyRec> recs;
   std::vector<std::int32_t> free_recs;
-  std::vector<std::uint8_t> state_of_seq{0};  // index 0 unused
+  // NOTE: a deque, so growth never copies the whole history under the lock.
+  std::deque<std::uint8_t> state_of_seq{0};  // index 0 unused
   std::unordered_map<std::int64_t, std::string> errors;  // seq -> failure text
   std::int64_t next_seq = 1;
   KeyMap live_keys;

@@ -386,3 +386,32 @@ def test_close_wakes_a_blocked_waiter() -> None:
     # the two chunks already in the window ran to completion before close returned
     assert (iss.states(t)[:2] == STATE_DONE).all()
     assert np.array_equal(src[: 2 * CHUNK], dst[: 2 * CHUNK])
+
+
+def test_dedup_map_survives_many_keys_and_erasures(issuer: H2DIssuer) -> None:
+    # Thousands of live keys force rehashes and long probe chains in the
+    # native open-addressing key map; cancelling every third copy erases keys
+    # from the middle of those chains while the others stay live.
+    n, size = 3000, 256
+    src, dst = _buffers(issuer, n * size)
+    s, d = _slots(src, n, size), _slots(dst, n, size)
+    keys = np.arange(n, dtype=np.int64) * 1024  # strided keys collide more
+    victims = np.arange(0, n, 3)
+    keep = np.setdiff1d(np.arange(n), victims)
+    issuer._native.test_hold_link(True)
+    kept = issuer.submit(s[keep], d[keep], size, keys[keep], Band.ROUTE_AHEAD)
+    # tiny copies: the window holds max_inflight_chunks of them
+    _wait_for(lambda: issuer.stats()["inflight_chunks"] == issuer.max_inflight_chunks)
+    doomed = issuer.submit(s[victims], d[victims], size, keys[victims], Band.BACKGROUND)
+    assert np.array_equal(issuer.submit(s[keep], d[keep], size, keys[keep], Band.ROUTE_AHEAD), kept)
+    assert issuer.cancel(Band.BACKGROUND) == victims.size
+    assert (issuer.states(doomed) == STATE_CANCELLED).all()
+    again = issuer.submit(s, d, size, keys, Band.ON_DEMAND)
+    assert np.array_equal(again[keep], kept)  # still live: deduplicated (and promoted)
+    assert not np.isin(again[victims], doomed).any()  # erased: copied anew
+    started = issuer.max_inflight_chunks
+    assert issuer.stats()["bands"]["ON_DEMAND"]["promotions"] == keep.size - started
+    issuer._native.test_hold_link(False)
+    issuer.wait(again, timeout_s=60)
+    assert np.array_equal(src, dst)
+    _replay(issuer)
