@@ -28,6 +28,7 @@ are written in bf16 unless asked for MXFP4.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import weakref
@@ -159,6 +160,19 @@ def _default_host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, Callable
     return buf, unregister
 
 
+def _issuer_unregister(issuer: Any, ptr: int) -> Callable[[], None]:
+    ref = weakref.ref(issuer)
+
+    def unregister() -> None:
+        live = ref()
+        if live is None or getattr(live, "closed", False):
+            return  # a closed issuer has unregistered everything already
+        with contextlib.suppress(ValueError):  # already unregistered (issuer reset)
+            live.unregister_host(ptr)
+
+    return unregister
+
+
 class ExpertStore:
     """All experts of a checkpoint, packed in one host buffer.
 
@@ -169,8 +183,12 @@ class ExpertStore:
         formats: the architecture's checkpoint namings, tried in order.
         num_layers, num_experts: the expert grid.
         pin: page-lock the buffer (default: when CUDA is available).
-        allocator: ``nbytes -> uint8 tensor`` for the host buffer (e.g. the
-            issuer's pinned allocator); overrides ``pin``.
+        allocator: ``nbytes -> uint8 tensor`` for the host buffer; overrides
+            ``pin``.
+        issuer: when given (and ``allocator`` is not), the buffer is a plain
+            allocation registered with ``issuer.register_host`` (page-locked
+            on the CUDA backend, and known to the issuer as a valid copy
+            source); unregistered by :meth:`close` or garbage collection.
         workers: packing threads (default: CPU count, at most 16).
     """
 
@@ -184,6 +202,7 @@ class ExpertStore:
         *,
         pin: bool | None = None,
         allocator: Callable[[int], torch.Tensor] | None = None,
+        issuer: Any = None,
         workers: int | None = None,
     ) -> None:
         self.checkpoint = (
@@ -207,9 +226,16 @@ class ExpertStore:
             if buf.dtype != torch.uint8 or buf.numel() < total or buf.device.type != "cpu":
                 raise ValueError(f"allocator must return a CPU uint8 tensor of >= {total} bytes")
             self.buffer = buf.reshape(-1)
+            self.pinned = True
+        elif issuer is not None and hasattr(issuer, "register_host"):
+            self.buffer = torch.empty(max(total, 1), dtype=torch.uint8)
+            ptr = self.buffer.data_ptr()
+            issuer.register_host(ptr, self.buffer.numel())
+            self._unregister = _issuer_unregister(issuer, ptr)
+            self.pinned = issuer.backend == "cuda"
         else:
             self.buffer, self._unregister = _default_host_buffer(total, pin)
-        self.pinned = bool(pin) or allocator is not None
+            self.pinned = bool(pin)
         if self._unregister is not None:
             self._finalizer = weakref.finalize(self, self._unregister)
         self._pack_all(workers)

@@ -32,6 +32,13 @@ class GptOssAdapter(MoEAdapterBase):
     arch = "gpt_oss"
     modeling: ClassVar[Any] = modeling_gpt_oss
     router_attr = "router"
+    hf_block_class = "GptOssMLP"
+    hf_expert_params: ClassVar[dict[str, str]] = {
+        "gate_up": "gate_up_proj",
+        "gate_up_bias": "gate_up_proj_bias",
+        "down": "down_proj",
+        "down_bias": "down_proj_bias",
+    }
     returns_router_scores = True
     # NOTE: sdpa has no sinks; transformers refuses it for gpt-oss.
     default_attn_implementation = "eager"
