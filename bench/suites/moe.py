@@ -115,6 +115,28 @@ class _Timer:
         self.handles = []
 
 
+def _jsonable(obj: Any) -> Any:
+    """Nested dicts with :class:`NotMeasured` leaves -> JSON: the value becomes
+    null and its reason goes to that level's ``"not_measured"``."""
+    from pdflash.metrics import NotMeasured
+
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        reasons: dict[str, str] = {}
+        for k, v in obj.items():
+            if isinstance(v, NotMeasured):
+                out[k] = None
+                reasons[k] = v.reason
+            else:
+                out[k] = _jsonable(v)
+        if reasons:
+            out["not_measured"] = {**out.get("not_measured", {}), **reasons}
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
 def _median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
@@ -143,7 +165,7 @@ def _measure(
 ) -> dict[str, Any]:
     import torch
 
-    from pdflash.metrics import NotMeasured, ratio
+    from pdflash.metrics import ratio
 
     assert ad.cache is not None
     timer = _Timer(device)
@@ -156,10 +178,12 @@ def _measure(
     fwd: dict[str, list[float]] = {"resident": [], "offloaded": []}
     max_err = 0.0
     max_ref = 0.0
+    busy0 = 0.0
     for rep in range(args.repeats + 1):
         ids = torch.randint(0, ad.vocab_size, (args.tokens,), generator=gen)
         if rep == 1:
             ad.cache.reset_stats()  # the warm-up repeat is not counted
+            busy0 = float(issuer.stats()["link_busy_s"])
         outs = {}
         for mode in ("resident", "offloaded"):
             _sync(device)
@@ -183,6 +207,8 @@ def _measure(
             max_err = max(max_err, float((outs["offloaded"] - outs["resident"]).abs().max()))
             max_ref = max(max_ref, float(outs["resident"].abs().max()))
     timer.remove()
+    issuer_stats = issuer.stats()
+    link_busy_s = float(issuer_stats["link_busy_s"]) - busy0
     st = ad.cache.stats()
     offloaded_s = sum(fwd["offloaded"]) / 1e3
     per_layer = []
@@ -223,13 +249,19 @@ def _measure(
         "bytes_moved_per_forward": st["bytes_in"] / args.repeats,
         "copies": st["copies"],
         "issuer_backend": issuer.backend,
-        "issuer": {k: v for k, v in issuer.stats().items() if not isinstance(v, NotMeasured)},
+        "issuer": issuer_stats,  # cumulative over the whole run (all fractions, warm-up)
         "_metrics": {
             "hit_rate": st["hit_rate"],
             "useful_byte_fraction": st["useful_byte_fraction"],
             # bytes copied / wall time of the offloaded forwards (not link-busy time)
             "h2d_gbps_over_forward": ratio(
                 st["bytes_in"] / 1e9, offloaded_s, "no offloaded forward timed"
+            ),
+            # issuer copy-stream busy time during the measured offloaded forwards
+            "link_busy_s": link_busy_s,
+            "link_busy_fraction": ratio(link_busy_s, offloaded_s, "no offloaded forward timed"),
+            "h2d_gbps_while_busy": ratio(
+                st["bytes_in"] / 1e9, link_busy_s, "the link was never busy"
             ),
             "max_abs_err": max_err,
             "max_abs_logit_resident": max_ref,
@@ -240,9 +272,9 @@ def _measure(
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    from pdflash.h2d import H2DIssuer
 
     from pdflash.cache import ExpertCache
+    from pdflash.h2d import H2DIssuer
     from pdflash.metrics import metrics_to_json
     from pdflash.models import PRESET_ARCH, load_adapter, write_synthetic_checkpoint
 
@@ -347,8 +379,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             runs.append(row)
         ad.close()
         if len(runs) == 1:
-            return runs[0]
-        return {"suite": "moe", "runs": runs}
+            return dict(_jsonable(runs[0]))
+        return {"suite": "moe", "runs": _jsonable(runs)}
     finally:
         issuer.close()
         if tmp is not None:
