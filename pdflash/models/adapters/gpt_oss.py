@@ -95,8 +95,10 @@ class GptOssAdapter(MoEAdapterBase):
         return [ExpertFormat("bf16", bf16), ExpertFormat("mxfp4", mxfp4, quantized=True)]
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
-        limit = float(self.config.swiglu_limit)
-        alpha = float(self.config.swiglu_alpha)
+        # NOTE: transformers < 5.2x hard-codes alpha=1.702, limit=7.0 (the
+        # gpt-oss values); newer versions read them from the config.
+        limit = float(getattr(self.config, "swiglu_limit", 7.0))
+        alpha = float(getattr(self.config, "swiglu_alpha", 1.702))
         gate_up = x @ w["gate_up"] + w["gate_up_bias"]
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate = gate.clamp(min=None, max=limit)
