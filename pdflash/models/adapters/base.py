@@ -154,7 +154,9 @@ class MoEAdapterBase:
             self.expert_formats(config),
             self.num_layers,
             self.num_experts,
-            pin=self.device.type == "cuda",
+            # NOTE: page-locked through the issuer (register_host), so it is a
+            # valid copy source there; without one, pinning waits for attach_cache.
+            pin=False,
             allocator=host_allocator,
             issuer=issuer,
             workers=pack_workers,
@@ -214,6 +216,7 @@ class MoEAdapterBase:
                 f"cache is for {cache.num_layers}x{cache.num_experts} experts, "
                 f"model has {self.num_layers}x{self.num_experts}"
             )
+        self.store.register_with(cache.issuer)
         self.cache = cache
         self.runtime = OffloadedMoE(self.store, cache, self.expert_forward)
         for block in self.blocks:

@@ -157,3 +157,26 @@ def test_route_hook_sees_every_layer_and_can_prefetch(
     with torch.no_grad():
         ad.forward_logits(ids)
     assert len(calls) == ad.num_layers
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_adapter_implements_the_protocol(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from pdflash.protocols import MoEModelAdapter
+
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_fraction=1.0)
+    assert isinstance(ad, MoEModelAdapter)
+    assert (ad.arch, ad.num_layers, ad.num_experts, ad.top_k, ad.hidden_size, ad.vocab_size) == (
+        arch,
+        2,
+        8,
+        2,
+        32,
+        128,
+    )
+    assert ad.expert_nbytes == ad.store.expert_nbytes == ad.cache.expert_nbytes  # type: ignore[union-attr]
+    x = torch.randn(3, 32)
+    assert ad.router_logits(0, x).shape == (3, 8)
+    assert ad.moe(0, x).shape == (3, 32)
+    assert ad.lm_head(ad.final_norm(x)).shape == (3, 128)

@@ -282,3 +282,29 @@ def test_store_registers_its_buffer_with_the_issuer(tiny_checkpoints: dict[str, 
         issuer.unregister_host(ptr)
     finally:
         issuer.close()
+
+
+def test_store_registers_with_the_issuer_of_a_later_cache(
+    tiny_checkpoints: dict[str, Path],
+) -> None:
+    from pdflash.cache import ExpertCache
+    from pdflash.h2d import H2DIssuer
+
+    ad = load_adapter(tiny_checkpoints["olmoe"])  # no issuer: nothing registered yet
+    assert ad.cache is None and ad.store.registered_with is None
+    with pytest.raises(RuntimeError, match="no expert cache attached"):
+        ad.moe(0, torch.zeros(1, ad.hidden_size))
+    first, second = H2DIssuer(backend="host"), H2DIssuer(backend="host")
+    try:
+        ptr = ad.store.buffer.data_ptr()
+        for issuer in (first, second):
+            ad.attach_cache(ExpertCache(ad.store, issuer, fraction=1.0, top_k=ad.top_k))
+            assert ad.store.registered_with is issuer
+            with pytest.raises(ValueError, match="already registered"):
+                issuer.register_host(ptr, 16)
+        first.register_host(ptr, 16)  # moving to `second` unregistered it from `first`
+        out = ad.moe(1, torch.ones(3, ad.hidden_size))
+        assert out.shape == (3, ad.hidden_size) and torch.isfinite(out).all()
+    finally:
+        first.close()
+        second.close()
