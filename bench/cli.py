@@ -16,8 +16,10 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
-SUITES: dict[str, str] = {}
-SUITES["h2d"] = "h2d"
+SUITES: dict[str, str] = {
+    "h2d": "h2d",
+    "moe": "moe",
+}
 DEFAULT_SUITE = "default"
 
 
