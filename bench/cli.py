@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
-SUITES: dict[str, str] = {}
+SUITES: dict[str, str] = {
+    "routeahead": "routeahead",
+}
 DEFAULT_SUITE = "default"
 
 
