@@ -8,6 +8,7 @@ gate modules, so a predictor is always scored against what the model did.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +17,8 @@ import numpy.typing as npt
 import pytest
 import torch
 import torch.nn.functional as F
+
+from pdflash.protocols import AttentionSpec
 
 transformers = pytest.importorskip("transformers")
 
@@ -105,6 +108,41 @@ class HFRouterAdapter:
     def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _, weights, ids = self.layers[layer].mlp.gate(normed)
         return ids, weights
+
+    # attention, for the "block_attention" proxy
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        attn = self.layers[layer].self_attn
+        cfg = self.model.config
+        return AttentionSpec(
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=attn.head_dim,
+            scaling=attn.scaling,
+            sliding_window=getattr(cfg, "sliding_window", None),
+            has_sinks=False,
+        )
+
+    def attention_sinks(self, layer: int) -> torch.Tensor | None:
+        return None
+
+    def project_qkv(
+        self, layer: int, normed: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self.layers[layer].self_attn
+        T, D = normed.shape[0], attn.head_dim
+        q, k, v = attn.q_proj(normed), attn.k_proj(normed), attn.v_proj(normed)
+        if self.arch == "olmoe":  # OLMoE norms the whole projection
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.view(T, -1, D), k.view(T, -1, D), v.view(T, -1, D)
+        if self.arch == "qwen3_moe":  # Qwen3 norms each head
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        cos, sin = self.model.model.rotary_emb(v, positions[None])
+        rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        q4, k4 = rotary(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+        return q4[0].transpose(0, 1), k4[0].transpose(0, 1), v
+
+    def project_out(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
+        return self.layers[layer].self_attn.o_proj(attn)
 
 
 @dataclass

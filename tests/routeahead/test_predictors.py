@@ -10,7 +10,6 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from pdflash.metrics import NotMeasured
 from pdflash.protocols import DraftedBlock, ExpertPredictor
 from pdflash.routeahead import (
     AcceptanceHorizon,
@@ -62,6 +61,29 @@ def test_embed_proxy_is_exact_when_attention_and_experts_add_nothing(hf: Any, ar
     scores = ApproxRouterPredictor(adapter, proxy="embed").predict(_block(0, ids))
     assert scores.dtype == np.float32 and scores.shape == (hf.layers, hf.experts)
     np.testing.assert_array_equal(scores > 0, routed)
+
+
+def test_block_attention_proxy_is_exact_when_experts_add_nothing(hf: Any, arch: str) -> None:
+    # A block starting the sequence has no context before it, so embeddings
+    # carried through each layer's (block-only) attention with the experts
+    # skipped are the true residual stream of a model whose experts add 0.
+    model = hf.build(arch)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.experts.down_proj.zero_()
+    adapter = hf.adapter(model, arch)
+    ids = _blocks(hf, 1, seed=12)[0]
+    routed = hf.real_forward(model, ids).routed_mask()
+    block_attn = ApproxRouterPredictor(adapter, proxy="block_attention")
+    np.testing.assert_array_equal(block_attn.predict(_block(0, ids)) > 0, routed)
+    # while the attention-free proxy is not exact on the same model
+    embed_only = ApproxRouterPredictor(adapter, proxy="embed").predict(_block(0, ids)) > 0
+    assert (embed_only != routed).any()
+    # batching blocks of different lengths keeps each block to itself
+    other = _blocks(hf, 1, seed=13)[0][:7]
+    both = predict_batch(block_attn, [_block(0, other), _block(1, ids)])
+    np.testing.assert_array_equal(both[1] > 0, routed)
+    np.testing.assert_allclose(both[0], block_attn.predict(_block(0, other)), rtol=1e-5, atol=1e-6)
 
 
 def test_drafter_proxy_uses_drafter_hidden(hf: Any, arch: str) -> None:
@@ -218,60 +240,61 @@ def _score(predicted: npt.NDArray[np.bool_], routed: npt.NDArray[np.bool_]) -> t
 
 
 def test_report_coverage_and_precision_per_predictor(hf: Any, arch: str) -> None:
-    """Per predictor, over consecutive 16-token blocks of one request on a
-    random-weight model (synthetic): coverage and precision against the real
-    routing, with a random predictor of the same size as the yardstick."""
+    """Per predictor, over 12 consecutive 16-token blocks of one sequence on
+    a random-weight model (synthetic): coverage and precision against the
+    routing of one real forward over the whole sequence (so each block's
+    routing depends on its context, which the block predictors do not see),
+    with a random predictor of the same size as the yardstick."""
     model = hf.build(arch)
     adapter = hf.adapter(model, arch)
     stats = RouteAheadStats.for_adapter(adapter, decay=0.95)
     previous = PreviousRoundPredictor(hf.layers, hf.experts)
     predictors: dict[str, ExpertPredictor] = {
         "approx_router": ApproxRouterPredictor(adapter),
+        "approx_block_attention": ApproxRouterPredictor(adapter, proxy="block_attention"),
         "previous_round": previous,
         "frequency_prior": FrequencyPriorPredictor(stats, per_layer=2 * BLOCK),
     }
-    totals = {name: [0, 0, 0] for name in [*predictors, "next_layer", "random_same_size"]}
+    names = [*predictors, "next_layer", "random_same_size"]
+    scoring = {name: RouteAheadStats.for_adapter(adapter) for name in names}
     rng = np.random.default_rng(0)
     look = NextLayerLookahead(adapter)
-    for step, ids in enumerate(_blocks(hf, 12, seed=100 + len(arch))):
-        fwd = hf.real_forward(model, ids)
-        routed = fwd.routed_mask()
-        block = _block(0, ids)
+    blocks = 12
+    sequence = torch.cat(_blocks(hf, blocks, seed=100 + len(arch)))
+    fwd = hf.real_forward(model, sequence)
+    for step in range(blocks):
+        rows = slice(step * BLOCK, (step + 1) * BLOCK)
+        routed = fwd.routed_mask(rows)
+        block = DraftedBlock(0, sequence[rows], torch.arange(rows.start, rows.stop))
+        approx = predictors["approx_router"].predict(block) > 0
         for name, p in predictors.items():
-            scored = _score(p.predict(block) > 0, routed)
             if step > 0:  # previous/frequency have nothing to say at step 0
-                totals[name] = [t + s for t, s in zip(totals[name], scored, strict=True)]
+                scoring[name].update(p.predict(block) > 0, routed)
         nxt = np.zeros_like(routed)
         for layer in range(hf.layers - 1):
-            flat, _ = look.predict_next(layer, fwd.layer_output[layer])
+            flat, _ = look.predict_next(layer, fwd.layer_output[layer][rows])
             nxt.reshape(-1)[flat] = True
-        scored = _score(nxt[1:], routed[1:])
-        totals["next_layer"] = [t + s for t, s in zip(totals["next_layer"], scored, strict=True)]
-        approx = predictors["approx_router"].predict(block) > 0
-        shuffled = np.stack([rng.permutation(row) for row in approx])
+        later = routed.copy()
+        later[0] = False  # layer 0 has no previous layer to look ahead from
+        scoring["next_layer"].update(nxt, later)
         if step > 0:
-            scored = _score(shuffled, routed)
-            totals["random_same_size"] = [
-                t + s for t, s in zip(totals["random_same_size"], scored, strict=True)
-            ]
+            shuffled = np.stack([rng.permutation(row) for row in approx])
+            scoring["random_same_size"].update(shuffled, routed)
         stats.update(approx, routed)
         previous.observe(0, routed)
     report = {
-        name: (
-            hits / routed if routed else NotMeasured("none"),
-            hits / pred if pred else NotMeasured("none"),
-        )
-        for name, (hits, pred, routed) in totals.items()
+        name: (st.snapshot().coverage, st.snapshot().precision) for name, st in scoring.items()
     }
-    print(f"\n{arch}: (coverage, precision) per predictor on a synthetic random model")
+    print(f"\n{arch}: (coverage, precision) per predictor, synthetic random-weight model")
     for name, (cov, prec) in report.items():
-        print(f"  {name:18s} coverage={cov:.3f} precision={prec:.3f}")
-    for cov, prec in report.values():
+        assert isinstance(cov, float) and isinstance(prec, float)
         assert 0.0 <= cov <= 1.0 and 0.0 <= prec <= 1.0
-    # the real router on the embeddings must beat a random set of the same size
-    assert report["approx_router"][0] > report["random_same_size"][0]
-    # layer l+1's router on layer l's output must too (it is much closer)
-    assert report["next_layer"][0] > report["random_same_size"][0]
-    # the stats saw the same approx-router predictions
-    snap = stats.snapshot()
-    assert snap.steps == 12 and isinstance(snap.coverage, float)
+        print(f"  {name:24s} coverage={cov:.3f} precision={prec:.3f}")
+
+    def coverage(name: str) -> float:
+        return float(report[name][0])
+
+    # each router-based predictor must beat a random set of the same size
+    for name in ("approx_router", "approx_block_attention", "next_layer"):
+        assert coverage(name) > coverage("random_same_size"), name
+    assert stats.snapshot().steps == blocks
