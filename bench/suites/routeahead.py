@@ -9,10 +9,12 @@ Two parts, both on synthetic inputs (labelled ``"synthetic": true``):
    realistic overlap: per layer a Zipf-like expert popularity, per request a
    persistent affinity, per token Gumbel noise (top-k of the sum); the
    prediction is the same model with independent noise.
-2. **predictors** — each predictor on a tiny random-weight HF MoE model
-   (no checkpoint; built here), scored against the routing captured from the
-   model's own forward over 16-token blocks of one random token sequence:
-   ``coverage``, ``precision`` and ``predict_us`` (median per block).
+2. **predictors** — each predictor on tiny random-weight models of the four
+   architectures (``pdflash.models`` synthetic checkpoints written to a temp
+   dir, read through ``pdflash.models`` adapters), scored against the
+   routing captured from the transformers forward of the same checkpoint
+   over one random sequence of 16-token blocks: ``coverage``, ``precision``
+   and ``predict_us`` (median per block).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 HELP = "route-ahead: native vs reference bookkeeping speed; predictor coverage/precision"
 
 
@@ -44,6 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch device for the predictor part (auto: cuda if present)",
     )
     parser.add_argument("--skip-predictors", action="store_true")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads for the predictor part (0: 1 on CPU, torch's default on CUDA)",
+    )
+    parser.add_argument(
+        "--predictor-archs",
+        default=",".join(ARCHS),
+        help="comma-separated architectures for the predictor part (first = headline)",
+    )
 
 
 # ----------------------------------------------------------------------------
@@ -160,91 +174,49 @@ def bench_accumulator(args: argparse.Namespace) -> dict[str, Any]:
 # Part 2: predictors on a tiny random-weight model
 # ----------------------------------------------------------------------------
 
-TINY = dict(layers=8, experts=64, top_k=4, hidden=128, vocab=512, blocks=16, block=16)
+TINY = dict(layers=8, experts=64, top_k=4, blocks=16, block=16)
+_EXPERT_COUNT_KEY = {
+    "qwen3_moe": "num_experts",
+    "olmoe": "num_experts",
+    "mixtral": "num_local_experts",
+    "gpt_oss": "num_local_experts",
+}
 
 
-class _HFRouters:
-    """Embeddings, norms and routers of an HF Qwen3-MoE model (the parts a
-    predictor reads), for this benchmark's own tiny model."""
-
-    def __init__(self, model: Any) -> None:
-        cfg = model.config
-        self.model = model
-        self.layers = model.model.layers
-        self.num_layers = cfg.num_hidden_layers
-        self.num_experts = cfg.num_experts
-        self.top_k = cfg.num_experts_per_tok
-        experts = self.layers[0].mlp.experts
-        self.expert_nbytes = sum(p.numel() * p.element_size() for p in experts.parameters()) // (
-            self.num_experts
-        )
-
-    def embed(self, input_ids: Any) -> Any:
-        return self.model.model.embed_tokens(input_ids)
-
-    def moe_norm(self, layer: int, hidden: Any) -> Any:
-        return self.layers[layer].post_attention_layernorm(hidden)
-
-    def router_logits(self, layer: int, normed: Any) -> Any:
-        import torch.nn.functional as F
-
-        return F.linear(normed, self.layers[layer].mlp.gate.weight)
-
-
-def _tiny_model(device: str, seed: int) -> Any:
-    import torch
-    import transformers
-
-    torch.manual_seed(seed)
-    config: dict[str, Any] = dict(
-        vocab_size=TINY["vocab"],
-        hidden_size=TINY["hidden"],
-        intermediate_size=64,
-        moe_intermediate_size=64,
-        num_hidden_layers=TINY["layers"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=TINY["experts"],
-        num_experts_per_tok=TINY["top_k"],
-        norm_topk_prob=True,
-        max_position_embeddings=4096,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    cfg = transformers.Qwen3MoeConfig(**config)
-    return transformers.Qwen3MoeForCausalLM(cfg).eval().to(device)
-
-
-def _capture(model: Any, ids: Any) -> tuple[list[Any], list[Any]]:
-    """Routed top-k ids ``[T, k]`` and the residual after each layer ``[T, H]``."""
+def _capture(model: Any, router_attr: str, ids: Any) -> tuple[list[Any], list[Any]]:
+    """Routed top-k ids ``[T, k]`` and the residual after each layer ``[T, H]``
+    from the transformers forward (hooks on the router modules)."""
     import torch
 
     routed: list[Any] = []
     outs: list[Any] = []
     hooks = []
+
+    def on_router(_m: Any, _a: Any, output: Any) -> None:
+        routed.append(output[2].clone())
+
+    def on_layer(_m: Any, _a: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        outs.append(hidden.reshape(-1, hidden.shape[-1]).clone())
+
     for layer in model.model.layers:
-        hooks.append(
-            layer.mlp.gate.register_forward_hook(lambda _m, _a, o: routed.append(o[2].clone()))
-        )
-        hooks.append(
-            layer.register_forward_hook(
-                lambda _m, _a, o: outs.append((o[0] if isinstance(o, tuple) else o)[0].clone())
-            )
-        )
+        hooks.append(getattr(layer.mlp, router_attr).register_forward_hook(on_router))
+        hooks.append(layer.register_forward_hook(on_layer))
     try:
         with torch.inference_mode():
-            model(ids[None, :])
+            model(input_ids=ids[None, :], use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    return routed, outs
+    return [r.reshape(-1, r.shape[-1]) for r in routed], outs
 
 
-def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
+def bench_predictors_on(arch: str, root: str, device: str, seed: int) -> dict[str, Any]:
+    """Every predictor on one tiny synthetic checkpoint of ``arch``."""
     import torch
+    from transformers import AutoModelForCausalLM
 
+    from pdflash.models import load_adapter, write_synthetic_checkpoint
     from pdflash.protocols import DraftedBlock, ExpertPredictor
     from pdflash.routeahead import (
         ApproxRouterPredictor,
@@ -255,69 +227,88 @@ def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
         RouteAheadStats,
     )
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = _tiny_model(device, args.seed)
-    adapter = _HFRouters(model)
-    L, E, B = TINY["layers"], TINY["experts"], TINY["block"]
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    sequence = torch.randint(3, TINY["vocab"], (TINY["blocks"] * B,), generator=gen).to(device)
-    routed_ids, layer_out = _capture(model, sequence)
+    L, E, K, B = TINY["layers"], TINY["experts"], TINY["top_k"], TINY["block"]
+    path = write_synthetic_checkpoint(
+        f"{root}/{arch}",
+        arch,
+        "tiny",
+        num_layers=L,
+        dtype=torch.float32,
+        seed=seed,
+        config_overrides={_EXPERT_COUNT_KEY[arch]: E, "num_experts_per_tok": K},
+    )
+    adapter = load_adapter(path, device=device, dtype=torch.float32)
+    resident = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    )
+    resident = resident.eval().to(device)
+    gen = torch.Generator().manual_seed(seed + 1)
+    vocab = int(adapter.vocab_size)
+    sequence = torch.randint(3, vocab, (TINY["blocks"] * B,), generator=gen).to(device)
+    routed_ids, layer_out = _capture(resident, type(adapter).router_attr, sequence)
 
     def routed_mask(block: int) -> npt.NDArray[np.bool_]:
         mask = np.zeros((L, E), dtype=np.bool_)
         for layer in range(L):
-            mask[
-                layer, routed_ids[layer][block * B : (block + 1) * B].reshape(-1).cpu().numpy()
-            ] = True
+            ids = routed_ids[layer][block * B : (block + 1) * B]
+            mask[layer, ids.reshape(-1).long().cpu().numpy()] = True
         return mask
 
-    freq_stats = RouteAheadStats(L, E, adapter.expert_nbytes, decay=0.9)
+    nbytes = int(adapter.expert_nbytes)
+    freq_stats = RouteAheadStats(L, E, nbytes, decay=0.9)
     previous = PreviousRoundPredictor(L, E)
     approx = ApproxRouterPredictor(adapter, proxy="embed")
-    frequency = FrequencyPriorPredictor(freq_stats, per_layer=2 * adapter.top_k * 4)
+    frequency = FrequencyPriorPredictor(freq_stats, per_layer=2 * B)
     # NOTE: the combined predictor may prefetch half of the model's experts per
     # block; it ranks the union of its members and keeps the best that fit.
-    budget = (L * E // 2) * adapter.expert_nbytes
+    budget = (L * E // 2) * nbytes
     predictors: dict[str, ExpertPredictor] = {
         "approx_router": approx,
         "approx_router_wide": ApproxRouterPredictor(
-            adapter, proxy="embed", experts_per_token=2 * adapter.top_k, name="approx_router_wide"
+            adapter, proxy="embed", experts_per_token=2 * K, name="approx_router_wide"
+        ),
+        "approx_block_attention": ApproxRouterPredictor(
+            adapter, proxy="block_attention", name="approx_block_attention"
         ),
         "previous_round": previous,
         "frequency_prior": frequency,
+        # the same budget for the approximate router alone: the yardstick for "combined"
+        "approx_router_budget": CombinedPredictor(
+            [(approx, 1.0)], expert_nbytes=nbytes, byte_budget=budget, name="approx_router_budget"
+        ),
+        # NOTE: weights picked on these synthetic models (agreement with the
+        # previous round / the prior breaks ties among the router's guesses)
         "combined": CombinedPredictor(
-            [(approx, 1.0), (previous, 0.5), (frequency, 0.25)],
-            expert_nbytes=adapter.expert_nbytes,
+            [(approx, 1.0), (previous, 0.15), (frequency, 0.05)],
+            expert_nbytes=nbytes,
             byte_budget=budget,
         ),
     }
-    stats = {
-        name: RouteAheadStats(L, E, adapter.expert_nbytes) for name in [*predictors, "next_layer"]
-    }
-    times: dict[str, list[float]] = {name: [] for name in stats}
+    names = [*predictors, "next_layer"]
+    stats = {name: RouteAheadStats(L, E, nbytes) for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
     look = NextLayerLookahead(adapter)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     warm = DraftedBlock(1, sequence[:B], torch.arange(B, device=device))
     for predictor in predictors.values():  # warm-up: lazy init is not a prediction
         predictor.predict(warm)
     look.predict_next(0, layer_out[0][:B])
-    for block_index in range(TINY["blocks"]):
-        tokens = sequence[block_index * B : (block_index + 1) * B]
-        block = DraftedBlock(0, tokens, torch.arange(B, device=device))
-        routed = routed_mask(block_index)
+    for index in range(TINY["blocks"]):
+        rows = slice(index * B, (index + 1) * B)
+        block = DraftedBlock(0, sequence[rows], torch.arange(rows.start, rows.stop, device=device))
+        routed = routed_mask(index)
         for name, predictor in predictors.items():
+            sync()
             start = time.perf_counter_ns()
-            scores = predictor.predict(block)
+            scores = predictor.predict(block)  # returns host numpy: includes the sync
             times[name].append((time.perf_counter_ns() - start) / 1e3)
-            if block_index > 0:  # stateful predictors know nothing before block 0
+            if index > 0:  # stateful predictors know nothing before block 0
                 stats[name].update(scores > 0, routed)
         nxt = np.zeros((L, E), dtype=np.bool_)
+        sync()
         start = time.perf_counter_ns()
         for layer in range(L - 1):
-            flat, _ = look.predict_next(
-                layer, layer_out[layer][block_index * B : (block_index + 1) * B]
-            )
+            flat, _ = look.predict_next(layer, layer_out[layer][rows])
             nxt.reshape(-1)[flat] = True
         times["next_layer"].append((time.perf_counter_ns() - start) / 1e3)
         # layer 0 has no previous layer: the lookahead is scored on layers 1..L-1
@@ -341,13 +332,41 @@ def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
         }
         if "not_measured" in row:
             out[name]["not_measured"] = row["not_measured"]
+    adapter.close()
+    return out
+
+
+def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    threads = args.torch_threads
+    if threads == 0 and device == "cpu":
+        # NOTE: a tiny model's ops are latency-bound; intra-op threads only add
+        # synchronisation (and, on a shared machine, wait for busy cores).
+        threads = 1
+    if threads > 0:
+        torch.set_num_threads(threads)
+    archs = [a for a in args.predictor_archs.split(",") if a]
+    for arch in archs:
+        if arch not in ARCHS:
+            raise SystemExit(f"--predictor-archs: unknown arch {arch!r}; choose from {ARCHS}")
+    with tempfile.TemporaryDirectory(prefix="pdflash-routeahead-") as root:
+        by_arch = {arch: bench_predictors_on(arch, root, device, args.seed) for arch in archs}
     return {
         "synthetic": True,
-        "model": "Qwen3-MoE architecture, random weights (transformers init), built in the bench",
+        "model": "pdflash.models synthetic 'tiny' checkpoints (random weights), "
+        "scored against the transformers forward of the same checkpoint over one "
+        "sequence of 16-token blocks (routing depends on context the predictors do not see)",
         "device": device,
+        "torch_threads": torch.get_num_threads(),
         **TINY,
-        "byte_budget_combined": budget,
-        "predictors": out,
+        "combined_byte_budget": "half of the model's experts per block",
+        "by_arch": by_arch,
     }
 
 
@@ -364,6 +383,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "build": _build_info.summary(),
     }
     if not args.skip_predictors:
-        result["predictor_model"] = bench_predictors(args)
-        result["predictors"] = result["predictor_model"].pop("predictors")
+        model = bench_predictors(args)
+        # headline: the first arch's predictors; every arch under predictor_model.by_arch
+        result["predictors"] = model["by_arch"][next(iter(model["by_arch"]))]
+        result["predictor_model"] = model
     return result

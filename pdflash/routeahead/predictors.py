@@ -93,39 +93,6 @@ def _topk_gate_scores(
     return ids, values
 
 
-def block_causal_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    spec: AttentionSpec,
-    positions: torch.Tensor,
-    sinks: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal attention of one block over itself only (no KV cache):
-    q ``[T, heads, D]``, k/v ``[T, kv_heads, D]``; honours GQA, the sliding
-    window and learned sinks (an extra softmax column, dropped after).
-    Returns ``[T, heads * D]``."""
-    import torch
-
-    T, H, D = q.shape
-    rep = spec.num_heads // spec.num_kv_heads
-    kf = k.float().repeat_interleave(rep, dim=1)
-    vf = v.float().repeat_interleave(rep, dim=1)
-    scores = torch.einsum("thd,shd->hts", q.float(), kf) * spec.scaling
-    pos = positions.to(q.device)
-    allowed = pos[None, :] <= pos[:, None]  # [t, s]: key s is not in t's future
-    if spec.sliding_window is not None:
-        allowed &= (pos[:, None] - pos[None, :]) < spec.sliding_window
-    scores = scores.masked_fill(~allowed[None], float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().to(q.device)[:, None, None].expand(H, T, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :T]
-    else:
-        probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("hts,shd->thd", probs, vf)
-    return out.reshape(T, H * D).to(v.dtype)
-
-
 class ApproxRouterPredictor:
     """Each layer's real router over a cheap proxy of the drafted block's
     residual stream; per layer, the union of every position's top-k, scored
@@ -195,15 +162,20 @@ class ApproxRouterPredictor:
         over itself (``segments``: (first row, positions) per block)."""
         import torch
 
+        # NOTE: the adapters' own reference semantics (GQA, sliding window,
+        # sinks), so the proxy's attention is the model's, minus the context.
+        from pdflash.models.attention import reference_attention
+
         adapter = cast(BlockAttentionAccess, self.adapter)  # checked in __init__
         spec = adapter.attention_spec(layer)
         sinks = adapter.attention_sinks(layer) if spec.has_sinks else None
         normed = adapter.input_norm(layer, hidden)
         outs = []
-        for start, positions in segments:
+        for start, block_positions in segments:
+            positions = block_positions.to(normed.device)
             rows = normed[start : start + positions.shape[0]]
             q, k, v = adapter.project_qkv(layer, rows, positions)
-            outs.append(block_causal_attention(q, k, v, spec, positions, sinks))
+            outs.append(reference_attention(q, k, v, spec, positions, positions, sinks))
         return hidden + adapter.project_out(layer, torch.cat(outs))
 
     def predict(self, block: DraftedBlock) -> ScoreArray:
