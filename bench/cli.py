@@ -19,6 +19,7 @@ from types import ModuleType
 SUITES: dict[str, str] = {
     "h2d": "h2d",
     "moe": "moe",
+    "routeahead": "routeahead",
 }
 DEFAULT_SUITE = "default"
 
