@@ -15,3 +15,7 @@ _NATIVE = load_all()
 __version__ = "0.1.0"
 
 __all__ = ["NativeExtensionError", "__version__"]
+
+from pdflash.scheduler import SchedulerConfig, StepResult, VerifyScheduler  # noqa: E402
+
+__all__ += ["SchedulerConfig", "StepResult", "VerifyScheduler"]
