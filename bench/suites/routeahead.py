@@ -211,7 +211,9 @@ def _capture(model: Any, router_attr: str, ids: Any) -> tuple[list[Any], list[An
     return [r.reshape(-1, r.shape[-1]) for r in routed], outs
 
 
-def bench_predictors_on(arch: str, root: str, device: str, seed: int) -> dict[str, Any]:
+def bench_predictors_on(
+    arch: str, root: str, device: str, seed: int, batch_blocks: int
+) -> dict[str, Any]:
     """Every predictor on one tiny synthetic checkpoint of ``arch``."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -332,6 +334,25 @@ def bench_predictors_on(arch: str, root: str, device: str, seed: int) -> dict[st
         }
         if "not_measured" in row:
             out[name]["not_measured"] = row["not_measured"]
+    # the engine's per-step call: one batched pass over every request's block
+    many = [
+        DraftedBlock(
+            r, sequence[(r % TINY["blocks"]) * B :][:B], torch.arange(B, device=device) + r
+        )
+        for r in range(batch_blocks)
+    ]
+    for name in ("approx_router", "approx_block_attention"):
+        batched = predictors[name]
+        assert isinstance(batched, ApproxRouterPredictor)
+        batched.predict_batch(many)  # warm-up
+        laps = []
+        for _ in range(3):
+            sync()
+            start = time.perf_counter_ns()
+            batched.predict_batch(many)
+            laps.append((time.perf_counter_ns() - start) / 1e3)
+        out[name]["predict_batch_us"] = statistics.median(laps)
+        out[name]["predict_batch_blocks"] = batch_blocks
     adapter.close()
     return out
 
@@ -356,7 +377,10 @@ def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
         if arch not in ARCHS:
             raise SystemExit(f"--predictor-archs: unknown arch {arch!r}; choose from {ARCHS}")
     with tempfile.TemporaryDirectory(prefix="pdflash-routeahead-") as root:
-        by_arch = {arch: bench_predictors_on(arch, root, device, args.seed) for arch in archs}
+        by_arch = {
+            arch: bench_predictors_on(arch, root, device, args.seed, args.requests)
+            for arch in archs
+        }
     return {
         "synthetic": True,
         "model": "pdflash.models synthetic 'tiny' checkpoints (random weights), "
