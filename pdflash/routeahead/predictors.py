@@ -148,6 +148,10 @@ class ApproxRouterPredictor:
       cache, so the context before the block is not seen), with the expert
       FFNs replaced by nothing. Needs the adapter's attention
       (:class:`BlockAttentionAccess`); costs one small attention per layer.
+      NOTE: measured on synthetic random-weight models (``pdflash-bench
+      routeahead``), it did worse than ``"embed"`` on qwen3_moe, mixtral and
+      olmoe (a block's first positions see none of their real context) and
+      better on gpt_oss (a sliding window of 4 keeps attention local).
     * ``"auto"`` (default) — ``"drafter"`` when the block has drafter hidden
       states, else ``"embed"``.
 
