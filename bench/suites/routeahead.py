@@ -377,10 +377,14 @@ def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
         if arch not in ARCHS:
             raise SystemExit(f"--predictor-archs: unknown arch {arch!r}; choose from {ARCHS}")
     with tempfile.TemporaryDirectory(prefix="pdflash-routeahead-") as root:
-        by_arch = {
-            arch: bench_predictors_on(arch, root, device, args.seed, args.requests)
-            for arch in archs
-        }
+        by_arch: dict[str, dict[str, Any]] = {}
+        for arch in archs:
+            # NOTE: one arch failing (say, on a new device) must not hide the
+            # others; its row says why it was not measured.
+            try:
+                by_arch[arch] = bench_predictors_on(arch, root, device, args.seed, args.requests)
+            except Exception as exc:
+                by_arch[arch] = {"not_measured": f"{type(exc).__name__}: {exc}"}
     return {
         "synthetic": True,
         "model": "pdflash.models synthetic 'tiny' checkpoints (random weights), "
@@ -408,7 +412,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if not args.skip_predictors:
         model = bench_predictors(args)
-        # headline: the first arch's predictors; every arch under predictor_model.by_arch
-        result["predictors"] = model["by_arch"][next(iter(model["by_arch"]))]
+        # headline: the first arch measured; every arch under predictor_model.by_arch
+        measured = [row for row in model["by_arch"].values() if "not_measured" not in row]
+        if measured:
+            result["predictors"] = measured[0]
+        else:
+            result["predictors"] = {"not_measured": "no architecture could be measured"}
         result["predictor_model"] = model
     return result

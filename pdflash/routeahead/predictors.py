@@ -207,14 +207,17 @@ class ApproxRouterPredictor:
         import torch
 
         positions = torch.cat([p.to(device) for _, p in segments])
+        # NOTE: one host copy of the positions for the grouping (not a device
+        # sync per block)
+        host = positions.cpu().numpy()
         by_length: dict[int, list[int]] = {}
         alone: list[tuple[slice, torch.Tensor]] = []
         for start, pos in segments:
             rows = int(pos.shape[0])
-            if rows == 1 or bool((pos[1:] - pos[:-1] == 1).all()):
+            if rows == 1 or bool((np.diff(host[start : start + rows]) == 1).all()):
                 by_length.setdefault(rows, []).append(start)
             else:
-                alone.append((slice(start, start + rows), pos.to(device)))
+                alone.append((slice(start, start + rows), positions[start : start + rows]))
         batched = [
             torch.tensor(starts, device=device)[:, None] + torch.arange(rows, device=device)
             for rows, starts in by_length.items()

@@ -19,6 +19,7 @@ def test_routeahead_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["speedup"] == pytest.approx(out["reference_us_per_step"] / out["native_us_per_step"])
     assert out["predictor_model"]["synthetic"] is True
     assert set(out["predictor_model"]["by_arch"]) == {"gpt_oss"}
+    assert "not_measured" not in out["predictor_model"]["by_arch"]["gpt_oss"]
     expected = {"approx_router", "previous_round", "frequency_prior", "next_layer", "combined"}
     assert expected <= set(out["predictors"])
     for row in out["predictors"].values():
