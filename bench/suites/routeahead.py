@@ -4,8 +4,9 @@ Two parts, both on synthetic inputs (labelled ``"synthetic": true``):
 
 1. **accumulator** — one verify step of 256 requests x 16 tokens x top-8 over
    48 layers x 128 experts: the native accumulator against the pure-Python
-   reference, timed side by side in this run (medians), plus a check that
-   both produce the same counters on the same step. Routing is synthetic with
+   reference (``speedup``) and against a vectorized numpy version of the same
+   step (``speedup_vs_numpy``), timed side by side in this run (medians),
+   plus checks that all three produce the same counters on the same step. Routing is synthetic with
    realistic overlap: per layer a Zipf-like expert popularity, per request a
    persistent affinity, per token Gumbel noise (top-k of the sum); the
    prediction is the same model with independent noise.
@@ -114,6 +115,61 @@ def _median_us(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(times) / 1e3
 
 
+class NumpyAccumulator:
+    """The same step as the native accumulator in vectorized numpy (uniform
+    expert size only): a second yardstick, stronger than the pure-Python
+    reference. Its counters are checked against the native ones."""
+
+    def __init__(self, layers: int, experts: int, nbytes: int, decay: float) -> None:
+        from pdflash_native import _routeahead
+
+        self.names = _routeahead.COUNTER_NAMES
+        self.counts = {n: np.zeros(layers, dtype=np.int64) for n in self.names}
+        self.freq = np.zeros((layers, experts), dtype=np.float32)
+        self.pending = np.zeros((layers, experts), dtype=np.bool_)
+        self.nbytes, self.decay = nbytes, np.float32(decay)
+
+    def _add(self, name: str, mask: Any, axes: tuple[int, ...]) -> None:
+        n = np.asarray(mask).sum(axis=axes)
+        self.counts[name] += n
+        self.counts[name + "_bytes"] += n * self.nbytes
+
+    def update(
+        self,
+        p: npt.NDArray[np.bool_],
+        u: npt.NDArray[np.bool_],
+        res: npt.NDArray[np.bool_],
+    ) -> None:
+        req = (0, 2)
+        self._add("req_predicted", p, req)
+        self._add("req_routed", u, req)
+        self._add("req_hits", p & u, req)
+        self._add("req_wasted", p & ~u, req)
+        self._add("req_missed", u & ~p, req)
+        bp, bu = p.any(axis=0), u.any(axis=0)
+        issued = bp & ~res
+        one = (1,)
+        for name, mask in (
+            ("predicted", bp),
+            ("routed", bu),
+            ("hits", bp & bu),
+            ("wasted", bp & ~bu),
+            ("missed", bu & ~bp),
+            ("resident_routed", bu & res),
+            ("prefetch_issued", issued),
+            ("prefetch_used", issued & bu),
+            ("prefetch_unused", issued & ~bu),
+            ("demand_loads", bu & ~bp & ~res),
+            ("late_used", self.pending & bu),
+        ):
+            self._add(name, mask, one)
+        self.pending = (self.pending & ~bu) | (issued & ~bu)
+        self.freq = self.freq * self.decay + u.sum(axis=0, dtype=np.int32).astype(np.float32)
+
+    def counters(self) -> npt.NDArray[np.int64]:
+        return np.stack([self.counts[n] for n in self.names])
+
+
 def bench_accumulator(args: argparse.Namespace) -> dict[str, Any]:
     from pdflash._reference.routeahead import RouteAheadReference
     from pdflash.routeahead import RouteAheadStats, pack_masks, routed_bitsets_from_topk
@@ -144,6 +200,10 @@ def bench_accumulator(args: argparse.Namespace) -> dict[str, Any]:
         timed.update_bitsets(pack_masks(pred), bits, resident_bits)
 
     topk_us = _median_us(from_topk, args.native_reps)
+    vectorized = NumpyAccumulator(L, E, nbytes, 0.9)
+    vectorized.update(pred, routed, resident)
+    numpy_agrees = bool((vectorized.counters() == native._acc.counters()).all())
+    numpy_us = _median_us(lambda: vectorized.update(pred, routed, resident), args.native_reps)
     slow = RouteAheadReference(L, E, nbytes, 0.9)
     reference_us = _median_us(
         lambda: slow.update_masks(pred, routed, resident), args.reference_reps
@@ -164,6 +224,9 @@ def bench_accumulator(args: argparse.Namespace) -> dict[str, Any]:
         "native_reps": args.native_reps,
         "reference_reps": args.reference_reps,
         "native_equals_reference": agree,
+        "numpy_us_per_step": numpy_us,
+        "speedup_vs_numpy": numpy_us / native_us,
+        "numpy_equals_native": numpy_agrees,
         "mean_routed_per_request_layer": float(routed.sum(axis=2).mean()),
         "mean_routed_union_per_layer": float(routed.any(axis=0).sum(axis=1).mean()),
         "synthetic_prediction": snap.request.to_json(),
