@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expert-mib", type=float, default=9.0, help="expert copy size")
     parser.add_argument("--on-demand-mib", type=float, default=16.0, help="on-demand copy size")
     parser.add_argument("--background-mib", type=int, default=512, help="background backlog")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions of each load scenario")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions of each load scenario")
     parser.add_argument("--issue-reps", type=int, default=101, help="repetitions of issue timing")
     parser.add_argument(
         "--sweep",
@@ -282,6 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "backend": backend,
+            "device": _device_name(backend, args.device),
             "naive_issue_method": naive_how,
             "emulated_link_gbps": args.emulated_gbps if backend == "host" else None,
             "size_scale": f"1/{scale}" if scale > 1 else "1",
@@ -363,6 +364,17 @@ class _BandScenario:
             bg_rates.append(self.n_bg * self.bg_size / (time.perf_counter() - t0) / 1e9)
         self.queued_at_submit = _p50(queued)
         return _p50(alone) * 1e6, _p50(under) * 1e6, _p50(bg_rates)
+
+
+def _device_name(backend: str, device: int) -> str:
+    import os
+    import platform
+
+    if backend == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores (emulated link)"
 
 
 def _build_info() -> dict[str, Any]:
