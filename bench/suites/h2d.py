@@ -42,8 +42,21 @@ from typing import Any
 HELP = "H2D issuer: issue cost, copy bandwidth, on-demand latency under background load"
 
 MiB = 1 << 20
-#: (chunk MiB, window MiB) pairs for --sweep (before --host-scale).
-SWEEP = [(1.0, 2.0), (2.0, 4.0), (2.0, 6.0), (3.0, 6.0), (4.0, 8.0), (4.0, 12.0), (8.0, 16.0)]
+#: (chunk MiB, window MiB, just-in-time lead as a fraction of one chunk's
+#: link time; 0 = off) for --sweep (sizes before --host-scale).
+SWEEP = [
+    (1.0, 2.0, 0.0),
+    (2.0, 4.0, 0.0),
+    (2.0, 6.0, 0.0),
+    (3.0, 6.0, 0.0),
+    (4.0, 8.0, 0.0),
+    (4.0, 12.0, 0.0),
+    (8.0, 16.0, 0.0),
+    (4.0, 8.0, 0.25),
+    (4.0, 8.0, 0.4),
+    (8.0, 16.0, 0.25),
+    (2.0, 4.0, 0.4),
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--background-mib", type=int, default=512, help="background backlog")
     parser.add_argument("--reps", type=int, default=7, help="repetitions of each load scenario")
     parser.add_argument("--issue-reps", type=int, default=101, help="repetitions of issue timing")
+    parser.add_argument(
+        "--issue-lead-us",
+        type=float,
+        default=None,
+        help="just-in-time issue lead in us (default: H2DIssuer's, off)",
+    )
     parser.add_argument(
         "--sweep",
         action="store_true",
@@ -172,8 +191,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["link_peak_gbps"] = _p50(peak)
         del mem
 
+    lead_us = args.issue_lead_us or 0.0
     with H2DIssuer(
-        backend=backend, device=args.device, chunk_bytes=chunk, window_bytes=window, **link_kwargs
+        backend=backend,
+        device=args.device,
+        chunk_bytes=chunk,
+        window_bytes=window,
+        issue_lead_us=lead_us,
+        **link_kwargs,
     ) as issuer:
         mem = _Memory(issuer, pool, args.device)
 
@@ -253,13 +278,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         sweep: list[dict[str, Any]] = []
         if args.sweep:
-            for chunk_mib, window_mib in SWEEP:
+            for chunk_mib, window_mib, lead_frac in SWEEP:
                 c, w = int(chunk_mib * MiB) // scale, int(window_mib * MiB) // scale
+                lead = lead_frac * c / (metrics["link_peak_gbps"] * 1e9) * 1e6
                 with H2DIssuer(
                     backend=backend,
                     device=args.device,
                     chunk_bytes=c,
                     window_bytes=w,
+                    issue_lead_us=lead,
                     **link_kwargs,
                 ) as other:
                     a_us, u_us, g = scenario.run(other, args.reps)
@@ -268,6 +295,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     {
                         "chunk_bytes": c,
                         "window_bytes": w,
+                        "issue_lead_us": lead,
                         "expert_copy_gbps": e,
                         "expert_copy_fraction_of_peak": e / metrics["link_peak_gbps"],
                         "on_demand_alone_us": a_us,
@@ -300,6 +328,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "naive_issue_method": naive_how,
             "emulated_link_gbps": args.emulated_gbps if backend == "host" else None,
             "size_scale": f"1/{scale}" if scale > 1 else "1",
+            "issue_lead_us": lead_us,
             "scenario_bytes": {
                 "chunk": chunk,
                 "window": window,
