@@ -14,6 +14,11 @@ Defaults (DESIGN.md §3, ``probes/band_probe.cu`` on the H200, PCIe Gen5):
 kept ~92% of link bandwidth with a 16 MiB on-demand copy at 1.19-1.22x its
 alone latency under a 512 MiB background backlog. 2 MiB chunks give 1.12x at
 ~89%; 1 MiB chunks 1.04x at ~85%. A larger window (4 chunks) costs 1.7x.
+NOTE: the probe released its on-demand copy right after a chunk finished; an
+arrival at a random moment also waits for the queued second chunk, so expect
+somewhat more. ``issue_lead_us`` (just-in-time issue, off by default) keeps
+that second chunk out of the queue until the running one is about to end;
+``pdflash-bench h2d --sweep`` measures every trade-off side by side.
 
 Example::
 

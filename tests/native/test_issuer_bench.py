@@ -20,7 +20,8 @@ REQUIRED = [
 
 
 def test_h2d_suite_reports_every_metric(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["h2d", "--json", "--backend", "host", "--emulated-gbps", "4"]
+    # A slow emulated link, so the backlog outlasts any scheduling hiccup.
+    argv = ["h2d", "--json", "--backend", "host", "--emulated-gbps", "0.5"]
     argv += ["--background-mib", "32", "--expert-mib", "2", "--on-demand-mib", "4"]
     argv += ["--reps", "1", "--issue-reps", "3"]
     assert cli.main(argv) == 0

@@ -286,6 +286,7 @@ def test_shutdown_with_work_queued_and_in_flight_frees_everything() -> None:
     src, dst = _buffers(iss, 64 * CHUNK)
     region = np.zeros(3 * CHUNK, dtype=np.uint8)
     iss.register_host(region.ctypes.data, region.nbytes)
+    iss._native.test_hold_link(True)  # nothing can finish before close()
     t = iss.submit(
         _slots(src, 64, CHUNK), _slots(dst, 64, CHUNK), CHUNK, np.arange(64), Band.BACKGROUND
     )
@@ -446,7 +447,7 @@ def test_just_in_time_issue_keeps_order_and_copies() -> None:
         iss.wait(np.concatenate([bg, od]), timeout_s=60)
         assert np.array_equal(src, dst)
         rate = iss.stats()["link_rate_estimate_bps"]
-        assert 0.2e9 < rate < 2e9  # ~ the emulated 1 GB/s (memcpy may be slower)
+        assert 0 < rate <= 1.0e9 * 1.001  # never above the emulated 1 GB/s
         _replay(iss)
     with pytest.raises(ValueError, match="issue_lead_us"):
         H2DIssuer(backend="host", issue_lead_us=-1.0)
