@@ -43,7 +43,10 @@ def issuer():  # type: ignore[no-untyped-def]
 
 def _pools(iss: H2DIssuer, nbytes: int):  # type: ignore[no-untyped-def]
     src = iss.pinned_array(nbytes)
-    src[:] = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    # a random block with a prime period (never aligned with copy slots),
+    # repeated: cheap for hundreds of MiB
+    block = np.random.default_rng(0).integers(0, 256, 1_048_573, dtype=np.uint8)
+    src[:] = np.resize(block, nbytes)
     dst = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
     return src, dst
 
