@@ -530,7 +530,9 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       std::uint64_t key = keys[i];
       if (key == kNoKey) continue;
       std::int32_t v = s.live_keys.find(key);
-      if (v == KeyMap::kMissing) {
+      // A copy that already failed (its last chunks still in flight) is not
+      // a dedup target: the key is copied anew.
+      if (v == KeyMap::kMissing || (v >= 0 && s.recs[std::size_t(v)].failed)) {
         s.live_keys.set(key, -2 - std::int32_t(i));
         placeholders.push_back(key);
         continue;
@@ -556,7 +558,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
     for (std::size_t i = 0; i < n; ++i) {
       std::uint64_t key = keys[i];
       std::int32_t v = key == kNoKey ? KeyMap::kMissing : s.live_keys.find(key);
-      if (v >= 0) {  // dedup (live before, or earlier in this batch)
+      if (v >= 0 && !s.recs[std::size_t(v)].failed) {  // dedup (live, or earlier in this batch)
         CopyRec& c = s.recs[std::size_t(v)];
         s.counters[band].dedup_hits += 1;
         if (band < c.band) {

@@ -22,6 +22,7 @@ from pdflash.h2d import (
     STATE_DONE,
     STATE_FAILED,
     STATE_QUEUED,
+    STATE_RUNNING,
     CopyCancelledError,
     CopyFailedError,
     H2DIssuer,
@@ -451,3 +452,29 @@ def test_just_in_time_issue_keeps_order_and_copies() -> None:
         _replay(iss)
     with pytest.raises(ValueError, match="issue_lead_us"):
         H2DIssuer(backend="host", issue_lead_us=-1.0)
+
+
+def test_a_failing_copy_is_not_a_dedup_target() -> None:
+    # A very slow link: after the first chunk fails, the second (already in
+    # the window) takes ~130 ms, during which the copy is failed but live.
+    with H2DIssuer(
+        backend="host",
+        chunk_bytes=CHUNK,
+        window_bytes=2 * CHUNK,
+        emulated_link_gbps=0.0005,
+        debug_log=True,
+    ) as iss:
+        src, dst = _buffers(iss, 3 * CHUNK)
+        iss._native.test_hold_link(True)
+        first = iss.submit([src.ctypes.data], [dst.ctypes.data], 3 * CHUNK, [1], Band.BACKGROUND)
+        _wait_for(lambda: iss.stats()["inflight_chunks"] == 2)
+        iss._native.test_inject_failures(1, "injected")
+        iss._native.test_hold_link(False)
+        _wait_for(lambda: any(e.kind == 4 and not e.ok for e in records_from_log(iss.debug_log())))
+        assert iss.states(first)[0] == STATE_RUNNING  # failed, its 2nd chunk still in flight
+        again = iss.submit([src.ctypes.data], [dst.ctypes.data], 3 * CHUNK, [1], Band.ON_DEMAND)
+        assert again[0] != first[0]
+        with pytest.raises(CopyFailedError, match="injected"):
+            iss.wait(first, timeout_s=30)
+        iss.cancel()  # the new copy need not crawl over the slow link
+        _replay(iss)
