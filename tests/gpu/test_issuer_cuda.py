@@ -43,7 +43,10 @@ def issuer():  # type: ignore[no-untyped-def]
 
 def _pools(iss: H2DIssuer, nbytes: int):  # type: ignore[no-untyped-def]
     src = iss.pinned_array(nbytes)
-    src[:] = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    # a random block with a prime period (never aligned with copy slots),
+    # repeated: cheap for hundreds of MiB
+    block = np.random.default_rng(0).integers(0, 256, 1_048_573, dtype=np.uint8)
+    src[:] = np.resize(block, nbytes)
     dst = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
     return src, dst
 
@@ -270,3 +273,17 @@ def test_on_demand_waits_at_most_one_window(issuer: H2DIssuer) -> None:
     ahead = sum(e.nbytes for e in log[i_submit:i_first] if e.kind == 3)
     assert ahead <= issuer.window_bytes
     _replay(issuer)
+
+
+def test_just_in_time_issue_on_cuda() -> None:
+    n, size = 24, 9 * MiB
+    with H2DIssuer(debug_log=True, issue_lead_us=20.0) as iss:
+        src, dst = _pools(iss, (n + 2) * size)
+        s, d = _slots(src.ctypes.data, n + 2, size), _slots(dst.data_ptr(), n + 2, size)
+        bg = iss.submit(s[:n], d[:n], size, np.arange(n), Band.BACKGROUND)
+        od = iss.submit(s[n:], d[n:], size, [n, n + 1], Band.ON_DEMAND)
+        iss.wait(np.concatenate([bg, od]), timeout_s=60)
+        assert torch.equal(dst.cpu(), torch.from_numpy(src))
+        rate = iss.stats()["link_rate_estimate_bps"]
+        assert 5e9 < rate < 200e9, rate  # a PCIe/NVLink-C2C link, measured by events
+        _replay(iss)
