@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,14 +155,19 @@ print("LATER-COPY-OK")
 """
 
 
-def test_failed_copy_carries_cuda_error_and_later_copies_work() -> None:
+def test_failed_copy_carries_cuda_error_and_later_copies_work(tmp_path: Path) -> None:
     # NOTE: in a subprocess, so that a CUDA error that turned out to be
-    # sticky could not poison the other tests' context.
+    # sticky could not poison the other tests' context. It runs outside the
+    # checkout so that it imports the installed package, not the source tree.
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", _FAULT_SCRIPT], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _FAULT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
