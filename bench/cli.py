@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
-SUITES: dict[str, str] = {}
+SUITES: dict[str, str] = {"sched": "sched"}
 DEFAULT_SUITE = "default"
 
 

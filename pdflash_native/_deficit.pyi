@@ -3,6 +3,8 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
+def uses_popcnt_instruction() -> bool: ...
+
 @disjoint_base
 class DeficitCore:
     num_flat: int
@@ -18,6 +20,8 @@ class DeficitCore:
     union_size: int
     oversize: bool
     cap_reached: bool
+    passes: int
+    examined: int
     def __init__(
         self,
         num_flat: int,
@@ -34,6 +38,7 @@ class DeficitCore:
     def set_weights(self, weights: npt.NDArray[np.float64]) -> None: ...
     def set_resident(self, words: npt.NDArray[np.uint64]) -> None: ...
     def set_expert_bytes(self, sizes: npt.NDArray[np.int64]) -> None: ...
+    def size_path(self) -> str: ...
     def seqs(self) -> npt.NDArray[np.int64]: ...
     def weights(self) -> npt.NDArray[np.float64]: ...
     def deficits(self) -> npt.NDArray[np.float64]: ...
@@ -56,3 +61,16 @@ class DeficitCore:
     def result_quanta(self) -> npt.NDArray[np.float64]: ...
     def result_union_ids(self) -> npt.NDArray[np.int64]: ...
     def result_union_mask(self) -> npt.NDArray[np.uint8]: ...
+    def results(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.float64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.uint8],
+        npt.NDArray[np.float64],
+        npt.NDArray[np.float64],
+    ]: ...

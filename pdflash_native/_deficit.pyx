@@ -19,6 +19,13 @@ import numpy as np
 
 cimport cython
 
+pdflash_cpu_init()
+
+
+def uses_popcnt_instruction():
+    """True if the bitset kernels use the CPU's POPCNT instruction."""
+    return bool(pdflash_uses_popcnt())
+
 
 cdef inline int64_t _marginal_bytes(
     const uint64_t* x,
@@ -26,6 +33,8 @@ cdef inline int64_t _marginal_bytes(
     Py_ssize_t num_words,
     const int64_t* expert_bytes,
     int64_t uniform,
+    const int64_t* word_bytes,
+    bint word_uniform,
     int64_t limit,
 ) noexcept nogil:
     """Bytes of ``x & ~covered``. With ``limit >= 0`` it may stop early and
@@ -33,16 +42,18 @@ cdef inline int64_t _marginal_bytes(
     needs to know it does not fit)."""
     cdef Py_ssize_t w
     cdef uint64_t m
-    cdef int64_t count = 0
     cdef int64_t total = 0
     if uniform >= 0:
-        for w in range(num_words):
-            count += pdflash_popcount64(x[w] & ~covered[w])
-            # NOTE: check every 8 words: late candidates usually fail fast
-            # once the residual byte budget is nearly spent.
-            if limit >= 0 and (w & 7) == 7 and count * uniform > limit:
-                return count * uniform
-        return count * uniform
+        if uniform == 0:
+            return 0
+        # count > limit // uniform  <=>  count * uniform > limit
+        return pdflash_andnot_count(
+            x, covered, num_words, limit // uniform if limit >= 0 else -1
+        ) * uniform
+    if word_uniform:
+        # NOTE: sizes uniform per word (e.g. per layer when num_experts is a
+        # multiple of 64): a weighted popcount, no per-bit loop.
+        return pdflash_andnot_weighted(x, covered, word_bytes, num_words, limit)
     for w in range(num_words):
         m = x[w] & ~covered[w]
         while m:
@@ -90,12 +101,16 @@ cdef class DeficitCore:
         self.size = 0
         self.capacity = 0
         self.uniform_bytes = 0
+        self.word_uniform = False
+        self.word_bytes = np.zeros(self.num_words, dtype=np.int64)
         self.resident = np.zeros(self.num_words, dtype=np.uint64)
         self.expert_bytes = np.zeros(num_flat, dtype=np.int64)
         self.covered = np.zeros(self.num_words, dtype=np.uint64)
         self.union_bits = np.zeros(self.num_words, dtype=np.uint64)
-        self.union_ids = np.zeros(num_flat, dtype=np.int64)
-        self.union_mask = np.zeros(num_flat, dtype=np.uint8)
+        self.a_union_ids = np.zeros(num_flat, dtype=np.int64)
+        self.a_union_mask = np.zeros(num_flat, dtype=np.uint8)
+        self.union_ids = self.a_union_ids
+        self.union_mask = self.a_union_mask
         self.batch_size = 0
         self.union_size = 0
         self.oversize = False
@@ -107,6 +122,8 @@ cdef class DeficitCore:
         self.tokens = np.zeros(0, dtype=np.int64)
         self.bits = np.zeros((0, self.num_words), dtype=np.uint64)
         self.candidates = np.zeros(0, dtype=np.int64)
+        self.cand_lower = np.zeros(0, dtype=np.int64)
+        self.cand_used_at = np.zeros(0, dtype=np.int64)
         self.served = np.zeros(0, dtype=np.uint8)
         self.quanta = np.zeros(0, dtype=np.float64)
         self.out_index = np.zeros(0, dtype=np.int64)
@@ -123,18 +140,28 @@ cdef class DeficitCore:
 
         self.seq = _grown(self.seq, n, new_cap, np.int64)
         self.weight = _grown(self.weight, n, new_cap, np.float64)
-        self.deficit = _grown(self.deficit, n, new_cap, np.float64)
+        self.a_deficit = _grown(self.deficit, n, new_cap, np.float64)
+        self.deficit = self.a_deficit
         self.credit_lap = _grown(self.credit_lap, n, new_cap, np.int64)
-        self.tokens = _grown(self.tokens, n, new_cap, np.int64)
+        self.a_tokens = _grown(self.tokens, n, new_cap, np.int64)
+        self.tokens = self.a_tokens
         self.bits = _grown(self.bits, n, (new_cap, self.num_words), np.uint64)
         self.candidates = np.zeros(new_cap, dtype=np.int64)
+        self.cand_lower = np.zeros(new_cap, dtype=np.int64)
+        self.cand_used_at = np.zeros(new_cap, dtype=np.int64)
         self.served = np.zeros(new_cap, dtype=np.uint8)
-        self.quanta = np.zeros(new_cap, dtype=np.float64)
-        self.out_index = np.zeros(new_cap, dtype=np.int64)
-        self.out_requested = np.zeros(new_cap, dtype=np.int64)
-        self.out_grant = np.zeros(new_cap, dtype=np.int64)
-        self.out_marginal = np.zeros(new_cap, dtype=np.int64)
-        self.out_cost = np.zeros(new_cap, dtype=np.float64)
+        self.a_quanta = np.zeros(new_cap, dtype=np.float64)
+        self.quanta = self.a_quanta
+        self.a_out_index = np.zeros(new_cap, dtype=np.int64)
+        self.out_index = self.a_out_index
+        self.a_out_requested = np.zeros(new_cap, dtype=np.int64)
+        self.out_requested = self.a_out_requested
+        self.a_out_grant = np.zeros(new_cap, dtype=np.int64)
+        self.out_grant = self.a_out_grant
+        self.a_out_marginal = np.zeros(new_cap, dtype=np.int64)
+        self.out_marginal = self.a_out_marginal
+        self.a_out_cost = np.zeros(new_cap, dtype=np.float64)
+        self.out_cost = self.a_out_cost
         self.capacity = new_cap
         # the previous step's results are invalidated by a resize
         self.batch_size = 0
@@ -223,6 +250,21 @@ cdef class DeficitCore:
             if sizes[g] != self.uniform_bytes:
                 self.uniform_bytes = -1
                 break
+        self.word_uniform = True
+        for g in range(self.num_flat):
+            if g % 64 == 0:
+                self.word_bytes[g // 64] = sizes[g]
+            elif sizes[g] != self.word_bytes[g // 64]:
+                self.word_uniform = False
+                break
+
+    def size_path(self):
+        """Which marginal-bytes kernel the current sizes select:
+        ``"uniform"`` (popcount), ``"per_word"`` (weighted popcount) or
+        ``"per_expert"`` (per-bit sum)."""
+        if self.uniform_bytes >= 0:
+            return "uniform"
+        return "per_word" if self.word_uniform else "per_expert"
 
     # ---------------------------------------------------------------- state views
     def seqs(self):
@@ -232,13 +274,13 @@ cdef class DeficitCore:
         return np.asarray(self.weight)[: self.size]
 
     def deficits(self):
-        return np.asarray(self.deficit)[: self.size]
+        return self.a_deficit[: self.size]
 
     def credit_laps(self):
         return np.asarray(self.credit_lap)[: self.size]
 
     def pending_tokens(self):
-        return np.asarray(self.tokens)[: self.size]
+        return self.a_tokens[: self.size]
 
     def demand_bits(self, Py_ssize_t index):
         if index < 0 or index >= self.size:
@@ -277,7 +319,7 @@ cdef class DeficitCore:
         cdef int64_t tokens_left = T
         cdef int64_t bytes_left = M
         cdef int64_t lap = self.lap
-        cdef int64_t grant, marginal, limit
+        cdef int64_t grant, marginal
         cdef double cost, byte_cost, q
         cdef bint progressed, credit_limited_fit, stopped = False
         cdef const uint64_t* x
@@ -286,12 +328,17 @@ cdef class DeficitCore:
         cdef const uint64_t* res = &self.resident[0]
         cdef const int64_t* eb = &self.expert_bytes[0]
         cdef int64_t uniform = self.uniform_bytes
+        cdef const int64_t* wbytes = &self.word_bytes[0]
+        cdef bint word_uniform = self.word_uniform
         cdef int64_t* seq = &self.seq[0]
         cdef double* D = &self.deficit[0]
         cdef double* wt = &self.weight[0]
         cdef int64_t* clap = &self.credit_lap[0]
         cdef int64_t* tok = &self.tokens[0]
         cdef int64_t* cand = &self.candidates[0]
+        cdef int64_t* lower = &self.cand_lower[0]
+        cdef int64_t* used_at = &self.cand_used_at[0]
+        cdef int64_t bytes_used = 0
         cdef uint8_t* done = &self.served[0]
         cdef double* quanta = &self.quanta[0]
         cdef int64_t cap = self.max_requests
@@ -300,6 +347,8 @@ cdef class DeficitCore:
         self.batch_size = 0
         self.oversize = False
         self.cap_reached = False
+        self.passes = 0
+        self.examined = 0
         memset(quanta, 0, n * sizeof(double))
         memset(uni, 0, W * sizeof(uint64_t))
 
@@ -322,6 +371,7 @@ cdef class DeficitCore:
                 i -= n
             if tok[i] > 0:
                 cand[num_cand] = i
+                lower[num_cand] = -1
                 num_cand += 1
                 done[i] = 0
         if num_cand == 0:
@@ -332,6 +382,7 @@ cdef class DeficitCore:
         while True:
             progressed = False
             credit_limited_fit = False
+            self.passes += 1
             for c in range(num_cand):
                 i = cand[c]
                 if done[i]:
@@ -344,14 +395,26 @@ cdef class DeficitCore:
                     stopped = True
                     break
                 x = &self.bits[i, 0]
+                self.examined += 1
                 grant = tok[i] if tok[i] < tokens_left else tokens_left
                 # NOTE: only a candidate that could join a non-empty batch
                 # needs its exact cost; one that cannot fit may stop counting
                 # as soon as its bytes exceed the residual budget.
-                limit = bytes_left if (bounded and batch > 0) else -1
-                marginal = _marginal_bytes(x, cov, W, eb, uniform, limit)
-                if bounded and batch > 0 and marginal > bytes_left:
-                    continue
+                if bounded and batch > 0:
+                    # NOTE: cheap exact skip. Within a step a candidate's
+                    # marginal bytes can only fall by the bytes the batch has
+                    # covered since it was last measured, so if a lower bound
+                    # minus that still exceeds the residual, it cannot fit now
+                    # (the reference measures it and reaches the same verdict).
+                    if lower[c] >= 0 and lower[c] - (bytes_used - used_at[c]) > bytes_left:
+                        continue
+                    marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, bytes_left)
+                    lower[c] = marginal
+                    used_at[c] = bytes_used
+                    if marginal > bytes_left:
+                        continue
+                else:
+                    marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, -1)
                 cost = <double>grant / <double>T
                 if bounded:
                     byte_cost = <double>marginal / <double>M
@@ -386,6 +449,7 @@ cdef class DeficitCore:
                 tokens_left -= grant
                 if bounded:
                     bytes_left -= marginal
+                    bytes_used += marginal
                 progressed = True
                 if bounded and marginal > M:
                     # the documented oversize exception: it runs alone
@@ -453,25 +517,43 @@ cdef class DeficitCore:
 
     # ---------------------------------------------------------------- results
     def result_index(self):
-        return np.asarray(self.out_index)[: self.batch_size]
+        return self.a_out_index[: self.batch_size]
 
     def result_requested(self):
-        return np.asarray(self.out_requested)[: self.batch_size]
+        return self.a_out_requested[: self.batch_size]
 
     def result_grant(self):
-        return np.asarray(self.out_grant)[: self.batch_size]
+        return self.a_out_grant[: self.batch_size]
 
     def result_marginal(self):
-        return np.asarray(self.out_marginal)[: self.batch_size]
+        return self.a_out_marginal[: self.batch_size]
 
     def result_cost(self):
-        return np.asarray(self.out_cost)[: self.batch_size]
+        return self.a_out_cost[: self.batch_size]
 
     def result_quanta(self):
-        return np.asarray(self.quanta)[: self.size]
+        return self.a_quanta[: self.size]
 
     def result_union_ids(self):
-        return np.asarray(self.union_ids)[: self.union_size]
+        return self.a_union_ids[: self.union_size]
 
     def result_union_mask(self):
-        return np.asarray(self.union_mask)
+        return self.a_union_mask
+
+    def results(self):
+        """All of the last step's results in one call (views): batch indices,
+        requested tokens, grants, marginal bytes, costs, union ids, union
+        mask, then deficits and quanta of every live request."""
+        cdef Py_ssize_t k = self.batch_size
+        cdef Py_ssize_t n = self.size
+        return (
+            self.a_out_index[:k],
+            self.a_out_requested[:k],
+            self.a_out_grant[:k],
+            self.a_out_marginal[:k],
+            self.a_out_cost[:k],
+            self.a_union_ids[: self.union_size],
+            self.a_union_mask,
+            self.a_deficit[:n],
+            self.a_quanta[:n],
+        )

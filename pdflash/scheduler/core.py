@@ -130,6 +130,7 @@ class VerifyScheduler:
             config.max_requests_per_step or 0,
         )
         self._num_words = int(self._core.num_words)
+        self._grid = (config.num_layers, config.num_experts)
         self._rids = np.zeros(0, dtype=np.int64)  # ring order
         self._seqs: list[int] = []  # ring order, increasing
         self._seq_of: dict[int, int] = {}
@@ -313,20 +314,21 @@ class VerifyScheduler:
             self._apply_policy()
         had_work = bool(core.pending_tokens().any()) if self.check_invariants else False
         core.step()
+        index, requested, grants, marginal, costs, union_ids, union_mask, deficits, quanta = (
+            core.results()
+        )
         result = StepResult(
             step_index=self._step_index,
-            request_ids=self._rids[core.result_index()],
-            requested_tokens=core.result_requested().copy(),
-            token_grants=core.result_grant().copy(),
-            marginal_bytes=core.result_marginal().copy(),
-            costs=core.result_cost().copy(),
-            union_ids=_readonly(core.result_union_ids()),
-            union_mask=_readonly(
-                core.result_union_mask().view(np.bool_).reshape(cfg.num_layers, cfg.num_experts)
-            ),
+            request_ids=self._rids[index],
+            requested_tokens=requested.copy(),
+            token_grants=grants.copy(),
+            marginal_bytes=marginal.copy(),
+            costs=costs.copy(),
+            union_ids=_readonly(union_ids),
+            union_mask=_readonly(union_mask.view(np.bool_).reshape(self._grid)),
             live_request_ids=self._rids.copy(),
-            deficits=core.deficits().copy(),
-            quanta=core.result_quanta().copy(),
+            deficits=deficits.copy(),
+            quanta=quanta.copy(),
             oversize=bool(core.oversize),
             cap_reached=bool(core.cap_reached),
             lap=int(core.lap),
