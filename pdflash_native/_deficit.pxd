@@ -65,6 +65,7 @@ cdef extern from *:
                                   : pdflash_andnot_weighted_generic(x, c, wb, n, limit);
     }
     static int pdflash_uses_popcnt(void) { return pdflash_has_popcnt; }
+    static void pdflash_disable_popcnt(void) { pdflash_has_popcnt = 0; }
     #else
     static void pdflash_cpu_init(void) {}
     static inline int64_t pdflash_andnot_count(const uint64_t* x, const uint64_t* c, int64_t n, int64_t stop) {
@@ -74,6 +75,7 @@ cdef extern from *:
         return pdflash_andnot_weighted_generic(x, c, wb, n, limit);
     }
     static int pdflash_uses_popcnt(void) { return 0; }
+    static void pdflash_disable_popcnt(void) {}
     #endif
     """
     int pdflash_ctz64(unsigned long long x) nogil
@@ -81,6 +83,7 @@ cdef extern from *:
     int64_t pdflash_andnot_weighted(const uint64_t* x, const uint64_t* c, const int64_t* wb, int64_t n, int64_t limit) nogil
     void pdflash_cpu_init()
     int pdflash_uses_popcnt()
+    void pdflash_disable_popcnt()
 
 
 cdef class DeficitCore:

@@ -27,6 +27,15 @@ def uses_popcnt_instruction():
     return bool(pdflash_uses_popcnt())
 
 
+def _set_popcnt_instruction(bint enabled):
+    """Tests only: force the portable kernels (``False``) or re-detect the
+    CPU (``True``), so both kernel variants are checked on one machine."""
+    if enabled:
+        pdflash_cpu_init()
+    else:
+        pdflash_disable_popcnt()
+
+
 cdef inline int64_t _marginal_bytes(
     const uint64_t* x,
     const uint64_t* covered,
@@ -286,18 +295,6 @@ cdef class DeficitCore:
         if index < 0 or index >= self.size:
             raise IndexError(index)
         return np.asarray(self.bits[index])
-
-    def restore(self, const double[::1] deficits, const int64_t[::1] credit_laps, int64_t lap, int64_t cursor_seq):
-        """Put back a saved ledger (used to undo a step whose results the
-        wrapper rejected; never needed in normal operation)."""
-        cdef Py_ssize_t i
-        if deficits.shape[0] != self.size or credit_laps.shape[0] != self.size:
-            raise ValueError("one entry per live request")
-        for i in range(self.size):
-            self.deficit[i] = deficits[i]
-            self.credit_lap[i] = credit_laps[i]
-        self.lap = lap
-        self.cursor_seq = cursor_seq
 
     # ---------------------------------------------------------------- step
     def step(self):

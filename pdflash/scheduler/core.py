@@ -258,10 +258,15 @@ class VerifyScheduler:
             )
         if arr.dtype.kind not in "iu":
             raise TypeError(f"expert sizes must be integers (bytes), got dtype {arr.dtype}")
+        if arr.dtype == np.uint64 and (arr > _INT64_MAX).any():
+            raise ValueError("expert sizes must fit in int64")
         flat = np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
         if (flat < 0).any():
             g = int(np.flatnonzero(flat < 0)[0])
             raise ValueError(f"expert size must be >= 0, got {int(flat[g])} for flat id {g}")
+        # NOTE: byte sums are int64 in the hot loop; bound the grid's total.
+        if int(flat.max(initial=0)) * cfg.num_flat > 2**62 and sum(map(int, flat)) > 2**62:
+            raise ValueError("the expert sizes add up to more than 2**62 bytes")
         self._core.set_expert_bytes(flat)
         self._sizes_given = True
 
