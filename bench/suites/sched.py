@@ -204,7 +204,7 @@ def _run_one(args: argparse.Namespace, n_requests: int) -> dict[str, Any]:
         "native_core_us_per_step": round(statistics.median(core_ns) / 1e3, 2),
         "native_us_p90": round(float(np.percentile(native_ns, 90)) / 1e3, 2),
         "reference_us_per_step": round(ref_us, 1),
-        "speedup": round(ref_us / native_us, 1),
+        "speedup": round(ref_us / native_us, 2),
         "native_steps_timed": len(native_ns),
         "reference_steps_timed": len(ref_ns),
         "native_equals_reference": mismatches == 0,

@@ -18,7 +18,7 @@ def test_sched_suite_prints_one_json_object(capsys: pytest.CaptureFixture[str]) 
         assert key in out
     assert out["requests"] == 8 and out["layers"] == 4 and out["experts"] == 16
     assert out["speedup"] == pytest.approx(
-        out["reference_us_per_step"] / out["native_us_per_step"], rel=0.01
+        out["reference_us_per_step"] / out["native_us_per_step"], rel=0.05
     )
     assert [row["requests"] for row in out["sweep"]] == [8, 12]
     assert all(row["native_equals_reference"] for row in out["sweep"])
