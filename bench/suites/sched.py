@@ -30,6 +30,8 @@ from a pre-generated pool; untimed), then ``step()`` is timed. The native
 scheduler (public ``VerifyScheduler.step()``, wrapper included), the bare
 native core, and the pure-Python reference run side by side on the same
 events in one process; their results are compared step by step.
+``native_us_per_step`` is the public ``step()`` with its default per-step
+assertions; ``native_core_us_per_step`` is the Cython scan alone.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def _run_one(args: argparse.Namespace, n_requests: int) -> dict[str, Any]:
     else:
         sizes = np.full((L, E), args.expert_bytes, dtype=np.int64)
 
-    native = VerifyScheduler(cfg, check_invariants=False)
+    # NOTE: timed as users get it by default, per-step assertions included
+    native = VerifyScheduler(cfg)
     bare = VerifyScheduler(cfg, check_invariants=False)  # timed through its core only
     ref = ReferenceScheduler(cfg.token_budget, byte_budget, cfg.quantum, None, cfg.num_flat)
     for s in (native, bare):
