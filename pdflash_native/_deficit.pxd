@@ -91,6 +91,7 @@ cdef class DeficitCore:
     cdef readonly Py_ssize_t num_words
     cdef readonly Py_ssize_t size
     cdef Py_ssize_t capacity
+    cdef bint busy  # a step is running without the GIL
     cdef readonly int64_t token_budget
     cdef readonly int64_t byte_budget  # < 0: unbounded (token-only mode)
     cdef readonly int64_t max_requests  # 0: no cap
@@ -138,5 +139,6 @@ cdef class DeficitCore:
     cdef readonly Py_ssize_t examined  # candidate examinations in the last step
 
     cdef void _grow(self)
+    cdef int _check_idle(self) except -1
     cdef Py_ssize_t _step(self) noexcept nogil
     cdef void _finish_union(self, Py_ssize_t batch) noexcept nogil

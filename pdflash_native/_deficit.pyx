@@ -143,6 +143,13 @@ cdef class DeficitCore:
         while self.capacity < initial_capacity:
             self._grow()
 
+    cdef int _check_idle(self) except -1:
+        # NOTE: step() scans raw pointers without the GIL; a concurrent
+        # mutation (a resize above all) would be a use-after-free.
+        if self.busy:
+            raise RuntimeError("DeficitCore is running step() in another thread; it is not thread-safe")
+        return 0
+
     cdef void _grow(self):
         cdef Py_ssize_t new_cap = max(16, 2 * self.capacity)
         cdef Py_ssize_t n = self.size
@@ -178,6 +185,7 @@ cdef class DeficitCore:
     # ---------------------------------------------------------------- events
     def append(self, int64_t seq, double weight):
         """Add a request at the end of the ring (``seq`` above every live one)."""
+        self._check_idle()
         if not (weight > 0):
             raise ValueError(f"weight must be > 0, got {weight!r}")
         if self.size and seq <= self.seq[self.size - 1]:
@@ -195,6 +203,7 @@ cdef class DeficitCore:
 
     def remove(self, Py_ssize_t index):
         """Drop the request at ``index``; its credit goes with it."""
+        self._check_idle()
         if index < 0 or index >= self.size:
             raise IndexError(index)
         cdef Py_ssize_t tail = self.size - index - 1
@@ -212,6 +221,7 @@ cdef class DeficitCore:
 
     def set_demand(self, Py_ssize_t index, int64_t tokens, const uint64_t[::1] words):
         """Pending demand of a request: ``tokens`` = 1 + drafts, expert bitset."""
+        self._check_idle()
         if index < 0 or index >= self.size:
             raise IndexError(index)
         if tokens < 1:
@@ -226,12 +236,14 @@ cdef class DeficitCore:
         self.tokens[index] = tokens
 
     def clear_demand(self, Py_ssize_t index):
+        self._check_idle()
         if index < 0 or index >= self.size:
             raise IndexError(index)
         self.tokens[index] = 0
 
     def set_weights(self, const double[::1] weights):
         """Weights of all live requests, in ring order."""
+        self._check_idle()
         cdef Py_ssize_t i
         if weights.shape[0] != self.size:
             raise ValueError("one weight per live request")
@@ -242,11 +254,13 @@ cdef class DeficitCore:
             self.weight[i] = weights[i]
 
     def set_resident(self, const uint64_t[::1] words):
+        self._check_idle()
         if words.shape[0] != self.num_words:
             raise ValueError("wrong bitset length")
         memcpy(&self.resident[0], &words[0], self.num_words * sizeof(uint64_t))
 
     def set_expert_bytes(self, const int64_t[::1] sizes):
+        self._check_idle()
         cdef Py_ssize_t g
         if sizes.shape[0] != self.num_flat:
             raise ValueError("one size per flat expert id")
@@ -301,8 +315,13 @@ cdef class DeficitCore:
         """Run one step; returns the batch size. Read the results with the
         ``result_*`` accessors (views valid until the next mutation)."""
         cdef Py_ssize_t k
-        with nogil:
-            k = self._step()
+        self._check_idle()
+        self.busy = True
+        try:
+            with nogil:
+                k = self._step()
+        finally:
+            self.busy = False
         return k
 
     cdef Py_ssize_t _step(self) noexcept nogil:

@@ -5,6 +5,25 @@ budget ``T`` and a budget ``M`` of *missing* expert bytes (bytes of the union
 of the batch's predicted experts that are not resident). Fairness is deficit
 round robin over one scalar, dominant-cost deficit.
 
+Embedding it in a serving loop::
+
+    from pdflash import SchedulerConfig, VerifyScheduler
+
+    sched = VerifyScheduler(SchedulerConfig(
+        token_budget=1024, missing_byte_budget=550_000_000,  # ~10 ms of PCIe
+        num_layers=48, num_experts=128))
+    sched.set_expert_bytes(expert_nbytes)        # (layers, experts) ints
+    sched.add_request(rid, weight=1.0)           # on arrival
+    while serving:
+        sched.set_resident(cache.resident_mask())
+        for rid, block in newly_drafted():       # after each draft
+            sched.update_demand(rid, len(block.drafts), predicted_mask(block))
+        batch = sched.step()
+        prefetch(batch.union_ids)                # exactly the missing experts
+        verify(zip(batch.request_ids, batch.token_grants))
+        for rid in finished_or_aborted():
+            sched.remove_request(rid)
+
 The rules (the native core and ``pdflash._reference.scheduler`` both
 implement exactly these):
 
