@@ -136,9 +136,11 @@ cdef class DeficitCore:
     cdef readonly bint oversize
     cdef readonly bint cap_reached
     cdef readonly Py_ssize_t passes  # scan passes in the last step
+    cdef readonly int violation  # 0, or the first self-check the last step failed
     cdef readonly Py_ssize_t examined  # candidate examinations in the last step
 
     cdef void _grow(self)
     cdef int _check_idle(self) except -1
     cdef Py_ssize_t _step(self) noexcept nogil
     cdef void _finish_union(self, Py_ssize_t batch) noexcept nogil
+    cdef int _self_check(self, Py_ssize_t num_cand) noexcept nogil

@@ -3,6 +3,8 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import disjoint_base
 
+VIOLATIONS: dict[int, str]
+
 def uses_popcnt_instruction() -> bool: ...
 def _set_popcnt_instruction(enabled: bool) -> None: ...
 
@@ -22,6 +24,7 @@ class DeficitCore:
     oversize: bool
     cap_reached: bool
     passes: int
+    violation: int
     examined: int
     def __init__(
         self,

@@ -22,6 +22,18 @@ cimport cython
 pdflash_cpu_init()
 
 
+#: Meaning of ``DeficitCore.violation`` codes (0: none).
+VIOLATIONS = {
+    1: "a step with live work was empty",
+    2: "request cap exceeded",
+    3: "a grant outside [1, requested tokens]",
+    4: "token budget exceeded",
+    5: "byte budget exceeded outside the single-item oversize exception",
+    6: "negative deficit",
+    7: "a request was scheduled twice",
+}
+
+
 def uses_popcnt_instruction():
     """True if the bitset kernels use the CPU's POPCNT instruction."""
     return bool(pdflash_uses_popcnt())
@@ -510,7 +522,37 @@ cdef class DeficitCore:
             self.cursor_seq = seq[cand[0]] + 1
         self.batch_size = batch
         self._finish_union(batch)
+        self.violation = self._self_check(num_cand)
         return batch
+
+    cdef int _self_check(self, Py_ssize_t num_cand) noexcept nogil:
+        """vLLM-style end-of-step checks, O(batch + live) in C; the codes are
+        explained by ``VIOLATIONS``. The from-scratch checks live in tests."""
+        cdef Py_ssize_t j, k = self.batch_size
+        cdef int64_t tokens = 0, nbytes = 0, g
+        if num_cand > 0 and k == 0:
+            return 1
+        if self.max_requests > 0 and k > self.max_requests:
+            return 2
+        for j in range(k):
+            g = self.out_grant[j]
+            if g < 1 or g > self.out_requested[j]:
+                return 3
+            tokens += g
+            nbytes += self.out_marginal[j]
+        if tokens > self.token_budget:
+            return 4
+        if self.byte_budget >= 0 and nbytes > self.byte_budget and not (self.oversize and k == 1):
+            return 5
+        for j in range(self.size):
+            if self.deficit[j] < 0:
+                return 6
+        for j in range(k):
+            # served flags are per-step scratch: 1 = served; mark 2 on first sight
+            if self.served[self.out_index[j]] != 1:
+                return 7
+            self.served[self.out_index[j]] = 2
+        return 0
 
     cdef void _finish_union(self, Py_ssize_t batch) noexcept nogil:
         cdef Py_ssize_t w, k = 0

@@ -317,7 +317,6 @@ class VerifyScheduler:
             )
         if self.policy is not None and len(self._seqs):
             self._apply_policy()
-        had_work = bool(core.pending_tokens().any()) if self.check_invariants else False
         core.step()
         index, requested, grants, marginal, costs, union_ids, union_mask, deficits, quanta = (
             core.results()
@@ -339,7 +338,15 @@ class VerifyScheduler:
             lap=int(core.lap),
         )
         if self.check_invariants:
-            _assert_step_invariants(cfg, result, had_work)
+            # NOTE: vLLM-style end-of-step asserts, computed by the core in C
+            # (O(batch + live), ~free); the from-scratch recomputation of every
+            # DESIGN §4 invariant is in the tests (InvariantTracker).
+            assert core.violation == 0, (
+                f"scheduler invariant broken at step {self._step_index}: "
+                f"{_deficit.VIOLATIONS[core.violation]}"
+            )
+            cap = cfg.max_requests_per_step
+            assert cap is None or len(result.request_ids) <= cap
         if self.policy is not None:
             for rid in result.request_ids.tolist():
                 self._last_served[rid] = self._step_index
@@ -382,22 +389,3 @@ class VerifyScheduler:
 def _readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
     arr.setflags(write=False)
     return arr
-
-
-def _assert_step_invariants(cfg: SchedulerConfig, r: StepResult, had_work: bool) -> None:
-    """Cheap per-step checks (the full from-scratch ones live in the tests)."""
-    k = len(r.request_ids)
-    if k == 0:
-        assert not had_work, "a step with live work was empty"
-    else:
-        grants = r.token_grants
-        assert int(grants.sum()) <= cfg.token_budget, "token budget exceeded"
-        assert grants.min() >= 1 and (grants <= r.requested_tokens).all(), "bad grant"
-        assert len(set(r.request_ids.tolist())) == k, "a request was scheduled twice"
-        budget = cfg.byte_budget
-        assert budget is None or int(r.marginal_bytes.sum()) <= budget or (r.oversize and k == 1), (
-            "byte budget exceeded outside the oversize exception"
-        )
-        cap = cfg.max_requests_per_step
-        assert cap is None or k <= cap, "request cap exceeded"
-    assert len(r.deficits) == 0 or r.deficits.min() >= 0, "negative deficit"
