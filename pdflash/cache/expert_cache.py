@@ -165,6 +165,7 @@ class ExpertCache:
         self.prefetch_bytes_in = 0
         self.prefetch_bytes_evicted_unused = 0
         self.prefetch_dropped = 0  # prefetch ids that found no evictable slot
+        self.failed_copies = 0  # copies found failed or cancelled; the slot was freed
 
     def stats(self) -> dict[str, Any]:
         """Counters and derived ratios (``NotMeasured`` when the denominator is 0)."""
@@ -187,6 +188,7 @@ class ExpertCache:
             "prefetch_bytes_in": self.prefetch_bytes_in,
             "prefetch_bytes_evicted_unused": self.prefetch_bytes_evicted_unused,
             "prefetch_dropped": self.prefetch_dropped,
+            "failed_copies": self.failed_copies,
             **ratios,
         }
 
@@ -220,10 +222,31 @@ class ExpertCache:
     # -- slot management -----------------------------------------------------
 
     def _refresh_inflight(self) -> None:
+        """Clear finished copies; forget unpinned slots whose copy failed or
+        was cancelled (e.g. ``issuer.cancel(Band.ROUTE_AHEAD)``), so the
+        expert is fetched again instead of being read as garbage.
+
+        NOTE: ``poll`` reports failed/cancelled copies as finished; telling
+        them apart needs ``issuer.states`` (:class:`pdflash.h2d.H2DIssuer`'s
+        codes: > ``STATE_DONE`` means failed or cancelled). An issuer
+        without ``states`` is trusted to complete what it accepted.
+        """
         busy = np.flatnonzero(self.ticket >= 0)
-        if busy.size:
+        if busy.size == 0:
+            return
+        states_fn = getattr(self.issuer, "states", None)
+        if states_fn is None:
             done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
             self.ticket[busy[done]] = -1
+            return
+        from pdflash.h2d import STATE_DONE
+
+        states = np.asarray(states_fn(self.ticket[busy]))
+        self.ticket[busy[states == STATE_DONE]] = -1
+        bad = busy[(states > STATE_DONE) & (self.pins[busy] == 0)]
+        if bad.size:
+            self.failed_copies += int(bad.size)
+            self._drop(bad)
 
     def _evictable_slots(self, exclude: IdArray) -> npt.NDArray[np.int64]:
         ok = (self.expert_of >= 0) & (self.pins == 0) & (self.ticket < 0)
