@@ -26,6 +26,7 @@ queued kernel still reads.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -473,6 +474,17 @@ class ExpertCache:
             yield slots
         finally:
             self.release(flat_ids)
+
+    def drain_inflight(self) -> None:
+        """Block until every in-flight copy into an unpinned slot finishes
+        (so those slots become evictable); failures are handled as in
+        :meth:`_refresh_inflight`."""
+        busy = np.flatnonzero((self.ticket >= 0) & (self.pins == 0))
+        if busy.size:
+            # NOTE: failed/cancelled copies raise here; the refresh below drops them.
+            with contextlib.suppress(Exception):
+                self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
+        self._refresh_inflight()
 
     def free_capacity(self) -> int:
         """Slots a forward could pin now (free or evictable)."""

@@ -279,3 +279,22 @@ def test_cancelled_prefetch_is_fetched_again_not_read_as_garbage() -> None:
         cache.release(range(8))
     finally:
         issuer.close()
+
+
+def test_forward_waits_for_inflight_prefetches_when_no_slot_is_free(
+    tiny_checkpoints: Any, fake_issuer: Any
+) -> None:
+    from pdflash.models import load_adapter
+
+    ad = load_adapter(
+        tiny_checkpoints["mixtral"], issuer=fake_issuer, cache_slots=4, max_batch_tokens=2
+    )
+    assert ad.cache is not None
+    ad.cache.prefetch([12, 13, 14, 15], Band.BACKGROUND)  # fills every slot, copies held in flight
+    assert ad.cache.free_capacity() == 0
+    x = torch.randn(3, ad.hidden_size)
+    with torch.no_grad():
+        out = ad.moe(0, x)  # layer 0 needs slots: drains the prefetches, then evicts them
+        want = ad.resident_block(0)(x[None])[0]
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    assert ad.cache.prefetch_bytes_evicted_unused > 0
