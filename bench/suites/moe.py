@@ -48,7 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(0.2,0.5) measures each on the same weights and prints {runs: [...]}",
     )
     p.add_argument(
-        "--layers", type=int, default=None, help="truncate the synthetic model to N layers"
+        "--layers",
+        type=int,
+        default=None,
+        help="truncate the synthetic model to N layers (default: 8 for published shapes, all for tiny)",
     )
     p.add_argument("--tokens", type=int, default=16, help="tokens per forward (one sequence)")
     p.add_argument("--repeats", type=int, default=5)
