@@ -374,17 +374,25 @@ class ExpertCache:
                 f"{ids.size} distinct experts requested but only {self._available(ids)} of "
                 f"{self.num_slots} slots are free or evictable (the rest are pinned or in flight)"
             )
+        self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
+        try:
+            if missing.size:
+                new_slots = self._reserve(int(missing.size), exclude=ids)
+                assert new_slots.size == missing.size
+                self._load(missing, new_slots, Band.ON_DEMAND)
+                self.pins[new_slots] += 1
+            self._promote(slots[present], Band.ON_DEMAND)
+        except BaseException:
+            # e.g. the issuer refused the copies: nothing stays pinned; the
+            # slots freed for them stay free (their experts were evicted)
+            self.pins[slots[present]] -= 1
+            loaded = self.slot_of[missing]
+            self.pins[loaded[loaded >= 0]] = 0
+            raise
         self.clock += 1
         self.hits += int(present.sum())
         self.misses += int(missing.size)
         self.inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
-        self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
-        if missing.size:
-            new_slots = self._reserve(int(missing.size), exclude=ids)
-            assert new_slots.size == missing.size
-            self._load(missing, new_slots, Band.ON_DEMAND)
-            self.pins[new_slots] += 1
-        self._promote(slots[present], Band.ON_DEMAND)
         all_slots = self.slot_of[ids]
         fresh = all_slots[~self.used[all_slots]]
         self.bytes_used += int(fresh.size) * self.expert_nbytes

@@ -298,3 +298,18 @@ def test_forward_waits_for_inflight_prefetches_when_no_slot_is_free(
         want = ad.resident_block(0)(x[None])[0]
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
     assert ad.cache.prefetch_bytes_evicted_unused > 0
+
+
+def test_refused_submit_leaves_nothing_pinned(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    cache.ensure_resident([0])
+    cache.release([0])
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise ValueError("source 0x1 is pageable")
+
+    fake_issuer.submit = refuse
+    with pytest.raises(ValueError, match="pageable"):
+        cache.ensure_resident([0, 5])
+    assert int(cache.pins.sum()) == 0 and not cache.is_resident([5])[0]
+    assert (cache.hits, cache.misses) == (0, 1)  # the refused call is not counted
