@@ -351,6 +351,28 @@ class MoEAdapterBase:
             raise RuntimeError("no expert cache attached")
         return self.runtime.add_route_hook(hook)
 
+    def add_layer_output_hook(
+        self, hook: Callable[[int, torch.Tensor], None]
+    ) -> Callable[[], None]:
+        """``hook(layer, hidden [T, H])`` with each decoder layer's output (the
+        residual stream) during :attr:`hf_model` forwards, e.g. for next-layer
+        gate lookahead (apply layer ``l+1``'s router to it and prefetch).
+        Returns a function that removes the hook."""
+        handles = []
+        for i, layer in enumerate(self._layers):
+
+            def post(_m: Any, _a: Any, out: Any, i: int = i) -> None:
+                h = out[0] if isinstance(out, tuple) else out
+                hook(i, h.reshape(-1, h.shape[-1]))
+
+            handles.append(layer.register_forward_hook(post))
+
+        def remove() -> None:
+            for h in handles:
+                h.remove()
+
+        return remove
+
     def install_offloaded(self, hf_model: nn.Module) -> list[OffloadedMoEBlock]:
         """Swap the sparse MoE blocks of another HF model of this arch (e.g. one
         loaded with ``from_pretrained``) for offloaded blocks running from this
