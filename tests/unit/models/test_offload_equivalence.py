@@ -207,3 +207,25 @@ def test_layer_output_hook_enables_next_layer_prefetch(
         ad.forward_logits(_tokens(4))
     assert seen == [0, 1]
     assert ad.cache.prefetch_bytes_in > 0
+
+
+def test_fp16_keeps_gpt_oss_norms_in_fp32_like_transformers(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoints["gpt_oss"]
+    ad = load_adapter(
+        path, dtype=torch.float16, issuer=host_issuer, cache_slots=4, max_batch_tokens=2
+    )
+    ref = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float16, experts_implementation="eager"
+    )
+    ours = {n: p.dtype for n, p in ad.hf_model.named_parameters()}
+    theirs = {n: p.dtype for n, p in ref.named_parameters() if ".experts." not in n}
+    assert ours == theirs and ours["model.norm.weight"] == torch.float32
+    ids = _tokens(6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ad.forward_logits(ids), ref(input_ids=ids[None]).logits[0], atol=2e-3, rtol=0
+        )
