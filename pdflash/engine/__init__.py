@@ -1,0 +1,1 @@
+"""The DFlash serving engine: drafter, paged KV, batched verify, sessions."""
