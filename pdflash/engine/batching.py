@@ -68,7 +68,9 @@ class FCFSBatcher:
     ) -> BatchDecision:
         left = self.token_budget
         grants: list[tuple[int, int]] = []
-        for d in sorted(demands, key=lambda d: (self._order.get(d.request_id, 1 << 62), d.request_id)):
+        for d in sorted(
+            demands, key=lambda d: (self._order.get(d.request_id, 1 << 62), d.request_id)
+        ):
             if left <= 0:
                 break
             g = min(d.tokens, left)

@@ -167,7 +167,12 @@ class RMSNorm(nn.Module):
 class _Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
-        d, h, kvh, b = cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.attention_bias
+        d, h, kvh, b = (
+            cfg.head_dim,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.attention_bias,
+        )
         self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=b)
         self.k_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=b)
         self.v_proj = nn.Linear(cfg.hidden_size, kvh * d, bias=b)
@@ -230,7 +235,9 @@ class DFlashDrafter(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList([_Layer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.fc = nn.Linear(
+            len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False
+        )
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self._rotary = _build_rotary(cfg)
 
@@ -251,7 +258,9 @@ class DFlashDrafter(nn.Module):
             device=device,
         )
 
-    def rope(self, positions: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        self, positions: torch.Tensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self._rotary(like, positions.view(1, -1))
         return cos[0], sin[0]
 
@@ -316,6 +325,7 @@ class DFlashDrafter(nn.Module):
             cfg = self.cfg
             d = cfg.head_dim
             for li, layer in enumerate(self.layers):
+                assert isinstance(layer, _Layer)
                 attn = layer.self_attn
                 h = layer.input_layernorm(x)
                 q = attn.q_norm(attn.q_proj(h).view(n_blk, -1, d))
@@ -329,10 +339,10 @@ class DFlashDrafter(nn.Module):
                 kv.write(li, blk_slot_t, k_b, v_b)
                 kp = kv.k[li][batch.k_slots].permute(0, 2, 1, 3)
                 vp = kv.v[li][batch.k_slots].permute(0, 2, 1, 3)
-                visible = batch.mask(causal=cfg.layer_is_causal(li), sliding_window=cfg.layer_window(li))
-                out = masked_attention(
-                    batch.pad_queries(q), kp, vp, visible, scaling=d**-0.5
+                visible = batch.mask(
+                    causal=cfg.layer_is_causal(li), sliding_window=cfg.layer_window(li)
                 )
+                out = masked_attention(batch.pad_queries(q), kp, vp, visible, scaling=d**-0.5)
                 x = x + attn.o_proj(batch.unpad(out))
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
             return self.norm(x)
@@ -342,7 +352,9 @@ class DFlashDrafter(nn.Module):
                 if kv.has(it.seq_id) and kv.length(it.seq_id) > length:
                     kv.truncate(it.seq_id, length)
 
-    def logits(self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def logits(
+        self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         """Draft logits through the target's LM head (no target final norm)."""
         out = lm_head(hidden)
         if self.cfg.output_multiplier != 1.0:

@@ -177,7 +177,9 @@ class Engine:
                     f"a {adapter.num_layers}-layer target"
                 )
         if config.batching != "fcfs" and batcher is None:
-            raise ValueError(f"batching {config.batching!r} needs a batcher (the deficit scheduler)")
+            raise ValueError(
+                f"batching {config.batching!r} needs a batcher (the deficit scheduler)"
+            )
         if config.route_ahead and predictor is None:
             raise ValueError("route_ahead needs a predictor")
         if max_seq_len < 2:
@@ -199,7 +201,9 @@ class Engine:
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
         num_pages = self._pages_per_seq * config.max_running
         dtype = kv_dtype or _param_dtype(adapter)
-        self.kv = kv_cache_for(adapter, page_size=ps, num_pages=num_pages, dtype=dtype, device=self.device)
+        self.kv = kv_cache_for(
+            adapter, page_size=ps, num_pages=num_pages, dtype=dtype, device=self.device
+        )
         self.draft_kv: PagedKVCache | None = None
         capture: tuple[int, ...] = ()
         if self.drafter is not None:
@@ -208,7 +212,9 @@ class Engine:
             )
             capture = self.drafter.target_layer_ids
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
-        self._lookahead = _Lookahead(self) if (config.lookahead and expert_cache is not None) else None
+        self._lookahead = (
+            _Lookahead(self) if (config.lookahead and expert_cache is not None) else None
+        )
         if self._lookahead is not None:
             self.runner.observers.append(self._lookahead)
         # NOTE: time the compute stream's waits on copies by wrapping the cache
@@ -317,6 +323,7 @@ class Engine:
             n += 1
         return self.finished
 
+    @torch.no_grad()
     def step(self) -> StepReport:
         report = StepReport()
         now = self.clock()
@@ -326,12 +333,18 @@ class Engine:
         if admitted:
             self._prefill(admitted)
             report.admitted = len(admitted)
-        to_draft = [self._requests[r] for r in self._running if self._requests[r].state == RequestState.DRAFT]
+        to_draft = [
+            self._requests[r]
+            for r in self._running
+            if self._requests[r].state == RequestState.DRAFT
+        ]
         if to_draft:
             self._draft(to_draft)
             report.drafted = len(to_draft)
         waiting_verify = [
-            self._requests[r] for r in self._running if self._requests[r].state == RequestState.VERIFY
+            self._requests[r]
+            for r in self._running
+            if self._requests[r].state == RequestState.VERIFY
         ]
         if waiting_verify:
             decision = self._schedule(waiting_verify)
@@ -421,13 +434,15 @@ class Engine:
 
     def _prefill(self, reqs: list[Request]) -> None:
         chunks = [
-            Chunk(r.request_id, torch.tensor(r.prompt, dtype=torch.int64, device=self.device), False)
+            Chunk(
+                r.request_id, torch.tensor(r.prompt, dtype=torch.int64, device=self.device), False
+            )
             for r in reqs
         ]
         with self.timer.forward():
             out = self.runner.forward(chunks)
         self._record_trace(out.needed_flat, "prefill")
-        self._observe_routing(out.routed.any(axis=0))
+        self._observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
         now = self.clock()
         for i, req in enumerate(reqs):
             logits = out.logits[i]
@@ -537,14 +552,16 @@ class Engine:
         for req, grant in batch:
             assert req.anchor is not None and req.drafts is not None
             drafts = req.drafts[: grant - 1]
-            toks = torch.cat([torch.tensor([req.anchor], dtype=torch.int64, device=self.device), drafts])
+            toks = torch.cat(
+                [torch.tensor([req.anchor], dtype=torch.int64, device=self.device), drafts]
+            )
             chunks.append(Chunk(req.request_id, toks, True))
             starts.append(self.kv.length(req.request_id))
         with self.timer.forward():
             out = self.runner.forward(chunks)
         self.verify_forwards += 1
         self._record_trace(out.needed_flat, "verify")
-        routed_union = out.routed.any(axis=0)
+        routed_union: npt.NDArray[np.bool_] = np.asarray(out.routed.any(axis=0), dtype=np.bool_)
         self._observe_routing(routed_union)
         if self.route_stats is not None and self.config.route_ahead:
             predicted = np.zeros_like(routed_union)
@@ -681,7 +698,9 @@ class _Lookahead:
         cache = self.engine.expert_cache
         missing = experts[~np.asarray(cache.is_resident(experts), dtype=np.bool_)]
         if missing.size:
-            self.engine.prefetch_bytes[Band.ROUTE_AHEAD] += int(missing.size) * int(cache.expert_nbytes)
+            self.engine.prefetch_bytes[Band.ROUTE_AHEAD] += int(missing.size) * int(
+                cache.expert_nbytes
+            )
             cache.prefetch(missing, Band.ROUTE_AHEAD)
 
 

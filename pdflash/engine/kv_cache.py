@@ -148,7 +148,9 @@ class PagedKVCache:
         return [table[p // ps] * ps + p % ps for p in range(start, end)]
 
     def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
-        return torch.tensor(self.slot_list(seq_id, start, end), dtype=torch.int64, device=self.device)
+        return torch.tensor(
+            self.slot_list(seq_id, start, end), dtype=torch.int64, device=self.device
+        )
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer].index_copy_(0, slots, k.to(self.dtype))

@@ -133,7 +133,11 @@ class TargetRunner:
             slots_t = torch.tensor(new_slots, dtype=torch.int64, device=dev)
             pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
             row_chunk_t = torch.tensor(row_chunk, dtype=torch.int64, device=dev)
-            ids = torch.cat([c.tokens.to(dev) for c in chunks]) if chunks else torch.zeros(0, dtype=torch.int64, device=dev)
+            ids = (
+                torch.cat([c.tokens.to(dev) for c in chunks])
+                if chunks
+                else torch.zeros(0, dtype=torch.int64, device=dev)
+            )
             x = ad.embed(ids)
             captured: dict[int, torch.Tensor] = {}
             routed = torch.zeros(
@@ -176,10 +180,15 @@ class TargetRunner:
                 feat = torch.cat([captured[i] for i in self.capture_layers], dim=-1)
                 features = list(torch.split(feat, lens))
             routed_np = routed.cpu().numpy()
-            union = routed_np.any(axis=0)
+            union: npt.NDArray[np.bool_] = np.asarray(routed_np.any(axis=0), dtype=np.bool_)
             e = ad.num_experts
-            needed = [np.flatnonzero(union[layer]).astype(np.int64) + layer * e for layer in range(ad.num_layers)]
-            return ForwardOutput(logits=logits, features=features, routed=routed_np, needed_flat=needed)
+            needed = [
+                np.flatnonzero(union[layer]).astype(np.int64) + layer * e
+                for layer in range(ad.num_layers)
+            ]
+            return ForwardOutput(
+                logits=logits, features=features, routed=routed_np, needed_flat=needed
+            )
         except BaseException:
             for c, s in zip(chunks, starts, strict=False):
                 if kv.has(c.seq_id) and kv.length(c.seq_id) > s:

@@ -152,7 +152,9 @@ def drafter(tmp_path_factory: pytest.TempPathFactory) -> DFlashDrafter:
 
 
 @torch.no_grad()
-def greedy_reference(model: Any, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()) -> list[int]:
+def greedy_reference(
+    model: Any, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()
+) -> list[int]:
     """Plain greedy autoregressive decoding with full recompute (no KV cache)."""
     ids = list(prompt)
     out: list[int] = []

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pdflash.engine.drafter import (
-    DraftItem,
     DrafterConfig,
+    DraftItem,
     load_drafter,
     synthetic_drafter_config,
     write_synthetic_drafter,
@@ -104,13 +104,19 @@ def test_batched_drafting_equals_one_at_a_time(tmp_path: Path) -> None:
     _reference(tmp_path)
     ours = load_drafter(tmp_path, dtype=torch.float32)
     gen = torch.Generator().manual_seed(2)
-    ctx_a, ctx_b = torch.randn(5, 2 * HIDDEN, generator=gen), torch.randn(9, 2 * HIDDEN, generator=gen)
+    ctx_a, ctx_b = (
+        torch.randn(5, 2 * HIDDEN, generator=gen),
+        torch.randn(9, 2 * HIDDEN, generator=gen),
+    )
     blk_a, blk_b = torch.randn(6, HIDDEN, generator=gen), torch.randn(3, HIDDEN, generator=gen)
     kv = _kv(ours)
     kv.add_sequence(0)
     kv.add_sequence(1)
     both = ours.forward_blocks(
-        torch.cat([ctx_a, ctx_b]), torch.cat([blk_a, blk_b]), [DraftItem(0, 5, 6), DraftItem(1, 9, 3)], kv
+        torch.cat([ctx_a, ctx_b]),
+        torch.cat([blk_a, blk_b]),
+        [DraftItem(0, 5, 6), DraftItem(1, 9, 3)],
+        kv,
     )
     kv2 = _kv(ours)
     kv2.add_sequence(7)
@@ -132,12 +138,12 @@ def test_load_rejects_bad_checkpoints(tmp_path: Path) -> None:
         load_drafter(tmp_path)
     missing = {k: v for k, v in weights.items() if k != "norm.weight"}
     save_file(missing, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match="missing tensor 'norm.weight'"):
+    with pytest.raises(ValueError, match=r"missing tensor 'norm\.weight'"):
         load_drafter(tmp_path)
     extra = dict(weights)
     extra["lm_head.weight"] = torch.zeros(2, 2)
     save_file(extra, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match="unexpected tensor 'lm_head.weight'"):
+    with pytest.raises(ValueError, match=r"unexpected tensor 'lm_head\.weight'"):
         load_drafter(tmp_path)
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["dflash_config"]["target_layer_ids"] = [1, 99]
