@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -80,18 +80,45 @@ class FCFSBatcher:
 
 
 class DeficitBatcher:
-    """The deficit verify scheduler (``pdflash.scheduler.VerifyScheduler``)."""
+    """The DESIGN §4 deficit verify scheduler behind :class:`VerifyBatcher`.
 
-    def __init__(self, scheduler: Any, *, name: str, num_layers: int, num_experts: int) -> None:
-        self.scheduler = scheduler
-        self.name = name
-        self.num_layers = num_layers
-        self.num_experts = num_experts
+    ``byte_budget=None`` is token-only mode (baseline B2); an int is the 2-D
+    mode (PD), charging each item the marginal bytes of its predicted experts
+    that are not resident. The scheduler's union of the batch's missing
+    experts comes back in :attr:`BatchDecision.missing` so the engine
+    prefetches exactly that.
+    """
+
+    def __init__(
+        self,
+        *,
+        token_budget: int,
+        byte_budget: int | None,
+        num_layers: int,
+        num_experts: int,
+        expert_nbytes: int,
+        max_tokens_per_item: int | None = None,
+    ) -> None:
+        from pdflash.scheduler import SchedulerConfig, VerifyScheduler
+
+        self.name = "deficit_tokens" if byte_budget is None else "deficit_2d"
+        cfg = SchedulerConfig(
+            token_budget=token_budget,
+            missing_byte_budget=byte_budget,
+            num_layers=num_layers,
+            num_experts=num_experts,
+            max_tokens_per_item=max_tokens_per_item,
+        )
+        self.scheduler = VerifyScheduler(cfg)
+        self.scheduler.set_expert_bytes(
+            np.full((num_layers, num_experts), expert_nbytes, dtype=np.int64)
+        )
+        self._empty = np.zeros(0, dtype=np.int64)
         self._live: set[int] = set()
 
     def add(self, request_id: int, weight: float = 1.0) -> None:
         if request_id not in self._live:
-            self.scheduler.add_request(request_id, weight=weight)
+            self.scheduler.add_request(request_id, weight)
             self._live.add(request_id)
 
     def remove(self, request_id: int) -> None:
@@ -102,4 +129,11 @@ class DeficitBatcher:
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
     ) -> BatchDecision:
-        raise NotImplementedError("wired when pdflash.scheduler lands")
+        for d in demands:
+            pred = d.predicted if d.predicted is not None else self._empty
+            self.scheduler.update_demand(d.request_id, d.tokens - 1, pred)
+        if resident is not None:
+            self.scheduler.set_resident(resident)
+        result = self.scheduler.step()
+        grants = list(zip(result.request_ids.tolist(), result.token_grants.tolist(), strict=True))
+        return BatchDecision(grants=grants, missing=np.array(result.union_ids, dtype=np.int64))

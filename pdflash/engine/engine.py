@@ -114,6 +114,7 @@ class Request:
     drafts: torch.Tensor | None = None  # [n] int64
     draft_probs: torch.Tensor | None = None  # [n, V] (sampling only)
     predicted: npt.NDArray[np.int64] | None = None
+    draft_hidden: torch.Tensor | None = None  # [1 + drafts, hidden], for the predictor
     round_start_s: float = 0.0
     kv_pages_promised: int = 0  # worst-case KV pages reserved in the admission ledger
 
@@ -138,6 +139,9 @@ class Engine:
         batcher: the verify batcher; default FCFS under ``config.token_budget``.
             ``deficit_*`` batching needs one (see :mod:`pdflash.engine.batching`).
         predictor: route-ahead predictor (used when ``config.route_ahead``).
+        horizon: optional acceptance-aware horizon
+            (:class:`pdflash.routeahead.AcceptanceHorizon`): predict only for the
+            positions the request is likely to accept.
         acceptance: forced or model-driven acceptance (default model-driven).
         expert_cache: the adapter's expert cache, if experts are offloaded
             (``resident_mask()``, ``prefetch(ids, band)``, ``stats()``).
@@ -155,6 +159,7 @@ class Engine:
         drafter: DFlashDrafter | None = None,
         batcher: VerifyBatcher | None = None,
         predictor: ExpertPredictor | None = None,
+        horizon: Any = None,
         acceptance: AcceptanceModel | None = None,
         expert_cache: Any = None,
         route_stats: Any = None,
@@ -190,6 +195,8 @@ class Engine:
         self.drafter = drafter if config.speculative else None
         self.batcher: VerifyBatcher = batcher or FCFSBatcher(config.token_budget)
         self.predictor = predictor if config.route_ahead else None
+        self.horizon = horizon if config.route_ahead else None
+        self.predict_s = 0.0
         self.acceptance: AcceptanceModel = acceptance or ModelAcceptance()
         self.expert_cache = expert_cache
         self.route_stats = route_stats
@@ -406,7 +413,9 @@ class Engine:
         self.batcher.remove(rid)
         if self.predictor is not None:
             self.predictor.forget(rid)
-        req.drafts = req.draft_probs = req.pending_context = None
+        if self.horizon is not None:
+            self.horizon.forget(rid)
+        req.drafts = req.draft_probs = req.pending_context = req.draft_hidden = None
         self.finished[rid] = self._requests.pop(rid)
 
     def _commit(self, req: Request, tokens: Sequence[int]) -> int:
@@ -470,12 +479,17 @@ class Engine:
             if n == 0:
                 req.drafts = torch.zeros(0, dtype=torch.int64, device=self.device)
                 req.draft_probs = None
+                req.draft_hidden = None
                 req.state = RequestState.VERIFY
-                req.predicted = self._predict(req, None) if self.predictor is not None else None
             else:
                 todo.append((req, n))
-        if not todo:
-            return
+        if todo:
+            self._draft_blocks(todo)
+        if self.predictor is not None:
+            self._predict([r for r in reqs if r.state == RequestState.VERIFY])
+
+    def _draft_blocks(self, todo: list[tuple[Request, int]]) -> None:
+        drafter = self.drafter
         assert drafter is not None and self.draft_kv is not None
         mask = drafter.cfg.mask_token_id
         items: list[DraftItem] = []
@@ -507,24 +521,41 @@ class Engine:
                     req.draft_probs = probs
                     req.drafts = sample_from(probs, req.generator).to(self.device)
                 req.pending_context = None
+                req.draft_hidden = h
                 req.state = RequestState.VERIFY
-                if self.predictor is not None:
-                    req.predicted = self._predict(req, h)
 
-    def _predict(self, req: Request, drafter_hidden: torch.Tensor | None) -> npt.NDArray[np.int64]:
-        assert self.predictor is not None and req.anchor is not None and req.drafts is not None
-        tokens = torch.cat(
-            [torch.tensor([req.anchor], dtype=torch.int64, device=self.device), req.drafts.view(-1)]
-        )
-        start = self.kv.length(req.request_id)
-        block = DraftedBlock(
-            request_id=req.request_id,
-            token_ids=tokens,
-            positions=torch.arange(start, start + tokens.numel(), device=self.device),
-            drafter_hidden=drafter_hidden,
-        )
-        scores = np.asarray(self.predictor.predict(block))
-        return flat_expert_ids(scores > 0)
+    def _predict(self, reqs: list[Request]) -> None:
+        """Route-ahead: predict every drafted block's experts in one call."""
+        from pdflash.routeahead import predict_batch
+
+        assert self.predictor is not None
+        if not reqs:
+            return
+        blocks = []
+        for req in reqs:
+            assert req.anchor is not None and req.drafts is not None
+            tokens = torch.cat(
+                [
+                    torch.tensor([req.anchor], dtype=torch.int64, device=self.device),
+                    req.drafts.view(-1),
+                ]
+            )
+            start = self.kv.length(req.request_id)
+            block = DraftedBlock(
+                request_id=req.request_id,
+                token_ids=tokens,
+                positions=torch.arange(start, start + tokens.numel(), device=self.device),
+                drafter_hidden=req.draft_hidden,
+            )
+            if self.horizon is not None:
+                block = self.horizon.apply(block)
+            blocks.append(block)
+        t0 = time.perf_counter()
+        scores = np.asarray(predict_batch(self.predictor, blocks))
+        self.predict_s += time.perf_counter() - t0
+        for req, sc in zip(reqs, scores, strict=True):
+            req.predicted = flat_expert_ids(sc > 0)
+            req.draft_hidden = None
 
     def _schedule(self, reqs: list[Request]) -> BatchDecision:
         demands = [
@@ -564,11 +595,11 @@ class Engine:
         routed_union: npt.NDArray[np.bool_] = np.asarray(out.routed.any(axis=0), dtype=np.bool_)
         self._observe_routing(routed_union)
         if self.route_stats is not None and self.config.route_ahead:
-            predicted = np.zeros_like(routed_union)
-            for req, _ in batch:
+            predicted = np.zeros_like(out.routed)
+            for i, (req, _) in enumerate(batch):
                 if req.predicted is not None and req.predicted.size:
-                    predicted.reshape(-1)[req.predicted] = True
-            self.route_stats.update(predicted, routed_union, resident_before)
+                    predicted[i].reshape(-1)[req.predicted] = True
+            self.route_stats.update(predicted, out.routed, resident_before)
         if self.predictor is not None:
             for i, (req, _) in enumerate(batch):
                 self.predictor.observe(req.request_id, out.routed[i])
@@ -614,6 +645,8 @@ class Engine:
             got = self._commit(req, new_tokens)
             committed += got
             req.metrics.acceptance_lengths.append(got)
+            if self.horizon is not None and req.state == RequestState.DRAFT:
+                self.horizon.observe(req.request_id, min(got, self.config.block_size))
             req.metrics.round_latencies_s.append(now - req.round_start_s)
             req.round_start_s = now
             if req.state in (RequestState.FINISHED, RequestState.ABORTED):
@@ -680,23 +713,24 @@ class Engine:
 
 
 class _Lookahead:
-    """Next-layer gate lookahead: layer l+1's router over layer l's MoE input
-    predicts l+1's experts; they are prefetched ROUTE_AHEAD."""
+    """Next-layer gate lookahead: layer l+1's router over layer l's output
+    (:class:`pdflash.routeahead.NextLayerLookahead`) predicts l+1's experts;
+    the missing ones are prefetched ROUTE_AHEAD while layer l finishes."""
 
     def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+        from pdflash.routeahead import NextLayerLookahead
 
-    def after_moe(self, layer: int, normed: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        ad = self.engine.adapter
-        nxt = layer + 1
-        if nxt >= ad.num_layers or self.engine.expert_cache is None:
-            return
-        logits = ad.router_logits(nxt, normed)
-        k = min(ad.top_k, ad.num_experts)
-        ids = torch.topk(logits, k, dim=-1).indices.reshape(-1)
-        experts = torch.unique(ids).cpu().numpy().astype(np.int64) + nxt * ad.num_experts
+        self.engine = engine
+        self.predictor = NextLayerLookahead(engine.adapter)
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
         cache = self.engine.expert_cache
-        missing = experts[~np.asarray(cache.is_resident(experts), dtype=np.bool_)]
+        if cache is None or layer + 1 >= self.engine.adapter.num_layers:
+            return
+        ids, _ = self.predictor.predict_next(layer, hidden)
+        if ids.size == 0:
+            return
+        missing = ids[~np.asarray(cache.is_resident(ids), dtype=np.bool_)]
         if missing.size:
             self.engine.prefetch_bytes[Band.ROUTE_AHEAD] += int(missing.size) * int(
                 cache.expert_nbytes

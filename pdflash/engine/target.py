@@ -27,12 +27,12 @@ from pdflash.protocols import MoEModelAdapter
 
 
 class LayerObserver(Protocol):
-    """Sees each layer's MoE input and exact routing right after its MoE call
-    was issued (the hook for next-layer gate lookahead prefetch: copies
-    submitted here overlap the tail of this layer's expert compute and the
-    next layer's attention)."""
+    """Sees each layer's output (the residual stream after its MoE) and its
+    exact routing, right after the layer was issued: the hook for next-layer
+    gate lookahead prefetch (copies submitted here overlap the tail of this
+    layer's expert compute and the next layer's attention)."""
 
-    def after_moe(self, layer: int, normed: torch.Tensor, topk_ids: torch.Tensor) -> None: ...
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None: ...
 
 
 @dataclass
@@ -158,7 +158,7 @@ class TargetRunner:
                 routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
                 x = x + ad.moe(layer, normed)
                 for obs in self.observers:
-                    obs.after_moe(layer, normed, topk_ids)
+                    obs.after_layer(layer, x, topk_ids)
                 if layer in self.capture_layers:
                     captured[layer] = x
             # logits only for the rows that need them
