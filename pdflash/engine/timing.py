@@ -56,9 +56,13 @@ class ComputeTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self._depth = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the accumulated times (e.g. after a warm-up)."""
         self._forward = _Span(self.cuda)
         self._stall = _Span(self.cuda)
-        self._depth = 0
 
     @property
     def method(self) -> str:
