@@ -17,6 +17,7 @@ from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
 SUITES: dict[str, str] = {}
+SUITES["engine"] = "engine"
 DEFAULT_SUITE = "default"
 
 
