@@ -13,28 +13,36 @@ import sys
 import time
 from typing import Any
 
-HELP = "engine baselines B0/B1/B2/B3/PD: tokens/s, acceptance, TTFT, hit rate, coverage, exposed fetch"
+HELP = (
+    "engine baselines B0/B1/B2/B3/PD: tokens/s, acceptance, TTFT, hit rate, coverage, exposed fetch"
+)
 
 
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--arch", default="tiny", help="tiny, gpt-oss-20b, qwen3-30b-a3b, ... (default tiny)")
+    parser.add_argument(
+        "--arch", default="tiny", help="tiny, gpt-oss-20b, qwen3-30b-a3b, ... (default tiny)"
+    )
     parser.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="e.g. 1,4,16")
     parser.add_argument("--baselines", default="B0,B1,B2,B3,PD", help="comma-separated subset")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--cache-fraction", type=float, default=0.2)
     parser.add_argument("--weights", default="synthetic", help="'synthetic' or a checkpoint path")
     parser.add_argument("--draft", default="synthetic", help="'synthetic' or a DFlash draft path")
-    parser.add_argument("--layers", type=int, default=None, help="truncate full-size synthetic shapes")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="truncate full-size synthetic shapes"
+    )
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--num-requests", type=int, default=None, help="default: = concurrency")

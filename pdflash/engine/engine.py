@@ -675,6 +675,11 @@ class Engine:
             ids = np.unique(np.concatenate(parts))
             resident = self.expert_cache.is_resident(ids)
             ids = ids[~np.asarray(resident, dtype=np.bool_)]
+        # NOTE: in-flight copies cannot be evicted, and a forward needs free or
+        # evictable slots for its on-demand misses: never put more than half of
+        # the slots a forward could use into flight. Flat ids are in layer
+        # order, so the earliest layers (needed first) go first.
+        ids = ids[: max(0, int(self.expert_cache.free_capacity()) // 2)]
         if ids.size:
             self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
             self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
@@ -731,6 +736,8 @@ class _Lookahead:
         if ids.size == 0:
             return
         missing = ids[~np.asarray(cache.is_resident(ids), dtype=np.bool_)]
+        # NOTE: most confident first; keep half the usable slots for on-demand misses
+        missing = missing[: max(0, int(cache.free_capacity()) // 2)]
         if missing.size:
             self.engine.prefetch_bytes[Band.ROUTE_AHEAD] += int(missing.size) * int(
                 cache.expert_nbytes
