@@ -208,6 +208,8 @@ def _percentile(values: list[float], q: float, what: str) -> Metric:
 
 def _acceptance_for(spec: RunSpec, arch_name: str, synthetic_draft: bool) -> AcceptanceModel:
     mode = spec.acceptance
+    if spec.baseline == "B0":
+        return ModelAcceptance()  # autoregressive: nothing is drafted, nothing to force
     if mode == "auto":
         # NOTE: a synthetic (random) drafter's guesses are meaningless; forced
         # acceptance at the published mean makes the run a realistic workload.
