@@ -78,6 +78,10 @@ class RunSpec:
     layers: int | None = None  # truncate full-size synthetic shapes
     acceptance: str = "auto"  # "model" or "forced"
     mean_tau: float | None = None
+    # PD's missing-byte budget M per step: explicit bytes, else
+    # link_gbps_measured * step_target_s ("one step's worth of PCIe time")
+    byte_budget: int | None = None
+    step_target_s: float = 0.25
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -317,7 +321,8 @@ def _run(
         fraction=fraction,
         top_k=adapter.top_k,
         max_batch_tokens=1,
-        policy="lru",
+        # PD protects the experts route-ahead predicted for the coming verify
+        policy="route_ahead" if spec.baseline == "PD" else "lru",
     )
     runtime = adapter.attach_cache(cache)
     if all_resident:
@@ -338,9 +343,11 @@ def _run(
     byte_budget: int | None = None
     if config.batching != "fcfs":
         if config.batching == "deficit_2d":
-            # NOTE: M = half the expert cache: a batch's missing experts always
-            # fit beside what the running layers pin.
-            byte_budget = max(1, cache.num_slots * cache.expert_nbytes // 2)
+            # NOTE: M is one step's worth of PCIe time at the bandwidth measured
+            # in this run (issue 2's sizing), unless the spec gives bytes. A
+            # smaller M bounds round latency but, when one block alone misses
+            # more than M, serialises requests (the oversize exception).
+            byte_budget = spec.byte_budget or max(1, int(link_gbps * 1e9 * spec.step_target_s))
         batcher = DeficitBatcher(
             token_budget=config.token_budget,
             byte_budget=byte_budget,
@@ -588,6 +595,8 @@ def _result(
         "cache_slots": int(cache.num_slots),
         "expert_nbytes": int(cache.expert_nbytes),
         "byte_budget": engine.config.byte_budget,
+        "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
+        "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),
         "token_budget": engine.config.token_budget,
         "batching": engine.config.batching,
         "steps": engine.steps,

@@ -58,6 +58,7 @@ TokenCallback = Callable[[int, int], None]
 
 class RequestState(enum.Enum):
     WAITING = "waiting"
+    PREFILL = "prefill"
     DRAFT = "draft"
     VERIFY = "verify"
     FINISHED = "finished"
@@ -243,6 +244,7 @@ class Engine:
         self.steps = 0
         self.scheduler_us: list[float] = []
         self.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+        self._step_route_ahead_bytes = 0
         self.verify_forwards = 0
         self.first_step_s: float | None = None
         self.last_step_s: float | None = None
@@ -393,6 +395,7 @@ class Engine:
                 self.draft_kv.add_sequence(req.request_id)
             self._running.append(req.request_id)
             self.batcher.add(req.request_id)
+            req.state = RequestState.PREFILL
             admitted.append(req)
         return admitted
 
@@ -680,6 +683,10 @@ class Engine:
         # the slots a forward could use into flight. Flat ids are in layer
         # order, so the earliest layers (needed first) go first.
         ids = ids[: max(0, int(self.expert_cache.free_capacity()) // 2)]
+        if hasattr(getattr(self.expert_cache, "policy", None), "set_predicted"):
+            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
+            protect = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            self.expert_cache.set_predicted(protect)
         if ids.size:
             self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
             self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
@@ -697,7 +704,7 @@ class Engine:
     def _background_prefetch(self) -> None:
         cache = self.expert_cache
         assert cache is not None
-        used = getattr(self, "_step_route_ahead_bytes", 0)
+        used = self._step_route_ahead_bytes
         self._step_route_ahead_bytes = 0
         left = self.byte_budget() - used
         nbytes = int(cache.expert_nbytes)
