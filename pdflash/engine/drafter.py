@@ -552,3 +552,24 @@ def write_synthetic_drafter(
     (root / CONFIG_NAME).write_text(json.dumps(cfg_dict, indent=2, sort_keys=True))
     save_file(tensors, str(root / WEIGHTS_NAME), metadata={"format": "pt", "pdflash": "synthetic"})
     return root
+
+
+def drafter_writer(
+    preset: str | None = None, *, subdir: str = "dflash-drafter", seed: int = 0
+) -> Callable[[Path, Any], None]:
+    """An ``on_written(path, config)`` hook for
+    :func:`pdflash.models.write_synthetic_checkpoint`: writes a matching
+    synthetic drafter into ``path / subdir`` (``tiny`` for tiny targets,
+    ``full`` otherwise, unless ``preset`` says)."""
+
+    def hook(path: Path, config: Any) -> None:
+        cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        chosen = preset
+        if chosen is None:
+            marker = cfg.get("pdflash_synthetic") or {}
+            chosen = (
+                "tiny" if isinstance(marker, dict) and marker.get("preset") == "tiny" else "full"
+            )
+        write_synthetic_drafter(Path(path) / subdir, cfg, chosen, seed=seed)
+
+    return hook

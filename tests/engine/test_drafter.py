@@ -193,3 +193,23 @@ def test_synthetic_drafter_round_trips(tmp_path: Path, preset: str) -> None:
     assert drafter.fc.weight.shape == (32, 32 * len(drafter.target_layer_ids))
     with pytest.raises(ValueError, match="unknown drafter preset 'huge'"):
         write_synthetic_drafter(tmp_path / "x", target, "huge")
+
+
+def test_drafter_written_beside_a_synthetic_target(tmp_path: Path) -> None:
+    from pdflash.engine.drafter import drafter_writer
+    from pdflash.models import write_synthetic_checkpoint
+
+    write_synthetic_checkpoint(
+        tmp_path,
+        "gpt_oss",
+        "tiny",
+        num_layers=3,
+        dtype=torch.float32,
+        on_written=drafter_writer(seed=2),
+    )
+    drafter = load_drafter(tmp_path / "dflash-drafter")
+    target = json.loads((tmp_path / "config.json").read_text())
+    assert drafter.cfg.hidden_size == target["hidden_size"]
+    assert drafter.cfg.vocab_size == target["vocab_size"]
+    assert drafter.cfg.num_target_layers == 3
+    assert drafter.fc.weight.dtype == torch.float32
