@@ -16,8 +16,12 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
-SUITES: dict[str, str] = {}
-SUITES["engine"] = "engine"
+SUITES: dict[str, str] = {
+    "h2d": "h2d",
+    "moe": "moe",
+    "routeahead": "routeahead",
+    "engine": "engine",
+}
 DEFAULT_SUITE = "default"
 
 
