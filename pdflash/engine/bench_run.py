@@ -325,12 +325,6 @@ def _run(
         policy="route_ahead" if spec.baseline == "PD" else "lru",
     )
     runtime = adapter.attach_cache(cache)
-    if all_resident:
-        # B3: every expert resident before the clock starts
-        ids = np.arange(cache.num_ids, dtype=np.int64)
-        tickets = cache.prefetch(ids, Band.BACKGROUND)
-        issuer.wait(tickets[tickets >= 0])
-        cache.reset_stats()
 
     config = EngineConfig.preset(
         spec.baseline,

@@ -231,6 +231,9 @@ class Engine:
         if runtime is not None and getattr(runtime, "cache", None) is not None:
             runtime.cache = StallTimedCache(runtime.cache, self.timer)
 
+        if config.all_resident and expert_cache is not None:
+            self._load_every_expert()
+
         self._ids = itertools.count()
         self._requests: dict[int, Request] = {}
         self._waiting: deque[int] = deque()
@@ -657,6 +660,18 @@ class Engine:
         return committed, finished
 
     # -------------------------------------------------------------- experts
+    def _load_every_expert(self) -> None:
+        """B3: every expert resident before the first request (blocking)."""
+        cache = self.expert_cache
+        total = self.adapter.num_layers * self.adapter.num_experts
+        if int(cache.num_slots) < total:
+            raise ValueError(
+                f"baseline {self.config.baseline!r} keeps every expert resident: the expert "
+                f"cache has {cache.num_slots} slots for {total} experts"
+            )
+        tickets = np.asarray(cache.prefetch(np.arange(total, dtype=np.int64), Band.BACKGROUND))
+        cache.issuer.wait(tickets[tickets >= 0])
+
     def _resident_mask(self) -> npt.NDArray[np.bool_] | None:
         if self.expert_cache is None:
             return None

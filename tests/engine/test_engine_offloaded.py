@@ -33,23 +33,13 @@ def _stack(
     )
 
     issuer = H2DIssuer(backend="host")
+    if baseline == "B3":
+        cache_slots = 1 << 20  # every expert (the cache clamps to the model's count)
     adapter = load_adapter(
         tmp / "target", device="cpu", issuer=issuer, cache_slots=cache_slots, max_batch_tokens=1
     )
     drafter = load_drafter(tmp / "drafter")
     config = EngineConfig.preset(baseline, **cfg)
-    if baseline == "B3":
-        adapter.cache = None
-        adapter.attach_cache(
-            type(adapter.runtime.cache)(
-                adapter.store,
-                issuer,
-                device="cpu",
-                fraction=1.0,
-                top_k=adapter.top_k,
-                max_batch_tokens=1,
-            )
-        )
     cache = adapter.cache
     batcher = None
     if config.batching != "fcfs":

@@ -32,7 +32,7 @@ def test_lossless_on_cuda(tmp_path: Path, arch: str, baseline: str) -> None:
     write_synthetic_drafter(tmp_path / "d", cfg, "tiny", seed=4, dtype=torch.float32)
     issuer = H2DIssuer(backend="cuda")
     try:
-        slots = 16 if baseline == "B3" else 6
+        slots = 32 if baseline == "B3" else 6  # 4 layers x 8 experts
         adapter = load_adapter(
             tmp_path / "t", device="cuda", issuer=issuer, cache_slots=slots, max_batch_tokens=1
         )
