@@ -99,11 +99,7 @@ class DeficitBatcher:
         expert_nbytes: int,
         max_tokens_per_item: int | None = None,
     ) -> None:
-        import importlib
-
-        # NOTE: imported lazily so FCFS-only use never loads the scheduler's native core
-        sched = importlib.import_module("pdflash.scheduler")
-        SchedulerConfig, VerifyScheduler = sched.SchedulerConfig, sched.VerifyScheduler
+        from pdflash.scheduler import SchedulerConfig, VerifyScheduler
 
         self.name = "deficit_tokens" if byte_budget is None else "deficit_2d"
         cfg = SchedulerConfig(

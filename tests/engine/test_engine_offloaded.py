@@ -15,6 +15,7 @@ import torch
 from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine, RequestState
+from pdflash.protocols import Band
 
 MAX_NEW = 14
 
@@ -112,8 +113,6 @@ def checkpoint(
 def test_lossless_offloaded_every_baseline(
     baseline: str, checkpoint: tuple[Path, list[Any]]
 ) -> None:
-    if baseline in ("B2", "PD"):
-        pytest.importorskip("pdflash.scheduler")
     tmp, cases = checkpoint
     # 6 slots: fewer than the 2 layers x 8 experts two consecutive layers route to
     eng, adapter, issuer = _stack(
@@ -136,7 +135,6 @@ def test_lossless_offloaded_every_baseline(
 def test_pd_hundred_requests_with_aborts_release_everything(
     checkpoint: tuple[Path, list[Any]],
 ) -> None:
-    pytest.importorskip("pdflash.scheduler")
     tmp, _ = checkpoint
     eng, adapter, issuer = _stack(
         tmp, "x", "PD", cache_slots=6, block_size=4, max_running=100, token_budget=64
@@ -169,6 +167,8 @@ def test_pd_hundred_requests_with_aborts_release_everything(
         assert eng.kv.used_pages == 0 and eng.draft_kv is not None and eng.draft_kv.used_pages == 0
         assert int(np.asarray(adapter.cache.pins).sum()) == 0
         snap = eng.route_stats.snapshot()
-        assert snap.request.routed > 0
+        assert snap.request.routed > 0 and snap.request.predicted > 0
+        assert 0.0 < snap.request.coverage <= 1.0  # route-ahead really predicted verify's experts
+        assert eng.prefetch_bytes[Band.ROUTE_AHEAD] > 0
     finally:
         issuer.close()
