@@ -303,10 +303,10 @@ def _run(
 ) -> RunResult:
     from pdflash.cache import ExpertCache
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
+    from pdflash.engine.predict import BatchedUnionPredictor
     from pdflash.routeahead import (
         AcceptanceHorizon,
         ApproxRouterPredictor,
-        CombinedPredictor,
         PreviousRoundPredictor,
         RouteAheadStats,
     )
@@ -356,12 +356,11 @@ def _run(
     horizon = None
     route_stats = RouteAheadStats.for_adapter(adapter)
     if config.route_ahead:
-        predictor = CombinedPredictor(
+        predictor = BatchedUnionPredictor(
             [
                 (ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
                 (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
-            ],
-            mode="union",
+            ]
         )
         horizon = AcceptanceHorizon(spec.block_size)
     acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
@@ -600,7 +599,7 @@ def _result(
         "predict_s": engine.predict_s,
         "timing_method": engine.timer.method,
         "h2d_overlap_definition": "1 - exposed_fetch_s / link_busy_s (time-weighted)",
-        "exposed_fetch_definition": "time the compute stream waited in ExpertCache.ensure_resident",
+        "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
     }
     row.update(metrics_to_json(metrics))
     per_request = [

@@ -95,16 +95,22 @@ class ComputeTimer:
 
 
 class StallTimedCache:
-    """Delegates to an expert cache and times its ``ensure_resident`` (the
-    only place a forward waits for copies) as a compute stall.
+    """Delegates to an expert cache and times the calls where a forward waits
+    for copies (``wait_ready``; ``ensure_resident`` for callers that use it)
+    as compute stalls.
 
     NOTE: this wraps the object the offloaded MoE runtime holds; everything
-    else passes through unchanged.
+    else passes through unchanged. ``ensure_resident``'s own internal wait
+    runs on the wrapped cache, so nothing is counted twice.
     """
 
     def __init__(self, cache: Any, timer: ComputeTimer) -> None:
         object.__setattr__(self, "_cache", cache)
         object.__setattr__(self, "_timer", timer)
+
+    def wait_ready(self, tickets: Any) -> Any:
+        with self._timer.stall():
+            return self._cache.wait_ready(tickets)
 
     def ensure_resident(self, flat_ids: Any) -> Any:
         with self._timer.stall():

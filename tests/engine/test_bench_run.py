@@ -89,6 +89,8 @@ def test_run_spec_row_has_every_contract_field(
         assert row["expert_cache_hit_rate"] == 1.0 and row["h2d_bytes"] == 0
     else:
         assert row["h2d_bytes"] > 0
+        assert row["exposed_fetch_s"] > 0 and row["link_busy_s"] > 0
+        assert row["compute_busy_s"] > 0
     assert row["goodput_rps"] is not None
     assert seen and seen[-1][0] == seen[-1][1]
     assert result.cache_slots == row["cache_slots"] and result.expert_nbytes == row["expert_nbytes"]

@@ -24,11 +24,11 @@ def _stack(
     tmp: Path, arch: str, baseline: str, cache_slots: int, **cfg: Any
 ) -> tuple[Engine, Any, Any]:
     from pdflash.engine.batching import DeficitBatcher
+    from pdflash.engine.predict import BatchedUnionPredictor
     from pdflash.h2d import H2DIssuer
     from pdflash.models import load_adapter
     from pdflash.routeahead import (
         ApproxRouterPredictor,
-        CombinedPredictor,
         PreviousRoundPredictor,
         RouteAheadStats,
     )
@@ -58,12 +58,11 @@ def _stack(
         )
     predictor = None
     if config.route_ahead:
-        predictor = CombinedPredictor(
+        predictor = BatchedUnionPredictor(
             [
                 (ApproxRouterPredictor(adapter), 1.0),
                 (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
-            ],
-            mode="union",
+            ]
         )
     eng = Engine(
         adapter,

@@ -80,3 +80,35 @@ def test_masked_attention_with_sinks_matches_direct_softmax() -> None:
             w = torch.softmax(torch.cat([logits, sinks[h : h + 1]]), 0)[:-1]
             expect = (w[:, None] * v[0, 0, keys]).sum(0)
             torch.testing.assert_close(out[0, h, i], expect)
+
+
+def test_batched_union_predictor_unions_scaled_scores() -> None:
+    import numpy as np
+
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.protocols import DraftedBlock
+
+    class Fixed:
+        def __init__(self, name: str, scores: np.ndarray) -> None:
+            self.name, self.scores, self.seen = name, scores, []
+
+        def predict(self, block: DraftedBlock) -> np.ndarray:
+            return self.scores
+
+        def observe(self, request_id: int, routed: np.ndarray) -> None:
+            self.seen.append(request_id)
+
+        def forget(self, request_id: int) -> None:
+            self.seen.remove(request_id)
+
+    a = Fixed("a", np.array([[4.0, 0.0, 2.0]], dtype=np.float32))
+    b = Fixed("b", np.array([[0.0, 1.0, 0.0]], dtype=np.float32))
+    pred = BatchedUnionPredictor([(a, 1.0), (b, 0.5)])
+    block = DraftedBlock(0, torch.tensor([1, 2]), torch.tensor([0, 1]))
+    out = pred.predict_batch([block, block])
+    np.testing.assert_allclose(out[0], [[1.0, 0.5, 0.5]])
+    assert out.shape == (2, 1, 3)
+    pred.observe(3, np.zeros((1, 3), dtype=bool))
+    assert a.seen == [3] and b.seen == [3]
+    with pytest.raises(ValueError, match="at least one member"):
+        BatchedUnionPredictor([])
