@@ -11,6 +11,7 @@ import torch
 from torch.nn import functional as F
 
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
+from pdflash.engine.engine import Engine
 from pdflash.protocols import AttentionSpec
 
 TINY = {
@@ -166,3 +167,57 @@ def greedy_reference(
         if tok in stop_ids:
             break
     return out
+
+
+def oracle_drafts(engine: Engine, refs: dict[int, list[int]], seed: int) -> None:
+    """Replace the (random-weight) drafter's guesses with the reference
+    continuation corrupted at a random position, so verify accepts long
+    prefixes, rejects mid-block and rolls back — through the real code path."""
+    original = engine._draft
+    gen = torch.Generator().manual_seed(seed)
+
+    def draft(reqs: list[Any]) -> None:
+        original(reqs)
+        for req in reqs:
+            n = 0 if req.drafts is None else int(req.drafts.numel())
+            if n == 0:
+                continue
+            done = len(req.output)
+            truth = refs[req.request_id][done : done + n]
+            drafts = torch.tensor(truth + [0] * (n - len(truth)), dtype=torch.int64)
+            cut = int(torch.randint(0, n + 1, (1,), generator=gen))
+            if cut < n:
+                drafts[cut] = (drafts[cut] + 1) % engine.adapter.vocab_size
+            req.drafts = drafts
+
+    engine._draft = draft  # type: ignore[method-assign]
+
+
+def make_batcher_and_predictor(
+    config: Any, adapter: Any, byte_budget: int | None = None
+) -> tuple[Any, Any]:
+    """The deficit batcher (B2 token-only, PD 2-D) and PD's route-ahead predictor."""
+    from pdflash.engine.batching import DeficitBatcher
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.routeahead import ApproxRouterPredictor, PreviousRoundPredictor
+
+    batcher = None
+    if config.batching != "fcfs":
+        if config.batching == "deficit_2d" and byte_budget is None:
+            byte_budget = 6 * adapter.expert_nbytes  # binds: a 6-token block routes to more
+        batcher = DeficitBatcher(
+            token_budget=config.token_budget,
+            byte_budget=byte_budget if config.batching == "deficit_2d" else None,
+            num_layers=adapter.num_layers,
+            num_experts=adapter.num_experts,
+            expert_nbytes=adapter.expert_nbytes,
+        )
+    predictor = None
+    if config.route_ahead:
+        predictor = BatchedUnionPredictor(
+            [
+                (ApproxRouterPredictor(adapter), 1.0),
+                (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
+            ]
+        )
+    return batcher, predictor

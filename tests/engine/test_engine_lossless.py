@@ -11,7 +11,7 @@ import torch
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine, RequestState
 
-from .conftest import greedy_reference
+from .conftest import greedy_reference, make_batcher_and_predictor, oracle_drafts
 
 MAX_NEW = 20
 
@@ -29,31 +29,7 @@ def cases(hf_target: Any) -> list[tuple[list[int], list[int]]]:
     return [(p, greedy_reference(hf_target, p, MAX_NEW)) for p in prompts]
 
 
-def _oracle_drafts(engine: Engine, refs: dict[int, list[int]], seed: int) -> None:
-    """Replace the (random-weight) drafter's guesses with the reference
-    continuation corrupted at a random position, so verify accepts long
-    prefixes, rejects mid-block and rolls back — through the real code path."""
-    original = engine._draft
-    gen = torch.Generator().manual_seed(seed)
-
-    def draft(reqs: list[Any]) -> None:
-        original(reqs)
-        for req in reqs:
-            n = 0 if req.drafts is None else int(req.drafts.numel())
-            if n == 0:
-                continue
-            done = len(req.output)
-            truth = refs[req.request_id][done : done + n]
-            drafts = torch.tensor(truth + [0] * (n - len(truth)), dtype=torch.int64)
-            cut = int(torch.randint(0, n + 1, (1,), generator=gen))
-            if cut < n:
-                drafts[cut] = (drafts[cut] + 1) % engine.adapter.vocab_size
-            req.drafts = drafts
-
-    engine._draft = draft  # type: ignore[method-assign]
-
-
-@pytest.mark.parametrize("baseline", ["B0", "B1", "B3"])
+@pytest.mark.parametrize("baseline", ["B0", "B1", "B2", "B3", "PD"])
 @pytest.mark.parametrize("oracle", [False, True])
 def test_greedy_matches_autoregressive(
     baseline: str, oracle: bool, adapter: Any, drafter: Any, cases: list[Any]
@@ -61,10 +37,13 @@ def test_greedy_matches_autoregressive(
     if baseline == "B0" and oracle:
         pytest.skip("B0 drafts nothing")
     cfg = EngineConfig.preset(baseline, block_size=6, max_running=3, token_budget=11)
-    eng = Engine(adapter, cfg, drafter=drafter, max_seq_len=64)
+    batcher, predictor = make_batcher_and_predictor(cfg, adapter)
+    eng = Engine(
+        adapter, cfg, drafter=drafter, batcher=batcher, predictor=predictor, max_seq_len=64
+    )
     ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
     if oracle:
-        _oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=7)
+        oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=7)
     done = eng.run_until_done(max_steps=500)
     for rid, (_, ref) in zip(ids, cases, strict=True):
         assert done[rid].output == ref, (baseline, rid)

@@ -17,6 +17,8 @@ from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine, RequestState
 from pdflash.protocols import Band
 
+from .conftest import oracle_drafts
+
 MAX_NEW = 14
 
 
@@ -119,6 +121,9 @@ def test_lossless_offloaded_every_baseline(
     )
     try:
         ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        # drafts = the reference continuation corrupted at a random position:
+        # long accepted prefixes, mid-block rejections and KV rollback under offloading
+        oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=5)
         done = eng.run_until_done(max_steps=400)
         for rid, (_, ref) in zip(ids, cases, strict=True):
             assert done[rid].output == ref, (baseline, rid)
@@ -127,6 +132,8 @@ def test_lossless_offloaded_every_baseline(
             assert stats["misses"] > 0 and stats["evictions"] > 0  # offloading really happened
         assert int(np.asarray(adapter.cache.pins).sum()) == 0
         assert eng.kv.used_pages == 0
+        if baseline != "B0":
+            assert max(a for r in done.values() for a in r.metrics.acceptance_lengths) > 2
     finally:
         issuer.close()
 
