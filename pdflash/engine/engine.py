@@ -133,6 +133,9 @@ class StepReport:
 class Engine:
     """Continuous-batching DFlash engine over an :class:`MoEModelAdapter`.
 
+    Stream callbacks may call :meth:`abort` (on any request) but must not call
+    :meth:`step` (the engine is not re-entrant).
+
     Args:
         adapter: the target model (offloaded or resident).
         config: an :class:`EngineConfig` (see :meth:`EngineConfig.preset`).
@@ -433,6 +436,8 @@ class Engine:
             n += 1
             if req.on_token is not None:
                 req.on_token(req.request_id, int(tok))
+                if req.state == RequestState.ABORTED:  # the callback aborted it
+                    break
             if int(tok) in req.stop_ids:
                 self._finish(req, "stop")
                 break
@@ -460,6 +465,8 @@ class Engine:
         self._observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
         now = self.clock()
         for i, req in enumerate(reqs):
+            if req.state == RequestState.ABORTED:  # by another request's stream callback
+                continue
             logits = out.logits[i]
             if req.params.greedy:
                 tok = int(torch.argmax(logits[-1]))
@@ -613,6 +620,8 @@ class Engine:
         committed = 0
         finished: list[int] = []
         for i, (req, grant) in enumerate(batch):
+            if req.state == RequestState.ABORTED:  # by another request's stream callback
+                continue
             logits = out.logits[i]
             n = grant - 1
             assert req.drafts is not None

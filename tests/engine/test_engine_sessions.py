@@ -159,3 +159,30 @@ def test_metrics_are_recorded(adapter: Any, drafter: Any) -> None:
     assert len(m.round_latencies_s) == len(m.acceptance_lengths) == m.model_rounds
     assert sum(m.acceptance_lengths) + 1 == m.output_tokens == 6
     assert m.met_slo is True
+
+
+def test_stream_callback_may_abort_requests(adapter: Any, drafter: Any) -> None:
+    eng = Engine(
+        adapter,
+        EngineConfig.preset("B1", block_size=4, max_running=4),
+        drafter=drafter,
+        max_seq_len=32,
+    )
+    ids: list[int] = []
+
+    def on_token(rid: int, tok: int) -> None:
+        if rid == ids[0] and len(eng.request(rid).output) == 3:
+            eng.abort(ids[1])  # another request, possibly later in the same batch
+            eng.abort(rid)  # and itself
+
+    ids += [eng.add_request([1, 2, 3], max_new_tokens=12, on_token=on_token)]
+    ids += [eng.add_request([4, 5, 6], max_new_tokens=12) for _ in range(2)]
+    eng.run_until_done(max_steps=100)
+    assert (
+        eng.request(ids[0]).state == RequestState.ABORTED and len(eng.request(ids[0]).output) == 3
+    )
+    assert eng.request(ids[1]).state == RequestState.ABORTED
+    assert (
+        eng.request(ids[2]).state == RequestState.FINISHED and len(eng.request(ids[2]).output) == 12
+    )
+    assert eng.kv.used_pages == 0
