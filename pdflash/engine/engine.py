@@ -459,7 +459,7 @@ class Engine:
             )
             for r in reqs
         ]
-        with self.timer.forward():
+        with self.timer.forward("prefill"):
             out = self.runner.forward(chunks)
         self._record_trace(out.needed_flat, "prefill")
         self._observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
@@ -515,7 +515,7 @@ class Engine:
             ctx.append(pc)
             blocks += [req.anchor] + [mask] * n
         block_ids = torch.tensor(blocks, dtype=torch.int64, device=self.device)
-        with self.timer.forward():
+        with self.timer.forward("draft"):
             emb = self.adapter.embed(block_ids)
             scale = drafter.cfg.input_embedding_scale
             if scale != 1.0:
@@ -601,7 +601,7 @@ class Engine:
             )
             chunks.append(Chunk(req.request_id, toks, True))
             starts.append(self.kv.length(req.request_id))
-        with self.timer.forward():
+        with self.timer.forward("verify"):
             out = self.runner.forward(chunks)
         self.verify_forwards += 1
         self._record_trace(out.needed_flat, "verify")

@@ -63,23 +63,31 @@ class ComputeTimer:
         """Zero the accumulated times (e.g. after a warm-up)."""
         self._forward = _Span(self.cuda)
         self._stall = _Span(self.cuda)
+        self._kinds: dict[str, _Span] = {}
 
     @property
     def method(self) -> str:
         return "cuda_events" if self.cuda else "host_perf_counter"
 
     @contextmanager
-    def forward(self) -> Iterator[None]:
+    def forward(self, kind: str = "forward") -> Iterator[None]:
+        """Time one forward; ``kind`` (``prefill``/``draft``/``verify``) also
+        accumulates separately (:meth:`kind_s`)."""
         # NOTE: nested forwards (none today) would double count; time the outermost only
         if self._depth:
             yield
             return
         self._depth += 1
+        span = self._kinds.setdefault(kind, _Span(self.cuda))
         try:
-            with self._forward.measure():
+            with self._forward.measure(), span.measure():
                 yield
         finally:
             self._depth -= 1
+
+    def kind_s(self, kind: str) -> float:
+        span = self._kinds.get(kind)
+        return 0.0 if span is None else span.total_s()
 
     def stall(self) -> Any:
         return self._stall.measure()
