@@ -186,3 +186,17 @@ def test_stream_callback_may_abort_requests(adapter: Any, drafter: Any) -> None:
         eng.request(ids[2]).state == RequestState.FINISHED and len(eng.request(ids[2]).output) == 12
     )
     assert eng.kv.used_pages == 0
+
+
+def test_single_token_request_finishes_at_prefill(
+    adapter: Any, drafter: Any, hf_target: Any
+) -> None:
+    eng = Engine(adapter, EngineConfig.preset("B1", block_size=4), drafter=drafter, max_seq_len=16)
+    rid = eng.add_request([9, 8, 7], max_new_tokens=1)
+    report = eng.step()
+    assert report.admitted == 1 and report.verified == 0
+    req = eng.request(rid)
+    assert req.state == RequestState.FINISHED and req.output == greedy_reference(
+        hf_target, [9, 8, 7], 1
+    )
+    assert req.metrics.acceptance_lengths == [] and not eng.has_work and eng.kv.used_pages == 0
