@@ -538,12 +538,16 @@ def _result(
         metrics["goodput_rps"] = ratio(met, wall, "zero wall time")
     if engine.config.route_ahead:
         snap = route_stats.snapshot()
+        # per-request scope (the predictor's quality) and batch scope (the
+        # union the copy engine moves)
         metrics["routeahead_coverage"] = snap.request.coverage
         metrics["routeahead_precision"] = snap.request.precision
+        metrics["routeahead_batch_coverage"] = snap.batch.coverage
+        metrics["routeahead_batch_precision"] = snap.batch.precision
     else:
         reason = f"baseline {spec.baseline} runs no route-ahead predictor"
-        metrics["routeahead_coverage"] = NotMeasured(reason)
-        metrics["routeahead_precision"] = NotMeasured(reason)
+        for name in ("coverage", "precision", "batch_coverage", "batch_precision"):
+            metrics[f"routeahead_{name}"] = NotMeasured(reason)
     metrics["scheduler_us_per_step"] = (
         float(statistics.median(engine.scheduler_us))
         if engine.scheduler_us
