@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
     return {
         "suite": "engine",
+        "command": "pdflash-bench " + " ".join(sys.argv[1:]),
         "arch": args.arch,
         "device": "cuda" if (args.device != "cpu" and torch.cuda.is_available()) else "cpu",
         "concurrency": args.concurrency,
