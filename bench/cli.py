@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "h2d": "h2d",
     "moe": "moe",
     "routeahead": "routeahead",
+    "engine": "engine",
     "sched": "sched",
 }
 DEFAULT_SUITE = "default"
