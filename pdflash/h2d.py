@@ -50,8 +50,8 @@ CopyFailedError = _native.CopyFailedError
 CopyCancelledError = _native.CopyCancelledError
 PinnedBuffer = _native.PinnedBuffer
 
-DEFAULT_CHUNK_BYTES = 4 << 20
-DEFAULT_WINDOW_BYTES = 8 << 20
+DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_WINDOW_BYTES = 16 << 20
 DEFAULT_MAX_INFLIGHT_CHUNKS = 32
 
 #: Ticket states returned by :meth:`H2DIssuer.states`.
@@ -79,7 +79,16 @@ def _forget_region(native_ref: weakref.ReferenceType[Any], ptr: int) -> None:
         native.forget_pinned_region(ptr)
 
 
+_I64 = np.dtype(np.int64)
+_U64 = np.dtype(np.uint64)
+
+
 def _as_i64(name: str, value: npt.ArrayLike, n: int | None = None) -> npt.NDArray[np.int64]:
+    # Fast path (the common case of a per-block submit): already a 1-D
+    # contiguous int64 array, used as is.
+    if type(value) is np.ndarray and value.dtype == _I64 and value.ndim == 1:
+        if value.flags.c_contiguous:
+            return value
     arr = np.asarray(value)
     if arr.ndim == 0 and n is not None:
         return np.full(n, int(arr), dtype=np.int64)
@@ -209,15 +218,15 @@ class H2DIssuer:
         n = src_a.shape[0]
         dst_a = _as_i64("dst", dst)
         nbytes_a = _as_i64("nbytes", nbytes, n)
-        keys_a = np.asarray(keys)
-        if keys_a.dtype != np.uint64:
+        keys_a = keys if type(keys) is np.ndarray else np.asarray(keys)
+        if keys_a.dtype != _U64:
             keys_a = _as_i64("keys", keys_a).view(np.uint64)
         elif keys_a.ndim != 1:
             raise ValueError(f"keys must be 1-D, got shape {keys_a.shape}")
-        else:
+        elif not keys_a.flags.c_contiguous:
             keys_a = np.ascontiguousarray(keys_a)
         band_i = int(band)
-        if band_i not in (0, 1, 2):
+        if not 0 <= band_i <= 2:
             raise ValueError(f"band must be a pdflash.protocols.Band, got {band!r}")
         result: npt.NDArray[np.int64] = self._native.submit(src_a, dst_a, nbytes_a, keys_a, band_i)
         return result
