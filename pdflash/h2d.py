@@ -9,16 +9,19 @@ all of it). The issuer keeps a small window of bytes in flight on ONE copy
 stream and picks the next chunk by band (``ON_DEMAND`` > ``ROUTE_AHEAD`` >
 ``BACKGROUND``), FIFO within a band; a C++ worker thread keeps the window full.
 
-Defaults (DESIGN.md §3, ``probes/band_probe.cu`` on the H200, PCIe Gen5):
-``chunk_bytes`` = 4 MiB and ``window_bytes`` = 8 MiB (two chunks in flight)
-kept ~92% of link bandwidth with a 16 MiB on-demand copy at 1.19-1.22x its
-alone latency under a 512 MiB background backlog. 2 MiB chunks give 1.12x at
-~89%; 1 MiB chunks 1.04x at ~85%. A larger window (4 chunks) costs 1.7x.
-NOTE: the probe released its on-demand copy right after a chunk finished; an
-arrival at a random moment also waits for the queued second chunk, so expect
-somewhat more. ``issue_lead_us`` (just-in-time issue, off by default) keeps
-that second chunk out of the queue until the running one is about to end;
-``pdflash-bench h2d --sweep`` measures every trade-off side by side.
+Defaults (H200 sweep, ``pdflash-bench h2d --json --sweep``, run 2 of
+2026-11-29, ``bench/results/h200/2026-11-29-run2.jsonl``): ``chunk_bytes`` =
+8 MiB and ``window_bytes`` = 16 MiB (two chunks in flight), no just-in-time
+lead: the only measured setting meeting all three targets (16 MiB on-demand
+copy under a 512 MiB backlog at 1.13x its alone latency, background at 92.1%
+and 9 MiB expert copies at 95.0% of the link peak); 4 MiB / 8 MiB (the
+previous default) gave 1.19x, 89.5%, 92.3%. A copy is split into
+``ceil(nbytes / chunk_bytes)`` equal chunks (a 9 MiB expert: 2 x 4.5 MiB),
+and the window admits a chunk only while in-flight bytes plus a full
+``chunk_bytes`` fit, so it holds two chunks whatever their size. The full
+table and its caveats (a fixed ~4.7 us per chunk caps expert-copy bandwidth
+by chunks per expert; runs 1-2 sampled one arrival phase) are in
+``cuda/README.md``; ``--sweep`` re-measures every trade-off side by side.
 
 Example::
 
@@ -86,9 +89,13 @@ _U64 = np.dtype(np.uint64)
 def _as_i64(name: str, value: npt.ArrayLike, n: int | None = None) -> npt.NDArray[np.int64]:
     # Fast path (the common case of a per-block submit): already a 1-D
     # contiguous int64 array, used as is.
-    if type(value) is np.ndarray and value.dtype == _I64 and value.ndim == 1:
-        if value.flags.c_contiguous:
-            return value
+    if (
+        type(value) is np.ndarray
+        and value.dtype == _I64
+        and value.ndim == 1
+        and value.flags.c_contiguous
+    ):
+        return value
     arr = np.asarray(value)
     if arr.ndim == 0 and n is not None:
         return np.full(n, int(arr), dtype=np.int64)
@@ -108,9 +115,11 @@ class H2DIssuer:
         backend: ``"cuda"``, ``"host"`` or None (CUDA when this build has it
             and a device is present, else host).
         device: CUDA device ordinal (CUDA backend).
-        chunk_bytes: copies are split into chunks of this size; an on-demand
-            copy waits about one window of chunks at most.
-        window_bytes: bytes in flight on the copy stream (>= chunk_bytes).
+        chunk_bytes: a copy is split into ``ceil(nbytes / chunk_bytes)``
+            equal chunks (none larger than this); an on-demand copy waits
+            about one window of chunks at most.
+        window_bytes: bytes in flight on the copy stream (>= chunk_bytes): a
+            chunk starts while in-flight bytes plus ``chunk_bytes`` fit.
         max_inflight_chunks: chunk limit of the window, for many small copies.
         emulated_link_gbps: host backend only: throttle the memcpy "link" to
             this bandwidth (GB/s, 1e9 B/s) so band physics shows on a CPU;
@@ -124,8 +133,8 @@ class H2DIssuer:
             measured from finished chunks) to drain within L microseconds:
             the next chunk is chosen by band as late as possible while the
             copy engine never idles. L must exceed the worker's reaction time
-            (a few us on CUDA; far more on a busy CPU). Off by default until
-            measured on the H200 (``pdflash-bench h2d --sweep``).
+            (a few us on CUDA; far more on a busy CPU). Off by default: the
+            H200 sweep measured no setting with a lead that met every target.
     """
 
     def __init__(

@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=15,
         help="on-demand arrivals (random phase) per under-load measurement",
     )
-    parser.add_argument("--issue-reps", type=int, default=101, help="repetitions of issue timing")
+    parser.add_argument("--issue-reps", type=int, default=301, help="repetitions of issue timing")
     parser.add_argument(
         "--issue-lead-us",
         type=float,

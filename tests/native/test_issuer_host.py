@@ -523,7 +523,9 @@ def test_defaults_split_copies_equally_and_keep_two_chunks_in_flight() -> None:
         (90_000, 17 << 10, [15360] * 5 + [13200]),  # 17 KiB aligns to 1 KiB
     ],
 )
-def test_native_chunk_sizes_match_the_reference_split(nbytes: int, chunk: int, pieces: list) -> None:
+def test_native_chunk_sizes_match_the_reference_split(
+    nbytes: int, chunk: int, pieces: list
+) -> None:
     from pdflash._reference.issuer import next_chunk_size
 
     ref, issued = [], 0
