@@ -487,6 +487,7 @@ def test_defaults_split_copies_equally_and_keep_two_chunks_in_flight() -> None:
     mib = 1 << 20
     with H2DIssuer(backend="host", debug_log=True) as iss:
         assert (iss.chunk_bytes, iss.window_bytes) == (8 * mib, 16 * mib)
+        assert iss.issue_lead_us == 0.0  # no just-in-time lead on the host backend
         src, dst = _buffers(iss, 4 * 9 * mib + 16 * mib)
         iss._native.test_hold_link(True)
         bg = iss.submit(_slots(src, 4, 9 * mib), _slots(dst, 4, 9 * mib), 9 * mib, [1, 2, 3, 4], 2)

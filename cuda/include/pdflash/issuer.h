@@ -47,7 +47,8 @@ struct IssuerConfig {
   // in-flight ones are estimated (link rate measured from finished chunks)
   // to drain within L seconds: the choice of the next chunk is made as late
   // as possible while the copy engine is still never left idle. L must exceed
-  // the worker's reaction time (a few microseconds on CUDA).
+  // the worker's reaction time (a few microseconds on CUDA). The Python
+  // layer (pdflash.h2d.H2DIssuer) defaults to 20 us on CUDA.
   double issue_lead_s = 0.0;
   double emulated_link_gbps = 0.0;  // host backend only; <= 0: memcpy speed
   bool debug_log = false;  // record every queue/start/end event (tests)
