@@ -288,7 +288,8 @@ struct Issuer::Impl {
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
   std::uintptr_t pinned_hit_begin = 0, pinned_hit_len = 0;       // last region that matched
   // submit() scratch, kept to avoid allocating per call: what each copy of
-  // the batch resolves to (>= 0 live record, kNewCopy, or kSameAsEarlier - j).
+  // the batch resolves to (>= 0 a live record, -1 a new copy, -2 - j the same
+  // key as the earlier copy j of this batch).
   std::vector<std::int32_t> batch_target;
   std::vector<std::size_t> batch_key_slot;  // key map slot of each keyed copy
 
