@@ -521,18 +521,31 @@ class Engine:
             if scale != 1.0:
                 emb = emb * scale
             hidden = drafter.forward_blocks(torch.cat(ctx), emb, items, self.draft_kv)
+            # one LM-head call over every block's MASK rows (row 0 is the anchor)
+            starts = np.cumsum([0] + [n + 1 for _, n in todo])
+            mask_rows = torch.tensor(
+                [
+                    r
+                    for (_, n), s in zip(todo, starts[:-1], strict=True)
+                    for r in range(s + 1, s + n + 1)
+                ],
+                dtype=torch.int64,
+                device=self.device,
+            )
+            all_logits = drafter.logits(hidden[mask_rows], self.adapter.lm_head).float()
+            greedy_all = torch.argmax(all_logits, dim=-1)
             row = 0
-            for (req, n), _item in zip(todo, items, strict=True):
-                h = hidden[row : row + n + 1]
-                row += n + 1
-                logits = drafter.logits(h[1:], self.adapter.lm_head).float()
+            for (req, n), s in zip(todo, starts[:-1].tolist(), strict=True):
+                h = hidden[s : s + n + 1]
+                logits = all_logits[row : row + n]
                 if req.params.greedy:
-                    req.drafts = torch.argmax(logits, dim=-1)
+                    req.drafts = greedy_all[row : row + n]
                     req.draft_probs = None
                 else:
                     probs = target_probs(logits, req.params)
                     req.draft_probs = probs
                     req.drafts = sample_from(probs, req.generator).to(self.device)
+                row += n
                 req.pending_context = None
                 req.draft_hidden = h
                 req.state = RequestState.VERIFY
