@@ -82,6 +82,7 @@ class RunSpec:
     # link_gbps_measured * step_target_s ("one step's worth of PCIe time")
     byte_budget: int | None = None
     step_target_s: float = 0.25
+    dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -97,6 +98,8 @@ class RunSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -134,7 +137,10 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     from pdflash.models import write_synthetic_checkpoint
 
     arch, preset = ARCHS[spec.arch]
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if spec.dtype is not None:
+        dtype = getattr(torch, spec.dtype)
+    else:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     tag = (
         f"{arch}-{preset}-L{spec.layers or 'all'}-{str(dtype).removeprefix('torch.')}-s{spec.seed}"
     )
