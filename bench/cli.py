@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "moe": "moe",
     "routeahead": "routeahead",
     "engine": "engine",
+    "sched": "sched",
 }
 DEFAULT_SUITE = "default"
 
