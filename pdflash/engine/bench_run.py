@@ -171,14 +171,27 @@ _TARGETS: dict[tuple[str, str, str], Any] = {}
 
 
 def load_target(path: Path, device: torch.device, dtype: torch.dtype | None) -> Any:
-    """The adapter for a checkpoint (cached per process: packing experts into
-    pinned host memory is the expensive part)."""
+    """The adapter for a checkpoint, reused by consecutive runs on the same
+    checkpoint (packing experts into pinned host memory is the expensive
+    part). NOTE: only the most recent target is kept, so a matrix over
+    several full-size architectures never holds two sets of host experts."""
     from pdflash.models import load_adapter
 
     key = (str(path.resolve()), str(device), str(dtype))
     if key not in _TARGETS:
+        release_targets()
         _TARGETS[key] = load_adapter(path, device=device, dtype=dtype)
     return _TARGETS[key]
+
+
+def release_targets() -> None:
+    """Drop the cached target (its host experts and device weights)."""
+    import gc
+
+    _TARGETS.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20) -> float:
