@@ -625,6 +625,11 @@ def _result(
         "prefill_s": engine.timer.kind_s("prefill"),
         "timing_method": engine.timer.method,
         "h2d_overlap_definition": "1 - exposed_fetch_s / link_busy_s (time-weighted)",
+        "compute_busy_definition": (
+            "prefill+draft+verify forward time on the compute stream minus exposed_fetch_s "
+            "(CUDA events on CUDA, perf_counter on CPU; includes kernel-launch gaps); "
+            "route-ahead predictor time is reported separately as predict_s"
+        ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
     }
     row.update(metrics_to_json(metrics))
