@@ -623,12 +623,12 @@ def _result(
         "draft_s": engine.timer.kind_s("draft"),
         "verify_s": engine.timer.kind_s("verify"),
         "prefill_s": engine.timer.kind_s("prefill"),
+        "router_pass_s": engine.timer.kind_s("predict"),
         "timing_method": engine.timer.method,
         "h2d_overlap_definition": "1 - exposed_fetch_s / link_busy_s (time-weighted)",
         "compute_busy_definition": (
-            "prefill+draft+verify forward time on the compute stream minus exposed_fetch_s "
-            "(CUDA events on CUDA, perf_counter on CPU; includes kernel-launch gaps); "
-            "route-ahead predictor time is reported separately as predict_s"
+            "prefill+draft+predict+verify time on the compute stream minus exposed_fetch_s "
+            "(CUDA events on CUDA, perf_counter on CPU; includes kernel-launch gaps)"
         ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
     }

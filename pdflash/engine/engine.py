@@ -577,7 +577,8 @@ class Engine:
                 block = self.horizon.apply(block)
             blocks.append(block)
         t0 = time.perf_counter()
-        scores = np.asarray(predict_batch(self.predictor, blocks))
+        with self.timer.forward("predict"):
+            scores = np.asarray(predict_batch(self.predictor, blocks))
         self.predict_s += time.perf_counter() - t0
         for req, sc in zip(reqs, scores, strict=True):
             req.predicted = flat_expert_ids(sc > 0)
