@@ -232,7 +232,10 @@ class Engine:
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
         if runtime is not None and getattr(runtime, "cache", None) is not None:
-            runtime.cache = StallTimedCache(runtime.cache, self.timer)
+            base = runtime.cache
+            while isinstance(base, StallTimedCache):  # an earlier engine's wrapper
+                base = base.wrapped
+            runtime.cache = StallTimedCache(base, self.timer)
 
         if config.all_resident and expert_cache is not None:
             self._load_every_expert()
