@@ -57,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["float32", "bfloat16", "float16"],
         help="synthetic weights (default: float32 on CPU, bfloat16 on CUDA)",
     )
+    parser.add_argument(
+        "--eviction",
+        default="auto",
+        choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
+        help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
 
@@ -96,6 +102,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     acceptance=args.acceptance,
                     mean_tau=args.mean_tau,
                     dtype=args.dtype,
+                    eviction=args.eviction,
                 )
                 result = run_spec(spec)
                 row = result.row

@@ -83,6 +83,9 @@ class RunSpec:
     byte_budget: int | None = None
     step_target_s: float = 0.25
     dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
+    # expert-cache eviction: "auto" (PD: layer_cyclic, others: lru), or one of
+    # "lru", "lfu", "route_ahead", "layer_cyclic" for every baseline (ablation)
+    eviction: str = "auto"
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -98,6 +101,10 @@ class RunSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.eviction not in ("auto", "lru", "lfu", "route_ahead", "layer_cyclic"):
+            raise ValueError(
+                f"eviction must be auto, lru, lfu, route_ahead or layer_cyclic, got {self.eviction!r}"
+            )
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -333,6 +340,15 @@ def _run(
     link_gbps = measure_link_gbps(issuer, device)
     all_resident = spec.baseline == "B3"
     fraction = 1.0 if all_resident else spec.cache_fraction
+    eviction = spec.eviction
+    if eviction == "auto":
+        # PD: Belady at layer granularity, predicted experts kept longest in a layer
+        eviction = "layer_cyclic" if spec.baseline == "PD" else "lru"
+    policy: Any = eviction
+    if eviction == "layer_cyclic":
+        from pdflash.engine.eviction import LayerCyclicPolicy
+
+        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
     cache = ExpertCache(
         adapter.store,
         issuer,
@@ -340,8 +356,7 @@ def _run(
         fraction=fraction,
         top_k=adapter.top_k,
         max_batch_tokens=1,
-        # PD protects the experts route-ahead predicted for the coming verify
-        policy="route_ahead" if spec.baseline == "PD" else "lru",
+        policy=policy,
     )
     runtime = adapter.attach_cache(cache)
 

@@ -228,6 +228,9 @@ class Engine:
         )
         if self._lookahead is not None:
             self.runner.observers.append(self._lookahead)
+        before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
+        if before_layer is not None:
+            self.runner.before_moe_hooks.append(before_layer)
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
