@@ -590,7 +590,7 @@ class Engine:
             scores = np.asarray(predict_batch(self.predictor, blocks))
         self.predict_s += time.perf_counter() - t0
         for req, sc in zip(reqs, scores, strict=True):
-            req.predicted = flat_expert_ids(sc > 0)
+            req.predicted = flat_expert_ids(sc > self.config.route_ahead_min_score)
             req.draft_hidden = None
 
     def _schedule(self, reqs: list[Request]) -> BatchDecision:
