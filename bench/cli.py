@@ -1,7 +1,8 @@
 """The ``pdflash-bench`` console script.
 
 ``pdflash-bench`` with no arguments runs the embedded default suite;
-``pdflash-bench <suite> [--json] ...`` runs one suite. A suite module must
+``pdflash-bench <suite> [--json] ...`` runs one suite. A suite's result
+may carry ``"exit_code"`` (removed before printing) to make the command fail. A suite module must
 stay cheap to import (heavy imports such as torch go inside ``run``), since
 building the parser imports every suite to collect its options.
 """
@@ -16,7 +17,17 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
-SUITES: dict[str, str] = {}
+SUITES: dict[str, str] = {
+    "default": "default",
+    "matrix": "matrix",
+    "report": "report",
+    "bm": "bm",
+    "bm1": "bm",
+    "bm2": "bm",
+    "bm3": "bm",
+    "bm4": "bm",
+    "bm5": "bm",
+}
 DEFAULT_SUITE = "default"
 
 
@@ -48,11 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args = parser.parse_args(args_list)
     result = _load_suite(args.suite).run(args)
+    # A suite may ask for a non-zero exit status (e.g. `report` on invalid input).
+    exit_code = int(result.pop("exit_code", 0)) if isinstance(result, dict) else 0
     if getattr(args, "json", False):
         print(json.dumps(result, indent=None, sort_keys=True))
     elif result is not None:
         print(json.dumps(result, indent=2, sort_keys=True))
-    return 0
+    return exit_code
 
 
 if __name__ == "__main__":
