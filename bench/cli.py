@@ -1,10 +1,10 @@
 """The ``pdflash-bench`` console script.
 
 ``pdflash-bench`` with no arguments runs the embedded default suite;
-``pdflash-bench <suite> [--json] ...`` runs one suite. A suite's result
-may carry ``"exit_code"`` (removed before printing) to make the command fail. A suite module must
-stay cheap to import (heavy imports such as torch go inside ``run``), since
-building the parser imports every suite to collect its options.
+``pdflash-bench <suite> [--json] ...`` runs one suite. A suite's result may
+carry ``"exit_code"`` (removed before printing) to make the command fail. A
+suite module must stay cheap to import (heavy imports such as torch go inside
+``run``), since building the parser imports every suite to collect its options.
 """
 
 from __future__ import annotations

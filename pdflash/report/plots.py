@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.report.schema import BASELINES
-
+#: Plot order: PD beside B3, the all-resident bound it is judged against.
+PLOT_ORDER = ("B0", "B1", "B2", "PD", "B3")
 COLORS = {"B0": "#9e9e9e", "B1": "#1f77b4", "B2": "#ff7f0e", "B3": "#2ca02c", "PD": "#d62728"}
 
 
@@ -62,9 +62,9 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
     for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
         concs = sorted({k[3] for k in med if k[:3] == (arch, block, cf)})
-        width = 0.8 / len(BASELINES)
-        for i, b in enumerate(BASELINES):
-            xs = [j + (i - (len(BASELINES) - 1) / 2) * width for j in range(len(concs))]
+        width = 0.8 / len(PLOT_ORDER)
+        for i, b in enumerate(PLOT_ORDER):
+            xs = [j + (i - (len(PLOT_ORDER) - 1) / 2) * width for j in range(len(concs))]
             ys = [med.get((arch, block, cf, c, b), 0.0) for c in concs]
             have = [
                 (x, y)
@@ -102,13 +102,16 @@ def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     nrows = (len(panels) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
     for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
-        for b in BASELINES:
+        for b in PLOT_ORDER:
             pts = sorted(
                 (k[3], v) for k, v in med.items() if k[:3] == (arch, block, cf) and k[4] == b
             )
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=b, color=COLORS[b])
         ax.set_xscale("log", base=2)
+        concs = sorted({k[3] for k in med if k[:3] == (arch, block, cf)})
+        ax.set_xticks(concs)
+        ax.set_xticklabels([str(c) for c in concs])
         ax.set_xlabel("concurrency")
         ax.set_ylabel("output tokens/s")
         ax.set_title(f"{arch}  B={block}  cache {cf}")
