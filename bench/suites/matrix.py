@@ -5,7 +5,9 @@ repeat), each appended as one JSON line to ``OUT/rows.jsonl``, which is never
 rewritten: a rerun into the same folder skips the runs already recorded
 (so a matrix cut short by ``--budget-s`` or a crash resumes where it
 stopped). B3 keeps every expert resident, so it runs once per (arch, block,
-concurrency, repeat) and is recorded at cache fraction 1.0.
+concurrency, repeat) and is recorded at cache fraction 1.0; B0 decodes
+autoregressively, so it runs once per (arch, concurrency, cache fraction,
+repeat), at the first block size.
 
 Each row is the engine's row plus what this suite measures from the run's
 recorded routing trace: the bytes every forward layer routed to, and the
@@ -147,7 +149,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for repeat in range(args.repeats):
                         for baseline in args.baselines:
                             frac = B3_CACHE_FRACTION if baseline == "B3" else cf
-                            key = (arch, baseline, block, conc, frac, repeat)
+                            # B0 decodes one token at a time: one run serves every block size
+                            blk = args.block_sizes[0] if baseline == "B0" else block
+                            key = (arch, baseline, blk, conc, frac, repeat)
                             if key in seen:
                                 continue
                             seen.add(key)
@@ -155,7 +159,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 {
                                     "arch": arch,
                                     "baseline": baseline,
-                                    "block_size": block,
+                                    "block_size": blk,
                                     "concurrency": conc,
                                     "cache_fraction": frac,
                                     "repeat": repeat,
@@ -257,7 +261,10 @@ def augment_row(row: Mapping[str, Any], result: Any, spec: Mapping[str, Any]) ->
 
 def _identity_mismatch(row: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
     bad = []
-    for name in ("baseline", "block_size", "concurrency", "repeat", "seed"):
+    names = ["baseline", "concurrency", "repeat", "seed"]
+    if spec.get("baseline") != "B0":  # B0 may record its decode block (1)
+        names.append("block_size")
+    for name in names:
         if name in row and name in spec and row[name] != spec[name]:
             bad.append(f"{name}: spec {spec[name]!r}, row {row[name]!r}")
     return bad

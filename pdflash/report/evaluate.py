@@ -29,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pdflash.report.schema import BASELINES, validate_rows
+from pdflash.report.schema import BASELINES, comparison_points, serves, validate_rows
 
 #: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as DESIGN §3.
 LINK_BYTES_PER_S_PER_GBPS = 1e9
@@ -67,28 +67,20 @@ def _reason(rows: Sequence[Mapping[str, Any]], name: str) -> str:
 
 
 class _Table:
-    """Rows indexed by point and baseline; B3 shared across cache fractions."""
+    """Rows per baseline, looked up by comparison point (see
+    :func:`pdflash.report.schema.serves`: B3 serves every cache fraction, B0
+    every block size)."""
 
     def __init__(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        self.by: dict[tuple[Point, str], list[Mapping[str, Any]]] = defaultdict(list)
-        self.b3: dict[tuple[Any, Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
-        self.points: set[Point] = set()
+        self.by_baseline: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for row in rows:
-            if row["baseline"] == "B3":
-                self.b3[_point(row)[:3]].append(row)
-            else:
-                self.points.add(_point(row))
-                self.by[(_point(row), row["baseline"])].append(row)
-        if not self.points:  # a B3-only set still has points to show
-            for key3, b3rows in self.b3.items():
-                for row in b3rows:
-                    self.points.add((*key3, row["cache_fraction"]))
+            self.by_baseline[row["baseline"]].append(row)
+        self.points: list[Point] = [(p[0], p[1], p[2], p[3]) for p in comparison_points(rows)]
 
     def rows(self, point: Point, baseline: str) -> list[Mapping[str, Any]]:
-        if baseline == "B3":
-            same_cf = [r for r in self.b3.get(point[:3], []) if r["cache_fraction"] == point[3]]
-            return same_cf or list(self.b3.get(point[:3], []))
-        return self.by.get((point, baseline), [])
+        found = [r for r in self.by_baseline.get(baseline, []) if serves(r, point)]
+        exact = [r for r in found if _point(r) == point]
+        return exact or found
 
     def median(self, point: Point, baseline: str, name: str) -> float | None:
         return _median(_num(r.get(name)) for r in self.rows(point, baseline))
@@ -178,9 +170,8 @@ def _gap(table: _Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 def _regime(table: _Table) -> list[dict[str, Any]]:
     """Link-bound vs compute-bound per (arch, cache fraction), from PD's busy times."""
     groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
-    for (point, baseline), rows in table.by.items():
-        if baseline == "PD":
-            groups[(point[0], point[3])].extend(rows)
+    for row in table.by_baseline.get("PD", []):
+        groups[(row["arch"], row["cache_fraction"])].append(row)
     out = []
     for (arch, cf), rows in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         ratios = []

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,25 +23,27 @@ def _pyplot() -> Any:
 
 
 def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], float]:
-    """Median tokens/s per (arch, block, cache fraction, concurrency, baseline);
-    B3 (cache-independent) is copied to every cache fraction of its arch."""
-    values: dict[tuple[Any, ...], list[float]] = defaultdict(list)
-    b3: dict[tuple[Any, ...], list[float]] = defaultdict(list)
-    fractions: dict[tuple[Any, Any], set[Any]] = defaultdict(set)
-    for r in rows:
-        tps = r.get("output_tokens_per_s")
-        if not isinstance(tps, (int, float)) or isinstance(tps, bool):
-            continue
-        if r.get("baseline") == "B3":
-            b3[(r["arch"], r["block_size"], r["concurrency"])].append(float(tps))
-        else:
-            fractions[(r["arch"], r["block_size"])].add(r["cache_fraction"])
-            key = (r["arch"], r["block_size"], r["cache_fraction"], r["concurrency"], r["baseline"])
-            values[key].append(float(tps))
-    out = {k: statistics.median(v) for k, v in values.items()}
-    for (arch, block, conc), v in b3.items():
-        for cf in fractions.get((arch, block)) or {1.0}:
-            out[(arch, block, cf, conc, "B3")] = statistics.median(v)
+    """Median tokens/s per (arch, block, cache fraction, concurrency, baseline)
+    at every comparison point (B3 and B0 rows serve several points)."""
+    from pdflash.report.schema import comparison_points, serves
+
+    out: dict[tuple[Any, ...], float] = {}
+    for point in comparison_points(rows):
+        arch, block, conc, cf = point
+        for baseline in PLOT_ORDER:
+            found = [r for r in rows if r.get("baseline") == baseline and serves(r, point)]
+            exact = [
+                r for r in found if r.get("block_size") == block and r.get("cache_fraction") == cf
+            ]
+            values = [
+                float(r["output_tokens_per_s"])
+                for r in exact or found
+                if isinstance(r.get("output_tokens_per_s"), (int, float))
+                and not isinstance(r.get("output_tokens_per_s"), bool)
+                and math.isfinite(r["output_tokens_per_s"])
+            ]
+            if values:
+                out[(arch, block, cf, conc, baseline)] = statistics.median(values)
     return out
 
 

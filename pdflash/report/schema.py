@@ -283,16 +283,43 @@ def group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def serves(row: Mapping[str, Any], point: tuple[Any, ...]) -> bool:
+    """Whether ``row`` is its baseline's entry at comparison ``point``
+    (arch, block, concurrency, cache fraction).
+
+    Two baselines do not depend on every coordinate, so one run serves
+    several points: B3 keeps every expert resident (any cache fraction), and
+    B0 decodes autoregressively (any block size; the engine may record its
+    block as 1).
+    """
+    arch, block, conc, cf = point
+    if row.get("arch") != arch or row.get("concurrency") != conc:
+        return False
+    if row.get("baseline") == "B3":
+        return bool(row.get("block_size") == block)
+    if row.get("baseline") == "B0":
+        return bool(row.get("cache_fraction") == cf)
+    return bool(row.get("block_size") == block and row.get("cache_fraction") == cf)
+
+
+def comparison_points(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """The (arch, block, concurrency, cache fraction) points a result set
+    covers: those of its B1, B2 and PD rows (or, if it has none, of every row)."""
+    rows = [r for r in rows if isinstance(r, Mapping)]
+    specific = {group_key(r) for r in rows if r.get("baseline") in ("B1", "B2", "PD")}
+    points = specific or {group_key(r) for r in rows}
+    return sorted(points, key=lambda p: tuple(str(x) for x in p))
+
+
 def validate_rows(
     rows: Sequence[Mapping[str, Any]],
     required_baselines: Iterable[str] = BASELINES,
 ) -> list[str]:
     """Problems with a result set: each row's, duplicates, missing baselines.
 
-    B3 keeps every expert resident, so its tokens/s does not depend on the
-    cache fraction: one B3 row per (arch, block, concurrency) serves every
-    cache fraction. Every other required baseline must appear at each
-    (arch, block, concurrency, cache fraction) that any row covers.
+    Every required baseline must have a row serving each comparison point
+    (see :func:`serves`: one B3 row serves every cache fraction, one B0 row
+    every block size).
     """
     problems: list[str] = []
     required = tuple(required_baselines)
@@ -311,27 +338,15 @@ def validate_rows(
             else:
                 seen[key] = index
 
-    present: dict[tuple[Any, ...], set[str]] = defaultdict(set)
-    b3_present: set[tuple[Any, ...]] = set()
+    by_baseline: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for row in rows:
-        if not isinstance(row, Mapping):
-            continue
-        baseline = row.get("baseline")
-        if baseline == "B3":
-            b3_present.add(group_key(row)[:3])
-        else:
-            present[group_key(row)].add(str(baseline))
-    for key in sorted(present, key=repr):
-        missing = [b for b in required if b != "B3" and b not in present[key]]
-        if "B3" in required and key[:3] not in b3_present:
-            missing.append("B3")
+        if isinstance(row, Mapping):
+            by_baseline[str(row.get("baseline"))].append(row)
+    for point in comparison_points(rows):
+        missing = [b for b in required if not any(serves(r, point) for r in by_baseline.get(b, []))]
         if missing:
-            arch, block, conc, cf = key
+            arch, block, conc, cf = point
             problems.append(
                 f"missing baseline(s) {', '.join(missing)} at {arch}/B{block}/c{conc}/cf{cf}"
             )
-    if not present and b3_present and len(required) > 1:
-        problems.append(
-            f"only B3 rows present; missing baseline(s) {', '.join(b for b in required if b != 'B3')}"
-        )
     return problems

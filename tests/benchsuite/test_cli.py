@@ -244,3 +244,19 @@ def test_report_on_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixtur
     (tmp_path / "rows.jsonl").write_text('{"arch": "tiny"}\nnot json\n')
     assert cli.main(["report", str(tmp_path), "--json"]) == 2
     assert "rows.jsonl:2: not JSON" in capsys.readouterr().out
+
+
+def test_matrix_plan_shares_b0_and_b3() -> None:
+    args = cli.build_parser().parse_args(
+        ["matrix", "--arch", "tiny,olmoe", "--block-sizes", "8,16", "--concurrency", "1,4"]
+        + ["--cache-fraction", "0.2,0.5,0.8", "--repeats", "2", "--layers", "4"]
+    )
+    specs = matrix.plan(args)
+    count = {b: sum(s["baseline"] == b for s in specs) for b in ("B0", "B1", "B2", "B3", "PD")}
+    # per arch x repeat: B1/B2/PD 2 blocks x 2 conc x 3 fractions; B0 2 conc x 3
+    # fractions (one block); B3 2 blocks x 2 conc (one fraction, 1.0)
+    assert count == {"B0": 24, "B1": 48, "B2": 48, "B3": 16, "PD": 48}
+    assert {s["block_size"] for s in specs if s["baseline"] == "B0"} == {8}
+    assert {s["cache_fraction"] for s in specs if s["baseline"] == "B3"} == {1.0}
+    assert {s["layers"] for s in specs} == {4}
+    assert len({matrix.spec_key(s) for s in specs}) == len(specs)

@@ -167,3 +167,12 @@ def test_hide_inequality_names_unmeasured_terms(make_row: Callable[..., Row]) ->
     assert h["not_measured"]["window_s"] == (
         "unmeasured term(s): draft_busy_s, router_busy_s, verify_overlap_window_s"
     )
+
+
+def test_b0_at_block_one_serves_every_block(matrix_rows: Callable[..., list[Row]]) -> None:
+    # the engine may record B0 (autoregressive) with block_size 1
+    rows = _set(matrix_rows(concurrency=(4,)), "B0", block_size=1, acceptance_length_mean=1.0)
+    ev = evaluate(rows)
+    assert ev["valid"], ev["problems"]
+    assert [(o["block_size"], o["tokens_per_s"]["B0"]) for o in ev["ordering"]] == [(16, 40.0)]
+    assert ev["ordering"][0]["holds"] is True
