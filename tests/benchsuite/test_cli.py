@@ -248,8 +248,10 @@ def test_report_on_unreadable_input(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_matrix_plan_shares_b0_and_b3() -> None:
     args = cli.build_parser().parse_args(
-        ["matrix", "--arch", "tiny,olmoe", "--block-sizes", "8,16", "--concurrency", "1,4"]
-        + ["--cache-fraction", "0.2,0.5,0.8", "--repeats", "2", "--layers", "4"]
+        [
+            *("matrix", "--arch", "tiny,olmoe", "--block-sizes", "8,16", "--concurrency", "1,4"),
+            *("--cache-fraction", "0.2,0.5,0.8", "--repeats", "2", "--layers", "4"),
+        ]
     )
     specs = matrix.plan(args)
     count = {b: sum(s["baseline"] == b for s in specs) for b in ("B0", "B1", "B2", "B3", "PD")}
