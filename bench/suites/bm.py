@@ -129,8 +129,10 @@ def bm4(args: argparse.Namespace) -> dict[str, Any]:
     were busy / copy-busy time."""
     import torch
 
-    if _device(args.device) == "cpu" or not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         return _not_measured("bm4", "CUDA events need a CUDA device; none here")
+    if _device(args.device) == "cpu":
+        return _not_measured("bm4", "--device cpu: CUDA events need a CUDA device")
     dev = torch.device("cuda")
     nbytes = int(args.expert_mib * (1 << 20))
     copies = 32
