@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pdflash.bench import cli
 from pdflash.bench.suites import bm
 
