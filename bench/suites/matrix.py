@@ -76,6 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start no new run after this many seconds; rerun the same command to resume",
     )
     g.add_argument("--no-report", action="store_true", help="only write rows.jsonl")
+    g.add_argument("--dry-run", action="store_true", help="list the planned runs; run nothing")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -381,6 +382,19 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out = args.out or Path("bench-results") / f"matrix-{common.utc_stamp()}"
     specs = plan(args)
+    if args.dry_run:
+        done = recorded_keys(Path(out) / ROWS_FILE)
+        todo = [s for s in specs if spec_key(s) not in done]
+        counts: dict[str, int] = {}
+        for s in todo:
+            counts[s["baseline"]] = counts.get(s["baseline"], 0) + 1
+        return {
+            "planned": len(specs),
+            "already_recorded": len(specs) - len(todo),
+            "to_run": len(todo),
+            "to_run_per_baseline": counts,
+            "command": matrix_command(args, Path(out)),
+        }
     summary = run_matrix(
         specs, Path(out), budget_s=args.budget_s, show_progress=not args.no_progress
     )
