@@ -415,8 +415,72 @@ def bm3(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _routeahead_equivalence(args: argparse.Namespace) -> dict[str, Any]:
+    """Native route-ahead accumulator vs the pure-Python reference on one
+    generated trace (predicted / routed / resident sets and evictions):
+    every counter, hence coverage, precision and waste, must be identical."""
+    import numpy as np
+
+    native_mod, reason = _optional("pdflash_native._routeahead")
+    ref_mod, reason2 = _optional("pdflash._reference.routeahead")
+    if native_mod is None or ref_mod is None:
+        return {"measured": False, "reason": reason or reason2}
+    layers, experts, requests, steps, nbytes = 8, 64, 6, 40, 1 << 20
+    rng = np.random.default_rng(args.seed)
+    native = native_mod.RouteAheadAccumulator(layers, experts, nbytes, 0.9)
+    ref = ref_mod.RouteAheadReference(layers, experts, nbytes, 0.9)
+    for _ in range(steps):
+        routed = rng.random((requests, layers, experts)) < 0.12
+        # predictions: mostly right, some noise (what a predictor does)
+        predicted = (routed & (rng.random(routed.shape) < 0.8)) | (rng.random(routed.shape) < 0.05)
+        resident = rng.random((layers, experts)) < 0.3
+        for acc in (native, ref):
+            acc.update_masks(predicted, routed, resident)
+        evicted = rng.choice(layers * experts, size=16, replace=False).astype(np.int64)
+        got = native.record_eviction(evicted), ref.record_eviction(evicted)
+        if got[0] != got[1]:
+            break
+    a, b = np.asarray(native.counters()), np.asarray(ref.counters())
+    names = list(getattr(native_mod, "COUNTER_NAMES", range(a.shape[0])))
+    differing = [str(names[i]) for i in range(a.shape[0]) if not np.array_equal(a[i], b[i])]
+    totals = {str(n): int(np.asarray(a[i]).sum()) for i, n in enumerate(names)}
+    coverage = totals.get("hits", 0) / totals["routed"] if totals.get("routed") else None
+    return {
+        "measured": True,
+        "steps": steps,
+        "layers": layers,
+        "experts": experts,
+        "requests_per_step": requests,
+        "counters_compared": len(names),
+        "differing_counters": differing,
+        "coverage": coverage,
+        "wasted_bytes": totals.get("wasted_bytes"),
+        "identical": not differing,
+    }
+
+
 def bm5(args: argparse.Namespace) -> dict[str, Any]:
-    return _pending("bm5", "pdflash.routeahead", args)
+    """Native vs reference: the same inputs through both paths must give
+    identical results (route-ahead coverage and waste counters)."""
+    parts = {"routeahead": _routeahead_equivalence(args)}
+    measured = {k: v for k, v in parts.items() if v.get("measured")}
+    if not measured:
+        reasons = "; ".join(f"{k}: {v['reason']}" for k, v in parts.items())
+        return _not_measured("bm5", reasons, parts=parts)
+    same = all(v["identical"] for v in measured.values())
+    unmeasured = [k for k, v in parts.items() if not v.get("measured")]
+    return {
+        "routine": "bm5",
+        "measured": True,
+        "parts": parts,
+        "not_measured_parts": unmeasured,
+        "target": "native == reference on every compared path",
+        "summary": ", ".join(
+            f"{k} {'identical' if v['identical'] else 'DIFFERS: ' + ','.join(v['differing_counters'])}"
+            for k, v in measured.items()
+        ),
+        "pass": same,
+    }
 
 
 def _pending(routine: str, module: str, args: argparse.Namespace) -> dict[str, Any]:
