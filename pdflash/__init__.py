@@ -15,3 +15,7 @@ _NATIVE = load_all()
 __version__ = "0.1.0"
 
 __all__ = ["NativeExtensionError", "__version__"]
+
+from pdflash.h2d import H2DIssuer  # noqa: E402  (after the native import guard)
+
+__all__ += ["H2DIssuer"]

@@ -1,0 +1,160 @@
+// pdflash H2D issuer: host-to-device copies in named priority bands,
+// enforced in software on ONE copy stream.
+//
+// Why software: on the H200, CUDA stream priority does not reorder copies
+// (DESIGN.md §3): the copy engine serves whatever is already queued. So the
+// issuer keeps only a small window of bytes in flight and picks the next chunk
+// by band (ON_DEMAND > ROUTE_AHEAD > BACKGROUND), FIFO within a band. Large
+// copies are split into chunks, so an ON_DEMAND copy waits about one window.
+//
+// Threading: every public method is thread-safe. One worker thread per issuer
+// keeps the window full (event-driven; no Python involved); submit() only
+// enqueues. Never includes or knows PyTorch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pdflash {
+
+constexpr int kNumBands = 3;
+enum BandId : int { kOnDemand = 0, kRouteAhead = 1, kBackground = 2 };
+
+// Key value that never deduplicates (-1 as int64).
+constexpr std::uint64_t kNoKey = ~std::uint64_t(0);
+
+struct IssuerConfig {
+  bool use_cuda = false;      // CUDA backend (else host backend)
+  int device = 0;             // CUDA device ordinal
+  // NOTE: defaults from DESIGN.md §3 (band_probe.cu on the H200): 4 MiB
+  // chunks with 2 in flight kept ~92% of link bandwidth with an on-demand
+  // copy at ~1.2x its alone latency.
+  std::size_t chunk_bytes = std::size_t(4) << 20;
+  std::size_t window_bytes = std::size_t(8) << 20;  // bytes in flight
+  int max_inflight_chunks = 32;  // bounds the window for tiny copies
+  double emulated_link_gbps = 0.0;  // host backend only; <= 0: memcpy speed
+  bool debug_log = false;  // record every queue/start/end event (tests)
+};
+
+// Ticket states.
+enum TicketState : std::uint8_t {
+  kQueued = 0,     // no chunk started yet
+  kRunning = 1,    // some chunks started
+  kDone = 2,
+  kFailed = 3,
+  kCancelled = 4,
+};
+
+// Debug log event kinds (recorded under the issuer lock: one total order).
+enum LogKind : std::int32_t {
+  kLogSubmit = 0,   // ticket queued: band, bytes=total bytes, chunk=n_chunks
+  kLogPromote = 1,  // ticket moved to a higher band: band = new band
+  kLogCancel = 2,   // ticket cancelled before any chunk started
+  kLogStart = 3,    // chunk started: band, chunk index, bytes
+  kLogEnd = 4,      // chunk finished: ok = success
+  kLogFinish = 5,   // ticket terminal: ok = done (else failed)
+};
+
+struct LogEvent {
+  double t_s;            // seconds since the issuer started
+  std::int32_t kind;
+  std::int32_t band;
+  std::int64_t ticket;
+  std::int64_t chunk;
+  std::int64_t bytes;
+  std::int32_t ok;
+};
+
+struct BandStats {
+  std::uint64_t copies;         // completed successfully
+  std::uint64_t bytes;          // bytes of completed copies
+  std::uint64_t submitted;      // new copies queued in this band
+  std::uint64_t dedup_hits;     // submits answered by an already-live copy
+  std::uint64_t promotions;     // copies promoted INTO this band
+  std::uint64_t cancellations;
+  std::uint64_t failures;
+  double blocked_wait_s;        // time callers spent blocked in wait/stream_wait
+  std::uint64_t delay_samples;  // queue-delay samples in the quantile window
+  double queue_delay_p50_s;     // submit -> first chunk start (last 65536 copies)
+  double queue_delay_p99_s;
+};
+
+struct IssuerStats {
+  BandStats bands[kNumBands];
+  double link_busy_s;       // summed copy time of all chunks on the link
+  double uptime_s;
+  std::uint64_t chunks;     // chunks completed (ok or not)
+  std::uint64_t queued_copies;
+  std::uint64_t inflight_chunks;
+  std::uint64_t inflight_bytes;
+};
+
+enum WaitCode : int { kWaitOk = 0, kWaitTimeout = 1, kWaitFailed = 2, kWaitCancelled = 3 };
+
+struct WaitResult {
+  int code = kWaitOk;
+  std::int64_t ticket = -1;  // the offending ticket (failed/cancelled/timed out)
+  std::string message;
+};
+
+class Issuer {
+ public:
+  // Throws std::invalid_argument on a bad config, std::runtime_error when
+  // the backend cannot start.
+  explicit Issuer(const IssuerConfig& config);
+  ~Issuer();  // shutdown() then free
+  Issuer(const Issuer&) = delete;
+  Issuer& operator=(const Issuer&) = delete;
+
+  const char* backend_name() const;
+  const IssuerConfig& config() const;
+
+  // Queue n copies in `band`. A key already live (queued or running) is not
+  // copied twice: its ticket is returned, and a more urgent band promotes its
+  // not-yet-started chunks. Throws std::invalid_argument (naming the bad
+  // index/value) and leaves the issuer unchanged on: bytes <= 0, a band out of
+  // range, a pageable source on the CUDA backend, a live key resubmitted with
+  // different src/dst/bytes. Throws std::runtime_error after shutdown().
+  void submit(const std::int64_t* src, const std::int64_t* dst, const std::int64_t* nbytes,
+              const std::uint64_t* keys, std::size_t n, int band, std::int64_t* tickets_out);
+
+  // Ticket states into out[i]; throws std::invalid_argument on an unknown ticket.
+  void states(const std::int64_t* tickets, std::size_t n, std::uint8_t* out) const;
+
+  // Block until every ticket is terminal (timeout_s < 0: forever).
+  WaitResult wait(const std::int64_t* tickets, std::size_t n, double timeout_s);
+
+  // CUDA: `stream` waits (device side) for the tickets' last chunks; blocks
+  // the host only until those chunks have been issued. Host: like wait().
+  WaitResult stream_wait(const std::int64_t* tickets, std::size_t n, std::uintptr_t stream,
+                         double timeout_s);
+
+  // Cancel copies with no chunk started, in `band` (or all when band < 0).
+  // Returns how many. The issuer stays usable.
+  std::int64_t cancel(int band);
+
+  IssuerStats stats() const;
+  std::vector<LogEvent> debug_log() const;
+
+  // Regions known to be pinned (pageable check fast path).
+  void note_pinned_region(std::uintptr_t begin, std::size_t n);
+  void forget_pinned_region(std::uintptr_t begin);
+
+  // Host-backend test hooks; return false on the CUDA backend.
+  bool test_hold_link(bool hold);
+  bool test_inject_failures(int count, const std::string& text);
+
+  // Stop the worker: queued copies are cancelled, in-flight chunks drained,
+  // stream/events/threads freed. Idempotent; later submits throw.
+  void shutdown();
+  bool closed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdflash

@@ -1,0 +1,23 @@
+"""The device expert cache and its eviction policies."""
+
+from __future__ import annotations
+
+from pdflash.cache.eviction import (
+    EvictionPolicy,
+    LFUPolicy,
+    LRUPolicy,
+    RouteAheadPolicy,
+    make_policy,
+)
+from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache, ExpertSource
+
+__all__ = [
+    "CacheTooSmallError",
+    "EvictionPolicy",
+    "ExpertCache",
+    "ExpertSource",
+    "LFUPolicy",
+    "LRUPolicy",
+    "RouteAheadPolicy",
+    "make_policy",
+]

@@ -1,0 +1,427 @@
+"""A device slab of fixed-size expert slots with pin counts and eviction.
+
+Slot ``s`` is bytes ``[s * expert_nbytes, (s + 1) * expert_nbytes)`` of one
+``uint8`` tensor on the device (a CPU tensor on CPU). Copies go through a
+:class:`pdflash.protocols.CopyIssuer`; the cache never copies itself.
+
+Residency: ``slot_of[g]`` is expert ``g``'s slot or -1; ``expert_of[s]`` is
+slot ``s``'s expert or -1. A slot whose copy was submitted holds its ticket
+until the issuer reports it done. An expert is never evicted while pinned
+(in use by a forward) or while its copy is in flight.
+
+Minimum size (checked at construction): ``min(num_experts, top_k *
+max_batch_tokens)`` slots, the most distinct experts one layer's routing can
+touch in a forward of ``max_batch_tokens`` tokens. A forward with more tokens
+still runs: the offloaded block then processes the layer's experts in groups
+that fit (see :mod:`pdflash.models.offload`).
+
+NOTE (CUDA): releasing a pin only means the kernels that read the slot were
+*enqueued*. The cache records an event on the compute stream at release and,
+before a slot is overwritten by a new copy, waits for that event on the host
+(it has almost always completed by then, since the victim is the least useful
+slot). The :class:`CopyIssuer` protocol has no device-side "copy after event"
+dependency, so this host wait is what keeps a copy from overwriting weights a
+queued kernel still reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
+from pdflash.metrics import Metric, ratio
+from pdflash.protocols import Band, CopyIssuer
+
+IdArray = npt.NDArray[np.int64]
+
+
+class ExpertSource(Protocol):
+    """Where experts live on the host (e.g. :class:`pdflash.models.ExpertStore`)."""
+
+    num_layers: int
+    num_experts: int
+    expert_nbytes: int
+
+    def host_ptrs(self, flat_ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]: ...
+
+
+class CacheTooSmallError(ValueError):
+    """The cache cannot hold the experts one layer's forward needs at once."""
+
+
+class ExpertCache:
+    """Expert slots on ``device``, filled through ``issuer``.
+
+    Size it with exactly one of ``num_slots``, ``capacity_bytes`` or
+    ``fraction`` (of all ``num_layers * num_experts`` experts; rounded down).
+
+    Args:
+        source: host experts (addresses, sizes).
+        issuer: the H2D copy issuer.
+        device: where the slab lives (``cuda:N`` or ``cpu``).
+        top_k, max_batch_tokens: define the minimum size (module docstring).
+        policy: an :class:`EvictionPolicy` or a shipped policy's name
+            (``lru`` default, ``lfu``, ``route_ahead``).
+        wait_timeout_s: passed to ``issuer.wait`` on the host path.
+    """
+
+    def __init__(
+        self,
+        source: ExpertSource,
+        issuer: CopyIssuer,
+        *,
+        device: torch.device | str = "cpu",
+        num_slots: int | None = None,
+        capacity_bytes: int | None = None,
+        fraction: float | None = None,
+        top_k: int,
+        max_batch_tokens: int = 16,
+        policy: EvictionPolicy | str | None = None,
+        wait_timeout_s: float | None = None,
+    ) -> None:
+        self.num_layers = int(source.num_layers)
+        self.num_experts = int(source.num_experts)
+        self.expert_nbytes = int(source.expert_nbytes)
+        self.num_ids = self.num_layers * self.num_experts
+        given = [x is not None for x in (num_slots, capacity_bytes, fraction)]
+        if sum(given) != 1:
+            raise ValueError(
+                "size the cache with exactly one of num_slots, capacity_bytes, fraction"
+            )
+        if fraction is not None:
+            if not 0.0 < fraction <= 1.0:
+                raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+            slots = math.floor(fraction * self.num_ids)
+        elif capacity_bytes is not None:
+            if capacity_bytes < 0:
+                raise ValueError(f"capacity_bytes must be >= 0, got {capacity_bytes}")
+            slots = capacity_bytes // self.expert_nbytes
+        else:
+            assert num_slots is not None
+            slots = int(num_slots)
+        slots = min(slots, self.num_ids)
+        if top_k < 1 or max_batch_tokens < 1:
+            raise ValueError(
+                f"top_k and max_batch_tokens must be >= 1, got {top_k}, {max_batch_tokens}"
+            )
+        self.top_k = int(top_k)
+        self.max_batch_tokens = int(max_batch_tokens)
+        self.min_slots = min(self.num_experts, self.top_k * self.max_batch_tokens)
+        if slots < self.min_slots:
+            raise CacheTooSmallError(
+                f"expert cache of {slots} slots ({slots * self.expert_nbytes} bytes, "
+                f"{self.expert_nbytes} bytes per expert) cannot hold one layer's routed experts: "
+                f"needs min(num_experts={self.num_experts}, top_k={self.top_k} x "
+                f"max_batch_tokens={self.max_batch_tokens}) = {self.min_slots} slots "
+                f"({self.min_slots * self.expert_nbytes} bytes)"
+            )
+        self.num_slots = slots
+        self.device = torch.device(device)
+        self.source = source
+        self.issuer = issuer
+        self.wait_timeout_s = wait_timeout_s
+        self.policy: EvictionPolicy
+        if policy is None:
+            self.policy = LRUPolicy()
+        elif isinstance(policy, str):
+            self.policy = make_policy(policy)
+        else:
+            self.policy = policy
+        self.policy.reset(self.num_ids)
+
+        self.slab = torch.empty((slots, self.expert_nbytes), dtype=torch.uint8, device=self.device)
+        self._is_cuda = self.device.type == "cuda"
+        self.slot_of = np.full(self.num_ids, -1, dtype=np.int64)
+        self.expert_of = np.full(slots, -1, dtype=np.int64)
+        self.pins = np.zeros(slots, dtype=np.int32)
+        self.ticket = np.full(slots, -1, dtype=np.int64)  # in-flight copy, -1 when done
+        self.key = np.full(slots, -1, dtype=np.int64)
+        self.band = np.full(slots, -1, dtype=np.int64)
+        self.used = np.zeros(slots, dtype=np.bool_)  # read by a forward since loaded
+        self.by_prefetch = np.zeros(slots, dtype=np.bool_)
+        self._events: list[Any] = [None] * slots
+        self._next_key = 0
+        self.clock = 0
+        self.reset_stats()
+
+    # -- counters --------------------------------------------------------------
+
+    def reset_stats(self) -> None:
+        self.hits = 0  # requested by a forward and already resident (or in flight)
+        self.inflight_hits = 0  # subset of hits whose copy was still in flight
+        self.misses = 0
+        self.evictions = 0
+        self.copies = 0
+        self.bytes_in = 0
+        self.bytes_used = 0  # copied bytes read by a forward before eviction
+        self.bytes_evicted_unused = 0
+        self.prefetch_bytes_in = 0
+        self.prefetch_bytes_evicted_unused = 0
+        self.prefetch_dropped = 0  # prefetch ids that found no evictable slot
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and derived ratios (``NotMeasured`` when the denominator is 0)."""
+        ratios: dict[str, Metric] = {
+            "hit_rate": ratio(self.hits, self.hits + self.misses, "no expert requested"),
+            "useful_byte_fraction": ratio(self.bytes_used, self.bytes_in, "no bytes copied"),
+        }
+        return {
+            "num_slots": self.num_slots,
+            "expert_nbytes": self.expert_nbytes,
+            "capacity_bytes": self.num_slots * self.expert_nbytes,
+            "hits": self.hits,
+            "inflight_hits": self.inflight_hits,
+            "misses": self.misses,
+            "evictions": self.evictions,
+            "copies": self.copies,
+            "bytes_in": self.bytes_in,
+            "bytes_used": self.bytes_used,
+            "bytes_evicted_unused": self.bytes_evicted_unused,
+            "prefetch_bytes_in": self.prefetch_bytes_in,
+            "prefetch_bytes_evicted_unused": self.prefetch_bytes_evicted_unused,
+            "prefetch_dropped": self.prefetch_dropped,
+            **ratios,
+        }
+
+    # -- queries ---------------------------------------------------------------
+
+    def _ids(self, flat_ids: npt.ArrayLike) -> IdArray:
+        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_ids):
+            bad = ids[(ids < 0) | (ids >= self.num_ids)][0]
+            raise ValueError(f"expert id {int(bad)} out of range [0, {self.num_ids})")
+        return ids
+
+    def is_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Has a slot (its copy may still be in flight)."""
+        return self.slot_of[self._ids(flat_ids)] >= 0
+
+    def resident_mask(self) -> npt.NDArray[np.bool_]:
+        """``(num_layers, num_experts)`` experts holding a slot."""
+        return (self.slot_of >= 0).reshape(self.num_layers, self.num_experts)
+
+    def slot_tensor(self, slot: int) -> torch.Tensor:
+        return self.slab[int(slot)]
+
+    def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
+        """Tell a route-ahead-aware policy which experts to protect."""
+        setter = getattr(self.policy, "set_predicted", None)
+        if setter is None:
+            raise TypeError(f"eviction policy {self.policy.name!r} does not take predictions")
+        setter(self._ids(flat_ids))
+
+    # -- slot management -----------------------------------------------------
+
+    def _refresh_inflight(self) -> None:
+        busy = np.flatnonzero(self.ticket >= 0)
+        if busy.size:
+            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
+            self.ticket[busy[done]] = -1
+
+    def _evictable_slots(self, exclude: IdArray) -> npt.NDArray[np.int64]:
+        ok = (self.expert_of >= 0) & (self.pins == 0) & (self.ticket < 0)
+        if exclude.size:
+            held = self.slot_of[exclude]
+            ok[held[held >= 0]] = False
+        return np.flatnonzero(ok)
+
+    def _available(self, exclude: IdArray) -> int:
+        return int((self.expert_of < 0).sum()) + int(self._evictable_slots(exclude).size)
+
+    def _reserve(self, n: int, exclude: IdArray) -> npt.NDArray[np.int64]:
+        """Up to ``n`` free slots, evicting through the policy; never evicts
+        ``exclude`` ids."""
+        free = np.flatnonzero(self.expert_of < 0)[:n]
+        if free.size >= n:
+            return free
+        cand_slots = self._evictable_slots(exclude)
+        need = min(n - free.size, cand_slots.size)
+        if need == 0:
+            return free
+        victims = self.policy.victims(self.expert_of[cand_slots], need)
+        vslots = self.slot_of[victims]
+        self._evict(vslots)
+        return np.concatenate([free, vslots])
+
+    def _evict(self, slots: npt.NDArray[np.int64]) -> None:
+        ids = self.expert_of[slots]
+        for s in slots.tolist():
+            ev = self._events[s]
+            if ev is not None:
+                ev.synchronize()  # see the module NOTE: kernels still reading this slot
+                self._events[s] = None
+            if not self.used[s]:
+                self.bytes_evicted_unused += self.expert_nbytes
+                if self.by_prefetch[s]:
+                    self.prefetch_bytes_evicted_unused += self.expert_nbytes
+        self.slot_of[ids] = -1
+        self.expert_of[slots] = -1
+        self.evictions += int(slots.size)
+        self.policy.on_evict(ids)
+
+    def _load(self, ids: IdArray, slots: npt.NDArray[np.int64], band: Band) -> IdArray:
+        keys = np.arange(self._next_key, self._next_key + ids.size, dtype=np.int64)
+        src = self.source.host_ptrs(ids)
+        dst = self.slab.data_ptr() + slots * self.expert_nbytes
+        nbytes = np.full(ids.size, self.expert_nbytes, dtype=np.int64)
+        tickets = np.asarray(self.issuer.submit(src, dst, nbytes, keys, band), dtype=np.int64)
+        self._next_key += ids.size
+        self.slot_of[ids] = slots
+        self.expert_of[slots] = ids
+        self.ticket[slots] = tickets
+        self.key[slots] = keys
+        self.band[slots] = int(band)
+        self.used[slots] = False
+        self.by_prefetch[slots] = band != Band.ON_DEMAND
+        self.copies += int(ids.size)
+        self.bytes_in += int(ids.size) * self.expert_nbytes
+        if band != Band.ON_DEMAND:
+            self.prefetch_bytes_in += int(ids.size) * self.expert_nbytes
+        self.policy.on_insert(ids, self.clock)
+        return tickets
+
+    def _promote(self, slots: npt.NDArray[np.int64], band: Band) -> None:
+        """Resubmit in-flight copies of a lower band at ``band`` (same keys:
+        the issuer promotes them instead of copying twice)."""
+        low = slots[(self.ticket[slots] >= 0) & (self.band[slots] > int(band))]
+        if low.size == 0:
+            return
+        ids = self.expert_of[low]
+        src = self.source.host_ptrs(ids)
+        dst = self.slab.data_ptr() + low * self.expert_nbytes
+        nbytes = np.full(low.size, self.expert_nbytes, dtype=np.int64)
+        tickets = np.asarray(
+            self.issuer.submit(src, dst, nbytes, self.key[low], band), dtype=np.int64
+        )
+        self.ticket[low] = tickets
+        self.band[low] = int(band)
+
+    # -- the two entry points --------------------------------------------------
+
+    def prefetch(self, flat_ids: npt.ArrayLike, band: Band = Band.ROUTE_AHEAD) -> IdArray:
+        """Start copies for the experts that are not resident; best effort.
+
+        Returns one ticket per id (-1: already resident and its copy done, or
+        no evictable slot was found — counted in ``prefetch_dropped``). Never
+        evicts a pinned expert, an in-flight copy, or another id of this call.
+        An id whose copy is in flight at a lower band is promoted to ``band``.
+        """
+        ids_in = self._ids(flat_ids)
+        ids, first = np.unique(ids_in, return_index=True)
+        ids = ids[np.argsort(first)]  # keep the caller's priority order
+        self.clock += 1
+        self._refresh_inflight()
+        slots = self.slot_of[ids]
+        present = slots >= 0
+        self._promote(slots[present], band)
+        missing = ids[~present]
+        if missing.size:
+            new_slots = self._reserve(int(missing.size), exclude=ids)
+            got = int(new_slots.size)
+            self.prefetch_dropped += int(missing.size) - got
+            if got:
+                self._load(missing[:got], new_slots, band)
+        out_slots = self.slot_of[ids_in]
+        return np.where(out_slots >= 0, self.ticket[np.maximum(out_slots, 0)], -1).astype(np.int64)
+
+    def ensure_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Pin the experts, copying the missing ones ON_DEMAND; returns their
+        slots (aligned with ``flat_ids``).
+
+        On CUDA the current stream waits for the copies (no host sync); on
+        the CPU the call blocks until they are done. Every call must be
+        matched by :meth:`release` with the same ids. Raises
+        :class:`CacheTooSmallError` (state unchanged) if the distinct ids do
+        not fit in the slots that are not pinned by others.
+        """
+        ids_in = self._ids(flat_ids)
+        ids = np.unique(ids_in)
+        self._refresh_inflight()
+        slots = self.slot_of[ids]
+        present = slots >= 0
+        missing = ids[~present]
+        if missing.size > self._available(exclude=ids):
+            raise CacheTooSmallError(
+                f"{ids.size} distinct experts requested but only {self._available(ids)} of "
+                f"{self.num_slots} slots are free or evictable (the rest are pinned or in flight)"
+            )
+        self.clock += 1
+        self.hits += int(present.sum())
+        self.misses += int(missing.size)
+        self.inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
+        self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
+        new_slots = np.zeros(0, dtype=np.int64)
+        if missing.size:
+            new_slots = self._reserve(int(missing.size), exclude=ids)
+            assert new_slots.size == missing.size
+            self._load(missing, new_slots, Band.ON_DEMAND)
+            self.pins[new_slots] += 1
+        self._promote(slots[present], Band.ON_DEMAND)
+        all_slots = self.slot_of[ids]
+        waiting = self.ticket[all_slots]
+        waiting = waiting[waiting >= 0]
+        if waiting.size:
+            try:
+                if self._is_cuda:
+                    stream = torch.cuda.current_stream(self.device).cuda_stream
+                    self.issuer.stream_wait(waiting, stream)
+                else:
+                    self.issuer.wait(waiting, self.wait_timeout_s)
+                    self.ticket[all_slots] = -1
+            except BaseException:
+                self.pins[all_slots] -= 1
+                self._drop(new_slots)
+                raise
+        fresh = all_slots[~self.used[all_slots]]
+        self.bytes_used += int(fresh.size) * self.expert_nbytes
+        self.used[all_slots] = True
+        self.policy.on_access(ids, self.clock)
+        return self.slot_of[ids_in]
+
+    def _drop(self, slots: npt.NDArray[np.int64]) -> None:
+        """Forget slots whose copy failed (their bytes are not valid)."""
+        if slots.size == 0:
+            return
+        ids = self.expert_of[slots]
+        self.slot_of[ids] = -1
+        self.expert_of[slots] = -1
+        self.ticket[slots] = -1
+        self.policy.on_evict(ids)
+
+    def release(self, flat_ids: npt.ArrayLike) -> None:
+        """Unpin experts pinned by :meth:`ensure_resident`."""
+        ids = np.unique(self._ids(flat_ids))
+        slots = self.slot_of[ids]
+        if (slots < 0).any() or (self.pins[slots] <= 0).any():
+            bad = ids[(slots < 0) | (self.pins[np.maximum(slots, 0)] <= 0)][0]
+            raise ValueError(f"expert {int(bad)} is not pinned")
+        self.pins[slots] -= 1
+        if self._is_cuda:
+            stream = torch.cuda.current_stream(self.device)
+            for s in slots.tolist():
+                ev = self._events[s]
+                if ev is None:
+                    ev = torch.cuda.Event()
+                    self._events[s] = ev
+                ev.record(stream)
+
+    @contextmanager
+    def use(self, flat_ids: npt.ArrayLike) -> Iterator[npt.NDArray[np.int64]]:
+        """``with cache.use(ids) as slots:`` — ensure_resident ... release."""
+        slots = self.ensure_resident(flat_ids)
+        try:
+            yield slots
+        finally:
+            self.release(flat_ids)
+
+    def free_capacity(self) -> int:
+        """Slots a forward could pin now (free or evictable)."""
+        self._refresh_inflight()
+        return self._available(np.zeros(0, dtype=np.int64))

@@ -1,0 +1,348 @@
+"""The H2D expert-copy issuer: named priority bands enforced in software.
+
+:class:`H2DIssuer` implements :class:`pdflash.protocols.CopyIssuer` over the
+C++ issuer in ``cuda/`` (binding: ``pdflash_native._issuer``).
+
+Why software bands: on the H200, CUDA stream priority does not reorder copies
+(a top-priority 16 MiB copy behind a 1 GiB low-priority backlog finished after
+all of it). The issuer keeps a small window of bytes in flight on ONE copy
+stream and picks the next chunk by band (``ON_DEMAND`` > ``ROUTE_AHEAD`` >
+``BACKGROUND``), FIFO within a band; a C++ worker thread keeps the window full.
+
+Defaults (DESIGN.md §3, ``probes/band_probe.cu`` on the H200, PCIe Gen5):
+``chunk_bytes`` = 4 MiB and ``window_bytes`` = 8 MiB (two chunks in flight)
+kept ~92% of link bandwidth with a 16 MiB on-demand copy at 1.19-1.22x its
+alone latency under a 512 MiB background backlog. 2 MiB chunks give 1.12x at
+~89%; 1 MiB chunks 1.04x at ~85%. A larger window (4 chunks) costs 1.7x.
+
+Example::
+
+    with H2DIssuer() as issuer:
+        host = issuer.pinned_array((num_experts, expert_nbytes), np.uint8)
+        tickets = issuer.submit(src_ptrs, dst_ptrs, nbytes, keys, Band.ROUTE_AHEAD)
+        issuer.stream_wait(tickets, torch.cuda.current_stream().cuda_stream)
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pdflash._native import load_native
+from pdflash.metrics import NotMeasured
+from pdflash.protocols import Band
+
+_native = load_native("_issuer")
+
+#: A failed copy: the message carries the backend's (CUDA) error text.
+CopyFailedError = _native.CopyFailedError
+#: A copy cancelled (``cancel`` or ``close``) before it completed.
+CopyCancelledError = _native.CopyCancelledError
+PinnedBuffer = _native.PinnedBuffer
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_WINDOW_BYTES = 8 << 20
+DEFAULT_MAX_INFLIGHT_CHUNKS = 32
+
+#: Ticket states returned by :meth:`H2DIssuer.states`.
+STATE_QUEUED = _native.STATE_QUEUED
+STATE_RUNNING = _native.STATE_RUNNING
+STATE_DONE = _native.STATE_DONE
+STATE_FAILED = _native.STATE_FAILED
+STATE_CANCELLED = _native.STATE_CANCELLED
+
+
+def cuda_available() -> bool:
+    """True when this build has the CUDA backend and a CUDA device is visible."""
+    return bool(_native.built_with_cuda()) and _native.cuda_device_count() > 0
+
+
+def native_live_counts() -> dict[str, int]:
+    """Live native issuers, threads, pinned allocations and registrations
+    (all zero once every issuer is closed and every buffer released)."""
+    return dict(_native.live_counts())
+
+
+def _forget_region(native_ref: weakref.ReferenceType[Any], ptr: int) -> None:
+    native = native_ref()
+    if native is not None:
+        native.forget_pinned_region(ptr)
+
+
+def _as_i64(name: str, value: npt.ArrayLike, n: int | None = None) -> npt.NDArray[np.int64]:
+    arr = np.asarray(value)
+    if arr.ndim == 0 and n is not None:
+        return np.full(n, int(arr), dtype=np.int64)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    if arr.dtype != np.int64:
+        if arr.dtype.kind not in "iu" and arr.size:
+            raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64)
+    return np.ascontiguousarray(arr)
+
+
+class H2DIssuer:
+    """Host-to-device copies in named priority bands (see the module docs).
+
+    Args:
+        backend: ``"cuda"``, ``"host"`` or None (CUDA when this build has it
+            and a device is present, else host).
+        device: CUDA device ordinal (CUDA backend).
+        chunk_bytes: copies are split into chunks of this size; an on-demand
+            copy waits about one window of chunks at most.
+        window_bytes: bytes in flight on the copy stream (>= chunk_bytes).
+        max_inflight_chunks: chunk limit of the window, for many small copies.
+        emulated_link_gbps: host backend only: throttle the memcpy "link" to
+            this bandwidth (GB/s, 1e9 B/s) so band physics shows on a CPU;
+            None copies at memcpy speed.
+        debug_log: record every submit/promote/cancel/start/end event
+            (:meth:`debug_log`), for tests; costs memory per chunk.
+    """
+
+    def __init__(
+        self,
+        *,
+        backend: str | None = None,
+        device: int = 0,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        window_bytes: int = DEFAULT_WINDOW_BYTES,
+        max_inflight_chunks: int = DEFAULT_MAX_INFLIGHT_CHUNKS,
+        emulated_link_gbps: float | None = None,
+        debug_log: bool = False,
+    ) -> None:
+        if backend is None:
+            backend = "cuda" if cuda_available() else "host"
+        if backend not in ("cuda", "host"):
+            raise ValueError(f"backend must be 'cuda', 'host' or None, got {backend!r}")
+        if backend == "cuda":
+            if not _native.built_with_cuda():
+                raise RuntimeError("backend='cuda' but pdflash was built without CUDA")
+            if _native.cuda_device_count() == 0:
+                raise RuntimeError("backend='cuda' but no CUDA device is visible")
+            if emulated_link_gbps is not None:
+                raise ValueError("emulated_link_gbps applies to the host backend only")
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be > 0, got {chunk_bytes}")
+        if window_bytes < chunk_bytes:
+            raise ValueError(
+                f"window_bytes ({window_bytes}) must be >= chunk_bytes ({chunk_bytes})"
+            )
+        if emulated_link_gbps is not None and not (
+            math.isfinite(emulated_link_gbps) and emulated_link_gbps > 0
+        ):
+            raise ValueError(f"emulated_link_gbps must be > 0, got {emulated_link_gbps}")
+        self._native = _native.NativeIssuer(
+            backend == "cuda",
+            device,
+            chunk_bytes,
+            window_bytes,
+            max_inflight_chunks,
+            emulated_link_gbps or 0.0,
+            debug_log,
+        )
+        self._backend = backend
+        self._device = device
+        self.chunk_bytes = chunk_bytes
+        self.window_bytes = window_bytes
+        self.max_inflight_chunks = max_inflight_chunks
+        self.emulated_link_gbps = emulated_link_gbps
+
+    # ------------------------------------------------------------------ info
+    @property
+    def backend(self) -> str:
+        """``"cuda"`` or ``"host"``."""
+        return self._backend
+
+    @property
+    def device(self) -> int:
+        return self._device
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._native.closed)
+
+    # ---------------------------------------------------------------- copies
+    def submit(
+        self,
+        src: npt.ArrayLike,
+        dst: npt.ArrayLike,
+        nbytes: npt.ArrayLike,
+        keys: npt.ArrayLike,
+        band: Band,
+    ) -> npt.NDArray[np.int64]:
+        """Queue N copies (src/dst addresses, byte counts, dedup keys) in one
+        band with one native call (GIL released); returns N int64 tickets.
+
+        ``nbytes`` may be a scalar (every copy that size). A key already
+        queued or running is not copied twice: its ticket is returned and a
+        more urgent band promotes its not-yet-started chunks. Key ``-1``
+        never deduplicates. On the CUDA backend a pageable source is refused
+        (ValueError naming it); allocate with :meth:`alloc_pinned` or
+        :meth:`register_host`. A rejected call changes nothing.
+        """
+        src_a = _as_i64("src", src)
+        n = src_a.shape[0]
+        dst_a = _as_i64("dst", dst)
+        nbytes_a = _as_i64("nbytes", nbytes, n)
+        keys_a = np.asarray(keys)
+        if keys_a.dtype != np.uint64:
+            keys_a = _as_i64("keys", keys_a).view(np.uint64)
+        elif keys_a.ndim != 1:
+            raise ValueError(f"keys must be 1-D, got shape {keys_a.shape}")
+        else:
+            keys_a = np.ascontiguousarray(keys_a)
+        band_i = int(band)
+        if band_i not in (0, 1, 2):
+            raise ValueError(f"band must be a pdflash.protocols.Band, got {band!r}")
+        result: npt.NDArray[np.int64] = self._native.submit(src_a, dst_a, nbytes_a, keys_a, band_i)
+        return result
+
+    def states(self, tickets: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        """Per-ticket state: ``STATE_QUEUED``, ``STATE_RUNNING``, ``STATE_DONE``,
+        ``STATE_FAILED`` or ``STATE_CANCELLED``; ValueError on an unknown ticket."""
+        out: npt.NDArray[np.uint8] = self._native.states(_as_i64("tickets", tickets))
+        return out
+
+    def poll(self, tickets: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """True where the copy has finished (done, failed or cancelled), without
+        blocking; :meth:`wait` raises for failed or cancelled ones."""
+        return self.states(tickets) >= STATE_DONE
+
+    def wait(self, tickets: npt.ArrayLike, timeout_s: float | None = None) -> None:
+        """Block (GIL released) until all tickets finish. Raises
+        :class:`CopyFailedError` (with the CUDA error text),
+        :class:`CopyCancelledError`, or ``TimeoutError``. The blocked time is
+        counted as exposed fetch time of the most urgent pending band."""
+        self._native.wait(_as_i64("tickets", tickets), _timeout(timeout_s))
+
+    def stream_wait(
+        self, tickets: npt.ArrayLike, stream_handle: int, timeout_s: float | None = None
+    ) -> None:
+        """Make a CUDA stream (raw ``cudaStream_t``, e.g. torch's
+        ``stream.cuda_stream``) wait for the tickets on the device, without a
+        host sync once their last chunks are issued (a ticket still queued
+        blocks the host until the issuer issues it). On the host backend
+        this waits on the host. A copy that fails after the stream was told
+        to wait is reported by :meth:`wait`/:meth:`poll`, not here."""
+        self._native.stream_wait(
+            _as_i64("tickets", tickets), int(stream_handle), _timeout(timeout_s)
+        )
+
+    def cancel(self, band: Band | None = None) -> int:
+        """Cancel queued copies with no chunk started, of one band or all;
+        returns how many. Started copies complete. The issuer stays usable."""
+        if band is None:
+            return int(self._native.cancel(-1))
+        band_i = int(band)
+        if band_i not in (0, 1, 2):
+            raise ValueError(f"band must be a pdflash.protocols.Band or None, got {band!r}")
+        return int(self._native.cancel(band_i))
+
+    def reset(self) -> int:
+        """Cancel everything not yet started (non-terminal); returns how many."""
+        return self.cancel(None)
+
+    # ----------------------------------------------------------------- stats
+    def stats(self) -> dict[str, Any]:
+        """Per-band counters and link busy time.
+
+        ``bands[name]``: ``copies``/``bytes`` (completed), ``submitted``,
+        ``dedup_hits``, ``promotions`` (into the band), ``cancellations``,
+        ``failures``, ``blocked_wait_s`` (time callers were blocked in
+        wait/stream_wait, charged to the most urgent pending band: exposed
+        fetch seconds), ``queue_delay_p50_s``/``queue_delay_p99_s`` (submit to
+        first chunk start over the band's last 65536 copies;
+        :class:`~pdflash.metrics.NotMeasured` without samples).
+        Top level: ``link_busy_s`` (summed chunk time on the link: CUDA event
+        time, or the emulated link's time), ``uptime_s``, ``chunks``,
+        ``queued_copies``, ``inflight_chunks``, ``inflight_bytes``,
+        ``backend``, ``chunk_bytes``, ``window_bytes``.
+        """
+        raw: dict[str, Any] = self._native.stats()
+        for name, band in raw["bands"].items():
+            for q in ("queue_delay_p50_s", "queue_delay_p99_s"):
+                if math.isnan(band[q]):
+                    band[q] = NotMeasured(f"no {name} copy has started yet")
+        raw["backend"] = self._backend
+        raw["chunk_bytes"] = self.chunk_bytes
+        raw["window_bytes"] = self.window_bytes
+        return raw
+
+    def debug_log(self) -> npt.NDArray[np.void]:
+        """Recorded events in one total order (``debug_log=True`` only):
+        fields ``t_s, kind, band, ticket, chunk, bytes, ok``; kinds are
+        ``pdflash_native._issuer.LOG_*``."""
+        out: npt.NDArray[np.void] = self._native.debug_log()
+        return out
+
+    # ----------------------------------------------------------- host memory
+    def alloc_pinned(self, nbytes: int) -> Any:
+        """Page-locked host memory (``cudaHostAlloc`` on the CUDA backend, a
+        page-aligned prefaulted allocation on host) as a ``PinnedBuffer``
+        (``.ptr``, ``.nbytes``, buffer protocol). Freed with its last reference."""
+        if nbytes <= 0:
+            raise ValueError(f"nbytes must be > 0, got {nbytes}")
+        buf = PinnedBuffer(nbytes, self._backend == "cuda", self._device)
+        self._native.note_pinned_region(buf.ptr, nbytes)
+        weakref.finalize(buf, _forget_region, weakref.ref(self._native), buf.ptr)
+        return buf
+
+    def pinned_array(
+        self, shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.uint8
+    ) -> npt.NDArray[Any]:
+        """A NumPy array over fresh pinned memory (``torch.from_numpy`` can
+        wrap it); the memory lives as long as the array."""
+        dt = np.dtype(dtype)
+        shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = int(np.prod(shape_t, dtype=np.int64))
+        nbytes = count * dt.itemsize
+        buf = self.alloc_pinned(max(nbytes, 1))
+        flat = np.frombuffer(buf, dtype=np.uint8, count=nbytes)
+        return flat.view(dt).reshape(shape_t)
+
+    def register_host(self, ptr: int, nbytes: int) -> None:
+        """Pin an existing host region (``cudaHostRegister``; bookkeeping only
+        on the host backend) so it can be a copy source. Undone by
+        :meth:`unregister_host` or :meth:`close`."""
+        self._native.register_host(int(ptr), int(nbytes))
+
+    def unregister_host(self, ptr: int) -> None:
+        self._native.unregister_host(int(ptr))
+
+    # ------------------------------------------------------------- lifecycle
+    def close(self) -> None:
+        """Cancel queued copies, let in-flight chunks finish, stop the worker,
+        free the stream/events/threads, unregister regions. Idempotent."""
+        self._native.close()
+
+    def __enter__(self) -> H2DIssuer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return (
+            f"H2DIssuer(backend={self._backend!r}, chunk_bytes={self.chunk_bytes}, "
+            f"window_bytes={self.window_bytes}, {state})"
+        )
+
+
+def _timeout(timeout_s: float | None) -> float:
+    if timeout_s is None:
+        return -1.0
+    if not (timeout_s >= 0):
+        raise ValueError(f"timeout_s must be >= 0 or None, got {timeout_s}")
+    return float(timeout_s)

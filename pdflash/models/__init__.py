@@ -1,0 +1,72 @@
+"""Real Hugging Face MoE architectures with experts offloaded to host memory.
+
+Entry point: :func:`load_adapter` (``MoEModelAdapter`` over a checkpoint
+directory, experts in an :class:`ExpertStore`, run from an
+:class:`~pdflash.cache.ExpertCache`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pdflash.models.adapters import (
+    ADAPTERS,
+    MoEAdapterBase,
+    UnknownArchitectureError,
+    UnsupportedConfigError,
+    get_adapter_class,
+)
+from pdflash.models.layout import ExpertLayout
+from pdflash.models.offload import OffloadedMoE, OffloadedMoEBlock, install_offloaded_blocks
+from pdflash.models.store import CheckpointError, ExpertStore, SafetensorsCheckpoint
+from pdflash.models.synthetic import (
+    PRESET_ARCH,
+    PRESETS,
+    synthetic_config,
+    write_synthetic_checkpoint,
+)
+
+
+def read_model_type(path: str | os.PathLike[str]) -> str:
+    """``model_type`` from a checkpoint's config.json."""
+    import json
+    from pathlib import Path
+
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        raise CheckpointError(f"{path}: no config.json")
+    model_type = json.loads(cfg.read_text()).get("model_type")
+    if not isinstance(model_type, str):
+        raise CheckpointError(f"{cfg}: no model_type")
+    return model_type
+
+
+def load_adapter(path: str | os.PathLike[str], **kwargs: Any) -> MoEAdapterBase:
+    """The adapter for a checkpoint directory; ``kwargs`` go to
+    :class:`MoEAdapterBase` (``device``, ``dtype``, ``issuer``,
+    ``cache_fraction`` | ``cache_bytes`` | ``cache_slots``,
+    ``max_batch_tokens``, ``policy``, ``attn_implementation``, ...)."""
+    return get_adapter_class(read_model_type(path))(path, **kwargs)
+
+
+__all__ = [
+    "ADAPTERS",
+    "PRESETS",
+    "PRESET_ARCH",
+    "CheckpointError",
+    "ExpertLayout",
+    "ExpertStore",
+    "MoEAdapterBase",
+    "OffloadedMoE",
+    "OffloadedMoEBlock",
+    "SafetensorsCheckpoint",
+    "UnknownArchitectureError",
+    "UnsupportedConfigError",
+    "get_adapter_class",
+    "install_offloaded_blocks",
+    "load_adapter",
+    "read_model_type",
+    "synthetic_config",
+    "write_synthetic_checkpoint",
+]

@@ -1,0 +1,65 @@
+"""Shared pieces of the SwiGLU-expert architectures (qwen3_moe, olmoe, mixtral):
+experts stored as ``gate``/``up``/``down`` projections per expert on the hub,
+fused ``gate_up_proj [E, 2I, H]`` / ``down_proj [E, H, I]`` in transformers 5."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from pdflash.models.adapters.base import MoEAdapterBase
+from pdflash.models.layout import ComponentSpec, ExpertFormat, ExpertLayout, SourcePart
+
+
+class SwiGLUExpertsMixin(MoEAdapterBase):
+    """Packed expert: ``gate_up [2I, H]`` (gate rows first, as transformers 5
+    fuses them) then ``down [H, I]``; ``down(act(gate x) * up x)``."""
+
+    #: per-expert hub names: (prefix with {l} {e}, gate, up, down)
+    hub_expert_prefix = "model.layers.{l}.mlp.experts.{e}."
+    hub_names = ("gate_proj", "up_proj", "down_proj")
+    fused_prefix = "model.layers.{l}.mlp.experts."
+
+    @classmethod
+    def moe_intermediate_size(cls, config: Any) -> int:
+        return int(config.intermediate_size)
+
+    @classmethod
+    def expert_layout(cls, config: Any, dtype: torch.dtype) -> ExpertLayout:
+        i, h = cls.moe_intermediate_size(config), int(config.hidden_size)
+        return ExpertLayout(
+            [ComponentSpec("gate_up", (2 * i, h)), ComponentSpec("down", (h, i))], dtype
+        )
+
+    @classmethod
+    def expert_formats(cls, config: Any) -> list[ExpertFormat]:
+        i, h = cls.moe_intermediate_size(config), int(config.hidden_size)
+        gate, up, down = cls.hub_names
+
+        def hub(layer: int, expert: int) -> list[SourcePart]:
+            p = cls.hub_expert_prefix.format(l=layer, e=expert)
+            return [
+                SourcePart(f"{p}{gate}.weight", "gate_up", (i, h)),
+                SourcePart(f"{p}{up}.weight", "gate_up", (i, h), row_offset=i),
+                SourcePart(f"{p}{down}.weight", "down", (h, i)),
+            ]
+
+        def fused(layer: int, expert: int) -> list[SourcePart]:
+            p = cls.fused_prefix.format(l=layer)
+            return [
+                SourcePart(f"{p}gate_up_proj", "gate_up", (2 * i, h), index=expert),
+                SourcePart(f"{p}down_proj", "down", (h, i), index=expert),
+            ]
+
+        return [ExpertFormat("hub", hub), ExpertFormat("fused", fused)]
+
+    def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not hasattr(self, "_act"):
+            from transformers.activations import ACT2FN
+
+            self._act = ACT2FN[self.config.hidden_act]
+        gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
+        out: torch.Tensor = F.linear(self._act(gate) * up, w["down"])
+        return out

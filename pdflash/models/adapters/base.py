@@ -1,0 +1,367 @@
+"""Shared logic of every architecture adapter.
+
+Design: an adapter builds the architecture's own transformers model class on
+the ``meta`` device (no memory), replaces each sparse MoE block with an
+:class:`~pdflash.models.offload.OffloadedMoEBlock` (which keeps the HF router
+module), then loads every non-expert tensor from the checkpoint into it on
+the target device (``load_state_dict(assign=True)``). Experts go to an
+:class:`~pdflash.models.store.ExpertStore` and run from an
+:class:`~pdflash.cache.ExpertCache`. The protocol methods call the HF
+submodules (norms, projections, q/k norms, rotary, router), so the semantics
+are transformers' own; what an arch file adds is small: its expert naming and
+packed layout, the expert MLP over packed views, and where its q/k norms go.
+
+So ``adapter.hf_model`` is a plain transformers model whose forward runs
+offloaded, and the ``MoEModelAdapter`` methods expose its pieces one by one
+for engines that run attention themselves.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from pdflash.cache.eviction import EvictionPolicy
+from pdflash.cache.expert_cache import ExpertCache
+from pdflash.models.layout import ExpertFormat, ExpertLayout
+from pdflash.models.offload import (
+    OffloadedMoE,
+    OffloadedMoEBlock,
+    RouteHook,
+    decoder_layers,
+    install_offloaded_blocks,
+)
+from pdflash.models.store import CheckpointError, ExpertStore, SafetensorsCheckpoint
+from pdflash.protocols import AttentionSpec, CopyIssuer
+
+
+class UnsupportedConfigError(ValueError):
+    """The checkpoint's config is not one the adapter can run (e.g. dense layers)."""
+
+
+class MoEAdapterBase:
+    """Implements :class:`pdflash.protocols.MoEModelAdapter` for one checkpoint.
+
+    Subclasses set the class attributes and implement :meth:`expert_layout`,
+    :meth:`expert_formats`, :meth:`expert_forward` (and override
+    :meth:`_qkv` when the arch has q/k norms).
+    """
+
+    arch: ClassVar[str]  # config.model_type
+    modeling: ClassVar[Any]  # transformers.models.<arch>.modeling_<arch>
+    router_attr: ClassVar[str] = "gate"  # the router's name inside the MoE block
+    returns_router_scores: ClassVar[bool] = False  # block returns (hidden, scores)
+    default_attn_implementation: ClassVar[str] = "sdpa"
+
+    # -- per-arch hooks ------------------------------------------------------
+
+    @classmethod
+    def num_experts_of(cls, config: Any) -> int:
+        return int(config.num_local_experts)
+
+    @classmethod
+    def validate_config(cls, config: Any) -> None:
+        """Raise :class:`UnsupportedConfigError` for configs the adapter refuses."""
+        if cls.num_experts_of(config) < 1:
+            raise UnsupportedConfigError(f"{cls.arch}: config has no experts")
+
+    @classmethod
+    def expert_layout(cls, config: Any, dtype: torch.dtype) -> ExpertLayout:
+        raise NotImplementedError
+
+    @classmethod
+    def expert_formats(cls, config: Any) -> list[ExpertFormat]:
+        """Checkpoint namings, the hub's canonical one first (the synthetic
+        writer writes the first)."""
+        raise NotImplementedError
+
+    @classmethod
+    def checkpoint_to_module_key(cls, key: str) -> str:
+        """Checkpoint tensor name -> parameter name in the HF model."""
+        return key
+
+    @classmethod
+    def module_to_checkpoint_key(cls, key: str) -> str:
+        return key
+
+    def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One expert's MLP over ``x [n, H]`` with its packed weights ``w``."""
+        raise NotImplementedError
+
+    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v ``[T, heads, D]`` before rotary (q/k norms applied)."""
+        t = x.shape[0]
+        d = self.head_dim
+        q = attn.q_proj(x).view(t, -1, d)
+        k = attn.k_proj(x).view(t, -1, d)
+        v = attn.v_proj(x).view(t, -1, d)
+        return q, k, v
+
+    # -- construction --------------------------------------------------------
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        issuer: CopyIssuer | None = None,
+        cache_fraction: float | None = None,
+        cache_bytes: int | None = None,
+        cache_slots: int | None = None,
+        max_batch_tokens: int = 16,
+        policy: EvictionPolicy | str | None = None,
+        attn_implementation: str | None = None,
+        host_allocator: Callable[[int], torch.Tensor] | None = None,
+        pack_workers: int | None = None,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.path = Path(path)
+        config = AutoConfig.from_pretrained(self.path)
+        if config.model_type != self.arch:
+            raise UnsupportedConfigError(
+                f"{self.path}: config.model_type is {config.model_type!r}, "
+                f"not {self.arch!r} ({type(self).__name__})"
+            )
+        self.validate_config(config)
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = dtype if dtype is not None else self.checkpoint_dtype(config)
+        self.num_layers = int(config.num_hidden_layers)
+        self.num_experts = self.num_experts_of(config)
+        self.top_k = int(config.num_experts_per_tok)
+        self.hidden_size = int(config.hidden_size)
+        self.vocab_size = int(config.vocab_size)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+
+        checkpoint = SafetensorsCheckpoint(self.path)
+        self.layout = self.expert_layout(config, self.dtype)
+        self.store = ExpertStore(
+            checkpoint,
+            self.layout,
+            self.expert_formats(config),
+            self.num_layers,
+            self.num_experts,
+            pin=self.device.type == "cuda",
+            allocator=host_allocator,
+            workers=pack_workers,
+        )
+        self.expert_nbytes = self.store.expert_nbytes
+
+        impl = attn_implementation or self.default_attn_implementation
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(
+                config, attn_implementation=impl, dtype=self.dtype
+            )
+        self.blocks = install_offloaded_blocks(
+            model,
+            None,
+            router_attr=self.router_attr,
+            returns_router_scores=self.returns_router_scores,
+        )
+        self._load_non_experts(model, checkpoint)
+        model.eval()
+        self.hf_model: Any = model
+        self._layers: Any = decoder_layers(model)
+        self._inner: Any = model.model
+
+        self.issuer = issuer
+        self.cache: ExpertCache | None = None
+        self.runtime: OffloadedMoE | None = None
+        if issuer is not None:
+            if cache_fraction is None and cache_bytes is None and cache_slots is None:
+                cache_fraction = 1.0
+            self.attach_cache(
+                ExpertCache(
+                    self.store,
+                    issuer,
+                    device=self.device,
+                    num_slots=cache_slots,
+                    capacity_bytes=cache_bytes,
+                    fraction=cache_fraction,
+                    top_k=self.top_k,
+                    max_batch_tokens=max_batch_tokens,
+                    policy=policy,
+                )
+            )
+
+    @staticmethod
+    def checkpoint_dtype(config: Any) -> torch.dtype:
+        dt = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(dt, str):
+            dt = getattr(torch, dt, None)
+        if isinstance(dt, torch.dtype) and dt.is_floating_point:
+            return dt
+        return torch.bfloat16 if getattr(config, "quantization_config", None) else torch.float32
+
+    def attach_cache(self, cache: ExpertCache) -> OffloadedMoE:
+        """Run the MoE layers from ``cache`` (replaces any previous cache)."""
+        if cache.num_layers != self.num_layers or cache.num_experts != self.num_experts:
+            raise ValueError(
+                f"cache is for {cache.num_layers}x{cache.num_experts} experts, "
+                f"model has {self.num_layers}x{self.num_experts}"
+            )
+        self.cache = cache
+        self.runtime = OffloadedMoE(self.store, cache, self.expert_forward)
+        for block in self.blocks:
+            block.runtime = self.runtime
+        return self.runtime
+
+    def _load_non_experts(self, model: Any, ck: SafetensorsCheckpoint) -> None:
+        want = {k: v for k, v in model.state_dict(keep_vars=True).items()}
+        expert_keys = self.store.expert_keys()
+        state: dict[str, torch.Tensor] = {}
+        for key in ck.keys():  # noqa: SIM118
+            if key in expert_keys:
+                continue
+            mkey = self.checkpoint_to_module_key(key)
+            if mkey not in want:
+                raise CheckpointError(
+                    f"{ck.file_of(key)}: unexpected tensor {key!r} for {self.arch} "
+                    "(a dense layer, or a config that does not match the weights?)"
+                )
+            got = ck.shape(key)
+            need = tuple(want[mkey].shape)
+            if got != need:
+                raise CheckpointError(
+                    f"{ck.file_of(key)}: tensor {key!r} has shape {list(got)}, "
+                    f"expected {list(need)} from config.json"
+                )
+            t = ck.read(key)
+            state[mkey] = t.to(
+                device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype
+            )
+        tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        missing = sorted(k for k in want if k not in state and not (tied and k == "lm_head.weight"))
+        if missing:
+            raise CheckpointError(
+                f"{ck.path}: tensor {self.module_to_checkpoint_key(missing[0])!r} not found "
+                f"in the checkpoint ({len(missing)} missing)"
+            )
+        model.load_state_dict(state, strict=False, assign=True)
+        if tied:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        # Non-persistent buffers (rotary inv_freq) were built on meta: rebuild.
+        rotary = model.model.rotary_emb
+        with torch.device(self.device):
+            model.model.rotary_emb = type(rotary)(config=model.config)
+        for name, buf in model.named_buffers():
+            if buf.is_meta:
+                raise RuntimeError(f"{self.arch}: buffer {name!r} was not materialised")
+
+    # -- MoEModelAdapter -------------------------------------------------------
+
+    def _attn(self, layer: int) -> Any:
+        return self._layers[layer].self_attn
+
+    def _block(self, layer: int) -> OffloadedMoEBlock:
+        return self.blocks[layer]
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._inner.embed_tokens(input_ids)
+        return out
+
+    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._layers[layer].input_layernorm(hidden)
+        return out
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        attn = self._attn(layer)
+        cfg = self.config
+        window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
+        return AttentionSpec(
+            num_heads=int(cfg.num_attention_heads),
+            num_kv_heads=int(cfg.num_key_value_heads),
+            head_dim=self.head_dim,
+            scaling=float(attn.scaling),
+            sliding_window=None if window is None else int(window),
+            has_sinks=self.attention_sinks(layer) is not None,
+        )
+
+    def rotary(
+        self, positions: torch.Tensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[1, T, D]`` for 1-D ``positions`` (HF rotary module)."""
+        cos, sin = self._inner.rotary_emb(like, positions.reshape(1, -1))
+        return cos, sin
+
+    def project_qkv(
+        self, layer: int, normed: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self._qkv(self._attn(layer), normed)
+        cos, sin = self.rotary(positions, normed)
+        q4, k4 = self.modeling.apply_rotary_pos_emb(
+            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), cos, sin
+        )
+        return q4[0].transpose(0, 1), k4[0].transpose(0, 1), v
+
+    def attention_sinks(self, layer: int) -> torch.Tensor | None:
+        return None
+
+    def project_out(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._attn(layer).o_proj(attn)
+        return out
+
+    def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._layers[layer].post_attention_layernorm(hidden)
+        return out
+
+    def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        return self._block(layer).route(normed)[0]
+
+    def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, weights, ids = self._block(layer).route(normed)
+        return ids.long(), weights
+
+    def moe(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        if self.runtime is None:
+            raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
+        ids, weights = self.route(layer, normed)
+        return self.runtime.forward_routed(layer, normed, ids, weights)
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._inner.norm(hidden)
+        return out
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.hf_model.lm_head(hidden)
+        return out
+
+    # -- conveniences ------------------------------------------------------------
+
+    def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
+        """``hook(layer, topk_ids)`` on every layer's routing (for prefetchers)."""
+        if self.runtime is None:
+            raise RuntimeError("no expert cache attached")
+        return self.runtime.add_route_hook(hook)
+
+    def install_offloaded(self, hf_model: nn.Module) -> list[OffloadedMoEBlock]:
+        """Swap the sparse MoE blocks of another HF model of this arch (e.g. one
+        loaded with ``from_pretrained``) for offloaded blocks running from this
+        adapter's cache. That model keeps routing with its own routers."""
+        if self.runtime is None:
+            raise RuntimeError("no expert cache attached")
+        return install_offloaded_blocks(
+            hf_model,
+            self.runtime,
+            router_attr=self.router_attr,
+            returns_router_scores=self.returns_router_scores,
+        )
+
+    @torch.inference_mode()
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits ``[T, vocab]`` of one sequence through the HF forward (offloaded)."""
+        out = self.hf_model(input_ids=input_ids.reshape(1, -1).to(self.device), use_cache=False)
+        logits: torch.Tensor = out.logits[0]
+        return logits
+
+    def close(self) -> None:
+        self.store.close()

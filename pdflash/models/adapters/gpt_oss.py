@@ -1,0 +1,103 @@
+"""gpt-oss (gpt-oss-20b, gpt-oss-120b).
+
+Routing (``GptOssTopKRouter``): logits with a bias, top-k of the *logits*,
+then softmax over the k selected logits (softmax after top-k, in the logits
+dtype). Experts: ``gate_up = x @ W[H, 2I] + b`` with gate/up *interleaved*
+(even/odd columns), ``gate.clamp(max=limit)``, ``up.clamp(-limit, limit)``,
+``glu = gate * sigmoid(alpha * gate)``, ``out = ((up + 1) * glu) @ W_down[I, H]
++ b_down``. Attention: learned per-head sinks; layers alternate sliding
+window (``config.layer_types``) and full attention; rotary on halves
+(``_apply_rotary_emb``), no q/k norms.
+
+Checkpoints: fused 3-D ``mlp.experts.gate_up_proj [E, H, 2I]`` etc. in bf16
+(what transformers and pdflash's synthetic writer save), or the released
+MXFP4 ``*_blocks``/``*_scales``, dequantized to bf16 at pack time (see
+:mod:`pdflash.models.store`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from transformers.models.gpt_oss import modeling_gpt_oss
+
+from pdflash.models.adapters.base import MoEAdapterBase
+from pdflash.models.layout import ComponentSpec, ExpertFormat, ExpertLayout, SourcePart
+
+MXFP4_GROUP = 32  # values per scale
+
+
+class GptOssAdapter(MoEAdapterBase):
+    arch = "gpt_oss"
+    modeling: ClassVar[Any] = modeling_gpt_oss
+    router_attr = "router"
+    returns_router_scores = True
+    # NOTE: sdpa has no sinks; transformers refuses it for gpt-oss.
+    default_attn_implementation = "eager"
+
+    @classmethod
+    def expert_layout(cls, config: Any, dtype: torch.dtype) -> ExpertLayout:
+        i, h = int(config.intermediate_size), int(config.hidden_size)
+        return ExpertLayout(
+            [
+                ComponentSpec("gate_up", (h, 2 * i)),
+                ComponentSpec("gate_up_bias", (2 * i,)),
+                ComponentSpec("down", (i, h)),
+                ComponentSpec("down_bias", (h,)),
+            ],
+            dtype,
+        )
+
+    @classmethod
+    def expert_formats(cls, config: Any) -> list[ExpertFormat]:
+        i, h = int(config.intermediate_size), int(config.hidden_size)
+
+        def bf16(layer: int, expert: int) -> list[SourcePart]:
+            p = f"model.layers.{layer}.mlp.experts."
+            return [
+                SourcePart(f"{p}gate_up_proj", "gate_up", (h, 2 * i), index=expert),
+                SourcePart(f"{p}gate_up_proj_bias", "gate_up_bias", (2 * i,), index=expert),
+                SourcePart(f"{p}down_proj", "down", (i, h), index=expert),
+                SourcePart(f"{p}down_proj_bias", "down_bias", (h,), index=expert),
+            ]
+
+        def mxfp4(layer: int, expert: int) -> list[SourcePart]:
+            p = f"model.layers.{layer}.mlp.experts."
+            return [
+                SourcePart(
+                    f"{p}gate_up_proj_blocks",
+                    "gate_up",
+                    (2 * i, h // MXFP4_GROUP, 16),
+                    index=expert,
+                    transform="mxfp4",
+                    scales_key=f"{p}gate_up_proj_scales",
+                ),
+                SourcePart(f"{p}gate_up_proj_bias", "gate_up_bias", (2 * i,), index=expert),
+                SourcePart(
+                    f"{p}down_proj_blocks",
+                    "down",
+                    (h, i // MXFP4_GROUP, 16),
+                    index=expert,
+                    transform="mxfp4",
+                    scales_key=f"{p}down_proj_scales",
+                ),
+                SourcePart(f"{p}down_proj_bias", "down_bias", (h,), index=expert),
+            ]
+
+        return [ExpertFormat("bf16", bf16), ExpertFormat("mxfp4", mxfp4, quantized=True)]
+
+    def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        limit = float(self.config.swiglu_limit)
+        alpha = float(self.config.swiglu_alpha)
+        gate_up = x @ w["gate_up"] + w["gate_up_bias"]
+        gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+        gate = gate.clamp(min=None, max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        glu = gate * torch.sigmoid(gate * alpha)
+        out: torch.Tensor = ((up + 1) * glu) @ w["down"] + w["down_bias"]
+        return out
+
+    def attention_sinks(self, layer: int) -> torch.Tensor | None:
+        sinks: torch.Tensor = self._attn(layer).sinks
+        return sinks

@@ -1,0 +1,48 @@
+"""A plain reference attention over :class:`~pdflash.protocols.AttentionSpec`.
+
+For engines that run attention themselves: this is the exact semantics the
+adapters' ``project_qkv`` outputs expect (causal, optional sliding window as
+transformers defines it — key ``j`` is visible from query ``i`` when
+``0 <= pos_i - pos_j < window`` — GQA, and gpt-oss sinks as an extra logit
+per head that takes probability mass and is dropped). It is O(T*S) memory
+and meant for tests and small batches, not for speed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pdflash.protocols import AttentionSpec
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    spec: AttentionSpec,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``q [T, heads, D]``, ``k``/``v [S, kv_heads, D]`` -> ``[T, heads * D]``."""
+    t, h, d = q.shape
+    if h != spec.num_heads or k.shape[1] != spec.num_kv_heads or d != spec.head_dim:
+        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)} do not match {spec}")
+    rep = spec.num_heads // spec.num_kv_heads
+    kk = k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [h, S, D]
+    vv = v.repeat_interleave(rep, dim=1).transpose(0, 1)
+    logits = torch.matmul(q.transpose(0, 1), kk.transpose(1, 2)) * spec.scaling  # [h, T, S]
+    delta = q_positions.reshape(-1, 1) - k_positions.reshape(1, -1)
+    visible = delta >= 0
+    if spec.sliding_window is not None:
+        visible &= delta < spec.sliding_window
+    logits = logits.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        sink = sinks.reshape(h, 1, 1).expand(h, t, 1).to(logits.dtype)
+        combined = torch.cat([logits, sink], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined.float(), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(logits.float(), dim=-1)
+    out = torch.matmul(probs.to(vv.dtype), vv)  # [h, T, D]
+    return out.transpose(0, 1).reshape(t, h * d)

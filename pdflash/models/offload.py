@@ -1,0 +1,197 @@
+"""The offloaded MoE block: route, fetch the union of routed experts into the
+cache, compute each distinct expert once over its tokens, scatter back.
+
+:class:`OffloadedMoE` runs any layer of one model given its routing;
+:class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
+sparse MoE block (it keeps the HF router submodule under its original name,
+so the checkpoint's router weights load into it), and
+:func:`install_offloaded_blocks` swaps every block of an HF model, so a plain
+HF forward runs with experts offloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
+
+if TYPE_CHECKING:
+    from pdflash.models.store import ExpertStore
+
+#: ``hook(layer, topk_ids)``: called with each layer's exact routing
+#: (``[T, k]`` int64, on the compute device) before its experts are fetched,
+#: so a prefetcher can submit copies for later layers.
+RouteHook = Callable[[int, torch.Tensor], None]
+ExpertFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+
+
+class OffloadedMoE:
+    """Offloaded expert execution for every MoE layer of one model.
+
+    Args:
+        store: the packed host experts (gives the layout for slot views).
+        cache: the device expert cache (its slots are filled from ``store``).
+        expert_fn: ``(x [n, H], weights) -> [n, H]``, one expert's MLP over
+            views of its packed tensors (the adapter's ``expert_forward``).
+    """
+
+    def __init__(self, store: ExpertStore, cache: ExpertCache, expert_fn: ExpertFn) -> None:
+        if cache.expert_nbytes != store.expert_nbytes:
+            raise ValueError(
+                f"cache slots are {cache.expert_nbytes} bytes but the store packs "
+                f"{store.expert_nbytes} bytes per expert"
+            )
+        self.store = store
+        self.cache = cache
+        self.expert_fn = expert_fn
+        self.num_experts = store.num_experts
+        self.route_hooks: list[RouteHook] = []
+        # NOTE: views per slot are built once; a slot's bytes change, its views do not.
+        self._slot_views = [
+            store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
+        ]
+
+    def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
+        """Register ``hook(layer, topk_ids)``; returns a function that removes it."""
+        self.route_hooks.append(hook)
+
+        def remove() -> None:
+            if hook in self.route_hooks:
+                self.route_hooks.remove(hook)
+
+        return remove
+
+    def forward_routed(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The MoE output ``[T, H]`` of ``x [T, H]`` under the given routing."""
+        for hook in self.route_hooks:
+            hook(layer, topk_ids)
+        num_tokens, k = topk_ids.shape
+        out = torch.zeros_like(x)
+        if num_tokens == 0:
+            return out
+        flat = topk_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts)
+        counts_host = counts.cpu().numpy()  # the one host sync: routing decides the copies
+        experts = np.flatnonzero(counts_host)
+        starts = np.concatenate([[0], np.cumsum(counts_host)])
+        token_of = order // k
+        weight_of = topk_weights.reshape(-1)[order]
+        base = layer * self.num_experts
+        cache = self.cache
+        i = 0
+        while i < experts.size:
+            room = cache.free_capacity()
+            if room <= 0:
+                raise CacheTooSmallError(
+                    f"layer {layer}: no expert slot is free or evictable "
+                    f"({cache.num_slots} slots, all pinned or in flight)"
+                )
+            group = experts[i : i + room]
+            flat_ids = base + group
+            slots = cache.ensure_resident(flat_ids)
+            try:
+                for e, slot in zip(group.tolist(), slots.tolist(), strict=True):
+                    lo, hi = int(starts[e]), int(starts[e + 1])
+                    tok = token_of[lo:hi]
+                    y = self.expert_fn(x[tok], self._slot_views[slot])
+                    y = y * weight_of[lo:hi, None]
+                    out.index_add_(0, tok, y.to(out.dtype))
+            finally:
+                cache.release(flat_ids)
+            i += group.size
+        return out
+
+
+class OffloadedMoEBlock(nn.Module):
+    """Drop-in replacement for an HF sparse MoE block (``[B, S, H]`` in/out).
+
+    Routes with the HF router it keeps (attribute ``router_attr``), then runs
+    :meth:`OffloadedMoE.forward_routed`. ``returns_router_scores`` mirrors
+    blocks such as gpt-oss's that return ``(hidden, router_scores)``.
+    """
+
+    def __init__(
+        self,
+        layer: int,
+        runtime: OffloadedMoE | None,
+        router: nn.Module,
+        router_attr: str,
+        returns_router_scores: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layer = layer
+        self.runtime = runtime
+        self.router_attr = router_attr
+        self.returns_router_scores = returns_router_scores
+        self.add_module(router_attr, router)
+
+    @property
+    def router_module(self) -> nn.Module:
+        module = getattr(self, self.router_attr)
+        assert isinstance(module, nn.Module)
+        return module
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x [T, H]`` -> (logits ``[T, E]``, weights ``[T, k]``, ids ``[T, k]``)."""
+        logits, scores, ids = self.router_module(x)
+        return logits, scores, ids
+
+    def forward(self, hidden_states: torch.Tensor) -> Any:
+        if self.runtime is None:
+            raise RuntimeError(f"offloaded MoE block of layer {self.layer} has no runtime attached")
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        _, scores, ids = self.route(x)
+        out = self.runtime.forward_routed(self.layer, x, ids, scores).reshape(shape)
+        if self.returns_router_scores:
+            return out, scores
+        return out
+
+
+def decoder_layers(hf_model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of an HF causal LM (``model.model.layers``)."""
+    inner = getattr(hf_model, "model", hf_model)
+    layers = getattr(inner, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise TypeError(f"{type(hf_model).__name__} has no model.layers ModuleList")
+    return layers
+
+
+def install_offloaded_blocks(
+    hf_model: nn.Module,
+    runtime: OffloadedMoE | None,
+    *,
+    router_attr: str,
+    returns_router_scores: bool = False,
+    mlp_attr: str = "mlp",
+) -> list[OffloadedMoEBlock]:
+    """Replace every decoder layer's sparse MoE block with an
+    :class:`OffloadedMoEBlock` that keeps the block's router; the old block's
+    expert parameters are dropped. Returns the new blocks (layer order).
+    Use :meth:`pdflash.models.MoEAdapterBase.install_offloaded` to take the
+    arch's attribute names from its adapter."""
+    blocks = []
+    for i, layer in enumerate(decoder_layers(hf_model)):
+        old = getattr(layer, mlp_attr)
+        if isinstance(old, OffloadedMoEBlock):
+            old.runtime = runtime
+            blocks.append(old)
+            continue
+        router = getattr(old, router_attr, None)
+        if not isinstance(router, nn.Module):
+            raise TypeError(
+                f"layer {i}: {type(old).__name__} has no router {router_attr!r} "
+                "(is this a dense layer?)"
+            )
+        block = OffloadedMoEBlock(i, runtime, router, router_attr, returns_router_scores)
+        setattr(layer, mlp_attr, block)
+        blocks.append(block)
+    return blocks

@@ -1,0 +1,385 @@
+"""Synthetic Hugging Face checkpoints with seeded random weights.
+
+:func:`write_synthetic_checkpoint` writes ``config.json`` + sharded
+``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index.json`` in
+the architecture's hub naming (per-expert tensors for qwen3_moe / olmoe /
+mixtral, fused 3-D bf16 experts for gpt-oss, or gpt-oss MXFP4 blocks/scales
+with ``expert_format="mxfp4"``), loadable by transformers'
+``from_pretrained`` and by pdflash through the same code path as a real
+checkpoint. ``config.json`` carries ``"pdflash_synthetic"`` (preset, seed)
+so results computed on it are labelled synthetic.
+
+Presets: ``tiny`` per architecture (CPU tests) and the published shapes
+``qwen3-30b-a3b``, ``gpt-oss-20b``, ``mixtral-8x7b``, ``olmoe-1b-7b``;
+``num_layers`` truncates (full-size checkpoints are tens of GB).
+
+Weights: matrices ``N(0, 1/fan_in)`` so activations stay O(1) at any
+scale, norms ``1 + N(0, 0.1^2)``, biases and sinks small. Each tensor is drawn
+from its own generator seeded by ``(seed, tensor name)``, so a tensor does not
+depend on sharding or write order (values differ between ``device="cpu"``
+and ``"cuda"`` generation).
+
+Hook: ``on_written(path, config)`` runs after the checkpoint is complete;
+the engine's synthetic DFlash drafter writer can use it to add its files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pdflash.models.store import INDEX_FILE
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "qwen3_moe": {
+        "tiny": dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            max_position_embeddings=256,
+        ),
+        "qwen3-30b-a3b": dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            num_experts=128,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=40960,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+            tie_word_embeddings=False,
+        ),
+    },
+    "gpt_oss": {
+        "tiny": dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=4,
+            max_position_embeddings=256,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        "gpt-oss-20b": dict(
+            vocab_size=201088,
+            hidden_size=2880,
+            intermediate_size=2880,
+            num_hidden_layers=24,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=64,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            sliding_window=128,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=131072,
+            swiglu_limit=7.0,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 4096,
+            },
+        ),
+    },
+    "mixtral": {
+        "tiny": dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=256,
+        ),
+        "mixtral-8x7b": dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+            sliding_window=None,
+        ),
+    },
+    "olmoe": {
+        "tiny": dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=16,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            max_position_embeddings=256,
+            clip_qkv=3.0,
+            pad_token_id=1,
+            bos_token_id=None,
+            eos_token_id=2,
+        ),
+        "olmoe-1b-7b": dict(
+            vocab_size=50304,
+            hidden_size=2048,
+            intermediate_size=1024,
+            num_hidden_layers=16,
+            num_attention_heads=16,
+            num_key_value_heads=16,
+            num_experts=64,
+            num_experts_per_tok=8,
+            norm_topk_prob=False,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            pad_token_id=1,
+            bos_token_id=None,
+            eos_token_id=50279,
+        ),
+    },
+}
+
+#: a published-shape preset name -> its architecture
+PRESET_ARCH: dict[str, str] = {
+    name: arch for arch, presets in PRESETS.items() for name in presets if name != "tiny"
+}
+
+
+def synthetic_config(
+    arch: str, preset: str = "tiny", *, num_layers: int | None = None, **overrides: Any
+) -> Any:
+    """The transformers config of a preset, optionally layer-truncated."""
+    from transformers import AutoConfig
+
+    from pdflash.models.adapters import get_adapter_class
+
+    get_adapter_class(arch)  # unknown arch -> clear error
+    try:
+        kwargs = dict(PRESETS[arch][preset])
+    except KeyError:
+        raise ValueError(
+            f"no synthetic preset {preset!r} for {arch}; choose from {sorted(PRESETS[arch])}"
+        ) from None
+    if num_layers is not None:
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        kwargs["num_hidden_layers"] = int(num_layers)
+    kwargs.update(overrides)
+    return AutoConfig.for_model(arch, **kwargs)
+
+
+def _seed_of(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _fill(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, seed: int, device: str, fan_in: int
+) -> torch.Tensor:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(_seed_of(seed, name))
+    if dtype == torch.uint8:  # MXFP4 blocks / scales
+        if name.endswith("_scales"):
+            # 2^(s-127) ~ 2^-7: e2m1 values (|v| <= 6) * 2^-7 ~ N(0, 1/fan_in) scale for fan_in ~ 3k
+            return torch.randint(
+                119, 122, shape, generator=gen, device=device, dtype=torch.uint8
+            ).cpu()
+        return torch.randint(0, 256, shape, generator=gen, device=device, dtype=torch.uint8).cpu()
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    base = name.rsplit(".", 1)[-1]
+    if name.endswith("norm.weight"):
+        x = 1.0 + 0.1 * x
+    elif name.endswith("embed_tokens.weight"):
+        pass
+    elif base.endswith("bias") or base == "sinks":
+        x = 0.1 * x
+    else:
+        x = x / math.sqrt(max(fan_in, 1))
+    return x.to(dtype).cpu()
+
+
+def _tensor_specs(
+    arch: str, config: Any, dtype: torch.dtype, expert_format: str | None
+) -> list[tuple[str, tuple[int, ...], torch.dtype, int]]:
+    """(checkpoint name, shape, dtype, fan_in) of every tensor, in write order."""
+    from transformers import AutoModelForCausalLM
+
+    from pdflash.models.adapters import get_adapter_class
+
+    cls = get_adapter_class(arch)
+    cls.validate_config(config)
+    formats = cls.expert_formats(config)
+    if expert_format is None:
+        fmt = formats[0]
+    else:
+        by_name = {f.name: f for f in formats}
+        if expert_format not in by_name:
+            raise ValueError(
+                f"{arch} has no expert format {expert_format!r}; choose from {sorted(by_name)}"
+            )
+        fmt = by_name[expert_format]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    num_experts = cls.num_experts_of(config)
+    specs: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []
+    for mkey, t in model.state_dict().items():
+        if ".mlp.experts." in mkey:
+            continue
+        shape = tuple(int(d) for d in t.shape)
+        specs.append((cls.module_to_checkpoint_key(mkey), shape, dtype, shape[-1]))
+    # NOTE: gpt-oss experts compute x @ W (fan-in is dim -2); the others F.linear (dim -1).
+    fan_in_dim = -2 if arch == "gpt_oss" else -1
+    seen: set[str] = set()
+    for layer in range(int(config.num_hidden_layers)):
+        for expert in range(num_experts):
+            for p in fmt.parts(layer, expert):
+                if p.key in seen:
+                    continue
+                seen.add(p.key)
+                lead = () if p.index is None else (num_experts,)
+                if p.transform == "mxfp4":
+                    assert p.scales_key is not None
+                    specs.append((p.key, (*lead, *p.shape), torch.uint8, 0))
+                    specs.append((p.scales_key, (*lead, *p.shape[:-1]), torch.uint8, 0))
+                else:
+                    fan_in = p.shape[fan_in_dim] if len(p.shape) > 1 else 1
+                    specs.append((p.key, (*lead, *p.shape), dtype, fan_in))
+    return specs
+
+
+def write_synthetic_checkpoint(
+    path: str | os.PathLike[str],
+    arch: str,
+    preset: str = "tiny",
+    *,
+    num_layers: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    shard_bytes: int = 1 << 30,
+    expert_format: str | None = None,
+    device: str = "cpu",
+    config_overrides: dict[str, Any] | None = None,
+    on_written: Callable[[Path, Any], None] | None = None,
+) -> Path:
+    """Write a synthetic checkpoint to ``path`` (created); returns it.
+
+    ``expert_format``: the adapter's format name (default: the hub naming;
+    ``"mxfp4"`` for gpt-oss MXFP4 experts). ``device``: where random values
+    are generated (``cuda`` is much faster for full-size shapes).
+    """
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    config = synthetic_config(arch, preset, num_layers=num_layers, **(config_overrides or {}))
+    config.dtype = dtype
+    if expert_format == "mxfp4":
+        config.quantization_config = {
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        }
+    specs = _tensor_specs(arch, config, dtype, expert_format)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied:
+        specs = [s for s in specs if s[0] != "lm_head.weight"]
+
+    from safetensors.torch import save_file
+
+    shards: list[list[str]] = []
+    current: dict[str, torch.Tensor] = {}
+    current_bytes = 0
+    tmp_names: list[Path] = []
+
+    def flush() -> None:
+        nonlocal current, current_bytes
+        if not current:
+            return
+        tmp = out / f".shard-{len(tmp_names)}.tmp"
+        save_file(current, str(tmp), metadata={"format": "pt"})
+        tmp_names.append(tmp)
+        shards.append(list(current))
+        current, current_bytes = {}, 0
+
+    total = 0
+    for name, shape, dt, fan_in in specs:
+        t = _fill(name, shape, dt, seed, device, fan_in)
+        nb = t.numel() * t.element_size()
+        if current and current_bytes + nb > shard_bytes:
+            flush()
+        current[name] = t
+        current_bytes += nb
+        total += nb
+    flush()
+
+    n = len(tmp_names)
+    weight_map: dict[str, str] = {}
+    for i, (tmp, names) in enumerate(zip(tmp_names, shards, strict=True)):
+        final = "model.safetensors" if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+        tmp.replace(out / final)
+        weight_map.update(dict.fromkeys(names, final))
+    if n > 1:
+        (out / INDEX_FILE).write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
+    config.save_pretrained(out)
+    cfg_path = out / "config.json"
+    data = json.loads(cfg_path.read_text())
+    data["pdflash_synthetic"] = {
+        "preset": preset,
+        "seed": seed,
+        "expert_format": expert_format or "hub",
+        "generated_on": device,
+        "note": "synthetic random weights, not a trained model",
+    }
+    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    if on_written is not None:
+        on_written(out, config)
+    return out

@@ -1,0 +1,369 @@
+"""Route-ahead expert predictors: policies behind :class:`ExpertPredictor`.
+
+Every predictor returns float32 scores ``(num_layers, num_experts)``: > 0
+means predicted, larger means more confident. Callers rank by score under a
+byte budget (:func:`select_under_budget`, or :class:`CombinedPredictor`).
+
+* :class:`ApproxRouterPredictor` — each layer's real router applied to a cheap
+  proxy of that layer's residual stream over the drafted block.
+* :class:`PreviousRoundPredictor` — the request's last routed set.
+* :class:`FrequencyPriorPredictor` — the most frequently routed experts.
+* :class:`NextLayerLookahead` — inside the verify forward: layer l+1's router
+  on layer l's output (not a block predictor; the engine calls it per layer).
+* :class:`CombinedPredictor` — weighted ranking or union of the above.
+
+Predictors need only :class:`RouterAccess` from a model adapter, which every
+:class:`pdflash.protocols.MoEModelAdapter` provides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from pdflash.protocols import DraftedBlock, ExpertPredictor
+
+if TYPE_CHECKING:
+    import torch
+
+ScoreArray = npt.NDArray[np.float32]
+
+
+class RouterAccess(Protocol):
+    """The part of a model adapter predictors use (its routers and embeddings)."""
+
+    num_layers: int
+    num_experts: int
+    top_k: int
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor: ...
+
+
+class FrequencySource(Protocol):
+    """Anything with a per-expert frequency estimate (e.g. RouteAheadStats)."""
+
+    def frequency(self) -> npt.NDArray[np.float32]: ...
+
+
+def _horizon_rows(block: DraftedBlock) -> int:
+    """Positions to predict for: the first ``block.horizon`` (all if None)."""
+    total = int(block.token_ids.shape[0])
+    if block.horizon is None:
+        return total
+    if block.horizon <= 0:
+        raise ValueError(f"DraftedBlock.horizon must be positive or None, got {block.horizon}")
+    return min(block.horizon, total)
+
+
+def _topk_gate_scores(
+    logits: torch.Tensor, k: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k expert ids ``[T, k]`` by gate probability, and those probabilities."""
+    import torch
+
+    probs = torch.softmax(logits.float(), dim=-1)
+    values, ids = torch.topk(probs, min(k, num_experts), dim=-1)
+    return ids, values
+
+
+class ApproxRouterPredictor:
+    """Each layer's real router over a cheap proxy of the drafted block's
+    residual stream; per layer, the union of every position's top-k, scored
+    by summed gate probability over positions (up to the block's horizon).
+
+    Proxies (``proxy=``):
+
+    * ``"embed"`` — the attention-free residual proxy: the token embeddings
+      carried through the previous layers with attention skipped and the
+      expert FFNs replaced by nothing, i.e. the embeddings themselves at every
+      layer. One embedding lookup and ``num_layers`` (norm, router) pairs.
+    * ``"drafter"`` — the drafter's hidden states (``DraftedBlock.
+      drafter_hidden``, ``[B, hidden]`` in the target's hidden size) at every
+      layer; a block without them raises.
+    * ``"auto"`` (default) — ``"drafter"`` when the block has drafter hidden
+      states, else ``"embed"``.
+
+    ``experts_per_token`` (default: the model's top-k) widens or narrows the
+    per-token selection: more coverage for less precision.
+    """
+
+    def __init__(
+        self,
+        adapter: RouterAccess,
+        *,
+        proxy: Literal["auto", "embed", "drafter"] = "auto",
+        experts_per_token: int | None = None,
+        name: str = "approx_router",
+    ) -> None:
+        if proxy not in ("auto", "embed", "drafter"):
+            raise ValueError(f"proxy must be 'auto', 'embed' or 'drafter', got {proxy!r}")
+        k = adapter.top_k if experts_per_token is None else experts_per_token
+        if not 1 <= k <= adapter.num_experts:
+            raise ValueError(f"experts_per_token must be in [1, {adapter.num_experts}], got {k}")
+        self.adapter = adapter
+        self.proxy = proxy
+        self.experts_per_token = k
+        self.name = name
+
+    def _proxy_hidden(self, block: DraftedBlock, rows: int) -> torch.Tensor:
+        use_drafter = self.proxy == "drafter" or (
+            self.proxy == "auto" and block.drafter_hidden is not None
+        )
+        if use_drafter:
+            if block.drafter_hidden is None:
+                raise ValueError(
+                    f"proxy='drafter' but request {block.request_id}'s block has no drafter_hidden"
+                )
+            return block.drafter_hidden[:rows]
+        return self.adapter.embed(block.token_ids[:rows])
+
+    def _scores_for_rows(
+        self, hidden: torch.Tensor, owners: torch.Tensor, groups: int
+    ) -> ScoreArray:
+        """Scores ``(groups, L, E)``: row t of ``hidden`` belongs to group ``owners[t]``."""
+        import torch
+
+        L, E = self.adapter.num_layers, self.adapter.num_experts
+        out = torch.zeros(groups, L, E, dtype=torch.float32, device=hidden.device)
+        owners = owners.to(hidden.device)
+        with torch.inference_mode():
+            for layer in range(L):
+                normed = self.adapter.moe_norm(layer, hidden)
+                logits = self.adapter.router_logits(layer, normed)
+                ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
+                flat = (owners[:, None] * (L * E) + layer * E + ids).reshape(-1)
+                out.view(-1).index_add_(0, flat, probs.reshape(-1))
+        return out.cpu().numpy()
+
+    def predict(self, block: DraftedBlock) -> ScoreArray:
+        return self.predict_batch([block])[0]
+
+    def predict_batch(self, blocks: Sequence[DraftedBlock]) -> ScoreArray:
+        """Scores ``(len(blocks), L, E)`` from one router pass over all the
+        blocks' positions (the engine's per-step call)."""
+        import torch
+
+        if not blocks:
+            return np.zeros((0, self.adapter.num_layers, self.adapter.num_experts), np.float32)
+        hidden, owners = [], []
+        for i, block in enumerate(blocks):
+            rows = _horizon_rows(block)
+            hidden.append(self._proxy_hidden(block, rows))
+            owners.append(torch.full((rows,), i, dtype=torch.int64))
+        return self._scores_for_rows(torch.cat(hidden), torch.cat(owners), len(blocks))
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        """Stateless: nothing to learn from the routed set."""
+
+    def forget(self, request_id: int) -> None:
+        """Stateless: nothing to drop."""
+
+
+class PreviousRoundPredictor:
+    """The experts the request's previous verify routed to (score 1.0); no
+    prediction (all zeros) before its first :meth:`observe`."""
+
+    def __init__(self, num_layers: int, num_experts: int, *, name: str = "previous_round") -> None:
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.name = name
+        self._last: dict[int, npt.NDArray[np.bool_]] = {}
+
+    def predict(self, block: DraftedBlock) -> ScoreArray:
+        last = self._last.get(block.request_id)
+        if last is None:
+            return np.zeros((self.num_layers, self.num_experts), dtype=np.float32)
+        return last.astype(np.float32)
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        mask = np.asarray(routed)
+        if mask.shape != (self.num_layers, self.num_experts):
+            raise ValueError(
+                f"routed must have shape {(self.num_layers, self.num_experts)}, got {mask.shape}"
+            )
+        self._last[request_id] = mask.astype(np.bool_, copy=True)
+
+    def forget(self, request_id: int) -> None:
+        self._last.pop(request_id, None)
+
+
+class FrequencyPriorPredictor:
+    """The ``per_layer`` most frequently routed experts of each layer, scored
+    by frequency relative to the largest (in (0, 1]). Reads the estimate from
+    ``source`` (e.g. :class:`~pdflash.routeahead.stats.RouteAheadStats`)
+    at every call; an expert never routed is never predicted."""
+
+    def __init__(
+        self,
+        source: FrequencySource | Callable[[], npt.NDArray[np.float32]],
+        per_layer: int,
+        *,
+        name: str = "frequency_prior",
+    ) -> None:
+        if per_layer <= 0:
+            raise ValueError(f"per_layer must be positive, got {per_layer}")
+        self._read: Callable[[], npt.NDArray[np.float32]] = (
+            source.frequency if hasattr(source, "frequency") else source
+        )
+        self.per_layer = per_layer
+        self.name = name
+
+    def predict(self, block: DraftedBlock) -> ScoreArray:
+        freq = np.asarray(self._read(), dtype=np.float32)
+        if freq.ndim != 2:
+            raise ValueError(f"frequency must be (layers, experts), got shape {freq.shape}")
+        k = min(self.per_layer, freq.shape[1])
+        top = np.argpartition(-freq, k - 1, axis=1)[:, :k]
+        out = np.zeros_like(freq)
+        rows = np.arange(freq.shape[0])[:, None]
+        out[rows, top] = freq[rows, top]
+        peak = float(out.max()) if out.size else 0.0
+        return out / peak if peak > 0 else out
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        """The source accumulates routing; nothing to do here."""
+
+    def forget(self, request_id: int) -> None:
+        """No per-request state."""
+
+
+class NextLayerLookahead:
+    """Layer l+1's router applied to layer l's output, inside the verify
+    forward: as soon as layer l finishes, the engine learns (approximately)
+    which experts layer l+1 needs and can promote their copies. The proxy
+    skips layer l+1's attention (its input norm and attention residual).
+    """
+
+    def __init__(self, adapter: RouterAccess, *, experts_per_token: int | None = None) -> None:
+        k = adapter.top_k if experts_per_token is None else experts_per_token
+        if not 1 <= k <= adapter.num_experts:
+            raise ValueError(f"experts_per_token must be in [1, {adapter.num_experts}], got {k}")
+        self.adapter = adapter
+        self.experts_per_token = k
+
+    def predict_next(
+        self, layer: int, hidden: torch.Tensor
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Flat expert ids of layer ``layer + 1`` predicted from the residual
+        stream ``hidden`` ``[T, hidden]`` after layer ``layer``, most
+        confident first, with their scores (summed gate probability over the
+        T tokens). The last layer has no next layer: empty arrays."""
+        import torch
+
+        L, E = self.adapter.num_layers, self.adapter.num_experts
+        if not 0 <= layer < L:
+            raise ValueError(f"layer must be in [0, {L}), got {layer}")
+        if layer == L - 1 or hidden.shape[0] == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        nxt = layer + 1
+        with torch.inference_mode():
+            logits = self.adapter.router_logits(nxt, self.adapter.moe_norm(nxt, hidden))
+            ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
+            scores = torch.zeros(E, dtype=torch.float32, device=hidden.device)
+            scores.index_add_(0, ids.reshape(-1), probs.reshape(-1))
+            order = torch.argsort(scores, descending=True, stable=True)
+            order = order[scores[order] > 0]
+            return (
+                (order + nxt * E).cpu().numpy().astype(np.int64),
+                scores[order].cpu().numpy().astype(np.float32),
+            )
+
+
+def select_under_budget(
+    scores: npt.ArrayLike, expert_nbytes: int | npt.ArrayLike, byte_budget: int
+) -> npt.NDArray[np.int64]:
+    """Flat ids of the experts to prefetch: the positive-score experts ranked
+    by score (ties: lower flat id first, i.e. earlier layer, needed sooner),
+    keeping the longest prefix of that ranking whose bytes fit the budget."""
+    flat = np.asarray(scores, dtype=np.float32).reshape(-1)
+    if byte_budget < 0:
+        raise ValueError(f"byte_budget must be >= 0, got {byte_budget}")
+    nbytes = np.broadcast_to(np.asarray(expert_nbytes, dtype=np.int64), np.shape(scores))
+    nbytes = nbytes.reshape(-1)
+    candidates = np.flatnonzero(flat > 0)
+    # lexsort: last key is primary -> by -score, then by flat id
+    order = candidates[np.lexsort((candidates, -flat[candidates]))]
+    # sizes are >= 0, so the cumulative bytes grow and the fitting ranks are a prefix
+    fits = int(np.count_nonzero(np.cumsum(nbytes[order]) <= byte_budget))
+    return order[:fits].astype(np.int64)
+
+
+class CombinedPredictor:
+    """Weighted combination of predictors, optionally under a byte budget.
+
+    Each member's scores are first scaled to [0, 1] by their own maximum, so
+    weights compare like with like. ``mode="rank"``: score = Σ wᵢ·sᵢ;
+    ``mode="union"``: score = maxᵢ wᵢ·sᵢ (anything any member predicts). With
+    ``byte_budget``, only the experts :func:`select_under_budget` keeps
+    retain their score; the rest are 0.
+    """
+
+    def __init__(
+        self,
+        members: Sequence[tuple[ExpertPredictor, float]],
+        *,
+        mode: Literal["rank", "union"] = "rank",
+        expert_nbytes: int | npt.ArrayLike = 1,
+        byte_budget: int | None = None,
+        name: str = "combined",
+    ) -> None:
+        if not members:
+            raise ValueError("CombinedPredictor needs at least one member")
+        if mode not in ("rank", "union"):
+            raise ValueError(f"mode must be 'rank' or 'union', got {mode!r}")
+        for predictor, weight in members:
+            if not weight > 0:
+                raise ValueError(f"weight of {predictor.name!r} must be positive, got {weight}")
+        self.members = list(members)
+        self.mode = mode
+        self.expert_nbytes = expert_nbytes
+        self.byte_budget = byte_budget
+        self.name = name
+
+    def predict(self, block: DraftedBlock) -> ScoreArray:
+        combined: ScoreArray | None = None
+        for predictor, weight in self.members:
+            scores = np.asarray(predictor.predict(block), dtype=np.float32)
+            peak = float(scores.max()) if scores.size else 0.0
+            part = (scores * np.float32(weight / peak)) if peak > 0 else np.zeros_like(scores)
+            part = np.maximum(part, 0, dtype=np.float32)
+            if combined is None:
+                combined = part
+            elif self.mode == "rank":
+                combined = combined + part
+            else:
+                combined = np.maximum(combined, part)
+        assert combined is not None
+        if self.byte_budget is None:
+            return combined
+        keep = select_under_budget(combined, self.expert_nbytes, self.byte_budget)
+        out = np.zeros_like(combined)
+        out.reshape(-1)[keep] = combined.reshape(-1)[keep]
+        return out
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        for predictor, _ in self.members:
+            predictor.observe(request_id, routed)
+
+    def forget(self, request_id: int) -> None:
+        for predictor, _ in self.members:
+            predictor.forget(request_id)
+
+
+def predict_batch(predictor: ExpertPredictor, blocks: Sequence[DraftedBlock]) -> ScoreArray:
+    """Scores ``(len(blocks), L, E)``: the predictor's own batched pass when it
+    has one (:meth:`ApproxRouterPredictor.predict_batch`), else one
+    :meth:`~pdflash.protocols.ExpertPredictor.predict` per block."""
+    batched = getattr(predictor, "predict_batch", None)
+    if batched is not None:
+        return np.asarray(batched(blocks), dtype=np.float32)
+    if not blocks:
+        raise ValueError("predict_batch needs at least one block to know the shape")
+    return np.stack([np.asarray(predictor.predict(b), dtype=np.float32) for b in blocks])

@@ -1,0 +1,21 @@
+from pdflash_native._issuer_cpp cimport Issuer
+
+
+cdef class NativeIssuer:
+    cdef Issuer* _issuer
+    cdef readonly bint use_cuda
+    cdef readonly int device
+    cdef dict _registered
+    cdef object __weakref__
+
+
+cdef class PinnedBuffer:
+    cdef void* _ptr
+    cdef size_t _nbytes
+    cdef bint _cuda
+    cdef int _device
+    cdef int _exports
+    cdef Py_ssize_t _shape[1]
+    cdef Py_ssize_t _strides[1]
+    cdef object __weakref__
+    cdef void _free(self) noexcept

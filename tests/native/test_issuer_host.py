@@ -1,0 +1,360 @@
+"""The native H2D issuer on the host backend: copies, dedup/promotion,
+cancel/reset, faults, concurrency, shutdown and leaks, input validation."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import pdflash
+from pdflash._reference.issuer import (
+    LOG_PROMOTE,
+    LOG_START,
+    BandOrderModel,
+    records_from_log,
+)
+from pdflash.h2d import (
+    STATE_CANCELLED,
+    STATE_DONE,
+    STATE_FAILED,
+    STATE_QUEUED,
+    CopyCancelledError,
+    CopyFailedError,
+    H2DIssuer,
+    native_live_counts,
+)
+from pdflash.metrics import NotMeasured
+from pdflash.protocols import Band, CopyIssuer
+
+CHUNK = 64 << 10
+
+
+@pytest.fixture
+def issuer() -> Iterator[H2DIssuer]:
+    iss = H2DIssuer(
+        backend="host",
+        chunk_bytes=CHUNK,
+        window_bytes=2 * CHUNK,
+        emulated_link_gbps=4.0,
+        debug_log=True,
+    )
+    yield iss
+    iss.close()
+
+
+def _buffers(iss: H2DIssuer, nbytes: int) -> tuple[np.ndarray, np.ndarray]:
+    src = iss.pinned_array(nbytes)
+    dst = iss.pinned_array(nbytes)
+    src[:] = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    return src, dst
+
+
+def _slots(arr: np.ndarray, n: int, size: int) -> np.ndarray:
+    return arr.ctypes.data + np.arange(n, dtype=np.int64) * size
+
+
+def _replay(iss: H2DIssuer) -> BandOrderModel:
+    return BandOrderModel(iss.chunk_bytes, iss.window_bytes, iss.max_inflight_chunks).replay(
+        records_from_log(iss.debug_log())
+    )
+
+
+def test_is_a_copy_issuer_and_selects_host_here() -> None:
+    with H2DIssuer(backend="host") as iss:
+        assert isinstance(iss, CopyIssuer)
+        assert iss.backend == "host"
+    assert pdflash.H2DIssuer is H2DIssuer
+    # Without a CUDA device, auto-selection must say host.
+    from pdflash.h2d import cuda_available
+
+    if not cuda_available():
+        with H2DIssuer() as iss:
+            assert iss.backend == "host"
+        with pytest.raises(RuntimeError, match="cuda"):
+            H2DIssuer(backend="cuda")
+
+
+def test_copies_bytes_in_one_batched_call(issuer: H2DIssuer) -> None:
+    size = 200_000  # not a multiple of the chunk: a short last chunk
+    src, dst = _buffers(issuer, 8 * size)
+    t = issuer.submit(
+        _slots(src, 8, size), _slots(dst, 8, size), size, np.arange(8), Band.BACKGROUND
+    )
+    assert t.dtype == np.int64 and t.shape == (8,) and len(set(t.tolist())) == 8
+    issuer.wait(t, timeout_s=30)
+    assert issuer.poll(t).all()
+    assert np.array_equal(src, dst)
+    stats = issuer.stats()
+    bg = stats["bands"]["BACKGROUND"]
+    assert bg["copies"] == 8 and bg["bytes"] == 8 * size
+    assert stats["chunks"] == 8 * 4  # ceil(200000 / 65536) = 4 chunks each
+    assert stats["link_busy_s"] > 0
+    assert isinstance(stats["bands"]["ON_DEMAND"]["queue_delay_p50_s"], NotMeasured)
+    assert bg["queue_delay_p99_s"] >= bg["queue_delay_p50_s"] >= 0
+    _replay(issuer)
+
+
+def test_dedup_returns_the_live_ticket_and_promotes(issuer: H2DIssuer) -> None:
+    size = 3 * CHUNK
+    src, dst = _buffers(issuer, 6 * size)
+    issuer._native.test_hold_link(True)
+    bg = issuer.submit(
+        _slots(src, 6, size), _slots(dst, 6, size), size, np.arange(6), Band.BACKGROUND
+    )
+    # key 4 again, more urgent: same ticket, promoted ahead of keys 1..3, 5
+    again = issuer.submit(
+        _slots(src, 6, size)[4:5], _slots(dst, 6, size)[4:5], size, [4], Band.ON_DEMAND
+    )
+    assert again[0] == bg[4]
+    # key 2 again in the same band: same ticket, no promotion
+    same = issuer.submit(
+        _slots(src, 6, size)[2:3], _slots(dst, 6, size)[2:3], size, [2], Band.BACKGROUND
+    )
+    assert same[0] == bg[2]
+    issuer._native.test_hold_link(False)
+    issuer.wait(bg, timeout_s=30)
+    assert np.array_equal(src, dst)
+    stats = issuer.stats()["bands"]
+    assert stats["ON_DEMAND"]["promotions"] == 1
+    assert stats["ON_DEMAND"]["dedup_hits"] == 1 and stats["BACKGROUND"]["dedup_hits"] == 1
+    assert stats["BACKGROUND"]["submitted"] == 6
+    log = records_from_log(issuer.debug_log())
+    assert sum(e.kind == LOG_PROMOTE for e in log) == 1
+    model = _replay(issuer)
+    # the promoted copy started right after what was already in the window
+    # (copy 0's first two chunks), before any other background copy
+    order = [t for t, chunk, _ in model.starts if chunk == 0]
+    assert order.index(int(bg[4])) < order.index(int(bg[1]))
+    # a finished key is copied again when resubmitted
+    t2 = issuer.submit(
+        _slots(src, 6, size)[:1], _slots(dst, 6, size)[:1], size, [0], Band.BACKGROUND
+    )
+    assert t2[0] != bg[0]
+    issuer.wait(t2, timeout_s=30)
+
+
+def test_rejected_submit_changes_nothing(issuer: H2DIssuer) -> None:
+    src, dst = _buffers(issuer, 4 * CHUNK)
+    s, d = _slots(src, 4, CHUNK), _slots(dst, 4, CHUNK)
+    issuer._native.test_hold_link(True)
+    t = issuer.submit(s[:1], d[:1], CHUNK, [7], Band.BACKGROUND)
+    _wait_for(lambda: issuer.states(t)[0] != STATE_QUEUED)  # nothing moves after this
+    before = issuer.stats()
+    n_log = len(issuer.debug_log())
+    with pytest.raises(ValueError, match="copy 1: nbytes must be > 0, got 0"):
+        issuer.submit(s[:2], d[:2], [CHUNK, 0], [1, 2], Band.ON_DEMAND)
+    with pytest.raises(ValueError, match="key 7 is already live with a different"):
+        issuer.submit(s[1:2], d[1:2], CHUNK, [7], Band.ON_DEMAND)
+    with pytest.raises(ValueError, match="copy 2: key 3 is already live"):
+        issuer.submit(s[:3], d[:3], CHUNK, [3, 4, 3], Band.ON_DEMAND)  # in-batch conflict
+    with pytest.raises(ValueError, match="one length"):
+        issuer.submit(s[:2], d[:1], CHUNK, [1, 2], Band.ON_DEMAND)
+    with pytest.raises(ValueError, match="band"):
+        issuer.submit(s[:1], d[:1], CHUNK, [1], 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="null src"):
+        issuer.submit([0], d[:1], CHUNK, [1], Band.ON_DEMAND)
+    with pytest.raises(ValueError, match="unknown ticket 12345"):
+        issuer.wait([12345])
+    with pytest.raises(ValueError, match="unknown ticket"):
+        issuer.poll([int(t[0]) + (1 << 24)])
+    after = issuer.stats()
+    assert after["bands"] == before["bands"]
+    assert len(issuer.debug_log()) == n_log
+    # keys 3 and 4 (from the rejected batch) were not left behind: usable now
+    t2 = issuer.submit(s[1:3], d[1:3], CHUNK, [3, 4], Band.ON_DEMAND)
+    issuer._native.test_hold_link(False)
+    issuer.wait(np.concatenate([t, t2]), timeout_s=30)
+    assert np.array_equal(src[: 3 * CHUNK], dst[: 3 * CHUNK])
+
+
+def test_cancel_band_and_reset_keep_the_issuer_usable(issuer: H2DIssuer) -> None:
+    size = 2 * CHUNK
+    src, dst = _buffers(issuer, 8 * size)
+    s, d = _slots(src, 8, size), _slots(dst, 8, size)
+    issuer._native.test_hold_link(True)
+    bg = issuer.submit(s[:4], d[:4], size, np.arange(4), Band.BACKGROUND)
+    # The worker starts bg[0]'s two chunks (the window): not cancellable.
+    _wait_for(lambda: issuer.states(bg)[0] != STATE_QUEUED)
+    ra = issuer.submit(s[4:6], d[4:6], size, [4, 5], Band.ROUTE_AHEAD)
+    assert issuer.cancel(Band.BACKGROUND) == 3
+    assert (issuer.states(bg[1:]) == STATE_CANCELLED).all()
+    assert issuer.cancel(Band.ON_DEMAND) == 0
+    assert issuer.reset() == 2  # both route-ahead copies
+    issuer._native.test_hold_link(False)
+    issuer.wait(bg[:1], timeout_s=30)
+    with pytest.raises(CopyCancelledError, match=f"ticket {ra[1]}"):
+        issuer.wait(ra[1:], timeout_s=30)
+    with pytest.raises(CopyCancelledError):
+        issuer.wait(bg[2:3])
+    assert issuer.poll(np.concatenate([bg, ra])).all()  # terminal
+    stats = issuer.stats()["bands"]
+    assert stats["BACKGROUND"]["cancellations"] == 3 and stats["ROUTE_AHEAD"]["cancellations"] == 2
+    # cancelled keys are free again; the issuer still copies
+    t = issuer.submit(s, d, size, np.arange(8), Band.ON_DEMAND)
+    issuer.wait(t, timeout_s=30)
+    assert np.array_equal(src, dst)
+    _replay(issuer)
+
+
+def test_failed_copy_fails_its_ticket_and_later_copies_work(issuer: H2DIssuer) -> None:
+    size = 3 * CHUNK
+    src, dst = _buffers(issuer, 4 * size)
+    s, d = _slots(src, 4, size), _slots(dst, 4, size)
+    issuer._native.test_hold_link(True)
+    t = issuer.submit(s[:2], d[:2], size, [0, 1], Band.ROUTE_AHEAD)
+    assert issuer._native.test_inject_failures(1, "cudaErrorInvalidValue: injected")
+    issuer._native.test_hold_link(False)
+    with pytest.raises(CopyFailedError, match="cudaErrorInvalidValue: injected") as info:
+        issuer.wait(t, timeout_s=30)
+    assert info.value.ticket == t[0]
+    assert issuer.states(t).tolist() == [STATE_FAILED, STATE_DONE]
+    assert issuer.poll(t).all()
+    assert np.array_equal(src[size : 2 * size], dst[size : 2 * size])
+    t2 = issuer.submit(s[2:], d[2:], size, [2, 0], Band.ON_DEMAND)  # key 0 free again
+    issuer.wait(t2, timeout_s=30)
+    assert np.array_equal(src[2 * size :], dst[2 * size :])
+    assert issuer.stats()["bands"]["ROUTE_AHEAD"]["failures"] == 1
+    model = _replay(issuer)
+    assert model.finished[int(t[0])] is False
+
+
+def test_wait_timeout_and_blocked_time(issuer: H2DIssuer) -> None:
+    src, dst = _buffers(issuer, CHUNK)
+    issuer._native.test_hold_link(True)
+    t = issuer.submit([src.ctypes.data], [dst.ctypes.data], CHUNK, [1], Band.ON_DEMAND)
+    with pytest.raises(TimeoutError, match=f"ticket {t[0]}"):
+        issuer.wait(t, timeout_s=0.01)
+    with pytest.raises(TimeoutError):
+        issuer.stream_wait(t, 0, timeout_s=0.01)  # host backend: waits on the host
+    with pytest.raises(ValueError, match="timeout_s"):
+        issuer.wait(t, timeout_s=-1)
+    issuer._native.test_hold_link(False)
+    issuer.stream_wait(t, 0)
+    assert issuer.poll(t).all()
+    assert issuer.stats()["bands"]["ON_DEMAND"]["blocked_wait_s"] >= 0.02
+
+
+def test_concurrent_submitters(issuer: H2DIssuer) -> None:
+    n_threads, per_thread, size = 4, 24, 40_000
+    n = n_threads * per_thread
+    src, dst = _buffers(issuer, n * size)
+    s, d = _slots(src, n, size), _slots(dst, n, size)
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n_threads)
+
+    def work(k: int) -> None:
+        try:
+            barrier.wait()
+            mine: list[int] = []
+            for j in range(0, per_thread, 3):
+                # every thread also resubmits key 0..2: shared keys dedup
+                idx = np.arange(k * per_thread + j, k * per_thread + j + 3)
+                band = Band(j % 3)
+                mine += issuer.submit(s[idx], d[idx], size, idx, band).tolist()
+                shared = issuer.submit(s[:3], d[:3], size, np.arange(3), band)
+                mine += shared.tolist()
+            issuer.wait(mine, timeout_s=60)
+            results[k] = mine
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert np.array_equal(src, dst)
+    stats = issuer.stats()["bands"]
+    done = sum(b["copies"] for b in stats.values())
+    submitted = sum(b["submitted"] for b in stats.values())
+    assert done == submitted >= n
+    _replay(issuer)
+
+
+def test_shutdown_with_work_queued_and_in_flight_frees_everything() -> None:
+    gc.collect()
+    base = native_live_counts()
+    iss = H2DIssuer(
+        backend="host", chunk_bytes=CHUNK, window_bytes=2 * CHUNK, emulated_link_gbps=1.0
+    )
+    src, dst = _buffers(iss, 64 * CHUNK)
+    region = np.zeros(3 * CHUNK, dtype=np.uint8)
+    iss.register_host(region.ctypes.data, region.nbytes)
+    t = iss.submit(
+        _slots(src, 64, CHUNK), _slots(dst, 64, CHUNK), CHUNK, np.arange(64), Band.BACKGROUND
+    )
+    counts = native_live_counts()
+    assert counts["issuers"] == base["issuers"] + 1
+    assert counts["threads"] == base["threads"] + 2  # worker + host link engine
+    assert counts["pinned_allocations"] == base["pinned_allocations"] + 2
+    assert counts["registrations"] == base["registrations"] + 1
+    iss.close()  # returns while copies are queued and in flight
+    iss.close()  # idempotent
+    assert iss.closed
+    states = iss.states(t)
+    assert set(states.tolist()) <= {STATE_DONE, STATE_CANCELLED}
+    assert (states == STATE_CANCELLED).any()
+    with pytest.raises(CopyCancelledError):
+        iss.wait(t)
+    with pytest.raises(RuntimeError, match="closed"):
+        iss.submit(_slots(src, 1, CHUNK), _slots(dst, 1, CHUNK), CHUNK, [0], Band.ON_DEMAND)
+    assert native_live_counts()["threads"] == base["threads"]
+    assert native_live_counts()["registrations"] == base["registrations"]
+    del iss, src, dst, t
+    gc.collect()
+    assert native_live_counts() == base
+
+
+def test_pinned_array_views_and_torch_wraps_it(issuer: H2DIssuer) -> None:
+    arr = issuer.pinned_array((4, 1000), np.float32)
+    assert arr.shape == (4, 1000) and arr.dtype == np.float32
+    assert arr.ctypes.data % 4096 == 0
+    arr[:] = 1.5
+    buf = issuer.alloc_pinned(1 << 16)
+    view = np.frombuffer(buf, dtype=np.uint8)
+    with pytest.raises(BufferError):
+        buf.free()  # a view is alive
+    del view
+    buf.free()
+    assert buf.ptr == 0
+    torch = pytest.importorskip("torch")
+    tensor = torch.from_numpy(arr)
+    assert tensor.data_ptr() == arr.ctypes.data
+    assert float(tensor.sum()) == 1.5 * 4000
+
+
+def _wait_for(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("condition not reached")
+        time.sleep(1e-3)
+
+
+def test_window_holds_at_most_its_bytes(issuer: H2DIssuer) -> None:
+    src, dst = _buffers(issuer, 16 * CHUNK)
+    issuer._native.test_hold_link(True)
+    t = issuer.submit(
+        _slots(src, 4, 4 * CHUNK),
+        _slots(dst, 4, 4 * CHUNK),
+        4 * CHUNK,
+        np.arange(4),
+        Band.BACKGROUND,
+    )
+    _wait_for(lambda: issuer.stats()["inflight_chunks"] == 2)
+    stats = issuer.stats()
+    assert stats["inflight_bytes"] == issuer.window_bytes
+    assert stats["queued_copies"] == 4
+    log = records_from_log(issuer.debug_log())
+    assert sum(e.kind == LOG_START for e in log) == 2
+    issuer._native.test_hold_link(False)
+    issuer.wait(t, timeout_s=30)
+    _replay(issuer)

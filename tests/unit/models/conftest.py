@@ -1,0 +1,113 @@
+"""Fixtures for the models/cache tests: a tiny checkpoint per arch and a fake
+copy issuer (the real host-backend issuer is used where it is importable)."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from pdflash.protocols import Band
+
+ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+
+
+class FakeIssuer:
+    """A CopyIssuer that records submissions and copies when waited on (or
+    immediately with ``eager=True``); ``fail_keys`` makes those copies fail."""
+
+    backend = "host"
+
+    def __init__(self, eager: bool = False) -> None:
+        self.eager = eager
+        self.queue: dict[
+            int, tuple[int, int, int, int, Band]
+        ] = {}  # ticket -> (src,dst,n,key,band)
+        self.ticket_of_key: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.submitted: list[tuple[int, Band]] = []  # (key, band)
+        self.fail_keys: set[int] = set()
+        self._next = 0
+
+    def submit(
+        self, src: Any, dst: Any, nbytes: Any, keys: Any, band: Band
+    ) -> npt.NDArray[np.int64]:
+        out = []
+        for s, d, n, k in zip(
+            *(np.asarray(a, dtype=np.int64).reshape(-1) for a in (src, dst, nbytes, keys)),
+            strict=True,
+        ):
+            k = int(k)
+            self.submitted.append((k, band))
+            t = self.ticket_of_key.get(k)
+            if t is not None and t not in self.done:
+                src0, dst0, n0, _, b0 = self.queue[t]
+                self.queue[t] = (src0, dst0, n0, k, min(b0, band))
+                out.append(t)
+                continue
+            t = self._next
+            self._next += 1
+            self.queue[t] = (int(s), int(d), int(n), k, band)
+            self.ticket_of_key[k] = t
+            out.append(t)
+            if self.eager:
+                self._run(t)
+        return np.asarray(out, dtype=np.int64)
+
+    def _run(self, t: int) -> None:
+        if t in self.done:
+            return
+        s, d, n, k, _ = self.queue[t]
+        if k in self.fail_keys:
+            raise RuntimeError(f"copy {k} failed")
+        ctypes.memmove(d, s, n)
+        self.done.add(t)
+
+    def poll(self, tickets: Any) -> npt.NDArray[np.bool_]:
+        return np.asarray(
+            [int(t) in self.done for t in np.asarray(tickets).reshape(-1)], dtype=np.bool_
+        )
+
+    def wait(self, tickets: Any, timeout_s: float | None = None) -> None:
+        for t in np.asarray(tickets, dtype=np.int64).reshape(-1).tolist():
+            self._run(t)
+
+    def stream_wait(self, tickets: Any, stream_handle: int) -> None:
+        self.wait(tickets)
+
+    def cancel(self, band: Band | None = None) -> int:
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        return {"copies": len(self.done)}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_issuer() -> FakeIssuer:
+    return FakeIssuer()
+
+
+@pytest.fixture(scope="session")
+def fake_issuer_cls() -> type[FakeIssuer]:
+    return FakeIssuer
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from pdflash.models import write_synthetic_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny_ckpts")
+    return {
+        arch: write_synthetic_checkpoint(
+            root / arch, arch, "tiny", dtype=torch.float32, seed=1, shard_bytes=20_000
+        )
+        for arch in ARCHS
+    }

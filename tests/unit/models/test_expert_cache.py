@@ -1,0 +1,247 @@
+"""ExpertCache: sizing, pins, eviction policies, prefetch bands, counters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pdflash.cache import (
+    CacheTooSmallError,
+    ExpertCache,
+    LFUPolicy,
+    LRUPolicy,
+    RouteAheadPolicy,
+    make_policy,
+)
+from pdflash.metrics import NotMeasured
+from pdflash.protocols import Band, CopyIssuer
+
+NBYTES = 64
+
+
+class Source:
+    """Experts with recognisable bytes: expert g is filled with g % 251."""
+
+    def __init__(self, layers: int = 3, experts: int = 4) -> None:
+        self.num_layers, self.num_experts, self.expert_nbytes = layers, experts, NBYTES
+        ids = torch.arange(layers * experts) % 251
+        self.buffer = ids.to(torch.uint8).repeat_interleave(NBYTES)
+
+    def host_ptrs(self, flat_ids: Any) -> np.ndarray:
+        return self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * NBYTES
+
+
+def _cache(issuer: Any, slots: int = 4, **kw: Any) -> ExpertCache:
+    kw.setdefault("top_k", 2)
+    kw.setdefault("max_batch_tokens", 1)
+    return ExpertCache(Source(), issuer, num_slots=slots, **kw)
+
+
+def test_fake_issuer_satisfies_the_protocol(fake_issuer: Any) -> None:
+    assert isinstance(fake_issuer, CopyIssuer)
+
+
+def test_sizing_by_bytes_fraction_and_too_small(fake_issuer: Any) -> None:
+    src = Source()
+    assert (
+        ExpertCache(
+            src, fake_issuer, capacity_bytes=5 * NBYTES + 7, top_k=2, max_batch_tokens=1
+        ).num_slots
+        == 5
+    )
+    assert ExpertCache(src, fake_issuer, fraction=0.5, top_k=2, max_batch_tokens=1).num_slots == 6
+    assert ExpertCache(src, fake_issuer, fraction=1.0, top_k=4, max_batch_tokens=99).num_slots == 12
+    with pytest.raises(
+        CacheTooSmallError,
+        match=r"3 slots .* needs min\(num_experts=4, top_k=2 x max_batch_tokens=2\) = 4 slots",
+    ):
+        ExpertCache(src, fake_issuer, num_slots=3, top_k=2, max_batch_tokens=2)
+    with pytest.raises(ValueError, match="exactly one"):
+        ExpertCache(src, fake_issuer, num_slots=3, fraction=0.5, top_k=2)
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\]"):
+        ExpertCache(src, fake_issuer, fraction=1.5, top_k=2)
+
+
+def test_ensure_resident_copies_the_right_bytes_and_counts(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    slots = cache.ensure_resident([5, 2])
+    for g, s in zip([5, 2], slots.tolist(), strict=True):
+        assert torch.all(cache.slot_tensor(s) == g)
+    assert [b for _, b in fake_issuer.submitted] == [Band.ON_DEMAND] * 2
+    cache.release([5, 2])
+    cache.ensure_resident([2, 7])
+    cache.release([2, 7])
+    st_ = cache.stats()
+    assert (st_["hits"], st_["misses"], st_["copies"], st_["bytes_in"]) == (1, 3, 3, 3 * NBYTES)
+    assert st_["hit_rate"] == pytest.approx(0.25)
+    assert st_["useful_byte_fraction"] == pytest.approx(1.0)
+
+
+def test_empty_ratios_are_not_measured(fake_issuer: Any) -> None:
+    st_ = _cache(fake_issuer).stats()
+    assert isinstance(st_["hit_rate"], NotMeasured) and isinstance(
+        st_["useful_byte_fraction"], NotMeasured
+    )
+
+
+def test_pinned_experts_are_never_evicted_and_overflow_is_rejected(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    cache.ensure_resident([0, 1, 2])  # pinned
+    before = (cache.slot_of.copy(), cache.pins.copy(), cache.misses)
+    with pytest.raises(CacheTooSmallError, match="2 distinct experts requested but only 1"):
+        cache.ensure_resident([3, 4])
+    assert np.array_equal(cache.slot_of, before[0]) and np.array_equal(cache.pins, before[1])
+    assert cache.misses == before[2]  # state unchanged by the rejected call
+    cache.ensure_resident([3])
+    cache.release([3])
+    cache.ensure_resident([4])  # must evict 3, the only unpinned expert
+    assert cache.is_resident([0, 1, 2, 4]).all() and not cache.is_resident([3])[0]
+    with pytest.raises(ValueError, match="expert 9 is not pinned"):
+        cache.release([9])
+
+
+def test_lru_evicts_least_recently_used(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer, policy="lru")
+    for g in [0, 1, 2, 3]:
+        cache.ensure_resident([g])
+        cache.release([g])
+    cache.ensure_resident([0])
+    cache.release([0])
+    cache.ensure_resident([4])
+    assert not cache.is_resident([1])[0] and cache.is_resident([0, 2, 3, 4]).all()
+
+
+def test_lfu_evicts_least_frequently_used(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer, policy=LFUPolicy())
+    for g, times in [(0, 3), (1, 1), (2, 2), (3, 2)]:
+        for _ in range(times):
+            cache.ensure_resident([g])
+            cache.release([g])
+    cache.ensure_resident([4])
+    assert not cache.is_resident([1])[0]
+
+
+def test_route_ahead_policy_protects_predicted(fake_issuer: Any) -> None:
+    policy = RouteAheadPolicy(LRUPolicy())
+    cache = _cache(fake_issuer, policy=policy)
+    for g in [0, 1, 2, 3]:
+        cache.ensure_resident([g])
+        cache.release([g])
+    cache.set_predicted([0, 1])
+    cache.ensure_resident([4])  # LRU alone would evict 0
+    assert not cache.is_resident([2])[0] and cache.is_resident([0, 1]).all()
+    cache.release([4])
+    cache.set_predicted([0, 1, 3, 4])
+    cache.ensure_resident([5])  # everything unpinned is predicted: falls back to LRU order
+    assert not cache.is_resident([0])[0]
+    with pytest.raises(TypeError, match="does not take predictions"):
+        _cache(fake_issuer, policy="lfu").set_predicted([1])
+    with pytest.raises(ValueError, match="unknown eviction policy 'mru'"):
+        make_policy("mru")
+
+
+def test_prefetch_then_on_demand_promotes_the_same_copy(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    tickets = cache.prefetch([1, 2], Band.ROUTE_AHEAD)
+    assert (tickets >= 0).all() and not fake_issuer.poll(tickets).any()  # in flight
+    slots = cache.ensure_resident([2])
+    assert torch.all(cache.slot_tensor(int(slots[0])) == 2)
+    key2 = fake_issuer.submitted[1][0]
+    assert fake_issuer.submitted[-1] == (key2, Band.ON_DEMAND)  # promoted, not a new key
+    assert cache.copies == 2 and cache.hits == 1 and cache.inflight_hits == 1
+    cache.release([2])
+    # resident and done: prefetch returns -1 and copies nothing
+    assert cache.prefetch([2]).tolist() == [-1]
+    assert cache.copies == 2
+
+
+def test_prefetch_never_evicts_pinned_or_inflight_and_counts_waste(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    cache.ensure_resident([0, 1])
+    cache.prefetch([2, 3], Band.BACKGROUND)  # fills the cache; in flight
+    t = cache.prefetch([4, 5], Band.ROUTE_AHEAD)
+    assert t.tolist() == [-1, -1] and cache.prefetch_dropped == 2
+    fake_issuer.wait(cache.ticket[cache.ticket >= 0])
+    t = cache.prefetch([4], Band.ROUTE_AHEAD)  # now 2 or 3 may go (done, unpinned, never used)
+    assert t[0] >= 0 and cache.evictions == 1
+    assert cache.bytes_evicted_unused == NBYTES and cache.prefetch_bytes_evicted_unused == NBYTES
+    assert cache.stats()["useful_byte_fraction"] == pytest.approx(2 / 5)
+
+
+def test_failed_copy_leaves_no_pin_and_no_residency(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    fake_issuer.fail_keys.add(0)
+    with pytest.raises(RuntimeError, match="copy 0 failed"):
+        cache.ensure_resident([6])
+    assert not cache.is_resident([6])[0] and int(cache.pins.sum()) == 0
+    fake_issuer.fail_keys.clear()
+    slots = cache.ensure_resident([6])
+    assert torch.all(cache.slot_tensor(int(slots[0])) == 6)
+
+
+def test_out_of_range_ids(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    with pytest.raises(ValueError, match=r"expert id 12 out of range \[0, 12\)"):
+        cache.ensure_resident([12])
+    with pytest.raises(ValueError, match="expert id -1"):
+        cache.prefetch([-1])
+
+
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["use", "prefetch", "complete", "predict"]),
+            st.lists(st.integers(0, 11), min_size=1, max_size=4),
+            st.sampled_from(list(Band)),
+        ),
+        max_size=40,
+    ),
+    policy=st.sampled_from(["lru", "lfu", "route_ahead"]),
+    slots=st.integers(4, 8),
+)
+def test_cache_invariants_under_random_traffic(
+    fake_issuer_cls: Any, ops: list[Any], policy: str, slots: int
+) -> None:
+    issuer = fake_issuer_cls()
+    cache = _cache(issuer, slots=slots, policy=policy)
+    pinned: list[list[int]] = []
+    for op, ids, band in ops:
+        if op == "use":
+            before_pinned = set(cache.expert_of[cache.pins > 0].tolist())
+            snapshot = (cache.slot_of.copy(), cache.pins.copy(), cache.copies, cache.hits)
+            try:
+                got = cache.ensure_resident(ids)
+            except CacheTooSmallError:
+                # rejected (pinned / in-flight slots): nothing changed
+                assert np.array_equal(cache.slot_of, snapshot[0])
+                assert np.array_equal(cache.pins, snapshot[1])
+                assert (cache.copies, cache.hits) == snapshot[2:]
+                continue
+            for g, s in zip(ids, got.tolist(), strict=True):
+                assert torch.all(cache.slot_tensor(s) == g)  # the right bytes, readable now
+            assert before_pinned <= set(cache.expert_of[cache.pins > 0].tolist())
+            pinned.append(ids)
+            if len(pinned) > 2:
+                cache.release(pinned.pop(0))
+        elif op == "prefetch":
+            pinned_before = set(cache.expert_of[cache.pins > 0].tolist())
+            cache.prefetch(ids, band)
+            assert pinned_before <= set(cache.expert_of[cache.pins > 0].tolist())
+        elif op == "complete":
+            issuer.wait(list(issuer.queue))
+        elif policy == "route_ahead":
+            cache.set_predicted(ids)
+        # residency maps are inverse of each other
+        res = np.flatnonzero(cache.slot_of >= 0)
+        assert np.array_equal(cache.expert_of[cache.slot_of[res]], res)
+        occupied = np.flatnonzero(cache.expert_of >= 0)
+        assert np.array_equal(cache.slot_of[cache.expert_of[occupied]], occupied)
+        assert (cache.pins >= 0).all() and (cache.pins[cache.expert_of < 0] == 0).all()
+        assert cache.bytes_in == cache.copies * NBYTES
+        assert cache.bytes_used + cache.bytes_evicted_unused <= cache.bytes_in
+        assert cache.hits + cache.misses >= cache.inflight_hits
