@@ -42,3 +42,29 @@ def test_routine_option_and_subcommand_agree(capsys: pytest.CaptureFixture[str])
     cli.main(["bm4", "--device", "cpu", "--json"])
     b = json.loads(capsys.readouterr().out)
     assert a == b
+
+
+def test_bm2_on_host_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bm2", "--device", "cpu", "--iters", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["measured"] is True and result["backend"] == "host"
+    assert result["copies"] == 768
+    assert result["issue_us_768"] > 0 and result["naive_issue_us_768"] > 0
+    assert result["issue_speedup"] == pytest.approx(
+        result["naive_issue_us_768"] / result["issue_us_768"]
+    )
+    assert result["pass"] == (result["issue_us_768"] <= 25.0)
+
+
+def test_bm3_on_host_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["bm3", "--device", "cpu", "--iters", "4", "--on-demand-mib", "1"]
+    assert cli.main([*argv, "--emulated-link-gbps", "4", "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["measured"] is True and result["background_backlog_nbytes"] == 8 << 20
+    # without bands the on-demand copy queues behind the whole 8 MiB backlog
+    assert result["bands_off_under_load_us"] > result["on_demand_alone_us"]
+    assert result["bands_on_slowdown"] == pytest.approx(
+        result["bands_on_under_load_us"] / result["on_demand_alone_us"]
+    )
+    assert captured.err.startswith("BM3: PASS" if result["pass"] else "BM3: FAIL")
