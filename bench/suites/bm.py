@@ -225,8 +225,92 @@ def bm4(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------- others
 
 
+def model_preset(arch: str) -> tuple[str, str]:
+    """``--arch`` name -> (HF architecture, synthetic preset) of pdflash.models."""
+    from pdflash.models import PRESET_ARCH
+
+    if arch == "tiny":
+        return "qwen3_moe", "tiny"
+    names = {name.split("-")[0]: name for name in PRESET_ARCH}  # "olmoe" -> "olmoe-1b-7b"
+    preset = arch if arch in PRESET_ARCH else names.get(arch)
+    if preset is None:
+        raise SystemExit(
+            f"--arch {arch!r}: no synthetic preset; known: tiny, {', '.join(PRESET_ARCH)}"
+        )
+    return PRESET_ARCH[preset], preset
+
+
 def bm1(args: argparse.Namespace) -> dict[str, Any]:
-    return _pending("bm1", "pdflash.routeahead", args)
+    """Route-ahead's approximate router pass over a drafted block vs the
+    verify forward of the same B tokens, on a synthetic model with every
+    expert resident (so the verify time is compute, not copies)."""
+    import tempfile
+
+    import torch
+
+    ra, reason = _optional("pdflash.routeahead")
+    if ra is None:
+        return _not_measured("bm1", reason)
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter, write_synthetic_checkpoint
+    from pdflash.protocols import DraftedBlock
+
+    device = _device(args.device)
+    hf_arch, preset = model_preset(args.arch)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    with tempfile.TemporaryDirectory(prefix="pdflash-bm1-") as tmp:
+        write_synthetic_checkpoint(
+            tmp,
+            hf_arch,
+            preset,
+            num_layers=args.layers,
+            dtype=dtype,
+            seed=args.seed,
+            device="cuda" if device.startswith("cuda") else "cpu",
+        )
+        with H2DIssuer(backend="cuda" if device.startswith("cuda") else "host") as issuer:
+            adapter = load_adapter(
+                tmp,
+                device=device,
+                issuer=issuer,
+                cache_fraction=1.0,
+                max_batch_tokens=args.block_size,
+            )
+            try:
+                gen = torch.Generator().manual_seed(args.seed)
+                ids = torch.randint(0, adapter.vocab_size, (args.block_size,), generator=gen)
+                block = DraftedBlock(
+                    request_id=0, token_ids=ids.to(device), positions=torch.arange(args.block_size)
+                )
+                predictor = ra.ApproxRouterPredictor(adapter, proxy="embed")
+                adapter.forward_logits(ids)  # warm: every expert copied in once
+                predictor.predict(block)
+                verify_s = _median_time(lambda: adapter.forward_logits(ids), args.iters, sync)
+                router_s = _median_time(lambda: predictor.predict(block), args.iters, sync)
+                shape = (adapter.num_layers, adapter.num_experts, adapter.top_k)
+            finally:
+                adapter.close()
+    ratio = router_s / verify_s
+    return {
+        "routine": "bm1",
+        "measured": True,
+        "arch": args.arch,
+        "synthetic_preset": preset,
+        "layers": shape[0],
+        "experts": shape[1],
+        "top_k": shape[2],
+        "device": device,
+        "block_size": args.block_size,
+        "iters": args.iters,
+        "router_pass_us": router_s * 1e6,
+        "verify_forward_us": verify_s * 1e6,
+        "router_to_verify": ratio,
+        "note": "verify = one B-token target forward, all experts resident (no KV context)",
+        "target": "router pass cheaper than verify (ratio < 1)",
+        "summary": f"router pass {router_s * 1e6:.0f} us = {ratio:.1%} of verify {verify_s * 1e6:.0f} us",
+        "pass": ratio < 1.0,
+    }
 
 
 class _Buffers:
