@@ -68,3 +68,46 @@ def test_bm3_on_host_backend(capsys: pytest.CaptureFixture[str]) -> None:
         result["bands_on_under_load_us"] / result["on_demand_alone_us"]
     )
     assert captured.err.startswith("BM3: PASS" if result["pass"] else "BM3: FAIL")
+
+
+def test_bm1_tiny_on_cpu(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bm1", "--device", "cpu", "--iters", "3", "--block-size", "8", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["measured"] is True and result["synthetic_preset"] == "tiny"
+    assert result["block_size"] == 8
+    assert result["router_pass_us"] > 0 and result["verify_forward_us"] > 0
+    assert result["router_to_verify"] == pytest.approx(
+        result["router_pass_us"] / result["verify_forward_us"]
+    )
+    assert result["pass"] == (result["router_to_verify"] < 1)
+
+
+def test_bm5_native_matches_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bm5", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    part = result["parts"]["routeahead"]
+    assert part["measured"] and part["counters_compared"] >= 2
+    assert part["differing_counters"] == [] and result["pass"] is True
+    assert 0 < part["coverage"] < 1  # the generated predictions are imperfect
+    assert part["wasted_bytes"] > 0
+
+
+def test_bm5_reports_a_planted_difference(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pdflash._reference import routeahead as ref
+
+    original = ref.RouteAheadReference.record_eviction
+
+    def off_by_one(self: ref.RouteAheadReference, flat_ids: object) -> int:
+        # drop the first evicted expert: the reference diverges on evictions
+        import numpy as np
+
+        return int(original(self, np.asarray(flat_ids)[1:]))
+
+    monkeypatch.setattr(ref.RouteAheadReference, "record_eviction", off_by_one)
+    cli.main(["bm5", "--json"])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["pass"] is False
+    assert captured.err.startswith("BM5: FAIL — routeahead DIFFERS")
