@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,7 +97,7 @@ class _NoBar:
         pass
 
     def write(self, s: str) -> None:
-        pass
+        print(s, file=sys.stderr)
 
     def close(self) -> None:
         pass

@@ -198,34 +198,54 @@ def recorded_keys(rows_path: Path) -> set[tuple[Any, ...]]:
 
 
 def trace_fields(
-    routing_trace: Sequence[Any], cache_slots: int, expert_nbytes: int, committed_tokens: Any
+    routing_trace: Sequence[Any],
+    cache_slots: int,
+    expert_nbytes: int,
+    committed_tokens: Any,
+    initial_resident: Any = None,
 ) -> dict[str, Any]:
-    """Routing-trace figures for a row: routed bytes and the Belady replay."""
+    """Routing-trace figures for a row: routed bytes and the Belady replay.
+
+    ``belady_bytes`` replays from the engine's cache contents when the clock
+    started (``initial_resident``) when the engine reports them, else from an
+    empty cache (``belady_initial_state`` says which);
+    ``belady_free_start_bytes`` lets the optimum choose its starting contents
+    for free (a lower bound on any policy from any state).
+    """
     import numpy as np
 
     from pdflash.metrics import NotMeasured, metrics_to_json
-    from pdflash.report.belady import belady
+    from pdflash.report.belady import belady, free_start_loads
 
     steps = [np.unique(np.asarray(ids, dtype=np.int64).reshape(-1)) for ids in routing_trace]
-    routed = sum(int(s.size) for s in steps) * int(expert_nbytes)
     metrics: dict[str, float | NotMeasured] = {
-        "routed_expert_bytes": float(routed),
-        "trace_forward_layers": float(len(steps)),
-        "cache_slots": float(cache_slots),
-        "expert_nbytes": float(expert_nbytes),
+        "routed_expert_bytes": float(sum(int(s.size) for s in steps) * int(expert_nbytes)),
     }
     if not steps:
         reason = "empty routing trace: no forward layer recorded"
-        metrics["belady_bytes"] = NotMeasured(reason)
-        metrics["belady_bytes_per_token"] = NotMeasured(reason)
+        for name in ("belady_bytes", "belady_bytes_per_token", "belady_free_start_bytes"):
+            metrics[name] = NotMeasured(reason)
+        initial_state = "none"
     else:
-        replay = belady(steps, int(cache_slots), int(expert_nbytes))
+        cold = belady(steps, int(cache_slots), int(expert_nbytes))
+        metrics["belady_free_start_bytes"] = float(free_start_loads(cold) * int(expert_nbytes))
+        if initial_resident is not None:
+            replay = belady(steps, int(cache_slots), int(expert_nbytes), initial=initial_resident)
+            initial_state = "engine"
+        else:
+            replay = cold
+            initial_state = "empty"
         metrics["belady_bytes"] = float(replay.bytes_moved)
         if isinstance(committed_tokens, (int, float)) and committed_tokens > 0:
             metrics["belady_bytes_per_token"] = replay.bytes_moved / committed_tokens
         else:
             metrics["belady_bytes_per_token"] = NotMeasured("no committed tokens")
-    return metrics_to_json(metrics)
+    out = metrics_to_json(metrics)
+    out["trace_forward_layers"] = len(steps)
+    out["cache_slots"] = int(cache_slots)
+    out["expert_nbytes"] = int(expert_nbytes)
+    out["belady_initial_state"] = initial_state
+    return out
 
 
 def augment_row(row: Mapping[str, Any], result: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -233,7 +253,11 @@ def augment_row(row: Mapping[str, Any], result: Any, spec: Mapping[str, Any]) ->
     out = dict(row)
     reasons = dict(out.get("not_measured") or {})
     extra = trace_fields(
-        result.routing_trace, result.cache_slots, result.expert_nbytes, row.get("committed_tokens")
+        result.routing_trace,
+        result.cache_slots,
+        result.expert_nbytes,
+        row.get("committed_tokens"),
+        getattr(result, "initial_resident", None),
     )
     extra_reasons = extra.pop("not_measured", {})
     assert isinstance(extra_reasons, dict)

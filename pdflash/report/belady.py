@@ -3,7 +3,8 @@
 The trace is what the engine's forward layers actually needed, in execution
 order: ``trace[t]`` holds the flat expert ids (DESIGN's ``layer * E + expert``)
 that forward-layer step ``t`` routed to. The simulated cache has ``slots``
-equal-sized slots and starts empty.
+equal-sized slots and starts empty, or holding a given initial set (the
+engine's cache at the moment its clock started).
 
 Model (demand paging, the same one the engine's cache obeys):
 
@@ -67,8 +68,11 @@ def _steps(trace: Sequence[npt.ArrayLike]) -> list[npt.NDArray[np.int64]]:
     return steps
 
 
-def _next_use(steps: list[npt.NDArray[np.int64]]) -> list[npt.NDArray[np.int64]]:
-    """For each step and each of its ids, the next step that uses the id."""
+def _next_use(
+    steps: list[npt.NDArray[np.int64]],
+) -> tuple[list[npt.NDArray[np.int64]], dict[int, int]]:
+    """For each step and each of its ids, the next step that uses the id;
+    and each id's first use."""
     upcoming: dict[int, int] = {}
     out: list[npt.NDArray[np.int64]] = [np.empty(0, np.int64)] * len(steps)
     for t in range(len(steps) - 1, -1, -1):
@@ -76,7 +80,18 @@ def _next_use(steps: list[npt.NDArray[np.int64]]) -> list[npt.NDArray[np.int64]]
         out[t] = np.fromiter((upcoming.get(g, _NEVER) for g in ids), np.int64, len(ids))
         for g in ids:
             upcoming[g] = t
-    return out
+    return out, upcoming
+
+
+def _initial(initial: npt.ArrayLike | None, slots: int) -> list[int]:
+    if initial is None:
+        return []
+    ids = np.unique(np.asarray(initial, dtype=np.int64).reshape(-1))
+    if ids.size > slots:
+        raise ValueError(f"initial resident set has {ids.size} experts, more than {slots} slots")
+    if ids.size and ids[0] < 0:
+        raise ValueError(f"initial resident set has a negative expert id {int(ids[0])}")
+    return [int(g) for g in ids.tolist()]
 
 
 def _check(slots: int, expert_nbytes: int) -> None:
@@ -88,13 +103,21 @@ def _check(slots: int, expert_nbytes: int) -> None:
         raise ValueError(f"expert_nbytes must be >= 0, got {expert_nbytes}")
 
 
-def belady(trace: Sequence[npt.ArrayLike], slots: int, expert_nbytes: int) -> ReplayResult:
-    """Loads and bytes of the offline-optimal replacement for ``trace``."""
+def belady(
+    trace: Sequence[npt.ArrayLike],
+    slots: int,
+    expert_nbytes: int,
+    initial: npt.ArrayLike | None = None,
+) -> ReplayResult:
+    """Loads and bytes of the offline-optimal replacement for ``trace``,
+    starting from the ``initial`` resident experts (default: an empty cache)."""
     _check(slots, expert_nbytes)
     steps = _steps(trace)
-    next_use = _next_use(steps)
-    resident: dict[int, int] = {}  # expert -> its next use (the heap's truth)
-    heap: list[tuple[int, int]] = []  # (-next_use, expert), lazily invalidated
+    next_use, first_use = _next_use(steps)
+    # expert -> its next use (the heap's truth)
+    resident: dict[int, int] = {g: first_use.get(g, _NEVER) for g in _initial(initial, slots)}
+    heap: list[tuple[int, int]] = [(-nu, g) for g, nu in resident.items()]
+    heapq.heapify(heap)
     loads = accesses = 0
     seen: set[int] = set()
     for t, ids_arr in enumerate(steps):
@@ -138,12 +161,18 @@ def belady(trace: Sequence[npt.ArrayLike], slots: int, expert_nbytes: int) -> Re
     )
 
 
-def lru(trace: Sequence[npt.ArrayLike], slots: int, expert_nbytes: int) -> ReplayResult:
+def lru(
+    trace: Sequence[npt.ArrayLike],
+    slots: int,
+    expert_nbytes: int,
+    initial: npt.ArrayLike | None = None,
+) -> ReplayResult:
     """The same replay under least-recently-used replacement (a reference
     point: Belady never moves more)."""
     _check(slots, expert_nbytes)
     steps = _steps(trace)
-    order: dict[int, int] = {}  # expert -> last step used; dict keeps LRU order
+    # expert -> last step used; dict order is the LRU order
+    order: dict[int, int] = dict.fromkeys(_initial(initial, slots), -1)
     loads = accesses = 0
     seen: set[int] = set()
     for t, ids_arr in enumerate(steps):
@@ -170,3 +199,11 @@ def lru(trace: Sequence[npt.ArrayLike], slots: int, expert_nbytes: int) -> Repla
         distinct_experts=len(seen),
         slots=int(slots),
     )
+
+
+def free_start_loads(result: ReplayResult) -> int:
+    """Loads of the optimum when it may also choose the cache's initial
+    contents for free: Belady's loads from an empty cache minus the loads
+    that filled empty slots (``min(slots, distinct experts)``). A lower bound
+    on what any policy moves from any starting state."""
+    return max(0, result.loads - min(result.slots, result.distinct_experts))

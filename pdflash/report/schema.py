@@ -78,6 +78,7 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "expert_nbytes",
     "belady_bytes",
     "belady_bytes_per_token",
+    "belady_free_start_bytes",
     "bytes_per_token_vs_belady",
     "draft_busy_s",
     "router_busy_s",

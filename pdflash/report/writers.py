@@ -286,7 +286,9 @@ def markdown_report(
                     t["threshold"],
                     "n/a" if t.get("applies") is False else t["met"],
                     t["miss"],
-                    t.get("not_applicable") or t.get("not_measured", {}).get("value", ""),
+                    t.get("not_applicable")
+                    or t.get("not_measured", {}).get("value")
+                    or t.get("note", ""),
                 ]
                 for t in evaluation["targets"]
             ],

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pdflash.report.belady import belady, lru
+from pdflash.report.belady import belady, free_start_loads, lru
 
 
-def brute_force_loads(trace: list[list[int]], slots: int) -> int:
+def brute_force_loads(
+    trace: list[list[int]], slots: int, initial: frozenset[int] = frozenset()
+) -> int:
     """Exhaustive optimum under the model of pdflash.report.belady: the cache
     after step t is any set of <= slots experts drawn from (resident before t)
     ∪ (step t's experts) that contains all of step t's experts when they fit;
@@ -39,7 +41,7 @@ def brute_force_loads(trace: list[list[int]], slots: int) -> int:
                 options.append(frozenset(keep))
         return cost + min(best(t + 1, s) for s in options)
 
-    return best(0, frozenset())
+    return best(0, initial)
 
 
 def test_classic_textbook_trace() -> None:
@@ -124,3 +126,41 @@ def test_long_trace_heap_path() -> None:
     assert result.distinct_experts == 24 * 32
     assert result.distinct_experts <= result.loads <= lru(trace, 154, 1 << 20).loads
     assert result.accesses == sum(len(s) for s in trace)
+
+
+def test_initial_resident_set_hand_computed() -> None:
+    # 2 slots holding {0, 1} at the start: steps {0}, {2}, {1} -> one load (2, evicting 0)
+    trace = [[0], [2], [1]]
+    assert belady(trace, 2, 1, initial=[0, 1]).loads == 1
+    assert belady(trace, 2, 1).loads == 3
+    # LRU evicts 1 (0 was just used) and then misses it: 2 loads
+    assert lru(trace, 2, 1, initial=[0, 1]).loads == 2
+    with pytest.raises(ValueError, match="3 experts, more than 2 slots"):
+        belady(trace, 2, 1, initial=[0, 1, 2])
+
+
+@given(
+    trace=traces,
+    slots=st.integers(1, 4),
+    initial=st.frozensets(st.integers(0, 6), max_size=4),
+)
+def test_belady_from_a_warm_cache_matches_exhaustive_search(
+    trace: list[list[int]], slots: int, initial: frozenset[int]
+) -> None:
+    initial = frozenset(sorted(initial)[:slots])
+    assert belady(trace, slots, 1, initial=sorted(initial)).loads == brute_force_loads(
+        trace, slots, initial
+    )
+
+
+@given(trace=traces, slots=st.integers(1, 3))
+def test_free_start_is_the_best_initial_set(trace: list[list[int]], slots: int) -> None:
+    # only steps that fit the cache: the streamed-step model has no free-start formula
+    trace = [step for step in trace if len(set(step)) <= slots]
+    universe = sorted({g for step in trace for g in step})
+    best = min(
+        brute_force_loads(trace, slots, frozenset(start))
+        for k in range(min(slots, len(universe)) + 1)
+        for start in itertools.combinations(universe, k)
+    )
+    assert free_start_loads(belady(trace, slots, 1)) == best
