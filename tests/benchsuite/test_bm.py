@@ -58,11 +58,11 @@ def test_bm2_on_host_backend(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_bm3_on_host_backend(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bm3", "--device", "cpu", "--iters", "4", "--on-demand-mib", "1"]
-    assert cli.main([*argv, "--emulated-link-gbps", "4", "--json"]) == 0
+    assert cli.main([*argv, "--emulated-link-gbps", "1", "--json"]) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert result["measured"] is True and result["background_backlog_nbytes"] == 8 << 20
-    # without bands the on-demand copy queues behind the whole 8 MiB backlog
+    # without bands the on-demand copy queues behind the 8 MiB backlog (8 ms at 1 GB/s)
     assert result["bands_off_under_load_us"] > result["on_demand_alone_us"]
     assert result["bands_on_slowdown"] == pytest.approx(
         result["bands_on_under_load_us"] / result["on_demand_alone_us"]
