@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from pdflash.bench import cli
-from pdflash.bench.suites import matrix
+from pdflash.bench.suites import default, matrix
 
 from pdflash.report.belady import belady
 
@@ -185,7 +185,7 @@ def test_default_quick_with_fake_engine(
     if torch.cuda.is_available():
         assert {(s.device, s.emulated_link_gbps) for s in engine.specs} == {("cuda", None)}
     else:
-        assert {(s.device, s.emulated_link_gbps) for s in engine.specs} == {("cpu", 1.0)}
+        assert {(s.device, s.emulated_link_gbps) for s in engine.specs} == {("cpu", default.CPU_EMULATED_LINK_GBPS)}
 
 
 # ---------------------------------------------------------------- report
