@@ -18,6 +18,9 @@ from types import ModuleType
 
 # subcommand -> module under pdflash.bench.suites
 SUITES: dict[str, str] = {
+    "h2d": "h2d",
+    "moe": "moe",
+    "routeahead": "routeahead",
     "default": "default",
     "matrix": "matrix",
     "report": "report",

@@ -261,7 +261,7 @@ class H2DIssuer:
         :class:`~pdflash.metrics.NotMeasured` without samples).
         Top level: ``link_busy_s`` (summed chunk time on the link: CUDA event
         time, or the emulated link's time), ``uptime_s``, ``chunks``,
-        ``queued_copies``, ``inflight_chunks``, ``inflight_bytes``,
+        ``queued_copies``, ``queued_bytes`` (not yet issued), ``inflight_chunks``, ``inflight_bytes``,
         ``backend``, ``chunk_bytes``, ``window_bytes``.
         """
         raw: dict[str, Any] = self._native.stats()

@@ -6,6 +6,9 @@ cdef extern from *:
     """
     #include <stdint.h>
     #include <string.h>
+    #if defined(__SSE2__)
+    #include <emmintrin.h>
+    #endif
     #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     #error "pdflash_pack8 assumes a little-endian host"
     #endif
@@ -20,7 +23,18 @@ cdef extern from *:
         /* gather the 8 high bits into the top byte (little-endian byte order) */
         return ((x >> 7) * 0x0102040810204080ULL) >> 56;
     }
+    /* Pack 16 mask bytes into 16 bits (byte i -> bit i). */
+    static inline uint64_t pdflash_pack16(const uint8_t* p) {
+    #if defined(__SSE2__)
+        __m128i v = _mm_loadu_si128((const __m128i*)p);
+        int zero = _mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_setzero_si128()));
+        return (uint64_t)(~zero & 0xffff);
+    #else
+        return pdflash_pack8(p) | (pdflash_pack8(p + 8) << 8);
+    #endif
+    }
     """
     int popcount64 "pdflash_popcount64"(unsigned long long x) nogil
     int ctz64 "pdflash_ctz64"(unsigned long long x) nogil
     unsigned long long pack8 "pdflash_pack8"(const unsigned char* p) nogil
+    unsigned long long pack16 "pdflash_pack16"(const unsigned char* p) nogil

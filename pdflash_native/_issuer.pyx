@@ -329,6 +329,7 @@ cdef class NativeIssuer:
             "uptime_s": s.uptime_s,
             "chunks": s.chunks,
             "queued_copies": s.queued_copies,
+            "queued_bytes": s.queued_bytes,
             "inflight_chunks": s.inflight_chunks,
             "inflight_bytes": s.inflight_bytes,
         }

@@ -64,6 +64,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         double uptime_s
         uint64_t chunks
         uint64_t queued_copies
+        uint64_t queued_bytes
         uint64_t inflight_chunks
         uint64_t inflight_bytes
 

@@ -26,6 +26,8 @@ cdef enum:
     NUM_COUNT_KINDS
     # each count has a bytes twin at index + NUM_COUNT_KINDS
     NUM_COUNTERS = 2 * NUM_COUNT_KINDS
+    # bit planes of the per-step routed counts: counts up to 2**32 - 1 requests
+    COUNT_PLANES = 32
 
 
 cdef class RouteAheadAccumulator:
@@ -40,6 +42,7 @@ cdef class RouteAheadAccumulator:
     cdef int64_t[::1] _layer_nbytes      # (L,) the layer's common size, or -1
     cdef float[:, ::1] _freq             # (L, E)
     cdef int32_t[::1] _step_counts       # (L * E) requests routing each expert this step
+    cdef uint64_t[::1] _planes           # (L * W * COUNT_PLANES) bit-sliced step counts
     cdef uint64_t[:, ::1] _pending       # (L, W) prefetched, not yet used
     cdef uint64_t[:, ::1] _step_pred     # (L, W) scratch: union of P_r
     cdef uint64_t[:, ::1] _step_routed   # (L, W) scratch: union of U_r

@@ -13,7 +13,7 @@ Not thread-safe: one accumulator per engine thread.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memset
 
-from pdflash_native._bitops cimport ctz64, pack8, popcount64
+from pdflash_native._bitops cimport ctz64, pack8, pack16, popcount64
 
 import numpy as np
 
@@ -60,6 +60,9 @@ cdef void _pack_rows(const uint8_t* src, uint64_t* dst, Py_ssize_t rows,
         for w in range(words):
             dst[r * words + w] = 0
         e = 0
+        while e + 16 <= num_experts:
+            dst[r * words + (e >> 6)] |= pack16(row + e) << (e & 63)
+            e += 16
         while e + 8 <= num_experts:
             dst[r * words + (e >> 6)] |= pack8(row + e) << (e & 63)
             e += 8
@@ -118,31 +121,50 @@ def routed_bitsets_from_topk(object topk_ids, object token_request, int num_requ
     if num_requests < 0 or num_experts <= 0:
         raise ValueError(
             f"need num_requests >= 0 and num_experts > 0, got {num_requests}, {num_experts}")
-    if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
-        bad = ids[(ids < 0) | (ids >= num_experts)][0]
-        raise ValueError(f"expert id {int(bad)} out of range [0, {num_experts})")
-    if owner.size and (owner.min() < -1 or owner.max() >= num_requests):
-        bad = owner[(owner < -1) | (owner >= num_requests)][0]
-        raise ValueError(f"token_request {int(bad)} out of range [-1, {num_requests})")
     cdef Py_ssize_t L = ids.shape[0], T = ids.shape[1], K = ids.shape[2]
     cdef Py_ssize_t W = (num_experts + 63) // 64
     out = np.zeros((num_requests, L, W), dtype=np.uint64)
-    if out.size == 0 or ids.size == 0:
+    if ids.size == 0:
         return out
     cdef const int64_t[:, :, ::1] idv = ids
     cdef const int64_t[::1] ownv = owner
-    cdef uint64_t[:, :, ::1] outv = out
+    cdef uint64_t[::1] outv = out.reshape(-1)
+    cdef uint64_t* dst = &outv[0] if out.size else NULL
+    cdef const int64_t* src = &idv[0, 0, 0]
     cdef Py_ssize_t l, t, k
-    cdef int64_t r, e
+    cdef int64_t r, e, bad_expert = 0, bad_request = 0
+    cdef bint expert_ok = True, request_ok = True
+    cdef int64_t E = num_experts, R = num_requests
     with nogil:
-        for l in range(L):
-            for t in range(T):
-                r = ownv[t]
-                if r < 0:
-                    continue
-                for k in range(K):
-                    e = idv[l, t, k]
-                    outv[r, l, e >> 6] |= (<uint64_t>1) << (e & 63)
+        # NOTE: ids are range-checked in the same pass that scatters them (a
+        # separate numpy min/max pass costs as much as the scatter).
+        for t in range(T):
+            r = ownv[t]
+            if r < -1 or r >= R:
+                bad_request = r
+                request_ok = False
+                break
+        if request_ok:
+            for l in range(L):
+                for t in range(T):
+                    r = ownv[t]
+                    if r < 0:
+                        continue
+                    for k in range(K):
+                        e = src[(l * T + t) * K + k]
+                        if e < 0 or e >= E:
+                            bad_expert = e
+                            expert_ok = False
+                            break
+                        dst[(r * L + l) * W + (e >> 6)] |= (<uint64_t>1) << (e & 63)
+                    if not expert_ok:
+                        break
+                if not expert_ok:
+                    break
+    if not request_ok:
+        raise ValueError(f"token_request {bad_request} out of range [-1, {num_requests})")
+    if not expert_ok:
+        raise ValueError(f"expert id {bad_expert} out of range [0, {num_experts})")
     return out
 
 
@@ -191,6 +213,7 @@ cdef class RouteAheadAccumulator:
         self._counters = np.zeros((NUM_COUNTERS, num_layers), dtype=np.int64)
         self._freq = np.zeros((num_layers, num_experts), dtype=np.float32)
         self._step_counts = np.zeros(num_layers * num_experts, dtype=np.int32)
+        self._planes = np.zeros(num_layers * self.words * COUNT_PLANES, dtype=np.uint64)
         self._pending = np.zeros((num_layers, self.words), dtype=np.uint64)
         self._step_pred = np.zeros((num_layers, self.words), dtype=np.uint64)
         self._step_routed = np.zeros((num_layers, self.words), dtype=np.uint64)
@@ -309,7 +332,10 @@ cdef class RouteAheadAccumulator:
                           const uint64_t* resident, Py_ssize_t num_requests) noexcept nogil:
         cdef Py_ssize_t L = self.num_layers, E = self.num_experts, W = self.words
         cdef Py_ssize_t r, l, w, idx, base
-        cdef uint64_t p, u, h, wa, m, res, pend, issued, x
+        cdef uint64_t p, u, h, wa, m, res, pend, issued, x, carry
+        cdef uint64_t* planes = &self._planes[0]
+        cdef uint64_t* plane
+        cdef int k
         cdef int64_t nh, nw, nm, bh, bw, bm
         cdef int64_t* C = &self._counters[0, 0]
         cdef int32_t* counts = &self._step_counts[0]
@@ -322,6 +348,7 @@ cdef class RouteAheadAccumulator:
 
         memset(sp, 0, L * W * sizeof(uint64_t))
         memset(su, 0, L * W * sizeof(uint64_t))
+        memset(planes, 0, L * W * COUNT_PLANES * sizeof(uint64_t))
         # Request scope: each request's own P_r against its own U_r.
         for r in range(num_requests):
             for l in range(L):
@@ -341,10 +368,17 @@ cdef class RouteAheadAccumulator:
                     bm += self._set_bytes(m, l, w)
                     sp[l * W + w] |= p
                     su[l * W + w] |= u
-                    x = u
-                    while x:
-                        counts[l * E + w * 64 + ctz64(x)] += 1
-                        x &= x - 1
+                    # NOTE: per-expert counts as a bit-sliced (vertical) counter:
+                    # a ripple-carry add of u across bit planes, ~2 planes on
+                    # average, instead of one increment per set bit.
+                    plane = planes + (l * W + w) * COUNT_PLANES
+                    carry = u
+                    k = 0
+                    while carry:
+                        x = plane[k] & carry
+                        plane[k] ^= carry
+                        carry = x
+                        k += 1
                 C[REQ_PREDICTED * L + l] += nh + nw
                 C[REQ_ROUTED * L + l] += nh + nm
                 C[REQ_HITS * L + l] += nh
@@ -379,6 +413,15 @@ cdef class RouteAheadAccumulator:
                 # NOTE: a prefetch stays "pending" until a later step routes to
                 # it or record_eviction() drops it; only then is it waste.
                 pending[idx] = (pend & ~u) | (issued & ~u)
+        for idx in range(L * W):
+            l = idx // W
+            w = idx % W
+            plane = planes + idx * COUNT_PLANES
+            for k in range(COUNT_PLANES):
+                x = plane[k]
+                while x:
+                    counts[l * E + w * 64 + ctz64(x)] += (<int32_t>1) << k
+                    x &= x - 1
         for idx in range(L * E):
             freq[idx] = freq[idx] * decay + <float>counts[idx]
             counts[idx] = 0

@@ -191,15 +191,18 @@ class HostBackend final : public CopyBackend {
         // sleep overshoot does not accumulate into lost bandwidth.
         Clock::time_point start = link_free > job.enqueued ? link_free : job.enqueued;
         if (released_at > start) start = released_at;  // a held link starts on release
+        Clock::time_point copy_begin = Clock::now();
         std::memcpy(job.dst, job.src, job.n);
-        Clock::time_point end = start;
-        if (bytes_per_s_ > 0) {
-          end = start + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(double(job.n) / bytes_per_s_));
-          std::this_thread::sleep_until(end);
-        }
-        Clock::time_point after = Clock::now();
-        if (after > end) end = after;  // memcpy slower than the emulated link
+        Clock::duration copy_time = Clock::now() - copy_begin;
+        Clock::duration link_time = Clock::duration::zero();
+        if (bytes_per_s_ > 0)
+          link_time = std::chrono::duration_cast<Clock::duration>(
+              std::chrono::duration<double>(double(job.n) / bytes_per_s_));
+        // The chunk occupies the link for the longer of the emulated transfer
+        // and the memcpy itself; scheduling delays of this thread are not
+        // link time (the next queued chunk starts at `end`, virtually).
+        Clock::time_point end = start + (copy_time > link_time ? copy_time : link_time);
+        std::this_thread::sleep_until(end);
         link_free = end;
         res.busy_s = std::chrono::duration<double>(end - start).count();
       }

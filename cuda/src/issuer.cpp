@@ -189,12 +189,14 @@ struct Issuer::Impl {
 
   std::vector<CopyRec> recs;
   std::vector<std::int32_t> free_recs;
-  std::vector<std::uint8_t> state_of_seq{0};  // index 0 unused
+  // NOTE: a deque, so growth never copies the whole history under the lock.
+  std::deque<std::uint8_t> state_of_seq{0};  // index 0 unused
   std::unordered_map<std::int64_t, std::string> errors;  // seq -> failure text
   std::int64_t next_seq = 1;
   KeyMap live_keys;
   std::deque<std::pair<std::int32_t, std::int64_t>> queues[kNumBands];  // (rec, seq)
   std::uint64_t queued_copies = 0;
+  std::uint64_t queued_bytes = 0;  // bytes not yet issued, over live copies
 
   std::deque<Inflight> inflight;
   std::size_t inflight_bytes = 0;
@@ -278,6 +280,7 @@ struct Issuer::Impl {
       const void* src = reinterpret_cast<const void*>(c.src + c.next_off);
       c.next_off += n;
       c.chunks_issued += 1;
+      queued_bytes -= n;
       if (c.next_off == c.bytes) --queued_copies;
       issued = true;
       if (!backend->enqueue(slot, dst, src, n, &err)) {
@@ -299,7 +302,10 @@ struct Issuer::Impl {
     CopyRec& c = recs[std::size_t(r)];
     if (c.failed) return;
     c.failed = true;
-    if (c.next_off < c.bytes) --queued_copies;  // its remaining chunks are dropped
+    if (c.next_off < c.bytes) {  // its remaining chunks are dropped
+      --queued_copies;
+      queued_bytes -= c.bytes - c.next_off;
+    }
     errors[c.seq] = err.empty() ? std::string("copy failed") : err;
   }
 
@@ -357,11 +363,14 @@ struct Issuer::Impl {
         work_cv.wait(lk, [&] { return stop.load() || pick() >= 0; });
         continue;
       }
+      // Room for one more chunk: the next queued one, or (nothing queued)
+      // any chunk a new submission may bring.
       std::int32_t next = stopping ? -1 : pick();
-      bool room = next >= 0 &&
-                  window_has_room(std::min(cfg.chunk_bytes,
-                                           recs[std::size_t(next)].bytes -
-                                               recs[std::size_t(next)].next_off));
+      bool room = !stopping &&
+                  window_has_room(next >= 0 ? std::min(cfg.chunk_bytes,
+                                                       recs[std::size_t(next)].bytes -
+                                                           recs[std::size_t(next)].next_off)
+                                            : std::size_t(1));
       std::uint64_t seen = epoch.load();
       int slot = inflight.front().slot;
       lk.unlock();
@@ -382,6 +391,7 @@ struct Issuer::Impl {
     }
     for (auto& q : queues) q.clear();
     queued_copies = 0;
+    queued_bytes = 0;
     state_cv.notify_all();
     lk.unlock();
     detail::count_thread(-1);
@@ -543,6 +553,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       if (key != kNoKey) s.live_keys.set(key, r);
       s.queues[band].emplace_back(r, c.seq);
       s.queued_copies += 1;
+      s.queued_bytes += c.bytes;
       s.counters[band].submitted += 1;
       std::int64_t ticket = make_ticket(c.seq, r);
       s.record(kLogSubmit, band, ticket, std::int64_t((c.bytes + chunk - 1) / chunk),
@@ -705,6 +716,7 @@ std::int64_t Issuer::cancel(int band) {
       s.state_of_seq[std::size_t(seq)] = kCancelled;
       s.counters[b].cancellations += 1;
       s.queued_copies -= 1;
+      s.queued_bytes -= c.bytes;
       s.record(kLogCancel, b, make_ticket(seq, r), 0, std::int64_t(c.bytes), true);
       if (c.key != kNoKey && s.live_keys.find(c.key) == r) s.live_keys.erase(c.key);
       s.free_rec(r);
@@ -739,6 +751,7 @@ IssuerStats Issuer::stats() const {
   out.uptime_s = s.now();
   out.chunks = s.chunks_done;
   out.queued_copies = s.queued_copies;
+  out.queued_bytes = s.queued_bytes;
   out.inflight_chunks = s.inflight.size();
   out.inflight_bytes = s.inflight_bytes;
   return out;

@@ -331,15 +331,13 @@ class ExpertCache:
         out_slots = self.slot_of[ids_in]
         return np.where(out_slots >= 0, self.ticket[np.maximum(out_slots, 0)], -1).astype(np.int64)
 
-    def ensure_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
-        """Pin the experts, copying the missing ones ON_DEMAND; returns their
-        slots (aligned with ``flat_ids``).
-
-        On CUDA the current stream waits for the copies (no host sync); on
-        the CPU the call blocks until they are done. Every call must be
-        matched by :meth:`release` with the same ids. Raises
-        :class:`CacheTooSmallError` (state unchanged) if the distinct ids do
-        not fit in the slots that are not pinned by others.
+    def acquire(self, flat_ids: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], IdArray]:
+        """Pin the experts and submit ON_DEMAND copies for the missing ones,
+        without waiting; returns ``(slots, tickets)`` aligned with ``flat_ids``
+        (ticket -1: the slot is ready). Wait with :meth:`wait_ready` before
+        reading a slot; the offloaded block waits expert by expert so copies
+        overlap compute. Raises :class:`CacheTooSmallError` (state unchanged)
+        if the distinct ids do not fit in the slots not pinned by others.
         """
         ids_in = self._ids(flat_ids)
         ids = np.unique(ids_in)
@@ -357,7 +355,6 @@ class ExpertCache:
         self.misses += int(missing.size)
         self.inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
         self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
-        new_slots = np.zeros(0, dtype=np.int64)
         if missing.size:
             new_slots = self._reserve(int(missing.size), exclude=ids)
             assert new_slots.size == missing.size
@@ -365,25 +362,57 @@ class ExpertCache:
             self.pins[new_slots] += 1
         self._promote(slots[present], Band.ON_DEMAND)
         all_slots = self.slot_of[ids]
-        waiting = self.ticket[all_slots]
-        waiting = waiting[waiting >= 0]
-        if waiting.size:
-            try:
-                if self._is_cuda:
-                    stream = torch.cuda.current_stream(self.device).cuda_stream
-                    self.issuer.stream_wait(waiting, stream)
-                else:
-                    self.issuer.wait(waiting, self.wait_timeout_s)
-                    self.ticket[all_slots] = -1
-            except BaseException:
-                self.pins[all_slots] -= 1
-                self._drop(new_slots)
-                raise
         fresh = all_slots[~self.used[all_slots]]
         self.bytes_used += int(fresh.size) * self.expert_nbytes
         self.used[all_slots] = True
         self.policy.on_access(ids, self.clock)
-        return self.slot_of[ids_in]
+        out_slots = self.slot_of[ids_in]
+        return out_slots, self.ticket[out_slots].copy()
+
+    def wait_ready(self, tickets: npt.ArrayLike) -> None:
+        """Make the experts of ``tickets`` (from :meth:`acquire`) readable:
+        on CUDA the current stream waits for the copies (no host sync); on
+        the CPU this blocks. Tickets of -1 are skipped."""
+        t = np.asarray(tickets, dtype=np.int64).reshape(-1)
+        t = t[t >= 0]
+        if t.size == 0:
+            return
+        if self._is_cuda:
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            self.issuer.stream_wait(t, stream)
+        else:
+            self.issuer.wait(t, self.wait_timeout_s)
+            done = np.isin(self.ticket, t)
+            self.ticket[done] = -1
+
+    def ensure_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """:meth:`acquire` + :meth:`wait_ready`: pin the experts, copy the
+        missing ones ON_DEMAND, and make them readable (CUDA: the current
+        stream waits, no host sync; CPU: blocks). Returns their slots
+        (aligned with ``flat_ids``). Match every call with :meth:`release`.
+        If a copy fails, the experts are unpinned (failed copies dropped)
+        and the error propagates: do not call :meth:`release` then.
+        """
+        slots, tickets = self.acquire(flat_ids)
+        try:
+            self.wait_ready(tickets)
+        except BaseException:
+            self.abort(flat_ids)
+            raise
+        return slots
+
+    def abort(self, flat_ids: npt.ArrayLike) -> None:
+        """Undo :meth:`acquire` after a failure: unpin the experts and drop
+        those whose copy has not completed (their bytes are not valid)."""
+        ids = np.unique(self._ids(flat_ids))
+        slots = self.slot_of[ids]
+        slots = slots[slots >= 0]
+        self.pins[slots] = np.maximum(self.pins[slots] - 1, 0)
+        busy = slots[self.ticket[slots] >= 0]
+        if busy.size:
+            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
+            self.ticket[busy[done]] = -1
+            self._drop(busy[~done])
 
     def _drop(self, slots: npt.NDArray[np.int64]) -> None:
         """Forget slots whose copy failed (their bytes are not valid)."""
@@ -393,6 +422,7 @@ class ExpertCache:
         self.slot_of[ids] = -1
         self.expert_of[slots] = -1
         self.ticket[slots] = -1
+        self.pins[slots] = 0
         self.policy.on_evict(ids)
 
     def release(self, flat_ids: npt.ArrayLike) -> None:

@@ -96,16 +96,23 @@ class OffloadedMoE:
                 )
             group = experts[i : i + room]
             flat_ids = base + group
-            slots = cache.ensure_resident(flat_ids)
+            slots, tickets = cache.acquire(flat_ids)
+            # NOTE: ready experts first, then the missing ones in submission
+            # order, each waited on just before use: copy j+1 overlaps compute j.
+            schedule = np.argsort(tickets, kind="stable")
             try:
-                for e, slot in zip(group.tolist(), slots.tolist(), strict=True):
+                for j in schedule.tolist():
+                    e, slot = int(group[j]), int(slots[j])
+                    cache.wait_ready(tickets[j : j + 1])
                     lo, hi = int(starts[e]), int(starts[e + 1])
                     tok = token_of[lo:hi]
                     y = self.expert_fn(x[tok], self._slot_views[slot])
                     y = y * weight_of[lo:hi, None]
                     out.index_add_(0, tok, y.to(out.dtype))
-            finally:
-                cache.release(flat_ids)
+            except BaseException:
+                cache.abort(flat_ids)
+                raise
+            cache.release(flat_ids)
             i += group.size
         return out
 

@@ -28,6 +28,7 @@ are written in bf16 unless asked for MXFP4.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import weakref
@@ -143,10 +144,8 @@ class SafetensorsCheckpoint:
         return handle.get_slice(key)[index]
 
 
-def _default_host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, Callable[[], None] | None]:
-    buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
-    if not pin:
-        return buf, None
+def _cudart_register(buf: torch.Tensor) -> Callable[[], None]:
+    """Page-lock ``buf`` in place; returns the undo."""
     cudart = torch.cuda.cudart()
     ptr = buf.data_ptr()
     err = cudart.cudaHostRegister(ptr, buf.numel(), 0)
@@ -156,7 +155,20 @@ def _default_host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, Callable
     def unregister(cudart: Any = cudart, ptr: int = ptr) -> None:
         cudart.cudaHostUnregister(ptr)
 
-    return buf, unregister
+    return unregister
+
+
+def _issuer_unregister(issuer: Any, ptr: int) -> Callable[[], None]:
+    ref = weakref.ref(issuer)
+
+    def unregister() -> None:
+        live = ref()
+        if live is None or getattr(live, "closed", False):
+            return  # a closed issuer has unregistered everything already
+        with contextlib.suppress(ValueError):  # already unregistered (issuer reset)
+            live.unregister_host(ptr)
+
+    return unregister
 
 
 class ExpertStore:
@@ -169,8 +181,12 @@ class ExpertStore:
         formats: the architecture's checkpoint namings, tried in order.
         num_layers, num_experts: the expert grid.
         pin: page-lock the buffer (default: when CUDA is available).
-        allocator: ``nbytes -> uint8 tensor`` for the host buffer (e.g. the
-            issuer's pinned allocator); overrides ``pin``.
+        allocator: ``nbytes -> uint8 tensor`` for the host buffer; overrides
+            ``pin``.
+        issuer: when given (and ``allocator`` is not), the buffer is a plain
+            allocation registered with ``issuer.register_host`` (page-locked
+            on the CUDA backend, and known to the issuer as a valid copy
+            source); unregistered by :meth:`close` or garbage collection.
         workers: packing threads (default: CPU count, at most 16).
     """
 
@@ -184,6 +200,7 @@ class ExpertStore:
         *,
         pin: bool | None = None,
         allocator: Callable[[int], torch.Tensor] | None = None,
+        issuer: Any = None,
         workers: int | None = None,
     ) -> None:
         self.checkpoint = (
@@ -201,17 +218,24 @@ class ExpertStore:
         total = self.num_layers * self.num_experts * self.expert_nbytes
         if pin is None:
             pin = torch.cuda.is_available()
-        self._unregister: Callable[[], None] | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self.registered_with: Any = None  # the issuer the buffer is registered with
+        self.pinned = False
         if allocator is not None:
             buf = allocator(total)
             if buf.dtype != torch.uint8 or buf.numel() < total or buf.device.type != "cpu":
                 raise ValueError(f"allocator must return a CPU uint8 tensor of >= {total} bytes")
             self.buffer = buf.reshape(-1)
+            self.pinned = True
+            self._external = True
         else:
-            self.buffer, self._unregister = _default_host_buffer(total, pin)
-        self.pinned = bool(pin) or allocator is not None
-        if self._unregister is not None:
-            self._finalizer = weakref.finalize(self, self._unregister)
+            self._external = False
+            self.buffer = torch.empty(max(total, 1), dtype=torch.uint8)
+            if issuer is not None:
+                self.register_with(issuer)
+            elif pin:
+                self._set_finalizer(_cudart_register(self.buffer))
+                self.pinned = True
         self._pack_all(workers)
 
     # -- checkpoint discovery ------------------------------------------------
@@ -278,7 +302,7 @@ class ExpertStore:
         handles: dict[Path, Any] = {}
         try:
             for expert in range(self.num_experts):
-                views = self.views(layer * self.num_experts + expert, host=True)
+                views = self.views(layer * self.num_experts + expert)
                 for p in self.format.parts(layer, expert):
                     dst = views[p.component]
                     src = self._read_part(p, handles)
@@ -342,7 +366,7 @@ class ExpertStore:
         start = g * self.expert_nbytes
         return self.buffer[start : start + self.expert_nbytes]
 
-    def views(self, flat_id: int, host: bool = True) -> dict[str, torch.Tensor]:
+    def views(self, flat_id: int) -> dict[str, torch.Tensor]:
         """The expert's tensors as views into the host buffer."""
         return self.layout.views(self.packed(flat_id))
 
@@ -373,8 +397,32 @@ class ExpertStore:
             )
         return out
 
+    def _set_finalizer(self, undo: Callable[[], None]) -> None:
+        self._finalizer = weakref.finalize(self, undo)
+
+    def register_with(self, issuer: Any) -> None:
+        """Make the host buffer a valid copy source for ``issuer``: registered
+        with ``issuer.register_host`` (page-locked on its CUDA backend),
+        replacing any earlier registration. No-op if already done; issuers
+        without ``register_host`` (test doubles) are accepted as they are."""
+        if self.registered_with is issuer:
+            return
+        if self._external or not hasattr(issuer, "register_host"):
+            # the caller's allocator made it a valid source; or a test double
+            # that copies from any address
+            self.registered_with = issuer
+            return
+        self.close()  # drop an earlier registration (another issuer, or cudart)
+        ptr = self.buffer.data_ptr()
+        issuer.register_host(ptr, self.buffer.numel())
+        self._set_finalizer(_issuer_unregister(issuer, ptr))
+        self.registered_with = issuer
+        self.pinned = issuer.backend == "cuda"
+
     def close(self) -> None:
-        """Unregister the page-locked buffer (idempotent)."""
-        fin = getattr(self, "_finalizer", None)
-        if fin is not None:
-            fin()
+        """Unregister the host buffer (idempotent); the bytes stay valid."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+            self.pinned = False
+        self.registered_with = None

@@ -19,12 +19,12 @@ Predictors need only :class:`RouterAccess` from a model adapter, which every
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from pdflash.protocols import DraftedBlock, ExpertPredictor
+from pdflash.protocols import AttentionSpec, DraftedBlock, ExpertPredictor
 
 if TYPE_CHECKING:
     import torch
@@ -46,10 +46,30 @@ class RouterAccess(Protocol):
     def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor: ...
 
 
+class BlockAttentionAccess(RouterAccess, Protocol):
+    """What the ``"block_attention"`` proxy needs besides the routers: each
+    layer's attention (a subset of :class:`pdflash.protocols.MoEModelAdapter`)."""
+
+    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def attention_spec(self, layer: int) -> AttentionSpec: ...
+
+    def project_qkv(
+        self, layer: int, normed: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def attention_sinks(self, layer: int) -> torch.Tensor | None: ...
+
+    def project_out(self, layer: int, attn: torch.Tensor) -> torch.Tensor: ...
+
+
 class FrequencySource(Protocol):
     """Anything with a per-expert frequency estimate (e.g. RouteAheadStats)."""
 
     def frequency(self) -> npt.NDArray[np.float32]: ...
+
+
+_PROXIES = ("auto", "embed", "drafter", "block_attention")
 
 
 def _horizon_rows(block: DraftedBlock) -> int:
@@ -87,6 +107,11 @@ class ApproxRouterPredictor:
     * ``"drafter"`` — the drafter's hidden states (``DraftedBlock.
       drafter_hidden``, ``[B, hidden]`` in the target's hidden size) at every
       layer; a block without them raises.
+    * ``"block_attention"`` — the embeddings carried through every previous
+      layer's attention, computed over the drafted block itself only (no KV
+      cache, so the context before the block is not seen), with the expert
+      FFNs replaced by nothing. Needs the adapter's attention
+      (:class:`BlockAttentionAccess`); costs one small attention per layer.
     * ``"auto"`` (default) — ``"drafter"`` when the block has drafter hidden
       states, else ``"embed"``.
 
@@ -98,12 +123,16 @@ class ApproxRouterPredictor:
         self,
         adapter: RouterAccess,
         *,
-        proxy: Literal["auto", "embed", "drafter"] = "auto",
+        proxy: Literal["auto", "embed", "drafter", "block_attention"] = "auto",
         experts_per_token: int | None = None,
         name: str = "approx_router",
     ) -> None:
-        if proxy not in ("auto", "embed", "drafter"):
-            raise ValueError(f"proxy must be 'auto', 'embed' or 'drafter', got {proxy!r}")
+        if proxy not in _PROXIES:
+            raise ValueError(f"proxy must be one of {_PROXIES}, got {proxy!r}")
+        if proxy == "block_attention" and not all(
+            hasattr(adapter, m) for m in ("input_norm", "project_qkv", "project_out")
+        ):
+            raise TypeError("proxy='block_attention' needs an adapter with attention access")
         k = adapter.top_k if experts_per_token is None else experts_per_token
         if not 1 <= k <= adapter.num_experts:
             raise ValueError(f"experts_per_token must be in [1, {adapter.num_experts}], got {k}")
@@ -113,6 +142,8 @@ class ApproxRouterPredictor:
         self.name = name
 
     def _proxy_hidden(self, block: DraftedBlock, rows: int) -> torch.Tensor:
+        """The proxy's residual stream entering layer 0 (or, for the
+        drafter, at every layer)."""
         use_drafter = self.proxy == "drafter" or (
             self.proxy == "auto" and block.drafter_hidden is not None
         )
@@ -124,23 +155,28 @@ class ApproxRouterPredictor:
             return block.drafter_hidden[:rows]
         return self.adapter.embed(block.token_ids[:rows])
 
-    def _scores_for_rows(
-        self, hidden: torch.Tensor, owners: torch.Tensor, groups: int
-    ) -> ScoreArray:
-        """Scores ``(groups, L, E)``: row t of ``hidden`` belongs to group ``owners[t]``."""
+    def _attention_residual(
+        self, layer: int, hidden: torch.Tensor, segments: Sequence[tuple[int, torch.Tensor]]
+    ) -> torch.Tensor:
+        """``hidden`` plus layer ``layer``'s attention, each block attending
+        over itself (``segments``: (first row, positions) per block)."""
         import torch
 
-        L, E = self.adapter.num_layers, self.adapter.num_experts
-        out = torch.zeros(groups, L, E, dtype=torch.float32, device=hidden.device)
-        owners = owners.to(hidden.device)
-        with torch.inference_mode():
-            for layer in range(L):
-                normed = self.adapter.moe_norm(layer, hidden)
-                logits = self.adapter.router_logits(layer, normed)
-                ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
-                flat = (owners[:, None] * (L * E) + layer * E + ids).reshape(-1)
-                out.view(-1).index_add_(0, flat, probs.reshape(-1))
-        return out.cpu().numpy()
+        # NOTE: the adapters' own reference semantics (GQA, sliding window,
+        # sinks), so the proxy's attention is the model's, minus the context.
+        from pdflash.models.attention import reference_attention
+
+        adapter = cast(BlockAttentionAccess, self.adapter)  # checked in __init__
+        spec = adapter.attention_spec(layer)
+        sinks = adapter.attention_sinks(layer) if spec.has_sinks else None
+        normed = adapter.input_norm(layer, hidden)
+        outs = []
+        for start, block_positions in segments:
+            positions = block_positions.to(normed.device)
+            rows = normed[start : start + positions.shape[0]]
+            q, k, v = adapter.project_qkv(layer, rows, positions)
+            outs.append(reference_attention(q, k, v, spec, positions, positions, sinks))
+        return hidden + adapter.project_out(layer, torch.cat(outs))
 
     def predict(self, block: DraftedBlock) -> ScoreArray:
         return self.predict_batch([block])[0]
@@ -150,14 +186,30 @@ class ApproxRouterPredictor:
         blocks' positions (the engine's per-step call)."""
         import torch
 
+        L, E = self.adapter.num_layers, self.adapter.num_experts
         if not blocks:
-            return np.zeros((0, self.adapter.num_layers, self.adapter.num_experts), np.float32)
-        hidden, owners = [], []
+            return np.zeros((0, L, E), np.float32)
+        hidden_parts, owner_parts, segments = [], [], []
+        start = 0
         for i, block in enumerate(blocks):
             rows = _horizon_rows(block)
-            hidden.append(self._proxy_hidden(block, rows))
-            owners.append(torch.full((rows,), i, dtype=torch.int64))
-        return self._scores_for_rows(torch.cat(hidden), torch.cat(owners), len(blocks))
+            hidden_parts.append(self._proxy_hidden(block, rows))
+            owner_parts.append(torch.full((rows,), i, dtype=torch.int64))
+            segments.append((start, block.positions[:rows]))
+            start += rows
+        hidden = torch.cat(hidden_parts)
+        owners = torch.cat(owner_parts).to(hidden.device)
+        out = torch.zeros(len(blocks), L, E, dtype=torch.float32, device=hidden.device)
+        with torch.inference_mode():
+            for layer in range(L):
+                if self.proxy == "block_attention":
+                    hidden = self._attention_residual(layer, hidden, segments)
+                normed = self.adapter.moe_norm(layer, hidden)
+                logits = self.adapter.router_logits(layer, normed)
+                ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
+                flat = (owners[:, None] * (L * E) + layer * E + ids).reshape(-1)
+                out.view(-1).index_add_(0, flat, probs.reshape(-1))
+        return out.cpu().numpy()
 
     def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
         """Stateless: nothing to learn from the routed set."""

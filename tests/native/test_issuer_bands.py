@@ -135,6 +135,9 @@ def test_chunk_order_matches_reference_rule(schedule: list, config: tuple) -> No
         model = BandOrderModel(chunk, chunk * window_chunks, max_inflight).replay(log)
         assert not model.copies  # every copy reached a terminal event
         assert not model.inflight
+        stats = issuer.stats()
+        assert stats["queued_copies"] == 0 and stats["queued_bytes"] == 0
+        assert stats["inflight_chunks"] == 0 and stats["inflight_bytes"] == 0
     finally:
         issuer.close()
 

@@ -353,8 +353,65 @@ def test_window_holds_at_most_its_bytes(issuer: H2DIssuer) -> None:
     stats = issuer.stats()
     assert stats["inflight_bytes"] == issuer.window_bytes
     assert stats["queued_copies"] == 4
+    assert stats["queued_bytes"] == 14 * CHUNK
     log = records_from_log(issuer.debug_log())
     assert sum(e.kind == LOG_START for e in log) == 2
     issuer._native.test_hold_link(False)
     issuer.wait(t, timeout_s=30)
+    _replay(issuer)
+
+
+def test_close_wakes_a_blocked_waiter() -> None:
+    iss = H2DIssuer(backend="host", chunk_bytes=CHUNK, window_bytes=2 * CHUNK)
+    src, dst = _buffers(iss, 8 * CHUNK)
+    iss._native.test_hold_link(True)
+    t = iss.submit(
+        _slots(src, 8, CHUNK), _slots(dst, 8, CHUNK), CHUNK, np.arange(8), Band.ON_DEMAND
+    )
+    raised: list[BaseException] = []
+
+    def waiter() -> None:
+        try:
+            iss.wait(t, timeout_s=60)
+        except BaseException as exc:
+            raised.append(exc)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    _wait_for(lambda: iss.stats()["inflight_chunks"] == 2)
+    iss.close()
+    th.join(timeout=30)
+    assert not th.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], CopyCancelledError)
+    # the two chunks already in the window ran to completion before close returned
+    assert (iss.states(t)[:2] == STATE_DONE).all()
+    assert np.array_equal(src[: 2 * CHUNK], dst[: 2 * CHUNK])
+
+
+def test_dedup_map_survives_many_keys_and_erasures(issuer: H2DIssuer) -> None:
+    # Thousands of live keys force rehashes and long probe chains in the
+    # native open-addressing key map; cancelling every third copy erases keys
+    # from the middle of those chains while the others stay live.
+    n, size = 3000, 256
+    src, dst = _buffers(issuer, n * size)
+    s, d = _slots(src, n, size), _slots(dst, n, size)
+    keys = np.arange(n, dtype=np.int64) * 1024  # strided keys collide more
+    victims = np.arange(0, n, 3)
+    keep = np.setdiff1d(np.arange(n), victims)
+    issuer._native.test_hold_link(True)
+    kept = issuer.submit(s[keep], d[keep], size, keys[keep], Band.ROUTE_AHEAD)
+    # tiny copies: the window holds max_inflight_chunks of them
+    _wait_for(lambda: issuer.stats()["inflight_chunks"] == issuer.max_inflight_chunks)
+    doomed = issuer.submit(s[victims], d[victims], size, keys[victims], Band.BACKGROUND)
+    assert np.array_equal(issuer.submit(s[keep], d[keep], size, keys[keep], Band.ROUTE_AHEAD), kept)
+    assert issuer.cancel(Band.BACKGROUND) == victims.size
+    assert (issuer.states(doomed) == STATE_CANCELLED).all()
+    again = issuer.submit(s, d, size, keys, Band.ON_DEMAND)
+    assert np.array_equal(again[keep], kept)  # still live: deduplicated (and promoted)
+    assert not np.isin(again[victims], doomed).any()  # erased: copied anew
+    started = issuer.max_inflight_chunks
+    assert issuer.stats()["bands"]["ON_DEMAND"]["promotions"] == keep.size - started
+    issuer._native.test_hold_link(False)
+    issuer.wait(again, timeout_s=60)
+    assert np.array_equal(src, dst)
     _replay(issuer)

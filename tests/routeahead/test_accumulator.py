@@ -218,8 +218,14 @@ def test_routed_bitsets_from_topk() -> None:
     np.testing.assert_array_equal(bits[1], native.pack_masks(expect))
     with pytest.raises(ValueError, match="expert id 70"):
         native.routed_bitsets_from_topk(topk + 1, np.array([1, -1, 1]), 2, 70)
+    with pytest.raises(ValueError, match="expert id -1"):
+        native.routed_bitsets_from_topk(topk - 1, np.array([1, -1, 1]), 2, 70)
     with pytest.raises(ValueError, match="token_request 2"):
         native.routed_bitsets_from_topk(topk, np.array([1, 2, 1]), 2, 70)
+    with pytest.raises(ValueError, match="token_request -2"):
+        native.routed_bitsets_from_topk(topk, np.array([1, -2, 1]), 2, 70)
+    with pytest.raises(TypeError, match="int64"):
+        native.routed_bitsets_from_topk(topk.astype(np.int32), np.array([1, -1, 1]), 2, 70)
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,10 @@ def test_bitset_and_topk_paths_agree_with_masks() -> None:
     a.update(predicted, routed)
     b.update_bitsets(pack_masks(predicted), routed_bits)
     assert a.snapshot() == b.snapshot()
+    # a list of per-request bitsets is a batch too
+    c = RouteAheadStats(layers, experts, 5)
+    c.update_bitsets(list(pack_masks(predicted)), list(routed_bits))
+    assert c.snapshot() == a.snapshot()
 
 
 def test_frequency_and_pending_exposed() -> None:

@@ -7,6 +7,10 @@
 // by band (ON_DEMAND > ROUTE_AHEAD > BACKGROUND), FIFO within a band. Large
 // copies are split into chunks, so an ON_DEMAND copy waits about one window.
 //
+// Tickets are opaque int64s; each keeps one state byte for the issuer's
+// lifetime (poll/wait work on any ticket ever issued), failed ones also their
+// error text. Live copies are limited to 2^24.
+//
 // Threading: every public method is thread-safe. One worker thread per issuer
 // keeps the window full (event-driven; no Python involved); submit() only
 // enqueues. Never includes or knows PyTorch.
@@ -88,6 +92,7 @@ struct IssuerStats {
   double uptime_s;
   std::uint64_t chunks;     // chunks completed (ok or not)
   std::uint64_t queued_copies;
+  std::uint64_t queued_bytes;   // bytes of live copies not yet issued
   std::uint64_t inflight_chunks;
   std::uint64_t inflight_bytes;
 };

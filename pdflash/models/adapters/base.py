@@ -19,7 +19,8 @@ for engines that run attention themselves.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,6 +56,9 @@ class MoEAdapterBase:
     arch: ClassVar[str]  # config.model_type
     modeling: ClassVar[Any]  # transformers.models.<arch>.modeling_<arch>
     router_attr: ClassVar[str] = "gate"  # the router's name inside the MoE block
+    hf_block_class: ClassVar[str]  # the HF sparse MoE block class in ``modeling``
+    #: packed component -> the HF experts module's 3-D parameter
+    hf_expert_params: ClassVar[dict[str, str]] = {"gate_up": "gate_up_proj", "down": "down_proj"}
     returns_router_scores: ClassVar[bool] = False  # block returns (hidden, scores)
     default_attn_implementation: ClassVar[str] = "sdpa"
 
@@ -150,8 +154,11 @@ class MoEAdapterBase:
             self.expert_formats(config),
             self.num_layers,
             self.num_experts,
-            pin=self.device.type == "cuda",
+            # NOTE: page-locked through the issuer (register_host), so it is a
+            # valid copy source there; without one, pinning waits for attach_cache.
+            pin=False,
             allocator=host_allocator,
+            issuer=issuer,
             workers=pack_workers,
         )
         self.expert_nbytes = self.store.expert_nbytes
@@ -209,6 +216,7 @@ class MoEAdapterBase:
                 f"cache is for {cache.num_layers}x{cache.num_experts} experts, "
                 f"model has {self.num_layers}x{self.num_experts}"
             )
+        self.store.register_with(cache.issuer)
         self.cache = cache
         self.runtime = OffloadedMoE(self.store, cache, self.expert_forward)
         for block in self.blocks:
@@ -355,6 +363,38 @@ class MoEAdapterBase:
             router_attr=self.router_attr,
             returns_router_scores=self.returns_router_scores,
         )
+
+    def resident_block(self, layer: int) -> nn.Module:
+        """The architecture's own HF sparse MoE block for ``layer`` with all its
+        experts resident on the device (stacked from the store) and this
+        adapter's router: the resident baseline the benchmark compares to."""
+        cls = getattr(self.modeling, self.hf_block_class)
+        with torch.device("meta"):
+            block = cls(self.hf_model.config)
+        state = {
+            f"experts.{self.hf_expert_params[name]}": t
+            for name, t in self.store.stacked(layer, self.device).items()
+        }
+        router = self.blocks[layer].router_module
+        state.update({f"{self.router_attr}.{n}": p for n, p in router.named_parameters()})
+        block.load_state_dict(state, strict=True, assign=True)
+        setattr(block, self.router_attr, router)
+        out: nn.Module = block.eval()
+        return out
+
+    @contextmanager
+    def swapped_blocks(self, blocks: list[nn.Module]) -> Iterator[None]:
+        """Run the HF forward with ``blocks`` (one per layer) instead of the
+        offloaded blocks, e.g. ``[adapter.resident_block(i) for i in ...]``."""
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"need {self.num_layers} blocks, got {len(blocks)}")
+        for layer, block in zip(self._layers, blocks, strict=True):
+            layer.mlp = block
+        try:
+            yield
+        finally:
+            for layer, block in zip(self._layers, self.blocks, strict=True):
+                layer.mlp = block
 
     @torch.inference_mode()
     def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:

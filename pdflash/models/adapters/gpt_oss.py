@@ -32,6 +32,13 @@ class GptOssAdapter(MoEAdapterBase):
     arch = "gpt_oss"
     modeling: ClassVar[Any] = modeling_gpt_oss
     router_attr = "router"
+    hf_block_class = "GptOssMLP"
+    hf_expert_params: ClassVar[dict[str, str]] = {
+        "gate_up": "gate_up_proj",
+        "gate_up_bias": "gate_up_proj_bias",
+        "down": "down_proj",
+        "down_bias": "down_proj_bias",
+    }
     returns_router_scores = True
     # NOTE: sdpa has no sinks; transformers refuses it for gpt-oss.
     default_attn_implementation = "eager"
@@ -88,8 +95,10 @@ class GptOssAdapter(MoEAdapterBase):
         return [ExpertFormat("bf16", bf16), ExpertFormat("mxfp4", mxfp4, quantized=True)]
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
-        limit = float(self.config.swiglu_limit)
-        alpha = float(self.config.swiglu_alpha)
+        # NOTE: transformers < 5.2x hard-codes alpha=1.702, limit=7.0 (the
+        # gpt-oss values); newer versions read them from the config.
+        limit = float(getattr(self.config, "swiglu_limit", 7.0))
+        alpha = float(getattr(self.config, "swiglu_alpha", 1.702))
         gate_up = x @ w["gate_up"] + w["gate_up_bias"]
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate = gate.clamp(min=None, max=limit)

@@ -21,6 +21,7 @@ class MixtralAdapter(SwiGLUExpertsMixin):
     arch = "mixtral"
     modeling: ClassVar[Any] = modeling_mixtral
     router_attr = "gate"
+    hf_block_class = "MixtralSparseMoeBlock"
     hub_expert_prefix = "model.layers.{l}.block_sparse_moe.experts.{e}."
     hub_names = ("w1", "w3", "w2")
 

@@ -21,6 +21,7 @@ class OlmoeAdapter(SwiGLUExpertsMixin):
     arch = "olmoe"
     modeling: ClassVar[Any] = modeling_olmoe
     router_attr = "gate"
+    hf_block_class = "OlmoeSparseMoeBlock"
 
     @classmethod
     def num_experts_of(cls, config: Any) -> int:

@@ -21,6 +21,7 @@ class Qwen3MoeAdapter(SwiGLUExpertsMixin):
     arch = "qwen3_moe"
     modeling: ClassVar[Any] = modeling_qwen3_moe
     router_attr = "gate"
+    hf_block_class = "Qwen3MoeSparseMoeBlock"
 
     @classmethod
     def num_experts_of(cls, config: Any) -> int:

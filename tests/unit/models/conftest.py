@@ -1,9 +1,11 @@
-"""Fixtures for the models/cache tests: a tiny checkpoint per arch and a fake
-copy issuer (the real host-backend issuer is used where it is importable)."""
+"""Fixtures for the models/cache tests: a tiny checkpoint per arch, the real
+host-backend issuer, and a fake issuer for failure injection and for holding
+copies in flight deterministically."""
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,16 @@ class FakeIssuer:
 @pytest.fixture
 def fake_issuer() -> FakeIssuer:
     return FakeIssuer()
+
+
+@pytest.fixture
+def host_issuer() -> Iterator[Any]:
+    """The real issuer on its host backend (memcpy from a C++ worker thread)."""
+    from pdflash.h2d import H2DIssuer
+
+    issuer = H2DIssuer(backend="host")
+    yield issuer
+    issuer.close()
 
 
 @pytest.fixture(scope="session")

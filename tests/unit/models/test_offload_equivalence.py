@@ -30,14 +30,14 @@ def _tokens(n: int, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_offloaded_forward_equals_resident_with_eviction(
-    arch: str, tiny_checkpoints: dict[str, Path], fake_issuer: object
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     # The smallest legal cache: min(E=8, top_k=2 x max_batch_tokens=2) = 4 slots
     # of 16 experts; a 9-token forward routes more experts than that per
     # layer, so the block works in groups and evicts within one layer.
     ad = load_adapter(
         tiny_checkpoints[arch],
-        issuer=fake_issuer,
+        issuer=host_issuer,
         cache_slots=4,
         max_batch_tokens=2,
         attn_implementation="eager",
@@ -67,9 +67,9 @@ def test_offloaded_forward_equals_resident_with_eviction(
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_install_offloaded_on_a_from_pretrained_model(
-    arch: str, tiny_checkpoints: dict[str, Path], fake_issuer: object
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    ad = load_adapter(tiny_checkpoints[arch], issuer=fake_issuer, cache_slots=4, max_batch_tokens=2)
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
     ref = _resident(tiny_checkpoints[arch])
     ids = _tokens(6, 7)
     with torch.no_grad():
@@ -84,14 +84,14 @@ def test_install_offloaded_on_a_from_pretrained_model(
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_adapter_pieces_reproduce_the_hf_forward(
-    arch: str, tiny_checkpoints: dict[str, Path], fake_issuer: object
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     """embed / norms / project_qkv (rotary, q/k norms) / reference attention
     with the spec and sinks / project_out / route / moe / final norm / lm_head,
     composed by hand, give transformers' logits; route and router_logits
     equal what the HF router computes inside the HF forward."""
     ad = load_adapter(
-        tiny_checkpoints[arch], issuer=fake_issuer, cache_fraction=0.5, max_batch_tokens=4
+        tiny_checkpoints[arch], issuer=host_issuer, cache_fraction=0.5, max_batch_tokens=4
     )
     ref = _resident(tiny_checkpoints[arch])
     seen: dict[int, tuple[torch.Tensor, ...]] = {}
@@ -131,11 +131,11 @@ def test_adapter_pieces_reproduce_the_hf_forward(
 
 
 def test_route_hook_sees_every_layer_and_can_prefetch(
-    tiny_checkpoints: dict[str, Path], fake_issuer: object
+    tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     from pdflash.protocols import Band
 
-    ad = load_adapter(tiny_checkpoints["qwen3_moe"], issuer=fake_issuer, cache_fraction=1.0)
+    ad = load_adapter(tiny_checkpoints["qwen3_moe"], issuer=host_issuer, cache_fraction=1.0)
     assert ad.cache is not None
     calls: list[tuple[int, torch.Tensor]] = []
 
@@ -157,3 +157,26 @@ def test_route_hook_sees_every_layer_and_can_prefetch(
     with torch.no_grad():
         ad.forward_logits(ids)
     assert len(calls) == ad.num_layers
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_adapter_implements_the_protocol(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from pdflash.protocols import MoEModelAdapter
+
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_fraction=1.0)
+    assert isinstance(ad, MoEModelAdapter)
+    assert (ad.arch, ad.num_layers, ad.num_experts, ad.top_k, ad.hidden_size, ad.vocab_size) == (
+        arch,
+        2,
+        8,
+        2,
+        32,
+        128,
+    )
+    assert ad.expert_nbytes == ad.store.expert_nbytes == ad.cache.expert_nbytes  # type: ignore[union-attr]
+    x = torch.randn(3, 32)
+    assert ad.router_logits(0, x).shape == (3, 8)
+    assert ad.moe(0, x).shape == (3, 32)
+    assert ad.lm_head(ad.final_norm(x)).shape == (3, 128)

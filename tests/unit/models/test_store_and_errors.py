@@ -86,7 +86,7 @@ def test_allocator_is_used_for_the_host_buffer(tiny_checkpoints: dict[str, Path]
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe"])
 def test_transformers5_fused_format_loads_and_matches_hf(
-    arch: str, tmp_path: Path, fake_issuer: object
+    arch: str, tmp_path: Path, host_issuer: object
 ) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -94,7 +94,7 @@ def test_transformers5_fused_format_loads_and_matches_hf(
         tmp_path / arch, arch, dtype=torch.float32, expert_format="fused"
     )
     assert "model.layers.0.mlp.experts.gate_up_proj" in load_file(str(path / "model.safetensors"))
-    ad = load_adapter(path, issuer=fake_issuer, cache_slots=4, max_batch_tokens=2)
+    ad = load_adapter(path, issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
     assert ad.store.format.name == "fused"
     ref = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, experts_implementation="eager"
@@ -266,3 +266,45 @@ def test_synthetic_is_labelled_and_seeded(tmp_path: Path) -> None:
     assert not torch.equal(ta, load_file(str(c / "model.safetensors"))[key])
     with pytest.raises(ValueError, match="no synthetic preset 'huge'"):
         write_synthetic_checkpoint(tmp_path / "x", "olmoe", "huge")
+
+
+def test_store_registers_its_buffer_with_the_issuer(tiny_checkpoints: dict[str, Path]) -> None:
+    from pdflash.h2d import H2DIssuer
+
+    issuer = H2DIssuer(backend="host")
+    try:
+        ad = load_adapter(tiny_checkpoints["qwen3_moe"], issuer=issuer, cache_fraction=1.0)
+        ptr = ad.store.buffer.data_ptr()
+        with pytest.raises(ValueError, match="already registered"):
+            issuer.register_host(ptr, 16)
+        ad.close()
+        issuer.register_host(ptr, 16)  # close() unregistered it
+        issuer.unregister_host(ptr)
+    finally:
+        issuer.close()
+
+
+def test_store_registers_with_the_issuer_of_a_later_cache(
+    tiny_checkpoints: dict[str, Path],
+) -> None:
+    from pdflash.cache import ExpertCache
+    from pdflash.h2d import H2DIssuer
+
+    ad = load_adapter(tiny_checkpoints["olmoe"])  # no issuer: nothing registered yet
+    assert ad.cache is None and ad.store.registered_with is None
+    with pytest.raises(RuntimeError, match="no expert cache attached"):
+        ad.moe(0, torch.zeros(1, ad.hidden_size))
+    first, second = H2DIssuer(backend="host"), H2DIssuer(backend="host")
+    try:
+        ptr = ad.store.buffer.data_ptr()
+        for issuer in (first, second):
+            ad.attach_cache(ExpertCache(ad.store, issuer, fraction=1.0, top_k=ad.top_k))
+            assert ad.store.registered_with is issuer
+            with pytest.raises(ValueError, match="already registered"):
+                issuer.register_host(ptr, 16)
+        first.register_host(ptr, 16)  # moving to `second` unregistered it from `first`
+        out = ad.moe(1, torch.ones(3, ad.hidden_size))
+        assert out.shape == (3, ad.hidden_size) and torch.isfinite(out).all()
+    finally:
+        first.close()
+        second.close()

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Build pdflash on the lent H200 machine and run named steps, each a command
+# line; results go to $OUT/results.jsonl (one {"step", "cmd", "rc", "result"}
+# per step) and the whole log to $OUT/log.txt. Usage:
+#   bash bench/h200/run.sh 'gputests=pytest tests/gpu -q' 'h2d=pdflash-bench h2d --json'
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+REPO=$PWD
+LOG="$OUT/log.txt"
+{
+  echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>&1)"
+  python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda)'
+  t0=$(date +%s)
+  python3 -m pip install -q --no-build-isolation --no-deps "$REPO" 2>&1 | tail -20
+  echo "== build rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s"
+} >>"$LOG" 2>&1
+for spec in "$@"; do
+  name=${spec%%=*}; cmd=${spec#*=}
+  echo "== step $name: $cmd" >>"$LOG"
+  t0=$(date +%s)
+  ( cd "$REPO" && eval "$cmd" ) >"$OUT/.stdout" 2>>"$LOG"
+  rc=$?
+  cat "$OUT/.stdout" >>"$LOG"
+  echo "== step $name rc=$rc in $(( $(date +%s) - t0 )) s" >>"$LOG"
+  python3 - "$name" "$cmd" "$rc" "$OUT/.stdout" >>"$OUT/results.jsonl" <<'PY'
+import json, sys
+name, cmd, rc, path = sys.argv[1:5]
+text = open(path).read().strip()
+try:
+    result = json.loads(text.splitlines()[-1]) if text else None
+except (ValueError, IndexError):
+    result = None
+print(json.dumps({"step": name, "cmd": cmd, "rc": int(rc), "result": result}))
+PY
+done
+rm -f "$OUT/.stdout"
+tail -c 6000 "$LOG"

@@ -1,0 +1,425 @@
+"""``pdflash-bench moe``: offloaded vs resident MoE forward on a real HF
+architecture (synthetic weights unless ``--weights``).
+
+For each repeat, one sequence of ``--tokens`` seeded random tokens runs
+through the HF forward twice: with every layer's experts resident on the
+device (the architecture's own transformers MoE block over stacked experts)
+and offloaded (experts in pinned host memory, a cache of ``--cache-fraction``
+of all experts, misses copied ON_DEMAND through :class:`pdflash.h2d.H2DIssuer`).
+Per-layer times come from CUDA events (``perf_counter`` on CPU) around each
+decoder layer and each MoE block; medians over ``--repeats`` after one
+warm-up repeat. The cache persists across repeats (steady state).
+
+On CUDA, ``link_gbps`` is a 256 MiB pinned->device copy measured in the same
+run, for context. Output: one JSON object (see ``run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HELP = "offloaded vs resident MoE forward per layer: time, hit rate, bytes moved, max_abs_err"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--arch",
+        default="qwen3_moe",
+        help="qwen3_moe | gpt_oss | mixtral | olmoe, or a preset name "
+        "(qwen3-30b-a3b, gpt-oss-20b, mixtral-8x7b, olmoe-1b-7b)",
+    )
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="synthetic preset (default: tiny on CPU, the published shape on CUDA)",
+    )
+    p.add_argument(
+        "--weights", default=None, help="a checkpoint directory instead of synthetic weights"
+    )
+    p.add_argument(
+        "--cache-fraction",
+        default="0.5",
+        help="fraction of all experts the device cache holds; a comma list "
+        "(0.2,0.5) measures each on the same weights and prints {runs: [...]}",
+    )
+    p.add_argument(
+        "--layers", type=int, default=None, help="truncate the synthetic model to N layers"
+    )
+    p.add_argument("--tokens", type=int, default=16, help="tokens per forward (one sequence)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        help="bfloat16 | float16 | float32 (default: bf16 on CUDA, fp32 on CPU)",
+    )
+    p.add_argument("--policy", default="lru", help="lru | lfu | route_ahead")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--resident-experts",
+        default=None,
+        help="transformers experts implementation for the resident baseline "
+        "(grouped_mm | batched_mm | eager; default: transformers' choice)",
+    )
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Timer:
+    """Per-module elapsed times via hooks (CUDA events, or host clocks on CPU)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.marks: dict[str, list[Any]] = {}
+        self.handles: list[Any] = []
+
+    def watch(self, name: str, module: Any) -> None:
+        import torch
+
+        cuda = self.device.type == "cuda"
+
+        def stamp() -> Any:
+            if cuda:
+                ev = torch.cuda.Event(enable_timing=True)
+                ev.record()
+                return ev
+            return time.perf_counter()
+
+        def pre(_m: Any, _a: Any) -> None:
+            self.marks.setdefault(name, []).append([stamp(), None])
+
+        def post(_m: Any, _a: Any, _o: Any) -> None:
+            self.marks[name][-1][1] = stamp()
+
+        self.handles.append(module.register_forward_pre_hook(pre))
+        self.handles.append(module.register_forward_hook(post))
+
+    def collect_ms(self) -> dict[str, float]:
+        _sync(self.device)
+        out: dict[str, float] = {}
+        for name, pairs in self.marks.items():
+            total = 0.0
+            for a, b in pairs:
+                total += a.elapsed_time(b) if self.device.type == "cuda" else (b - a) * 1e3
+            out[name] = total
+        self.marks = {}
+        return out
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def _jsonable(obj: Any) -> Any:
+    """Nested dicts with :class:`NotMeasured` leaves -> JSON: the value becomes
+    null and its reason goes to that level's ``"not_measured"``."""
+    from pdflash.metrics import NotMeasured
+
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        reasons: dict[str, str] = {}
+        for k, v in obj.items():
+            if isinstance(v, NotMeasured):
+                out[k] = None
+                reasons[k] = v.reason
+            else:
+                out[k] = _jsonable(v)
+        if reasons:
+            out["not_measured"] = {**out.get("not_measured", {}), **reasons}
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def _link_gbps(device: Any) -> Any:
+    import torch
+
+    from pdflash.metrics import NotMeasured
+
+    if device.type != "cuda":
+        return NotMeasured("no CUDA device: no host-to-device link")
+    n = 256 << 20
+    src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(n, dtype=torch.uint8, device=device)
+    dst.copy_(src, non_blocking=True)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        dst.copy_(src, non_blocking=True)
+    _sync(device)
+    return 3 * n / (time.perf_counter() - t0) / 1e9
+
+
+def _measure(
+    ad: Any, issuer: Any, resident: list[Any], args: argparse.Namespace, device: Any
+) -> dict[str, Any]:
+    import torch
+
+    from pdflash.metrics import ratio
+
+    assert ad.cache is not None
+    timer = _Timer(device)
+    for i, layer in enumerate(ad._layers):
+        timer.watch(f"layer{i}", layer)
+        timer.watch(f"moe{i}", ad.blocks[i])
+        timer.watch(f"moe{i}", resident[i])
+    captured: list[tuple[int, Any, Any]] = []
+
+    def capture(layer: int) -> Any:
+        def hook(_m: Any, a: Any, out: Any) -> None:
+            captured.append(
+                (layer, a[0].detach(), (out[0] if isinstance(out, tuple) else out).detach())
+            )
+
+        return hook
+
+    cap_handles = [blk.register_forward_hook(capture(i)) for i, blk in enumerate(ad.blocks)]
+    gen = torch.Generator().manual_seed(args.seed)
+    per: dict[str, dict[str, list[float]]] = {"resident": {}, "offloaded": {}}
+    fwd: dict[str, list[float]] = {"resident": [], "offloaded": []}
+    max_err = 0.0
+    max_ref = 0.0
+    moe_err = 0.0
+    moe_ref = 0.0
+    busy0 = 0.0
+    for rep in range(args.repeats + 1):
+        ids = torch.randint(0, ad.vocab_size, (args.tokens,), generator=gen)
+        if rep == 1:
+            ad.cache.reset_stats()  # the warm-up repeat is not counted
+            busy0 = float(issuer.stats()["link_busy_s"])
+        outs = {}
+        for mode in ("resident", "offloaded"):
+            _sync(device)
+            t = time.perf_counter()
+            with torch.inference_mode():
+                if mode == "resident":
+                    with ad.swapped_blocks(resident):
+                        logits = ad.forward_logits(ids)
+                else:
+                    logits = ad.forward_logits(ids)
+            _sync(device)
+            elapsed = (time.perf_counter() - t) * 1e3
+            ms = timer.collect_ms()
+            outs[mode] = logits.float()
+            if rep == 0:
+                continue
+            fwd[mode].append(elapsed)
+            for k, v in ms.items():
+                per[mode].setdefault(k, []).append(v)
+        if rep > 0:
+            max_err = max(max_err, float((outs["offloaded"] - outs["resident"]).abs().max()))
+            max_ref = max(max_ref, float(outs["resident"].abs().max()))
+            # each offloaded MoE block vs the resident block on the same input
+            with torch.inference_mode():
+                for layer, x, y in captured:
+                    want = resident[layer](x)
+                    want = (want[0] if isinstance(want, tuple) else want).float()
+                    moe_err = max(moe_err, float((y.float() - want).abs().max()))
+                    moe_ref = max(moe_ref, float(want.abs().max()))
+            _sync(device)
+            timer.collect_ms()  # drop the resident calls above from the timings
+        captured.clear()
+    for h in cap_handles:
+        h.remove()
+    timer.remove()
+    issuer_stats = issuer.stats()
+    link_busy_s = float(issuer_stats["link_busy_s"]) - busy0
+    st = ad.cache.stats()
+    offloaded_s = sum(fwd["offloaded"]) / 1e3
+    per_layer = []
+    for i in range(ad.num_layers):
+        r_l, o_l = _median(per["resident"][f"layer{i}"]), _median(per["offloaded"][f"layer{i}"])
+        per_layer.append(
+            {
+                "layer": i,
+                "resident_ms": r_l,
+                "offloaded_ms": o_l,
+                "resident_moe_ms": _median(per["resident"][f"moe{i}"]),
+                "offloaded_moe_ms": _median(per["offloaded"][f"moe{i}"]),
+                "offloaded_over_resident": o_l / r_l if r_l > 0 else None,
+            }
+        )
+    cfg = ad.config
+    return {
+        "layers": ad.num_layers,
+        "num_experts": ad.num_experts,
+        "top_k": ad.top_k,
+        "hidden_size": ad.hidden_size,
+        "expert_nbytes": ad.expert_nbytes,
+        "total_expert_bytes": ad.store.total_nbytes,
+        "cache_slots": ad.cache.num_slots,
+        "cache_bytes": ad.cache.num_slots * ad.expert_nbytes,
+        "policy": args.policy,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "experts_implementation_resident": getattr(cfg, "_experts_implementation", None),
+        "attn_implementation": getattr(cfg, "_attn_implementation", None),
+        "forward_ms": {m: _median(v) for m, v in fwd.items()},
+        "per_layer": per_layer,
+        "hits": st["hits"],
+        "misses": st["misses"],
+        "evictions": st["evictions"],
+        "bytes_moved": st["bytes_in"],
+        "bytes_moved_per_forward": st["bytes_in"] / args.repeats,
+        "copies": st["copies"],
+        "issuer_backend": issuer.backend,
+        "issuer": issuer_stats,  # cumulative over the whole run (all fractions, warm-up)
+        "_metrics": {
+            "hit_rate": st["hit_rate"],
+            "useful_byte_fraction": st["useful_byte_fraction"],
+            # bytes copied / wall time of the offloaded forwards (not link-busy time)
+            "h2d_gbps_over_forward": ratio(
+                st["bytes_in"] / 1e9, offloaded_s, "no offloaded forward timed"
+            ),
+            # issuer copy-stream busy time during the measured offloaded forwards
+            "link_busy_s": link_busy_s,
+            "link_busy_fraction": ratio(link_busy_s, offloaded_s, "no offloaded forward timed"),
+            "h2d_gbps_while_busy": ratio(
+                st["bytes_in"] / 1e9, link_busy_s, "the link was never busy"
+            ),
+            "max_abs_err": max_err,
+            "max_abs_logit_resident": max_ref,
+            "rel_err": ratio(max_err, max_ref, "resident logits are all zero"),
+            # NOTE: in bf16 the logits can differ beyond rounding when a 1-ulp
+            # change flips a near-tie in top-k; the per-block error isolates
+            # the offloaded computation (same input to both blocks).
+            "moe_max_abs_err": moe_err,
+            "moe_rel_err": ratio(moe_err, moe_ref, "resident MoE outputs are all zero"),
+        },
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from pdflash.cache import ExpertCache
+    from pdflash.h2d import H2DIssuer
+    from pdflash.metrics import metrics_to_json
+    from pdflash.models import PRESET_ARCH, load_adapter, write_synthetic_checkpoint
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype
+        else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    )
+    arch, preset = args.arch, args.preset
+    if arch in PRESET_ARCH:
+        arch, preset = PRESET_ARCH[arch], preset or arch
+    if preset is None:
+        default_full = {
+            "qwen3_moe": "qwen3-30b-a3b",
+            "gpt_oss": "gpt-oss-20b",
+            "mixtral": "mixtral-8x7b",
+            "olmoe": "olmoe-1b-7b",
+        }
+        preset = default_full[arch] if device.type == "cuda" else "tiny"
+    if args.repeats < 1 or args.tokens < 1:
+        raise SystemExit("--repeats and --tokens must be >= 1")
+
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    t0 = time.perf_counter()
+    if args.weights:
+        path = Path(args.weights)
+        weights = "checkpoint"
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="pdflash-moe-")
+        path = write_synthetic_checkpoint(
+            Path(tmp.name) / arch,
+            arch,
+            preset,
+            # NOTE: published shapes default to 4 layers (a full qwen3-30b-a3b is ~60 GB of experts)
+            num_layers=args.layers if args.layers is not None or preset == "tiny" else 4,
+            dtype=dtype,
+            seed=args.seed,
+            device=device.type,
+            shard_bytes=4 << 30,
+        )
+        weights = "synthetic"
+    write_s = time.perf_counter() - t0
+
+    fractions = [float(f) for f in str(args.cache_fraction).split(",") if f.strip()]
+    if not fractions:
+        raise SystemExit("--cache-fraction needs at least one value")
+    issuer = H2DIssuer(
+        backend="cuda" if device.type == "cuda" else "host",
+        device=(device.index or 0) if device.type == "cuda" else 0,
+    )
+    try:
+        t0 = time.perf_counter()
+        ad = load_adapter(
+            path,
+            device=device,
+            dtype=dtype,
+            issuer=issuer,
+            cache_fraction=fractions[0],
+            max_batch_tokens=min(args.tokens, 16),
+            policy=args.policy,
+        )
+        load_s = time.perf_counter() - t0
+        if args.resident_experts:
+            ad.hf_model.config._experts_implementation = args.resident_experts
+        resident = [ad.resident_block(i) for i in range(ad.num_layers)]
+        link = _link_gbps(device)
+        runs = []
+        for k, fraction in enumerate(fractions):
+            if k > 0:  # same weights and store, a fresh cache of another size
+                ad.cache = ad.runtime = None
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                ad.attach_cache(
+                    ExpertCache(
+                        ad.store,
+                        issuer,
+                        device=device,
+                        fraction=fraction,
+                        top_k=ad.top_k,
+                        max_batch_tokens=min(args.tokens, 16),
+                        policy=args.policy,
+                    )
+                )
+            row = _measure(ad, issuer, resident, args, device)
+            row.update(
+                {
+                    "suite": "moe",
+                    "arch": arch,
+                    "preset": preset if weights == "synthetic" else None,
+                    "weights": weights,
+                    "weights_path": str(path) if weights == "checkpoint" else None,
+                    "device": str(device),
+                    "device_name": torch.cuda.get_device_name(device)
+                    if device.type == "cuda"
+                    else "cpu",
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "cache_fraction": fraction,
+                    "write_s": write_s,
+                    "load_s": load_s,
+                }
+            )
+            row.update(metrics_to_json({**row.pop("_metrics"), "link_gbps": link}))
+            runs.append(row)
+        ad.close()
+        if len(runs) == 1:
+            return dict(_jsonable(runs[0]))
+        return {"suite": "moe", "runs": _jsonable(runs)}
+    finally:
+        issuer.close()
+        if tmp is not None:
+            tmp.cleanup()

@@ -1,0 +1,390 @@
+"""``pdflash-bench routeahead``: route-ahead bookkeeping speed and predictor quality.
+
+Two parts, both on synthetic inputs (labelled ``"synthetic": true``):
+
+1. **accumulator** — one verify step of 256 requests x 16 tokens x top-8 over
+   48 layers x 128 experts: the native accumulator against the pure-Python
+   reference, timed side by side in this run (medians), plus a check that
+   both produce the same counters on the same step. Routing is synthetic with
+   realistic overlap: per layer a Zipf-like expert popularity, per request a
+   persistent affinity, per token Gumbel noise (top-k of the sum); the
+   prediction is the same model with independent noise.
+2. **predictors** — each predictor on tiny random-weight models of the four
+   architectures (``pdflash.models`` synthetic checkpoints written to a temp
+   dir, read through ``pdflash.models`` adapters), scored against the
+   routing captured from the transformers forward of the same checkpoint
+   over one random sequence of 16-token blocks: ``coverage``, ``precision``
+   and ``predict_us`` (median per block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+HELP = "route-ahead: native vs reference bookkeeping speed; predictor coverage/precision"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per request (block)")
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=48)
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--native-reps", type=int, default=30)
+    parser.add_argument("--reference-reps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        default="auto",
+        help="torch device for the predictor part (auto: cuda if present)",
+    )
+    parser.add_argument("--skip-predictors", action="store_true")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads for the predictor part (0: 1 on CPU, torch's default on CUDA)",
+    )
+    parser.add_argument(
+        "--predictor-archs",
+        default=",".join(ARCHS),
+        help="comma-separated architectures for the predictor part (first = headline)",
+    )
+
+
+# ----------------------------------------------------------------------------
+# Part 1: the accumulator
+# ----------------------------------------------------------------------------
+
+
+def _gumbel_topk(
+    logits: npt.NDArray[np.float32], k: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    noisy = logits + rng.gumbel(size=logits.shape).astype(np.float32)
+    return np.argpartition(-noisy, k - 1, axis=-1)[..., :k].astype(np.int64)
+
+
+def synthetic_step(
+    requests: int, tokens: int, top_k: int, layers: int, experts: int, seed: int
+) -> dict[str, Any]:
+    """Routed top-k ids ``(L, R*T, k)``, routed/predicted masks ``(R, L, E)``
+    and a resident mask ``(L, E)`` (the more popular half of each layer)."""
+    rng = np.random.default_rng(seed)
+    ranks = np.argsort(rng.random((layers, experts)), axis=1)
+    log_pop = (-1.0 * np.log1p(ranks)).astype(np.float32)  # Zipf-like popularity
+    affinity = rng.normal(0.0, 1.0, (requests, layers, experts)).astype(np.float32)
+    topk = np.empty((layers, requests * tokens, top_k), dtype=np.int64)
+    routed = np.zeros((requests, layers, experts), dtype=np.bool_)
+    predicted = np.zeros_like(routed)
+    r_idx = np.repeat(np.arange(requests), tokens)
+    for layer in range(layers):
+        base = log_pop[layer][None, :] + affinity[:, layer, :]  # (R, E)
+        per_token = np.repeat(base, tokens, axis=0)  # (R*T, E)
+        ids = _gumbel_topk(per_token, top_k, rng)
+        topk[layer] = ids
+        routed[r_idx[:, None], layer, ids] = True
+        guess = _gumbel_topk(per_token, top_k, rng)  # same tendencies, other noise
+        predicted[r_idx[:, None], layer, guess] = True
+    resident = ranks < experts // 2
+    owner = r_idx.astype(np.int64)
+    return {
+        "topk": topk,
+        "owner": owner,
+        "routed": routed,
+        "predicted": predicted,
+        "resident": resident,
+    }
+
+
+def _median_us(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm-up: first-call allocations are not part of a step
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1e3
+
+
+def bench_accumulator(args: argparse.Namespace) -> dict[str, Any]:
+    from pdflash._reference.routeahead import RouteAheadReference
+    from pdflash.routeahead import RouteAheadStats, pack_masks, routed_bitsets_from_topk
+
+    L, E = args.layers, args.experts
+    step = synthetic_step(args.requests, args.tokens, args.top_k, L, E, args.seed)
+    nbytes = 3 * 2048 * 768 * 2  # a Qwen3-30B-A3B-sized bf16 expert; any size works
+    pred, routed, resident = step["predicted"], step["routed"], step["resident"]
+
+    # correctness on this very step first: the same counters from both
+    native = RouteAheadStats(L, E, nbytes)
+    reference = RouteAheadReference(L, E, nbytes, 0.9)
+    native.update(pred, routed, resident)
+    reference.update_masks(pred, routed, resident)
+    agree = bool((native._acc.counters() == reference.counters()).all())
+    snap = native.snapshot()
+
+    timed = RouteAheadStats(L, E, nbytes)
+    native_us = _median_us(lambda: timed.update(pred, routed, resident), args.native_reps)
+    pred_bits, resident_bits = pack_masks(pred), pack_masks(resident)
+    routed_bits = pack_masks(routed)
+    bitsets_us = _median_us(
+        lambda: timed.update_bitsets(pred_bits, routed_bits, resident_bits), args.native_reps
+    )
+
+    def from_topk() -> None:
+        bits = routed_bitsets_from_topk(step["topk"], step["owner"], args.requests, E)
+        timed.update_bitsets(pack_masks(pred), bits, resident_bits)
+
+    topk_us = _median_us(from_topk, args.native_reps)
+    slow = RouteAheadReference(L, E, nbytes, 0.9)
+    reference_us = _median_us(
+        lambda: slow.update_masks(pred, routed, resident), args.reference_reps
+    )
+    return {
+        "synthetic": True,
+        "routing": "Zipf-like popularity + per-request affinity + per-token Gumbel noise",
+        "requests": args.requests,
+        "tokens_per_request": args.tokens,
+        "top_k": args.top_k,
+        "layers": L,
+        "experts": E,
+        "native_us_per_step": native_us,
+        "reference_us_per_step": reference_us,
+        "speedup": reference_us / native_us,
+        "native_bitsets_us_per_step": bitsets_us,
+        "native_from_topk_us_per_step": topk_us,
+        "native_reps": args.native_reps,
+        "reference_reps": args.reference_reps,
+        "native_equals_reference": agree,
+        "mean_routed_per_request_layer": float(routed.sum(axis=2).mean()),
+        "mean_routed_union_per_layer": float(routed.any(axis=0).sum(axis=1).mean()),
+        "synthetic_prediction": snap.request.to_json(),
+    }
+
+
+# ----------------------------------------------------------------------------
+# Part 2: predictors on a tiny random-weight model
+# ----------------------------------------------------------------------------
+
+TINY = dict(layers=8, experts=64, top_k=4, blocks=16, block=16)
+_EXPERT_COUNT_KEY = {
+    "qwen3_moe": "num_experts",
+    "olmoe": "num_experts",
+    "mixtral": "num_local_experts",
+    "gpt_oss": "num_local_experts",
+}
+
+
+def _capture(model: Any, router_attr: str, ids: Any) -> tuple[list[Any], list[Any]]:
+    """Routed top-k ids ``[T, k]`` and the residual after each layer ``[T, H]``
+    from the transformers forward (hooks on the router modules)."""
+    import torch
+
+    routed: list[Any] = []
+    outs: list[Any] = []
+    hooks = []
+
+    def on_router(_m: Any, _a: Any, output: Any) -> None:
+        routed.append(output[2].clone())
+
+    def on_layer(_m: Any, _a: Any, output: Any) -> None:
+        hidden = output[0] if isinstance(output, tuple) else output
+        outs.append(hidden.reshape(-1, hidden.shape[-1]).clone())
+
+    for layer in model.model.layers:
+        hooks.append(getattr(layer.mlp, router_attr).register_forward_hook(on_router))
+        hooks.append(layer.register_forward_hook(on_layer))
+    try:
+        with torch.inference_mode():
+            model(input_ids=ids[None, :], use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [r.reshape(-1, r.shape[-1]) for r in routed], outs
+
+
+def bench_predictors_on(arch: str, root: str, device: str, seed: int) -> dict[str, Any]:
+    """Every predictor on one tiny synthetic checkpoint of ``arch``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdflash.models import load_adapter, write_synthetic_checkpoint
+    from pdflash.protocols import DraftedBlock, ExpertPredictor
+    from pdflash.routeahead import (
+        ApproxRouterPredictor,
+        CombinedPredictor,
+        FrequencyPriorPredictor,
+        NextLayerLookahead,
+        PreviousRoundPredictor,
+        RouteAheadStats,
+    )
+
+    L, E, K, B = TINY["layers"], TINY["experts"], TINY["top_k"], TINY["block"]
+    path = write_synthetic_checkpoint(
+        f"{root}/{arch}",
+        arch,
+        "tiny",
+        num_layers=L,
+        dtype=torch.float32,
+        seed=seed,
+        config_overrides={_EXPERT_COUNT_KEY[arch]: E, "num_experts_per_tok": K},
+    )
+    adapter = load_adapter(path, device=device, dtype=torch.float32)
+    resident = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    )
+    resident = resident.eval().to(device)
+    gen = torch.Generator().manual_seed(seed + 1)
+    vocab = int(adapter.vocab_size)
+    sequence = torch.randint(3, vocab, (TINY["blocks"] * B,), generator=gen).to(device)
+    routed_ids, layer_out = _capture(resident, type(adapter).router_attr, sequence)
+
+    def routed_mask(block: int) -> npt.NDArray[np.bool_]:
+        mask = np.zeros((L, E), dtype=np.bool_)
+        for layer in range(L):
+            ids = routed_ids[layer][block * B : (block + 1) * B]
+            mask[layer, ids.reshape(-1).long().cpu().numpy()] = True
+        return mask
+
+    nbytes = int(adapter.expert_nbytes)
+    freq_stats = RouteAheadStats(L, E, nbytes, decay=0.9)
+    previous = PreviousRoundPredictor(L, E)
+    approx = ApproxRouterPredictor(adapter, proxy="embed")
+    frequency = FrequencyPriorPredictor(freq_stats, per_layer=2 * B)
+    # NOTE: the combined predictor may prefetch half of the model's experts per
+    # block; it ranks the union of its members and keeps the best that fit.
+    budget = (L * E // 2) * nbytes
+    predictors: dict[str, ExpertPredictor] = {
+        "approx_router": approx,
+        "approx_router_wide": ApproxRouterPredictor(
+            adapter, proxy="embed", experts_per_token=2 * K, name="approx_router_wide"
+        ),
+        "approx_block_attention": ApproxRouterPredictor(
+            adapter, proxy="block_attention", name="approx_block_attention"
+        ),
+        "previous_round": previous,
+        "frequency_prior": frequency,
+        # the same budget for the approximate router alone: the yardstick for "combined"
+        "approx_router_budget": CombinedPredictor(
+            [(approx, 1.0)], expert_nbytes=nbytes, byte_budget=budget, name="approx_router_budget"
+        ),
+        # NOTE: weights picked on these synthetic models (agreement with the
+        # previous round / the prior breaks ties among the router's guesses)
+        "combined": CombinedPredictor(
+            [(approx, 1.0), (previous, 0.15), (frequency, 0.05)],
+            expert_nbytes=nbytes,
+            byte_budget=budget,
+        ),
+    }
+    names = [*predictors, "next_layer"]
+    stats = {name: RouteAheadStats(L, E, nbytes) for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    look = NextLayerLookahead(adapter)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    warm = DraftedBlock(1, sequence[:B], torch.arange(B, device=device))
+    for predictor in predictors.values():  # warm-up: lazy init is not a prediction
+        predictor.predict(warm)
+    look.predict_next(0, layer_out[0][:B])
+    for index in range(TINY["blocks"]):
+        rows = slice(index * B, (index + 1) * B)
+        block = DraftedBlock(0, sequence[rows], torch.arange(rows.start, rows.stop, device=device))
+        routed = routed_mask(index)
+        for name, predictor in predictors.items():
+            sync()
+            start = time.perf_counter_ns()
+            scores = predictor.predict(block)  # returns host numpy: includes the sync
+            times[name].append((time.perf_counter_ns() - start) / 1e3)
+            if index > 0:  # stateful predictors know nothing before block 0
+                stats[name].update(scores > 0, routed)
+        nxt = np.zeros((L, E), dtype=np.bool_)
+        sync()
+        start = time.perf_counter_ns()
+        for layer in range(L - 1):
+            flat, _ = look.predict_next(layer, layer_out[layer][rows])
+            nxt.reshape(-1)[flat] = True
+        times["next_layer"].append((time.perf_counter_ns() - start) / 1e3)
+        # layer 0 has no previous layer: the lookahead is scored on layers 1..L-1
+        later = routed.copy()
+        later[0] = False
+        stats["next_layer"].update(nxt, later)
+        previous.observe(0, routed)
+        freq_stats.update(np.zeros_like(routed), routed)
+    out: dict[str, Any] = {}
+    for name, st in stats.items():
+        snap = st.snapshot()
+        row = snap.request.to_json()
+        out[name] = {
+            "coverage": row["coverage"],
+            "precision": row["precision"],
+            "predict_us": statistics.median(times[name]),
+            "predict_us_min": min(times[name]),
+            "predicted_per_block": snap.request.predicted / max(snap.steps, 1),
+            "routed_per_block": snap.request.routed / max(snap.steps, 1),
+            "blocks_scored": snap.steps,
+        }
+        if "not_measured" in row:
+            out[name]["not_measured"] = row["not_measured"]
+    adapter.close()
+    return out
+
+
+def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
+    import tempfile
+
+    import torch
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    threads = args.torch_threads
+    if threads == 0 and device == "cpu":
+        # NOTE: a tiny model's ops are latency-bound; intra-op threads only add
+        # synchronisation (and, on a shared machine, wait for busy cores).
+        threads = 1
+    if threads > 0:
+        torch.set_num_threads(threads)
+    archs = [a for a in args.predictor_archs.split(",") if a]
+    for arch in archs:
+        if arch not in ARCHS:
+            raise SystemExit(f"--predictor-archs: unknown arch {arch!r}; choose from {ARCHS}")
+    with tempfile.TemporaryDirectory(prefix="pdflash-routeahead-") as root:
+        by_arch = {arch: bench_predictors_on(arch, root, device, args.seed) for arch in archs}
+    return {
+        "synthetic": True,
+        "model": "pdflash.models synthetic 'tiny' checkpoints (random weights), "
+        "scored against the transformers forward of the same checkpoint over one "
+        "sequence of 16-token blocks (routing depends on context the predictors do not see)",
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        **TINY,
+        "combined_byte_budget": "half of the model's experts per block",
+        "by_arch": by_arch,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from pdflash_native import _build_info
+
+    acc = bench_accumulator(args)
+    result: dict[str, Any] = {
+        "suite": "routeahead",
+        "native_us_per_step": acc["native_us_per_step"],
+        "reference_us_per_step": acc["reference_us_per_step"],
+        "speedup": acc["speedup"],
+        "accumulator": acc,
+        "build": _build_info.summary(),
+    }
+    if not args.skip_predictors:
+        model = bench_predictors(args)
+        # headline: the first arch's predictors; every arch under predictor_model.by_arch
+        result["predictors"] = model["by_arch"][next(iter(model["by_arch"]))]
+        result["predictor_model"] = model
+    return result

@@ -1,0 +1,392 @@
+"""The public verify scheduler: validation and bookkeeping around the
+native core :class:`pdflash_native._deficit.DeficitCore`."""
+
+from __future__ import annotations
+
+import bisect
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pdflash._native import load_native
+from pdflash.scheduler.config import MIN_WEIGHT, SchedulerConfig
+from pdflash.scheduler.policies import PolicyInput, WeightPolicy
+
+_deficit = load_native("_deficit")
+
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+class UnknownRequestError(KeyError):
+    """A request id that is not live was passed where a live one is needed."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step's batch and the ledger after it.
+
+    Per-item arrays are aligned with ``request_ids`` (service order = the
+    scan order in which marginal bytes were charged). Per-live arrays are
+    aligned with ``live_request_ids`` (ring order).
+
+    NOTE: ``union_ids`` and ``union_mask`` are read-only *views* of the
+    scheduler's internal buffers, valid until its next ``step()`` (no per-step
+    allocation proportional to the expert grid); copy them to keep them.
+    Every other array is a fresh copy.
+    """
+
+    step_index: int
+    request_ids: npt.NDArray[np.int64]
+    requested_tokens: npt.NDArray[np.int64]  # 1 + drafts asked for
+    token_grants: npt.NDArray[np.int64]  # a prefix: 1 <= grant <= requested
+    marginal_bytes: npt.NDArray[np.int64]  # bytes charged to each item, in order
+    costs: npt.NDArray[np.float64]  # dominant cost charged to each item
+    union_ids: npt.NDArray[np.int64]  # sorted flat ids of the batch's missing experts
+    union_mask: npt.NDArray[np.bool_]  # the same set as a (layers, experts) mask
+    live_request_ids: npt.NDArray[np.int64]
+    deficits: npt.NDArray[np.float64]  # after the step
+    quanta: npt.NDArray[np.float64]  # credit granted during the step
+    oversize: bool  # the batch is the single-item oversize exception
+    cap_reached: bool  # closed by max_requests_per_step with candidates left
+    lap: int  # DRR lap counter after the step
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens granted in total."""
+        return int(self.token_grants.sum())
+
+    @property
+    def missing_bytes(self) -> int:
+        """Bytes of the union of the batch's missing experts."""
+        return int(self.marginal_bytes.sum())
+
+    @property
+    def trimmed(self) -> npt.NDArray[np.bool_]:
+        """Items granted fewer tokens than requested (trailing drafts dropped)."""
+        return self.token_grants < self.requested_tokens
+
+
+def _check_rid(rid: object) -> int:
+    if isinstance(rid, bool) or not isinstance(rid, numbers.Integral):
+        raise TypeError(f"request id must be an int, got {rid!r}")
+    value = int(rid)
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError(f"request id {value} does not fit in int64")
+    return value
+
+
+def _check_weight(weight: object) -> float:
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
+        raise TypeError(f"weight must be a number, got {weight!r}")
+    w = float(weight)
+    if not math.isfinite(w) or w < MIN_WEIGHT:
+        raise ValueError(f"weight must be finite and >= {MIN_WEIGHT}, got {weight!r}")
+    return w
+
+
+class VerifyScheduler:
+    """The 2-D {tokens, missing-expert-bytes} deficit verify scheduler.
+
+    The rules are in :mod:`pdflash.scheduler`. Every method validates its
+    input first and leaves the scheduler unchanged when it raises.
+
+    Args:
+        config: budgets and expert grid.
+        policy: optional :class:`WeightPolicy` called once per step; ``None``
+            keeps each request's base weight (the fair default).
+        check_invariants: assert the per-step invariants at the end of every
+            ``step()`` (cheap, vLLM style; disabled under ``python -O``).
+    """
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        policy: WeightPolicy | None = None,
+        *,
+        check_invariants: bool = True,
+    ) -> None:
+        if not isinstance(config, SchedulerConfig):
+            raise TypeError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        self.config = config
+        self.policy = policy
+        self.check_invariants = check_invariants
+        budget = config.byte_budget
+        self._core: Any = _deficit.DeficitCore(
+            config.num_flat,
+            config.token_budget,
+            -1 if budget is None else budget,
+            float(config.quantum),
+            config.max_requests_per_step or 0,
+        )
+        self._num_words = int(self._core.num_words)
+        self._rids = np.zeros(0, dtype=np.int64)  # ring order
+        self._seqs: list[int] = []  # ring order, increasing
+        self._seq_of: dict[int, int] = {}
+        self._base_weight: dict[int, float] = {}
+        self._last_served: dict[int, int] = {}
+        self._next_seq = 0
+        self._step_index = 0
+        self._sizes_given = False
+
+    # ------------------------------------------------------------ queries
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __contains__(self, rid: object) -> bool:
+        return rid in self._seq_of
+
+    @property
+    def request_ids(self) -> npt.NDArray[np.int64]:
+        """Live request ids in ring (arrival) order."""
+        return self._rids.copy()
+
+    @property
+    def step_index(self) -> int:
+        """Number of ``step()`` calls so far (the logical clock)."""
+        return self._step_index
+
+    @property
+    def lap(self) -> int:
+        return int(self._core.lap)
+
+    def deficit(self, rid: int) -> float:
+        """Current deficit (credit) of a live request."""
+        return float(self._core.deficits()[self._index(rid)])
+
+    def weight(self, rid: int) -> float:
+        """Base weight of a live request."""
+        self._index(rid)
+        return self._base_weight[rid]
+
+    def pending_tokens(self, rid: int) -> int:
+        """``1 + drafts`` of the pending demand, or 0 if none."""
+        return int(self._core.pending_tokens()[self._index(rid)])
+
+    def _index(self, rid: object) -> int:
+        seq = self._seq_of.get(rid)  # type: ignore[call-overload]
+        if seq is None:
+            raise UnknownRequestError(f"request id {rid!r} is not live")
+        return bisect.bisect_left(self._seqs, seq)
+
+    # ------------------------------------------------------------ events
+    def add_request(self, rid: int, weight: float = 1.0) -> None:
+        """Add a live request at the end of the ring with zero credit."""
+        rid = _check_rid(rid)
+        w = _check_weight(weight)
+        if rid in self._seq_of:
+            raise ValueError(f"request id {rid} is already live")
+        seq = self._next_seq
+        self._core.append(seq, w)
+        self._next_seq += 1
+        self._seqs.append(seq)
+        self._seq_of[rid] = seq
+        self._base_weight[rid] = w
+        self._rids = np.append(self._rids, np.int64(rid))
+
+    def remove_request(self, rid: int) -> bool:
+        """Remove a finished or aborted request; its credit is dropped.
+
+        Unknown or already removed ids are a no-op (returns False).
+        """
+        seq = self._seq_of.get(rid)
+        if seq is None:
+            return False
+        index = bisect.bisect_left(self._seqs, seq)
+        self._core.remove(index)
+        del self._seqs[index]
+        del self._seq_of[rid]
+        del self._base_weight[rid]
+        self._last_served.pop(rid, None)
+        self._rids = np.delete(self._rids, index)
+        return True
+
+    def set_weight(self, rid: int, weight: float) -> None:
+        """Change a live request's base weight (takes effect at its next quantum)."""
+        index = self._index(rid)
+        w = _check_weight(weight)
+        weights = np.array(self._core.weights(), dtype=np.float64)
+        weights[index] = w
+        self._core.set_weights(weights)
+        self._base_weight[rid] = w
+
+    def update_demand(
+        self, rid: int, drafted_tokens: int, predicted_experts: npt.ArrayLike
+    ) -> None:
+        """Set a request's verify demand: ``1 + drafted_tokens`` tokens and the
+        experts it is predicted to route to (flat ids, or a boolean
+        ``(num_layers, num_experts)`` mask). Replaces any pending demand."""
+        index = self._index(rid)
+        if isinstance(drafted_tokens, bool) or not isinstance(drafted_tokens, numbers.Integral):
+            raise TypeError(f"drafted_tokens must be an int, got {drafted_tokens!r}")
+        tokens = 1 + int(drafted_tokens)
+        if drafted_tokens < 0:
+            raise ValueError(f"drafted_tokens must be >= 0, got {drafted_tokens!r}")
+        limit = self.config.max_tokens_per_item
+        if limit is not None and tokens > limit:
+            raise ValueError(f"1 + drafted_tokens = {tokens} exceeds max_tokens_per_item={limit}")
+        words = self._to_words(predicted_experts, "predicted_experts")
+        self._core.set_demand(index, tokens, words)
+
+    def clear_demand(self, rid: int) -> None:
+        """Withdraw a request's pending demand (it stays live, keeps its credit)."""
+        self._core.clear_demand(self._index(rid))
+
+    def set_resident(self, experts: npt.ArrayLike) -> None:
+        """Set the resident expert set ``R`` (flat ids or a boolean mask)."""
+        self._core.set_resident(self._to_words(experts, "resident experts"))
+
+    def set_expert_bytes(self, sizes: npt.ArrayLike) -> None:
+        """Per-expert byte sizes, shape ``(num_layers, num_experts)`` or flat."""
+        cfg = self.config
+        arr = np.asarray(sizes)
+        if arr.shape not in ((cfg.num_layers, cfg.num_experts), (cfg.num_flat,)):
+            raise ValueError(
+                f"expert sizes must have shape ({cfg.num_layers}, {cfg.num_experts}) or "
+                f"({cfg.num_flat},), got {arr.shape}"
+            )
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"expert sizes must be integers (bytes), got dtype {arr.dtype}")
+        flat = np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
+        if (flat < 0).any():
+            g = int(np.flatnonzero(flat < 0)[0])
+            raise ValueError(f"expert size must be >= 0, got {int(flat[g])} for flat id {g}")
+        self._core.set_expert_bytes(flat)
+        self._sizes_given = True
+
+    def _to_words(self, experts: npt.ArrayLike, what: str) -> npt.NDArray[np.uint64]:
+        cfg = self.config
+        n = cfg.num_flat
+        arr = np.asarray(experts)
+        if arr.ndim == 2:
+            if arr.shape != (cfg.num_layers, cfg.num_experts):
+                raise ValueError(
+                    f"{what}: mask shape {arr.shape} != ({cfg.num_layers}, {cfg.num_experts})"
+                )
+            if arr.dtype != np.bool_ and (
+                arr.dtype.kind not in "iu" or ((arr != 0) & (arr != 1)).any()
+            ):
+                raise ValueError(f"{what}: a mask must be boolean (or 0/1), got {arr.dtype}")
+            flat = arr.astype(np.bool_).reshape(-1)
+        elif arr.ndim == 1 or (arr.ndim == 0 and arr.size == 0):
+            flat = np.zeros(n, dtype=np.bool_)
+            if arr.size:
+                if arr.dtype.kind not in "iu":
+                    raise TypeError(
+                        f"{what}: flat expert ids must be integers, got dtype {arr.dtype} "
+                        "(pass a 2-D (num_layers, num_experts) array for a mask)"
+                    )
+                ids = arr.astype(np.int64)
+                bad = (ids < 0) | (ids >= n)
+                if bad.any():
+                    raise ValueError(f"{what}: expert id {int(ids[bad][0])} out of range [0, {n})")
+                flat[ids] = True
+        else:
+            raise ValueError(
+                f"{what}: expected flat ids (1-D) or a 2-D mask, got shape {arr.shape}"
+            )
+        padded = np.zeros(self._num_words * 64, dtype=np.bool_)
+        padded[:n] = flat
+        packed = np.packbits(padded, bitorder="little")
+        return np.ascontiguousarray(packed.view("<u8").astype(np.uint64, copy=False))
+
+    # ------------------------------------------------------------ step
+    def step(self) -> StepResult:
+        """Choose this step's batch (see :mod:`pdflash.scheduler` for the rules)."""
+        core = self._core
+        cfg = self.config
+        if not cfg.token_only and not self._sizes_given:
+            raise RuntimeError(
+                "set_expert_bytes() must be called before step() when a byte budget is set"
+            )
+        if self.policy is not None and len(self._seqs):
+            self._apply_policy()
+        had_work = bool(core.pending_tokens().any()) if self.check_invariants else False
+        core.step()
+        result = StepResult(
+            step_index=self._step_index,
+            request_ids=self._rids[core.result_index()],
+            requested_tokens=core.result_requested().copy(),
+            token_grants=core.result_grant().copy(),
+            marginal_bytes=core.result_marginal().copy(),
+            costs=core.result_cost().copy(),
+            union_ids=_readonly(core.result_union_ids()),
+            union_mask=_readonly(
+                core.result_union_mask().view(np.bool_).reshape(cfg.num_layers, cfg.num_experts)
+            ),
+            live_request_ids=self._rids.copy(),
+            deficits=core.deficits().copy(),
+            quanta=core.result_quanta().copy(),
+            oversize=bool(core.oversize),
+            cap_reached=bool(core.cap_reached),
+            lap=int(core.lap),
+        )
+        if self.check_invariants:
+            _assert_step_invariants(cfg, result, had_work)
+        if self.policy is not None:
+            for rid in result.request_ids.tolist():
+                self._last_served[rid] = self._step_index
+        self._step_index += 1
+        return result
+
+    def _apply_policy(self) -> None:
+        assert self.policy is not None
+        core = self._core
+        rids = self._rids.copy()
+        view = PolicyInput(
+            step_index=self._step_index,
+            request_ids=rids,
+            base_weights=np.array([self._base_weight[r] for r in rids.tolist()], dtype=np.float64),
+            deficits=core.deficits().copy(),
+            pending_tokens=core.pending_tokens().copy(),
+            steps_since_served=np.array(
+                [
+                    self._step_index - self._last_served[r] if r in self._last_served else -1
+                    for r in rids.tolist()
+                ],
+                dtype=np.int64,
+            ),
+        )
+        weights = np.ascontiguousarray(self.policy.weights(view), dtype=np.float64)
+        if weights.shape != rids.shape:
+            raise ValueError(
+                f"policy returned {weights.shape} weights for {len(rids)} live requests"
+            )
+        bad = ~np.isfinite(weights) | (weights < MIN_WEIGHT)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"policy weight {float(weights[k])!r} for request {int(rids[k])} is not finite "
+                f"and >= {MIN_WEIGHT}"
+            )
+        core.set_weights(weights)
+
+
+def _readonly(arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    arr.setflags(write=False)
+    return arr
+
+
+def _assert_step_invariants(cfg: SchedulerConfig, r: StepResult, had_work: bool) -> None:
+    """Cheap per-step checks (the full from-scratch ones live in the tests)."""
+    budget = cfg.byte_budget
+    assert r.tokens <= cfg.token_budget, "token budget exceeded"
+    assert budget is None or r.missing_bytes <= budget or (r.oversize and len(r) == 1), (
+        "byte budget exceeded outside the oversize exception"
+    )
+    assert ((r.token_grants >= 1) & (r.token_grants <= r.requested_tokens)).all(), "bad grant"
+    assert len(np.unique(r.request_ids)) == len(r), "a request was scheduled twice"
+    assert (r.deficits >= 0).all(), "negative deficit"
+    assert len(r) > 0 or not had_work, "a step with live work was empty"
+    cap = cfg.max_requests_per_step
+    assert cap is None or len(r) <= cap, "request cap exceeded"

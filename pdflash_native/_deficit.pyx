@@ -1,0 +1,477 @@
+# cython: language_level=3
+"""Hot loop of the 2-D {tokens, missing-expert-bytes} deficit verify scheduler.
+
+The rules are specified in :mod:`pdflash.scheduler` (DESIGN §4); this module
+only executes them. Requests are held by *index* in ring order (arrival
+order); the Python wrapper maps request ids to indices and validates every
+input before it gets here. Expert sets are bitsets: ``num_words`` uint64
+words over flat ids ``g = layer * num_experts + expert`` (bit ``g % 64`` of
+word ``g // 64``).
+
+Results of :meth:`DeficitCore.step` stay in internal buffers until the next
+``step``; the accessors return read-only views of them.
+"""
+
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.string cimport memcpy, memmove, memset
+
+import numpy as np
+
+cimport cython
+
+
+cdef inline int64_t _marginal_bytes(
+    const uint64_t* x,
+    const uint64_t* covered,
+    Py_ssize_t num_words,
+    const int64_t* expert_bytes,
+    int64_t uniform,
+    int64_t limit,
+) noexcept nogil:
+    """Bytes of ``x & ~covered``. With ``limit >= 0`` it may stop early and
+    return a partial sum as soon as that exceeds ``limit`` (the caller only
+    needs to know it does not fit)."""
+    cdef Py_ssize_t w
+    cdef uint64_t m
+    cdef int64_t count = 0
+    cdef int64_t total = 0
+    if uniform >= 0:
+        for w in range(num_words):
+            count += pdflash_popcount64(x[w] & ~covered[w])
+            # NOTE: check every 8 words: late candidates usually fail fast
+            # once the residual byte budget is nearly spent.
+            if limit >= 0 and (w & 7) == 7 and count * uniform > limit:
+                return count * uniform
+        return count * uniform
+    for w in range(num_words):
+        m = x[w] & ~covered[w]
+        while m:
+            total += expert_bytes[(w << 6) + pdflash_ctz64(m)]
+            m &= m - 1
+        if limit >= 0 and total > limit:
+            return total
+    return total
+
+
+cdef object _grown(object old, Py_ssize_t n, object shape, object dtype):
+    new = np.zeros(shape, dtype=dtype)
+    if n:
+        new[:n] = np.asarray(old)[:n]
+    return new
+
+
+@cython.auto_pickle(False)
+cdef class DeficitCore:
+    """State and step of the scheduler over request indices (ring order).
+
+    Parameters are validated by :class:`pdflash.scheduler.VerifyScheduler`;
+    this class only rejects what would corrupt memory or loop forever.
+    """
+
+    def __init__(
+        self,
+        Py_ssize_t num_flat,
+        int64_t token_budget,
+        int64_t byte_budget,
+        double quantum,
+        int64_t max_requests,
+        Py_ssize_t initial_capacity=16,
+    ):
+        if num_flat <= 0 or token_budget <= 0 or not (quantum > 0) or max_requests < 0:
+            raise ValueError("DeficitCore: invalid sizes or budgets")
+        self.num_flat = num_flat
+        self.num_words = (num_flat + 63) // 64
+        self.token_budget = token_budget
+        self.byte_budget = byte_budget
+        self.max_requests = max_requests
+        self.quantum = quantum
+        self.lap = 0
+        self.cursor_seq = 0
+        self.size = 0
+        self.capacity = 0
+        self.uniform_bytes = 0
+        self.resident = np.zeros(self.num_words, dtype=np.uint64)
+        self.expert_bytes = np.zeros(num_flat, dtype=np.int64)
+        self.covered = np.zeros(self.num_words, dtype=np.uint64)
+        self.union_bits = np.zeros(self.num_words, dtype=np.uint64)
+        self.union_ids = np.zeros(num_flat, dtype=np.int64)
+        self.union_mask = np.zeros(num_flat, dtype=np.uint8)
+        self.batch_size = 0
+        self.union_size = 0
+        self.oversize = False
+        self.cap_reached = False
+        self.seq = np.zeros(0, dtype=np.int64)
+        self.weight = np.zeros(0, dtype=np.float64)
+        self.deficit = np.zeros(0, dtype=np.float64)
+        self.credit_lap = np.zeros(0, dtype=np.int64)
+        self.tokens = np.zeros(0, dtype=np.int64)
+        self.bits = np.zeros((0, self.num_words), dtype=np.uint64)
+        self.candidates = np.zeros(0, dtype=np.int64)
+        self.served = np.zeros(0, dtype=np.uint8)
+        self.quanta = np.zeros(0, dtype=np.float64)
+        self.out_index = np.zeros(0, dtype=np.int64)
+        self.out_requested = np.zeros(0, dtype=np.int64)
+        self.out_grant = np.zeros(0, dtype=np.int64)
+        self.out_marginal = np.zeros(0, dtype=np.int64)
+        self.out_cost = np.zeros(0, dtype=np.float64)
+        while self.capacity < initial_capacity:
+            self._grow()
+
+    cdef void _grow(self):
+        cdef Py_ssize_t new_cap = max(16, 2 * self.capacity)
+        cdef Py_ssize_t n = self.size
+
+        self.seq = _grown(self.seq, n, new_cap, np.int64)
+        self.weight = _grown(self.weight, n, new_cap, np.float64)
+        self.deficit = _grown(self.deficit, n, new_cap, np.float64)
+        self.credit_lap = _grown(self.credit_lap, n, new_cap, np.int64)
+        self.tokens = _grown(self.tokens, n, new_cap, np.int64)
+        self.bits = _grown(self.bits, n, (new_cap, self.num_words), np.uint64)
+        self.candidates = np.zeros(new_cap, dtype=np.int64)
+        self.served = np.zeros(new_cap, dtype=np.uint8)
+        self.quanta = np.zeros(new_cap, dtype=np.float64)
+        self.out_index = np.zeros(new_cap, dtype=np.int64)
+        self.out_requested = np.zeros(new_cap, dtype=np.int64)
+        self.out_grant = np.zeros(new_cap, dtype=np.int64)
+        self.out_marginal = np.zeros(new_cap, dtype=np.int64)
+        self.out_cost = np.zeros(new_cap, dtype=np.float64)
+        self.capacity = new_cap
+        # the previous step's results are invalidated by a resize
+        self.batch_size = 0
+
+    # ---------------------------------------------------------------- events
+    def append(self, int64_t seq, double weight):
+        """Add a request at the end of the ring (``seq`` above every live one)."""
+        if not (weight > 0):
+            raise ValueError(f"weight must be > 0, got {weight!r}")
+        if self.size and seq <= self.seq[self.size - 1]:
+            raise ValueError("seq must increase")
+        if self.size == self.capacity:
+            self._grow()
+        cdef Py_ssize_t i = self.size
+        self.seq[i] = seq
+        self.weight[i] = weight
+        self.deficit[i] = 0.0
+        self.credit_lap[i] = -1
+        self.tokens[i] = 0
+        self.bits[i, :] = 0
+        self.size += 1
+
+    def remove(self, Py_ssize_t index):
+        """Drop the request at ``index``; its credit goes with it."""
+        if index < 0 or index >= self.size:
+            raise IndexError(index)
+        cdef Py_ssize_t tail = self.size - index - 1
+        cdef Py_ssize_t W = self.num_words
+        if tail:
+            memmove(&self.seq[index], &self.seq[index + 1], tail * sizeof(int64_t))
+            memmove(&self.weight[index], &self.weight[index + 1], tail * sizeof(double))
+            memmove(&self.deficit[index], &self.deficit[index + 1], tail * sizeof(double))
+            memmove(&self.credit_lap[index], &self.credit_lap[index + 1], tail * sizeof(int64_t))
+            memmove(&self.tokens[index], &self.tokens[index + 1], tail * sizeof(int64_t))
+            memmove(&self.bits[index, 0], &self.bits[index + 1, 0], tail * W * sizeof(uint64_t))
+        self.size -= 1
+        # NOTE: indices shift; the previous step's batch indices are stale.
+        self.batch_size = 0
+
+    def set_demand(self, Py_ssize_t index, int64_t tokens, const uint64_t[::1] words):
+        """Pending demand of a request: ``tokens`` = 1 + drafts, expert bitset."""
+        if index < 0 or index >= self.size:
+            raise IndexError(index)
+        if tokens < 1:
+            raise ValueError("tokens must be >= 1")
+        if words.shape[0] != self.num_words:
+            raise ValueError("wrong bitset length")
+        memcpy(&self.bits[index, 0], &words[0], self.num_words * sizeof(uint64_t))
+        if self.tokens[index] == 0 and self.credit_lap[index] < self.lap - 1:
+            # NOTE: backlogged from the current lap on; an idle request is
+            # owed nothing for the laps it sat out (DRR: no credit when idle).
+            self.credit_lap[index] = self.lap - 1
+        self.tokens[index] = tokens
+
+    def clear_demand(self, Py_ssize_t index):
+        if index < 0 or index >= self.size:
+            raise IndexError(index)
+        self.tokens[index] = 0
+
+    def set_weights(self, const double[::1] weights):
+        """Weights of all live requests, in ring order."""
+        cdef Py_ssize_t i
+        if weights.shape[0] != self.size:
+            raise ValueError("one weight per live request")
+        for i in range(self.size):
+            if not (weights[i] > 0):
+                raise ValueError(f"weight must be > 0, got {weights[i]!r}")
+        for i in range(self.size):
+            self.weight[i] = weights[i]
+
+    def set_resident(self, const uint64_t[::1] words):
+        if words.shape[0] != self.num_words:
+            raise ValueError("wrong bitset length")
+        memcpy(&self.resident[0], &words[0], self.num_words * sizeof(uint64_t))
+
+    def set_expert_bytes(self, const int64_t[::1] sizes):
+        cdef Py_ssize_t g
+        if sizes.shape[0] != self.num_flat:
+            raise ValueError("one size per flat expert id")
+        for g in range(self.num_flat):
+            if sizes[g] < 0:
+                raise ValueError("negative expert size")
+        memcpy(&self.expert_bytes[0], &sizes[0], self.num_flat * sizeof(int64_t))
+        self.uniform_bytes = sizes[0]
+        for g in range(self.num_flat):
+            if sizes[g] != self.uniform_bytes:
+                self.uniform_bytes = -1
+                break
+
+    # ---------------------------------------------------------------- state views
+    def seqs(self):
+        return np.asarray(self.seq)[: self.size]
+
+    def weights(self):
+        return np.asarray(self.weight)[: self.size]
+
+    def deficits(self):
+        return np.asarray(self.deficit)[: self.size]
+
+    def credit_laps(self):
+        return np.asarray(self.credit_lap)[: self.size]
+
+    def pending_tokens(self):
+        return np.asarray(self.tokens)[: self.size]
+
+    def demand_bits(self, Py_ssize_t index):
+        if index < 0 or index >= self.size:
+            raise IndexError(index)
+        return np.asarray(self.bits[index])
+
+    def restore(self, const double[::1] deficits, const int64_t[::1] credit_laps, int64_t lap, int64_t cursor_seq):
+        """Put back a saved ledger (used to undo a step whose results the
+        wrapper rejected; never needed in normal operation)."""
+        cdef Py_ssize_t i
+        if deficits.shape[0] != self.size or credit_laps.shape[0] != self.size:
+            raise ValueError("one entry per live request")
+        for i in range(self.size):
+            self.deficit[i] = deficits[i]
+            self.credit_lap[i] = credit_laps[i]
+        self.lap = lap
+        self.cursor_seq = cursor_seq
+
+    # ---------------------------------------------------------------- step
+    def step(self):
+        """Run one step; returns the batch size. Read the results with the
+        ``result_*`` accessors (views valid until the next mutation)."""
+        cdef Py_ssize_t k
+        with nogil:
+            k = self._step()
+        return k
+
+    cdef Py_ssize_t _step(self) noexcept nogil:
+        cdef Py_ssize_t n = self.size
+        cdef Py_ssize_t W = self.num_words
+        cdef Py_ssize_t i, j, c, w, start, lo, hi, mid, num_cand
+        cdef Py_ssize_t batch = 0
+        cdef int64_t T = self.token_budget
+        cdef int64_t M = self.byte_budget
+        cdef bint bounded = M >= 0
+        cdef int64_t tokens_left = T
+        cdef int64_t bytes_left = M
+        cdef int64_t lap = self.lap
+        cdef int64_t grant, marginal, limit
+        cdef double cost, byte_cost, q
+        cdef bint progressed, credit_limited_fit, stopped = False
+        cdef const uint64_t* x
+        cdef uint64_t* cov = &self.covered[0]
+        cdef uint64_t* uni = &self.union_bits[0]
+        cdef const uint64_t* res = &self.resident[0]
+        cdef const int64_t* eb = &self.expert_bytes[0]
+        cdef int64_t uniform = self.uniform_bytes
+        cdef int64_t* seq = &self.seq[0]
+        cdef double* D = &self.deficit[0]
+        cdef double* wt = &self.weight[0]
+        cdef int64_t* clap = &self.credit_lap[0]
+        cdef int64_t* tok = &self.tokens[0]
+        cdef int64_t* cand = &self.candidates[0]
+        cdef uint8_t* done = &self.served[0]
+        cdef double* quanta = &self.quanta[0]
+        cdef int64_t cap = self.max_requests
+        cdef uint64_t m
+
+        self.batch_size = 0
+        self.oversize = False
+        self.cap_reached = False
+        memset(quanta, 0, n * sizeof(double))
+        memset(uni, 0, W * sizeof(uint64_t))
+
+        # NOTE: the scan starts at the first live request whose arrival seq is
+        # >= the saved cursor (wrapping), so a removed cursor request passes
+        # the turn to its successor and the ring order persists across steps.
+        lo = 0
+        hi = n
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if seq[mid] < self.cursor_seq:
+                lo = mid + 1
+            else:
+                hi = mid
+        start = lo if lo < n else 0
+        num_cand = 0
+        for j in range(n):
+            i = start + j
+            if i >= n:
+                i -= n
+            if tok[i] > 0:
+                cand[num_cand] = i
+                num_cand += 1
+                done[i] = 0
+        if num_cand == 0:
+            self._finish_union(0)
+            return 0
+
+        memcpy(cov, res, W * sizeof(uint64_t))
+        while True:
+            progressed = False
+            credit_limited_fit = False
+            for c in range(num_cand):
+                i = cand[c]
+                if done[i]:
+                    continue
+                if cap > 0 and batch >= cap:
+                    self.cap_reached = True
+                    stopped = True
+                    break
+                if tokens_left == 0:
+                    stopped = True
+                    break
+                x = &self.bits[i, 0]
+                grant = tok[i] if tok[i] < tokens_left else tokens_left
+                # NOTE: only a candidate that could join a non-empty batch
+                # needs its exact cost; one that cannot fit may stop counting
+                # as soon as its bytes exceed the residual budget.
+                limit = bytes_left if (bounded and batch > 0) else -1
+                marginal = _marginal_bytes(x, cov, W, eb, uniform, limit)
+                if bounded and batch > 0 and marginal > bytes_left:
+                    continue
+                cost = <double>grant / <double>T
+                if bounded:
+                    byte_cost = <double>marginal / <double>M
+                    if byte_cost > cost:
+                        cost = byte_cost
+                q = wt[i] * self.quantum
+                # NOTE: at most one quantum per request per lap: that is what
+                # makes the credit fair (DRR), so a request that ran dry waits
+                # for the next lap while others still have credit. A request
+                # gets the quanta of every lap it was backlogged in but not
+                # yet credited for (a step may close before the scan reaches
+                # it), only while it cannot pay, so D < c + w*Q still holds.
+                while D[i] < cost and clap[i] < lap:
+                    D[i] += q
+                    quanta[i] += q
+                    clap[i] += 1
+                if D[i] < cost:
+                    credit_limited_fit = True
+                    continue
+                D[i] -= cost
+                done[i] = 1
+                self.out_index[batch] = i
+                self.out_requested[batch] = tok[i]
+                self.out_grant[batch] = grant
+                self.out_marginal[batch] = marginal
+                self.out_cost[batch] = cost
+                batch += 1
+                for w in range(W):
+                    m = x[w]
+                    uni[w] |= m & ~cov[w]
+                    cov[w] |= m
+                tokens_left -= grant
+                if bounded:
+                    bytes_left -= marginal
+                progressed = True
+                if bounded and marginal > M:
+                    # the documented oversize exception: it runs alone
+                    self.oversize = True
+                    stopped = True
+                    break
+            if stopped:
+                break
+            if progressed:
+                continue
+            if credit_limited_fit:
+                # NOTE: work conservation: an item fits but its request is
+                # out of credit, so a new DRR lap starts (each request gets at
+                # most one quantum per lap, which is what keeps it fair).
+                lap += 1
+                continue
+            break
+
+        # consume the served demands; move the cursor
+        for j in range(batch):
+            tok[self.out_index[j]] = 0
+        self.lap = lap
+        i = cand[0]  # the head: first candidate in scan order
+        if batch > 0 and self.out_index[0] == i and D[i] >= self.out_cost[0]:
+            # NOTE: DRR visit continuation: the head was served and can still
+            # pay for another item like the one it just had, so the next step
+            # starts at it again (no fresh quantum while it has credit).
+            # Without this, a step that fits one item would be plain round
+            # robin and weights would not matter.
+            self.cursor_seq = seq[i]
+            i = -1
+        if i >= 0:
+            for c in range(num_cand):
+                i = cand[c]
+                if not done[i]:
+                    self.cursor_seq = seq[i]
+                    i = -1
+                    break
+        if i >= 0:
+            # NOTE: everyone was served: rotate by one so the role of "first
+            # in scan", which pays the bytes the others then share, rotates.
+            self.cursor_seq = seq[cand[0]] + 1
+        self.batch_size = batch
+        self._finish_union(batch)
+        return batch
+
+    cdef void _finish_union(self, Py_ssize_t batch) noexcept nogil:
+        cdef Py_ssize_t w, k = 0
+        cdef int64_t g
+        cdef uint64_t m
+        cdef uint64_t* uni = &self.union_bits[0]
+        cdef uint8_t* mask = &self.union_mask[0]
+        cdef int64_t* ids = &self.union_ids[0]
+        memset(mask, 0, self.num_flat)
+        if batch:
+            for w in range(self.num_words):
+                m = uni[w]
+                while m:
+                    g = (w << 6) + pdflash_ctz64(m)
+                    ids[k] = g
+                    mask[g] = 1
+                    k += 1
+                    m &= m - 1
+        self.union_size = k
+
+    # ---------------------------------------------------------------- results
+    def result_index(self):
+        return np.asarray(self.out_index)[: self.batch_size]
+
+    def result_requested(self):
+        return np.asarray(self.out_requested)[: self.batch_size]
+
+    def result_grant(self):
+        return np.asarray(self.out_grant)[: self.batch_size]
+
+    def result_marginal(self):
+        return np.asarray(self.out_marginal)[: self.batch_size]
+
+    def result_cost(self):
+        return np.asarray(self.out_cost)[: self.batch_size]
+
+    def result_quanta(self):
+        return np.asarray(self.quanta)[: self.size]
+
+    def result_union_ids(self):
+        return np.asarray(self.union_ids)[: self.union_size]
+
+    def result_union_mask(self):
+        return np.asarray(self.union_mask)

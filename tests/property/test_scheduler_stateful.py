@@ -1,0 +1,328 @@
+"""Stateful hypothesis tests of the verify scheduler (DESIGN §4).
+
+Every generated trace drives three things with the same events: the native
+:class:`pdflash.VerifyScheduler`, the pure-Python reference, and an
+:class:`InvariantTracker` that recomputes every invariant from scratch after
+each step. Native and reference must agree exactly on every step (10).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import hypothesis.strategies as st
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from pdflash import SchedulerConfig, VerifyScheduler
+from pdflash._reference.scheduler import ReferenceScheduler, ReferenceStep
+from pdflash._reference.scheduler_checks import InvariantTracker
+from pdflash.scheduler import StepResult, UnknownRequestError
+
+RIDS = st.integers(0, 6)
+WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0])
+
+
+@st.composite
+def configs(draw: Any) -> SchedulerConfig:
+    layers = draw(st.integers(1, 3))
+    experts = draw(st.integers(2, 8))
+    return SchedulerConfig(
+        token_budget=draw(st.integers(1, 40)),
+        missing_byte_budget=draw(st.one_of(st.none(), st.integers(1, 300))),
+        quantum=draw(st.sampled_from([1.0, 1.5, 3.0])),
+        max_requests_per_step=draw(st.one_of(st.none(), st.integers(1, 4))),
+        num_layers=layers,
+        num_experts=experts,
+    )
+
+
+def assert_same(native: StepResult, ref: ReferenceStep, cursor_native: int) -> None:
+    """Invariant 10: the native result equals the reference, floats included."""
+    assert native.request_ids.tolist() == ref.request_ids
+    assert native.requested_tokens.tolist() == ref.requested_tokens
+    assert native.token_grants.tolist() == ref.token_grants
+    assert native.marginal_bytes.tolist() == ref.marginal_bytes
+    assert native.costs.tolist() == ref.costs
+    assert native.union_ids.tolist() == ref.union_ids
+    assert native.live_request_ids.tolist() == ref.live_request_ids
+    assert native.deficits.tolist() == ref.deficits
+    assert native.quanta.tolist() == ref.quanta
+    assert native.lap == ref.lap
+    assert native.oversize == ref.oversize
+    assert native.cap_reached == ref.cap_reached
+    assert cursor_native == ref.next_cursor_seq
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    sched: VerifyScheduler
+    ref: ReferenceScheduler
+    tracker: InvariantTracker
+
+    @initialize(cfg=configs(), data=st.data())
+    def setup(self, cfg: SchedulerConfig, data: st.DataObject) -> None:
+        self.cfg = cfg
+        self.sched = VerifyScheduler(cfg)
+        self.ref = ReferenceScheduler(
+            cfg.token_budget,
+            cfg.byte_budget,
+            cfg.quantum,
+            cfg.max_requests_per_step,
+            cfg.num_flat,
+        )
+        self.tracker = InvariantTracker(cfg)
+        sizes = data.draw(
+            st.lists(st.integers(0, 60), min_size=cfg.num_flat, max_size=cfg.num_flat)
+        )
+        if data.draw(st.booleans()):  # uniform sizes take the popcount path
+            sizes = [sizes[0]] * cfg.num_flat
+        self.sched.set_expert_bytes(np.array(sizes, dtype=np.int64).reshape(cfg.num_layers, -1))
+        self.ref.set_expert_bytes(sizes)
+        self.tracker.set_sizes(sizes)
+        self.steps = 0
+        for rid in range(data.draw(st.integers(0, 4))):
+            weight = data.draw(WEIGHTS)
+            self.sched.add_request(rid, weight)
+            self.ref.add_request(rid, weight)
+            self.tracker.add(rid, weight)
+
+    def _experts(self, data: st.DataObject) -> list[int]:
+        n = self.cfg.num_flat
+        return data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n, unique=True))
+
+    def _as_input(self, ids: list[int], as_mask: bool) -> Any:
+        if not as_mask:
+            return np.array(ids, dtype=np.int64)
+        mask = np.zeros(self.cfg.num_flat, dtype=bool)
+        mask[ids] = True
+        return mask.reshape(self.cfg.num_layers, self.cfg.num_experts)
+
+    def _snapshot(self) -> tuple[Any, ...]:
+        core = self.sched._core
+        return (
+            self.sched.request_ids.tolist(),
+            core.deficits().tolist(),
+            core.pending_tokens().tolist(),
+            core.weights().tolist(),
+            [core.demand_bits(i).tolist() for i in range(len(self.sched))],
+            core.lap,
+            core.cursor_seq,
+        )
+
+    # ------------------------------------------------------------ events
+    @rule(rid=RIDS, weight=WEIGHTS)
+    def add(self, rid: int, weight: float) -> None:
+        if rid in self.sched:
+            before = self._snapshot()
+            with pytest.raises(ValueError, match="already live"):
+                self.sched.add_request(rid, weight)
+            assert self._snapshot() == before
+            return
+        self.sched.add_request(rid, weight)
+        self.ref.add_request(rid, weight)
+        self.tracker.add(rid, weight)
+
+    @rule(rid=RIDS, drafted=st.integers(0, 24), as_mask=st.booleans(), data=st.data())
+    def update(self, rid: int, drafted: int, as_mask: bool, data: st.DataObject) -> None:
+        ids = self._experts(data)
+        if rid not in self.sched:
+            before = self._snapshot()
+            with pytest.raises(UnknownRequestError, match=str(rid)):
+                self.sched.update_demand(rid, drafted, self._as_input(ids, as_mask))
+            assert self._snapshot() == before
+            return
+        self.sched.update_demand(rid, drafted, self._as_input(ids, as_mask))
+        self.ref.update_demand(rid, drafted, ids)
+        self.tracker.update(rid, drafted, ids)
+
+    @rule(data=st.data())
+    def refill(self, data: st.DataObject) -> None:
+        """Every live request without demand drafts a new block (the usual
+        engine loop between two steps)."""
+        for rid in self.sched.request_ids.tolist():
+            if self.sched.pending_tokens(rid) == 0:
+                drafted = data.draw(st.integers(0, 24))
+                ids = self._experts(data)
+                self.sched.update_demand(rid, drafted, np.array(ids, dtype=np.int64))
+                self.ref.update_demand(rid, drafted, ids)
+                self.tracker.update(rid, drafted, ids)
+
+    @rule(rid=RIDS)
+    def remove(self, rid: int) -> None:
+        # 11. removing an unknown or finished request is a no-op
+        was_live = rid in self.sched
+        before = self._snapshot()
+        assert self.sched.remove_request(rid) == was_live
+        if not was_live:
+            assert self._snapshot() == before
+        self.ref.remove_request(rid)
+        self.tracker.remove(rid)
+        assert rid not in self.sched
+
+    @rule(data=st.data(), as_mask=st.booleans())
+    def change_resident(self, data: st.DataObject, as_mask: bool) -> None:
+        ids = self._experts(data)
+        self.sched.set_resident(self._as_input(ids, as_mask))
+        self.ref.set_resident(ids)
+        self.tracker.set_resident(ids)
+
+    @precondition(lambda self: len(self.sched) > 0)
+    @rule(data=st.data(), weight=WEIGHTS)
+    def change_weight(self, data: st.DataObject, weight: float) -> None:
+        rid = data.draw(st.sampled_from(self.sched.request_ids.tolist()))
+        self.sched.set_weight(rid, weight)
+        self.ref.set_weight(rid, weight)
+        self.tracker.set_weight(rid, weight)
+
+    @rule(kind=st.sampled_from(["id_range", "negative_drafts", "mask_shape", "sizes", "weight"]))
+    def bad_input(self, kind: str) -> None:
+        """Bad input raises a clear error and leaves the state unchanged."""
+        before = self._snapshot()
+        live = self.sched.request_ids.tolist()
+        rid = live[0] if live else 0
+        n = self.cfg.num_flat
+        if kind == "id_range" and live:
+            with pytest.raises(ValueError, match=f"expert id {n} out of range"):
+                self.sched.update_demand(rid, 1, np.array([0, n]))
+        elif kind == "negative_drafts" and live:
+            with pytest.raises(ValueError, match="drafted_tokens must be >= 0"):
+                self.sched.update_demand(rid, -1, np.array([0]))
+        elif kind == "mask_shape":
+            with pytest.raises(ValueError, match="mask shape"):
+                self.sched.set_resident(np.zeros((self.cfg.num_layers + 1, 2), dtype=bool))
+        elif kind == "sizes":
+            bad = np.zeros(n, dtype=np.int64)
+            bad[-1] = -5
+            with pytest.raises(ValueError, match="expert size must be >= 0, got -5"):
+                self.sched.set_expert_bytes(bad)
+        elif kind == "weight" and live:
+            with pytest.raises(ValueError, match="weight must be finite"):
+                self.sched.set_weight(rid, math.nan)
+        assert self._snapshot() == before
+
+    @rule()
+    def step(self) -> None:
+        result = self.sched.step()
+        ref = self.ref.step()
+        assert_same(result, ref, int(self.sched._core.cursor_seq))
+        self.tracker.check_step(result)
+        self.steps += 1
+        event(f"batch size {min(len(result), 3)}")
+        if result.oversize:
+            event("oversize step")
+        if result.trimmed.any():
+            event("trimmed grant")
+        if result.cap_reached:
+            event("cap reached")
+
+    @invariant()
+    def same_ledger(self) -> None:
+        if not hasattr(self, "sched"):
+            return
+        live = [rid for _, rid in self.ref.ring]
+        assert self.sched.request_ids.tolist() == live
+        assert self.sched._core.deficits().tolist() == [
+            self.ref.requests[rid].deficit for rid in live
+        ]
+
+
+SchedulerMachine.TestCase.settings = settings(stateful_step_count=40)
+TestSchedulerStateful = SchedulerMachine.TestCase
+
+
+# --------------------------------------------------------------------------
+# 6 (fairness) in the regime where every step holds exactly one item, and 7
+# (no starvation) under steady load: long runs, every request always
+# backlogged (its demand is refreshed as soon as it is served).
+# --------------------------------------------------------------------------
+
+
+@st.composite
+def backlogged_runs(draw: Any) -> dict[str, Any]:
+    layers, experts = 2, draw(st.integers(2, 8))
+    n_flat = layers * experts
+    one_item = draw(st.booleans())
+    T = draw(st.integers(1, 24))
+    cfg = SchedulerConfig(
+        token_budget=T,
+        missing_byte_budget=draw(st.one_of(st.none(), st.integers(1, 300))),
+        quantum=draw(st.sampled_from([1.0, 1.5, 2.0])),
+        num_layers=layers,
+        num_experts=experts,
+    )
+    n_req = draw(st.integers(2, 6))
+    weights = draw(st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=n_req, max_size=n_req))
+    sizes = draw(st.lists(st.integers(0, 60), min_size=n_flat, max_size=n_flat))
+    resident = draw(st.lists(st.integers(0, n_flat - 1), max_size=n_flat, unique=True))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return {
+        "cfg": cfg,
+        "weights": weights,
+        "sizes": sizes,
+        "resident": resident,
+        "seed": seed,
+        # one_item: every demand asks for >= T tokens, so the head takes the
+        # whole token budget and each step is exactly one item
+        "min_drafts": T - 1 if one_item else 0,
+        "one_item": one_item,
+    }
+
+
+@settings(max_examples=40)
+@given(run=backlogged_runs())
+def test_fairness_and_no_starvation_backlogged(run: dict[str, Any]) -> None:
+    cfg: SchedulerConfig = run["cfg"]
+    rng = np.random.default_rng(run["seed"])
+    sched = VerifyScheduler(cfg)
+    tracker = InvariantTracker(cfg)
+    sched.set_expert_bytes(np.array(run["sizes"], dtype=np.int64))
+    tracker.set_sizes(run["sizes"])
+    sched.set_resident(np.array(run["resident"], dtype=np.int64))
+    tracker.set_resident(run["resident"])
+    weights = run["weights"]
+    n = len(weights)
+    for rid, w in enumerate(weights):
+        sched.add_request(rid, w)
+        tracker.add(rid, w)
+    service = np.zeros(n)
+    history = [service.copy()]
+    for _ in range(60):
+        for rid in range(n):
+            if sched.pending_tokens(rid) == 0:
+                drafted = run["min_drafts"] + int(rng.integers(0, 4))
+                k = int(rng.integers(0, cfg.num_flat + 1))
+                ids = rng.choice(cfg.num_flat, size=k, replace=False)
+                sched.update_demand(rid, drafted, ids)
+                tracker.update(rid, drafted, ids.tolist())
+        result = sched.step()
+        tracker.check_step(result)
+        if run["one_item"]:
+            assert len(result) == 1
+        for rid, c in zip(result.request_ids.tolist(), result.costs.tolist(), strict=True):
+            service[rid] += c
+        history.append(service.copy())
+    if not run["one_item"]:
+        return
+    # 6. DRR fairness: over every interval (all requests are continuously
+    # backlogged here), weighted service differs by at most c_max + 2Q.
+    # NOTE: that is the DESIGN bound when c_max <= Q, which always holds
+    # without oversize items (Q >= 1 >= any normal cost). An oversize item can
+    # cost more than Q; then the classic DRR bound Q + 2 c_max applies
+    # (Shreedhar & Varghese). Both are c_max + Q + max(c_max, Q).
+    hist = np.array(history) / np.array(weights)
+    q = cfg.quantum
+    bound = tracker.c_max + q + max(tracker.c_max, q)
+    for a in range(len(hist)):
+        spread = hist[a + 1 :] - hist[a]
+        if len(spread):
+            gap = float((spread.max(axis=1) - spread.min(axis=1)).max())
+            assert gap <= bound + 1e-9, f"weighted service gap {gap} > {bound}"

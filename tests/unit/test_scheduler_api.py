@@ -1,0 +1,483 @@
+"""VerifyScheduler: bad input, determinism, token-only mode, the oversize
+exception, the documented scan order, trimming, results, policies."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+import pdflash
+from pdflash import SchedulerConfig, StepResult, VerifyScheduler
+from pdflash._reference.scheduler_checks import InvariantTracker
+from pdflash.scheduler import (
+    MIN_WEIGHT,
+    DeadlinePolicy,
+    FairPolicy,
+    PolicyInput,
+    UnknownRequestError,
+    WeightPolicy,
+)
+
+
+def make(
+    T: int = 16, M: int | None = 100, layers: int = 2, experts: int = 4, **kw: Any
+) -> VerifyScheduler:
+    s = VerifyScheduler(
+        SchedulerConfig(
+            token_budget=T, missing_byte_budget=M, num_layers=layers, num_experts=experts, **kw
+        )
+    )
+    s.set_expert_bytes(np.full((layers, experts), 10, dtype=np.int64))
+    return s
+
+
+def snapshot(s: VerifyScheduler) -> tuple[Any, ...]:
+    core = s._core
+    return (
+        s.request_ids.tolist(),
+        core.deficits().tolist(),
+        core.weights().tolist(),
+        core.pending_tokens().tolist(),
+        [core.demand_bits(i).tolist() for i in range(len(s))],
+        core.lap,
+        core.cursor_seq,
+        s.step_index,
+    )
+
+
+def run_order(s: VerifyScheduler, steps: int, drafts: int, experts: list[int]) -> list[list[int]]:
+    out = []
+    for _ in range(steps):
+        for rid in s.request_ids.tolist():
+            if s.pending_tokens(rid) == 0:
+                s.update_demand(rid, drafts, experts)
+        out.append(s.step().request_ids.tolist())
+    return out
+
+
+def test_public_exports() -> None:
+    for name in ("VerifyScheduler", "SchedulerConfig", "StepResult", "NativeExtensionError"):
+        assert name in pdflash.__all__ and hasattr(pdflash, name)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda s: s.update_demand(99, 3, [0]), UnknownRequestError, r"request id 99 is not live"),
+        (lambda s: s.set_weight(99, 1.0), UnknownRequestError, r"request id 99 is not live"),
+        (lambda s: s.clear_demand(99), UnknownRequestError, r"request id 99 is not live"),
+        (lambda s: s.add_request(1), ValueError, r"request id 1 is already live"),
+        (lambda s: s.add_request("a"), TypeError, r"request id must be an int, got 'a'"),
+        (lambda s: s.add_request(2**63), ValueError, r"does not fit in int64"),
+        (lambda s: s.add_request(5, 0.0), ValueError, r"weight must be finite and >= .*got 0\.0"),
+        (lambda s: s.add_request(5, math.inf), ValueError, r"got inf"),
+        (lambda s: s.set_weight(1, MIN_WEIGHT / 2), ValueError, r"weight must be finite"),
+        (lambda s: s.update_demand(1, -1, [0]), ValueError, r"drafted_tokens must be >= 0, got -1"),
+        (lambda s: s.update_demand(1, 2.0, [0]), TypeError, r"drafted_tokens must be an int"),
+        (lambda s: s.update_demand(1, 2, [0, 8]), ValueError, r"expert id 8 out of range \[0, 8\)"),
+        (lambda s: s.update_demand(1, 2, [-1]), ValueError, r"expert id -1 out of range"),
+        (lambda s: s.update_demand(1, 2, [0.5]), TypeError, r"flat expert ids must be integers"),
+        (
+            lambda s: s.update_demand(1, 2, np.zeros((2, 5), dtype=bool)),
+            ValueError,
+            r"mask shape \(2, 5\) != \(2, 4\)",
+        ),
+        (
+            lambda s: s.update_demand(1, 2, np.full((2, 4), 2)),
+            ValueError,
+            r"a mask must be boolean \(or 0/1\)",
+        ),
+        (lambda s: s.set_resident(np.zeros((1, 2, 4))), ValueError, r"got shape \(1, 2, 4\)"),
+        (lambda s: s.set_resident([9]), ValueError, r"resident experts: expert id 9 out of range"),
+        (
+            lambda s: s.set_expert_bytes(np.array([1, 2, 3, -4, 5, 6, 7, 8])),
+            ValueError,
+            r"expert size must be >= 0, got -4 for flat id 3",
+        ),
+        (lambda s: s.set_expert_bytes(np.ones(7, dtype=np.int64)), ValueError, r"got \(7,\)"),
+        (lambda s: s.set_expert_bytes(np.ones(8)), TypeError, r"integers \(bytes\), got dtype"),
+    ],
+)
+def test_bad_input_raises_clearly_and_leaves_state_unchanged(
+    call: Any, exc: type[Exception], match: str
+) -> None:
+    s = make(max_tokens_per_item=None)
+    s.add_request(1)
+    s.add_request(2, 2.0)
+    s.update_demand(1, 3, [0, 1])
+    s.step()
+    s.update_demand(2, 5, [2])
+    before = snapshot(s)
+    with pytest.raises(exc, match=match):
+        call(s)
+    assert snapshot(s) == before
+
+
+def test_max_tokens_per_item_is_enforced() -> None:
+    s = make(max_tokens_per_item=4)
+    s.add_request(0)
+    with pytest.raises(ValueError, match=r"1 \+ drafted_tokens = 5 exceeds max_tokens_per_item=4"):
+        s.update_demand(0, 4, [])
+    s.update_demand(0, 3, [])
+
+
+def test_step_needs_expert_sizes_when_bytes_are_budgeted() -> None:
+    s = VerifyScheduler(
+        SchedulerConfig(token_budget=8, missing_byte_budget=10, num_layers=1, num_experts=2)
+    )
+    s.add_request(0)
+    s.update_demand(0, 1, [0])
+    with pytest.raises(RuntimeError, match="set_expert_bytes"):
+        s.step()
+    assert s.step_index == 0
+
+
+def test_remove_unknown_or_finished_is_a_noop_and_removed_never_reappears() -> None:
+    s = make()
+    assert s.remove_request(7) is False
+    s.add_request(1)
+    s.add_request(2)
+    s.update_demand(1, 3, [0])
+    s.update_demand(2, 3, [1])
+    assert s.remove_request(1) is True
+    before = snapshot(s)
+    assert s.remove_request(1) is False
+    assert s.remove_request(-5) is False
+    assert snapshot(s) == before
+    for _ in range(3):
+        r = s.step()
+        assert 1 not in r.request_ids.tolist() and 1 not in r.live_request_ids.tolist()
+        s.update_demand(2, 3, [1])
+
+
+def test_reentering_request_starts_at_zero_credit_at_the_ring_end() -> None:
+    s = make(T=16, M=None)
+    for rid in (1, 2, 3):
+        s.add_request(rid)
+    run_order(s, 1, 3, [])
+    assert s.deficit(1) > 0  # the head kept part of its quantum
+    s.remove_request(1)
+    s.add_request(1)
+    assert s.deficit(1) == 0.0
+    assert s.request_ids.tolist() == [2, 3, 1]
+
+
+# ---------------------------------------------------------------- rules
+
+
+def test_scan_order_round_robin_one_item_per_step() -> None:
+    # Each demand asks for the whole token budget: one item per step, so the
+    # documented order is plain ring order, the cursor advancing each step.
+    s = make(T=16, M=None)
+    for rid in (10, 20, 30):
+        s.add_request(rid)
+    assert run_order(s, 7, 15, []) == [[10], [20], [30], [10], [20], [30], [10]]
+
+
+def test_scan_order_weight_two_keeps_the_head_for_two_items() -> None:
+    # DRR visit continuation: request 20 (w=2) gets 2 quanta worth per lap.
+    s = make(T=16, M=None)
+    s.add_request(10)
+    s.add_request(20, 2.0)
+    s.add_request(30)
+    order = run_order(s, 8, 15, [])
+    assert order == [[10], [20], [20], [30], [10], [20], [20], [30]]
+
+
+def test_scan_order_visit_continues_while_the_head_can_pay() -> None:
+    # Three 4-token items fit each step; the head (0) keeps the cursor while
+    # its quantum lasts (4 items of cost 1/4), then the head role rotates.
+    s = make(T=16, M=None)
+    for rid in range(3):
+        s.add_request(rid)
+    order = run_order(s, 6, 3, [])
+    assert order == [[0, 1, 2]] * 4 + [[1, 2, 0]] * 2
+
+
+def test_marginal_bytes_charged_in_scan_order_union_not_sum() -> None:
+    s = make(T=64, M=1000)
+    s.add_request(0)
+    s.add_request(1)
+    s.set_resident([7])
+    s.update_demand(0, 3, [0, 1, 7])  # 7 is resident: never charged
+    s.update_demand(1, 3, [1, 2])  # 1 is already in the batch: not charged again
+    r = s.step()
+    assert r.request_ids.tolist() == [0, 1]
+    assert r.marginal_bytes.tolist() == [20, 10]
+    assert r.union_ids.tolist() == [0, 1, 2]
+    assert r.missing_bytes == 30
+    assert r.union_mask.reshape(-1).nonzero()[0].tolist() == [0, 1, 2]
+    assert r.costs.tolist() == [max(4 / 64, 20 / 1000), max(4 / 64, 10 / 1000)]
+
+
+def test_trimming_to_fit_the_token_budget_down_to_one_token() -> None:
+    s = make(T=10, M=None)
+    for rid in range(3):
+        s.add_request(rid)
+        s.update_demand(rid, 4, [])  # 5 tokens each
+    s.update_demand(2, 0, [])  # 1 token
+    r = s.step()
+    # 5 + 5 fill the budget; nothing is left for the third (needs >= 1)
+    assert r.request_ids.tolist() == [0, 1] and r.token_grants.tolist() == [5, 5]
+    s2 = make(T=9, M=None)
+    for rid in range(3):
+        s2.add_request(rid)
+        s2.update_demand(rid, 3 if rid < 2 else 6, [])  # 4, 4, 7 tokens
+    r2 = s2.step()
+    assert r2.request_ids.tolist() == [0, 1, 2]
+    assert r2.token_grants.tolist() == [4, 4, 1]  # a one-token prefix
+    assert r2.requested_tokens.tolist() == [4, 4, 7]
+    assert r2.trimmed.tolist() == [False, False, True]
+    # NOTE: a trimmed item is charged for what it was granted, not asked for
+    assert r2.costs[2] == 1 / 9
+    assert r2.tokens == 9
+    # and its demand is consumed (the engine re-drafts)
+    assert s2.pending_tokens(2) == 0
+
+
+def test_token_only_mode_is_baseline_b2() -> None:
+    s = make(T=32, M=None)
+    for rid in range(3):
+        s.add_request(rid)
+        s.update_demand(rid, 7, [0, 1, 2, 3, 4, 5, 6, 7])  # 80 bytes each, unbounded
+    r = s.step()
+    assert r.request_ids.tolist() == [0, 1, 2]
+    assert r.marginal_bytes.tolist() == [80, 0, 0]  # still reported for prefetch
+    assert r.costs.tolist() == [8 / 32] * 3  # but never charged
+    assert not r.oversize
+
+
+def test_byte_budget_limits_the_batch_and_reports_the_union() -> None:
+    s = make(T=64, M=30)
+    for rid, ids in enumerate([[0, 1], [2, 3], [0, 1, 4]]):
+        s.add_request(rid)
+        s.update_demand(rid, 1, ids)
+    r = s.step()
+    # 0 costs 20 bytes, 1 would add 20 (> 10 left), 2 adds only expert 4 (10)
+    assert r.request_ids.tolist() == [0, 2]
+    assert r.marginal_bytes.tolist() == [20, 10]
+    assert r.missing_bytes == 30
+    r2 = s.step()
+    assert r2.request_ids.tolist() == [1]
+
+
+def test_oversize_item_runs_alone_then_others_proceed() -> None:
+    s = make(T=64, M=25)
+    s.add_request(0)
+    s.add_request(1)
+    s.update_demand(0, 1, [0, 1, 2, 3])  # 40 bytes > M: oversize
+    s.update_demand(1, 1, [4])
+    steps: list[StepResult] = []
+    for _ in range(4):
+        steps.append(s.step())
+        if s.pending_tokens(1) == 0:
+            s.update_demand(1, 1, [4])
+    over = [r for r in steps if r.oversize]
+    assert len(over) == 1
+    assert over[0].request_ids.tolist() == [0] and over[0].missing_bytes == 40
+    assert over[0].costs[0] == 40 / 25  # it pays its full dominant cost
+    assert all(len(r) >= 1 for r in steps)
+    assert all(r.missing_bytes <= 25 for r in steps if not r.oversize)
+
+
+def test_request_cap() -> None:
+    s = make(T=64, M=None, max_requests_per_step=2)
+    for rid in range(4):
+        s.add_request(rid)
+        s.update_demand(rid, 0, [])
+    r = s.step()
+    assert len(r) == 2 and r.cap_reached
+
+
+def test_idle_request_keeps_its_credit_and_gets_no_quantum() -> None:
+    s = make(T=16, M=None)
+    s.add_request(0)
+    s.add_request(1)
+    s.update_demand(0, 3, [])
+    r = s.step()
+    assert r.quanta.tolist() == [1.0, 0.0]
+    d0 = s.deficit(0)
+    for _ in range(3):
+        r = s.step()  # nothing pending: empty steps, ledger untouched
+        assert len(r) == 0 and r.quanta.tolist() == [0.0, 0.0]
+    assert s.deficit(0) == d0
+
+
+def test_determinism_same_events_same_schedule() -> None:
+    def trace() -> list[tuple[Any, ...]]:
+        rng = np.random.default_rng(7)
+        s = make(T=24, M=60, layers=3, experts=8)
+        s.set_expert_bytes(rng.integers(0, 20, size=(3, 8)))
+        out = []
+        for rid in (5, 3, 9, 1):
+            s.add_request(rid, float(rng.choice([0.5, 1.0, 2.0])))
+        for step in range(30):
+            if step == 10:
+                s.remove_request(3)
+                s.add_request(3)
+            for rid in s.request_ids.tolist():
+                if s.pending_tokens(rid) == 0:
+                    s.update_demand(
+                        rid, int(rng.integers(0, 12)), rng.choice(24, size=5, replace=False)
+                    )
+            r = s.step()
+            out.append(
+                (
+                    r.request_ids.tolist(),
+                    r.token_grants.tolist(),
+                    r.costs.tolist(),
+                    r.deficits.tolist(),
+                )
+            )
+        return out
+
+    assert trace() == trace()
+
+
+def test_union_results_are_read_only_views_until_the_next_step() -> None:
+    s = make(T=64, M=1000)
+    s.add_request(0)
+    s.update_demand(0, 1, [0, 1])
+    r = s.step()
+    ids = r.union_ids
+    assert ids.tolist() == [0, 1]
+    with pytest.raises(ValueError):
+        ids[0] = 5
+    kept = ids.copy()
+    s.update_demand(0, 1, [3])
+    s.step()
+    assert kept.tolist() == [0, 1]
+    assert ids.tolist() == [3, 1][: len(ids)]  # the view now shows the new step's buffer
+
+
+def test_invariant_tracker_accepts_a_long_random_trace() -> None:
+    rng = np.random.default_rng(3)
+    cfg = SchedulerConfig(
+        token_budget=40, missing_byte_budget=200, quantum=1.5, num_layers=4, num_experts=8
+    )
+    s = VerifyScheduler(cfg)
+    tr = InvariantTracker(cfg)
+    sizes = rng.integers(0, 50, size=32)
+    s.set_expert_bytes(sizes)
+    tr.set_sizes(sizes.tolist())
+    for rid in range(12):
+        w = float(rng.choice([0.5, 1.0, 2.0]))
+        s.add_request(rid, w)
+        tr.add(rid, w)
+    for _ in range(200):
+        for rid in s.request_ids.tolist():
+            if s.pending_tokens(rid) == 0 and rng.random() < 0.8:
+                d, ids = (
+                    int(rng.integers(0, 16)),
+                    rng.choice(32, size=int(rng.integers(0, 12)), replace=False),
+                )
+                s.update_demand(rid, d, ids)
+                tr.update(rid, d, ids.tolist())
+        tr.check_step(s.step())
+    assert tr.steps == 200 and tr.max_wait_seen >= 1
+
+
+# ---------------------------------------------------------------- policies
+
+
+class CountingPolicy:
+    def __init__(self) -> None:
+        self.calls: list[PolicyInput] = []
+
+    def weights(self, view: PolicyInput) -> npt.NDArray[np.float64]:
+        self.calls.append(view)
+        return view.base_weights * 2.0
+
+
+def test_policy_is_called_once_per_step_with_arrays() -> None:
+    policy = CountingPolicy()
+    assert isinstance(policy, WeightPolicy)
+    s = VerifyScheduler(SchedulerConfig(token_budget=16, num_layers=1, num_experts=2), policy)
+    for rid in range(3):
+        s.add_request(rid, 1.0 + rid)
+        s.update_demand(rid, 3, [])
+    r = s.step()
+    assert len(policy.calls) == 1
+    view = policy.calls[0]
+    assert view.request_ids.tolist() == [0, 1, 2]
+    assert view.base_weights.tolist() == [1.0, 2.0, 3.0]
+    assert view.pending_tokens.tolist() == [4, 4, 4]
+    assert view.steps_since_served.tolist() == [-1, -1, -1]
+    assert r.quanta.tolist() == [2.0, 4.0, 6.0]  # the policy's weights were used
+    s.step()
+    assert len(policy.calls) == 2 and policy.calls[1].steps_since_served.tolist() == [1, 1, 1]
+
+
+def test_bad_policy_output_raises_and_changes_nothing() -> None:
+    class Bad:
+        def weights(self, view: PolicyInput) -> npt.NDArray[np.float64]:
+            return np.array([1.0, -1.0])
+
+    s = VerifyScheduler(SchedulerConfig(token_budget=16, num_layers=1, num_experts=2), Bad())
+    s.add_request(0)
+    s.add_request(1)
+    s.update_demand(0, 3, [])
+    before = snapshot(s)
+    with pytest.raises(ValueError, match=r"policy weight -1\.0 for request 1"):
+        s.step()
+    assert snapshot(s) == before
+
+
+def test_fair_policy_is_the_identity() -> None:
+    view = PolicyInput(
+        0,
+        np.array([1, 2]),
+        np.array([1.0, 3.0]),
+        np.zeros(2),
+        np.zeros(2, np.int64),
+        np.zeros(2, np.int64),
+    )
+    assert FairPolicy().weights(view).tolist() == [1.0, 3.0]
+
+
+def test_deadline_policy_boosts_urgent_requests() -> None:
+    policy = DeadlinePolicy(horizon=4, max_boost=3.0)
+    policy.set_deadlines({1: 2, 2: 100})
+    view = PolicyInput(
+        step_index=2,
+        request_ids=np.array([1, 2, 3]),
+        base_weights=np.array([1.0, 1.0, 1.0]),
+        deficits=np.zeros(3),
+        pending_tokens=np.ones(3, dtype=np.int64),
+        steps_since_served=np.zeros(3, dtype=np.int64),
+    )
+    assert policy.weights(view).tolist() == [3.0, 1.0, 1.0]
+    view2 = PolicyInput(
+        0, np.array([1]), np.array([1.0]), np.zeros(1), np.ones(1, np.int64), np.zeros(1, np.int64)
+    )
+    assert policy.weights(view2).tolist() == [2.0]  # halfway into the horizon
+    policy.forget(1)
+    assert policy.weights(view).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="horizon"):
+        DeadlinePolicy(horizon=0)
+
+
+def test_deadline_policy_serves_the_urgent_request_more() -> None:
+    def served(policy: WeightPolicy | None) -> int:
+        s = VerifyScheduler(SchedulerConfig(token_budget=16, num_layers=1, num_experts=2), policy)
+        for rid in range(4):
+            s.add_request(rid)
+        count = 0
+        for _ in range(12):
+            for rid in range(4):
+                if s.pending_tokens(rid) == 0:
+                    s.update_demand(rid, 15, [])
+            count += int(3 in s.step().request_ids.tolist())
+        return count
+
+    policy = DeadlinePolicy(horizon=4, max_boost=4.0)
+    policy.set_deadline(3, 0)  # already due: weight x4 from the start
+    assert served(None) == 3
+    assert served(policy) > served(None)
