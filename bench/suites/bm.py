@@ -557,7 +557,7 @@ def _scheduler_equivalence(args: argparse.Namespace) -> dict[str, Any]:
     if sched is None or ref_mod is None:
         return {"measured": False, "reason": reason or reason2}
     layers, experts, nbytes, block = 8, 32, 1 << 20, 16
-    token_budget, byte_budget = 4 * block, 24 * nbytes
+    token_budget, byte_budget = 4 * block, 48 * nbytes
     cfg = sched.SchedulerConfig(
         token_budget=token_budget,
         missing_byte_budget=byte_budget,
@@ -574,10 +574,12 @@ def _scheduler_equivalence(args: argparse.Namespace) -> dict[str, Any]:
     live: list[int] = []
     next_rid = 0
     steps, mismatches = 60, []
+    batches = trimmed = 0
     for step in range(steps):
         while len(live) < 8:
+            weight = float(rng.choice([1.0, 2.0]))
             for s in (native, ref):
-                s.add_request(next_rid, float(rng.choice([1.0, 2.0])))
+                s.add_request(next_rid, weight)
             live.append(next_rid)
             next_rid += 1
         resident = np.flatnonzero(rng.random(layers * experts) < 0.3)
@@ -591,15 +593,12 @@ def _scheduler_equivalence(args: argparse.Namespace) -> dict[str, Any]:
             native.update_demand(rid, drafts, ids)
             ref.update_demand(rid, drafts, ids.tolist())
         a, b = native.step(), ref.step()
-        same = (
-            a.request_ids.tolist() == list(b.request_ids)
-            and a.token_grants.tolist() == list(b.token_grants)
-            and a.marginal_bytes.tolist() == list(b.marginal_bytes)
-            and a.union_ids.tolist() == list(b.union_ids)
-            and a.deficits.tolist() == list(b.deficits)
-        )
-        if not same:
+        fields: tuple[str, ...] = ("request_ids", "requested_tokens", "token_grants")
+        fields += ("marginal_bytes", "costs", "union_ids", "live_request_ids", "deficits", "quanta")
+        if any(getattr(a, f).tolist() != list(getattr(b, f)) for f in fields):
             mismatches.append(step)
+        batches += len(a.request_ids)
+        trimmed += int(np.count_nonzero(a.trimmed))
         if rng.random() < 0.3 and live:  # a request finishes
             gone = live.pop(int(rng.integers(0, len(live))))
             native.remove_request(gone)
@@ -610,6 +609,8 @@ def _scheduler_equivalence(args: argparse.Namespace) -> dict[str, Any]:
         "layers": layers,
         "experts": experts,
         "mismatched_steps": mismatches,
+        "items_scheduled": batches,
+        "items_trimmed": trimmed,
         "identical": not mismatches,
         "differing_counters": [f"step {s}" for s in mismatches],
     }

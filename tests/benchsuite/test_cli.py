@@ -185,7 +185,9 @@ def test_default_quick_with_fake_engine(
     if torch.cuda.is_available():
         assert {(s.device, s.emulated_link_gbps) for s in engine.specs} == {("cuda", None)}
     else:
-        assert {(s.device, s.emulated_link_gbps) for s in engine.specs} == {("cpu", default.CPU_EMULATED_LINK_GBPS)}
+        assert {(s.device, s.emulated_link_gbps) for s in engine.specs} == {
+            ("cpu", default.CPU_EMULATED_LINK_GBPS)
+        }
 
 
 # ---------------------------------------------------------------- report
