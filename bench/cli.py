@@ -55,8 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if not args_list and DEFAULT_SUITE in SUITES:
-        args_list = [DEFAULT_SUITE]
+    if DEFAULT_SUITE in SUITES and (
+        not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help"))
+    ):
+        # `pdflash-bench` and `pdflash-bench --quick ...` run the default suite
+        args_list = [DEFAULT_SUITE, *args_list]
     if not args_list:
         parser.print_help()
         return 2

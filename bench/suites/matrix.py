@@ -118,6 +118,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="throttle the host copy backend to this many GB/s (CPU runs)",
     )
     g.add_argument("--acceptance", default="auto", help="acceptance model: auto, model or forced")
+    g.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
+    )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
 
 
@@ -295,6 +301,29 @@ def _identity_mismatch(row: Mapping[str, Any], spec: Mapping[str, Any]) -> list[
     return bad
 
 
+def set_cpu_threads(specs: Sequence[Mapping[str, Any]], threads: int) -> int | None:
+    """Pin torch's intra-op threads for CPU runs; returns the count set.
+
+    NOTE: the tiny model's ops are far too small to gain from intra-op
+    parallelism, while OpenMP workers that spin-wait on a loaded machine
+    (and against the host copy backend's thread) made identical CPU runs
+    vary 100x on the 2-core CI box; one thread made them repeatable.
+    """
+    if threads <= 0:
+        return None
+    cpu = any(str(s.get("device", "auto")) == "cpu" for s in specs)
+    if not cpu and any(str(s.get("device", "auto")) == "auto" for s in specs):
+        import torch
+
+        cpu = not torch.cuda.is_available()
+    if not cpu:
+        return None
+    import torch
+
+    torch.set_num_threads(threads)
+    return threads
+
+
 def run_matrix(
     specs: Iterable[Mapping[str, Any]],
     out_dir: Path,
@@ -302,6 +331,7 @@ def run_matrix(
     engine: Engine | None = None,
     budget_s: float | None = None,
     show_progress: bool = True,
+    cpu_threads: int = 1,
 ) -> dict[str, Any]:
     """Run every spec not already recorded in ``out_dir/rows.jsonl``; append
     rows (and failures to ``errors.jsonl``). Returns a summary."""
@@ -314,6 +344,7 @@ def run_matrix(
     todo = [s for s in all_specs if spec_key(s) not in done]
     skipped = len(all_specs) - len(todo)
     spec_cls, run_fn = engine if engine is not None else load_engine()
+    threads = set_cpu_threads(todo, cpu_threads)
     bar = common.progress_bar(len(todo), "matrix", disable=not show_progress)
     start = time.perf_counter()
     ran = failed = 0
@@ -351,6 +382,8 @@ def run_matrix(
             bar.write(f"FAILED {label}: {type(exc).__name__}: {exc}")
         else:
             row["run_elapsed_s"] = time.perf_counter() - t0
+            if threads is not None:
+                row["cpu_threads"] = threads
             row["recorded_utc"] = common.utc_stamp()
             append_row(rows_path, row)
             ran += 1
@@ -388,6 +421,7 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         f"--max-new-tokens {args.max_new_tokens}",
         f"--device {args.device}",
         f"--acceptance {args.acceptance}",
+        f"--cpu-threads {args.cpu_threads}",
     ]
     for flag, value in (
         ("--slo", args.slo),
@@ -420,7 +454,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "command": matrix_command(args, Path(out)),
         }
     summary = run_matrix(
-        specs, Path(out), budget_s=args.budget_s, show_progress=not args.no_progress
+        specs,
+        Path(out),
+        budget_s=args.budget_s,
+        show_progress=not args.no_progress,
+        cpu_threads=args.cpu_threads,
     )
     cmd = matrix_command(args, Path(out))
     with open(Path(out) / "commands.txt", "a", encoding="utf-8") as fh:

@@ -269,6 +269,19 @@ def _vacuous_metrics(
             problems.append(f"{label}: {name} reported with no routed experts observed (vacuous)")
     if "goodput_rps" in measured and "slo_s" in row and row["slo_s"] is None:
         problems.append(f"{label}: goodput_rps reported without an SLO (vacuous)")
+    blocked = row.get("issuer_blocked_wait_s")
+    if (
+        row.get("issuer_backend") == "host"
+        and "exposed_fetch_s" in measured
+        and _is_number(blocked)
+        and measured["exposed_fetch_s"] < 0.5 * blocked - 1e-3
+    ):
+        # On the host backend the forward itself blocks in the issuer's wait,
+        # so its measured stall cannot be far below the issuer's blocked time.
+        problems.append(
+            f"{label}: exposed_fetch_s = {measured['exposed_fetch_s']:.4g} s but callers blocked "
+            f"{blocked:.4g} s in the issuer's wait: the stall timer missed waits"
+        )
     if "expert_cache_hit_rate" in measured and measured.get("routed_expert_bytes") == 0:
         problems.append(f"{label}: expert_cache_hit_rate reported with no routed experts (vacuous)")
     return problems

@@ -61,6 +61,10 @@ def test_valid_matrix_has_no_problems(matrix_rows: Callable[..., list[Row]]) -> 
             "goodput_rps reported without an SLO",
         ),
         ({"acceptance_length_mean": 0.5}, "acceptance_length_mean = 0.5 < 1"),
+        (
+            {"issuer_backend": "host", "exposed_fetch_s": 0.0, "issuer_blocked_wait_s": 0.064},
+            "exposed_fetch_s = 0 s but callers blocked 0.064 s in the issuer's wait",
+        ),
         ({"acceptance_length_mean": 17.0}, "exceeds the block size 16"),
     ],
 )
@@ -125,3 +129,15 @@ def test_duplicates_are_named(matrix_rows: Callable[..., list[Row]]) -> None:
 def test_empty_and_non_object() -> None:
     assert validate_rows([]) == ["no rows"]
     assert validate_row([1, 2]) == ["row is list, not a JSON object"]  # type: ignore[arg-type]
+
+
+def test_exposed_fetch_consistent_with_issuer_wait_is_fine(make_row: Callable[..., Row]) -> None:
+    row = make_row(issuer_backend="host", exposed_fetch_s=0.06, issuer_blocked_wait_s=0.064)
+    assert validate_row(row) == []
+    # on CUDA the two clocks measure different things: no check
+    assert (
+        validate_row(
+            make_row(issuer_backend="cuda", exposed_fetch_s=0.0, issuer_blocked_wait_s=1.0)
+        )
+        == []
+    )
