@@ -78,7 +78,7 @@ def default_specs(args: argparse.Namespace, on_gpu: bool) -> list[dict[str, Any]
         # NOTE: sized for < 3 minutes on a 2-core CPU; --quick for tests
         num_requests=None,
         prompt_len=16 if args.quick else 32,
-        max_new_tokens=8 if args.quick else 64,
+        max_new_tokens=8 if args.quick else 96,
         device="cuda" if on_gpu else "cpu",
         emulated_link_gbps=link,
         acceptance="auto",
@@ -91,7 +91,7 @@ def default_specs(args: argparse.Namespace, on_gpu: bool) -> list[dict[str, Any]
     )
     specs = matrix.plan(ns)
     for spec in specs:
-        spec["num_requests"] = spec["concurrency"] * (1 if args.quick else 3)
+        spec["num_requests"] = spec["concurrency"] * (1 if args.quick else 4)
     return specs
 
 
@@ -134,5 +134,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "verdict": verdict["label"],
         "files": evaluation["files"],
         "elapsed_s": summary["elapsed_s"],
-        "exit_code": 1 if summary["failed"] or not rows else 0,
+        # a failed run or invalid rows fail the command; a NO-GO verdict does not
+        "exit_code": 1 if summary["failed"] or not rows or not evaluation["valid"] else 0,
     }

@@ -357,7 +357,7 @@ def run_matrix(
             )
             break
         label = (
-            "{arch}/{baseline}/B{block_size}/c{concurrency}/cf{cache_fraction}/r{repeat}".format(
+            "{arch}/{baseline}/blk{block_size}/c{concurrency}/cf{cache_fraction}/r{repeat}".format(
                 **spec
             )
         )

@@ -216,7 +216,8 @@ def hide_inequality(row: Mapping[str, Any]) -> dict[str, Any]:
         "routed_expert_bytes": _num(row.get("routed_expert_bytes")),
         "link_gbps": _num(row.get("link_gbps_measured")),
         "draft_busy_s": _num(row.get("draft_busy_s")),
-        "router_busy_s": _num(row.get("router_busy_s")),
+        # the engine reports its predictor time as predict_s
+        "router_busy_s": _num(row.get("router_busy_s", row.get("predict_s"))),
         "verify_overlap_window_s": _num(row.get("verify_overlap_window_s")),
     }
     out: dict[str, Any] = {"terms": terms, "fetch_s": None, "window_s": None, "margin_s": None}
@@ -302,7 +303,7 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
     bound = {(r["arch"], r["cache_fraction"]): r["bound"] for r in regime}
     for point in table.sorted_points():
         arch, block, conc, cf = point
-        where = f"{arch}/B{block}/c{conc}/cf{cf}"
+        where = f"{arch}/blk{block}/c{conc}/cf{cf}"
         pd_rows = table.rows(point, "PD")
         if not pd_rows:
             continue

@@ -124,7 +124,7 @@ def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
 def row_label(row: Mapping[str, Any]) -> str:
     """A short human label, e.g. ``tiny/PD/B16/c4/cf0.2/r0``."""
     arch, baseline, block, conc, cf, rep = row_key(row)
-    return f"{arch}/{baseline}/B{block}/c{conc}/cf{cf}/r{rep}"
+    return f"{arch}/{baseline}/blk{block}/c{conc}/cf{cf}/r{rep}"
 
 
 def _is_number(value: object) -> bool:
@@ -361,6 +361,6 @@ def validate_rows(
         if missing:
             arch, block, conc, cf = point
             problems.append(
-                f"missing baseline(s) {', '.join(missing)} at {arch}/B{block}/c{conc}/cf{cf}"
+                f"missing baseline(s) {', '.join(missing)} at {arch}/blk{block}/c{conc}/cf{cf}"
             )
     return problems

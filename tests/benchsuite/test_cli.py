@@ -107,7 +107,7 @@ def test_matrix_failure_is_recorded_and_fails_the_command(
     assert [e["spec"]["baseline"] for e in errors] == ["B2"]
     assert "planted failure for B2" in errors[0]["error"]
     report = json.loads((out / "report.json").read_text())
-    assert "missing baseline(s) B2 at tiny/B16/c1/cf0.2" in report["problems"]
+    assert "missing baseline(s) B2 at tiny/blk16/c1/cf0.2" in report["problems"]
     assert report["verdict"]["label"] == "NO-GO"
 
 
@@ -235,7 +235,7 @@ def test_report_rejects_planted_bad_rows(
     assert "routeahead_coverage reported for baseline B0, which predicts nothing (vacuous)" in text
     assert "h2d_bytes is negative (-5.0)" in text
     assert "acceptance_length_mean reported with no committed tokens (vacuous)" in text
-    assert "missing baseline(s) B1 at tiny/B16/c4/cf0.2" in text
+    assert "missing baseline(s) B1 at tiny/blk16/c4/cf0.2" in text
     assert len(result["problems"]) == 5
     assert "## Validation problems" in (folder / "report.md").read_text()
 

@@ -87,7 +87,7 @@ def test_misses_are_reported_with_their_size(matrix_rows: Callable[..., list[Row
     # (22 − 20)/(40 − 20) = 0.1, 0.8 short of 0.9
     assert gap["value"] == pytest.approx(0.1) and gap["miss"] == pytest.approx(0.8)
     reasons = " ".join(ev["verdict"]["reasons"])
-    assert "'PD beats B2 (tokens/s ratio > 1)' missed at tiny/B16/c1/cf0.2: 0.88" in reasons
+    assert "'PD beats B2 (tokens/s ratio > 1)' missed at tiny/blk16/c1/cf0.2: 0.88" in reasons
     assert "missed by 0.15" in reasons
     broken = ev["ordering"][0]["checks"]
     assert [c["holds"] for c in broken] == [True, True, False, True]
@@ -112,7 +112,7 @@ def test_unmeasured_target_is_no_go_with_reason(matrix_rows: Callable[..., list[
     assert ev["valid"]
     assert ev["verdict"]["label"] == "NO-GO"
     assert any(
-        "cannot judge 'PD eta >= 0.9' at tiny/B16/c1/cf0.2: no CUDA events on CPU" in r
+        "cannot judge 'PD eta >= 0.9' at tiny/blk16/c1/cf0.2: no CUDA events on CPU" in r
         for r in ev["verdict"]["reasons"]
     )
 

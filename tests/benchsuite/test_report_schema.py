@@ -107,8 +107,8 @@ def test_missing_baselines_are_named(matrix_rows: Callable[..., list[Row]]) -> N
         if not (r["baseline"] == "B2" and r["concurrency"] == 4) and r["baseline"] != "B3"
     ]
     problems = validate_rows(rows)
-    assert "missing baseline(s) B3 at tiny/B16/c1/cf0.2" in problems
-    assert "missing baseline(s) B2, B3 at tiny/B16/c4/cf0.2" in problems
+    assert "missing baseline(s) B3 at tiny/blk16/c1/cf0.2" in problems
+    assert "missing baseline(s) B2, B3 at tiny/blk16/c4/cf0.2" in problems
     assert len(problems) == 2
 
 
@@ -123,7 +123,7 @@ def test_duplicates_are_named(matrix_rows: Callable[..., list[Row]]) -> None:
     rows = matrix_rows()
     rows.append(dict(rows[0]))
     problems = validate_rows(rows)
-    assert problems == [f"row {len(rows) - 1}: duplicate of row 0 (tiny/B0/B16/c1/cf0.2/r0)"]
+    assert problems == [f"row {len(rows) - 1}: duplicate of row 0 (tiny/B0/blk16/c1/cf0.2/r0)"]
 
 
 def test_empty_and_non_object() -> None:
