@@ -21,6 +21,8 @@ SUITES: dict[str, str] = {
     "h2d": "h2d",
     "moe": "moe",
     "routeahead": "routeahead",
+    "engine": "engine",
+    "sched": "sched",
     "default": "default",
     "matrix": "matrix",
     "report": "report",

@@ -14,6 +14,11 @@ Defaults (DESIGN.md §3, ``probes/band_probe.cu`` on the H200, PCIe Gen5):
 kept ~92% of link bandwidth with a 16 MiB on-demand copy at 1.19-1.22x its
 alone latency under a 512 MiB background backlog. 2 MiB chunks give 1.12x at
 ~89%; 1 MiB chunks 1.04x at ~85%. A larger window (4 chunks) costs 1.7x.
+NOTE: the probe released its on-demand copy right after a chunk finished; an
+arrival at a random moment also waits for the queued second chunk, so expect
+somewhat more. ``issue_lead_us`` (just-in-time issue, off by default) keeps
+that second chunk out of the queue until the running one is about to end;
+``pdflash-bench h2d --sweep`` measures every trade-off side by side.
 
 Example::
 
@@ -103,6 +108,15 @@ class H2DIssuer:
             None copies at memcpy speed.
         debug_log: record every submit/promote/cancel/start/end event
             (:meth:`debug_log`), for tests; costs memory per chunk.
+        issue_lead_us: just-in-time issue (0: off). With a two-chunk window a
+            whole chunk waits queued behind the running one, so an urgent copy
+            arriving waits ~1.5 chunks. With a lead L, one more chunk is
+            queued only when the in-flight ones are estimated (link rate
+            measured from finished chunks) to drain within L microseconds:
+            the next chunk is chosen by band as late as possible while the
+            copy engine never idles. L must exceed the worker's reaction time
+            (a few us on CUDA; far more on a busy CPU). Off by default until
+            measured on the H200 (``pdflash-bench h2d --sweep``).
     """
 
     def __init__(
@@ -115,6 +129,7 @@ class H2DIssuer:
         max_inflight_chunks: int = DEFAULT_MAX_INFLIGHT_CHUNKS,
         emulated_link_gbps: float | None = None,
         debug_log: bool = False,
+        issue_lead_us: float = 0.0,
     ) -> None:
         if backend is None:
             backend = "cuda" if cuda_available() else "host"
@@ -137,6 +152,8 @@ class H2DIssuer:
             math.isfinite(emulated_link_gbps) and emulated_link_gbps > 0
         ):
             raise ValueError(f"emulated_link_gbps must be > 0, got {emulated_link_gbps}")
+        if not (math.isfinite(issue_lead_us) and issue_lead_us >= 0):
+            raise ValueError(f"issue_lead_us must be >= 0, got {issue_lead_us}")
         self._native = _native.NativeIssuer(
             backend == "cuda",
             device,
@@ -145,6 +162,7 @@ class H2DIssuer:
             max_inflight_chunks,
             emulated_link_gbps or 0.0,
             debug_log,
+            issue_lead_us * 1e-6,
         )
         self._backend = backend
         self._device = device
@@ -152,6 +170,7 @@ class H2DIssuer:
         self.window_bytes = window_bytes
         self.max_inflight_chunks = max_inflight_chunks
         self.emulated_link_gbps = emulated_link_gbps
+        self.issue_lead_us = issue_lead_us
 
     # ------------------------------------------------------------------ info
     @property
@@ -261,7 +280,8 @@ class H2DIssuer:
         :class:`~pdflash.metrics.NotMeasured` without samples).
         Top level: ``link_busy_s`` (summed chunk time on the link: CUDA event
         time, or the emulated link's time), ``uptime_s``, ``chunks``,
-        ``queued_copies``, ``queued_bytes`` (not yet issued), ``inflight_chunks``, ``inflight_bytes``,
+        ``queued_copies``, ``queued_bytes`` (not yet issued), ``inflight_chunks``,
+        ``link_rate_estimate_bps``, ``inflight_bytes``,
         ``backend``, ``chunk_bytes``, ``window_bytes``.
         """
         raw: dict[str, Any] = self._native.stats()

@@ -19,6 +19,34 @@ import numpy as np
 
 cimport cython
 
+pdflash_cpu_init()
+
+
+#: Meaning of ``DeficitCore.violation`` codes (0: none).
+VIOLATIONS = {
+    1: "a step with live work was empty",
+    2: "request cap exceeded",
+    3: "a grant outside [1, requested tokens]",
+    4: "token budget exceeded",
+    5: "byte budget exceeded outside the single-item oversize exception",
+    6: "negative deficit",
+    7: "a request was scheduled twice",
+}
+
+
+def uses_popcnt_instruction():
+    """True if the bitset kernels use the CPU's POPCNT instruction."""
+    return bool(pdflash_uses_popcnt())
+
+
+def _set_popcnt_instruction(bint enabled):
+    """Tests only: force the portable kernels (``False``) or re-detect the
+    CPU (``True``), so both kernel variants are checked on one machine."""
+    if enabled:
+        pdflash_cpu_init()
+    else:
+        pdflash_disable_popcnt()
+
 
 cdef inline int64_t _marginal_bytes(
     const uint64_t* x,
@@ -26,6 +54,8 @@ cdef inline int64_t _marginal_bytes(
     Py_ssize_t num_words,
     const int64_t* expert_bytes,
     int64_t uniform,
+    const int64_t* word_bytes,
+    bint word_uniform,
     int64_t limit,
 ) noexcept nogil:
     """Bytes of ``x & ~covered``. With ``limit >= 0`` it may stop early and
@@ -33,16 +63,18 @@ cdef inline int64_t _marginal_bytes(
     needs to know it does not fit)."""
     cdef Py_ssize_t w
     cdef uint64_t m
-    cdef int64_t count = 0
     cdef int64_t total = 0
     if uniform >= 0:
-        for w in range(num_words):
-            count += pdflash_popcount64(x[w] & ~covered[w])
-            # NOTE: check every 8 words: late candidates usually fail fast
-            # once the residual byte budget is nearly spent.
-            if limit >= 0 and (w & 7) == 7 and count * uniform > limit:
-                return count * uniform
-        return count * uniform
+        if uniform == 0:
+            return 0
+        # count > limit // uniform  <=>  count * uniform > limit
+        return pdflash_andnot_count(
+            x, covered, num_words, limit // uniform if limit >= 0 else -1
+        ) * uniform
+    if word_uniform:
+        # NOTE: sizes uniform per word (e.g. per layer when num_experts is a
+        # multiple of 64): a weighted popcount, no per-bit loop.
+        return pdflash_andnot_weighted(x, covered, word_bytes, num_words, limit)
     for w in range(num_words):
         m = x[w] & ~covered[w]
         while m:
@@ -90,12 +122,16 @@ cdef class DeficitCore:
         self.size = 0
         self.capacity = 0
         self.uniform_bytes = 0
+        self.word_uniform = False
+        self.word_bytes = np.zeros(self.num_words, dtype=np.int64)
         self.resident = np.zeros(self.num_words, dtype=np.uint64)
         self.expert_bytes = np.zeros(num_flat, dtype=np.int64)
         self.covered = np.zeros(self.num_words, dtype=np.uint64)
         self.union_bits = np.zeros(self.num_words, dtype=np.uint64)
-        self.union_ids = np.zeros(num_flat, dtype=np.int64)
-        self.union_mask = np.zeros(num_flat, dtype=np.uint8)
+        self.a_union_ids = np.zeros(num_flat, dtype=np.int64)
+        self.a_union_mask = np.zeros(num_flat, dtype=np.uint8)
+        self.union_ids = self.a_union_ids
+        self.union_mask = self.a_union_mask
         self.batch_size = 0
         self.union_size = 0
         self.oversize = False
@@ -107,6 +143,8 @@ cdef class DeficitCore:
         self.tokens = np.zeros(0, dtype=np.int64)
         self.bits = np.zeros((0, self.num_words), dtype=np.uint64)
         self.candidates = np.zeros(0, dtype=np.int64)
+        self.cand_lower = np.zeros(0, dtype=np.int64)
+        self.cand_used_at = np.zeros(0, dtype=np.int64)
         self.served = np.zeros(0, dtype=np.uint8)
         self.quanta = np.zeros(0, dtype=np.float64)
         self.out_index = np.zeros(0, dtype=np.int64)
@@ -117,24 +155,41 @@ cdef class DeficitCore:
         while self.capacity < initial_capacity:
             self._grow()
 
+    cdef int _check_idle(self) except -1:
+        # NOTE: step() scans raw pointers without the GIL; a concurrent
+        # mutation (a resize above all) would be a use-after-free.
+        if self.busy:
+            raise RuntimeError("DeficitCore is running step() in another thread; it is not thread-safe")
+        return 0
+
     cdef void _grow(self):
         cdef Py_ssize_t new_cap = max(16, 2 * self.capacity)
         cdef Py_ssize_t n = self.size
 
         self.seq = _grown(self.seq, n, new_cap, np.int64)
         self.weight = _grown(self.weight, n, new_cap, np.float64)
-        self.deficit = _grown(self.deficit, n, new_cap, np.float64)
+        self.a_deficit = _grown(self.deficit, n, new_cap, np.float64)
+        self.deficit = self.a_deficit
         self.credit_lap = _grown(self.credit_lap, n, new_cap, np.int64)
-        self.tokens = _grown(self.tokens, n, new_cap, np.int64)
+        self.a_tokens = _grown(self.tokens, n, new_cap, np.int64)
+        self.tokens = self.a_tokens
         self.bits = _grown(self.bits, n, (new_cap, self.num_words), np.uint64)
         self.candidates = np.zeros(new_cap, dtype=np.int64)
+        self.cand_lower = np.zeros(new_cap, dtype=np.int64)
+        self.cand_used_at = np.zeros(new_cap, dtype=np.int64)
         self.served = np.zeros(new_cap, dtype=np.uint8)
-        self.quanta = np.zeros(new_cap, dtype=np.float64)
-        self.out_index = np.zeros(new_cap, dtype=np.int64)
-        self.out_requested = np.zeros(new_cap, dtype=np.int64)
-        self.out_grant = np.zeros(new_cap, dtype=np.int64)
-        self.out_marginal = np.zeros(new_cap, dtype=np.int64)
-        self.out_cost = np.zeros(new_cap, dtype=np.float64)
+        self.a_quanta = np.zeros(new_cap, dtype=np.float64)
+        self.quanta = self.a_quanta
+        self.a_out_index = np.zeros(new_cap, dtype=np.int64)
+        self.out_index = self.a_out_index
+        self.a_out_requested = np.zeros(new_cap, dtype=np.int64)
+        self.out_requested = self.a_out_requested
+        self.a_out_grant = np.zeros(new_cap, dtype=np.int64)
+        self.out_grant = self.a_out_grant
+        self.a_out_marginal = np.zeros(new_cap, dtype=np.int64)
+        self.out_marginal = self.a_out_marginal
+        self.a_out_cost = np.zeros(new_cap, dtype=np.float64)
+        self.out_cost = self.a_out_cost
         self.capacity = new_cap
         # the previous step's results are invalidated by a resize
         self.batch_size = 0
@@ -142,6 +197,7 @@ cdef class DeficitCore:
     # ---------------------------------------------------------------- events
     def append(self, int64_t seq, double weight):
         """Add a request at the end of the ring (``seq`` above every live one)."""
+        self._check_idle()
         if not (weight > 0):
             raise ValueError(f"weight must be > 0, got {weight!r}")
         if self.size and seq <= self.seq[self.size - 1]:
@@ -159,6 +215,7 @@ cdef class DeficitCore:
 
     def remove(self, Py_ssize_t index):
         """Drop the request at ``index``; its credit goes with it."""
+        self._check_idle()
         if index < 0 or index >= self.size:
             raise IndexError(index)
         cdef Py_ssize_t tail = self.size - index - 1
@@ -176,6 +233,7 @@ cdef class DeficitCore:
 
     def set_demand(self, Py_ssize_t index, int64_t tokens, const uint64_t[::1] words):
         """Pending demand of a request: ``tokens`` = 1 + drafts, expert bitset."""
+        self._check_idle()
         if index < 0 or index >= self.size:
             raise IndexError(index)
         if tokens < 1:
@@ -190,12 +248,14 @@ cdef class DeficitCore:
         self.tokens[index] = tokens
 
     def clear_demand(self, Py_ssize_t index):
+        self._check_idle()
         if index < 0 or index >= self.size:
             raise IndexError(index)
         self.tokens[index] = 0
 
     def set_weights(self, const double[::1] weights):
         """Weights of all live requests, in ring order."""
+        self._check_idle()
         cdef Py_ssize_t i
         if weights.shape[0] != self.size:
             raise ValueError("one weight per live request")
@@ -206,11 +266,13 @@ cdef class DeficitCore:
             self.weight[i] = weights[i]
 
     def set_resident(self, const uint64_t[::1] words):
+        self._check_idle()
         if words.shape[0] != self.num_words:
             raise ValueError("wrong bitset length")
         memcpy(&self.resident[0], &words[0], self.num_words * sizeof(uint64_t))
 
     def set_expert_bytes(self, const int64_t[::1] sizes):
+        self._check_idle()
         cdef Py_ssize_t g
         if sizes.shape[0] != self.num_flat:
             raise ValueError("one size per flat expert id")
@@ -223,6 +285,21 @@ cdef class DeficitCore:
             if sizes[g] != self.uniform_bytes:
                 self.uniform_bytes = -1
                 break
+        self.word_uniform = True
+        for g in range(self.num_flat):
+            if g % 64 == 0:
+                self.word_bytes[g // 64] = sizes[g]
+            elif sizes[g] != self.word_bytes[g // 64]:
+                self.word_uniform = False
+                break
+
+    def size_path(self):
+        """Which marginal-bytes kernel the current sizes select:
+        ``"uniform"`` (popcount), ``"per_word"`` (weighted popcount) or
+        ``"per_expert"`` (per-bit sum)."""
+        if self.uniform_bytes >= 0:
+            return "uniform"
+        return "per_word" if self.word_uniform else "per_expert"
 
     # ---------------------------------------------------------------- state views
     def seqs(self):
@@ -232,38 +309,31 @@ cdef class DeficitCore:
         return np.asarray(self.weight)[: self.size]
 
     def deficits(self):
-        return np.asarray(self.deficit)[: self.size]
+        return self.a_deficit[: self.size]
 
     def credit_laps(self):
         return np.asarray(self.credit_lap)[: self.size]
 
     def pending_tokens(self):
-        return np.asarray(self.tokens)[: self.size]
+        return self.a_tokens[: self.size]
 
     def demand_bits(self, Py_ssize_t index):
         if index < 0 or index >= self.size:
             raise IndexError(index)
         return np.asarray(self.bits[index])
 
-    def restore(self, const double[::1] deficits, const int64_t[::1] credit_laps, int64_t lap, int64_t cursor_seq):
-        """Put back a saved ledger (used to undo a step whose results the
-        wrapper rejected; never needed in normal operation)."""
-        cdef Py_ssize_t i
-        if deficits.shape[0] != self.size or credit_laps.shape[0] != self.size:
-            raise ValueError("one entry per live request")
-        for i in range(self.size):
-            self.deficit[i] = deficits[i]
-            self.credit_lap[i] = credit_laps[i]
-        self.lap = lap
-        self.cursor_seq = cursor_seq
-
     # ---------------------------------------------------------------- step
     def step(self):
         """Run one step; returns the batch size. Read the results with the
         ``result_*`` accessors (views valid until the next mutation)."""
         cdef Py_ssize_t k
-        with nogil:
-            k = self._step()
+        self._check_idle()
+        self.busy = True
+        try:
+            with nogil:
+                k = self._step()
+        finally:
+            self.busy = False
         return k
 
     cdef Py_ssize_t _step(self) noexcept nogil:
@@ -277,7 +347,7 @@ cdef class DeficitCore:
         cdef int64_t tokens_left = T
         cdef int64_t bytes_left = M
         cdef int64_t lap = self.lap
-        cdef int64_t grant, marginal, limit
+        cdef int64_t grant, marginal
         cdef double cost, byte_cost, q
         cdef bint progressed, credit_limited_fit, stopped = False
         cdef const uint64_t* x
@@ -286,12 +356,17 @@ cdef class DeficitCore:
         cdef const uint64_t* res = &self.resident[0]
         cdef const int64_t* eb = &self.expert_bytes[0]
         cdef int64_t uniform = self.uniform_bytes
+        cdef const int64_t* wbytes = &self.word_bytes[0]
+        cdef bint word_uniform = self.word_uniform
         cdef int64_t* seq = &self.seq[0]
         cdef double* D = &self.deficit[0]
         cdef double* wt = &self.weight[0]
         cdef int64_t* clap = &self.credit_lap[0]
         cdef int64_t* tok = &self.tokens[0]
         cdef int64_t* cand = &self.candidates[0]
+        cdef int64_t* lower = &self.cand_lower[0]
+        cdef int64_t* used_at = &self.cand_used_at[0]
+        cdef int64_t bytes_used = 0
         cdef uint8_t* done = &self.served[0]
         cdef double* quanta = &self.quanta[0]
         cdef int64_t cap = self.max_requests
@@ -300,6 +375,8 @@ cdef class DeficitCore:
         self.batch_size = 0
         self.oversize = False
         self.cap_reached = False
+        self.passes = 0
+        self.examined = 0
         memset(quanta, 0, n * sizeof(double))
         memset(uni, 0, W * sizeof(uint64_t))
 
@@ -322,6 +399,7 @@ cdef class DeficitCore:
                 i -= n
             if tok[i] > 0:
                 cand[num_cand] = i
+                lower[num_cand] = -1
                 num_cand += 1
                 done[i] = 0
         if num_cand == 0:
@@ -332,6 +410,7 @@ cdef class DeficitCore:
         while True:
             progressed = False
             credit_limited_fit = False
+            self.passes += 1
             for c in range(num_cand):
                 i = cand[c]
                 if done[i]:
@@ -344,14 +423,26 @@ cdef class DeficitCore:
                     stopped = True
                     break
                 x = &self.bits[i, 0]
+                self.examined += 1
                 grant = tok[i] if tok[i] < tokens_left else tokens_left
                 # NOTE: only a candidate that could join a non-empty batch
                 # needs its exact cost; one that cannot fit may stop counting
                 # as soon as its bytes exceed the residual budget.
-                limit = bytes_left if (bounded and batch > 0) else -1
-                marginal = _marginal_bytes(x, cov, W, eb, uniform, limit)
-                if bounded and batch > 0 and marginal > bytes_left:
-                    continue
+                if bounded and batch > 0:
+                    # NOTE: cheap exact skip. Within a step a candidate's
+                    # marginal bytes can only fall by the bytes the batch has
+                    # covered since it was last measured, so if a lower bound
+                    # minus that still exceeds the residual, it cannot fit now
+                    # (the reference measures it and reaches the same verdict).
+                    if lower[c] >= 0 and lower[c] - (bytes_used - used_at[c]) > bytes_left:
+                        continue
+                    marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, bytes_left)
+                    lower[c] = marginal
+                    used_at[c] = bytes_used
+                    if marginal > bytes_left:
+                        continue
+                else:
+                    marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, -1)
                 cost = <double>grant / <double>T
                 if bounded:
                     byte_cost = <double>marginal / <double>M
@@ -386,6 +477,7 @@ cdef class DeficitCore:
                 tokens_left -= grant
                 if bounded:
                     bytes_left -= marginal
+                    bytes_used += marginal
                 progressed = True
                 if bounded and marginal > M:
                     # the documented oversize exception: it runs alone
@@ -430,7 +522,37 @@ cdef class DeficitCore:
             self.cursor_seq = seq[cand[0]] + 1
         self.batch_size = batch
         self._finish_union(batch)
+        self.violation = self._self_check(num_cand)
         return batch
+
+    cdef int _self_check(self, Py_ssize_t num_cand) noexcept nogil:
+        """vLLM-style end-of-step checks, O(batch + live) in C; the codes are
+        explained by ``VIOLATIONS``. The from-scratch checks live in tests."""
+        cdef Py_ssize_t j, k = self.batch_size
+        cdef int64_t tokens = 0, nbytes = 0, g
+        if num_cand > 0 and k == 0:
+            return 1
+        if self.max_requests > 0 and k > self.max_requests:
+            return 2
+        for j in range(k):
+            g = self.out_grant[j]
+            if g < 1 or g > self.out_requested[j]:
+                return 3
+            tokens += g
+            nbytes += self.out_marginal[j]
+        if tokens > self.token_budget:
+            return 4
+        if self.byte_budget >= 0 and nbytes > self.byte_budget and not (self.oversize and k == 1):
+            return 5
+        for j in range(self.size):
+            if self.deficit[j] < 0:
+                return 6
+        for j in range(k):
+            # served flags are per-step scratch: 1 = served; mark 2 on first sight
+            if self.served[self.out_index[j]] != 1:
+                return 7
+            self.served[self.out_index[j]] = 2
+        return 0
 
     cdef void _finish_union(self, Py_ssize_t batch) noexcept nogil:
         cdef Py_ssize_t w, k = 0
@@ -453,25 +575,43 @@ cdef class DeficitCore:
 
     # ---------------------------------------------------------------- results
     def result_index(self):
-        return np.asarray(self.out_index)[: self.batch_size]
+        return self.a_out_index[: self.batch_size]
 
     def result_requested(self):
-        return np.asarray(self.out_requested)[: self.batch_size]
+        return self.a_out_requested[: self.batch_size]
 
     def result_grant(self):
-        return np.asarray(self.out_grant)[: self.batch_size]
+        return self.a_out_grant[: self.batch_size]
 
     def result_marginal(self):
-        return np.asarray(self.out_marginal)[: self.batch_size]
+        return self.a_out_marginal[: self.batch_size]
 
     def result_cost(self):
-        return np.asarray(self.out_cost)[: self.batch_size]
+        return self.a_out_cost[: self.batch_size]
 
     def result_quanta(self):
-        return np.asarray(self.quanta)[: self.size]
+        return self.a_quanta[: self.size]
 
     def result_union_ids(self):
-        return np.asarray(self.union_ids)[: self.union_size]
+        return self.a_union_ids[: self.union_size]
 
     def result_union_mask(self):
-        return np.asarray(self.union_mask)
+        return self.a_union_mask
+
+    def results(self):
+        """All of the last step's results in one call (views): batch indices,
+        requested tokens, grants, marginal bytes, costs, union ids, union
+        mask, then deficits and quanta of every live request."""
+        cdef Py_ssize_t k = self.batch_size
+        cdef Py_ssize_t n = self.size
+        return (
+            self.a_out_index[:k],
+            self.a_out_requested[:k],
+            self.a_out_grant[:k],
+            self.a_out_marginal[:k],
+            self.a_out_cost[:k],
+            self.a_union_ids[: self.union_size],
+            self.a_union_mask,
+            self.a_deficit[:n],
+            self.a_quanta[:n],
+        )

@@ -54,6 +54,7 @@ class NativeIssuer:
         max_inflight_chunks: int = 32,
         emulated_link_gbps: float = 0.0,
         debug_log: bool = False,
+        issue_lead_s: float = 0.0,
     ) -> None: ...
     @property
     def backend(self) -> str: ...

@@ -201,6 +201,7 @@ cdef class NativeIssuer:
         int max_inflight_chunks=32,
         double emulated_link_gbps=0.0,
         bint debug_log=False,
+        double issue_lead_s=0.0,
     ):
         if self._issuer != NULL:
             raise RuntimeError("NativeIssuer is already initialised")
@@ -212,6 +213,7 @@ cdef class NativeIssuer:
         cfg.max_inflight_chunks = max_inflight_chunks
         cfg.emulated_link_gbps = emulated_link_gbps
         cfg.debug_log = debug_log
+        cfg.issue_lead_s = issue_lead_s
         self.use_cuda = use_cuda
         self.device = device
         self._issuer = new Issuer(cfg)
@@ -332,6 +334,7 @@ cdef class NativeIssuer:
             "queued_bytes": s.queued_bytes,
             "inflight_chunks": s.inflight_chunks,
             "inflight_bytes": s.inflight_bytes,
+            "link_rate_estimate_bps": s.link_rate_estimate_bps,
         }
 
     def debug_log(self):

@@ -33,6 +33,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         size_t chunk_bytes
         size_t window_bytes
         int max_inflight_chunks
+        double issue_lead_s
         double emulated_link_gbps
         bool debug_log
 
@@ -67,6 +68,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         uint64_t queued_bytes
         uint64_t inflight_chunks
         uint64_t inflight_bytes
+        double link_rate_estimate_bps
 
     cdef cppclass WaitResult:
         int code

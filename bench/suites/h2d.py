@@ -25,7 +25,8 @@ Everything is measured side by side in one run on one backend:
   backlog as 8 MiB copies on the low-priority stream).
 
 On a CPU machine the host backend runs with an emulated link (default
-1 GB/s, well below memcpy speed so the CPU is not the link) and every size scaled down by ``--host-scale`` (default 4: a 4 MiB
+0.5 GB/s: far below memcpy speed, and chunks of ~2 ms, so that thread
+scheduling delays on a busy CPU stay small next to a chunk) and every size scaled down by ``--host-scale`` (default 4: a 4 MiB
 on-demand copy under a 128 MiB backlog with 1 MiB chunks): the time ratios,
 not the absolute numbers, are the comparable part.
 """
@@ -41,8 +42,21 @@ from typing import Any
 HELP = "H2D issuer: issue cost, copy bandwidth, on-demand latency under background load"
 
 MiB = 1 << 20
-#: (chunk MiB, window MiB) pairs for --sweep (before --host-scale).
-SWEEP = [(1.0, 2.0), (2.0, 4.0), (2.0, 6.0), (4.0, 8.0), (4.0, 12.0), (8.0, 16.0)]
+#: (chunk MiB, window MiB, just-in-time lead as a fraction of one chunk's
+#: link time; 0 = off) for --sweep (sizes before --host-scale).
+SWEEP = [
+    (1.0, 2.0, 0.0),
+    (2.0, 4.0, 0.0),
+    (2.0, 6.0, 0.0),
+    (3.0, 6.0, 0.0),
+    (4.0, 8.0, 0.0),
+    (4.0, 12.0, 0.0),
+    (8.0, 16.0, 0.0),
+    (4.0, 8.0, 0.25),
+    (4.0, 8.0, 0.4),
+    (8.0, 16.0, 0.25),
+    (2.0, 4.0, 0.4),
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", type=int, default=0, help="CUDA device")
     parser.add_argument(
-        "--emulated-gbps", type=float, default=1.0, help="host backend: emulated link GB/s"
+        "--emulated-gbps", type=float, default=0.5, help="host backend: emulated link GB/s"
     )
     parser.add_argument(
         "--host-scale",
@@ -59,13 +73,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4,
         help="host backend: divide the scenario sizes (chunk, window, copies) by this",
     )
-    parser.add_argument("--chunk-mib", type=float, default=None, help="chunk size (default 4)")
-    parser.add_argument("--window-mib", type=float, default=None, help="window (default 8)")
+    parser.add_argument(
+        "--chunk-mib", type=float, default=None, help="chunk size (default: H2DIssuer's)"
+    )
+    parser.add_argument(
+        "--window-mib", type=float, default=None, help="window bytes (default: H2DIssuer's)"
+    )
     parser.add_argument("--expert-mib", type=float, default=9.0, help="expert copy size")
     parser.add_argument("--on-demand-mib", type=float, default=16.0, help="on-demand copy size")
     parser.add_argument("--background-mib", type=int, default=512, help="background backlog")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions of each load scenario")
+    parser.add_argument("--reps", type=int, default=7, help="repetitions of each load scenario")
     parser.add_argument("--issue-reps", type=int, default=101, help="repetitions of issue timing")
+    parser.add_argument(
+        "--issue-lead-us",
+        type=float,
+        default=None,
+        help="just-in-time issue lead in us (default: H2DIssuer's, off)",
+    )
     parser.add_argument(
         "--sweep",
         action="store_true",
@@ -118,7 +142,7 @@ def _timed_copy(issuer: Any, src: Any, dst: Any, size: int, keys: Any, band: Any
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import numpy as np
 
-    from pdflash.h2d import H2DIssuer, cuda_available
+    from pdflash.h2d import DEFAULT_CHUNK_BYTES, DEFAULT_WINDOW_BYTES, H2DIssuer, cuda_available
     from pdflash.metrics import NotMeasured, metrics_to_json, ratio
     from pdflash.protocols import Band
 
@@ -126,8 +150,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if backend == "auto":
         backend = "cuda" if cuda_available() else "host"
     scale = 1 if backend == "cuda" else max(1, args.host_scale)
-    chunk = int((args.chunk_mib or 4.0) * MiB) // scale
-    window = int((args.window_mib or 8.0) * MiB) // scale
+    chunk_mib = args.chunk_mib or DEFAULT_CHUNK_BYTES / MiB
+    window_mib = args.window_mib or DEFAULT_WINDOW_BYTES / MiB
+    chunk = int(chunk_mib * MiB) // scale
+    window = int(window_mib * MiB) // scale
     expert = int(args.expert_mib * MiB) // scale
     on_demand = int(args.on_demand_mib * MiB) // scale
     background = args.background_mib * MiB // scale
@@ -165,8 +191,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics["link_peak_gbps"] = _p50(peak)
         del mem
 
+    lead_us = args.issue_lead_us or 0.0
     with H2DIssuer(
-        backend=backend, device=args.device, chunk_bytes=chunk, window_bytes=window, **link_kwargs
+        backend=backend,
+        device=args.device,
+        chunk_bytes=chunk,
+        window_bytes=window,
+        issue_lead_us=lead_us,
+        **link_kwargs,
     ) as issuer:
         mem = _Memory(issuer, pool, args.device)
 
@@ -206,15 +238,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         # ---- expert-sized copies through the issuer ---------------------
         n_exp = max(4, background // expert)
-        src, dst = _copies(mem, n_exp, expert)
-        rates = [
-            n_exp
-            * expert
-            / _timed_copy(issuer, src, dst, expert, keys(n_exp), Band.ROUTE_AHEAD)
-            / 1e9
-            for _ in range(args.reps)
-        ]
-        metrics["expert_copy_gbps"] = _p50(rates)
+        exp_src, exp_dst = _copies(mem, n_exp, expert)
+
+        def expert_gbps(iss: Any) -> float:
+            rates = [
+                n_exp
+                * expert
+                / _timed_copy(iss, exp_src, exp_dst, expert, keys(n_exp), Band.ROUTE_AHEAD)
+                / 1e9
+                for _ in range(args.reps)
+            ]
+            return _p50(rates)
+
+        metrics["expert_copy_gbps"] = expert_gbps(issuer)
 
         # ---- on-demand alone and under a background backlog ----------------
         # NOTE: the backlog is submitted lead_s before the on-demand copy (so
@@ -242,20 +278,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
         sweep: list[dict[str, Any]] = []
         if args.sweep:
-            for chunk_mib, window_mib in SWEEP:
+            for chunk_mib, window_mib, lead_frac in SWEEP:
                 c, w = int(chunk_mib * MiB) // scale, int(window_mib * MiB) // scale
+                lead = lead_frac * c / (metrics["link_peak_gbps"] * 1e9) * 1e6
                 with H2DIssuer(
                     backend=backend,
                     device=args.device,
                     chunk_bytes=c,
                     window_bytes=w,
+                    issue_lead_us=lead,
                     **link_kwargs,
                 ) as other:
                     a_us, u_us, g = scenario.run(other, args.reps)
+                    e = expert_gbps(other)
                 sweep.append(
                     {
                         "chunk_bytes": c,
                         "window_bytes": w,
+                        "issue_lead_us": lead,
+                        "expert_copy_gbps": e,
+                        "expert_copy_fraction_of_peak": e / metrics["link_peak_gbps"],
                         "on_demand_alone_us": a_us,
                         "on_demand_under_load_us": u_us,
                         "on_demand_under_load_ratio": u_us / a_us,
@@ -282,9 +324,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result.update(
         {
             "backend": backend,
+            "device": _device_name(backend, args.device),
             "naive_issue_method": naive_how,
             "emulated_link_gbps": args.emulated_gbps if backend == "host" else None,
             "size_scale": f"1/{scale}" if scale > 1 else "1",
+            "issue_lead_us": lead_us,
             "scenario_bytes": {
                 "chunk": chunk,
                 "window": window,
@@ -363,6 +407,17 @@ class _BandScenario:
             bg_rates.append(self.n_bg * self.bg_size / (time.perf_counter() - t0) / 1e9)
         self.queued_at_submit = _p50(queued)
         return _p50(alone) * 1e6, _p50(under) * 1e6, _p50(bg_rates)
+
+
+def _device_name(backend: str, device: int) -> str:
+    import os
+    import platform
+
+    if backend == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(device))
+    return f"{platform.machine()} CPU, {os.cpu_count()} cores (emulated link)"
 
 
 def _build_info() -> dict[str, Any]:

@@ -5,6 +5,7 @@
 // Built only when PDFLASH_WITH_CUDA; otherwise the factory throws and
 // cuda_device_count() is 0. Plain C++ against the CUDA runtime (no kernels),
 // linked with cudart_static.
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -110,15 +111,18 @@ class CudaBackend final : public CopyBackend {
     return true;
   }
 
-  void wait_progress(int slot, const std::function<bool()>& interrupted) override {
+  void wait_progress(int slot, std::chrono::steady_clock::time_point deadline,
+                     const std::function<bool()>& interrupted) override {
     // NOTE: spin (yielding) on the oldest chunk's event: a 4 MiB chunk lasts
     // ~76 us at 55 GB/s, and the next one must be issued before the copy
     // engine runs dry. A blocking-sync event or a host callback in the stream
     // adds tens of microseconds per chunk (cudaLaunchHostFunc also stalls the
     // stream until the callback has run).
     cudaEvent_t ev = end_[std::size_t(slot)];
+    bool timed = deadline != std::chrono::steady_clock::time_point::max();
     while (cudaEventQuery(ev) == cudaErrorNotReady) {
       if (interrupted()) return;
+      if (timed && std::chrono::steady_clock::now() >= deadline) return;
       std::this_thread::yield();
     }
   }

@@ -114,9 +114,15 @@ class HostBackend final : public CopyBackend {
     return true;
   }
 
-  void wait_progress(int slot, const std::function<bool()>& interrupted) override {
+  void wait_progress(int slot, Clock::time_point deadline,
+                     const std::function<bool()>& interrupted) override {
     std::unique_lock<std::mutex> lk(mu_);
-    done_cv_.wait(lk, [&] { return done_[std::size_t(slot)] || interrupted(); });
+    auto ready = [&] { return done_[std::size_t(slot)] || interrupted(); };
+    if (deadline == Clock::time_point::max()) {
+      done_cv_.wait(lk, ready);
+    } else {
+      done_cv_.wait_until(lk, deadline, ready);
+    }
   }
 
   void wake() override {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <thread>
@@ -144,6 +145,7 @@ struct Inflight {
   std::int64_t seq;
   std::int64_t chunk;
   std::size_t bytes;
+  double t_enqueued;
 };
 
 struct BandCounters {
@@ -200,6 +202,8 @@ struct Issuer::Impl {
 
   std::deque<Inflight> inflight;
   std::size_t inflight_bytes = 0;
+  double rate_bps = 0.0;     // link rate estimate (EWMA over finished chunks)
+  double last_reap_t = 0.0;  // when the worker last saw a chunk finish
   std::vector<int> free_slots;
 
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
@@ -259,6 +263,17 @@ struct Issuer::Impl {
            inflight_bytes + next_bytes <= cfg.window_bytes;
   }
 
+  // Just-in-time issue: the earliest time (issuer seconds) at which one more
+  // chunk may be queued behind the in-flight ones; -inf when it may be now.
+  double jit_not_before() const {
+    if (cfg.issue_lead_s <= 0.0 || inflight.empty() || rate_bps <= 0.0)
+      return -std::numeric_limits<double>::infinity();
+    // The oldest in-flight chunk started when it was enqueued or when the
+    // worker saw its predecessor finish, whichever was later (an upper bound).
+    double start = std::max(inflight.front().t_enqueued, last_reap_t);
+    return start + double(inflight_bytes) / rate_bps - cfg.issue_lead_s;
+  }
+
   void fill_window() {
     bool issued = false;
     while (true) {
@@ -267,6 +282,7 @@ struct Issuer::Impl {
       CopyRec& c = recs[std::size_t(r)];
       std::size_t n = std::min(cfg.chunk_bytes, c.bytes - c.next_off);
       if (!window_has_room(n)) break;
+      if (now() < jit_not_before()) break;
       int slot = free_slots.back();
       std::int64_t ticket = make_ticket(c.seq, r);
       std::int64_t chunk = c.chunks_issued;
@@ -292,7 +308,7 @@ struct Issuer::Impl {
       free_slots.pop_back();
       c.last_slot = slot;
       c.chunks_inflight += 1;
-      inflight.push_back(Inflight{slot, r, c.seq, chunk, n});
+      inflight.push_back(Inflight{slot, r, c.seq, chunk, n, now()});
       inflight_bytes += n;
     }
     if (issued && state_waiters > 0) state_cv.notify_all();
@@ -339,6 +355,11 @@ struct Issuer::Impl {
       inflight.pop_front();
       inflight_bytes -= f.bytes;
       free_slots.push_back(f.slot);
+      last_reap_t = now();
+      if (res.ok && res.busy_s > 0.0) {
+        double r = double(f.bytes) / res.busy_s;
+        rate_bps = rate_bps > 0.0 ? 0.8 * rate_bps + 0.2 * r : r;
+      }
       link_busy_s += res.busy_s;
       chunks_done += 1;
       CopyRec& c = recs[std::size_t(f.rec)];
@@ -371,12 +392,20 @@ struct Issuer::Impl {
                                                        recs[std::size_t(next)].bytes -
                                                            recs[std::size_t(next)].next_off)
                                             : std::size_t(1));
+      // A chunk that fits but waits for its just-in-time moment: wake then.
+      auto deadline = std::chrono::steady_clock::time_point::max();
+      if (room && next >= 0) {
+        double not_before = jit_not_before();
+        if (not_before > -std::numeric_limits<double>::infinity())
+          deadline = t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(not_before));
+      }
       std::uint64_t seen = epoch.load();
       int slot = inflight.front().slot;
       lk.unlock();
       // NOTE: with room in the window, new submissions interrupt the wait so
       // they are issued at once; with a full window only a completion matters.
-      backend->wait_progress(slot, [&] { return room && epoch.load() != seen; });
+      backend->wait_progress(slot, deadline, [&] { return room && epoch.load() != seen; });
       lk.lock();
     }
     // Shut down: every live copy that will never complete is cancelled.
@@ -442,6 +471,8 @@ Issuer::Issuer(const IssuerConfig& config) : impl_(new Impl) {
   if (config.max_inflight_chunks < 1 || config.max_inflight_chunks > 4096)
     throw std::invalid_argument("max_inflight_chunks must be in [1, 4096], got " +
                                 std::to_string(config.max_inflight_chunks));
+  if (!(config.issue_lead_s >= 0.0) || std::isinf(config.issue_lead_s))
+    throw std::invalid_argument("issue_lead_s must be a finite number >= 0");
   if (!(config.emulated_link_gbps >= 0.0) || std::isinf(config.emulated_link_gbps))
     throw std::invalid_argument("emulated_link_gbps must be a finite number >= 0");
   s.backend = config.use_cuda ? make_cuda_backend(config.max_inflight_chunks, config.device)
@@ -499,7 +530,9 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       std::uint64_t key = keys[i];
       if (key == kNoKey) continue;
       std::int32_t v = s.live_keys.find(key);
-      if (v == KeyMap::kMissing) {
+      // A copy that already failed (its last chunks still in flight) is not
+      // a dedup target: the key is copied anew.
+      if (v == KeyMap::kMissing || (v >= 0 && s.recs[std::size_t(v)].failed)) {
         s.live_keys.set(key, -2 - std::int32_t(i));
         placeholders.push_back(key);
         continue;
@@ -525,7 +558,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
     for (std::size_t i = 0; i < n; ++i) {
       std::uint64_t key = keys[i];
       std::int32_t v = key == kNoKey ? KeyMap::kMissing : s.live_keys.find(key);
-      if (v >= 0) {  // dedup (live before, or earlier in this batch)
+      if (v >= 0 && !s.recs[std::size_t(v)].failed) {  // dedup (live, or earlier in this batch)
         CopyRec& c = s.recs[std::size_t(v)];
         s.counters[band].dedup_hits += 1;
         if (band < c.band) {
@@ -754,6 +787,7 @@ IssuerStats Issuer::stats() const {
   out.queued_bytes = s.queued_bytes;
   out.inflight_chunks = s.inflight.size();
   out.inflight_bytes = s.inflight_bytes;
+  out.link_rate_estimate_bps = s.rate_bps;
   return out;
 }
 

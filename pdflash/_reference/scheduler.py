@@ -94,6 +94,10 @@ class ReferenceScheduler:
         req.tokens = 1 + drafted_tokens
         req.experts = frozenset(int(g) for g in experts)
 
+    def clear_demand(self, rid: int) -> None:
+        self.requests[rid].tokens = None
+        self.requests[rid].experts = frozenset()
+
     def set_weight(self, rid: int, weight: float) -> None:
         self.requests[rid].weight = weight
 

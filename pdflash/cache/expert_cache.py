@@ -26,6 +26,7 @@ queued kernel still reads.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -165,6 +166,7 @@ class ExpertCache:
         self.prefetch_bytes_in = 0
         self.prefetch_bytes_evicted_unused = 0
         self.prefetch_dropped = 0  # prefetch ids that found no evictable slot
+        self.failed_copies = 0  # copies found failed or cancelled; the slot was freed
 
     def stats(self) -> dict[str, Any]:
         """Counters and derived ratios (``NotMeasured`` when the denominator is 0)."""
@@ -187,6 +189,7 @@ class ExpertCache:
             "prefetch_bytes_in": self.prefetch_bytes_in,
             "prefetch_bytes_evicted_unused": self.prefetch_bytes_evicted_unused,
             "prefetch_dropped": self.prefetch_dropped,
+            "failed_copies": self.failed_copies,
             **ratios,
         }
 
@@ -220,10 +223,31 @@ class ExpertCache:
     # -- slot management -----------------------------------------------------
 
     def _refresh_inflight(self) -> None:
+        """Clear finished copies; forget unpinned slots whose copy failed or
+        was cancelled (e.g. ``issuer.cancel(Band.ROUTE_AHEAD)``), so the
+        expert is fetched again instead of being read as garbage.
+
+        NOTE: ``poll`` reports failed/cancelled copies as finished; telling
+        them apart needs ``issuer.states`` (:class:`pdflash.h2d.H2DIssuer`'s
+        codes: > ``STATE_DONE`` means failed or cancelled). An issuer
+        without ``states`` is trusted to complete what it accepted.
+        """
         busy = np.flatnonzero(self.ticket >= 0)
-        if busy.size:
+        if busy.size == 0:
+            return
+        states_fn = getattr(self.issuer, "states", None)
+        if states_fn is None:
             done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
             self.ticket[busy[done]] = -1
+            return
+        from pdflash.h2d import STATE_DONE
+
+        states = np.asarray(states_fn(self.ticket[busy]))
+        self.ticket[busy[states == STATE_DONE]] = -1
+        bad = busy[(states > STATE_DONE) & (self.pins[busy] == 0)]
+        if bad.size:
+            self.failed_copies += int(bad.size)
+            self._drop(bad)
 
     def _evictable_slots(self, exclude: IdArray) -> npt.NDArray[np.int64]:
         ok = (self.expert_of >= 0) & (self.pins == 0) & (self.ticket < 0)
@@ -350,17 +374,25 @@ class ExpertCache:
                 f"{ids.size} distinct experts requested but only {self._available(ids)} of "
                 f"{self.num_slots} slots are free or evictable (the rest are pinned or in flight)"
             )
+        self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
+        try:
+            if missing.size:
+                new_slots = self._reserve(int(missing.size), exclude=ids)
+                assert new_slots.size == missing.size
+                self._load(missing, new_slots, Band.ON_DEMAND)
+                self.pins[new_slots] += 1
+            self._promote(slots[present], Band.ON_DEMAND)
+        except BaseException:
+            # e.g. the issuer refused the copies: nothing stays pinned; the
+            # slots freed for them stay free (their experts were evicted)
+            self.pins[slots[present]] -= 1
+            loaded = self.slot_of[missing]
+            self.pins[loaded[loaded >= 0]] = 0
+            raise
         self.clock += 1
         self.hits += int(present.sum())
         self.misses += int(missing.size)
         self.inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
-        self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
-        if missing.size:
-            new_slots = self._reserve(int(missing.size), exclude=ids)
-            assert new_slots.size == missing.size
-            self._load(missing, new_slots, Band.ON_DEMAND)
-            self.pins[new_slots] += 1
-        self._promote(slots[present], Band.ON_DEMAND)
         all_slots = self.slot_of[ids]
         fresh = all_slots[~self.used[all_slots]]
         self.bytes_used += int(fresh.size) * self.expert_nbytes
@@ -450,6 +482,17 @@ class ExpertCache:
             yield slots
         finally:
             self.release(flat_ids)
+
+    def drain_inflight(self) -> None:
+        """Block until every in-flight copy into an unpinned slot finishes
+        (so those slots become evictable); failures are handled as in
+        :meth:`_refresh_inflight`."""
+        busy = np.flatnonzero((self.ticket >= 0) & (self.pins == 0))
+        if busy.size:
+            # NOTE: failed/cancelled copies raise here; the refresh below drops them.
+            with contextlib.suppress(Exception):
+                self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
+        self._refresh_inflight()
 
     def free_capacity(self) -> int:
         """Slots a forward could pin now (free or evictable)."""

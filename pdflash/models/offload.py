@@ -89,6 +89,9 @@ class OffloadedMoE:
         i = 0
         while i < experts.size:
             room = cache.free_capacity()
+            if room <= 0:  # every slot pinned or still being filled by a prefetch
+                cache.drain_inflight()
+                room = cache.free_capacity()
             if room <= 0:
                 raise CacheTooSmallError(
                     f"layer {layer}: no expert slot is free or evictable "

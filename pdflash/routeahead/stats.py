@@ -303,3 +303,20 @@ def routed_bitsets_from_topk(
     """Per-request routed bitsets ``(R, L, W)`` from a forward's top-k ids
     ``(L, T, k)`` int64 and each token's request index ``(T,)`` int64 (-1: skip)."""
     return _native.routed_bitsets_from_topk(topk_ids, token_request, num_requests, num_experts)
+
+
+def unpack_bitsets(bits: npt.ArrayLike, num_experts: int) -> npt.NDArray[np.bool_]:
+    """``(..., ceil(E / 64))`` uint64 bitsets -> ``(..., E)`` bool masks
+    (the inverse of :func:`pack_masks`)."""
+    arr = np.ascontiguousarray(bits)
+    if arr.dtype != np.uint64:
+        raise TypeError(f"bits must be uint64, got dtype {arr.dtype}")
+    words = (num_experts + 63) // 64
+    if arr.ndim < 1 or arr.shape[-1] != words:
+        raise ValueError(
+            f"bits must end in {words} words for {num_experts} experts, got shape {arr.shape}"
+        )
+    # NOTE: bit e of word w is byte (8w + e // 8), bit e % 8 on a little-endian
+    # host, which the native packer also assumes (it refuses to build otherwise).
+    flat = np.unpackbits(arr.view(np.uint8), axis=-1, bitorder="little")
+    return flat[..., :num_experts].astype(np.bool_)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -43,7 +44,10 @@ def issuer():  # type: ignore[no-untyped-def]
 
 def _pools(iss: H2DIssuer, nbytes: int):  # type: ignore[no-untyped-def]
     src = iss.pinned_array(nbytes)
-    src[:] = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    # a random block with a prime period (never aligned with copy slots),
+    # repeated: cheap for hundreds of MiB
+    block = np.random.default_rng(0).integers(0, 256, 1_048_573, dtype=np.uint8)
+    src[:] = np.resize(block, nbytes)
     dst = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
     return src, dst
 
@@ -151,14 +155,19 @@ print("LATER-COPY-OK")
 """
 
 
-def test_failed_copy_carries_cuda_error_and_later_copies_work() -> None:
+def test_failed_copy_carries_cuda_error_and_later_copies_work(tmp_path: Path) -> None:
     # NOTE: in a subprocess, so that a CUDA error that turned out to be
-    # sticky could not poison the other tests' context.
+    # sticky could not poison the other tests' context. It runs outside the
+    # checkout so that it imports the installed package, not the source tree.
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", _FAULT_SCRIPT], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _FAULT_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
@@ -270,3 +279,17 @@ def test_on_demand_waits_at_most_one_window(issuer: H2DIssuer) -> None:
     ahead = sum(e.nbytes for e in log[i_submit:i_first] if e.kind == 3)
     assert ahead <= issuer.window_bytes
     _replay(issuer)
+
+
+def test_just_in_time_issue_on_cuda() -> None:
+    n, size = 24, 9 * MiB
+    with H2DIssuer(debug_log=True, issue_lead_us=20.0) as iss:
+        src, dst = _pools(iss, (n + 2) * size)
+        s, d = _slots(src.ctypes.data, n + 2, size), _slots(dst.data_ptr(), n + 2, size)
+        bg = iss.submit(s[:n], d[:n], size, np.arange(n), Band.BACKGROUND)
+        od = iss.submit(s[n:], d[n:], size, [n, n + 1], Band.ON_DEMAND)
+        iss.wait(np.concatenate([bg, od]), timeout_s=60)
+        assert torch.equal(dst.cpu(), torch.from_numpy(src))
+        rate = iss.stats()["link_rate_estimate_bps"]
+        assert 5e9 < rate < 200e9, rate  # a PCIe/NVLink-C2C link, measured by events
+        _replay(iss)

@@ -81,12 +81,13 @@ configs = st.tuples(
     st.sampled_from([16 << 10, 32 << 10, 64 << 10]),  # chunk bytes
     st.integers(1, 3),  # window in chunks
     st.integers(1, 4),  # max in-flight chunks
+    st.sampled_from([0.0, 4.0, 20.0]),  # just-in-time issue lead (us); 0 = off
 )
 
 
 @given(schedule=schedules, config=configs)
 def test_chunk_order_matches_reference_rule(schedule: list, config: tuple) -> None:
-    chunk, window_chunks, max_inflight = config
+    chunk, window_chunks, max_inflight, lead_us = config
     issuer = H2DIssuer(
         backend="host",
         chunk_bytes=chunk,
@@ -94,6 +95,7 @@ def test_chunk_order_matches_reference_rule(schedule: list, config: tuple) -> No
         max_inflight_chunks=max_inflight,
         emulated_link_gbps=4.0,
         debug_log=True,
+        issue_lead_us=lead_us,
     )
     try:
         pools = Pools(issuer)

@@ -22,6 +22,7 @@ from pdflash.h2d import (
     STATE_DONE,
     STATE_FAILED,
     STATE_QUEUED,
+    STATE_RUNNING,
     CopyCancelledError,
     CopyFailedError,
     H2DIssuer,
@@ -286,6 +287,7 @@ def test_shutdown_with_work_queued_and_in_flight_frees_everything() -> None:
     src, dst = _buffers(iss, 64 * CHUNK)
     region = np.zeros(3 * CHUNK, dtype=np.uint8)
     iss.register_host(region.ctypes.data, region.nbytes)
+    iss._native.test_hold_link(True)  # nothing can finish before close()
     t = iss.submit(
         _slots(src, 64, CHUNK), _slots(dst, 64, CHUNK), CHUNK, np.arange(64), Band.BACKGROUND
     )
@@ -415,3 +417,64 @@ def test_dedup_map_survives_many_keys_and_erasures(issuer: H2DIssuer) -> None:
     issuer.wait(again, timeout_s=60)
     assert np.array_equal(src, dst)
     _replay(issuer)
+
+
+def test_just_in_time_issue_keeps_order_and_copies() -> None:
+    """With a lead, chunks are queued late but still by the band rule, the
+    link rate is estimated from finished chunks, and every byte arrives."""
+    with H2DIssuer(
+        backend="host",
+        chunk_bytes=CHUNK,
+        window_bytes=2 * CHUNK,
+        emulated_link_gbps=1.0,
+        debug_log=True,
+        issue_lead_us=100.0,
+    ) as iss:
+        src, dst = _buffers(iss, 48 * CHUNK)
+        bg = iss.submit(
+            _slots(src, 12, 3 * CHUNK),
+            _slots(dst, 12, 3 * CHUNK),
+            3 * CHUNK,
+            np.arange(12),
+            Band.BACKGROUND,
+        )
+        od = iss.submit(
+            _slots(src, 16, 3 * CHUNK)[12:],
+            _slots(dst, 16, 3 * CHUNK)[12:],
+            3 * CHUNK,
+            np.arange(12, 16),
+            Band.ON_DEMAND,
+        )
+        iss.wait(np.concatenate([bg, od]), timeout_s=60)
+        assert np.array_equal(src, dst)
+        rate = iss.stats()["link_rate_estimate_bps"]
+        assert 0 < rate <= 1.0e9 * 1.001  # never above the emulated 1 GB/s
+        _replay(iss)
+    with pytest.raises(ValueError, match="issue_lead_us"):
+        H2DIssuer(backend="host", issue_lead_us=-1.0)
+
+
+def test_a_failing_copy_is_not_a_dedup_target() -> None:
+    # A very slow link: after the first chunk fails, the second (already in
+    # the window) takes ~130 ms, during which the copy is failed but live.
+    with H2DIssuer(
+        backend="host",
+        chunk_bytes=CHUNK,
+        window_bytes=2 * CHUNK,
+        emulated_link_gbps=0.0005,
+        debug_log=True,
+    ) as iss:
+        src, dst = _buffers(iss, 3 * CHUNK)
+        iss._native.test_hold_link(True)
+        first = iss.submit([src.ctypes.data], [dst.ctypes.data], 3 * CHUNK, [1], Band.BACKGROUND)
+        _wait_for(lambda: iss.stats()["inflight_chunks"] == 2)
+        iss._native.test_inject_failures(1, "injected")
+        iss._native.test_hold_link(False)
+        _wait_for(lambda: any(e.kind == 4 and not e.ok for e in records_from_log(iss.debug_log())))
+        assert iss.states(first)[0] == STATE_RUNNING  # failed, its 2nd chunk still in flight
+        again = iss.submit([src.ctypes.data], [dst.ctypes.data], 3 * CHUNK, [1], Band.ON_DEMAND)
+        assert again[0] != first[0]
+        with pytest.raises(CopyFailedError, match="injected"):
+            iss.wait(first, timeout_s=30)
+        iss.cancel()  # the new copy need not crawl over the slow link
+        _replay(iss)

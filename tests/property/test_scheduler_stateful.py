@@ -156,6 +156,14 @@ class SchedulerMachine(RuleBasedStateMachine):
                 self.ref.update_demand(rid, drafted, ids)
                 self.tracker.update(rid, drafted, ids)
 
+    @precondition(lambda self: len(self.sched) > 0)
+    @rule(data=st.data())
+    def clear(self, data: st.DataObject) -> None:
+        rid = data.draw(st.sampled_from(self.sched.request_ids.tolist()))
+        self.sched.clear_demand(rid)
+        self.ref.clear_demand(rid)
+        self.tracker.clear(rid)
+
     @rule(rid=RIDS)
     def remove(self, rid: int) -> None:
         # 11. removing an unknown or finished request is a no-op

@@ -15,10 +15,12 @@ def test_routeahead_bench_json(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["accumulator"]["synthetic"] is True
     assert out["accumulator"]["native_equals_reference"] is True
+    assert out["accumulator"]["numpy_equals_native"] is True
     assert out["native_us_per_step"] > 0 and out["reference_us_per_step"] > 0
     assert out["speedup"] == pytest.approx(out["reference_us_per_step"] / out["native_us_per_step"])
     assert out["predictor_model"]["synthetic"] is True
     assert set(out["predictor_model"]["by_arch"]) == {"gpt_oss"}
+    assert "not_measured" not in out["predictor_model"]["by_arch"]["gpt_oss"]
     expected = {"approx_router", "previous_round", "frequency_prior", "next_layer", "combined"}
     assert expected <= set(out["predictors"])
     for row in out["predictors"].values():

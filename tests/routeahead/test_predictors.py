@@ -300,3 +300,45 @@ def test_report_coverage_and_precision_per_predictor(tiny: Any) -> None:
     for name in ("approx_router", "next_layer"):
         assert coverage(name) > coverage("random_same_size"), name
     assert stats.snapshot().steps == blocks
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_batched_block_attention_equals_reference_per_block(
+    window: int | None, with_sinks: bool
+) -> None:
+    from pdflash.models.attention import reference_attention
+    from pdflash.protocols import AttentionSpec
+    from pdflash.routeahead.predictors import batched_block_attention
+
+    gen = torch.Generator().manual_seed(0)
+    spec = AttentionSpec(
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        scaling=8**-0.5,
+        sliding_window=window,
+        has_sinks=with_sinks,
+    )
+    q = torch.randn(3, 6, 4, 8, generator=gen)
+    k = torch.randn(3, 6, 2, 8, generator=gen)
+    v = torch.randn(3, 6, 2, 8, generator=gen)
+    sinks = torch.randn(4, generator=gen) if with_sinks else None
+    got = batched_block_attention(q, k, v, spec, sinks)
+    pos = torch.arange(100, 106)  # absolute positions do not matter, only their order
+    for g in range(3):
+        want = reference_attention(q[g], k[g], v[g], spec, pos, pos, sinks)
+        torch.testing.assert_close(got[g], want, rtol=1e-5, atol=1e-6)
+
+
+def test_block_attention_handles_non_consecutive_positions(tiny_moes: Any) -> None:
+    tiny = tiny_moes("gpt_oss")
+    predictor = ApproxRouterPredictor(tiny.adapter, proxy="block_attention")
+    ids = tiny.tokens(2, 8, seed=21)
+    gappy = DraftedBlock(0, ids[0], torch.tensor([0, 1, 2, 5, 6, 7, 9, 10]))
+    plain = _block(1, ids[1])
+    both = predict_batch(predictor, [gappy, plain])
+    np.testing.assert_allclose(both[0], predictor.predict(gappy), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(both[1], predictor.predict(plain), rtol=1e-5, atol=1e-6)
+    # the gap changes what the window (4 on even layers) lets each token see
+    assert not np.allclose(both[0], predictor.predict(_block(0, ids[0])))

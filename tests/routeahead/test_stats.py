@@ -10,7 +10,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdflash.metrics import NotMeasured, is_measured
-from pdflash.routeahead import RouteAheadStats, pack_masks, routed_bitsets_from_topk
+from pdflash.routeahead import (
+    RouteAheadStats,
+    pack_masks,
+    routed_bitsets_from_topk,
+    unpack_bitsets,
+)
 
 
 def test_empty_stats_report_not_measured_never_a_number() -> None:
@@ -121,3 +126,16 @@ def test_frequency_and_pending_exposed() -> None:
     np.testing.assert_array_equal(stats.pending_prefetch(), [[True, False, False]])
     assert stats.record_eviction([0]) == 1
     assert stats.snapshot().copies.evicted_before_use_bytes == 1
+
+
+@given(st.integers(1, 200), st.integers(0, 2**32 - 1))
+def test_unpack_inverts_pack(experts: int, seed: int) -> None:
+    masks = np.random.default_rng(seed).random((3, 2, experts)) < 0.4
+    np.testing.assert_array_equal(unpack_bitsets(pack_masks(masks), experts), masks)
+
+
+def test_unpack_rejects_bad_shapes() -> None:
+    with pytest.raises(ValueError, match="end in 2 words for 70 experts"):
+        unpack_bitsets(np.zeros((2, 1), np.uint64), 70)
+    with pytest.raises(TypeError, match="uint64"):
+        unpack_bitsets(np.zeros((2, 2), np.int64), 70)

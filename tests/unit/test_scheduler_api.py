@@ -481,3 +481,20 @@ def test_deadline_policy_serves_the_urgent_request_more() -> None:
     policy.set_deadline(3, 0)  # already due: weight x4 from the start
     assert served(None) == 3
     assert served(policy) > served(None)
+
+
+def test_expert_sizes_must_not_overflow_int64_sums() -> None:
+    s = make()
+    before = snapshot(s)
+    with pytest.raises(ValueError, match=r"add up to more than 2\*\*62 bytes"):
+        s.set_expert_bytes(np.full(8, 2**60, dtype=np.int64))
+    with pytest.raises(ValueError, match="fit in int64"):
+        s.set_expert_bytes(np.full(8, 2**63, dtype=np.uint64))
+    assert snapshot(s) == before
+
+
+def test_native_kernel_selection_is_reported() -> None:
+    s = make()
+    assert s._core.size_path() == "uniform"
+    s.set_expert_bytes(np.array([[1, 1, 1, 1], [2, 2, 2, 2]]))  # one word: mixed sizes
+    assert s._core.size_path() == "per_expert"

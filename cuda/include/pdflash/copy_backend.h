@@ -8,6 +8,7 @@
 // locking of their own beyond what their own threads require.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -38,9 +39,11 @@ class CopyBackend {
   // Non-blocking: true (and *out filled) once the chunk in `slot` finished.
   virtual bool query(int slot, ChunkResult* out) = 0;
 
-  // Block until the chunk in `slot` may have finished or interrupted() is
-  // true. Spurious returns are allowed; the caller re-queries.
-  virtual void wait_progress(int slot, const std::function<bool()>& interrupted) = 0;
+  // Block until the chunk in `slot` may have finished, interrupted() is true
+  // or `deadline` (steady_clock; time_point::max() for none) has passed.
+  // Spurious returns are allowed; the caller re-queries.
+  virtual void wait_progress(int slot, std::chrono::steady_clock::time_point deadline,
+                             const std::function<bool()>& interrupted) = 0;
 
   // Wake a thread blocked in wait_progress so it re-evaluates interrupted().
   virtual void wake() = 0;

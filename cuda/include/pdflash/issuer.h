@@ -39,6 +39,14 @@ struct IssuerConfig {
   std::size_t chunk_bytes = std::size_t(4) << 20;
   std::size_t window_bytes = std::size_t(8) << 20;  // bytes in flight
   int max_inflight_chunks = 32;  // bounds the window for tiny copies
+  // Just-in-time issue (0: off). With a window of two chunks, one whole chunk
+  // sits queued behind the running one, and an urgent copy arriving now waits
+  // for both. With a lead L > 0, one more chunk is queued only when the
+  // in-flight ones are estimated (link rate measured from finished chunks)
+  // to drain within L seconds: the choice of the next chunk is made as late
+  // as possible while the copy engine is still never left idle. L must exceed
+  // the worker's reaction time (a few microseconds on CUDA).
+  double issue_lead_s = 0.0;
   double emulated_link_gbps = 0.0;  // host backend only; <= 0: memcpy speed
   bool debug_log = false;  // record every queue/start/end event (tests)
 };
@@ -95,6 +103,7 @@ struct IssuerStats {
   std::uint64_t queued_bytes;   // bytes of live copies not yet issued
   std::uint64_t inflight_chunks;
   std::uint64_t inflight_bytes;
+  double link_rate_estimate_bps;  // EWMA over finished chunks (0: none yet)
 };
 
 enum WaitCode : int { kWaitOk = 0, kWaitTimeout = 1, kWaitFailed = 2, kWaitCancelled = 3 };

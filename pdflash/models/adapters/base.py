@@ -19,6 +19,7 @@ for engines that run attention themselves.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -227,6 +228,15 @@ class MoEAdapterBase:
         want = {k: v for k, v in model.state_dict(keep_vars=True).items()}
         expert_keys = self.store.expert_keys()
         state: dict[str, torch.Tensor] = {}
+        # transformers keeps some modules in fp32 (gpt-oss norms): its
+        # _keep_in_fp32_modules under fp16, _keep_in_fp32_modules_strict under
+        # fp16 and bf16. Same here, so norms round as in from_pretrained.
+        names: set[str] = set()
+        if self.dtype == torch.float16:
+            names |= set(getattr(model, "_keep_in_fp32_modules", None) or ())
+        if self.dtype in (torch.float16, torch.bfloat16):
+            names |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+        keep_fp32 = [re.compile(rf"(^|\.){re.escape(n)}(\.|$)") for n in sorted(names)]
         for key in ck.keys():  # noqa: SIM118
             if key in expert_keys:
                 continue
@@ -244,9 +254,10 @@ class MoEAdapterBase:
                     f"expected {list(need)} from config.json"
                 )
             t = ck.read(key)
-            state[mkey] = t.to(
-                device=self.device, dtype=self.dtype if t.is_floating_point() else t.dtype
-            )
+            dt = self.dtype if t.is_floating_point() else t.dtype
+            if t.is_floating_point() and any(p.search(mkey) for p in keep_fp32):
+                dt = torch.float32
+            state[mkey] = t.to(device=self.device, dtype=dt)
         tied = bool(getattr(self.config, "tie_word_embeddings", False))
         missing = sorted(k for k in want if k not in state and not (tied and k == "lm_head.weight"))
         if missing:
@@ -350,6 +361,28 @@ class MoEAdapterBase:
         if self.runtime is None:
             raise RuntimeError("no expert cache attached")
         return self.runtime.add_route_hook(hook)
+
+    def add_layer_output_hook(
+        self, hook: Callable[[int, torch.Tensor], None]
+    ) -> Callable[[], None]:
+        """``hook(layer, hidden [T, H])`` with each decoder layer's output (the
+        residual stream) during :attr:`hf_model` forwards, e.g. for next-layer
+        gate lookahead (apply layer ``l+1``'s router to it and prefetch).
+        Returns a function that removes the hook."""
+        handles = []
+        for i, layer in enumerate(self._layers):
+
+            def post(_m: Any, _a: Any, out: Any, i: int = i) -> None:
+                h = out[0] if isinstance(out, tuple) else out
+                hook(i, h.reshape(-1, h.shape[-1]))
+
+            handles.append(layer.register_forward_hook(post))
+
+        def remove() -> None:
+            for h in handles:
+                h.remove()
+
+        return remove
 
     def install_offloaded(self, hf_model: nn.Module) -> list[OffloadedMoEBlock]:
         """Swap the sparse MoE blocks of another HF model of this arch (e.g. one

@@ -245,3 +245,71 @@ def test_cache_invariants_under_random_traffic(
         assert cache.bytes_in == cache.copies * NBYTES
         assert cache.bytes_used + cache.bytes_evicted_unused <= cache.bytes_in
         assert cache.hits + cache.misses >= cache.inflight_hits
+
+
+def test_cancelled_prefetch_is_fetched_again_not_read_as_garbage() -> None:
+    from pdflash.h2d import H2DIssuer
+
+    class BigSource(Source):
+        def __init__(self) -> None:
+            super().__init__()
+            self.expert_nbytes = 1 << 20
+            ids = torch.arange(self.num_layers * self.num_experts) % 251
+            self.buffer = ids.to(torch.uint8).repeat_interleave(self.expert_nbytes)
+
+        def host_ptrs(self, flat_ids: Any) -> np.ndarray:
+            return (
+                self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * self.expert_nbytes
+            )
+
+    src = BigSource()
+    # an emulated 0.2 GB/s link keeps most of the 8 MiB of prefetches queued
+    issuer = H2DIssuer(
+        backend="host", chunk_bytes=1 << 20, window_bytes=1 << 20, emulated_link_gbps=0.2
+    )
+    try:
+        cache = ExpertCache(src, issuer, num_slots=8, top_k=2, max_batch_tokens=1)
+        cache.prefetch(range(8), Band.ROUTE_AHEAD)
+        cancelled = issuer.cancel(Band.ROUTE_AHEAD)
+        slots = cache.ensure_resident(range(8))
+        for g, s in enumerate(slots.tolist()):
+            assert torch.all(cache.slot_tensor(s) == g)
+        assert cache.failed_copies == cancelled > 0
+        assert cache.misses == cancelled and cache.hits == 8 - cancelled
+        cache.release(range(8))
+    finally:
+        issuer.close()
+
+
+def test_forward_waits_for_inflight_prefetches_when_no_slot_is_free(
+    tiny_checkpoints: Any, fake_issuer: Any
+) -> None:
+    from pdflash.models import load_adapter
+
+    ad = load_adapter(
+        tiny_checkpoints["mixtral"], issuer=fake_issuer, cache_slots=4, max_batch_tokens=2
+    )
+    assert ad.cache is not None
+    ad.cache.prefetch([12, 13, 14, 15], Band.BACKGROUND)  # fills every slot, copies held in flight
+    assert ad.cache.free_capacity() == 0
+    x = torch.randn(3, ad.hidden_size)
+    with torch.no_grad():
+        out = ad.moe(0, x)  # layer 0 needs slots: drains the prefetches, then evicts them
+        want = ad.resident_block(0)(x[None])[0]
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    assert ad.cache.prefetch_bytes_evicted_unused > 0
+
+
+def test_refused_submit_leaves_nothing_pinned(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    cache.ensure_resident([0])
+    cache.release([0])
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise ValueError("source 0x1 is pageable")
+
+    fake_issuer.submit = refuse
+    with pytest.raises(ValueError, match="pageable"):
+        cache.ensure_resident([0, 5])
+    assert int(cache.pins.sum()) == 0 and not cache.is_resident([5])[0]
+    assert (cache.hits, cache.misses) == (0, 1)  # the refused call is not counted

@@ -180,3 +180,52 @@ def test_adapter_implements_the_protocol(
     assert ad.router_logits(0, x).shape == (3, 8)
     assert ad.moe(0, x).shape == (3, 32)
     assert ad.lm_head(ad.final_norm(x)).shape == (3, 128)
+
+
+def test_layer_output_hook_enables_next_layer_prefetch(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from pdflash.protocols import Band
+
+    ad = load_adapter(tiny_checkpoints["olmoe"], issuer=host_issuer, cache_fraction=1.0)
+    assert ad.cache is not None
+    seen: list[int] = []
+
+    def lookahead(layer: int, hidden: torch.Tensor) -> None:
+        seen.append(layer)
+        assert hidden.shape == (4, ad.hidden_size)
+        if layer + 1 < ad.num_layers:
+            nxt = layer + 1
+            ids, _ = ad.route(nxt, ad.moe_norm(nxt, hidden))
+            ad.cache.prefetch(nxt * ad.num_experts + torch.unique(ids).numpy(), Band.ROUTE_AHEAD)
+
+    remove = ad.add_layer_output_hook(lookahead)
+    with torch.no_grad():
+        ad.forward_logits(_tokens(4))
+    remove()
+    with torch.no_grad():
+        ad.forward_logits(_tokens(4))
+    assert seen == [0, 1]
+    assert ad.cache.prefetch_bytes_in > 0
+
+
+def test_fp16_keeps_gpt_oss_norms_in_fp32_like_transformers(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoints["gpt_oss"]
+    ad = load_adapter(
+        path, dtype=torch.float16, issuer=host_issuer, cache_slots=4, max_batch_tokens=2
+    )
+    ref = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float16, experts_implementation="eager"
+    )
+    ours = {n: p.dtype for n, p in ad.hf_model.named_parameters()}
+    theirs = {n: p.dtype for n, p in ref.named_parameters() if ".experts." not in n}
+    assert ours == theirs and ours["model.norm.weight"] == torch.float32
+    ids = _tokens(6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ad.forward_logits(ids), ref(input_ids=ids[None]).logits[0], atol=2e-3, rtol=0
+        )

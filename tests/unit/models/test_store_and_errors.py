@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
@@ -308,3 +309,31 @@ def test_store_registers_with_the_issuer_of_a_later_cache(
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.parametrize(
+    ("preset", "expert_params", "num_ids"),
+    [
+        ("qwen3-30b-a3b", 3 * 2048 * 768, 48 * 128),
+        ("gpt-oss-20b", 2880 * 5760 + 5760 + 2880 * 2880 + 2880, 24 * 32),
+        ("mixtral-8x7b", 3 * 4096 * 14336, 32 * 8),
+        ("olmoe-1b-7b", 3 * 2048 * 1024, 16 * 64),
+    ],
+)
+def test_published_presets_have_the_published_expert_shapes(
+    preset: str, expert_params: int, num_ids: int
+) -> None:
+    from pdflash.models import PRESET_ARCH, synthetic_config
+    from pdflash.models.synthetic import _tensor_specs
+
+    arch = PRESET_ARCH[preset]
+    config = synthetic_config(arch, preset)
+    cls = get_adapter_class(arch)
+    cls.validate_config(config)
+    layout = cls.expert_layout(config, torch.bfloat16)
+    assert sum(layout.numels.values()) == expert_params
+    assert config.num_hidden_layers * cls.num_experts_of(config) == num_ids
+    # every tensor the writer would emit, for 2 layers (meta only, no data)
+    specs = _tensor_specs(arch, synthetic_config(arch, preset, num_layers=2), torch.bfloat16, None)
+    expert_elems = sum(int(np.prod(s)) for name, s, _, _ in specs if ".experts." in name)
+    assert expert_elems == 2 * cls.num_experts_of(config) * expert_params

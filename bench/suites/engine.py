@@ -1,0 +1,117 @@
+"""``pdflash-bench engine``: every baseline of the engine at several concurrencies.
+
+Each (baseline, concurrency) point is one :func:`pdflash.engine.bench_run.run_spec`
+call; the JSON has one row per point with the DESIGN §6 fields, and a short
+per-run summary (tokens/s, acceptance, TTFT p50/p99, hit rate, coverage,
+exposed fetch seconds) is printed to stderr as the runs finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+HELP = (
+    "engine baselines B0/B1/B2/B3/PD: tokens/s, acceptance, TTFT, hit rate, coverage, exposed fetch"
+)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--arch", default="tiny", help="tiny, gpt-oss-20b, qwen3-30b-a3b, ... (default tiny)"
+    )
+    parser.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="e.g. 1,4,16")
+    parser.add_argument("--baselines", default="B0,B1,B2,B3,PD", help="comma-separated subset")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--cache-fraction", type=float, default=0.2)
+    parser.add_argument("--weights", default="synthetic", help="'synthetic' or a checkpoint path")
+    parser.add_argument("--draft", default="synthetic", help="'synthetic' or a DFlash draft path")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="truncate full-size synthetic shapes"
+    )
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--num-requests", type=int, default=None, help="default: = concurrency")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda[:N]")
+    parser.add_argument("--emulated-link-gbps", type=float, default=None, help="host backend only")
+    parser.add_argument("--acceptance", default="auto", choices=["auto", "model", "forced"])
+    parser.add_argument("--mean-tau", type=float, default=None)
+    parser.add_argument("--slo-s", type=float, default=None)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    return "null" if x is None else (f"{x:.{nd}g}" if isinstance(x, float) else str(x))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from pdflash.engine.bench_run import RunSpec, run_spec
+
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    for conc in args.concurrency:
+        for repeat in range(args.repeats):
+            for baseline in baselines:
+                spec = RunSpec(
+                    arch=args.arch,
+                    baseline=baseline,
+                    block_size=args.block_size,
+                    concurrency=conc,
+                    cache_fraction=args.cache_fraction,
+                    repeat=repeat,
+                    seed=args.seed,
+                    weights=args.weights,
+                    draft=args.draft,
+                    device=args.device,
+                    num_requests=args.num_requests,
+                    prompt_len=args.prompt_len,
+                    max_new_tokens=args.max_new_tokens,
+                    slo_s=args.slo_s,
+                    emulated_link_gbps=args.emulated_link_gbps,
+                    layers=args.layers,
+                    acceptance=args.acceptance,
+                    mean_tau=args.mean_tau,
+                )
+                result = run_spec(spec)
+                row = result.row
+                rows.append(row)
+                print(
+                    f"[engine] {args.arch} {baseline} c={conc} r={repeat}: "
+                    f"tok/s={_fmt(row['output_tokens_per_s'])} "
+                    f"tau={_fmt(row['acceptance_length_mean'])} ({row['acceptance_source']}) "
+                    f"ttft p50/p99={_fmt(row['ttft_p50_s'])}/{_fmt(row['ttft_p99_s'])}s "
+                    f"hit={_fmt(row['expert_cache_hit_rate'])} "
+                    f"cov={_fmt(row['routeahead_coverage'])} "
+                    f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
+                    f"wall={_fmt(row['wall_s'])}s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return {
+        "suite": "engine",
+        "command": "pdflash-bench " + " ".join(sys.argv[1:]),
+        "arch": args.arch,
+        "device": "cuda" if (args.device != "cpu" and torch.cuda.is_available()) else "cpu",
+        "concurrency": args.concurrency,
+        "baselines": baselines,
+        "elapsed_s": time.perf_counter() - started,
+        "runs": rows,
+    }

@@ -1,0 +1,59 @@
+"""The DFlash serving engine: drafter, paged KV, batched verify, sessions.
+
+Entry points: :class:`Engine` with :class:`EngineConfig` (``EngineConfig.preset``
+gives the DESIGN §6 baselines B0/B1/B2/B3/PD), :func:`load_drafter` /
+:func:`write_synthetic_drafter` for DFlash draft checkpoints, and
+:func:`pdflash.engine.bench_run.run_spec` for one benchmark run.
+"""
+
+from __future__ import annotations
+
+from pdflash.engine.acceptance import (
+    AcceptanceModel,
+    ForcedAcceptance,
+    ModelAcceptance,
+    default_mean_tau,
+)
+from pdflash.engine.batching import (
+    BatchDecision,
+    DeficitBatcher,
+    FCFSBatcher,
+    VerifyBatcher,
+    VerifyDemand,
+)
+from pdflash.engine.config import BASELINES, EngineConfig
+from pdflash.engine.drafter import (
+    DFlashDrafter,
+    DrafterConfig,
+    load_drafter,
+    write_synthetic_drafter,
+)
+from pdflash.engine.engine import Engine, Request, RequestMetrics, RequestState, StepReport
+from pdflash.engine.kv_cache import KVCacheFull, PagedKVCache
+from pdflash.engine.sampling import SamplingParams
+
+__all__ = [
+    "BASELINES",
+    "AcceptanceModel",
+    "BatchDecision",
+    "DFlashDrafter",
+    "DeficitBatcher",
+    "DrafterConfig",
+    "Engine",
+    "EngineConfig",
+    "FCFSBatcher",
+    "ForcedAcceptance",
+    "KVCacheFull",
+    "ModelAcceptance",
+    "PagedKVCache",
+    "Request",
+    "RequestMetrics",
+    "RequestState",
+    "SamplingParams",
+    "StepReport",
+    "VerifyBatcher",
+    "VerifyDemand",
+    "default_mean_tau",
+    "load_drafter",
+    "write_synthetic_drafter",
+]

@@ -1,0 +1,636 @@
+"""One benchmark run of the engine: the contract ``pdflash-bench`` builds on.
+
+:func:`run_spec` builds everything a :class:`RunSpec` names (a synthetic or
+real target checkpoint, a synthetic or real DFlash drafter, the H2D issuer,
+the expert cache, the engine in the requested baseline configuration), runs
+a closed-loop workload (``num_requests`` requests of ``prompt_len`` random
+prompt tokens, all queued at t=0, at most ``concurrency`` decoding at once)
+and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
+(unmeasured ones ``null`` with reasons) and the routing trace for a Belady
+replay.
+
+Synthetic checkpoints are written once per (arch, layers, dtype, seed) under
+``$PDFLASH_CACHE`` (default ``~/.cache/pdflash``) and reused; within one
+process the loaded target (its packed host experts) is reused across runs,
+each run getting a fresh issuer and expert cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pdflash.engine.acceptance import (
+    AcceptanceModel,
+    ForcedAcceptance,
+    ModelAcceptance,
+    default_mean_tau,
+)
+from pdflash.engine.config import BASELINES, EngineConfig
+from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
+from pdflash.engine.engine import Engine
+from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
+from pdflash.protocols import Band
+
+#: bench arch name -> (model_type, synthetic preset)
+ARCHS: dict[str, tuple[str, str]] = {
+    "tiny": ("qwen3_moe", "tiny"),
+    "tiny-qwen3_moe": ("qwen3_moe", "tiny"),
+    "tiny-gpt_oss": ("gpt_oss", "tiny"),
+    "tiny-mixtral": ("mixtral", "tiny"),
+    "tiny-olmoe": ("olmoe", "tiny"),
+    "gpt-oss-20b": ("gpt_oss", "gpt-oss-20b"),
+    "qwen3-30b-a3b": ("qwen3_moe", "qwen3-30b-a3b"),
+    "mixtral-8x7b": ("mixtral", "mixtral-8x7b"),
+    "olmoe": ("olmoe", "olmoe-1b-7b"),
+    "olmoe-1b-7b": ("olmoe", "olmoe-1b-7b"),
+}
+
+
+@dataclass
+class RunSpec:
+    arch: str
+    baseline: str  # "B0","B1","B2","B3","PD"
+    block_size: int = 16
+    concurrency: int = 4
+    cache_fraction: float = 0.2
+    repeat: int = 0
+    seed: int = 0
+    weights: str = "synthetic"  # or a checkpoint path
+    draft: str = "synthetic"
+    device: str = "auto"
+    num_requests: int | None = None  # default = concurrency
+    prompt_len: int = 32
+    max_new_tokens: int = 64
+    slo_s: float | None = None
+    emulated_link_gbps: float | None = None
+    layers: int | None = None  # truncate full-size synthetic shapes
+    acceptance: str = "auto"  # "model" or "forced"
+    mean_tau: float | None = None
+    # PD's missing-byte budget M per step: explicit bytes, else
+    # link_gbps_measured * step_target_s ("one step's worth of PCIe time")
+    byte_budget: int | None = None
+    step_target_s: float = 0.25
+
+    def validate(self) -> None:
+        if self.baseline not in BASELINES:
+            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        if self.weights == "synthetic" and self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}; choose one of {sorted(ARCHS)}")
+        if self.acceptance not in ("auto", "model", "forced"):
+            raise ValueError(f"acceptance must be auto, model or forced, got {self.acceptance!r}")
+        if not 0.0 < self.cache_fraction <= 1.0:
+            raise ValueError(f"cache_fraction must be in (0, 1], got {self.cache_fraction}")
+        for name in ("block_size", "concurrency", "prompt_len", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+
+
+@dataclass
+class RunResult:
+    row: dict[str, Any]
+    routing_trace: list[npt.NDArray[np.int64]]  # flat ids needed per forward-layer, in order
+    cache_slots: int
+    expert_nbytes: int
+    trace_kinds: list[str] = field(default_factory=list)  # "prefill" | "verify" per entry
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------
+# building blocks
+# ----------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PDFLASH_CACHE", Path.home() / ".cache" / "pdflash"))
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+    return dev
+
+
+def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, torch.dtype]:
+    """Write (once) and return the synthetic target and drafter directories."""
+    from pdflash.models import write_synthetic_checkpoint
+
+    arch, preset = ARCHS[spec.arch]
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    tag = (
+        f"{arch}-{preset}-L{spec.layers or 'all'}-{str(dtype).removeprefix('torch.')}-s{spec.seed}"
+    )
+    root = cache_root() / "synthetic" / tag
+    target = root / "target"
+    draft = root / "drafter"
+    done = root / "COMPLETE"
+    if not done.is_file():
+        gen_device = "cuda" if device.type == "cuda" else "cpu"
+        write_synthetic_checkpoint(
+            target,
+            arch,
+            preset,
+            num_layers=spec.layers,
+            dtype=dtype,
+            seed=spec.seed,
+            device=gen_device,
+        )
+        cfg = json.loads((target / "config.json").read_text())
+        write_synthetic_drafter(
+            draft, cfg, "tiny" if preset == "tiny" else "full", seed=spec.seed + 1, dtype=dtype
+        )
+        done.write_text("ok\n")
+    return target, draft, dtype
+
+
+_TARGETS: dict[tuple[str, str, str], Any] = {}
+
+
+def load_target(path: Path, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """The adapter for a checkpoint (cached per process: packing experts into
+    pinned host memory is the expensive part)."""
+    from pdflash.models import load_adapter
+
+    key = (str(path.resolve()), str(device), str(dtype))
+    if key not in _TARGETS:
+        _TARGETS[key] = load_adapter(path, device=device, dtype=dtype)
+    return _TARGETS[key]
+
+
+def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20) -> float:
+    """Host->device bandwidth through the issuer in this run (one bulk transfer
+    of pinned memory split into the issuer's chunks), in GB/s (1e9 B/s)."""
+    if device.type != "cuda":
+        nbytes = min(nbytes, 32 << 20)
+    src = issuer.pinned_array(nbytes, np.uint8)
+    src[:] = 1
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    piece = 16 << 20
+    n = -(-nbytes // piece)
+    offsets = np.arange(n, dtype=np.int64) * piece
+    sizes = np.minimum(piece, nbytes - offsets).astype(np.int64)
+    keys = np.arange(n, dtype=np.int64) + (1 << 60)
+    # warm-up copy (first-touch, stream creation) then the timed one
+    for attempt in range(2):
+        t0 = time.perf_counter()
+        tickets = issuer.submit(
+            src.ctypes.data + offsets,
+            dst.data_ptr() + offsets,
+            sizes,
+            keys + attempt * n,
+            Band.BACKGROUND,
+        )
+        issuer.wait(tickets)
+        elapsed = time.perf_counter() - t0
+    del dst
+    return nbytes / elapsed / 1e9
+
+
+def _percentile(values: list[float], q: float, what: str) -> Metric:
+    if not values:
+        return NotMeasured(f"no {what} observed")
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def _acceptance_for(spec: RunSpec, arch_name: str, synthetic_draft: bool) -> AcceptanceModel:
+    mode = spec.acceptance
+    if spec.baseline == "B0":
+        return ModelAcceptance()  # autoregressive: nothing is drafted, nothing to force
+    if mode == "auto":
+        # NOTE: a synthetic (random) drafter's guesses are meaningless; forced
+        # acceptance at the published mean makes the run a realistic workload.
+        mode = "forced" if synthetic_draft else "model"
+    if mode == "model":
+        return ModelAcceptance()
+    tau, source = default_mean_tau(arch_name)
+    if spec.mean_tau is not None:
+        tau, source = spec.mean_tau, "configured (RunSpec.mean_tau)"
+    tau = min(tau, float(spec.block_size))
+    return ForcedAcceptance(
+        mean_tau=tau, block_size=spec.block_size, seed=spec.seed + 17, tau_source=source
+    )
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
+    return float(after.get(key, 0) or 0) - float(before.get(key, 0) or 0)
+
+
+def _issuer_totals(stats: dict[str, Any]) -> dict[str, float]:
+    bands = stats.get("bands", {})
+    return {
+        "link_busy_s": float(stats.get("link_busy_s", 0.0)),
+        "bytes": float(sum(b.get("bytes", 0) for b in bands.values())),
+        "blocked_wait_s": float(sum(b.get("blocked_wait_s", 0.0) for b in bands.values())),
+    }
+
+
+# ----------------------------------------------------------------------------
+# the run
+# ----------------------------------------------------------------------------
+
+
+def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> RunResult:
+    """Run one (arch, baseline, block, concurrency, repeat) point; see the module doc."""
+    from pdflash.h2d import H2DIssuer
+
+    spec.validate()
+    device = resolve_device(spec.device)
+    synthetic_weights = spec.weights == "synthetic"
+    synthetic_draft = spec.draft == "synthetic"
+    if synthetic_weights:
+        target_path, synth_draft_path, dtype = synthetic_paths(spec, device)
+    else:
+        target_path = Path(spec.weights)
+        synth_draft_path = None
+        dtype = None  # the checkpoint's own
+    adapter = load_target(target_path, device, dtype)
+    model_dtype = adapter.dtype
+    drafter: DFlashDrafter | None = None
+    if spec.baseline != "B0":
+        if synthetic_draft:
+            if synth_draft_path is None:
+                synth_draft_path = (
+                    cache_root() / "synthetic-drafters" / f"{target_path.name}-s{spec.seed}"
+                )
+                if not (synth_draft_path / "model.safetensors").is_file():
+                    cfg = json.loads((target_path / "config.json").read_text())
+                    write_synthetic_drafter(
+                        synth_draft_path, cfg, "full", seed=spec.seed + 1, dtype=model_dtype
+                    )
+            drafter = load_drafter(synth_draft_path, device=device, dtype=model_dtype)
+        else:
+            drafter = load_drafter(spec.draft, device=device, dtype=model_dtype)
+
+    issuer = H2DIssuer(
+        backend="cuda" if device.type == "cuda" else "host",
+        emulated_link_gbps=spec.emulated_link_gbps if device.type != "cuda" else None,
+    )
+    try:
+        return _run(
+            spec, device, adapter, drafter, issuer, synthetic_weights, synthetic_draft, progress
+        )
+    finally:
+        issuer.close()
+
+
+def _run(
+    spec: RunSpec,
+    device: torch.device,
+    adapter: Any,
+    drafter: DFlashDrafter | None,
+    issuer: Any,
+    synthetic_weights: bool,
+    synthetic_draft: bool,
+    progress: Callable[[int, int], None] | None,
+) -> RunResult:
+    from pdflash.cache import ExpertCache
+    from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.routeahead import (
+        AcceptanceHorizon,
+        ApproxRouterPredictor,
+        PreviousRoundPredictor,
+        RouteAheadStats,
+    )
+
+    link_gbps = measure_link_gbps(issuer, device)
+    all_resident = spec.baseline == "B3"
+    fraction = 1.0 if all_resident else spec.cache_fraction
+    cache = ExpertCache(
+        adapter.store,
+        issuer,
+        device=device,
+        fraction=fraction,
+        top_k=adapter.top_k,
+        max_batch_tokens=1,
+        # PD protects the experts route-ahead predicted for the coming verify
+        policy="route_ahead" if spec.baseline == "PD" else "lru",
+    )
+    runtime = adapter.attach_cache(cache)
+
+    config = EngineConfig.preset(
+        spec.baseline,
+        block_size=spec.block_size,
+        max_running=spec.concurrency,
+        token_budget=spec.concurrency * spec.block_size,
+        seed=spec.seed,
+    )
+    batcher: VerifyBatcher | None = None
+    byte_budget: int | None = None
+    if config.batching != "fcfs":
+        if config.batching == "deficit_2d":
+            # NOTE: M is one step's worth of PCIe time at the bandwidth measured
+            # in this run (issue 2's sizing), unless the spec gives bytes. A
+            # smaller M bounds round latency but, when one block alone misses
+            # more than M, serialises requests (the oversize exception).
+            byte_budget = spec.byte_budget or max(1, int(link_gbps * 1e9 * spec.step_target_s))
+        batcher = DeficitBatcher(
+            token_budget=config.token_budget,
+            byte_budget=byte_budget,
+            num_layers=adapter.num_layers,
+            num_experts=adapter.num_experts,
+            expert_nbytes=cache.expert_nbytes,
+            max_tokens_per_item=config.block_size,
+        )
+    if byte_budget is not None:
+        config = config.replace(byte_budget=byte_budget)
+    predictor = None
+    horizon = None
+    route_stats = RouteAheadStats.for_adapter(adapter)
+    if config.route_ahead:
+        predictor = BatchedUnionPredictor(
+            [
+                (ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
+                (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
+            ]
+        )
+        horizon = AcceptanceHorizon(spec.block_size)
+    acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
+    max_seq = spec.prompt_len + spec.max_new_tokens + 1
+    engine = Engine(
+        adapter,
+        config,
+        drafter=drafter,
+        batcher=batcher,
+        predictor=predictor,
+        horizon=horizon,
+        acceptance=acceptance,
+        expert_cache=cache,
+        route_stats=route_stats if config.route_ahead else None,
+        max_seq_len=max_seq,
+        device=device,
+    )
+    try:
+        return _workload(
+            spec,
+            device,
+            adapter,
+            engine,
+            cache,
+            issuer,
+            route_stats,
+            acceptance,
+            link_gbps,
+            synthetic_weights,
+            progress,
+        )
+    finally:
+        # the process-cached adapter must not keep this run's cache alive
+        if getattr(runtime, "cache", None) is not None:
+            for block in getattr(adapter, "blocks", []):
+                block.runtime = None
+        adapter.cache = None
+        adapter.runtime = None
+
+
+def _workload(
+    spec: RunSpec,
+    device: torch.device,
+    adapter: Any,
+    engine: Engine,
+    cache: Any,
+    issuer: Any,
+    route_stats: Any,
+    acceptance: AcceptanceModel,
+    link_gbps: float,
+    synthetic_weights: bool,
+    progress: Callable[[int, int], None] | None,
+) -> RunResult:
+    rng = np.random.default_rng(spec.seed * 7919 + spec.repeat)
+    n_req = spec.num_requests or spec.concurrency
+    vocab = adapter.vocab_size
+    prompts = [rng.integers(0, vocab, size=spec.prompt_len).tolist() for _ in range(n_req)]
+    # warm-up outside the clock: one short request (kernels, allocator, first copies)
+    warm = engine.add_request(prompts[0][: max(1, min(4, spec.prompt_len))], max_new_tokens=2)
+    engine.run_until_done(max_steps=100)
+    del warm
+    _reset_measurements(engine, cache, route_stats)
+    issuer_before = _issuer_totals(issuer.stats())
+    ids = [
+        engine.add_request(p, max_new_tokens=spec.max_new_tokens, slo_s=spec.slo_s) for p in prompts
+    ]
+    total_tokens = n_req * spec.max_new_tokens
+    kv_peak = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    done_tokens = 0
+    while engine.has_work:
+        rep = engine.step()
+        done_tokens += rep.committed_tokens + rep.admitted
+        kv = engine.kv.occupancy_bytes + (engine.draft_kv.occupancy_bytes if engine.draft_kv else 0)
+        kv_peak = max(kv_peak, kv)
+        if progress is not None:
+            progress(min(done_tokens, total_tokens), total_tokens)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - t0
+    issuer_after = _issuer_totals(issuer.stats())
+    reqs = [engine.request(i) for i in ids]
+    assert int(np.asarray(cache.pins).sum()) == 0, "expert pins leaked"
+    return _result(
+        spec,
+        device,
+        adapter,
+        engine,
+        cache,
+        route_stats,
+        acceptance,
+        link_gbps,
+        synthetic_weights,
+        reqs,
+        wall,
+        kv_peak,
+        issuer_before,
+        issuer_after,
+    )
+
+
+def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
+    cache.reset_stats()
+    route_stats.reset()
+    engine.timer.reset()
+    engine.routing_trace.clear()
+    engine.trace_kinds.clear()
+    engine.scheduler_us.clear()
+    engine.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+    engine.verify_forwards = 0
+    engine.predict_s = 0.0
+    engine.finished.clear()
+
+
+def _result(
+    spec: RunSpec,
+    device: torch.device,
+    adapter: Any,
+    engine: Engine,
+    cache: Any,
+    route_stats: Any,
+    acceptance: AcceptanceModel,
+    link_gbps: float,
+    synthetic_weights: bool,
+    reqs: list[Any],
+    wall: float,
+    kv_peak: int,
+    issuer_before: dict[str, float],
+    issuer_after: dict[str, float],
+) -> RunResult:
+    speculative = engine.config.speculative
+    committed = sum(len(r.output) for r in reqs)
+    rounds = [a for r in reqs for a in r.metrics.acceptance_lengths]
+    ttfts = [r.metrics.ttft_s for r in reqs if r.metrics.ttft_s is not None]
+    round_lat = [x for r in reqs for x in r.metrics.round_latencies_s]
+    cstats = cache.stats()
+    compute_busy = engine.timer.compute_busy_s()
+    exposed = engine.timer.stall_s()
+    link_busy = issuer_after["link_busy_s"] - issuer_before["link_busy_s"]
+    h2d_bytes = int(cstats["bytes_in"])
+    metrics: dict[str, Metric] = {
+        "output_tokens_per_s": ratio(committed, wall, "zero wall time"),
+        "acceptance_length_mean": ratio(sum(rounds), len(rounds), "no verify round observed"),
+        "ttft_p50_s": _percentile(ttfts, 50, "first token"),
+        "ttft_p99_s": _percentile(ttfts, 99, "first token"),
+        "round_latency_p50_s": _percentile(round_lat, 50, "verify round"),
+        "round_latency_p99_s": _percentile(round_lat, 99, "verify round"),
+        "expert_cache_hit_rate": cstats["hit_rate"],
+        "wasted_prefetch_bytes": float(cstats["prefetch_bytes_evicted_unused"]),
+        "exposed_fetch_s": exposed,
+        "h2d_bytes": float(h2d_bytes),
+        "expert_occupancy_bytes": float(cache.num_slots * cache.expert_nbytes),
+        "kv_occupancy_bytes": float(kv_peak),
+        "compute_busy_s": compute_busy,
+        "link_busy_s": link_busy,
+        "wall_s": wall,
+        "eta": ratio(max(compute_busy, link_busy), wall, "zero wall time"),
+        "link_busy_fraction": ratio(link_busy, wall, "zero wall time"),
+        "useful_byte_fraction": cstats["useful_byte_fraction"],
+        "committed_tokens": float(committed),
+        "bytes_per_token": ratio(h2d_bytes, committed, "no token committed"),
+        "issuer_blocked_wait_s": issuer_after["blocked_wait_s"] - issuer_before["blocked_wait_s"],
+    }
+    metrics["h2d_overlap_fraction"] = (
+        NotMeasured("no H2D copies in this run")
+        if link_busy <= 0
+        else min(1.0, max(0.0, 1.0 - exposed / link_busy))
+    )
+    if spec.slo_s is None:
+        metrics["goodput_rps"] = NotMeasured("no per-request SLO set (RunSpec.slo_s)")
+    else:
+        met = sum(1 for r in reqs if r.metrics.met_slo)
+        metrics["goodput_rps"] = ratio(met, wall, "zero wall time")
+    if engine.config.route_ahead:
+        snap = route_stats.snapshot()
+        # per-request scope (the predictor's quality) and batch scope (the
+        # union the copy engine moves)
+        metrics["routeahead_coverage"] = snap.request.coverage
+        metrics["routeahead_precision"] = snap.request.precision
+        metrics["routeahead_batch_coverage"] = snap.batch.coverage
+        metrics["routeahead_batch_precision"] = snap.batch.precision
+    else:
+        reason = f"baseline {spec.baseline} runs no route-ahead predictor"
+        for name in ("coverage", "precision", "batch_coverage", "batch_precision"):
+            metrics[f"routeahead_{name}"] = NotMeasured(reason)
+    metrics["scheduler_us_per_step"] = (
+        float(statistics.median(engine.scheduler_us))
+        if engine.scheduler_us
+        else NotMeasured("no verify step was scheduled")
+    )
+    forced = acceptance.source == "forced" and speculative
+    row: dict[str, Any] = {
+        "arch": spec.arch,
+        "model_type": getattr(adapter, "arch", None),
+        "baseline": spec.baseline,
+        "weights_source": "synthetic" if synthetic_weights else "checkpoint",
+        "weights": spec.weights,
+        "draft_source": "none"
+        if not speculative
+        else ("synthetic" if spec.draft == "synthetic" else "checkpoint"),
+        "acceptance_source": "forced" if forced else "model",
+        "acceptance_params": acceptance.params() if forced else {},
+        "routing_source": "model",
+        "routing_params": {
+            "router": "the target's own router over its (synthetic)"
+            if synthetic_weights
+            else "the target's own router"
+        },
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "device_type": device.type,
+        "issuer_backend": "cuda" if device.type == "cuda" else "host",
+        "emulated_link_gbps": spec.emulated_link_gbps if device.type != "cuda" else None,
+        "link_gbps_measured": link_gbps,
+        "block_size": engine.config.block_size if speculative else 1,
+        "requested_block_size": spec.block_size,
+        "concurrency": spec.concurrency,
+        "cache_fraction": 1.0 if spec.baseline == "B3" else spec.cache_fraction,
+        "repeat": spec.repeat,
+        "seed": spec.seed,
+        "num_requests": len(reqs),
+        "prompt_len": spec.prompt_len,
+        "max_new_tokens": spec.max_new_tokens,
+        "layers": adapter.num_layers,
+        "num_experts": adapter.num_experts,
+        "top_k": adapter.top_k,
+        "dtype": str(adapter.dtype).removeprefix("torch."),
+        "cache_slots": int(cache.num_slots),
+        "expert_nbytes": int(cache.expert_nbytes),
+        "byte_budget": engine.config.byte_budget,
+        "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
+        "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),
+        "token_budget": engine.config.token_budget,
+        "batching": engine.config.batching,
+        "steps": engine.steps,
+        "verify_forwards": engine.verify_forwards,
+        "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
+        "background_bytes_submitted": engine.prefetch_bytes[Band.BACKGROUND],
+        "predict_s": engine.predict_s,
+        "draft_s": engine.timer.kind_s("draft"),
+        "verify_s": engine.timer.kind_s("verify"),
+        "prefill_s": engine.timer.kind_s("prefill"),
+        "timing_method": engine.timer.method,
+        "h2d_overlap_definition": "1 - exposed_fetch_s / link_busy_s (time-weighted)",
+        "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
+    }
+    row.update(metrics_to_json(metrics))
+    per_request = [
+        {
+            "request_id": r.request_id,
+            "output_tokens": len(r.output),
+            "ttft_s": r.metrics.ttft_s,
+            "latency_s": r.metrics.latency_s,
+            "acceptance_lengths": list(r.metrics.acceptance_lengths),
+            "forced_rounds": r.metrics.forced_rounds,
+            "model_rounds": r.metrics.model_rounds,
+        }
+        for r in reqs
+    ]
+    return RunResult(
+        row=row,
+        routing_trace=[np.asarray(t, dtype=np.int64) for t in engine.routing_trace],
+        cache_slots=int(cache.num_slots),
+        expert_nbytes=int(cache.expert_nbytes),
+        trace_kinds=list(engine.trace_kinds),
+        requests=per_request,
+    )
+
+
+def spec_from_dict(d: dict[str, Any]) -> RunSpec:
+    names = {f.name for f in dataclasses.fields(RunSpec)}
+    return RunSpec(**{k: v for k, v in d.items() if k in names})

@@ -1,0 +1,112 @@
+"""Engine configuration and the baseline presets of DESIGN §6.
+
+The baselines are configurations of one engine, not separate code paths:
+
+======  ===========  =======================================  =========================
+label   decoding     prefetch                                 batching
+======  ===========  =======================================  =========================
+B0      autoregr.    on demand + next-layer gate lookahead    FCFS under a token budget
+B1      DFlash       same as B0 (inside verify)               FCFS under a token budget
+B2      DFlash       same as B0                               deficit scheduler, tokens only
+B3      DFlash       none needed: every expert resident       FCFS under a token budget
+PD      DFlash       route-ahead before verify, in bands;     2-D deficit scheduler
+                     lookahead; background prefetch
+======  ===========  =======================================  =========================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+BASELINES = ("B0", "B1", "B2", "B3", "PD")
+BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine decodes, batches and prefetches.
+
+    Attributes:
+        baseline: the label recorded with results (``"custom"`` if hand-made).
+        speculative: DFlash drafting (False: autoregressive, one token per round).
+        block_size: verify block ``B`` (anchor + ``B - 1`` drafts).
+        max_running: requests decoding at once (the rest wait).
+        token_budget: verify tokens per step (``T`` of the scheduler).
+        byte_budget: missing expert bytes per step (``M``) for ``deficit_2d``;
+            None lets the engine derive it (see :class:`~pdflash.engine.Engine`).
+        batching: ``fcfs`` | ``deficit_tokens`` | ``deficit_2d``.
+        route_ahead: predict the verify's experts from the drafted blocks and
+            copy them ROUTE_AHEAD before the verify forward.
+        lookahead: during a forward, apply layer l+1's router to layer l's MoE
+            input and prefetch those experts (ROUTE_AHEAD).
+        background_prefetch: after verify, prefetch the frequency prior's top
+            experts in the BACKGROUND band with the remaining byte budget.
+        all_resident: size the expert cache to hold every expert (B3).
+        kv_page_size: tokens per KV page.
+        seed: seeds sampling, forced acceptance and workloads.
+    """
+
+    baseline: str = "custom"
+    speculative: bool = True
+    block_size: int = 16
+    max_running: int = 16
+    token_budget: int = 512
+    byte_budget: int | None = None
+    batching: str = "fcfs"
+    route_ahead: bool = False
+    lookahead: bool = True
+    background_prefetch: bool = False
+    all_resident: bool = False
+    kv_page_size: int = 16
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if not self.speculative and self.block_size != 1:
+            raise ValueError("autoregressive decoding needs block_size == 1")
+        if self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.token_budget < 1:
+            raise ValueError(f"token_budget must be >= 1, got {self.token_budget}")
+        if self.byte_budget is not None and self.byte_budget < 0:
+            raise ValueError(f"byte_budget must be >= 0, got {self.byte_budget}")
+        if self.batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}, got {self.batching!r}")
+        if self.kv_page_size < 1:
+            raise ValueError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
+
+    @staticmethod
+    def preset(baseline: str, **overrides: Any) -> EngineConfig:
+        """The configuration of a DESIGN §6 baseline; ``overrides`` adjust
+        sizes (block_size, max_running, budgets, seed)."""
+        table: dict[str, dict[str, Any]] = {
+            "B0": {"speculative": False, "block_size": 1, "batching": "fcfs", "lookahead": True},
+            "B1": {"speculative": True, "batching": "fcfs", "lookahead": True},
+            "B2": {"speculative": True, "batching": "deficit_tokens", "lookahead": True},
+            "B3": {
+                "speculative": True,
+                "batching": "fcfs",
+                "lookahead": False,
+                "all_resident": True,
+            },
+            "PD": {
+                "speculative": True,
+                "batching": "deficit_2d",
+                "route_ahead": True,
+                "lookahead": True,
+                "background_prefetch": True,
+            },
+        }
+        if baseline not in table:
+            raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
+        fields = {"baseline": baseline, **table[baseline]}
+        if baseline == "B0":
+            overrides = {k: v for k, v in overrides.items() if k != "block_size"}
+        fields.update(overrides)
+        return EngineConfig(**fields)
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,783 @@
+"""The DFlash serving engine: continuous batching over offloaded experts.
+
+A request moves ``WAITING -> (prefill) -> DRAFT -> VERIFY -> DRAFT ... ->
+FINISHED`` (or ``ABORTED`` at any point). One :meth:`Engine.step`:
+
+1. admits waiting requests while KV pages and ``max_running`` allow, and
+   prefills them in one batched target forward (first token -> TTFT);
+2. drafts a block for every request in DRAFT, in one batched drafter forward;
+3. predicts each drafted block's experts (route-ahead predictor);
+4. the batcher picks the verify batch (token grants) from the demands and
+   the resident set; with route-ahead on, the batch's predicted missing
+   experts are copied ROUTE_AHEAD before the verify forward starts;
+5. verifies the batch in one target forward, accepts per request (greedy
+   prefix + bonus, lossless rejection sampling, or a forced length), rolls
+   the target KV back to the accepted length, streams tokens and keeps the
+   committed positions' hidden states for the next draft;
+6. bookkeeping (route-ahead stats, predictor observations, metrics), then
+   BACKGROUND prefetch of the frequency prior with the byte budget left.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
+from pdflash.engine.batching import (
+    BatchDecision,
+    FCFSBatcher,
+    VerifyBatcher,
+    VerifyDemand,
+)
+from pdflash.engine.config import EngineConfig
+from pdflash.engine.drafter import DFlashDrafter, DraftItem
+from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.engine.sampling import (
+    SamplingParams,
+    greedy_accept,
+    rejection_accept,
+    sample_from,
+    target_probs,
+)
+from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
+from pdflash.engine.timing import ComputeTimer, StallTimedCache
+from pdflash.protocols import Band, DraftedBlock, ExpertPredictor, MoEModelAdapter, flat_expert_ids
+
+TokenCallback = Callable[[int, int], None]
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DRAFT = "draft"
+    VERIFY = "verify"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request measurements (seconds from the engine's clock)."""
+
+    request_id: int
+    prompt_tokens: int
+    arrival_s: float
+    slo_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    finish_reason: str | None = None
+    output_tokens: int = 0
+    round_latencies_s: list[float] = field(default_factory=list)
+    acceptance_lengths: list[int] = field(default_factory=list)  # committed tokens per round
+    forced_rounds: int = 0
+    model_rounds: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.finish_s is None else self.finish_s - self.arrival_s
+
+    @property
+    def met_slo(self) -> bool | None:
+        """Finished within its SLO (None without an SLO or before finishing)."""
+        if self.slo_s is None or self.latency_s is None or self.finish_reason == "abort":
+            return None
+        return self.latency_s <= self.slo_s
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    stop_ids: frozenset[int]
+    on_token: TokenCallback | None
+    metrics: RequestMetrics
+    generator: torch.Generator
+    state: RequestState = RequestState.WAITING
+    output: list[int] = field(default_factory=list)
+    anchor: int | None = None
+    pending_context: torch.Tensor | None = None  # target features not yet in the drafter KV
+    drafts: torch.Tensor | None = None  # [n] int64
+    draft_probs: torch.Tensor | None = None  # [n, V] (sampling only)
+    predicted: npt.NDArray[np.int64] | None = None
+    draft_hidden: torch.Tensor | None = None  # [1 + drafts, hidden], for the predictor
+    round_start_s: float = 0.0
+    kv_pages_promised: int = 0  # worst-case KV pages reserved in the admission ledger
+
+
+@dataclass
+class StepReport:
+    admitted: int = 0
+    drafted: int = 0
+    verified: int = 0
+    committed_tokens: int = 0
+    finished: list[int] = field(default_factory=list)
+    scheduler_us: float = 0.0
+
+
+class Engine:
+    """Continuous-batching DFlash engine over an :class:`MoEModelAdapter`.
+
+    Stream callbacks may call :meth:`abort` (on any request) but must not call
+    :meth:`step` (the engine is not re-entrant).
+
+    Args:
+        adapter: the target model (offloaded or resident).
+        config: an :class:`EngineConfig` (see :meth:`EngineConfig.preset`).
+        drafter: the DFlash drafter (required when ``config.speculative``).
+        batcher: the verify batcher; default FCFS under ``config.token_budget``.
+            ``deficit_*`` batching needs one (see :mod:`pdflash.engine.batching`).
+        predictor: route-ahead predictor (used when ``config.route_ahead``).
+        horizon: optional acceptance-aware horizon
+            (:class:`pdflash.routeahead.AcceptanceHorizon`): predict only for the
+            positions the request is likely to accept.
+        acceptance: forced or model-driven acceptance (default model-driven).
+        expert_cache: the adapter's expert cache, if experts are offloaded
+            (``resident_mask()``, ``prefetch(ids, band)``, ``stats()``).
+        route_stats: route-ahead bookkeeping with ``update(predicted, routed,
+            resident)`` over ``(layers, experts)`` masks (optional).
+        max_seq_len: longest prompt + output a request may have (sizes KV).
+        device: where activations live (the adapter's device).
+    """
+
+    def __init__(
+        self,
+        adapter: MoEModelAdapter,
+        config: EngineConfig,
+        *,
+        drafter: DFlashDrafter | None = None,
+        batcher: VerifyBatcher | None = None,
+        predictor: ExpertPredictor | None = None,
+        horizon: Any = None,
+        acceptance: AcceptanceModel | None = None,
+        expert_cache: Any = None,
+        route_stats: Any = None,
+        max_seq_len: int = 1024,
+        device: torch.device | str = "cpu",
+        kv_dtype: torch.dtype | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if config.speculative and drafter is None:
+            raise ValueError(f"baseline {config.baseline!r} is speculative and needs a drafter")
+        if config.speculative and drafter is not None:
+            if config.block_size > 1 and drafter.cfg.hidden_size != adapter.hidden_size:
+                raise ValueError(
+                    f"drafter hidden_size {drafter.cfg.hidden_size} != target {adapter.hidden_size}"
+                )
+            bad = [i for i in drafter.target_layer_ids if not 0 <= i < adapter.num_layers]
+            if bad:
+                raise ValueError(
+                    f"drafter target_layer_ids {list(drafter.target_layer_ids)} out of range for "
+                    f"a {adapter.num_layers}-layer target"
+                )
+        if config.batching != "fcfs" and batcher is None:
+            raise ValueError(
+                f"batching {config.batching!r} needs a batcher (the deficit scheduler)"
+            )
+        if config.route_ahead and predictor is None:
+            raise ValueError("route_ahead needs a predictor")
+        if max_seq_len < 2:
+            raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+        self.adapter = adapter
+        self.config = config
+        self.device = torch.device(device)
+        self.drafter = drafter if config.speculative else None
+        self.batcher: VerifyBatcher = batcher or FCFSBatcher(config.token_budget)
+        self.predictor = predictor if config.route_ahead else None
+        self.horizon = horizon if config.route_ahead else None
+        self.predict_s = 0.0
+        self.acceptance: AcceptanceModel = acceptance or ModelAcceptance()
+        self.expert_cache = expert_cache
+        self.route_stats = route_stats
+        self.max_seq_len = max_seq_len
+        self.clock = clock
+        self.timer = ComputeTimer(self.device)
+
+        ps = config.kv_page_size
+        self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
+        num_pages = self._pages_per_seq * config.max_running
+        dtype = kv_dtype or _param_dtype(adapter)
+        self.kv = kv_cache_for(
+            adapter, page_size=ps, num_pages=num_pages, dtype=dtype, device=self.device
+        )
+        self.draft_kv: PagedKVCache | None = None
+        capture: tuple[int, ...] = ()
+        if self.drafter is not None:
+            self.draft_kv = self.drafter.new_kv_cache(
+                num_pages=num_pages, page_size=ps, device=self.device, dtype=dtype
+            )
+            capture = self.drafter.target_layer_ids
+        self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
+        self._lookahead = (
+            _Lookahead(self) if (config.lookahead and expert_cache is not None) else None
+        )
+        if self._lookahead is not None:
+            self.runner.observers.append(self._lookahead)
+        # NOTE: time the compute stream's waits on copies by wrapping the cache
+        # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
+        runtime = getattr(adapter, "runtime", None)
+        if runtime is not None and getattr(runtime, "cache", None) is not None:
+            runtime.cache = StallTimedCache(runtime.cache, self.timer)
+
+        if config.all_resident and expert_cache is not None:
+            self._load_every_expert()
+
+        self._ids = itertools.count()
+        self._requests: dict[int, Request] = {}
+        self._waiting: deque[int] = deque()
+        self._running: list[int] = []  # arrival order
+        self._committed_pages = 0  # pages promised to running requests (worst case)
+        self.finished: dict[int, Request] = {}
+        # measurements
+        self.routing_trace: list[npt.NDArray[np.int64]] = []
+        self.trace_kinds: list[str] = []
+        self.route_freq = np.zeros((adapter.num_layers, adapter.num_experts), dtype=np.float64)
+        self.steps = 0
+        self.scheduler_us: list[float] = []
+        self.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+        self._step_route_ahead_bytes = 0
+        self.verify_forwards = 0
+        self.first_step_s: float | None = None
+        self.last_step_s: float | None = None
+
+    # ------------------------------------------------------------------ API
+    def add_request(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int = 64,
+        stop_ids: Sequence[int] = (),
+        slo_s: float | None = None,
+        on_token: TokenCallback | None = None,
+        seed: int | None = None,
+    ) -> int:
+        """Queue a request; returns its id. Raises ``ValueError`` (nothing queued)
+        on an empty prompt, a token id outside the vocabulary, or a length
+        beyond ``max_seq_len``."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        vocab = self.adapter.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} outside the vocabulary [0, {vocab})")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(prompt) + max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds "
+                f"max_seq_len {self.max_seq_len}"
+            )
+        if slo_s is not None and not slo_s > 0:
+            raise ValueError(f"slo_s must be positive, got {slo_s!r}")
+        rid = next(self._ids)
+        gen = torch.Generator().manual_seed(
+            (self.config.seed * 1_000_003 + rid) if seed is None else int(seed)
+        )
+        req = Request(
+            request_id=rid,
+            prompt=prompt,
+            params=params or SamplingParams(),
+            max_new_tokens=max_new_tokens,
+            stop_ids=frozenset(int(s) for s in stop_ids),
+            on_token=on_token,
+            metrics=RequestMetrics(rid, len(prompt), arrival_s=self.clock(), slo_s=slo_s),
+            generator=gen,
+        )
+        self._requests[rid] = req
+        self._waiting.append(rid)
+        return rid
+
+    def abort(self, request_id: int) -> bool:
+        """Abort a waiting or running request; False if unknown or already done."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return False
+        if req.state == RequestState.WAITING:
+            self._waiting.remove(request_id)
+        self._finish(req, "abort")
+        return True
+
+    def request(self, request_id: int) -> Request:
+        req = self._requests.get(request_id) or self.finished.get(request_id)
+        if req is None:
+            raise KeyError(f"unknown request id {request_id}")
+        return req
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def run_until_done(self, max_steps: int | None = None) -> dict[int, Request]:
+        """Step until no request is waiting or running; returns finished requests."""
+        n = 0
+        while self.has_work:
+            if max_steps is not None and n >= max_steps:
+                raise RuntimeError(f"requests still live after {max_steps} steps")
+            self.step()
+            n += 1
+        return self.finished
+
+    @torch.no_grad()
+    def step(self) -> StepReport:
+        report = StepReport()
+        now = self.clock()
+        if self.first_step_s is None:
+            self.first_step_s = now
+        admitted = self._admit()
+        if admitted:
+            self._prefill(admitted)
+            report.admitted = len(admitted)
+        to_draft = [
+            self._requests[r]
+            for r in self._running
+            if self._requests[r].state == RequestState.DRAFT
+        ]
+        if to_draft:
+            self._draft(to_draft)
+            report.drafted = len(to_draft)
+        waiting_verify = [
+            self._requests[r]
+            for r in self._running
+            if self._requests[r].state == RequestState.VERIFY
+        ]
+        if waiting_verify:
+            decision = self._schedule(waiting_verify)
+            report.scheduler_us = decision.scheduler_us
+            batch = [(self._requests[rid], g) for rid, g in decision.grants]
+            resident_before = self._resident_mask()
+            if self.config.route_ahead and self.expert_cache is not None:
+                self._route_ahead(batch, decision)
+            committed, finished = self._verify(batch, resident_before)
+            report.verified = len(batch)
+            report.committed_tokens = committed
+            report.finished = finished
+            if self.config.background_prefetch and self.expert_cache is not None:
+                self._background_prefetch()
+        self.steps += 1
+        self.last_step_s = self.clock()
+        return report
+
+    # ------------------------------------------------------------ lifecycle
+    def _admit(self) -> list[Request]:
+        """Admit in arrival order while ``max_running`` and the KV ledger allow.
+
+        NOTE: each admitted request is promised its worst-case pages (prompt +
+        max_new_tokens + one block), so a running request never fails to grow
+        its KV and nothing needs preempting; pages are still allocated lazily,
+        so the reported occupancy is what is really used.
+        """
+        admitted: list[Request] = []
+        while self._waiting and len(self._running) < self.config.max_running:
+            req = self._requests[self._waiting[0]]
+            need = self.kv.pages_for(len(req.prompt) + req.max_new_tokens + self.config.block_size)
+            if self._committed_pages + need > self.kv.num_pages:
+                break
+            self._waiting.popleft()
+            self._committed_pages += need
+            req.kv_pages_promised = need
+            self.kv.add_sequence(req.request_id)
+            if self.draft_kv is not None:
+                self.draft_kv.add_sequence(req.request_id)
+            self._running.append(req.request_id)
+            self.batcher.add(req.request_id)
+            req.state = RequestState.PREFILL
+            admitted.append(req)
+        return admitted
+
+    def _finish(self, req: Request, reason: str) -> None:
+        rid = req.request_id
+        if req.state in (RequestState.FINISHED, RequestState.ABORTED):
+            return
+        req.state = RequestState.ABORTED if reason == "abort" else RequestState.FINISHED
+        req.metrics.finish_reason = reason
+        req.metrics.finish_s = self.clock()
+        if rid in self._running:
+            self._running.remove(rid)
+            self._committed_pages -= req.kv_pages_promised
+            req.kv_pages_promised = 0
+        self.kv.free(rid)
+        if self.draft_kv is not None:
+            self.draft_kv.free(rid)
+        self.batcher.remove(rid)
+        if self.predictor is not None:
+            self.predictor.forget(rid)
+        if self.horizon is not None:
+            self.horizon.forget(rid)
+        req.drafts = req.draft_probs = req.pending_context = req.draft_hidden = None
+        self.finished[rid] = self._requests.pop(rid)
+
+    def _commit(self, req: Request, tokens: Sequence[int]) -> int:
+        """Append tokens, stream them, finish on a stop id or the length cap.
+        Returns how many were committed."""
+        n = 0
+        for tok in tokens:
+            req.output.append(int(tok))
+            n += 1
+            if req.on_token is not None:
+                req.on_token(req.request_id, int(tok))
+                if req.state == RequestState.ABORTED:  # the callback aborted it
+                    break
+            if int(tok) in req.stop_ids:
+                self._finish(req, "stop")
+                break
+            if len(req.output) >= req.max_new_tokens:
+                self._finish(req, "length")
+                break
+        req.metrics.output_tokens = len(req.output)
+        return n
+
+    # -------------------------------------------------------------- forwards
+    def _record_trace(self, needed: list[npt.NDArray[np.int64]], kind: str) -> None:
+        self.routing_trace.extend(needed)
+        self.trace_kinds.extend([kind] * len(needed))
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        chunks = [
+            Chunk(
+                r.request_id, torch.tensor(r.prompt, dtype=torch.int64, device=self.device), False
+            )
+            for r in reqs
+        ]
+        with self.timer.forward("prefill"):
+            out = self.runner.forward(chunks)
+        self._record_trace(out.needed_flat, "prefill")
+        self._observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
+        now = self.clock()
+        for i, req in enumerate(reqs):
+            if req.state == RequestState.ABORTED:  # by another request's stream callback
+                continue
+            logits = out.logits[i]
+            if req.params.greedy:
+                tok = int(torch.argmax(logits[-1]))
+            else:
+                tok = int(sample_from(target_probs(logits[-1:], req.params), req.generator)[0])
+            if self.drafter is not None:
+                req.pending_context = out.features[i]
+            req.metrics.first_token_s = now
+            req.round_start_s = now
+            req.state = RequestState.DRAFT
+            req.anchor = tok
+            self._commit(req, [tok])
+
+    def _num_drafts(self, req: Request) -> int:
+        left = req.max_new_tokens - len(req.output)
+        return max(0, min(self.config.block_size - 1, left - 1))
+
+    def _draft(self, reqs: list[Request]) -> None:
+        drafter = self.drafter
+        todo: list[tuple[Request, int]] = []
+        for req in reqs:
+            n = self._num_drafts(req) if drafter is not None else 0
+            if n == 0:
+                req.drafts = torch.zeros(0, dtype=torch.int64, device=self.device)
+                req.draft_probs = None
+                req.draft_hidden = None
+                req.state = RequestState.VERIFY
+            else:
+                todo.append((req, n))
+        if todo:
+            self._draft_blocks(todo)
+        if self.predictor is not None:
+            self._predict([r for r in reqs if r.state == RequestState.VERIFY])
+
+    def _draft_blocks(self, todo: list[tuple[Request, int]]) -> None:
+        drafter = self.drafter
+        assert drafter is not None and self.draft_kv is not None
+        mask = drafter.cfg.mask_token_id
+        items: list[DraftItem] = []
+        ctx: list[torch.Tensor] = []
+        blocks: list[int] = []
+        for req, n in todo:
+            pc = req.pending_context
+            assert pc is not None and req.anchor is not None
+            items.append(DraftItem(req.request_id, int(pc.shape[0]), n + 1))
+            ctx.append(pc)
+            blocks += [req.anchor] + [mask] * n
+        block_ids = torch.tensor(blocks, dtype=torch.int64, device=self.device)
+        with self.timer.forward("draft"):
+            emb = self.adapter.embed(block_ids)
+            scale = drafter.cfg.input_embedding_scale
+            if scale != 1.0:
+                emb = emb * scale
+            hidden = drafter.forward_blocks(torch.cat(ctx), emb, items, self.draft_kv)
+            row = 0
+            for (req, n), _item in zip(todo, items, strict=True):
+                h = hidden[row : row + n + 1]
+                row += n + 1
+                logits = drafter.logits(h[1:], self.adapter.lm_head).float()
+                if req.params.greedy:
+                    req.drafts = torch.argmax(logits, dim=-1)
+                    req.draft_probs = None
+                else:
+                    probs = target_probs(logits, req.params)
+                    req.draft_probs = probs
+                    req.drafts = sample_from(probs, req.generator).to(self.device)
+                req.pending_context = None
+                req.draft_hidden = h
+                req.state = RequestState.VERIFY
+
+    def _predict(self, reqs: list[Request]) -> None:
+        """Route-ahead: predict every drafted block's experts in one call."""
+        from pdflash.routeahead import predict_batch
+
+        assert self.predictor is not None
+        if not reqs:
+            return
+        blocks = []
+        for req in reqs:
+            assert req.anchor is not None and req.drafts is not None
+            tokens = torch.cat(
+                [
+                    torch.tensor([req.anchor], dtype=torch.int64, device=self.device),
+                    req.drafts.view(-1),
+                ]
+            )
+            start = self.kv.length(req.request_id)
+            block = DraftedBlock(
+                request_id=req.request_id,
+                token_ids=tokens,
+                positions=torch.arange(start, start + tokens.numel(), device=self.device),
+                drafter_hidden=req.draft_hidden,
+            )
+            if self.horizon is not None:
+                block = self.horizon.apply(block)
+            blocks.append(block)
+        t0 = time.perf_counter()
+        scores = np.asarray(predict_batch(self.predictor, blocks))
+        self.predict_s += time.perf_counter() - t0
+        for req, sc in zip(reqs, scores, strict=True):
+            req.predicted = flat_expert_ids(sc > 0)
+            req.draft_hidden = None
+
+    def _schedule(self, reqs: list[Request]) -> BatchDecision:
+        demands = [
+            VerifyDemand(
+                request_id=r.request_id,
+                tokens=1 + (0 if r.drafts is None else int(r.drafts.numel())),
+                predicted=r.predicted,
+            )
+            for r in reqs
+        ]
+        t0 = time.perf_counter()
+        decision = self.batcher.select(demands, self._resident_mask())
+        us = (time.perf_counter() - t0) * 1e6
+        decision.scheduler_us = us
+        self.scheduler_us.append(us)
+        if not decision.grants:
+            raise RuntimeError(f"batcher {self.batcher.name!r} chose nothing with live work")
+        return decision
+
+    def _verify(
+        self, batch: list[tuple[Request, int]], resident_before: npt.NDArray[np.bool_] | None
+    ) -> tuple[int, list[int]]:
+        chunks: list[Chunk] = []
+        starts: list[int] = []
+        for req, grant in batch:
+            assert req.anchor is not None and req.drafts is not None
+            drafts = req.drafts[: grant - 1]
+            toks = torch.cat(
+                [torch.tensor([req.anchor], dtype=torch.int64, device=self.device), drafts]
+            )
+            chunks.append(Chunk(req.request_id, toks, True))
+            starts.append(self.kv.length(req.request_id))
+        with self.timer.forward("verify"):
+            out = self.runner.forward(chunks)
+        self.verify_forwards += 1
+        self._record_trace(out.needed_flat, "verify")
+        routed_union: npt.NDArray[np.bool_] = np.asarray(out.routed.any(axis=0), dtype=np.bool_)
+        self._observe_routing(routed_union)
+        if self.route_stats is not None and self.config.route_ahead:
+            predicted = np.zeros_like(out.routed)
+            for i, (req, _) in enumerate(batch):
+                if req.predicted is not None and req.predicted.size:
+                    predicted[i].reshape(-1)[req.predicted] = True
+            self.route_stats.update(predicted, out.routed, resident_before)
+        if self.predictor is not None:
+            for i, (req, _) in enumerate(batch):
+                self.predictor.observe(req.request_id, out.routed[i])
+        now = self.clock()
+        committed = 0
+        finished: list[int] = []
+        for i, (req, grant) in enumerate(batch):
+            if req.state == RequestState.ABORTED:  # by another request's stream callback
+                continue
+            logits = out.logits[i]
+            n = grant - 1
+            assert req.drafts is not None
+            drafts = req.drafts[:n]
+            forced = self.acceptance.forced_accepts(req.request_id, n)
+            if req.params.greedy:
+                argmax = torch.argmax(logits, dim=-1)
+                if forced is None:
+                    acc, bonus = greedy_accept(drafts, argmax)
+                else:
+                    acc, bonus = forced, int(argmax[forced])
+            else:
+                tp = target_probs(logits, req.params)
+                if forced is None:
+                    assert req.draft_probs is not None or n == 0
+                    dp = req.draft_probs[:n] if req.draft_probs is not None else tp[:0]
+                    acc, bonus = rejection_accept(drafts, dp, tp, req.generator)
+                else:
+                    acc = forced
+                    bonus = int(sample_from(tp[acc : acc + 1], req.generator)[0])
+            if forced is None:
+                req.metrics.model_rounds += 1
+            else:
+                req.metrics.forced_rounds += 1
+            # roll the target KV back to anchor + accepted drafts
+            self.kv.truncate(req.request_id, starts[i] + acc + 1)
+            if self.drafter is not None:
+                feats = out.features[i][: acc + 1]
+                prev = req.pending_context
+                req.pending_context = feats if prev is None else torch.cat([prev, feats])
+            new_tokens = [int(t) for t in drafts[:acc].tolist()] + [bonus]
+            req.drafts = req.draft_probs = None
+            req.predicted = None
+            req.anchor = bonus
+            req.state = RequestState.DRAFT
+            got = self._commit(req, new_tokens)
+            committed += got
+            req.metrics.acceptance_lengths.append(got)
+            if self.horizon is not None and req.state == RequestState.DRAFT:
+                self.horizon.observe(req.request_id, min(got, self.config.block_size))
+            req.metrics.round_latencies_s.append(now - req.round_start_s)
+            req.round_start_s = now
+            if req.state in (RequestState.FINISHED, RequestState.ABORTED):
+                finished.append(req.request_id)
+        return committed, finished
+
+    # -------------------------------------------------------------- experts
+    def _load_every_expert(self) -> None:
+        """B3: every expert resident before the first request (blocking)."""
+        cache = self.expert_cache
+        total = self.adapter.num_layers * self.adapter.num_experts
+        if int(cache.num_slots) < total:
+            raise ValueError(
+                f"baseline {self.config.baseline!r} keeps every expert resident: the expert "
+                f"cache has {cache.num_slots} slots for {total} experts"
+            )
+        tickets = np.asarray(cache.prefetch(np.arange(total, dtype=np.int64), Band.BACKGROUND))
+        cache.issuer.wait(tickets[tickets >= 0])
+
+    def _resident_mask(self) -> npt.NDArray[np.bool_] | None:
+        if self.expert_cache is None:
+            return None
+        return np.asarray(self.expert_cache.resident_mask(), dtype=np.bool_)
+
+    def _observe_routing(self, routed: npt.NDArray[np.bool_]) -> None:
+        # NOTE: an exponential moving average (half-life ~7 forwards) of how
+        # often each expert is routed: the background prefetch's prior.
+        self.route_freq *= 0.9
+        self.route_freq += routed
+
+    def _route_ahead(self, batch: list[tuple[Request, int]], decision: BatchDecision) -> None:
+        assert self.expert_cache is not None
+        ids = decision.missing
+        if ids.size == 0:
+            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
+            if not parts:
+                return
+            ids = np.unique(np.concatenate(parts))
+            resident = self.expert_cache.is_resident(ids)
+            ids = ids[~np.asarray(resident, dtype=np.bool_)]
+        # NOTE: in-flight copies cannot be evicted, and a forward needs free or
+        # evictable slots for its on-demand misses: never put more than half of
+        # the slots a forward could use into flight. Flat ids are in layer
+        # order, so the earliest layers (needed first) go first.
+        ids = ids[: max(0, int(self.expert_cache.free_capacity()) // 2)]
+        if hasattr(getattr(self.expert_cache, "policy", None), "set_predicted"):
+            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
+            protect = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            self.expert_cache.set_predicted(protect)
+        if ids.size:
+            self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
+            self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
+            self.expert_cache.prefetch(ids, Band.ROUTE_AHEAD)
+
+    def byte_budget(self) -> int:
+        """Missing expert bytes per step (``M``): the configured value, else
+        half the expert cache (so a batch's copies never thrash the cache)."""
+        if self.config.byte_budget is not None:
+            return self.config.byte_budget
+        if self.expert_cache is None:
+            return 0
+        return int(self.expert_cache.num_slots) * int(self.expert_cache.expert_nbytes) // 2
+
+    def _background_prefetch(self) -> None:
+        cache = self.expert_cache
+        assert cache is not None
+        used = self._step_route_ahead_bytes
+        self._step_route_ahead_bytes = 0
+        left = self.byte_budget() - used
+        nbytes = int(cache.expert_nbytes)
+        # NOTE: only into slots that are free or evictable, at most a quarter of
+        # them, so background copies never push out what the next verify needs.
+        n = min(left // nbytes if nbytes else 0, int(cache.free_capacity()) // 4)
+        if n <= 0:
+            return
+        resident = np.asarray(cache.resident_mask(), dtype=np.bool_).reshape(-1)
+        freq = self.route_freq.reshape(-1).copy()
+        freq[resident] = 0.0
+        order = np.argsort(-freq, kind="stable")
+        pick = order[: int(n)]
+        pick = pick[freq[pick] > 0]
+        if pick.size:
+            self.prefetch_bytes[Band.BACKGROUND] += int(pick.size) * nbytes
+            cache.prefetch(pick.astype(np.int64), Band.BACKGROUND)
+
+
+class _Lookahead:
+    """Next-layer gate lookahead: layer l+1's router over layer l's output
+    (:class:`pdflash.routeahead.NextLayerLookahead`) predicts l+1's experts;
+    the missing ones are prefetched ROUTE_AHEAD while layer l finishes."""
+
+    def __init__(self, engine: Engine) -> None:
+        from pdflash.routeahead import NextLayerLookahead
+
+        self.engine = engine
+        self.predictor = NextLayerLookahead(engine.adapter)
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        cache = self.engine.expert_cache
+        if cache is None or layer + 1 >= self.engine.adapter.num_layers:
+            return
+        ids, _ = self.predictor.predict_next(layer, hidden)
+        if ids.size == 0:
+            return
+        missing = ids[~np.asarray(cache.is_resident(ids), dtype=np.bool_)]
+        # NOTE: most confident first; keep half the usable slots for on-demand misses
+        missing = missing[: max(0, int(cache.free_capacity()) // 2)]
+        if missing.size:
+            self.engine.prefetch_bytes[Band.ROUTE_AHEAD] += int(missing.size) * int(
+                cache.expert_nbytes
+            )
+            cache.prefetch(missing, Band.ROUTE_AHEAD)
+
+
+def _param_dtype(adapter: MoEModelAdapter) -> torch.dtype:
+    dt = getattr(adapter, "dtype", None)
+    if isinstance(dt, torch.dtype):
+        return dt
+    return torch.float32

@@ -1,0 +1,157 @@
+"""A paged KV cache: fixed-size pages, per-sequence block tables, byte occupancy.
+
+Every layer has one K and one V tensor of shape
+``[num_pages * page_size, kv_heads, head_dim]``; a sequence owns a list of
+pages (its block table) and a length. A token at position ``p`` of a sequence
+lives in flat slot ``table[p // page_size] * page_size + p % page_size`` of
+every layer. Rolling back to a shorter length frees the pages past it;
+freeing a sequence returns all its pages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCacheFull(RuntimeError):
+    """Not enough free pages for an allocation."""
+
+
+class PagedKVCache:
+    """Paged K/V storage for ``num_layers`` layers sharing one block table."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        num_pages: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        for name, value in (
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("page_size", page_size),
+            ("num_pages", num_pages),
+        ):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.device = torch.device(device)
+        self.dtype = dtype
+        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        # NOTE: a stack, so a freed page is reused first (warm in cache) and
+        # allocation order is deterministic.
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+
+    # -- accounting ---------------------------------------------------------
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page over all layers, K and V."""
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.page_size * self.num_kv_heads * self.head_dim * elem
+
+    @property
+    def used_pages(self) -> int:
+        return self.num_pages - len(self._free)
+
+    @property
+    def free_pages(self) -> int:
+        return len(self._free)
+
+    @property
+    def occupancy_bytes(self) -> int:
+        return self.used_pages * self.page_nbytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_pages * self.page_nbytes
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._tables)
+
+    def pages_for(self, length: int) -> int:
+        return -(-length // self.page_size)
+
+    def has(self, seq_id: int) -> bool:
+        return seq_id in self._tables
+
+    def length(self, seq_id: int) -> int:
+        return self._lengths[seq_id]
+
+    def block_table(self, seq_id: int) -> list[int]:
+        return list(self._tables[seq_id])
+
+    # -- allocation ---------------------------------------------------------
+    def add_sequence(self, seq_id: int) -> None:
+        if seq_id in self._tables:
+            raise ValueError(f"sequence {seq_id} already in the KV cache")
+        self._tables[seq_id] = []
+        self._lengths[seq_id] = 0
+
+    def reserve(self, seq_id: int, length: int) -> None:
+        """Make room for ``length`` tokens (pages only; the length is unchanged).
+        Raises :class:`KVCacheFull` with nothing allocated if pages run out."""
+        table = self._tables[seq_id]
+        need = self.pages_for(length) - len(table)
+        if need <= 0:
+            return
+        if need > len(self._free):
+            raise KVCacheFull(
+                f"sequence {seq_id} needs {need} more KV pages, {len(self._free)} free"
+            )
+        for _ in range(need):
+            table.append(self._free.pop())
+
+    def extend(self, seq_id: int, num_tokens: int) -> torch.Tensor:
+        """Append ``num_tokens`` positions; returns their flat slots (int64, on device)."""
+        start = self._lengths[seq_id]
+        self.reserve(seq_id, start + num_tokens)
+        self._lengths[seq_id] = start + num_tokens
+        return self.slots(seq_id, start, start + num_tokens)
+
+    def truncate(self, seq_id: int, length: int) -> None:
+        """Roll back to ``length`` tokens, freeing pages past it."""
+        cur = self._lengths[seq_id]
+        if not 0 <= length <= cur:
+            raise ValueError(f"cannot truncate sequence {seq_id} of length {cur} to {length}")
+        table = self._tables[seq_id]
+        keep = self.pages_for(length)
+        while len(table) > keep:
+            self._free.append(table.pop())
+        self._lengths[seq_id] = length
+
+    def free(self, seq_id: int) -> None:
+        """Release every page of a sequence; unknown ids are a no-op."""
+        table = self._tables.pop(seq_id, None)
+        self._lengths.pop(seq_id, None)
+        if table:
+            self._free.extend(reversed(table))
+
+    # -- addressing ---------------------------------------------------------
+    def slot_list(self, seq_id: int, start: int, end: int) -> list[int]:
+        table = self._tables[seq_id]
+        ps = self.page_size
+        return [table[p // ps] * ps + p % ps for p in range(start, end)]
+
+    def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
+        return torch.tensor(
+            self.slot_list(seq_id, start, end), dtype=torch.int64, device=self.device
+        )
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.dtype))

@@ -1,0 +1,196 @@
+"""The batched target forward over paged KV, through a :class:`MoEModelAdapter`.
+
+All scheduled requests' tokens (prefill prompts or verify blocks) are
+flattened into one token batch. Each layer runs
+``input_norm -> project_qkv -> paged attention -> project_out -> residual ->
+moe_norm -> moe -> residual``; the MoE call sees every request's tokens at
+once, so each distinct expert is fetched and run once per layer for the
+whole batch (the union of experts is where batching pays off). Hidden states
+at the drafter's ``target_layer_ids`` are collected for the next draft, and
+the routing of every layer is recorded (per request, and as the flat ids the
+forward needed, for the Belady replay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pdflash.engine.attention import AttentionBatch, paged_attention
+from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.protocols import MoEModelAdapter
+
+
+class LayerObserver(Protocol):
+    """Sees each layer's output (the residual stream after its MoE) and its
+    exact routing, right after the layer was issued: the hook for next-layer
+    gate lookahead prefetch (copies submitted here overlap the tail of this
+    layer's expert compute and the next layer's attention)."""
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None: ...
+
+
+@dataclass
+class Chunk:
+    """One request's tokens in a forward: positions ``kv.length(seq_id) ..``."""
+
+    seq_id: int
+    tokens: torch.Tensor  # [n] int64
+    all_logits: bool  # False: only the last row's logits (prefill)
+
+
+@dataclass
+class ForwardOutput:
+    logits: list[torch.Tensor]  # per chunk: [n, V] or [1, V]
+    features: list[torch.Tensor]  # per chunk: [n, len(capture) * hidden] (empty if no capture)
+    routed: npt.NDArray[np.bool_]  # [chunks, layers, experts]
+    needed_flat: list[npt.NDArray[np.int64]]  # per layer: flat ids the forward routed to
+
+
+def kv_cache_for(
+    adapter: MoEModelAdapter,
+    *,
+    page_size: int,
+    num_pages: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> PagedKVCache:
+    """A paged KV cache shaped for the adapter's attention (uniform over layers)."""
+    specs = [adapter.attention_spec(i) for i in range(adapter.num_layers)]
+    kvh = {s.num_kv_heads for s in specs}
+    hd = {s.head_dim for s in specs}
+    if len(kvh) != 1 or len(hd) != 1:
+        raise ValueError(f"layers differ in kv heads {sorted(kvh)} or head_dim {sorted(hd)}")
+    return PagedKVCache(
+        num_layers=adapter.num_layers,
+        num_kv_heads=kvh.pop(),
+        head_dim=hd.pop(),
+        page_size=page_size,
+        num_pages=num_pages,
+        dtype=dtype,
+        device=device,
+    )
+
+
+class TargetRunner:
+    """Runs flat token batches of many requests through the target."""
+
+    def __init__(
+        self,
+        adapter: MoEModelAdapter,
+        kv: PagedKVCache,
+        *,
+        capture_layers: Sequence[int] = (),
+        device: torch.device | str = "cpu",
+    ) -> None:
+        bad = [i for i in capture_layers if not 0 <= i < adapter.num_layers]
+        if bad:
+            raise ValueError(f"capture layer {bad[0]} out of range for {adapter.num_layers} layers")
+        self.adapter = adapter
+        self.kv = kv
+        self.capture_layers = tuple(capture_layers)
+        self.device = torch.device(device)
+        self.specs = [adapter.attention_spec(i) for i in range(adapter.num_layers)]
+        self.observers: list[LayerObserver] = []
+
+    @torch.no_grad()
+    def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
+        """Append every chunk's tokens to its KV and run the layers once.
+
+        On any exception the KV of every chunk is rolled back to where it was.
+        """
+        ad = self.adapter
+        kv = self.kv
+        starts = [kv.length(c.seq_id) for c in chunks]
+        lens = [int(c.tokens.numel()) for c in chunks]
+        total = sum(lens)
+        try:
+            new_slots: list[int] = []
+            positions: list[int] = []
+            q_rows: list[list[int]] = []
+            q_pos: list[list[int]] = []
+            k_slots: list[list[int]] = []
+            k_pos: list[list[int]] = []
+            row_chunk: list[int] = []
+            row = 0
+            for ci, (c, s, n) in enumerate(zip(chunks, starts, lens, strict=True)):
+                kv.extend(c.seq_id, n)
+                new_slots += kv.slot_list(c.seq_id, s, s + n)
+                positions += list(range(s, s + n))
+                q_rows.append(list(range(row, row + n)))
+                q_pos.append(list(range(s, s + n)))
+                k_slots.append(kv.slot_list(c.seq_id, 0, s + n))
+                k_pos.append(list(range(s + n)))
+                row_chunk += [ci] * n
+                row += n
+            dev = self.device
+            batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, total, dev)
+            slots_t = torch.tensor(new_slots, dtype=torch.int64, device=dev)
+            pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
+            row_chunk_t = torch.tensor(row_chunk, dtype=torch.int64, device=dev)
+            ids = (
+                torch.cat([c.tokens.to(dev) for c in chunks])
+                if chunks
+                else torch.zeros(0, dtype=torch.int64, device=dev)
+            )
+            x = ad.embed(ids)
+            captured: dict[int, torch.Tensor] = {}
+            routed = torch.zeros(
+                (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
+            )
+            for layer in range(ad.num_layers):
+                spec = self.specs[layer]
+                h = ad.input_norm(layer, x)
+                q, k, v = ad.project_qkv(layer, h, pos_t)
+                kv.write(layer, slots_t, k, v)
+                attn = paged_attention(
+                    q, kv.k[layer], kv.v[layer], batch, spec, ad.attention_sinks(layer)
+                )
+                x = x + ad.project_out(layer, attn.to(x.dtype))
+                normed = ad.moe_norm(layer, x)
+                topk_ids, _ = ad.route(layer, normed)
+                k_top = topk_ids.shape[1]
+                routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
+                x = x + ad.moe(layer, normed)
+                for obs in self.observers:
+                    obs.after_layer(layer, x, topk_ids)
+                if layer in self.capture_layers:
+                    captured[layer] = x
+            # logits only for the rows that need them
+            want: list[int] = []
+            row = 0
+            for c, n in zip(chunks, lens, strict=True):
+                want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
+                row += n
+            want_t = torch.tensor(want, dtype=torch.int64, device=dev)
+            logits_all = ad.lm_head(ad.final_norm(x[want_t])).float()
+            logits: list[torch.Tensor] = []
+            i = 0
+            for c, n in zip(chunks, lens, strict=True):
+                m = n if c.all_logits else 1
+                logits.append(logits_all[i : i + m])
+                i += m
+            features: list[torch.Tensor] = []
+            if self.capture_layers:
+                feat = torch.cat([captured[i] for i in self.capture_layers], dim=-1)
+                features = list(torch.split(feat, lens))
+            routed_np = routed.cpu().numpy()
+            union: npt.NDArray[np.bool_] = np.asarray(routed_np.any(axis=0), dtype=np.bool_)
+            e = ad.num_experts
+            needed = [
+                np.flatnonzero(union[layer]).astype(np.int64) + layer * e
+                for layer in range(ad.num_layers)
+            ]
+            return ForwardOutput(
+                logits=logits, features=features, routed=routed_np, needed_flat=needed
+            )
+        except BaseException:
+            for c, s in zip(chunks, starts, strict=False):
+                if kv.has(c.seq_id) and kv.length(c.seq_id) > s:
+                    kv.truncate(c.seq_id, s)
+            raise

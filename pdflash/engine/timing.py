@@ -1,0 +1,131 @@
+"""Compute-busy and stall timing for the regime metrics of DESIGN §6.
+
+On CUDA, CUDA events recorded on the compute stream bracket every forward
+(compute-busy = forward time - stall time) and every wait of the compute
+stream on expert copies (stall = exposed fetch). On the CPU the forwards run
+synchronously, so ``time.perf_counter`` brackets measure the same things on
+the host (the host backend blocks the caller in ``wait``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+class _Span:
+    def __init__(self, cuda: bool) -> None:
+        self.cuda = cuda
+        self.host_s = 0.0
+        self.pairs: list[tuple[Any, Any]] = []
+        self.count = 0
+
+    @contextmanager
+    def measure(self) -> Iterator[None]:
+        self.count += 1
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self.pairs.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.host_s += time.perf_counter() - t0
+
+    def total_s(self) -> float:
+        if self.pairs:
+            torch.cuda.synchronize()
+            self.host_s += sum(a.elapsed_time(b) for a, b in self.pairs) / 1000.0
+            self.pairs.clear()
+        return self.host_s
+
+
+class ComputeTimer:
+    """Accumulates forward time and compute-stream stalls on copies."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._depth = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Zero the accumulated times (e.g. after a warm-up)."""
+        self._forward = _Span(self.cuda)
+        self._stall = _Span(self.cuda)
+        self._kinds: dict[str, _Span] = {}
+
+    @property
+    def method(self) -> str:
+        return "cuda_events" if self.cuda else "host_perf_counter"
+
+    @contextmanager
+    def forward(self, kind: str = "forward") -> Iterator[None]:
+        """Time one forward; ``kind`` (``prefill``/``draft``/``verify``) also
+        accumulates separately (:meth:`kind_s`)."""
+        # NOTE: nested forwards (none today) would double count; time the outermost only
+        if self._depth:
+            yield
+            return
+        self._depth += 1
+        span = self._kinds.setdefault(kind, _Span(self.cuda))
+        try:
+            with self._forward.measure(), span.measure():
+                yield
+        finally:
+            self._depth -= 1
+
+    def kind_s(self, kind: str) -> float:
+        span = self._kinds.get(kind)
+        return 0.0 if span is None else span.total_s()
+
+    def stall(self) -> Any:
+        return self._stall.measure()
+
+    def forward_s(self) -> float:
+        return self._forward.total_s()
+
+    def stall_s(self) -> float:
+        return self._stall.total_s()
+
+    def compute_busy_s(self) -> float:
+        return max(0.0, self.forward_s() - self.stall_s())
+
+
+class StallTimedCache:
+    """Delegates to an expert cache and times the calls where a forward waits
+    for copies (``wait_ready``; ``ensure_resident`` for callers that use it)
+    as compute stalls.
+
+    NOTE: this wraps the object the offloaded MoE runtime holds; everything
+    else passes through unchanged. ``ensure_resident``'s own internal wait
+    runs on the wrapped cache, so nothing is counted twice.
+    """
+
+    def __init__(self, cache: Any, timer: ComputeTimer) -> None:
+        object.__setattr__(self, "_cache", cache)
+        object.__setattr__(self, "_timer", timer)
+
+    def wait_ready(self, tickets: Any) -> Any:
+        with self._timer.stall():
+            return self._cache.wait_ready(tickets)
+
+    def ensure_resident(self, flat_ids: Any) -> Any:
+        with self._timer.stall():
+            return self._cache.ensure_resident(flat_ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._cache, name, value)

@@ -1,0 +1,223 @@
+"""Fixtures for the engine tests: a tiny random HF Qwen3-MoE target behind a
+private resident :class:`MoEModelAdapter`, and a tiny synthetic drafter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
+from pdflash.engine.engine import Engine
+from pdflash.protocols import AttentionSpec
+
+TINY = {
+    "vocab_size": 97,
+    "hidden_size": 48,
+    "intermediate_size": 64,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 5,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 12,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+class HFQwen3MoeAdapter:
+    """Resident-expert adapter over ``transformers``' Qwen3MoeForCausalLM (tests only)."""
+
+    arch = "qwen3_moe"
+
+    def __init__(self, model: Any) -> None:
+        cfg = model.config
+        self.model = model
+        self.config = cfg
+        self.num_layers = cfg.num_hidden_layers
+        self.num_experts = cfg.num_experts
+        self.top_k = cfg.num_experts_per_tok
+        self.hidden_size = cfg.hidden_size
+        self.vocab_size = cfg.vocab_size
+        self.head_dim = cfg.head_dim
+        self.expert_nbytes = 3 * cfg.hidden_size * cfg.moe_intermediate_size * 4
+        self.dtype = torch.float32
+        self._layers = model.model.layers
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.model.embed_tokens(input_ids)
+
+    def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].input_layernorm(hidden)
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        c = self.config
+        return AttentionSpec(
+            c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.head_dim**-0.5, None, False
+        )
+
+    def project_qkv(
+        self, layer: int, normed: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        attn = self._layers[layer].self_attn
+        t, d = normed.shape[0], self.head_dim
+        q = attn.q_norm(attn.q_proj(normed).view(t, -1, d))
+        k = attn.k_norm(attn.k_proj(normed).view(t, -1, d))
+        v = attn.v_proj(normed).view(t, -1, d)
+        cos, sin = self.model.model.rotary_emb(normed[None], positions[None])
+        cos, sin = cos[0][:, None, :], sin[0][:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def attention_sinks(self, layer: int) -> torch.Tensor | None:
+        return None
+
+    def project_out(self, layer: int, attn: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].self_attn.o_proj(attn)
+
+    def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        return self._layers[layer].post_attention_layernorm(hidden)
+
+    def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        return F.linear(normed, self._layers[layer].mlp.gate.weight)
+
+    def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, scores, ids = self._layers[layer].mlp.gate(normed)
+        return ids, scores
+
+    def moe(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self._layers[layer].mlp(normed[None])[0]
+        return out
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.model.norm(hidden)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.lm_head(hidden)
+
+
+def make_hf_target(seed: int = 0, **overrides: Any) -> Any:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(**{**TINY, **overrides})
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                # large enough that logits are far from ties (greedy is stable)
+                p.normal_(0.0, 0.35 if p.dim() > 1 else 0.1)
+    return model
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Any:
+    # NOTE: tiny ops on a shared 2-core machine run 20-50x slower with torch's
+    # default thread pool (oversubscription); one thread keeps the suite fast.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def hf_target() -> Any:
+    return make_hf_target()
+
+
+@pytest.fixture(scope="session")
+def adapter(hf_target: Any) -> HFQwen3MoeAdapter:
+    return HFQwen3MoeAdapter(hf_target)
+
+
+@pytest.fixture(scope="session")
+def drafter(tmp_path_factory: pytest.TempPathFactory) -> DFlashDrafter:
+    path: Path = tmp_path_factory.mktemp("drafter")
+    write_synthetic_drafter(path, TINY, "tiny", seed=1, dtype=torch.float32)
+    return load_drafter(path, dtype=torch.float32)
+
+
+@torch.no_grad()
+def greedy_reference(
+    model: Any, prompt: list[int], max_new_tokens: int, stop_ids: tuple[int, ...] = ()
+) -> list[int]:
+    """Plain greedy autoregressive decoding with full recompute (no KV cache)."""
+    ids = list(prompt)
+    out: list[int] = []
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids])).logits[0, -1]
+        tok = int(torch.argmax(logits))
+        out.append(tok)
+        ids.append(tok)
+        if tok in stop_ids:
+            break
+    return out
+
+
+def oracle_drafts(engine: Engine, refs: dict[int, list[int]], seed: int) -> None:
+    """Replace the (random-weight) drafter's guesses with the reference
+    continuation corrupted at a random position, so verify accepts long
+    prefixes, rejects mid-block and rolls back — through the real code path."""
+    original = engine._draft
+    gen = torch.Generator().manual_seed(seed)
+
+    def draft(reqs: list[Any]) -> None:
+        original(reqs)
+        for req in reqs:
+            n = 0 if req.drafts is None else int(req.drafts.numel())
+            if n == 0:
+                continue
+            done = len(req.output)
+            truth = refs[req.request_id][done : done + n]
+            drafts = torch.tensor(truth + [0] * (n - len(truth)), dtype=torch.int64)
+            cut = int(torch.randint(0, n + 1, (1,), generator=gen))
+            if cut < n:
+                drafts[cut] = (drafts[cut] + 1) % engine.adapter.vocab_size
+            req.drafts = drafts
+
+    engine._draft = draft  # type: ignore[method-assign]
+
+
+def make_batcher_and_predictor(
+    config: Any, adapter: Any, byte_budget: int | None = None
+) -> tuple[Any, Any]:
+    """The deficit batcher (B2 token-only, PD 2-D) and PD's route-ahead predictor."""
+    from pdflash.engine.batching import DeficitBatcher
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.routeahead import ApproxRouterPredictor, PreviousRoundPredictor
+
+    batcher = None
+    if config.batching != "fcfs":
+        if config.batching == "deficit_2d" and byte_budget is None:
+            byte_budget = 6 * adapter.expert_nbytes  # binds: a 6-token block routes to more
+        batcher = DeficitBatcher(
+            token_budget=config.token_budget,
+            byte_budget=byte_budget if config.batching == "deficit_2d" else None,
+            num_layers=adapter.num_layers,
+            num_experts=adapter.num_experts,
+            expert_nbytes=adapter.expert_nbytes,
+        )
+    predictor = None
+    if config.route_ahead:
+        predictor = BatchedUnionPredictor(
+            [
+                (ApproxRouterPredictor(adapter), 1.0),
+                (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
+            ]
+        )
+    return batcher, predictor

@@ -1,0 +1,142 @@
+"""The bench contract: RunSpec -> RunResult with every §6 field (CPU, tiny)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdflash.engine.bench_run import RunSpec, run_spec
+
+CONTRACT_IDENTITY = [
+    "arch",
+    "baseline",
+    "weights_source",
+    "acceptance_source",
+    "acceptance_params",
+    "routing_source",
+    "device",
+    "link_gbps_measured",
+    "block_size",
+    "concurrency",
+    "cache_fraction",
+    "repeat",
+    "seed",
+]
+CONTRACT_METRICS = [
+    "output_tokens_per_s",
+    "acceptance_length_mean",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "round_latency_p50_s",
+    "round_latency_p99_s",
+    "goodput_rps",
+    "expert_cache_hit_rate",
+    "routeahead_coverage",
+    "routeahead_precision",
+    "wasted_prefetch_bytes",
+    "exposed_fetch_s",
+    "h2d_bytes",
+    "h2d_overlap_fraction",
+    "expert_occupancy_bytes",
+    "kv_occupancy_bytes",
+    "scheduler_us_per_step",
+    "eta",
+    "compute_busy_s",
+    "link_busy_s",
+    "wall_s",
+    "link_busy_fraction",
+    "useful_byte_fraction",
+    "committed_tokens",
+    "bytes_per_token",
+]
+
+
+@pytest.mark.parametrize("baseline", ["B0", "B1", "B3"])
+def test_run_spec_row_has_every_contract_field(
+    baseline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    seen: list[tuple[int, int]] = []
+    spec = RunSpec(
+        arch="tiny",
+        baseline=baseline,
+        concurrency=2,
+        block_size=6,
+        max_new_tokens=10,
+        prompt_len=6,
+        slo_s=60.0,
+    )
+    result = run_spec(spec, progress=lambda done, total: seen.append((done, total)))
+    row = result.row
+    for key in CONTRACT_IDENTITY + CONTRACT_METRICS:
+        assert key in row, key
+    missing = row.get("not_measured", {})
+    for key in CONTRACT_METRICS:
+        if row[key] is None:
+            assert missing.get(key), key  # null always carries a reason
+        else:
+            assert np.isfinite(row[key]) and row[key] >= 0, (key, row[key])
+    assert row["committed_tokens"] == 2 * 10
+    assert row["weights_source"] == "synthetic"
+    assert row["acceptance_source"] == ("model" if baseline == "B0" else "forced")
+    if baseline == "B0":
+        assert row["acceptance_length_mean"] == 1.0
+    else:
+        assert row["acceptance_params"]["distribution"] == "truncated_geometric"
+    if baseline == "B3":
+        assert row["expert_cache_hit_rate"] == 1.0 and row["h2d_bytes"] == 0
+    else:
+        assert row["h2d_bytes"] > 0
+        assert row["exposed_fetch_s"] > 0 and row["link_busy_s"] > 0
+        assert row["compute_busy_s"] > 0
+    assert row["goodput_rps"] is not None
+    assert seen and seen[-1][0] == seen[-1][1]
+    assert result.cache_slots == row["cache_slots"] and result.expert_nbytes == row["expert_nbytes"]
+    assert result.routing_trace and len(result.routing_trace) == len(result.trace_kinds)
+    assert all(t.dtype == np.int64 for t in result.routing_trace)
+    assert len(result.routing_trace) % row["layers"] == 0
+
+
+def test_run_spec_rejects_bad_specs() -> None:
+    with pytest.raises(ValueError, match="baseline"):
+        run_spec(RunSpec(arch="tiny", baseline="B7"))
+    with pytest.raises(ValueError, match="unknown arch"):
+        run_spec(RunSpec(arch="nope", baseline="B1"))
+    with pytest.raises(ValueError, match="cache_fraction"):
+        run_spec(RunSpec(arch="tiny", baseline="B1", cache_fraction=0.0))
+
+
+def test_bench_engine_suite_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from pdflash.bench import cli
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    rc = cli.main(
+        [
+            "engine",
+            "--json",
+            "--arch",
+            "tiny",
+            "--concurrency",
+            "1,2",
+            "--baselines",
+            "B0,B1",
+            "--max-new-tokens",
+            "4",
+            "--prompt-len",
+            "4",
+        ]
+    )
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["baseline"], r["concurrency"]) for r in out["runs"]] == [
+        ("B0", 1),
+        ("B1", 1),
+        ("B0", 2),
+        ("B1", 2),
+    ]

@@ -1,0 +1,114 @@
+"""Paged KV cache: block tables, rollback frees pages, full cache errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pdflash.engine.attention import AttentionBatch, masked_attention
+from pdflash.engine.kv_cache import KVCacheFull, PagedKVCache
+
+
+def _kv(pages: int = 6) -> PagedKVCache:
+    return PagedKVCache(
+        num_layers=2,
+        num_kv_heads=1,
+        head_dim=4,
+        page_size=4,
+        num_pages=pages,
+        dtype=torch.float32,
+        device="cpu",
+    )
+
+
+def test_block_tables_rollback_and_free() -> None:
+    kv = _kv()
+    assert kv.page_nbytes == 2 * 2 * 4 * 1 * 4 * 4
+    kv.add_sequence(1)
+    kv.add_sequence(2)
+    slots = kv.extend(1, 6)  # 2 pages
+    assert slots.tolist() == [kv.block_table(1)[p // 4] * 4 + p % 4 for p in range(6)]
+    kv.extend(2, 9)  # 3 pages
+    assert kv.used_pages == 5 and kv.occupancy_bytes == 5 * kv.page_nbytes
+    kv.truncate(2, 4)  # back to one page
+    assert kv.length(2) == 4 and kv.used_pages == 3
+    with pytest.raises(ValueError, match="cannot truncate"):
+        kv.truncate(2, 5)
+    kv.free(1)
+    kv.free(1)  # unknown now: a no-op
+    assert kv.used_pages == 1 and kv.num_sequences == 1
+    kv.free(2)
+    assert kv.used_pages == 0 and kv.free_pages == 6
+
+
+def test_full_cache_raises_and_changes_nothing() -> None:
+    kv = _kv(pages=2)
+    kv.add_sequence(0)
+    kv.extend(0, 5)
+    with pytest.raises(KVCacheFull, match="needs 1 more KV pages, 0 free"):
+        kv.extend(0, 4)
+    assert kv.length(0) == 5 and kv.used_pages == 2
+    with pytest.raises(ValueError, match="already in the KV cache"):
+        kv.add_sequence(0)
+    with pytest.raises(ValueError, match="num_pages must be positive"):
+        PagedKVCache(
+            num_layers=1,
+            num_kv_heads=1,
+            head_dim=1,
+            page_size=1,
+            num_pages=0,
+            dtype=torch.float32,
+            device="cpu",
+        )
+
+
+def test_masked_attention_with_sinks_matches_direct_softmax() -> None:
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 3, 4, generator=g)
+    k = torch.randn(1, 1, 5, 4, generator=g)
+    v = torch.randn(1, 1, 5, 4, generator=g)
+    sinks = torch.tensor([0.5, -1.0])
+    batch = AttentionBatch.build(
+        [[0, 1, 2]], [[2, 3, 4]], [[0, 1, 2, 3, 4]], [[0, 1, 2, 3, 4]], 3, torch.device("cpu")
+    )
+    visible = batch.mask(causal=True, sliding_window=2)
+    out = masked_attention(q, k, v, visible, scaling=0.5, sinks=sinks)
+    for h in range(2):
+        for i, qp in enumerate([2, 3, 4]):
+            keys = [kp for kp in range(5) if kp <= qp and qp - kp < 2]
+            logits = torch.stack([(q[0, h, i] * k[0, 0, kp]).sum() * 0.5 for kp in keys])
+            w = torch.softmax(torch.cat([logits, sinks[h : h + 1]]), 0)[:-1]
+            expect = (w[:, None] * v[0, 0, keys]).sum(0)
+            torch.testing.assert_close(out[0, h, i], expect)
+
+
+def test_batched_union_predictor_unions_scaled_scores() -> None:
+    import numpy as np
+
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.protocols import DraftedBlock
+
+    class Fixed:
+        def __init__(self, name: str, scores: np.ndarray) -> None:
+            self.name, self.scores, self.seen = name, scores, []
+
+        def predict(self, block: DraftedBlock) -> np.ndarray:
+            return self.scores
+
+        def observe(self, request_id: int, routed: np.ndarray) -> None:
+            self.seen.append(request_id)
+
+        def forget(self, request_id: int) -> None:
+            self.seen.remove(request_id)
+
+    a = Fixed("a", np.array([[4.0, 0.0, 2.0]], dtype=np.float32))
+    b = Fixed("b", np.array([[0.0, 1.0, 0.0]], dtype=np.float32))
+    pred = BatchedUnionPredictor([(a, 1.0), (b, 0.5)])
+    block = DraftedBlock(0, torch.tensor([1, 2]), torch.tensor([0, 1]))
+    out = pred.predict_batch([block, block])
+    np.testing.assert_allclose(out[0], [[1.0, 0.5, 0.5]])
+    assert out.shape == (2, 1, 3)
+    pred.observe(3, np.zeros((1, 3), dtype=bool))
+    assert a.seen == [3] and b.seen == [3]
+    with pytest.raises(ValueError, match="at least one member"):
+        BatchedUnionPredictor([])
