@@ -240,6 +240,27 @@ def model_preset(arch: str) -> tuple[str, str]:
     return PRESET_ARCH[preset], preset
 
 
+def _engine_synthetic_target(args: argparse.Namespace, device: str) -> str | None:
+    """The engine's cached synthetic checkpoint for this shape (written once
+    under ``$PDFLASH_CACHE``, shared with the matrix), or None without the engine."""
+    bench_run, _ = _optional("pdflash.engine.bench_run")
+    if bench_run is None:
+        return None
+    import torch
+
+    spec = bench_run.RunSpec(arch=args.arch, baseline="B3", layers=args.layers, seed=args.seed)
+    target, _draft, _dtype = bench_run.synthetic_paths(spec, torch.device(device))
+    return str(target)
+
+
+def _cpu_threads(device: str) -> None:
+    # NOTE: as in the matrix: one intra-op thread keeps CPU timings repeatable
+    if not device.startswith("cuda"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 def bm1(args: argparse.Namespace) -> dict[str, Any]:
     """Route-ahead's approximate router pass over a drafted block vs the
     verify forward of the same B tokens, on a synthetic model with every
@@ -256,23 +277,28 @@ def bm1(args: argparse.Namespace) -> dict[str, Any]:
     from pdflash.protocols import DraftedBlock
 
     device = _device(args.device)
+    _cpu_threads(device)
     hf_arch, preset = model_preset(args.arch)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     with tempfile.TemporaryDirectory(prefix="pdflash-bm1-") as tmp:
-        write_synthetic_checkpoint(
-            tmp,
-            hf_arch,
-            preset,
-            num_layers=args.layers,
-            dtype=dtype,
-            seed=args.seed,
-            device="cuda" if device.startswith("cuda") else "cpu",
-        )
+        path = _engine_synthetic_target(args, device)
+        if path is None:  # no engine: write a private checkpoint
+            path = tmp
+            write_synthetic_checkpoint(
+                tmp,
+                hf_arch,
+                preset,
+                num_layers=args.layers,
+                dtype=dtype,
+                seed=args.seed,
+                device="cuda" if device.startswith("cuda") else "cpu",
+            )
         with H2DIssuer(backend="cuda" if device.startswith("cuda") else "host") as issuer:
             adapter = load_adapter(
-                tmp,
+                path,
                 device=device,
+                dtype=dtype,
                 issuer=issuer,
                 cache_fraction=1.0,
                 max_batch_tokens=args.block_size,
