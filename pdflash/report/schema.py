@@ -273,7 +273,8 @@ def _vacuous_metrics(
     if (
         row.get("issuer_backend") == "host"
         and "exposed_fetch_s" in measured
-        and _is_number(blocked)
+        and isinstance(blocked, (int, float))
+        and not isinstance(blocked, bool)
         and measured["exposed_fetch_s"] < 0.5 * blocked - 1e-3
     ):
         # On the host backend the forward itself blocks in the issuer's wait,
