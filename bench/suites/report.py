@@ -1,6 +1,6 @@
 """``pdflash-bench report DIR``: validate and evaluate recorded rows.
 
-Reads ``DIR/*.jsonl`` (or one rows file), writes ``report.md``,
+Reads ``DIR/rows*.jsonl`` (or one rows file), writes ``report.md``,
 ``report.json``, ``rows.csv`` and the plots (into ``DIR`` or ``--out``),
 prints the verdict, and exits non-zero when the input is invalid
 (unparseable, missing baselines, bad values, vacuous metrics).
@@ -19,7 +19,7 @@ HELP = "validate and evaluate a results folder: Markdown, CSV, JSON, plots, GO/N
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "path", type=Path, help="results folder (its *.jsonl) or a rows .jsonl file"
+        "path", type=Path, help="results folder (its rows*.jsonl) or one rows .jsonl file"
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="where to write (default: the folder)"

@@ -208,19 +208,36 @@ def hide_inequality(row: Mapping[str, Any]) -> dict[str, Any]:
     rate, routed_expert_bytes the bytes of every expert the run's forward
     layers routed to (s·M_bytes summed over rounds) and BW the link measured
     in the same run; window_s = draft_busy_s + router_busy_s +
-    verify_overlap_window_s. ``margin_s = window_s − fetch_s``; the fetch can
-    be hidden when the margin is >= 0.
+    verify_overlap_window_s (the engine's ``draft_s`` and ``predict_s`` are
+    accepted for the first two; without an explicit overlap term, the
+    verify's compute time ``verify_s − exposed_fetch_s`` is used: the most
+    copy time the verify forward itself can hide, an upper bound).
+    ``margin_s = window_s − fetch_s``; the fetch can be hidden when the margin
+    is >= 0.
     """
+    overlap = _num(row.get("verify_overlap_window_s"))
+    overlap_source = "row"
+    if overlap is None:
+        verify, stall = _num(row.get("verify_s")), _num(row.get("exposed_fetch_s"))
+        if verify is not None and stall is not None:
+            # the verify forward's own compute: the most copy time it can hide
+            overlap, overlap_source = max(0.0, verify - stall), "verify_s - exposed_fetch_s"
     terms = {
         "hit_rate": _num(row.get("expert_cache_hit_rate")),
         "routed_expert_bytes": _num(row.get("routed_expert_bytes")),
         "link_gbps": _num(row.get("link_gbps_measured")),
-        "draft_busy_s": _num(row.get("draft_busy_s")),
-        # the engine reports its predictor time as predict_s
+        # the engine names its drafter and predictor times draft_s / predict_s
+        "draft_busy_s": _num(row.get("draft_busy_s", row.get("draft_s"))),
         "router_busy_s": _num(row.get("router_busy_s", row.get("predict_s"))),
-        "verify_overlap_window_s": _num(row.get("verify_overlap_window_s")),
+        "verify_overlap_window_s": overlap,
     }
-    out: dict[str, Any] = {"terms": terms, "fetch_s": None, "window_s": None, "margin_s": None}
+    out: dict[str, Any] = {
+        "terms": terms,
+        "overlap_source": overlap_source if overlap is not None else None,
+        "fetch_s": None,
+        "window_s": None,
+        "margin_s": None,
+    }
     reasons: dict[str, str] = {}
     if terms["link_gbps"] == 0:
         terms["link_gbps"] = None

@@ -47,6 +47,11 @@ def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], float]:
     return out
 
 
+def _devices(rows: Sequence[Mapping[str, Any]]) -> str:
+    names = sorted({str(r.get("device")) for r in rows if r.get("device")})
+    return ", ".join(names) or "unknown device"
+
+
 def _panels(med: Mapping[tuple[Any, ...], float]) -> list[tuple[Any, Any, Any]]:
     return sorted({k[:3] for k in med}, key=repr)
 
@@ -84,7 +89,7 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
-    fig.suptitle("pdflash: tokens/s per baseline (B3 = all experts resident)")
+    fig.suptitle(f"pdflash: tokens/s per baseline (B3 = all experts resident) on {_devices(rows)}")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)
@@ -121,6 +126,7 @@ def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"pdflash: tokens/s vs concurrency on {_devices(rows)}")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)

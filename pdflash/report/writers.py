@@ -19,16 +19,18 @@ class RowFileError(ValueError):
 
 
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
-    """Rows from a ``rows.jsonl`` file, or every ``*.jsonl`` directly in a folder.
+    """Rows from a rows file, or from every ``rows*.jsonl`` directly in a folder
+    (so results of several matrix runs can be combined: ``rows-gpt-oss.jsonl``,
+    ``rows-qwen.jsonl``; ``errors.jsonl`` is not rows).
 
     Non-finite numbers (``NaN``, ``Infinity``) parse, so that validation can
     name them; a line that is not JSON raises :class:`RowFileError`.
     """
     p = Path(path)
     if p.is_dir():
-        files = sorted(p.glob("*.jsonl"))
+        files = sorted(p.glob("rows*.jsonl"))
         if not files:
-            raise RowFileError(f"no *.jsonl rows file in {p}")
+            raise RowFileError(f"no rows*.jsonl file in {p}")
     elif p.is_file():
         files = [p]
     else:
@@ -240,7 +242,9 @@ def markdown_report(
         "",
         "## Hide inequality (summed over each run)",
         "",
-        "fetch = (1 − r)·routed bytes/BW vs window = t_draft + t_router + verify overlap.",
+        "fetch = (1 − r)·routed bytes/BW vs window = t_draft + t_router + verify overlap; "
+        "where the engine gives no overlap term, the verify's compute time "
+        "(verify_s − exposed_fetch_s) stands in for it: an upper bound.",
         "",
     ]
     parts.append(

@@ -264,3 +264,17 @@ def test_matrix_plan_shares_b0_and_b3() -> None:
     assert {s["cache_fraction"] for s in specs if s["baseline"] == "B3"} == {1.0}
     assert {s["layers"] for s in specs} == {4}
     assert len({matrix.spec_key(s) for s in specs}) == len(specs)
+
+
+def test_report_combines_rows_files_and_skips_errors(
+    tmp_path: Path, matrix_rows: Callable[..., list[Row]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = matrix_rows(concurrency=(1, 4))
+    with open(tmp_path / "rows-a.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows if r["concurrency"] == 1)
+    with open(tmp_path / "rows-b.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows if r["concurrency"] == 4)
+    (tmp_path / "errors.jsonl").write_text('{"spec": {}, "error": "boom"}\n')
+    assert cli.main(["report", str(tmp_path), "--json", "--no-plots"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["rows"] == len(rows) and result["valid"]

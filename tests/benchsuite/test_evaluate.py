@@ -176,3 +176,13 @@ def test_b0_at_block_one_serves_every_block(matrix_rows: Callable[..., list[Row]
     assert ev["valid"], ev["problems"]
     assert [(o["block_size"], o["tokens_per_s"]["B0"]) for o in ev["ordering"]] == [(16, 40.0)]
     assert ev["ordering"][0]["holds"] is True
+
+
+def test_hide_inequality_from_engine_timings(make_row: Callable[..., Row]) -> None:
+    # the engine's names: draft_s, predict_s, verify_s; overlap = verify − stall
+    row = make_row(draft_s=0.2, predict_s=0.05, verify_s=0.5, exposed_fetch_s=0.1)
+    h = hide_inequality(row)
+    assert h["terms"]["verify_overlap_window_s"] == pytest.approx(0.4)
+    assert h["overlap_source"] == "verify_s - exposed_fetch_s"
+    assert h["window_s"] == pytest.approx(0.65)
+    assert h["margin_s"] == pytest.approx(0.65 - 1e-4)
