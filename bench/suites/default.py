@@ -114,7 +114,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"results folder: {out}")
     summary = matrix.run_matrix(specs, out, show_progress=not args.no_progress)
     rows = load_rows(out / matrix.ROWS_FILE) if (out / matrix.ROWS_FILE).exists() else []
-    evaluation = write_report(rows, out, title="pdflash-bench default", command="pdflash-bench")
+    command = "pdflash-bench" + (" --quick" if args.quick else "")
+    if args.out is not None:
+        command += f" --out {args.out}"
+    evaluation = write_report(rows, out, title="pdflash-bench default", command=command)
     print()
     print(rows_table(rows))
     print()

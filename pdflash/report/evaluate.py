@@ -315,12 +315,58 @@ def _target(
     return entry
 
 
+def _g(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.3g}{unit}"
+
+
+def _why(table: _Table, point: Point, target: str, bound: str | None) -> str:
+    """Why a target was missed, from the measured figures at ``point``."""
+
+    def m(baseline: str, name: str) -> float | None:
+        return table.median(point, baseline, name)
+
+    wall, compute, link = m("PD", "wall_s"), m("PD", "compute_busy_s"), m("PD", "link_busy_s")
+    if target.startswith("PD eta"):
+        idle = None if None in (wall, compute, link) else wall - max(compute, link)  # type: ignore[operator, type-var]
+        return (
+            f"PD wall {_g(wall, ' s')}: compute busy {_g(compute, ' s')}, link busy "
+            f"{_g(link, ' s')}; {_g(idle, ' s')} with neither resource busy (host-side "
+            "work between forwards: drafting bookkeeping, prediction, scheduling, Python)"
+        )
+    if target.startswith("PD bytes/token"):
+        moved, wasted = m("PD", "h2d_bytes"), m("PD", "wasted_prefetch_bytes")
+        return (
+            f"PD moved {_g(moved, ' B')} (Belady {_g(m('PD', 'belady_bytes'), ' B')} for the "
+            f"same trace and cache); prefetched and evicted unused {_g(wasted, ' B')}; "
+            f"useful-byte fraction {_g(m('PD', 'useful_byte_fraction'))}; route-ahead "
+            f"precision {_g(m('PD', 'routeahead_precision'))}"
+        )
+    if target.startswith("PD beats"):
+        other = target.split()[2]
+        return (
+            f"tokens/s PD {_g(m('PD', 'output_tokens_per_s'))} vs {other} "
+            f"{_g(m(other, 'output_tokens_per_s'))}; exposed fetch PD "
+            f"{_g(m('PD', 'exposed_fetch_s'), ' s')} vs {_g(m(other, 'exposed_fetch_s'), ' s')}; "
+            f"compute busy PD {_g(compute, ' s')} vs {_g(m(other, 'compute_busy_s'), ' s')} "
+            f"(PD's predictor {_g(m('PD', 'predict_s'), ' s')}); bytes/token PD "
+            f"{_g(m('PD', 'bytes_per_token'))} vs {_g(m(other, 'bytes_per_token'))}"
+        )
+    return (
+        f"{bound or 'unknown'}-bound here (PD link/compute busy "
+        f"{_g(None if not compute or link is None else link / compute)}); PD exposed fetch "
+        f"{_g(m('PD', 'exposed_fetch_s'), ' s')} of {_g(wall, ' s')} wall vs B3's "
+        f"{_g(m('B3', 'wall_s'), ' s')}; hit rate PD {_g(m('PD', 'expert_cache_hit_rate'))}"
+    )
+
+
 def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]]:
     targets = []
+    _where_point: dict[str, Point] = {}
     bound = {(r["arch"], r["cache_fraction"]): r["bound"] for r in regime}
     for point in table.sorted_points():
         arch, block, conc, cf = point
         where = f"{arch}/blk{block}/c{conc}/cf{cf}"
+        _where_point[where] = point
         pd_rows = table.rows(point, "PD")
         if not pd_rows:
             continue
@@ -387,6 +433,10 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
             entry["miss"] = None
             entry["not_applicable"] = "link-bound at this cache fraction"
         targets.append(entry)
+    for t in targets:
+        if t["met"] is False:
+            point = _where_point[t["where"]]
+            t["why"] = _why(table, point, t["target"], bound.get((point[0], point[3])))
     return targets
 
 
@@ -406,7 +456,7 @@ def _verdict(problems: list[str], targets: list[dict[str, Any]]) -> dict[str, An
         elif not t["met"]:
             reasons.append(
                 f"'{t['target']}' missed at {t['where']}: {t['value']:.4g} vs {t['threshold']:.4g} "
-                f"(missed by {t['miss']:.4g})"
+                f"(missed by {t['miss']:.4g}). Why: {t.get('why', 'n/a')}"
             )
     go = not reasons
     if go:

@@ -292,6 +292,7 @@ def markdown_report(
                     t["miss"],
                     t.get("not_applicable")
                     or t.get("not_measured", {}).get("value")
+                    or t.get("why")
                     or t.get("note", ""),
                 ]
                 for t in evaluation["targets"]

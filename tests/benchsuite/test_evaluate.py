@@ -89,6 +89,9 @@ def test_misses_are_reported_with_their_size(matrix_rows: Callable[..., list[Row
     reasons = " ".join(ev["verdict"]["reasons"])
     assert "'PD beats B2 (tokens/s ratio > 1)' missed at tiny/blk16/c1/cf0.2: 0.88" in reasons
     assert "missed by 0.15" in reasons
+    # each miss says why, from the measured figures at that point
+    assert "Why: PD wall 1.05 s: compute busy 1 s, link busy 0.5 s; 0.05 s with neither" in reasons
+    assert "Why: tokens/s PD 22 vs B2 25; exposed fetch PD 0.01 s vs 0.01 s" in reasons
     broken = ev["ordering"][0]["checks"]
     assert [c["holds"] for c in broken] == [True, True, False, True]
 
