@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -101,7 +101,3 @@ class _NoBar:
 
     def close(self) -> None:
         pass
-
-
-def first(seq: Sequence[T], default: T) -> T:
-    return seq[0] if seq else default

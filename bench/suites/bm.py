@@ -671,13 +671,6 @@ def bm5(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _pending(routine: str, module: str, args: argparse.Namespace) -> dict[str, Any]:
-    mod, reason = _optional(module)
-    if mod is None:
-        return _not_measured(routine, reason)
-    return _not_measured(routine, f"{routine} is not wired to {module} yet")
-
-
 def verdict_line(result: dict[str, Any]) -> str:
     routine = result["routine"].upper()
     if not result.get("measured"):
