@@ -15,3 +15,7 @@ def test_bm4_measures_overlap_on_cuda() -> None:
     assert 0.0 < result["eta"] <= 1.0 + 1e-6
     assert result["copy_busy_s"] > 0 and result["compute_busy_s"] > 0
     assert result["wall_s"] >= max(result["copy_busy_s"], result["compute_busy_s"]) - 1e-6
+    part = result["issuer"]
+    assert part["measured"] is True
+    assert part["copy_busy_s"] > 0 and part["compute_busy_s"] > 0
+    assert 0.0 <= part["overlap_fraction"] <= 1.0
