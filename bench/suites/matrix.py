@@ -324,6 +324,34 @@ def set_cpu_threads(specs: Sequence[Mapping[str, Any]], threads: int) -> int | N
     return threads
 
 
+class _TokenBar:
+    """A second bar, tokens of the current run, fed by the engine's
+    ``progress(done, total)`` callback."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                desc="  tokens",
+                unit="tok",
+                leave=False,
+                position=1,
+                dynamic_ncols=True,
+            )
+        self.bar.n = min(done, total)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
 def run_matrix(
     specs: Iterable[Mapping[str, Any]],
     out_dir: Path,
@@ -364,7 +392,12 @@ def run_matrix(
         bar.set_postfix_str(label)
         t0 = time.perf_counter()
         try:
-            result = run_fn(spec_cls(**spec))
+            tokens = _TokenBar() if show_progress else None
+            try:
+                result = run_fn(spec_cls(**spec), progress=tokens)
+            finally:
+                if tokens is not None:
+                    tokens.close()
             row = augment_row(result.row, result, spec)
             mismatch = _identity_mismatch(result.row, spec)
             if mismatch:
