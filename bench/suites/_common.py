@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 ARCHS = ("tiny", "gpt-oss-20b", "qwen3-30b-a3b", "mixtral-8x7b", "olmoe")
+#: also accepted: the engine's tiny variants of each architecture
+EXTRA_ARCHS = ("tiny-qwen3_moe", "tiny-gpt_oss", "tiny-mixtral", "tiny-olmoe", "olmoe-1b-7b")
 
 
 def utc_stamp() -> str:
@@ -63,7 +65,7 @@ def baselines(text: str) -> list[str]:
 
 def archs(text: str) -> list[str]:
     values = [v.lower() for v in parse_list(text, str, "--arch")]
-    bad = [v for v in values if v not in ARCHS]
+    bad = [v for v in values if v not in ARCHS + EXTRA_ARCHS]
     if bad:
         raise argparse.ArgumentTypeError(f"--arch: unknown {bad[0]!r}; known: {ARCHS}")
     return values

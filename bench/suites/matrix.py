@@ -13,8 +13,11 @@ Each row is the engine's row plus what this suite measures from the run's
 recorded routing trace: the bytes every forward layer routed to, and the
 bytes Belady's offline-optimal replacement would have moved for the same
 trace and cache size (``belady_bytes``, ``belady_bytes_per_token``,
-``bytes_per_token_vs_belady``). At the end the report of
-``pdflash-bench report`` is written into the same folder.
+``bytes_per_token_vs_belady``; from the engine's starting cache contents when
+it reports them, else from an empty cache, as ``belady_initial_state`` says;
+``belady_free_start_bytes`` is the lower bound with a free choice of starting
+contents). At the end the report of ``pdflash-bench report`` is written into
+the same folder.
 """
 
 from __future__ import annotations
