@@ -291,6 +291,8 @@ def model_preset(arch: str) -> tuple[str, str]:
 
     if arch == "tiny":
         return "qwen3_moe", "tiny"
+    if arch.startswith("tiny-"):  # the engine's tiny variants, e.g. tiny-gpt_oss
+        return arch.removeprefix("tiny-"), "tiny"
     names = {name.split("-")[0]: name for name in PRESET_ARCH}  # "olmoe" -> "olmoe-1b-7b"
     preset = arch if arch in PRESET_ARCH else names.get(arch)
     if preset is None:
