@@ -278,3 +278,25 @@ def test_report_combines_rows_files_and_skips_errors(
     assert cli.main(["report", str(tmp_path), "--json", "--no-plots"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["rows"] == len(rows) and result["valid"]
+
+
+def test_matrix_dry_run_counts_what_is_left(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_engine: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["matrix", "--concurrency", "1,4", "--cache-fraction", "0.2", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["planned"], plan["to_run"]) == (10, 10)
+    assert plan["command"].startswith("pdflash-bench matrix --arch tiny ")
+    assert not (tmp_path / "rows.jsonl").exists()  # nothing ran
+    spec_cls, engine = fake_engine()
+    monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
+    assert cli.main([*argv, "--baselines", "B0,B1", "--no-progress", "--no-report"]) == 0
+    capsys.readouterr()
+    assert cli.main([*argv, "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["already_recorded"], plan["to_run"]) == (4, 6)
+    assert plan["to_run_per_baseline"] == {"B2": 2, "B3": 2, "PD": 2}
