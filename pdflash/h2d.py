@@ -9,16 +9,24 @@ all of it). The issuer keeps a small window of bytes in flight on ONE copy
 stream and picks the next chunk by band (``ON_DEMAND`` > ``ROUTE_AHEAD`` >
 ``BACKGROUND``), FIFO within a band; a C++ worker thread keeps the window full.
 
-Defaults (DESIGN.md §3, ``probes/band_probe.cu`` on the H200, PCIe Gen5):
-``chunk_bytes`` = 4 MiB and ``window_bytes`` = 8 MiB (two chunks in flight)
-kept ~92% of link bandwidth with a 16 MiB on-demand copy at 1.19-1.22x its
-alone latency under a 512 MiB background backlog. 2 MiB chunks give 1.12x at
-~89%; 1 MiB chunks 1.04x at ~85%. A larger window (4 chunks) costs 1.7x.
-NOTE: the probe released its on-demand copy right after a chunk finished; an
-arrival at a random moment also waits for the queued second chunk, so expect
-somewhat more. ``issue_lead_us`` (just-in-time issue, off by default) keeps
-that second chunk out of the queue until the running one is about to end;
-``pdflash-bench h2d --sweep`` measures every trade-off side by side.
+Defaults: ``chunk_bytes`` = 8 MiB, ``window_bytes`` = 16 MiB (two chunks in
+flight), and on CUDA a just-in-time lead of 20 us. From the H200 sweep
+(``pdflash-bench h2d --json --sweep``, run 2 of 2026-11-29,
+``bench/results/h200/2026-11-29-run2.jsonl``): 8 MiB / 16 MiB was the only
+setting meeting all three targets (16 MiB on-demand copy under a 512 MiB
+backlog at 1.13x its alone latency, background at 92.1% and 9 MiB expert
+copies at 95.0% of the link peak); 4 MiB / 8 MiB (the previous default) gave
+1.19x, 89.5%, 92.3%. But that run submitted the on-demand copy at a fixed
+delay after the backlog, i.e. at one phase of the chunk pattern; with random
+arrivals the emulated-link sweep (same scenario, sizes / 4) gives 8 / 16 MiB
+1.36x without a lead and 1.13x with one, so the CUDA default has a lead (see
+:data:`DEFAULT_CUDA_ISSUE_LEAD_US`). A copy is split into
+``ceil(nbytes / chunk_bytes)`` equal chunks (a 9 MiB expert: 2 x 4.5 MiB),
+and the window admits a chunk only while in-flight bytes plus a full
+``chunk_bytes`` fit, so it holds two chunks whatever their size. The tables
+and caveats (a fixed ~4.7 us per chunk caps expert-copy bandwidth by chunks
+per expert) are in ``cuda/README.md``; ``--sweep`` re-measures every
+trade-off side by side.
 
 Example::
 
@@ -50,9 +58,17 @@ CopyFailedError = _native.CopyFailedError
 CopyCancelledError = _native.CopyCancelledError
 PinnedBuffer = _native.PinnedBuffer
 
-DEFAULT_CHUNK_BYTES = 4 << 20
-DEFAULT_WINDOW_BYTES = 8 << 20
+DEFAULT_CHUNK_BYTES = 8 << 20
+DEFAULT_WINDOW_BYTES = 16 << 20
 DEFAULT_MAX_INFLIGHT_CHUNKS = 32
+#: Just-in-time issue lead of the CUDA backend (us). NOTE: on the H200 a lead
+#: of 15-31 us cost no measurable bandwidth (run 2: 4 MiB / 8 MiB with 19 and
+#: 31 us kept background at 89.4-89.7% and expert copies at 92.6-92.7% of
+#: peak, as without a lead) while it keeps the second chunk of the window out
+#: of the queue until the running one is about to end: with random arrival
+#: phases that is what holds an on-demand copy near 1.15x of its alone latency
+#: with 8 MiB chunks (the emulated-link sweep: 1.36x without, 1.13x with).
+DEFAULT_CUDA_ISSUE_LEAD_US = 20.0
 
 #: Ticket states returned by :meth:`H2DIssuer.states`.
 STATE_QUEUED = _native.STATE_QUEUED
@@ -79,7 +95,20 @@ def _forget_region(native_ref: weakref.ReferenceType[Any], ptr: int) -> None:
         native.forget_pinned_region(ptr)
 
 
+_I64 = np.dtype(np.int64)
+_U64 = np.dtype(np.uint64)
+
+
 def _as_i64(name: str, value: npt.ArrayLike, n: int | None = None) -> npt.NDArray[np.int64]:
+    # Fast path (the common case of a per-block submit): already a 1-D
+    # contiguous int64 array, used as is.
+    if (
+        type(value) is np.ndarray
+        and value.dtype == _I64
+        and value.ndim == 1
+        and value.flags.c_contiguous
+    ):
+        return value
     arr = np.asarray(value)
     if arr.ndim == 0 and n is not None:
         return np.full(n, int(arr), dtype=np.int64)
@@ -99,24 +128,27 @@ class H2DIssuer:
         backend: ``"cuda"``, ``"host"`` or None (CUDA when this build has it
             and a device is present, else host).
         device: CUDA device ordinal (CUDA backend).
-        chunk_bytes: copies are split into chunks of this size; an on-demand
-            copy waits about one window of chunks at most.
-        window_bytes: bytes in flight on the copy stream (>= chunk_bytes).
+        chunk_bytes: a copy is split into ``ceil(nbytes / chunk_bytes)``
+            equal chunks (none larger than this); an on-demand copy waits
+            about one window of chunks at most.
+        window_bytes: bytes in flight on the copy stream (>= chunk_bytes): a
+            chunk starts while in-flight bytes plus ``chunk_bytes`` fit.
         max_inflight_chunks: chunk limit of the window, for many small copies.
         emulated_link_gbps: host backend only: throttle the memcpy "link" to
             this bandwidth (GB/s, 1e9 B/s) so band physics shows on a CPU;
             None copies at memcpy speed.
         debug_log: record every submit/promote/cancel/start/end event
             (:meth:`debug_log`), for tests; costs memory per chunk.
-        issue_lead_us: just-in-time issue (0: off). With a two-chunk window a
-            whole chunk waits queued behind the running one, so an urgent copy
-            arriving waits ~1.5 chunks. With a lead L, one more chunk is
-            queued only when the in-flight ones are estimated (link rate
-            measured from finished chunks) to drain within L microseconds:
-            the next chunk is chosen by band as late as possible while the
-            copy engine never idles. L must exceed the worker's reaction time
-            (a few us on CUDA; far more on a busy CPU). Off by default until
-            measured on the H200 (``pdflash-bench h2d --sweep``).
+        issue_lead_us: just-in-time issue (0: off; None: the backend's
+            default, :data:`DEFAULT_CUDA_ISSUE_LEAD_US` on CUDA, off on host).
+            With a two-chunk window a whole chunk waits queued behind the
+            running one, so an urgent copy arriving waits ~1.5 chunks. With a
+            lead L, one more chunk is queued only when the in-flight ones are
+            estimated (link rate measured from finished chunks) to drain
+            within L microseconds: the next chunk is chosen by band as late
+            as possible while the copy engine never idles. L must exceed the
+            worker's reaction time (a few us on CUDA; far more on a busy CPU,
+            hence off on the host backend).
     """
 
     def __init__(
@@ -129,7 +161,7 @@ class H2DIssuer:
         max_inflight_chunks: int = DEFAULT_MAX_INFLIGHT_CHUNKS,
         emulated_link_gbps: float | None = None,
         debug_log: bool = False,
-        issue_lead_us: float = 0.0,
+        issue_lead_us: float | None = None,
     ) -> None:
         if backend is None:
             backend = "cuda" if cuda_available() else "host"
@@ -152,6 +184,8 @@ class H2DIssuer:
             math.isfinite(emulated_link_gbps) and emulated_link_gbps > 0
         ):
             raise ValueError(f"emulated_link_gbps must be > 0, got {emulated_link_gbps}")
+        if issue_lead_us is None:
+            issue_lead_us = DEFAULT_CUDA_ISSUE_LEAD_US if backend == "cuda" else 0.0
         if not (math.isfinite(issue_lead_us) and issue_lead_us >= 0):
             raise ValueError(f"issue_lead_us must be >= 0, got {issue_lead_us}")
         self._native = _native.NativeIssuer(
@@ -209,15 +243,15 @@ class H2DIssuer:
         n = src_a.shape[0]
         dst_a = _as_i64("dst", dst)
         nbytes_a = _as_i64("nbytes", nbytes, n)
-        keys_a = np.asarray(keys)
-        if keys_a.dtype != np.uint64:
+        keys_a = keys if type(keys) is np.ndarray else np.asarray(keys)
+        if keys_a.dtype != _U64:
             keys_a = _as_i64("keys", keys_a).view(np.uint64)
         elif keys_a.ndim != 1:
             raise ValueError(f"keys must be 1-D, got shape {keys_a.shape}")
-        else:
+        elif not keys_a.flags.c_contiguous:
             keys_a = np.ascontiguousarray(keys_a)
         band_i = int(band)
-        if band_i not in (0, 1, 2):
+        if not 0 <= band_i <= 2:
             raise ValueError(f"band must be a pdflash.protocols.Band, got {band!r}")
         result: npt.NDArray[np.int64] = self._native.submit(src_a, dst_a, nbytes_a, keys_a, band_i)
         return result

@@ -51,6 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--acceptance", default="auto", choices=["auto", "model", "forced"])
     parser.add_argument("--mean-tau", type=float, default=None)
     parser.add_argument("--slo-s", type=float, default=None)
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="synthetic weights (default: float32 on CPU, bfloat16 on CUDA)",
+    )
+    parser.add_argument(
+        "--eviction",
+        default="auto",
+        choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
+        help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
 
@@ -89,6 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     layers=args.layers,
                     acceptance=args.acceptance,
                     mean_tau=args.mean_tau,
+                    dtype=args.dtype,
+                    eviction=args.eviction,
                 )
                 result = run_spec(spec)
                 row = result.row

@@ -101,6 +101,30 @@ class KeyMap {
     keys_[i] = kNoKey;
     --count_;
   }
+  // Capacity for `count` keys without a rehash (slot indices stay valid).
+  void reserve(std::size_t count) {
+    std::size_t cap = keys_.size();
+    while (count * 2 > cap) cap *= 2;
+    if (cap != keys_.size()) rehash(cap);
+  }
+  // One probe: the slot of `key`, inserting it with `val` when absent
+  // (*found = kMissing) -- call reserve() first; else *found = its value.
+  std::size_t find_or_insert(std::uint64_t key, std::int32_t val, std::int32_t* found) {
+    std::size_t i = slot_of(key);
+    while (keys_[i] != kNoKey) {
+      if (keys_[i] == key) {
+        *found = vals_[i];
+        return i;
+      }
+      i = (i + 1) & mask_;
+    }
+    keys_[i] = key;
+    vals_[i] = val;
+    ++count_;
+    *found = kMissing;
+    return i;
+  }
+  void set_at(std::size_t slot, std::int32_t val) { vals_[slot] = val; }
   std::size_t size() const { return count_; }
   static constexpr std::int32_t kMissing = -1;
 
@@ -131,6 +155,7 @@ struct CopyRec {
   std::size_t bytes = 0;
   std::uint64_t key = kNoKey;
   int band = 0;
+  std::size_t piece = 0;     // chunk size of this copy (equal split)
   std::size_t next_off = 0;  // first byte not yet issued
   std::int64_t chunks_issued = 0;
   std::int64_t chunks_inflight = 0;
@@ -173,6 +198,60 @@ double quantile(std::vector<float> v, double q) {
   return double(v[k]);
 }
 
+// A FIFO on one growable power-of-two ring: unlike std::deque it keeps its
+// storage when drained, so steady-state submits allocate nothing per copy.
+template <class T>
+class Ring {
+ public:
+  bool empty() const { return head_ == tail_; }
+  std::size_t size() const { return tail_ - head_; }
+  T& front() { return buf_[head_ & mask_]; }
+  void pop_front() { ++head_; }
+  void push_back(const T& v) {
+    if (size() == buf_.size()) grow(size() + 1);
+    buf_[tail_++ & mask_] = v;
+  }
+  void reserve(std::size_t n) {
+    if (n > buf_.size()) grow(n);
+  }
+  void clear() { head_ = tail_ = 0; }
+  template <class F>
+  void retain_if(F keep) {  // keeps order
+    std::size_t out = head_;
+    for (std::size_t i = head_; i != tail_; ++i)
+      if (keep(buf_[i & mask_])) buf_[out++ & mask_] = buf_[i & mask_];
+    tail_ = out;
+  }
+
+ private:
+  void grow(std::size_t need) {
+    std::size_t cap = std::max<std::size_t>(64, buf_.size());
+    while (cap < need) cap *= 2;
+    std::vector<T> next(cap);
+    for (std::size_t i = head_; i != tail_; ++i) next[i - head_] = buf_[i & mask_];
+    tail_ -= head_;
+    head_ = 0;
+    buf_.swap(next);
+    mask_ = cap - 1;
+  }
+  std::vector<T> buf_;
+  std::size_t head_ = 0, tail_ = 0, mask_ = 0;
+};
+
+// Equal split: a copy of n bytes becomes k = ceil(n / chunk) chunks of one
+// size p (the last one n - (k-1) p, never larger), p rounded up to the
+// alignment of chunk_bytes (at most 64 KiB), so p <= chunk_bytes.
+// NOTE: a 9 MiB copy with 8 MiB chunks is 4.5 + 4.5 MiB, not 8 + 1: the chunk
+// queued behind the running one always lasts about a full chunk, so a late
+// worker wake-up does not leave the copy engine idle after a short tail.
+std::size_t split_piece_bytes(std::size_t n, std::size_t chunk) {
+  if (n <= chunk) return n;
+  std::size_t k = (n + chunk - 1) / chunk;
+  std::size_t align = std::min<std::size_t>(chunk & (~chunk + 1), std::size_t(64) << 10);
+  std::size_t p = (n + k - 1) / k;
+  return (p + align - 1) / align * align;
+}
+
 }  // namespace
 
 struct Issuer::Impl {
@@ -196,7 +275,7 @@ struct Issuer::Impl {
   std::unordered_map<std::int64_t, std::string> errors;  // seq -> failure text
   std::int64_t next_seq = 1;
   KeyMap live_keys;
-  std::deque<std::pair<std::int32_t, std::int64_t>> queues[kNumBands];  // (rec, seq)
+  Ring<std::pair<std::int32_t, std::int64_t>> queues[kNumBands];  // (rec, seq)
   std::uint64_t queued_copies = 0;
   std::uint64_t queued_bytes = 0;  // bytes not yet issued, over live copies
 
@@ -207,6 +286,12 @@ struct Issuer::Impl {
   std::vector<int> free_slots;
 
   std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
+  std::uintptr_t pinned_hit_begin = 0, pinned_hit_len = 0;       // last region that matched
+  // submit() scratch, kept to avoid allocating per call: what each copy of
+  // the batch resolves to (>= 0 a live record, -1 a new copy, -2 - j the same
+  // key as the earlier copy j of this batch).
+  std::vector<std::int32_t> batch_target;
+  std::vector<std::size_t> batch_key_slot;  // key map slot of each keyed copy
 
   BandCounters counters[kNumBands];
   double link_busy_s = 0.0;
@@ -257,10 +342,15 @@ struct Issuer::Impl {
     return -1;
   }
 
-  bool window_has_room(std::size_t next_bytes) const {
+  // NOTE: admission counts a full chunk_bytes for the next chunk, whatever
+  // its size: with equal split a 9 MiB copy makes 4.5 MiB chunks, and a
+  // 16 MiB window would otherwise hold three of them (13.5 MiB ahead of an
+  // on-demand copy instead of ~9). So a 2-chunk window keeps two chunks in
+  // flight (one running, one queued) for any copy size >= chunk_bytes / 2.
+  bool window_has_room() const {
     if (inflight.empty()) return true;  // always admit one chunk, whatever its size
     return inflight.size() < std::size_t(cfg.max_inflight_chunks) &&
-           inflight_bytes + next_bytes <= cfg.window_bytes;
+           inflight_bytes + cfg.chunk_bytes <= cfg.window_bytes;
   }
 
   // Just-in-time issue: the earliest time (issuer seconds) at which one more
@@ -280,8 +370,8 @@ struct Issuer::Impl {
       std::int32_t r = pick();
       if (r < 0) break;
       CopyRec& c = recs[std::size_t(r)];
-      std::size_t n = std::min(cfg.chunk_bytes, c.bytes - c.next_off);
-      if (!window_has_room(n)) break;
+      std::size_t n = std::min(c.piece, c.bytes - c.next_off);
+      if (!window_has_room()) break;
       if (now() < jit_not_before()) break;
       int slot = free_slots.back();
       std::int64_t ticket = make_ticket(c.seq, r);
@@ -387,11 +477,7 @@ struct Issuer::Impl {
       // Room for one more chunk: the next queued one, or (nothing queued)
       // any chunk a new submission may bring.
       std::int32_t next = stopping ? -1 : pick();
-      bool room = !stopping &&
-                  window_has_room(next >= 0 ? std::min(cfg.chunk_bytes,
-                                                       recs[std::size_t(next)].bytes -
-                                                           recs[std::size_t(next)].next_off)
-                                            : std::size_t(1));
+      bool room = !stopping && window_has_room();
       // A chunk that fits but waits for its just-in-time moment: wake then.
       auto deadline = std::chrono::steady_clock::time_point::max();
       if (room && next >= 0) {
@@ -444,10 +530,16 @@ struct Issuer::Impl {
     return s;
   }
 
+  // A batch's sources usually lie in one pinned pool: the last region hit.
+  bool is_pinned_fast(std::uintptr_t p) const { return p - pinned_hit_begin < pinned_hit_len; }
   bool is_pinned(std::uintptr_t p, std::size_t n, std::string* err) {
     auto it = std::upper_bound(pinned.begin(), pinned.end(),
                                std::make_pair(p, ~std::uintptr_t(0)));
-    if (it != pinned.begin() && std::prev(it)->second > p) return true;
+    if (it != pinned.begin() && std::prev(it)->second > p) {
+      pinned_hit_begin = std::prev(it)->first;
+      pinned_hit_len = std::prev(it)->second - pinned_hit_begin;
+      return true;
+    }
     if (!backend->source_is_pinned(reinterpret_cast<const void*>(p), err)) return false;
     // NOTE: cache the positive answer; cudaPointerGetAttributes per copy
     // would dominate a 768-copy submit.
@@ -500,41 +592,60 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
   if (band < 0 || band >= kNumBands)
     throw std::invalid_argument("band " + std::to_string(band) + " out of range [0, 3)");
   if (n == 0) return;
+  // Checks that need no issuer state run before taking the lock.
+  for (std::size_t i = 0; i < n; ++i) {
+    if (nbytes[i] <= 0)
+      throw std::invalid_argument("copy " + std::to_string(i) + ": nbytes must be > 0, got " +
+                                  std::to_string(nbytes[i]));
+    if (src[i] == 0 || dst[i] == 0)
+      throw std::invalid_argument("copy " + std::to_string(i) + ": null " +
+                                  (src[i] == 0 ? "src" : "dst") + " pointer");
+  }
+  bool wake_worker = false;
   {
+    // NOTE: one lock acquisition per batch; nothing below allocates per copy
+    // in the steady state (scratch, records and queues keep their capacity).
     std::lock_guard<std::mutex> lk(s.mu);
     if (s.closed) throw std::runtime_error("issuer is closed");
     if (s.live_copies() + n > kMaxLiveCopies)
       throw std::runtime_error("too many live copies (limit " + std::to_string(kMaxLiveCopies) +
                                ")");
     // Pass 1: validate everything before touching state. New keys get a
-    // placeholder (-2 - i) so in-batch duplicates are checked too.
-    std::vector<std::uint64_t> placeholders;
-    auto fail = [&](const std::string& msg) {
-      for (std::uint64_t k : placeholders) s.live_keys.erase(k);
+    // placeholder (-2 - i) in the key map so in-batch duplicates are checked
+    // too; a failure removes the placeholders again.
+    constexpr std::int32_t kNewCopy = -1;
+    std::vector<std::int32_t>& target = s.batch_target;
+    std::vector<std::size_t>& key_slot = s.batch_key_slot;
+    target.resize(n);
+    key_slot.resize(n);
+    // NOTE: no rehash during the batch, so key_slot stays valid for pass 2.
+    s.live_keys.reserve(s.live_keys.size() + n);
+    auto fail = [&](std::size_t upto, const std::string& msg) {
+      for (std::size_t j = 0; j < upto; ++j)
+        if (target[j] == kNewCopy && keys[j] != kNoKey) s.live_keys.erase(keys[j]);
       throw std::invalid_argument(msg);
     };
     for (std::size_t i = 0; i < n; ++i) {
-      if (nbytes[i] <= 0)
-        fail("copy " + std::to_string(i) + ": nbytes must be > 0, got " +
-             std::to_string(nbytes[i]));
-      if (src[i] == 0 || dst[i] == 0)
-        fail("copy " + std::to_string(i) + ": null " + (src[i] == 0 ? "src" : "dst") +
-             " pointer");
-      std::string err;
-      if (!s.is_pinned(std::uintptr_t(src[i]), std::size_t(nbytes[i]), &err))
-        fail("copy " + std::to_string(i) + ": src 0x" + [&] {
+      if (!s.is_pinned_fast(std::uintptr_t(src[i]))) {
+        std::string err;
+        if (!s.is_pinned(std::uintptr_t(src[i]), std::size_t(nbytes[i]), &err)) {
           char buf[32];
           std::snprintf(buf, sizeof buf, "%llx", (unsigned long long)src[i]);
-          return std::string(buf);
-        }() + " is not pinned host memory (" + err + "); allocate it with alloc_pinned or register it");
+          fail(i, "copy " + std::to_string(i) + ": src 0x" + buf +
+                      " is not pinned host memory (" + err +
+                      "); allocate it with alloc_pinned or register it");
+        }
+      }
+      target[i] = kNewCopy;
       std::uint64_t key = keys[i];
       if (key == kNoKey) continue;
-      std::int32_t v = s.live_keys.find(key);
+      std::int32_t v;
+      key_slot[i] = s.live_keys.find_or_insert(key, -2 - std::int32_t(i), &v);
       // A copy that already failed (its last chunks still in flight) is not
       // a dedup target: the key is copied anew.
-      if (v == KeyMap::kMissing || (v >= 0 && s.recs[std::size_t(v)].failed)) {
-        s.live_keys.set(key, -2 - std::int32_t(i));
-        placeholders.push_back(key);
+      if (v == KeyMap::kMissing) continue;
+      if (v >= 0 && s.recs[std::size_t(v)].failed) {
+        s.live_keys.set_at(key_slot[i], -2 - std::int32_t(i));
         continue;
       }
       std::uintptr_t psrc, pdst;
@@ -548,52 +659,67 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
         pbytes = std::size_t(nbytes[j]);
       }
       if (psrc != std::uintptr_t(src[i]) || pdst != std::uintptr_t(dst[i]) ||
-          pbytes != std::size_t(nbytes[i]))
-        fail("copy " + std::to_string(i) + ": key " + std::to_string(key) +
-             " is already live with a different src/dst/nbytes");
+          pbytes != std::size_t(nbytes[i])) {
+        target[i] = 0;  // not a placeholder of its own
+        fail(i, "copy " + std::to_string(i) + ": key " + std::to_string(key) +
+                    " is already live with a different src/dst/nbytes");
+      }
+      target[i] = v;  // a live record (>= 0) or an earlier copy of this batch (<= -2)
     }
-    // Pass 2: apply.
+    // Pass 2: apply (cannot fail).
+    std::size_t fresh = 0;
+    for (std::size_t i = 0; i < n; ++i) fresh += target[i] == kNewCopy;
+    if (fresh > s.free_recs.size()) s.recs.reserve(s.recs.size() + fresh - s.free_recs.size());
+    s.queues[band].reserve(s.queues[band].size() + n);
     double t = s.now();
     std::size_t chunk = s.cfg.chunk_bytes;
     for (std::size_t i = 0; i < n; ++i) {
-      std::uint64_t key = keys[i];
-      std::int32_t v = key == kNoKey ? KeyMap::kMissing : s.live_keys.find(key);
-      if (v >= 0 && !s.recs[std::size_t(v)].failed) {  // dedup (live, or earlier in this batch)
+      std::int32_t v = target[i];
+      if (v != kNewCopy) {  // dedup: a live copy, or one queued earlier in this batch
+        if (v <= -2) v = std::int32_t(tickets_out[std::size_t(-2 - v)] & kRecMask);
         CopyRec& c = s.recs[std::size_t(v)];
         s.counters[band].dedup_hits += 1;
         if (band < c.band) {
           bool has_queued = !c.failed && c.next_off < c.bytes;
           c.band = band;
           if (has_queued) {
-            s.queues[band].emplace_back(v, c.seq);
+            s.queues[band].push_back({v, c.seq});
             s.counters[band].promotions += 1;
             s.record(kLogPromote, band, make_ticket(c.seq, v), 0, std::int64_t(c.bytes), true);
+            wake_worker = true;
           }
         }
         tickets_out[i] = make_ticket(c.seq, v);
         continue;
       }
+      std::uint64_t key = keys[i];
       std::int32_t r = s.new_rec();
       CopyRec& c = s.recs[std::size_t(r)];
       c.seq = s.next_seq++;
       c.src = std::uintptr_t(src[i]);
       c.dst = std::uintptr_t(dst[i]);
       c.bytes = std::size_t(nbytes[i]);
+      c.piece = split_piece_bytes(c.bytes, chunk);
       c.key = key;
       c.band = band;
       c.t_submit = t;
       s.state_of_seq.push_back(kQueued);
-      if (key != kNoKey) s.live_keys.set(key, r);
-      s.queues[band].emplace_back(r, c.seq);
+      if (key != kNoKey) s.live_keys.set_at(key_slot[i], r);
+      s.queues[band].push_back({r, c.seq});
       s.queued_copies += 1;
       s.queued_bytes += c.bytes;
       s.counters[band].submitted += 1;
       std::int64_t ticket = make_ticket(c.seq, r);
-      s.record(kLogSubmit, band, ticket, std::int64_t((c.bytes + chunk - 1) / chunk),
-               std::int64_t(c.bytes), true);
+      if (s.cfg.debug_log)
+        s.record(kLogSubmit, band, ticket, std::int64_t((c.bytes + chunk - 1) / chunk),
+                 std::int64_t(c.bytes), true);
       tickets_out[i] = ticket;
+      wake_worker = true;
     }
   }
+  // NOTE: one wake-up per batch, after the lock is released (the worker does
+  // not wake only to block on the mutex), and none when nothing new is queued.
+  if (!wake_worker) return;
   s.epoch.fetch_add(1);
   s.work_cv.notify_one();
   s.backend->wake();
@@ -738,14 +864,11 @@ std::int64_t Issuer::cancel(int band) {
   std::int64_t cancelled = 0;
   for (int b = 0; b < kNumBands; ++b) {
     if (band >= 0 && b != band) continue;
-    std::deque<std::pair<std::int32_t, std::int64_t>> keep;
-    for (auto [r, seq] : s.queues[b]) {
-      if (!s.queued_in(r, seq, b)) continue;  // stale entry: drop it
+    s.queues[b].retain_if([&](const std::pair<std::int32_t, std::int64_t>& e) {
+      auto [r, seq] = e;
+      if (!s.queued_in(r, seq, b)) return false;  // stale entry: drop it
       CopyRec& c = s.recs[std::size_t(r)];
-      if (c.chunks_issued > 0) {  // started: runs to completion
-        keep.emplace_back(r, seq);
-        continue;
-      }
+      if (c.chunks_issued > 0) return true;  // started: runs to completion
       s.state_of_seq[std::size_t(seq)] = kCancelled;
       s.counters[b].cancellations += 1;
       s.queued_copies -= 1;
@@ -754,8 +877,8 @@ std::int64_t Issuer::cancel(int band) {
       if (c.key != kNoKey && s.live_keys.find(c.key) == r) s.live_keys.erase(c.key);
       s.free_rec(r);
       ++cancelled;
-    }
-    s.queues[b].swap(keep);
+      return false;
+    });
   }
   if (cancelled) s.state_cv.notify_all();
   return cancelled;
@@ -804,6 +927,7 @@ void Issuer::note_pinned_region(std::uintptr_t begin, std::size_t n) {
 void Issuer::forget_pinned_region(std::uintptr_t begin) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   auto& v = impl_->pinned;
+  impl_->pinned_hit_begin = impl_->pinned_hit_len = 0;
   v.erase(std::remove_if(v.begin(), v.end(), [&](auto& e) { return e.first == begin; }), v.end());
 }
 

@@ -9,9 +9,12 @@ and checks every chunk start against the rule the C++ worker must follow:
   (``ON_DEMAND`` > ``ROUTE_AHEAD`` > ``BACKGROUND``), FIFO within a band by
   the time a copy entered the band (a promoted copy joins the tail of its new
   band), chunks of one copy in order;
+* a copy of ``n`` bytes is split into ``k = ceil(n / chunk_bytes)`` equal
+  chunks (:func:`split_piece_bytes`; the last one may be shorter);
 * a chunk starts only if the window admits it: nothing in flight, or fewer
-  than ``max_inflight_chunks`` in flight and in-flight bytes plus its bytes
-  within ``window_bytes``;
+  than ``max_inflight_chunks`` in flight and in-flight bytes plus a full
+  ``chunk_bytes`` within ``window_bytes`` (whatever the chunk's own size, so
+  a two-chunk window holds two chunks of a copy split into smaller ones);
 * chunks finish in start order (one copy stream).
 
 So no lower-band chunk starts while a higher-band chunk is queued; only the
@@ -80,8 +83,21 @@ def records_from_log(log: Any) -> list[LogRecord]:
     ]
 
 
+def split_piece_bytes(nbytes: int, chunk_bytes: int) -> int:
+    """Chunk size of a copy: ``k = ceil(nbytes / chunk_bytes)`` equal pieces,
+    rounded up to the alignment of ``chunk_bytes`` (its lowest set bit, at
+    most 64 KiB), so never above ``chunk_bytes``; the last piece takes the
+    rest (``nbytes - (k - 1) * piece``, at most ``piece``)."""
+    if nbytes <= chunk_bytes:
+        return nbytes
+    k = -(-nbytes // chunk_bytes)
+    align = min(chunk_bytes & -chunk_bytes, 64 << 10)
+    piece = -(-nbytes // k)
+    return -(-piece // align) * align
+
+
 def next_chunk_size(nbytes: int, issued_bytes: int, chunk_bytes: int) -> int:
-    return min(chunk_bytes, nbytes - issued_bytes)
+    return min(split_piece_bytes(nbytes, chunk_bytes), nbytes - issued_bytes)
 
 
 class BandOrderModel:
@@ -108,13 +124,13 @@ class BandOrderModel:
                 return self.copies[q[0]]
         return None
 
-    def admits(self, nbytes: int) -> bool:
+    def admits(self) -> bool:
         if not self.inflight:
             return True
         inflight_bytes = sum(b for _, _, b in self.inflight)
         return (
             len(self.inflight) < self.max_inflight_chunks
-            and inflight_bytes + nbytes <= self.window_bytes
+            and inflight_bytes + self.chunk_bytes <= self.window_bytes
         )
 
     def queued_bytes_by_band(self) -> list[int]:
@@ -207,7 +223,7 @@ class BandOrderModel:
         size = next_chunk_size(want.nbytes, want.issued_bytes, self.chunk_bytes)
         if e.nbytes != size:
             self._fail(f"ticket {e.ticket} chunk {e.chunk}: {e.nbytes} bytes, expected {size}")
-        if not self.admits(size):
+        if not self.admits():
             self._fail(
                 f"ticket {e.ticket} chunk {e.chunk} started with a full window "
                 f"({len(self.inflight)} chunks in flight)"

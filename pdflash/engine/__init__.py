@@ -4,6 +4,18 @@ Entry points: :class:`Engine` with :class:`EngineConfig` (``EngineConfig.preset`
 gives the DESIGN §6 baselines B0/B1/B2/B3/PD), :func:`load_drafter` /
 :func:`write_synthetic_drafter` for DFlash draft checkpoints, and
 :func:`pdflash.engine.bench_run.run_spec` for one benchmark run.
+
+Example (B1: DFlash, FCFS batching, experts offloaded to a 20% cache)::
+
+    issuer = H2DIssuer()
+    target = load_adapter(target_dir, device="cuda", issuer=issuer, cache_fraction=0.2)
+    drafter = load_drafter(drafter_dir, device="cuda")
+    engine = Engine(target, EngineConfig.preset("B1", block_size=16, max_running=8),
+                    drafter=drafter, expert_cache=target.cache, device="cuda")
+    rid = engine.add_request(prompt_ids, SamplingParams(), max_new_tokens=128,
+                             on_token=lambda rid, tok: print(tok))
+    engine.run_until_done()
+    print(engine.request(rid).metrics)
 """
 
 from __future__ import annotations

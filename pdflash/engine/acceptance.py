@@ -108,18 +108,26 @@ def solve_alpha(mean_tau: float, block_size: int) -> float:
 
 @dataclass
 class ForcedAcceptance:
-    """Truncated-geometric forced acceptance with a configurable mean tau."""
+    """Truncated-geometric forced acceptance with a configurable mean tau.
+
+    NOTE: every request has its own random stream (seeded by ``seed`` and the
+    request id) and each round uses exactly one draw, the uncapped geometric
+    ``k`` (successes before the first failure, by inversion of one uniform),
+    then accepts ``min(k, num_drafts)``. So a request sees the same sequence
+    of draws whatever batch it lands in or however its grant is trimmed,
+    and baselines compared on one workload get the same acceptance.
+    """
 
     mean_tau: float
     block_size: int
     seed: int = 0
     tau_source: str = "configured"
     alpha: float = field(init=False)
-    _rng: np.random.Generator = field(init=False, repr=False)
+    _rngs: dict[int, np.random.Generator] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.alpha = solve_alpha(self.mean_tau, self.block_size)
-        self._rng = np.random.default_rng(self.seed)
+        self._rngs = {}
 
     @property
     def source(self) -> str:
@@ -133,13 +141,26 @@ class ForcedAcceptance:
             "block_size": self.block_size,
             "seed": self.seed,
             "tau_source": self.tau_source,
+            "stream": "per request (seed, request_id), one draw per round",
         }
 
     def forced_accepts(self, request_id: int, num_drafts: int) -> int | None:
         if num_drafts < 0:
             raise ValueError(f"num_drafts must be >= 0, got {num_drafts}")
-        # count successes before the first failure, capped at num_drafts
-        accepted = 0
-        while accepted < num_drafts and self._rng.random() < self.alpha:
-            accepted += 1
-        return accepted
+        rng = self._rngs.get(request_id)
+        if rng is None:
+            rng = np.random.default_rng([self.seed, request_id])
+            self._rngs[request_id] = rng
+        u = 1.0 - rng.random()  # (0, 1]
+        if self.alpha <= 0.0:
+            k = 0
+        elif self.alpha >= 1.0:
+            k = num_drafts
+        else:
+            # P(k >= j) = alpha**j  <=>  k = floor(log(u) / log(alpha))
+            k = int(np.floor(np.log(u) / np.log(self.alpha)))
+        return min(k, num_drafts)
+
+    def forget(self, request_id: int) -> None:
+        """Drop a finished request's stream."""
+        self._rngs.pop(request_id, None)

@@ -82,6 +82,10 @@ class RunSpec:
     # link_gbps_measured * step_target_s ("one step's worth of PCIe time")
     byte_budget: int | None = None
     step_target_s: float = 0.25
+    dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
+    # expert-cache eviction: "auto" (PD: layer_cyclic, others: lru), or one of
+    # "lru", "lfu", "route_ahead", "layer_cyclic" for every baseline (ablation)
+    eviction: str = "auto"
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -97,6 +101,12 @@ class RunSpec:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_requests is not None and self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if self.eviction not in ("auto", "lru", "lfu", "route_ahead", "layer_cyclic"):
+            raise ValueError(
+                f"eviction must be auto, lru, lfu, route_ahead or layer_cyclic, got {self.eviction!r}"
+            )
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -134,7 +144,10 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     from pdflash.models import write_synthetic_checkpoint
 
     arch, preset = ARCHS[spec.arch]
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if spec.dtype is not None:
+        dtype = getattr(torch, spec.dtype)
+    else:
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     tag = (
         f"{arch}-{preset}-L{spec.layers or 'all'}-{str(dtype).removeprefix('torch.')}-s{spec.seed}"
     )
@@ -165,14 +178,27 @@ _TARGETS: dict[tuple[str, str, str], Any] = {}
 
 
 def load_target(path: Path, device: torch.device, dtype: torch.dtype | None) -> Any:
-    """The adapter for a checkpoint (cached per process: packing experts into
-    pinned host memory is the expensive part)."""
+    """The adapter for a checkpoint, reused by consecutive runs on the same
+    checkpoint (packing experts into pinned host memory is the expensive
+    part). NOTE: only the most recent target is kept, so a matrix over
+    several full-size architectures never holds two sets of host experts."""
     from pdflash.models import load_adapter
 
     key = (str(path.resolve()), str(device), str(dtype))
     if key not in _TARGETS:
+        release_targets()
         _TARGETS[key] = load_adapter(path, device=device, dtype=dtype)
     return _TARGETS[key]
+
+
+def release_targets() -> None:
+    """Drop the cached target (its host experts and device weights)."""
+    import gc
+
+    _TARGETS.clear()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20) -> float:
@@ -314,6 +340,15 @@ def _run(
     link_gbps = measure_link_gbps(issuer, device)
     all_resident = spec.baseline == "B3"
     fraction = 1.0 if all_resident else spec.cache_fraction
+    eviction = spec.eviction
+    if eviction == "auto":
+        # PD: Belady at layer granularity, predicted experts kept longest in a layer
+        eviction = "layer_cyclic" if spec.baseline == "PD" else "lru"
+    policy: Any = eviction
+    if eviction == "layer_cyclic":
+        from pdflash.engine.eviction import LayerCyclicPolicy
+
+        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
     cache = ExpertCache(
         adapter.store,
         issuer,
@@ -321,8 +356,7 @@ def _run(
         fraction=fraction,
         top_k=adapter.top_k,
         max_batch_tokens=1,
-        # PD protects the experts route-ahead predicted for the coming verify
-        policy="route_ahead" if spec.baseline == "PD" else "lru",
+        policy=policy,
     )
     runtime = adapter.attach_cache(cache)
 
@@ -604,8 +638,13 @@ def _result(
         "draft_s": engine.timer.kind_s("draft"),
         "verify_s": engine.timer.kind_s("verify"),
         "prefill_s": engine.timer.kind_s("prefill"),
+        "router_pass_s": engine.timer.kind_s("predict"),
         "timing_method": engine.timer.method,
         "h2d_overlap_definition": "1 - exposed_fetch_s / link_busy_s (time-weighted)",
+        "compute_busy_definition": (
+            "prefill+draft+predict+verify time on the compute stream minus exposed_fetch_s "
+            "(CUDA events on CUDA, perf_counter on CPU; includes kernel-launch gaps)"
+        ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
     }
     row.update(metrics_to_json(metrics))

@@ -39,6 +39,9 @@ class EngineConfig:
         batching: ``fcfs`` | ``deficit_tokens`` | ``deficit_2d``.
         route_ahead: predict the verify's experts from the drafted blocks and
             copy them ROUTE_AHEAD before the verify forward.
+        route_ahead_min_score: an expert counts as predicted when the
+            predictor's score exceeds this (scores are in [0, 1] for
+            :class:`~pdflash.engine.predict.BatchedUnionPredictor`).
         lookahead: during a forward, apply layer l+1's router to layer l's MoE
             input and prefetch those experts (ROUTE_AHEAD).
         background_prefetch: after verify, prefetch the frequency prior's top
@@ -56,6 +59,7 @@ class EngineConfig:
     byte_budget: int | None = None
     batching: str = "fcfs"
     route_ahead: bool = False
+    route_ahead_min_score: float = 0.0
     lookahead: bool = True
     background_prefetch: bool = False
     all_resident: bool = False
@@ -75,6 +79,10 @@ class EngineConfig:
             raise ValueError(f"byte_budget must be >= 0, got {self.byte_budget}")
         if self.batching not in BATCHING:
             raise ValueError(f"batching must be one of {BATCHING}, got {self.batching!r}")
+        if not self.route_ahead_min_score >= 0.0:
+            raise ValueError(
+                f"route_ahead_min_score must be >= 0, got {self.route_ahead_min_score}"
+            )
         if self.kv_page_size < 1:
             raise ValueError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
 

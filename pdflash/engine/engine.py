@@ -228,11 +228,17 @@ class Engine:
         )
         if self._lookahead is not None:
             self.runner.observers.append(self._lookahead)
+        before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
+        if before_layer is not None:
+            self.runner.before_moe_hooks.append(before_layer)
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
         if runtime is not None and getattr(runtime, "cache", None) is not None:
-            runtime.cache = StallTimedCache(runtime.cache, self.timer)
+            base = runtime.cache
+            while isinstance(base, StallTimedCache):  # an earlier engine's wrapper
+                base = base.wrapped
+            runtime.cache = StallTimedCache(base, self.timer)
 
         if config.all_resident and expert_cache is not None:
             self._load_every_expert()
@@ -424,6 +430,9 @@ class Engine:
             self.predictor.forget(rid)
         if self.horizon is not None:
             self.horizon.forget(rid)
+        forget = getattr(self.acceptance, "forget", None)
+        if forget is not None:
+            forget(rid)
         req.drafts = req.draft_probs = req.pending_context = req.draft_hidden = None
         self.finished[rid] = self._requests.pop(rid)
 
@@ -521,18 +530,31 @@ class Engine:
             if scale != 1.0:
                 emb = emb * scale
             hidden = drafter.forward_blocks(torch.cat(ctx), emb, items, self.draft_kv)
+            # one LM-head call over every block's MASK rows (row 0 is the anchor)
+            starts = np.cumsum([0] + [n + 1 for _, n in todo])
+            mask_rows = torch.tensor(
+                [
+                    r
+                    for (_, n), s in zip(todo, starts[:-1], strict=True)
+                    for r in range(s + 1, s + n + 1)
+                ],
+                dtype=torch.int64,
+                device=self.device,
+            )
+            all_logits = drafter.logits(hidden[mask_rows], self.adapter.lm_head).float()
+            greedy_all = torch.argmax(all_logits, dim=-1)
             row = 0
-            for (req, n), _item in zip(todo, items, strict=True):
-                h = hidden[row : row + n + 1]
-                row += n + 1
-                logits = drafter.logits(h[1:], self.adapter.lm_head).float()
+            for (req, n), s in zip(todo, starts[:-1].tolist(), strict=True):
+                h = hidden[s : s + n + 1]
+                logits = all_logits[row : row + n]
                 if req.params.greedy:
-                    req.drafts = torch.argmax(logits, dim=-1)
+                    req.drafts = greedy_all[row : row + n]
                     req.draft_probs = None
                 else:
                     probs = target_probs(logits, req.params)
                     req.draft_probs = probs
                     req.drafts = sample_from(probs, req.generator).to(self.device)
+                row += n
                 req.pending_context = None
                 req.draft_hidden = h
                 req.state = RequestState.VERIFY
@@ -564,10 +586,11 @@ class Engine:
                 block = self.horizon.apply(block)
             blocks.append(block)
         t0 = time.perf_counter()
-        scores = np.asarray(predict_batch(self.predictor, blocks))
+        with self.timer.forward("predict"):
+            scores = np.asarray(predict_batch(self.predictor, blocks))
         self.predict_s += time.perf_counter() - t0
         for req, sc in zip(reqs, scores, strict=True):
-            req.predicted = flat_expert_ids(sc > 0)
+            req.predicted = flat_expert_ids(sc > self.config.route_ahead_min_score)
             req.draft_hidden = None
 
     def _schedule(self, reqs: list[Request]) -> BatchDecision:
@@ -726,18 +749,26 @@ class Engine:
         return int(self.expert_cache.num_slots) * int(self.expert_cache.expert_nbytes) // 2
 
     def _background_prefetch(self) -> None:
+        """BACKGROUND copies of the most frequently routed missing experts,
+        with the step's byte budget left after route-ahead.
+
+        NOTE: only while the link is idle (nothing queued or in flight) and
+        only into empty slots: in a link-bound run a background copy would
+        delay the next verify's misses and evict experts it needs (measured
+        on the H200: frequency-prior copies into a full 20% cache were mostly
+        evicted unused).
+        """
         cache = self.expert_cache
         assert cache is not None
         used = self._step_route_ahead_bytes
         self._step_route_ahead_bytes = 0
         left = self.byte_budget() - used
         nbytes = int(cache.expert_nbytes)
-        # NOTE: only into slots that are free or evictable, at most a quarter of
-        # them, so background copies never push out what the next verify needs.
-        n = min(left // nbytes if nbytes else 0, int(cache.free_capacity()) // 4)
-        if n <= 0:
-            return
         resident = np.asarray(cache.resident_mask(), dtype=np.bool_).reshape(-1)
+        empty = int(cache.num_slots) - int(resident.sum())
+        n = min(left // nbytes if nbytes else 0, empty)
+        if n <= 0 or not self._link_idle():
+            return
         freq = self.route_freq.reshape(-1).copy()
         freq[resident] = 0.0
         order = np.argsort(-freq, kind="stable")
@@ -746,6 +777,13 @@ class Engine:
         if pick.size:
             self.prefetch_bytes[Band.BACKGROUND] += int(pick.size) * nbytes
             cache.prefetch(pick.astype(np.int64), Band.BACKGROUND)
+
+    def _link_idle(self) -> bool:
+        issuer = getattr(self.expert_cache, "issuer", None)
+        if issuer is None:
+            return True
+        stats = issuer.stats()
+        return int(stats.get("queued_copies", 0)) == 0 and int(stats.get("inflight_chunks", 0)) == 0
 
 
 class _Lookahead:

@@ -13,7 +13,7 @@ forward needed, for the Belady replay).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,6 +97,9 @@ class TargetRunner:
         self.device = torch.device(device)
         self.specs = [adapter.attention_spec(i) for i in range(adapter.num_layers)]
         self.observers: list[LayerObserver] = []
+        #: called with each layer index right before that layer's MoE runs
+        #: (e.g. a layer-cyclic eviction policy tracking the current layer)
+        self.before_moe_hooks: list[Callable[[int], None]] = []
 
     @torch.no_grad()
     def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
@@ -156,6 +159,8 @@ class TargetRunner:
                 topk_ids, _ = ad.route(layer, normed)
                 k_top = topk_ids.shape[1]
                 routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
+                for hook in self.before_moe_hooks:
+                    hook(layer)
                 x = x + ad.moe(layer, normed)
                 for obs in self.observers:
                     obs.after_layer(layer, x, topk_ids)

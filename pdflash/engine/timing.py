@@ -116,6 +116,10 @@ class StallTimedCache:
         object.__setattr__(self, "_cache", cache)
         object.__setattr__(self, "_timer", timer)
 
+    @property
+    def wrapped(self) -> Any:
+        return self._cache
+
     def wait_ready(self, tickets: Any) -> Any:
         with self._timer.stall():
             return self._cache.wait_ready(tickets)

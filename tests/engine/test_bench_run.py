@@ -104,6 +104,8 @@ def test_run_spec_rejects_bad_specs() -> None:
         run_spec(RunSpec(arch="tiny", baseline="B7"))
     with pytest.raises(ValueError, match="unknown arch"):
         run_spec(RunSpec(arch="nope", baseline="B1"))
+    with pytest.raises(ValueError, match="dtype must be"):
+        run_spec(RunSpec(arch="tiny", baseline="B1", dtype="int8"))
     with pytest.raises(ValueError, match="cache_fraction"):
         run_spec(RunSpec(arch="tiny", baseline="B1", cache_fraction=0.0))
 

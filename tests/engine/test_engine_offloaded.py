@@ -38,12 +38,26 @@ def _stack(
     issuer = H2DIssuer(backend="host")
     if baseline == "B3":
         cache_slots = 1 << 20  # every expert (the cache clamps to the model's count)
-    adapter = load_adapter(
-        tmp / "target", device="cpu", issuer=issuer, cache_slots=cache_slots, max_batch_tokens=1
+    from pdflash.cache import ExpertCache
+    from pdflash.engine.eviction import LayerCyclicPolicy
+
+    adapter = load_adapter(tmp / "target", device="cpu")
+    # PD runs the layer-cyclic eviction policy (as run_spec's "auto"), the others LRU
+    policy = (
+        LayerCyclicPolicy(adapter.num_layers, adapter.num_experts) if baseline == "PD" else "lru"
     )
+    cache = ExpertCache(
+        adapter.store,
+        issuer,
+        device="cpu",
+        num_slots=cache_slots,
+        top_k=adapter.top_k,
+        max_batch_tokens=1,
+        policy=policy,
+    )
+    adapter.attach_cache(cache)
     drafter = load_drafter(tmp / "drafter")
     config = EngineConfig.preset(baseline, **cfg)
-    cache = adapter.cache
     batcher = None
     if config.batching != "fcfs":
         budget = (

@@ -75,6 +75,12 @@ def test_hundred_concurrent_requests_with_random_aborts(adapter: Any, drafter: A
     while eng.has_work:
         eng.step()
         steps += 1
+        for rid in eng._running:  # KV invariants between steps
+            req = eng.request(rid)
+            committed = len(req.prompt) + len(req.output) - 1  # the anchor is not in KV yet
+            assert eng.kv.length(rid) == committed
+            pending = 0 if req.pending_context is None else int(req.pending_context.shape[0])
+            assert eng.draft_kv is not None and eng.draft_kv.length(rid) + pending == committed
         live = [
             rid
             for rid in ids

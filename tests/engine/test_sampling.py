@@ -101,3 +101,19 @@ def test_forced_acceptance_mean_matches_configuration() -> None:
     assert forced.params()["distribution"] == "truncated_geometric"
     with pytest.raises(ValueError, match="mean_tau"):
         ForcedAcceptance(mean_tau=17.0, block_size=16)
+
+
+def test_forced_acceptance_is_per_request_and_cap_independent() -> None:
+    a = ForcedAcceptance(mean_tau=5.0, block_size=16, seed=9)
+    b = ForcedAcceptance(mean_tau=5.0, block_size=16, seed=9)
+    seq_a = {1: [], 2: []}
+    for _ in range(50):  # interleaved 1, 2
+        for rid in (1, 2):
+            seq_a[rid].append(a.forced_accepts(rid, 15))
+    seq_b = {2: [b.forced_accepts(2, 15) for _ in range(50)], 1: []}
+    c = ForcedAcceptance(mean_tau=5.0, block_size=16, seed=9)
+    capped = [c.forced_accepts(1, 3) for _ in range(50)]
+    seq_b[1] = [b.forced_accepts(1, 15) for _ in range(50)]
+    assert seq_a == seq_b  # same draws whatever the interleaving
+    assert capped == [min(x, 3) for x in seq_a[1]]  # trimming only caps the same draw
+    assert seq_a[1] != seq_a[2]

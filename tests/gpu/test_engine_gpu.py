@@ -4,7 +4,6 @@ the CUDA issuer and a tiny expert cache, and a run_spec smoke run."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -63,8 +62,8 @@ def test_lossless_on_cuda(tmp_path: Path, arch: str, baseline: str) -> None:
 
 
 @pytest.mark.gpu
-def test_run_spec_on_cuda(tmp_path: Path) -> None:
-    os.environ["PDFLASH_CACHE"] = str(tmp_path)
+def test_run_spec_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     from pdflash.engine.bench_run import RunSpec, run_spec
 
     result = run_spec(

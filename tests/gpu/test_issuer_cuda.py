@@ -281,6 +281,17 @@ def test_on_demand_waits_at_most_one_window(issuer: H2DIssuer) -> None:
     _replay(issuer)
 
 
+def test_cuda_defaults_to_a_just_in_time_lead() -> None:
+    from pdflash.h2d import DEFAULT_CUDA_ISSUE_LEAD_US
+
+    with H2DIssuer() as iss:
+        assert iss.backend == "cuda"
+        assert iss.issue_lead_us == DEFAULT_CUDA_ISSUE_LEAD_US > 0
+        assert (iss.chunk_bytes, iss.window_bytes) == (8 * MiB, 16 * MiB)
+    with H2DIssuer(issue_lead_us=0.0) as iss:
+        assert iss.issue_lead_us == 0.0
+
+
 def test_just_in_time_issue_on_cuda() -> None:
     n, size = 24, 9 * MiB
     with H2DIssuer(debug_log=True, issue_lead_us=20.0) as iss:

@@ -22,6 +22,7 @@ from pdflash._reference.issuer import (
     LogRecord,
     ModelViolation,
     records_from_log,
+    split_piece_bytes,
 )
 from pdflash.h2d import (
     STATE_DONE,
@@ -78,7 +79,8 @@ op_sleep = st.tuples(st.just("sleep"), st.integers(0, 3), st.just([]))
 op_fail = st.tuples(st.just("fail"), st.integers(1, 2), st.just([]))
 schedules = st.lists(st.one_of(op_submit, op_cancel, op_hold, op_sleep, op_fail), max_size=14)
 configs = st.tuples(
-    st.sampled_from([16 << 10, 32 << 10, 64 << 10]),  # chunk bytes
+    # chunk bytes; 17 KiB aligns pieces to 1 KiB, so copies split equally
+    st.sampled_from([16 << 10, 17 << 10, 32 << 10, 64 << 10]),
     st.integers(1, 3),  # window in chunks
     st.integers(1, 4),  # max in-flight chunks
     st.sampled_from([0.0, 4.0, 20.0]),  # just-in-time issue lead (us); 0 = off
@@ -177,7 +179,8 @@ def test_on_demand_waits_at_most_one_window() -> None:
         backend="host",
         chunk_bytes=chunk,
         window_bytes=window,
-        emulated_link_gbps=2.0,
+        # ~6 ms of backlog: it outlasts the 2 ms sleep on a loaded CI machine
+        emulated_link_gbps=1.0,
         debug_log=True,
     ) as issuer:
         src = issuer.pinned_array(8 << 20)
@@ -208,3 +211,20 @@ def test_on_demand_waits_at_most_one_window() -> None:
         assert later_bg
         assert np.array_equal(dst[: n_bg * (128 << 10)], src[: n_bg * (128 << 10)])
     assert native_live_counts()["threads"] == 0
+
+
+@given(
+    nbytes=st.integers(1, 1 << 34),
+    chunk=st.one_of(st.integers(1, 1 << 30), st.sampled_from([8 << 20, 4 << 20, 3 << 20])),
+)
+def test_reference_split_is_equal_aligned_and_bounded(nbytes: int, chunk: int) -> None:
+    piece = split_piece_bytes(nbytes, chunk)
+    k = -(-nbytes // chunk)
+    if k == 1:
+        assert piece == nbytes
+        return
+    align = min(chunk & -chunk, 64 << 10)
+    last = nbytes - (k - 1) * piece
+    assert piece <= chunk and piece % align == 0
+    assert 0 < last <= piece  # exactly k chunks, none larger than the first
+    assert piece - -(-nbytes // k) < align  # as equal as the alignment allows

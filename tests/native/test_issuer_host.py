@@ -478,3 +478,69 @@ def test_a_failing_copy_is_not_a_dedup_target() -> None:
             iss.wait(first, timeout_s=30)
         iss.cancel()  # the new copy need not crawl over the slow link
         _replay(iss)
+
+
+def test_defaults_split_copies_equally_and_keep_two_chunks_in_flight() -> None:
+    """Default sizes (8 MiB chunks, 16 MiB window): a 9 MiB copy is two
+    4.5 MiB chunks (not 8 + 1), a 16 MiB copy two 8 MiB chunks, and the
+    window holds two chunks however small the copy's chunks are."""
+    mib = 1 << 20
+    with H2DIssuer(backend="host", debug_log=True) as iss:
+        assert (iss.chunk_bytes, iss.window_bytes) == (8 * mib, 16 * mib)
+        assert iss.issue_lead_us == 0.0  # no just-in-time lead on the host backend
+        src, dst = _buffers(iss, 4 * 9 * mib + 16 * mib)
+        iss._native.test_hold_link(True)
+        bg = iss.submit(_slots(src, 4, 9 * mib), _slots(dst, 4, 9 * mib), 9 * mib, [1, 2, 3, 4], 2)
+        _wait_for(lambda: iss.stats()["inflight_chunks"] == 2)
+        stats = iss.stats()
+        assert stats["inflight_bytes"] == 9 * mib  # a third 4.5 MiB chunk would fit 16 MiB
+        od_at = 4 * 9 * mib
+        od = iss.submit(
+            [src.ctypes.data + od_at], [dst.ctypes.data + od_at], 16 * mib, [9], Band.ON_DEMAND
+        )
+        iss._native.test_hold_link(False)
+        iss.wait(np.concatenate([bg, od]), timeout_s=60)
+        assert np.array_equal(src, dst)
+        model = _replay(iss)
+        sizes: dict[int, list[int]] = {}
+        for e in records_from_log(iss.debug_log()):
+            if e.kind == LOG_START:
+                sizes.setdefault(e.ticket, []).append(e.nbytes)
+        assert [sizes[int(t)] for t in bg] == [[9 * mib // 2] * 2] * 4
+        assert sizes[int(od[0])] == [8 * mib, 8 * mib]
+        # the on-demand copy went ahead of the background chunks still queued
+        assert [t for t, c, _ in model.starts].index(int(od[0])) == 2
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "chunk", "pieces"),
+    [
+        (9 << 20, 8 << 20, [9 << 19] * 2),
+        (16 << 20, 8 << 20, [8 << 20] * 2),
+        (8 << 20, 8 << 20, [8 << 20]),
+        ((8 << 20) + 1, 8 << 20, [(4 << 20) + (64 << 10), (4 << 20) - (64 << 10) + 1]),
+        (200_000, 64 << 10, [65536, 65536, 65536, 3392]),  # alignment = the chunk itself
+        (100, 48, [48, 48, 4]),  # 48 aligns to 16: ceil(100 / 3) = 34 -> 48
+        (90_000, 17 << 10, [15360] * 5 + [13200]),  # 17 KiB aligns to 1 KiB
+    ],
+)
+def test_native_chunk_sizes_match_the_reference_split(
+    nbytes: int, chunk: int, pieces: list
+) -> None:
+    from pdflash._reference.issuer import next_chunk_size
+
+    ref, issued = [], 0
+    while issued < nbytes:
+        ref.append(next_chunk_size(nbytes, issued, chunk))
+        issued += ref[-1]
+    assert ref == pieces
+    with H2DIssuer(
+        backend="host", chunk_bytes=chunk, window_bytes=2 * chunk, debug_log=True
+    ) as iss:
+        src, dst = _buffers(iss, nbytes)
+        t = iss.submit([src.ctypes.data], [dst.ctypes.data], nbytes, [-1], Band.BACKGROUND)
+        iss.wait(t, timeout_s=30)
+        assert np.array_equal(src, dst)
+        log = records_from_log(iss.debug_log())
+        assert [e.nbytes for e in log if e.kind == LOG_START] == pieces
+        _replay(iss)

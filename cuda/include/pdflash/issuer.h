@@ -33,11 +33,13 @@ constexpr std::uint64_t kNoKey = ~std::uint64_t(0);
 struct IssuerConfig {
   bool use_cuda = false;      // CUDA backend (else host backend)
   int device = 0;             // CUDA device ordinal
-  // NOTE: defaults from DESIGN.md §3 (band_probe.cu on the H200): 4 MiB
-  // chunks with 2 in flight kept ~92% of link bandwidth with an on-demand
-  // copy at ~1.2x its alone latency.
-  std::size_t chunk_bytes = std::size_t(4) << 20;
-  std::size_t window_bytes = std::size_t(8) << 20;  // bytes in flight
+  // NOTE: defaults from the H200 sweep (bench/results/h200/2026-11-29-run2,
+  // `pdflash-bench h2d --sweep`): 8 MiB chunks with a 2-chunk (16 MiB)
+  // window were the only setting meeting all three ratio targets (expert
+  // copies 95.0% of link peak, on-demand 1.13x under load, background 92.1%).
+  // Copies are split into ceil(bytes / chunk_bytes) equal chunks.
+  std::size_t chunk_bytes = std::size_t(8) << 20;
+  std::size_t window_bytes = std::size_t(16) << 20;  // bytes in flight
   int max_inflight_chunks = 32;  // bounds the window for tiny copies
   // Just-in-time issue (0: off). With a window of two chunks, one whole chunk
   // sits queued behind the running one, and an urgent copy arriving now waits
@@ -45,7 +47,8 @@ struct IssuerConfig {
   // in-flight ones are estimated (link rate measured from finished chunks)
   // to drain within L seconds: the choice of the next chunk is made as late
   // as possible while the copy engine is still never left idle. L must exceed
-  // the worker's reaction time (a few microseconds on CUDA).
+  // the worker's reaction time (a few microseconds on CUDA). The Python
+  // layer (pdflash.h2d.H2DIssuer) defaults to 20 us on CUDA.
   double issue_lead_s = 0.0;
   double emulated_link_gbps = 0.0;  // host backend only; <= 0: memcpy speed
   bool debug_log = false;  // record every queue/start/end event (tests)
