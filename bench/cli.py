@@ -1,9 +1,10 @@
 """The ``pdflash-bench`` console script.
 
 ``pdflash-bench`` with no arguments runs the embedded default suite;
-``pdflash-bench <suite> [--json] ...`` runs one suite. A suite module must
-stay cheap to import (heavy imports such as torch go inside ``run``), since
-building the parser imports every suite to collect its options.
+``pdflash-bench <suite> [--json] ...`` runs one suite. A suite's result may
+carry ``"exit_code"`` (removed before printing) to make the command fail. A
+suite module must stay cheap to import (heavy imports such as torch go inside
+``run``), since building the parser imports every suite to collect its options.
 """
 
 from __future__ import annotations
@@ -22,6 +23,15 @@ SUITES: dict[str, str] = {
     "routeahead": "routeahead",
     "engine": "engine",
     "sched": "sched",
+    "default": "default",
+    "matrix": "matrix",
+    "report": "report",
+    "bm": "bm",
+    "bm1": "bm",
+    "bm2": "bm",
+    "bm3": "bm",
+    "bm4": "bm",
+    "bm5": "bm",
 }
 DEFAULT_SUITE = "default"
 
@@ -47,18 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if not args_list and DEFAULT_SUITE in SUITES:
-        args_list = [DEFAULT_SUITE]
+    if DEFAULT_SUITE in SUITES and (
+        not args_list or (args_list[0].startswith("-") and args_list[0] not in ("-h", "--help"))
+    ):
+        # `pdflash-bench` and `pdflash-bench --quick ...` run the default suite
+        args_list = [DEFAULT_SUITE, *args_list]
     if not args_list:
         parser.print_help()
         return 2
     args = parser.parse_args(args_list)
     result = _load_suite(args.suite).run(args)
+    # A suite may ask for a non-zero exit status (e.g. `report` on invalid input).
+    exit_code = int(result.pop("exit_code", 0)) if isinstance(result, dict) else 0
     if getattr(args, "json", False):
         print(json.dumps(result, indent=None, sort_keys=True))
     elif result is not None:
         print(json.dumps(result, indent=2, sort_keys=True))
-    return 0
+    return exit_code
 
 
 if __name__ == "__main__":

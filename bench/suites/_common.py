@@ -1,0 +1,105 @@
+"""Helpers shared by the matrix, default and report suites."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+ARCHS = ("tiny", "gpt-oss-20b", "qwen3-30b-a3b", "mixtral-8x7b", "olmoe")
+#: also accepted: the engine's tiny variants of each architecture
+EXTRA_ARCHS = ("tiny-qwen3_moe", "tiny-gpt_oss", "tiny-mixtral", "tiny-olmoe", "olmoe-1b-7b")
+
+
+def utc_stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+def parse_list(text: str, convert: Callable[[str], T], what: str) -> list[T]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``; a clear error naming the bad item."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"{what}: empty list {text!r}")
+    out = []
+    for item in items:
+        try:
+            out.append(convert(item))
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{what}: bad item {item!r} in {text!r}") from exc
+    return out
+
+
+def positive_ints(what: str) -> Callable[[str], list[int]]:
+    def convert(text: str) -> list[int]:
+        values = parse_list(text, int, what)
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{what}: {bad[0]} is not a positive integer")
+        return values
+
+    return convert
+
+
+def fractions(text: str) -> list[float]:
+    values = parse_list(text, float, "--cache-fraction")
+    bad = [v for v in values if not 0 < v <= 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--cache-fraction: {bad[0]} is not in (0, 1]")
+    return values
+
+
+def baselines(text: str) -> list[str]:
+    from pdflash.report.schema import BASELINES
+
+    values = [v.upper() for v in parse_list(text, str, "--baselines")]
+    bad = [v for v in values if v not in BASELINES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--baselines: unknown {bad[0]!r}; known: {BASELINES}")
+    return values
+
+
+def archs(text: str) -> list[str]:
+    values = [v.lower() for v in parse_list(text, str, "--arch")]
+    bad = [v for v in values if v not in ARCHS + EXTRA_ARCHS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--arch: unknown {bad[0]!r}; known: {ARCHS}")
+    return values
+
+
+def source_arg(text: str) -> str:
+    """``synthetic`` or an existing checkpoint path."""
+    if text == "synthetic":
+        return text
+    if not Path(text).exists():
+        raise argparse.ArgumentTypeError(f"{text!r} is neither 'synthetic' nor an existing path")
+    return str(Path(text).resolve())
+
+
+def progress_bar(total: int, desc: str, disable: bool = False) -> Any:
+    """A tqdm bar on stderr (or a no-op when tqdm is missing or disabled)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        disable = True
+    if disable:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="run", dynamic_ncols=True, leave=True)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def write(self, s: str) -> None:
+        print(s, file=sys.stderr)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,513 @@
+"""``pdflash-bench matrix``: the baseline matrix of DESIGN §6.
+
+One engine run per (arch, baseline, block size, concurrency, cache fraction,
+repeat), each appended as one JSON line to ``OUT/rows.jsonl``, which is never
+rewritten: a rerun into the same folder skips the runs already recorded
+(so a matrix cut short by ``--budget-s`` or a crash resumes where it
+stopped). B3 keeps every expert resident, so it runs once per (arch, block,
+concurrency, repeat) and is recorded at cache fraction 1.0; B0 decodes
+autoregressively, so it runs once per (arch, concurrency, cache fraction,
+repeat), at the first block size.
+
+Each row is the engine's row plus what this suite measures from the run's
+recorded routing trace: the bytes every forward layer routed to, and the
+bytes Belady's offline-optimal replacement would have moved for the same
+trace and cache size (``belady_bytes``, ``belady_bytes_per_token``,
+``bytes_per_token_vs_belady``; from the engine's starting cache contents when
+it reports them, else from an empty cache, as ``belady_initial_state`` says;
+``belady_free_start_bytes`` is the lower bound with a free choice of starting
+contents). At the end the report of ``pdflash-bench report`` is written into
+the same folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import _common as common
+
+HELP = "run the baseline matrix (B0 B1 B2 B3 PD) and write rows + report"
+
+ROWS_FILE = "rows.jsonl"
+ERRORS_FILE = "errors.jsonl"
+B3_CACHE_FRACTION = 1.0
+
+# The engine: RunSpec class and run_spec function (pdflash.engine.bench_run).
+Engine = tuple[Callable[..., Any], Callable[..., Any]]
+
+
+def load_engine() -> Engine:
+    """The engine's ``(RunSpec, run_spec)``; a clear error if it is missing."""
+    import importlib
+
+    try:
+        module = importlib.import_module("pdflash.engine.bench_run")
+    except ImportError as exc:
+        raise RuntimeError(
+            f"pdflash.engine.bench_run is not available ({exc}); the matrix needs the engine"
+        ) from exc
+    return module.RunSpec, module.run_spec
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_run_arguments(parser)
+    g = parser.add_argument_group("matrix")
+    g.add_argument(
+        "--arch",
+        type=common.archs,
+        default=["tiny"],
+        help="comma list of " + ", ".join(common.ARCHS),
+    )
+    g.add_argument("--block-sizes", type=common.positive_ints("--block-sizes"), default=[16])
+    g.add_argument("--concurrency", type=common.positive_ints("--concurrency"), default=[1, 4])
+    g.add_argument("--cache-fraction", type=common.fractions, default=[0.2, 0.5, 0.8])
+    g.add_argument("--baselines", type=common.baselines, default=["B0", "B1", "B2", "B3", "PD"])
+    g.add_argument("--repeats", type=int, default=1, help="repeats per point (default 1)")
+    g.add_argument(
+        "--out", type=Path, default=None, help="results folder (default bench-results/matrix-<UTC>)"
+    )
+    g.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no new run after this many seconds; rerun the same command to resume",
+    )
+    g.add_argument("--no-report", action="store_true", help="only write rows.jsonl")
+    g.add_argument("--dry-run", action="store_true", help="list the planned runs; run nothing")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options passed to every engine run (shared with the default suite)."""
+    g = parser.add_argument_group("each run")
+    g.add_argument(
+        "--weights",
+        type=common.source_arg,
+        default="synthetic",
+        help="'synthetic' or a checkpoint path",
+    )
+    g.add_argument(
+        "--draft",
+        type=common.source_arg,
+        default="synthetic",
+        help="'synthetic' or a drafter checkpoint path",
+    )
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument(
+        "--slo", type=float, default=None, help="per-request SLO in seconds (for goodput)"
+    )
+    g.add_argument(
+        "--layers", type=int, default=None, help="truncate full-size synthetic shapes to N layers"
+    )
+    g.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests per run (engine default: scaled to concurrency)",
+    )
+    g.add_argument("--prompt-len", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    g.add_argument(
+        "--emulated-link-gbps",
+        type=float,
+        default=None,
+        help="throttle the host copy backend to this many GB/s (CPU runs)",
+    )
+    g.add_argument("--acceptance", default="auto", help="acceptance model: auto, model or forced")
+    g.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
+    )
+    g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
+
+
+def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """RunSpec keyword arguments for every run, in run order: per arch, per
+    cache fraction, per concurrency, every baseline, so complete comparison
+    groups finish first (a budget-cut matrix is still usable)."""
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    common_kw = {
+        "weights": args.weights,
+        "draft": args.draft,
+        "seed": args.seed,
+        "slo_s": args.slo,
+        "layers": args.layers,
+        "num_requests": args.num_requests,
+        "prompt_len": args.prompt_len,
+        "max_new_tokens": args.max_new_tokens,
+        "device": args.device,
+        "emulated_link_gbps": args.emulated_link_gbps,
+        "acceptance": args.acceptance,
+        "mean_tau": args.mean_tau,
+    }
+    specs: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for arch in args.arch:
+        for cf in args.cache_fraction:
+            for block in args.block_sizes:
+                for conc in args.concurrency:
+                    for repeat in range(args.repeats):
+                        for baseline in args.baselines:
+                            frac = B3_CACHE_FRACTION if baseline == "B3" else cf
+                            # B0 decodes one token at a time: one run serves every block size
+                            blk = args.block_sizes[0] if baseline == "B0" else block
+                            key = (arch, baseline, blk, conc, frac, repeat)
+                            if key in seen:
+                                continue
+                            seen.add(key)
+                            specs.append(
+                                {
+                                    "arch": arch,
+                                    "baseline": baseline,
+                                    "block_size": blk,
+                                    "concurrency": conc,
+                                    "cache_fraction": frac,
+                                    "repeat": repeat,
+                                    **common_kw,
+                                }
+                            )
+    return specs
+
+
+def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        spec["arch"],
+        spec["baseline"],
+        spec["block_size"],
+        spec["concurrency"],
+        float(spec["cache_fraction"]),
+        spec["repeat"],
+    )
+
+
+def recorded_keys(rows_path: Path) -> set[tuple[Any, ...]]:
+    """Keys of the runs already in a rows file (by the spec that produced them)."""
+    keys: set[tuple[Any, ...]] = set()
+    if not rows_path.exists():
+        return keys
+    for line in rows_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            keys.add(spec_key(row["spec"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue  # not ours to judge here; the report validates it
+    return keys
+
+
+def trace_fields(
+    routing_trace: Sequence[Any],
+    cache_slots: int,
+    expert_nbytes: int,
+    committed_tokens: Any,
+    initial_resident: Any = None,
+) -> dict[str, Any]:
+    """Routing-trace figures for a row: routed bytes and the Belady replay.
+
+    ``belady_bytes`` replays from the engine's cache contents when the clock
+    started (``initial_resident``) when the engine reports them, else from an
+    empty cache (``belady_initial_state`` says which);
+    ``belady_free_start_bytes`` lets the optimum choose its starting contents
+    for free (a lower bound on any policy from any state).
+    """
+    import numpy as np
+
+    from pdflash.metrics import NotMeasured, metrics_to_json
+    from pdflash.report.belady import belady, free_start_loads
+
+    steps = [np.unique(np.asarray(ids, dtype=np.int64).reshape(-1)) for ids in routing_trace]
+    metrics: dict[str, float | NotMeasured] = {
+        "routed_expert_bytes": float(sum(int(s.size) for s in steps) * int(expert_nbytes)),
+    }
+    if not steps:
+        reason = "empty routing trace: no forward layer recorded"
+        for name in ("belady_bytes", "belady_bytes_per_token", "belady_free_start_bytes"):
+            metrics[name] = NotMeasured(reason)
+        initial_state = "none"
+    else:
+        cold = belady(steps, int(cache_slots), int(expert_nbytes))
+        metrics["belady_free_start_bytes"] = float(free_start_loads(cold) * int(expert_nbytes))
+        if initial_resident is not None:
+            replay = belady(steps, int(cache_slots), int(expert_nbytes), initial=initial_resident)
+            initial_state = "engine"
+        else:
+            replay = cold
+            initial_state = "empty"
+        metrics["belady_bytes"] = float(replay.bytes_moved)
+        if isinstance(committed_tokens, (int, float)) and committed_tokens > 0:
+            metrics["belady_bytes_per_token"] = replay.bytes_moved / committed_tokens
+        else:
+            metrics["belady_bytes_per_token"] = NotMeasured("no committed tokens")
+    out = metrics_to_json(metrics)
+    out["trace_forward_layers"] = len(steps)
+    out["cache_slots"] = int(cache_slots)
+    out["expert_nbytes"] = int(expert_nbytes)
+    out["belady_initial_state"] = initial_state
+    return out
+
+
+def augment_row(row: Mapping[str, Any], result: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine row plus trace figures, the spec and provenance."""
+    out = dict(row)
+    reasons = dict(out.get("not_measured") or {})
+    extra = trace_fields(
+        result.routing_trace,
+        result.cache_slots,
+        result.expert_nbytes,
+        row.get("committed_tokens"),
+        getattr(result, "initial_resident", None),
+    )
+    extra_reasons = extra.pop("not_measured", {})
+    assert isinstance(extra_reasons, dict)
+    reasons.update(extra_reasons)
+    out.update(extra)
+    bpt, bel = row.get("bytes_per_token"), out.get("belady_bytes_per_token")
+    if isinstance(bpt, (int, float)) and isinstance(bel, (int, float)) and bel > 0:
+        out["bytes_per_token_vs_belady"] = bpt / bel
+    else:
+        out["bytes_per_token_vs_belady"] = None
+        if bel == 0:
+            reasons["bytes_per_token_vs_belady"] = "Belady moves no bytes for this trace"
+        elif not isinstance(bpt, (int, float)):
+            reasons["bytes_per_token_vs_belady"] = "bytes_per_token not measured"
+        else:
+            reasons["bytes_per_token_vs_belady"] = "Belady bytes per token not measured"
+    if "slo_s" not in out:
+        out["slo_s"] = spec.get("slo_s")
+        if out["slo_s"] is None:
+            reasons["slo_s"] = "no SLO given (--slo)"
+    if reasons:
+        out["not_measured"] = reasons
+    out["spec"] = dict(spec)
+    return out
+
+
+def _identity_mismatch(row: Mapping[str, Any], spec: Mapping[str, Any]) -> list[str]:
+    bad = []
+    names = ["baseline", "concurrency", "repeat", "seed"]
+    if spec.get("baseline") != "B0":  # B0 may record its decode block (1)
+        names.append("block_size")
+    for name in names:
+        if name in row and name in spec and row[name] != spec[name]:
+            bad.append(f"{name}: spec {spec[name]!r}, row {row[name]!r}")
+    return bad
+
+
+def set_cpu_threads(specs: Sequence[Mapping[str, Any]], threads: int) -> int | None:
+    """Pin torch's intra-op threads for CPU runs; returns the count set.
+
+    NOTE: the tiny model's ops are far too small to gain from intra-op
+    parallelism, while OpenMP workers that spin-wait on a loaded machine
+    (and against the host copy backend's thread) made identical CPU runs
+    vary 100x on the 2-core CI box; one thread made them repeatable.
+    """
+    if threads <= 0:
+        return None
+    cpu = any(str(s.get("device", "auto")) == "cpu" for s in specs)
+    if not cpu and any(str(s.get("device", "auto")) == "auto" for s in specs):
+        import torch
+
+        cpu = not torch.cuda.is_available()
+    if not cpu:
+        return None
+    import torch
+
+    torch.set_num_threads(threads)
+    return threads
+
+
+class _TokenBar:
+    """A second bar, tokens of the current run, fed by the engine's
+    ``progress(done, total)`` callback."""
+
+    def __init__(self) -> None:
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=total,
+                desc="  tokens",
+                unit="tok",
+                leave=False,
+                position=1,
+                dynamic_ncols=True,
+            )
+        self.bar.n = min(done, total)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def run_matrix(
+    specs: Iterable[Mapping[str, Any]],
+    out_dir: Path,
+    *,
+    engine: Engine | None = None,
+    budget_s: float | None = None,
+    show_progress: bool = True,
+    cpu_threads: int = 1,
+) -> dict[str, Any]:
+    """Run every spec not already recorded in ``out_dir/rows.jsonl``; append
+    rows (and failures to ``errors.jsonl``). Returns a summary."""
+    from pdflash.report.writers import append_row
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows_path = out_dir / ROWS_FILE
+    done = recorded_keys(rows_path)
+    all_specs = [dict(s) for s in specs]
+    todo = [s for s in all_specs if spec_key(s) not in done]
+    skipped = len(all_specs) - len(todo)
+    spec_cls, run_fn = engine if engine is not None else load_engine()
+    threads = set_cpu_threads(todo, cpu_threads)
+    bar = common.progress_bar(len(todo), "matrix", disable=not show_progress)
+    start = time.perf_counter()
+    ran = failed = 0
+    not_started = 0
+    for i, spec in enumerate(todo):
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            not_started = len(todo) - i
+            bar.write(
+                f"budget of {budget_s:.0f}s spent: {not_started} runs not started (rerun to resume)"
+            )
+            break
+        label = (
+            "{arch}/{baseline}/blk{block_size}/c{concurrency}/cf{cache_fraction}/r{repeat}".format(
+                **spec
+            )
+        )
+        bar.set_postfix_str(label)
+        t0 = time.perf_counter()
+        try:
+            tokens = _TokenBar() if show_progress else None
+            try:
+                result = run_fn(spec_cls(**spec), progress=tokens)
+            finally:
+                if tokens is not None:
+                    tokens.close()
+            row = augment_row(result.row, result, spec)
+            mismatch = _identity_mismatch(result.row, spec)
+            if mismatch:
+                raise RuntimeError("engine row does not match its spec: " + "; ".join(mismatch))
+        except Exception as exc:  # NOTE: one failed run must not lose the others
+            failed += 1
+            append_row(
+                out_dir / ERRORS_FILE,
+                {
+                    "spec": spec,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "elapsed_s": time.perf_counter() - t0,
+                },
+            )
+            bar.write(f"FAILED {label}: {type(exc).__name__}: {exc}")
+        else:
+            row["run_elapsed_s"] = time.perf_counter() - t0
+            if threads is not None:
+                row["cpu_threads"] = threads
+            row["recorded_utc"] = common.utc_stamp()
+            append_row(rows_path, row)
+            ran += 1
+        bar.update(1)
+    bar.close()
+    return {
+        "out": str(out_dir),
+        "rows_file": str(rows_path),
+        "ran": ran,
+        "failed": failed,
+        "skipped_already_recorded": skipped,
+        "not_started_budget": not_started,
+        "elapsed_s": time.perf_counter() - start,
+    }
+
+
+def matrix_command(args: argparse.Namespace, out: Path) -> str:
+    """The full command that reproduces this matrix (every option spelled out)."""
+
+    def csv(values: Sequence[Any]) -> str:
+        return ",".join(str(v) for v in values)
+
+    parts = [
+        "pdflash-bench matrix",
+        f"--arch {csv(args.arch)}",
+        f"--weights {shlex.quote(args.weights)}",
+        f"--draft {shlex.quote(args.draft)}",
+        f"--block-sizes {csv(args.block_sizes)}",
+        f"--concurrency {csv(args.concurrency)}",
+        f"--cache-fraction {csv(args.cache_fraction)}",
+        f"--baselines {csv(args.baselines)}",
+        f"--repeats {args.repeats}",
+        f"--seed {args.seed}",
+        f"--prompt-len {args.prompt_len}",
+        f"--max-new-tokens {args.max_new_tokens}",
+        f"--device {args.device}",
+        f"--acceptance {args.acceptance}",
+        f"--cpu-threads {args.cpu_threads}",
+    ]
+    for flag, value in (
+        ("--slo", args.slo),
+        ("--layers", args.layers),
+        ("--num-requests", args.num_requests),
+        ("--emulated-link-gbps", args.emulated_link_gbps),
+        ("--mean-tau", args.mean_tau),
+        ("--budget-s", args.budget_s),
+    ):
+        if value is not None:
+            parts.append(f"{flag} {value}")
+    parts.append(f"--out {shlex.quote(str(out))}")
+    return " ".join(parts)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out = args.out or Path("bench-results") / f"matrix-{common.utc_stamp()}"
+    specs = plan(args)
+    if args.dry_run:
+        done = recorded_keys(Path(out) / ROWS_FILE)
+        todo = [s for s in specs if spec_key(s) not in done]
+        counts: dict[str, int] = {}
+        for s in todo:
+            counts[s["baseline"]] = counts.get(s["baseline"], 0) + 1
+        return {
+            "planned": len(specs),
+            "already_recorded": len(specs) - len(todo),
+            "to_run": len(todo),
+            "to_run_per_baseline": counts,
+            "command": matrix_command(args, Path(out)),
+        }
+    summary = run_matrix(
+        specs,
+        Path(out),
+        budget_s=args.budget_s,
+        show_progress=not args.no_progress,
+        cpu_threads=args.cpu_threads,
+    )
+    cmd = matrix_command(args, Path(out))
+    with open(Path(out) / "commands.txt", "a", encoding="utf-8") as fh:
+        fh.write(f"{common.utc_stamp()} {cmd}\n")
+    summary["planned"] = len(specs)
+    if not args.no_report:
+        from pdflash.report import load_rows, write_report
+
+        rows = load_rows(Path(out) / ROWS_FILE) if (Path(out) / ROWS_FILE).exists() else []
+        evaluation = write_report(rows, out, required_baselines=args.baselines, command=cmd)
+        summary["verdict"] = evaluation["verdict"]["label"]
+        summary["valid"] = evaluation["valid"]
+        summary["problems"] = len(evaluation["problems"])
+        summary["report"] = evaluation["files"].get("markdown")
+    summary["exit_code"] = 1 if summary["failed"] else 0
+    return summary

@@ -1,0 +1,496 @@
+"""Evaluation of a validated result set (DESIGN §6, issue 7).
+
+:func:`evaluate` turns rows into a JSON-able report:
+
+* ``ordering`` — per (arch, block, concurrency, cache fraction), median
+  tokens/s of each baseline over repeats and whether B0 < B1 < B2 < PD <= B3;
+* ``gap`` — the share of the B1→B3 gap PD closes, ``(PD − B1) / (B3 − B1)``,
+  per point and summarised per (arch, block, cache fraction);
+* ``regime`` — per (arch, cache fraction), whether PD's runs were link-bound
+  (link-busy s > compute-busy s: the copy link, not the GPU, is the resource
+  that bounds them) or compute-bound;
+* ``hide`` — the hide inequality from measured terms, per row:
+  fetch = (1 − r)·(routed expert bytes)/BW versus window = t_draft + t_router
+  + verify overlap, both sides summed over the run, and the margin;
+* ``targets`` — issue 7's targets, each with its threshold, the measured
+  value and by how much it is missed;
+* ``verdict`` — GO only if the rows are valid and every target is met; every
+  failed or unmeasurable target is a reason.
+
+A figure that cannot be computed is ``None`` with the reason beside it,
+never a placeholder.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pdflash.report.schema import BASELINES, comparison_points, serves, validate_rows
+
+#: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as DESIGN §3.
+LINK_BYTES_PER_S_PER_GBPS = 1e9
+
+ETA_TARGET = 0.9
+BELADY_RATIO_TARGET = 1.3
+GAP_TARGET = 0.9
+#: PD may exceed the all-resident B3 by measurement noise only.
+B3_NOISE = 0.05
+
+Point = tuple[Any, Any, Any, Any]  # arch, block, concurrency, cache fraction
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _point(row: Mapping[str, Any]) -> Point:
+    return (row["arch"], row["block_size"], row["concurrency"], row["cache_fraction"])
+
+
+def _reason(rows: Sequence[Mapping[str, Any]], name: str) -> str:
+    for row in rows:
+        reason = row.get("not_measured", {}).get(name)
+        if reason:
+            return str(reason)
+    return f"{name} missing"
+
+
+class _Table:
+    """Rows per baseline, looked up by comparison point (see
+    :func:`pdflash.report.schema.serves`: B3 serves every cache fraction, B0
+    every block size)."""
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.by_baseline: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for row in rows:
+            self.by_baseline[row["baseline"]].append(row)
+        self.points: list[Point] = [(p[0], p[1], p[2], p[3]) for p in comparison_points(rows)]
+
+    def rows(self, point: Point, baseline: str) -> list[Mapping[str, Any]]:
+        found = [r for r in self.by_baseline.get(baseline, []) if serves(r, point)]
+        exact = [r for r in found if _point(r) == point]
+        return exact or found
+
+    def median(self, point: Point, baseline: str, name: str) -> float | None:
+        return _median(_num(r.get(name)) for r in self.rows(point, baseline))
+
+    def sorted_points(self) -> list[Point]:
+        return sorted(self.points, key=lambda p: (str(p[0]), p[1], p[3], p[2]))
+
+
+def _ordering(table: _Table) -> list[dict[str, Any]]:
+    out = []
+    pairs = (("B0", "B1", "<"), ("B1", "B2", "<"), ("B2", "PD", "<"), ("PD", "B3", "<="))
+    for point in table.sorted_points():
+        tps = {b: table.median(point, b, "output_tokens_per_s") for b in BASELINES}
+        checks = []
+        for lo, hi, op in pairs:
+            a, b = tps[lo], tps[hi]
+            if a is None or b is None:
+                holds = None
+            elif op == "<":
+                holds = a < b
+            else:
+                holds = a <= b * (1 + B3_NOISE)
+            checks.append({"relation": f"{lo} {op} {hi}", "holds": holds})
+        out.append(
+            {
+                "arch": point[0],
+                "block_size": point[1],
+                "concurrency": point[2],
+                "cache_fraction": point[3],
+                "tokens_per_s": tps,
+                "checks": checks,
+                "holds": all(c["holds"] for c in checks if c["holds"] is not None)
+                and all(c["holds"] is not None for c in checks),
+            }
+        )
+    return out
+
+
+def gap_closed(pd: float | None, b1: float | None, b3: float | None) -> tuple[float | None, str]:
+    """``(PD − B1) / (B3 − B1)`` and a reason when it cannot be computed."""
+    if pd is None or b1 is None or b3 is None:
+        missing = [n for n, v in (("PD", pd), ("B1", b1), ("B3", b3)) if v is None]
+        return None, f"no tokens/s for {', '.join(missing)}"
+    if b3 <= b1:
+        return None, f"no B1→B3 gap to close (B1 {b1:.4g} >= B3 {b3:.4g} tokens/s)"
+    return (pd - b1) / (b3 - b1), ""
+
+
+def _gap(table: _Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    per_point = []
+    for point in table.sorted_points():
+        value, reason = gap_closed(
+            table.median(point, "PD", "output_tokens_per_s"),
+            table.median(point, "B1", "output_tokens_per_s"),
+            table.median(point, "B3", "output_tokens_per_s"),
+        )
+        entry: dict[str, Any] = {
+            "arch": point[0],
+            "block_size": point[1],
+            "concurrency": point[2],
+            "cache_fraction": point[3],
+            "gap_closed": value,
+        }
+        if value is None:
+            entry["not_measured"] = {"gap_closed": reason}
+        per_point.append(entry)
+    by_cf: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    for entry in per_point:
+        by_cf[(entry["arch"], entry["block_size"], entry["cache_fraction"])].append(entry)
+    summary = []
+    for (arch, block, cf), entries in sorted(by_cf.items(), key=lambda kv: repr(kv[0])):
+        values = [e["gap_closed"] for e in entries if e["gap_closed"] is not None]
+        summary.append(
+            {
+                "arch": arch,
+                "block_size": block,
+                "cache_fraction": cf,
+                "gap_closed_min": min(values) if values else None,
+                "gap_closed_median": statistics.median(values) if values else None,
+                "points": len(entries),
+                "points_measured": len(values),
+            }
+        )
+    return per_point, summary
+
+
+def _regime(table: _Table) -> list[dict[str, Any]]:
+    """Link-bound vs compute-bound per (arch, cache fraction), from PD's busy times."""
+    groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
+    for row in table.by_baseline.get("PD", []):
+        groups[(row["arch"], row["cache_fraction"])].append(row)
+    out = []
+    for (arch, cf), rows in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+        ratios = []
+        belady_ratios = []
+        for row in rows:
+            link, compute = _num(row.get("link_busy_s")), _num(row.get("compute_busy_s"))
+            if link is not None and compute is not None and compute > 0:
+                ratios.append(link / compute)
+            bel, bw = _num(row.get("belady_bytes")), _num(row.get("link_gbps_measured"))
+            if bel is not None and bw and compute:
+                belady_ratios.append(bel / (bw * LINK_BYTES_PER_S_PER_GBPS) / compute)
+        entry: dict[str, Any] = {
+            "arch": arch,
+            "cache_fraction": cf,
+            "link_to_compute_busy": statistics.median(ratios) if ratios else None,
+            "belady_link_to_compute": statistics.median(belady_ratios) if belady_ratios else None,
+            "runs": len(rows),
+        }
+        if ratios:
+            entry["bound"] = "link" if entry["link_to_compute_busy"] > 1 else "compute"
+        else:
+            entry["bound"] = None
+            entry["not_measured"] = {
+                "bound": "PD rows lack link_busy_s/compute_busy_s: " + _reason(rows, "link_busy_s")
+            }
+        out.append(entry)
+    return out
+
+
+def hide_inequality(row: Mapping[str, Any]) -> dict[str, Any]:
+    """Both sides of DESIGN §6's hide inequality for one run, summed over it.
+
+    fetch_s = (1 − r) · routed_expert_bytes / BW, with r the expert-cache hit
+    rate, routed_expert_bytes the bytes of every expert the run's forward
+    layers routed to (s·M_bytes summed over rounds) and BW the link measured
+    in the same run; window_s = draft_busy_s + router_busy_s +
+    verify_overlap_window_s (the engine's ``draft_s`` and ``predict_s`` are
+    accepted for the first two; without an explicit overlap term, the
+    verify's compute time ``verify_s − exposed_fetch_s`` is used: the most
+    copy time the verify forward itself can hide, an upper bound).
+    ``margin_s = window_s − fetch_s``; the fetch can be hidden when the margin
+    is >= 0.
+    """
+    overlap = _num(row.get("verify_overlap_window_s"))
+    overlap_source = "row"
+    if overlap is None:
+        verify, stall = _num(row.get("verify_s")), _num(row.get("exposed_fetch_s"))
+        if verify is not None and stall is not None:
+            # the verify forward's own compute: the most copy time it can hide
+            overlap, overlap_source = max(0.0, verify - stall), "verify_s - exposed_fetch_s"
+    terms = {
+        "hit_rate": _num(row.get("expert_cache_hit_rate")),
+        "routed_expert_bytes": _num(row.get("routed_expert_bytes")),
+        "link_gbps": _num(row.get("link_gbps_measured")),
+        # the engine names its drafter and predictor times draft_s / predict_s
+        "draft_busy_s": _num(row.get("draft_busy_s", row.get("draft_s"))),
+        "router_busy_s": _num(row.get("router_busy_s", row.get("predict_s"))),
+        "verify_overlap_window_s": overlap,
+    }
+    out: dict[str, Any] = {
+        "terms": terms,
+        "overlap_source": overlap_source if overlap is not None else None,
+        "fetch_s": None,
+        "window_s": None,
+        "margin_s": None,
+    }
+    reasons: dict[str, str] = {}
+    if terms["link_gbps"] == 0:
+        terms["link_gbps"] = None
+    fetch_missing = [
+        k for k in ("hit_rate", "routed_expert_bytes", "link_gbps") if terms[k] is None
+    ]
+    if fetch_missing:
+        reasons["fetch_s"] = "unmeasured term(s): " + ", ".join(fetch_missing)
+    else:
+        out["fetch_s"] = (
+            (1 - terms["hit_rate"])  # type: ignore[operator]
+            * terms["routed_expert_bytes"]
+            / (terms["link_gbps"] * LINK_BYTES_PER_S_PER_GBPS)  # type: ignore[operator]
+        )
+    window_keys = ("draft_busy_s", "router_busy_s", "verify_overlap_window_s")
+    window_missing = [k for k in window_keys if terms[k] is None]
+    if window_missing:
+        reasons["window_s"] = "unmeasured term(s): " + ", ".join(window_missing)
+    else:
+        out["window_s"] = sum(terms[k] or 0.0 for k in window_keys)
+    if out["fetch_s"] is not None and out["window_s"] is not None:
+        out["margin_s"] = out["window_s"] - out["fetch_s"]
+        out["holds"] = out["margin_s"] >= 0
+    else:
+        out["holds"] = None
+        reasons["margin_s"] = "; ".join(f"{k}: {v}" for k, v in reasons.items())
+    if reasons:
+        out["not_measured"] = reasons
+    return out
+
+
+def _hide(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        if row["baseline"] == "B3":
+            continue  # nothing to fetch
+        entry = {
+            "arch": row["arch"],
+            "baseline": row["baseline"],
+            "block_size": row["block_size"],
+            "concurrency": row["concurrency"],
+            "cache_fraction": row["cache_fraction"],
+            "repeat": row["repeat"],
+        }
+        entry.update(hide_inequality(row))
+        out.append(entry)
+    return out
+
+
+def _target(
+    name: str, where: str, value: float | None, threshold: float, op: str, reason: str = ""
+) -> dict[str, Any]:
+    """One target check. ``op`` is ">=" (value must reach threshold) or "<="
+    (must not exceed) or ">" (strictly above)."""
+    entry: dict[str, Any] = {
+        "target": name,
+        "where": where,
+        "value": value,
+        "threshold": threshold,
+        "op": op,
+    }
+    if value is None:
+        entry["met"] = None
+        entry["miss"] = None
+        entry["not_measured"] = {"value": reason or "not measured"}
+        return entry
+    if op == ">=":
+        met, miss = value >= threshold, threshold - value
+    elif op == ">":
+        met, miss = value > threshold, threshold - value
+    else:
+        met, miss = value <= threshold, value - threshold
+    entry["met"] = met
+    entry["miss"] = None if met else miss
+    return entry
+
+
+def _g(value: float | None, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value:.3g}{unit}"
+
+
+def _why(table: _Table, point: Point, target: str, bound: str | None) -> str:
+    """Why a target was missed, from the measured figures at ``point``."""
+
+    def m(baseline: str, name: str) -> float | None:
+        return table.median(point, baseline, name)
+
+    wall, compute, link = m("PD", "wall_s"), m("PD", "compute_busy_s"), m("PD", "link_busy_s")
+    if target.startswith("PD eta"):
+        idle = None if None in (wall, compute, link) else wall - max(compute, link)  # type: ignore[operator, type-var]
+        return (
+            f"PD wall {_g(wall, ' s')}: compute busy {_g(compute, ' s')}, link busy "
+            f"{_g(link, ' s')}; {_g(idle, ' s')} with neither resource busy (host-side "
+            "work between forwards: drafting bookkeeping, prediction, scheduling, Python)"
+        )
+    if target.startswith("PD bytes/token"):
+        moved, wasted = m("PD", "h2d_bytes"), m("PD", "wasted_prefetch_bytes")
+        return (
+            f"PD moved {_g(moved, ' B')} (Belady {_g(m('PD', 'belady_bytes'), ' B')} for the "
+            f"same trace and cache); prefetched and evicted unused {_g(wasted, ' B')}; "
+            f"useful-byte fraction {_g(m('PD', 'useful_byte_fraction'))}; route-ahead "
+            f"precision {_g(m('PD', 'routeahead_precision'))}"
+        )
+    if target.startswith("PD beats"):
+        other = target.split()[2]
+        return (
+            f"tokens/s PD {_g(m('PD', 'output_tokens_per_s'))} vs {other} "
+            f"{_g(m(other, 'output_tokens_per_s'))}; exposed fetch PD "
+            f"{_g(m('PD', 'exposed_fetch_s'), ' s')} vs {_g(m(other, 'exposed_fetch_s'), ' s')}; "
+            f"compute busy PD {_g(compute, ' s')} vs {_g(m(other, 'compute_busy_s'), ' s')} "
+            f"(PD's predictor {_g(m('PD', 'predict_s'), ' s')}); bytes/token PD "
+            f"{_g(m('PD', 'bytes_per_token'))} vs {_g(m(other, 'bytes_per_token'))}"
+        )
+    return (
+        f"{bound or 'unknown'}-bound here (PD link/compute busy "
+        f"{_g(None if not compute or link is None else link / compute)}); PD exposed fetch "
+        f"{_g(m('PD', 'exposed_fetch_s'), ' s')} of {_g(wall, ' s')} wall vs B3's "
+        f"{_g(m('B3', 'wall_s'), ' s')}; hit rate PD {_g(m('PD', 'expert_cache_hit_rate'))}"
+    )
+
+
+def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    targets = []
+    _where_point: dict[str, Point] = {}
+    bound = {(r["arch"], r["cache_fraction"]): r["bound"] for r in regime}
+    for point in table.sorted_points():
+        arch, block, conc, cf = point
+        where = f"{arch}/blk{block}/c{conc}/cf{cf}"
+        _where_point[where] = point
+        pd_rows = table.rows(point, "PD")
+        if not pd_rows:
+            continue
+        eta = table.median(point, "PD", "eta")
+        targets.append(
+            _target("PD eta >= 0.9", where, eta, ETA_TARGET, ">=", _reason(pd_rows, "eta"))
+        )
+        ratios = []
+        for row in pd_rows:
+            r = _num(row.get("bytes_per_token_vs_belady"))
+            if r is None:
+                bpt, bel = _num(row.get("bytes_per_token")), _num(row.get("belady_bytes_per_token"))
+                if bpt is not None and bel:
+                    r = bpt / bel
+                elif bpt is not None and bel == 0 and bpt > 0:
+                    r = math.inf
+            ratios.append(r)
+        ratio = _median(ratios)
+        reason = (
+            _reason(pd_rows, "bytes_per_token_vs_belady")
+            if any("bytes_per_token_vs_belady" in r for r in pd_rows)
+            else "no Belady replay in the rows (run through `pdflash-bench matrix`)"
+        )
+        entry = _target(
+            "PD bytes/token <= 1.3x Belady", where, ratio, BELADY_RATIO_TARGET, "<=", reason
+        )
+        if any(r.get("belady_initial_state") == "empty" for r in pd_rows):
+            entry["note"] = (
+                "Belady replayed from an empty cache (the engine did not report its "
+                "starting contents): the optimum pays compulsory loads PD may not have"
+            )
+        targets.append(entry)
+        pd_tps = table.median(point, "PD", "output_tokens_per_s")
+        for other in ("B1", "B2"):
+            o_tps = table.median(point, other, "output_tokens_per_s")
+            speedup = pd_tps / o_tps if pd_tps is not None and o_tps else None
+            targets.append(
+                _target(
+                    f"PD beats {other} (tokens/s ratio > 1)",
+                    where,
+                    speedup,
+                    1.0,
+                    ">",
+                    f"tokens/s missing for PD or {other} (or {other} is 0)",
+                )
+            )
+        regime_bound = bound.get((arch, cf))
+        gap, reason = gap_closed(
+            pd_tps,
+            table.median(point, "B1", "output_tokens_per_s"),
+            table.median(point, "B3", "output_tokens_per_s"),
+        )
+        if regime_bound is None:
+            # cannot tell whether the target applies, so it cannot be judged
+            reason = "regime unknown (PD rows lack busy times)"
+            gap = None
+        entry = _target(
+            "PD closes >= 90% of B1->B3 gap (not link-bound)", where, gap, GAP_TARGET, ">=", reason
+        )
+        if regime_bound == "link":
+            # the gap is the headline only where the run is not link-bound
+            entry["applies"] = False
+            entry["met"] = None
+            entry["miss"] = None
+            entry["not_applicable"] = "link-bound at this cache fraction"
+        targets.append(entry)
+    for t in targets:
+        if t["met"] is False:
+            point = _where_point[t["where"]]
+            t["why"] = _why(table, point, t["target"], bound.get((point[0], point[3])))
+    return targets
+
+
+def _verdict(problems: list[str], targets: list[dict[str, Any]]) -> dict[str, Any]:
+    reasons = []
+    if problems:
+        reasons.append(f"invalid input: {len(problems)} validation problem(s), e.g. {problems[0]}")
+    if not targets:
+        reasons.append("no PD rows to judge")
+    for t in targets:
+        if t.get("applies") is False:
+            continue
+        if t["met"] is None:
+            reasons.append(
+                f"cannot judge '{t['target']}' at {t['where']}: {t['not_measured']['value']}"
+            )
+        elif not t["met"]:
+            reasons.append(
+                f"'{t['target']}' missed at {t['where']}: {t['value']:.4g} vs {t['threshold']:.4g} "
+                f"(missed by {t['miss']:.4g}). Why: {t.get('why', 'n/a')}"
+            )
+    go = not reasons
+    if go:
+        judged = sum(1 for t in targets if t.get("applies") is not False)
+        reasons.append(f"all {judged} applicable target checks met on valid rows")
+    return {"go": go, "label": "GO" if go else "NO-GO", "reasons": reasons}
+
+
+def evaluate(
+    rows: Sequence[Mapping[str, Any]], required_baselines: Iterable[str] = BASELINES
+) -> dict[str, Any]:
+    """Validate and evaluate ``rows``; see the module docstring for the keys."""
+    problems = validate_rows(rows, required_baselines)
+    # Evaluate what can be evaluated: rows with the identity to place them.
+    usable = [
+        r
+        for r in rows
+        if isinstance(r, Mapping)
+        and r.get("baseline") in BASELINES
+        and all(k in r for k in ("arch", "block_size", "concurrency", "cache_fraction", "repeat"))
+    ]
+    table = _Table(usable)
+    gap_points, gap_summary = _gap(table)
+    regime = _regime(table)
+    targets = _targets(table, regime)
+    return {
+        "rows": len(rows),
+        "valid": not problems,
+        "problems": problems,
+        "ordering": _ordering(table),
+        "gap": gap_points,
+        "gap_by_cache_fraction": gap_summary,
+        "regime": regime,
+        "hide": _hide(usable),
+        "targets": targets,
+        "verdict": _verdict(problems, targets),
+    }

@@ -1,0 +1,367 @@
+"""The result-row schema of DESIGN §6 and its validation.
+
+A *row* is one engine run: one (arch, baseline, block size, concurrency,
+cache fraction, repeat). It is a flat JSON object: identity fields say what
+was run and where its inputs came from; metric fields are either a finite
+non-negative number or ``null`` with the reason under
+``row["not_measured"][name]`` (the convention of :mod:`pdflash.metrics`).
+
+:func:`validate_row` checks one row, :func:`validate_rows` a whole result set
+(adds duplicate keys and missing baselines). Both return a list of problems
+(human-readable, each naming the row and field); an empty list means valid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+#: Baselines in the order the report lists them (DESIGN §6).
+BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD")
+
+#: Identity fields every row carries, with the Python types allowed.
+IDENTITY_FIELDS: dict[str, tuple[type, ...]] = {
+    "arch": (str,),
+    "baseline": (str,),
+    "weights_source": (str,),
+    "acceptance_source": (str,),
+    "acceptance_params": (dict,),
+    "routing_source": (str,),
+    "device": (str,),
+    "link_gbps_measured": (int, float, type(None)),
+    "block_size": (int,),
+    "concurrency": (int,),
+    "cache_fraction": (int, float),
+    "repeat": (int,),
+    "seed": (int,),
+}
+
+#: Metrics every row carries (a number, or null with a reason).
+METRIC_FIELDS: tuple[str, ...] = (
+    "output_tokens_per_s",
+    "acceptance_length_mean",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "round_latency_p50_s",
+    "round_latency_p99_s",
+    "goodput_rps",
+    "expert_cache_hit_rate",
+    "routeahead_coverage",
+    "routeahead_precision",
+    "wasted_prefetch_bytes",
+    "exposed_fetch_s",
+    "h2d_bytes",
+    "h2d_overlap_fraction",
+    "expert_occupancy_bytes",
+    "kv_occupancy_bytes",
+    "scheduler_us_per_step",
+    "eta",
+    "compute_busy_s",
+    "link_busy_s",
+    "wall_s",
+    "link_busy_fraction",
+    "useful_byte_fraction",
+    "committed_tokens",
+    "bytes_per_token",
+)
+
+#: Optional numeric fields: validated when present (the matrix adds the
+#: Belady and routing-trace figures; an engine may add the hide-window terms).
+OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
+    "routed_expert_bytes",
+    "trace_forward_layers",
+    "cache_slots",
+    "expert_nbytes",
+    "belady_bytes",
+    "belady_bytes_per_token",
+    "belady_free_start_bytes",
+    "bytes_per_token_vs_belady",
+    "draft_busy_s",
+    "router_busy_s",
+    "verify_overlap_window_s",
+    "slo_s",
+)
+
+#: Metrics that are fractions and must lie in [0, 1].
+FRACTION_FIELDS: frozenset[str] = frozenset(
+    {
+        "expert_cache_hit_rate",
+        "routeahead_coverage",
+        "routeahead_precision",
+        "h2d_overlap_fraction",
+        "eta",
+        "link_busy_fraction",
+        "useful_byte_fraction",
+    }
+)
+
+#: Numbers that are counts and must be whole.
+INTEGER_FIELDS: frozenset[str] = frozenset(
+    {"committed_tokens", "cache_slots", "expert_nbytes", "trace_forward_layers"}
+)
+
+# A ratio measured from busy times may round a hair over 1.
+_FRACTION_SLACK = 1e-6
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The identity a row is unique by: (arch, baseline, block, concurrency,
+    cache fraction, repeat)."""
+    return (
+        row.get("arch"),
+        row.get("baseline"),
+        row.get("block_size"),
+        row.get("concurrency"),
+        row.get("cache_fraction"),
+        row.get("repeat"),
+    )
+
+
+def row_label(row: Mapping[str, Any]) -> str:
+    """A short human label, e.g. ``tiny/PD/B16/c4/cf0.2/r0``."""
+    arch, baseline, block, conc, cf, rep = row_key(row)
+    return f"{arch}/{baseline}/blk{block}/c{conc}/cf{cf}/r{rep}"
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value: object, problems: list[str], label: str) -> bool:
+    """Append a problem unless ``value`` is a finite, non-negative number."""
+    if not _is_number(value):
+        problems.append(f"{label}: {name} is {value!r}, not a number")
+        return False
+    assert isinstance(value, (int, float))
+    if not math.isfinite(value):
+        problems.append(f"{label}: {name} is non-finite ({value!r})")
+        return False
+    if value < 0:
+        problems.append(f"{label}: {name} is negative ({value!r})")
+        return False
+    if name in FRACTION_FIELDS and value > 1 + _FRACTION_SLACK:
+        problems.append(f"{label}: {name} = {value!r} is a fraction above 1")
+        return False
+    if name in INTEGER_FIELDS and float(value) != math.floor(value):
+        problems.append(f"{label}: {name} = {value!r} is not a whole count")
+        return False
+    return True
+
+
+def validate_row(row: Mapping[str, Any]) -> list[str]:
+    """Problems with one row (empty if valid).
+
+    Checks: identity fields present and typed; the baseline is known; every
+    metric present as a finite non-negative number or null with a reason
+    (and no reason for a metric that has a value); fractions within [0, 1];
+    and vacuous metrics, i.e. a figure reported where nothing it is computed
+    from was observed (acceptance with no committed tokens, route-ahead
+    coverage or precision from a baseline without route-ahead or a run with
+    no routed experts, goodput without an SLO).
+    """
+    if not isinstance(row, Mapping):
+        return [f"row is {type(row).__name__}, not a JSON object"]
+    label = row_label(row)
+    problems: list[str] = []
+
+    for name, types in IDENTITY_FIELDS.items():
+        if name not in row:
+            problems.append(f"{label}: missing identity field {name!r}")
+            continue
+        value = row[name]
+        if isinstance(value, bool) or not isinstance(value, types):
+            problems.append(f"{label}: identity field {name} = {value!r} has the wrong type")
+            continue
+        if isinstance(value, str) and not value:
+            problems.append(f"{label}: identity field {name} is empty")
+    baseline = row.get("baseline")
+    if isinstance(baseline, str) and baseline not in BASELINES:
+        problems.append(f"{label}: unknown baseline {baseline!r} (expected one of {BASELINES})")
+    for name in ("block_size", "concurrency"):
+        value = row.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            problems.append(f"{label}: {name} = {value} must be >= 1")
+    cf = row.get("cache_fraction")
+    if _is_number(cf) and not (0 < cf <= 1):  # type: ignore[operator]
+        problems.append(f"{label}: cache_fraction = {cf!r} must be in (0, 1]")
+    for name in ("repeat", "seed"):
+        value = row.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            problems.append(f"{label}: {name} = {value} must be >= 0")
+
+    reasons = row.get("not_measured", {})
+    if not isinstance(reasons, Mapping):
+        problems.append(f"{label}: not_measured is {type(reasons).__name__}, not an object")
+        reasons = {}
+
+    # link bandwidth is identity but may be unmeasured (e.g. B3 moves nothing)
+    link = row.get("link_gbps_measured")
+    if "link_gbps_measured" in row:
+        if link is None:
+            if not reasons.get("link_gbps_measured"):
+                problems.append(f"{label}: link_gbps_measured is null without a reason")
+        else:
+            _check_number("link_gbps_measured", link, problems, label)
+
+    measured: dict[str, float] = {}
+    for name in (*METRIC_FIELDS, *OPTIONAL_METRIC_FIELDS):
+        if name not in row:
+            if name in METRIC_FIELDS:
+                problems.append(
+                    f"{label}: missing metric {name!r} (null with a reason if unmeasured)"
+                )
+            continue
+        value = row[name]
+        if value is None:
+            reason = reasons.get(name)
+            if not isinstance(reason, str) or not reason.strip():
+                problems.append(f"{label}: {name} is null without a reason in not_measured")
+            continue
+        if name in reasons:
+            problems.append(f"{label}: {name} has a value and a not_measured reason")
+        if _check_number(name, value, problems, label):
+            measured[name] = float(value)
+    for name in reasons:
+        if name not in row:
+            problems.append(f"{label}: not_measured names {name!r}, which the row lacks")
+
+    problems.extend(_vacuous_metrics(row, measured, label))
+    return problems
+
+
+def _vacuous_metrics(
+    row: Mapping[str, Any], measured: Mapping[str, float], label: str
+) -> list[str]:
+    problems: list[str] = []
+    committed = measured.get("committed_tokens")
+    if "acceptance_length_mean" in measured:
+        if committed == 0:
+            problems.append(
+                f"{label}: acceptance_length_mean reported with no committed tokens (vacuous)"
+            )
+        elif measured["acceptance_length_mean"] < 1:
+            problems.append(
+                f"{label}: acceptance_length_mean = {measured['acceptance_length_mean']} < 1 "
+                "(a round commits at least one token)"
+            )
+        block = row.get("block_size")
+        # τ counts accepted drafts plus the bonus token, so at most B.
+        if isinstance(block, int) and measured["acceptance_length_mean"] > block + _FRACTION_SLACK:
+            problems.append(
+                f"{label}: acceptance_length_mean = {measured['acceptance_length_mean']} "
+                f"exceeds the block size {block}"
+            )
+    if "output_tokens_per_s" in measured and committed == 0 and measured["output_tokens_per_s"] > 0:
+        problems.append(f"{label}: output_tokens_per_s > 0 with no committed tokens")
+    for name in ("routeahead_coverage", "routeahead_precision"):
+        if name not in measured:
+            continue
+        if row.get("baseline") in ("B0", "B1", "B2", "B3"):
+            problems.append(
+                f"{label}: {name} reported for baseline {row.get('baseline')}, "
+                "which predicts nothing (vacuous)"
+            )
+        if measured.get("routed_expert_bytes") == 0:
+            problems.append(f"{label}: {name} reported with no routed experts observed (vacuous)")
+    if "goodput_rps" in measured and "slo_s" in row and row["slo_s"] is None:
+        problems.append(f"{label}: goodput_rps reported without an SLO (vacuous)")
+    blocked = row.get("issuer_blocked_wait_s")
+    if (
+        row.get("issuer_backend") == "host"
+        and "exposed_fetch_s" in measured
+        and isinstance(blocked, (int, float))
+        and not isinstance(blocked, bool)
+        and measured["exposed_fetch_s"] < 0.5 * blocked - 1e-3
+    ):
+        # On the host backend the forward itself blocks in the issuer's wait,
+        # so its measured stall cannot be far below the issuer's blocked time.
+        problems.append(
+            f"{label}: exposed_fetch_s = {measured['exposed_fetch_s']:.4g} s but callers blocked "
+            f"{blocked:.4g} s in the issuer's wait: the stall timer missed waits"
+        )
+    if "expert_cache_hit_rate" in measured and measured.get("routed_expert_bytes") == 0:
+        problems.append(f"{label}: expert_cache_hit_rate reported with no routed experts (vacuous)")
+    return problems
+
+
+def group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """(arch, block, concurrency, cache fraction): where baselines are compared."""
+    return (
+        row.get("arch"),
+        row.get("block_size"),
+        row.get("concurrency"),
+        row.get("cache_fraction"),
+    )
+
+
+def serves(row: Mapping[str, Any], point: tuple[Any, ...]) -> bool:
+    """Whether ``row`` is its baseline's entry at comparison ``point``
+    (arch, block, concurrency, cache fraction).
+
+    Two baselines do not depend on every coordinate, so one run serves
+    several points: B3 keeps every expert resident (any cache fraction), and
+    B0 decodes autoregressively (any block size; the engine may record its
+    block as 1).
+    """
+    arch, block, conc, cf = point
+    if row.get("arch") != arch or row.get("concurrency") != conc:
+        return False
+    if row.get("baseline") == "B3":
+        return bool(row.get("block_size") == block)
+    if row.get("baseline") == "B0":
+        return bool(row.get("cache_fraction") == cf)
+    return bool(row.get("block_size") == block and row.get("cache_fraction") == cf)
+
+
+def comparison_points(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
+    """The (arch, block, concurrency, cache fraction) points a result set
+    covers: those of its B1, B2 and PD rows (or, if it has none, of every row)."""
+    rows = [r for r in rows if isinstance(r, Mapping)]
+    specific = {group_key(r) for r in rows if r.get("baseline") in ("B1", "B2", "PD")}
+    points = specific or {group_key(r) for r in rows}
+    return sorted(points, key=lambda p: tuple(str(x) for x in p))
+
+
+def validate_rows(
+    rows: Sequence[Mapping[str, Any]],
+    required_baselines: Iterable[str] = BASELINES,
+) -> list[str]:
+    """Problems with a result set: each row's, duplicates, missing baselines.
+
+    Every required baseline must have a row serving each comparison point
+    (see :func:`serves`: one B3 row serves every cache fraction, one B0 row
+    every block size).
+    """
+    problems: list[str] = []
+    required = tuple(required_baselines)
+    unknown = [b for b in required if b not in BASELINES]
+    if unknown:
+        raise ValueError(f"unknown required baseline(s) {unknown}; known: {BASELINES}")
+    if not rows:
+        return ["no rows"]
+    seen: dict[tuple[Any, ...], int] = {}
+    for index, row in enumerate(rows):
+        problems.extend(f"row {index}: {p}" for p in validate_row(row))
+        if isinstance(row, Mapping):
+            key = row_key(row)
+            if key in seen:
+                problems.append(f"row {index}: duplicate of row {seen[key]} ({row_label(row)})")
+            else:
+                seen[key] = index
+
+    by_baseline: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if isinstance(row, Mapping):
+            by_baseline[str(row.get("baseline"))].append(row)
+    for point in comparison_points(rows):
+        missing = [b for b in required if not any(serves(r, point) for r in by_baseline.get(b, []))]
+        if missing:
+            arch, block, conc, cf = point
+            problems.append(
+                f"missing baseline(s) {', '.join(missing)} at {arch}/blk{block}/c{conc}/cf{cf}"
+            )
+    return problems

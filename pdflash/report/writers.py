@@ -1,0 +1,308 @@
+"""Reading rows and writing the report: JSON, CSV, Markdown."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pdflash.report.schema import IDENTITY_FIELDS, METRIC_FIELDS, OPTIONAL_METRIC_FIELDS
+
+ROWS_FILE = "rows.jsonl"
+
+
+class RowFileError(ValueError):
+    """A rows file that cannot be parsed; the message names file and line."""
+
+
+def load_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows from a rows file, or from every ``rows*.jsonl`` directly in a folder
+    (so results of several matrix runs can be combined: ``rows-gpt-oss.jsonl``,
+    ``rows-qwen.jsonl``; ``errors.jsonl`` is not rows).
+
+    Non-finite numbers (``NaN``, ``Infinity``) parse, so that validation can
+    name them; a line that is not JSON raises :class:`RowFileError`.
+    """
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("rows*.jsonl"))
+        if not files:
+            raise RowFileError(f"no rows*.jsonl file in {p}")
+    elif p.is_file():
+        files = [p]
+    else:
+        raise RowFileError(f"{p} does not exist")
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        for lineno, line in enumerate(f.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RowFileError(f"{f}:{lineno}: not JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise RowFileError(f"{f}:{lineno}: a row must be a JSON object")
+            rows.append(row)
+    return rows
+
+
+def append_row(path: str | Path, row: Mapping[str, Any]) -> None:
+    """Append one row as a JSON line (never rewrites earlier lines)."""
+    line = json.dumps(row, sort_keys=True, allow_nan=False, default=_json_default)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+
+
+def _json_default(obj: object) -> object:
+    # numpy scalars and arrays
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _clean(obj: Any) -> Any:
+    """Replace non-finite floats by None so the report JSON stays strict."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    Path(path).write_text(
+        json.dumps(_clean(obj), indent=2, sort_keys=True, default=_json_default) + "\n"
+    )
+
+
+def csv_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    known = [*IDENTITY_FIELDS, *METRIC_FIELDS, *OPTIONAL_METRIC_FIELDS]
+    extra = sorted({k for r in rows for k in r if k not in known and k != "not_measured"})
+    present = [k for k in known if any(k in r for r in rows)]
+    return [*present, *extra, "not_measured"]
+
+
+def write_csv(path: str | Path, rows: Sequence[Mapping[str, Any]]) -> None:
+    """One line per row; nested values (parameters, reasons) as JSON text."""
+    columns = csv_columns(rows)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        for row in rows:
+            out = []
+            for col in columns:
+                value = row.get(col)
+                if isinstance(value, (dict, list)):
+                    value = json.dumps(value, sort_keys=True)
+                out.append("" if value is None else value)
+            writer.writerow(out)
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    """A number for a table; ``—`` for a missing one."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _table(header: Sequence[str], lines: Sequence[Sequence[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    out.extend("| " + " | ".join(fmt(v) for v in line) + " |" for line in lines)
+    return "\n".join(out)
+
+
+ROW_TABLE_COLUMNS = (
+    "arch",
+    "baseline",
+    "block_size",
+    "concurrency",
+    "cache_fraction",
+    "repeat",
+    "output_tokens_per_s",
+    "acceptance_length_mean",
+    "expert_cache_hit_rate",
+    "routeahead_coverage",
+    "eta",
+    "bytes_per_token",
+    "bytes_per_token_vs_belady",
+    "exposed_fetch_s",
+)
+
+
+def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The per-row Markdown table (also what the default suite prints)."""
+    return _table(ROW_TABLE_COLUMNS, [[r.get(c) for c in ROW_TABLE_COLUMNS] for r in rows])
+
+
+def markdown_report(
+    evaluation: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    title: str = "pdflash-bench report",
+    plots: Sequence[str] = (),
+    command: str | None = None,
+) -> str:
+    """The human report: verdict first, then the evidence."""
+    verdict = evaluation["verdict"]
+    parts = [f"# {title}", ""]
+    if command:
+        parts += ["Command:", "", f"    {command}", ""]
+    parts += [f"## Verdict: **{verdict['label']}**", ""]
+    parts += [f"- {r}" for r in verdict["reasons"][:40]]
+    if len(verdict["reasons"]) > 40:
+        parts.append(f"- … and {len(verdict['reasons']) - 40} more (see report.json)")
+    parts.append("")
+    if evaluation["problems"]:
+        parts += ["## Validation problems", ""]
+        parts += [f"- {p}" for p in evaluation["problems"][:100]]
+        parts.append("")
+    sources = sorted(
+        {
+            (
+                str(r.get("weights_source")),
+                str(r.get("acceptance_source")),
+                str(r.get("routing_source")),
+                str(r.get("device")),
+            )
+            for r in rows
+        }
+    )
+    parts += ["## Inputs", ""]
+    parts.append(_table(("weights", "acceptance", "routing", "device"), sources))
+    parts.append("")
+    for plot in plots:
+        parts += [f"![{Path(plot).stem}]({Path(plot).name})", ""]
+
+    parts += ["## Tokens/s per baseline (median over repeats) and ordering", ""]
+    lines = []
+    for e in evaluation["ordering"]:
+        tps = e["tokens_per_s"]
+        broken = [c["relation"] for c in e["checks"] if c["holds"] is False]
+        lines.append(
+            [e["arch"], e["block_size"], e["concurrency"], e["cache_fraction"]]
+            + [tps.get(b) for b in ("B0", "B1", "B2", "PD", "B3")]
+            + [
+                "holds"
+                if e["holds"]
+                else ("broken: " + ", ".join(broken) if broken else "incomplete")
+            ]
+        )
+    parts.append(
+        _table(
+            ("arch", "B", "conc", "cache", "B0", "B1", "B2", "PD", "B3", "B0<B1<B2<PD<=B3"),
+            lines,
+        )
+    )
+    parts += ["", "## Share of the B1→B3 gap PD closes", ""]
+    parts.append(
+        _table(
+            ("arch", "B", "cache", "min", "median", "points measured"),
+            [
+                [
+                    g["arch"],
+                    g["block_size"],
+                    g["cache_fraction"],
+                    g["gap_closed_min"],
+                    g["gap_closed_median"],
+                    f"{g['points_measured']}/{g['points']}",
+                ]
+                for g in evaluation["gap_by_cache_fraction"]
+            ],
+        )
+    )
+    parts += ["", "## Regime (PD link-busy / compute-busy)", ""]
+    parts.append(
+        _table(
+            ("arch", "cache", "link/compute busy", "Belady link need/compute", "bound"),
+            [
+                [
+                    r["arch"],
+                    r["cache_fraction"],
+                    r["link_to_compute_busy"],
+                    r["belady_link_to_compute"],
+                    r["bound"] or "unknown: " + r.get("not_measured", {}).get("bound", ""),
+                ]
+                for r in evaluation["regime"]
+            ],
+        )
+    )
+    parts += [
+        "",
+        "## Hide inequality (summed over each run)",
+        "",
+        "fetch = (1 − r)·routed bytes/BW vs window = t_draft + t_router + verify overlap; "
+        "where the engine gives no overlap term, the verify's compute time "
+        "(verify_s − exposed_fetch_s) stands in for it: an upper bound.",
+        "",
+    ]
+    parts.append(
+        _table(
+            (
+                "arch",
+                "baseline",
+                "conc",
+                "cache",
+                "rep",
+                "fetch s",
+                "window s",
+                "margin s",
+                "holds",
+                "why unmeasured",
+            ),
+            [
+                [
+                    h["arch"],
+                    h["baseline"],
+                    h["concurrency"],
+                    h["cache_fraction"],
+                    h["repeat"],
+                    h["fetch_s"],
+                    h["window_s"],
+                    h["margin_s"],
+                    h["holds"],
+                    h.get("not_measured", {}).get("margin_s", ""),
+                ]
+                for h in evaluation["hide"]
+            ],
+        )
+    )
+    parts += ["", "## Targets", ""]
+    parts.append(
+        _table(
+            ("target", "where", "value", "threshold", "met", "missed by", "note"),
+            [
+                [
+                    t["target"],
+                    t["where"],
+                    t["value"],
+                    t["threshold"],
+                    "n/a" if t.get("applies") is False else t["met"],
+                    t["miss"],
+                    t.get("not_applicable")
+                    or t.get("not_measured", {}).get("value")
+                    or t.get("why")
+                    or t.get("note", ""),
+                ]
+                for t in evaluation["targets"]
+            ],
+        )
+    )
+    parts += ["", "## Rows", "", rows_table(rows), ""]
+    reasons = sorted({(k, v) for r in rows for k, v in (r.get("not_measured") or {}).items()})
+    if reasons:
+        parts += ["## Not measured, and why", ""]
+        parts += [f"- `{k}`: {v}" for k, v in reasons]
+        parts.append("")
+    return "\n".join(parts)

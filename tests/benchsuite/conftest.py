@@ -1,0 +1,226 @@
+"""Fixtures for the bench/report tests: valid rows and a fake engine that
+honours the ``pdflash.engine.bench_run`` contract (RunSpec -> RunResult)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdflash.report.belady import belady
+
+# Tokens/s of the fake engine, per baseline at concurrency 1 (scaled by
+# concurrency): the expected order B0 < B1 < B2 < PD <= B3.
+FAKE_TPS = {"B0": 10.0, "B1": 20.0, "B2": 25.0, "PD": 38.0, "B3": 40.0}
+
+
+def base_row(**overrides: Any) -> dict[str, Any]:
+    """A valid PD row; override any field."""
+    row: dict[str, Any] = {
+        "arch": "tiny",
+        "baseline": "PD",
+        "weights_source": "synthetic",
+        "acceptance_source": "forced",
+        "acceptance_params": {"mean_tau": 4.0},
+        "routing_source": "model",
+        "device": "cpu",
+        "link_gbps_measured": 1.0,
+        "block_size": 16,
+        "concurrency": 4,
+        "cache_fraction": 0.2,
+        "repeat": 0,
+        "seed": 0,
+        "output_tokens_per_s": 38.0,
+        "acceptance_length_mean": 4.0,
+        "ttft_p50_s": 0.1,
+        "ttft_p99_s": 0.2,
+        "round_latency_p50_s": 0.05,
+        "round_latency_p99_s": 0.09,
+        "goodput_rps": 1.5,
+        "slo_s": 2.0,
+        "expert_cache_hit_rate": 0.5,
+        "routeahead_coverage": 0.8,
+        "routeahead_precision": 0.7,
+        "wasted_prefetch_bytes": 1000.0,
+        "exposed_fetch_s": 0.01,
+        "h2d_bytes": 100000.0,
+        "h2d_overlap_fraction": 0.6,
+        "expert_occupancy_bytes": 50000.0,
+        "kv_occupancy_bytes": 20000.0,
+        "scheduler_us_per_step": 12.0,
+        "eta": 0.95,
+        "compute_busy_s": 1.0,
+        "link_busy_s": 0.5,
+        "wall_s": 1.05,
+        "link_busy_fraction": 0.48,
+        "useful_byte_fraction": 0.9,
+        "committed_tokens": 100,
+        "bytes_per_token": 1000.0,
+        "routed_expert_bytes": 200000.0,
+        "belady_bytes": 90000.0,
+        "belady_bytes_per_token": 900.0,
+        "bytes_per_token_vs_belady": 1000.0 / 900.0,
+    }
+    row.update(overrides)
+    return row
+
+
+@pytest.fixture
+def make_row() -> Callable[..., dict[str, Any]]:
+    return base_row
+
+
+def full_matrix(
+    concurrency: tuple[int, ...] = (1, 4), fractions: tuple[float, ...] = (0.2,)
+) -> list[dict[str, Any]]:
+    """A complete valid result set: every baseline at every point."""
+    rows = []
+    for cf in fractions:
+        for conc in concurrency:
+            for b in ("B0", "B1", "B2", "PD"):
+                extra: dict[str, Any] = {}
+                if b != "PD":
+                    extra = {
+                        "routeahead_coverage": None,
+                        "routeahead_precision": None,
+                        "not_measured": {
+                            "routeahead_coverage": f"{b} predicts nothing",
+                            "routeahead_precision": f"{b} predicts nothing",
+                        },
+                    }
+                rows.append(
+                    base_row(
+                        baseline=b,
+                        concurrency=conc,
+                        cache_fraction=cf,
+                        output_tokens_per_s=FAKE_TPS[b] * conc,
+                        **extra,
+                    )
+                )
+    for conc in concurrency:
+        rows.append(
+            base_row(
+                baseline="B3",
+                concurrency=conc,
+                cache_fraction=1.0,
+                output_tokens_per_s=FAKE_TPS["B3"] * conc,
+                routeahead_coverage=None,
+                routeahead_precision=None,
+                not_measured={
+                    "routeahead_coverage": "B3 predicts nothing",
+                    "routeahead_precision": "B3 predicts nothing",
+                },
+            )
+        )
+    return rows
+
+
+@pytest.fixture
+def matrix_rows() -> Callable[..., list[dict[str, Any]]]:
+    return full_matrix
+
+
+@dataclasses.dataclass
+class FakeRunSpec:
+    """Mirror of pdflash.engine.bench_run.RunSpec (the documented fields)."""
+
+    arch: str
+    baseline: str
+    block_size: int = 16
+    concurrency: int = 4
+    cache_fraction: float = 0.2
+    repeat: int = 0
+    seed: int = 0
+    weights: str = "synthetic"
+    draft: str = "synthetic"
+    device: str = "auto"
+    num_requests: int | None = None
+    prompt_len: int = 32
+    max_new_tokens: int = 64
+    slo_s: float | None = None
+    emulated_link_gbps: float | None = None
+    layers: int | None = None
+    acceptance: str = "auto"
+    mean_tau: float | None = None
+
+
+@dataclasses.dataclass
+class FakeRunResult:
+    row: dict[str, Any]
+    routing_trace: list[np.ndarray]
+    cache_slots: int
+    expert_nbytes: int
+
+
+class FakeEngine:
+    """Deterministic stand-in for run_spec; records the specs it ran."""
+
+    layers, experts, top_k = 2, 8, 2
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.specs: list[FakeRunSpec] = []
+        self.fail_on = fail_on
+
+    def __call__(self, spec: FakeRunSpec, progress: Any = None) -> FakeRunResult:
+        self.specs.append(spec)
+        if self.fail_on is not None and spec.baseline == self.fail_on:
+            raise RuntimeError(f"planted failure for {spec.baseline}")
+        rng = np.random.default_rng(spec.seed + spec.repeat)
+        rounds = 6
+        trace = [
+            layer * self.experts + rng.choice(self.experts, size=self.top_k, replace=False)
+            for _ in range(rounds)
+            for layer in range(self.layers)
+        ]
+        total = self.layers * self.experts
+        slots = (
+            total if spec.baseline == "B3" else max(self.top_k, int(spec.cache_fraction * total))
+        )
+        committed = 24 * spec.concurrency
+        # bytes moved: PD 10% above the optimum for its trace, others 60%
+        optimum = belady(trace, slots, 4096).bytes_moved
+        h2d = 0.0 if spec.baseline == "B3" else optimum * (1.1 if spec.baseline == "PD" else 1.6)
+        nothing = spec.baseline != "PD"
+        row = base_row(
+            arch=spec.arch,
+            baseline=spec.baseline,
+            block_size=spec.block_size,
+            concurrency=spec.concurrency,
+            cache_fraction=spec.cache_fraction,
+            repeat=spec.repeat,
+            seed=spec.seed,
+            device="cpu",
+            output_tokens_per_s=FAKE_TPS[spec.baseline] * spec.concurrency,
+            committed_tokens=committed,
+            h2d_bytes=h2d,
+            bytes_per_token=h2d / committed,
+            goodput_rps=None if spec.slo_s is None else 1.0,
+        )
+        for k in (
+            "routed_expert_bytes",
+            "belady_bytes",
+            "belady_bytes_per_token",
+            "bytes_per_token_vs_belady",
+            "slo_s",
+        ):
+            row.pop(k)
+        reasons: dict[str, str] = {}
+        if spec.slo_s is None:
+            reasons["goodput_rps"] = "no SLO"
+        if nothing:
+            row["routeahead_coverage"] = row["routeahead_precision"] = None
+            reasons["routeahead_coverage"] = reasons["routeahead_precision"] = "no route-ahead"
+        if reasons:
+            row["not_measured"] = reasons
+        return FakeRunResult(row=row, routing_trace=trace, cache_slots=slots, expert_nbytes=4096)
+
+
+@pytest.fixture
+def fake_engine() -> Callable[..., tuple[Any, FakeEngine]]:
+    def make(fail_on: str | None = None) -> tuple[Any, FakeEngine]:
+        return FakeRunSpec, FakeEngine(fail_on)
+
+    return make
