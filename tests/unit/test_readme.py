@@ -26,3 +26,11 @@ def test_readme_scheduler_example_runs_and_schedules() -> None:
     assert 1 <= len(batch) < 8  # type: ignore[arg-type]
     assert batch.missing_bytes <= 2 << 30  # type: ignore[attr-defined]
     assert 3 not in sched  # type: ignore[operator]
+
+
+def test_readme_issuer_example_copies_every_expert() -> None:
+    block = next(b for b in _python_blocks() if "H2DIssuer" in b)
+    namespace: dict[str, object] = {"__name__": "__readme__"}
+    exec(compile(block, str(README), "exec"), namespace)  # asserts the copied bytes itself
+    slots = namespace["slots"]
+    assert int(slots.sum()) == sum(range(4)) * (1 << 20)  # type: ignore[attr-defined]
