@@ -161,7 +161,8 @@ struct CopyRec {
   std::size_t next_off = 0;  // first byte not yet issued
   std::int64_t chunks_issued = 0;
   std::int64_t chunks_inflight = 0;
-  int last_slot = -1;  // slot of the most recently issued chunk
+  std::int64_t chunks_enqueued = 0;  // issued chunks the backend has accepted
+  int last_slot = -1;  // slot of the most recently enqueued chunk
   bool failed = false;
   double t_submit = 0.0;
 };
@@ -373,8 +374,28 @@ struct Issuer::Impl {
     return start + double(inflight_bytes) / rate_bps - cfg.issue_lead_s;
   }
 
-  void fill_window() {
-    bool issued = false;
+  // A chunk claimed under the lock, enqueued on the backend without it.
+  struct Pending {
+    int slot;
+    std::int32_t rec;
+    std::int64_t seq;
+    std::int64_t chunk;
+    std::size_t bytes;
+    void* dst;
+    const void* src;
+  };
+  std::vector<Pending> pending;  // worker only; keeps its capacity
+
+  // Claims chunks by the rule under the lock (they count as in flight at
+  // once), then enqueues them with the lock released and retakes it.
+  // NOTE: the backend enqueue (cudaMemcpyAsync + two event records, a few
+  // microseconds per chunk) ran under the issuer mutex before, so a submit
+  // arriving while the worker filled the window waited for the whole fill
+  // (issue 4). Only this worker claims, enqueues and reaps, so the stream
+  // order is the claim order. stream_wait() uses a copy's last slot only
+  // once every issued chunk is enqueued (chunks_enqueued).
+  void fill_window(std::unique_lock<std::mutex>& lk) {
+    pending.clear();
     while (true) {
       std::int32_t r = pick();
       if (r < 0) break;
@@ -383,6 +404,7 @@ struct Issuer::Impl {
       if (!window_has_room()) break;
       if (now() < jit_not_before()) break;
       int slot = free_slots.back();
+      free_slots.pop_back();
       std::int64_t ticket = make_ticket(c.seq, r);
       std::int64_t chunk = c.chunks_issued;
       if (c.chunks_issued == 0) {
@@ -390,28 +412,58 @@ struct Issuer::Impl {
         counters[c.band].add_delay(now() - c.t_submit);
       }
       record(kLogStart, c.band, ticket, chunk, std::int64_t(n), true);
-      std::string err;
-      void* dst = reinterpret_cast<void*>(c.dst + c.next_off);
-      const void* src = reinterpret_cast<const void*>(c.src + c.next_off);
+      pending.push_back(Pending{slot, r, c.seq, chunk, n,
+                                reinterpret_cast<void*>(c.dst + c.next_off),
+                                reinterpret_cast<const void*>(c.src + c.next_off)});
       c.next_off += n;
       c.chunks_issued += 1;
       queued_bytes -= n;
       if (c.next_off == c.bytes) --queued_copies;
-      issued = true;
-      if (!backend->enqueue(slot, dst, src, n, &err)) {
-        record(kLogEnd, c.band, ticket, chunk, std::int64_t(n), false);
-        chunk_failed(r, err);
-        maybe_finish(r);
-        continue;
-      }
-      free_slots.pop_back();
-      c.last_slot = slot;
       c.chunks_inflight += 1;
       inflight.push_back(Inflight{slot, r, c.seq, chunk, n, now()});
       inflight_bytes += n;
     }
-    if (issued && state_waiters > 0) state_cv.notify_all();
+    if (pending.empty()) return;
+    lk.unlock();
+    // failed enqueues keep their error text in `enqueue_errors` (by index)
+    enqueue_errors.assign(pending.size(), std::string());
+    bool any_failed = false;
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      const Pending& p = pending[i];
+      if (!backend->enqueue(p.slot, p.dst, p.src, p.bytes, &enqueue_errors[i])) {
+        if (enqueue_errors[i].empty()) enqueue_errors[i] = "enqueue failed";
+        any_failed = true;
+      } else {
+        enqueue_errors[i].clear();
+      }
+    }
+    lk.lock();
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      const Pending& p = pending[i];
+      CopyRec& c = recs[std::size_t(p.rec)];
+      if (!any_failed || enqueue_errors[i].empty()) {
+        c.chunks_enqueued += 1;
+        c.last_slot = p.slot;  // claim order: the last one set is the last enqueued
+        continue;
+      }
+      // Nothing is in flight for this slot: take it out of the window.
+      for (auto it = inflight.begin(); it != inflight.end(); ++it) {
+        if (it->slot == p.slot) {
+          inflight.erase(it);
+          break;
+        }
+      }
+      inflight_bytes -= p.bytes;
+      free_slots.push_back(p.slot);
+      c.chunks_inflight -= 1;
+      c.chunks_enqueued += 1;  // settled: stream_wait may use the copy's other chunks
+      record(kLogEnd, c.band, make_ticket(p.seq, p.rec), p.chunk, std::int64_t(p.bytes), false);
+      chunk_failed(p.rec, enqueue_errors[i]);
+      maybe_finish(p.rec);
+    }
+    if (state_waiters > 0) state_cv.notify_all();
   }
+  std::vector<std::string> enqueue_errors;  // worker only
 
   void chunk_failed(std::int32_t r, const std::string& err) {
     CopyRec& c = recs[std::size_t(r)];
@@ -477,7 +529,7 @@ struct Issuer::Impl {
     while (true) {
       reap();
       bool stopping = stop.load();
-      if (!stopping) fill_window();
+      if (!stopping) fill_window(lk);
       if (inflight.empty()) {
         if (stopping) break;
         // NOTE: on CUDA (the worker spins on events while copying anyway)
@@ -854,7 +906,7 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
       break;
     }
     const CopyRec& c = s.recs[std::size_t(t & kRecMask)];
-    if (c.next_off == c.bytes && c.chunks_inflight > 0) {
+    if (c.next_off == c.bytes && c.chunks_inflight > 0 && c.chunks_enqueued == c.chunks_issued) {
       // All chunks issued: the last one's event covers the whole copy (FIFO).
       std::string err;
       if (!s.backend->stream_wait_slot(c.last_slot, stream, &err)) {
