@@ -7,7 +7,14 @@ Everything is measured side by side in one run on one backend:
 * ``issue_us_768``: p50 wall time of ONE ``H2DIssuer.submit`` Python call
   that queues a saturated block of 768 copies (64 KiB each, distinct keys),
   i.e. the cost the engine pays per block; chunking and issuing happen on the
-  C++ worker afterwards.
+  C++ worker afterwards. Measured as in serving (:func:`measure_issue_cost`,
+  shared with ``pdflash-bench bm2``): blocks are pipelined two deep, so each
+  timed submit meets the issuer busy copying the previous block, and every
+  block is copied in full. Beside it: ``issue_us_768_idle`` (the previous
+  block waited for, the issuer idle at the submit) and
+  ``issue_us_768_quiescent`` (the old figure: cancelled right after the
+  submit, so the worker never issues and is never woken while parked; it
+  hid the wake-up cost of issue 4).
 * ``naive_issue_us_768``: the same 768 copies issued by a plain per-copy
   Python loop. CUDA: ``dst[i].copy_(src[i], non_blocking=True)`` with torch
   (the MoE-Infinity-style path). Host backend (no CUDA API to call): one
@@ -222,17 +229,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # ---- issue cost of a saturated 768-copy block --------------------
         small = 64 << 10
         src, dst = _copies(mem, 768, small)
-        sizes = np.full(768, small, dtype=np.int64)
-        samples = []
-        for _ in range(args.issue_reps):
-            k = keys(768).view(np.uint64)
-            t0 = time.perf_counter()
-            tickets = issuer.submit(src, dst, sizes, k, Band.ROUTE_AHEAD)
-            samples.append(time.perf_counter() - t0)
-            issuer.cancel()
-            _drain(issuer, tickets)
-        metrics["issue_us_768"] = _p50(samples) * 1e6
-        metrics["issue_us_768_p90"] = float(np.quantile(samples, 0.9)) * 1e6
+        # NOTE: every waited block is copied in full: ~1 ms on the H200, but
+        # 100 ms on the default 0.5 GB/s emulated link, hence fewer there.
+        waited_reps = args.issue_reps if backend == "cuda" else max(5, args.issue_reps // 10)
+        cost = measure_issue_cost(issuer, src, dst, small, keys, waited_reps, args.issue_reps)
+        metrics.update(cost)
 
         per_copy = []
         for _ in range(max(3, args.issue_reps // 10)):
@@ -437,6 +438,73 @@ class _BandScenario:
         self.queued_at_submit = _p50(queued)
         self.under_p90_us = float(np.quantile(under, 0.9)) * 1e6
         return _p50(alone) * 1e6, _p50(under) * 1e6, _p50(bg_rates)
+
+
+ISSUE_BLOCK = 768
+
+
+def measure_issue_cost(
+    issuer: Any,
+    src: Any,
+    dst: Any,
+    nbytes: int,
+    next_keys: Any,
+    reps: int,
+    quiescent_reps: int | None = None,
+) -> dict[str, float]:
+    """Wall time of one ``issuer.submit`` Python call queueing a 768-copy
+    block (``src``/``dst``: int64 address arrays, ``nbytes`` each, fresh keys
+    from ``next_keys(n)`` as int64), in three situations (p50, microseconds):
+
+    * ``issue_us_768`` (with ``issue_us_768_p90``): as in serving, blocks
+      pipelined two deep: submit block i while block i-1 is still being
+      copied, then wait for block i-1. ``reps`` timed blocks.
+    * ``issue_us_768_idle``: the previous block waited for, so the issuer is
+      idle (its worker parked) at the submit. ``reps`` blocks.
+    * ``issue_us_768_quiescent``: every block cancelled right after its
+      submit (nothing is copied). ``quiescent_reps`` (default ``reps``).
+
+    Arguments are passed as the engine passes them (scalar ``nbytes``, int64
+    keys), so their conversion is part of the cost. Used by ``pdflash-bench
+    h2d`` and ``pdflash-bench bm2`` alike.
+    """
+    import numpy as np
+
+    from pdflash.protocols import Band
+
+    def timed_submit() -> tuple[float, Any]:
+        k = next_keys(ISSUE_BLOCK)
+        t0 = time.perf_counter()
+        tickets = issuer.submit(src, dst, nbytes, k, Band.ROUTE_AHEAD)
+        return time.perf_counter() - t0, tickets
+
+    busy: list[float] = []
+    _, previous = timed_submit()  # warm-up, and the block the first one meets
+    for _ in range(reps):
+        dt, tickets = timed_submit()
+        busy.append(dt)
+        issuer.wait(previous)
+        previous = tickets
+    issuer.wait(previous)
+
+    idle: list[float] = []
+    for _ in range(reps):
+        dt, tickets = timed_submit()
+        idle.append(dt)
+        issuer.wait(tickets)
+
+    quiescent: list[float] = []
+    for _ in range(reps if quiescent_reps is None else quiescent_reps):
+        dt, tickets = timed_submit()
+        quiescent.append(dt)
+        issuer.cancel()
+        _drain(issuer, tickets)
+    return {
+        "issue_us_768": _p50(busy) * 1e6,
+        "issue_us_768_p90": float(np.quantile(busy, 0.9)) * 1e6,
+        "issue_us_768_idle": _p50(idle) * 1e6,
+        "issue_us_768_quiescent": _p50(quiescent) * 1e6,
+    }
 
 
 def _device_name(backend: str, device: int) -> str:

@@ -46,6 +46,8 @@ constexpr int kRecBits = 24;
 constexpr std::int64_t kRecMask = (std::int64_t(1) << kRecBits) - 1;
 constexpr std::size_t kMaxLiveCopies = std::size_t(1) << kRecBits;
 constexpr std::size_t kDelayRing = 65536;
+// How long an idle CUDA worker spins before parking (see run()).
+constexpr std::chrono::microseconds kIdleSpin{200};
 
 inline std::int64_t make_ticket(std::int64_t seq, std::int32_t rec) {
   return (seq << kRecBits) | rec;
@@ -159,7 +161,8 @@ struct CopyRec {
   std::size_t next_off = 0;  // first byte not yet issued
   std::int64_t chunks_issued = 0;
   std::int64_t chunks_inflight = 0;
-  int last_slot = -1;  // slot of the most recently issued chunk
+  std::int64_t chunks_enqueued = 0;  // issued chunks the backend has accepted
+  int last_slot = -1;  // slot of the most recently enqueued chunk
   bool failed = false;
   double t_submit = 0.0;
 };
@@ -264,6 +267,13 @@ struct Issuer::Impl {
   std::condition_variable work_cv;   // worker: new work or stop
   std::condition_variable state_cv;  // waiters: a copy finished / chunks issued
   std::atomic<std::uint64_t> epoch{0};
+  // NOTE: what the worker is blocked on, so submit() makes a wake-up call
+  // (a futex syscall that can also get the submitting thread preempted by
+  // the woken worker) only when it is needed: `parked` = idle on work_cv;
+  // `room_wait` = waiting for progress with room in the window (new work
+  // would be issued at once). Written by the worker under `mu`.
+  std::atomic<bool> parked{false};
+  std::atomic<bool> room_wait{false};
   std::atomic<bool> stop{false};
   bool closed = false;
   std::thread worker;
@@ -364,8 +374,28 @@ struct Issuer::Impl {
     return start + double(inflight_bytes) / rate_bps - cfg.issue_lead_s;
   }
 
-  void fill_window() {
-    bool issued = false;
+  // A chunk claimed under the lock, enqueued on the backend without it.
+  struct Pending {
+    int slot;
+    std::int32_t rec;
+    std::int64_t seq;
+    std::int64_t chunk;
+    std::size_t bytes;
+    void* dst;
+    const void* src;
+  };
+  std::vector<Pending> pending;  // worker only; keeps its capacity
+
+  // Claims chunks by the rule under the lock (they count as in flight at
+  // once), then enqueues them with the lock released and retakes it.
+  // NOTE: the backend enqueue (cudaMemcpyAsync + two event records, a few
+  // microseconds per chunk) ran under the issuer mutex before, so a submit
+  // arriving while the worker filled the window waited for the whole fill
+  // (issue 4). Only this worker claims, enqueues and reaps, so the stream
+  // order is the claim order. stream_wait() uses a copy's last slot only
+  // once every issued chunk is enqueued (chunks_enqueued).
+  void fill_window(std::unique_lock<std::mutex>& lk) {
+    pending.clear();
     while (true) {
       std::int32_t r = pick();
       if (r < 0) break;
@@ -374,6 +404,7 @@ struct Issuer::Impl {
       if (!window_has_room()) break;
       if (now() < jit_not_before()) break;
       int slot = free_slots.back();
+      free_slots.pop_back();
       std::int64_t ticket = make_ticket(c.seq, r);
       std::int64_t chunk = c.chunks_issued;
       if (c.chunks_issued == 0) {
@@ -381,28 +412,58 @@ struct Issuer::Impl {
         counters[c.band].add_delay(now() - c.t_submit);
       }
       record(kLogStart, c.band, ticket, chunk, std::int64_t(n), true);
-      std::string err;
-      void* dst = reinterpret_cast<void*>(c.dst + c.next_off);
-      const void* src = reinterpret_cast<const void*>(c.src + c.next_off);
+      pending.push_back(Pending{slot, r, c.seq, chunk, n,
+                                reinterpret_cast<void*>(c.dst + c.next_off),
+                                reinterpret_cast<const void*>(c.src + c.next_off)});
       c.next_off += n;
       c.chunks_issued += 1;
       queued_bytes -= n;
       if (c.next_off == c.bytes) --queued_copies;
-      issued = true;
-      if (!backend->enqueue(slot, dst, src, n, &err)) {
-        record(kLogEnd, c.band, ticket, chunk, std::int64_t(n), false);
-        chunk_failed(r, err);
-        maybe_finish(r);
-        continue;
-      }
-      free_slots.pop_back();
-      c.last_slot = slot;
       c.chunks_inflight += 1;
       inflight.push_back(Inflight{slot, r, c.seq, chunk, n, now()});
       inflight_bytes += n;
     }
-    if (issued && state_waiters > 0) state_cv.notify_all();
+    if (pending.empty()) return;
+    lk.unlock();
+    // failed enqueues keep their error text in `enqueue_errors` (by index)
+    enqueue_errors.assign(pending.size(), std::string());
+    bool any_failed = false;
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      const Pending& p = pending[i];
+      if (!backend->enqueue(p.slot, p.dst, p.src, p.bytes, &enqueue_errors[i])) {
+        if (enqueue_errors[i].empty()) enqueue_errors[i] = "enqueue failed";
+        any_failed = true;
+      } else {
+        enqueue_errors[i].clear();
+      }
+    }
+    lk.lock();
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      const Pending& p = pending[i];
+      CopyRec& c = recs[std::size_t(p.rec)];
+      if (!any_failed || enqueue_errors[i].empty()) {
+        c.chunks_enqueued += 1;
+        c.last_slot = p.slot;  // claim order: the last one set is the last enqueued
+        continue;
+      }
+      // Nothing is in flight for this slot: take it out of the window.
+      for (auto it = inflight.begin(); it != inflight.end(); ++it) {
+        if (it->slot == p.slot) {
+          inflight.erase(it);
+          break;
+        }
+      }
+      inflight_bytes -= p.bytes;
+      free_slots.push_back(p.slot);
+      c.chunks_inflight -= 1;
+      c.chunks_enqueued += 1;  // settled: stream_wait may use the copy's other chunks
+      record(kLogEnd, c.band, make_ticket(p.seq, p.rec), p.chunk, std::int64_t(p.bytes), false);
+      chunk_failed(p.rec, enqueue_errors[i]);
+      maybe_finish(p.rec);
+    }
+    if (state_waiters > 0) state_cv.notify_all();
   }
+  std::vector<std::string> enqueue_errors;  // worker only
 
   void chunk_failed(std::int32_t r, const std::string& err) {
     CopyRec& c = recs[std::size_t(r)];
@@ -468,10 +529,28 @@ struct Issuer::Impl {
     while (true) {
       reap();
       bool stopping = stop.load();
-      if (!stopping) fill_window();
+      if (!stopping) fill_window(lk);
       if (inflight.empty()) {
         if (stopping) break;
+        // NOTE: on CUDA (the worker spins on events while copying anyway)
+        // it also spins a short while after going idle before parking: the
+        // next block usually follows within tens of microseconds (a caller
+        // that waited for the last one), and a parked worker costs that
+        // submit a wake-up syscall plus, often, a preemption by the woken
+        // worker (issue 4). Not on the host backend (a small shared CPU).
+        if (backend->supports_stream_wait()) {
+          std::uint64_t seen = epoch.load();
+          lk.unlock();
+          auto until = std::chrono::steady_clock::now() + kIdleSpin;
+          while (epoch.load() == seen && !stop.load() &&
+                 std::chrono::steady_clock::now() < until)
+            std::this_thread::yield();
+          lk.lock();
+          if (epoch.load() != seen || stop.load()) continue;
+        }
+        parked.store(true);
         work_cv.wait(lk, [&] { return stop.load() || pick() >= 0; });
+        parked.store(false);
         continue;
       }
       // Room for one more chunk: the next queued one, or (nothing queued)
@@ -488,11 +567,13 @@ struct Issuer::Impl {
       }
       std::uint64_t seen = epoch.load();
       int slot = inflight.front().slot;
+      room_wait.store(room);
       lk.unlock();
       // NOTE: with room in the window, new submissions interrupt the wait so
       // they are issued at once; with a full window only a completion matters.
       backend->wait_progress(slot, deadline, [&] { return room && epoch.load() != seen; });
       lk.lock();
+      room_wait.store(false);
     }
     // Shut down: every live copy that will never complete is cancelled.
     for (std::size_t r = 0; r < recs.size(); ++r) {
@@ -717,12 +798,17 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       wake_worker = true;
     }
   }
-  // NOTE: one wake-up per batch, after the lock is released (the worker does
-  // not wake only to block on the mutex), and none when nothing new is queued.
+  // NOTE: at most one wake-up per batch, after the lock is released (the
+  // worker does not wake only to block on the mutex), none when nothing new
+  // is queued, and none when the worker is not blocked where new work would
+  // unblock it: a busy worker (window full, or spinning on CUDA events) sees
+  // the epoch or the queues on its own. A wake-up call costs a syscall and
+  // can get this thread preempted by the woken worker (issue 4: 16 -> 56 us
+  // per 768-copy submit on the H200 when the worker had gone idle).
   if (!wake_worker) return;
   s.epoch.fetch_add(1);
-  s.work_cv.notify_one();
-  s.backend->wake();
+  if (s.parked.load()) s.work_cv.notify_one();
+  if (s.room_wait.load()) s.backend->wake();
 }
 
 void Issuer::states(const std::int64_t* tickets, std::size_t n, std::uint8_t* out) const {
@@ -820,7 +906,7 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
       break;
     }
     const CopyRec& c = s.recs[std::size_t(t & kRecMask)];
-    if (c.next_off == c.bytes && c.chunks_inflight > 0) {
+    if (c.next_off == c.bytes && c.chunks_inflight > 0 && c.chunks_enqueued == c.chunks_issued) {
       // All chunks issued: the last one's event covers the whole copy (FIFO).
       std::string err;
       if (!s.backend->stream_wait_slot(c.last_slot, stream, &err)) {

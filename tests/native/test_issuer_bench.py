@@ -11,6 +11,8 @@ from pdflash.bench import cli
 REQUIRED = [
     "link_peak_gbps",
     "issue_us_768",
+    "issue_us_768_idle",
+    "issue_us_768_quiescent",
     "naive_issue_us_768",
     "expert_copy_gbps",
     "on_demand_alone_us",

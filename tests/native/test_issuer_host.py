@@ -544,3 +544,42 @@ def test_native_chunk_sizes_match_the_reference_split(
         log = records_from_log(iss.debug_log())
         assert [e.nbytes for e in log if e.kind == LOG_START] == pieces
         _replay(iss)
+
+
+@pytest.mark.parametrize("window_chunks", [1, 32])
+def test_submits_meeting_a_busy_or_idle_worker_are_never_lost(window_chunks: int) -> None:
+    # Issue 4: submit() skips the wake-up call when the worker is busy (it
+    # sees new work on its own). Blocks pipelined two deep, then waited one
+    # by one, meet the worker copying (window full or with room), between
+    # chunks and parked; a lost wake-up would hang wait(), caught by the
+    # timeout. Every byte must arrive.
+    n, size = 64, 4096
+    with H2DIssuer(
+        backend="host",
+        chunk_bytes=size,
+        window_bytes=size,
+        max_inflight_chunks=window_chunks,
+        emulated_link_gbps=0.5,
+    ) as iss:
+        src = iss.pinned_array(n * size)
+        dst = iss.pinned_array(n * size)
+        offsets = np.arange(n, dtype=np.int64) * size
+        s_ptr = src.ctypes.data + offsets
+        d_ptr = dst.ctypes.data + offsets
+        key = 1
+        previous = None
+        for block in range(12):
+            src[:] = block + 1
+            tickets = iss.submit(s_ptr, d_ptr, size, np.arange(key, key + n), Band.ROUTE_AHEAD)
+            key += n
+            if block % 3 == 2:  # idle worker at the next submit
+                iss.wait(tickets, timeout_s=30)
+                assert (dst == block + 1).all()
+                previous = None
+                continue
+            if previous is not None:
+                iss.wait(previous, timeout_s=30)
+            previous = tickets
+        if previous is not None:
+            iss.wait(previous, timeout_s=30)
+        assert iss.poll(previous if previous is not None else tickets).all()
