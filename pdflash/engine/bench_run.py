@@ -50,6 +50,10 @@ ARCHS: dict[str, tuple[str, str]] = {
     "tiny-gpt_oss": ("gpt_oss", "tiny"),
     "tiny-mixtral": ("mixtral", "tiny"),
     "tiny-olmoe": ("olmoe", "tiny"),
+    # CPU-sized shapes with the published expert counts / top-k (link-bound
+    # under an emulated link, like the full shapes on a GPU)
+    "small-gpt_oss": ("gpt_oss", "small"),
+    "small-qwen3_moe": ("qwen3_moe", "small"),
     "gpt-oss-20b": ("gpt_oss", "gpt-oss-20b"),
     "qwen3-30b-a3b": ("qwen3_moe", "qwen3-30b-a3b"),
     "mixtral-8x7b": ("mixtral", "mixtral-8x7b"),
@@ -427,12 +431,28 @@ def _run(
             progress,
         )
     finally:
+        # NOTE: copies still queued or in flight (prefetches for a round that
+        # never came) write into this run's slab: stop them before the cache
+        # (and its slab) can be freed.
+        _quiesce(issuer, cache)
         # the process-cached adapter must not keep this run's cache alive
         if getattr(runtime, "cache", None) is not None:
             for block in getattr(adapter, "blocks", []):
                 block.runtime = None
         adapter.cache = None
         adapter.runtime = None
+
+
+def _quiesce(issuer: Any, cache: Any) -> None:
+    """Cancel queued copies and wait for the running ones to land."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        issuer.cancel(None)
+    busy = np.asarray(cache.ticket)[np.asarray(cache.ticket) >= 0]
+    for t in busy.tolist():
+        with contextlib.suppress(Exception):
+            issuer.wait(np.asarray([t], dtype=np.int64))
 
 
 def _workload(
@@ -506,6 +526,9 @@ def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
     engine.trace_kinds.clear()
     engine.scheduler_us.clear()
     engine.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+    if engine.stream is not None:
+        engine.stream.copies_submitted = engine.stream.bytes_submitted = 0
+        engine.stream.cancelled = 0
     engine.verify_forwards = 0
     engine.predict_s = 0.0
     engine.finished.clear()
@@ -632,7 +655,13 @@ def _result(
         "batching": engine.config.batching,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
-        "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
+        "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD]
+        + (engine.stream.bytes_submitted if engine.stream is not None else 0),
+        "streaming_prefetch": engine.stream is not None,
+        "stream_ahead": engine.config.stream_ahead if engine.stream is not None else None,
+        "route_ahead_cancelled_copies": (
+            engine.stream.cancelled if engine.stream is not None else None
+        ),
         "background_bytes_submitted": engine.prefetch_bytes[Band.BACKGROUND],
         "predict_s": engine.predict_s,
         "draft_s": engine.timer.kind_s("draft"),
