@@ -655,8 +655,7 @@ def _result(
         "batching": engine.config.batching,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
-        "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD]
-        + (engine.stream.bytes_submitted if engine.stream is not None else 0),
+        "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
         "streaming_prefetch": engine.stream is not None,
         "stream_ahead": engine.config.stream_ahead if engine.stream is not None else None,
         "route_ahead_cancelled_copies": (

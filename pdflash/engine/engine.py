@@ -227,7 +227,11 @@ class Engine:
         self.stream: StreamingPrefetcher | None = None
         if config.streaming_prefetch and expert_cache is not None:
             self.stream = StreamingPrefetcher(
-                adapter, expert_cache, ahead=config.stream_ahead, lookahead=config.lookahead
+                adapter,
+                expert_cache,
+                ahead=config.stream_ahead,
+                lookahead=config.lookahead,
+                on_submit=self._count_route_ahead_bytes,
             )
         self._lookahead = (
             _Lookahead(self)
@@ -786,6 +790,9 @@ class Engine:
             self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
             self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
             self.expert_cache.prefetch(ids, Band.ROUTE_AHEAD)
+
+    def _count_route_ahead_bytes(self, nbytes: int) -> None:
+        self.prefetch_bytes[Band.ROUTE_AHEAD] += int(nbytes)
 
     def byte_budget(self) -> int:
         """Missing expert bytes per step (``M``): the configured value, else

@@ -53,6 +53,7 @@ the cache frees their slots) and the stream is re-issued in layer order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,7 @@ class StreamingPrefetcher:
             token choosing it with a modest gate).
         min_precision: copy from a plan source before the forward only while
             its measured precision is at least this.
+        on_submit: called with the bytes of every batch of copies submitted.
     """
 
     SOURCES = ("prev_round", "predicted")
@@ -93,6 +95,7 @@ class StreamingPrefetcher:
         lookahead: bool = True,
         lookahead_min_score: float = 0.15,
         min_precision: float = 0.5,
+        on_submit: Callable[[int], None] | None = None,
     ) -> None:
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
@@ -107,6 +110,7 @@ class StreamingPrefetcher:
         self.ahead = int(ahead)
         self.lookahead_min_score = float(lookahead_min_score)
         self.min_precision = float(min_precision)
+        self.on_submit = on_submit
         shape = (self.num_layers, self.num_experts)
         #: experts the forward is expected to need (protected from prefetch eviction)
         self.plan = np.zeros(shape, dtype=np.bool_)
@@ -250,6 +254,8 @@ class StreamingPrefetcher:
             submitted += got
             self.copies_submitted += got
             self.bytes_submitted += got * int(cache.expert_nbytes)
+            if self.on_submit is not None and got:
+                self.on_submit(got * int(cache.expert_nbytes))
             if self.log_submissions:
                 self.submit_log += [(lo, int(g)) for g in take[:got].tolist()]
             if got < want.size:
