@@ -521,26 +521,24 @@ class ExpertCache:
         return out.reshape(self.num_layers, self.num_experts)
 
     def wait_for_capacity(self) -> int:
-        """Block until at least one slot is free or evictable, waiting for
-        in-flight copies to land (pinned or not: a copy that lands settles
-        its slot, and a failed or cancelled one frees it). Returns the free
-        capacity; 0 only when every slot is pinned with its copy done (then
-        nothing in flight can free a slot)."""
+        """When no slot is free or evictable, wait for every in-flight copy
+        to land (pinned or not: a copy that lands settles its slot, a failed
+        or cancelled one frees it), one ticket at a time. Returns the free
+        capacity; 0 only when every slot stays pinned (or holds a copy that
+        never completes): then the cache is really too small."""
         room = self.free_capacity()
-        while room <= 0:
-            busy = np.flatnonzero(self.ticket >= 0)
-            if busy.size == 0:
-                return 0
-            # NOTE: one ticket at a time: ``wait`` raises on the first failed
-            # or cancelled copy, which must not stop us waiting for the rest.
-            for t in self.ticket[busy].tolist():
-                with contextlib.suppress(Exception):
-                    self.issuer.wait(np.asarray([t], dtype=np.int64), self.wait_timeout_s)
+        if room > 0:
+            return room
+        busy = np.flatnonzero(self.ticket >= 0)
+        # NOTE: one ticket at a time: ``wait`` raises on the first failed or
+        # cancelled copy, which must not stop us waiting for the rest.
+        for t in self.ticket[busy].tolist():
+            with contextlib.suppress(Exception):
+                self.issuer.wait(np.asarray([t], dtype=np.int64), self.wait_timeout_s)
+        room = self.free_capacity()
+        if room <= 0 and busy.size:
+            # copies that landed into pinned slots are settled (host path)
+            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
+            self.ticket[busy[done & (self.pins[busy] > 0)]] = -1
             room = self.free_capacity()
-            if room <= 0:
-                done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
-                if done.all():
-                    # landed but pinned: on the host path the slot is settled now
-                    self.ticket[busy[done & (self.pins[busy] > 0)]] = -1
-                    return self.free_capacity()
         return room

@@ -31,8 +31,9 @@ needs earlier is worse than no copy — it moves the evicted expert twice):
    forward to the next are hits in every forward, and each extra slot held
    by a copy far ahead costs one of them (one more copy per forward);
 3. between forwards only the first planned layer's misses (plus ``ahead``)
-   are copied: those evict exactly what the on-demand path would evict when
-   the verify reaches layer 0, so hiding them behind drafting costs no bytes.
+   are copied: those evict what the on-demand path would evict when the
+   verify reaches that layer, so hiding them behind drafting costs no bytes
+   (likewise, in a forward, the next layer with misses).
 
 Which experts are worth a copy (why: in the link-bound regime a copy of an
 expert the forward does not route to costs as much link time as a useful
@@ -223,9 +224,12 @@ class StreamingPrefetcher:
         if nxt >= self.num_layers:
             return 0
         resident = np.asarray(self.cache.resident_mask(), dtype=np.bool_)
-        missing_next = self.fetch[nxt] & ~resident[nxt]
-        # rule 3 / rule 2: the next layer's misses, then `ahead` more experts
-        budget = int(missing_next.sum()) + self.ahead
+        missing = (self.fetch[nxt:] & ~resident[nxt:]).sum(axis=1)
+        todo = np.flatnonzero(missing)
+        if todo.size == 0:
+            return 0
+        # rule 3 / rule 2: the next layer with misses, then `ahead` more experts
+        budget = int(missing[todo[0]]) + self.ahead
         return self._issue(nxt, budget, resident)
 
     def _issue(self, first: int, budget: int, resident: npt.NDArray[np.bool_]) -> int:
