@@ -83,7 +83,8 @@ class RunSpec:
     acceptance: str = "auto"  # "model" or "forced"
     mean_tau: float | None = None
     # PD's missing-byte budget M per step: explicit bytes, else
-    # link_gbps_measured * step_target_s ("one step's worth of PCIe time")
+    # max(link_gbps_measured * step_target_s ("one step's worth of PCIe
+    # time"), the bytes of every expert) -- see the NOTE in _run
     byte_budget: int | None = None
     step_target_s: float = 0.25
     dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
@@ -376,10 +377,22 @@ def _run(
     if config.batching != "fcfs":
         if config.batching == "deficit_2d":
             # NOTE: M is one step's worth of PCIe time at the bandwidth measured
-            # in this run (issue 2's sizing), unless the spec gives bytes. A
-            # smaller M bounds round latency but, when one block alone misses
-            # more than M, serialises requests (the oversize exception).
-            byte_budget = spec.byte_budget or max(1, int(link_gbps * 1e9 * spec.step_target_s))
+            # in this run (issue 2's sizing), floored at the bytes of every
+            # expert of the model (one forward's worst-case union), unless the
+            # spec gives bytes. Why the floor: M only changes a schedule when
+            # it splits live requests into separate verifies, and in the
+            # link-bound regime each of those re-copies nearly the whole
+            # expert set (a 16-token block routes ~28 of 32 experts per layer
+            # at gpt-oss-20b shape), so a split costs bytes and tokens/s; a
+            # block that alone misses more than M would even run alone (the
+            # oversize exception) and serialise the batch. With 8 layers at
+            # gpt-oss-20b shape the two terms are 55 GB/s x 0.25 s = 13.8 GB
+            # and 8 x 32 x 49.8 MB = 12.7 GB; at 24 layers the floor (38 GB)
+            # is what keeps requests batched.
+            all_expert_bytes = adapter.num_layers * adapter.num_experts * int(cache.expert_nbytes)
+            byte_budget = spec.byte_budget or max(
+                1, int(link_gbps * 1e9 * spec.step_target_s), all_expert_bytes
+            )
         batcher = DeficitBatcher(
             token_budget=config.token_budget,
             byte_budget=byte_budget,

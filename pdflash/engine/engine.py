@@ -725,14 +725,8 @@ class Engine:
             # requests that go on (previous-round predictor) and start its
             # first layers' copies now, so they run while the next blocks are
             # drafted. Nothing is planned when no request goes on.
-            going_on = [
-                i for i, (req, _) in enumerate(batch) if req.state == RequestState.DRAFT
-            ]
-            nxt = (
-                np.asarray(out.routed[going_on].any(axis=0), dtype=np.bool_)
-                if going_on
-                else None
-            )
+            going_on = [i for i, (req, _) in enumerate(batch) if req.state == RequestState.DRAFT]
+            nxt = np.asarray(out.routed[going_on].any(axis=0), dtype=np.bool_) if going_on else None
             self.stream.end_forward(routed_union, nxt)
         return committed, finished
 

@@ -187,7 +187,9 @@ def test_superseded_prediction_cancels_its_queued_copies() -> None:
 
     L, E = 2, 8
     # a slow emulated link so copies queue behind each other
-    issuer = H2DIssuer(backend="host", emulated_link_gbps=0.002, chunk_bytes=1 << 16, window_bytes=1 << 17)
+    issuer = H2DIssuer(
+        backend="host", emulated_link_gbps=0.002, chunk_bytes=1 << 16, window_bytes=1 << 17
+    )
     try:
         src = HostExperts(L, E, nbytes=1 << 16)
         buf = issuer.pinned_array(src.buf.shape, np.uint8)
@@ -216,7 +218,7 @@ def test_superseded_prediction_cancels_its_queued_copies() -> None:
 def test_copies_come_from_the_more_precise_source_only() -> None:
     L, E = 2, 8
     issuer = HeldIssuer()
-    cache, stream, _ = _setup(L, E, slots=16, issuer=issuer, ahead=0)
+    _cache, stream, _ = _setup(L, E, slots=16, issuer=issuer, ahead=0)
     routed = np.zeros((L, E), dtype=np.bool_)
     routed[:, :4] = True
     # round 1: "predicted" says experts 4..7 (all wrong), prev-round 0..3 (right)
