@@ -163,6 +163,10 @@ def test_stream_issues_in_layer_order_through_a_forward() -> None:
     stream.set_plan(plan, "prev_round")
     # between forwards: the first layer's three misses plus one ahead
     assert [g // E for _, g in stream.submit_log] == [0, 0, 0, 1]
+    # re-planning with the same set (e.g. after prediction) adds nothing
+    assert stream.pump() == 0
+    stream.set_plan(plan, "predicted")
+    assert len(stream.submit_log) == 4
     stream.begin_forward()
     for layer in range(L):
         policy.before_layer(layer)
