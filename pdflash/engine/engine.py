@@ -16,6 +16,15 @@ FINISHED`` (or ``ABORTED`` at any point). One :meth:`Engine.step`:
    committed positions' hidden states for the next draft;
 6. bookkeeping (route-ahead stats, predictor observations, metrics), then
    BACKGROUND prefetch of the frequency prior with the byte budget left.
+
+With ``streaming_prefetch`` (PD), steps 3-5 copy through a
+:class:`~pdflash.engine.prefetch.StreamingPrefetcher` instead of one batch of
+copies: right after a verify (end of 5) the next verify's first layers are
+planned from the routed set of the requests that go on and their copies
+start, so they run while step 2 drafts; step 3 refines the plan (stale
+queued copies are cancelled); during the verify each layer's routing and
+release advance the stream to the next layer (gate lookahead), never
+evicting an expert the forward needs earlier.
 """
 
 from __future__ import annotations
