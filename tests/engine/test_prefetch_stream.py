@@ -171,7 +171,7 @@ def test_stream_issues_in_layer_order_through_a_forward() -> None:
     for layer in range(L):
         policy.before_layer(layer)
         topk = torch.tensor([[0], [1], [2]]) if layer != 2 else torch.tensor([[0], [3]])
-        stream.on_routed(layer, topk)
+        stream.on_routed(layer, topk, None)
         needed = np.unique(topk.numpy()) + layer * E
         slots = cache.ensure_resident(needed)  # on-demand misses, waits (lands) them
         assert slots.size == needed.size
