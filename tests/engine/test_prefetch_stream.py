@@ -199,7 +199,8 @@ def test_superseded_prediction_cancels_its_queued_copies() -> None:
         buf = issuer.pinned_array(src.buf.shape, np.uint8)
         buf[:] = src.buf
         src.buf = buf
-        cache = ExpertCache(src, issuer, num_slots=8, top_k=1, max_batch_tokens=1)
+        # 16 slots: the stream uses at most half of the usable ones
+        cache = ExpertCache(src, issuer, num_slots=16, top_k=1, max_batch_tokens=1)
         adapter = SimpleNamespace(num_layers=L, num_experts=E)
         stream = StreamingPrefetcher(adapter, cache, ahead=0, lookahead=False)
         stream.set_plan(list(range(6)), "prev_round")  # layer 0: 6 copies, ~33 ms each
