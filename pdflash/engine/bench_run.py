@@ -674,6 +674,11 @@ def _result(
         "route_ahead_cancelled_copies": (
             engine.stream.cancelled if engine.stream is not None else None
         ),
+        # the stream's running precision per plan source at the end of the
+        # run (it copies before a forward only from the best one >= 0.7)
+        "stream_source_precision": (
+            dict(engine.stream.precision) if engine.stream is not None else None
+        ),
         "background_bytes_submitted": engine.prefetch_bytes[Band.BACKGROUND],
         "predict_s": engine.predict_s,
         "draft_s": engine.timer.kind_s("draft"),
