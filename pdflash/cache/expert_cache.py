@@ -329,15 +329,25 @@ class ExpertCache:
 
     # -- the two entry points --------------------------------------------------
 
-    def prefetch(self, flat_ids: npt.ArrayLike, band: Band = Band.ROUTE_AHEAD) -> IdArray:
+    def prefetch(
+        self,
+        flat_ids: npt.ArrayLike,
+        band: Band = Band.ROUTE_AHEAD,
+        *,
+        protect: npt.ArrayLike | None = None,
+    ) -> IdArray:
         """Start copies for the experts that are not resident; best effort.
 
         Returns one ticket per id (-1: already resident and its copy done, or
         no evictable slot was found — counted in ``prefetch_dropped``). Never
-        evicts a pinned expert, an in-flight copy, or another id of this call.
+        evicts a pinned expert, an in-flight copy, another id of this call, or
+        an id in ``protect`` (e.g. experts a forward needs before these).
         An id whose copy is in flight at a lower band is promoted to ``band``.
+        When fewer slots than missing ids are found, the ids that come first
+        in ``flat_ids`` get them.
         """
         ids_in = self._ids(flat_ids)
+        keep = self._ids(protect) if protect is not None else np.zeros(0, dtype=np.int64)
         ids, first = np.unique(ids_in, return_index=True)
         ids = ids[np.argsort(first)]  # keep the caller's priority order
         self.clock += 1
@@ -347,7 +357,8 @@ class ExpertCache:
         self._promote(slots[present], band)
         missing = ids[~present]
         if missing.size:
-            new_slots = self._reserve(int(missing.size), exclude=ids)
+            exclude = np.concatenate([ids, keep]) if keep.size else ids
+            new_slots = self._reserve(int(missing.size), exclude=exclude)
             got = int(new_slots.size)
             self.prefetch_dropped += int(missing.size) - got
             if got:
@@ -494,7 +505,40 @@ class ExpertCache:
                 self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
         self._refresh_inflight()
 
-    def free_capacity(self) -> int:
-        """Slots a forward could pin now (free or evictable)."""
+    def free_capacity(self, protect: npt.ArrayLike | None = None) -> int:
+        """Slots a forward could pin now (free or evictable), not counting
+        the slots of ``protect`` ids."""
         self._refresh_inflight()
-        return self._available(np.zeros(0, dtype=np.int64))
+        keep = self._ids(protect) if protect is not None else np.zeros(0, dtype=np.int64)
+        return self._available(keep)
+
+    def inflight_mask(self) -> npt.NDArray[np.bool_]:
+        """``(num_layers, num_experts)``: experts whose copy is still in flight
+        (as of the last refresh)."""
+        out = np.zeros(self.num_ids, dtype=np.bool_)
+        busy = np.flatnonzero((self.ticket >= 0) & (self.expert_of >= 0))
+        out[self.expert_of[busy]] = True
+        return out.reshape(self.num_layers, self.num_experts)
+
+    def wait_for_capacity(self) -> int:
+        """When no slot is free or evictable, wait for every in-flight copy
+        to land (pinned or not: a copy that lands settles its slot, a failed
+        or cancelled one frees it), one ticket at a time. Returns the free
+        capacity; 0 only when every slot stays pinned (or holds a copy that
+        never completes): then the cache is really too small."""
+        room = self.free_capacity()
+        if room > 0:
+            return room
+        busy = np.flatnonzero(self.ticket >= 0)
+        # NOTE: one ticket at a time: ``wait`` raises on the first failed or
+        # cancelled copy, which must not stop us waiting for the rest.
+        for t in self.ticket[busy].tolist():
+            with contextlib.suppress(Exception):
+                self.issuer.wait(np.asarray([t], dtype=np.int64), self.wait_timeout_s)
+        room = self.free_capacity()
+        if room <= 0 and busy.size:
+            # copies that landed into pinned slots are settled (host path)
+            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
+            self.ticket[busy[done & (self.pins[busy] > 0)]] = -1
+            room = self.free_capacity()
+        return room

@@ -50,6 +50,10 @@ ARCHS: dict[str, tuple[str, str]] = {
     "tiny-gpt_oss": ("gpt_oss", "tiny"),
     "tiny-mixtral": ("mixtral", "tiny"),
     "tiny-olmoe": ("olmoe", "tiny"),
+    # CPU-sized shapes with the published expert counts / top-k (link-bound
+    # under an emulated link, like the full shapes on a GPU)
+    "small-gpt_oss": ("gpt_oss", "small"),
+    "small-qwen3_moe": ("qwen3_moe", "small"),
     "gpt-oss-20b": ("gpt_oss", "gpt-oss-20b"),
     "qwen3-30b-a3b": ("qwen3_moe", "qwen3-30b-a3b"),
     "mixtral-8x7b": ("mixtral", "mixtral-8x7b"),
@@ -79,7 +83,8 @@ class RunSpec:
     acceptance: str = "auto"  # "model" or "forced"
     mean_tau: float | None = None
     # PD's missing-byte budget M per step: explicit bytes, else
-    # link_gbps_measured * step_target_s ("one step's worth of PCIe time")
+    # max(link_gbps_measured * step_target_s ("one step's worth of PCIe
+    # time"), the bytes of every expert) -- see the NOTE in _run
     byte_budget: int | None = None
     step_target_s: float = 0.25
     dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
@@ -372,10 +377,22 @@ def _run(
     if config.batching != "fcfs":
         if config.batching == "deficit_2d":
             # NOTE: M is one step's worth of PCIe time at the bandwidth measured
-            # in this run (issue 2's sizing), unless the spec gives bytes. A
-            # smaller M bounds round latency but, when one block alone misses
-            # more than M, serialises requests (the oversize exception).
-            byte_budget = spec.byte_budget or max(1, int(link_gbps * 1e9 * spec.step_target_s))
+            # in this run (issue 2's sizing), floored at the bytes of every
+            # expert of the model (one forward's worst-case union), unless the
+            # spec gives bytes. Why the floor: M only changes a schedule when
+            # it splits live requests into separate verifies, and in the
+            # link-bound regime each of those re-copies nearly the whole
+            # expert set (a 16-token block routes ~28 of 32 experts per layer
+            # at gpt-oss-20b shape), so a split costs bytes and tokens/s; a
+            # block that alone misses more than M would even run alone (the
+            # oversize exception) and serialise the batch. With 8 layers at
+            # gpt-oss-20b shape the two terms are 55 GB/s x 0.25 s = 13.8 GB
+            # and 8 x 32 x 49.8 MB = 12.7 GB; at 24 layers the floor (38 GB)
+            # is what keeps requests batched.
+            all_expert_bytes = adapter.num_layers * adapter.num_experts * int(cache.expert_nbytes)
+            byte_budget = spec.byte_budget or max(
+                1, int(link_gbps * 1e9 * spec.step_target_s), all_expert_bytes
+            )
         batcher = DeficitBatcher(
             token_budget=config.token_budget,
             byte_budget=byte_budget,
@@ -427,12 +444,28 @@ def _run(
             progress,
         )
     finally:
+        # NOTE: copies still queued or in flight (prefetches for a round that
+        # never came) write into this run's slab: stop them before the cache
+        # (and its slab) can be freed.
+        _quiesce(issuer, cache)
         # the process-cached adapter must not keep this run's cache alive
         if getattr(runtime, "cache", None) is not None:
             for block in getattr(adapter, "blocks", []):
                 block.runtime = None
         adapter.cache = None
         adapter.runtime = None
+
+
+def _quiesce(issuer: Any, cache: Any) -> None:
+    """Cancel queued copies and wait for the running ones to land."""
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        issuer.cancel(None)
+    busy = np.asarray(cache.ticket)[np.asarray(cache.ticket) >= 0]
+    for t in busy.tolist():
+        with contextlib.suppress(Exception):
+            issuer.wait(np.asarray([t], dtype=np.int64))
 
 
 def _workload(
@@ -506,6 +539,9 @@ def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
     engine.trace_kinds.clear()
     engine.scheduler_us.clear()
     engine.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+    if engine.stream is not None:
+        engine.stream.copies_submitted = engine.stream.bytes_submitted = 0
+        engine.stream.cancelled = 0
     engine.verify_forwards = 0
     engine.predict_s = 0.0
     engine.finished.clear()
@@ -633,6 +669,16 @@ def _result(
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
         "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
+        "streaming_prefetch": engine.stream is not None,
+        "stream_ahead": engine.config.stream_ahead if engine.stream is not None else None,
+        "route_ahead_cancelled_copies": (
+            engine.stream.cancelled if engine.stream is not None else None
+        ),
+        # the stream's running precision per plan source at the end of the
+        # run (it copies before a forward only from the best one >= 0.7)
+        "stream_source_precision": (
+            dict(engine.stream.precision) if engine.stream is not None else None
+        ),
         "background_bytes_submitted": engine.prefetch_bytes[Band.BACKGROUND],
         "predict_s": engine.predict_s,
         "draft_s": engine.timer.kind_s("draft"),

@@ -9,8 +9,9 @@ B0      autoregr.    on demand + next-layer gate lookahead    FCFS under a token
 B1      DFlash       same as B0 (inside verify)               FCFS under a token budget
 B2      DFlash       same as B0                               deficit scheduler, tokens only
 B3      DFlash       none needed: every expert resident       FCFS under a token budget
-PD      DFlash       route-ahead before verify, in bands;     2-D deficit scheduler
-                     lookahead; background prefetch
+PD      DFlash       route-ahead before verify, in bands,     2-D deficit scheduler
+                     streamed in layer order (from drafting
+                     on); lookahead; background prefetch
 ======  ===========  =======================================  =========================
 """
 
@@ -46,6 +47,13 @@ class EngineConfig:
             input and prefetch those experts (ROUTE_AHEAD).
         background_prefetch: after verify, prefetch the frequency prior's top
             experts in the BACKGROUND band with the remaining byte budget.
+        streaming_prefetch: route-ahead copies as a stream in execution order
+            (:class:`pdflash.engine.prefetch.StreamingPrefetcher`): the first
+            layers' experts right after a verify (hidden behind drafting),
+            the next layer's as each layer is released, never evicting an
+            expert the forward needs earlier. Needs ``route_ahead``; replaces
+            the one-shot route-ahead batch copy and the plain lookahead.
+        stream_ahead: experts the stream copies beyond the next layer's set.
         all_resident: size the expert cache to hold every expert (B3).
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
@@ -62,6 +70,8 @@ class EngineConfig:
     route_ahead_min_score: float = 0.0
     lookahead: bool = True
     background_prefetch: bool = False
+    streaming_prefetch: bool = False
+    stream_ahead: int = 2
     all_resident: bool = False
     kv_page_size: int = 16
     seed: int = 0
@@ -83,6 +93,10 @@ class EngineConfig:
             raise ValueError(
                 f"route_ahead_min_score must be >= 0, got {self.route_ahead_min_score}"
             )
+        if self.streaming_prefetch and not self.route_ahead:
+            raise ValueError("streaming_prefetch needs route_ahead")
+        if self.stream_ahead < 0:
+            raise ValueError(f"stream_ahead must be >= 0, got {self.stream_ahead}")
         if self.kv_page_size < 1:
             raise ValueError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
 
@@ -106,6 +120,7 @@ class EngineConfig:
                 "route_ahead": True,
                 "lookahead": True,
                 "background_prefetch": True,
+                "streaming_prefetch": True,
             },
         }
         if baseline not in table:

@@ -16,6 +16,15 @@ FINISHED`` (or ``ABORTED`` at any point). One :meth:`Engine.step`:
    committed positions' hidden states for the next draft;
 6. bookkeeping (route-ahead stats, predictor observations, metrics), then
    BACKGROUND prefetch of the frequency prior with the byte budget left.
+
+With ``streaming_prefetch`` (PD), steps 3-5 copy through a
+:class:`~pdflash.engine.prefetch.StreamingPrefetcher` instead of one batch of
+copies: right after a verify (end of 5) the next verify's first layers are
+planned from the routed set of the requests that go on and their copies
+start, so they run while step 2 drafts; step 3 refines the plan (stale
+queued copies are cancelled); during the verify each layer's routing and
+release advance the stream to the next layer (gate lookahead), never
+evicting an expert the forward needs earlier.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from pdflash.engine.batching import (
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
 from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.engine.prefetch import StreamingPrefetcher
 from pdflash.engine.sampling import (
     SamplingParams,
     greedy_accept,
@@ -223,14 +233,29 @@ class Engine:
             )
             capture = self.drafter.target_layer_ids
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
+        self.stream: StreamingPrefetcher | None = None
+        if config.streaming_prefetch and expert_cache is not None:
+            self.stream = StreamingPrefetcher(
+                adapter,
+                expert_cache,
+                ahead=config.stream_ahead,
+                lookahead=config.lookahead,
+                on_submit=self._count_route_ahead_bytes,
+            )
         self._lookahead = (
-            _Lookahead(self) if (config.lookahead and expert_cache is not None) else None
+            _Lookahead(self)
+            if (config.lookahead and expert_cache is not None and self.stream is None)
+            else None
         )
         if self._lookahead is not None:
             self.runner.observers.append(self._lookahead)
         before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
         if before_layer is not None:
             self.runner.before_moe_hooks.append(before_layer)
+        if self.stream is not None:
+            # after the policy's before_layer, so its victims are ranked from this layer
+            self.runner.routed_hooks.append(self.stream.on_routed)
+            self.runner.observers.append(self.stream)
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
@@ -468,6 +493,8 @@ class Engine:
             )
             for r in reqs
         ]
+        if self.stream is not None:
+            self.stream.begin_forward()
         with self.timer.forward("prefill"):
             out = self.runner.forward(chunks)
         self._record_trace(out.needed_flat, "prefill")
@@ -592,6 +619,16 @@ class Engine:
         for req, sc in zip(reqs, scores, strict=True):
             req.predicted = flat_expert_ids(sc > self.config.route_ahead_min_score)
             req.draft_hidden = None
+        if self.stream is not None:
+            # refine the stream's plan as soon as the prediction exists (the
+            # batch is chosen next; with every request batched this is its plan)
+            live = [
+                r.predicted
+                for r in self._requests.values()
+                if r.state == RequestState.VERIFY and r.predicted is not None
+            ]
+            if live:
+                self.stream.set_plan(np.unique(np.concatenate(live)), "predicted")
 
     def _schedule(self, reqs: list[Request]) -> BatchDecision:
         demands = [
@@ -624,6 +661,8 @@ class Engine:
             )
             chunks.append(Chunk(req.request_id, toks, True))
             starts.append(self.kv.length(req.request_id))
+        if self.stream is not None:
+            self.stream.begin_forward()
         with self.timer.forward("verify"):
             out = self.runner.forward(chunks)
         self.verify_forwards += 1
@@ -689,6 +728,15 @@ class Engine:
             req.round_start_s = now
             if req.state in (RequestState.FINISHED, RequestState.ABORTED):
                 finished.append(req.request_id)
+        if self.stream is not None:
+            # NOTE: the next verify starts at layer 0 while the cache holds the
+            # last layers' experts: plan it from this round's routed set of the
+            # requests that go on (previous-round predictor) and start its
+            # first layers' copies now, so they run while the next blocks are
+            # drafted. Nothing is planned when no request goes on.
+            going_on = [i for i, (req, _) in enumerate(batch) if req.state == RequestState.DRAFT]
+            nxt = np.asarray(out.routed[going_on].any(axis=0), dtype=np.bool_) if going_on else None
+            self.stream.end_forward(routed_union, nxt)
         return committed, finished
 
     # -------------------------------------------------------------- experts
@@ -717,6 +765,13 @@ class Engine:
 
     def _route_ahead(self, batch: list[tuple[Request, int]], decision: BatchDecision) -> None:
         assert self.expert_cache is not None
+        if self.stream is not None:
+            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
+            plan = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            before = self.stream.bytes_submitted
+            self.stream.set_plan(plan, "predicted")
+            self._step_route_ahead_bytes = self.stream.bytes_submitted - before
+            return
         ids = decision.missing
         if ids.size == 0:
             parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
@@ -738,6 +793,9 @@ class Engine:
             self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
             self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
             self.expert_cache.prefetch(ids, Band.ROUTE_AHEAD)
+
+    def _count_route_ahead_bytes(self, nbytes: int) -> None:
+        self.prefetch_bytes[Band.ROUTE_AHEAD] += int(nbytes)
 
     def byte_budget(self) -> int:
         """Missing expert bytes per step (``M``): the configured value, else

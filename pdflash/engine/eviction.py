@@ -87,9 +87,10 @@ class LayerCyclicPolicy:
         if n <= 0 or cand.size == 0:
             return cand[:0]
         base_order = np.asarray(self.base.victims(cand, cand.size), dtype=np.int64)
-        rank = np.empty(cand.size, dtype=np.int64)
-        pos = {int(g): i for i, g in enumerate(base_order.tolist())}
-        rank[:] = [pos[int(g)] for g in cand.tolist()]
+        # rank[i] = position of cand[i] in the base order (vectorised: this
+        # runs on every eviction, over every evictable slot)
+        sorter = np.argsort(base_order, kind="stable")
+        rank = sorter[np.searchsorted(base_order, cand, sorter=sorter)].astype(np.int64)
         dist = self.next_use_distance(cand)
         pred = self.predicted[cand] if self.predicted.size else np.zeros(cand.size, dtype=np.bool_)
         # lexsort: last key is primary -> farthest next use, then unpredicted, then base order

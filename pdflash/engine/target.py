@@ -100,6 +100,11 @@ class TargetRunner:
         #: called with each layer index right before that layer's MoE runs
         #: (e.g. a layer-cyclic eviction policy tracking the current layer)
         self.before_moe_hooks: list[Callable[[int], None]] = []
+        #: called with (layer, topk_ids [T, k], residual [T, H] after the
+        #: layer's attention) after ``before_moe_hooks``, right before that
+        #: layer's MoE pins its experts (e.g. a streaming prefetcher that
+        #: learns the layer's exact routing)
+        self.routed_hooks: list[Callable[[int, torch.Tensor, torch.Tensor], None]] = []
 
     @torch.no_grad()
     def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
@@ -161,6 +166,8 @@ class TargetRunner:
                 routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
                 for hook in self.before_moe_hooks:
                     hook(layer)
+                for rhook in self.routed_hooks:
+                    rhook(layer, topk_ids, x)
                 x = x + ad.moe(layer, normed)
                 for obs in self.observers:
                     obs.after_layer(layer, x, topk_ids)

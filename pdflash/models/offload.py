@@ -89,13 +89,15 @@ class OffloadedMoE:
         i = 0
         while i < experts.size:
             room = cache.free_capacity()
-            if room <= 0:  # every slot pinned or still being filled by a prefetch
-                cache.drain_inflight()
-                room = cache.free_capacity()
+            if room <= 0:  # every slot pinned or still being filled by a copy
+                # NOTE: wait for in-flight copies to land (they settle or free
+                # their slots) instead of failing; only a cache whose every
+                # slot is pinned with nothing in flight is too small.
+                room = cache.wait_for_capacity()
             if room <= 0:
                 raise CacheTooSmallError(
                     f"layer {layer}: no expert slot is free or evictable "
-                    f"({cache.num_slots} slots, all pinned or in flight)"
+                    f"({cache.num_slots} slots, all pinned with no copy in flight)"
                 )
             group = experts[i : i + room]
             flat_ids = base + group

@@ -9,7 +9,9 @@ with ``expert_format="mxfp4"``), loadable by transformers'
 checkpoint. ``config.json`` carries ``"pdflash_synthetic"`` (preset, seed)
 so results computed on it are labelled synthetic.
 
-Presets: ``tiny`` per architecture (CPU tests) and the published shapes
+Presets: ``tiny`` per architecture (CPU tests); ``small`` for gpt_oss and
+qwen3_moe (published expert-count/top-k ratios at a CPU-sized hidden size, so
+an emulated-link CPU run is link-bound like the full shapes on a GPU); and the published shapes
 ``qwen3-30b-a3b``, ``gpt-oss-20b``, ``mixtral-8x7b``, ``olmoe-1b-7b``;
 ``num_layers`` truncates (full-size checkpoints are tens of GB).
 
@@ -53,6 +55,20 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             norm_topk_prob=True,
             max_position_embeddings=256,
         ),
+        "small": dict(
+            vocab_size=512,
+            hidden_size=256,
+            intermediate_size=512,
+            moe_intermediate_size=192,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_experts=64,
+            num_experts_per_tok=8,
+            norm_topk_prob=True,
+            max_position_embeddings=1024,
+        ),
         "qwen3-30b-a3b": dict(
             vocab_size=151936,
             hidden_size=2048,
@@ -92,6 +108,28 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                 "beta_slow": 1.0,
                 "truncate": False,
                 "original_max_position_embeddings": 64,
+            },
+        ),
+        "small": dict(
+            vocab_size=512,
+            hidden_size=256,
+            intermediate_size=256,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            num_local_experts=32,
+            num_experts_per_tok=4,
+            sliding_window=128,
+            max_position_embeddings=1024,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 256,
             },
         ),
         "gpt-oss-20b": dict(
@@ -187,7 +225,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 
 #: a published-shape preset name -> its architecture
 PRESET_ARCH: dict[str, str] = {
-    name: arch for arch, presets in PRESETS.items() for name in presets if name != "tiny"
+    name: arch
+    for arch, presets in PRESETS.items()
+    for name in presets
+    if name not in ("tiny", "small")
 }
 
 

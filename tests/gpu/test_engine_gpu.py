@@ -75,3 +75,27 @@ def test_run_spec_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert row["device_type"] == "cuda" and row["issuer_backend"] == "cuda"
     assert row["output_tokens_per_s"] > 0 and row["link_gbps_measured"] > 0
     assert row["compute_busy_s"] > 0 and row["wall_s"] > 0
+
+
+@pytest.mark.gpu
+def test_pd_stream_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PD's streaming prefetcher with the CUDA issuer: copies go out ROUTE_AHEAD,
+    every pin is returned (run_spec asserts it) and the byte counters agree."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    from pdflash.engine.bench_run import RunSpec, run_spec
+
+    row = run_spec(
+        RunSpec(
+            arch="tiny",
+            baseline="PD",
+            concurrency=4,
+            block_size=8,
+            max_new_tokens=24,
+            prompt_len=8,
+            cache_fraction=0.5,
+        )
+    ).row
+    assert row["device_type"] == "cuda" and row["streaming_prefetch"] is True
+    assert row["route_ahead_bytes_submitted"] > 0
+    assert 0 <= row["wasted_prefetch_bytes"] <= row["h2d_bytes"]
+    assert row["output_tokens_per_s"] > 0

@@ -1,0 +1,411 @@
+"""PD's route-ahead copy stream: the next-needed experts, in execution order.
+
+In the link-bound regime (a small expert cache: a width-16 verify must copy
+most of every layer's experts) the PCIe link is the critical resource, and
+two things decide tokens/s: the bytes moved per forward and whether the link
+ever idles while a forward still has misses ahead. :class:`StreamingPrefetcher`
+keeps a *plan* — the experts the coming (or running) verify forward is
+expected to route to, per layer — and submits ROUTE_AHEAD copies from it in
+layer order, driven by the forward's own progress:
+
+* **between forwards** (right after a verify, before and while the next
+  block is drafted): the plan is the previous round's routed set of the
+  requests, then the route-ahead prediction of the drafted blocks; the
+  copies go out for the *first* layers (after a verify the cache holds the
+  last layers' experts and the next verify starts at layer 0), so drafting
+  hides them;
+* **when layer l is routed** (its experts are about to be pinned): a few
+  experts of the next layers (``ahead`` of them), so the link has work
+  queued across the layer boundary;
+* **when layer l is released**: layer l+1's experts, refined by next-layer
+  gate lookahead (layer l+1's router over layer l's output).
+
+Capacity-aware rules (why: a copy that evicts an expert the same forward
+needs earlier is worse than no copy — it moves the evicted expert twice):
+
+1. a copy for layer ``x`` never evicts an expert planned for any layer the
+   forward reaches no later than ``x`` (``ExpertCache.prefetch(protect=)``);
+   pinned and in-flight experts are never evicted anyway;
+2. beyond the next layer the stream only runs ``ahead`` experts deep: under
+   the layer-cyclic eviction policy the experts that stay resident from one
+   forward to the next are hits in every forward, and each extra slot held
+   by a copy far ahead costs one of them (one more copy per forward);
+3. between forwards only the first planned layer's misses (plus ``ahead``)
+   are copied: those evict what the on-demand path would evict when the
+   verify reaches that layer, so hiding them behind drafting costs no bytes
+   (likewise, in a forward, the next layer with misses).
+
+Which experts are worth a copy (why: in the link-bound regime a copy of an
+expert the forward does not route to costs as much link time as a useful
+one, and evicts a useful one): the plan that *protects* experts is the union
+of what is known, but copies are made only from the most precise source. The
+stream measures, after every verify, the precision of each plan source
+(``"prev_round"``: the previous round's routed set; ``"predicted"``: the
+route-ahead predictor over the drafted blocks) against the routing that
+followed, and copies before a forward only from the source with the best
+running precision, and only while it is at least ``min_precision``. During the
+forward, the next layer's copies come from the gate lookahead (experts whose
+summed gate probability over the batch is at least ``lookahead_min_score``).
+
+When a prediction is superseded, queued ROUTE_AHEAD copies of experts the
+new plan no longer wants are cancelled (``issuer.cancel(Band.ROUTE_AHEAD)``;
+the cache frees their slots) and the stream is re-issued in layer order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pdflash.protocols import Band
+
+IdArray = npt.NDArray[np.int64]
+
+
+class StreamingPrefetcher:
+    """Issues ROUTE_AHEAD copies of a forward's planned experts in layer order.
+
+    Args:
+        adapter: the target (``num_layers``, ``num_experts``; the router for
+            next-layer lookahead).
+        cache: the :class:`pdflash.cache.ExpertCache` (``prefetch(ids, band,
+            protect=)``, ``resident_mask()``, ``free_capacity(protect)``).
+        ahead: experts copied beyond the next layer's set (rule 2).
+        lookahead: refine layer l+1's plan with its router over layer l's
+            output when layer l is released.
+        lookahead_min_score: copy a lookahead expert only if its summed gate
+            probability over the forward's tokens reaches this; default
+            ``0.6 / top_k``: about one token choosing it with 60% of an
+            average top-k gate (on the small gpt-oss shape, CPU: lookahead
+            precision 0.88 over every predicted expert, 0.95 above 0.16).
+        min_precision: copy from a plan source before the forward only while
+            its measured precision is at least this (0.7: on the small gpt-oss
+            shape at a tight cache, copies from a 0.6-precise source added
+            bytes without a measurable time gain).
+        on_submit: called with the bytes of every batch of copies submitted.
+        early_lookahead: also run the next-layer lookahead when a layer is
+            routed, over its post-attention residual (see :meth:`on_routed`).
+            Off by default: on the small gpt-oss shape (CPU, 1 GB/s emulated
+            link, cache 0.2, c=1) it moved 534 MB / 624 MB vs 474 / 554 MB
+            without it, with more of it wasted (a less precise guess).
+    """
+
+    SOURCES = ("prev_round", "predicted")
+
+    def __init__(
+        self,
+        adapter: Any,
+        cache: Any,
+        *,
+        ahead: int = 2,
+        lookahead: bool = True,
+        lookahead_min_score: float | None = None,
+        min_precision: float = 0.7,
+        on_submit: Callable[[int], None] | None = None,
+        early_lookahead: bool = False,
+    ) -> None:
+        if ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {ahead}")
+        if not 0.0 <= min_precision <= 1.0:
+            raise ValueError(f"min_precision must be in [0, 1], got {min_precision}")
+        if lookahead_min_score is None:
+            lookahead_min_score = 0.6 / max(1, int(getattr(adapter, "top_k", 1)))
+        if not lookahead_min_score >= 0.0:
+            raise ValueError(f"lookahead_min_score must be >= 0, got {lookahead_min_score}")
+        self.adapter = adapter
+        self.cache = cache
+        self.num_layers = int(adapter.num_layers)
+        self.num_experts = int(adapter.num_experts)
+        self.ahead = int(ahead)
+        self.lookahead_min_score = float(lookahead_min_score)
+        self.min_precision = float(min_precision)
+        self.on_submit = on_submit
+        self.early_lookahead = bool(early_lookahead)
+        shape = (self.num_layers, self.num_experts)
+        #: experts the forward is expected to need (protected from prefetch eviction)
+        self.plan = np.zeros(shape, dtype=np.bool_)
+        #: experts worth a copy (a subset of ``plan``)
+        self.fetch = np.zeros(shape, dtype=np.bool_)
+        self._source_plans: dict[str, npt.NDArray[np.bool_]] = {}
+        #: running precision per plan source (None until measured)
+        self.precision: dict[str, float | None] = dict.fromkeys(self.SOURCES)
+        #: the first layer whose experts the forward still needs (0 between
+        #: forwards: the next forward starts at layer 0)
+        self.first_needed = 0
+        #: the layer whose experts are pinned or about to be (None: none)
+        self.running: int | None = None
+        self._lookahead: Any = None
+        if lookahead:
+            from pdflash.routeahead import NextLayerLookahead
+
+            self._lookahead = NextLayerLookahead(adapter)
+        # counters
+        self.copies_submitted = 0
+        self.bytes_submitted = 0
+        self.cancelled = 0  # queued ROUTE_AHEAD copies cancelled as stale
+        self.submit_log: list[tuple[int, int]] = []  # (first needed layer, flat id), if logging
+        self.log_submissions = False
+
+    # ------------------------------------------------------------ plan
+    def _mask(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+        mask = np.zeros(self.num_layers * self.num_experts, dtype=np.bool_)
+        if ids.size:
+            if ids.min() < 0 or ids.max() >= mask.size:
+                bad = ids[(ids < 0) | (ids >= mask.size)][0]
+                raise ValueError(f"expert id {int(bad)} out of range [0, {mask.size})")
+            mask[ids] = True
+        return mask.reshape(self.num_layers, self.num_experts)
+
+    def set_plan(
+        self, flat_ids: npt.ArrayLike, source: str = "predicted", *, cancel_stale: bool = True
+    ) -> None:
+        """Set ``source``'s plan for the coming forward (flat expert ids) and
+        (re)issue the stream. The protected plan is the union of the sources
+        given since the last forward; copies come from the most precise one.
+        Queued ROUTE_AHEAD copies the new fetch set does not want are
+        cancelled (a superseded prediction's copies must not take the link or
+        slots from the new one)."""
+        if source not in self.SOURCES:
+            raise ValueError(f"source must be one of {self.SOURCES}, got {source!r}")
+        self._source_plans[source] = self._mask(flat_ids)
+        plan = np.zeros_like(self.plan)
+        for m in self._source_plans.values():
+            plan |= m
+        self.plan = plan
+        best = self._best_source()
+        self.fetch = (
+            self._source_plans[best].copy() if best is not None else np.zeros_like(self.plan)
+        )
+        self._set_policy_prediction()
+        if cancel_stale:
+            self._cancel_stale()
+        self.pump()
+
+    def _best_source(self) -> str | None:
+        """The given source with the best measured precision (an unmeasured
+        source counts as ``min_precision``), if it reaches ``min_precision``."""
+        best, best_p = None, -1.0
+        for name in self.SOURCES:
+            if name not in self._source_plans:
+                continue
+            p = self.precision[name]
+            p = self.min_precision if p is None else p
+            if p >= self.min_precision and p > best_p:
+                best, best_p = name, p
+        return best
+
+    def _set_policy_prediction(self) -> None:
+        setter = getattr(getattr(self.cache, "policy", None), "set_predicted", None)
+        if setter is not None:
+            setter(np.flatnonzero(self.plan.reshape(-1)).astype(np.int64))
+
+    def _queued_route_ahead(self) -> IdArray:
+        """Flat ids of this cache's ROUTE_AHEAD copies not started yet."""
+        cache = self.cache
+        slots = np.flatnonzero((cache.ticket >= 0) & (cache.band == int(Band.ROUTE_AHEAD)))
+        states_fn = getattr(cache.issuer, "states", None)
+        if slots.size == 0 or states_fn is None:
+            return np.zeros(0, np.int64)
+        from pdflash.h2d import STATE_QUEUED
+
+        states = np.asarray(states_fn(cache.ticket[slots]))
+        return np.asarray(cache.expert_of[slots[states == STATE_QUEUED]], dtype=np.int64)
+
+    def _cancel_stale(self) -> None:
+        ids = self._queued_route_ahead()
+        if ids.size == 0:
+            return
+        if self.fetch.reshape(-1)[ids].all():
+            return
+        # NOTE: the issuer cancels by band, so every queued ROUTE_AHEAD copy
+        # goes; the cache frees their slots at its next refresh and pump()
+        # re-issues the ones the new plan still wants, in layer order.
+        n = int(self.cache.issuer.cancel(Band.ROUTE_AHEAD))
+        self.cancelled += n
+        self.cache.free_capacity()  # refresh: forget the cancelled copies
+
+    # ------------------------------------------------------------ the stream
+    def pump(self) -> int:
+        """Submit the missing experts of the stream's target (see the module
+        rules): the fetch set of the next layer that has one, then ``ahead``
+        more in layer order. Idempotent: calling it again before the forward
+        moves on submits nothing new. Returns how many were submitted."""
+        nxt = self.first_needed if self.running is None else self.running + 1
+        return self._issue(self._target(nxt, whole_first=True))
+
+    def _target(self, first: int, *, whole_first: bool) -> IdArray:
+        """Flat ids in layer order: (``whole_first``) every fetch expert of
+        the first layer >= ``first`` that has any, then ``ahead`` more."""
+        E = self.num_experts
+        out: list[npt.NDArray[np.int64]] = []
+        extra = self.ahead
+        started = not whole_first
+        for layer in range(first, self.num_layers):
+            ids = np.flatnonzero(self.fetch[layer]).astype(np.int64) + layer * E
+            if ids.size == 0:
+                continue
+            if not started:
+                out.append(ids)
+                started = True
+                continue
+            if extra <= 0:
+                break
+            out.append(ids[:extra])
+            extra -= int(min(extra, ids.size))
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def _issue(self, target: IdArray, limit: int | None = None) -> int:
+        """Copy the non-resident ids of ``target`` (layer order), at most
+        ``limit``, each only into a slot no earlier-needed expert holds."""
+        cache = self.cache
+        E = self.num_experts
+        if target.size == 0:
+            return 0
+        resident = np.asarray(cache.is_resident(target), dtype=np.bool_)
+        want_all = target[~resident]
+        if limit is not None:
+            want_all = want_all[: max(0, limit)]
+        submitted = 0
+        layers = want_all // E
+        for layer in np.unique(layers).tolist():
+            want = want_all[layers == layer]
+            # rule 1: protect everything planned for the layers the forward
+            # reaches no later than this one (the running layer included)
+            lo = self.first_needed
+            protect = (
+                np.flatnonzero(self.plan[lo : layer + 1].reshape(-1)).astype(np.int64) + lo * E
+            )
+            # NOTE: as the plain lookahead does, leave half of the usable
+            # slots to the forward's own on-demand misses: with a tight cache
+            # (a layer's routed set is half the slots at gpt-oss-20b shape,
+            # cache 0.2) copies that fill every slot turn each misprediction
+            # into an eviction of something needed
+            room = int(cache.free_capacity(protect)) // 2
+            if room <= 0:
+                break
+            take = want[:room]
+            cache.prefetch(take, Band.ROUTE_AHEAD, protect=protect)
+            got = int(np.asarray(cache.is_resident(take), dtype=np.bool_).sum())
+            submitted += got
+            self.copies_submitted += got
+            self.bytes_submitted += got * int(cache.expert_nbytes)
+            if self.on_submit is not None and got:
+                self.on_submit(got * int(cache.expert_nbytes))
+            if self.log_submissions:
+                self.submit_log += [(lo, int(g)) for g in take[:got].tolist()]
+            if got < want.size:
+                break  # no safe slot for the rest: later layers must wait too
+        return submitted
+
+    # ------------------------------------------------------------ forward hooks
+    def begin_forward(self) -> None:
+        self.first_needed = 0
+        self.running = None
+
+    def on_routed(
+        self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor | None = None
+    ) -> None:
+        """Layer ``layer``'s exact routing is known (its experts are about to
+        be pinned): the plan of this layer becomes exact; queue ``ahead``
+        experts of the next layers so the link has work across the boundary.
+        With ``early_lookahead`` and ``hidden`` (the residual after this
+        layer's attention), layer+1's router over it (this layer's expert
+        output not yet added) sets layer+1's plan now and its confident
+        experts are queued too, a whole layer's compute earlier than the
+        lookahead at release."""
+        self.running = int(layer)
+        self.first_needed = int(layer)
+        ids = np.unique(topk_ids.reshape(-1).cpu().numpy().astype(np.int64))
+        self.plan[layer] = False
+        self.plan[layer, ids] = True
+        self.fetch[layer] = self.plan[layer]
+        nxt = layer + 1
+        if nxt >= self.num_layers:
+            return
+        early = False
+        if self.early_lookahead and self._lookahead is not None and hidden is not None:
+            self._apply_lookahead(layer, hidden)
+            early = True
+        if self.ahead <= 0 and not early:
+            return
+        cache = self.cache
+        flat = (ids + layer * self.num_experts).astype(np.int64)
+        # keep room for this layer's own on-demand misses
+        own_missing = int((~np.asarray(cache.is_resident(flat), dtype=np.bool_)).sum())
+        spare = int(cache.free_capacity(flat)) - own_missing
+        if spare > 0:
+            self._issue(self._target(nxt, whole_first=early), limit=spare)
+
+    def _apply_lookahead(self, layer: int, hidden: torch.Tensor) -> None:
+        assert self._lookahead is not None
+        nxt = layer + 1
+        ids, scores = self._lookahead.predict_next(layer, hidden)
+        if ids.size:
+            # NOTE: the gate lookahead sees this forward's real hidden state:
+            # it replaces the route-ahead guess for layer l+1 (a union of the
+            # two moved more bytes that went unused); its low-score tail is
+            # protected but not copied (the on-demand path fetches it if it
+            # is routed)
+            local = ids - nxt * self.num_experts
+            self.plan[nxt] = False
+            self.plan[nxt, local] = True
+            self.fetch[nxt] = False
+            self.fetch[nxt, local[scores >= self.lookahead_min_score]] = True
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        """Layer ``layer`` is released: refine layer+1's plan with next-layer
+        lookahead and copy its misses (they evict what the on-demand path
+        would evict a moment later: layer ``layer``'s experts)."""
+        self.running = None
+        nxt = layer + 1
+        self.first_needed = nxt
+        if nxt >= self.num_layers:
+            self.first_needed = 0  # the forward is done; the next one starts at layer 0
+            return
+        if self._lookahead is not None:
+            self._apply_lookahead(layer, hidden)
+        self.pump()
+
+    def end_forward(
+        self,
+        routed: npt.NDArray[np.bool_] | None = None,
+        next_plan: npt.NDArray[np.bool_] | None = None,
+    ) -> None:
+        """The forward finished. ``routed`` (``[layers, experts]``, the
+        forward's routed union) scores the plan sources that were given for
+        it; ``next_plan`` (the routed set of the requests that go on) becomes
+        the next forward's ``prev_round`` plan, and its first layers' copies
+        start now, before drafting (rule 3)."""
+        self.first_needed = 0
+        self.running = None
+        if routed is not None:
+            r = np.asarray(routed, dtype=np.bool_).reshape(self.plan.shape)
+            for name, m in self._source_plans.items():
+                n = int(m.sum())
+                if n == 0:
+                    continue
+                p = float((m & r).sum()) / n
+                old = self.precision[name]
+                # NOTE: a short memory (EMA, weight 0.3 on the newest forward)
+                self.precision[name] = p if old is None else 0.7 * old + 0.3 * p
+        self._source_plans = {}
+        if next_plan is not None:
+            self.set_plan(
+                np.flatnonzero(np.asarray(next_plan, dtype=np.bool_).reshape(-1)), "prev_round"
+            )
+        else:
+            self.plan[:] = False
+            self.fetch[:] = False
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "stream_copies": self.copies_submitted,
+            "stream_bytes": self.bytes_submitted,
+            "stream_cancelled": self.cancelled,
+            "stream_precision": dict(self.precision),
+        }

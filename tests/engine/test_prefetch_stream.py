@@ -1,0 +1,302 @@
+"""PD's streaming route-ahead prefetcher: layer order, capacity-aware
+eviction, stale-copy cancellation, precision gating, and the offloaded
+forward waiting for in-flight copies instead of failing."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdflash.cache import ExpertCache
+from pdflash.engine.eviction import LayerCyclicPolicy
+from pdflash.engine.prefetch import StreamingPrefetcher
+from pdflash.protocols import Band
+
+NBYTES = 256
+
+
+class HostExperts:
+    """Host experts in a numpy buffer; expert ``g`` is filled with ``g % 251``."""
+
+    def __init__(self, num_layers: int, num_experts: int, nbytes: int = NBYTES) -> None:
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.expert_nbytes = nbytes
+        n = num_layers * num_experts
+        self.buf = (np.arange(n, dtype=np.int64)[:, None] % 251).astype(np.uint8) * np.ones(
+            (1, nbytes), dtype=np.uint8
+        )
+
+    def host_ptrs(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        ids = np.asarray(flat_ids, dtype=np.int64)
+        return self.buf.ctypes.data + ids * self.expert_nbytes
+
+
+class HeldIssuer:
+    """Records submissions in order; copies only when waited on (so copies
+    stay in flight, like a busy link)."""
+
+    backend = "host"
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, tuple[int, int, int]] = {}
+        self.done: set[int] = set()
+        self.submitted: list[tuple[int, Band]] = []  # (dst, band)
+        self._next = 0
+
+    def submit(self, src: Any, dst: Any, nbytes: Any, keys: Any, band: Band) -> Any:
+        out = []
+        for s, d, n in zip(
+            *(np.asarray(a, dtype=np.int64).reshape(-1) for a in (src, dst, nbytes)), strict=True
+        ):
+            self.jobs[self._next] = (int(s), int(d), int(n))
+            self.submitted.append((int(d), band))
+            out.append(self._next)
+            self._next += 1
+        return np.asarray(out, dtype=np.int64)
+
+    def _run(self, t: int) -> None:
+        if t not in self.done:
+            import ctypes
+
+            s, d, n = self.jobs[t]
+            ctypes.memmove(d, s, n)
+            self.done.add(t)
+
+    def poll(self, tickets: Any) -> Any:
+        return np.asarray([int(t) in self.done for t in np.asarray(tickets).reshape(-1)])
+
+    def wait(self, tickets: Any, timeout_s: float | None = None) -> None:
+        for t in np.asarray(tickets, dtype=np.int64).reshape(-1).tolist():
+            self._run(t)
+
+    def stream_wait(self, tickets: Any, stream_handle: int) -> None:
+        self.wait(tickets)
+
+    def cancel(self, band: Band | None = None) -> int:
+        return 0
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def land_all(self) -> None:
+        for t in list(self.jobs):
+            self._run(t)
+
+
+def _setup(
+    num_layers: int, num_experts: int, slots: int, issuer: Any, ahead: int = 2
+) -> tuple[ExpertCache, StreamingPrefetcher, LayerCyclicPolicy]:
+    src = HostExperts(num_layers, num_experts)
+    policy = LayerCyclicPolicy(num_layers, num_experts)
+    cache = ExpertCache(src, issuer, num_slots=slots, top_k=1, max_batch_tokens=1, policy=policy)
+    adapter = SimpleNamespace(num_layers=num_layers, num_experts=num_experts)
+    stream = StreamingPrefetcher(adapter, cache, ahead=ahead, lookahead=False)
+    return cache, stream, policy
+
+
+def _record_evictions(cache: ExpertCache) -> list[int]:
+    victims: list[int] = []
+    evict = cache._evict
+
+    def spy(slots: npt.NDArray[np.int64]) -> None:
+        victims.extend(cache.expert_of[slots].tolist())
+        evict(slots)
+
+    cache._evict = spy  # type: ignore[method-assign]
+    return victims
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.data(),
+    num_layers=st.integers(2, 5),
+    num_experts=st.integers(2, 6),
+)
+def test_no_route_ahead_copy_evicts_an_expert_needed_no_later(
+    data: st.DataObject, num_layers: int, num_experts: int
+) -> None:
+    n = num_layers * num_experts
+    slots = data.draw(st.integers(1, n))
+    issuer = HeldIssuer()
+    cache, stream, policy = _setup(num_layers, num_experts, slots, issuer)
+    # some experts resident (copies landed), at any layer
+    pre = data.draw(st.lists(st.integers(0, n - 1), max_size=slots, unique=True))
+    if pre:
+        cache.prefetch(pre, Band.BACKGROUND)
+        issuer.land_all()
+        cache.free_capacity()
+    policy.before_layer(num_layers - 1)  # between forwards: the last layer ran
+    plan = data.draw(st.lists(st.integers(0, n - 1), unique=True))
+    stream.log_submissions = True
+    victims = _record_evictions(cache)
+    stream.set_plan(plan, "prev_round")
+    copied = [g for _, g in stream.submit_log]
+    plan_layers = {g: g // num_experts for g in plan}
+    # every copy is of a planned expert, none of them was resident
+    assert set(copied) <= set(plan) and not set(copied) & set(pre)
+    if copied:
+        last = max(g // num_experts for g in copied)
+        for v in victims:
+            # a victim planned at a layer <= the last copied layer would be
+            # needed no later than a copy that displaced it
+            assert not (v in plan_layers and plan_layers[v] <= last), (v, copied, plan)
+    # copies go out in layer order
+    layers = [g // num_experts for g in copied]
+    assert layers == sorted(layers)
+
+
+def test_stream_issues_in_layer_order_through_a_forward() -> None:
+    L, E = 4, 4
+    issuer = HeldIssuer()
+    cache, stream, policy = _setup(L, E, slots=8, issuer=issuer, ahead=1)
+    stream.log_submissions = True
+    plan = [e + layer * E for layer in range(L) for e in (0, 1, 2)]
+    stream.set_plan(plan, "prev_round")
+    # between forwards: the first layer's three misses plus one ahead
+    assert [g // E for _, g in stream.submit_log] == [0, 0, 0, 1]
+    # re-planning with the same set (e.g. after prediction) adds nothing
+    assert stream.pump() == 0
+    stream.set_plan(plan, "predicted")
+    assert len(stream.submit_log) == 4
+    stream.begin_forward()
+    for layer in range(L):
+        policy.before_layer(layer)
+        topk = torch.tensor([[0], [1], [2]]) if layer != 2 else torch.tensor([[0], [3]])
+        stream.on_routed(layer, topk, None)
+        needed = np.unique(topk.numpy()) + layer * E
+        slots = cache.ensure_resident(needed)  # on-demand misses, waits (lands) them
+        assert slots.size == needed.size
+        cache.release(needed)
+        before = len(stream.submit_log)
+        stream.after_layer(layer, torch.zeros(3, 1), topk)
+        issuer.land_all()
+        new = stream.submit_log[before:]
+        # copies submitted after layer `layer` is released are for later layers only
+        assert all(g // E > layer for _, g in new)
+    layers = [g // E for _, g in stream.submit_log]
+    assert layers == sorted(layers)  # one forward: the stream never goes back
+
+
+def test_superseded_prediction_cancels_its_queued_copies() -> None:
+    from pdflash.h2d import H2DIssuer
+
+    L, E = 2, 8
+    # a slow emulated link so copies queue behind each other
+    issuer = H2DIssuer(
+        backend="host", emulated_link_gbps=0.002, chunk_bytes=1 << 16, window_bytes=1 << 17
+    )
+    try:
+        src = HostExperts(L, E, nbytes=1 << 16)
+        buf = issuer.pinned_array(src.buf.shape, np.uint8)
+        buf[:] = src.buf
+        src.buf = buf
+        # 16 slots: the stream uses at most half of the usable ones
+        cache = ExpertCache(src, issuer, num_slots=16, top_k=1, max_batch_tokens=1)
+        adapter = SimpleNamespace(num_layers=L, num_experts=E)
+        stream = StreamingPrefetcher(adapter, cache, ahead=0, lookahead=False)
+        stream.set_plan(list(range(6)), "prev_round")  # layer 0: 6 copies, ~33 ms each
+        assert cache.is_resident(range(6)).all()
+        stream.set_plan([6, 7], "prev_round")  # superseded: only 6 and 7 wanted now
+        assert stream.cancelled >= 3
+        assert issuer.stats()["bands"]["ROUTE_AHEAD"]["cancellations"] >= 3
+        # cancelled experts are forgotten (fetched again if ever needed), the new ones copy
+        assert int(cache.is_resident(range(6)).sum()) <= 6 - stream.cancelled
+        assert cache.is_resident([6, 7]).all()
+        cache.drain_inflight()
+        slots = cache.ensure_resident([6, 7])
+        for g, s in zip((6, 7), slots.tolist(), strict=True):
+            assert torch.all(cache.slot_tensor(s) == g % 251)
+        cache.release([6, 7])
+    finally:
+        issuer.close()
+
+
+def test_copies_come_from_the_more_precise_source_only() -> None:
+    L, E = 2, 8
+    issuer = HeldIssuer()
+    _cache, stream, _ = _setup(L, E, slots=16, issuer=issuer, ahead=0)
+    routed = np.zeros((L, E), dtype=np.bool_)
+    routed[:, :4] = True
+    # round 1: "predicted" says experts 4..7 (all wrong), prev-round 0..3 (right)
+    stream.set_plan([0, 1, 2, 3], "prev_round")
+    stream.set_plan([4, 5, 6, 7], "predicted")
+    stream.end_forward(routed, None)
+    assert stream.precision == {"prev_round": 1.0, "predicted": 0.0}
+    issuer.land_all()
+    before = stream.copies_submitted
+    stream.log_submissions = True
+    stream.set_plan([8, 9], "predicted")  # measured useless: protected, not copied
+    assert stream.copies_submitted == before
+    assert stream.plan.reshape(-1)[[8, 9]].all() and not stream.fetch.any()
+    stream.set_plan([10, 11], "prev_round")
+    assert {g for _, g in stream.submit_log} == {10, 11}
+
+
+def test_stream_rejects_bad_input() -> None:
+    issuer = HeldIssuer()
+    cache, stream, _ = _setup(2, 4, slots=4, issuer=issuer)
+    with pytest.raises(ValueError, match="out of range"):
+        stream.set_plan([8])
+    with pytest.raises(ValueError, match="source"):
+        stream.set_plan([0], "oracle")
+    with pytest.raises(ValueError, match="ahead"):
+        StreamingPrefetcher(SimpleNamespace(num_layers=2, num_experts=4), cache, ahead=-1)
+    assert not stream.plan.any()  # nothing changed by the rejected calls
+
+
+def test_forward_waits_for_every_inflight_copy_when_one_was_cancelled() -> None:
+    """Every slot in flight and the first copy cancelled: the offloaded
+    forward waits for the others to land instead of raising
+    CacheTooSmallError (a single ``wait`` over all tickets raises at the
+    cancelled one and used to leave the rest unwaited)."""
+    from pdflash.cache.expert_cache import CacheTooSmallError
+    from pdflash.models.offload import OffloadedMoE
+
+    class CancelFirst(HeldIssuer):
+        def wait(self, tickets: Any, timeout_s: float | None = None) -> None:
+            for t in np.asarray(tickets, dtype=np.int64).reshape(-1).tolist():
+                if t == 0:
+                    raise RuntimeError("copy 0 was cancelled")
+                self._run(t)
+
+    L, E, H = 2, 4, 2
+    issuer = CancelFirst()
+    src = HostExperts(L, E, nbytes=4 * H)
+    src.buf[:] = 0
+    fp = src.buf.view(np.float32).reshape(L * E, H)
+    fp[:] = np.arange(L * E, dtype=np.float32)[:, None]  # expert g scales by g
+    cache = ExpertCache(src, issuer, num_slots=3, top_k=1, max_batch_tokens=1)
+    store = SimpleNamespace(
+        expert_nbytes=src.expert_nbytes,
+        num_experts=E,
+        layout=SimpleNamespace(views=lambda t: {"w": t.view(torch.float32)}),
+    )
+    moe = OffloadedMoE(store, cache, lambda x, w: x * w["w"])  # type: ignore[arg-type]
+    cache.prefetch([0, 1, 2], Band.ROUTE_AHEAD)  # every slot in flight; copy 0 never lands
+    assert cache.free_capacity() == 0
+    x = torch.ones(2, H)
+    ids = torch.tensor([[1 + 4], [2 + 4]]) - 4  # layer 1 experts 1 and 2
+    weights = torch.ones(2, 1)
+    start = time.perf_counter()
+    out = moe.forward_routed(1, x, ids, weights)
+    assert time.perf_counter() - start < 5.0
+    torch.testing.assert_close(out, torch.tensor([[5.0, 5.0], [6.0, 6.0]]))
+    assert int(cache.pins.sum()) == 0
+    # a cache whose every slot is pinned with nothing in flight is still too small
+    issuer.land_all()
+    cache.free_capacity()
+    held = cache.expert_of[cache.expert_of >= 0]
+    cache.ensure_resident(held)
+    if held.size == cache.num_slots:
+        with pytest.raises(CacheTooSmallError):
+            moe.forward_routed(0, x, torch.tensor([[3], [3]]), weights)
+    cache.release(held)
