@@ -146,6 +146,8 @@ class ExpertCache:
         self.key = np.full(slots, -1, dtype=np.int64)
         self.band = np.full(slots, -1, dtype=np.int64)
         self.used = np.zeros(slots, dtype=np.bool_)  # read by a forward since loaded
+        # loaded since the last reset_stats(): only these count in the byte books
+        self.counted = np.zeros(slots, dtype=np.bool_)
         self.by_prefetch = np.zeros(slots, dtype=np.bool_)
         self._events: list[Any] = [None] * slots
         self._next_key = 0
@@ -155,6 +157,10 @@ class ExpertCache:
     # -- counters --------------------------------------------------------------
 
     def reset_stats(self) -> None:
+        # NOTE: experts already resident were copied before this reset, so their
+        # bytes are not in bytes_in; they must not enter bytes_used or
+        # bytes_evicted_unused either (else useful_byte_fraction can exceed 1).
+        self.counted[:] = False
         self.hits = 0  # requested by a forward and already resident (or in flight)
         self.inflight_hits = 0  # subset of hits whose copy was still in flight
         self.misses = 0
@@ -281,7 +287,7 @@ class ExpertCache:
             if ev is not None:
                 ev.synchronize()  # see the module NOTE: kernels still reading this slot
                 self._events[s] = None
-            if not self.used[s]:
+            if self.counted[s] and not self.used[s]:
                 self.bytes_evicted_unused += self.expert_nbytes
                 if self.by_prefetch[s]:
                     self.prefetch_bytes_evicted_unused += self.expert_nbytes
@@ -303,6 +309,7 @@ class ExpertCache:
         self.key[slots] = keys
         self.band[slots] = int(band)
         self.used[slots] = False
+        self.counted[slots] = True
         self.by_prefetch[slots] = band != Band.ON_DEMAND
         self.copies += int(ids.size)
         self.bytes_in += int(ids.size) * self.expert_nbytes
@@ -405,7 +412,7 @@ class ExpertCache:
         self.misses += int(missing.size)
         self.inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
         all_slots = self.slot_of[ids]
-        fresh = all_slots[~self.used[all_slots]]
+        fresh = all_slots[~self.used[all_slots] & self.counted[all_slots]]
         self.bytes_used += int(fresh.size) * self.expert_nbytes
         self.used[all_slots] = True
         self.policy.on_access(ids, self.clock)

@@ -82,6 +82,23 @@ def test_ensure_resident_copies_the_right_bytes_and_counts(fake_issuer: Any) -> 
     assert st_["useful_byte_fraction"] == pytest.approx(1.0)
 
 
+def test_reset_stats_keeps_earlier_copies_out_of_the_byte_books(fake_issuer: Any) -> None:
+    # Regression: an expert copied before reset_stats() and used after it
+    # counted in bytes_used but not in bytes_in (useful_byte_fraction > 1).
+    cache = _cache(fake_issuer)
+    cache.prefetch([0, 1], Band.ROUTE_AHEAD)
+    fake_issuer.wait(cache.ticket[cache.ticket >= 0])
+    cache.reset_stats()
+    cache.ensure_resident([0, 2])  # 0 was copied before the reset; 2 after
+    cache.release([0, 2])
+    cache.ensure_resident([3, 4, 5])  # evicts 1 (never used, copied before the reset)
+    cache.release([3, 4, 5])
+    st_ = cache.stats()
+    assert st_["bytes_in"] == 4 * NBYTES and st_["bytes_used"] == 4 * NBYTES
+    assert st_["bytes_evicted_unused"] == 0
+    assert st_["useful_byte_fraction"] == pytest.approx(1.0)
+
+
 def test_empty_ratios_are_not_measured(fake_issuer: Any) -> None:
     st_ = _cache(fake_issuer).stats()
     assert isinstance(st_["hit_rate"], NotMeasured) and isinstance(
