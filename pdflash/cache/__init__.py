@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pdflash.cache.eviction import (
     EvictionPolicy,
+    LayerCyclicPolicy,
     LFUPolicy,
     LRUPolicy,
     RouteAheadPolicy,
@@ -18,6 +19,7 @@ __all__ = [
     "ExpertSource",
     "LFUPolicy",
     "LRUPolicy",
+    "LayerCyclicPolicy",
     "RouteAheadPolicy",
     "make_policy",
 ]

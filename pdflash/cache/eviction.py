@@ -163,3 +163,91 @@ def make_policy(name: str) -> EvictionPolicy:
             f"unknown eviction policy {name!r}; choose from {sorted(POLICIES)}"
         ) from None
     return policy
+
+
+class LayerCyclicPolicy:
+    """Belady at layer granularity for the layer-cyclic access of forwards.
+
+    Every target forward visits the MoE layers in order 0, 1, ..., L-1, forward
+    after forward, so the next use of an expert of layer ``j``, seen from the
+    layer ``cur`` being computed, is ``j - cur`` layers away if ``j > cur`` and
+    ``L - cur + j`` layers away otherwise (``L`` for the current layer itself:
+    its experts are next needed in the next forward). Evicting the largest
+    distance first is Belady's rule for this access order, at layer
+    granularity. Under LRU the same cyclic sweep is the worst case (the least
+    recently used experts are exactly the ones the next forward needs first).
+
+    Within a layer, experts route-ahead predicted for the coming verify
+    (``set_predicted``) are evicted last, then the base policy (LRU) decides.
+    The engine tells the policy which layer is about to run
+    (:meth:`before_layer`); between forwards the last layer stays current, so
+    prefetches for the next verify's first layers evict the last layers' experts.
+    """
+
+    name = "layer_cyclic"
+
+    def __init__(
+        self, num_layers: int, num_experts: int, base: EvictionPolicy | None = None
+    ) -> None:
+        if num_layers < 1 or num_experts < 1:
+            raise ValueError(
+                f"num_layers and num_experts must be >= 1, got {num_layers}, {num_experts}"
+            )
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.base: EvictionPolicy = base if base is not None else LRUPolicy()
+        self.current_layer = num_layers - 1
+        self.predicted = np.zeros(0, dtype=np.bool_)
+
+    def reset(self, num_ids: int) -> None:
+        if num_ids != self.num_layers * self.num_experts:
+            raise ValueError(
+                f"policy is for {self.num_layers}x{self.num_experts} experts, cache has {num_ids}"
+            )
+        self.base.reset(num_ids)
+        self.predicted = np.zeros(num_ids, dtype=np.bool_)
+        self.current_layer = self.num_layers - 1
+
+    def before_layer(self, layer: int) -> None:
+        """The forward is about to run ``layer``'s experts."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} out of range [0, {self.num_layers})")
+        self.current_layer = layer
+
+    def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
+        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.predicted.size):
+            bad = ids[(ids < 0) | (ids >= self.predicted.size)][0]
+            raise ValueError(f"expert id {int(bad)} out of range [0, {self.predicted.size})")
+        self.predicted[:] = False
+        self.predicted[ids] = True
+
+    def on_access(self, flat_ids: IdArray, clock: int) -> None:
+        self.base.on_access(flat_ids, clock)
+
+    def on_insert(self, flat_ids: IdArray, clock: int) -> None:
+        self.base.on_insert(flat_ids, clock)
+
+    def on_evict(self, flat_ids: IdArray) -> None:
+        self.base.on_evict(flat_ids)
+
+    def next_use_distance(self, flat_ids: IdArray) -> npt.NDArray[np.int64]:
+        """Layers until each expert's layer runs again."""
+        layer = np.asarray(flat_ids, dtype=np.int64) // self.num_experts
+        cur = self.current_layer
+        return np.where(layer > cur, layer - cur, self.num_layers - cur + layer)
+
+    def victims(self, candidates: IdArray, n: int) -> IdArray:
+        cand = np.asarray(candidates, dtype=np.int64)
+        if n <= 0 or cand.size == 0:
+            return cand[:0]
+        base_order = np.asarray(self.base.victims(cand, cand.size), dtype=np.int64)
+        # rank[i] = position of cand[i] in the base order (vectorised: this
+        # runs on every eviction, over every evictable slot)
+        sorter = np.argsort(base_order, kind="stable")
+        rank = sorter[np.searchsorted(base_order, cand, sorter=sorter)].astype(np.int64)
+        dist = self.next_use_distance(cand)
+        pred = self.predicted[cand] if self.predicted.size else np.zeros(cand.size, dtype=np.bool_)
+        # lexsort: last key is primary -> farthest next use, then unpredicted, then base order
+        order = np.lexsort((rank, pred, -dist))
+        return cand[order[:n]]

@@ -351,7 +351,7 @@ def _run(
         eviction = "layer_cyclic" if spec.baseline == "PD" else "lru"
     policy: Any = eviction
     if eviction == "layer_cyclic":
-        from pdflash.engine.eviction import LayerCyclicPolicy
+        from pdflash.cache.eviction import LayerCyclicPolicy
 
         policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
     cache = ExpertCache(

@@ -39,7 +39,7 @@ def _stack(
     if baseline == "B3":
         cache_slots = 1 << 20  # every expert (the cache clamps to the model's count)
     from pdflash.cache import ExpertCache
-    from pdflash.engine.eviction import LayerCyclicPolicy
+    from pdflash.cache.eviction import LayerCyclicPolicy
 
     adapter = load_adapter(tmp / "target", device="cpu")
     # PD runs the layer-cyclic eviction policy (as run_spec's "auto"), the others LRU

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pdflash.engine.eviction import LayerCyclicPolicy
+from pdflash.cache.eviction import LayerCyclicPolicy
 
 
 def test_victims_follow_next_use_distance_then_predictions() -> None:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdflash.cache import ExpertCache
-from pdflash.engine.eviction import LayerCyclicPolicy
+from pdflash.cache.eviction import LayerCyclicPolicy
 from pdflash.engine.prefetch import StreamingPrefetcher
 from pdflash.protocols import Band
 
