@@ -399,4 +399,8 @@ def _timeout(timeout_s: float | None) -> float:
         return -1.0
     if not (timeout_s >= 0):
         raise ValueError(f"timeout_s must be >= 0 or None, got {timeout_s}")
+    # NOTE: C++ turns the seconds into a steady_clock deadline; inf (or a
+    # value past ~30 years) would overflow it, so it means "no timeout".
+    if timeout_s > 1e9:
+        return -1.0
     return float(timeout_s)

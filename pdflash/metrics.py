@@ -10,6 +10,7 @@ under ``"not_measured"``.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -36,7 +37,12 @@ def ratio(numerator: float, denominator: float, reason: str) -> Metric:
 
 def is_measured(value: object) -> bool:
     """True for a finite number, False for :class:`NotMeasured`, None or NaN."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    # numbers.Real covers numpy scalars (np.float32, np.int64) too
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
 
 
 def metrics_to_json(metrics: Mapping[str, Metric]) -> dict[str, object]:
@@ -48,6 +54,11 @@ def metrics_to_json(metrics: Mapping[str, Metric]) -> dict[str, object]:
         if isinstance(value, NotMeasured):
             out[name] = None
             reasons[name] = value.reason
+        elif not is_measured(value):
+            # NOTE: JSON has no NaN/inf; a value that is not a finite number
+            # is reported as missing, with why, never passed through
+            out[name] = None
+            reasons[name] = f"not a finite number ({value!r})"
         else:
             out[name] = float(value)
     if reasons:

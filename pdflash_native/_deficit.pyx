@@ -377,6 +377,7 @@ cdef class DeficitCore:
         self.cap_reached = False
         self.passes = 0
         self.examined = 0
+        self.violation = 0
         memset(quanta, 0, n * sizeof(double))
         memset(uni, 0, W * sizeof(uint64_t))
 

@@ -609,7 +609,8 @@ def _routeahead_equivalence(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     native = native_mod.RouteAheadAccumulator(layers, experts, nbytes, 0.9)
     ref = ref_mod.RouteAheadReference(layers, experts, nbytes, 0.9)
-    for _ in range(steps):
+    eviction_mismatch = ""
+    for step in range(steps):
         routed = rng.random((requests, layers, experts)) < 0.12
         # predictions: mostly right, some noise (what a predictor does)
         predicted = (routed & (rng.random(routed.shape) < 0.8)) | (rng.random(routed.shape) < 0.05)
@@ -619,10 +620,13 @@ def _routeahead_equivalence(args: argparse.Namespace) -> dict[str, Any]:
         evicted = rng.choice(layers * experts, size=16, replace=False).astype(np.int64)
         got = native.record_eviction(evicted), ref.record_eviction(evicted)
         if got[0] != got[1]:
+            eviction_mismatch = f"record_eviction at step {step}"
             break
     a, b = np.asarray(native.counters()), np.asarray(ref.counters())
     names = list(getattr(native_mod, "COUNTER_NAMES", range(a.shape[0])))
     differing = [str(names[i]) for i in range(a.shape[0]) if not np.array_equal(a[i], b[i])]
+    if eviction_mismatch:
+        differing.append(eviction_mismatch)
     totals = {str(n): int(np.asarray(a[i]).sum()) for i, n in enumerate(names)}
     coverage = totals.get("hits", 0) / totals["routed"] if totals.get("routed") else None
     return {
@@ -721,8 +725,9 @@ def bm5(args: argparse.Namespace) -> dict[str, Any]:
     if not measured:
         reasons = "; ".join(f"{k}: {v['reason']}" for k, v in parts.items())
         return _not_measured("bm5", reasons, parts=parts)
-    same = all(v["identical"] for v in measured.values())
     unmeasured = [k for k, v in parts.items() if not v.get("measured")]
+    # NOTE: a part that could not run is not evidence of equality: no PASS then
+    same = all(v["identical"] for v in measured.values()) and not unmeasured
     return {
         "routine": "bm5",
         "measured": True,

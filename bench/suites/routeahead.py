@@ -391,12 +391,15 @@ def bench_predictors_on(
             "precision": row["precision"],
             "predict_us": statistics.median(times[name]),
             "predict_us_min": min(times[name]),
-            "predicted_per_block": snap.request.predicted / max(snap.steps, 1),
-            "routed_per_block": snap.request.routed / max(snap.steps, 1),
+            "predicted_per_block": snap.request.predicted / snap.steps if snap.steps else None,
+            "routed_per_block": snap.request.routed / snap.steps if snap.steps else None,
             "blocks_scored": snap.steps,
         }
-        if "not_measured" in row:
-            out[name]["not_measured"] = row["not_measured"]
+        reasons: dict[str, str] = dict(row.get("not_measured") or {})  # type: ignore[call-overload]
+        if not snap.steps:
+            reasons["predicted_per_block"] = reasons["routed_per_block"] = "no block scored"
+        if reasons:
+            out[name]["not_measured"] = reasons
     # the engine's per-step call: one batched pass over every request's block
     many = [
         DraftedBlock(

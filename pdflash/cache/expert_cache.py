@@ -37,6 +37,7 @@ import numpy.typing as npt
 import torch
 
 from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
+from pdflash.h2d import STATE_DONE
 from pdflash.metrics import Metric, ratio
 from pdflash.protocols import Band, CopyIssuer
 
@@ -231,29 +232,34 @@ class ExpertCache:
     def _refresh_inflight(self) -> None:
         """Clear finished copies; forget unpinned slots whose copy failed or
         was cancelled (e.g. ``issuer.cancel(Band.ROUTE_AHEAD)``), so the
-        expert is fetched again instead of being read as garbage.
+        expert is fetched again instead of being read as garbage."""
+        busy = np.flatnonzero(self.ticket >= 0)
+        if busy.size == 0:
+            return
+        done, failed = self._copy_outcomes(busy)
+        self.ticket[busy[done]] = -1
+        bad = busy[failed & (self.pins[busy] == 0)]
+        if bad.size:
+            self.failed_copies += int(bad.size)
+            self._drop(bad)
+
+    def _copy_outcomes(
+        self, slots: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+        """(landed, failed-or-cancelled) for the in-flight copies of ``slots``.
 
         NOTE: ``poll`` reports failed/cancelled copies as finished; telling
         them apart needs ``issuer.states`` (:class:`pdflash.h2d.H2DIssuer`'s
         codes: > ``STATE_DONE`` means failed or cancelled). An issuer
         without ``states`` is trusted to complete what it accepted.
         """
-        busy = np.flatnonzero(self.ticket >= 0)
-        if busy.size == 0:
-            return
+        tickets = self.ticket[slots]
         states_fn = getattr(self.issuer, "states", None)
         if states_fn is None:
-            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
-            self.ticket[busy[done]] = -1
-            return
-        from pdflash.h2d import STATE_DONE
-
-        states = np.asarray(states_fn(self.ticket[busy]))
-        self.ticket[busy[states == STATE_DONE]] = -1
-        bad = busy[(states > STATE_DONE) & (self.pins[busy] == 0)]
-        if bad.size:
-            self.failed_copies += int(bad.size)
-            self._drop(bad)
+            done = np.asarray(self.issuer.poll(tickets), dtype=np.bool_)
+            return done, np.zeros_like(done)
+        states = np.asarray(states_fn(tickets))
+        return states == STATE_DONE, states > STATE_DONE
 
     def _evictable_slots(self, exclude: IdArray) -> npt.NDArray[np.int64]:
         ok = (self.expert_of >= 0) & (self.pins == 0) & (self.ticket < 0)
@@ -460,7 +466,8 @@ class ExpertCache:
         self.pins[slots] = np.maximum(self.pins[slots] - 1, 0)
         busy = slots[self.ticket[slots] >= 0]
         if busy.size:
-            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
+            # a failed or cancelled copy is not valid either (poll calls it done)
+            done, _ = self._copy_outcomes(busy)
             self.ticket[busy[done]] = -1
             self._drop(busy[~done])
 
@@ -542,10 +549,4 @@ class ExpertCache:
         for t in self.ticket[busy].tolist():
             with contextlib.suppress(Exception):
                 self.issuer.wait(np.asarray([t], dtype=np.int64), self.wait_timeout_s)
-        room = self.free_capacity()
-        if room <= 0 and busy.size:
-            # copies that landed into pinned slots are settled (host path)
-            done = np.asarray(self.issuer.poll(self.ticket[busy]), dtype=np.bool_)
-            self.ticket[busy[done & (self.pins[busy] > 0)]] = -1
-            room = self.free_capacity()
-        return room
+        return self.free_capacity()

@@ -543,6 +543,7 @@ def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
         engine.stream.copies_submitted = engine.stream.bytes_submitted = 0
         engine.stream.cancelled = 0
     engine.verify_forwards = 0
+    engine.steps = 0  # the row's `steps` counts measured steps only, like the rest
     engine.predict_s = 0.0
     engine.finished.clear()
 

@@ -86,6 +86,10 @@ def _check_rid(rid: object) -> int:
     return value
 
 
+def _is_request_id(rid: object) -> bool:
+    return not isinstance(rid, bool) and isinstance(rid, numbers.Integral)
+
+
 def _check_weight(weight: object) -> float:
     if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
         raise TypeError(f"weight must be a number, got {weight!r}")
@@ -175,7 +179,8 @@ class VerifyScheduler:
         return int(self._core.pending_tokens()[self._index(rid)])
 
     def _index(self, rid: object) -> int:
-        seq = self._seq_of.get(rid)  # type: ignore[call-overload]
+        # NOTE: True or 1.0 hash like 1; only what add_request accepts names a request
+        seq = self._seq_of.get(rid) if _is_request_id(rid) else None  # type: ignore[call-overload]
         if seq is None:
             raise UnknownRequestError(f"request id {rid!r} is not live")
         return bisect.bisect_left(self._seqs, seq)
@@ -200,9 +205,12 @@ class VerifyScheduler:
 
         Unknown or already removed ids are a no-op (returns False).
         """
-        seq = self._seq_of.get(rid)
+        seq = self._seq_of.get(rid) if _is_request_id(rid) else None
         if seq is None:
             return False
+        forget = getattr(self.policy, "forget", None)
+        if forget is not None:  # e.g. DeadlinePolicy: a reused id must not inherit a deadline
+            forget(rid)
         index = bisect.bisect_left(self._seqs, seq)
         self._core.remove(index)
         del self._seqs[index]

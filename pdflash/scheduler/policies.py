@@ -9,6 +9,7 @@ backlogged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -65,8 +66,8 @@ class DeadlinePolicy:
     def __post_init__(self) -> None:
         if self.horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {self.horizon!r}")
-        if not self.max_boost >= 1.0:
-            raise ValueError(f"max_boost must be >= 1, got {self.max_boost!r}")
+        if not (1.0 <= self.max_boost < math.inf):
+            raise ValueError(f"max_boost must be finite and >= 1, got {self.max_boost!r}")
 
     def set_deadline(self, request_id: int, step: int) -> None:
         self.deadlines[int(request_id)] = int(step)

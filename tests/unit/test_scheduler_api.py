@@ -498,3 +498,29 @@ def test_native_kernel_selection_is_reported() -> None:
     assert s._core.size_path() == "uniform"
     s.set_expert_bytes(np.array([[1, 1, 1, 1], [2, 2, 2, 2]]))  # one word: mixed sizes
     assert s._core.size_path() == "per_expert"
+
+
+def test_only_integer_ids_name_requests() -> None:
+    # True and 1.0 hash like 1: they must not reach request 1.
+    sched = VerifyScheduler(SchedulerConfig(token_budget=64, num_layers=2, num_experts=4))
+    sched.add_request(1)
+    assert sched.remove_request(True) is False  # type: ignore[arg-type]
+    assert sched.remove_request(1.0) is False  # type: ignore[arg-type]
+    with pytest.raises(UnknownRequestError):
+        sched.update_demand(True, 3, [0])  # type: ignore[arg-type]
+    assert 1 in sched and sched.pending_tokens(1) == 0
+
+
+def test_removed_request_leaves_the_policy_too() -> None:
+    policy = DeadlinePolicy(horizon=4)
+    cfg = SchedulerConfig(token_budget=64, num_layers=2, num_experts=4)
+    sched = VerifyScheduler(cfg, policy=policy)
+    sched.add_request(7)
+    policy.set_deadline(7, 2)
+    assert sched.remove_request(7) is True
+    assert 7 not in policy.deadlines  # a reused id 7 must not inherit the deadline
+
+
+def test_deadline_policy_rejects_infinite_boost() -> None:
+    with pytest.raises(ValueError, match="finite"):
+        DeadlinePolicy(max_boost=math.inf)
