@@ -66,6 +66,42 @@ def test_build_info_reports_cuda_flag() -> None:
         assert info["cuda_compiled"] is True
 
 
+def test_cpu_only_build_compiles_every_native_module(tmp_path: Path) -> None:
+    """PDFLASH_CUDA=OFF must build a complete wheel (host issuer backend only)."""
+    pytest.importorskip("scikit_build_core")
+    pytest.importorskip("Cython")
+    import os
+    import zipfile
+
+    out = tmp_path / "wheel"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "--config-settings=build-dir=" + str(tmp_path / "build"),
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        env={**os.environ, "PDFLASH_CUDA": "OFF"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    names = zipfile.ZipFile(next(out.glob("pdflash-*.whl"))).namelist()
+    for name in _native.NATIVE_MODULES:
+        assert any(n.startswith(f"pdflash_native/{name}.") and n.endswith(".so") for n in names), (
+            name
+        )
+    cmake_cache = (tmp_path / "build" / "CMakeCache.txt").read_text()
+    assert "PDFLASH_CUDA:STRING=OFF" in cmake_cache
+
+
 def test_py_typed_shipped() -> None:
     assert (Path(pdflash.__file__).parent / "py.typed").is_file()
     assert (Path(pdflash_native.__file__).parent / "py.typed").is_file()
