@@ -8,49 +8,11 @@ import numpy as np
 import pytest
 
 from pdflash.engine.bench_run import RunSpec, run_spec
+from pdflash.report.schema import IDENTITY_FIELDS, METRIC_FIELDS, validate_row
 
-CONTRACT_IDENTITY = [
-    "arch",
-    "baseline",
-    "weights_source",
-    "acceptance_source",
-    "acceptance_params",
-    "routing_source",
-    "device",
-    "link_gbps_measured",
-    "block_size",
-    "concurrency",
-    "cache_fraction",
-    "repeat",
-    "seed",
-]
-CONTRACT_METRICS = [
-    "output_tokens_per_s",
-    "acceptance_length_mean",
-    "ttft_p50_s",
-    "ttft_p99_s",
-    "round_latency_p50_s",
-    "round_latency_p99_s",
-    "goodput_rps",
-    "expert_cache_hit_rate",
-    "routeahead_coverage",
-    "routeahead_precision",
-    "wasted_prefetch_bytes",
-    "exposed_fetch_s",
-    "h2d_bytes",
-    "h2d_overlap_fraction",
-    "expert_occupancy_bytes",
-    "kv_occupancy_bytes",
-    "scheduler_us_per_step",
-    "eta",
-    "compute_busy_s",
-    "link_busy_s",
-    "wall_s",
-    "link_busy_fraction",
-    "useful_byte_fraction",
-    "committed_tokens",
-    "bytes_per_token",
-]
+# The contract is the report's row schema: one list, shared with the validator.
+CONTRACT_IDENTITY = list(IDENTITY_FIELDS)
+CONTRACT_METRICS = list(METRIC_FIELDS)
 
 
 @pytest.mark.parametrize("baseline", ["B0", "B1", "B3"])
@@ -78,6 +40,7 @@ def test_run_spec_row_has_every_contract_field(
             assert missing.get(key), key  # null always carries a reason
         else:
             assert np.isfinite(row[key]) and row[key] >= 0, (key, row[key])
+    assert validate_row(row) == []
     assert row["committed_tokens"] == 2 * 10
     assert row["weights_source"] == "synthetic"
     assert row["acceptance_source"] == ("model" if baseline == "B0" else "forced")
