@@ -56,6 +56,26 @@ def _panels(med: Mapping[tuple[Any, ...], float]) -> list[tuple[Any, Any, Any]]:
     return sorted({k[:3] for k in med}, key=repr)
 
 
+def _grid(plt: Any, n_panels: int) -> tuple[Any, Any]:
+    """A figure with up to three panels per row."""
+    ncols = min(3, n_panels)
+    nrows = (n_panels + ncols - 1) // ncols
+    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+
+
+def _save(plt: Any, fig: Any, axes: Any, n_panels: int, title: str, path: str | Path) -> Path:
+    """Blank the unused panels, add the legend and title, write the PNG."""
+    for ax in list(axes.flat)[n_panels:]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
     """Tokens/s per baseline, grouped by concurrency, one panel per
     (arch, block, cache fraction). None if no row has tokens/s."""
@@ -64,9 +84,7 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
         return None
     plt = _pyplot()
     panels = _panels(med)
-    ncols = min(3, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    fig, axes = _grid(plt, len(panels))
     for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
         concs = sorted({k[3] for k in med if k[:3] == (arch, block, cf)})
         width = 0.8 / len(PLOT_ORDER)
@@ -86,15 +104,8 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
         ax.set_ylabel("output tokens/s")
         ax.set_title(f"{arch}  B={block}  cache {cf}")
         ax.grid(axis="y", alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"pdflash: tokens/s per baseline (B3 = all experts resident) on {_devices(rows)}")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    title = f"pdflash: tokens/s per baseline (B3 = all experts resident) on {_devices(rows)}"
+    return _save(plt, fig, axes, len(panels), title, path)
 
 
 def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
@@ -105,9 +116,7 @@ def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
         return None
     plt = _pyplot()
     panels = _panels(med)
-    ncols = min(3, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    fig, axes = _grid(plt, len(panels))
     for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
         for b in PLOT_ORDER:
             pts = sorted(
@@ -123,12 +132,5 @@ def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
         ax.set_ylabel("output tokens/s")
         ax.set_title(f"{arch}  B={block}  cache {cf}")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"pdflash: tokens/s vs concurrency on {_devices(rows)}")
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    title = f"pdflash: tokens/s vs concurrency on {_devices(rows)}"
+    return _save(plt, fig, axes, len(panels), title, path)
