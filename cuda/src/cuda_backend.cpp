@@ -1,11 +1,14 @@
 // CUDA backend: ONE non-blocking copy stream per issuer; each chunk is
-// bracketed by two timing events in its window slot, so completion is a
-// cudaEventQuery and link busy time is the events' elapsed time.
+// followed by a timing event, so completion is a cudaEventQuery and link busy
+// time is an elapsed time between events: from the previous chunk's end event
+// when the chunk was queued behind it, else from a start event recorded just
+// before it (the stream was idle).
 //
 // Built only when PDFLASH_WITH_CUDA; otherwise the factory throws and
 // cuda_device_count() is 0. Plain C++ against the CUDA runtime (no kernels),
 // linked with cudart_static.
 #include <chrono>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -61,16 +64,24 @@ class CudaBackend final : public CopyBackend {
                                   std::to_string(count) + ")");
     DeviceGuard guard(device);
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    // NOTE: end events live in a ring of 2 x max_slots indexed by chunk
+    // number, not by slot: a chunk's busy time reads its predecessor's end
+    // event, which must not be re-recorded before then. At most max_slots
+    // chunks are in flight, so chunk j + 2 max_slots - 1 (the next user of
+    // chunk j - 1's event) is enqueued only after chunk j was reaped.
     start_.resize(std::size_t(max_slots), nullptr);
-    end_.resize(std::size_t(max_slots), nullptr);
-    for (int i = 0; i < max_slots; ++i) {
-      cudaError_t e1 = cudaEventCreate(&start_[std::size_t(i)]);
-      cudaError_t e2 = cudaEventCreate(&end_[std::size_t(i)]);
-      if (e1 != cudaSuccess || e2 != cudaSuccess) {
+    end_.resize(2 * std::size_t(max_slots), nullptr);
+    chunk_of_slot_.assign(std::size_t(max_slots), 0);
+    chained_.assign(std::size_t(max_slots), 0);
+    auto create = [&](cudaEvent_t* ev) {
+      cudaError_t e = cudaEventCreate(ev);
+      if (e != cudaSuccess) {
         release();
-        check(e1 != cudaSuccess ? e1 : e2, "cudaEventCreate");
+        check(e, "cudaEventCreate");
       }
-    }
+    };
+    for (auto& ev : start_) create(&ev);
+    for (auto& ev : end_) create(&ev);
   }
   ~CudaBackend() override { close(); }
 
@@ -78,20 +89,33 @@ class CudaBackend final : public CopyBackend {
 
   bool enqueue(int slot, void* dst, const void* src, std::size_t n, std::string* err) override {
     bind_thread();
-    cudaError_t e = cudaEventRecord(start_[std::size_t(slot)], stream_);
+    // NOTE: one event per chunk instead of a start/end pair: every event
+    // recorded between two copies on the stream is GPU-side work at a chunk
+    // boundary, where the link idles (issue 4). A chunk queued behind a
+    // running one starts when that one ends, so its predecessor's end event
+    // is its start. (If the predecessor ends between this query and the
+    // enqueue, the few microseconds in between count as busy.)
+    bool chained = unreaped_ > 0 && cudaEventQuery(end_event(next_chunk_ - 1)) == cudaErrorNotReady;
+    cudaError_t e = cudaSuccess;
+    if (!chained) e = cudaEventRecord(start_[std::size_t(slot)], stream_);
     if (e == cudaSuccess) e = cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_);
-    if (e == cudaSuccess) e = cudaEventRecord(end_[std::size_t(slot)], stream_);
+    if (e == cudaSuccess) e = cudaEventRecord(end_event(next_chunk_), stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
       *err = cuda_text(e);
       return false;
     }
+    chunk_of_slot_[std::size_t(slot)] = next_chunk_++;
+    chained_[std::size_t(slot)] = chained ? 1 : 0;
+    ++unreaped_;
     return true;
   }
 
   bool query(int slot, ChunkResult* out) override {
-    cudaError_t e = cudaEventQuery(end_[std::size_t(slot)]);
+    std::uint64_t chunk = chunk_of_slot_[std::size_t(slot)];
+    cudaError_t e = cudaEventQuery(end_event(chunk));
     if (e == cudaErrorNotReady) return false;
+    --unreaped_;
     if (e != cudaSuccess) {
       cudaGetLastError();
       out->ok = false;
@@ -100,8 +124,8 @@ class CudaBackend final : public CopyBackend {
       return true;
     }
     float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, start_[std::size_t(slot)], end_[std::size_t(slot)]) !=
-        cudaSuccess) {
+    cudaEvent_t from = chained_[std::size_t(slot)] ? end_event(chunk - 1) : start_[std::size_t(slot)];
+    if (cudaEventElapsedTime(&ms, from, end_event(chunk)) != cudaSuccess) {
       cudaGetLastError();
       ms = 0.0f;
     }
@@ -118,7 +142,7 @@ class CudaBackend final : public CopyBackend {
     // issued before the copy engine runs dry. A blocking-sync event or a host callback in the stream
     // adds tens of microseconds per chunk (cudaLaunchHostFunc also stalls the
     // stream until the callback has run).
-    cudaEvent_t ev = end_[std::size_t(slot)];
+    cudaEvent_t ev = end_event(chunk_of_slot_[std::size_t(slot)]);
     bool timed = deadline != std::chrono::steady_clock::time_point::max();
     while (cudaEventQuery(ev) == cudaErrorNotReady) {
       if (interrupted()) return;
@@ -131,7 +155,7 @@ class CudaBackend final : public CopyBackend {
 
   bool stream_wait_slot(int slot, std::uintptr_t stream, std::string* err) override {
     cudaError_t e = cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(stream),
-                                        end_[std::size_t(slot)], 0);
+                                        end_event(chunk_of_slot_[std::size_t(slot)]), 0);
     if (e != cudaSuccess) {
       cudaGetLastError();
       *err = "cudaStreamWaitEvent failed: " + cuda_text(e);
@@ -179,9 +203,16 @@ class CudaBackend final : public CopyBackend {
     stream_ = nullptr;
   }
 
+  cudaEvent_t end_event(std::uint64_t chunk) const { return end_[chunk % end_.size()]; }
+
   int device_;
   cudaStream_t stream_ = nullptr;
-  std::vector<cudaEvent_t> start_, end_;
+  std::vector<cudaEvent_t> start_;  // per slot, recorded only when not chained
+  std::vector<cudaEvent_t> end_;    // ring by chunk number (see the constructor)
+  std::vector<std::uint64_t> chunk_of_slot_;
+  std::vector<std::uint8_t> chained_;
+  std::uint64_t next_chunk_ = 1;  // chunk numbers start at 1 (0: none yet)
+  std::int64_t unreaped_ = 0;     // enqueued chunks whose completion query() has not reported
 };
 
 }  // namespace

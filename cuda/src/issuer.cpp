@@ -49,6 +49,30 @@ constexpr std::size_t kDelayRing = 65536;
 // How long an idle CUDA worker spins before parking (see run()).
 constexpr std::chrono::microseconds kIdleSpin{200};
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+// NOTE: a contended glibc mutex parks the thread in the kernel at once; the
+// unlocker then pays a futex wake-up syscall and the parked thread tens of
+// microseconds of wake-up latency. Every critical section of the issuer is
+// short (a 768-copy submit is the longest, ~10-15 us), and the submitting
+// thread and the worker meet on the lock every few microseconds while small
+// chunks complete (issue 4: a submit cost 50-100 us with the worker busy vs
+// 16 us without), so both spin for the lock a while before parking.
+constexpr int kLockSpins = 4096;
+void lock_spinning(std::unique_lock<std::mutex>& lk) {
+  for (int i = 0; i < kLockSpins; ++i) {
+    if (lk.try_lock()) return;
+    cpu_relax();
+  }
+  lk.lock();
+}
+
 inline std::int64_t make_ticket(std::int64_t seq, std::int32_t rec) {
   return (seq << kRecBits) | rec;
 }
@@ -437,7 +461,7 @@ struct Issuer::Impl {
         enqueue_errors[i].clear();
       }
     }
-    lk.lock();
+    lock_spinning(lk);
     for (std::size_t i = 0; i < pending.size(); ++i) {
       const Pending& p = pending[i];
       CopyRec& c = recs[std::size_t(p.rec)];
@@ -461,7 +485,9 @@ struct Issuer::Impl {
       chunk_failed(p.rec, enqueue_errors[i]);
       maybe_finish(p.rec);
     }
+    // NOTE: stream_wait() callers wait for chunks to be enqueued, not finished.
     if (state_waiters > 0) state_cv.notify_all();
+    finished_any = false;
   }
   std::vector<std::string> enqueue_errors;  // worker only
 
@@ -493,16 +519,38 @@ struct Issuer::Impl {
     record(kLogFinish, c.band, ticket, c.chunks_issued, std::int64_t(c.bytes), !c.failed);
     if (c.key != kNoKey && live_keys.find(c.key) == r) live_keys.erase(c.key);
     free_rec(r);
-    state_cv.notify_all();
+    finished_any = true;
+  }
+  // NOTE: set by maybe_finish; callers notify waiters once per batch of
+  // finished copies (a notify per copy woke each waiter hundreds of times
+  // per block of small copies, each time to take the contended lock).
+  bool finished_any = false;
+  void notify_finished() {
+    if (finished_any && state_waiters > 0) state_cv.notify_all();
+    finished_any = false;
   }
 
-  // Reap finished chunks, oldest first (one stream: they finish in order).
+  // Finished chunks, oldest first (one stream: they finish in order), found
+  // WITHOUT the issuer lock: only the worker changes `inflight`, and a
+  // backend query (cudaEventQuery + cudaEventElapsedTime, ~1 us each) under
+  // the lock made every submit wait for up to a window of them (issue 4).
+  std::vector<ChunkResult> finished;  // worker only; keeps its capacity
+  std::size_t n_finished = 0;
+  void poll_finished() {
+    n_finished = 0;
+    for (std::size_t i = 0; i < inflight.size(); ++i) {
+      if (finished.size() <= n_finished) finished.emplace_back();
+      if (!backend->query(inflight[i].slot, &finished[n_finished])) break;
+      ++n_finished;
+    }
+  }
+
+  // Settles what poll_finished() found (under the lock).
   bool reap() {
     bool any = false;
-    while (!inflight.empty()) {
+    for (std::size_t k = 0; k < n_finished; ++k) {
       Inflight f = inflight.front();
-      ChunkResult res;
-      if (!backend->query(f.slot, &res)) break;
+      const ChunkResult& res = finished[k];
       inflight.pop_front();
       inflight_bytes -= f.bytes;
       free_slots.push_back(f.slot);
@@ -520,13 +568,18 @@ struct Issuer::Impl {
       maybe_finish(f.rec);
       any = true;
     }
+    n_finished = 0;
+    notify_finished();
     return any;
   }
 
   void run() {
     detail::count_thread(+1);
-    std::unique_lock<std::mutex> lk(mu);
+    std::unique_lock<std::mutex> lk(mu, std::defer_lock);
     while (true) {
+      // Unlocked here at the top of every iteration.
+      poll_finished();
+      lock_spinning(lk);
       reap();
       bool stopping = stop.load();
       if (!stopping) fill_window(lk);
@@ -545,12 +598,17 @@ struct Issuer::Impl {
           while (epoch.load() == seen && !stop.load() &&
                  std::chrono::steady_clock::now() < until)
             std::this_thread::yield();
-          lk.lock();
           if (epoch.load() != seen || stop.load()) continue;
+          lock_spinning(lk);
+          if (epoch.load() != seen || stop.load()) {
+            lk.unlock();
+            continue;
+          }
         }
         parked.store(true);
         work_cv.wait(lk, [&] { return stop.load() || pick() >= 0; });
         parked.store(false);
+        lk.unlock();
         continue;
       }
       // Room for one more chunk: the next queued one, or (nothing queued)
@@ -572,10 +630,10 @@ struct Issuer::Impl {
       // NOTE: with room in the window, new submissions interrupt the wait so
       // they are issued at once; with a full window only a completion matters.
       backend->wait_progress(slot, deadline, [&] { return room && epoch.load() != seen; });
-      lk.lock();
       room_wait.store(false);
     }
-    // Shut down: every live copy that will never complete is cancelled.
+    // Shut down (the lock is held): every live copy that will never complete
+    // is cancelled.
     for (std::size_t r = 0; r < recs.size(); ++r) {
       CopyRec& c = recs[r];
       if (c.seq == 0) continue;
@@ -686,7 +744,8 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
   {
     // NOTE: one lock acquisition per batch; nothing below allocates per copy
     // in the steady state (scratch, records and queues keep their capacity).
-    std::lock_guard<std::mutex> lk(s.mu);
+    std::unique_lock<std::mutex> lk(s.mu, std::defer_lock);
+    lock_spinning(lk);
     if (s.closed) throw std::runtime_error("issuer is closed");
     if (s.live_copies() + n > kMaxLiveCopies)
       throw std::runtime_error("too many live copies (limit " + std::to_string(kMaxLiveCopies) +
