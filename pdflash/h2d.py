@@ -38,6 +38,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from types import TracebackType
@@ -89,10 +90,11 @@ def native_live_counts() -> dict[str, int]:
     return dict(_native.live_counts())
 
 
-def _forget_region(native_ref: weakref.ReferenceType[Any], ptr: int) -> None:
+def _release_region(native_ref: weakref.ReferenceType[Any], ptr: int, nbytes: int) -> None:
+    # NOTE: a weak reference: a pinned buffer does not keep its issuer alive.
     native = native_ref()
     if native is not None:
-        native.forget_pinned_region(ptr)
+        native.release_region(ptr, nbytes)
 
 
 _I64 = np.dtype(np.int64)
@@ -111,7 +113,9 @@ def _as_i64(name: str, value: npt.ArrayLike, n: int | None = None) -> npt.NDArra
         return value
     arr = np.asarray(value)
     if arr.ndim == 0 and n is not None:
-        return np.full(n, int(arr), dtype=np.int64)
+        # NOTE: one element: the native call applies it to every copy (no
+        # n-element array to fill per submit).
+        return np.array([int(arr)], dtype=np.int64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
     if arr.dtype != np.int64:
@@ -339,12 +343,14 @@ class H2DIssuer:
     def alloc_pinned(self, nbytes: int) -> Any:
         """Page-locked host memory (``cudaHostAlloc`` on the CUDA backend, a
         page-aligned prefaulted allocation on host) as a ``PinnedBuffer``
-        (``.ptr``, ``.nbytes``, buffer protocol). Freed with its last reference."""
+        (``.ptr``, ``.nbytes``, buffer protocol). Freed with its last reference
+        or ``free()``; before that, copies from it that have not started are
+        cancelled and started ones waited for."""
         if nbytes <= 0:
             raise ValueError(f"nbytes must be > 0, got {nbytes}")
-        buf = PinnedBuffer(nbytes, self._backend == "cuda", self._device)
+        release = functools.partial(_release_region, weakref.ref(self._native))
+        buf = PinnedBuffer(nbytes, self._backend == "cuda", self._device, release)
         self._native.note_pinned_region(buf.ptr, nbytes)
-        weakref.finalize(buf, _forget_region, weakref.ref(self._native), buf.ptr)
         return buf
 
     def pinned_array(
@@ -367,6 +373,8 @@ class H2DIssuer:
         self._native.register_host(int(ptr), int(nbytes))
 
     def unregister_host(self, ptr: int) -> None:
+        """Undo :meth:`register_host`: copies from the region that have not
+        started are cancelled, started ones waited for, then it is unpinned."""
         self._native.unregister_host(int(ptr))
 
     # ------------------------------------------------------------- lifecycle

@@ -18,4 +18,5 @@ cdef class PinnedBuffer:
     cdef Py_ssize_t _shape[1]
     cdef Py_ssize_t _strides[1]
     cdef object __weakref__
+    cdef object _release  # callable(ptr, nbytes) run before the memory is freed
     cdef void _free(self) noexcept

@@ -115,14 +115,17 @@ cdef class PinnedBuffer:
     """Page-locked host memory (cudaHostAlloc, or aligned malloc on the host
     backend). Exposes a writable 1-D uint8 buffer: ``np.frombuffer(buf,
     np.uint8)`` views it without a copy. Freed when the last reference (and
-    the last view) goes away, or by :meth:`free` when no view exists."""
+    the last view) goes away, or by :meth:`free` when no view exists.
+    ``release(ptr, nbytes)``, when given, runs first (an issuer's
+    ``release_region``: no copy may still read the memory)."""
 
     def __cinit__(self):
         self._ptr = NULL
         self._exports = 0
         self._nbytes = 0
+        self._release = None
 
-    def __init__(self, size_t nbytes, bint cuda, int device=0):
+    def __init__(self, size_t nbytes, bint cuda, int device=0, release=None):
         if self._ptr != NULL:
             raise RuntimeError("PinnedBuffer is already initialised")
         with nogil:
@@ -130,10 +133,16 @@ cdef class PinnedBuffer:
         self._nbytes = nbytes
         self._cuda = cuda
         self._device = device
+        self._release = release
         self._shape[0] = <Py_ssize_t>nbytes
         self._strides[0] = 1
 
     def __dealloc__(self):
+        if self._ptr != NULL and self._release is not None:
+            try:
+                self._release(<uintptr_t>self._ptr, self._nbytes)
+            except BaseException:
+                pass  # NOTE: nothing can be raised from a deallocator
         self._free()
 
     cdef void _free(self) noexcept:
@@ -160,6 +169,8 @@ cdef class PinnedBuffer:
         still exports this buffer."""
         if self._exports > 0:
             raise BufferError(f"{self._exports} view(s) of this pinned buffer are alive")
+        if self._ptr != NULL and self._release is not None:
+            self._release(<uintptr_t>self._ptr, self._nbytes)
         self._free()
 
     def __getbuffer__(self, Py_buffer* buf, int flags):
@@ -246,11 +257,13 @@ cdef class NativeIssuer:
         const uint64_t[::1] keys,
         int band,
     ):
-        """Queue N copies in one band; returns N int64 tickets."""
+        """Queue N copies in one band; returns N int64 tickets. ``nbytes``
+        holds one size per copy, or one size for all of them."""
         cdef Py_ssize_t n = src.shape[0]
-        if dst.shape[0] != n or nbytes.shape[0] != n or keys.shape[0] != n:
+        cdef size_t nbytes_stride = 0 if nbytes.shape[0] == 1 else 1
+        if dst.shape[0] != n or (nbytes_stride and nbytes.shape[0] != n) or keys.shape[0] != n:
             raise ValueError(
-                f"src, dst, nbytes and keys must have one length; got {n}, "
+                f"src, dst, nbytes and keys must have one length (nbytes may have 1); got {n}, "
                 f"{dst.shape[0]}, {nbytes.shape[0]}, {keys.shape[0]}"
             )
         out = np.empty(n, dtype=np.int64)
@@ -260,8 +273,8 @@ cdef class NativeIssuer:
             return out
         cdef int64_t[::1] tickets = out
         with nogil:
-            self._issuer.submit(&src[0], &dst[0], &nbytes[0], &keys[0], <size_t>n, band,
-                                &tickets[0])
+            self._issuer.submit(&src[0], &dst[0], &nbytes[0], nbytes_stride, &keys[0],
+                                <size_t>n, band, &tickets[0])
         return out
 
     def states(self, const int64_t[::1] tickets):
@@ -352,8 +365,14 @@ cdef class NativeIssuer:
         """Tell the pageable-source check that [ptr, ptr+nbytes) is pinned."""
         self._issuer.note_pinned_region(ptr, nbytes)
 
-    def forget_pinned_region(self, uintptr_t ptr):
-        self._issuer.forget_pinned_region(ptr)
+    def release_region(self, uintptr_t ptr, size_t nbytes):
+        """Before [ptr, ptr+nbytes) is freed or unregistered: cancel the copies
+        from it not yet started, wait (GIL released) for the started ones,
+        forget the region. Returns how many copies were cancelled."""
+        cdef int64_t n
+        with nogil:
+            n = self._issuer.release_region(ptr, nbytes)
+        return n
 
     def register_host(self, uintptr_t ptr, size_t nbytes):
         """cudaHostRegister an existing host region (no-op on the host backend);
@@ -368,11 +387,14 @@ cdef class NativeIssuer:
         self._issuer.note_pinned_region(ptr, nbytes)
 
     def unregister_host(self, uintptr_t ptr):
+        """Undo register_host() once no copy reads the region any more (see
+        release_region)."""
+        cdef size_t nbytes
         if ptr not in self._registered:
             raise ValueError(f"unregister_host: 0x{ptr:x} was not registered here")
-        del self._registered[ptr]
-        self._issuer.forget_pinned_region(ptr)
+        nbytes = self._registered.pop(ptr)
         with nogil:
+            self._issuer.release_region(ptr, nbytes)
             c_unregister_host(self.use_cuda, self.device, <void*>ptr)
 
     def test_hold_link(self, bint hold):

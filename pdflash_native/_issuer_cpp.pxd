@@ -79,7 +79,8 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         Issuer(const IssuerConfig& config) except +
         const char* backend_name()
         void submit(const int64_t* src, const int64_t* dst, const int64_t* nbytes,
-                    const uint64_t* keys, size_t n, int band, int64_t* tickets_out) except +
+                    size_t nbytes_stride, const uint64_t* keys, size_t n, int band,
+                    int64_t* tickets_out) except +
         void states(const int64_t* tickets, size_t n, uint8_t* out) except +
         WaitResult wait(const int64_t* tickets, size_t n, double timeout_s) except +
         WaitResult stream_wait(const int64_t* tickets, size_t n, uintptr_t stream,
@@ -88,7 +89,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         IssuerStats stats()
         vector[LogEvent] debug_log()
         void note_pinned_region(uintptr_t begin, size_t n)
-        void forget_pinned_region(uintptr_t begin)
+        int64_t release_region(uintptr_t begin, size_t n) except +
         bool test_hold_link(bool hold)
         bool test_inject_failures(int count, const string& text)
         void shutdown()

@@ -61,6 +61,7 @@ SWEEP = [
     (2.0, 4.0, 0.0),
     (4.0, 8.0, 0.0),
     (4.0, 8.0, 0.25),
+    (4.5, 9.0, 0.22),
     (5.0, 10.0, 0.0),
     (5.0, 10.0, 0.2),
     (6.0, 12.0, 0.0),
@@ -101,8 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--load-reps",
         type=int,
-        default=15,
-        help="on-demand arrivals (random phase) per under-load measurement",
+        default=61,
+        help="on-demand arrivals (random phase) per under-load measurement (and copies alone)",
     )
     parser.add_argument("--issue-reps", type=int, default=301, help="repetitions of issue timing")
     parser.add_argument(
@@ -413,7 +414,7 @@ class _BandScenario:
             _timed_copy(
                 issuer, self.od_src, self.od_dst, self.on_demand, self.keys(1), Band.ON_DEMAND
             )
-            for _ in range(max(5, reps * 2))
+            for _ in range(max(5, reps * 2, load_reps))
         ]
         under, bg_rates, queued = [], [], []
         for delay_s in arrival_s:

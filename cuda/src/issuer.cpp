@@ -44,8 +44,15 @@ struct NvtxRange {
 // its record index (for O(1) access while live): ticket = seq << 24 | rec.
 constexpr int kRecBits = 24;
 constexpr std::int64_t kRecMask = (std::int64_t(1) << kRecBits) - 1;
-constexpr std::size_t kMaxLiveCopies = std::size_t(1) << kRecBits;
+// The record array stays at most half full (see reserve_recs), so live
+// copies are limited to half of what the record bits can index.
+constexpr std::size_t kMaxLiveCopies = std::size_t(1) << (kRecBits - 1);
 constexpr std::size_t kDelayRing = 65536;
+// NOTE: a finished copy's state stays readable by its ticket for the next
+// kStateRing copies (a ring, not a per-copy history that grows forever in a
+// server that runs for days); an older ticket is reported as expired.
+constexpr std::size_t kStateRing = std::size_t(1) << 22;
+constexpr std::uint8_t kLiveMark = 0xFF;  // ring entry of a copy still live
 // How long an idle CUDA worker spins before parking (see run()).
 constexpr std::chrono::microseconds kIdleSpin{200};
 
@@ -85,92 +92,92 @@ class KeyMap {
   KeyMap() { rehash(1024); }
   std::int32_t find(std::uint64_t key) const {
     std::size_t i = slot_of(key);
-    while (keys_[i] != kNoKey) {
-      if (keys_[i] == key) return vals_[i];
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) return slots_[i].val;
       i = (i + 1) & mask_;
     }
     return kMissing;
   }
   void set(std::uint64_t key, std::int32_t val) {
-    if ((count_ + 1) * 2 > keys_.size()) rehash(keys_.size() * 2);
+    if ((count_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
     std::size_t i = slot_of(key);
-    while (keys_[i] != kNoKey) {
-      if (keys_[i] == key) {
-        vals_[i] = val;
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) {
+        slots_[i].val = val;
         return;
       }
       i = (i + 1) & mask_;
     }
-    keys_[i] = key;
-    vals_[i] = val;
+    slots_[i] = Slot{key, val};
     ++count_;
   }
   void erase(std::uint64_t key) {
     std::size_t i = slot_of(key);
-    while (keys_[i] != key) {
-      if (keys_[i] == kNoKey) return;
+    while (slots_[i].key != key) {
+      if (slots_[i].key == kNoKey) return;
       i = (i + 1) & mask_;
     }
     // backward-shift deletion keeps probe chains intact without tombstones
     std::size_t j = i;
     while (true) {
       j = (j + 1) & mask_;
-      if (keys_[j] == kNoKey) break;
-      std::size_t home = slot_of(keys_[j]);
+      if (slots_[j].key == kNoKey) break;
+      std::size_t home = slot_of(slots_[j].key);
       bool movable = (i <= j) ? (home <= i || home > j) : (home <= i && home > j);
       if (movable) {
-        keys_[i] = keys_[j];
-        vals_[i] = vals_[j];
+        slots_[i] = slots_[j];
         i = j;
       }
     }
-    keys_[i] = kNoKey;
+    slots_[i].key = kNoKey;
     --count_;
   }
   // Capacity for `count` keys without a rehash (slot indices stay valid).
   void reserve(std::size_t count) {
-    std::size_t cap = keys_.size();
+    std::size_t cap = slots_.size();
     while (count * 2 > cap) cap *= 2;
-    if (cap != keys_.size()) rehash(cap);
+    if (cap != slots_.size()) rehash(cap);
   }
   // One probe: the slot of `key`, inserting it with `val` when absent
   // (*found = kMissing) -- call reserve() first; else *found = its value.
   std::size_t find_or_insert(std::uint64_t key, std::int32_t val, std::int32_t* found) {
     std::size_t i = slot_of(key);
-    while (keys_[i] != kNoKey) {
-      if (keys_[i] == key) {
-        *found = vals_[i];
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) {
+        *found = slots_[i].val;
         return i;
       }
       i = (i + 1) & mask_;
     }
-    keys_[i] = key;
-    vals_[i] = val;
+    slots_[i] = Slot{key, val};
     ++count_;
     *found = kMissing;
     return i;
   }
-  void set_at(std::size_t slot, std::int32_t val) { vals_[slot] = val; }
+  void set_at(std::size_t slot, std::int32_t val) { slots_[slot].val = val; }
   std::size_t size() const { return count_; }
   static constexpr std::int32_t kMissing = -1;
 
  private:
+  // NOTE: key and value side by side: one cache line per probe (the lines a
+  // submit touches were last written by the worker's erases, on another core).
+  struct Slot {
+    std::uint64_t key;
+    std::int32_t val;
+  };
   std::size_t slot_of(std::uint64_t key) const {
     std::uint64_t h = key * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing
     return std::size_t(h >> 17) & mask_;
   }
   void rehash(std::size_t cap) {
-    std::vector<std::uint64_t> old_keys(cap, kNoKey);
-    std::vector<std::int32_t> old_vals(cap, 0);
-    old_keys.swap(keys_);
-    old_vals.swap(vals_);
+    std::vector<Slot> old(cap, Slot{kNoKey, 0});
+    old.swap(slots_);
     mask_ = cap - 1;
     count_ = 0;
-    for (std::size_t i = 0; i < old_keys.size(); ++i)
-      if (old_keys[i] != kNoKey) set(old_keys[i], old_vals[i]);
+    for (const Slot& e : old)
+      if (e.key != kNoKey) set(e.key, e.val);
   }
-  std::vector<std::uint64_t> keys_;
-  std::vector<std::int32_t> vals_;
+  std::vector<Slot> slots_;
   std::size_t mask_ = 0;
   std::size_t count_ = 0;
 };
@@ -187,6 +194,7 @@ struct CopyRec {
   std::int64_t chunks_inflight = 0;
   std::int64_t chunks_enqueued = 0;  // issued chunks the backend has accepted
   int last_slot = -1;  // slot of the most recently enqueued chunk
+  std::uint8_t state = kQueued;  // kQueued or kRunning while live
   bool failed = false;
   double t_submit = 0.0;
 };
@@ -302,11 +310,16 @@ struct Issuer::Impl {
   bool closed = false;
   std::thread worker;
 
+  // NOTE: records are taken by a cursor that walks the array (skipping live
+  // ones) rather than from a LIFO free list: a batch's records then lie side
+  // by side in the order the worker finishes them, so a submit writes
+  // consecutive cache lines instead of scattered ones (issue 4).
   std::vector<CopyRec> recs;
-  std::vector<std::int32_t> free_recs;
-  // NOTE: a deque, so growth never copies the whole history under the lock.
-  std::deque<std::uint8_t> state_of_seq{0};  // index 0 unused
-  std::unordered_map<std::int64_t, std::string> errors;  // seq -> failure text
+  std::size_t live_recs = 0;
+  std::size_t rec_cursor = 0;
+  // Final states by seq (see kStateRing); grows to kStateRing, then wraps.
+  std::vector<std::uint8_t> final_states = std::vector<std::uint8_t>(1024, kLiveMark);
+  std::unordered_map<std::int64_t, std::string> errors;  // seq -> failure or cancel text
   std::int64_t next_seq = 1;
   KeyMap live_keys;
   Ring<std::pair<std::int32_t, std::int64_t>> queues[kNumBands];  // (rec, seq)
@@ -343,20 +356,25 @@ struct Issuer::Impl {
   }
 
   // ---- records ----
+  // Room for `n` more live records with the array at most half full, so the
+  // cursor finds a free one within a few steps. Call before new_rec().
+  void reserve_recs(std::size_t n) {
+    std::size_t want = std::max<std::size_t>(64, 2 * (live_recs + n));
+    if (recs.size() < want)
+      recs.resize(std::min(std::max(want, 2 * recs.size()), std::size_t(1) << kRecBits));
+  }
   std::int32_t new_rec() {
-    if (!free_recs.empty()) {
-      std::int32_t r = free_recs.back();
-      free_recs.pop_back();
-      return r;
-    }
-    recs.emplace_back();
-    return std::int32_t(recs.size() - 1);
+    while (recs[rec_cursor].seq != 0) rec_cursor = rec_cursor + 1 == recs.size() ? 0 : rec_cursor + 1;
+    std::int32_t r = std::int32_t(rec_cursor);
+    rec_cursor = rec_cursor + 1 == recs.size() ? 0 : rec_cursor + 1;
+    ++live_recs;
+    return r;
   }
   void free_rec(std::int32_t r) {
     recs[std::size_t(r)] = CopyRec{};
-    free_recs.push_back(r);
+    --live_recs;
   }
-  std::size_t live_copies() const { return recs.size() - free_recs.size(); }
+  std::size_t live_copies() const { return live_recs; }
 
   bool queued_in(std::int32_t r, std::int64_t seq, int band) const {
     const CopyRec& c = recs[std::size_t(r)];
@@ -432,7 +450,7 @@ struct Issuer::Impl {
       std::int64_t ticket = make_ticket(c.seq, r);
       std::int64_t chunk = c.chunks_issued;
       if (c.chunks_issued == 0) {
-        state_of_seq[std::size_t(c.seq)] = kRunning;
+        c.state = kRunning;
         counters[c.band].add_delay(now() - c.t_submit);
       }
       record(kLogStart, c.band, ticket, chunk, std::int64_t(n), true);
@@ -499,7 +517,38 @@ struct Issuer::Impl {
       --queued_copies;
       queued_bytes -= c.bytes - c.next_off;
     }
-    errors[c.seq] = err.empty() ? std::string("copy failed") : err;
+    set_error(c.seq, err.empty() ? std::string("copy failed") : err);
+  }
+
+  // ---- final states ----
+  bool expired(std::int64_t seq) const { return std::size_t(next_seq - seq) > kStateRing; }
+  std::uint8_t& final_state(std::int64_t seq) {
+    return final_states[std::size_t(seq) & (final_states.size() - 1)];
+  }
+  // Room in the ring for seqs below next_seq + n (before the ring wraps).
+  void reserve_states(std::size_t n) {
+    std::size_t need = std::size_t(next_seq) + n;
+    std::size_t size = final_states.size();
+    while (size < need && size < kStateRing) size *= 2;
+    if (size != final_states.size()) final_states.resize(size, kLiveMark);
+  }
+  void set_final(std::int64_t seq, std::uint8_t st) {
+    // An expired seq's entry already belongs to a newer copy.
+    if (!expired(seq)) final_state(seq) = st;
+  }
+  void set_error(std::int64_t seq, std::string text) {
+    if (errors.size() >= 4096) {  // drop the texts of expired tickets
+      for (auto it = errors.begin(); it != errors.end();)
+        it = expired(it->first) ? errors.erase(it) : std::next(it);
+    }
+    errors[seq] = std::move(text);
+  }
+  // State of a validated ticket (state_of() checked it once).
+  std::uint8_t state_now(std::int64_t ticket) const {
+    std::int64_t seq = ticket >> kRecBits;
+    const CopyRec& c = recs[std::size_t(ticket & kRecMask)];
+    if (c.seq == seq) return c.state;
+    return final_states[std::size_t(seq) & (final_states.size() - 1)];
   }
 
   void maybe_finish(std::int32_t r) {
@@ -509,10 +558,10 @@ struct Issuer::Impl {
     std::int64_t ticket = make_ticket(c.seq, r);
     BandCounters& bc = counters[c.band];
     if (c.failed) {
-      state_of_seq[std::size_t(c.seq)] = kFailed;
+      set_final(c.seq, kFailed);
       bc.failures += 1;
     } else {
-      state_of_seq[std::size_t(c.seq)] = kDone;
+      set_final(c.seq, kDone);
       bc.copies += 1;
       bc.bytes += c.bytes;
     }
@@ -637,7 +686,10 @@ struct Issuer::Impl {
     for (std::size_t r = 0; r < recs.size(); ++r) {
       CopyRec& c = recs[r];
       if (c.seq == 0) continue;
-      state_of_seq[std::size_t(c.seq)] = kCancelled;
+      set_final(c.seq, kCancelled);
+      if (c.chunks_issued > 0)
+        set_error(c.seq, "issuer shut down after " + std::to_string(c.next_off) + " of " +
+                             std::to_string(c.bytes) + " bytes were issued");
       counters[c.band].cancellations += 1;
       record(kLogCancel, c.band, make_ticket(c.seq, std::int32_t(r)), 0, std::int64_t(c.bytes),
              true);
@@ -660,12 +712,15 @@ struct Issuer::Impl {
   }
   std::uint8_t state_of(std::int64_t ticket) const {
     std::int64_t seq = seq_of(ticket);
-    std::uint8_t s = state_of_seq[std::size_t(seq)];
-    if (s < kDone) {
-      std::int32_t r = std::int32_t(ticket & kRecMask);
-      if (std::size_t(r) >= recs.size() || recs[std::size_t(r)].seq != seq)
-        throw std::invalid_argument("unknown ticket " + std::to_string(ticket));
-    }
+    std::size_t r = std::size_t(ticket & kRecMask);
+    if (r < recs.size() && recs[r].seq == seq) return recs[r].state;
+    if (expired(seq))
+      throw std::invalid_argument("expired ticket " + std::to_string(ticket) +
+                                  " (its copy finished more than " + std::to_string(kStateRing) +
+                                  " copies ago)");
+    std::uint8_t s = final_states[std::size_t(seq) & (final_states.size() - 1)];
+    // live but not in the record the ticket names: not a ticket we issued
+    if (s == kLiveMark) throw std::invalid_argument("unknown ticket " + std::to_string(ticket));
     return s;
   }
 
@@ -724,7 +779,7 @@ const char* Issuer::backend_name() const { return impl_->backend_name.c_str(); }
 const IssuerConfig& Issuer::config() const { return impl_->cfg; }
 
 void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std::int64_t* nbytes,
-                    const std::uint64_t* keys, std::size_t n, int band,
+                    std::size_t nbytes_stride, const std::uint64_t* keys, std::size_t n, int band,
                     std::int64_t* tickets_out) {
   NvtxRange range("pdflash.submit");
   Impl& s = *impl_;
@@ -733,9 +788,9 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
   if (n == 0) return;
   // Checks that need no issuer state run before taking the lock.
   for (std::size_t i = 0; i < n; ++i) {
-    if (nbytes[i] <= 0)
+    if (nbytes[i * nbytes_stride] <= 0)
       throw std::invalid_argument("copy " + std::to_string(i) + ": nbytes must be > 0, got " +
-                                  std::to_string(nbytes[i]));
+                                  std::to_string(nbytes[i * nbytes_stride]));
     if (src[i] == 0 || dst[i] == 0)
       throw std::invalid_argument("copy " + std::to_string(i) + ": null " +
                                   (src[i] == 0 ? "src" : "dst") + " pointer");
@@ -768,7 +823,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
     for (std::size_t i = 0; i < n; ++i) {
       if (!s.is_pinned_fast(std::uintptr_t(src[i]))) {
         std::string err;
-        if (!s.is_pinned(std::uintptr_t(src[i]), std::size_t(nbytes[i]), &err)) {
+        if (!s.is_pinned(std::uintptr_t(src[i]), std::size_t(nbytes[i * nbytes_stride]), &err)) {
           char buf[32];
           std::snprintf(buf, sizeof buf, "%llx", (unsigned long long)src[i]);
           fail(i, "copy " + std::to_string(i) + ": src 0x" + buf +
@@ -796,10 +851,10 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       } else {
         std::size_t j = std::size_t(-2 - v);
         psrc = std::uintptr_t(src[j]), pdst = std::uintptr_t(dst[j]),
-        pbytes = std::size_t(nbytes[j]);
+        pbytes = std::size_t(nbytes[j * nbytes_stride]);
       }
       if (psrc != std::uintptr_t(src[i]) || pdst != std::uintptr_t(dst[i]) ||
-          pbytes != std::size_t(nbytes[i])) {
+          pbytes != std::size_t(nbytes[i * nbytes_stride])) {
         target[i] = 0;  // not a placeholder of its own
         fail(i, "copy " + std::to_string(i) + ": key " + std::to_string(key) +
                     " is already live with a different src/dst/nbytes");
@@ -809,7 +864,8 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
     // Pass 2: apply (cannot fail).
     std::size_t fresh = 0;
     for (std::size_t i = 0; i < n; ++i) fresh += target[i] == kNewCopy;
-    if (fresh > s.free_recs.size()) s.recs.reserve(s.recs.size() + fresh - s.free_recs.size());
+    s.reserve_recs(fresh);
+    s.reserve_states(fresh);
     s.queues[band].reserve(s.queues[band].size() + n);
     double t = s.now();
     std::size_t chunk = s.cfg.chunk_bytes;
@@ -838,12 +894,12 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       c.seq = s.next_seq++;
       c.src = std::uintptr_t(src[i]);
       c.dst = std::uintptr_t(dst[i]);
-      c.bytes = std::size_t(nbytes[i]);
+      c.bytes = std::size_t(nbytes[i * nbytes_stride]);
       c.piece = split_piece_bytes(c.bytes, chunk);
       c.key = key;
       c.band = band;
       c.t_submit = t;
-      s.state_of_seq.push_back(kQueued);
+      s.final_state(c.seq) = kLiveMark;
       if (key != kNoKey) s.live_keys.set_at(key_slot[i], r);
       s.queues[band].push_back({r, c.seq});
       s.queued_copies += 1;
@@ -890,18 +946,16 @@ WaitResult Issuer::wait(const std::int64_t* tickets, std::size_t n, double timeo
   s.state_waiters += 1;
   while (i < n) {
     std::int64_t t = tickets[i];
-    std::uint8_t st = s.state_of_seq[std::size_t(t >> kRecBits)];
+    std::uint8_t st = s.state_now(t);
     if (st >= kDone) {
       if (st != kDone && result.code == kWaitOk) {
         std::int64_t seq = t >> kRecBits;
         result.code = st == kFailed ? kWaitFailed : kWaitCancelled;
         result.ticket = t;
-        if (st == kFailed) {
-          auto it = s.errors.find(seq);
-          result.message = it != s.errors.end() ? it->second : "copy failed";
-        } else {
-          result.message = "copy was cancelled before it started";
-        }
+        auto it = s.errors.find(seq);
+        result.message = it != s.errors.end()  ? it->second
+                         : st == kFailed        ? "copy failed"
+                                                : "copy was cancelled before it started";
       }
       ++i;
       continue;
@@ -910,7 +964,7 @@ WaitResult Issuer::wait(const std::int64_t* tickets, std::size_t n, double timeo
       // NOTE: blocked time is charged to the most urgent band still pending.
       for (std::size_t j = i; j < n; ++j) {
         std::int64_t tj = tickets[j];
-        if (s.state_of_seq[std::size_t(tj >> kRecBits)] < kDone)
+        if (s.state_now(tj) < kDone)
           blocked_band = std::min(blocked_band, s.recs[std::size_t(tj & kRecMask)].band);
       }
       blocked = true;
@@ -918,7 +972,7 @@ WaitResult Issuer::wait(const std::int64_t* tickets, std::size_t n, double timeo
     if (timeout_s < 0) {
       s.state_cv.wait(lk);
     } else if (s.state_cv.wait_until(lk, deadline) == std::cv_status::timeout &&
-               s.state_of_seq[std::size_t(t >> kRecBits)] < kDone) {
+               s.state_now(t) < kDone) {
       result.code = kWaitTimeout;
       result.ticket = t;
       result.message = "timed out after " + std::to_string(timeout_s) + " s waiting for ticket " +
@@ -950,7 +1004,7 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
   for (std::size_t i = 0; i < n && result.code == kWaitOk;) {
     std::int64_t t = tickets[i];
     std::int64_t seq = t >> kRecBits;
-    std::uint8_t st = s.state_of_seq[std::size_t(seq)];
+    std::uint8_t st = s.state_now(t);
     if (st == kDone) {
       ++i;
       continue;
@@ -959,12 +1013,19 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
       result.code = st == kFailed ? kWaitFailed : kWaitCancelled;
       result.ticket = t;
       auto it = s.errors.find(seq);
-      result.message = st == kCancelled ? "copy was cancelled before it started"
-                       : it != s.errors.end() ? it->second
-                                              : "copy failed";
+      result.message = it != s.errors.end()  ? it->second
+                       : st == kFailed        ? "copy failed"
+                                              : "copy was cancelled before it started";
       break;
     }
     const CopyRec& c = s.recs[std::size_t(t & kRecMask)];
+    if (c.failed) {  // an earlier chunk failed while later ones are in flight
+      result.code = kWaitFailed;
+      result.ticket = t;
+      auto it = s.errors.find(seq);
+      result.message = it != s.errors.end() ? it->second : "copy failed";
+      break;
+    }
     if (c.next_off == c.bytes && c.chunks_inflight > 0 && c.chunks_enqueued == c.chunks_issued) {
       // All chunks issued: the last one's event covers the whole copy (FIFO).
       std::string err;
@@ -981,12 +1042,16 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
       blocked = true;
       blocked_band = c.band;
     }
-    // Not fully issued yet: wait (host) until it is issued or finishes.
-    if (timeout_s < 0) {
+    // Not fully issued (or enqueued) yet: wait (host) until it is or finishes.
+    // NOTE: a copy whose chunks are all issued is only being enqueued by the
+    // worker, which notifies when done: past the deadline it is waited for
+    // without one instead of spinning on a timed-out wait.
+    bool issued = c.next_off == c.bytes;
+    if (timeout_s < 0 || (issued && std::chrono::steady_clock::now() >= deadline)) {
       s.state_cv.wait(lk);
     } else if (s.state_cv.wait_until(lk, deadline) == std::cv_status::timeout) {
       const CopyRec& c2 = s.recs[std::size_t(t & kRecMask)];
-      if (s.state_of_seq[std::size_t(seq)] < kDone && c2.next_off < c2.bytes) {
+      if (s.state_now(t) < kDone && c2.next_off < c2.bytes) {
         result.code = kWaitTimeout;
         result.ticket = t;
         result.message = "timed out after " + std::to_string(timeout_s) +
@@ -1014,7 +1079,7 @@ std::int64_t Issuer::cancel(int band) {
       if (!s.queued_in(r, seq, b)) return false;  // stale entry: drop it
       CopyRec& c = s.recs[std::size_t(r)];
       if (c.chunks_issued > 0) return true;  // started: runs to completion
-      s.state_of_seq[std::size_t(seq)] = kCancelled;
+      s.set_final(seq, kCancelled);
       s.counters[b].cancellations += 1;
       s.queued_copies -= 1;
       s.queued_bytes -= c.bytes;
@@ -1031,7 +1096,11 @@ std::int64_t Issuer::cancel(int band) {
 
 IssuerStats Issuer::stats() const {
   const Impl& s = *impl_;
-  std::lock_guard<std::mutex> lk(s.mu);
+  // NOTE: the delay rings are copied under the lock and their quantiles
+  // computed after it (nth_element over 64K samples per band would hold up
+  // submits for a millisecond).
+  std::vector<float> delays[kNumBands];
+  std::unique_lock<std::mutex> lk(s.mu);
   IssuerStats out{};
   for (int b = 0; b < kNumBands; ++b) {
     const BandCounters& c = s.counters[b];
@@ -1045,8 +1114,7 @@ IssuerStats Issuer::stats() const {
     o.failures = c.failures;
     o.blocked_wait_s = c.blocked_wait_s;
     o.delay_samples = c.delays.size();
-    o.queue_delay_p50_s = quantile(c.delays, 0.5);
-    o.queue_delay_p99_s = quantile(c.delays, 0.99);
+    delays[b] = c.delays;
   }
   out.link_busy_s = s.link_busy_s;
   out.uptime_s = s.now();
@@ -1056,6 +1124,11 @@ IssuerStats Issuer::stats() const {
   out.inflight_chunks = s.inflight.size();
   out.inflight_bytes = s.inflight_bytes;
   out.link_rate_estimate_bps = s.rate_bps;
+  lk.unlock();
+  for (int b = 0; b < kNumBands; ++b) {
+    out.bands[b].queue_delay_p50_s = quantile(delays[b], 0.5);
+    out.bands[b].queue_delay_p99_s = quantile(std::move(delays[b]), 0.99);
+  }
   return out;
 }
 
@@ -1069,11 +1142,41 @@ void Issuer::note_pinned_region(std::uintptr_t begin, std::size_t n) {
   impl_->add_region(begin, n);
 }
 
-void Issuer::forget_pinned_region(std::uintptr_t begin) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  auto& v = impl_->pinned;
-  impl_->pinned_hit_begin = impl_->pinned_hit_len = 0;
-  v.erase(std::remove_if(v.begin(), v.end(), [&](auto& e) { return e.first == begin; }), v.end());
+std::int64_t Issuer::release_region(std::uintptr_t begin, std::size_t n) {
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> lk(s.mu);
+  auto inside = [&](std::uintptr_t p) { return p - begin < n; };
+  // NOTE: a copy that has not started is cancelled (its source is about to
+  // go away); one that has started is waited for, so no DMA reads freed or
+  // unregistered memory.
+  std::int64_t cancelled = 0;
+  for (std::size_t r = 0; r < s.recs.size(); ++r) {
+    CopyRec& c = s.recs[r];
+    if (c.seq == 0 || !inside(c.src) || c.chunks_issued > 0) continue;
+    s.set_final(c.seq, kCancelled);
+    s.set_error(c.seq, "copy was cancelled: its source region was released");
+    s.counters[c.band].cancellations += 1;
+    s.queued_copies -= 1;
+    s.queued_bytes -= c.bytes;
+    s.record(kLogCancel, c.band, make_ticket(c.seq, std::int32_t(r)), 0, std::int64_t(c.bytes),
+             true);
+    if (c.key != kNoKey && s.live_keys.find(c.key) == std::int32_t(r)) s.live_keys.erase(c.key);
+    s.free_rec(std::int32_t(r));  // its queue entry goes stale and is dropped by pick()
+    ++cancelled;
+  }
+  if (cancelled) s.state_cv.notify_all();
+  s.state_waiters += 1;
+  s.state_cv.wait(lk, [&] {
+    for (const CopyRec& c : s.recs)
+      if (c.seq != 0 && inside(c.src)) return false;
+    return true;
+  });
+  s.state_waiters -= 1;
+  s.pinned.erase(std::remove_if(s.pinned.begin(), s.pinned.end(),
+                                [&](const auto& e) { return inside(e.first); }),
+                 s.pinned.end());
+  s.pinned_hit_begin = s.pinned_hit_len = 0;
+  return cancelled;
 }
 
 bool Issuer::test_hold_link(bool hold) {

@@ -3,9 +3,11 @@ cancel/reset, faults, concurrency, shutdown and leaks, input validation."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -583,3 +585,112 @@ def test_submits_meeting_a_busy_or_idle_worker_are_never_lost(window_chunks: int
         if previous is not None:
             iss.wait(previous, timeout_s=30)
         assert iss.poll(previous if previous is not None else tickets).all()
+
+
+def _until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.001)
+
+
+def test_one_nbytes_value_applies_to_every_copy(issuer: H2DIssuer) -> None:
+    size = 3 * CHUNK
+    src, dst = _buffers(issuer, 4 * size)
+    for nbytes in (size, np.int64(size), np.array([size])):
+        dst[:] = 0
+        t = issuer.submit(
+            _slots(src, 4, size), _slots(dst, 4, size), nbytes, [-1] * 4, Band.BACKGROUND
+        )
+        issuer.wait(t, timeout_s=30)
+        assert np.array_equal(src, dst)
+    with pytest.raises(ValueError, match="one length"):
+        issuer.submit(
+            _slots(src, 4, size), _slots(dst, 4, size), [size] * 2, [-1] * 4, Band.BACKGROUND
+        )
+
+
+def test_freeing_a_pinned_source_cancels_queued_copies_and_waits_for_started_ones() -> None:
+    with H2DIssuer(
+        backend="host", chunk_bytes=CHUNK, window_bytes=2 * CHUNK, emulated_link_gbps=1.0
+    ) as iss:
+        src = iss.alloc_pinned(8 * CHUNK)
+        dst = iss.pinned_array(8 * CHUNK)
+        np.frombuffer(src, dtype=np.uint8)[:] = 7
+        slots = src.ptr + np.arange(4, dtype=np.int64) * 2 * CHUNK
+        iss._native.test_hold_link(True)
+        t = iss.submit(slots, _slots(dst, 4, 2 * CHUNK), 2 * CHUNK, [-1] * 4, Band.BACKGROUND)
+        _until(lambda: iss.states(t)[0] == STATE_RUNNING)
+        started = iss.states(t) == STATE_RUNNING
+        assert started[0] and not started[-1]  # the window holds the first copy's chunks
+        releaser = threading.Thread(target=src.free)
+        releaser.start()
+        releaser.join(timeout=0.5)
+        assert releaser.is_alive()  # blocked on the started copy (the link is held)
+        assert (iss.states(t)[~started] == STATE_CANCELLED).all()
+        iss._native.test_hold_link(False)
+        releaser.join(timeout=30)
+        assert not releaser.is_alive() and src.ptr == 0
+        assert (iss.states(t)[started] == STATE_DONE).all()
+        assert (dst[: 2 * CHUNK] == 7).all()  # the started copy read live memory
+        with pytest.raises(CopyCancelledError, match="source region was released"):
+            iss.wait(t)
+
+
+def test_unregister_host_cancels_queued_copies_from_the_region() -> None:
+    with H2DIssuer(
+        backend="host", chunk_bytes=CHUNK, window_bytes=CHUNK, emulated_link_gbps=1.0
+    ) as iss:
+        region = np.ones(4 * CHUNK, dtype=np.uint8)
+        dst = iss.pinned_array(4 * CHUNK)
+        iss.register_host(region.ctypes.data, region.nbytes)
+        iss._native.test_hold_link(True)
+        t = iss.submit(_slots(region, 4, CHUNK), _slots(dst, 4, CHUNK), CHUNK, [-1] * 4, 2)
+        _until(lambda: iss.states(t)[0] == STATE_RUNNING)
+        releaser = threading.Thread(target=iss.unregister_host, args=(region.ctypes.data,))
+        releaser.start()
+        _until(lambda: (iss.states(t)[1:] == STATE_CANCELLED).all())
+        assert releaser.is_alive()  # waits for the started copy
+        iss._native.test_hold_link(False)
+        releaser.join(timeout=30)
+        assert not releaser.is_alive()
+        assert iss.states(t)[0] == STATE_DONE
+        assert (dst[:CHUNK] == 1).all() and (dst[CHUNK:] == 0).all()
+        with pytest.raises(ValueError, match="not registered"):
+            iss.unregister_host(region.ctypes.data)
+
+
+def test_shutdown_names_copies_cut_off_after_they_started() -> None:
+    iss = H2DIssuer(backend="host", chunk_bytes=CHUNK, window_bytes=CHUNK, emulated_link_gbps=1.0)
+    src, dst = _buffers(iss, 8 * CHUNK)
+    iss._native.test_hold_link(True)
+    t = iss.submit(_slots(src, 1, 8 * CHUNK), _slots(dst, 1, 8 * CHUNK), 8 * CHUNK, [5], 2)
+    _until(lambda: iss.states(t)[0] == STATE_RUNNING)
+    iss.close()
+    with pytest.raises(CopyCancelledError, match=r"shut down after \d+ of 524288 bytes"):
+        iss.wait(t)
+
+
+def test_ticket_states_are_kept_for_a_bounded_number_of_later_copies() -> None:
+    # NOTE: the native ring keeps final states for the last 2**22 copies, so a
+    # server does not grow one byte per copy forever; older tickets expire.
+    ring = 1 << 22
+    with H2DIssuer(backend="host", chunk_bytes=CHUNK, emulated_link_gbps=1.0) as iss:
+        src, dst = _buffers(iss, CHUNK)
+        n = 1 << 16
+        srcs, dsts = np.full(n, src.ctypes.data), np.full(n, dst.ctypes.data)
+        first = iss.submit(srcs[:1], dsts[:1], 8, [-1], Band.BACKGROUND)
+        iss.wait(first)
+        last = first
+        for i in range(ring // n):
+            if i == ring // n - 1:
+                assert iss.states(first)[0] == STATE_DONE  # fewer than 2**22 copies later
+            last = iss.submit(srcs, dsts, 8, np.full(n, -1), Band.BACKGROUND)
+            iss.cancel()
+        with contextlib.suppress(CopyCancelledError):
+            iss.wait(last)
+        assert iss.states(last)[-1] == STATE_CANCELLED  # recent: still known
+        with pytest.raises(ValueError, match="expired ticket"):
+            iss.states(first)
+        with pytest.raises(ValueError, match="unknown ticket"):
+            iss.states([int(last[-1]) + (1 << 24)])

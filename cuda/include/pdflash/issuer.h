@@ -135,8 +135,10 @@ class Issuer {
   // index/value) and leaves the issuer unchanged on: bytes <= 0, a band out of
   // range, a pageable source on the CUDA backend, a live key resubmitted with
   // different src/dst/bytes. Throws std::runtime_error after shutdown().
+  // Copy i is nbytes[i * nbytes_stride] bytes (stride 0: all the same size).
   void submit(const std::int64_t* src, const std::int64_t* dst, const std::int64_t* nbytes,
-              const std::uint64_t* keys, std::size_t n, int band, std::int64_t* tickets_out);
+              std::size_t nbytes_stride, const std::uint64_t* keys, std::size_t n, int band,
+              std::int64_t* tickets_out);
 
   // Ticket states into out[i]; throws std::invalid_argument on an unknown ticket.
   void states(const std::int64_t* tickets, std::size_t n, std::uint8_t* out) const;
@@ -158,7 +160,10 @@ class Issuer {
 
   // Regions known to be pinned (pageable check fast path).
   void note_pinned_region(std::uintptr_t begin, std::size_t n);
-  void forget_pinned_region(std::uintptr_t begin);
+  // Before [begin, begin + n) is freed or unregistered: cancels the copies
+  // from it that have not started, blocks until the started ones finish, and
+  // forgets every pinned region inside it. Returns how many were cancelled.
+  std::int64_t release_region(std::uintptr_t begin, std::size_t n);
 
   // Host-backend test hooks; return false on the CUDA backend.
   bool test_hold_link(bool hold);
