@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -304,3 +305,47 @@ def test_just_in_time_issue_on_cuda() -> None:
         rate = iss.stats()["link_rate_estimate_bps"]
         assert 5e9 < rate < 200e9, rate  # a PCIe/NVLink-C2C link, measured by events
         _replay(iss)
+
+
+def test_link_busy_time_covers_a_saturated_batch() -> None:
+    # One event per chunk: a chunk queued behind another is timed from its
+    # predecessor's end event. Busy time must cover most of a back-to-back
+    # batch and can never exceed the wall time it ran in.
+    with H2DIssuer() as iss:
+        size = 9 * MiB
+        src, dst = _pools(iss, 32 * size)
+        t0 = time.perf_counter()
+        t = iss.submit(
+            _slots(src.ctypes.data, 32, size),
+            _slots(dst.data_ptr(), 32, size),
+            size,
+            np.arange(32),
+            Band.BACKGROUND,
+        )
+        iss.wait(t, timeout_s=30)
+        wall = time.perf_counter() - t0
+        busy = iss.stats()["link_busy_s"]
+        assert 0.7 * wall < busy <= wall
+        assert torch.equal(dst.cpu(), torch.from_numpy(src))
+
+
+def test_freeing_a_pinned_source_waits_for_its_copies() -> None:
+    with H2DIssuer() as iss:
+        nbytes = 256 * MiB
+        buf = iss.alloc_pinned(nbytes)
+        np.frombuffer(buf, dtype=np.uint8)[:] = 3
+        dst = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        t = iss.submit(
+            _slots(buf.ptr, 32, 8 * MiB),
+            _slots(dst.data_ptr(), 32, 8 * MiB),
+            8 * MiB,
+            np.full(32, -1),
+            Band.BACKGROUND,
+        )
+        buf.free()  # cancels what has not started, waits for what has
+        states = iss.states(t)
+        assert set(states.tolist()) <= {STATE_DONE, STATE_CANCELLED}
+        done = np.flatnonzero(states == STATE_DONE)
+        assert done.size > 0
+        copied = dst.view(32, 8 * MiB)[torch.from_numpy(done)]
+        assert bool((copied == 3).all())
