@@ -124,6 +124,9 @@ class RunResult:
     expert_nbytes: int
     trace_kinds: list[str] = field(default_factory=list)  # "prefill" | "verify" per entry
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # flat ids resident in the expert cache when the clock started (after the
+    # warm-up, copies settled): where a Belady replay of the trace must start
+    initial_resident: npt.NDArray[np.int64] | None = None
 
 
 # ----------------------------------------------------------------------------
@@ -489,6 +492,12 @@ def _workload(
     warm = engine.add_request(prompts[0][: max(1, min(4, spec.prompt_len))], max_new_tokens=2)
     engine.run_until_done(max_steps=100)
     del warm
+    # NOTE: the clock starts with a settled cache (warm-up copies landed), so
+    # the experts resident now are exactly what this run got for free; the
+    # Belady replay starts from the same set (else the optimum pays
+    # compulsory loads the run never paid, and ratios < 1 appear).
+    cache.drain_inflight()
+    initial_resident = np.flatnonzero(np.asarray(cache.slot_of) >= 0).astype(np.int64)
     _reset_measurements(engine, cache, route_stats)
     issuer_before = _issuer_totals(issuer.stats())
     ids = [
@@ -528,6 +537,7 @@ def _workload(
         kv_peak,
         issuer_before,
         issuer_after,
+        initial_resident,
     )
 
 
@@ -563,6 +573,7 @@ def _result(
     kv_peak: int,
     issuer_before: dict[str, float],
     issuer_after: dict[str, float],
+    initial_resident: npt.NDArray[np.int64],
 ) -> RunResult:
     speculative = engine.config.speculative
     committed = sum(len(r.output) for r in reqs)
@@ -714,6 +725,7 @@ def _result(
         expert_nbytes=int(cache.expert_nbytes),
         trace_kinds=list(engine.trace_kinds),
         requests=per_request,
+        initial_resident=initial_resident,
     )
 
 

@@ -394,9 +394,12 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
             "PD bytes/token <= 1.3x Belady", where, ratio, BELADY_RATIO_TARGET, "<=", reason
         )
         if any(r.get("belady_initial_state") == "empty" for r in pd_rows):
+            # NOTE: current engines report their starting cache and the replay
+            # starts from it; only rows of an engine that does not get here
             entry["note"] = (
-                "Belady replayed from an empty cache (the engine did not report its "
-                "starting contents): the optimum pays compulsory loads PD may not have"
+                "Belady replayed from an empty cache (these rows do not report the "
+                "engine's starting cache contents): the optimum pays compulsory loads "
+                "PD may not have, so the ratio is biased low"
             )
         targets.append(entry)
         pd_tps = table.median(point, "PD", "output_tokens_per_s")

@@ -105,3 +105,31 @@ def test_bench_engine_suite_cli(
         ("B0", 2),
         ("B1", 2),
     ]
+
+
+@pytest.mark.parametrize("baseline", ["B1", "PD", "B3"])
+def test_run_reports_its_starting_cache_for_the_belady_replay(
+    baseline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.report.belady import belady
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny", baseline=baseline, concurrency=2, block_size=6, max_new_tokens=10, prompt_len=6
+    )
+    result = run_spec(spec)
+    start = result.initial_resident
+    assert start is not None and start.dtype == np.int64
+    # the warm-up request left experts behind, within the cache's capacity
+    assert 0 < start.size <= result.cache_slots
+    assert np.array_equal(start, np.unique(start))
+    assert start.min() >= 0 and start.max() < result.row["layers"] * result.row["num_experts"]
+    warm = belady(result.routing_trace, result.cache_slots, result.expert_nbytes, initial=start)
+    cold = belady(result.routing_trace, result.cache_slots, result.expert_nbytes)
+    assert warm.bytes_moved <= cold.bytes_moved
+    # the optimum from the same start and capacity never moves more than the run
+    assert result.row["h2d_bytes"] >= warm.bytes_moved
+    if baseline == "B3":
+        # every expert resident after the warm-up: neither moves a byte
+        assert start.size == result.cache_slots and warm.bytes_moved == 0
+        assert result.row["h2d_bytes"] == 0
