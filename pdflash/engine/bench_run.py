@@ -6,8 +6,9 @@ the expert cache, the engine in the requested baseline configuration), runs
 a closed-loop workload (``num_requests`` requests of ``prompt_len`` random
 prompt tokens, all queued at t=0, at most ``concurrency`` decoding at once)
 and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
-(unmeasured ones ``null`` with reasons) and the routing trace for a Belady
-replay.
+(unmeasured ones ``null`` with reasons; with the routing-trace figures:
+``routed_expert_bytes`` and the Belady replay from the run's starting cache
+contents and capacity), the routing trace and the starting cache contents.
 
 Synthetic checkpoints are written once per (arch, layers, dtype, seed) under
 ``$PDFLASH_CACHE`` (default ``~/.cache/pdflash``) and reused; within one
@@ -706,6 +707,10 @@ def _result(
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
     }
     row.update(metrics_to_json(metrics))
+    row["slo_s"] = spec.slo_s
+    if spec.slo_s is None:
+        row.setdefault("not_measured", {})["slo_s"] = "no per-request SLO set (RunSpec.slo_s)"
+    _add_trace_fields(row, engine.routing_trace, cache, committed, initial_resident)
     per_request = [
         {
             "request_id": r.request_id,
@@ -727,6 +732,37 @@ def _result(
         requests=per_request,
         initial_resident=initial_resident,
     )
+
+
+def _add_trace_fields(
+    row: dict[str, Any],
+    routing_trace: list[Any],
+    cache: Any,
+    committed: int,
+    initial_resident: npt.NDArray[np.int64],
+) -> None:
+    """The routing-trace figures every row carries (routed expert bytes, the
+    Belady replay from this run's starting cache and capacity), so a row of
+    any suite can be validated and evaluated alike (vacuous coverage / hit
+    rate, the hide inequality, bytes per token against the optimum)."""
+    from pdflash.report.belady import bytes_per_token_vs_belady, trace_metrics
+
+    reasons = dict(row.get("not_measured") or {})
+    fields = trace_metrics(
+        routing_trace, int(cache.num_slots), int(cache.expert_nbytes), committed, initial_resident
+    )
+    extra = fields.pop("not_measured", {})
+    assert isinstance(extra, dict)
+    reasons.update(extra)
+    row.update(fields)
+    value, why = bytes_per_token_vs_belady(
+        row.get("bytes_per_token"), row.get("belady_bytes_per_token")
+    )
+    row["bytes_per_token_vs_belady"] = value
+    if why is not None:
+        reasons["bytes_per_token_vs_belady"] = why
+    if reasons:
+        row["not_measured"] = reasons
 
 
 def spec_from_dict(d: dict[str, Any]) -> RunSpec:

@@ -388,7 +388,7 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
         reason = (
             _reason(pd_rows, "bytes_per_token_vs_belady")
             if any("bytes_per_token_vs_belady" in r for r in pd_rows)
-            else "no Belady replay in the rows (run through `pdflash-bench matrix`)"
+            else "no Belady replay in the rows (an engine that records no routing trace)"
         )
         entry = _target(
             "PD bytes/token <= 1.3x Belady", where, ratio, BELADY_RATIO_TARGET, "<=", reason
