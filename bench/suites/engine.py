@@ -3,7 +3,11 @@
 Each (baseline, concurrency) point is one :func:`pdflash.engine.bench_run.run_spec`
 call; the JSON has one row per point with the DESIGN §6 fields, and a short
 per-run summary (tokens/s, acceptance, TTFT p50/p99, hit rate, coverage,
-exposed fetch seconds) is printed to stderr as the runs finish.
+exposed fetch seconds) is printed to stderr as the runs finish. Every row
+carries the routing-trace figures (``routed_expert_bytes``, the Belady replay
+from the run's starting cache) like a matrix row; with ``--out DIR`` the rows
+are also appended to ``DIR/rows.jsonl``, which ``pdflash-bench report DIR``
+validates and evaluates like the matrix's.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 HELP = (
@@ -65,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="also append the rows to OUT/rows.jsonl (for `pdflash-bench report OUT`)",
+    )
 
 
 def _fmt(x: Any, nd: int = 3) -> str:
@@ -75,7 +86,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.report.writers import ROWS_FILE, append_row
 
+    rows_path = None
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        rows_path = args.out / ROWS_FILE
     baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
@@ -107,6 +123,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result = run_spec(spec)
                 row = result.row
                 rows.append(row)
+                if rows_path is not None:
+                    append_row(rows_path, row)
                 print(
                     f"[engine] {args.arch} {baseline} c={conc} r={repeat}: "
                     f"tok/s={_fmt(row['output_tokens_per_s'])} "
@@ -128,4 +146,5 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "baselines": baselines,
         "elapsed_s": time.perf_counter() - started,
         "runs": rows,
+        **({"rows_file": str(rows_path)} if rows_path is not None else {}),
     }

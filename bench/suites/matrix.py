@@ -13,11 +13,15 @@ Each row is the engine's row plus what this suite measures from the run's
 recorded routing trace: the bytes every forward layer routed to, and the
 bytes Belady's offline-optimal replacement would have moved for the same
 trace and cache size (``belady_bytes``, ``belady_bytes_per_token``,
-``bytes_per_token_vs_belady``; from the engine's starting cache contents when
-it reports them, else from an empty cache, as ``belady_initial_state`` says;
+``bytes_per_token_vs_belady``; with the run's cache size, starting from the
+cache contents the engine had when its clock started, so the optimum and the
+baseline start alike; ``belady_initial_state`` says ``engine``, or ``empty``
+for an engine that does not report its starting contents;
 ``belady_free_start_bytes`` is the lower bound with a free choice of starting
-contents). At the end the report of ``pdflash-bench report`` is written into
-the same folder.
+contents). The real engine's rows carry these figures already (its row
+builder computes them); the matrix computes them only for rows that lack
+them. At the end the report of ``pdflash-bench report`` is written into the
+same folder.
 """
 
 from __future__ import annotations
@@ -213,76 +217,46 @@ def trace_fields(
     committed_tokens: Any,
     initial_resident: Any = None,
 ) -> dict[str, Any]:
-    """Routing-trace figures for a row: routed bytes and the Belady replay.
+    """Routing-trace figures for a row: routed bytes and the Belady replay
+    (:func:`pdflash.report.belady.trace_metrics`, the same function the
+    engine's own row builder uses)."""
+    from pdflash.report.belady import trace_metrics
 
-    ``belady_bytes`` replays from the engine's cache contents when the clock
-    started (``initial_resident``) when the engine reports them, else from an
-    empty cache (``belady_initial_state`` says which);
-    ``belady_free_start_bytes`` lets the optimum choose its starting contents
-    for free (a lower bound on any policy from any state).
-    """
-    import numpy as np
-
-    from pdflash.metrics import NotMeasured, metrics_to_json
-    from pdflash.report.belady import belady, free_start_loads
-
-    steps = [np.unique(np.asarray(ids, dtype=np.int64).reshape(-1)) for ids in routing_trace]
-    metrics: dict[str, float | NotMeasured] = {
-        "routed_expert_bytes": float(sum(int(s.size) for s in steps) * int(expert_nbytes)),
-    }
-    if not steps:
-        reason = "empty routing trace: no forward layer recorded"
-        for name in ("belady_bytes", "belady_bytes_per_token", "belady_free_start_bytes"):
-            metrics[name] = NotMeasured(reason)
-        initial_state = "none"
-    else:
-        cold = belady(steps, int(cache_slots), int(expert_nbytes))
-        metrics["belady_free_start_bytes"] = float(free_start_loads(cold) * int(expert_nbytes))
-        if initial_resident is not None:
-            replay = belady(steps, int(cache_slots), int(expert_nbytes), initial=initial_resident)
-            initial_state = "engine"
-        else:
-            replay = cold
-            initial_state = "empty"
-        metrics["belady_bytes"] = float(replay.bytes_moved)
-        if isinstance(committed_tokens, (int, float)) and committed_tokens > 0:
-            metrics["belady_bytes_per_token"] = replay.bytes_moved / committed_tokens
-        else:
-            metrics["belady_bytes_per_token"] = NotMeasured("no committed tokens")
-    out = metrics_to_json(metrics)
-    out["trace_forward_layers"] = len(steps)
-    out["cache_slots"] = int(cache_slots)
-    out["expert_nbytes"] = int(expert_nbytes)
-    out["belady_initial_state"] = initial_state
-    return out
+    return trace_metrics(
+        routing_trace, cache_slots, expert_nbytes, committed_tokens, initial_resident
+    )
 
 
 def augment_row(row: Mapping[str, Any], result: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The engine row plus trace figures, the spec and provenance."""
+    """The engine row plus trace figures, the spec and provenance.
+
+    An engine row that already carries its trace figures (the real engine's
+    rows do, replayed from its starting cache contents) keeps them; for an
+    engine that does not, they are computed here from ``result``.
+    """
+    from pdflash.report.belady import bytes_per_token_vs_belady
+
     out = dict(row)
     reasons = dict(out.get("not_measured") or {})
-    extra = trace_fields(
-        result.routing_trace,
-        result.cache_slots,
-        result.expert_nbytes,
-        row.get("committed_tokens"),
-        getattr(result, "initial_resident", None),
-    )
-    extra_reasons = extra.pop("not_measured", {})
-    assert isinstance(extra_reasons, dict)
-    reasons.update(extra_reasons)
-    out.update(extra)
-    bpt, bel = row.get("bytes_per_token"), out.get("belady_bytes_per_token")
-    if isinstance(bpt, (int, float)) and isinstance(bel, (int, float)) and bel > 0:
-        out["bytes_per_token_vs_belady"] = bpt / bel
-    else:
-        out["bytes_per_token_vs_belady"] = None
-        if bel == 0:
-            reasons["bytes_per_token_vs_belady"] = "Belady moves no bytes for this trace"
-        elif not isinstance(bpt, (int, float)):
-            reasons["bytes_per_token_vs_belady"] = "bytes_per_token not measured"
-        else:
-            reasons["bytes_per_token_vs_belady"] = "Belady bytes per token not measured"
+    if "routed_expert_bytes" not in row or "belady_initial_state" not in row:
+        extra = trace_fields(
+            result.routing_trace,
+            result.cache_slots,
+            result.expert_nbytes,
+            row.get("committed_tokens"),
+            getattr(result, "initial_resident", None),
+        )
+        extra_reasons = extra.pop("not_measured", {})
+        assert isinstance(extra_reasons, dict)
+        reasons.update(extra_reasons)
+        out.update(extra)
+    if "bytes_per_token_vs_belady" not in row:
+        value, why = bytes_per_token_vs_belady(
+            row.get("bytes_per_token"), out.get("belady_bytes_per_token")
+        )
+        out["bytes_per_token_vs_belady"] = value
+        if why is not None:
+            reasons["bytes_per_token_vs_belady"] = why
     if "slo_s" not in out:
         out["slo_s"] = spec.get("slo_s")
         if out["slo_s"] is None:

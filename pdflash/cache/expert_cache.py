@@ -438,7 +438,9 @@ class ExpertCache:
             self.issuer.stream_wait(t, stream)
         else:
             self.issuer.wait(t, self.wait_timeout_s)
-            done = np.isin(self.ticket, t)
+            # NOTE: the offloaded block waits one expert at a time; an
+            # equality test is several times cheaper than isin for one ticket
+            done = self.ticket == t[0] if t.size == 1 else np.isin(self.ticket, t)
             self.ticket[done] = -1
 
     def ensure_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:

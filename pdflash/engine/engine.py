@@ -594,14 +594,10 @@ class Engine:
         if not reqs:
             return
         blocks = []
-        for req in reqs:
+        anchors = self._anchor_tensor(reqs)
+        for i, req in enumerate(reqs):
             assert req.anchor is not None and req.drafts is not None
-            tokens = torch.cat(
-                [
-                    torch.tensor([req.anchor], dtype=torch.int64, device=self.device),
-                    req.drafts.view(-1),
-                ]
-            )
+            tokens = torch.cat([anchors[i : i + 1], req.drafts.view(-1)])
             start = self.kv.length(req.request_id)
             block = DraftedBlock(
                 request_id=req.request_id,
@@ -653,12 +649,13 @@ class Engine:
     ) -> tuple[int, list[int]]:
         chunks: list[Chunk] = []
         starts: list[int] = []
-        for req, grant in batch:
+        # NOTE: one host->device copy for every anchor of the batch (a tensor
+        # built from a list per request is one blocking copy each on CUDA)
+        anchors = self._anchor_tensor([req for req, _ in batch])
+        for i, (req, grant) in enumerate(batch):
             assert req.anchor is not None and req.drafts is not None
             drafts = req.drafts[: grant - 1]
-            toks = torch.cat(
-                [torch.tensor([req.anchor], dtype=torch.int64, device=self.device), drafts]
-            )
+            toks = torch.cat([anchors[i : i + 1], drafts])
             chunks.append(Chunk(req.request_id, toks, True))
             starts.append(self.kv.length(req.request_id))
         if self.stream is not None:
@@ -681,6 +678,7 @@ class Engine:
         now = self.clock()
         committed = 0
         finished: list[int] = []
+        greedy_host = self._greedy_to_host(batch, out.logits)
         for i, (req, grant) in enumerate(batch):
             if req.state == RequestState.ABORTED:  # by another request's stream callback
                 continue
@@ -690,7 +688,8 @@ class Engine:
             drafts = req.drafts[:n]
             forced = self.acceptance.forced_accepts(req.request_id, n)
             if req.params.greedy:
-                argmax = torch.argmax(logits, dim=-1)
+                # the same drafts and argmax, already on the host (one copy per batch)
+                drafts, argmax = greedy_host[i]
                 if forced is None:
                     acc, bonus = greedy_accept(drafts, argmax)
                 else:
@@ -738,6 +737,36 @@ class Engine:
             nxt = np.asarray(out.routed[going_on].any(axis=0), dtype=np.bool_) if going_on else None
             self.stream.end_forward(routed_union, nxt)
         return committed, finished
+
+    def _anchor_tensor(self, reqs: Sequence[Request]) -> torch.Tensor:
+        """``[len(reqs)]`` int64 anchors on the device, in one copy."""
+        return torch.tensor([r.anchor for r in reqs], dtype=torch.int64, device=self.device)
+
+    def _greedy_to_host(
+        self, batch: list[tuple[Request, int]], logits: Sequence[torch.Tensor]
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """For each greedy request of the batch (by position): its granted
+        drafts and the target's argmax rows, on the host.
+
+        NOTE: acceptance reads these values on the host anyway; reading each
+        request's with its own ``int()``/``tolist()`` meant about three
+        device syncs per request per step. Here every argmax is launched
+        first and all of them (and the drafts) come back in one copy.
+        """
+        rows = [i for i, (req, _) in enumerate(batch) if req.params.greedy]
+        if not rows:
+            return {}
+        parts: list[torch.Tensor] = []
+        sizes: list[int] = []
+        for i in rows:
+            req, grant = batch[i]
+            assert req.drafts is not None
+            drafts = req.drafts[: grant - 1].reshape(-1).to(torch.int64)
+            argmax = torch.argmax(logits[i], dim=-1).reshape(-1).to(torch.int64)
+            parts += [drafts, argmax]
+            sizes += [int(drafts.numel()), int(argmax.numel())]
+        host = torch.cat(parts).cpu().split(sizes)
+        return {i: (host[2 * j], host[2 * j + 1]) for j, i in enumerate(rows)}
 
     # -------------------------------------------------------------- experts
     def _load_every_expert(self) -> None:

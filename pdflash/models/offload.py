@@ -73,17 +73,22 @@ class OffloadedMoE:
         for hook in self.route_hooks:
             hook(layer, topk_ids)
         num_tokens, k = topk_ids.shape
-        out = torch.zeros_like(x)
         if num_tokens == 0:
-            return out
+            return torch.zeros_like(x)
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
         counts_host = counts.cpu().numpy()  # the one host sync: routing decides the copies
         experts = np.flatnonzero(counts_host)
-        starts = np.concatenate([[0], np.cumsum(counts_host)])
-        token_of = order // k
-        weight_of = topk_weights.reshape(-1)[order]
+        # NOTE: per-expert work is kept to the expert's own MLP: the tokens are
+        # gathered in expert order once and split into one view per expert,
+        # the outputs are concatenated once, and the routing weights and the
+        # scatter back to tokens are applied once per layer, not per expert.
+        # Each token's k rows are distinct, so the un-permute is a plain
+        # (deterministic) indexed write; the k-way weighted sum is one
+        # reduction in the routing weights' precision, rounded to x's dtype once.
+        x_parts = x[order // k].split(counts_host[experts].tolist())
+        y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
         base = layer * self.num_experts
         cache = self.cache
         i = 0
@@ -104,22 +109,24 @@ class OffloadedMoE:
             slots, tickets = cache.acquire(flat_ids)
             # NOTE: ready experts first, then the missing ones in submission
             # order, each waited on just before use: copy j+1 overlaps compute j.
-            schedule = np.argsort(tickets, kind="stable")
+            # A ready expert (ticket -1) needs no wait call at all.
+            schedule = np.argsort(tickets, kind="stable").tolist()
+            slot_list, ticket_list = slots.tolist(), tickets.tolist()
             try:
-                for j in schedule.tolist():
-                    e, slot = int(group[j]), int(slots[j])
-                    cache.wait_ready(tickets[j : j + 1])
-                    lo, hi = int(starts[e]), int(starts[e + 1])
-                    tok = token_of[lo:hi]
-                    y = self.expert_fn(x[tok], self._slot_views[slot])
-                    y = y * weight_of[lo:hi, None]
-                    out.index_add_(0, tok, y.to(out.dtype))
+                for j in schedule:
+                    if ticket_list[j] >= 0:
+                        cache.wait_ready(tickets[j : j + 1])
+                    y_parts[i + j] = self.expert_fn(x_parts[i + j], self._slot_views[slot_list[j]])
             except BaseException:
                 cache.abort(flat_ids)
                 raise
             cache.release(flat_ids)
             i += group.size
-        return out
+        y_sorted = torch.cat(y_parts)  # type: ignore[arg-type]  # every entry set above
+        y = torch.empty_like(y_sorted)
+        y[order] = y_sorted
+        weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(x.dtype)
 
 
 class OffloadedMoEBlock(nn.Module):

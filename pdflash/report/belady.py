@@ -207,3 +207,88 @@ def free_start_loads(result: ReplayResult) -> int:
     that filled empty slots (``min(slots, distinct experts)``). A lower bound
     on what any policy moves from any starting state."""
     return max(0, result.loads - min(result.slots, result.distinct_experts))
+
+
+#: How a row's Belady replay chose its starting cache contents.
+INITIAL_STATE_ENGINE = "engine"  # the engine's resident set when its clock started
+INITIAL_STATE_EMPTY = "empty"  # the engine did not report it (e.g. an older engine)
+INITIAL_STATE_NONE = "none"  # nothing was replayed (empty trace)
+
+
+def trace_metrics(
+    routing_trace: Sequence[npt.ArrayLike],
+    cache_slots: int,
+    expert_nbytes: int,
+    committed_tokens: object,
+    initial_resident: npt.ArrayLike | None = None,
+) -> dict[str, object]:
+    """The routing-trace fields of a bench row (JSON-ready; unmeasured ones
+    ``None`` with a reason under ``not_measured``).
+
+    * ``routed_expert_bytes``: bytes of every expert each forward layer routed
+      to (distinct per step), summed over the trace;
+    * ``belady_bytes`` / ``belady_bytes_per_token``: what the offline optimum
+      moves for the same trace with the same ``cache_slots``, starting from
+      ``initial_resident`` (the engine's cache contents when its clock
+      started) so the optimum and the engine start alike; from an empty
+      cache when that is not given (``belady_initial_state`` says which);
+    * ``belady_free_start_bytes``: the optimum with a free choice of starting
+      contents (a lower bound on any policy from any state);
+    * ``initial_resident_experts``: how many experts the replay started with.
+    """
+    from pdflash.metrics import NotMeasured, metrics_to_json
+
+    steps = _steps(routing_trace)
+    metrics: dict[str, float | NotMeasured] = {
+        "routed_expert_bytes": float(sum(int(s.size) for s in steps) * int(expert_nbytes)),
+    }
+    start = _initial(initial_resident, int(cache_slots)) if initial_resident is not None else []
+    if not steps:
+        reason = "empty routing trace: no forward layer recorded"
+        for name in ("belady_bytes", "belady_bytes_per_token", "belady_free_start_bytes"):
+            metrics[name] = NotMeasured(reason)
+        initial_state = INITIAL_STATE_NONE
+    else:
+        cold = belady(steps, int(cache_slots), int(expert_nbytes))
+        metrics["belady_free_start_bytes"] = float(free_start_loads(cold) * int(expert_nbytes))
+        if initial_resident is not None:
+            replay = belady(steps, int(cache_slots), int(expert_nbytes), initial=start)
+            initial_state = INITIAL_STATE_ENGINE
+        else:
+            replay = cold
+            initial_state = INITIAL_STATE_EMPTY
+        metrics["belady_bytes"] = float(replay.bytes_moved)
+        if (
+            isinstance(committed_tokens, (int, float))
+            and not isinstance(committed_tokens, bool)
+            and committed_tokens > 0
+        ):
+            metrics["belady_bytes_per_token"] = replay.bytes_moved / committed_tokens
+        else:
+            metrics["belady_bytes_per_token"] = NotMeasured("no committed tokens")
+    out: dict[str, object] = dict(metrics_to_json(metrics))
+    out["trace_forward_layers"] = len(steps)
+    out["cache_slots"] = int(cache_slots)
+    out["expert_nbytes"] = int(expert_nbytes)
+    out["belady_initial_state"] = initial_state
+    out["initial_resident_experts"] = len(start) if initial_resident is not None else None
+    if initial_resident is None:
+        reasons = out.setdefault("not_measured", {})
+        assert isinstance(reasons, dict)
+        reasons["initial_resident_experts"] = "the engine did not report its starting cache"
+    return out
+
+
+def bytes_per_token_vs_belady(
+    bytes_per_token: object, belady_bytes_per_token: object
+) -> tuple[float | None, str | None]:
+    """``bytes_per_token / belady_bytes_per_token``, or ``(None, reason)``."""
+    bpt, bel = bytes_per_token, belady_bytes_per_token
+    number = (int, float)
+    if isinstance(bpt, number) and isinstance(bel, number) and bel > 0:
+        return float(bpt) / float(bel), None
+    if bel == 0:
+        return None, "Belady moves no bytes for this trace"
+    if not isinstance(bpt, number):
+        return None, "bytes_per_token not measured"
+    return None, "Belady bytes per token not measured"

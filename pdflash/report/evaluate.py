@@ -328,10 +328,23 @@ def _why(table: _Table, point: Point, target: str, bound: str | None) -> str:
     wall, compute, link = m("PD", "wall_s"), m("PD", "compute_busy_s"), m("PD", "link_busy_s")
     if target.startswith("PD eta"):
         idle = None if None in (wall, compute, link) else wall - max(compute, link)  # type: ignore[operator, type-var]
+        # NOTE: split the uncovered wall by where it goes: outside the timed
+        # forwards (host work between them) vs stalls inside forwards while
+        # the link is idle part of the wall. The H200 rows put 0.01-0.09 s
+        # outside forwards, so "host work between forwards" alone misled.
+        spans = [m("PD", k) for k in ("prefill_s", "draft_s", "verify_s", "router_pass_s")]
+        outside = (
+            None
+            if wall is None or spans[2] is None
+            else wall - sum(x for x in spans if x is not None)
+        )
+        link_idle = None if wall is None or link is None else wall - link
         return (
             f"PD wall {_g(wall, ' s')}: compute busy {_g(compute, ' s')}, link busy "
-            f"{_g(link, ' s')}; {_g(idle, ' s')} with neither resource busy (host-side "
-            "work between forwards: drafting bookkeeping, prediction, scheduling, Python)"
+            f"{_g(link, ' s')}; {_g(idle, ' s')} of the wall not covered by the busier "
+            f"resource; {_g(outside, ' s')} outside forwards (host work between forwards), "
+            f"and inside forwards the compute stream waited {_g(m('PD', 'exposed_fetch_s'), ' s')} "
+            f"on copies while the link was idle {_g(link_idle, ' s')} of the wall"
         )
     if target.startswith("PD bytes/token"):
         moved, wasted = m("PD", "h2d_bytes"), m("PD", "wasted_prefetch_bytes")
@@ -388,15 +401,18 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
         reason = (
             _reason(pd_rows, "bytes_per_token_vs_belady")
             if any("bytes_per_token_vs_belady" in r for r in pd_rows)
-            else "no Belady replay in the rows (run through `pdflash-bench matrix`)"
+            else "no Belady replay in the rows (an engine that records no routing trace)"
         )
         entry = _target(
             "PD bytes/token <= 1.3x Belady", where, ratio, BELADY_RATIO_TARGET, "<=", reason
         )
         if any(r.get("belady_initial_state") == "empty" for r in pd_rows):
+            # NOTE: current engines report their starting cache and the replay
+            # starts from it; only rows of an engine that does not get here
             entry["note"] = (
-                "Belady replayed from an empty cache (the engine did not report its "
-                "starting contents): the optimum pays compulsory loads PD may not have"
+                "Belady replayed from an empty cache (these rows do not report the "
+                "engine's starting cache contents): the optimum pays compulsory loads "
+                "PD may not have, so the ratio is biased low"
             )
         targets.append(entry)
         pd_tps = table.median(point, "PD", "output_tokens_per_s")

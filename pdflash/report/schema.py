@@ -67,13 +67,16 @@ METRIC_FIELDS: tuple[str, ...] = (
     "useful_byte_fraction",
     "committed_tokens",
     "bytes_per_token",
+    # NOTE: required (the engine's row builder always adds it): the vacuous
+    # coverage / hit-rate checks and the hide inequality depend on it
+    "routed_expert_bytes",
 )
 
-#: Optional numeric fields: validated when present (the matrix adds the
-#: Belady and routing-trace figures; an engine may add the hide-window terms).
+#: Optional numeric fields: validated when present (the Belady and
+#: routing-trace figures; an engine may add the hide-window terms).
 OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
-    "routed_expert_bytes",
     "trace_forward_layers",
+    "initial_resident_experts",
     "cache_slots",
     "expert_nbytes",
     "belady_bytes",
@@ -101,7 +104,13 @@ FRACTION_FIELDS: frozenset[str] = frozenset(
 
 #: Numbers that are counts and must be whole.
 INTEGER_FIELDS: frozenset[str] = frozenset(
-    {"committed_tokens", "cache_slots", "expert_nbytes", "trace_forward_layers"}
+    {
+        "committed_tokens",
+        "cache_slots",
+        "expert_nbytes",
+        "trace_forward_layers",
+        "initial_resident_experts",
+    }
 )
 
 # A ratio measured from busy times may round a hair over 1.

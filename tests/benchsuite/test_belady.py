@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pdflash.report.belady import belady, free_start_loads, lru
+from pdflash.report.belady import (
+    belady,
+    bytes_per_token_vs_belady,
+    free_start_loads,
+    lru,
+    trace_metrics,
+)
 
 
 def brute_force_loads(
@@ -164,3 +170,40 @@ def test_free_start_is_the_best_initial_set(trace: list[list[int]], slots: int) 
         for start in itertools.combinations(universe, k)
     )
     assert free_start_loads(belady(trace, slots, 1)) == best
+
+
+def test_trace_metrics_start_from_the_engine_cache_hand_computed() -> None:
+    # 2 slots, 10-byte experts, steps {0}, {2}, {1}; 5 tokens committed.
+    # From {0, 1}: one load (2, evicting 0) -> 10 B, 2 B/token. From empty: 3 loads.
+    # Free start: 3 cold loads - min(2 slots, 3 distinct) = 1 load -> 10 B.
+    trace = [[0], [2], [1]]
+    warm = trace_metrics(trace, 2, 10, 5, initial_resident=np.array([1, 0]))
+    assert warm["routed_expert_bytes"] == 30.0
+    assert warm["belady_bytes"] == 10.0
+    assert warm["belady_bytes_per_token"] == 2.0
+    assert warm["belady_free_start_bytes"] == 10.0
+    assert warm["belady_initial_state"] == "engine"
+    assert warm["initial_resident_experts"] == 2
+    assert "not_measured" not in warm
+    cold = trace_metrics(trace, 2, 10, 5)
+    assert cold["belady_bytes"] == 30.0 and cold["belady_initial_state"] == "empty"
+    assert cold["initial_resident_experts"] is None
+    assert cold["not_measured"] == {
+        "initial_resident_experts": "the engine did not report its starting cache"
+    }
+    # an empty starting set is a report (the engine's cache was empty), not "empty"
+    assert trace_metrics(trace, 2, 10, 5, initial_resident=[])["belady_initial_state"] == "engine"
+    with pytest.raises(ValueError, match="3 experts, more than 2 slots"):
+        trace_metrics(trace, 2, 10, 5, initial_resident=[0, 1, 2])
+
+
+def test_trace_metrics_without_steps_or_tokens_report_why() -> None:
+    empty = trace_metrics([], 4, 10, 5, initial_resident=[0])
+    assert empty["routed_expert_bytes"] == 0.0 and empty["belady_bytes"] is None
+    assert empty["belady_initial_state"] == "none"
+    assert "empty routing trace" in empty["not_measured"]["belady_bytes"]  # type: ignore[index]
+    no_tokens = trace_metrics([[0, 1]], 4, 10, 0, initial_resident=[0])
+    assert no_tokens["belady_bytes"] == 10.0 and no_tokens["belady_bytes_per_token"] is None
+    assert bytes_per_token_vs_belady(30.0, 20.0) == (1.5, None)
+    assert bytes_per_token_vs_belady(30.0, 0.0) == (None, "Belady moves no bytes for this trace")
+    assert bytes_per_token_vs_belady(None, 20.0) == (None, "bytes_per_token not measured")

@@ -93,6 +93,8 @@ def test_bm5_native_matches_reference(capsys: pytest.CaptureFixture[str]) -> Non
     assert sched["items_scheduled"] > sched["steps"]  # batches of several requests
     assert 0 < part["coverage"] < 1  # the generated predictions are imperfect
     assert part["wasted_bytes"] > 0
+    # acceptance has no native path: said so, not compared, not counted as a pass
+    assert "no native path" in result["not_compared"]["acceptance"]
 
 
 def test_bm5_reports_a_planted_difference(
@@ -114,3 +116,31 @@ def test_bm5_reports_a_planted_difference(
     result = json.loads(captured.out)
     assert result["pass"] is False
     assert captured.err.startswith("BM5: FAIL — routeahead DIFFERS")
+
+
+def test_bm5_fails_when_a_token_grant_differs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The grants that cap acceptance are what BM5 compares for it: a
+    reference that grants one token less somewhere fails the scheduler part."""
+    import dataclasses
+
+    from pdflash._reference import scheduler as ref
+
+    original = ref.ReferenceScheduler.step
+
+    def trim_one(self: ref.ReferenceScheduler) -> ref.ReferenceStep:
+        out = original(self)
+        grants = list(out.token_grants)
+        for i, g in enumerate(grants):
+            if g > 1:
+                grants[i] = g - 1
+                break
+        return dataclasses.replace(out, token_grants=grants)
+
+    monkeypatch.setattr(ref.ReferenceScheduler, "step", trim_one)
+    cli.main(["bm5", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["pass"] is False
+    assert result["parts"]["scheduler"]["identical"] is False
+    assert result["parts"]["routeahead"]["identical"] is True

@@ -300,3 +300,27 @@ def test_matrix_dry_run_counts_what_is_left(
     plan = json.loads(capsys.readouterr().out)
     assert (plan["already_recorded"], plan["to_run"]) == (4, 6)
     assert plan["to_run_per_baseline"] == {"B2": 2, "B3": 2, "PD": 2}
+
+
+def test_matrix_replays_belady_from_the_engine_starting_cache(make_row: Any) -> None:
+    from types import SimpleNamespace
+
+    # 2 slots, steps {0}, {2}, {1}; the engine started holding {0, 1}: the
+    # optimum loads only expert 2 (10 B), not 3 experts as from an empty cache
+    row = make_row(committed_tokens=5, bytes_per_token=4.0)
+    for name in ("routed_expert_bytes", "belady_bytes", "belady_bytes_per_token"):
+        row.pop(name)
+    row.pop("bytes_per_token_vs_belady")
+    result = SimpleNamespace(
+        routing_trace=[[0], [2], [1]], cache_slots=2, expert_nbytes=10, initial_resident=[0, 1]
+    )
+    out = matrix.augment_row(row, result, {"slo_s": 2.0})
+    assert out["belady_initial_state"] == "engine" and out["initial_resident_experts"] == 2
+    assert out["belady_bytes"] == 10.0 and out["belady_bytes_per_token"] == 2.0
+    assert out["bytes_per_token_vs_belady"] == 2.0
+    assert out["routed_expert_bytes"] == 30.0
+    # an engine row that carries its own trace figures keeps them
+    carried = dict(out)
+    carried.pop("spec")
+    again = matrix.augment_row(carried, SimpleNamespace(), {"slo_s": 2.0})
+    assert {k: again[k] for k in carried} == carried

@@ -90,7 +90,9 @@ def test_misses_are_reported_with_their_size(matrix_rows: Callable[..., list[Row
     assert "'PD beats B2 (tokens/s ratio > 1)' missed at tiny/blk16/c1/cf0.2: 0.88" in reasons
     assert "missed by 0.15" in reasons
     # each miss says why, from the measured figures at that point
-    assert "Why: PD wall 1.05 s: compute busy 1 s, link busy 0.5 s; 0.05 s with neither" in reasons
+    assert "Why: PD wall 1.05 s: compute busy 1 s, link busy 0.5 s; 0.05 s of the wall" in reasons
+    # no forward timings in these rows: where the uncovered time went is n/a
+    assert "n/a outside forwards" in reasons
     assert "Why: tokens/s PD 22 vs B2 25; exposed fetch PD 0.01 s vs 0.01 s" in reasons
     broken = ev["ordering"][0]["checks"]
     assert [c["holds"] for c in broken] == [True, True, False, True]
@@ -189,3 +191,31 @@ def test_hide_inequality_from_engine_timings(make_row: Callable[..., Row]) -> No
     assert h["overlap_source"] == "verify_s - exposed_fetch_s"
     assert h["window_s"] == pytest.approx(0.65)
     assert h["margin_s"] == pytest.approx(0.65 - 1e-4)
+
+
+def test_eta_miss_splits_uncovered_time_hand_computed(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    rows = _set(
+        matrix_rows(),
+        "PD",
+        eta=0.8,
+        wall_s=2.0,
+        compute_busy_s=1.0,
+        link_busy_s=1.6,
+        exposed_fetch_s=0.5,
+        prefill_s=0.25,
+        draft_s=0.25,
+        verify_s=1.25,
+        router_pass_s=0.125,
+    )
+    ev = evaluate(rows)
+    why = _targets(ev, "PD eta")[0]["why"]
+    # 2 - max(1, 1.6) = 0.4 uncovered; 2 - (0.25 + 0.25 + 1.25 + 0.125) = 0.125
+    # outside forwards; the link idle 2 - 1.6 = 0.4 s
+    assert why == (
+        "PD wall 2 s: compute busy 1 s, link busy 1.6 s; 0.4 s of the wall not covered "
+        "by the busier resource; 0.125 s outside forwards (host work between forwards), "
+        "and inside forwards the compute stream waited 0.5 s on copies while the link "
+        "was idle 0.4 s of the wall"
+    )

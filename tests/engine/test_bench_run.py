@@ -95,6 +95,8 @@ def test_bench_engine_suite_cli(
             "4",
             "--prompt-len",
             "4",
+            "--out",
+            str(tmp_path / "rows"),
         ]
     )
     assert rc == 0
@@ -105,3 +107,71 @@ def test_bench_engine_suite_cli(
         ("B0", 2),
         ("B1", 2),
     ]
+    for row in out["runs"]:
+        # every engine row carries the trace figures a matrix row carries
+        assert row["routed_expert_bytes"] > 0 and row["belady_initial_state"] == "engine"
+        assert row["initial_resident_experts"] >= 1 and row["belady_bytes"] is not None
+        assert row["slo_s"] is None and row["not_measured"]["slo_s"]
+    # `pdflash-bench report` validates and evaluates the engine's rows file
+    rc = cli.main(
+        ["report", "--json", "--no-plots", str(tmp_path / "rows"), "--baselines", "B0,B1"]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["valid"] and report["problems"] == [], report["problems"]
+    assert report["rows"] == 4
+
+
+def test_report_flags_vacuous_engine_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from pdflash.bench import cli
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(arch="tiny", baseline="B1", concurrency=1, max_new_tokens=4, prompt_len=4)
+    row = run_spec(spec).row
+    assert validate_row(row) == []
+    # a hit rate with no routed experts is vacuous; a row without the field
+    # cannot be checked, so it is rejected as incomplete
+    vacuous = dict(row, routed_expert_bytes=0.0)
+    lacking = {k: v for k, v in row.items() if k != "routed_expert_bytes"}
+    lacking["repeat"] = 1
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    (folder / "rows.jsonl").write_text(json.dumps(vacuous) + "\n" + json.dumps(lacking) + "\n")
+    rc = cli.main(["report", "--json", "--no-plots", str(folder), "--baselines", "B1"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not report["valid"]
+    assert any(
+        "expert_cache_hit_rate reported with no routed experts" in p for p in report["problems"]
+    )
+    assert any("missing metric 'routed_expert_bytes'" in p for p in report["problems"])
+
+
+@pytest.mark.parametrize("baseline", ["B1", "PD", "B3"])
+def test_run_reports_its_starting_cache_for_the_belady_replay(
+    baseline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.report.belady import belady
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny", baseline=baseline, concurrency=2, block_size=6, max_new_tokens=10, prompt_len=6
+    )
+    result = run_spec(spec)
+    start = result.initial_resident
+    assert start is not None and start.dtype == np.int64
+    # the warm-up request left experts behind, within the cache's capacity
+    assert 0 < start.size <= result.cache_slots
+    assert np.array_equal(start, np.unique(start))
+    assert start.min() >= 0 and start.max() < result.row["layers"] * result.row["num_experts"]
+    warm = belady(result.routing_trace, result.cache_slots, result.expert_nbytes, initial=start)
+    cold = belady(result.routing_trace, result.cache_slots, result.expert_nbytes)
+    assert warm.bytes_moved <= cold.bytes_moved
+    # the optimum from the same start and capacity never moves more than the run
+    assert result.row["h2d_bytes"] >= warm.bytes_moved
+    if baseline == "B3":
+        # every expert resident after the warm-up: neither moves a byte
+        assert start.size == result.cache_slots and warm.bytes_moved == 0
+        assert result.row["h2d_bytes"] == 0

@@ -59,7 +59,11 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
         if not hasattr(self, "_act"):
             from transformers.activations import ACT2FN
 
-            self._act = ACT2FN[self.config.hidden_act]
+            # NOTE: SiLU (every shipped SwiGLU config) as the plain function:
+            # HF's activation module computes exactly F.silu but costs a module
+            # call per expert, and this runs once per routed expert per layer.
+            act = self.config.hidden_act
+            self._act = F.silu if act in ("silu", "swish") else ACT2FN[act]
         gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
         out: torch.Tensor = F.linear(self._act(gate) * up, w["down"])
         return out
