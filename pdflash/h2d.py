@@ -243,17 +243,25 @@ class H2DIssuer:
         (ValueError naming it); allocate with :meth:`alloc_pinned` or
         :meth:`register_host`. A rejected call changes nothing.
         """
+        # NOTE: fast path, the engine's call (int64 address and key arrays, one
+        # int size, a Band): straight to the native call, which checks
+        # everything itself. Anything else (lists, other dtypes, a bad band)
+        # is normalised below, with errors that name the argument; a rejected
+        # call changes nothing, so trying twice is safe.
+        if type(nbytes) is int or type(nbytes) is np.ndarray:
+            try:
+                fast: npt.NDArray[np.int64] = self._native.submit(src, dst, nbytes, keys, band)
+                return fast
+            except (TypeError, ValueError, OverflowError, BufferError):
+                pass
         src_a = _as_i64("src", src)
         n = src_a.shape[0]
         dst_a = _as_i64("dst", dst)
         nbytes_a = _as_i64("nbytes", nbytes, n)
         keys_a = keys if type(keys) is np.ndarray else np.asarray(keys)
-        if keys_a.dtype != _U64:
-            keys_a = _as_i64("keys", keys_a).view(np.uint64)
-        elif keys_a.ndim != 1:
-            raise ValueError(f"keys must be 1-D, got shape {keys_a.shape}")
-        elif not keys_a.flags.c_contiguous:
-            keys_a = np.ascontiguousarray(keys_a)
+        if keys_a.dtype == _U64:
+            keys_a = keys_a.view(np.int64)
+        keys_a = _as_i64("keys", keys_a)
         band_i = int(band)
         if not 0 <= band_i <= 2:
             raise ValueError(f"band must be a pdflash.protocols.Band, got {band!r}")
@@ -319,8 +327,10 @@ class H2DIssuer:
         Top level: ``link_busy_s`` (summed chunk time on the link: CUDA event
         time, or the emulated link's time), ``uptime_s``, ``chunks``,
         ``queued_copies``, ``queued_bytes`` (not yet issued), ``inflight_chunks``,
-        ``link_rate_estimate_bps``, ``inflight_bytes``,
-        ``backend``, ``chunk_bytes``, ``window_bytes``.
+        ``link_rate_estimate_bps``, ``inflight_bytes``, ``submit_calls``,
+        ``submit_lock_wait_s``/``submit_locked_s`` (cumulative time submits
+        waited for and held the issuer's lock), ``backend``, ``chunk_bytes``,
+        ``window_bytes``.
         """
         raw: dict[str, Any] = self._native.stats()
         for name, band in raw["bands"].items():

@@ -71,8 +71,8 @@ class NativeIssuer:
         self,
         src: npt.NDArray[np.int64],
         dst: npt.NDArray[np.int64],
-        nbytes: npt.NDArray[np.int64],
-        keys: npt.NDArray[np.uint64],
+        nbytes: int | npt.NDArray[np.int64],
+        keys: npt.NDArray[np.int64],
         band: int,
     ) -> npt.NDArray[np.int64]: ...
     def states(self, tickets: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]: ...

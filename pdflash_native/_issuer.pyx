@@ -253,18 +253,33 @@ cdef class NativeIssuer:
         self,
         const int64_t[::1] src,
         const int64_t[::1] dst,
-        const int64_t[::1] nbytes,
-        const uint64_t[::1] keys,
+        object nbytes,
+        const int64_t[::1] keys,
         int band,
     ):
-        """Queue N copies in one band; returns N int64 tickets. ``nbytes``
-        holds one size per copy, or one size for all of them."""
+        """Queue N copies in one band; returns N int64 tickets. ``nbytes`` is
+        one int for all copies or an int64 array (one per copy, or one for
+        all); ``keys`` are int64 (-1: never deduplicated)."""
         cdef Py_ssize_t n = src.shape[0]
-        cdef size_t nbytes_stride = 0 if nbytes.shape[0] == 1 else 1
-        if dst.shape[0] != n or (nbytes_stride and nbytes.shape[0] != n) or keys.shape[0] != n:
+        cdef int64_t one_size
+        cdef const int64_t[::1] sizes
+        cdef const int64_t* nbytes_ptr
+        cdef size_t nbytes_stride = 0
+        cdef Py_ssize_t n_sizes = 1
+        # NOTE: a plain int needs no array (the engine's case: one expert size).
+        if type(nbytes) is int:
+            one_size = nbytes
+            nbytes_ptr = &one_size
+        else:
+            sizes = nbytes
+            n_sizes = sizes.shape[0]
+            if n_sizes > 0:
+                nbytes_ptr = &sizes[0]
+                nbytes_stride = 0 if n_sizes == 1 else 1
+        if dst.shape[0] != n or (n_sizes != 1 and n_sizes != n) or keys.shape[0] != n:
             raise ValueError(
                 f"src, dst, nbytes and keys must have one length (nbytes may have 1); got {n}, "
-                f"{dst.shape[0]}, {nbytes.shape[0]}, {keys.shape[0]}"
+                f"{dst.shape[0]}, {n_sizes}, {keys.shape[0]}"
             )
         out = np.empty(n, dtype=np.int64)
         if n == 0:
@@ -273,8 +288,8 @@ cdef class NativeIssuer:
             return out
         cdef int64_t[::1] tickets = out
         with nogil:
-            self._issuer.submit(&src[0], &dst[0], &nbytes[0], nbytes_stride, &keys[0],
-                                <size_t>n, band, &tickets[0])
+            self._issuer.submit(&src[0], &dst[0], nbytes_ptr, nbytes_stride,
+                                <const uint64_t*>&keys[0], <size_t>n, band, &tickets[0])
         return out
 
     def states(self, const int64_t[::1] tickets):
@@ -348,6 +363,9 @@ cdef class NativeIssuer:
             "inflight_chunks": s.inflight_chunks,
             "inflight_bytes": s.inflight_bytes,
             "link_rate_estimate_bps": s.link_rate_estimate_bps,
+            "submit_calls": s.submit_calls,
+            "submit_lock_wait_s": s.submit_lock_wait_s,
+            "submit_locked_s": s.submit_locked_s,
         }
 
     def debug_log(self):

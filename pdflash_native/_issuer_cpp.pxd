@@ -69,6 +69,9 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         uint64_t inflight_chunks
         uint64_t inflight_bytes
         double link_rate_estimate_bps
+        uint64_t submit_calls
+        double submit_lock_wait_s
+        double submit_locked_s
 
     cdef cppclass WaitResult:
         int code

@@ -89,7 +89,9 @@ inline std::int64_t make_ticket(std::int64_t seq, std::int32_t rec) {
 // must stay in the tens of microseconds.
 class KeyMap {
  public:
-  KeyMap() { rehash(1024); }
+  // NOTE: 16384 slots to start with (256 KB): the worker's erasures of the
+  // last block then touch few of the lines the next block's probes use.
+  KeyMap() { rehash(16384); }
   std::int32_t find(std::uint64_t key) const {
     std::size_t i = slot_of(key);
     while (slots_[i].key != kNoKey) {
@@ -141,19 +143,18 @@ class KeyMap {
   // One probe: the slot of `key`, inserting it with `val` when absent
   // (*found = kMissing) -- call reserve() first; else *found = its value.
   std::size_t find_or_insert(std::uint64_t key, std::int32_t val, std::int32_t* found) {
-    std::size_t i = slot_of(key);
-    while (slots_[i].key != kNoKey) {
-      if (slots_[i].key == key) {
-        *found = slots_[i].val;
-        return i;
-      }
-      i = (i + 1) & mask_;
-    }
-    slots_[i] = Slot{key, val};
-    ++count_;
-    *found = kMissing;
+    std::size_t i = probe_or_insert(key, val, found);
+    if (*found == kMissing) ++count_;
     return i;
   }
+  // find_or_insert() without counting the insertion; add_count() later.
+  // NOTE: the count is also written by the worker's erases, so a submit
+  // that counted each insertion would pull its cache line across cores
+  // once per copy.
+  std::size_t find_or_insert_uncounted(std::uint64_t key, std::int32_t val, std::int32_t* found) {
+    return probe_or_insert(key, val, found);
+  }
+  void add_count(std::size_t k) { count_ += k; }
   void set_at(std::size_t slot, std::int32_t val) { slots_[slot].val = val; }
   void prefetch(std::uint64_t key) const { __builtin_prefetch(&slots_[slot_of(key)], 1); }
   std::size_t size() const { return count_; }
@@ -166,6 +167,19 @@ class KeyMap {
     std::uint64_t key;
     std::int32_t val;
   };
+  std::size_t probe_or_insert(std::uint64_t key, std::int32_t val, std::int32_t* found) {
+    std::size_t i = slot_of(key);
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) {
+        *found = slots_[i].val;
+        return i;
+      }
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = Slot{key, val};
+    *found = kMissing;
+    return i;
+  }
   std::size_t slot_of(std::uint64_t key) const {
     std::uint64_t h = key * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing
     return std::size_t(h >> 17) & mask_;
@@ -180,7 +194,7 @@ class KeyMap {
   }
   std::vector<Slot> slots_;
   std::size_t mask_ = 0;
-  std::size_t count_ = 0;
+  alignas(64) std::size_t count_ = 0;  // written by the worker's erasures
 };
 
 struct CopyRec {
@@ -250,6 +264,14 @@ class Ring {
   void reserve(std::size_t n) {
     if (n > buf_.size()) grow(n);
   }
+  // k items at once: the tail index (shared with the popping worker's head
+  // index on one cache line) is written once per batch, not per item.
+  void append(const T* items, std::size_t k) {
+    if (size() + k > buf_.size()) grow(size() + k);
+    std::size_t t = tail_;
+    for (std::size_t i = 0; i < k; ++i) buf_[(t + i) & mask_] = items[i];
+    tail_ = t + k;
+  }
   void clear() { head_ = tail_ = 0; }
   template <class F>
   void retain_if(F keep) {  // keeps order
@@ -271,7 +293,9 @@ class Ring {
     mask_ = cap - 1;
   }
   std::vector<T> buf_;
-  std::size_t head_ = 0, tail_ = 0, mask_ = 0;
+  std::size_t mask_ = 0;
+  alignas(64) std::size_t head_ = 0;  // the worker pops
+  alignas(64) std::size_t tail_ = 0;  // submits push
 };
 
 // Equal split: a copy of n bytes becomes k = ceil(n / chunk) chunks of one
@@ -299,7 +323,10 @@ struct Issuer::Impl {
   mutable std::mutex mu;
   std::condition_variable work_cv;   // worker: new work or stop
   std::condition_variable state_cv;  // waiters: a copy finished / chunks issued
-  std::atomic<std::uint64_t> epoch{0};
+  // NOTE: alignas(64) below keeps what the worker writes often off the cache
+  // lines a submit reads or writes per copy (false sharing moved those lines
+  // between the cores on every copy while the worker was busy; issue 4).
+  alignas(64) std::atomic<std::uint64_t> epoch{0};
   // NOTE: what the worker is blocked on, so submit() makes a wake-up call
   // (a futex syscall that can also get the submitting thread preempted by
   // the woken worker) only when it is needed: `parked` = idle on work_cv;
@@ -308,23 +335,24 @@ struct Issuer::Impl {
   std::atomic<bool> parked{false};
   std::atomic<bool> room_wait{false};
   std::atomic<bool> stop{false};
-  bool closed = false;
+  alignas(64) bool closed = false;
   std::thread worker;
 
   // NOTE: records are taken by a cursor that walks the array (skipping live
   // ones) rather than from a LIFO free list: a batch's records then lie side
   // by side in the order the worker finishes them, so a submit writes
   // consecutive cache lines instead of scattered ones (issue 4).
-  std::vector<CopyRec> recs;
-  std::size_t live_recs = 0;
+  alignas(64) std::vector<CopyRec> recs;
   std::size_t rec_cursor = 0;
+  alignas(64) std::size_t live_recs = 0;
   // Final states by seq (see kStateRing); grows to kStateRing, then wraps.
-  std::vector<std::uint8_t> final_states = std::vector<std::uint8_t>(1024, kLiveMark);
+  alignas(64) std::vector<std::uint8_t> final_states =
+      std::vector<std::uint8_t>(1024, kLiveMark);
   std::unordered_map<std::int64_t, std::string> errors;  // seq -> failure or cancel text
   std::int64_t next_seq = 1;
-  KeyMap live_keys;
+  alignas(64) KeyMap live_keys;
   Ring<std::pair<std::int32_t, std::int64_t>> queues[kNumBands];  // (rec, seq)
-  std::uint64_t queued_copies = 0;
+  alignas(64) std::uint64_t queued_copies = 0;
   std::uint64_t queued_bytes = 0;  // bytes not yet issued, over live copies
 
   std::deque<Inflight> inflight;
@@ -333,15 +361,19 @@ struct Issuer::Impl {
   double last_reap_t = 0.0;  // when the worker last saw a chunk finish
   std::vector<int> free_slots;
 
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
+  alignas(64) std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
   std::uintptr_t pinned_hit_begin = 0, pinned_hit_len = 0;       // last region that matched
   // submit() scratch, kept to avoid allocating per call: what each copy of
   // the batch resolves to (>= 0 a live record, -1 a new copy, -2 - j the same
   // key as the earlier copy j of this batch).
   std::vector<std::int32_t> batch_target;
   std::vector<std::size_t> batch_key_slot;  // key map slot of each keyed copy
+  std::vector<std::pair<std::int32_t, std::int64_t>> batch_entries;  // queue entries, in order
+  // Submit timing (cumulative), for the issue-cost breakdown in stats().
+  std::uint64_t submit_calls = 0;
+  double submit_lock_wait_s = 0.0, submit_locked_s = 0.0;
 
-  BandCounters counters[kNumBands];
+  alignas(64) BandCounters counters[kNumBands];
   double link_busy_s = 0.0;
   std::uint64_t chunks_done = 0;
   std::vector<LogEvent> log;
@@ -360,7 +392,9 @@ struct Issuer::Impl {
   // Room for `n` more live records with the array at most half full, so the
   // cursor finds a free one within a few steps. Call before new_rec().
   void reserve_recs(std::size_t n) {
-    std::size_t want = std::max<std::size_t>(64, 2 * (live_recs + n));
+    // NOTE: at least 16384 records (~1.7 MB): the cursor then reuses a record
+    // long after the worker last wrote it (no longer in that core's cache).
+    std::size_t want = std::max<std::size_t>(16384, 2 * (live_recs + n));
     if (recs.size() < want)
       recs.resize(std::min(std::max(want, 2 * recs.size()), std::size_t(1) << kRecBits));
   }
@@ -376,8 +410,7 @@ struct Issuer::Impl {
     const char* ahead = reinterpret_cast<const char*>(&recs[a]);
     __builtin_prefetch(ahead, 1);
     __builtin_prefetch(ahead + 64, 1);
-    ++live_recs;
-    return r;
+    return r;  // the caller adds to live_recs once per batch
   }
   // Only the sequence number is cleared (one write by the worker): a record
   // with seq 0 is free, and new_rec()'s caller rewrites all of it.
@@ -810,8 +843,10 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
   {
     // NOTE: one lock acquisition per batch; nothing below allocates per copy
     // in the steady state (scratch, records and queues keep their capacity).
+    auto t_call = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lk(s.mu, std::defer_lock);
     lock_spinning(lk);
+    auto t_locked = std::chrono::steady_clock::now();
     if (s.closed) throw std::runtime_error("issuer is closed");
     if (s.live_copies() + n > kMaxLiveCopies)
       throw std::runtime_error("too many live copies (limit " + std::to_string(kMaxLiveCopies) +
@@ -826,7 +861,9 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
     key_slot.resize(n);
     // NOTE: no rehash during the batch, so key_slot stays valid for pass 2.
     s.live_keys.reserve(s.live_keys.size() + n);
+    std::size_t inserted = 0;  // new keys, counted in the key map at the end
     auto fail = [&](std::size_t upto, const std::string& msg) {
+      s.live_keys.add_count(inserted);
       for (std::size_t j = 0; j < upto; ++j)
         if (target[j] == kNewCopy && keys[j] != kNoKey) s.live_keys.erase(keys[j]);
       throw std::invalid_argument(msg);
@@ -847,10 +884,13 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       std::uint64_t key = keys[i];
       if (key == kNoKey) continue;
       std::int32_t v;
-      key_slot[i] = s.live_keys.find_or_insert(key, -2 - std::int32_t(i), &v);
+      key_slot[i] = s.live_keys.find_or_insert_uncounted(key, -2 - std::int32_t(i), &v);
       // A copy that already failed (its last chunks still in flight) is not
       // a dedup target: the key is copied anew.
-      if (v == KeyMap::kMissing) continue;
+      if (v == KeyMap::kMissing) {
+        ++inserted;
+        continue;
+      }
       if (v >= 0 && s.recs[std::size_t(v)].failed) {
         s.live_keys.set_at(key_slot[i], -2 - std::int32_t(i));
         continue;
@@ -873,14 +913,22 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       }
       target[i] = v;  // a live record (>= 0) or an earlier copy of this batch (<= -2)
     }
+    s.live_keys.add_count(inserted);
     // Pass 2: apply (cannot fail).
+    // NOTE: state the worker also writes (counters, queue tail, live and
+    // queued totals, next_seq, which it reads) is updated once per batch
+    // from locals: per-copy updates moved those cache lines between the two
+    // cores hundreds of times per submit while the worker was busy (issue 4).
     std::size_t fresh = 0;
     for (std::size_t i = 0; i < n; ++i) fresh += target[i] == kNewCopy;
     s.reserve_recs(fresh);
     s.reserve_states(fresh);
-    s.queues[band].reserve(s.queues[band].size() + n);
+    std::vector<std::pair<std::int32_t, std::int64_t>>& entries = s.batch_entries;
+    entries.clear();
     double t = s.now();
     std::size_t chunk = s.cfg.chunk_bytes;
+    std::int64_t seq = s.next_seq;
+    std::uint64_t new_bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
       std::int32_t v = target[i];
       if (v != kNewCopy) {  // dedup: a live copy, or one queued earlier in this batch
@@ -891,7 +939,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
           bool has_queued = !c.failed && c.next_off < c.bytes;
           c.band = band;
           if (has_queued) {
-            s.queues[band].push_back({v, c.seq});
+            entries.push_back({v, c.seq});
             s.counters[band].promotions += 1;
             s.record(kLogPromote, band, make_ticket(c.seq, v), 0, std::int64_t(c.bytes), true);
             wake_worker = true;
@@ -904,7 +952,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       std::int32_t r = s.new_rec();
       CopyRec& c = s.recs[std::size_t(r)];
       c = CopyRec{};
-      c.seq = s.next_seq++;
+      c.seq = seq++;
       c.src = std::uintptr_t(src[i]);
       c.dst = std::uintptr_t(dst[i]);
       c.bytes = std::size_t(nbytes[i * nbytes_stride]);
@@ -914,10 +962,8 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       c.t_submit = t;
       s.final_state(c.seq) = kLiveMark;
       if (key != kNoKey) s.live_keys.set_at(key_slot[i], r);
-      s.queues[band].push_back({r, c.seq});
-      s.queued_copies += 1;
-      s.queued_bytes += c.bytes;
-      s.counters[band].submitted += 1;
+      entries.push_back({r, c.seq});
+      new_bytes += c.bytes;
       std::int64_t ticket = make_ticket(c.seq, r);
       if (s.cfg.debug_log)
         s.record(kLogSubmit, band, ticket, std::int64_t((c.bytes + chunk - 1) / chunk),
@@ -925,6 +971,16 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       tickets_out[i] = ticket;
       wake_worker = true;
     }
+    s.next_seq = seq;
+    s.live_recs += fresh;
+    s.queued_copies += fresh;
+    s.queued_bytes += new_bytes;
+    s.counters[band].submitted += fresh;
+    s.queues[band].append(entries.data(), entries.size());
+    auto t_done = std::chrono::steady_clock::now();
+    s.submit_calls += 1;
+    s.submit_lock_wait_s += std::chrono::duration<double>(t_locked - t_call).count();
+    s.submit_locked_s += std::chrono::duration<double>(t_done - t_locked).count();
   }
   // NOTE: at most one wake-up per batch, after the lock is released (the
   // worker does not wake only to block on the mutex), none when nothing new
@@ -1137,6 +1193,9 @@ IssuerStats Issuer::stats() const {
   out.inflight_chunks = s.inflight.size();
   out.inflight_bytes = s.inflight_bytes;
   out.link_rate_estimate_bps = s.rate_bps;
+  out.submit_calls = s.submit_calls;
+  out.submit_lock_wait_s = s.submit_lock_wait_s;
+  out.submit_locked_s = s.submit_locked_s;
   lk.unlock();
   for (int b = 0; b < kNumBands; ++b) {
     out.bands[b].queue_delay_p50_s = quantile(delays[b], 0.5);

@@ -107,6 +107,11 @@ struct IssuerStats {
   std::uint64_t inflight_chunks;
   std::uint64_t inflight_bytes;
   double link_rate_estimate_bps;  // EWMA over finished chunks (0: none yet)
+  // submit() calls that took the lock, and their cumulative time waiting
+  // for it and holding it (the issue-cost breakdown).
+  std::uint64_t submit_calls;
+  double submit_lock_wait_s;
+  double submit_locked_s;
 };
 
 enum WaitCode : int { kWaitOk = 0, kWaitTimeout = 1, kWaitFailed = 2, kWaitCancelled = 3 };
