@@ -462,6 +462,9 @@ def measure_issue_cost(
       idle (its worker parked) at the submit. ``reps`` blocks.
     * ``issue_us_768_quiescent``: every block cancelled right after its
       submit (nothing is copied). ``quiescent_reps`` (default ``reps``).
+    * ``issue_lock_wait_us_768`` / ``issue_locked_us_768``: in the busy
+      case, the mean time the native submit waited for and held the
+      issuer's lock (from the issuer's stats).
 
     Arguments are passed as the engine passes them (scalar ``nbytes``, int64
     keys), so their conversion is part of the cost. Used by ``pdflash-bench
@@ -479,12 +482,15 @@ def measure_issue_cost(
 
     busy: list[float] = []
     _, previous = timed_submit()  # warm-up, and the block the first one meets
+    before = issuer.stats()
     for _ in range(reps):
         dt, tickets = timed_submit()
         busy.append(dt)
         issuer.wait(previous)
         previous = tickets
+    after = issuer.stats()
     issuer.wait(previous)
+    calls = max(1, after["submit_calls"] - before["submit_calls"])
 
     idle: list[float] = []
     for _ in range(reps):
@@ -503,6 +509,12 @@ def measure_issue_cost(
         "issue_us_768_p90": float(np.quantile(busy, 0.9)) * 1e6,
         "issue_us_768_idle": _p50(idle) * 1e6,
         "issue_us_768_quiescent": _p50(quiescent) * 1e6,
+        # the busy submits' mean time waiting for and holding the issuer lock
+        # (the rest of issue_us_768 is the Python call around it)
+        "issue_lock_wait_us_768": (after["submit_lock_wait_s"] - before["submit_lock_wait_s"])
+        / calls
+        * 1e6,
+        "issue_locked_us_768": (after["submit_locked_s"] - before["submit_locked_s"]) / calls * 1e6,
     }
 
 
