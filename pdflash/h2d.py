@@ -132,7 +132,7 @@ class H2DIssuer:
         backend: ``"cuda"``, ``"host"`` or None (CUDA when this build has it
             and a device is present, else host).
         device: CUDA device ordinal (CUDA backend).
-        chunk_bytes: a copy is split into ``ceil(nbytes / chunk_bytes)``
+        chunk_bytes: (at most 1 GiB) a copy is split into ``ceil(nbytes / chunk_bytes)``
             equal chunks (none larger than this); an on-demand copy waits
             about one window of chunks at most.
         window_bytes: bytes in flight on the copy stream (>= chunk_bytes): a

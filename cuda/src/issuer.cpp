@@ -197,22 +197,30 @@ class KeyMap {
   alignas(64) std::size_t count_ = 0;  // written by the worker's erasures
 };
 
-struct CopyRec {
+// NOTE: one cache line per copy (a 768-copy submit writes 768 of them);
+// the submit time lives in a parallel array (Impl::submit_time). Counters
+// bounded by the window (in-flight and not-yet-enqueued chunks, the slot)
+// fit 16 bits: max_inflight_chunks <= 4096; pieces fit 32 bits:
+// chunk_bytes <= 1 GiB.
+struct alignas(64) CopyRec {
   std::int64_t seq = 0;  // 0: free
   std::uintptr_t src = 0, dst = 0;
   std::size_t bytes = 0;
   std::uint64_t key = kNoKey;
-  int band = 0;
-  std::size_t piece = 0;     // chunk size of this copy (equal split)
-  std::size_t next_off = 0;  // first byte not yet issued
-  std::int64_t chunks_issued = 0;
-  std::int64_t chunks_inflight = 0;
-  std::int64_t chunks_enqueued = 0;  // issued chunks the backend has accepted
-  int last_slot = -1;  // slot of the most recently enqueued chunk
-  std::uint8_t state = kQueued;  // kQueued or kRunning while live
-  bool failed = false;
-  double t_submit = 0.0;
+  std::size_t next_off = 0;     // first byte not yet issued
+  std::uint32_t piece = 0;      // chunk size of this copy (equal split)
+  std::int32_t chunks_issued = 0;
+  std::int16_t chunks_inflight = 0;
+  std::int16_t chunks_unenqueued = 0;  // issued chunks the backend has not accepted yet
+  std::int16_t last_slot = -1;         // slot of the most recently enqueued chunk
+  std::uint8_t band = 0;
+  std::uint8_t state = kQueued;  // kQueued or kRunning while live; bit 7: failed
+  bool failed() const { return (state & kFailedBit) != 0; }
+  void set_failed() { state = std::uint8_t(state | kFailedBit); }
+  std::uint8_t live_state() const { return std::uint8_t(state & ~kFailedBit); }
+  static constexpr std::uint8_t kFailedBit = 0x80;
 };
+static_assert(sizeof(CopyRec) == 64, "one cache line per copy record");
 
 struct Inflight {
   int slot;
@@ -343,6 +351,7 @@ struct Issuer::Impl {
   // by side in the order the worker finishes them, so a submit writes
   // consecutive cache lines instead of scattered ones (issue 4).
   alignas(64) std::vector<CopyRec> recs;
+  std::vector<double> submit_time;  // by record: when its copy was submitted
   std::size_t rec_cursor = 0;
   alignas(64) std::size_t live_recs = 0;
   // Final states by seq (see kStateRing); grows to kStateRing, then wraps.
@@ -395,8 +404,10 @@ struct Issuer::Impl {
     // NOTE: at least 16384 records (~1.7 MB): the cursor then reuses a record
     // long after the worker last wrote it (no longer in that core's cache).
     std::size_t want = std::max<std::size_t>(16384, 2 * (live_recs + n));
-    if (recs.size() < want)
+    if (recs.size() < want) {
       recs.resize(std::min(std::max(want, 2 * recs.size()), std::size_t(1) << kRecBits));
+      submit_time.resize(recs.size());
+    }
   }
   // The caller initialises the whole record (`= CopyRec{}` first).
   std::int32_t new_rec() {
@@ -422,7 +433,7 @@ struct Issuer::Impl {
 
   bool queued_in(std::int32_t r, std::int64_t seq, int band) const {
     const CopyRec& c = recs[std::size_t(r)];
-    return c.seq == seq && c.band == band && !c.failed && c.next_off < c.bytes;
+    return c.seq == seq && c.band == band && !c.failed() && c.next_off < c.bytes;
   }
 
   // The next chunk by band, then FIFO; drops stale queue entries.
@@ -479,14 +490,14 @@ struct Issuer::Impl {
   // arriving while the worker filled the window waited for the whole fill
   // (issue 4). Only this worker claims, enqueues and reaps, so the stream
   // order is the claim order. stream_wait() uses a copy's last slot only
-  // once every issued chunk is enqueued (chunks_enqueued).
+  // once every issued chunk is enqueued (chunks_unenqueued == 0).
   void fill_window(std::unique_lock<std::mutex>& lk) {
     pending.clear();
     while (true) {
       std::int32_t r = pick();
       if (r < 0) break;
       CopyRec& c = recs[std::size_t(r)];
-      std::size_t n = std::min(c.piece, c.bytes - c.next_off);
+      std::size_t n = std::min<std::size_t>(c.piece, c.bytes - c.next_off);
       if (!window_has_room()) break;
       if (now() < jit_not_before()) break;
       int slot = free_slots.back();
@@ -494,8 +505,8 @@ struct Issuer::Impl {
       std::int64_t ticket = make_ticket(c.seq, r);
       std::int64_t chunk = c.chunks_issued;
       if (c.chunks_issued == 0) {
-        c.state = kRunning;
-        counters[c.band].add_delay(now() - c.t_submit);
+        c.state = std::uint8_t((c.state & CopyRec::kFailedBit) | kRunning);
+        counters[c.band].add_delay(now() - submit_time[std::size_t(r)]);
       }
       record(kLogStart, c.band, ticket, chunk, std::int64_t(n), true);
       pending.push_back(Pending{slot, r, c.seq, chunk, n,
@@ -503,6 +514,7 @@ struct Issuer::Impl {
                                 reinterpret_cast<const void*>(c.src + c.next_off)});
       c.next_off += n;
       c.chunks_issued += 1;
+      c.chunks_unenqueued += 1;
       queued_bytes -= n;
       if (c.next_off == c.bytes) --queued_copies;
       c.chunks_inflight += 1;
@@ -528,8 +540,8 @@ struct Issuer::Impl {
       const Pending& p = pending[i];
       CopyRec& c = recs[std::size_t(p.rec)];
       if (!any_failed || enqueue_errors[i].empty()) {
-        c.chunks_enqueued += 1;
-        c.last_slot = p.slot;  // claim order: the last one set is the last enqueued
+        c.chunks_unenqueued -= 1;
+        c.last_slot = std::int16_t(p.slot);  // claim order: the last one set is the last enqueued
         continue;
       }
       // Nothing is in flight for this slot: take it out of the window.
@@ -542,7 +554,7 @@ struct Issuer::Impl {
       inflight_bytes -= p.bytes;
       free_slots.push_back(p.slot);
       c.chunks_inflight -= 1;
-      c.chunks_enqueued += 1;  // settled: stream_wait may use the copy's other chunks
+      c.chunks_unenqueued -= 1;  // settled: stream_wait may use the copy's other chunks
       record(kLogEnd, c.band, make_ticket(p.seq, p.rec), p.chunk, std::int64_t(p.bytes), false);
       chunk_failed(p.rec, enqueue_errors[i]);
       maybe_finish(p.rec);
@@ -555,8 +567,8 @@ struct Issuer::Impl {
 
   void chunk_failed(std::int32_t r, const std::string& err) {
     CopyRec& c = recs[std::size_t(r)];
-    if (c.failed) return;
-    c.failed = true;
+    if (c.failed()) return;
+    c.set_failed();
     if (c.next_off < c.bytes) {  // its remaining chunks are dropped
       --queued_copies;
       queued_bytes -= c.bytes - c.next_off;
@@ -591,17 +603,17 @@ struct Issuer::Impl {
   std::uint8_t state_now(std::int64_t ticket) const {
     std::int64_t seq = ticket >> kRecBits;
     const CopyRec& c = recs[std::size_t(ticket & kRecMask)];
-    if (c.seq == seq) return c.state;
+    if (c.seq == seq) return c.live_state();
     return final_states[std::size_t(seq) & (final_states.size() - 1)];
   }
 
   void maybe_finish(std::int32_t r) {
     CopyRec& c = recs[std::size_t(r)];
     if (c.chunks_inflight > 0) return;
-    if (!c.failed && c.next_off < c.bytes) return;
+    if (!c.failed() && c.next_off < c.bytes) return;
     std::int64_t ticket = make_ticket(c.seq, r);
     BandCounters& bc = counters[c.band];
-    if (c.failed) {
+    if (c.failed()) {
       set_final(c.seq, kFailed);
       bc.failures += 1;
     } else {
@@ -609,7 +621,7 @@ struct Issuer::Impl {
       bc.copies += 1;
       bc.bytes += c.bytes;
     }
-    record(kLogFinish, c.band, ticket, c.chunks_issued, std::int64_t(c.bytes), !c.failed);
+    record(kLogFinish, c.band, ticket, c.chunks_issued, std::int64_t(c.bytes), !c.failed());
     if (c.key != kNoKey && live_keys.find(c.key) == r) live_keys.erase(c.key);
     free_rec(r);
     finished_any = true;
@@ -757,7 +769,7 @@ struct Issuer::Impl {
   std::uint8_t state_of(std::int64_t ticket) const {
     std::int64_t seq = seq_of(ticket);
     std::size_t r = std::size_t(ticket & kRecMask);
-    if (r < recs.size() && recs[r].seq == seq) return recs[r].state;
+    if (r < recs.size() && recs[r].seq == seq) return recs[r].live_state();
     if (expired(seq))
       throw std::invalid_argument("expired ticket " + std::to_string(ticket) +
                                   " (its copy finished more than " + std::to_string(kStateRing) +
@@ -794,6 +806,9 @@ Issuer::Issuer(const IssuerConfig& config) : impl_(new Impl) {
   Impl& s = *impl_;
   s.cfg = config;
   if (config.chunk_bytes == 0) throw std::invalid_argument("chunk_bytes must be > 0");
+  if (config.chunk_bytes > (std::size_t(1) << 30))
+    throw std::invalid_argument("chunk_bytes must be <= 1 GiB, got " +
+                                std::to_string(config.chunk_bytes));
   if (config.window_bytes < config.chunk_bytes)
     throw std::invalid_argument("window_bytes (" + std::to_string(config.window_bytes) +
                                 ") must be >= chunk_bytes (" +
@@ -891,7 +906,7 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
         ++inserted;
         continue;
       }
-      if (v >= 0 && s.recs[std::size_t(v)].failed) {
+      if (v >= 0 && s.recs[std::size_t(v)].failed()) {
         s.live_keys.set_at(key_slot[i], -2 - std::int32_t(i));
         continue;
       }
@@ -936,8 +951,8 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
         CopyRec& c = s.recs[std::size_t(v)];
         s.counters[band].dedup_hits += 1;
         if (band < c.band) {
-          bool has_queued = !c.failed && c.next_off < c.bytes;
-          c.band = band;
+          bool has_queued = !c.failed() && c.next_off < c.bytes;
+          c.band = std::uint8_t(band);
           if (has_queued) {
             entries.push_back({v, c.seq});
             s.counters[band].promotions += 1;
@@ -956,10 +971,10 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       c.src = std::uintptr_t(src[i]);
       c.dst = std::uintptr_t(dst[i]);
       c.bytes = std::size_t(nbytes[i * nbytes_stride]);
-      c.piece = split_piece_bytes(c.bytes, chunk);
+      c.piece = std::uint32_t(split_piece_bytes(c.bytes, chunk));
       c.key = key;
-      c.band = band;
-      c.t_submit = t;
+      c.band = std::uint8_t(band);
+      s.submit_time[std::size_t(r)] = t;
       s.final_state(c.seq) = kLiveMark;
       if (key != kNoKey) s.live_keys.set_at(key_slot[i], r);
       entries.push_back({r, c.seq});
@@ -1034,7 +1049,7 @@ WaitResult Issuer::wait(const std::int64_t* tickets, std::size_t n, double timeo
       for (std::size_t j = i; j < n; ++j) {
         std::int64_t tj = tickets[j];
         if (s.state_now(tj) < kDone)
-          blocked_band = std::min(blocked_band, s.recs[std::size_t(tj & kRecMask)].band);
+          blocked_band = std::min<int>(blocked_band, s.recs[std::size_t(tj & kRecMask)].band);
       }
       blocked = true;
     }
@@ -1088,14 +1103,14 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
       break;
     }
     const CopyRec& c = s.recs[std::size_t(t & kRecMask)];
-    if (c.failed) {  // an earlier chunk failed while later ones are in flight
+    if (c.failed()) {  // an earlier chunk failed while later ones are in flight
       result.code = kWaitFailed;
       result.ticket = t;
       auto it = s.errors.find(seq);
       result.message = it != s.errors.end() ? it->second : "copy failed";
       break;
     }
-    if (c.next_off == c.bytes && c.chunks_inflight > 0 && c.chunks_enqueued == c.chunks_issued) {
+    if (c.next_off == c.bytes && c.chunks_inflight > 0 && c.chunks_unenqueued == 0) {
       // All chunks issued: the last one's event covers the whole copy (FIFO).
       std::string err;
       if (!s.backend->stream_wait_slot(c.last_slot, stream, &err)) {

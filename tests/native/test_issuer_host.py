@@ -694,3 +694,10 @@ def test_ticket_states_are_kept_for_a_bounded_number_of_later_copies() -> None:
             iss.states(first)
         with pytest.raises(ValueError, match="unknown ticket"):
             iss.states([int(last[-1]) + (1 << 24)])
+
+
+def test_chunk_size_is_bounded() -> None:
+    with pytest.raises(ValueError, match="1 GiB"):
+        H2DIssuer(backend="host", chunk_bytes=(1 << 30) + 1, window_bytes=4 << 30)
+    with H2DIssuer(backend="host", chunk_bytes=1 << 30, window_bytes=1 << 30) as iss:
+        assert iss.chunk_bytes == 1 << 30
