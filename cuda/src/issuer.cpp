@@ -372,11 +372,9 @@ struct Issuer::Impl {
 
   alignas(64) std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
   std::uintptr_t pinned_hit_begin = 0, pinned_hit_len = 0;       // last region that matched
-  // submit() scratch, kept to avoid allocating per call: what each copy of
-  // the batch resolves to (>= 0 a live record, -1 a new copy, -2 - j the same
-  // key as the earlier copy j of this batch).
-  std::vector<std::int32_t> batch_target;
-  std::vector<std::size_t> batch_key_slot;  // key map slot of each keyed copy
+  // submit() scratch and undo log, kept to avoid allocating per call.
+  std::vector<std::int32_t> batch_created;                           // records it created
+  std::vector<std::pair<std::int32_t, std::uint8_t>> batch_promoted;  // (record, old band)
   std::vector<std::pair<std::int32_t, std::int64_t>> batch_entries;  // queue entries, in order
   // Submit timing (cumulative), for the issue-cost breakdown in stats().
   std::uint64_t submit_calls = 0;
@@ -866,126 +864,113 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
     if (s.live_copies() + n > kMaxLiveCopies)
       throw std::runtime_error("too many live copies (limit " + std::to_string(kMaxLiveCopies) +
                                ")");
-    // Pass 1: validate everything before touching state. New keys get a
-    // placeholder (-2 - i) in the key map so in-batch duplicates are checked
-    // too; a failure removes the placeholders again.
-    constexpr std::int32_t kNewCopy = -1;
-    std::vector<std::int32_t>& target = s.batch_target;
-    std::vector<std::size_t>& key_slot = s.batch_key_slot;
-    target.resize(n);
-    key_slot.resize(n);
-    // NOTE: no rehash during the batch, so key_slot stays valid for pass 2.
+    // NOTE: one pass: each copy is validated and applied in turn (a record,
+    // its key and queue entry), with an undo log; a rejected copy rolls the
+    // batch back, so a rejected call still changes nothing. Two passes
+    // (validate all, then apply) touched every key slot and scratch entry
+    // twice (issue 4). What the worker also writes is applied at the end.
+    std::vector<std::int32_t>& created = s.batch_created;  // new records, in order
+    std::vector<std::pair<std::int32_t, std::uint8_t>>& promoted = s.batch_promoted;
+    std::vector<std::pair<std::int32_t, std::int64_t>>& entries = s.batch_entries;
+    created.clear();
+    promoted.clear();
+    entries.clear();
+    // NOTE: no rehash during the batch (undo erases by key, but probes for
+    // in-batch keys must stay valid).
     s.live_keys.reserve(s.live_keys.size() + n);
+    s.reserve_recs(n);
+    s.reserve_states(n);
+    const std::size_t log_size = s.log.size();
+    const std::int64_t first_seq = s.next_seq;
     std::size_t inserted = 0;  // new keys, counted in the key map at the end
-    auto fail = [&](std::size_t upto, const std::string& msg) {
+    auto fail = [&](const std::string& msg) {
       s.live_keys.add_count(inserted);
-      for (std::size_t j = 0; j < upto; ++j)
-        if (target[j] == kNewCopy && keys[j] != kNoKey) s.live_keys.erase(keys[j]);
+      for (std::int32_t r : created) {
+        CopyRec& c = s.recs[std::size_t(r)];
+        if (c.key != kNoKey) s.live_keys.erase(c.key);
+        c.seq = 0;  // free again (next_seq is unchanged: these seqs are reused)
+      }
+      for (auto [r, old_band] : promoted) s.recs[std::size_t(r)].band = old_band;
+      s.log.resize(log_size);
       throw std::invalid_argument(msg);
     };
-    for (std::size_t i = 0; i < n; ++i) {
-      if (i + 8 < n && keys[i + 8] != kNoKey) s.live_keys.prefetch(keys[i + 8]);
-      if (!s.is_pinned_fast(std::uintptr_t(src[i]))) {
-        std::string err;
-        if (!s.is_pinned(std::uintptr_t(src[i]), std::size_t(nbytes[i * nbytes_stride]), &err)) {
-          char buf[32];
-          std::snprintf(buf, sizeof buf, "%llx", (unsigned long long)src[i]);
-          fail(i, "copy " + std::to_string(i) + ": src 0x" + buf +
-                      " is not pinned host memory (" + err +
-                      "); allocate it with alloc_pinned or register it");
-        }
-      }
-      target[i] = kNewCopy;
-      std::uint64_t key = keys[i];
-      if (key == kNoKey) continue;
-      std::int32_t v;
-      key_slot[i] = s.live_keys.find_or_insert_uncounted(key, -2 - std::int32_t(i), &v);
-      // A copy that already failed (its last chunks still in flight) is not
-      // a dedup target: the key is copied anew.
-      if (v == KeyMap::kMissing) {
-        ++inserted;
-        continue;
-      }
-      if (v >= 0 && s.recs[std::size_t(v)].failed()) {
-        s.live_keys.set_at(key_slot[i], -2 - std::int32_t(i));
-        continue;
-      }
-      std::uintptr_t psrc, pdst;
-      std::size_t pbytes;
-      if (v >= 0) {
-        const CopyRec& c = s.recs[std::size_t(v)];
-        psrc = c.src, pdst = c.dst, pbytes = c.bytes;
-      } else {
-        std::size_t j = std::size_t(-2 - v);
-        psrc = std::uintptr_t(src[j]), pdst = std::uintptr_t(dst[j]),
-        pbytes = std::size_t(nbytes[j * nbytes_stride]);
-      }
-      if (psrc != std::uintptr_t(src[i]) || pdst != std::uintptr_t(dst[i]) ||
-          pbytes != std::size_t(nbytes[i * nbytes_stride])) {
-        target[i] = 0;  // not a placeholder of its own
-        fail(i, "copy " + std::to_string(i) + ": key " + std::to_string(key) +
-                    " is already live with a different src/dst/nbytes");
-      }
-      target[i] = v;  // a live record (>= 0) or an earlier copy of this batch (<= -2)
-    }
-    s.live_keys.add_count(inserted);
-    // Pass 2: apply (cannot fail).
-    // NOTE: state the worker also writes (counters, queue tail, live and
-    // queued totals, next_seq, which it reads) is updated once per batch
-    // from locals: per-copy updates moved those cache lines between the two
-    // cores hundreds of times per submit while the worker was busy (issue 4).
-    std::size_t fresh = 0;
-    for (std::size_t i = 0; i < n; ++i) fresh += target[i] == kNewCopy;
-    s.reserve_recs(fresh);
-    s.reserve_states(fresh);
-    std::vector<std::pair<std::int32_t, std::int64_t>>& entries = s.batch_entries;
-    entries.clear();
     double t = s.now();
     std::size_t chunk = s.cfg.chunk_bytes;
-    std::int64_t seq = s.next_seq;
+    std::int64_t seq = first_seq;
     std::uint64_t new_bytes = 0;
+    std::uint64_t dedup_hits = 0, promotions = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      std::int32_t v = target[i];
-      if (v != kNewCopy) {  // dedup: a live copy, or one queued earlier in this batch
-        if (v <= -2) v = std::int32_t(tickets_out[std::size_t(-2 - v)] & kRecMask);
-        CopyRec& c = s.recs[std::size_t(v)];
-        s.counters[band].dedup_hits += 1;
-        if (band < c.band) {
-          bool has_queued = !c.failed() && c.next_off < c.bytes;
-          c.band = std::uint8_t(band);
-          if (has_queued) {
-            entries.push_back({v, c.seq});
-            s.counters[band].promotions += 1;
-            s.record(kLogPromote, band, make_ticket(c.seq, v), 0, std::int64_t(c.bytes), true);
-            wake_worker = true;
-          }
+      if (i + 8 < n && keys[i + 8] != kNoKey) s.live_keys.prefetch(keys[i + 8]);
+      const std::uintptr_t csrc = std::uintptr_t(src[i]), cdst = std::uintptr_t(dst[i]);
+      const std::size_t cbytes = std::size_t(nbytes[i * nbytes_stride]);
+      if (!s.is_pinned_fast(csrc)) {
+        std::string err;
+        if (!s.is_pinned(csrc, cbytes, &err)) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%llx", (unsigned long long)src[i]);
+          fail("copy " + std::to_string(i) + ": src 0x" + buf + " is not pinned host memory (" +
+               err + "); allocate it with alloc_pinned or register it");
         }
-        tickets_out[i] = make_ticket(c.seq, v);
-        continue;
       }
-      std::uint64_t key = keys[i];
-      std::int32_t r = s.new_rec();
+      const std::uint64_t key = keys[i];
+      std::int32_t r = s.new_rec();  // taken only if this copy is new (seq set below)
+      std::size_t slot = 0;
+      if (key != kNoKey) {
+        std::int32_t v;
+        slot = s.live_keys.find_or_insert_uncounted(key, r, &v);
+        if (v == KeyMap::kMissing) {
+          ++inserted;
+        } else if (s.recs[std::size_t(v)].failed()) {
+          // A copy that already failed (its last chunks still in flight) is
+          // not a dedup target: the key is copied anew.
+          s.live_keys.set_at(slot, r);
+        } else {
+          CopyRec& c = s.recs[std::size_t(v)];
+          if (c.src != csrc || c.dst != cdst || c.bytes != cbytes)
+            fail("copy " + std::to_string(i) + ": key " + std::to_string(key) +
+                 " is already live with a different src/dst/nbytes");
+          // dedup: a live copy, or one created earlier in this batch
+          dedup_hits += 1;
+          if (band < c.band) {
+            bool has_queued = !c.failed() && c.next_off < c.bytes;
+            promoted.emplace_back(v, c.band);
+            c.band = std::uint8_t(band);
+            if (has_queued) {
+              entries.emplace_back(v, c.seq);
+              promotions += 1;
+              s.record(kLogPromote, band, make_ticket(c.seq, v), 0, std::int64_t(c.bytes), true);
+              wake_worker = true;
+            }
+          }
+          tickets_out[i] = make_ticket(c.seq, v);
+          continue;  // record r stays free (its seq was never set)
+        }
+      }
       CopyRec& c = s.recs[std::size_t(r)];
       c = CopyRec{};
       c.seq = seq++;
-      c.src = std::uintptr_t(src[i]);
-      c.dst = std::uintptr_t(dst[i]);
-      c.bytes = std::size_t(nbytes[i * nbytes_stride]);
-      c.piece = std::uint32_t(split_piece_bytes(c.bytes, chunk));
+      c.src = csrc;
+      c.dst = cdst;
+      c.bytes = cbytes;
+      c.piece = std::uint32_t(split_piece_bytes(cbytes, chunk));
       c.key = key;
       c.band = std::uint8_t(band);
       s.submit_time[std::size_t(r)] = t;
       s.final_state(c.seq) = kLiveMark;
-      if (key != kNoKey) s.live_keys.set_at(key_slot[i], r);
-      entries.push_back({r, c.seq});
-      new_bytes += c.bytes;
+      created.push_back(r);
+      entries.emplace_back(r, c.seq);
+      new_bytes += cbytes;
       std::int64_t ticket = make_ticket(c.seq, r);
       if (s.cfg.debug_log)
-        s.record(kLogSubmit, band, ticket, std::int64_t((c.bytes + chunk - 1) / chunk),
-                 std::int64_t(c.bytes), true);
+        s.record(kLogSubmit, band, ticket, std::int64_t((cbytes + chunk - 1) / chunk),
+                 std::int64_t(cbytes), true);
       tickets_out[i] = ticket;
       wake_worker = true;
     }
+    s.live_keys.add_count(inserted);
+    const std::size_t fresh = created.size();
+    s.counters[band].dedup_hits += dedup_hits;
+    s.counters[band].promotions += promotions;
     s.next_seq = seq;
     s.live_recs += fresh;
     s.queued_copies += fresh;

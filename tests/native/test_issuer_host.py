@@ -701,3 +701,34 @@ def test_chunk_size_is_bounded() -> None:
         H2DIssuer(backend="host", chunk_bytes=(1 << 30) + 1, window_bytes=4 << 30)
     with H2DIssuer(backend="host", chunk_bytes=1 << 30, window_bytes=1 << 30) as iss:
         assert iss.chunk_bytes == 1 << 30
+
+
+def test_a_rejected_batch_undoes_its_promotions_and_new_keys(issuer: H2DIssuer) -> None:
+    size = 3 * CHUNK
+    src, dst = _buffers(issuer, 6 * size)
+    s, d = _slots(src, 6, size), _slots(dst, 6, size)
+    issuer._native.test_hold_link(True)
+    bg = issuer.submit(s[:3], d[:3], size, [1, 7, 2], Band.BACKGROUND)
+    _until(lambda: issuer.states(bg)[0] == STATE_RUNNING)  # the window is full now
+    before = issuer.stats()["bands"]
+    # key 7 would be promoted and key 8 created before copy 2 (key 8 with
+    # another destination) rejects the batch
+    with pytest.raises(ValueError, match="copy 2: key 8 is already live"):
+        issuer.submit(
+            np.array([s[1], s[3], s[3]]),
+            np.array([d[1], d[3], d[4]]),
+            size,
+            [7, 8, 8],
+            Band.ON_DEMAND,
+        )
+    assert issuer.stats()["bands"] == before
+    # key 8 is free again (another destination is fine), and key 7 is still
+    # BACKGROUND: a ROUTE_AHEAD copy submitted now starts before it
+    ra = issuer.submit(s[3:5], d[3:5], size, [8, 9], Band.ROUTE_AHEAD)
+    issuer._native.test_hold_link(False)
+    issuer.wait(np.concatenate([bg, ra]), timeout_s=30)
+    assert np.array_equal(src[: 5 * size], dst[: 5 * size])
+    log = records_from_log(issuer.debug_log())
+    assert not any(e.kind == LOG_PROMOTE for e in log)
+    order = [t for t, chunk, _ in _replay(issuer).starts if chunk == 0]
+    assert order.index(int(ra[1])) < order.index(int(bg[1]))
