@@ -300,3 +300,39 @@ def test_forward_waits_for_every_inflight_copy_when_one_was_cancelled() -> None:
         with pytest.raises(CacheTooSmallError):
             moe.forward_routed(0, x, torch.tensor([[3], [3]]), weights)
     cache.release(held)
+
+
+def test_next_layer_copies_beyond_ahead_wait_for_the_release() -> None:
+    """Hand-checked walk through one layer boundary (16 slots, ``ahead=2``):
+    between forwards the first layer's set plus two experts of the next go
+    out; when layer 0 is routed nothing more is queued (its two ahead copies
+    already landed); layer 1's other four experts and layer 2's two start
+    only when layer 0 is released. This is the window that leaves the link
+    idle while layer 0's last experts compute (issue 7's PD eta analysis).
+    Filling that window from the pre-forward plan (the whole next layer at
+    routing) or from an early gate lookahead was measured on the small
+    gpt-oss shape (CPU, emulated 1 GB/s link, c=1/4, cache 0.2/0.5): eta
+    rose only because 3-14% more bytes moved, and tokens/s fell 1-9%, so
+    the policy keeps this boundary; a change to it must update this test."""
+    L, E = 3, 8
+    issuer = HeldIssuer()
+    cache, stream, policy = _setup(L, E, slots=16, issuer=issuer, ahead=2)
+    stream.log_submissions = True
+    plan = [0, 1, 2, 8, 9, 10, 11, 12, 13, 16, 17]
+    stream.set_plan(plan, "prev_round")  # unmeasured source: counts as min_precision
+    # layer 0 (room 16 // 2 = 8: all three), then two ahead of layer 1
+    assert [g for _, g in stream.submit_log] == [0, 1, 2, 8, 9]
+    issuer.land_all()
+    cache.free_capacity()
+    stream.begin_forward()
+    policy.before_layer(0)
+    topk = torch.tensor([[0], [1], [2]])
+    stream.on_routed(0, topk, None)
+    assert len(stream.submit_log) == 5  # the ahead experts 8, 9 are resident already
+    cache.ensure_resident([0, 1, 2])
+    cache.release([0, 1, 2])
+    stream.after_layer(0, torch.zeros(3, 1), topk)
+    # layer 1's rest (room (11 free + 3 released) // 2 = 7 >= 4), then layer 2's
+    # two (room (7 free + 3 released) // 2 = 5 >= 2)
+    assert [g for _, g in stream.submit_log[5:]] == [10, 11, 12, 13, 16, 17]
+    assert all(band == Band.ROUTE_AHEAD for _, band in issuer.submitted)
