@@ -70,6 +70,13 @@ DEFAULT_MAX_INFLIGHT_CHUNKS = 32
 #: phases that is what holds an on-demand copy near 1.15x of its alone latency
 #: with 8 MiB chunks (the emulated-link sweep: 1.36x without, 1.13x with).
 DEFAULT_CUDA_ISSUE_LEAD_US = 20.0
+#: Host backend with an emulated link: the lead as a fraction of one chunk's
+#: time on that link (none without one). NOTE: a CPU worker wakes up tens to
+#: hundreds of microseconds late, so the lead scales with the chunk time; on
+#: this project's 2-core box (0.5 GB/s, 2 MiB chunks: a 420 us lead) it took
+#: the on-demand ratio from 1.38x to 1.18x with the background at 97% of
+#: the link either way (bench/results/host/2026-11-29-session2-h2d*.json).
+DEFAULT_HOST_ISSUE_LEAD_FRACTION = 0.1
 
 #: Ticket states returned by :meth:`H2DIssuer.states`.
 STATE_QUEUED = _native.STATE_QUEUED
@@ -144,7 +151,9 @@ class H2DIssuer:
         debug_log: record every submit/promote/cancel/start/end event
             (:meth:`debug_log`), for tests; costs memory per chunk.
         issue_lead_us: just-in-time issue (0: off; None: the backend's
-            default, :data:`DEFAULT_CUDA_ISSUE_LEAD_US` on CUDA, off on host).
+            default: :data:`DEFAULT_CUDA_ISSUE_LEAD_US` on CUDA; on host
+            :data:`DEFAULT_HOST_ISSUE_LEAD_FRACTION` of one chunk's time on
+            the emulated link, off without one).
             With a two-chunk window a whole chunk waits queued behind the
             running one, so an urgent copy arriving waits ~1.5 chunks. With a
             lead L, one more chunk is queued only when the in-flight ones are
@@ -189,7 +198,13 @@ class H2DIssuer:
         ):
             raise ValueError(f"emulated_link_gbps must be > 0, got {emulated_link_gbps}")
         if issue_lead_us is None:
-            issue_lead_us = DEFAULT_CUDA_ISSUE_LEAD_US if backend == "cuda" else 0.0
+            if backend == "cuda":
+                issue_lead_us = DEFAULT_CUDA_ISSUE_LEAD_US
+            elif emulated_link_gbps:
+                chunk_us = chunk_bytes / (emulated_link_gbps * 1e3)
+                issue_lead_us = DEFAULT_HOST_ISSUE_LEAD_FRACTION * chunk_us
+            else:
+                issue_lead_us = 0.0
         if not (math.isfinite(issue_lead_us) and issue_lead_us >= 0):
             raise ValueError(f"issue_lead_us must be >= 0, got {issue_lead_us}")
         self._native = _native.NativeIssuer(

@@ -110,7 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--issue-lead-us",
         type=float,
         default=None,
-        help="just-in-time issue lead in us (default: H2DIssuer's: 20 on CUDA, off on host)",
+        help="just-in-time issue lead in us (default: H2DIssuer's: 20 on CUDA, a tenth of a "
+        "chunk's emulated-link time on host)",
     )
     parser.add_argument(
         "--sweep",

@@ -489,7 +489,7 @@ def test_defaults_split_copies_equally_and_keep_two_chunks_in_flight() -> None:
     mib = 1 << 20
     with H2DIssuer(backend="host", debug_log=True) as iss:
         assert (iss.chunk_bytes, iss.window_bytes) == (8 * mib, 16 * mib)
-        assert iss.issue_lead_us == 0.0  # no just-in-time lead on the host backend
+        assert iss.issue_lead_us == 0.0  # no just-in-time lead without an emulated link
         src, dst = _buffers(iss, 4 * 9 * mib + 16 * mib)
         iss._native.test_hold_link(True)
         bg = iss.submit(_slots(src, 4, 9 * mib), _slots(dst, 4, 9 * mib), 9 * mib, [1, 2, 3, 4], 2)
@@ -732,3 +732,13 @@ def test_a_rejected_batch_undoes_its_promotions_and_new_keys(issuer: H2DIssuer) 
     assert not any(e.kind == LOG_PROMOTE for e in log)
     order = [t for t, chunk, _ in _replay(issuer).starts if chunk == 0]
     assert order.index(int(ra[1])) < order.index(int(bg[1]))
+
+
+def test_host_default_lead_is_a_tenth_of_a_chunk_on_the_emulated_link() -> None:
+    # 2 MiB at 0.5 GB/s = 4194.304 us per chunk -> 419.43 us
+    with H2DIssuer(
+        backend="host", chunk_bytes=2 << 20, window_bytes=4 << 20, emulated_link_gbps=0.5
+    ) as iss:
+        assert iss.issue_lead_us == pytest.approx(419.4304)
+    with H2DIssuer(backend="host", emulated_link_gbps=0.5, issue_lead_us=0.0) as iss:
+        assert iss.issue_lead_us == 0.0
