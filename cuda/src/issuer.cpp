@@ -89,9 +89,9 @@ inline std::int64_t make_ticket(std::int64_t seq, std::int32_t rec) {
 // must stay in the tens of microseconds.
 class KeyMap {
  public:
-  // NOTE: 65536 slots to start with (1 MB): the worker's erasures of the
+  // NOTE: 16384 slots to start with (256 KB): the worker's erasures of the
   // last block then touch few of the lines the next block's probes use.
-  KeyMap() { rehash(65536); }
+  KeyMap() { rehash(16384); }
   std::int32_t find(std::uint64_t key) const {
     std::size_t i = slot_of(key);
     while (slots_[i].key != kNoKey) {
