@@ -272,8 +272,8 @@ class Ring {
   void reserve(std::size_t n) {
     if (n > buf_.size()) grow(n);
   }
-  // k items at once: the tail index (shared with the popping worker's head
-  // index on one cache line) is written once per batch, not per item.
+  // k items at once: the tail index (read by the popping worker) is written
+  // once per batch, not per item.
   void append(const T* items, std::size_t k) {
     if (size() + k > buf_.size()) grow(size() + k);
     std::size_t t = tail_;
@@ -399,7 +399,7 @@ struct Issuer::Impl {
   // Room for `n` more live records with the array at most half full, so the
   // cursor finds a free one within a few steps. Call before new_rec().
   void reserve_recs(std::size_t n) {
-    // NOTE: at least 16384 records (~1.7 MB): the cursor then reuses a record
+    // NOTE: at least 16384 records (1 MB): the cursor then reuses a record
     // long after the worker last wrote it (no longer in that core's cache).
     std::size_t want = std::max<std::size_t>(16384, 2 * (live_recs + n));
     if (recs.size() < want) {
@@ -416,9 +416,7 @@ struct Issuer::Impl {
     // another core; fetching them a few copies ahead overlaps those misses.
     std::size_t a = rec_cursor + 6;  // no modulo: a division per copy costs more than the miss
     if (a >= recs.size()) a -= recs.size();
-    const char* ahead = reinterpret_cast<const char*>(&recs[a]);
-    __builtin_prefetch(ahead, 1);
-    __builtin_prefetch(ahead + 64, 1);
+    __builtin_prefetch(&recs[a], 1);
     return r;  // the caller adds to live_recs once per batch
   }
   // Only the sequence number is cleared (one write by the worker): a record
@@ -600,8 +598,9 @@ struct Issuer::Impl {
   // State of a validated ticket (state_of() checked it once).
   std::uint8_t state_now(std::int64_t ticket) const {
     std::int64_t seq = ticket >> kRecBits;
-    const CopyRec& c = recs[std::size_t(ticket & kRecMask)];
-    if (c.seq == seq) return c.live_state();
+    std::size_t r = std::size_t(ticket & kRecMask);
+    // (a ticket naming a finished copy may carry any record index)
+    if (r < recs.size() && recs[r].seq == seq) return recs[r].live_state();
     return final_states[std::size_t(seq) & (final_states.size() - 1)];
   }
 

@@ -742,3 +742,14 @@ def test_host_default_lead_is_a_tenth_of_a_chunk_on_the_emulated_link() -> None:
         assert iss.issue_lead_us == pytest.approx(419.4304)
     with H2DIssuer(backend="host", emulated_link_gbps=0.5, issue_lead_us=0.0) as iss:
         assert iss.issue_lead_us == 0.0
+
+
+def test_a_ticket_with_a_foreign_record_index_is_answered_safely(issuer: H2DIssuer) -> None:
+    # A ticket is (seq << 24 | record); once its copy finished only the seq
+    # matters, and no record index may be read out of range.
+    src, dst = _buffers(issuer, CHUNK)
+    t = issuer.submit(_slots(src, 1, CHUNK), _slots(dst, 1, CHUNK), CHUNK, [-1], Band.BACKGROUND)
+    issuer.wait(t, timeout_s=30)
+    forged = np.array([(int(t[0]) >> 24 << 24) | ((1 << 24) - 1)], dtype=np.int64)
+    assert issuer.states(forged)[0] == STATE_DONE
+    issuer.wait(forged, timeout_s=1)
