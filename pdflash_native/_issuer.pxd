@@ -3,6 +3,7 @@ from pdflash_native._issuer_cpp cimport Issuer
 
 cdef class NativeIssuer:
     cdef Issuer* _issuer
+    cdef Issuer* _live(self) except NULL
     cdef readonly bint use_cuda
     cdef readonly int device
     cdef dict _registered

@@ -241,13 +241,20 @@ cdef class NativeIssuer:
                 c_unregister_host(self.use_cuda, self.device, <void*>ptr)
             self._registered = {}
 
+    cdef Issuer* _live(self) except NULL:
+        # NOTE: an object made with NativeIssuer.__new__ alone has no issuer;
+        # every method checks here instead of dereferencing NULL.
+        if self._issuer == NULL:
+            raise RuntimeError("NativeIssuer is not initialised (its __init__ did not run)")
+        return self._issuer
+
     @property
     def backend(self):
-        return self._issuer.backend_name().decode()
+        return self._live().backend_name().decode()
 
     @property
     def closed(self):
-        return bool(self._issuer.closed())
+        return bool(self._live().closed())
 
     def submit(
         self,
@@ -287,6 +294,7 @@ cdef class NativeIssuer:
                 raise ValueError(f"band {band} out of range [0, 3)")
             return out
         cdef int64_t[::1] tickets = out
+        self._live()  # raises unless __init__ ran
         with nogil:
             self._issuer.submit(&src[0], &dst[0], nbytes_ptr, nbytes_stride,
                                 <const uint64_t*>&keys[0], <size_t>n, band, &tickets[0])
@@ -299,6 +307,7 @@ cdef class NativeIssuer:
         if n == 0:
             return out
         cdef uint8_t[::1] o = out
+        self._live()  # raises unless __init__ ran
         with nogil:
             self._issuer.states(&tickets[0], <size_t>n, &o[0])
         return out
@@ -310,6 +319,7 @@ cdef class NativeIssuer:
         cdef WaitResult r
         if n == 0:
             return
+        self._live()  # raises unless __init__ ran
         with nogil:
             r = self._issuer.wait(&tickets[0], <size_t>n, timeout_s)
         _raise_for(r)
@@ -321,6 +331,7 @@ cdef class NativeIssuer:
         cdef WaitResult r
         if n == 0:
             return
+        self._live()  # raises unless __init__ ran
         with nogil:
             r = self._issuer.stream_wait(&tickets[0], <size_t>n, stream, timeout_s)
         _raise_for(r)
@@ -328,6 +339,7 @@ cdef class NativeIssuer:
     def cancel(self, int band=-1):
         """Cancel not-yet-started copies of a band (or all when band < 0)."""
         cdef int64_t n
+        self._live()  # raises unless __init__ ran
         with nogil:
             n = self._issuer.cancel(band)
         return n
@@ -335,6 +347,7 @@ cdef class NativeIssuer:
     def stats(self):
         """Raw counters; quantiles are NaN when a band has no samples."""
         cdef IssuerStats s
+        self._live()  # raises unless __init__ ran
         with nogil:
             s = self._issuer.stats()
         bands = {}
@@ -371,6 +384,7 @@ cdef class NativeIssuer:
     def debug_log(self):
         """Every recorded event (needs debug_log=True) as a LOG_DTYPE array."""
         cdef vector[LogEvent] events
+        self._live()  # raises unless __init__ ran
         with nogil:
             events = self._issuer.debug_log()
         if events.size() == 0:
@@ -381,13 +395,14 @@ cdef class NativeIssuer:
 
     def note_pinned_region(self, uintptr_t ptr, size_t nbytes):
         """Tell the pageable-source check that [ptr, ptr+nbytes) is pinned."""
-        self._issuer.note_pinned_region(ptr, nbytes)
+        self._live().note_pinned_region(ptr, nbytes)
 
     def release_region(self, uintptr_t ptr, size_t nbytes):
         """Before [ptr, ptr+nbytes) is freed or unregistered: cancel the copies
         from it not yet started, wait (GIL released) for the started ones,
         forget the region. Returns how many copies were cancelled."""
         cdef int64_t n
+        self._live()  # raises unless __init__ ran
         with nogil:
             n = self._issuer.release_region(ptr, nbytes)
         return n
@@ -402,7 +417,7 @@ cdef class NativeIssuer:
         with nogil:
             c_register_host(self.use_cuda, self.device, <void*>ptr, nbytes)
         self._registered[ptr] = nbytes
-        self._issuer.note_pinned_region(ptr, nbytes)
+        self._live().note_pinned_region(ptr, nbytes)
 
     def unregister_host(self, uintptr_t ptr):
         """Undo register_host() once no copy reads the region any more (see
@@ -411,6 +426,7 @@ cdef class NativeIssuer:
         if ptr not in self._registered:
             raise ValueError(f"unregister_host: 0x{ptr:x} was not registered here")
         nbytes = self._registered.pop(ptr)
+        self._live()  # raises unless __init__ ran
         with nogil:
             self._issuer.release_region(ptr, nbytes)
             c_unregister_host(self.use_cuda, self.device, <void*>ptr)
@@ -418,16 +434,17 @@ cdef class NativeIssuer:
     def test_hold_link(self, bint hold):
         """Host-backend test hook: hold the emulated link (queued chunks do
         not start) or release it. Returns False on the CUDA backend."""
-        return bool(self._issuer.test_hold_link(hold))
+        return bool(self._live().test_hold_link(hold))
 
     def test_inject_failures(self, int count, str text):
         """Host-backend test hook: the next `count` chunks fail with `text`."""
         cdef string t = text.encode()
-        return bool(self._issuer.test_inject_failures(count, t))
+        return bool(self._live().test_inject_failures(count, t))
 
     def close(self):
         """Cancel queued copies, drain in-flight chunks, stop the worker and
         free the stream/events/threads and registrations. Idempotent."""
+        self._live()  # raises unless __init__ ran
         with nogil:
             self._issuer.shutdown()
         for ptr in list(self._registered):

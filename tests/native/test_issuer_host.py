@@ -753,3 +753,17 @@ def test_a_ticket_with_a_foreign_record_index_is_answered_safely(issuer: H2DIssu
     forged = np.array([(int(t[0]) >> 24 << 24) | ((1 << 24) - 1)], dtype=np.int64)
     assert issuer.states(forged)[0] == STATE_DONE
     issuer.wait(forged, timeout_s=1)
+
+
+def test_an_uninitialised_native_issuer_raises_instead_of_crashing() -> None:
+    from pdflash_native._issuer import NativeIssuer
+
+    bare = NativeIssuer.__new__(NativeIssuer)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        bare.stats()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        bare.cancel()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        _ = bare.closed
+    with pytest.raises(RuntimeError, match="not initialised"):
+        bare.submit(np.array([1]), np.array([1]), 8, np.array([-1]), 2)
