@@ -142,17 +142,23 @@ class KeyMap {
   }
   // One probe: the slot of `key`, inserting it with `val` when absent
   // (*found = kMissing) -- call reserve() first; else *found = its value.
-  std::size_t find_or_insert(std::uint64_t key, std::int32_t val, std::int32_t* found) {
-    std::size_t i = probe_or_insert(key, val, found);
-    if (*found == kMissing) ++count_;
-    return i;
-  }
-  // find_or_insert() without counting the insertion; add_count() later.
+  // The insertion is not counted: the caller adds its insertions with
+  // add_count() once per batch.
   // NOTE: the count is also written by the worker's erases, so a submit
   // that counted each insertion would pull its cache line across cores
   // once per copy.
   std::size_t find_or_insert_uncounted(std::uint64_t key, std::int32_t val, std::int32_t* found) {
-    return probe_or_insert(key, val, found);
+    std::size_t i = slot_of(key);
+    while (slots_[i].key != kNoKey) {
+      if (slots_[i].key == key) {
+        *found = slots_[i].val;
+        return i;
+      }
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = Slot{key, val};
+    *found = kMissing;
+    return i;
   }
   void add_count(std::size_t k) { count_ += k; }
   void set_at(std::size_t slot, std::int32_t val) { slots_[slot].val = val; }
@@ -167,19 +173,6 @@ class KeyMap {
     std::uint64_t key;
     std::int32_t val;
   };
-  std::size_t probe_or_insert(std::uint64_t key, std::int32_t val, std::int32_t* found) {
-    std::size_t i = slot_of(key);
-    while (slots_[i].key != kNoKey) {
-      if (slots_[i].key == key) {
-        *found = slots_[i].val;
-        return i;
-      }
-      i = (i + 1) & mask_;
-    }
-    slots_[i] = Slot{key, val};
-    *found = kMissing;
-    return i;
-  }
   std::size_t slot_of(std::uint64_t key) const {
     std::uint64_t h = key * 0x9E3779B97F4A7C15ull;  // Fibonacci hashing
     return std::size_t(h >> 17) & mask_;
@@ -577,6 +570,9 @@ struct Issuer::Impl {
   std::uint8_t& final_state(std::int64_t seq) {
     return final_states[std::size_t(seq) & (final_states.size() - 1)];
   }
+  std::uint8_t final_state_of(std::int64_t seq) const {
+    return final_states[std::size_t(seq) & (final_states.size() - 1)];
+  }
   // Room in the ring for seqs below next_seq + n (before the ring wraps).
   void reserve_states(std::size_t n) {
     std::size_t need = std::size_t(next_seq) + n;
@@ -595,13 +591,19 @@ struct Issuer::Impl {
     }
     errors[seq] = std::move(text);
   }
+  // What wait() reports for a failed or cancelled copy.
+  std::string terminal_message(std::int64_t seq, std::uint8_t st) const {
+    auto it = errors.find(seq);
+    if (it != errors.end()) return it->second;
+    return st == kFailed ? "copy failed" : "copy was cancelled before it started";
+  }
   // State of a validated ticket (state_of() checked it once).
   std::uint8_t state_now(std::int64_t ticket) const {
     std::int64_t seq = ticket >> kRecBits;
     std::size_t r = std::size_t(ticket & kRecMask);
     // (a ticket naming a finished copy may carry any record index)
     if (r < recs.size() && recs[r].seq == seq) return recs[r].live_state();
-    return final_states[std::size_t(seq) & (final_states.size() - 1)];
+    return final_state_of(seq);
   }
 
   void maybe_finish(std::int32_t r) {
@@ -619,9 +621,26 @@ struct Issuer::Impl {
       bc.bytes += c.bytes;
     }
     record(kLogFinish, c.band, ticket, c.chunks_issued, std::int64_t(c.bytes), !c.failed());
-    if (c.key != kNoKey && live_keys.find(c.key) == r) live_keys.erase(c.key);
+    release_key(r);
     free_rec(r);
     finished_any = true;
+  }
+  // The copy's key maps to a newer copy once a failed one was resubmitted.
+  void release_key(std::int32_t r) {
+    const CopyRec& c = recs[std::size_t(r)];
+    if (c.key != kNoKey && live_keys.find(c.key) == r) live_keys.erase(c.key);
+  }
+  // Cancels a live copy none of whose chunks started and frees its record;
+  // its queue entry goes stale (pick() and cancel() drop it).
+  void cancel_unstarted(std::int32_t r) {
+    const CopyRec& c = recs[std::size_t(r)];
+    set_final(c.seq, kCancelled);
+    counters[c.band].cancellations += 1;
+    queued_copies -= 1;
+    queued_bytes -= c.bytes;
+    record(kLogCancel, c.band, make_ticket(c.seq, r), 0, std::int64_t(c.bytes), true);
+    release_key(r);
+    free_rec(r);
   }
   // NOTE: set by maybe_finish; callers notify waiters once per batch of
   // finished copies (a notify per copy woke each waiter hundreds of times
@@ -771,7 +790,7 @@ struct Issuer::Impl {
       throw std::invalid_argument("expired ticket " + std::to_string(ticket) +
                                   " (its copy finished more than " + std::to_string(kStateRing) +
                                   " copies ago)");
-    std::uint8_t s = final_states[std::size_t(seq) & (final_states.size() - 1)];
+    std::uint8_t s = final_state_of(seq);
     // live but not in the record the ticket names: not a ticket we issued
     if (s == kLiveMark) throw std::invalid_argument("unknown ticket " + std::to_string(ticket));
     return s;
@@ -1020,10 +1039,7 @@ WaitResult Issuer::wait(const std::int64_t* tickets, std::size_t n, double timeo
         std::int64_t seq = t >> kRecBits;
         result.code = st == kFailed ? kWaitFailed : kWaitCancelled;
         result.ticket = t;
-        auto it = s.errors.find(seq);
-        result.message = it != s.errors.end()  ? it->second
-                         : st == kFailed        ? "copy failed"
-                                                : "copy was cancelled before it started";
+        result.message = s.terminal_message(seq, st);
       }
       ++i;
       continue;
@@ -1080,18 +1096,14 @@ WaitResult Issuer::stream_wait(const std::int64_t* tickets, std::size_t n, std::
     if (st == kFailed || st == kCancelled) {
       result.code = st == kFailed ? kWaitFailed : kWaitCancelled;
       result.ticket = t;
-      auto it = s.errors.find(seq);
-      result.message = it != s.errors.end()  ? it->second
-                       : st == kFailed        ? "copy failed"
-                                              : "copy was cancelled before it started";
+      result.message = s.terminal_message(seq, st);
       break;
     }
     const CopyRec& c = s.recs[std::size_t(t & kRecMask)];
     if (c.failed()) {  // an earlier chunk failed while later ones are in flight
       result.code = kWaitFailed;
       result.ticket = t;
-      auto it = s.errors.find(seq);
-      result.message = it != s.errors.end() ? it->second : "copy failed";
+      result.message = s.terminal_message(seq, kFailed);
       break;
     }
     if (c.next_off == c.bytes && c.chunks_inflight > 0 && c.chunks_unenqueued == 0) {
@@ -1145,15 +1157,8 @@ std::int64_t Issuer::cancel(int band) {
     s.queues[b].retain_if([&](const std::pair<std::int32_t, std::int64_t>& e) {
       auto [r, seq] = e;
       if (!s.queued_in(r, seq, b)) return false;  // stale entry: drop it
-      CopyRec& c = s.recs[std::size_t(r)];
-      if (c.chunks_issued > 0) return true;  // started: runs to completion
-      s.set_final(seq, kCancelled);
-      s.counters[b].cancellations += 1;
-      s.queued_copies -= 1;
-      s.queued_bytes -= c.bytes;
-      s.record(kLogCancel, b, make_ticket(seq, r), 0, std::int64_t(c.bytes), true);
-      if (c.key != kNoKey && s.live_keys.find(c.key) == r) s.live_keys.erase(c.key);
-      s.free_rec(r);
+      if (s.recs[std::size_t(r)].chunks_issued > 0) return true;  // started: runs to completion
+      s.cancel_unstarted(r);
       ++cancelled;
       return false;
     });
@@ -1224,15 +1229,8 @@ std::int64_t Issuer::release_region(std::uintptr_t begin, std::size_t n) {
   for (std::size_t r = 0; r < s.recs.size(); ++r) {
     CopyRec& c = s.recs[r];
     if (c.seq == 0 || !inside(c.src) || c.chunks_issued > 0) continue;
-    s.set_final(c.seq, kCancelled);
     s.set_error(c.seq, "copy was cancelled: its source region was released");
-    s.counters[c.band].cancellations += 1;
-    s.queued_copies -= 1;
-    s.queued_bytes -= c.bytes;
-    s.record(kLogCancel, c.band, make_ticket(c.seq, std::int32_t(r)), 0, std::int64_t(c.bytes),
-             true);
-    if (c.key != kNoKey && s.live_keys.find(c.key) == std::int32_t(r)) s.live_keys.erase(c.key);
-    s.free_rec(std::int32_t(r));  // its queue entry goes stale and is dropped by pick()
+    s.cancel_unstarted(std::int32_t(r));
     ++cancelled;
   }
   if (cancelled) s.state_cv.notify_all();
