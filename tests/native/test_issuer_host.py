@@ -333,9 +333,7 @@ def test_pinned_array_views_and_torch_wraps_it(issuer: H2DIssuer) -> None:
     assert float(tensor.sum()) == 1.5 * 4000
 
 
-def _wait_for(cond, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    import time
-
+def _wait_for(cond: Callable[[], object], timeout_s: float = 10.0) -> None:
     end = time.monotonic() + timeout_s
     while not cond():
         if time.monotonic() > end:
@@ -587,13 +585,6 @@ def test_submits_meeting_a_busy_or_idle_worker_are_never_lost(window_chunks: int
         assert iss.poll(previous if previous is not None else tickets).all()
 
 
-def _until(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.001)
-
-
 def test_one_nbytes_value_applies_to_every_copy(issuer: H2DIssuer) -> None:
     size = 3 * CHUNK
     src, dst = _buffers(issuer, 4 * size)
@@ -620,7 +611,7 @@ def test_freeing_a_pinned_source_cancels_queued_copies_and_waits_for_started_one
         slots = src.ptr + np.arange(4, dtype=np.int64) * 2 * CHUNK
         iss._native.test_hold_link(True)
         t = iss.submit(slots, _slots(dst, 4, 2 * CHUNK), 2 * CHUNK, [-1] * 4, Band.BACKGROUND)
-        _until(lambda: iss.states(t)[0] == STATE_RUNNING)
+        _wait_for(lambda: iss.states(t)[0] == STATE_RUNNING)
         started = iss.states(t) == STATE_RUNNING
         assert started[0] and not started[-1]  # the window holds the first copy's chunks
         releaser = threading.Thread(target=src.free)
@@ -646,10 +637,10 @@ def test_unregister_host_cancels_queued_copies_from_the_region() -> None:
         iss.register_host(region.ctypes.data, region.nbytes)
         iss._native.test_hold_link(True)
         t = iss.submit(_slots(region, 4, CHUNK), _slots(dst, 4, CHUNK), CHUNK, [-1] * 4, 2)
-        _until(lambda: iss.states(t)[0] == STATE_RUNNING)
+        _wait_for(lambda: iss.states(t)[0] == STATE_RUNNING)
         releaser = threading.Thread(target=iss.unregister_host, args=(region.ctypes.data,))
         releaser.start()
-        _until(lambda: (iss.states(t)[1:] == STATE_CANCELLED).all())
+        _wait_for(lambda: (iss.states(t)[1:] == STATE_CANCELLED).all())
         assert releaser.is_alive()  # waits for the started copy
         iss._native.test_hold_link(False)
         releaser.join(timeout=30)
@@ -665,7 +656,7 @@ def test_shutdown_names_copies_cut_off_after_they_started() -> None:
     src, dst = _buffers(iss, 8 * CHUNK)
     iss._native.test_hold_link(True)
     t = iss.submit(_slots(src, 1, 8 * CHUNK), _slots(dst, 1, 8 * CHUNK), 8 * CHUNK, [5], 2)
-    _until(lambda: iss.states(t)[0] == STATE_RUNNING)
+    _wait_for(lambda: iss.states(t)[0] == STATE_RUNNING)
     iss.close()
     with pytest.raises(CopyCancelledError, match=r"shut down after \d+ of 524288 bytes"):
         iss.wait(t)
@@ -709,7 +700,7 @@ def test_a_rejected_batch_undoes_its_promotions_and_new_keys(issuer: H2DIssuer) 
     s, d = _slots(src, 6, size), _slots(dst, 6, size)
     issuer._native.test_hold_link(True)
     bg = issuer.submit(s[:3], d[:3], size, [1, 7, 2], Band.BACKGROUND)
-    _until(lambda: issuer.states(bg)[0] == STATE_RUNNING)  # the window is full now
+    _wait_for(lambda: issuer.states(bg)[0] == STATE_RUNNING)  # the window is full now
     before = issuer.stats()["bands"]
     # key 7 would be promoted and key 8 created before copy 2 (key 8 with
     # another destination) rejects the batch
