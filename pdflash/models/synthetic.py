@@ -39,6 +39,21 @@ import torch
 
 from pdflash.models.store import INDEX_FILE
 
+
+def _gpt_oss_yarn(factor: float, original_max: int) -> dict[str, Any]:
+    """gpt-oss's YaRN rope settings, scaled by ``factor`` from
+    ``original_max`` positions."""
+    return {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": factor,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": original_max,
+    }
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "qwen3_moe": {
         "tiny": dict(
@@ -100,15 +115,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             num_experts_per_tok=2,
             sliding_window=4,
             max_position_embeddings=256,
-            rope_parameters={
-                "rope_type": "yarn",
-                "rope_theta": 150000.0,
-                "factor": 4.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "original_max_position_embeddings": 64,
-            },
+            rope_parameters=_gpt_oss_yarn(factor=4.0, original_max=64),
         ),
         "small": dict(
             vocab_size=512,
@@ -122,15 +129,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             num_experts_per_tok=4,
             sliding_window=128,
             max_position_embeddings=1024,
-            rope_parameters={
-                "rope_type": "yarn",
-                "rope_theta": 150000.0,
-                "factor": 4.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "original_max_position_embeddings": 256,
-            },
+            rope_parameters=_gpt_oss_yarn(factor=4.0, original_max=256),
         ),
         "gpt-oss-20b": dict(
             vocab_size=201088,
@@ -146,15 +145,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             rms_norm_eps=1e-5,
             max_position_embeddings=131072,
             swiglu_limit=7.0,
-            rope_parameters={
-                "rope_type": "yarn",
-                "rope_theta": 150000.0,
-                "factor": 32.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "original_max_position_embeddings": 4096,
-            },
+            rope_parameters=_gpt_oss_yarn(factor=32.0, original_max=4096),
         ),
     },
     "mixtral": {
