@@ -291,14 +291,14 @@ class Engine:
             else None
         )
         if self._lookahead is not None:
-            self.runner.observers.append(self._lookahead)
+            self.runner.observers.append(_BestEffort(self, self._lookahead))
         before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
         if before_layer is not None:
             self.runner.before_moe_hooks.append(before_layer)
         if self.stream is not None:
             # after the policy's before_layer, so its victims are ranked from this layer
-            self.runner.routed_hooks.append(self.stream.on_routed)
-            self.runner.observers.append(self.stream)
+            self.runner.routed_hooks.append(_BestEffort(self, self.stream).on_routed)
+            self.runner.observers.append(_BestEffort(self, self.stream))
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
@@ -1128,6 +1128,28 @@ class Engine:
             return True
         stats = issuer.stats()
         return int(stats.get("queued_copies", 0)) == 0 and int(stats.get("inflight_chunks", 0)) == 0
+
+
+class _BestEffort:
+    """Runs a prefetcher's forward hooks so that their failure only counts in
+    ``engine.prefetch_failures``: a prefetch is an optimisation, and a
+    forward copies on demand whatever it did not bring."""
+
+    def __init__(self, engine: Engine, inner: Any) -> None:
+        self.engine = engine
+        self.inner = inner
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        try:
+            self.inner.after_layer(layer, hidden, topk_ids)
+        except Exception:
+            self.engine.prefetch_failures += 1
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        try:
+            self.inner.on_routed(layer, topk_ids, hidden)
+        except Exception:
+            self.engine.prefetch_failures += 1
 
 
 class _Lookahead:
