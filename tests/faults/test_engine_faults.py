@@ -443,3 +443,160 @@ def test_error_field_and_slo(adapter: Any, drafter: Any, cases: list[Any]) -> No
     assert req.metrics.met_slo is None  # an error is not a met (or missed) SLO
     assert req.output == cases[0][1][:1]  # the token the callback refused is the last one
     torch.testing.assert_close(torch.tensor(eng.kv.used_pages), torch.tensor(0))
+
+
+# --------------------------------------------------- interrupts (BaseException)
+
+
+class Interrupt(BaseException):
+    """Like KeyboardInterrupt: not an Exception, so it propagates out of step()."""
+
+
+@pytest.mark.timeout(120)
+def test_interrupt_mid_commit_rolls_back_uncommitted_requests(
+    adapter: Any, drafter: Any, cases: list[Any], ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt while committing request i of a batch: requests i.. keep
+    their KV as at the step's start and are verified again later, so every
+    output still equals greedy."""
+    eng = make_engine(adapter, drafter)
+    ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases[:3]]
+    refs = {rid: ref for rid, (_, ref) in zip(ids, cases, strict=False)}
+    base = engine_mod.greedy_accept
+    calls = [0]
+
+    def accept(drafts: Any, argmax: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 5:  # the second request of the second verify batch
+            raise Interrupt()
+        return base(drafts, argmax)
+
+    monkeypatch.setattr(engine_mod, "greedy_accept", accept)
+    interrupted = False
+    for _ in range(300):
+        if not eng.has_work:
+            break
+        try:
+            eng.step()
+        except Interrupt:
+            interrupted = True
+    ok = interrupted and all(eng.request(r).output == refs[r] for r in ids)
+    ok = ok and all(eng.request(r).metrics.finish_reason == "length" for r in ids)
+    outcome = "recovered" if ok and not leaks(eng) else "wrong_output"
+    ledger.record("engine_stage", "interrupt_mid_commit", outcome)
+    assert outcome == "recovered", [eng.request(r).output for r in ids]
+
+
+@pytest.mark.timeout(60)
+def test_interrupt_in_prefill_requeues(
+    adapter: Any, drafter: Any, cases: list[Any], ledger: Ledger
+) -> None:
+    eng = make_engine(adapter, drafter)
+    rid = eng.add_request(cases[0][0], max_new_tokens=MAX_NEW)
+    base = eng.runner.forward
+    fired = [False]
+
+    def forward(chunks: Any) -> Any:
+        if not fired[0]:
+            fired[0] = True
+            raise Interrupt()
+        return base(chunks)
+
+    eng.runner.forward = forward  # type: ignore[method-assign]
+    with pytest.raises(Interrupt):
+        eng.step()
+    ok = eng.request(rid).state == RequestState.WAITING and eng.kv.used_pages == 0
+    kind, _ = run_with_timeout(lambda: eng.run_until_done(max_steps=50))
+    ok = ok and kind == "ok" and eng.request(rid).output == cases[0][1] and not leaks(eng)
+    ledger.record("engine_stage", "interrupt_in_prefill", "recovered" if ok else "hung")
+    assert ok
+
+
+# ------------------------------------------------------------ abort table
+
+ABORT_CASES: list[tuple[str, Any]] = [
+    ("unknown_id", 10_000),
+    ("negative_id", -1),
+    ("str_id", "0"),
+    ("float_id", 0.0),
+    ("none_id", None),
+    ("bool_id", True),
+    ("list_id", [0]),
+]
+
+
+@pytest.mark.parametrize(("case", "bad_id"), ABORT_CASES, ids=[c[0] for c in ABORT_CASES])
+def test_abort_of_an_unknown_or_bad_id_is_harmless(
+    case: str, bad_id: Any, adapter: Any, drafter: Any, cases: list[Any], ledger: Ledger
+) -> None:
+    eng = make_engine(adapter, drafter)
+    rid = eng.add_request(cases[0][0], max_new_tokens=3)
+    kind, value = run_with_timeout(lambda: eng.abort(bad_id))
+    ok = kind == "ok" and value is False and eng.request(rid).state == RequestState.WAITING
+    eng.run_until_done(max_steps=50)
+    ok = ok and eng.request(rid).output == cases[0][1][:3]
+    ledger.record("abort", case, "clear_error" if ok else "crashed", f"{kind} {value!r}")
+    assert ok, (kind, value)
+
+
+@pytest.mark.parametrize("when", ["waiting", "running", "finished", "twice"])
+def test_abort_lifecycle(
+    when: str, adapter: Any, drafter: Any, cases: list[Any], ledger: Ledger
+) -> None:
+    eng = make_engine(adapter, drafter)
+    rid = eng.add_request(cases[0][0], max_new_tokens=MAX_NEW)
+    other = eng.add_request(cases[1][0], max_new_tokens=MAX_NEW)
+    if when in ("running", "twice"):
+        eng.step()
+        eng.step()
+    if when == "finished":
+        eng.run_until_done(max_steps=50)
+    first = eng.abort(rid)
+    second = eng.abort(rid) if when == "twice" else None
+    eng.run_until_done(max_steps=100)
+    ok = first is (when != "finished") and second in (None, False)
+    ok = ok and eng.request(other).output == cases[1][1] and not leaks(eng)
+    want = RequestState.FINISHED if when == "finished" else RequestState.ABORTED
+    ok = ok and eng.request(rid).state == want
+    ledger.record("abort", f"abort_{when}", "recovered" if ok else "leaked")
+    assert ok
+
+
+@pytest.mark.timeout(60)
+def test_add_request_from_another_thread_during_a_step_is_refused(
+    adapter: Any, drafter: Any, cases: list[Any], ledger: Ledger
+) -> None:
+    eng = make_engine(adapter, drafter)
+    eng.add_request(cases[0][0], max_new_tokens=MAX_NEW)
+    inside, release = threading.Event(), threading.Event()
+    stepper: list[int] = []
+
+    def hold(layer: int) -> None:
+        if threading.get_ident() == stepper[0] and not release.is_set():
+            inside.set()
+            release.wait(20)
+
+    eng.runner.before_moe_hooks.append(hold)
+
+    def run() -> None:
+        stepper.append(threading.get_ident())
+        eng.step()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert inside.wait(20)
+    outcomes = []
+    for call in (
+        lambda: eng.add_request(cases[1][0], max_new_tokens=2),
+        lambda: eng.abort(0),
+        lambda: eng.pop_finished(),
+    ):
+        _, value = run_with_timeout(call, timeout_s=5)
+        outcomes.append(isinstance(value, RuntimeError) and "single-threaded" in str(value))
+    release.set()
+    t.join(20)
+    eng.runner.before_moe_hooks.remove(hold)
+    eng.run_until_done(max_steps=100)
+    ok = all(outcomes) and len(eng.finished) == 1 and not leaks(eng)
+    ledger.record("threads", "add_abort_from_other_thread", "clear_error" if ok else "crashed")
+    assert ok, outcomes
