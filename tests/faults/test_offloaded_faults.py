@@ -270,3 +270,35 @@ def test_two_threads_in_one_expert_cache(stack: Any, ledger: Ledger) -> None:
         "threads", "two_threads_expert_cache", "clear_error" if ok else "leaked", str(errors)
     )
     assert ok, (errors, pins_before, pins_during)
+
+
+def test_benchmark_run_refuses_failed_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ledger: Ledger
+) -> None:
+    """The engine keeps serving when requests fail; a benchmark must not turn
+    such a run into a row."""
+    from pdflash.engine import engine as engine_mod
+    from pdflash.engine.bench_run import RunSpec, run_spec
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    base = engine_mod.Engine._verify
+    calls = [0]
+
+    def verify(self: Any, *a: Any, **k: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:  # after the warm-up, in the measured run
+            raise CopyFailed("verify broke")
+        return base(self, *a, **k)
+
+    monkeypatch.setattr(engine_mod.Engine, "_verify", verify)
+    spec = RunSpec(
+        arch="tiny", baseline="B1", concurrency=2, block_size=4, max_new_tokens=6, prompt_len=4
+    )
+    outcome, detail = "accepted_silently", ""
+    try:
+        run_spec(spec)
+    except RuntimeError as exc:
+        ok = "benchmark request(s) failed" in str(exc) and "verify broke" in str(exc)
+        outcome, detail = ("clear_error" if ok else "crashed"), str(exc)[:160]
+    ledger.record("offloaded", "bench_run_with_failed_requests", outcome, detail)
+    assert outcome == "clear_error", detail
