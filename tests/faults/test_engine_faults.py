@@ -600,3 +600,37 @@ def test_add_request_from_another_thread_during_a_step_is_refused(
     ok = all(outcomes) and len(eng.finished) == 1 and not leaks(eng)
     ledger.record("threads", "add_abort_from_other_thread", "clear_error" if ok else "crashed")
     assert ok, outcomes
+
+
+@pytest.mark.timeout(120)
+def test_sampled_requests_are_isolated_from_a_failing_neighbour(
+    adapter: Any, drafter: Any, cases: list[Any], ledger: Ledger
+) -> None:
+    """Sampling (lossless rejection): with per-request seeds, the requests
+    next to one whose callback raises sample exactly what they sample in a
+    run without the fault."""
+    from pdflash.engine.sampling import SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_k=20)
+
+    def run(fail: bool) -> dict[int, list[int]]:
+        eng = make_engine(adapter, drafter)
+
+        def on_token(rid: int, tok: int) -> None:
+            if fail and rid == 1 and len(eng.request(rid).output) == 2:
+                raise Injected("sampled client went away")
+
+        ids = [
+            eng.add_request(p, params, max_new_tokens=MAX_NEW, seed=100 + i, on_token=on_token)
+            for i, (p, _) in enumerate(cases[:3])
+        ]
+        eng.run_until_done(max_steps=200)
+        assert not leaks(eng)
+        if fail:
+            assert eng.request(1).metrics.finish_reason == "error"
+        return {rid: eng.request(rid).output for rid in ids}
+
+    clean, faulty = run(False), run(True)
+    ok = faulty[0] == clean[0] and faulty[2] == clean[2] and faulty[1] == clean[1][:2]
+    ledger.record("callback", "sampled_neighbour_isolated", "recovered" if ok else "wrong_output")
+    assert ok, (clean, faulty)
