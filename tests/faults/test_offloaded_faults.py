@@ -302,3 +302,51 @@ def test_benchmark_run_refuses_failed_requests(
         outcome, detail = ("clear_error" if ok else "crashed"), str(exc)[:160]
     ledger.record("offloaded", "bench_run_with_failed_requests", outcome, detail)
     assert outcome == "clear_error", detail
+
+
+def test_two_threads_stepping_an_offloaded_engine(stack: Any, ledger: Ledger) -> None:
+    """The issue's case: two threads in step() of an offloaded engine. One
+    gets ConcurrentUseError at once; pins, tickets and KV end at zero and the
+    outputs equal greedy."""
+    eng, cache, issuer, cases = stack
+    ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases[:2]]
+    refs = {rid: ref for rid, (_, ref) in zip(ids, cases, strict=False)}
+    eng.step()  # prefill; the next step's forward pins experts
+    inside, release = threading.Event(), threading.Event()
+    first: list[int] = []
+
+    def hold(layer: int) -> None:
+        if not first:
+            first.append(threading.get_ident())
+        if threading.get_ident() == first[0] and not release.is_set() and layer == 1:
+            inside.set()
+            release.wait(20)
+
+    eng.runner.before_moe_hooks.append(hold)
+    errors: list[BaseException] = []
+
+    def stepper() -> None:
+        try:
+            eng.step()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t1 = threading.Thread(target=stepper, daemon=True)
+    t1.start()
+    assert inside.wait(20)
+    t2 = threading.Thread(target=stepper, daemon=True)
+    t2.start()
+    t2.join(20)
+    refused = list(errors)
+    release.set()
+    t1.join(20)
+    eng.runner.before_moe_hooks.remove(hold)
+    outcome, detail = _run_and_classify(eng, cache, issuer, ids, refs, "")
+    ok = len(refused) == 1 and "single-threaded" in str(refused[0]) and len(errors) == 1
+    ledger.record(
+        "threads",
+        "two_threads_offloaded_step",
+        "clear_error" if ok and outcome == "recovered" else outcome,
+        detail,
+    )
+    assert ok and outcome == "recovered", (refused, errors, outcome, detail)
