@@ -22,6 +22,12 @@ before a slot is overwritten by a new copy, waits for that event on the host
 slot). The :class:`CopyIssuer` protocol has no device-side "copy after event"
 dependency, so this host wait is what keeps a copy from overwriting weights a
 queued kernel still reads.
+
+Threads: single-threaded. Every method that reads or changes slot state runs
+under a :class:`~pdflash._guard.BusyGuard`: a second thread calling in while
+one is inside gets :class:`~pdflash._guard.ConcurrentUseError` at once (two
+threads acquiring at once used to leak pins). The thread inside may nest
+calls (``ensure_resident`` -> ``acquire``).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash._guard import BusyGuard, exclusive
 from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
 from pdflash.h2d import STATE_DONE
 from pdflash.metrics import Metric, ratio
@@ -153,10 +160,12 @@ class ExpertCache:
         self._events: list[Any] = [None] * slots
         self._next_key = 0
         self.clock = 0
+        self._guard = BusyGuard("ExpertCache")
         self.reset_stats()
 
     # -- counters --------------------------------------------------------------
 
+    @exclusive
     def reset_stats(self) -> None:
         # NOTE: experts already resident were copied before this reset, so their
         # bytes are not in bytes_in; they must not enter bytes_used or
@@ -220,6 +229,7 @@ class ExpertCache:
     def slot_tensor(self, slot: int) -> torch.Tensor:
         return self.slab[int(slot)]
 
+    @exclusive
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
         """Tell a route-ahead-aware policy which experts to protect."""
         setter = getattr(self.policy, "set_predicted", None)
@@ -342,6 +352,7 @@ class ExpertCache:
 
     # -- the two entry points --------------------------------------------------
 
+    @exclusive
     def prefetch(
         self,
         flat_ids: npt.ArrayLike,
@@ -379,6 +390,7 @@ class ExpertCache:
         out_slots = self.slot_of[ids_in]
         return np.where(out_slots >= 0, self.ticket[np.maximum(out_slots, 0)], -1).astype(np.int64)
 
+    @exclusive
     def acquire(self, flat_ids: npt.ArrayLike) -> tuple[npt.NDArray[np.int64], IdArray]:
         """Pin the experts and submit ON_DEMAND copies for the missing ones,
         without waiting; returns ``(slots, tickets)`` aligned with ``flat_ids``
@@ -425,6 +437,7 @@ class ExpertCache:
         out_slots = self.slot_of[ids_in]
         return out_slots, self.ticket[out_slots].copy()
 
+    @exclusive
     def wait_ready(self, tickets: npt.ArrayLike) -> None:
         """Make the experts of ``tickets`` (from :meth:`acquire`) readable:
         on CUDA the current stream waits for the copies (no host sync); on
@@ -443,6 +456,7 @@ class ExpertCache:
             done = self.ticket == t[0] if t.size == 1 else np.isin(self.ticket, t)
             self.ticket[done] = -1
 
+    @exclusive
     def ensure_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """:meth:`acquire` + :meth:`wait_ready`: pin the experts, copy the
         missing ones ON_DEMAND, and make them readable (CUDA: the current
@@ -459,6 +473,7 @@ class ExpertCache:
             raise
         return slots
 
+    @exclusive
     def abort(self, flat_ids: npt.ArrayLike) -> None:
         """Undo :meth:`acquire` after a failure: unpin the experts and drop
         those whose copy has not completed (their bytes are not valid)."""
@@ -484,6 +499,7 @@ class ExpertCache:
         self.pins[slots] = 0
         self.policy.on_evict(ids)
 
+    @exclusive
     def release(self, flat_ids: npt.ArrayLike) -> None:
         """Unpin experts pinned by :meth:`ensure_resident`."""
         ids = np.unique(self._ids(flat_ids))
@@ -510,6 +526,7 @@ class ExpertCache:
         finally:
             self.release(flat_ids)
 
+    @exclusive
     def drain_inflight(self) -> None:
         """Block until every in-flight copy into an unpinned slot finishes
         (so those slots become evictable); failures are handled as in
@@ -521,6 +538,7 @@ class ExpertCache:
                 self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
         self._refresh_inflight()
 
+    @exclusive
     def free_capacity(self, protect: npt.ArrayLike | None = None) -> int:
         """Slots a forward could pin now (free or evictable), not counting
         the slots of ``protect`` ids."""
@@ -536,6 +554,7 @@ class ExpertCache:
         out[self.expert_of[busy]] = True
         return out.reshape(self.num_layers, self.num_experts)
 
+    @exclusive
     def wait_for_capacity(self) -> int:
         """When no slot is free or evictable, wait for every in-flight copy
         to land (pinned or not: a copy that lands settles its slot, a failed

@@ -20,6 +20,7 @@ Example (B1: DFlash, FCFS batching, experts offloaded to a 20% cache)::
 
 from __future__ import annotations
 
+from pdflash._guard import ConcurrentUseError
 from pdflash.engine.acceptance import (
     AcceptanceModel,
     ForcedAcceptance,
@@ -40,7 +41,14 @@ from pdflash.engine.drafter import (
     load_drafter,
     write_synthetic_drafter,
 )
-from pdflash.engine.engine import Engine, Request, RequestMetrics, RequestState, StepReport
+from pdflash.engine.engine import (
+    Engine,
+    Request,
+    RequestMetrics,
+    RequestState,
+    StepReport,
+    TokenCallbackError,
+)
 from pdflash.engine.kv_cache import KVCacheFull, PagedKVCache
 from pdflash.engine.sampling import SamplingParams
 
@@ -48,6 +56,7 @@ __all__ = [
     "BASELINES",
     "AcceptanceModel",
     "BatchDecision",
+    "ConcurrentUseError",
     "DFlashDrafter",
     "DeficitBatcher",
     "DrafterConfig",
@@ -63,6 +72,7 @@ __all__ = [
     "RequestState",
     "SamplingParams",
     "StepReport",
+    "TokenCallbackError",
     "VerifyBatcher",
     "VerifyDemand",
     "default_mean_tau",

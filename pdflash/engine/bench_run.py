@@ -492,6 +492,8 @@ def _workload(
     # warm-up outside the clock: one short request (kernels, allocator, first copies)
     warm = engine.add_request(prompts[0][: max(1, min(4, spec.prompt_len))], max_new_tokens=2)
     engine.run_until_done(max_steps=100)
+    warm_error = engine.request(warm).error
+    _raise_on_errors({} if warm_error is None else {warm: warm_error})
     del warm
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
     # the experts resident now are exactly what this run got for free; the
@@ -512,6 +514,7 @@ def _workload(
     done_tokens = 0
     while engine.has_work:
         rep = engine.step()
+        _raise_on_errors(rep.errors)
         done_tokens += rep.committed_tokens + rep.admitted
         kv = engine.kv.occupancy_bytes + (engine.draft_kv.occupancy_bytes if engine.draft_kv else 0)
         kv_peak = max(kv_peak, kv)
@@ -540,6 +543,14 @@ def _workload(
         issuer_after,
         initial_resident,
     )
+
+
+def _raise_on_errors(errors: dict[int, str]) -> None:
+    """A request that failed (the engine ended it with finish_reason="error")
+    invalidates the run: no row is written from it."""
+    if errors:
+        rid, text = next(iter(errors.items()))
+        raise RuntimeError(f"{len(errors)} benchmark request(s) failed, e.g. {rid}: {text}")
 
 
 def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:

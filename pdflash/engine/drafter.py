@@ -29,6 +29,7 @@ back after it, so the cache holds exactly the committed context.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,41 +383,102 @@ def _build_rotary(cfg: DrafterConfig) -> nn.Module:
 # --------------------------------------------------------------------------
 
 
+def _read_json(file: Path, what: str) -> Any:
+    try:
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file}: {what} is not valid JSON ({exc})") from exc
+
+
+def _open_shard(file: Path) -> Any:
+    """``safe_open(file)``; a corrupt or truncated file's error names it."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(str(file), framework="pt")
+    except Exception as exc:
+        raise ValueError(
+            f"{file}: not a readable safetensors file ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
 def _weight_files(path: Path) -> dict[str, Path]:
     """tensor name -> file, from a single file or a sharded index."""
     index = path / INDEX_NAME
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: path / fname for name, fname in weight_map.items()}
+        data = _read_json(index, "the shard index")
+        if not isinstance(data, dict) or not isinstance(data.get("weight_map"), dict):
+            raise ValueError(f"{index}: no weight_map object")
+        return {name: path / str(fname) for name, fname in data["weight_map"].items()}
     single = path / WEIGHTS_NAME
     if not single.is_file():
         raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {path}")
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as f:
+    with _open_shard(single) as f:
         return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
 
 
+def check_drafter_config(cfg: DrafterConfig, where: Path | str) -> None:
+    """Positive shapes, dividing head counts, ``rms_norm_eps > 0``, a mask
+    token inside the vocabulary; ``ValueError`` naming ``where`` otherwise."""
+    for name in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "num_target_layers",
+        "block_size",
+    ):
+        value = getattr(cfg, name)
+        if value < 1:
+            raise ValueError(f"{where}: {name} must be >= 1, got {value}")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise ValueError(
+            f"{where}: num_key_value_heads ({cfg.num_key_value_heads}) must divide "
+            f"num_attention_heads ({cfg.num_attention_heads})"
+        )
+    if not (math.isfinite(cfg.rms_norm_eps) and cfg.rms_norm_eps > 0):
+        raise ValueError(f"{where}: rms_norm_eps must be finite and > 0, got {cfg.rms_norm_eps}")
+    if not 0 <= cfg.mask_token_id < cfg.vocab_size:
+        raise ValueError(
+            f"{where}: mask_token_id {cfg.mask_token_id} outside the vocabulary [0, {cfg.vocab_size})"
+        )
+
+
 def load_drafter(
-    path: str | Path, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    path: str | Path,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    check_finite: bool = True,
 ) -> DFlashDrafter:
     """Load a z-lab DFlash draft checkpoint (config.json + safetensors).
 
-    Tensor names may carry a ``model.`` prefix. Missing, unexpected or
-    wrongly-shaped tensors raise ``ValueError`` naming the tensor and file.
+    Tensor names may carry a ``model.`` prefix. Missing, unexpected,
+    wrongly-shaped or (with ``check_finite``, the default) NaN/Inf tensors
+    raise ``ValueError`` naming the tensor and file; an invalid config.json
+    (bad JSON, a missing key, a bad value) one naming the file.
     ``dtype`` defaults to the checkpoint's ``torch_dtype`` (``dtype``), else fp32.
     """
-    from safetensors import safe_open
-
     root = Path(path)
     cfg_path = root / CONFIG_NAME
     if not cfg_path.is_file():
         raise FileNotFoundError(f"no {CONFIG_NAME} in {root}")
-    raw = json.loads(cfg_path.read_text())
-    cfg = DrafterConfig.from_dict(raw)
+    raw = _read_json(cfg_path, "the drafter config")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object, got {type(raw).__name__}")
+    try:
+        cfg = DrafterConfig.from_dict(raw)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{cfg_path}: {exc}") from exc
+    check_drafter_config(cfg, cfg_path)
     if dtype is None:
         name = raw.get("torch_dtype") or raw.get("dtype") or "float32"
-        dtype = getattr(torch, str(name))
+        dtype = getattr(torch, str(name), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{cfg_path}: unknown torch_dtype {name!r}")
     with torch.device("meta"):
         model = DFlashDrafter(cfg)
     expected = {k: v for k, v in model.state_dict().items()}
@@ -436,9 +498,14 @@ def load_drafter(
     for fpath, names in by_file.items():
         if not fpath.is_file():
             raise FileNotFoundError(f"shard {fpath} named in {INDEX_NAME} does not exist")
-        with safe_open(str(fpath), framework="pt") as f:
+        with _open_shard(fpath) as f:
             for stored, name in names:
                 t = f.get_tensor(stored)
+                if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise ValueError(
+                        f"{fpath}: tensor {stored!r} has non-finite (NaN/Inf) values "
+                        "(pass check_finite=False to load it anyway)"
+                    )
                 if tuple(t.shape) != tuple(expected[name].shape):
                     raise ValueError(
                         f"tensor {stored!r} in {fpath} has shape {tuple(t.shape)}, "

@@ -25,6 +25,17 @@ start, so they run while step 2 drafts; step 3 refines the plan (stale
 queued copies are cancelled); during the verify each layer's routing and
 release advance the stream to the next layer (gate lookahead), never
 evicting an expert the forward needs earlier.
+
+Failure semantics (README "Failure semantics"): an exception in a stage of
+a step ends only the requests that stage was working on, with
+``finish_reason="error"`` and :attr:`Request.error`; their KV pages and the
+pages promised to them are released, and every other request goes on. A
+verify commits request by request (acceptance, KV rollback, streaming), so a
+failure while committing one request never touches another's tokens. A
+failed prefill releases its pages and is retried once, alone. Prefetch
+failures (route-ahead, background) affect no request: they are counted in
+``Engine.prefetch_failures``. The engine is single-threaded: a second thread
+entering while a step runs gets :class:`~pdflash._guard.ConcurrentUseError`.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from __future__ import annotations
 import enum
 import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +52,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash._guard import BusyGuard
+from pdflash.engine import validation
 from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
 from pdflash.engine.batching import (
     BatchDecision,
@@ -64,6 +77,13 @@ from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.protocols import Band, DraftedBlock, ExpertPredictor, MoEModelAdapter, flat_expert_ids
 
 TokenCallback = Callable[[int, int], None]
+
+#: consecutive steps without progress after which :meth:`Engine.run_until_done` gives up
+STALL_STEPS = 3
+
+
+class TokenCallbackError(RuntimeError):
+    """A request's ``on_token`` callback raised (the request ends with this error)."""
 
 
 class RequestState(enum.Enum):
@@ -103,7 +123,7 @@ class RequestMetrics:
     @property
     def met_slo(self) -> bool | None:
         """Finished within its SLO (None without an SLO or before finishing)."""
-        if self.slo_s is None or self.latency_s is None or self.finish_reason == "abort":
+        if self.slo_s is None or self.latency_s is None or self.finish_reason in ("abort", "error"):
             return None
         return self.latency_s <= self.slo_s
 
@@ -128,6 +148,9 @@ class Request:
     draft_hidden: torch.Tensor | None = None  # [1 + drafts, hidden], for the predictor
     round_start_s: float = 0.0
     kv_pages_promised: int = 0  # worst-case KV pages reserved in the admission ledger
+    #: why the request failed (``finish_reason == "error"``), else None
+    error: str | None = None
+    prefill_failures: int = 0  # a failed prefill is retried once, alone
 
 
 @dataclass
@@ -138,13 +161,27 @@ class StepReport:
     committed_tokens: int = 0
     finished: list[int] = field(default_factory=list)
     scheduler_us: float = 0.0
+    errors: dict[int, str] = field(default_factory=dict)  # request id -> error text
+
+    @property
+    def progressed(self) -> bool:
+        """Did this step change any request's state?"""
+        return bool(self.admitted or self.drafted or self.verified or self.finished or self.errors)
 
 
 class Engine:
     """Continuous-batching DFlash engine over an :class:`MoEModelAdapter`.
 
-    Stream callbacks may call :meth:`abort` (on any request) but must not call
-    :meth:`step` (the engine is not re-entrant).
+    Single-threaded: call it from one thread at a time (a second thread
+    entering while a step runs gets a clear ``RuntimeError``,
+    :class:`~pdflash._guard.ConcurrentUseError`). Stream callbacks may call
+    :meth:`abort` and :meth:`add_request` but not :meth:`step` (not re-entrant).
+
+    Retention: finished requests stay in :attr:`finished` until
+    :meth:`pop_finished` (or, with ``max_finished``, the oldest beyond that
+    many are dropped); the measurement lists (``routing_trace``,
+    ``trace_kinds``, ``scheduler_us``) grow per forward/step until
+    :meth:`reset_stats`.
 
     Args:
         adapter: the target model (offloaded or resident).
@@ -163,6 +200,9 @@ class Engine:
             resident)`` over ``(layers, experts)`` masks (optional).
         max_seq_len: longest prompt + output a request may have (sizes KV).
         device: where activations live (the adapter's device).
+        max_finished: keep at most this many finished requests in
+            :attr:`finished` (oldest dropped first); None keeps all until
+            :meth:`pop_finished`.
     """
 
     def __init__(
@@ -181,7 +221,10 @@ class Engine:
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        max_finished: int | None = None,
     ) -> None:
+        if max_finished is not None:
+            validation.check_int("max_finished", max_finished, low=0)
         if config.speculative and drafter is None:
             raise ValueError(f"baseline {config.baseline!r} is speculative and needs a drafter")
         if config.speculative and drafter is not None:
@@ -248,14 +291,14 @@ class Engine:
             else None
         )
         if self._lookahead is not None:
-            self.runner.observers.append(self._lookahead)
+            self.runner.observers.append(_BestEffort(self, self._lookahead))
         before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
         if before_layer is not None:
             self.runner.before_moe_hooks.append(before_layer)
         if self.stream is not None:
             # after the policy's before_layer, so its victims are ranked from this layer
-            self.runner.routed_hooks.append(self.stream.on_routed)
-            self.runner.observers.append(self.stream)
+            self.runner.routed_hooks.append(_BestEffort(self, self.stream).on_routed)
+            self.runner.observers.append(_BestEffort(self, self.stream))
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
@@ -273,7 +316,11 @@ class Engine:
         self._waiting: deque[int] = deque()
         self._running: list[int] = []  # arrival order
         self._committed_pages = 0  # pages promised to running requests (worst case)
-        self.finished: dict[int, Request] = {}
+        self.finished: OrderedDict[int, Request] = OrderedDict()
+        self.max_finished = max_finished
+        self._guard = BusyGuard("Engine")
+        self._stage = "idle"  # the stage running now (named in error texts)
+        self.prefetch_failures = 0  # prefetch stages that raised (no request affected)
         # measurements
         self.routing_trace: list[npt.NDArray[np.int64]] = []
         self.trace_kinds: list[str] = []
@@ -289,61 +336,111 @@ class Engine:
     # ------------------------------------------------------------------ API
     def add_request(
         self,
-        prompt_ids: Sequence[int],
+        prompt_ids: Sequence[int] | npt.NDArray[np.integer[Any]] | torch.Tensor,
         params: SamplingParams | None = None,
         *,
         max_new_tokens: int = 64,
-        stop_ids: Sequence[int] = (),
+        stop_ids: Sequence[int] | frozenset[int] | set[int] = (),
         slo_s: float | None = None,
         on_token: TokenCallback | None = None,
         seed: int | None = None,
     ) -> int:
-        """Queue a request; returns its id. Raises ``ValueError`` (nothing queued)
-        on an empty prompt, a token id outside the vocabulary, or a length
-        beyond ``max_seq_len``."""
-        prompt = [int(t) for t in prompt_ids]
-        if not prompt:
-            raise ValueError("prompt_ids is empty")
-        vocab = self.adapter.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} outside the vocabulary [0, {vocab})")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if len(prompt) + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds "
-                f"max_seq_len {self.max_seq_len}"
+        """Queue a request; returns its id.
+
+        Raises ``TypeError`` or ``ValueError`` with nothing queued and no state
+        changed on: prompt ids that are not integers (bools, floats and
+        strings are refused; numpy/torch integer arrays are fine), an empty
+        prompt or an id outside the vocabulary; ``max_new_tokens`` that is not
+        an integer >= 1; ``len(prompt) + max_new_tokens`` beyond
+        ``max_seq_len`` or beyond the model's ``max_position_embeddings``
+        (the last position a request can reach); stop ids likewise; a seed
+        that is not an integer in ``[0, 2**64)``; a non-finite or
+        non-positive ``slo_s``; ``params`` that is not a
+        :class:`SamplingParams`; an ``on_token`` that is not callable."""
+        with self._guard.enter("add_request"):
+            vocab = self.adapter.vocab_size
+            prompt = validation.token_ids("prompt_ids", prompt_ids, vocab)
+            if not prompt:
+                raise ValueError("prompt_ids is empty")
+            max_new = validation.check_int("max_new_tokens", max_new_tokens, low=1)
+            if len(prompt) + max_new > self.max_seq_len:
+                raise ValueError(
+                    f"prompt ({len(prompt)}) + max_new_tokens ({max_new}) exceeds "
+                    f"max_seq_len {self.max_seq_len}"
+                )
+            max_pos = validation.max_positions(self.adapter)
+            if max_pos is not None and len(prompt) + max_new > max_pos:
+                raise ValueError(
+                    f"prompt ({len(prompt)}) + max_new_tokens ({max_new}) exceeds the model's "
+                    f"max_position_embeddings {max_pos}"
+                )
+            if isinstance(stop_ids, (set, frozenset)):
+                stop_ids = sorted(stop_ids, key=repr)
+            stops = validation.token_ids("stop_ids", stop_ids, vocab)
+            slo = validation.positive_seconds("slo_s", slo_s)
+            if params is not None and not isinstance(params, SamplingParams):
+                raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+            if on_token is not None and not callable(on_token):
+                raise TypeError(f"on_token must be callable, got {type(on_token).__name__}")
+            if seed is not None:
+                seed = validation.check_int("seed", seed, low=0, high=validation.SEED_MAX)
+            rid = next(self._ids)
+            gen = torch.Generator().manual_seed(
+                (self.config.seed * 1_000_003 + rid) if seed is None else seed
             )
-        if slo_s is not None and not slo_s > 0:
-            raise ValueError(f"slo_s must be positive, got {slo_s!r}")
-        rid = next(self._ids)
-        gen = torch.Generator().manual_seed(
-            (self.config.seed * 1_000_003 + rid) if seed is None else int(seed)
-        )
-        req = Request(
-            request_id=rid,
-            prompt=prompt,
-            params=params or SamplingParams(),
-            max_new_tokens=max_new_tokens,
-            stop_ids=frozenset(int(s) for s in stop_ids),
-            on_token=on_token,
-            metrics=RequestMetrics(rid, len(prompt), arrival_s=self.clock(), slo_s=slo_s),
-            generator=gen,
-        )
-        self._requests[rid] = req
-        self._waiting.append(rid)
-        return rid
+            req = Request(
+                request_id=rid,
+                prompt=prompt,
+                params=params or SamplingParams(),
+                max_new_tokens=max_new,
+                stop_ids=frozenset(stops),
+                on_token=on_token,
+                metrics=RequestMetrics(rid, len(prompt), arrival_s=self.clock(), slo_s=slo),
+                generator=gen,
+            )
+            self._requests[rid] = req
+            self._waiting.append(rid)
+            return rid
 
     def abort(self, request_id: int) -> bool:
-        """Abort a waiting or running request; False if unknown or already done."""
-        req = self._requests.get(request_id)
-        if req is None:
+        """Abort a waiting or running request, releasing its KV pages; False if
+        unknown or already done (aborting twice is harmless)."""
+        if not validation.is_int(request_id):
             return False
-        if req.state == RequestState.WAITING:
-            self._waiting.remove(request_id)
-        self._finish(req, "abort")
-        return True
+        with self._guard.enter("abort"):
+            req = self._requests.get(int(request_id))
+            if req is None:
+                return False
+            if req.state == RequestState.WAITING:
+                self._waiting.remove(req.request_id)
+            self._finish(req, "abort")
+            return True
+
+    def pop_finished(self, request_ids: Sequence[int] | None = None) -> dict[int, Request]:
+        """Remove and return finished requests (all, or those of ``request_ids``
+        that are finished): the way a long-running server releases them."""
+        with self._guard.enter("pop_finished"):
+            if request_ids is None:
+                out = dict(self.finished)
+                self.finished.clear()
+                return out
+            return {
+                int(r): self.finished.pop(int(r)) for r in request_ids if int(r) in self.finished
+            }
+
+    def reset_stats(self) -> None:
+        """Clear the measurement buffers (routing trace, per-step scheduler
+        times, forward timers, prefetch byte counts): they grow with every
+        forward until this is called."""
+        with self._guard.enter("reset_stats"):
+            self.routing_trace.clear()
+            self.trace_kinds.clear()
+            self.scheduler_us.clear()
+            self.timer.reset()
+            self.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+            self.verify_forwards = 0
+            self.predict_s = 0.0
+            self.prefetch_failures = 0
 
     def request(self, request_id: int) -> Request:
         req = self._requests.get(request_id) or self.finished.get(request_id)
@@ -360,54 +457,119 @@ class Engine:
         return len(self._running)
 
     def run_until_done(self, max_steps: int | None = None) -> dict[int, Request]:
-        """Step until no request is waiting or running; returns finished requests."""
+        """Step until no request is waiting or running; returns finished requests.
+
+        Raises ``RuntimeError`` after ``max_steps`` steps, or after
+        :data:`STALL_STEPS` consecutive steps that changed no request's state
+        (a stage doing nothing: it can never loop without progress)."""
         n = 0
+        stalled = 0
         while self.has_work:
             if max_steps is not None and n >= max_steps:
                 raise RuntimeError(f"requests still live after {max_steps} steps")
-            self.step()
+            report = self.step()
             n += 1
+            stalled = 0 if report.progressed else stalled + 1
+            if stalled >= STALL_STEPS:
+                live = {rid: self._requests[rid].state.value for rid in self._requests}
+                raise RuntimeError(
+                    f"the engine made no progress in {STALL_STEPS} consecutive steps with "
+                    f"requests still live (id: state) {live}"
+                )
         return self.finished
 
     @torch.no_grad()
     def step(self) -> StepReport:
+        """One step (module docstring). A failure inside a stage does not raise:
+        the requests that stage was working on end with
+        ``finish_reason="error"`` (listed in :attr:`StepReport.errors`).
+        Raises :class:`~pdflash._guard.ConcurrentUseError` when another
+        thread is inside the engine, or when called from a stream callback."""
+        with self._guard.enter("step", reentrant=False):
+            try:
+                return self._step()
+            finally:
+                self._stage = "idle"
+
+    def _step(self) -> StepReport:
         report = StepReport()
         now = self.clock()
         if self.first_step_s is None:
             self.first_step_s = now
         admitted = self._admit()
         if admitted:
-            self._prefill(admitted)
             report.admitted = len(admitted)
+            self._prefill_admitted(admitted, report)
         to_draft = [
             self._requests[r]
             for r in self._running
             if self._requests[r].state == RequestState.DRAFT
         ]
         if to_draft:
-            self._draft(to_draft)
-            report.drafted = len(to_draft)
+            self._stage = "draft"
+            try:
+                self._draft(to_draft)
+            except Exception as exc:
+                self._fail(to_draft, exc, report)
+            report.drafted = sum(r.state == RequestState.VERIFY for r in to_draft)
         waiting_verify = [
             self._requests[r]
             for r in self._running
             if self._requests[r].state == RequestState.VERIFY
         ]
         if waiting_verify:
-            decision = self._schedule(waiting_verify)
-            report.scheduler_us = decision.scheduler_us
-            batch = [(self._requests[rid], g) for rid, g in decision.grants]
-            resident_before = self._resident_mask()
-            if self.config.route_ahead and self.expert_cache is not None:
-                self._route_ahead(batch, decision)
-            committed, finished = self._verify(batch, resident_before)
-            report.verified = len(batch)
-            report.committed_tokens = committed
-            report.finished = finished
-            if self.config.background_prefetch and self.expert_cache is not None:
-                self._background_prefetch()
+            self._verify_step(waiting_verify, report)
         self.steps += 1
         self.last_step_s = self.clock()
         return report
+
+    def _verify_step(self, waiting: list[Request], report: StepReport) -> None:
+        """Schedule, prefetch and verify one batch (steps 4-6)."""
+        self._stage = "schedule"
+        try:
+            decision = self._schedule(waiting)
+            batch = [(self._requests[rid], g) for rid, g in decision.grants]
+        except Exception as exc:
+            self._fail(waiting, exc, report)
+            return
+        report.scheduler_us = decision.scheduler_us
+        resident_before = self._resident_mask()
+        if self.config.route_ahead and self.expert_cache is not None:
+            self._prefetch_stage("route_ahead", self._route_ahead, batch, decision)
+        self._stage = "verify"
+        try:
+            committed, finished = self._verify(batch, resident_before, report)
+        except Exception as exc:
+            # raised before any request was committed (forward, routing bookkeeping)
+            self._fail([r for r, _ in batch], exc, report)
+            return
+        report.verified = len(batch)
+        report.committed_tokens = committed
+        report.finished = finished
+        if self.config.background_prefetch and self.expert_cache is not None:
+            self._prefetch_stage("background_prefetch", self._background_prefetch)
+
+    def _prefetch_stage(self, name: str, fn: Callable[..., None], *args: Any) -> None:
+        """Prefetching is an optimisation: its failure affects no request (a
+        forward copies on demand what is missing); it is counted."""
+        self._stage = name
+        try:
+            fn(*args)
+        except Exception:
+            self.prefetch_failures += 1
+
+    def _fail(self, reqs: Sequence[Request], exc: Exception, report: StepReport) -> None:
+        """End the live requests among ``reqs`` with ``finish_reason="error"``."""
+        if isinstance(exc, TokenCallbackError):
+            text = str(exc)
+        else:
+            text = f"{self._stage} failed: {type(exc).__name__}: {exc}"
+        for req in reqs:
+            if req.state in (RequestState.FINISHED, RequestState.ABORTED):
+                continue
+            req.error = text
+            report.errors[req.request_id] = text
+            self._finish(req, "error")
 
     # ------------------------------------------------------------ lifecycle
     def _admit(self) -> list[Request]:
@@ -460,25 +622,49 @@ class Engine:
             forget(rid)
         req.drafts = req.draft_probs = req.pending_context = req.draft_hidden = None
         self.finished[rid] = self._requests.pop(rid)
+        if self.max_finished is not None:
+            while len(self.finished) > self.max_finished:
+                self.finished.popitem(last=False)
+
+    def _unadmit(self, req: Request) -> None:
+        """Undo :meth:`_admit` (after a failed prefill): release the pages and
+        put the request back at the head of the queue."""
+        rid = req.request_id
+        self._running.remove(rid)
+        self._committed_pages -= req.kv_pages_promised
+        req.kv_pages_promised = 0
+        self.kv.free(rid)
+        if self.draft_kv is not None:
+            self.draft_kv.free(rid)
+        self.batcher.remove(rid)
+        req.state = RequestState.WAITING
+        self._waiting.appendleft(rid)
 
     def _commit(self, req: Request, tokens: Sequence[int]) -> int:
         """Append tokens, stream them, finish on a stop id or the length cap.
         Returns how many were committed."""
         n = 0
-        for tok in tokens:
-            req.output.append(int(tok))
-            n += 1
-            if req.on_token is not None:
-                req.on_token(req.request_id, int(tok))
-                if req.state == RequestState.ABORTED:  # the callback aborted it
+        try:
+            for tok in tokens:
+                req.output.append(int(tok))
+                n += 1
+                if req.on_token is not None:
+                    try:
+                        req.on_token(req.request_id, int(tok))
+                    except Exception as exc:
+                        raise TokenCallbackError(
+                            f"on_token callback raised {type(exc).__name__}: {exc}"
+                        ) from exc
+                    if req.state == RequestState.ABORTED:  # the callback aborted it
+                        break
+                if int(tok) in req.stop_ids:
+                    self._finish(req, "stop")
                     break
-            if int(tok) in req.stop_ids:
-                self._finish(req, "stop")
-                break
-            if len(req.output) >= req.max_new_tokens:
-                self._finish(req, "length")
-                break
-        req.metrics.output_tokens = len(req.output)
+                if len(req.output) >= req.max_new_tokens:
+                    self._finish(req, "length")
+                    break
+        finally:
+            req.metrics.output_tokens = len(req.output)
         return n
 
     # -------------------------------------------------------------- forwards
@@ -486,7 +672,33 @@ class Engine:
         self.routing_trace.extend(needed)
         self.trace_kinds.extend([kind] * len(needed))
 
-    def _prefill(self, reqs: list[Request]) -> None:
+    def _prefill_admitted(self, admitted: list[Request], report: StepReport) -> None:
+        """Prefill the new requests in one forward, and each request whose
+        prefill failed before alone. A failed prefill releases the group's
+        pages and requeues it at the head; a second failure is an error."""
+        fresh = [r for r in admitted if r.prefill_failures == 0]
+        groups = ([fresh] if fresh else []) + [[r] for r in admitted if r.prefill_failures]
+        for group in groups:
+            self._stage = "prefill"
+            try:
+                self._prefill(group, report)
+            except Exception as exc:
+                for req in reversed(group):
+                    if req.state != RequestState.PREFILL:
+                        continue  # aborted by a callback
+                    req.prefill_failures += 1
+                    if req.prefill_failures > 1:
+                        self._fail([req], exc, report)
+                    else:
+                        self._unadmit(req)
+            except BaseException:
+                # e.g. KeyboardInterrupt: leave nothing half-admitted
+                for req in reversed(group):
+                    if req.state == RequestState.PREFILL:
+                        self._unadmit(req)
+                raise
+
+    def _prefill(self, reqs: list[Request], report: StepReport) -> None:
         chunks = [
             Chunk(
                 r.request_id, torch.tensor(r.prompt, dtype=torch.int64, device=self.device), False
@@ -501,20 +713,23 @@ class Engine:
         self._observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
         now = self.clock()
         for i, req in enumerate(reqs):
-            if req.state == RequestState.ABORTED:  # by another request's stream callback
+            if req.state != RequestState.PREFILL:  # aborted by another request's callback
                 continue
-            logits = out.logits[i]
-            if req.params.greedy:
-                tok = int(torch.argmax(logits[-1]))
-            else:
-                tok = int(sample_from(target_probs(logits[-1:], req.params), req.generator)[0])
-            if self.drafter is not None:
-                req.pending_context = out.features[i]
-            req.metrics.first_token_s = now
-            req.round_start_s = now
-            req.state = RequestState.DRAFT
-            req.anchor = tok
-            self._commit(req, [tok])
+            try:
+                logits = out.logits[i]
+                if req.params.greedy:
+                    tok = int(torch.argmax(logits[-1]))
+                else:
+                    tok = int(sample_from(target_probs(logits[-1:], req.params), req.generator)[0])
+                if self.drafter is not None:
+                    req.pending_context = out.features[i]
+                req.metrics.first_token_s = now
+                req.round_start_s = now
+                req.state = RequestState.DRAFT
+                req.anchor = tok
+                self._commit(req, [tok])
+            except Exception as exc:
+                self._fail([req], exc, report)
 
     def _num_drafts(self, req: Request) -> int:
         left = req.max_new_tokens - len(req.output)
@@ -535,6 +750,7 @@ class Engine:
         if todo:
             self._draft_blocks(todo)
         if self.predictor is not None:
+            self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
 
     def _draft_blocks(self, todo: list[tuple[Request, int]]) -> None:
@@ -645,8 +861,18 @@ class Engine:
         return decision
 
     def _verify(
-        self, batch: list[tuple[Request, int]], resident_before: npt.NDArray[np.bool_] | None
+        self,
+        batch: list[tuple[Request, int]],
+        resident_before: npt.NDArray[np.bool_] | None,
+        report: StepReport,
     ) -> tuple[int, list[int]]:
+        """Verify the batch in one forward, then commit request by request.
+
+        An exception before the commits propagates (the caller ends the
+        batch). While committing, an exception ends only the request being
+        committed; a ``BaseException`` (e.g. ``KeyboardInterrupt``) rolls
+        the KV of every request not yet committed back to the step's start
+        (so a later step verifies it again) and propagates."""
         chunks: list[Chunk] = []
         starts: list[int] = []
         # NOTE: one host->device copy for every anchor of the batch (a tensor
@@ -679,54 +905,28 @@ class Engine:
         committed = 0
         finished: list[int] = []
         greedy_host = self._greedy_to_host(batch, out.logits)
-        for i, (req, grant) in enumerate(batch):
-            if req.state == RequestState.ABORTED:  # by another request's stream callback
-                continue
-            logits = out.logits[i]
-            n = grant - 1
-            assert req.drafts is not None
-            drafts = req.drafts[:n]
-            forced = self.acceptance.forced_accepts(req.request_id, n)
-            if req.params.greedy:
-                # the same drafts and argmax, already on the host (one copy per batch)
-                drafts, argmax = greedy_host[i]
-                if forced is None:
-                    acc, bonus = greedy_accept(drafts, argmax)
-                else:
-                    acc, bonus = forced, int(argmax[forced])
-            else:
-                tp = target_probs(logits, req.params)
-                if forced is None:
-                    assert req.draft_probs is not None or n == 0
-                    dp = req.draft_probs[:n] if req.draft_probs is not None else tp[:0]
-                    acc, bonus = rejection_accept(drafts, dp, tp, req.generator)
-                else:
-                    acc = forced
-                    bonus = int(sample_from(tp[acc : acc + 1], req.generator)[0])
-            if forced is None:
-                req.metrics.model_rounds += 1
-            else:
-                req.metrics.forced_rounds += 1
-            # roll the target KV back to anchor + accepted drafts
-            self.kv.truncate(req.request_id, starts[i] + acc + 1)
-            if self.drafter is not None:
-                feats = out.features[i][: acc + 1]
-                prev = req.pending_context
-                req.pending_context = feats if prev is None else torch.cat([prev, feats])
-            new_tokens = [int(t) for t in drafts[:acc].tolist()] + [bonus]
-            req.drafts = req.draft_probs = None
-            req.predicted = None
-            req.anchor = bonus
-            req.state = RequestState.DRAFT
-            got = self._commit(req, new_tokens)
-            committed += got
-            req.metrics.acceptance_lengths.append(got)
-            if self.horizon is not None and req.state == RequestState.DRAFT:
-                self.horizon.observe(req.request_id, min(got, self.config.block_size))
-            req.metrics.round_latencies_s.append(now - req.round_start_s)
-            req.round_start_s = now
-            if req.state in (RequestState.FINISHED, RequestState.ABORTED):
-                finished.append(req.request_id)
+        i = 0
+        try:
+            for i, (req, grant) in enumerate(batch):
+                if req.state != RequestState.VERIFY:  # aborted by another request's callback
+                    continue
+                self._stage = "accept"
+                try:
+                    got = self._accept_and_commit(req, grant, out, i, greedy_host, starts[i], now)
+                except Exception as exc:
+                    self._fail([req], exc, report)
+                    finished.append(req.request_id)
+                    continue
+                committed += got
+                if req.state in (RequestState.FINISHED, RequestState.ABORTED):
+                    finished.append(req.request_id)
+        except BaseException:
+            for j in range(i, len(batch)):
+                req = batch[j][0]
+                rid = req.request_id
+                if req.state == RequestState.VERIFY and self.kv.length(rid) > starts[j]:
+                    self.kv.truncate(rid, starts[j])
+            raise
         if self.stream is not None:
             # NOTE: the next verify starts at layer 0 while the cache holds the
             # last layers' experts: plan it from this round's routed set of the
@@ -735,8 +935,65 @@ class Engine:
             # drafted. Nothing is planned when no request goes on.
             going_on = [i for i, (req, _) in enumerate(batch) if req.state == RequestState.DRAFT]
             nxt = np.asarray(out.routed[going_on].any(axis=0), dtype=np.bool_) if going_on else None
-            self.stream.end_forward(routed_union, nxt)
+            self._prefetch_stage("stream_plan", self.stream.end_forward, routed_union, nxt)
         return committed, finished
+
+    def _accept_and_commit(
+        self,
+        req: Request,
+        grant: int,
+        out: Any,
+        i: int,
+        greedy_host: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        start: int,
+        now: float,
+    ) -> int:
+        """Accept one request's verified block, roll its KV back to the
+        accepted length and commit (stream) the tokens; returns how many."""
+        logits = out.logits[i]
+        n = grant - 1
+        assert req.drafts is not None
+        drafts = req.drafts[:n]
+        forced = self.acceptance.forced_accepts(req.request_id, n)
+        if req.params.greedy:
+            # the same drafts and argmax, already on the host (one copy per batch)
+            drafts, argmax = greedy_host[i]
+            if forced is None:
+                acc, bonus = greedy_accept(drafts, argmax)
+            else:
+                acc, bonus = forced, int(argmax[forced])
+        else:
+            tp = target_probs(logits, req.params)
+            if forced is None:
+                assert req.draft_probs is not None or n == 0
+                dp = req.draft_probs[:n] if req.draft_probs is not None else tp[:0]
+                acc, bonus = rejection_accept(drafts, dp, tp, req.generator)
+            else:
+                acc = forced
+                bonus = int(sample_from(tp[acc : acc + 1], req.generator)[0])
+        new_tokens = [int(t) for t in drafts[:acc].tolist()] + [bonus]
+        feats = out.features[i][: acc + 1] if self.drafter is not None else None
+        # nothing above changed the request; from here on it is committed
+        if forced is None:
+            req.metrics.model_rounds += 1
+        else:
+            req.metrics.forced_rounds += 1
+        # roll the target KV back to anchor + accepted drafts
+        self.kv.truncate(req.request_id, start + acc + 1)
+        if feats is not None:
+            prev = req.pending_context
+            req.pending_context = feats if prev is None else torch.cat([prev, feats])
+        req.drafts = req.draft_probs = None
+        req.predicted = None
+        req.anchor = bonus
+        req.state = RequestState.DRAFT
+        got = self._commit(req, new_tokens)
+        req.metrics.acceptance_lengths.append(got)
+        if self.horizon is not None and req.state == RequestState.DRAFT:
+            self.horizon.observe(req.request_id, min(got, self.config.block_size))
+        req.metrics.round_latencies_s.append(now - req.round_start_s)
+        req.round_start_s = now
+        return got
 
     def _anchor_tensor(self, reqs: Sequence[Request]) -> torch.Tensor:
         """``[len(reqs)]`` int64 anchors on the device, in one copy."""
@@ -871,6 +1128,28 @@ class Engine:
             return True
         stats = issuer.stats()
         return int(stats.get("queued_copies", 0)) == 0 and int(stats.get("inflight_chunks", 0)) == 0
+
+
+class _BestEffort:
+    """Runs a prefetcher's forward hooks so that their failure only counts in
+    ``engine.prefetch_failures``: a prefetch is an optimisation, and a
+    forward copies on demand whatever it did not bring."""
+
+    def __init__(self, engine: Engine, inner: Any) -> None:
+        self.engine = engine
+        self.inner = inner
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        try:
+            self.inner.after_layer(layer, hidden, topk_ids)
+        except Exception:
+            self.engine.prefetch_failures += 1
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        try:
+            self.inner.on_routed(layer, topk_ids, hidden)
+        except Exception:
+            self.engine.prefetch_failures += 1
 
 
 class _Lookahead:

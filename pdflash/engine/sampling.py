@@ -11,6 +11,8 @@ the committed tokens are distributed exactly as the target would sample them.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +30,9 @@ class SamplingParams:
     top_k: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        _check_types(self)
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:
@@ -38,6 +41,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _check_types(params: SamplingParams) -> None:
+    """Numbers only (a bool or a string is a client bug, not a setting)."""
+    for name in ("temperature", "top_p"):
+        v = getattr(params, name)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {type(v).__name__} {v!r}")
+    k = params.top_k
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"top_k must be an integer, got {type(k).__name__} {k!r}")
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -30,13 +30,12 @@ from pdflash.models.synthetic import (
 
 def read_model_type(path: str | os.PathLike[str]) -> str:
     """``model_type`` from a checkpoint's config.json."""
-    import json
     from pathlib import Path
 
+    from pdflash.models.config_check import read_config_json
+
     cfg = Path(path) / "config.json"
-    if not cfg.is_file():
-        raise CheckpointError(f"{path}: no config.json")
-    model_type = json.loads(cfg.read_text()).get("model_type")
+    model_type = read_config_json(path).get("model_type")
     if not isinstance(model_type, str):
         raise CheckpointError(f"{cfg}: no model_type")
     return model_type
@@ -46,8 +45,16 @@ def load_adapter(path: str | os.PathLike[str], **kwargs: Any) -> MoEAdapterBase:
     """The adapter for a checkpoint directory; ``kwargs`` go to
     :class:`MoEAdapterBase` (``device``, ``dtype``, ``issuer``,
     ``cache_fraction`` | ``cache_bytes`` | ``cache_slots``,
-    ``max_batch_tokens``, ``policy``, ``attn_implementation``, ...)."""
-    return get_adapter_class(read_model_type(path))(path, **kwargs)
+    ``max_batch_tokens``, ``policy``, ``attn_implementation``,
+    ``check_finite`` (default True: NaN/Inf weights are refused), ...)."""
+    from pathlib import Path
+
+    model_type = read_model_type(path)
+    try:
+        cls = get_adapter_class(model_type)
+    except UnknownArchitectureError as exc:
+        raise UnknownArchitectureError(f"{Path(path) / 'config.json'}: {exc}") from exc
+    return cls(path, **kwargs)
 
 
 __all__ = [

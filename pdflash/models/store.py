@@ -64,6 +64,28 @@ class CheckpointError(ValueError):
     """A checkpoint is missing a file or tensor, or a tensor has the wrong shape."""
 
 
+def open_shard(safe_open: Callable[..., Any], file: Path) -> Any:
+    """``safe_open(file)``, its errors (a truncated or corrupt file) naming the shard."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except Exception as exc:
+        raise CheckpointError(
+            f"{file}: not a readable safetensors file ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def require_finite(t: torch.Tensor, file: Path, key: str) -> None:
+    """Refuse a floating-point tensor holding NaN or Inf, naming file and tensor."""
+    if not t.is_floating_point():
+        return
+    bad = int((~torch.isfinite(t)).sum())
+    if bad:
+        raise CheckpointError(
+            f"{file}: tensor {key!r} has {bad} non-finite (NaN/Inf) values of {t.numel()} "
+            "(pass check_finite=False to load it anyway)"
+        )
+
+
 class SafetensorsCheckpoint:
     """Tensor name -> shard file of a safetensors checkpoint; lazy reads."""
 
@@ -90,7 +112,7 @@ class SafetensorsCheckpoint:
                     f"(it holds e.g. tensor {example!r}); missing shards: {missing}"
                 )
         elif single.is_file():
-            with safe_open(str(single), framework="pt") as f:
+            with open_shard(safe_open, single) as f:
                 self.weight_map = dict.fromkeys(f.keys(), SINGLE_FILE)
         else:
             raise CheckpointError(
@@ -113,14 +135,14 @@ class SafetensorsCheckpoint:
             ) from None
 
     def _open(self, key: str) -> Any:
-        return self._safe_open(str(self.file_of(key)), framework="pt")
+        return open_shard(self._safe_open, self.file_of(key))
 
     def shape(self, key: str) -> tuple[int, ...]:
         if key not in self._meta:
             # NOTE: one header read per shard, not per tensor: a full-size
             # checkpoint has ~10^4-10^5 expert tensors.
             file = self.file_of(key)
-            with self._safe_open(str(file), framework="pt") as f:
+            with open_shard(self._safe_open, file) as f:
                 for k in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     sl = f.get_slice(k)
                     self._meta[k] = (sl.get_dtype(), tuple(int(d) for d in sl.get_shape()))
@@ -188,6 +210,8 @@ class ExpertStore:
             on the CUDA backend, and known to the issuer as a valid copy
             source); unregistered by :meth:`close` or garbage collection.
         workers: packing threads (default: CPU count, at most 16).
+        check_finite: refuse expert weights holding NaN/Inf (naming the file
+            and tensor); ``False`` skips the check (faster loading).
     """
 
     def __init__(
@@ -202,7 +226,9 @@ class ExpertStore:
         allocator: Callable[[int], torch.Tensor] | None = None,
         issuer: Any = None,
         workers: int | None = None,
+        check_finite: bool = True,
     ) -> None:
+        self.check_finite = check_finite
         self.checkpoint = (
             checkpoint
             if isinstance(checkpoint, SafetensorsCheckpoint)
@@ -306,6 +332,8 @@ class ExpertStore:
                 for p in self.format.parts(layer, expert):
                     dst = views[p.component]
                     src = self._read_part(p, handles)
+                    if self.check_finite:
+                        require_finite(src, self.checkpoint.file_of(p.key), p.key)
                     rows = src.shape[0]
                     if p.row_offset or rows != dst.shape[0]:
                         dst = dst[p.row_offset : p.row_offset + rows]

@@ -30,6 +30,7 @@ from torch import nn
 
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
+from pdflash.models.config_check import check_model_config, check_raw_keys, read_config_json
 from pdflash.models.layout import ExpertFormat, ExpertLayout
 from pdflash.models.offload import (
     OffloadedMoE,
@@ -38,7 +39,12 @@ from pdflash.models.offload import (
     decoder_layers,
     install_offloaded_blocks,
 )
-from pdflash.models.store import CheckpointError, ExpertStore, SafetensorsCheckpoint
+from pdflash.models.store import (
+    CheckpointError,
+    ExpertStore,
+    SafetensorsCheckpoint,
+    require_finite,
+)
 from pdflash.protocols import AttentionSpec, CopyIssuer
 
 
@@ -124,17 +130,36 @@ class MoEAdapterBase:
         attn_implementation: str | None = None,
         host_allocator: Callable[[int], torch.Tensor] | None = None,
         pack_workers: int | None = None,
+        check_finite: bool = True,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.path = Path(path)
-        config = AutoConfig.from_pretrained(self.path)
+        self.check_finite = check_finite
+        cfg_file = self.path / "config.json"
+        raw = read_config_json(self.path)
+        if raw.get("model_type") not in (None, self.arch):
+            raise UnsupportedConfigError(
+                f"{self.path}: config.model_type is {raw.get('model_type')!r}, "
+                f"not {self.arch!r} ({type(self).__name__})"
+            )
+        check_raw_keys(raw, cfg_file)
+        try:
+            config = AutoConfig.from_pretrained(self.path)
+        except Exception as exc:
+            raise CheckpointError(
+                f"{cfg_file}: transformers cannot read it ({type(exc).__name__}: {exc})"
+            ) from exc
         if config.model_type != self.arch:
             raise UnsupportedConfigError(
                 f"{self.path}: config.model_type is {config.model_type!r}, "
                 f"not {self.arch!r} ({type(self).__name__})"
             )
-        self.validate_config(config)
+        try:
+            self.validate_config(config)
+        except UnsupportedConfigError as exc:
+            raise UnsupportedConfigError(f"{cfg_file}: {exc}") from exc
+        check_model_config(config, self.num_experts_of(config), cfg_file)
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype if dtype is not None else self.checkpoint_dtype(config)
@@ -161,6 +186,7 @@ class MoEAdapterBase:
             allocator=host_allocator,
             issuer=issuer,
             workers=pack_workers,
+            check_finite=check_finite,
         )
         self.expert_nbytes = self.store.expert_nbytes
 
@@ -254,6 +280,8 @@ class MoEAdapterBase:
                     f"expected {list(need)} from config.json"
                 )
             t = ck.read(key)
+            if self.check_finite:
+                require_finite(t, ck.file_of(key), key)
             dt = self.dtype if t.is_floating_point() else t.dtype
             if t.is_floating_point() and any(p.search(mkey) for p in keep_fp32):
                 dt = torch.float32
