@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eviction",
         default="auto",
         choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
-        help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
+        help="expert-cache eviction (auto: layer_cyclic for every offloaded baseline)",
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

@@ -89,8 +89,9 @@ class RunSpec:
     byte_budget: int | None = None
     step_target_s: float = 0.25
     dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
-    # expert-cache eviction: "auto" (PD: layer_cyclic, others: lru), or one of
-    # "lru", "lfu", "route_ahead", "layer_cyclic" for every baseline (ablation)
+    # expert-cache eviction: "auto" (layer_cyclic, the best non-predictive
+    # policy for a layer-cyclic forward, for every offloaded baseline), or one
+    # of "lru", "lfu", "route_ahead", "layer_cyclic" (ablation)
     eviction: str = "auto"
 
     def validate(self) -> None:
@@ -351,8 +352,10 @@ def _run(
     fraction = 1.0 if all_resident else spec.cache_fraction
     eviction = spec.eviction
     if eviction == "auto":
-        # PD: Belady at layer granularity, predicted experts kept longest in a layer
-        eviction = "layer_cyclic" if spec.baseline == "PD" else "lru"
+        # Belady at layer granularity for every baseline: the forward visits
+        # layers cyclically, which LRU thrashes; a fair comparison gives the
+        # baselines the same policy PD uses
+        eviction = "layer_cyclic"
     policy: Any = eviction
     if eviction == "layer_cyclic":
         from pdflash.cache.eviction import LayerCyclicPolicy
