@@ -83,6 +83,7 @@ def default_specs(args: argparse.Namespace, on_gpu: bool) -> list[dict[str, Any]
         emulated_link_gbps=link,
         acceptance="auto",
         mean_tau=None,
+        eviction="auto",
         block_sizes=[8 if args.quick else 16],
         concurrency=args.concurrency,
         cache_fraction=args.cache_fraction,

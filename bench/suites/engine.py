@@ -13,6 +13,7 @@ validates and evaluates like the matrix's.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,18 @@ def _int_list(text: str) -> list[int]:
         ) from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values or not all(v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
     return values
 
 
@@ -66,7 +79,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--eviction",
         default="auto",
         choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
-        help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
+        help="expert-cache eviction (auto: layer_cyclic for every offloaded baseline)",
+    )
+    g = parser.add_argument_group(
+        "serving workload",
+        "open-loop (poisson) or closed-loop arrivals, length ranges and engine limits; "
+        "--max-running above --token-budget / --block-size makes the scheduler choose",
+    )
+    g.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
+    g.add_argument(
+        "--rate", type=_float_list, default=None, help="poisson requests/s; a list sweeps rates"
+    )
+    g.add_argument("--users", type=int, default=None, help="closed-loop clients")
+    g.add_argument("--think-s", type=float, default=0.0, help="closed-loop mean think time")
+    g.add_argument("--prompt-len-max", type=int, default=None, help="prompts uniform in [len, max]")
+    g.add_argument(
+        "--max-new-tokens-max", type=int, default=None, help="outputs uniform in [len, max]"
+    )
+    g.add_argument("--max-running", type=int, default=None, help="default: = concurrency")
+    g.add_argument(
+        "--token-budget", type=int, default=None, help="default: concurrency x block size"
+    )
+    g.add_argument(
+        "--byte-budget-from",
+        default="floor",
+        choices=["floor", "verify"],
+        help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -95,7 +133,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for conc in args.concurrency:
+    if args.arrivals == "poisson" and not args.rate:
+        raise SystemExit("--arrivals poisson needs --rate")
+    rates: list[float | None] = list(args.rate) if args.arrivals == "poisson" else [None]
+    for conc, rate in itertools.product(args.concurrency, rates):
         for repeat in range(args.repeats):
             for baseline in baselines:
                 spec = RunSpec(
@@ -119,6 +160,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     mean_tau=args.mean_tau,
                     dtype=args.dtype,
                     eviction=args.eviction,
+                    arrivals=args.arrivals,
+                    rate_per_s=rate,
+                    users=args.users,
+                    think_s=args.think_s,
+                    prompt_len_max=args.prompt_len_max,
+                    max_new_tokens_max=args.max_new_tokens_max,
+                    max_running=args.max_running,
+                    token_budget=args.token_budget,
+                    byte_budget_from=args.byte_budget_from,
                 )
                 result = run_spec(spec)
                 row = result.row
@@ -126,12 +176,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if rows_path is not None:
                     append_row(rows_path, row)
                 print(
-                    f"[engine] {args.arch} {baseline} c={conc} r={repeat}: "
+                    f"[engine] {args.arch} {baseline} c={conc} "
+                    f"{'' if rate is None else f'rate={rate}/s '}r={repeat}: "
                     f"tok/s={_fmt(row['output_tokens_per_s'])} "
                     f"tau={_fmt(row['acceptance_length_mean'])} ({row['acceptance_source']}) "
                     f"ttft p50/p99={_fmt(row['ttft_p50_s'])}/{_fmt(row['ttft_p99_s'])}s "
                     f"hit={_fmt(row['expert_cache_hit_rate'])} "
                     f"cov={_fmt(row['routeahead_coverage'])} "
+                    f"tpot p50/p99={_fmt(row.get('tpot_p50_s'))}/{_fmt(row.get('tpot_p99_s'))}s "
+                    f"queue p99={_fmt(row.get('queue_delay_p99_s'))}s "
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,

@@ -132,6 +132,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
+    g.add_argument(
+        "--eviction",
+        default="auto",
+        choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
+        help="expert-cache eviction for every run (auto: layer_cyclic for every offloaded baseline)",
+    )
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -153,6 +159,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "emulated_link_gbps": args.emulated_link_gbps,
         "acceptance": args.acceptance,
         "mean_tau": args.mean_tau,
+        "eviction": args.eviction,
     }
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()

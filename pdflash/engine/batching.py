@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from pdflash.scheduler import VerifyScheduler
 
 
 @dataclass
@@ -99,22 +102,45 @@ class DeficitBatcher:
         expert_nbytes: int,
         max_tokens_per_item: int | None = None,
     ) -> None:
-        from pdflash.scheduler import SchedulerConfig, VerifyScheduler
-
         self.name = "deficit_tokens" if byte_budget is None else "deficit_2d"
-        cfg = SchedulerConfig(
-            token_budget=token_budget,
-            missing_byte_budget=byte_budget,
-            num_layers=num_layers,
-            num_experts=num_experts,
-            max_tokens_per_item=max_tokens_per_item,
-        )
-        self.scheduler = VerifyScheduler(cfg)
-        self.scheduler.set_expert_bytes(
-            np.full((num_layers, num_experts), expert_nbytes, dtype=np.int64)
-        )
+        self._shape = (token_budget, num_layers, num_experts, expert_nbytes, max_tokens_per_item)
+        self.scheduler = self._build(byte_budget)
         self._empty = np.zeros(0, dtype=np.int64)
         self._live: set[int] = set()
+
+    def _build(self, byte_budget: int | None) -> VerifyScheduler:
+        from pdflash.scheduler import SchedulerConfig, VerifyScheduler
+
+        token_budget, num_layers, num_experts, expert_nbytes, max_tokens_per_item = self._shape
+        scheduler = VerifyScheduler(
+            SchedulerConfig(
+                token_budget=token_budget,
+                missing_byte_budget=byte_budget,
+                num_layers=num_layers,
+                num_experts=num_experts,
+                max_tokens_per_item=max_tokens_per_item,
+            )
+        )
+        scheduler.set_expert_bytes(
+            np.full((num_layers, num_experts), expert_nbytes, dtype=np.int64)
+        )
+        return scheduler
+
+    @property
+    def byte_budget(self) -> int | None:
+        return self.scheduler.config.byte_budget
+
+    def set_byte_budget(self, byte_budget: int) -> None:
+        """Start over with a new missing-byte budget ``M`` (2-D mode only).
+        Only between workloads: with no live request there is no deficit or
+        round-robin position to lose."""
+        if self.name != "deficit_2d":
+            raise ValueError("a token-only batcher has no byte budget to set")
+        if self._live:
+            raise RuntimeError(
+                f"set_byte_budget with {len(self._live)} live requests would drop their credit"
+            )
+        self.scheduler = self._build(byte_budget)
 
     def add(self, request_id: int, weight: float = 1.0) -> None:
         if request_id not in self._live:
@@ -137,3 +163,62 @@ class DeficitBatcher:
         result = self.scheduler.step()
         grants = list(zip(result.request_ids.tolist(), result.token_grants.tolist(), strict=True))
         return BatchDecision(grants=grants, missing=np.array(result.union_ids, dtype=np.int64))
+
+
+class ShadowComparison:
+    """A :class:`VerifyBatcher` that runs ``primary`` and, on the same
+    demands, a ``shadow`` batcher whose choice is only recorded.
+
+    It answers "how often did the 2-D scheduler choose a different batch than
+    the token-only one would have, and how many predicted-missing bytes did
+    each choice carry": the primary's decision is executed; the shadow keeps
+    its own round-robin state, fed the same demand and resident set every
+    step. (The shadow's later choices therefore follow the primary's
+    history of demands, not a history it would have made itself; the
+    executed difference is what the token-only ablation row measures.)
+    """
+
+    def __init__(self, primary: VerifyBatcher, shadow: VerifyBatcher, expert_nbytes: int) -> None:
+        self.primary = primary
+        self.shadow = shadow
+        self.name = primary.name
+        self.expert_nbytes = int(expert_nbytes)
+        self.steps = 0
+        self.differing_steps = 0
+        self.primary_missing_bytes = 0
+        self.shadow_missing_bytes = 0
+
+    def add(self, request_id: int, weight: float = 1.0) -> None:
+        self.primary.add(request_id, weight)
+        self.shadow.add(request_id, weight)
+
+    def remove(self, request_id: int) -> None:
+        self.primary.remove(request_id)
+        self.shadow.remove(request_id)
+
+    def _missing_bytes(
+        self,
+        grants: list[tuple[int, int]],
+        demands: Sequence[VerifyDemand],
+        resident: npt.NDArray[np.bool_] | None,
+    ) -> int:
+        chosen = {rid for rid, _ in grants}
+        sets = [d.predicted for d in demands if d.request_id in chosen and d.predicted is not None]
+        if not sets:
+            return 0
+        union = np.unique(np.concatenate(sets))
+        if resident is not None:
+            union = union[~resident.reshape(-1)[union]]
+        return int(union.size) * self.expert_nbytes
+
+    def select(
+        self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
+    ) -> BatchDecision:
+        decision = self.primary.select(demands, resident)
+        shadow = self.shadow.select(demands, resident)
+        self.steps += 1
+        if sorted(decision.grants) != sorted(shadow.grants):
+            self.differing_steps += 1
+        self.primary_missing_bytes += self._missing_bytes(decision.grants, demands, resident)
+        self.shadow_missing_bytes += self._missing_bytes(shadow.grants, demands, resident)
+        return decision

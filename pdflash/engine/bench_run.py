@@ -3,9 +3,11 @@
 :func:`run_spec` builds everything a :class:`RunSpec` names (a synthetic or
 real target checkpoint, a synthetic or real DFlash drafter, the H2D issuer,
 the expert cache, the engine in the requested baseline configuration), runs
-a closed-loop workload (``num_requests`` requests of ``prompt_len`` random
-prompt tokens, all queued at t=0, at most ``concurrency`` decoding at once)
-and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
+its workload (by default a burst: ``num_requests`` requests of ``prompt_len``
+random prompt tokens, all queued at t=0, at most ``concurrency`` decoding at
+once; or a serving workload: Poisson or closed-loop arrivals with length
+ranges, ``max_running`` / ``token_budget`` limits and a byte budget derived
+from the verify step, see :mod:`pdflash.engine.workload`) and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
 (unmeasured ones ``null`` with reasons; with the routing-trace figures:
 ``routed_expert_bytes`` and the Belady replay from the run's starting cache
 contents and capacity), the routing trace and the starting cache contents.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -38,9 +41,11 @@ from pdflash.engine.acceptance import (
     ModelAcceptance,
     default_mean_tau,
 )
+from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
+from pdflash.engine.workload import ClosedLoop, LengthDist, Workload, open_loop
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
 
@@ -89,9 +94,31 @@ class RunSpec:
     byte_budget: int | None = None
     step_target_s: float = 0.25
     dtype: str | None = None  # synthetic weights: None = float32 on CPU, bfloat16 on CUDA
-    # expert-cache eviction: "auto" (PD: layer_cyclic, others: lru), or one of
-    # "lru", "lfu", "route_ahead", "layer_cyclic" for every baseline (ablation)
+    # expert-cache eviction: "auto" (layer_cyclic, the best non-predictive
+    # policy for a layer-cyclic forward, for every offloaded baseline), or one
+    # of "lru", "lfu", "route_ahead", "layer_cyclic" (ablation)
     eviction: str = "auto"
+    # serving workload: "burst" sends every request at t = 0 (a fixed
+    # concurrency); "poisson" sends num_requests at rate_per_s (open loop);
+    # "closed" keeps `users` clients, each sending its next request think_s
+    # (exponential mean) after its last finished (see pdflash.engine.workload)
+    arrivals: str = "burst"
+    rate_per_s: float | None = None
+    users: int | None = None
+    think_s: float = 0.0
+    # request lengths uniform in [prompt_len, prompt_len_max] and
+    # [max_new_tokens, max_new_tokens_max]; fixed where the max is None
+    prompt_len_max: int | None = None
+    max_new_tokens_max: int | None = None
+    # engine limits: default max_running = concurrency and token_budget =
+    # concurrency x block, so every running request fits one verify step;
+    # set max_running above token_budget / block for a scheduler that decides
+    max_running: int | None = None
+    token_budget: int | None = None
+    # PD's M: "floor" = max(link x step_target_s, every expert's bytes);
+    # "verify" = link x the mean verify-forward time of a warm-up with
+    # max_running requests (the bytes the link moves while a verify computes)
+    byte_budget_from: str = "floor"
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -110,6 +137,31 @@ class RunSpec:
         if self.eviction not in ("auto", "lru", "lfu", "route_ahead", "layer_cyclic"):
             raise ValueError(
                 f"eviction must be auto, lru, lfu, route_ahead or layer_cyclic, got {self.eviction!r}"
+            )
+        if self.arrivals not in ("burst", "poisson", "closed"):
+            raise ValueError(f"arrivals must be burst, poisson or closed, got {self.arrivals!r}")
+        if self.arrivals == "poisson" and not (
+            self.rate_per_s is not None and math.isfinite(self.rate_per_s) and self.rate_per_s > 0
+        ):
+            raise ValueError(f"poisson arrivals need rate_per_s > 0, got {self.rate_per_s!r}")
+        if self.arrivals == "closed" and (self.users is None or self.users < 1):
+            raise ValueError(f"closed arrivals need users >= 1, got {self.users!r}")
+        if not (math.isfinite(self.think_s) and self.think_s >= 0):
+            raise ValueError(f"think_s must be finite and >= 0, got {self.think_s!r}")
+        for name, low in (
+            ("prompt_len_max", self.prompt_len),
+            ("max_new_tokens_max", self.max_new_tokens),
+        ):
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        for name in ("max_running", "token_budget"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.byte_budget_from not in ("floor", "verify"):
+            raise ValueError(
+                f"byte_budget_from must be floor or verify, got {self.byte_budget_from!r}"
             )
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
@@ -351,8 +403,10 @@ def _run(
     fraction = 1.0 if all_resident else spec.cache_fraction
     eviction = spec.eviction
     if eviction == "auto":
-        # PD: Belady at layer granularity, predicted experts kept longest in a layer
-        eviction = "layer_cyclic" if spec.baseline == "PD" else "lru"
+        # Belady at layer granularity for every baseline: the forward visits
+        # layers cyclically, which LRU thrashes; a fair comparison gives the
+        # baselines the same policy PD uses
+        eviction = "layer_cyclic"
     policy: Any = eviction
     if eviction == "layer_cyclic":
         from pdflash.cache.eviction import LayerCyclicPolicy
@@ -372,8 +426,8 @@ def _run(
     config = EngineConfig.preset(
         spec.baseline,
         block_size=spec.block_size,
-        max_running=spec.concurrency,
-        token_budget=spec.concurrency * spec.block_size,
+        max_running=spec.max_running or spec.concurrency,
+        token_budget=spec.token_budget or spec.concurrency * spec.block_size,
         seed=spec.seed,
     )
     batcher: VerifyBatcher | None = None
@@ -397,14 +451,21 @@ def _run(
             byte_budget = spec.byte_budget or max(
                 1, int(link_gbps * 1e9 * spec.step_target_s), all_expert_bytes
             )
-        batcher = DeficitBatcher(
-            token_budget=config.token_budget,
-            byte_budget=byte_budget,
-            num_layers=adapter.num_layers,
-            num_experts=adapter.num_experts,
-            expert_nbytes=cache.expert_nbytes,
-            max_tokens_per_item=config.block_size,
-        )
+
+        def deficit(budget: int | None) -> DeficitBatcher:
+            return DeficitBatcher(
+                token_budget=config.token_budget,
+                byte_budget=budget,
+                num_layers=adapter.num_layers,
+                num_experts=adapter.num_experts,
+                expert_nbytes=cache.expert_nbytes,
+                max_tokens_per_item=config.block_size,
+            )
+
+        batcher = deficit(byte_budget)
+        if byte_budget is not None:
+            # record what the token-only scheduler would have chosen each step
+            batcher = ShadowComparison(batcher, deficit(None), cache.expert_nbytes)
     if byte_budget is not None:
         config = config.replace(byte_budget=byte_budget)
     predictor = None
@@ -419,22 +480,38 @@ def _run(
         )
         horizon = AcceptanceHorizon(spec.block_size)
     acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
-    max_seq = spec.prompt_len + spec.max_new_tokens + 1
-    engine = Engine(
-        adapter,
-        config,
-        drafter=drafter,
-        batcher=batcher,
-        predictor=predictor,
-        horizon=horizon,
-        acceptance=acceptance,
-        expert_cache=cache,
-        route_stats=route_stats if config.route_ahead else None,
-        max_seq_len=max_seq,
-        device=device,
+    max_seq = (
+        (spec.prompt_len_max or spec.prompt_len)
+        + (spec.max_new_tokens_max or spec.max_new_tokens)
+        + 1
     )
+
+    def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:
+        return Engine(
+            adapter,
+            cfg,
+            drafter=drafter,
+            batcher=chosen,
+            predictor=predictor if cfg.route_ahead else None,
+            horizon=horizon if cfg.route_ahead else None,
+            acceptance=acceptance,
+            expert_cache=cache,
+            route_stats=route_stats if cfg.route_ahead else None,
+            max_seq_len=max_seq,
+            device=device,
+        )
+
+    verify_step_s: float | None = None
+    if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
+        verify_step_s = _verify_compute_s(spec, config, make_engine, adapter.vocab_size)
+        byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
+        primary = batcher.primary
+        assert isinstance(primary, DeficitBatcher)
+        primary.set_byte_budget(byte_budget)
+        config = config.replace(byte_budget=byte_budget)
+    engine = make_engine(config, batcher)
     try:
-        return _workload(
+        result = _workload(
             spec,
             device,
             adapter,
@@ -447,6 +524,10 @@ def _run(
             synthetic_weights,
             progress,
         )
+        result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
+        if verify_step_s is not None:
+            result.row["byte_budget_verify_compute_s"] = verify_step_s
+        return result
     finally:
         # NOTE: copies still queued or in flight (prefetches for a round that
         # never came) write into this run's slab: stop them before the cache
@@ -458,6 +539,45 @@ def _run(
                 block.runtime = None
         adapter.cache = None
         adapter.runtime = None
+
+
+def _verify_compute_s(
+    spec: RunSpec,
+    config: EngineConfig,
+    make_engine: Callable[[EngineConfig, Any], Engine],
+    vocab: int,
+) -> float:
+    """Mean compute time of one full verify forward, from a calibration run
+    (FCFS, no prefetch machinery) of ``max_running`` short requests. The
+    compute-stream stalls on copies are subtracted in proportion to the
+    verify forwards' share of all forward time (the timer keeps one stall
+    total)."""
+    calib_cfg = config.replace(
+        batching="fcfs",
+        route_ahead=False,
+        streaming_prefetch=False,
+        background_prefetch=False,
+        byte_budget=None,
+    )
+    engine = make_engine(calib_cfg, None)
+    rng = np.random.default_rng(spec.seed * 104729 + 17)
+    ids = []
+    for _ in range(config.max_running):
+        prompt = rng.integers(0, vocab, size=min(8, spec.prompt_len)).tolist()
+        ids.append(
+            engine.add_request(
+                prompt, max_new_tokens=min(3 * config.block_size, spec.max_new_tokens)
+            )
+        )
+    engine.run_until_done(max_steps=1000)
+    _raise_on_errors({i: e for i in ids if (e := engine.request(i).error) is not None})
+    timer = engine.timer
+    forwards = engine.verify_forwards
+    total = timer.forward_s()
+    if forwards == 0 or total <= 0:
+        raise RuntimeError("the verify calibration ran no verify forward")
+    verify_share = timer.kind_s("verify") / total
+    return max(1e-6, timer.compute_busy_s() * verify_share / forwards)
 
 
 def _quiesce(issuer: Any, cache: Any) -> None:
@@ -486,9 +606,10 @@ def _workload(
     progress: Callable[[int, int], None] | None,
 ) -> RunResult:
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat)
-    n_req = spec.num_requests or spec.concurrency
+    workload = _serving_workload(spec)
     vocab = adapter.vocab_size
-    prompts = [rng.integers(0, vocab, size=spec.prompt_len).tolist() for _ in range(n_req)]
+    prompt_lens, _ = workload.lengths()
+    prompts = [rng.integers(0, vocab, size=int(n)).tolist() for n in prompt_lens]
     # warm-up outside the clock: one short request (kernels, allocator, first copies)
     warm = engine.add_request(prompts[0][: max(1, min(4, spec.prompt_len))], max_new_tokens=2)
     engine.run_until_done(max_steps=100)
@@ -503,21 +624,42 @@ def _workload(
     initial_resident = np.flatnonzero(np.asarray(cache.slot_of) >= 0).astype(np.int64)
     _reset_measurements(engine, cache, route_stats)
     issuer_before = _issuer_totals(issuer.stats())
-    ids = [
-        engine.add_request(p, max_new_tokens=spec.max_new_tokens, slo_s=spec.slo_s) for p in prompts
-    ]
-    total_tokens = n_req * spec.max_new_tokens
+    closed = ClosedLoop(workload) if workload.arrivals == "closed" else None
+    pending = closed.start() if closed is not None else open_loop(workload)
+    total_tokens = sum(int(n) for n in workload.lengths()[1])
+    ids: list[int] = []
+    user_of: dict[int, int] = {}
     kv_peak = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     done_tokens = 0
-    while engine.has_work:
+    while pending or engine.has_work:
+        now = time.perf_counter() - t0
+        while pending and (pending[0].arrival_s or 0.0) <= now:
+            plan = pending.pop(0)
+            rid = engine.add_request(
+                prompts[plan.index], max_new_tokens=plan.max_new_tokens, slo_s=spec.slo_s
+            )
+            ids.append(rid)
+            if plan.user is not None:
+                user_of[rid] = plan.user
+        if not engine.has_work:
+            # open loop: nothing to do until the next arrival
+            time.sleep(max(0.0, (pending[0].arrival_s or 0.0) - now))
+            continue
         rep = engine.step()
         _raise_on_errors(rep.errors)
         done_tokens += rep.committed_tokens + rep.admitted
         kv = engine.kv.occupancy_bytes + (engine.draft_kv.occupancy_bytes if engine.draft_kv else 0)
         kv_peak = max(kv_peak, kv)
+        if closed is not None:
+            now = time.perf_counter() - t0
+            for rid in [r for r in user_of if engine.request(r).metrics.finish_s is not None]:
+                nxt = closed.finished(user_of.pop(rid), now)
+                if nxt is not None:
+                    pending.append(nxt)
+            pending.sort(key=lambda p: (p.arrival_s or 0.0, p.index))
         if progress is not None:
             progress(min(done_tokens, total_tokens), total_tokens)
     if device.type == "cuda":
@@ -551,6 +693,25 @@ def _raise_on_errors(errors: dict[int, str]) -> None:
     if errors:
         rid, text = next(iter(errors.items()))
         raise RuntimeError(f"{len(errors)} benchmark request(s) failed, e.g. {rid}: {text}")
+
+
+def _serving_workload(spec: RunSpec) -> Workload:
+    """The spec's requests as a :class:`~pdflash.engine.workload.Workload`
+    (seeded by seed and repeat)."""
+
+    def lengths(low: int, high: int | None) -> LengthDist:
+        return LengthDist("fixed", low, low) if high is None else LengthDist("uniform", low, high)
+
+    return Workload(
+        arrivals=spec.arrivals,  # type: ignore[arg-type]
+        num_requests=spec.num_requests or spec.concurrency,
+        rate_per_s=spec.rate_per_s,
+        users=spec.users,
+        think_s=spec.think_s,
+        prompt_len=lengths(spec.prompt_len, spec.prompt_len_max),
+        output_len=lengths(spec.max_new_tokens, spec.max_new_tokens_max),
+        seed=spec.seed * 7919 + spec.repeat,
+    )
 
 
 def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
@@ -620,6 +781,29 @@ def _result(
         "bytes_per_token": ratio(h2d_bytes, committed, "no token committed"),
         "issuer_blocked_wait_s": issuer_after["blocked_wait_s"] - issuer_before["blocked_wait_s"],
     }
+    tpots = [r.metrics.tpot_s for r in reqs if r.metrics.tpot_s is not None]
+    queue = [r.metrics.queue_delay_s for r in reqs if r.metrics.queue_delay_s is not None]
+    metrics["tpot_p50_s"] = _percentile(tpots, 50, "request with two or more output tokens")
+    metrics["tpot_p99_s"] = _percentile(tpots, 99, "request with two or more output tokens")
+    metrics["queue_delay_p50_s"] = _percentile(queue, 50, "admitted request")
+    metrics["queue_delay_p99_s"] = _percentile(queue, 99, "admitted request")
+    shadow = engine.batcher if isinstance(engine.batcher, ShadowComparison) else None
+    if shadow is None or shadow.steps == 0:
+        reason = (
+            f"baseline {spec.baseline} runs no 2-D scheduler"
+            if shadow is None
+            else "no verify step was scheduled"
+        )
+        for name in (
+            "token_only_differing_step_fraction",
+            "batch_missing_bytes_2d",
+            "batch_missing_bytes_token_only",
+        ):
+            metrics[name] = NotMeasured(reason)
+    else:
+        metrics["token_only_differing_step_fraction"] = shadow.differing_steps / shadow.steps
+        metrics["batch_missing_bytes_2d"] = float(shadow.primary_missing_bytes)
+        metrics["batch_missing_bytes_token_only"] = float(shadow.shadow_missing_bytes)
     metrics["h2d_overlap_fraction"] = (
         NotMeasured("no H2D copies in this run")
         if link_busy <= 0
@@ -689,6 +873,8 @@ def _result(
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
         "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),
         "token_budget": engine.config.token_budget,
+        "max_running": engine.config.max_running,
+        "workload": _serving_workload(spec).describe(),
         "batching": engine.config.batching,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
@@ -728,6 +914,8 @@ def _result(
             "output_tokens": len(r.output),
             "ttft_s": r.metrics.ttft_s,
             "latency_s": r.metrics.latency_s,
+            "tpot_s": r.metrics.tpot_s,
+            "queue_delay_s": r.metrics.queue_delay_s,
             "acceptance_lengths": list(r.metrics.acceptance_lengths),
             "forced_rounds": r.metrics.forced_rounds,
             "model_rounds": r.metrics.model_rounds,

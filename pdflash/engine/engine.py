@@ -103,6 +103,7 @@ class RequestMetrics:
     prompt_tokens: int
     arrival_s: float
     slo_s: float | None = None
+    admitted_s: float | None = None  # left the waiting queue (KV promised)
     first_token_s: float | None = None
     finish_s: float | None = None
     finish_reason: str | None = None
@@ -115,6 +116,18 @@ class RequestMetrics:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def queue_delay_s(self) -> float | None:
+        """Time waiting for admission (``max_running`` or KV pages)."""
+        return None if self.admitted_s is None else self.admitted_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (None below two tokens)."""
+        if self.first_token_s is None or self.finish_s is None or self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
 
     @property
     def latency_s(self) -> float | None:
@@ -595,6 +608,7 @@ class Engine:
             self._running.append(req.request_id)
             self.batcher.add(req.request_id)
             req.state = RequestState.PREFILL
+            req.metrics.admitted_s = self.clock()
             admitted.append(req)
         return admitted
 

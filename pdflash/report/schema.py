@@ -87,6 +87,16 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "router_busy_s",
     "verify_overlap_window_s",
     "slo_s",
+    # serving workloads: per-request latency beyond TTFT, and how the 2-D
+    # scheduler's batches differed from the token-only scheduler's
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "queue_delay_p50_s",
+    "queue_delay_p99_s",
+    "token_only_differing_step_fraction",
+    "batch_missing_bytes_2d",
+    "batch_missing_bytes_token_only",
+    "byte_budget_verify_compute_s",
 )
 
 #: Metrics that are fractions and must lie in [0, 1].
@@ -99,6 +109,7 @@ FRACTION_FIELDS: frozenset[str] = frozenset(
         "eta",
         "link_busy_fraction",
         "useful_byte_fraction",
+        "token_only_differing_step_fraction",
     }
 )
 

@@ -145,6 +145,7 @@ class FakeRunSpec:
     layers: int | None = None
     acceptance: str = "auto"
     mean_tau: float | None = None
+    eviction: str = "auto"
 
 
 @dataclasses.dataclass

@@ -42,10 +42,8 @@ def _stack(
     from pdflash.cache.eviction import LayerCyclicPolicy
 
     adapter = load_adapter(tmp / "target", device="cpu")
-    # PD runs the layer-cyclic eviction policy (as run_spec's "auto"), the others LRU
-    policy = (
-        LayerCyclicPolicy(adapter.num_layers, adapter.num_experts) if baseline == "PD" else "lru"
-    )
+    # every offloaded baseline runs the layer-cyclic eviction policy (as run_spec's "auto")
+    policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
     cache = ExpertCache(
         adapter.store,
         issuer,

@@ -55,3 +55,24 @@ def test_layer_cyclic_moves_fewer_bytes_than_lru_when_half_the_experts_fit(
         assert row["eviction_policy"] == eviction
         per_token[eviction] = row["bytes_per_token"]
     assert per_token["layer_cyclic"] < 0.85 * per_token["lru"], per_token
+
+
+@pytest.mark.parametrize("baseline", ["B0", "B1", "B2", "PD"])
+def test_auto_eviction_is_layer_cyclic_for_every_offloaded_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, baseline: str
+) -> None:
+    """A fair comparison: no offloaded baseline runs LRU (which thrashes the
+    layer-cyclic forward) while PD gets the layer-cyclic policy."""
+    from pdflash.engine.bench_run import RunSpec, run_spec
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny",
+        layers=2,
+        baseline=baseline,
+        concurrency=1,
+        cache_fraction=0.5,
+        max_new_tokens=4,
+    )
+    assert spec.eviction == "auto"
+    assert run_spec(spec).row["eviction_policy"] == "layer_cyclic"

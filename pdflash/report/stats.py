@@ -1,0 +1,171 @@
+"""Repeat statistics for benchmark rows: a median with a 95% interval per
+point, and a comparison that calls a difference only where intervals separate.
+
+Two interval methods, both stated on every result:
+
+* ``t``: Student's t interval of the mean, ``mean ± t(0.975, n−1)·s/√n``.
+  With the three to five repeats a GPU lease allows, it is the usable one:
+  it widens honestly as n shrinks.
+* ``bootstrap``: the percentile interval of the median over seeded
+  resamples (deterministic for a given seed). With few samples it collapses
+  towards ``[min, max]``, so it is offered for n >= 8 only.
+
+:func:`compare` says ``"a"`` or ``"b"`` (which is larger) only when the two
+intervals do not overlap, and ``"within noise"`` otherwise. Non-overlap of
+two 95% intervals is stricter than a 5% test; a benchmark that claims a win
+should be the stricter side.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Method = Literal["t", "bootstrap"]
+Verdict = Literal["a", "b", "within noise"]
+
+#: Two-sided 95% quantiles t(0.975, df) for df = 1..30 (standard tables).
+_T975 = (
+    12.706204736,
+    4.302652730,
+    3.182446305,
+    2.776445105,
+    2.570581836,
+    2.446911851,
+    2.364624252,
+    2.306004135,
+    2.262157163,
+    2.228138852,
+    2.200985160,
+    2.178812830,
+    2.160368656,
+    2.144786688,
+    2.131449546,
+    2.119905299,
+    2.109815578,
+    2.100922040,
+    2.093024054,
+    2.085963447,
+    2.079613845,
+    2.073873068,
+    2.068657610,
+    2.063898562,
+    2.059538553,
+    2.055529439,
+    2.051830516,
+    2.048407142,
+    2.045229642,
+    2.042272456,
+)
+
+#: Below this many samples a bootstrap interval is refused (it degenerates).
+MIN_BOOTSTRAP_SAMPLES = 8
+
+
+def t_quantile_975(df: int) -> float:
+    """t(0.975, df): the table above for df <= 30, else a Cornish-Fisher
+    expansion around the normal quantile (error < 1e-4 for df > 30)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = statistics.NormalDist().inv_cdf(0.975)
+    g1 = (z**3 + z) / 4
+    g2 = (5 * z**5 + 16 * z**3 + 3 * z) / 96
+    g3 = (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384
+    return z + g1 / df + g2 / df**2 + g3 / df**3
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point's repeats summarised: the median, a 95% interval, how many
+    samples and which method made the interval."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+    method: Method
+
+    def as_dict(self) -> dict[str, float | int | str]:
+        return {
+            "median": self.median,
+            "low": self.low,
+            "high": self.high,
+            "n": self.n,
+            "method": self.method,
+        }
+
+
+def _finite(samples: Sequence[float]) -> list[float]:
+    values = [float(v) for v in samples]
+    if not values:
+        raise ValueError("an interval needs at least one sample")
+    bad = [v for v in values if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"samples must be finite, got {bad}")
+    return values
+
+
+def t_interval(samples: Sequence[float]) -> Interval:
+    """Median of ``samples`` with the 95% t interval of their mean. Needs two
+    or more samples: one sample has no spread to measure."""
+    values = _finite(samples)
+    n = len(values)
+    if n < 2:
+        raise ValueError("a t interval needs at least two samples (one has no spread)")
+    mean = statistics.fmean(values)
+    half = t_quantile_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return Interval(statistics.median(values), mean - half, mean + half, n, "t")
+
+
+def bootstrap_interval(
+    samples: Sequence[float], *, resamples: int = 2000, seed: int = 0
+) -> Interval:
+    """Median of ``samples`` with the 95% percentile-bootstrap interval of the
+    median (``resamples`` seeded resamples with replacement)."""
+    values = _finite(samples)
+    n = len(values)
+    if n < MIN_BOOTSTRAP_SAMPLES:
+        raise ValueError(
+            f"a bootstrap interval needs >= {MIN_BOOTSTRAP_SAMPLES} samples, got {n}; "
+            "use the t interval"
+        )
+    if resamples < 100:
+        raise ValueError(f"resamples must be >= 100, got {resamples}")
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    lo = medians[math.floor(0.025 * (resamples - 1))]
+    hi = medians[math.ceil(0.975 * (resamples - 1))]
+    return Interval(statistics.median(values), lo, hi, n, "bootstrap")
+
+
+def interval(samples: Sequence[float], method: Method = "t", *, seed: int = 0) -> Interval:
+    """The interval of ``samples`` by ``method`` (``"t"`` or ``"bootstrap"``)."""
+    if method == "t":
+        return t_interval(samples)
+    if method == "bootstrap":
+        return bootstrap_interval(samples, seed=seed)
+    raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
+
+
+def compare(a: Interval, b: Interval) -> Verdict:
+    """``"a"`` when a's interval lies wholly above b's, ``"b"`` when b's lies
+    wholly above a's, else ``"within noise"``."""
+    if a.low > b.high:
+        return "a"
+    if b.low > a.high:
+        return "b"
+    return "within noise"
+
+
+def relative_spread(iv: Interval) -> float | None:
+    """Half the interval's width over its median: the run-to-run noise a
+    README can state. None when the median is zero (no relative scale)."""
+    if iv.median == 0:
+        return None
+    return (iv.high - iv.low) / 2 / abs(iv.median)

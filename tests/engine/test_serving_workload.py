@@ -1,0 +1,142 @@
+"""Serving workloads through the bench contract: arrivals, engine limits, the
+byte budget derived from the verify step, and the 2-D vs token-only record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdflash.engine.batching import DeficitBatcher, ShadowComparison, VerifyDemand
+from pdflash.engine.bench_run import RunSpec, run_spec
+from pdflash.report.schema import validate_row
+
+
+def test_poisson_run_admits_by_arrival_and_reports_serving_latency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny",
+        layers=2,
+        baseline="PD",
+        concurrency=4,
+        cache_fraction=0.3,
+        arrivals="poisson",
+        rate_per_s=50.0,
+        num_requests=10,
+        prompt_len=8,
+        prompt_len_max=16,
+        max_new_tokens=6,
+        max_new_tokens_max=20,
+        max_running=6,
+        token_budget=12,  # block 16: fewer tokens than one request's block
+        block_size=16,
+        byte_budget_from="verify",
+        emulated_link_gbps=0.05,
+    )
+    result = run_spec(spec)
+    row = result.row
+    assert validate_row(row) == []
+    assert row["max_running"] == 6 and row["token_budget"] == 12
+    assert row["workload"]["arrivals"] == "poisson"
+    assert row["workload"]["output_len"] == "uniform [6, 20]"
+    # the verify-derived M: measured link bytes/s x measured verify compute s
+    verify_s = row["byte_budget_verify_compute_s"]
+    assert verify_s > 0 and row["byte_budget_from"] == "verify"
+    assert row["byte_budget"] == max(1, int(row["link_gbps_measured"] * 1e9 * verify_s))
+    # every request finished with its planned length, admitted after arriving
+    outs = [r["output_tokens"] for r in result.requests]
+    assert len(outs) == 10 and all(6 <= n <= 20 for n in outs)
+    assert all(r["queue_delay_s"] >= 0 for r in result.requests)
+    assert row["tpot_p50_s"] > 0 and row["tpot_p99_s"] >= row["tpot_p50_s"]
+    assert row["queue_delay_p99_s"] >= row["queue_delay_p50_s"] >= 0
+    assert 0.0 <= row["token_only_differing_step_fraction"] <= 1.0
+    assert row["batch_missing_bytes_2d"] >= 0
+
+
+def test_closed_loop_run_sends_exactly_num_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny",
+        layers=2,
+        baseline="B1",
+        concurrency=2,
+        arrivals="closed",
+        users=2,
+        think_s=0.001,
+        num_requests=5,
+        prompt_len=6,
+        max_new_tokens=4,
+    )
+    result = run_spec(spec)
+    assert validate_row(result.row) == []
+    assert len(result.requests) == 5
+    assert all(r["output_tokens"] == 4 for r in result.requests)
+    assert result.row["not_measured"]["token_only_differing_step_fraction"].startswith(
+        "baseline B1"
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"arrivals": "poisson"}, "rate_per_s"),
+        ({"arrivals": "closed"}, "users"),
+        ({"arrivals": "uniform"}, "arrivals"),
+        ({"max_new_tokens_max": 1}, "max_new_tokens_max"),
+        ({"max_running": 0}, "max_running"),
+        ({"byte_budget_from": "guess"}, "byte_budget_from"),
+        ({"think_s": -1.0}, "think_s"),
+    ],
+)
+def test_bad_serving_specs_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        RunSpec(arch="tiny", baseline="PD", **kwargs).validate()  # type: ignore[arg-type]
+
+
+def _deficit(byte_budget: int | None) -> DeficitBatcher:
+    return DeficitBatcher(
+        token_budget=32, byte_budget=byte_budget, num_layers=1, num_experts=8, expert_nbytes=100
+    )
+
+
+def test_shadow_comparison_counts_steps_where_the_byte_budget_changed_the_batch() -> None:
+    # two requests with disjoint predicted experts, 300 bytes each: M = 400
+    # lets the 2-D scheduler take one of them per step, the token-only both
+    shadow = ShadowComparison(_deficit(400), _deficit(None), expert_nbytes=100)
+    for rid in (1, 2):
+        shadow.add(rid)
+    demands = [
+        VerifyDemand(1, 4, np.array([0, 1, 2], dtype=np.int64)),
+        VerifyDemand(2, 4, np.array([3, 4, 5], dtype=np.int64)),
+    ]
+    decision = shadow.select(demands, np.zeros((1, 8), dtype=np.bool_))
+    assert len(decision.grants) == 1
+    assert shadow.steps == 1 and shadow.differing_steps == 1
+    assert shadow.primary_missing_bytes == 300
+    assert shadow.shadow_missing_bytes == 600
+    # resident experts are not missing: nothing left to separate them
+    resident = np.zeros((1, 8), dtype=np.bool_)
+    resident[0, :6] = True
+    decision = shadow.select(demands, resident)
+    assert len(decision.grants) == 2
+    assert shadow.steps == 2 and shadow.differing_steps == 1
+    assert shadow.primary_missing_bytes == 300
+
+
+def test_set_byte_budget_only_between_workloads() -> None:
+    b = _deficit(1000)
+    b.set_byte_budget(200)
+    assert b.byte_budget == 200
+    b.add(7)
+    with pytest.raises(RuntimeError, match="live requests"):
+        b.set_byte_budget(300)
+    b.remove(7)
+    b.set_byte_budget(300)
+    assert b.byte_budget == 300
+    with pytest.raises(ValueError, match="token-only"):
+        _deficit(None).set_byte_budget(10)
