@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -52,6 +53,14 @@ class ExpertSource(Protocol):
     expert_nbytes: int
 
     def host_ptrs(self, flat_ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]: ...
+
+
+def _unregister_destination(issuer_ref: weakref.ReferenceType[Any], ptr: int) -> None:
+    issuer = issuer_ref()
+    if issuer is None or getattr(issuer, "closed", False):
+        return  # a closed issuer has forgotten every region already
+    with contextlib.suppress(ValueError):
+        issuer.unregister_destination(ptr)
 
 
 class CacheTooSmallError(ValueError):
@@ -139,6 +148,15 @@ class ExpertCache:
         self.policy.reset(self.num_ids)
 
         self.slab = torch.empty((slots, self.expert_nbytes), dtype=torch.uint8, device=self.device)
+        # NOTE: the issuer writes only into destinations it was given: the slab
+        # is one until the cache is collected (issuers without the method,
+        # test doubles, copy anywhere).
+        register = getattr(issuer, "register_destination", None)
+        if register is not None:
+            register(self.slab.data_ptr(), self.slab.numel())
+            weakref.finalize(
+                self, _unregister_destination, weakref.ref(issuer), self.slab.data_ptr()
+            )
         self._is_cuda = self.device.type == "cuda"
         self.slot_of = np.full(self.num_ids, -1, dtype=np.int64)
         self.expert_of = np.full(slots, -1, dtype=np.int64)
