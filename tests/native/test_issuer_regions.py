@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -424,3 +425,35 @@ def test_native_accepts_and_rejects_batches_as_the_reference(
     event("accepted")
     assert want is None, f"native accepted a batch the reference rejects at {want}"
     iss.wait(t, timeout_s=30)
+
+
+def test_an_expert_store_from_the_callers_allocator_becomes_a_source(tmp_path: Path) -> None:
+    import json
+
+    import torch
+    from transformers import AutoConfig
+
+    from pdflash.models import get_adapter_class, write_synthetic_checkpoint
+    from pdflash.models.store import ExpertStore
+
+    path = write_synthetic_checkpoint(tmp_path / "olmoe", "olmoe", "tiny", dtype=torch.float32)
+    cls = get_adapter_class(json.loads((path / "config.json").read_text())["model_type"])
+    config = AutoConfig.from_pretrained(path)
+    with H2DIssuer(backend="host") as iss:
+        store = ExpertStore(
+            path,
+            cls.expert_layout(config, torch.float32),
+            cls.expert_formats(config),
+            config.num_hidden_layers,
+            cls.num_experts_of(config),
+            allocator=lambda n: torch.zeros(n, dtype=torch.uint8),
+        )
+        store.register_with(iss)  # as the adapter's attach_cache does
+        ptr, n = store.buffer.data_ptr(), store.expert_nbytes
+        dst = iss.pinned_array(n)
+        iss.wait(iss.submit([ptr], [dst.ctypes.data], n, [-1], Band.ON_DEMAND), timeout_s=10)
+        assert (dst == store.buffer[:n].numpy()).all()
+        store.close()  # forgotten as a source; the caller's bytes stay valid
+        assert store.pinned
+        with pytest.raises(ValueError, match="copy 0: source"):
+            iss.submit([ptr], [dst.ctypes.data], n, [-1], Band.ON_DEMAND)
