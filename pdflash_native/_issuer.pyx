@@ -464,8 +464,8 @@ cdef class NativeIssuer:
     def register_host(self, uintptr_t ptr, size_t nbytes):
         """cudaHostRegister an existing host region (no-op on the host backend);
         unregistered by unregister_host() or close()."""
-        if ptr == 0 or nbytes == 0:
-            raise ValueError(f"register_host: empty region (ptr={ptr}, nbytes={nbytes})")
+        if ptr == 0 or nbytes == 0 or ptr + nbytes < ptr:
+            raise ValueError(f"register_host: empty or wrapping region (ptr={ptr}, nbytes={nbytes})")
         if ptr in self._registered:
             raise ValueError(f"register_host: 0x{ptr:x} is already registered")
         with nogil:

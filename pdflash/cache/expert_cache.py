@@ -75,7 +75,9 @@ class ExpertCache:
 
     Args:
         source: host experts (addresses, sizes).
-        issuer: the H2D copy issuer.
+        issuer: the H2D copy issuer. The slab is registered with its
+            ``register_destination`` (when it has one) until the cache is
+            collected: the issuer writes only into registered destinations.
         device: where the slab lives (``cuda:N`` or ``cpu``).
         top_k, max_batch_tokens: define the minimum size (module docstring).
         policy: an :class:`EvictionPolicy` or a shipped policy's name

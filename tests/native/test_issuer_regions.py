@@ -32,6 +32,7 @@ from pdflash.h2d import (
     STATE_RUNNING,
     CopyCancelledError,
     H2DIssuer,
+    native_live_counts,
 )
 from pdflash.protocols import Band
 
@@ -229,6 +230,10 @@ def test_region_registration_errors(issuer: H2DIssuer) -> None:
         issuer.register_source(0, 16)
     with pytest.raises(ValueError, match="empty or wrapping"):
         issuer.register_source((1 << 64) - 16, 32)
+    registrations = native_live_counts()["registrations"]
+    with pytest.raises(ValueError, match="empty or wrapping"):
+        issuer.register_host((1 << 64) - 16, 32)
+    assert native_live_counts()["registrations"] == registrations
     issuer.register_destination(host.ctypes.data, 4096)
     with pytest.raises(ValueError, match="already registered"):
         issuer.register_destination(host.ctypes.data, 4096)
