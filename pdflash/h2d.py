@@ -28,10 +28,22 @@ and caveats (a fixed ~4.7 us per chunk caps expert-copy bandwidth by chunks
 per expert) are in ``cuda/README.md``; ``--sweep`` re-measures every
 trade-off side by side.
 
+The issuer never touches memory it was not given: every copy's source must
+lie inside one source region (a buffer from :meth:`H2DIssuer.alloc_pinned` /
+:meth:`H2DIssuer.pinned_array`, or a range given to
+:meth:`H2DIssuer.register_host` or :meth:`H2DIssuer.register_source`) and
+its destination inside one destination region (a range given to
+:meth:`H2DIssuer.register_destination`; on the host backend also the
+issuer's own pinned buffers, its stand-in for device memory). A batch with
+one copy outside them is rejected whole (ValueError naming the copy, its
+range and the nearest region) before anything is queued.
+
 Example::
 
     with H2DIssuer() as issuer:
         host = issuer.pinned_array((num_experts, expert_nbytes), np.uint8)
+        slots = torch.empty((num_slots, expert_nbytes), dtype=torch.uint8, device="cuda")
+        issuer.register_destination(slots.data_ptr(), slots.numel())
         tickets = issuer.submit(src_ptrs, dst_ptrs, nbytes, keys, Band.ROUTE_AHEAD)
         issuer.stream_wait(tickets, torch.cuda.current_stream().cuda_stream)
 """
@@ -254,9 +266,13 @@ class H2DIssuer:
         ``nbytes`` may be a scalar (every copy that size). A key already
         queued or running is not copied twice: its ticket is returned and a
         more urgent band promotes its not-yet-started chunks. Key ``-1``
-        never deduplicates. On the CUDA backend a pageable source is refused
-        (ValueError naming it); allocate with :meth:`alloc_pinned` or
-        :meth:`register_host`. A rejected call changes nothing.
+        never deduplicates. Each copy's source range must lie inside one
+        source region (:meth:`alloc_pinned`, :meth:`register_host`,
+        :meth:`register_source`) and its destination range inside one
+        destination region (:meth:`register_destination`; on the host
+        backend also the issuer's pinned buffers); otherwise ValueError names
+        the copy, its range and the nearest region. A rejected call changes
+        nothing (no copy of it is queued).
         """
         # NOTE: fast path, the engine's call (int64 address and key arrays, one
         # int size, a Band): straight to the native call, which checks
@@ -368,14 +384,19 @@ class H2DIssuer:
     def alloc_pinned(self, nbytes: int) -> Any:
         """Page-locked host memory (``cudaHostAlloc`` on the CUDA backend, a
         page-aligned prefaulted allocation on host) as a ``PinnedBuffer``
-        (``.ptr``, ``.nbytes``, buffer protocol). Freed with its last reference
-        or ``free()``; before that, copies from it that have not started are
-        cancelled and started ones waited for."""
+        (``.ptr``, ``.nbytes``, buffer protocol): a copy source region, and on
+        the host backend also a destination region (the host backend's
+        stand-in for device memory; on CUDA copies go to device memory only).
+        Freed with its last reference or ``free()``; before that, copies from
+        or into it that have not started are cancelled and started ones
+        waited for."""
         if nbytes <= 0:
             raise ValueError(f"nbytes must be > 0, got {nbytes}")
         release = functools.partial(_release_region, weakref.ref(self._native))
         buf = PinnedBuffer(nbytes, self._backend == "cuda", self._device, release)
         self._native.note_pinned_region(buf.ptr, nbytes)
+        if self._backend == "host":
+            self._native.note_destination_region(buf.ptr, nbytes)
         return buf
 
     def pinned_array(
@@ -402,10 +423,38 @@ class H2DIssuer:
         started are cancelled, started ones waited for, then it is unpinned."""
         self._native.unregister_host(int(ptr))
 
+    def register_source(self, ptr: int, nbytes: int) -> None:
+        """Make host memory that is already page-locked elsewhere (e.g. torch's
+        ``pin_memory()``, a ``cudaHostRegister`` of the caller's) a copy
+        source region. On the CUDA backend both ends must be pinned
+        (ValueError otherwise); bookkeeping only on the host backend. Undone
+        by :meth:`unregister_source` or :meth:`close`."""
+        self._native.register_source(int(ptr), int(nbytes))
+
+    def unregister_source(self, ptr: int) -> int:
+        """Undo :meth:`register_source` (before the memory goes away): copies
+        from it that have not started are cancelled (returns how many),
+        started ones waited for."""
+        return int(self._native.unregister_source(int(ptr)))
+
+    def register_destination(self, ptr: int, nbytes: int) -> None:
+        """Let copies write into ``[ptr, ptr + nbytes)``: device memory on the
+        CUDA backend (checked at both ends: ValueError for host memory), any
+        host memory the caller owns on the host backend. Undone by
+        :meth:`unregister_destination` or :meth:`close`."""
+        self._native.register_destination(int(ptr), int(nbytes))
+
+    def unregister_destination(self, ptr: int) -> int:
+        """Undo :meth:`register_destination` (before the memory is freed):
+        copies into it that have not started are cancelled (returns how
+        many), started ones waited for."""
+        return int(self._native.unregister_destination(int(ptr)))
+
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:
         """Cancel queued copies, let in-flight chunks finish, stop the worker,
-        free the stream/events/threads, unregister regions. Idempotent."""
+        free the stream/events/threads, unregister every host, source and
+        destination region. Idempotent."""
         self._native.close()
 
     def __enter__(self) -> H2DIssuer:

@@ -6,7 +6,9 @@ cdef class NativeIssuer:
     cdef Issuer* _live(self) except NULL
     cdef readonly bint use_cuda
     cdef readonly int device
-    cdef dict _registered
+    cdef dict _registered  # register_host: ptr -> nbytes
+    cdef dict _sources  # register_source: ptr -> nbytes
+    cdef dict _destinations  # register_destination: ptr -> nbytes
     cdef object __weakref__
 
 

@@ -202,6 +202,8 @@ cdef class NativeIssuer:
     def __cinit__(self):
         self._issuer = NULL
         self._registered = {}
+        self._sources = {}
+        self._destinations = {}
 
     def __init__(
         self,
@@ -394,13 +396,65 @@ cdef class NativeIssuer:
         return np.frombuffer(raw, dtype=LOG_DTYPE).copy()
 
     def note_pinned_region(self, uintptr_t ptr, size_t nbytes):
-        """Tell the pageable-source check that [ptr, ptr+nbytes) is pinned."""
-        self._live().note_pinned_region(ptr, nbytes)
+        """A valid copy source: [ptr, ptr+nbytes) is pinned host memory the
+        caller allocated or registered itself (not checked with the backend)."""
+        self._live().add_source_region(ptr, nbytes, False)
+
+    def note_destination_region(self, uintptr_t ptr, size_t nbytes):
+        """A valid copy destination, not checked with the backend (the host
+        backend's own pinned buffers)."""
+        self._live().add_destination_region(ptr, nbytes, False)
+
+    def register_source(self, uintptr_t ptr, size_t nbytes):
+        """A valid copy source: memory pinned by someone else (CUDA: both ends
+        must be page-locked host memory; ValueError otherwise). Undone by
+        unregister_source() or close()."""
+        if ptr in self._sources:
+            raise ValueError(f"register_source: 0x{ptr:x} is already registered")
+        self._live().add_source_region(ptr, nbytes, True)
+        self._sources[ptr] = nbytes
+
+    def unregister_source(self, uintptr_t ptr):
+        """Undo register_source(): copies from the region that have not
+        started are cancelled, started ones waited for (GIL released).
+        Returns how many were cancelled."""
+        cdef size_t nbytes
+        cdef int64_t n
+        if ptr not in self._sources:
+            raise ValueError(f"unregister_source: 0x{ptr:x} was not registered here")
+        self._live()  # raises unless __init__ ran
+        nbytes = self._sources.pop(ptr)
+        with nogil:
+            n = self._issuer.remove_source_region(ptr, nbytes)
+        return n
+
+    def register_destination(self, uintptr_t ptr, size_t nbytes):
+        """A valid copy destination (CUDA: both ends must be device memory;
+        ValueError otherwise). Undone by unregister_destination() or close()."""
+        if ptr in self._destinations:
+            raise ValueError(f"register_destination: 0x{ptr:x} is already registered")
+        self._live().add_destination_region(ptr, nbytes, True)
+        self._destinations[ptr] = nbytes
+
+    def unregister_destination(self, uintptr_t ptr):
+        """Undo register_destination(): copies into the region that have not
+        started are cancelled, started ones waited for (GIL released).
+        Returns how many were cancelled."""
+        cdef size_t nbytes
+        cdef int64_t n
+        if ptr not in self._destinations:
+            raise ValueError(f"unregister_destination: 0x{ptr:x} was not registered here")
+        self._live()  # raises unless __init__ ran
+        nbytes = self._destinations.pop(ptr)
+        with nogil:
+            n = self._issuer.remove_destination_region(ptr, nbytes)
+        return n
 
     def release_region(self, uintptr_t ptr, size_t nbytes):
         """Before [ptr, ptr+nbytes) is freed or unregistered: cancel the copies
-        from it not yet started, wait (GIL released) for the started ones,
-        forget the region. Returns how many copies were cancelled."""
+        from or into it not yet started, wait (GIL released) for the started
+        ones, forget every source and destination region beginning inside it.
+        Returns how many copies were cancelled."""
         cdef int64_t n
         self._live()  # raises unless __init__ ran
         with nogil:
@@ -410,14 +464,14 @@ cdef class NativeIssuer:
     def register_host(self, uintptr_t ptr, size_t nbytes):
         """cudaHostRegister an existing host region (no-op on the host backend);
         unregistered by unregister_host() or close()."""
-        if ptr == 0 or nbytes == 0:
-            raise ValueError(f"register_host: empty region (ptr={ptr}, nbytes={nbytes})")
+        if ptr == 0 or nbytes == 0 or ptr + nbytes < ptr:
+            raise ValueError(f"register_host: empty or wrapping region (ptr={ptr}, nbytes={nbytes})")
         if ptr in self._registered:
             raise ValueError(f"register_host: 0x{ptr:x} is already registered")
         with nogil:
             c_register_host(self.use_cuda, self.device, <void*>ptr, nbytes)
         self._registered[ptr] = nbytes
-        self._live().note_pinned_region(ptr, nbytes)
+        self._live().add_source_region(ptr, nbytes, False)
 
     def unregister_host(self, uintptr_t ptr):
         """Undo register_host() once no copy reads the region any more (see
@@ -443,9 +497,14 @@ cdef class NativeIssuer:
 
     def close(self):
         """Cancel queued copies, drain in-flight chunks, stop the worker and
-        free the stream/events/threads and registrations. Idempotent."""
+        free the stream/events/threads and registrations (host, source and
+        destination). Idempotent."""
         self._live()  # raises unless __init__ ran
         with nogil:
             self._issuer.shutdown()
         for ptr in list(self._registered):
             self.unregister_host(ptr)
+        for ptr in list(self._sources):
+            self.unregister_source(ptr)
+        for ptr in list(self._destinations):
+            self.unregister_destination(ptr)

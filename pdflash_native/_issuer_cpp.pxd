@@ -91,8 +91,11 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         int64_t cancel(int band) except +
         IssuerStats stats()
         vector[LogEvent] debug_log()
-        void note_pinned_region(uintptr_t begin, size_t n)
+        void add_source_region(uintptr_t begin, size_t n, bool check_pinned) except +
+        void add_destination_region(uintptr_t begin, size_t n, bool check_device) except +
         int64_t release_region(uintptr_t begin, size_t n) except +
+        int64_t remove_source_region(uintptr_t begin, size_t n) except +
+        int64_t remove_destination_region(uintptr_t begin, size_t n) except +
         bool test_hold_link(bool hold)
         bool test_inject_failures(int count, const string& text)
         void shutdown()

@@ -428,6 +428,8 @@ class _Buffers:
         else:
             self.dst_mem = np.zeros(count * nbytes, np.uint8)
             dst_base = int(self.dst_mem.ctypes.data)
+        # the issuer writes only into registered destinations (forgotten at its close)
+        issuer.register_destination(dst_base, count * nbytes)
         offsets = np.arange(count, dtype=np.int64) * nbytes
         self.src = int(self.src_mem.ctypes.data) + offsets
         self.dst = dst_base + offsets

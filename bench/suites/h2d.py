@@ -139,11 +139,18 @@ class _Memory:
 
             self.torch_dst = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{device}")
             self.dst_ptr = int(self.torch_dst.data_ptr())
-        else:
+            issuer.register_destination(self.dst_ptr, nbytes)
+        else:  # the issuer's pinned buffers are destinations on the host backend
             self.host_dst = issuer.pinned_array(nbytes)
             self.dst_ptr = int(self.host_dst.ctypes.data)
         self.src_ptr = int(self.src.ctypes.data)
         self.nbytes = nbytes
+
+    def lend_to(self, issuer: Any) -> None:
+        """Make both pools valid for another issuer (a copy may only read and
+        write regions its issuer was given); its close() forgets them."""
+        issuer.register_source(self.src_ptr, self.nbytes)
+        issuer.register_destination(self.dst_ptr, self.nbytes)
 
 
 def _copies(mem: _Memory, n: int, size: int, offset: int = 0) -> tuple[Any, Any]:
@@ -311,6 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     issue_lead_us=lead,
                     **link_kwargs,
                 ) as other:
+                    mem.lend_to(other)
                     a_us, u_us, g = scenario.run(other, args.reps, load_reps)
                     e = expert_gbps(other)
                 sweep.append(

@@ -186,6 +186,21 @@ class CudaBackend final : public CopyBackend {
     return false;
   }
 
+  bool destination_is_device(void* p, std::string* err) override {
+    cudaPointerAttributes attr{};
+    cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      *err = "cudaPointerGetAttributes: " + cuda_text(e);
+      return false;
+    }
+    // NOTE: copies are cudaMemcpyHostToDevice; a host destination would be
+    // undefined behaviour, so only device (or managed) memory qualifies.
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) return true;
+    *err = attr.type == cudaMemoryTypeUnregistered ? "pageable host memory" : "pinned host memory";
+    return false;
+  }
+
  private:
   void bind_thread() {
     // The worker thread issues every chunk; bind it to our device once.

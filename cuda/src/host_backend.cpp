@@ -149,6 +149,7 @@ class HostBackend final : public CopyBackend {
   }
 
   bool source_is_pinned(const void*, std::string*) override { return true; }
+  bool destination_is_device(void*, std::string*) override { return true; }
 
   bool set_hold(bool hold) override {
     std::lock_guard<std::mutex> lk(mu_);

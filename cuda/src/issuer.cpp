@@ -313,6 +313,93 @@ std::size_t split_piece_bytes(std::size_t n, std::size_t chunk) {
   return (p + align - 1) / align * align;
 }
 
+std::string hex(std::uintptr_t p) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%llx", (unsigned long long)p);
+  return buf;
+}
+
+// Address ranges [begin, end) the issuer may touch on one side of a copy.
+// Regions may overlap or repeat (the same buffer registered twice, a
+// registration inside a pinned buffer); a range is inside the set when one
+// region holds all of it.
+// NOTE: sorted by begin with a prefix maximum of end: among the regions that
+// begin at or before p, the one reaching furthest holds [p, p + n) if any
+// does, so one binary search answers; and a batch's copies usually come
+// from one pool, so the last region that answered is tried first (two
+// compares per copy in a 768-copy submit).
+class RegionSet {
+ public:
+  bool contains(std::uintptr_t p, std::size_t n) {
+    std::uintptr_t off = p - hit_begin_;
+    if (off < hit_len_ && n <= hit_len_ - off) return true;
+    return contains_slow(p, n);
+  }
+  void add(std::uintptr_t begin, std::size_t n) {
+    Region r{begin, begin + n};
+    regions_.insert(std::upper_bound(regions_.begin(), regions_.end(), r), r);
+    rebuild();
+  }
+  // Removes one region equal to [begin, begin + n); false when there is none.
+  bool remove_exact(std::uintptr_t begin, std::size_t n) {
+    Region r{begin, begin + n};
+    auto it = std::lower_bound(regions_.begin(), regions_.end(), r);
+    if (it == regions_.end() || !(*it == r)) return false;
+    regions_.erase(it);
+    rebuild();
+    return true;
+  }
+  // Removes every region that begins inside [begin, begin + n).
+  void remove_inside(std::uintptr_t begin, std::size_t n) {
+    regions_.erase(std::remove_if(regions_.begin(), regions_.end(),
+                                  [&](const Region& r) { return r.begin - begin < n; }),
+                   regions_.end());
+    rebuild();
+  }
+  std::size_t size() const { return regions_.size(); }
+  // For error messages: the region nearest to [p, p + n) (the last one
+  // beginning at or before p, else the first one after it).
+  std::string nearest(std::uintptr_t p, std::size_t n) const {
+    if (regions_.empty()) return "none is registered";
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), Region{p, ~std::uintptr_t(0)});
+    const Region& r = it == regions_.begin() ? *it : *std::prev(it);
+    std::string text = "nearest: [" + hex(r.begin) + ", " + hex(r.end) + ") of " +
+                       std::to_string(r.end - r.begin) + " bytes, ";
+    if (p < r.begin) return text + "beginning " + std::to_string(r.begin - p) + " bytes after it";
+    if (p >= r.end) return text + "ending " + std::to_string(p - r.end) + " bytes before it";
+    return text + "ending " + std::to_string(n - (r.end - p)) + " bytes short of its end";
+  }
+
+ private:
+  struct Region {
+    std::uintptr_t begin, end;
+    bool operator<(const Region& o) const {
+      return begin != o.begin ? begin < o.begin : end < o.end;
+    }
+    bool operator==(const Region& o) const { return begin == o.begin && end == o.end; }
+  };
+  bool contains_slow(std::uintptr_t p, std::size_t n) {
+    auto it = std::upper_bound(regions_.begin(), regions_.end(), Region{p, ~std::uintptr_t(0)});
+    if (it == regions_.begin()) return false;
+    std::size_t i = std::size_t(it - regions_.begin()) - 1;
+    const Region& r = regions_[reach_[i]];
+    // r.begin <= p; r.end > p and the whole range fits (no wrap-around)
+    if (r.end <= p || n > r.end - p) return false;
+    hit_begin_ = r.begin;
+    hit_len_ = r.end - r.begin;
+    return true;
+  }
+  void rebuild() {
+    reach_.resize(regions_.size());
+    for (std::size_t i = 0; i < regions_.size(); ++i)
+      reach_[i] = i > 0 && regions_[reach_[i - 1]].end >= regions_[i].end ? reach_[i - 1] : i;
+    hit_begin_ = hit_len_ = 0;
+  }
+  std::vector<Region> regions_;  // sorted
+  std::vector<std::size_t> reach_;  // reach_[i]: the region of regions_[0..i] ending last
+  std::uintptr_t hit_begin_ = 0, hit_len_ = 0;  // the last region that answered
+};
+
 }  // namespace
 
 struct Issuer::Impl {
@@ -363,8 +450,10 @@ struct Issuer::Impl {
   double last_reap_t = 0.0;  // when the worker last saw a chunk finish
   std::vector<int> free_slots;
 
-  alignas(64) std::vector<std::pair<std::uintptr_t, std::uintptr_t>> pinned;  // sorted [begin, end)
-  std::uintptr_t pinned_hit_begin = 0, pinned_hit_len = 0;       // last region that matched
+  // Memory copies may read (pinned host) and write (device; host backend:
+  // host); a submit rejects a copy outside them. Changed under `mu`.
+  alignas(64) RegionSet sources;
+  RegionSet destinations;
   // submit() scratch and undo log, kept to avoid allocating per call.
   std::vector<std::int32_t> batch_created;                           // records it created
   std::vector<std::pair<std::int32_t, std::uint8_t>> batch_promoted;  // (record, old band)
@@ -796,25 +885,50 @@ struct Issuer::Impl {
     return s;
   }
 
-  // A batch's sources usually lie in one pinned pool: the last region hit.
-  bool is_pinned_fast(std::uintptr_t p) const { return p - pinned_hit_begin < pinned_hit_len; }
-  bool is_pinned(std::uintptr_t p, std::size_t n, std::string* err) {
-    auto it = std::upper_bound(pinned.begin(), pinned.end(),
-                               std::make_pair(p, ~std::uintptr_t(0)));
-    if (it != pinned.begin() && std::prev(it)->second > p) {
-      pinned_hit_begin = std::prev(it)->first;
-      pinned_hit_len = std::prev(it)->second - pinned_hit_begin;
-      return true;
+  // Checks a new region and the backend's view of it (outside the lock).
+  void check_region(const char* what, std::uintptr_t begin, std::size_t n, bool check_backend,
+                    bool destination) {
+    if (begin == 0 || n == 0 || begin + n < begin)
+      throw std::invalid_argument(std::string(what) + ": empty or wrapping region [" + hex(begin) +
+                                  ", +" + std::to_string(n) + ")");
+    if (!check_backend) return;
+    for (std::uintptr_t p : {begin, begin + n - 1}) {
+      std::string err;
+      bool ok = destination ? backend->destination_is_device(reinterpret_cast<void*>(p), &err)
+                            : backend->source_is_pinned(reinterpret_cast<const void*>(p), &err);
+      if (!ok)
+        throw std::invalid_argument(std::string(what) + ": [" + hex(begin) + ", +" +
+                                    std::to_string(n) + ") is not " +
+                                    (destination ? "device memory" : "pinned host memory") +
+                                    " at " + hex(p) + " (" + err + ")");
     }
-    if (!backend->source_is_pinned(reinterpret_cast<const void*>(p), err)) return false;
-    // NOTE: cache the positive answer; cudaPointerGetAttributes per copy
-    // would dominate a 768-copy submit.
-    add_region(p, n);
-    return true;
   }
-  void add_region(std::uintptr_t begin, std::size_t n) {
-    auto entry = std::make_pair(begin, begin + n);
-    pinned.insert(std::upper_bound(pinned.begin(), pinned.end(), entry), entry);
+
+  // Cancels the unstarted copies `touches` selects, then waits (lock held
+  // by `lk`, released while waiting) until no selected copy is live.
+  // `why(c)`: the cancelled copy's error text.
+  template <class Touches, class Why>
+  std::int64_t drain_copies(std::unique_lock<std::mutex>& lk, Touches touches, Why why) {
+    // NOTE: a copy that has not started is cancelled (its memory is about
+    // to go away); one that has started is waited for, so no DMA touches
+    // freed or unregistered memory.
+    std::int64_t cancelled = 0;
+    for (std::size_t r = 0; r < recs.size(); ++r) {
+      CopyRec& c = recs[r];
+      if (c.seq == 0 || !touches(c) || c.chunks_issued > 0) continue;
+      set_error(c.seq, why(c));
+      cancel_unstarted(std::int32_t(r));
+      ++cancelled;
+    }
+    if (cancelled) state_cv.notify_all();
+    state_waiters += 1;
+    state_cv.wait(lk, [&] {
+      for (const CopyRec& c : recs)
+        if (c.seq != 0 && touches(c)) return false;
+      return true;
+    });
+    state_waiters -= 1;
+    return cancelled;
   }
 };
 
@@ -921,15 +1035,17 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
       if (i + 8 < n && keys[i + 8] != kNoKey) s.live_keys.prefetch(keys[i + 8]);
       const std::uintptr_t csrc = std::uintptr_t(src[i]), cdst = std::uintptr_t(dst[i]);
       const std::size_t cbytes = std::size_t(nbytes[i * nbytes_stride]);
-      if (!s.is_pinned_fast(csrc)) {
-        std::string err;
-        if (!s.is_pinned(csrc, cbytes, &err)) {
-          char buf[32];
-          std::snprintf(buf, sizeof buf, "%llx", (unsigned long long)src[i]);
-          fail("copy " + std::to_string(i) + ": src 0x" + buf + " is not pinned host memory (" +
-               err + "); allocate it with alloc_pinned or register it");
-        }
-      }
+      // NOTE: checked here, before the copy is applied: a rejected copy
+      // rolls the batch back, so nothing of it is queued.
+      if (!s.sources.contains(csrc, cbytes))
+        fail("copy " + std::to_string(i) + ": source [" + hex(csrc) + ", +" +
+             std::to_string(cbytes) + ") is not inside one registered source region (" +
+             s.sources.nearest(csrc, cbytes) +
+             "); allocate it with alloc_pinned or register it (register_host, register_source)");
+      if (!s.destinations.contains(cdst, cbytes))
+        fail("copy " + std::to_string(i) + ": destination [" + hex(cdst) + ", +" +
+             std::to_string(cbytes) + ") is not inside one registered destination region (" +
+             s.destinations.nearest(cdst, cbytes) + "); register it (register_destination)");
       const std::uint64_t key = keys[i];
       std::int32_t r = s.new_rec();  // taken only if this copy is new (seq set below)
       std::size_t slot = 0;
@@ -1213,39 +1329,58 @@ std::vector<LogEvent> Issuer::debug_log() const {
   return impl_->log;
 }
 
-void Issuer::note_pinned_region(std::uintptr_t begin, std::size_t n) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  impl_->add_region(begin, n);
+void Issuer::add_source_region(std::uintptr_t begin, std::size_t n, bool check_pinned) {
+  Impl& s = *impl_;
+  s.check_region("source region", begin, n, check_pinned, false);
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.sources.add(begin, n);
+}
+
+void Issuer::add_destination_region(std::uintptr_t begin, std::size_t n, bool check_device) {
+  Impl& s = *impl_;
+  s.check_region("destination region", begin, n, check_device, true);
+  std::lock_guard<std::mutex> lk(s.mu);
+  s.destinations.add(begin, n);
 }
 
 std::int64_t Issuer::release_region(std::uintptr_t begin, std::size_t n) {
   Impl& s = *impl_;
   std::unique_lock<std::mutex> lk(s.mu);
   auto inside = [&](std::uintptr_t p) { return p - begin < n; };
-  // NOTE: a copy that has not started is cancelled (its source is about to
-  // go away); one that has started is waited for, so no DMA reads freed or
-  // unregistered memory.
-  std::int64_t cancelled = 0;
-  for (std::size_t r = 0; r < s.recs.size(); ++r) {
-    CopyRec& c = s.recs[r];
-    if (c.seq == 0 || !inside(c.src) || c.chunks_issued > 0) continue;
-    s.set_error(c.seq, "copy was cancelled: its source region was released");
-    s.cancel_unstarted(std::int32_t(r));
-    ++cancelled;
-  }
-  if (cancelled) s.state_cv.notify_all();
-  s.state_waiters += 1;
-  s.state_cv.wait(lk, [&] {
-    for (const CopyRec& c : s.recs)
-      if (c.seq != 0 && inside(c.src)) return false;
-    return true;
-  });
-  s.state_waiters -= 1;
-  s.pinned.erase(std::remove_if(s.pinned.begin(), s.pinned.end(),
-                                [&](const auto& e) { return inside(e.first); }),
-                 s.pinned.end());
-  s.pinned_hit_begin = s.pinned_hit_len = 0;
+  std::int64_t cancelled = s.drain_copies(
+      lk, [&](const CopyRec& c) { return inside(c.src) || inside(c.dst); },
+      [&](const CopyRec& c) {
+        return inside(c.src) ? "copy was cancelled: its source region was released"
+                             : "copy was cancelled: its destination region was released";
+      });
+  s.sources.remove_inside(begin, n);
+  s.destinations.remove_inside(begin, n);
   return cancelled;
+}
+
+std::int64_t Issuer::remove_source_region(std::uintptr_t begin, std::size_t n) {
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> lk(s.mu);
+  // NOTE: forgotten first, so no new copy from it is accepted while we wait.
+  if (!s.sources.remove_exact(begin, n))
+    throw std::invalid_argument("no source region [" + hex(begin) + ", +" + std::to_string(n) +
+                                ") is registered");
+  return s.drain_copies(
+      lk, [&](const CopyRec& c) { return c.src - begin < n; },
+      [](const CopyRec&) { return "copy was cancelled: its source region was unregistered"; });
+}
+
+std::int64_t Issuer::remove_destination_region(std::uintptr_t begin, std::size_t n) {
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> lk(s.mu);
+  if (!s.destinations.remove_exact(begin, n))
+    throw std::invalid_argument("no destination region [" + hex(begin) + ", +" +
+                                std::to_string(n) + ") is registered");
+  return s.drain_copies(
+      lk, [&](const CopyRec& c) { return c.dst - begin < n; },
+      [](const CopyRec&) {
+        return "copy was cancelled: its destination region was unregistered";
+      });
 }
 
 bool Issuer::test_hold_link(bool hold) {

@@ -19,6 +19,9 @@ and checks every chunk start against the rule the C++ worker must follow:
 
 So no lower-band chunk starts while a higher-band chunk is queued; only the
 chunks already in the window can delay an urgent copy.
+
+:class:`CopyRegions` is the reference of which batches ``submit`` accepts:
+the issuer never touches memory it was not given.
 """
 
 from __future__ import annotations
@@ -254,3 +257,47 @@ class BandOrderModel:
         for e in events:
             self.apply(e)
         return self
+
+
+class CopyRegions:
+    """Reference of the issuer's memory rule: a copy of ``n`` bytes from
+    ``src`` to ``dst`` is accepted only when ``n > 0``, neither pointer is
+    null, ``[src, src + n)`` lies inside ONE source region and
+    ``[dst, dst + n)`` inside ONE destination region (regions may overlap or
+    repeat; a range across two adjacent regions is outside both).
+
+    :meth:`check` returns the copy the native submit names when it rejects a
+    batch, in its order: first any copy with ``n <= 0`` or a null pointer
+    (checked over the whole batch before the lock), then, copy by copy, the
+    source range, then the destination range.
+    """
+
+    def __init__(self) -> None:
+        self.sources: list[tuple[int, int]] = []  # (begin, end)
+        self.destinations: list[tuple[int, int]] = []
+
+    def add_source(self, begin: int, nbytes: int) -> None:
+        self.sources.append((begin, begin + nbytes))
+
+    def add_destination(self, begin: int, nbytes: int) -> None:
+        self.destinations.append((begin, begin + nbytes))
+
+    @staticmethod
+    def inside(regions: list[tuple[int, int]], ptr: int, nbytes: int) -> bool:
+        return any(b <= ptr and ptr + nbytes <= e for b, e in regions)
+
+    def check(self, src: list[int], dst: list[int], nbytes: list[int]) -> tuple[int, str] | None:
+        """None when the batch is accepted, else ``(copy index, what)`` with
+        ``what`` one of ``"nbytes"``, ``"null"``, ``"source"``,
+        ``"destination"``."""
+        for i, (s, d, n) in enumerate(zip(src, dst, nbytes, strict=True)):
+            if n <= 0:
+                return i, "nbytes"
+            if s == 0 or d == 0:
+                return i, "null"
+        for i, (s, d, n) in enumerate(zip(src, dst, nbytes, strict=True)):
+            if not self.inside(self.sources, s, n):
+                return i, "source"
+            if not self.inside(self.destinations, d, n):
+                return i, "destination"
+        return None

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -61,6 +62,14 @@ class ExpertSource(Protocol):
     def host_ptrs(self, flat_ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]: ...
 
 
+def _unregister_destination(issuer_ref: weakref.ReferenceType[Any], ptr: int) -> None:
+    issuer = issuer_ref()
+    if issuer is None or getattr(issuer, "closed", False):
+        return  # a closed issuer has forgotten every region already
+    with contextlib.suppress(ValueError):
+        issuer.unregister_destination(ptr)
+
+
 class CacheTooSmallError(ValueError):
     """The cache cannot hold the experts one layer's forward needs at once."""
 
@@ -73,7 +82,9 @@ class ExpertCache:
 
     Args:
         source: host experts (addresses, sizes).
-        issuer: the H2D copy issuer.
+        issuer: the H2D copy issuer. The slab is registered with its
+            ``register_destination`` (when it has one) until the cache is
+            collected: the issuer writes only into registered destinations.
         device: where the slab lives (``cuda:N`` or ``cpu``).
         top_k, max_batch_tokens: define the minimum size (module docstring).
         policy: an :class:`EvictionPolicy` or a shipped policy's name
@@ -146,6 +157,15 @@ class ExpertCache:
         self.policy.reset(self.num_ids)
 
         self.slab = torch.empty((slots, self.expert_nbytes), dtype=torch.uint8, device=self.device)
+        # NOTE: the issuer writes only into destinations it was given: the slab
+        # is one until the cache is collected (issuers without the method,
+        # test doubles, copy anywhere).
+        register = getattr(issuer, "register_destination", None)
+        if register is not None:
+            register(self.slab.data_ptr(), self.slab.numel())
+            weakref.finalize(
+                self, _unregister_destination, weakref.ref(issuer), self.slab.data_ptr()
+            )
         self._is_cuda = self.device.type == "cuda"
         self.slot_of = np.full(self.num_ids, -1, dtype=np.int64)
         self.expert_of = np.full(slots, -1, dtype=np.int64)

@@ -270,6 +270,7 @@ def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20
     src = issuer.pinned_array(nbytes, np.uint8)
     src[:] = 1
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    issuer.register_destination(dst.data_ptr(), nbytes)
     piece = 16 << 20
     n = -(-nbytes // piece)
     offsets = np.arange(n, dtype=np.int64) * piece
@@ -287,6 +288,7 @@ def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20
         )
         issuer.wait(tickets)
         elapsed = time.perf_counter() - t0
+    issuer.unregister_destination(dst.data_ptr())
     del dst
     return nbytes / elapsed / 1e9
 

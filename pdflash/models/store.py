@@ -180,7 +180,9 @@ def _cudart_register(buf: torch.Tensor) -> Callable[[], None]:
     return unregister
 
 
-def _issuer_unregister(issuer: Any, ptr: int) -> Callable[[], None]:
+def _issuer_unregister(
+    issuer: Any, ptr: int, method: str = "unregister_host"
+) -> Callable[[], None]:
     ref = weakref.ref(issuer)
 
     def unregister() -> None:
@@ -188,7 +190,7 @@ def _issuer_unregister(issuer: Any, ptr: int) -> Callable[[], None]:
         if live is None or getattr(live, "closed", False):
             return  # a closed issuer has unregistered everything already
         with contextlib.suppress(ValueError):  # already unregistered (issuer reset)
-            live.unregister_host(ptr)
+            getattr(live, method)(ptr)
 
     return unregister
 
@@ -209,6 +211,8 @@ class ExpertStore:
             allocation registered with ``issuer.register_host`` (page-locked
             on the CUDA backend, and known to the issuer as a valid copy
             source); unregistered by :meth:`close` or garbage collection.
+            A buffer from ``allocator`` is made known to an issuer by
+            :meth:`register_with` (``issuer.register_source``).
         workers: packing threads (default: CPU count, at most 16).
         check_finite: refuse expert weights holding NaN/Inf (naming the file
             and tensor); ``False`` skips the check (faster loading).
@@ -435,9 +439,17 @@ class ExpertStore:
         without ``register_host`` (test doubles) are accepted as they are."""
         if self.registered_with is issuer:
             return
+        if self._external and hasattr(issuer, "register_source"):
+            # the caller's allocator pinned it; the issuer only reads regions
+            # it was given (on CUDA it checks that both ends are pinned)
+            self.close()
+            ptr = self.buffer.data_ptr()
+            issuer.register_source(ptr, self.buffer.numel())
+            self._set_finalizer(_issuer_unregister(issuer, ptr, "unregister_source"))
+            self.registered_with = issuer
+            return
         if self._external or not hasattr(issuer, "register_host"):
-            # the caller's allocator made it a valid source; or a test double
-            # that copies from any address
+            # a test double that copies from any address
             self.registered_with = issuer
             return
         self.close()  # drop an earlier registration (another issuer, or cudart)
@@ -452,5 +464,5 @@ class ExpertStore:
         if self._finalizer is not None:
             self._finalizer()
             self._finalizer = None
-            self.pinned = False
+            self.pinned = self._external  # the caller's allocator pinned it
         self.registered_with = None

@@ -4,7 +4,8 @@ The same properties as tests/native/test_issuer_*.py on real copies into
 device memory: bytes arrive, band order follows the reference rule, dedup /
 promotion / cancel, a failed copy carries the CUDA error text and later copies
 work, stream_wait orders a torch stream without a host sync, pageable sources
-are refused, nothing leaks after close.
+are refused, only registered device memory is a destination, nothing leaks
+after close.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _pools(iss: H2DIssuer, nbytes: int):  # type: ignore[no-untyped-def]
     block = np.random.default_rng(0).integers(0, 256, 1_048_573, dtype=np.uint8)
     src[:] = np.resize(block, nbytes)
     dst = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+    iss.register_destination(dst.data_ptr(), nbytes)  # forgotten at iss.close()
     return src, dst
 
 
@@ -85,10 +87,13 @@ def test_auto_backend_is_cuda_and_copies_arrive(issuer: H2DIssuer) -> None:
 def test_pageable_source_is_refused_then_registered(issuer: H2DIssuer) -> None:
     pageable = np.ones(4 * MiB, dtype=np.uint8)
     dst = torch.zeros(4 * MiB, dtype=torch.uint8, device="cuda")
+    issuer.register_destination(dst.data_ptr(), dst.numel())
     before = issuer.stats()["bands"]
-    with pytest.raises(ValueError, match=r"not pinned host memory.*pageable"):
+    with pytest.raises(ValueError, match=r"copy 0: source .* registered source region"):
         issuer.submit([pageable.ctypes.data], [dst.data_ptr()], 4 * MiB, [1], Band.ON_DEMAND)
     assert issuer.stats()["bands"] == before
+    with pytest.raises(ValueError, match=r"not pinned host memory.*pageable"):
+        issuer.register_source(pageable.ctypes.data, pageable.nbytes)
     issuer.register_host(pageable.ctypes.data, pageable.nbytes)
     t = issuer.submit([pageable.ctypes.data], [dst.data_ptr()], 4 * MiB, [1], Band.ON_DEMAND)
     issuer.wait(t, timeout_s=30)
@@ -141,7 +146,15 @@ with H2DIssuer() as iss:
     src = iss.pinned_array(8 * MiB)
     src[:] = 7
     dst = torch.zeros(8 * MiB, dtype=torch.uint8, device="cuda")
-    bad = iss.submit([src.ctypes.data], [0x10], MiB, [1], Band.ON_DEMAND)  # not device memory
+    iss.register_destination(dst.data_ptr(), dst.numel())
+    # a registered destination freed behind the issuer's back (its own
+    # segment, returned to the driver by empty_cache): the copy fails in CUDA
+    gone = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    iss.register_destination(gone.data_ptr(), gone.numel())
+    gone_ptr = gone.data_ptr()
+    del gone
+    torch.cuda.empty_cache()
+    bad = iss.submit([src.ctypes.data], [gone_ptr], MiB, [1], Band.ON_DEMAND)
     try:
         iss.wait(bad, timeout_s=30)
         raise SystemExit("the bad copy did not fail")
@@ -335,6 +348,7 @@ def test_freeing_a_pinned_source_waits_for_its_copies() -> None:
         buf = iss.alloc_pinned(nbytes)
         np.frombuffer(buf, dtype=np.uint8)[:] = 3
         dst = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        iss.register_destination(dst.data_ptr(), nbytes)
         t = iss.submit(
             _slots(buf.ptr, 32, 8 * MiB),
             _slots(dst.data_ptr(), 32, 8 * MiB),
@@ -352,3 +366,66 @@ def test_freeing_a_pinned_source_waits_for_its_copies() -> None:
         assert done[0] == 0
         copied = dst.view(32, 8 * MiB)[torch.from_numpy(done)]
         assert bool((copied == 3).all())
+
+
+def test_only_registered_device_memory_is_a_destination(issuer: H2DIssuer) -> None:
+    size = 4 * MiB
+    src = issuer.pinned_array(2 * size)
+    src[:] = 6
+    slots = torch.zeros(2 * size, dtype=torch.uint8, device="cuda")
+    stranger = torch.zeros(size, dtype=torch.uint8, device="cuda")  # never registered
+    issuer.register_destination(slots.data_ptr(), size)  # the first half only
+    before = issuer.stats()["bands"]
+    with pytest.raises(ValueError, match=r"^copy 1: destination .*register_destination"):
+        issuer.submit(
+            [src.ctypes.data] * 2,
+            [slots.data_ptr(), stranger.data_ptr()],
+            size,
+            [1, 2],
+            Band.ON_DEMAND,
+        )
+    with pytest.raises(ValueError, match=r"^copy 0: destination .*short of its end"):
+        issuer.submit([src.ctypes.data], [slots.data_ptr() + 1], size, [3], Band.ON_DEMAND)
+    # the issuer's own pinned buffers are no destination on CUDA (host memory)
+    with pytest.raises(ValueError, match=r"^copy 0: destination"):
+        issuer.submit([src.ctypes.data], [src.ctypes.data + size], size, [4], Band.ON_DEMAND)
+    assert issuer.stats()["bands"] == before  # nothing was queued
+    assert int(stranger.sum()) == 0
+    t = issuer.submit([src.ctypes.data], [slots.data_ptr()], size, [5], Band.ON_DEMAND)
+    issuer.wait(t, timeout_s=30)
+    assert int(slots[:size].sum()) == 6 * size and int(slots[size:].sum()) == 0
+    assert issuer.unregister_destination(slots.data_ptr()) == 0
+    with pytest.raises(ValueError, match=r"^copy 0: destination"):
+        issuer.submit([src.ctypes.data], [slots.data_ptr()], size, [6], Band.ON_DEMAND)
+
+
+def test_host_memory_is_refused_as_a_cuda_destination(issuer: H2DIssuer) -> None:
+    pinned = issuer.pinned_array(MiB)
+    pageable = np.zeros(MiB, dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"not device memory .*pinned host memory"):
+        issuer.register_destination(pinned.ctypes.data, MiB)
+    with pytest.raises(ValueError, match=r"not device memory"):
+        issuer.register_destination(pageable.ctypes.data, MiB)
+
+
+def test_memory_pinned_by_torch_is_a_source_once_registered(issuer: H2DIssuer) -> None:
+    host = torch.full((4 * MiB,), 9, dtype=torch.uint8).pin_memory()
+    dst = torch.zeros(4 * MiB, dtype=torch.uint8, device="cuda")
+    issuer.register_destination(dst.data_ptr(), dst.numel())
+    with pytest.raises(ValueError, match=r"^copy 0: source"):
+        issuer.submit([host.data_ptr()], [dst.data_ptr()], 4 * MiB, [1], Band.ON_DEMAND)
+    issuer.register_source(host.data_ptr(), host.numel())
+    with pytest.raises(ValueError, match=r"^copy 0: source .*short of its end"):
+        issuer.submit([host.data_ptr() + 1], [dst.data_ptr()], 4 * MiB, [1], Band.ON_DEMAND)
+    t = issuer.submit([host.data_ptr()], [dst.data_ptr()], 4 * MiB, [1], Band.ON_DEMAND)
+    issuer.wait(t, timeout_s=30)
+    assert int(dst.sum()) == 9 * 4 * MiB
+    issuer.unregister_source(host.data_ptr())
+
+
+def test_an_unmapped_source_is_rejected_on_cuda(issuer: H2DIssuer) -> None:
+    dst = torch.zeros(MiB, dtype=torch.uint8, device="cuda")
+    issuer.register_destination(dst.data_ptr(), dst.numel())
+    with pytest.raises(ValueError, match=r"^copy 0: source \[0x1000, \+4096\)"):
+        issuer.submit([0x1000], [dst.data_ptr()], 4096, [-1], Band.ON_DEMAND)
+    assert issuer.stats()["bands"]["ON_DEMAND"]["submitted"] == 0

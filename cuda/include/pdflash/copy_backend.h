@@ -58,6 +58,9 @@ class CopyBackend {
 
   // CUDA: refuses pageable memory. Host: accepts everything.
   virtual bool source_is_pinned(const void* p, std::string* err) = 0;
+  // CUDA: refuses anything but device memory (copies are host-to-device).
+  // Host: accepts everything.
+  virtual bool destination_is_device(void* p, std::string* err) = 0;
 
   virtual bool supports_stream_wait() const = 0;
 

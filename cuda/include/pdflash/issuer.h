@@ -138,8 +138,10 @@ class Issuer {
   // copied twice: its ticket is returned, and a more urgent band promotes its
   // not-yet-started chunks. Throws std::invalid_argument (naming the bad
   // index/value) and leaves the issuer unchanged on: bytes <= 0, a band out of
-  // range, a pageable source on the CUDA backend, a live key resubmitted with
-  // different src/dst/bytes. Throws std::runtime_error after shutdown().
+  // range, a source range [src, src + bytes) not inside one source region or
+  // a destination range not inside one destination region (see below), a live
+  // key resubmitted with different src/dst/bytes. Throws std::runtime_error
+  // after shutdown(). Nothing of a rejected batch is queued.
   // Copy i is nbytes[i * nbytes_stride] bytes (stride 0: all the same size).
   void submit(const std::int64_t* src, const std::int64_t* dst, const std::int64_t* nbytes,
               std::size_t nbytes_stride, const std::uint64_t* keys, std::size_t n, int band,
@@ -163,12 +165,33 @@ class Issuer {
   IssuerStats stats() const;
   std::vector<LogEvent> debug_log() const;
 
-  // Regions known to be pinned (pageable check fast path).
-  void note_pinned_region(std::uintptr_t begin, std::size_t n);
+  // Memory the issuer may touch. NOTE: the issuer never reads or writes
+  // outside the regions it was given: an unknown pointer would crash the
+  // worker (SIGSEGV on the host backend) or, past the end of a buffer, copy
+  // whatever lies beyond it. A copy must lie inside ONE region on each side
+  // (not across two adjacent ones: releasing one must find every copy that
+  // touches it). Regions may overlap or repeat.
+  //
+  // Source region (pinned host memory). check_pinned: ask the backend first
+  // (CUDA: both ends must be page-locked host memory; the host backend
+  // accepts everything); false for memory the caller pinned itself
+  // (alloc_pinned, register_host). Throws std::invalid_argument on an empty
+  // or wrapping range, or memory the backend refuses.
+  void add_source_region(std::uintptr_t begin, std::size_t n, bool check_pinned);
+  // Destination region (CUDA: device memory, checked at both ends; host
+  // backend: any host memory the caller owns). Same errors.
+  void add_destination_region(std::uintptr_t begin, std::size_t n, bool check_device);
   // Before [begin, begin + n) is freed or unregistered: cancels the copies
-  // from it that have not started, blocks until the started ones finish, and
-  // forgets every pinned region inside it. Returns how many were cancelled.
+  // from or into it that have not started, blocks until the started ones
+  // finish, and forgets every source and destination region that begins
+  // inside it. Returns how many were cancelled.
   std::int64_t release_region(std::uintptr_t begin, std::size_t n);
+  // Undo one add_*_region(begin, n) (other registrations stay): copies from
+  // (source) or into (destination) [begin, begin + n) that have not started
+  // are cancelled, started ones waited for. Throws std::invalid_argument when
+  // no such registration exists. Returns how many were cancelled.
+  std::int64_t remove_source_region(std::uintptr_t begin, std::size_t n);
+  std::int64_t remove_destination_region(std::uintptr_t begin, std::size_t n);
 
   // Host-backend test hooks; return false on the CUDA backend.
   bool test_hold_link(bool hold);

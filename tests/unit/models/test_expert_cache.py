@@ -284,6 +284,7 @@ def test_cancelled_prefetch_is_fetched_again_not_read_as_garbage() -> None:
     issuer = H2DIssuer(
         backend="host", chunk_bytes=1 << 20, window_bytes=1 << 20, emulated_link_gbps=0.2
     )
+    issuer.register_source(src.buffer.data_ptr(), src.buffer.numel())  # a valid copy source
     try:
         cache = ExpertCache(src, issuer, num_slots=8, top_k=2, max_batch_tokens=1)
         cache.prefetch(range(8), Band.ROUTE_AHEAD)

@@ -36,6 +36,7 @@ class ScaleExperts:
 def _moe(num_slots: int) -> tuple[OffloadedMoE, ExpertCache, H2DIssuer]:
     src = ScaleExperts(2, 4)
     issuer = H2DIssuer(backend="host")
+    issuer.register_source(src.values.ctypes.data, src.values.nbytes)  # a valid copy source
     cache = ExpertCache(src, issuer, num_slots=num_slots, top_k=2, max_batch_tokens=1)
     store = SimpleNamespace(
         expert_nbytes=src.expert_nbytes,
