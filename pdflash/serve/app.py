@@ -55,6 +55,9 @@ class ServerState:
         return name in (self.model_name, self.model_path, str(Path(self.model_path).resolve()))
 
 
+STATE = web.AppKey("state", ServerState)
+
+
 class _AsyncSink:
     """Hands the engine thread's output to the request's asyncio queue."""
 
@@ -208,7 +211,7 @@ def _sse(data: dict[str, Any] | str) -> bytes:
 
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     try:
         parsed = await _parse(request, state, kind)
         gen = _Generation(state, parsed)
@@ -288,7 +291,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     return web.json_response(
         {
             "object": "list",
@@ -307,14 +310,14 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     if not state.loop.alive:
         return web.json_response({"status": "engine stopped"}, status=503)
     return web.json_response({"status": "ok"})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    state: ServerState = request.app["state"]
+    state: ServerState = request.app[STATE]
     return web.Response(
         text=state.loop.metrics.render(), content_type="text/plain", charset="utf-8",
         headers={"X-Prometheus-Format": "0.0.4"},
@@ -335,7 +338,7 @@ async def _json_errors(
 
 def make_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[_json_errors], client_max_size=32 << 20)
-    app["state"] = state
+    app[STATE] = state
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
