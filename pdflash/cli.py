@@ -1,8 +1,8 @@
 """The ``pdflash`` command: ``serve``, ``generate`` and ``synthetic``.
 
-    pdflash synthetic --out /tmp/tiny                  # a tiny random model + draft + tokenizer
-    pdflash generate --model /tmp/tiny/target --prompt "Hello" --max-tokens 32
-    pdflash serve --model /tmp/tiny/target --draft /tmp/tiny/draft --port 8000
+pdflash synthetic --out /tmp/tiny                  # a tiny random model + draft + tokenizer
+pdflash generate --model /tmp/tiny/target --prompt "Hello" --max-tokens 32
+pdflash serve --model /tmp/tiny/target --draft /tmp/tiny/draft --port 8000
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-gb", type=float, default=None, help="expert cache size in GB")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="default: checkpoint's"
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="default: checkpoint's",
     )
     p.add_argument(
         "--baseline",
@@ -72,9 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(s)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument(
-        "--max-queue", type=int, default=256, help="live requests before answering 429"
-    )
+    s.add_argument("--max-queue", type=int, default=256, help="live requests before answering 429")
 
     g = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
     _model_args(g)
@@ -88,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     y = sub.add_parser("synthetic", help="write a synthetic (random-weight) model to serve")
     y.add_argument("--out", required=True, help="directory; writes OUT/target and OUT/draft")
-    y.add_argument("--arch", default="qwen3_moe", choices=["qwen3_moe", "gpt_oss", "mixtral", "olmoe"])
+    y.add_argument(
+        "--arch", default="qwen3_moe", choices=["qwen3_moe", "gpt_oss", "mixtral", "olmoe"]
+    )
     y.add_argument("--preset", default="tiny")
     y.add_argument("--layers", type=int, default=None, help="truncate to this many layers")
     y.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -60,8 +60,8 @@ def write_synthetic_tokenizer(path: str | os.PathLike[str], vocab_size: int) -> 
             f"(needs >= {len(specials) + len(alphabet)})"
         )
     tok = Tokenizer(models.BPE(unk_token="<|unk|>"))
-    tok.decoder = decoders.Fuse()  # type: ignore[assignment]
-    trainer = trainers.BpeTrainer(  # type: ignore[call-arg]
+    tok.decoder = decoders.Fuse()
+    trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=specials,
         initial_alphabet=alphabet,

@@ -146,8 +146,7 @@ def run_arch(arch: str, args: argparse.Namespace, root: Path, rows: list[dict[st
         t0 = time.perf_counter()
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=DEVICE).eval()
         _sync()
-        load = {"load_s": time.perf_counter() - t0,
-                "peak_gpu_bytes_load": _peak()}
+        load = {"load_s": time.perf_counter() - t0, "peak_gpu_bytes_load": _peak()}
         sizes = _bytes_by_kind(model)
         row = {**common, "method": "resident", **load, **_generate(model, prompts, args.new_tokens)}
         row["weight_bytes"] = sizes
@@ -162,8 +161,7 @@ def run_arch(arch: str, args: argparse.Namespace, root: Path, rows: list[dict[st
     t0 = time.perf_counter()
     model = offload(path, cache_fraction=args.cache_fraction, device=DEVICE, dtype=dtype)
     _sync()
-    load = {"load_s": time.perf_counter() - t0,
-            "peak_gpu_bytes_load": _peak()}
+    load = {"load_s": time.perf_counter() - t0, "peak_gpu_bytes_load": _peak()}
     handle = model.pdflash
     cache_bytes = int(handle.cache.num_slots) * int(handle.cache.expert_nbytes)
     non_expert = _bytes_by_kind(model)["non_expert"]
@@ -212,8 +210,7 @@ def run_arch(arch: str, args: argparse.Namespace, root: Path, rows: list[dict[st
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map).eval()
     _sync()
-    load = {"load_s": time.perf_counter() - t0,
-            "peak_gpu_bytes_load": _peak()}
+    load = {"load_s": time.perf_counter() - t0, "peak_gpu_bytes_load": _peak()}
     row = {**common, "method": "accelerate", "max_memory_gpu_bytes": budget, **load}
     row.update(_generate(model, prompts, args.new_tokens))
     row["gpu_weight_bytes"] = on_gpu
@@ -238,7 +235,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--preset", default=None, help="synthetic preset (default: the published shape)")
+    ap.add_argument(
+        "--preset", default=None, help="synthetic preset (default: the published shape)"
+    )
     ap.add_argument("--skip-resident", action="store_true")
     ap.add_argument("--root", default=os.environ.get("PDFLASH_CACHE", "/tmp/pdflash-cache"))
     args = ap.parse_args()
@@ -250,7 +249,12 @@ def main() -> None:
         except Exception as e:  # one method failing must not lose the other rows
             done = [r["method"] for r in rows if r.get("arch") == arch]
             rows.append(
-                {"arch": arch, "synthetic": True, "after": done, "error": f"{type(e).__name__}: {e}"}
+                {
+                    "arch": arch,
+                    "synthetic": True,
+                    "after": done,
+                    "error": f"{type(e).__name__}: {e}",
+                }
             )
         _free()
     result = {
@@ -274,9 +278,12 @@ def main() -> None:
                 f"load {r['load_s']:6.1f} s  greedy_equal={r.get('greedy_equal')}",
                 flush=True,
             )
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"} | {
-        "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]
-    }))
+    print(
+        json.dumps(
+            {k: v for k, v in result.items() if k != "rows"}
+            | {"rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows]}
+        )
+    )
 
 
 if __name__ == "__main__":

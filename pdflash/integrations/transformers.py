@@ -163,6 +163,7 @@ def offload(
     dev = torch.device(
         device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
     )
+    model: Any
     if isinstance(model_or_path, nn.Module):
         model = model_or_path
         path = _checkpoint_of(model, checkpoint)

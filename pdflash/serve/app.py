@@ -103,7 +103,9 @@ class _Generation:
             assert parsed.prompt_text is not None
             ids = list(tok(parsed.prompt_text)["input_ids"])
         if not ids:
-            raise bad("the prompt is empty", "prompt" if parsed.kind == "completion" else "messages")
+            raise bad(
+                "the prompt is empty", "prompt" if parsed.kind == "completion" else "messages"
+            )
         limit = state.max_model_len
         if len(ids) >= limit:
             raise bad(
@@ -164,7 +166,10 @@ class _Generation:
         if finish.reason == "error":
             self.finish_reason = "error"
             raise ApiError(
-                500, f"generation failed: {finish.message}", type_="server_error", code="engine_error"
+                500,
+                f"generation failed: {finish.message}",
+                type_="server_error",
+                code="engine_error",
             )
         text, stopped = self.matcher.feed(self.detok.flush())
         if not stopped:
@@ -319,7 +324,9 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE]
     return web.Response(
-        text=state.loop.metrics.render(), content_type="text/plain", charset="utf-8",
+        text=state.loop.metrics.render(),
+        content_type="text/plain",
+        charset="utf-8",
         headers={"X-Prometheus-Format": "0.0.4"},
     )
 
@@ -376,7 +383,9 @@ class BackgroundServer:
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
-        self._thread = threading.Thread(target=self._loop.run_forever, name="pdflash-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="pdflash-http", daemon=True
+        )
 
     async def _start(self) -> None:
         self._runner = web.AppRunner(make_app(self.state), handler_cancellation=True)

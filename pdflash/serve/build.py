@@ -140,7 +140,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
     baseline = cfg.baseline or ("PD" if cfg.draft else "B0")
     if baseline != "B0" and cfg.draft is None:
         raise ValueError(f"baseline {baseline} is speculative: give --draft DIR")
-    adapter = load_adapter(cfg.model, device=device, dtype=dtype)
+    adapter: Any = load_adapter(cfg.model, device=device, dtype=dtype)
     issuer = H2DIssuer(
         backend="cuda" if device.type == "cuda" else "host",
         emulated_link_gbps=cfg.emulated_link_gbps if device.type != "cuda" else None,
@@ -168,9 +168,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             policy=policy,
         )
         adapter.attach_cache(cache)
-        drafter = (
-            load_drafter(cfg.draft, device=device, dtype=adapter.dtype) if cfg.draft else None
-        )
+        drafter = load_drafter(cfg.draft, device=device, dtype=adapter.dtype) if cfg.draft else None
         config = EngineConfig.preset(
             baseline,
             block_size=cfg.block_size,

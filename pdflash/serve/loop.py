@@ -220,7 +220,7 @@ class EngineLoop:
             except queue.Empty:
                 return
             if kind == "add":
-                handle, req = arg
+                _handle, req = arg
                 self._done(req.sink, Finish("abort", len(req.prompt_ids), 0, None, "shutdown"))
             elif kind == "call":
                 arg[1].set_exception(RuntimeError("the engine loop stopped"))

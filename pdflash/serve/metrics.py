@@ -132,9 +132,7 @@ class ServeMetrics:
             bands = st.get("bands", {})
             snap["h2d_bytes"] = float(sum(b.get("bytes", 0) for b in bands.values()))
             up = float(st.get("uptime_s", 0.0) or 0.0)
-            snap["link_busy_fraction"] = (
-                float(st.get("link_busy_s", 0.0)) / up if up > 0 else None
-            )
+            snap["link_busy_fraction"] = float(st.get("link_busy_s", 0.0)) / up if up > 0 else None
             snap["queue_delay"] = {
                 (band, q): _measured(b.get(f"queue_delay_{q}_s"))
                 for band, b in bands.items()

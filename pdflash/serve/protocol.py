@@ -111,7 +111,9 @@ def _refuse_unsupported(body: dict[str, Any], kind: str) -> None:
             raise bad("'logprobs' is not supported", "logprobs", "unsupported_parameter")
         for name in ("tools", "functions"):
             if body.get(name):
-                raise bad(f"'{name}' (tool calling) is not supported", name, "unsupported_parameter")
+                raise bad(
+                    f"'{name}' (tool calling) is not supported", name, "unsupported_parameter"
+                )
         fmt = body.get("response_format")
         if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
             raise bad(
@@ -175,7 +177,11 @@ def parse_request(body: Any, kind: str) -> ParsedRequest:
             p = p[0]
         if isinstance(p, str):
             prompt_text = p
-        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        elif (
+            isinstance(p, list)
+            and p
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        ):
             prompt_ids = [int(t) for t in p]
         elif isinstance(p, list) and len(p) > 1:
             raise bad("batched prompts are not supported: send one prompt per request", "prompt")

@@ -3,6 +3,7 @@ over it on loopback ports, for the ``pdflash serve`` tests."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
@@ -40,9 +41,7 @@ def start_server(
     """A started server over ``target``. ``no_eos``: the end-of-text tokens
     do not stop generation, so lengths are exactly ``max_tokens`` (random
     weights emit them at random)."""
-    config = ServeModelConfig(
-        model=str(target), draft=None if draft is None else str(draft), **cfg
-    )
+    config = ServeModelConfig(model=str(target), draft=None if draft is None else str(draft), **cfg)
     loop = EngineLoop(lambda: build_engine(config), max_queue=max_queue)
     loop.start(timeout_s=120)
     loop.record_outputs = True
@@ -79,8 +78,6 @@ def idle_counts(loop: EngineLoop) -> dict[str, int]:
         last = loop.call(lambda b: b.resource_counts())
         return loop.outstanding == 0 and not any(last.values())
 
-    try:
+    with contextlib.suppress(AssertionError):
         wait_until(zero, what="requests and copies to drain")
-    except AssertionError:
-        pass
     return last

@@ -19,8 +19,21 @@ def test_generate_streams_the_greedy_output(
 ) -> None:
     target, draft = tiny_model
     rc = main(
-        ["generate", "--model", str(target), "--draft", str(draft), "--prompt", "Hello",
-         "--max-tokens", "12", "--block-size", "4", "--device", "cpu"]
+        [
+            "generate",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--prompt",
+            "Hello",
+            "--max-tokens",
+            "12",
+            "--block-size",
+            "4",
+            "--device",
+            "cpu",
+        ]
     )
     assert rc == 0
     out, err = capsys.readouterr()
@@ -47,14 +60,17 @@ def test_generate_streams_the_greedy_output(
     assert out == want + "\n"
 
 
-def test_generate_reports_bad_input(tiny_model: tuple[Path, Path], tmp_path: Path,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_reports_bad_input(
+    tiny_model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rc = main(["generate", "--model", str(tmp_path), "--prompt", "x"])
     assert rc == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
 
 
-def test_synthetic_writes_a_servable_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_synthetic_writes_a_servable_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["synthetic", "--out", str(tmp_path), "--no-draft"]) == 0
     assert (tmp_path / "target" / "tokenizer.json").is_file()
     assert not (tmp_path / "draft").exists()

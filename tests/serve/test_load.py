@@ -72,9 +72,7 @@ def test_64_concurrent_streams(server: tuple[BackgroundServer, EngineLoop]) -> N
     ended_before = dict(loop.metrics.requests)
 
     async def main() -> list[tuple[str, str, str | None, int | None]]:
-        http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=CLIENTS + 4), timeout=120
-        )
+        http = httpx.AsyncClient(limits=httpx.Limits(max_connections=CLIENTS + 4), timeout=120)
         c = openai.AsyncOpenAI(
             base_url=srv.url + "/v1", api_key="unused", max_retries=0, http_client=http
         )
@@ -115,5 +113,7 @@ def test_64_concurrent_streams(server: tuple[BackgroundServer, EngineLoop]) -> N
     ended = {k: v - ended_before.get(k, 0) for k, v in loop.metrics.requests.items()}
     assert ended.get("length", 0) + ended.get("abort", 0) == CLIENTS
     assert ended.get("abort", 0) >= 1
-    cut = [r for r, _, f, _ in results if f is None and len(loop.outputs[handle_of(r)]) < MAX_TOKENS]
+    cut = [
+        r for r, _, f, _ in results if f is None and len(loop.outputs[handle_of(r)]) < MAX_TOKENS
+    ]
     assert cut

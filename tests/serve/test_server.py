@@ -170,9 +170,7 @@ def test_disconnect_mid_stream_aborts(server: tuple[BackgroundServer, EngineLoop
     while got.count(b"data: ") < 3:
         got += sock.recv(4096)
     sock.close()
-    wait_until(
-        lambda: srv.state.loop.metrics.requests.get("abort", 0) > before, what="the abort"
-    )
+    wait_until(lambda: srv.state.loop.metrics.requests.get("abort", 0) > before, what="the abort")
     aborted = [h for h, out in loop.outputs.items() if 0 < len(out) < 200]
     assert aborted, "the request ran to max_tokens instead of being aborted"
     assert idle_counts(loop) == ZERO

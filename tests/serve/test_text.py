@@ -3,6 +3,7 @@ detokenization, and the synthetic tokenizer."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,11 @@ def test_earliest_stop_wins_and_empty_stop_refused() -> None:
     st.lists(st.integers(0, 30), max_size=6),
     st.lists(st.sampled_from(["END", "ab", "NDa", "E"]), min_size=1, max_size=3),
 )
-def test_stop_matcher_equals_whole_text_search(text: str, cuts: list[int], stops: list[str]) -> None:
+def test_stop_matcher_equals_whole_text_search(
+    text: str, cuts: list[int], stops: list[str]
+) -> None:
     bounds = sorted({0, len(text), *(min(c, len(text)) for c in cuts)})
-    pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
     hits = [i for i in (text.find(s) for s in stops) if i >= 0]
     expected = (text[: min(hits)], True) if hits else (text, False)
     assert _run(stops, pieces) == expected
