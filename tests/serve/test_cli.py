@@ -76,3 +76,73 @@ def test_synthetic_writes_a_servable_model(
     assert not (tmp_path / "draft").exists()
     ids = load_tokenizer(tmp_path / "target")("ab")["input_ids"]
     assert ids and all(0 <= i < 128 for i in ids)  # the tiny preset's vocabulary
+
+
+def test_serve_command_end_to_end(tiny_model: tuple[Path, Path]) -> None:
+    """`pdflash serve` as a user runs it: a subprocess on a free loopback
+    port, answering /health and a completion, stopped with SIGINT."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    target, draft = tiny_model
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "pdflash.cli",
+            "serve",
+            "--model",
+            str(target),
+            "--draft",
+            str(draft),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--block-size",
+            "4",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.2)
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"model": "target", "prompt": "Hello", "max_tokens": 5, "temperature": 0},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] > 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+    assert proc.returncode == 0, out
+    assert "serving 'target'" in out
