@@ -130,36 +130,40 @@ def stop_token_ids(tokenizer: Any, path: str | os.PathLike[str] | None = None) -
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
 
-    Decodes the whole output each time (outputs are short next to a forward)
-    and emits what is new; text ending in U+FFFD (an incomplete multi-byte
-    character) is held back until the next token completes it. The
-    concatenated deltas plus :meth:`flush` equal ``decode(ids)``.
+    Decodes a short window (the tokens since the last emitted text plus the
+    ones before them, which some decoders need for spacing) instead of the
+    whole output each time, as vLLM and TGI do; text ending in U+FFFD (an
+    incomplete multi-byte character) is held back until a later token
+    completes it. The concatenated deltas plus :meth:`flush` equal
+    ``decode(ids)`` for byte-level and character-level tokenizers.
     """
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.ids: list[int] = []
-        self.sent = ""
+        self.prefix_offset = 0  # window start: context for the decoder
+        self.read_offset = 0  # tokens before this were emitted as text
 
-    def _decode(self) -> str:
-        text: str = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip_special_tokens)
+    def _decode(self, ids: list[int]) -> str:
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
         return text
+
+    def _step(self, final: bool) -> str:
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        now = self._decode(self.ids[self.prefix_offset :])
+        if len(now) <= len(before) or (now.endswith("\ufffd") and not final):
+            return ""
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return now[len(before) :]
 
     def add(self, tokens: Iterable[int]) -> str:
         self.ids.extend(int(t) for t in tokens)
-        text = self._decode()
-        if text.endswith("\ufffd") or not text.startswith(self.sent):
-            return ""
-        delta = text[len(self.sent) :]
-        self.sent = text
-        return delta
+        return self._step(final=False)
 
     def flush(self) -> str:
-        text = self._decode()
-        delta = text[len(self.sent) :] if text.startswith(self.sent) else ""
-        self.sent = text
-        return delta
+        """What is still held back (an incomplete character stays as U+FFFD)."""
+        return self._step(final=True)
 
 
 class StopStringMatcher:

@@ -289,7 +289,7 @@ class EngineLoop:
                 del self._live[handle]
                 self._by_engine_id.pop(live.engine_id, None)
                 reason = req.metrics.finish_reason or "abort"
-                message = getattr(req, "error", None)
+                message = getattr(req, "error", None) or getattr(req.metrics, "error", None)
                 engine.finished.pop(live.engine_id, None)
                 self._record(handle, req.output)
                 self.metrics.observe_finish(reason, req.metrics)

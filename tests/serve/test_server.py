@@ -263,3 +263,52 @@ def test_metrics_prometheus_text(server: tuple[BackgroundServer, EngineLoop]) ->
     for key, v in samples.items():
         if key.endswith('_bucket{le="+Inf"}'):
             assert v == samples[key.split("_bucket")[0] + "_count"]
+
+
+def test_engine_failure_answers_500_and_frees_everything(tiny_model: tuple[Path, Path]) -> None:
+    """A step that raises ends its live requests with an error (500, or an
+    error event mid-stream), frees their resources, and the server goes on."""
+    import dataclasses
+
+    from pdflash.serve.app import make_state
+    from pdflash.serve.build import ServeModelConfig, build_engine
+
+    target, draft = tiny_model
+    config = ServeModelConfig(model=str(target), draft=str(draft), block_size=4)
+    fail_next = {"n": 0}
+
+    def factory() -> Any:
+        bundle = build_engine(config)
+        step = bundle.engine.step
+
+        def flaky_step() -> Any:
+            if fail_next["n"] > 0:
+                fail_next["n"] -= 1
+                raise RuntimeError("injected failure")
+            return step()
+
+        bundle.engine.step = flaky_step
+        return bundle
+
+    loop = EngineLoop(factory)
+    loop.start(timeout_s=120)
+    state = dataclasses.replace(make_state(loop, str(target)), stop_ids=())
+    srv = BackgroundServer(state).start()
+    try:
+        c = client(srv)
+        fail_next["n"] = 1
+        with pytest.raises(openai.InternalServerError, match="injected failure"):
+            c.completions.create(model="target", prompt="x", max_tokens=8, temperature=0)
+        fail_next["n"] = 1
+        stream = c.completions.create(
+            model="target", prompt="x", max_tokens=8, temperature=0, stream=True
+        )
+        with pytest.raises(openai.APIError, match="injected failure"):
+            list(stream)
+        ok = c.completions.create(model="target", prompt="x", max_tokens=8, temperature=0)
+        assert ok.usage is not None and ok.usage.completion_tokens == 8
+        assert idle_counts(loop) == ZERO
+        assert loop.metrics.requests.get("error") == 2
+    finally:
+        srv.stop()
+        loop.stop()

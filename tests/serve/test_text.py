@@ -97,3 +97,33 @@ def test_stop_token_ids_and_missing_tokenizer(tok: object, tmp_path: Path) -> No
     assert t.convert_ids_to_tokens(ids) == ["<|endoftext|>", "<|im_end|>"]
     with pytest.raises(TokenizerError, match="no tokenizer"):
         load_tokenizer(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def byte_tok() -> object:
+    """A byte-level BPE tokenizer (as GPT-2 / Qwen use) with few merges, so
+    multi-byte characters span several tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<eos>"],
+        show_progress=False,
+    )
+    tok.train_from_iterator(["hello wörld, naïve café 🙂 — ok"] * 8, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+@given(st.text(alphabet="ab é🙂ñ—\n", max_size=40), st.integers(1, 4))
+def test_incremental_detokenizer_byte_level(byte_tok: object, text: str, group: int) -> None:
+    t: object = byte_tok
+    ids = t(text)["input_ids"]  # type: ignore[operator]
+    d = IncrementalDetokenizer(t)
+    pieces = [d.add(ids[i : i + group]) for i in range(0, len(ids), group)]
+    assert not any("\ufffd" in p for p in pieces)  # never a half character
+    assert "".join(pieces) + d.flush() == text
