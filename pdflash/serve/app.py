@@ -147,6 +147,8 @@ class _Generation:
             )
         except QueueFullError as e:
             raise ApiError(429, str(e), type_="rate_limit_error", code="queue_full") from None
+        except RuntimeError as e:
+            raise ApiError(503, str(e), type_="server_error", code="engine_stopped") from None
 
     async def next_text(self) -> str | None:
         """The next piece of text ('' possible), or None after the end."""

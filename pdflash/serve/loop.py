@@ -130,8 +130,8 @@ class EngineLoop:
 
     def submit(self, request: GenerationRequest) -> int:
         """Queue a request; returns its handle. Raises :class:`QueueFullError`."""
-        if self._stopping.is_set():
-            raise RuntimeError("the engine loop is stopping")
+        if self._stopping.is_set() or not self._thread.is_alive():
+            raise RuntimeError("the engine loop is not running")
         with self._lock:
             if self._outstanding >= self.max_queue:
                 raise QueueFullError(
@@ -173,31 +173,45 @@ class EngineLoop:
                 log.exception("closing the engine failed")
 
     def _run(self) -> None:
-        engine = self.bundle.engine
         last_snapshot = 0.0
         while not self._stopping.is_set():
-            self._drain(block=not engine.has_work)
-            if self._stopping.is_set():
-                break
-            if not engine.has_work:
-                continue
-            t0 = time.perf_counter()
             try:
-                report = engine.step()
+                stepped = self._iteration()
             except Exception as e:
-                log.exception("engine step failed")
-                for handle in list(self._live):
-                    self._abort(handle, "error", f"engine step failed: {e}")
+                # NOTE: a failure outside the step (bookkeeping, a sink) must
+                # not kill the thread and strand every waiting client
+                log.exception("the engine loop failed")
+                self._fail_live(f"engine loop failed: {e}")
                 continue
-            self.metrics.observe_step(
-                time.perf_counter() - t0, report.scheduler_us if report.verified else None
-            )
-            self._deliver()
             now = time.monotonic()
-            if now - last_snapshot > 0.5:
+            if stepped and now - last_snapshot > 0.5:
                 self._snapshot()
                 last_snapshot = now
         self._snapshot()
+
+    def _iteration(self) -> bool:
+        """Take new work and abort requests, then one engine step if there is
+        work; True if a step ran."""
+        engine = self.bundle.engine
+        self._drain(block=not engine.has_work)
+        if self._stopping.is_set() or not engine.has_work:
+            return False
+        t0 = time.perf_counter()
+        try:
+            report = engine.step()
+        except Exception as e:
+            log.exception("engine step failed")
+            self._fail_live(f"engine step failed: {e}")
+            return False
+        self.metrics.observe_step(
+            time.perf_counter() - t0, report.scheduler_us if report.verified else None
+        )
+        self._deliver()
+        return True
+
+    def _fail_live(self, message: str) -> None:
+        for handle in list(self._live):
+            self._abort(handle, "error", message)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -257,24 +271,27 @@ class EngineLoop:
                 fut.set_exception(e)
 
     def _abort(self, handle: int, reason: str, message: str | None) -> None:
+        """End a live request (engine abort); its sink always hears of it."""
         live = self._live.pop(handle)
         self._by_engine_id.pop(live.engine_id, None)
         engine = self.bundle.engine
+        output: list[int] = []
         try:
             engine.abort(live.engine_id)
+            req = engine.request(live.engine_id)
+            output = list(req.output)
+            engine.finished.pop(live.engine_id, None)  # a server must not keep every request
+            self.metrics.observe_finish(reason, req.metrics)
         except Exception:
             log.exception("aborting request %d failed", live.engine_id)
-        req = engine.request(live.engine_id)
         if live.buffer:
             self.metrics.observe_tokens(len(live.buffer))
             live.request.sink.on_tokens(live.buffer)
             live.buffer = []
-        engine.finished.pop(live.engine_id, None)  # a server must not keep every request
-        self._record(handle, req.output)
-        self.metrics.observe_finish(reason, req.metrics)
+        self._record(handle, output)
         self._done(
             live.request.sink,
-            Finish(reason, len(live.request.prompt_ids), len(req.output), live.engine_id, message),
+            Finish(reason, len(live.request.prompt_ids), len(output), live.engine_id, message),
         )
 
     def _deliver(self) -> None:

@@ -309,6 +309,12 @@ def test_engine_failure_answers_500_and_frees_everything(tiny_model: tuple[Path,
         assert ok.usage is not None and ok.usage.completion_tokens == 8
         assert idle_counts(loop) == ZERO
         assert loop.metrics.requests.get("error") == 2
+        # with the engine loop gone the server says so instead of hanging
+        loop.stop()
+        assert httpx.get(srv.url + "/health").status_code == 503
+        with pytest.raises(openai.APIStatusError, match="not running") as info:
+            c.completions.create(model="target", prompt="x", max_tokens=2)
+        assert info.value.status_code == 503
     finally:
         srv.stop()
         loop.stop()
