@@ -326,10 +326,8 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state: ServerState = request.app[STATE]
     return web.Response(
-        text=state.loop.metrics.render(),
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Prometheus-Format": "0.0.4"},
+        body=state.loop.metrics.render().encode(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
     )
 
 

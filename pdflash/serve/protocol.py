@@ -123,6 +123,13 @@ def _refuse_unsupported(body: dict[str, Any], kind: str) -> None:
             )
 
 
+def _seed(body: dict[str, Any]) -> int | None:
+    seed = _int(body, "seed")
+    if seed is not None and not -(1 << 63) <= seed < (1 << 64):
+        raise bad("'seed' must fit in 64 bits", "seed")
+    return seed
+
+
 def _stop(body: dict[str, Any]) -> list[str]:
     v = body.get("stop")
     if v is None:
@@ -216,7 +223,7 @@ def parse_request(body: Any, kind: str) -> ParsedRequest:
         max_tokens=max_tokens,
         params=params,
         stop=_stop(body),
-        seed=_int(body, "seed"),
+        seed=_seed(body),
         stream=stream,
         include_usage=bool(opts.get("include_usage", False)),
     )

@@ -206,6 +206,8 @@ def test_bad_requests_answer_4xx(server: tuple[BackgroundServer, EngineLoop]) ->
         c.completions.create(model="target", prompt="x", max_tokens=2, temperature=-1)
     with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
         c.completions.create(model="target", prompt=[1, 2, 100000], max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="seed"):
+        c.completions.create(model="target", prompt="x", max_tokens=2, seed=1 << 70)
     with pytest.raises(openai.BadRequestError, match="messages"):
         c.chat.completions.create(model="target", messages=[])
     r = httpx.get(srv.url + "/v1/nothing")
@@ -239,7 +241,9 @@ def test_metrics_prometheus_text(server: tuple[BackgroundServer, EngineLoop]) ->
     srv, _ = server
     client(srv).completions.create(model="target", prompt="metrics", max_tokens=8, temperature=0)
     time.sleep(0.2)  # the engine thread snapshots its statistics when idle
-    text = httpx.get(srv.url + "/metrics").text
+    resp = httpx.get(srv.url + "/metrics")
+    assert resp.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = resp.text
     for name in (
         "pdflash_generation_tokens_total",
         "pdflash_time_to_first_token_seconds_bucket",
