@@ -166,8 +166,11 @@ def run_arch(arch: str, args: argparse.Namespace, root: Path, rows: list[dict[st
     cache_bytes = int(handle.cache.num_slots) * int(handle.cache.expert_nbytes)
     non_expert = _bytes_by_kind(model)["non_expert"]
     row = {**common, "method": "pdflash", "cache_fraction": args.cache_fraction, **load}
-    row.update(_generate(model, prompts, args.new_tokens))
-    st = handle.stats()
+    try:
+        row.update(_generate(model, prompts, args.new_tokens))
+        st = handle.stats()
+    finally:
+        handle.close()  # frees the pinned host experts even when generate fails
     row["gpu_weight_bytes"] = {"non_expert": non_expert, "expert_cache": cache_bytes}
     row["expert_cache"] = {
         k: (float(v) if isinstance(v, (int, float)) else str(v))
@@ -176,7 +179,6 @@ def run_arch(arch: str, args: argparse.Namespace, root: Path, rows: list[dict[st
     }
     _compare(row, ref)
     rows.append(row)
-    handle.close()
     del model, handle
     _free()
 
@@ -272,10 +274,12 @@ def main() -> None:
         if "error" in r:
             print(f"{r['arch']:10s} ERROR {r['error']}", flush=True)
         else:
+            peak = r["peak_gpu_bytes_generate"]
+            peak_s = "n/a (no GPU)" if peak is None else f"{peak / 1e9:6.2f} GB"
             print(
                 f"{r['arch']:10s} {r['method']:10s} {r['tokens_per_s']:8.2f} tok/s  "
-                f"peak gen {(r['peak_gpu_bytes_generate'] or 0) / 1e9:6.2f} GB  "
-                f"load {r['load_s']:6.1f} s  greedy_equal={r.get('greedy_equal')}",
+                f"peak gen {peak_s}  load {r['load_s']:6.1f} s  "
+                f"greedy_equal={r.get('greedy_equal')}",
                 flush=True,
             )
     print(
