@@ -160,6 +160,8 @@ class EngineLoop:
             self._error = e
             self._ready.set()
             return
+        # acceptance lengths mean something only when the engine drafts
+        self.metrics.speculative = bool(getattr(self.bundle.engine.config, "speculative", False))
         self._ready.set()
         try:
             self._run()
