@@ -7,7 +7,9 @@ mixtral, fused 3-D bf16 experts for gpt-oss, or gpt-oss MXFP4 blocks/scales
 with ``expert_format="mxfp4"``), loadable by transformers'
 ``from_pretrained`` and by pdflash through the same code path as a real
 checkpoint. ``config.json`` carries ``"pdflash_synthetic"`` (preset, seed)
-so results computed on it are labelled synthetic.
+so results computed on it are labelled synthetic. A small character-level
+tokenizer with a ChatML chat template is written next to it
+(:func:`pdflash.text.write_synthetic_tokenizer`).
 
 Presets: ``tiny`` per architecture (CPU tests); ``small`` for gpt_oss and
 qwen3_moe (published expert-count/top-k ratios at a CPU-sized hidden size, so
@@ -412,6 +414,10 @@ def write_synthetic_checkpoint(
         "note": "synthetic random weights, not a trained model",
     }
     cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    # a tokenizer too, so the checkpoint can be served as text (pdflash serve)
+    from pdflash.text import write_synthetic_tokenizer
+
+    write_synthetic_tokenizer(out, int(config.vocab_size))
     if on_written is not None:
         on_written(out, config)
     return out

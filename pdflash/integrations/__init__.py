@@ -1,0 +1,2 @@
+"""Integrations of pdflash's offloaded experts with other libraries
+(:mod:`pdflash.integrations.transformers`)."""

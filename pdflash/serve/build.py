@@ -1,0 +1,252 @@
+"""Build a serving :class:`~pdflash.engine.Engine` for a checkpoint directory.
+
+The target's experts go to pinned host memory (:class:`ExpertStore`) and run
+from a device :class:`ExpertCache` of ``cache_fraction`` of the experts (or
+``cache_gb`` GB) filled by the H2D issuer. With a DFlash draft checkpoint the
+engine runs the ``PD`` configuration (DFlash, 2-D deficit verify scheduler,
+route-ahead in bands); without one, ``B0`` (autoregressive, on-demand copies
+with next-layer gate lookahead). Everything here is built on the calling
+thread: the serving loop calls :func:`build_engine` from its engine thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pdflash.engine.config import EngineConfig
+from pdflash.engine.engine import Engine
+
+
+@dataclass
+class ServeModelConfig:
+    """What ``pdflash serve`` / ``pdflash generate`` load."""
+
+    model: str
+    draft: str | None = None
+    cache_fraction: float | None = None
+    cache_gb: float | None = None
+    device: str = "auto"
+    dtype: str | None = None  # None: the checkpoint's
+    baseline: str | None = None  # None: PD with a draft, B0 without
+    block_size: int = 8
+    max_running: int = 8
+    max_model_len: int | None = None  # None: min(max_position_embeddings, 4096)
+    seed: int = 0
+    emulated_link_gbps: float | None = None  # host backend only (CPU tests)
+
+    def validate(self) -> None:
+        if self.cache_fraction is not None and self.cache_gb is not None:
+            raise ValueError("give --cache-fraction or --cache-gb, not both")
+        if self.cache_fraction is not None and not 0.0 < self.cache_fraction <= 1.0:
+            raise ValueError(f"cache fraction must be in (0, 1], got {self.cache_fraction}")
+        if self.cache_gb is not None and not self.cache_gb > 0:
+            raise ValueError(f"cache GB must be > 0, got {self.cache_gb}")
+        if self.max_running < 1 or self.block_size < 1:
+            raise ValueError("max_running and block_size must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        for name, p in (("model", self.model), ("draft", self.draft)):
+            if p is not None and not (Path(p) / "config.json").is_file():
+                raise ValueError(f"--{name} {p}: not a checkpoint directory (no config.json)")
+
+    @property
+    def model_name(self) -> str:
+        """The id clients send as ``model``: the directory's name."""
+        return Path(self.model).resolve().name
+
+
+@dataclass
+class EngineBundle:
+    """The engine and what it runs on; :meth:`close` frees the cache, the
+    issuer's queue and the pinned host experts."""
+
+    engine: Engine
+    adapter: Any
+    cache: Any
+    issuer: Any
+    max_model_len: int
+    closers: list[Any] = field(default_factory=list)
+
+    def resource_counts(self) -> dict[str, int]:
+        """Per-request resources held now (all 0 when no request is live and
+        copies have settled): KV pages (target and draft), pages promised to
+        running requests, running/waiting requests, pinned expert slots,
+        copies queued or in flight."""
+        eng = self.engine
+        stats = self.issuer.stats()
+        return {
+            "kv_pages": int(eng.kv.used_pages),
+            "draft_kv_pages": int(eng.draft_kv.used_pages) if eng.draft_kv is not None else 0,
+            "promised_pages": int(eng._committed_pages),
+            "running": int(eng.num_running),
+            "waiting": len(eng._waiting),
+            "expert_pins": int(np.asarray(self.cache.pins).sum()),
+            "copies_in_flight": int(stats.get("queued_copies", 0))
+            + int(stats.get("inflight_chunks", 0)),
+        }
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.issuer.cancel(None)
+        busy = np.asarray(self.cache.ticket)
+        busy = busy[busy >= 0]
+        if busy.size:
+            with contextlib.suppress(Exception):
+                self.issuer.wait(busy)
+        for block in getattr(self.adapter, "blocks", []):
+            block.runtime = None
+        self.adapter.cache = None
+        self.adapter.runtime = None
+        self.issuer.close()
+        self.adapter.close()
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} requested but CUDA is not available")
+    return dev
+
+
+def build_engine(cfg: ServeModelConfig) -> EngineBundle:
+    """Load the target (and draft), the issuer, the expert cache and the engine."""
+    from pdflash.cache import ExpertCache
+    from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
+    from pdflash.engine.drafter import load_drafter
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+    from pdflash.routeahead import (
+        AcceptanceHorizon,
+        ApproxRouterPredictor,
+        PreviousRoundPredictor,
+        RouteAheadStats,
+    )
+
+    cfg.validate()
+    device = _device(cfg.device)
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+    baseline = cfg.baseline or ("PD" if cfg.draft else "B0")
+    if baseline != "B0" and cfg.draft is None:
+        raise ValueError(f"baseline {baseline} is speculative: give --draft DIR")
+    adapter: Any = load_adapter(cfg.model, device=device, dtype=dtype)
+    issuer = H2DIssuer(
+        backend="cuda" if device.type == "cuda" else "host",
+        emulated_link_gbps=cfg.emulated_link_gbps if device.type != "cuda" else None,
+    )
+    try:
+        fraction = cfg.cache_fraction
+        capacity = None if cfg.cache_gb is None else int(cfg.cache_gb * 1e9)
+        if baseline == "B3":
+            fraction, capacity = 1.0, None
+        elif fraction is None and capacity is None:
+            fraction = 0.2 if device.type == "cuda" else 1.0
+        policy: Any = "lru"
+        if baseline == "PD":
+            from pdflash.cache.eviction import LayerCyclicPolicy
+
+            policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
+        cache = ExpertCache(
+            adapter.store,
+            issuer,
+            device=device,
+            fraction=fraction,
+            capacity_bytes=capacity,
+            top_k=adapter.top_k,
+            max_batch_tokens=1,
+            policy=policy,
+        )
+        adapter.attach_cache(cache)
+        drafter = load_drafter(cfg.draft, device=device, dtype=adapter.dtype) if cfg.draft else None
+        config = EngineConfig.preset(
+            baseline,
+            block_size=cfg.block_size,
+            max_running=cfg.max_running,
+            token_budget=cfg.max_running * cfg.block_size,
+            seed=cfg.seed,
+        )
+        batcher: VerifyBatcher | None = None
+        if config.batching != "fcfs":
+            byte_budget = None
+            if config.batching == "deficit_2d":
+                # every expert's bytes: one forward's worst-case union (see bench_run)
+                byte_budget = adapter.num_layers * adapter.num_experts * int(cache.expert_nbytes)
+                config = config.replace(byte_budget=byte_budget)
+            batcher = DeficitBatcher(
+                token_budget=config.token_budget,
+                byte_budget=byte_budget,
+                num_layers=adapter.num_layers,
+                num_experts=adapter.num_experts,
+                expert_nbytes=cache.expert_nbytes,
+                max_tokens_per_item=config.block_size,
+            )
+        predictor = horizon = route_stats = None
+        if config.route_ahead:
+            predictor = BatchedUnionPredictor(
+                [
+                    (ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
+                    (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
+                ]
+            )
+            horizon = AcceptanceHorizon(config.block_size)
+            route_stats = RouteAheadStats.for_adapter(adapter)
+        max_len = cfg.max_model_len or min(
+            int(getattr(adapter.config, "max_position_embeddings", 4096) or 4096), 4096
+        )
+        engine = Engine(
+            adapter,
+            config,
+            drafter=drafter,
+            batcher=batcher,
+            predictor=predictor,
+            horizon=horizon,
+            expert_cache=cache,
+            route_stats=route_stats,
+            max_seq_len=max_len,
+            device=device,
+        )
+    except BaseException:
+        issuer.close()
+        adapter.close()
+        raise
+    return EngineBundle(engine, adapter, cache, issuer, max_len)
+
+
+def write_synthetic_model(
+    out: str | Path,
+    arch: str = "qwen3_moe",
+    preset: str = "tiny",
+    *,
+    num_layers: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    draft: bool = True,
+) -> tuple[Path, Path | None]:
+    """A synthetic target checkpoint (with its tokenizer) under ``out/target``
+    and, with ``draft``, a synthetic DFlash drafter under ``out/draft``.
+    Random weights: the text is meaningless, the serving path is real."""
+    from pdflash.engine.drafter import write_synthetic_drafter
+    from pdflash.models import write_synthetic_checkpoint
+
+    root = Path(out)
+    target = write_synthetic_checkpoint(
+        root / "target", arch, preset, num_layers=num_layers, dtype=dtype, seed=seed
+    )
+    if not draft:
+        return target, None
+    cfg = json.loads((target / "config.json").read_text())
+    drafter = write_synthetic_drafter(
+        root / "draft", cfg, "tiny" if preset == "tiny" else "full", seed=seed + 1, dtype=dtype
+    )
+    return target, drafter
