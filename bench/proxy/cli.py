@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if cmd == "eval":
         import torch
-
         from pdflash.bench.proxy.decode import evaluate
         from pdflash.bench.proxy.drafter import load_target
         from pdflash.bench.proxy.target import heldout_prompts, resolve_device
+
         from pdflash.engine.drafter import load_drafter
 
         dev = resolve_device(args.device)

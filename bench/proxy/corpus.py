@@ -17,6 +17,7 @@ files lived.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -69,9 +70,7 @@ class Corpus:
         digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
         counts = {s: sum(1 for f in self.files if f.split == s) for s in SPLITS}
         sizes = {s: sum(f.nbytes for f in self.files if f.split == s) for s in SPLITS}
-        roles = {
-            r: sum(1 for f in self.files if f.heldout_role == r) for r in ("draft", "eval")
-        }
+        roles = {r: sum(1 for f in self.files if f.heldout_role == r) for r in ("draft", "eval")}
         return {
             "version": MANIFEST_VERSION,
             "manifest_sha256": digest,
@@ -92,10 +91,8 @@ class Corpus:
 def default_roots() -> list[Path]:
     """The standard library and every site-packages directory, existing ones only."""
     cands: list[str] = [sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]]
-    try:
+    with contextlib.suppress(AttributeError):  # virtualenv's old site.py lacks it
         cands += site.getsitepackages()
-    except AttributeError:  # virtualenv's old site.py
-        pass
     cands.append(site.getusersitepackages())
     out: list[Path] = []
     for c in cands:

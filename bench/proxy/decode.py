@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
 from pdflash.bench.proxy.drafter import (
     block_hidden,
     cache_kwarg,
@@ -42,6 +41,7 @@ from pdflash.bench.proxy.drafter import (
     features_of,
 )
 from pdflash.bench.proxy.routing_stats import capture_routing
+
 from pdflash.engine.drafter import DFlashDrafter
 from pdflash.engine.sampling import (
     SamplingParams,
@@ -118,7 +118,7 @@ def speculative_decode(
     with torch.no_grad():
         logits, ctx, topk = forward(list(prompt))
         res.prefill_topk = topk
-        committed = list(prompt) + [pick(logits[-1])]
+        committed = [*list(prompt), pick(logits[-1])]
         res.tokens.append(committed[-1])
         while len(res.tokens) < max_new_tokens:
             a = len(committed) - 1  # the anchor: committed, not yet through the target
@@ -126,7 +126,9 @@ def speculative_decode(
             n = min(B - 1, max_new_tokens - len(res.tokens))
             tok_t = torch.tensor([committed], dtype=torch.long, device=dev)
             anchors = torch.tensor([[a]], dtype=torch.long, device=dev)
-            hidden = block_hidden(drafter, ctx[None], embed_blocks(embed, tok_t, anchors, B), anchors)
+            hidden = block_hidden(
+                drafter, ctx[None], embed_blocks(embed, tok_t, anchors, B), anchors
+            )
             dlogits = drafter.logits(hidden[0, 0, 1 : 1 + n], target.lm_head).float()
             if params.greedy:
                 drafts = dlogits.argmax(-1)
@@ -143,7 +145,7 @@ def speculative_decode(
                 acc, bonus = rejection_accept(
                     drafts.cpu(), qprobs.cpu(), target_probs(vlogits, params).cpu(), generator
                 )
-            new = block[1 : 1 + acc] + [bonus]
+            new = [*block[1 : 1 + acc], bonus]
             new = new[: max_new_tokens - len(res.tokens)]
             committed += new
             res.tokens += new
@@ -201,14 +203,15 @@ def anchor_tau(
     ``anchors`` (positions, the same for every sequence).
     """
     import torch
-
     from pdflash.bench.proxy.drafter import block_labels
 
     B = drafter.cfg.block_size
     N, L = sequences.shape
     hi = L - B
     if hi < prompt_len:
-        raise ValueError(f"sequences of {L} tokens leave no anchor after a {prompt_len}-token prompt")
+        raise ValueError(
+            f"sequences of {L} tokens leave no anchor after a {prompt_len}-token prompt"
+        )
     cand = np.arange(prompt_len, hi + 1)
     if anchors is not None:
         cand = np.asarray(anchors, dtype=np.int64)
@@ -260,7 +263,6 @@ def evaluate(
     """Tokens per round (anchors and loop, greedy and T=1) and the distinct-token
     ratio of greedy continuations, over ``prompts`` (equal lengths)."""
     import torch
-
     from pdflash.bench.proxy.drafter import generate
 
     dev = next(target.parameters()).device
@@ -279,7 +281,11 @@ def evaluate(
 
     for name, temp in (("greedy", 0.0), ("t1", 1.0)):
         seqs = generate(
-            target, ids, max_new_tokens, temperature=temp, generator=gen,
+            target,
+            ids,
+            max_new_tokens,
+            temperature=temp,
+            generator=gen,
             autocast=contextlib.nullcontext(),
         )
         taus = anchor_tau(target, drafter, seqs, P, temperature=temp)
@@ -306,9 +312,7 @@ def evaluate(
             f" (arithmetic {result[name]['tau_anchor_arithmetic']:.3f}), loop {result[name]['tau_loop']}"
             f" over {len(acc)} rounds"
         )
-    result["headline"] = (
-        "t1" if result["distinct_token_ratio_greedy"] < 0.3 else "greedy"
-    )
+    result["headline"] = "t1" if result["distinct_token_ratio_greedy"] < 0.3 else "greedy"
     result["headline_note"] = (
         "greedy continuations repeat (distinct-token ratio < 0.3): temperature-1 tau is the headline"
         if result["headline"] == "t1"

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from pdflash.bench.proxy.presets import DrafterPreset
 from pdflash.bench.proxy.tokenizer import MASK_ID
+
 from pdflash.engine.drafter import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -92,7 +92,9 @@ def new_drafter(cfg_dict: dict[str, Any], seed: int = 0) -> DFlashDrafter:
     model = DFlashDrafter(DrafterConfig.from_dict(cfg_dict))
     for i in range(model.cfg.num_hidden_layers):
         if model.cfg.layer_is_causal(i) or model.cfg.layer_window(i) is not None:
-            raise ValueError("the trainer supports full (bidirectional) attention draft layers only")
+            raise ValueError(
+                "the trainer supports full (bidirectional) attention draft layers only"
+            )
     return model
 
 
@@ -165,9 +167,7 @@ def block_mask(anchors: Any, context_len: int, block_size: int) -> Any:
     return torch.cat([sees_ctx, sees_blk], dim=-1)
 
 
-def block_hidden(
-    drafter: DFlashDrafter, features: Any, block_embeds: Any, anchors: Any
-) -> Any:
+def block_hidden(drafter: DFlashDrafter, features: Any, block_embeds: Any, anchors: Any) -> Any:
     """Final-normed draft hidden states for every anchor's block.
 
     ``features [S, C, n_ids * H]``: target features of positions ``0..C-1``;
@@ -197,9 +197,10 @@ def block_hidden(
     cos_b, sin_b = drafter.rope(blk_pos, x)  # [S*Q, D]
     cos_b, sin_b = cos_b.view(S, Q, d), sin_b.view(S, Q, d)
     mask = block_mask(anchors, C, B)[:, None]  # [S, 1, Q, C+Q]
+    layer: Any
     for layer in drafter.layers:
-        attn = layer.self_attn  # type: ignore[union-attr]
-        h = layer.input_layernorm(x)  # type: ignore[operator]
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
         q = _rope(attn.q_norm(attn.q_proj(h).view(S, Q, -1, d)), cos_b, sin_b)
         kb = _rope(attn.k_norm(attn.k_proj(h).view(S, Q, -1, d)), cos_b, sin_b)
         vb = attn.v_proj(h).view(S, Q, -1, d)
@@ -211,7 +212,7 @@ def block_hidden(
             q.transpose(1, 2), k, v, attn_mask=mask, scale=d**-0.5, enable_gqa=True
         )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(S, Q, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))  # type: ignore[operator]
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
     return drafter.norm(x).view(S, nA, B, H)
 
 
@@ -295,7 +296,6 @@ def build_dataset(
 ) -> tuple[Any, list[str]]:
     """``[N, P + Cn]`` sequences: held-out ``draft`` prompts continued by the target."""
     import torch
-
     from pdflash.bench.proxy.target import _autocast, heldout_prompts
 
     prompts = heldout_prompts(target_dir, "draft", preset.data_prompts, preset.prompt_len, 0)
@@ -418,7 +418,6 @@ def train_drafter(
     the provenance record (also in the drafter's config as ``pdflash_proxy``)."""
     import torch
     import transformers
-
     from pdflash.bench.proxy.target import (
         _autocast,
         _device_name,

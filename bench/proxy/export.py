@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from pdflash.bench.proxy import trace_format as tf
 
 
@@ -29,11 +28,11 @@ def export_trace(
     """Decode held-out ``eval`` prompts with the target and drafter, record
     routing and acceptance, write the trace; returns its provenance + size."""
     import torch
-
     from pdflash.bench.proxy.decode import speculative_decode
     from pdflash.bench.proxy.drafter import load_target
     from pdflash.bench.proxy.routing_stats import capture_routing
     from pdflash.bench.proxy.target import heldout_prompts, resolve_device, weights_sha256
+
     from pdflash.engine.drafter import load_drafter
     from pdflash.engine.sampling import SamplingParams
 
@@ -41,10 +40,13 @@ def export_trace(
     # NOTE: fp32 on every device: the trace's routing must not depend on
     # autocast rounding, and the models are small.
     target = load_target(target_dir, dev, torch.float32)
-    drafter = load_drafter(drafter_dir, device=dev, dtype=torch.float32)
+    drafter = load_drafter(Path(drafter_dir), device=dev, dtype=torch.float32)
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
-    n_exp, k = int(tcfg["num_experts"]), int(tcfg["num_experts_per_tok"])
-    n_layers, vocab = int(tcfg["num_hidden_layers"]), int(tcfg["vocab_size"])
+    # NOTE: the loaded config, not the JSON: transformers 5 writes num_experts
+    # as num_local_experts.
+    mc = target.config
+    n_exp, k = int(mc.num_experts), int(mc.num_experts_per_tok)
+    n_layers, vocab = int(mc.num_hidden_layers), int(mc.vocab_size)
     prompts = heldout_prompts(target_dir, "eval", num_prompts, prompt_len, max_new_tokens)
     if not prompts:
         raise ValueError(f"{target_dir}: no held-out eval document fits the prompt")
@@ -130,13 +132,13 @@ def export_trace(
     )
     path = tf.save_trace(trace, out_path)
     size = path.stat().st_size
-    acc = trace.round_accepted.astype(np.float64)
+    committed = trace.round_accepted.astype(np.float64)
     summary = {
         "path": str(path),
         "bytes": size,
         "requests": trace.num_requests,
-        "rounds": int(acc.size),
-        "tau_loop": float(acc.mean()) if acc.size else None,
+        "rounds": int(committed.size),
+        "tau_loop": float(committed.mean()) if committed.size else None,
         "tokens": int(trace.tokens.size),
         "verify_rows": int(trace.verify_tokens.size),
     }

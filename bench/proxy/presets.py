@@ -209,7 +209,9 @@ def target_preset(name: str) -> TargetPreset:
     try:
         return TARGET_PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown target preset {name!r}; choose from {sorted(TARGET_PRESETS)}") from None
+        raise ValueError(
+            f"unknown target preset {name!r}; choose from {sorted(TARGET_PRESETS)}"
+        ) from None
 
 
 def drafter_preset(name: str) -> DrafterPreset:

@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-
 from pdflash.bench.proxy import corpus as corpus_mod
 from pdflash.bench.proxy import routing_stats
 from pdflash.bench.proxy import tokenizer as tok_mod
@@ -97,9 +96,7 @@ def prepare_data(
             max_total_bytes=preset.max_corpus_bytes,
         )
         man = corpus_mod.write_manifest(c, work / "corpus_manifest.json")
-        log(
-            f"[prep] corpus: {man['counts']} files, {man['bytes']} bytes, skipped {man['skipped']}"
-        )
+        log(f"[prep] corpus: {man['counts']} files, {man['bytes']} bytes, skipped {man['skipped']}")
         train_files = c.split("train")
         budget = preset.tokenizer_train_bytes
         sample: list[str] = []
@@ -341,7 +338,7 @@ def train_target(
                 ce = F.cross_entropy(
                     outp.logits.float().reshape(-1, preset.vocab_size), ids[:, 1:].reshape(-1)
                 )
-                lb = load_balancing_loss_func(
+                lb: Any = load_balancing_loss_func(
                     outp.router_logits, preset.num_experts, preset.top_k
                 )
                 z = router_z_loss(outp.router_logits)

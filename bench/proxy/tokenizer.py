@@ -25,9 +25,7 @@ SPECIAL_TOKENS = (EOS, PAD, MASK)
 EOS_ID, PAD_ID, MASK_ID = 0, 1, 2
 
 
-def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike[str]
-) -> str:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike[str]) -> str:
     """Train, save to ``out_dir`` and return the tokenizer hash."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

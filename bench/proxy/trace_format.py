@@ -100,7 +100,9 @@ class ProxyTrace:
         if missing:
             raise TraceFormatError(f"provenance is missing {missing}")
         if prov["format"] != FORMAT or int(prov["version"]) != VERSION:
-            raise TraceFormatError(f"not a {FORMAT} v{VERSION} trace: {prov['format']} v{prov['version']}")
+            raise TraceFormatError(
+                f"not a {FORMAT} v{VERSION} trace: {prov['format']} v{prov['version']}"
+            )
         n_layers, k, n_exp = int(prov["num_layers"]), int(prov["top_k"]), int(prov["num_experts"])
         R = self.prompt_len.size
         if self.token_request.shape != (R + 1,) or self.token_request[0] != 0:
@@ -154,7 +156,9 @@ def save_trace(trace: ProxyTrace, path: str | os.PathLike[str]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: getattr(trace, name) for name in ARRAYS}
     tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez_compressed(tmp, provenance=np.array(json.dumps(trace.provenance, sort_keys=True)), **arrays)
+    np.savez_compressed(
+        tmp, provenance=np.array(json.dumps(trace.provenance, sort_keys=True)), **arrays
+    )
     tmp.replace(out)
     return out
 

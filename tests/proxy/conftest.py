@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from pdflash.bench.proxy.presets import drafter_preset, target_preset
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -101,6 +100,7 @@ def models(
 ) -> tuple[Any, Any]:
     """(HF target, pdflash drafter), fp32 on the CPU."""
     from pdflash.bench.proxy.drafter import load_target
+
     from pdflash.engine.drafter import load_drafter
 
     target = load_target(trained_target[0], torch.device("cpu"), torch.float32)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from pdflash.bench.proxy import corpus
 from pdflash.bench.proxy import tokenizer as tk
 
@@ -83,7 +82,11 @@ def test_tokenizer_reserved_ids_and_transformers_loading(tmp_path: Path) -> None
     digest = tk.train_tokenizer(texts, 300, tmp_path / "tok")
     assert digest == tk.tokenizer_hash(tmp_path / "tok") and len(digest) == 64
     hf = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
-    assert (hf.eos_token_id, hf.pad_token_id, hf.mask_token_id) == (tk.EOS_ID, tk.PAD_ID, tk.MASK_ID)
+    assert (hf.eos_token_id, hf.pad_token_id, hf.mask_token_id) == (
+        tk.EOS_ID,
+        tk.PAD_ID,
+        tk.MASK_ID,
+    )
     assert hf.convert_ids_to_tokens([0, 1, 2]) == list(tk.SPECIAL_TOKENS)
     ids = hf("def f7(x):\n    return x + 7\n").input_ids
     assert hf.decode(ids) == "def f7(x):\n    return x + 7\n"

@@ -4,6 +4,7 @@ statistics are written; the wall-clock schedule and routing statistics."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from pdflash.bench.proxy import routing_stats
 from pdflash.bench.proxy.target import heldout_prompts, lr_at, weights_sha256
 
@@ -97,7 +97,7 @@ def test_lr_schedule_follows_the_clock() -> None:
     assert lr_at(0.1, 1.0, 0.1, 0.1) == pytest.approx(1.0)
     assert lr_at(1.0, 1.0, 0.1, 0.1) == pytest.approx(0.1)
     mids = [lr_at(f, 1.0, 0.1, 0.1) for f in np.linspace(0.1, 1.0, 20)]
-    assert all(a >= b for a, b in zip(mids, mids[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(mids))
 
 
 def test_time_budget_stops_training(tmp_path: Path) -> None:
