@@ -36,7 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--roots", nargs="*", default=None, help="source roots (default: stdlib + site-packages)"
     )
-    tr.add_argument("--time-budget-s", type=float, default=None, help="training wall clock")
+    tr.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="wall clock of the training loop (LR schedule and stop); default: the preset's",
+    )
     tr.add_argument("--max-steps", type=int, default=None)
 
     dr = sub.add_parser("draft", help="train the DFlash drafter on the target's continuations")
@@ -44,7 +49,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dr.add_argument("--preset", default="cpu-tiny", help="cpu-tiny or gpu")
     dr.add_argument("--target", required=True)
     dr.add_argument("--out", required=True, help="drafter directory (z-lab layout)")
-    dr.add_argument("--time-budget-s", type=float, default=None)
+    dr.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="wall clock of the training loop (after data generation); default: the preset's",
+    )
     dr.add_argument("--max-steps", type=int, default=None)
 
     ev = sub.add_parser("eval", help="tokens per round (anchors, loop; greedy, T=1)")

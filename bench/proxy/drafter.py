@@ -369,13 +369,22 @@ def drafter_loss(
     return loss, acc
 
 
-def load_target(target_dir: str | os.PathLike[str], device: Any, dtype: Any = None) -> Any:
+def load_target(
+    target_dir: str | os.PathLike[str], device: Any, dtype: Any = None, *, autocast: bool = False
+) -> Any:
+    """The frozen HF target. On CUDA its experts run as bf16 grouped GEMMs
+    when ``autocast`` (training under bf16 autocast), else as transformers'
+    ``batched_mm`` (gathered weights, one bmm: exact in fp32, no per-expert
+    host syncs; for evaluation and traces)."""
     import torch
+    from pdflash.bench.proxy.experts import use_autocast_grouped_mm
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         str(target_dir), dtype=dtype if dtype is not None else torch.float32
     ).to(device)
+    if torch.device(device).type == "cuda" and not (autocast and use_autocast_grouped_mm(model)):
+        model.set_experts_implementation("batched_mm")
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -432,7 +441,7 @@ def train_drafter(
         raise ValueError(f"time budget must be positive, got {budget}")
     dev = resolve_device(device)
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
-    target = load_target(target_dir, dev)
+    target = load_target(target_dir, dev, autocast=True)
     cfg_dict = drafter_config(tcfg, preset)
     drafter = new_drafter(cfg_dict, seed).to(dev)
     drafter.train()

@@ -13,7 +13,12 @@ The schedule is by wall clock: the learning rate warms up over the first
 ``min_lr_frac`` at the end of it, and training stops when the budget is spent
 (or after ``max_steps``, whichever comes first; the schedule follows the
 larger of the two fractions), so a slow machine finishes on time with a
-smaller but valid model. On CUDA the forward runs under bf16 autocast.
+smaller but valid model. The budget covers the training loop; data
+preparation (cached in the work directory), the final held-out evaluation
+and saving come on top, and the provenance records each (``prep_s``,
+``train_wall_s``, ``total_wall_s``). On CUDA the forward runs under bf16
+autocast, the experts as bf16 grouped GEMMs over fp32 master weights
+(:mod:`.experts`).
 
 Beside the weights, the checkpoint directory holds the held-out split's
 token stream (``heldout_tokens.npy``, document offsets and roles in
@@ -40,6 +45,7 @@ import numpy.typing as npt
 from pdflash.bench.proxy import corpus as corpus_mod
 from pdflash.bench.proxy import routing_stats
 from pdflash.bench.proxy import tokenizer as tok_mod
+from pdflash.bench.proxy.experts import NAME, use_autocast_grouped_mm
 from pdflash.bench.proxy.presets import TargetPreset
 
 PREP_VERSION = 1
@@ -291,6 +297,9 @@ def train_target(
     config = Qwen3MoeConfig(**preset.model_config())
     model = Qwen3MoeForCausalLM(config).to(dev)
     model.train()
+    experts_impl = str(getattr(model.config, "_experts_implementation", "default"))
+    if dev.type == "cuda" and use_autocast_grouped_mm(model):
+        experts_impl = NAME  # bf16 grouped GEMMs over fp32 master weights
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(
         model.parameters(),
@@ -333,18 +342,34 @@ def train_target(
             starts = rng.integers(0, data.train.size - L - 1, size=preset.batch_size)
             batch = np.stack([data.train[s : s + L + 1] for s in starts]).astype(np.int64)
             ids = torch.from_numpy(batch).to(dev, non_blocking=True)
-            with _autocast(dev):
-                outp = model(input_ids=ids[:, :-1], use_cache=False, output_router_logits=True)
-                ce = F.cross_entropy(
-                    outp.logits.float().reshape(-1, preset.vocab_size), ids[:, 1:].reshape(-1)
-                )
-                lb: Any = load_balancing_loss_func(
-                    outp.router_logits, preset.num_experts, preset.top_k
-                )
-                z = router_z_loss(outp.router_logits)
-                loss = ce + preset.router_aux_coef * lb + preset.router_z_coef * z
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+
+            def forward_backward(ids: Any = ids) -> tuple[Any, Any, Any]:
+                with _autocast(dev):
+                    outp = model(input_ids=ids[:, :-1], use_cache=False, output_router_logits=True)
+                    ce = F.cross_entropy(
+                        outp.logits.float().reshape(-1, preset.vocab_size), ids[:, 1:].reshape(-1)
+                    )
+                    lb: Any = load_balancing_loss_func(
+                        outp.router_logits, preset.num_experts, preset.top_k
+                    )
+                    z = router_z_loss(outp.router_logits)
+                    loss = ce + preset.router_aux_coef * lb + preset.router_z_coef * z
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                return ce, lb, z
+
+            try:
+                ce, lb, z = forward_backward()
+            except RuntimeError as e:
+                if step > 0 or experts_impl != NAME:
+                    raise
+                # NOTE: the bf16 grouped GEMM is the fast path; if this device or
+                # torch refuses it, the eager per-expert loop (autocast bf16 linears)
+                # still trains, slower. Recorded in the provenance.
+                log(f"[train] {NAME} failed ({e}); falling back to eager experts")
+                model.set_experts_implementation("eager")
+                experts_impl = "eager (fallback)"
+                ce, lb, z = forward_backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             step += 1
@@ -414,6 +439,8 @@ def train_target(
     save_dtype = getattr(torch, preset.save_dtype)
     model = model.to(dtype=save_dtype).cpu()
     model.config.dtype = save_dtype
+    if experts_impl == NAME:
+        model.set_experts_implementation("grouped_mm")  # a name every reader knows
     model.save_pretrained(str(out))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         src = data.tokenizer_dir / name
@@ -447,6 +474,7 @@ def train_target(
         "device": _device_name(dev),
         "host": platform.node(),
         "autocast": "bf16" if dev.type == "cuda" else "none (fp32)",
+        "experts_implementation": experts_impl,
         "saved_dtype": preset.save_dtype,
     }
     cfg_path = out / "config.json"

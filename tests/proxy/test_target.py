@@ -135,3 +135,43 @@ def test_routing_stats_on_known_routing() -> None:
     assert row["repeat_rate"] == 0.0 and row["block_union_4"] == 8.0
     assert row["load_entropy"] == pytest.approx(1.0)
     assert row["block_union_4_vs_iid_uniform"] == pytest.approx(8 / (E * (1 - (1 - k / E) ** 4)))
+
+
+def test_autocast_grouped_mm_experts_match_eager() -> None:
+    from pdflash.bench.proxy import experts
+    from pdflash.bench.proxy.presets import target_preset
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**target_preset("cpu-tiny").model_config()))
+    model.set_experts_implementation("eager")
+    ids = torch.randint(3, 512, (2, 24))
+    ref = model(input_ids=ids).logits
+    ref.sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if "experts" in n}
+    model.zero_grad()
+    calls = []
+    inner = experts.autocast_grouped_mm_experts
+
+    def counted(*a: Any) -> Any:
+        calls.append(1)
+        return inner(*a)
+
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    assert experts.use_autocast_grouped_mm(model)
+    ALL_EXPERTS_FUNCTIONS.register(experts.NAME, counted)
+    try:
+        out = model(input_ids=ids).logits
+    finally:
+        ALL_EXPERTS_FUNCTIONS.register(experts.NAME, inner)
+    assert len(calls) == 4  # one per layer: the replacement really ran
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    for n, p in model.named_parameters():
+        if "experts" in n:
+            torch.testing.assert_close(p.grad, grads[n], rtol=1e-4, atol=1e-4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(input_ids=ids).logits
+    assert low.dtype == torch.bfloat16
+    assert (low.float() - ref).abs().max() < 0.1
