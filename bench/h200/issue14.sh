@@ -17,7 +17,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 case "$PHASE" in
   target)
     bash "$HERE/run.sh" \
-      "proxy_train=pdflash-bench proxy --json train --preset ${PROXY_PRESET:-gpu} --out $P/target --work $P/work --time-budget-s ${TARGET_BUDGET_S:-210}" \
+      "proxy_train=pdflash-bench proxy --json train --preset ${PROXY_PRESET:-gpu} --out $P/target --work $P/work --time-budget-s ${TARGET_BUDGET_S:-180}" \
       "collect_target=cp $P/target/config.json $P/target/train_log.jsonl $P/target/routing_stats.json $P/target/provenance.json $P/target/tokenizer.json $P/target/tokenizer_config.json $OUT/proxy/ && python3 -c 'import json;print(json.dumps({\"copied\": 6}))'"
     ;;
   draft)

@@ -277,7 +277,8 @@ def generate(
             logits = target(input_ids=step_in, use_cache=True, **{kw: cache}).logits[:, -1]
             if temperature > 0:
                 probs = torch.softmax(logits.float() / temperature, dim=-1)
-                nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(seq.device)
+                where = generator.device if generator is not None else probs.device
+                nxt = torch.multinomial(probs.to(where), 1, generator=generator).to(seq.device)
             else:
                 nxt = logits.argmax(-1, keepdim=True)
             seq = torch.cat([seq, nxt], dim=1)
@@ -301,7 +302,8 @@ def build_dataset(
     prompts = heldout_prompts(target_dir, "draft", preset.data_prompts, preset.prompt_len, 0)
     if not prompts:
         raise ValueError(f"{target_dir}: no held-out draft document has {preset.prompt_len} tokens")
-    gen = torch.Generator().manual_seed(seed)
+    # sample on the device (a [batch, vocab] copy to the host per token is slow)
+    gen = torch.Generator(device=device).manual_seed(seed)
     ids = torch.tensor([p for p, _ in prompts], dtype=torch.long, device=device)
     parts = []
     for i in range(0, len(ids), preset.gen_batch):
