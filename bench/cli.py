@@ -32,6 +32,7 @@ SUITES: dict[str, str] = {
     "bm3": "bm",
     "bm4": "bm",
     "bm5": "bm",
+    "proxy": "proxy",
 }
 DEFAULT_SUITE = "default"
 

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 14 on the lent H200, in two calls on the same machine (the weights stay
+# in $PROXY_DIR on that machine; over 64 MiB cannot come back):
+#   bash bench/h200/issue14.sh target   # build + train the gpu-preset target (~6 min)
+#   bash bench/h200/issue14.sh draft    # drafter + eval + traces from that target (~4-5 min)
+# Each phase runs bench/h200/run.sh steps (log.txt, results.jsonl under $OUT) and
+# copies the small artefacts (training logs, routing stats, provenance, tokenizer,
+# eval JSON, traces) to $OUT/proxy/. PROXY_PRESET=cpu-tiny, TARGET_BUDGET_S and
+# DRAFT_BUDGET_S shrink a rehearsal.
+set -uo pipefail
+PHASE=${1:?usage: issue14.sh target|draft}
+OUT=${OUT:-$PWD/out}
+export OUT
+P=${PROXY_DIR:-/tmp/pdflash-proxy}
+mkdir -p "$OUT/proxy"
+HERE=$(cd "$(dirname "$0")" && pwd)
+case "$PHASE" in
+  target)
+    bash "$HERE/run.sh" \
+      "proxy_train=pdflash-bench proxy --json train --preset ${PROXY_PRESET:-gpu} --out $P/target --work $P/work --time-budget-s ${TARGET_BUDGET_S:-180}" \
+      "collect_target=cp $P/target/config.json $P/target/train_log.jsonl $P/target/routing_stats.json $P/target/provenance.json $P/target/tokenizer.json $P/target/tokenizer_config.json $OUT/proxy/ && python3 -c 'import json;print(json.dumps({\"copied\": 6}))'"
+    ;;
+  draft)
+    test -f "$P/target/config.json" || { echo "no target in $P/target: run the target phase first" >&2; exit 2; }
+    bash "$HERE/run.sh" \
+      "proxy_draft=pdflash-bench proxy --json draft --preset ${PROXY_PRESET:-gpu} --target $P/target --out $P/drafter --time-budget-s ${DRAFT_BUDGET_S:-140}" \
+      "proxy_eval=pdflash-bench proxy --json eval --target $P/target --drafter $P/drafter --num-prompts 8 --prompt-len 128 --max-new-tokens 160 --out $OUT/proxy/eval.json" \
+      "proxy_trace_greedy=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --out $OUT/proxy/trace_gpu_greedy.npz" \
+      "proxy_trace_t1=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --temperature 1.0 --out $OUT/proxy/trace_gpu_t1.npz" \
+      "collect_draft=cp $P/drafter/config.json $OUT/proxy/drafter_config.json && cp $P/drafter/provenance.json $OUT/proxy/drafter_provenance.json && cp $P/drafter/draft_log.jsonl $OUT/proxy/ && python3 -c 'import json;print(json.dumps({\"copied\": 3}))'"
+    ;;
+  *)
+    echo "usage: issue14.sh target|draft" >&2
+    exit 2
+    ;;
+esac

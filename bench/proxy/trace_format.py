@@ -1,0 +1,180 @@
+"""The proxy trace: learned routing and acceptance, without the weights.
+
+One ``.npz`` file (``numpy.savez_compressed``) with these arrays (``R`` =
+requests, ``L`` = MoE layers, ``k`` = experts per token, ids stored as
+``uint8`` when the model has <= 256 experts, else ``int16``):
+
+``tokens``            ``[T]`` uint16/int32: every request's prompt then its
+                      generated tokens, requests concatenated.
+``token_request``     ``[R + 1]`` int64: offsets of each request in ``tokens``.
+``prompt_len``        ``[R]`` int32.
+``token_topk``        ``[T, L, k]``: top-k experts of every token, from one
+                      teacher-forced target forward over prompt + output (what
+                      a verify routes for committed positions).
+``round_request``     ``[N]`` int32: the request of each verify round, in order.
+``round_accepted``    ``[N]`` int16: tokens committed by the round (accepted
+                      drafts + 1).
+``round_rows``        ``[N]`` int16: rows the round verified (anchor + drafts).
+``verify_topk``       ``[sum round_rows, L, k]``: routing of every verified
+                      row, rejected drafts included, rounds concatenated.
+``verify_tokens``     ``[sum round_rows]``: the verified block's tokens.
+``provenance``        0-d unicode: JSON with at least ``format``,
+                      ``version``, ``num_experts``, ``top_k``, ``num_layers``,
+                      ``block_size``, ``temperature``, ``target_weights_sha256``,
+                      ``drafter_weights_sha256``, ``target_preset``,
+                      ``prompts_source`` and ``model_hash`` fields.
+
+:func:`save_trace` validates before writing; :func:`load_trace` validates
+after reading, so a reader never sees an inconsistent trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FORMAT = "pdflash-proxy-trace"
+VERSION = 1
+REQUIRED_PROVENANCE = (
+    "format",
+    "version",
+    "num_experts",
+    "top_k",
+    "num_layers",
+    "block_size",
+    "temperature",
+    "target_weights_sha256",
+    "drafter_weights_sha256",
+    "target_preset",
+    "prompts_source",
+)
+ARRAYS = (
+    "tokens",
+    "token_request",
+    "prompt_len",
+    "token_topk",
+    "round_request",
+    "round_accepted",
+    "round_rows",
+    "verify_topk",
+    "verify_tokens",
+)
+
+
+class TraceFormatError(ValueError):
+    """A trace file or object that does not follow the format."""
+
+
+@dataclass
+class ProxyTrace:
+    tokens: npt.NDArray[Any]
+    token_request: npt.NDArray[np.int64]
+    prompt_len: npt.NDArray[np.int32]
+    token_topk: npt.NDArray[Any]
+    round_request: npt.NDArray[np.int32]
+    round_accepted: npt.NDArray[np.int16]
+    round_rows: npt.NDArray[np.int16]
+    verify_topk: npt.NDArray[Any]
+    verify_tokens: npt.NDArray[Any]
+    provenance: dict[str, Any]
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.prompt_len.size)
+
+    def request_tokens(self, r: int) -> npt.NDArray[Any]:
+        return self.tokens[self.token_request[r] : self.token_request[r + 1]]
+
+    def acceptance(self, r: int) -> npt.NDArray[np.int16]:
+        return self.round_accepted[self.round_request == r]
+
+    def validate(self) -> None:
+        prov = self.provenance
+        missing = [k for k in REQUIRED_PROVENANCE if k not in prov]
+        if missing:
+            raise TraceFormatError(f"provenance is missing {missing}")
+        if prov["format"] != FORMAT or int(prov["version"]) != VERSION:
+            raise TraceFormatError(
+                f"not a {FORMAT} v{VERSION} trace: {prov['format']} v{prov['version']}"
+            )
+        n_layers, k, n_exp = int(prov["num_layers"]), int(prov["top_k"]), int(prov["num_experts"])
+        R = self.prompt_len.size
+        if self.token_request.shape != (R + 1,) or self.token_request[0] != 0:
+            raise TraceFormatError("token_request must be R + 1 offsets starting at 0")
+        if np.any(np.diff(self.token_request) <= self.prompt_len):
+            raise TraceFormatError("every request needs its prompt and at least one output token")
+        T = int(self.token_request[-1])
+        if self.tokens.shape != (T,):
+            raise TraceFormatError(f"tokens has shape {self.tokens.shape}, offsets say {T}")
+        for name in ("token_topk", "verify_topk"):
+            a = getattr(self, name)
+            if a.ndim != 3 or a.shape[1:] != (n_layers, k):
+                raise TraceFormatError(f"{name} has shape {a.shape}, expected [*, {n_layers}, {k}]")
+            if a.size and (int(a.min()) < 0 or int(a.max()) >= n_exp):
+                raise TraceFormatError(f"{name} holds an expert id outside [0, {n_exp})")
+        if self.token_topk.shape[0] != T:
+            raise TraceFormatError("token_topk must have one row per token")
+        N = self.round_request.size
+        if self.round_accepted.shape != (N,) or self.round_rows.shape != (N,):
+            raise TraceFormatError("round arrays must have equal lengths")
+        if N and (self.round_request.min() < 0 or self.round_request.max() >= R):
+            raise TraceFormatError("round_request names an unknown request")
+        if np.any(self.round_accepted < 1) or np.any(self.round_accepted > self.round_rows):
+            raise TraceFormatError("round_accepted must be in [1, round_rows]")
+        if np.any(self.round_rows > int(prov["block_size"])):
+            raise TraceFormatError("a round verified more rows than the block size")
+        V = int(self.round_rows.astype(np.int64).sum())
+        if self.verify_topk.shape[0] != V or self.verify_tokens.shape != (V,):
+            raise TraceFormatError(f"verify arrays must have sum(round_rows) = {V} rows")
+        # every request's output = first token (prefill) + its rounds' commits
+        for r in range(R):
+            out = int(self.token_request[r + 1] - self.token_request[r] - self.prompt_len[r])
+            if out != 1 + int(self.acceptance(r).astype(np.int64).sum()):
+                raise TraceFormatError(
+                    f"request {r}: {out} output tokens but its rounds commit "
+                    f"{int(self.acceptance(r).sum())} (+1 from prefill)"
+                )
+
+
+def expert_dtype(num_experts: int) -> type[np.integer[Any]]:
+    return np.uint8 if num_experts <= 256 else np.int16
+
+
+def token_dtype(vocab_size: int) -> type[np.integer[Any]]:
+    return np.uint16 if vocab_size <= 65536 else np.int32
+
+
+def save_trace(trace: ProxyTrace, path: str | os.PathLike[str]) -> Path:
+    trace.validate()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {name: getattr(trace, name) for name in ARRAYS}
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez_compressed(
+        tmp, provenance=np.array(json.dumps(trace.provenance, sort_keys=True)), **arrays
+    )
+    tmp.replace(out)
+    return out
+
+
+def load_trace(path: str | os.PathLike[str]) -> ProxyTrace:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [n for n in (*ARRAYS, "provenance") if n not in z.files]
+            if missing:
+                raise TraceFormatError(f"{path}: missing arrays {missing}")
+            arrays = {n: z[n] for n in ARRAYS}
+            prov = json.loads(str(z["provenance"]))
+    except (OSError, ValueError) as e:
+        if isinstance(e, TraceFormatError):
+            raise
+        raise TraceFormatError(f"{path}: not a readable trace ({e})") from e
+    trace = ProxyTrace(provenance=prov, **arrays)
+    trace.validate()
+    return trace
