@@ -84,6 +84,28 @@ class GroupedExperts(Protocol):
     ) -> torch.Tensor: ...
 
 
+_GMM_WORKS: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's grouped GEMM runs on ``device`` in ``dtype`` (CPU
+    support and dtypes differ between torch versions): one tiny call, cached."""
+    key = (device.type, dtype)
+    if key not in _GMM_WORKS:
+        ok = _grouped_mm is not None
+        if ok:
+            try:
+                a = torch.ones((4, 8), dtype=dtype, device=device)
+                b = torch.ones((2, 8, 8), dtype=dtype, device=device)
+                offs = torch.tensor([2, 4], dtype=torch.int32, device=device)
+                out = grouped_mm(a, b, offs)
+                ok = bool(torch.equal(out, torch.full_like(out, 8)))
+            except (RuntimeError, NotImplementedError):
+                ok = False
+        _GMM_WORKS[key] = ok
+    return _GMM_WORKS[key]
+
+
 def _gmm_readable(t: torch.Tensor) -> bool:
     """torch's grouped GEMM needs 16-byte aligned data and strides."""
     size = t.element_size()
@@ -127,7 +149,7 @@ class OffloadedMoE:
         self.grouped: GroupedExperts | None = None
         if grouped is not None and _grouped_mm is not None:
             slab = getattr(cache, "slab", None)
-            if isinstance(slab, torch.Tensor):
+            if isinstance(slab, torch.Tensor) and grouped_mm_works(slab.device, store.layout.dtype):
                 views = store.layout.slab_views(slab)
                 if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
                     self._slab_views = views
@@ -349,7 +371,7 @@ def _compact(
     rank = torch.cumsum(used.long(), 0) - 1
     group_of_row = rank[key_sorted.clamp(max=width - 1)].clamp(min=0, max=m - 1)
     counts = counts_all[picked]
-    return group_of_row, counts, {n: v[picked] for n, v in views.items()}
+    return group_of_row, counts, {n: v.index_select(0, picked) for n, v in views.items()}
 
 
 class OffloadedMoEBlock(nn.Module):
