@@ -106,6 +106,13 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
     return _GMM_WORKS[key]
 
 
+def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
+    """``bincount(index, minlength=n)`` for ``index < n`` without a host sync
+    (CUDA's bincount reads the maximum back to size its output)."""
+    out = torch.zeros(n, dtype=torch.int64, device=index.device)
+    return out.index_add_(0, index, torch.ones_like(index))
+
+
 def _gmm_readable(t: torch.Tensor) -> bool:
     """torch's grouped GEMM needs 16-byte aligned data and strides."""
     size = t.element_size()
@@ -260,7 +267,7 @@ class OffloadedMoE:
             ids, tickets = cache.pin_layer(layer)
             try:
                 cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
-                cache.defer_access(layer, torch.bincount(flat, minlength=self.num_experts))
+                cache.defer_access(layer, _counts(flat, self.num_experts))
                 row_slot = cache.device_slot_table()[base + flat]
                 self._grouped_rows(x_rows, row_slot, None, y_flat)
             except BaseException:
@@ -347,7 +354,7 @@ class OffloadedMoE:
                 group_of_row, counts, views = _compact(key_sorted, width, views)
             else:
                 group_of_row = key_sorted.clamp(max=width - 1)
-                counts = torch.bincount(key_sorted, minlength=width + 1)[:width]
+                counts = _counts(key_sorted, width + 1)[:width]
             offs = torch.cumsum(counts, 0).to(torch.int32)
             w = self.grouped.weights(views)
             out = self.grouped.forward(x_rows[order], w, offs, group_of_row)
@@ -364,7 +371,7 @@ def _compact(
     Returns each row's compact group, the group sizes and the gathered views."""
     rows = int(key_sorted.numel())
     m = max(1, min(width, rows))
-    counts_all = torch.bincount(key_sorted, minlength=width + 1)[:width]
+    counts_all = _counts(key_sorted, width + 1)[:width]
     used = counts_all > 0
     slot_ids = torch.arange(width, device=key_sorted.device)
     picked = torch.argsort(torch.where(used, slot_ids, slot_ids + width))[:m]
