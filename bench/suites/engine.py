@@ -68,6 +68,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
         help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
     )
+    parser.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    parser.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense"],
+        help="experts in host memory, over the link and in the slab: default as the checkpoint "
+        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -119,6 +132,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     mean_tau=args.mean_tau,
                     dtype=args.dtype,
                     eviction=args.eviction,
+                    synthetic_format=args.synthetic_format,
+                    expert_dtype=args.expert_dtype,
                 )
                 result = run_spec(spec)
                 row = result.row

@@ -132,6 +132,18 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
+    g.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    g.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense"],
+        help="default: experts as the checkpoint stores them; dense: dequantized at pack time",
+    )
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -154,6 +166,10 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "acceptance": args.acceptance,
         "mean_tau": args.mean_tau,
     }
+    # only when given, so plans (and their rows' specs) without them are unchanged
+    for name in ("synthetic_format", "expert_dtype"):
+        if getattr(args, name, None) is not None:
+            common_kw[name] = getattr(args, name)
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for arch in args.arch:
@@ -440,6 +456,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--emulated-link-gbps", args.emulated_link_gbps),
         ("--mean-tau", args.mean_tau),
         ("--budget-s", args.budget_s),
+        ("--synthetic-format", getattr(args, "synthetic_format", None)),
+        ("--expert-dtype", getattr(args, "expert_dtype", None)),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")

@@ -92,6 +92,13 @@ class RunSpec:
     # expert-cache eviction: "auto" (PD: layer_cyclic, others: lru), or one of
     # "lru", "lfu", "route_ahead", "layer_cyclic" for every baseline (ablation)
     eviction: str = "auto"
+    # synthetic weights: write the experts in this checkpoint format (None:
+    # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
+    synthetic_format: str | None = None
+    # how the experts are stored in host memory, over the link and in the
+    # slab: None as the checkpoint stores them (MXFP4 stays MXFP4), "dense"
+    # in the compute dtype (dequantized at pack time)
+    expert_dtype: str | None = None
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -113,6 +120,14 @@ class RunSpec:
             )
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.synthetic_format not in (None, "mxfp4"):
+            raise ValueError(
+                f"synthetic_format must be None or mxfp4, got {self.synthetic_format!r}"
+            )
+        if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
+            raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
+        if self.expert_dtype not in (None, "dense"):
+            raise ValueError(f"expert_dtype must be None or dense, got {self.expert_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -160,6 +175,8 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     tag = (
         f"{arch}-{preset}-L{spec.layers or 'all'}-{str(dtype).removeprefix('torch.')}-s{spec.seed}"
     )
+    if spec.synthetic_format is not None:
+        tag += f"-{spec.synthetic_format}"
     root = cache_root() / "synthetic" / tag
     target = root / "target"
     draft = root / "drafter"
@@ -174,6 +191,7 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
             dtype=dtype,
             seed=spec.seed,
             device=gen_device,
+            expert_format=spec.synthetic_format,
         )
         cfg = json.loads((target / "config.json").read_text())
         write_synthetic_drafter(
@@ -183,20 +201,22 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     return target, draft, dtype
 
 
-_TARGETS: dict[tuple[str, str, str], Any] = {}
+_TARGETS: dict[tuple[str, str, str, str], Any] = {}
 
 
-def load_target(path: Path, device: torch.device, dtype: torch.dtype | None) -> Any:
+def load_target(
+    path: Path, device: torch.device, dtype: torch.dtype | None, expert_dtype: str | None = None
+) -> Any:
     """The adapter for a checkpoint, reused by consecutive runs on the same
     checkpoint (packing experts into pinned host memory is the expensive
     part). NOTE: only the most recent target is kept, so a matrix over
     several full-size architectures never holds two sets of host experts."""
     from pdflash.models import load_adapter
 
-    key = (str(path.resolve()), str(device), str(dtype))
+    key = (str(path.resolve()), str(device), str(dtype), str(expert_dtype))
     if key not in _TARGETS:
         release_targets()
-        _TARGETS[key] = load_adapter(path, device=device, dtype=dtype)
+        _TARGETS[key] = load_adapter(path, device=device, dtype=dtype, expert_dtype=expert_dtype)
     return _TARGETS[key]
 
 
@@ -296,7 +316,7 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         target_path = Path(spec.weights)
         synth_draft_path = None
         dtype = None  # the checkpoint's own
-    adapter = load_target(target_path, device, dtype)
+    adapter = load_target(target_path, device, dtype, spec.expert_dtype)
     model_dtype = adapter.dtype
     drafter: DFlashDrafter | None = None
     if spec.baseline != "B0":
@@ -674,6 +694,9 @@ def _result(
         "dtype": str(adapter.dtype).removeprefix("torch."),
         "cache_slots": int(cache.num_slots),
         "expert_nbytes": int(cache.expert_nbytes),
+        # how experts are stored and moved (dense / mxfp4): expert_nbytes and
+        # every byte count are of this stored form
+        "expert_format": getattr(getattr(adapter, "layout", None), "format", "dense"),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
         "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),
