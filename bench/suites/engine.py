@@ -81,6 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="experts in host memory, over the link and in the slab: default as the checkpoint "
         "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time",
     )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time each verify's attention / router / experts (row field verify_breakdown_ms)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -134,6 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     eviction=args.eviction,
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
+                    breakdown=args.breakdown,
                 )
                 result = run_spec(spec)
                 row = result.row

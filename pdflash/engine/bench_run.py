@@ -99,6 +99,9 @@ class RunSpec:
     # slab: None as the checkpoint stores them (MXFP4 stays MXFP4), "dense"
     # in the compute dtype (dequantized at pack time)
     expert_dtype: str | None = None
+    # time each verify's attention / router / experts per layer (CUDA events
+    # on CUDA): the verify_breakdown row field; a few events per layer
+    breakdown: bool = False
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -453,6 +456,8 @@ def _run(
         max_seq_len=max_seq,
         device=device,
     )
+    if spec.breakdown:
+        engine.runner.region_timer = engine.timer
     try:
         return _workload(
             spec,
@@ -730,6 +735,9 @@ def _result(
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
     }
     row.update(metrics_to_json(metrics))
+    breakdown = _verify_breakdown(engine.timer, spec.breakdown)
+    row.setdefault("not_measured", {}).update(breakdown.pop("not_measured", {}))
+    row.update(breakdown)
     row["slo_s"] = spec.slo_s
     if spec.slo_s is None:
         row.setdefault("not_measured", {})["slo_s"] = "no per-request SLO set (RunSpec.slo_s)"
@@ -786,6 +794,26 @@ def _add_trace_fields(
         reasons["bytes_per_token_vs_belady"] = why
     if reasons:
         row["not_measured"] = reasons
+
+
+def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:
+    """Per verify step: the target forward's attention, router and experts
+    (summed over layers), the drafter, and the rest of the verify span (the
+    embedding, lm_head, bookkeeping kernels and the stream idling while the
+    host issues work: host gaps), in ms."""
+    steps = timer.kind_count("verify")
+    if not enabled or steps == 0:
+        reason = "RunSpec.breakdown is off" if not enabled else "no verify step ran"
+        return {"verify_breakdown_ms": None, "not_measured": {"verify_breakdown_ms": reason}}
+    parts = {n: timer.region_s("verify", n) or 0.0 for n in ("attention", "router", "experts")}
+    total = timer.kind_s("verify")
+    out = {f"{n}_ms": 1e3 * v / steps for n, v in parts.items()}
+    out["other_and_host_gaps_ms"] = 1e3 * (total - sum(parts.values())) / steps
+    out["verify_ms"] = 1e3 * total / steps
+    drafts = timer.kind_count("draft")
+    out["draft_ms_per_verify"] = 1e3 * timer.kind_s("draft") / steps if drafts else 0.0
+    out["timing_method"] = timer.method
+    return {"verify_breakdown_ms": out, "verify_steps": steps}
 
 
 def spec_from_dict(d: dict[str, Any]) -> RunSpec:

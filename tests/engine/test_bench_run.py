@@ -207,3 +207,18 @@ def test_mxfp4_experts_move_their_stored_bytes(
     assert mx["belady_bytes"] * ratio == pytest.approx(dense["belady_bytes"])
     with pytest.raises(ValueError, match="synthetic_format mxfp4 is for gpt-oss"):
         run_spec(RunSpec(arch="tiny", baseline="B1", synthetic_format="mxfp4"))
+
+
+def test_verify_breakdown_adds_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    base = {"arch": "tiny", "baseline": "B3", "concurrency": 2, "block_size": 4}
+    base.update(max_new_tokens=6, prompt_len=6)
+    row = run_spec(RunSpec(**base, breakdown=True)).row  # type: ignore[arg-type]
+    parts = row["verify_breakdown_ms"]
+    assert row["verify_steps"] > 0 and parts["timing_method"] == "host_perf_counter"
+    named = parts["attention_ms"] + parts["router_ms"] + parts["experts_ms"]
+    assert all(parts[k] > 0 for k in ("attention_ms", "router_ms", "experts_ms"))
+    assert named + parts["other_and_host_gaps_ms"] == pytest.approx(parts["verify_ms"])
+    assert parts["other_and_host_gaps_ms"] >= 0 and parts["draft_ms_per_verify"] > 0
+    off = run_spec(RunSpec(**base)).row  # type: ignore[arg-type]
+    assert off["verify_breakdown_ms"] is None and "verify_breakdown_ms" in off["not_measured"]

@@ -377,6 +377,14 @@ class MoEAdapterBase:
         ids, weights = self.route(layer, normed)
         return self.runtime.forward_routed(layer, normed, ids, weights)
 
+    def moe_routed(
+        self, layer: int, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`moe` with the routing :meth:`route` returned for ``normed``."""
+        if self.runtime is None:
+            raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
+        return self.runtime.forward_routed(layer, normed, ids, weights)
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self._inner.norm(hidden)
         return out
