@@ -77,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--expert-dtype",
         default=None,
-        choices=["dense"],
+        choices=["dense", "fp8"],
         help="experts in host memory, over the link and in the slab: default as the checkpoint "
-        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time",
+        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time; "
+        "fp8 = e4m3 with per-output-channel scales (dense checkpoints; lossy, never the default)",
     )
     parser.add_argument(
         "--breakdown",

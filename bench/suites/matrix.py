@@ -141,8 +141,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--expert-dtype",
         default=None,
-        choices=["dense"],
-        help="default: experts as the checkpoint stores them; dense: dequantized at pack time",
+        choices=["dense", "fp8"],
+        help="default: experts as the checkpoint stores them; dense: dequantized at pack time; "
+        "fp8: e4m3 per-output-channel (dense checkpoints; lossy)",
     )
 
 

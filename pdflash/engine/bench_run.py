@@ -97,7 +97,8 @@ class RunSpec:
     synthetic_format: str | None = None
     # how the experts are stored in host memory, over the link and in the
     # slab: None as the checkpoint stores them (MXFP4 stays MXFP4), "dense"
-    # in the compute dtype (dequantized at pack time)
+    # in the compute dtype (dequantized at pack time), "fp8": e4m3 with
+    # per-output-channel scales (dense checkpoints; lossy, never the default)
     expert_dtype: str | None = None
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
@@ -129,8 +130,8 @@ class RunSpec:
             )
         if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
-        if self.expert_dtype not in (None, "dense"):
-            raise ValueError(f"expert_dtype must be None or dense, got {self.expert_dtype!r}")
+        if self.expert_dtype not in (None, "dense", "fp8"):
+            raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 

@@ -148,6 +148,44 @@ class ExpertLayout:
         return out
 
 
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+
+
+def quantize_fp8(w: torch.Tensor, out_axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` (2-D) -> (e4m3 values, fp32 scale per output channel along
+    ``out_axis``): ``w ~= values * scale``, each channel's largest magnitude
+    mapped to :data:`FP8_MAX`."""
+    wf = w.float()
+    amax = wf.abs().amax(dim=1 - out_axis, keepdim=True)
+    scale = (amax / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    values = (wf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return values, scale.reshape(-1)
+
+
+def dequantize_fp8(
+    values: torch.Tensor, scale: torch.Tensor, out_axis: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``values [..., R, C]`` e4m3, ``scale [..., R or C]`` -> dense ``dtype``."""
+    s = scale.unsqueeze(-1) if out_axis == 0 else scale.unsqueeze(-2)
+    return (values.to(torch.float32) * s).to(dtype)
+
+
+def fp8_layout(layout: ExpertLayout, out_axes: dict[str, int]) -> ExpertLayout:
+    """``layout`` with each component of ``out_axes`` stored as e4m3 plus an
+    fp32 ``<name>_scale`` per output channel (other components unchanged)."""
+    comps: list[ComponentSpec] = []
+    for c in layout.components:
+        if c.name in out_axes:
+            comps.append(ComponentSpec(c.name, c.shape, FP8_DTYPE))
+            comps.append(
+                ComponentSpec(f"{c.name}_scale", (c.shape[out_axes[c.name]],), torch.float32)
+            )
+        else:
+            comps.append(c)
+    return ExpertLayout(comps, layout.dtype, format="fp8")
+
+
 @dataclass(frozen=True)
 class SourcePart:
     """Where (part of) one packed component comes from in a checkpoint.
@@ -155,7 +193,10 @@ class SourcePart:
     ``checkpoint[key][index]`` (or the whole tensor when ``index`` is None)
     must have shape ``shape``; it lands in rows ``row_offset:`` of the
     component. ``transform="mxfp4"`` reads MXFP4 ``blocks`` (``key``) and
-    ``scales`` (``scales_key``), dequantizes and transposes them (gpt-oss).
+    ``scales`` (``scales_key``), dequantizes and transposes them (gpt-oss);
+    ``transform="fp8_rows"`` / ``"fp8_cols"`` quantizes the tensor to e4m3
+    with one scale per row / column (the output channels), written to the
+    component and its ``<component>_scale``.
     """
 
     key: str
