@@ -106,6 +106,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["floor", "verify"],
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
+    parser.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    parser.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense", "fp8"],
+        help="experts in host memory, over the link and in the slab: default as the checkpoint "
+        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time; "
+        "fp8 = e4m3 with per-output-channel scales (dense checkpoints; lossy, never the default)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time each verify's attention / router / experts (row field verify_breakdown_ms)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -169,6 +188,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     max_running=args.max_running,
                     token_budget=args.token_budget,
                     byte_budget_from=args.byte_budget_from,
+                    synthetic_format=args.synthetic_format,
+                    expert_dtype=args.expert_dtype,
+                    breakdown=args.breakdown,
                 )
                 result = run_spec(spec)
                 row = result.row

@@ -138,6 +138,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
         help="expert-cache eviction for every run (auto: layer_cyclic for every offloaded baseline)",
     )
+    g.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    g.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense", "fp8"],
+        help="default: experts as the checkpoint stores them; dense: dequantized at pack time; "
+        "fp8: e4m3 per-output-channel (dense checkpoints; lossy)",
+    )
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -161,6 +174,10 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "mean_tau": args.mean_tau,
         "eviction": args.eviction,
     }
+    # only when given, so plans (and their rows' specs) without them are unchanged
+    for name in ("synthetic_format", "expert_dtype"):
+        if getattr(args, name, None) is not None:
+            common_kw[name] = getattr(args, name)
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for arch in args.arch:
@@ -447,6 +464,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--emulated-link-gbps", args.emulated_link_gbps),
         ("--mean-tau", args.mean_tau),
         ("--budget-s", args.budget_s),
+        ("--synthetic-format", getattr(args, "synthetic_format", None)),
+        ("--expert-dtype", getattr(args, "expert_dtype", None)),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")

@@ -1,6 +1,26 @@
 """The offloaded MoE block: route, fetch the union of routed experts into the
 cache, compute each distinct expert once over its tokens, scatter back.
 
+Two execution paths compute the same thing:
+
+* grouped (when the adapter gives a :class:`GroupedExperts` and
+  ``torch.nn.functional.grouped_mm`` can read the slab): one grouped GEMM per
+  projection per layer with the cache slab itself as the weight tensor, one
+  group per slot (empty groups cost nothing); routing becomes slot ids
+  through the cache's device slot table, the rows are sorted by slot once,
+  group offsets come from a bincount, and the weighted sum over the k routed
+  experts is one deterministic un-permute. No per-expert Python.
+* loop (any ``expert_fn``): one call per distinct expert over views of its slot.
+
+Host syncs of the grouped path (CUDA): none for a layer whose experts are all
+resident (checked on the host from the cache's residency, so the routing is
+never read; tested under ``torch.cuda.set_sync_debug_mode("error")``). A layer
+with non-resident experts reads its per-expert routed counts once (one small
+D2H), because the host must choose and submit the copies. Elsewhere: the
+cache reads deferred routings back once when the host needs them (counters,
+an eviction choice), and an eviction waits on the event of the last kernels
+that read the victim slot (:mod:`pdflash.cache.expert_cache`).
+
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
 sparse MoE block (it keeps the HF router submodule under its original name,
@@ -12,10 +32,12 @@ HF forward runs with experts offloaded.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
@@ -29,6 +51,77 @@ if TYPE_CHECKING:
 RouteHook = Callable[[int, torch.Tensor], None]
 ExpertFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
+#: torch's grouped GEMM takes fewer than 1024 groups per call; larger slabs
+#: are split into calls of at most this many slots.
+MAX_GROUPS_PER_CALL = 1023
+
+_grouped_mm: Any = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``a [n, K]`` rows grouped by ``offs`` (int32 cumulative ends) times
+    ``b [G, K, N]`` -> ``[n, N]`` (torch's grouped GEMM)."""
+    if _grouped_mm is None:
+        raise RuntimeError("this torch has no grouped_mm")
+    out: torch.Tensor = _grouped_mm(a, b, offs=offs)
+    return out
+
+
+class GroupedExperts(Protocol):
+    """An architecture's expert MLP over many experts at once.
+
+    ``weights(views)`` turns packed ``[G, ...]`` component views (slab views,
+    or a gathered subset) into the compute weights the MLP reads (identity
+    for dense layouts; a dequantization for compressed ones). ``compressed``
+    says the layout is compressed: the block then gathers the routed slots
+    first and dequantizes only those. ``forward(x, w, offs, group_of_row)``:
+    ``x [n, H]`` rows sorted by group, ``offs [G]`` int32 cumulative row
+    ends, ``group_of_row [n]`` each row's group (for per-expert biases) ->
+    ``[n, H]``.
+    """
+
+    compressed: bool
+
+    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        w: dict[str, torch.Tensor],
+        offs: torch.Tensor,
+        group_of_row: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+_GMM_WORKS: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's grouped GEMM runs on ``device`` in ``dtype`` (CPU
+    support and dtypes differ between torch versions): one tiny call, cached."""
+    key = (device.type, dtype)
+    if key not in _GMM_WORKS:
+        ok = _grouped_mm is not None
+        if ok:
+            try:
+                a = torch.ones((4, 8), dtype=dtype, device=device)
+                b = torch.ones((2, 8, 8), dtype=dtype, device=device)
+                offs = torch.tensor([2, 4], dtype=torch.int32, device=device)
+                out = grouped_mm(a, b, offs)
+                ok = bool(torch.equal(out, torch.full_like(out, 8)))
+            except (RuntimeError, NotImplementedError):
+                ok = False
+        _GMM_WORKS[key] = ok
+    return _GMM_WORKS[key]
+
+
+def _gmm_readable(t: torch.Tensor) -> bool:
+    """torch's grouped GEMM needs 16-byte aligned data and strides."""
+    size = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    return all(st == 1 or (st * size) % 16 == 0 for st in t.stride())
+
 
 class OffloadedMoE:
     """Offloaded expert execution for every MoE layer of one model.
@@ -40,7 +133,13 @@ class OffloadedMoE:
             views of its packed tensors (the adapter's ``expert_forward``).
     """
 
-    def __init__(self, store: ExpertStore, cache: ExpertCache, expert_fn: ExpertFn) -> None:
+    def __init__(
+        self,
+        store: ExpertStore,
+        cache: ExpertCache,
+        expert_fn: ExpertFn,
+        grouped: GroupedExperts | None = None,
+    ) -> None:
         if cache.expert_nbytes != store.expert_nbytes:
             raise ValueError(
                 f"cache slots are {cache.expert_nbytes} bytes but the store packs "
@@ -55,6 +154,20 @@ class OffloadedMoE:
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
         ]
+        self._slab_views: dict[str, torch.Tensor] = {}
+        self.grouped: GroupedExperts | None = None
+        if grouped is not None and _grouped_mm is not None:
+            slab = getattr(cache, "slab", None)
+            if isinstance(slab, torch.Tensor) and grouped_mm_works(slab.device, store.layout.dtype):
+                views = store.layout.slab_views(slab)
+                if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
+                    self._slab_views = views
+                    self.grouped = grouped
+
+    @property
+    def path(self) -> str:
+        """``grouped`` or ``loop`` (see the module docstring)."""
+        return "grouped" if self.grouped is not None else "loop"
 
     def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
         """Register ``hook(layer, topk_ids)``; returns a function that removes it."""
@@ -72,9 +185,17 @@ class OffloadedMoE:
         """The MoE output ``[T, H]`` of ``x [T, H]`` under the given routing."""
         for hook in self.route_hooks:
             hook(layer, topk_ids)
-        num_tokens, k = topk_ids.shape
+        num_tokens = topk_ids.shape[0]
         if num_tokens == 0:
             return torch.zeros_like(x)
+        if self.grouped is not None:
+            return self._forward_grouped(layer, x, topk_ids, topk_weights)
+        return self._forward_loop(layer, x, topk_ids, topk_weights)
+
+    def _forward_loop(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        num_tokens, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
@@ -127,6 +248,185 @@ class OffloadedMoE:
         y[order] = y_sorted
         weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
         return weighted.sum(dim=1).to(x.dtype)
+
+    # -- grouped path ------------------------------------------------------------
+
+    def _forward_grouped(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        num_tokens, k = topk_ids.shape
+        flat = topk_ids.reshape(-1).long()
+        cache = self.cache
+        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+        if cache.layer_resident(layer):
+            # Every expert of the layer holds a slot: nothing to copy whatever
+            # the routing, so the host never reads it (no sync). The layer's
+            # experts are pinned (without counting) so no eviction reuses a
+            # slot the kernels below read; the routing is handed to the cache
+            # as a device tensor and counted when the host next needs it.
+            ids, tickets = cache.pin_layer(layer)
+            try:
+                if (tickets >= 0).any():  # copies still in flight (e.g. prefetched)
+                    cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
+                cache.defer_access(layer, flat)
+                row_slot = self._layer_slots(layer)[flat]
+                self._grouped_rows(x, k, row_slot, None, y_flat)
+            except BaseException:
+                cache.abort(ids)
+                raise
+            cache.unpin_layer(layer)
+        else:
+            self._grouped_with_misses(layer, x, k, flat, y_flat)
+        # each token's k rows are distinct: one weighted reduction in the
+        # routing weights' precision, rounded to x's dtype once
+        weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(x.dtype)
+
+    def _layer_slots(self, layer: int) -> torch.Tensor:
+        """``[E]`` device tensor: each of the layer's experts' slot (or -1)."""
+        base = layer * self.num_experts
+        return self.cache.device_slot_table()[base : base + self.num_experts]
+
+    def _grouped_with_misses(
+        self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
+    ) -> None:
+        cache = self.cache
+        base = layer * self.num_experts
+        # NOTE: the one host sync of a layer with non-resident experts: the
+        # host must learn the routed set to choose (and submit) the copies.
+        # (Counted with index_add: CUDA's bincount would sync once more.)
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
+        counts_host = counts.index_add_(0, flat, torch.ones_like(flat)).cpu().numpy()
+        experts = np.flatnonzero(counts_host)
+        i = 0
+        while i < experts.size:
+            room = cache.free_capacity()
+            if room <= 0:  # every slot pinned or still being filled by a copy
+                room = cache.wait_for_capacity()
+            if room <= 0:
+                raise CacheTooSmallError(
+                    f"layer {layer}: no expert slot is free or evictable "
+                    f"({cache.num_slots} slots, all pinned with no copy in flight)"
+                )
+            group = experts[i : i + room]
+            flat_ids = base + group
+            _, tickets = cache.acquire(flat_ids)
+            try:
+                # the ready experts' rows first; the misses' copies land meanwhile
+                ready = tickets < 0
+                for phase, waits in ((ready, False), (~ready, True)):
+                    if not phase.any():
+                        continue
+                    if waits:
+                        cache.wait_ready(tickets[phase])
+                    whole = group.size == experts.size and bool(phase.all())
+                    row_in = None if whole else self._rows_of(flat, group[phase])
+                    self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
+            except BaseException:
+                cache.abort(flat_ids)
+                raise
+            cache.release(flat_ids)
+            i += group.size
+
+    def _rows_of(self, flat: torch.Tensor, experts: npt.NDArray[np.int64]) -> torch.Tensor:
+        """Bool ``[rows]``: the routed rows whose expert is in ``experts``."""
+        sel = torch.zeros(self.num_experts, dtype=torch.bool)
+        sel[torch.from_numpy(np.asarray(experts, dtype=np.int64))] = True
+        if flat.is_cuda:  # page-locked, so the copy does not wait for the stream
+            sel = sel.pin_memory()
+        return sel.to(flat.device, non_blocking=True)[flat]
+
+    def _grouped_rows(
+        self,
+        x: torch.Tensor,
+        k: int,
+        row_slot: torch.Tensor,
+        row_in: torch.Tensor | None,
+        y_flat: torch.Tensor,
+    ) -> None:
+        """``y_flat[r] = expert(slot_r)(x[r // k])`` for the rows selected by
+        ``row_in`` (all when None), one grouped call per projection per
+        :data:`MAX_GROUPS_PER_CALL` slots. Rows outside a call's slots are
+        sorted past its last group (grouped_mm leaves them out) and masked
+        from the write-back, so no row count reaches the host."""
+        num_slots = self.cache.num_slots
+        if row_in is None and num_slots <= MAX_GROUPS_PER_CALL:
+            key_sorted, order = torch.sort(row_slot, stable=True)
+            self._run_groups(x, k, key_sorted, order, num_slots, self._slab_views, y_flat, False)
+            return
+        for lo in range(0, num_slots, MAX_GROUPS_PER_CALL):
+            width = min(MAX_GROUPS_PER_CALL, num_slots - lo)
+            local = row_slot - lo
+            take = (local >= 0) & (local < width)
+            if row_in is not None:
+                take = take & row_in
+            key_sorted, order = torch.sort(torch.where(take, local, width), stable=True)
+            views = {n: v[lo : lo + width] for n, v in self._slab_views.items()}
+            self._run_groups(x, k, key_sorted, order, width, views, y_flat, True)
+
+    def _run_groups(
+        self,
+        x: torch.Tensor,
+        k: int,
+        key_sorted: torch.Tensor,
+        order: torch.Tensor,
+        width: int,
+        views: dict[str, torch.Tensor],
+        y_flat: torch.Tensor,
+        masked: bool,
+    ) -> None:
+        """One grouped MLP call over rows ``order`` whose group keys are
+        ``key_sorted`` (``width`` = masked out, when ``masked``)."""
+        grouped = self.grouped
+        assert grouped is not None
+        if grouped.compressed:
+            group_of_row, offs, views = _compact(key_sorted, width, views)
+        else:
+            group_of_row = key_sorted.clamp(max=width - 1) if masked else key_sorted
+            offs = torch.searchsorted(
+                key_sorted, _group_ids(width, key_sorted.device), right=True, out_int32=True
+            )
+        out = grouped.forward(x[order // k], grouped.weights(views), offs, group_of_row)
+        if masked:
+            valid = (key_sorted < width).unsqueeze(-1)
+            y_flat[order] = torch.where(valid, out, y_flat[order])
+        else:
+            y_flat[order] = out
+
+
+_GROUP_IDS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _group_ids(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device`` (cached: built once per size)."""
+    key = (n, str(device))
+    ids = _GROUP_IDS.get(key)
+    if ids is None:
+        ids = _GROUP_IDS[key] = torch.arange(n, device=device)
+    return ids
+
+
+def _compact(
+    key_sorted: torch.Tensor, width: int, views: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """For compressed slabs: gather only the slots the rows use, as a fixed
+    number of groups ``m = min(width, rows)`` (no host sync for the count):
+    the used slots in slot order first, then unused ones as empty padding.
+    Returns each row's compact group, the int32 group ends and the gathered
+    views. Masked rows (key ``width``) fall past the used groups' rows."""
+    rows = int(key_sorted.numel())
+    m = max(1, min(width, rows))
+    device = key_sorted.device
+    used = torch.zeros(width + 1, dtype=torch.bool, device=device)
+    used.index_fill_(0, key_sorted, True)
+    used = used[:width]
+    slot_ids = _group_ids(width, device)
+    picked = torch.sort(torch.where(used, slot_ids, slot_ids + width)).indices[:m]
+    rank = torch.cumsum(used, 0) - 1  # compact group of each used slot
+    group_sorted = torch.where(key_sorted < width, rank[key_sorted.clamp(max=width - 1)], m)
+    offs = torch.searchsorted(group_sorted, _group_ids(m, device), right=True, out_int32=True)
+    group_of_row = group_sorted.clamp(max=m - 1)
+    return group_of_row, offs, {n: v.index_select(0, picked) for n, v in views.items()}
 
 
 class OffloadedMoEBlock(nn.Module):

@@ -19,11 +19,13 @@ plain allocation registered in place: no power-of-two rounding as with
 of ``cudaHostAlloc``'s 800 ms/GiB on the H200), or through ``allocator`` when
 the caller passes one (e.g. the issuer's pinned allocator).
 
-gpt-oss MXFP4 experts (``*_blocks`` / ``*_scales``) are dequantized to the
-packed dtype (bf16 by default) at pack time, with the same arithmetic as
-transformers' ``convert_moe_packed_tensors``: experts are then copied and
-computed in bf16, twice the bytes of MXFP4 per copy. Synthetic checkpoints
-are written in bf16 unless asked for MXFP4.
+gpt-oss MXFP4 experts (``*_blocks`` / ``*_scales``) are packed as stored when
+the layout says so (the adapters' default: ``expert_nbytes`` is then the
+MXFP4 size, and copies, cache slots and byte books count those bytes), or
+dequantized to the packed dtype at pack time by a format with
+``transform="mxfp4"``, with the same arithmetic as transformers'
+``convert_moe_packed_tensors``. Synthetic checkpoints are written in bf16
+unless asked for MXFP4.
 """
 
 from __future__ import annotations
@@ -41,7 +43,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.models.layout import ExpertFormat, ExpertLayout, SourcePart, dequantize_mxfp4
+from pdflash.models.layout import (
+    ExpertFormat,
+    ExpertLayout,
+    SourcePart,
+    dequantize_mxfp4,
+    quantize_fp8,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -195,6 +203,22 @@ def _issuer_unregister(
     return unregister
 
 
+def detect_format(
+    checkpoint: SafetensorsCheckpoint, formats: Sequence[ExpertFormat]
+) -> ExpertFormat:
+    """The first of ``formats`` whose layer-0 expert-0 tensors the checkpoint holds."""
+    tried = []
+    for fmt in formats:
+        first = fmt.parts(0, 0)
+        tried.append(f"{fmt.name} (e.g. {first[0].key!r})")
+        if all(p.key in checkpoint for p in first):
+            return fmt
+    raise CheckpointError(
+        f"{checkpoint.path}: no expert tensors for layer 0 expert 0 in any known "
+        f"naming; tried: {'; '.join(tried)}"
+    )
+
+
 class ExpertStore:
     """All experts of a checkpoint, packed in one host buffer.
 
@@ -271,16 +295,7 @@ class ExpertStore:
     # -- checkpoint discovery ------------------------------------------------
 
     def _detect_format(self, formats: Sequence[ExpertFormat]) -> ExpertFormat:
-        tried = []
-        for fmt in formats:
-            first = fmt.parts(0, 0)
-            tried.append(f"{fmt.name} (e.g. {first[0].key!r})")
-            if all(p.key in self.checkpoint for p in first):
-                return fmt
-        raise CheckpointError(
-            f"{self.checkpoint.path}: no expert tensors for layer 0 expert 0 in any known "
-            f"naming; tried: {'; '.join(tried)}"
-        )
+        return detect_format(self.checkpoint, formats)
 
     def expert_parts(self, layer: int, expert: int) -> list[SourcePart]:
         return self.format.parts(layer, expert)
@@ -338,6 +353,9 @@ class ExpertStore:
                     src = self._read_part(p, handles)
                     if self.check_finite:
                         require_finite(src, self.checkpoint.file_of(p.key), p.key)
+                    if p.transform in ("fp8_rows", "fp8_cols"):
+                        self._pack_fp8(p, src, views)
+                        continue
                     rows = src.shape[0]
                     if p.row_offset or rows != dst.shape[0]:
                         dst = dst[p.row_offset : p.row_offset + rows]
@@ -352,6 +370,21 @@ class ExpertStore:
             for h in handles.values():
                 h.__exit__(None, None, None)
 
+    def _pack_fp8(self, p: SourcePart, src: torch.Tensor, views: dict[str, torch.Tensor]) -> None:
+        axis = 0 if p.transform == "fp8_rows" else 1
+        values, scale = quantize_fp8(src, axis)
+        dst, dst_scale = views[p.component], views[f"{p.component}_scale"]
+        if axis == 0:  # a row part lands at its row offset, with its rows' scales
+            rows = slice(p.row_offset, p.row_offset + values.shape[0])
+            dst, dst_scale = dst[rows], dst_scale[rows]
+        if tuple(values.shape) != tuple(dst.shape) or scale.numel() != dst_scale.numel():
+            raise CheckpointError(
+                f"{self.checkpoint.file_of(p.key)}: tensor {p.key!r} gives {list(src.shape)} "
+                f"for {p.component!r}, expected {list(dst.shape)}"
+            )
+        dst.copy_(values)
+        dst_scale.copy_(scale)
+
     def _handle(self, key: str, handles: dict[Path, Any]) -> Any:
         file = self.checkpoint.file_of(key)
         if file not in handles:
@@ -363,7 +396,7 @@ class ExpertStore:
     def _read_part(self, p: SourcePart, handles: dict[Path, Any]) -> torch.Tensor:
         ck = self.checkpoint
         src = ck.read(p.key, p.index, handle=self._handle(p.key, handles))
-        if p.transform is None:
+        if p.transform in (None, "fp8_rows", "fp8_cols"):
             return src
         if p.transform == "mxfp4":
             assert p.scales_key is not None
@@ -416,18 +449,7 @@ class ExpertStore:
         start = layer * self.num_experts * self.expert_nbytes
         rows = self.buffer[start : start + self.num_experts * self.expert_nbytes]
         dev = rows.to(device).view(self.num_experts, self.expert_nbytes)
-        out: dict[str, torch.Tensor] = {}
-        lay = self.layout
-        for comp in lay.components:
-            off = lay.offsets[comp.name]
-            nb = lay.numels[comp.name] * lay.itemsize
-            out[comp.name] = (
-                dev[:, off : off + nb]
-                .contiguous()
-                .view(lay.dtype)
-                .view(self.num_experts, *comp.shape)
-            )
-        return out
+        return {n: v.contiguous() for n, v in self.layout.slab_views(dev).items()}
 
     def _set_finalizer(self, undo: Callable[[], None]) -> None:
         self._finalizer = weakref.finalize(self, undo)

@@ -18,6 +18,7 @@ for engines that run attention themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -31,8 +32,15 @@ from torch import nn
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
 from pdflash.models.config_check import check_model_config, check_raw_keys, read_config_json
-from pdflash.models.layout import ExpertFormat, ExpertLayout
+from pdflash.models.layout import (
+    ExpertFormat,
+    ExpertLayout,
+    SourcePart,
+    dequantize_fp8,
+    fp8_layout,
+)
 from pdflash.models.offload import (
+    GroupedExperts,
     OffloadedMoE,
     OffloadedMoEBlock,
     RouteHook,
@@ -43,6 +51,7 @@ from pdflash.models.store import (
     CheckpointError,
     ExpertStore,
     SafetensorsCheckpoint,
+    detect_format,
     require_finite,
 )
 from pdflash.protocols import AttentionSpec, CopyIssuer
@@ -67,6 +76,9 @@ class MoEAdapterBase:
     #: packed component -> the HF experts module's 3-D parameter
     hf_expert_params: ClassVar[dict[str, str]] = {"gate_up": "gate_up_proj", "down": "down_proj"}
     returns_router_scores: ClassVar[bool] = False  # block returns (hidden, scores)
+    #: packed 2-D weight component -> its output-channel axis (the axis
+    #: ``expert_dtype="fp8"`` keeps one scale per index of)
+    expert_out_axes: ClassVar[dict[str, int]] = {"gate_up": 0, "down": 0}
     default_attn_implementation: ClassVar[str] = "sdpa"
 
     # -- per-arch hooks ------------------------------------------------------
@@ -92,6 +104,38 @@ class MoEAdapterBase:
         raise NotImplementedError
 
     @classmethod
+    def stored_layout(
+        cls, config: Any, dtype: torch.dtype, fmt: ExpertFormat, expert_dtype: str | None
+    ) -> tuple[ExpertLayout, ExpertFormat]:
+        """The packed layout and checkpoint reading for experts found in
+        format ``fmt``. ``expert_dtype``: None keeps experts as the checkpoint
+        stores them (compressed stays compressed), ``"dense"`` packs them in
+        the compute dtype."""
+        if expert_dtype not in (None, "dense", "fp8"):
+            raise ValueError(f"unknown expert_dtype {expert_dtype!r} (None, 'dense' or 'fp8')")
+        if expert_dtype != "fp8":
+            return cls.expert_layout(config, dtype), fmt
+        if fmt.quantized:
+            raise ValueError(
+                f"expert_dtype='fp8' re-stores dense checkpoints; this checkpoint's experts "
+                f"are {fmt.name}"
+            )
+        axes = cls.expert_out_axes
+        layout = fp8_layout(cls.expert_layout(config, dtype), axes)
+
+        def parts(layer: int, expert: int) -> list[SourcePart]:
+            return [
+                dataclasses.replace(
+                    p, transform="fp8_rows" if axes[p.component] == 0 else "fp8_cols"
+                )
+                if p.component in axes
+                else p
+                for p in fmt.parts(layer, expert)
+            ]
+
+        return layout, ExpertFormat(f"{fmt.name}+fp8", parts, quantized=True)
+
+    @classmethod
     def checkpoint_to_module_key(cls, key: str) -> str:
         """Checkpoint tensor name -> parameter name in the HF model."""
         return key
@@ -103,6 +147,23 @@ class MoEAdapterBase:
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         """One expert's MLP over ``x [n, H]`` with its packed weights ``w``."""
         raise NotImplementedError
+
+    def dense_expert_weights(self, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Packed expert views (one expert or ``[G, ...]`` stacked) -> the
+        dense weights the HF experts module holds (identity unless the
+        layout is compressed)."""
+        if self.layout.format != "fp8":
+            return w
+        axes = self.expert_out_axes
+        out = {n: t for n, t in w.items() if n not in axes and n.removesuffix("_scale") not in axes}
+        for name, axis in axes.items():
+            out[name] = dequantize_fp8(w[name], w[f"{name}_scale"], axis, self.dtype)
+        return out
+
+    def grouped_experts(self) -> GroupedExperts | None:
+        """The expert MLP over many experts at once (grouped GEMMs over the
+        cache slab), or None to run experts one by one."""
+        return None
 
     def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[T, heads, D]`` before rotary (q/k norms applied)."""
@@ -131,6 +192,7 @@ class MoEAdapterBase:
         host_allocator: Callable[[int], torch.Tensor] | None = None,
         pack_workers: int | None = None,
         check_finite: bool = True,
+        expert_dtype: str | None = None,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -173,11 +235,12 @@ class MoEAdapterBase:
         )
 
         checkpoint = SafetensorsCheckpoint(self.path)
-        self.layout = self.expert_layout(config, self.dtype)
+        found = detect_format(checkpoint, self.expert_formats(config))
+        self.layout, fmt = self.stored_layout(config, self.dtype, found, expert_dtype)
         self.store = ExpertStore(
             checkpoint,
             self.layout,
-            self.expert_formats(config),
+            [fmt],
             self.num_layers,
             self.num_experts,
             # NOTE: page-locked through the issuer (register_host), so it is a
@@ -245,7 +308,7 @@ class MoEAdapterBase:
             )
         self.store.register_with(cache.issuer)
         self.cache = cache
-        self.runtime = OffloadedMoE(self.store, cache, self.expert_forward)
+        self.runtime = OffloadedMoE(self.store, cache, self.expert_forward, self.grouped_experts())
         for block in self.blocks:
             block.runtime = self.runtime
         return self.runtime
@@ -374,6 +437,14 @@ class MoEAdapterBase:
         ids, weights = self.route(layer, normed)
         return self.runtime.forward_routed(layer, normed, ids, weights)
 
+    def moe_routed(
+        self, layer: int, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`moe` with the routing :meth:`route` returned for ``normed``."""
+        if self.runtime is None:
+            raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
+        return self.runtime.forward_routed(layer, normed, ids, weights)
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self._inner.norm(hidden)
         return out
@@ -432,9 +503,9 @@ class MoEAdapterBase:
         cls = getattr(self.modeling, self.hf_block_class)
         with torch.device("meta"):
             block = cls(self.hf_model.config)
+        dense = self.dense_expert_weights(self.store.stacked(layer, self.device))
         state = {
-            f"experts.{self.hf_expert_params[name]}": t
-            for name, t in self.store.stacked(layer, self.device).items()
+            f"experts.{self.hf_expert_params[name]}": t.contiguous() for name, t in dense.items()
         }
         router = self.blocks[layer].router_module
         state.update({f"{self.router_attr}.{n}": p for n, p in router.named_parameters()})
