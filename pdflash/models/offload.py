@@ -11,7 +11,7 @@ HF forward runs with experts offloaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +21,8 @@ from torch import nn
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
 
 if TYPE_CHECKING:
+    from pdflash.hybrid.block import HostPart
+    from pdflash.hybrid.service import HostExpertService
     from pdflash.models.store import ExpertStore
 
 #: ``hook(layer, topk_ids)``: called with each layer's exact routing
@@ -51,6 +53,10 @@ class OffloadedMoE:
         self.expert_fn = expert_fn
         self.num_experts = store.num_experts
         self.route_hooks: list[RouteHook] = []
+        #: the hybrid miss service (:mod:`pdflash.hybrid`): when set, the
+        #: host CPU computes the layer's misses it chooses (None: every miss
+        #: is copied)
+        self.host_service: HostExpertService | None = None
         # NOTE: views per slot are built once; a slot's bytes change, its views do not.
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
@@ -89,10 +95,59 @@ class OffloadedMoE:
         # reduction in the routing weights' precision, rounded to x's dtype once.
         x_parts = x[order // k].split(counts_host[experts].tolist())
         y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
+        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
+        todo = np.arange(experts.size)  # positions in `experts` computed here
+        if host_part is not None:
+            todo = np.flatnonzero(~host_part.mask)
+            for p in np.flatnonzero(host_part.mask).tolist():
+                # NOTE: a placeholder of the right shape (no allocation); the
+                # host's rows overwrite these rows below
+                y_parts[p] = x_parts[p]
+        try:
+            self._compute_on_device(layer, experts, todo, x_parts, y_parts)
+        except BaseException:
+            if host_part is not None:
+                host_part.cancel()
+            raise
+        y_sorted = torch.cat(y_parts)  # type: ignore[arg-type]  # every entry set above
+        y = torch.empty_like(y_sorted)
+        y[order] = y_sorted
+        if host_part is not None:
+            y[host_part.rows] = host_part.result().to(y.dtype)
+        weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(x.dtype)
+
+    def _start_host_part(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        flat: torch.Tensor,
+        k: int,
+        experts: np.ndarray,
+        counts_host: np.ndarray,
+    ) -> HostPart | None:
+        """The hybrid hook: start the host on the misses the service picks."""
+        if self.host_service is None:
+            return None
+        from pdflash.hybrid.block import start_host_part
+
+        return start_host_part(
+            self.host_service, self.cache, layer, x, flat, k, experts, counts_host
+        )
+
+    def _compute_on_device(
+        self,
+        layer: int,
+        experts: np.ndarray,
+        todo: np.ndarray,
+        x_parts: Sequence[torch.Tensor],
+        y_parts: list[torch.Tensor | None],
+    ) -> None:
+        """Pin/copy/compute ``experts[todo]`` from the cache, into ``y_parts``."""
         base = layer * self.num_experts
         cache = self.cache
         i = 0
-        while i < experts.size:
+        while i < todo.size:
             room = cache.free_capacity()
             if room <= 0:  # every slot pinned or still being filled by a copy
                 # NOTE: wait for in-flight copies to land (they settle or free
@@ -104,29 +159,25 @@ class OffloadedMoE:
                     f"layer {layer}: no expert slot is free or evictable "
                     f"({cache.num_slots} slots, all pinned with no copy in flight)"
                 )
-            group = experts[i : i + room]
-            flat_ids = base + group
+            pos = todo[i : i + room]
+            flat_ids = base + experts[pos]
             slots, tickets = cache.acquire(flat_ids)
             # NOTE: ready experts first, then the missing ones in submission
             # order, each waited on just before use: copy j+1 overlaps compute j.
             # A ready expert (ticket -1) needs no wait call at all.
             schedule = np.argsort(tickets, kind="stable").tolist()
-            slot_list, ticket_list = slots.tolist(), tickets.tolist()
+            slot_list, ticket_list, pos_list = slots.tolist(), tickets.tolist(), pos.tolist()
             try:
                 for j in schedule:
                     if ticket_list[j] >= 0:
                         cache.wait_ready(tickets[j : j + 1])
-                    y_parts[i + j] = self.expert_fn(x_parts[i + j], self._slot_views[slot_list[j]])
+                    p = pos_list[j]
+                    y_parts[p] = self.expert_fn(x_parts[p], self._slot_views[slot_list[j]])
             except BaseException:
                 cache.abort(flat_ids)
                 raise
             cache.release(flat_ids)
-            i += group.size
-        y_sorted = torch.cat(y_parts)  # type: ignore[arg-type]  # every entry set above
-        y = torch.empty_like(y_sorted)
-        y[order] = y_sorted
-        weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
-        return weighted.sum(dim=1).to(x.dtype)
+            i += pos.size
 
 
 class OffloadedMoEBlock(nn.Module):
