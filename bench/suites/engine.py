@@ -68,6 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
         help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
     )
+    add_host_arguments(parser)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -75,6 +76,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="also append the rows to OUT/rows.jsonl (for `pdflash-bench report OUT`)",
+    )
+
+
+def add_host_arguments(parser: argparse._ActionsContainer) -> None:
+    """The hybrid miss service's switches (shared with the matrix)."""
+    parser.add_argument(
+        "--host-experts",
+        default="off",
+        choices=["off", "auto"],
+        help="hybrid miss service for every offloaded baseline: 'auto' lets the host CPU "
+        "compute the misses its cost model gives it (default off until measured on the GPU; "
+        "the PD+host baseline is always auto)",
+    )
+    parser.add_argument(
+        "--host-workers", type=int, default=None, help="host expert pool threads (default 1)"
+    )
+    parser.add_argument(
+        "--host-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads for the host pool, process-wide (default: all cores but "
+        "two on CUDA, torch's setting on CPU)",
     )
 
 
@@ -119,6 +142,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     mean_tau=args.mean_tau,
                     dtype=args.dtype,
                     eviction=args.eviction,
+                    host_experts=args.host_experts,
+                    host_workers=args.host_workers,
+                    host_threads=args.host_threads,
                 )
                 result = run_spec(spec)
                 row = result.row
@@ -133,6 +159,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"hit={_fmt(row['expert_cache_hit_rate'])} "
                     f"cov={_fmt(row['routeahead_coverage'])} "
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
+                    f"host={_fmt(row.get('host_served_experts'))} "
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,
                     flush=True,

@@ -132,6 +132,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
+    from .engine import add_host_arguments
+
+    add_host_arguments(g)
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -153,6 +156,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "emulated_link_gbps": args.emulated_link_gbps,
         "acceptance": args.acceptance,
         "mean_tau": args.mean_tau,
+        "host_experts": getattr(args, "host_experts", "off"),
+        "host_workers": getattr(args, "host_workers", None),
+        "host_threads": getattr(args, "host_threads", None),
     }
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
@@ -191,6 +197,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec["concurrency"],
         float(spec["cache_fraction"]),
         spec["repeat"],
+        spec.get("host_experts", "off"),
     )
 
 

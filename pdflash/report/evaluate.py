@@ -29,7 +29,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pdflash.report.schema import BASELINES, comparison_points, serves, validate_rows
+from pdflash.report.schema import (
+    BASELINES,
+    REQUIRED_BASELINES,
+    comparison_points,
+    serves,
+    validate_rows,
+)
 
 #: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as DESIGN §3.
 LINK_BYTES_PER_S_PER_GBPS = 1e9
@@ -482,7 +488,7 @@ def _verdict(problems: list[str], targets: list[dict[str, Any]]) -> dict[str, An
 
 
 def evaluate(
-    rows: Sequence[Mapping[str, Any]], required_baselines: Iterable[str] = BASELINES
+    rows: Sequence[Mapping[str, Any]], required_baselines: Iterable[str] = REQUIRED_BASELINES
 ) -> dict[str, Any]:
     """Validate and evaluate ``rows``; see the module docstring for the keys."""
     problems = validate_rows(rows, required_baselines)
