@@ -99,6 +99,13 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         help="torch intra-op threads for the host pool, process-wide (default: all cores but "
         "two on CUDA, torch's setting on CPU)",
     )
+    parser.add_argument(
+        "--host-max-ratio",
+        type=float,
+        default=1.0,
+        help="HOST only experts the CPU computes at most this times slower than the link "
+        "copies them (default 1.0, the per-expert break-even)",
+    )
 
 
 def _fmt(x: Any, nd: int = 3) -> str:
@@ -145,6 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_experts=args.host_experts,
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,
+                    host_max_ratio=args.host_max_ratio,
                 )
                 result = run_spec(spec)
                 row = result.row

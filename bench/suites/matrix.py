@@ -156,10 +156,19 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "emulated_link_gbps": args.emulated_link_gbps,
         "acceptance": args.acceptance,
         "mean_tau": args.mean_tau,
-        "host_experts": getattr(args, "host_experts", "off"),
-        "host_workers": getattr(args, "host_workers", None),
-        "host_threads": getattr(args, "host_threads", None),
     }
+    # the hybrid miss service's settings, only where they differ from the
+    # engine's defaults (so specs and resume keys of plain runs are unchanged)
+    host_defaults = {
+        "host_experts": "off",
+        "host_workers": None,
+        "host_threads": None,
+        "host_max_ratio": 1.0,
+    }
+    for name, default in host_defaults.items():
+        value = getattr(args, name, default)
+        if value != default:
+            common_kw[name] = value
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for arch in args.arch:

@@ -98,6 +98,7 @@ class RunSpec:
     host_experts: str = "off"
     host_workers: int | None = None
     host_threads: int | None = None
+    host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
 
     @property
     def host_mode(self) -> str:
@@ -126,6 +127,8 @@ class RunSpec:
             )
         if self.host_experts not in ("off", "auto"):
             raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
+        if not self.host_max_ratio > 0:
+            raise ValueError(f"host_max_ratio must be positive, got {self.host_max_ratio}")
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -449,6 +452,7 @@ def _run(
             link_bytes_per_s=link_gbps * 1e9,
             workers=spec.host_workers,
             intra_op_threads=spec.host_threads,
+            max_host_ratio=spec.host_max_ratio,
         )
     try:
         engine = Engine(

@@ -58,6 +58,7 @@ def build_host_service(
     workers: int | None = None,
     intra_op_threads: int | None = None,
     margin: float = 0.1,
+    max_host_ratio: float = 1.0,
     calibrate: bool = True,
     cost: HostCostModel | None = None,
 ) -> HostExpertService:
@@ -93,7 +94,9 @@ def build_host_service(
         if planner is None:
             if cost is None:
                 raise ValueError("no planner given and no cost model to build one from")
-            planner = CostModelPlanner(cost, store.expert_nbytes, margin=margin)
+            planner = CostModelPlanner(
+                cost, store.expert_nbytes, margin=margin, max_host_ratio=max_host_ratio
+            )
         service = HostExpertService(
             executor,
             planner,

@@ -22,9 +22,15 @@ A split is taken only when it beats all-COPY by ``margin`` (relative): the
 model's error is largest near break-even, and a COPY leaves the expert
 resident for later forwards while a HOST expert leaves nothing behind.
 
-With many tokens per expert (a wide batch: c=16 x B=16), ``b * tokens``
-makes every HOST expert cost more than the link's whole queue and the plan
-is all COPY.
+Only experts the host computes at most ``max_host_ratio`` times slower than
+the link copies one are eligible (default 1.0: the per-expert break-even).
+Why: a copy also leaves the expert resident for the next forward, and in a
+streaming pipeline the link's queue for a layer is partly hidden behind
+earlier layers' compute, which the per-layer makespan does not see. So with
+many tokens per expert (a wide batch, c=16 x B=16: ``a + b * tokens`` above
+the copy time) the plan is all COPY; a larger ratio lets the makespan alone
+decide (e.g. experts a little slower on the CPU than over the link, which
+still relieve a queued link).
 """
 
 from __future__ import annotations
@@ -123,12 +129,15 @@ class CostModelPlanner:
             faster than all-COPY under the model.
         max_host_per_layer: at most this many HOST experts per layer
             (None: no cap).
+        max_host_ratio: an expert is eligible for HOST only if its host time
+            is at most this times its copy time (module doc).
     """
 
     cost: HostCostModel
     expert_nbytes: int
     margin: float = 0.1
     max_host_per_layer: int | None = None
+    max_host_ratio: float = 1.0
     name: str = "cost_model"
     decisions: dict[str, int] = field(default_factory=lambda: {"layers": 0, "split": 0})
 
@@ -137,6 +146,8 @@ class CostModelPlanner:
             raise ValueError(f"expert_nbytes must be >= 1, got {self.expert_nbytes}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if not self.max_host_ratio > 0:
+            raise ValueError(f"max_host_ratio must be positive, got {self.max_host_ratio}")
         if self.max_host_per_layer is not None and self.max_host_per_layer < 0:
             raise ValueError(f"max_host_per_layer must be >= 0, got {self.max_host_per_layer}")
 
@@ -151,8 +162,11 @@ class CostModelPlanner:
         if n == 0:
             return np.zeros(0, dtype=np.int64), copy_only, copy_only
         order = np.argsort(tokens, kind="stable")
-        host_cum = np.cumsum(self.cost.expert_s(tokens[order]))
-        m = np.arange(1, n + 1)
+        host_each = self.cost.expert_s(tokens[order])
+        host_cum = np.cumsum(host_each)
+        # host cost rises with tokens, so the eligible experts are a prefix of `order`
+        eligible = int((host_each <= self.max_host_ratio * per_copy).sum())
+        m = np.arange(1, eligible + 1)
         if self.max_host_per_layer is not None:
             m = m[m <= self.max_host_per_layer]
         if m.size == 0:
@@ -206,6 +220,7 @@ class CostModelPlanner:
             "planner": self.name,
             "margin": self.margin,
             "max_host_per_layer": self.max_host_per_layer,
+            "max_host_ratio": self.max_host_ratio,
         }
 
 
