@@ -150,14 +150,48 @@ class ExpertCache:
         # loaded since the last reset_stats(): only these count in the byte books
         self.counted = np.zeros(slots, dtype=np.bool_)
         self.by_prefetch = np.zeros(slots, dtype=np.bool_)
-        self._events: list[Any] = [None] * slots
+        # one CUDA event per release call, shared by the slots it released
+        self._events: npt.NDArray[np.object_] = np.full(slots, None, dtype=object)
+        # the device copy of ``slot_of`` (see :meth:`device_slot_table`)
+        self._table: torch.Tensor | None = None
+        self._table_dirty = True
+        # accesses of layers run without a host sync (see :meth:`defer_access`)
+        self._deferred: list[tuple[int, torch.Tensor, int, npt.NDArray[np.bool_]]] = []
         self._next_key = 0
         self.clock = 0
         self.reset_stats()
 
     # -- counters --------------------------------------------------------------
 
+    @property
+    def hits(self) -> int:
+        self._flush_deferred()
+        return self._hits
+
+    @hits.setter
+    def hits(self, value: int) -> None:
+        self._hits = value
+
+    @property
+    def inflight_hits(self) -> int:
+        self._flush_deferred()
+        return self._inflight_hits
+
+    @inflight_hits.setter
+    def inflight_hits(self, value: int) -> None:
+        self._inflight_hits = value
+
+    @property
+    def bytes_used(self) -> int:
+        self._flush_deferred()
+        return self._bytes_used
+
+    @bytes_used.setter
+    def bytes_used(self, value: int) -> None:
+        self._bytes_used = value
+
     def reset_stats(self) -> None:
+        self._flush_deferred()  # accesses before the reset are not counted after it
         # NOTE: experts already resident were copied before this reset, so their
         # bytes are not in bytes_in; they must not enter bytes_used or
         # bytes_evicted_unused either (else useful_byte_fraction can exceed 1).
@@ -177,6 +211,7 @@ class ExpertCache:
 
     def stats(self) -> dict[str, Any]:
         """Counters and derived ratios (``NotMeasured`` when the denominator is 0)."""
+        self._flush_deferred()
         ratios: dict[str, Metric] = {
             "hit_rate": ratio(self.hits, self.hits + self.misses, "no expert requested"),
             "useful_byte_fraction": ratio(self.bytes_used, self.bytes_in, "no bytes copied"),
@@ -219,6 +254,78 @@ class ExpertCache:
 
     def slot_tensor(self, slot: int) -> torch.Tensor:
         return self.slab[int(slot)]
+
+    def device_slot_table(self) -> torch.Tensor:
+        """``slot_of`` on the cache's device (int64, ``-1``: not resident), for
+        routing -> slot lookups in device code. Re-uploaded only after a
+        load, eviction or drop changed it; on CUDA from a fresh page-locked
+        copy with a non-blocking copy on the current stream (no host sync;
+        the pinned allocator keeps that copy alive until the transfer ran)."""
+        if self._table is None or self._table_dirty:
+            host = torch.from_numpy(self.slot_of.copy())
+            if self._is_cuda:
+                self._table = host.pin_memory().to(self.device, non_blocking=True)
+            else:
+                self._table = host
+            self._table_dirty = False
+        return self._table
+
+    def layer_resident(self, layer: int) -> bool:
+        """Every expert of ``layer`` holds a slot (copies may be in flight):
+        a forward of that layer needs no copy, whatever its routing."""
+        base = int(layer) * self.num_experts
+        return bool((self.slot_of[base : base + self.num_experts] >= 0).all())
+
+    def pin_layer(self, layer: int) -> tuple[IdArray, IdArray]:
+        """Pin every expert of a layer that :meth:`layer_resident` says is
+        resident, without counting accesses (the routing is not known on the
+        host: report it with :meth:`defer_access`). Copies still in flight
+        are promoted to ON_DEMAND. Returns ``(flat_ids, tickets)``; wait with
+        :meth:`wait_ready`, unpin with :meth:`release`."""
+        base = int(layer) * self.num_experts
+        ids = np.arange(base, base + self.num_experts, dtype=np.int64)
+        self._refresh_inflight()  # may drop a failed copy: check residency after it
+        slots = self.slot_of[ids]
+        if (slots < 0).any():
+            raise ValueError(f"layer {layer} is not fully resident")
+        self.pins[slots] += 1
+        try:
+            self._promote(slots, Band.ON_DEMAND)
+        except BaseException:
+            self.pins[slots] -= 1
+            raise
+        return ids, self.ticket[slots].copy()
+
+    def defer_access(self, layer: int, counts: torch.Tensor) -> None:
+        """Record that a forward of ``layer`` routed ``counts [E]`` tokens to
+        each expert (a device tensor), without a host sync: hits, bytes used
+        and the policy's access records are applied when the host next needs
+        them (an eviction choice, :meth:`stats`, a counter read)."""
+        base = int(layer) * self.num_experts
+        slots = self.slot_of[base : base + self.num_experts]
+        inflight = self.ticket[np.maximum(slots, 0)] >= 0
+        self.clock += 1
+        self._deferred.append((int(layer), counts.detach(), self.clock, inflight))
+
+    def _flush_deferred(self) -> None:
+        if not self._deferred:
+            return
+        pending, self._deferred = self._deferred, []
+        # NOTE: the one host sync of layers run without one; it happens only
+        # when the host must decide something from these accesses.
+        counts = torch.stack([c for _, c, _, _ in pending]).cpu().numpy()
+        for (layer, _, clock, inflight), c in zip(pending, counts, strict=True):
+            routed = np.flatnonzero(c)
+            ids = routed.astype(np.int64) + layer * self.num_experts
+            slots = self.slot_of[ids]
+            held = slots >= 0  # an expert dropped since (failed copy) is not counted
+            ids, slots = ids[held], slots[held]
+            self._hits += int(ids.size)
+            self._inflight_hits += int(inflight[routed[held]].sum())
+            fresh = slots[~self.used[slots] & self.counted[slots]]
+            self._bytes_used += int(fresh.size) * self.expert_nbytes
+            self.used[slots] = True
+            self.policy.on_access(ids, clock)
 
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
         """Tell a route-ahead-aware policy which experts to protect."""
@@ -281,6 +388,7 @@ class ExpertCache:
         need = min(n - free.size, cand_slots.size)
         if need == 0:
             return free
+        self._flush_deferred()  # the policy must have seen every access first
         victims = self.policy.victims(self.expert_of[cand_slots], need)
         vslots = self.slot_of[victims]
         self._evict(vslots)
@@ -288,17 +396,17 @@ class ExpertCache:
 
     def _evict(self, slots: npt.NDArray[np.int64]) -> None:
         ids = self.expert_of[slots]
-        for s in slots.tolist():
-            ev = self._events[s]
-            if ev is not None:
-                ev.synchronize()  # see the module NOTE: kernels still reading this slot
-                self._events[s] = None
-            if self.counted[s] and not self.used[s]:
-                self.bytes_evicted_unused += self.expert_nbytes
-                if self.by_prefetch[s]:
-                    self.prefetch_bytes_evicted_unused += self.expert_nbytes
+        for ev in {id(e): e for e in self._events[slots] if e is not None}.values():
+            ev.synchronize()  # see the module NOTE: kernels still reading these slots
+        self._events[slots] = None
+        unused = self.counted[slots] & ~self.used[slots]
+        self.bytes_evicted_unused += int(unused.sum()) * self.expert_nbytes
+        self.prefetch_bytes_evicted_unused += (
+            int((unused & self.by_prefetch[slots]).sum()) * self.expert_nbytes
+        )
         self.slot_of[ids] = -1
         self.expert_of[slots] = -1
+        self._table_dirty = True
         self.evictions += int(slots.size)
         self.policy.on_evict(ids)
 
@@ -311,6 +419,7 @@ class ExpertCache:
         self._next_key += ids.size
         self.slot_of[ids] = slots
         self.expert_of[slots] = ids
+        self._table_dirty = True
         self.ticket[slots] = tickets
         self.key[slots] = keys
         self.band[slots] = int(band)
@@ -389,6 +498,9 @@ class ExpertCache:
         """
         ids_in = self._ids(flat_ids)
         ids = np.unique(ids_in)
+        # NOTE: earlier deferred accesses go to the policy before this one (no
+        # extra wait in practice: the caller has just read this layer's routing)
+        self._flush_deferred()
         self._refresh_inflight()
         slots = self.slot_of[ids]
         present = slots >= 0
@@ -414,12 +526,12 @@ class ExpertCache:
             self.pins[loaded[loaded >= 0]] = 0
             raise
         self.clock += 1
-        self.hits += int(present.sum())
+        self._hits += int(present.sum())
         self.misses += int(missing.size)
-        self.inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
+        self._inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
         all_slots = self.slot_of[ids]
         fresh = all_slots[~self.used[all_slots] & self.counted[all_slots]]
-        self.bytes_used += int(fresh.size) * self.expert_nbytes
+        self._bytes_used += int(fresh.size) * self.expert_nbytes
         self.used[all_slots] = True
         self.policy.on_access(ids, self.clock)
         out_slots = self.slot_of[ids_in]
@@ -480,6 +592,7 @@ class ExpertCache:
         ids = self.expert_of[slots]
         self.slot_of[ids] = -1
         self.expert_of[slots] = -1
+        self._table_dirty = True
         self.ticket[slots] = -1
         self.pins[slots] = 0
         self.policy.on_evict(ids)
@@ -493,13 +606,9 @@ class ExpertCache:
             raise ValueError(f"expert {int(bad)} is not pinned")
         self.pins[slots] -= 1
         if self._is_cuda:
-            stream = torch.cuda.current_stream(self.device)
-            for s in slots.tolist():
-                ev = self._events[s]
-                if ev is None:
-                    ev = torch.cuda.Event()
-                    self._events[s] = ev
-                ev.record(stream)
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self._events[slots] = ev
 
     @contextmanager
     def use(self, flat_ids: npt.ArrayLike) -> Iterator[npt.NDArray[np.int64]]:

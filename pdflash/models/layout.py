@@ -44,34 +44,47 @@ FP4_VALUES = (
 )
 
 
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def _align(n: int) -> int:
     return (n + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
 
 
 @dataclass(frozen=True)
 class ComponentSpec:
-    """One packed tensor of an expert (e.g. ``gate_up`` ``[2I, H]``)."""
+    """One packed tensor of an expert (e.g. ``gate_up`` ``[2I, H]``).
+
+    ``dtype`` overrides the layout's dtype for this component (e.g. uint8
+    MXFP4 blocks and scales beside bf16 biases)."""
 
     name: str
     shape: tuple[int, ...]
+    dtype: torch.dtype | None = None
 
 
 class ExpertLayout:
-    """The packed byte layout of one expert in ``dtype``.
+    """The packed byte layout of one expert; ``dtype`` is the compute dtype
+    and the storage dtype of every component that does not name its own.
 
     Components are stored in order, each starting at a multiple of
     :data:`ALIGN_BYTES`; :attr:`nbytes` (the size of one copy and of one
-    cache slot) is padded to that alignment too.
+    cache slot) is padded to that alignment too. ``format`` names how the
+    experts are stored (``dense``, ``mxfp4``, ``fp8``), for reports.
     """
 
-    def __init__(self, components: Sequence[ComponentSpec], dtype: torch.dtype) -> None:
+    def __init__(
+        self, components: Sequence[ComponentSpec], dtype: torch.dtype, format: str = "dense"
+    ) -> None:
         if not components:
             raise ValueError("an expert layout needs at least one component")
         self.components = tuple(components)
         self.dtype = dtype
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.format = format
         offsets: dict[str, int] = {}
         numels: dict[str, int] = {}
+        dtypes: dict[str, torch.dtype] = {}
         offset = 0
         for comp in self.components:
             if comp.name in offsets:
@@ -79,13 +92,19 @@ class ExpertLayout:
             numel = 1
             for d in comp.shape:
                 numel *= int(d)
+            cdt = comp.dtype if comp.dtype is not None else dtype
             offsets[comp.name] = offset
             numels[comp.name] = numel
-            offset = _align(offset + numel * itemsize)
+            dtypes[comp.name] = cdt
+            offset = _align(offset + numel * _itemsize(cdt))
         self.offsets = offsets
         self.numels = numels
-        self.itemsize = itemsize
+        self.dtypes = dtypes
+        self.itemsize = _itemsize(dtype)
         self.nbytes = offset
+
+    def component_nbytes(self, name: str) -> int:
+        return self.numels[name] * _itemsize(self.dtypes[name])
 
     def shape(self, name: str) -> tuple[int, ...]:
         for comp in self.components:
@@ -104,8 +123,28 @@ class ExpertLayout:
         out: dict[str, torch.Tensor] = {}
         for comp in self.components:
             start = self.offsets[comp.name]
-            nbytes = self.numels[comp.name] * self.itemsize
-            out[comp.name] = buf[start : start + nbytes].view(self.dtype).view(comp.shape)
+            nbytes = self.component_nbytes(comp.name)
+            out[comp.name] = (
+                buf[start : start + nbytes].view(self.dtypes[comp.name]).view(comp.shape)
+            )
+        return out
+
+    def slab_views(self, slab: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``[slots, *shape]`` views of every component over a slab of packed
+        experts (``[slots, nbytes]`` uint8, one expert per row). No copies:
+        each view has slot stride ``nbytes`` (a multiple of
+        :data:`ALIGN_BYTES`) and the component's own contiguous inner
+        strides, which is what a grouped GEMM reads directly."""
+        if slab.dtype != torch.uint8 or slab.dim() != 2 or slab.shape[1] != self.nbytes:
+            raise ValueError(
+                f"slab must be [slots, {self.nbytes}] uint8, got {slab.dtype} {tuple(slab.shape)}"
+            )
+        slots = int(slab.shape[0])
+        out: dict[str, torch.Tensor] = {}
+        for comp in self.components:
+            start = self.offsets[comp.name]
+            part = slab[:, start : start + self.component_nbytes(comp.name)]
+            out[comp.name] = part.view(self.dtypes[comp.name]).view(slots, *comp.shape)
         return out
 
 
@@ -140,24 +179,30 @@ class ExpertFormat:
 def dequantize_mxfp4(
     blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """MXFP4 ``blocks [R, G, 16]`` (uint8, two e2m1 codes per byte, low nibble
-    first) and ``scales [R, G]`` (uint8 e8m0, bias 127) -> ``[R, G * 32]``.
+    """MXFP4 ``blocks [..., R, G, 16]`` (uint8, two e2m1 codes per byte, low
+    nibble first) and ``scales [..., R, G]`` (uint8 e8m0, bias 127) ->
+    ``[..., R, G * 32]`` on the blocks' device.
 
     Same arithmetic as transformers' ``convert_moe_packed_tensors`` (before its
     final transpose); the tests check it against that function.
     """
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError(f"MXFP4 blocks/scales must be uint8, got {blocks.dtype}/{scales.dtype}")
-    if tuple(blocks.shape[:-1]) != tuple(scales.shape) or blocks.shape[-1] != 16:
+    if (
+        blocks.dim() < 3
+        or tuple(blocks.shape[:-1]) != tuple(scales.shape)
+        or blocks.shape[-1] != 16
+    ):
         raise ValueError(
             f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)}"
         )
-    rows, groups = int(scales.shape[0]), int(scales.shape[1])
-    lut = torch.tensor(FP4_VALUES, dtype=dtype)
-    out = torch.empty(rows * groups, 32, dtype=dtype)
-    flat = blocks.reshape(rows * groups, 16)
+    lead = tuple(int(d) for d in scales.shape[:-1])
+    groups = int(scales.shape[-1])
+    lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
+    flat = blocks.reshape(-1, 16)
+    out = torch.empty(flat.shape[0], 32, dtype=dtype, device=blocks.device)
     out[:, 0::2] = lut[(flat & 0x0F).long()]
     out[:, 1::2] = lut[(flat >> 4).long()]
-    exp = scales.reshape(rows * groups, 1).to(torch.int32) - 127
+    exp = scales.reshape(-1, 1).to(torch.int32) - 127
     torch.ldexp(out, exp, out=out)
-    return out.reshape(rows, groups * 32)
+    return out.reshape(*lead, groups * 32)

@@ -1,6 +1,17 @@
 """The offloaded MoE block: route, fetch the union of routed experts into the
 cache, compute each distinct expert once over its tokens, scatter back.
 
+Two execution paths compute the same thing:
+
+* grouped (when the adapter gives a :class:`GroupedExperts` and
+  ``torch.nn.functional.grouped_mm`` can read the slab): one grouped GEMM per
+  projection per layer with the cache slab itself as the weight tensor, one
+  group per slot (empty groups cost nothing); routing becomes slot ids
+  through the cache's device slot table, the rows are sorted by slot once,
+  group offsets come from a bincount, and the weighted sum over the k routed
+  experts is one deterministic un-permute. No per-expert Python.
+* loop (any ``expert_fn``): one call per distinct expert over views of its slot.
+
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
 sparse MoE block (it keeps the HF router submodule under its original name,
@@ -12,10 +23,12 @@ HF forward runs with experts offloaded.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
@@ -31,6 +44,55 @@ if TYPE_CHECKING:
 RouteHook = Callable[[int, torch.Tensor], None]
 ExpertFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 
+#: torch's grouped GEMM takes fewer than 1024 groups per call; larger slabs
+#: are split into calls of at most this many slots.
+MAX_GROUPS_PER_CALL = 1023
+
+_grouped_mm: Any = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """``a [n, K]`` rows grouped by ``offs`` (int32 cumulative ends) times
+    ``b [G, K, N]`` -> ``[n, N]`` (torch's grouped GEMM)."""
+    if _grouped_mm is None:
+        raise RuntimeError("this torch has no grouped_mm")
+    out: torch.Tensor = _grouped_mm(a, b, offs=offs)
+    return out
+
+
+class GroupedExperts(Protocol):
+    """An architecture's expert MLP over many experts at once.
+
+    ``weights(views)`` turns packed ``[G, ...]`` component views (slab views,
+    or a gathered subset) into the compute weights the MLP reads (identity
+    for dense layouts; a dequantization for compressed ones). ``compressed``
+    says the layout is compressed: the block then gathers the routed slots
+    first and dequantizes only those. ``forward(x, w, offs, group_of_row)``:
+    ``x [n, H]`` rows sorted by group, ``offs [G]`` int32 cumulative row
+    ends, ``group_of_row [n]`` each row's group (for per-expert biases) ->
+    ``[n, H]``.
+    """
+
+    compressed: bool
+
+    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        w: dict[str, torch.Tensor],
+        offs: torch.Tensor,
+        group_of_row: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+def _gmm_readable(t: torch.Tensor) -> bool:
+    """torch's grouped GEMM needs 16-byte aligned data and strides."""
+    size = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    return all(st == 1 or (st * size) % 16 == 0 for st in t.stride())
+
 
 class OffloadedMoE:
     """Offloaded expert execution for every MoE layer of one model.
@@ -42,7 +104,13 @@ class OffloadedMoE:
             views of its packed tensors (the adapter's ``expert_forward``).
     """
 
-    def __init__(self, store: ExpertStore, cache: ExpertCache, expert_fn: ExpertFn) -> None:
+    def __init__(
+        self,
+        store: ExpertStore,
+        cache: ExpertCache,
+        expert_fn: ExpertFn,
+        grouped: GroupedExperts | None = None,
+    ) -> None:
         if cache.expert_nbytes != store.expert_nbytes:
             raise ValueError(
                 f"cache slots are {cache.expert_nbytes} bytes but the store packs "
@@ -61,6 +129,20 @@ class OffloadedMoE:
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
         ]
+        self._slab_views: dict[str, torch.Tensor] = {}
+        self.grouped: GroupedExperts | None = None
+        if grouped is not None and _grouped_mm is not None:
+            slab = getattr(cache, "slab", None)
+            if isinstance(slab, torch.Tensor):
+                views = store.layout.slab_views(slab)
+                if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
+                    self._slab_views = views
+                    self.grouped = grouped
+
+    @property
+    def path(self) -> str:
+        """``grouped`` or ``loop`` (see the module docstring)."""
+        return "grouped" if self.grouped is not None else "loop"
 
     def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
         """Register ``hook(layer, topk_ids)``; returns a function that removes it."""
@@ -78,9 +160,17 @@ class OffloadedMoE:
         """The MoE output ``[T, H]`` of ``x [T, H]`` under the given routing."""
         for hook in self.route_hooks:
             hook(layer, topk_ids)
-        num_tokens, k = topk_ids.shape
+        num_tokens = topk_ids.shape[0]
         if num_tokens == 0:
             return torch.zeros_like(x)
+        if self.grouped is not None:
+            return self._forward_grouped(layer, x, topk_ids, topk_weights)
+        return self._forward_loop(layer, x, topk_ids, topk_weights)
+
+    def _forward_loop(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        num_tokens, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts)
@@ -178,6 +268,162 @@ class OffloadedMoE:
                 raise
             cache.release(flat_ids)
             i += pos.size
+
+    # -- grouped path ------------------------------------------------------------
+
+    def _forward_grouped(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        num_tokens, k = topk_ids.shape
+        flat = topk_ids.reshape(-1).long()
+        cache = self.cache
+        base = layer * self.num_experts
+        y_flat = torch.zeros((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+        x_rows = x.repeat_interleave(k, dim=0) if k > 1 else x
+        if cache.layer_resident(layer):
+            # Every expert of the layer holds a slot: nothing to copy whatever
+            # the routing, so the host never reads it (no sync). The layer's
+            # experts are pinned (without counting) so no eviction reuses a
+            # slot the kernels below read; the routed counts are reported
+            # as a device tensor and counted when the host next needs them.
+            ids, tickets = cache.pin_layer(layer)
+            try:
+                cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
+                cache.defer_access(layer, torch.bincount(flat, minlength=self.num_experts))
+                row_slot = cache.device_slot_table()[base + flat]
+                self._grouped_rows(x_rows, row_slot, None, y_flat)
+            except BaseException:
+                cache.abort(ids)
+                raise
+            cache.release(ids)
+        else:
+            self._grouped_with_misses(layer, x_rows, flat, y_flat)
+        weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(x.dtype)
+
+    def _grouped_with_misses(
+        self, layer: int, x_rows: torch.Tensor, flat: torch.Tensor, y_flat: torch.Tensor
+    ) -> None:
+        # NOTE: the one host sync of a layer with non-resident experts: the
+        # host must learn the routed set to choose (and submit) the copies.
+        counts_host = torch.bincount(flat, minlength=self.num_experts).cpu().numpy()
+        experts = np.flatnonzero(counts_host)
+        # x_rows holds one row per routed row already: the hook's k is 1
+        host_part = self._start_host_part(layer, x_rows, flat, 1, experts, counts_host)
+        if host_part is not None:
+            # NOTE: HOST experts get no slot, so their rows map to slot -1 in
+            # the device slot table and every grouped call below skips them
+            experts = experts[~host_part.mask]
+        try:
+            self._grouped_misses_on_device(layer, x_rows, flat, y_flat, experts)
+        except BaseException:
+            if host_part is not None:
+                host_part.cancel()
+            raise
+        if host_part is not None:
+            y_flat[host_part.rows] = host_part.result().to(y_flat.dtype)
+
+    def _grouped_misses_on_device(
+        self,
+        layer: int,
+        x_rows: torch.Tensor,
+        flat: torch.Tensor,
+        y_flat: torch.Tensor,
+        experts: npt.NDArray[np.int64],
+    ) -> None:
+        cache = self.cache
+        base = layer * self.num_experts
+        i = 0
+        while i < experts.size:
+            room = cache.free_capacity()
+            if room <= 0:  # every slot pinned or still being filled by a copy
+                room = cache.wait_for_capacity()
+            if room <= 0:
+                raise CacheTooSmallError(
+                    f"layer {layer}: no expert slot is free or evictable "
+                    f"({cache.num_slots} slots, all pinned with no copy in flight)"
+                )
+            group = experts[i : i + room]
+            flat_ids = base + group
+            _, tickets = cache.acquire(flat_ids)
+            try:
+                # ready experts first; the copies of the others land meanwhile
+                ready = tickets < 0
+                for phase in (ready, ~ready):
+                    if not phase.any():
+                        continue
+                    if not phase.all() or phase is not ready:
+                        cache.wait_ready(tickets[phase])
+                    row_in = None
+                    if group.size < experts.size or not phase.all():
+                        row_in = self._rows_of(flat, group[phase])
+                    row_slot = cache.device_slot_table()[base + flat]
+                    self._grouped_rows(x_rows, row_slot, row_in, y_flat)
+            except BaseException:
+                cache.abort(flat_ids)
+                raise
+            cache.release(flat_ids)
+            i += group.size
+
+    def _rows_of(self, flat: torch.Tensor, experts: npt.NDArray[np.int64]) -> torch.Tensor:
+        """Bool ``[rows]``: the routed rows whose expert is in ``experts``."""
+        sel = torch.zeros(self.num_experts, dtype=torch.bool)
+        sel[torch.from_numpy(np.asarray(experts, dtype=np.int64))] = True
+        return sel.to(flat.device, non_blocking=True)[flat]
+
+    def _grouped_rows(
+        self,
+        x_rows: torch.Tensor,
+        row_slot: torch.Tensor,
+        row_in: torch.Tensor | None,
+        y_flat: torch.Tensor,
+    ) -> None:
+        """``y_flat[r] = expert(slot_r)(x_rows[r])`` for the rows selected by
+        ``row_in`` (all when None), one grouped call per projection per
+        :data:`MAX_GROUPS_PER_CALL` slots. Rows outside a call's slots are
+        sorted past its last group (grouped_mm leaves them out) and masked
+        from the write-back, so no row count reaches the host."""
+        assert self.grouped is not None
+        num_slots = self.cache.num_slots
+        for lo in range(0, num_slots, MAX_GROUPS_PER_CALL):
+            width = min(MAX_GROUPS_PER_CALL, num_slots - lo)
+            local = row_slot - lo
+            take = (local >= 0) & (local < width)
+            if row_in is not None:
+                take = take & row_in
+            key = torch.where(take, local, width)
+            order = torch.argsort(key, stable=True)
+            key_sorted = key[order]
+            views = {n: v[lo : lo + width] for n, v in self._slab_views.items()}
+            if self.grouped.compressed:
+                group_of_row, counts, views = _compact(key_sorted, width, views)
+            else:
+                group_of_row = key_sorted.clamp(max=width - 1)
+                counts = torch.bincount(key_sorted, minlength=width + 1)[:width]
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            w = self.grouped.weights(views)
+            out = self.grouped.forward(x_rows[order], w, offs, group_of_row)
+            valid = (key_sorted < width).unsqueeze(-1)
+            y_flat[order] = torch.where(valid, out.to(y_flat.dtype), y_flat[order])
+
+
+def _compact(
+    key_sorted: torch.Tensor, width: int, views: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """For compressed slabs: gather only the slots the rows use, as a fixed
+    number of groups ``m = min(width, rows)`` (no host sync for the count):
+    the used slots in slot order first, then unused ones as empty padding.
+    Returns each row's compact group, the group sizes and the gathered views."""
+    rows = int(key_sorted.numel())
+    m = max(1, min(width, rows))
+    counts_all = torch.bincount(key_sorted, minlength=width + 1)[:width]
+    used = counts_all > 0
+    slot_ids = torch.arange(width, device=key_sorted.device)
+    picked = torch.argsort(torch.where(used, slot_ids, slot_ids + width))[:m]
+    rank = torch.cumsum(used.long(), 0) - 1
+    group_of_row = rank[key_sorted.clamp(max=width - 1)].clamp(min=0, max=m - 1)
+    counts = counts_all[picked]
+    return group_of_row, counts, {n: v[picked] for n, v in views.items()}
 
 
 class OffloadedMoEBlock(nn.Module):

@@ -19,11 +19,13 @@ plain allocation registered in place: no power-of-two rounding as with
 of ``cudaHostAlloc``'s 800 ms/GiB on the H200), or through ``allocator`` when
 the caller passes one (e.g. the issuer's pinned allocator).
 
-gpt-oss MXFP4 experts (``*_blocks`` / ``*_scales``) are dequantized to the
-packed dtype (bf16 by default) at pack time, with the same arithmetic as
-transformers' ``convert_moe_packed_tensors``: experts are then copied and
-computed in bf16, twice the bytes of MXFP4 per copy. Synthetic checkpoints
-are written in bf16 unless asked for MXFP4.
+gpt-oss MXFP4 experts (``*_blocks`` / ``*_scales``) are packed as stored when
+the layout says so (the adapters' default: ``expert_nbytes`` is then the
+MXFP4 size, and copies, cache slots and byte books count those bytes), or
+dequantized to the packed dtype at pack time by a format with
+``transform="mxfp4"``, with the same arithmetic as transformers'
+``convert_moe_packed_tensors``. Synthetic checkpoints are written in bf16
+unless asked for MXFP4.
 """
 
 from __future__ import annotations
@@ -171,6 +173,22 @@ def _issuer_unregister(issuer: Any, ptr: int) -> Callable[[], None]:
     return unregister
 
 
+def detect_format(
+    checkpoint: SafetensorsCheckpoint, formats: Sequence[ExpertFormat]
+) -> ExpertFormat:
+    """The first of ``formats`` whose layer-0 expert-0 tensors the checkpoint holds."""
+    tried = []
+    for fmt in formats:
+        first = fmt.parts(0, 0)
+        tried.append(f"{fmt.name} (e.g. {first[0].key!r})")
+        if all(p.key in checkpoint for p in first):
+            return fmt
+    raise CheckpointError(
+        f"{checkpoint.path}: no expert tensors for layer 0 expert 0 in any known "
+        f"naming; tried: {'; '.join(tried)}"
+    )
+
+
 class ExpertStore:
     """All experts of a checkpoint, packed in one host buffer.
 
@@ -241,16 +259,7 @@ class ExpertStore:
     # -- checkpoint discovery ------------------------------------------------
 
     def _detect_format(self, formats: Sequence[ExpertFormat]) -> ExpertFormat:
-        tried = []
-        for fmt in formats:
-            first = fmt.parts(0, 0)
-            tried.append(f"{fmt.name} (e.g. {first[0].key!r})")
-            if all(p.key in self.checkpoint for p in first):
-                return fmt
-        raise CheckpointError(
-            f"{self.checkpoint.path}: no expert tensors for layer 0 expert 0 in any known "
-            f"naming; tried: {'; '.join(tried)}"
-        )
+        return detect_format(self.checkpoint, formats)
 
     def expert_parts(self, layer: int, expert: int) -> list[SourcePart]:
         return self.format.parts(layer, expert)

@@ -11,6 +11,31 @@ import torch.nn.functional as F
 
 from pdflash.models.adapters.base import MoEAdapterBase
 from pdflash.models.layout import ComponentSpec, ExpertFormat, ExpertLayout, SourcePart
+from pdflash.models.offload import grouped_mm
+
+
+class SwiGLUGroupedExperts:
+    """``down(act(gate x) * up x)`` for many experts: two grouped GEMMs over
+    ``[G, 2I, H]`` / ``[G, H, I]`` weights read as ``[G, K, N]`` (transposed
+    views, no copies)."""
+
+    compressed = False
+
+    def __init__(self, act: Any) -> None:
+        self.act = act
+
+    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return views
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        w: dict[str, torch.Tensor],
+        offs: torch.Tensor,
+        group_of_row: torch.Tensor,
+    ) -> torch.Tensor:
+        gate, up = grouped_mm(x, w["gate_up"].transpose(1, 2), offs).chunk(2, dim=-1)
+        return grouped_mm(self.act(gate) * up, w["down"].transpose(1, 2), offs)
 
 
 class SwiGLUExpertsMixin(MoEAdapterBase):
@@ -55,7 +80,7 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
 
         return [ExpertFormat("hub", hub), ExpertFormat("fused", fused)]
 
-    def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _activation(self) -> Any:
         if not hasattr(self, "_act"):
             from transformers.activations import ACT2FN
 
@@ -64,6 +89,12 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
             # call per expert, and this runs once per routed expert per layer.
             act = self.config.hidden_act
             self._act = F.silu if act in ("silu", "swish") else ACT2FN[act]
+        return self._act
+
+    def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
-        out: torch.Tensor = F.linear(self._act(gate) * up, w["down"])
+        out: torch.Tensor = F.linear(self._activation()(gate) * up, w["down"])
         return out
+
+    def grouped_experts(self) -> SwiGLUGroupedExperts:
+        return SwiGLUGroupedExperts(self._activation())

@@ -32,13 +32,19 @@ from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
 from pdflash.models.layout import ExpertFormat, ExpertLayout
 from pdflash.models.offload import (
+    GroupedExperts,
     OffloadedMoE,
     OffloadedMoEBlock,
     RouteHook,
     decoder_layers,
     install_offloaded_blocks,
 )
-from pdflash.models.store import CheckpointError, ExpertStore, SafetensorsCheckpoint
+from pdflash.models.store import (
+    CheckpointError,
+    ExpertStore,
+    SafetensorsCheckpoint,
+    detect_format,
+)
 from pdflash.protocols import AttentionSpec, CopyIssuer
 
 
@@ -86,6 +92,18 @@ class MoEAdapterBase:
         raise NotImplementedError
 
     @classmethod
+    def stored_layout(
+        cls, config: Any, dtype: torch.dtype, fmt: ExpertFormat, expert_dtype: str | None
+    ) -> tuple[ExpertLayout, ExpertFormat]:
+        """The packed layout and checkpoint reading for experts found in
+        format ``fmt``. ``expert_dtype``: None keeps experts as the checkpoint
+        stores them (compressed stays compressed), ``"dense"`` packs them in
+        the compute dtype."""
+        if expert_dtype not in (None, "dense"):
+            raise ValueError(f"unknown expert_dtype {expert_dtype!r} (None or 'dense')")
+        return cls.expert_layout(config, dtype), fmt
+
+    @classmethod
     def checkpoint_to_module_key(cls, key: str) -> str:
         """Checkpoint tensor name -> parameter name in the HF model."""
         return key
@@ -97,6 +115,11 @@ class MoEAdapterBase:
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         """One expert's MLP over ``x [n, H]`` with its packed weights ``w``."""
         raise NotImplementedError
+
+    def grouped_experts(self) -> GroupedExperts | None:
+        """The expert MLP over many experts at once (grouped GEMMs over the
+        cache slab), or None to run experts one by one."""
+        return None
 
     def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[T, heads, D]`` before rotary (q/k norms applied)."""
@@ -124,6 +147,7 @@ class MoEAdapterBase:
         attn_implementation: str | None = None,
         host_allocator: Callable[[int], torch.Tensor] | None = None,
         pack_workers: int | None = None,
+        expert_dtype: str | None = None,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -148,11 +172,12 @@ class MoEAdapterBase:
         )
 
         checkpoint = SafetensorsCheckpoint(self.path)
-        self.layout = self.expert_layout(config, self.dtype)
+        found = detect_format(checkpoint, self.expert_formats(config))
+        self.layout, fmt = self.stored_layout(config, self.dtype, found, expert_dtype)
         self.store = ExpertStore(
             checkpoint,
             self.layout,
-            self.expert_formats(config),
+            [fmt],
             self.num_layers,
             self.num_experts,
             # NOTE: page-locked through the issuer (register_host), so it is a
@@ -219,7 +244,7 @@ class MoEAdapterBase:
             )
         self.store.register_with(cache.issuer)
         self.cache = cache
-        self.runtime = OffloadedMoE(self.store, cache, self.expert_forward)
+        self.runtime = OffloadedMoE(self.store, cache, self.expert_forward, self.grouped_experts())
         for block in self.blocks:
             block.runtime = self.runtime
         return self.runtime

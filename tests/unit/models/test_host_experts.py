@@ -59,9 +59,10 @@ def test_host_expert_equals_device_expert(
     torch.testing.assert_close(host, device, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("path", ["grouped", "loop"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_offloaded_forward_with_host_misses_equals_resident(
-    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+    arch: str, path: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     ad = load_adapter(
         tiny_checkpoints[arch],
@@ -70,7 +71,11 @@ def test_offloaded_forward_with_host_misses_equals_resident(
         max_batch_tokens=2,
         attn_implementation="eager",
     )
-    assert ad.cache is not None
+    assert ad.cache is not None and ad.runtime is not None
+    if path == "loop":
+        ad.runtime.grouped = None
+    if ad.runtime.path != path:
+        pytest.skip(f"{arch} has no {path} path here")
     ref = _resident(tiny_checkpoints[arch])
     ids = _tokens(9, 3)
     with torch.no_grad():
@@ -122,3 +127,65 @@ def test_calibrated_cost_model_service_keeps_the_output(
         assert svc.describe()["calibration"]["source"] == "calibrated"
     finally:
         svc.close()
+
+
+@pytest.fixture(scope="module")
+def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pdflash.models import write_synthetic_checkpoint
+
+    return write_synthetic_checkpoint(
+        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
+    )
+
+
+def test_mxfp4_experts_are_dequantized_on_the_host(
+    mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    from transformers import Mxfp4Config
+
+    ad = load_adapter(
+        mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2, dtype=torch.float32
+    )
+    assert ad.layout.format == "mxfp4" and ad.runtime is not None
+    # the executor reads the compressed host views and the adapter's own
+    # expert function dequantizes them on the CPU: same as over a cache slot
+    ids = np.array([1, ad.num_experts + 2], dtype=np.int64)
+    x = torch.randn(5, ad.hidden_size, generator=torch.Generator().manual_seed(2))
+    with HostExpertExecutor(ad.store.views, ad.expert_forward, dtype=ad.layout.dtype) as ex:
+        host = ex.compute(ids, x, [2, 3])
+    slots = ad.cache.ensure_resident(ids)
+    try:
+        device = torch.cat(
+            [
+                ad.expert_forward(p, ad.runtime._slot_views[int(s)])
+                for p, s in zip(x.split([2, 3]), slots, strict=True)
+            ]
+        )
+    finally:
+        ad.cache.release(ids)
+    torch.testing.assert_close(host, device, rtol=0, atol=0)
+    ref = _resident_mxfp4(mxfp4_checkpoint, Mxfp4Config(dequantize=True))
+    svc = build_host_service(
+        ad, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=2), calibrate=False
+    )
+    try:
+        tokens = _tokens(9, 4)
+        with torch.no_grad():
+            want = ref(input_ids=tokens[None]).logits[0]
+        torch.testing.assert_close(ad.forward_logits(tokens), want, atol=ATOL, rtol=0)
+        assert svc.books.experts > 0
+        assert svc.books.bytes_saved == svc.books.experts * ad.expert_nbytes  # MXFP4 bytes
+    finally:
+        svc.close()
+
+
+def _resident_mxfp4(path: Path, quantization_config: object) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path,
+        dtype=torch.float32,
+        attn_implementation="eager",
+        quantization_config=quantization_config,
+    )
+    return model.eval()

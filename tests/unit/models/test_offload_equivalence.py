@@ -28,9 +28,10 @@ def _tokens(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 128, (n,), generator=g)
 
 
+@pytest.mark.parametrize("path", ["grouped", "loop"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_offloaded_forward_equals_resident_with_eviction(
-    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+    arch: str, path: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     # The smallest legal cache: min(E=8, top_k=2 x max_batch_tokens=2) = 4 slots
     # of 16 experts; a 9-token forward routes more experts than that per
@@ -43,6 +44,10 @@ def test_offloaded_forward_equals_resident_with_eviction(
         attn_implementation="eager",
     )
     assert ad.cache is not None and ad.cache.num_slots == ad.cache.min_slots == 4
+    assert ad.runtime is not None and ad.runtime.path == "grouped"
+    if path == "loop":  # the per-expert path, kept for expert_fn-only runtimes
+        ad.runtime.grouped = None
+    assert ad.runtime.path == path
     ref = _resident(tiny_checkpoints[arch])
     with torch.no_grad():
         for seed in range(3):
