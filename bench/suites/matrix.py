@@ -456,9 +456,15 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--emulated-link-gbps", args.emulated_link_gbps),
         ("--mean-tau", args.mean_tau),
         ("--budget-s", args.budget_s),
+        ("--host-workers", getattr(args, "host_workers", None)),
+        ("--host-threads", getattr(args, "host_threads", None)),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")
+    if getattr(args, "host_experts", "off") != "off":
+        parts.append(f"--host-experts {args.host_experts}")
+    if getattr(args, "host_max_ratio", 1.0) != 1.0:
+        parts.append(f"--host-max-ratio {args.host_max_ratio}")
     parts.append(f"--out {shlex.quote(str(out))}")
     return " ".join(parts)
 
