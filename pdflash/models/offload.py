@@ -86,6 +86,35 @@ class GroupedExperts(Protocol):
     ) -> torch.Tensor: ...
 
 
+_GMM_WORKS: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether this torch's grouped GEMM runs on ``device`` in ``dtype`` (CPU
+    support and dtypes differ between torch versions): one tiny call, cached."""
+    key = (device.type, dtype)
+    if key not in _GMM_WORKS:
+        ok = _grouped_mm is not None
+        if ok:
+            try:
+                a = torch.ones((4, 8), dtype=dtype, device=device)
+                b = torch.ones((2, 8, 8), dtype=dtype, device=device)
+                offs = torch.tensor([2, 4], dtype=torch.int32, device=device)
+                out = grouped_mm(a, b, offs)
+                ok = bool(torch.equal(out, torch.full_like(out, 8)))
+            except (RuntimeError, NotImplementedError):
+                ok = False
+        _GMM_WORKS[key] = ok
+    return _GMM_WORKS[key]
+
+
+def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
+    """``bincount(index, minlength=n)`` for ``index < n`` without a host sync
+    (CUDA's bincount reads the maximum back to size its output)."""
+    out = torch.zeros(n, dtype=torch.int64, device=index.device)
+    return out.index_add_(0, index, torch.ones_like(index))
+
+
 def _gmm_readable(t: torch.Tensor) -> bool:
     """torch's grouped GEMM needs 16-byte aligned data and strides."""
     size = t.element_size()
@@ -133,7 +162,7 @@ class OffloadedMoE:
         self.grouped: GroupedExperts | None = None
         if grouped is not None and _grouped_mm is not None:
             slab = getattr(cache, "slab", None)
-            if isinstance(slab, torch.Tensor):
+            if isinstance(slab, torch.Tensor) and grouped_mm_works(slab.device, store.layout.dtype):
                 views = store.layout.slab_views(slab)
                 if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
                     self._slab_views = views
@@ -289,7 +318,7 @@ class OffloadedMoE:
             ids, tickets = cache.pin_layer(layer)
             try:
                 cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
-                cache.defer_access(layer, torch.bincount(flat, minlength=self.num_experts))
+                cache.defer_access(layer, _counts(flat, self.num_experts))
                 row_slot = cache.device_slot_table()[base + flat]
                 self._grouped_rows(x_rows, row_slot, None, y_flat)
             except BaseException:
@@ -399,7 +428,7 @@ class OffloadedMoE:
                 group_of_row, counts, views = _compact(key_sorted, width, views)
             else:
                 group_of_row = key_sorted.clamp(max=width - 1)
-                counts = torch.bincount(key_sorted, minlength=width + 1)[:width]
+                counts = _counts(key_sorted, width + 1)[:width]
             offs = torch.cumsum(counts, 0).to(torch.int32)
             w = self.grouped.weights(views)
             out = self.grouped.forward(x_rows[order], w, offs, group_of_row)
@@ -416,14 +445,14 @@ def _compact(
     Returns each row's compact group, the group sizes and the gathered views."""
     rows = int(key_sorted.numel())
     m = max(1, min(width, rows))
-    counts_all = torch.bincount(key_sorted, minlength=width + 1)[:width]
+    counts_all = _counts(key_sorted, width + 1)[:width]
     used = counts_all > 0
     slot_ids = torch.arange(width, device=key_sorted.device)
     picked = torch.argsort(torch.where(used, slot_ids, slot_ids + width))[:m]
     rank = torch.cumsum(used.long(), 0) - 1
     group_of_row = rank[key_sorted.clamp(max=width - 1)].clamp(min=0, max=m - 1)
     counts = counts_all[picked]
-    return group_of_row, counts, {n: v[picked] for n, v in views.items()}
+    return group_of_row, counts, {n: v.index_select(0, picked) for n, v in views.items()}
 
 
 class OffloadedMoEBlock(nn.Module):

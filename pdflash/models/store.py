@@ -393,18 +393,7 @@ class ExpertStore:
         start = layer * self.num_experts * self.expert_nbytes
         rows = self.buffer[start : start + self.num_experts * self.expert_nbytes]
         dev = rows.to(device).view(self.num_experts, self.expert_nbytes)
-        out: dict[str, torch.Tensor] = {}
-        lay = self.layout
-        for comp in lay.components:
-            off = lay.offsets[comp.name]
-            nb = lay.numels[comp.name] * lay.itemsize
-            out[comp.name] = (
-                dev[:, off : off + nb]
-                .contiguous()
-                .view(lay.dtype)
-                .view(self.num_experts, *comp.shape)
-            )
-        return out
+        return {n: v.contiguous() for n, v in self.layout.slab_views(dev).items()}
 
     def _set_finalizer(self, undo: Callable[[], None]) -> None:
         self._finalizer = weakref.finalize(self, undo)

@@ -116,6 +116,12 @@ class MoEAdapterBase:
         """One expert's MLP over ``x [n, H]`` with its packed weights ``w``."""
         raise NotImplementedError
 
+    def dense_expert_weights(self, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Packed expert views (one expert or ``[G, ...]`` stacked) -> the
+        dense weights the HF experts module holds (identity unless the
+        layout is compressed)."""
+        return w
+
     def grouped_experts(self) -> GroupedExperts | None:
         """The expert MLP over many experts at once (grouped GEMMs over the
         cache slab), or None to run experts one by one."""
@@ -429,9 +435,9 @@ class MoEAdapterBase:
         cls = getattr(self.modeling, self.hf_block_class)
         with torch.device("meta"):
             block = cls(self.hf_model.config)
+        dense = self.dense_expert_weights(self.store.stacked(layer, self.device))
         state = {
-            f"experts.{self.hf_expert_params[name]}": t
-            for name, t in self.store.stacked(layer, self.device).items()
+            f"experts.{self.hf_expert_params[name]}": t.contiguous() for name, t in dense.items()
         }
         router = self.blocks[layer].router_module
         state.update({f"{self.router_attr}.{n}": p for n, p in router.named_parameters()})

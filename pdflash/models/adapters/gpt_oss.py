@@ -201,14 +201,16 @@ class GptOssAdapter(MoEAdapterBase):
         alpha = float(getattr(self.config, "swiglu_alpha", 1.702))
         return alpha, limit
 
+    def dense_expert_weights(self, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return unpack_mxfp4_experts(w, self.dtype) if self.layout.format == "mxfp4" else w
+
     def grouped_experts(self) -> GptOssGroupedExperts:
         alpha, limit = self._swiglu_params()
         return GptOssGroupedExperts(alpha, limit, self.dtype, self.layout.format == "mxfp4")
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         alpha, limit = self._swiglu_params()
-        if self.layout.format == "mxfp4":
-            w = unpack_mxfp4_experts(w, self.dtype)
+        w = self.dense_expert_weights(w)
         gate_up = x @ w["gate_up"] + w["gate_up_bias"]
         gate, up = gate_up[..., ::2], gate_up[..., 1::2]
         gate = gate.clamp(min=None, max=limit)

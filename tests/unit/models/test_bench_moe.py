@@ -23,6 +23,10 @@ def test_bench_moe_cpu_json(capsys: pytest.CaptureFixture[str]) -> None:
             "3",
             "--repeats",
             "2",
+            "--all-hit-tokens",
+            "4",
+            "--all-hit-iters",
+            "2",
         ]
     )
     assert rc == 0
@@ -38,8 +42,33 @@ def test_bench_moe_cpu_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert row["max_abs_err"] <= 1e-4 * max(1.0, row["max_abs_logit_resident"])
         assert row["link_gbps"] is None and "link_gbps" in row["not_measured"]
         assert row["bytes_moved"] == row["copies"] * row["expert_nbytes"]
+        assert row["expert_format"] == "dense" and row["moe_path"] == "grouped"
+        assert [(r["layer"], r["tokens"]) for r in row["all_hit"]] == [(0, 4), (1, 4)]
+        for r in row["all_hit"]:
+            assert r["offloaded_all_hit_us"] > 0 and r["grouped_mm_active_us"] > 0
+            assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
+            assert r["weight_bytes_touched"] == r["active_experts"] * row["expert_nbytes"]
+            assert r["hbm_roofline_us"] is None and "hbm_roofline_us" in r["not_measured"]
+        assert row["all_hit_targets"]["rows"] == 2
+    # 8 slots hold all 8 experts of one layer: the no-sync path was measured
+    assert all(r["resident_path"] == "layer_resident" for r in full["all_hit"] + small["all_hit"])
     assert small["cache_slots"] == 8 and full["cache_slots"] == 16
     assert small["misses"] > 0 and small["evictions"] > 0
     # everything fits at fraction 1.0 and the warm-up forward is not counted, so
     # only experts never routed before the measured repeats are copied
     assert full["evictions"] == 0 and full["hit_rate"] > small["hit_rate"]
+
+
+def test_bench_moe_mxfp4_moves_the_stored_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = {}
+    for extra in ([], ["--expert-dtype", "dense"]):
+        argv = ["moe", "--json", "--arch", "gpt_oss", "--device", "cpu", "--tokens", "3"]
+        argv += ["--repeats", "1", "--all-hit-tokens", "", "--synthetic-format", "mxfp4"]
+        assert main(argv + extra) == 0
+        row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        rows[row["expert_format"]] = row
+    mx, dense = rows["mxfp4"], rows["dense"]
+    assert mx["expert_nbytes"] < dense["expert_nbytes"]
+    for row in (mx, dense):
+        assert row["bytes_moved"] == row["copies"] * row["expert_nbytes"] > 0
+        assert row["moe_max_abs_err"] <= 1e-5 and row["all_hit"] == []

@@ -9,6 +9,7 @@ import torch
 
 from pdflash.models import load_adapter
 from pdflash.models.attention import reference_attention
+from pdflash.models.offload import grouped_mm_works
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 ATOL = 1e-5
@@ -44,7 +45,9 @@ def test_offloaded_forward_equals_resident_with_eviction(
         attn_implementation="eager",
     )
     assert ad.cache is not None and ad.cache.num_slots == ad.cache.min_slots == 4
-    assert ad.runtime is not None and ad.runtime.path == "grouped"
+    assert ad.runtime is not None
+    if path == "grouped" and not grouped_mm_works(torch.device("cpu"), torch.float32):
+        pytest.skip("this torch has no CPU grouped_mm")
     if path == "loop":  # the per-expert path, kept for expert_fn-only runtimes
         ad.runtime.grouped = None
     assert ad.runtime.path == path
