@@ -235,6 +235,7 @@ class Engine:
             self.host_service.timer = self.timer
         #: (layers, experts) experts planned for the host in the coming verify
         self.host_ahead: npt.NDArray[np.bool_] | None = None
+        self._link_sample: tuple[float, float] | None = None  # (link busy s, clock s)
 
         ps = config.kv_page_size
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
@@ -855,9 +856,20 @@ class Engine:
         block's ``tokens x top_k`` routed rows evenly over the experts it is
         predicted to use in a layer; the requests' shares add up. The
         planner's split of the non-resident ones (link idle ahead of the
-        verify) is :attr:`host_ahead`; the stream skips copying them.
+        verify) is :attr:`host_ahead`; the stream skips copying them. Only
+        while the link is the bottleneck (busy >= :attr:`HOST_AHEAD_LINK_BUSY`
+        of the time since the last plan).
         """
         assert self.host_service is not None and self.expert_cache is not None
+        if not self._link_bound():
+            # NOTE: the link keeps up: route-ahead copies are hidden behind
+            # compute, while a HOST expert is computed on the forward's
+            # critical path. Plan nothing ahead (layers still split their
+            # on-demand misses, which are on the critical path either way).
+            self.host_ahead = None
+            if self.stream is not None:
+                self.stream.skip[:] = False
+            return
         L, E = self.adapter.num_layers, self.adapter.num_experts
         expected = np.zeros(L * E, dtype=np.float64)
         for req in self._requests.values():
@@ -874,6 +886,24 @@ class Engine:
         self.host_service.books.planned_ahead += int(mask.sum())
         if self.stream is not None:
             self.stream.skip = mask
+
+    #: the link counts as the bottleneck when it was busy at least this
+    #: share of the time since the previous step
+    HOST_AHEAD_LINK_BUSY = 0.8
+
+    def _link_bound(self) -> bool:
+        """Was the link busy for most of the time since the last call?
+        (True before a first measurement: a cold cache is link-bound.)"""
+        issuer = getattr(self.expert_cache, "issuer", None)
+        stats = getattr(issuer, "stats", None)
+        if stats is None:
+            return True
+        busy = float(stats().get("link_busy_s", 0.0))
+        now = time.perf_counter()
+        last, self._link_sample = self._link_sample, (busy, now)
+        if last is None or now <= last[1]:
+            return True
+        return (busy - last[0]) / (now - last[1]) >= self.HOST_AHEAD_LINK_BUSY
 
     def _count_route_ahead_bytes(self, nbytes: int) -> None:
         self.prefetch_bytes[Band.ROUTE_AHEAD] += int(nbytes)
