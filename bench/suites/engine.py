@@ -69,6 +69,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert-cache eviction (auto: PD layer_cyclic, others lru)",
     )
     add_host_arguments(parser)
+    parser.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    parser.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense", "fp8"],
+        help="experts in host memory, over the link and in the slab: default as the checkpoint "
+        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time; "
+        "fp8 = e4m3 with per-output-channel scales (dense checkpoints; lossy, never the default)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time each verify's attention / router / experts (row field verify_breakdown_ms)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -153,6 +172,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,
                     host_max_ratio=args.host_max_ratio,
+                    synthetic_format=args.synthetic_format,
+                    expert_dtype=args.expert_dtype,
+                    breakdown=args.breakdown,
                 )
                 result = run_spec(spec)
                 row = result.row

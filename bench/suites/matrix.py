@@ -135,6 +135,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     from .engine import add_host_arguments
 
     add_host_arguments(g)
+    g.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    g.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense", "fp8"],
+        help="default: experts as the checkpoint stores them; dense: dequantized at pack time; "
+        "fp8: e4m3 per-output-channel (dense checkpoints; lossy)",
+    )
 
 
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -169,6 +182,10 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         value = getattr(args, name, default)
         if value != default:
             common_kw[name] = value
+    # only when given, so plans (and their rows' specs) without them are unchanged
+    for name in ("synthetic_format", "expert_dtype"):
+        if getattr(args, name, None) is not None:
+            common_kw[name] = getattr(args, name)
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for arch in args.arch:
@@ -458,6 +475,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--budget-s", args.budget_s),
         ("--host-workers", getattr(args, "host_workers", None)),
         ("--host-threads", getattr(args, "host_threads", None)),
+        ("--synthetic-format", getattr(args, "synthetic_format", None)),
+        ("--expert-dtype", getattr(args, "expert_dtype", None)),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")

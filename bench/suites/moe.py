@@ -77,9 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--expert-dtype",
         default=None,
-        choices=["dense"],
+        choices=["dense", "fp8"],
         help="how experts are stored: default as the checkpoint stores them (gpt-oss MXFP4 "
-        "stays MXFP4); dense = dequantized to the compute dtype at pack time",
+        "stays MXFP4); dense = dequantized to the compute dtype at pack time; fp8 = dense "
+        "checkpoints' experts as e4m3 with per-output-channel scales (half of bf16; its error "
+        "vs the checkpoint's experts is reported in fp8_error)",
     )
     p.add_argument(
         "--all-hit-tokens",
@@ -350,6 +352,38 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
     return rows
 
 
+def _fp8_error(ad: Any, path: Path, issuer: Any, args: argparse.Namespace, device: Any) -> Any:
+    """FP8-stored experts vs the checkpoint's own experts on one sequence of
+    256 seeded tokens: logit error, and how often the greedy (argmax) next
+    token agrees at each of the 256 positions (same prefix for both: the
+    teacher-forced greedy agreement)."""
+    import torch
+
+    from pdflash.models import load_adapter
+
+    ref = load_adapter(path, device=device, dtype=ad.dtype, issuer=issuer, cache_fraction=1.0)
+    try:
+        gen = torch.Generator().manual_seed(args.seed + 256)
+        ids = torch.randint(0, ad.vocab_size, (256,), generator=gen)
+        with torch.inference_mode():
+            want = ref.forward_logits(ids).float()
+            got = ad.forward_logits(ids).float()
+        err = float((got - want).abs().max())
+        scale = float(want.abs().max())
+        agree = float((got.argmax(-1) == want.argmax(-1)).float().mean())
+        return {
+            "tokens": 256,
+            "logit_max_abs_err": err,
+            "logit_rel_err": err / scale if scale > 0 else None,
+            "logit_mean_abs_err": float((got - want).abs().mean()),
+            "greedy_agreement_teacher_forced": agree,
+            "reference_expert_nbytes": ref.expert_nbytes,
+            "fp8_expert_nbytes": ad.expert_nbytes,
+        }
+    finally:
+        ref.close()
+
+
 def _measure(
     ad: Any, issuer: Any, resident: list[Any], args: argparse.Namespace, device: Any
 ) -> dict[str, Any]:
@@ -566,6 +600,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.resident_experts:
             ad.hf_model.config._experts_implementation = args.resident_experts
         resident = [ad.resident_block(i) for i in range(ad.num_layers)]
+        fp8_error = (
+            _fp8_error(ad, path, issuer, args, device) if args.expert_dtype == "fp8" else None
+        )
         link = _link_gbps(device)
         hbm = _hbm_gbps(device)
         runs = []
@@ -589,6 +626,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             all_hit = _all_hit(ad, args, device, hbm)
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
+            row["fp8_error"] = fp8_error  # None unless --expert-dtype fp8
             row["all_hit_targets"] = {
                 "rows": len(checked),
                 "meets_1p25x_grouped_mm": sum(bool(r["meets_1p25x_grouped_mm"]) for r in checked),

@@ -296,16 +296,35 @@ class ExpertCache:
             raise
         return ids, self.ticket[slots].copy()
 
-    def defer_access(self, layer: int, counts: torch.Tensor) -> None:
-        """Record that a forward of ``layer`` routed ``counts [E]`` tokens to
-        each expert (a device tensor), without a host sync: hits, bytes used
-        and the policy's access records are applied when the host next needs
-        them (an eviction choice, :meth:`stats`, a counter read)."""
+    def unpin_layer(self, layer: int) -> None:
+        """Undo :meth:`pin_layer` (the layer's experts cannot have moved
+        while pinned): one event on the compute stream guards their slots."""
+        base = int(layer) * self.num_experts
+        slots = self.slot_of[base : base + self.num_experts]
+        if (slots < 0).any() or (self.pins[slots] <= 0).any():
+            raise ValueError(f"layer {layer} is not pinned")
+        self.pins[slots] -= 1
+        self._guard(slots)
+
+    def _guard(self, slots: npt.NDArray[np.int64]) -> None:
+        """CUDA: record one event on the compute stream after the kernels
+        that read ``slots``; an eviction of any of them waits for it."""
+        if self._is_cuda:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream(self.device))
+            self._events[slots] = ev
+
+    def defer_access(self, layer: int, routed: torch.Tensor) -> None:
+        """Record that a forward of ``layer`` routed to the experts ``routed``
+        (a device tensor of expert indices within the layer, any shape),
+        without a host sync: hits, bytes used and the policy's access
+        records are applied when the host next needs them (an eviction
+        choice, :meth:`stats`, a counter read)."""
         base = int(layer) * self.num_experts
         slots = self.slot_of[base : base + self.num_experts]
         inflight = self.ticket[np.maximum(slots, 0)] >= 0
         self.clock += 1
-        self._deferred.append((int(layer), counts.detach(), self.clock, inflight))
+        self._deferred.append((int(layer), routed.detach().reshape(-1), self.clock, inflight))
 
     def _flush_deferred(self) -> None:
         if not self._deferred:
@@ -313,8 +332,11 @@ class ExpertCache:
         pending, self._deferred = self._deferred, []
         # NOTE: the one host sync of layers run without one; it happens only
         # when the host must decide something from these accesses.
-        counts = torch.stack([c for _, c, _, _ in pending]).cpu().numpy()
-        for (layer, _, clock, inflight), c in zip(pending, counts, strict=True):
+        lengths = [int(r.numel()) for _, r, _, _ in pending]
+        routed_all = torch.cat([r for _, r, _, _ in pending]).cpu().numpy()
+        parts = np.split(routed_all, np.cumsum(lengths)[:-1])
+        for (layer, _, clock, inflight), r in zip(pending, parts, strict=True):
+            c = np.bincount(r, minlength=self.num_experts)
             routed = np.flatnonzero(c)
             ids = routed.astype(np.int64) + layer * self.num_experts
             slots = self.slot_of[ids]
@@ -605,10 +627,7 @@ class ExpertCache:
             bad = ids[(slots < 0) | (self.pins[np.maximum(slots, 0)] <= 0)][0]
             raise ValueError(f"expert {int(bad)} is not pinned")
         self.pins[slots] -= 1
-        if self._is_cuda:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(self.device))
-            self._events[slots] = ev
+        self._guard(slots)
 
     @contextmanager
     def use(self, flat_ids: npt.ArrayLike) -> Iterator[npt.NDArray[np.int64]]:

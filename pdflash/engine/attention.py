@@ -4,8 +4,14 @@ Queries of all requests are flattened into ``[T, heads, D]``. For one forward
 the engine builds an :class:`AttentionBatch` once (index tensors shared by all
 layers): each request's query rows and positions, and the flat KV slots of
 all its keys, padded to the longest request. Each layer then gathers its keys
-in one indexing op and runs one masked softmax over the padded batch, honouring
-causality, a sliding window and gpt-oss attention sinks.
+in one indexing op and runs one attention call over the padded batch,
+honouring causality, a sliding window and gpt-oss attention sinks.
+
+Two exact implementations: :func:`sdpa_attention` (torch's fused
+``scaled_dot_product_attention``; a sink is one extra key whose logit is the
+sink value, given through an additive mask, with a zero value row) and
+:func:`masked_attention` (the explicit padded softmax in fp32, the reference).
+:func:`paged_attention` uses the fused one where torch has it.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from pdflash.protocols import AttentionSpec
 
@@ -137,6 +144,44 @@ def masked_attention(
     return torch.matmul(probs, v.float()).to(q.dtype)
 
 
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    *,
+    scaling: float,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`masked_attention` through ``F.scaled_dot_product_attention``.
+
+    With ``sinks`` each head gets one extra key (zeros) whose logit is set by
+    an additive mask column to the sink value, and whose value row is zero:
+    the softmax denominator gains ``exp(sink)`` and nothing is added to the
+    output, which is exactly the sink's definition. Without sinks the boolean
+    mask goes to SDPA as is.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads not a multiple of {kv_heads} kv heads")
+    if heads != kv_heads:
+        # NOTE: expanded here rather than with enable_gqa=True, which not every
+        # torch this runs on accepts together with a float mask
+        k = k.repeat_interleave(heads // kv_heads, dim=1)
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+    mask: torch.Tensor = visible
+    if sinks is not None:
+        r, _, nq, _ = q.shape
+        k = torch.cat([k, k.new_zeros((r, heads, 1, k.shape[-1]))], dim=2)
+        v = torch.cat([v, v.new_zeros((r, heads, 1, v.shape[-1]))], dim=2)
+        logits = torch.zeros(visible.shape, dtype=q.dtype, device=q.device)
+        logits = logits.masked_fill(~visible, float("-inf")).expand(r, heads, nq, -1)
+        sink = sinks.to(q.dtype).view(1, heads, 1, 1).expand(r, heads, nq, 1)
+        mask = torch.cat([logits, sink], dim=-1)
+    out: torch.Tensor = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    return out
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -144,13 +189,18 @@ def paged_attention(
     batch: AttentionBatch,
     spec: AttentionSpec,
     sinks: torch.Tensor | None,
+    *,
+    fused: bool = True,
 ) -> torch.Tensor:
-    """Causal attention of flat queries ``[T, H, D]`` over paged keys -> ``[T, H * D]``."""
+    """Causal attention of flat queries ``[T, H, D]`` over paged keys -> ``[T, H * D]``.
+
+    ``fused``: torch's SDPA (:func:`sdpa_attention`); False: the explicit
+    fp32 padded softmax (:func:`masked_attention`).
+    """
     qp = batch.pad_queries(q)
     kp = k_cache[batch.k_slots].permute(0, 2, 1, 3)
     vp = v_cache[batch.k_slots].permute(0, 2, 1, 3)
     visible = batch.mask(causal=True, sliding_window=spec.sliding_window)
-    out = masked_attention(
-        qp, kp, vp, visible, scaling=spec.scaling, sinks=sinks if spec.has_sinks else None
-    )
+    attend = sdpa_attention if fused else masked_attention
+    out = attend(qp, kp, vp, visible, scaling=spec.scaling, sinks=sinks if spec.has_sinks else None)
     return batch.unpad(out)

@@ -99,6 +99,17 @@ class RunSpec:
     host_workers: int | None = None
     host_threads: int | None = None
     host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
+    # synthetic weights: write the experts in this checkpoint format (None:
+    # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
+    synthetic_format: str | None = None
+    # how the experts are stored in host memory, over the link and in the
+    # slab: None as the checkpoint stores them (MXFP4 stays MXFP4), "dense"
+    # in the compute dtype (dequantized at pack time), "fp8": e4m3 with
+    # per-output-channel scales (dense checkpoints; lossy, never the default)
+    expert_dtype: str | None = None
+    # time each verify's attention / router / experts per layer (CUDA events
+    # on CUDA): the verify_breakdown row field; a few events per layer
+    breakdown: bool = False
 
     @property
     def host_mode(self) -> str:
@@ -135,6 +146,14 @@ class RunSpec:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.synthetic_format not in (None, "mxfp4"):
+            raise ValueError(
+                f"synthetic_format must be None or mxfp4, got {self.synthetic_format!r}"
+            )
+        if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
+            raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
+        if self.expert_dtype not in (None, "dense", "fp8"):
+            raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -182,6 +201,8 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     tag = (
         f"{arch}-{preset}-L{spec.layers or 'all'}-{str(dtype).removeprefix('torch.')}-s{spec.seed}"
     )
+    if spec.synthetic_format is not None:
+        tag += f"-{spec.synthetic_format}"
     root = cache_root() / "synthetic" / tag
     target = root / "target"
     draft = root / "drafter"
@@ -196,6 +217,7 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
             dtype=dtype,
             seed=spec.seed,
             device=gen_device,
+            expert_format=spec.synthetic_format,
         )
         cfg = json.loads((target / "config.json").read_text())
         write_synthetic_drafter(
@@ -205,20 +227,22 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     return target, draft, dtype
 
 
-_TARGETS: dict[tuple[str, str, str], Any] = {}
+_TARGETS: dict[tuple[str, str, str, str], Any] = {}
 
 
-def load_target(path: Path, device: torch.device, dtype: torch.dtype | None) -> Any:
+def load_target(
+    path: Path, device: torch.device, dtype: torch.dtype | None, expert_dtype: str | None = None
+) -> Any:
     """The adapter for a checkpoint, reused by consecutive runs on the same
     checkpoint (packing experts into pinned host memory is the expensive
     part). NOTE: only the most recent target is kept, so a matrix over
     several full-size architectures never holds two sets of host experts."""
     from pdflash.models import load_adapter
 
-    key = (str(path.resolve()), str(device), str(dtype))
+    key = (str(path.resolve()), str(device), str(dtype), str(expert_dtype))
     if key not in _TARGETS:
         release_targets()
-        _TARGETS[key] = load_adapter(path, device=device, dtype=dtype)
+        _TARGETS[key] = load_adapter(path, device=device, dtype=dtype, expert_dtype=expert_dtype)
     return _TARGETS[key]
 
 
@@ -318,7 +342,7 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         target_path = Path(spec.weights)
         synth_draft_path = None
         dtype = None  # the checkpoint's own
-    adapter = load_target(target_path, device, dtype)
+    adapter = load_target(target_path, device, dtype, spec.expert_dtype)
     model_dtype = adapter.dtype
     drafter: DFlashDrafter | None = None
     if spec.baseline != "B0":
@@ -469,6 +493,8 @@ def _run(
             max_seq_len=max_seq,
             device=device,
         )
+        if spec.breakdown:
+            engine.runner.region_timer = engine.timer
         return _workload(
             spec,
             device,
@@ -729,6 +755,9 @@ def _result(
         "dtype": str(adapter.dtype).removeprefix("torch."),
         "cache_slots": int(cache.num_slots),
         "expert_nbytes": int(cache.expert_nbytes),
+        # how experts are stored and moved (dense / mxfp4): expert_nbytes and
+        # every byte count are of this stored form
+        "expert_format": getattr(getattr(adapter, "layout", None), "format", "dense"),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
         "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),
@@ -770,6 +799,9 @@ def _result(
         "torch_intra_op_threads": torch.get_num_threads(),
     }
     row.update(metrics_to_json(metrics))
+    breakdown = _verify_breakdown(engine.timer, spec.breakdown)
+    row.setdefault("not_measured", {}).update(breakdown.pop("not_measured", {}))
+    row.update(breakdown)
     row["slo_s"] = spec.slo_s
     if spec.slo_s is None:
         row.setdefault("not_measured", {})["slo_s"] = "no per-request SLO set (RunSpec.slo_s)"
@@ -908,6 +940,26 @@ def _add_trace_fields(
         reasons["bytes_per_token_vs_belady"] = why
     if reasons:
         row["not_measured"] = reasons
+
+
+def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:
+    """Per verify step: the target forward's attention, router and experts
+    (summed over layers), the drafter, and the rest of the verify span (the
+    embedding, lm_head, bookkeeping kernels and the stream idling while the
+    host issues work: host gaps), in ms."""
+    steps = timer.kind_count("verify")
+    if not enabled or steps == 0:
+        reason = "RunSpec.breakdown is off" if not enabled else "no verify step ran"
+        return {"verify_breakdown_ms": None, "not_measured": {"verify_breakdown_ms": reason}}
+    parts = {n: timer.region_s("verify", n) or 0.0 for n in ("attention", "router", "experts")}
+    total = timer.kind_s("verify")
+    out = {f"{n}_ms": 1e3 * v / steps for n, v in parts.items()}
+    out["other_and_host_gaps_ms"] = 1e3 * (total - sum(parts.values())) / steps
+    out["verify_ms"] = 1e3 * total / steps
+    drafts = timer.kind_count("draft")
+    out["draft_ms_per_verify"] = 1e3 * timer.kind_s("draft") / steps if drafts else 0.0
+    out["timing_method"] = timer.method
+    return {"verify_breakdown_ms": out, "verify_steps": steps}
 
 
 def spec_from_dict(d: dict[str, Any]) -> RunSpec:

@@ -13,7 +13,8 @@ forward needed, for the Belady replay).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +25,17 @@ import torch
 from pdflash.engine.attention import AttentionBatch, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.protocols import MoEModelAdapter
+
+
+class RegionTimer(Protocol):
+    """Times named parts of a forward (see :class:`pdflash.engine.timing.ComputeTimer`)."""
+
+    def region(self, name: str) -> AbstractContextManager[None]: ...
+
+
+@contextmanager
+def _untimed() -> Iterator[None]:
+    yield
 
 
 class LayerObserver(Protocol):
@@ -105,6 +117,13 @@ class TargetRunner:
         #: layer's MoE pins its experts (e.g. a streaming prefetcher that
         #: learns the layer's exact routing)
         self.routed_hooks: list[Callable[[int, torch.Tensor, torch.Tensor], None]] = []
+        #: when set, each layer's attention, router and experts are timed as
+        #: regions (a verify-step breakdown; costs a few events per layer)
+        self.region_timer: RegionTimer | None = None
+
+    def _region(self, name: str) -> AbstractContextManager[None]:
+        timer = self.region_timer
+        return _untimed() if timer is None else timer.region(name)
 
     @torch.no_grad()
     def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
@@ -153,22 +172,30 @@ class TargetRunner:
             )
             for layer in range(ad.num_layers):
                 spec = self.specs[layer]
-                h = ad.input_norm(layer, x)
-                q, k, v = ad.project_qkv(layer, h, pos_t)
-                kv.write(layer, slots_t, k, v)
-                attn = paged_attention(
-                    q, kv.k[layer], kv.v[layer], batch, spec, ad.attention_sinks(layer)
-                )
-                x = x + ad.project_out(layer, attn.to(x.dtype))
-                normed = ad.moe_norm(layer, x)
-                topk_ids, _ = ad.route(layer, normed)
-                k_top = topk_ids.shape[1]
-                routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
+                with self._region("attention"):
+                    h = ad.input_norm(layer, x)
+                    q, k, v = ad.project_qkv(layer, h, pos_t)
+                    kv.write(layer, slots_t, k, v)
+                    attn = paged_attention(
+                        q, kv.k[layer], kv.v[layer], batch, spec, ad.attention_sinks(layer)
+                    )
+                    x = x + ad.project_out(layer, attn.to(x.dtype))
+                with self._region("router"):
+                    normed = ad.moe_norm(layer, x)
+                    topk_ids, topk_weights = ad.route(layer, normed)
+                    k_top = topk_ids.shape[1]
+                    routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
                 for hook in self.before_moe_hooks:
                     hook(layer)
                 for rhook in self.routed_hooks:
                     rhook(layer, topk_ids, x)
-                x = x + ad.moe(layer, normed)
+                with self._region("experts"):
+                    # adapters that take the routing avoid a second router pass
+                    moe_routed = getattr(ad, "moe_routed", None)
+                    if moe_routed is not None:
+                        x = x + moe_routed(layer, normed, topk_ids, topk_weights)
+                    else:
+                        x = x + ad.moe(layer, normed)
                 for obs in self.observers:
                     obs.after_layer(layer, x, topk_ids)
                 if layer in self.capture_layers:

@@ -66,6 +66,8 @@ class ComputeTimer:
         self._stall = _Span(self.cuda)
         self._host_wait = _Span(self.cuda)
         self._kinds: dict[str, _Span] = {}
+        self._regions: dict[tuple[str, str], _Span] = {}
+        self._kind: str | None = None
 
     @property
     def method(self) -> str:
@@ -80,12 +82,36 @@ class ComputeTimer:
             yield
             return
         self._depth += 1
+        self._kind = kind
         span = self._kinds.setdefault(kind, _Span(self.cuda))
         try:
             with self._forward.measure(), span.measure():
                 yield
         finally:
             self._depth -= 1
+            self._kind = None
+
+    @contextmanager
+    def region(self, name: str) -> Iterator[None]:
+        """Time a part of the current forward (e.g. ``attention``, ``router``,
+        ``experts`` of each layer); accumulated per (forward kind, name).
+        Outside a forward nothing is timed."""
+        if self._kind is None:
+            yield
+            return
+        span = self._regions.setdefault((self._kind, name), _Span(self.cuda))
+        with span.measure():
+            yield
+
+    def kind_count(self, kind: str) -> int:
+        """How many ``kind`` forwards were timed."""
+        span = self._kinds.get(kind)
+        return 0 if span is None else span.count
+
+    def region_s(self, kind: str, name: str) -> float | None:
+        """Seconds in region ``name`` of ``kind`` forwards; None if never timed."""
+        span = self._regions.get((kind, name))
+        return None if span is None else span.total_s()
 
     def kind_s(self, kind: str) -> float:
         span = self._kinds.get(kind)

@@ -148,6 +148,44 @@ class ExpertLayout:
         return out
 
 
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3fn value
+
+
+def quantize_fp8(w: torch.Tensor, out_axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` (2-D) -> (e4m3 values, fp32 scale per output channel along
+    ``out_axis``): ``w ~= values * scale``, each channel's largest magnitude
+    mapped to :data:`FP8_MAX`."""
+    wf = w.float()
+    amax = wf.abs().amax(dim=1 - out_axis, keepdim=True)
+    scale = (amax / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    values = (wf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return values, scale.reshape(-1)
+
+
+def dequantize_fp8(
+    values: torch.Tensor, scale: torch.Tensor, out_axis: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``values [..., R, C]`` e4m3, ``scale [..., R or C]`` -> dense ``dtype``."""
+    s = scale.unsqueeze(-1) if out_axis == 0 else scale.unsqueeze(-2)
+    return (values.to(torch.float32) * s).to(dtype)
+
+
+def fp8_layout(layout: ExpertLayout, out_axes: dict[str, int]) -> ExpertLayout:
+    """``layout`` with each component of ``out_axes`` stored as e4m3 plus an
+    fp32 ``<name>_scale`` per output channel (other components unchanged)."""
+    comps: list[ComponentSpec] = []
+    for c in layout.components:
+        if c.name in out_axes:
+            comps.append(ComponentSpec(c.name, c.shape, FP8_DTYPE))
+            comps.append(
+                ComponentSpec(f"{c.name}_scale", (c.shape[out_axes[c.name]],), torch.float32)
+            )
+        else:
+            comps.append(c)
+    return ExpertLayout(comps, layout.dtype, format="fp8")
+
+
 @dataclass(frozen=True)
 class SourcePart:
     """Where (part of) one packed component comes from in a checkpoint.
@@ -155,7 +193,10 @@ class SourcePart:
     ``checkpoint[key][index]`` (or the whole tensor when ``index`` is None)
     must have shape ``shape``; it lands in rows ``row_offset:`` of the
     component. ``transform="mxfp4"`` reads MXFP4 ``blocks`` (``key``) and
-    ``scales`` (``scales_key``), dequantizes and transposes them (gpt-oss).
+    ``scales`` (``scales_key``), dequantizes and transposes them (gpt-oss);
+    ``transform="fp8_rows"`` / ``"fp8_cols"`` quantizes the tensor to e4m3
+    with one scale per row / column (the output channels), written to the
+    component and its ``<component>_scale``.
     """
 
     key: str
@@ -198,13 +239,28 @@ def dequantize_mxfp4(
         )
     lead = tuple(int(d) for d in scales.shape[:-1])
     groups = int(scales.shape[-1])
-    lut = torch.tensor(FP4_VALUES, dtype=dtype, device=blocks.device)
-    flat = blocks.reshape(-1)
-    # NOTE: index_select with 1-D indices: a 2-D index into the table takes a
-    # slow path on the CPU (milliseconds for a few thousand codes)
-    low = lut.index_select(0, (flat & 0x0F).long())
-    high = lut.index_select(0, (flat >> 4).long())
-    out = torch.stack((low, high), dim=-1).view(-1, 32)  # low nibble first
-    exp = scales.reshape(-1, 1).to(torch.int32) - 127
-    torch.ldexp(out, exp, out=out)
+    # NOTE: one gather through a 256-entry byte -> (low, high) value table
+    # writes both codes of a byte interleaved (low nibble first), then one
+    # multiply applies the scale: two passes over the output. 2^(s-127) is a
+    # power of two, exact in fp32 and bf16, so the product is the same value
+    # transformers' ldexp gives.
+    lut = _byte_table(dtype, blocks.device)
+    out = lut.index_select(0, blocks.reshape(-1).long()).view(-1, 32)
+    factor = torch.exp2(scales.reshape(-1, 1).to(torch.float32) - 127.0).to(dtype)
+    out.mul_(factor)
     return out.reshape(*lead, groups * 32)
+
+
+_BYTE_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
+
+
+def _byte_table(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``[256, 2]``: the e2m1 values of a byte's low and high nibble."""
+    key = (dtype, str(device))
+    table = _BYTE_TABLES.get(key)
+    if table is None:
+        values = torch.tensor(FP4_VALUES, dtype=torch.float32)
+        codes = torch.arange(256)
+        pairs = torch.stack((values[codes & 0x0F], values[codes >> 4]), dim=-1)
+        table = _BYTE_TABLES[key] = pairs.to(device=device, dtype=dtype)
+    return table

@@ -108,13 +108,6 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
     return _GMM_WORKS[key]
 
 
-def _counts(index: torch.Tensor, n: int) -> torch.Tensor:
-    """``bincount(index, minlength=n)`` for ``index < n`` without a host sync
-    (CUDA's bincount reads the maximum back to size its output)."""
-    out = torch.zeros(n, dtype=torch.int64, device=index.device)
-    return out.index_add_(0, index, torch.ones_like(index))
-
-
 def _gmm_readable(t: torch.Tensor) -> bool:
     """torch's grouped GEMM needs 16-byte aligned data and strides."""
     size = t.element_size()
@@ -306,45 +299,51 @@ class OffloadedMoE:
         num_tokens, k = topk_ids.shape
         flat = topk_ids.reshape(-1).long()
         cache = self.cache
-        base = layer * self.num_experts
-        y_flat = torch.zeros((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-        x_rows = x.repeat_interleave(k, dim=0) if k > 1 else x
+        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
         if cache.layer_resident(layer):
             # Every expert of the layer holds a slot: nothing to copy whatever
             # the routing, so the host never reads it (no sync). The layer's
             # experts are pinned (without counting) so no eviction reuses a
-            # slot the kernels below read; the routed counts are reported
-            # as a device tensor and counted when the host next needs them.
+            # slot the kernels below read; the routing is handed to the cache
+            # as a device tensor and counted when the host next needs it.
             ids, tickets = cache.pin_layer(layer)
             try:
                 cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
-                cache.defer_access(layer, _counts(flat, self.num_experts))
-                row_slot = cache.device_slot_table()[base + flat]
-                self._grouped_rows(x_rows, row_slot, None, y_flat)
+                cache.defer_access(layer, flat)
+                row_slot = self._layer_slots(layer)[flat]
+                self._grouped_rows(x, k, row_slot, None, y_flat)
             except BaseException:
                 cache.abort(ids)
                 raise
-            cache.release(ids)
+            cache.unpin_layer(layer)
         else:
-            self._grouped_with_misses(layer, x_rows, flat, y_flat)
+            self._grouped_with_misses(layer, x, k, flat, y_flat)
+        # each token's k rows are distinct: one weighted reduction in the
+        # routing weights' precision, rounded to x's dtype once
         weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
         return weighted.sum(dim=1).to(x.dtype)
 
+    def _layer_slots(self, layer: int) -> torch.Tensor:
+        """``[E]`` device tensor: each of the layer's experts' slot (or -1)."""
+        base = layer * self.num_experts
+        return self.cache.device_slot_table()[base : base + self.num_experts]
+
     def _grouped_with_misses(
-        self, layer: int, x_rows: torch.Tensor, flat: torch.Tensor, y_flat: torch.Tensor
+        self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
     ) -> None:
         # NOTE: the one host sync of a layer with non-resident experts: the
         # host must learn the routed set to choose (and submit) the copies.
         counts_host = torch.bincount(flat, minlength=self.num_experts).cpu().numpy()
         experts = np.flatnonzero(counts_host)
-        # x_rows holds one row per routed row already: the hook's k is 1
-        host_part = self._start_host_part(layer, x_rows, flat, 1, experts, counts_host)
+        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
         if host_part is not None:
             # NOTE: HOST experts get no slot, so their rows map to slot -1 in
             # the device slot table and every grouped call below skips them
             experts = experts[~host_part.mask]
         try:
-            self._grouped_misses_on_device(layer, x_rows, flat, y_flat, experts)
+            self._grouped_misses_on_device(
+                layer, x, k, flat, y_flat, experts, partial=host_part is not None
+            )
         except BaseException:
             if host_part is not None:
                 host_part.cancel()
@@ -355,11 +354,18 @@ class OffloadedMoE:
     def _grouped_misses_on_device(
         self,
         layer: int,
-        x_rows: torch.Tensor,
+        x: torch.Tensor,
+        k: int,
         flat: torch.Tensor,
         y_flat: torch.Tensor,
         experts: npt.NDArray[np.int64],
+        *,
+        partial: bool = False,
     ) -> None:
+        """Pin/copy/compute ``experts`` from the cache into their rows of
+        ``y_flat``; ``partial``: other routed experts (HOST) hold no slot, so
+        every grouped call must select its rows (an unmasked call assumes
+        every row's expert has a slot)."""
         cache = self.cache
         base = layer * self.num_experts
         i = 0
@@ -376,18 +382,16 @@ class OffloadedMoE:
             flat_ids = base + group
             _, tickets = cache.acquire(flat_ids)
             try:
-                # ready experts first; the copies of the others land meanwhile
+                # the ready experts' rows first; the misses' copies land meanwhile
                 ready = tickets < 0
-                for phase in (ready, ~ready):
+                for phase, waits in ((ready, False), (~ready, True)):
                     if not phase.any():
                         continue
-                    if not phase.all() or phase is not ready:
+                    if waits:
                         cache.wait_ready(tickets[phase])
-                    row_in = None
-                    if group.size < experts.size or not phase.all():
-                        row_in = self._rows_of(flat, group[phase])
-                    row_slot = cache.device_slot_table()[base + flat]
-                    self._grouped_rows(x_rows, row_slot, row_in, y_flat)
+                    whole = not partial and group.size == experts.size and bool(phase.all())
+                    row_in = None if whole else self._rows_of(flat, group[phase])
+                    self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
             except BaseException:
                 cache.abort(flat_ids)
                 raise
@@ -402,38 +406,72 @@ class OffloadedMoE:
 
     def _grouped_rows(
         self,
-        x_rows: torch.Tensor,
+        x: torch.Tensor,
+        k: int,
         row_slot: torch.Tensor,
         row_in: torch.Tensor | None,
         y_flat: torch.Tensor,
     ) -> None:
-        """``y_flat[r] = expert(slot_r)(x_rows[r])`` for the rows selected by
+        """``y_flat[r] = expert(slot_r)(x[r // k])`` for the rows selected by
         ``row_in`` (all when None), one grouped call per projection per
         :data:`MAX_GROUPS_PER_CALL` slots. Rows outside a call's slots are
         sorted past its last group (grouped_mm leaves them out) and masked
         from the write-back, so no row count reaches the host."""
-        assert self.grouped is not None
         num_slots = self.cache.num_slots
+        if row_in is None and num_slots <= MAX_GROUPS_PER_CALL:
+            key_sorted, order = torch.sort(row_slot, stable=True)
+            self._run_groups(x, k, key_sorted, order, num_slots, self._slab_views, y_flat, False)
+            return
         for lo in range(0, num_slots, MAX_GROUPS_PER_CALL):
             width = min(MAX_GROUPS_PER_CALL, num_slots - lo)
             local = row_slot - lo
             take = (local >= 0) & (local < width)
             if row_in is not None:
                 take = take & row_in
-            key = torch.where(take, local, width)
-            order = torch.argsort(key, stable=True)
-            key_sorted = key[order]
+            key_sorted, order = torch.sort(torch.where(take, local, width), stable=True)
             views = {n: v[lo : lo + width] for n, v in self._slab_views.items()}
-            if self.grouped.compressed:
-                group_of_row, counts, views = _compact(key_sorted, width, views)
-            else:
-                group_of_row = key_sorted.clamp(max=width - 1)
-                counts = _counts(key_sorted, width + 1)[:width]
-            offs = torch.cumsum(counts, 0).to(torch.int32)
-            w = self.grouped.weights(views)
-            out = self.grouped.forward(x_rows[order], w, offs, group_of_row)
+            self._run_groups(x, k, key_sorted, order, width, views, y_flat, True)
+
+    def _run_groups(
+        self,
+        x: torch.Tensor,
+        k: int,
+        key_sorted: torch.Tensor,
+        order: torch.Tensor,
+        width: int,
+        views: dict[str, torch.Tensor],
+        y_flat: torch.Tensor,
+        masked: bool,
+    ) -> None:
+        """One grouped MLP call over rows ``order`` whose group keys are
+        ``key_sorted`` (``width`` = masked out, when ``masked``)."""
+        grouped = self.grouped
+        assert grouped is not None
+        if grouped.compressed:
+            group_of_row, offs, views = _compact(key_sorted, width, views)
+        else:
+            group_of_row = key_sorted.clamp(max=width - 1) if masked else key_sorted
+            offs = torch.searchsorted(
+                key_sorted, _group_ids(width, key_sorted.device), right=True, out_int32=True
+            )
+        out = grouped.forward(x[order // k], grouped.weights(views), offs, group_of_row)
+        if masked:
             valid = (key_sorted < width).unsqueeze(-1)
-            y_flat[order] = torch.where(valid, out.to(y_flat.dtype), y_flat[order])
+            y_flat[order] = torch.where(valid, out, y_flat[order])
+        else:
+            y_flat[order] = out
+
+
+_GROUP_IDS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _group_ids(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device`` (cached: built once per size)."""
+    key = (n, str(device))
+    ids = _GROUP_IDS.get(key)
+    if ids is None:
+        ids = _GROUP_IDS[key] = torch.arange(n, device=device)
+    return ids
 
 
 def _compact(
@@ -442,17 +480,21 @@ def _compact(
     """For compressed slabs: gather only the slots the rows use, as a fixed
     number of groups ``m = min(width, rows)`` (no host sync for the count):
     the used slots in slot order first, then unused ones as empty padding.
-    Returns each row's compact group, the group sizes and the gathered views."""
+    Returns each row's compact group, the int32 group ends and the gathered
+    views. Masked rows (key ``width``) fall past the used groups' rows."""
     rows = int(key_sorted.numel())
     m = max(1, min(width, rows))
-    counts_all = _counts(key_sorted, width + 1)[:width]
-    used = counts_all > 0
-    slot_ids = torch.arange(width, device=key_sorted.device)
-    picked = torch.argsort(torch.where(used, slot_ids, slot_ids + width))[:m]
-    rank = torch.cumsum(used.long(), 0) - 1
-    group_of_row = rank[key_sorted.clamp(max=width - 1)].clamp(min=0, max=m - 1)
-    counts = counts_all[picked]
-    return group_of_row, counts, {n: v.index_select(0, picked) for n, v in views.items()}
+    device = key_sorted.device
+    used = torch.zeros(width + 1, dtype=torch.bool, device=device)
+    used.index_fill_(0, key_sorted, True)
+    used = used[:width]
+    slot_ids = _group_ids(width, device)
+    picked = torch.sort(torch.where(used, slot_ids, slot_ids + width)).indices[:m]
+    rank = torch.cumsum(used, 0) - 1  # compact group of each used slot
+    group_sorted = torch.where(key_sorted < width, rank[key_sorted.clamp(max=width - 1)], m)
+    offs = torch.searchsorted(group_sorted, _group_ids(m, device), right=True, out_int32=True)
+    group_of_row = group_sorted.clamp(max=m - 1)
+    return group_of_row, offs, {n: v.index_select(0, picked) for n, v in views.items()}
 
 
 class OffloadedMoEBlock(nn.Module):

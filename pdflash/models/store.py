@@ -43,7 +43,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.models.layout import ExpertFormat, ExpertLayout, SourcePart, dequantize_mxfp4
+from pdflash.models.layout import (
+    ExpertFormat,
+    ExpertLayout,
+    SourcePart,
+    dequantize_mxfp4,
+    quantize_fp8,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -315,6 +321,9 @@ class ExpertStore:
                 for p in self.format.parts(layer, expert):
                     dst = views[p.component]
                     src = self._read_part(p, handles)
+                    if p.transform in ("fp8_rows", "fp8_cols"):
+                        self._pack_fp8(p, src, views)
+                        continue
                     rows = src.shape[0]
                     if p.row_offset or rows != dst.shape[0]:
                         dst = dst[p.row_offset : p.row_offset + rows]
@@ -329,6 +338,21 @@ class ExpertStore:
             for h in handles.values():
                 h.__exit__(None, None, None)
 
+    def _pack_fp8(self, p: SourcePart, src: torch.Tensor, views: dict[str, torch.Tensor]) -> None:
+        axis = 0 if p.transform == "fp8_rows" else 1
+        values, scale = quantize_fp8(src, axis)
+        dst, dst_scale = views[p.component], views[f"{p.component}_scale"]
+        if axis == 0:  # a row part lands at its row offset, with its rows' scales
+            rows = slice(p.row_offset, p.row_offset + values.shape[0])
+            dst, dst_scale = dst[rows], dst_scale[rows]
+        if tuple(values.shape) != tuple(dst.shape) or scale.numel() != dst_scale.numel():
+            raise CheckpointError(
+                f"{self.checkpoint.file_of(p.key)}: tensor {p.key!r} gives {list(src.shape)} "
+                f"for {p.component!r}, expected {list(dst.shape)}"
+            )
+        dst.copy_(values)
+        dst_scale.copy_(scale)
+
     def _handle(self, key: str, handles: dict[Path, Any]) -> Any:
         file = self.checkpoint.file_of(key)
         if file not in handles:
@@ -340,7 +364,7 @@ class ExpertStore:
     def _read_part(self, p: SourcePart, handles: dict[Path, Any]) -> torch.Tensor:
         ck = self.checkpoint
         src = ck.read(p.key, p.index, handle=self._handle(p.key, handles))
-        if p.transform is None:
+        if p.transform in (None, "fp8_rows", "fp8_cols"):
             return src
         if p.transform == "mxfp4":
             assert p.scales_key is not None

@@ -175,3 +175,50 @@ def test_run_reports_its_starting_cache_for_the_belady_replay(
         # every expert resident after the warm-up: neither moves a byte
         assert start.size == result.cache_slots and warm.bytes_moved == 0
         assert result.row["h2d_bytes"] == 0
+
+
+def test_mxfp4_experts_move_their_stored_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same MXFP4 checkpoint with experts kept MXFP4 vs dequantized at pack
+    time: the same routing and copies, every byte count in stored bytes."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    rows = {}
+    for expert_dtype in (None, "dense"):
+        spec = RunSpec(
+            arch="tiny-gpt_oss",
+            baseline="B1",
+            concurrency=2,
+            block_size=4,
+            max_new_tokens=6,
+            prompt_len=6,
+            synthetic_format="mxfp4",
+            expert_dtype=expert_dtype,
+        )
+        rows[expert_dtype] = run_spec(spec).row
+    mx, dense = rows[None], rows["dense"]
+    assert (mx["expert_format"], dense["expert_format"]) == ("mxfp4", "dense")
+    assert mx["expert_nbytes"] < dense["expert_nbytes"]
+    for row in (mx, dense):
+        assert row["h2d_bytes"] > 0 and row["h2d_bytes"] % row["expert_nbytes"] == 0
+    # identical greedy outputs and routing: the copies are the same experts
+    assert mx["h2d_bytes"] // mx["expert_nbytes"] == dense["h2d_bytes"] // dense["expert_nbytes"]
+    ratio = dense["expert_nbytes"] / mx["expert_nbytes"]
+    assert mx["belady_bytes"] * ratio == pytest.approx(dense["belady_bytes"])
+    with pytest.raises(ValueError, match="synthetic_format mxfp4 is for gpt-oss"):
+        run_spec(RunSpec(arch="tiny", baseline="B1", synthetic_format="mxfp4"))
+
+
+def test_verify_breakdown_adds_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    base = {"arch": "tiny", "baseline": "B3", "concurrency": 2, "block_size": 4}
+    base.update(max_new_tokens=6, prompt_len=6)
+    row = run_spec(RunSpec(**base, breakdown=True)).row  # type: ignore[arg-type]
+    parts = row["verify_breakdown_ms"]
+    assert row["verify_steps"] > 0 and parts["timing_method"] == "host_perf_counter"
+    named = parts["attention_ms"] + parts["router_ms"] + parts["experts_ms"]
+    assert all(parts[k] > 0 for k in ("attention_ms", "router_ms", "experts_ms"))
+    assert named + parts["other_and_host_gaps_ms"] == pytest.approx(parts["verify_ms"])
+    assert parts["other_and_host_gaps_ms"] >= 0 and parts["draft_ms_per_verify"] > 0
+    off = run_spec(RunSpec(**base)).row  # type: ignore[arg-type]
+    assert off["verify_breakdown_ms"] is None and "verify_breakdown_ms" in off["not_measured"]

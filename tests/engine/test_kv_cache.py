@@ -112,3 +112,42 @@ def test_batched_union_predictor_unions_scaled_scores() -> None:
     assert a.seen == [3] and b.seen == [3]
     with pytest.raises(ValueError, match="at least one member"):
         BatchedUnionPredictor([])
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_fused_paged_attention_equals_the_padded_softmax(
+    window: int | None, with_sinks: bool
+) -> None:
+    """SDPA (sinks as an extra key through an additive mask) vs the explicit
+    fp32 padded softmax: two requests of different lengths (padding), GQA."""
+    from pdflash.engine.attention import paged_attention
+    from pdflash.protocols import AttentionSpec
+
+    g = torch.Generator().manual_seed(1)
+    spec = AttentionSpec(
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        scaling=8**-0.5,
+        sliding_window=window,
+        has_sinks=with_sinks,
+    )
+    k_cache = torch.randn(20, 2, 8, generator=g)
+    v_cache = torch.randn(20, 2, 8, generator=g)
+    # request 0: 3 queries at positions 4..6 over keys 0..6 (slots 0..6);
+    # request 1: 2 queries at positions 7..8 over keys 0..8 (slots 10..18)
+    batch = AttentionBatch.build(
+        [[0, 1, 2], [3, 4]],
+        [[4, 5, 6], [7, 8]],
+        [list(range(7)), list(range(10, 19))],
+        [list(range(7)), list(range(9))],
+        5,
+        torch.device("cpu"),
+    )
+    q = torch.randn(5, 4, 8, generator=g)
+    sinks = torch.randn(4, generator=g) if with_sinks else None
+    fused = paged_attention(q, k_cache, v_cache, batch, spec, sinks)
+    plain = paged_attention(q, k_cache, v_cache, batch, spec, sinks, fused=False)
+    assert fused.shape == plain.shape == (5, 32)
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)

@@ -17,15 +17,16 @@ from pdflash.models.offload import grouped_mm
 class SwiGLUGroupedExperts:
     """``down(act(gate x) * up x)`` for many experts: two grouped GEMMs over
     ``[G, 2I, H]`` / ``[G, H, I]`` weights read as ``[G, K, N]`` (transposed
-    views, no copies)."""
+    views, no copies). ``unpack`` turns compressed views into dense weights
+    (None: the slab is dense)."""
 
-    compressed = False
-
-    def __init__(self, act: Any) -> None:
+    def __init__(self, act: Any, unpack: Any = None) -> None:
         self.act = act
+        self.unpack = unpack
+        self.compressed = unpack is not None
 
     def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return views
+        return self.unpack(views) if self.unpack is not None else views
 
     def forward(
         self,
@@ -92,9 +93,13 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
         return self._act
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        w = self.dense_expert_weights(w)
         gate, up = F.linear(x, w["gate_up"]).chunk(2, dim=-1)
         out: torch.Tensor = F.linear(self._activation()(gate) * up, w["down"])
         return out
 
     def grouped_experts(self) -> SwiGLUGroupedExperts:
-        return SwiGLUGroupedExperts(self._activation())
+        dense = self.layout.format == "dense"
+        return SwiGLUGroupedExperts(
+            self._activation(), None if dense else self.dense_expert_weights
+        )

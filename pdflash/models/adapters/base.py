@@ -18,6 +18,7 @@ for engines that run attention themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -30,7 +31,13 @@ from torch import nn
 
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
-from pdflash.models.layout import ExpertFormat, ExpertLayout
+from pdflash.models.layout import (
+    ExpertFormat,
+    ExpertLayout,
+    SourcePart,
+    dequantize_fp8,
+    fp8_layout,
+)
 from pdflash.models.offload import (
     GroupedExperts,
     OffloadedMoE,
@@ -67,6 +74,9 @@ class MoEAdapterBase:
     #: packed component -> the HF experts module's 3-D parameter
     hf_expert_params: ClassVar[dict[str, str]] = {"gate_up": "gate_up_proj", "down": "down_proj"}
     returns_router_scores: ClassVar[bool] = False  # block returns (hidden, scores)
+    #: packed 2-D weight component -> its output-channel axis (the axis
+    #: ``expert_dtype="fp8"`` keeps one scale per index of)
+    expert_out_axes: ClassVar[dict[str, int]] = {"gate_up": 0, "down": 0}
     default_attn_implementation: ClassVar[str] = "sdpa"
 
     # -- per-arch hooks ------------------------------------------------------
@@ -99,9 +109,29 @@ class MoEAdapterBase:
         format ``fmt``. ``expert_dtype``: None keeps experts as the checkpoint
         stores them (compressed stays compressed), ``"dense"`` packs them in
         the compute dtype."""
-        if expert_dtype not in (None, "dense"):
-            raise ValueError(f"unknown expert_dtype {expert_dtype!r} (None or 'dense')")
-        return cls.expert_layout(config, dtype), fmt
+        if expert_dtype not in (None, "dense", "fp8"):
+            raise ValueError(f"unknown expert_dtype {expert_dtype!r} (None, 'dense' or 'fp8')")
+        if expert_dtype != "fp8":
+            return cls.expert_layout(config, dtype), fmt
+        if fmt.quantized:
+            raise ValueError(
+                f"expert_dtype='fp8' re-stores dense checkpoints; this checkpoint's experts "
+                f"are {fmt.name}"
+            )
+        axes = cls.expert_out_axes
+        layout = fp8_layout(cls.expert_layout(config, dtype), axes)
+
+        def parts(layer: int, expert: int) -> list[SourcePart]:
+            return [
+                dataclasses.replace(
+                    p, transform="fp8_rows" if axes[p.component] == 0 else "fp8_cols"
+                )
+                if p.component in axes
+                else p
+                for p in fmt.parts(layer, expert)
+            ]
+
+        return layout, ExpertFormat(f"{fmt.name}+fp8", parts, quantized=True)
 
     @classmethod
     def checkpoint_to_module_key(cls, key: str) -> str:
@@ -120,7 +150,13 @@ class MoEAdapterBase:
         """Packed expert views (one expert or ``[G, ...]`` stacked) -> the
         dense weights the HF experts module holds (identity unless the
         layout is compressed)."""
-        return w
+        if self.layout.format != "fp8":
+            return w
+        axes = self.expert_out_axes
+        out = {n: t for n, t in w.items() if n not in axes and n.removesuffix("_scale") not in axes}
+        for name, axis in axes.items():
+            out[name] = dequantize_fp8(w[name], w[f"{name}_scale"], axis, self.dtype)
+        return out
 
     def grouped_experts(self) -> GroupedExperts | None:
         """The expert MLP over many experts at once (grouped GEMMs over the
@@ -375,6 +411,14 @@ class MoEAdapterBase:
         if self.runtime is None:
             raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
         ids, weights = self.route(layer, normed)
+        return self.runtime.forward_routed(layer, normed, ids, weights)
+
+    def moe_routed(
+        self, layer: int, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`moe` with the routing :meth:`route` returned for ``normed``."""
+        if self.runtime is None:
+            raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
         return self.runtime.forward_routed(layer, normed, ids, weights)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -57,12 +57,13 @@ class GptOssGroupedExperts:
     """gpt-oss's clamped SwiGLU with biases for many experts: two grouped
     GEMMs over ``[G, H, 2I]`` / ``[G, I, H]``, biases gathered per row."""
 
-    def __init__(self, alpha: float, limit: float, dtype: torch.dtype, mxfp4: bool) -> None:
-        self.alpha, self.limit, self.dtype = alpha, limit, dtype
-        self.compressed = mxfp4
+    def __init__(self, alpha: float, limit: float, unpack: Any = None) -> None:
+        self.alpha, self.limit = alpha, limit
+        self.unpack = unpack
+        self.compressed = unpack is not None
 
     def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return unpack_mxfp4_experts(views, self.dtype) if self.compressed else views
+        return self.unpack(views) if self.unpack is not None else views
 
     def forward(
         self,
@@ -92,6 +93,7 @@ class GptOssAdapter(MoEAdapterBase):
         "down_bias": "down_proj_bias",
     }
     returns_router_scores = True
+    expert_out_axes: ClassVar[dict[str, int]] = {"gate_up": 1, "down": 1}
     # NOTE: sdpa has no sinks; transformers refuses it for gpt-oss.
     default_attn_implementation = "eager"
 
@@ -202,11 +204,14 @@ class GptOssAdapter(MoEAdapterBase):
         return alpha, limit
 
     def dense_expert_weights(self, w: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return unpack_mxfp4_experts(w, self.dtype) if self.layout.format == "mxfp4" else w
+        if self.layout.format == "mxfp4":
+            return unpack_mxfp4_experts(w, self.dtype)
+        return super().dense_expert_weights(w)
 
     def grouped_experts(self) -> GptOssGroupedExperts:
         alpha, limit = self._swiglu_params()
-        return GptOssGroupedExperts(alpha, limit, self.dtype, self.layout.format == "mxfp4")
+        dense = self.layout.format == "dense"
+        return GptOssGroupedExperts(alpha, limit, None if dense else self.dense_expert_weights)
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         alpha, limit = self._swiglu_params()

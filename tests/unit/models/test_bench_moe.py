@@ -72,3 +72,16 @@ def test_bench_moe_mxfp4_moves_the_stored_bytes(capsys: pytest.CaptureFixture[st
     for row in (mx, dense):
         assert row["bytes_moved"] == row["copies"] * row["expert_nbytes"] > 0
         assert row["moe_max_abs_err"] <= 1e-5 and row["all_hit"] == []
+
+
+def test_bench_moe_fp8_reports_its_error(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["moe", "--json", "--arch", "qwen3_moe", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--all-hit-tokens", "", "--expert-dtype", "fp8"]
+    assert main(argv) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    err = row["fp8_error"]
+    assert row["expert_format"] == "fp8" and err["tokens"] == 256
+    assert err["fp8_expert_nbytes"] == row["expert_nbytes"] < err["reference_expert_nbytes"]
+    assert err["logit_max_abs_err"] > 0 and 0 < err["logit_rel_err"] < 1
+    assert 0 < err["greedy_agreement_teacher_forced"] <= 1
+    assert row["moe_max_abs_err"] <= 1e-5  # offloaded fp8 block vs HF block on the same weights

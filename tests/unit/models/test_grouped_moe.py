@@ -186,12 +186,17 @@ def test_mxfp4_experts_stay_compressed_and_equal_transformers(
         ad.runtime.grouped = None
     assert ad.runtime.path == path
     ref = _resident(mxfp4_checkpoint, quantization_config=Mxfp4Config(dequantize=True))
+    ref_dtype = ref.model.layers[0].mlp.experts.gate_up_proj.dtype
     with torch.no_grad():
         for seed in range(2):
             ids = _tokens(9, seed)
+            got = ad.forward_logits(ids)
+            # the MXFP4 slab and the pack-time dequantization agree exactly
+            torch.testing.assert_close(got, dense.forward_logits(ids), atol=0, rtol=0)
+            if ref_dtype != torch.float32:
+                continue  # this transformers keeps dequantized experts in bf16: checked on GPU
             want = ref(input_ids=ids[None]).logits[0]
-            torch.testing.assert_close(ad.forward_logits(ids), want, atol=ATOL, rtol=0)
-            torch.testing.assert_close(dense.forward_logits(ids), want, atol=ATOL, rtol=0)
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
     st = ad.cache.stats()
     assert st["bytes_in"] == st["copies"] * ad.expert_nbytes > 0
 
@@ -199,3 +204,45 @@ def test_mxfp4_experts_stay_compressed_and_equal_transformers(
 def test_unknown_expert_dtype_is_refused(tiny_checkpoints: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="expert_dtype"):
         load_adapter(tiny_checkpoints["qwen3_moe"], expert_dtype="int3")
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_fp8_experts_equal_the_dequantized_weights_and_halve_the_bytes(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    """``expert_dtype='fp8'``: e4m3 values + per-output-channel fp32 scales in
+    the slab; both paths equal the HF block run on the dequantized weights
+    exactly, and those weights are within e4m3's rounding of the checkpoint's."""
+    from pdflash.models.layout import FP8_DTYPE
+
+    path = tiny_checkpoints[arch]
+    dense = load_adapter(path, issuer=host_issuer, cache_fraction=1.0)
+    ad = load_adapter(
+        path, issuer=host_issuer, cache_slots=4, max_batch_tokens=2, expert_dtype="fp8"
+    )
+    assert ad.layout.format == "fp8" and ad.layout.dtypes["gate_up"] == FP8_DTYPE
+    # fp32 checkpoint: a quarter of the weight bytes, plus one fp32 scale per channel
+    assert ad.layout.component_nbytes("gate_up") * 4 == dense.layout.component_nbytes("gate_up")
+    assert ad.expert_nbytes < dense.expert_nbytes
+    axis = ad.expert_out_axes["gate_up"]
+    for g in (0, 5, 13):
+        w_q = ad.dense_expert_weights(ad.store.views(g))["gate_up"]
+        w = dense.store.views(g)["gate_up"]
+        step = w.abs().amax(dim=1 - axis, keepdim=True) / 448 * 32  # e4m3: 3 mantissa bits
+        assert ((w_q - w).abs() <= step).all() and not torch.equal(w_q, w)
+    ids = _tokens(9, 1)
+    with torch.no_grad():
+        resident = [ad.resident_block(i) for i in range(ad.num_layers)]
+        with ad.swapped_blocks(resident):
+            want = ad.forward_logits(ids)
+        assert ad.runtime is not None
+        if offload.grouped_mm_works(torch.device("cpu"), torch.float32):
+            assert ad.runtime.path == "grouped"
+        torch.testing.assert_close(ad.forward_logits(ids), want, atol=ATOL, rtol=0)
+        ad.runtime.grouped = None  # type: ignore[union-attr]
+        torch.testing.assert_close(ad.forward_logits(ids), want, atol=ATOL, rtol=0)
+
+
+def test_fp8_refuses_compressed_checkpoints(mxfp4_checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="re-stores dense checkpoints"):
+        load_adapter(mxfp4_checkpoint, expert_dtype="fp8")

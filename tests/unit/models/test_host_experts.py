@@ -138,8 +138,9 @@ def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
+@pytest.mark.parametrize("every", [1, 2])
 def test_mxfp4_experts_are_dequantized_on_the_host(
-    mxfp4_checkpoint: Path, host_issuer: object
+    every: int, mxfp4_checkpoint: Path, host_issuer: object
 ) -> None:
     from transformers import Mxfp4Config
 
@@ -166,7 +167,7 @@ def test_mxfp4_experts_are_dequantized_on_the_host(
     torch.testing.assert_close(host, device, rtol=0, atol=0)
     ref = _resident_mxfp4(mxfp4_checkpoint, Mxfp4Config(dequantize=True))
     svc = build_host_service(
-        ad, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=2), calibrate=False
+        ad, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=every), calibrate=False
     )
     try:
         tokens = _tokens(9, 4)
