@@ -190,3 +190,32 @@ def _resident_mxfp4(path: Path, quantization_config: object) -> torch.nn.Module:
         quantization_config=quantization_config,
     )
     return model.eval()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_fp8_experts_are_dequantized_on_the_host(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    ad = load_adapter(
+        tiny_checkpoints[arch],
+        issuer=host_issuer,
+        cache_slots=4,
+        max_batch_tokens=2,
+        expert_dtype="fp8",
+        attn_implementation="eager",
+    )
+    assert ad.layout.format == "fp8" and ad.runtime is not None
+    tokens = _tokens(9, 6)
+    want = ad.forward_logits(tokens)  # every miss copied (fp8 over the link)
+    for every in (1, 2):
+        svc = build_host_service(
+            ad, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=every), calibrate=False
+        )
+        try:
+            # the host reads the fp8 host views; the adapter's expert function
+            # dequantizes them there, as the device does from a slot
+            torch.testing.assert_close(ad.forward_logits(tokens), want, atol=ATOL, rtol=0)
+            assert svc.books.experts > 0
+        finally:
+            svc.close()
+            ad.runtime.host_service = None
