@@ -69,7 +69,12 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (arch, cf, conc), by in sorted(points.items()):
         pd, host = by.get("PD", []), by.get("PD+host", [])
-        tps = {b: interval([float(r["output_tokens_per_s"]) for r in rs]) for b, rs in by.items()}
+        tps = {
+            b: interval(
+                [v for v in (_num(r.get("output_tokens_per_s")) for r in rs) if v is not None]
+            )
+            for b, rs in by.items()
+        }
         entry: dict[str, Any] = {
             "arch": arch,
             "cache_fraction": cf,
