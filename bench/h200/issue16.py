@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--host-workers", type=int, default=1)
     ap.add_argument("--host-max-ratio", type=float, default=1.0)
-    ap.add_argument("--budget-s", type=float, default=270.0)
+    ap.add_argument("--budget-s", type=float, default=250.0)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
