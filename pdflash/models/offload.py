@@ -12,6 +12,15 @@ Two execution paths compute the same thing:
   experts is one deterministic un-permute. No per-expert Python.
 * loop (any ``expert_fn``): one call per distinct expert over views of its slot.
 
+Host syncs of the grouped path (CUDA): none for a layer whose experts are all
+resident (checked on the host from the cache's residency, so the routing is
+never read; tested under ``torch.cuda.set_sync_debug_mode("error")``). A layer
+with non-resident experts reads its per-expert routed counts once (one small
+D2H), because the host must choose and submit the copies. Elsewhere: the
+cache reads deferred routings back once when the host needs them (counters,
+an eviction choice), and an eviction waits on the event of the last kernels
+that read the victim slot (:mod:`pdflash.cache.expert_cache`).
+
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
 sparse MoE block (it keeps the HF router submodule under its original name,
@@ -308,7 +317,8 @@ class OffloadedMoE:
             # as a device tensor and counted when the host next needs it.
             ids, tickets = cache.pin_layer(layer)
             try:
-                cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
+                if (tickets >= 0).any():  # copies still in flight (e.g. prefetched)
+                    cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
                 cache.defer_access(layer, flat)
                 row_slot = self._layer_slots(layer)[flat]
                 self._grouped_rows(x, k, row_slot, None, y_flat)
@@ -333,7 +343,9 @@ class OffloadedMoE:
     ) -> None:
         # NOTE: the one host sync of a layer with non-resident experts: the
         # host must learn the routed set to choose (and submit) the copies.
-        counts_host = torch.bincount(flat, minlength=self.num_experts).cpu().numpy()
+        # (Counted with index_add: CUDA's bincount would sync once more.)
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
+        counts_host = counts.index_add_(0, flat, torch.ones_like(flat)).cpu().numpy()
         experts = np.flatnonzero(counts_host)
         host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
         if host_part is not None:
@@ -402,6 +414,8 @@ class OffloadedMoE:
         """Bool ``[rows]``: the routed rows whose expert is in ``experts``."""
         sel = torch.zeros(self.num_experts, dtype=torch.bool)
         sel[torch.from_numpy(np.asarray(experts, dtype=np.int64))] = True
+        if flat.is_cuda:  # page-locked, so the copy does not wait for the stream
+            sel = sel.pin_memory()
         return sel.to(flat.device, non_blocking=True)[flat]
 
     def _grouped_rows(
