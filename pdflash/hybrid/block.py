@@ -86,6 +86,8 @@ def start_host_part(
     # (ascending id, the executor's order)
     pick = torch.zeros(num_experts, dtype=torch.bool)
     pick[torch.from_numpy(host_experts)] = True
+    if flat.is_cuda:  # page-locked, so the copy does not wait for the stream
+        pick = pick.pin_memory()
     pick_dev = pick.to(flat.device, non_blocking=True)
     key = torch.where(pick_dev[flat], flat, num_experts)
     rows = torch.argsort(key, stable=True)[:n_rows]

@@ -21,6 +21,14 @@ cache reads deferred routings back once when the host needs them (counters,
 an eviction choice), and an eviction waits on the event of the last kernels
 that read the victim slot (:mod:`pdflash.cache.expert_cache`).
 
+Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
+that one read of a layer's counts, the service picks the misses the host CPU
+computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
+slot, their rows go to the host without a sync, and the block writes the
+host's rows into its output just before the weighted sum. The host thread
+waits there for the CPU (not for the device); on the stream, only that write
+and its copy wait for the host.
+
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
 sparse MoE block (it keeps the HF router submodule under its original name,
