@@ -231,8 +231,17 @@ class Engine:
         self.clock = clock
         self.timer = ComputeTimer(self.device)
         self.host_service = host_service if config.host_experts != "off" else None
+        runtime = getattr(adapter, "runtime", None)
         if self.host_service is not None:
             self.host_service.timer = self.timer
+            if runtime is not None:
+                runtime.host_service = self.host_service  # the block's hook
+        elif getattr(runtime, "host_service", None) is not None:
+            raise ValueError(
+                "the adapter's offloaded runtime has a host_service but config.host_experts is "
+                "'off' (its books would be missing from the engine's): detach it "
+                "(runtime.host_service = None) or use host_experts='auto'"
+            )
         #: (layers, experts) experts planned for the host in the coming verify
         self.host_ahead: npt.NDArray[np.bool_] | None = None
         self._link_sample: tuple[float, float] | None = None  # (link busy s, clock s)

@@ -154,6 +154,24 @@ def test_engine_refuses_auto_without_a_service(gpt_oss_case: tuple[Path, list[An
         Engine(adapter, cfg, max_seq_len=32)
 
 
+def test_engine_refuses_a_runtime_service_it_would_not_account(
+    gpt_oss_case: tuple[Path, list[Any]],
+) -> None:
+    from pdflash.engine.engine import Engine
+
+    tmp, _ = gpt_oss_case
+    eng, adapter, issuer = _stack(tmp, "x", "PD+host", cache_slots=6, block_size=5)
+    try:
+        assert adapter.runtime.host_service is eng.host_service  # attached for the block
+        cfg = EngineConfig.preset("B0")  # host_experts off
+        with pytest.raises(ValueError, match="host_experts is 'off'"):
+            Engine(adapter, cfg, expert_cache=adapter.cache, max_seq_len=32)
+    finally:
+        assert eng.host_service is not None
+        eng.host_service.close()
+        issuer.close()
+
+
 def test_miss_floor_hand_checked() -> None:
     # 10 misses of 1 MB at 1 GB/s: 10 ms over the link alone
     assert miss_floor_s(1e7, 1_000_000, 1e9, None) == pytest.approx(0.01)
