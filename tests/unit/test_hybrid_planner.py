@@ -8,6 +8,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdflash.hybrid import (
     CostModelPlanner,
@@ -266,3 +268,46 @@ def test_service_refuses_a_planner_that_hosts_a_resident_expert() -> None:
         )
         with pytest.raises(RuntimeError, match="resident expert"):
             svc.split(0, np.array([0, 1]), np.array([1, 1]), _Cache([-1, 0], [-1]))
+
+
+@given(
+    tokens=st.lists(st.integers(1, 64), min_size=1, max_size=8),
+    a_us=st.floats(0.0, 2000.0),
+    b_us=st.floats(0.0, 50.0),
+    ahead=st.integers(0, 5),
+    ratio=st.sampled_from([0.5, 1.0, 100.0]),
+)
+@settings(max_examples=200, deadline=None)
+def test_cost_model_planner_is_optimal_among_its_eligible_splits(
+    tokens: list[int], a_us: float, b_us: float, ahead: int, ratio: float
+) -> None:
+    import itertools
+
+    cost = HostCostModel(a_us * 1e-6, b_us * 1e-6, roundtrip_s=20e-6)
+    p = CostModelPlanner(cost, expert_nbytes=1_000_000, margin=0.0, max_host_ratio=ratio)
+    link = LinkState(1e9, ahead_bytes=ahead * 1_000_000)  # 1 ms per copy
+    ids = np.arange(100, 100 + len(tokens), dtype=np.int64)
+    tok = np.asarray(tokens)
+    plan = p.plan(0, ids, tok, link)
+    # a partition of the misses
+    assert sorted(np.concatenate([plan.copy, plan.host]).tolist()) == ids.tolist()
+    assert not set(plan.copy.tolist()) & set(plan.host.tolist())
+    host_s = cost.expert_s(tok)
+    eligible = host_s <= ratio * 1e-3
+    chosen = np.isin(ids, plan.host)
+    assert not (chosen & ~eligible).any()  # never an expert slower than the cap
+
+    def makespan(mask: np.ndarray) -> float:
+        link_s = (ahead + int((~mask).sum())) * 1e-3
+        cpu_s = (cost.roundtrip_s + float(host_s[mask].sum())) if mask.any() else 0.0
+        return max(link_s, cpu_s)
+
+    assert plan.modeled_s == pytest.approx(makespan(chosen))
+    assert plan.modeled_copy_only_s is not None and plan.modeled_s <= plan.modeled_copy_only_s
+    # brute force over every subset of the eligible experts: no better split exists
+    best = min(
+        makespan(np.isin(np.arange(len(tokens)), subset))
+        for r in range(len(tokens) + 1)
+        for subset in itertools.combinations(np.flatnonzero(eligible).tolist(), r)
+    )
+    assert plan.modeled_s == pytest.approx(best)
