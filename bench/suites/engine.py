@@ -109,7 +109,11 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "the PD+host baseline is always auto)",
     )
     parser.add_argument(
-        "--host-workers", type=int, default=None, help="host expert pool threads (default 1)"
+        "--host-workers",
+        type=int,
+        default=None,
+        help="host expert pool threads (default 1); they share torch's process-wide intra-op "
+        "threads, so with N workers give --host-threads about cores / N",
     )
     parser.add_argument(
         "--host-threads",
