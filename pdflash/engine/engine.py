@@ -244,7 +244,7 @@ class Engine:
             )
         #: (layers, experts) experts planned for the host in the coming verify
         self.host_ahead: npt.NDArray[np.bool_] | None = None
-        self._link_sample: tuple[float, float] | None = None  # (link busy s, clock s)
+        self._wait_sample: tuple[float, float] | None = None  # (waited s, clock s)
 
         ps = config.kv_page_size
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
@@ -866,11 +866,10 @@ class Engine:
         predicted to use in a layer; the requests' shares add up. The
         planner's split of the non-resident ones (link idle ahead of the
         verify) is :attr:`host_ahead`; the stream skips copying them. Only
-        while the link is the bottleneck (busy >= :attr:`HOST_AHEAD_LINK_BUSY`
-        of the time since the last plan).
+        while forwards wait for misses (see :meth:`_misses_exposed`).
         """
         assert self.host_service is not None and self.expert_cache is not None
-        if not self._link_bound():
+        if not self._misses_exposed():
             # NOTE: the link keeps up: route-ahead copies are hidden behind
             # compute, while a HOST expert is computed on the forward's
             # critical path. Plan nothing ahead (layers still split their
@@ -896,23 +895,27 @@ class Engine:
         if self.stream is not None:
             self.stream.skip = mask
 
-    #: the link counts as the bottleneck when it was busy at least this
-    #: share of the time since the previous step
-    HOST_AHEAD_LINK_BUSY = 0.8
+    #: plan HOST experts ahead while forwards waited for misses (copies or the
+    #: host) at least this share of the time since the previous plan. (On the
+    #: H200, PD's exposed-fetch share was 0.29-0.48 at the link-bound points
+    #: and at most 0.17 at the compute-bound ones; the link's busy share does
+    #: not separate them: 0.67 at gpt-oss-20b c=1 cache 0.2 and at c=16 cache 0.5.)
+    HOST_AHEAD_EXPOSED = 0.2
 
-    def _link_bound(self) -> bool:
-        """Was the link busy for most of the time since the last call?
-        (True before a first measurement: a cold cache is link-bound.)"""
-        issuer = getattr(self.expert_cache, "issuer", None)
-        stats = getattr(issuer, "stats", None)
-        if stats is None:
-            return True
-        busy = float(stats().get("link_busy_s", 0.0))
+    def _misses_exposed(self) -> bool:
+        """Did forwards wait for expert copies or host results for at least
+        :attr:`HOST_AHEAD_EXPOSED` of the time since the last call? True
+        before a measurement (a cold cache misses everything) or after the
+        timer was reset."""
+        # NOTE: on CUDA this reads the timer's events (a device sync); it runs
+        # right after the route-ahead scores were read back, so the stream
+        # has nothing left to wait for
+        waited = self.timer.stall_s() + self.timer.host_wait_s()
         now = time.perf_counter()
-        last, self._link_sample = self._link_sample, (busy, now)
-        if last is None or now <= last[1]:
+        last, self._wait_sample = self._wait_sample, (waited, now)
+        if last is None or now <= last[1] or waited < last[0]:
             return True
-        return (busy - last[0]) / (now - last[1]) >= self.HOST_AHEAD_LINK_BUSY
+        return (waited - last[0]) / (now - last[1]) >= self.HOST_AHEAD_EXPOSED
 
     def _count_route_ahead_bytes(self, nbytes: int) -> None:
         self.prefetch_bytes[Band.ROUTE_AHEAD] += int(nbytes)

@@ -77,9 +77,9 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
     # most misses, ahead of the verify as well
     svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
     svc.link_bytes_per_s = 1e6
-    # the host issuer here is an unthrottled memcpy: call the link the
-    # bottleneck whatever its measured busy share, so every step plans ahead
-    eng.HOST_AHEAD_LINK_BUSY = 0.0
+    # the host issuer here is an unthrottled memcpy: plan ahead whatever
+    # share of the time forwards waited for misses
+    eng.HOST_AHEAD_EXPOSED = 0.0
     scheduled_resident: list[np.ndarray] = []
     select = eng.batcher.select
 
@@ -119,7 +119,7 @@ def test_nothing_is_planned_ahead_while_the_link_keeps_up(
     assert svc is not None
     svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
     svc.link_bytes_per_s = 1e6
-    eng.HOST_AHEAD_LINK_BUSY = 2.0  # a busy share no link reaches
+    eng.HOST_AHEAD_EXPOSED = 2.0  # a waiting share no run reaches
     plans: list[int] = []
     plan_ahead = svc.plan_ahead
 
