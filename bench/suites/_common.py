@@ -56,7 +56,8 @@ def fractions(text: str) -> list[float]:
 def baselines(text: str) -> list[str]:
     from pdflash.report.schema import BASELINES
 
-    values = [v.upper() for v in parse_list(text, str, "--baselines")]
+    known = {b.upper(): b for b in BASELINES}
+    values = [known.get(v.upper(), v) for v in parse_list(text, str, "--baselines")]
     bad = [v for v in values if v not in BASELINES]
     if bad:
         raise argparse.ArgumentTypeError(f"--baselines: unknown {bad[0]!r}; known: {BASELINES}")

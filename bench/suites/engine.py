@@ -106,6 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["floor", "verify"],
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
+    add_host_arguments(parser)
     parser.add_argument(
         "--synthetic-format",
         default=None,
@@ -132,6 +133,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="also append the rows to OUT/rows.jsonl (for `pdflash-bench report OUT`)",
+    )
+
+
+def add_host_arguments(parser: argparse._ActionsContainer) -> None:
+    """The hybrid miss service's switches (shared with the matrix)."""
+    parser.add_argument(
+        "--host-experts",
+        default="off",
+        choices=["off", "auto"],
+        help="hybrid miss service for every offloaded baseline: 'auto' lets the host CPU "
+        "compute the misses its cost model gives it (default off until measured on the GPU; "
+        "the PD+host baseline is always auto)",
+    )
+    parser.add_argument(
+        "--host-workers",
+        type=int,
+        default=None,
+        help="host expert pool threads (default 1); they share torch's process-wide intra-op "
+        "threads, so with N workers give --host-threads about cores / N",
+    )
+    parser.add_argument(
+        "--host-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads for the host pool, process-wide (default: all cores but "
+        "two on CUDA, torch's setting on CPU)",
+    )
+    parser.add_argument(
+        "--host-max-ratio",
+        type=float,
+        default=1.0,
+        help="HOST only experts the CPU computes at most this times slower than the link "
+        "copies them (default 1.0, the per-expert break-even)",
     )
 
 
@@ -188,6 +222,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     max_running=args.max_running,
                     token_budget=args.token_budget,
                     byte_budget_from=args.byte_budget_from,
+                    host_experts=args.host_experts,
+                    host_workers=args.host_workers,
+                    host_threads=args.host_threads,
+                    host_max_ratio=args.host_max_ratio,
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
@@ -208,6 +246,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"tpot p50/p99={_fmt(row.get('tpot_p50_s'))}/{_fmt(row.get('tpot_p99_s'))}s "
                     f"queue p99={_fmt(row.get('queue_delay_p99_s'))}s "
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
+                    f"host={_fmt(row.get('host_served_experts'))} "
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,
                     flush=True,

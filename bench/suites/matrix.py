@@ -132,6 +132,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
+    from .engine import add_host_arguments
+
+    add_host_arguments(g)
     g.add_argument(
         "--eviction",
         default="auto",
@@ -174,6 +177,18 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "mean_tau": args.mean_tau,
         "eviction": args.eviction,
     }
+    # the hybrid miss service's settings, only where they differ from the
+    # engine's defaults (so specs and resume keys of plain runs are unchanged)
+    host_defaults = {
+        "host_experts": "off",
+        "host_workers": None,
+        "host_threads": None,
+        "host_max_ratio": 1.0,
+    }
+    for name, default in host_defaults.items():
+        value = getattr(args, name, default)
+        if value != default:
+            common_kw[name] = value
     # only when given, so plans (and their rows' specs) without them are unchanged
     for name in ("synthetic_format", "expert_dtype"):
         if getattr(args, name, None) is not None:
@@ -215,6 +230,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec["concurrency"],
         float(spec["cache_fraction"]),
         spec["repeat"],
+        spec.get("host_experts", "off"),
     )
 
 
@@ -464,11 +480,17 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--emulated-link-gbps", args.emulated_link_gbps),
         ("--mean-tau", args.mean_tau),
         ("--budget-s", args.budget_s),
+        ("--host-workers", getattr(args, "host_workers", None)),
+        ("--host-threads", getattr(args, "host_threads", None)),
         ("--synthetic-format", getattr(args, "synthetic_format", None)),
         ("--expert-dtype", getattr(args, "expert_dtype", None)),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")
+    if getattr(args, "host_experts", "off") != "off":
+        parts.append(f"--host-experts {args.host_experts}")
+    if getattr(args, "host_max_ratio", 1.0) != 1.0:
+        parts.append(f"--host-max-ratio {args.host_max_ratio}")
     parts.append(f"--out {shlex.quote(str(out))}")
     return " ".join(parts)
 

@@ -119,6 +119,13 @@ class RunSpec:
     # "verify" = link x the mean verify-forward time of a warm-up with
     # max_running requests (the bytes the link moves while a verify computes)
     byte_budget_from: str = "floor"
+    # hybrid miss service (pdflash.hybrid): "off" or "auto" (PD+host is
+    # always "auto"); the host pool's workers and torch intra-op threads
+    # (None: one worker, all cores but two on CUDA / torch's setting on CPU)
+    host_experts: str = "off"
+    host_workers: int | None = None
+    host_threads: int | None = None
+    host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -130,6 +137,13 @@ class RunSpec:
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
     breakdown: bool = False
+
+    @property
+    def host_mode(self) -> str:
+        """The hybrid mode this run uses (B3 keeps every expert resident)."""
+        if self.baseline == "B3":
+            return "off"
+        return "auto" if self.baseline == "PD+host" else self.host_experts
 
     def validate(self) -> None:
         if self.baseline not in BASELINES:
@@ -174,6 +188,14 @@ class RunSpec:
             raise ValueError(
                 f"byte_budget_from must be floor or verify, got {self.byte_budget_from!r}"
             )
+        if self.host_experts not in ("off", "auto"):
+            raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
+        if not self.host_max_ratio > 0:
+            raise ValueError(f"host_max_ratio must be positive, got {self.host_max_ratio}")
+        for name in ("host_workers", "host_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.synthetic_format not in (None, "mxfp4"):
@@ -455,6 +477,7 @@ def _run(
         max_running=spec.max_running or spec.concurrency,
         token_budget=spec.token_budget or spec.concurrency * spec.block_size,
         seed=spec.seed,
+        host_experts=spec.host_mode,
     )
     batcher: VerifyBatcher | None = None
     byte_budget: int | None = None
@@ -511,6 +534,17 @@ def _run(
         + (spec.max_new_tokens_max or spec.max_new_tokens)
         + 1
     )
+    host_service = None
+    if config.host_experts != "off":
+        from pdflash.hybrid import build_host_service
+
+        host_service = build_host_service(
+            adapter,
+            link_bytes_per_s=link_gbps * 1e9,
+            workers=spec.host_workers,
+            intra_op_threads=spec.host_threads,
+            max_host_ratio=spec.host_max_ratio,
+        )
 
     def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:
         return Engine(
@@ -523,22 +557,23 @@ def _run(
             acceptance=acceptance,
             expert_cache=cache,
             route_stats=route_stats if cfg.route_ahead else None,
+            host_service=host_service if cfg.host_experts != "off" else None,
             max_seq_len=max_seq,
             device=device,
         )
 
-    verify_step_s: float | None = None
-    if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
-        verify_step_s = _verify_compute_s(spec, config, make_engine, adapter.vocab_size)
-        byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
-        primary = batcher.primary
-        assert isinstance(primary, DeficitBatcher)
-        primary.set_byte_budget(byte_budget)
-        config = config.replace(byte_budget=byte_budget)
-    engine = make_engine(config, batcher)
-    if spec.breakdown:
-        engine.runner.region_timer = engine.timer
     try:
+        verify_step_s: float | None = None
+        if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
+            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter.vocab_size)
+            byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
+            primary = batcher.primary
+            assert isinstance(primary, DeficitBatcher)
+            primary.set_byte_budget(byte_budget)
+            config = config.replace(byte_budget=byte_budget)
+        engine = make_engine(config, batcher)
+        if spec.breakdown:
+            engine.runner.region_timer = engine.timer
         result = _workload(
             spec,
             device,
@@ -567,6 +602,9 @@ def _run(
                 block.runtime = None
         adapter.cache = None
         adapter.runtime = None
+        if host_service is not None:
+            host_service.close()
+            runtime.host_service = None
 
 
 def _verify_compute_s(
@@ -586,6 +624,7 @@ def _verify_compute_s(
         streaming_prefetch=False,
         background_prefetch=False,
         byte_budget=None,
+        host_experts="off",
     )
     engine = make_engine(calib_cfg, None)
     rng = np.random.default_rng(spec.seed * 104729 + 17)
@@ -757,6 +796,8 @@ def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
     engine.steps = 0  # the row's `steps` counts measured steps only, like the rest
     engine.predict_s = 0.0
     engine.finished.clear()
+    if engine.host_service is not None:
+        engine.host_service.books.reset()
 
 
 def _result(
@@ -782,6 +823,8 @@ def _result(
     ttfts = [r.metrics.ttft_s for r in reqs if r.metrics.ttft_s is not None]
     round_lat = [x for r in reqs for x in r.metrics.round_latencies_s]
     cstats = cache.stats()
+    host = engine.host_service
+    host_busy = host.books.busy_s if host is not None else 0.0
     compute_busy = engine.timer.compute_busy_s()
     exposed = engine.timer.stall_s()
     link_busy = issuer_after["link_busy_s"] - issuer_before["link_busy_s"]
@@ -793,7 +836,17 @@ def _result(
         "ttft_p99_s": _percentile(ttfts, 99, "first token"),
         "round_latency_p50_s": _percentile(round_lat, 50, "verify round"),
         "round_latency_p99_s": _percentile(round_lat, 99, "verify round"),
-        "expert_cache_hit_rate": cstats["hit_rate"],
+        # NOTE: a HOST-served expert is a cache miss served by the CPU: it
+        # counts as a miss here, so hit rates compare across PD and PD+host
+        "expert_cache_hit_rate": (
+            cstats["hit_rate"]
+            if host is None
+            else ratio(
+                cstats["hits"],
+                cstats["hits"] + cstats["misses"] + host.books.experts,
+                "no expert requested",
+            )
+        ),
         "wasted_prefetch_bytes": float(cstats["prefetch_bytes_evicted_unused"]),
         "exposed_fetch_s": exposed,
         "h2d_bytes": float(h2d_bytes),
@@ -802,7 +855,9 @@ def _result(
         "compute_busy_s": compute_busy,
         "link_busy_s": link_busy,
         "wall_s": wall,
-        "eta": ratio(max(compute_busy, link_busy), wall, "zero wall time"),
+        # NOTE: three resources with the hybrid miss service: the compute
+        # stream, the link and the host CPU's expert pool
+        "eta": ratio(max(compute_busy, link_busy, host_busy), wall, "zero wall time"),
         "link_busy_fraction": ratio(link_busy, wall, "zero wall time"),
         "useful_byte_fraction": cstats["useful_byte_fraction"],
         "committed_tokens": float(committed),
@@ -832,6 +887,7 @@ def _result(
         metrics["token_only_differing_step_fraction"] = shadow.differing_steps / shadow.steps
         metrics["batch_missing_bytes_2d"] = float(shadow.primary_missing_bytes)
         metrics["batch_missing_bytes_token_only"] = float(shadow.shadow_missing_bytes)
+    metrics.update(_host_metrics(engine, wall, committed))
     metrics["h2d_overlap_fraction"] = (
         NotMeasured("no H2D copies in this run")
         if link_busy <= 0
@@ -930,9 +986,17 @@ def _result(
         "h2d_overlap_definition": "1 - exposed_fetch_s / link_busy_s (time-weighted)",
         "compute_busy_definition": (
             "prefill+draft+predict+verify time on the compute stream minus exposed_fetch_s "
-            "(CUDA events on CUDA, perf_counter on CPU; includes kernel-launch gaps)"
+            "and host_wait_s (CUDA events on CUDA, perf_counter on CPU; includes "
+            "kernel-launch gaps)"
+        ),
+        "expert_cache_hit_rate_definition": (
+            "cache hits / experts requested; an expert computed on the host (hybrid miss "
+            "service) counts as a miss"
         ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
+        "host_experts": engine.config.host_experts,
+        "host_service": host.describe() if host is not None else None,
+        "torch_intra_op_threads": torch.get_num_threads(),
     }
     row.update(metrics_to_json(metrics))
     breakdown = _verify_breakdown(engine.timer, spec.breakdown)
@@ -942,6 +1006,12 @@ def _result(
     if spec.slo_s is None:
         row.setdefault("not_measured", {})["slo_s"] = "no per-request SLO set (RunSpec.slo_s)"
     _add_trace_fields(row, engine.routing_trace, cache, committed, initial_resident)
+    _add_eta_phys(row, host.cost if host is not None else None, wall, compute_busy)
+    if host is not None:
+        row["belady_note"] = (
+            "the Belady replay copies every routed expert; with the hybrid miss service some "
+            "are computed on the host instead, so bytes_per_token_vs_belady can be below 1"
+        )
     per_request = [
         {
             "request_id": r.request_id,
@@ -965,6 +1035,82 @@ def _result(
         requests=per_request,
         initial_resident=initial_resident,
     )
+
+
+def _host_metrics(engine: Engine, wall: float, committed: int) -> dict[str, Metric]:
+    """The hybrid miss service's books: what the host served and what it cost."""
+    names = (
+        "host_served_experts",
+        "host_tokens",
+        "host_compute_s",
+        "host_busy_s",
+        "host_wait_s",
+        "host_busy_fraction",
+        "link_bytes_saved",
+        "link_bytes_saved_per_token",
+        "host_planned_ahead_experts",
+    )
+    host = engine.host_service
+    if host is None:
+        why = NotMeasured("host expert service off (host_experts=off)")
+        return dict.fromkeys(names, why)
+    b = host.books
+    return {
+        "host_served_experts": float(b.experts),
+        "host_tokens": float(b.tokens),
+        "host_compute_s": b.compute_s,
+        "host_busy_s": b.busy_s,
+        "host_wait_s": engine.timer.host_wait_s(),
+        "host_busy_fraction": ratio(b.busy_s, wall, "zero wall time"),
+        "link_bytes_saved": float(b.bytes_saved),
+        "link_bytes_saved_per_token": ratio(b.bytes_saved, committed, "no token committed"),
+        "host_planned_ahead_experts": float(b.planned_ahead),
+    }
+
+
+def miss_floor_s(
+    belady_bytes: float, expert_nbytes: int, link_bytes_per_s: float, host_expert_s: float | None
+) -> float:
+    """Least time to serve the Belady misses: over the link alone, or (with a
+    host expert cost) with the link and the host CPU working at once on a
+    perfect split: ``n * t_link * t_host / (t_link + t_host)`` for ``n``
+    missed experts, ``t_link`` per copy and ``t_host`` the host's cheapest
+    per-expert time (its calibrated intercept: one token)."""
+    link_s = belady_bytes / link_bytes_per_s
+    if host_expert_s is None or host_expert_s <= 0 or expert_nbytes <= 0:
+        return link_s
+    n = belady_bytes / expert_nbytes
+    t_link = expert_nbytes / link_bytes_per_s
+    return n * t_link * host_expert_s / (t_link + host_expert_s)
+
+
+def _add_eta_phys(row: dict[str, Any], cost: Any, wall: float, compute_busy: float) -> None:
+    """``eta_phys`` = max(miss floor, compute floor) / wall (DESIGN §6), with
+    the host CPU as a third resource when the hybrid service ran (see
+    :func:`miss_floor_s`); the compute floor is this run's measured
+    compute-stream busy time."""
+    reasons = dict(row.get("not_measured") or {})
+    belady = row.get("belady_bytes")
+    link = row.get("link_gbps_measured")
+    value: float | None = None
+    if not isinstance(belady, (int, float)) or not isinstance(link, (int, float)) or link <= 0:
+        reasons["eta_phys"] = "no Belady bytes or no measured link bandwidth"
+    elif wall <= 0:
+        reasons["eta_phys"] = "zero wall time"
+    else:
+        host_s = float(cost.intercept_s) if cost is not None else None
+        floor = miss_floor_s(float(belady), int(row["expert_nbytes"]), link * 1e9, host_s)
+        value = max(floor, compute_busy) / wall
+        row["miss_floor_s"] = floor
+    row["eta_phys"] = value
+    row["eta_phys_definition"] = (
+        "max(miss floor, compute floor) / wall; miss floor = Belady bytes / measured link "
+        "bandwidth, or with the host CPU (hybrid service) the Belady misses split perfectly "
+        "between the link and the host at its calibrated one-token cost per expert; compute "
+        "floor = this run's compute-stream busy time (compute_busy_s)"
+    )
+    if reasons:
+        row["not_measured"] = reasons
 
 
 def _add_trace_fields(

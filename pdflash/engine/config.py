@@ -12,6 +12,9 @@ B3      DFlash       none needed: every expert resident       FCFS under a token
 PD      DFlash       route-ahead before verify, in bands,     2-D deficit scheduler
                      streamed in layer order (from drafting
                      on); lookahead; background prefetch
+PD+host DFlash       PD's, and the host CPU computes the      2-D deficit scheduler
+                     misses the cost model gives it
+                     (hybrid miss service, pdflash.hybrid)
 ======  ===========  =======================================  =========================
 """
 
@@ -21,8 +24,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-BASELINES = ("B0", "B1", "B2", "B3", "PD")
+BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host")
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
+HOST_EXPERTS = ("off", "auto")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,10 @@ class EngineConfig:
             the one-shot route-ahead batch copy and the plain lookahead.
         stream_ahead: experts the stream copies beyond the next layer's set.
         all_resident: size the expert cache to hold every expert (B3).
+        host_experts: ``off`` (every miss is copied) or ``auto`` (the hybrid
+            miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
+            misses to the host CPU; the engine needs a ``host_service``).
+            Default off until measured on the GPU.
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
     """
@@ -73,6 +81,7 @@ class EngineConfig:
     streaming_prefetch: bool = False
     stream_ahead: int = 2
     all_resident: bool = False
+    host_experts: str = "off"
     kv_page_size: int = 16
     seed: int = 0
 
@@ -97,6 +106,12 @@ class EngineConfig:
             raise ValueError("streaming_prefetch needs route_ahead")
         if self.stream_ahead < 0:
             raise ValueError(f"stream_ahead must be >= 0, got {self.stream_ahead}")
+        if self.host_experts not in HOST_EXPERTS:
+            raise ValueError(
+                f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"
+            )
+        if self.host_experts != "off" and self.all_resident:
+            raise ValueError("host_experts needs offloaded experts (all_resident is set)")
         if self.kv_page_size < 1:
             raise ValueError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
 
@@ -123,6 +138,7 @@ class EngineConfig:
                 "streaming_prefetch": True,
             },
         }
+        table["PD+host"] = {**table["PD"], "host_experts": "auto"}
         if baseline not in table:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         fields = {"baseline": baseline, **table[baseline]}

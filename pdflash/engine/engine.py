@@ -211,6 +211,13 @@ class Engine:
             (``resident_mask()``, ``prefetch(ids, band)``, ``stats()``).
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
             resident)`` over ``(layers, experts)`` masks (optional).
+        host_service: the hybrid miss service
+            (:class:`pdflash.hybrid.HostExpertService`, attached to the
+            adapter's offloaded runtime) when ``config.host_experts`` is
+            ``auto``: before each verify its planner turns the route-ahead
+            prediction into the experts expected to be computed on the host;
+            those are left out of the stream's ROUTE_AHEAD copies and handed
+            to the verify scheduler as if resident (they cost no link bytes).
         max_seq_len: longest prompt + output a request may have (sizes KV).
         device: where activations live (the adapter's device).
         max_finished: keep at most this many finished requests in
@@ -230,6 +237,7 @@ class Engine:
         acceptance: AcceptanceModel | None = None,
         expert_cache: Any = None,
         route_stats: Any = None,
+        host_service: Any = None,
         max_seq_len: int = 1024,
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
@@ -259,6 +267,11 @@ class Engine:
             raise ValueError("route_ahead needs a predictor")
         if max_seq_len < 2:
             raise ValueError(f"max_seq_len must be >= 2, got {max_seq_len}")
+        if config.host_experts != "off" and (host_service is None or expert_cache is None):
+            raise ValueError(
+                f"host_experts={config.host_experts!r} needs offloaded experts and a host_service "
+                "(pdflash.hybrid.build_host_service)"
+            )
         self.adapter = adapter
         self.config = config
         self.device = torch.device(device)
@@ -273,6 +286,21 @@ class Engine:
         self.max_seq_len = max_seq_len
         self.clock = clock
         self.timer = ComputeTimer(self.device)
+        self.host_service = host_service if config.host_experts != "off" else None
+        runtime = getattr(adapter, "runtime", None)
+        if self.host_service is not None:
+            self.host_service.timer = self.timer
+            if runtime is not None:
+                runtime.host_service = self.host_service  # the block's hook
+        elif getattr(runtime, "host_service", None) is not None:
+            raise ValueError(
+                "the adapter's offloaded runtime has a host_service but config.host_experts is "
+                "'off' (its books would be missing from the engine's): detach it "
+                "(runtime.host_service = None) or use host_experts='auto'"
+            )
+        #: (layers, experts) experts planned for the host in the coming verify
+        self.host_ahead: npt.NDArray[np.bool_] | None = None
+        self._wait_sample: tuple[float, float] | None = None  # (waited s, clock s)
 
         ps = config.kv_page_size
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
@@ -845,6 +873,8 @@ class Engine:
         for req, sc in zip(reqs, scores, strict=True):
             req.predicted = flat_expert_ids(sc > self.config.route_ahead_min_score)
             req.draft_hidden = None
+        if self.host_service is not None:
+            self._plan_host_ahead()
         if self.stream is not None:
             # refine the stream's plan as soon as the prediction exists (the
             # batch is chosen next; with every request batched this is its plan)
@@ -865,8 +895,13 @@ class Engine:
             )
             for r in reqs
         ]
+        resident = self._resident_mask()
+        if resident is not None and self.host_ahead is not None:
+            # NOTE: experts planned for the host move no link bytes: the
+            # scheduler sees them as resident
+            resident = resident | self.host_ahead
         t0 = time.perf_counter()
-        decision = self.batcher.select(demands, self._resident_mask())
+        decision = self.batcher.select(demands, resident)
         us = (time.perf_counter() - t0) * 1e6
         decision.scheduler_us = us
         self.scheduler_us.append(us)
@@ -1093,6 +1128,65 @@ class Engine:
             self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
             self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
             self.expert_cache.prefetch(ids, Band.ROUTE_AHEAD)
+
+    def _plan_host_ahead(self) -> None:
+        """Before a verify: the experts the host is expected to compute.
+
+        Expected tokens per predicted expert: each waiting request spreads its
+        block's ``tokens x top_k`` routed rows evenly over the experts it is
+        predicted to use in a layer; the requests' shares add up. The
+        planner's split of the non-resident ones (link idle ahead of the
+        verify) is :attr:`host_ahead`; the stream skips copying them. Only
+        while forwards wait for misses (see :meth:`_misses_exposed`).
+        """
+        assert self.host_service is not None and self.expert_cache is not None
+        if not self._misses_exposed():
+            # NOTE: the link keeps up: route-ahead copies are hidden behind
+            # compute, while a HOST expert is computed on the forward's
+            # critical path. Plan nothing ahead (layers still split their
+            # on-demand misses, which are on the critical path either way).
+            self.host_ahead = None
+            if self.stream is not None:
+                self.stream.skip[:] = False
+            return
+        L, E = self.adapter.num_layers, self.adapter.num_experts
+        expected = np.zeros(L * E, dtype=np.float64)
+        for req in self._requests.values():
+            if req.state != RequestState.VERIFY or req.predicted is None or not req.predicted.size:
+                continue
+            tokens = 1 + (0 if req.drafts is None else int(req.drafts.numel()))
+            layers = req.predicted // E
+            per_layer = np.bincount(layers, minlength=L).astype(np.float64)
+            share = tokens * self.adapter.top_k / per_layer[layers]
+            expected[req.predicted] += np.minimum(share, tokens)
+        resident = np.asarray(self.expert_cache.resident_mask(), dtype=np.bool_)
+        mask = self.host_service.plan_ahead(expected.reshape(L, E), resident)
+        self.host_ahead = mask
+        self.host_service.books.planned_ahead += int(mask.sum())
+        if self.stream is not None:
+            self.stream.skip = mask
+
+    #: plan HOST experts ahead while forwards waited for misses (copies or the
+    #: host) at least this share of the time since the previous plan. (On the
+    #: H200, PD's exposed-fetch share was 0.29-0.48 at the link-bound points
+    #: and at most 0.17 at the compute-bound ones; the link's busy share does
+    #: not separate them: 0.67 at gpt-oss-20b c=1 cache 0.2 and at c=16 cache 0.5.)
+    HOST_AHEAD_EXPOSED = 0.2
+
+    def _misses_exposed(self) -> bool:
+        """Did forwards wait for expert copies or host results for at least
+        :attr:`HOST_AHEAD_EXPOSED` of the time since the last call? True
+        before a measurement (a cold cache misses everything) or after the
+        timer was reset."""
+        # NOTE: on CUDA this reads the timer's events (a device sync); it runs
+        # right after the route-ahead scores were read back, so the stream
+        # has nothing left to wait for
+        waited = self.timer.stall_s() + self.timer.host_wait_s()
+        now = time.perf_counter()
+        last, self._wait_sample = self._wait_sample, (waited, now)
+        if last is None or now <= last[1] or waited < last[0]:
+            return True
+        return (waited - last[0]) / (now - last[1]) >= self.HOST_AHEAD_EXPOSED
 
     def _count_route_ahead_bytes(self, nbytes: int) -> None:
         self.prefetch_bytes[Band.ROUTE_AHEAD] += int(nbytes)

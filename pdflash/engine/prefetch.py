@@ -130,6 +130,9 @@ class StreamingPrefetcher:
         self.plan = np.zeros(shape, dtype=np.bool_)
         #: experts worth a copy (a subset of ``plan``)
         self.fetch = np.zeros(shape, dtype=np.bool_)
+        #: experts never copied ahead (the hybrid miss service plans to
+        #: compute them on the host); they stay protected if planned
+        self.skip = np.zeros(shape, dtype=np.bool_)
         self._source_plans: dict[str, npt.NDArray[np.bool_]] = {}
         #: running precision per plan source (None until measured)
         self.precision: dict[str, float | None] = dict.fromkeys(self.SOURCES)
@@ -267,7 +270,7 @@ class StreamingPrefetcher:
         if target.size == 0:
             return 0
         resident = np.asarray(cache.is_resident(target), dtype=np.bool_)
-        want_all = target[~resident]
+        want_all = target[~resident & ~self.skip.reshape(-1)[target]]
         if limit is not None:
             want_all = want_all[: max(0, limit)]
         submitted = 0

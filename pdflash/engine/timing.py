@@ -1,8 +1,9 @@
 """Compute-busy and stall timing for the regime metrics of DESIGN §6.
 
 On CUDA, CUDA events recorded on the compute stream bracket every forward
-(compute-busy = forward time - stall time) and every wait of the compute
-stream on expert copies (stall = exposed fetch). On the CPU the forwards run
+(compute-busy = forward time - stall time - host wait) and every wait of the
+compute stream on expert copies (stall = exposed fetch) or on the host CPU's
+expert outputs (host wait, hybrid miss service). On the CPU the forwards run
 synchronously, so ``time.perf_counter`` brackets measure the same things on
 the host (the host backend blocks the caller in ``wait``).
 """
@@ -63,6 +64,7 @@ class ComputeTimer:
         """Zero the accumulated times (e.g. after a warm-up)."""
         self._forward = _Span(self.cuda)
         self._stall = _Span(self.cuda)
+        self._host_wait = _Span(self.cuda)
         self._kinds: dict[str, _Span] = {}
         self._regions: dict[tuple[str, str], _Span] = {}
         self._kind: str | None = None
@@ -118,6 +120,14 @@ class ComputeTimer:
     def stall(self) -> Any:
         return self._stall.measure()
 
+    def host_wait(self) -> Any:
+        """Time a forward waits for the host CPU's expert outputs (hybrid
+        miss service): on CUDA the compute stream's gap until the copy back."""
+        return self._host_wait.measure()
+
+    def host_wait_s(self) -> float:
+        return self._host_wait.total_s()
+
     def forward_s(self) -> float:
         return self._forward.total_s()
 
@@ -125,7 +135,7 @@ class ComputeTimer:
         return self._stall.total_s()
 
     def compute_busy_s(self) -> float:
-        return max(0.0, self.forward_s() - self.stall_s())
+        return max(0.0, self.forward_s() - self.stall_s() - self.host_wait_s())
 
 
 class StallTimedCache:

@@ -21,6 +21,14 @@ cache reads deferred routings back once when the host needs them (counters,
 an eviction choice), and an eviction waits on the event of the last kernels
 that read the victim slot (:mod:`pdflash.cache.expert_cache`).
 
+Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
+that one read of a layer's counts, the service picks the misses the host CPU
+computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
+slot, their rows go to the host without a sync, and the block writes the
+host's rows into its output just before the weighted sum. The host thread
+waits there for the CPU (not for the device); on the stream, only that write
+and its copy wait for the host.
+
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
 sparse MoE block (it keeps the HF router submodule under its original name,
@@ -31,7 +39,7 @@ HF forward runs with experts offloaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -43,6 +51,8 @@ from torch import nn
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
 
 if TYPE_CHECKING:
+    from pdflash.hybrid.block import HostPart
+    from pdflash.hybrid.service import HostExpertService
     from pdflash.models.store import ExpertStore
 
 #: ``hook(layer, topk_ids)``: called with each layer's exact routing
@@ -150,6 +160,10 @@ class OffloadedMoE:
         self.expert_fn = expert_fn
         self.num_experts = store.num_experts
         self.route_hooks: list[RouteHook] = []
+        #: the hybrid miss service (:mod:`pdflash.hybrid`): when set, the
+        #: host CPU computes the layer's misses it chooses (None: every miss
+        #: is copied)
+        self.host_service: HostExpertService | None = None
         # NOTE: views per slot are built once; a slot's bytes change, its views do not.
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
@@ -210,10 +224,59 @@ class OffloadedMoE:
         # reduction in the routing weights' precision, rounded to x's dtype once.
         x_parts = x[order // k].split(counts_host[experts].tolist())
         y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
+        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
+        todo = np.arange(experts.size)  # positions in `experts` computed here
+        if host_part is not None:
+            todo = np.flatnonzero(~host_part.mask)
+            for p in np.flatnonzero(host_part.mask).tolist():
+                # NOTE: a placeholder of the right shape (no allocation); the
+                # host's rows overwrite these rows below
+                y_parts[p] = x_parts[p]
+        try:
+            self._compute_on_device(layer, experts, todo, x_parts, y_parts)
+        except BaseException:
+            if host_part is not None:
+                host_part.cancel()
+            raise
+        y_sorted = torch.cat(y_parts)  # type: ignore[arg-type]  # every entry set above
+        y = torch.empty_like(y_sorted)
+        y[order] = y_sorted
+        if host_part is not None:
+            y[host_part.rows] = host_part.result().to(y.dtype)
+        weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
+        return weighted.sum(dim=1).to(x.dtype)
+
+    def _start_host_part(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        flat: torch.Tensor,
+        k: int,
+        experts: np.ndarray,
+        counts_host: np.ndarray,
+    ) -> HostPart | None:
+        """The hybrid hook: start the host on the misses the service picks."""
+        if self.host_service is None:
+            return None
+        from pdflash.hybrid.block import start_host_part
+
+        return start_host_part(
+            self.host_service, self.cache, layer, x, flat, k, experts, counts_host
+        )
+
+    def _compute_on_device(
+        self,
+        layer: int,
+        experts: np.ndarray,
+        todo: np.ndarray,
+        x_parts: Sequence[torch.Tensor],
+        y_parts: list[torch.Tensor | None],
+    ) -> None:
+        """Pin/copy/compute ``experts[todo]`` from the cache, into ``y_parts``."""
         base = layer * self.num_experts
         cache = self.cache
         i = 0
-        while i < experts.size:
+        while i < todo.size:
             room = cache.free_capacity()
             if room <= 0:  # every slot pinned or still being filled by a copy
                 # NOTE: wait for in-flight copies to land (they settle or free
@@ -225,29 +288,25 @@ class OffloadedMoE:
                     f"layer {layer}: no expert slot is free or evictable "
                     f"({cache.num_slots} slots, all pinned with no copy in flight)"
                 )
-            group = experts[i : i + room]
-            flat_ids = base + group
+            pos = todo[i : i + room]
+            flat_ids = base + experts[pos]
             slots, tickets = cache.acquire(flat_ids)
             # NOTE: ready experts first, then the missing ones in submission
             # order, each waited on just before use: copy j+1 overlaps compute j.
             # A ready expert (ticket -1) needs no wait call at all.
             schedule = np.argsort(tickets, kind="stable").tolist()
-            slot_list, ticket_list = slots.tolist(), tickets.tolist()
+            slot_list, ticket_list, pos_list = slots.tolist(), tickets.tolist(), pos.tolist()
             try:
                 for j in schedule:
                     if ticket_list[j] >= 0:
                         cache.wait_ready(tickets[j : j + 1])
-                    y_parts[i + j] = self.expert_fn(x_parts[i + j], self._slot_views[slot_list[j]])
+                    p = pos_list[j]
+                    y_parts[p] = self.expert_fn(x_parts[p], self._slot_views[slot_list[j]])
             except BaseException:
                 cache.abort(flat_ids)
                 raise
             cache.release(flat_ids)
-            i += group.size
-        y_sorted = torch.cat(y_parts)  # type: ignore[arg-type]  # every entry set above
-        y = torch.empty_like(y_sorted)
-        y[order] = y_sorted
-        weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
-        return weighted.sum(dim=1).to(x.dtype)
+            i += pos.size
 
     # -- grouped path ------------------------------------------------------------
 
@@ -290,14 +349,45 @@ class OffloadedMoE:
     def _grouped_with_misses(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
     ) -> None:
-        cache = self.cache
-        base = layer * self.num_experts
         # NOTE: the one host sync of a layer with non-resident experts: the
         # host must learn the routed set to choose (and submit) the copies.
         # (Counted with index_add: CUDA's bincount would sync once more.)
         counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
         counts_host = counts.index_add_(0, flat, torch.ones_like(flat)).cpu().numpy()
         experts = np.flatnonzero(counts_host)
+        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
+        if host_part is not None:
+            # NOTE: HOST experts get no slot, so their rows map to slot -1 in
+            # the device slot table and every grouped call below skips them
+            experts = experts[~host_part.mask]
+        try:
+            self._grouped_misses_on_device(
+                layer, x, k, flat, y_flat, experts, partial=host_part is not None
+            )
+        except BaseException:
+            if host_part is not None:
+                host_part.cancel()
+            raise
+        if host_part is not None:
+            y_flat[host_part.rows] = host_part.result().to(y_flat.dtype)
+
+    def _grouped_misses_on_device(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        k: int,
+        flat: torch.Tensor,
+        y_flat: torch.Tensor,
+        experts: npt.NDArray[np.int64],
+        *,
+        partial: bool = False,
+    ) -> None:
+        """Pin/copy/compute ``experts`` from the cache into their rows of
+        ``y_flat``; ``partial``: other routed experts (HOST) hold no slot, so
+        every grouped call must select its rows (an unmasked call assumes
+        every row's expert has a slot)."""
+        cache = self.cache
+        base = layer * self.num_experts
         i = 0
         while i < experts.size:
             room = cache.free_capacity()
@@ -319,7 +409,7 @@ class OffloadedMoE:
                         continue
                     if waits:
                         cache.wait_ready(tickets[phase])
-                    whole = group.size == experts.size and bool(phase.all())
+                    whole = not partial and group.size == experts.size and bool(phase.all())
                     row_in = None if whole else self._rows_of(flat, group[phase])
                     self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
             except BaseException:

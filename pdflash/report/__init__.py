@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pdflash.report.evaluate import evaluate
-from pdflash.report.schema import BASELINES, validate_row, validate_rows
+from pdflash.report.schema import BASELINES, REQUIRED_BASELINES, validate_row, validate_rows
 from pdflash.report.writers import load_rows
 
 __all__ = ["BASELINES", "evaluate", "load_rows", "validate_row", "validate_rows", "write_report"]
@@ -26,7 +26,7 @@ __all__ = ["BASELINES", "evaluate", "load_rows", "validate_row", "validate_rows"
 def write_report(
     rows: Sequence[Mapping[str, Any]],
     out_dir: str | Path,
-    required_baselines: Iterable[str] = BASELINES,
+    required_baselines: Iterable[str] = REQUIRED_BASELINES,
     title: str = "pdflash-bench report",
     command: str | None = None,
     plots: bool = True,

@@ -29,7 +29,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pdflash.report.schema import BASELINES, comparison_points, serves, validate_rows
+from pdflash.report.schema import (
+    BASELINES,
+    REQUIRED_BASELINES,
+    comparison_points,
+    serves,
+    validate_rows,
+)
 
 #: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as DESIGN §3.
 LINK_BYTES_PER_S_PER_GBPS = 1e9
@@ -93,7 +99,9 @@ def _ordering(table: _Table) -> list[dict[str, Any]]:
     out = []
     pairs = (("B0", "B1", "<"), ("B1", "B2", "<"), ("B2", "PD", "<"), ("PD", "B3", "<="))
     for point in table.sorted_points():
-        tps = {b: table.median(point, b, "output_tokens_per_s") for b in BASELINES}
+        # optional baselines (PD+host) appear only where the set has rows of them
+        shown = [b for b in BASELINES if b in REQUIRED_BASELINES or table.by_baseline.get(b)]
+        tps = {b: table.median(point, b, "output_tokens_per_s") for b in shown}
         checks = []
         for lo, hi, op in pairs:
             a, b = tps[lo], tps[hi]
@@ -482,7 +490,7 @@ def _verdict(problems: list[str], targets: list[dict[str, Any]]) -> dict[str, An
 
 
 def evaluate(
-    rows: Sequence[Mapping[str, Any]], required_baselines: Iterable[str] = BASELINES
+    rows: Sequence[Mapping[str, Any]], required_baselines: Iterable[str] = REQUIRED_BASELINES
 ) -> dict[str, Any]:
     """Validate and evaluate ``rows``; see the module docstring for the keys."""
     problems = validate_rows(rows, required_baselines)

@@ -9,8 +9,15 @@ from pathlib import Path
 from typing import Any
 
 #: Plot order: PD beside B3, the all-resident bound it is judged against.
-PLOT_ORDER = ("B0", "B1", "B2", "PD", "B3")
-COLORS = {"B0": "#9e9e9e", "B1": "#1f77b4", "B2": "#ff7f0e", "B3": "#2ca02c", "PD": "#d62728"}
+PLOT_ORDER = ("B0", "B1", "B2", "PD", "PD+host", "B3")
+COLORS = {
+    "B0": "#9e9e9e",
+    "B1": "#1f77b4",
+    "B2": "#ff7f0e",
+    "B3": "#2ca02c",
+    "PD": "#d62728",
+    "PD+host": "#9467bd",
+}
 
 
 def _pyplot() -> Any:
@@ -87,9 +94,11 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
     fig, axes = _grid(plt, len(panels))
     for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
         concs = sorted({k[3] for k in med if k[:3] == (arch, block, cf)})
-        width = 0.8 / len(PLOT_ORDER)
-        for i, b in enumerate(PLOT_ORDER):
-            xs = [j + (i - (len(PLOT_ORDER) - 1) / 2) * width for j in range(len(concs))]
+        # optional baselines (PD+host) take a bar only where a set has them
+        order = [b for b in PLOT_ORDER if b != "PD+host" or any(k[4] == b for k in med)]
+        width = 0.8 / len(order)
+        for i, b in enumerate(order):
+            xs = [j + (i - (len(order) - 1) / 2) * width for j in range(len(concs))]
             ys = [med.get((arch, block, cf, c, b), 0.0) for c in concs]
             have = [
                 (x, y)

@@ -20,8 +20,13 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-#: Baselines in the order the report lists them (DESIGN §6).
-BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD")
+#: Baselines in the order the report lists them (DESIGN §6); ``PD+host`` is
+#: PD with the hybrid miss service (issue 16).
+BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host")
+
+#: The baselines a result set must cover unless told otherwise (``PD+host``
+#: is optional: rows of it are validated when present).
+REQUIRED_BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD")
 
 #: Identity fields every row carries, with the Python types allowed.
 IDENTITY_FIELDS: dict[str, tuple[type, ...]] = {
@@ -97,6 +102,18 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "batch_missing_bytes_2d",
     "batch_missing_bytes_token_only",
     "byte_budget_verify_compute_s",
+    # the hybrid miss service's books (null with a reason when it is off)
+    "host_served_experts",
+    "host_tokens",
+    "host_compute_s",
+    "host_busy_s",
+    "host_wait_s",
+    "host_busy_fraction",
+    "link_bytes_saved",
+    "link_bytes_saved_per_token",
+    "host_planned_ahead_experts",
+    "eta_phys",
+    "miss_floor_s",
 )
 
 #: Metrics that are fractions and must lie in [0, 1].
@@ -110,6 +127,7 @@ FRACTION_FIELDS: frozenset[str] = frozenset(
         "link_busy_fraction",
         "useful_byte_fraction",
         "token_only_differing_step_fraction",
+        "host_busy_fraction",
     }
 )
 
@@ -121,6 +139,9 @@ INTEGER_FIELDS: frozenset[str] = frozenset(
         "expert_nbytes",
         "trace_forward_layers",
         "initial_resident_experts",
+        "host_served_experts",
+        "host_tokens",
+        "host_planned_ahead_experts",
     }
 )
 
@@ -348,7 +369,7 @@ def comparison_points(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]
 
 def validate_rows(
     rows: Sequence[Mapping[str, Any]],
-    required_baselines: Iterable[str] = BASELINES,
+    required_baselines: Iterable[str] = REQUIRED_BASELINES,
 ) -> list[str]:
     """Problems with a result set: each row's, duplicates, missing baselines.
 

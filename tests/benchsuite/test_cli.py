@@ -324,3 +324,26 @@ def test_matrix_replays_belady_from_the_engine_starting_cache(make_row: Any) -> 
     carried.pop("spec")
     again = matrix.augment_row(carried, SimpleNamespace(), {"slo_s": 2.0})
     assert {k: again[k] for k in carried} == carried
+
+
+def test_matrix_plans_pd_host_and_the_host_switch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["matrix", "--concurrency", "1", "--cache-fraction", "0.2", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--baselines", "pd,PD+HOST", "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["to_run_per_baseline"] == {"PD": 1, "PD+host": 1}
+    assert "--baselines PD,PD+host" in plan["command"]
+    assert "--host-experts" not in plan["command"]  # off: the default, not spelled out
+    specs = matrix.plan(
+        cli.build_parser().parse_args(
+            [*argv, "--baselines", "B1,PD", "--host-experts", "auto", "--host-threads", "3"]
+        )
+    )
+    assert {s["host_experts"] for s in specs} == {"auto"} and {
+        s["host_threads"] for s in specs
+    } == {3}
+    # a run with the service and one without are different runs to the resume logic
+    off = matrix.plan(cli.build_parser().parse_args([*argv, "--baselines", "B1,PD"]))
+    assert "host_experts" not in off[0]
+    assert matrix.spec_key(specs[0]) != matrix.spec_key(off[0])

@@ -219,3 +219,26 @@ def test_eta_miss_splits_uncovered_time_hand_computed(
         "and inside forwards the compute stream waited 0.5 s on copies while the link "
         "was idle 0.4 s of the wall"
     )
+
+
+def test_pd_host_rows_are_optional_and_shown_where_present(
+    matrix_rows: Callable[..., list[Row]], tmp_path: Any
+) -> None:
+    from pdflash.report.plots import concurrency_plot, money_plot
+    from pdflash.report.schema import validate_rows
+
+    rows = matrix_rows()
+    assert validate_rows(rows) == []  # PD+host is not required
+    pd = [r for r in rows if r["baseline"] == "PD"]
+    extra = [
+        {**r, "baseline": "PD+host", "output_tokens_per_s": 2 * r["output_tokens_per_s"]}
+        for r in pd
+    ]
+    both = rows + extra
+    assert validate_rows(both) == []
+    ev = evaluate(both)
+    assert ev["ordering"][1]["tokens_per_s"]["PD+host"] == 304.0
+    assert "PD+host" not in evaluate(rows)["ordering"][1]["tokens_per_s"]
+    for plot in (money_plot, concurrency_plot):
+        out = plot(both, tmp_path / f"{plot.__name__}.png")
+        assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -78,6 +78,14 @@ def _stack(
                 (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
             ]
         )
+    host_service = None
+    if config.host_experts != "off":
+        from pdflash.hybrid import ForcedHostPlanner, build_host_service
+
+        # every other miss on the host, whatever the cost model would say
+        host_service = build_host_service(
+            adapter, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=2), calibrate=False
+        )
     eng = Engine(
         adapter,
         config,
@@ -86,6 +94,7 @@ def _stack(
         predictor=predictor,
         expert_cache=cache,
         route_stats=RouteAheadStats.for_adapter(adapter),
+        host_service=host_service,
         max_seq_len=64,
     )
     return eng, adapter, issuer
@@ -146,7 +155,11 @@ def test_lossless_offloaded_every_baseline(
         assert eng.kv.used_pages == 0
         if baseline != "B0":
             assert max(a for r in done.values() for a in r.metrics.acceptance_lengths) > 2
+        if eng.host_service is not None:  # PD+host: the host really served misses
+            assert eng.host_service.books.experts > 0
     finally:
+        if eng.host_service is not None:
+            eng.host_service.close()
         issuer.close()
 
 

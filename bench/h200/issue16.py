@@ -1,0 +1,248 @@
+"""Issue 16 on the H200: tokens/s of PD+host (hybrid miss service) vs PD.
+
+Runs :func:`pdflash.engine.bench_run.run_spec` in one process for every
+(arch, cache fraction, concurrency, baseline, repeat): gpt-oss-20b and
+Qwen3-30B-A3B shapes truncated to ``--layers`` (8 by default) MoE layers,
+synthetic bf16 weights, forced acceptance, block 16. Repeats are interleaved
+(repeat-major; PD and PD+host alternate which goes first), one arch after the
+other (the packed host experts of one arch are reused across its runs).
+
+torch's intra-op threads are process-wide: they are set once to
+``--host-threads`` before the first run, so PD and PD+host run with the same
+setting; the host pool has ``--host-workers`` threads. Both are recorded.
+
+Writes ``OUT/rows.jsonl`` (every row as it finishes) and ``OUT/summary.json``
+(per point: median tokens/s and 95% intervals of each baseline, the speedup,
+bytes per token before/after the split, the host's share of the misses, the
+busy fractions of the three resources and which one binds); the summary is
+also the last line on stdout. ``--budget-s`` stops starting runs; the summary
+says how many repeats each point got.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+
+
+def interval(values: list[float]) -> dict[str, Any]:
+    """Median, min/max and a t-based 95% interval of the mean."""
+    if not values:
+        return {"n": 0}
+    out: dict[str, Any] = {
+        "n": len(values),
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": values,
+    }
+    if len(values) >= 2:
+        mean = statistics.fmean(values)
+        half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+        out["mean_ci95"] = [mean - half, mean + half]
+    return out
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _median(rows: list[dict[str, Any]], name: str) -> float | None:
+    vals = [v for v in (_num(r.get(name)) for r in rows) if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    points: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
+    for r in rows:
+        key = (r["arch"], r["cache_fraction"], r["concurrency"])
+        points.setdefault(key, {}).setdefault(r["baseline"], []).append(r)
+    out = []
+    for (arch, cf, conc), by in sorted(points.items()):
+        pd, host = by.get("PD", []), by.get("PD+host", [])
+        tps = {
+            b: interval(
+                [v for v in (_num(r.get("output_tokens_per_s")) for r in rs) if v is not None]
+            )
+            for b, rs in by.items()
+        }
+        entry: dict[str, Any] = {
+            "arch": arch,
+            "cache_fraction": cf,
+            "concurrency": conc,
+            "tokens_per_s": tps,
+        }
+        a, b = tps.get("PD", {}), tps.get("PD+host", {})
+        if a.get("n") and b.get("n"):
+            entry["speedup_median"] = b["median"] / a["median"]
+            lo_a, hi_a = a.get("mean_ci95", [a["min"], a["max"]])
+            lo_b, hi_b = b.get("mean_ci95", [b["min"], b["max"]])
+            entry["verdict"] = (
+                "PD+host faster"
+                if lo_b > hi_a
+                else ("PD+host slower" if hi_b < lo_a else "within noise")
+            )
+        bpt_pd, bpt_host = _median(pd, "bytes_per_token"), _median(host, "bytes_per_token")
+        entry["bytes_per_token"] = {"PD": bpt_pd, "PD+host": bpt_host}
+        if bpt_pd and bpt_host is not None:
+            entry["bytes_per_token_ratio"] = bpt_host / bpt_pd
+        if host:
+            nbytes = float(host[0]["expert_nbytes"])
+            served = _median(host, "host_served_experts") or 0.0
+            copied = (_median(host, "h2d_bytes") or 0.0) / nbytes
+            busy = {
+                "compute": _median(host, "compute_busy_s"),
+                "link": _median(host, "link_busy_s"),
+                "host_cpu": _median(host, "host_busy_s"),
+            }
+            wall = _median(host, "wall_s") or float("nan")
+            frac = {k: (v / wall if v is not None else None) for k, v in busy.items()}
+            known = {k: v for k, v in frac.items() if v is not None}
+            entry["pd_host"] = {
+                "host_served_experts": served,
+                "host_share_of_misses": served / (served + copied) if served + copied else None,
+                "link_bytes_saved_per_token": _median(host, "link_bytes_saved_per_token"),
+                "host_wait_s": _median(host, "host_wait_s"),
+                "busy_fraction": frac,
+                "binding_resource": max(known, key=lambda k: known[k]) if known else None,
+                "cpu_is_bottleneck": bool(known)
+                and max(known, key=lambda k: known[k]) == "host_cpu",
+                "eta": _median(host, "eta"),
+                "eta_phys": _median(host, "eta_phys"),
+            }
+        if pd:
+            wall = _median(pd, "wall_s") or float("nan")
+            entry["pd"] = {
+                "busy_fraction": {
+                    "compute": (_median(pd, "compute_busy_s") or 0.0) / wall,
+                    "link": (_median(pd, "link_busy_s") or 0.0) / wall,
+                },
+                "eta": _median(pd, "eta"),
+                "eta_phys": _median(pd, "eta_phys"),
+            }
+        out.append(entry)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default="gpt-oss-20b,qwen3-30b-a3b")
+    ap.add_argument("--layers", type=int, default=8, help="MoE layers (0: the shape's own)")
+    ap.add_argument("--cache", default="0.2,0.5")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--host-threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--host-workers", type=int, default=1)
+    ap.add_argument("--host-max-ratio", type=float, default=1.0)
+    ap.add_argument("--budget-s", type=float, default=250.0)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from pdflash.engine.bench_run import RunSpec, release_targets, run_spec
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows_path = args.out / "rows.jsonl"
+    torch.set_num_threads(args.host_threads)
+    archs = [a for a in args.archs.split(",") if a]
+    caches = [float(c) for c in args.cache.split(",")]
+    concs = [int(c) for c in args.concurrency.split(",")]
+    started = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    cut = 0
+    for ai, arch in enumerate(archs):
+        # each arch may use its share of what is left of the budget
+        arch_deadline = started + args.budget_s * (ai + 1) / len(archs)
+        for rep in range(args.repeats):
+            for cf in caches:
+                for conc in concs:
+                    order = ["PD", "PD+host"] if (rep + conc) % 2 == 0 else ["PD+host", "PD"]
+                    for baseline in order:
+                        if time.perf_counter() > arch_deadline:
+                            cut += 1
+                            continue
+                        spec = RunSpec(
+                            arch=arch,
+                            baseline=baseline,
+                            block_size=16,
+                            concurrency=conc,
+                            cache_fraction=cf,
+                            repeat=rep,
+                            layers=args.layers or None,
+                            max_new_tokens=args.max_new_tokens,
+                            prompt_len=args.prompt_len,
+                            host_threads=args.host_threads,
+                            host_workers=args.host_workers,
+                            host_max_ratio=args.host_max_ratio,
+                        )
+                        t0 = time.perf_counter()
+                        try:
+                            row = run_spec(spec).row
+                        except Exception as exc:  # one failure must not lose the rest
+                            errors.append(
+                                {"spec": vars(spec), "error": f"{type(exc).__name__}: {exc}"}
+                            )
+                            print(
+                                f"[issue16] FAILED {arch} {baseline} cf{cf} c{conc} r{rep}: {exc}",
+                                file=sys.stderr,
+                                flush=True,
+                            )
+                            continue
+                        row["run_elapsed_s"] = time.perf_counter() - t0
+                        rows.append(row)
+                        with rows_path.open("a") as f:
+                            f.write(json.dumps(row, default=str) + "\n")
+                        print(
+                            f"[issue16] {arch} {baseline} cf{cf} c{conc} r{rep}: "
+                            f"tok/s={row['output_tokens_per_s']:.1f} "
+                            f"B/tok={row.get('bytes_per_token') or 0:.3g} "
+                            f"host={row.get('host_served_experts')} "
+                            f"({time.perf_counter() - t0:.1f}s, total {time.perf_counter() - started:.0f}s)",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+        release_targets()
+    calibrations = {
+        r["arch"]: (r.get("host_service") or {}).get("calibration")
+        for r in rows
+        if r["baseline"] == "PD+host"
+    }
+    summary = {
+        "suite": "issue16",
+        "command": " ".join(sys.argv),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "cpu_count": os.cpu_count(),
+        "torch_intra_op_threads": torch.get_num_threads(),
+        "host_workers": args.host_workers,
+        "host_max_ratio": args.host_max_ratio,
+        "layers": args.layers,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_len": args.prompt_len,
+        "repeats_requested": args.repeats,
+        "runs": len(rows),
+        "runs_not_started_budget": cut,
+        "errors": errors,
+        "elapsed_s": time.perf_counter() - started,
+        "host_calibration": calibrations,
+        "points": summarise(rows),
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(json.dumps(summary, default=str))
+    return 1 if errors or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Computing experts on the host CPU from their packed host weights.
+
+:class:`HostExpertExecutor` runs the adapter's own expert function (the same
+``expert_fn(x, weights)`` the device path calls on a cache slot's views) on
+views of the store's host buffer (``ExpertStore.views``), in a small thread
+pool: an expert's output is the same function whichever side computes it.
+
+One HOST batch (:meth:`HostExpertExecutor.submit`) is the rows of a layer's
+HOST experts, sorted by expert:
+
+1. the rows go device -> host into pinned memory (``non_blocking``; an
+   event marks their arrival);
+2. pool workers wait for that event, compute their share of the experts
+   (experts split into contiguous runs of about equal token counts, one run
+   per worker) and write into one pinned output buffer;
+3. :meth:`HostJob.result` waits for the workers on the host, then copies the
+   output host -> device with a plain ``non_blocking`` copy on the caller's
+   (compute) stream, so the add that consumes it is ordered after it with
+   no further sync. Why not the issuer's ON_DEMAND band: the result is small
+   (tokens x hidden), the issuer keeps only a window of at most a few
+   chunks on the copy engine, so this copy waits at most that window (the
+   same bound an ON_DEMAND copy has), and a stream-ordered copy needs no
+   ticket, key or stream_wait.
+
+Threads: torch's intra-op thread count is process-wide (setting it in a
+worker thread changes it for every thread), so ``intra_op_threads`` is set
+once with ``torch.set_num_threads`` when given and recorded either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+ExpertFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+WeightsOf = Callable[[int], dict[str, torch.Tensor]]
+
+
+def default_host_threads() -> tuple[int, int]:
+    """``(workers, intra_op_threads)`` for this machine: one worker using all
+    cores but two (one for the engine's Python thread, one for the H2D
+    issuer's thread), at least one."""
+    cores = os.cpu_count() or 1
+    return 1, max(1, cores - 2)
+
+
+class HostJob:
+    """A submitted HOST batch; :meth:`result` gives its output on the device."""
+
+    def __init__(
+        self,
+        futures: list[Future[tuple[float, float]]],
+        out: torch.Tensor,
+        device: torch.device,
+        rows: int,
+    ) -> None:
+        self._futures = futures
+        self._out = out
+        self.device = device
+        self.rows = rows
+        #: (start, end) perf_counter seconds of each worker's compute
+        self.intervals: list[tuple[float, float]] = []
+        self.wait_s = 0.0  # time the caller blocked in result()
+
+    def done(self) -> bool:
+        return all(f.done() for f in self._futures)
+
+    def result(self) -> torch.Tensor:
+        """Block until the CPU finished; the ``[rows, hidden]`` output on the
+        job's device (a ``non_blocking`` copy on the current stream)."""
+        t0 = time.perf_counter()
+        try:
+            self.intervals = [f.result() for f in self._futures]
+        finally:
+            self.wait_s = time.perf_counter() - t0
+        if self.device.type == "cpu":
+            return self._out
+        return self._out.to(self.device, non_blocking=True)
+
+    def cancel(self) -> None:
+        """Drop the job (after a failure elsewhere): cancel what has not
+        started and wait for what has, so no worker writes into freed memory."""
+        for f in self._futures:
+            f.cancel()
+        for f in self._futures:
+            if not f.cancelled():
+                # the caller is already failing: only wait, keep its error
+                with contextlib.suppress(Exception):
+                    f.result()
+
+
+class HostExpertExecutor:
+    """Computes experts on the CPU from the store's packed host weights.
+
+    Args:
+        weights_of: flat expert id -> that expert's weight views on the host
+            (``ExpertStore.views``).
+        expert_fn: the adapter's ``expert_forward`` (``(x [n, H], weights) ->
+            [n, H]``).
+        dtype: the packed weights' dtype (hidden states are computed in it).
+        expert_nbytes: bytes of one packed expert (recorded with the cost).
+        workers: pool threads computing experts at once.
+        intra_op_threads: torch intra-op threads (process-wide; None leaves
+            torch's setting and records it).
+    """
+
+    def __init__(
+        self,
+        weights_of: WeightsOf,
+        expert_fn: ExpertFn,
+        *,
+        dtype: torch.dtype,
+        expert_nbytes: int = 0,
+        workers: int | None = None,
+        intra_op_threads: int | None = None,
+    ) -> None:
+        auto_workers, _ = default_host_threads()
+        workers = auto_workers if workers is None else int(workers)
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if intra_op_threads is not None:
+            if intra_op_threads < 1:
+                raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+            torch.set_num_threads(int(intra_op_threads))
+        self.weights_of = weights_of
+        self.expert_fn = expert_fn
+        self.dtype = dtype
+        self.expert_nbytes = int(expert_nbytes)
+        self.workers = workers
+        self.intra_op_threads = int(torch.get_num_threads())
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdflash-host")
+        self._lock = threading.Lock()
+        self.closed = False
+
+    # -- the work of one worker ------------------------------------------------
+
+    def _run(
+        self,
+        ids: Sequence[int],
+        x: torch.Tensor,
+        bounds: Sequence[int],
+        out: torch.Tensor,
+        ready: Callable[[], None] | None,
+    ) -> tuple[float, float]:
+        if ready is not None:
+            ready()
+        t0 = time.perf_counter()
+        # NOTE: grad and inference modes are per thread; the forward that
+        # submitted this may run under inference_mode (its tensors are then
+        # inference tensors, writable only in inference mode)
+        with torch.inference_mode():
+            for j, g in enumerate(ids):
+                lo, hi = bounds[j], bounds[j + 1]
+                out[lo:hi] = self.expert_fn(x[lo:hi], self.weights_of(int(g)))
+        return t0, time.perf_counter()
+
+    @staticmethod
+    def _runs(counts: Sequence[int], parts: int) -> list[tuple[int, int]]:
+        """Split experts ``0..n`` into at most ``parts`` contiguous runs of
+        about equal rows."""
+        n = len(counts)
+        if n == 0:
+            return []
+        parts = max(1, min(parts, n))
+        cum = np.concatenate([[0], np.cumsum(np.asarray(counts, dtype=np.int64))])
+        total = int(cum[-1])
+        cuts = [0]
+        for p in range(1, parts):
+            j = int(np.searchsorted(cum, total * p / parts, side="left"))
+            cuts.append(min(max(j, cuts[-1] + 1), n - (parts - p)))
+        cuts.append(n)
+        return [(a, b) for a, b in itertools.pairwise(cuts) if b > a]
+
+    def _launch(
+        self,
+        ids: npt.NDArray[np.int64],
+        x: torch.Tensor,
+        counts: Sequence[int],
+        out: torch.Tensor,
+        ready: Callable[[], None] | None,
+    ) -> list[Future[tuple[float, float]]]:
+        if self.closed:
+            raise RuntimeError("HostExpertExecutor is closed")
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        cnt = [int(c) for c in counts]
+        if len(cnt) != ids.size:
+            raise ValueError(f"{ids.size} experts but {len(cnt)} token counts")
+        if any(c < 1 for c in cnt):
+            raise ValueError("every expert needs >= 1 token")
+        if sum(cnt) != x.shape[0]:
+            raise ValueError(f"token counts sum to {sum(cnt)} but x has {x.shape[0]} rows")
+        bounds = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64).tolist()
+        futures = []
+        for a, b in self._runs(cnt, self.workers):
+            rel = [v - bounds[a] for v in bounds[a : b + 1]]
+            futures.append(
+                self._pool.submit(
+                    self._run,
+                    ids[a:b].tolist(),
+                    x[bounds[a] : bounds[b]],
+                    rel,
+                    out[bounds[a] : bounds[b]],
+                    ready,
+                )
+            )
+        return futures
+
+    # -- entry points ------------------------------------------------------------
+
+    def compute(
+        self, ids: npt.NDArray[np.int64], x: torch.Tensor, counts: Sequence[int]
+    ) -> torch.Tensor:
+        """Synchronous: ``x`` (host, rows sorted by expert) -> outputs (host)."""
+        if x.device.type != "cpu":
+            raise ValueError(f"compute() takes host rows, got a {x.device} tensor")
+        x = x.to(self.dtype)
+        out = torch.empty_like(x)
+        for f in self._launch(ids, x, counts, out, None):
+            f.result()
+        return out
+
+    def to_host(self, x: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+        """``x`` (device rows) -> (host copy, a callable that blocks until it
+        has arrived; None when it already has)."""
+        x = x.to(self.dtype)
+        if x.device.type == "cpu":
+            return x.contiguous(), None
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+        host.copy_(x, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(x.device))
+        return host, event.synchronize
+
+    def submit(
+        self,
+        ids: npt.NDArray[np.int64],
+        x: torch.Tensor,
+        counts: Sequence[int],
+        *,
+        device: torch.device | str | None = None,
+    ) -> HostJob:
+        """Start a HOST batch: ``x`` (rows sorted by expert, on any device) is
+        copied to the host without a sync and computed in the pool; the
+        caller goes on and calls :meth:`HostJob.result` when it needs the
+        output (on ``device``, default ``x``'s)."""
+        dev = torch.device(device) if device is not None else x.device
+        host, ready = self.to_host(x)
+        pin = dev.type == "cuda"
+        out = torch.empty(host.shape, dtype=host.dtype, pin_memory=pin)
+        if np.asarray(ids).size == 0:
+            # nothing to compute (a round-trip probe): the workers still see the job
+            fut: Future[tuple[float, float]] = self._pool.submit(_wait_only, ready)
+            return HostJob([fut], out, dev, int(host.shape[0]))
+        return HostJob(self._launch(ids, host, counts, out, ready), out, dev, int(host.shape[0]))
+
+    def close(self) -> None:
+        """Stop the pool (waits for running jobs); idempotent."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> HostExpertExecutor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _wait_only(ready: Callable[[], None] | None) -> tuple[float, float]:
+    if ready is not None:
+        ready()
+    t = time.perf_counter()
+    return t, t

@@ -1,0 +1,275 @@
+"""Which missed experts the link copies and which the host CPU computes.
+
+A *miss* is an expert a forward routes tokens to that holds no cache slot
+(not resident, no copy in flight). Today every miss is copied ON_DEMAND. A
+:class:`MissPlanner` splits a layer's misses into COPY (the copy path as
+before) and HOST (the CPU computes the expert over its tokens from the
+packed host weights, in parallel with the link).
+
+:class:`CostModelPlanner` (the default) minimises the layer's miss-service
+makespan under a two-resource model:
+
+* link: ``(ahead_bytes + copies * expert_nbytes) / bytes_per_s`` — the
+  bytes already ahead of this layer's copies (its own in-flight copies,
+  promoted to ON_DEMAND when the layer pins them) plus the new copies;
+* host CPU: ``roundtrip_s + sum(a + b * tokens_e)`` over the HOST experts,
+  from the start-up calibration (:class:`HostCostModel`).
+
+The two run at once, so the layer waits ``max(link, host)``. Experts are
+moved to HOST cheapest (fewest tokens) first; for a fixed number of HOST
+experts that is the best choice because every COPY costs the link the same.
+A split is taken only when it beats all-COPY by ``margin`` (relative): the
+model's error is largest near break-even, and a COPY leaves the expert
+resident for later forwards while a HOST expert leaves nothing behind.
+
+Only experts the host computes at most ``max_host_ratio`` times slower than
+the link copies one are eligible (default 1.0: the per-expert break-even).
+Why: a copy also leaves the expert resident for the next forward, and in a
+streaming pipeline the link's queue for a layer is partly hidden behind
+earlier layers' compute, which the per-layer makespan does not see. So with
+many tokens per expert (a wide batch, c=16 x B=16: ``a + b * tokens`` above
+the copy time) the plan is all COPY; a larger ratio lets the makespan alone
+decide (e.g. experts a little slower on the CPU than over the link, which
+still relieve a queued link).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from pdflash.hybrid.cost import HostCostModel
+
+IdArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """What the link owes before a new ON_DEMAND copy of this layer lands.
+
+    Attributes:
+        bytes_per_s: the link's rate (measured in the run, or configured).
+        ahead_bytes: bytes that complete before this layer's new copies
+            (the layer's own copies already in flight).
+    """
+
+    bytes_per_s: float
+    ahead_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.bytes_per_s > 0:
+            raise ValueError(f"bytes_per_s must be positive, got {self.bytes_per_s!r}")
+        if self.ahead_bytes < 0:
+            raise ValueError(f"ahead_bytes must be >= 0, got {self.ahead_bytes}")
+
+
+@dataclass(frozen=True)
+class MissPlan:
+    """One layer's split of its missed experts (flat ids, disjoint)."""
+
+    copy: IdArray
+    host: IdArray
+    modeled_copy_only_s: float | None = None  # all-COPY makespan (None: no model)
+    modeled_s: float | None = None  # the chosen split's makespan
+
+
+@runtime_checkable
+class MissPlanner(Protocol):
+    """Splits missed experts into COPY and HOST.
+
+    ``plan`` runs per layer and per forward, once the layer's exact routing
+    is known; ``plan_ahead`` runs before a verify from the route-ahead
+    prediction (expected tokens per expert), so HOST-planned experts are
+    neither copied ahead nor charged as missing bytes to the scheduler.
+    """
+
+    name: str
+
+    def plan(
+        self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
+    ) -> MissPlan:
+        """``missed``: flat ids of the layer's non-resident routed experts;
+        ``tokens``: tokens routed to each (aligned)."""
+        ...
+
+    def plan_ahead(
+        self,
+        expected_tokens: npt.NDArray[np.float64],
+        resident: npt.NDArray[np.bool_],
+        link: LinkState,
+    ) -> npt.NDArray[np.bool_]:
+        """``(layers, experts)`` mask of the experts expected to be served on
+        the host in the coming verify; ``expected_tokens`` is ``(layers,
+        experts)`` (0: not predicted), ``resident`` the cache's residency."""
+        ...
+
+
+def _check_aligned(missed: IdArray, tokens: npt.NDArray[np.int64]) -> tuple[IdArray, IdArray]:
+    ids = np.asarray(missed, dtype=np.int64).reshape(-1)
+    tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if ids.shape != tok.shape:
+        raise ValueError(f"missed ({ids.size}) and tokens ({tok.size}) are not aligned")
+    if tok.size and tok.min() < 1:
+        raise ValueError("every missed expert needs >= 1 routed token")
+    return ids, tok
+
+
+@dataclass
+class CostModelPlanner:
+    """The makespan planner of the module doc.
+
+    Args:
+        cost: the calibrated host cost (seconds per expert vs tokens).
+        expert_nbytes: bytes of one expert copy.
+        margin: take a split only if it is at least this much (relative)
+            faster than all-COPY under the model.
+        max_host_per_layer: at most this many HOST experts per layer
+            (None: no cap).
+        max_host_ratio: an expert is eligible for HOST only if its host time
+            is at most this times its copy time (module doc).
+    """
+
+    cost: HostCostModel
+    expert_nbytes: int
+    margin: float = 0.1
+    max_host_per_layer: int | None = None
+    max_host_ratio: float = 1.0
+    name: str = "cost_model"
+    decisions: dict[str, int] = field(default_factory=lambda: {"layers": 0, "split": 0})
+
+    def __post_init__(self) -> None:
+        if self.expert_nbytes < 1:
+            raise ValueError(f"expert_nbytes must be >= 1, got {self.expert_nbytes}")
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {self.margin}")
+        if not self.max_host_ratio > 0:
+            raise ValueError(f"max_host_ratio must be positive, got {self.max_host_ratio}")
+        if self.max_host_per_layer is not None and self.max_host_per_layer < 0:
+            raise ValueError(f"max_host_per_layer must be >= 0, got {self.max_host_per_layer}")
+
+    def _split(
+        self, tokens: npt.NDArray[np.float64], link: LinkState
+    ) -> tuple[npt.NDArray[np.int64], float, float]:
+        """(indices to serve on the host, all-COPY makespan, chosen makespan)."""
+        n = int(tokens.size)
+        per_copy = self.expert_nbytes / link.bytes_per_s
+        ahead = link.ahead_bytes / link.bytes_per_s
+        copy_only = ahead + n * per_copy
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), copy_only, copy_only
+        order = np.argsort(tokens, kind="stable")
+        host_each = self.cost.expert_s(tokens[order])
+        host_cum = np.cumsum(host_each)
+        # host cost rises with tokens, so the eligible experts are a prefix of `order`
+        eligible = int((host_each <= self.max_host_ratio * per_copy).sum())
+        m = np.arange(1, eligible + 1)
+        if self.max_host_per_layer is not None:
+            m = m[m <= self.max_host_per_layer]
+        if m.size == 0:
+            return np.zeros(0, dtype=np.int64), copy_only, copy_only
+        link_s = ahead + (n - m) * per_copy
+        host_s = self.cost.roundtrip_s + host_cum[m - 1]
+        makespan = np.maximum(link_s, host_s)
+        best = int(np.argmin(makespan))
+        if makespan[best] < (1.0 - self.margin) * copy_only:
+            return order[: int(m[best])].astype(np.int64), copy_only, float(makespan[best])
+        return np.zeros(0, dtype=np.int64), copy_only, copy_only
+
+    def plan(
+        self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
+    ) -> MissPlan:
+        ids, tok = _check_aligned(missed, tokens)
+        pick, copy_only, chosen = self._split(tok.astype(np.float64), link)
+        self.decisions["layers"] += 1
+        if pick.size:
+            self.decisions["split"] += 1
+        host_mask = np.zeros(ids.size, dtype=np.bool_)
+        host_mask[pick] = True
+        return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen)
+
+    def plan_ahead(
+        self,
+        expected_tokens: npt.NDArray[np.float64],
+        resident: npt.NDArray[np.bool_],
+        link: LinkState,
+    ) -> npt.NDArray[np.bool_]:
+        exp = np.asarray(expected_tokens, dtype=np.float64)
+        res = np.asarray(resident, dtype=np.bool_)
+        if exp.shape != res.shape or exp.ndim != 2:
+            raise ValueError(
+                f"expected_tokens {exp.shape} and resident {res.shape} must be (layers, experts)"
+            )
+        out = np.zeros(exp.shape, dtype=np.bool_)
+        for layer in range(exp.shape[0]):
+            cand = np.flatnonzero((exp[layer] > 0) & ~res[layer])
+            if cand.size == 0:
+                continue
+            # NOTE: ahead of the verify no copy of this layer is queued yet;
+            # fractional expectations are rounded up (an expert gets >= 1 token)
+            tok = np.maximum(1.0, np.ceil(exp[layer, cand]))
+            pick, _, _ = self._split(tok, LinkState(link.bytes_per_s, 0))
+            out[layer, cand[pick]] = True
+        return out
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "planner": self.name,
+            "margin": self.margin,
+            "max_host_per_layer": self.max_host_per_layer,
+            "max_host_ratio": self.max_host_ratio,
+        }
+
+
+@dataclass
+class ForcedHostPlanner:
+    """Serves a fixed choice of missed experts on the host, whatever it costs:
+    for tests and for labelled "forced" ablation rows.
+
+    Args:
+        every: HOST every ``every``-th missed expert of a layer (by position
+            in ``missed``, starting with the first); 1 = all of them.
+        ids: or exactly these flat ids whenever they miss.
+    """
+
+    every: int | None = 2
+    ids: Sequence[int] | None = None
+    name: str = "forced"
+
+    def __post_init__(self) -> None:
+        if (self.every is None) == (self.ids is None):
+            raise ValueError("give exactly one of every= or ids=")
+        if self.every is not None and self.every < 1:
+            raise ValueError(f"every must be >= 1, got {self.every}")
+
+    def _mask(self, ids: IdArray) -> npt.NDArray[np.bool_]:
+        if self.ids is not None:
+            return np.isin(ids, np.asarray(list(self.ids), dtype=np.int64))
+        assert self.every is not None
+        return (np.arange(ids.size) % self.every) == 0
+
+    def plan(
+        self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
+    ) -> MissPlan:
+        ids, _ = _check_aligned(missed, tokens)
+        mask = self._mask(ids)
+        return MissPlan(ids[~mask], ids[mask])
+
+    def plan_ahead(
+        self,
+        expected_tokens: npt.NDArray[np.float64],
+        resident: npt.NDArray[np.bool_],
+        link: LinkState,
+    ) -> npt.NDArray[np.bool_]:
+        # NOTE: forced plans are decided per layer at routing time only
+        return np.zeros(np.asarray(resident).shape, dtype=np.bool_)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "planner": self.name,
+            "every": self.every,
+            "ids": None if self.ids is None else list(self.ids),
+        }

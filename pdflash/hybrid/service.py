@@ -1,0 +1,212 @@
+"""Hybrid miss service: the hook the offloaded MoE block calls, and its books.
+
+:class:`HostExpertService` joins a :class:`~pdflash.hybrid.planner.MissPlanner`
+and a :class:`~pdflash.hybrid.executor.HostExpertExecutor`. The offloaded
+block calls it at one point per layer, right after the layer's routing is on
+the host (the block's one host sync):
+
+* :meth:`HostExpertService.split` — which of the layer's routed experts the
+  host computes: the planner sees the non-resident ones (an expert with a
+  slot, its copy landed or in flight, is never HOST: its bytes are paid),
+  their token counts, and the link's state (this layer's own in-flight
+  copies, the run's link rate);
+* :meth:`HostExpertService.start` — those experts' rows go to the host and
+  the pool starts on them; the block then pins, copies and computes the
+  other experts on the device;
+* :meth:`HostExpertService.finish` — the block's last step before its
+  weighted sum: the host's output, copied back on the compute stream.
+
+Before a verify, :meth:`HostExpertService.plan_ahead` turns the route-ahead
+prediction into the experts expected to be HOST; the engine then leaves them
+out of the stream's ROUTE_AHEAD copies and tells the verify scheduler they
+cost no link bytes (see :class:`pdflash.engine.Engine`).
+
+The books (:class:`HostBooks`): HOST-served experts cost CPU time, not link
+bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from pdflash.hybrid.cost import HostCostModel
+from pdflash.hybrid.executor import HostExpertExecutor, HostJob
+from pdflash.hybrid.planner import LinkState, MissPlanner
+
+IdArray = npt.NDArray[np.int64]
+
+
+def busy_union_s(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` intervals."""
+    total = 0.0
+    end = -np.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return float(total)
+
+
+@dataclass
+class HostBooks:
+    """What the host served (since the last :meth:`reset`).
+
+    ``experts``: HOST expert computations (one per expert per layer per
+    forward); ``tokens``: rows they computed; ``layers``: layer forwards that
+    used the host; ``compute_s``: summed worker compute time; ``busy_s``: time
+    at least one worker computed (the CPU as a resource); ``wait_s``: time the
+    forward's thread blocked for host results; ``bytes_saved``: link bytes
+    the HOST experts did not move (``experts x expert_nbytes``);
+    ``planned_ahead``: experts the ahead plan kept out of route-ahead copies;
+    ``planned_layers``: layer forwards the planner saw misses in.
+    """
+
+    experts: int = 0
+    tokens: int = 0
+    layers: int = 0
+    compute_s: float = 0.0
+    busy_s: float = 0.0
+    wait_s: float = 0.0
+    bytes_saved: int = 0
+    planned_ahead: int = 0
+    planned_layers: int = 0
+
+    def reset(self) -> None:
+        for name, value in asdict(HostBooks()).items():
+            setattr(self, name, value)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class HostExpertService:
+    """The offloaded block's HOST path (see the module doc).
+
+    Args:
+        executor: computes experts from the store's host views.
+        planner: splits each layer's misses.
+        num_experts: experts per layer (flat id = layer * num_experts + e).
+        expert_nbytes: bytes of one expert copy.
+        link_bytes_per_s: the link rate the planner assumes (measured in
+            the run).
+        cost: the calibration the planner uses (recorded in rows).
+    """
+
+    def __init__(
+        self,
+        executor: HostExpertExecutor,
+        planner: MissPlanner,
+        *,
+        num_experts: int,
+        expert_nbytes: int,
+        link_bytes_per_s: float,
+        cost: HostCostModel | None = None,
+    ) -> None:
+        if num_experts < 1 or expert_nbytes < 1:
+            raise ValueError(
+                f"num_experts and expert_nbytes must be >= 1, got {num_experts}, {expert_nbytes}"
+            )
+        if not link_bytes_per_s > 0:
+            raise ValueError(f"link_bytes_per_s must be positive, got {link_bytes_per_s!r}")
+        self.executor = executor
+        self.planner = planner
+        self.num_experts = int(num_experts)
+        self.expert_nbytes = int(expert_nbytes)
+        self.link_bytes_per_s = float(link_bytes_per_s)
+        self.cost = cost
+        self.books = HostBooks()
+        #: the engine's ComputeTimer (``host_wait()`` context), when attached
+        self.timer: Any = None
+
+    # -- per layer -------------------------------------------------------------
+
+    def split(
+        self, layer: int, flat_ids: IdArray, tokens: npt.NDArray[np.int64], cache: Any
+    ) -> npt.NDArray[np.bool_]:
+        """Mask over ``flat_ids`` (a layer's distinct routed experts, with
+        ``tokens`` routed to each) of the ones to compute on the host."""
+        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+        tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        out = np.zeros(ids.size, dtype=np.bool_)
+        if ids.size == 0:
+            return out
+        slots = np.asarray(cache.slot_of)[ids]
+        held = slots >= 0
+        missed = ~held
+        if not missed.any():
+            return out
+        self.books.planned_layers += 1
+        inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
+        link = LinkState(self.link_bytes_per_s, inflight * self.expert_nbytes)
+        plan = self.planner.plan(layer, ids[missed], tok[missed], link)
+        if plan.host.size:
+            host = np.isin(ids, plan.host)
+            if (host & held).any():
+                raise RuntimeError(
+                    f"planner {self.planner.name!r} chose a resident expert for the host"
+                )
+            out = host
+        return out
+
+    def start(self, ids: IdArray, x_rows: torch.Tensor, counts: list[int]) -> HostJob:
+        """Start the host on ``ids`` over ``x_rows`` (rows sorted by expert,
+        ``counts`` rows each, on the compute device)."""
+        job = self.executor.submit(ids, x_rows, counts, device=x_rows.device)
+        self.books.experts += int(np.asarray(ids).size)
+        self.books.tokens += int(x_rows.shape[0])
+        self.books.layers += 1
+        self.books.bytes_saved += int(np.asarray(ids).size) * self.expert_nbytes
+        return job
+
+    def finish(self, job: HostJob) -> torch.Tensor:
+        """The job's output on its device (the forward blocks for the host
+        here; on CUDA the copy back is ordered on the compute stream)."""
+        with self._host_wait():
+            out = job.result()
+        self.books.wait_s += job.wait_s
+        self.books.compute_s += sum(b - a for a, b in job.intervals)
+        self.books.busy_s += busy_union_s(job.intervals)
+        return out
+
+    @contextlib.contextmanager
+    def _host_wait(self) -> Iterator[None]:
+        wait = getattr(self.timer, "host_wait", None)
+        if wait is None:
+            yield
+            return
+        with wait():
+            yield
+
+    # -- before a verify -----------------------------------------------------------
+
+    def plan_ahead(
+        self, expected_tokens: npt.NDArray[np.float64], resident: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.bool_]:
+        """``(layers, experts)`` experts expected to be HOST in the coming
+        verify (see :meth:`MissPlanner.plan_ahead`)."""
+        mask = self.planner.plan_ahead(
+            expected_tokens, resident, LinkState(self.link_bytes_per_s, 0)
+        )
+        return np.asarray(mask, dtype=np.bool_)
+
+    def describe(self) -> dict[str, Any]:
+        """What a result row records about the service."""
+        params = getattr(self.planner, "params", None)
+        return {
+            "planner": params() if callable(params) else {"planner": self.planner.name},
+            "calibration": None if self.cost is None else self.cost.to_json(),
+            "workers": self.executor.workers,
+            "intra_op_threads": self.executor.intra_op_threads,
+            "link_bytes_per_s": self.link_bytes_per_s,
+        }
+
+    def close(self) -> None:
+        self.executor.close()

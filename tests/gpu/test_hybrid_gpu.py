@@ -1,0 +1,105 @@
+"""Hybrid miss service on a CUDA device: the host CPU's expert output equals
+the GPU's within the dtype's tolerance, per architecture, and offloaded
+forwards with misses served on the host equal those without."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pdflash.hybrid import ForcedHostPlanner, HostExpertExecutor, build_host_service
+from pdflash.models import load_adapter, write_synthetic_checkpoint
+
+ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+# bf16 accumulation order differs between the CPU's GEMM and the GPU's
+TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (3e-2, 3e-2)}
+
+
+@pytest.fixture(scope="module")
+def cuda_issuer() -> Iterator[Any]:
+    from pdflash.h2d import H2DIssuer
+
+    issuer = H2DIssuer(backend="cuda")
+    yield issuer
+    issuer.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_host_expert_equals_gpu_expert(
+    arch: str, dtype: torch.dtype, tmp_path: Path, cuda_issuer: Any
+) -> None:
+    path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=dtype)
+    ad = load_adapter(path, device="cuda", dtype=dtype, issuer=cuda_issuer, cache_slots=8)
+    assert ad.cache is not None and ad.runtime is not None
+    ids = np.array([0, 3, ad.num_experts + 1], dtype=np.int64)
+    counts = [3, 1, 5]
+    x = torch.randn(sum(counts), ad.hidden_size, device="cuda", dtype=dtype)
+    with HostExpertExecutor(ad.store.views, ad.expert_forward, dtype=ad.layout.dtype) as ex:
+        # rows go device -> host (pinned, no sync), the pool computes, back to the device
+        host = ex.submit(ids, x, counts).result()
+    assert host.is_cuda and host.dtype == dtype
+    slots = ad.cache.ensure_resident(ids)
+    try:
+        parts = x.split(counts)
+        gpu = torch.cat(
+            [
+                ad.expert_forward(p, ad.runtime._slot_views[int(s)])
+                for p, s in zip(parts, slots, strict=True)
+            ]
+        )
+    finally:
+        ad.cache.release(ids)
+    atol, rtol = TOL[dtype]
+    torch.testing.assert_close(host, gpu, atol=atol, rtol=rtol)
+    ad.close()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_forward_with_host_misses_on_cuda(arch: str, tmp_path: Path, cuda_issuer: Any) -> None:
+    path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=torch.float32)
+    ad = load_adapter(
+        path,
+        device="cuda",
+        dtype=torch.float32,
+        issuer=cuda_issuer,
+        cache_slots=4,
+        max_batch_tokens=2,
+        attn_implementation="eager",
+    )
+    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(0))
+    want = ad.forward_logits(ids)
+    svc = build_host_service(
+        ad, link_bytes_per_s=50e9, planner=ForcedHostPlanner(every=2), calibrate=False
+    )
+    try:
+        for _ in range(4):  # slots reused while host rows are in flight
+            got = ad.forward_logits(ids)
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert svc.books.experts > 0 and svc.books.busy_s > 0
+        assert ad.cache is not None and int(ad.cache.pins.sum()) == 0
+    finally:
+        svc.close()
+        ad.close()
+
+
+def test_calibration_on_cuda_records_threads_and_roundtrip(
+    tmp_path: Path, cuda_issuer: Any
+) -> None:
+    path = write_synthetic_checkpoint(tmp_path / "g", "gpt_oss", dtype=torch.bfloat16)
+    ad = load_adapter(path, device="cuda", issuer=cuda_issuer, cache_slots=8)
+    threads = torch.get_num_threads()
+    svc = build_host_service(ad, link_bytes_per_s=50e9, intra_op_threads=2)
+    try:
+        assert svc.cost is not None and svc.cost.source == "calibrated"
+        assert svc.cost.intra_op_threads == 2 == torch.get_num_threads()
+        assert svc.cost.roundtrip_s > 0
+    finally:
+        svc.close()
+        ad.close()
+        torch.set_num_threads(threads)  # process-wide: leave it as found
