@@ -87,6 +87,7 @@ def run_differential(
         assert a.quanta.tolist() == b.quanta
         assert (a.lap, a.oversize, a.cap_reached) == (b.lap, b.oversize, b.cap_reached)
         assert int(native._core.cursor_seq) == b.next_cursor_seq
+        assert bool(native._core.visit_open) == b.next_visit_open
         served += len(a)
     return served
 

@@ -46,7 +46,7 @@ def configs(draw: Any) -> SchedulerConfig:
     )
 
 
-def assert_same(native: StepResult, ref: ReferenceStep, cursor_native: int) -> None:
+def assert_same(native: StepResult, ref: ReferenceStep, core: Any) -> None:
     """Invariant 10: the native result equals the reference, floats included."""
     assert native.request_ids.tolist() == ref.request_ids
     assert native.requested_tokens.tolist() == ref.requested_tokens
@@ -60,7 +60,8 @@ def assert_same(native: StepResult, ref: ReferenceStep, cursor_native: int) -> N
     assert native.lap == ref.lap
     assert native.oversize == ref.oversize
     assert native.cap_reached == ref.cap_reached
-    assert cursor_native == ref.next_cursor_seq
+    assert int(core.cursor_seq) == ref.next_cursor_seq
+    assert bool(core.visit_open) == ref.next_visit_open
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -116,6 +117,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             [core.demand_bits(i).tolist() for i in range(len(self.sched))],
             core.lap,
             core.cursor_seq,
+            core.visit_open,
         )
 
     # ------------------------------------------------------------ events
@@ -221,7 +223,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def step(self) -> None:
         result = self.sched.step()
         ref = self.ref.step()
-        assert_same(result, ref, int(self.sched._core.cursor_seq))
+        assert_same(result, ref, self.sched._core)
         self.tracker.check_step(result)
         self.steps += 1
         event(f"batch size {min(len(result), 3)}")

@@ -45,6 +45,7 @@ def snapshot(s: VerifyScheduler) -> tuple[Any, ...]:
         [core.demand_bits(i).tolist() for i in range(len(s))],
         core.lap,
         core.cursor_seq,
+        core.visit_open,
         s.step_index,
     )
 
