@@ -25,9 +25,7 @@ def quiet_window_bound(config: SchedulerConfig, n: int, c_max: float, w_max: flo
     return math.ceil(config.token_budget * n * (c_max + 2.0 * w_max * q))
 
 
-def turn_bound(
-    config: SchedulerConfig, n: int, c_max: float, w_min: float, w_max: float
-) -> int:
+def turn_bound(config: SchedulerConfig, n: int, c_max: float, w_min: float, w_max: float) -> int:
     """``L = k * (W + 1) + ceil(T * (c_max + w_max * Q)) + 2`` with
     ``k = ceil(c_max / (w_min * Q))``: the most steps one request keeps the
     head position (its wait for credit plus its visit)."""
