@@ -53,12 +53,12 @@ def liveness_bound(
 
 
 def fairness_bound(config: SchedulerConfig, c_max: float, w_a: float, w_b: float) -> float:
-    """``2Q + c_max / w_a + c_max / w_b``: when every step serves one item,
+    """``3Q + c_max / w_a + c_max / w_b``: when every step serves one item,
     two requests continuously backlogged over an interval, with constant
     weights, differ in weighted service (``service / w``) over it by less
     than this."""
     _check(2, c_max, min(w_a, w_b), max(w_a, w_b))
-    return 2.0 * config.quantum + c_max / w_a + c_max / w_b
+    return 3.0 * config.quantum + c_max / w_a + c_max / w_b
 
 
 def _check(n: int, c_max: float, w_min: float, w_max: float) -> None:

@@ -10,6 +10,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis_budget import scaled
 
 from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._native import load_native
@@ -110,7 +111,7 @@ def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None)
     assert served > 150  # the trace actually schedules work
 
 
-@settings(max_examples=25)
+@settings(max_examples=scaled(25))
 @given(
     seed=st.integers(0, 2**32 - 1),
     layers=st.integers(1, 4),

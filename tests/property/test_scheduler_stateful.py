@@ -3,30 +3,40 @@
 Every generated trace drives three things with the same events: the native
 :class:`pdflash.VerifyScheduler`, the pure-Python reference, and an
 :class:`InvariantTracker` that recomputes every invariant from scratch after
-each step. Native and reference must agree exactly on every step (10).
+each step, the proved liveness bound (7) included. Native and reference must
+agree exactly on every step (10).
+
+Besides random events, the traces carry adversarial demand: periodic
+programs (period 1..4 alternations of empty and non-empty drafts, of expert
+sets and of byte costs), demand chosen to make the head's item as costly as
+possible, and bursts of small items that form large batches.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, given, settings, target
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
+from hypothesis_budget import scaled
 
 from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._reference.scheduler import ReferenceScheduler, ReferenceStep
 from pdflash._reference.scheduler_checks import InvariantTracker
 from pdflash.scheduler import StepResult, UnknownRequestError
+from pdflash.scheduler.bounds import fairness_bound
 
 RIDS = st.integers(0, 6)
 WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0])
@@ -44,6 +54,34 @@ def configs(draw: Any) -> SchedulerConfig:
         num_layers=layers,
         num_experts=experts,
     )
+
+
+Demand = tuple[int, tuple[int, ...]]  # (drafted tokens, predicted flat ids)
+
+
+@st.composite
+def demand_programs(draw: Any, num_flat: int, token_budget: int) -> list[Demand]:
+    """A periodic demand sequence (period 1..4) of one of the adversarial
+    shapes: drafts alternating between empty and non-empty, alternating
+    expert sets, alternating byte cost (none / everything), or free form."""
+    period = draw(st.integers(1, 4))
+    kind = draw(st.sampled_from(["drafts", "experts", "bytes", "free"]))
+    experts = st.lists(st.integers(0, num_flat - 1), max_size=num_flat, unique=True)
+    big = max(0, token_budget - 1)
+    base = tuple(sorted(draw(experts)))
+    program: list[Demand] = []
+    for k in range(period):
+        if kind == "drafts":  # empty, non-empty, empty, ...
+            program.append((0 if k % 2 == 0 else draw(st.integers(1, big + 8)), base))
+        elif kind == "experts":
+            program.append((draw(st.integers(0, big)), tuple(sorted(draw(experts)))))
+        elif kind == "bytes":  # nothing missing, then everything
+            program.append(
+                (draw(st.integers(0, big)), () if k % 2 == 0 else tuple(range(num_flat)))
+            )
+        else:
+            program.append((draw(st.integers(0, big + 8)), tuple(sorted(draw(experts)))))
+    return program
 
 
 def assert_same(native: StepResult, ref: ReferenceStep, core: Any) -> None:
@@ -81,6 +119,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             cfg.num_flat,
         )
         self.tracker = InvariantTracker(cfg)
+        self.programs: dict[int, list[Demand]] = {}
+        self.phase = 0
+        self.max_batch = 0
         sizes = data.draw(
             st.lists(st.integers(0, 60), min_size=cfg.num_flat, max_size=cfg.num_flat)
         )
@@ -95,6 +136,20 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.sched.add_request(rid, weight)
             self.ref.add_request(rid, weight)
             self.tracker.add(rid, weight)
+
+    def _set_demand(self, rid: int, drafted: int, ids: list[int]) -> None:
+        self.sched.update_demand(rid, drafted, np.array(ids, dtype=np.int64))
+        self.ref.update_demand(rid, drafted, ids)
+        self.tracker.update(rid, drafted, ids)
+
+    def _head(self) -> int | None:
+        """The request the cursor names (the next step's head if it has demand)."""
+        core = self.sched._core
+        seqs = core.seqs().tolist()
+        if not seqs:
+            return None
+        k = next((i for i, q in enumerate(seqs) if q >= core.cursor_seq), 0)
+        return int(self.sched.request_ids[k])
 
     def _experts(self, data: st.DataObject) -> list[int]:
         n = self.cfg.num_flat
@@ -160,6 +215,64 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.sched) > 0)
     @rule(data=st.data())
+    def give_program(self, data: st.DataObject) -> None:
+        """A live request gets a periodic demand program."""
+        rid = data.draw(st.sampled_from(self.sched.request_ids.tolist()))
+        self.programs[rid] = data.draw(demand_programs(self.cfg.num_flat, self.cfg.token_budget))
+
+    @precondition(lambda self: len(self.programs) > 0)
+    @rule(steps=st.integers(1, 12), replace=st.booleans())
+    def run_programs(self, steps: int, replace: bool) -> None:
+        """Steps in which every request with a program re-drafts from it (each
+        step when ``replace``: the pending demand changes even while unserved;
+        else only after it was served), the others from a refill."""
+        for _ in range(steps):
+            for rid in self.sched.request_ids.tolist():
+                program = self.programs.get(rid)
+                if program is None:
+                    if self.sched.pending_tokens(rid) == 0:
+                        self._set_demand(rid, 3, [])
+                    continue
+                if replace or self.sched.pending_tokens(rid) == 0:
+                    drafted, ids = program[self.phase % len(program)]
+                    self._set_demand(rid, drafted, list(ids))
+            self.phase += 1
+            self.step()
+
+    @precondition(lambda self: len(self.sched) > 0)
+    @rule(steps=st.integers(1, 8))
+    def costly_head(self, steps: int) -> None:
+        """Each step the request the cursor names asks for the whole token
+        budget and every non-resident expert: the dearest item it can pose."""
+        every = list(range(self.cfg.num_flat))
+        for _ in range(steps):
+            head = self._head()
+            if head is None:
+                return
+            self._set_demand(head, self.cfg.token_budget + 2, every)
+            for rid in self.sched.request_ids.tolist():
+                if self.sched.pending_tokens(rid) == 0:
+                    self._set_demand(rid, 0, [])
+            self.step()
+
+    @rule(count=st.integers(3, 7))
+    def burst(self, count: int) -> None:
+        """Requests arrive together and every live one poses a one-token item
+        with no missing bytes: all fit, so the step takes as many as the
+        token budget and the request cap allow."""
+        for rid in range(7):
+            if len(self.sched) >= count:
+                break
+            if rid not in self.sched:
+                self.sched.add_request(rid, 1.0)
+                self.ref.add_request(rid, 1.0)
+                self.tracker.add(rid, 1.0)
+        for rid in self.sched.request_ids.tolist():
+            self._set_demand(rid, 0, [])
+        self.step()
+
+    @precondition(lambda self: len(self.sched) > 0)
+    @rule(data=st.data())
     def clear(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(self.sched.request_ids.tolist()))
         self.sched.clear_demand(rid)
@@ -176,6 +289,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self._snapshot() == before
         self.ref.remove_request(rid)
         self.tracker.remove(rid)
+        self.programs.pop(rid, None)
         assert rid not in self.sched
 
     @rule(data=st.data(), as_mask=st.booleans())
@@ -226,6 +340,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert_same(result, ref, self.sched._core)
         self.tracker.check_step(result)
         self.steps += 1
+        BATCH_SIZES[len(result)] += 1
+        self.max_batch = max(self.max_batch, len(result))
         event(f"batch size {min(len(result), 3)}")
         if result.oversize:
             event("oversize step")
@@ -233,6 +349,12 @@ class SchedulerMachine(RuleBasedStateMachine):
             event("trimmed grant")
         if result.cap_reached:
             event("cap reached")
+
+    def teardown(self) -> None:
+        if hasattr(self, "tracker"):
+            # steer generation toward large batches and long waits
+            target(float(self.max_batch), label="largest batch")
+            target(self.tracker.max_wait_ratio, label="longest wait / proved bound")
 
     @invariant()
     def same_ledger(self) -> None:
@@ -245,8 +367,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         ]
 
 
-SchedulerMachine.TestCase.settings = settings(stateful_step_count=40)
-TestSchedulerStateful = SchedulerMachine.TestCase
+BATCH_SIZES: Counter[int] = Counter()
+
+
+def test_scheduler_stateful() -> None:
+    BATCH_SIZES.clear()
+    run_state_machine_as_test(SchedulerMachine, settings=settings(stateful_step_count=40))
+    # the generated traces must exercise real batching, not only 1-2 items
+    assert max(BATCH_SIZES) >= 3, f"batch sizes seen: {dict(BATCH_SIZES)}"
 
 
 # --------------------------------------------------------------------------
@@ -287,7 +415,7 @@ def backlogged_runs(draw: Any) -> dict[str, Any]:
     }
 
 
-@settings(max_examples=40)
+@settings(max_examples=scaled(40))
 @given(run=backlogged_runs())
 def test_fairness_and_no_starvation_backlogged(run: dict[str, Any]) -> None:
     cfg: SchedulerConfig = run["cfg"]
@@ -336,3 +464,129 @@ def test_fairness_and_no_starvation_backlogged(run: dict[str, Any]) -> None:
         if len(spread):
             gap = float((spread.max(axis=1) - spread.min(axis=1)).max())
             assert gap <= bound + 1e-9, f"weighted service gap {gap} > {bound}"
+
+
+# --------------------------------------------------------------------------
+# 6 (fairness) over ANY interval in which two requests are both backlogged,
+# under adversarial demand: periodic programs, late arrivals, idle spells.
+# --------------------------------------------------------------------------
+
+
+@st.composite
+def adversarial_one_item_runs(draw: Any) -> dict[str, Any]:
+    layers, experts = 1, draw(st.integers(2, 8))
+    n_flat = layers * experts
+    T = draw(st.integers(1, 24))
+    by_cap = draw(st.booleans())  # one item per step by the cap, or by tokens
+    cfg = SchedulerConfig(
+        token_budget=T,
+        missing_byte_budget=draw(st.one_of(st.none(), st.integers(1, 300))),
+        quantum=draw(st.sampled_from([1.0, 1.5, 2.0])),
+        max_requests_per_step=1 if by_cap else None,
+        num_layers=layers,
+        num_experts=experts,
+    )
+    n_req = draw(st.integers(2, 5))
+    requests = []
+    for _ in range(n_req):
+        program = draw(demand_programs(n_flat, T))
+        if not by_cap:  # every item asks for the whole token budget
+            program = [(max(d, T - 1), ids) for d, ids in program]
+        requests.append(
+            {
+                "weight": draw(st.sampled_from([0.5, 1.0, 2.0, 3.0])),
+                "program": program,
+                "arrive": draw(st.integers(0, 20)),
+                "idle": draw(st.lists(st.integers(0, 79), max_size=6, unique=True)),
+                "replace": draw(st.booleans()),
+            }
+        )
+    sizes = draw(st.lists(st.integers(0, 60), min_size=n_flat, max_size=n_flat))
+    resident = draw(st.lists(st.integers(0, n_flat - 1), max_size=n_flat, unique=True))
+    return {"cfg": cfg, "requests": requests, "sizes": sizes, "resident": resident}
+
+
+def _check_intervals(
+    served: np.ndarray, backlog: np.ndarray, weights: list[float], bound_of: Any
+) -> float:
+    """Largest |S_a/w_a - S_b/w_b| / bound over every interval of steps in
+    which both a and b are backlogged at every step; asserts it is < 1."""
+    steps, n = served.shape
+    cum = np.vstack([np.zeros(n), np.cumsum(served, axis=0)])  # cum[s] = before step s
+    worst = 0.0
+    for a in range(n):
+        for b in range(a + 1, n):
+            both = backlog[:, a] & backlog[:, b]
+            s = 0
+            while s < steps:
+                if not both[s]:
+                    s += 1
+                    continue
+                e = s
+                while e < steps and both[e]:
+                    e += 1
+                # every sub-interval [i, j) of the run [s, e)
+                wa = cum[s : e + 1, a] / weights[a]
+                wb = cum[s : e + 1, b] / weights[b]
+                d = wa - wb
+                gap = float(np.max(d[:, None] - d[None, :]))
+                bound = bound_of(weights[a], weights[b])
+                assert gap < bound + 1e-9, (
+                    f"requests {a},{b}: weighted service gap {gap} >= proved bound {bound} "
+                    f"over steps [{s}, {e})"
+                )
+                worst = max(worst, gap / bound)
+                s = e
+    return worst
+
+
+@settings(max_examples=scaled(40))
+@given(run=adversarial_one_item_runs())
+def test_fairness_any_interval_adversarial(run: dict[str, Any]) -> None:
+    cfg: SchedulerConfig = run["cfg"]
+    sched = VerifyScheduler(cfg)
+    ref = ReferenceScheduler(
+        cfg.token_budget, cfg.byte_budget, cfg.quantum, cfg.max_requests_per_step, cfg.num_flat
+    )
+    tracker = InvariantTracker(cfg)
+    sched.set_expert_bytes(np.array(run["sizes"], dtype=np.int64))
+    ref.set_expert_bytes(run["sizes"])
+    tracker.set_sizes(run["sizes"])
+    sched.set_resident(np.array(run["resident"], dtype=np.int64))
+    ref.set_resident(run["resident"])
+    tracker.set_resident(run["resident"])
+    reqs = run["requests"]
+    n = len(reqs)
+    steps = 80
+    served = np.zeros((steps, n))
+    backlog = np.zeros((steps, n), dtype=bool)
+    for step in range(steps):
+        for rid, spec in enumerate(reqs):
+            if step < spec["arrive"]:
+                continue
+            if rid not in sched:
+                sched.add_request(rid, spec["weight"])
+                ref.add_request(rid, spec["weight"])
+                tracker.add(rid, spec["weight"])
+            if step in spec["idle"]:
+                sched.clear_demand(rid)
+                ref.clear_demand(rid)
+                tracker.clear(rid)
+            elif spec["replace"] or sched.pending_tokens(rid) == 0:
+                drafted, ids = spec["program"][step % len(spec["program"])]
+                sched.update_demand(rid, drafted, np.array(ids, dtype=np.int64))
+                ref.update_demand(rid, drafted, list(ids))
+                tracker.update(rid, drafted, list(ids))
+            backlog[step, rid] = sched.pending_tokens(rid) > 0
+        result = sched.step()
+        assert_same(result, ref.step(), sched._core)
+        tracker.check_step(result)
+        assert len(result) == (1 if backlog[step].any() else 0)
+        for rid, c in zip(result.request_ids.tolist(), result.costs.tolist(), strict=True):
+            served[step, rid] += c
+    weights = [spec["weight"] for spec in reqs]
+    c_max = max(tracker.c_max, 1.0 / cfg.token_budget)
+    worst = _check_intervals(
+        served, backlog, weights, lambda wa, wb: fairness_bound(cfg, c_max, wa, wb)
+    )
+    target(worst, label="fairness gap / proved bound")
