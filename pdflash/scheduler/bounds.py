@@ -25,6 +25,14 @@ def quiet_window_bound(config: SchedulerConfig, n: int, c_max: float, w_max: flo
     return math.ceil(config.token_budget * n * (c_max + 2.0 * w_max * q))
 
 
+def visit_bound(config: SchedulerConfig, c_max: float, w_max: float) -> int:
+    """``ceil(T * (c_max + w_max * Q)) + 2``: the most consecutive steps in
+    which one request is the head, is served and keeps the head position
+    (one DRR visit)."""
+    _check(1, c_max, w_max, w_max)
+    return math.ceil(config.token_budget * (c_max + w_max * config.quantum)) + 2
+
+
 def turn_bound(config: SchedulerConfig, n: int, c_max: float, w_min: float, w_max: float) -> int:
     """``L = k * (W + 1) + ceil(T * (c_max + w_max * Q)) + 2`` with
     ``k = ceil(c_max / (w_min * Q))``: the most steps one request keeps the
@@ -33,7 +41,7 @@ def turn_bound(config: SchedulerConfig, n: int, c_max: float, w_min: float, w_ma
     q = config.quantum
     k = math.ceil(c_max / (w_min * q))
     window = quiet_window_bound(config, n, c_max, w_max)
-    return k * (window + 1) + math.ceil(config.token_budget * (c_max + w_max * q)) + 2
+    return k * (window + 1) + visit_bound(config, c_max, w_max)
 
 
 def liveness_bound(

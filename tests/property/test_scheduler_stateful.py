@@ -21,7 +21,7 @@ from typing import Any
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import event, given, settings, target
+from hypothesis import event, example, given, settings, target
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -36,7 +36,7 @@ from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._reference.scheduler import ReferenceScheduler, ReferenceStep
 from pdflash._reference.scheduler_checks import InvariantTracker
 from pdflash.scheduler import StepResult, UnknownRequestError
-from pdflash.scheduler.bounds import fairness_bound
+from pdflash.scheduler.bounds import fairness_bound, visit_bound
 
 RIDS = st.integers(0, 6)
 WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0])
@@ -122,6 +122,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.programs: dict[int, list[Demand]] = {}
         self.phase = 0
         self.max_batch = 0
+        self.visit_head: int | None = None
+        self.visit_run = 0
         sizes = data.draw(
             st.lists(st.integers(0, 60), min_size=cfg.num_flat, max_size=cfg.num_flat)
         )
@@ -141,6 +143,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.update_demand(rid, drafted, np.array(ids, dtype=np.int64))
         self.ref.update_demand(rid, drafted, ids)
         self.tracker.update(rid, drafted, ids)
+
+    def _scan_head(self) -> int | None:
+        """The next step's head: the first request with demand at or after
+        the cursor, in ring order (wrapping)."""
+        core = self.sched._core
+        rids = self.sched.request_ids.tolist()
+        seqs = core.seqs().tolist()
+        pending = core.pending_tokens().tolist()
+        order = [k for k, q in enumerate(seqs) if q >= core.cursor_seq]
+        order += [k for k, q in enumerate(seqs) if q < core.cursor_seq]
+        return next((rids[k] for k in order if pending[k] > 0), None)
 
     def _head(self) -> int | None:
         """The request the cursor names (the next step's head if it has demand)."""
@@ -335,11 +348,26 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
+        head = self._scan_head()
         result = self.sched.step()
         ref = self.ref.step()
         assert_same(result, ref, self.sched._core)
         self.tracker.check_step(result)
         self.steps += 1
+        # Lemma (d) of the liveness proof (docs/scheduler.md): a request that
+        # is the head, is served and keeps the head position does so for at
+        # most visit_bound steps in a row (one DRR visit).
+        core = self.sched._core
+        stays = head is not None and head in result.request_ids.tolist()
+        stays = stays and int(core.seqs()[self.sched._index(head)]) == core.cursor_seq
+        self.visit_run = self.visit_run + 1 if stays and head == self.visit_head else int(stays)
+        self.visit_head = head if stays else None
+        if self.visit_run:
+            c_max = max(self.tracker.c_max, 1.0 / self.cfg.token_budget)
+            limit = visit_bound(self.cfg, c_max, self.tracker.q_ever / self.cfg.quantum)
+            assert self.visit_run <= limit, (
+                f"request {head} kept the head for {self.visit_run} served steps > {limit}"
+            )
         BATCH_SIZES[len(result)] += 1
         self.max_batch = max(self.max_batch, len(result))
         event(f"batch size {min(len(result), 3)}")
@@ -590,3 +618,83 @@ def test_fairness_any_interval_adversarial(run: dict[str, Any]) -> None:
         served, backlog, weights, lambda wa, wb: fairness_bound(cfg, c_max, wa, wb)
     )
     target(worst, label="fairness gap / proved bound")
+
+
+# --------------------------------------------------------------------------
+# 7 (liveness) under periodic demand on small budgets, long runs: every
+# request re-drafts from a periodic program every step, so a head whose
+# demand alternates keeps trying to hold the head position.
+# --------------------------------------------------------------------------
+
+
+@st.composite
+def periodic_runs(draw: Any) -> dict[str, Any]:
+    experts = draw(st.integers(2, 6))
+    T = draw(st.integers(1, 8))
+    cfg = SchedulerConfig(
+        token_budget=T,
+        missing_byte_budget=draw(st.one_of(st.none(), st.integers(5, 60))),
+        quantum=draw(st.sampled_from([1.0, 1.5, 2.0])),
+        max_requests_per_step=draw(st.sampled_from([None, None, 2, 3])),
+        num_layers=1,
+        num_experts=experts,
+    )
+    n_req = draw(st.integers(2, 4))
+    return {
+        "cfg": cfg,
+        "weights": draw(st.lists(WEIGHTS, min_size=n_req, max_size=n_req)),
+        "programs": [draw(demand_programs(experts, T)) for _ in range(n_req)],
+        "size": draw(st.integers(1, 20)),
+    }
+
+
+REPRO = {  # tests/unit/test_scheduler_liveness.py: starved request 1 before the fix
+    "cfg": SchedulerConfig(
+        token_budget=6, missing_byte_budget=20, quantum=1.5, num_layers=1, num_experts=3
+    ),
+    "weights": [2.0, 1.0, 1.0],
+    "programs": [[(0, (2,)), (6, (2,))], [(4, (0, 1))], [(5, (0, 2))]],
+    "size": 10,
+}
+
+
+@settings(max_examples=scaled(30))
+@given(run=periodic_runs())
+@example(run=REPRO)
+def test_liveness_periodic_demand(run: dict[str, Any]) -> None:
+    cfg: SchedulerConfig = run["cfg"]
+    sched = VerifyScheduler(cfg)
+    ref = ReferenceScheduler(
+        cfg.token_budget, cfg.byte_budget, cfg.quantum, cfg.max_requests_per_step, cfg.num_flat
+    )
+    tracker = InvariantTracker(cfg)
+    sizes = [run["size"]] * cfg.num_flat
+    sched.set_expert_bytes(np.array(sizes, dtype=np.int64))
+    ref.set_expert_bytes(sizes)
+    tracker.set_sizes(sizes)
+    for rid, w in enumerate(run["weights"]):
+        sched.add_request(rid, w)
+        ref.add_request(rid, w)
+        tracker.add(rid, w)
+    visit_head, visit_run, longest_visit = None, 0, 0
+    for step in range(300):
+        for rid, program in enumerate(run["programs"]):
+            drafted, ids = program[step % len(program)]
+            sched.update_demand(rid, drafted, np.array(ids, dtype=np.int64))
+            ref.update_demand(rid, drafted, list(ids))
+            tracker.update(rid, drafted, list(ids))
+        cursor = int(sched._core.cursor_seq)
+        seqs = sched._core.seqs().tolist()
+        head = next((k for k, q in enumerate(seqs) if q >= cursor), 0)  # all have demand
+        result = sched.step()
+        assert_same(result, ref.step(), sched._core)
+        tracker.check_step(result)  # 7: every wait <= liveness_bound
+        stays = head in result.request_ids.tolist() and seqs[head] == sched._core.cursor_seq
+        visit_run = visit_run + 1 if stays and head == visit_head else int(stays)
+        visit_head = head if stays else None
+        longest_visit = max(longest_visit, visit_run)
+    c_max = max(tracker.c_max, 1.0 / cfg.token_budget)
+    limit = visit_bound(cfg, c_max, max(run["weights"]))
+    assert longest_visit <= limit, f"a head kept its position {longest_visit} steps > {limit}"
+    target(longest_visit / limit, label="longest visit / proved bound")
+    target(tracker.max_wait_ratio, label="longest wait / proved liveness bound")
