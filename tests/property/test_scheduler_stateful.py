@@ -479,19 +479,22 @@ def test_fairness_and_no_starvation_backlogged(run: dict[str, Any]) -> None:
     if not run["one_item"]:
         return
     # 6. DRR fairness: over every interval (all requests are continuously
-    # backlogged here), weighted service differs by at most c_max + 2Q.
-    # NOTE: that is the DESIGN bound when c_max <= Q, which always holds
-    # without oversize items (Q >= 1 >= any normal cost). An oversize item can
-    # cost more than Q; then the classic DRR bound Q + 2 c_max applies
-    # (Shreedhar & Varghese). Both are c_max + Q + max(c_max, Q).
+    # backlogged here), weighted service differs by less than the proved
+    # bound 3Q + c_max/w_a + c_max/w_b (docs/scheduler.md); the largest
+    # spread is reached by some pair, whose bound is at most the one for two
+    # requests of the smallest weight.
+    # NOTE: the earlier assertion c_max + Q + max(c_max, Q) was never proved
+    # and is false once an oversize item costs more than Q: random seeds find
+    # runs that break it on the code before issue 12 as well (e.g. T=12,
+    # M=121, Q=1, c_max=1.86: gap 4.96 > 4.72).
     hist = np.array(history) / np.array(weights)
-    q = cfg.quantum
-    bound = tracker.c_max + q + max(tracker.c_max, q)
+    w_min = min(weights)
+    bound = fairness_bound(cfg, max(tracker.c_max, 1.0 / cfg.token_budget), w_min, w_min)
     for a in range(len(hist)):
         spread = hist[a + 1 :] - hist[a]
         if len(spread):
             gap = float((spread.max(axis=1) - spread.min(axis=1)).max())
-            assert gap <= bound + 1e-9, f"weighted service gap {gap} > {bound}"
+            assert gap < bound + 1e-9, f"weighted service gap {gap} >= proved bound {bound}"
 
 
 # --------------------------------------------------------------------------
@@ -640,10 +643,23 @@ def periodic_runs(draw: Any) -> dict[str, Any]:
         num_experts=experts,
     )
     n_req = draw(st.integers(2, 4))
+    weights = draw(st.lists(WEIGHTS, min_size=n_req, max_size=n_req))
+    programs = [draw(demand_programs(experts, T)) for _ in range(n_req)]
+    if draw(st.integers(0, 2)) > 0:
+        # a would-be head hog: a heavier request alternating an empty and a
+        # full draft block over a fixed expert set, the others steady
+        weights[0] = draw(st.sampled_from([2.0, 3.0]))
+        hog_set = tuple(draw(st.lists(st.integers(0, experts - 1), max_size=2, unique=True)))
+        programs[0] = [(0, hog_set), (draw(st.integers(T - 1, T + 2)), hog_set)]
+        # steady others that need many experts: they rarely fit beside it
+        programs[1:] = [
+            [(draw(st.integers(0, T)), tuple(range(draw(st.integers(1, experts)))))]
+            for _ in programs[1:]
+        ]
     return {
         "cfg": cfg,
-        "weights": draw(st.lists(WEIGHTS, min_size=n_req, max_size=n_req)),
-        "programs": [draw(demand_programs(experts, T)) for _ in range(n_req)],
+        "weights": weights,
+        "programs": programs,
         "size": draw(st.integers(1, 20)),
     }
 
@@ -658,7 +674,7 @@ REPRO = {  # tests/unit/test_scheduler_liveness.py: starved request 1 before the
 }
 
 
-@settings(max_examples=scaled(30))
+@settings(max_examples=scaled(120))
 @given(run=periodic_runs())
 @example(run=REPRO)
 def test_liveness_periodic_demand(run: dict[str, Any]) -> None:
