@@ -9,11 +9,14 @@ and request 1 (which never fits beside it) was never the head again.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+import pytest
 
 from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._reference.scheduler import ReferenceScheduler
-from pdflash.scheduler.bounds import liveness_bound
+from pdflash.scheduler.bounds import fairness_bound, liveness_bound, turn_bound, visit_bound
 
 STEPS = 1200
 
@@ -68,3 +71,18 @@ def test_alternating_empty_drafts_cannot_starve_another_request() -> None:
     counts = [sum(rid in ids for ids in native_served) for rid in range(len(WEIGHTS))]
     # every request keeps being served through the whole trace
     assert all(sum(rid in ids for ids in native_served[-bound:]) > 0 for rid in range(3)), counts
+
+
+def test_bound_formulas_by_hand() -> None:
+    # W = ceil(6 * 3 * (1 + 2 * 2 * 1.5)) = 126, k = ceil(1 / 1.5) = 1,
+    # visit = ceil(6 * (1 + 2 * 1.5)) + 2 = 26, L = 1 * 127 + 26 = 153
+    assert visit_bound(CONFIG, 1.0, 2.0) == 26
+    assert turn_bound(CONFIG, 3, 1.0, 1.0, 2.0) == 153
+    assert liveness_bound(CONFIG, n=3, c_max=1.0, w_min=1.0, w_max=2.0) == 3 * 153 + 1
+    assert fairness_bound(CONFIG, 1.0, 1.0, 2.0) == 3 * 1.5 + 1.0 + 0.5
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        liveness_bound(CONFIG, n=0, c_max=1.0, w_min=1.0, w_max=1.0)
+    with pytest.raises(ValueError, match="c_max must be finite and > 0"):
+        fairness_bound(CONFIG, math.inf, 1.0, 1.0)
+    with pytest.raises(ValueError, match="w_min <= w_max"):
+        turn_bound(CONFIG, 2, 1.0, 2.0, 1.0)
