@@ -71,14 +71,14 @@ def _dequantize_mxfp4_kernel(
     # 2^(s-127) as fp32 bits, rounded to the output dtype like the torch path
     scale_bits = tl.where(s == 0, 0x00400000, s << 23)
     scale = scale_bits.to(tl.float32, bitcast=True)
-    if OUT_DTYPE == tl.float16:
+    if OUT_DTYPE == tl.float16:  # noqa: SIM300 (constexpr first: triton unwraps it)
         scale = scale.to(tl.float16).to(tl.float32)  # over/underflows, as in the torch path
     lo = _e2m1_to_f32(packed & 0x0F) * scale[:, None]
     hi = _e2m1_to_f32(packed >> 4) * scale[:, None]
     # low nibble first: [BLOCK_GROUPS, 16, 2] -> [BLOCK_GROUPS, 32] (tl.interleave, spelled
     # with builtins so the kernel also runs under an interpreter enabled after triton imported)
     values = tl.reshape(tl.join(lo, hi), (BLOCK_GROUPS, 32))
-    if OUT_DTYPE == tl.bfloat16:
+    if OUT_DTYPE == tl.bfloat16:  # noqa: SIM300
         # every product has <= 2 significant bits and is >= 2^-128: exact in bf16, whose
         # bits are then the fp32 bits' top half (no rounding step to get wrong)
         top = values.to(tl.uint32, bitcast=True) >> 16
