@@ -201,6 +201,7 @@ def test_mxfp4_experts_move_their_stored_bytes(
         rows[expert_dtype] = results[expert_dtype].row
     mx, dense = rows[None], rows["dense"]
     assert (mx["expert_format"], dense["expert_format"]) == ("mxfp4", "dense")
+    assert (mx["mxfp4_dequantizer"], dense["mxfp4_dequantizer"]) == ("torch", None)  # CPU
     assert mx["expert_nbytes"] < dense["expert_nbytes"]
     for row in (mx, dense):
         assert row["h2d_bytes"] > 0 and row["h2d_bytes"] % row["expert_nbytes"] == 0
