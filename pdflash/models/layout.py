@@ -270,7 +270,7 @@ def dequantize_mxfp4_torch(
     # transformers' ldexp gives.
     lut = _byte_table(dtype, blocks.device)
     out = lut.index_select(0, blocks.reshape(-1).long()).view(-1, 32)
-    factor = torch.exp2(scales.reshape(-1, 1).to(torch.float32) - 127.0).to(dtype)
+    factor = _e8m0_to_float32(scales.reshape(-1, 1)).to(dtype)
     out.mul_(factor)
     return out.reshape(*lead, groups * 32)
 
@@ -385,6 +385,14 @@ def _probe_triton(device: torch.device) -> str | None:
     except Exception as exc:  # any compile or launch failure means: not usable here
         return f"the Triton kernel failed on {device}: {type(exc).__name__}: {exc}"
     return None
+
+
+def _e8m0_to_float32(scales: torch.Tensor) -> torch.Tensor:
+    """``2^(s - 127)`` for uint8 ``s``, built from its fp32 bits: exact on every
+    device (CUDA's ``exp2`` rounds the subnormal ``2^-127`` of ``s = 0``)."""
+    s = scales.to(torch.int32)
+    bits = torch.where(s == 0, torch.full_like(s, 1 << 22), s << 23)
+    return bits.view(torch.float32)
 
 
 _BYTE_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
