@@ -42,7 +42,7 @@ class Qwen3MoeAdapter(SwiGLUExpertsMixin):
                 f"decoder_sparse_step={step}); pdflash runs all-MoE models only"
             )
 
-    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d = x.shape[0], self.head_dim
         q = attn.q_norm(attn.q_proj(x).view(t, -1, d))
         k = attn.k_norm(attn.k_proj(x).view(t, -1, d))
