@@ -695,13 +695,13 @@ def install_offloaded_blocks(
     if bad:
         raise ValueError(f"MoE layer {bad[0]} out of range for {len(layers)} decoder layers")
     known = spec.known_parts()
-    blocks = []
+    # every layer is checked before any is replaced: a refusal leaves the model as it was
+    blocks: list[OffloadedMoEBlock | None] = []
     for m, d in enumerate(moe_layers):
         layer = layers[d]
         old = getattr(layer, mlp_attr)
         if isinstance(old, OffloadedMoEBlock):
-            old.runtime = runtime
-            blocks.append(old)
+            blocks.append(None)
             continue
         router = getattr(old, spec.router_attr, None)
         if not isinstance(router, nn.Module):
@@ -744,6 +744,14 @@ def install_offloaded_blocks(
             shared_expert_gate=parts.get(spec.shared_expert_gate_attr or ""),
             shared_expert_gate_attr=spec.shared_expert_gate_attr,
         )
-        setattr(layer, mlp_attr, block)
         blocks.append(block)
-    return blocks
+    installed = []
+    for d, block in zip(moe_layers, blocks, strict=True):
+        if block is None:  # already offloaded: attach the runtime
+            block = getattr(layers[d], mlp_attr)
+            assert isinstance(block, OffloadedMoEBlock)
+            block.runtime = runtime
+        else:
+            setattr(layers[d], mlp_attr, block)
+        installed.append(block)
+    return installed
