@@ -746,12 +746,13 @@ def install_offloaded_blocks(
         )
         blocks.append(block)
     installed = []
-    for d, block in zip(moe_layers, blocks, strict=True):
-        if block is None:  # already offloaded: attach the runtime
-            block = getattr(layers[d], mlp_attr)
-            assert isinstance(block, OffloadedMoEBlock)
-            block.runtime = runtime
+    for d, new in zip(moe_layers, blocks, strict=True):
+        if new is None:  # already offloaded: attach the runtime
+            current = getattr(layers[d], mlp_attr)
+            assert isinstance(current, OffloadedMoEBlock)
+            current.runtime = runtime
+            installed.append(current)
         else:
-            setattr(layers[d], mlp_attr, block)
-        installed.append(block)
+            setattr(layers[d], mlp_attr, new)
+            installed.append(new)
     return installed

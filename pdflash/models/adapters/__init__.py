@@ -63,9 +63,7 @@ def _check_adapter_class(model_type: str, adapter_cls: object, origin: str) -> t
             f"model_type {model_type!r} (they must be equal)"
         )
     missing = [
-        name
-        for name in ("modeling", "hf_block_class")
-        if getattr(adapter_cls, name, None) is None
+        name for name in ("modeling", "hf_block_class") if getattr(adapter_cls, name, None) is None
     ]
     if missing:
         raise TypeError(f"{origin}: {adapter_cls.__name__} does not set {missing}")

@@ -278,7 +278,7 @@ class MoEAdapterBase:
         if not moe_layers:
             raise UnsupportedConfigError(f"{cfg_file}: {self.arch} config has no MoE layer")
         if moe_layers != sorted(set(moe_layers)) or not (
-            0 <= moe_layers[0] and moe_layers[-1] < self.num_decoder_layers
+            moe_layers[0] >= 0 and moe_layers[-1] < self.num_decoder_layers
         ):
             raise UnsupportedConfigError(
                 f"{cfg_file}: MoE layers {moe_layers} are not increasing decoder layers "
@@ -616,7 +616,9 @@ class MoEAdapterBase:
         """Run the HF forward with ``blocks`` (one per layer) instead of the
         offloaded blocks, e.g. ``[adapter.resident_block(i) for i in ...]``."""
         if len(blocks) != self.num_layers:
-            raise ValueError(f"need {self.num_layers} blocks (one per MoE layer), got {len(blocks)}")
+            raise ValueError(
+                f"need {self.num_layers} blocks (one per MoE layer), got {len(blocks)}"
+            )
         moe = [self._layers[d] for d in self.moe_layers]
         for layer, block in zip(moe, blocks, strict=True):
             layer.mlp = block

@@ -92,9 +92,11 @@ class Glm4MoeAdapter(SwiGLUExpertsMixin):
     def route_tokens(self, router: nn.Module, x: torch.Tensor) -> RouteOutput:
         cfg = self.config
         e, groups, k = self.num_experts, int(cfg.n_group), self.top_k
-        logits = torch.nn.functional.linear(x.float(), router.weight.float())
+        weight, bias = router.weight, router.e_score_correction_bias
+        assert isinstance(weight, torch.Tensor) and isinstance(bias, torch.Tensor)
+        logits = torch.nn.functional.linear(x.float(), weight.float())
         scores = logits.sigmoid()
-        choice = scores + router.e_score_correction_bias
+        choice = scores + bias
         group_scores = choice.view(-1, groups, e // groups).topk(2, dim=-1)[0].sum(dim=-1)
         group_idx = torch.topk(group_scores, k=int(cfg.topk_group), dim=-1, sorted=False)[1]
         group_mask = torch.zeros_like(group_scores)

@@ -143,9 +143,9 @@ def test_register_adapter_refuses_bad_registrations() -> None:
     class NotAnAdapter:
         arch = "pdflash_outside_moe"
 
-    with pytest.raises(TypeError, match="subclass of pdflash.models.MoEAdapterBase"):
+    with pytest.raises(TypeError, match=r"subclass of pdflash\.models\.MoEAdapterBase"):
         register_adapter("pdflash_outside_moe", NotAnAdapter)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="arch is 'pdflash_outside_moe'.*'other_moe'"):
+    with pytest.raises(ValueError, match=r"arch is 'pdflash_outside_moe'.*'other_moe'"):
         register_adapter("other_moe", OutsideMoeAdapter)
 
     class NoBlock(MoEAdapterBase):

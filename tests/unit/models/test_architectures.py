@@ -248,9 +248,7 @@ def _grouped_topk_reference(
     for row in x.astype(np.float64):
         scores = 1.0 / (1.0 + np.exp(-(weight.astype(np.float64) @ row)))
         biased = scores + bias
-        group_score = [
-            sum(sorted(biased[g * per : (g + 1) * per])[-2:]) for g in range(groups)
-        ]
+        group_score = [sum(sorted(biased[g * per : (g + 1) * per])[-2:]) for g in range(groups)]
         kept = sorted(range(groups), key=lambda g: -group_score[g])[: int(cfg.topk_group)]
         allowed = [i for i in range(e) if i // per in kept]
         chosen = sorted(allowed, key=lambda i: -biased[i])[: int(cfg.num_experts_per_tok)]
@@ -286,7 +284,9 @@ def test_glm4_grouped_routing_matches_its_definition(
         for i, v in zip(got, w[t].tolist(), strict=True):
             assert v == pytest.approx(weights[t][i], rel=1e-5)
     # the bias changes the choice for some token (not a vacuous check)
-    plain, _ = _grouped_topk_reference(x.numpy(), router.weight.detach().numpy(), np.zeros(8), ad.config)
+    plain, _ = _grouped_topk_reference(
+        x.numpy(), router.weight.detach().numpy(), np.zeros(8), ad.config
+    )
     assert plain != sets
 
 
