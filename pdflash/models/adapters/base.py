@@ -60,7 +60,7 @@ from pdflash.protocols import AttentionSpec, CopyIssuer
 
 
 class UnsupportedConfigError(ValueError):
-    """The checkpoint's config is not one the adapter can run (e.g. dense layers)."""
+    """The checkpoint's config is not one the adapter can run."""
 
 
 class MoEAdapterBase:

@@ -39,7 +39,7 @@ class Qwen3MoeAdapter(SwiGLUExpertsMixin):
         if dense or step != 1:
             raise UnsupportedConfigError(
                 f"qwen3_moe config has dense (non-MoE) layers (mlp_only_layers={dense}, "
-                f"decoder_sparse_step={step}); pdflash runs all-MoE models only"
+                f"decoder_sparse_step={step}); the qwen3_moe adapter runs all-MoE configs only"
             )
 
     def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
