@@ -39,8 +39,9 @@ def _untimed() -> Iterator[None]:
 
 
 class LayerObserver(Protocol):
-    """Sees each layer's output (the residual stream after its MoE) and its
-    exact routing, right after the layer was issued: the hook for next-layer
+    """Sees each MoE layer's output (the residual stream after its MoE; the
+    layer is the MoE layer index) and its exact routing, right after the
+    layer was issued: the hook for next-layer
     gate lookahead prefetch (copies submitted here overlap the tail of this
     layer's expert compute and the next layer's attention)."""
 
@@ -116,7 +117,7 @@ class TargetRunner:
         self.device = torch.device(device)
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
-        #: called with each layer index right before that layer's MoE runs
+        #: called with each MoE layer index right before that layer's MoE runs
         #: (e.g. a layer-cyclic eviction policy tracking the current layer)
         self.before_moe_hooks: list[Callable[[int], None]] = []
         #: called with (layer, topk_ids [T, k], residual [T, H] after the
