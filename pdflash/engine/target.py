@@ -3,7 +3,8 @@
 All scheduled requests' tokens (prefill prompts or verify blocks) are
 flattened into one token batch. Each layer runs
 ``input_norm -> project_qkv -> paged attention -> project_out -> residual ->
-moe_norm -> moe -> residual``; the MoE call sees every request's tokens at
+moe_norm -> moe -> residual`` (a dense decoder layer runs its resident MLP
+instead of the MoE); the MoE call sees every request's tokens at
 once, so each distinct expert is fetched and run once per layer for the
 whole batch (the union of experts is where batching pays off). Hidden states
 at the drafter's ``target_layer_ids`` are collected for the next draft, and
