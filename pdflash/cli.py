@@ -90,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     y = sub.add_parser("synthetic", help="write a synthetic (random-weight) model to serve")
     y.add_argument("--out", required=True, help="directory; writes OUT/target and OUT/draft")
     y.add_argument(
-        "--arch", default="qwen3_moe", choices=["qwen3_moe", "gpt_oss", "mixtral", "olmoe"]
+        "--arch",
+        default="qwen3_moe",
+        choices=["qwen3_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "glm4_moe"],
     )
     y.add_argument("--preset", default="tiny")
     y.add_argument("--layers", type=int, default=None, help="truncate to this many layers")

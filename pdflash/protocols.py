@@ -98,8 +98,9 @@ class CopyIssuer(Protocol):
 
 # --------------------------------------------------------------------------
 # Model adapters (pdflash.models): what predictors and the engine need from a
-# real MoE architecture. Every decoder layer is an MoE layer for the shipped
-# architectures; an adapter refuses a config with dense layers.
+# real MoE architecture. ``num_layers`` counts MoE layers (the expert grid);
+# an adapter whose model also has dense decoder layers implements
+# :class:`DenseLayerAdapter` too (see :func:`decoder_layer_plan`).
 # --------------------------------------------------------------------------
 
 
@@ -169,6 +170,38 @@ class MoEModelAdapter(Protocol):
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class DenseLayerAdapter(Protocol):
+    """An adapter whose model interleaves dense (non-MoE) decoder layers.
+
+    Layer numbering: the attention methods of :class:`MoEModelAdapter`
+    (``input_norm``, ``attention_spec``, ``project_qkv``, ``attention_sinks``,
+    ``project_out``) take decoder layers ``0 .. num_decoder_layers - 1``; the
+    MoE methods (``moe_norm``, ``router_logits``, ``route``, ``moe``) and
+    the expert grid take MoE layers ``0 .. num_layers - 1``;
+    ``moe_layers[m]`` is MoE layer ``m``'s decoder layer.
+    """
+
+    num_decoder_layers: int
+    moe_layers: tuple[int, ...]
+
+    def dense_mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Dense decoder layer ``layer``'s MLP output ``[T, hidden]`` for the
+        residual ``hidden`` after its attention (its norm applied inside)."""
+        ...
+
+
+def decoder_layer_plan(adapter: MoEModelAdapter) -> list[int | None]:
+    """Per decoder layer: its MoE layer index, or None for a dense layer (an
+    adapter that is not a :class:`DenseLayerAdapter` is all-MoE)."""
+    if not isinstance(adapter, DenseLayerAdapter):
+        return list(range(adapter.num_layers))
+    plan: list[int | None] = [None] * int(adapter.num_decoder_layers)
+    for m, d in enumerate(adapter.moe_layers):
+        plan[d] = m
+    return plan
 
 
 # --------------------------------------------------------------------------

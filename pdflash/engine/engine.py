@@ -74,7 +74,14 @@ from pdflash.engine.sampling import (
 )
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
-from pdflash.protocols import Band, DraftedBlock, ExpertPredictor, MoEModelAdapter, flat_expert_ids
+from pdflash.protocols import (
+    Band,
+    DraftedBlock,
+    ExpertPredictor,
+    MoEModelAdapter,
+    decoder_layer_plan,
+    flat_expert_ids,
+)
 
 TokenCallback = Callable[[int, int], None]
 
@@ -253,11 +260,13 @@ class Engine:
                 raise ValueError(
                     f"drafter hidden_size {drafter.cfg.hidden_size} != target {adapter.hidden_size}"
                 )
-            bad = [i for i in drafter.target_layer_ids if not 0 <= i < adapter.num_layers]
+            # the drafter reads decoder layers' hidden states (dense ones included)
+            n_decoder = len(decoder_layer_plan(adapter))
+            bad = [i for i in drafter.target_layer_ids if not 0 <= i < n_decoder]
             if bad:
                 raise ValueError(
                     f"drafter target_layer_ids {list(drafter.target_layer_ids)} out of range for "
-                    f"a {adapter.num_layers}-layer target"
+                    f"a {n_decoder}-layer target"
                 )
         if config.batching != "fcfs" and batcher is None:
             raise ValueError(

@@ -3,7 +3,8 @@
 All scheduled requests' tokens (prefill prompts or verify blocks) are
 flattened into one token batch. Each layer runs
 ``input_norm -> project_qkv -> paged attention -> project_out -> residual ->
-moe_norm -> moe -> residual``; the MoE call sees every request's tokens at
+moe_norm -> moe -> residual`` (a dense decoder layer runs its resident MLP
+instead of the MoE); the MoE call sees every request's tokens at
 once, so each distinct expert is fetched and run once per layer for the
 whole batch (the union of experts is where batching pays off). Hidden states
 at the drafter's ``target_layer_ids`` are collected for the next draft, and
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +25,7 @@ import torch
 
 from pdflash.engine.attention import AttentionBatch, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
-from pdflash.protocols import MoEModelAdapter
+from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
 
 
 class RegionTimer(Protocol):
@@ -39,8 +40,9 @@ def _untimed() -> Iterator[None]:
 
 
 class LayerObserver(Protocol):
-    """Sees each layer's output (the residual stream after its MoE) and its
-    exact routing, right after the layer was issued: the hook for next-layer
+    """Sees each MoE layer's output (the residual stream after its MoE; the
+    layer is the MoE layer index) and its exact routing, right after the
+    layer was issued: the hook for next-layer
     gate lookahead prefetch (copies submitted here overlap the tail of this
     layer's expert compute and the next layer's attention)."""
 
@@ -72,14 +74,16 @@ def kv_cache_for(
     dtype: torch.dtype,
     device: torch.device | str,
 ) -> PagedKVCache:
-    """A paged KV cache shaped for the adapter's attention (uniform over layers)."""
-    specs = [adapter.attention_spec(i) for i in range(adapter.num_layers)]
+    """A paged KV cache shaped for the adapter's attention (uniform over
+    layers; one per decoder layer, dense ones included)."""
+    num_decoder_layers = len(decoder_layer_plan(adapter))
+    specs = [adapter.attention_spec(i) for i in range(num_decoder_layers)]
     kvh = {s.num_kv_heads for s in specs}
     hd = {s.head_dim for s in specs}
     if len(kvh) != 1 or len(hd) != 1:
         raise ValueError(f"layers differ in kv heads {sorted(kvh)} or head_dim {sorted(hd)}")
     return PagedKVCache(
-        num_layers=adapter.num_layers,
+        num_layers=num_decoder_layers,
         num_kv_heads=kvh.pop(),
         head_dim=hd.pop(),
         page_size=page_size,
@@ -100,16 +104,21 @@ class TargetRunner:
         capture_layers: Sequence[int] = (),
         device: torch.device | str = "cpu",
     ) -> None:
-        bad = [i for i in capture_layers if not 0 <= i < adapter.num_layers]
+        #: per decoder layer: its MoE layer, or None (dense). Capture layers,
+        #: attention and the KV are per decoder layer; the routing, the hooks
+        #: and the observers see MoE layers (the expert grid's numbering).
+        self.plan = decoder_layer_plan(adapter)
+        n = len(self.plan)
+        bad = [i for i in capture_layers if not 0 <= i < n]
         if bad:
-            raise ValueError(f"capture layer {bad[0]} out of range for {adapter.num_layers} layers")
+            raise ValueError(f"capture layer {bad[0]} out of range for {n} layers")
         self.adapter = adapter
         self.kv = kv
         self.capture_layers = tuple(capture_layers)
         self.device = torch.device(device)
-        self.specs = [adapter.attention_spec(i) for i in range(adapter.num_layers)]
+        self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
-        #: called with each layer index right before that layer's MoE runs
+        #: called with each MoE layer index right before that layer's MoE runs
         #: (e.g. a layer-cyclic eviction policy tracking the current layer)
         self.before_moe_hooks: list[Callable[[int], None]] = []
         #: called with (layer, topk_ids [T, k], residual [T, H] after the
@@ -170,16 +179,28 @@ class TargetRunner:
             routed = torch.zeros(
                 (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
             )
-            for layer in range(ad.num_layers):
-                spec = self.specs[layer]
+            for decoder_layer, moe_layer in enumerate(self.plan):
+                spec = self.specs[decoder_layer]
                 with self._region("attention"):
-                    h = ad.input_norm(layer, x)
-                    q, k, v = ad.project_qkv(layer, h, pos_t)
-                    kv.write(layer, slots_t, k, v)
+                    h = ad.input_norm(decoder_layer, x)
+                    q, k, v = ad.project_qkv(decoder_layer, h, pos_t)
+                    kv.write(decoder_layer, slots_t, k, v)
                     attn = paged_attention(
-                        q, kv.k[layer], kv.v[layer], batch, spec, ad.attention_sinks(layer)
+                        q,
+                        kv.k[decoder_layer],
+                        kv.v[decoder_layer],
+                        batch,
+                        spec,
+                        ad.attention_sinks(decoder_layer),
                     )
-                    x = x + ad.project_out(layer, attn.to(x.dtype))
+                    x = x + ad.project_out(decoder_layer, attn.to(x.dtype))
+                if moe_layer is None:  # a dense layer: its resident MLP, no routing
+                    with self._region("dense_mlp"):
+                        x = x + cast(DenseLayerAdapter, ad).dense_mlp(decoder_layer, x)
+                    if decoder_layer in self.capture_layers:
+                        captured[decoder_layer] = x
+                    continue
+                layer = moe_layer
                 with self._region("router"):
                     normed = ad.moe_norm(layer, x)
                     topk_ids, topk_weights = ad.route(layer, normed)
@@ -198,8 +219,8 @@ class TargetRunner:
                         x = x + ad.moe(layer, normed)
                 for obs in self.observers:
                     obs.after_layer(layer, x, topk_ids)
-                if layer in self.capture_layers:
-                    captured[layer] = x
+                if decoder_layer in self.capture_layers:
+                    captured[decoder_layer] = x
             # logits only for the rows that need them
             want: list[int] = []
             row = 0

@@ -178,12 +178,7 @@ def offload(
         # NOTE: the adapter's own copy of the non-expert weights stays on the
         # host and is dropped below; the user's model gets them on ``dev``.
         adapter = cls(path, device="cpu", dtype=dtype)
-        blocks = install_offloaded_blocks(
-            model,
-            None,
-            router_attr=cls.router_attr,
-            returns_router_scores=cls.returns_router_scores,
-        )
+        blocks = install_offloaded_blocks(model, None, spec=adapter.block_spec())
         adapter.device = dev
         adapter._load_non_experts(model, SafetensorsCheckpoint(path))
         left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]

@@ -2,7 +2,10 @@
 
 Entry point: :func:`load_adapter` (``MoEModelAdapter`` over a checkpoint
 directory, experts in an :class:`ExpertStore`, run from an
-:class:`~pdflash.cache.ExpertCache`).
+:class:`~pdflash.cache.ExpertCache`). Extension: subclass
+:class:`MoEAdapterBase` (or :class:`SwiGLUAdapter`) and register it with
+:func:`register_adapter` or a ``pdflash.adapters`` entry point
+(:data:`ENTRY_POINT_GROUP`).
 """
 
 from __future__ import annotations
@@ -12,13 +15,24 @@ from typing import Any
 
 from pdflash.models.adapters import (
     ADAPTERS,
+    ENTRY_POINT_GROUP,
     MoEAdapterBase,
+    SwiGLUAdapter,
     UnknownArchitectureError,
     UnsupportedConfigError,
+    available_architectures,
     get_adapter_class,
+    register_adapter,
+    unregister_adapter,
 )
-from pdflash.models.layout import ExpertLayout
-from pdflash.models.offload import OffloadedMoE, OffloadedMoEBlock, install_offloaded_blocks
+from pdflash.models.layout import ComponentSpec, ExpertFormat, ExpertLayout, SourcePart
+from pdflash.models.offload import (
+    MoEBlockSpec,
+    OffloadedMoE,
+    OffloadedMoEBlock,
+    UnknownMoEPartError,
+    install_offloaded_blocks,
+)
 from pdflash.models.store import CheckpointError, ExpertStore, SafetensorsCheckpoint
 from pdflash.models.synthetic import (
     PRESET_ARCH,
@@ -59,21 +73,31 @@ def load_adapter(path: str | os.PathLike[str], **kwargs: Any) -> MoEAdapterBase:
 
 __all__ = [
     "ADAPTERS",
+    "ENTRY_POINT_GROUP",
     "PRESETS",
     "PRESET_ARCH",
     "CheckpointError",
+    "ComponentSpec",
+    "ExpertFormat",
     "ExpertLayout",
     "ExpertStore",
     "MoEAdapterBase",
+    "MoEBlockSpec",
     "OffloadedMoE",
     "OffloadedMoEBlock",
     "SafetensorsCheckpoint",
+    "SourcePart",
+    "SwiGLUAdapter",
     "UnknownArchitectureError",
+    "UnknownMoEPartError",
     "UnsupportedConfigError",
+    "available_architectures",
     "get_adapter_class",
     "install_offloaded_blocks",
     "load_adapter",
     "read_model_type",
+    "register_adapter",
     "synthetic_config",
+    "unregister_adapter",
     "write_synthetic_checkpoint",
 ]

@@ -31,15 +31,18 @@ and its copy wait for the host.
 
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
-sparse MoE block (it keeps the HF router submodule under its original name,
-so the checkpoint's router weights load into it), and
-:func:`install_offloaded_blocks` swaps every block of an HF model, so a plain
-HF forward runs with experts offloaded.
+sparse MoE block (it keeps the HF router submodule, and any shared expert
+and its gate, under their original names, so the checkpoint's weights load
+into them; the shared expert runs resident on the device and is added to
+the routed output), and :func:`install_offloaded_blocks` swaps every block
+of an HF model, so a plain HF forward runs with experts offloaded. It
+refuses a block holding a part it does not know (never drops one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -60,6 +63,10 @@ if TYPE_CHECKING:
 #: so a prefetcher can submit copies for later layers.
 RouteHook = Callable[[int, torch.Tensor], None]
 ExpertFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+#: (router logits ``[T, E]``, routing weights ``[T, k]``, expert ids ``[T, k]``)
+RouteOutput = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+#: ``route_fn(router_module, x [T, H])``: an arch's routing over its router
+RouteFn = Callable[[nn.Module, torch.Tensor], RouteOutput]
 
 #: torch's grouped GEMM takes fewer than 1024 groups per call; larger slabs
 #: are split into calls of at most this many slots.
@@ -519,12 +526,56 @@ def _compact(
     return group_of_row, offs, {n: v.index_select(0, picked) for n, v in views.items()}
 
 
+class UnknownMoEPartError(TypeError):
+    """An HF sparse MoE block holds a submodule, parameter or buffer the
+    offloaded block would not run (it is refused, never dropped)."""
+
+
+@dataclass(frozen=True)
+class MoEBlockSpec:
+    """What an architecture's HF sparse MoE block holds and how
+    :func:`install_offloaded_blocks` replaces it.
+
+    ``router_attr``/``experts_attr``: the router and routed-experts
+    submodules; ``shared_expert_attr``: an always-on shared expert (kept,
+    resident); ``shared_expert_gate_attr``: its gate (output scaled by
+    ``sigmoid(gate(x))``); ``returns_router_scores``: the block returns
+    ``(hidden, router_scores)`` (gpt-oss); ``route_fn``: the arch's routing
+    (default: the router's own forward); ``moe_layers``: the decoder layers
+    holding MoE blocks (None: every layer; the others are dense and left
+    alone).
+    """
+
+    router_attr: str = "gate"
+    experts_attr: str = "experts"
+    returns_router_scores: bool = False
+    shared_expert_attr: str | None = None
+    shared_expert_gate_attr: str | None = None
+    route_fn: RouteFn | None = None
+    moe_layers: tuple[int, ...] | None = None
+
+    def known_parts(self) -> set[str]:
+        return {
+            n
+            for n in (
+                self.router_attr,
+                self.experts_attr,
+                self.shared_expert_attr,
+                self.shared_expert_gate_attr,
+            )
+            if n is not None
+        }
+
+
 class OffloadedMoEBlock(nn.Module):
     """Drop-in replacement for an HF sparse MoE block (``[B, S, H]`` in/out).
 
-    Routes with the HF router it keeps (attribute ``router_attr``), then runs
-    :meth:`OffloadedMoE.forward_routed`. ``returns_router_scores`` mirrors
-    blocks such as gpt-oss's that return ``(hidden, router_scores)``.
+    Routes with the HF router it keeps (attribute ``router_attr``; through
+    ``route_fn`` when given), then runs :meth:`OffloadedMoE.forward_routed`
+    and adds the shared expert's output (:meth:`with_shared`).
+    ``returns_router_scores`` mirrors blocks such as gpt-oss's that return
+    ``(hidden, router_scores)``. ``layer`` is the MoE layer index (the
+    cache's numbering), not necessarily the decoder layer.
     """
 
     def __init__(
@@ -534,13 +585,32 @@ class OffloadedMoEBlock(nn.Module):
         router: nn.Module,
         router_attr: str,
         returns_router_scores: bool = False,
+        *,
+        route_fn: RouteFn | None = None,
+        shared_expert: nn.Module | None = None,
+        shared_expert_attr: str | None = None,
+        shared_expert_gate: nn.Module | None = None,
+        shared_expert_gate_attr: str | None = None,
     ) -> None:
         super().__init__()
         self.layer = layer
         self.runtime = runtime
         self.router_attr = router_attr
         self.returns_router_scores = returns_router_scores
+        self.route_fn = route_fn
         self.add_module(router_attr, router)
+        if (shared_expert is None) != (shared_expert_attr is None):
+            raise ValueError("give shared_expert and shared_expert_attr together")
+        if (shared_expert_gate is None) != (shared_expert_gate_attr is None):
+            raise ValueError("give shared_expert_gate and shared_expert_gate_attr together")
+        if shared_expert_gate is not None and shared_expert is None:
+            raise ValueError("a shared expert gate needs a shared expert")
+        self.shared_expert_attr = shared_expert_attr
+        self.shared_expert_gate_attr = shared_expert_gate_attr
+        if shared_expert is not None:
+            self.add_module(str(shared_expert_attr), shared_expert)
+        if shared_expert_gate is not None:
+            self.add_module(str(shared_expert_gate_attr), shared_expert_gate)
 
     @property
     def router_module(self) -> nn.Module:
@@ -548,10 +618,26 @@ class OffloadedMoEBlock(nn.Module):
         assert isinstance(module, nn.Module)
         return module
 
-    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def route(self, x: torch.Tensor) -> RouteOutput:
         """``x [T, H]`` -> (logits ``[T, E]``, weights ``[T, k]``, ids ``[T, k]``)."""
+        if self.route_fn is not None:
+            return self.route_fn(self.router_module, x)
         logits, scores, ids = self.router_module(x)
         return logits, scores, ids
+
+    def shared_output(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The shared expert's (gated) output for ``x [T, H]``, or None."""
+        if self.shared_expert_attr is None:
+            return None
+        out: torch.Tensor = getattr(self, self.shared_expert_attr)(x)
+        if self.shared_expert_gate_attr is not None:
+            out = torch.sigmoid(getattr(self, self.shared_expert_gate_attr)(x)) * out
+        return out
+
+    def with_shared(self, x: torch.Tensor, routed: torch.Tensor) -> torch.Tensor:
+        """``routed`` (the routed experts' output for ``x``) plus the shared expert's."""
+        shared = self.shared_output(x)
+        return routed if shared is None else routed + shared
 
     def forward(self, hidden_states: torch.Tensor) -> Any:
         if self.runtime is None:
@@ -559,7 +645,8 @@ class OffloadedMoEBlock(nn.Module):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         _, scores, ids = self.route(x)
-        out = self.runtime.forward_routed(self.layer, x, ids, scores).reshape(shape)
+        routed = self.runtime.forward_routed(self.layer, x, ids, scores)
+        out = self.with_shared(x, routed).reshape(shape)
         if self.returns_router_scores:
             return out, scores
         return out
@@ -574,33 +661,98 @@ def decoder_layers(hf_model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def _unknown_parts(block: nn.Module, known: set[str]) -> list[str]:
+    """``block``'s own submodules, parameters and buffers not in ``known``."""
+    names = [n for n, _ in block.named_children()]
+    names += [n for n, _ in block.named_parameters(recurse=False)]
+    names += [n for n, _ in block.named_buffers(recurse=False)]
+    return [n for n in names if n not in known]
+
+
 def install_offloaded_blocks(
     hf_model: nn.Module,
     runtime: OffloadedMoE | None,
     *,
-    router_attr: str,
+    router_attr: str = "gate",
     returns_router_scores: bool = False,
     mlp_attr: str = "mlp",
+    spec: MoEBlockSpec | None = None,
 ) -> list[OffloadedMoEBlock]:
-    """Replace every decoder layer's sparse MoE block with an
-    :class:`OffloadedMoEBlock` that keeps the block's router; the old block's
-    expert parameters are dropped. Returns the new blocks (layer order).
-    Use :meth:`pdflash.models.MoEAdapterBase.install_offloaded` to take the
-    arch's attribute names from its adapter."""
-    blocks = []
-    for i, layer in enumerate(decoder_layers(hf_model)):
+    """Replace the sparse MoE block of every MoE decoder layer with an
+    :class:`OffloadedMoEBlock` that keeps the block's router and shared
+    expert (with its gate); the old block's routed-expert parameters are
+    dropped. ``spec`` describes the block (default: ``router_attr`` and
+    ``returns_router_scores``, every layer MoE, no shared expert). A block
+    holding any other submodule, parameter or buffer raises
+    :class:`UnknownMoEPartError` naming it. Returns the new blocks (MoE
+    layer order). Use :meth:`pdflash.models.MoEAdapterBase.install_offloaded`
+    to take the spec from the arch's adapter."""
+    if spec is None:
+        spec = MoEBlockSpec(router_attr=router_attr, returns_router_scores=returns_router_scores)
+    layers = decoder_layers(hf_model)
+    moe_layers = tuple(range(len(layers))) if spec.moe_layers is None else spec.moe_layers
+    bad = [d for d in moe_layers if not 0 <= d < len(layers)]
+    if bad:
+        raise ValueError(f"MoE layer {bad[0]} out of range for {len(layers)} decoder layers")
+    known = spec.known_parts()
+    # every layer is checked before any is replaced: a refusal leaves the model as it was
+    blocks: list[OffloadedMoEBlock | None] = []
+    for m, d in enumerate(moe_layers):
+        layer = layers[d]
         old = getattr(layer, mlp_attr)
         if isinstance(old, OffloadedMoEBlock):
-            old.runtime = runtime
-            blocks.append(old)
+            blocks.append(None)
             continue
-        router = getattr(old, router_attr, None)
+        router = getattr(old, spec.router_attr, None)
         if not isinstance(router, nn.Module):
             raise TypeError(
-                f"layer {i}: {type(old).__name__} has no router {router_attr!r} "
+                f"layer {d}: {type(old).__name__} has no router {spec.router_attr!r} "
                 "(is this a dense layer?)"
             )
-        block = OffloadedMoEBlock(i, runtime, router, router_attr, returns_router_scores)
-        setattr(layer, mlp_attr, block)
+        unknown = _unknown_parts(old, known)
+        if unknown:
+            raise UnknownMoEPartError(
+                f"layer {d}: {type(old).__name__} holds {unknown[0]!r} "
+                f"({type(getattr(old, unknown[0])).__name__}), a MoE-block part pdflash "
+                f"does not know (known: {sorted(known)}); the offloaded block would drop it. "
+                "Declare it in the adapter (shared_expert_attr, shared_expert_gate_attr, "
+                "router_attr, experts_attr) or extend the adapter to run it"
+            )
+        parts: dict[str, nn.Module] = {}
+        for role, name in (
+            ("shared expert", spec.shared_expert_attr),
+            ("shared expert gate", spec.shared_expert_gate_attr),
+        ):
+            if name is None:
+                continue
+            module = getattr(old, name, None)
+            if not isinstance(module, nn.Module):
+                raise TypeError(
+                    f"layer {d}: {type(old).__name__} has no {role} {name!r} "
+                    "(the adapter declares one)"
+                )
+            parts[name] = module
+        block = OffloadedMoEBlock(
+            m,
+            runtime,
+            router,
+            spec.router_attr,
+            spec.returns_router_scores,
+            route_fn=spec.route_fn,
+            shared_expert=parts.get(spec.shared_expert_attr or ""),
+            shared_expert_attr=spec.shared_expert_attr,
+            shared_expert_gate=parts.get(spec.shared_expert_gate_attr or ""),
+            shared_expert_gate_attr=spec.shared_expert_gate_attr,
+        )
         blocks.append(block)
-    return blocks
+    installed = []
+    for d, new in zip(moe_layers, blocks, strict=True):
+        if new is None:  # already offloaded: attach the runtime
+            current = getattr(layers[d], mlp_attr)
+            assert isinstance(current, OffloadedMoEBlock)
+            current.runtime = runtime
+            installed.append(current)
+        else:
+            setattr(layers[d], mlp_attr, new)
+            installed.append(new)
+    return installed

@@ -214,6 +214,48 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             eos_token_id=50279,
         ),
     },
+    # a shared expert with a sigmoid gate beside the routed experts
+    "qwen2_moe": {
+        "tiny": dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            max_position_embeddings=256,
+        ),
+    },
+    # a dense first layer, an ungated shared expert, grouped sigmoid routing
+    # with bias correction, partial rotary, q/k norms and biases
+    "glm4_moe": {
+        "tiny": dict(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=48,
+            moe_intermediate_size=16,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            use_qk_norm=True,
+            attention_bias=True,
+            partial_rotary_factor=0.5,
+            max_position_embeddings=256,
+        ),
+    },
 }
 
 #: a published-shape preset name -> its architecture
@@ -309,7 +351,7 @@ def _tensor_specs(
     # NOTE: gpt-oss experts compute x @ W (fan-in is dim -2); the others F.linear (dim -1).
     fan_in_dim = -2 if arch == "gpt_oss" else -1
     seen: set[str] = set()
-    for layer in range(int(config.num_hidden_layers)):
+    for layer in range(len(cls.moe_layer_indices(config))):  # MoE layers only
         for expert in range(num_experts):
             for p in fmt.parts(layer, expert):
                 if p.key in seen:

@@ -284,10 +284,13 @@ class ApproxRouterPredictor:
         out = torch.zeros(len(blocks), L, E, dtype=torch.float32, device=hidden.device)
         attending = self.proxy == "block_attention"
         plan = self._attention_plan(segments, hidden.device) if attending else None
+        # attention is per decoder layer: MoE layer m's is decoder layer moe_layers[m]
+        # (a dense layer in between is skipped, as the proxy skips the context)
+        decoder = getattr(self.adapter, "moe_layers", None) or range(L)
         with torch.inference_mode():
             for layer in range(L):
                 if plan is not None:
-                    hidden = self._attention_residual(layer, hidden, plan)
+                    hidden = self._attention_residual(decoder[layer], hidden, plan)
                 normed = self.adapter.moe_norm(layer, hidden)
                 logits = self.adapter.router_logits(layer, normed)
                 ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)

@@ -13,7 +13,7 @@ import torch
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 from pdflash.protocols import Band
 
-ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss", "glm4_moe"])
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     arch = request.param
     return write_synthetic_checkpoint(

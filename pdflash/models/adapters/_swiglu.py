@@ -1,4 +1,5 @@
-"""Shared pieces of the SwiGLU-expert architectures (qwen3_moe, olmoe, mixtral):
+"""Shared pieces of the SwiGLU-expert architectures (qwen3_moe, olmoe, mixtral,
+qwen2_moe, glm4_moe; public as :class:`pdflash.models.SwiGLUAdapter`):
 experts stored as ``gate``/``up``/``down`` projections per expert on the hub,
 fused ``gate_up_proj [E, 2I, H]`` / ``down_proj [E, H, I]`` in transformers 5."""
 
@@ -41,7 +42,12 @@ class SwiGLUGroupedExperts:
 
 class SwiGLUExpertsMixin(MoEAdapterBase):
     """Packed expert: ``gate_up [2I, H]`` (gate rows first, as transformers 5
-    fuses them) then ``down [H, I]``; ``down(act(gate x) * up x)``."""
+    fuses them) then ``down [H, I]``; ``down(act(gate x) * up x)``.
+
+    Reads the hub naming (one ``gate``/``up``/``down`` tensor per expert under
+    :attr:`hub_expert_prefix`, names :attr:`hub_names`) or transformers 5's
+    fused ``gate_up_proj``/``down_proj`` under :attr:`fused_prefix`
+    (``{l}`` is the decoder layer); ``moe_intermediate_size`` gives ``I``."""
 
     #: per-expert hub names: (prefix with {l} {e}, gate, up, down)
     hub_expert_prefix = "model.layers.{l}.mlp.experts.{e}."
@@ -63,9 +69,11 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
     def expert_formats(cls, config: Any) -> list[ExpertFormat]:
         i, h = cls.moe_intermediate_size(config), int(config.hidden_size)
         gate, up, down = cls.hub_names
+        # the store numbers MoE layers; checkpoint names use decoder layers
+        decoder = cls.moe_layer_indices(config)
 
         def hub(layer: int, expert: int) -> list[SourcePart]:
-            p = cls.hub_expert_prefix.format(l=layer, e=expert)
+            p = cls.hub_expert_prefix.format(l=decoder[layer], e=expert)
             return [
                 SourcePart(f"{p}{gate}.weight", "gate_up", (i, h)),
                 SourcePart(f"{p}{up}.weight", "gate_up", (i, h), row_offset=i),
@@ -73,7 +81,7 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
             ]
 
         def fused(layer: int, expert: int) -> list[SourcePart]:
-            p = cls.fused_prefix.format(l=layer)
+            p = cls.fused_prefix.format(l=decoder[layer])
             return [
                 SourcePart(f"{p}gate_up_proj", "gate_up", (2 * i, h), index=expert),
                 SourcePart(f"{p}down_proj", "down", (h, i), index=expert),

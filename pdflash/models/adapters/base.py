@@ -41,9 +41,11 @@ from pdflash.models.layout import (
 )
 from pdflash.models.offload import (
     GroupedExperts,
+    MoEBlockSpec,
     OffloadedMoE,
     OffloadedMoEBlock,
     RouteHook,
+    RouteOutput,
     decoder_layers,
     install_offloaded_blocks,
 )
@@ -58,20 +60,44 @@ from pdflash.protocols import AttentionSpec, CopyIssuer
 
 
 class UnsupportedConfigError(ValueError):
-    """The checkpoint's config is not one the adapter can run (e.g. dense layers)."""
+    """The checkpoint's config is not one the adapter can run."""
 
 
 class MoEAdapterBase:
     """Implements :class:`pdflash.protocols.MoEModelAdapter` for one checkpoint.
 
-    Subclasses set the class attributes and implement :meth:`expert_layout`,
-    :meth:`expert_formats`, :meth:`expert_forward` (and override
-    :meth:`_qkv` when the arch has q/k norms).
+    The public base of every adapter, built-in or not. A subclass sets the
+    class attributes (``arch``, ``modeling``, ``hf_block_class``, the block's
+    submodule names) and implements :meth:`expert_layout`,
+    :meth:`expert_formats` and :meth:`expert_forward` (optionally
+    :meth:`grouped_experts`); it overrides :meth:`qkv` when the arch has q/k
+    norms, :meth:`route_tokens` when the HF router does not return
+    ``(logits, weights, ids)``, and :meth:`moe_layer_indices` when some
+    decoder layers are dense. Register it with
+    :func:`pdflash.models.register_adapter` or a ``pdflash.adapters`` entry
+    point.
+
+    Layer numbering: :attr:`num_layers` counts the **MoE** layers (the expert
+    grid the store, cache, scheduler and predictors see, ``layer * E +
+    expert``); :attr:`num_decoder_layers` counts every decoder layer and
+    :attr:`moe_layers` maps MoE layer ``m`` to its decoder layer. The
+    attention methods (``input_norm``, ``attention_spec``, ``project_qkv``,
+    ``attention_sinks``, ``project_out``) and :meth:`dense_mlp` take decoder
+    layers; the MoE methods (``moe_norm``, ``router_logits``, ``route``,
+    ``moe``, ``moe_routed``, ``resident_block``) take MoE layers. With no
+    dense layer the two numberings coincide.
     """
 
     arch: ClassVar[str]  # config.model_type
     modeling: ClassVar[Any]  # transformers.models.<arch>.modeling_<arch>
     router_attr: ClassVar[str] = "gate"  # the router's name inside the MoE block
+    experts_attr: ClassVar[str] = "experts"  # the routed experts' module in the block
+    #: the block's always-on shared expert (resident, added to the routed
+    #: output), e.g. qwen2_moe's ``shared_expert``, deepseek/glm's ``shared_experts``
+    shared_expert_attr: ClassVar[str | None] = None
+    #: the shared expert's gate (``sigmoid(gate(x)) * shared(x)``), e.g.
+    #: qwen2_moe's ``shared_expert_gate``; None: the shared expert is ungated
+    shared_expert_gate_attr: ClassVar[str | None] = None
     hf_block_class: ClassVar[str]  # the HF sparse MoE block class in ``modeling``
     #: packed component -> the HF experts module's 3-D parameter
     hf_expert_params: ClassVar[dict[str, str]] = {"gate_up": "gate_up_proj", "down": "down_proj"}
@@ -86,6 +112,20 @@ class MoEAdapterBase:
     @classmethod
     def num_experts_of(cls, config: Any) -> int:
         return int(config.num_local_experts)
+
+    @classmethod
+    def moe_layer_indices(cls, config: Any) -> list[int]:
+        """The decoder layers that hold a sparse MoE block, in order (default:
+        all). The others are dense: their HF MLP stays resident on the device."""
+        return list(range(int(config.num_hidden_layers)))
+
+    def route_tokens(self, router: nn.Module, x: torch.Tensor) -> RouteOutput:
+        """``x [T, H]`` -> (logits ``[T, E]``, weights ``[T, k]``, ids ``[T, k]``)
+        with the layer's router module. Default: the HF router's own forward,
+        which returns that triple in transformers 5; override to implement the
+        arch's routing (e.g. when its HF block, not its router, selects)."""
+        logits, weights, ids = router(x)
+        return logits, weights, ids
 
     @classmethod
     def validate_config(cls, config: Any) -> None:
@@ -144,6 +184,13 @@ class MoEAdapterBase:
     def module_to_checkpoint_key(cls, key: str) -> str:
         return key
 
+    @classmethod
+    def ignore_checkpoint_key(cls, key: str, config: Any) -> bool:
+        """True for a checkpoint tensor the model does not use (e.g. extra
+        multi-token-prediction layers); every other non-expert tensor must
+        match a parameter or loading fails."""
+        return False
+
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         """One expert's MLP over ``x [n, H]`` with its packed weights ``w``."""
         raise NotImplementedError
@@ -165,8 +212,9 @@ class MoEAdapterBase:
         cache slab), or None to run experts one by one."""
         return None
 
-    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v ``[T, heads, D]`` before rotary (q/k norms applied)."""
+    def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v ``[T, heads, D]`` of the HF attention module ``attn``
+        before rotary (override to apply the arch's q/k norms)."""
         t = x.shape[0]
         d = self.head_dim
         q = attn.q_proj(x).view(t, -1, d)
@@ -225,7 +273,21 @@ class MoEAdapterBase:
         self.config = config
         self.device = torch.device(device)
         self.dtype = dtype if dtype is not None else self.checkpoint_dtype(config)
-        self.num_layers = int(config.num_hidden_layers)
+        self.num_decoder_layers = int(config.num_hidden_layers)
+        moe_layers = [int(i) for i in self.moe_layer_indices(config)]
+        if not moe_layers:
+            raise UnsupportedConfigError(f"{cfg_file}: {self.arch} config has no MoE layer")
+        if moe_layers != sorted(set(moe_layers)) or not (
+            moe_layers[0] >= 0 and moe_layers[-1] < self.num_decoder_layers
+        ):
+            raise UnsupportedConfigError(
+                f"{cfg_file}: MoE layers {moe_layers} are not increasing decoder layers "
+                f"in [0, {self.num_decoder_layers})"
+            )
+        #: MoE layer m -> its decoder layer
+        self.moe_layers: tuple[int, ...] = tuple(moe_layers)
+        self._moe_index = {d: m for m, d in enumerate(moe_layers)}
+        self.num_layers = len(moe_layers)
         self.num_experts = self.num_experts_of(config)
         self.top_k = int(config.num_experts_per_tok)
         self.hidden_size = int(config.hidden_size)
@@ -258,12 +320,7 @@ class MoEAdapterBase:
             model = AutoModelForCausalLM.from_config(
                 config, attn_implementation=impl, dtype=self.dtype
             )
-        self.blocks = install_offloaded_blocks(
-            model,
-            None,
-            router_attr=self.router_attr,
-            returns_router_scores=self.returns_router_scores,
-        )
+        self.blocks = install_offloaded_blocks(model, None, spec=self.block_spec())
         self._load_non_experts(model, checkpoint)
         model.eval()
         self.hf_model: Any = model
@@ -289,6 +346,25 @@ class MoEAdapterBase:
                     policy=policy,
                 )
             )
+
+    def block_spec(self) -> MoEBlockSpec:
+        """How this arch's HF sparse MoE blocks are replaced (their parts, the
+        layers holding them, the routing)."""
+        return MoEBlockSpec(
+            router_attr=self.router_attr,
+            experts_attr=self.experts_attr,
+            returns_router_scores=self.returns_router_scores,
+            shared_expert_attr=self.shared_expert_attr,
+            shared_expert_gate_attr=self.shared_expert_gate_attr,
+            route_fn=self.route_tokens,
+            moe_layers=self.moe_layers,
+        )
+
+    def moe_layer_of(self, layer: int) -> int | None:
+        """The MoE layer index of decoder layer ``layer`` (None: a dense layer)."""
+        if not 0 <= layer < self.num_decoder_layers:
+            raise ValueError(f"decoder layer {layer} out of range [0, {self.num_decoder_layers})")
+        return self._moe_index.get(layer)
 
     @staticmethod
     def checkpoint_dtype(config: Any) -> torch.dtype:
@@ -327,7 +403,7 @@ class MoEAdapterBase:
             names |= set(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
         keep_fp32 = [re.compile(rf"(^|\.){re.escape(n)}(\.|$)") for n in sorted(names)]
         for key in ck.keys():  # noqa: SIM118
-            if key in expert_keys:
+            if key in expert_keys or self.ignore_checkpoint_key(key, self.config):
                 continue
             mkey = self.checkpoint_to_module_key(key)
             if mkey not in want:
@@ -383,10 +459,21 @@ class MoEAdapterBase:
         out: torch.Tensor = self._layers[layer].input_layernorm(hidden)
         return out
 
+    def dense_mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """The MLP output ``[T, H]`` of dense decoder layer ``layer`` for the
+        residual ``hidden`` after its attention (its norm applied here)."""
+        if layer in self._moe_index:
+            raise ValueError(
+                f"decoder layer {layer} is MoE layer {self._moe_index[layer]}, not dense"
+            )
+        block = self._layers[layer]
+        out: torch.Tensor = block.mlp(block.post_attention_layernorm(hidden))
+        return out
+
     def attention_spec(self, layer: int) -> AttentionSpec:
         attn = self._attn(layer)
         cfg = self.config
-        window = getattr(attn, "sliding_window", getattr(cfg, "sliding_window", None))
+        window = self.sliding_window(layer)
         return AttentionSpec(
             num_heads=int(cfg.num_attention_heads),
             num_kv_heads=int(cfg.num_key_value_heads),
@@ -395,6 +482,14 @@ class MoEAdapterBase:
             sliding_window=None if window is None else int(window),
             has_sinks=self.attention_sinks(layer) is not None,
         )
+
+    def sliding_window(self, layer: int) -> int | None:
+        """Decoder layer ``layer``'s attention window (None: full attention):
+        the HF attention module's ``sliding_window``, else the config's."""
+        window = getattr(self._attn(layer), "sliding_window", None)
+        if window is None and not hasattr(self._attn(layer), "sliding_window"):
+            window = getattr(self.config, "sliding_window", None)
+        return None if window is None else int(window)
 
     def rotary(
         self, positions: torch.Tensor, like: torch.Tensor
@@ -406,7 +501,7 @@ class MoEAdapterBase:
     def project_qkv(
         self, layer: int, normed: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self._qkv(self._attn(layer), normed)
+        q, k, v = self.qkv(self._attn(layer), normed)
         cos, sin = self.rotary(positions, normed)
         q4, k4 = self.modeling.apply_rotary_pos_emb(
             q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), cos, sin
@@ -421,7 +516,8 @@ class MoEAdapterBase:
         return out
 
     def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self._layers[layer].post_attention_layernorm(hidden)
+        """MoE layer ``layer``'s norm before its router (post-attention norm)."""
+        out: torch.Tensor = self._layers[self.moe_layers[layer]].post_attention_layernorm(hidden)
         return out
 
     def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
@@ -432,10 +528,10 @@ class MoEAdapterBase:
         return ids.long(), weights
 
     def moe(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
-        if self.runtime is None:
-            raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
+        """MoE layer ``layer``'s output: routed experts (offloaded) plus any
+        shared expert (resident)."""
         ids, weights = self.route(layer, normed)
-        return self.runtime.forward_routed(layer, normed, ids, weights)
+        return self.moe_routed(layer, normed, ids, weights)
 
     def moe_routed(
         self, layer: int, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
@@ -443,7 +539,8 @@ class MoEAdapterBase:
         """:meth:`moe` with the routing :meth:`route` returned for ``normed``."""
         if self.runtime is None:
             raise RuntimeError("no expert cache attached: pass issuer= or call attach_cache()")
-        return self.runtime.forward_routed(layer, normed, ids, weights)
+        block = self._block(layer)
+        return block.with_shared(normed, self.runtime.forward_routed(layer, normed, ids, weights))
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self._inner.norm(hidden)
@@ -464,12 +561,14 @@ class MoEAdapterBase:
     def add_layer_output_hook(
         self, hook: Callable[[int, torch.Tensor], None]
     ) -> Callable[[], None]:
-        """``hook(layer, hidden [T, H])`` with each decoder layer's output (the
-        residual stream) during :attr:`hf_model` forwards, e.g. for next-layer
-        gate lookahead (apply layer ``l+1``'s router to it and prefetch).
-        Returns a function that removes the hook."""
+        """``hook(layer, hidden [T, H])`` with each MoE layer's output (the
+        residual stream; ``layer`` is the MoE layer index) during
+        :attr:`hf_model` forwards, e.g. for next-layer gate lookahead (apply
+        MoE layer ``l+1``'s router to it and prefetch). Returns a function
+        that removes the hook."""
         handles = []
-        for i, layer in enumerate(self._layers):
+        for i, decoder_layer in enumerate(self.moe_layers):
+            layer = self._layers[decoder_layer]
 
             def post(_m: Any, _a: Any, out: Any, i: int = i) -> None:
                 h = out[0] if isinstance(out, tuple) else out
@@ -489,26 +588,24 @@ class MoEAdapterBase:
         adapter's cache. That model keeps routing with its own routers."""
         if self.runtime is None:
             raise RuntimeError("no expert cache attached")
-        return install_offloaded_blocks(
-            hf_model,
-            self.runtime,
-            router_attr=self.router_attr,
-            returns_router_scores=self.returns_router_scores,
-        )
+        return install_offloaded_blocks(hf_model, self.runtime, spec=self.block_spec())
 
     def resident_block(self, layer: int) -> nn.Module:
-        """The architecture's own HF sparse MoE block for ``layer`` with all its
-        experts resident on the device (stacked from the store) and this
-        adapter's router: the resident baseline the benchmark compares to."""
+        """The architecture's own HF sparse MoE block for MoE layer ``layer``
+        with all its experts resident on the device (stacked from the store),
+        this adapter's router and shared expert: the resident baseline the
+        benchmark compares to."""
         cls = getattr(self.modeling, self.hf_block_class)
         with torch.device("meta"):
             block = cls(self.hf_model.config)
         dense = self.dense_expert_weights(self.store.stacked(layer, self.device))
         state = {
-            f"experts.{self.hf_expert_params[name]}": t.contiguous() for name, t in dense.items()
+            f"{self.experts_attr}.{self.hf_expert_params[name]}": t.contiguous()
+            for name, t in dense.items()
         }
         router = self.blocks[layer].router_module
-        state.update({f"{self.router_attr}.{n}": p for n, p in router.named_parameters()})
+        # router and shared expert parameters and buffers, under the block's names
+        state.update(self.blocks[layer].state_dict())
         block.load_state_dict(state, strict=True, assign=True)
         setattr(block, self.router_attr, router)
         out: nn.Module = block.eval()
@@ -519,13 +616,16 @@ class MoEAdapterBase:
         """Run the HF forward with ``blocks`` (one per layer) instead of the
         offloaded blocks, e.g. ``[adapter.resident_block(i) for i in ...]``."""
         if len(blocks) != self.num_layers:
-            raise ValueError(f"need {self.num_layers} blocks, got {len(blocks)}")
-        for layer, block in zip(self._layers, blocks, strict=True):
+            raise ValueError(
+                f"need {self.num_layers} blocks (one per MoE layer), got {len(blocks)}"
+            )
+        moe = [self._layers[d] for d in self.moe_layers]
+        for layer, block in zip(moe, blocks, strict=True):
             layer.mlp = block
         try:
             yield
         finally:
-            for layer, block in zip(self._layers, self.blocks, strict=True):
+            for layer, block in zip(moe, self.blocks, strict=True):
                 layer.mlp = block
 
     @torch.inference_mode()

@@ -27,7 +27,7 @@ class OlmoeAdapter(SwiGLUExpertsMixin):
     def num_experts_of(cls, config: Any) -> int:
         return int(config.num_experts)
 
-    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d = x.shape[0], self.head_dim
         q = attn.q_norm(attn.q_proj(x))
         k = attn.k_norm(attn.k_proj(x))

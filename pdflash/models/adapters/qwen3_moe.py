@@ -39,10 +39,10 @@ class Qwen3MoeAdapter(SwiGLUExpertsMixin):
         if dense or step != 1:
             raise UnsupportedConfigError(
                 f"qwen3_moe config has dense (non-MoE) layers (mlp_only_layers={dense}, "
-                f"decoder_sparse_step={step}); pdflash runs all-MoE models only"
+                f"decoder_sparse_step={step}); the qwen3_moe adapter runs all-MoE configs only"
             )
 
-    def _qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         t, d = x.shape[0], self.head_dim
         q = attn.q_norm(attn.q_proj(x).view(t, -1, d))
         k = attn.k_norm(attn.k_proj(x).view(t, -1, d))
