@@ -18,7 +18,7 @@ engine on any model shape:
   the trace becomes ``e * E // E_trace`` (duplicates dropped, the first ``k``
   distinct kept, a short row filled with the next unused ids); a target with
   more experts than the trace is refused. The mixing weights are the router's
-  own where the replayed ids equal the router's, else the softmax of the
+  own where the replayed set equals the router's, else the softmax of the
   router's logits over the replayed ids (renormalised over the top-k).
 * :class:`TraceAcceptance` (an :class:`~pdflash.engine.acceptance.AcceptanceModel`,
   ``acceptance_source: trace``): each round of a request accepts the next
@@ -291,7 +291,9 @@ class TraceRouting:
         if self._ids is None or self._ids.shape[0] != ids.shape[0]:
             raise RuntimeError("TraceRouting.route called without a matching begin_forward")
         replay = self._ids[:, layer, :].to(ids.dtype)
-        same = (replay == ids).all(dim=1)
+        # NOTE: a row whose replayed set is the router's keeps the router's
+        # ids and weights as they are (same order, same bits)
+        same = (replay.sort(dim=1).values == ids.sort(dim=1).values).all(dim=1)
         n_same = int(same.sum())
         self.router_weight_rows += n_same
         if n_same == ids.shape[0]:
@@ -299,7 +301,8 @@ class TraceRouting:
         self.replayed_weight_rows += ids.shape[0] - n_same
         logits = self.adapter.router_logits(layer, normed).float()
         w = torch.softmax(logits.gather(1, replay.long()), dim=-1).to(weights.dtype)
-        return replay, torch.where(same.unsqueeze(1), weights, w)
+        keep = same.unsqueeze(1)
+        return torch.where(keep, ids, replay), torch.where(keep, weights, w)
 
     def describe(self) -> dict[str, Any]:
         prov = self.trace.provenance
@@ -320,7 +323,7 @@ class TraceRouting:
             "rows": dict(self.counts),
             "row_fractions": {k: v / total for k, v in self.counts.items()} if total else None,
             "filled_slots": self.filled_slots,
-            "weights": "router's own where the replayed ids equal the router's, else softmax of "
+            "weights": "router's own where the replayed set equals the router's, else softmax of "
             "the router logits over the replayed ids",
             "row_layers_with_router_weights": self.router_weight_rows,
             "row_layers_with_replayed_weights": self.replayed_weight_rows,

@@ -1,0 +1,311 @@
+"""Issue 14 items 3-4 on the trained cpu-tiny pair: prompts from real text,
+experts padded to a published size, and trace replay of routing and
+acceptance in the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pdflash.bench.proxy import trace_format as tf
+
+MAX_NEW = 20
+PROMPT_LEN = 16
+
+
+@pytest.fixture(scope="module")
+def trace_path(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    from pdflash.bench.proxy.export import export_trace
+
+    out = tmp_path_factory.mktemp("replay") / "trace.npz"
+    export_trace(
+        trained_target[0],
+        trained_drafter[0],
+        out,
+        num_prompts=2,
+        prompt_len=PROMPT_LEN,
+        max_new_tokens=MAX_NEW,
+        device="cpu",
+        log=lambda _m: None,
+    )
+    return out
+
+
+def _spec(target: Path, drafter: Path, **kw: Any) -> Any:
+    from pdflash.engine.bench_run import RunSpec
+
+    base: dict[str, Any] = dict(
+        arch="proxy",
+        baseline="B1",
+        weights=str(target),
+        draft=str(drafter),
+        device="cpu",
+        concurrency=2,
+        num_requests=2,
+        prompt_len=PROMPT_LEN,
+        max_new_tokens=MAX_NEW,
+        block_size=8,
+        cache_fraction=0.5,
+        acceptance="model",
+    )
+    base.update(kw)
+    return RunSpec(**base)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_prompts_from_a_text_file_and_the_heldout_split(
+    trained_target: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from pdflash.bench.proxy.target import heldout_prompts
+    from pdflash.engine.realtext import load_prompts
+    from tokenizers import Tokenizer
+
+    target = trained_target[0]
+    text = "import json\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n"
+    (tmp_path / "p.txt").write_text(text * 4)
+    got = load_prompts(str(tmp_path / "p.txt"), [8, 12], 512, str(target))
+    ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(text * 4).ids
+    assert got.prompts == [ids[:8], ids[8:20]]
+    assert "p.txt" in got.source and got.trace_requests is None
+
+    held = load_prompts("heldout", [10, 6, 10], 512, str(target))
+    ref = heldout_prompts(target, "eval", 3, 10, 0)
+    assert [len(p) for p in held.prompts] == [10, 6, 10]
+    assert held.prompts[0] == ref[0][0] and held.prompts[1] == ref[1][0][:6]
+
+    with pytest.raises(ValueError, match="does not exist"):
+        load_prompts(str(tmp_path / "missing.txt"), [4], 512, str(target))
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_prompts(str(tmp_path / "p.txt"), [4], 512, None)
+    with pytest.raises(ValueError, match="vocabulary"):
+        load_prompts(str(tmp_path / "p.txt"), [8], 3, str(target))
+    with pytest.raises(ValueError, match="held-out"):
+        load_prompts("heldout", [8], 512, str(tmp_path))
+
+
+def test_trace_prompts_follow_the_trace_sequences(trace_path: Path) -> None:
+    from pdflash.engine.realtext import load_prompts
+
+    t = tf.load_trace(trace_path)
+    got = load_prompts(str(trace_path), [PROMPT_LEN, 5, PROMPT_LEN], 512, None)
+    assert got.trace_requests == [0, 1, 0]
+    assert got.prompts[0] == t.request_tokens(0)[:PROMPT_LEN].tolist()
+    assert got.prompts[1] == t.request_tokens(1)[:5].tolist()
+
+
+def test_run_on_text_prompts_at_temperature_one(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+
+    spec = _spec(trained_target[0], trained_drafter[0], prompts="heldout", temperature=1.0)
+    row = run_spec(spec).row
+    assert row["temperature"] == 1.0 and row["acceptance_source"] == "model"
+    assert row["prompts_source"].startswith("held-out 'eval'")
+    assert row["expert_bytes_source"].startswith("natural") and row["expert_padding_nbytes"] == 0
+    assert row["committed_tokens"] == 2 * MAX_NEW
+
+
+# ---------------------------------------------------------------- padding
+
+
+def test_padded_layout_views_ignore_the_padding() -> None:
+    from pdflash.models.layout import ALIGN_BYTES, ComponentSpec, ExpertLayout
+
+    lay = ExpertLayout([ComponentSpec("a", (4, 8)), ComponentSpec("b", (3,))], torch.float32)
+    pad = lay.padded(10_000)
+    assert pad.nbytes == 10_240 and pad.nbytes % ALIGN_BYTES == 0
+    assert pad.natural_nbytes == lay.nbytes and pad.padding_nbytes == 10_240 - lay.nbytes
+    slab = torch.randint(0, 255, (3, pad.nbytes), dtype=torch.uint8)
+    views = pad.slab_views(slab)
+    ref = lay.slab_views(slab[:, : lay.nbytes].contiguous())
+    for name in ("a", "b"):
+        assert torch.equal(views[name], ref[name])
+        assert views[name].stride(0) * views[name].element_size() == pad.nbytes
+        assert views[name].data_ptr() % 16 == 0
+    with pytest.raises(ValueError, match="cannot pad"):
+        lay.padded(lay.nbytes - 1)
+    with pytest.raises(TypeError):
+        lay.padded(1.5)  # type: ignore[arg-type]
+
+
+def test_padded_experts_change_bytes_not_outputs(
+    trained_target: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+
+    target = trained_target[0]
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7, 300, 12]])
+    logits = []
+    sizes = []
+    for nbytes in (None, 300_000):
+        issuer = H2DIssuer(backend="host")
+        try:
+            extra = {} if nbytes is None else {"expert_nbytes": nbytes}
+            ad = load_adapter(
+                target, dtype=torch.float32, issuer=issuer, cache_fraction=0.25, **extra
+            )
+            logits.append(ad.forward_logits(ids))
+            sizes.append((ad.expert_nbytes, ad.layout.natural_nbytes, ad.cache.expert_nbytes))
+            ad.close()
+        finally:
+            issuer.close()
+    assert torch.equal(logits[0], logits[1])
+    (n0, nat0, c0), (n1, nat1, c1) = sizes
+    assert n0 == nat0 == c0 and nat1 == nat0 and n1 == c1 == 300_032  # 256-B aligned
+
+
+def test_padded_run_moves_padded_bytes(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+    from pdflash.engine.realtext import published_expert_nbytes
+
+    results = [
+        run_spec(
+            _spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw)
+        )
+        for kw in ({}, {"expert_bytes_as": "qwen3-30b-a3b"})
+    ]
+    plain, padded = (r.row for r in results)
+    qwen, _ = published_expert_nbytes("qwen3-30b-a3b")
+    assert qwen == 9_437_184  # 3 x 2048 x 768 bf16
+    assert padded["expert_nbytes"] == qwen and padded["expert_padding_nbytes"] > 0
+    assert padded["expert_natural_nbytes"] == plain["expert_nbytes"]
+    assert "qwen3-30b-a3b" in padded["expert_bytes_source"]
+    # routing and acceptance unchanged; every byte count scales by the padding
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(results[0].routing_trace, results[1].routing_trace, strict=True)
+    )
+    assert [r["acceptance_lengths"] for r in results[0].requests] == [
+        r["acceptance_lengths"] for r in results[1].requests
+    ]
+    assert plain["belady_bytes"] > 0
+    assert padded["belady_bytes"] / qwen == plain["belady_bytes"] / plain["expert_nbytes"]
+    assert padded["cache_slots"] == plain["cache_slots"]
+    with pytest.raises(ValueError, match="expert_bytes_as"):
+        _spec(trained_target[0], trained_drafter[0], expert_bytes_as="gpt-5").validate()
+
+
+# ---------------------------------------------------------------- replay
+
+
+def test_trace_routing_returns_the_trace_rows(
+    trace_path: Path, trained_target: tuple[Path, dict[str, Any]]
+) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    shape = dict(num_layers=t.provenance["num_layers"], num_experts=16, top_k=4)
+    rt = TraceRouting(t, _FakeAdapter(**shape), trace_path)
+    rt.assign(7, 1)
+    seq = t.request_tokens(1)
+    rows, how = rt.trace_rows(7, 0, seq.tolist())
+    assert np.array_equal(rows, t.token_topk[t.token_request[1] : t.token_request[2]])
+    assert set(how) == {"token"}
+    # a verify round at its recorded start: the recorded verified rows, rejected ones too
+    first = int(np.flatnonzero(t.round_request == 1)[0])
+    row0 = int(t.round_rows[:first].astype(int).sum())
+    n = int(t.round_rows[first])
+    block = t.verify_tokens[row0 : row0 + n].tolist()
+    rows, how = rt.trace_rows(7, int(t.prompt_len[1]), block)
+    assert how == ["exact"] * n and np.array_equal(rows, t.verify_topk[row0 : row0 + n])
+    # a different token at a position: the trace's routing at that position
+    rows, how = rt.trace_rows(7, 3, [int(seq[3]) + 1])
+    assert how == ["positional"] and np.array_equal(rows[0], t.token_topk[t.token_request[1] + 3])
+
+
+def test_trace_routing_maps_layers_and_experts_onto_a_smaller_shape(trace_path: Path) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    L = int(t.provenance["num_layers"])
+    rt = TraceRouting(t, _FakeAdapter(num_layers=2 * L, num_experts=4, top_k=3), None)
+    assert rt.layer_map == [i // 2 for i in range(2 * L)]
+    ids = rt.map_experts(t.token_topk[:10].astype(np.int64))
+    assert ids.shape == (10, 2 * L, 3) and ids.min() >= 0 and ids.max() < 4
+    for row in ids.reshape(-1, 3):
+        assert len(set(row.tolist())) == 3
+    # the first mapped expert is the trace's first, merged 16 -> 4
+    assert np.array_equal(ids[:, 0, 0], t.token_topk[:10, 0, 0] // 4)
+    with pytest.raises(ValueError, match="more experts"):
+        TraceRouting(t, _FakeAdapter(num_layers=L, num_experts=64, top_k=4), None)
+
+
+def test_replayed_routing_on_the_same_model_equals_its_own(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+
+    runs = [
+        run_spec(
+            _spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw)
+        )
+        for kw in ({}, {"routing_source": "trace", "trace": str(trace_path)})
+    ]
+    own, replay = runs
+    assert own.row["routing_source"] == "model" and replay.row["routing_source"] == "trace"
+    params = replay.row["routing_params"]
+    assert params["layer_map"] == list(range(own.row["layers"]))
+    assert params["rows"]["exact"] + params["rows"]["token"] > 0
+    assert params["row_layers_with_replayed_weights"] == 0, params
+    assert [r["acceptance_lengths"] for r in own.requests] == [
+        r["acceptance_lengths"] for r in replay.requests
+    ]
+    assert len(own.routing_trace) == len(replay.routing_trace)
+    for a, b in zip(own.routing_trace, replay.routing_trace, strict=True):
+        assert np.array_equal(a, b)
+    assert own.row["belady_bytes"] == replay.row["belady_bytes"]
+
+
+def test_acceptance_replayed_from_the_trace(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+
+    t = tf.load_trace(trace_path)
+    spec = _spec(
+        trained_target[0],
+        trained_drafter[0],
+        prompts=str(trace_path),
+        acceptance="trace",
+        trace=str(trace_path),
+        block_size=int(t.provenance["block_size"]),
+    )
+    res = run_spec(spec)
+    assert res.row["acceptance_source"] == "trace"
+    assert res.row["acceptance_params"]["rounds_replayed"] == t.round_request.size
+    for r, req in enumerate(res.requests):
+        assert req["acceptance_lengths"] == t.acceptance(r).tolist()
+    # a synthetic drafter with a trace: the trace's acceptance, not a forced draw
+    auto = dataclasses.replace(spec, acceptance="auto", draft="synthetic")
+    from pdflash.engine.bench_run import _acceptance_for
+
+    assert _acceptance_for(auto, "proxy", True).source == "trace"
+    assert _acceptance_for(dataclasses.replace(auto, trace=None), "proxy", True).source == "forced"
+    with pytest.raises(ValueError, match="needs a trace"):
+        dataclasses.replace(spec, trace=None).validate()
+
+
+class _FakeAdapter:
+    def __init__(self, num_layers: int, num_experts: int, top_k: int) -> None:
+        self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
