@@ -67,11 +67,14 @@ def test_prompts_from_a_text_file_and_the_heldout_split(
     trained_target: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     from pdflash.bench.proxy.target import heldout_prompts
-    from pdflash.engine.realtext import load_prompts
     from tokenizers import Tokenizer
 
+    from pdflash.engine.realtext import load_prompts
+
     target = trained_target[0]
-    text = "import json\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n"
+    text = (
+        "import json\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n"
+    )
     (tmp_path / "p.txt").write_text(text * 4)
     got = load_prompts(str(tmp_path / "p.txt"), [8, 12], 512, str(target))
     ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(text * 4).ids
@@ -176,9 +179,7 @@ def test_padded_run_moves_padded_bytes(
     from pdflash.engine.realtext import published_expert_nbytes
 
     results = [
-        run_spec(
-            _spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw)
-        )
+        run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
         for kw in ({}, {"expert_bytes_as": "qwen3-30b-a3b"})
     ]
     plain, padded = (r.row for r in results)
@@ -255,9 +256,7 @@ def test_replayed_routing_on_the_same_model_equals_its_own(
     from pdflash.engine.bench_run import run_spec
 
     runs = [
-        run_spec(
-            _spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw)
-        )
+        run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
         for kw in ({}, {"routing_source": "trace", "trace": str(trace_path)})
     ]
     own, replay = runs
