@@ -308,3 +308,41 @@ def test_acceptance_replayed_from_the_trace(
 class _FakeAdapter:
     def __init__(self, num_layers: int, num_experts: int, top_k: int) -> None:
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
+
+
+def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
+    from pdflash.bench import cli
+    from pdflash.bench.suites import matrix
+
+    (tmp_path / "t.npz").write_bytes(b"")
+    argv = [
+        *("matrix", "--arch", "proxy", "--weights", str(tmp_path), "--baselines", "B1,PD"),
+        *("--concurrency", "1,4", "--cache-fraction", "0.2", "--repeats", "3"),
+    ]
+    extra = [
+        *("--prompts", "heldout", "--temperature", "1.0", "--expert-bytes-as", "gpt-oss-20b"),
+        *("--trace", str(tmp_path / "t.npz"), "--routing-source", "trace"),
+    ]
+    plain = matrix.plan(cli.build_parser().parse_args(argv))
+    args = cli.build_parser().parse_args([*argv, *extra])
+    specs = matrix.plan(args)
+    assert not {"prompts", "temperature", "expert_bytes_as", "trace"} & set(plain[0])
+    assert {
+        (s["prompts"], s["temperature"], s["expert_bytes_as"], s["routing_source"]) for s in specs
+    } == {("heldout", 1.0, "gpt-oss-20b", "trace")}
+    # repeats interleave: every baseline of a repeat before the next repeat
+    assert [(s["repeat"], s["baseline"]) for s in specs[:4]] == [
+        (0, "B1"),
+        (0, "PD"),
+        (1, "B1"),
+        (1, "PD"),
+    ]
+    assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
+    command = matrix.matrix_command(args, tmp_path / "out")
+    for flag in ("--prompts heldout", "--temperature 1.0", "--expert-bytes-as gpt-oss-20b"):
+        assert flag in command
+    assert "--routing-source trace" in command
+    eng = cli.build_parser().parse_args(
+        ["engine", "--acceptance", "trace", "--trace", "x.npz", "--expert-bytes-as", "12345"]
+    )
+    assert (eng.acceptance, eng.trace, eng.expert_bytes_as) == ("trace", "x.npz", "12345")
