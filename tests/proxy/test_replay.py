@@ -346,3 +346,50 @@ def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
         ["engine", "--acceptance", "trace", "--trace", "x.npz", "--expert-bytes-as", "12345"]
     )
     assert (eng.acceptance, eng.trace, eng.expert_bytes_as) == ("trace", "x.npz", "12345")
+
+
+def test_routeahead_scores_predictors_on_learned_routing(
+    trained_target: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.bench import cli
+    from pdflash.bench.suites import routeahead
+
+    args = cli.build_parser().parse_args(
+        [
+            *("routeahead", "--weights", str(trained_target[0]), "--device", "cpu"),
+            *("--sequences", "3", "--blocks-per-sequence", "3", "--tokens", "8"),
+            *("--requests", "4", "--native-reps", "2", "--reference-reps", "1"),
+            *("--layers", "4", "--experts", "16", "--top-k", "2"),
+        ]
+    )
+    res = routeahead.run(args)
+    learned = res["predictor_model"]
+    assert learned["synthetic"] is False and learned["sequences"] == 3
+    assert learned["prompts_source"].startswith("held-out 'eval'")
+    names = set(res["predictors"])
+    assert {"approx_router", "previous_round", "pd_engine_union", "next_layer"} <= names
+    for name, row in res["predictors"].items():
+        # 3 texts x (3 blocks - the first of each)
+        assert row["blocks_scored"] == (6 if name != "next_layer" else 9), name
+        assert 0.0 <= row["coverage"] <= 1.0 and 0.0 <= row["precision"] <= 1.0
+        assert len(learned["per_layer"][name]) == learned["layers"]
+    rec = res["recommendation"]
+    assert rec["trust"] in names and rec["trust"] != "next_layer"
+    cov, prec = (res["predictors"][rec["trust"]][k] for k in ("coverage", "precision"))
+    assert rec["meets_target"] == (cov >= 0.9 and prec >= 0.8)
+
+
+def test_recommendation_rule() -> None:
+    from pdflash.bench.suites.routeahead import recommend
+
+    rows = {
+        "a": {"coverage": 0.95, "precision": 0.85},
+        "b": {"coverage": 0.99, "precision": 0.81},
+        "c": {"coverage": 1.0, "precision": 0.2},
+        "next_layer": {"coverage": 1.0, "precision": 1.0},
+    }
+    rec = recommend(rows)
+    assert rec["trust"] == "b" and rec["meets_target"] and rec["reaching_target"] == ["a", "b"]
+    rec = recommend({"c": rows["c"], "d": {"coverage": 0.8, "precision": 0.7}})
+    assert rec["trust"] == "d" and not rec["meets_target"] and "none reaches" in rec["reason"]
+    assert recommend({"e": {"coverage": None, "precision": None}})["trust"] is None
