@@ -306,7 +306,7 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     return target, draft, dtype
 
 
-_TARGETS: dict[tuple[str, str, str, str], Any] = {}
+_TARGETS: dict[tuple[str, ...], Any] = {}
 
 
 def load_target(
