@@ -393,3 +393,32 @@ def test_recommendation_rule() -> None:
     rec = recommend({"c": rows["c"], "d": {"coverage": 0.8, "precision": 0.7}})
     assert rec["trust"] == "d" and not rec["meets_target"] and "none reaches" in rec["reason"]
     assert recommend({"e": {"coverage": None, "precision": None}})["trust"] is None
+
+
+def test_replayed_weights_are_the_routers_softmax_over_the_replayed_ids(
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    L, E, k = (int(t.provenance[n]) for n in ("num_layers", "num_experts", "top_k"))
+    logits = torch.randn(3, E, generator=torch.Generator().manual_seed(0))
+    fake = _FakeAdapter(num_layers=L, num_experts=E, top_k=k)
+    fake.router_logits = lambda layer, normed: logits  # type: ignore[attr-defined]
+    rt = TraceRouting(t, fake, None)
+    seq = t.request_tokens(0)
+    rt.begin_forward([(0, 0, torch.as_tensor(seq[:3].astype(np.int64)))])
+    replay = torch.as_tensor(t.token_topk[:3, 1].astype(np.int64))
+    # row 0: the router chose the replayed set (other order) -> its own ids and weights stay
+    ids = replay.clone()
+    ids[0] = replay[0].flip(0)
+    ids[1:] = (replay[1:] + 1) % E
+    weights = torch.rand(3, k)
+    got_ids, got_w = rt.route(1, torch.zeros(3, 4), ids, weights)
+    assert torch.equal(got_ids[0], ids[0]) and torch.equal(got_w[0], weights[0])
+    assert torch.equal(got_ids[1:], replay[1:])
+    expect = torch.softmax(logits[1:].gather(1, replay[1:]), dim=-1)
+    assert torch.allclose(got_w[1:], expect)
+    assert rt.describe()["row_layers_with_replayed_weights"] == 2
+    with pytest.raises(RuntimeError, match="begin_forward"):
+        rt.route(1, torch.zeros(5, 4), torch.zeros(5, k, dtype=torch.int64), torch.rand(5, k))
