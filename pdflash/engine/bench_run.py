@@ -87,7 +87,9 @@ class RunSpec:
     slo_s: float | None = None
     emulated_link_gbps: float | None = None
     layers: int | None = None  # truncate full-size synthetic shapes
-    acceptance: str = "auto"  # "model" or "forced"
+    # "model", "forced" or "trace"; "auto": model with a real drafter, else
+    # the trace's when `trace` is set, else forced
+    acceptance: str = "auto"
     mean_tau: float | None = None
     # PD's missing-byte budget M per step: explicit bytes, else
     # max(link_gbps_measured * step_target_s ("one step's worth of PCIe

@@ -325,6 +325,9 @@ class TraceRouting:
             "filled_slots": self.filled_slots,
             "weights": "router's own where the replayed set equals the router's, else softmax of "
             "the router logits over the replayed ids",
+            "predictors": "route-ahead predictors that run the target's router "
+            "(approx_router, next-layer lookahead) predict the router, not the trace; "
+            "previous_round observes the replayed routing",
             "row_layers_with_router_weights": self.router_weight_rows,
             "row_layers_with_replayed_weights": self.replayed_weight_rows,
         }

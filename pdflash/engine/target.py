@@ -206,6 +206,11 @@ class TargetRunner:
                     moe_routed = getattr(ad, "moe_routed", None)
                     if moe_routed is not None:
                         x = x + moe_routed(layer, normed, topk_ids, topk_weights)
+                    elif self.routing is not None:
+                        raise RuntimeError(
+                            "a routing source needs an adapter with moe_routed (moe() routes "
+                            "with its own router)"
+                        )
                     else:
                         x = x + ad.moe(layer, normed)
                 for obs in self.observers:
