@@ -785,12 +785,17 @@ def _workload(
                 max_new_tokens=plan.max_new_tokens,
                 slo_s=spec.slo_s,
             )
-            if trace_requests is not None:
-                # replay the trace request this prompt was taken from
-                for policy in (acceptance, engine.routing):
-                    assign = getattr(policy, "assign", None)
-                    if assign is not None:
-                        assign(rid, trace_requests[plan.index])
+            # a replayed trace: request i replays the trace request its prompt
+            # came from (trace prompts), else trace request i mod R
+            for policy in (acceptance, engine.routing):
+                assign = getattr(policy, "assign", None)
+                if assign is not None:
+                    assign(
+                        rid,
+                        trace_requests[plan.index]
+                        if trace_requests is not None
+                        else plan.index % policy.num_trace_requests,
+                    )
             ids.append(rid)
             if plan.user is not None:
                 user_of[rid] = plan.user

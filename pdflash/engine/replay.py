@@ -106,6 +106,10 @@ class TraceAcceptance:
     def source(self) -> str:
         return "trace"
 
+    @property
+    def num_trace_requests(self) -> int:
+        return self.requests.num_requests
+
     def assign(self, request_id: int, trace_request: int) -> None:
         self.requests.assign(request_id, trace_request)
 
@@ -202,6 +206,10 @@ class TraceRouting:
         self.router_weight_rows = 0
         self.replayed_weight_rows = 0
         self._ids: torch.Tensor | None = None  # [T, L_target, k] for the current forward
+
+    @property
+    def num_trace_requests(self) -> int:
+        return self.requests.num_requests
 
     def assign(self, request_id: int, trace_request: int) -> None:
         self.requests.assign(request_id, trace_request)

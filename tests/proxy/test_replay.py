@@ -427,3 +427,89 @@ def test_replayed_weights_are_the_routers_softmax_over_the_replayed_ids(
     assert rt.describe()["row_layers_with_replayed_weights"] == 2
     with pytest.raises(RuntimeError, match="begin_forward"):
         rt.route(1, torch.zeros(5, 4), torch.zeros(5, k, dtype=torch.int64), torch.rand(5, k))
+
+
+def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -> None:
+    from pdflash.engine.bench_run import RunSpec, run_spec
+
+    t = tf.load_trace(trace_path)
+    spec = RunSpec(
+        arch="tiny-gpt_oss",  # synthetic: 2 layers, 8 experts top-2 (the trace: 16 top-4)
+        baseline="PD",
+        device="cpu",
+        concurrency=2,
+        prompt_len=8,
+        max_new_tokens=12,
+        block_size=int(t.provenance["block_size"]),
+        routing_source="trace",
+        acceptance="auto",  # synthetic drafter + a trace: the trace's acceptance
+        trace=str(trace_path),
+    )
+    res = run_spec(spec)
+    row = res.row
+    assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
+    params = row["routing_params"]
+    assert params["layer_map"] == [0, t.provenance["num_layers"] // 2]
+    assert params["expert_map"].startswith("e * 8 // 16")
+    assert params["rows"]["positional"] > 0  # random prompts: positions, not tokens
+    assert row["acceptance_params"]["rounds_replayed"] > 0
+    # per request, the accepted lengths are its trace request's, in order
+    for r, req in enumerate(res.requests):
+        rounds = t.acceptance(r % t.num_requests).tolist()
+        got = req["acceptance_lengths"]
+        assert got[:-1] == rounds[: len(got) - 1]  # the last round may be cut by the length cap
+
+
+def test_trace_acceptance_streams_per_request() -> None:
+    from pdflash.engine.replay import TraceAcceptance
+
+    # request 0 commits 3 then 2 tokens per round, request 1 commits 4
+    trace = _small_trace(acc=[3, 2, 4], req=[0, 0, 1])
+    acc = TraceAcceptance(trace)
+    acc.assign(10, 1)
+    acc.assign(11, 0)
+    assert acc.source == "trace" and acc.num_trace_requests == 2
+    assert [acc.forced_accepts(11, 7) for _ in range(3)] == [2, 1, 2]  # wraps after 2 rounds
+    assert acc.forced_accepts(10, 7) == 3 and acc.forced_accepts(10, 1) == 1  # capped
+    assert acc.forced_accepts(12, 7) == 2  # unassigned: request id mod R -> 0
+    p = acc.params()
+    assert (p["wraps"], p["rounds_replayed"], p["rounds_capped_by_drafts"]) == (2, 6, 1)
+    acc.forget(11)
+    assert acc.forced_accepts(11, 7) == 3  # forgotten: id mod R -> 1, from its first round
+    with pytest.raises(ValueError):
+        acc.assign(1, 2)
+    with pytest.raises(ValueError):
+        acc.forced_accepts(1, -1)
+
+
+def _small_trace(acc: list[int], req: list[int]) -> tf.ProxyTrace:
+    L, k, E, rows = 2, 2, 8, 4
+    plen = [4, 5]
+    commits = [1 + sum(a for a, r in zip(acc, req, strict=True) if r == i) for i in range(2)]
+    lengths = [p + c for p, c in zip(plen, commits, strict=True)]
+    T, V = sum(lengths), rows * len(acc)
+    rng = np.random.default_rng(0)
+    return tf.ProxyTrace(
+        tokens=rng.integers(0, 500, T).astype(np.uint16),
+        token_request=np.array([0, lengths[0], T], dtype=np.int64),
+        prompt_len=np.array(plen, dtype=np.int32),
+        token_topk=rng.integers(0, E, (T, L, k)).astype(np.uint8),
+        round_request=np.array(req, dtype=np.int32),
+        round_accepted=np.array(acc, dtype=np.int16),
+        round_rows=np.full(len(acc), rows, dtype=np.int16),
+        verify_topk=rng.integers(0, E, (V, L, k)).astype(np.uint8),
+        verify_tokens=rng.integers(0, 500, V).astype(np.uint16),
+        provenance={
+            "format": tf.FORMAT,
+            "version": tf.VERSION,
+            "num_experts": E,
+            "top_k": k,
+            "num_layers": L,
+            "block_size": rows,
+            "temperature": 0.0,
+            "target_weights_sha256": "t",
+            "drafter_weights_sha256": "d",
+            "target_preset": "test",
+            "prompts_source": "test",
+        },
+    )
