@@ -789,12 +789,13 @@ def _workload(
             # came from (trace prompts), else trace request i mod R
             for policy in (acceptance, engine.routing):
                 assign = getattr(policy, "assign", None)
-                if assign is not None:
+                count = getattr(policy, "num_trace_requests", 0)
+                if assign is not None and count:
                     assign(
                         rid,
                         trace_requests[plan.index]
                         if trace_requests is not None
-                        else plan.index % policy.num_trace_requests,
+                        else plan.index % count,
                     )
             ids.append(rid)
             if plan.user is not None:
