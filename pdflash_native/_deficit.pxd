@@ -98,6 +98,7 @@ cdef class DeficitCore:
     cdef readonly double quantum
     cdef readonly int64_t lap
     cdef readonly int64_t cursor_seq
+    cdef readonly bint visit_open  # the request at cursor_seq continues its visit
     cdef int64_t uniform_bytes  # >= 0: every expert has this size (popcount path)
     cdef bint word_uniform  # every bitset word's experts share one size ...
     cdef int64_t[::1] word_bytes  # ... this one (weighted popcount path)

@@ -19,6 +19,7 @@ class DeficitCore:
     quantum: float
     lap: int
     cursor_seq: int
+    visit_open: bool
     batch_size: int
     union_size: int
     oversize: bool

@@ -119,6 +119,7 @@ cdef class DeficitCore:
         self.quantum = quantum
         self.lap = 0
         self.cursor_seq = 0
+        self.visit_open = False
         self.size = 0
         self.capacity = 0
         self.uniform_bytes = 0
@@ -339,7 +340,7 @@ cdef class DeficitCore:
     cdef Py_ssize_t _step(self) noexcept nogil:
         cdef Py_ssize_t n = self.size
         cdef Py_ssize_t W = self.num_words
-        cdef Py_ssize_t i, j, c, w, start, lo, hi, mid, num_cand
+        cdef Py_ssize_t i, j, c, w, start, lo, hi, mid, num_cand, head
         cdef Py_ssize_t batch = 0
         cdef int64_t T = self.token_budget
         cdef int64_t M = self.byte_budget
@@ -348,8 +349,8 @@ cdef class DeficitCore:
         cdef int64_t bytes_left = M
         cdef int64_t lap = self.lap
         cdef int64_t grant, marginal
-        cdef double cost, byte_cost, q
-        cdef bint progressed, credit_limited_fit, stopped = False
+        cdef double cost, byte_cost, q, head_cost = 0.0
+        cdef bint progressed, credit_limited_fit, continuing, stopped = False
         cdef const uint64_t* x
         cdef uint64_t* cov = &self.covered[0]
         cdef uint64_t* uni = &self.union_bits[0]
@@ -407,6 +408,9 @@ cdef class DeficitCore:
             self._finish_union(0)
             return 0
 
+        head = cand[0]
+        # the head continues its visit only if the cursor still names it
+        continuing = self.visit_open and seq[head] == self.cursor_seq
         memcpy(cov, res, W * sizeof(uint64_t))
         while True:
             progressed = False
@@ -449,22 +453,24 @@ cdef class DeficitCore:
                     byte_cost = <double>marginal / <double>M
                     if byte_cost > cost:
                         cost = byte_cost
-                q = wt[i] * self.quantum
-                # NOTE: at most one quantum per request per lap: that is what
-                # makes the credit fair (DRR), so a request that ran dry waits
-                # for the next lap while others still have credit. A request
-                # gets the quanta of every lap it was backlogged in but not
-                # yet credited for (a step may close before the scan reaches
-                # it), only while it cannot pay, so D < c + w*Q still holds.
-                while D[i] < cost and clap[i] < lap:
+                # NOTE: at most one quantum per request per lap (DRR), and only
+                # for the current lap: quanta of laps it was not credited in
+                # are not banked, so no request can draw a burst of old quanta
+                # (the liveness proof bounds what a request can spend between
+                # two lap openings by one quantum). Only while it cannot pay,
+                # so D < c + w*Q still holds.
+                if D[i] < cost and clap[i] < lap:
+                    q = wt[i] * self.quantum
                     D[i] += q
                     quanta[i] += q
-                    clap[i] += 1
+                    clap[i] = lap
                 if D[i] < cost:
                     credit_limited_fit = True
                     continue
                 D[i] -= cost
                 done[i] = 1
+                if i == head:
+                    head_cost = cost
                 self.out_index[batch] = i
                 self.out_requested[batch] = tok[i]
                 self.out_grant[batch] = grant
@@ -501,26 +507,29 @@ cdef class DeficitCore:
         for j in range(batch):
             tok[self.out_index[j]] = 0
         self.lap = lap
-        i = cand[0]  # the head: first candidate in scan order
-        if batch > 0 and self.out_index[0] == i and D[i] >= self.out_cost[0]:
-            # NOTE: DRR visit continuation: the head was served and can still
-            # pay for another item like the one it just had, so the next step
-            # starts at it again (no fresh quantum while it has credit).
-            # Without this, a step that fits one item would be plain round
-            # robin and weights would not matter.
+        i = head
+        if done[i] and D[i] >= head_cost and not (continuing and quanta[i] > 0):
+            # NOTE: DRR visit continuation: the head was served (anywhere in
+            # the batch) and can still pay for another item like it, so the
+            # next step starts at it again. A quantum during a continued
+            # visit ends the visit (the head would otherwise be refilled by
+            # every lap the others open and keep the head for ever).
             self.cursor_seq = seq[i]
-            i = -1
-        if i >= 0:
-            for c in range(num_cand):
-                i = cand[c]
-                if not done[i]:
-                    self.cursor_seq = seq[i]
-                    i = -1
+            self.visit_open = True
+        elif not done[i] and not continuing:
+            # the head waits for credit; it keeps the head position
+            self.cursor_seq = seq[i]
+            self.visit_open = False
+        else:
+            # the head's turn is over: the first unserved candidate after it,
+            # or, if everyone was served, the head's ring successor (so the
+            # head role, which pays for bytes the others then share, rotates)
+            self.visit_open = False
+            self.cursor_seq = seq[i] + 1
+            for c in range(1, num_cand):
+                if not done[cand[c]]:
+                    self.cursor_seq = seq[cand[c]]
                     break
-        if i >= 0:
-            # NOTE: everyone was served: rotate by one so the role of "first
-            # in scan", which pays the bytes the others then share, rotates.
-            self.cursor_seq = seq[cand[0]] + 1
         self.batch_size = batch
         self._finish_union(batch)
         self.violation = self._self_check(num_cand)

@@ -10,7 +10,9 @@
 #             the layer resident vs plain grouped_mm on the same active experts vs
 #             the HBM roofline of their stored bytes, D2D bandwidth measured in
 #             the same run) at 16/64/256 tokens; 2 layers of each published shape;
-#             targets (<= 1.25x grouped_mm, <= 2x roofline) in all_hit_targets
+#             targets (<= 1.25x grouped_mm, <= 2x roofline) in all_hit_targets;
+#             the MXFP4 step records mxfp4_dequantizer (triton/torch) and
+#             mxfp4_dequant_speed (each dequantizer alone, GB/s vs hbm_gbps)
 #  moe_qwen3_fp8  experts stored as FP8 e4m3 (per-output-channel scales): fp8_error
 #             (logit error, teacher-forced greedy agreement over 256 tokens vs bf16)
 #  b3_*       B3 (every expert resident) at c=16, 8 layers: verify_breakdown_ms

@@ -95,6 +95,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["mxfp4"],
         help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
     )
+    p.add_argument(
+        "--mxfp4-dequantizer",
+        default=None,
+        choices=["auto", "torch", "triton"],
+        help="how MXFP4 experts are dequantized on CUDA (default: PDFLASH_MXFP4_DEQUANT, else "
+        "auto = the Triton kernel when it runs, torch otherwise; both give the same bits); "
+        "triton fails rather than falling back",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--resident-experts",
@@ -267,6 +275,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
         return []
     if runtime.grouped is None:
         return [{"not_measured": {"all_hit": f"the offloaded block runs the {runtime.path} path"}}]
+    from pdflash.models.layout import mxfp4_dequantizer
+
+    # which dequantizer the compressed block runs (None: the experts are not MXFP4)
+    dequantizer = mxfp4_dequantizer(device) if ad.layout.format == "mxfp4" else None
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)
@@ -345,11 +357,76 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     if not isinstance(over_roof, NotMeasured)
                     else over_roof,
                     "max_abs_err_vs_grouped_mm": err,
+                    "mxfp4_dequantizer": dequantizer,
                 }
             )
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def _mxfp4_dequant_speed(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> Any:
+    """The MXFP4 dequantizer alone on one layer's worth of experts (every
+    expert's gate_up and down blocks/scales, random bytes in the stored
+    shapes): time per call and bytes moved per second (blocks + scales read,
+    output written) for the torch path and the Triton kernel, against
+    ``hbm_gbps`` (counted the same way)."""
+    import torch
+
+    from pdflash.metrics import NotMeasured, ratio
+    from pdflash.models.layout import dequantize_mxfp4_torch, mxfp4_triton_unavailable
+
+    if ad.layout.format != "mxfp4":
+        return NotMeasured(f"experts are stored {ad.layout.format}, not MXFP4")
+    shapes = {c.name: c.shape for c in ad.layout.components}
+    gen = torch.Generator().manual_seed(args.seed + 29)
+    parts = []
+    for name in ("gate_up", "down"):
+        lead = (ad.num_experts, *shapes[f"{name}_scales"])
+        blocks = torch.randint(0, 256, (*lead, 16), generator=gen, dtype=torch.uint8)
+        scales = torch.randint(110, 140, lead, generator=gen, dtype=torch.uint8)
+        parts.append((blocks.to(device), scales.to(device)))
+    out_bytes = (
+        sum(s.numel() * 32 for _, s in parts) * torch.empty((), dtype=ad.dtype).element_size()
+    )
+    moved = sum(b.numel() + s.numel() for b, s in parts) + out_bytes
+    kernels: dict[str, Any] = {"torch": dequantize_mxfp4_torch}
+    reason = mxfp4_triton_unavailable(device)
+    if reason is None:
+        from pdflash.models.mxfp4_triton import dequantize_mxfp4_triton
+
+        kernels["triton"] = dequantize_mxfp4_triton
+    result: dict[str, Any] = {
+        "experts": ad.num_experts,
+        "bytes_moved_per_call": moved,
+        "output_bytes": out_bytes,
+    }
+    want = None
+    for name, fn in kernels.items():
+
+        def call(fn: Any = fn) -> Any:
+            return [fn(b, s, ad.dtype) for b, s in parts]
+
+        got = call()
+        if want is None:
+            want = got
+        elif not all(torch.equal(g, w) for g, w in zip(got, want, strict=True)):
+            raise RuntimeError(f"the {name} MXFP4 dequantizer disagrees with the torch path")
+        del got
+        us = _time_us(call, args.all_hit_iters, device)
+        gbps = moved / (us * 1e-6) / 1e9
+        result[f"{name}_us"] = us
+        result[f"{name}_gbps"] = gbps
+        result[f"{name}_over_hbm"] = (
+            hbm if isinstance(hbm, NotMeasured) else ratio(gbps, hbm, "hbm_gbps is 0")
+        )
+    if reason is not None:
+        for key in ("us", "gbps", "over_hbm"):
+            result[f"triton_{key}"] = NotMeasured(reason)
+        result["triton_speedup"] = NotMeasured(reason)
+    else:
+        result["triton_speedup"] = result["torch_us"] / result["triton_us"]
+    return result
 
 
 def _fp8_error(ad: Any, path: Path, issuer: Any, args: argparse.Namespace, device: Any) -> Any:
@@ -533,8 +610,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from pdflash.h2d import H2DIssuer
     from pdflash.metrics import metrics_to_json
     from pdflash.models import PRESET_ARCH, load_adapter, write_synthetic_checkpoint
+    from pdflash.models.layout import (
+        mxfp4_dequant_calls,
+        mxfp4_dequantizer,
+        mxfp4_triton_unavailable,
+        set_mxfp4_dequantizer,
+    )
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.mxfp4_dequantizer is not None:
+        try:
+            set_mxfp4_dequantizer(args.mxfp4_dequantizer)
+        except RuntimeError as exc:
+            raise SystemExit(f"--mxfp4-dequantizer {args.mxfp4_dequantizer}: {exc}") from exc
     dtype = (
         getattr(torch, args.dtype)
         if args.dtype
@@ -622,8 +710,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         policy=args.policy,
                     )
                 )
+            calls_before = mxfp4_dequant_calls()
             row = _measure(ad, issuer, resident, args, device)
             all_hit = _all_hit(ad, args, device, hbm)
+            calls = mxfp4_dequant_calls()
+            if ad.layout.format == "mxfp4":
+                # which dequantizer the dispatcher picks here, and which ran (calls in this run)
+                row["mxfp4_dequantizer"] = mxfp4_dequantizer(device)
+                row["mxfp4_triton_unavailable"] = mxfp4_triton_unavailable(device)
+                row["mxfp4_dequant_calls"] = {n: calls[n] - calls_before[n] for n in calls}
+                row["mxfp4_dequant_speed"] = (
+                    _mxfp4_dequant_speed(ad, args, device, hbm) if k == 0 else None
+                )
+            else:
+                row["mxfp4_dequantizer"] = None  # experts are not MXFP4: nothing to dequantize
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
             row["fp8_error"] = fp8_error  # None unless --expert-dtype fp8

@@ -44,6 +44,7 @@ class ReferenceStep:
     quanta: list[float]
     lap: int
     next_cursor_seq: int
+    next_visit_open: bool
     missing_bytes: int = field(default=0)
     tokens: int = field(default=0)
 
@@ -70,6 +71,7 @@ class ReferenceScheduler:
         self.ring: list[tuple[int, int]] = []  # sorted (seq, rid)
         self.next_seq = 0
         self.cursor_seq = 0
+        self.visit_open = False  # the request at cursor_seq continues its visit
         self.lap = 0
 
     # ------------------------------------------------------------ events
@@ -124,6 +126,12 @@ class ReferenceScheduler:
         order = live[start:] + live[:start]
         candidates = [rid for rid in order if self.requests[rid].tokens is not None]
         quanta = dict.fromkeys(live, 0.0)
+        # the head continues its visit only if the cursor still names it
+        continuing = (
+            bool(candidates)
+            and self.visit_open
+            and self.requests[candidates[0]].seq == self.cursor_seq
+        )
 
         served: list[int] = []
         grants: list[int] = []
@@ -160,13 +168,13 @@ class ReferenceScheduler:
                 if bytes_left is not None and marginal > bytes_left and not batch_empty:
                     continue  # does not fit the residual bytes: no credit decision
                 cost = self._cost(grant, marginal)
-                quantum = req.weight * self.Q
-                # one quantum for each lap it was backlogged in and has not
-                # been credited for yet, while it cannot pay
-                while req.deficit < cost and req.credit_lap < lap:
+                # one quantum, for the current lap, if it cannot pay and was
+                # not credited in this lap yet (earlier laps are not banked)
+                if req.deficit < cost and req.credit_lap < lap:
+                    quantum = req.weight * self.Q
                     req.deficit += quantum
                     quanta[rid] += quantum
-                    req.credit_lap += 1
+                    req.credit_lap = lap
                 if req.deficit < cost:
                     credit_limited_fit = True
                     continue
@@ -200,16 +208,28 @@ class ReferenceScheduler:
             self.requests[rid].tokens = None
             self.requests[rid].experts = frozenset()
         self.lap = lap
-        unserved = [rid for rid in candidates if rid not in is_served]
-        head = self.requests[candidates[0]] if candidates else None
-        if head is not None and served and served[0] == head.rid and head.deficit >= costs[0]:
-            # the head was served and can still pay for another item like it:
-            # its DRR visit continues at the next step
-            self.cursor_seq = head.seq
-        elif unserved:
-            self.cursor_seq = self.requests[unserved[0]].seq
-        elif head is not None:
-            self.cursor_seq = head.seq + 1
+        if candidates:
+            head = self.requests[candidates[0]]
+            head_served = head.rid in is_served
+            head_cost = costs[served.index(head.rid)] if head_served else 0.0
+            if (
+                head_served
+                and head.deficit >= head_cost
+                and not (continuing and quanta[head.rid] > 0)
+            ):
+                # its visit continues (a quantum during a continued visit ends it)
+                self.cursor_seq = head.seq
+                self.visit_open = True
+            elif not head_served and not continuing:
+                # the head waits for credit and keeps the head position
+                self.cursor_seq = head.seq
+                self.visit_open = False
+            else:
+                # its turn is over: the first unserved candidate after it, or
+                # the head's ring successor when everyone was served
+                self.visit_open = False
+                after = [rid for rid in candidates[1:] if rid not in is_served]
+                self.cursor_seq = self.requests[after[0]].seq if after else head.seq + 1
         return ReferenceStep(
             request_ids=served,
             requested_tokens=requested,
@@ -224,6 +244,7 @@ class ReferenceScheduler:
             quanta=[quanta[rid] for rid in live],
             lap=lap,
             next_cursor_seq=self.cursor_seq,
+            next_visit_open=self.visit_open,
             missing_bytes=sum(marginals),
             tokens=sum(grants),
         )

@@ -9,14 +9,17 @@ Numbering follows DESIGN §4. Where the batch setting needs a precise
 reading, it is stated here (and in :mod:`pdflash.scheduler`):
 
 * 6 (fairness) is checked as (a) at most one quantum per request per DRR
-  lap, everywhere, and (b) the weighted-service bound ``c_max + 2Q`` in the
-  regime where a step holds one item (see ``tests/property``); when several
-  items share a step, an item that does not fit the *residual* budget waits
-  for the head position while smaller items are packed around it (work
-  conservation wins there), and that wait is bounded by 7.
+  lap, everywhere, and (b) the proved weighted-service bound
+  (:func:`pdflash.scheduler.bounds.fairness_bound`) over every interval in
+  which two requests are both backlogged, in the regime where a step holds
+  one item (see ``tests/property``); when several items share a step, an
+  item that does not fit the *residual* budget waits for the head position
+  while smaller items are packed around it (work conservation wins there),
+  and that wait is bounded by 7.
 * 7 (no starvation): a request with pending demand is served within
-  ``starvation_bound()`` steps, computed from the config, the live weights
-  and the largest item cost seen.
+  :func:`pdflash.scheduler.bounds.liveness_bound` steps (proof in
+  ``docs/scheduler.md``), evaluated from the config, the number of requests
+  live during its wait, their weights and the largest item cost seen.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pdflash.scheduler import SchedulerConfig, StepResult
+from pdflash.scheduler.bounds import liveness_bound
 
 EPS = 1e-9
 
@@ -59,6 +63,9 @@ class InvariantTracker:
     c_max: float = 0.0
     steps: int = 0
     max_wait_seen: int = 0
+    max_wait_ratio: float = 0.0  # largest wait / its bound seen
+    w_min: float = math.inf  # smallest weight any request has had
+    q_ever: float = 0.0  # largest w * Q any request has had
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -66,6 +73,7 @@ class InvariantTracker:
 
     # ------------------------------------------------------------ events
     def add(self, rid: int, weight: float = 1.0) -> None:
+        self._note_weight(weight)
         self.live[rid] = _Req(
             seq=self.next_seq,
             weight=weight,
@@ -94,7 +102,12 @@ class InvariantTracker:
     def clear(self, rid: int) -> None:
         self.live[rid].tokens = None
 
+    def _note_weight(self, weight: float) -> None:
+        self.w_min = min(self.w_min, weight)
+        self.q_ever = max(self.q_ever, weight * self.config.quantum)
+
     def set_weight(self, rid: int, weight: float) -> None:
+        self._note_weight(weight)
         req = self.live[rid]
         req.weight = weight
         req.q_max = max(req.q_max, weight * self.config.quantum)
@@ -116,23 +129,21 @@ class InvariantTracker:
         return max(grant / self.config.token_budget, marginal / budget)
 
     def starvation_bound(self, rid: int) -> int:
-        """Steps within which a waiting request must be served.
-
-        NOTE: loose by construction (it multiplies worst cases): the cursor
-        passes at most every live or arriving request, each may hold the
-        head for one DRR visit (it pays >= 1/T per step from < c_max + Q_k of
-        credit), and the request may need ceil(c_max / Q_j) + 1 laps, each
-        lasting at most T * sum_k (c_max + 2 Q_k) steps.
-        """
-        T = self.config.token_budget
+        """Steps within which a waiting request must be served: the proved
+        :func:`~pdflash.scheduler.bounds.liveness_bound`, with ``N`` the
+        requests live at some time during its wait and the weights every
+        request has ever had (a deficit may still hold a quantum granted
+        under an earlier weight)."""
         req = self.live[rid]
-        q_all = [r.q_max for r in self.live.values()]
-        q_big = max(q_all)
-        n = req.live_while_waiting + req.arrivals_while_waiting + 1
-        visit = math.ceil((self.c_max + q_big) * T) + 1
-        laps = math.ceil(self.c_max / (req.weight * self.config.quantum)) + 1
-        lap_len = math.ceil(T * sum(self.c_max + 2 * q for q in q_all)) + 1
-        return (n + 1) * visit + laps * lap_len
+        n = req.live_while_waiting + req.arrivals_while_waiting
+        q = self.config.quantum
+        return liveness_bound(
+            self.config,
+            n=max(n, 1),
+            c_max=max(self.c_max, 1.0 / self.config.token_budget),
+            w_min=self.w_min,
+            w_max=self.q_ever / q,
+        )
 
     # ------------------------------------------------------------ the check
     def check_step(self, r: StepResult) -> None:
@@ -236,5 +247,7 @@ class InvariantTracker:
                 continue
             q.waiting += 1
             self.max_wait_seen = max(self.max_wait_seen, q.waiting)
-            assert q.waiting <= self.starvation_bound(rid), f"{rid} starved {q.waiting} steps"
+            bound = self.starvation_bound(rid)
+            self.max_wait_ratio = max(self.max_wait_ratio, q.waiting / bound)
+            assert q.waiting <= bound, f"{rid} waited {q.waiting} steps > proved bound {bound}"
         self.steps += 1

@@ -853,6 +853,15 @@ def _raise_on_errors(errors: dict[int, str]) -> None:
         raise RuntimeError(f"{len(errors)} benchmark request(s) failed, e.g. {rid}: {text}")
 
 
+def _mxfp4_dequantizer(adapter: Any) -> str | None:
+    """``triton`` / ``torch`` for MXFP4-stored experts, None for other formats."""
+    if getattr(getattr(adapter, "layout", None), "format", None) != "mxfp4":
+        return None
+    from pdflash.models.layout import mxfp4_dequantizer
+
+    return mxfp4_dequantizer(adapter.device)
+
+
 def _serving_workload(spec: RunSpec) -> Workload:
     """The spec's requests as a :class:`~pdflash.engine.workload.Workload`
     (seeded by seed and repeat)."""
@@ -1068,6 +1077,8 @@ def _result(
         # how experts are stored and moved (dense / mxfp4): expert_nbytes and
         # every byte count are of this stored form
         "expert_format": getattr(getattr(adapter, "layout", None), "format", "dense"),
+        # which MXFP4 dequantizer the compressed block runs (same bits either way)
+        "mxfp4_dequantizer": _mxfp4_dequantizer(adapter),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
         "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),

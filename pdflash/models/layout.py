@@ -13,6 +13,7 @@ An architecture adapter describes its experts with two things:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -242,16 +243,7 @@ class ExpertFormat:
     quantized: bool = False  # the stored dtype is not the packed dtype
 
 
-def dequantize_mxfp4(
-    blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """MXFP4 ``blocks [..., R, G, 16]`` (uint8, two e2m1 codes per byte, low
-    nibble first) and ``scales [..., R, G]`` (uint8 e8m0, bias 127) ->
-    ``[..., R, G * 32]`` on the blocks' device.
-
-    Same arithmetic as transformers' ``convert_moe_packed_tensors`` (before its
-    final transpose); the tests check it against that function.
-    """
+def _check_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> None:
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8:
         raise ValueError(f"MXFP4 blocks/scales must be uint8, got {blocks.dtype}/{scales.dtype}")
     if (
@@ -262,6 +254,38 @@ def dequantize_mxfp4(
         raise ValueError(
             f"MXFP4 blocks {tuple(blocks.shape)} do not match scales {tuple(scales.shape)}"
         )
+    if blocks.device != scales.device:
+        raise ValueError(f"MXFP4 blocks on {blocks.device} but scales on {scales.device}")
+
+
+def dequantize_mxfp4(
+    blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """MXFP4 ``blocks [..., R, G, 16]`` (uint8, two e2m1 codes per byte, low
+    nibble first) and ``scales [..., R, G]`` (uint8 e8m0, bias 127) ->
+    ``[..., R, G * 32]`` on the blocks' device.
+
+    Same arithmetic as transformers' ``convert_moe_packed_tensors`` (before its
+    final transpose); the tests check it against that function. CUDA tensors
+    go through the one-pass Triton kernel when :func:`mxfp4_dequantizer` says
+    so (bit-identical to the torch path), everything else through
+    :func:`dequantize_mxfp4_torch`.
+    """
+    _check_mxfp4(blocks, scales)
+    if dtype in _TRITON_DTYPES and blocks.device.type == "cuda" and _use_triton(blocks.device):
+        from pdflash.models.mxfp4_triton import dequantize_mxfp4_triton
+
+        _DEQUANT_CALLS["triton"] += 1
+        return dequantize_mxfp4_triton(blocks, scales, dtype)
+    _DEQUANT_CALLS["torch"] += 1
+    return dequantize_mxfp4_torch(blocks, scales, dtype)
+
+
+def dequantize_mxfp4_torch(
+    blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`dequantize_mxfp4` in plain torch (any device)."""
+    _check_mxfp4(blocks, scales)
     lead = tuple(int(d) for d in scales.shape[:-1])
     groups = int(scales.shape[-1])
     # NOTE: one gather through a 256-entry byte -> (low, high) value table
@@ -274,6 +298,118 @@ def dequantize_mxfp4(
     factor = torch.exp2(scales.reshape(-1, 1).to(torch.float32) - 127.0).to(dtype)
     out.mul_(factor)
     return out.reshape(*lead, groups * 32)
+
+
+#: ``PDFLASH_MXFP4_DEQUANT`` / :func:`set_mxfp4_dequantizer` values.
+MXFP4_DEQUANTIZERS = ("auto", "torch", "triton")
+_DEQUANT_CALLS = {"triton": 0, "torch": 0}
+_TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel writes
+_dequant_mode: str | None = None  # None: read PDFLASH_MXFP4_DEQUANT on first use
+# CUDA device -> None (the Triton kernel runs and agrees) or why it cannot be used
+_TRITON_PROBES: dict[str, str | None] = {}
+
+
+def set_mxfp4_dequantizer(mode: str) -> None:
+    """How CUDA MXFP4 tensors are dequantized: ``auto`` (the Triton kernel
+    where ``triton`` imports and the kernel compiles and agrees with the torch
+    path on the current device, torch otherwise), ``torch``, or ``triton``
+    (never falls back: a clear error here when it cannot run). CPU tensors
+    always take the torch path. The default comes from the environment
+    variable ``PDFLASH_MXFP4_DEQUANT`` (``auto`` when unset)."""
+    if mode not in MXFP4_DEQUANTIZERS:
+        raise ValueError(f"MXFP4 dequantizer must be one of {MXFP4_DEQUANTIZERS}, got {mode!r}")
+    if mode == "triton":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "the Triton MXFP4 dequantizer needs a CUDA device; none is available"
+            )
+        reason = _triton_unavailable(torch.device("cuda", torch.cuda.current_device()))
+        if reason is not None:
+            raise RuntimeError(f"the Triton MXFP4 dequantizer cannot run: {reason}")
+    global _dequant_mode
+    _dequant_mode = mode
+
+
+def _mode() -> str:
+    global _dequant_mode
+    if _dequant_mode is None:
+        mode = os.environ.get("PDFLASH_MXFP4_DEQUANT", "auto")
+        if mode not in MXFP4_DEQUANTIZERS:
+            raise ValueError(
+                f"PDFLASH_MXFP4_DEQUANT must be one of {MXFP4_DEQUANTIZERS}, got {mode!r}"
+            )
+        _dequant_mode = mode
+    return _dequant_mode
+
+
+def mxfp4_dequantizer(device: torch.device | str = "cuda") -> str:
+    """``"triton"`` or ``"torch"``: what :func:`dequantize_mxfp4` runs for
+    tensors on ``device`` (see :func:`set_mxfp4_dequantizer`)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return "triton" if device.type == "cuda" and _use_triton(device) else "torch"
+
+
+def mxfp4_triton_unavailable(device: torch.device | str = "cuda") -> str | None:
+    """Why the Triton kernel is not used on ``device`` (None: it is usable)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"the Triton kernel runs on CUDA devices, not {device.type}"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _triton_unavailable(device)
+
+
+def mxfp4_dequant_calls() -> dict[str, int]:
+    """How many :func:`dequantize_mxfp4` calls each path ran in this process."""
+    return dict(_DEQUANT_CALLS)
+
+
+def _use_triton(device: torch.device) -> bool:
+    mode = _mode()
+    if mode == "torch":
+        return False
+    reason = _triton_unavailable(device)
+    if reason is not None and mode == "triton":
+        raise RuntimeError(f"the Triton MXFP4 dequantizer was requested but cannot run: {reason}")
+    return reason is None
+
+
+def _triton_unavailable(device: torch.device) -> str | None:
+    """Import the kernel and run it once on ``device`` over every byte value
+    and the edge scales, against the torch path (cached per device)."""
+    key = str(device)
+    if key not in _TRITON_PROBES:
+        _TRITON_PROBES[key] = _probe_triton(device)
+    return _TRITON_PROBES[key]
+
+
+def _probe_triton(device: torch.device) -> str | None:
+    try:
+        from pdflash.models.mxfp4_triton import dequantize_mxfp4_triton
+    except Exception as exc:  # not installed, or an install that does not load
+        return f"triton does not import ({type(exc).__name__}: {exc})"
+    try:
+        blocks = torch.arange(256, dtype=torch.uint8, device=device).view(2, 8, 16)
+        scales = torch.tensor(
+            [[0, 1, 100, 126, 127, 128, 200, 254]] * 2, dtype=torch.uint8, device=device
+        )
+        # fp16: scales it represents (beyond them both paths give inf/NaN)
+        for dtype, s in (
+            (torch.bfloat16, scales),
+            (torch.float32, scales),
+            (torch.float16, scales.clamp(103, 142)),
+        ):
+            got = dequantize_mxfp4_triton(blocks, s, dtype)
+            want = dequantize_mxfp4_torch(blocks, s, dtype)
+            if not torch.equal(got, want) or not torch.equal(got.signbit(), want.signbit()):
+                return f"the Triton kernel disagrees with the torch path in {dtype} on {device}"
+    except Exception as exc:  # any compile or launch failure means: not usable here
+        return f"the Triton kernel failed on {device}: {type(exc).__name__}: {exc}"
+    return None
 
 
 _BYTE_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}

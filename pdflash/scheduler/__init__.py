@@ -25,20 +25,23 @@ Embedding it in a serving loop::
             sched.remove_request(rid)
 
 The rules (the native core and ``pdflash._reference.scheduler`` both
-implement exactly these):
+implement exactly these; ``docs/scheduler.md`` is the full specification,
+with the invariants and the proofs of the liveness and fairness bounds):
 
 1. **Ring.** Live requests are kept in arrival order (a sequence number
-   given by ``add_request``; ties cannot occur, and would break by request
-   id). A request re-added after removal gets a new sequence number and zero
-   credit.
+   given by ``add_request``). A request re-added after removal gets a new
+   sequence number and zero credit.
 2. **Demand.** ``update_demand`` sets ``t = 1 + drafts`` tokens and the
    predicted set ``X``. A step that serves a request *consumes* its demand:
    it has none until the next ``update_demand`` (the engine drafts again). A
    request without demand is skipped, keeps its credit (bounded) and is owed
-   no quanta for the laps it sat out.
+   no quanta for the laps it sat out (on becoming backlogged,
+   ``credit_lap = max(credit_lap, lap - 1)``).
 3. **Scan order.** A step scans the live requests with demand in ring order,
    starting at the first whose sequence number is >= the saved cursor
-   (wrapping). The first of them is the *head*.
+   (wrapping). The first of them is the *head*. The step *continues a
+   visit* if the previous step left the visit open and the head is the
+   request the cursor names.
 4. **Passes.** For each not-yet-served candidate, in scan order:
 
    a. the step closes if it already holds ``max_requests_per_step`` items or
@@ -53,9 +56,10 @@ implement exactly these):
       that is how an oversize item runs);
    e. cost ``c = max(g / T, mb / M)`` (token-only mode: ``g / T``), the
       dominant share of the step's budgets;
-   f. credit: while ``D < c`` and the request has not been credited for
-      every lap since it became backlogged, it receives one quantum
-      ``w * Q`` for the next such lap (at most one quantum per lap, DRR);
+   f. credit: if ``D < c`` and the request was not credited in the current
+      lap, it receives one quantum ``w * Q`` for this lap (at most one
+      quantum per lap, DRR; quanta of laps it was not credited in are not
+      banked);
    g. if still ``D < c`` the request is credit-limited: skip it;
    h. serve it: ``D -= c``, record ``(g, mb, c)``; if ``mb > M`` it is the
       oversize exception and the step closes with it alone.
@@ -67,13 +71,22 @@ implement exactly these):
    left out). Otherwise the step closes. A step with live work therefore
    never comes back empty: with an empty batch everything fits, and laps
    are opened until someone can pay.
-5. **Cursor.** If the head was served and its credit still covers the cost
-   it just paid, its DRR visit continues: the next step starts at the head
-   again (NOTE: without this, a step that fits one item would be plain round
-   robin and weights would not matter). Otherwise the next step starts at
-   the first unserved candidate of this scan, or, if every candidate was
-   served, at the head's ring successor (so the head role, which pays for
-   bytes the others then share, rotates).
+5. **Cursor (the head's turn).**
+
+   * If the head was served (anywhere in the batch) and its credit still
+     covers the cost it just paid, its DRR visit continues: the next step
+     starts at the head again -- *unless* the step continued its visit and
+     the head received a quantum in it, which ends the visit. (Without
+     continuation, a step that fits one item would be plain round robin and
+     weights would not matter; without the exception, a head whose demand
+     alternates is refilled by every lap the others open and never gives
+     up the head position.)
+   * If the head was not served and the step did not continue its visit,
+     it waits for credit: the next step starts at it again.
+   * Otherwise its turn is over: the next step starts at the first unserved
+     candidate after it, or, if every candidate was served, at the head's
+     ring successor (so the head role, which pays for bytes the others then
+     share, rotates).
 
 NOTE on trimming and deficit: an item is charged for the tokens it is
 *granted* (``g``), not requested; the dropped trailing drafts are not
@@ -85,14 +98,24 @@ NOTE on credit bounds: a quantum is only ever added while ``D < c``, so
 (oversize items included). The ledger is exact: ``D_after = D_before +
 quanta - charged``; credit leaves only with the request.
 
-NOTE on fairness: every request gets at most one quantum per lap. When a
-step holds one item (the DRR-on-a-link case) two continuously backlogged
-requests differ in weighted service by at most ``c_max + Q + max(c_max,
-Q)``, which is DESIGN's ``c_max + 2Q`` whenever ``c_max <= Q`` (always, short
-of oversize items, since ``Q >= 1``). When several items share a step, an
-item that does not fit the *residual* budget waits for the head position
-while smaller items are packed around it: work conservation wins there, and
-that wait is bounded (see ``InvariantTracker.starvation_bound``).
+Liveness (proved in ``docs/scheduler.md``; evaluated by
+:func:`pdflash.scheduler.bounds.liveness_bound`): whatever every request's
+demand is, a backlogged request is served within ``N * L + 1`` steps, where
+``N`` counts the requests live while it waits, ``L = k (W + 1) + ceil(T
+(c_max + w_max Q)) + 2``, ``k = ceil(c_max / (w_min Q))`` and ``W = ceil(T N
+(c_max + 2 w_max Q))``: a quiet stretch without a new lap lasts at most
+``W`` steps, a waiting head needs at most ``k`` laps, a visit pays at least
+``1/T`` per step from bounded credit, and the cursor never passes a waiting
+request, so at most ``N - 1`` turns come before its own.
+
+Fairness (:func:`pdflash.scheduler.bounds.fairness_bound`): when every step
+holds one item (the DRR-on-a-link case), two requests backlogged at every
+step of an interval differ in weighted service over it by less than ``3Q +
+c_max / w_a + c_max / w_b`` -- for any interval, not only from their
+arrival. When several items share a step, an item that does not fit the
+*residual* budget waits for the head position while smaller items are
+packed around it: work conservation wins there, and that wait is bounded by
+the liveness bound.
 
 Determinism: same config and event sequence, same schedules; the only
 order used is the ring (arrival) order; no clock, no hashing order. The
@@ -102,6 +125,7 @@ scan.
 
 from __future__ import annotations
 
+from pdflash.scheduler.bounds import fairness_bound, liveness_bound
 from pdflash.scheduler.config import MIN_WEIGHT, NORMAL_ITEM_COST_MAX, SchedulerConfig
 from pdflash.scheduler.core import StepResult, UnknownRequestError, VerifyScheduler
 from pdflash.scheduler.policies import DeadlinePolicy, FairPolicy, PolicyInput, WeightPolicy
@@ -117,4 +141,6 @@ __all__ = [
     "UnknownRequestError",
     "VerifyScheduler",
     "WeightPolicy",
+    "fairness_bound",
+    "liveness_bound",
 ]

@@ -82,8 +82,8 @@ class SchedulerConfig:
         if q < c_max:
             raise ValueError(
                 f"quantum={q!r} is below the largest normal item cost {c_max!r}: with "
-                "Q < c_max a weight-1 request could need several laps for one item "
-                "and the fairness bound c_max + 2Q would not hold as stated"
+                "Q < c_max a weight-1 request could need several laps (and the head "
+                "several waiting steps) for one normal item"
             )
 
     @property

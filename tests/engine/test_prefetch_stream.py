@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import scaled
 
 from pdflash.cache import ExpertCache
 from pdflash.cache.eviction import LayerCyclicPolicy
@@ -115,7 +116,7 @@ def _record_evictions(cache: ExpertCache) -> list[int]:
     return victims
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=scaled(40), deadline=None)
 @given(
     data=st.data(),
     num_layers=st.integers(2, 5),

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import scaled
 
 from pdflash._reference.issuer import LOG_PROMOTE, BandOrderModel, records_from_log
 from pdflash.h2d import (
@@ -229,7 +230,7 @@ def test_concurrent_submitters(issuer: H2DIssuer) -> None:
     _replay(issuer)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=scaled(15), deadline=None)
 @given(
     ops=st.lists(
         st.tuples(st.sampled_from(list(Band)), st.integers(1, 6), st.booleans()),

@@ -10,6 +10,7 @@ import hypothesis.strategies as st
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis_budget import scaled
 
 from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._native import load_native
@@ -87,6 +88,7 @@ def run_differential(
         assert a.quanta.tolist() == b.quanta
         assert (a.lap, a.oversize, a.cap_reached) == (b.lap, b.oversize, b.cap_reached)
         assert int(native._core.cursor_seq) == b.next_cursor_seq
+        assert bool(native._core.visit_open) == b.next_visit_open
         served += len(a)
     return served
 
@@ -109,7 +111,7 @@ def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None)
     assert served > 150  # the trace actually schedules work
 
 
-@settings(max_examples=25)
+@settings(max_examples=scaled(25))
 @given(
     seed=st.integers(0, 2**32 - 1),
     layers=st.integers(1, 4),

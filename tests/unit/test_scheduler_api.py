@@ -12,6 +12,7 @@ import pytest
 
 import pdflash
 from pdflash import SchedulerConfig, StepResult, VerifyScheduler
+from pdflash._reference.scheduler import ReferenceScheduler
 from pdflash._reference.scheduler_checks import InvariantTracker
 from pdflash.scheduler import (
     MIN_WEIGHT,
@@ -45,6 +46,7 @@ def snapshot(s: VerifyScheduler) -> tuple[Any, ...]:
         [core.demand_bits(i).tolist() for i in range(len(s))],
         core.lap,
         core.cursor_seq,
+        core.visit_open,
         s.step_index,
     )
 
@@ -199,6 +201,60 @@ def test_scan_order_visit_continues_while_the_head_can_pay() -> None:
         s.add_request(rid)
     order = run_order(s, 6, 3, [])
     assert order == [[0, 1, 2]] * 4 + [[1, 2, 0]] * 2
+
+
+def test_head_served_after_others_still_continues_its_visit() -> None:
+    # The documented rule: "if the head was served" (anywhere in the batch,
+    # not only first) and its credit covers the cost it just paid, the next
+    # step starts at the head again.
+    s = make(T=4, M=30, layers=1, experts=4)
+    ref = ReferenceScheduler(4, 30, 1.0, None, 4)
+    ref.set_expert_bytes([10] * 4)
+    for rid in (0, 1):
+        s.add_request(rid)
+        ref.add_request(rid)
+
+    def demand(rid: int, drafted: int, experts: list[int]) -> None:
+        s.update_demand(rid, drafted, experts)
+        ref.update_demand(rid, drafted, experts)
+
+    demand(0, 1, [2])  # cost max(2/4, 10/30) = 0.5
+    demand(1, 1, [3, 0, 1])  # 30 bytes = M: does not fit beside request 0
+    r = s.step()
+    assert r.request_ids.tolist() == ref.step().request_ids == [0]
+    assert s._core.visit_open  # 0 paid 0.5 and holds 0.5
+    demand(0, 0, [3, 1])  # alone 20/30 > its 0.5 of credit
+    r = s.step()
+    # 0 is the head but can only pay once 1 has brought experts 3 and 1 in
+    assert r.request_ids.tolist() == [1, 0] and r.costs[1] == 0.25
+    assert ref.step().request_ids == [1, 0]
+    assert int(s._core.cursor_seq) == ref.cursor_seq == 0  # the head's seq
+    assert s._core.visit_open and ref.visit_open
+    demand(0, 0, [3, 1])
+    demand(1, 0, [])
+    r = s.step()
+    assert r.request_ids.tolist() == ref.step().request_ids == [0, 1]  # starts at the head
+
+
+def test_quantum_during_a_continued_visit_ends_the_turn() -> None:
+    # Weight-2 request 0 alternates a one-token item and a full block; every
+    # step it cannot pay, the others open a lap. The quantum it then receives
+    # ends its turn, so the head passes on (the rule that restores liveness).
+    s = make(T=6, M=20, layers=1, experts=3, quantum=1.5)
+    s.add_request(0, 2.0)
+    s.add_request(1)
+    s.update_demand(0, 0, [2])  # cost max(1/6, 10/20) = 0.5
+    s.update_demand(1, 4, [1, 0])  # cost 1.0, does not fit beside 0
+    r = s.step()
+    assert r.request_ids.tolist() == [0] and s._core.visit_open  # D = 3 - 0.5
+    heads = []
+    for step in range(8):
+        s.update_demand(0, 6 if step % 2 == 0 else 0, [2])
+        r = s.step()
+        heads.append(r.request_ids.tolist())
+        if s.pending_tokens(1) == 0:
+            s.update_demand(1, 4, [1, 0])
+    assert any(ids[:1] == [1] for ids in heads), heads
 
 
 def test_marginal_bytes_charged_in_scan_order_union_not_sum() -> None:

@@ -32,6 +32,7 @@ from pdflash.models.layout import (
     ExpertLayout,
     SourcePart,
     dequantize_mxfp4,
+    mxfp4_dequantizer,
 )
 from pdflash.models.offload import grouped_mm
 
@@ -211,6 +212,9 @@ class GptOssAdapter(MoEAdapterBase):
     def grouped_experts(self) -> GptOssGroupedExperts:
         alpha, limit = self._swiglu_params()
         dense = self.layout.format == "dense"
+        if self.layout.format == "mxfp4":
+            # NOTE: probe (and compile) the Triton dequantizer now, not inside the first forward
+            mxfp4_dequantizer(self.device)
         return GptOssGroupedExperts(alpha, limit, None if dense else self.dense_expert_weights)
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:

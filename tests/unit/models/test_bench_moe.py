@@ -72,6 +72,15 @@ def test_bench_moe_mxfp4_moves_the_stored_bytes(capsys: pytest.CaptureFixture[st
     for row in (mx, dense):
         assert row["bytes_moved"] == row["copies"] * row["expert_nbytes"] > 0
         assert row["moe_max_abs_err"] <= 1e-5 and row["all_hit"] == []
+    # which dequantizer ran is recorded: on the CPU always the torch path
+    assert dense["mxfp4_dequantizer"] is None
+    assert mx["mxfp4_dequantizer"] == "torch" and "CUDA" in mx["mxfp4_triton_unavailable"]
+    assert mx["mxfp4_dequant_calls"]["torch"] > 0 and mx["mxfp4_dequant_calls"]["triton"] == 0
+    speed = mx["mxfp4_dequant_speed"]
+    assert speed["torch_us"] > 0 and speed["torch_gbps"] > 0
+    assert speed["bytes_moved_per_call"] > speed["output_bytes"] > 0
+    assert speed["triton_us"] is None and "CUDA" in speed["not_measured"]["triton_us"]
+    assert speed["torch_over_hbm"] is None and "torch_over_hbm" in speed["not_measured"]
 
 
 def test_bench_moe_fp8_reports_its_error(capsys: pytest.CaptureFixture[str]) -> None:
