@@ -259,23 +259,29 @@ class TraceRouting:
         if self.num_experts == self.trace_experts and self.top_k <= self.trace_k:
             return np.ascontiguousarray(picked[:, :, : self.top_k])
         mapped = picked * self.num_experts // self.trace_experts
-        n, layers, _ = mapped.shape
-        out = np.empty((n, layers, self.top_k), dtype=np.int64)
-        for i in range(n):
-            for layer in range(layers):
-                seen: list[int] = []
-                for e in mapped[i, layer].tolist():
-                    if e not in seen:
-                        seen.append(e)
-                        if len(seen) == self.top_k:
-                            break
-                nxt = seen[-1] if seen else 0
-                while len(seen) < self.top_k:
-                    nxt = (nxt + 1) % self.num_experts
-                    if nxt not in seen:
-                        seen.append(nxt)
-                        self.filled_slots += 1
-                out[i, layer] = seen
+        k = self.top_k
+        # the first k distinct ids of each row, in the trace's rank order
+        kk = mapped.shape[-1]
+        earlier = np.tril(np.ones((kk, kk), dtype=np.bool_), -1)
+        dup = ((mapped[..., :, None] == mapped[..., None, :]) & earlier).any(axis=-1)
+        order = np.argsort(dup, axis=-1, kind="stable")
+        ranked = np.take_along_axis(mapped, order, axis=-1)
+        distinct = (~dup).sum(axis=-1)
+        if kk >= k:
+            out = np.ascontiguousarray(ranked[..., :k])
+        else:
+            out = np.zeros((*mapped.shape[:2], k), dtype=np.int64)
+            out[..., :kk] = ranked
+        # rows with fewer than k distinct ids: filled with the next unused ids
+        for i, layer in zip(*np.nonzero(distinct < k), strict=True):
+            seen = ranked[i, layer, : distinct[i, layer]].tolist()
+            nxt = seen[-1]
+            while len(seen) < k:
+                nxt = (nxt + 1) % self.num_experts
+                if nxt not in seen:
+                    seen.append(nxt)
+                    self.filled_slots += 1
+            out[i, layer] = seen
         return out
 
     # -- RoutingSource ------------------------------------------------------

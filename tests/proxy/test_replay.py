@@ -513,3 +513,33 @@ def _small_trace(acc: list[int], req: list[int]) -> tf.ProxyTrace:
             "prompts_source": "test",
         },
     )
+
+
+def _map_reference(row: list[int], num_experts: int, trace_experts: int, k: int) -> list[int]:
+    seen: list[int] = []
+    for e in row:
+        m = e * num_experts // trace_experts
+        if m not in seen and len(seen) < k:
+            seen.append(m)
+    nxt = seen[-1]
+    while len(seen) < k:
+        nxt = (nxt + 1) % num_experts
+        if nxt not in seen:
+            seen.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize(("experts", "top_k"), [(4, 3), (8, 2), (16, 6), (2, 2)])
+def test_expert_map_matches_the_reference(experts: int, top_k: int) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    trace = _small_trace(acc=[3, 2, 4], req=[0, 0, 1])
+    trace.provenance.update(num_experts=16, top_k=4)
+    rng = np.random.default_rng(experts * 10 + top_k)
+    rows = np.stack([rng.permutation(16)[:4] for _ in range(2 * 30)]).reshape(30, 2, 4)
+    rt = TraceRouting(trace, _FakeAdapter(num_layers=2, num_experts=experts, top_k=top_k), None)
+    got = rt.map_experts(rows.astype(np.int64))
+    for i in range(30):
+        for layer in range(2):
+            ref = _map_reference(rows[i, layer].tolist(), experts, 16, top_k)
+            assert got[i, layer].tolist() == ref, (i, layer)
