@@ -6,7 +6,8 @@
 # Each phase runs bench/h200/run.sh steps (log.txt, results.jsonl under $OUT) and
 # copies the small artefacts (training logs, routing stats, provenance, tokenizer,
 # eval JSON, traces) to $OUT/proxy/. PROXY_PRESET=cpu-tiny, TARGET_BUDGET_S and
-# DRAFT_BUDGET_S shrink a rehearsal.
+# DRAFT_BUDGET_S shrink a rehearsal. Then, on the same machine, the benchmarks on
+# the trained pair: bench/h200/issue14_bench.sh routeahead|gptoss|qwen3|replay.
 set -uo pipefail
 PHASE=${1:?usage: issue14.sh target|draft}
 OUT=${OUT:-$PWD/out}

@@ -13,7 +13,15 @@ T = TypeVar("T")
 
 ARCHS = ("tiny", "gpt-oss-20b", "qwen3-30b-a3b", "mixtral-8x7b", "olmoe")
 #: also accepted: the engine's tiny variants of each architecture
-EXTRA_ARCHS = ("tiny-qwen3_moe", "tiny-gpt_oss", "tiny-mixtral", "tiny-olmoe", "olmoe-1b-7b")
+#: ("proxy" labels a trained proxy checkpoint given with --weights)
+EXTRA_ARCHS = (
+    "tiny-qwen3_moe",
+    "tiny-gpt_oss",
+    "tiny-mixtral",
+    "tiny-olmoe",
+    "olmoe-1b-7b",
+    "proxy",
+)
 
 
 def utc_stamp() -> str:

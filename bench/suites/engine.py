@@ -66,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=None, help="default: = concurrency")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda[:N]")
     parser.add_argument("--emulated-link-gbps", type=float, default=None, help="host backend only")
-    parser.add_argument("--acceptance", default="auto", choices=["auto", "model", "forced"])
+    parser.add_argument(
+        "--acceptance", default="auto", choices=["auto", "model", "forced", "trace"]
+    )
     parser.add_argument("--mean-tau", type=float, default=None)
     parser.add_argument("--slo-s", type=float, default=None)
     parser.add_argument(
@@ -107,6 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
     add_host_arguments(parser)
+    add_realtext_arguments(parser)
     parser.add_argument(
         "--synthetic-format",
         default=None,
@@ -169,6 +172,56 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
     )
 
 
+def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
+    """Real text, padded experts and trace replay (issue 14; shared with the matrix)."""
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="prompts instead of random ids: 'heldout[:eval|draft]' (a proxy checkpoint's "
+        "held-out split), a trace .npz (its sequences), or a text file (tokenized with the "
+        "checkpoint's tokenizer.json); lengths as --prompt-len says",
+    )
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)"
+    )
+    parser.add_argument(
+        "--expert-bytes-as",
+        default=None,
+        help="pad every stored expert to a published size (gpt-oss-20b, qwen3-30b-a3b, "
+        "mixtral-8x7b, olmoe-1b-7b: their bf16 dense expert bytes) or a byte count; copies, "
+        "slots and Belady move the padded size, routing and tau stay the model's",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="a proxy trace .npz to replay (--routing-source trace, --acceptance trace; "
+        "--acceptance auto with a synthetic drafter uses it)",
+    )
+    parser.add_argument(
+        "--routing-source",
+        default="model",
+        choices=["model", "trace"],
+        help="each layer's experts from the router (model) or replayed from --trace",
+    )
+
+
+def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """RunSpec keywords of :func:`add_realtext_arguments`, only those given
+    (so specs and resume keys of plain runs are unchanged)."""
+    defaults = {
+        "prompts": None,
+        "temperature": 0.0,
+        "expert_bytes_as": None,
+        "trace": None,
+        "routing_source": "model",
+    }
+    return {
+        name: getattr(args, name)
+        for name, default in defaults.items()
+        if getattr(args, name, default) != default
+    }
+
+
 def _fmt(x: Any, nd: int = 3) -> str:
     return "null" if x is None else (f"{x:.{nd}g}" if isinstance(x, float) else str(x))
 
@@ -229,6 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
+                    **realtext_kwargs(args),
                 )
                 result = run_spec(spec)
                 row = result.row

@@ -124,7 +124,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="throttle the host copy backend to this many GB/s (CPU runs)",
     )
-    g.add_argument("--acceptance", default="auto", help="acceptance model: auto, model or forced")
+    g.add_argument(
+        "--acceptance", default="auto", help="acceptance model: auto, model, forced or trace"
+    )
     g.add_argument(
         "--cpu-threads",
         type=int,
@@ -132,9 +134,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
-    from .engine import add_host_arguments
+    from .engine import add_host_arguments, add_realtext_arguments
 
     add_host_arguments(g)
+    add_realtext_arguments(g)
     g.add_argument(
         "--eviction",
         default="auto",
@@ -193,6 +196,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in ("synthetic_format", "expert_dtype"):
         if getattr(args, name, None) is not None:
             common_kw[name] = getattr(args, name)
+    from .engine import realtext_kwargs
+
+    common_kw.update(realtext_kwargs(args))
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     for arch in args.arch:
@@ -231,6 +237,8 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         float(spec["cache_fraction"]),
         spec["repeat"],
         spec.get("host_experts", "off"),
+        spec.get("expert_bytes_as"),
+        spec.get("routing_source", "model"),
     )
 
 
@@ -484,11 +492,18 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--host-threads", getattr(args, "host_threads", None)),
         ("--synthetic-format", getattr(args, "synthetic_format", None)),
         ("--expert-dtype", getattr(args, "expert_dtype", None)),
+        ("--prompts", getattr(args, "prompts", None)),
+        ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),
+        ("--trace", getattr(args, "trace", None)),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")
     if getattr(args, "host_experts", "off") != "off":
         parts.append(f"--host-experts {args.host_experts}")
+    if getattr(args, "temperature", 0.0):
+        parts.append(f"--temperature {args.temperature}")
+    if getattr(args, "routing_source", "model") != "model":
+        parts.append(f"--routing-source {args.routing_source}")
     if getattr(args, "host_max_ratio", 1.0) != 1.0:
         parts.append(f"--host-max-ratio {args.host_max_ratio}")
     parts.append(f"--out {shlex.quote(str(out))}")

@@ -16,14 +16,25 @@ Two parts, both on synthetic inputs (labelled ``"synthetic": true``):
    routing captured from the transformers forward of the same checkpoint
    over one random sequence of 16-token blocks: ``coverage``, ``precision``
    and ``predict_us`` (median per block).
+
+   With ``--weights DIR`` (a trained checkpoint, e.g. the proxy target) the
+   predictors are scored on its learned routing instead: ``--sequences``
+   held-out texts (``--prompts``, default the checkpoint's held-out ``eval``
+   split) of ``--blocks-per-sequence`` blocks, teacher-forced (one fp32
+   transformers forward per text), with a per-layer summary, the predictor
+   PD's engine uses before a verify (``pd_engine_union``) and a computed
+   ``recommendation``: the source PD should trust (coverage >= 0.9 at
+   precision >= 0.8, else the best trade-off). Rows say ``"synthetic": false``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,6 +64,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="torch intra-op threads for the predictor part (0: 1 on CPU, torch's default on CUDA)",
+    )
+    parser.add_argument(
+        "--weights",
+        default=None,
+        help="a trained checkpoint (e.g. the proxy target): score the predictors on its learned "
+        "routing over held-out text instead of the synthetic models",
+    )
+    parser.add_argument(
+        "--prompts",
+        default=None,
+        help="with --weights: 'heldout[:ROLE]' (default), a trace .npz or a text file",
+    )
+    parser.add_argument("--sequences", type=int, default=16, help="with --weights: texts scored")
+    parser.add_argument(
+        "--blocks-per-sequence", type=int, default=8, help="with --weights: blocks per text"
     )
     parser.add_argument(
         "--predictor-archs",
@@ -282,15 +308,6 @@ def bench_predictors_on(
     from transformers import AutoModelForCausalLM
 
     from pdflash.models import load_adapter, write_synthetic_checkpoint
-    from pdflash.protocols import DraftedBlock, ExpertPredictor
-    from pdflash.routeahead import (
-        ApproxRouterPredictor,
-        CombinedPredictor,
-        FrequencyPriorPredictor,
-        NextLayerLookahead,
-        PreviousRoundPredictor,
-        RouteAheadStats,
-    )
 
     L, E, K, B = TINY["layers"], TINY["experts"], TINY["top_k"], TINY["block"]
     path = write_synthetic_checkpoint(
@@ -310,15 +327,46 @@ def bench_predictors_on(
     gen = torch.Generator().manual_seed(seed + 1)
     vocab = int(adapter.vocab_size)
     sequence = torch.randint(3, vocab, (TINY["blocks"] * B,), generator=gen).to(device)
-    routed_ids, layer_out = _capture(resident, type(adapter).router_attr, sequence)
+    try:
+        scored = score_predictors(adapter, resident, [sequence], device, B, batch_blocks)
+    finally:
+        adapter.close()
+    return scored["predictors"]
 
-    def routed_mask(block: int) -> npt.NDArray[np.bool_]:
-        mask = np.zeros((L, E), dtype=np.bool_)
-        for layer in range(L):
-            ids = routed_ids[layer][block * B : (block + 1) * B]
-            mask[layer, ids.reshape(-1).long().cpu().numpy()] = True
-        return mask
 
+def score_predictors(
+    adapter: Any,
+    resident: Any,
+    sequences: list[Any],
+    device: str,
+    block_len: int,
+    batch_blocks: int,
+) -> dict[str, Any]:
+    """Every predictor over ``block_len``-token blocks of each sequence (a
+    1-D id tensor on ``device``), scored against the routing of one
+    transformers forward of the sequence (teacher-forced: the block's tokens
+    are the ones a fully accepted draft would verify). Stateful predictors
+    see each sequence as one request; its first block is not scored.
+    Returns ``{"predictors": {name: figures}, "per_layer": {name: [..]}}``."""
+    import torch
+
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.protocols import DraftedBlock, ExpertPredictor
+    from pdflash.routeahead import (
+        ApproxRouterPredictor,
+        CombinedPredictor,
+        FrequencyPriorPredictor,
+        NextLayerLookahead,
+        PreviousRoundPredictor,
+        RouteAheadStats,
+    )
+
+    L, E, K, B = (
+        int(adapter.num_layers),
+        int(adapter.num_experts),
+        int(adapter.top_k),
+        block_len,
+    )
     nbytes = int(adapter.expert_nbytes)
     freq_stats = RouteAheadStats(L, E, nbytes, decay=0.9)
     previous = PreviousRoundPredictor(L, E)
@@ -341,12 +389,17 @@ def bench_predictors_on(
         "approx_router_budget": CombinedPredictor(
             [(approx, 1.0)], expert_nbytes=nbytes, byte_budget=budget, name="approx_router_budget"
         ),
-        # NOTE: weights picked on these synthetic models (agreement with the
+        # NOTE: weights picked on synthetic models (agreement with the
         # previous round / the prior breaks ties among the router's guesses)
         "combined": CombinedPredictor(
             [(approx, 1.0), (previous, 0.15), (frequency, 0.05)],
             expert_nbytes=nbytes,
             byte_budget=budget,
+        ),
+        # what PD's engine predicts before a verify (bench_run), minus the
+        # drafter-hidden proxy (no drafter here: the embedding proxy instead)
+        "pd_engine_union": BatchedUnionPredictor(
+            [(approx, 1.0), (previous, 0.5)], name="pd_engine_union"
         ),
     }
     names = [*predictors, "next_layer"]
@@ -354,35 +407,46 @@ def bench_predictors_on(
     times: dict[str, list[float]] = {name: [] for name in names}
     look = NextLayerLookahead(adapter)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    warm = DraftedBlock(1, sequence[:B], torch.arange(B, device=device))
+    warm = DraftedBlock(1 << 30, sequences[0][:B], torch.arange(B, device=device))
     for predictor in predictors.values():  # warm-up: lazy init is not a prediction
         predictor.predict(warm)
-    look.predict_next(0, layer_out[0][:B])
-    for index in range(TINY["blocks"]):
-        rows = slice(index * B, (index + 1) * B)
-        block = DraftedBlock(0, sequence[rows], torch.arange(rows.start, rows.stop, device=device))
-        routed = routed_mask(index)
-        for name, predictor in predictors.items():
+        predictor.forget(1 << 30)
+    router_attr = type(adapter).router_attr
+    for seq_index, sequence in enumerate(sequences):
+        routed_ids, layer_out = _capture(resident, router_attr, sequence)
+        look.predict_next(0, layer_out[0][:B])
+        for index in range(int(sequence.numel()) // B):
+            rows = slice(index * B, (index + 1) * B)
+            block = DraftedBlock(
+                seq_index, sequence[rows], torch.arange(rows.start, rows.stop, device=device)
+            )
+            routed = np.zeros((L, E), dtype=np.bool_)
+            for layer in range(L):
+                ids = routed_ids[layer][rows]
+                routed[layer, ids.reshape(-1).long().cpu().numpy()] = True
+            for name, predictor in predictors.items():
+                sync()
+                start = time.perf_counter_ns()
+                scores = predictor.predict(block)  # returns host numpy: includes the sync
+                times[name].append((time.perf_counter_ns() - start) / 1e3)
+                if index > 0:  # stateful predictors know nothing before block 0
+                    stats[name].update(np.asarray(scores) > 0, routed)
+            nxt = np.zeros((L, E), dtype=np.bool_)
             sync()
             start = time.perf_counter_ns()
-            scores = predictor.predict(block)  # returns host numpy: includes the sync
-            times[name].append((time.perf_counter_ns() - start) / 1e3)
-            if index > 0:  # stateful predictors know nothing before block 0
-                stats[name].update(scores > 0, routed)
-        nxt = np.zeros((L, E), dtype=np.bool_)
-        sync()
-        start = time.perf_counter_ns()
-        for layer in range(L - 1):
-            flat, _ = look.predict_next(layer, layer_out[layer][rows])
-            nxt.reshape(-1)[flat] = True
-        times["next_layer"].append((time.perf_counter_ns() - start) / 1e3)
-        # layer 0 has no previous layer: the lookahead is scored on layers 1..L-1
-        later = routed.copy()
-        later[0] = False
-        stats["next_layer"].update(nxt, later)
-        previous.observe(0, routed)
-        freq_stats.update(np.zeros_like(routed), routed)
+            for layer in range(L - 1):
+                flat, _ = look.predict_next(layer, layer_out[layer][rows])
+                nxt.reshape(-1)[flat] = True
+            times["next_layer"].append((time.perf_counter_ns() - start) / 1e3)
+            # layer 0 has no previous layer: the lookahead is scored on layers 1..L-1
+            later = routed.copy()
+            later[0] = False
+            stats["next_layer"].update(nxt, later)
+            # (the engine union's stateful member is ``previous`` itself)
+            previous.observe(seq_index, routed)
+            freq_stats.update(np.zeros_like(routed), routed)
     out: dict[str, Any] = {}
+    per_layer: dict[str, list[dict[str, Any]]] = {}
     for name, st in stats.items():
         snap = st.snapshot()
         row = snap.request.to_json()
@@ -400,11 +464,19 @@ def bench_predictors_on(
             reasons["predicted_per_block"] = reasons["routed_per_block"] = "no block scored"
         if reasons:
             out[name]["not_measured"] = reasons
+        per_layer[name] = [
+            {
+                "layer": layer,
+                "coverage": counts.to_json()["coverage"],
+                "precision": counts.to_json()["precision"],
+            }
+            for layer, counts in enumerate(snap.request_layers)
+        ]
     # the engine's per-step call: one batched pass over every request's block
+    first = sequences[0]
+    nblocks = max(1, int(first.numel()) // B)
     many = [
-        DraftedBlock(
-            r, sequence[(r % TINY["blocks"]) * B :][:B], torch.arange(B, device=device) + r
-        )
+        DraftedBlock(r, first[(r % nblocks) * B :][:B], torch.arange(B, device=device) + r)
         for r in range(batch_blocks)
     ]
     for name in ("approx_router", "approx_block_attention"):
@@ -419,8 +491,125 @@ def bench_predictors_on(
             laps.append((time.perf_counter_ns() - start) / 1e3)
         out[name]["predict_batch_us"] = statistics.median(laps)
         out[name]["predict_batch_blocks"] = batch_blocks
-    adapter.close()
-    return out
+    return {"predictors": out, "per_layer": per_layer}
+
+
+#: route-ahead target (issue 14): coverage and precision of the source PD
+#: uses before a verify
+TARGET_COVERAGE = 0.9
+TARGET_PRECISION = 0.8
+
+
+def recommend(predictors: dict[str, Any]) -> dict[str, Any]:
+    """Which measured source PD should trust before a verify, and why: the
+    predictor of highest coverage among those reaching coverage >=
+    :data:`TARGET_COVERAGE` at precision >= :data:`TARGET_PRECISION`; when
+    none does, the best trade-off (largest ``min(coverage / 0.9, precision /
+    0.8)``, the fraction of the target it reaches on its weaker side).
+    ``next_layer`` is excluded: it predicts during the forward, not before."""
+    scored = {
+        name: (row["coverage"], row["precision"])
+        for name, row in predictors.items()
+        if name != "next_layer"
+        and isinstance(row.get("coverage"), (int, float))
+        and isinstance(row.get("precision"), (int, float))
+    }
+    target = f"coverage >= {TARGET_COVERAGE} at precision >= {TARGET_PRECISION}"
+    if not scored:
+        return {"trust": None, "target": target, "reason": "no predictor could be scored"}
+    meets = {
+        n: cp for n, cp in scored.items() if cp[0] >= TARGET_COVERAGE and cp[1] >= TARGET_PRECISION
+    }
+    if meets:
+        best = max(meets, key=lambda n: (meets[n][0], meets[n][1]))
+        cov, prec = meets[best]
+        return {
+            "trust": best,
+            "meets_target": True,
+            "target": target,
+            "reaching_target": sorted(meets),
+            "reason": f"{best} reaches the target with the highest coverage "
+            f"({cov:.3f} at precision {prec:.3f})",
+        }
+
+    def closeness(n: str) -> float:
+        cov, prec = scored[n]
+        return min(cov / TARGET_COVERAGE, prec / TARGET_PRECISION)
+
+    best = max(scored, key=closeness)
+    cov, prec = scored[best]
+    return {
+        "trust": best,
+        "meets_target": False,
+        "target": target,
+        "reaching_target": [],
+        "reason": f"none reaches the target; best trade-off {best}: coverage {cov:.3f}, "
+        f"precision {prec:.3f} ({closeness(best):.2f} of the target on its weaker side)",
+    }
+
+
+def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
+    """Every predictor on a trained checkpoint (``--weights``) over
+    teacher-forced blocks of held-out text (``--prompts``, default the
+    checkpoint's held-out ``eval`` split)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdflash.engine.realtext import load_prompts
+    from pdflash.models import load_adapter
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.torch_threads > 0:
+        torch.set_num_threads(args.torch_threads)
+    weights = str(args.weights)
+    B = args.tokens
+    window = B * args.blocks_per_sequence
+    adapter = load_adapter(weights, device=device, dtype=torch.float32)
+    try:
+        prompts = load_prompts(
+            args.prompts or "heldout",
+            [window] * args.sequences,
+            int(adapter.vocab_size),
+            weights,
+        )
+        resident = AutoModelForCausalLM.from_pretrained(
+            weights,
+            dtype=torch.float32,
+            attn_implementation="eager",
+            experts_implementation="eager",
+        )
+        resident = resident.eval().to(device)
+        seqs = [torch.tensor(p, dtype=torch.int64, device=device) for p in prompts.prompts]
+        scored = score_predictors(adapter, resident, seqs, device, B, args.requests)
+    finally:
+        adapter.close()
+    provenance = {}
+    prov_file = Path(weights) / "provenance.json"
+    if prov_file.is_file():
+        prov = json.loads(prov_file.read_text())
+        provenance = {k: prov.get(k) for k in ("preset", "steps", "final_heldout_loss", "device")}
+    return {
+        "synthetic": False,
+        "weights": weights,
+        "weights_provenance": provenance,
+        "routing": "learned: the checkpoint's routers over held-out text, one fp32 transformers "
+        "forward per sequence (teacher-forced blocks)",
+        "prompts_source": prompts.source,
+        "device": device,
+        "torch_threads": torch.get_num_threads(),
+        "layers": int(adapter.num_layers),
+        "experts": int(adapter.num_experts),
+        "top_k": int(adapter.top_k),
+        "block": B,
+        "sequences": len(seqs),
+        "blocks_per_sequence": args.blocks_per_sequence,
+        "combined_byte_budget": "half of the model's experts per block",
+        "predictors": scored["predictors"],
+        "per_layer": scored["per_layer"],
+        "recommendation": recommend(scored["predictors"]),
+    }
 
 
 def bench_predictors(args: argparse.Namespace) -> dict[str, Any]:
@@ -476,7 +665,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "accumulator": acc,
         "build": _build_info.summary(),
     }
-    if not args.skip_predictors:
+    if getattr(args, "weights", None):
+        learned = bench_predictors_learned(args)
+        result["predictors"] = learned["predictors"]
+        result["recommendation"] = learned["recommendation"]
+        result["predictor_model"] = learned
+    elif not args.skip_predictors:
         model = bench_predictors(args)
         # headline: the first arch measured; every arch under predictor_model.by_arch
         measured = [row for row in model["by_arch"].values() if "not_measured" not in row]

@@ -50,6 +50,7 @@ from pdflash.engine.engine import (
     TokenCallbackError,
 )
 from pdflash.engine.kv_cache import KVCacheFull, PagedKVCache
+from pdflash.engine.replay import RoutingSource, TraceAcceptance, TraceRouting
 from pdflash.engine.sampling import SamplingParams
 
 __all__ = [
@@ -70,9 +71,12 @@ __all__ = [
     "Request",
     "RequestMetrics",
     "RequestState",
+    "RoutingSource",
     "SamplingParams",
     "StepReport",
     "TokenCallbackError",
+    "TraceAcceptance",
+    "TraceRouting",
     "VerifyBatcher",
     "VerifyDemand",
     "default_mean_tau",

@@ -45,6 +45,7 @@ from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
+from pdflash.engine.sampling import SamplingParams
 from pdflash.engine.workload import ClosedLoop, LengthDist, Workload, open_loop
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
@@ -86,7 +87,9 @@ class RunSpec:
     slo_s: float | None = None
     emulated_link_gbps: float | None = None
     layers: int | None = None  # truncate full-size synthetic shapes
-    acceptance: str = "auto"  # "model" or "forced"
+    # "model", "forced" or "trace"; "auto": model with a real drafter, else
+    # the trace's when `trace` is set, else forced
+    acceptance: str = "auto"
     mean_tau: float | None = None
     # PD's missing-byte budget M per step: explicit bytes, else
     # max(link_gbps_measured * step_target_s ("one step's worth of PCIe
@@ -137,6 +140,18 @@ class RunSpec:
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
     breakdown: bool = False
+    # real text and learned behaviour (issue 14; see pdflash.engine.realtext
+    # and pdflash.engine.replay): prompts from "heldout[:ROLE]", a trace .npz
+    # or a text file instead of random ids; sampling temperature of every
+    # request (0 = greedy); experts padded to a published size ("gpt-oss-20b",
+    # "qwen3-30b-a3b", ... or a byte count); a proxy trace whose routing
+    # (routing_source="trace") and/or acceptance (acceptance="trace") the run
+    # replays
+    prompts: str | None = None
+    temperature: float = 0.0
+    expert_bytes_as: str | None = None
+    trace: str | None = None
+    routing_source: str = "model"
 
     @property
     def host_mode(self) -> str:
@@ -150,8 +165,22 @@ class RunSpec:
             raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.weights == "synthetic" and self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {sorted(ARCHS)}")
-        if self.acceptance not in ("auto", "model", "forced"):
-            raise ValueError(f"acceptance must be auto, model or forced, got {self.acceptance!r}")
+        if self.acceptance not in ("auto", "model", "forced", "trace"):
+            raise ValueError(
+                f"acceptance must be auto, model, forced or trace, got {self.acceptance!r}"
+            )
+        if self.routing_source not in ("model", "trace"):
+            raise ValueError(f"routing_source must be model or trace, got {self.routing_source!r}")
+        if (self.acceptance == "trace" or self.routing_source == "trace") and not self.trace:
+            raise ValueError("acceptance or routing_source 'trace' needs a trace file (trace=)")
+        if self.trace is not None and not Path(self.trace).is_file():
+            raise ValueError(f"trace {self.trace!r} does not exist")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
+        if self.expert_bytes_as is not None:
+            from pdflash.engine.realtext import published_expert_nbytes
+
+            published_expert_nbytes(self.expert_bytes_as)  # raises on a bad value
         if not 0.0 < self.cache_fraction <= 1.0:
             raise ValueError(f"cache_fraction must be in (0, 1], got {self.cache_fraction}")
         for name in ("block_size", "concurrency", "prompt_len", "max_new_tokens"):
@@ -279,11 +308,15 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     return target, draft, dtype
 
 
-_TARGETS: dict[tuple[str, str, str, str], Any] = {}
+_TARGETS: dict[tuple[str, ...], Any] = {}
 
 
 def load_target(
-    path: Path, device: torch.device, dtype: torch.dtype | None, expert_dtype: str | None = None
+    path: Path,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    expert_dtype: str | None = None,
+    expert_nbytes: int | None = None,
 ) -> Any:
     """The adapter for a checkpoint, reused by consecutive runs on the same
     checkpoint (packing experts into pinned host memory is the expensive
@@ -291,10 +324,13 @@ def load_target(
     several full-size architectures never holds two sets of host experts."""
     from pdflash.models import load_adapter
 
-    key = (str(path.resolve()), str(device), str(dtype), str(expert_dtype))
+    key = (str(path.resolve()), str(device), str(dtype), str(expert_dtype), str(expert_nbytes))
     if key not in _TARGETS:
         release_targets()
-        _TARGETS[key] = load_adapter(path, device=device, dtype=dtype, expert_dtype=expert_dtype)
+        extra = {} if expert_nbytes is None else {"expert_nbytes": expert_nbytes}
+        _TARGETS[key] = load_adapter(
+            path, device=device, dtype=dtype, expert_dtype=expert_dtype, **extra
+        )
     return _TARGETS[key]
 
 
@@ -350,11 +386,17 @@ def _acceptance_for(spec: RunSpec, arch_name: str, synthetic_draft: bool) -> Acc
     if spec.baseline == "B0":
         return ModelAcceptance()  # autoregressive: nothing is drafted, nothing to force
     if mode == "auto":
-        # NOTE: a synthetic (random) drafter's guesses are meaningless; forced
-        # acceptance at the published mean makes the run a realistic workload.
-        mode = "forced" if synthetic_draft else "model"
+        # NOTE: a synthetic (random) drafter's guesses are meaningless: a
+        # trace's learned acceptance replaces them when the run has one, else
+        # forced acceptance at the published mean makes a realistic workload.
+        mode = ("trace" if spec.trace else "forced") if synthetic_draft else "model"
     if mode == "model":
         return ModelAcceptance()
+    if mode == "trace":
+        from pdflash.engine.replay import TraceAcceptance, load_replay_trace
+
+        assert spec.trace is not None
+        return TraceAcceptance(load_replay_trace(spec.trace), spec.trace)
     tau, source = default_mean_tau(arch_name)
     if spec.mean_tau is not None:
         tau, source = spec.mean_tau, "configured (RunSpec.mean_tau)"
@@ -362,6 +404,12 @@ def _acceptance_for(spec: RunSpec, arch_name: str, synthetic_draft: bool) -> Acc
     return ForcedAcceptance(
         mean_tau=tau, block_size=spec.block_size, seed=spec.seed + 17, tau_source=source
     )
+
+
+def _expert_bytes_source(value: str) -> str:
+    from pdflash.engine.realtext import published_expert_nbytes
+
+    return published_expert_nbytes(value)[1]
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any], key: str) -> float:
@@ -396,7 +444,12 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         target_path = Path(spec.weights)
         synth_draft_path = None
         dtype = None  # the checkpoint's own
-    adapter = load_target(target_path, device, dtype, spec.expert_dtype)
+    padded_nbytes = None
+    if spec.expert_bytes_as is not None:
+        from pdflash.engine.realtext import published_expert_nbytes
+
+        padded_nbytes = published_expert_nbytes(spec.expert_bytes_as)[0]
+    adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes)
     model_dtype = adapter.dtype
     drafter: DFlashDrafter | None = None
     if spec.baseline != "B0":
@@ -529,6 +582,12 @@ def _run(
         )
         horizon = AcceptanceHorizon(spec.block_size)
     acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
+    routing = None
+    if spec.routing_source == "trace":
+        from pdflash.engine.replay import TraceRouting, load_replay_trace
+
+        assert spec.trace is not None
+        routing = TraceRouting(load_replay_trace(spec.trace), adapter, spec.trace)
     max_seq = (
         (spec.prompt_len_max or spec.prompt_len)
         + (spec.max_new_tokens_max or spec.max_new_tokens)
@@ -555,6 +614,7 @@ def _run(
             predictor=predictor if cfg.route_ahead else None,
             horizon=horizon if cfg.route_ahead else None,
             acceptance=acceptance,
+            routing=routing,
             expert_cache=cache,
             route_stats=route_stats if cfg.route_ahead else None,
             host_service=host_service if cfg.host_experts != "off" else None,
@@ -677,6 +737,20 @@ def _workload(
     vocab = adapter.vocab_size
     prompt_lens, _ = workload.lengths()
     prompts = [rng.integers(0, vocab, size=int(n)).tolist() for n in prompt_lens]
+    trace_requests: list[int] | None = None
+    prompts_source = "random token ids (seeded by seed and repeat)"
+    if spec.prompts is not None:
+        from pdflash.engine.realtext import load_prompts
+
+        loaded = load_prompts(
+            spec.prompts,
+            [int(n) for n in prompt_lens],
+            vocab,
+            None if synthetic_weights else spec.weights,
+        )
+        prompts, trace_requests = loaded.prompts, loaded.trace_requests
+        prompts_source = loaded.source
+    sampling = SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
     # warm-up outside the clock: one short request (kernels, allocator, first copies)
     warm = engine.add_request(prompts[0][: max(1, min(4, spec.prompt_len))], max_new_tokens=2)
     engine.run_until_done(max_steps=100)
@@ -706,8 +780,23 @@ def _workload(
         while pending and (pending[0].arrival_s or 0.0) <= now:
             plan = pending.pop(0)
             rid = engine.add_request(
-                prompts[plan.index], max_new_tokens=plan.max_new_tokens, slo_s=spec.slo_s
+                prompts[plan.index],
+                sampling,
+                max_new_tokens=plan.max_new_tokens,
+                slo_s=spec.slo_s,
             )
+            # a replayed trace: request i replays the trace request its prompt
+            # came from (trace prompts), else trace request i mod R
+            for policy in (acceptance, engine.routing):
+                assign = getattr(policy, "assign", None)
+                count = getattr(policy, "num_trace_requests", 0)
+                if assign is not None and count:
+                    assign(
+                        rid,
+                        trace_requests[plan.index]
+                        if trace_requests is not None
+                        else plan.index % count,
+                    )
             ids.append(rid)
             if plan.user is not None:
                 user_of[rid] = plan.user
@@ -735,7 +824,7 @@ def _workload(
     issuer_after = _issuer_totals(issuer.stats())
     reqs = [engine.request(i) for i in ids]
     assert int(np.asarray(cache.pins).sum()) == 0, "expert pins leaked"
-    return _result(
+    result = _result(
         spec,
         device,
         adapter,
@@ -752,6 +841,8 @@ def _workload(
         issuer_after,
         initial_resident,
     )
+    result.row["prompts_source"] = prompts_source
+    return result
 
 
 def _raise_on_errors(errors: dict[int, str]) -> None:
@@ -791,6 +882,10 @@ def _serving_workload(spec: RunSpec) -> Workload:
 
 
 def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
+    for policy in (engine.acceptance, engine.routing):
+        reset = getattr(policy, "reset_stats", None)
+        if reset is not None:
+            reset()
     cache.reset_stats()
     route_stats.reset()
     engine.timer.reset()
@@ -925,6 +1020,9 @@ def _result(
         else NotMeasured("no verify step was scheduled")
     )
     forced = acceptance.source == "forced" and speculative
+    replayed_acceptance = acceptance.source == "trace" and speculative
+    layout = getattr(adapter, "layout", None)
+    padding = int(getattr(layout, "padding_nbytes", 0) or 0)
     row: dict[str, Any] = {
         "arch": spec.arch,
         "model_type": getattr(adapter, "arch", None),
@@ -934,14 +1032,28 @@ def _result(
         "draft_source": "none"
         if not speculative
         else ("synthetic" if spec.draft == "synthetic" else "checkpoint"),
-        "acceptance_source": "forced" if forced else "model",
-        "acceptance_params": acceptance.params() if forced else {},
-        "routing_source": "model",
-        "routing_params": {
-            "router": "the target's own router over its (synthetic)"
-            if synthetic_weights
-            else "the target's own router"
-        },
+        "acceptance_source": "forced" if forced else ("trace" if replayed_acceptance else "model"),
+        "acceptance_params": acceptance.params() if (forced or replayed_acceptance) else {},
+        "routing_source": "model" if engine.routing is None else engine.routing.name,
+        "routing_params": (
+            engine.routing.describe()
+            if engine.routing is not None
+            else {
+                "router": "the target's own router over its (synthetic)"
+                if synthetic_weights
+                else "the target's own router"
+            }
+        ),
+        "temperature": spec.temperature,
+        # expert_nbytes below is what copies, slots and Belady move: padded
+        # when expert_bytes_as is set (the compute reads the natural bytes)
+        "expert_bytes_source": (
+            "natural (the checkpoint's stored layout)"
+            if spec.expert_bytes_as is None
+            else "padded to " + _expert_bytes_source(spec.expert_bytes_as)
+        ),
+        "expert_natural_nbytes": int(getattr(layout, "natural_nbytes", cache.expert_nbytes)),
+        "expert_padding_nbytes": padding,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "device_type": device.type,
         "issuer_backend": "cuda" if device.type == "cuda" else "host",

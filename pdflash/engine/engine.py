@@ -65,6 +65,7 @@ from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.prefetch import StreamingPrefetcher
+from pdflash.engine.replay import RoutingSource
 from pdflash.engine.sampling import (
     SamplingParams,
     greedy_accept,
@@ -214,6 +215,9 @@ class Engine:
             (:class:`pdflash.routeahead.AcceptanceHorizon`): predict only for the
             positions the request is likely to accept.
         acceptance: forced or model-driven acceptance (default model-driven).
+        routing: where each layer's top-k experts come from (default: the
+            target's router; :class:`pdflash.engine.replay.TraceRouting`
+            replays a trace's).
         expert_cache: the adapter's expert cache, if experts are offloaded
             (``resident_mask()``, ``prefetch(ids, band)``, ``stats()``).
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
@@ -242,6 +246,7 @@ class Engine:
         predictor: ExpertPredictor | None = None,
         horizon: Any = None,
         acceptance: AcceptanceModel | None = None,
+        routing: RoutingSource | None = None,
         expert_cache: Any = None,
         route_stats: Any = None,
         host_service: Any = None,
@@ -326,6 +331,8 @@ class Engine:
             )
             capture = self.drafter.target_layer_ids
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
+        self.routing = routing
+        self.runner.routing = routing
         self.stream: StreamingPrefetcher | None = None
         if config.streaming_prefetch and expert_cache is not None:
             self.stream = StreamingPrefetcher(
@@ -668,9 +675,10 @@ class Engine:
             self.predictor.forget(rid)
         if self.horizon is not None:
             self.horizon.forget(rid)
-        forget = getattr(self.acceptance, "forget", None)
-        if forget is not None:
-            forget(rid)
+        for policy in (self.acceptance, self.routing):
+            forget = getattr(policy, "forget", None)
+            if forget is not None:
+                forget(rid)
         req.drafts = req.draft_probs = req.pending_context = req.draft_hidden = None
         self.finished[rid] = self._requests.pop(rid)
         if self.max_finished is not None:

@@ -25,6 +25,7 @@ import torch
 
 from pdflash.engine.attention import AttentionBatch, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.engine.replay import RoutingSource
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
 
 
@@ -129,6 +130,9 @@ class TargetRunner:
         #: when set, each layer's attention, router and experts are timed as
         #: regions (a verify-step breakdown; costs a few events per layer)
         self.region_timer: RegionTimer | None = None
+        #: when set, each layer's top-k experts come from it instead of the
+        #: router (e.g. :class:`pdflash.engine.replay.TraceRouting`)
+        self.routing: RoutingSource | None = None
 
     def _region(self, name: str) -> AbstractContextManager[None]:
         timer = self.region_timer
@@ -174,6 +178,10 @@ class TargetRunner:
                 if chunks
                 else torch.zeros(0, dtype=torch.int64, device=dev)
             )
+            if self.routing is not None:
+                self.routing.begin_forward(
+                    [(c.seq_id, s, c.tokens) for c, s in zip(chunks, starts, strict=True)]
+                )
             x = ad.embed(ids)
             captured: dict[int, torch.Tensor] = {}
             routed = torch.zeros(
@@ -204,6 +212,10 @@ class TargetRunner:
                 with self._region("router"):
                     normed = ad.moe_norm(layer, x)
                     topk_ids, topk_weights = ad.route(layer, normed)
+                    if self.routing is not None:
+                        topk_ids, topk_weights = self.routing.route(
+                            layer, normed, topk_ids, topk_weights
+                        )
                     k_top = topk_ids.shape[1]
                     routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
                 for hook in self.before_moe_hooks:
@@ -215,6 +227,11 @@ class TargetRunner:
                     moe_routed = getattr(ad, "moe_routed", None)
                     if moe_routed is not None:
                         x = x + moe_routed(layer, normed, topk_ids, topk_weights)
+                    elif self.routing is not None:
+                        raise RuntimeError(
+                            "a routing source needs an adapter with moe_routed (moe() routes "
+                            "with its own router)"
+                        )
                     else:
                         x = x + ad.moe(layer, normed)
                 for obs in self.observers:

@@ -60,7 +60,9 @@ def load_adapter(path: str | os.PathLike[str], **kwargs: Any) -> MoEAdapterBase:
     :class:`MoEAdapterBase` (``device``, ``dtype``, ``issuer``,
     ``cache_fraction`` | ``cache_bytes`` | ``cache_slots``,
     ``max_batch_tokens``, ``policy``, ``attn_implementation``,
-    ``check_finite`` (default True: NaN/Inf weights are refused), ...)."""
+    ``check_finite`` (default True: NaN/Inf weights are refused),
+    ``expert_nbytes`` (pad every stored expert to that many bytes, see
+    :meth:`ExpertLayout.padded`), ...)."""
     from pathlib import Path
 
     model_type = read_model_type(path)

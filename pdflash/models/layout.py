@@ -102,7 +102,32 @@ class ExpertLayout:
         self.numels = numels
         self.dtypes = dtypes
         self.itemsize = _itemsize(dtype)
+        #: bytes the components need (aligned); :attr:`nbytes` adds padding
+        self.natural_nbytes = offset
         self.nbytes = offset
+
+    @property
+    def padding_nbytes(self) -> int:
+        """Unused bytes at the end of each packed expert (see :meth:`padded`)."""
+        return self.nbytes - self.natural_nbytes
+
+    def padded(self, nbytes: int) -> ExpertLayout:
+        """This layout with each expert padded to ``nbytes`` (rounded up to
+        :data:`ALIGN_BYTES`): copies, cache slots and byte counts then move
+        that size while the views read only the components at the front.
+
+        Used to replay a small (e.g. trained proxy) model at a published
+        expert size. Raises ``ValueError`` when ``nbytes`` is smaller than
+        the components need."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+            raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+        if nbytes < self.natural_nbytes:
+            raise ValueError(
+                f"cannot pad an expert of {self.natural_nbytes} bytes down to {nbytes} bytes"
+            )
+        out = ExpertLayout(self.components, self.dtype, format=self.format)
+        out.nbytes = _align(nbytes)
+        return out
 
     def component_nbytes(self, name: str) -> int:
         return self.numels[name] * _itemsize(self.dtypes[name])

@@ -241,6 +241,7 @@ class MoEAdapterBase:
         pack_workers: int | None = None,
         check_finite: bool = True,
         expert_dtype: str | None = None,
+        expert_nbytes: int | None = None,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -299,6 +300,9 @@ class MoEAdapterBase:
         checkpoint = SafetensorsCheckpoint(self.path)
         found = detect_format(checkpoint, self.expert_formats(config))
         self.layout, fmt = self.stored_layout(config, self.dtype, found, expert_dtype)
+        if expert_nbytes is not None:
+            # padded experts: copies and slots move expert_nbytes, views ignore the tail
+            self.layout = self.layout.padded(expert_nbytes)
         self.store = ExpertStore(
             checkpoint,
             self.layout,

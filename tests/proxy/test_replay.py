@@ -1,0 +1,545 @@
+"""Issue 14 items 3-4 on the trained cpu-tiny pair: prompts from real text,
+experts padded to a published size, and trace replay of routing and
+acceptance in the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pdflash.bench.proxy import trace_format as tf
+
+MAX_NEW = 20
+PROMPT_LEN = 16
+
+
+@pytest.fixture(scope="module")
+def trace_path(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Path:
+    from pdflash.bench.proxy.export import export_trace
+
+    out = tmp_path_factory.mktemp("replay") / "trace.npz"
+    export_trace(
+        trained_target[0],
+        trained_drafter[0],
+        out,
+        num_prompts=2,
+        prompt_len=PROMPT_LEN,
+        max_new_tokens=MAX_NEW,
+        device="cpu",
+        log=lambda _m: None,
+    )
+    return out
+
+
+def _spec(target: Path, drafter: Path, **kw: Any) -> Any:
+    from pdflash.engine.bench_run import RunSpec
+
+    base: dict[str, Any] = dict(
+        arch="proxy",
+        baseline="B1",
+        weights=str(target),
+        draft=str(drafter),
+        device="cpu",
+        concurrency=2,
+        num_requests=2,
+        prompt_len=PROMPT_LEN,
+        max_new_tokens=MAX_NEW,
+        block_size=8,
+        cache_fraction=0.5,
+        acceptance="model",
+    )
+    base.update(kw)
+    return RunSpec(**base)
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def test_prompts_from_a_text_file_and_the_heldout_split(
+    trained_target: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from pdflash.bench.proxy.target import heldout_prompts
+    from tokenizers import Tokenizer
+
+    from pdflash.engine.realtext import load_prompts
+
+    target = trained_target[0]
+    text = (
+        "import json\n\ndef load(path):\n    with open(path) as f:\n        return json.load(f)\n"
+    )
+    (tmp_path / "p.txt").write_text(text * 4)
+    got = load_prompts(str(tmp_path / "p.txt"), [8, 12], 512, str(target))
+    ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(text * 4).ids
+    assert got.prompts == [ids[:8], ids[8:20]]
+    assert "p.txt" in got.source and got.trace_requests is None
+
+    held = load_prompts("heldout", [10, 6, 10], 512, str(target))
+    ref = heldout_prompts(target, "eval", 3, 10, 0)
+    assert [len(p) for p in held.prompts] == [10, 6, 10]
+    assert held.prompts[0] == ref[0][0] and held.prompts[1] == ref[1][0][:6]
+
+    with pytest.raises(ValueError, match="does not exist"):
+        load_prompts(str(tmp_path / "missing.txt"), [4], 512, str(target))
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_prompts(str(tmp_path / "p.txt"), [4], 512, None)
+    with pytest.raises(ValueError, match="vocabulary"):
+        load_prompts(str(tmp_path / "p.txt"), [8], 3, str(target))
+    with pytest.raises(ValueError, match="held-out"):
+        load_prompts("heldout", [8], 512, str(tmp_path))
+
+
+def test_trace_prompts_follow_the_trace_sequences(trace_path: Path) -> None:
+    from pdflash.engine.realtext import load_prompts
+
+    t = tf.load_trace(trace_path)
+    got = load_prompts(str(trace_path), [PROMPT_LEN, 5, PROMPT_LEN], 512, None)
+    assert got.trace_requests == [0, 1, 0]
+    assert got.prompts[0] == t.request_tokens(0)[:PROMPT_LEN].tolist()
+    assert got.prompts[1] == t.request_tokens(1)[:5].tolist()
+
+
+def test_run_on_text_prompts_at_temperature_one(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+
+    spec = _spec(trained_target[0], trained_drafter[0], prompts="heldout", temperature=1.0)
+    row = run_spec(spec).row
+    assert row["temperature"] == 1.0 and row["acceptance_source"] == "model"
+    assert row["prompts_source"].startswith("held-out 'eval'")
+    assert row["expert_bytes_source"].startswith("natural") and row["expert_padding_nbytes"] == 0
+    assert row["committed_tokens"] == 2 * MAX_NEW
+
+
+# ---------------------------------------------------------------- padding
+
+
+def test_padded_layout_views_ignore_the_padding() -> None:
+    from pdflash.models.layout import ALIGN_BYTES, ComponentSpec, ExpertLayout
+
+    lay = ExpertLayout([ComponentSpec("a", (4, 8)), ComponentSpec("b", (3,))], torch.float32)
+    pad = lay.padded(10_000)
+    assert pad.nbytes == 10_240 and pad.nbytes % ALIGN_BYTES == 0
+    assert pad.natural_nbytes == lay.nbytes and pad.padding_nbytes == 10_240 - lay.nbytes
+    slab = torch.randint(0, 255, (3, pad.nbytes), dtype=torch.uint8)
+    views = pad.slab_views(slab)
+    ref = lay.slab_views(slab[:, : lay.nbytes].contiguous())
+    for name in ("a", "b"):
+        # bitwise (random bytes hold NaN patterns)
+        assert torch.equal(views[name].view(torch.int32), ref[name].view(torch.int32))
+        assert views[name].stride(0) * views[name].element_size() == pad.nbytes
+        assert views[name].data_ptr() % 16 == 0
+    with pytest.raises(ValueError, match="cannot pad"):
+        lay.padded(lay.nbytes - 1)
+    with pytest.raises(TypeError):
+        lay.padded(1.5)  # type: ignore[arg-type]
+
+
+def test_padded_experts_change_bytes_not_outputs(
+    trained_target: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+
+    target = trained_target[0]
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7, 300, 12]])
+    logits = []
+    sizes = []
+    paths = []
+    for nbytes in (None, 300_000):
+        issuer = H2DIssuer(backend="host")
+        try:
+            extra = {} if nbytes is None else {"expert_nbytes": nbytes}
+            ad = load_adapter(
+                target, dtype=torch.float32, issuer=issuer, cache_fraction=0.25, **extra
+            )
+            logits.append(ad.forward_logits(ids))
+            paths.append(ad.runtime.path)
+            sizes.append((ad.expert_nbytes, ad.layout.natural_nbytes, ad.cache.expert_nbytes))
+            ad.close()
+        finally:
+            issuer.close()
+    assert torch.equal(logits[0], logits[1])
+    # the grouped GEMM reads the padded slab's views (16-byte aligned strides)
+    assert paths == ["grouped", "grouped"]
+    (n0, nat0, c0), (n1, nat1, c1) = sizes
+    assert n0 == nat0 == c0 and nat1 == nat0 and n1 == c1 == 300_032  # 256-B aligned
+
+
+def test_padded_run_moves_padded_bytes(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+    from pdflash.engine.realtext import published_expert_nbytes
+
+    results = [
+        run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
+        for kw in ({}, {"expert_bytes_as": "qwen3-30b-a3b"})
+    ]
+    plain, padded = (r.row for r in results)
+    qwen, _ = published_expert_nbytes("qwen3-30b-a3b")
+    assert qwen == 9_437_184  # 3 x 2048 x 768 bf16
+    assert padded["expert_nbytes"] == qwen and padded["expert_padding_nbytes"] > 0
+    assert padded["expert_natural_nbytes"] == plain["expert_nbytes"]
+    assert "qwen3-30b-a3b" in padded["expert_bytes_source"]
+    # routing and acceptance unchanged; every byte count scales by the padding
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(results[0].routing_trace, results[1].routing_trace, strict=True)
+    )
+    assert [r["acceptance_lengths"] for r in results[0].requests] == [
+        r["acceptance_lengths"] for r in results[1].requests
+    ]
+    assert plain["belady_bytes"] > 0
+    assert padded["belady_bytes"] / qwen == plain["belady_bytes"] / plain["expert_nbytes"]
+    assert padded["cache_slots"] == plain["cache_slots"]
+    with pytest.raises(ValueError, match="expert_bytes_as"):
+        _spec(trained_target[0], trained_drafter[0], expert_bytes_as="gpt-5").validate()
+
+
+# ---------------------------------------------------------------- replay
+
+
+def test_trace_routing_returns_the_trace_rows(
+    trace_path: Path, trained_target: tuple[Path, dict[str, Any]]
+) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    shape = dict(num_layers=t.provenance["num_layers"], num_experts=16, top_k=4)
+    rt = TraceRouting(t, _FakeAdapter(**shape), trace_path)
+    rt.assign(7, 1)
+    seq = t.request_tokens(1)
+    rows, how = rt.trace_rows(7, 0, seq.tolist())
+    assert np.array_equal(rows, t.token_topk[t.token_request[1] : t.token_request[2]])
+    assert set(how) == {"token"}
+    # a verify round at its recorded start: the recorded verified rows, rejected ones too
+    first = int(np.flatnonzero(t.round_request == 1)[0])
+    row0 = int(t.round_rows[:first].astype(int).sum())
+    n = int(t.round_rows[first])
+    block = t.verify_tokens[row0 : row0 + n].tolist()
+    rows, how = rt.trace_rows(7, int(t.prompt_len[1]), block)
+    assert how == ["exact"] * n and np.array_equal(rows, t.verify_topk[row0 : row0 + n])
+    # a different token at a position: the trace's routing at that position
+    rows, how = rt.trace_rows(7, 3, [int(seq[3]) + 1])
+    assert how == ["positional"] and np.array_equal(rows[0], t.token_topk[t.token_request[1] + 3])
+
+
+def test_trace_routing_maps_layers_and_experts_onto_a_smaller_shape(trace_path: Path) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    L = int(t.provenance["num_layers"])
+    rt = TraceRouting(t, _FakeAdapter(num_layers=2 * L, num_experts=4, top_k=3), None)
+    assert rt.layer_map == [i // 2 for i in range(2 * L)]
+    ids = rt.map_experts(t.token_topk[:10].astype(np.int64))
+    assert ids.shape == (10, 2 * L, 3) and ids.min() >= 0 and ids.max() < 4
+    for row in ids.reshape(-1, 3):
+        assert len(set(row.tolist())) == 3
+    # the first mapped expert is the trace's first, merged 16 -> 4
+    assert np.array_equal(ids[:, 0, 0], t.token_topk[:10, 0, 0] // 4)
+    with pytest.raises(ValueError, match="more experts"):
+        TraceRouting(t, _FakeAdapter(num_layers=L, num_experts=64, top_k=4), None)
+
+
+def test_replayed_routing_on_the_same_model_equals_its_own(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+
+    runs = [
+        run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
+        for kw in ({}, {"routing_source": "trace", "trace": str(trace_path)})
+    ]
+    own, replay = runs
+    assert own.row["routing_source"] == "model" and replay.row["routing_source"] == "trace"
+    params = replay.row["routing_params"]
+    assert params["layer_map"] == list(range(own.row["layers"]))
+    assert params["rows"]["exact"] + params["rows"]["token"] > 0
+    assert params["row_layers_with_replayed_weights"] == 0, params
+    assert [r["acceptance_lengths"] for r in own.requests] == [
+        r["acceptance_lengths"] for r in replay.requests
+    ]
+    assert len(own.routing_trace) == len(replay.routing_trace)
+    for a, b in zip(own.routing_trace, replay.routing_trace, strict=True):
+        assert np.array_equal(a, b)
+    assert own.row["belady_bytes"] == replay.row["belady_bytes"]
+
+
+def test_acceptance_replayed_from_the_trace(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.bench_run import run_spec
+
+    t = tf.load_trace(trace_path)
+    spec = _spec(
+        trained_target[0],
+        trained_drafter[0],
+        prompts=str(trace_path),
+        acceptance="trace",
+        trace=str(trace_path),
+        block_size=int(t.provenance["block_size"]),
+    )
+    res = run_spec(spec)
+    assert res.row["acceptance_source"] == "trace"
+    assert res.row["acceptance_params"]["rounds_replayed"] == t.round_request.size
+    for r, req in enumerate(res.requests):
+        assert req["acceptance_lengths"] == t.acceptance(r).tolist()
+    # a synthetic drafter with a trace: the trace's acceptance, not a forced draw
+    auto = dataclasses.replace(spec, acceptance="auto", draft="synthetic")
+    from pdflash.engine.bench_run import _acceptance_for
+
+    assert _acceptance_for(auto, "proxy", True).source == "trace"
+    assert _acceptance_for(dataclasses.replace(auto, trace=None), "proxy", True).source == "forced"
+    with pytest.raises(ValueError, match="needs a trace"):
+        dataclasses.replace(spec, trace=None).validate()
+
+
+class _FakeAdapter:
+    def __init__(self, num_layers: int, num_experts: int, top_k: int) -> None:
+        self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
+
+
+def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
+    from pdflash.bench import cli
+    from pdflash.bench.suites import matrix
+
+    (tmp_path / "t.npz").write_bytes(b"")
+    argv = [
+        *("matrix", "--arch", "proxy", "--weights", str(tmp_path), "--baselines", "B1,PD"),
+        *("--concurrency", "1,4", "--cache-fraction", "0.2", "--repeats", "3"),
+    ]
+    extra = [
+        *("--prompts", "heldout", "--temperature", "1.0", "--expert-bytes-as", "gpt-oss-20b"),
+        *("--trace", str(tmp_path / "t.npz"), "--routing-source", "trace"),
+    ]
+    plain = matrix.plan(cli.build_parser().parse_args(argv))
+    args = cli.build_parser().parse_args([*argv, *extra])
+    specs = matrix.plan(args)
+    assert not {"prompts", "temperature", "expert_bytes_as", "trace"} & set(plain[0])
+    assert {
+        (s["prompts"], s["temperature"], s["expert_bytes_as"], s["routing_source"]) for s in specs
+    } == {("heldout", 1.0, "gpt-oss-20b", "trace")}
+    # repeats interleave: every baseline of a repeat before the next repeat
+    assert [(s["repeat"], s["baseline"]) for s in specs[:4]] == [
+        (0, "B1"),
+        (0, "PD"),
+        (1, "B1"),
+        (1, "PD"),
+    ]
+    assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
+    command = matrix.matrix_command(args, tmp_path / "out")
+    for flag in ("--prompts heldout", "--temperature 1.0", "--expert-bytes-as gpt-oss-20b"):
+        assert flag in command
+    assert "--routing-source trace" in command
+    eng = cli.build_parser().parse_args(
+        ["engine", "--acceptance", "trace", "--trace", "x.npz", "--expert-bytes-as", "12345"]
+    )
+    assert (eng.acceptance, eng.trace, eng.expert_bytes_as) == ("trace", "x.npz", "12345")
+
+
+def test_routeahead_scores_predictors_on_learned_routing(
+    trained_target: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.bench import cli
+    from pdflash.bench.suites import routeahead
+
+    args = cli.build_parser().parse_args(
+        [
+            *("routeahead", "--weights", str(trained_target[0]), "--device", "cpu"),
+            *("--sequences", "3", "--blocks-per-sequence", "3", "--tokens", "8"),
+            *("--requests", "4", "--native-reps", "2", "--reference-reps", "1"),
+            *("--layers", "4", "--experts", "16", "--top-k", "2"),
+        ]
+    )
+    res = routeahead.run(args)
+    learned = res["predictor_model"]
+    assert learned["synthetic"] is False and learned["sequences"] == 3
+    assert learned["prompts_source"].startswith("held-out 'eval'")
+    names = set(res["predictors"])
+    assert {"approx_router", "previous_round", "pd_engine_union", "next_layer"} <= names
+    for name, row in res["predictors"].items():
+        # 3 texts x (3 blocks - the first of each)
+        assert row["blocks_scored"] == (6 if name != "next_layer" else 9), name
+        assert 0.0 <= row["coverage"] <= 1.0 and 0.0 <= row["precision"] <= 1.0
+        assert len(learned["per_layer"][name]) == learned["layers"]
+    rec = res["recommendation"]
+    assert rec["trust"] in names and rec["trust"] != "next_layer"
+    cov, prec = (res["predictors"][rec["trust"]][k] for k in ("coverage", "precision"))
+    assert rec["meets_target"] == (cov >= 0.9 and prec >= 0.8)
+
+
+def test_recommendation_rule() -> None:
+    from pdflash.bench.suites.routeahead import recommend
+
+    rows = {
+        "a": {"coverage": 0.95, "precision": 0.85},
+        "b": {"coverage": 0.99, "precision": 0.81},
+        "c": {"coverage": 1.0, "precision": 0.2},
+        "next_layer": {"coverage": 1.0, "precision": 1.0},
+    }
+    rec = recommend(rows)
+    assert rec["trust"] == "b" and rec["meets_target"] and rec["reaching_target"] == ["a", "b"]
+    rec = recommend({"c": rows["c"], "d": {"coverage": 0.8, "precision": 0.7}})
+    assert rec["trust"] == "d" and not rec["meets_target"] and "none reaches" in rec["reason"]
+    assert recommend({"e": {"coverage": None, "precision": None}})["trust"] is None
+
+
+def test_replayed_weights_are_the_routers_softmax_over_the_replayed_ids(
+    trace_path: Path,
+) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    L, E, k = (int(t.provenance[n]) for n in ("num_layers", "num_experts", "top_k"))
+    logits = torch.randn(3, E, generator=torch.Generator().manual_seed(0))
+    fake = _FakeAdapter(num_layers=L, num_experts=E, top_k=k)
+    fake.router_logits = lambda layer, normed: logits  # type: ignore[attr-defined]
+    rt = TraceRouting(t, fake, None)
+    seq = t.request_tokens(0)
+    rt.begin_forward([(0, 0, torch.as_tensor(seq[:3].astype(np.int64)))])
+    replay = torch.as_tensor(t.token_topk[:3, 1].astype(np.int64))
+    # row 0: the router chose the replayed set (other order) -> its own ids and weights stay
+    ids = replay.clone()
+    ids[0] = replay[0].flip(0)
+    ids[1:] = (replay[1:] + 1) % E
+    weights = torch.rand(3, k)
+    got_ids, got_w = rt.route(1, torch.zeros(3, 4), ids, weights)
+    assert torch.equal(got_ids[0], ids[0]) and torch.equal(got_w[0], weights[0])
+    assert torch.equal(got_ids[1:], replay[1:])
+    expect = torch.softmax(logits[1:].gather(1, replay[1:]), dim=-1)
+    assert torch.allclose(got_w[1:], expect)
+    assert rt.describe()["row_layers_with_replayed_weights"] == 2
+    with pytest.raises(RuntimeError, match="begin_forward"):
+        rt.route(1, torch.zeros(5, 4), torch.zeros(5, k, dtype=torch.int64), torch.rand(5, k))
+
+
+def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -> None:
+    from pdflash.engine.bench_run import RunSpec, run_spec
+
+    t = tf.load_trace(trace_path)
+    spec = RunSpec(
+        arch="tiny-gpt_oss",  # synthetic: 2 layers, 8 experts top-2 (the trace: 16 top-4)
+        baseline="PD",
+        device="cpu",
+        concurrency=2,
+        prompt_len=8,
+        max_new_tokens=12,
+        block_size=int(t.provenance["block_size"]),
+        routing_source="trace",
+        acceptance="auto",  # synthetic drafter + a trace: the trace's acceptance
+        trace=str(trace_path),
+    )
+    res = run_spec(spec)
+    row = res.row
+    assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
+    params = row["routing_params"]
+    assert params["layer_map"] == [0, t.provenance["num_layers"] // 2]
+    assert params["expert_map"].startswith("e * 8 // 16")
+    assert params["rows"]["positional"] > 0  # random prompts: positions, not tokens
+    assert row["acceptance_params"]["rounds_replayed"] > 0
+    # per request, the accepted lengths are its trace request's, in order
+    for r, req in enumerate(res.requests):
+        rounds = t.acceptance(r % t.num_requests).tolist()
+        got = req["acceptance_lengths"]
+        assert got[:-1] == rounds[: len(got) - 1]  # the last round may be cut by the length cap
+
+
+def test_trace_acceptance_streams_per_request() -> None:
+    from pdflash.engine.replay import TraceAcceptance
+
+    # request 0 commits 3 then 2 tokens per round, request 1 commits 4
+    trace = _small_trace(acc=[3, 2, 4], req=[0, 0, 1])
+    acc = TraceAcceptance(trace)
+    acc.assign(10, 1)
+    acc.assign(11, 0)
+    assert acc.source == "trace" and acc.num_trace_requests == 2
+    assert [acc.forced_accepts(11, 7) for _ in range(3)] == [2, 1, 2]  # wraps after 2 rounds
+    assert acc.forced_accepts(10, 7) == 3 and acc.forced_accepts(10, 1) == 1  # capped
+    assert acc.forced_accepts(12, 7) == 2  # unassigned: request id mod R -> 0
+    p = acc.params()
+    assert (p["wraps"], p["rounds_replayed"], p["rounds_capped_by_drafts"]) == (2, 6, 1)
+    acc.forget(11)
+    assert acc.forced_accepts(11, 7) == 3  # forgotten: id mod R -> 1, from its first round
+    with pytest.raises(ValueError):
+        acc.assign(1, 2)
+    with pytest.raises(ValueError):
+        acc.forced_accepts(1, -1)
+
+
+def _small_trace(acc: list[int], req: list[int]) -> tf.ProxyTrace:
+    L, k, E, rows = 2, 2, 8, 4
+    plen = [4, 5]
+    commits = [1 + sum(a for a, r in zip(acc, req, strict=True) if r == i) for i in range(2)]
+    lengths = [p + c for p, c in zip(plen, commits, strict=True)]
+    T, V = sum(lengths), rows * len(acc)
+    rng = np.random.default_rng(0)
+    return tf.ProxyTrace(
+        tokens=rng.integers(0, 500, T).astype(np.uint16),
+        token_request=np.array([0, lengths[0], T], dtype=np.int64),
+        prompt_len=np.array(plen, dtype=np.int32),
+        token_topk=rng.integers(0, E, (T, L, k)).astype(np.uint8),
+        round_request=np.array(req, dtype=np.int32),
+        round_accepted=np.array(acc, dtype=np.int16),
+        round_rows=np.full(len(acc), rows, dtype=np.int16),
+        verify_topk=rng.integers(0, E, (V, L, k)).astype(np.uint8),
+        verify_tokens=rng.integers(0, 500, V).astype(np.uint16),
+        provenance={
+            "format": tf.FORMAT,
+            "version": tf.VERSION,
+            "num_experts": E,
+            "top_k": k,
+            "num_layers": L,
+            "block_size": rows,
+            "temperature": 0.0,
+            "target_weights_sha256": "t",
+            "drafter_weights_sha256": "d",
+            "target_preset": "test",
+            "prompts_source": "test",
+        },
+    )
+
+
+def _map_reference(row: list[int], num_experts: int, trace_experts: int, k: int) -> list[int]:
+    seen: list[int] = []
+    for e in row:
+        m = e * num_experts // trace_experts
+        if m not in seen and len(seen) < k:
+            seen.append(m)
+    nxt = seen[-1]
+    while len(seen) < k:
+        nxt = (nxt + 1) % num_experts
+        if nxt not in seen:
+            seen.append(nxt)
+    return seen
+
+
+@pytest.mark.parametrize(("experts", "top_k"), [(4, 3), (8, 2), (16, 6), (2, 2)])
+def test_expert_map_matches_the_reference(experts: int, top_k: int) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    trace = _small_trace(acc=[3, 2, 4], req=[0, 0, 1])
+    trace.provenance.update(num_experts=16, top_k=4)
+    rng = np.random.default_rng(experts * 10 + top_k)
+    rows = np.stack([rng.permutation(16)[:4] for _ in range(2 * 30)]).reshape(30, 2, 4)
+    rt = TraceRouting(trace, _FakeAdapter(num_layers=2, num_experts=experts, top_k=top_k), None)
+    got = rt.map_experts(rows.astype(np.int64))
+    for i in range(30):
+        for layer in range(2):
+            ref = _map_reference(rows[i, layer].tolist(), experts, 16, top_k)
+            assert got[i, layer].tolist() == ref, (i, layer)
