@@ -71,7 +71,7 @@ ARCHS: dict[str, tuple[str, str]] = {
 @dataclass
 class RunSpec:
     arch: str
-    baseline: str  # "B0","B1","B2","B3","PD"
+    baseline: str  # one of pdflash.engine.config.BASELINES (B0..B3, PD, PD+host, PD ablations)
     block_size: int = 16
     concurrency: int = 4
     cache_fraction: float = 0.2
@@ -468,6 +468,8 @@ def _run(
         top_k=adapter.top_k,
         max_batch_tokens=1,
         policy=policy,
+        # without bands (the PD-one-band ablation) every copy goes in one FIFO band
+        single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
     )
     runtime = adapter.attach_cache(cache)
 
@@ -963,6 +965,9 @@ def _result(
         "max_running": engine.config.max_running,
         "workload": _serving_workload(spec).describe(),
         "batching": engine.config.batching,
+        # PD's switchable parts (the ablation labels switch them off)
+        "route_ahead": engine.config.route_ahead,
+        "bands": engine.config.bands,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
         "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],

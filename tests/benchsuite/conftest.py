@@ -74,9 +74,16 @@ def make_row() -> Callable[..., dict[str, Any]]:
 
 
 def full_matrix(
-    concurrency: tuple[int, ...] = (1, 4), fractions: tuple[float, ...] = (0.2,)
+    concurrency: tuple[int, ...] = (1, 4),
+    fractions: tuple[float, ...] = (0.2,),
+    repeats: int = 1,
 ) -> list[dict[str, Any]]:
-    """A complete valid result set: every baseline at every point."""
+    """A complete valid result set: every baseline at every point, each
+    ``repeats`` times with the same figures (intervals of zero width, so
+    the interval verdicts follow the medians)."""
+    if repeats > 1:
+        one = full_matrix(concurrency, fractions)
+        return [dict(r, repeat=rep) for rep in range(repeats) for r in one]
     rows = []
     for cf in fractions:
         for conc in concurrency:
