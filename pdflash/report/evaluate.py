@@ -13,6 +13,8 @@ the repeats at a point.
   (:func:`pdflash.report.stats.compare`); nothing is called from one repeat;
 * ``noise`` — the measured run-to-run noise: the relative half-width of the
   tokens/s intervals (median and max over points and baselines);
+* ``ablation`` — where the rows have PD's ablations: what each part buys
+  (:func:`pdflash.report.ablation.ablation_table`);
 * ``ordering`` — per point, median
   tokens/s of each baseline over repeats and whether B0 < B1 < B2 < PD <= B3;
 * ``gap`` — the share of the B1→B3 gap PD closes, ``(PD − B1) / (B3 − B1)``,
@@ -42,6 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pdflash.report import stats
+from pdflash.report.ablation import ablation_table
 from pdflash.report.schema import (
     BASELINES,
     REQUIRED_BASELINES,
@@ -717,6 +720,7 @@ def evaluate(
         "intervals": _intervals(table),
         "verdicts": _verdicts(table),
         "noise": _noise(table),
+        "ablation": ablation_table(usable),
         "ordering": _ordering(table),
         "gap": gap_points,
         "gap_by_cache_fraction": gap_summary,

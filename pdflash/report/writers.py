@@ -271,6 +271,18 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
             ],
         )
     )
+    if evaluation.get("ablation"):
+        from pdflash.report.ablation import ablation_markdown
+
+        parts += [
+            "",
+            "## What each part of PD buys (PD vs PD without it)",
+            "",
+            "Median [95% t interval] over repeats; the verdict names the better side only "
+            "where the intervals separate (more tokens/s, fewer bytes/token, less exposed fetch).",
+            "",
+            ablation_markdown(evaluation["ablation"]),
+        ]
     parts += ["", "## Median and 95% interval per point", ""]
     parts.append(
         _table(
