@@ -308,11 +308,19 @@ def release_targets() -> None:
         torch.cuda.empty_cache()
 
 
+#: Seconds one pass of the link probe takes on an emulated (throttled) link.
+PROBE_S = 0.25
+
+
 def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20) -> float:
     """Host->device bandwidth through the issuer in this run (one bulk transfer
     of pinned memory split into the issuer's chunks), in GB/s (1e9 B/s)."""
     if device.type != "cuda":
         nbytes = min(nbytes, 32 << 20)
+        emulated = getattr(issuer, "emulated_link_gbps", None)
+        if emulated:
+            # about a quarter second per pass on a slow emulated link
+            nbytes = min(nbytes, max(1 << 20, int(emulated * 1e9 * PROBE_S)))
     src = issuer.pinned_array(nbytes, np.uint8)
     src[:] = 1
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)

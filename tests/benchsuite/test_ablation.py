@@ -250,3 +250,23 @@ def test_matrix_repeats_default_and_interleaving() -> None:
     ]
     args.device = "cpu"
     assert matrix.resolved_repeats(args) == matrix.CPU_REPEATS
+
+
+def test_default_workload_makes_the_scheduler_decide() -> None:
+    import argparse
+
+    from pdflash.bench.suites import default
+
+    parser = argparse.ArgumentParser()
+    default.add_arguments(parser)
+    specs = default.default_specs(parser.parse_args([]), on_gpu=False)
+    assert {s["baseline"] for s in specs} == {"B0", "B1", "B2", "B3", "PD"}
+    for spec in specs:
+        block, conc = spec["block_size"], spec["concurrency"]
+        # the token budget (engine default: concurrency x block) takes half the live requests
+        assert spec["max_running"] == 2 * conc > (conc * block) // block
+        assert spec["num_requests"] > spec["max_running"] // 2
+        assert spec["byte_budget_from"] == "verify"
+        # M = link x verify compute: at 10 MB/s and a verify of <= 10 ms, M <= 100 KB,
+        # about one step's missing experts of the tiny model (16 experts of 6 KB)
+        assert spec["emulated_link_gbps"] == default.CPU_EMULATED_LINK_GBPS == 0.01
