@@ -188,7 +188,10 @@ def inputs_label(row: Mapping[str, Any]) -> str:
     tau = params.get("mean_tau") if isinstance(params, Mapping) else None
     if acc == "forced" and isinstance(tau, (int, float)):
         acc = f"forced τ={tau:.3g}"
-    parts.append(f"acceptance {acc}")
+    if row.get("draft_source") == "none":
+        parts.append("no drafter (autoregressive)")
+    else:
+        parts.append(f"acceptance {acc}")
     parts.append(f"routing {row.get('routing_source', '?')}")
     padded = row.get("expert_bytes_source")
     if padded not in (None, "", "model", "checkpoint", "stored"):
