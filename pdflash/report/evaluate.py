@@ -48,6 +48,7 @@ from pdflash.report.ablation import ablation_table
 from pdflash.report.schema import (
     BASELINES,
     REQUIRED_BASELINES,
+    arch_label,
     comparison_points,
     point_label,
     serves,
@@ -94,7 +95,7 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 def _point(row: Mapping[str, Any]) -> Point:
     return (
-        row["arch"],
+        arch_label(row),
         row["block_size"],
         row["concurrency"],
         row["cache_fraction"],
@@ -370,7 +371,7 @@ def _regime(table: _Table) -> list[dict[str, Any]]:
     """Link-bound vs compute-bound per (arch, cache fraction), from PD's busy times."""
     groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
     for row in table.by_baseline.get("PD", []):
-        groups[(row["arch"], row["cache_fraction"])].append(row)
+        groups[(arch_label(row), row["cache_fraction"])].append(row)
     out = []
     for (arch, cf), rows in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         ratios = []
@@ -474,7 +475,7 @@ def _hide(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if row["baseline"] == "B3":
             continue  # nothing to fetch
         entry = {
-            "arch": row["arch"],
+            "arch": arch_label(row),
             "baseline": row["baseline"],
             "block_size": row["block_size"],
             "concurrency": row["concurrency"],

@@ -177,6 +177,18 @@ def workload_label(row: Mapping[str, Any]) -> str:
     return str(arrivals)
 
 
+def arch_label(row: Mapping[str, Any]) -> Any:
+    """The architecture a row ran, with its depth where the row records it
+    (``gpt-oss-20b L24``): a truncation is a different model, so its rows
+    never merge with the full depth's (rows without ``layers`` keep the bare
+    arch name)."""
+    arch = row.get("arch")
+    layers = row.get("layers")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        return f"{arch} L{layers}"
+    return arch
+
+
 def inputs_label(row: Mapping[str, Any]) -> str:
     """Where a row's inputs came from, for its face in every table and plot:
     weights (synthetic | checkpoint), acceptance (model, or forced with its
@@ -200,10 +212,10 @@ def inputs_label(row: Mapping[str, Any]) -> str:
 
 
 def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The identity a row is unique by: (arch, baseline, block, concurrency,
-    cache fraction, repeat, workload label)."""
+    """The identity a row is unique by: (arch with its depth, baseline,
+    block, concurrency, cache fraction, repeat, workload label)."""
     return (
-        row.get("arch"),
+        arch_label(row),
         row.get("baseline"),
         row.get("block_size"),
         row.get("concurrency"),
@@ -394,7 +406,7 @@ def group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """(arch, block, concurrency, cache fraction, workload label): where
     baselines are compared."""
     return (
-        row.get("arch"),
+        arch_label(row),
         row.get("block_size"),
         row.get("concurrency"),
         row.get("cache_fraction"),
@@ -412,7 +424,7 @@ def serves(row: Mapping[str, Any], point: tuple[Any, ...]) -> bool:
     block as 1). The workload must match always.
     """
     arch, block, conc, cf, load = point
-    if row.get("arch") != arch or row.get("concurrency") != conc:
+    if arch_label(row) != arch or row.get("concurrency") != conc:
         return False
     if workload_label(row) != load:
         return False

@@ -270,3 +270,11 @@ def test_default_workload_makes_the_scheduler_decide() -> None:
         # M = link x verify compute: at 10 MB/s and a verify of <= 10 ms, M <= 100 KB,
         # about one step's missing experts of the tiny model (16 experts of 6 KB)
         assert spec["emulated_link_gbps"] == default.CPU_EMULATED_LINK_GBPS == 0.01
+
+
+def test_a_truncation_is_its_own_point(make_row: Callable[..., Row]) -> None:
+    full, cut = make_row(layers=24), make_row(layers=8)
+    assert row_key(full) != row_key(cut)
+    assert validate_rows([full, cut], required_baselines=("PD",)) == []
+    assert [p[0] for p in comparison_points([full, cut])] == ["tiny L24", "tiny L8"]
+    assert comparison_points([make_row()])[0][0] == "tiny"  # rows without a depth
