@@ -92,6 +92,16 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     return matrix.plan(ns)
 
 
+def ablation_command(args: argparse.Namespace, out: Path) -> str:
+    """The full command that reproduces this run (every option spelled out)."""
+    ns = argparse.Namespace(**vars(args))
+    ns.baselines = labels(args)
+    text = matrix.matrix_command(ns, out)
+    text = text.replace("pdflash-bench matrix", "pdflash-bench ablation", 1)
+    variants = "--variants " + ",".join(args.variants) + (" --with-host" if args.with_host else "")
+    return text.replace("--baselines " + ",".join(ns.baselines), variants, 1)
+
+
 def write_table(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:
     """``ablation.json`` and ``ablation.md`` from the rows; returns the table."""
     from pdflash.report.ablation import ablation_markdown, ablation_table
@@ -137,6 +147,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu_threads=args.cpu_threads,
     )
     summary["planned"] = len(specs)
+    cmd = ablation_command(args, out)
+    with open(out / "commands.txt", "a", encoding="utf-8") as fh:
+        fh.write(f"{common.utc_stamp()} {cmd}\n")
+    summary["command"] = cmd
     from pdflash.report import load_rows, write_report
 
     rows = load_rows(out / matrix.ROWS_FILE) if (out / matrix.ROWS_FILE).exists() else []
@@ -157,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out,
             required_baselines=labels(args),
             title="pdflash-bench ablation",
-            command="pdflash-bench ablation (see commands in rows' spec)",
+            command=cmd,
         )
         summary["valid"] = evaluation["valid"]
         summary["problems"] = len(evaluation["problems"])

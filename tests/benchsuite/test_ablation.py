@@ -83,6 +83,12 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     assert "acceptance forced τ=4" in md  # inputs on its face
     report = (out / "report.md").read_text()
     assert "## What each part of PD buys" in report
+    assert summary["command"].startswith("pdflash-bench ablation --arch tiny")
+    assert (
+        "--variants PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream"
+        in (summary["command"])
+    )
+    assert "--repeats 3" in summary["command"] and summary["command"] in report
 
 
 def test_ablation_rate_sweep_rows_are_distinct_points(
