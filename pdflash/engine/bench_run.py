@@ -575,7 +575,7 @@ def _run(
     try:
         verify_step_s: float | None = None
         if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
-            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter.vocab_size)
+            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter)
             byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
@@ -621,7 +621,7 @@ def _verify_compute_s(
     spec: RunSpec,
     config: EngineConfig,
     make_engine: Callable[[EngineConfig, Any], Engine],
-    vocab: int,
+    adapter: Any,
 ) -> float:
     """Mean compute time of one full verify forward, from a calibration run
     (FCFS, no prefetch machinery) of ``max_running`` short requests. The
@@ -636,7 +636,21 @@ def _verify_compute_s(
         byte_budget=None,
         host_experts="off",
     )
-    engine = make_engine(calib_cfg, None)
+    # the calibration runs without the hybrid service: detach it from the
+    # runtime meanwhile (an engine with host_experts off refuses a runtime
+    # that has one) and give it back after
+    runtime = getattr(adapter, "runtime", None)
+    service = getattr(runtime, "host_service", None)
+    if service is not None:
+        runtime.host_service = None
+    try:
+        return _calibrate(spec, config, make_engine(calib_cfg, None), adapter.vocab_size)
+    finally:
+        if service is not None:
+            runtime.host_service = service
+
+
+def _calibrate(spec: RunSpec, config: EngineConfig, engine: Engine, vocab: int) -> float:
     rng = np.random.default_rng(spec.seed * 104729 + 17)
     ids = []
     for _ in range(config.max_running):

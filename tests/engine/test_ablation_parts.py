@@ -166,3 +166,30 @@ def test_engine_refuses_a_cache_whose_bands_disagree_with_its_config() -> None:
             Engine(Adapter(), cfg, expert_cache=one)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="bands is False"):
             Engine(Adapter(), cfg.replace(bands=False), expert_cache=banded)  # type: ignore[arg-type]
+
+
+def test_pd_host_runs_with_a_byte_budget_from_the_verify(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verify calibration runs without the hybrid service and gives it
+    back (an engine with host_experts off refused the runtime holding it)."""
+    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.report.schema import validate_row
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny",
+        baseline="PD+host",
+        concurrency=2,
+        block_size=6,
+        max_new_tokens=8,
+        prompt_len=6,
+        device="cpu",
+        emulated_link_gbps=0.5,
+        max_running=4,
+        byte_budget_from="verify",
+    )
+    row = run_spec(spec).row
+    assert validate_row(row) == []
+    assert row["byte_budget_from"] == "verify" and row["byte_budget_verify_compute_s"] > 0
+    assert row["host_experts"] == "auto" and row["host_served_experts"] is not None
