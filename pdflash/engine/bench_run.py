@@ -639,7 +639,7 @@ def _verify_compute_s(
     # the calibration runs without the hybrid service: detach it from the
     # runtime meanwhile (an engine with host_experts off refuses a runtime
     # that has one) and give it back after
-    runtime = getattr(adapter, "runtime", None)
+    runtime: Any = getattr(adapter, "runtime", None)
     service = getattr(runtime, "host_service", None)
     if service is not None:
         runtime.host_service = None
