@@ -27,7 +27,6 @@ PLOT_ORDER = (
     "PD-no-stream",
     "B3",
 )
-OPTIONAL = frozenset(PLOT_ORDER) - {"B0", "B1", "B2", "PD", "B3"}
 COLORS = {
     "B0": "#9e9e9e",
     "B1": "#1f77b4",
@@ -107,8 +106,9 @@ def _panel_title(arch: Any, block: Any, cf: Any, load: Any) -> str:
 
 
 def _order(med: Mapping[Key, float]) -> list[str]:
+    """The baselines the rows have, in plot order."""
     present = {k[5] for k in med}
-    return [b for b in PLOT_ORDER if b not in OPTIONAL or b in present]
+    return [b for b in PLOT_ORDER if b in present]
 
 
 def _grid(plt: Any, n_panels: int) -> tuple[Any, Any]:
@@ -156,10 +156,8 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
         ax.set_ylabel("output tokens/s (median)")
         ax.set_title(_panel_title(*panel), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    title = (
-        f"pdflash: tokens/s per baseline (B3 = all experts resident) on {_devices(rows)}\n"
-        f"{inputs_caption(rows)}"
-    )
+    b3 = " (B3 = all experts resident)" if "B3" in order else ""
+    title = f"pdflash: tokens/s per baseline{b3} on {_devices(rows)}\n{inputs_caption(rows)}"
     return _save(plt, fig, axes, len(panels), title, path)
 
 
