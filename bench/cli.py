@@ -25,6 +25,7 @@ SUITES: dict[str, str] = {
     "sched": "sched",
     "default": "default",
     "matrix": "matrix",
+    "ablation": "ablation",
     "report": "report",
     "bm": "bm",
     "bm1": "bm",

@@ -5,6 +5,14 @@ and 4, on the GPU if there is one, otherwise on the CPU with the host copy
 backend throttled to an emulated PCIe link. Shows progress bars, prints a
 result table and the verdict, and writes rows (JSONL), the report (JSON, CSV,
 Markdown) and PNG plots into a results folder it names.
+
+The workload makes PD's scheduler decide (issue 15): at concurrency ``c``,
+``2c`` requests are live (``max_running``) while a verify step takes ``c``
+blocks (the token budget), and PD's byte budget M is the bytes the link
+moves while one verify computes (``byte_budget_from="verify"``); on the CPU
+the emulated link is slow enough that M is below a step's missing expert
+bytes. The suite prints how often PD's 2-D batch differed from the one the
+token-only scheduler would have chosen.
 """
 
 from __future__ import annotations
@@ -20,12 +28,19 @@ from . import matrix
 HELP = "the default benchmark: tiny synthetic model, all baselines, concurrency 1 and 4"
 
 #: The CPU stand-in for PCIe: the host backend copies at this rate (GB/s).
-#: NOTE: low on purpose. The tiny model's experts are a few KB while a CPU
-#: forward costs milliseconds, so at a PCIe-like rate every baseline would be
-#: compute-bound and the copy link would never matter; 50 MB/s makes expert
-#: copies a visible share of the run while the engine's per-run link probe
-#: (32 MiB through the issuer) stays near a second.
-CPU_EMULATED_LINK_GBPS = 0.05
+#: NOTE: low on purpose. The tiny model's experts are 6 KB (16 of them, 98
+#: KB) while a CPU verify costs milliseconds, so at a PCIe-like rate every
+#: baseline would be compute-bound and the copy link would never matter. At
+#: 10 MB/s, M = link x verify compute (5-7 ms on a 2-core CPU) is 50-70 KB:
+#: about the missing experts of one step, so the byte budget binds (at 50
+#: MB/s M exceeded every expert's bytes). The engine's link probe shrinks to
+#: a quarter second on an emulated link.
+CPU_EMULATED_LINK_GBPS = 0.01
+
+#: Live requests per unit of concurrency: ``max_running = 2c`` while a
+#: verify step takes ``c`` blocks (token budget ``c x block``), so the
+#: scheduler chooses which half verifies.
+LIVE_PER_CONCURRENCY = 2
 
 #: Set (to anything but 0) to make a bare ``pdflash-bench`` run ``--quick``.
 QUICK_ENV = "PDFLASH_BENCH_QUICK"
@@ -92,8 +107,39 @@ def default_specs(args: argparse.Namespace, on_gpu: bool) -> list[dict[str, Any]
     )
     specs = matrix.plan(ns)
     for spec in specs:
-        spec["num_requests"] = spec["concurrency"] * (1 if args.quick else 4)
+        conc = spec["concurrency"]
+        spec["num_requests"] = conc * (2 if args.quick else 4)
+        # the scheduler must decide: more live requests than a step takes,
+        # and M from the step (see the module docstring)
+        spec["max_running"] = LIVE_PER_CONCURRENCY * conc
+        spec["byte_budget_from"] = "verify"
     return specs
+
+
+def scheduler_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per PD row: the limits that bind and how often the 2-D batch
+    differed from the token-only scheduler's choice."""
+    from pdflash.report.writers import fmt
+
+    out = []
+    for r in rows:
+        if r.get("baseline") != "PD":
+            continue
+        frac = r.get("token_only_differing_step_fraction")
+        if frac is None:
+            why = (r.get("not_measured") or {}).get("token_only_differing_step_fraction", "")
+            out.append(f"PD c={r.get('concurrency')}: 2-D vs token-only not measured ({why})")
+            continue
+        out.append(
+            f"PD c={r.get('concurrency')}: {r.get('max_running')} live requests, a step takes "
+            f"{r.get('token_budget')} tokens (blocks of {r.get('block_size')}); M = "
+            f"{fmt(r.get('byte_budget'))} B (link x verify compute "
+            f"{fmt(r.get('byte_budget_verify_compute_s'), 3)} s): the 2-D batch differed from "
+            f"the token-only one in {100 * frac:.0f}% of {r.get('steps')} steps (predicted "
+            f"missing bytes {fmt(r.get('batch_missing_bytes_2d'))} vs "
+            f"{fmt(r.get('batch_missing_bytes_token_only'))})"
+        )
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -122,6 +168,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print()
     print(rows_table(rows))
     print()
+    binds = scheduler_lines(rows)
+    for line in binds:
+        print(line)
+    if binds:
+        print()
     verdict = evaluation["verdict"]
     print(f"verdict: {verdict['label']} — {verdict['reasons'][0] if verdict['reasons'] else ''}")
     if evaluation["problems"]:
@@ -138,6 +189,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "verdict": verdict["label"],
         "files": evaluation["files"],
         "elapsed_s": summary["elapsed_s"],
+        "scheduler": binds,
         # a failed run or invalid rows fail the command; a NO-GO verdict does not
         "exit_code": 1 if summary["failed"] or not rows or not evaluation["valid"] else 0,
     }

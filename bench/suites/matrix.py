@@ -27,6 +27,7 @@ same folder.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import time
@@ -41,6 +42,24 @@ HELP = "run the baseline matrix (B0 B1 B2 B3 PD) and write rows + report"
 ROWS_FILE = "rows.jsonl"
 ERRORS_FILE = "errors.jsonl"
 B3_CACHE_FRACTION = 1.0
+#: Default repeats: enough for a 95% interval on the GPU; one on the CPU so
+#: the bare ``pdflash-bench`` stays about a minute on two cores.
+GPU_REPEATS = 3
+CPU_REPEATS = 1
+
+#: The serving-workload options of :class:`pdflash.engine.bench_run.RunSpec`
+#: and their defaults: a spec carries one only where it differs (so specs and
+#: resume keys of plain burst runs stay as they were).
+SERVING_DEFAULTS: dict[str, Any] = {
+    "arrivals": "burst",
+    "users": None,
+    "think_s": 0.0,
+    "prompt_len_max": None,
+    "max_new_tokens_max": None,
+    "max_running": None,
+    "token_budget": None,
+    "byte_budget_from": "floor",
+}
 
 # The engine: RunSpec class and run_spec function (pdflash.engine.bench_run).
 Engine = tuple[Callable[..., Any], Callable[..., Any]]
@@ -72,7 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--concurrency", type=common.positive_ints("--concurrency"), default=[1, 4])
     g.add_argument("--cache-fraction", type=common.fractions, default=[0.2, 0.5, 0.8])
     g.add_argument("--baselines", type=common.baselines, default=["B0", "B1", "B2", "B3", "PD"])
-    g.add_argument("--repeats", type=int, default=1, help="repeats per point (default 1)")
+    g.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"repeats per point, baselines interleaved round-robin (default {GPU_REPEATS} on a "
+        f"GPU, {CPU_REPEATS} on the CPU)",
+    )
     g.add_argument(
         "--out", type=Path, default=None, help="results folder (default bench-results/matrix-<UTC>)"
     )
@@ -150,6 +175,34 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["mxfp4"],
         help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
     )
+    s = parser.add_argument_group(
+        "serving workload",
+        "open-loop (poisson) or closed-loop arrivals, length ranges and engine limits; "
+        "--max-running above --token-budget / block makes the scheduler choose",
+    )
+    s.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
+    s.add_argument(
+        "--rate",
+        type=_rates,
+        default=None,
+        help="poisson requests/s; a comma list sweeps rates (each rate its own point)",
+    )
+    s.add_argument("--users", type=int, default=None, help="closed-loop clients")
+    s.add_argument("--think-s", type=float, default=0.0, help="closed-loop mean think time")
+    s.add_argument("--prompt-len-max", type=int, default=None, help="prompts uniform in [len, max]")
+    s.add_argument(
+        "--max-new-tokens-max", type=int, default=None, help="outputs uniform in [len, max]"
+    )
+    s.add_argument("--max-running", type=int, default=None, help="default: = concurrency")
+    s.add_argument(
+        "--token-budget", type=int, default=None, help="default: concurrency x block size"
+    )
+    s.add_argument(
+        "--byte-budget-from",
+        default="floor",
+        choices=["floor", "verify"],
+        help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
+    )
     g.add_argument(
         "--expert-dtype",
         default=None,
@@ -159,12 +212,63 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _rates(text: str) -> list[float]:
+    values = common.parse_list(text, float, "--rate")
+    bad = [v for v in values if not v > 0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--rate: {bad[0]} is not a positive rate")
+    return values
+
+
+def default_repeats(device: str) -> int:
+    """:data:`GPU_REPEATS` where the runs go to a GPU, else :data:`CPU_REPEATS`."""
+    if device == "cpu":
+        return CPU_REPEATS
+    if device.startswith("cuda"):
+        return GPU_REPEATS
+    import torch
+
+    return GPU_REPEATS if torch.cuda.is_available() else CPU_REPEATS
+
+
+def resolved_repeats(args: argparse.Namespace) -> int:
+    repeats = getattr(args, "repeats", None)
+    if repeats is None:
+        repeats = default_repeats(str(getattr(args, "device", "auto")))
+    if repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {repeats}")
+    return int(repeats)
+
+
+def serving_kw(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The serving options that differ from RunSpec's defaults, one dict per
+    request rate of a sweep (one empty dict for a plain burst)."""
+    kw: dict[str, Any] = {}
+    for name, default in SERVING_DEFAULTS.items():
+        value = getattr(args, name, default)
+        if value != default:
+            kw[name] = value
+    arrivals = kw.get("arrivals", "burst")
+    rates = getattr(args, "rate", None)
+    if arrivals == "poisson":
+        if not rates:
+            raise SystemExit("--arrivals poisson needs --rate")
+        return [{**kw, "rate_per_s": float(r)} for r in rates]
+    if rates:
+        raise SystemExit("--rate applies to --arrivals poisson only")
+    if arrivals == "closed" and not kw.get("users"):
+        raise SystemExit("--arrivals closed needs --users")
+    return [kw]
+
+
 def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     """RunSpec keyword arguments for every run, in run order: per arch, per
-    cache fraction, per concurrency, every baseline, so complete comparison
-    groups finish first (a budget-cut matrix is still usable)."""
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    request rate, per cache fraction, per concurrency, then per repeat every
+    baseline (interleaved round-robin: no baseline's repeats run back to
+    back, and each repeat starts with the next baseline), so complete
+    comparison groups finish first (a budget-cut matrix is still usable).
+    B3 is repeated like the rest."""
+    repeats = resolved_repeats(args)
     common_kw = {
         "weights": args.weights,
         "draft": args.draft,
@@ -201,34 +305,45 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     common_kw.update(realtext_kwargs(args))
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
-    for arch in args.arch:
-        for cf in args.cache_fraction:
-            for block in args.block_sizes:
-                for conc in args.concurrency:
-                    for repeat in range(args.repeats):
-                        for baseline in args.baselines:
-                            frac = B3_CACHE_FRACTION if baseline == "B3" else cf
-                            # B0 decodes one token at a time: one run serves every block size
-                            blk = args.block_sizes[0] if baseline == "B0" else block
-                            key = (arch, baseline, blk, conc, frac, repeat)
-                            if key in seen:
-                                continue
-                            seen.add(key)
-                            specs.append(
-                                {
-                                    "arch": arch,
-                                    "baseline": baseline,
-                                    "block_size": blk,
-                                    "concurrency": conc,
-                                    "cache_fraction": frac,
-                                    "repeat": repeat,
-                                    **common_kw,
-                                }
-                            )
+    loads = serving_kw(args)
+    for arch, load, cf, block, conc in itertools.product(
+        args.arch, loads, args.cache_fraction, args.block_sizes, args.concurrency
+    ):
+        for repeat in range(repeats):
+            for baseline in rotated(args.baselines, repeat):
+                frac = B3_CACHE_FRACTION if baseline == "B3" else cf
+                # B0 decodes one token at a time: one run serves every block size
+                blk = args.block_sizes[0] if baseline == "B0" else block
+                spec = {
+                    "arch": arch,
+                    "baseline": baseline,
+                    "block_size": blk,
+                    "concurrency": conc,
+                    "cache_fraction": frac,
+                    "repeat": repeat,
+                    **common_kw,
+                    **load,
+                }
+                key = spec_key(spec)
+                if key in seen:
+                    continue
+                seen.add(key)
+                specs.append(spec)
     return specs
 
 
+def rotated(labels: Sequence[str], repeat: int) -> list[str]:
+    """``labels`` starting at the ``repeat``-th (round-robin interleaving:
+    which baseline runs first changes from one repeat to the next, so slow
+    drift of the machine is not charged to one baseline)."""
+    k = repeat % len(labels) if labels else 0
+    return [*labels[k:], *labels[:k]]
+
+
 def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a run is unique by (a rerun skips recorded keys): the point, the
+    repeat, the hybrid mode and the workload (specs without serving options
+    are bursts, as every spec recorded before they existed)."""
     return (
         spec["arch"],
         spec["baseline"],
@@ -239,6 +354,10 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("host_experts", "off"),
         spec.get("expert_bytes_as"),
         spec.get("routing_source", "model"),
+        spec.get("arrivals", "burst"),
+        spec.get("rate_per_s"),
+        spec.get("users"),
+        spec.get("think_s", 0.0),
     )
 
 
@@ -414,6 +533,8 @@ def run_matrix(
                 **spec
             )
         )
+        if spec.get("rate_per_s") is not None:
+            label += f"/{spec['rate_per_s']:g}rps"
         bar.set_postfix_str(label)
         t0 = time.perf_counter()
         try:
@@ -473,7 +594,7 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         f"--concurrency {csv(args.concurrency)}",
         f"--cache-fraction {csv(args.cache_fraction)}",
         f"--baselines {csv(args.baselines)}",
-        f"--repeats {args.repeats}",
+        f"--repeats {resolved_repeats(args)}",
         f"--seed {args.seed}",
         f"--prompt-len {args.prompt_len}",
         f"--max-new-tokens {args.max_new_tokens}",
@@ -504,6 +625,12 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--temperature {args.temperature}")
     if getattr(args, "routing_source", "model") != "model":
         parts.append(f"--routing-source {args.routing_source}")
+    for name, default in SERVING_DEFAULTS.items():
+        value = getattr(args, name, default)
+        if value != default:
+            parts.append(f"--{name.replace('_', '-')} {value}")
+    if getattr(args, "rate", None):
+        parts.append(f"--rate {csv(args.rate)}")
     if getattr(args, "host_max_ratio", 1.0) != 1.0:
         parts.append(f"--host-max-ratio {args.host_max_ratio}")
     parts.append(f"--out {shlex.quote(str(out))}")

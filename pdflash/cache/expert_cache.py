@@ -90,6 +90,13 @@ class ExpertCache:
         policy: an :class:`EvictionPolicy` or a shipped policy's name
             (``lru`` default, ``lfu``, ``route_ahead``).
         wait_timeout_s: passed to ``issuer.wait`` on the host path.
+        single_band: None (default): each copy goes in the band its caller
+            names (on-demand misses before route-ahead before background).
+            A :class:`~pdflash.protocols.Band`: every copy is submitted in
+            that one band, which the issuer serves FIFO (the ``PD-one-band``
+            ablation: an on-demand miss waits behind every copy queued before
+            it). The cache still records each copy's requested band in
+            :attr:`band` (its books: prefetched vs on-demand bytes).
     """
 
     def __init__(
@@ -105,7 +112,11 @@ class ExpertCache:
         max_batch_tokens: int = 16,
         policy: EvictionPolicy | str | None = None,
         wait_timeout_s: float | None = None,
+        single_band: Band | None = None,
     ) -> None:
+        if single_band is not None and not isinstance(single_band, Band):
+            raise TypeError(f"single_band must be a Band or None, got {single_band!r}")
+        self.single_band = single_band
         self.num_layers = int(source.num_layers)
         self.num_experts = int(source.num_experts)
         self.expert_nbytes = int(source.expert_nbytes)
@@ -471,7 +482,8 @@ class ExpertCache:
         src = self.source.host_ptrs(ids)
         dst = self.slab.data_ptr() + slots * self.expert_nbytes
         nbytes = np.full(ids.size, self.expert_nbytes, dtype=np.int64)
-        tickets = np.asarray(self.issuer.submit(src, dst, nbytes, keys, band), dtype=np.int64)
+        issue_band = band if self.single_band is None else self.single_band
+        tickets = np.asarray(self.issuer.submit(src, dst, nbytes, keys, issue_band), dtype=np.int64)
         self._next_key += ids.size
         self.slot_of[ids] = slots
         self.expert_of[slots] = ids
@@ -494,6 +506,10 @@ class ExpertCache:
         the issuer promotes them instead of copying twice)."""
         low = slots[(self.ticket[slots] >= 0) & (self.band[slots] > int(band))]
         if low.size == 0:
+            return
+        if self.single_band is not None:
+            # one FIFO band: nothing to promote; the copy keeps its place
+            self.band[low] = int(band)
             return
         ids = self.expert_of[low]
         src = self.source.host_ptrs(ids)

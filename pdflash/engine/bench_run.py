@@ -72,7 +72,7 @@ ARCHS: dict[str, tuple[str, str]] = {
 @dataclass
 class RunSpec:
     arch: str
-    baseline: str  # "B0","B1","B2","B3","PD"
+    baseline: str  # one of pdflash.engine.config.BASELINES (B0..B3, PD, PD+host, PD ablations)
     block_size: int = 16
     concurrency: int = 4
     cache_fraction: float = 0.2
@@ -344,11 +344,19 @@ def release_targets() -> None:
         torch.cuda.empty_cache()
 
 
+#: Seconds one pass of the link probe takes on an emulated (throttled) link.
+PROBE_S = 0.25
+
+
 def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20) -> float:
     """Host->device bandwidth through the issuer in this run (one bulk transfer
     of pinned memory split into the issuer's chunks), in GB/s (1e9 B/s)."""
     if device.type != "cuda":
         nbytes = min(nbytes, 32 << 20)
+        emulated = getattr(issuer, "emulated_link_gbps", None)
+        if emulated:
+            # about a quarter second per pass on a slow emulated link
+            nbytes = min(nbytes, max(1 << 20, int(emulated * 1e9 * PROBE_S)))
     src = issuer.pinned_array(nbytes, np.uint8)
     src[:] = 1
     dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -521,6 +529,8 @@ def _run(
         top_k=adapter.top_k,
         max_batch_tokens=1,
         policy=policy,
+        # without bands (the PD-one-band ablation) every copy goes in one FIFO band
+        single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
     )
     runtime = adapter.attach_cache(cache)
 
@@ -625,7 +635,7 @@ def _run(
     try:
         verify_step_s: float | None = None
         if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
-            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter.vocab_size)
+            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter)
             byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
@@ -671,7 +681,7 @@ def _verify_compute_s(
     spec: RunSpec,
     config: EngineConfig,
     make_engine: Callable[[EngineConfig, Any], Engine],
-    vocab: int,
+    adapter: Any,
 ) -> float:
     """Mean compute time of one full verify forward, from a calibration run
     (FCFS, no prefetch machinery) of ``max_running`` short requests. The
@@ -686,7 +696,21 @@ def _verify_compute_s(
         byte_budget=None,
         host_experts="off",
     )
-    engine = make_engine(calib_cfg, None)
+    # the calibration runs without the hybrid service: detach it from the
+    # runtime meanwhile (an engine with host_experts off refuses a runtime
+    # that has one) and give it back after
+    runtime: Any = getattr(adapter, "runtime", None)
+    service = getattr(runtime, "host_service", None)
+    if service is not None:
+        runtime.host_service = None
+    try:
+        return _calibrate(spec, config, make_engine(calib_cfg, None), adapter.vocab_size)
+    finally:
+        if service is not None:
+            runtime.host_service = service
+
+
+def _calibrate(spec: RunSpec, config: EngineConfig, engine: Engine, vocab: int) -> float:
     rng = np.random.default_rng(spec.seed * 104729 + 17)
     ids = []
     for _ in range(config.max_running):
@@ -1086,6 +1110,9 @@ def _result(
         "max_running": engine.config.max_running,
         "workload": _serving_workload(spec).describe(),
         "batching": engine.config.batching,
+        # PD's switchable parts (the ablation labels switch them off)
+        "route_ahead": engine.config.route_ahead,
+        "bands": engine.config.bands,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
         "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],

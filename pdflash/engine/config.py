@@ -16,6 +16,21 @@ PD+host DFlash       PD's, and the host CPU computes the      2-D deficit schedu
                      misses the cost model gives it
                      (hybrid miss service, pdflash.hybrid)
 ======  ===========  =======================================  =========================
+
+PD's ablations (issue 15: what each part buys) are PD with one part switched
+off, each a label of its own so its rows never mix with PD's:
+
+=====================  ==============================================================
+label                  PD without
+=====================  ==============================================================
+PD-no-route-ahead      route-ahead (no predictor, so no streaming prefetcher either:
+                       on-demand copies, next-layer lookahead, background prefetch)
+PD-one-band            bands: every copy in one FIFO band (``bands=False``), so an
+                       on-demand miss waits behind every queued prefetch
+PD-token-sched         the 2-D scheduler: the token-only deficit scheduler (B2's)
+PD-no-stream           the streaming prefetcher: one route-ahead batch copy before
+                       each verify plus next-layer lookahead
+=====================  ==============================================================
 """
 
 from __future__ import annotations
@@ -24,7 +39,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host")
+#: PD with one part switched off (see the module docstring).
+ABLATIONS = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
 
@@ -58,6 +75,10 @@ class EngineConfig:
             expert the forward needs earlier. Needs ``route_ahead``; replaces
             the one-shot route-ahead batch copy and the plain lookahead.
         stream_ahead: experts the stream copies beyond the next layer's set.
+        bands: copies in priority bands (ON_DEMAND before ROUTE_AHEAD before
+            BACKGROUND). False (the ``PD-one-band`` ablation): every copy in
+            one band, which the issuer serves FIFO; the expert cache must be
+            built with ``single_band`` set (the engine checks).
         all_resident: size the expert cache to hold every expert (B3).
         host_experts: ``off`` (every miss is copied) or ``auto`` (the hybrid
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
@@ -80,6 +101,7 @@ class EngineConfig:
     background_prefetch: bool = False
     streaming_prefetch: bool = False
     stream_ahead: int = 2
+    bands: bool = True
     all_resident: bool = False
     host_experts: str = "off"
     kv_page_size: int = 16
@@ -139,6 +161,15 @@ class EngineConfig:
             },
         }
         table["PD+host"] = {**table["PD"], "host_experts": "auto"}
+        # streaming needs route-ahead: without a predictor there is no stream
+        table["PD-no-route-ahead"] = {
+            **table["PD"],
+            "route_ahead": False,
+            "streaming_prefetch": False,
+        }
+        table["PD-one-band"] = {**table["PD"], "bands": False}
+        table["PD-token-sched"] = {**table["PD"], "batching": "deficit_tokens"}
+        table["PD-no-stream"] = {**table["PD"], "streaming_prefetch": False}
         if baseline not in table:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         fields = {"baseline": baseline, **table[baseline]}

@@ -286,6 +286,18 @@ class Engine:
                 f"host_experts={config.host_experts!r} needs offloaded experts and a host_service "
                 "(pdflash.hybrid.build_host_service)"
             )
+        if expert_cache is not None:
+            single = getattr(expert_cache, "single_band", None)
+            if not config.bands and single is None:
+                raise ValueError(
+                    "config.bands is False (one FIFO band) but the expert cache issues copies in "
+                    "bands: build it with ExpertCache(single_band=Band.ON_DEMAND)"
+                )
+            if config.bands and single is not None:
+                raise ValueError(
+                    f"the expert cache issues every copy in one band ({single!r}) but "
+                    "config.bands is True: use bands=False (the PD-one-band ablation)"
+                )
         self.adapter = adapter
         self.config = config
         self.device = torch.device(device)

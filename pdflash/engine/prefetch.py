@@ -220,6 +220,11 @@ class StreamingPrefetcher:
         return np.asarray(cache.expert_of[slots[states == STATE_QUEUED]], dtype=np.int64)
 
     def _cancel_stale(self) -> None:
+        if getattr(self.cache, "single_band", None) is not None:
+            # NOTE: one FIFO band (the PD-one-band ablation): the issuer
+            # cancels by band, so stale prefetches cannot be cancelled apart
+            # from the on-demand copies queued in the same band
+            return
         ids = self._queued_route_ahead()
         if ids.size == 0:
             return

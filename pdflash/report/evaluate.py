@@ -1,8 +1,21 @@
 """Evaluation of a validated result set (DESIGN §6, issue 7).
 
-:func:`evaluate` turns rows into a JSON-able report:
+:func:`evaluate` turns rows into a JSON-able report. A *point* is (arch,
+block, concurrency, cache fraction, workload label); every statistic is over
+the repeats at a point.
 
-* ``ordering`` — per (arch, block, concurrency, cache fraction), median
+* ``eta_phys`` — the lead figure: per point and baseline, eta_phys (median
+  and 95% interval), eta beside it, and the compute floor the rows used;
+* ``intervals`` — per point and baseline, the median and 95% t interval of
+  tokens/s, eta_phys, eta, bytes/token and exposed fetch s;
+* ``verdicts`` — PD against every other baseline on tokens/s: the faster
+  one where the intervals separate, ``"within noise"`` where they do not
+  (:func:`pdflash.report.stats.compare`); nothing is called from one repeat;
+* ``noise`` — the measured run-to-run noise: the relative half-width of the
+  tokens/s intervals (median and max over points and baselines);
+* ``ablation`` — where the rows have PD's ablations: what each part buys
+  (:func:`pdflash.report.ablation.ablation_table`);
+* ``ordering`` — per point, median
   tokens/s of each baseline over repeats and whether B0 < B1 < B2 < PD <= B3;
 * ``gap`` — the share of the B1→B3 gap PD closes, ``(PD − B1) / (B3 − B1)``,
   per point and summarised per (arch, block, cache fraction);
@@ -13,7 +26,8 @@
   fetch = (1 − r)·(routed expert bytes)/BW versus window = t_draft + t_router
   + verify overlap, both sides summed over the run, and the margin;
 * ``targets`` — issue 7's targets, each with its threshold, the measured
-  value and by how much it is missed;
+  value and by how much it is missed ("PD beats B1/B2" is met only where
+  the tokens/s intervals separate);
 * ``verdict`` — GO only if the rows are valid and every target is met; every
   failed or unmeasurable target is a reason.
 
@@ -29,12 +43,17 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pdflash.report import stats
+from pdflash.report.ablation import ablation_table
 from pdflash.report.schema import (
     BASELINES,
     REQUIRED_BASELINES,
+    arch_label,
     comparison_points,
+    point_label,
     serves,
     validate_rows,
+    workload_label,
 )
 
 #: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as DESIGN §3.
@@ -46,7 +65,21 @@ GAP_TARGET = 0.9
 #: PD may exceed the all-resident B3 by measurement noise only.
 B3_NOISE = 0.05
 
-Point = tuple[Any, Any, Any, Any]  # arch, block, concurrency, cache fraction
+Point = tuple[Any, Any, Any, Any, Any]  # arch, block, concurrency, cache fraction, workload
+
+#: Metrics the per-point interval table summarises (median and 95% interval
+#: over repeats); tokens/s is the one "PD beats X" is judged on.
+INTERVAL_METRICS: tuple[str, ...] = (
+    "output_tokens_per_s",
+    "eta_phys",
+    "eta",
+    "bytes_per_token",
+    "exposed_fetch_s",
+)
+ONE_REPEAT = (
+    "one repeat: the run-to-run noise is not measured, so no difference is called "
+    "(run >= 3 repeats)"
+)
 
 
 def _num(value: object) -> float | None:
@@ -61,7 +94,23 @@ def _median(values: Iterable[float | None]) -> float | None:
 
 
 def _point(row: Mapping[str, Any]) -> Point:
-    return (row["arch"], row["block_size"], row["concurrency"], row["cache_fraction"])
+    return (
+        arch_label(row),
+        row["block_size"],
+        row["concurrency"],
+        row["cache_fraction"],
+        workload_label(row),
+    )
+
+
+def _point_fields(point: Point) -> dict[str, Any]:
+    return {
+        "arch": point[0],
+        "block_size": point[1],
+        "concurrency": point[2],
+        "cache_fraction": point[3],
+        "workload": point[4],
+    }
 
 
 def _reason(rows: Sequence[Mapping[str, Any]], name: str) -> str:
@@ -81,7 +130,7 @@ class _Table:
         self.by_baseline: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for row in rows:
             self.by_baseline[row["baseline"]].append(row)
-        self.points: list[Point] = [(p[0], p[1], p[2], p[3]) for p in comparison_points(rows)]
+        self.points: list[Point] = [(p[0], p[1], p[2], p[3], p[4]) for p in comparison_points(rows)]
 
     def rows(self, point: Point, baseline: str) -> list[Mapping[str, Any]]:
         found = [r for r in self.by_baseline.get(baseline, []) if serves(r, point)]
@@ -91,16 +140,30 @@ class _Table:
     def median(self, point: Point, baseline: str, name: str) -> float | None:
         return _median(_num(r.get(name)) for r in self.rows(point, baseline))
 
+    def samples(self, point: Point, baseline: str, name: str) -> list[float]:
+        """The measured values of ``name`` over the repeats at ``point``."""
+        values = (_num(r.get(name)) for r in self.rows(point, baseline))
+        return [v for v in values if v is not None]
+
+    def interval(self, point: Point, baseline: str, name: str) -> stats.Interval | None:
+        """Median and 95% t interval over the repeats (None below two)."""
+        values = self.samples(point, baseline, name)
+        return stats.t_interval(values) if len(values) >= 2 else None
+
+    def shown(self) -> list[str]:
+        """The required baselines, then any optional one the set has rows of."""
+        return [b for b in BASELINES if b in REQUIRED_BASELINES or self.by_baseline.get(b)]
+
     def sorted_points(self) -> list[Point]:
-        return sorted(self.points, key=lambda p: (str(p[0]), p[1], p[3], p[2]))
+        return sorted(self.points, key=lambda p: (str(p[0]), p[1], p[3], p[2], str(p[4])))
 
 
 def _ordering(table: _Table) -> list[dict[str, Any]]:
     out = []
     pairs = (("B0", "B1", "<"), ("B1", "B2", "<"), ("B2", "PD", "<"), ("PD", "B3", "<="))
     for point in table.sorted_points():
-        # optional baselines (PD+host) appear only where the set has rows of them
-        shown = [b for b in BASELINES if b in REQUIRED_BASELINES or table.by_baseline.get(b)]
+        # optional baselines (PD+host, ablations) appear only where the set has rows of them
+        shown = table.shown()
         tps = {b: table.median(point, b, "output_tokens_per_s") for b in shown}
         checks = []
         for lo, hi, op in pairs:
@@ -114,10 +177,7 @@ def _ordering(table: _Table) -> list[dict[str, Any]]:
             checks.append({"relation": f"{lo} {op} {hi}", "holds": holds})
         out.append(
             {
-                "arch": point[0],
-                "block_size": point[1],
-                "concurrency": point[2],
-                "cache_fraction": point[3],
+                **_point_fields(point),
                 "tokens_per_s": tps,
                 "checks": checks,
                 "holds": all(c["holds"] for c in checks if c["holds"] is not None)
@@ -125,6 +185,142 @@ def _ordering(table: _Table) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _fmt_iv(iv: stats.Interval) -> str:
+    return f"{iv.median:.4g} [{iv.low:.4g}, {iv.high:.4g}] (n={iv.n})"
+
+
+def _judge(
+    table: _Table, point: Point, a: str, b: str, name: str = "output_tokens_per_s"
+) -> dict[str, Any]:
+    """Which of ``a`` and ``b`` has the larger ``name`` at ``point``, called
+    only where their 95% intervals separate (:func:`stats.compare`).
+
+    ``verdict``: ``a`` or ``b`` (the label of the larger), ``"within
+    noise"``, or None with a ``reason`` (a baseline without rows, or one
+    repeat: no interval)."""
+    ia, ib = table.interval(point, a, name), table.interval(point, b, name)
+    out: dict[str, Any] = {"a": a, "b": b, "metric": name, "verdict": None}
+    if ia is None or ib is None:
+        missing = [
+            x for x, iv in ((a, ia), (b, ib)) if iv is None and not table.samples(point, x, name)
+        ]
+        out["reason"] = f"no {name} for {', '.join(missing)}" if missing else ONE_REPEAT
+        return out
+    verdict = stats.compare(ia, ib)
+    out["verdict"] = a if verdict == "a" else b if verdict == "b" else "within noise"
+    out["text"] = f"{a} {_fmt_iv(ia)} vs {b} {_fmt_iv(ib)}"
+    return out
+
+
+def _intervals(table: _Table) -> list[dict[str, Any]]:
+    """Per point and baseline: median and 95% t interval over repeats of
+    each :data:`INTERVAL_METRICS` figure (the interval is None, with the
+    reason, below two repeats)."""
+    out = []
+    for point in table.sorted_points():
+        for baseline in table.shown():
+            if not table.rows(point, baseline):
+                continue
+            entry: dict[str, Any] = {**_point_fields(point), "baseline": baseline}
+            for name in INTERVAL_METRICS:
+                values = table.samples(point, baseline, name)
+                iv = stats.t_interval(values) if len(values) >= 2 else None
+                entry[name] = {
+                    "median": statistics.median(values) if values else None,
+                    "low": iv.low if iv else None,
+                    "high": iv.high if iv else None,
+                    "n": len(values),
+                    "method": "t" if iv else None,
+                }
+                if iv is None:
+                    entry[name]["not_measured"] = (
+                        ONE_REPEAT if values else _reason(table.rows(point, baseline), name)
+                    )
+            out.append(entry)
+    return out
+
+
+def _verdicts(table: _Table) -> list[dict[str, Any]]:
+    """Per point: PD against every other baseline (and each PD variant
+    against PD), on tokens/s: who is faster where the intervals separate,
+    "within noise" where they do not."""
+    out = []
+    for point in table.sorted_points():
+        if not table.rows(point, "PD"):
+            continue
+        for other in table.shown():
+            if other == "PD" or not table.rows(point, other):
+                continue
+            judged = _judge(table, point, "PD", other)
+            out.append({**_point_fields(point), **judged})
+    return out
+
+
+def _noise(table: _Table) -> dict[str, Any]:
+    """The measured run-to-run noise of tokens/s: the relative half-width of
+    each (point, baseline)'s 95% t interval (:func:`stats.relative_spread`),
+    summarised over every cell with two or more repeats."""
+    spreads = []
+    for point in table.sorted_points():
+        for baseline in table.shown():
+            iv = table.interval(point, baseline, "output_tokens_per_s")
+            if iv is None:
+                continue
+            spread = stats.relative_spread(iv)
+            if spread is not None:
+                spreads.append(spread)
+    if not spreads:
+        return {
+            "cells": 0,
+            "median": None,
+            "max": None,
+            "not_measured": {"median": ONE_REPEAT, "max": ONE_REPEAT},
+        }
+    return {
+        "cells": len(spreads),
+        "median": statistics.median(spreads),
+        "max": max(spreads),
+        "definition": "half-width of the 95% t interval of tokens/s over repeats / its median, "
+        "per (point, baseline)",
+    }
+
+
+def _eta_phys(table: _Table, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The report's lead figure: eta_phys per point and baseline (median and
+    95% interval), eta beside it, and which compute floor the rows used."""
+    per_point = []
+    for point in table.sorted_points():
+        for baseline in table.shown():
+            found = table.rows(point, baseline)
+            if not found:
+                continue
+            ep = table.samples(point, baseline, "eta_phys")
+            iv = stats.t_interval(ep) if len(ep) >= 2 else None
+            entry: dict[str, Any] = {
+                **_point_fields(point),
+                "baseline": baseline,
+                "eta_phys": statistics.median(ep) if ep else None,
+                "eta_phys_low": iv.low if iv else None,
+                "eta_phys_high": iv.high if iv else None,
+                "eta": table.median(point, baseline, "eta"),
+                "miss_floor_s": table.median(point, baseline, "miss_floor_s"),
+                "compute_busy_s": table.median(point, baseline, "compute_busy_s"),
+                "wall_s": table.median(point, baseline, "wall_s"),
+                "repeats": len(found),
+            }
+            if not ep:
+                entry["not_measured"] = {"eta_phys": _reason(found, "eta_phys")}
+            per_point.append(entry)
+    definitions = sorted(
+        {str(r["eta_phys_definition"]) for r in rows if r.get("eta_phys_definition")}
+    )
+    return {
+        "per_point": per_point,
+        "compute_floor": definitions
+        or ["not stated: these rows carry no eta_phys_definition (recorded before eta_phys)"],
+    }
 
 
 def gap_closed(pd: float | None, b1: float | None, b3: float | None) -> tuple[float | None, str]:
@@ -145,27 +341,23 @@ def _gap(table: _Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
             table.median(point, "B1", "output_tokens_per_s"),
             table.median(point, "B3", "output_tokens_per_s"),
         )
-        entry: dict[str, Any] = {
-            "arch": point[0],
-            "block_size": point[1],
-            "concurrency": point[2],
-            "cache_fraction": point[3],
-            "gap_closed": value,
-        }
+        entry: dict[str, Any] = {**_point_fields(point), "gap_closed": value}
         if value is None:
             entry["not_measured"] = {"gap_closed": reason}
         per_point.append(entry)
-    by_cf: dict[tuple[Any, Any, Any], list[dict[str, Any]]] = defaultdict(list)
+    by_cf: dict[tuple[Any, Any, Any, Any], list[dict[str, Any]]] = defaultdict(list)
     for entry in per_point:
-        by_cf[(entry["arch"], entry["block_size"], entry["cache_fraction"])].append(entry)
+        key = (entry["arch"], entry["block_size"], entry["cache_fraction"], entry["workload"])
+        by_cf[key].append(entry)
     summary = []
-    for (arch, block, cf), entries in sorted(by_cf.items(), key=lambda kv: repr(kv[0])):
+    for (arch, block, cf, load), entries in sorted(by_cf.items(), key=lambda kv: repr(kv[0])):
         values = [e["gap_closed"] for e in entries if e["gap_closed"] is not None]
         summary.append(
             {
                 "arch": arch,
                 "block_size": block,
                 "cache_fraction": cf,
+                "workload": load,
                 "gap_closed_min": min(values) if values else None,
                 "gap_closed_median": statistics.median(values) if values else None,
                 "points": len(entries),
@@ -179,7 +371,7 @@ def _regime(table: _Table) -> list[dict[str, Any]]:
     """Link-bound vs compute-bound per (arch, cache fraction), from PD's busy times."""
     groups: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
     for row in table.by_baseline.get("PD", []):
-        groups[(row["arch"], row["cache_fraction"])].append(row)
+        groups[(arch_label(row), row["cache_fraction"])].append(row)
     out = []
     for (arch, cf), rows in sorted(groups.items(), key=lambda kv: repr(kv[0])):
         ratios = []
@@ -283,11 +475,12 @@ def _hide(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if row["baseline"] == "B3":
             continue  # nothing to fetch
         entry = {
-            "arch": row["arch"],
+            "arch": arch_label(row),
             "baseline": row["baseline"],
             "block_size": row["block_size"],
             "concurrency": row["concurrency"],
             "cache_fraction": row["cache_fraction"],
+            "workload": workload_label(row),
             "repeat": row["repeat"],
         }
         entry.update(hide_inequality(row))
@@ -385,8 +578,8 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
     _where_point: dict[str, Point] = {}
     bound = {(r["arch"], r["cache_fraction"]): r["bound"] for r in regime}
     for point in table.sorted_points():
-        arch, block, conc, cf = point
-        where = f"{arch}/blk{block}/c{conc}/cf{cf}"
+        arch, cf = point[0], point[3]
+        where = point_label(point)
         _where_point[where] = point
         pd_rows = table.rows(point, "PD")
         if not pd_rows:
@@ -427,16 +620,26 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
         for other in ("B1", "B2"):
             o_tps = table.median(point, other, "output_tokens_per_s")
             speedup = pd_tps / o_tps if pd_tps is not None and o_tps else None
-            targets.append(
-                _target(
-                    f"PD beats {other} (tokens/s ratio > 1)",
-                    where,
-                    speedup,
-                    1.0,
-                    ">",
-                    f"tokens/s missing for PD or {other} (or {other} is 0)",
-                )
+            judged = _judge(table, point, "PD", other)
+            reason = f"tokens/s missing for PD or {other} (or {other} is 0)"
+            if speedup is not None and judged["verdict"] is None:
+                # a ratio of single runs is not a measured difference
+                speedup, reason = None, judged["reason"]
+            entry = _target(
+                f"PD beats {other} (tokens/s, 95% intervals separate)",
+                where,
+                speedup,
+                1.0,
+                ">",
+                reason,
             )
+            if judged["verdict"] is not None:
+                entry["verdict"] = judged["verdict"]
+                entry["met"] = judged["verdict"] == "PD"
+                entry["miss"] = None if entry["met"] else entry["miss"]
+                if judged["verdict"] == "within noise":
+                    entry["note"] = f"within noise: {judged['text']}"
+            targets.append(entry)
         regime_bound = bound.get((arch, cf))
         gap, reason = gap_closed(
             pd_tps,
@@ -460,7 +663,10 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
     for t in targets:
         if t["met"] is False:
             point = _where_point[t["where"]]
-            t["why"] = _why(table, point, t["target"], bound.get((point[0], point[3])))
+            why = _why(table, point, t["target"], bound.get((point[0], point[3])))
+            if t.get("note", "").startswith("within noise"):
+                why = f"{t['note']}; {why}"
+            t["why"] = why
     return targets
 
 
@@ -478,9 +684,10 @@ def _verdict(problems: list[str], targets: list[dict[str, Any]]) -> dict[str, An
                 f"cannot judge '{t['target']}' at {t['where']}: {t['not_measured']['value']}"
             )
         elif not t["met"]:
+            missed_by = "" if t["miss"] is None else f" (missed by {t['miss']:.4g})"
             reasons.append(
-                f"'{t['target']}' missed at {t['where']}: {t['value']:.4g} vs {t['threshold']:.4g} "
-                f"(missed by {t['miss']:.4g}). Why: {t.get('why', 'n/a')}"
+                f"'{t['target']}' missed at {t['where']}: {t['value']:.4g} vs {t['threshold']:.4g}"
+                f"{missed_by}. Why: {t.get('why', 'n/a')}"
             )
     go = not reasons
     if go:
@@ -510,6 +717,11 @@ def evaluate(
         "rows": len(rows),
         "valid": not problems,
         "problems": problems,
+        "eta_phys": _eta_phys(table, usable),
+        "intervals": _intervals(table),
+        "verdicts": _verdicts(table),
+        "noise": _noise(table),
+        "ablation": ablation_table(usable),
         "ordering": _ordering(table),
         "gap": gap_points,
         "gap_by_cache_fraction": gap_summary,

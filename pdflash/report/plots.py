@@ -1,4 +1,9 @@
-"""PNG plots with matplotlib's Agg backend (no display needed)."""
+"""PNG plots with matplotlib's Agg backend (no display needed).
+
+Every figure says on its face where its inputs came from (weights,
+acceptance with its mean when forced, routing: :func:`inputs_label`) and the
+workload of each panel; bars and lines are medians over repeats.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-#: Plot order: PD beside B3, the all-resident bound it is judged against.
-PLOT_ORDER = ("B0", "B1", "B2", "PD", "PD+host", "B3")
+#: Plot order: PD beside B3, the all-resident bound it is judged against;
+#: PD+host and PD's ablations only where a result set has them.
+PLOT_ORDER = (
+    "B0",
+    "B1",
+    "B2",
+    "PD",
+    "PD+host",
+    "PD-no-route-ahead",
+    "PD-one-band",
+    "PD-token-sched",
+    "PD-no-stream",
+    "B3",
+)
 COLORS = {
     "B0": "#9e9e9e",
     "B1": "#1f77b4",
@@ -17,7 +34,14 @@ COLORS = {
     "B3": "#2ca02c",
     "PD": "#d62728",
     "PD+host": "#9467bd",
+    "PD-no-route-ahead": "#8c564b",
+    "PD-one-band": "#e377c2",
+    "PD-token-sched": "#bcbd22",
+    "PD-no-stream": "#17becf",
 }
+
+# (arch, block, cache fraction, workload, concurrency, baseline)
+Key = tuple[Any, Any, Any, Any, Any, str]
 
 
 def _pyplot() -> Any:
@@ -29,14 +53,15 @@ def _pyplot() -> Any:
     return plt
 
 
-def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], float]:
-    """Median tokens/s per (arch, block, cache fraction, concurrency, baseline)
-    at every comparison point (B3 and B0 rows serve several points)."""
+def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[Key, float]:
+    """Median tokens/s per (arch, block, cache fraction, workload,
+    concurrency, baseline) at every comparison point (B3 and B0 rows serve
+    several points)."""
     from pdflash.report.schema import comparison_points, serves
 
-    out: dict[tuple[Any, ...], float] = {}
+    out: dict[Key, float] = {}
     for point in comparison_points(rows):
-        arch, block, conc, cf = point
+        arch, block, conc, cf, load = point
         for baseline in PLOT_ORDER:
             found = [r for r in rows if r.get("baseline") == baseline and serves(r, point)]
             exact = [
@@ -50,7 +75,7 @@ def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[Any, ...], float]:
                 and math.isfinite(r["output_tokens_per_s"])
             ]
             if values:
-                out[(arch, block, cf, conc, baseline)] = statistics.median(values)
+                out[(arch, block, cf, load, conc, baseline)] = statistics.median(values)
     return out
 
 
@@ -59,23 +84,46 @@ def _devices(rows: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(names) or "unknown device"
 
 
-def _panels(med: Mapping[tuple[Any, ...], float]) -> list[tuple[Any, Any, Any]]:
-    return sorted({k[:3] for k in med}, key=repr)
+def inputs_caption(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The distinct input sources of ``rows`` (one line each, at most three
+    then a count): what a figure's title must say on its face."""
+    from pdflash.report.schema import inputs_label
+
+    labels = sorted({inputs_label(r) for r in rows})
+    shown = labels[:3]
+    if len(labels) > 3:
+        shown.append(f"(+{len(labels) - 3} more input sets)")
+    return "\n".join(shown)
+
+
+def _panels(med: Mapping[Key, float]) -> list[tuple[Any, Any, Any, Any]]:
+    return sorted({k[:4] for k in med}, key=repr)
+
+
+def _panel_title(arch: Any, block: Any, cf: Any, load: Any) -> str:
+    tail = "" if load == "burst" else f"\n{load}"
+    return f"{arch}  B={block}  cache {cf}{tail}"
+
+
+def _order(med: Mapping[Key, float]) -> list[str]:
+    """The baselines the rows have, in plot order."""
+    present = {k[5] for k in med}
+    return [b for b in PLOT_ORDER if b in present]
 
 
 def _grid(plt: Any, n_panels: int) -> tuple[Any, Any]:
     """A figure with up to three panels per row."""
     ncols = min(3, n_panels)
     nrows = (n_panels + ncols - 1) // ncols
-    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows + 0.6), squeeze=False)
 
 
 def _save(plt: Any, fig: Any, axes: Any, n_panels: int, title: str, path: str | Path) -> Path:
     """Blank the unused panels, add the legend and title, write the PNG."""
     for ax in list(axes.flat)[n_panels:]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=8)
-    fig.suptitle(title)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)
@@ -85,61 +133,55 @@ def _save(plt: Any, fig: Any, axes: Any, n_panels: int, title: str, path: str | 
 
 def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
     """Tokens/s per baseline, grouped by concurrency, one panel per
-    (arch, block, cache fraction). None if no row has tokens/s."""
+    (arch, block, cache fraction, workload). None if no row has tokens/s."""
     med = _medians(rows)
     if not med:
         return None
     plt = _pyplot()
     panels = _panels(med)
     fig, axes = _grid(plt, len(panels))
-    for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
-        concs = sorted({k[3] for k in med if k[:3] == (arch, block, cf)})
-        # optional baselines (PD+host) take a bar only where a set has them
-        order = [b for b in PLOT_ORDER if b != "PD+host" or any(k[4] == b for k in med)]
+    order = _order(med)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        concs = sorted({k[4] for k in med if k[:4] == panel})
         width = 0.8 / len(order)
         for i, b in enumerate(order):
             xs = [j + (i - (len(order) - 1) / 2) * width for j in range(len(concs))]
-            ys = [med.get((arch, block, cf, c, b), 0.0) for c in concs]
-            have = [
-                (x, y)
-                for x, y, c in zip(xs, ys, concs, strict=True)
-                if (arch, block, cf, c, b) in med
-            ]
+            keys = [(panel[0], panel[1], panel[2], panel[3], c, b) for c in concs]
+            have = [(x, med[k]) for x, k in zip(xs, keys, strict=True) if k in med]
             if have:
                 ax.bar([x for x, _ in have], [y for _, y in have], width, label=b, color=COLORS[b])
         ax.set_xticks(range(len(concs)))
         ax.set_xticklabels([str(c) for c in concs])
         ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tokens/s")
-        ax.set_title(f"{arch}  B={block}  cache {cf}")
+        ax.set_ylabel("output tokens/s (median)")
+        ax.set_title(_panel_title(*panel), fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    title = f"pdflash: tokens/s per baseline (B3 = all experts resident) on {_devices(rows)}"
+    b3 = " (B3 = all experts resident)" if "B3" in order else ""
+    title = f"pdflash: tokens/s per baseline{b3} on {_devices(rows)}\n{inputs_caption(rows)}"
     return _save(plt, fig, axes, len(panels), title, path)
 
 
 def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
     """Tokens/s vs concurrency, one line per baseline, one panel per
-    (arch, block, cache fraction)."""
+    (arch, block, cache fraction, workload)."""
     med = _medians(rows)
     if not med:
         return None
     plt = _pyplot()
     panels = _panels(med)
     fig, axes = _grid(plt, len(panels))
-    for ax, (arch, block, cf) in zip(axes.flat, panels, strict=False):
-        for b in PLOT_ORDER:
-            pts = sorted(
-                (k[3], v) for k, v in med.items() if k[:3] == (arch, block, cf) and k[4] == b
-            )
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        for b in _order(med):
+            pts = sorted((k[4], v) for k, v in med.items() if k[:4] == panel and k[5] == b)
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=b, color=COLORS[b])
         ax.set_xscale("log", base=2)
-        concs = sorted({k[3] for k in med if k[:3] == (arch, block, cf)})
+        concs = sorted({k[4] for k in med if k[:4] == panel})
         ax.set_xticks(concs)
         ax.set_xticklabels([str(c) for c in concs])
         ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tokens/s")
-        ax.set_title(f"{arch}  B={block}  cache {cf}")
+        ax.set_ylabel("output tokens/s (median)")
+        ax.set_title(_panel_title(*panel), fontsize=9)
         ax.grid(alpha=0.3)
-    title = f"pdflash: tokens/s vs concurrency on {_devices(rows)}"
+    title = f"pdflash: tokens/s vs concurrency on {_devices(rows)}\n{inputs_caption(rows)}"
     return _save(plt, fig, axes, len(panels), title, path)

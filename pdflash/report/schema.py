@@ -1,7 +1,8 @@
 """The result-row schema of DESIGN §6 and its validation.
 
 A *row* is one engine run: one (arch, baseline, block size, concurrency,
-cache fraction, repeat). It is a flat JSON object: identity fields say what
+cache fraction, repeat, workload): see :func:`row_key`; rows recorded before
+rows named their workload count as bursts. It is a flat JSON object: identity fields say what
 was run and where its inputs came from; metric fields are either a finite
 non-negative number or ``null`` with the reason under
 ``row["not_measured"][name]`` (the convention of :mod:`pdflash.metrics`).
@@ -20,9 +21,17 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
+#: PD with one part switched off (issue 15's ablation; see
+#: :mod:`pdflash.engine.config`): labels of their own, so their rows never
+#: count as PD's.
+ABLATIONS: tuple[str, ...] = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+
 #: Baselines in the order the report lists them (DESIGN §6); ``PD+host`` is
-#: PD with the hybrid miss service (issue 16).
-BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host")
+#: PD with the hybrid miss service (issue 16), then PD's ablations.
+BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
+
+#: Labels that predict nothing (route-ahead coverage from them is vacuous).
+NO_ROUTE_AHEAD: frozenset[str] = frozenset({"B0", "B1", "B2", "B3", "PD-no-route-ahead"})
 
 #: The baselines a result set must cover unless told otherwise (``PD+host``
 #: is optional: rows of it are validated when present).
@@ -149,23 +158,87 @@ INTEGER_FIELDS: frozenset[str] = frozenset(
 _FRACTION_SLACK = 1e-6
 
 
+def workload_label(row: Mapping[str, Any]) -> str:
+    """The arrival process a row ran, as a short label: ``burst`` (every
+    request at t = 0: the fixed-concurrency runs, and every row recorded
+    before rows carried a ``workload``), ``poisson 2/s`` or ``closed 8u
+    think 0.5s``. Rows of one point but different labels (a rate sweep) are
+    different points, never duplicates."""
+    w = row.get("workload")
+    if not isinstance(w, Mapping):
+        return "burst"
+    arrivals = w.get("arrivals", "burst")
+    if arrivals == "poisson":
+        rate = w.get("rate_per_s")
+        return f"poisson {rate:g}/s" if isinstance(rate, (int, float)) else "poisson"
+    if arrivals == "closed":
+        think = w.get("think_s") or 0.0
+        return f"closed {w.get('users')}u think {think:g}s"
+    return str(arrivals)
+
+
+def arch_label(row: Mapping[str, Any]) -> Any:
+    """The architecture a row ran, with its depth where the row records it
+    (``gpt-oss-20b L24``): a truncation is a different model, so its rows
+    never merge with the full depth's (rows without ``layers`` keep the bare
+    arch name)."""
+    arch = row.get("arch")
+    layers = row.get("layers")
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        return f"{arch} L{layers}"
+    return arch
+
+
+def inputs_label(row: Mapping[str, Any]) -> str:
+    """Where a row's inputs came from, for its face in every table and plot:
+    weights (synthetic | checkpoint), acceptance (model, or forced with its
+    mean τ, or replayed), routing, and padded expert bytes where a row says
+    so, e.g. ``synthetic weights; acceptance forced τ=4; routing model``."""
+    parts = [f"{row.get('weights_source', '?')} weights"]
+    acc = str(row.get("acceptance_source", "?"))
+    params = row.get("acceptance_params")
+    tau = params.get("mean_tau") if isinstance(params, Mapping) else None
+    if acc == "forced" and isinstance(tau, (int, float)):
+        acc = f"forced τ={tau:.3g}"
+    if row.get("draft_source") == "none":
+        parts.append("no drafter (autoregressive)")
+    else:
+        parts.append(f"acceptance {acc}")
+    parts.append(f"routing {row.get('routing_source', '?')}")
+    padded = row.get("expert_bytes_source")
+    if padded not in (None, "", "model", "checkpoint", "stored"):
+        parts.append(f"expert bytes {padded}")
+    return "; ".join(parts)
+
+
 def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The identity a row is unique by: (arch, baseline, block, concurrency,
-    cache fraction, repeat)."""
+    """The identity a row is unique by: (arch with its depth, baseline,
+    block, concurrency, cache fraction, repeat, workload label)."""
     return (
-        row.get("arch"),
+        arch_label(row),
         row.get("baseline"),
         row.get("block_size"),
         row.get("concurrency"),
         row.get("cache_fraction"),
         row.get("repeat"),
+        workload_label(row),
     )
 
 
 def row_label(row: Mapping[str, Any]) -> str:
-    """A short human label, e.g. ``tiny/PD/B16/c4/cf0.2/r0``."""
-    arch, baseline, block, conc, cf, rep = row_key(row)
-    return f"{arch}/{baseline}/blk{block}/c{conc}/cf{cf}/r{rep}"
+    """A short human label, e.g. ``tiny/PD/blk16/c4/cf0.2/r0`` (with
+    ``/poisson 2/s`` appended for a workload other than a burst)."""
+    arch, baseline, block, conc, cf, rep, load = row_key(row)
+    tail = "" if load == "burst" else f"/{load}"
+    return f"{arch}/{baseline}/blk{block}/c{conc}/cf{cf}/r{rep}{tail}"
+
+
+def point_label(point: tuple[Any, ...]) -> str:
+    """A comparison point as text: ``arch/blkB/cC/cfF`` (plus the workload
+    when it is not a burst)."""
+    arch, block, conc, cf, load = point
+    tail = "" if load == "burst" else f"/{load}"
+    return f"{arch}/blk{block}/c{conc}/cf{cf}{tail}"
 
 
 def _is_number(value: object) -> bool:
@@ -301,7 +374,7 @@ def _vacuous_metrics(
     for name in ("routeahead_coverage", "routeahead_precision"):
         if name not in measured:
             continue
-        if row.get("baseline") in ("B0", "B1", "B2", "B3"):
+        if row.get("baseline") in NO_ROUTE_AHEAD:
             problems.append(
                 f"{label}: {name} reported for baseline {row.get('baseline')}, "
                 "which predicts nothing (vacuous)"
@@ -330,26 +403,30 @@ def _vacuous_metrics(
 
 
 def group_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """(arch, block, concurrency, cache fraction): where baselines are compared."""
+    """(arch, block, concurrency, cache fraction, workload label): where
+    baselines are compared."""
     return (
-        row.get("arch"),
+        arch_label(row),
         row.get("block_size"),
         row.get("concurrency"),
         row.get("cache_fraction"),
+        workload_label(row),
     )
 
 
 def serves(row: Mapping[str, Any], point: tuple[Any, ...]) -> bool:
     """Whether ``row`` is its baseline's entry at comparison ``point``
-    (arch, block, concurrency, cache fraction).
+    (arch, block, concurrency, cache fraction, workload label).
 
     Two baselines do not depend on every coordinate, so one run serves
     several points: B3 keeps every expert resident (any cache fraction), and
     B0 decodes autoregressively (any block size; the engine may record its
-    block as 1).
+    block as 1). The workload must match always.
     """
-    arch, block, conc, cf = point
-    if row.get("arch") != arch or row.get("concurrency") != conc:
+    arch, block, conc, cf, load = point
+    if arch_label(row) != arch or row.get("concurrency") != conc:
+        return False
+    if workload_label(row) != load:
         return False
     if row.get("baseline") == "B3":
         return bool(row.get("block_size") == block)
@@ -359,10 +436,13 @@ def serves(row: Mapping[str, Any], point: tuple[Any, ...]) -> bool:
 
 
 def comparison_points(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]]:
-    """The (arch, block, concurrency, cache fraction) points a result set
-    covers: those of its B1, B2 and PD rows (or, if it has none, of every row)."""
+    """The (arch, block, concurrency, cache fraction, workload) points a
+    result set covers: those of its B1, B2, PD and PD-variant rows (or, if
+    it has none, of every row)."""
     rows = [r for r in rows if isinstance(r, Mapping)]
-    specific = {group_key(r) for r in rows if r.get("baseline") in ("B1", "B2", "PD")}
+    specific = {
+        group_key(r) for r in rows if r.get("baseline") in ("B1", "B2", "PD", "PD+host", *ABLATIONS)
+    }
     points = specific or {group_key(r) for r in rows}
     return sorted(points, key=lambda p: tuple(str(x) for x in p))
 
@@ -401,8 +481,5 @@ def validate_rows(
     for point in comparison_points(rows):
         missing = [b for b in required if not any(serves(r, point) for r in by_baseline.get(b, []))]
         if missing:
-            arch, block, conc, cf = point
-            problems.append(
-                f"missing baseline(s) {', '.join(missing)} at {arch}/blk{block}/c{conc}/cf{cf}"
-            )
+            problems.append(f"missing baseline(s) {', '.join(missing)} at {point_label(point)}")
     return problems

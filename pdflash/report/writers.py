@@ -9,7 +9,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.report.schema import IDENTITY_FIELDS, METRIC_FIELDS, OPTIONAL_METRIC_FIELDS
+from pdflash.report.schema import (
+    IDENTITY_FIELDS,
+    METRIC_FIELDS,
+    OPTIONAL_METRIC_FIELDS,
+    inputs_label,
+    workload_label,
+)
 
 ROWS_FILE = "rows.jsonl"
 
@@ -130,21 +136,172 @@ ROW_TABLE_COLUMNS = (
     "block_size",
     "concurrency",
     "cache_fraction",
+    "workload",
     "repeat",
     "output_tokens_per_s",
     "acceptance_length_mean",
     "expert_cache_hit_rate",
     "routeahead_coverage",
+    "eta_phys",
     "eta",
     "bytes_per_token",
     "bytes_per_token_vs_belady",
     "exposed_fetch_s",
+    "inputs",
 )
 
 
+def _cell(row: Mapping[str, Any], column: str) -> Any:
+    if column == "inputs":
+        return inputs_label(row)
+    if column == "workload":
+        return workload_label(row)
+    return row.get(column)
+
+
 def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """The per-row Markdown table (also what the default suite prints)."""
-    return _table(ROW_TABLE_COLUMNS, [[r.get(c) for c in ROW_TABLE_COLUMNS] for r in rows])
+    """The per-row Markdown table (also what the default suite prints); its
+    ``inputs`` column says on every row where weights, acceptance (forced
+    with its mean) and routing came from."""
+    return _table(ROW_TABLE_COLUMNS, [[_cell(r, c) for c in ROW_TABLE_COLUMNS] for r in rows])
+
+
+def _iv(cell: Mapping[str, Any] | None, digits: int = 4) -> str:
+    """``median [low, high]``, or the median alone with ``(n=1)``."""
+    if not cell or cell.get("median") is None:
+        return "—"
+    med = fmt(cell["median"], digits)
+    if cell.get("low") is None:
+        return f"{med} (n={cell.get('n', 0)})"
+    return f"{med} [{fmt(cell['low'], digits)}, {fmt(cell['high'], digits)}]"
+
+
+def _where(e: Mapping[str, Any]) -> list[Any]:
+    return [e["arch"], e["block_size"], e["concurrency"], e["cache_fraction"], e["workload"]]
+
+
+WHERE = ("arch", "B", "conc", "cache", "workload")
+
+
+def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
+    """The report's lead: eta_phys per point (eta beside it, the compute
+    floor stated), the measured noise, and the per-point verdicts."""
+    parts: list[str] = []
+    lead = evaluation.get("eta_phys") or {}
+    parts += [
+        "## Distance to the physical limit: eta_phys (eta beside it)",
+        "",
+        "eta_phys = max(miss floor, compute floor) / wall, median [95% t interval] over "
+        "repeats. Compute floor used: " + " | ".join(lead.get("compute_floor", ["not stated"])),
+        "",
+    ]
+    parts.append(
+        _table(
+            (
+                *WHERE,
+                "baseline",
+                "eta_phys",
+                "eta",
+                "miss floor s",
+                "compute busy s",
+                "wall s",
+                "n",
+            ),
+            [
+                [
+                    *_where(e),
+                    e["baseline"],
+                    _iv(
+                        {
+                            "median": e["eta_phys"],
+                            "low": e["eta_phys_low"],
+                            "high": e["eta_phys_high"],
+                            "n": e["repeats"],
+                        },
+                        3,
+                    ),
+                    e["eta"],
+                    e["miss_floor_s"],
+                    e["compute_busy_s"],
+                    e["wall_s"],
+                    e["repeats"],
+                ]
+                for e in lead.get("per_point", [])
+            ],
+        )
+    )
+    noise = evaluation.get("noise") or {}
+    parts += ["", "## Measured noise", ""]
+    if noise.get("median") is None:
+        parts.append(
+            "Not measured: "
+            + str((noise.get("not_measured") or {}).get("median", "no repeated points"))
+        )
+    else:
+        parts.append(
+            f"Tokens/s run-to-run noise (half-width of the 95% t interval over repeats / median, "
+            f"over {noise['cells']} (point, baseline) cells): median ±{100 * noise['median']:.1f}%, "
+            f"max ±{100 * noise['max']:.1f}%."
+        )
+    parts += [
+        "",
+        "## Per point: PD against each baseline (tokens/s, 95% intervals)",
+        "",
+        "A difference is called only where the two intervals separate; otherwise "
+        '"within noise". One repeat measures no noise, so nothing is called from it.',
+        "",
+    ]
+    parts.append(
+        _table(
+            (*WHERE, "vs", "verdict", "PD vs other: median [interval] (n)"),
+            [
+                [
+                    *_where(v),
+                    v["b"],
+                    (
+                        "PD faster"
+                        if v["verdict"] == "PD"
+                        else f"{v['b']} faster"
+                        if v["verdict"] == v["b"]
+                        else (v["verdict"] or "not called: " + v.get("reason", ""))
+                    ),
+                    v.get("text", ""),
+                ]
+                for v in evaluation.get("verdicts", [])
+            ],
+        )
+    )
+    if evaluation.get("ablation"):
+        from pdflash.report.ablation import ablation_markdown
+
+        parts += [
+            "",
+            "## What each part of PD buys (PD vs PD without it)",
+            "",
+            "Median [95% t interval] over repeats; the verdict names the better side only "
+            "where the intervals separate (more tokens/s, fewer bytes/token, less exposed fetch).",
+            "",
+            ablation_markdown(evaluation["ablation"]),
+        ]
+    parts += ["", "## Median and 95% interval per point", ""]
+    parts.append(
+        _table(
+            (*WHERE, "baseline", "tokens/s", "bytes/token", "exposed fetch s", "eta_phys"),
+            [
+                [
+                    *_where(e),
+                    e["baseline"],
+                    _iv(e["output_tokens_per_s"]),
+                    _iv(e["bytes_per_token"]),
+                    _iv(e["exposed_fetch_s"], 3),
+                    _iv(e["eta_phys"], 3),
+                ]
+                for e in evaluation.get("intervals", [])
+            ],
+        )
+    )
+    parts.append("")
+    return parts
 
 
 def markdown_report(
@@ -181,7 +338,12 @@ def markdown_report(
     )
     parts += ["## Inputs", ""]
     parts.append(_table(("weights", "acceptance", "routing", "device"), sources))
-    parts.append("")
+    parts += [
+        "",
+        "Inputs, as each row is labelled: " + " | ".join(sorted({inputs_label(r) for r in rows})),
+        "",
+    ]
+    parts += lead_sections(evaluation)
     for plot in plots:
         parts += [f"![{Path(plot).stem}]({Path(plot).name})", ""]
 
@@ -191,7 +353,7 @@ def markdown_report(
         tps = e["tokens_per_s"]
         broken = [c["relation"] for c in e["checks"] if c["holds"] is False]
         lines.append(
-            [e["arch"], e["block_size"], e["concurrency"], e["cache_fraction"]]
+            _where(e)
             + [tps.get(b) for b in ("B0", "B1", "B2", "PD", "B3")]
             + [
                 "holds"
@@ -201,19 +363,20 @@ def markdown_report(
         )
     parts.append(
         _table(
-            ("arch", "B", "conc", "cache", "B0", "B1", "B2", "PD", "B3", "B0<B1<B2<PD<=B3"),
+            (*WHERE, "B0", "B1", "B2", "PD", "B3", "B0<B1<B2<PD<=B3"),
             lines,
         )
     )
     parts += ["", "## Share of the B1→B3 gap PD closes", ""]
     parts.append(
         _table(
-            ("arch", "B", "cache", "min", "median", "points measured"),
+            ("arch", "B", "cache", "workload", "min", "median", "points measured"),
             [
                 [
                     g["arch"],
                     g["block_size"],
                     g["cache_fraction"],
+                    g["workload"],
                     g["gap_closed_min"],
                     g["gap_closed_median"],
                     f"{g['points_measured']}/{g['points']}",

@@ -14,7 +14,19 @@ from pdflash.report.belady import belady
 
 # Tokens/s of the fake engine, per baseline at concurrency 1 (scaled by
 # concurrency): the expected order B0 < B1 < B2 < PD <= B3.
-FAKE_TPS = {"B0": 10.0, "B1": 20.0, "B2": 25.0, "PD": 38.0, "B3": 40.0}
+FAKE_TPS = {
+    "B0": 10.0,
+    "B1": 20.0,
+    "B2": 25.0,
+    "PD": 38.0,
+    "B3": 40.0,
+    # PD's ablations (issue 15) and PD+host
+    "PD-no-route-ahead": 30.0,
+    "PD-one-band": 34.0,
+    "PD-token-sched": 37.0,
+    "PD-no-stream": 33.0,
+    "PD+host": 39.0,
+}
 
 
 def base_row(**overrides: Any) -> dict[str, Any]:
@@ -74,9 +86,16 @@ def make_row() -> Callable[..., dict[str, Any]]:
 
 
 def full_matrix(
-    concurrency: tuple[int, ...] = (1, 4), fractions: tuple[float, ...] = (0.2,)
+    concurrency: tuple[int, ...] = (1, 4),
+    fractions: tuple[float, ...] = (0.2,),
+    repeats: int = 1,
 ) -> list[dict[str, Any]]:
-    """A complete valid result set: every baseline at every point."""
+    """A complete valid result set: every baseline at every point, each
+    ``repeats`` times with the same figures (intervals of zero width, so
+    the interval verdicts follow the medians)."""
+    if repeats > 1:
+        one = full_matrix(concurrency, fractions)
+        return [dict(r, repeat=rep) for rep in range(repeats) for r in one]
     rows = []
     for cf in fractions:
         for conc in concurrency:
@@ -146,6 +165,16 @@ class FakeRunSpec:
     acceptance: str = "auto"
     mean_tau: float | None = None
     eviction: str = "auto"
+    # serving workload (pdflash.engine.bench_run.RunSpec's names)
+    arrivals: str = "burst"
+    rate_per_s: float | None = None
+    users: int | None = None
+    think_s: float = 0.0
+    prompt_len_max: int | None = None
+    max_new_tokens_max: int | None = None
+    max_running: int | None = None
+    token_budget: int | None = None
+    byte_budget_from: str = "floor"
 
 
 @dataclasses.dataclass
@@ -184,7 +213,7 @@ class FakeEngine:
         # bytes moved: PD 10% above the optimum for its trace, others 60%
         optimum = belady(trace, slots, 4096).bytes_moved
         h2d = 0.0 if spec.baseline == "B3" else optimum * (1.1 if spec.baseline == "PD" else 1.6)
-        nothing = spec.baseline != "PD"
+        nothing = not spec.baseline.startswith("PD") or spec.baseline == "PD-no-route-ahead"
         row = base_row(
             arch=spec.arch,
             baseline=spec.baseline,
@@ -200,6 +229,13 @@ class FakeEngine:
             bytes_per_token=h2d / committed,
             goodput_rps=None if spec.slo_s is None else 1.0,
         )
+        if spec.arrivals != "burst":
+            row["workload"] = {
+                "arrivals": spec.arrivals,
+                "rate_per_s": spec.rate_per_s,
+                "users": spec.users,
+                "think_s": spec.think_s,
+            }
         for k in (
             "routed_expert_bytes",
             "belady_bytes",

@@ -40,14 +40,15 @@ def test_matrix_with_fake_engine_appends_and_resumes(
     monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
     out = tmp_path / "m"
     argv = ["matrix", "--arch", "tiny", "--concurrency", "1,2", "--cache-fraction", "0.2,0.5"]
-    argv += ["--slo", "2", "--out", str(out), "--no-progress", "--json"]
+    argv += ["--slo", "2", "--out", str(out), "--no-progress", "--json", "--repeats", "3"]
     assert cli.main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    # 2 fractions x 2 concurrencies x 4 offloading baselines + B3 once per concurrency
-    assert summary["ran"] == 18 and summary["planned"] == 18
+    # 3 repeats x (2 fractions x 2 concurrencies x 4 offloading baselines + B3
+    # once per concurrency)
+    assert summary["ran"] == 54 and summary["planned"] == 54
     assert summary["verdict"] == "GO" and summary["valid"]
     rows = _rows(out / "rows.jsonl")
-    assert len(rows) == 18
+    assert len(rows) == 54
     assert {r["cache_fraction"] for r in rows if r["baseline"] == "B3"} == {1.0}
     # Belady figures come from the run's own trace
     pd = next(r for r in rows if r["baseline"] == "PD")
@@ -76,11 +77,11 @@ def test_matrix_with_fake_engine_appends_and_resumes(
     before = (out / "rows.jsonl").read_text()
     assert cli.main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["ran"] == 0 and summary["skipped_already_recorded"] == 18
+    assert summary["ran"] == 0 and summary["skipped_already_recorded"] == 54
     assert (out / "rows.jsonl").read_text() == before
     # one more repeat appends only the new runs
-    assert cli.main([*argv, "--repeats", "2"]) == 0
-    assert len(_rows(out / "rows.jsonl")) == 36
+    assert cli.main([*argv, "--repeats", "4"]) == 0
+    assert len(_rows(out / "rows.jsonl")) == 72
     assert (out / "rows.jsonl").read_text().startswith(before)
 
 
@@ -166,7 +167,8 @@ def test_default_quick_with_fake_engine(
     assert cli.main() == 0
     out = capsys.readouterr().out
     assert "results folder: pdflash-bench-results/" in out
-    assert "| arch | baseline |" in out and "verdict: GO" in out
+    # one repeat on the CPU: no noise measured, so "PD beats X" is not called
+    assert "| arch | baseline |" in out and "verdict: NO-GO" in out and "one repeat" in out
     (folder,) = (tmp_path / "pdflash-bench-results").iterdir()
     assert sorted(p.name for p in folder.iterdir()) == [
         "money_plot.png",
@@ -196,14 +198,14 @@ def test_default_quick_with_fake_engine(
 def test_report_on_valid_folder(
     tmp_path: Path, matrix_rows: Callable[..., list[Row]], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _write_rows(tmp_path, matrix_rows(concurrency=(1, 4, 16), fractions=(0.2, 0.8)))
+    _write_rows(tmp_path, matrix_rows(concurrency=(1, 4, 16), fractions=(0.2, 0.8), repeats=3))
     assert cli.main(["report", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["valid"] and result["verdict"] == "GO" and result["problems"] == []
     md = (tmp_path / "report.md").read_text()
     assert "## Verdict: **GO**" in md and "![money_plot](money_plot.png)" in md
     csv_lines = (tmp_path / "rows.csv").read_text().splitlines()
-    assert len(csv_lines) == 1 + 4 * 3 * 2 + 3
+    assert len(csv_lines) == 1 + 3 * (4 * 3 * 2 + 3)
     assert csv_lines[0].startswith("arch,baseline,weights_source")
 
 

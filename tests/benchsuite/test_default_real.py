@@ -24,6 +24,17 @@ def test_default_quick_real_engine(tmp_path: Path, capsys: pytest.CaptureFixture
         (b, c) for b in ("B0", "B1", "B2", "B3", "PD") for c in (1, 4)
     )
     for row in rows:
+        # a workload where the scheduler decides: more live requests than a step takes
+        assert row["max_running"] == 2 * row["concurrency"]
+        assert row["max_running"] > row["token_budget"] // row["requested_block_size"]
+        if row["baseline"] == "PD":
+            # M from the step (link x measured verify compute), and the 2-D vs
+            # token-only comparison measured
+            assert row["byte_budget_from"] == "verify"
+            assert row["byte_budget"] == pytest.approx(
+                row["link_gbps_measured"] * 1e9 * row["byte_budget_verify_compute_s"], rel=0.01
+            )
+            assert row["token_only_differing_step_fraction"] is not None
         assert row["device"].startswith("cpu")
         assert row["weights_source"].startswith("synthetic")
         assert row["committed_tokens"] > 0

@@ -39,7 +39,7 @@ def test_gap_closed_hand_computed() -> None:
 
 
 def test_good_matrix_is_go(matrix_rows: Callable[..., list[Row]]) -> None:
-    ev = evaluate(matrix_rows())
+    ev = evaluate(matrix_rows(repeats=3))
     assert ev["valid"]
     assert ev["verdict"]["label"] == "GO", ev["verdict"]["reasons"]
     assert [o["holds"] for o in ev["ordering"]] == [True, True]
@@ -66,7 +66,7 @@ def test_good_matrix_is_go(matrix_rows: Callable[..., list[Row]]) -> None:
 
 
 def test_misses_are_reported_with_their_size(matrix_rows: Callable[..., list[Row]]) -> None:
-    rows = matrix_rows()
+    rows = matrix_rows(repeats=3)
     for r in rows:
         if r["baseline"] == "PD":
             r["output_tokens_per_s"] = 22.0 * r["concurrency"]  # above B1, below B2
@@ -87,7 +87,10 @@ def test_misses_are_reported_with_their_size(matrix_rows: Callable[..., list[Row
     # (22 − 20)/(40 − 20) = 0.1, 0.8 short of 0.9
     assert gap["value"] == pytest.approx(0.1) and gap["miss"] == pytest.approx(0.8)
     reasons = " ".join(ev["verdict"]["reasons"])
-    assert "'PD beats B2 (tokens/s ratio > 1)' missed at tiny/blk16/c1/cf0.2: 0.88" in reasons
+    assert (
+        "'PD beats B2 (tokens/s, 95% intervals separate)' missed at tiny/blk16/c1/cf0.2: 0.88"
+        in reasons
+    )
     assert "missed by 0.15" in reasons
     # each miss says why, from the measured figures at that point
     assert "Why: PD wall 1.05 s: compute busy 1 s, link busy 0.5 s; 0.05 s of the wall" in reasons
@@ -99,7 +102,7 @@ def test_misses_are_reported_with_their_size(matrix_rows: Callable[..., list[Row
 
 
 def test_gap_target_does_not_apply_when_link_bound(matrix_rows: Callable[..., list[Row]]) -> None:
-    rows = _set(matrix_rows(), "PD", link_busy_s=2.0, compute_busy_s=1.0)
+    rows = _set(matrix_rows(repeats=3), "PD", link_busy_s=2.0, compute_busy_s=1.0)
     for r in rows:
         if r["baseline"] == "PD":
             r["output_tokens_per_s"] = 26.0 * r["concurrency"]  # gap 0.3

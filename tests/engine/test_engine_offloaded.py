@@ -52,6 +52,8 @@ def _stack(
         top_k=adapter.top_k,
         max_batch_tokens=1,
         policy=policy,
+        # the PD-one-band ablation: every copy in one FIFO band
+        single_band=None if EngineConfig.preset(baseline).bands else Band.ON_DEMAND,
     )
     adapter.attach_cache(cache)
     drafter = load_drafter(tmp / "drafter")

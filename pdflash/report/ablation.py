@@ -1,0 +1,158 @@
+"""What each part of PD buys: PD against PD with one part switched off.
+
+:func:`ablation_table` compares, per comparison point, full PD with each
+ablation (``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
+``PD-no-stream``; and ``PD+host``, PD with a part added) on tokens/s,
+bytes per committed token and exposed fetch seconds: each a median with the
+95% t interval over repeats, and a verdict from
+:func:`pdflash.report.stats.compare`: which is better where the intervals
+separate (more tokens/s; fewer bytes per token; less exposed fetch time),
+``"within noise"`` where they do not, and nothing from a single repeat.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdflash.report import stats
+from pdflash.report.schema import ABLATIONS, comparison_points, point_label, serves
+
+#: The part of PD each label switches off (PD+host adds the hybrid miss service).
+PART: dict[str, str] = {
+    "PD-no-route-ahead": "route-ahead",
+    "PD-one-band": "priority bands",
+    "PD-token-sched": "2-D scheduler",
+    "PD-no-stream": "streaming prefetcher",
+    "PD+host": "hybrid miss service (added to PD)",
+}
+
+#: (row field, True when larger is better)
+METRICS: tuple[tuple[str, bool], ...] = (
+    ("output_tokens_per_s", True),
+    ("bytes_per_token", False),
+    ("exposed_fetch_s", False),
+)
+
+ONE_REPEAT = "fewer than two repeats on a side: no interval, no verdict"
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _cell(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"median": None, "low": None, "high": None, "n": 0}
+    if len(values) < 2:
+        return {"median": values[0], "low": None, "high": None, "n": 1}
+    iv = stats.t_interval(values)
+    return {"median": iv.median, "low": iv.low, "high": iv.high, "n": iv.n, "method": "t"}
+
+
+def _verdict(pd: list[float], other: list[float], larger_better: bool, label: str) -> str | None:
+    """``"PD"`` or ``label`` (the better one) where the 95% intervals
+    separate, ``"within noise"`` where they do not; None below two repeats."""
+    if len(pd) < 2 or len(other) < 2:
+        return None
+    called = stats.compare(stats.t_interval(pd), stats.t_interval(other))
+    if called == "within noise":
+        return called
+    pd_larger = called == "a"
+    return "PD" if pd_larger == larger_better else label
+
+
+def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (point, variant) that has both PD rows and the
+    variant's rows; see the module docstring."""
+    rows = [r for r in rows if isinstance(r, Mapping)]
+    by: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by[str(r.get("baseline"))].append(r)
+    variants = [b for b in (*ABLATIONS, "PD+host") if by.get(b)]
+    out = []
+    for point in comparison_points(rows):
+        pd_rows = [r for r in by.get("PD", []) if serves(r, point)]
+        if not pd_rows:
+            continue
+        for label in variants:
+            v_rows = [r for r in by[label] if serves(r, point)]
+            if not v_rows:
+                continue
+            entry: dict[str, Any] = {
+                "point": point_label(point),
+                "arch": point[0],
+                "block_size": point[1],
+                "concurrency": point[2],
+                "cache_fraction": point[3],
+                "workload": point[4],
+                "variant": label,
+                "part": PART.get(label, label),
+            }
+            for name, larger_better in METRICS:
+                pd_vals = [v for v in (_num(r.get(name)) for r in pd_rows) if v is not None]
+                o_vals = [v for v in (_num(r.get(name)) for r in v_rows) if v is not None]
+                verdict = _verdict(pd_vals, o_vals, larger_better, label)
+                entry[name] = {
+                    "PD": _cell(pd_vals),
+                    label: _cell(o_vals),
+                    "verdict": verdict,
+                }
+                if verdict is None:
+                    entry[name]["not_measured"] = ONE_REPEAT
+                if pd_vals and o_vals:
+                    pd_med, o_med = statistics.median(pd_vals), statistics.median(o_vals)
+                    # PD's figure over the variant's: what switching the part on changes
+                    entry[name]["pd_over_variant"] = pd_med / o_med if o_med else None
+            out.append(entry)
+    return out
+
+
+def _fmt(cell: Mapping[str, Any]) -> str:
+    med = cell.get("median")
+    if med is None:
+        return "—"
+    if cell.get("low") is None:
+        return f"{med:.4g} (n={cell.get('n')})"
+    return f"{med:.4g} [{cell['low']:.4g}, {cell['high']:.4g}]"
+
+
+def _says(entry: Mapping[str, Any], name: str) -> str:
+    verdict = entry[name]["verdict"]
+    if verdict is None:
+        return "not called (one repeat)"
+    if verdict == "within noise":
+        return "within noise"
+    return "PD better" if verdict == "PD" else f"{entry['variant']} better"
+
+
+def ablation_markdown(table: Sequence[Mapping[str, Any]]) -> str:
+    """The "what each part buys" table: PD and the variant, median [95%
+    interval], and the verdict per metric."""
+    header = (
+        "point",
+        "without",
+        "tokens/s PD",
+        "tokens/s variant",
+        "verdict",
+        "bytes/token PD",
+        "bytes/token variant",
+        "verdict",
+        "exposed fetch s PD",
+        "exposed fetch s variant",
+        "verdict",
+    )
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(" --- " for _ in header) + "|",
+    ]
+    for e in table:
+        cells = [e["point"], f"{e['part']} ({e['variant']})"]
+        for name, _ in METRICS:
+            cells += [_fmt(e[name]["PD"]), _fmt(e[name][e["variant"]]), _says(e, name)]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
