@@ -12,7 +12,8 @@ OUT=${OUT:-$PWD/out}
 export OUT
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 here=$(cd "$(dirname "$0")" && pwd)
-extra=$(printf ' %q' "$@")
+extra=""
+[ $# -gt 0 ] && extra=$(printf ' %q' "$@")
 # 16 cores: the host expert pool gets 14 torch intra-op threads (one core for
 # the engine's Python thread, one for the H2D issuer's thread), one worker
 exec bash "$here/run.sh" \

@@ -335,12 +335,13 @@ def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
     assert {
         (s["prompts"], s["temperature"], s["expert_bytes_as"], s["routing_source"]) for s in specs
     } == {("heldout", 1.0, "gpt-oss-20b", "trace")}
-    # repeats interleave: every baseline of a repeat before the next repeat
+    # repeats interleave: every baseline of a repeat before the next repeat,
+    # the baselines' order rotated by one each repeat
     assert [(s["repeat"], s["baseline"]) for s in specs[:4]] == [
         (0, "B1"),
         (0, "PD"),
-        (1, "B1"),
         (1, "PD"),
+        (1, "B1"),
     ]
     assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
     command = matrix.matrix_command(args, tmp_path / "out")
