@@ -53,6 +53,15 @@ def positive_ints(what: str) -> Callable[[str], list[int]]:
     return convert
 
 
+def rates(text: str) -> list[float]:
+    """``--rate``: positive request rates (requests/s), a comma list."""
+    values = parse_list(text, float, "--rate")
+    bad = [v for v in values if not v > 0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--rate: {bad[0]} is not a positive rate")
+    return values
+
+
 def fractions(text: str) -> list[float]:
     values = parse_list(text, float, "--cache-fraction")
     bad = [v for v in values if not 0 < v <= 1]

@@ -19,40 +19,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import _common as common
+
 HELP = (
     "engine baselines B0/B1/B2/B3/PD: tokens/s, acceptance, TTFT, hit rate, coverage, exposed fetch"
 )
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not values or not all(v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
-    return values
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arch", default="tiny", help="tiny, gpt-oss-20b, qwen3-30b-a3b, ... (default tiny)"
     )
-    parser.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="e.g. 1,4,16")
+    parser.add_argument(
+        "--concurrency",
+        type=common.positive_ints("--concurrency"),
+        default=[1, 4, 16],
+        help="e.g. 1,4,16",
+    )
     parser.add_argument("--baselines", default="B0,B1,B2,B3,PD", help="comma-separated subset")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--cache-fraction", type=float, default=0.2)
@@ -90,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
     g.add_argument(
-        "--rate", type=_float_list, default=None, help="poisson requests/s; a list sweeps rates"
+        "--rate", type=common.rates, default=None, help="poisson requests/s; a list sweeps rates"
     )
     g.add_argument("--users", type=int, default=None, help="closed-loop clients")
     g.add_argument("--think-s", type=float, default=0.0, help="closed-loop mean think time")

@@ -183,7 +183,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
     s.add_argument(
         "--rate",
-        type=_rates,
+        type=common.rates,
         default=None,
         help="poisson requests/s; a comma list sweeps rates (each rate its own point)",
     )
@@ -210,14 +210,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="default: experts as the checkpoint stores them; dense: dequantized at pack time; "
         "fp8: e4m3 per-output-channel (dense checkpoints; lossy)",
     )
-
-
-def _rates(text: str) -> list[float]:
-    values = common.parse_list(text, float, "--rate")
-    bad = [v for v in values if not v > 0]
-    if bad:
-        raise argparse.ArgumentTypeError(f"--rate: {bad[0]} is not a positive rate")
-    return values
 
 
 def default_repeats(device: str) -> int:
