@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ def _grid(plt: Any, n_panels: int) -> tuple[Any, Any]:
     """A figure with up to three panels per row."""
     ncols = min(3, n_panels)
     nrows = (n_panels + ncols - 1) // ncols
-    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows + 0.6), squeeze=False)
+    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
 
 
 def _save(plt: Any, fig: Any, axes: Any, n_panels: int, title: str, path: str | Path) -> Path:
@@ -123,8 +124,14 @@ def _save(plt: Any, fig: Any, axes: Any, n_panels: int, title: str, path: str | 
     for ax in list(axes.flat)[n_panels:]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    # the input labels are long: wrap them to the figure's width and make
+    # room above the panels, so no label is cut at the edges
+    width_chars = max(40, int(fig.get_figwidth() * 13))
+    lines = [w for line in title.split("\n") for w in textwrap.wrap(line, width_chars)]
+    title_in = 0.15 * len(lines) + 0.1
+    fig.set_figheight(fig.get_figheight() + title_in)
+    fig.suptitle("\n".join(lines), fontsize=9)
+    fig.tight_layout()  # matplotlib leaves room for the suptitle itself
     out = Path(path)
     fig.savefig(out, dpi=110)
     plt.close(fig)
