@@ -396,7 +396,7 @@ def score_predictors(
             expert_nbytes=nbytes,
             byte_budget=budget,
         ),
-        # what PD's engine predicts before a verify (bench_run), minus the
+        # what PD's engine predicts before a verify (engine_run), minus the
         # drafter-hidden proxy (no drafter here: the embedding proxy instead)
         "pd_engine_union": BatchedUnionPredictor(
             [(approx, 1.0), (previous, 0.5)], name="pd_engine_union"

@@ -3,7 +3,8 @@
 Entry points: :class:`Engine` with :class:`EngineConfig` (``EngineConfig.preset``
 gives the DESIGN §6 baselines B0/B1/B2/B3/PD), :func:`load_drafter` /
 :func:`write_synthetic_drafter` for DFlash draft checkpoints, and
-:func:`pdflash.engine.bench_run.run_spec` for one benchmark run.
+:func:`pdflash.bench.engine_run.run_spec` (the benchmark harness, outside
+this package) for one benchmark run.
 
 Example (B1: DFlash, FCFS batching, experts offloaded to a 20% cache)::
 

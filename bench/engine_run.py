@@ -7,7 +7,7 @@ its workload (by default a burst: ``num_requests`` requests of ``prompt_len``
 random prompt tokens, all queued at t=0, at most ``concurrency`` decoding at
 once; or a serving workload: Poisson or closed-loop arrivals with length
 ranges, ``max_running`` / ``token_budget`` limits and a byte budget derived
-from the verify step, see :mod:`pdflash.engine.workload`) and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
+from the verify step, see :mod:`pdflash.bench.workload`) and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
 (unmeasured ones ``null`` with reasons; with the routing-trace figures:
 ``routed_expert_bytes`` and the Belady replay from the run's starting cache
 contents and capacity), the routing trace and the starting cache contents.
@@ -46,9 +46,10 @@ from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams
-from pdflash.engine.workload import ClosedLoop, LengthDist, Workload, open_loop
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
+
+from .workload import ClosedLoop, LengthDist, Workload, open_loop
 
 #: bench arch name -> (model_type, synthetic preset)
 ARCHS: dict[str, tuple[str, str]] = {
@@ -104,7 +105,7 @@ class RunSpec:
     # serving workload: "burst" sends every request at t = 0 (a fixed
     # concurrency); "poisson" sends num_requests at rate_per_s (open loop);
     # "closed" keeps `users` clients, each sending its next request think_s
-    # (exponential mean) after its last finished (see pdflash.engine.workload)
+    # (exponential mean) after its last finished (see pdflash.bench.workload)
     arrivals: str = "burst"
     rate_per_s: float | None = None
     users: int | None = None
@@ -887,7 +888,7 @@ def _mxfp4_dequantizer(adapter: Any) -> str | None:
 
 
 def _serving_workload(spec: RunSpec) -> Workload:
-    """The spec's requests as a :class:`~pdflash.engine.workload.Workload`
+    """The spec's requests as a :class:`~pdflash.bench.workload.Workload`
     (seeded by seed and repeat)."""
 
     def lengths(low: int, high: int | None) -> LengthDist:
