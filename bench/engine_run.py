@@ -7,7 +7,7 @@ its workload (by default a burst: ``num_requests`` requests of ``prompt_len``
 random prompt tokens, all queued at t=0, at most ``concurrency`` decoding at
 once; or a serving workload: Poisson or closed-loop arrivals with length
 ranges, ``max_running`` / ``token_budget`` limits and a byte budget derived
-from the verify step, see :mod:`pdflash.bench.workload`) and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
+from the verify step, see :mod:`pdflash.bench.workload`) and returns a :class:`RunResult`: one JSON-ready row of docs/design.md §6 metrics
 (unmeasured ones ``null`` with reasons; with the routing-trace figures:
 ``routed_expert_bytes`` and the Belady replay from the run's starting cache
 contents and capacity), the routing trace and the starting cache contents.
@@ -1236,7 +1236,7 @@ def miss_floor_s(
 
 
 def _add_eta_phys(row: dict[str, Any], cost: Any, wall: float, compute_busy: float) -> None:
-    """``eta_phys`` = max(miss floor, compute floor) / wall (DESIGN §6), with
+    """``eta_phys`` = max(miss floor, compute floor) / wall (docs/design.md §6), with
     the host CPU as a third resource when the hybrid service ran (see
     :func:`miss_floor_s`); the compute floor is this run's measured
     compute-stream busy time."""

@@ -1,5 +1,5 @@
 """``pdflash-bench bm --routine bmN`` (or ``pdflash-bench bmN``): the benchmark
-gates of DESIGN §6.
+gates of docs/design.md §6.
 
 * BM1 — the route-ahead router pass is cheaper than the verify forward;
 * BM2 — issuance latency of a saturated block (768 expert copies, one call);
@@ -8,7 +8,7 @@ gates of DESIGN §6.
 * BM4 — H2D/compute overlap, measured in-process with CUDA events on the
   copy and compute streams (CUDA only);
 * BM5 — native and reference paths give identical coverage and waste (and
-  scheduler decisions). DESIGN §6 also names acceptance, but acceptance has
+  scheduler decisions). docs/design.md §6 also names acceptance, but acceptance has
   no native path: it is computed in Python/torch only (the drafter, the
   verify forward, ``pdflash.engine.sampling``); its one native input, the
   scheduler's token grants (which cap τ), is compared in the scheduler part.
@@ -62,7 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--expert-mib", type=float, default=4.0, help="copy size for BM4")
     parser.add_argument(
-        "--on-demand-mib", type=float, default=16.0, help="BM3's on-demand copy (DESIGN §3: 16)"
+        "--on-demand-mib",
+        type=float,
+        default=16.0,
+        help="BM3's on-demand copy (docs/design.md §3: 16)",
     )
 
 
@@ -458,7 +461,7 @@ def bm2(args: argparse.Namespace) -> dict[str, Any]:
     if issuer is None:
         return _not_measured("bm2", reason)
     copies = 768
-    nbytes = 64 << 10  # DESIGN §3's probe: 768 x 64 KiB
+    nbytes = 64 << 10  # docs/design.md §3's probe: 768 x 64 KiB
     keys = _KeyCounter()
     from .h2d import measure_issue_cost
 
@@ -521,7 +524,7 @@ def bm3(args: argparse.Namespace) -> dict[str, Any]:
         return _not_measured("bm3", reason)
     on_demand = max(1, int(args.on_demand_mib * (1 << 20)))
     cuda = issuer.backend == "cuda"
-    # NOTE: DESIGN §3's scenario: a 16 MiB on-demand copy under 512 MiB of
+    # NOTE: docs/design.md §3's scenario: a 16 MiB on-demand copy under 512 MiB of
     # background on the GPU; on the slow emulated link of the host backend,
     # 8x the on-demand copy keeps the run short.
     backlog = 512 << 20 if cuda else 8 * on_demand
@@ -710,7 +713,7 @@ def _scheduler_equivalence(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-#: What DESIGN §6 names for BM5 but has no native/reference pair to compare.
+#: What docs/design.md §6 names for BM5 but has no native/reference pair to compare.
 BM5_NOT_COMPARED: dict[str, str] = {
     "acceptance": (
         "no native path: acceptance is computed only in Python/torch (drafter, verify "

@@ -1,7 +1,7 @@
 """``pdflash-bench engine``: every baseline of the engine at several concurrencies.
 
 Each (baseline, concurrency) point is one :func:`pdflash.bench.engine_run.run_spec`
-call; the JSON has one row per point with the DESIGN §6 fields, and a short
+call; the JSON has one row per point with the docs/design.md §6 fields, and a short
 per-run summary (tokens/s, acceptance, TTFT p50/p99, hit rate, coverage,
 exposed fetch seconds) is printed to stderr as the runs finish. Every row
 carries the routing-trace figures (``routed_expert_bytes``, the Belady replay

@@ -1,4 +1,4 @@
-"""``pdflash-bench matrix``: the baseline matrix of DESIGN §6.
+"""``pdflash-bench matrix``: the baseline matrix of docs/design.md §6.
 
 One engine run per (arch, baseline, block size, concurrency, cache fraction,
 repeat), each appended as one JSON line to ``OUT/rows.jsonl``, which is never
