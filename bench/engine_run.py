@@ -141,7 +141,7 @@ class RunSpec:
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
     breakdown: bool = False
-    # real text and learned behaviour (issue 14; see pdflash.engine.realtext
+    # real text and learned behaviour (issue 14; see pdflash.bench.realtext
     # and pdflash.engine.replay): prompts from "heldout[:ROLE]", a trace .npz
     # or a text file instead of random ids; sampling temperature of every
     # request (0 = greedy); experts padded to a published size ("gpt-oss-20b",
@@ -179,7 +179,7 @@ class RunSpec:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
         if self.expert_bytes_as is not None:
-            from pdflash.engine.realtext import published_expert_nbytes
+            from .realtext import published_expert_nbytes
 
             published_expert_nbytes(self.expert_bytes_as)  # raises on a bad value
         if not 0.0 < self.cache_fraction <= 1.0:
@@ -416,7 +416,7 @@ def _acceptance_for(spec: RunSpec, arch_name: str, synthetic_draft: bool) -> Acc
 
 
 def _expert_bytes_source(value: str) -> str:
-    from pdflash.engine.realtext import published_expert_nbytes
+    from .realtext import published_expert_nbytes
 
     return published_expert_nbytes(value)[1]
 
@@ -455,7 +455,7 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         dtype = None  # the checkpoint's own
     padded_nbytes = None
     if spec.expert_bytes_as is not None:
-        from pdflash.engine.realtext import published_expert_nbytes
+        from .realtext import published_expert_nbytes
 
         padded_nbytes = published_expert_nbytes(spec.expert_bytes_as)[0]
     adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes)
@@ -765,7 +765,7 @@ def _workload(
     trace_requests: list[int] | None = None
     prompts_source = "random token ids (seeded by seed and repeat)"
     if spec.prompts is not None:
-        from pdflash.engine.realtext import load_prompts
+        from .realtext import load_prompts
 
         loaded = load_prompts(
             spec.prompts,

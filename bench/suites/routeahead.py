@@ -555,8 +555,9 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdflash.engine.realtext import load_prompts
     from pdflash.models import load_adapter
+
+    from ..realtext import load_prompts
 
     device = args.device
     if device == "auto":

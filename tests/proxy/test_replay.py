@@ -67,9 +67,8 @@ def test_prompts_from_a_text_file_and_the_heldout_split(
     trained_target: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     from pdflash.bench.proxy.target import heldout_prompts
+    from pdflash.bench.realtext import load_prompts
     from tokenizers import Tokenizer
-
-    from pdflash.engine.realtext import load_prompts
 
     target = trained_target[0]
     text = (
@@ -97,7 +96,7 @@ def test_prompts_from_a_text_file_and_the_heldout_split(
 
 
 def test_trace_prompts_follow_the_trace_sequences(trace_path: Path) -> None:
-    from pdflash.engine.realtext import load_prompts
+    from pdflash.bench.realtext import load_prompts
 
     t = tf.load_trace(trace_path)
     got = load_prompts(str(trace_path), [PROMPT_LEN, 5, PROMPT_LEN], 512, None)
@@ -181,8 +180,7 @@ def test_padded_run_moves_padded_bytes(
     trace_path: Path,
 ) -> None:
     from pdflash.bench.engine_run import run_spec
-
-    from pdflash.engine.realtext import published_expert_nbytes
+    from pdflash.bench.realtext import published_expert_nbytes
 
     results = [
         run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
