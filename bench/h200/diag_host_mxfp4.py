@@ -5,7 +5,7 @@
    mismatches (scale byte, block byte, both values).
 2. One expert's MLP on the host CPU in torch, with the weight stored
    [in, out] (pdflash's packed layout: ``x @ w``) vs [out, in] (``x @ w.t()``,
-   the layout of DESIGN's probe), bf16 and fp32, at the thread counts the
+   the layout of the H200 compute probe), bf16 and fp32, at the thread counts the
    hybrid service uses, gpt-oss-20b and Qwen3-30B-A3B expert shapes.
 """
 
@@ -80,7 +80,7 @@ def host_expert_layouts() -> None:
                 layouts = {
                     # pdflash's packed layout: [in, out] contiguous, x @ w
                     "in_out": (w1_out_in.t().contiguous(), w2_out_in.t().contiguous()),
-                    # DESIGN's probe: [out, in] contiguous, x @ w.t()
+                    # the H200 compute probe's layout: [out, in] contiguous, x @ w.t()
                     "out_in": (w1_out_in.t(), w2_out_in.t()),
                 }
                 for t in (1, 4, 16):

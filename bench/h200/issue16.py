@@ -1,6 +1,6 @@
 """Issue 16 on the H200: tokens/s of PD+host (hybrid miss service) vs PD.
 
-Runs :func:`pdflash.engine.bench_run.run_spec` in one process for every
+Runs :func:`pdflash.bench.engine_run.run_spec` in one process for every
 (arch, cache fraction, concurrency, baseline, repeat): gpt-oss-20b and
 Qwen3-30B-A3B shapes truncated to ``--layers`` (8 by default) MoE layers,
 synthetic bf16 weights, forced acceptance, block 16. Repeats are interleaved
@@ -150,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-
-    from pdflash.engine.bench_run import RunSpec, release_targets, run_spec
+    from pdflash.bench.engine_run import RunSpec, release_targets, run_spec
 
     args.out.mkdir(parents=True, exist_ok=True)
     rows_path = args.out / "rows.jsonl"

@@ -1,5 +1,5 @@
 """``pdflash-bench bm --routine bmN`` (or ``pdflash-bench bmN``): the benchmark
-gates of DESIGN §6.
+gates of docs/design.md §6.
 
 * BM1 — the route-ahead router pass is cheaper than the verify forward;
 * BM2 — issuance latency of a saturated block (768 expert copies, one call);
@@ -8,7 +8,7 @@ gates of DESIGN §6.
 * BM4 — H2D/compute overlap, measured in-process with CUDA events on the
   copy and compute streams (CUDA only);
 * BM5 — native and reference paths give identical coverage and waste (and
-  scheduler decisions). DESIGN §6 also names acceptance, but acceptance has
+  scheduler decisions). docs/design.md §6 also names acceptance, but acceptance has
   no native path: it is computed in Python/torch only (the drafter, the
   verify forward, ``pdflash.engine.sampling``); its one native input, the
   scheduler's token grants (which cap τ), is compared in the scheduler part.
@@ -62,7 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--expert-mib", type=float, default=4.0, help="copy size for BM4")
     parser.add_argument(
-        "--on-demand-mib", type=float, default=16.0, help="BM3's on-demand copy (DESIGN §3: 16)"
+        "--on-demand-mib",
+        type=float,
+        default=16.0,
+        help="BM3's on-demand copy (docs/design.md §3: 16)",
     )
 
 
@@ -312,16 +315,15 @@ def model_preset(arch: str) -> tuple[str, str]:
     return PRESET_ARCH[preset], preset
 
 
-def _engine_synthetic_target(args: argparse.Namespace, device: str) -> str | None:
+def _engine_synthetic_target(args: argparse.Namespace, device: str) -> str:
     """The engine's cached synthetic checkpoint for this shape (written once
-    under ``$PDFLASH_CACHE``, shared with the matrix), or None without the engine."""
-    bench_run, _ = _optional("pdflash.engine.bench_run")
-    if bench_run is None:
-        return None
+    under ``$PDFLASH_CACHE``, shared with the matrix)."""
     import torch
 
-    spec = bench_run.RunSpec(arch=args.arch, baseline="B3", layers=args.layers, seed=args.seed)
-    target, _draft, _dtype = bench_run.synthetic_paths(spec, torch.device(device))
+    from ..engine_run import RunSpec, synthetic_paths
+
+    spec = RunSpec(arch=args.arch, baseline="B3", layers=args.layers, seed=args.seed)
+    target, _draft, _dtype = synthetic_paths(spec, torch.device(device))
     return str(target)
 
 
@@ -337,58 +339,44 @@ def bm1(args: argparse.Namespace) -> dict[str, Any]:
     """Route-ahead's approximate router pass over a drafted block vs the
     verify forward of the same B tokens, on a synthetic model with every
     expert resident (so the verify time is compute, not copies)."""
-    import tempfile
-
     import torch
 
     ra, reason = _optional("pdflash.routeahead")
     if ra is None:
         return _not_measured("bm1", reason)
     from pdflash.h2d import H2DIssuer
-    from pdflash.models import load_adapter, write_synthetic_checkpoint
+    from pdflash.models import load_adapter
     from pdflash.protocols import DraftedBlock
 
     device = _device(args.device)
     _cpu_threads(device)
-    hf_arch, preset = model_preset(args.arch)
+    _hf_arch, preset = model_preset(args.arch)  # also rejects an unknown --arch
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    with tempfile.TemporaryDirectory(prefix="pdflash-bm1-") as tmp:
-        path = _engine_synthetic_target(args, device)
-        if path is None:  # no engine: write a private checkpoint
-            path = tmp
-            write_synthetic_checkpoint(
-                tmp,
-                hf_arch,
-                preset,
-                num_layers=args.layers,
-                dtype=dtype,
-                seed=args.seed,
-                device="cuda" if device.startswith("cuda") else "cpu",
+    path = _engine_synthetic_target(args, device)
+    with H2DIssuer(backend="cuda" if device.startswith("cuda") else "host") as issuer:
+        adapter = load_adapter(
+            path,
+            device=device,
+            dtype=dtype,
+            issuer=issuer,
+            cache_fraction=1.0,
+            max_batch_tokens=args.block_size,
+        )
+        try:
+            gen = torch.Generator().manual_seed(args.seed)
+            ids = torch.randint(0, adapter.vocab_size, (args.block_size,), generator=gen)
+            block = DraftedBlock(
+                request_id=0, token_ids=ids.to(device), positions=torch.arange(args.block_size)
             )
-        with H2DIssuer(backend="cuda" if device.startswith("cuda") else "host") as issuer:
-            adapter = load_adapter(
-                path,
-                device=device,
-                dtype=dtype,
-                issuer=issuer,
-                cache_fraction=1.0,
-                max_batch_tokens=args.block_size,
-            )
-            try:
-                gen = torch.Generator().manual_seed(args.seed)
-                ids = torch.randint(0, adapter.vocab_size, (args.block_size,), generator=gen)
-                block = DraftedBlock(
-                    request_id=0, token_ids=ids.to(device), positions=torch.arange(args.block_size)
-                )
-                predictor = ra.ApproxRouterPredictor(adapter, proxy="embed")
-                adapter.forward_logits(ids)  # warm: every expert copied in once
-                predictor.predict(block)
-                verify_s = _median_time(lambda: adapter.forward_logits(ids), args.iters, sync)
-                router_s = _median_time(lambda: predictor.predict(block), args.iters, sync)
-                shape = (adapter.num_layers, adapter.num_experts, adapter.top_k)
-            finally:
-                adapter.close()
+            predictor = ra.ApproxRouterPredictor(adapter, proxy="embed")
+            adapter.forward_logits(ids)  # warm: every expert copied in once
+            predictor.predict(block)
+            verify_s = _median_time(lambda: adapter.forward_logits(ids), args.iters, sync)
+            router_s = _median_time(lambda: predictor.predict(block), args.iters, sync)
+            shape = (adapter.num_layers, adapter.num_experts, adapter.top_k)
+        finally:
+            adapter.close()
     ratio = router_s / verify_s
     return {
         "routine": "bm1",
@@ -473,7 +461,7 @@ def bm2(args: argparse.Namespace) -> dict[str, Any]:
     if issuer is None:
         return _not_measured("bm2", reason)
     copies = 768
-    nbytes = 64 << 10  # DESIGN §3's probe: 768 x 64 KiB
+    nbytes = 64 << 10  # docs/design.md §3's probe: 768 x 64 KiB
     keys = _KeyCounter()
     from .h2d import measure_issue_cost
 
@@ -536,7 +524,7 @@ def bm3(args: argparse.Namespace) -> dict[str, Any]:
         return _not_measured("bm3", reason)
     on_demand = max(1, int(args.on_demand_mib * (1 << 20)))
     cuda = issuer.backend == "cuda"
-    # NOTE: DESIGN §3's scenario: a 16 MiB on-demand copy under 512 MiB of
+    # NOTE: docs/design.md §3's scenario: a 16 MiB on-demand copy under 512 MiB of
     # background on the GPU; on the slow emulated link of the host backend,
     # 8x the on-demand copy keeps the run short.
     backlog = 512 << 20 if cuda else 8 * on_demand
@@ -725,7 +713,7 @@ def _scheduler_equivalence(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-#: What DESIGN §6 names for BM5 but has no native/reference pair to compare.
+#: What docs/design.md §6 names for BM5 but has no native/reference pair to compare.
 BM5_NOT_COMPARED: dict[str, str] = {
     "acceptance": (
         "no native path: acceptance is computed only in Python/torch (drafter, verify "

@@ -1,7 +1,7 @@
 """``pdflash-bench engine``: every baseline of the engine at several concurrencies.
 
-Each (baseline, concurrency) point is one :func:`pdflash.engine.bench_run.run_spec`
-call; the JSON has one row per point with the DESIGN §6 fields, and a short
+Each (baseline, concurrency) point is one :func:`pdflash.bench.engine_run.run_spec`
+call; the JSON has one row per point with the docs/design.md §6 fields, and a short
 per-run summary (tokens/s, acceptance, TTFT p50/p99, hit rate, coverage,
 exposed fetch seconds) is printed to stderr as the runs finish. Every row
 carries the routing-trace figures (``routed_expert_bytes``, the Belady replay
@@ -212,8 +212,9 @@ def _fmt(x: Any, nd: int = 3) -> str:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from pdflash.engine.bench_run import RunSpec, run_spec
     from pdflash.report.writers import ROWS_FILE, append_row
+
+    from ..engine_run import RunSpec, run_spec
 
     rows_path = None
     if args.out is not None:

@@ -1,4 +1,4 @@
-"""``pdflash-bench matrix``: the baseline matrix of DESIGN §6.
+"""``pdflash-bench matrix``: the baseline matrix of docs/design.md §6.
 
 One engine run per (arch, baseline, block size, concurrency, cache fraction,
 repeat), each appended as one JSON line to ``OUT/rows.jsonl``, which is never
@@ -47,7 +47,7 @@ B3_CACHE_FRACTION = 1.0
 GPU_REPEATS = 3
 CPU_REPEATS = 1
 
-#: The serving-workload options of :class:`pdflash.engine.bench_run.RunSpec`
+#: The serving-workload options of :class:`pdflash.bench.engine_run.RunSpec`
 #: and their defaults: a spec carries one only where it differs (so specs and
 #: resume keys of plain burst runs stay as they were).
 SERVING_DEFAULTS: dict[str, Any] = {
@@ -61,21 +61,17 @@ SERVING_DEFAULTS: dict[str, Any] = {
     "byte_budget_from": "floor",
 }
 
-# The engine: RunSpec class and run_spec function (pdflash.engine.bench_run).
+# The engine: RunSpec class and run_spec function (pdflash.bench.engine_run).
+# A function (not a module-level import) so tests can substitute a fake engine
+# and the CLI starts without importing torch.
 Engine = tuple[Callable[..., Any], Callable[..., Any]]
 
 
 def load_engine() -> Engine:
-    """The engine's ``(RunSpec, run_spec)``; a clear error if it is missing."""
-    import importlib
+    """The engine's ``(RunSpec, run_spec)``."""
+    from ..engine_run import RunSpec, run_spec
 
-    try:
-        module = importlib.import_module("pdflash.engine.bench_run")
-    except ImportError as exc:
-        raise RuntimeError(
-            f"pdflash.engine.bench_run is not available ({exc}); the matrix needs the engine"
-        ) from exc
-    return module.RunSpec, module.run_spec
+    return RunSpec, run_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -396,7 +396,7 @@ def score_predictors(
             expert_nbytes=nbytes,
             byte_budget=budget,
         ),
-        # what PD's engine predicts before a verify (bench_run), minus the
+        # what PD's engine predicts before a verify (engine_run), minus the
         # drafter-hidden proxy (no drafter here: the embedding proxy instead)
         "pd_engine_union": BatchedUnionPredictor(
             [(approx, 1.0), (previous, 0.5)], name="pd_engine_union"
@@ -555,8 +555,9 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pdflash.engine.realtext import load_prompts
     from pdflash.models import load_adapter
+
+    from ..realtext import load_prompts
 
     device = args.device
     if device == "auto":

@@ -13,7 +13,7 @@ Workload (SYNTHETIC, generated here from a seed; no model involved):
 * Resident set: each layer's top ``--resident-fraction`` (default 20%) most
   popular experts, i.e. a perfect frequency cache.
 * Byte budget ``M`` = ``--step-ms`` x ``--link-gbps`` (default 10 ms x 55
-  GB/s = 550 MB, one step of measured PCIe Gen5 H2D time, DESIGN §3).
+  GB/s = 550 MB, one step of measured PCIe Gen5 H2D time, docs/design.md §3).
 * Expert size ``--expert-bytes`` (default 128 KiB, uniform). NOTE: this is
   deliberately small. At a real Qwen3-30B-A3B bf16 expert (9 MiB) a 16-token
   block misses ~1700 experts (~16 GB), so *every* block is an oversize item

@@ -1,4 +1,4 @@
-"""Pure-Python reference of the 2-D deficit verify scheduler (DESIGN §4).
+"""Pure-Python reference of the 2-D deficit verify scheduler (docs/design.md §4).
 
 Written from the rules in :mod:`pdflash.scheduler` (module docstring), not
 from the Cython code: expert sets are Python ``frozenset``s of flat ids,

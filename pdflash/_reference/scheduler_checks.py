@@ -1,11 +1,11 @@
-"""Independent recomputation of the DESIGN §4 invariants, step by step.
+"""Independent recomputation of the scheduler's invariants, step by step.
 
 :class:`InvariantTracker` mirrors the events given to a scheduler (it keeps
 its own copy of live requests, demands, resident set, sizes and ledger) and
 :meth:`InvariantTracker.check_step` verifies one :class:`StepResult` from
 scratch. Used by the hypothesis stateful tests and the unit tests.
 
-Numbering follows DESIGN §4. Where the batch setting needs a precise
+Numbering follows the invariants of ``docs/scheduler.md``. Where the batch setting needs a precise
 reading, it is stated here (and in :mod:`pdflash.scheduler`):
 
 * 6 (fairness) is checked as (a) at most one quantum per request per DRR

@@ -83,7 +83,7 @@ class FCFSBatcher:
 
 
 class DeficitBatcher:
-    """The DESIGN §4 deficit verify scheduler behind :class:`VerifyBatcher`.
+    """The docs/design.md §4 deficit verify scheduler behind :class:`VerifyBatcher`.
 
     ``byte_budget=None`` is token-only mode (baseline B2); an int is the 2-D
     mode (PD), charging each item the marginal bytes of its predicted experts

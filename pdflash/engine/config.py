@@ -1,4 +1,4 @@
-"""Engine configuration and the baseline presets of DESIGN §6.
+"""Engine configuration and the baseline presets of docs/design.md §6.
 
 The baselines are configurations of one engine, not separate code paths:
 
@@ -139,7 +139,7 @@ class EngineConfig:
 
     @staticmethod
     def preset(baseline: str, **overrides: Any) -> EngineConfig:
-        """The configuration of a DESIGN §6 baseline; ``overrides`` adjust
+        """The configuration of a docs/design.md §6 baseline; ``overrides`` adjust
         sizes (block_size, max_running, budgets, seed)."""
         table: dict[str, dict[str, Any]] = {
             "B0": {"speculative": False, "block_size": 1, "batching": "fcfs", "lookahead": True},

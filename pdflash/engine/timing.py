@@ -1,4 +1,4 @@
-"""Compute-busy and stall timing for the regime metrics of DESIGN §6.
+"""Compute-busy and stall timing for the regime metrics of docs/design.md §6.
 
 On CUDA, CUDA events recorded on the compute stream bracket every forward
 (compute-busy = forward time - stall time - host wait) and every wait of the

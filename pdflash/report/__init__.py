@@ -1,6 +1,6 @@
 """Result rows, their validation and evaluation, and the written report.
 
-* :mod:`pdflash.report.schema` — the row schema of DESIGN §6 and validation;
+* :mod:`pdflash.report.schema` — the row schema of docs/design.md §6 and validation;
 * :mod:`pdflash.report.belady` — offline-optimal replacement over a routing trace;
 * :mod:`pdflash.report.evaluate` — ordering, gap closed, regime, hide
   inequality, targets and the GO/NO-GO verdict;

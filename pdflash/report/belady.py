@@ -1,7 +1,7 @@
 """Belady's offline-optimal expert replacement over a recorded routing trace.
 
 The trace is what the engine's forward layers actually needed, in execution
-order: ``trace[t]`` holds the flat expert ids (DESIGN's ``layer * E + expert``)
+order: ``trace[t]`` holds the flat expert ids (``layer * E + expert``)
 that forward-layer step ``t`` routed to. The simulated cache has ``slots``
 equal-sized slots and starts empty, or holding a given initial set (the
 engine's cache at the moment its clock started).

@@ -1,4 +1,4 @@
-"""Evaluation of a validated result set (DESIGN §6, issue 7).
+"""Evaluation of a validated result set (docs/design.md §6, issue 7).
 
 :func:`evaluate` turns rows into a JSON-able report. A *point* is (arch,
 block, concurrency, cache fraction, workload label); every statistic is over
@@ -56,7 +56,7 @@ from pdflash.report.schema import (
     workload_label,
 )
 
-#: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as DESIGN §3.
+#: Link bandwidth unit of ``link_gbps_measured``: GB/s (1e9 bytes/s), as docs/design.md §3.
 LINK_BYTES_PER_S_PER_GBPS = 1e9
 
 ETA_TARGET = 0.9
@@ -402,7 +402,7 @@ def _regime(table: _Table) -> list[dict[str, Any]]:
 
 
 def hide_inequality(row: Mapping[str, Any]) -> dict[str, Any]:
-    """Both sides of DESIGN §6's hide inequality for one run, summed over it.
+    """Both sides of docs/design.md §6's hide inequality for one run, summed over it.
 
     fetch_s = (1 − r) · routed_expert_bytes / BW, with r the expert-cache hit
     rate, routed_expert_bytes the bytes of every expert the run's forward

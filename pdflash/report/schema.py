@@ -1,4 +1,4 @@
-"""The result-row schema of DESIGN §6 and its validation.
+"""The result-row schema of docs/design.md §6 and its validation.
 
 A *row* is one engine run: one (arch, baseline, block size, concurrency,
 cache fraction, repeat, workload): see :func:`row_key`; rows recorded before
@@ -26,7 +26,7 @@ SCHEMA_VERSION = 1
 #: count as PD's.
 ABLATIONS: tuple[str, ...] = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
 
-#: Baselines in the order the report lists them (DESIGN §6); ``PD+host`` is
+#: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is
 #: PD with the hybrid miss service (issue 16), then PD's ablations.
 BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 

@@ -1,4 +1,4 @@
-"""The 2-D {tokens, missing-expert-bytes} deficit verify scheduler (DESIGN §4).
+"""The 2-D {tokens, missing-expert-bytes} deficit verify scheduler (docs/design.md §4).
 
 Each step picks which live requests' verify blocks run together under a token
 budget ``T`` and a budget ``M`` of *missing* expert bytes (bytes of the union

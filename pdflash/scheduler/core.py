@@ -348,7 +348,7 @@ class VerifyScheduler:
         if self.check_invariants:
             # NOTE: vLLM-style end-of-step asserts, computed by the core in C
             # (O(batch + live), ~free); the from-scratch recomputation of every
-            # DESIGN §4 invariant is in the tests (InvariantTracker).
+            # invariant of docs/scheduler.md is in the tests (InvariantTracker).
             assert core.violation == 0, (
                 f"scheduler invariant broken at step {self._step_index}: "
                 f"{_deficit.VIOLATIONS[core.violation]}"

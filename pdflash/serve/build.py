@@ -180,7 +180,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         if config.batching != "fcfs":
             byte_budget = None
             if config.batching == "deficit_2d":
-                # every expert's bytes: one forward's worst-case union (see bench_run)
+                # every expert's bytes: one forward's worst-case union (as pdflash.bench.engine_run does)
                 byte_budget = adapter.num_layers * adapter.num_experts * int(cache.expert_nbytes)
                 config = config.replace(byte_budget=byte_budget)
             batcher = DeficitBatcher(

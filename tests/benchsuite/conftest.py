@@ -1,5 +1,5 @@
 """Fixtures for the bench/report tests: valid rows and a fake engine that
-honours the ``pdflash.engine.bench_run`` contract (RunSpec -> RunResult)."""
+honours the ``pdflash.bench.engine_run`` contract (RunSpec -> RunResult)."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def matrix_rows() -> Callable[..., list[dict[str, Any]]]:
 
 @dataclasses.dataclass
 class FakeRunSpec:
-    """Mirror of pdflash.engine.bench_run.RunSpec (the documented fields)."""
+    """Mirror of pdflash.bench.engine_run.RunSpec (the documented fields)."""
 
     arch: str
     baseline: str
@@ -165,7 +165,7 @@ class FakeRunSpec:
     acceptance: str = "auto"
     mean_tau: float | None = None
     eviction: str = "auto"
-    # serving workload (pdflash.engine.bench_run.RunSpec's names)
+    # serving workload (pdflash.bench.engine_run.RunSpec's names)
     arrivals: str = "burst"
     rate_per_s: float | None = None
     users: int | None = None

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 from pdflash.bench import cli
 
-pytest.importorskip("pdflash.engine.bench_run", reason="the engine's bench_run has not landed")
-
 
 def test_default_quick_real_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "results"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from pdflash.engine.workload import ClosedLoop, LengthDist, Workload, open_loop
+from pdflash.bench.workload import ClosedLoop, LengthDist, Workload, open_loop
 
 
 def test_poisson_arrivals_are_reproducible_and_have_the_stated_rate() -> None:

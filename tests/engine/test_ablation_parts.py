@@ -122,7 +122,8 @@ def test_ablation_presets_switch_one_part_each() -> None:
 def test_each_ablation_runs_end_to_end_and_its_row_says_what_is_off(
     label: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
     from pdflash.report.schema import validate_row
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
@@ -173,7 +174,8 @@ def test_pd_host_runs_with_a_byte_budget_from_the_verify(
 ) -> None:
     """The verify calibration runs without the hybrid service and gives it
     back (an engine with host_experts off refused the runtime holding it)."""
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
     from pdflash.report.schema import validate_row
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pdflash.bench.engine_run import RunSpec, run_spec
 
-from pdflash.engine.bench_run import RunSpec, run_spec
 from pdflash.report.belady import belady
 from pdflash.report.schema import IDENTITY_FIELDS, METRIC_FIELDS, validate_row
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pdflash.bench.engine_run import RunSpec, miss_floor_s, run_spec
 
-from pdflash.engine.bench_run import RunSpec, miss_floor_s, run_spec
 from pdflash.engine.config import EngineConfig
 from pdflash.report.schema import validate_row
 

@@ -37,7 +37,7 @@ def test_layer_cyclic_moves_fewer_bytes_than_lru_when_half_the_experts_fit(
     """Under the layer-cyclic sweep LRU evicts exactly what the next forward
     needs first; with half the experts cached the layer-cyclic policy must
     move clearly fewer bytes per token (same workload, same routing)."""
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     per_token = {}
@@ -63,7 +63,7 @@ def test_auto_eviction_is_layer_cyclic_for_every_offloaded_baseline(
 ) -> None:
     """A fair comparison: no offloaded baseline runs LRU (which thrashes the
     layer-cyclic forward) while PD gets the layer-cyclic policy."""
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     spec = RunSpec(

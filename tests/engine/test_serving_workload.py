@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.batching import DeficitBatcher, ShadowComparison, VerifyDemand
-from pdflash.engine.bench_run import RunSpec, run_spec
 from pdflash.report.schema import validate_row
 
 

@@ -277,8 +277,9 @@ def test_benchmark_run_refuses_failed_requests(
 ) -> None:
     """The engine keeps serving when requests fail; a benchmark must not turn
     such a run into a row."""
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
     from pdflash.engine import engine as engine_mod
-    from pdflash.engine.bench_run import RunSpec, run_spec
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     base = engine_mod.Engine._verify

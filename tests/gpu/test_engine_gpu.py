@@ -64,7 +64,7 @@ def test_lossless_on_cuda(tmp_path: Path, arch: str, baseline: str) -> None:
 @pytest.mark.gpu
 def test_run_spec_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
 
     result = run_spec(
         RunSpec(
@@ -82,7 +82,7 @@ def test_pd_stream_on_cuda(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     """PD's streaming prefetcher with the CUDA issuer: copies go out ROUTE_AHEAD,
     every pin is returned (run_spec asserts it) and the byte counters agree."""
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
 
     row = run_spec(
         RunSpec(

@@ -1,4 +1,4 @@
-"""Stateful hypothesis tests of the verify scheduler (DESIGN §4).
+"""Stateful hypothesis tests of the verify scheduler (docs/design.md §4).
 
 Every generated trace drives three things with the same events: the native
 :class:`pdflash.VerifyScheduler`, the pure-Python reference, and an

@@ -40,7 +40,7 @@ def trace_path(
 
 
 def _spec(target: Path, drafter: Path, **kw: Any) -> Any:
-    from pdflash.engine.bench_run import RunSpec
+    from pdflash.bench.engine_run import RunSpec
 
     base: dict[str, Any] = dict(
         arch="proxy",
@@ -67,9 +67,8 @@ def test_prompts_from_a_text_file_and_the_heldout_split(
     trained_target: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     from pdflash.bench.proxy.target import heldout_prompts
+    from pdflash.bench.realtext import load_prompts
     from tokenizers import Tokenizer
-
-    from pdflash.engine.realtext import load_prompts
 
     target = trained_target[0]
     text = (
@@ -97,7 +96,7 @@ def test_prompts_from_a_text_file_and_the_heldout_split(
 
 
 def test_trace_prompts_follow_the_trace_sequences(trace_path: Path) -> None:
-    from pdflash.engine.realtext import load_prompts
+    from pdflash.bench.realtext import load_prompts
 
     t = tf.load_trace(trace_path)
     got = load_prompts(str(trace_path), [PROMPT_LEN, 5, PROMPT_LEN], 512, None)
@@ -110,7 +109,7 @@ def test_run_on_text_prompts_at_temperature_one(
     trained_target: tuple[Path, dict[str, Any]],
     trained_drafter: tuple[Path, dict[str, Any]],
 ) -> None:
-    from pdflash.engine.bench_run import run_spec
+    from pdflash.bench.engine_run import run_spec
 
     spec = _spec(trained_target[0], trained_drafter[0], prompts="heldout", temperature=1.0)
     row = run_spec(spec).row
@@ -180,8 +179,8 @@ def test_padded_run_moves_padded_bytes(
     trained_drafter: tuple[Path, dict[str, Any]],
     trace_path: Path,
 ) -> None:
-    from pdflash.engine.bench_run import run_spec
-    from pdflash.engine.realtext import published_expert_nbytes
+    from pdflash.bench.engine_run import run_spec
+    from pdflash.bench.realtext import published_expert_nbytes
 
     results = [
         run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
@@ -258,7 +257,7 @@ def test_replayed_routing_on_the_same_model_equals_its_own(
     trained_drafter: tuple[Path, dict[str, Any]],
     trace_path: Path,
 ) -> None:
-    from pdflash.engine.bench_run import run_spec
+    from pdflash.bench.engine_run import run_spec
 
     runs = [
         run_spec(_spec(trained_target[0], trained_drafter[0], prompts=str(trace_path), **kw))
@@ -284,7 +283,7 @@ def test_acceptance_replayed_from_the_trace(
     trained_drafter: tuple[Path, dict[str, Any]],
     trace_path: Path,
 ) -> None:
-    from pdflash.engine.bench_run import run_spec
+    from pdflash.bench.engine_run import run_spec
 
     t = tf.load_trace(trace_path)
     spec = _spec(
@@ -302,7 +301,7 @@ def test_acceptance_replayed_from_the_trace(
         assert req["acceptance_lengths"] == t.acceptance(r).tolist()
     # a synthetic drafter with a trace: the trace's acceptance, not a forced draw
     auto = dataclasses.replace(spec, acceptance="auto", draft="synthetic")
-    from pdflash.engine.bench_run import _acceptance_for
+    from pdflash.bench.engine_run import _acceptance_for
 
     assert _acceptance_for(auto, "proxy", True).source == "trace"
     assert _acceptance_for(dataclasses.replace(auto, trace=None), "proxy", True).source == "forced"
@@ -431,7 +430,7 @@ def test_replayed_weights_are_the_routers_softmax_over_the_replayed_ids(
 
 
 def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -> None:
-    from pdflash.engine.bench_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import RunSpec, run_spec
 
     t = tf.load_trace(trace_path)
     spec = RunSpec(

@@ -90,7 +90,7 @@ def test_cost_model_planner_counts_the_link_queue_ahead() -> None:
 
 
 def test_cost_model_planner_chooses_copy_with_many_tokens_per_expert() -> None:
-    # DESIGN §3 figures at gpt-oss-20b shape: the CPU takes 658 us + ~9.9 us per
+    # the H200 host-CPU probe's figures at gpt-oss-20b shape: the CPU takes 658 us + ~9.9 us per
     # token per expert; the link copies one in 939 us. At c=16 x B=16 a layer
     # routes ~32 tokens to each of ~28 missed experts: 975 us each on the host.
     cost = HostCostModel(intercept_s=658e-6, per_token_s=(1284 - 658) / 63 * 1e-6)

@@ -100,6 +100,23 @@ def test_cpu_only_build_compiles_every_native_module(tmp_path: Path) -> None:
         )
     cmake_cache = (tmp_path / "build" / "CMakeCache.txt").read_text()
     assert "PDFLASH_CUDA:STRING=OFF" in cmake_cache
+    _assert_wheel_carries_code_only(names)
+
+
+def _assert_wheel_carries_code_only(names: list[str]) -> None:
+    """The benchmark harness ships as pdflash.bench, but not its recorded
+    results or GPU session scripts, and the serving package holds no harness."""
+    assert "pdflash/bench/cli.py" in names
+    assert "pdflash/bench/engine_run.py" in names
+    assert "pdflash/bench/workload.py" in names
+    assert not [n for n in names if n.startswith(("pdflash/bench/results/", "pdflash/bench/h200/"))]
+    bench_suffixes = {Path(n).suffix for n in names if n.startswith("pdflash/bench/")}
+    assert bench_suffixes == {".py"}, bench_suffixes
+    assert "pdflash/engine/bench_run.py" not in names
+    assert "pdflash/engine/workload.py" not in names
+    assert "pdflash/engine/realtext.py" not in names
+    # the recorded results are still in the repository (only the wheel drops them)
+    assert any((REPO / "bench" / "results").rglob("*.json"))
 
 
 def test_py_typed_shipped() -> None:

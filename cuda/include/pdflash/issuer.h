@@ -2,7 +2,7 @@
 // enforced in software on ONE copy stream.
 //
 // Why software: on the H200, CUDA stream priority does not reorder copies
-// (DESIGN.md §3): the copy engine serves whatever is already queued. So the
+// (docs/design.md §3): the copy engine serves whatever is already queued. So the
 // issuer keeps only a small window of bytes in flight and picks the next chunk
 // by band (ON_DEMAND > ROUTE_AHEAD > BACKGROUND), FIFO within a band. Large
 // copies are split into chunks, so an ON_DEMAND copy waits about one window.

@@ -97,7 +97,7 @@ def load_prompts(source: str, lengths: list[int], vocab_size: int, weights: str 
 
 
 def _heldout(source: str, lengths: list[int], weights: str | None) -> Prompts:
-    from pdflash.bench.proxy.target import heldout_prompts
+    from .proxy.target import heldout_prompts
 
     role = source.partition(":")[2] or "eval"
     if weights is None or not (Path(weights) / "heldout_tokens.npy").is_file():
@@ -117,7 +117,7 @@ def _heldout(source: str, lengths: list[int], weights: str | None) -> Prompts:
 
 
 def _from_trace(source: str, lengths: list[int]) -> Prompts:
-    from pdflash.bench.proxy.trace_format import load_trace
+    from .proxy.trace_format import load_trace
 
     trace = load_trace(source)
     prompts: list[list[int]] = []

@@ -7,7 +7,7 @@ its workload (by default a burst: ``num_requests`` requests of ``prompt_len``
 random prompt tokens, all queued at t=0, at most ``concurrency`` decoding at
 once; or a serving workload: Poisson or closed-loop arrivals with length
 ranges, ``max_running`` / ``token_budget`` limits and a byte budget derived
-from the verify step, see :mod:`pdflash.engine.workload`) and returns a :class:`RunResult`: one JSON-ready row of DESIGN §6 metrics
+from the verify step, see :mod:`pdflash.bench.workload`) and returns a :class:`RunResult`: one JSON-ready row of docs/design.md §6 metrics
 (unmeasured ones ``null`` with reasons; with the routing-trace figures:
 ``routed_expert_bytes`` and the Belady replay from the run's starting cache
 contents and capacity), the routing trace and the starting cache contents.
@@ -46,9 +46,10 @@ from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams
-from pdflash.engine.workload import ClosedLoop, LengthDist, Workload, open_loop
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
+
+from .workload import ClosedLoop, LengthDist, Workload, open_loop
 
 #: bench arch name -> (model_type, synthetic preset)
 ARCHS: dict[str, tuple[str, str]] = {
@@ -104,7 +105,7 @@ class RunSpec:
     # serving workload: "burst" sends every request at t = 0 (a fixed
     # concurrency); "poisson" sends num_requests at rate_per_s (open loop);
     # "closed" keeps `users` clients, each sending its next request think_s
-    # (exponential mean) after its last finished (see pdflash.engine.workload)
+    # (exponential mean) after its last finished (see pdflash.bench.workload)
     arrivals: str = "burst"
     rate_per_s: float | None = None
     users: int | None = None
@@ -140,7 +141,7 @@ class RunSpec:
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
     breakdown: bool = False
-    # real text and learned behaviour (issue 14; see pdflash.engine.realtext
+    # real text and learned behaviour (issue 14; see pdflash.bench.realtext
     # and pdflash.engine.replay): prompts from "heldout[:ROLE]", a trace .npz
     # or a text file instead of random ids; sampling temperature of every
     # request (0 = greedy); experts padded to a published size ("gpt-oss-20b",
@@ -178,7 +179,7 @@ class RunSpec:
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature!r}")
         if self.expert_bytes_as is not None:
-            from pdflash.engine.realtext import published_expert_nbytes
+            from .realtext import published_expert_nbytes
 
             published_expert_nbytes(self.expert_bytes_as)  # raises on a bad value
         if not 0.0 < self.cache_fraction <= 1.0:
@@ -415,7 +416,7 @@ def _acceptance_for(spec: RunSpec, arch_name: str, synthetic_draft: bool) -> Acc
 
 
 def _expert_bytes_source(value: str) -> str:
-    from pdflash.engine.realtext import published_expert_nbytes
+    from .realtext import published_expert_nbytes
 
     return published_expert_nbytes(value)[1]
 
@@ -454,7 +455,7 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         dtype = None  # the checkpoint's own
     padded_nbytes = None
     if spec.expert_bytes_as is not None:
-        from pdflash.engine.realtext import published_expert_nbytes
+        from .realtext import published_expert_nbytes
 
         padded_nbytes = published_expert_nbytes(spec.expert_bytes_as)[0]
     adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes)
@@ -764,7 +765,7 @@ def _workload(
     trace_requests: list[int] | None = None
     prompts_source = "random token ids (seeded by seed and repeat)"
     if spec.prompts is not None:
-        from pdflash.engine.realtext import load_prompts
+        from .realtext import load_prompts
 
         loaded = load_prompts(
             spec.prompts,
@@ -887,7 +888,7 @@ def _mxfp4_dequantizer(adapter: Any) -> str | None:
 
 
 def _serving_workload(spec: RunSpec) -> Workload:
-    """The spec's requests as a :class:`~pdflash.engine.workload.Workload`
+    """The spec's requests as a :class:`~pdflash.bench.workload.Workload`
     (seeded by seed and repeat)."""
 
     def lengths(low: int, high: int | None) -> LengthDist:
@@ -1235,7 +1236,7 @@ def miss_floor_s(
 
 
 def _add_eta_phys(row: dict[str, Any], cost: Any, wall: float, compute_busy: float) -> None:
-    """``eta_phys`` = max(miss floor, compute floor) / wall (DESIGN §6), with
+    """``eta_phys`` = max(miss floor, compute floor) / wall (docs/design.md §6), with
     the host CPU as a third resource when the hybrid service ran (see
     :func:`miss_floor_s`); the compute floor is this run's measured
     compute-stream busy time."""
