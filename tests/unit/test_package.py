@@ -133,7 +133,8 @@ def test_popcount_dispatch_agrees_across_modules() -> None:
     """Every module with bitset kernels detects POPCNT the same way (one
     shared _bitops.pxd), and the detection matches the CPU where Linux says."""
     flags = {
-        name: _native.load_native(name).uses_popcnt_instruction() for name in ("_deficit", "_routeahead")
+        name: _native.load_native(name).uses_popcnt_instruction()
+        for name in ("_deficit", "_routeahead")
     }
     assert len(set(flags.values())) == 1, flags
     cpuinfo = Path("/proc/cpuinfo")
