@@ -86,7 +86,9 @@ cdef extern from *:
             __asm__("xorl %k0, %k0\\n\\tpopcntq %1, %0" : "=&r"(r) : "rm"(x) : "cc");
             return (int)r;
         }
-        return __builtin_popcountll(x);
+        /* inline, not libgcc's __popcountdi2: a call in the cold branch
+           would cost the hot loop its caller-saved registers */
+        return pdflash_popcount64_swar(x);
     #elif defined(_MSC_VER) && defined(_M_X64)
         return pdflash_has_popcnt ? (int)__popcnt64(x) : pdflash_popcount64_swar(x);
     #else
