@@ -102,31 +102,16 @@ def batched_block_attention(
 ) -> torch.Tensor:
     """Causal attention of G blocks of B consecutive positions, each over
     itself only: q ``[G, B, heads, D]``, k/v ``[G, B, kv_heads, D]`` ->
-    ``[G, B, heads * D]``. The same semantics (GQA, sliding window, sinks)
-    and op order as :func:`pdflash.models.attention.reference_attention`
-    applied to each block."""
+    ``[G, B, heads * D]``. The same code (:func:`pdflash.models.attention.attend_visible`)
+    as :func:`pdflash.models.attention.reference_attention` applied to each
+    block."""
     import torch
 
-    g, b, h, d = q.shape
-    rep = spec.num_heads // spec.num_kv_heads
-    kk = k.repeat_interleave(rep, dim=2).transpose(1, 2)  # [G, h, B, D]
-    vv = v.repeat_interleave(rep, dim=2).transpose(1, 2)
-    logits = torch.matmul(q.transpose(1, 2), kk.transpose(2, 3)) * spec.scaling  # [G, h, B, B]
-    pos = torch.arange(b, device=q.device)
+    from pdflash.models.attention import attend_visible, visible_keys
+
+    pos = torch.arange(q.shape[1], device=q.device)
     delta = pos.reshape(-1, 1) - pos.reshape(1, -1)
-    visible = delta >= 0
-    if spec.sliding_window is not None:
-        visible &= delta < spec.sliding_window
-    logits = logits.masked_fill(~visible, float("-inf"))
-    if sinks is not None:
-        sink = sinks.reshape(1, h, 1, 1).expand(g, h, b, 1).to(logits.dtype)
-        combined = torch.cat([logits, sink], dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = torch.softmax(combined.float(), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(logits.float(), dim=-1)
-    out = torch.matmul(probs.to(vv.dtype), vv)  # [G, h, B, D]
-    return out.transpose(1, 2).reshape(g, b, h * d)
+    return attend_visible(q, k, v, visible_keys(delta, spec), spec, sinks)
 
 
 class ApproxRouterPredictor:
