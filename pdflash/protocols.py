@@ -20,7 +20,6 @@ acceptance models) live beside their concept: ``pdflash.cache``,
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -245,15 +244,22 @@ def flat_expert_ids(mask: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     return np.flatnonzero(np.asarray(mask).reshape(-1)).astype(np.int64)
 
 
+def checked_flat_ids(flat_ids: npt.ArrayLike, num_ids: int) -> npt.NDArray[np.int64]:
+    """``flat_ids`` as a 1-D int64 array; ``ValueError`` naming the first id
+    outside ``[0, num_ids)`` (the one expert-id check of the package)."""
+    ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_ids):
+        bad = ids[(ids < 0) | (ids >= num_ids)][0]
+        raise ValueError(f"expert id {int(bad)} out of range [0, {num_ids})")
+    return ids
+
+
 def expert_mask(
-    flat_ids: Sequence[int] | npt.NDArray[Any], num_layers: int, num_experts: int
+    flat_ids: npt.ArrayLike, num_layers: int, num_experts: int
 ) -> npt.NDArray[np.bool_]:
     """The ``(layers, experts)`` mask of flat ids; raises on an id out of range."""
-    ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
     total = num_layers * num_experts
-    if ids.size and (ids.min() < 0 or ids.max() >= total):
-        bad = ids[(ids < 0) | (ids >= total)][0]
-        raise ValueError(f"expert id {int(bad)} out of range [0, {total})")
+    ids = checked_flat_ids(flat_ids, total)
     mask = np.zeros(total, dtype=np.bool_)
     mask[ids] = True
     return mask.reshape(num_layers, num_experts)

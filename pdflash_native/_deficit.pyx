@@ -19,7 +19,16 @@ import numpy as np
 
 cimport cython
 
-pdflash_cpu_init()
+from pdflash_native._bitops cimport (
+    andnot_count,
+    andnot_weighted,
+    cpu_init,
+    ctz64,
+    set_popcnt,
+    uses_popcnt,
+)
+
+cpu_init()
 
 
 #: Meaning of ``DeficitCore.violation`` codes (0: none).
@@ -36,16 +45,13 @@ VIOLATIONS = {
 
 def uses_popcnt_instruction():
     """True if the bitset kernels use the CPU's POPCNT instruction."""
-    return bool(pdflash_uses_popcnt())
+    return bool(uses_popcnt())
 
 
 def _set_popcnt_instruction(bint enabled):
     """Tests only: force the portable kernels (``False``) or re-detect the
     CPU (``True``), so both kernel variants are checked on one machine."""
-    if enabled:
-        pdflash_cpu_init()
-    else:
-        pdflash_disable_popcnt()
+    set_popcnt(enabled)
 
 
 cdef inline int64_t _marginal_bytes(
@@ -68,17 +74,17 @@ cdef inline int64_t _marginal_bytes(
         if uniform == 0:
             return 0
         # count > limit // uniform  <=>  count * uniform > limit
-        return pdflash_andnot_count(
+        return andnot_count(
             x, covered, num_words, limit // uniform if limit >= 0 else -1
         ) * uniform
     if word_uniform:
         # NOTE: sizes uniform per word (e.g. per layer when num_experts is a
         # multiple of 64): a weighted popcount, no per-bit loop.
-        return pdflash_andnot_weighted(x, covered, word_bytes, num_words, limit)
+        return andnot_weighted(x, covered, word_bytes, num_words, limit)
     for w in range(num_words):
         m = x[w] & ~covered[w]
         while m:
-            total += expert_bytes[(w << 6) + pdflash_ctz64(m)]
+            total += expert_bytes[(w << 6) + ctz64(m)]
             m &= m - 1
         if limit >= 0 and total > limit:
             return total
@@ -576,7 +582,7 @@ cdef class DeficitCore:
             for w in range(self.num_words):
                 m = uni[w]
                 while m:
-                    g = (w << 6) + pdflash_ctz64(m)
+                    g = (w << 6) + ctz64(m)
                     ids[k] = g
                     mask[g] = 1
                     k += 1

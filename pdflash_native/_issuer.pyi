@@ -6,6 +6,7 @@ import numpy.typing as npt
 from typing_extensions import disjoint_base
 
 BAND_NAMES: tuple[str, str, str]
+NUM_BANDS: int
 STATE_QUEUED: Final[int]
 STATE_RUNNING: Final[int]
 STATE_DONE: Final[int]

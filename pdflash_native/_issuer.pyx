@@ -22,6 +22,7 @@ from pdflash_native._issuer_cpp cimport (
     built_with_cuda as c_built_with_cuda,
     cuda_device_count as c_cuda_device_count,
     free_pinned as c_free_pinned,
+    kNumBands,
     live_counts as c_live_counts,
     register_host as c_register_host,
     unregister_host as c_unregister_host,
@@ -29,7 +30,10 @@ from pdflash_native._issuer_cpp cimport (
 
 import numpy as np
 
+#: Bands, most urgent first; their number comes from issuer.h (kNumBands).
 BAND_NAMES = ("ON_DEMAND", "ROUTE_AHEAD", "BACKGROUND")
+NUM_BANDS = kNumBands
+assert len(BAND_NAMES) == NUM_BANDS
 STATE_QUEUED = 0
 STATE_RUNNING = 1
 STATE_DONE = 2
@@ -292,8 +296,8 @@ cdef class NativeIssuer:
             )
         out = np.empty(n, dtype=np.int64)
         if n == 0:
-            if band < 0 or band > 2:
-                raise ValueError(f"band {band} out of range [0, 3)")
+            if band < 0 or band >= kNumBands:
+                raise ValueError(f"band {band} out of range [0, {kNumBands})")
             return out
         cdef int64_t[::1] tickets = out
         self._live()  # raises unless __init__ ran
@@ -353,7 +357,7 @@ cdef class NativeIssuer:
         with nogil:
             s = self._issuer.stats()
         bands = {}
-        for b in range(3):
+        for b in range(kNumBands):
             bs = s.bands[b]
             bands[BAND_NAMES[b]] = {
                 "copies": bs.copies,

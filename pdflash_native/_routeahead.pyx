@@ -13,9 +13,19 @@ Not thread-safe: one accumulator per engine thread.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.string cimport memset
 
-from pdflash_native._bitops cimport ctz64, pack8, pack16, popcount64
+from pdflash_native._bitops cimport (
+    cpu_init,
+    ctz64,
+    pack8,
+    pack16,
+    popcount64,
+    set_popcnt,
+    uses_popcnt,
+)
 
 import numpy as np
+
+cpu_init()
 
 _COUNT_NAMES = (
     "req_predicted",
@@ -41,6 +51,17 @@ assert len(_COUNT_NAMES) == NUM_COUNT_KINDS
 #: Row names of :meth:`RouteAheadAccumulator.counters`: the counts, then
 #: their byte twins (``<name>_bytes``) in the same order.
 COUNTER_NAMES: tuple = _COUNT_NAMES + tuple(n + "_bytes" for n in _COUNT_NAMES)
+
+
+def uses_popcnt_instruction():
+    """True if the bitset bookkeeping uses the CPU's POPCNT instruction."""
+    return bool(uses_popcnt())
+
+
+def _set_popcnt_instruction(bint enabled):
+    """Tests only: force the portable popcount (``False``) or re-detect the
+    CPU (``True``), so both variants are checked on one machine."""
+    set_popcnt(enabled)
 
 
 def words_per_layer(int num_experts) -> int:

@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pdflash.protocols import Band
+
 # Mirrors pdflash_native._issuer.LOG_* (kept literal: the reference must not
 # depend on the module it checks).
 LOG_SUBMIT = 0
@@ -40,7 +42,7 @@ LOG_START = 3
 LOG_END = 4
 LOG_FINISH = 5
 
-NUM_BANDS = 3
+NUM_BANDS = len(Band)
 
 
 class ModelViolation(AssertionError):

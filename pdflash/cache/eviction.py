@@ -13,6 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from pdflash.protocols import checked_flat_ids
+
 IdArray = npt.NDArray[np.int64]
 
 
@@ -123,10 +125,7 @@ class RouteAheadPolicy:
         self.predicted = np.zeros(num_ids, dtype=np.bool_)
 
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
-        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.predicted.size):
-            bad = ids[(ids < 0) | (ids >= self.predicted.size)][0]
-            raise ValueError(f"expert id {int(bad)} out of range [0, {self.predicted.size})")
+        ids = checked_flat_ids(flat_ids, self.predicted.size)
         self.predicted[:] = False
         self.predicted[ids] = True
 
@@ -215,10 +214,7 @@ class LayerCyclicPolicy:
         self.current_layer = layer
 
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
-        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.predicted.size):
-            bad = ids[(ids < 0) | (ids >= self.predicted.size)][0]
-            raise ValueError(f"expert id {int(bad)} out of range [0, {self.predicted.size})")
+        ids = checked_flat_ids(flat_ids, self.predicted.size)
         self.predicted[:] = False
         self.predicted[ids] = True
 

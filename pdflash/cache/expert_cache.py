@@ -47,7 +47,7 @@ from pdflash._guard import BusyGuard, exclusive
 from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
 from pdflash.h2d import STATE_DONE
 from pdflash.metrics import Metric, ratio
-from pdflash.protocols import Band, CopyIssuer
+from pdflash.protocols import Band, CopyIssuer, checked_flat_ids
 
 IdArray = npt.NDArray[np.int64]
 
@@ -278,11 +278,7 @@ class ExpertCache:
     # -- queries ---------------------------------------------------------------
 
     def _ids(self, flat_ids: npt.ArrayLike) -> IdArray:
-        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_ids):
-            bad = ids[(ids < 0) | (ids >= self.num_ids)][0]
-            raise ValueError(f"expert id {int(bad)} out of range [0, {self.num_ids})")
-        return ids
+        return checked_flat_ids(flat_ids, self.num_ids)
 
     def is_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Has a slot (its copy may still be in flight)."""

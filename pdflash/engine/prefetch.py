@@ -61,7 +61,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.protocols import Band
+from pdflash.protocols import Band, expert_mask
 
 IdArray = npt.NDArray[np.int64]
 
@@ -155,14 +155,7 @@ class StreamingPrefetcher:
 
     # ------------------------------------------------------------ plan
     def _mask(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
-        mask = np.zeros(self.num_layers * self.num_experts, dtype=np.bool_)
-        if ids.size:
-            if ids.min() < 0 or ids.max() >= mask.size:
-                bad = ids[(ids < 0) | (ids >= mask.size)][0]
-                raise ValueError(f"expert id {int(bad)} out of range [0, {mask.size})")
-            mask[ids] = True
-        return mask.reshape(self.num_layers, self.num_experts)
+        return expert_mask(flat_ids, self.num_layers, self.num_experts)
 
     def set_plan(
         self, flat_ids: npt.ArrayLike, source: str = "predicted", *, cancel_stale: bool = True

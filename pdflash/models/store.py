@@ -50,6 +50,7 @@ from pdflash.models.layout import (
     dequantize_mxfp4,
     quantize_fp8,
 )
+from pdflash.protocols import checked_flat_ids
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -437,10 +438,7 @@ class ExpertStore:
 
     def host_ptrs(self, flat_ids: Iterable[int] | npt.NDArray[Any]) -> npt.NDArray[np.int64]:
         """Host source addresses of the given experts (for ``CopyIssuer.submit``)."""
-        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= self.num_ids):
-            bad = ids[(ids < 0) | (ids >= self.num_ids)][0]
-            raise ValueError(f"expert id {int(bad)} out of range [0, {self.num_ids})")
+        ids = checked_flat_ids(np.asarray(flat_ids, dtype=np.int64), self.num_ids)
         return self.buffer.data_ptr() + ids * self.expert_nbytes
 
     def stacked(self, layer: int, device: torch.device | str) -> dict[str, torch.Tensor]:

@@ -18,7 +18,7 @@ Predictors need only :class:`RouterAccess` from a model adapter, which every
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import numpy as np
@@ -102,31 +102,16 @@ def batched_block_attention(
 ) -> torch.Tensor:
     """Causal attention of G blocks of B consecutive positions, each over
     itself only: q ``[G, B, heads, D]``, k/v ``[G, B, kv_heads, D]`` ->
-    ``[G, B, heads * D]``. The same semantics (GQA, sliding window, sinks)
-    and op order as :func:`pdflash.models.attention.reference_attention`
-    applied to each block."""
+    ``[G, B, heads * D]``. The same code (:func:`pdflash.models.attention.attend_visible`)
+    as :func:`pdflash.models.attention.reference_attention` applied to each
+    block."""
     import torch
 
-    g, b, h, d = q.shape
-    rep = spec.num_heads // spec.num_kv_heads
-    kk = k.repeat_interleave(rep, dim=2).transpose(1, 2)  # [G, h, B, D]
-    vv = v.repeat_interleave(rep, dim=2).transpose(1, 2)
-    logits = torch.matmul(q.transpose(1, 2), kk.transpose(2, 3)) * spec.scaling  # [G, h, B, B]
-    pos = torch.arange(b, device=q.device)
+    from pdflash.models.attention import attend_visible, visible_keys
+
+    pos = torch.arange(q.shape[1], device=q.device)
     delta = pos.reshape(-1, 1) - pos.reshape(1, -1)
-    visible = delta >= 0
-    if spec.sliding_window is not None:
-        visible &= delta < spec.sliding_window
-    logits = logits.masked_fill(~visible, float("-inf"))
-    if sinks is not None:
-        sink = sinks.reshape(1, h, 1, 1).expand(g, h, b, 1).to(logits.dtype)
-        combined = torch.cat([logits, sink], dim=-1)
-        combined = combined - combined.max(dim=-1, keepdim=True).values
-        probs = torch.softmax(combined.float(), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(logits.float(), dim=-1)
-    out = torch.matmul(probs.to(vv.dtype), vv)  # [G, h, B, D]
-    return out.transpose(1, 2).reshape(g, b, h * d)
+    return attend_visible(q, k, v, visible_keys(delta, spec), spec, sinks)
 
 
 class ApproxRouterPredictor:
@@ -434,6 +419,19 @@ def select_under_budget(
     return order[:fits].astype(np.int64)
 
 
+def _scaled_to_weight(scores: ScoreArray, weight: float) -> ScoreArray:
+    """``(blocks, L, E)`` scores with each block scaled by ``weight`` over its
+    own maximum (so members' weights compare like with like), negatives
+    clipped to 0; a block whose maximum is not positive contributes nothing."""
+    peak = scores.reshape(scores.shape[0], -1).max(axis=1) if scores.size else np.zeros(0)
+    positive = peak > 0
+    # float64 quotient, then float32: the same scale for every block size
+    scale = np.where(positive, weight / np.where(positive, peak, 1.0).astype(np.float64), 0.0)
+    part = np.maximum(scores * scale.astype(np.float32)[:, None, None], 0, dtype=np.float32)
+    part[~positive] = 0
+    return part
+
+
 class CombinedPredictor:
     """Weighted combination of predictors, optionally under a byte budget.
 
@@ -454,7 +452,7 @@ class CombinedPredictor:
         name: str = "combined",
     ) -> None:
         if not members:
-            raise ValueError("CombinedPredictor needs at least one member")
+            raise ValueError(f"{type(self).__name__} needs at least one member")
         if mode not in ("rank", "union"):
             raise ValueError(f"mode must be 'rank' or 'union', got {mode!r}")
         for predictor, weight in members:
@@ -467,12 +465,24 @@ class CombinedPredictor:
         self.name = name
 
     def predict(self, block: DraftedBlock) -> ScoreArray:
+        parts = (
+            _scaled_to_weight(np.asarray(p.predict(block), dtype=np.float32)[None], w)
+            for p, w in self.members
+        )
+        return self._combine(parts)[0]
+
+    def predict_batch(self, blocks: Sequence[DraftedBlock]) -> ScoreArray:
+        """Scores ``(len(blocks), L, E)``, each block combined as by
+        :meth:`predict`, the members asked through :func:`predict_batch`
+        (one batched pass for members that have one)."""
+        parts = (_scaled_to_weight(predict_batch(p, blocks), w) for p, w in self.members)
+        return self._combine(parts)
+
+    def _combine(self, parts: Iterable[ScoreArray]) -> ScoreArray:
+        """Rank (sum) or union (max) of scaled ``(blocks, L, E)`` parts, then
+        the byte budget per block."""
         combined: ScoreArray | None = None
-        for predictor, weight in self.members:
-            scores = np.asarray(predictor.predict(block), dtype=np.float32)
-            peak = float(scores.max()) if scores.size else 0.0
-            part = (scores * np.float32(weight / peak)) if peak > 0 else np.zeros_like(scores)
-            part = np.maximum(part, 0, dtype=np.float32)
+        for part in parts:
             if combined is None:
                 combined = part
             elif self.mode == "rank":
@@ -482,9 +492,10 @@ class CombinedPredictor:
         assert combined is not None
         if self.byte_budget is None:
             return combined
-        keep = select_under_budget(combined, self.expert_nbytes, self.byte_budget)
         out = np.zeros_like(combined)
-        out.reshape(-1)[keep] = combined.reshape(-1)[keep]
+        for i in range(combined.shape[0]):
+            keep = select_under_budget(combined[i], self.expert_nbytes, self.byte_budget)
+            out[i].reshape(-1)[keep] = combined[i].reshape(-1)[keep]
         return out
 
     def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:

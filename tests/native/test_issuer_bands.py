@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -228,3 +229,15 @@ def test_reference_split_is_equal_aligned_and_bounded(nbytes: int, chunk: int) -
     assert piece <= chunk and piece % align == 0
     assert 0 < last <= piece  # exactly k chunks, none larger than the first
     assert piece - -(-nbytes // k) < align  # as equal as the alignment allows
+
+
+def test_band_definitions_agree() -> None:
+    """One band list: issuer.h's kNumBands, the binding's names, the Python
+    ``Band`` enum (values are the native band ids) and the reference model."""
+    from pdflash._native import load_native
+    from pdflash._reference import issuer as reference
+
+    issuer_mod: Any = load_native("_issuer")
+    assert issuer_mod.NUM_BANDS == len(Band) == reference.NUM_BANDS
+    assert tuple(b.name for b in Band) == issuer_mod.BAND_NAMES
+    assert [int(b) for b in Band] == list(range(issuer_mod.NUM_BANDS))

@@ -80,8 +80,7 @@ def test_counter_names_agree() -> None:
     assert native.COUNTER_NAMES == REF_NAMES
 
 
-@given(scenarios())
-def test_native_equals_reference(sc: Scenario) -> None:
+def _check_against_reference(sc: Scenario) -> None:
     fast = native.RouteAheadAccumulator(sc.layers, sc.experts, sc.nbytes, sc.decay)
     slow = RouteAheadReference(sc.layers, sc.experts, sc.nbytes, sc.decay)
     for step in sc.steps:
@@ -91,6 +90,25 @@ def test_native_equals_reference(sc: Scenario) -> None:
         # float32 (native) against float64 (reference) of the same recurrence
         np.testing.assert_allclose(fast.frequency(), slow.frequency(), rtol=1e-5, atol=1e-5)
         assert (fast.steps, fast.requests) == (slow.steps, slow.requests)
+
+
+@given(scenarios())
+def test_native_equals_reference(sc: Scenario) -> None:
+    _check_against_reference(sc)
+
+
+@given(scenarios())
+def test_portable_popcount_equals_reference(sc: Scenario) -> None:
+    """POPCNT is chosen at run time; the portable popcount (what a CPU
+    without the instruction runs) must give the same counters."""
+    detected = native.uses_popcnt_instruction()
+    native._set_popcnt_instruction(False)
+    try:
+        assert not native.uses_popcnt_instruction()
+        _check_against_reference(sc)
+    finally:
+        native._set_popcnt_instruction(True)
+    assert native.uses_popcnt_instruction() == detected
 
 
 def _table(acc: native.RouteAheadAccumulator) -> dict[str, npt.NDArray[np.int64]]:

@@ -220,6 +220,51 @@ def test_combined_rank_union_and_budget() -> None:
         CombinedPredictor([(a, 0.0)])
 
 
+class _PerRequestScores:
+    """Fixed scores per request id (some negative, one block all zero)."""
+
+    name = "fixed"
+
+    def __init__(self, table: dict[int, npt.NDArray[np.float32]]) -> None:
+        self.table = table
+
+    def predict(self, block: DraftedBlock) -> npt.NDArray[np.float32]:
+        return self.table[block.request_id]
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        pass
+
+    def forget(self, request_id: int) -> None:
+        pass
+
+
+def test_combined_batch_equals_per_block_and_engine_union() -> None:
+    """One home for the scaling and the union: the batched call equals the
+    per-block one exactly, in every mode, and the engine's union predictor
+    is the union mode of the same code."""
+    from pdflash.engine.predict import BatchedUnionPredictor
+
+    rng = np.random.default_rng(3)
+    tables = [{r: rng.normal(size=(2, 5)).astype(np.float32) for r in range(3)} for _ in range(2)]
+    tables[0][1][:] = 0.0  # a block with no positive score contributes nothing
+    members: list[tuple[ExpertPredictor, float]] = [
+        (_PerRequestScores(tables[0]), 0.3),
+        (_PerRequestScores(tables[1]), 1.7),
+    ]
+    blocks = [_block(r, torch.zeros(2, dtype=torch.int64)) for r in range(3)]
+    for kwargs in ({}, {"mode": "union"}, {"expert_nbytes": 10, "byte_budget": 30}):
+        combined = CombinedPredictor(members, **kwargs)
+        batch = combined.predict_batch(blocks)
+        assert batch.shape == (3, 2, 5) and batch.dtype == np.float32
+        for i, block in enumerate(blocks):
+            np.testing.assert_array_equal(batch[i], combined.predict(block))
+    union = CombinedPredictor(members, mode="union")
+    engine_union = BatchedUnionPredictor(members)
+    np.testing.assert_array_equal(engine_union.predict_batch(blocks), union.predict_batch(blocks))
+    np.testing.assert_array_equal(engine_union.predict(blocks[2]), union.predict(blocks[2]))
+    assert (union.predict(blocks[1]) > 0).sum() == (tables[1][1] > 0).sum()
+
+
 def test_acceptance_horizon() -> None:
     hz = AcceptanceHorizon(16, window=4, quantile=0.75, margin=1)
     block = _block(3, torch.zeros(16, dtype=torch.int64))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -100,7 +101,16 @@ def test_cpu_only_build_compiles_every_native_module(tmp_path: Path) -> None:
         )
     cmake_cache = (tmp_path / "build" / "CMakeCache.txt").read_text()
     assert "PDFLASH_CUDA:STRING=OFF" in cmake_cache
-    _assert_wheel_carries_code_only(names)
+    # the compile lines the generator wrote: no flag that lets the compiler
+    # emit POPCNT (or newer) unconditionally (the dispatch is at run time)
+    flag_files = [
+        f for f in (tmp_path / "build").rglob("*") if f.name in {"flags.make", "build.ninja"}
+    ]
+    assert flag_files
+    for f in flag_files:
+        for flag in _CPU_FEATURE_FLAGS:
+            assert flag not in f.read_text(), (f, flag)
+
 
 
 def _assert_wheel_carries_code_only(names: list[str]) -> None:
@@ -117,6 +127,36 @@ def _assert_wheel_carries_code_only(names: list[str]) -> None:
     assert "pdflash/engine/realtext.py" not in names
     # the recorded results are still in the repository (only the wheel drops them)
     assert any((REPO / "bench" / "results").rglob("*.json"))
+
+
+# Compiler flags that would make the wheel need a CPU feature (POPCNT and
+# later) that some x86-64 CPUs lack.
+_CPU_FEATURE_FLAGS = ("-mpopcnt", "-march=", "-msse4", "-mavx", "-mbmi", "/arch:")
+
+
+def test_build_files_require_no_cpu_feature() -> None:
+    """POPCNT is picked at run time (pdflash_native/_bitops.pxd); no CMake
+    file may compile a module for it (a SIGILL on CPUs without it)."""
+    cmake_files = [REPO / "CMakeLists.txt", *REPO.glob("cmake/*.cmake")]
+    cmake_files += [*REPO.glob("pdflash_native/CMakeLists.txt"), *REPO.glob("cuda/CMakeLists.txt")]
+    assert len(cmake_files) >= 3
+    for f in cmake_files:
+        text = f.read_text()
+        for flag in _CPU_FEATURE_FLAGS:
+            assert flag not in text, (f, flag)
+
+
+def test_popcount_dispatch_agrees_across_modules() -> None:
+    """Every module with bitset kernels detects POPCNT the same way (one
+    shared _bitops.pxd), and the detection matches the CPU where Linux says."""
+    flags = {
+        name: _native.load_native(name).uses_popcnt_instruction()
+        for name in ("_deficit", "_routeahead")
+    }
+    assert len(set(flags.values())) == 1, flags
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file() and platform.machine() in {"x86_64", "AMD64"}:
+        assert flags["_deficit"] == (" popcnt" in cpuinfo.read_text())
 
 
 def test_py_typed_shipped() -> None:
