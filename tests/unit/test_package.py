@@ -112,7 +112,6 @@ def test_cpu_only_build_compiles_every_native_module(tmp_path: Path) -> None:
             assert flag not in f.read_text(), (f, flag)
 
 
-
 def _assert_wheel_carries_code_only(names: list[str]) -> None:
     """The benchmark harness ships as pdflash.bench, but not its recorded
     results or GPU session scripts, and the serving package holds no harness."""
