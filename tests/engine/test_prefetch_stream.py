@@ -139,17 +139,31 @@ def test_no_route_ahead_copy_evicts_an_expert_needed_no_later(
     plan = data.draw(st.lists(st.integers(0, n - 1), unique=True))
     stream.log_submissions = True
     victims = _record_evictions(cache)
+    # the layer of the copies each eviction makes room for (the stream copies
+    # one layer per prefetch call)
+    copy_layer: list[int] = []
+    evicted_for: list[int] = []
+    prefetch = cache.prefetch
+
+    def prefetch_spy(ids: Any, band: Band, **kw: Any) -> Any:
+        copy_layer.append(int(np.max(np.asarray(ids))) // num_experts)
+        before = len(victims)
+        try:
+            return prefetch(ids, band, **kw)
+        finally:
+            evicted_for.extend([copy_layer[-1]] * (len(victims) - before))
+
+    cache.prefetch = prefetch_spy  # type: ignore[method-assign]
     stream.set_plan(plan, "prev_round")
     copied = [g for _, g in stream.submit_log]
     plan_layers = {g: g // num_experts for g in plan}
     # every copy is of a planned expert, none of them was resident
     assert set(copied) <= set(plan) and not set(copied) & set(pre)
-    if copied:
-        last = max(g // num_experts for g in copied)
-        for v in victims:
-            # a victim planned at a layer <= the last copied layer would be
-            # needed no later than a copy that displaced it
-            assert not (v in plan_layers and plan_layers[v] <= last), (v, copied, plan)
+    assert len(evicted_for) == len(victims)
+    for v, layer in zip(victims, evicted_for, strict=True):
+        # rule 1: a copy for layer x never evicts an expert planned for a
+        # layer the forward reaches no later than x
+        assert not (v in plan_layers and plan_layers[v] <= layer), (v, layer, copied, plan)
     # copies go out in layer order
     layers = [g // num_experts for g in copied]
     assert layers == sorted(layers)
