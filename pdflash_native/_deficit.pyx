@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Hot loop of the 2-D {tokens, missing-expert-bytes} deficit verify scheduler.
 
-The rules are specified in :mod:`pdflash.scheduler` (DESIGN §4); this module
+The rules are specified in :mod:`pdflash.scheduler` (docs/scheduler.md); this module
 only executes them. Requests are held by *index* in ring order (arrival
 order); the Python wrapper maps request ids to indices and validates every
 input before it gets here. Expert sets are bitsets: ``num_words`` uint64

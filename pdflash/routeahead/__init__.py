@@ -1,5 +1,5 @@
 """Route-ahead: predict the experts a verify pass will route to, and count
-how well the predictions did (DESIGN.md §5).
+how well the predictions did (docs/design.md §5).
 
 One verify step, as the engine drives it::
 
