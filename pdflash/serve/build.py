@@ -152,11 +152,11 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             fraction, capacity = 1.0, None
         elif fraction is None and capacity is None:
             fraction = 0.2 if device.type == "cuda" else 1.0
-        policy: Any = "lru"
-        if baseline == "PD":
-            from pdflash.cache.eviction import LayerCyclicPolicy
+        # every baseline: the forward visits the layers cyclically, which LRU
+        # thrashes (it evicts what the next forward needs first)
+        from pdflash.cache.eviction import LayerCyclicPolicy
 
-            policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
+        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
         cache = ExpertCache(
             adapter.store,
             issuer,
