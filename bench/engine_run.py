@@ -48,6 +48,7 @@ from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
+from pdflash.report.schema import HOST_METRIC_FIELDS
 
 from .workload import ClosedLoop, LengthDist, Workload, open_loop
 
@@ -1190,21 +1191,10 @@ def _result(
 
 def _host_metrics(engine: Engine, wall: float, committed: int) -> dict[str, Metric]:
     """The hybrid miss service's books: what the host served and what it cost."""
-    names = (
-        "host_served_experts",
-        "host_tokens",
-        "host_compute_s",
-        "host_busy_s",
-        "host_wait_s",
-        "host_busy_fraction",
-        "link_bytes_saved",
-        "link_bytes_saved_per_token",
-        "host_planned_ahead_experts",
-    )
     host = engine.host_service
     if host is None:
         why = NotMeasured("host expert service off (host_experts=off)")
-        return dict.fromkeys(names, why)
+        return dict.fromkeys(HOST_METRIC_FIELDS, why)
     b = host.books
     return {
         "host_served_experts": float(b.experts),

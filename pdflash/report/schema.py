@@ -86,6 +86,19 @@ METRIC_FIELDS: tuple[str, ...] = (
     "routed_expert_bytes",
 )
 
+#: The hybrid miss service's books (pdflash.hybrid), in every engine row.
+HOST_METRIC_FIELDS: tuple[str, ...] = (
+    "host_served_experts",
+    "host_tokens",
+    "host_compute_s",
+    "host_busy_s",
+    "host_wait_s",
+    "host_busy_fraction",
+    "link_bytes_saved",
+    "link_bytes_saved_per_token",
+    "host_planned_ahead_experts",
+)
+
 #: Optional numeric fields: validated when present (the Belady and
 #: routing-trace figures; an engine may add the hide-window terms).
 OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
@@ -112,15 +125,7 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "batch_missing_bytes_token_only",
     "byte_budget_verify_compute_s",
     # the hybrid miss service's books (null with a reason when it is off)
-    "host_served_experts",
-    "host_tokens",
-    "host_compute_s",
-    "host_busy_s",
-    "host_wait_s",
-    "host_busy_fraction",
-    "link_bytes_saved",
-    "link_bytes_saved_per_token",
-    "host_planned_ahead_experts",
+    *HOST_METRIC_FIELDS,
     "eta_phys",
     "miss_floor_s",
 )
