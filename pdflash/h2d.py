@@ -54,7 +54,7 @@ import functools
 import math
 import weakref
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -63,7 +63,11 @@ from pdflash._native import load_native
 from pdflash.metrics import NotMeasured
 from pdflash.protocols import Band
 
-_native = load_native("_issuer")
+if TYPE_CHECKING:
+    # mypy types every call against the checked stub (_issuer.pyi)
+    from pdflash_native import _issuer as _native
+else:
+    _native = load_native("_issuer")
 
 #: A failed copy: the message carries the backend's (CUDA) error text.
 CopyFailedError = _native.CopyFailedError
@@ -281,7 +285,14 @@ class H2DIssuer:
         # call changes nothing, so trying twice is safe.
         if type(nbytes) is int or type(nbytes) is np.ndarray:
             try:
-                fast: npt.NDArray[np.int64] = self._native.submit(src, dst, nbytes, keys, band)
+                # the casts only name what the native call then checks itself
+                fast = self._native.submit(
+                    cast("npt.NDArray[np.int64]", src),
+                    cast("npt.NDArray[np.int64]", dst),
+                    nbytes,
+                    cast("npt.NDArray[np.int64]", keys),
+                    band,
+                )
                 return fast
             except (TypeError, ValueError, OverflowError, BufferError):
                 pass
