@@ -37,7 +37,7 @@ import math
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,6 +48,9 @@ from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
 from pdflash.h2d import STATE_DONE
 from pdflash.metrics import Metric, ratio
 from pdflash.protocols import Band, CopyIssuer, checked_flat_ids
+
+if TYPE_CHECKING:
+    from pdflash.protocols import ExpertCacheView
 
 IdArray = npt.NDArray[np.int64]
 
@@ -735,3 +738,9 @@ class ExpertCache:
             with contextlib.suppress(Exception):
                 self.issuer.wait(np.asarray([t], dtype=np.int64), self.wait_timeout_s)
         return self.free_capacity()
+
+
+if TYPE_CHECKING:
+    # mypy: an ExpertCache is the engine's and the prefetcher's cache view
+    def _is_cache_view(cache: ExpertCache) -> ExpertCacheView:
+        return cache

@@ -61,7 +61,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.protocols import Band, expert_mask
+from pdflash.protocols import Band, ExpertCacheView, MoEModelAdapter, expert_mask
 
 IdArray = npt.NDArray[np.int64]
 
@@ -98,8 +98,8 @@ class StreamingPrefetcher:
 
     def __init__(
         self,
-        adapter: Any,
-        cache: Any,
+        adapter: MoEModelAdapter,
+        cache: ExpertCacheView,
         *,
         ahead: int = 2,
         lookahead: bool = True,

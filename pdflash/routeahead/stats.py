@@ -33,7 +33,7 @@ from pdflash.metrics import Metric, metrics_to_json, ratio
 
 if TYPE_CHECKING:
     # mypy types every call against the checked stub (_routeahead.pyi)
-    from pdflash.protocols import MoEModelAdapter
+    from pdflash.protocols import MoEModelAdapter, RouteStatsSink
     from pdflash_native import _routeahead as _native
 else:
     _native = load_native("_routeahead")
@@ -320,3 +320,9 @@ def unpack_bitsets(bits: npt.ArrayLike, num_experts: int) -> npt.NDArray[np.bool
     # host, which the native packer also assumes (it refuses to build otherwise).
     flat = np.unpackbits(arr.view(np.uint8), axis=-1, bitorder="little")
     return flat[..., :num_experts].astype(np.bool_)
+
+
+if TYPE_CHECKING:
+    # mypy: RouteAheadStats is the engine's route-stats sink
+    def _is_route_stats_sink(stats: RouteAheadStats) -> RouteStatsSink:
+        return stats
