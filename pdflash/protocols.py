@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from pdflash._native import load_native
+
 if TYPE_CHECKING:
     import torch
+
+    # mypy types the copy errors from the checked stub (_issuer.pyi)
+    from pdflash_native import _issuer as _issuer_native
+else:
+    _issuer_native = load_native("_issuer")
 
 
 class Band(enum.IntEnum):
@@ -41,6 +48,27 @@ class Band(enum.IntEnum):
 # --------------------------------------------------------------------------
 # H2D copy issuer (cuda/ + pdflash_native; Python class in pdflash.h2d)
 # --------------------------------------------------------------------------
+
+
+class TicketState(enum.IntEnum):
+    """A copy ticket's state, as ``states(tickets)`` of an issuer that has it
+    (:meth:`pdflash.h2d.H2DIssuer.states`) reports it: ``>= DONE`` means
+    finished, ``> DONE`` finished without landing. Equal to
+    ``pdflash_native._issuer.STATE_*`` (a native test checks it)."""
+
+    QUEUED = 0
+    RUNNING = 1
+    DONE = 2
+    FAILED = 3
+    CANCELLED = 4
+
+
+#: A failed copy, raised by ``wait``/``stream_wait``: the message carries the
+#: backend's (CUDA) error text; ``.ticket`` names the copy.
+CopyFailedError = _issuer_native.CopyFailedError
+#: A copy cancelled (``cancel`` or ``close``) before it completed, raised by
+#: ``wait``/``stream_wait``; ``.ticket`` names the copy.
+CopyCancelledError = _issuer_native.CopyCancelledError
 
 
 @runtime_checkable

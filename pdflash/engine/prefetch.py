@@ -61,7 +61,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.protocols import Band, ExpertCacheView, MoEModelAdapter, expert_mask
+from pdflash.protocols import (
+    Band,
+    ExpertCacheView,
+    MoEModelAdapter,
+    TicketState,
+    expert_mask,
+)
 
 IdArray = npt.NDArray[np.int64]
 
@@ -207,10 +213,9 @@ class StreamingPrefetcher:
         states_fn = getattr(cache.issuer, "states", None)
         if slots.size == 0 or states_fn is None:
             return np.zeros(0, np.int64)
-        from pdflash.h2d import STATE_QUEUED
-
         states = np.asarray(states_fn(cache.ticket[slots]))
-        return np.asarray(cache.expert_of[slots[states == STATE_QUEUED]], dtype=np.int64)
+        queued = states == int(TicketState.QUEUED)
+        return np.asarray(cache.expert_of[slots[queued]], dtype=np.int64)
 
     def _cancel_stale(self) -> None:
         if getattr(self.cache, "single_band", None) is not None:
