@@ -73,7 +73,7 @@ from pdflash.engine.sampling import (
     sample_from,
     target_probs,
 )
-from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
+from pdflash.engine.target import Chunk, ForwardOutput, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.protocols import (
     Band,
@@ -1023,7 +1023,7 @@ class Engine:
         self,
         req: Request,
         grant: int,
-        out: Any,
+        out: ForwardOutput,
         i: int,
         greedy_host: dict[int, tuple[torch.Tensor, torch.Tensor]],
         start: int,

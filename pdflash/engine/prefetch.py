@@ -55,7 +55,7 @@ the cache frees their slots) and the stream is re-issued in layer order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -68,6 +68,9 @@ from pdflash.protocols import (
     TicketState,
     expert_mask,
 )
+
+if TYPE_CHECKING:
+    from pdflash.routeahead import NextLayerLookahead
 
 IdArray = npt.NDArray[np.int64]
 
@@ -147,7 +150,7 @@ class StreamingPrefetcher:
         self.first_needed = 0
         #: the layer whose experts are pinned or about to be (None: none)
         self.running: int | None = None
-        self._lookahead: Any = None
+        self._lookahead: NextLayerLookahead | None = None
         if lookahead:
             from pdflash.routeahead import NextLayerLookahead
 
