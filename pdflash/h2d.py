@@ -54,21 +54,26 @@ import functools
 import math
 import weakref
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from pdflash import protocols
 from pdflash._native import load_native
 from pdflash.metrics import NotMeasured
 from pdflash.protocols import Band
 
-_native = load_native("_issuer")
+if TYPE_CHECKING:
+    # mypy types every call against the checked stub (_issuer.pyi)
+    from pdflash_native import _issuer as _native
+else:
+    _native = load_native("_issuer")
 
-#: A failed copy: the message carries the backend's (CUDA) error text.
-CopyFailedError = _native.CopyFailedError
-#: A copy cancelled (``cancel`` or ``close``) before it completed.
-CopyCancelledError = _native.CopyCancelledError
+# The copy errors and ticket states live in pdflash.protocols (the issuer's
+# contract); the names stay importable from here.
+CopyFailedError = protocols.CopyFailedError
+CopyCancelledError = protocols.CopyCancelledError
 PinnedBuffer = _native.PinnedBuffer
 
 DEFAULT_CHUNK_BYTES = 8 << 20
@@ -90,7 +95,8 @@ DEFAULT_CUDA_ISSUE_LEAD_US = 20.0
 #: the link either way (bench/results/host/2026-11-29-session2-h2d*.json).
 DEFAULT_HOST_ISSUE_LEAD_FRACTION = 0.1
 
-#: Ticket states returned by :meth:`H2DIssuer.states`.
+#: Ticket states returned by :meth:`H2DIssuer.states` (the native codes; the
+#: same values as :class:`pdflash.protocols.TicketState`).
 STATE_QUEUED = _native.STATE_QUEUED
 STATE_RUNNING = _native.STATE_RUNNING
 STATE_DONE = _native.STATE_DONE
@@ -281,7 +287,14 @@ class H2DIssuer:
         # call changes nothing, so trying twice is safe.
         if type(nbytes) is int or type(nbytes) is np.ndarray:
             try:
-                fast: npt.NDArray[np.int64] = self._native.submit(src, dst, nbytes, keys, band)
+                # the casts only name what the native call then checks itself
+                fast = self._native.submit(
+                    cast("npt.NDArray[np.int64]", src),
+                    cast("npt.NDArray[np.int64]", dst),
+                    nbytes,
+                    cast("npt.NDArray[np.int64]", keys),
+                    band,
+                )
                 return fast
             except (TypeError, ValueError, OverflowError, BufferError):
                 pass

@@ -26,8 +26,15 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from pdflash._native import load_native
+
 if TYPE_CHECKING:
     import torch
+
+    # mypy types the copy errors from the checked stub (_issuer.pyi)
+    from pdflash_native import _issuer as _issuer_native
+else:
+    _issuer_native = load_native("_issuer")
 
 
 class Band(enum.IntEnum):
@@ -41,6 +48,27 @@ class Band(enum.IntEnum):
 # --------------------------------------------------------------------------
 # H2D copy issuer (cuda/ + pdflash_native; Python class in pdflash.h2d)
 # --------------------------------------------------------------------------
+
+
+class TicketState(enum.IntEnum):
+    """A copy ticket's state, as ``states(tickets)`` of an issuer that has it
+    (:meth:`pdflash.h2d.H2DIssuer.states`) reports it: ``>= DONE`` means
+    finished, ``> DONE`` finished without landing. Equal to
+    ``pdflash_native._issuer.STATE_*`` (a native test checks it)."""
+
+    QUEUED = 0
+    RUNNING = 1
+    DONE = 2
+    FAILED = 3
+    CANCELLED = 4
+
+
+#: A failed copy, raised by ``wait``/``stream_wait``: the message carries the
+#: backend's (CUDA) error text; ``.ticket`` names the copy.
+CopyFailedError = _issuer_native.CopyFailedError
+#: A copy cancelled (``cancel`` or ``close``) before it completed, raised by
+#: ``wait``/``stream_wait``; ``.ticket`` names the copy.
+CopyCancelledError = _issuer_native.CopyCancelledError
 
 
 @runtime_checkable
@@ -92,6 +120,114 @@ class CopyIssuer(Protocol):
 
     def close(self) -> None:
         """Stop the issuer thread and free everything; idempotent."""
+        ...
+
+
+# --------------------------------------------------------------------------
+# Expert cache, route stats and horizon: what the engine and the streaming
+# prefetcher use of pdflash.cache.ExpertCache,
+# pdflash.routeahead.RouteAheadStats and pdflash.routeahead.AcceptanceHorizon
+# --------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ExpertCacheView(Protocol):
+    """The part of an expert cache (:class:`pdflash.cache.ExpertCache`) the
+    engine and the streaming prefetcher read and drive.
+
+    The per-slot arrays (``ticket``, ``band``, ``expert_of``, one entry per
+    slot) are read-only here: only the cache writes them.
+    """
+
+    @property
+    def expert_nbytes(self) -> int:
+        """Bytes of one expert (one slot, one copy)."""
+        ...
+
+    @property
+    def num_slots(self) -> int: ...
+
+    @property
+    def issuer(self) -> CopyIssuer: ...
+
+    @property
+    def single_band(self) -> Band | None:
+        """The one band every copy goes to (an ablation), or None."""
+        ...
+
+    @property
+    def ticket(self) -> npt.NDArray[np.int64]:
+        """Per slot: the in-flight copy's ticket, -1 when none."""
+        ...
+
+    @property
+    def band(self) -> npt.NDArray[np.int64]:
+        """Per slot: the band its copy was submitted in, -1 when none."""
+        ...
+
+    @property
+    def expert_of(self) -> npt.NDArray[np.int64]:
+        """Per slot: the flat expert id it holds, -1 when empty."""
+        ...
+
+    def is_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Per id: resident or in flight."""
+        ...
+
+    def resident_mask(self) -> npt.NDArray[np.bool_]:
+        """``(num_layers, num_experts)``: resident or in flight."""
+        ...
+
+    def free_capacity(self, protect: npt.ArrayLike | None = None) -> int:
+        """Slots a copy may take now without evicting ``protect``."""
+        ...
+
+    def prefetch(
+        self,
+        flat_ids: npt.ArrayLike,
+        band: Band = Band.ROUTE_AHEAD,
+        *,
+        protect: npt.ArrayLike | None = None,
+    ) -> npt.NDArray[np.int64]:
+        """Start copies of the missing ids; returns their tickets."""
+        ...
+
+    def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
+        """Tell a prediction-aware eviction policy what the next verify needs."""
+        ...
+
+
+@runtime_checkable
+class RouteStatsSink(Protocol):
+    """Route-ahead bookkeeping (:class:`pdflash.routeahead.RouteAheadStats`):
+    what was predicted against what the verify routed."""
+
+    def update(
+        self,
+        predicted: npt.ArrayLike,
+        routed: npt.ArrayLike,
+        resident: npt.ArrayLike | None = None,
+    ) -> None:
+        """One verify step from ``(layers, experts)`` masks; ``resident`` is
+        the cache's residency before the step."""
+        ...
+
+
+@runtime_checkable
+class HorizonPolicy(Protocol):
+    """How far ahead to predict per request
+    (:class:`pdflash.routeahead.AcceptanceHorizon`)."""
+
+    def observe(self, request_id: int, acceptance_length: int) -> None:
+        """Tokens the request's last verify committed."""
+        ...
+
+    def apply(self, block: DraftedBlock) -> DraftedBlock:
+        """``block`` with its ``horizon`` set for its request."""
+        ...
+
+    def forget(self, request_id: int) -> None:
+        """The request left; drop its history."""
         ...
 
 

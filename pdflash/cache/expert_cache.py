@@ -37,7 +37,7 @@ import math
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -45,9 +45,11 @@ import torch
 
 from pdflash._guard import BusyGuard, exclusive
 from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
-from pdflash.h2d import STATE_DONE
 from pdflash.metrics import Metric, ratio
-from pdflash.protocols import Band, CopyIssuer, checked_flat_ids
+from pdflash.protocols import Band, CopyIssuer, TicketState, checked_flat_ids
+
+if TYPE_CHECKING:
+    from pdflash.protocols import ExpertCacheView
 
 IdArray = npt.NDArray[np.int64]
 
@@ -420,7 +422,8 @@ class ExpertCache:
 
         NOTE: ``poll`` reports failed/cancelled copies as finished; telling
         them apart needs ``issuer.states`` (:class:`pdflash.h2d.H2DIssuer`'s
-        codes: > ``STATE_DONE`` means failed or cancelled). An issuer
+        :class:`~pdflash.protocols.TicketState` codes: > ``DONE`` means failed
+        or cancelled). An issuer
         without ``states`` is trusted to complete what it accepted.
         """
         tickets = self.ticket[slots]
@@ -429,7 +432,8 @@ class ExpertCache:
             done = np.asarray(self.issuer.poll(tickets), dtype=np.bool_)
             return done, np.zeros_like(done)
         states = np.asarray(states_fn(tickets))
-        return states == STATE_DONE, states > STATE_DONE
+        done_code = int(TicketState.DONE)
+        return states == done_code, states > done_code
 
     def _evictable_slots(self, exclude: IdArray) -> npt.NDArray[np.int64]:
         ok = (self.expert_of >= 0) & (self.pins == 0) & (self.ticket < 0)
@@ -735,3 +739,9 @@ class ExpertCache:
             with contextlib.suppress(Exception):
                 self.issuer.wait(np.asarray([t], dtype=np.int64), self.wait_timeout_s)
         return self.free_capacity()
+
+
+if TYPE_CHECKING:
+    # mypy: an ExpertCache is the engine's and the prefetcher's cache view
+    def _is_cache_view(cache: ExpertCache) -> ExpertCacheView:
+        return cache

@@ -73,13 +73,16 @@ from pdflash.engine.sampling import (
     sample_from,
     target_probs,
 )
-from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
+from pdflash.engine.target import Chunk, ForwardOutput, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.protocols import (
     Band,
     DraftedBlock,
+    ExpertCacheView,
     ExpertPredictor,
+    HorizonPolicy,
     MoEModelAdapter,
+    RouteStatsSink,
     decoder_layer_plan,
     flat_expert_ids,
 )
@@ -244,11 +247,11 @@ class Engine:
         drafter: DFlashDrafter | None = None,
         batcher: VerifyBatcher | None = None,
         predictor: ExpertPredictor | None = None,
-        horizon: Any = None,
+        horizon: HorizonPolicy | None = None,
         acceptance: AcceptanceModel | None = None,
         routing: RoutingSource | None = None,
-        expert_cache: Any = None,
-        route_stats: Any = None,
+        expert_cache: ExpertCacheView | None = None,
+        route_stats: RouteStatsSink | None = None,
         host_service: Any = None,
         max_seq_len: int = 1024,
         device: torch.device | str = "cpu",
@@ -1020,7 +1023,7 @@ class Engine:
         self,
         req: Request,
         grant: int,
-        out: Any,
+        out: ForwardOutput,
         i: int,
         greedy_host: dict[int, tuple[torch.Tensor, torch.Tensor]],
         start: int,
@@ -1107,6 +1110,7 @@ class Engine:
     def _load_every_expert(self) -> None:
         """B3: every expert resident before the first request (blocking)."""
         cache = self.expert_cache
+        assert cache is not None  # called only with a cache
         total = self.adapter.num_layers * self.adapter.num_experts
         if int(cache.num_slots) < total:
             raise ValueError(

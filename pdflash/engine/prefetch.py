@@ -55,13 +55,22 @@ the cache frees their slots) and the stream is re-issued in layer order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.protocols import Band, expert_mask
+from pdflash.protocols import (
+    Band,
+    ExpertCacheView,
+    MoEModelAdapter,
+    TicketState,
+    expert_mask,
+)
+
+if TYPE_CHECKING:
+    from pdflash.routeahead import NextLayerLookahead
 
 IdArray = npt.NDArray[np.int64]
 
@@ -98,8 +107,8 @@ class StreamingPrefetcher:
 
     def __init__(
         self,
-        adapter: Any,
-        cache: Any,
+        adapter: MoEModelAdapter,
+        cache: ExpertCacheView,
         *,
         ahead: int = 2,
         lookahead: bool = True,
@@ -141,7 +150,7 @@ class StreamingPrefetcher:
         self.first_needed = 0
         #: the layer whose experts are pinned or about to be (None: none)
         self.running: int | None = None
-        self._lookahead: Any = None
+        self._lookahead: NextLayerLookahead | None = None
         if lookahead:
             from pdflash.routeahead import NextLayerLookahead
 
@@ -207,10 +216,9 @@ class StreamingPrefetcher:
         states_fn = getattr(cache.issuer, "states", None)
         if slots.size == 0 or states_fn is None:
             return np.zeros(0, np.int64)
-        from pdflash.h2d import STATE_QUEUED
-
         states = np.asarray(states_fn(cache.ticket[slots]))
-        return np.asarray(cache.expert_of[slots[states == STATE_QUEUED]], dtype=np.int64)
+        queued = states == int(TicketState.QUEUED)
+        return np.asarray(cache.expert_of[slots[queued]], dtype=np.int64)
 
     def _cancel_stale(self) -> None:
         if getattr(self.cache, "single_band", None) is not None:

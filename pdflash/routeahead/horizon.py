@@ -19,8 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 from pdflash.protocols import DraftedBlock
+
+if TYPE_CHECKING:
+    from pdflash.protocols import HorizonPolicy
 
 
 class AcceptanceHorizon:
@@ -74,3 +78,9 @@ class AcceptanceHorizon:
 
     def forget(self, request_id: int) -> None:
         self._recent.pop(request_id, None)
+
+
+if TYPE_CHECKING:
+    # mypy: AcceptanceHorizon is the engine's horizon policy
+    def _is_horizon_policy(horizon: AcceptanceHorizon) -> HorizonPolicy:
+        return horizon

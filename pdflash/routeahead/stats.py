@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from pdflash._native import load_native
 from pdflash.metrics import Metric, metrics_to_json, ratio
 
-# NOTE: `import pdflash` already loaded every native module (raising
-# NativeExtensionError naming a missing one); importing directly keeps the
-# .pyi types visible to mypy.
-from pdflash_native import _routeahead as _native
-
 if TYPE_CHECKING:
-    from pdflash.protocols import MoEModelAdapter
+    # mypy types every call against the checked stub (_routeahead.pyi)
+    from pdflash.protocols import MoEModelAdapter, RouteStatsSink
+    from pdflash_native import _routeahead as _native
+else:
+    _native = load_native("_routeahead")
 
 _NO_ROUTED = "no routed experts observed"
 _NO_PREDICTED = "no predicted experts observed"
@@ -320,3 +320,9 @@ def unpack_bitsets(bits: npt.ArrayLike, num_experts: int) -> npt.NDArray[np.bool
     # host, which the native packer also assumes (it refuses to build otherwise).
     flat = np.unpackbits(arr.view(np.uint8), axis=-1, bitorder="little")
     return flat[..., :num_experts].astype(np.bool_)
+
+
+if TYPE_CHECKING:
+    # mypy: RouteAheadStats is the engine's route-stats sink
+    def _is_route_stats_sink(stats: RouteAheadStats) -> RouteStatsSink:
+        return stats

@@ -7,7 +7,7 @@ import bisect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -16,7 +16,11 @@ from pdflash._native import load_native
 from pdflash.scheduler.config import MIN_WEIGHT, SchedulerConfig
 from pdflash.scheduler.policies import PolicyInput, WeightPolicy
 
-_deficit = load_native("_deficit")
+if TYPE_CHECKING:
+    # mypy types every call against the checked stub (_deficit.pyi)
+    from pdflash_native import _deficit
+else:
+    _deficit = load_native("_deficit")
 
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
