@@ -140,6 +140,22 @@ def _gmm_readable(t: torch.Tensor) -> bool:
     return all(st == 1 or (st * size) % 16 == 0 for st in t.stride())
 
 
+def _room(cache: ExpertCache, layer: int) -> int:
+    """Slots a layer may pin now (> 0). When every slot is pinned or still
+    being filled by a copy, wait for in-flight copies to land (they settle or
+    free their slots) instead of failing; only a cache whose every slot is
+    pinned with nothing in flight is too small."""
+    room = cache.free_capacity()
+    if room <= 0:
+        room = cache.wait_for_capacity()
+    if room <= 0:
+        raise CacheTooSmallError(
+            f"layer {layer}: no expert slot is free or evictable "
+            f"({cache.num_slots} slots, all pinned with no copy in flight)"
+        )
+    return int(room)
+
+
 class OffloadedMoE:
     """Offloaded expert execution for every MoE layer of one model.
 
@@ -284,17 +300,7 @@ class OffloadedMoE:
         cache = self.cache
         i = 0
         while i < todo.size:
-            room = cache.free_capacity()
-            if room <= 0:  # every slot pinned or still being filled by a copy
-                # NOTE: wait for in-flight copies to land (they settle or free
-                # their slots) instead of failing; only a cache whose every
-                # slot is pinned with nothing in flight is too small.
-                room = cache.wait_for_capacity()
-            if room <= 0:
-                raise CacheTooSmallError(
-                    f"layer {layer}: no expert slot is free or evictable "
-                    f"({cache.num_slots} slots, all pinned with no copy in flight)"
-                )
+            room = _room(cache, layer)
             pos = todo[i : i + room]
             flat_ids = base + experts[pos]
             slots, tickets = cache.acquire(flat_ids)
@@ -397,14 +403,7 @@ class OffloadedMoE:
         base = layer * self.num_experts
         i = 0
         while i < experts.size:
-            room = cache.free_capacity()
-            if room <= 0:  # every slot pinned or still being filled by a copy
-                room = cache.wait_for_capacity()
-            if room <= 0:
-                raise CacheTooSmallError(
-                    f"layer {layer}: no expert slot is free or evictable "
-                    f"({cache.num_slots} slots, all pinned with no copy in flight)"
-                )
+            room = _room(cache, layer)
             group = experts[i : i + room]
             flat_ids = base + group
             _, tickets = cache.acquire(flat_ids)
