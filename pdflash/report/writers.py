@@ -206,6 +206,7 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
                 "compute busy s",
                 "wall s",
                 "n",
+                "floor from",
             ),
             [
                 [
@@ -225,6 +226,7 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
                     e["compute_busy_s"],
                     e["wall_s"],
                     e["repeats"],
+                    e.get("compute_floor_source", "row"),
                 ]
                 for e in lead.get("per_point", [])
             ],

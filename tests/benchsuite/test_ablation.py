@@ -14,7 +14,7 @@ from pdflash.bench import cli
 from pdflash.bench.suites import matrix
 
 from pdflash.report.ablation import ablation_table
-from pdflash.report.evaluate import evaluate
+from pdflash.report.evaluate import B3_COMPUTE_FLOOR, evaluate
 from pdflash.report.schema import (
     comparison_points,
     row_key,
@@ -230,6 +230,32 @@ def test_report_leads_with_eta_phys_and_states_the_floor(
     assert lead < md.index("## Tokens/s per baseline") and lead < md.index("## Targets")
     assert "Compute floor used: max(miss floor, compute floor) / wall; floor = B3's time" in md
     assert "acceptance forced τ=4" in md and "| inputs |" in md
+
+
+def test_eta_phys_takes_b3s_compute_as_the_floor_where_b3_ran(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    rows = matrix_rows(concurrency=(1,), repeats=3)
+    for row in rows:
+        row["eta_phys"] = 0.99  # the row's own floor: ignored once B3 ran at the point
+        row["miss_floor_s"] = 0.2
+        row["wall_s"] = 2.0 + row["repeat"]
+        if row["baseline"] == "B3":
+            row["compute_busy_s"] = 0.5 + 0.1 * row["repeat"]  # median 0.6
+    ev = evaluate(rows)
+    (pd,) = [e for e in ev["eta_phys"]["per_point"] if e["baseline"] == "PD"]
+    # max(0.2, 0.6) / wall for walls 2, 3, 4: median 0.6 / 3
+    assert pd["eta_phys"] == pytest.approx(0.2)
+    assert pd["compute_floor_source"] == "B3"
+    assert ev["eta_phys"]["compute_floor"] == [B3_COMPUTE_FLOOR]
+    # without B3 at the point the rows' own eta_phys stands, with their definition
+    no_b3 = [r for r in rows if r["baseline"] != "B3"]
+    for row in no_b3:
+        row["eta_phys_definition"] = "own floor"
+    ev = evaluate(no_b3)
+    (pd,) = [e for e in ev["eta_phys"]["per_point"] if e["baseline"] == "PD"]
+    assert pd["eta_phys"] == pytest.approx(0.99) and pd["compute_floor_source"] == "row"
+    assert ev["eta_phys"]["compute_floor"] == ["own floor"]
 
 
 def test_matrix_repeats_default_and_interleaving() -> None:
