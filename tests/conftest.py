@@ -2,7 +2,7 @@
 
 Hypothesis profiles (``HYPOTHESIS_PROFILE``): ``ci`` (default, a fixed
 example budget) and ``thorough`` (``THOROUGH_FACTOR`` times every test's
-budget, on demand): ``HYPOTHESIS_PROFILE=thorough pytest tests/property``.
+budget, on demand): ``HYPOTHESIS_PROFILE=thorough pytest -m property``.
 Tests that set their own ``max_examples`` scale it with
 ``hypothesis_budget.scaled``, so the profile scales them too.
 
@@ -11,6 +11,15 @@ pytest header; replay a failure with ``PDFLASH_HYPOTHESIS_SEED=N pytest ...``.
 ``PDFLASH_HYPOTHESIS_SEED=derandomize`` gives the fixed, per-test derived
 examples instead (reproducible without a seed). ``--hypothesis-seed`` wins
 over both.
+
+Kinds of test are markers, not directories (the directories mirror the
+package): ``native``, ``gpu``, ``faults`` and ``slow`` are set by the modules
+(``pytestmark``) or tests themselves, ``property`` by the hook below on every
+hypothesis test. ``gpu`` tests skip cleanly without a CUDA device.
+
+Fixtures shared by several directories live in plugin modules next to this
+file (``pytest_plugins``): ``issuer_fixtures`` (tiny checkpoints, the host and
+a fake issuer) and ``bench_fixtures`` (valid bench rows and a fake engine).
 """
 
 from __future__ import annotations
@@ -21,11 +30,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))  # hypothesis_budget, for test modules
 
 from hypothesis_budget import CI_EXAMPLES, THOROUGH_FACTOR
+
+pytest_plugins = ("issuer_fixtures", "bench_fixtures")
 
 SEED_ENV = "PDFLASH_HYPOTHESIS_SEED"
 _SEED_SETTING = os.environ.get(SEED_ENV, "").strip()
@@ -80,3 +92,27 @@ def pytest_report_header(config: Any) -> str:
         f"hypothesis: profile {profile}, seed {HYPOTHESIS_SEED} "
         f"(replay: {SEED_ENV}={HYPOTHESIS_SEED} pytest ...)"
     )
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects on the markers added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Kinds are markers: every hypothesis test (``@given``) is ``property``;
+    ``gpu`` tests skip cleanly without a CUDA device."""
+    from hypothesis import is_hypothesis_test
+
+    for item in items:
+        if isinstance(item, pytest.Function) and is_hypothesis_test(item.obj):
+            item.add_marker(pytest.mark.property)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="no CUDA device on this machine")
+        for item in gpu_items:
+            item.add_marker(skip)

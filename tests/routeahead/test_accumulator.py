@@ -15,6 +15,8 @@ from pdflash._reference.routeahead import COUNTER_NAMES as REF_NAMES
 from pdflash._reference.routeahead import RouteAheadReference
 from pdflash_native import _routeahead as native
 
+pytestmark = pytest.mark.native
+
 
 @dataclass
 class Step:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pdflash.bench.proxy import trace_format as tf
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200" / "proxy-2026-12-01"
+RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "proxy-2026-12-01"
 #: loop tau per trace as the results README states it
 README_TAU = {"trace_gpu_greedy.npz": 1.53, "trace_gpu_t1.npz": 1.50}
 

@@ -16,6 +16,8 @@ from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._native import load_native
 from pdflash._reference.scheduler import ReferenceScheduler
 
+pytestmark = pytest.mark.native
+
 
 def run_differential(
     seed: int,

@@ -23,6 +23,8 @@ from pdflash.scheduler import (
     WeightPolicy,
 )
 
+pytestmark = pytest.mark.native
+
 
 def make(
     T: int = 16, M: int | None = 100, layers: int = 2, experts: int = 4, **kw: Any

@@ -3,9 +3,13 @@ ticket-state codes and the copy errors are the ones _issuer reports and raises."
 
 from __future__ import annotations
 
+import pytest
+
 from pdflash import h2d, protocols
 from pdflash.protocols import TicketState
 from pdflash_native import _issuer
+
+pytestmark = pytest.mark.native
 
 
 def test_ticket_states_are_the_native_codes() -> None:

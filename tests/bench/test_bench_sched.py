@@ -8,6 +8,8 @@ import json
 import pytest
 from pdflash.bench import cli
 
+pytestmark = pytest.mark.native
+
 
 def test_sched_suite_prints_one_json_object(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["sched", "--json", "--requests", "8,12", "--layers", "4", "--experts", "16"]

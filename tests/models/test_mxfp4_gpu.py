@@ -21,6 +21,8 @@ from pdflash.models.layout import (
     set_mxfp4_dequantizer,
 )
 
+pytestmark = pytest.mark.gpu
+
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 

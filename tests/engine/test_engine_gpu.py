@@ -14,6 +14,8 @@ from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 
+pytestmark = pytest.mark.gpu
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])

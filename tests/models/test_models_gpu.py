@@ -13,6 +13,8 @@ import torch
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 from pdflash.protocols import Band
 
+pytestmark = pytest.mark.gpu
+
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
 
 

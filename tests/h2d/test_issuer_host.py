@@ -33,6 +33,8 @@ from pdflash.h2d import (
 from pdflash.metrics import NotMeasured
 from pdflash.protocols import Band, CopyIssuer
 
+pytestmark = pytest.mark.native
+
 CHUNK = 64 << 10
 
 

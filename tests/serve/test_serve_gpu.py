@@ -15,7 +15,7 @@ from pdflash.models import write_synthetic_checkpoint
 from pdflash.serve.build import ServeModelConfig, build_engine, write_synthetic_model
 from pdflash.serve.loop import EngineLoop, Finish, GenerationRequest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(300)]
 
 
 class _Collect:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
 from pdflash.bench.suites import bm
+
+pytestmark = pytest.mark.gpu
 
 
 def test_bm4_measures_overlap_on_cuda() -> None:

@@ -8,6 +8,8 @@ import json
 import pytest
 from pdflash.bench import cli
 
+pytestmark = pytest.mark.native
+
 REQUIRED = [
     "link_peak_gbps",
     "issue_us_768",

@@ -34,6 +34,8 @@ from pdflash.h2d import (
 )
 from pdflash.protocols import Band
 
+pytestmark = pytest.mark.native
+
 SLOT = 96 << 10  # each key owns a fixed src/dst slot of this size
 N_KEYS = 10
 N_FREE = 24  # slots for key -1 (never deduplicated) copies

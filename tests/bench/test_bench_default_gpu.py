@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from pdflash.bench import cli
+
+pytestmark = pytest.mark.gpu
 
 
 def test_default_quick_on_cuda(tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ from pdflash.h2d import (
 )
 from pdflash.protocols import Band
 
+pytestmark = pytest.mark.native
+
 CHUNK = 64 << 10
 # Page 1 of the address space: never mapped on Linux (mmap_min_addr >= 4096).
 UNMAPPED = 0x1000

@@ -18,6 +18,8 @@ from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._reference.scheduler import ReferenceScheduler
 from pdflash.scheduler.bounds import fairness_bound, liveness_bound, turn_bound, visit_bound
 
+pytestmark = pytest.mark.native
+
 STEPS = 1200
 
 # (drafted tokens, predicted flat expert ids); request 0 alternates per step

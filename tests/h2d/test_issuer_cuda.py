@@ -33,6 +33,8 @@ from pdflash.h2d import (
 )
 from pdflash.protocols import Band
 
+pytestmark = [pytest.mark.gpu, pytest.mark.native]
+
 torch = pytest.importorskip("torch")
 
 MiB = 1 << 20

@@ -15,6 +15,8 @@ import torch
 from pdflash.hybrid import ForcedHostPlanner, HostExpertExecutor, build_host_service
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 
+pytestmark = pytest.mark.gpu
+
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 # bf16 accumulation order differs between the CPU's GEMM and the GPU's
 TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (3e-2, 3e-2)}

@@ -38,6 +38,8 @@ from pdflash._reference.scheduler_checks import InvariantTracker
 from pdflash.scheduler import StepResult, UnknownRequestError
 from pdflash.scheduler.bounds import fairness_bound, visit_bound
 
+pytestmark = [pytest.mark.native, pytest.mark.property]
+
 RIDS = st.integers(0, 6)
 WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0])
 

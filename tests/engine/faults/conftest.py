@@ -105,7 +105,7 @@ def classify_refusal(
 
 
 def _engine_conftest() -> Any:
-    path = Path(__file__).resolve().parent.parent / "engine" / "conftest.py"
+    path = Path(__file__).resolve().parent.parent / "conftest.py"  # tests/engine
     spec = importlib.util.spec_from_file_location("_pdflash_engine_test_helpers", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
