@@ -2,7 +2,7 @@
 # Build pdflash on the lent H200 machine and run named steps, each a command
 # line; results go to $OUT/results.jsonl (one {"step", "cmd", "rc", "result"}
 # per step) and the whole log to $OUT/log.txt. Usage:
-#   bash bench/h200/run.sh 'gputests=pytest tests/gpu -q' 'h2d=pdflash-bench h2d --json'
+#   bash bench/h200/run.sh 'gputests=pytest -m gpu -q' 'h2d=pdflash-bench h2d --json'
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}

@@ -12,10 +12,10 @@ reading, it is stated here (and in :mod:`pdflash.scheduler`):
   lap, everywhere, and (b) the proved weighted-service bound
   (:func:`pdflash.scheduler.bounds.fairness_bound`) over every interval in
   which two requests are both backlogged, in the regime where a step holds
-  one item (see ``tests/property``); when several items share a step, an
-  item that does not fit the *residual* budget waits for the head position
-  while smaller items are packed around it (work conservation wins there),
-  and that wait is bounded by 7.
+  one item (see ``tests/scheduler/test_scheduler_stateful.py``); when
+  several items share a step, an item that does not fit the *residual*
+  budget waits for the head position while smaller items are packed around
+  it (work conservation wins there), and that wait is bounded by 7.
 * 7 (no starvation): a request with pending demand is served within
   :func:`pdflash.scheduler.bounds.liveness_bound` steps (proof in
   ``docs/scheduler.md``), evaluated from the config, the number of requests

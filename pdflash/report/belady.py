@@ -21,8 +21,8 @@ Model (demand paging, the same one the engine's cache obeys):
 The policy: on a miss, evict the resident expert (not needed by the current
 step) whose next use is farthest in the future (never used again first);
 after a streamed step keep the ``slots`` experts used soonest. Step-granular
-farthest-in-future is optimal under this model; ``tests/unit`` checks it
-against exhaustive search on small traces.
+farthest-in-future is optimal under this model; ``tests/report/test_belady.py``
+checks it against exhaustive search on small traces.
 
 Runs in O(A log A) for A total accesses (a lazy max-heap keyed by next use).
 """

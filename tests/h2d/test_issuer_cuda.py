@@ -1,6 +1,6 @@
 """The H2D issuer on the CUDA backend (skipped without a CUDA device).
 
-The same properties as tests/native/test_issuer_*.py on real copies into
+The same properties as tests/h2d/test_issuer_*.py on real copies into
 device memory: bytes arrive, band order follows the reference rule, dedup /
 promotion / cancel, a failed copy carries the CUDA error text and later copies
 work, stream_wait orders a torch stream without a host sync, pageable sources

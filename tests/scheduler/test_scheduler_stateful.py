@@ -666,7 +666,7 @@ def periodic_runs(draw: Any) -> dict[str, Any]:
     }
 
 
-REPRO = {  # tests/unit/test_scheduler_liveness.py: starved request 1 before the fix
+REPRO = {  # tests/scheduler/test_scheduler_liveness.py: starved request 1 before the fix
     "cfg": SchedulerConfig(
         token_budget=6, missing_byte_budget=20, quantum=1.5, num_layers=1, num_experts=3
     ),
