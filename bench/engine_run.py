@@ -499,7 +499,6 @@ def _run(
     synthetic_draft: bool,
     progress: Callable[[int, int], None] | None,
 ) -> RunResult:
-    from pdflash.cache import ExpertCache
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import BatchedUnionPredictor
     from pdflash.routeahead import (
@@ -518,23 +517,14 @@ def _run(
         # layers cyclically, which LRU thrashes; a fair comparison gives the
         # baselines the same policy PD uses
         eviction = "layer_cyclic"
-    policy: Any = eviction
-    if eviction == "layer_cyclic":
-        from pdflash.cache.eviction import LayerCyclicPolicy
-
-        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
-    cache = ExpertCache(
-        adapter.store,
+    cache = adapter.attach_new_cache(
         issuer,
-        device=device,
         fraction=fraction,
-        top_k=adapter.top_k,
-        max_batch_tokens=1,
-        policy=policy,
+        policy=eviction,
         # without bands (the PD-one-band ablation) every copy goes in one FIFO band
         single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
     )
-    runtime = adapter.attach_cache(cache)
+    runtime = adapter.runtime
 
     config = EngineConfig.preset(
         spec.baseline,
@@ -669,11 +659,7 @@ def _run(
         # (and its slab) can be freed.
         _quiesce(issuer, cache)
         # the process-cached adapter must not keep this run's cache alive
-        if getattr(runtime, "cache", None) is not None:
-            for block in getattr(adapter, "blocks", []):
-                block.runtime = None
-        adapter.cache = None
-        adapter.runtime = None
+        adapter.detach_cache()
         if host_service is not None:
             host_service.close()
             runtime.host_service = None
