@@ -17,19 +17,22 @@ outcomes and keeps the books. One :meth:`Engine.step`:
 4. the batcher picks the verify batch (token grants) from the demands and
    the resident set; with route-ahead on, the batch's predicted missing
    experts are copied ROUTE_AHEAD before the verify forward starts;
-5. verifies the batch in one target forward, accepts per request (greedy
-   prefix + bonus, lossless rejection sampling, or a forced length), rolls
-   the target KV back to the accepted length, streams tokens and keeps the
-   committed positions' hidden states for the next draft;
-6. bookkeeping (route-ahead stats, predictor observations, metrics), then
-   BACKGROUND prefetch of the frequency prior with the byte budget left.
+5. the verifier runs the batch in one target forward and decides each
+   request's acceptance (greedy prefix + bonus, lossless rejection sampling,
+   or a forced length), committing nothing; the engine records the books
+   (routing trace, route-ahead stats, predictor observations), then commits
+   each outcome: rolls the target KV back to the accepted length, streams
+   tokens and keeps the committed positions' hidden states for the next draft;
+6. the planner's BACKGROUND prefetch of the frequency prior with the byte
+   budget left.
 
 With ``streaming_prefetch`` (PD), steps 3-5 copy through a
 :class:`~pdflash.engine.prefetch.StreamingPrefetcher` instead of one batch of
 copies: right after a verify (end of 5) the next verify's first layers are
 planned from the routed set of the requests that go on and their copies
-start, so they run while step 2 drafts; step 3 refines the plan (stale
-queued copies are cancelled); during the verify each layer's routing and
+start, so they run while step 2 drafts; step 3 sets the plan from the
+predictions, once per step (stale queued copies are cancelled; step 4 only
+re-plans if the batcher deferred some requests); during the verify each layer's routing and
 release advance the stream to the next layer (gate lookahead), never
 evicting an expert the forward needs earlier.
 
@@ -39,7 +42,7 @@ Failure semantics (README "Failure semantics"): an exception in a stage of
 a step ends only the requests that stage was working on, with
 ``finish_reason="error"`` and :attr:`Request.error`; their KV pages and the
 pages promised to them are released, and every other request goes on. A
-verify commits request by request (acceptance, KV rollback, streaming), so a
+verify's outcomes are committed request by request (KV rollback, streaming), so a
 failure while accepting or committing one request never touches another's
 tokens. A failed prefill releases its pages and is retried once, alone.
 Prefetch failures (route-ahead, lookahead, the stream, background) affect no
@@ -314,7 +317,7 @@ class Engine:
             runtime.cache = StallTimedCache(base, self.timer)
 
         if config.all_resident and expert_cache is not None:
-            self._load_every_expert()
+            self.prefetch.load_every_expert()
 
         #: every request and where it stands (queue, running, finished, KV ledger)
         self.requests = RequestTable(max_finished)
@@ -1013,19 +1016,6 @@ class Engine:
         return got
 
     # -------------------------------------------------------------- experts
-    def _load_every_expert(self) -> None:
-        """B3: every expert resident before the first request (blocking)."""
-        cache = self.expert_cache
-        assert cache is not None  # called only with a cache
-        total = self.adapter.num_layers * self.adapter.num_experts
-        if int(cache.num_slots) < total:
-            raise ValueError(
-                f"baseline {self.config.baseline!r} keeps every expert resident: the expert "
-                f"cache has {cache.num_slots} slots for {total} experts"
-            )
-        tickets = np.asarray(cache.prefetch(np.arange(total, dtype=np.int64), Band.BACKGROUND))
-        cache.issuer.wait(tickets[tickets >= 0])
-
     def _resident_mask(self) -> npt.NDArray[np.bool_] | None:
         if self.expert_cache is None:
             return None

@@ -583,6 +583,21 @@ class ExpertPrefetcher:
         else:
             self.stream.skip = mask
 
+    def load_every_expert(self) -> None:
+        """B3 (``all_resident``): every expert resident before the first
+        request (blocking; not counted as prefetch bytes). Raises
+        ``ValueError`` when the cache cannot hold them all."""
+        cache = self.cache
+        assert cache is not None
+        total = self.adapter.num_layers * self.adapter.num_experts
+        if int(cache.num_slots) < total:
+            raise ValueError(
+                f"baseline {self.config.baseline!r} keeps every expert resident: the expert "
+                f"cache has {cache.num_slots} slots for {total} experts"
+            )
+        tickets = np.asarray(cache.prefetch(np.arange(total, dtype=np.int64), Band.BACKGROUND))
+        cache.issuer.wait(tickets[tickets >= 0])
+
     # ------------------------------------------------------------ the step
     def begin_forward(self) -> None:
         self._planned = None
