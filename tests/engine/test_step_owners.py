@@ -359,3 +359,50 @@ def test_the_adapters_one_cache_factory(offloaded_checkpoint: Path) -> None:
         assert all(b.runtime is None for b in adapter.blocks)
     finally:
         issuer.close()
+
+
+class _Interrupt(BaseException):
+    """Stands for a KeyboardInterrupt raised inside a stream callback."""
+
+
+def test_an_interrupt_while_committing_rolls_back_only_the_uncommitted(
+    adapter: Any, drafter: Any, hf_target: Any
+) -> None:
+    """The verifier decided every outcome; an interrupt while the engine
+    commits request i leaves requests before i committed and rolls i.. back
+    to the step's start, so stepping on is still lossless."""
+    config = EngineConfig.preset("B1", block_size=4, max_running=3, token_budget=12)
+    eng = Engine(adapter, config, drafter=drafter, max_seq_len=48)
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 64, (n,), generator=gen).tolist() for n in (4, 6, 5)]
+    armed = [False]
+
+    def on_token(rid: int, tok: int) -> None:
+        if armed[0] and rid == ids[1]:
+            armed[0] = False
+            raise _Interrupt()
+
+    ids = [eng.add_request(p, max_new_tokens=10, on_token=on_token) for p in prompts]
+    eng.step()  # prefill, draft, verify: every request has committed tokens
+    report = StepReport()
+    eng._draft_stage(report)
+    outputs = [list(eng.request(r).output) for r in ids]
+    lengths = [eng.kv.length(r) for r in ids]
+    armed[0] = True
+    batch, _ = eng._schedule_stage(report)
+    assert [r.request_id for r, _ in batch] == ids
+    result = eng._verify_stage(batch, None, report)
+    assert result is not None
+    with pytest.raises(_Interrupt):
+        eng._commit_verified(result, report)
+    first, second, third = (eng.request(r) for r in ids)
+    assert len(first.output) > len(outputs[0])  # committed before the interrupt
+    assert first.state == RequestState.DRAFT
+    # the interrupt came from the callback of the interrupted request's first
+    # new token (appended before its callback ran); the one after it is untouched
+    assert second.output[:-1] == outputs[1] and len(second.output) == len(outputs[1]) + 1
+    assert third.output == outputs[2] and third.state == RequestState.VERIFY
+    assert eng.kv.length(ids[2]) == lengths[2]
+    eng.run_until_done(max_steps=100)
+    for rid, prompt in zip(ids, prompts, strict=True):
+        assert eng.request(rid).output == greedy_reference(hf_target, prompt, 10)
