@@ -499,7 +499,6 @@ def _run(
     synthetic_draft: bool,
     progress: Callable[[int, int], None] | None,
 ) -> RunResult:
-    from pdflash.cache import ExpertCache
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import BatchedUnionPredictor
     from pdflash.routeahead import (
@@ -518,23 +517,14 @@ def _run(
         # layers cyclically, which LRU thrashes; a fair comparison gives the
         # baselines the same policy PD uses
         eviction = "layer_cyclic"
-    policy: Any = eviction
-    if eviction == "layer_cyclic":
-        from pdflash.cache.eviction import LayerCyclicPolicy
-
-        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
-    cache = ExpertCache(
-        adapter.store,
+    cache = adapter.attach_new_cache(
         issuer,
-        device=device,
         fraction=fraction,
-        top_k=adapter.top_k,
-        max_batch_tokens=1,
-        policy=policy,
+        policy=eviction,
         # without bands (the PD-one-band ablation) every copy goes in one FIFO band
         single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
     )
-    runtime = adapter.attach_cache(cache)
+    runtime = adapter.runtime
 
     config = EngineConfig.preset(
         spec.baseline,
@@ -669,11 +659,7 @@ def _run(
         # (and its slab) can be freed.
         _quiesce(issuer, cache)
         # the process-cached adapter must not keep this run's cache alive
-        if getattr(runtime, "cache", None) is not None:
-            for block in getattr(adapter, "blocks", []):
-                block.runtime = None
-        adapter.cache = None
-        adapter.runtime = None
+        adapter.detach_cache()
         if host_service is not None:
             host_service.close()
             runtime.host_service = None
@@ -789,7 +775,7 @@ def _workload(
     # compulsory loads the run never paid, and ratios < 1 appear).
     cache.drain_inflight()
     initial_resident = np.flatnonzero(np.asarray(cache.slot_of) >= 0).astype(np.int64)
-    _reset_measurements(engine, cache, route_stats)
+    _reset_measurements(engine)
     issuer_before = _issuer_totals(issuer.stats())
     closed = ClosedLoop(workload) if workload.arrivals == "closed" else None
     pending = closed.start() if closed is not None else open_loop(workload)
@@ -907,27 +893,12 @@ def _serving_workload(spec: RunSpec) -> Workload:
     )
 
 
-def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
-    for policy in (engine.acceptance, engine.routing):
-        reset = getattr(policy, "reset_stats", None)
-        if reset is not None:
-            reset()
-    cache.reset_stats()
-    route_stats.reset()
-    engine.timer.reset()
-    engine.routing_trace.clear()
-    engine.trace_kinds.clear()
-    engine.scheduler_us.clear()
-    engine.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
-    if engine.stream is not None:
-        engine.stream.copies_submitted = engine.stream.bytes_submitted = 0
-        engine.stream.cancelled = 0
-    engine.verify_forwards = 0
-    engine.steps = 0  # the row's `steps` counts measured steps only, like the rest
-    engine.predict_s = 0.0
-    engine.finished.clear()
-    if engine.host_service is not None:
-        engine.host_service.books.reset()
+def _reset_measurements(engine: Engine) -> None:
+    """The warm-up is not measured: the engine's books (and the cache's, the
+    route-ahead stats', the acceptance model's, the hybrid service's) start
+    from zero, and its finished requests are released."""
+    engine.reset_stats()  # the row's `steps` counts measured steps only, like the rest
+    engine.pop_finished()
 
 
 def _result(
