@@ -53,7 +53,7 @@ import numpy.typing as npt
 import torch
 
 from pdflash._guard import BusyGuard
-from pdflash.engine import validation
+from pdflash.engine import pd_controller, validation
 from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
 from pdflash.engine.batching import (
     BatchDecision,
@@ -182,6 +182,7 @@ class StepReport:
     admitted: int = 0
     drafted: int = 0
     verified: int = 0
+    verified_tokens: int = 0  # tokens the verify forward took (anchors + granted drafts)
     committed_tokens: int = 0
     finished: list[int] = field(default_factory=list)
     scheduler_us: float = 0.0
@@ -237,6 +238,12 @@ class Engine:
         max_finished: keep at most this many finished requests in
             :attr:`finished` (oldest dropped first); None keeps all until
             :meth:`pop_finished`.
+        controller: a :class:`~pdflash.engine.pd_controller.PartsPolicy`
+            that switches PD's parts (route-ahead, 2-D scheduler, streaming
+            prefetcher) on and off each step; default: a
+            :class:`~pdflash.engine.pd_controller.PDController` when
+            ``config.parts_controller`` is set, else none (the parts run as
+            configured).
     """
 
     def __init__(
@@ -258,6 +265,7 @@ class Engine:
         kv_dtype: torch.dtype | None = None,
         clock: Callable[[], float] = time.perf_counter,
         max_finished: int | None = None,
+        controller: pd_controller.PartsPolicy | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -404,6 +412,11 @@ class Engine:
         self.verify_forwards = 0
         self.first_step_s: float | None = None
         self.last_step_s: float | None = None
+        # ---- PD controller hook (pdflash.engine.pd_controller) ----
+        self.prefetch_stage_s: dict[str, float] = {}  # host s per prefetch stage
+        if controller is None and config.parts_controller:
+            controller = pd_controller.PDController()
+        self.parts = pd_controller.attach(self, controller) if controller is not None else None
 
     # ------------------------------------------------------------------ API
     def add_request(
@@ -513,6 +526,7 @@ class Engine:
             self.verify_forwards = 0
             self.predict_s = 0.0
             self.prefetch_failures = 0
+            self.prefetch_stage_s.clear()
 
     def request(self, request_id: int) -> Request:
         req = self._requests.get(request_id) or self.finished.get(request_id)
@@ -564,6 +578,8 @@ class Engine:
                 self._stage = "idle"
 
     def _step(self) -> StepReport:
+        if self.parts is not None:  # PD controller hook: this step's parts
+            pd_controller.before_step(self.parts)
         report = StepReport()
         now = self.clock()
         if self.first_step_s is None:
@@ -593,6 +609,8 @@ class Engine:
             self._verify_step(waiting_verify, report)
         self.steps += 1
         self.last_step_s = self.clock()
+        if self.parts is not None:  # PD controller hook: the step's measurement
+            pd_controller.after_step(self.parts, report)
         return report
 
     def _verify_step(self, waiting: list[Request], report: StepReport) -> None:
@@ -616,6 +634,7 @@ class Engine:
             self._fail([r for r, _ in batch], exc, report)
             return
         report.verified = len(batch)
+        report.verified_tokens = sum(g for _, g in batch)
         report.committed_tokens = committed
         report.finished = finished
         if self.config.background_prefetch and self.expert_cache is not None:
@@ -625,10 +644,14 @@ class Engine:
         """Prefetching is an optimisation: its failure affects no request (a
         forward copies on demand what is missing); it is counted."""
         self._stage = name
+        t0 = time.perf_counter()
         try:
             fn(*args)
         except Exception:
             self.prefetch_failures += 1
+        finally:
+            spent = time.perf_counter() - t0
+            self.prefetch_stage_s[name] = self.prefetch_stage_s.get(name, 0.0) + spent
 
     def _fail(self, reqs: Sequence[Request], exc: Exception, report: StepReport) -> None:
         """End the live requests among ``reqs`` with ``finish_reason="error"``."""
@@ -823,7 +846,7 @@ class Engine:
                 todo.append((req, n))
         if todo:
             self._draft_blocks(todo)
-        if self.predictor is not None:
+        if self.predictor is not None and self.config.route_ahead:  # off: PD controller
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
 

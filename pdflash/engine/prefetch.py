@@ -161,6 +161,8 @@ class StreamingPrefetcher:
         self.cancelled = 0  # queued ROUTE_AHEAD copies cancelled as stale
         self.submit_log: list[tuple[int, int]] = []  # (first needed layer, flat id), if logging
         self.log_submissions = False
+        #: switched off by :meth:`pause`: the forward hooks do nothing
+        self.paused = False
 
     # ------------------------------------------------------------ plan
     def _mask(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -311,6 +313,23 @@ class StreamingPrefetcher:
                 break  # no safe slot for the rest: later layers must wait too
         return submitted
 
+    # ------------------------------------------------------------ switching
+    def pause(self) -> None:
+        """Stop streaming (the PD controller switched it off): forget the
+        plan (no expert stays protected for it) and ignore the forward's
+        hooks until :meth:`resume`. Copies already issued complete."""
+        self.paused = True
+        self._source_plans = {}
+        self.plan[:] = False
+        self.fetch[:] = False
+        self.first_needed = 0
+        self.running = None
+        self._set_policy_prediction()
+
+    def resume(self) -> None:
+        """Stream again from the next plan (:meth:`set_plan`)."""
+        self.paused = False
+
     # ------------------------------------------------------------ forward hooks
     def begin_forward(self) -> None:
         self.first_needed = 0
@@ -327,6 +346,8 @@ class StreamingPrefetcher:
         output not yet added) sets layer+1's plan now and its confident
         experts are queued too, a whole layer's compute earlier than the
         lookahead at release."""
+        if self.paused:
+            return
         self.running = int(layer)
         self.first_needed = int(layer)
         ids = np.unique(topk_ids.reshape(-1).cpu().numpy().astype(np.int64))
@@ -370,6 +391,8 @@ class StreamingPrefetcher:
         """Layer ``layer`` is released: refine layer+1's plan with next-layer
         lookahead and copy its misses (they evict what the on-demand path
         would evict a moment later: layer ``layer``'s experts)."""
+        if self.paused:
+            return
         self.running = None
         nxt = layer + 1
         self.first_needed = nxt

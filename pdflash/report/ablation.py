@@ -1,7 +1,8 @@
 """What each part of PD buys: PD against PD with one part switched off.
 
-:func:`ablation_table` compares, per comparison point, full PD with each
-ablation (``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
+:func:`ablation_table` compares, per comparison point, PD (its parts under
+the PD controller) with each ablation (``PD-all-on``: every part forced on,
+i.e. what the controller buys; ``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
 ``PD-no-stream``; and ``PD+host``, PD with a part added) on tokens/s,
 bytes per committed token and exposed fetch seconds: each a median with the
 95% t interval over repeats, and a verdict from
@@ -22,6 +23,7 @@ from pdflash.report.schema import ABLATIONS, comparison_points, point_label, ser
 
 #: The part of PD each label switches off (PD+host adds the hybrid miss service).
 PART: dict[str, str] = {
+    "PD-all-on": "the PD controller (every part forced on)",
     "PD-no-route-ahead": "route-ahead",
     "PD-one-band": "priority bands",
     "PD-token-sched": "2-D scheduler",
