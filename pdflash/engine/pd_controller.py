@@ -11,7 +11,11 @@ per second (the verify's tokens by default, see ``rate_of``): after a
 warm-up it probes one part at a time — ``window`` measured steps as configured (A), ``window`` steps with that part flipped
 (B), ``window`` steps back as configured (A') — and votes to flip the part
 when B beat both A windows and their mean by more than ``margin`` plus the
-two A windows' own disagreement (a per-probe noise estimate). A flip needs
+two A windows' own disagreement (a per-probe noise estimate), or — for the
+prefetching parts (route-ahead, stream) — when the part's own host seconds
+per step exceed the exposed fetch seconds per step it removes by more than
+``margin`` of a step (or, switched off, fall short of them by as much) and
+the rate does not say the opposite beyond ``margin``. A flip needs
 ``confirm`` consecutive votes for the same part (the part is re-probed at
 once); anything else keeps the configuration. After every part was probed it
 holds for ``hold`` steps and probes again, so a part switched off is switched
@@ -46,6 +50,10 @@ import numpy as np
 
 if TYPE_CHECKING:
     from pdflash.engine.engine import Engine, StepReport
+
+#: parts judged also by cost/benefit (their host time vs the exposed fetch
+#: time they remove); the scheduler's cost is in its batches, not host time
+COST_BENEFIT_PARTS = frozenset({"stream", "route_ahead"})
 
 #: what a window's tokens per second counts (see :class:`PDController`)
 RATES = ("verified", "committed")
@@ -268,6 +276,17 @@ class _Window:
         self.host_s += float(m.part_host_s.get(part, 0.0))
         self.exposed_s += m.exposed_fetch_s
 
+    @staticmethod
+    def merged(x: _Window, y: _Window) -> _Window:
+        return _Window(
+            x.rate_of,
+            x.steps + y.steps,
+            x.tokens + y.tokens,
+            x.wall_s + y.wall_s,
+            x.host_s + y.host_s,
+            x.exposed_s + y.exposed_s,
+        )
+
     @property
     def rate(self) -> float:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
@@ -438,14 +457,31 @@ class PDController:
         spread = abs(a.rate - a2.rate) / base if base > 0 else float("inf")
         gain = b.rate / base - 1.0 if base > 0 else 0.0
         now = self._parts.on(part)
-        vote = gain > self.margin + spread and b.rate > max(a.rate, a2.rate)
+        rate_vote = gain > self.margin + spread and b.rate > max(a.rate, a2.rate)
+        # cost/benefit (prefetching parts only): the part's own host seconds
+        # per step against the exposed fetch seconds it removes; called only
+        # where the rate does not say the opposite beyond the margin
+        both_a = _Window.merged(a, a2)
+        on_w, off_w = (both_a, b) if now else (b, both_a)
+        saves = max(0.0, _exposed(off_w) - _exposed(on_w))
+        net = _per_step(on_w) - saves  # > 0: costs more than it saves
+        wall = on_w.wall_s / on_w.steps if on_w.steps else 0.0
+        cb_vote = (
+            part in COST_BENEFIT_PARTS
+            and wall > 0.0
+            and (net > self.margin * wall if now else -net > self.margin * wall)
+            and gain >= -self.margin
+        )
+        vote = rate_vote or cb_vote
         nums = (
             f"{self.rate_of} tokens/s {'on' if now else 'off'} {a.rate:.4g}/{a2.rate:.4g}, "
             f"{'off' if now else 'on'} {b.rate:.4g} (gain {gain:+.3f}, need > "
             f"{self.margin:.3f} + spread {spread:.3f}); host s/step in part "
-            f"on {_per_step(a if now else b):.3g} off {_per_step(b if now else a):.3g}; "
-            f"exposed fetch s/step on {_exposed(a if now else b):.3g} "
-            f"off {_exposed(b if now else a):.3g}"
+            f"on {_per_step(on_w):.3g} off {_per_step(off_w):.3g}; "
+            f"exposed fetch s/step on {_exposed(on_w):.3g} off {_exposed(off_w):.3g} "
+            f"(cost - saving {net:+.3g} s/step, need {'>' if now else '<'} "
+            f"{'' if now else '-'}{self.margin * wall:.3g}); "
+            f"by {'rate' if rate_vote else 'cost/benefit' if cb_vote else 'neither'}"
         )
         step = self._books.steps
         if not vote:
