@@ -56,13 +56,20 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     argv = ["ablation", "--concurrency", "4", "--out", str(out), "--no-progress", "--json"]
     assert cli.main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    labels = ["PD", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream"]
-    assert summary["ran"] == 15 and summary["valid"] and summary["failed"] == 0
+    labels = [
+        "PD",
+        "PD-all-on",
+        "PD-no-route-ahead",
+        "PD-one-band",
+        "PD-token-sched",
+        "PD-no-stream",
+    ]
+    assert summary["ran"] == 18 and summary["valid"] and summary["failed"] == 0
     # round-robin: each repeat runs every label once, starting one later
     order = [(s.repeat, s.baseline) for s in engine.specs]
     assert [b for r, b in order if r == 0] == labels
     assert [b for r, b in order if r == 1] == labels[1:] + labels[:1]
-    assert [r for r, _ in order] == [0] * 5 + [1] * 5 + [2] * 5
+    assert [r for r, _ in order] == [0] * 6 + [1] * 6 + [2] * 6
     table = json.loads((out / "ablation.json").read_text())["table"]
     by = {e["variant"]: e for e in table}
     assert set(by) == set(labels[1:])
@@ -78,6 +85,9 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     # token-sched 37 x 4 = 148 [140.6, 155.4] overlaps PD's: within noise
     assert by["PD-token-sched"]["output_tokens_per_s"]["verdict"] == "within noise"
     assert by["PD-no-route-ahead"]["part"] == "route-ahead"
+    # the controller's own row: PD (38 x 4) against every part forced on (34 x 4)
+    assert by["PD-all-on"]["part"] == "the PD controller (every part forced on)"
+    assert by["PD-all-on"]["output_tokens_per_s"]["verdict"] == "PD"
     md = (out / "ablation.md").read_text()
     assert "| point | without |" in md and "within noise" in md and "PD better" in md
     assert "acceptance forced τ=4" in md  # inputs on its face
@@ -85,7 +95,7 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     assert "## What each part of PD buys" in report
     assert summary["command"].startswith("pdflash-bench ablation --arch tiny")
     assert (
-        "--variants PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream"
+        "--variants PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream"
         in (summary["command"])
     )
     assert "--repeats 3" in summary["command"] and summary["command"] in report

@@ -497,3 +497,33 @@ def test_engine_greedy_tokens_identical_whatever_the_parts(
             assert controller.summary()["probes"] > 0
     finally:
         issuer.close()
+
+
+def test_pd_row_records_the_controllers_decisions(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
+    from pdflash.report.schema import validate_row
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny",
+        baseline="PD",
+        concurrency=4,
+        block_size=6,
+        max_new_tokens=24,
+        prompt_len=6,
+        device="cpu",
+        emulated_link_gbps=0.5,
+    )
+    row = run_spec(spec).row
+    assert validate_row(row) == []
+    assert row["parts_controller"] is True
+    # the configuration PD was built with, whatever the controller left on at the end
+    assert row["route_ahead"] and row["streaming_prefetch"] and row["batching"] == "deficit_2d"
+    parts = row["pd_parts"]
+    assert parts["policy"] == "ab-windows" and parts["steps"] == row["steps"]
+    assert parts["available"] == {"stream": True, "route_ahead": True, "scheduler_2d": True}
+    assert all(0.0 <= f <= 1.0 for f in parts["on_fraction"].values())
+    assert parts["switches"] >= 0 and all("why" in d for d in parts["decisions"])
