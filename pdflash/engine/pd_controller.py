@@ -17,7 +17,8 @@ per step exceed the exposed fetch seconds per step it removes by more than
 ``margin`` of a step (or, switched off, fall short of them by as much) and
 the rate does not say the opposite beyond ``margin``. A flip needs
 ``confirm`` consecutive votes for the same part (the part is re-probed at
-once); anything else keeps the configuration. After every part was probed it
+once), or one probe in which both rules vote; anything else keeps the
+configuration. After every part was probed it
 holds for ``hold`` steps and probes again, so a part switched off is switched
 back on when the workload shifts. Steps that prefilled new requests and the
 ``settle`` steps after each change are not measured (their wall time is not
@@ -489,7 +490,8 @@ class PDController:
             self._log(Decision(step, part, now, False, f"kept {_word(now)}: {nums}"))
             self._next_probe()
             return
-        self._votes += 1
+        # both rules agreeing is as strong as `confirm` probes of one
+        self._votes = self.confirm if (rate_vote and cb_vote) else self._votes + 1
         if self._votes < self.confirm:
             self._log(
                 Decision(
