@@ -294,3 +294,62 @@ def test_a_truncation_is_its_own_point(make_row: Callable[..., Row]) -> None:
     assert validate_rows([full, cut], required_baselines=("PD",)) == []
     assert [p[0] for p in comparison_points([full, cut])] == ["tiny L24", "tiny L8"]
     assert comparison_points([make_row()])[0][0] == "tiny"  # rows without a depth
+
+
+def test_controller_table_reports_the_pd_controllers_decisions() -> None:
+    from pdflash.report.ablation import controller_markdown, controller_table
+
+    from .conftest import base_row
+
+    def books(policy: str, on: dict[str, float], switches: int, why: str | None) -> dict[str, Any]:
+        decisions = [{"part": "route_ahead", "switched": True, "why": why}] if why else []
+        return {"policy": policy, "on_fraction": on, "switches": switches, "decisions": decisions}
+
+    rows = [
+        base_row(
+            repeat=0,
+            pd_parts=books(
+                "ab-windows",
+                {"stream": 0.2, "route_ahead": 0.3, "scheduler_2d": 1.0},
+                1,
+                "switched off (costs more than it saves)",
+            ),
+        ),
+        base_row(
+            repeat=1,
+            pd_parts=books(
+                "ab-windows", {"stream": 0.6, "route_ahead": 0.9, "scheduler_2d": 0.8}, 0, None
+            ),
+        ),
+        base_row(
+            repeat=2,
+            pd_parts=books(
+                "ab-windows", {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 0.9}, 0, None
+            ),
+        ),
+        base_row(
+            baseline="PD-all-on",
+            pd_parts=books(
+                "fixed", {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 1.0}, 0, None
+            ),
+        ),
+        base_row(baseline="B1"),  # no books: not listed
+    ]
+    table = controller_table(rows)
+    by = {e["baseline"]: e for e in table}
+    assert set(by) == {"PD", "PD-all-on"}
+    pd = by["PD"]
+    assert pd["runs"] == 3 and pd["policy"] == "ab-windows"
+    # medians of (0.2, 0.6, 1.0), (0.3, 0.9, 1.0), (1.0, 0.8, 0.9)
+    assert pd["on_fraction_median"] == pytest.approx(
+        {"stream": 0.6, "route_ahead": 0.9, "scheduler_2d": 0.9}
+    )
+    assert pd["switches_per_run"] == [1, 0, 0]
+    assert pd["first_switch_why"] == "route_ahead: switched off (costs more than it saves)"
+    assert (
+        by["PD-all-on"]["switches_per_run"] == [0] and by["PD-all-on"]["first_switch_why"] is None
+    )
+    md = controller_markdown(table)
+    assert "| PD | ab-windows | 3 | 0.60 | 0.90 | 0.90 | 1,0,0 |" in md
+    # and the report carries it
+    assert evaluate(rows, required_baselines=["PD"])["controller"] == table
