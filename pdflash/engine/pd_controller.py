@@ -482,7 +482,7 @@ class PDController:
             f"exposed fetch s/step on {_exposed(on_w):.3g} off {_exposed(off_w):.3g} "
             f"(cost - saving {net:+.3g} s/step, need {'>' if now else '<'} "
             f"{'' if now else '-'}{self.margin * wall:.3g}); "
-            f"by {'rate' if rate_vote else 'cost/benefit' if cb_vote else 'neither'}"
+            f"by {_rules(rate_vote, cb_vote)}"
         )
         step = self._books.steps
         if not vote:
@@ -513,6 +513,12 @@ class PDController:
 
     def _log(self, d: Decision) -> None:
         self._books.decisions.append(d)
+
+
+def _rules(rate_vote: bool, cb_vote: bool) -> str:
+    if rate_vote and cb_vote:
+        return "rate and cost/benefit"
+    return "rate" if rate_vote else "cost/benefit" if cb_vote else "neither"
 
 
 def _word(on: bool) -> str:
