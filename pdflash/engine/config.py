@@ -37,8 +37,9 @@ PD-no-stream           the streaming prefetcher: one route-ahead batch copy befo
 :mod:`pdflash.engine.pd_controller`): route-ahead, the 2-D scheduler and the
 streaming prefetcher are switched off while A/B windows show they cost more
 than they save, and probed again later. ``PD-all-on`` is PD with every part
-forced on (the controller's own ablation row). ``PD+host`` and the ablations
-above run their parts as configured.
+forced on (the controller's own ablation row); ``PD+host`` is PD (with the
+controller) plus the hybrid miss service. The ablations above run their
+parts as configured.
 """
 
 from __future__ import annotations
@@ -176,7 +177,7 @@ class EngineConfig:
         fixed = {**table["PD"]}
         table["PD"]["parts_controller"] = True
         table["PD-all-on"] = fixed
-        table["PD+host"] = {**fixed, "host_experts": "auto"}
+        table["PD+host"] = {**table["PD"], "host_experts": "auto"}
         # streaming needs route-ahead: without a predictor there is no stream
         table["PD-no-route-ahead"] = {
             **fixed,

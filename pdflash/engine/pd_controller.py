@@ -604,10 +604,14 @@ class EngineParts:
                 self.stream.pause()
         eng.stream = self.stream if stream else None
         if not route:
-            # nothing predicted any more: no expert stays protected for it
+            # nothing predicted any more: no expert stays protected for it,
+            # and no expert stays planned for the host from an old prediction
             setter = getattr(getattr(eng.expert_cache, "policy", None), "set_predicted", None)
             if setter is not None:
                 setter(np.zeros(0, dtype=np.int64))
+            eng.host_ahead = None
+            if self.stream is not None:
+                self.stream.skip[:] = False
         if self.switchable_batcher is not None:
             self.switchable_batcher.execute_shadow = not two_d
         self.applied = parts

@@ -119,13 +119,13 @@ CONTROLLED_PARTS = ("stream", "route_ahead", "scheduler_2d")
 
 
 def controller_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per (point, label) with ``pd_parts`` books (PD and PD-all-on): the
+    """Per (point, label) with ``pd_parts`` books (PD, PD+host, PD-all-on): the
     median fraction of measured steps each part ran, the switches per run
     and the first switch's reason."""
     rows = [r for r in rows if isinstance(r, Mapping) and isinstance(r.get("pd_parts"), Mapping)]
     out = []
     for point in comparison_points(rows):
-        for label in ("PD", "PD-all-on"):
+        for label in ("PD", "PD+host", "PD-all-on"):
             books = [r["pd_parts"] for r in rows if r.get("baseline") == label and serves(r, point)]
             if not books:
                 continue
