@@ -540,3 +540,39 @@ def test_pd_row_records_the_controllers_decisions(
     assert parts["available"] == {"stream": True, "route_ahead": True, "scheduler_2d": True}
     assert all(0.0 <= f <= 1.0 for f in parts["on_fraction"].values())
     assert parts["switches"] >= 0 and all("why" in d for d in parts["decisions"])
+
+
+def test_stall_ready_adds_only_completed_spans_without_synchronizing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from pdflash.engine.timing import _Span
+
+    class Event:
+        def __init__(self, t_ms: float, done: bool) -> None:
+            self.t_ms, self.done = t_ms, done
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.t_ms - self.t_ms
+
+    def no_sync() -> None:
+        raise AssertionError("ready_s must not synchronize the device")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    span = _Span(cuda=True)
+    span.pairs = [
+        (Event(0, True), Event(2, True)),
+        (Event(5, True), Event(8, True)),
+        (Event(9, True), Event(20, False)),  # still running on the device
+        (Event(21, False), Event(22, False)),
+    ]
+    assert span.ready_s() == pytest.approx(0.005)
+    assert len(span.pairs) == 2
+    span.pairs[0][1].done = True
+    span.pairs[1] = (Event(21, True), Event(22, True))
+    assert span.ready_s() == pytest.approx(0.005 + 0.011 + 0.001)
+    assert span.pairs == []
