@@ -608,6 +608,11 @@ def _run(
         )
 
     def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:
+        from pdflash.engine.pd_controller import FixedParts, PartsPolicy
+
+        # PD-all-on keeps the controller's books with every part on, so its
+        # rows record the parts (and pay for the per-step measurement) as PD's do
+        controller: PartsPolicy | None = FixedParts() if cfg.baseline == "PD-all-on" else None
         return Engine(
             adapter,
             cfg,
@@ -622,6 +627,7 @@ def _run(
             host_service=host_service if cfg.host_experts != "off" else None,
             max_seq_len=max_seq,
             device=device,
+            controller=controller,
         )
 
     try:
@@ -683,6 +689,7 @@ def _verify_compute_s(
         background_prefetch=False,
         byte_budget=None,
         host_experts="off",
+        parts_controller=False,
     )
     # the calibration runs without the hybrid service: detach it from the
     # runtime meanwhile (an engine with host_experts off refuses a runtime
@@ -893,6 +900,17 @@ def _serving_workload(spec: RunSpec) -> Workload:
     )
 
 
+def _stream(engine: Engine) -> Any:
+    """The engine's streaming prefetcher, also while the PD controller has it switched off."""
+    return engine.parts.stream if engine.parts is not None else engine.stream
+
+
+def _built(engine: Engine) -> EngineConfig:
+    """The configuration the engine was built with (the PD controller switches
+    parts of ``engine.config`` during the run)."""
+    return engine.parts.full_config if engine.parts is not None else engine.config
+
+
 def _reset_measurements(engine: Engine) -> None:
     """The warm-up is not measured: the engine's books (and the cache's, the
     route-ahead stats', the acceptance model's, the hybrid service's) start
@@ -999,7 +1017,7 @@ def _result(
     else:
         met = sum(1 for r in reqs if r.metrics.met_slo)
         metrics["goodput_rps"] = ratio(met, wall, "zero wall time")
-    if engine.config.route_ahead:
+    if _built(engine).route_ahead:
         snap = route_stats.snapshot()
         # per-request scope (the predictor's quality) and batch scope (the
         # union the copy engine moves)
@@ -1082,23 +1100,28 @@ def _result(
         "token_budget": engine.config.token_budget,
         "max_running": engine.config.max_running,
         "workload": _serving_workload(spec).describe(),
-        "batching": engine.config.batching,
-        # PD's switchable parts (the ablation labels switch them off)
-        "route_ahead": engine.config.route_ahead,
+        "batching": _built(engine).batching,
+        # PD's switchable parts (the ablation labels switch them off; PD's
+        # controller switches them during the run: pd_parts says how often)
+        "route_ahead": _built(engine).route_ahead,
         "bands": engine.config.bands,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
         "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
-        "streaming_prefetch": engine.stream is not None,
-        "stream_ahead": engine.config.stream_ahead if engine.stream is not None else None,
+        "streaming_prefetch": _stream(engine) is not None,
+        "stream_ahead": engine.config.stream_ahead if _stream(engine) is not None else None,
         "route_ahead_cancelled_copies": (
-            engine.stream.cancelled if engine.stream is not None else None
+            _stream(engine).cancelled if _stream(engine) is not None else None
         ),
         # the stream's running precision per plan source at the end of the
         # run (it copies before a forward only from the best one >= 0.7)
         "stream_source_precision": (
-            dict(engine.stream.precision) if engine.stream is not None else None
+            dict(_stream(engine).precision) if _stream(engine) is not None else None
         ),
+        # the PD controller (PD) or its fixed books (PD-all-on): the policy,
+        # the fraction of measured steps each part ran, switches and why
+        "parts_controller": _built(engine).parts_controller,
+        "pd_parts": engine.parts.policy.summary() if engine.parts is not None else None,
         "background_bytes_submitted": engine.prefetch_bytes[Band.BACKGROUND],
         "predict_s": engine.predict_s,
         "draft_s": engine.timer.kind_s("draft"),

@@ -63,7 +63,7 @@ import numpy.typing as npt
 import torch
 
 from pdflash._guard import BusyGuard
-from pdflash.engine import validation
+from pdflash.engine import pd_controller, validation
 from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
 from pdflash.engine.batching import (
     BatchDecision,
@@ -125,6 +125,7 @@ class StepReport:
     admitted: int = 0
     drafted: int = 0
     verified: int = 0
+    verified_tokens: int = 0  # tokens the verify forward took (anchors + granted drafts)
     committed_tokens: int = 0
     finished: list[int] = field(default_factory=list)
     scheduler_us: float = 0.0
@@ -180,6 +181,12 @@ class Engine:
         max_finished: keep at most this many finished requests in
             :attr:`finished` (oldest dropped first); None keeps all until
             :meth:`pop_finished`.
+        controller: a :class:`~pdflash.engine.pd_controller.PartsPolicy`
+            that switches PD's parts (route-ahead, 2-D scheduler, streaming
+            prefetcher) on and off each step; default: a
+            :class:`~pdflash.engine.pd_controller.PDController` when
+            ``config.parts_controller`` is set, else none (the parts run as
+            configured).
     """
 
     def __init__(
@@ -201,6 +208,7 @@ class Engine:
         kv_dtype: torch.dtype | None = None,
         clock: Callable[[], float] = time.perf_counter,
         max_finished: int | None = None,
+        controller: pd_controller.PartsPolicy | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -331,6 +339,10 @@ class Engine:
         self.verify_forwards = 0
         self.first_step_s: float | None = None
         self.last_step_s: float | None = None
+        # ---- PD controller hook (pdflash.engine.pd_controller) ----
+        if controller is None and config.parts_controller:
+            controller = pd_controller.PDController()
+        self.parts = pd_controller.attach(self, controller) if controller is not None else None
 
     # ------------------------------------------------- owners' state, by name
     @property
@@ -492,6 +504,8 @@ class Engine:
                 self.route_stats.reset()
             if self.host_service is not None:
                 self.host_service.books.reset()
+            if self.parts is not None:  # PD controller hook: its books too
+                self.parts.policy.reset_stats()
 
     def request(self, request_id: int) -> Request:
         return self.requests.get(request_id)
@@ -542,6 +556,8 @@ class Engine:
     def _step(self) -> StepReport:
         """The pipeline: admit and prefill, draft and predict, schedule,
         prefetch, verify, commit, then the end-of-step books."""
+        if self.parts is not None:  # PD controller hook: this step's parts
+            pd_controller.before_step(self.parts)
         report = StepReport()
         self._begin_step()
         self._prefill_admitted(self._admit(), report)
@@ -554,7 +570,7 @@ class Engine:
             if result is not None:
                 self._commit_verified(result, report)
                 self.prefetch.background()
-        self._end_step()
+        self._end_step(report)
         return report
 
     def _begin_step(self) -> None:
@@ -562,10 +578,12 @@ class Engine:
         if self.first_step_s is None:
             self.first_step_s = now
 
-    def _end_step(self) -> None:
+    def _end_step(self, report: StepReport) -> None:
         self.steps += 1
         self.last_step_s = self.clock()
         self.requests.check()
+        if self.parts is not None:  # PD controller hook: the step's measurement
+            pd_controller.after_step(self.parts, report)
 
     def _draft_stage(self, report: StepReport) -> None:
         """Draft a block for every request in DRAFT (and predict its experts)."""
@@ -621,6 +639,7 @@ class Engine:
         except Exception as exc:
             self._fail([r for r, _ in batch], exc, report)
             return None
+        report.verified_tokens = sum(g for _, g in batch)
         return result
 
     def _fail(self, reqs: Sequence[Request], exc: Exception, report: StepReport) -> None:
@@ -798,7 +817,7 @@ class Engine:
                 todo.append((req, n))
         if todo:
             self._draft_blocks(todo)
-        if self.predictor is not None:
+        if self.predictor is not None and self.config.route_ahead:  # off: PD controller
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
 

@@ -54,6 +54,7 @@ the cache frees their slots) and the stream is re-issued in layer order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +163,8 @@ class StreamingPrefetcher:
         self.cancelled = 0  # queued ROUTE_AHEAD copies cancelled as stale
         self.submit_log: list[tuple[int, int]] = []  # (first needed layer, flat id), if logging
         self.log_submissions = False
+        #: switched off by :meth:`pause`: the forward hooks do nothing
+        self.paused = False
 
     # ------------------------------------------------------------ plan
     def _mask(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -312,6 +315,23 @@ class StreamingPrefetcher:
                 break  # no safe slot for the rest: later layers must wait too
         return submitted
 
+    # ------------------------------------------------------------ switching
+    def pause(self) -> None:
+        """Stop streaming (the PD controller switched it off): forget the
+        plan (no expert stays protected for it) and ignore the forward's
+        hooks until :meth:`resume`. Copies already issued complete."""
+        self.paused = True
+        self._source_plans = {}
+        self.plan[:] = False
+        self.fetch[:] = False
+        self.first_needed = 0
+        self.running = None
+        self._set_policy_prediction()
+
+    def resume(self) -> None:
+        """Stream again from the next plan (:meth:`set_plan`)."""
+        self.paused = False
+
     # ------------------------------------------------------------ forward hooks
     def begin_forward(self) -> None:
         self.first_needed = 0
@@ -328,6 +348,8 @@ class StreamingPrefetcher:
         output not yet added) sets layer+1's plan now and its confident
         experts are queued too, a whole layer's compute earlier than the
         lookahead at release."""
+        if self.paused:
+            return
         self.running = int(layer)
         self.first_needed = int(layer)
         ids = np.unique(topk_ids.reshape(-1).cpu().numpy().astype(np.int64))
@@ -371,6 +393,8 @@ class StreamingPrefetcher:
         """Layer ``layer`` is released: refine layer+1's plan with next-layer
         lookahead and copy its misses (they evict what the on-demand path
         would evict a moment later: layer ``layer``'s experts)."""
+        if self.paused:
+            return
         self.running = None
         nxt = layer + 1
         self.first_needed = nxt
@@ -456,6 +480,22 @@ class GateLookahead:
             cache.prefetch(missing, Band.ROUTE_AHEAD)
 
 
+class _WhileStreamOff:
+    """Forward hooks of a gate lookahead that run only while the planner's
+    streaming prefetcher is switched off."""
+
+    def __init__(self, planner: ExpertPrefetcher, inner: GateLookahead) -> None:
+        self.planner = planner
+        self.inner = inner
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        if self.planner.stream is None:
+            self.inner.after_layer(layer, hidden, topk_ids)
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        return None
+
+
 class _BestEffortHooks:
     """Runs a prefetcher's forward hooks so that their failure only counts in
     the planner's ``failures``: a forward copies on demand whatever a
@@ -529,6 +569,19 @@ class ExpertPrefetcher:
             )
         elif cache is not None and config.lookahead:
             self.lookahead = GateLookahead(adapter, cache, on_submit=self._count_route_ahead)
+        # the parts this planner was built with; set_parts switches within them
+        self._built_route_ahead = self.route_ahead
+        self._built_stream = self.stream
+        # with the stream switched off (set_parts), the plain gate lookahead
+        # runs instead, as in PD-no-stream; idle while the stream runs
+        self._fallback_lookahead: GateLookahead | None = None
+        if self.stream is not None and config.lookahead:
+            self._fallback_lookahead = GateLookahead(
+                adapter, cache, on_submit=self._count_route_ahead
+            )
+        #: host seconds spent per prefetch stage ("route_ahead" before a
+        #: verify, "stream_plan" after it, "background_prefetch")
+        self.stage_s: dict[str, float] = {}
         #: the routing-frequency prior of the background copies, ``(layers, experts)``
         self.route_freq = np.zeros((adapter.num_layers, adapter.num_experts), dtype=np.float64)
         self._bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
@@ -550,15 +603,40 @@ class ExpertPrefetcher:
     def reset_stats(self) -> None:
         self._bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
         self.failures = 0
-        if self.stream is not None:
-            self.stream.copies_submitted = self.stream.bytes_submitted = 0
-            self.stream.cancelled = 0
+        self.stage_s.clear()
+        stream = self._built_stream
+        if stream is not None:
+            stream.copies_submitted = stream.bytes_submitted = 0
+            stream.cancelled = 0
 
     def _best_effort(self, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
         except Exception:
             self.failures += 1
+
+    def _timed(self, stage: str, fn: Callable[..., None], *args: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._best_effort(fn, *args)
+        finally:
+            self.stage_s[stage] = self.stage_s.get(stage, 0.0) + time.perf_counter() - t0
+
+    # ------------------------------------------------------------ switching
+    def set_parts(self, *, route_ahead: bool, stream: bool) -> None:
+        """Switch route-ahead and the streaming prefetcher at run time (the
+        PD controller); a part the planner was not built with stays off. With
+        the stream off, route-ahead is one batch of copies before the verify
+        (PD-no-stream); without route-ahead nothing is copied ahead."""
+        self.route_ahead = bool(route_ahead and self._built_route_ahead)
+        built = self._built_stream
+        on = bool(stream and self.route_ahead and built is not None)
+        if built is not None:
+            if on:
+                built.resume()
+            else:
+                built.pause()
+        self.stream = built if on else None
 
     # ------------------------------------------------------------ wiring
     def install(self, runner: Any) -> None:
@@ -568,6 +646,10 @@ class ExpertPrefetcher:
         stream's victims are ranked from the layer about to run."""
         if self.lookahead is not None:
             runner.observers.append(_BestEffortHooks(self, self.lookahead))
+        if self._fallback_lookahead is not None:
+            runner.observers.append(
+                _BestEffortHooks(self, _WhileStreamOff(self, self._fallback_lookahead))
+            )
         if self.stream is not None:
             hooks = _BestEffortHooks(self, self.stream)
             runner.routed_hooks.append(hooks.on_routed)
@@ -576,12 +658,13 @@ class ExpertPrefetcher:
     def set_host_planned(self, mask: npt.NDArray[np.bool_] | None) -> None:
         """Experts the hybrid miss service plans to compute on the host in
         the coming verify (``(layers, experts)``, None: none): never copied ahead."""
-        if self.stream is None:
+        stream = self._built_stream
+        if stream is None:
             return
         if mask is None:
-            self.stream.skip[:] = False
+            stream.skip[:] = False
         else:
-            self.stream.skip = mask
+            stream.skip = mask
 
     def load_every_expert(self) -> None:
         """B3 (``all_resident``): every expert resident before the first
@@ -618,7 +701,7 @@ class ExpertPrefetcher:
     def before_verify(self, batch_predicted: list[IdArray], missing: IdArray) -> None:
         if not self.route_ahead:
             return
-        self._best_effort(self._before_verify, batch_predicted, missing)
+        self._timed("route_ahead", self._before_verify, batch_predicted, missing)
 
     def _before_verify(self, batch_predicted: list[IdArray], missing: IdArray) -> None:
         cache = self.cache
@@ -669,7 +752,7 @@ class ExpertPrefetcher:
             # requests that go on (previous-round predictor) and start its
             # first layers' copies now, so they run while the next blocks are
             # drafted.
-            self._best_effort(self.stream.end_forward, routed, next_plan)
+            self._timed("stream_plan", self.stream.end_forward, routed, next_plan)
 
     def byte_budget(self) -> int:
         """Missing expert bytes per step (``M``): the configured value, else
@@ -683,7 +766,7 @@ class ExpertPrefetcher:
     def background(self) -> None:
         if not self.background_enabled:
             return
-        self._best_effort(self._background)
+        self._timed("background_prefetch", self._background)
 
     def _background(self) -> None:
         """BACKGROUND copies of the most frequently routed missing experts,

@@ -266,7 +266,9 @@ def _offloaded_pd(tmp: Path, issuer: Any, slots: int = 12) -> Engine:
 
 
 def _counters(eng: Engine) -> dict[str, Any]:
-    assert eng.stream is not None and eng.expert_cache is not None and eng.route_stats is not None
+    # the stream PD was built with (the PD controller may have it switched off)
+    stream = eng.parts.stream if eng.parts is not None else eng.stream
+    assert stream is not None and eng.expert_cache is not None and eng.route_stats is not None
     cache_stats = eng.expert_cache.stats()  # type: ignore[attr-defined]
     return {
         "steps": eng.steps,
@@ -277,7 +279,7 @@ def _counters(eng: Engine) -> dict[str, Any]:
         "scheduler_us": len(eng.scheduler_us),
         "prefetch_bytes": dict(eng.prefetch_bytes),
         "prefetch_failures": eng.prefetch_failures,
-        "stream": (eng.stream.copies_submitted, eng.stream.bytes_submitted, eng.stream.cancelled),
+        "stream": (stream.copies_submitted, stream.bytes_submitted, stream.cancelled),
         "stall_s": eng.timer.stall_s(),
         "cache_hits": cache_stats["hits"],
         "cache_misses": cache_stats["misses"],

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from pdflash import traces as tf
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200" / "proxy-2026-12-01"
