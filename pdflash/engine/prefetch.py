@@ -575,7 +575,7 @@ class ExpertPrefetcher:
         # with the stream switched off (set_parts), the plain gate lookahead
         # runs instead, as in PD-no-stream; idle while the stream runs
         self._fallback_lookahead: GateLookahead | None = None
-        if self.stream is not None and config.lookahead:
+        if cache is not None and self.stream is not None and config.lookahead:
             self._fallback_lookahead = GateLookahead(
                 adapter, cache, on_submit=self._count_route_ahead
             )
