@@ -92,7 +92,9 @@ def test_prepared_nbytes_counts_only_new_tensors(
     # a dense SwiGLU expert is already [out, in] in the model dtype: shared
     w = host_kernel_for(qwen, "out_in").prepare(views)  # type: ignore[union-attr]
     assert prepared_nbytes(w, views) == 0
-    assert all(w[k].data_ptr() == views[n].data_ptr() for k, n in (("w1", "gate_up"), ("w2", "down")))
+    assert all(
+        w[k].data_ptr() == views[n].data_ptr() for k, n in (("w1", "gate_up"), ("w2", "down"))
+    )
     w = host_kernel_for(qwen, "in_out").prepare(views)  # type: ignore[union-attr]
     assert prepared_nbytes(w, views) == sum(t.numel() * t.element_size() for t in views.values())
     oss = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
@@ -217,9 +219,7 @@ def test_mxfp4_experts_are_dequantized_once(
 def test_fp8_experts_prepared_dense(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    ad = load_adapter(
-        tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, expert_dtype="fp8"
-    )
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, expert_dtype="fp8")
     assert ad.layout.format == "fp8"
     ids = np.array([0, 5], dtype=np.int64)
     x = torch.randn(4, ad.hidden_size, generator=torch.Generator().manual_seed(7))
