@@ -210,6 +210,11 @@ def test_run_spec_rows_carry_the_host_books(
     cal = host["host_service"]["calibration"]
     assert cal["source"] == "calibrated" and len(cal["points"]) == 4
     assert cal["intercept_s"] >= 0 and cal["per_token_s"] >= 0
+    # the host weight format the calibration timed, chosen among the timed candidates
+    weights = host["host_service"]["host_weights"]
+    timed = {k: v for k, v in weights["format_candidates"].items() if isinstance(v, float)}
+    assert weights["host_format"] == cal["host_format"] == min(timed, key=lambda k: timed[k])
+    assert weights["prepared_nbytes"] >= 0 and weights["weight_budget_bytes"] >= 0
     assert host["host_served_experts"] > 0
     assert host["link_bytes_saved"] == host["host_served_experts"] * host["expert_nbytes"]
     assert host["host_busy_s"] > 0 and host["host_compute_s"] >= host["host_busy_s"]
@@ -230,3 +235,5 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_workers=0))
     with pytest.raises(ValueError, match="host_max_ratio"):
         run_spec(_spec("PD+host", host_max_ratio=0.0))
+    with pytest.raises(ValueError, match="host_format"):
+        run_spec(_spec("PD+host", host_format="fp16"))
