@@ -180,7 +180,10 @@ def diagnose(
         out_in = prepared("out_in")
         if out_in is not None:
             dense_oi = [out_in[1](g) for g in ids]
-            dense_io = [{k: v.t() for k, v in w.items() if v.dim() == 2} for w in dense_oi]
+            # contiguous [in, out] (a transposed view would run as [out, in])
+            dense_io = [
+                {k: v.t().contiguous() for k, v in w.items() if v.dim() == 2} for w in dense_oi
+            ]
 
             def raw_oi(g: int, x: torch.Tensor) -> torch.Tensor:
                 w = dense_oi[g]
@@ -195,23 +198,19 @@ def diagnose(
                 return (F.silu(h[:, :i]) * h[:, i:]) @ w["w2"]
 
             for n in tokens:
-                x = xs[n]
                 for name, fn in (("raw_out_in", raw_oi), ("raw_in_out", raw_io)):
-                    emit(
-                        name,
-                        n,
-                        _us(lambda g, fn=fn, x=x: fn(g, x), ids, repeats),
-                        _us(lambda g, fn=fn, x=x: fn(g, x), hot, repeats),
-                    )
+
+                    def call(g: int, fn: Any = fn, x: torch.Tensor = xs[n]) -> Any:
+                        return fn(g, x)
+
+                    emit(name, n, _us(call, ids, repeats), _us(call, hot, repeats))
             del dense_oi, dense_io, out_in
         for n in tokens:
-            x = xs[n]
-            emit(
-                "expert_fn",
-                n,
-                _us(lambda g, x=x: ad.expert_forward(x, store.views(g)), ids, repeats),
-                _us(lambda g, x=x: ad.expert_forward(x, store.views(g)), hot, repeats),
-            )
+
+            def packed(g: int, x: torch.Tensor = xs[n]) -> Any:
+                return ad.expert_forward(x, store.views(g))
+
+            emit("expert_fn", n, _us(packed, ids, repeats), _us(packed, hot, repeats))
     for fmt in formats:
         t1 = time.perf_counter()
         hw = prepared(fmt)

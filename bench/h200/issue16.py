@@ -152,7 +152,7 @@ def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
     )
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from diag_host_experts import diagnose
+    from diag_host_experts import diagnose  # type: ignore[import-not-found]
 
     spec = RunSpec(
         arch=arch,
