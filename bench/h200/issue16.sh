@@ -4,10 +4,10 @@
 # cache 0.2, 3 interleaved repeats, most important first, each step under a
 # hard timeout (its runs stop starting at --budget-s; rows are written as
 # they finish, so a step cut by its timeout keeps what it ran):
-#   1. gpt_oss_bf16 (150 s): the executor diagnostic (executor vs bare MLP per
+#   1. gpt_oss_bf16 (140 s): the executor diagnostic (executor vs bare MLP per
 #      expert, both layouts, every host format; summary "diag"), then
 #      gpt-oss-20b with bf16 experts over the link, c = 1, 4, 16;
-#   2. gpt_oss_mxfp4 (75 s): gpt-oss-20b with MXFP4 experts as stored (host
+#   2. gpt_oss_mxfp4 (90 s; the host dequantizes every expert once): gpt-oss-20b with MXFP4 experts as stored (host
 #      memory, link and slab), c = 1, 4;
 #   3. qwen3 (45 s): Qwen3-30B-A3B, c = 1, 4, as many repeats as fit.
 # Built and run through bench/h200/run.sh; under $OUT: results.jsonl (one
@@ -22,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # 16 cores: 14 torch intra-op threads for the host pool (one core for the
 # engine's Python thread, one for the H2D issuer's thread), one worker
 common="--cache 0.2 --repeats 3 --host-threads ${HOST_THREADS:-14} --host-workers 1"
-gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 t1=150 t2=75 t3=45 b1=115 b2=60 b3=35
+gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 t1=140 t2=90 t3=45 b1=110 b2=75 b3=35
 if [ "${SMOKE:-0}" = 1 ]; then
   gpt=tiny-gpt_oss qwen=tiny-qwen3_moe layers=0 t1=300 t2=300 t3=300 b1=60 b2=30 b3=30
   common="--cache 0.5 --repeats 1 --host-threads ${HOST_THREADS:-2} --host-workers 1"
