@@ -96,7 +96,7 @@ class HostWeights:
 #: the store attribute that keeps its prepared weights (an attribute, not a
 #: weak-keyed table: the prepared weights refer back to the store through the
 #: kernel, and a cycle through an attribute is collected with the store)
-_ATTR = "_pdflash_host_weights"
+_ATTR = "_pdflash_host_weights"  # ((format asked, budget asked), HostWeights)
 
 
 def _executor(
@@ -154,15 +154,21 @@ def host_weights_for(
     kernel for, or one whose prepared copy exceeds ``budget_bytes``."""
     if fmt != "auto" and fmt not in HOST_FORMATS:
         raise ValueError(f"unknown host format {fmt!r}; choose one of {HOST_FORMATS} or 'auto'")
-    budget = default_weight_budget() if budget_bytes is None else int(budget_bytes)
-    if budget < 0:
-        raise ValueError(f"budget_bytes must be >= 0, got {budget}")
+    if budget_bytes is not None and budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
     store = adapter.store
-    key = (fmt, budget)
+    key = (fmt, budget_bytes)
     hit = getattr(store, _ATTR, None)
-    if hit is not None and (hit[0] == key or (fmt == hit[1].format and hit[1].nbytes <= budget)):
-        return hit[1]
+    if hit is not None:
+        # NOTE: the default budget is read from MemAvailable, which the kept
+        # copy itself lowered: a repeated default request reuses the copy
+        (asked, asked_budget), kept = hit
+        if (asked, asked_budget) == key or (
+            fmt == kept.format and (budget_bytes is None or kept.nbytes <= budget_bytes)
+        ):
+            return kept
     setattr(store, _ATTR, None)  # drop an earlier copy before making another
+    budget = default_weight_budget() if budget_bytes is None else int(budget_bytes)
     candidates: dict[str, Any] = {}
     select_s = None
     chosen = fmt

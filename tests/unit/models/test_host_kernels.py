@@ -137,6 +137,9 @@ def test_auto_times_the_candidates_and_keeps_its_choice(
     assert hw.format == min(timed, key=lambda k: timed[k])
     assert hw.select_s is not None and hw.select_s > 0
     assert host_weights_for(ad, "auto", budget_bytes=1 << 34) is hw  # kept with the store
+    assert host_weights_for(ad, hw.format) is hw  # the same format, default budget
+    default = host_weights_for(ad, "auto")  # the default budget (from MemAvailable) ...
+    assert host_weights_for(ad, "auto") is default  # ... is not re-read for a repeat
     # no room for any copy: only the packed views (and zero-copy formats) remain
     none = host_weights_for(ad, "auto", budget_bytes=0)
     assert none.nbytes == 0
