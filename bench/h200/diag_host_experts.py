@@ -11,7 +11,10 @@ weights the issue-16 runs use) and times, per expert, at each token count:
 * ``kernel[F]``: the host kernel of format F on its prepared weights, called
   in this thread;
 * ``executor[F]``: ``HostExpertExecutor.compute`` with format F (pool hand-off
-  included), two experts per batch as the calibration times them.
+  included), two experts per batch as the calibration times them;
+* ``executor_busy_caller[F]``: the same through ``submit`` while this thread
+  keeps launching small ops (as the engine's thread does during a forward:
+  GIL and CPU contention included), cold only.
 
 Every measurement walks through ``--experts`` different experts (``cold``:
 their weights are not in the CPU caches when a forward finds them) and
@@ -171,6 +174,8 @@ def diagnose(
         rows.append(row)
         print(json.dumps(row), flush=True)
 
+    # the caller's small ops in executor_busy_caller (on the GPU where there is one)
+    spin = torch.zeros(16, device="cuda" if torch.cuda.is_available() else "cpu")
     xs = {
         n: torch.randn(n, int(ad.hidden_size), generator=gen).to(store.layout.dtype) for n in tokens
     }
@@ -251,6 +256,16 @@ def diagnose(
                 cold = _us(batch, pairs, repeats) / 2  # type: ignore[arg-type]
                 hot_pairs = [[ids[0], ids[0]]] * len(pairs)
                 emit(f"executor[{fmt}]", n, cold, _us(batch, hot_pairs, repeats) / 2)  # type: ignore[arg-type]
+
+                def busy_batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
+                    # as in a forward: the engine's thread keeps launching
+                    # small ops (and taking the GIL) while the pool computes
+                    job = ex.submit(np.asarray(p, dtype=np.int64), xx, [n, n], device="cpu")
+                    while not job.done():
+                        spin.add_(1.0)
+                    job.result()
+
+                emit(f"executor_busy_caller[{fmt}]", n, _us(busy_batch, pairs, repeats) / 2)  # type: ignore[arg-type]
     by = {(r["what"], r["tokens"]): r["cold_us"] for r in rows}
     summary: dict[str, Any] = {"diag_summary": "host_experts", **head, "cold_us": {}}
     for (what, n), us in by.items():
