@@ -244,18 +244,30 @@ def prepare_all(
     ids: Sequence[int],
     *,
     budget_bytes: int | None = None,
+    device: torch.device | str | None = None,
 ) -> PreparedWeights | None:
     """Prepare experts ``ids`` (in order; index = position). Returns None,
     having dropped what it prepared, when they would exceed
-    ``budget_bytes`` (checked after the first expert, before the rest)."""
+    ``budget_bytes`` (checked after the first expert, before the rest).
+
+    ``device`` (e.g. the CUDA device of a compressed store): each expert's
+    packed views are copied there, prepared there (the device's dequantizer:
+    bit-identical to the CPU's, many times faster) and the result copied
+    back to host memory; every prepared tensor is then new memory."""
     t0 = time.perf_counter()
+    dev = None if device is None else torch.device(device)
     experts: list[Weights] = []
     total = 0
     with torch.inference_mode():
         for n, g in enumerate(ids):
             views = views_of(int(g))
-            w = kernel.prepare(views)
-            total += prepared_nbytes(w, views)
+            if dev is None:
+                w = kernel.prepare(views)
+                total += prepared_nbytes(w, views)
+            else:
+                on_dev = kernel.prepare({k: v.to(dev) for k, v in views.items()})
+                w = {k: t.to("cpu").contiguous() for k, t in on_dev.items()}
+                total += sum(t.numel() * t.element_size() for t in w.values())
             experts.append(w)
             if n == 0 and budget_bytes is not None and total * len(ids) > budget_bytes:
                 return None

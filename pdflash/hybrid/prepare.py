@@ -32,7 +32,6 @@ from pdflash.hybrid.kernels import (
     PreparedWeights,
     host_kernel_for,
     prepare_all,
-    prepared_nbytes,
 )
 
 #: formats ``auto`` times (``in_out`` in the model dtype is left out: for the
@@ -115,18 +114,32 @@ def _executor(
     )
 
 
+def prepare_device(adapter: Any) -> torch.device | None:
+    """Where a store's experts are prepared: on the adapter's CUDA device
+    when they are compressed (dequantizing there is many times faster than
+    on the CPU, and bit-identical), else on the host (a transposed copy or
+    none)."""
+    device = torch.device(getattr(adapter, "device", "cpu"))
+    if device.type == "cuda" and adapter.store.layout.format != "dense":
+        return device
+    return None
+
+
 def _time_format(
     adapter: Any, kernel: HostKernel, workers: int, budget: int, repeats: int
 ) -> float | str:
     """Mean seconds per expert of ``kernel`` over a cold sample, or why not."""
     store = adapter.store
-    first = kernel.prepare(store.views(0))
-    per_expert = prepared_nbytes(first, store.views(0))
+    dev = None if kernel.name == "packed" else prepare_device(adapter)
+    one = prepare_all(kernel, store.views, [0], device=dev)
+    assert one is not None
+    first = one.experts[0]
+    per_expert = one.nbytes
     if per_expert * store.num_ids > budget:
         return f"prepared copy {per_expert * store.num_ids} B over the budget {budget} B"
     size = sum(t.numel() * t.element_size() for t in first.values())
     k = min(store.num_ids, MAX_SAMPLE_EXPERTS, max(2 * workers, math.ceil(SAMPLE_BYTES / size)))
-    sample = prepare_all(kernel, store.views, range(k))
+    sample = prepare_all(kernel, store.views, range(k), device=dev)
     assert sample is not None
     with _executor(adapter, kernel, sample.of, workers) as ex:
         cost = calibrate_host(
@@ -189,7 +202,13 @@ def host_weights_for(
     if chosen == "packed":
         hw = HostWeights(chosen, kernel, store.views, 0, 0.0, budget, candidates, select_s)
     else:
-        prepared = prepare_all(kernel, store.views, range(store.num_ids), budget_bytes=budget)
+        prepared = prepare_all(
+            kernel,
+            store.views,
+            range(store.num_ids),
+            budget_bytes=budget,
+            device=prepare_device(adapter),
+        )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")
         hw = HostWeights(

@@ -140,3 +140,29 @@ def test_calibration_on_cuda_records_threads_and_roundtrip(
         svc.close()
         ad.close()
         torch.set_num_threads(threads)  # process-wide: leave it as found
+
+
+def test_mxfp4_experts_prepared_on_the_gpu_equal_the_cpu_preparation(
+    tmp_path: Path, cuda_issuer: Any
+) -> None:
+    from pdflash.hybrid import host_kernel_for
+    from pdflash.hybrid.kernels import prepare_all
+    from pdflash.hybrid.prepare import prepare_device
+
+    path = write_synthetic_checkpoint(tmp_path / "mx", "gpt_oss", expert_format="mxfp4", seed=2)
+    ad = load_adapter(path, device="cuda", dtype=torch.bfloat16, issuer=cuda_issuer, cache_slots=8)
+    where = prepare_device(ad)
+    assert ad.layout.format == "mxfp4" and where is not None and where.type == "cuda"
+    for fmt in ("out_in", "fp32_in_out"):
+        kernel = host_kernel_for(ad, fmt)
+        assert kernel is not None
+        ids = [0, 5, ad.num_experts + 2]
+        cpu = prepare_all(kernel, ad.store.views, ids)
+        gpu = prepare_all(kernel, ad.store.views, ids, device="cuda")
+        assert cpu is not None and gpu is not None
+        for a, b in zip(cpu.experts, gpu.experts, strict=True):
+            for k in a:
+                assert b[k].device.type == "cpu"
+                # the Triton dequantizer is bit-identical to the torch path
+                assert torch.equal(a[k], b[k]), (fmt, k)
+    ad.close()

@@ -229,3 +229,25 @@ def test_fp8_experts_prepared_dense(
     host, hw = _host_path(ad, "out_in", ids, x, [1, 3])
     assert hw.nbytes > 0
     torch.testing.assert_close(host, _device_path(ad, ids, x, [1, 3]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_preparing_on_a_device_gives_the_same_weights(
+    fmt: str, mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    # the device path (copy the packed views there, prepare, copy back),
+    # here with the CPU as the "device": same values, all of it new memory
+    ad = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    ids = [0, 3, ad.num_experts + 1]
+    here = prepare_all(kernel, ad.store.views, ids)
+    there = prepare_all(kernel, ad.store.views, ids, device="cpu")
+    assert here is not None and there is not None
+    for a, b in zip(here.experts, there.experts, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]) and b[k].is_contiguous()
+    assert there.nbytes == sum(
+        t.numel() * t.element_size() for w in there.experts for t in w.values()
+    )
