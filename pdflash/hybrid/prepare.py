@@ -32,6 +32,7 @@ from pdflash.hybrid.kernels import (
     PreparedWeights,
     host_kernel_for,
     prepare_all,
+    prepared_nbytes,
 )
 
 #: formats ``auto`` times (``in_out`` in the model dtype is left out: for the
@@ -114,15 +115,26 @@ def _executor(
     )
 
 
-def prepare_device(adapter: Any) -> torch.device | None:
+def prepare_device(adapter: Any, kernel: HostKernel | None = None) -> torch.device | None:
     """Where a store's experts are prepared: on the adapter's CUDA device
     when they are compressed (dequantizing there is many times faster than
-    on the CPU, and bit-identical), else on the host (a transposed copy or
-    none)."""
+    on the CPU, and bit-identical) or when ``kernel`` copies all of an
+    expert anyway (a transpose or a dtype change: moving it over and back
+    is faster than the CPU's strided copy); on the host when the prepared
+    weights share the store's memory (nothing to copy)."""
     device = torch.device(getattr(adapter, "device", "cpu"))
-    if device.type == "cuda" and adapter.store.layout.format != "dense":
+    if device.type != "cuda":
+        return None
+    store = adapter.store
+    if store.layout.format != "dense":
         return device
-    return None
+    if kernel is None:
+        return None
+    views = store.views(0)
+    with torch.inference_mode():
+        w = kernel.prepare(views)
+    total = sum(t.numel() * t.element_size() for t in w.values())
+    return device if prepared_nbytes(w, views) >= 0.99 * total else None
 
 
 def _time_format(
@@ -130,7 +142,7 @@ def _time_format(
 ) -> float | str:
     """Mean seconds per expert of ``kernel`` over a cold sample, or why not."""
     store = adapter.store
-    dev = None if kernel.name == "packed" else prepare_device(adapter)
+    dev = None if kernel.name == "packed" else prepare_device(adapter, kernel)
     one = prepare_all(kernel, store.views, [0], device=dev)
     assert one is not None
     first = one.experts[0]
@@ -207,7 +219,7 @@ def host_weights_for(
             store.views,
             range(store.num_ids),
             budget_bytes=budget,
-            device=prepare_device(adapter),
+            device=prepare_device(adapter, kernel),
         )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")

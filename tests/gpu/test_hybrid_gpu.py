@@ -166,3 +166,14 @@ def test_mxfp4_experts_prepared_on_the_gpu_equal_the_cpu_preparation(
                 # the Triton dequantizer is bit-identical to the torch path
                 assert torch.equal(a[k], b[k]), (fmt, k)
     ad.close()
+    # dense gpt-oss: the transposed copies are made on the GPU too, the same bytes
+    path = write_synthetic_checkpoint(tmp_path / "bf", "gpt_oss", dtype=torch.bfloat16, seed=2)
+    ad = load_adapter(path, device="cuda", dtype=torch.bfloat16, issuer=cuda_issuer, cache_slots=8)
+    kernel = host_kernel_for(ad, "fp32_out_in")
+    assert kernel is not None and prepare_device(ad, kernel) is not None
+    cpu = prepare_all(kernel, ad.store.views, [1, 2])
+    gpu = prepare_all(kernel, ad.store.views, [1, 2], device="cuda")
+    assert cpu is not None and gpu is not None
+    for a, b in zip(cpu.experts, gpu.experts, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    ad.close()

@@ -251,3 +251,14 @@ def test_preparing_on_a_device_gives_the_same_weights(
     assert there.nbytes == sum(
         t.numel() * t.element_size() for w in there.experts for t in w.values()
     )
+
+
+def test_prepare_device_is_the_host_without_cuda(
+    tiny_checkpoints: dict[str, Path], mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    from pdflash.hybrid.prepare import prepare_device
+
+    dense = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    mx = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=8)
+    assert prepare_device(dense, host_kernel_for(dense, "fp32_out_in")) is None
+    assert prepare_device(mx) is None  # a CPU adapter prepares on the CPU
