@@ -131,6 +131,9 @@ class RunSpec:
     host_workers: int | None = None
     host_threads: int | None = None
     host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
+    # how the host holds the experts it computes (pdflash.hybrid.kernels):
+    # "auto" times the formats and keeps the fastest that fits the budget
+    host_format: str = "auto"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -223,6 +226,12 @@ class RunSpec:
             raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
         if not self.host_max_ratio > 0:
             raise ValueError(f"host_max_ratio must be positive, got {self.host_max_ratio}")
+        from pdflash.hybrid import HOST_FORMAT_CHOICES
+
+        if self.host_format not in HOST_FORMAT_CHOICES:
+            raise ValueError(
+                f"host_format must be one of {HOST_FORMAT_CHOICES}, got {self.host_format!r}"
+            )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -605,6 +614,7 @@ def _run(
             workers=spec.host_workers,
             intra_op_threads=spec.host_threads,
             max_host_ratio=spec.host_max_ratio,
+            host_format=spec.host_format,
         )
 
     def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:
