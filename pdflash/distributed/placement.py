@@ -8,12 +8,13 @@ policies:
   ``e`` of layer ``l`` goes to rank ``(e + l) % N``, so every rank owns the
   same number of experts per layer (within one) and in total.
 * :class:`FrequencyBalancedPlacement`: static, balanced by measured routing
-  frequency (route stats or a trace). Per layer, experts in decreasing
-  frequency go to the rank with the least routed load so far among those
-  holding fewer than ``ceil(E / N)`` of the layer's experts (ties: the lower
-  rank). The count cap keeps each rank's slot demand even; the load rule
-  spreads the hot experts, so each link carries a similar share of the
-  misses.
+  frequency (route stats or a trace). Layer by layer, experts in decreasing
+  frequency go to the rank with the least routed load so far (all layers
+  placed until then, so a layer's imbalance is evened out by the next) among
+  those holding fewer than ``ceil(E / N)`` of the layer's experts (ties: the
+  lower rank). The count cap keeps each rank's slot demand even per layer;
+  the load rule spreads the hot experts, so each link carries a similar
+  share of the misses over a forward.
 """
 
 from __future__ import annotations
@@ -105,11 +106,11 @@ class FrequencyBalancedPlacement:
         num_layers, num_experts = freq.shape
         cap = -(-num_experts // self._n)
         table = RoundRobinPlacement(num_layers, num_experts, self._n).owner_table()
+        load = np.zeros(self._n, dtype=np.float64)  # over the layers placed so far
         for layer in range(num_layers):
             row = freq[layer]
             if not row.any():
                 continue
-            load = np.zeros(self._n, dtype=np.float64)
             count = np.zeros(self._n, dtype=np.int64)
             for e in np.argsort(-row, kind="stable").tolist():
                 open_ranks = np.flatnonzero(count < cap)
