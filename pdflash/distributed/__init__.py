@@ -9,7 +9,15 @@ its own experts over its own link. :mod:`.simulate` predicts the scaling
 from measured single-GPU rows.
 """
 
-from .group import RankGroup, distributed_available, free_port, init_from_env, launch, shutdown
+from .group import (
+    RankGroup,
+    current_group,
+    distributed_available,
+    free_port,
+    init_from_env,
+    launch,
+    shutdown,
+)
 from .moe import (
     BusiestRankByteCost,
     ExchangeStats,
@@ -39,6 +47,7 @@ __all__ = [
     "RankGroup",
     "RoundRobinPlacement",
     "ShardedCacheView",
+    "current_group",
     "distributed_available",
     "free_port",
     "frequency_from_topk",

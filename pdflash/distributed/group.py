@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
+_CURRENT: list[RankGroup] = []  # the group this process joined (at most one)
+
 
 @dataclass(frozen=True)
 class RankGroup:
@@ -91,11 +93,19 @@ def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> RankGroup:
         dist.init_process_group(
             backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
         )
-    return RankGroup(rank=rank, world_size=world, local_rank=local, device=dev, backend=backend)
+    group = RankGroup(rank=rank, world_size=world, local_rank=local, device=dev, backend=backend)
+    _CURRENT[:] = [group]
+    return group
+
+
+def current_group() -> RankGroup | None:
+    """The group this process joined with :func:`init_from_env`, or None."""
+    return _CURRENT[0] if _CURRENT else None
 
 
 def shutdown() -> None:
     """Leave the default process group (no-op when not joined)."""
+    _CURRENT.clear()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

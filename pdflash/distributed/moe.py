@@ -385,14 +385,29 @@ class ExpertParallelBatcher:
     """
 
     def __init__(
-        self, inner: VerifyBatcher, view: ShardedCacheView, cost: BusiestRankByteCost
+        self,
+        inner: VerifyBatcher,
+        view: ShardedCacheView,
+        cost: BusiestRankByteCost,
+        exchange: ExchangeStats | None = None,
     ) -> None:
         self.inner = inner
         self.view = view
         self.cost = cost
+        self.exchange = exchange
         self.name = inner.name
         self.rank_missing_bytes = np.zeros(cost.num_ranks, dtype=np.int64)
         self.busiest_rank_bytes: list[int] = []
+
+    def reset_rank_books(self) -> None:
+        """Start the measurement over: this batcher's books, the view's sync
+        counters and the runtime's exchange counters (when given)."""
+        self.rank_missing_bytes[:] = 0
+        self.busiest_rank_bytes.clear()
+        self.view.syncs = 0
+        self.view.sync_s = 0.0
+        if self.exchange is not None:
+            self.exchange.reset()
 
     def add(self, request_id: int, weight: float = 1.0) -> None:
         self.inner.add(request_id, weight)
