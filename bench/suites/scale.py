@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bytes-model", default="same_bytes", choices=["same_bytes", "aggregate_cache"]
     )
+    parser.add_argument(
+        "--hidden-size", type=int, default=None, help="for shapes the model's table lacks"
+    )
     parser.add_argument("--out", type=Path, default=None, help="write OUT.jsonl and OUT.md")
 
 
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         imbalance=args.imbalance,
         moe_compute_share=args.moe_compute_share,
         bytes_model=args.bytes_model,
+        hidden_size=args.hidden_size,
     )
     params.resolved()  # bad parameters fail before any work
     rows = _rows(args.rows)

@@ -71,6 +71,7 @@ class ScaleParams:
     moe_compute_share: float = 0.0
     activation_bytes: int = 2  # bf16 activations
     bytes_model: str = "same_bytes"  # or aggregate_cache
+    hidden_size: int | None = None  # for rows of shapes HIDDEN_SIZE does not know
 
     def resolved(self) -> dict[str, Any]:
         if self.interconnect not in INTERCONNECTS:
@@ -165,7 +166,7 @@ def simulate_row(
     # the exchange, per MoE layer and forward
     k = int(_num(row, "top_k"))
     layers = int(_num(row, "layers"))
-    hidden = HIDDEN_SIZE.get(str(row.get("arch")))
+    hidden = row.get("hidden_size") or HIDDEN_SIZE.get(str(row.get("arch"))) or params.hidden_size
     if hidden is None:
         out["not_simulated"] = f"hidden size of {row.get('arch')!r} unknown"
         return out
