@@ -36,6 +36,18 @@ RANK_LOCAL_FIELDS = (
     "exposed_fetch_s",
 )
 
+#: row fields a single-GPU Belady replay gives: the replay runs the whole
+#: model's routing against one cache, which no rank of an expert-parallel run
+#: is (each caches only its experts), so they are absent with a reason
+SINGLE_CACHE_FIELDS = (
+    "belady_bytes",
+    "belady_bytes_per_token",
+    "belady_free_start_bytes",
+    "bytes_per_token_vs_belady",
+    "miss_floor_s",
+    "eta_phys",
+)
+
 
 def check_spec(spec: RunSpec) -> None:
     """What ``--gpus N > 1`` supports (clear errors, nothing started)."""
@@ -140,6 +152,15 @@ class RankStack:
             "residency_sync_s": self.view.sync_s,
             **self.runtime.exchange.as_dict(),
         }
+        reasons = dict(row.get("not_measured") or {})
+        row["not_measured"] = reasons
+        for name in SINGLE_CACHE_FIELDS:
+            if name in row:
+                row[name] = None
+                reasons[name] = (
+                    "a single-cache Belady replay: not defined for expert-parallel ranks, each "
+                    "caching only its own experts (per-rank replay not implemented)"
+                )
         ranks: list[Any] = [None] * self.group.world_size
         dist.all_gather_object(ranks, mine)
         wall = float(row.get("wall_s") or 0.0)

@@ -43,3 +43,14 @@ def test_matrix_keys_gpus_and_leaves_plain_specs_unchanged() -> None:
     assert any(s["baseline"] == "B3" for s in plain)
     assert two and all(s["gpus"] == 2 and s["baseline"] != "B3" for s in two)
     assert {matrix.spec_key(s) for s in plain}.isdisjoint({matrix.spec_key(s) for s in two})
+
+
+def test_report_keeps_expert_parallel_rows_apart() -> None:
+    from pdflash.report.schema import arch_label, row_key
+
+    one = {"arch": "gpt-oss-20b", "layers": 8, "baseline": "PD", "concurrency": 4}
+    two = {**one, "gpus": 2}
+    assert arch_label(one) == "gpt-oss-20b L8"
+    assert arch_label(two) == "gpt-oss-20b L8 x2 GPUs"
+    assert arch_label({**one, "gpus": 1}) == arch_label(one)
+    assert row_key(one) != row_key(two)
