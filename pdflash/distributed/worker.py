@@ -158,6 +158,7 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
         if group is not None:
             assert isinstance(batcher, ExpertParallelBatcher)
             out["exchange"] = runtime.exchange.as_dict()
+            out["placement"] = getattr(runtime.placement, "name", None)
             out["rank_missing_bytes"] = batcher.rank_missing_bytes.tolist()
             out["residency_syncs"] = view.syncs
             # experts another rank owns must never take a slot here

@@ -4,9 +4,11 @@ caching and copying only the experts it owns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,6 +35,12 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return tmp
 
 
+def _shape(tmp: Path) -> tuple[int, int]:
+    cfg = json.loads((tmp / "target" / "config.json").read_text())
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    return int(cfg["num_hidden_layers"]), int(experts)
+
+
 def _spec(tmp: Path, baseline: str, cache_slots: int) -> GreedyRunSpec:
     gen = torch.Generator().manual_seed(0)
     vocab = json.loads((tmp / "target" / "config.json").read_text())["vocab_size"]
@@ -51,6 +59,10 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
     # 6 slots per rank: fewer than one rank's share of two consecutive layers,
     # so both ranks evict and copy on demand. One launch runs both baselines.
     specs = [_spec(checkpoint, b, cache_slots=6) for b in ("B1", "PD")]
+    # PD again with a frequency-balanced placement of a skewed (measured-like) frequency
+    layers, experts = _shape(checkpoint)
+    freq = np.random.default_rng(1).zipf(1.5, size=(layers, experts)).astype(np.float64)
+    specs.append(dataclasses.replace(specs[1], placement="frequency", frequency=freq))
     singles = run_greedy_all(None, specs)
     per_rank = launch(run_greedy_all, 2, specs, device="cpu")
     for i, (spec, single) in enumerate(zip(specs, singles, strict=True)):
@@ -71,6 +83,8 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
         # replicated control: every rank made the same decisions
         assert ranks[0]["steps"] == ranks[1]["steps"]
         assert ranks[0]["rank_missing_bytes"] == ranks[1]["rank_missing_bytes"]
+        if spec.placement == "frequency":
+            assert ranks[0]["placement"] == "frequency_balanced"
         if baseline == "B1":  # FCFS ignores residency: the single process's schedule too
             assert ranks[0]["steps"] == single["steps"]
         else:  # the 2-D scheduler charged missing bytes on both ranks' links
