@@ -441,6 +441,9 @@ def install_expert_parallel(
 
     Returns the runtime (the adapter's blocks now run it) and the engine's
     view of the group's experts (pass it as the engine's ``expert_cache``)."""
+    # the cache holds only this rank's experts: refuses others, and a layer is
+    # resident (no host sync in the block) once the rank's own experts are
+    cache.restrict_to(owned_mask(placement, group.rank))
     adapter.attach_cache(cache)  # checks the shapes and registers the store with the issuer
     runtime = ExpertParallelMoE(
         adapter.store,
