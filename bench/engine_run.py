@@ -157,6 +157,10 @@ class RunSpec:
     expert_bytes_as: str | None = None
     trace: str | None = None
     routing_source: str = "model"
+    # expert-parallel ranks (issue 18, bench/distributed_run.py): experts
+    # partitioned over this many GPUs (local processes), by this placement
+    gpus: int = 1
+    placement: str = "round_robin"
 
     @property
     def host_mode(self) -> str:
@@ -246,6 +250,9 @@ class RunSpec:
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
+        from .distributed_run import check_spec
+
+        check_spec(self)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -451,10 +458,16 @@ def _issuer_totals(stats: dict[str, Any]) -> dict[str, float]:
 
 def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run one (arch, baseline, block, concurrency, repeat) point; see the module doc."""
+    from pdflash.distributed import current_group
     from pdflash.h2d import H2DIssuer
 
     spec.validate()
-    device = resolve_device(spec.device)
+    group = current_group() if spec.gpus > 1 else None
+    if spec.gpus > 1 and group is None:
+        from .distributed_run import run_ranks
+
+        return run_ranks(spec, progress)
+    device = resolve_device(spec.device) if group is None else group.device
     synthetic_weights = spec.weights == "synthetic"
     synthetic_draft = spec.draft == "synthetic"
     if synthetic_weights:
@@ -533,7 +546,18 @@ def _run(
         # without bands (the PD-one-band ablation) every copy goes in one FIFO band
         single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
     )
-    runtime = adapter.runtime
+    ranks = None
+    if spec.gpus > 1:
+        from pdflash.distributed import current_group
+
+        from .distributed_run import RankStack
+
+        group = current_group()
+        assert group is not None
+        ranks = RankStack(group, spec, adapter, cache)
+        runtime: Any = ranks.runtime
+    else:
+        runtime = adapter.runtime
 
     config = EngineConfig.preset(
         spec.baseline,
@@ -543,6 +567,12 @@ def _run(
         seed=spec.seed,
         host_experts=spec.host_mode,
     )
+    # NOTE: ranks replicate the engine's control, and the PD controller decides
+    # from each rank's own timings: ranks could switch parts (the scheduler) at
+    # different steps and their batches diverge, so expert parallelism runs PD's
+    # parts fixed as configured
+    if spec.gpus > 1:
+        config = config.replace(parts_controller=False)
     batcher: VerifyBatcher | None = None
     byte_budget: int | None = None
     if config.batching != "fcfs":
@@ -564,6 +594,8 @@ def _run(
             byte_budget = spec.byte_budget or max(
                 1, int(link_gbps * 1e9 * spec.step_target_s), all_expert_bytes
             )
+            if ranks is not None:  # one link per rank: N x the per-rank budget in total
+                byte_budget = ranks.agree(byte_budget * spec.gpus)
 
         def deficit(budget: int | None) -> DeficitBatcher:
             return DeficitBatcher(
@@ -623,6 +655,8 @@ def _run(
         # PD-all-on keeps the controller's books with every part on, so its
         # rows record the parts (and pay for the per-step measurement) as PD's do
         controller: PartsPolicy | None = FixedParts() if cfg.baseline == "PD-all-on" else None
+        if ranks is not None:
+            chosen = ranks.batcher(chosen, cfg.token_budget)
         return Engine(
             adapter,
             cfg,
@@ -632,7 +666,7 @@ def _run(
             horizon=horizon if cfg.route_ahead else None,
             acceptance=acceptance,
             routing=routing,
-            expert_cache=cache,
+            expert_cache=cache if ranks is None else ranks.view,
             route_stats=route_stats if cfg.route_ahead else None,
             host_service=host_service if cfg.host_experts != "off" else None,
             max_seq_len=max_seq,
@@ -645,6 +679,8 @@ def _run(
         if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
             verify_step_s = _verify_compute_s(spec, config, make_engine, adapter)
             byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
+            if ranks is not None:
+                byte_budget = ranks.agree(byte_budget * spec.gpus)
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
             primary.set_byte_budget(byte_budget)
@@ -666,6 +702,8 @@ def _run(
             progress,
         )
         result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
+        if ranks is not None:
+            ranks.annotate(result.row)
         if verify_step_s is not None:
             result.row["byte_budget_verify_compute_s"] = verify_step_s
         return result
@@ -925,6 +963,9 @@ def _reset_measurements(engine: Engine) -> None:
     """The warm-up is not measured: the engine's books (and the cache's, the
     route-ahead stats', the acceptance model's, the hybrid service's) start
     from zero, and its finished requests are released."""
+    reset_ranks = getattr(engine.batcher, "reset_rank_books", None)
+    if reset_ranks is not None:  # expert-parallel ranks (bench/distributed_run.py)
+        reset_ranks()
     engine.reset_stats()  # the row's `steps` counts measured steps only, like the rest
     engine.pop_finished()
 
