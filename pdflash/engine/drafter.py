@@ -39,8 +39,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pdflash.engine.attention import AttentionBatch, masked_attention
+from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.protocols import AttentionSpec
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -241,6 +242,9 @@ class DFlashDrafter(nn.Module):
         )
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self._rotary = _build_rotary(cfg)
+        #: torch's SDPA over the paged keys (False: the explicit fp32 padded
+        #: softmax, :func:`pdflash.engine.attention.masked_attention`)
+        self.fused_attention = True
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -304,7 +308,7 @@ class DFlashDrafter(nn.Module):
                 start = kv.length(it.seq_id)
                 committed.append(start + it.num_new_context)
                 kv.reserve(it.seq_id, start + it.num_new_context + it.block_len)
-                kv.extend(it.seq_id, it.num_new_context + it.block_len)
+                kv.grow(it.seq_id, it.num_new_context + it.block_len)
                 anchor = start + it.num_new_context
                 ctx_slots += kv.slot_list(it.seq_id, start, anchor)
                 ctx_pos += list(range(start, anchor))
@@ -317,34 +321,49 @@ class DFlashDrafter(nn.Module):
                 k_pos.append(list(range(total)))
                 row += it.block_len
             batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, n_blk, device)
-            ctx_slot_t = torch.tensor(ctx_slots, dtype=torch.int64, device=device)
-            blk_slot_t = torch.tensor(blk_slots, dtype=torch.int64, device=device)
+            # block rows then new-context rows: their keys/values are computed
+            # and written together (one k/v projection and one KV write per layer)
+            (kv_slot_t, kv_pos_t) = device_int64([blk_slots + ctx_slots, blk_pos + ctx_pos], device)
             x = block_embeddings
             target_hidden = self.hidden_norm(self.fc(context_features.to(x.dtype)))
-            cos_c, sin_c = self.rope(torch.tensor(ctx_pos, device=device), x)
-            cos_b, sin_b = self.rope(torch.tensor(blk_pos, device=device), x)
+            cos_all, sin_all = self.rope(kv_pos_t, x)
+            cos_b, sin_b = cos_all[:n_blk], sin_all[:n_blk]
             cfg = self.cfg
             d = cfg.head_dim
+            specs = [
+                AttentionSpec(
+                    num_heads=cfg.num_attention_heads,
+                    num_kv_heads=cfg.num_key_value_heads,
+                    head_dim=d,
+                    scaling=d**-0.5,
+                    sliding_window=cfg.layer_window(li),
+                    has_sinks=False,
+                )
+                for li in range(len(self.layers))
+            ]
             for li, layer in enumerate(self.layers):
                 assert isinstance(layer, _Layer)
                 attn = layer.self_attn
                 h = layer.input_layernorm(x)
                 q = attn.q_norm(attn.q_proj(h).view(n_blk, -1, d))
                 q = apply_rope(q, cos_b, sin_b)
-                k_b = apply_rope(attn.k_norm(attn.k_proj(h).view(n_blk, -1, d)), cos_b, sin_b)
-                v_b = attn.v_proj(h).view(n_blk, -1, d)
-                k_c = attn.k_norm(attn.k_proj(target_hidden).view(n_ctx, -1, d))
-                k_c = apply_rope(k_c, cos_c, sin_c)
-                v_c = attn.v_proj(target_hidden).view(n_ctx, -1, d)
-                kv.write(li, ctx_slot_t, k_c, v_c)
-                kv.write(li, blk_slot_t, k_b, v_b)
-                kp = kv.k[li][batch.k_slots].permute(0, 2, 1, 3)
-                vp = kv.v[li][batch.k_slots].permute(0, 2, 1, 3)
-                visible = batch.mask(
-                    causal=cfg.layer_is_causal(li), sliding_window=cfg.layer_window(li)
+                kv_in = torch.cat([h, target_hidden]) if n_ctx else h
+                k_new = apply_rope(
+                    attn.k_norm(attn.k_proj(kv_in).view(n_blk + n_ctx, -1, d)), cos_all, sin_all
                 )
-                out = masked_attention(batch.pad_queries(q), kp, vp, visible, scaling=d**-0.5)
-                x = x + attn.o_proj(batch.unpad(out))
+                v_new = attn.v_proj(kv_in).view(n_blk + n_ctx, -1, d)
+                kv.write(li, kv_slot_t, k_new, v_new)
+                out = paged_attention(
+                    q,
+                    kv.k[li],
+                    kv.v[li],
+                    batch,
+                    specs[li],
+                    None,
+                    fused=self.fused_attention,
+                    causal=cfg.layer_is_causal(li),
+                )
+                x = x + attn.o_proj(out)
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
             return self.norm(x)
         finally:

@@ -116,11 +116,19 @@ class PagedKVCache:
         for _ in range(need):
             table.append(self._free.pop())
 
-    def extend(self, seq_id: int, num_tokens: int) -> torch.Tensor:
-        """Append ``num_tokens`` positions; returns their flat slots (int64, on device)."""
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        """Append ``num_tokens`` positions (host bookkeeping only; their slots
+        are :meth:`slot_list`). Raises :class:`KVCacheFull` with nothing
+        allocated if pages run out."""
         start = self._lengths[seq_id]
         self.reserve(seq_id, start + num_tokens)
         self._lengths[seq_id] = start + num_tokens
+
+    def extend(self, seq_id: int, num_tokens: int) -> torch.Tensor:
+        """:meth:`grow`, returning the new positions' flat slots (int64, on
+        device: a host->device copy; forwards use :meth:`grow`)."""
+        start = self._lengths[seq_id]
+        self.grow(seq_id, num_tokens)
         return self.slots(seq_id, start, start + num_tokens)
 
     def truncate(self, seq_id: int, length: int) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.engine.attention import AttentionBatch, paged_attention
+from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
@@ -157,9 +157,10 @@ class TargetRunner:
             k_slots: list[list[int]] = []
             k_pos: list[list[int]] = []
             row_chunk: list[int] = []
+            want: list[int] = []  # rows whose logits are needed
             row = 0
             for ci, (c, s, n) in enumerate(zip(chunks, starts, lens, strict=True)):
-                kv.extend(c.seq_id, n)
+                kv.grow(c.seq_id, n)
                 new_slots += kv.slot_list(c.seq_id, s, s + n)
                 positions += list(range(s, s + n))
                 q_rows.append(list(range(row, row + n)))
@@ -167,12 +168,14 @@ class TargetRunner:
                 k_slots.append(kv.slot_list(c.seq_id, 0, s + n))
                 k_pos.append(list(range(s + n)))
                 row_chunk += [ci] * n
+                want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
                 row += n
             dev = self.device
             batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, total, dev)
-            slots_t = torch.tensor(new_slots, dtype=torch.int64, device=dev)
-            pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
-            row_chunk_t = torch.tensor(row_chunk, dtype=torch.int64, device=dev)
+            # one host->device copy for the forward's other index tensors
+            slots_t, pos_t, row_chunk_t, want_t = device_int64(
+                [new_slots, positions, row_chunk, want], dev
+            )
             ids = (
                 torch.cat([c.tokens.to(dev) for c in chunks])
                 if chunks
@@ -239,12 +242,6 @@ class TargetRunner:
                 if decoder_layer in self.capture_layers:
                     captured[decoder_layer] = x
             # logits only for the rows that need them
-            want: list[int] = []
-            row = 0
-            for c, n in zip(chunks, lens, strict=True):
-                want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
-                row += n
-            want_t = torch.tensor(want, dtype=torch.int64, device=dev)
             logits_all = ad.lm_head(ad.final_norm(x[want_t])).float()
             logits: list[torch.Tensor] = []
             i = 0
