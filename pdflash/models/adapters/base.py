@@ -63,6 +63,23 @@ class UnsupportedConfigError(ValueError):
     """The checkpoint's config is not one the adapter can run."""
 
 
+class SlabExperts:
+    """The part every arch's grouped expert MLP
+    (:class:`~pdflash.models.offload.GroupedExperts`) shares: turning the
+    slab's packed views into compute weights. ``unpack`` dequantizes
+    compressed views (None: the slab is dense and its views are the weights);
+    subclasses add ``forward``."""
+
+    def __init__(
+        self, unpack: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    ) -> None:
+        self.unpack = unpack
+        self.compressed = unpack is not None
+
+    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return views if self.unpack is None else self.unpack(views)
+
+
 class MoEAdapterBase:
     """Implements :class:`pdflash.protocols.MoEModelAdapter` for one checkpoint.
 
@@ -207,6 +224,13 @@ class MoEAdapterBase:
             out[name] = dequantize_fp8(w[name], w[f"{name}_scale"], axis, self.dtype)
         return out
 
+    def slab_unpack(
+        self,
+    ) -> Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None:
+        """What a :class:`SlabExperts` unpacks slab views with: None for a
+        dense layout, else :meth:`dense_expert_weights`."""
+        return None if self.layout.format == "dense" else self.dense_expert_weights
+
     def grouped_experts(self) -> GroupedExperts | None:
         """The expert MLP over many experts at once (grouped GEMMs over the
         cache slab), or None to run experts one by one."""
@@ -331,6 +355,10 @@ class MoEAdapterBase:
         self._layers: Any = decoder_layers(model)
         self._inner: Any = model.model
 
+        self._rotary_memo: (
+            tuple[torch.Tensor, int, tuple[torch.dtype, torch.device], torch.Tensor, torch.Tensor]
+            | None
+        ) = None
         self.issuer = issuer
         self.cache: ExpertCache | None = None
         self.runtime: OffloadedMoE | None = None
@@ -498,8 +526,25 @@ class MoEAdapterBase:
     def rotary(
         self, positions: torch.Tensor, like: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[1, T, D]`` for 1-D ``positions`` (HF rotary module)."""
+        """cos, sin ``[1, T, D]`` for 1-D ``positions`` (HF rotary module).
+
+        Every layer of a forward passes the same ``positions`` tensor, so the
+        last result is kept and reused while the call gets that very tensor
+        object, unmodified (same version), with ``like`` of the same dtype
+        and device: one rotary computation per forward instead of per layer.
+        """
+        cached = self._rotary_memo
+        if (
+            cached is not None
+            and cached[0] is positions
+            and cached[1] == positions._version
+            and cached[2] == (like.dtype, like.device)
+        ):
+            return cached[3], cached[4]
         cos, sin = self._inner.rotary_emb(like, positions.reshape(1, -1))
+        # NOTE: holding ``positions`` keeps its identity from being reused by
+        # another tensor while the memo lives
+        self._rotary_memo = (positions, positions._version, (like.dtype, like.device), cos, sin)
         return cos, sin
 
     def project_qkv(
