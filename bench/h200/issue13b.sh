@@ -6,6 +6,8 @@
 # run to $OUT/<step>/rows.jsonl, so a step cut by its timeout keeps its rows.
 #   bash bench/h200/issue13b.sh
 # Steps:
+#  gputest_attn  the fused paged attention on CUDA vs the fp32 reference (bf16
+#             tolerance) and no host sync in a layer's attention
 #  b3_gptoss_c16 / b3_qwen3_c16  B3 (every expert resident) at c=16, 8 layers:
 #             verify_breakdown_ms (attention / router / experts / other + host
 #             gaps / drafter per verify) after the per-layer attention overhead cut
@@ -28,7 +30,8 @@ ENG="pdflash-bench engine --json --layers $LAYERS --max-new-tokens 32 --prompt-l
 OUT=${OUT:-$PWD/out}
 export OUT
 exec bash "$HERE/run.sh" \
+  "gputest_attn=timeout 25 pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py" \
   "b3_gptoss_c16=timeout 55 $ENG --arch $GPTOSS --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_gptoss_c16" \
   "b3_qwen3_c16=timeout 50 $ENG --arch $QWEN --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_qwen3_c16" \
-  "profile_b3=timeout 40 python3 $HERE/profile_verify.py --out $OUT/profile.json --run arch=$GPTOSS,baseline=B3,concurrency=16,layers=$PROFILE_LAYERS,device=$DEVICE" \
-  "link=timeout 130 python3 $HERE/issue13b_link.py --out $OUT/link --budget-s 100 --arch $GPTOSS --layers $LAYERS --device $DEVICE"
+  "profile_b3=timeout 35 python3 $HERE/profile_verify.py --out $OUT/profile.json --run arch=$GPTOSS,baseline=B3,concurrency=16,layers=$PROFILE_LAYERS,device=$DEVICE" \
+  "link=timeout 110 python3 $HERE/issue13b_link.py --out $OUT/link --budget-s 80 --arch $GPTOSS --layers $LAYERS --device $DEVICE"

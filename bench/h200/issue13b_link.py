@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pdflash.bench.engine_run import run_spec, spec_from_dict
+
 from pdflash.report.writers import append_row
 
 FORMATS = {"mxfp4": None, "bf16": "dense"}  # label -> RunSpec.expert_dtype

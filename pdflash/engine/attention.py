@@ -34,13 +34,17 @@ KEY_ALIGN = 16
 
 def device_int64(rows: list[list[int]], device: torch.device) -> list[torch.Tensor]:
     """Several host int lists -> int64 device tensors through ONE host->device
-    copy (each ``torch.tensor(..., device=cuda)`` from pageable memory is a
-    copy the host waits for)."""
+    copy. On CUDA the copy is from pinned memory and asynchronous: a
+    ``torch.tensor(..., device=cuda)`` from pageable memory makes the host
+    wait until the stream has drained up to it. (torch's pinned-memory cache
+    keeps the staging buffer until the copy has run.)"""
     flat: list[int] = []
     for r in rows:
         flat += r
     packed = torch.tensor(flat, dtype=torch.int64)
-    if packed.device != device:
+    if device.type == "cuda":
+        packed = packed.pin_memory().to(device, non_blocking=True)
+    elif packed.device != device:
         packed = packed.to(device)
     return list(torch.split(packed, [len(r) for r in rows]))
 

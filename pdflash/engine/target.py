@@ -10,6 +10,25 @@ whole batch (the union of experts is where batching pays off). Hidden states
 at the drafter's ``target_layer_ids`` are collected for the next draft, and
 the routing of every layer is recorded (per request, and as the flat ids the
 forward needed, for the Belady replay).
+
+Host syncs (the points where the host waits for the GPU) of one forward on
+CUDA, and why each remains:
+
+- none to start it: the index tensors (attention batch, KV slots,
+  positions, logit rows) go over in two asynchronous copies from pinned
+  memory, and the chunks' tokens are already on the device;
+- none in a layer's attention (:func:`~pdflash.engine.attention.paged_attention`
+  builds nothing per layer and indexes with no boolean mask);
+- in the offloaded MoE block (:mod:`pdflash.models.offload`), one per MoE
+  layer that has experts outside the cache: the host reads the layer's
+  per-expert token counts, because it picks the copies to submit and the
+  slots to pin before the experts run. A layer whose experts are all
+  resident (every layer under B3) reads nothing. Routing-aware hooks (the
+  streaming prefetcher, PD) read the routing at that point too;
+- one at the end: the routing grid (``routed``) comes back to the host for
+  the scheduler, the caches' accounting and the Belady trace. The engine
+  then reads the logits it accepts with (one batched copy for greedy
+  requests).
 """
 
 from __future__ import annotations
@@ -190,6 +209,8 @@ class TargetRunner:
             routed = torch.zeros(
                 (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
             )
+            #: each top-k choice's chunk (the same for every layer)
+            chunk_of_choice: torch.Tensor | None = None
             for decoder_layer, moe_layer in enumerate(self.plan):
                 spec = self.specs[decoder_layer]
                 with self._region("attention"):
@@ -219,8 +240,10 @@ class TargetRunner:
                         topk_ids, topk_weights = self.routing.route(
                             layer, normed, topk_ids, topk_weights
                         )
-                    k_top = topk_ids.shape[1]
-                    routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
+                    if chunk_of_choice is None or chunk_of_choice.numel() != topk_ids.numel():
+                        k_top = topk_ids.shape[1]
+                        chunk_of_choice = row_chunk_t[:, None].expand(-1, k_top).reshape(-1)
+                    routed[chunk_of_choice, layer, topk_ids.reshape(-1)] = True
                 for hook in self.before_moe_hooks:
                     hook(layer)
                 for rhook in self.routed_hooks:
