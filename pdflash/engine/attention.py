@@ -65,7 +65,9 @@ class AttentionBatch:
     rows ``i*Nq ..`` (padding and unpadding the queries are views then).
     ``q_gather [R*Nq]``: the flat row each padded query reads (padding reads
     row 0; its output is dropped). ``unpad_index [T]``: the padded query of
-    each flat row. Masks are built on first use and kept for the forward.
+    each flat row. ``zero_padding``: the padding slots read a KV row that is
+    always zero (built with a ``null_slot``). Masks are built on first use and
+    kept for the forward.
     """
 
     q_rows: torch.Tensor
@@ -79,6 +81,7 @@ class AttentionBatch:
     uniform: bool
     q_gather: torch.Tensor
     unpad_index: torch.Tensor
+    zero_padding: bool = False
     _masks: dict[tuple[object, ...], torch.Tensor] = field(default_factory=dict, repr=False)
 
     @staticmethod
@@ -89,8 +92,13 @@ class AttentionBatch:
         key_positions: list[list[int]],
         num_tokens: int,
         device: torch.device,
+        null_slot: int | None = None,
     ) -> AttentionBatch:
+        """``null_slot``: a KV slot that is always zero (e.g.
+        :attr:`PagedKVCache.null_slot`); padded keys, and so the sink key,
+        read it and need no zeroing. None: padding reads slot 0."""
         r = len(query_rows)
+        pad_slot = 0 if null_slot is None else null_slot
         nq = max((len(x) for x in query_rows), default=0)
         lk = max((len(x) for x in key_slots), default=0)
         lp = -(-(lk + 1) // KEY_ALIGN) * KEY_ALIGN
@@ -115,7 +123,7 @@ class AttentionBatch:
             q_gather += rows + [0] * pad_q
             q_pos += list(query_positions[i]) + [0] * pad_q
             q_valid += [1] * n + [0] * pad_q
-            k_slots += list(key_slots[i]) + [0] * (lp - m)
+            k_slots += list(key_slots[i]) + [pad_slot] * (lp - m)
             k_pos += list(key_positions[i]) + [0] * (lk - m)
             k_valid += [1] * m + [0] * (lk - m)
         uniform = uniform and r * nq == num_tokens
@@ -135,6 +143,7 @@ class AttentionBatch:
             uniform=uniform,
             q_gather=q_gather_t,
             unpad_index=unpad_t,
+            zero_padding=null_slot is not None,
         )
 
     @property
@@ -328,8 +337,9 @@ def paged_attention(
     """Attention of flat queries ``[T, H, D]`` over paged keys -> ``[T, H * D]``.
 
     ``fused``: torch's SDPA over the batch's padded key slots (kernels per
-    call: two key/value gathers, with sinks two zeroings of the sink key and
-    a bias add, the attention, one unpad copy; no host sync). False: the
+    call: two key/value gathers, with sinks a bias add (and two zeroings of
+    the sink key unless the batch pads with a null slot), the attention, one
+    unpad copy; no host sync). False: the
     explicit fp32 padded softmax (:func:`masked_attention`, the reference).
     """
     qp = batch.pad_queries(q)
@@ -348,8 +358,9 @@ def paged_attention(
     if spec.has_sinks and sinks is not None:
         # the sink: a zero key (logit = its bias, the sink) with a zero value
         lk = batch.num_keys
-        k[:, lk] = 0
-        v[:, lk] = 0
+        if not batch.zero_padding:
+            k[:, lk] = 0
+            v[:, lk] = 0
         bias = batch.attn_bias(causal=causal, sliding_window=window, dtype=q.dtype, sink=True)
         width = bias.shape[-1]
         sink_col = F.pad(sinks.to(q.dtype).view(1, -1, 1, 1), (lk, width - lk - 1))

@@ -320,7 +320,9 @@ class DFlashDrafter(nn.Module):
                 k_slots.append(kv.slot_list(it.seq_id, 0, total))
                 k_pos.append(list(range(total)))
                 row += it.block_len
-            batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, n_blk, device)
+            batch = AttentionBatch.build(
+                q_rows, q_pos, k_slots, k_pos, n_blk, device, null_slot=kv.null_slot
+            )
             # block rows then new-context rows: their keys/values are computed
             # and written together (one k/v projection and one KV write per layer)
             (kv_slot_t, kv_pos_t) = device_int64([blk_slots + ctx_slots, blk_pos + ctx_pos], device)

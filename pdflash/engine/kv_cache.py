@@ -1,7 +1,8 @@
 """A paged KV cache: fixed-size pages, per-sequence block tables, byte occupancy.
 
 Every layer has one K and one V tensor of shape
-``[num_pages * page_size, kv_heads, head_dim]``; a sequence owns a list of
+``[num_pages * page_size + 1, kv_heads, head_dim]`` (the last row, the
+:attr:`~PagedKVCache.null_slot`, is never written and stays zero); a sequence owns a list of
 pages (its block table) and a length. A token at position ``p`` of a sequence
 lives in flat slot ``table[p // page_size] * page_size + p % page_size`` of
 every layer. Rolling back to a shorter length frees the pages past it;
@@ -47,7 +48,10 @@ class PagedKVCache:
         self.num_pages = num_pages
         self.device = torch.device(device)
         self.dtype = dtype
-        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        #: a slot past every page that stays zero: attention's padded keys
+        #: and gpt-oss's sink key read it (no per-layer zeroing)
+        self.null_slot = num_pages * page_size
+        shape = (num_pages * page_size + 1, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         # NOTE: a stack, so a freed page is reused first (warm in cache) and

@@ -190,7 +190,9 @@ class TargetRunner:
                 want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
                 row += n
             dev = self.device
-            batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, total, dev)
+            batch = AttentionBatch.build(
+                q_rows, q_pos, k_slots, k_pos, total, dev, null_slot=kv.null_slot
+            )
             # one host->device copy for the forward's other index tensors
             slots_t, pos_t, row_chunk_t, want_t = device_int64(
                 [new_slots, positions, row_chunk, want], dev

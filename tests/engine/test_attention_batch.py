@@ -110,6 +110,7 @@ CASES = [
         (4, 2, 3, False, False),
     ],
 )
+@pytest.mark.parametrize("null_slot", [False, True])
 def test_paged_attention_equals_the_reference(
     case: tuple[list[int], list[int], bool],
     heads: int,
@@ -117,7 +118,10 @@ def test_paged_attention_equals_the_reference(
     window: int | None,
     sinks: bool,
     causal: bool,
+    null_slot: bool,
 ) -> None:
+    """``null_slot``: padding (and the sink key) read an always-zero KV row
+    (the KV cache's) instead of slot 0 zeroed per call."""
     q_lens, ctx_lens, interleave = case
     layout = _layout(q_lens, ctx_lens, interleave=interleave)
     rows, q_pos, k_slots, k_pos, total = layout
@@ -125,11 +129,16 @@ def test_paged_attention_equals_the_reference(
     d = 8
     spec = _spec(heads, kv_heads, d, window, sinks)
     slots = max(max(s) for s in k_slots) + 4
-    k_cache = torch.randn(slots, kv_heads, d, generator=g)
-    v_cache = torch.randn(slots, kv_heads, d, generator=g)
+    k_cache = torch.randn(slots + 1, kv_heads, d, generator=g)
+    v_cache = torch.randn(slots + 1, kv_heads, d, generator=g)
+    k_cache[slots] = 0
+    v_cache[slots] = 0
     q = torch.randn(total, heads, d, generator=g)
     sink_t = torch.randn(heads, generator=g) if sinks else None
-    batch = AttentionBatch.build(rows, q_pos, k_slots, k_pos, total, CPU)
+    batch = AttentionBatch.build(
+        rows, q_pos, k_slots, k_pos, total, CPU, null_slot=slots if null_slot else None
+    )
+    assert batch.zero_padding == null_slot
     assert batch.uniform == (len(set(q_lens)) == 1 and not interleave)
     assert batch.kv_slots.shape[1] % KEY_ALIGN == 0
     assert batch.kv_slots.shape[1] > batch.num_keys

@@ -93,6 +93,7 @@ class GptOssAdapter(MoEAdapterBase):
     expert_out_axes: ClassVar[dict[str, int]] = {"gate_up": 1, "down": 1}
     # NOTE: sdpa has no sinks; transformers refuses it for gpt-oss.
     default_attn_implementation = "eager"
+    rotary_style = "halves"
 
     @classmethod
     def expert_layout(cls, config: Any, dtype: torch.dtype) -> ExpertLayout:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from pdflash.models import load_adapter
@@ -49,3 +50,27 @@ def test_rotary_is_reused_for_the_same_positions_only(
             assert len(calls) == 5
     finally:
         handle.remove()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "mixtral", "olmoe"])
+def test_own_rotary_is_bit_exact_with_transformers(
+    arch: str, dtype: torch.dtype, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    """project_qkv's rotary (rotary_style) equals the transformers module's
+    apply_rotary_pos_emb bit for bit, for the q and k of several positions."""
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_fraction=0.5, dtype=dtype)
+    assert ad.rotary_style is not None
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(7, ad.hidden_size, generator=g) * 3).to(dtype)
+    pos = torch.tensor([0, 1, 5, 17, 18, 60, 61])
+    with torch.no_grad():
+        for layer in range(ad.num_decoder_layers):
+            q, k, v = ad.project_qkv(layer, x, pos)
+            ad.rotary_style = None  # the instance falls back to transformers' function
+            try:
+                q_ref, k_ref, v_ref = ad.project_qkv(layer, x, pos)
+            finally:
+                del ad.rotary_style
+            assert q.dtype == q_ref.dtype == dtype
+            assert torch.equal(q, q_ref) and torch.equal(k, k_ref) and torch.equal(v, v_ref)
