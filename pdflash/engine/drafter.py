@@ -209,8 +209,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [T, heads, D]``, ``cos/sin [T, D]``."""
+    """``x [T, heads, D]``, ``cos/sin [T, D]`` (the reference form)."""
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos/sin [T, D]`` -> ``(cos, signed sin) [T, 1, D]`` for :func:`apply_rope_tables`."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+    return cos[:, None, :], signed[:, None, :]
+
+
+def apply_rope_tables(x: torch.Tensor, cc: torch.Tensor, ss: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` bit for bit in four kernels: ``rotate_half(x) * sin``
+    is ``roll(x, D/2) * signed_sin`` (the same products, signs moved)."""
+    return x * cc + torch.roll(x, x.shape[-1] // 2, dims=-1) * ss
 
 
 @dataclass
@@ -328,8 +341,8 @@ class DFlashDrafter(nn.Module):
             (kv_slot_t, kv_pos_t) = device_int64([blk_slots + ctx_slots, blk_pos + ctx_pos], device)
             x = block_embeddings
             target_hidden = self.hidden_norm(self.fc(context_features.to(x.dtype)))
-            cos_all, sin_all = self.rope(kv_pos_t, x)
-            cos_b, sin_b = cos_all[:n_blk], sin_all[:n_blk]
+            cc_all, ss_all = rope_tables(*self.rope(kv_pos_t, x))
+            cc_b, ss_b = cc_all[:n_blk], ss_all[:n_blk]
             cfg = self.cfg
             d = cfg.head_dim
             specs = [
@@ -348,10 +361,10 @@ class DFlashDrafter(nn.Module):
                 attn = layer.self_attn
                 h = layer.input_layernorm(x)
                 q = attn.q_norm(attn.q_proj(h).view(n_blk, -1, d))
-                q = apply_rope(q, cos_b, sin_b)
+                q = apply_rope_tables(q, cc_b, ss_b)
                 kv_in = torch.cat([h, target_hidden]) if n_ctx else h
-                k_new = apply_rope(
-                    attn.k_norm(attn.k_proj(kv_in).view(n_blk + n_ctx, -1, d)), cos_all, sin_all
+                k_new = apply_rope_tables(
+                    attn.k_norm(attn.k_proj(kv_in).view(n_blk + n_ctx, -1, d)), cc_all, ss_all
                 )
                 v_new = attn.v_proj(kv_in).view(n_blk + n_ctx, -1, d)
                 kv.write(li, kv_slot_t, k_new, v_new)

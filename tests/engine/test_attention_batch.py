@@ -249,3 +249,16 @@ def test_device_int64_splits_one_copy() -> None:
 def test_build_rejects_mismatched_lengths() -> None:
     with pytest.raises(ValueError, match="request 0"):
         AttentionBatch.build([[0, 1]], [[0]], [[0, 1]], [[0, 1]], 2, CPU)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_drafter_rope_tables_are_bit_exact(dtype: torch.dtype) -> None:
+    from pdflash.engine.drafter import apply_rope, apply_rope_tables, rope_tables
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(9, 4, 16, generator=g) * 5).to(dtype)
+    angle = torch.rand(9, 8, generator=g) * 40
+    cos = torch.cat([angle.cos(), angle.cos()], dim=-1).to(dtype)
+    sin = torch.cat([angle.sin(), angle.sin()], dim=-1).to(dtype)
+    cc, ss = rope_tables(cos, sin)
+    assert torch.equal(apply_rope_tables(x, cc, ss), apply_rope(x, cos, sin))
