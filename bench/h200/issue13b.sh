@@ -33,5 +33,5 @@ exec bash "$HERE/run.sh" \
   "gputest_attn=timeout 25 python3 -P -m pytest -q -p no:cacheprovider tests/gpu/test_attention_gpu.py" \
   "b3_gptoss_c16=timeout 55 $ENG --arch $GPTOSS --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_gptoss_c16" \
   "b3_qwen3_c16=timeout 50 $ENG --arch $QWEN --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_qwen3_c16" \
-  "profile_b3=timeout 35 python3 $HERE/profile_verify.py --out $OUT/profile.json --run arch=$GPTOSS,baseline=B3,concurrency=16,layers=$PROFILE_LAYERS,device=$DEVICE" \
+  "profile_b3=timeout 35 python3 $HERE/profile_verify.py --out $OUT/profile.json --run arch=$GPTOSS,baseline=B3,concurrency=16,layers=$PROFILE_LAYERS,device=$DEVICE,breakdown=1" \
   "link=timeout 110 python3 $HERE/issue13b_link.py --out $OUT/link --budget-s 80 --arch $GPTOSS --layers $LAYERS --device $DEVICE"

@@ -262,7 +262,11 @@ def _native_gqa(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> bool:
     try:
         if q.device.type == "cuda":
             params = torch.backends.cuda.SDPAParams(q, k, k, mask, 0.0, False, True)
-            ok = bool(torch.backends.cuda.can_use_efficient_attention(params, False))
+            checks = [
+                getattr(torch.backends.cuda, name, None)
+                for name in ("can_use_cudnn_attention", "can_use_efficient_attention")
+            ]
+            ok = any(bool(check(params, False)) for check in checks if check is not None)
         else:
             F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             ok = True
