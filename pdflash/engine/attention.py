@@ -42,7 +42,9 @@ def device_int64(rows: list[list[int]], device: torch.device) -> list[torch.Tens
     for r in rows:
         flat += r
     packed = torch.tensor(flat, dtype=torch.int64)
-    if device.type == "cuda":
+    if not flat:
+        packed = packed.to(device)  # nothing to copy
+    elif device.type == "cuda":
         packed = packed.pin_memory().to(device, non_blocking=True)
     elif packed.device != device:
         packed = packed.to(device)
