@@ -153,6 +153,13 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         help="HOST only experts the CPU computes at most this times slower than the link "
         "copies them (default 1.0, the per-expert break-even)",
     )
+    parser.add_argument(
+        "--host-format",
+        default="auto",
+        choices=("auto", "packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out"),
+        help="how the host holds the experts it computes (pdflash.hybrid.kernels); auto "
+        "(default) times the formats at start-up and keeps the fastest that fits in memory",
+    )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -263,6 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,
                     host_max_ratio=args.host_max_ratio,
+                    host_format=args.host_format,
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pdflash.report import stats
-from pdflash.report.ablation import ablation_table
+from pdflash.report.ablation import ablation_table, controller_table
 from pdflash.report.schema import (
     BASELINES,
     REQUIRED_BASELINES,
@@ -287,16 +287,53 @@ def _noise(table: _Table) -> dict[str, Any]:
     }
 
 
-def _eta_phys(table: _Table, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+#: the compute floor the report prefers (issue 15 item 4): the time the same
+#: forwards take with every expert resident, i.e. B3 at the same point
+B3_COMPUTE_FLOOR = (
+    "max(miss floor, compute floor) / wall; compute floor = B3's measured compute-stream "
+    "busy time at the same point (median over its repeats: the same forwards with every "
+    "expert resident); miss floor as each row states it"
+)
+
+
+def _eta_phys_vs_b3(
+    found: Sequence[Mapping[str, Any]], b3_compute_s: float | None
+) -> list[float] | None:
+    """Per-row eta_phys with B3's compute as the floor, or None when B3's
+    compute or a row's miss floor / wall is missing (then the rows' own
+    eta_phys, whose floor their definition states, is used)."""
+    if b3_compute_s is None or b3_compute_s <= 0:
+        return None
+    samples = []
+    for row in found:
+        floor, wall = row.get("miss_floor_s"), row.get("wall_s")
+        if not isinstance(floor, (int, float)) or not isinstance(wall, (int, float)) or wall <= 0:
+            return None
+        samples.append(max(float(floor), b3_compute_s) / float(wall))
+    return samples
+
+
+def _eta_phys(table: _Table) -> dict[str, Any]:
     """The report's lead figure: eta_phys per point and baseline (median and
-    95% interval), eta beside it, and which compute floor the rows used."""
+    95% interval), eta beside it, and which compute floor it used: B3's
+    measured compute at the same point where B3 ran, else the rows' own."""
     per_point = []
+    floors: set[str] = set()
     for point in table.sorted_points():
+        b3_compute = table.median(point, "B3", "compute_busy_s")
         for baseline in table.shown():
             found = table.rows(point, baseline)
             if not found:
                 continue
-            ep = table.samples(point, baseline, "eta_phys")
+            vs_b3 = _eta_phys_vs_b3(found, b3_compute)
+            if vs_b3 is not None:
+                ep, floor_source = vs_b3, "B3"
+                floors.add(B3_COMPUTE_FLOOR)
+            else:
+                ep, floor_source = table.samples(point, baseline, "eta_phys"), "row"
+                floors.update(
+                    str(r["eta_phys_definition"]) for r in found if r.get("eta_phys_definition")
+                )
             iv = stats.t_interval(ep) if len(ep) >= 2 else None
             entry: dict[str, Any] = {
                 **_point_fields(point),
@@ -309,13 +346,12 @@ def _eta_phys(table: _Table, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any
                 "compute_busy_s": table.median(point, baseline, "compute_busy_s"),
                 "wall_s": table.median(point, baseline, "wall_s"),
                 "repeats": len(found),
+                "compute_floor_source": floor_source,
             }
             if not ep:
                 entry["not_measured"] = {"eta_phys": _reason(found, "eta_phys")}
             per_point.append(entry)
-    definitions = sorted(
-        {str(r["eta_phys_definition"]) for r in rows if r.get("eta_phys_definition")}
-    )
+    definitions = sorted(floors)
     return {
         "per_point": per_point,
         "compute_floor": definitions
@@ -717,11 +753,12 @@ def evaluate(
         "rows": len(rows),
         "valid": not problems,
         "problems": problems,
-        "eta_phys": _eta_phys(table, usable),
+        "eta_phys": _eta_phys(table),
         "intervals": _intervals(table),
         "verdicts": _verdicts(table),
         "noise": _noise(table),
         "ablation": ablation_table(usable),
+        "controller": controller_table(usable),
         "ordering": _ordering(table),
         "gap": gap_points,
         "gap_by_cache_fraction": gap_summary,

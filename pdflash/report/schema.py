@@ -21,10 +21,16 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-#: PD with one part switched off (issue 15's ablation; see
-#: :mod:`pdflash.engine.config`): labels of their own, so their rows never
-#: count as PD's.
-ABLATIONS: tuple[str, ...] = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+#: PD with every part forced on (no controller) and PD with one part switched
+#: off (issue 15's ablation; see :mod:`pdflash.engine.config`): labels of
+#: their own, so their rows never count as PD's.
+ABLATIONS: tuple[str, ...] = (
+    "PD-all-on",
+    "PD-no-route-ahead",
+    "PD-one-band",
+    "PD-token-sched",
+    "PD-no-stream",
+)
 
 #: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is
 #: PD with the hybrid miss service (issue 16), then PD's ablations.

@@ -102,10 +102,7 @@ class EngineBundle:
         if busy.size:
             with contextlib.suppress(Exception):
                 self.issuer.wait(busy)
-        for block in getattr(self.adapter, "blocks", []):
-            block.runtime = None
-        self.adapter.cache = None
-        self.adapter.runtime = None
+        self.adapter.detach_cache()
         self.issuer.close()
         self.adapter.close()
 
@@ -121,7 +118,6 @@ def _device(name: str) -> torch.device:
 
 def build_engine(cfg: ServeModelConfig) -> EngineBundle:
     """Load the target (and draft), the issuer, the expert cache and the engine."""
-    from pdflash.cache import ExpertCache
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.drafter import load_drafter
     from pdflash.engine.predict import BatchedUnionPredictor
@@ -154,20 +150,9 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             fraction = 0.2 if device.type == "cuda" else 1.0
         # every baseline: the forward visits the layers cyclically, which LRU
         # thrashes (it evicts what the next forward needs first)
-        from pdflash.cache.eviction import LayerCyclicPolicy
-
-        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
-        cache = ExpertCache(
-            adapter.store,
-            issuer,
-            device=device,
-            fraction=fraction,
-            capacity_bytes=capacity,
-            top_k=adapter.top_k,
-            max_batch_tokens=1,
-            policy=policy,
+        cache = adapter.attach_new_cache(
+            issuer, fraction=fraction, capacity_bytes=capacity, policy="layer_cyclic"
         )
-        adapter.attach_cache(cache)
         drafter = load_drafter(cfg.draft, device=device, dtype=adapter.dtype) if cfg.draft else None
         config = EngineConfig.preset(
             baseline,

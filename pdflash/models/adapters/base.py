@@ -56,7 +56,7 @@ from pdflash.models.store import (
     detect_format,
     require_finite,
 )
-from pdflash.protocols import AttentionSpec, CopyIssuer
+from pdflash.protocols import AttentionSpec, Band, CopyIssuer
 
 
 class UnsupportedConfigError(ValueError):
@@ -368,18 +368,13 @@ class MoEAdapterBase:
         if issuer is not None:
             if cache_fraction is None and cache_bytes is None and cache_slots is None:
                 cache_fraction = 1.0
-            self.attach_cache(
-                ExpertCache(
-                    self.store,
-                    issuer,
-                    device=self.device,
-                    num_slots=cache_slots,
-                    capacity_bytes=cache_bytes,
-                    fraction=cache_fraction,
-                    top_k=self.top_k,
-                    max_batch_tokens=max_batch_tokens,
-                    policy=policy,
-                )
+            self.attach_new_cache(
+                issuer,
+                num_slots=cache_slots,
+                capacity_bytes=cache_bytes,
+                fraction=cache_fraction,
+                max_batch_tokens=max_batch_tokens,
+                policy=policy,
             )
 
     def block_spec(self) -> MoEBlockSpec:
@@ -409,6 +404,54 @@ class MoEAdapterBase:
         if isinstance(dt, torch.dtype) and dt.is_floating_point:
             return dt
         return torch.bfloat16 if getattr(config, "quantization_config", None) else torch.float32
+
+    def attach_new_cache(
+        self,
+        issuer: CopyIssuer,
+        *,
+        fraction: float | None = None,
+        capacity_bytes: int | None = None,
+        num_slots: int | None = None,
+        max_batch_tokens: int = 1,
+        policy: EvictionPolicy | str | None = None,
+        single_band: Band | None = None,
+    ) -> ExpertCache:
+        """Build an :class:`ExpertCache` over this model's expert store (sized
+        by exactly one of ``fraction``, ``capacity_bytes``, ``num_slots``) and
+        run the MoE layers from it; the one place a cache of an adapter is
+        built. ``policy="layer_cyclic"`` builds a
+        :class:`~pdflash.cache.eviction.LayerCyclicPolicy` of this model's
+        shape (other names as :func:`~pdflash.cache.eviction.make_policy`).
+        The previous cache, if any, is detached first, so its slab can be
+        freed before the new one is allocated."""
+        if policy == "layer_cyclic":
+            from pdflash.cache.eviction import LayerCyclicPolicy
+
+            policy = LayerCyclicPolicy(self.num_layers, self.num_experts)
+        self.detach_cache()
+        cache = ExpertCache(
+            self.store,
+            issuer,
+            device=self.device,
+            num_slots=num_slots,
+            capacity_bytes=capacity_bytes,
+            fraction=fraction,
+            top_k=self.top_k,
+            max_batch_tokens=max_batch_tokens,
+            policy=policy,
+            single_band=single_band,
+        )
+        self.attach_cache(cache)
+        return cache
+
+    def detach_cache(self) -> None:
+        """Stop running the MoE layers from the attached cache (drops this
+        adapter's references to it and its runtime; the caller quiesces its
+        copies first). A no-op without one."""
+        for block in self.blocks:
+            block.runtime = None
+        self.cache = None
+        self.runtime = None
 
     def attach_cache(self, cache: ExpertCache) -> OffloadedMoE:
         """Run the MoE layers from ``cache`` (replaces any previous cache)."""

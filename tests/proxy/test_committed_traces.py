@@ -1,0 +1,72 @@
+"""The GPU proxy's committed traces (bench/results/h200/proxy-2026-12-01) are
+valid, belong to the committed target and drafter, say what the results README
+says, and replay on CPU without the weights (learned routing and acceptance in
+CI)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pdflash import traces as tf
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200" / "proxy-2026-12-01"
+#: loop tau per trace as the results README states it
+README_TAU = {"trace_gpu_greedy.npz": 1.53, "trace_gpu_t1.npz": 1.50}
+
+pytestmark = pytest.mark.skipif(not RESULTS.is_dir(), reason="run from a repository checkout")
+
+
+@pytest.mark.parametrize("name", sorted(README_TAU))
+def test_committed_trace_is_valid_and_matches_its_provenance(name: str) -> None:
+    trace = tf.load_trace(RESULTS / name)
+    trace.validate()
+    prov = trace.provenance
+    target = json.loads((RESULTS / "provenance.json").read_text())
+    drafter = json.loads((RESULTS / "drafter_provenance.json").read_text())
+    config = json.loads((RESULTS / "config.json").read_text())
+    assert prov["target_weights_sha256"] == target["weights_sha256"]
+    assert prov["target_preset"] == target["preset"] == drafter["target_preset"]
+    assert drafter["target_weights_sha256"] == target["weights_sha256"]
+    assert (prov["num_layers"], prov["num_experts"], prov["top_k"]) == (
+        config["num_hidden_layers"],
+        config["num_local_experts"],
+        config["num_experts_per_tok"],
+    )
+    outputs = np.diff(trace.token_request) - trace.prompt_len
+    tau_loop = (
+        float((outputs - 1).sum()) / trace.round_request.size
+    )  # prefill's token is no round's
+    assert tau_loop == pytest.approx(float(trace.round_accepted.mean()))
+    assert tau_loop == pytest.approx(README_TAU[name], abs=0.005)
+
+
+def test_committed_trace_replays_on_a_cpu_shape() -> None:
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
+    path = RESULTS / "trace_gpu_t1.npz"
+    trace = tf.load_trace(path)
+    spec = RunSpec(
+        arch="tiny",
+        baseline="B2",
+        device="cpu",
+        concurrency=2,
+        prompt_len=8,
+        max_new_tokens=16,
+        block_size=int(trace.provenance["block_size"]),
+        routing_source="trace",
+        acceptance="auto",
+        trace=str(path),
+    )
+    res = run_spec(spec)
+    row = res.row
+    assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
+    assert row["routing_params"]["trace_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    for r, req in enumerate(res.requests):
+        rounds = trace.acceptance(r % trace.num_requests).tolist()
+        got = req["acceptance_lengths"]
+        assert got and got[:-1] == rounds[: len(got) - 1]
