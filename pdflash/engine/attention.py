@@ -26,9 +26,9 @@ import torch.nn.functional as F
 
 from pdflash.protocols import AttentionSpec
 
-#: the padded key axis of the fused path is a multiple of this: torch's
-#: memory-efficient SDPA kernel wants its bias's last dim aligned to 16 and
-#: otherwise pads (copies) the bias on every call
+#: the padded key axis of the fused path is a multiple of this: torch's fused
+#: SDPA kernels want the bias's last dim aligned (the memory-efficient one to
+#: 16) and otherwise pad (copy) the bias on every call
 KEY_ALIGN = 16
 
 
@@ -57,7 +57,7 @@ class AttentionBatch:
 
     ``q_rows [R, Nq]``: flat query row of each padded query (``T`` = padding).
     ``q_pos [R, Nq]``: its position. ``k_slots [R, Lk]``: flat KV slot of each
-    padded key (0 for padding). ``k_pos [R, Lk]``, ``k_valid [R, Lk]``.
+    padded key (padding: the null slot, else 0). ``k_pos [R, Lk]``, ``k_valid [R, Lk]``.
     ``q_valid [R, Nq]``.
 
     The fused path's own: ``kv_slots [R, Lp]`` is ``k_slots`` padded with slot
@@ -345,8 +345,9 @@ def paged_attention(
     ``fused``: torch's SDPA over the batch's padded key slots (kernels per
     call: two key/value gathers, with sinks a bias add (and two zeroings of
     the sink key unless the batch pads with a null slot), the attention, one
-    unpad copy; no host sync). False: the
-    explicit fp32 padded softmax (:func:`masked_attention`, the reference).
+    unpad copy; no host sync). False: the explicit fp32 padded softmax
+    (:func:`masked_attention`, the reference). ``causal`` False: keys on
+    both sides of a query, within the window (the drafter's full layers).
     """
     qp = batch.pad_queries(q)
     window = spec.sliding_window
