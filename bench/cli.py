@@ -34,6 +34,7 @@ SUITES: dict[str, str] = {
     "bm4": "bm",
     "bm5": "bm",
     "proxy": "proxy",
+    "scale": "scale",
 }
 DEFAULT_SUITE = "default"
 

@@ -131,6 +131,9 @@ class RunSpec:
     host_workers: int | None = None
     host_threads: int | None = None
     host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
+    # how the host holds the experts it computes (pdflash.hybrid.kernels):
+    # "auto" times the formats and keeps the fastest that fits the budget
+    host_format: str = "auto"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -154,6 +157,10 @@ class RunSpec:
     expert_bytes_as: str | None = None
     trace: str | None = None
     routing_source: str = "model"
+    # expert-parallel ranks (issue 18, bench/distributed_run.py): experts
+    # partitioned over this many GPUs (local processes), by this placement
+    gpus: int = 1
+    placement: str = "round_robin"
 
     @property
     def host_mode(self) -> str:
@@ -223,6 +230,12 @@ class RunSpec:
             raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
         if not self.host_max_ratio > 0:
             raise ValueError(f"host_max_ratio must be positive, got {self.host_max_ratio}")
+        from pdflash.hybrid import HOST_FORMAT_CHOICES
+
+        if self.host_format not in HOST_FORMAT_CHOICES:
+            raise ValueError(
+                f"host_format must be one of {HOST_FORMAT_CHOICES}, got {self.host_format!r}"
+            )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -237,6 +250,9 @@ class RunSpec:
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
+        from .distributed_run import check_spec
+
+        check_spec(self)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
@@ -442,10 +458,16 @@ def _issuer_totals(stats: dict[str, Any]) -> dict[str, float]:
 
 def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run one (arch, baseline, block, concurrency, repeat) point; see the module doc."""
+    from pdflash.distributed import current_group
     from pdflash.h2d import H2DIssuer
 
     spec.validate()
-    device = resolve_device(spec.device)
+    group = current_group() if spec.gpus > 1 else None
+    if spec.gpus > 1 and group is None:
+        from .distributed_run import run_ranks
+
+        return run_ranks(spec, progress)
+    device = resolve_device(spec.device) if group is None else group.device
     synthetic_weights = spec.weights == "synthetic"
     synthetic_draft = spec.draft == "synthetic"
     if synthetic_weights:
@@ -499,7 +521,6 @@ def _run(
     synthetic_draft: bool,
     progress: Callable[[int, int], None] | None,
 ) -> RunResult:
-    from pdflash.cache import ExpertCache
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import BatchedUnionPredictor
     from pdflash.routeahead import (
@@ -518,23 +539,25 @@ def _run(
         # layers cyclically, which LRU thrashes; a fair comparison gives the
         # baselines the same policy PD uses
         eviction = "layer_cyclic"
-    policy: Any = eviction
-    if eviction == "layer_cyclic":
-        from pdflash.cache.eviction import LayerCyclicPolicy
-
-        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
-    cache = ExpertCache(
-        adapter.store,
+    cache = adapter.attach_new_cache(
         issuer,
-        device=device,
         fraction=fraction,
-        top_k=adapter.top_k,
-        max_batch_tokens=1,
-        policy=policy,
+        policy=eviction,
         # without bands (the PD-one-band ablation) every copy goes in one FIFO band
         single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
     )
-    runtime = adapter.attach_cache(cache)
+    ranks = None
+    if spec.gpus > 1:
+        from pdflash.distributed import current_group
+
+        from .distributed_run import RankStack
+
+        group = current_group()
+        assert group is not None
+        ranks = RankStack(group, spec, adapter, cache)
+        runtime: Any = ranks.runtime
+    else:
+        runtime = adapter.runtime
 
     config = EngineConfig.preset(
         spec.baseline,
@@ -544,6 +567,12 @@ def _run(
         seed=spec.seed,
         host_experts=spec.host_mode,
     )
+    # NOTE: ranks replicate the engine's control, and the PD controller decides
+    # from each rank's own timings: ranks could switch parts (the scheduler) at
+    # different steps and their batches diverge, so expert parallelism runs PD's
+    # parts fixed as configured
+    if spec.gpus > 1:
+        config = config.replace(parts_controller=False)
     batcher: VerifyBatcher | None = None
     byte_budget: int | None = None
     if config.batching != "fcfs":
@@ -565,6 +594,8 @@ def _run(
             byte_budget = spec.byte_budget or max(
                 1, int(link_gbps * 1e9 * spec.step_target_s), all_expert_bytes
             )
+            if ranks is not None:  # one link per rank: N x the per-rank budget in total
+                byte_budget = ranks.agree(byte_budget * spec.gpus)
 
         def deficit(budget: int | None) -> DeficitBatcher:
             return DeficitBatcher(
@@ -615,9 +646,17 @@ def _run(
             workers=spec.host_workers,
             intra_op_threads=spec.host_threads,
             max_host_ratio=spec.host_max_ratio,
+            host_format=spec.host_format,
         )
 
     def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:
+        from pdflash.engine.pd_controller import FixedParts, PartsPolicy
+
+        # PD-all-on keeps the controller's books with every part on, so its
+        # rows record the parts (and pay for the per-step measurement) as PD's do
+        controller: PartsPolicy | None = FixedParts() if cfg.baseline == "PD-all-on" else None
+        if ranks is not None:
+            chosen = ranks.batcher(chosen, cfg.token_budget)
         return Engine(
             adapter,
             cfg,
@@ -627,11 +666,12 @@ def _run(
             horizon=horizon if cfg.route_ahead else None,
             acceptance=acceptance,
             routing=routing,
-            expert_cache=cache,
+            expert_cache=cache if ranks is None else ranks.view,
             route_stats=route_stats if cfg.route_ahead else None,
             host_service=host_service if cfg.host_experts != "off" else None,
             max_seq_len=max_seq,
             device=device,
+            controller=controller,
         )
 
     try:
@@ -639,6 +679,8 @@ def _run(
         if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
             verify_step_s = _verify_compute_s(spec, config, make_engine, adapter)
             byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
+            if ranks is not None:
+                byte_budget = ranks.agree(byte_budget * spec.gpus)
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
             primary.set_byte_budget(byte_budget)
@@ -660,6 +702,8 @@ def _run(
             progress,
         )
         result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
+        if ranks is not None:
+            ranks.annotate(result.row)
         if verify_step_s is not None:
             result.row["byte_budget_verify_compute_s"] = verify_step_s
         return result
@@ -669,11 +713,7 @@ def _run(
         # (and its slab) can be freed.
         _quiesce(issuer, cache)
         # the process-cached adapter must not keep this run's cache alive
-        if getattr(runtime, "cache", None) is not None:
-            for block in getattr(adapter, "blocks", []):
-                block.runtime = None
-        adapter.cache = None
-        adapter.runtime = None
+        adapter.detach_cache()
         if host_service is not None:
             host_service.close()
             runtime.host_service = None
@@ -697,6 +737,7 @@ def _verify_compute_s(
         background_prefetch=False,
         byte_budget=None,
         host_experts="off",
+        parts_controller=False,
     )
     # the calibration runs without the hybrid service: detach it from the
     # runtime meanwhile (an engine with host_experts off refuses a runtime
@@ -789,7 +830,7 @@ def _workload(
     # compulsory loads the run never paid, and ratios < 1 appear).
     cache.drain_inflight()
     initial_resident = np.flatnonzero(np.asarray(cache.slot_of) >= 0).astype(np.int64)
-    _reset_measurements(engine, cache, route_stats)
+    _reset_measurements(engine)
     issuer_before = _issuer_totals(issuer.stats())
     closed = ClosedLoop(workload) if workload.arrivals == "closed" else None
     pending = closed.start() if closed is not None else open_loop(workload)
@@ -907,27 +948,26 @@ def _serving_workload(spec: RunSpec) -> Workload:
     )
 
 
-def _reset_measurements(engine: Engine, cache: Any, route_stats: Any) -> None:
-    for policy in (engine.acceptance, engine.routing):
-        reset = getattr(policy, "reset_stats", None)
-        if reset is not None:
-            reset()
-    cache.reset_stats()
-    route_stats.reset()
-    engine.timer.reset()
-    engine.routing_trace.clear()
-    engine.trace_kinds.clear()
-    engine.scheduler_us.clear()
-    engine.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
-    if engine.stream is not None:
-        engine.stream.copies_submitted = engine.stream.bytes_submitted = 0
-        engine.stream.cancelled = 0
-    engine.verify_forwards = 0
-    engine.steps = 0  # the row's `steps` counts measured steps only, like the rest
-    engine.predict_s = 0.0
-    engine.finished.clear()
-    if engine.host_service is not None:
-        engine.host_service.books.reset()
+def _stream(engine: Engine) -> Any:
+    """The engine's streaming prefetcher, also while the PD controller has it switched off."""
+    return engine.parts.stream if engine.parts is not None else engine.stream
+
+
+def _built(engine: Engine) -> EngineConfig:
+    """The configuration the engine was built with (the PD controller switches
+    parts of ``engine.config`` during the run)."""
+    return engine.parts.full_config if engine.parts is not None else engine.config
+
+
+def _reset_measurements(engine: Engine) -> None:
+    """The warm-up is not measured: the engine's books (and the cache's, the
+    route-ahead stats', the acceptance model's, the hybrid service's) start
+    from zero, and its finished requests are released."""
+    reset_ranks = getattr(engine.batcher, "reset_rank_books", None)
+    if reset_ranks is not None:  # expert-parallel ranks (bench/distributed_run.py)
+        reset_ranks()
+    engine.reset_stats()  # the row's `steps` counts measured steps only, like the rest
+    engine.pop_finished()
 
 
 def _result(
@@ -1028,7 +1068,7 @@ def _result(
     else:
         met = sum(1 for r in reqs if r.metrics.met_slo)
         metrics["goodput_rps"] = ratio(met, wall, "zero wall time")
-    if engine.config.route_ahead:
+    if _built(engine).route_ahead:
         snap = route_stats.snapshot()
         # per-request scope (the predictor's quality) and batch scope (the
         # union the copy engine moves)
@@ -1111,23 +1151,28 @@ def _result(
         "token_budget": engine.config.token_budget,
         "max_running": engine.config.max_running,
         "workload": _serving_workload(spec).describe(),
-        "batching": engine.config.batching,
-        # PD's switchable parts (the ablation labels switch them off)
-        "route_ahead": engine.config.route_ahead,
+        "batching": _built(engine).batching,
+        # PD's switchable parts (the ablation labels switch them off; PD's
+        # controller switches them during the run: pd_parts says how often)
+        "route_ahead": _built(engine).route_ahead,
         "bands": engine.config.bands,
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
         "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
-        "streaming_prefetch": engine.stream is not None,
-        "stream_ahead": engine.config.stream_ahead if engine.stream is not None else None,
+        "streaming_prefetch": _stream(engine) is not None,
+        "stream_ahead": engine.config.stream_ahead if _stream(engine) is not None else None,
         "route_ahead_cancelled_copies": (
-            engine.stream.cancelled if engine.stream is not None else None
+            _stream(engine).cancelled if _stream(engine) is not None else None
         ),
         # the stream's running precision per plan source at the end of the
         # run (it copies before a forward only from the best one >= 0.7)
         "stream_source_precision": (
-            dict(engine.stream.precision) if engine.stream is not None else None
+            dict(_stream(engine).precision) if _stream(engine) is not None else None
         ),
+        # the PD controller (PD) or its fixed books (PD-all-on): the policy,
+        # the fraction of measured steps each part ran, switches and why
+        "parts_controller": _built(engine).parts_controller,
+        "pd_parts": engine.parts.policy.summary() if engine.parts is not None else None,
         "background_bytes_submitted": engine.prefetch_bytes[Band.BACKGROUND],
         "predict_s": engine.predict_s,
         "draft_s": engine.timer.kind_s("draft"),

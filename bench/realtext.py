@@ -6,7 +6,7 @@
   - ``heldout`` / ``heldout:ROLE``: held-out documents of a proxy checkpoint's
     corpus split (``ROLE`` ``eval`` by default, or ``draft``), see
     :func:`pdflash.bench.proxy.target.heldout_prompts`;
-  - ``PATH.npz``: a proxy trace (:mod:`pdflash.bench.proxy.trace_format`):
+  - ``PATH.npz``: a proxy trace (:mod:`pdflash.traces`):
     request ``i`` gets the first ``n`` tokens of trace request ``i mod R``'s
     sequence (its prompt, then its output), so engine positions line up
     with the trace's for routing replay;
@@ -117,7 +117,7 @@ def _heldout(source: str, lengths: list[int], weights: str | None) -> Prompts:
 
 
 def _from_trace(source: str, lengths: list[int]) -> Prompts:
-    from .proxy.trace_format import load_trace
+    from pdflash.traces import load_trace
 
     trace = load_trace(source)
     prompts: list[list[int]] = []

@@ -8,6 +8,7 @@ pdflash serve --model /tmp/tiny/target --draft /tmp/tiny/draft --port 8000
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from collections.abc import Sequence
@@ -76,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-queue", type=int, default=256, help="live requests before answering 429")
+    s.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="partition the experts over N GPUs (expert parallelism): this process serves as "
+        "rank 0 and starts ranks 1..N-1 (rank r on cuda:r, NCCL; gloo with --device cpu)",
+    )
 
     g = sub.add_parser("generate", help="generate text for one prompt, streamed to stdout")
     _model_args(g)
@@ -104,14 +112,24 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(a: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from pdflash.distributed.serving import build_rank0, join_followers, start_followers
     from pdflash.serve.app import make_app, make_state
     from pdflash.serve.build import build_engine
     from pdflash.serve.loop import EngineLoop
 
-    cfg = _model_config(a)
+    cfg = dataclasses.replace(_model_config(a), gpus=a.gpus)
     cfg.validate()
-    loop = EngineLoop(lambda: build_engine(cfg), max_queue=a.max_queue)
-    loop.start()
+    # --gpus N: this process is rank 0, ranks 1..N-1 follow it
+    followers = start_followers(cfg) if cfg.gpus > 1 else []
+    loop = EngineLoop(
+        (lambda: build_rank0(cfg)) if followers else (lambda: build_engine(cfg)),
+        max_queue=a.max_queue,
+    )
+    try:
+        loop.start()
+    except BaseException:
+        join_followers(followers, timeout_s=0.0)
+        raise
     try:
         state = make_state(loop, cfg.model)
         app = make_app(state)
@@ -124,6 +142,7 @@ def _serve(a: argparse.Namespace) -> int:
         web.run_app(app, host=a.host, port=a.port, handler_cancellation=True, print=None)
     finally:
         loop.stop()
+        join_followers(followers)
     return 0
 
 

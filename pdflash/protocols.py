@@ -212,6 +212,10 @@ class RouteStatsSink(Protocol):
         the cache's residency before the step."""
         ...
 
+    def reset(self) -> None:
+        """Forget every step recorded so far."""
+        ...
+
 
 @runtime_checkable
 class HorizonPolicy(Protocol):
@@ -229,6 +233,69 @@ class HorizonPolicy(Protocol):
     def forget(self, request_id: int) -> None:
         """The request left; drop its history."""
         ...
+
+
+@runtime_checkable
+class PrefetchPlanner(Protocol):
+    """The engine's one owner of expert prefetching
+    (:class:`pdflash.engine.prefetch.ExpertPrefetcher`): route-ahead copies
+    before a verify (one batch, or the streaming prefetcher's plan in layer
+    order), next-layer gate lookahead during forwards, and BACKGROUND copies
+    of the routing-frequency prior after a verify.
+
+    The engine calls it at fixed points of a step, in this order:
+    ``begin_forward`` (before every target forward), ``observe_routing``
+    (after every target forward), ``on_predicted`` (the drafted blocks'
+    predictions exist), ``before_verify`` (the batch is chosen),
+    ``after_verify`` (the verify's routing is known) and ``background``.
+    Every call is best-effort: a prefetch is an optimisation (a forward
+    copies on demand what is missing), so a failure inside one is counted
+    in ``failures`` and never raised. The planner keeps its own counters
+    (``bytes_submitted`` per band, ``failures``); ``reset_stats`` zeroes
+    them (and the counters of its parts) but keeps what it learned
+    (routing prior, plan-source precision).
+    """
+
+    @property
+    def bytes_submitted(self) -> dict[Band, int]:
+        """Bytes of the copies it submitted, per band (ROUTE_AHEAD, BACKGROUND)."""
+        ...
+
+    @property
+    def failures(self) -> int:
+        """Prefetch calls that raised (no request was affected)."""
+        ...
+
+    def begin_forward(self) -> None: ...
+
+    def observe_routing(self, routed: npt.NDArray[np.bool_]) -> None:
+        """``(layers, experts)``: the experts a forward routed to."""
+        ...
+
+    def on_predicted(self, predicted: list[npt.NDArray[np.int64]]) -> None:
+        """The route-ahead predictions (flat ids) of every request waiting
+        for a verify, as soon as they exist."""
+        ...
+
+    def before_verify(
+        self, batch_predicted: list[npt.NDArray[np.int64]], missing: npt.NDArray[np.int64]
+    ) -> None:
+        """The verify batch is chosen: its requests' predictions, and the
+        scheduler's list of their predicted experts that are not resident."""
+        ...
+
+    def after_verify(
+        self, routed: npt.NDArray[np.bool_], next_plan: npt.NDArray[np.bool_] | None
+    ) -> None:
+        """The verify routed ``routed``; ``next_plan`` is the routed set of
+        the requests that go on (None when none does)."""
+        ...
+
+    def background(self) -> None:
+        """After a verify: BACKGROUND copies with the step's bytes left."""
+        ...
+
+    def reset_stats(self) -> None: ...
 
 
 # --------------------------------------------------------------------------

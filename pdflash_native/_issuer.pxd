@@ -1,3 +1,5 @@
+from libc.stdint cimport int64_t, uintptr_t
+
 from pdflash_native._issuer_cpp cimport Issuer
 
 
@@ -10,6 +12,8 @@ cdef class NativeIssuer:
     cdef dict _sources  # register_source: ptr -> nbytes
     cdef dict _destinations  # register_destination: ptr -> nbytes
     cdef object __weakref__
+    cdef _add_region(self, bint source, uintptr_t ptr, size_t nbytes)
+    cdef int64_t _remove_region(self, bint source, uintptr_t ptr) except -1
 
 
 cdef class PinnedBuffer:

@@ -409,50 +409,60 @@ cdef class NativeIssuer:
         backend's own pinned buffers)."""
         self._live().add_destination_region(ptr, nbytes, False)
 
+    cdef _add_region(self, bint source, uintptr_t ptr, size_t nbytes):
+        """register_source/register_destination: one registration path for
+        either end of a copy (``source`` picks the side and its book)."""
+        cdef dict book = self._sources if source else self._destinations
+        cdef str name = "register_source" if source else "register_destination"
+        if ptr in book:
+            raise ValueError(f"{name}: 0x{ptr:x} is already registered")
+        if source:
+            self._live().add_source_region(ptr, nbytes, True)
+        else:
+            self._live().add_destination_region(ptr, nbytes, True)
+        book[ptr] = nbytes
+
+    cdef int64_t _remove_region(self, bint source, uintptr_t ptr) except -1:
+        """unregister_source/unregister_destination: cancel the region's
+        copies not started, wait (GIL released) for the started ones, forget
+        it. Returns how many were cancelled."""
+        cdef dict book = self._sources if source else self._destinations
+        cdef str name = "unregister_source" if source else "unregister_destination"
+        cdef size_t nbytes
+        cdef int64_t n
+        if ptr not in book:
+            raise ValueError(f"{name}: 0x{ptr:x} was not registered here")
+        self._live()  # raises unless __init__ ran
+        nbytes = book.pop(ptr)
+        with nogil:
+            if source:
+                n = self._issuer.remove_source_region(ptr, nbytes)
+            else:
+                n = self._issuer.remove_destination_region(ptr, nbytes)
+        return n
+
     def register_source(self, uintptr_t ptr, size_t nbytes):
         """A valid copy source: memory pinned by someone else (CUDA: both ends
         must be page-locked host memory; ValueError otherwise). Undone by
         unregister_source() or close()."""
-        if ptr in self._sources:
-            raise ValueError(f"register_source: 0x{ptr:x} is already registered")
-        self._live().add_source_region(ptr, nbytes, True)
-        self._sources[ptr] = nbytes
+        self._add_region(True, ptr, nbytes)
 
     def unregister_source(self, uintptr_t ptr):
         """Undo register_source(): copies from the region that have not
         started are cancelled, started ones waited for (GIL released).
         Returns how many were cancelled."""
-        cdef size_t nbytes
-        cdef int64_t n
-        if ptr not in self._sources:
-            raise ValueError(f"unregister_source: 0x{ptr:x} was not registered here")
-        self._live()  # raises unless __init__ ran
-        nbytes = self._sources.pop(ptr)
-        with nogil:
-            n = self._issuer.remove_source_region(ptr, nbytes)
-        return n
+        return self._remove_region(True, ptr)
 
     def register_destination(self, uintptr_t ptr, size_t nbytes):
         """A valid copy destination (CUDA: both ends must be device memory;
         ValueError otherwise). Undone by unregister_destination() or close()."""
-        if ptr in self._destinations:
-            raise ValueError(f"register_destination: 0x{ptr:x} is already registered")
-        self._live().add_destination_region(ptr, nbytes, True)
-        self._destinations[ptr] = nbytes
+        self._add_region(False, ptr, nbytes)
 
     def unregister_destination(self, uintptr_t ptr):
         """Undo register_destination(): copies into the region that have not
         started are cancelled, started ones waited for (GIL released).
         Returns how many were cancelled."""
-        cdef size_t nbytes
-        cdef int64_t n
-        if ptr not in self._destinations:
-            raise ValueError(f"unregister_destination: 0x{ptr:x} was not registered here")
-        self._live()  # raises unless __init__ ran
-        nbytes = self._destinations.pop(ptr)
-        with nogil:
-            n = self._issuer.remove_destination_region(ptr, nbytes)
-        return n
+        return self._remove_region(False, ptr)
 
     def release_region(self, uintptr_t ptr, size_t nbytes):
         """Before [ptr, ptr+nbytes) is freed or unregistered: cancel the copies

@@ -21,6 +21,7 @@ FAKE_TPS = {
     "PD": 38.0,
     "B3": 40.0,
     # PD's ablations (issue 15) and PD+host
+    "PD-all-on": 34.0,
     "PD-no-route-ahead": 30.0,
     "PD-one-band": 34.0,
     "PD-token-sched": 37.0,

@@ -3,7 +3,15 @@
 Runs :func:`pdflash.bench.engine_run.run_spec` in one process for every
 (arch, cache fraction, concurrency, baseline, repeat): gpt-oss-20b and
 Qwen3-30B-A3B shapes truncated to ``--layers`` (8 by default) MoE layers,
-synthetic bf16 weights, forced acceptance, block 16. Repeats are interleaved
+synthetic bf16 weights (``--synthetic-format mxfp4``: gpt-oss MXFP4 experts,
+kept MXFP4 in host memory and over the link unless ``--expert-dtype
+dense``), forced acceptance, block 16. The host computes from the weight
+format ``--host-format`` (default ``auto``: timed at start-up; the chosen
+format and every candidate's time are in each PD+host row and the summary).
+
+``--diag`` first times the host executor against the bare MLP on the first
+arch's own experts (``bench/h200/diag_host_experts.py``; its summary is in
+the summary's ``diag``). Repeats are interleaved
 (repeat-major; PD and PD+host alternate which goes first), one arch after the
 other (the packed host experts of one arch are reused across its runs).
 
@@ -133,6 +141,47 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
+    """The executor diagnostic on ``arch``'s target, loaded as the runs load
+    it (so they reuse it)."""
+    from pdflash.bench.engine_run import (
+        RunSpec,
+        load_target,
+        resolve_device,
+        synthetic_paths,
+    )
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from diag_host_experts import diagnose  # type: ignore[import-not-found]
+
+    spec = RunSpec(
+        arch=arch,
+        baseline="PD",
+        layers=args.layers or None,
+        synthetic_format=args.synthetic_format,
+        expert_dtype=args.expert_dtype,
+    )
+    device = resolve_device(spec.device)
+    t0 = time.perf_counter()
+    path, _, dtype = synthetic_paths(spec, device)
+    ad = load_target(path, device, dtype, spec.expert_dtype)
+    load_s = time.perf_counter() - t0
+    out = diagnose(
+        ad,
+        tokens=[1, 4, 16],
+        formats=["packed", "out_in", "fp32_out_in", "fp32_in_out"],
+        experts=args.diag_experts,
+        repeats=3,
+        head={"arch": arch, "layers": args.layers, "load_s": round(load_s, 1)},
+    )
+    print(
+        f"[issue16] diag done in {time.perf_counter() - t0:.0f}s (load {load_s:.0f}s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default="gpt-oss-20b,qwen3-30b-a3b")
@@ -145,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--host-workers", type=int, default=1)
     ap.add_argument("--host-max-ratio", type=float, default=1.0)
+    ap.add_argument("--host-format", default="auto")
+    ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
+    ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
+    ap.add_argument("--diag", action="store_true", help="time the executor first")
+    ap.add_argument("--diag-experts", type=int, default=16)
     ap.add_argument("--budget-s", type=float, default=250.0)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -162,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
     cut = 0
+    diag: dict[str, Any] | None = None
+    if args.diag and archs:
+        try:
+            diag = run_diag(args, archs[0])
+        except Exception as exc:  # the runs matter more: report and go on
+            diag = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"[issue16] diag FAILED: {exc}", file=sys.stderr, flush=True)
     for ai, arch in enumerate(archs):
         # each arch may use its share of what is left of the budget
         arch_deadline = started + args.budget_s * (ai + 1) / len(archs)
@@ -186,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                             host_threads=args.host_threads,
                             host_workers=args.host_workers,
                             host_max_ratio=args.host_max_ratio,
+                            host_format=args.host_format,
+                            synthetic_format=args.synthetic_format,
+                            expert_dtype=args.expert_dtype,
                         )
                         t0 = time.perf_counter()
                         try:
@@ -219,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows
         if r["baseline"] == "PD+host"
     }
+    host_weights = {
+        r["arch"]: (r.get("host_service") or {}).get("host_weights")
+        for r in rows
+        if r["baseline"] == "PD+host"
+    }
     summary = {
         "suite": "issue16",
         "command": " ".join(sys.argv),
@@ -227,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         "torch_intra_op_threads": torch.get_num_threads(),
         "host_workers": args.host_workers,
         "host_max_ratio": args.host_max_ratio,
+        "host_format": args.host_format,
+        "synthetic_format": args.synthetic_format,
+        "expert_dtype": args.expert_dtype,
         "layers": args.layers,
         "max_new_tokens": args.max_new_tokens,
         "prompt_len": args.prompt_len,
@@ -236,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         "errors": errors,
         "elapsed_s": time.perf_counter() - started,
         "host_calibration": calibrations,
+        "host_weights": host_weights,
+        "diag": diag,
         "points": summarise(rows),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -1,4 +1,4 @@
-"""Export a proxy decoding run as a :mod:`~pdflash.bench.proxy.trace_format` trace."""
+"""Export a proxy decoding run as a :mod:`~pdflash.traces` trace."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pdflash.bench.proxy import trace_format as tf
+
+from pdflash import traces as tf
 
 
 def export_trace(

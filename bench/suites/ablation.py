@@ -1,6 +1,8 @@
 """``pdflash-bench ablation``: what each part of PD buys.
 
-Runs full PD and PD with one part switched off — ``PD-no-route-ahead``,
+Runs PD (its parts under the PD controller), ``PD-all-on`` (every part
+forced on: what the controller buys) and PD with one part switched off —
+``PD-no-route-ahead``,
 ``PD-one-band`` (every copy in one FIFO band), ``PD-token-sched`` (the
 token-only scheduler), ``PD-no-stream`` (no streaming prefetcher) — and, with
 ``--with-host``, PD+host, side by side at every point, interleaved
@@ -28,10 +30,13 @@ from typing import Any
 from . import _common as common
 from . import matrix
 
-HELP = "PD vs PD without route-ahead / bands / the 2-D scheduler / streaming: what each part buys"
+HELP = (
+    "PD vs PD-all-on and PD without route-ahead / bands / the 2-D scheduler / streaming: "
+    "what each part (and the controller) buys"
+)
 
 #: The ablations, in the order they run within a repeat (after PD).
-VARIANTS = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+VARIANTS = ("PD-all-on", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
 DEFAULT_REPEATS = 3
 
 
@@ -115,7 +120,8 @@ def write_table(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:
         "",
         "Inputs: " + inputs_caption(rows).replace("\n", " | "),
         "",
-        "PD against PD with one part switched off (PD+host: with the hybrid miss service "
+        "PD (its parts under the PD controller) against PD-all-on (every part forced on) "
+        "and PD with one part switched off (PD+host: with the hybrid miss service "
         "added). Median [95% t interval] over repeats; the verdict names the better side "
         "only where the intervals separate (more tokens/s, fewer bytes/token, less exposed "
         "fetch s), else 'within noise'.",

@@ -92,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
     add_host_arguments(parser)
+    add_gpu_arguments(parser)
     add_realtext_arguments(parser)
     parser.add_argument(
         "--synthetic-format",
@@ -119,6 +120,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="also append the rows to OUT/rows.jsonl (for `pdflash-bench report OUT`)",
+    )
+
+
+def add_gpu_arguments(parser: argparse._ActionsContainer) -> None:
+    """Expert-parallel ranks (issue 18; shared with the matrix)."""
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="experts partitioned over N GPUs: N local processes (one rank each, NCCL; gloo "
+        "on CPU), each caching and copying only its experts over its own link; burst "
+        "arrivals only (default 1)",
+    )
+    parser.add_argument(
+        "--placement",
+        default="round_robin",
+        choices=["round_robin", "frequency"],
+        help="which rank owns each expert with --gpus > 1: round robin, or balanced by the "
+        "routing frequency of --trace",
     )
 
 
@@ -152,6 +172,13 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         default=1.0,
         help="HOST only experts the CPU computes at most this times slower than the link "
         "copies them (default 1.0, the per-expert break-even)",
+    )
+    parser.add_argument(
+        "--host-format",
+        default="auto",
+        choices=("auto", "packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out"),
+        help="how the host holds the experts it computes (pdflash.hybrid.kernels); auto "
+        "(default) times the formats at start-up and keeps the fastest that fits in memory",
     )
 
 
@@ -263,9 +290,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,
                     host_max_ratio=args.host_max_ratio,
+                    host_format=args.host_format,
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
+                    gpus=args.gpus,
+                    placement=args.placement,
                     **realtext_kwargs(args),
                 )
                 result = run_spec(spec)
@@ -273,6 +303,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows.append(row)
                 if rows_path is not None:
                     append_row(rows_path, row)
+                gpus_txt = (
+                    f"gpus={row['gpus']} a2a={_fmt(row['all_to_all_share'])} "
+                    if "gpus" in row
+                    else ""
+                )
                 print(
                     f"[engine] {args.arch} {baseline} c={conc} "
                     f"{'' if rate is None else f'rate={rate}/s '}r={repeat}: "
@@ -285,6 +320,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"queue p99={_fmt(row.get('queue_delay_p99_s'))}s "
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
                     f"host={_fmt(row.get('host_served_experts'))} "
+                    f"{gpus_txt}"
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,
                     flush=True,

@@ -155,9 +155,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
-    from .engine import add_host_arguments, add_realtext_arguments
+    from .engine import add_gpu_arguments, add_host_arguments, add_realtext_arguments
 
     add_host_arguments(g)
+    add_gpu_arguments(g)
     add_realtext_arguments(g)
     g.add_argument(
         "--eviction",
@@ -280,6 +281,11 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "host_threads": None,
         "host_max_ratio": 1.0,
     }
+    # expert-parallel ranks, only when asked for (plain specs unchanged)
+    if getattr(args, "gpus", 1) != 1:
+        common_kw["gpus"] = args.gpus
+    if getattr(args, "placement", "round_robin") != "round_robin":
+        common_kw["placement"] = args.placement
     for name, default in host_defaults.items():
         value = getattr(args, name, default)
         if value != default:
@@ -299,6 +305,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     ):
         for repeat in range(repeats):
             for baseline in rotated(args.baselines, repeat):
+                if baseline == "B3" and common_kw.get("gpus", 1) != 1:
+                    continue  # every expert resident on one GPU: not expert-parallel
                 frac = B3_CACHE_FRACTION if baseline == "B3" else cf
                 # B0 decodes one token at a time: one run serves every block size
                 blk = args.block_sizes[0] if baseline == "B0" else block
@@ -346,6 +354,8 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("rate_per_s"),
         spec.get("users"),
         spec.get("think_s", 0.0),
+        spec.get("gpus", 1),
+        spec.get("placement", "round_robin"),
     )
 
 

@@ -606,7 +606,6 @@ def _measure(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from pdflash.cache import ExpertCache
     from pdflash.h2d import H2DIssuer
     from pdflash.metrics import metrics_to_json
     from pdflash.models import PRESET_ARCH, load_adapter, write_synthetic_checkpoint
@@ -696,19 +695,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         runs = []
         for k, fraction in enumerate(fractions):
             if k > 0:  # same weights and store, a fresh cache of another size
-                ad.cache = ad.runtime = None
+                ad.detach_cache()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                ad.attach_cache(
-                    ExpertCache(
-                        ad.store,
-                        issuer,
-                        device=device,
-                        fraction=fraction,
-                        top_k=ad.top_k,
-                        max_batch_tokens=min(args.tokens, 16),
-                        policy=args.policy,
-                    )
+                ad.attach_new_cache(
+                    issuer,
+                    fraction=fraction,
+                    max_batch_tokens=min(args.tokens, 16),
+                    policy=args.policy,
                 )
             calls_before = mxfp4_dequant_calls()
             row = _measure(ad, issuer, resident, args, device)

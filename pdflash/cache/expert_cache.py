@@ -199,8 +199,44 @@ class ExpertCache:
         self._deferred: list[tuple[int, torch.Tensor, int, npt.NDArray[np.bool_]]] = []
         self._next_key = 0
         self.clock = 0
+        #: the experts this cache may hold (None: all); see :meth:`restrict_to`
+        self.owned: npt.NDArray[np.bool_] | None = None
         self._guard = BusyGuard("ExpertCache")
         self.reset_stats()
+
+    @exclusive
+    def restrict_to(self, owned: npt.ArrayLike) -> None:
+        """Hold only the experts of ``owned`` (bool ``[layers, experts]``): an
+        expert-parallel rank's share (:mod:`pdflash.distributed`). Copying
+        or pinning another expert raises ``ValueError``, and a layer counts as
+        resident (:meth:`layer_resident`, :meth:`pin_layer`) once its owned
+        experts are. Refused (state unchanged) if the cache already holds an
+        expert outside ``owned``."""
+        mask = np.asarray(owned)
+        if mask.dtype != np.bool_ or mask.shape != (self.num_layers, self.num_experts):
+            raise ValueError(
+                f"owned must be a bool ({self.num_layers}, {self.num_experts}) mask, "
+                f"got {mask.dtype} {mask.shape}"
+            )
+        flat = mask.reshape(-1).copy()
+        held = np.flatnonzero(self.slot_of >= 0)
+        if (~flat[held]).any():
+            raise ValueError("the cache already holds experts outside the owned set")
+        self.owned = flat
+
+    def _check_owned(self, ids: IdArray) -> None:
+        if self.owned is not None and ids.size and not self.owned[ids].all():
+            bad = int(ids[~self.owned[ids]][0])
+            raise ValueError(
+                f"expert {bad} (layer {bad // self.num_experts}, expert "
+                f"{bad % self.num_experts}) is not one this cache holds (restrict_to)"
+            )
+
+    def _layer_ids(self, layer: int) -> IdArray:
+        """The flat ids of ``layer`` this cache may hold."""
+        base = int(layer) * self.num_experts
+        ids = np.arange(base, base + self.num_experts, dtype=np.int64)
+        return ids if self.owned is None else ids[self.owned[ids]]
 
     # -- counters --------------------------------------------------------------
 
@@ -310,10 +346,10 @@ class ExpertCache:
         return self._table
 
     def layer_resident(self, layer: int) -> bool:
-        """Every expert of ``layer`` holds a slot (copies may be in flight):
-        a forward of that layer needs no copy, whatever its routing."""
-        base = int(layer) * self.num_experts
-        return bool((self.slot_of[base : base + self.num_experts] >= 0).all())
+        """Every expert of ``layer`` (every owned one, after
+        :meth:`restrict_to`) holds a slot (copies may be in flight): a
+        forward of that layer needs no copy, whatever its routing."""
+        return bool((self.slot_of[self._layer_ids(layer)] >= 0).all())
 
     @exclusive
     def pin_layer(self, layer: int) -> tuple[IdArray, IdArray]:
@@ -322,8 +358,7 @@ class ExpertCache:
         host: report it with :meth:`defer_access`). Copies still in flight
         are promoted to ON_DEMAND. Returns ``(flat_ids, tickets)``; wait with
         :meth:`wait_ready`, unpin with :meth:`release`."""
-        base = int(layer) * self.num_experts
-        ids = np.arange(base, base + self.num_experts, dtype=np.int64)
+        ids = self._layer_ids(layer)
         self._refresh_inflight()  # may drop a failed copy: check residency after it
         slots = self.slot_of[ids]
         if (slots < 0).any():
@@ -340,8 +375,7 @@ class ExpertCache:
     def unpin_layer(self, layer: int) -> None:
         """Undo :meth:`pin_layer` (the layer's experts cannot have moved
         while pinned): one event on the compute stream guards their slots."""
-        base = int(layer) * self.num_experts
-        slots = self.slot_of[base : base + self.num_experts]
+        slots = self.slot_of[self._layer_ids(layer)]
         if (slots < 0).any() or (self.pins[slots] <= 0).any():
             raise ValueError(f"layer {layer} is not pinned")
         self.pins[slots] -= 1
@@ -542,6 +576,7 @@ class ExpertCache:
         in ``flat_ids`` get them.
         """
         ids_in = self._ids(flat_ids)
+        self._check_owned(ids_in)
         keep = self._ids(protect) if protect is not None else np.zeros(0, dtype=np.int64)
         ids, first = np.unique(ids_in, return_index=True)
         ids = ids[np.argsort(first)]  # keep the caller's priority order
@@ -571,6 +606,7 @@ class ExpertCache:
         if the distinct ids do not fit in the slots not pinned by others.
         """
         ids_in = self._ids(flat_ids)
+        self._check_owned(ids_in)
         ids = np.unique(ids_in)
         # NOTE: earlier deferred accesses go to the policy before this one (no
         # extra wait in practice: the caller has just read this layer's routing)

@@ -51,6 +51,13 @@ from pdflash.engine.engine import (
     TokenCallbackError,
 )
 from pdflash.engine.kv_cache import KVCacheFull, PagedKVCache
+from pdflash.engine.pd_controller import (
+    FixedParts,
+    PartsPolicy,
+    PartsState,
+    PDController,
+    StepMeasurement,
+)
 from pdflash.engine.replay import RoutingSource, TraceAcceptance, TraceRouting
 from pdflash.engine.sampling import SamplingParams
 
@@ -65,15 +72,20 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "FCFSBatcher",
+    "FixedParts",
     "ForcedAcceptance",
     "KVCacheFull",
     "ModelAcceptance",
+    "PDController",
     "PagedKVCache",
+    "PartsPolicy",
+    "PartsState",
     "Request",
     "RequestMetrics",
     "RequestState",
     "RoutingSource",
     "SamplingParams",
+    "StepMeasurement",
     "StepReport",
     "TokenCallbackError",
     "TraceAcceptance",

@@ -176,6 +176,10 @@ class ShadowComparison:
     step. (The shadow's later choices therefore follow the primary's
     history of demands, not a history it would have made itself; the
     executed difference is what the token-only ablation row measures.)
+
+    With :attr:`execute_shadow` set (the PD controller's token-only mode,
+    :mod:`pdflash.engine.pd_controller`) the shadow's decision is executed
+    instead; both keep being run and compared.
     """
 
     def __init__(self, primary: VerifyBatcher, shadow: VerifyBatcher, expert_nbytes: int) -> None:
@@ -187,6 +191,9 @@ class ShadowComparison:
         self.differing_steps = 0
         self.primary_missing_bytes = 0
         self.shadow_missing_bytes = 0
+        #: execute the shadow's decision instead of the primary's
+        self.execute_shadow = False
+        self.shadow_executed_steps = 0
 
     def add(self, request_id: int, weight: float = 1.0) -> None:
         self.primary.add(request_id, weight)
@@ -221,4 +228,7 @@ class ShadowComparison:
             self.differing_steps += 1
         self.primary_missing_bytes += self._missing_bytes(decision.grants, demands, resident)
         self.shadow_missing_bytes += self._missing_bytes(shadow.grants, demands, resident)
+        if self.execute_shadow:
+            self.shadow_executed_steps += 1
+            return shadow
         return decision

@@ -23,6 +23,7 @@ off, each a label of its own so its rows never mix with PD's:
 =====================  ==============================================================
 label                  PD without
 =====================  ==============================================================
+PD-all-on              the PD controller: every part forced on for the whole run
 PD-no-route-ahead      route-ahead (no predictor, so no streaming prefetcher either:
                        on-demand copies, next-layer lookahead, background prefetch)
 PD-one-band            bands: every copy in one FIFO band (``bands=False``), so an
@@ -31,6 +32,14 @@ PD-token-sched         the 2-D scheduler: the token-only deficit scheduler (B2's
 PD-no-stream           the streaming prefetcher: one route-ahead batch copy before
                        each verify plus next-layer lookahead
 =====================  ==============================================================
+
+``PD`` runs its parts under the PD controller (``parts_controller``,
+:mod:`pdflash.engine.pd_controller`): route-ahead, the 2-D scheduler and the
+streaming prefetcher are switched off while A/B windows show they cost more
+than they save, and probed again later. ``PD-all-on`` is PD with every part
+forced on (the controller's own ablation row); ``PD+host`` is PD (with the
+controller) plus the hybrid miss service. The ablations above run their
+parts as configured.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: PD with one part switched off (see the module docstring).
-ABLATIONS = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+ABLATIONS = ("PD-all-on", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
 BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
@@ -80,6 +89,10 @@ class EngineConfig:
             one band, which the issuer serves FIFO; the expert cache must be
             built with ``single_band`` set (the engine checks).
         all_resident: size the expert cache to hold every expert (B3).
+        parts_controller: switch route-ahead, the 2-D scheduler and the
+            streaming prefetcher on and off online
+            (:class:`~pdflash.engine.pd_controller.PDController`); the parts
+            the configuration leaves off stay off.
         host_experts: ``off`` (every miss is copied) or ``auto`` (the hybrid
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
@@ -102,6 +115,7 @@ class EngineConfig:
     streaming_prefetch: bool = False
     stream_ahead: int = 2
     bands: bool = True
+    parts_controller: bool = False
     all_resident: bool = False
     host_experts: str = "off"
     kv_page_size: int = 16
@@ -160,16 +174,19 @@ class EngineConfig:
                 "streaming_prefetch": True,
             },
         }
+        fixed = {**table["PD"]}
+        table["PD"]["parts_controller"] = True
+        table["PD-all-on"] = fixed
         table["PD+host"] = {**table["PD"], "host_experts": "auto"}
         # streaming needs route-ahead: without a predictor there is no stream
         table["PD-no-route-ahead"] = {
-            **table["PD"],
+            **fixed,
             "route_ahead": False,
             "streaming_prefetch": False,
         }
-        table["PD-one-band"] = {**table["PD"], "bands": False}
-        table["PD-token-sched"] = {**table["PD"], "batching": "deficit_tokens"}
-        table["PD-no-stream"] = {**table["PD"], "streaming_prefetch": False}
+        table["PD-one-band"] = {**fixed, "bands": False}
+        table["PD-token-sched"] = {**fixed, "batching": "deficit_tokens"}
+        table["PD-no-stream"] = {**fixed, "streaming_prefetch": False}
         if baseline not in table:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         fields = {"baseline": baseline, **table[baseline]}

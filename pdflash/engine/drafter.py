@@ -39,8 +39,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pdflash.engine.attention import AttentionBatch, masked_attention
+from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.protocols import AttentionSpec
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -208,8 +209,21 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [T, heads, D]``, ``cos/sin [T, D]``."""
+    """``x [T, heads, D]``, ``cos/sin [T, D]`` (the reference form)."""
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos/sin [T, D]`` -> ``(cos, signed sin) [T, 1, D]`` for :func:`apply_rope_tables`."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+    return cos[:, None, :], signed[:, None, :]
+
+
+def apply_rope_tables(x: torch.Tensor, cc: torch.Tensor, ss: torch.Tensor) -> torch.Tensor:
+    """:func:`apply_rope` bit for bit in four kernels: ``rotate_half(x) * sin``
+    is ``roll(x, D/2) * signed_sin`` (the same products, signs moved)."""
+    return x * cc + torch.roll(x, x.shape[-1] // 2, dims=-1) * ss
 
 
 @dataclass
@@ -241,6 +255,9 @@ class DFlashDrafter(nn.Module):
         )
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self._rotary = _build_rotary(cfg)
+        #: torch's SDPA over the paged keys (False: the explicit fp32 padded
+        #: softmax, :func:`pdflash.engine.attention.masked_attention`)
+        self.fused_attention = True
 
     @property
     def target_layer_ids(self) -> tuple[int, ...]:
@@ -304,7 +321,7 @@ class DFlashDrafter(nn.Module):
                 start = kv.length(it.seq_id)
                 committed.append(start + it.num_new_context)
                 kv.reserve(it.seq_id, start + it.num_new_context + it.block_len)
-                kv.extend(it.seq_id, it.num_new_context + it.block_len)
+                kv.grow(it.seq_id, it.num_new_context + it.block_len)
                 anchor = start + it.num_new_context
                 ctx_slots += kv.slot_list(it.seq_id, start, anchor)
                 ctx_pos += list(range(start, anchor))
@@ -316,35 +333,52 @@ class DFlashDrafter(nn.Module):
                 k_slots.append(kv.slot_list(it.seq_id, 0, total))
                 k_pos.append(list(range(total)))
                 row += it.block_len
-            batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, n_blk, device)
-            ctx_slot_t = torch.tensor(ctx_slots, dtype=torch.int64, device=device)
-            blk_slot_t = torch.tensor(blk_slots, dtype=torch.int64, device=device)
+            batch = AttentionBatch.build(
+                q_rows, q_pos, k_slots, k_pos, n_blk, device, null_slot=kv.null_slot
+            )
+            # block rows then new-context rows: their keys/values are computed
+            # and written together (one k/v projection and one KV write per layer)
+            (kv_slot_t, kv_pos_t) = device_int64([blk_slots + ctx_slots, blk_pos + ctx_pos], device)
             x = block_embeddings
             target_hidden = self.hidden_norm(self.fc(context_features.to(x.dtype)))
-            cos_c, sin_c = self.rope(torch.tensor(ctx_pos, device=device), x)
-            cos_b, sin_b = self.rope(torch.tensor(blk_pos, device=device), x)
+            cc_all, ss_all = rope_tables(*self.rope(kv_pos_t, x))
+            cc_b, ss_b = cc_all[:n_blk], ss_all[:n_blk]
             cfg = self.cfg
             d = cfg.head_dim
+            specs = [
+                AttentionSpec(
+                    num_heads=cfg.num_attention_heads,
+                    num_kv_heads=cfg.num_key_value_heads,
+                    head_dim=d,
+                    scaling=d**-0.5,
+                    sliding_window=cfg.layer_window(li),
+                    has_sinks=False,
+                )
+                for li in range(len(self.layers))
+            ]
             for li, layer in enumerate(self.layers):
                 assert isinstance(layer, _Layer)
                 attn = layer.self_attn
                 h = layer.input_layernorm(x)
                 q = attn.q_norm(attn.q_proj(h).view(n_blk, -1, d))
-                q = apply_rope(q, cos_b, sin_b)
-                k_b = apply_rope(attn.k_norm(attn.k_proj(h).view(n_blk, -1, d)), cos_b, sin_b)
-                v_b = attn.v_proj(h).view(n_blk, -1, d)
-                k_c = attn.k_norm(attn.k_proj(target_hidden).view(n_ctx, -1, d))
-                k_c = apply_rope(k_c, cos_c, sin_c)
-                v_c = attn.v_proj(target_hidden).view(n_ctx, -1, d)
-                kv.write(li, ctx_slot_t, k_c, v_c)
-                kv.write(li, blk_slot_t, k_b, v_b)
-                kp = kv.k[li][batch.k_slots].permute(0, 2, 1, 3)
-                vp = kv.v[li][batch.k_slots].permute(0, 2, 1, 3)
-                visible = batch.mask(
-                    causal=cfg.layer_is_causal(li), sliding_window=cfg.layer_window(li)
+                q = apply_rope_tables(q, cc_b, ss_b)
+                kv_in = torch.cat([h, target_hidden]) if n_ctx else h
+                k_new = apply_rope_tables(
+                    attn.k_norm(attn.k_proj(kv_in).view(n_blk + n_ctx, -1, d)), cc_all, ss_all
                 )
-                out = masked_attention(batch.pad_queries(q), kp, vp, visible, scaling=d**-0.5)
-                x = x + attn.o_proj(batch.unpad(out))
+                v_new = attn.v_proj(kv_in).view(n_blk + n_ctx, -1, d)
+                kv.write(li, kv_slot_t, k_new, v_new)
+                out = paged_attention(
+                    q,
+                    kv.k[li],
+                    kv.v[li],
+                    batch,
+                    specs[li],
+                    None,
+                    fused=self.fused_attention,
+                    causal=cfg.layer_is_causal(li),
+                )
+                x = x + attn.o_proj(out)
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
             return self.norm(x)
         finally:

@@ -1,7 +1,14 @@
 """The DFlash serving engine: continuous batching over offloaded experts.
 
 A request moves ``WAITING -> (prefill) -> DRAFT -> VERIFY -> DRAFT ... ->
-FINISHED`` (or ``ABORTED`` at any point). One :meth:`Engine.step`:
+FINISHED`` (or ``ABORTED`` at any point). The step is a pipeline of owners,
+each with one job: the :class:`~pdflash.engine.requests.RequestTable`
+(request state and the admission ledger), the drafter, the batcher
+(:class:`~pdflash.engine.batching.VerifyBatcher`), the prefetch planner
+(:class:`~pdflash.engine.prefetch.ExpertPrefetcher`, every copy started
+ahead of need), the :class:`~pdflash.engine.verify.Verifier` (a forward
+and acceptance that return outcomes) and the engine, which commits the
+outcomes and keeps the books. One :meth:`Engine.step`:
 
 1. admits waiting requests while KV pages and ``max_running`` allow, and
    prefills them in one batched target forward (first token -> TTFT);
@@ -10,38 +17,41 @@ FINISHED`` (or ``ABORTED`` at any point). One :meth:`Engine.step`:
 4. the batcher picks the verify batch (token grants) from the demands and
    the resident set; with route-ahead on, the batch's predicted missing
    experts are copied ROUTE_AHEAD before the verify forward starts;
-5. verifies the batch in one target forward, accepts per request (greedy
-   prefix + bonus, lossless rejection sampling, or a forced length), rolls
-   the target KV back to the accepted length, streams tokens and keeps the
-   committed positions' hidden states for the next draft;
-6. bookkeeping (route-ahead stats, predictor observations, metrics), then
-   BACKGROUND prefetch of the frequency prior with the byte budget left.
+5. the verifier runs the batch in one target forward and decides each
+   request's acceptance (greedy prefix + bonus, lossless rejection sampling,
+   or a forced length), committing nothing; the engine records the books
+   (routing trace, route-ahead stats, predictor observations), then commits
+   each outcome: rolls the target KV back to the accepted length, streams
+   tokens and keeps the committed positions' hidden states for the next draft;
+6. the planner's BACKGROUND prefetch of the frequency prior with the byte
+   budget left.
 
 With ``streaming_prefetch`` (PD), steps 3-5 copy through a
 :class:`~pdflash.engine.prefetch.StreamingPrefetcher` instead of one batch of
 copies: right after a verify (end of 5) the next verify's first layers are
 planned from the routed set of the requests that go on and their copies
-start, so they run while step 2 drafts; step 3 refines the plan (stale
-queued copies are cancelled); during the verify each layer's routing and
+start, so they run while step 2 drafts; step 3 sets the plan from the
+predictions, once per step (stale queued copies are cancelled; step 4 only
+re-plans if the batcher deferred some requests); during the verify each layer's routing and
 release advance the stream to the next layer (gate lookahead), never
 evicting an expert the forward needs earlier.
+
+At the end of every step the request table's invariants are asserted.
 
 Failure semantics (README "Failure semantics"): an exception in a stage of
 a step ends only the requests that stage was working on, with
 ``finish_reason="error"`` and :attr:`Request.error`; their KV pages and the
 pages promised to them are released, and every other request goes on. A
-verify commits request by request (acceptance, KV rollback, streaming), so a
-failure while committing one request never touches another's tokens. A
-failed prefill releases its pages and is retried once, alone. Prefetch
-failures (route-ahead, background) affect no request: they are counted in
-``Engine.prefetch_failures``. The engine is single-threaded: a second thread
+verify's outcomes are committed request by request (KV rollback, streaming), so a
+failure while accepting or committing one request never touches another's
+tokens. A failed prefill releases its pages and is retried once, alone.
+Prefetch failures (route-ahead, lookahead, the stream, background) affect no
+request: the planner counts them (``Engine.prefetch_failures``). The engine is single-threaded: a second thread
 entering while a step runs gets :class:`~pdflash._guard.ConcurrentUseError`.
 """
 
 from __future__ import annotations
 
-import enum
-import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -53,7 +63,7 @@ import numpy.typing as npt
 import torch
 
 from pdflash._guard import BusyGuard
-from pdflash.engine import validation
+from pdflash.engine import pd_controller, validation
 from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
 from pdflash.engine.batching import (
     BatchDecision,
@@ -64,17 +74,25 @@ from pdflash.engine.batching import (
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
 from pdflash.engine.kv_cache import PagedKVCache
-from pdflash.engine.prefetch import StreamingPrefetcher
+from pdflash.engine.prefetch import ExpertPrefetcher, StreamingPrefetcher
 from pdflash.engine.replay import RoutingSource
+from pdflash.engine.requests import (
+    DONE_STATES,
+    Request,
+    RequestMetrics,
+    RequestState,
+    RequestTable,
+    TokenCallback,
+    TokenCallbackError,
+)
 from pdflash.engine.sampling import (
     SamplingParams,
-    greedy_accept,
-    rejection_accept,
     sample_from,
     target_probs,
 )
-from pdflash.engine.target import Chunk, ForwardOutput, TargetRunner, kv_cache_for
+from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
+from pdflash.engine.verify import Verifier, VerifyOutcome, VerifyResult, anchor_tensor
 from pdflash.protocols import (
     Band,
     DraftedBlock,
@@ -87,94 +105,19 @@ from pdflash.protocols import (
     flat_expert_ids,
 )
 
-TokenCallback = Callable[[int, int], None]
+__all__ = [
+    "STALL_STEPS",
+    "Engine",
+    "Request",
+    "RequestMetrics",
+    "RequestState",
+    "StepReport",
+    "TokenCallback",
+    "TokenCallbackError",
+]
 
 #: consecutive steps without progress after which :meth:`Engine.run_until_done` gives up
 STALL_STEPS = 3
-
-
-class TokenCallbackError(RuntimeError):
-    """A request's ``on_token`` callback raised (the request ends with this error)."""
-
-
-class RequestState(enum.Enum):
-    WAITING = "waiting"
-    PREFILL = "prefill"
-    DRAFT = "draft"
-    VERIFY = "verify"
-    FINISHED = "finished"
-    ABORTED = "aborted"
-
-
-@dataclass
-class RequestMetrics:
-    """Per-request measurements (seconds from the engine's clock)."""
-
-    request_id: int
-    prompt_tokens: int
-    arrival_s: float
-    slo_s: float | None = None
-    admitted_s: float | None = None  # left the waiting queue (KV promised)
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    finish_reason: str | None = None
-    output_tokens: int = 0
-    round_latencies_s: list[float] = field(default_factory=list)
-    acceptance_lengths: list[int] = field(default_factory=list)  # committed tokens per round
-    forced_rounds: int = 0
-    model_rounds: int = 0
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
-
-    @property
-    def queue_delay_s(self) -> float | None:
-        """Time waiting for admission (``max_running`` or KV pages)."""
-        return None if self.admitted_s is None else self.admitted_s - self.arrival_s
-
-    @property
-    def tpot_s(self) -> float | None:
-        """Mean time per output token after the first (None below two tokens)."""
-        if self.first_token_s is None or self.finish_s is None or self.output_tokens < 2:
-            return None
-        return (self.finish_s - self.first_token_s) / (self.output_tokens - 1)
-
-    @property
-    def latency_s(self) -> float | None:
-        return None if self.finish_s is None else self.finish_s - self.arrival_s
-
-    @property
-    def met_slo(self) -> bool | None:
-        """Finished within its SLO (None without an SLO or before finishing)."""
-        if self.slo_s is None or self.latency_s is None or self.finish_reason in ("abort", "error"):
-            return None
-        return self.latency_s <= self.slo_s
-
-
-@dataclass
-class Request:
-    request_id: int
-    prompt: list[int]
-    params: SamplingParams
-    max_new_tokens: int
-    stop_ids: frozenset[int]
-    on_token: TokenCallback | None
-    metrics: RequestMetrics
-    generator: torch.Generator
-    state: RequestState = RequestState.WAITING
-    output: list[int] = field(default_factory=list)
-    anchor: int | None = None
-    pending_context: torch.Tensor | None = None  # target features not yet in the drafter KV
-    drafts: torch.Tensor | None = None  # [n] int64
-    draft_probs: torch.Tensor | None = None  # [n, V] (sampling only)
-    predicted: npt.NDArray[np.int64] | None = None
-    draft_hidden: torch.Tensor | None = None  # [1 + drafts, hidden], for the predictor
-    round_start_s: float = 0.0
-    kv_pages_promised: int = 0  # worst-case KV pages reserved in the admission ledger
-    #: why the request failed (``finish_reason == "error"``), else None
-    error: str | None = None
-    prefill_failures: int = 0  # a failed prefill is retried once, alone
 
 
 @dataclass
@@ -182,6 +125,7 @@ class StepReport:
     admitted: int = 0
     drafted: int = 0
     verified: int = 0
+    verified_tokens: int = 0  # tokens the verify forward took (anchors + granted drafts)
     committed_tokens: int = 0
     finished: list[int] = field(default_factory=list)
     scheduler_us: float = 0.0
@@ -237,6 +181,12 @@ class Engine:
         max_finished: keep at most this many finished requests in
             :attr:`finished` (oldest dropped first); None keeps all until
             :meth:`pop_finished`.
+        controller: a :class:`~pdflash.engine.pd_controller.PartsPolicy`
+            that switches PD's parts (route-ahead, 2-D scheduler, streaming
+            prefetcher) on and off each step; default: a
+            :class:`~pdflash.engine.pd_controller.PDController` when
+            ``config.parts_controller`` is set, else none (the parts run as
+            configured).
     """
 
     def __init__(
@@ -258,6 +208,7 @@ class Engine:
         kv_dtype: torch.dtype | None = None,
         clock: Callable[[], float] = time.perf_counter,
         max_finished: int | None = None,
+        controller: pd_controller.PartsPolicy | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -348,29 +299,22 @@ class Engine:
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
         self.routing = routing
         self.runner.routing = routing
-        self.stream: StreamingPrefetcher | None = None
-        if config.streaming_prefetch and expert_cache is not None:
-            self.stream = StreamingPrefetcher(
-                adapter,
-                expert_cache,
-                ahead=config.stream_ahead,
-                lookahead=config.lookahead,
-                on_submit=self._count_route_ahead_bytes,
-            )
-        self._lookahead = (
-            _Lookahead(self)
-            if (config.lookahead and expert_cache is not None and self.stream is None)
-            else None
-        )
-        if self._lookahead is not None:
-            self.runner.observers.append(_BestEffort(self, self._lookahead))
         before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
         if before_layer is not None:
             self.runner.before_moe_hooks.append(before_layer)
-        if self.stream is not None:
-            # after the policy's before_layer, so its victims are ranked from this layer
-            self.runner.routed_hooks.append(_BestEffort(self, self.stream).on_routed)
-            self.runner.observers.append(_BestEffort(self, self.stream))
+        #: the one owner of expert prefetching (route-ahead, the stream,
+        #: lookahead, background) and of its counters
+        self.prefetch = ExpertPrefetcher(adapter, expert_cache, config)
+        # after the policy's before_layer, so the stream's victims are ranked from this layer
+        self.prefetch.install(self.runner)
+        self.verifier = Verifier(
+            self.runner,
+            self.kv,
+            self.timer,
+            self.acceptance,
+            self.device,
+            keep_features=self.drafter is not None,
+        )
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
         runtime = getattr(adapter, "runtime", None)
@@ -381,29 +325,70 @@ class Engine:
             runtime.cache = StallTimedCache(base, self.timer)
 
         if config.all_resident and expert_cache is not None:
-            self._load_every_expert()
+            self.prefetch.load_every_expert()
 
-        self._ids = itertools.count()
-        self._requests: dict[int, Request] = {}
-        self._waiting: deque[int] = deque()
-        self._running: list[int] = []  # arrival order
-        self._committed_pages = 0  # pages promised to running requests (worst case)
-        self.finished: OrderedDict[int, Request] = OrderedDict()
-        self.max_finished = max_finished
+        #: every request and where it stands (queue, running, finished, KV ledger)
+        self.requests = RequestTable(max_finished)
         self._guard = BusyGuard("Engine")
         self._stage = "idle"  # the stage running now (named in error texts)
-        self.prefetch_failures = 0  # prefetch stages that raised (no request affected)
         # measurements
         self.routing_trace: list[npt.NDArray[np.int64]] = []
         self.trace_kinds: list[str] = []
-        self.route_freq = np.zeros((adapter.num_layers, adapter.num_experts), dtype=np.float64)
         self.steps = 0
         self.scheduler_us: list[float] = []
-        self.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
-        self._step_route_ahead_bytes = 0
         self.verify_forwards = 0
         self.first_step_s: float | None = None
         self.last_step_s: float | None = None
+        # ---- PD controller hook (pdflash.engine.pd_controller) ----
+        if controller is None and config.parts_controller:
+            controller = pd_controller.PDController()
+        self.parts = pd_controller.attach(self, controller) if controller is not None else None
+
+    # ------------------------------------------------- owners' state, by name
+    @property
+    def stream(self) -> StreamingPrefetcher | None:
+        """The planner's streaming prefetcher (PD), if any."""
+        return self.prefetch.stream
+
+    @property
+    def prefetch_bytes(self) -> dict[Band, int]:
+        """Bytes of the copies the planner submitted, per band."""
+        return self.prefetch.bytes_submitted
+
+    @property
+    def prefetch_failures(self) -> int:
+        """Prefetch calls that raised (no request was affected)."""
+        return self.prefetch.failures
+
+    @property
+    def route_freq(self) -> npt.NDArray[np.float64]:
+        """The planner's routing-frequency prior, ``(layers, experts)``."""
+        return self.prefetch.route_freq
+
+    @property
+    def finished(self) -> OrderedDict[int, Request]:
+        """Finished requests until :meth:`pop_finished`."""
+        return self.requests.finished
+
+    @property
+    def max_finished(self) -> int | None:
+        return self.requests.max_finished
+
+    @property
+    def _requests(self) -> dict[int, Request]:
+        return self.requests.live
+
+    @property
+    def _waiting(self) -> deque[int]:
+        return self.requests.waiting
+
+    @property
+    def _running(self) -> list[int]:
+        return self.requests.running
+
+    @property
+    def _committed_pages(self) -> int:
+        return self.requests.promised_pages
 
     # ------------------------------------------------------------------ API
     def add_request(
@@ -456,7 +441,7 @@ class Engine:
                 raise TypeError(f"on_token must be callable, got {type(on_token).__name__}")
             if seed is not None:
                 seed = validation.check_int("seed", seed, low=0, high=validation.SEED_MAX)
-            rid = next(self._ids)
+            rid = self.requests.next_id()
             gen = torch.Generator().manual_seed(
                 (self.config.seed * 1_000_003 + rid) if seed is None else seed
             )
@@ -470,8 +455,7 @@ class Engine:
                 metrics=RequestMetrics(rid, len(prompt), arrival_s=self.clock(), slo_s=slo),
                 generator=gen,
             )
-            self._requests[rid] = req
-            self._waiting.append(rid)
+            self.requests.add(req)
             return rid
 
     def abort(self, request_id: int) -> bool:
@@ -480,11 +464,9 @@ class Engine:
         if not validation.is_int(request_id):
             return False
         with self._guard.enter("abort"):
-            req = self._requests.get(int(request_id))
+            req = self.requests.live.get(int(request_id))
             if req is None:
                 return False
-            if req.state == RequestState.WAITING:
-                self._waiting.remove(req.request_id)
             self._finish(req, "abort")
             return True
 
@@ -492,41 +474,49 @@ class Engine:
         """Remove and return finished requests (all, or those of ``request_ids``
         that are finished): the way a long-running server releases them."""
         with self._guard.enter("pop_finished"):
-            if request_ids is None:
-                out = dict(self.finished)
-                self.finished.clear()
-                return out
-            return {
-                int(r): self.finished.pop(int(r)) for r in request_ids if int(r) in self.finished
-            }
+            return self.requests.pop_finished(
+                None if request_ids is None else [int(r) for r in request_ids]
+            )
 
     def reset_stats(self) -> None:
-        """Clear the measurement buffers (routing trace, per-step scheduler
-        times, forward timers, prefetch byte counts): they grow with every
-        forward until this is called."""
+        """Zero every measurement a fresh engine starts without: the routing
+        trace, per-step scheduler times, forward timers, step and verify
+        counts, prediction time, the planner's counters (bytes per band,
+        failures, the stream's copies), and the books of what the engine was
+        given: the expert cache's, the route-ahead stats', the acceptance
+        model's and routing source's, the hybrid service's. Kept: requests
+        (finished ones stay until :meth:`pop_finished`) and what was
+        learned (routing prior, plan-source precision, predictor state)."""
         with self._guard.enter("reset_stats"):
             self.routing_trace.clear()
             self.trace_kinds.clear()
             self.scheduler_us.clear()
             self.timer.reset()
-            self.prefetch_bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
             self.verify_forwards = 0
+            self.steps = 0
             self.predict_s = 0.0
-            self.prefetch_failures = 0
+            self.prefetch.reset_stats()
+            for books in (self.acceptance, self.routing, self.expert_cache):
+                reset = getattr(books, "reset_stats", None)
+                if reset is not None:
+                    reset()
+            if self.route_stats is not None:
+                self.route_stats.reset()
+            if self.host_service is not None:
+                self.host_service.books.reset()
+            if self.parts is not None:  # PD controller hook: its books too
+                self.parts.policy.reset_stats()
 
     def request(self, request_id: int) -> Request:
-        req = self._requests.get(request_id) or self.finished.get(request_id)
-        if req is None:
-            raise KeyError(f"unknown request id {request_id}")
-        return req
+        return self.requests.get(request_id)
 
     @property
     def has_work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self.requests.waiting or self.requests.running)
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self.requests.running)
 
     def run_until_done(self, max_steps: int | None = None) -> dict[int, Request]:
         """Step until no request is waiting or running; returns finished requests.
@@ -564,71 +554,93 @@ class Engine:
                 self._stage = "idle"
 
     def _step(self) -> StepReport:
+        """The pipeline: admit and prefill, draft and predict, schedule,
+        prefetch, verify, commit, then the end-of-step books."""
+        if self.parts is not None:  # PD controller hook: this step's parts
+            pd_controller.before_step(self.parts)
         report = StepReport()
+        self._begin_step()
+        self._prefill_admitted(self._admit(), report)
+        self._draft_stage(report)
+        batch, decision = self._schedule_stage(report)
+        if batch:
+            resident_before = self._resident_mask()  # what route-ahead stats score against
+            self._prefetch_before_verify(batch, decision)
+            result = self._verify_stage(batch, resident_before, report)
+            if result is not None:
+                self._commit_verified(result, report)
+                self.prefetch.background()
+        self._end_step(report)
+        return report
+
+    def _begin_step(self) -> None:
         now = self.clock()
         if self.first_step_s is None:
             self.first_step_s = now
-        admitted = self._admit()
-        if admitted:
-            report.admitted = len(admitted)
-            self._prefill_admitted(admitted, report)
-        to_draft = [
-            self._requests[r]
-            for r in self._running
-            if self._requests[r].state == RequestState.DRAFT
-        ]
-        if to_draft:
-            self._stage = "draft"
-            try:
-                self._draft(to_draft)
-            except Exception as exc:
-                self._fail(to_draft, exc, report)
-            report.drafted = sum(r.state == RequestState.VERIFY for r in to_draft)
-        waiting_verify = [
-            self._requests[r]
-            for r in self._running
-            if self._requests[r].state == RequestState.VERIFY
-        ]
-        if waiting_verify:
-            self._verify_step(waiting_verify, report)
+
+    def _end_step(self, report: StepReport) -> None:
         self.steps += 1
         self.last_step_s = self.clock()
-        return report
+        self.requests.check()
+        if self.parts is not None:  # PD controller hook: the step's measurement
+            pd_controller.after_step(self.parts, report)
 
-    def _verify_step(self, waiting: list[Request], report: StepReport) -> None:
-        """Schedule, prefetch and verify one batch (steps 4-6)."""
+    def _draft_stage(self, report: StepReport) -> None:
+        """Draft a block for every request in DRAFT (and predict its experts)."""
+        to_draft = self.requests.in_state(RequestState.DRAFT)
+        if not to_draft:
+            return
+        self._stage = "draft"
+        try:
+            self._draft(to_draft)
+        except Exception as exc:
+            self._fail(to_draft, exc, report)
+        report.drafted = sum(r.state == RequestState.VERIFY for r in to_draft)
+
+    def _schedule_stage(
+        self, report: StepReport
+    ) -> tuple[list[tuple[Request, int]], BatchDecision | None]:
+        """The batcher picks the verify batch (request, tokens granted)."""
+        waiting = self.requests.in_state(RequestState.VERIFY)
+        if not waiting:
+            return [], None
         self._stage = "schedule"
         try:
             decision = self._schedule(waiting)
-            batch = [(self._requests[rid], g) for rid, g in decision.grants]
+            batch = [(self.requests.live[rid], g) for rid, g in decision.grants]
         except Exception as exc:
             self._fail(waiting, exc, report)
-            return
+            return [], None
         report.scheduler_us = decision.scheduler_us
-        resident_before = self._resident_mask()
-        if self.config.route_ahead and self.expert_cache is not None:
-            self._prefetch_stage("route_ahead", self._route_ahead, batch, decision)
+        return batch, decision
+
+    def _prefetch_before_verify(
+        self, batch: list[tuple[Request, int]], decision: BatchDecision | None
+    ) -> None:
+        self._stage = "route_ahead"
+        missing = decision.missing if decision is not None else np.zeros(0, np.int64)
+        self.prefetch.before_verify(
+            [r.predicted for r, _ in batch if r.predicted is not None], missing
+        )
+
+    def _verify_stage(
+        self,
+        batch: list[tuple[Request, int]],
+        resident_before: npt.NDArray[np.bool_] | None,
+        report: StepReport,
+    ) -> VerifyResult | None:
+        """The verify forward and acceptance, then the books that follow a
+        verify (trace, routing prior, route-ahead stats, predictor). A
+        failure here, before any request is committed, ends the batch."""
         self._stage = "verify"
         try:
-            committed, finished = self._verify(batch, resident_before, report)
+            result = self._verify(batch)
+            self._record_verify(batch, result, resident_before)
         except Exception as exc:
-            # raised before any request was committed (forward, routing bookkeeping)
             self._fail([r for r, _ in batch], exc, report)
-            return
-        report.verified = len(batch)
-        report.committed_tokens = committed
-        report.finished = finished
-        if self.config.background_prefetch and self.expert_cache is not None:
-            self._prefetch_stage("background_prefetch", self._background_prefetch)
-
-    def _prefetch_stage(self, name: str, fn: Callable[..., None], *args: Any) -> None:
-        """Prefetching is an optimisation: its failure affects no request (a
-        forward copies on demand what is missing); it is counted."""
-        self._stage = name
-        try:
-            fn(*args)
-        except Exception:
-            self.prefetch_failures += 1
+            return None
+        report.verified_tokens = sum(g for _, g in batch)
+        return result
 
     def _fail(self, reqs: Sequence[Request], exc: Exception, report: StepReport) -> None:
         """End the live requests among ``reqs`` with ``finish_reason="error"``."""
@@ -637,7 +649,7 @@ class Engine:
         else:
             text = f"{self._stage} failed: {type(exc).__name__}: {exc}"
         for req in reqs:
-            if req.state in (RequestState.FINISHED, RequestState.ABORTED):
+            if req.state in DONE_STATES:
                 continue
             req.error = text
             report.errors[req.request_id] = text
@@ -653,35 +665,24 @@ class Engine:
         so the reported occupancy is what is really used.
         """
         admitted: list[Request] = []
-        while self._waiting and len(self._running) < self.config.max_running:
-            req = self._requests[self._waiting[0]]
+        table = self.requests
+        while (req := table.head()) is not None and len(table.running) < self.config.max_running:
             need = self.kv.pages_for(len(req.prompt) + req.max_new_tokens + self.config.block_size)
-            if self._committed_pages + need > self.kv.num_pages:
+            if table.promised_pages + need > self.kv.num_pages:
                 break
-            self._waiting.popleft()
-            self._committed_pages += need
-            req.kv_pages_promised = need
+            table.admit(req, need)
             self.kv.add_sequence(req.request_id)
             if self.draft_kv is not None:
                 self.draft_kv.add_sequence(req.request_id)
-            self._running.append(req.request_id)
             self.batcher.add(req.request_id)
-            req.state = RequestState.PREFILL
             req.metrics.admitted_s = self.clock()
             admitted.append(req)
         return admitted
 
     def _finish(self, req: Request, reason: str) -> None:
         rid = req.request_id
-        if req.state in (RequestState.FINISHED, RequestState.ABORTED):
+        if not self.requests.end(req, reason, self.clock()):
             return
-        req.state = RequestState.ABORTED if reason == "abort" else RequestState.FINISHED
-        req.metrics.finish_reason = reason
-        req.metrics.finish_s = self.clock()
-        if rid in self._running:
-            self._running.remove(rid)
-            self._committed_pages -= req.kv_pages_promised
-            req.kv_pages_promised = 0
         self.kv.free(rid)
         if self.draft_kv is not None:
             self.draft_kv.free(rid)
@@ -695,24 +696,17 @@ class Engine:
             if forget is not None:
                 forget(rid)
         req.drafts = req.draft_probs = req.pending_context = req.draft_hidden = None
-        self.finished[rid] = self._requests.pop(rid)
-        if self.max_finished is not None:
-            while len(self.finished) > self.max_finished:
-                self.finished.popitem(last=False)
+        self.requests.retire(req)
 
     def _unadmit(self, req: Request) -> None:
         """Undo :meth:`_admit` (after a failed prefill): release the pages and
         put the request back at the head of the queue."""
         rid = req.request_id
-        self._running.remove(rid)
-        self._committed_pages -= req.kv_pages_promised
-        req.kv_pages_promised = 0
         self.kv.free(rid)
         if self.draft_kv is not None:
             self.draft_kv.free(rid)
         self.batcher.remove(rid)
-        req.state = RequestState.WAITING
-        self._waiting.appendleft(rid)
+        self.requests.requeue(req)
 
     def _commit(self, req: Request, tokens: Sequence[int]) -> int:
         """Append tokens, stream them, finish on a stop id or the length cap.
@@ -750,6 +744,7 @@ class Engine:
         """Prefill the new requests in one forward, and each request whose
         prefill failed before alone. A failed prefill releases the group's
         pages and requeues it at the head; a second failure is an error."""
+        report.admitted = len(admitted)
         fresh = [r for r in admitted if r.prefill_failures == 0]
         groups = ([fresh] if fresh else []) + [[r] for r in admitted if r.prefill_failures]
         for group in groups:
@@ -779,12 +774,11 @@ class Engine:
             )
             for r in reqs
         ]
-        if self.stream is not None:
-            self.stream.begin_forward()
+        self.prefetch.begin_forward()
         with self.timer.forward("prefill"):
             out = self.runner.forward(chunks)
         self._record_trace(out.needed_flat, "prefill")
-        self._observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
+        self.prefetch.observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
         now = self.clock()
         for i, req in enumerate(reqs):
             if req.state != RequestState.PREFILL:  # aborted by another request's callback
@@ -823,7 +817,7 @@ class Engine:
                 todo.append((req, n))
         if todo:
             self._draft_blocks(todo)
-        if self.predictor is not None:
+        if self.predictor is not None and self.config.route_ahead:  # off: PD controller
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
 
@@ -884,7 +878,7 @@ class Engine:
         if not reqs:
             return
         blocks = []
-        anchors = self._anchor_tensor(reqs)
+        anchors = anchor_tensor(reqs, self.device)
         for i, req in enumerate(reqs):
             assert req.anchor is not None and req.drafts is not None
             tokens = torch.cat([anchors[i : i + 1], req.drafts.view(-1)])
@@ -907,16 +901,15 @@ class Engine:
             req.draft_hidden = None
         if self.host_service is not None:
             self._plan_host_ahead()
-        if self.stream is not None:
-            # refine the stream's plan as soon as the prediction exists (the
-            # batch is chosen next; with every request batched this is its plan)
-            live = [
+        # the planner plans the coming verify as soon as the prediction exists
+        # (the batch is chosen next; with every request batched this is its plan)
+        self.prefetch.on_predicted(
+            [
                 r.predicted
-                for r in self._requests.values()
+                for r in self.requests.live.values()
                 if r.state == RequestState.VERIFY and r.predicted is not None
             ]
-            if live:
-                self.stream.set_plan(np.unique(np.concatenate(live)), "predicted")
+        )
 
     def _schedule(self, reqs: list[Request]) -> BatchDecision:
         demands = [
@@ -941,38 +934,23 @@ class Engine:
             raise RuntimeError(f"batcher {self.batcher.name!r} chose nothing with live work")
         return decision
 
-    def _verify(
+    def _verify(self, batch: list[tuple[Request, int]]) -> VerifyResult:
+        """The verify forward and every request's acceptance (commits nothing)."""
+        self.prefetch.begin_forward()
+        return self.verifier.run(batch)
+
+    def _record_verify(
         self,
         batch: list[tuple[Request, int]],
+        result: VerifyResult,
         resident_before: npt.NDArray[np.bool_] | None,
-        report: StepReport,
-    ) -> tuple[int, list[int]]:
-        """Verify the batch in one forward, then commit request by request.
-
-        An exception before the commits propagates (the caller ends the
-        batch). While committing, an exception ends only the request being
-        committed; a ``BaseException`` (e.g. ``KeyboardInterrupt``) rolls
-        the KV of every request not yet committed back to the step's start
-        (so a later step verifies it again) and propagates."""
-        chunks: list[Chunk] = []
-        starts: list[int] = []
-        # NOTE: one host->device copy for every anchor of the batch (a tensor
-        # built from a list per request is one blocking copy each on CUDA)
-        anchors = self._anchor_tensor([req for req, _ in batch])
-        for i, (req, grant) in enumerate(batch):
-            assert req.anchor is not None and req.drafts is not None
-            drafts = req.drafts[: grant - 1]
-            toks = torch.cat([anchors[i : i + 1], drafts])
-            chunks.append(Chunk(req.request_id, toks, True))
-            starts.append(self.kv.length(req.request_id))
-        if self.stream is not None:
-            self.stream.begin_forward()
-        with self.timer.forward("verify"):
-            out = self.runner.forward(chunks)
+    ) -> None:
+        """The books of a verify forward: the routing trace, the planner's
+        routing prior, route-ahead stats, the predictor's observations."""
+        out = result.output
         self.verify_forwards += 1
         self._record_trace(out.needed_flat, "verify")
-        routed_union: npt.NDArray[np.bool_] = np.asarray(out.routed.any(axis=0), dtype=np.bool_)
-        self._observe_routing(routed_union)
+        self.prefetch.observe_routing(result.routed_union)
         if self.route_stats is not None and self.config.route_ahead:
             predicted = np.zeros_like(out.routed)
             for i, (req, _) in enumerate(batch):
@@ -982,93 +960,73 @@ class Engine:
         if self.predictor is not None:
             for i, (req, _) in enumerate(batch):
                 self.predictor.observe(req.request_id, out.routed[i])
+
+    def _commit_verified(self, result: VerifyResult, report: StepReport) -> None:
+        """Commit the outcomes request by request, then hand the planner the
+        routing of the requests that go on.
+
+        An outcome whose acceptance raised, or whose commit raises, ends only
+        its request. A ``BaseException`` (e.g. ``KeyboardInterrupt``) rolls
+        the KV of every request not yet committed back to the step's start
+        (so a later step verifies it again) and propagates."""
         now = self.clock()
-        committed = 0
-        finished: list[int] = []
-        greedy_host = self._greedy_to_host(batch, out.logits)
+        outcomes = result.outcomes
         i = 0
         try:
-            for i, (req, grant) in enumerate(batch):
+            for i in range(len(outcomes)):
+                outcome = outcomes[i]
+                req = outcome.request
                 if req.state != RequestState.VERIFY:  # aborted by another request's callback
                     continue
                 self._stage = "accept"
                 try:
-                    got = self._accept_and_commit(req, grant, out, i, greedy_host, starts[i], now)
+                    if outcome.error is not None:
+                        raise outcome.error
+                    got = self._commit_outcome(outcome, now)
                 except Exception as exc:
                     self._fail([req], exc, report)
-                    finished.append(req.request_id)
+                    report.finished.append(req.request_id)
                     continue
-                committed += got
-                if req.state in (RequestState.FINISHED, RequestState.ABORTED):
-                    finished.append(req.request_id)
+                report.committed_tokens += got
+                if req.state in DONE_STATES:
+                    report.finished.append(req.request_id)
         except BaseException:
-            for j in range(i, len(batch)):
-                req = batch[j][0]
-                rid = req.request_id
-                if req.state == RequestState.VERIFY and self.kv.length(rid) > starts[j]:
-                    self.kv.truncate(rid, starts[j])
+            for outcome in outcomes[i:]:
+                rid = outcome.request.request_id
+                if (
+                    outcome.request.state == RequestState.VERIFY
+                    and self.kv.length(rid) > outcome.start
+                ):
+                    self.kv.truncate(rid, outcome.start)
             raise
-        if self.stream is not None:
-            # NOTE: the next verify starts at layer 0 while the cache holds the
-            # last layers' experts: plan it from this round's routed set of the
-            # requests that go on (previous-round predictor) and start its
-            # first layers' copies now, so they run while the next blocks are
-            # drafted. Nothing is planned when no request goes on.
-            going_on = [i for i, (req, _) in enumerate(batch) if req.state == RequestState.DRAFT]
-            nxt = np.asarray(out.routed[going_on].any(axis=0), dtype=np.bool_) if going_on else None
-            self._prefetch_stage("stream_plan", self.stream.end_forward, routed_union, nxt)
-        return committed, finished
+        report.verified = len(outcomes)
+        # Nothing is planned when no request goes on.
+        going_on = [i for i, o in enumerate(outcomes) if o.request.state == RequestState.DRAFT]
+        routed = result.output.routed
+        nxt = np.asarray(routed[going_on].any(axis=0), dtype=np.bool_) if going_on else None
+        self._stage = "stream_plan"
+        self.prefetch.after_verify(result.routed_union, nxt)
 
-    def _accept_and_commit(
-        self,
-        req: Request,
-        grant: int,
-        out: ForwardOutput,
-        i: int,
-        greedy_host: dict[int, tuple[torch.Tensor, torch.Tensor]],
-        start: int,
-        now: float,
-    ) -> int:
-        """Accept one request's verified block, roll its KV back to the
-        accepted length and commit (stream) the tokens; returns how many."""
-        logits = out.logits[i]
-        n = grant - 1
-        assert req.drafts is not None
-        drafts = req.drafts[:n]
-        forced = self.acceptance.forced_accepts(req.request_id, n)
-        if req.params.greedy:
-            # the same drafts and argmax, already on the host (one copy per batch)
-            drafts, argmax = greedy_host[i]
-            if forced is None:
-                acc, bonus = greedy_accept(drafts, argmax)
-            else:
-                acc, bonus = forced, int(argmax[forced])
-        else:
-            tp = target_probs(logits, req.params)
-            if forced is None:
-                assert req.draft_probs is not None or n == 0
-                dp = req.draft_probs[:n] if req.draft_probs is not None else tp[:0]
-                acc, bonus = rejection_accept(drafts, dp, tp, req.generator)
-            else:
-                acc = forced
-                bonus = int(sample_from(tp[acc : acc + 1], req.generator)[0])
-        new_tokens = [int(t) for t in drafts[:acc].tolist()] + [bonus]
-        feats = out.features[i][: acc + 1] if self.drafter is not None else None
-        # nothing above changed the request; from here on it is committed
-        if forced is None:
-            req.metrics.model_rounds += 1
-        else:
+    def _commit_outcome(self, outcome: VerifyOutcome, now: float) -> int:
+        """Apply one request's outcome: roll its KV back to the accepted
+        length, keep the committed positions' features for the next draft,
+        commit (stream) the tokens. Returns how many were committed."""
+        req = outcome.request
+        if outcome.forced:
             req.metrics.forced_rounds += 1
+        else:
+            req.metrics.model_rounds += 1
         # roll the target KV back to anchor + accepted drafts
-        self.kv.truncate(req.request_id, start + acc + 1)
+        self.kv.truncate(req.request_id, outcome.kv_length)
+        feats = outcome.features
         if feats is not None:
             prev = req.pending_context
             req.pending_context = feats if prev is None else torch.cat([prev, feats])
         req.drafts = req.draft_probs = None
         req.predicted = None
-        req.anchor = bonus
+        req.anchor = outcome.tokens[-1]
         req.state = RequestState.DRAFT
-        got = self._commit(req, new_tokens)
+        got = self._commit(req, outcome.tokens)
         req.metrics.acceptance_lengths.append(got)
         if self.horizon is not None and req.state == RequestState.DRAFT:
             self.horizon.observe(req.request_id, min(got, self.config.block_size))
@@ -1076,91 +1034,11 @@ class Engine:
         req.round_start_s = now
         return got
 
-    def _anchor_tensor(self, reqs: Sequence[Request]) -> torch.Tensor:
-        """``[len(reqs)]`` int64 anchors on the device, in one copy."""
-        return torch.tensor([r.anchor for r in reqs], dtype=torch.int64, device=self.device)
-
-    def _greedy_to_host(
-        self, batch: list[tuple[Request, int]], logits: Sequence[torch.Tensor]
-    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-        """For each greedy request of the batch (by position): its granted
-        drafts and the target's argmax rows, on the host.
-
-        NOTE: acceptance reads these values on the host anyway; reading each
-        request's with its own ``int()``/``tolist()`` meant about three
-        device syncs per request per step. Here every argmax is launched
-        first and all of them (and the drafts) come back in one copy.
-        """
-        rows = [i for i, (req, _) in enumerate(batch) if req.params.greedy]
-        if not rows:
-            return {}
-        parts: list[torch.Tensor] = []
-        sizes: list[int] = []
-        for i in rows:
-            req, grant = batch[i]
-            assert req.drafts is not None
-            drafts = req.drafts[: grant - 1].reshape(-1).to(torch.int64)
-            argmax = torch.argmax(logits[i], dim=-1).reshape(-1).to(torch.int64)
-            parts += [drafts, argmax]
-            sizes += [int(drafts.numel()), int(argmax.numel())]
-        host = torch.cat(parts).cpu().split(sizes)
-        return {i: (host[2 * j], host[2 * j + 1]) for j, i in enumerate(rows)}
-
     # -------------------------------------------------------------- experts
-    def _load_every_expert(self) -> None:
-        """B3: every expert resident before the first request (blocking)."""
-        cache = self.expert_cache
-        assert cache is not None  # called only with a cache
-        total = self.adapter.num_layers * self.adapter.num_experts
-        if int(cache.num_slots) < total:
-            raise ValueError(
-                f"baseline {self.config.baseline!r} keeps every expert resident: the expert "
-                f"cache has {cache.num_slots} slots for {total} experts"
-            )
-        tickets = np.asarray(cache.prefetch(np.arange(total, dtype=np.int64), Band.BACKGROUND))
-        cache.issuer.wait(tickets[tickets >= 0])
-
     def _resident_mask(self) -> npt.NDArray[np.bool_] | None:
         if self.expert_cache is None:
             return None
         return np.asarray(self.expert_cache.resident_mask(), dtype=np.bool_)
-
-    def _observe_routing(self, routed: npt.NDArray[np.bool_]) -> None:
-        # NOTE: an exponential moving average (half-life ~7 forwards) of how
-        # often each expert is routed: the background prefetch's prior.
-        self.route_freq *= 0.9
-        self.route_freq += routed
-
-    def _route_ahead(self, batch: list[tuple[Request, int]], decision: BatchDecision) -> None:
-        assert self.expert_cache is not None
-        if self.stream is not None:
-            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
-            plan = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-            before = self.stream.bytes_submitted
-            self.stream.set_plan(plan, "predicted")
-            self._step_route_ahead_bytes = self.stream.bytes_submitted - before
-            return
-        ids = decision.missing
-        if ids.size == 0:
-            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
-            if not parts:
-                return
-            ids = np.unique(np.concatenate(parts))
-            resident = self.expert_cache.is_resident(ids)
-            ids = ids[~np.asarray(resident, dtype=np.bool_)]
-        # NOTE: in-flight copies cannot be evicted, and a forward needs free or
-        # evictable slots for its on-demand misses: never put more than half of
-        # the slots a forward could use into flight. Flat ids are in layer
-        # order, so the earliest layers (needed first) go first.
-        ids = ids[: max(0, int(self.expert_cache.free_capacity()) // 2)]
-        if hasattr(getattr(self.expert_cache, "policy", None), "set_predicted"):
-            parts = [r.predicted for r, _ in batch if r.predicted is not None and r.predicted.size]
-            protect = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
-            self.expert_cache.set_predicted(protect)
-        if ids.size:
-            self._step_route_ahead_bytes = int(ids.size) * int(self.expert_cache.expert_nbytes)
-            self.prefetch_bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
-            self.expert_cache.prefetch(ids, Band.ROUTE_AHEAD)
 
     def _plan_host_ahead(self) -> None:
         """Before a verify: the experts the host is expected to compute.
@@ -1179,12 +1057,11 @@ class Engine:
             # critical path. Plan nothing ahead (layers still split their
             # on-demand misses, which are on the critical path either way).
             self.host_ahead = None
-            if self.stream is not None:
-                self.stream.skip[:] = False
+            self.prefetch.set_host_planned(None)
             return
         L, E = self.adapter.num_layers, self.adapter.num_experts
         expected = np.zeros(L * E, dtype=np.float64)
-        for req in self._requests.values():
+        for req in self.requests.live.values():
             if req.state != RequestState.VERIFY or req.predicted is None or not req.predicted.size:
                 continue
             tokens = 1 + (0 if req.drafts is None else int(req.drafts.numel()))
@@ -1196,8 +1073,7 @@ class Engine:
         mask = self.host_service.plan_ahead(expected.reshape(L, E), resident)
         self.host_ahead = mask
         self.host_service.books.planned_ahead += int(mask.sum())
-        if self.stream is not None:
-            self.stream.skip = mask
+        self.prefetch.set_host_planned(mask)
 
     #: plan HOST experts ahead while forwards waited for misses (copies or the
     #: host) at least this share of the time since the previous plan. (On the
@@ -1221,104 +1097,10 @@ class Engine:
             return True
         return (waited - last[0]) / (now - last[1]) >= self.HOST_AHEAD_EXPOSED
 
-    def _count_route_ahead_bytes(self, nbytes: int) -> None:
-        self.prefetch_bytes[Band.ROUTE_AHEAD] += int(nbytes)
-
     def byte_budget(self) -> int:
         """Missing expert bytes per step (``M``): the configured value, else
         half the expert cache (so a batch's copies never thrash the cache)."""
-        if self.config.byte_budget is not None:
-            return self.config.byte_budget
-        if self.expert_cache is None:
-            return 0
-        return int(self.expert_cache.num_slots) * int(self.expert_cache.expert_nbytes) // 2
-
-    def _background_prefetch(self) -> None:
-        """BACKGROUND copies of the most frequently routed missing experts,
-        with the step's byte budget left after route-ahead.
-
-        NOTE: only while the link is idle (nothing queued or in flight) and
-        only into empty slots: in a link-bound run a background copy would
-        delay the next verify's misses and evict experts it needs (measured
-        on the H200: frequency-prior copies into a full 20% cache were mostly
-        evicted unused).
-        """
-        cache = self.expert_cache
-        assert cache is not None
-        used = self._step_route_ahead_bytes
-        self._step_route_ahead_bytes = 0
-        left = self.byte_budget() - used
-        nbytes = int(cache.expert_nbytes)
-        resident = np.asarray(cache.resident_mask(), dtype=np.bool_).reshape(-1)
-        empty = int(cache.num_slots) - int(resident.sum())
-        n = min(left // nbytes if nbytes else 0, empty)
-        if n <= 0 or not self._link_idle():
-            return
-        freq = self.route_freq.reshape(-1).copy()
-        freq[resident] = 0.0
-        order = np.argsort(-freq, kind="stable")
-        pick = order[: int(n)]
-        pick = pick[freq[pick] > 0]
-        if pick.size:
-            self.prefetch_bytes[Band.BACKGROUND] += int(pick.size) * nbytes
-            cache.prefetch(pick.astype(np.int64), Band.BACKGROUND)
-
-    def _link_idle(self) -> bool:
-        issuer = getattr(self.expert_cache, "issuer", None)
-        if issuer is None:
-            return True
-        stats = issuer.stats()
-        return int(stats.get("queued_copies", 0)) == 0 and int(stats.get("inflight_chunks", 0)) == 0
-
-
-class _BestEffort:
-    """Runs a prefetcher's forward hooks so that their failure only counts in
-    ``engine.prefetch_failures``: a prefetch is an optimisation, and a
-    forward copies on demand whatever it did not bring."""
-
-    def __init__(self, engine: Engine, inner: Any) -> None:
-        self.engine = engine
-        self.inner = inner
-
-    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        try:
-            self.inner.after_layer(layer, hidden, topk_ids)
-        except Exception:
-            self.engine.prefetch_failures += 1
-
-    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        try:
-            self.inner.on_routed(layer, topk_ids, hidden)
-        except Exception:
-            self.engine.prefetch_failures += 1
-
-
-class _Lookahead:
-    """Next-layer gate lookahead: layer l+1's router over layer l's output
-    (:class:`pdflash.routeahead.NextLayerLookahead`) predicts l+1's experts;
-    the missing ones are prefetched ROUTE_AHEAD while layer l finishes."""
-
-    def __init__(self, engine: Engine) -> None:
-        from pdflash.routeahead import NextLayerLookahead
-
-        self.engine = engine
-        self.predictor = NextLayerLookahead(engine.adapter)
-
-    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        cache = self.engine.expert_cache
-        if cache is None or layer + 1 >= self.engine.adapter.num_layers:
-            return
-        ids, _ = self.predictor.predict_next(layer, hidden)
-        if ids.size == 0:
-            return
-        missing = ids[~np.asarray(cache.is_resident(ids), dtype=np.bool_)]
-        # NOTE: most confident first; keep half the usable slots for on-demand misses
-        missing = missing[: max(0, int(cache.free_capacity()) // 2)]
-        if missing.size:
-            self.engine.prefetch_bytes[Band.ROUTE_AHEAD] += int(missing.size) * int(
-                cache.expert_nbytes
-            )
-            cache.prefetch(missing, Band.ROUTE_AHEAD)
+        return self.prefetch.byte_budget()
 
 
 def _param_dtype(adapter: MoEModelAdapter) -> torch.dtype:

@@ -1,7 +1,8 @@
 """A paged KV cache: fixed-size pages, per-sequence block tables, byte occupancy.
 
 Every layer has one K and one V tensor of shape
-``[num_pages * page_size, kv_heads, head_dim]``; a sequence owns a list of
+``[num_pages * page_size + 1, kv_heads, head_dim]`` (the last row, the
+:attr:`~PagedKVCache.null_slot`, is never written and stays zero); a sequence owns a list of
 pages (its block table) and a length. A token at position ``p`` of a sequence
 lives in flat slot ``table[p // page_size] * page_size + p % page_size`` of
 every layer. Rolling back to a shorter length frees the pages past it;
@@ -47,7 +48,10 @@ class PagedKVCache:
         self.num_pages = num_pages
         self.device = torch.device(device)
         self.dtype = dtype
-        shape = (num_pages * page_size, num_kv_heads, head_dim)
+        #: a slot past every page that stays zero: attention's padded keys
+        #: and gpt-oss's sink key read it (no per-layer zeroing)
+        self.null_slot = num_pages * page_size
+        shape = (num_pages * page_size + 1, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         # NOTE: a stack, so a freed page is reused first (warm in cache) and
@@ -116,11 +120,19 @@ class PagedKVCache:
         for _ in range(need):
             table.append(self._free.pop())
 
-    def extend(self, seq_id: int, num_tokens: int) -> torch.Tensor:
-        """Append ``num_tokens`` positions; returns their flat slots (int64, on device)."""
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        """Append ``num_tokens`` positions (host bookkeeping only; their slots
+        are :meth:`slot_list`). Raises :class:`KVCacheFull` with nothing
+        allocated if pages run out."""
         start = self._lengths[seq_id]
         self.reserve(seq_id, start + num_tokens)
         self._lengths[seq_id] = start + num_tokens
+
+    def extend(self, seq_id: int, num_tokens: int) -> torch.Tensor:
+        """:meth:`grow`, returning the new positions' flat slots (int64, on
+        device: a host->device copy; forwards use :meth:`grow`)."""
+        start = self._lengths[seq_id]
+        self.grow(seq_id, num_tokens)
         return self.slots(seq_id, start, start + num_tokens)
 
     def truncate(self, seq_id: int, length: int) -> None:

@@ -54,6 +54,7 @@ the cache frees their slots) and the stream is re-issued in layer order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,7 @@ from pdflash.protocols import (
 )
 
 if TYPE_CHECKING:
+    from pdflash.engine.config import EngineConfig
     from pdflash.routeahead import NextLayerLookahead
 
 IdArray = npt.NDArray[np.int64]
@@ -161,6 +163,8 @@ class StreamingPrefetcher:
         self.cancelled = 0  # queued ROUTE_AHEAD copies cancelled as stale
         self.submit_log: list[tuple[int, int]] = []  # (first needed layer, flat id), if logging
         self.log_submissions = False
+        #: switched off by :meth:`pause`: the forward hooks do nothing
+        self.paused = False
 
     # ------------------------------------------------------------ plan
     def _mask(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
@@ -311,6 +315,23 @@ class StreamingPrefetcher:
                 break  # no safe slot for the rest: later layers must wait too
         return submitted
 
+    # ------------------------------------------------------------ switching
+    def pause(self) -> None:
+        """Stop streaming (the PD controller switched it off): forget the
+        plan (no expert stays protected for it) and ignore the forward's
+        hooks until :meth:`resume`. Copies already issued complete."""
+        self.paused = True
+        self._source_plans = {}
+        self.plan[:] = False
+        self.fetch[:] = False
+        self.first_needed = 0
+        self.running = None
+        self._set_policy_prediction()
+
+    def resume(self) -> None:
+        """Stream again from the next plan (:meth:`set_plan`)."""
+        self.paused = False
+
     # ------------------------------------------------------------ forward hooks
     def begin_forward(self) -> None:
         self.first_needed = 0
@@ -327,6 +348,8 @@ class StreamingPrefetcher:
         output not yet added) sets layer+1's plan now and its confident
         experts are queued too, a whole layer's compute earlier than the
         lookahead at release."""
+        if self.paused:
+            return
         self.running = int(layer)
         self.first_needed = int(layer)
         ids = np.unique(topk_ids.reshape(-1).cpu().numpy().astype(np.int64))
@@ -370,6 +393,8 @@ class StreamingPrefetcher:
         """Layer ``layer`` is released: refine layer+1's plan with next-layer
         lookahead and copy its misses (they evict what the on-demand path
         would evict a moment later: layer ``layer``'s experts)."""
+        if self.paused:
+            return
         self.running = None
         nxt = layer + 1
         self.first_needed = nxt
@@ -418,3 +443,381 @@ class StreamingPrefetcher:
             "stream_cancelled": self.cancelled,
             "stream_precision": dict(self.precision),
         }
+
+
+class GateLookahead:
+    """Next-layer gate lookahead without the stream: layer l+1's router over
+    layer l's output (:class:`pdflash.routeahead.NextLayerLookahead`)
+    predicts l+1's experts; the missing ones are prefetched ROUTE_AHEAD while
+    layer l finishes. ``on_submit`` gets the bytes of every batch of copies."""
+
+    def __init__(
+        self,
+        adapter: MoEModelAdapter,
+        cache: ExpertCacheView,
+        on_submit: Callable[[int], None] | None = None,
+    ) -> None:
+        from pdflash.routeahead import NextLayerLookahead
+
+        self.adapter = adapter
+        self.cache = cache
+        self.on_submit = on_submit
+        self.predictor = NextLayerLookahead(adapter)
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        cache = self.cache
+        if layer + 1 >= self.adapter.num_layers:
+            return
+        ids, _ = self.predictor.predict_next(layer, hidden)
+        if ids.size == 0:
+            return
+        missing = ids[~np.asarray(cache.is_resident(ids), dtype=np.bool_)]
+        # NOTE: most confident first; keep half the usable slots for on-demand misses
+        missing = missing[: max(0, int(cache.free_capacity()) // 2)]
+        if missing.size:
+            if self.on_submit is not None:
+                self.on_submit(int(missing.size) * int(cache.expert_nbytes))
+            cache.prefetch(missing, Band.ROUTE_AHEAD)
+
+
+class _WhileStreamOff:
+    """Forward hooks of a gate lookahead that run only while the planner's
+    streaming prefetcher is switched off."""
+
+    def __init__(self, planner: ExpertPrefetcher, inner: GateLookahead) -> None:
+        self.planner = planner
+        self.inner = inner
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        if self.planner.stream is None:
+            self.inner.after_layer(layer, hidden, topk_ids)
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        return None
+
+
+class _BestEffortHooks:
+    """Runs a prefetcher's forward hooks so that their failure only counts in
+    the planner's ``failures``: a forward copies on demand whatever a
+    prefetch did not bring."""
+
+    def __init__(self, planner: ExpertPrefetcher, inner: Any) -> None:
+        self.planner = planner
+        self.inner = inner
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        try:
+            self.inner.after_layer(layer, hidden, topk_ids)
+        except Exception:
+            self.planner.failures += 1
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        try:
+            self.inner.on_routed(layer, topk_ids, hidden)
+        except Exception:
+            self.planner.failures += 1
+
+
+def _union(parts: list[IdArray]) -> IdArray:
+    parts = [p for p in parts if p is not None and p.size]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+
+class ExpertPrefetcher:
+    """The engine's prefetch planner (:class:`~pdflash.protocols.PrefetchPlanner`):
+    every expert copy the engine starts ahead of need goes through it.
+
+    Its parts, chosen by the :class:`~pdflash.engine.config.EngineConfig`:
+
+    * ``streaming_prefetch``: a :class:`StreamingPrefetcher` (route-ahead in
+      layer order from drafting on, gate lookahead inside the forward);
+    * else ``route_ahead``: one batch of ROUTE_AHEAD copies of the batch's
+      predicted missing experts before the verify; and ``lookahead``: a
+      :class:`GateLookahead` inside forwards;
+    * ``background_prefetch``: after a verify, BACKGROUND copies of the most
+      frequently routed missing experts with the step's byte budget left.
+
+    Without an expert cache (resident experts) every call is a no-op.
+
+    Args:
+        adapter: the target (its shape; the router for lookahead).
+        cache: the expert cache, or None.
+        config: the engine's configuration.
+    """
+
+    #: a short-memory prior: each forward's routing enters with weight 1 and
+    #: the past decays by this factor (half-life ~7 forwards)
+    ROUTE_FREQ_DECAY = 0.9
+
+    def __init__(
+        self, adapter: MoEModelAdapter, cache: ExpertCacheView | None, config: EngineConfig
+    ) -> None:
+        self.adapter = adapter
+        self.cache = cache
+        self.config = config
+        self.route_ahead = bool(config.route_ahead and cache is not None)
+        self.background_enabled = bool(config.background_prefetch and cache is not None)
+        self.stream: StreamingPrefetcher | None = None
+        self.lookahead: GateLookahead | None = None
+        if cache is not None and config.streaming_prefetch:
+            self.stream = StreamingPrefetcher(
+                adapter,
+                cache,
+                ahead=config.stream_ahead,
+                lookahead=config.lookahead,
+                on_submit=self._count_route_ahead,
+            )
+        elif cache is not None and config.lookahead:
+            self.lookahead = GateLookahead(adapter, cache, on_submit=self._count_route_ahead)
+        # the parts this planner was built with; set_parts switches within them
+        self._built_route_ahead = self.route_ahead
+        self._built_stream = self.stream
+        # with the stream switched off (set_parts), the plain gate lookahead
+        # runs instead, as in PD-no-stream; idle while the stream runs
+        self._fallback_lookahead: GateLookahead | None = None
+        if cache is not None and self.stream is not None and config.lookahead:
+            self._fallback_lookahead = GateLookahead(
+                adapter, cache, on_submit=self._count_route_ahead
+            )
+        #: host seconds spent per prefetch stage ("route_ahead" before a
+        #: verify, "stream_plan" after it, "background_prefetch")
+        self.stage_s: dict[str, float] = {}
+        #: the routing-frequency prior of the background copies, ``(layers, experts)``
+        self.route_freq = np.zeros((adapter.num_layers, adapter.num_experts), dtype=np.float64)
+        self._bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+        self.failures = 0
+        # route-ahead bytes of this step's before_verify (the background
+        # budget's share already used)
+        self._step_route_ahead_bytes = 0
+        # the stream's "predicted" plan set this forward (see before_verify)
+        self._planned: IdArray | None = None
+
+    # ------------------------------------------------------------ counters
+    @property
+    def bytes_submitted(self) -> dict[Band, int]:
+        return self._bytes
+
+    def _count_route_ahead(self, nbytes: int) -> None:
+        self._bytes[Band.ROUTE_AHEAD] += int(nbytes)
+
+    def reset_stats(self) -> None:
+        self._bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
+        self.failures = 0
+        self.stage_s.clear()
+        stream = self._built_stream
+        if stream is not None:
+            stream.copies_submitted = stream.bytes_submitted = 0
+            stream.cancelled = 0
+
+    def _best_effort(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            self.failures += 1
+
+    def _timed(self, stage: str, fn: Callable[..., None], *args: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._best_effort(fn, *args)
+        finally:
+            self.stage_s[stage] = self.stage_s.get(stage, 0.0) + time.perf_counter() - t0
+
+    # ------------------------------------------------------------ switching
+    def set_parts(self, *, route_ahead: bool, stream: bool) -> None:
+        """Switch route-ahead and the streaming prefetcher at run time (the
+        PD controller); a part the planner was not built with stays off. With
+        the stream off, route-ahead is one batch of copies before the verify
+        (PD-no-stream); without route-ahead nothing is copied ahead."""
+        self.route_ahead = bool(route_ahead and self._built_route_ahead)
+        built = self._built_stream
+        on = bool(stream and self.route_ahead and built is not None)
+        if built is not None:
+            if on:
+                built.resume()
+            else:
+                built.pause()
+        self.stream = built if on else None
+
+    # ------------------------------------------------------------ wiring
+    def install(self, runner: Any) -> None:
+        """Register the forward hooks (gate lookahead, the stream's layer
+        hooks) on a :class:`~pdflash.engine.target.TargetRunner`. Call after
+        the eviction policy's ``before_layer`` hook is registered, so the
+        stream's victims are ranked from the layer about to run."""
+        if self.lookahead is not None:
+            runner.observers.append(_BestEffortHooks(self, self.lookahead))
+        if self._fallback_lookahead is not None:
+            runner.observers.append(
+                _BestEffortHooks(self, _WhileStreamOff(self, self._fallback_lookahead))
+            )
+        if self.stream is not None:
+            hooks = _BestEffortHooks(self, self.stream)
+            runner.routed_hooks.append(hooks.on_routed)
+            runner.observers.append(hooks)
+
+    def set_host_planned(self, mask: npt.NDArray[np.bool_] | None) -> None:
+        """Experts the hybrid miss service plans to compute on the host in
+        the coming verify (``(layers, experts)``, None: none): never copied ahead."""
+        stream = self._built_stream
+        if stream is None:
+            return
+        if mask is None:
+            stream.skip[:] = False
+        else:
+            stream.skip = mask
+
+    def load_every_expert(self) -> None:
+        """B3 (``all_resident``): every expert resident before the first
+        request (blocking; not counted as prefetch bytes). Raises
+        ``ValueError`` when the cache cannot hold them all."""
+        cache = self.cache
+        assert cache is not None
+        total = self.adapter.num_layers * self.adapter.num_experts
+        if int(cache.num_slots) < total:
+            raise ValueError(
+                f"baseline {self.config.baseline!r} keeps every expert resident: the expert "
+                f"cache has {cache.num_slots} slots for {total} experts"
+            )
+        tickets = np.asarray(cache.prefetch(np.arange(total, dtype=np.int64), Band.BACKGROUND))
+        cache.issuer.wait(tickets[tickets >= 0])
+
+    # ------------------------------------------------------------ the step
+    def begin_forward(self) -> None:
+        self._planned = None
+        if self.stream is not None:
+            self.stream.begin_forward()
+
+    def observe_routing(self, routed: npt.NDArray[np.bool_]) -> None:
+        self.route_freq *= self.ROUTE_FREQ_DECAY
+        self.route_freq += routed
+
+    def on_predicted(self, predicted: list[IdArray]) -> None:
+        if self.stream is None or not predicted:
+            return
+        plan = np.unique(np.concatenate(predicted))
+        self._best_effort(self.stream.set_plan, plan, "predicted")
+        self._planned = plan
+
+    def before_verify(self, batch_predicted: list[IdArray], missing: IdArray) -> None:
+        if not self.route_ahead:
+            return
+        self._timed("route_ahead", self._before_verify, batch_predicted, missing)
+
+    def _before_verify(self, batch_predicted: list[IdArray], missing: IdArray) -> None:
+        cache = self.cache
+        assert cache is not None
+        if self.stream is not None:
+            # NOTE: the scheduler's missing list is not used here: the stream
+            # finds the missing experts of its plan itself, at issue time and
+            # in layer order, under its capacity rules (module docstring), and
+            # skips the ones planned for the host.
+            plan = _union(batch_predicted)
+            before = self.stream.bytes_submitted
+            if self._planned is not None and np.array_equal(plan, self._planned):
+                # the batch is every request on_predicted planned for: the
+                # plan stands (set once this step); copy what has room now
+                self.stream.pump()
+            else:
+                # the scheduler deferred some requests (or nothing was
+                # planned this step): the plan becomes the batch's
+                self.stream.set_plan(plan, "predicted")
+                self._planned = plan
+            self._step_route_ahead_bytes = self.stream.bytes_submitted - before
+            return
+        ids = missing
+        if ids.size == 0:
+            if not any(p is not None and p.size for p in batch_predicted):
+                return
+            ids = _union(batch_predicted)
+            ids = ids[~np.asarray(cache.is_resident(ids), dtype=np.bool_)]
+        # NOTE: in-flight copies cannot be evicted, and a forward needs free or
+        # evictable slots for its on-demand misses: never put more than half of
+        # the slots a forward could use into flight. Flat ids are in layer
+        # order, so the earliest layers (needed first) go first.
+        ids = ids[: max(0, int(cache.free_capacity()) // 2)]
+        if hasattr(getattr(cache, "policy", None), "set_predicted"):
+            cache.set_predicted(_union(batch_predicted))
+        if ids.size:
+            self._step_route_ahead_bytes = int(ids.size) * int(cache.expert_nbytes)
+            self._bytes[Band.ROUTE_AHEAD] += self._step_route_ahead_bytes
+            cache.prefetch(ids, Band.ROUTE_AHEAD)
+
+    def after_verify(
+        self, routed: npt.NDArray[np.bool_], next_plan: npt.NDArray[np.bool_] | None
+    ) -> None:
+        self._planned = None
+        if self.stream is not None:
+            # NOTE: the next verify starts at layer 0 while the cache holds the
+            # last layers' experts: plan it from this round's routed set of the
+            # requests that go on (previous-round predictor) and start its
+            # first layers' copies now, so they run while the next blocks are
+            # drafted.
+            self._timed("stream_plan", self.stream.end_forward, routed, next_plan)
+
+    def byte_budget(self) -> int:
+        """Missing expert bytes per step (``M``): the configured value, else
+        half the expert cache (so a batch's copies never thrash the cache)."""
+        if self.config.byte_budget is not None:
+            return self.config.byte_budget
+        if self.cache is None:
+            return 0
+        return int(self.cache.num_slots) * int(self.cache.expert_nbytes) // 2
+
+    def background(self) -> None:
+        if not self.background_enabled:
+            return
+        self._timed("background_prefetch", self._background)
+
+    def _background(self) -> None:
+        """BACKGROUND copies of the most frequently routed missing experts,
+        with the step's byte budget left after route-ahead.
+
+        NOTE: only while the link is idle (nothing queued or in flight) and
+        only into empty slots: in a link-bound run a background copy would
+        delay the next verify's misses and evict experts it needs
+        (frequency-prior copies into a full cache were mostly evicted unused).
+        """
+        cache = self.cache
+        assert cache is not None
+        used = self._step_route_ahead_bytes
+        self._step_route_ahead_bytes = 0
+        left = self.byte_budget() - used
+        nbytes = int(cache.expert_nbytes)
+        resident = np.asarray(cache.resident_mask(), dtype=np.bool_).reshape(-1)
+        empty = int(cache.num_slots) - int(resident.sum())
+        n = min(left // nbytes if nbytes else 0, empty)
+        if n <= 0 or not self._link_idle():
+            return
+        freq = self.route_freq.reshape(-1).copy()
+        freq[resident] = 0.0
+        order = np.argsort(-freq, kind="stable")
+        pick = order[: int(n)]
+        pick = pick[freq[pick] > 0]
+        if pick.size:
+            self._bytes[Band.BACKGROUND] += int(pick.size) * nbytes
+            cache.prefetch(pick.astype(np.int64), Band.BACKGROUND)
+
+    def _link_idle(self) -> bool:
+        issuer = getattr(self.cache, "issuer", None)
+        if issuer is None:
+            return True
+        stats = issuer.stats()
+        return int(stats.get("queued_copies", 0)) == 0 and int(stats.get("inflight_chunks", 0)) == 0
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "route_ahead_bytes_submitted": self._bytes[Band.ROUTE_AHEAD],
+            "background_bytes_submitted": self._bytes[Band.BACKGROUND],
+            "prefetch_failures": self.failures,
+        }
+        if self.stream is not None:
+            out.update(self.stream.stats())
+        return out
+
+
+if TYPE_CHECKING:
+    from pdflash.protocols import PrefetchPlanner
+
+    # mypy: an ExpertPrefetcher is a PrefetchPlanner
+    def _is_planner(planner: ExpertPrefetcher) -> PrefetchPlanner:
+        return planner

@@ -1,6 +1,6 @@
 """Replaying a proxy trace: learned routing and acceptance without the weights.
 
-A trace (:mod:`pdflash.bench.proxy.trace_format`) holds a trained proxy
+A trace (:mod:`pdflash.traces`) holds a trained proxy
 model's top-k routing of every token and every verified row, and the
 accepted length of every verify round. Two policy objects replay it in the
 engine on any model shape:
@@ -348,7 +348,7 @@ class TraceRouting:
 
 
 def load_replay_trace(path: str | Path) -> Any:
-    """The :class:`~pdflash.bench.proxy.trace_format.ProxyTrace` at ``path``."""
-    from pdflash.bench.proxy.trace_format import load_trace
+    """The :class:`~pdflash.traces.ProxyTrace` at ``path``."""
+    from pdflash.traces import load_trace
 
     return load_trace(path)

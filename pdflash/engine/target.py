@@ -10,6 +10,25 @@ whole batch (the union of experts is where batching pays off). Hidden states
 at the drafter's ``target_layer_ids`` are collected for the next draft, and
 the routing of every layer is recorded (per request, and as the flat ids the
 forward needed, for the Belady replay).
+
+Host syncs (the points where the host waits for the GPU) of one forward on
+CUDA, and why each remains:
+
+- none to start it: the index tensors (attention batch, KV slots,
+  positions, logit rows) go over in two asynchronous copies from pinned
+  memory, and the chunks' tokens are already on the device;
+- none in a layer's attention (:func:`~pdflash.engine.attention.paged_attention`
+  builds nothing per layer and indexes with no boolean mask);
+- in the offloaded MoE block (:mod:`pdflash.models.offload`), one per MoE
+  layer that has experts outside the cache: the host reads the layer's
+  per-expert token counts, because it picks the copies to submit and the
+  slots to pin before the experts run. A layer whose experts are all
+  resident (every layer under B3) reads nothing. Routing-aware hooks (the
+  streaming prefetcher, PD) read the routing at that point too;
+- one at the end: the routing grid (``routed``) comes back to the host for
+  the scheduler, the caches' accounting and the Belady trace. The engine
+  then reads the logits it accepts with (one batched copy for greedy
+  requests).
 """
 
 from __future__ import annotations
@@ -23,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.engine.attention import AttentionBatch, paged_attention
+from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
@@ -157,9 +176,10 @@ class TargetRunner:
             k_slots: list[list[int]] = []
             k_pos: list[list[int]] = []
             row_chunk: list[int] = []
+            want: list[int] = []  # rows whose logits are needed
             row = 0
             for ci, (c, s, n) in enumerate(zip(chunks, starts, lens, strict=True)):
-                kv.extend(c.seq_id, n)
+                kv.grow(c.seq_id, n)
                 new_slots += kv.slot_list(c.seq_id, s, s + n)
                 positions += list(range(s, s + n))
                 q_rows.append(list(range(row, row + n)))
@@ -167,12 +187,16 @@ class TargetRunner:
                 k_slots.append(kv.slot_list(c.seq_id, 0, s + n))
                 k_pos.append(list(range(s + n)))
                 row_chunk += [ci] * n
+                want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
                 row += n
             dev = self.device
-            batch = AttentionBatch.build(q_rows, q_pos, k_slots, k_pos, total, dev)
-            slots_t = torch.tensor(new_slots, dtype=torch.int64, device=dev)
-            pos_t = torch.tensor(positions, dtype=torch.int64, device=dev)
-            row_chunk_t = torch.tensor(row_chunk, dtype=torch.int64, device=dev)
+            batch = AttentionBatch.build(
+                q_rows, q_pos, k_slots, k_pos, total, dev, null_slot=kv.null_slot
+            )
+            # one host->device copy for the forward's other index tensors
+            slots_t, pos_t, row_chunk_t, want_t = device_int64(
+                [new_slots, positions, row_chunk, want], dev
+            )
             ids = (
                 torch.cat([c.tokens.to(dev) for c in chunks])
                 if chunks
@@ -187,6 +211,8 @@ class TargetRunner:
             routed = torch.zeros(
                 (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
             )
+            #: each top-k choice's chunk (the same for every layer)
+            chunk_of_choice: torch.Tensor | None = None
             for decoder_layer, moe_layer in enumerate(self.plan):
                 spec = self.specs[decoder_layer]
                 with self._region("attention"):
@@ -216,8 +242,10 @@ class TargetRunner:
                         topk_ids, topk_weights = self.routing.route(
                             layer, normed, topk_ids, topk_weights
                         )
-                    k_top = topk_ids.shape[1]
-                    routed[row_chunk_t.repeat_interleave(k_top), layer, topk_ids.reshape(-1)] = True
+                    if chunk_of_choice is None or chunk_of_choice.numel() != topk_ids.numel():
+                        k_top = topk_ids.shape[1]
+                        chunk_of_choice = row_chunk_t[:, None].expand(-1, k_top).reshape(-1)
+                    routed[chunk_of_choice, layer, topk_ids.reshape(-1)] = True
                 for hook in self.before_moe_hooks:
                     hook(layer)
                 for rhook in self.routed_hooks:
@@ -239,12 +267,6 @@ class TargetRunner:
                 if decoder_layer in self.capture_layers:
                     captured[decoder_layer] = x
             # logits only for the rows that need them
-            want: list[int] = []
-            row = 0
-            for c, n in zip(chunks, lens, strict=True):
-                want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
-                row += n
-            want_t = torch.tensor(want, dtype=torch.int64, device=dev)
             logits_all = ad.lm_head(ad.final_norm(x[want_t])).float()
             logits: list[torch.Tensor] = []
             i = 0

@@ -51,6 +51,19 @@ class _Span:
             self.pairs.clear()
         return self.host_s
 
+    def ready_s(self) -> float:
+        """:meth:`total_s` without waiting on the device: only spans whose end
+        event has completed are added (the rest by a later call). The spans
+        are recorded on one stream, so they complete in order."""
+        done = 0
+        for start, end in self.pairs:
+            if not end.query():
+                break
+            self.host_s += start.elapsed_time(end) / 1000.0
+            done += 1
+        del self.pairs[:done]
+        return self.host_s
+
 
 class ComputeTimer:
     """Accumulates forward time and compute-stream stalls on copies."""
@@ -133,6 +146,12 @@ class ComputeTimer:
 
     def stall_s(self) -> float:
         return self._stall.total_s()
+
+    def stall_s_ready(self) -> float:
+        """:meth:`stall_s` so far, without a device synchronize (which would
+        also wait for the prefetch copies in flight): stalls still running
+        on the device count at a later call."""
+        return self._stall.ready_s()
 
     def compute_busy_s(self) -> float:
         return max(0.0, self.forward_s() - self.stall_s() - self.host_wait_s())

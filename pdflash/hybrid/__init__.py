@@ -6,6 +6,10 @@ copies others (issue 16).
 * :mod:`pdflash.hybrid.cost` — :class:`HostCostModel` and its start-up
   calibration on the model's own experts;
 * :mod:`pdflash.hybrid.executor` — :class:`HostExpertExecutor`, the CPU pool;
+* :mod:`pdflash.hybrid.kernels` — host weight formats: experts prepared once
+  in a compute-friendly layout/dtype and the MLP over them;
+* :mod:`pdflash.hybrid.prepare` — choosing the format (timed) and preparing
+  a store's experts in it, within a host-memory budget;
 * :mod:`pdflash.hybrid.service` — :class:`HostExpertService`, the hook the
   offloaded MoE block calls, and :class:`HostBooks`.
 
@@ -20,6 +24,7 @@ import torch
 
 from pdflash.hybrid.cost import HostCostModel, calibrate_host, fit_affine
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
+from pdflash.hybrid.kernels import HOST_FORMATS, HostKernel, PreparedWeights, host_kernel_for
 from pdflash.hybrid.planner import (
     CostModelPlanner,
     ForcedHostPlanner,
@@ -27,12 +32,17 @@ from pdflash.hybrid.planner import (
     MissPlan,
     MissPlanner,
 )
+from pdflash.hybrid.prepare import HostWeights, default_weight_budget, host_weights_for
 from pdflash.hybrid.service import HostBooks, HostExpertService
 
 HOST_EXPERT_MODES = ("off", "auto")
+#: host weight formats build_host_service accepts
+HOST_FORMAT_CHOICES = ("auto", *HOST_FORMATS)
 
 __all__ = [
     "HOST_EXPERT_MODES",
+    "HOST_FORMATS",
+    "HOST_FORMAT_CHOICES",
     "CostModelPlanner",
     "ForcedHostPlanner",
     "HostBooks",
@@ -40,13 +50,19 @@ __all__ = [
     "HostExpertExecutor",
     "HostExpertService",
     "HostJob",
+    "HostKernel",
+    "HostWeights",
     "LinkState",
     "MissPlan",
     "MissPlanner",
+    "PreparedWeights",
     "build_host_service",
     "calibrate_host",
     "default_host_threads",
+    "default_weight_budget",
     "fit_affine",
+    "host_kernel_for",
+    "host_weights_for",
 ]
 
 
@@ -61,6 +77,8 @@ def build_host_service(
     max_host_ratio: float = 1.0,
     calibrate: bool = True,
     cost: HostCostModel | None = None,
+    host_format: str = "auto",
+    weight_budget_bytes: int | None = None,
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -69,18 +87,35 @@ def build_host_service(
     is given or ``calibrate`` is False, which needs a ``planner``).
     ``intra_op_threads`` defaults to all cores but two on CUDA and to torch's
     current setting on CPU (where the "host" is the device itself).
+
+    ``host_format`` (:data:`HOST_FORMAT_CHOICES`): how the host holds the
+    experts it computes (:mod:`pdflash.hybrid.kernels`); ``auto`` times the
+    candidates and keeps the fastest whose prepared copy fits
+    ``weight_budget_bytes`` (default: a share of the memory available, see
+    :func:`default_weight_budget`). Without calibration (``calibrate=False``)
+    ``auto`` means ``packed``: nothing is timed.
     """
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
     auto_workers, auto_threads = default_host_threads()
     if intra_op_threads is None and device.type == "cuda":
         intra_op_threads = auto_threads
+    if intra_op_threads is not None:
+        if intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+        torch.set_num_threads(int(intra_op_threads))  # before any format is timed
+    pool = workers if workers is not None else auto_workers
+    if host_format not in HOST_FORMAT_CHOICES:
+        raise ValueError(f"host_format must be one of {HOST_FORMAT_CHOICES}, got {host_format!r}")
+    fmt = "packed" if host_format == "auto" and not calibrate and cost is None else host_format
+    weights = host_weights_for(adapter, fmt, workers=pool, budget_bytes=weight_budget_bytes)
     executor = HostExpertExecutor(
-        store.views,
-        adapter.expert_forward,
-        dtype=store.layout.dtype,
+        weights.weights_of,
+        weights.kernel.forward,
+        dtype=weights.kernel.dtype,
+        out_dtype=store.layout.dtype,
         expert_nbytes=store.expert_nbytes,
-        workers=workers if workers is not None else auto_workers,
+        workers=pool,
         intra_op_threads=intra_op_threads,
     )
     try:
@@ -90,6 +125,7 @@ def build_host_service(
                 num_ids=store.num_ids,
                 hidden_size=int(adapter.hidden_size),
                 device=device,
+                host_format=weights.format,
             )
         if planner is None:
             if cost is None:
@@ -105,6 +141,7 @@ def build_host_service(
             link_bytes_per_s=link_bytes_per_s,
             cost=cost,
         )
+        service.host_weights = weights.describe()
     except BaseException:
         executor.close()
         raise

@@ -54,6 +54,8 @@ class HostCostModel:
     points: tuple[tuple[int, float], ...] = ()
     source: str = "configured"
     calibration_s: float | None = None  # wall time the calibration took
+    #: the host weight format timed (pdflash.hybrid.kernels.HOST_FORMATS)
+    host_format: str = "packed"
 
     def __post_init__(self) -> None:
         for name in ("intercept_s", "per_token_s", "roundtrip_s"):
@@ -117,6 +119,8 @@ def calibrate_host(
     experts_per_batch: int | None = None,
     repeats: int = 3,
     seed: int = 0,
+    roundtrip: bool = True,
+    host_format: str = "packed",
 ) -> HostCostModel:
     """Measure the executor on real experts (flat ids ``0..num_ids-1`` of the
     store it reads) and fit :class:`HostCostModel`.
@@ -124,7 +128,8 @@ def calibrate_host(
     Each point times ``experts_per_batch`` experts (default: 2 per pool
     worker, so every worker is busy) of ``n`` tokens each; seconds per expert
     is the batch's wall time over its experts, the median of ``repeats``
-    batches after one warm-up batch.
+    batches after one warm-up batch. ``roundtrip=False`` skips timing the
+    per-layer round trip (``roundtrip_s`` is then 0).
     """
     if num_ids < 1 or hidden_size < 1:
         raise ValueError(f"need num_ids >= 1 and hidden_size >= 1, got {num_ids}, {hidden_size}")
@@ -155,11 +160,15 @@ def calibrate_host(
         ]
         points.append((n, float(statistics.median(times))))
     a, b = fit_affine(points)
-    roundtrip = measure_roundtrip(executor, hidden_size, device, repeats=max(3, repeats))
+    roundtrip_s = (
+        measure_roundtrip(executor, hidden_size, device, repeats=max(3, repeats))
+        if roundtrip
+        else 0.0
+    )
     return HostCostModel(
         intercept_s=a,
         per_token_s=b,
-        roundtrip_s=roundtrip,
+        roundtrip_s=roundtrip_s,
         workers=executor.workers,
         intra_op_threads=executor.intra_op_threads,
         dtype=str(dtype).removeprefix("torch."),
@@ -167,6 +176,7 @@ def calibrate_host(
         points=tuple(points),
         source="calibrated",
         calibration_s=time.perf_counter() - started,
+        host_format=host_format,
     )
 
 

@@ -107,7 +107,11 @@ class HostExpertExecutor:
             (``ExpertStore.views``).
         expert_fn: the adapter's ``expert_forward`` (``(x [n, H], weights) ->
             [n, H]``).
-        dtype: the packed weights' dtype (hidden states are computed in it).
+        dtype: the dtype hidden states are computed in (the weights' own:
+            the packed dtype, or a prepared format's, see
+            :mod:`pdflash.hybrid.kernels`).
+        out_dtype: the outputs' dtype (default ``dtype``; the model's dtype
+            when a prepared format computes in float32).
         expert_nbytes: bytes of one packed expert (recorded with the cost).
         workers: pool threads computing experts at once.
         intra_op_threads: torch intra-op threads (process-wide; None leaves
@@ -120,6 +124,7 @@ class HostExpertExecutor:
         expert_fn: ExpertFn,
         *,
         dtype: torch.dtype,
+        out_dtype: torch.dtype | None = None,
         expert_nbytes: int = 0,
         workers: int | None = None,
         intra_op_threads: int | None = None,
@@ -135,6 +140,7 @@ class HostExpertExecutor:
         self.weights_of = weights_of
         self.expert_fn = expert_fn
         self.dtype = dtype
+        self.out_dtype = dtype if out_dtype is None else out_dtype
         self.expert_nbytes = int(expert_nbytes)
         self.workers = workers
         self.intra_op_threads = int(torch.get_num_threads())
@@ -224,7 +230,7 @@ class HostExpertExecutor:
         if x.device.type != "cpu":
             raise ValueError(f"compute() takes host rows, got a {x.device} tensor")
         x = x.to(self.dtype)
-        out = torch.empty_like(x)
+        out = torch.empty(x.shape, dtype=self.out_dtype)
         for f in self._launch(ids, x, counts, out, None):
             f.result()
         return out
@@ -256,7 +262,7 @@ class HostExpertExecutor:
         dev = torch.device(device) if device is not None else x.device
         host, ready = self.to_host(x)
         pin = dev.type == "cuda"
-        out = torch.empty(host.shape, dtype=host.dtype, pin_memory=pin)
+        out = torch.empty(host.shape, dtype=self.out_dtype, pin_memory=pin)
         if np.asarray(ids).size == 0:
             # nothing to compute (a round-trip probe): the workers still see the job
             fut: Future[tuple[float, float]] = self._pool.submit(_wait_only, ready)

@@ -125,6 +125,8 @@ class HostExpertService:
         self.books = HostBooks()
         #: the engine's ComputeTimer (``host_wait()`` context), when attached
         self.timer: Any = None
+        #: the host weight format and its prepared copy (HostWeights.describe())
+        self.host_weights: dict[str, Any] | None = None
 
     # -- per layer -------------------------------------------------------------
 
@@ -203,6 +205,7 @@ class HostExpertService:
         return {
             "planner": params() if callable(params) else {"planner": self.planner.name},
             "calibration": None if self.cost is None else self.cost.to_json(),
+            "host_weights": self.host_weights,
             "workers": self.executor.workers,
             "intra_op_threads": self.executor.intra_op_threads,
             "link_bytes_per_s": self.link_bytes_per_s,

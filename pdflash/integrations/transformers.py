@@ -71,10 +71,7 @@ class OffloadHandle:
         if busy.size:
             with contextlib.suppress(Exception):
                 self.issuer.wait(busy)
-        for block in self.adapter.blocks:
-            block.runtime = None
-        self.adapter.cache = None
-        self.adapter.runtime = None
+        self.adapter.detach_cache()
         self.issuer.close()
         self.adapter.close()
         self.cache = None
@@ -152,7 +149,6 @@ def offload(
             ``config._name_or_path`` is not one.
         eviction: the cache's eviction policy (``lru``, ``lfu``, ...).
     """
-    from pdflash.cache import ExpertCache
     from pdflash.h2d import H2DIssuer
     from pdflash.models import get_adapter_class, read_model_type
     from pdflash.models.offload import decoder_layers, install_offloaded_blocks
@@ -204,17 +200,12 @@ def offload(
     try:
         if cache_fraction is None and cache_gb is None:
             cache_fraction = 0.2 if dev.type == "cuda" else 1.0
-        cache = ExpertCache(
-            adapter.store,
+        cache = adapter.attach_new_cache(
             issuer,
-            device=dev,
             fraction=cache_fraction,
             capacity_bytes=None if cache_gb is None else int(cache_gb * 1e9),
-            top_k=adapter.top_k,
-            max_batch_tokens=1,
             policy=eviction,
         )
-        adapter.attach_cache(cache)
     except BaseException:
         issuer.close()
         adapter.close()

@@ -1,7 +1,8 @@
 """What each part of PD buys: PD against PD with one part switched off.
 
-:func:`ablation_table` compares, per comparison point, full PD with each
-ablation (``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
+:func:`ablation_table` compares, per comparison point, PD (its parts under
+the PD controller) with each ablation (``PD-all-on``: every part forced on,
+i.e. what the controller buys; ``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
 ``PD-no-stream``; and ``PD+host``, PD with a part added) on tokens/s,
 bytes per committed token and exposed fetch seconds: each a median with the
 95% t interval over repeats, and a verdict from
@@ -22,6 +23,7 @@ from pdflash.report.schema import ABLATIONS, comparison_points, point_label, ser
 
 #: The part of PD each label switches off (PD+host adds the hybrid miss service).
 PART: dict[str, str] = {
+    "PD-all-on": "the PD controller (every part forced on)",
     "PD-no-route-ahead": "route-ahead",
     "PD-one-band": "priority bands",
     "PD-token-sched": "2-D scheduler",
@@ -110,6 +112,67 @@ def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     entry[name]["pd_over_variant"] = pd_med / o_med if o_med else None
             out.append(entry)
     return out
+
+
+#: PD's switchable parts, as rows' ``pd_parts`` name them
+CONTROLLED_PARTS = ("stream", "route_ahead", "scheduler_2d")
+
+
+def controller_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (point, label) with ``pd_parts`` books (PD, PD+host, PD-all-on): the
+    median fraction of measured steps each part ran, the switches per run
+    and the first switch's reason."""
+    rows = [r for r in rows if isinstance(r, Mapping) and isinstance(r.get("pd_parts"), Mapping)]
+    out = []
+    for point in comparison_points(rows):
+        for label in ("PD", "PD+host", "PD-all-on"):
+            books = [r["pd_parts"] for r in rows if r.get("baseline") == label and serves(r, point)]
+            if not books:
+                continue
+            on: dict[str, float | None] = {}
+            for part in CONTROLLED_PARTS:
+                fr = [
+                    v
+                    for v in (_num((b.get("on_fraction") or {}).get(part)) for b in books)
+                    if v is not None
+                ]
+                on[part] = statistics.median(fr) if fr else None
+            switches = [int(b.get("switches") or 0) for b in books]
+            whys = [
+                f"{d.get('part')}: {d.get('why')}"
+                for b in books
+                for d in (b.get("decisions") or [])
+                if isinstance(d, Mapping) and d.get("switched")
+            ]
+            out.append(
+                {
+                    "point": point_label(point),
+                    "baseline": label,
+                    "policy": books[0].get("policy"),
+                    "runs": len(books),
+                    "on_fraction_median": on,
+                    "switches_per_run": switches,
+                    "first_switch_why": whys[0] if whys else None,
+                }
+            )
+    return out
+
+
+def controller_markdown(table: Sequence[Mapping[str, Any]]) -> str:
+    """The PD controller's decisions per point: parts' on fractions, switches."""
+    header = ("point", "label", "policy", "runs", *(f"{p} on" for p in CONTROLLED_PARTS))
+    header = (*header, "switches per run", "first switch: why")
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(" --- " for _ in header) + "|",
+    ]
+    for e in table:
+        fr = e["on_fraction_median"]
+        cells = [e["point"], e["baseline"], e["policy"], e["runs"]]
+        cells += ["—" if fr[p] is None else f"{fr[p]:.2f}" for p in CONTROLLED_PARTS]
+        cells += [",".join(str(s) for s in e["switches_per_run"]), e["first_switch_why"] or "—"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def _fmt(cell: Mapping[str, Any]) -> str:

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pdflash.report import stats
-from pdflash.report.ablation import ablation_table
+from pdflash.report.ablation import ablation_table, controller_table
 from pdflash.report.schema import (
     BASELINES,
     REQUIRED_BASELINES,
@@ -758,6 +758,7 @@ def evaluate(
         "verdicts": _verdicts(table),
         "noise": _noise(table),
         "ablation": ablation_table(usable),
+        "controller": controller_table(usable),
         "ordering": _ordering(table),
         "gap": gap_points,
         "gap_by_cache_fraction": gap_summary,

@@ -21,10 +21,16 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-#: PD with one part switched off (issue 15's ablation; see
-#: :mod:`pdflash.engine.config`): labels of their own, so their rows never
-#: count as PD's.
-ABLATIONS: tuple[str, ...] = ("PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+#: PD with every part forced on (no controller) and PD with one part switched
+#: off (issue 15's ablation; see :mod:`pdflash.engine.config`): labels of
+#: their own, so their rows never count as PD's.
+ABLATIONS: tuple[str, ...] = (
+    "PD-all-on",
+    "PD-no-route-ahead",
+    "PD-one-band",
+    "PD-token-sched",
+    "PD-no-stream",
+)
 
 #: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is
 #: PD with the hybrid miss service (issue 16), then PD's ablations.
@@ -186,12 +192,17 @@ def arch_label(row: Mapping[str, Any]) -> Any:
     """The architecture a row ran, with its depth where the row records it
     (``gpt-oss-20b L24``): a truncation is a different model, so its rows
     never merge with the full depth's (rows without ``layers`` keep the bare
-    arch name)."""
+    arch name). An expert-parallel row adds its GPU count (``gpt-oss-20b L8
+    x2 GPUs``): N links are a different machine, never merged with one GPU's."""
     arch = row.get("arch")
     layers = row.get("layers")
+    label = arch
     if isinstance(layers, int) and not isinstance(layers, bool):
-        return f"{arch} L{layers}"
-    return arch
+        label = f"{arch} L{layers}"
+    gpus = row.get("gpus")
+    if isinstance(gpus, int) and not isinstance(gpus, bool) and gpus > 1:
+        label = f"{label} x{gpus} GPUs"
+    return label
 
 
 def inputs_label(row: Mapping[str, Any]) -> str:

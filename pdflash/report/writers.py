@@ -280,10 +280,25 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
             "",
             "## What each part of PD buys (PD vs PD without it)",
             "",
+            "PD runs its parts under the PD controller; PD-all-on is PD with every part "
+            "forced on (what the controller buys). "
             "Median [95% t interval] over repeats; the verdict names the better side only "
             "where the intervals separate (more tokens/s, fewer bytes/token, less exposed fetch).",
             "",
             ablation_markdown(evaluation["ablation"]),
+        ]
+    if evaluation.get("controller"):
+        from pdflash.report.ablation import controller_markdown
+
+        parts += [
+            "",
+            "## The PD controller's decisions",
+            "",
+            "Median over runs of the fraction of measured steps each part ran (its "
+            "probes' B windows included), the switches of each run and the first "
+            "switch's reason (pd_parts in each row).",
+            "",
+            controller_markdown(evaluation["controller"]),
         ]
     parts += ["", "## Median and 95% interval per point", ""]
     parts.append(

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pdflash.distributed.lockstep import LockstepEngine
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine
 
@@ -40,6 +41,7 @@ class ServeModelConfig:
     max_model_len: int | None = None  # None: min(max_position_embeddings, 4096)
     seed: int = 0
     emulated_link_gbps: float | None = None  # host backend only (CPU tests)
+    gpus: int = 1  # expert-parallel ranks (pdflash.distributed); rank r on cuda:r
 
     def validate(self) -> None:
         if self.cache_fraction is not None and self.cache_gb is not None:
@@ -54,6 +56,13 @@ class ServeModelConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.gpus < 1:
+            raise ValueError(f"gpus must be >= 1, got {self.gpus}")
+        if self.gpus > 1 and (self.baseline == "B3" or self.device.startswith("cuda:")):
+            raise ValueError(
+                "--gpus > 1 partitions the experts over ranks (rank r on cuda:r): "
+                "not with B3 or --device cuda:N"
+            )
         for name, p in (("model", self.model), ("draft", self.draft)):
             if p is not None and not (Path(p) / "config.json").is_file():
                 raise ValueError(f"--{name} {p}: not a checkpoint directory (no config.json)")
@@ -69,7 +78,7 @@ class EngineBundle:
     """The engine and what it runs on; :meth:`close` frees the cache, the
     issuer's queue and the pinned host experts."""
 
-    engine: Engine
+    engine: Engine | LockstepEngine
     adapter: Any
     cache: Any
     issuer: Any
@@ -95,6 +104,9 @@ class EngineBundle:
         }
 
     def close(self) -> None:
+        for closer in self.closers:
+            with contextlib.suppress(Exception):
+                closer()
         with contextlib.suppress(Exception):
             self.issuer.cancel(None)
         busy = np.asarray(self.cache.ticket)
@@ -102,10 +114,7 @@ class EngineBundle:
         if busy.size:
             with contextlib.suppress(Exception):
                 self.issuer.wait(busy)
-        for block in getattr(self.adapter, "blocks", []):
-            block.runtime = None
-        self.adapter.cache = None
-        self.adapter.runtime = None
+        self.adapter.detach_cache()
         self.issuer.close()
         self.adapter.close()
 
@@ -121,7 +130,6 @@ def _device(name: str) -> torch.device:
 
 def build_engine(cfg: ServeModelConfig) -> EngineBundle:
     """Load the target (and draft), the issuer, the expert cache and the engine."""
-    from pdflash.cache import ExpertCache
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.drafter import load_drafter
     from pdflash.engine.predict import BatchedUnionPredictor
@@ -135,7 +143,17 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
     )
 
     cfg.validate()
-    device = _device(cfg.device)
+    group = None
+    if cfg.gpus > 1:
+        from pdflash.distributed import current_group
+
+        group = current_group()
+        if group is None or group.world_size != cfg.gpus:
+            raise RuntimeError(
+                f"--gpus {cfg.gpus}: join a {cfg.gpus}-rank group first "
+                "(pdflash serve starts the ranks; pdflash.distributed.init_from_env under torchrun)"
+            )
+    device = _device(cfg.device) if group is None else group.device
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     baseline = cfg.baseline or ("PD" if cfg.draft else "B0")
     if baseline != "B0" and cfg.draft is None:
@@ -154,20 +172,32 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             fraction = 0.2 if device.type == "cuda" else 1.0
         # every baseline: the forward visits the layers cyclically, which LRU
         # thrashes (it evicts what the next forward needs first)
-        from pdflash.cache.eviction import LayerCyclicPolicy
-
-        policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts)
-        cache = ExpertCache(
-            adapter.store,
-            issuer,
-            device=device,
-            fraction=fraction,
-            capacity_bytes=capacity,
-            top_k=adapter.top_k,
-            max_batch_tokens=1,
-            policy=policy,
+        cache = adapter.attach_new_cache(
+            issuer, fraction=fraction, capacity_bytes=capacity, policy="layer_cyclic"
         )
-        adapter.attach_cache(cache)
+        view: Any = cache
+        ep_batcher = None
+        if group is not None:
+            from pdflash.distributed import (
+                BusiestRankByteCost,
+                ExpertParallelBatcher,
+                RoundRobinPlacement,
+                install_expert_parallel,
+            )
+
+            placement = RoundRobinPlacement(adapter.num_layers, adapter.num_experts, cfg.gpus)
+            runtime, view = install_expert_parallel(adapter, cache, placement, group)
+
+            def ep_batcher(inner: VerifyBatcher | None, token_budget: int) -> VerifyBatcher:
+                from pdflash.engine.batching import FCFSBatcher
+
+                return ExpertParallelBatcher(
+                    inner or FCFSBatcher(token_budget),
+                    view,
+                    BusiestRankByteCost(placement, int(cache.expert_nbytes)),
+                    runtime.exchange,
+                )
+
         drafter = load_drafter(cfg.draft, device=device, dtype=adapter.dtype) if cfg.draft else None
         config = EngineConfig.preset(
             baseline,
@@ -176,12 +206,17 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             token_budget=cfg.max_running * cfg.block_size,
             seed=cfg.seed,
         )
+        if group is not None:
+            # ranks replicate the engine's control, and the PD controller decides
+            # from each rank's own timings: their batches could diverge
+            config = config.replace(parts_controller=False)
         batcher: VerifyBatcher | None = None
         if config.batching != "fcfs":
             byte_budget = None
             if config.batching == "deficit_2d":
                 # every expert's bytes: one forward's worst-case union (as pdflash.bench.engine_run does)
                 byte_budget = adapter.num_layers * adapter.num_experts * int(cache.expert_nbytes)
+                byte_budget *= cfg.gpus  # one link per rank
                 config = config.replace(byte_budget=byte_budget)
             batcher = DeficitBatcher(
                 token_budget=config.token_budget,
@@ -201,6 +236,8 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             )
             horizon = AcceptanceHorizon(config.block_size)
             route_stats = RouteAheadStats.for_adapter(adapter)
+        if ep_batcher is not None:
+            batcher = ep_batcher(batcher, config.token_budget)
         max_len = cfg.max_model_len or min(
             int(getattr(adapter.config, "max_position_embeddings", 4096) or 4096), 4096
         )
@@ -211,7 +248,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             batcher=batcher,
             predictor=predictor,
             horizon=horizon,
-            expert_cache=cache,
+            expert_cache=view,
             route_stats=route_stats,
             max_seq_len=max_len,
             device=device,
@@ -220,6 +257,9 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         issuer.close()
         adapter.close()
         raise
+    if group is not None and group.is_main:
+        lockstep = LockstepEngine(engine, group)
+        return EngineBundle(lockstep, adapter, cache, issuer, max_len, closers=[lockstep.stop])
     return EngineBundle(engine, adapter, cache, issuer, max_len)
 
 

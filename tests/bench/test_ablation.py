@@ -56,13 +56,20 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     argv = ["ablation", "--concurrency", "4", "--out", str(out), "--no-progress", "--json"]
     assert cli.main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    labels = ["PD", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream"]
-    assert summary["ran"] == 15 and summary["valid"] and summary["failed"] == 0
+    labels = [
+        "PD",
+        "PD-all-on",
+        "PD-no-route-ahead",
+        "PD-one-band",
+        "PD-token-sched",
+        "PD-no-stream",
+    ]
+    assert summary["ran"] == 18 and summary["valid"] and summary["failed"] == 0
     # round-robin: each repeat runs every label once, starting one later
     order = [(s.repeat, s.baseline) for s in engine.specs]
     assert [b for r, b in order if r == 0] == labels
     assert [b for r, b in order if r == 1] == labels[1:] + labels[:1]
-    assert [r for r, _ in order] == [0] * 5 + [1] * 5 + [2] * 5
+    assert [r for r, _ in order] == [0] * 6 + [1] * 6 + [2] * 6
     table = json.loads((out / "ablation.json").read_text())["table"]
     by = {e["variant"]: e for e in table}
     assert set(by) == set(labels[1:])
@@ -78,6 +85,9 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     # token-sched 37 x 4 = 148 [140.6, 155.4] overlaps PD's: within noise
     assert by["PD-token-sched"]["output_tokens_per_s"]["verdict"] == "within noise"
     assert by["PD-no-route-ahead"]["part"] == "route-ahead"
+    # the controller's own row: PD (38 x 4) against every part forced on (34 x 4)
+    assert by["PD-all-on"]["part"] == "the PD controller (every part forced on)"
+    assert by["PD-all-on"]["output_tokens_per_s"]["verdict"] == "PD"
     md = (out / "ablation.md").read_text()
     assert "| point | without |" in md and "within noise" in md and "PD better" in md
     assert "acceptance forced τ=4" in md  # inputs on its face
@@ -85,7 +95,7 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     assert "## What each part of PD buys" in report
     assert summary["command"].startswith("pdflash-bench ablation --arch tiny")
     assert (
-        "--variants PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream"
+        "--variants PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream"
         in (summary["command"])
     )
     assert "--repeats 3" in summary["command"] and summary["command"] in report
@@ -310,3 +320,62 @@ def test_a_truncation_is_its_own_point(make_row: Callable[..., Row]) -> None:
     assert validate_rows([full, cut], required_baselines=("PD",)) == []
     assert [p[0] for p in comparison_points([full, cut])] == ["tiny L24", "tiny L8"]
     assert comparison_points([make_row()])[0][0] == "tiny"  # rows without a depth
+
+
+def test_controller_table_reports_the_pd_controllers_decisions() -> None:
+    from pdflash.report.ablation import controller_markdown, controller_table
+
+    from .conftest import base_row
+
+    def books(policy: str, on: dict[str, float], switches: int, why: str | None) -> dict[str, Any]:
+        decisions = [{"part": "route_ahead", "switched": True, "why": why}] if why else []
+        return {"policy": policy, "on_fraction": on, "switches": switches, "decisions": decisions}
+
+    rows = [
+        base_row(
+            repeat=0,
+            pd_parts=books(
+                "ab-windows",
+                {"stream": 0.2, "route_ahead": 0.3, "scheduler_2d": 1.0},
+                1,
+                "switched off (costs more than it saves)",
+            ),
+        ),
+        base_row(
+            repeat=1,
+            pd_parts=books(
+                "ab-windows", {"stream": 0.6, "route_ahead": 0.9, "scheduler_2d": 0.8}, 0, None
+            ),
+        ),
+        base_row(
+            repeat=2,
+            pd_parts=books(
+                "ab-windows", {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 0.9}, 0, None
+            ),
+        ),
+        base_row(
+            baseline="PD-all-on",
+            pd_parts=books(
+                "fixed", {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 1.0}, 0, None
+            ),
+        ),
+        base_row(baseline="B1"),  # no books: not listed
+    ]
+    table = controller_table(rows)
+    by = {e["baseline"]: e for e in table}
+    assert set(by) == {"PD", "PD-all-on"}
+    pd = by["PD"]
+    assert pd["runs"] == 3 and pd["policy"] == "ab-windows"
+    # medians of (0.2, 0.6, 1.0), (0.3, 0.9, 1.0), (1.0, 0.8, 0.9)
+    assert pd["on_fraction_median"] == pytest.approx(
+        {"stream": 0.6, "route_ahead": 0.9, "scheduler_2d": 0.9}
+    )
+    assert pd["switches_per_run"] == [1, 0, 0]
+    assert pd["first_switch_why"] == "route_ahead: switched off (costs more than it saves)"
+    assert (
+        by["PD-all-on"]["switches_per_run"] == [0] and by["PD-all-on"]["first_switch_why"] is None
+    )
+    md = controller_markdown(table)
+    assert "| PD | ab-windows | 3 | 0.60 | 0.90 | 0.90 | 1,0,0 |" in md
+    # and the report carries it
+    assert evaluate(rows, required_baselines=["PD"])["controller"] == table

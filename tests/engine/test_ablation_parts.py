@@ -105,14 +105,25 @@ def test_ablation_presets_switch_one_part_each() -> None:
         cfg = EngineConfig.preset(label)
         diffs[label] = {
             f
-            for f in ("route_ahead", "streaming_prefetch", "bands", "batching", "host_experts")
+            for f in (
+                "route_ahead",
+                "streaming_prefetch",
+                "bands",
+                "batching",
+                "host_experts",
+                "parts_controller",
+            )
             if getattr(cfg, f) != getattr(pd, f)
         }
+    # PD runs its parts under the controller; every ablation runs them as configured
+    off = "parts_controller"
+    assert pd.parts_controller
     assert diffs == {
-        "PD-no-route-ahead": {"route_ahead", "streaming_prefetch"},
-        "PD-one-band": {"bands"},
-        "PD-token-sched": {"batching"},
-        "PD-no-stream": {"streaming_prefetch"},
+        "PD-all-on": {off},
+        "PD-no-route-ahead": {"route_ahead", "streaming_prefetch", off},
+        "PD-one-band": {"bands", off},
+        "PD-token-sched": {"batching", off},
+        "PD-no-stream": {"streaming_prefetch", off},
     }
     assert EngineConfig.preset("PD-token-sched").batching == "deficit_tokens"
     assert pd.bands and not EngineConfig.preset("PD-one-band").bands
@@ -141,6 +152,7 @@ def test_each_ablation_runs_end_to_end_and_its_row_says_what_is_off(
     assert validate_row(row) == []
     assert row["baseline"] == label and row["committed_tokens"] == 16
     expect = {
+        "PD-all-on": ("parts_controller", False),
         "PD-no-route-ahead": ("route_ahead", False),
         "PD-one-band": ("bands", False),
         "PD-token-sched": ("batching", "deficit_tokens"),
@@ -149,6 +161,13 @@ def test_each_ablation_runs_end_to_end_and_its_row_says_what_is_off(
     assert row[expect[0]] == expect[1]
     if label == "PD-no-route-ahead":
         assert row["routeahead_coverage"] is None and row["not_measured"]["routeahead_coverage"]
+    if label == "PD-all-on":
+        # the controller's books with every part on, and no switch
+        parts = row["pd_parts"]
+        assert parts["policy"] == "fixed" and parts["switches"] == 0
+        assert parts["on_fraction"] == {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 1.0}
+    else:
+        assert row["pd_parts"] is None
 
 
 def test_engine_refuses_a_cache_whose_bands_disagree_with_its_config() -> None:

@@ -172,6 +172,43 @@ def test_engine_refuses_a_runtime_service_it_would_not_account(
         issuer.close()
 
 
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_prepared_host_format_keeps_greedy_output(
+    fmt: str, gpt_oss_case: tuple[Path, list[Any]]
+) -> None:
+    from pdflash.hybrid import ForcedHostPlanner, build_host_service
+
+    tmp, cases = gpt_oss_case
+    eng, adapter, issuer = _stack(
+        tmp, "x", "PD+host", cache_slots=6, block_size=5, max_running=2, token_budget=8
+    )
+    assert eng.host_service is not None
+    eng.host_service.close()
+    # every miss on the host, computed from the prepared (transposed,
+    # de-interleaved) weights instead of the store's views
+    svc = build_host_service(
+        adapter,
+        link_bytes_per_s=1e9,
+        planner=ForcedHostPlanner(every=1),
+        calibrate=False,
+        host_format=fmt,
+        weight_budget_bytes=1 << 30,
+    )
+    eng.host_service = svc
+    svc.timer = eng.timer
+    try:
+        assert adapter.runtime.host_service is svc
+        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        done = eng.run_until_done(max_steps=400)
+        for rid, (_, ref) in zip(ids, cases, strict=True):
+            assert done[rid].output == ref
+        assert svc.books.experts > 0
+        assert svc.describe()["host_weights"]["host_format"] == fmt
+    finally:
+        svc.close()
+        issuer.close()
+
+
 def test_miss_floor_hand_checked() -> None:
     # 10 misses of 1 MB at 1 GB/s: 10 ms over the link alone
     assert miss_floor_s(1e7, 1_000_000, 1e9, None) == pytest.approx(0.01)
@@ -210,6 +247,11 @@ def test_run_spec_rows_carry_the_host_books(
     cal = host["host_service"]["calibration"]
     assert cal["source"] == "calibrated" and len(cal["points"]) == 4
     assert cal["intercept_s"] >= 0 and cal["per_token_s"] >= 0
+    # the host weight format the calibration timed, chosen among the timed candidates
+    weights = host["host_service"]["host_weights"]
+    timed = {k: v for k, v in weights["format_candidates"].items() if isinstance(v, float)}
+    assert weights["host_format"] == cal["host_format"] == min(timed, key=lambda k: timed[k])
+    assert weights["prepared_nbytes"] >= 0 and weights["weight_budget_bytes"] >= 0
     assert host["host_served_experts"] > 0
     assert host["link_bytes_saved"] == host["host_served_experts"] * host["expert_nbytes"]
     assert host["host_busy_s"] > 0 and host["host_compute_s"] >= host["host_busy_s"]
@@ -230,3 +272,5 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_workers=0))
     with pytest.raises(ValueError, match="host_max_ratio"):
         run_spec(_spec("PD+host", host_max_ratio=0.0))
+    with pytest.raises(ValueError, match="host_format"):
+        run_spec(_spec("PD+host", host_format="fp16"))

@@ -151,3 +151,23 @@ def test_fused_paged_attention_equals_the_padded_softmax(
     plain = paged_attention(q, k_cache, v_cache, batch, spec, sinks, fused=False)
     assert fused.shape == plain.shape == (5, 32)
     torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)
+
+
+def test_null_slot_stays_zero_and_belongs_to_no_page() -> None:
+    kv = PagedKVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=2,
+        page_size=2,
+        num_pages=3,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    assert kv.null_slot == 6 and kv.k[0].shape[0] == 7
+    kv.add_sequence(0)
+    kv.grow(0, 6)  # every page
+    slots = kv.slot_list(0, 0, 6)
+    assert kv.null_slot not in slots
+    kv.write(0, torch.tensor(slots), torch.ones(6, 1, 2), torch.ones(6, 1, 2))
+    assert not kv.k[0][kv.null_slot].any() and not kv.v[0][kv.null_slot].any()
+    assert bool(kv.k[0][:6].eq(1).all())

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams, greedy_accept
+from pdflash.engine.verify import Verifier, anchor_tensor
 
 
 def _req(anchor: int, drafts: list[int], temperature: float = 0.0) -> Any:
@@ -37,7 +37,7 @@ def test_greedy_rows_come_back_in_one_copy_hand_computed() -> None:
         torch.zeros(3, 10),
         torch.tensor([[0.0, 0, 0, 0, 0, 0, 6, 0, 0, 0]]),  # argmax 6
     ]
-    host = Engine._greedy_to_host(SimpleNamespace(), batch, logits)  # type: ignore[arg-type]
+    host = Verifier._greedy_to_host(SimpleNamespace(), batch, logits)  # type: ignore[arg-type]
     assert set(host) == {0, 2}
     drafts, argmax = host[0]
     assert drafts.tolist() == [3, 1] and argmax.tolist() == [3, 9, 0]
@@ -47,10 +47,10 @@ def test_greedy_rows_come_back_in_one_copy_hand_computed() -> None:
     drafts, argmax = host[2]
     assert drafts.tolist() == [] and argmax.tolist() == [6]
     assert greedy_accept(drafts, argmax) == (0, 6)
-    assert Engine._greedy_to_host(SimpleNamespace(), [(b, 3)], logits[1:2]) == {}  # type: ignore[arg-type]
+    assert Verifier._greedy_to_host(SimpleNamespace(), [(b, 3)], logits[1:2]) == {}  # type: ignore[arg-type]
 
 
 def test_anchor_tensor_keeps_request_order() -> None:
-    engine = SimpleNamespace(device=torch.device("cpu"))
-    anchors = Engine._anchor_tensor(engine, [_req(7, []), _req(2, []), _req(5, [])])  # type: ignore[arg-type]
+    reqs = [_req(7, []), _req(2, []), _req(5, [])]
+    anchors = anchor_tensor(reqs, torch.device("cpu"))
     assert anchors.dtype == torch.int64 and anchors.tolist() == [7, 2, 5]

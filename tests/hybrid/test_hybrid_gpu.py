@@ -62,6 +62,43 @@ def test_host_expert_equals_gpu_expert(
     ad.close()
 
 
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+@pytest.mark.parametrize("arch", ("qwen3_moe", "gpt_oss"))
+def test_prepared_host_expert_equals_gpu_expert(
+    arch: str, fmt: str, tmp_path: Path, cuda_issuer: Any
+) -> None:
+    from pdflash.hybrid import host_weights_for
+
+    dtype = torch.bfloat16
+    path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=dtype)
+    ad = load_adapter(path, device="cuda", dtype=dtype, issuer=cuda_issuer, cache_slots=8)
+    assert ad.cache is not None and ad.runtime is not None
+    ids = np.array([0, 3, ad.num_experts + 1], dtype=np.int64)
+    counts = [3, 1, 5]
+    x = torch.randn(sum(counts), ad.hidden_size, device="cuda", dtype=dtype)
+    hw = host_weights_for(ad, fmt, budget_bytes=1 << 34)
+    with HostExpertExecutor(
+        hw.weights_of, hw.kernel.forward, dtype=hw.kernel.dtype, out_dtype=dtype
+    ) as ex:
+        host = ex.submit(ids, x, counts).result()
+    assert host.is_cuda and host.dtype == dtype
+    slots = ad.cache.ensure_resident(ids)
+    try:
+        gpu = torch.cat(
+            [
+                ad.expert_forward(p, ad.runtime._slot_views[int(s)])
+                for p, s in zip(x.split(counts), slots, strict=True)
+            ]
+        )
+    finally:
+        ad.cache.release(ids)
+    # bf16 rounds every intermediate: the error bounded by the output's scale
+    err = (host.float() - gpu.float()).abs()
+    scale = float(gpu.float().abs().max())
+    assert float(err.max()) <= 3e-2 * scale and float(err.mean()) <= 3e-3 * scale
+    ad.close()
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 def test_forward_with_host_misses_on_cuda(arch: str, tmp_path: Path, cuda_issuer: Any) -> None:
     path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=torch.float32)
@@ -105,3 +142,40 @@ def test_calibration_on_cuda_records_threads_and_roundtrip(
         svc.close()
         ad.close()
         torch.set_num_threads(threads)  # process-wide: leave it as found
+
+
+def test_mxfp4_experts_prepared_on_the_gpu_equal_the_cpu_preparation(
+    tmp_path: Path, cuda_issuer: Any
+) -> None:
+    from pdflash.hybrid import host_kernel_for
+    from pdflash.hybrid.kernels import prepare_all
+    from pdflash.hybrid.prepare import prepare_device
+
+    path = write_synthetic_checkpoint(tmp_path / "mx", "gpt_oss", expert_format="mxfp4", seed=2)
+    ad = load_adapter(path, device="cuda", dtype=torch.bfloat16, issuer=cuda_issuer, cache_slots=8)
+    where = prepare_device(ad)
+    assert ad.layout.format == "mxfp4" and where is not None and where.type == "cuda"
+    for fmt in ("out_in", "fp32_in_out"):
+        kernel = host_kernel_for(ad, fmt)
+        assert kernel is not None
+        ids = [0, 5, ad.num_experts + 2]
+        cpu = prepare_all(kernel, ad.store.views, ids)
+        gpu = prepare_all(kernel, ad.store.views, ids, device="cuda")
+        assert cpu is not None and gpu is not None
+        for a, b in zip(cpu.experts, gpu.experts, strict=True):
+            for k in a:
+                assert b[k].device.type == "cpu"
+                # the Triton dequantizer is bit-identical to the torch path
+                assert torch.equal(a[k], b[k]), (fmt, k)
+    ad.close()
+    # dense gpt-oss: the transposed copies are made on the GPU too, the same bytes
+    path = write_synthetic_checkpoint(tmp_path / "bf", "gpt_oss", dtype=torch.bfloat16, seed=2)
+    ad = load_adapter(path, device="cuda", dtype=torch.bfloat16, issuer=cuda_issuer, cache_slots=8)
+    kernel = host_kernel_for(ad, "fp32_out_in")
+    assert kernel is not None and prepare_device(ad, kernel) is not None
+    cpu = prepare_all(kernel, ad.store.views, [1, 2])
+    gpu = prepare_all(kernel, ad.store.views, [1, 2], device="cuda")
+    assert cpu is not None and gpu is not None
+    for a, b in zip(cpu.experts, gpu.experts, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    ad.close()

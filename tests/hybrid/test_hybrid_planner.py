@@ -214,6 +214,47 @@ def test_calibration_fits_the_measured_points() -> None:
     assert cost.roundtrip_s >= 0 and cost.calibration_s is not None
 
 
+def test_calibration_records_the_format_and_can_skip_the_round_trip() -> None:
+    with _linear_executor() as ex:
+        cost = calibrate_host(
+            ex,
+            num_ids=5,
+            hidden_size=8,
+            token_points=(1, 4),
+            repeats=1,
+            roundtrip=False,
+            host_format="fp32_out_in",
+        )
+    assert cost.roundtrip_s == 0.0
+    assert cost.to_json()["host_format"] == "fp32_out_in"
+    with _linear_executor() as ex:
+        assert calibrate_host(ex, num_ids=5, hidden_size=8, repeats=1).host_format == "packed"
+
+
+def test_cost_model_planner_copies_compressed_experts() -> None:
+    # MXFP4 as stored: a gpt-oss-20b expert is 13.2 MB, 0.25 ms at 53 GB/s; a
+    # host that needs 0.45 ms + 20 us per token never beats one copy per expert
+    cost = HostCostModel(intercept_s=450e-6, per_token_s=20e-6)
+    link = LinkState(53e9)
+    ids = np.arange(28, dtype=np.int64)
+    p = CostModelPlanner(cost, 13_200_000)
+    for tokens in (1, 2, 32):
+        plan = p.plan(0, ids, np.full(28, tokens), link)
+        assert plan.host.size == 0 and plan.copy.size == 28
+    # the same host against bf16 over the link (49.8 MB, 0.94 ms a copy):
+    # few tokens per expert (c=1..4) share the misses, c=16's ~32 tokens
+    # (1.09 ms on the host) go to the link
+    bf16 = CostModelPlanner(cost, 49_800_000)
+    assert 0 < bf16.plan(0, ids, np.full(28, 2), link).host.size < 28
+    assert bf16.plan(0, ids, np.full(28, 32), link).host.size == 0
+    # route-ahead plans follow the same rule
+    expected = np.array([[2.0] * 28 + [0.0] * 4, [32.0] * 28 + [0.0] * 4])
+    resident = np.zeros((2, 32), dtype=np.bool_)
+    ahead = bf16.plan_ahead(expected, resident, link)
+    assert ahead[0].any() and not ahead[1].any()
+    assert not p.plan_ahead(expected, resident, link).any()
+
+
 class _Cache:
     """What the service reads from an expert cache: slots and in-flight tickets."""
 

@@ -20,6 +20,7 @@ TESTS = Path(__file__).resolve().parents[1]
 DOMAINS = {
     "bench": "pdflash.bench",
     "cache": "pdflash.cache",
+    "distributed": "pdflash.distributed",
     "engine": "pdflash.engine",
     "h2d": "pdflash.h2d",
     "hybrid": "pdflash.hybrid",

@@ -23,7 +23,7 @@ import importlib.metadata
 import threading
 
 from pdflash.models.adapters._swiglu import SwiGLUExpertsMixin, SwiGLUGroupedExperts
-from pdflash.models.adapters.base import MoEAdapterBase, UnsupportedConfigError
+from pdflash.models.adapters.base import MoEAdapterBase, SlabExperts, UnsupportedConfigError
 
 #: the public name of the SwiGLU expert base (gate/up/down experts, as
 #: qwen3_moe, qwen2_moe, mixtral, olmoe and glm4_moe store them)
@@ -141,6 +141,7 @@ __all__ = [
     "ADAPTERS",
     "ENTRY_POINT_GROUP",
     "MoEAdapterBase",
+    "SlabExperts",
     "SwiGLUAdapter",
     "SwiGLUGroupedExperts",
     "UnknownArchitectureError",

@@ -10,24 +10,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from pdflash.models.adapters.base import MoEAdapterBase
+from pdflash.models.adapters.base import MoEAdapterBase, SlabExperts
 from pdflash.models.layout import ComponentSpec, ExpertFormat, ExpertLayout, SourcePart
 from pdflash.models.offload import grouped_mm
 
 
-class SwiGLUGroupedExperts:
+class SwiGLUGroupedExperts(SlabExperts):
     """``down(act(gate x) * up x)`` for many experts: two grouped GEMMs over
     ``[G, 2I, H]`` / ``[G, H, I]`` weights read as ``[G, K, N]`` (transposed
-    views, no copies). ``unpack`` turns compressed views into dense weights
-    (None: the slab is dense)."""
+    views, no copies)."""
 
     def __init__(self, act: Any, unpack: Any = None) -> None:
+        super().__init__(unpack)
         self.act = act
-        self.unpack = unpack
-        self.compressed = unpack is not None
-
-    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.unpack(views) if self.unpack is not None else views
 
     def forward(
         self,
@@ -107,7 +102,4 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
         return out
 
     def grouped_experts(self) -> SwiGLUGroupedExperts:
-        dense = self.layout.format == "dense"
-        return SwiGLUGroupedExperts(
-            self._activation(), None if dense else self.dense_expert_weights
-        )
+        return SwiGLUGroupedExperts(self._activation(), self.slab_unpack())

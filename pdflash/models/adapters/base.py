@@ -56,11 +56,28 @@ from pdflash.models.store import (
     detect_format,
     require_finite,
 )
-from pdflash.protocols import AttentionSpec, CopyIssuer
+from pdflash.protocols import AttentionSpec, Band, CopyIssuer
 
 
 class UnsupportedConfigError(ValueError):
     """The checkpoint's config is not one the adapter can run."""
+
+
+class SlabExperts:
+    """The part every arch's grouped expert MLP
+    (:class:`~pdflash.models.offload.GroupedExperts`) shares: turning the
+    slab's packed views into compute weights. ``unpack`` dequantizes
+    compressed views (None: the slab is dense and its views are the weights);
+    subclasses add ``forward``."""
+
+    def __init__(
+        self, unpack: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+    ) -> None:
+        self.unpack = unpack
+        self.compressed = unpack is not None
+
+    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return views if self.unpack is None else self.unpack(views)
 
 
 class MoEAdapterBase:
@@ -106,6 +123,11 @@ class MoEAdapterBase:
     #: ``expert_dtype="fp8"`` keeps one scale per index of)
     expert_out_axes: ClassVar[dict[str, int]] = {"gate_up": 0, "down": 0}
     default_attn_implementation: ClassVar[str] = "sdpa"
+    #: the arch's rotary, when :meth:`project_qkv` may apply it itself (fewer
+    #: kernels, bit-exact): ``"rotate_half"`` (``x*cos + rotate_half(x)*sin``,
+    #: full head dim) or ``"halves"`` (gpt-oss: ``[x1*cos - x2*sin, x2*cos +
+    #: x1*sin]``); None calls the transformers module's ``apply_rotary_pos_emb``
+    rotary_style: ClassVar[str | None] = None
 
     # -- per-arch hooks ------------------------------------------------------
 
@@ -206,6 +228,13 @@ class MoEAdapterBase:
         for name, axis in axes.items():
             out[name] = dequantize_fp8(w[name], w[f"{name}_scale"], axis, self.dtype)
         return out
+
+    def slab_unpack(
+        self,
+    ) -> Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None:
+        """What a :class:`SlabExperts` unpacks slab views with: None for a
+        dense layout, else :meth:`dense_expert_weights`."""
+        return None if self.layout.format == "dense" else self.dense_expert_weights
 
     def grouped_experts(self) -> GroupedExperts | None:
         """The expert MLP over many experts at once (grouped GEMMs over the
@@ -331,24 +360,21 @@ class MoEAdapterBase:
         self._layers: Any = decoder_layers(model)
         self._inner: Any = model.model
 
+        #: (positions, its version, (dtype, device), cos, sin[, rotary tables])
+        self._rotary_memo: tuple[Any, ...] | None = None
         self.issuer = issuer
         self.cache: ExpertCache | None = None
         self.runtime: OffloadedMoE | None = None
         if issuer is not None:
             if cache_fraction is None and cache_bytes is None and cache_slots is None:
                 cache_fraction = 1.0
-            self.attach_cache(
-                ExpertCache(
-                    self.store,
-                    issuer,
-                    device=self.device,
-                    num_slots=cache_slots,
-                    capacity_bytes=cache_bytes,
-                    fraction=cache_fraction,
-                    top_k=self.top_k,
-                    max_batch_tokens=max_batch_tokens,
-                    policy=policy,
-                )
+            self.attach_new_cache(
+                issuer,
+                num_slots=cache_slots,
+                capacity_bytes=cache_bytes,
+                fraction=cache_fraction,
+                max_batch_tokens=max_batch_tokens,
+                policy=policy,
             )
 
     def block_spec(self) -> MoEBlockSpec:
@@ -378,6 +404,54 @@ class MoEAdapterBase:
         if isinstance(dt, torch.dtype) and dt.is_floating_point:
             return dt
         return torch.bfloat16 if getattr(config, "quantization_config", None) else torch.float32
+
+    def attach_new_cache(
+        self,
+        issuer: CopyIssuer,
+        *,
+        fraction: float | None = None,
+        capacity_bytes: int | None = None,
+        num_slots: int | None = None,
+        max_batch_tokens: int = 1,
+        policy: EvictionPolicy | str | None = None,
+        single_band: Band | None = None,
+    ) -> ExpertCache:
+        """Build an :class:`ExpertCache` over this model's expert store (sized
+        by exactly one of ``fraction``, ``capacity_bytes``, ``num_slots``) and
+        run the MoE layers from it; the one place a cache of an adapter is
+        built. ``policy="layer_cyclic"`` builds a
+        :class:`~pdflash.cache.eviction.LayerCyclicPolicy` of this model's
+        shape (other names as :func:`~pdflash.cache.eviction.make_policy`).
+        The previous cache, if any, is detached first, so its slab can be
+        freed before the new one is allocated."""
+        if policy == "layer_cyclic":
+            from pdflash.cache.eviction import LayerCyclicPolicy
+
+            policy = LayerCyclicPolicy(self.num_layers, self.num_experts)
+        self.detach_cache()
+        cache = ExpertCache(
+            self.store,
+            issuer,
+            device=self.device,
+            num_slots=num_slots,
+            capacity_bytes=capacity_bytes,
+            fraction=fraction,
+            top_k=self.top_k,
+            max_batch_tokens=max_batch_tokens,
+            policy=policy,
+            single_band=single_band,
+        )
+        self.attach_cache(cache)
+        return cache
+
+    def detach_cache(self) -> None:
+        """Stop running the MoE layers from the attached cache (drops this
+        adapter's references to it and its runtime; the caller quiesces its
+        copies first). A no-op without one."""
+        for block in self.blocks:
+            block.runtime = None
+        self.cache = None
+        self.runtime = None
 
     def attach_cache(self, cache: ExpertCache) -> OffloadedMoE:
         """Run the MoE layers from ``cache`` (replaces any previous cache)."""
@@ -498,19 +572,71 @@ class MoEAdapterBase:
     def rotary(
         self, positions: torch.Tensor, like: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[1, T, D]`` for 1-D ``positions`` (HF rotary module)."""
+        """cos, sin ``[1, T, D]`` for 1-D ``positions`` (HF rotary module).
+
+        Every layer of a forward passes the same ``positions`` tensor, so the
+        last result is kept and reused while the call gets that very tensor
+        object, unmodified (same version), with ``like`` of the same dtype
+        and device: one rotary computation per forward instead of per layer.
+        """
+        cached = self._rotary_memo
+        if (
+            cached is not None
+            and cached[0] is positions
+            and cached[1] == positions._version
+            and cached[2] == (like.dtype, like.device)
+        ):
+            cos_c: torch.Tensor = cached[3]
+            sin_c: torch.Tensor = cached[4]
+            return cos_c, sin_c
         cos, sin = self._inner.rotary_emb(like, positions.reshape(1, -1))
+        # NOTE: holding ``positions`` keeps its identity from being reused by
+        # another tensor while the memo lives
+        self._rotary_memo = (positions, positions._version, (like.dtype, like.device), cos, sin)
         return cos, sin
+
+    def rotary_tables(
+        self, positions: torch.Tensor, like: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cc, ss)`` ``[T, 1, D]`` with ``rope(x) = x * cc + roll(x, D/2) * ss``
+        for ``x [T, heads, D]`` (:attr:`rotary_style` archs; kept with the
+        :meth:`rotary` memo, so built once per forward)."""
+        cos, sin = self.rotary(positions, like)
+        memo = self._rotary_memo
+        assert memo is not None and memo[3] is cos
+        if len(memo) == 6:
+            return memo[5]
+        cos, sin = cos[0], sin[0]  # [T, D] (rotate_half) or [T, D/2] (halves)
+        if self.rotary_style == "halves":
+            cc = torch.cat([cos, cos], dim=-1)
+            ss = torch.cat([-sin, sin], dim=-1)
+        else:
+            half = sin.shape[-1] // 2
+            cc = cos
+            ss = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        tables = (cc[:, None, :], ss[:, None, :])
+        self._rotary_memo = (*memo[:5], tables)
+        return tables
 
     def project_qkv(
         self, layer: int, normed: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = self.qkv(self._attn(layer), normed)
-        cos, sin = self.rotary(positions, normed)
-        q4, k4 = self.modeling.apply_rotary_pos_emb(
-            q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), cos, sin
-        )
-        return q4[0].transpose(0, 1), k4[0].transpose(0, 1), v
+        if self.rotary_style is None:
+            cos, sin = self.rotary(positions, normed)
+            q4, k4 = self.modeling.apply_rotary_pos_emb(
+                q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), cos, sin
+            )
+            return q4[0].transpose(0, 1), k4[0].transpose(0, 1), v
+        # NOTE: the arch's rotary in four kernels over q and k at once, bit
+        # for bit transformers' (the same products and sums: x1*cos - x2*sin
+        # is x1*cos + x2*(-sin) exactly); q and k are views of one tensor
+        cc, ss = self.rotary_tables(positions, normed)
+        qk = torch.cat([q, k], dim=1)
+        half = qk.shape[-1] // 2
+        qk = qk * cc + torch.roll(qk, half, dims=-1) * ss
+        heads = q.shape[1]
+        return qk[:, :heads], qk[:, heads:], v
 
     def attention_sinks(self, layer: int) -> torch.Tensor | None:
         return None

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from transformers.models.gpt_oss import modeling_gpt_oss
 
-from pdflash.models.adapters.base import MoEAdapterBase
+from pdflash.models.adapters.base import MoEAdapterBase, SlabExperts
 from pdflash.models.layout import (
     ComponentSpec,
     ExpertFormat,
@@ -54,17 +54,13 @@ def unpack_mxfp4_experts(w: dict[str, torch.Tensor], dtype: torch.dtype) -> dict
     }
 
 
-class GptOssGroupedExperts:
+class GptOssGroupedExperts(SlabExperts):
     """gpt-oss's clamped SwiGLU with biases for many experts: two grouped
     GEMMs over ``[G, H, 2I]`` / ``[G, I, H]``, biases gathered per row."""
 
     def __init__(self, alpha: float, limit: float, unpack: Any = None) -> None:
+        super().__init__(unpack)
         self.alpha, self.limit = alpha, limit
-        self.unpack = unpack
-        self.compressed = unpack is not None
-
-    def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return self.unpack(views) if self.unpack is not None else views
 
     def forward(
         self,
@@ -97,6 +93,7 @@ class GptOssAdapter(MoEAdapterBase):
     expert_out_axes: ClassVar[dict[str, int]] = {"gate_up": 1, "down": 1}
     # NOTE: sdpa has no sinks; transformers refuses it for gpt-oss.
     default_attn_implementation = "eager"
+    rotary_style = "halves"
 
     @classmethod
     def expert_layout(cls, config: Any, dtype: torch.dtype) -> ExpertLayout:
@@ -211,11 +208,10 @@ class GptOssAdapter(MoEAdapterBase):
 
     def grouped_experts(self) -> GptOssGroupedExperts:
         alpha, limit = self._swiglu_params()
-        dense = self.layout.format == "dense"
         if self.layout.format == "mxfp4":
             # NOTE: probe (and compile) the Triton dequantizer now, not inside the first forward
             mxfp4_dequantizer(self.device)
-        return GptOssGroupedExperts(alpha, limit, None if dense else self.dense_expert_weights)
+        return GptOssGroupedExperts(alpha, limit, self.slab_unpack())
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         alpha, limit = self._swiglu_params()

@@ -20,6 +20,7 @@ from pdflash.models.adapters._swiglu import SwiGLUExpertsMixin
 class MixtralAdapter(SwiGLUExpertsMixin):
     arch = "mixtral"
     modeling: ClassVar[Any] = modeling_mixtral
+    rotary_style = "rotate_half"
     router_attr = "gate"
     hf_block_class = "MixtralSparseMoeBlock"
     hub_expert_prefix = "model.layers.{l}.block_sparse_moe.experts.{e}."

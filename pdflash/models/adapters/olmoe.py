@@ -20,6 +20,7 @@ from pdflash.models.adapters._swiglu import SwiGLUExpertsMixin
 class OlmoeAdapter(SwiGLUExpertsMixin):
     arch = "olmoe"
     modeling: ClassVar[Any] = modeling_olmoe
+    rotary_style = "rotate_half"
     router_attr = "gate"
     hf_block_class = "OlmoeSparseMoeBlock"
 

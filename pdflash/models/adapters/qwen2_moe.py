@@ -22,6 +22,7 @@ from pdflash.models.adapters._swiglu import SwiGLUExpertsMixin
 class Qwen2MoeAdapter(SwiGLUExpertsMixin):
     arch = "qwen2_moe"
     modeling: ClassVar[Any] = modeling_qwen2_moe
+    rotary_style = "rotate_half"
     router_attr = "gate"
     hf_block_class = "Qwen2MoeSparseMoeBlock"
     shared_expert_attr = "shared_expert"

@@ -20,6 +20,7 @@ from pdflash.models.adapters.base import UnsupportedConfigError
 class Qwen3MoeAdapter(SwiGLUExpertsMixin):
     arch = "qwen3_moe"
     modeling: ClassVar[Any] = modeling_qwen3_moe
+    rotary_style = "rotate_half"
     router_attr = "gate"
     hf_block_class = "Qwen3MoeSparseMoeBlock"
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pdflash.bench.proxy import trace_format as tf
+
+from pdflash import traces as tf
 
 RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "proxy-2026-12-01"
 #: loop tau per trace as the results README states it

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from pdflash.bench.proxy import trace_format as tf
+
+from pdflash import traces as tf
 
 MAX_NEW = 20
 PROMPT_LEN = 16

@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pdflash.bench.proxy import trace_format as tf
+
+from pdflash import traces as tf
 
 
 def _trace() -> tf.ProxyTrace:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from pdflash.engine import engine as engine_mod
+from pdflash.engine import verify as verify_mod
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine, RequestState
 
@@ -135,7 +135,7 @@ def inject_verify_forward(eng: Engine, ids: list[int]) -> set[int]:
 def inject_accept(eng: Engine, ids: list[int], monkeypatch: pytest.MonkeyPatch) -> set[int]:
     """The acceptance rule raises for one request, in the middle of a batch."""
     bad = ids[1]
-    base = engine_mod.greedy_accept
+    base = verify_mod.greedy_accept
     seen = [0]
     current: list[int] = []
     orig_accepts = eng.acceptance.forced_accepts
@@ -152,7 +152,7 @@ def inject_accept(eng: Engine, ids: list[int], monkeypatch: pytest.MonkeyPatch) 
         return base(drafts, argmax)
 
     eng.acceptance.forced_accepts = forced  # type: ignore[method-assign]
-    monkeypatch.setattr(engine_mod, "greedy_accept", accept)
+    monkeypatch.setattr(verify_mod, "greedy_accept", accept)
     return {bad}
 
 
@@ -462,7 +462,7 @@ def test_interrupt_mid_commit_rolls_back_uncommitted_requests(
     eng = make_engine(adapter, drafter)
     ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases[:3]]
     refs = {rid: ref for rid, (_, ref) in zip(ids, cases, strict=False)}
-    base = engine_mod.greedy_accept
+    base = verify_mod.greedy_accept
     calls = [0]
 
     def accept(drafts: Any, argmax: Any) -> Any:
@@ -471,7 +471,7 @@ def test_interrupt_mid_commit_rolls_back_uncommitted_requests(
             raise Interrupt()
         return base(drafts, argmax)
 
-    monkeypatch.setattr(engine_mod, "greedy_accept", accept)
+    monkeypatch.setattr(verify_mod, "greedy_accept", accept)
     interrupted = False
     for _ in range(300):
         if not eng.has_work:

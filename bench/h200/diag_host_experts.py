@@ -1,0 +1,284 @@
+"""Where the host executor's time per expert goes (issue 16), JSON lines on stdout.
+
+Loads a synthetic target (``pdflash.bench.engine_run``'s cache: the same
+weights the issue-16 runs use) and times, per expert, at each token count:
+
+* ``raw_in_out`` / ``raw_out_in``: the bare MLP (two GEMMs and a SiLU-mul,
+  no biases) over the expert's dense weights ``[in, out]`` (``x @ w``) and
+  ``[out, in]`` (``F.linear``), in the model dtype — the floor torch gives;
+* ``expert_fn``: the adapter's own ``expert_forward`` on the store's packed
+  views, called in this thread (what the executor ran before host formats);
+* ``kernel[F]``: the host kernel of format F on its prepared weights, called
+  in this thread;
+* ``executor[F]``: ``HostExpertExecutor.compute`` with format F (pool hand-off
+  included), two experts per batch as the calibration times them;
+* ``executor_busy_caller[F]``: the same through ``submit`` while this thread
+  keeps launching small ops (as the engine's thread does during a forward:
+  GIL and CPU contention included), cold only.
+
+Every measurement walks through ``--experts`` different experts (``cold``:
+their weights are not in the CPU caches when a forward finds them) and
+repeats one expert (``hot``). Each format's prepared copy is made, timed and
+dropped before the next. The last line is a summary: per format and token
+count the cold microseconds per expert and the executor's overhead over
+the raw MLP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def _us(fn: Callable[[int], Any], ids: list[int], repeats: int) -> float:
+    """Median over ``repeats`` passes of the mean microseconds per call of
+    ``fn(id)`` over ``ids``."""
+    fn(ids[0])
+    passes = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for g in ids:
+            fn(g)
+        passes.append((time.perf_counter() - t0) / len(ids))
+    return statistics.median(passes) * 1e6
+
+
+def _cpu_model() -> dict[str, Any]:
+    """The CPU's model name and the flags that decide torch's bf16 GEMM path."""
+    out: dict[str, Any] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("model name") and "model" not in out:
+            out["model"] = line.split(":", 1)[1].strip()
+        if line.startswith("flags") and "flags" not in out:
+            flags = set(line.split(":", 1)[1].split())
+            out["flags"] = sorted(
+                flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"}
+            )
+    out["sockets"] = len({ln for ln in text.splitlines() if ln.startswith("physical id")})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="gpt-oss-20b")
+    ap.add_argument("--layers", type=int, default=1)
+    ap.add_argument("--dtype", default=None, help="synthetic weights' dtype (default: run_spec's)")
+    ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
+    ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
+    ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--tokens", default="1,4,16")
+    ap.add_argument("--formats", default="packed,out_in,fp32_out_in,fp32_in_out")
+    ap.add_argument("--experts", type=int, default=16, help="experts walked per cold pass")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="where the target loads (cpu or cuda)")
+    args = ap.parse_args(argv)
+
+    from pdflash.bench.engine_run import RunSpec, load_target, resolve_device, synthetic_paths
+
+    torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    spec = RunSpec(
+        arch=args.arch,
+        baseline="PD",
+        layers=args.layers or None,
+        dtype=args.dtype,
+        synthetic_format=args.synthetic_format,
+        expert_dtype=args.expert_dtype,
+        device=str(device),
+    )
+    t0 = time.perf_counter()
+    path, _, dtype = synthetic_paths(spec, device)
+    ad = load_target(path, device, dtype, args.expert_dtype)
+    diagnose(
+        ad,
+        tokens=[int(t) for t in args.tokens.split(",") if t],
+        formats=[f for f in args.formats.split(",") if f],
+        experts=args.experts,
+        repeats=args.repeats,
+        head={
+            "arch": args.arch,
+            "layers": args.layers,
+            "load_s": round(time.perf_counter() - t0, 1),
+        },
+    )
+    return 0
+
+
+def diagnose(
+    ad: Any,
+    *,
+    tokens: list[int],
+    formats: list[str],
+    experts: int = 16,
+    repeats: int = 3,
+    head: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Time ``ad``'s experts as the module doc says; prints JSON lines and
+    returns the summary (also the last line printed)."""
+    from pdflash.hybrid import HostExpertExecutor, host_kernel_for
+    from pdflash.hybrid.kernels import prepare_all
+
+    store = ad.store
+    ids = list(range(min(experts, store.num_ids)))
+    hot = [ids[0]] * len(ids)
+    gen = torch.Generator().manual_seed(0)
+    head = {
+        "diag": "host_experts",
+        **(head or {}),
+        "store_format": store.layout.format,
+        "dtype": str(store.layout.dtype),
+        "expert_nbytes": store.expert_nbytes,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "experts_walked": len(ids),
+        "cpu": _cpu_model(),
+        "synthetic": True,
+    }
+    with HostExpertExecutor(store.views, ad.expert_forward, dtype=store.layout.dtype) as probe:
+        # torch's intra-op threads as the pool's worker sees them
+        head["worker_threads"] = probe._pool.submit(torch.get_num_threads).result()
+    print(json.dumps(head), flush=True)
+    rows: list[dict[str, Any]] = []
+
+    def prepared(fmt: str) -> Any:
+        """(kernel, weights_of) of ``fmt`` over the walked experts only
+        (ids are 0..k-1, so position = flat id), or None."""
+        kernel = host_kernel_for(ad, fmt)
+        if kernel is None:
+            return None
+        if fmt == "packed":
+            return kernel, store.views
+        done = prepare_all(kernel, store.views, ids)
+        assert done is not None
+        return kernel, done.of
+
+    def emit(what: str, n: int, cold: float, hot_us: float | None = None) -> None:
+        row = {"what": what, "tokens": n, "cold_us": round(cold, 1)}
+        if hot_us is not None:
+            row["hot_us"] = round(hot_us, 1)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    # the caller's small ops in executor_busy_caller (on the GPU where there is one)
+    spin = torch.zeros(16, device="cuda" if torch.cuda.is_available() else "cpu")
+    xs = {
+        n: torch.randn(n, int(ad.hidden_size), generator=gen).to(store.layout.dtype) for n in tokens
+    }
+    with torch.inference_mode():
+        # the bare MLP over dense weights, both layouts (from the out_in format:
+        # for a dense gpt-oss store its w1/w2 are the packed weights transposed)
+        out_in = prepared("out_in")
+        if out_in is not None:
+            dense_oi = [out_in[1](g) for g in ids]
+            # contiguous [in, out] (a transposed view would run as [out, in])
+            dense_io = [
+                {k: v.t().contiguous() for k, v in w.items() if v.dim() == 2} for w in dense_oi
+            ]
+
+            def raw_oi(g: int, x: torch.Tensor) -> torch.Tensor:
+                w = dense_oi[g]
+                h = F.linear(x, w["w1"])
+                i = h.shape[-1] // 2
+                return F.linear(F.silu(h[:, :i]) * h[:, i:], w["w2"])
+
+            def raw_io(g: int, x: torch.Tensor) -> torch.Tensor:
+                w = dense_io[g]
+                h = x @ w["w1"]
+                i = h.shape[-1] // 2
+                return (F.silu(h[:, :i]) * h[:, i:]) @ w["w2"]
+
+            for n in tokens:
+                for name, fn in (("raw_out_in", raw_oi), ("raw_in_out", raw_io)):
+
+                    def call(g: int, fn: Any = fn, x: torch.Tensor = xs[n]) -> Any:
+                        return fn(g, x)
+
+                    emit(name, n, _us(call, ids, repeats), _us(call, hot, repeats))
+            del dense_oi, dense_io, out_in
+        for n in tokens:
+
+            def packed(g: int, x: torch.Tensor = xs[n]) -> Any:
+                return ad.expert_forward(x, store.views(g))
+
+            emit("expert_fn", n, _us(packed, ids, repeats), _us(packed, hot, repeats))
+    for fmt in formats:
+        t1 = time.perf_counter()
+        hw = prepared(fmt)
+        if hw is None:
+            print(json.dumps({"format": fmt, "skipped": "no kernel"}), flush=True)
+            continue
+        kernel, weights_of = hw
+        print(
+            json.dumps(
+                {
+                    "format": fmt,
+                    "prepare_s_per_expert": round((time.perf_counter() - t1) / len(ids), 4),
+                }
+            ),
+            flush=True,
+        )
+        with HostExpertExecutor(
+            weights_of,
+            kernel.forward,
+            dtype=kernel.dtype,
+            out_dtype=store.layout.dtype,
+            workers=1,
+        ) as ex:
+            for n in tokens:
+                x = xs[n].to(kernel.dtype)
+
+                def direct(g: int, x: torch.Tensor = x, hw: Any = hw) -> torch.Tensor:
+                    return hw[0].forward(x, hw[1](g))
+
+                with torch.inference_mode():
+                    emit(f"kernel[{fmt}]", n, _us(direct, ids, repeats), _us(direct, hot, repeats))
+                pairs = [ids[i : i + 2] for i in range(0, len(ids) - 1, 2)]
+                xx = xs[n].repeat(2, 1)
+
+                def batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
+                    ex.compute(np.asarray(p, dtype=np.int64), xx, [n, n])
+
+                cold = _us(batch, pairs, repeats) / 2  # type: ignore[arg-type]
+                hot_pairs = [[ids[0], ids[0]]] * len(pairs)
+                emit(f"executor[{fmt}]", n, cold, _us(batch, hot_pairs, repeats) / 2)  # type: ignore[arg-type]
+
+                def busy_batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
+                    # as in a forward: the engine's thread keeps launching
+                    # small ops (and taking the GIL) while the pool computes
+                    job = ex.submit(np.asarray(p, dtype=np.int64), xx, [n, n], device="cpu")
+                    while not job.done():
+                        spin.add_(1.0)
+                    job.result()
+
+                emit(f"executor_busy_caller[{fmt}]", n, _us(busy_batch, pairs, repeats) / 2)  # type: ignore[arg-type]
+    by = {(r["what"], r["tokens"]): r["cold_us"] for r in rows}
+    summary: dict[str, Any] = {"diag_summary": "host_experts", **head, "cold_us": {}}
+    for (what, n), us in by.items():
+        summary["cold_us"].setdefault(what, {})[n] = us
+    over = {}
+    for (what, n), us in by.items():
+        floor = by.get(("raw_out_in", n))
+        if what.startswith("executor[") and floor:
+            over[f"{what}@{n}"] = round(us / floor, 2)
+    summary["executor_over_raw_out_in"] = over
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Expert-parallel offload over torch.distributed (issue 18).
+
+One process per rank (torchrun environment, or :func:`launch`); attention and
+dense parts replicated; experts partitioned by an :class:`ExpertPlacement`;
+per MoE layer the routed rows go to their experts' owners with
+``all_to_all_single`` and come back the same way (:mod:`.moe`). Each rank's
+:class:`~pdflash.cache.ExpertCache`, H2D issuer and route-ahead copies work on
+its own experts over its own link. :mod:`.simulate` predicts the scaling
+from measured single-GPU rows.
+"""
+
+from .group import (
+    RankGroup,
+    current_group,
+    distributed_available,
+    free_port,
+    init_from_env,
+    launch,
+    shutdown,
+)
+from .moe import (
+    BusiestRankByteCost,
+    ExchangeStats,
+    ExpertParallelBatcher,
+    ExpertParallelMoE,
+    ShardedCacheView,
+    install_expert_parallel,
+    shard_bounds,
+)
+from .placement import (
+    ExpertPlacement,
+    FrequencyBalancedPlacement,
+    RoundRobinPlacement,
+    frequency_from_topk,
+    frequency_from_trace,
+    owned_mask,
+    placement_for,
+)
+
+__all__ = [
+    "BusiestRankByteCost",
+    "ExchangeStats",
+    "ExpertParallelBatcher",
+    "ExpertParallelMoE",
+    "ExpertPlacement",
+    "FrequencyBalancedPlacement",
+    "RankGroup",
+    "RoundRobinPlacement",
+    "ShardedCacheView",
+    "current_group",
+    "distributed_available",
+    "free_port",
+    "frequency_from_topk",
+    "frequency_from_trace",
+    "init_from_env",
+    "install_expert_parallel",
+    "launch",
+    "owned_mask",
+    "placement_for",
+    "shard_bounds",
+    "shutdown",
+]

@@ -1,0 +1,468 @@
+"""Expert-parallel offload: each rank owns a share of the experts.
+
+Attention and dense parts are replicated: every rank runs the same forward
+over the same tokens (replicated control: same requests, same seeds, so the
+same scheduling decisions). Per MoE layer, :class:`ExpertParallelMoE`:
+
+1. splits the layer's tokens into ``N`` contiguous shards; rank ``r``
+   dispatches the routed rows of shard ``r``;
+2. sends each row to the rank owning its expert (:mod:`.placement`) with
+   ``all_to_all_single`` (the per-rank row counts are exchanged first);
+3. the owner computes the rows it received with its own offloaded block
+   (:class:`pdflash.models.offload.OffloadedMoE` over its own
+   :class:`~pdflash.cache.ExpertCache`, H2D issuer and bands, which only ever
+   hold its experts);
+4. a second ``all_to_all_single`` returns the results, the source rank
+   combines its shard with the routing weights (as the single-process block
+   does), and an ``all_gather`` gives every rank the whole layer output.
+
+Rows reach their owner in token order (shards are contiguous and arrive in
+rank order), so each expert sees the same rows in the same order as in one
+process: the greedy tokens match the single-process engine's.
+
+:class:`ShardedCacheView` is the engine's view of the group's experts: the
+residency every rank agrees on (all-gathered once per step as bitsets, by
+:meth:`ShardedCacheView.sync_residency`), and copies restricted to this
+rank's experts. :class:`ExpertParallelBatcher` syncs it before each verify
+schedule and records each rank's missing bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+import torch.distributed as dist
+
+from pdflash.cache.expert_cache import ExpertCache
+from pdflash.engine.batching import BatchDecision, VerifyBatcher, VerifyDemand
+from pdflash.models.offload import ExpertFn, GroupedExperts, OffloadedMoE
+from pdflash.protocols import Band, CopyIssuer, checked_flat_ids
+
+from .group import RankGroup
+from .placement import ExpertPlacement, owned_mask
+
+if TYPE_CHECKING:
+    from pdflash.models.store import ExpertStore
+    from pdflash.protocols import ExpertCacheView
+
+
+def shard_bounds(num_tokens: int, world_size: int, rank: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous token shard ``[lo, hi)`` (the first
+    ``num_tokens % world_size`` shards hold one more token)."""
+    base, extra = divmod(num_tokens, world_size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+@dataclass
+class ExchangeStats:
+    """What one rank's exchanges cost: collective calls, rows sent to and
+    received from other ranks, and the time spent in the collectives (host
+    wall time on gloo; CUDA events on NCCL, read by :meth:`seconds`)."""
+
+    layers: int = 0
+    rows_sent: int = 0
+    rows_received: int = 0
+    rows_remote: int = 0  # rows this rank dispatched to another rank's experts
+    host_s: float = 0.0
+    _events: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def seconds(self) -> float:
+        """Time in the exchange collectives (syncs CUDA once to read events)."""
+        if self._events:
+            torch.cuda.synchronize()
+            self.host_s += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+            self._events.clear()
+        return self.host_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "moe_layers_exchanged": self.layers,
+            "rows_sent": self.rows_sent,
+            "rows_received": self.rows_received,
+            "rows_remote": self.rows_remote,
+            "all_to_all_s": self.seconds(),
+        }
+
+    def reset(self) -> None:
+        self.seconds()
+        self.layers = self.rows_sent = self.rows_received = self.rows_remote = 0
+        self.host_s = 0.0
+
+
+class _Timed:
+    """Times a block of collectives (CUDA events on CUDA, wall time else)."""
+
+    def __init__(self, stats: ExchangeStats, device: torch.device) -> None:
+        self.stats = stats
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self) -> None:
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self.stats._events.append((self.start, end))
+        else:
+            self.stats.host_s += time.perf_counter() - self.t0
+
+
+class ExpertParallelMoE(OffloadedMoE):
+    """An :class:`OffloadedMoE` whose experts are partitioned across ranks
+    (module doc). ``cache`` holds only this rank's experts; the layer output
+    is the same on every rank.
+
+    Args:
+        store, cache, expert_fn, grouped: as :class:`OffloadedMoE` (this
+            rank's cache).
+        placement: who owns each expert.
+        group: this rank (its collectives run on ``group.device``).
+    """
+
+    def __init__(
+        self,
+        store: ExpertStore,
+        cache: ExpertCache,
+        expert_fn: ExpertFn,
+        grouped: GroupedExperts | None = None,
+        *,
+        placement: ExpertPlacement,
+        group: RankGroup,
+    ) -> None:
+        super().__init__(store, cache, expert_fn, grouped)
+        if placement.num_ranks != group.world_size:
+            raise ValueError(
+                f"placement is for {placement.num_ranks} ranks, the group has {group.world_size}"
+            )
+        table = placement.owner_table()
+        if table.shape != (store.num_layers, store.num_experts):
+            raise ValueError(
+                f"placement covers {table.shape}, the model has "
+                f"({store.num_layers}, {store.num_experts}) experts"
+            )
+        self.placement = placement
+        self.group = group
+        self._owner = torch.from_numpy(table.reshape(-1).copy()).to(cache.slab.device)
+        self.exchange = ExchangeStats()
+
+    def forward_routed(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        for hook in self.route_hooks:
+            hook(layer, topk_ids)
+        num_tokens, k = topk_ids.shape
+        if num_tokens == 0:  # the same on every rank (replicated forward): no collective
+            return torch.zeros_like(x)
+        world, rank = self.group.world_size, self.group.rank
+        lo, hi = shard_bounds(num_tokens, world, rank)
+        flat = topk_ids[lo:hi].reshape(-1).long()
+        dest = self._owner[layer * self.num_experts + flat]
+        order = torch.argsort(dest, stable=True)
+        send_counts = torch.bincount(dest, minlength=world)
+        timed = _Timed(self.exchange, x.device)
+        with timed:
+            recv_counts = torch.empty_like(send_counts)
+            dist.all_to_all_single(recv_counts, send_counts)
+        send_split = send_counts.tolist()
+        recv_split = recv_counts.tolist()
+        n_recv = int(sum(recv_split))
+        send_x = x[lo:hi][order // k]
+        send_e = flat[order]
+        with timed:
+            recv_x = x.new_empty((n_recv, x.shape[1]))
+            dist.all_to_all_single(recv_x, send_x, recv_split, send_split)
+            recv_e = flat.new_empty((n_recv,))
+            dist.all_to_all_single(recv_e, send_e, recv_split, send_split)
+        if n_recv:
+            ones = torch.ones((n_recv, 1), dtype=topk_weights.dtype, device=x.device)
+            # k = 1 with weight 1: the block's weighted sum is the expert output
+            # itself (the route hooks already saw this layer's routing above)
+            local = self._forward_grouped if self.grouped is not None else self._forward_loop
+            y_recv = local(layer, recv_x, recv_e.view(-1, 1), ones)
+        else:
+            y_recv = recv_x
+        with timed:
+            back = x.new_empty((int(send_e.numel()), x.shape[1]))
+            dist.all_to_all_single(back, y_recv.contiguous(), send_split, recv_split)
+        y_flat = torch.empty_like(back)
+        y_flat[order] = back
+        # the single-process block's combine: one reduction over the k rows
+        # in the routing weights' precision, rounded to x's dtype once
+        weighted = y_flat.view(hi - lo, k, x.shape[1]) * topk_weights[lo:hi].unsqueeze(-1)
+        shard_out = weighted.sum(dim=1).to(x.dtype)
+        width = shard_bounds(num_tokens, world, 0)[1]  # the largest shard
+        padded = x.new_zeros((width, x.shape[1]))
+        padded[: hi - lo] = shard_out
+        with timed:
+            parts = [torch.empty_like(padded) for _ in range(world)]
+            dist.all_gather(parts, padded)
+        out = torch.cat(
+            [
+                p[: b - a]
+                for r, p in enumerate(parts)
+                for a, b in [shard_bounds(num_tokens, world, r)]
+            ]
+        )
+        self.exchange.layers += 1
+        self.exchange.rows_sent += int(send_e.numel())
+        self.exchange.rows_received += n_recv
+        self.exchange.rows_remote += int(send_e.numel()) - int(send_split[rank])
+        return out
+
+
+def _all_gather_bits(bits: npt.NDArray[np.uint8], group: RankGroup) -> list[npt.NDArray[np.uint8]]:
+    t = torch.from_numpy(bits.copy()).to(group.device)
+    parts = [torch.empty_like(t) for _ in range(group.world_size)]
+    dist.all_gather(parts, t)
+    return [p.cpu().numpy() for p in parts]
+
+
+class ShardedCacheView:
+    """The engine's :class:`~pdflash.protocols.ExpertCacheView` of a group's
+    experts (module doc), over this rank's ``local`` cache.
+
+    * :meth:`resident_mask`: the group's residency (each expert resident on
+      its owner), as of the last :meth:`sync_residency` (a collective: every
+      rank calls it at the same point, once per step); identical on every
+      rank, so schedules are.
+    * :meth:`is_resident`: this rank's truth for its own experts and True for
+      the others' (nothing for this rank to copy), so route-ahead and the
+      streaming prefetcher copy only this rank's experts.
+    * :meth:`prefetch`: this rank's experts among the ids (-1 for others).
+    * the slots, tickets, issuer, capacity: this rank's cache (its own link
+      and bands). Anything else is read from ``local``.
+    """
+
+    def __init__(self, local: ExpertCache, placement: ExpertPlacement, group: RankGroup) -> None:
+        self.local = local
+        self.placement = placement
+        self.group = group
+        self.owned = owned_mask(placement, group.rank)
+        self._owned_flat = self.owned.reshape(-1)
+        self.num_layers, self.num_experts = self.owned.shape
+        self._owner_flat = placement.owner_table().reshape(-1)
+        self._resident = np.zeros_like(self.owned)
+        self.syncs = 0
+        self.sync_s = 0.0
+        self.sync_residency()
+
+    # -- the group's residency -------------------------------------------------
+
+    def sync_residency(self) -> npt.NDArray[np.bool_]:
+        """All-gather every rank's residency of its own experts (one packed
+        bitset per rank) and return the group's ``[layers, experts]`` mask.
+        A collective: every rank must call it at the same point."""
+        t0 = time.perf_counter()
+        mine = np.asarray(self.local.resident_mask(), dtype=np.bool_) & self.owned
+        parts = _all_gather_bits(np.packbits(mine.reshape(-1)), self.group)
+        n = mine.size
+        union = np.zeros(n, dtype=np.bool_)
+        for r, p in enumerate(parts):
+            union |= np.unpackbits(p, count=n).astype(np.bool_) & (self._owner_flat == r)
+        self._resident = union.reshape(mine.shape)
+        self.syncs += 1
+        self.sync_s += time.perf_counter() - t0
+        return self._resident.copy()
+
+    def resident_mask(self) -> npt.NDArray[np.bool_]:
+        return self._resident.copy()
+
+    # -- this rank's experts ---------------------------------------------------
+
+    def is_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        ids = checked_flat_ids(flat_ids, self._owned_flat.size)
+        out = np.ones(ids.shape, dtype=np.bool_)
+        mine = self._owned_flat[ids]
+        if mine.any():
+            out[mine] = np.asarray(self.local.is_resident(ids[mine]), dtype=np.bool_)
+        return out
+
+    def prefetch(
+        self,
+        flat_ids: npt.ArrayLike,
+        band: Band = Band.ROUTE_AHEAD,
+        *,
+        protect: npt.ArrayLike | None = None,
+    ) -> npt.NDArray[np.int64]:
+        ids = checked_flat_ids(flat_ids, self._owned_flat.size)
+        out = np.full(ids.shape, -1, dtype=np.int64)
+        mine = self._owned_flat[ids]
+        keep = None
+        if protect is not None:
+            p = checked_flat_ids(protect, self._owned_flat.size)
+            keep = p[self._owned_flat[p]]
+        if mine.any():
+            out[mine] = self.local.prefetch(ids[mine], band, protect=keep)
+        return out
+
+    def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
+        ids = checked_flat_ids(flat_ids, self._owned_flat.size)
+        self.local.set_predicted(ids[self._owned_flat[ids]])
+
+    def free_capacity(self, protect: npt.ArrayLike | None = None) -> int:
+        return int(self.local.free_capacity(protect))
+
+    @property
+    def expert_nbytes(self) -> int:
+        return int(self.local.expert_nbytes)
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.local.num_slots)
+
+    @property
+    def issuer(self) -> CopyIssuer:
+        issuer: CopyIssuer = self.local.issuer
+        return issuer
+
+    @property
+    def single_band(self) -> Band | None:
+        return self.local.single_band
+
+    @property
+    def ticket(self) -> npt.NDArray[np.int64]:
+        return self.local.ticket
+
+    @property
+    def band(self) -> npt.NDArray[np.int64]:
+        return self.local.band
+
+    @property
+    def expert_of(self) -> npt.NDArray[np.int64]:
+        return self.local.expert_of
+
+    def __getattr__(self, name: str) -> Any:
+        # stats(), policy, pins, ...: this rank's cache
+        return getattr(self.local, name)
+
+
+class BusiestRankByteCost:
+    """A batch's missing bytes per rank: the step waits for its busiest link,
+    so the cost of a set of missing experts is the max over ranks of the
+    bytes each owner must copy, not the total."""
+
+    def __init__(self, placement: ExpertPlacement, expert_nbytes: int) -> None:
+        if expert_nbytes < 0:
+            raise ValueError(f"expert_nbytes must be >= 0, got {expert_nbytes}")
+        self.num_ranks = placement.num_ranks
+        self._owner = placement.owner_table().reshape(-1)
+        self.expert_nbytes = int(expert_nbytes)
+
+    def per_rank(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """``[ranks]``: bytes each rank copies for the distinct ``flat_ids``."""
+        ids = np.unique(checked_flat_ids(flat_ids, self._owner.size))
+        counts = np.bincount(self._owner[ids], minlength=self.num_ranks)
+        return counts.astype(np.int64) * self.expert_nbytes
+
+    def cost(self, flat_ids: npt.ArrayLike) -> int:
+        """Bytes on the busiest rank."""
+        return int(self.per_rank(flat_ids).max(initial=0))
+
+
+class ExpertParallelBatcher:
+    """A :class:`~pdflash.engine.batching.VerifyBatcher` for expert-parallel
+    ranks: before each choice it syncs the group's residency (the one
+    collective of a step's scheduling), hands it to ``inner``, and records
+    the chosen batch's missing bytes on each rank (:attr:`rank_missing_bytes`,
+    summed over steps; :attr:`busiest_rank_bytes`, the per-step maxima).
+
+    The budget ``inner`` enforces: the deficit scheduler charges the union of
+    a batch's missing bytes against its byte budget; build it with ``N x`` the
+    per-rank budget (each rank's link carries ``M`` per step, and a batch
+    within the per-rank budget on every rank is within ``N x M`` in total).
+    """
+
+    def __init__(
+        self,
+        inner: VerifyBatcher,
+        view: ShardedCacheView,
+        cost: BusiestRankByteCost,
+        exchange: ExchangeStats | None = None,
+    ) -> None:
+        self.inner = inner
+        self.view = view
+        self.cost = cost
+        self.exchange = exchange
+        self.name = inner.name
+        self.rank_missing_bytes = np.zeros(cost.num_ranks, dtype=np.int64)
+        self.busiest_rank_bytes: list[int] = []
+
+    def reset_rank_books(self) -> None:
+        """Start the measurement over: this batcher's books, the view's sync
+        counters and the runtime's exchange counters (when given)."""
+        self.rank_missing_bytes[:] = 0
+        self.busiest_rank_bytes.clear()
+        self.view.syncs = 0
+        self.view.sync_s = 0.0
+        if self.exchange is not None:
+            self.exchange.reset()
+
+    def add(self, request_id: int, weight: float = 1.0) -> None:
+        self.inner.add(request_id, weight)
+
+    def remove(self, request_id: int) -> None:
+        self.inner.remove(request_id)
+
+    def select(
+        self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
+    ) -> BatchDecision:
+        # NOTE: ``resident`` is the snapshot the engine read before this call;
+        # the group's residency is refreshed here, once per step, so every
+        # rank decides from the same, current view
+        group_resident = self.view.sync_residency()
+        decision = self.inner.select(demands, group_resident)
+        chosen = {rid for rid, _ in decision.grants}
+        sets = [d.predicted for d in demands if d.request_id in chosen and d.predicted is not None]
+        missing = np.unique(np.concatenate(sets)) if sets else np.zeros(0, dtype=np.int64)
+        missing = missing[~group_resident.reshape(-1)[missing]]
+        per_rank = self.cost.per_rank(missing)
+        self.rank_missing_bytes += per_rank
+        self.busiest_rank_bytes.append(int(per_rank.max(initial=0)))
+        return decision
+
+
+def install_expert_parallel(
+    adapter: Any, cache: ExpertCache, placement: ExpertPlacement, group: RankGroup
+) -> tuple[ExpertParallelMoE, ShardedCacheView]:
+    """Attach this rank's ``cache`` to an offloaded adapter
+    (:class:`pdflash.models.MoEAdapterBase`) as an expert-parallel runtime.
+
+    Returns the runtime (the adapter's blocks now run it) and the engine's
+    view of the group's experts (pass it as the engine's ``expert_cache``)."""
+    # the cache holds only this rank's experts: refuses others, and a layer is
+    # resident (no host sync in the block) once the rank's own experts are
+    cache.restrict_to(owned_mask(placement, group.rank))
+    adapter.attach_cache(cache)  # checks the shapes and registers the store with the issuer
+    runtime = ExpertParallelMoE(
+        adapter.store,
+        cache,
+        adapter.expert_forward,
+        adapter.grouped_experts(),
+        placement=placement,
+        group=group,
+    )
+    adapter.runtime = runtime
+    for block in adapter.blocks:
+        block.runtime = runtime
+    return runtime, ShardedCacheView(cache, placement, group)
+
+
+if TYPE_CHECKING:
+
+    def _is_cache_view(view: ShardedCacheView) -> ExpertCacheView:
+        return view
+
+    def _is_batcher(batcher: ExpertParallelBatcher) -> VerifyBatcher:
+        return batcher

@@ -1,0 +1,247 @@
+"""Choosing the host weight format and preparing a store's experts in it.
+
+:func:`host_weights_for` returns the kernel and the prepared experts the
+executor computes from. With ``fmt="auto"`` it times every candidate format
+(:data:`AUTO_CANDIDATES` that the architecture has a kernel for and whose
+prepared copy fits the memory budget) with the calibration itself
+(:func:`pdflash.hybrid.cost.calibrate_host`) on a sample of experts large
+enough (:data:`SAMPLE_BYTES`) that they are timed cold, as a forward finds
+them, and keeps the one with the lowest mean seconds per expert over
+:data:`SELECT_TOKEN_POINTS`. The result (format, prepared experts, every
+candidate's measured time) is kept with the store, so the runs of one
+process reuse it; one entry per store, so at most one prepared copy lives.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pdflash.hybrid.cost import calibrate_host
+from pdflash.hybrid.executor import HostExpertExecutor
+from pdflash.hybrid.kernels import (
+    HOST_FORMATS,
+    HostKernel,
+    PreparedWeights,
+    host_kernel_for,
+    prepare_all,
+    prepared_nbytes,
+)
+
+#: formats ``auto`` times (``in_out`` in the model dtype is left out: for the
+#: dense layouts it is the packed layout, for compressed ones out_in's twin)
+AUTO_CANDIDATES: tuple[str, ...] = ("packed", "out_in", "fp32_out_in", "fp32_in_out")
+#: bytes of prepared experts each candidate is timed over (cold caches)
+SAMPLE_BYTES = 1 << 30
+MAX_SAMPLE_EXPERTS = 64
+SELECT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16)
+#: default budget for prepared copies: this share of MemAvailable
+DEFAULT_BUDGET_SHARE = 0.4
+
+
+def mem_available_bytes() -> int | None:
+    """``MemAvailable`` from /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def default_weight_budget() -> int:
+    """Bytes prepared host weights may take by default:
+    :data:`DEFAULT_BUDGET_SHARE` of the memory available now (0 where that is
+    unknown: then only formats that copy nothing are used)."""
+    avail = mem_available_bytes()
+    return 0 if avail is None else int(avail * DEFAULT_BUDGET_SHARE)
+
+
+@dataclass
+class HostWeights:
+    """What the executor computes with: ``kernel.forward`` over
+    ``weights_of(flat_id)``."""
+
+    format: str
+    kernel: HostKernel
+    weights_of: Callable[[int], dict[str, torch.Tensor]]
+    nbytes: int  # host memory of the prepared copy (0: shares the store's)
+    prepare_s: float
+    budget_bytes: int
+    #: format -> mean seconds per expert over SELECT_TOKEN_POINTS (``auto``),
+    #: or the reason a candidate was not timed
+    candidates: dict[str, Any] = field(default_factory=dict)
+    select_s: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "host_format": self.format,
+            "prepared_nbytes": self.nbytes,
+            "prepare_s": self.prepare_s,
+            "weight_budget_bytes": self.budget_bytes,
+            "format_candidates": self.candidates,
+            "format_select_s": self.select_s,
+        }
+
+
+#: the store attribute that keeps its prepared weights (an attribute, not a
+#: weak-keyed table: the prepared weights refer back to the store through the
+#: kernel, and a cycle through an attribute is collected with the store)
+_ATTR = "_pdflash_host_weights"  # ((format asked, budget asked), HostWeights)
+
+
+def _executor(
+    adapter: Any,
+    kernel: HostKernel,
+    weights_of: Callable[[int], dict[str, torch.Tensor]],
+    workers: int,
+) -> HostExpertExecutor:
+    return HostExpertExecutor(
+        weights_of,
+        kernel.forward,
+        dtype=kernel.dtype,
+        out_dtype=adapter.store.layout.dtype,
+        expert_nbytes=adapter.store.expert_nbytes,
+        workers=workers,
+    )
+
+
+def prepare_device(adapter: Any, kernel: HostKernel | None = None) -> torch.device | None:
+    """Where a store's experts are prepared: on the adapter's CUDA device
+    when they are compressed (dequantizing there is many times faster than
+    on the CPU, and bit-identical) or when ``kernel`` copies all of an
+    expert anyway (a transpose or a dtype change: moving it over and back
+    is faster than the CPU's strided copy); on the host when the prepared
+    weights share the store's memory (nothing to copy)."""
+    device = torch.device(getattr(adapter, "device", "cpu"))
+    if device.type != "cuda":
+        return None
+    store = adapter.store
+    if store.layout.format != "dense":
+        return device
+    if kernel is None:
+        return None
+    views = store.views(0)
+    with torch.inference_mode():
+        w = kernel.prepare(views)
+    total = sum(t.numel() * t.element_size() for t in w.values())
+    return device if prepared_nbytes(w, views) >= 0.99 * total else None
+
+
+def _time_format(
+    adapter: Any, kernel: HostKernel, workers: int, budget: int, repeats: int
+) -> float | str:
+    """Mean seconds per expert of ``kernel`` over a cold sample, or why not."""
+    store = adapter.store
+    dev = None if kernel.name == "packed" else prepare_device(adapter, kernel)
+    one = prepare_all(kernel, store.views, [0], device=dev)
+    assert one is not None
+    first = one.experts[0]
+    per_expert = one.nbytes
+    if per_expert * store.num_ids > budget:
+        return f"prepared copy {per_expert * store.num_ids} B over the budget {budget} B"
+    size = sum(t.numel() * t.element_size() for t in first.values())
+    k = min(store.num_ids, MAX_SAMPLE_EXPERTS, max(2 * workers, math.ceil(SAMPLE_BYTES / size)))
+    sample = prepare_all(kernel, store.views, range(k), device=dev)
+    assert sample is not None
+    with _executor(adapter, kernel, sample.of, workers) as ex:
+        cost = calibrate_host(
+            ex,
+            num_ids=k,
+            hidden_size=int(adapter.hidden_size),
+            token_points=SELECT_TOKEN_POINTS,
+            repeats=repeats,
+            roundtrip=False,
+        )
+    return float(statistics.fmean(cost.expert_s(np.asarray(SELECT_TOKEN_POINTS)).tolist()))
+
+
+def host_weights_for(
+    adapter: Any,
+    fmt: str = "auto",
+    *,
+    workers: int = 1,
+    budget_bytes: int | None = None,
+    repeats: int = 2,
+) -> HostWeights:
+    """The kernel and prepared experts for ``adapter``'s store in ``fmt``
+    (``auto``: the fastest candidate measured here; see the module doc).
+    Raises ``ValueError`` for an unknown format, one the architecture has no
+    kernel for, or one whose prepared copy exceeds ``budget_bytes``."""
+    if fmt != "auto" and fmt not in HOST_FORMATS:
+        raise ValueError(f"unknown host format {fmt!r}; choose one of {HOST_FORMATS} or 'auto'")
+    if budget_bytes is not None and budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    store = adapter.store
+    key = (fmt, budget_bytes)
+    hit = getattr(store, _ATTR, None)
+    if hit is not None:
+        # NOTE: the default budget is read from MemAvailable, which the kept
+        # copy itself lowered: a repeated default request reuses the copy
+        (asked, asked_budget), kept = hit
+        if (asked, asked_budget) == key or (
+            fmt == kept.format and (budget_bytes is None or kept.nbytes <= budget_bytes)
+        ):
+            return kept
+    setattr(store, _ATTR, None)  # drop an earlier copy before making another
+    budget = default_weight_budget() if budget_bytes is None else int(budget_bytes)
+    candidates: dict[str, Any] = {}
+    select_s = None
+    chosen = fmt
+    if fmt == "auto":
+        t0 = time.perf_counter()
+        for name in AUTO_CANDIDATES:
+            kernel = host_kernel_for(adapter, name)
+            if kernel is None:
+                candidates[name] = "no kernel for this architecture"
+                continue
+            candidates[name] = _time_format(adapter, kernel, workers, budget, repeats)
+        timed = {n: v for n, v in candidates.items() if isinstance(v, float)}
+        chosen = min(timed, key=lambda n: timed[n]) if timed else "packed"
+        select_s = time.perf_counter() - t0
+    kernel = host_kernel_for(adapter, chosen)
+    if kernel is None:
+        raise ValueError(f"{type(adapter).__name__} has no host kernel for format {chosen!r}")
+    if chosen == "packed":
+        hw = HostWeights(chosen, kernel, store.views, 0, 0.0, budget, candidates, select_s)
+    else:
+        prepared = prepare_all(
+            kernel,
+            store.views,
+            range(store.num_ids),
+            budget_bytes=budget,
+            device=prepare_device(adapter, kernel),
+        )
+        if prepared is None:
+            raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")
+        hw = HostWeights(
+            chosen,
+            kernel,
+            prepared.of,
+            prepared.nbytes,
+            prepared.prepare_s,
+            budget,
+            candidates,
+            select_s,
+        )
+    setattr(store, _ATTR, (key, hw))
+    return hw
+
+
+__all__ = [
+    "AUTO_CANDIDATES",
+    "HostWeights",
+    "PreparedWeights",
+    "default_weight_budget",
+    "host_weights_for",
+    "mem_available_bytes",
+]

@@ -1,0 +1,109 @@
+"""``pdflash serve --gpus 2`` on CPU: rank 0's serving loop drives a
+LockstepEngine, rank 1 follows; the streamed tokens equal the single-process
+server's, and stopping the server ends the follower."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from pdflash.distributed import RankGroup, distributed_available, launch
+
+pytestmark = [
+    pytest.mark.skipif(not distributed_available(), reason="torch.distributed with gloo needed"),
+    pytest.mark.timeout(300),
+]
+
+PROMPTS = [[5, 9, 2], [7, 1, 4, 4, 8], [3]]
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finish: Any = None
+        self.done = threading.Event()
+
+    def on_tokens(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+
+    def on_finish(self, finish: Any) -> None:
+        self.finish = finish
+        self.done.set()
+
+
+def _serve(cfg: Any) -> list[tuple[list[int], str]]:
+    """Rank 0 (or a single process): the real serving loop over the engine."""
+    from pdflash.engine.sampling import SamplingParams
+    from pdflash.serve.build import build_engine
+    from pdflash.serve.loop import EngineLoop, GenerationRequest
+
+    torch.set_num_threads(1)
+    loop = EngineLoop(lambda: build_engine(cfg))
+    loop.start(timeout_s=120)
+    try:
+        sinks = [_Sink() for _ in PROMPTS]
+        for prompt, sink in zip(PROMPTS, sinks, strict=True):
+            loop.submit(GenerationRequest(prompt, SamplingParams(), 8, (), sink))
+        for sink in sinks:
+            assert sink.done.wait(120)
+        return [(s.tokens, s.finish.reason) for s in sinks]
+    finally:
+        loop.stop()
+
+
+def _rank(group: RankGroup, cfg: Any) -> Any:
+    if group.is_main:
+        return _serve(cfg)
+    from pdflash.distributed.lockstep import follow
+    from pdflash.serve.build import build_engine
+
+    torch.set_num_threads(1)
+    bundle = build_engine(cfg)
+    try:
+        return follow(bundle.engine, group)
+    finally:
+        bundle.close()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from pdflash.serve.build import write_synthetic_model
+
+    target, draft = write_synthetic_model(
+        tmp_path_factory.mktemp("ep-serve"), "qwen3_moe", num_layers=3, seed=1
+    )
+    assert draft is not None
+    return target, draft
+
+
+def test_serve_two_ranks_streams_the_single_process_tokens(model: tuple[Path, Path]) -> None:
+    from pdflash.serve.build import ServeModelConfig
+
+    target, draft = model
+    base = dict(model=str(target), draft=str(draft), device="cpu", cache_fraction=0.3)
+    single = _serve(ServeModelConfig(**base))  # type: ignore[arg-type]
+    results = launch(_rank, 2, ServeModelConfig(**base, gpus=2), device="cpu")  # type: ignore[arg-type]
+    assert [reason for _, reason in single] == ["length"] * len(PROMPTS)
+    assert results[0] == single
+    assert results[1] > 0  # the follower stepped with rank 0 and was stopped by it
+
+
+def test_gpus_config_is_checked() -> None:
+    from pdflash.serve.build import ServeModelConfig
+
+    with pytest.raises(ValueError, match="gpus must be >= 1"):
+        ServeModelConfig(model="x", gpus=0).validate()
+    with pytest.raises(ValueError, match="B3"):
+        ServeModelConfig(model="x", gpus=2, baseline="B3").validate()
+
+
+def test_build_engine_refuses_gpus_without_a_group(model: tuple[Path, Path]) -> None:
+    from pdflash.serve.build import ServeModelConfig, build_engine
+
+    target, _ = model
+    with pytest.raises(RuntimeError, match="join a 2-rank group"):
+        build_engine(ServeModelConfig(model=str(target), device="cpu", gpus=2))

@@ -1,0 +1,578 @@
+"""The PD controller (pdflash.engine.pd_controller): synthetic measurement
+sequences (a part that costs more than it saves goes off, one that pays
+stays on, a shift re-enables, noise does not flap), a bounded switch rate
+for any measurements (hypothesis), and the engine's greedy tokens identical
+whatever the parts do."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdflash.engine.pd_controller import (
+    ALL_ON,
+    PARTS,
+    FixedParts,
+    PartsPolicy,
+    PartsState,
+    PDController,
+    StepMeasurement,
+)
+
+#: wall seconds of one step with every part's effect 1.0
+BASE_WALL = 0.1
+TOKENS = 64
+
+
+class Plant:
+    """A synthetic engine: a step's wall time is BASE_WALL times each running
+    part's factor (> 1: it costs more than it saves), times seeded noise."""
+
+    def __init__(
+        self,
+        factors: dict[str, float],
+        noise: float = 0.0,
+        seed: int = 0,
+        host: dict[str, float] | None = None,
+        saves: dict[str, float] | None = None,
+        exposed: float = 0.0,
+    ) -> None:
+        self.factors = dict(factors)
+        self.noise = noise
+        self.rng = np.random.default_rng(seed)
+        # optional: each running part's own host s/step and the exposed fetch
+        # s/step it removes from `exposed` (both added to the wall)
+        self.host = dict(host or {})
+        self.saves = dict(saves or {})
+        self.exposed = exposed
+
+    def step(self, parts: PartsState) -> StepMeasurement:
+        wall = BASE_WALL
+        for p in PARTS:
+            if parts.runs(p):
+                wall *= self.factors.get(p, 1.0)
+        if self.noise:
+            wall *= 1.0 + float(self.rng.uniform(-self.noise, self.noise))
+        running = [p for p in PARTS if parts.runs(p)]
+        host = {p: self.host.get(p, 0.0) for p in running}
+        exposed = max(0.0, self.exposed - sum(self.saves.get(p, 0.0) for p in running))
+        return StepMeasurement(
+            wall_s=wall + sum(host.values()) + exposed,
+            committed_tokens=TOKENS // 4,
+            verified_tokens=TOKENS,
+            part_host_s=host,
+            exposed_fetch_s=exposed,
+        )
+
+
+def drive(ctl: PartsPolicy, plant: Plant, steps: int) -> list[PartsState]:
+    """Run ``steps`` steps; returns the parts each step ran with."""
+    seen = []
+    for _ in range(steps):
+        parts = ctl.parts
+        seen.append(parts)
+        ctl.observe(plant.step(parts))
+    return seen
+
+
+# one probe = 3 windows of `window` measured steps (+ `settle` after each change)
+def probe_steps(ctl: PDController) -> int:
+    return 3 * ctl.window + 2 * ctl.settle
+
+
+def test_a_part_that_costs_more_than_it_saves_is_switched_off_within_bound() -> None:
+    ctl = PDController()
+    seen = drive(ctl, Plant({"route_ahead": 1.3}), 200)
+    summary = ctl.summary()
+    switched = [d for d in summary["decisions"] if d["switched"]]
+    assert [(d["part"], d["on"]) for d in switched] == [("route_ahead", False)]
+    assert "costs more than it saves" in switched[0]["why"]
+    # warm-up, a probe of the stream (probed first), then `confirm` probes of route-ahead
+    bound = ctl.warmup + (1 + ctl.confirm) * probe_steps(ctl)
+    off_at = switched[0]["step"]
+    assert off_at <= bound, (off_at, bound)
+    assert not seen[off_at].route_ahead
+    # later re-probes turn it on only for their B windows, and keep it off
+    after = seen[off_at:]
+    assert sum(s.route_ahead for s in after) / len(after) < 0.15
+    assert not seen[-1].route_ahead or summary["probes"] > 2
+    assert summary["switches"] == 1
+    assert summary["on_fraction"]["scheduler_2d"] > 0.9  # the others were left on
+    # with route-ahead off the stream does not run (it is not probed either)
+    assert not any(s.runs("stream") for s in after if not s.route_ahead)
+    assert all(d["part"] != "stream" for d in summary["decisions"] if d["step"] > off_at)
+
+
+def test_each_costly_part_goes_off_and_the_paying_one_stays_on() -> None:
+    ctl = PDController()
+    seen = drive(ctl, Plant({"scheduler_2d": 1.25, "stream": 1.2, "route_ahead": 0.7}), 300)
+    end = seen[-1]
+    assert end.route_ahead and not end.scheduler_2d and not end.stream
+    s = ctl.summary()
+    assert s["switches"] == 2
+    # route-ahead pays: it ran except in its own probes' B windows
+    assert s["on_fraction"]["route_ahead"] > 0.85
+
+
+def test_a_part_that_pays_stays_on() -> None:
+    ctl = PDController()
+    seen = drive(ctl, Plant({"route_ahead": 0.6, "scheduler_2d": 0.9, "stream": 0.8}), 300)
+    assert ctl.summary()["switches"] == 0
+    assert all(d["why"].startswith("kept on") for d in ctl.summary()["decisions"])
+    assert sum(s == ALL_ON for s in seen) / len(seen) > 0.75  # probes cost the rest
+
+
+def test_a_shift_re_enables_a_part() -> None:
+    ctl = PDController(hold=12)
+    plant = Plant({"stream": 1.3})
+    seen = drive(ctl, plant, 100)
+    assert not seen[-1].stream
+    plant.factors["stream"] = 0.7  # the workload shifts: streaming pays now
+    seen = drive(ctl, plant, 200)
+    switched = [d for d in ctl.summary()["decisions"] if d["switched"]]
+    assert [(d["part"], d["on"]) for d in switched] == [("stream", False), ("stream", True)]
+    assert "pays again" in switched[-1]["why"]
+    # at most a hold, the probes of the parts before it and its own confirm probes
+    bound = ctl.hold + (len(PARTS) - 1 + ctl.confirm) * probe_steps(ctl) + ctl.settle
+    on_after = switched[-1]["step"] - 100
+    assert 0 < on_after <= bound, (on_after, bound)
+    # and it stays on, but for its re-probes' B windows
+    rest = seen[on_after:]
+    assert rest[0].stream and sum(s.stream for s in rest) / len(rest) > 0.85
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_flapping_under_noise(seed: int) -> None:
+    # the parts change nothing; every step's wall time is off by up to +-10%
+    ctl = PDController()
+    drive(ctl, Plant({}, noise=0.10, seed=seed), 2000)
+    s = ctl.summary()
+    assert s["probes"] > 50
+    assert s["switches"] <= 2, s["decisions"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides(seed: int) -> None:
+    # route-ahead's host work (8 ms/step) removes 2 ms/step of exposed fetch:
+    # a 6% loss the +-15% wall noise hides from the rate, not from its books
+    ctl = PDController()
+    plant = Plant(
+        {},
+        noise=0.15,
+        seed=seed,
+        host={"route_ahead": 0.008},
+        saves={"route_ahead": 0.002},
+        exposed=0.003,
+    )
+    drive(ctl, plant, 150)
+    switched = [d for d in ctl.summary()["decisions"] if d["switched"]]
+    assert [(d["part"], d["on"]) for d in switched][:1] == [("route_ahead", False)]
+    assert "cost/benefit" in switched[0]["why"]
+
+
+def test_both_rules_agreeing_switch_in_one_probe() -> None:
+    # the stream's 30 ms/step of host work saves nothing: rate and books agree
+    ctl = PDController()
+    drive(ctl, Plant({}, host={"stream": 0.03}), 40)
+    decisions = ctl.summary()["decisions"]
+    assert decisions[0]["part"] == "stream" and decisions[0]["switched"]
+    assert decisions[0]["step"] <= ctl.warmup + probe_steps(ctl)
+    assert decisions[0]["why"].endswith("by rate and cost/benefit")
+    assert "cost - saving +0.03" in decisions[0]["why"]
+
+
+def test_cost_benefit_keeps_a_prefetcher_that_saves_more_than_it_costs() -> None:
+    ctl = PDController()
+    plant = Plant(
+        {},
+        noise=0.15,
+        seed=4,
+        host={"route_ahead": 0.002, "stream": 0.001},
+        saves={"route_ahead": 0.02, "stream": 0.01},
+        exposed=0.04,
+    )
+    drive(ctl, plant, 300)
+    assert ctl.summary()["switches"] == 0
+
+
+def test_small_noise_never_switches() -> None:
+    # +-2% per step cannot make a window 5% faster than two others
+    ctl = PDController()
+    drive(ctl, Plant({}, noise=0.02, seed=1), 1000)
+    assert ctl.summary()["switches"] == 0
+
+
+def test_prefill_steps_and_steps_without_verify_are_not_measured() -> None:
+    ctl = PDController(warmup=0)
+    before = ctl.parts
+    for _ in range(50):
+        ctl.observe(StepMeasurement(wall_s=1.0, committed_tokens=1, admitted=2))
+        ctl.observe(StepMeasurement(wall_s=1.0, committed_tokens=0, verified=False))
+    assert ctl.parts == before and ctl.summary()["probes"] == 0
+    assert ctl.summary()["steps"] == 100  # counted in the books all the same
+
+
+def test_unavailable_parts_stay_off_and_are_never_probed() -> None:
+    ctl = PDController(warmup=0, hold=1)
+    ctl.bind(PartsState(route_ahead=True, scheduler_2d=False, stream=False))
+    seen = drive(ctl, Plant({"scheduler_2d": 0.5, "stream": 0.5}), 200)
+    assert not any(s.scheduler_2d or s.stream for s in seen)
+    assert {d["part"] for d in ctl.summary()["decisions"]} == {"route_ahead"}
+    assert ctl.summary()["on_fraction"]["stream"] == 0.0
+
+
+def test_fixed_parts_never_switch_and_keep_books() -> None:
+    pol = FixedParts()
+    pol.bind(PartsState(stream=False))
+    seen = drive(pol, Plant({"route_ahead": 3.0}), 30)
+    assert set(seen) == {PartsState(stream=False)}
+    s = pol.summary()
+    assert s["switches"] == 0 and s["on_fraction"] == {
+        "route_ahead": 1.0,
+        "scheduler_2d": 1.0,
+        "stream": 0.0,
+    }
+    pol.reset_stats()
+    assert pol.summary()["steps"] == 0 and pol.summary()["on_fraction"]["route_ahead"] is None
+
+
+def test_reset_stats_keeps_the_decision_state() -> None:
+    ctl = PDController()
+    drive(ctl, Plant({"route_ahead": 1.5}), 80)
+    assert not ctl.parts.route_ahead
+    ctl.reset_stats()
+    assert ctl.summary()["switches"] == 0 and ctl.summary()["steps"] == 0
+    assert not ctl.parts.route_ahead
+
+
+def test_committed_rate_can_be_chosen() -> None:
+    ctl = PDController(rate_of="committed")
+    drive(ctl, Plant({"route_ahead": 1.4}), 60)
+    assert not ctl.parts.route_ahead
+    assert "committed tokens/s" in ctl.summary()["decisions"][0]["why"]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"window": 0},
+        {"confirm": 0},
+        {"hold": -1},
+        {"margin": -0.1},
+        {"margin": float("nan")},
+        {"window": 2.5},
+        {"rate_of": "bytes"},
+    ],
+)
+def test_bad_settings_are_refused(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        PDController(**kwargs)
+
+
+def test_bad_measurements_and_parts_are_refused() -> None:
+    with pytest.raises(ValueError, match="wall_s"):
+        StepMeasurement(wall_s=-1.0, committed_tokens=1)
+    with pytest.raises(ValueError, match="verified_tokens"):
+        StepMeasurement(wall_s=1.0, committed_tokens=1, verified_tokens=-1)
+    with pytest.raises(ValueError, match="unknown part"):
+        ALL_ON.with_part("bands", False)
+
+
+def test_policies_conform_to_the_protocol() -> None:
+    assert isinstance(PDController(), PartsPolicy)
+    assert isinstance(FixedParts(), PartsPolicy)
+
+
+measurements = st.lists(
+    st.tuples(
+        st.floats(min_value=0.0, max_value=10.0),  # wall
+        st.integers(min_value=0, max_value=512),  # verified tokens
+        st.integers(min_value=0, max_value=2),  # admitted
+        st.booleans(),  # verified
+    ),
+    max_size=400,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seq=measurements,
+    window=st.integers(1, 4),
+    confirm=st.integers(1, 3),
+    settle=st.integers(0, 2),
+    available=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+)
+def test_switch_rate_is_bounded_and_decisions_are_deterministic(
+    seq: list[tuple[float, int, int, bool]],
+    window: int,
+    confirm: int,
+    settle: int,
+    available: tuple[bool, bool, bool],
+) -> None:
+    avail = PartsState(*available)
+
+    def run() -> tuple[PDController, list[PartsState]]:
+        ctl = PDController(window=window, confirm=confirm, settle=settle, warmup=0, hold=0)
+        ctl.bind(avail)
+        seen = []
+        for wall, tokens, admitted, verified in seq:
+            seen.append(ctl.parts)
+            ctl.observe(
+                StepMeasurement(
+                    wall_s=wall,
+                    committed_tokens=tokens // 4,
+                    verified_tokens=tokens,
+                    admitted=admitted,
+                    verified=verified,
+                )
+            )
+        return ctl, seen
+
+    ctl, seen = run()
+    # a switch needs at least one whole probe of 3 windows of measured steps
+    # (`confirm` of them unless both rules vote)
+    assert ctl.summary()["switches"] <= len(seq) // (3 * window)
+    assert ctl.summary()["switches"] <= ctl.summary()["probes"]
+    # the parts are what the engine has, and nothing else
+    assert all(s == s.masked(avail) for s in seen)
+    # changes of the parts: each probe changes them at most twice, a switch once more
+    changes = sum(a != b for a, b in itertools.pairwise(seen))
+    assert changes <= 3 * (ctl.summary()["probes"] + 1)
+    _, again = run()
+    assert again == seen
+
+
+# ------------------------------------------------------------------ engine
+class ScriptedParts:
+    """Runs the eight on/off combinations of the parts in turn, one per step."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self._combos = [PartsState(*c) for c in itertools.product((True, False), repeat=3)]
+        self._i = 0
+        self._available = ALL_ON
+        self.seen: list[PartsState] = []
+
+    @property
+    def parts(self) -> PartsState:
+        return self._combos[self._i % len(self._combos)].masked(self._available)
+
+    def bind(self, available: PartsState) -> None:
+        self._available = available
+
+    def observe(self, m: StepMeasurement) -> PartsState:
+        self.seen.append(self.parts)
+        self.measured = m
+        self._i += 1
+        return self.parts
+
+    def summary(self) -> dict[str, Any]:
+        return {"policy": self.name, "steps": self._i}
+
+    def reset_stats(self) -> None:
+        self._i = 0
+
+
+@pytest.fixture(scope="module")
+def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from pdflash.engine.drafter import write_synthetic_drafter
+    from pdflash.models import write_synthetic_checkpoint
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("pdctl")
+    write_synthetic_checkpoint(
+        tmp / "target", "qwen3_moe", "tiny", num_layers=4, dtype=torch.float32, seed=3
+    )
+    cfg = json.loads((tmp / "target" / "config.json").read_text())
+    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
+    ref_model = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1)
+    cases = []
+    for n in (3, 9, 6, 5):
+        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            for _ in range(14):
+                tok = int(ref_model(torch.tensor([ids])).logits[0, -1].argmax())
+                out.append(tok)
+                ids.append(tok)
+        cases.append((prompt, out))
+    return tmp, cases
+
+
+def _engine(tmp: Any, baseline: str, controller: PartsPolicy | None) -> tuple[Any, Any]:
+    from pdflash.cache import ExpertCache
+    from pdflash.cache.eviction import LayerCyclicPolicy
+    from pdflash.engine.batching import DeficitBatcher, ShadowComparison
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.drafter import load_drafter
+    from pdflash.engine.engine import Engine
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+    from pdflash.routeahead import ApproxRouterPredictor, PreviousRoundPredictor
+
+    issuer = H2DIssuer(backend="host")
+    adapter = load_adapter(tmp / "target", device="cpu")
+    cache = ExpertCache(
+        adapter.store,
+        issuer,
+        device="cpu",
+        num_slots=6,
+        top_k=adapter.top_k,
+        max_batch_tokens=1,
+        policy=LayerCyclicPolicy(adapter.num_layers, adapter.num_experts),
+    )
+    adapter.attach_cache(cache)
+    config = EngineConfig.preset(baseline, block_size=5, max_running=4, token_budget=12)
+
+    def deficit(budget: int | None) -> DeficitBatcher:
+        return DeficitBatcher(
+            token_budget=config.token_budget,
+            byte_budget=budget,
+            num_layers=adapter.num_layers,
+            num_experts=adapter.num_experts,
+            expert_nbytes=cache.expert_nbytes,
+        )
+
+    # M of three experts: the 2-D scheduler splits batches the token-only one keeps
+    batcher = ShadowComparison(deficit(3 * cache.expert_nbytes), deficit(None), cache.expert_nbytes)
+    predictor = BatchedUnionPredictor(
+        [
+            (ApproxRouterPredictor(adapter), 1.0),
+            (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
+        ]
+    )
+    eng = Engine(
+        adapter,
+        config.replace(byte_budget=3 * cache.expert_nbytes),
+        drafter=load_drafter(tmp / "drafter"),
+        batcher=batcher,
+        predictor=predictor,
+        expert_cache=cache,
+        max_seq_len=64,
+        controller=controller,
+    )
+    return eng, issuer
+
+
+@pytest.mark.parametrize("policy", ["scripted", "controller", "default", "all-on"])
+def test_engine_greedy_tokens_identical_whatever_the_parts(
+    policy: str, offloaded: tuple[Any, list[Any]]
+) -> None:
+    tmp, cases = offloaded
+    controller: PartsPolicy | None = {
+        "scripted": ScriptedParts(),
+        # switches as often as it can: every probe is one step per window
+        "controller": PDController(window=1, confirm=1, warmup=0, hold=0, settle=0, margin=0.0),
+        "default": None,  # PD's preset builds its own PDController
+        "all-on": None,
+    }[policy]
+    baseline = "PD-all-on" if policy == "all-on" else "PD"
+    eng, issuer = _engine(tmp, baseline, controller)
+    try:
+        ids = [eng.add_request(p, max_new_tokens=14) for p, _ in cases]
+        done = eng.run_until_done(max_steps=400)
+        for rid, (_, ref) in zip(ids, cases, strict=True):
+            assert done[rid].output == ref, (policy, rid)
+            assert done[rid].error is None
+        assert eng.prefetch_failures == 0
+        assert int(np.asarray(eng.adapter.cache.pins).sum()) == 0
+        if policy == "all-on":
+            assert eng.parts is None and eng.stream is not None
+            return
+        assert eng.parts is not None
+        assert eng.parts.available == ALL_ON  # every part was switchable
+        if policy == "scripted":
+            assert isinstance(controller, ScriptedParts)
+            seen = set(controller.seen)
+            # the parts really were switched: every combination ran
+            assert len(seen) == 8
+            assert eng.batcher.shadow_executed_steps > 0  # type: ignore[attr-defined]
+            # and the two schedulers did choose different batches
+            assert eng.batcher.differing_steps > 0  # type: ignore[attr-defined]
+            assert eng.parts.stream is not None and eng.parts.stream.bytes_submitted > 0
+            m = controller.measured
+            assert m.wall_s > 0 and m.exposed_fetch_s >= 0 and m.bytes_in is not None
+        if policy == "controller":
+            assert isinstance(controller, PDController)
+            assert controller.summary()["probes"] > 0
+    finally:
+        issuer.close()
+
+
+def test_pd_row_records_the_controllers_decisions(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
+    from pdflash.report.schema import validate_row
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny",
+        baseline="PD",
+        concurrency=4,
+        block_size=6,
+        max_new_tokens=24,
+        prompt_len=6,
+        device="cpu",
+        emulated_link_gbps=0.5,
+    )
+    row = run_spec(spec).row
+    assert validate_row(row) == []
+    assert row["parts_controller"] is True
+    # the configuration PD was built with, whatever the controller left on at the end
+    assert row["route_ahead"] and row["streaming_prefetch"] and row["batching"] == "deficit_2d"
+    parts = row["pd_parts"]
+    assert parts["policy"] == "ab-windows" and parts["steps"] == row["steps"]
+    assert parts["available"] == {"stream": True, "route_ahead": True, "scheduler_2d": True}
+    assert all(0.0 <= f <= 1.0 for f in parts["on_fraction"].values())
+    assert parts["switches"] >= 0 and all("why" in d for d in parts["decisions"])
+
+
+def test_stall_ready_adds_only_completed_spans_without_synchronizing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import torch
+
+    from pdflash.engine.timing import _Span
+
+    class Event:
+        def __init__(self, t_ms: float, done: bool) -> None:
+            self.t_ms, self.done = t_ms, done
+
+        def query(self) -> bool:
+            return self.done
+
+        def elapsed_time(self, end: Event) -> float:
+            return end.t_ms - self.t_ms
+
+    def no_sync() -> None:
+        raise AssertionError("ready_s must not synchronize the device")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    span = _Span(cuda=True)
+    span.pairs = [
+        (Event(0, True), Event(2, True)),
+        (Event(5, True), Event(8, True)),
+        (Event(9, True), Event(20, False)),  # still running on the device
+        (Event(21, False), Event(22, False)),
+    ]
+    assert span.ready_s() == pytest.approx(0.005)
+    assert len(span.pairs) == 2
+    span.pairs[0][1].done = True
+    span.pairs[1] = (Event(21, True), Event(22, True))
+    assert span.ready_s() == pytest.approx(0.005 + 0.011 + 0.001)
+    assert span.pairs == []

@@ -1,0 +1,264 @@
+"""Host weight formats (pdflash.hybrid.kernels / prepare): an expert computed
+from its prepared host weights equals the device path over a cache slot
+(within the dtype's tolerance) per architecture and stored format; the
+offloaded forward with every miss served that way equals the resident model;
+the memory budget, the auto choice and its cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pdflash.hybrid import (
+    HOST_FORMATS,
+    ForcedHostPlanner,
+    HostExpertExecutor,
+    build_host_service,
+    host_kernel_for,
+    host_weights_for,
+)
+from pdflash.hybrid.kernels import prepare_all, prepared_nbytes
+from pdflash.models import load_adapter
+
+ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+PREPARED = tuple(f for f in HOST_FORMATS if f != "packed")
+
+
+def _device_path(ad: object, ids: np.ndarray, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    slots = ad.cache.ensure_resident(ids)  # type: ignore[attr-defined]
+    try:
+        views = [ad.runtime._slot_views[int(s)] for s in slots]  # type: ignore[attr-defined]
+        return torch.cat(
+            [ad.expert_forward(p, v) for p, v in zip(x.split(counts), views, strict=True)]  # type: ignore[attr-defined]
+        )
+    finally:
+        ad.cache.release(ids)  # type: ignore[attr-defined]
+
+
+def _host_path(ad: object, fmt: str, ids: np.ndarray, x: torch.Tensor, counts: list[int]):
+    hw = host_weights_for(ad, fmt, budget_bytes=1 << 34)
+    assert hw.format == fmt
+    store = ad.store  # type: ignore[attr-defined]
+    with HostExpertExecutor(
+        hw.weights_of,
+        hw.kernel.forward,
+        dtype=hw.kernel.dtype,
+        out_dtype=store.layout.dtype,
+        workers=2,
+    ) as ex:
+        return ex.compute(ids, x, counts), hw
+
+
+@pytest.mark.parametrize("fmt", PREPARED)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prepared_expert_equals_device_expert(
+    arch: str,
+    dtype: torch.dtype,
+    fmt: str,
+    tiny_checkpoints: dict[str, Path],
+    host_issuer: object,
+) -> None:
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, dtype=dtype)
+    ids = np.array([0, 3, ad.num_experts + 1], dtype=np.int64)  # two layers
+    counts = [3, 1, 5]
+    x = torch.randn(sum(counts), ad.hidden_size, generator=torch.Generator().manual_seed(1))
+    x = x.to(dtype)
+    host, hw = _host_path(ad, fmt, ids, x, counts)
+    device = _device_path(ad, ids, x, counts)
+    assert host.dtype == device.dtype == dtype
+    # same function, other layout (and float32 compute for fp32_*): rounding only
+    if dtype == torch.float32:
+        torch.testing.assert_close(host, device, atol=1e-5, rtol=1e-5)
+    else:
+        # bf16 rounds every intermediate: bound the error by the output's
+        # scale (an element near 0 may differ by a few of its ulps)
+        err = (host.float() - device.float()).abs()
+        scale = float(device.float().abs().max())
+        assert float(err.max()) <= 2e-2 * scale and float(err.mean()) <= 2e-3 * scale
+    assert host.abs().max() > 0
+    if fmt.startswith("fp32_") or dtype == torch.float32:
+        assert hw.kernel.dtype == torch.float32
+
+
+def test_prepared_nbytes_counts_only_new_tensors(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    qwen = load_adapter(tiny_checkpoints["qwen3_moe"], issuer=host_issuer, cache_slots=8)
+    views = qwen.store.views(2)
+    # a dense SwiGLU expert is already [out, in] in the model dtype: shared
+    w = host_kernel_for(qwen, "out_in").prepare(views)  # type: ignore[union-attr]
+    assert prepared_nbytes(w, views) == 0
+    assert all(
+        w[k].data_ptr() == views[n].data_ptr() for k, n in (("w1", "gate_up"), ("w2", "down"))
+    )
+    w = host_kernel_for(qwen, "in_out").prepare(views)  # type: ignore[union-attr]
+    assert prepared_nbytes(w, views) == sum(t.numel() * t.element_size() for t in views.values())
+    oss = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    views = oss.store.views(1)
+    w = host_kernel_for(oss, "out_in").prepare(views)  # type: ignore[union-attr]
+    # the transposed, de-interleaved gate_up and down are new; the biases
+    # (gate_up's reordered) partly too
+    assert prepared_nbytes(w, views) == sum(
+        t.numel() * t.element_size() for k, t in w.items() if k != "b2"
+    )
+
+
+def test_budget_bounds_the_prepared_copy(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    kernel = host_kernel_for(ad, "fp32_out_in")
+    assert kernel is not None
+    ids = range(ad.store.num_ids)
+    full = prepare_all(kernel, ad.store.views, ids)
+    assert full is not None and full.nbytes > 0 and len(full.experts) == ad.store.num_ids
+    assert prepare_all(kernel, ad.store.views, ids, budget_bytes=full.nbytes - 1) is None
+    assert prepare_all(kernel, ad.store.views, ids, budget_bytes=full.nbytes) is not None
+    with pytest.raises(ValueError, match="exceeds"):
+        host_weights_for(ad, "fp32_out_in", budget_bytes=full.nbytes // 2)
+    with pytest.raises(ValueError, match="unknown host format"):
+        host_weights_for(ad, "fp16")
+    with pytest.raises(ValueError, match="budget_bytes"):
+        host_weights_for(ad, "packed", budget_bytes=-1)
+
+
+def test_auto_times_the_candidates_and_keeps_its_choice(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    hw = host_weights_for(ad, "auto", budget_bytes=1 << 34)
+    timed = {k: v for k, v in hw.candidates.items() if isinstance(v, float)}
+    assert set(timed) == {"packed", "out_in", "fp32_out_in", "fp32_in_out"}
+    assert all(v > 0 for v in timed.values())
+    assert hw.format == min(timed, key=lambda k: timed[k])
+    assert hw.select_s is not None and hw.select_s > 0
+    assert host_weights_for(ad, "auto", budget_bytes=1 << 34) is hw  # kept with the store
+    assert host_weights_for(ad, hw.format) is hw  # the same format, default budget
+    default = host_weights_for(ad, "auto")  # the default budget (from MemAvailable) ...
+    assert host_weights_for(ad, "auto") is default  # ... is not re-read for a repeat
+    # no room for any copy: only the packed views (and zero-copy formats) remain
+    none = host_weights_for(ad, "auto", budget_bytes=0)
+    assert none.nbytes == 0
+    assert all(isinstance(none.candidates[f], str) for f in ("out_in", "fp32_out_in"))
+    assert "over the budget" in none.candidates["out_in"]
+
+
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+@pytest.mark.parametrize("arch", ("qwen3_moe", "gpt_oss"))
+def test_offloaded_forward_with_prepared_host_experts_equals_resident(
+    arch: str, fmt: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    ad = load_adapter(
+        tiny_checkpoints[arch],
+        issuer=host_issuer,
+        cache_slots=4,
+        max_batch_tokens=2,
+        attn_implementation="eager",
+    )
+    ref = AutoModelForCausalLM.from_pretrained(
+        tiny_checkpoints[arch],
+        dtype=torch.float32,
+        attn_implementation="eager",
+        experts_implementation="eager",
+    ).eval()
+    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = ref(input_ids=ids[None]).logits[0]
+    svc = build_host_service(
+        ad,
+        link_bytes_per_s=1e9,
+        planner=ForcedHostPlanner(every=1),
+        calibrate=False,
+        host_format=fmt,
+        weight_budget_bytes=1 << 34,
+    )
+    try:
+        got = ad.forward_logits(ids)
+        assert svc.host_weights is not None and svc.host_weights["host_format"] == fmt
+        assert svc.describe()["host_weights"]["host_format"] == fmt
+    finally:
+        svc.close()
+        ad.runtime.host_service = None
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert svc.books.experts > 0 and ad.cache.copies == 0
+
+
+@pytest.fixture(scope="module")
+def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pdflash.models import write_synthetic_checkpoint
+
+    return write_synthetic_checkpoint(
+        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
+    )
+
+
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_mxfp4_experts_are_dequantized_once(
+    fmt: str, mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    from pdflash.models.layout import mxfp4_dequant_calls
+
+    ad = load_adapter(
+        mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2, dtype=torch.float32
+    )
+    assert ad.layout.format == "mxfp4"
+    ids = np.array([1, ad.num_experts + 2], dtype=np.int64)
+    x = torch.randn(5, ad.hidden_size, generator=torch.Generator().manual_seed(2))
+    hw = host_weights_for(ad, fmt, budget_bytes=1 << 34)
+    assert hw.nbytes > 0  # dense copies of the compressed experts
+    before = sum(mxfp4_dequant_calls().values())
+    host, _ = _host_path(ad, fmt, ids, x, [2, 3])
+    assert sum(mxfp4_dequant_calls().values()) == before  # nothing dequantized per call
+    torch.testing.assert_close(host, _device_path(ad, ids, x, [2, 3]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_fp8_experts_prepared_dense(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, expert_dtype="fp8")
+    assert ad.layout.format == "fp8"
+    ids = np.array([0, 5], dtype=np.int64)
+    x = torch.randn(4, ad.hidden_size, generator=torch.Generator().manual_seed(7))
+    host, hw = _host_path(ad, "out_in", ids, x, [1, 3])
+    assert hw.nbytes > 0
+    torch.testing.assert_close(host, _device_path(ad, ids, x, [1, 3]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_preparing_on_a_device_gives_the_same_weights(
+    fmt: str, mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    # the device path (copy the packed views there, prepare, copy back),
+    # here with the CPU as the "device": same values, all of it new memory
+    ad = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    ids = [0, 3, ad.num_experts + 1]
+    here = prepare_all(kernel, ad.store.views, ids)
+    there = prepare_all(kernel, ad.store.views, ids, device="cpu")
+    assert here is not None and there is not None
+    for a, b in zip(here.experts, there.experts, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]) and b[k].is_contiguous()
+    assert there.nbytes == sum(
+        t.numel() * t.element_size() for w in there.experts for t in w.values()
+    )
+
+
+def test_prepare_device_is_the_host_without_cuda(
+    tiny_checkpoints: dict[str, Path], mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    from pdflash.hybrid.prepare import prepare_device
+
+    dense = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    mx = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=8)
+    assert prepare_device(dense, host_kernel_for(dense, "fp32_out_in")) is None
+    assert prepare_device(mx) is None  # a CPU adapter prepares on the CPU
