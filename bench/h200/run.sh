@@ -2,7 +2,8 @@
 # Build pdflash on the lent H200 machine and run named steps, each a command
 # line; results go to $OUT/results.jsonl (one {"step", "cmd", "rc", "result"}
 # per step) and the whole log to $OUT/log.txt. Usage:
-#   bash bench/h200/run.sh 'gputests=pytest -m gpu -q' 'h2d=pdflash-bench h2d --json'
+#   bash bench/h200/run.sh 'gputests=pytest -m gpu -q $(grep -rl pytest.mark.gpu tests)' 'h2d=pdflash-bench h2d --json'
+# (the gpu tests' modules only: the image lacks some test extras, e.g. openai)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}
