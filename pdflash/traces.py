@@ -92,7 +92,8 @@ class ProxyTrace:
         return self.tokens[self.token_request[r] : self.token_request[r + 1]]
 
     def acceptance(self, r: int) -> npt.NDArray[np.int16]:
-        return self.round_accepted[self.round_request == r]
+        result: npt.NDArray[np.int16] = self.round_accepted[self.round_request == r]
+        return result
 
     def validate(self) -> None:
         prov = self.provenance

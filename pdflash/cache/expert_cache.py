@@ -385,7 +385,7 @@ class ExpertCache:
         """CUDA: record one event on the compute stream after the kernels
         that read ``slots``; an eviction of any of them waits for it."""
         if self._is_cuda:
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
             ev.record(torch.cuda.current_stream(self.device))
             self._events[slots] = ev
 

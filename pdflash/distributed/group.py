@@ -148,12 +148,12 @@ def launch(fn: Callable[..., Any], nprocs: int, *args: Any, device: str = "auto"
     order. ``fn`` and its arguments must be picklable (a module-level
     function). A rank that raises makes this raise
     (``torch.multiprocessing.ProcessRaisedException`` naming the rank)."""
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import start_processes
 
     if nprocs < 1:
         raise ValueError(f"nprocs must be >= 1, got {nprocs}")
     with tempfile.TemporaryDirectory(prefix="pdflash-ranks-") as out_dir:
-        mp.start_processes(
+        start_processes(  # type: ignore[no-untyped-call]
             _rank_main,
             args=(nprocs, free_port(), device, out_dir, fn, args),
             nprocs=nprocs,

@@ -105,14 +105,14 @@ class _Timed:
 
     def __enter__(self) -> None:
         if self.cuda:
-            self.start = torch.cuda.Event(enable_timing=True)
+            self.start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             self.start.record()
         else:
             self.t0 = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
         if self.cuda:
-            end = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end.record()
             self.stats._events.append((self.start, end))
         else:
@@ -274,10 +274,12 @@ class ShardedCacheView:
         self._resident = union.reshape(mine.shape)
         self.syncs += 1
         self.sync_s += time.perf_counter() - t0
-        return self._resident.copy()
+        result: npt.NDArray[np.bool_] = self._resident.copy()
+        return result
 
     def resident_mask(self) -> npt.NDArray[np.bool_]:
-        return self._resident.copy()
+        result: npt.NDArray[np.bool_] = self._resident.copy()
+        return result
 
     # -- this rank's experts ---------------------------------------------------
 

@@ -84,7 +84,8 @@ class RoundRobinPlacement:
         return self._n
 
     def owner_table(self) -> npt.NDArray[np.int64]:
-        return self._table.copy()
+        result: npt.NDArray[np.int64] = self._table.copy()
+        return result
 
 
 class FrequencyBalancedPlacement:
@@ -126,7 +127,8 @@ class FrequencyBalancedPlacement:
         return self._n
 
     def owner_table(self) -> npt.NDArray[np.int64]:
-        return self._table.copy()
+        result: npt.NDArray[np.int64] = self._table.copy()
+        return result
 
     def rank_load(self) -> npt.NDArray[np.float64]:
         """``[ranks]``: the measured frequency each rank owns (all layers)."""

@@ -191,7 +191,8 @@ class _MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        result: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return result
 
 
 class _Layer(nn.Module):
@@ -380,7 +381,8 @@ class DFlashDrafter(nn.Module):
                 )
                 x = x + attn.o_proj(out)
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
-            return self.norm(x)
+            result: torch.Tensor = self.norm(x)
+            return result
         finally:
             # keep exactly the committed context, whatever happened above
             for it, length in zip(items, committed, strict=False):

@@ -29,4 +29,5 @@ class BatchedUnionPredictor(CombinedPredictor):
         super().__init__(members, mode="union", name=name)
 
     def predict(self, block: DraftedBlock) -> ScoreArray:
-        return self.predict_batch([block])[0]
+        result: ScoreArray = self.predict_batch([block])[0]
+        return result

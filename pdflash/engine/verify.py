@@ -177,7 +177,7 @@ class Verifier:
             argmax = torch.argmax(logits[i], dim=-1).reshape(-1).to(torch.int64)
             parts += [drafts, argmax]
             sizes += [int(drafts.numel()), int(argmax.numel())]
-        host = torch.cat(parts).cpu().split(sizes)
+        host = torch.split(torch.cat(parts).cpu(), sizes)
         return {i: (host[2 * j], host[2 * j + 1]) for j, i in enumerate(rows)}
 
 

@@ -243,7 +243,7 @@ class HostExpertExecutor:
             return x.contiguous(), None
         host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
         host.copy_(x, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(torch.cuda.current_stream(x.device))
         return host, event.synchronize
 

@@ -249,7 +249,8 @@ class ForcedHostPlanner:
         if self.ids is not None:
             return np.isin(ids, np.asarray(list(self.ids), dtype=np.int64))
         assert self.every is not None
-        return (np.arange(ids.size) % self.every) == 0
+        result: npt.NDArray[np.bool_] = (np.arange(ids.size) % self.every) == 0
+        return result
 
     def plan(
         self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState

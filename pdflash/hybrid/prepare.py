@@ -191,7 +191,8 @@ def host_weights_for(
         if (asked, asked_budget) == key or (
             fmt == kept.format and (budget_bytes is None or kept.nbytes <= budget_bytes)
         ):
-            return kept
+            result: HostWeights = kept
+            return result
     setattr(store, _ATTR, None)  # drop an earlier copy before making another
     budget = default_weight_budget() if budget_bytes is None else int(budget_bytes)
     candidates: dict[str, Any] = {}

@@ -245,7 +245,7 @@ class OffloadedMoE:
         # Each token's k rows are distinct, so the un-permute is a plain
         # (deterministic) indexed write; the k-way weighted sum is one
         # reduction in the routing weights' precision, rounded to x's dtype once.
-        x_parts = x[order // k].split(counts_host[experts].tolist())
+        x_parts = torch.split(x[order // k], counts_host[experts].tolist())
         y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
         host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
         todo = np.arange(experts.size)  # positions in `experts` computed here

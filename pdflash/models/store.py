@@ -171,13 +171,15 @@ class SafetensorsCheckpoint:
             with self._open(key) as f:
                 return self.read(key, index, handle=f)
         if index is None:
-            return handle.get_tensor(key)
-        return handle.get_slice(key)[index]
+            result: torch.Tensor = handle.get_tensor(key)
+            return result
+        sliced: torch.Tensor = handle.get_slice(key)[index]
+        return sliced
 
 
 def _cudart_register(buf: torch.Tensor) -> Callable[[], None]:
     """Page-lock ``buf`` in place; returns the undo."""
-    cudart = torch.cuda.cudart()
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
     ptr = buf.data_ptr()
     err = cudart.cudaHostRegister(ptr, buf.numel(), 0)
     if int(err) != 0:

@@ -340,7 +340,7 @@ def _tensor_specs(
             )
         fmt = by_name[expert_format]
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
     num_experts = cls.num_experts_of(config)
     specs: list[tuple[str, tuple[int, ...], torch.dtype, int]] = []
     for mkey, t in model.state_dict().items():

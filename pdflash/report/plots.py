@@ -118,7 +118,10 @@ def _grid(plt: Any, n_panels: int) -> tuple[Any, Any]:
     """A figure with up to three panels per row."""
     ncols = min(3, n_panels)
     nrows = (n_panels + ncols - 1) // ncols
-    return plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False)
+    result: tuple[Any, Any] = plt.subplots(
+        nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False
+    )
+    return result
 
 
 def _save(plt: Any, fig: Any, axes: Any, n_panels: int, title: str, path: str | Path) -> Path:

@@ -239,7 +239,8 @@ class ApproxRouterPredictor:
         return hidden + adapter.project_out(layer, out)
 
     def predict(self, block: DraftedBlock) -> ScoreArray:
-        return self.predict_batch([block])[0]
+        result: ScoreArray = self.predict_batch([block])[0]
+        return result
 
     def predict_batch(self, blocks: Sequence[DraftedBlock]) -> ScoreArray:
         """Scores ``(len(blocks), L, E)`` from one router pass over all the
@@ -429,7 +430,8 @@ def _scaled_to_weight(scores: ScoreArray, weight: float) -> ScoreArray:
     scale = np.where(positive, weight / np.where(positive, peak, 1.0).astype(np.float64), 0.0)
     part = np.maximum(scores * scale.astype(np.float32)[:, None, None], 0, dtype=np.float32)
     part[~positive] = 0
-    return part
+    result: ScoreArray = part
+    return result
 
 
 class CombinedPredictor:
@@ -469,7 +471,8 @@ class CombinedPredictor:
             _scaled_to_weight(np.asarray(p.predict(block), dtype=np.float32)[None], w)
             for p, w in self.members
         )
-        return self._combine(parts)[0]
+        result: ScoreArray = self._combine(parts)[0]
+        return result
 
     def predict_batch(self, blocks: Sequence[DraftedBlock]) -> ScoreArray:
         """Scores ``(len(blocks), L, E)``, each block combined as by

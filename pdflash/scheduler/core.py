@@ -158,7 +158,8 @@ class VerifyScheduler:
     @property
     def request_ids(self) -> npt.NDArray[np.int64]:
         """Live request ids in ring (arrival) order."""
-        return self._rids.copy()
+        result: npt.NDArray[np.int64] = self._rids.copy()
+        return result
 
     @property
     def step_index(self) -> int:

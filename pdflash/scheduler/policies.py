@@ -45,7 +45,8 @@ class FairPolicy:
     """The default: every request keeps its base weight (plain weighted DRR)."""
 
     def weights(self, view: PolicyInput) -> npt.NDArray[np.float64]:
-        return view.base_weights.copy()
+        result: npt.NDArray[np.float64] = view.base_weights.copy()
+        return result
 
 
 @dataclass

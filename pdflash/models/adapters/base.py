@@ -350,7 +350,7 @@ class MoEAdapterBase:
 
         impl = attn_implementation or self.default_attn_implementation
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(
+            model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                 config, attn_implementation=impl, dtype=self.dtype
             )
         self.blocks = install_offloaded_blocks(model, None, spec=self.block_spec())
@@ -605,7 +605,8 @@ class MoEAdapterBase:
         memo = self._rotary_memo
         assert memo is not None and memo[3] is cos
         if len(memo) == 6:
-            return memo[5]
+            result: tuple[torch.Tensor, torch.Tensor] = memo[5]
+            return result
         cos, sin = cos[0], sin[0]  # [T, D] (rotate_half) or [T, D/2] (halves)
         if self.rotary_style == "halves":
             cc = torch.cat([cos, cos], dim=-1)
