@@ -71,6 +71,10 @@ ARCHS: dict[str, tuple[str, str]] = {
 }
 
 
+#: RunSpec.warmup values
+WARMUP_CHOICES = ("auto", "short", "workload")
+
+
 @dataclass
 class RunSpec:
     arch: str
@@ -145,6 +149,12 @@ class RunSpec:
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
     breakdown: bool = False
+    # before the clock: "short" (one 2-token request: kernels, allocator,
+    # first copies), "workload" (the run's own shape: as many requests as it
+    # runs at once, its prompt and output lengths, random ids, so every batch
+    # size and key length it will meet is set up once), "auto" (workload on
+    # CUDA, whose per-shape first-use costs dominate short runs; short on CPU)
+    warmup: str = "auto"
     # real text and learned behaviour (issue 14; see pdflash.bench.realtext
     # and pdflash.engine.replay): prompts from "heldout[:ROLE]", a trace .npz
     # or a text file instead of random ids; sampling temperature of every
@@ -232,6 +242,8 @@ class RunSpec:
             raise ValueError(f"host_max_ratio must be positive, got {self.host_max_ratio}")
         from pdflash.hybrid import HOST_FORMAT_CHOICES
 
+        if self.warmup not in WARMUP_CHOICES:
+            raise ValueError(f"warmup must be one of {WARMUP_CHOICES}, got {self.warmup!r}")
         if self.host_format not in HOST_FORMAT_CHOICES:
             raise ValueError(
                 f"host_format must be one of {HOST_FORMAT_CHOICES}, got {self.host_format!r}"
@@ -818,12 +830,7 @@ def _workload(
         prompts, trace_requests = loaded.prompts, loaded.trace_requests
         prompts_source = loaded.source
     sampling = SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
-    # warm-up outside the clock: one short request (kernels, allocator, first copies)
-    warm = engine.add_request(prompts[0][: max(1, min(4, spec.prompt_len))], max_new_tokens=2)
-    engine.run_until_done(max_steps=100)
-    warm_error = engine.request(warm).error
-    _raise_on_errors({} if warm_error is None else {warm: warm_error})
-    del warm
+    warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling)
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
     # the experts resident now are exactly what this run got for free; the
     # Belady replay starts from the same set (else the optimum pays
@@ -909,6 +916,7 @@ def _workload(
         initial_resident,
     )
     result.row["prompts_source"] = prompts_source
+    result.row["warmup"] = warmup
     return result
 
 
@@ -927,6 +935,52 @@ def _mxfp4_dequantizer(adapter: Any) -> str | None:
     from pdflash.models.layout import mxfp4_dequantizer
 
     return mxfp4_dequantizer(adapter.device)
+
+
+def _warm_up(
+    spec: RunSpec,
+    device: torch.device,
+    engine: Engine,
+    acceptance: AcceptanceModel,
+    workload: Workload,
+    vocab: int,
+    sampling: SamplingParams | None,
+) -> dict[str, Any]:
+    """Run the warm-up outside the clock (``RunSpec.warmup``) and describe it
+    for the row. The workload warm-up sends random ids (it sets up shapes, not
+    content: the measured prompts stay unseen) in one burst."""
+    mode = spec.warmup
+    if mode == "auto":
+        mode = "workload" if device.type == "cuda" else "short"
+    rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 104_729)
+    if mode == "short":
+        plans = [(max(1, min(4, spec.prompt_len)), 2)]
+    else:
+        prompt_lens, output_lens = workload.lengths()
+        n = min(len(prompt_lens), max(1, spec.max_running or spec.concurrency))
+        plans = [(int(prompt_lens[i]), int(output_lens[i])) for i in range(n)]
+    ids = []
+    for i, (prompt_len, new_tokens) in enumerate(plans):
+        rid = engine.add_request(
+            rng.integers(0, vocab, size=prompt_len).tolist(),
+            sampling if mode == "workload" else None,
+            max_new_tokens=new_tokens,
+        )
+        # replayed acceptance/routing: warm-up request i replays trace request i mod R
+        for policy in (acceptance, engine.routing):
+            assign = getattr(policy, "assign", None)
+            count = getattr(policy, "num_trace_requests", 0)
+            if assign is not None and count:
+                assign(rid, i % count)
+        ids.append(rid)
+    engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
+    _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
+    return {
+        "mode": mode,
+        "requested": spec.warmup,
+        "requests": len(plans),
+        "new_tokens": sum(t for _, t in plans),
+    }
 
 
 def _serving_workload(spec: RunSpec) -> Workload:

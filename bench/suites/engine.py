@@ -92,6 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
     add_host_arguments(parser)
+    parser.add_argument(
+        "--warmup",
+        default="auto",
+        choices=("auto", "short", "workload"),
+        help="before the clock: short (one 2-token request), workload (the run's own "
+        "shape once: every batch size and key length it meets), auto (default: workload "
+        "on CUDA, short on CPU)",
+    )
     add_gpu_arguments(parser)
     add_realtext_arguments(parser)
     parser.add_argument(
@@ -291,6 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_threads=args.host_threads,
                     host_max_ratio=args.host_max_ratio,
                     host_format=args.host_format,
+                    warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,

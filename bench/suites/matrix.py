@@ -167,6 +167,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="expert-cache eviction for every run (auto: layer_cyclic for every offloaded baseline)",
     )
     g.add_argument(
+        "--warmup",
+        default="auto",
+        choices=("auto", "short", "workload"),
+        help="before each run's clock: short (one 2-token request), workload (the run's own "
+        "shape once), auto (default: workload on CUDA, short on CPU)",
+    )
+    g.add_argument(
         "--synthetic-format",
         default=None,
         choices=["mxfp4"],
@@ -273,6 +280,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         "mean_tau": args.mean_tau,
         "eviction": args.eviction,
     }
+    # only when given, so plans (and their rows' specs and keys) stay as before
+    if getattr(args, "warmup", "auto") != "auto":
+        common_kw["warmup"] = args.warmup
     # the hybrid miss service's settings, only where they differ from the
     # engine's defaults (so specs and resume keys of plain runs are unchanged)
     host_defaults = {
@@ -356,6 +366,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("think_s", 0.0),
         spec.get("gpus", 1),
         spec.get("placement", "round_robin"),
+        spec.get("warmup", "auto"),
     )
 
 
@@ -614,6 +625,7 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--prompts", getattr(args, "prompts", None)),
         ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),
         ("--trace", getattr(args, "trace", None)),
+        ("--warmup", None if getattr(args, "warmup", "auto") == "auto" else args.warmup),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")

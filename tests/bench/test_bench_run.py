@@ -72,6 +72,39 @@ def test_run_spec_rejects_bad_specs() -> None:
         run_spec(RunSpec(arch="tiny", baseline="B1", dtype="int8"))
     with pytest.raises(ValueError, match="cache_fraction"):
         run_spec(RunSpec(arch="tiny", baseline="B1", cache_fraction=0.0))
+    with pytest.raises(ValueError, match="warmup must be one of"):
+        run_spec(RunSpec(arch="tiny", baseline="B1", warmup="long"))
+
+
+def test_the_workload_warm_up_runs_the_runs_shape_outside_the_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    kw = {"arch": "tiny", "baseline": "PD", "concurrency": 3, "num_requests": 5}
+    kw |= {"block_size": 6, "max_new_tokens": 7, "prompt_len": 5}
+    short = run_spec(RunSpec(**kw)).row  # auto on CPU: the short warm-up
+    assert short["warmup"] == {"mode": "short", "requested": "auto", "requests": 1, "new_tokens": 2}
+    row = run_spec(RunSpec(**kw, warmup="workload")).row
+    # one request per running slot, each with the run's prompt and output lengths
+    assert row["warmup"] == {
+        "mode": "workload",
+        "requested": "workload",
+        "requests": 3,
+        "new_tokens": 21,
+    }
+    # nothing of the warm-up is measured: the run's own tokens and requests only
+    assert row["committed_tokens"] == short["committed_tokens"] == 5 * 7
+    assert row["num_requests"] == 5
+    assert validate_row(row) == []
+
+
+def test_matrix_keys_runs_by_their_warm_up() -> None:
+    from pdflash.bench.suites.matrix import spec_key
+
+    spec = {"arch": "tiny", "baseline": "PD", "block_size": 16, "concurrency": 4}
+    spec |= {"cache_fraction": 0.2, "repeat": 0}
+    assert spec_key(spec) == spec_key({**spec, "warmup": "auto"})
+    assert spec_key(spec) != spec_key({**spec, "warmup": "workload"})
 
 
 def test_bench_engine_suite_cli(
