@@ -41,6 +41,7 @@ from pdflash.engine.acceptance import (
     ModelAcceptance,
     default_mean_tau,
 )
+from pdflash.engine.attention import sdpa_backends
 from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
@@ -1199,6 +1200,7 @@ def _result(
         "expert_format": getattr(getattr(adapter, "layout", None), "format", "dense"),
         # which MXFP4 dequantizer the compressed block runs (same bits either way)
         "mxfp4_dequantizer": _mxfp4_dequantizer(adapter),
+        "sdpa_backends": sdpa_backends(),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
         "eviction_policy": getattr(cache.policy, "name", type(cache.policy).__name__),

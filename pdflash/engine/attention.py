@@ -19,6 +19,8 @@ sink value, given through an additive mask, with a zero value row) and
 
 from __future__ import annotations
 
+import os
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -249,7 +251,44 @@ def masked_attention(
     return torch.matmul(probs, v.float()).to(q.dtype)
 
 
-_GQA_NATIVE: dict[tuple[str, torch.dtype, torch.dtype], bool] = {}
+_GQA_NATIVE: dict[tuple[str, torch.dtype, torch.dtype, str], bool] = {}
+
+#: ``PDFLASH_SDPA_BACKENDS`` names -> torch's SDPA backends
+_BACKEND_NAMES = ("cudnn", "efficient", "flash", "math")
+
+
+def sdpa_backends() -> str:
+    """The SDPA backends attention may use: ``PDFLASH_SDPA_BACKENDS``, either
+    ``auto`` (torch's choice, the default) or a comma list of ``cudnn``,
+    ``efficient``, ``flash``, ``math`` (e.g. ``efficient,flash,math`` keeps
+    torch off cuDNN, whose attention is set up once per new shape). Raises
+    ``ValueError`` on an unknown name."""
+    value = os.environ.get("PDFLASH_SDPA_BACKENDS", "auto").strip().lower() or "auto"
+    if value != "auto":
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        bad = [n for n in names if n not in _BACKEND_NAMES]
+        if bad or not names:
+            raise ValueError(
+                f"PDFLASH_SDPA_BACKENDS={value!r}: use 'auto' or a comma list of "
+                f"{', '.join(_BACKEND_NAMES)} (unknown: {', '.join(bad) or 'none given'})"
+            )
+        value = ",".join(names)
+    return value
+
+
+def _allowed(value: str) -> AbstractContextManager[None]:
+    if value == "auto":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    enum = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    ctx: AbstractContextManager[None] = sdpa_kernel([enum[n] for n in value.split(",")])
+    return ctx
 
 
 def _native_gqa(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> bool:
@@ -257,20 +296,21 @@ def _native_gqa(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> bool:
     rather than expanded: on CUDA only where a fused kernel takes GQA with
     this mask (else SDPA would fall back to its math path, which expands
     anyway, in more kernels); on the CPU where this torch accepts it."""
-    key = (q.device.type, q.dtype, mask.dtype)
+    backends = sdpa_backends()
+    key = (q.device.type, q.dtype, mask.dtype, backends)
     if key in _GQA_NATIVE:
         return _GQA_NATIVE[key]
     ok = False
     try:
         if q.device.type == "cuda":
             params = torch.backends.cuda.SDPAParams(q, k, k, mask, 0.0, False, True)
-            checks = [
-                getattr(torch.backends.cuda, name, None)
-                for name in ("can_use_cudnn_attention", "can_use_efficient_attention")
-            ]
+            fused = {"cudnn": "can_use_cudnn_attention", "efficient": "can_use_efficient_attention"}
+            allowed = [n for n in fused if backends == "auto" or n in backends.split(",")]
+            checks = [getattr(torch.backends.cuda, fused[n], None) for n in allowed]
             ok = any(bool(check(params, False)) for check in checks if check is not None)
         else:
-            F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
+            with _allowed(backends):
+                F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             ok = True
     except (RuntimeError, TypeError, AttributeError):
         ok = False
@@ -285,15 +325,16 @@ def _sdpa(
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads not a multiple of {kv_heads} kv heads")
-    if heads != kv_heads:
-        if _native_gqa(q, k, mask):
-            out: torch.Tensor = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True
-            )
-            return out
-        k = k.repeat_interleave(heads // kv_heads, dim=1)
-        v = v.repeat_interleave(heads // kv_heads, dim=1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    with _allowed(sdpa_backends()):
+        if heads != kv_heads:
+            if _native_gqa(q, k, mask):
+                out: torch.Tensor = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True
+                )
+                return out
+            k = k.repeat_interleave(heads // kv_heads, dim=1)
+            v = v.repeat_interleave(heads // kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
     return out
 
 

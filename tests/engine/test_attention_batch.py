@@ -17,6 +17,7 @@ from pdflash.engine.attention import (
     masked_attention,
     paged_attention,
     sdpa_attention,
+    sdpa_backends,
 )
 from pdflash.models.attention import attend_visible
 from pdflash.protocols import AttentionSpec
@@ -184,6 +185,32 @@ def test_sdpa_attention_equals_masked_attention_with_gqa_and_sinks() -> None:
             atol=1e-5,
             rtol=0,
         )
+
+
+def test_sdpa_backends_setting_restricts_torch_and_keeps_the_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(2, 6, 4, 8, generator=g)
+    k = torch.randn(2, 3, 7, 8, generator=g)
+    v = torch.randn(2, 3, 7, 8, generator=g)
+    visible = torch.rand(2, 1, 4, 7, generator=g) > 0.4
+    visible[..., 0] = True
+    want = masked_attention(q, k, v, visible, scaling=0.3)
+    monkeypatch.setenv("PDFLASH_SDPA_BACKENDS", " Math ")
+    assert sdpa_backends() == "math"
+    got = sdpa_attention(q, k, v, visible, scaling=0.3)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    # a backend this device cannot run for the call: torch refuses, nothing falls back
+    monkeypatch.setenv("PDFLASH_SDPA_BACKENDS", "cudnn")
+    with pytest.raises(RuntimeError):
+        sdpa_attention(q, k, v, visible, scaling=0.3)
+    for bad in ("fast", "math,fast", ","):
+        monkeypatch.setenv("PDFLASH_SDPA_BACKENDS", bad)
+        with pytest.raises(ValueError, match="PDFLASH_SDPA_BACKENDS"):
+            sdpa_backends()
+    monkeypatch.delenv("PDFLASH_SDPA_BACKENDS")
+    assert sdpa_backends() == "auto"
 
 
 class _OpLog(TorchDispatchMode):
