@@ -79,20 +79,17 @@ PinnedBuffer = _native.PinnedBuffer
 DEFAULT_CHUNK_BYTES = 8 << 20
 DEFAULT_WINDOW_BYTES = 16 << 20
 DEFAULT_MAX_INFLIGHT_CHUNKS = 32
-#: Just-in-time issue lead of the CUDA backend (us). NOTE: on the H200 a lead
-#: of 15-31 us cost no measurable bandwidth (run 2: 4 MiB / 8 MiB with 19 and
-#: 31 us kept background at 89.4-89.7% and expert copies at 92.6-92.7% of
-#: peak, as without a lead) while it keeps the second chunk of the window out
-#: of the queue until the running one is about to end: with random arrival
-#: phases that is what holds an on-demand copy near 1.15x of its alone latency
-#: with 8 MiB chunks (the emulated-link sweep: 1.36x without, 1.13x with).
+#: Just-in-time issue lead of the CUDA backend (us): the second chunk of the
+#: window is queued only when the running one is about to end, so an urgent
+#: copy arriving at a random phase waits behind one chunk, not two. A few tens
+#: of microseconds exceed the worker's reaction time on CUDA without leaving
+#: the copy engine idle (the H200 sweep behind this value:
+#: bench/results/h200/README.md).
 DEFAULT_CUDA_ISSUE_LEAD_US = 20.0
 #: Host backend with an emulated link: the lead as a fraction of one chunk's
-#: time on that link (none without one). NOTE: a CPU worker wakes up tens to
-#: hundreds of microseconds late, so the lead scales with the chunk time; on
-#: this project's 2-core box (0.5 GB/s, 2 MiB chunks: a 420 us lead) it took
-#: the on-demand ratio from 1.38x to 1.18x with the background at 97% of
-#: the link either way (bench/results/host/2026-11-29-session2-h2d*.json).
+#: time on that link (none without one). A CPU worker wakes up tens to
+#: hundreds of microseconds late, so the lead scales with the chunk time
+#: (measured in bench/results/host/).
 DEFAULT_HOST_ISSUE_LEAD_FRACTION = 0.1
 
 #: Ticket states returned by :meth:`H2DIssuer.states` (the native codes; the

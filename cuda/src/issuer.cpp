@@ -67,10 +67,10 @@ inline void cpu_relax() {
 // NOTE: a contended glibc mutex parks the thread in the kernel at once; the
 // unlocker then pays a futex wake-up syscall and the parked thread tens of
 // microseconds of wake-up latency. Every critical section of the issuer is
-// short (a 768-copy submit is the longest, ~10-15 us), and the submitting
-// thread and the worker meet on the lock every few microseconds while small
-// chunks complete (issue 4: a submit cost 50-100 us with the worker busy vs
-// 16 us without), so both spin for the lock a while before parking.
+// short (a 768-copy submit is the longest), and the submitting thread and the
+// worker meet on the lock every few microseconds while small chunks complete,
+// so parking at once would multiply a busy submit's cost: both spin for the
+// lock a while before parking (cuda/README.md has the measurements).
 constexpr int kLockSpins = 4096;
 void lock_spinning(std::unique_lock<std::mutex>& lk) {
   for (int i = 0; i < kLockSpins; ++i) {
@@ -1121,8 +1121,8 @@ void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std:
   // is queued, and none when the worker is not blocked where new work would
   // unblock it: a busy worker (window full, or spinning on CUDA events) sees
   // the epoch or the queues on its own. A wake-up call costs a syscall and
-  // can get this thread preempted by the woken worker (issue 4: 16 -> 56 us
-  // per 768-copy submit on the H200 when the worker had gone idle).
+  // can get this thread preempted by the woken worker, which costs several
+  // times a submit's own work when the worker had gone idle (cuda/README.md).
   if (!wake_worker) return;
   s.epoch.fetch_add(1);
   if (s.parked.load()) s.work_cv.notify_one();

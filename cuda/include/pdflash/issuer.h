@@ -33,11 +33,11 @@ constexpr std::uint64_t kNoKey = ~std::uint64_t(0);
 struct IssuerConfig {
   bool use_cuda = false;      // CUDA backend (else host backend)
   int device = 0;             // CUDA device ordinal
-  // NOTE: defaults from the H200 sweep (bench/results/h200/2026-11-29-run2,
-  // `pdflash-bench h2d --sweep`): 8 MiB chunks with a 2-chunk (16 MiB)
-  // window were the only setting meeting all three ratio targets (expert
-  // copies 95.0% of link peak, on-demand 1.13x under load, background 92.1%).
-  // Copies are split into ceil(bytes / chunk_bytes) equal chunks.
+  // Defaults: the smallest chunks that still run the link near its peak, and a
+  // 2-chunk window, so an on-demand copy waits behind at most one chunk while
+  // the background keeps the link busy (chosen by `pdflash-bench h2d --sweep`
+  // on the H200; bench/results/h200/README.md). Copies are split into
+  // ceil(bytes / chunk_bytes) equal chunks.
   std::size_t chunk_bytes = std::size_t(8) << 20;
   std::size_t window_bytes = std::size_t(16) << 20;  // bytes in flight
   int max_inflight_chunks = 32;  // bounds the window for tiny copies
