@@ -831,7 +831,7 @@ def _workload(
         prompts, trace_requests = loaded.prompts, loaded.trace_requests
         prompts_source = loaded.source
     sampling = SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
-    warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling)
+    warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling, prompts[0])
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
     # the experts resident now are exactly what this run got for free; the
     # Belady replay starts from the same set (else the optimum pays
@@ -946,10 +946,12 @@ def _warm_up(
     workload: Workload,
     vocab: int,
     sampling: SamplingParams | None,
+    first_prompt: list[int],
 ) -> dict[str, Any]:
     """Run the warm-up outside the clock (``RunSpec.warmup``) and describe it
-    for the row. The workload warm-up sends random ids (it sets up shapes, not
-    content: the measured prompts stay unseen) in one burst."""
+    for the row. The short warm-up is the first prompt's first few tokens; the
+    workload warm-up sends random ids (it sets up shapes, not content: the
+    measured prompts stay unseen) in one burst."""
     mode = spec.warmup
     if mode == "auto":
         mode = "workload" if device.type == "cuda" else "short"
@@ -962,13 +964,17 @@ def _warm_up(
         plans = [(int(prompt_lens[i]), int(output_lens[i])) for i in range(n)]
     ids = []
     for i, (prompt_len, new_tokens) in enumerate(plans):
-        rid = engine.add_request(
-            rng.integers(0, vocab, size=prompt_len).tolist(),
-            sampling if mode == "workload" else None,
-            max_new_tokens=new_tokens,
+        prompt = (
+            first_prompt[:prompt_len]
+            if mode == "short"
+            else rng.integers(0, vocab, size=prompt_len).tolist()
         )
-        # replayed acceptance/routing: warm-up request i replays trace request i mod R
-        for policy in (acceptance, engine.routing):
+        rid = engine.add_request(
+            prompt, sampling if mode == "workload" else None, max_new_tokens=new_tokens
+        )
+        # replayed acceptance/routing: a workload warm-up request i replays
+        # trace request i mod R (the short one takes the policies' default)
+        for policy in (acceptance, engine.routing) if mode == "workload" else ():
             assign = getattr(policy, "assign", None)
             count = getattr(policy, "num_trace_requests", 0)
             if assign is not None and count:
