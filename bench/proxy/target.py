@@ -3,7 +3,7 @@
 ``train_target`` prepares the data (corpus, tokenizer, token streams; cached
 in a work directory), trains transformers' ``Qwen3MoeForCausalLM`` with
 next-token cross-entropy + ``router_aux_coef`` x the Switch load-balance loss
-(transformers' ``load_balancing_loss_func``) + ``router_z_coef`` x the router
+per layer (:func:`switch_load_balance_loss`) + ``router_z_coef`` x the router
 z-loss (mean squared log-sum-exp of the router logits), and writes an
 ordinary HF checkpoint (``config.json`` + safetensors + the tokenizer) with a
 ``pdflash_proxy`` provenance record in ``config.json``.
@@ -169,6 +169,27 @@ def lr_at(frac: float, preset_lr: float, warmup_frac: float, min_lr_frac: float)
     return preset_lr * (min_lr_frac + (1.0 - min_lr_frac) * cos)
 
 
+def switch_load_balance_loss(router_logits: Sequence[Any], num_experts: int, top_k: int) -> Any:
+    """The Switch load-balance loss of each MoE layer, averaged over layers:
+    ``E * sum_e f_e * P_e`` with ``f_e`` the tokens routed to expert ``e``
+    (top-k) per token and ``P_e`` its mean router probability (``top_k`` when
+    balanced, as transformers scales it).
+
+    Per layer because a layer's experts are its own: transformers'
+    ``load_balancing_loss_func`` concatenates every layer's tokens, so expert
+    ``e`` of one layer can stand in for expert ``e`` of another and a layer
+    can leave experts dead while the sum looks balanced."""
+    import torch
+
+    terms = []
+    for logits in router_logits:
+        probs = torch.softmax(logits.float().reshape(-1, num_experts), dim=-1)
+        chosen = torch.topk(probs, top_k, dim=-1).indices
+        routed = torch.zeros_like(probs).scatter_(1, chosen, 1.0)
+        terms.append(num_experts * (routed.mean(dim=0) * probs.mean(dim=0)).sum())
+    return torch.stack(terms).mean()
+
+
 def router_z_loss(router_logits: Sequence[Any]) -> Any:
     """Mean over layers and tokens of ``logsumexp(router logits)**2``."""
     import torch
@@ -274,7 +295,6 @@ def train_target(
     import transformers
     from torch.nn import functional as F
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
     wall0 = time.perf_counter()
     budget = float(preset.time_budget_s if time_budget_s is None else time_budget_s)
@@ -349,7 +369,7 @@ def train_target(
                     ce = F.cross_entropy(
                         outp.logits.float().reshape(-1, preset.vocab_size), ids[:, 1:].reshape(-1)
                     )
-                    lb: Any = load_balancing_loss_func(
+                    lb = switch_load_balance_loss(
                         outp.router_logits, preset.num_experts, preset.top_k
                     )
                     z = router_z_loss(outp.router_logits)
@@ -475,6 +495,7 @@ def train_target(
         "host": platform.node(),
         "autocast": "bf16" if dev.type == "cuda" else "none (fp32)",
         "experts_implementation": experts_impl,
+        "router_aux_loss": "Switch load balance per layer, averaged (switch_load_balance_loss)",
         "saved_dtype": preset.save_dtype,
     }
     cfg_path = out / "config.json"

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 import torch
 from pdflash.bench.proxy import routing_stats
-from pdflash.bench.proxy.target import heldout_prompts, lr_at, weights_sha256
+from pdflash.bench.proxy.target import (
+    heldout_prompts,
+    lr_at,
+    switch_load_balance_loss,
+    weights_sha256,
+)
 
 from .conftest import TARGET_STEPS
 
@@ -119,6 +124,30 @@ def test_time_budget_stops_training(tmp_path: Path) -> None:
     assert prov["train_wall_s"] < 3.0 and prov["steps"] >= 1
     assert time.perf_counter() - t0 < 20.0
     assert (tmp_path / "t" / "model.safetensors").is_file()
+
+
+def test_load_balance_loss_is_per_layer() -> None:
+    E, K, T = 8, 2, 64
+    peaked = torch.full((T, E), -30.0)
+    balanced = torch.zeros(T, E)  # uniform router: every expert equally likely
+    balanced[torch.arange(T), (torch.arange(T) * K) % E] = 1e-3  # distinct top-k per token
+    balanced[torch.arange(T), (torch.arange(T) * K + 1) % E] = 1e-3
+    assert float(switch_load_balance_loss([balanced], E, K)) == pytest.approx(K, rel=1e-3)
+    # layer 0 uses experts 0-1 only, layer 1 experts 2-3 only: concatenated over
+    # layers (transformers' function) half of that imbalance cancels out
+    first, second = peaked.clone(), peaked.clone()
+    first[:, :2] = 0.0
+    second[:, 2:4] = 0.0
+    per_layer = float(switch_load_balance_loss([first, second], E, K))
+    assert per_layer == pytest.approx(E, rel=1e-3)  # each layer as collapsed as can be
+    concatenated = float(switch_load_balance_loss([torch.cat([first, second])], E, K))
+    assert concatenated == pytest.approx(E / 2, rel=1e-3)
+    # and it trains the router: descent raises the idle experts' logits
+    logits = torch.full((T, E), -1.0)
+    logits[:, :2] = 0.0
+    logits.requires_grad_(True)
+    switch_load_balance_loss([logits], E, K).backward()
+    assert logits.grad is not None and bool((logits.grad[:, 2:] < 0).all())
 
 
 def test_routing_stats_on_known_routing() -> None:
