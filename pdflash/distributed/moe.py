@@ -24,7 +24,8 @@ process: the greedy tokens match the single-process engine's.
 residency every rank agrees on (all-gathered once per step as bitsets, by
 :meth:`ShardedCacheView.sync_residency`), and copies restricted to this
 rank's experts. :class:`ExpertParallelBatcher` syncs it before each verify
-schedule and records each rank's missing bytes.
+schedule, holds the chosen batch to the per-rank byte budget
+(:mod:`.rank_budget`) and records each rank's missing bytes.
 """
 
 from __future__ import annotations
