@@ -446,7 +446,7 @@ class ExpertParallelBatcher:
         self.rank_budget_repaired_steps = 0
         #: steps that served only carried (already charged) requests
         self.rank_budget_carry_steps = 0
-        #: steps whose first request alone was over the per-rank budget
+        #: steps cut to their first request because it alone was over ``M`` on a rank
         self.rank_budget_oversize_steps = 0
 
     @property
