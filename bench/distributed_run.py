@@ -188,6 +188,17 @@ class RankStack:
                 "scheduled_rank_missing_bytes": (
                     None if last is None else last.rank_missing_bytes.tolist()
                 ),
+                # how often the per-rank budget cut the scheduler's batch
+                # (ExpertParallelBatcher: deferred requests run in carry steps)
+                "rank_byte_budget": None if last is None else last.rank_byte_budget,
+                "rank_budget_deferrals": None if last is None else last.rank_budget_deferrals,
+                "rank_budget_repaired_steps": (
+                    None if last is None else last.rank_budget_repaired_steps
+                ),
+                "rank_budget_carry_steps": None if last is None else last.rank_budget_carry_steps,
+                "rank_budget_oversize_steps": (
+                    None if last is None else last.rank_budget_oversize_steps
+                ),
                 "scheduled_busiest_rank_bytes_mean": (
                     float(np.mean(last.busiest_rank_bytes))
                     if last is not None and last.busiest_rank_bytes

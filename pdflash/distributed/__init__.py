@@ -36,6 +36,7 @@ from .placement import (
     owned_mask,
     placement_for,
 )
+from .rank_budget import RankRepair, repair_rank_budget
 
 __all__ = [
     "BusiestRankByteCost",
@@ -45,6 +46,7 @@ __all__ = [
     "ExpertPlacement",
     "FrequencyBalancedPlacement",
     "RankGroup",
+    "RankRepair",
     "RoundRobinPlacement",
     "ShardedCacheView",
     "current_group",
@@ -57,6 +59,7 @@ __all__ = [
     "launch",
     "owned_mask",
     "placement_for",
+    "repair_rank_budget",
     "shard_bounds",
     "shutdown",
 ]

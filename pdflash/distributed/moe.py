@@ -24,7 +24,8 @@ process: the greedy tokens match the single-process engine's.
 residency every rank agrees on (all-gathered once per step as bitsets, by
 :meth:`ShardedCacheView.sync_residency`), and copies restricted to this
 rank's experts. :class:`ExpertParallelBatcher` syncs it before each verify
-schedule and records each rank's missing bytes.
+schedule, holds the chosen batch to the per-rank byte budget
+(:mod:`.rank_budget`) and records each rank's missing bytes.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from pdflash.protocols import Band, CopyIssuer, checked_flat_ids
 
 from .group import RankGroup
 from .placement import ExpertPlacement, owned_mask
+from .rank_budget import repair_rank_budget
 
 if TYPE_CHECKING:
     from pdflash.models.store import ExpertStore
@@ -359,13 +361,13 @@ class BusiestRankByteCost:
         if expert_nbytes < 0:
             raise ValueError(f"expert_nbytes must be >= 0, got {expert_nbytes}")
         self.num_ranks = placement.num_ranks
-        self._owner = placement.owner_table().reshape(-1)
+        self.owner = placement.owner_table().reshape(-1).astype(np.int64)
         self.expert_nbytes = int(expert_nbytes)
 
     def per_rank(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """``[ranks]``: bytes each rank copies for the distinct ``flat_ids``."""
-        ids = np.unique(checked_flat_ids(flat_ids, self._owner.size))
-        counts = np.bincount(self._owner[ids], minlength=self.num_ranks)
+        ids = np.unique(checked_flat_ids(flat_ids, self.owner.size))
+        counts = np.bincount(self.owner[ids], minlength=self.num_ranks)
         return counts.astype(np.int64) * self.expert_nbytes
 
     def cost(self, flat_ids: npt.ArrayLike) -> int:
@@ -376,14 +378,45 @@ class BusiestRankByteCost:
 class ExpertParallelBatcher:
     """A :class:`~pdflash.engine.batching.VerifyBatcher` for expert-parallel
     ranks: before each choice it syncs the group's residency (the one
-    collective of a step's scheduling), hands it to ``inner``, and records
-    the chosen batch's missing bytes on each rank (:attr:`rank_missing_bytes`,
-    summed over steps; :attr:`busiest_rank_bytes`, the per-step maxima).
+    collective of a step's scheduling) and hands it to ``inner``; then it
+    holds the chosen batch to the per-rank byte budget ``M`` and records
+    each rank's missing bytes (:attr:`rank_missing_bytes`, summed over
+    steps; :attr:`busiest_rank_bytes` and :attr:`batch_sizes`, per step).
 
-    The budget ``inner`` enforces: the deficit scheduler charges the union of
-    a batch's missing bytes against its byte budget; build it with ``N x`` the
-    per-rank budget (each rank's link carries ``M`` per step, and a batch
-    within the per-rank budget on every rank is within ``N x M`` in total).
+    The budgets. ``inner`` (the deficit scheduler) charges the union of a
+    batch's missing bytes against its byte budget, built as ``N x M`` (each
+    rank's link carries ``M`` per step). Within that total one rank can still
+    be asked for more than ``M``, and the step waits for its busiest link, so
+    this batcher cuts the batch with
+    :func:`~pdflash.distributed.rank_budget.repair_rank_budget`: every rank's
+    missing bytes (the kept requests' predicted experts that rank owns and
+    does not hold) end within ``M``, except when the first-granted request
+    alone is over ``M`` on some rank, which then runs alone (the per-rank
+    oversize exception). ``M`` is ``rank_byte_budget`` when given, else the
+    executed wrapped batcher's byte budget divided by the ranks (read every
+    step, so a ``set_byte_budget`` between workloads carries over); a batcher
+    with no byte budget (FCFS, token-only) is not cut.
+
+    Deferred requests and the scheduler's books. The native scheduler has
+    already charged every request it served (credit spent, demand consumed,
+    cursor moved); it has no call to take a charge back, and its rules are
+    not changed here. So a deferred request is *carried*: it keeps the grant
+    it paid for and runs in a later step without going back through the
+    scheduler. While carried requests wait, a step serves only them (the
+    wrapped batcher is not consulted, so nothing new is charged), cut to the
+    per-rank budget the same way with the oldest carried request protected.
+    Every charge therefore buys exactly one verify of the granted tokens, a
+    step or more later: the deficit ledger, the DRR laps and the fairness
+    and liveness bounds of ``docs/scheduler.md`` hold in the steps that
+    consult the scheduler, and each of those is followed by fewer carry
+    steps than it had requests (the protected request always runs, so the
+    carried list shrinks every step). A carried request that leaves (finish,
+    abort) is dropped from the list; one not waiting for verify any more is
+    dropped too (its demand was consumed; the engine re-drafts it).
+
+    Every input is replicated (the demands, the all-gathered residency, the
+    batch order), so every rank makes the same cut and carries the same
+    requests.
     """
 
     def __init__(
@@ -392,29 +425,78 @@ class ExpertParallelBatcher:
         view: ShardedCacheView,
         cost: BusiestRankByteCost,
         exchange: ExchangeStats | None = None,
+        *,
+        rank_byte_budget: int | None = None,
     ) -> None:
+        if rank_byte_budget is not None and rank_byte_budget < 0:
+            raise ValueError(f"rank_byte_budget must be >= 0, got {rank_byte_budget}")
         self.inner = inner
         self.view = view
         self.cost = cost
         self.exchange = exchange
         self.name = inner.name
+        self._rank_byte_budget = rank_byte_budget
+        self._carried: list[tuple[int, int]] = []
         self.rank_missing_bytes = np.zeros(cost.num_ranks, dtype=np.int64)
         self.busiest_rank_bytes: list[int] = []
+        self.batch_sizes: list[int] = []
+        #: requests the per-rank repair deferred (a request deferred twice counts twice)
+        self.rank_budget_deferrals = 0
+        #: steps whose batch the per-rank repair changed
+        self.rank_budget_repaired_steps = 0
+        #: steps that served only carried (already charged) requests
+        self.rank_budget_carry_steps = 0
+        #: steps cut to their first request because it alone was over ``M`` on a rank
+        self.rank_budget_oversize_steps = 0
+
+    @property
+    def rank_byte_budget(self) -> int | None:
+        """``M`` for this step (class doc); None: no per-rank cut."""
+        if self._rank_byte_budget is not None:
+            return self._rank_byte_budget
+        executed: Any = self.inner
+        if hasattr(executed, "primary") and hasattr(executed, "execute_shadow"):
+            # a ShadowComparison runs one of its two batchers' decisions
+            executed = executed.shadow if executed.execute_shadow else executed.primary
+        total = getattr(executed, "byte_budget", None)
+        return None if total is None else int(total) // self.cost.num_ranks
+
+    @property
+    def carried(self) -> list[tuple[int, int]]:
+        """Deferred ``(request_id, tokens)`` waiting for a carry step."""
+        return list(self._carried)
 
     def reset_rank_books(self) -> None:
         """Start the measurement over: this batcher's books, the view's sync
         counters and the runtime's exchange counters (when given)."""
         self.rank_missing_bytes[:] = 0
         self.busiest_rank_bytes.clear()
+        self.batch_sizes.clear()
+        self.rank_budget_deferrals = 0
+        self.rank_budget_repaired_steps = 0
+        self.rank_budget_carry_steps = 0
+        self.rank_budget_oversize_steps = 0
         self.view.syncs = 0
         self.view.sync_s = 0.0
         if self.exchange is not None:
             self.exchange.reset()
 
+    def rank_books(self) -> dict[str, Any]:
+        """The per-rank scheduling books, for a row."""
+        return {
+            "scheduled_rank_missing_bytes": self.rank_missing_bytes.tolist(),
+            "rank_byte_budget": self.rank_byte_budget,
+            "rank_budget_deferrals": self.rank_budget_deferrals,
+            "rank_budget_repaired_steps": self.rank_budget_repaired_steps,
+            "rank_budget_carry_steps": self.rank_budget_carry_steps,
+            "rank_budget_oversize_steps": self.rank_budget_oversize_steps,
+        }
+
     def add(self, request_id: int, weight: float = 1.0) -> None:
         self.inner.add(request_id, weight)
 
     def remove(self, request_id: int) -> None:
+        self._carried = [(r, g) for r, g in self._carried if r != request_id]
         self.inner.remove(request_id)
 
     def select(
@@ -424,15 +506,50 @@ class ExpertParallelBatcher:
         # the group's residency is refreshed here, once per step, so every
         # rank decides from the same, current view
         group_resident = self.view.sync_residency()
-        decision = self.inner.select(demands, group_resident)
-        chosen = {rid for rid, _ in decision.grants}
-        sets = [d.predicted for d in demands if d.request_id in chosen and d.predicted is not None]
-        missing = np.unique(np.concatenate(sets)) if sets else np.zeros(0, dtype=np.int64)
-        missing = missing[~group_resident.reshape(-1)[missing]]
-        per_rank = self.cost.per_rank(missing)
+        by_id = {d.request_id: d for d in demands}
+        self._carried = [(r, min(g, by_id[r].tokens)) for r, g in self._carried if r in by_id]
+        decision: BatchDecision | None = None
+        if self._carried:
+            grants = self._carried
+            self._carried = []
+            self.rank_budget_carry_steps += 1
+        else:
+            decision = self.inner.select(demands, group_resident)
+            grants = decision.grants
+        not_resident = ~group_resident.reshape(-1)
+        empty = np.zeros(0, dtype=np.int64)
+        missing_sets = []
+        for rid, _ in grants:
+            pred = by_id[rid].predicted if rid in by_id else None
+            ids = empty if pred is None else np.asarray(pred, dtype=np.int64).reshape(-1)
+            missing_sets.append(ids[not_resident[ids]])
+        budget = self.rank_byte_budget
+        kept = grants
+        if budget is not None and len(grants) > 1:
+            repair = repair_rank_budget(
+                missing_sets, self.cost.owner, self.cost.num_ranks, self.cost.expert_nbytes, budget
+            )
+            self.rank_budget_oversize_steps += int(repair.oversize)
+            if repair.deferred:
+                kept = [grants[i] for i in repair.kept]
+                self._carried = [grants[i] for i in repair.deferred]
+                missing_sets = [missing_sets[i] for i in repair.kept]
+                self.rank_budget_deferrals += len(repair.deferred)
+                self.rank_budget_repaired_steps += 1
+        union = np.unique(np.concatenate(missing_sets)) if missing_sets else empty
+        per_rank = self.cost.per_rank(union)
         self.rank_missing_bytes += per_rank
         self.busiest_rank_bytes.append(int(per_rank.max(initial=0)))
-        return decision
+        self.batch_sizes.append(len(kept))
+        if decision is not None and kept is decision.grants:
+            return decision
+        # the kept requests' missing experts (the scheduler's union for the
+        # batch it would have run), which the engine prefetches
+        return BatchDecision(
+            grants=list(kept),
+            missing=union,
+            scheduler_us=0.0 if decision is None else decision.scheduler_us,
+        )
 
 
 def install_expert_parallel(

@@ -42,6 +42,8 @@ class GreedyRunSpec:
     frequency: Any = None
     max_steps: int = 400
     threads: int = 1
+    #: PD's per-rank missing-byte budget in experts (None: half the cache)
+    rank_budget_experts: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -107,7 +109,10 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
         if config.batching != "fcfs":
             per_rank = None
             if config.batching == "deficit_2d":
-                per_rank = int(cache.num_slots) * int(cache.expert_nbytes) // 2
+                experts = spec.rank_budget_experts
+                per_rank = int(cache.expert_nbytes) * (
+                    int(cache.num_slots) // 2 if experts is None else experts
+                )
             batcher = DeficitBatcher(
                 token_budget=config.token_budget,
                 byte_budget=None if per_rank is None else per_rank * world,
@@ -157,6 +162,9 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             out["exchange"] = runtime.exchange.as_dict()
             out["placement"] = getattr(runtime.placement, "name", None)
             out["rank_missing_bytes"] = batcher.rank_missing_bytes.tolist()
+            out["rank_books"] = batcher.rank_books()
+            out["busiest_rank_bytes"] = list(batcher.busiest_rank_bytes)
+            out["batch_sizes"] = list(batcher.batch_sizes)
             out["residency_syncs"] = view.syncs
             # experts another rank owns must never take a slot here
             foreign = np.asarray(cache.resident_mask(), dtype=np.bool_) & ~view.owned

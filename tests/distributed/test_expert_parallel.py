@@ -63,8 +63,14 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
     layers, experts = _shape(checkpoint)
     freq = np.random.default_rng(1).zipf(1.5, size=(layers, experts)).astype(np.float64)
     specs.append(dataclasses.replace(specs[1], placement="frequency", frequency=freq))
+    # PD with tight per-rank budgets (3-5 experts a link): the scheduler's total
+    # (N x M) takes batches that put more than M on one rank, which the repair cuts
+    specs += [
+        dataclasses.replace(specs[1], rank_budget_experts=k, max_running=3) for k in (3, 4, 5)
+    ]
     singles = run_greedy_all(None, specs)
     per_rank = launch(run_greedy_all, 2, specs, device="cpu")
+    deferrals = 0
     for i, (spec, single) in enumerate(zip(specs, singles, strict=True)):
         baseline = spec.baseline
         assert [f for f, _ in single["finish"]] == ["length"] * len(spec.prompts)
@@ -89,5 +95,21 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
             assert ranks[0]["steps"] == single["steps"]
         else:  # the 2-D scheduler charged missing bytes on both ranks' links
             assert min(ranks[0]["rank_missing_bytes"]) > 0
+        books = ranks[0]["rank_books"]
+        assert all(r["rank_books"] == books for r in ranks)  # the same cuts everywhere
+        assert all(r["batch_sizes"] == ranks[0]["batch_sizes"] for r in ranks)
+        if baseline == "B1":
+            assert books["rank_byte_budget"] is None and books["rank_budget_deferrals"] == 0
+        if spec.rank_budget_experts is not None:
+            budget = books["rank_byte_budget"]
+            assert budget is not None and budget > 0
+            deferrals += books["rank_budget_deferrals"]
+            # a cut step is followed by one carry step (no carried request leaves)
+            assert books["rank_budget_carry_steps"] == books["rank_budget_repaired_steps"]
+            # every executed batch fits M on every rank unless it is one request
+            sizes, busiest = ranks[0]["batch_sizes"], ranks[0]["busiest_rank_bytes"]
+            assert len(sizes) == len(busiest) > 0
+            assert all(b <= budget or n == 1 for n, b in zip(sizes, busiest, strict=True))
         # each link carried only its own experts: less than the one link did
         assert max(r["bytes_in"] for r in ranks) < single["bytes_in"]
+    assert deferrals > 0  # the per-rank budget bound (and the greedy tokens held)
