@@ -12,7 +12,11 @@
 #   OUT=/path/to/out bash bench/h200/issue15.sh STEP
 #
 # The whole matrix needs several sessions (30 device-minutes each): about
-# 3.5-4 device-hours by the estimates below. Order: disk first (seconds), then
+# 3.5-4 device-hours by the estimates below, which predate the warm-up: every
+# run now first runs its own shape once outside the clock (--warmup auto =
+# workload on CUDA; single short runs paid per-shape first-use costs that
+# tripled their verify time), so expect up to ~2x the run time per run, or
+# pass --warmup short in COMMON to compare with the older rows. Order: disk first (seconds), then
 # the serving/ablation steps (new), then the burst matrices, then the 8-layer
 # truncations.
 #
