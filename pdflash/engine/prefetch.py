@@ -810,8 +810,8 @@ class ExpertPrefetcher:
             "background_bytes_submitted": self._bytes[Band.BACKGROUND],
             "prefetch_failures": self.failures,
         }
-        if self.stream is not None:
-            out.update(self.stream.stats())
+        if self._built_stream is not None:  # also while the PD controller has it off
+            out.update(self._built_stream.stats())
         return out
 
 
