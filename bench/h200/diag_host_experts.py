@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--tokens", default="1,4,16")
-    ap.add_argument("--formats", default="packed,out_in,fp32_out_in,fp32_in_out")
+    ap.add_argument("--formats", default="packed,out_in,onednn,fp32_out_in,fp32_in_out")
     ap.add_argument("--experts", type=int, default=16, help="experts walked per cold pass")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="where the target loads (cpu or cuda)")
