@@ -200,7 +200,9 @@ def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+@pytest.mark.parametrize(
+    "fmt", ["out_in", "fp32_in_out", *(["onednn"] if onednn_available() else [])]
+)
 def test_mxfp4_experts_are_dequantized_once(
     fmt: str, mxfp4_checkpoint: Path, host_issuer: object
 ) -> None:
