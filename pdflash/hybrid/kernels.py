@@ -62,15 +62,24 @@ HOST_FORMATS: tuple[str, ...] = (
 )
 
 
-def onednn_available() -> bool:
+def onednn_available(dtype: torch.dtype | None = None) -> bool:
     """Whether this torch can prepack weights for oneDNN's CPU matmul (the
-    ``onednn`` format)."""
+    ``onednn`` format), in ``dtype`` where given (bf16 and fp16 need CPU
+    support that oneDNN checks)."""
     ops = torch.ops.mkldnn
-    return bool(
+    if not (
         torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
         and hasattr(ops, "_reorder_linear_weight")
         and hasattr(ops, "_linear_pointwise")
-    )
+    ):
+        return False
+    if dtype is None or dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        return bool(ops._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(ops._is_mkldnn_fp16_supported())
+    return False
 
 
 def format_dtype(fmt: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -242,7 +251,7 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     dtype = format_dtype(fmt, adapter.store.layout.dtype)
     if fmt == "packed":
         return PackedKernel(adapter.expert_forward, dtype)
-    if fmt == "onednn" and not onednn_available():
+    if fmt == "onednn" and not onednn_available(dtype):
         return None
     layout = _layout(fmt)
     dense = adapter.dense_expert_weights

@@ -207,8 +207,8 @@ def host_weights_for(
             kernel = host_kernel_for(adapter, name)
             if kernel is None:
                 candidates[name] = (
-                    "torch has no oneDNN matmul here"
-                    if name == "onednn" and not onednn_available()
+                    "torch has no oneDNN matmul for this dtype here"
+                    if name == "onednn" and not onednn_available(adapter.store.layout.dtype)
                     else "no kernel for this architecture"
                 )
                 continue
