@@ -16,6 +16,12 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   keeps launching small ops (as the engine's thread does during a forward:
   GIL and CPU contention included), cold only.
 
+* ``interleaved[...]``: the bare ``[out, in]`` MLP, ``kernel[out_in]`` and
+  ``kernel[onednn]`` again, one cold pass each per round in a shuffled order
+  (``--repeats`` x 3 rounds, medians): the sections above run one after
+  another, so a drift of the machine over the run reads as a difference
+  between them; these three compare directly.
+
 Every measurement walks through ``--experts`` different experts (``cold``:
 their weights are not in the CPU caches when a forward finds them) and
 repeats one expert (``hot``). Each format's prepared copy is made, timed and
@@ -82,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--tokens", default="1,4,16")
-    ap.add_argument("--formats", default="packed,out_in,fp32_out_in,fp32_in_out")
+    ap.add_argument("--formats", default="packed,out_in,onednn,fp32_out_in,fp32_in_out")
     ap.add_argument("--experts", type=int, default=16, help="experts walked per cold pass")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="where the target loads (cpu or cuda)")
@@ -266,6 +272,7 @@ def diagnose(
                     job.result()
 
                 emit(f"executor_busy_caller[{fmt}]", n, _us(busy_batch, pairs, repeats) / 2)  # type: ignore[arg-type]
+    interleaved(ad, ids, xs, repeats, emit)
     by = {(r["what"], r["tokens"]): r["cold_us"] for r in rows}
     summary: dict[str, Any] = {"diag_summary": "host_experts", **head, "cold_us": {}}
     for (what, n), us in by.items():
@@ -276,8 +283,64 @@ def diagnose(
         if what.startswith("executor[") and floor:
             over[f"{what}@{n}"] = round(us / floor, 2)
     summary["executor_over_raw_out_in"] = over
+    summary["interleaved_over_raw"] = {
+        f"{what}@{n}": round(us / by[("interleaved[raw_out_in]", n)], 3)
+        for (what, n), us in by.items()
+        if what.startswith("interleaved[kernel") and by.get(("interleaved[raw_out_in]", n))
+    }
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def interleaved(
+    ad: Any,
+    ids: list[int],
+    xs: dict[int, torch.Tensor],
+    repeats: int,
+    emit: Callable[..., None],
+) -> None:
+    """The bare MLP, ``kernel[out_in]`` and ``kernel[onednn]`` (where they
+    exist) in shuffled order, one cold pass each per round (module doc)."""
+    import random
+
+    from pdflash.hybrid import host_kernel_for
+    from pdflash.hybrid.kernels import prepare_all
+
+    calls: dict[str, tuple[Callable[..., torch.Tensor], list[dict[str, torch.Tensor]]]] = {}
+    for fmt in ("out_in", "onednn"):
+        kernel = host_kernel_for(ad, fmt)
+        if kernel is None or kernel.dtype != ad.store.layout.dtype:
+            continue
+        done = prepare_all(kernel, ad.store.views, ids)
+        assert done is not None
+        calls[f"kernel[{fmt}]"] = (kernel.forward, done.experts)
+    if "kernel[out_in]" not in calls:
+        return
+
+    def raw(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        h = F.linear(x, w["w1"])
+        i = h.shape[-1] // 2
+        return F.linear(F.silu(h[:, :i]) * h[:, i:], w["w2"])
+
+    calls["raw_out_in"] = (raw, calls["kernel[out_in]"][1])
+    rng = random.Random(0)
+    with torch.inference_mode():
+        for n, x in xs.items():
+            for fn, ws in calls.values():
+                fn(x, ws[0])
+            times: dict[str, list[float]] = {k: [] for k in calls}
+            for _ in range(3 * repeats):
+                order = list(calls)
+                rng.shuffle(order)
+                for k in order:
+                    fn, ws = calls[k]
+                    t0 = time.perf_counter()
+                    for w in ws:
+                        fn(x, w)
+                    times[k].append((time.perf_counter() - t0) / len(ws))
+            for k, ts in times.items():
+                emit(f"interleaved[{k}]", n, statistics.median(ts) * 1e6)
+    calls.clear()
 
 
 if __name__ == "__main__":

@@ -169,7 +169,7 @@ def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
     out = diagnose(
         ad,
         tokens=[1, 4, 16],
-        formats=["packed", "out_in", "fp32_out_in", "fp32_in_out"],
+        formats=["packed", "out_in", "onednn", "fp32_out_in"],
         experts=args.diag_experts,
         repeats=3,
         head={"arch": arch, "layers": args.layers, "load_s": round(load_s, 1)},

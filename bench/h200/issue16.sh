@@ -14,6 +14,10 @@
 # summary per step), log.txt, and <step>/rows.jsonl + <step>/summary.json.
 # Usage (repository root): OUT=/path/to/out bash bench/h200/issue16.sh
 # SMOKE=1 runs the same steps on the tiny CPU shapes (a local typo check).
+# HOST_MAX_RATIO (default 1.0, the planner's default) sets PD+host's
+# max_host_ratio: HOST_MAX_RATIO=1.3 lets the host take experts up to 1.3x
+# slower than a copy (see pdflash/hybrid/planner.py; c=16 stays COPY when
+# the host's cost is near the bare MLP's).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 export OUT
@@ -21,11 +25,12 @@ export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 here=$(cd "$(dirname "$0")" && pwd)
 # 16 cores: 14 torch intra-op threads for the host pool (one core for the
 # engine's Python thread, one for the H2D issuer's thread), one worker
-common="--cache 0.2 --repeats 3 --host-threads ${HOST_THREADS:-14} --host-workers 1"
+ratio="--host-max-ratio ${HOST_MAX_RATIO:-1.0}"
+common="--cache 0.2 --repeats 3 --host-threads ${HOST_THREADS:-14} --host-workers 1 $ratio"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 t1=140 t2=90 t3=45 b1=110 b2=75 b3=35
 if [ "${SMOKE:-0}" = 1 ]; then
   gpt=tiny-gpt_oss qwen=tiny-qwen3_moe layers=0 t1=300 t2=300 t3=300 b1=60 b2=30 b3=30
-  common="--cache 0.5 --repeats 1 --host-threads ${HOST_THREADS:-2} --host-workers 1"
+  common="--cache 0.5 --repeats 1 --host-threads ${HOST_THREADS:-2} --host-workers 1 $ratio"
 fi
 py="python3 bench/h200/issue16.py $common --layers $layers"
 exec bash "$here/run.sh" \

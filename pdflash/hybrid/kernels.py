@@ -23,8 +23,20 @@ Formats (:data:`HOST_FORMATS`): ``packed`` computes on the store's views
 with the adapter's own function (no extra memory; what the executor did
 before); ``out_in`` / ``in_out`` are prepared in the model's dtype;
 ``fp32_out_in`` / ``fp32_in_out`` in float32 (twice a bf16 expert's bytes;
-CPUs without a fast bf16 GEMM run fp32 faster). ``auto`` lets the
-calibration pick the fastest that fits the budget.
+CPUs without a fast bf16 GEMM run fp32 faster); ``onednn`` in the model's
+dtype, each matrix reordered once into oneDNN's blocked layout for the CPU's
+matmul (torch's ``mkldnn._reorder_linear_weight``; opaque tensors, same
+bytes). Why the last: torch's plain bf16 GEMM on AMX/AVX-512 cores repacks
+the whole weight matrix into that layout on *every* call, which for the
+few rows an expert gets here is most of the call; a prepacked matrix is
+only read. It exists where torch has oneDNN (:func:`onednn_available`).
+``auto`` lets the calibration pick the fastest that fits the budget.
+
+The kernels run the GEMMs without a bias (``mm``, then the bias added in
+place): torch's ``addmm`` copies the bias into the output and makes
+oneDNN accumulate onto it (a ``sum`` post-op), which is a different and
+no faster matmul than the bare one, and the adapters add the bias after
+the product too.
 """
 
 from __future__ import annotations
@@ -40,7 +52,34 @@ import torch.nn.functional as F
 Weights = dict[str, torch.Tensor]
 
 #: Host weight formats; ``auto`` (not listed) chooses among them by timing.
-HOST_FORMATS: tuple[str, ...] = ("packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out")
+HOST_FORMATS: tuple[str, ...] = (
+    "packed",
+    "out_in",
+    "in_out",
+    "fp32_out_in",
+    "fp32_in_out",
+    "onednn",
+)
+
+
+def onednn_available(dtype: torch.dtype | None = None) -> bool:
+    """Whether this torch can prepack weights for oneDNN's CPU matmul (the
+    ``onednn`` format), in ``dtype`` where given (bf16 and fp16 need CPU
+    support that oneDNN checks)."""
+    ops = torch.ops.mkldnn
+    if not (
+        torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    ):
+        return False
+    if dtype is None or dtype == torch.float32:
+        return True
+    if dtype == torch.bfloat16:
+        return bool(ops._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(ops._is_mkldnn_fp16_supported())
+    return False
 
 
 def format_dtype(fmt: str, model_dtype: torch.dtype) -> torch.dtype:
@@ -75,10 +114,39 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype).contiguous()
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, out_in: bool) -> torch.Tensor:
-    if out_in:
-        return F.linear(x, w, b)
-    y = x @ w
+#: how a prepared matrix is laid out: ``[out, in]``, ``[in, out]``, or
+#: ``[out, in]`` reordered for oneDNN (an opaque tensor)
+Layout = str
+
+
+def _layout(fmt: str) -> Layout:
+    return "onednn" if fmt == "onednn" else ("out_in" if fmt.endswith("out_in") else "in_out")
+
+
+def _prepare_matrix(w_out_in: torch.Tensor, dtype: torch.dtype, layout: Layout) -> torch.Tensor:
+    """One weight matrix, given ``[out, in]`` (any strides, any device), as
+    ``layout`` wants it: ``[out, in]`` / ``[in, out]`` contiguous on its
+    device, or reordered for oneDNN on the host (where it is used)."""
+    if layout == "out_in":
+        return _as(w_out_in, dtype)
+    if layout == "in_out":
+        return _as(w_out_in.t(), dtype)
+    dense = w_out_in.to("cpu", dtype).contiguous()
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(dense)
+    return packed
+
+
+def _linear(
+    x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, layout: Layout
+) -> torch.Tensor:
+    """``x @ W^T + b`` for ``w`` in ``layout``; the bias is added in place
+    after a bias-free GEMM (see the module doc), except for oneDNN's
+    prepacked matmul, which takes it in the primitive (no copy, no post-op
+    sum)."""
+    if layout == "onednn":
+        y: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+        return y
+    y = F.linear(x, w) if layout == "out_in" else torch.mm(x, w)
     return y if b is None else y.add_(b)
 
 
@@ -86,10 +154,10 @@ class GptOssHostKernel:
     """gpt-oss's clamped SwiGLU with biases (see
     :class:`pdflash.models.adapters.gpt_oss.GptOssAdapter.expert_forward`).
 
-    Prepared: ``w1`` = ``[2I, H]`` (``out_in``) or ``[H, 2I]`` (``in_out``)
-    with the gate rows (even columns of the packed ``gate_up``) first and the
-    up rows after, ``b1`` likewise; ``w2`` = ``down`` as ``[H, I]`` or
-    ``[I, H]``; ``b2``.
+    Prepared: ``w1`` = the ``[2I, H]`` matrix (in the kernel's layout) with
+    the gate rows (even columns of the packed ``gate_up``) first and the up
+    rows after, ``b1`` likewise; ``w2`` = ``down`` (``[H, I]`` as
+    ``[out, in]``); ``b2``.
     """
 
     def __init__(
@@ -98,39 +166,33 @@ class GptOssHostKernel:
         limit: float,
         dense: Callable[[Weights], Weights],
         dtype: torch.dtype,
-        out_in: bool,
+        layout: Layout,
         name: str,
     ) -> None:
         self.alpha, self.limit = float(alpha), float(limit)
         self.dense = dense
         self.dtype = dtype
-        self.out_in = out_in
+        self.layout = layout
         self.name = name
 
     def prepare(self, views: Weights) -> Weights:
         w = self.dense(views)  # gate_up [H, 2I], down [I, H] (views for dense, new for MXFP4)
-        gu, b = w["gate_up"], w["gate_up_bias"]
-        if self.out_in:  # [2I, H], gate rows first
-            rows = gu.t()
-            w1 = torch.cat([rows[0::2], rows[1::2]], dim=0)
-        else:  # [H, 2I], gate columns first
-            w1 = torch.cat([gu[:, 0::2], gu[:, 1::2]], dim=1)
-        down = w["down"]
+        rows, b = w["gate_up"].t(), w["gate_up_bias"]
         return {
-            "w1": _as(w1, self.dtype),
+            "w1": _prepare_matrix(torch.cat([rows[0::2], rows[1::2]]), self.dtype, self.layout),
             "b1": _as(torch.cat([b[0::2], b[1::2]]), self.dtype),
-            "w2": _as(down.t() if self.out_in else down, self.dtype),
+            "w2": _prepare_matrix(w["down"].t(), self.dtype, self.layout),
             "b2": _as(w["down_bias"], self.dtype),
         }
 
     def forward(self, x: torch.Tensor, w: Weights) -> torch.Tensor:
-        h = _linear(x, w["w1"], w["b1"], self.out_in)
+        h = _linear(x, w["w1"], w["b1"], self.layout)
         i = h.shape[-1] // 2
-        gate, up = h[:, :i], h[:, i:]
-        gate = gate.clamp_(max=self.limit)
-        up = up.clamp_(min=-self.limit, max=self.limit)
-        glu = torch.sigmoid(gate * self.alpha).mul_(gate)
-        return _linear(up.add_(1).mul_(glu), w["w2"], w["b2"], self.out_in)
+        gate, up = h[:, :i].clamp_(max=self.limit), h[:, i:]
+        # (up + 1) * gate * sigmoid(alpha * gate), in one new [n, I] tensor
+        glu = torch.mul(gate, self.alpha).sigmoid_().mul_(gate)
+        glu.mul_(up.clamp_(min=-self.limit, max=self.limit).add_(1))
+        return _linear(glu, w["w2"], w["b2"], self.layout)
 
 
 class SwiGLUHostKernel:
@@ -143,27 +205,26 @@ class SwiGLUHostKernel:
         act: Callable[[torch.Tensor], torch.Tensor],
         dense: Callable[[Weights], Weights],
         dtype: torch.dtype,
-        out_in: bool,
+        layout: Layout,
         name: str,
     ) -> None:
         self.act = act
         self.dense = dense
         self.dtype = dtype
-        self.out_in = out_in
+        self.layout = layout
         self.name = name
 
     def prepare(self, views: Weights) -> Weights:
         w = self.dense(views)
-        gu, down = w["gate_up"], w["down"]
         return {
-            "w1": _as(gu if self.out_in else gu.t(), self.dtype),
-            "w2": _as(down if self.out_in else down.t(), self.dtype),
+            "w1": _prepare_matrix(w["gate_up"], self.dtype, self.layout),
+            "w2": _prepare_matrix(w["down"], self.dtype, self.layout),
         }
 
     def forward(self, x: torch.Tensor, w: Weights) -> torch.Tensor:
-        h = _linear(x, w["w1"], None, self.out_in)
+        h = _linear(x, w["w1"], None, self.layout)
         i = h.shape[-1] // 2
-        return _linear(self.act(h[:, :i]).mul_(h[:, i:]), w["w2"], None, self.out_in)
+        return _linear(self.act(h[:, :i]).mul_(h[:, i:]), w["w2"], None, self.layout)
 
 
 class PackedKernel:
@@ -190,13 +251,15 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     dtype = format_dtype(fmt, adapter.store.layout.dtype)
     if fmt == "packed":
         return PackedKernel(adapter.expert_forward, dtype)
-    out_in = fmt.endswith("out_in")
+    if fmt == "onednn" and not onednn_available(dtype):
+        return None
+    layout = _layout(fmt)
     dense = adapter.dense_expert_weights
     if getattr(adapter, "arch", None) == "gpt_oss" and hasattr(adapter, "_swiglu_params"):
         alpha, limit = adapter._swiglu_params()
-        return GptOssHostKernel(alpha, limit, dense, dtype, out_in, fmt)
+        return GptOssHostKernel(alpha, limit, dense, dtype, layout, fmt)
     if hasattr(adapter, "_activation") and _is_swiglu(adapter):
-        return SwiGLUHostKernel(adapter._activation(), dense, dtype, out_in, fmt)
+        return SwiGLUHostKernel(adapter._activation(), dense, dtype, layout, fmt)
     return None
 
 
@@ -229,12 +292,13 @@ class PreparedWeights:
 
 
 def prepared_nbytes(prepared: Weights, views: Weights) -> int:
-    """Bytes of ``prepared`` not shared with the store's ``views``."""
-    shared = {v.untyped_storage().data_ptr() for v in views.values()}
+    """Bytes of ``prepared`` not shared with the store's ``views`` (an
+    opaque oneDNN tensor is always new memory)."""
+    shared = {v.untyped_storage().data_ptr() for v in views.values() if v.layout == torch.strided}
     return sum(
         t.numel() * t.element_size()
         for t in prepared.values()
-        if t.untyped_storage().data_ptr() not in shared
+        if t.layout != torch.strided or t.untyped_storage().data_ptr() not in shared
     )
 
 

@@ -31,13 +31,16 @@ from pdflash.hybrid.kernels import (
     HostKernel,
     PreparedWeights,
     host_kernel_for,
+    onednn_available,
     prepare_all,
     prepared_nbytes,
 )
 
 #: formats ``auto`` times (``in_out`` in the model dtype is left out: for the
-#: dense layouts it is the packed layout, for compressed ones out_in's twin)
-AUTO_CANDIDATES: tuple[str, ...] = ("packed", "out_in", "fp32_out_in", "fp32_in_out")
+#: dense layouts it is the packed layout, for compressed ones out_in's twin;
+#: ``onednn`` only where this torch has it, see
+#: :func:`pdflash.hybrid.kernels.onednn_available`)
+AUTO_CANDIDATES: tuple[str, ...] = ("packed", "out_in", "onednn", "fp32_out_in", "fp32_in_out")
 #: bytes of prepared experts each candidate is timed over (cold caches)
 SAMPLE_BYTES = 1 << 30
 MAX_SAMPLE_EXPERTS = 64
@@ -203,7 +206,11 @@ def host_weights_for(
         for name in AUTO_CANDIDATES:
             kernel = host_kernel_for(adapter, name)
             if kernel is None:
-                candidates[name] = "no kernel for this architecture"
+                candidates[name] = (
+                    "torch has no oneDNN matmul for this dtype here"
+                    if name == "onednn" and not onednn_available(adapter.store.layout.dtype)
+                    else "no kernel for this architecture"
+                )
                 continue
             candidates[name] = _time_format(adapter, kernel, workers, budget, repeats)
         timed = {n: v for n, v in candidates.items() if isinstance(v, float)}

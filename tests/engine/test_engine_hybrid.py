@@ -16,6 +16,7 @@ import torch
 from pdflash.bench.engine_run import RunSpec, miss_floor_s, run_spec
 
 from pdflash.engine.config import EngineConfig
+from pdflash.hybrid.kernels import onednn_available
 from pdflash.report.schema import validate_row
 
 from .test_engine_offloaded import MAX_NEW, _stack
@@ -172,7 +173,9 @@ def test_engine_refuses_a_runtime_service_it_would_not_account(
         issuer.close()
 
 
-@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+@pytest.mark.parametrize(
+    "fmt", ["out_in", "fp32_in_out", *(["onednn"] if onednn_available() else [])]
+)
 def test_prepared_host_format_keeps_greedy_output(
     fmt: str, gpt_oss_case: tuple[Path, list[Any]]
 ) -> None:

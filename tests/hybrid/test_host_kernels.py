@@ -20,7 +20,7 @@ from pdflash.hybrid import (
     host_kernel_for,
     host_weights_for,
 )
-from pdflash.hybrid.kernels import prepare_all, prepared_nbytes
+from pdflash.hybrid.kernels import onednn_available, prepare_all, prepared_nbytes
 from pdflash.models import load_adapter
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
@@ -62,6 +62,8 @@ def test_prepared_expert_equals_device_expert(
     tiny_checkpoints: dict[str, Path],
     host_issuer: object,
 ) -> None:
+    if fmt == "onednn" and not onednn_available(dtype):
+        pytest.skip(f"no oneDNN matmul in {dtype} on this CPU")
     ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, dtype=dtype)
     ids = np.array([0, 3, ad.num_experts + 1], dtype=np.int64)  # two layers
     counts = [3, 1, 5]
@@ -132,7 +134,9 @@ def test_auto_times_the_candidates_and_keeps_its_choice(
     ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
     hw = host_weights_for(ad, "auto", budget_bytes=1 << 34)
     timed = {k: v for k, v in hw.candidates.items() if isinstance(v, float)}
-    assert set(timed) == {"packed", "out_in", "fp32_out_in", "fp32_in_out"}
+    # every candidate is timed (oneDNN's prepacked format where torch has it)
+    onednn = {"onednn"} if onednn_available() else set()
+    assert set(timed) == {"packed", "out_in", "fp32_out_in", "fp32_in_out"} | onednn
     assert all(v > 0 for v in timed.values())
     assert hw.format == min(timed, key=lambda k: timed[k])
     assert hw.select_s is not None and hw.select_s > 0
@@ -198,7 +202,9 @@ def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+@pytest.mark.parametrize(
+    "fmt", ["out_in", "fp32_in_out", *(["onednn"] if onednn_available() else [])]
+)
 def test_mxfp4_experts_are_dequantized_once(
     fmt: str, mxfp4_checkpoint: Path, host_issuer: object
 ) -> None:
@@ -262,3 +268,28 @@ def test_prepare_device_is_the_host_without_cuda(
     mx = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=8)
     assert prepare_device(dense, host_kernel_for(dense, "fp32_out_in")) is None
     assert prepare_device(mx) is None  # a CPU adapter prepares on the CPU
+
+
+@pytest.mark.skipif(not onednn_available(torch.float32), reason="torch without oneDNN")
+@pytest.mark.parametrize("arch", ("qwen3_moe", "gpt_oss"))
+def test_onednn_weights_are_prepacked_new_memory(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8)
+    kernel = host_kernel_for(ad, "onednn")
+    assert kernel is not None and kernel.dtype == ad.store.layout.dtype
+    views = ad.store.views(1)
+    w = kernel.prepare(views)
+    # the matrices are oneDNN's opaque reordered copies (never the store's
+    # memory, counted in full); the biases stay plain tensors
+    assert {k for k, t in w.items() if t.layout != torch.strided} == {"w1", "w2"}
+    assert prepared_nbytes(w, views) == sum(t.numel() * t.element_size() for t in w.values()) - (
+        w["b2"].numel() * w["b2"].element_size() if arch == "gpt_oss" else 0
+    )
+    # the same product as the [out, in] layout's GEMM
+    x = torch.randn(3, ad.hidden_size, generator=torch.Generator().manual_seed(2))
+    ref = host_kernel_for(ad, "out_in")
+    assert ref is not None
+    torch.testing.assert_close(
+        kernel.forward(x, w), ref.forward(x, ref.prepare(views)), atol=1e-5, rtol=1e-5
+    )
