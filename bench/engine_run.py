@@ -51,7 +51,7 @@ from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
 from pdflash.report.schema import HOST_METRIC_FIELDS
 
-from .workload import ClosedLoop, LengthDist, Workload, open_loop
+from .workload import WARMUP_CHOICES, ClosedLoop, LengthDist, Workload, open_loop
 
 #: bench arch name -> (model_type, synthetic preset)
 ARCHS: dict[str, tuple[str, str]] = {
@@ -70,10 +70,6 @@ ARCHS: dict[str, tuple[str, str]] = {
     "olmoe": ("olmoe", "olmoe-1b-7b"),
     "olmoe-1b-7b": ("olmoe", "olmoe-1b-7b"),
 }
-
-
-#: RunSpec.warmup values
-WARMUP_CHOICES = ("auto", "short", "workload")
 
 
 @dataclass
@@ -862,16 +858,13 @@ def _workload(
             )
             # a replayed trace: request i replays the trace request its prompt
             # came from (trace prompts), else trace request i mod R
-            for policy in (acceptance, engine.routing):
-                assign = getattr(policy, "assign", None)
-                count = getattr(policy, "num_trace_requests", 0)
-                if assign is not None and count:
-                    assign(
-                        rid,
-                        trace_requests[plan.index]
-                        if trace_requests is not None
-                        else plan.index % count,
-                    )
+            _assign_trace_request(
+                engine,
+                acceptance,
+                rid,
+                plan.index,
+                None if trace_requests is None else trace_requests[plan.index],
+            )
             ids.append(rid)
             if plan.user is not None:
                 user_of[rid] = plan.user
@@ -938,6 +931,19 @@ def _mxfp4_dequantizer(adapter: Any) -> str | None:
     return mxfp4_dequantizer(adapter.device)
 
 
+def _assign_trace_request(
+    engine: Engine, acceptance: AcceptanceModel, rid: int, index: int, trace_request: int | None
+) -> None:
+    """Point the replayed acceptance and routing policies (those that replay a
+    trace) at the trace request engine request ``rid`` replays:
+    ``trace_request`` when given, else ``index`` mod the trace's requests."""
+    for policy in (acceptance, engine.routing):
+        assign = getattr(policy, "assign", None)
+        count = getattr(policy, "num_trace_requests", 0)
+        if assign is not None and count:
+            assign(rid, trace_request if trace_request is not None else index % count)
+
+
 def _warm_up(
     spec: RunSpec,
     device: torch.device,
@@ -974,11 +980,8 @@ def _warm_up(
         )
         # replayed acceptance/routing: a workload warm-up request i replays
         # trace request i mod R (the short one takes the policies' default)
-        for policy in (acceptance, engine.routing) if mode == "workload" else ():
-            assign = getattr(policy, "assign", None)
-            count = getattr(policy, "num_trace_requests", 0)
-            if assign is not None and count:
-                assign(rid, i % count)
+        if mode == "workload":
+            _assign_trace_request(engine, acceptance, rid, i, None)
         ids.append(rid)
     engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
     _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})

@@ -23,6 +23,10 @@ import numpy as np
 LengthKind = Literal["fixed", "uniform", "lognormal"]
 
 
+#: how a benchmark run warms up before its clock (``RunSpec.warmup``)
+WARMUP_CHOICES = ("auto", "short", "workload")
+
+
 @dataclass(frozen=True)
 class LengthDist:
     """Token lengths: ``fixed`` (always ``low``), ``uniform`` on

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..workload import WARMUP_CHOICES
 from . import _common as common
 
 HELP = (
@@ -95,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup",
         default="auto",
-        choices=("auto", "short", "workload"),
+        choices=WARMUP_CHOICES,
         help="before the clock: short (one 2-token request), workload (the run's own "
         "shape once: every batch size and key length it meets), auto (default: workload "
         "on CUDA, short on CPU)",

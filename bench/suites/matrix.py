@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..workload import WARMUP_CHOICES
 from . import _common as common
 
 HELP = "run the baseline matrix (B0 B1 B2 B3 PD) and write rows + report"
@@ -169,7 +170,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--warmup",
         default="auto",
-        choices=("auto", "short", "workload"),
+        choices=WARMUP_CHOICES,
         help="before each run's clock: short (one 2-token request), workload (the run's own "
         "shape once), auto (default: workload on CUDA, short on CPU)",
     )
