@@ -1012,11 +1012,6 @@ def _serving_workload(spec: RunSpec) -> Workload:
     )
 
 
-def _stream(engine: Engine) -> Any:
-    """The engine's streaming prefetcher, also while the PD controller has it switched off."""
-    return engine.parts.stream if engine.parts is not None else engine.stream
-
-
 def _built(engine: Engine) -> EngineConfig:
     """The configuration the engine was built with (the PD controller switches
     parts of ``engine.config`` during the run)."""
@@ -1153,6 +1148,7 @@ def _result(
     replayed_acceptance = acceptance.source == "trace" and speculative
     layout = getattr(adapter, "layout", None)
     padding = int(getattr(layout, "padding_nbytes", 0) or 0)
+    stream = engine.prefetch.built_stream
     row: dict[str, Any] = {
         "arch": spec.arch,
         "model_type": getattr(adapter, "arch", None),
@@ -1224,16 +1220,13 @@ def _result(
         "steps": engine.steps,
         "verify_forwards": engine.verify_forwards,
         "route_ahead_bytes_submitted": engine.prefetch_bytes[Band.ROUTE_AHEAD],
-        "streaming_prefetch": _stream(engine) is not None,
-        "stream_ahead": engine.config.stream_ahead if _stream(engine) is not None else None,
-        "route_ahead_cancelled_copies": (
-            _stream(engine).cancelled if _stream(engine) is not None else None
-        ),
+        # the stream PD was built with (also while its controller has it off)
+        "streaming_prefetch": stream is not None,
+        "stream_ahead": engine.config.stream_ahead if stream is not None else None,
+        "route_ahead_cancelled_copies": stream.cancelled if stream is not None else None,
         # the stream's running precision per plan source at the end of the
         # run (it copies before a forward only from the best one >= 0.7)
-        "stream_source_precision": (
-            dict(_stream(engine).precision) if _stream(engine) is not None else None
-        ),
+        "stream_source_precision": dict(stream.precision) if stream is not None else None,
         # the PD controller (PD) or its fixed books (PD-all-on): the policy,
         # the fraction of measured steps each part ran, switches and why
         "parts_controller": _built(engine).parts_controller,

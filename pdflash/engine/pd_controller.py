@@ -558,7 +558,7 @@ class EngineParts:
         self.engine = engine
         self.policy = policy
         self.full_config = engine.config
-        self.stream = engine.stream
+        self.stream = engine.prefetch.built_stream
         batcher = engine.batcher
         self.switchable_batcher = (
             batcher

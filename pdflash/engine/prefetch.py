@@ -571,7 +571,9 @@ class ExpertPrefetcher:
             self.lookahead = GateLookahead(adapter, cache, on_submit=self._count_route_ahead)
         # the parts this planner was built with; set_parts switches within them
         self._built_route_ahead = self.route_ahead
-        self._built_stream = self.stream
+        #: the streaming prefetcher it was built with (``stream`` is None while
+        #: set_parts has it switched off; its books stay here)
+        self.built_stream = self.stream
         # with the stream switched off (set_parts), the plain gate lookahead
         # runs instead, as in PD-no-stream; idle while the stream runs
         self._fallback_lookahead: GateLookahead | None = None
@@ -604,7 +606,7 @@ class ExpertPrefetcher:
         self._bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
         self.failures = 0
         self.stage_s.clear()
-        stream = self._built_stream
+        stream = self.built_stream
         if stream is not None:
             stream.copies_submitted = stream.bytes_submitted = 0
             stream.cancelled = 0
@@ -629,7 +631,7 @@ class ExpertPrefetcher:
         the stream off, route-ahead is one batch of copies before the verify
         (PD-no-stream); without route-ahead nothing is copied ahead."""
         self.route_ahead = bool(route_ahead and self._built_route_ahead)
-        built = self._built_stream
+        built = self.built_stream
         on = bool(stream and self.route_ahead and built is not None)
         if built is not None:
             if on:
@@ -658,7 +660,7 @@ class ExpertPrefetcher:
     def set_host_planned(self, mask: npt.NDArray[np.bool_] | None) -> None:
         """Experts the hybrid miss service plans to compute on the host in
         the coming verify (``(layers, experts)``, None: none): never copied ahead."""
-        stream = self._built_stream
+        stream = self.built_stream
         if stream is None:
             return
         if mask is None:
@@ -810,8 +812,8 @@ class ExpertPrefetcher:
             "background_bytes_submitted": self._bytes[Band.BACKGROUND],
             "prefetch_failures": self.failures,
         }
-        if self._built_stream is not None:  # also while the PD controller has it off
-            out.update(self._built_stream.stats())
+        if self.built_stream is not None:
+            out.update(self.built_stream.stats())
         return out
 
 

@@ -267,7 +267,7 @@ def _offloaded_pd(tmp: Path, issuer: Any, slots: int = 12) -> Engine:
 
 def _counters(eng: Engine) -> dict[str, Any]:
     # the stream PD was built with (the PD controller may have it switched off)
-    stream = eng.parts.stream if eng.parts is not None else eng.stream
+    stream = eng.prefetch.built_stream
     assert stream is not None and eng.expert_cache is not None and eng.route_stats is not None
     cache_stats = eng.expert_cache.stats()  # type: ignore[attr-defined]
     return {
