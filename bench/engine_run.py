@@ -576,12 +576,10 @@ def _run(
         seed=spec.seed,
         host_experts=spec.host_mode,
     )
-    # NOTE: ranks replicate the engine's control, and the PD controller decides
-    # from each rank's own timings: ranks could switch parts (the scheduler) at
-    # different steps and their batches diverge, so expert parallelism runs PD's
-    # parts fixed as configured
     if spec.gpus > 1:
-        config = config.replace(parts_controller=False)
+        from pdflash.distributed import replicated_config
+
+        config = replicated_config(config)
     batcher: VerifyBatcher | None = None
     byte_budget: int | None = None
     if config.batching != "fcfs":

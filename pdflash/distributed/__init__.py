@@ -18,6 +18,7 @@ from .group import (
     launch,
     shutdown,
 )
+from .lockstep import replicated_config
 from .moe import (
     BusiestRankByteCost,
     ExchangeStats,
@@ -60,6 +61,7 @@ __all__ = [
     "owned_mask",
     "placement_for",
     "repair_rank_budget",
+    "replicated_config",
     "shard_bounds",
     "shutdown",
 ]

@@ -12,13 +12,24 @@ none). :meth:`LockstepEngine.stop` ends the followers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
 from .group import RankGroup
 
+if TYPE_CHECKING:
+    from pdflash.engine.config import EngineConfig
+
 _STOP = "stop"
+
+
+def replicated_config(config: EngineConfig) -> EngineConfig:
+    """The engine configuration every rank runs: PD's parts fixed as
+    configured. Ranks replicate the engine's control, and the PD controller
+    decides from each rank's own timings, so ranks could switch parts (the
+    scheduler) at different steps and their batches would diverge."""
+    return config.replace(parts_controller=False)
 
 
 class LockstepEngine:

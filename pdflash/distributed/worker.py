@@ -14,6 +14,7 @@ import numpy as np
 from pdflash.protocols import Band
 
 from .group import RankGroup
+from .lockstep import replicated_config
 from .moe import (
     BusiestRankByteCost,
     ExpertParallelBatcher,
@@ -74,17 +75,15 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
 
     torch.set_num_threads(spec.threads)
     torch.manual_seed(0)
-    config = EngineConfig.preset(
-        spec.baseline,
-        block_size=spec.block_size,
-        max_running=spec.max_running,
-        token_budget=spec.token_budget,
-        parts_controller=False,
+    # the single-process reference runs the ranks' configuration too
+    config = replicated_config(
+        EngineConfig.preset(
+            spec.baseline,
+            block_size=spec.block_size,
+            max_running=spec.max_running,
+            token_budget=spec.token_budget,
+        )
     )
-    # NOTE: ranks replicate the engine's control, and the PD controller decides
-    # from each rank's own timings: ranks could switch parts (the scheduler) at
-    # different steps and their batches diverge, so expert parallelism runs PD's
-    # parts fixed as configured
     if config.all_resident or config.host_experts != "off":
         raise ValueError(f"{spec.baseline}: not supported with expert parallelism")
     world = 1 if group is None else group.world_size

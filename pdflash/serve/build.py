@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pdflash.distributed.lockstep import LockstepEngine
+from pdflash.distributed.lockstep import LockstepEngine, replicated_config
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine
 
@@ -207,9 +207,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             seed=cfg.seed,
         )
         if group is not None:
-            # ranks replicate the engine's control, and the PD controller decides
-            # from each rank's own timings: their batches could diverge
-            config = config.replace(parts_controller=False)
+            config = replicated_config(config)
         batcher: VerifyBatcher | None = None
         if config.batching != "fcfs":
             byte_budget = None
