@@ -19,6 +19,7 @@ sink value, given through an additive mask, with a zero value row) and
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -263,7 +264,14 @@ def sdpa_backends() -> str:
     ``efficient``, ``flash``, ``math`` (e.g. ``efficient,flash,math`` keeps
     torch off cuDNN, whose attention is set up once per new shape). Raises
     ``ValueError`` on an unknown name."""
-    value = os.environ.get("PDFLASH_SDPA_BACKENDS", "auto").strip().lower() or "auto"
+    return _parse_backends(os.environ.get("PDFLASH_SDPA_BACKENDS", "auto"))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_backends(raw: str) -> str:
+    """:func:`sdpa_backends` for one raw setting (every attention call reads
+    the setting; the parse runs once per distinct value)."""
+    value = raw.strip().lower() or "auto"
     if value != "auto":
         names = [n.strip() for n in value.split(",") if n.strip()]
         bad = [n for n in names if n not in _BACKEND_NAMES]
@@ -291,12 +299,11 @@ def _allowed(value: str) -> AbstractContextManager[None]:
     return ctx
 
 
-def _native_gqa(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> bool:
+def _native_gqa(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, backends: str) -> bool:
     """Whether SDPA should get K/V at their kv heads (``enable_gqa=True``)
     rather than expanded: on CUDA only where a fused kernel takes GQA with
     this mask (else SDPA would fall back to its math path, which expands
     anyway, in more kernels); on the CPU where this torch accepts it."""
-    backends = sdpa_backends()
     key = (q.device.type, q.dtype, mask.dtype, backends)
     if key in _GQA_NATIVE:
         return _GQA_NATIVE[key]
@@ -309,8 +316,8 @@ def _native_gqa(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> bool:
             checks = [getattr(torch.backends.cuda, fused[n], None) for n in allowed]
             ok = any(bool(check(params, False)) for check in checks if check is not None)
         else:
-            with _allowed(backends):
-                F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
+            # (called inside _sdpa's backend restriction)
+            F.scaled_dot_product_attention(q, k, k, attn_mask=mask, enable_gqa=True)
             ok = True
     except (RuntimeError, TypeError, AttributeError):
         ok = False
@@ -325,9 +332,10 @@ def _sdpa(
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads not a multiple of {kv_heads} kv heads")
-    with _allowed(sdpa_backends()):
+    backends = sdpa_backends()
+    with _allowed(backends):
         if heads != kv_heads:
-            if _native_gqa(q, k, mask):
+            if _native_gqa(q, k, mask, backends):
                 out: torch.Tensor = F.scaled_dot_product_attention(
                     q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True
                 )
