@@ -1,7 +1,8 @@
-"""The GPU proxy's committed traces (bench/results/h200/proxy-2026-12-01) are
-valid, belong to the committed target and drafter, say what the results README
-says, and replay on CPU without the weights (learned routing and acceptance in
-CI)."""
+"""The GPU proxies' committed traces (bench/results/h200/proxy-2026-12-01, whose
+router collapsed, and proxy-balanced-2026-12-01, retrained with a per-layer
+balance loss) are valid, belong to their committed target and drafter, say what
+their results README says, and replay on CPU without the weights (learned
+routing and acceptance in CI)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,29 @@ import pytest
 
 from pdflash import traces as tf
 
-RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "h200" / "proxy-2026-12-01"
-#: loop tau per trace as the results README states it
-README_TAU = {"trace_gpu_greedy.npz": 1.53, "trace_gpu_t1.npz": 1.50}
+H200_RESULTS = Path(__file__).resolve().parents[3] / "bench" / "results" / "h200"
+#: the balanced proxy, whose routing CI replays
+RESULTS = H200_RESULTS / "proxy-balanced-2026-12-01"
+#: loop tau per (results folder, trace) as that folder's README states it
+README_TAU = {
+    ("proxy-2026-12-01", "trace_gpu_greedy.npz"): 1.53,
+    ("proxy-2026-12-01", "trace_gpu_t1.npz"): 1.50,
+    ("proxy-balanced-2026-12-01", "trace_gpu_greedy.npz"): 1.75,
+    ("proxy-balanced-2026-12-01", "trace_gpu_t1.npz"): 1.50,
+}
 
 pytestmark = pytest.mark.skipif(not RESULTS.is_dir(), reason="run from a repository checkout")
 
 
-@pytest.mark.parametrize("name", sorted(README_TAU))
-def test_committed_trace_is_valid_and_matches_its_provenance(name: str) -> None:
-    trace = tf.load_trace(RESULTS / name)
+@pytest.mark.parametrize(("folder", "name"), sorted(README_TAU))
+def test_committed_trace_is_valid_and_matches_its_provenance(folder: str, name: str) -> None:
+    results = H200_RESULTS / folder
+    trace = tf.load_trace(results / name)
     trace.validate()
     prov = trace.provenance
-    target = json.loads((RESULTS / "provenance.json").read_text())
-    drafter = json.loads((RESULTS / "drafter_provenance.json").read_text())
-    config = json.loads((RESULTS / "config.json").read_text())
+    target = json.loads((results / "provenance.json").read_text())
+    drafter = json.loads((results / "drafter_provenance.json").read_text())
+    config = json.loads((results / "config.json").read_text())
     assert prov["target_weights_sha256"] == target["weights_sha256"]
     assert prov["target_preset"] == target["preset"] == drafter["target_preset"]
     assert drafter["target_weights_sha256"] == target["weights_sha256"]
@@ -42,7 +51,8 @@ def test_committed_trace_is_valid_and_matches_its_provenance(name: str) -> None:
         float((outputs - 1).sum()) / trace.round_request.size
     )  # prefill's token is no round's
     assert tau_loop == pytest.approx(float(trace.round_accepted.mean()))
-    assert tau_loop == pytest.approx(README_TAU[name], abs=0.005)
+    assert tau_loop == pytest.approx(README_TAU[folder, name], abs=0.005)
+    assert f"{README_TAU[folder, name]:.2f}" in (results / "README.md").read_text()
 
 
 def test_committed_trace_replays_on_a_cpu_shape() -> None:
