@@ -98,8 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=WARMUP_CHOICES,
         help="before the clock: short (one 2-token request), workload (the run's own "
-        "shape once: every batch size and key length it meets), auto (default: workload "
-        "on CUDA, short on CPU)",
+        "shape once: every batch size and key length it meets), shared (that workload "
+        "warm-up once per process for the runs that differ only in repeat and rate, then a "
+        "short one per run), auto (default: shared on CUDA, short on CPU)",
     )
     add_gpu_arguments(parser)
     add_realtext_arguments(parser)
