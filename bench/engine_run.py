@@ -13,9 +13,13 @@ from the verify step, see :mod:`pdflash.bench.workload`) and returns a :class:`R
 contents and capacity), the routing trace and the starting cache contents.
 
 Synthetic checkpoints are written once per (arch, layers, dtype, seed) under
-``$PDFLASH_CACHE`` (default ``~/.cache/pdflash``) and reused; within one
-process the loaded target (its packed host experts) is reused across runs,
-each run getting a fresh issuer and expert cache.
+``$PDFLASH_CACHE`` (default ``~/.cache/pdflash``) and reused; by default
+(``RunSpec.synthetic_weights="generated"``) only their config is written and
+the loader draws the seeded tensors straight into the host store (the same
+values as written files would hold). Within one process the loaded target
+(its packed host experts) and drafter are reused across runs, each run
+getting a fresh issuer and expert cache; the ``shared`` warm-up (the
+default on CUDA) runs each shape's workload warm-up once per process.
 """
 
 from __future__ import annotations
@@ -138,6 +142,11 @@ class RunSpec:
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
+    # synthetic weights: "generated" (config.json only; the loader draws the
+    # same seeded tensors straight into the host store: no checkpoint write
+    # and read-back) or "files" (safetensors shards written, then loaded
+    # through the real checkpoint reader); the values are bit-identical
+    synthetic_weights: str = "generated"
     # how the experts are stored in host memory, over the link and in the
     # slab: None as the checkpoint stores them (MXFP4 stays MXFP4), "dense"
     # in the compute dtype (dequantized at pack time), "fp8": e4m3 with
@@ -258,6 +267,10 @@ class RunSpec:
             raise ValueError(
                 f"synthetic_format must be None or mxfp4, got {self.synthetic_format!r}"
             )
+        if self.synthetic_weights not in ("generated", "files"):
+            raise ValueError(
+                f"synthetic_weights must be generated or files, got {self.synthetic_weights!r}"
+            )
         if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
         if self.expert_dtype not in (None, "dense", "fp8"):
@@ -314,6 +327,8 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
     )
     if spec.synthetic_format is not None:
         tag += f"-{spec.synthetic_format}"
+    if spec.synthetic_weights != "files":
+        tag += f"-{spec.synthetic_weights}"
     root = cache_root() / "synthetic" / tag
     target = root / "target"
     draft = root / "drafter"
@@ -329,6 +344,7 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
             seed=spec.seed,
             device=gen_device,
             expert_format=spec.synthetic_format,
+            weights=spec.synthetic_weights,
         )
         cfg = json.loads((target / "config.json").read_text())
         write_synthetic_drafter(
@@ -1297,6 +1313,9 @@ def _result(
         "baseline": spec.baseline,
         "weights_source": "synthetic" if synthetic_weights else "checkpoint",
         "weights": spec.weights,
+        # synthetic weights drawn at load ("generated") or read back from
+        # written files ("files"): the same values either way
+        "synthetic_weights": spec.synthetic_weights if synthetic_weights else None,
         "draft_source": "none"
         if not speculative
         else ("synthetic" if spec.draft == "synthetic" else "checkpoint"),

@@ -111,6 +111,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
     )
     parser.add_argument(
+        "--synthetic-weights",
+        default="generated",
+        choices=["generated", "files"],
+        help="synthetic weights: generated (default: config only, the loader draws the seeded "
+        "tensors straight into the host store) or files (written as safetensors and read "
+        "back through the checkpoint reader; the same values, slower)",
+    )
+    parser.add_argument(
         "--expert-dtype",
         default=None,
         choices=["dense", "fp8"],
@@ -303,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_format=args.host_format,
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
+                    synthetic_weights=args.synthetic_weights,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
                     gpus=args.gpus,

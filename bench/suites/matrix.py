@@ -182,6 +182,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["mxfp4"],
         help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
     )
+    g.add_argument(
+        "--synthetic-weights",
+        default="generated",
+        choices=["generated", "files"],
+        help="synthetic weights: generated (default: config only, the loader draws the seeded "
+        "tensors straight into the host store) or files (written as safetensors and read "
+        "back through the checkpoint reader; the same values, slower)",
+    )
     s = parser.add_argument_group(
         "serving workload",
         "open-loop (poisson) or closed-loop arrivals, length ranges and engine limits; "
@@ -307,6 +315,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in ("synthetic_format", "expert_dtype"):
         if getattr(args, name, None) is not None:
             common_kw[name] = getattr(args, name)
+    if getattr(args, "synthetic_weights", "generated") != "generated":
+        common_kw["synthetic_weights"] = args.synthetic_weights
     from .engine import realtext_kwargs
 
     common_kw.update(realtext_kwargs(args))
@@ -693,6 +703,12 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--host-workers", getattr(args, "host_workers", None)),
         ("--host-threads", getattr(args, "host_threads", None)),
         ("--synthetic-format", getattr(args, "synthetic_format", None)),
+        (
+            "--synthetic-weights",
+            None
+            if getattr(args, "synthetic_weights", "generated") == "generated"
+            else args.synthetic_weights,
+        ),
         ("--expert-dtype", getattr(args, "expert_dtype", None)),
         ("--prompts", getattr(args, "prompts", None)),
         ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),

@@ -153,3 +153,26 @@ def test_first_use_check_compares_the_first_repeat_with_the_later_ones() -> None
     (slow,) = check["slow_first"]
     assert slow["point"].startswith("tiny/B1/") and slow["ratio"] == pytest.approx(30 / 22)
     assert first_use_check([_row("B1", 0, 0.3)])["points"] == 0
+
+
+@pytest.mark.usefixtures("fresh_process")
+@pytest.mark.parametrize("arch", ["tiny", "tiny-gpt_oss"])
+def test_generated_synthetic_weights_give_the_rows_written_files_give(arch: str) -> None:
+    gen = run_spec(_spec(arch=arch))
+    engine_run.release_targets()
+    files = run_spec(_spec(arch=arch, synthetic_weights="files"))
+    assert gen.row["weights_source"] == files.row["weights_source"] == "synthetic"
+    assert gen.row["synthetic_weights"] == "generated"
+    assert files.row["synthetic_weights"] == "files"
+    for name in STABLE:
+        assert gen.row[name] == files.row[name], name
+    for x, y in zip(gen.routing_trace, files.routing_trace, strict=True):
+        assert np.array_equal(x, y)
+    assert [r["output_tokens"] for r in gen.requests] == [
+        r["output_tokens"] for r in files.requests
+    ]
+    root = Path(engine_run.cache_root()) / "synthetic"
+    (gen_dir,) = [p for p in root.iterdir() if p.name.endswith("-generated")]
+    assert not list((gen_dir / "target").glob("*.safetensors"))
+    with pytest.raises(ValueError, match="synthetic_weights must be"):
+        run_spec(_spec(synthetic_weights="disk"))
