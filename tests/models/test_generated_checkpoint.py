@@ -35,7 +35,9 @@ def _pair(tmp_path: Path, arch: str, fmt: str | None) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize(("arch", "fmt"), CASES)
-def test_generated_tensors_equal_the_written_ones(tmp_path: Path, arch: str, fmt: str | None) -> None:
+def test_generated_tensors_equal_the_written_ones(
+    tmp_path: Path, arch: str, fmt: str | None
+) -> None:
     files, gen = _pair(tmp_path, arch, fmt)
     assert not list(gen.glob("*.safetensors")) and is_generated(gen) and not is_generated(files)
     written = open_checkpoint(files)
