@@ -159,7 +159,8 @@ def estimate(step: dict[str, Any], table: Any, variant: str) -> dict[str, Any]:
     usable = HARD_S - START_S - DRAFTER_S - model_s  # what a call's runs can use
     runs = step_runs(step, table)
     # pack runs into calls in plan order; a shared warm-up is paid once per key per call
-    calls, used, keys = 1, 0.0, set()
+    calls, used = 1, 0.0
+    keys: set[Any] = set()
     total_runs_s = 0.0
 
     def cost_of(run: dict[str, Any], warmed: set[Any]) -> float:
