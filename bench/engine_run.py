@@ -642,6 +642,11 @@ def _shared_warm_up(
         )
     finally:
         issuer.close()
+    # the pass's cache (a full slab for B3) must be freed before the measured
+    # run allocates its own: collect the engine's reference cycles now
+    import gc
+
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     plans = _warm_up_plans(warm_spec, "workload", _serving_workload(warm_spec))
@@ -832,7 +837,16 @@ def _run(
     try:
         verify_step_s: float | None = None
         if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
-            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter)
+            # the shared warm-up's pass calibrates with one verify batch of
+            # requests: it sets up the calibration's shapes (batch sizes up to
+            # a full verify, the same key lengths) for the measured run's own
+            # calibration; its M only steers the warm-up's batches
+            calib_requests = (
+                max(1, min(config.max_running, config.token_budget // config.block_size))
+                if warm_only
+                else config.max_running
+            )
+            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter, calib_requests)
             byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
             if ranks is not None:
                 byte_budget = ranks.agree(byte_budget * spec.gpus)
@@ -887,9 +901,10 @@ def _verify_compute_s(
     config: EngineConfig,
     make_engine: Callable[[EngineConfig, Any], Engine],
     adapter: Any,
+    requests: int,
 ) -> float:
     """Mean compute time of one full verify forward, from a calibration run
-    (FCFS, no prefetch machinery) of ``max_running`` short requests. The
+    (FCFS, no prefetch machinery) of ``requests`` short requests. The
     compute-stream stalls on copies are subtracted in proportion to the
     verify forwards' share of all forward time (the timer keeps one stall
     total)."""
@@ -910,22 +925,19 @@ def _verify_compute_s(
     if service is not None:
         runtime.host_service = None
     try:
-        return _calibrate(spec, config, make_engine(calib_cfg, None), adapter.vocab_size)
+        return _calibrate(spec, requests, make_engine(calib_cfg, None), adapter.vocab_size)
     finally:
         if service is not None:
             runtime.host_service = service
 
 
-def _calibrate(spec: RunSpec, config: EngineConfig, engine: Engine, vocab: int) -> float:
+def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> float:
     rng = np.random.default_rng(spec.seed * 104729 + 17)
     ids = []
-    for _ in range(config.max_running):
+    block = engine.config.block_size
+    for _ in range(requests):
         prompt = rng.integers(0, vocab, size=min(8, spec.prompt_len)).tolist()
-        ids.append(
-            engine.add_request(
-                prompt, max_new_tokens=min(3 * config.block_size, spec.max_new_tokens)
-            )
-        )
+        ids.append(engine.add_request(prompt, max_new_tokens=min(3 * block, spec.max_new_tokens)))
     engine.run_until_done(max_steps=1000)
     _raise_on_errors({i: e for i in ids if (e := engine.request(i).error) is not None})
     timer = engine.timer

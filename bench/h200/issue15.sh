@@ -30,14 +30,14 @@
 # "before" = per-run workload warm-up and written checkpoints, "after" = this
 # script; a call is at most HARD_S of runs, a fresh process each):
 #   step                   runs  s/run | before min calls | after min calls
-#   gptoss24-ablation        42    217 |      317.6    42 |     300.4    42
-#   gptoss24-serve           24    178 |      145.8    18 |     138.0    18
-#   gptoss24-servefull       60    201 |      418.0    54 |     395.4    54
+#   gptoss24-ablation        42    217 |      341.8    42 |     329.4    42
+#   gptoss24-serve           24    178 |      149.9    18 |     142.8    18
+#   gptoss24-servefull       60    201 |      442.3    54 |     424.4    54
 #   gptoss24-burst           60     28 |       72.1     8 |      50.7     6
 #   gptoss24-b0               9     34 |       13.6     2 |       8.3     1
-#   qwen-ablation            42    250 |      395.9    42 |     344.3    42
-#   qwen-serve               24    217 |      203.3    24 |     172.6    24
-#   qwen-servefull           60    237 |      542.6    60 |     467.6    60
+#   qwen-ablation            42    250 |      422.8    42 |     375.8    42
+#   qwen-serve               24    217 |      207.8    24 |     177.9    24
+#   qwen-servefull           60    237 |      569.5    60 |     499.0    60
 #   qwen-burst               60     38 |      109.7    13 |      70.8     8
 #   qwen-b0                   9     38 |       16.8     2 |       9.3     1
 #   gptoss8-burst            78     12 |       41.7     5 |      32.4     4
@@ -50,9 +50,9 @@
 # warm-up cannot be reused across calls. A smaller but still valid serving
 # design (outputs >= 128 tokens, max_running > token budget / block, M from
 # the verify step, >= 2 rates, 3 repeats), e.g. SERVE_REQUESTS=12
-# TOKEN_BUDGET=128 MAX_RUNNING=12: the estimate gives ~133 min / 15 calls
-# (gpt-oss) and ~175 min / 20 calls (Qwen 32L) for the serve step
-# (issue15_estimate.py --serve-requests 12 --serve-blocks 8 --serve-max-running 12).
+# TOKEN_BUDGET=128 MAX_RUNNING=12, gives ~150 min / 18 calls (gpt-oss) and
+# ~200 min / 27 calls (Qwen 32L) for the serve step (issue15_estimate.py
+# --serve-requests 12 --serve-blocks 8 --serve-max-running 12).
 # Order: disk first (seconds), then the burst matrices (cheapest per row),
 # then the serving steps, then the 8-layer truncations.
 #
@@ -79,8 +79,8 @@
 #                    with prompts 64-256 and outputs 128-192 tokens,
 #                    max_running $MAX_RUNNING over a $TOKEN_BUDGET-token budget,
 #                    M = link x verify compute; cache 0.2; 3 repeats
-#                    interleaved (60 runs)                                   ~395 min, 54 calls
-#   qwen-serve       as gptoss24-serve at QWEN_LAYERS                        ~470 min, 60 calls
+#                    interleaved (60 runs)                                   ~424 min, 54 calls
+#   qwen-serve       as gptoss24-serve at QWEN_LAYERS                        ~499 min, 60 calls
 #   gptoss8-burst    all five baselines, 8-layer truncation (78 runs)        ~32 min, 4 calls
 #   qwen8-burst      likewise for Qwen                                       ~30 min, 4 calls
 # Then, on any machine (CPU), the reports (copy each step's rows.jsonl into a

@@ -71,7 +71,8 @@ def test_the_shared_warm_up_runs_once_per_key_and_leaves_each_run_as_a_short_one
             assert np.array_equal(x, y)
         assert validate_row(b.row) == []
     # rows count the process's measured runs before them
-    assert [r.row["process_runs_before"] for r in short + shared] == [0, 1, 2, 3]
+    counts = [r.row["process_runs_before"] for r in short + shared]
+    assert counts == list(range(counts[0], counts[0] + 4))
 
 
 @pytest.mark.usefixtures("fresh_process")
@@ -176,3 +177,26 @@ def test_generated_synthetic_weights_give_the_rows_written_files_give(arch: str)
     assert not list((gen_dir / "target").glob("*.safetensors"))
     with pytest.raises(ValueError, match="synthetic_weights must be"):
         run_spec(_spec(synthetic_weights="disk"))
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_the_shared_pass_calibrates_m_with_one_verify_batch_and_the_run_with_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[int] = []
+    real = engine_run._calibrate
+
+    def recording(spec: RunSpec, requests: int, engine: Any, vocab: int) -> float:
+        calls.append(requests)
+        return real(spec, requests, engine, vocab)
+
+    monkeypatch.setattr(engine_run, "_calibrate", recording)
+    kw = {"baseline": "PD", "byte_budget_from": "verify", "max_running": 4, "token_budget": 12}
+    first = run_spec(_spec(warmup="shared", **kw)).row
+    second = run_spec(_spec(warmup="shared", repeat=1, **kw)).row
+    # warm pass: token_budget / block = 2 requests; each measured run: max_running = 4
+    assert calls == [2, 4, 4]
+    for row in (first, second):
+        assert row["byte_budget_from"] == "verify" and row["byte_budget_verify_compute_s"] > 0
+        assert row["token_budget"] == 12 and row["max_running"] == 4
+        assert validate_row(row) == []
