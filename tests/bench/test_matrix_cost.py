@@ -111,6 +111,12 @@ def test_auto_warm_up_is_shared_on_cuda_and_short_on_cpu() -> None:
     assert engine_run.warmup_mode(_spec(), torch.device("cpu")) == "short"
     assert engine_run.warmup_mode(_spec(), torch.device("cuda")) == "shared"
     assert engine_run.warmup_mode(_spec(warmup="workload"), torch.device("cuda")) == "workload"
+    # CUDA graphs are recorded per engine: a shared pass would not record the run's
+    graphed = _spec()
+    object.__setattr__(graphed, "cuda_graphs", "auto")
+    assert engine_run.warmup_mode(graphed, torch.device("cuda")) == "workload"
+    object.__setattr__(graphed, "cuda_graphs", "off")
+    assert engine_run.warmup_mode(graphed, torch.device("cuda")) == "shared"
 
 
 @pytest.mark.usefixtures("fresh_process")
