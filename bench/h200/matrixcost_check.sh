@@ -13,7 +13,7 @@
 #       Poisson 2 req/s, 12 requests of 128-192 tokens, max_running 16, token
 #       budget 64, M from the verify step, --warmup short: its shapes are cold,
 #       so its wall_s is an upper bound): issue15_estimate.py assumes ~108 s
-#       measured for 12 requests (217 s for the full 24) and ~22 s of
+#       measured for 12 requests (217 s for the full 24) and ~43 s of
 #       calibration; rc 124 (no row) means over 230 s in all
 #   OUT=/path bash bench/h200/matrixcost_check.sh
 set -uo pipefail
