@@ -377,6 +377,10 @@ def load_target(
         _TARGETS[key] = load_adapter(
             path, device=device, dtype=dtype, expert_dtype=expert_dtype, **extra
         )
+        if device.type == "cuda":
+            # generated weights are drawn on the GPU: hand the drawing's
+            # transient blocks back before the runs allocate their slabs
+            torch.cuda.empty_cache()
     return _TARGETS[key]
 
 
