@@ -206,3 +206,33 @@ def test_the_shared_pass_calibrates_m_with_one_verify_batch_and_the_run_with_all
         assert row["byte_budget_from"] == "verify" and row["byte_budget_verify_compute_s"] > 0
         assert row["token_budget"] == 12 and row["max_running"] == 4
         assert validate_row(row) == []
+
+
+def test_one_serving_matrix_over_every_label_holds_the_ablations_runs() -> None:
+    """issue15.sh's serve step runs the baselines and the ablation labels in
+    one matrix: the ablation over the same options then finds every one of
+    its runs recorded (PD runs once for both tables)."""
+    import argparse
+
+    from pdflash.bench.suites import ablation, matrix
+
+    serve = "--arch gpt-oss-20b --synthetic-format mxfp4 --arrivals poisson --rate 0.5,2"
+    serve += " --num-requests 24 --prompt-len 64 --prompt-len-max 256 --max-new-tokens 128"
+    serve += " --max-new-tokens-max 192 --max-running 16 --token-budget 64"
+    serve += " --byte-budget-from verify --concurrency 16 --cache-fraction 0.2 --slo 30"
+    host = " --host-threads 14 --host-workers 1"
+    labels = (
+        "B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,PD+host"
+    )
+    mp = argparse.ArgumentParser()
+    matrix.add_arguments(mp)
+    merged = matrix.plan(
+        mp.parse_args((serve + host + f" --baselines {labels} --repeats 3").split())
+    )
+    ap = argparse.ArgumentParser()
+    ablation.add_arguments(ap)
+    abl = ablation.plan(
+        ap.parse_args(("--with-host" + host + " " + serve + " --repeats 3").split())
+    )
+    assert len(merged) == 10 * 2 * 3 and len(abl) == 7 * 2 * 3
+    assert {matrix.spec_key(s) for s in abl} <= {matrix.spec_key(s) for s in merged}
