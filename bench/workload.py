@@ -23,8 +23,13 @@ import numpy as np
 LengthKind = Literal["fixed", "uniform", "lognormal"]
 
 
-#: how a benchmark run warms up before its clock (``RunSpec.warmup``)
-WARMUP_CHOICES = ("auto", "short", "workload")
+#: how a benchmark run warms up before its clock (``RunSpec.warmup``):
+#: ``short`` one 2-token request; ``workload`` the run's own shape once, per
+#: run; ``shared`` the workload warm-up once per process and shape (every
+#: run of the same spec but its repeat and request rate reuses it, on a
+#: throwaway cache) and a short one per run; ``auto`` shared on CUDA, short
+#: on CPU
+WARMUP_CHOICES = ("auto", "short", "workload", "shared")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 15's GPU matrix on the lent H200 (run.sh's step style: one JSON result
 # per step in $OUT/results.jsonl, the log in $OUT/log.txt, rows under
-# $OUT/<step>/). ONE step per call: each fits a 10-minute call (build ~30 s,
-# synthetic checkpoint write + load up to ~2 min, then runs that stop starting
-# after --budget-s, hard `timeout` behind it). Every step is RESUMABLE across
+# $OUT/<step>/). A step fits a 10-minute call (build ~30 s, the synthetic
+# weights generated in seconds, then runs that stop starting after
+# --budget-s, hard `timeout` behind it). Every step is RESUMABLE across
 # calls and sessions: before running, the step copies $ROWS_IN/<step>.jsonl
 # (rows returned by its earlier calls; save $OUT/<step>/rows.jsonl there) into
 # its folder, and the runner skips every run already recorded. Call a step
@@ -11,52 +11,87 @@
 #
 #   OUT=/path/to/out bash bench/h200/issue15.sh STEP
 #
-# The whole matrix needs several sessions (30 device-minutes each): about
-# 3.5-4 device-hours by the estimates below, which predate the warm-up: every
-# run now first runs its own shape once outside the clock (--warmup auto =
-# workload on CUDA; single short runs paid per-shape first-use costs that
-# tripled their verify time), so expect up to ~2x the run time per run, or
-# pass --warmup short in COMMON to compare with the older rows. Order: disk first (seconds), then
-# the serving/ablation steps (new), then the burst matrices, then the 8-layer
-# truncations.
+# Cost per call: build ~30 s, start ~15 s, the synthetic drafter ~10 s and
+# the target's weights, which are GENERATED straight into the pinned host
+# store (RunSpec.synthetic_weights="generated": no checkpoint write and
+# read-back; bit-identical values; rows still say weights_source synthetic):
+# ~3 s gpt-oss 24L MXFP4, ~8 s Qwen 32L, instead of ~30 s / ~90 s written
+# and read back. Each run warms up with --warmup auto = shared on CUDA: the
+# workload warm-up once per process for every run that differs only in
+# repeat and request rate (on a throwaway cache; every run then starts from a
+# fresh cache after a short warm-up), instead of once per run. Every row says
+# warmup.shared.ran_now and process_runs_before; the step's summary line
+# carries first_use (first repeat's verify ms / the later repeats' median per
+# point, flagged above 1.25): check it before trusting a point.
 #
-# Synthetic checkpoint sizes (bf16 unless said; experts + attention/router per
-# layer, plus embeddings/LM head and the 5-layer synthetic drafter):
-#   gpt-oss-20b MXFP4 experts (as released): 0.48 GB/layer + 2.9 GB -> 24 layers 14.3 GB
-#   gpt-oss-20b bf16 experts:                1.65 GB/layer + 2.9 GB -> 24 layers 42.4 GB
-#   Qwen3-30B-A3B bf16:                      1.25 GB/layer + 1.5 GB -> 48 layers 61.3 GB (does
-#       not fit a 64 GiB disk with the OS and torch), 40 layers 51.4 GB, 32 layers 41.4 GB
-# The `disk` step prints the free space and the deepest Qwen depth that fits
-# (free - 4 GB margin); set QWEN_LAYERS to it for every qwen step (default 32,
-# which needs ~46 GB free; 40 needs ~56 GB). A depth must stay the same across
-# a step's calls (the rows' key has no depth: each depth gets its own folder).
-# Qwen steps delete the gpt-oss checkpoints first and gpt-oss steps the Qwen
-# ones (both do not fit together).
+# Device-time estimate (python3 bench/h200/issue15_estimate.py, which states
+# its assumptions: the 8-layer H200 rows' tokens/s scaled by layers, MXFP4
+# x1.16, serving runs of 24 requests x ~160 tokens at 4 blocks per verify;
+# "before" = per-run workload warm-up and written checkpoints, "after" = this
+# script; a call is at most HARD_S of runs, a fresh process each):
+#   step                   runs  s/run | before min calls | after min calls
+#   gptoss24-ablation        42    217 |      341.8    42 |     329.4    42
+#   gptoss24-serve           24    178 |      149.9    18 |     142.8    18
+#   gptoss24-servefull       60    201 |      442.3    54 |     424.4    54
+#   gptoss24-burst           60     28 |       72.1     8 |      50.7     6
+#   gptoss24-b0               9     34 |       13.6     2 |       8.3     1
+#   qwen-ablation            42    250 |      422.8    42 |     375.8    42
+#   qwen-serve               24    217 |      207.8    24 |     177.9    24
+#   qwen-servefull           60    237 |      569.5    60 |     499.0    60
+#   qwen-burst               60     38 |      109.7    13 |      70.8     8
+#   qwen-b0                   9     38 |       16.8     2 |       9.3     1
+#   gptoss8-burst            78     12 |       41.7     5 |      32.4     4
+#   qwen8-burst              78     11 |       40.3     5 |      30.3     4
+# (servefull = the serve step below: B1, B2, B3 and all ablation labels in one
+# interleaved matrix, so PD runs once for both tables; ablation + serve
+# separately would run PD twice.) The serving steps dominate: one serving
+# run at full depth and cache 0.2 is link-bound at ~18 tokens/s (gpt-oss) and
+# lasts ~3-4 minutes, so a call holds one or two of them and the shared
+# warm-up cannot be reused across calls. A smaller but still valid serving
+# design (outputs >= 128 tokens, max_running > token budget / block, M from
+# the verify step, >= 2 rates, 3 repeats), e.g. SERVE_REQUESTS=12
+# TOKEN_BUDGET=128 MAX_RUNNING=12, gives ~150 min / 18 calls (gpt-oss) and
+# ~200 min / 27 calls (Qwen 32L) for the serve step (issue15_estimate.py
+# --serve-requests 12 --serve-blocks 8 --serve-max-running 12).
+# Order: disk first (seconds), then the burst matrices (cheapest per row),
+# then the serving steps, then the 8-layer truncations.
 #
-# Steps (estimates: the 8-layer H200 matrix's per-run times scaled by layers x
-# new tokens; device minutes for ALL of a step's calls, ~3 min of build and
-# checkpoint load per call included):
-#   disk               df and the Qwen depth that fits                               ~1 min
-#   gptoss24-ablation  PD, PD-no-route-ahead, PD-one-band, PD-token-sched,
-#                      PD-no-stream, PD+host; Poisson at $RATES req/s, 24 requests
-#                      with prompts 64-256 and outputs 128-192 tokens, max_running
-#                      16 over a 4-block token budget, M = link x verify compute;
-#                      cache 0.2; 3 repeats interleaved (36 runs)             ~20 min, 3 calls
-#   gptoss24-serve     B1, B2, B3, PD on the same serving workload (24 runs)  ~14 min, 2 calls
-#   qwen-ablation      as gptoss24-ablation, Qwen3-30B-A3B at QWEN_LAYERS     ~25 min, 4 calls
-#   qwen-serve         as gptoss24-serve, Qwen at QWEN_LAYERS                  ~17 min, 3 calls
-#   gptoss24-burst     B1, B2, B3, PD; cache 0.2/0.5/0.8; c = 4, 16; 128 new
-#                      tokens; 3 repeats interleaved (60 runs)                ~40 min, 5 calls
-#   gptoss24-b0        B0 (autoregressive) at c = 4 only, same points (9 runs) ~8 min, 1 call
-#   qwen-burst         as gptoss24-burst at QWEN_LAYERS                        ~45 min, 6 calls
-#   qwen-b0            as gptoss24-b0                                           ~9 min, 1 call
-#   gptoss8-burst      all five baselines, 8-layer truncation (78 runs)        ~15 min, 2 calls
-#   qwen8-burst        likewise for Qwen                                       ~15 min, 2 calls
-# Then, on any machine (CPU), the reports:
+# Memory instead of disk: generated weights need no checkpoint on disk, only
+# host RAM for the pinned store (gpt-oss 24L MXFP4 14.3 GB; Qwen3-30B-A3B bf16
+# 1.25 GB/layer + 1.5 GB: 48 layers 61 GB, 32 layers 41 GB). The `disk` step
+# prints the free disk and RAM and the deepest Qwen depth that fits in RAM
+# (available - 16 GB margin); a deeper Qwen costs proportionally more per run.
+# QWEN_LAYERS (default 32) must stay the same across a step's calls (each
+# depth gets its own folder). With --synthetic-weights files in COMMON the
+# old written checkpoints come back (then Qwen steps delete the gpt-oss
+# checkpoints first and gpt-oss steps the Qwen ones: both do not fit the disk).
+#
+# Steps (runs; device minutes for ALL of a step's calls from the estimate):
+#   disk             df, free RAM, the Qwen depth that fits                   ~1 min
+#   gptoss24-burst   B1, B2, B3, PD; cache 0.2/0.5/0.8; c = 4, 16; 128 new
+#                    tokens; 3 repeats interleaved (60 runs)                  ~51 min, 6 calls
+#   gptoss24-b0      B0 (autoregressive) at c = 4 only, same points (9 runs)  ~8 min, 1 call
+#   qwen-burst       as gptoss24-burst at QWEN_LAYERS                         ~71 min, 8 calls
+#   qwen-b0          as gptoss24-b0                                           ~9 min, 1 call
+#   gptoss24-serve   B1, B2, B3, PD, PD-all-on, PD-no-route-ahead, PD-one-band,
+#                    PD-token-sched, PD-no-stream, PD+host on one serving
+#                    workload: Poisson at $RATES req/s, $SERVE_REQUESTS requests
+#                    with prompts 64-256 and outputs 128-192 tokens,
+#                    max_running $MAX_RUNNING over a $TOKEN_BUDGET-token budget,
+#                    M = link x verify compute; cache 0.2; 3 repeats
+#                    interleaved (60 runs)                                   ~424 min, 54 calls
+#   qwen-serve       as gptoss24-serve at QWEN_LAYERS                        ~499 min, 60 calls
+#   gptoss8-burst    all five baselines, 8-layer truncation (78 runs)        ~32 min, 4 calls
+#   qwen8-burst      likewise for Qwen                                       ~30 min, 4 calls
+# Then, on any machine (CPU), the reports (copy each step's rows.jsonl into a
+# folder of its own first; `report` reads every rows*.jsonl of a folder):
 #   pdflash-bench report $ROWS_IN/gptoss24-burst --baselines B1,B2,B3,PD   (B0 shown where run)
-#   pdflash-bench report $ROWS_IN/gptoss24-ablation --baselines PD,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream
-# (copy each step's rows.jsonl into a folder of its own first; `report`
-# reads every rows*.jsonl of a folder).
+#   pdflash-bench report $ROWS_IN/gptoss24-serve --baselines B1,B2,B3,PD
+#   the ablation table: rerun the ablation over the same folder; every run is
+#   already recorded, so it runs nothing and writes ablation.md/json + report:
+#   pdflash-bench ablation --with-host --host-threads 14 --host-workers 1 \
+#     --arch gpt-oss-20b --synthetic-format mxfp4 <the SERVE options below> \
+#     --repeats 3 --out $ROWS_IN/gptoss24-serve
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$PWD/out}
@@ -65,14 +100,22 @@ export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 ROWS_IN=${ROWS_IN:-bench/results/issue15-h200}
 QWEN_LAYERS=${QWEN_LAYERS:-32}
 RATES=${RATES:-0.5,2}
-BUDGET_S=${BUDGET_S:-330}
+SERVE_REQUESTS=${SERVE_REQUESTS:-24}
+TOKEN_BUDGET=${TOKEN_BUDGET:-64}
+MAX_RUNNING=${MAX_RUNNING:-16}
 HARD_S=${HARD_S:-540}
+# start no run after BUDGET_S: the longest run (with its shared warm-up) must
+# still end before HARD_S; serving runs last minutes, burst runs ~30-60 s
+case "${1:-}" in
+  *-serve) BUDGET_S=${BUDGET_S:-240} ;;
+  *) BUDGET_S=${BUDGET_S:-420} ;;
+esac
 
 step=${1:?usage: OUT=... bash bench/h200/issue15.sh STEP (see the header)}
 
 # the serving workload: more live requests than a step takes, M from the step
-SERVE="--arrivals poisson --rate $RATES --num-requests 24 --prompt-len 64 --prompt-len-max 256"
-SERVE+=" --max-new-tokens 128 --max-new-tokens-max 192 --max-running 16 --token-budget 64"
+SERVE="--arrivals poisson --rate $RATES --num-requests $SERVE_REQUESTS --prompt-len 64 --prompt-len-max 256"
+SERVE+=" --max-new-tokens 128 --max-new-tokens-max 192 --max-running $MAX_RUNNING --token-budget $TOKEN_BUDGET"
 SERVE+=" --byte-budget-from verify --concurrency 16 --cache-fraction 0.2 --slo 30"
 BURST="--cache-fraction 0.2,0.5,0.8 --prompt-len 64 --max-new-tokens 128 --slo 30"
 COMMON="--repeats 3 --no-progress --json --budget-s $BUDGET_S --no-report"
@@ -81,8 +124,9 @@ GPTOSS24="--arch gpt-oss-20b --synthetic-format mxfp4"
 GPTOSS8="--arch gpt-oss-20b --synthetic-format mxfp4 --layers 8"
 QWEN="--arch qwen3-30b-a3b --layers $QWEN_LAYERS"
 QWEN8="--arch qwen3-30b-a3b --layers 8"
-ABLATION="pdflash-bench ablation --with-host $HOST"
 MATRIX="pdflash-bench matrix"
+# the serving step's labels: the baselines and every ablation label, one matrix
+SERVE_LABELS="B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,PD+host"
 
 drop() { # delete the other model's synthetic checkpoints (both do not fit the disk)
   rm -rf "$PDFLASH_CACHE"/synthetic/"$1"-* "$PDFLASH_CACHE"/synthetic-drafters 2>/dev/null
@@ -95,18 +139,23 @@ case "$step" in
     df -B1 --output=avail "$PDFLASH_CACHE" | tail -1 | python3 -c '
 import json, sys
 free = int(sys.stdin.read()) / 1e9
-per_layer, fixed, margin = 1.246, 1.52, 4.0
-depth = max(0, min(48, int((free - fixed - margin) // per_layer)))
-print(json.dumps({"free_gb": round(free, 1), "qwen_layers_that_fit": depth,
-                  "qwen_checkpoint_gb": round(depth * per_layer + fixed, 1)}))' \
+ram = [int(l.split()[1]) * 1024 / 1e9 for l in open("/proc/meminfo") if l.startswith("MemAvailable")][0]
+per_layer, fixed = 1.246, 1.52
+def fit(space, margin):
+    return max(0, min(48, int((space - fixed - margin) // per_layer)))
+print(json.dumps({"free_disk_gb": round(free, 1), "available_ram_gb": round(ram, 1),
+                  "qwen_layers_that_fit_ram": fit(ram, 16.0),
+                  "qwen_layers_that_fit_disk_as_files": fit(free, 4.0)}))' \
       | tee "$OUT/results.jsonl"
     df -h "$PDFLASH_CACHE" /tmp "$PWD" | tee "$OUT/log.txt"
     exit 0
     ;;
-  gptoss24-ablation) drop qwen3_moe; args="$ABLATION $GPTOSS24 $SERVE" ;;
-  gptoss24-serve) drop qwen3_moe; args="$MATRIX $GPTOSS24 $SERVE --baselines B1,B2,B3,PD" ;;
-  qwen-ablation) drop gpt_oss; args="$ABLATION $QWEN $SERVE" ;;
-  qwen-serve) drop gpt_oss; args="$MATRIX $QWEN $SERVE --baselines B1,B2,B3,PD" ;;
+  gptoss24-serve) drop qwen3_moe; args="$MATRIX $GPTOSS24 $SERVE $HOST --baselines $SERVE_LABELS" ;;
+  qwen-serve) drop gpt_oss; args="$MATRIX $QWEN $SERVE $HOST --baselines $SERVE_LABELS" ;;
+  gptoss24-ablation|qwen-ablation)
+    echo "$step is part of the ${step%-ablation}-serve step now (PD runs once for both tables)" >&2
+    exit 2
+    ;;
   gptoss24-burst) drop qwen3_moe; args="$MATRIX $GPTOSS24 $BURST --concurrency 4,16 --baselines B1,B2,B3,PD" ;;
   gptoss24-b0) drop qwen3_moe; args="$MATRIX $GPTOSS24 $BURST --concurrency 4 --baselines B0" ;;
   qwen-burst) drop gpt_oss; args="$MATRIX $QWEN $BURST --concurrency 4,16 --baselines B1,B2,B3,PD" ;;

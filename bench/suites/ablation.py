@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu_threads=args.cpu_threads,
     )
     summary["planned"] = len(specs)
+    summary["first_use"] = matrix.first_use_check(matrix.read_rows(out / matrix.ROWS_FILE))
     cmd = ablation_command(args, out)
     with open(out / "commands.txt", "a", encoding="utf-8") as fh:
         fh.write(f"{common.utc_stamp()} {cmd}\n")

@@ -98,8 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=WARMUP_CHOICES,
         help="before the clock: short (one 2-token request), workload (the run's own "
-        "shape once: every batch size and key length it meets), auto (default: workload "
-        "on CUDA, short on CPU)",
+        "shape once: every batch size and key length it meets), shared (that workload "
+        "warm-up once per process for the runs that differ only in repeat and rate, then a "
+        "short one per run), auto (default: shared on CUDA, short on CPU)",
     )
     add_gpu_arguments(parser)
     add_realtext_arguments(parser)
@@ -108,6 +109,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         choices=["mxfp4"],
         help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    parser.add_argument(
+        "--synthetic-weights",
+        default="generated",
+        choices=["generated", "files"],
+        help="synthetic weights: generated (default: config only, the loader draws the seeded "
+        "tensors straight into the host store) or files (written as safetensors and read "
+        "back through the checkpoint reader; the same values, slower)",
     )
     parser.add_argument(
         "--expert-dtype",
@@ -302,6 +311,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_format=args.host_format,
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
+                    synthetic_weights=args.synthetic_weights,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
                     gpus=args.gpus,

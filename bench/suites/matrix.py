@@ -172,13 +172,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=WARMUP_CHOICES,
         help="before each run's clock: short (one 2-token request), workload (the run's own "
-        "shape once), auto (default: workload on CUDA, short on CPU)",
+        "shape once, every run), shared (that workload warm-up once per process for the runs "
+        "that differ only in repeat and rate, then a short one per run on its own fresh cache), "
+        "auto (default: shared on CUDA, short on CPU)",
     )
     g.add_argument(
         "--synthetic-format",
         default=None,
         choices=["mxfp4"],
         help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    g.add_argument(
+        "--synthetic-weights",
+        default="generated",
+        choices=["generated", "files"],
+        help="synthetic weights: generated (default: config only, the loader draws the seeded "
+        "tensors straight into the host store) or files (written as safetensors and read "
+        "back through the checkpoint reader; the same values, slower)",
     )
     s = parser.add_argument_group(
         "serving workload",
@@ -305,6 +315,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for name in ("synthetic_format", "expert_dtype"):
         if getattr(args, name, None) is not None:
             common_kw[name] = getattr(args, name)
+    if getattr(args, "synthetic_weights", "generated") != "generated":
+        common_kw["synthetic_weights"] = args.synthetic_weights
     from .engine import realtext_kwargs
 
     common_kw.update(realtext_kwargs(args))
@@ -371,6 +383,60 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+#: a first repeat whose verify step is this much slower than the median of
+#: the later repeats of its point is flagged by :func:`first_use_check`
+FIRST_USE_RATIO = 1.25
+
+
+def verify_ms_per_forward(row: Mapping[str, Any]) -> float | None:
+    """Mean verify step time of a row in ms (None without verify forwards)."""
+    forwards = row.get("verify_forwards")
+    verify_s = row.get("verify_s")
+    if not isinstance(forwards, (int, float)) or not isinstance(verify_s, (int, float)):
+        return None
+    if forwards <= 0:
+        return None
+    return 1e3 * float(verify_s) / float(forwards)
+
+
+def first_use_check(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Does a point's first repeat pay first-use costs its later repeats do
+    not? Per point (every spec field but the repeat), the first repeat's mean
+    verify step time over the median of the later repeats'; points above
+    :data:`FIRST_USE_RATIO` are listed under ``slow_first``. A warm-up that
+    sets up every shape the runs meet keeps every ratio near 1."""
+    import statistics
+
+    groups: dict[tuple[Any, ...], dict[int, float]] = {}
+    for row in rows:
+        spec = row.get("spec")
+        ms = verify_ms_per_forward(row)
+        if not isinstance(spec, Mapping) or ms is None:
+            continue
+        key = spec_key({**spec, "repeat": -1})
+        groups.setdefault(key, {})[int(spec.get("repeat", 0))] = ms
+    ratios: list[dict[str, Any]] = []
+    for key, by_repeat in groups.items():
+        if len(by_repeat) < 2:
+            continue
+        first = min(by_repeat)
+        later = [v for r, v in by_repeat.items() if r != first]
+        ratio = by_repeat[first] / statistics.median(later)
+        label = "/".join(str(k) for k in key[:5]) + (f"/{key[10]}rps" if key[10] else "")
+        ratios.append({"point": label, "first_repeat": first, "ratio": ratio})
+    if not ratios:
+        return {"points": 0, "why": "no point with two or more repeats of a verify step"}
+    values = [r["ratio"] for r in ratios]
+    return {
+        "points": len(ratios),
+        "metric": "first repeat's verify ms per forward / median of the later repeats'",
+        "median_ratio": statistics.median(values),
+        "max_ratio": max(values),
+        "threshold": FIRST_USE_RATIO,
+        "slow_first": [r for r in ratios if r["ratio"] > FIRST_USE_RATIO],
+    }
+
+
 def recorded_keys(rows_path: Path) -> set[tuple[Any, ...]]:
     """Keys of the runs already in a rows file (by the spec that produced them)."""
     keys: set[tuple[Any, ...]] = set()
@@ -385,6 +451,21 @@ def recorded_keys(rows_path: Path) -> set[tuple[Any, ...]]:
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # not ours to judge here; the report validates it
     return keys
+
+
+def read_rows(rows_path: Path) -> list[dict[str, Any]]:
+    """The parseable rows of a rows file (none when it does not exist)."""
+    rows: list[dict[str, Any]] = []
+    if not rows_path.exists():
+        return rows
+    for line in rows_path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
 
 
 def trace_fields(
@@ -622,6 +703,12 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--host-workers", getattr(args, "host_workers", None)),
         ("--host-threads", getattr(args, "host_threads", None)),
         ("--synthetic-format", getattr(args, "synthetic_format", None)),
+        (
+            "--synthetic-weights",
+            None
+            if getattr(args, "synthetic_weights", "generated") == "generated"
+            else args.synthetic_weights,
+        ),
         ("--expert-dtype", getattr(args, "expert_dtype", None)),
         ("--prompts", getattr(args, "prompts", None)),
         ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),
@@ -675,6 +762,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with open(Path(out) / "commands.txt", "a", encoding="utf-8") as fh:
         fh.write(f"{common.utc_stamp()} {cmd}\n")
     summary["planned"] = len(specs)
+    summary["first_use"] = first_use_check(read_rows(Path(out) / ROWS_FILE))
     if not args.no_report:
         from pdflash.report import load_rows, write_report
 

@@ -177,6 +177,17 @@ class SafetensorsCheckpoint:
         return sliced
 
 
+def open_checkpoint(path: str | os.PathLike[str]) -> SafetensorsCheckpoint:
+    """The checkpoint at ``path``: its safetensors files, or for a synthetic
+    checkpoint written with generated weights, a
+    :class:`~pdflash.models.synthetic.GeneratedCheckpoint` drawing them."""
+    from pdflash.models.synthetic import GeneratedCheckpoint, is_generated
+
+    if is_generated(path):
+        return GeneratedCheckpoint(path)
+    return SafetensorsCheckpoint(path)
+
+
 def _cudart_register(buf: torch.Tensor) -> Callable[[], None]:
     """Page-lock ``buf`` in place; returns the undo."""
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
@@ -263,7 +274,7 @@ class ExpertStore:
         self.checkpoint = (
             checkpoint
             if isinstance(checkpoint, SafetensorsCheckpoint)
-            else SafetensorsCheckpoint(checkpoint)
+            else open_checkpoint(checkpoint)
         )
         self.layout = layout
         self.num_layers = int(num_layers)

@@ -25,6 +25,14 @@ and ``"cuda"`` generation).
 
 Hook: ``on_written(path, config)`` runs after the checkpoint is complete;
 the engine's synthetic DFlash drafter writer can use it to add its files.
+
+``weights="generated"`` writes only ``config.json`` (and the tokenizer): its
+``pdflash_synthetic`` block says the tensors are generated when read, and
+:func:`pdflash.models.store.open_checkpoint` then opens it as a
+:class:`GeneratedCheckpoint`, which draws each tensor with the same
+per-tensor generator as the writer, so pdflash loads bit-identical weights
+without writing and reading them back (benchmarks of full-size shapes that
+do not test the loading path; transformers cannot load such a directory).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from typing import Any
 
 import torch
 
-from pdflash.models.store import INDEX_FILE
+from pdflash.models.store import INDEX_FILE, CheckpointError, SafetensorsCheckpoint
 
 
 def _gpt_oss_yarn(factor: float, original_max: int) -> dict[str, Any]:
@@ -368,6 +376,11 @@ def _tensor_specs(
     return specs
 
 
+#: ``pdflash_synthetic["weights"]`` of a checkpoint without tensor files
+GENERATED = "generated"
+WEIGHTS_CHOICES = ("files", GENERATED)
+
+
 def write_synthetic_checkpoint(
     path: str | os.PathLike[str],
     arch: str,
@@ -381,13 +394,19 @@ def write_synthetic_checkpoint(
     device: str = "cpu",
     config_overrides: dict[str, Any] | None = None,
     on_written: Callable[[Path, Any], None] | None = None,
+    weights: str = "files",
 ) -> Path:
     """Write a synthetic checkpoint to ``path`` (created); returns it.
 
     ``expert_format``: the adapter's format name (default: the hub naming;
     ``"mxfp4"`` for gpt-oss MXFP4 experts). ``device``: where random values
     are generated (``cuda`` is much faster for full-size shapes).
+    ``weights``: ``files`` (safetensors shards) or ``generated`` (no tensor
+    files: pdflash generates the same tensors when it loads the directory,
+    see :class:`GeneratedCheckpoint`).
     """
+    if weights not in WEIGHTS_CHOICES:
+        raise ValueError(f"weights must be one of {WEIGHTS_CHOICES}, got {weights!r}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     config = synthetic_config(arch, preset, num_layers=num_layers, **(config_overrides or {}))
@@ -407,6 +426,8 @@ def write_synthetic_checkpoint(
     if tied:
         specs = [s for s in specs if s[0] != "lm_head.weight"]
 
+    if weights == GENERATED:
+        specs = []  # nothing to write: the loader draws every tensor
     from safetensors.torch import save_file
 
     shards: list[list[str]] = []
@@ -453,6 +474,7 @@ def write_synthetic_checkpoint(
         "seed": seed,
         "expert_format": expert_format or "hub",
         "generated_on": device,
+        "weights": weights,
         "note": "synthetic random weights, not a trained model",
     }
     cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
@@ -463,3 +485,113 @@ def write_synthetic_checkpoint(
     if on_written is not None:
         on_written(out, config)
     return out
+
+
+def is_generated(path: str | os.PathLike[str]) -> bool:
+    """True for a synthetic checkpoint directory whose tensors are generated
+    when read (written with ``weights="generated"``)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        meta = json.loads(cfg.read_text()).get("pdflash_synthetic")
+    except (json.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(meta, dict) and meta.get("weights") == GENERATED
+
+
+class _GeneratedHandle:
+    """A stand-in for a safetensors file handle over one generated tensor
+    (drawn once per handle: per-expert slices of a fused tensor share it)."""
+
+    def __init__(self, checkpoint: GeneratedCheckpoint, key: str) -> None:
+        self.checkpoint = checkpoint
+        self.key = key
+        self._tensor: torch.Tensor | None = None
+
+    def __enter__(self) -> _GeneratedHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tensor = None
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        if self._tensor is not None and key == self.key:
+            return self._tensor
+        return self.checkpoint.generate(key)
+
+    def get_slice(self, key: str) -> torch.Tensor:
+        if key != self.key:
+            return self.checkpoint.generate(key)
+        if self._tensor is None:
+            self._tensor = self.checkpoint.generate(key)
+        return self._tensor
+
+
+class GeneratedCheckpoint(SafetensorsCheckpoint):
+    """A synthetic checkpoint read without tensor files: every tensor is
+    drawn when read, by the writer's own generator for its name
+    (:func:`_fill`, on the device recorded as ``generated_on``), so the
+    values are bit-identical to those :func:`write_synthetic_checkpoint`
+    writes for the same arguments. Same interface as
+    :class:`~pdflash.models.store.SafetensorsCheckpoint`; ``file_of`` names
+    a pseudo-file per tensor (for error texts and per-tensor handles)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from transformers import AutoConfig
+
+        self.path = Path(path)
+        if not is_generated(self.path):
+            raise CheckpointError(f"{self.path}: not a synthetic checkpoint with generated weights")
+        raw = json.loads((self.path / "config.json").read_text())
+        meta = raw["pdflash_synthetic"]
+        config = AutoConfig.from_pretrained(self.path)
+        dtype = getattr(torch, str(raw.get("dtype") or raw.get("torch_dtype") or "float32"))
+        fmt = meta.get("expert_format")
+        specs = _tensor_specs(
+            str(config.model_type), config, dtype, None if fmt in (None, "hub") else str(fmt)
+        )
+        if bool(getattr(config, "tie_word_embeddings", False)):
+            specs = [sp for sp in specs if sp[0] != "lm_head.weight"]
+        self.seed = int(meta["seed"])
+        self.device = str(meta.get("generated_on", "cpu"))
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise CheckpointError(
+                f"{self.path}: its weights are generated on {self.device}, which this machine "
+                "lacks (values differ between CPU and CUDA generation)"
+            )
+        self._specs = {name: (shape, dt, fan_in) for name, shape, dt, fan_in in specs}
+        self.weight_map = dict.fromkeys(self._specs, GENERATED)
+        self._meta = {}
+
+    def file_of(self, key: str) -> Path:
+        if key not in self._specs:
+            raise CheckpointError(f"{self.path}: tensor {key!r} not found in the checkpoint")
+        return self.path / f"<generated {key}>"
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        self.file_of(key)
+        return self._specs[key][0]
+
+    def dtype(self, key: str) -> torch.dtype:
+        self.file_of(key)
+        return self._specs[key][1]
+
+    def _open(self, key: str) -> Any:
+        self.file_of(key)
+        return _GeneratedHandle(self, key)
+
+    def generate(self, key: str) -> torch.Tensor:
+        """The tensor ``key`` as the writer draws it."""
+        shape, dt, fan_in = self._specs[key]
+        return _fill(key, shape, dt, self.seed, self.device, fan_in)
+
+    def read(self, key: str, index: int | None = None, handle: Any = None) -> torch.Tensor:
+        if handle is None:
+            with self._open(key) as h:
+                return self.read(key, index, handle=h)
+        if index is None:
+            result: torch.Tensor = handle.get_tensor(key)
+            return result
+        sliced: torch.Tensor = handle.get_slice(key)[index]
+        return sliced

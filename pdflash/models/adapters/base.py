@@ -54,6 +54,7 @@ from pdflash.models.store import (
     ExpertStore,
     SafetensorsCheckpoint,
     detect_format,
+    open_checkpoint,
     require_finite,
 )
 from pdflash.protocols import AttentionSpec, Band, CopyIssuer
@@ -326,7 +327,7 @@ class MoEAdapterBase:
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
 
-        checkpoint = SafetensorsCheckpoint(self.path)
+        checkpoint = open_checkpoint(self.path)
         found = detect_format(checkpoint, self.expert_formats(config))
         self.layout, fmt = self.stored_layout(config, self.dtype, found, expert_dtype)
         if expert_nbytes is not None:
