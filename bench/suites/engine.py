@@ -122,6 +122,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time each verify's attention / router / experts (row field verify_breakdown_ms)",
     )
+    parser.add_argument(
+        "--cuda-graphs",
+        default="off",
+        choices=["off", "auto"],
+        help="replay the target's verify forward as CUDA graphs per shape bucket where every "
+        "expert is resident (B3) on CUDA (auto); off (default) runs it eagerly; rows record "
+        "cuda_graphs (captures, replays, eager fallbacks); --breakdown then times the "
+        "replayed layers as one region, graphed_ms",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -304,6 +313,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
+                    cuda_graphs=args.cuda_graphs,
                     gpus=args.gpus,
                     placement=args.placement,
                     **realtext_kwargs(args),
@@ -330,6 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"queue p99={_fmt(row.get('queue_delay_p99_s'))}s "
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
                     f"host={_fmt(row.get('host_served_experts'))} "
+                    f"graphs={row['cuda_graphs']['state']} "
                     f"{gpus_txt}"
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,

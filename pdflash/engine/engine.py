@@ -73,6 +73,7 @@ from pdflash.engine.batching import (
 )
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
+from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.prefetch import ExpertPrefetcher, StreamingPrefetcher
 from pdflash.engine.replay import RoutingSource
@@ -187,6 +188,11 @@ class Engine:
             :class:`~pdflash.engine.pd_controller.PDController` when
             ``config.parts_controller`` is set, else none (the parts run as
             configured).
+        graphs: a :class:`~pdflash.engine.graphs.GraphRunner` the target
+            forward replays its steps through (any device; e.g. with the
+            :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
+            one over CUDA graphs when ``config.cuda_graphs`` is ``auto`` and
+            the device is CUDA, else none.
     """
 
     def __init__(
@@ -209,6 +215,7 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         max_finished: int | None = None,
         controller: pd_controller.PartsPolicy | None = None,
+        graphs: GraphRunner | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -286,8 +293,15 @@ class Engine:
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
         num_pages = self._pages_per_seq * config.max_running
         dtype = kv_dtype or _param_dtype(adapter)
+        if graphs is None and config.cuda_graphs == "auto" and self.device.type == "cuda":
+            graphs = GraphRunner(CudaGraphBackend(self.device))
         self.kv = kv_cache_for(
-            adapter, page_size=ps, num_pages=num_pages, dtype=dtype, device=self.device
+            adapter,
+            page_size=ps,
+            num_pages=num_pages,
+            dtype=dtype,
+            device=self.device,
+            scratch=graphs is not None,  # the padded rows' writes
         )
         self.draft_kv: PagedKVCache | None = None
         capture: tuple[int, ...] = ()
@@ -297,6 +311,7 @@ class Engine:
             )
             capture = self.drafter.target_layer_ids
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
+        self.runner.graphs = graphs
         self.routing = routing
         self.runner.routing = routing
         before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
@@ -506,6 +521,8 @@ class Engine:
                 self.host_service.books.reset()
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()
+            if self.runner.graphs is not None:
+                self.runner.graphs.reset_stats()
 
     def request(self, request_id: int) -> Request:
         return self.requests.get(request_id)

@@ -1,0 +1,571 @@
+"""CUDA graphs for the target forward: record a step's kernels once per shape
+bucket, replay them for every later step of that bucket.
+
+A verify step of a few hundred tokens launches thousands of small kernels;
+on a fast GPU the host issuing them, not the GPU, sets the step's time. A
+:class:`GraphRunner` takes the steps it can (see :meth:`GraphRunner.forward`)
+and runs each as one replay of a recorded graph:
+
+* **Buckets.** A step of ``R`` requests with at most ``Nq`` tokens each and at
+  most ``Lk`` keys each is padded to the bucket ``(R_b, Nq_b, Lp_b)``: the
+  next request count in :attr:`GraphRunner.request_buckets`, the next power
+  of two of ``Nq`` and the next key width in :func:`key_buckets` above
+  ``Lk`` (``Lp_b`` includes the sink column; see
+  :class:`~pdflash.engine.attention.AttentionBatch`). Every request gets
+  ``Nq_b`` flat rows (request ``i``'s at ``i * Nq_b ..``), so the padded
+  batch is always ``uniform`` and the attention never gathers queries.
+* **Padding.** Padded rows are invalid queries (each sees key 0 only, so
+  its softmax is finite; its output is dropped), write their K/V to the KV
+  cache's scratch row (:attr:`~pdflash.engine.kv_cache.PagedKVCache.scratch_slot`,
+  never read), and count their routing against a dummy chunk (row ``R_b``
+  of the routing grid, never read back). Padded keys read the null slot
+  (always zero) and are masked. The real rows' results do not depend on the
+  padding (tested exactly on the CPU in fp32).
+* **Static buffers.** Each bucket owns one int64 device buffer for every
+  index the step needs (positions, KV slots, the attention batch's index
+  tensors, each row's chunk), filled by one host->device copy per step, and
+  the token-id buffer; the graph reads only these, its weights, the KV and
+  the expert slab. Its outputs (last residual, routing grid, each MoE
+  layer's top-k ids, the captured hidden states) are the tensors the
+  capture returned: a replay overwrites them, so everything that leaves the
+  step is gathered out of them (a new tensor) before the next replay.
+* **Outside the graph.** The host plan and the copies in, the final norm
+  and ``lm_head`` over the wanted rows, the routing grid's read-back (the
+  one host sync of the step, as in the eager forward), the expert cache's
+  books (:meth:`~pdflash.models.offload.OffloadedMoE.pin_resident` before,
+  :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after: the
+  pins, access records and slot event the eager layer does), and all
+  sampling and randomness.
+* **Eager fallback**, counted per reason in :attr:`GraphRunner.stats`,
+  whenever a step cannot be replayed: a prefill (rows without logits), layer
+  hooks or a routing source (host code per layer), an offloaded layer that
+  is not all resident (the host must read its routing to pick copies), a
+  step larger than the largest bucket, the graph limit reached, or a
+  capture that failed for the bucket (never retried). The expert cache's
+  device slot table is baked into a graph: if the cache replaced it (a load
+  or eviction), that bucket's graph is dropped and captured again.
+
+The backend is a :class:`GraphBackend`: :class:`CudaGraphBackend` wraps
+``torch.cuda.CUDAGraph`` (an eager warm-up on a side stream, then the
+capture into one memory pool shared by every graph of the runner);
+:class:`EagerBackend` calls the step again on "replay" and copies its results
+into the first call's tensors, so the bucketing, padding, static buffers,
+books and fallbacks run (and are tested) on a CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from pdflash.engine.attention import KEY_ALIGN, AttentionBatch
+
+if TYPE_CHECKING:
+    from pdflash.engine.target import Chunk, ForwardOutput, StepPlan, TargetRunner
+    from pdflash.models.offload import OffloadedMoE
+
+#: a step's static outputs, in a fixed order (see :class:`_Entry`)
+Outputs = tuple[torch.Tensor, ...]
+
+#: request-count buckets (a step of ``R`` requests runs in the first >= R)
+REQUEST_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def key_buckets(limit: int = 1 << 16) -> tuple[int, ...]:
+    """Padded key widths: multiples of 64 up to 256, then 1.5x and 2x steps
+    (64, 128, 192, 256, 384, 512, 768, 1024, ...) up to ``limit``; each a
+    multiple of :data:`~pdflash.engine.attention.KEY_ALIGN`. The padding adds
+    at most half the keys (masked; the attention is a small part of a step)."""
+    out = [64, 128, 192, 256]
+    while out[-1] * 2 <= limit:
+        base = out[-1]
+        out += [base * 3 // 2, base * 2]
+    widths = tuple(w for w in out if w <= limit)
+    assert all(w % KEY_ALIGN == 0 for w in widths)
+    return widths
+
+
+class Replayable(Protocol):
+    """A recorded step: ``replay()`` reruns it into its static outputs."""
+
+    def replay(self) -> None: ...
+
+
+class GraphBackend(Protocol):
+    """Records a step function. ``capture(fn)`` returns the recording and the
+    tensors ``fn`` returned during it (the static outputs every replay
+    overwrites). The step has not necessarily run when ``capture`` returns:
+    the caller replays it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]: ...
+
+
+class CudaGraphBackend:
+    """``torch.cuda.CUDAGraph`` per bucket, all in one memory pool.
+
+    ``capture``: ``warmup_runs`` eager runs of the step on a side stream
+    (lazy initialisation: cuBLAS/cuDNN plans, Triton compiles, cached index
+    tensors), then the capture into the shared pool. Capture errors mode
+    ``thread_local``: the copy issuer's thread keeps issuing its own copies
+    meanwhile. Graphs sharing the pool never run concurrently (one stream)
+    and keep their outputs alive, so no graph's outputs are another's
+    scratch.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str, *, warmup_runs: int = 1) -> None:
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
+        if warmup_runs < 1:
+            raise ValueError(f"warmup_runs must be >= 1, got {warmup_runs}")
+        self.warmup_runs = warmup_runs
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]:
+        with torch.cuda.device(self.device):
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_runs):
+                    fn()
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                out = fn()
+        return graph, out
+
+
+class _EagerReplay:
+    def __init__(self, fn: Callable[[], Outputs], out: Outputs) -> None:
+        self.fn = fn
+        self.out = out
+
+    def replay(self) -> None:
+        fresh = self.fn()
+        for static, new in zip(self.out, fresh, strict=True):
+            static.copy_(new)
+
+
+class EagerBackend:
+    """A stand-in for CUDA graphs on any device: ``capture`` runs the step
+    twice (a warm-up, then the "capture"); ``replay`` runs it again and
+    copies the results into the captured outputs, which is what a replayed
+    graph's outputs see. Counts the step calls (``calls``)."""
+
+    name = "eager"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]:
+        def counted() -> Outputs:
+            self.calls += 1
+            return fn()
+
+        counted()  # the warm-up, as the CUDA backend
+        out = counted()
+        return _EagerReplay(counted, out), out
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    """A graph's shape: padded requests, rows per request, key width (with
+    the sink column)."""
+
+    requests: int
+    queries: int
+    key_width: int
+
+    @property
+    def rows(self) -> int:
+        return self.requests * self.queries
+
+    @property
+    def keys(self) -> int:
+        """``Lk``: key columns before the sink column."""
+        return self.key_width - 1
+
+
+@dataclass
+class GraphStats:
+    """What the runner did: graphs captured (and recaptured after the
+    expert slot table changed), steps replayed, captures that failed, and
+    steps run eagerly, per reason."""
+
+    captures: int = 0
+    recaptures: int = 0
+    replays: int = 0
+    capture_failures: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "captures": self.captures,
+            "recaptures": self.recaptures,
+            "replays": self.replays,
+            "capture_failures": self.capture_failures,
+            "eager_fallbacks": sum(self.fallbacks.values()),
+            "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
+        }
+
+
+class _Layout:
+    """Offsets of the index fields in a bucket's packed int64 buffer."""
+
+    FIELDS = (
+        "positions",
+        "slots",
+        "row_chunk",
+        "q_pos",
+        "q_valid",
+        "kv_slots",
+        "k_pos",
+        "k_valid",
+        "real_rows",
+    )
+
+    def __init__(self, key: BucketKey) -> None:
+        t, r = key.rows, key.requests
+        sizes = {
+            "positions": t,
+            "slots": t,
+            "row_chunk": t,
+            "q_pos": t,
+            "q_valid": t,
+            "kv_slots": r * key.key_width,
+            "k_pos": r * key.keys,
+            "k_valid": r * key.keys,
+            "real_rows": t,
+        }
+        self.offsets: dict[str, tuple[int, int]] = {}
+        at = 0
+        for name in self.FIELDS:
+            self.offsets[name] = (at, at + sizes[name])
+            at += sizes[name]
+        self.size = at
+
+    def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
+        lo, hi = self.offsets[name]
+        return packed[lo:hi]
+
+
+@dataclass
+class _Entry:
+    key: BucketKey
+    layout: _Layout
+    packed: torch.Tensor  # int64 [layout.size], on the device
+    ids: torch.Tensor  # int64 [rows], on the device
+    host: np.ndarray  # int64 [layout.size], the step's values before the copy
+    graph: Replayable | None = None
+    #: (last residual [rows, H], routing grid [R_b + 1, L, E], top-k ids
+    #: [L, rows, k], captured residuals [rows, H] each)
+    outputs: Outputs = ()
+    #: the expert cache's device slot table the graph reads (kept alive)
+    slot_table: torch.Tensor | None = None
+
+
+class GraphRunner:
+    """Replays recorded target forwards per shape bucket (module docstring).
+
+    Args:
+        backend: :class:`CudaGraphBackend` on CUDA; :class:`EagerBackend` to
+            run the same machinery without graphs (tests, CPU).
+        request_buckets: ascending request counts a step is padded to.
+        max_queries: the most tokens per request a graphed step may have
+            (rows per request are the next power of two).
+        max_key_width: the widest padded key axis (longer steps run eagerly).
+        max_graphs: graphs kept at most (further buckets run eagerly).
+    """
+
+    def __init__(
+        self,
+        backend: GraphBackend,
+        *,
+        request_buckets: Sequence[int] = REQUEST_BUCKETS,
+        max_queries: int = 64,
+        max_key_width: int = 1 << 14,
+        max_graphs: int = 24,
+    ) -> None:
+        buckets = tuple(int(b) for b in request_buckets)
+        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"request_buckets must be ascending positive ints, got {buckets}")
+        if max_queries < 1 or max_graphs < 1:
+            raise ValueError("max_queries and max_graphs must be >= 1")
+        self.backend = backend
+        self.request_buckets = buckets
+        self.max_queries = int(max_queries)
+        self.key_widths = key_buckets(max_key_width)
+        if not self.key_widths:
+            raise ValueError(f"max_key_width {max_key_width} is below the smallest bucket")
+        self.max_graphs = int(max_graphs)
+        self.stats = GraphStats()
+        self._entries: dict[BucketKey, _Entry] = {}
+        self._failed: dict[BucketKey, str] = {}
+
+    @property
+    def num_graphs(self) -> int:
+        return sum(1 for e in self._entries.values() if e.graph is not None)
+
+    def reset_stats(self) -> None:
+        """Zero the counters (the graphs are kept)."""
+        self.stats = GraphStats()
+
+    # -- decisions ---------------------------------------------------------------
+
+    def bucket(self, plan: StepPlan) -> BucketKey | str:
+        """The bucket of a step, or why it has none."""
+        r = len(plan.lens)
+        i = bisect.bisect_left(self.request_buckets, r)
+        if i == len(self.request_buckets):
+            return "too_many_requests"
+        nq = max(plan.lens)
+        if nq > self.max_queries:
+            return "too_many_tokens_per_request"
+        queries = 1 << (nq - 1).bit_length()
+        lk = max(len(k) for k in plan.k_slots)
+        j = bisect.bisect_left(self.key_widths, lk + 1)
+        if j == len(self.key_widths):
+            return "too_many_keys"
+        return BucketKey(self.request_buckets[i], queries, self.key_widths[j])
+
+    def blocker(self, runner: TargetRunner, chunks: Sequence[Chunk]) -> str | None:
+        """Why ``runner`` must run this step eagerly (before bucketing), or None."""
+        if not chunks:
+            return "empty"
+        if not all(c.all_logits for c in chunks):
+            return "prefill"
+        hooked = runner.hooked
+        if hooked is not None:
+            return hooked
+        if runner.kv.scratch_slot is None:
+            return "kv_without_scratch_slot"
+        moe = _offloaded_runtime(runner)
+        if moe is None:
+            return "adapter_without_offloaded_runtime"
+        return moe.graph_blocker()
+
+    # -- the step ------------------------------------------------------------------
+
+    def forward(
+        self, runner: TargetRunner, chunks: Sequence[Chunk], plan: StepPlan
+    ) -> ForwardOutput | None:
+        """Run the planned step as a replay and return its output, or None
+        (counted) when it must run eagerly. Raises what the replay raises
+        (the caller rolls the KV back; the cache's pins are undone here)."""
+        reason = self.blocker(runner, chunks)
+        key: BucketKey | str = reason if reason is not None else self.bucket(plan)
+        if isinstance(key, str):
+            self.stats.fallbacks[key] += 1
+            return None
+        if key in self._failed:
+            self.stats.fallbacks["capture_failed"] += 1
+            return None
+        moe = _offloaded_runtime(runner)
+        assert moe is not None
+        entry = self._entries.get(key)
+        table = moe.cache.device_slot_table()
+        if entry is not None and entry.graph is not None and entry.slot_table is not table:
+            # the graph reads a slot table the cache has since replaced
+            entry.graph, entry.outputs, entry.slot_table = None, (), None
+            self.stats.recaptures += 1
+        if entry is None:
+            if len(self._entries) >= self.max_graphs:
+                self.stats.fallbacks["graph_limit"] += 1
+                return None
+            entry = self._new_entry(runner, key)
+        self._fill(runner, entry, chunks, plan)
+        if entry.graph is None and not self._capture(runner, moe, entry):
+            self.stats.fallbacks["capture_failed"] += 1
+            return None
+        return self._replay(runner, moe, entry, chunks, plan)
+
+    def _new_entry(self, runner: TargetRunner, key: BucketKey) -> _Entry:
+        layout = _Layout(key)
+        dev = runner.device
+        entry = _Entry(
+            key=key,
+            layout=layout,
+            packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
+            ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
+            host=np.zeros(layout.size, dtype=np.int64),
+        )
+        self._entries[key] = entry
+        return entry
+
+    def _fill(
+        self, runner: TargetRunner, entry: _Entry, chunks: Sequence[Chunk], plan: StepPlan
+    ) -> None:
+        """The step's indices into the bucket's static buffers (one host->
+        device copy) and its tokens into the id buffer."""
+        key, lay, host = entry.key, entry.layout, entry.host
+        kv = runner.kv
+        assert kv.scratch_slot is not None
+
+        def field_of(name: str) -> np.ndarray:
+            lo, hi = lay.offsets[name]
+            return host[lo:hi]
+
+        positions, slots, row_chunk = (
+            field_of("positions"),
+            field_of("slots"),
+            field_of("row_chunk"),
+        )
+        q_pos, q_valid, real_rows = field_of("q_pos"), field_of("q_valid"), field_of("real_rows")
+        kv_slots = field_of("kv_slots").reshape(key.requests, key.key_width)
+        k_pos = field_of("k_pos").reshape(key.requests, key.keys)
+        k_valid = field_of("k_valid").reshape(key.requests, key.keys)
+        positions[:] = 0
+        slots[:] = kv.scratch_slot
+        row_chunk[:] = key.requests  # the dummy chunk
+        q_pos[:] = 0
+        q_valid[:] = 0
+        kv_slots[:] = kv.null_slot
+        k_pos[:] = 0
+        k_valid[:] = 0
+        real_rows[:] = 0
+        flat = 0
+        for i, n in enumerate(plan.lens):
+            rows = np.arange(i * key.queries, i * key.queries + n)
+            positions[rows] = plan.positions[flat : flat + n]
+            slots[rows] = plan.new_slots[flat : flat + n]
+            row_chunk[rows] = i
+            q_pos[rows] = plan.q_pos[i]
+            q_valid[rows] = 1
+            m = len(plan.k_slots[i])
+            kv_slots[i, :m] = plan.k_slots[i]
+            k_pos[i, :m] = plan.k_pos[i]
+            k_valid[i, :m] = 1
+            real_rows[flat : flat + n] = rows
+            flat += n
+        src = torch.from_numpy(host)
+        if entry.packed.is_cuda:
+            # page-locked: the copy does not wait for the stream; torch's
+            # pinned allocator keeps the staging buffer until it ran
+            entry.packed.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            entry.packed.copy_(src)
+        tokens = torch.cat([c.tokens.to(entry.ids.device) for c in chunks])
+        if plan.total == key.rows:
+            entry.ids.copy_(tokens)
+        else:
+            rows_t = lay.view(entry.packed, "real_rows")[: plan.total]
+            entry.ids.index_copy_(0, rows_t, tokens)
+
+    def _step_fn(self, runner: TargetRunner, moe: OffloadedMoE, entry: _Entry) -> Outputs:
+        """The recorded work: the layers over the bucket's static buffers.
+        Every view is made inside, so memos keyed on tensor identity (the
+        adapters' rotary tables) are recomputed in the recording."""
+        key, lay, packed = entry.key, entry.layout, entry.packed
+        r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
+        kv_slots = lay.view(packed, "kv_slots").view(r, lp)
+        rows = torch.arange(key.rows, device=packed.device)
+        batch = AttentionBatch(
+            q_rows=rows.view(r, nq),
+            q_pos=lay.view(packed, "q_pos").view(r, nq),
+            q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
+            k_slots=kv_slots[:, :lk],
+            k_pos=lay.view(packed, "k_pos").view(r, lk),
+            k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
+            num_tokens=key.rows,
+            kv_slots=kv_slots,
+            uniform=True,
+            q_gather=rows,
+            unpad_index=rows,
+            zero_padding=True,
+        )
+        ad = runner.adapter
+        routed = torch.zeros(
+            (r + 1, ad.num_layers, ad.num_experts), dtype=torch.bool, device=packed.device
+        )
+        topk: list[torch.Tensor] = []
+        with moe.unbooked():
+            x, captured = runner.run_layers(
+                entry.ids,
+                lay.view(packed, "positions"),
+                lay.view(packed, "slots"),
+                batch,
+                lay.view(packed, "row_chunk"),
+                routed,
+                topk,
+            )
+        stacked = torch.stack(topk) if topk else routed.new_zeros(0, dtype=torch.int64)
+        return (x, routed, stacked, *(captured[i] for i in runner.capture_layers))
+
+    def _capture(self, runner: TargetRunner, moe: OffloadedMoE, entry: _Entry) -> bool:
+        """Record the bucket's graph; False (the bucket never retried) if
+        the backend raised."""
+        timer, runner.region_timer = runner.region_timer, None  # no events in a recording
+        try:
+            graph, outputs = self.backend.capture(lambda: self._step_fn(runner, moe, entry))
+        except Exception as exc:  # any capture failure: the bucket runs eagerly
+            self._failed[entry.key] = f"{type(exc).__name__}: {exc}"
+            self._entries.pop(entry.key, None)
+            self.stats.capture_failures += 1
+            return False
+        finally:
+            runner.region_timer = timer
+        entry.graph, entry.outputs = graph, outputs
+        entry.slot_table = moe.cache.device_slot_table()
+        self.stats.captures += 1
+        return True
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """Buckets whose capture failed, with the error (for reports)."""
+        return {f"{k.requests}x{k.queries}x{k.key_width}": v for k, v in self._failed.items()}
+
+    def _replay(
+        self,
+        runner: TargetRunner,
+        moe: OffloadedMoE,
+        entry: _Entry,
+        chunks: Sequence[Chunk],
+        plan: StepPlan,
+    ) -> ForwardOutput:
+        assert entry.graph is not None
+        pinned = moe.pin_resident()
+        try:
+            timer = runner.region_timer
+            if timer is None:
+                entry.graph.replay()
+            else:
+                with timer.region("graphed"):
+                    entry.graph.replay()
+        except BaseException:
+            moe.abort_pins(pinned)
+            raise
+        x, routed, topk, *captured = entry.outputs
+        real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
+        # gathered out of the static outputs before anything can replay again
+        topk_real = topk.index_select(1, real) if topk.numel() else topk
+        moe.book_resident(list(topk_real.unbind(0)))
+        self.stats.replays += 1
+        ad = runner.adapter
+        # every row of a graphed step wants its logits (prefills run eagerly)
+        assert plan.want == list(range(plan.total))
+        logits_all = ad.lm_head(ad.final_norm(x.index_select(0, real))).float()
+        features: list[torch.Tensor] = []
+        if captured:
+            feat = torch.cat(captured, dim=-1).index_select(0, real)
+            features = list(torch.split(feat, plan.lens))
+        routed_np = routed[: len(chunks)].cpu().numpy()
+        return runner.finish(chunks, plan, logits_all, features, routed_np)
+
+
+def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:
+    from pdflash.models.offload import OffloadedMoE
+
+    runtime = getattr(runner.adapter, "runtime", None)
+    return runtime if isinstance(runtime, OffloadedMoE) else None
