@@ -124,10 +124,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cuda-graphs",
-        default="off",
-        choices=["off", "auto"],
+        type=_graph_settings,
+        default=["off"],
         help="replay the target's verify forward as CUDA graphs per shape bucket where every "
-        "expert is resident (B3) on CUDA (auto); off (default) runs it eagerly; rows record "
+        "expert is resident (B3) on CUDA (auto); off (default) runs it eagerly; a comma list "
+        "(off,auto) runs each setting in turn within every repeat (interleaved); rows record "
         "cuda_graphs (captures, replays, eager fallbacks); --breakdown then times the "
         "replayed layers as one region, graphed_ms",
     )
@@ -139,6 +140,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also append the rows to OUT/rows.jsonl (for `pdflash-bench report OUT`)",
     )
+
+
+def _graph_settings(text: str) -> list[str]:
+    """``--cuda-graphs``: ``off``, ``auto`` or a comma list of them."""
+    settings = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in settings if t not in ("off", "auto")]
+    if bad or not settings:
+        raise argparse.ArgumentTypeError(f"use off, auto or a comma list of them, got {text!r}")
+    return settings
 
 
 def add_gpu_arguments(parser: argparse._ActionsContainer) -> None:
@@ -273,7 +283,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates: list[float | None] = list(args.rate) if args.arrivals == "poisson" else [None]
     for conc, rate in itertools.product(args.concurrency, rates):
         for repeat in range(args.repeats):
-            for baseline in baselines:
+            for baseline, graphs in itertools.product(baselines, args.cuda_graphs):
                 spec = RunSpec(
                     arch=args.arch,
                     baseline=baseline,
@@ -313,7 +323,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     synthetic_format=args.synthetic_format,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
-                    cuda_graphs=args.cuda_graphs,
+                    cuda_graphs=graphs,
                     gpus=args.gpus,
                     placement=args.placement,
                     **realtext_kwargs(args),

@@ -386,10 +386,22 @@ class GraphRunner:
                 return None
             entry = self._new_entry(runner, key)
         self._fill(runner, entry, chunks, plan)
-        if entry.graph is None and not self._capture(runner, moe, entry):
-            self.stats.fallbacks["capture_failed"] += 1
+        # pinned (and copies still in flight waited for, on the stream) before
+        # any of the step's kernels, the warm-up and capture's included
+        try:
+            pinned = moe.pin_resident()
+        except ValueError:  # a copy failed since the check: that layer is not resident
+            self.stats.fallbacks["experts_not_resident"] += 1
             return None
-        return self._replay(runner, moe, entry, chunks, plan)
+        try:
+            if entry.graph is None and not self._capture(runner, moe, entry):
+                moe.unpin_resident()
+                self.stats.fallbacks["capture_failed"] += 1
+                return None
+            return self._replay(runner, moe, entry, chunks, plan)
+        except BaseException:
+            moe.abort_pins(pinned)
+            raise
 
     def _new_entry(self, runner: TargetRunner, key: BucketKey) -> _Entry:
         layout = _Layout(key)
@@ -534,21 +546,17 @@ class GraphRunner:
         chunks: Sequence[Chunk],
         plan: StepPlan,
     ) -> ForwardOutput:
+        """Replay the (pinned) step and book it; everything that leaves it is
+        gathered out of the static outputs before anything can replay again."""
         assert entry.graph is not None
-        pinned = moe.pin_resident()
-        try:
-            timer = runner.region_timer
-            if timer is None:
+        timer = runner.region_timer
+        if timer is None:
+            entry.graph.replay()
+        else:
+            with timer.region("graphed"):
                 entry.graph.replay()
-            else:
-                with timer.region("graphed"):
-                    entry.graph.replay()
-        except BaseException:
-            moe.abort_pins(pinned)
-            raise
         x, routed, topk, *captured = entry.outputs
         real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
-        # gathered out of the static outputs before anything can replay again
         topk_real = topk.index_select(1, real) if topk.numel() else topk
         moe.book_resident(list(topk_real.unbind(0)))
         self.stats.replays += 1

@@ -266,8 +266,14 @@ class OffloadedMoE:
             raise
         return pinned
 
+    def unpin_resident(self) -> None:
+        """Undo :meth:`pin_resident` when no step ran (no access to record)."""
+        for layer in range(self.cache.num_layers):
+            self.cache.unpin_layer(layer)
+
     def abort_pins(self, pinned: Sequence[npt.NDArray[np.int64]]) -> None:
-        """Undo :meth:`pin_resident` after a failed replay."""
+        """Undo :meth:`pin_resident` after a failure (as the eager layer's
+        abort: copies not yet landed are dropped)."""
         for ids in pinned:
             self.cache.abort(ids)
 
