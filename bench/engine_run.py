@@ -1396,8 +1396,9 @@ def _add_trace_fields(
 
 def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     """The row's ``cuda_graphs``: the setting, whether graphs ran, and the
-    graph runner's counters over the measured steps (captures made during
-    the warm-up are not in ``captures``; ``graphs_held`` counts them)."""
+    graph runner's counters over the measured steps for the target's
+    verify forward and (``draft``) the drafter's (captures made during the
+    warm-up are not in ``captures``; ``graphs_held`` counts them)."""
     graphs = engine.runner.graphs
     if graphs is None:
         why = "cuda_graphs off" if spec.cuda_graphs == "off" else "not a CUDA device"
@@ -1406,6 +1407,7 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     out.update(graphs.stats.as_dict())
     out["state"] = "on" if graphs.stats.replays else "on_no_replay"
     out["graphs_held"] = graphs.num_graphs
+    out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}
     if graphs.failures:
         out["capture_errors"] = graphs.failures
     return out

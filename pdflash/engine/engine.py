@@ -189,7 +189,7 @@ class Engine:
             ``config.parts_controller`` is set, else none (the parts run as
             configured).
         graphs: a :class:`~pdflash.engine.graphs.GraphRunner` the target
-            forward replays its steps through (any device; e.g. with the
+            forward and the drafter replay their steps through (any device; e.g. with the
             :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
             one over CUDA graphs when ``config.cuda_graphs`` is ``auto`` and
             the device is CUDA, else none.
@@ -307,7 +307,11 @@ class Engine:
         capture: tuple[int, ...] = ()
         if self.drafter is not None:
             self.draft_kv = self.drafter.new_kv_cache(
-                num_pages=num_pages, page_size=ps, device=self.device, dtype=dtype
+                num_pages=num_pages,
+                page_size=ps,
+                device=self.device,
+                dtype=dtype,
+                scratch=graphs is not None,
             )
             capture = self.drafter.target_layer_ids
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
@@ -857,7 +861,9 @@ class Engine:
             scale = drafter.cfg.input_embedding_scale
             if scale != 1.0:
                 emb = emb * scale
-            hidden = drafter.forward_blocks(torch.cat(ctx), emb, items, self.draft_kv)
+            hidden = drafter.forward_blocks(
+                torch.cat(ctx), emb, items, self.draft_kv, graphs=self.runner.graphs
+            )
             # one LM-head call over every block's MASK rows (row 0 is the anchor)
             starts = np.cumsum([0] + [n + 1 for _, n in todo])
             mask_rows = torch.tensor(

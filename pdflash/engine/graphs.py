@@ -45,6 +45,14 @@ and runs each as one replay of a recorded graph:
   device slot table is baked into a graph: if the cache replaced it (a load
   or eviction), that bucket's graph is dropped and captured again.
 
+The drafter's forward (:meth:`GraphRunner.draft_forward`) is replayed the
+same way with its own buckets ``(R_b, Nq_b, C_b, Lp_b)``: ``C_b``, the new
+context rows of the step (the target features of the tokens the last
+verify accepted, all requests together), is the next power of two of at
+least 16; padded context rows write their K/V to the drafter's scratch row
+and are nobody's keys. It has no hooks and no expert books, so it is
+replayed under every baseline. Its counters are :attr:`GraphRunner.draft_stats`.
+
 The backend is a :class:`GraphBackend`: :class:`CudaGraphBackend` wraps
 ``torch.cuda.CUDAGraph`` (an eager warm-up on a side stream, then the
 capture into one memory pool shared by every graph of the runner);
@@ -67,6 +75,8 @@ import torch
 from pdflash.engine.attention import KEY_ALIGN, AttentionBatch
 
 if TYPE_CHECKING:
+    from pdflash.engine.drafter import DFlashDrafter, DraftPlan
+    from pdflash.engine.kv_cache import PagedKVCache
     from pdflash.engine.target import Chunk, ForwardOutput, StepPlan, TargetRunner
     from pdflash.models.offload import OffloadedMoE
 
@@ -198,6 +208,28 @@ class BucketKey:
         return self.key_width - 1
 
 
+@dataclass(frozen=True)
+class DraftKey:
+    """A draft graph's shape: padded requests, block rows per request, new
+    context rows (all requests together), key width (no sink column is
+    used), and the context features' width and dtype."""
+
+    requests: int
+    queries: int
+    context: int
+    key_width: int
+    features: int
+    dtype: str
+
+    @property
+    def rows(self) -> int:
+        return self.requests * self.queries
+
+    @property
+    def keys(self) -> int:
+        return self.key_width - 1
+
+
 @dataclass
 class GraphStats:
     """What the runner did: graphs captured (and recaptured after the
@@ -276,6 +308,48 @@ class _Entry:
     slot_table: torch.Tensor | None = None
 
 
+class _DraftLayout:
+    """Offsets of a draft bucket's index fields in its packed int64 buffer:
+    the K/V rows' slots and positions (block rows, then context rows), the
+    queries' positions and validity, the attention's key slots, positions
+    and validity, and the real block rows."""
+
+    def __init__(self, key: DraftKey) -> None:
+        t, r, c = key.rows, key.requests, key.context
+        sizes = {
+            "kv_slots": t + c,
+            "kv_pos": t + c,
+            "q_pos": t,
+            "q_valid": t,
+            "key_slots": r * key.key_width,
+            "k_pos": r * key.keys,
+            "k_valid": r * key.keys,
+            "real_rows": t,
+        }
+        self.offsets: dict[str, tuple[int, int]] = {}
+        at = 0
+        for name, size in sizes.items():
+            self.offsets[name] = (at, at + size)
+            at += size
+        self.size = at
+
+    def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
+        lo, hi = self.offsets[name]
+        return packed[lo:hi]
+
+
+@dataclass
+class _DraftEntry:
+    key: DraftKey
+    layout: _DraftLayout
+    packed: torch.Tensor  # int64 [layout.size]
+    host: np.ndarray
+    context: torch.Tensor  # [context, features]: the new context rows' features
+    embeddings: torch.Tensor  # [rows, hidden]: the block rows' embeddings
+    graph: Replayable | None = None
+    outputs: Outputs = ()  # (final-normed hidden [rows, hidden],)
+
+
 class GraphRunner:
     """Replays recorded target forwards per shape bucket (module docstring).
 
@@ -297,6 +371,8 @@ class GraphRunner:
         max_queries: int = 64,
         max_key_width: int = 1 << 14,
         max_graphs: int = 24,
+        max_draft_graphs: int = 32,
+        max_draft_context: int = 4096,
     ) -> None:
         buckets = tuple(int(b) for b in request_buckets)
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
@@ -310,17 +386,29 @@ class GraphRunner:
         if not self.key_widths:
             raise ValueError(f"max_key_width {max_key_width} is below the smallest bucket")
         self.max_graphs = int(max_graphs)
+        self.max_draft_graphs = int(max_draft_graphs)
+        self.max_draft_context = int(max_draft_context)
         self.stats = GraphStats()
+        #: the drafter's steps (:meth:`draft_forward`)
+        self.draft_stats = GraphStats()
         self._entries: dict[BucketKey, _Entry] = {}
-        self._failed: dict[BucketKey, str] = {}
+        self._failed: dict[BucketKey | DraftKey, str] = {}
+        self._draft_entries: dict[DraftKey, _DraftEntry] = {}
 
     @property
     def num_graphs(self) -> int:
+        """Target-forward graphs held."""
         return sum(1 for e in self._entries.values() if e.graph is not None)
+
+    @property
+    def num_draft_graphs(self) -> int:
+        """Drafter graphs held."""
+        return sum(1 for e in self._draft_entries.values() if e.graph is not None)
 
     def reset_stats(self) -> None:
         """Zero the counters (the graphs are kept)."""
         self.stats = GraphStats()
+        self.draft_stats = GraphStats()
 
     # -- decisions ---------------------------------------------------------------
 
@@ -536,7 +624,7 @@ class GraphRunner:
     @property
     def failures(self) -> dict[str, str]:
         """Buckets whose capture failed, with the error (for reports)."""
-        return {f"{k.requests}x{k.queries}x{k.key_width}": v for k, v in self._failed.items()}
+        return {_key_name(k): v for k, v in self._failed.items()}
 
     def _replay(
         self,
@@ -571,9 +659,198 @@ class GraphRunner:
         routed_np = routed[: len(chunks)].cpu().numpy()
         return runner.finish(chunks, plan, logits_all, features, routed_np)
 
+    # -- the drafter's step ------------------------------------------------------
+
+    def draft_bucket(self, plan: DraftPlan, features: int, dtype: torch.dtype) -> DraftKey | str:
+        """The bucket of a draft step, or why it has none. The new context
+        rows are padded to the next power of two (at least 16)."""
+        r = len(plan.block_lens)
+        if r == 0 or plan.n_blk == 0:
+            return "empty"
+        i = bisect.bisect_left(self.request_buckets, r)
+        if i == len(self.request_buckets):
+            return "too_many_requests"
+        nq = max(plan.block_lens)
+        if nq > self.max_queries:
+            return "too_many_tokens_per_request"
+        if plan.n_ctx > self.max_draft_context:
+            return "too_much_context"
+        lk = max(len(k) for k in plan.k_slots)
+        j = bisect.bisect_left(self.key_widths, lk + 1)
+        if j == len(self.key_widths):
+            return "too_many_keys"
+        context = max(16, 1 << (max(plan.n_ctx, 1) - 1).bit_length())
+        return DraftKey(
+            self.request_buckets[i],
+            1 << (nq - 1).bit_length(),
+            context,
+            self.key_widths[j],
+            int(features),
+            str(dtype),
+        )
+
+    def draft_forward(
+        self,
+        drafter: DFlashDrafter,
+        kv: PagedKVCache,
+        plan: DraftPlan,
+        context_features: torch.Tensor,
+        block_embeddings: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """:meth:`~pdflash.engine.drafter.DFlashDrafter.forward_blocks`'s
+        device part as a replay (the KV already grown as ``plan`` says):
+        the final-normed hidden states of the real block rows, a new tensor;
+        None (counted in :attr:`draft_stats`) when it must run eagerly.
+        Padded block rows are invalid queries, padded context rows are not
+        queries; both write their K/V to the scratch row."""
+        stats = self.draft_stats
+        if kv.scratch_slot is None:
+            stats.fallbacks["kv_without_scratch_slot"] += 1
+            return None
+        key = self.draft_bucket(plan, context_features.shape[1], context_features.dtype)
+        if isinstance(key, str):
+            stats.fallbacks[key] += 1
+            return None
+        if key in self._failed:
+            stats.fallbacks["capture_failed"] += 1
+            return None
+        entry = self._draft_entries.get(key)
+        if entry is None:
+            if len(self._draft_entries) >= self.max_draft_graphs:
+                stats.fallbacks["graph_limit"] += 1
+                return None
+            dev = block_embeddings.device
+            layout = _DraftLayout(key)
+            entry = _DraftEntry(
+                key=key,
+                layout=layout,
+                packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
+                host=np.zeros(layout.size, dtype=np.int64),
+                context=torch.zeros(
+                    (key.context, key.features), dtype=context_features.dtype, device=dev
+                ),
+                embeddings=torch.zeros(
+                    (key.rows, block_embeddings.shape[1]), dtype=block_embeddings.dtype, device=dev
+                ),
+            )
+            self._draft_entries[key] = entry
+        self._fill_draft(kv, entry, plan, context_features, block_embeddings)
+        if entry.graph is None:
+            try:
+                graph, outputs = self.backend.capture(
+                    lambda: self._draft_step_fn(drafter, kv, entry)
+                )
+            except Exception as exc:  # any capture failure: the bucket runs eagerly
+                self._failed[key] = f"{type(exc).__name__}: {exc}"
+                self._draft_entries.pop(key, None)
+                stats.capture_failures += 1
+                stats.fallbacks["capture_failed"] += 1
+                return None
+            entry.graph, entry.outputs = graph, outputs
+            stats.captures += 1
+        entry.graph.replay()
+        stats.replays += 1
+        (hidden,) = entry.outputs
+        real = entry.layout.view(entry.packed, "real_rows")[: plan.n_blk]
+        return hidden.index_select(0, real)
+
+    def _fill_draft(
+        self,
+        kv: PagedKVCache,
+        entry: _DraftEntry,
+        plan: DraftPlan,
+        context_features: torch.Tensor,
+        block_embeddings: torch.Tensor,
+    ) -> None:
+        key, lay, host = entry.key, entry.layout, entry.host
+        assert kv.scratch_slot is not None
+
+        def field_of(name: str) -> np.ndarray:
+            lo, hi = lay.offsets[name]
+            return host[lo:hi]
+
+        kv_slots, kv_pos = field_of("kv_slots"), field_of("kv_pos")
+        q_pos, q_valid, real_rows = field_of("q_pos"), field_of("q_valid"), field_of("real_rows")
+        key_slots = field_of("key_slots").reshape(key.requests, key.key_width)
+        k_pos = field_of("k_pos").reshape(key.requests, key.keys)
+        k_valid = field_of("k_valid").reshape(key.requests, key.keys)
+        kv_slots[:] = kv.scratch_slot
+        kv_pos[:] = 0
+        q_pos[:] = 0
+        q_valid[:] = 0
+        key_slots[:] = kv.null_slot
+        k_pos[:] = 0
+        k_valid[:] = 0
+        real_rows[:] = 0
+        flat = 0
+        for i, n in enumerate(plan.block_lens):
+            rows = np.arange(i * key.queries, i * key.queries + n)
+            kv_slots[rows] = plan.blk_slots[flat : flat + n]
+            kv_pos[rows] = plan.blk_pos[flat : flat + n]
+            q_pos[rows] = plan.q_pos[i]
+            q_valid[rows] = 1
+            m = len(plan.k_slots[i])
+            key_slots[i, :m] = plan.k_slots[i]
+            k_pos[i, :m] = plan.k_pos[i]
+            k_valid[i, :m] = 1
+            real_rows[flat : flat + n] = rows
+            flat += n
+        c = plan.n_ctx
+        kv_slots[key.rows : key.rows + c] = plan.ctx_slots
+        kv_pos[key.rows : key.rows + c] = plan.ctx_pos
+        src = torch.from_numpy(host)
+        if entry.packed.is_cuda:
+            entry.packed.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            entry.packed.copy_(src)
+        if c:
+            entry.context[:c].copy_(context_features)
+        if plan.n_blk == key.rows:
+            entry.embeddings.copy_(block_embeddings)
+        else:
+            rows_t = lay.view(entry.packed, "real_rows")[: plan.n_blk]
+            entry.embeddings.index_copy_(0, rows_t, block_embeddings)
+
+    def _draft_step_fn(
+        self, drafter: DFlashDrafter, kv: PagedKVCache, entry: _DraftEntry
+    ) -> Outputs:
+        key, lay, packed = entry.key, entry.layout, entry.packed
+        r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
+        key_slots = lay.view(packed, "key_slots").view(r, lp)
+        rows = torch.arange(key.rows, device=packed.device)
+        batch = AttentionBatch(
+            q_rows=rows.view(r, nq),
+            q_pos=lay.view(packed, "q_pos").view(r, nq),
+            q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
+            k_slots=key_slots[:, :lk],
+            k_pos=lay.view(packed, "k_pos").view(r, lk),
+            k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
+            num_tokens=key.rows,
+            kv_slots=key_slots,
+            uniform=True,
+            q_gather=rows,
+            unpad_index=rows,
+            zero_padding=True,
+        )
+        hidden = drafter.run_blocks(
+            entry.context,
+            entry.embeddings,
+            batch,
+            lay.view(packed, "kv_slots"),
+            lay.view(packed, "kv_pos"),
+            kv,
+        )
+        return (hidden,)
+
 
 def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:
     from pdflash.models.offload import OffloadedMoE
 
     runtime = getattr(runner.adapter, "runtime", None)
     return runtime if isinstance(runtime, OffloadedMoE) else None
+
+
+def _key_name(key: BucketKey | DraftKey) -> str:
+    if isinstance(key, DraftKey):
+        return f"draft:{key.requests}x{key.queries}+{key.context}x{key.key_width}"
+    return f"{key.requests}x{key.queries}x{key.key_width}"

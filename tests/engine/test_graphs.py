@@ -276,6 +276,60 @@ def test_slot_table_change_recaptures(stack: Callable[..., Any]) -> None:
     assert graphs.stats.replays == 2
 
 
+# -- the drafter --------------------------------------------------------------------------
+
+
+def test_graphed_draft_forward_equals_eager(checkpoint: Path) -> None:
+    from pdflash.engine.drafter import DraftItem
+
+    eager_d = load_drafter(checkpoint / "drafter")
+    graph_d = load_drafter(checkpoint / "drafter")
+    graphs = GraphRunner(EagerBackend())
+    kvs = [
+        d.new_kv_cache(num_pages=64, page_size=4, device="cpu", dtype=torch.float32, scratch=True)
+        for d in (eager_d, graph_d)
+    ]
+    feat = len(eager_d.target_layer_ids) * eager_d.cfg.hidden_size
+    hidden = eager_d.cfg.hidden_size
+    for kv in kvs:
+        for i in range(3):
+            kv.add_sequence(i)
+    gen = torch.Generator().manual_seed(30)
+    rounds = [
+        [(0, 9, 4), (1, 5, 4), (2, 3, 4)],  # prompts' features, 3 requests -> 4
+        [(0, 2, 4), (1, 0, 4), (2, 4, 4)],  # a request with no new context
+        [(0, 1, 3), (2, 3, 2)],  # uneven blocks, 2 requests
+        [(0, 40, 4)],  # 40 new context rows: the next context bucket, keys past 64
+    ]
+    for items_spec in rounds:
+        items = [DraftItem(s, c, b) for s, c, b in items_spec]
+        ctx = torch.randn(sum(c for _, c, _ in items_spec), feat, generator=gen)
+        emb = torch.randn(sum(b for _, _, b in items_spec), hidden, generator=gen)
+        ref = eager_d.forward_blocks(ctx, emb, items, kvs[0])
+        out = graph_d.forward_blocks(ctx, emb, items, kvs[1], graphs=graphs)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+        for s, _, _ in items_spec:
+            assert kvs[0].length(s) == kvs[1].length(s)
+    n = kvs[0].null_slot
+    for layer in range(kvs[0].num_layers):
+        torch.testing.assert_close(kvs[1].k[layer][:n], kvs[0].k[layer][:n], rtol=1e-5, atol=1e-5)
+        assert not kvs[1].k[layer][n].any() and not kvs[1].v[layer][n].any()
+    ds = graphs.draft_stats
+    assert ds.replays == len(rounds) and ds.captures == len(graphs._draft_entries) >= 3
+    assert graphs.stats.replays == 0  # the target's counters are separate
+    # a cache without the scratch row: eager, counted
+    plain = eager_d.new_kv_cache(num_pages=8, page_size=4, device="cpu", dtype=torch.float32)
+    plain.add_sequence(0)
+    graph_d.forward_blocks(
+        torch.randn(2, feat, generator=gen),
+        torch.randn(3, hidden, generator=gen),
+        [DraftItem(0, 2, 3)],
+        plain,
+        graphs=graphs,
+    )
+    assert ds.fallbacks["kv_without_scratch_slot"] == 1
+
+
 # -- the engine ------------------------------------------------------------------------------
 
 
@@ -305,6 +359,7 @@ def test_engine_greedy_tokens_equal_with_and_without_graphs(checkpoint: Path) ->
             issuer.close()
     assert outputs[0] == outputs[1]
     assert stats is not None and stats.replays > 0 and stats.captures >= 1
+    assert graphs is not None and graphs.draft_stats.replays > 0
 
 
 def test_cuda_graphs_setting_is_validated_and_off_on_cpu(checkpoint: Path) -> None:

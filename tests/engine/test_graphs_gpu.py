@@ -176,12 +176,54 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
                     graphs.failures if graphs is not None else None
                 )
                 assert graphs.stats.replays > 0
+                ds = graphs.draft_stats
+                assert ds.capture_failures == 0 and ds.replays > 0, graphs.failures
             else:
                 assert eng.runner.graphs is None
         finally:
             torch.cuda.synchronize()
             issuer.close()
     assert outputs["off"] == outputs["auto"] == [expect] * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replayed_draft_steps_equal_eager(tmp_path: Path, dtype: torch.dtype) -> None:
+    from pdflash.engine.drafter import DraftItem
+
+    path = _checkpoint(tmp_path, "qwen3_moe", torch.float32)
+    cfg = json.loads((path / "config.json").read_text())
+    write_synthetic_drafter(tmp_path / "d", cfg, "tiny", seed=4, dtype=torch.float32)
+    eager_d = load_drafter(tmp_path / "d", device="cuda", dtype=dtype)
+    graph_d = load_drafter(tmp_path / "d", device="cuda", dtype=dtype)
+    graphs = GraphRunner(CudaGraphBackend("cuda"))
+    kvs = [
+        d.new_kv_cache(num_pages=64, page_size=16, device="cuda", dtype=dtype, scratch=True)
+        for d in (eager_d, graph_d)
+    ]
+    for kv in kvs:
+        for i in range(3):
+            kv.add_sequence(i)
+    feat = len(eager_d.target_layer_ids) * eager_d.cfg.hidden_size
+    gen = torch.Generator().manual_seed(30)
+    tol = 1e-4 if dtype == torch.float32 else BF16_ATOL
+    rounds = [
+        [(0, 9, 4), (1, 5, 4), (2, 3, 4)],
+        [(0, 2, 4), (1, 0, 4), (2, 4, 4)],
+        [(0, 2, 4), (1, 3, 4), (2, 1, 4)],  # the first round's bucket again: a replay
+        [(0, 1, 3), (2, 3, 2)],
+        [(0, 60, 4)],
+    ]
+    for spec in rounds:
+        items = [DraftItem(s, c, b) for s, c, b in spec]
+        ctx = torch.randn(sum(c for _, c, _ in spec), feat, generator=gen).to("cuda", dtype)
+        emb = torch.randn(sum(b for _, _, b in spec), eager_d.cfg.hidden_size, generator=gen)
+        emb = emb.to("cuda", dtype)
+        ref = eager_d.forward_blocks(ctx, emb, items, kvs[0])
+        out = graph_d.forward_blocks(ctx, emb, items, kvs[1], graphs=graphs)
+        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    ds = graphs.draft_stats
+    assert ds.capture_failures == 0, graphs.failures
+    assert ds.replays == len(rounds) and ds.captures < len(rounds)
 
 
 def test_offloaded_experts_fall_back_eager(make_adapter: Any) -> None:
