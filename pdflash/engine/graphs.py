@@ -38,7 +38,9 @@ and runs each as one replay of a recorded graph:
   sampling and randomness.
 * **Eager fallback**, counted per reason in :attr:`GraphRunner.stats`,
   whenever a step cannot be replayed: a prefill (rows without logits), layer
-  hooks or a routing source (host code per layer), an offloaded layer that
+  observers, routed hooks or a routing source (host code that sees each
+  layer's tensors; the host-only ``before_moe_hooks``, e.g. the layer-cyclic
+  eviction policy's, are called for every layer right before the replay), an offloaded layer that
   is not all resident (the host must read its routing to pick copies), a
   step larger than the largest bucket, the graph limit reached, or a
   capture that failed for the bucket (never retried). The expert cache's
@@ -599,6 +601,7 @@ class GraphRunner:
                 lay.view(packed, "row_chunk"),
                 routed,
                 topk,
+                host_hooks=False,
             )
         stacked = torch.stack(topk) if topk else routed.new_zeros(0, dtype=torch.int64)
         return (x, routed, stacked, *(captured[i] for i in runner.capture_layers))
@@ -637,6 +640,9 @@ class GraphRunner:
         """Replay the (pinned) step and book it; everything that leaves it is
         gathered out of the static outputs before anything can replay again."""
         assert entry.graph is not None
+        for layer in range(moe.cache.num_layers):
+            for hook in runner.before_moe_hooks:
+                hook(layer)
         timer = runner.region_timer
         if timer is None:
             entry.graph.replay()

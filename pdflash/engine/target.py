@@ -165,7 +165,10 @@ class TargetRunner:
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
         #: called with each MoE layer index right before that layer's MoE runs
-        #: (e.g. a layer-cyclic eviction policy tracking the current layer)
+        #: (e.g. a layer-cyclic eviction policy tracking the current layer);
+        #: host-only: a replayed step (:attr:`graphs`, every expert resident,
+        #: so nothing is evicted during it) calls them for every MoE layer in
+        #: order right before the replay
         self.before_moe_hooks: list[Callable[[int], None]] = []
         #: called with (layer, topk_ids [T, k], residual [T, H] after the
         #: layer's attention) after ``before_moe_hooks``, right before that
@@ -189,10 +192,10 @@ class TargetRunner:
     @property
     def hooked(self) -> str | None:
         """Why a forward must run layer by layer on the host (observers,
-        hooks or a routing source see each layer), or None."""
+        routed hooks or a routing source see each layer's tensors), or None."""
         if self.routing is not None:
             return "routing_source"
-        if self.observers or self.before_moe_hooks or self.routed_hooks:
+        if self.observers or self.routed_hooks:
             return "layer_hooks"
         return None
 
@@ -284,13 +287,17 @@ class TargetRunner:
         row_chunk_t: torch.Tensor,
         routed: torch.Tensor,
         topk_out: list[torch.Tensor] | None = None,
+        *,
+        host_hooks: bool = True,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The device part of a forward: embed ``ids``, write each layer's
         K/V at ``slots_t`` and run every layer; marks ``routed[chunk, layer,
         expert]`` for each row's chunk (``row_chunk_t``). Returns the last
         residual ``[T, H]`` and the residual at each capture layer.
-        ``topk_out``: collects each MoE layer's top-k ids ``[T, k]``. No host
-        sync unless the MoE block or a hook needs one (module docstring)."""
+        ``topk_out``: collects each MoE layer's top-k ids ``[T, k]``.
+        ``host_hooks`` False: :attr:`before_moe_hooks` are not called (a
+        recording; the replay calls them). No host sync unless the MoE block
+        or a hook needs one (module docstring)."""
         ad = self.adapter
         kv = self.kv
         x = ad.embed(ids)
@@ -332,8 +339,9 @@ class TargetRunner:
                 routed[chunk_of_choice, layer, topk_ids.reshape(-1)] = True
             if topk_out is not None:
                 topk_out.append(topk_ids)
-            for hook in self.before_moe_hooks:
-                hook(layer)
+            if host_hooks:
+                for hook in self.before_moe_hooks:
+                    hook(layer)
             for rhook in self.routed_hooks:
                 rhook(layer, topk_ids, x)
             with self._region("experts"):

@@ -43,16 +43,21 @@ def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return tmp
 
 
-def _adapter(tmp: Path, slots: int = 1 << 20) -> tuple[Any, Any]:
+def _adapter(tmp: Path, slots: int = 1 << 20, layer_cyclic: bool = False) -> tuple[Any, Any]:
     """The offloaded adapter on the CPU with a cache of ``slots`` (default:
-    every expert resident, B3)."""
+    every expert resident, B3); ``layer_cyclic``: the bench's eviction policy
+    (its ``before_layer`` becomes the runner's before-MoE hook)."""
     from pdflash.cache import ExpertCache
+    from pdflash.cache.eviction import LayerCyclicPolicy
     from pdflash.h2d import H2DIssuer
     from pdflash.models import load_adapter
 
     issuer = H2DIssuer(backend="host")
     adapter = load_adapter(tmp / "target", device="cpu")
-    cache = ExpertCache(adapter.store, issuer, device="cpu", num_slots=slots, top_k=adapter.top_k)
+    policy = LayerCyclicPolicy(adapter.num_layers, adapter.num_experts) if layer_cyclic else None
+    cache = ExpertCache(
+        adapter.store, issuer, device="cpu", num_slots=slots, top_k=adapter.top_k, policy=policy
+    )
     adapter.attach_cache(cache)
     if slots >= adapter.num_layers * adapter.num_experts:
         ids = np.arange(adapter.num_layers * adapter.num_experts)
@@ -245,11 +250,15 @@ def test_hooks_offloaded_layers_and_graph_limit_run_eagerly(stack: Callable[...,
     vocab = adapter.vocab_size
     _prefill(runner, _prompts([5, 5], vocab, seed=7))
     seen: list[int] = []
-    runner.before_moe_hooks.append(seen.append)
+    runner.routed_hooks.append(lambda layer, ids, x: seen.append(layer))
     _verify(runner, _prompts([2, 2], vocab, seed=8))
     assert graphs.stats.fallbacks["layer_hooks"] == 1 and seen  # the hook ran (eagerly)
-    runner.before_moe_hooks.clear()
+    runner.routed_hooks.clear()
+    # host-only hooks before each MoE layer: called in layer order around the replay
+    before: list[int] = []
+    runner.before_moe_hooks.append(before.append)
     _verify(runner, _prompts([2, 2], vocab, seed=9))  # captured: the one graph allowed
+    assert graphs.stats.replays == 1 and before == list(range(adapter.num_layers))
     runner.kv.free(1)
     _verify(runner, _prompts([2], vocab, seed=10))  # another bucket
     assert graphs.stats.fallbacks["graph_limit"] == 1 and graphs.num_graphs == 1
@@ -337,7 +346,8 @@ def test_engine_greedy_tokens_equal_with_and_without_graphs(checkpoint: Path) ->
     outputs = []
     stats = None
     for graphs in (None, GraphRunner(EagerBackend())):
-        adapter, issuer = _adapter(checkpoint)
+        # the bench's eviction policy: a before-MoE hook, called around each replay
+        adapter, issuer = _adapter(checkpoint, layer_cyclic=True)
         try:
             eng = Engine(
                 adapter,
@@ -360,6 +370,7 @@ def test_engine_greedy_tokens_equal_with_and_without_graphs(checkpoint: Path) ->
     assert outputs[0] == outputs[1]
     assert stats is not None and stats.replays > 0 and stats.captures >= 1
     assert graphs is not None and graphs.draft_stats.replays > 0
+    assert set(stats.fallbacks) <= {"prefill"}, stats.fallbacks
 
 
 def test_cuda_graphs_setting_is_validated_and_off_on_cpu(checkpoint: Path) -> None:

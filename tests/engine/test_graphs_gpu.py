@@ -155,8 +155,14 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
     for setting in ("off", "auto"):
         issuer = H2DIssuer(backend="cuda")
         try:
+            # the bench's eviction policy (a before-MoE hook the replay calls)
             adapter = load_adapter(
-                path, device="cuda", issuer=issuer, cache_slots=1 << 20, max_batch_tokens=1
+                path,
+                device="cuda",
+                issuer=issuer,
+                cache_slots=1 << 20,
+                max_batch_tokens=1,
+                policy="layer_cyclic",
             )
             eng = Engine(
                 adapter,
