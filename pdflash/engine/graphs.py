@@ -242,6 +242,10 @@ class GraphStats:
     recaptures: int = 0
     replays: int = 0
     capture_failures: int = 0
+    #: new graphs whose first replay was checked against an eager run of
+    #: the same step, and those that disagreed (dropped, bucket eager)
+    validated: int = 0
+    replay_mismatches: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -250,6 +254,8 @@ class GraphStats:
             "recaptures": self.recaptures,
             "replays": self.replays,
             "capture_failures": self.capture_failures,
+            "validated": self.validated,
+            "replay_mismatches": self.replay_mismatches,
             "eager_fallbacks": sum(self.fallbacks.values()),
             "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
         }
@@ -308,6 +314,8 @@ class _Entry:
     outputs: Outputs = ()
     #: the expert cache's device slot table the graph reads (kept alive)
     slot_table: torch.Tensor | None = None
+    #: the first replay was checked against an eager run (or need not be)
+    checked: bool = False
 
 
 class _DraftLayout:
@@ -350,6 +358,7 @@ class _DraftEntry:
     embeddings: torch.Tensor  # [rows, hidden]: the block rows' embeddings
     graph: Replayable | None = None
     outputs: Outputs = ()  # (final-normed hidden [rows, hidden],)
+    checked: bool = False
 
 
 class GraphRunner:
@@ -363,6 +372,12 @@ class GraphRunner:
             (rows per request are the next power of two).
         max_key_width: the widest padded key axis (longer steps run eagerly).
         max_graphs: graphs kept at most (further buckets run eagerly).
+        max_draft_graphs: the drafter's graphs kept at most.
+        max_draft_context: the most new context rows a graphed draft step has.
+        validate: check every new graph's first replay against an eager run
+            of the same step on the same static inputs (:func:`outputs_agree`);
+            a graph that disagrees is dropped, its bucket runs eagerly from
+            then on, and that step returns the eager run's results.
     """
 
     def __init__(
@@ -375,6 +390,7 @@ class GraphRunner:
         max_graphs: int = 24,
         max_draft_graphs: int = 32,
         max_draft_context: int = 4096,
+        validate: bool = True,
     ) -> None:
         buckets = tuple(int(b) for b in request_buckets)
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
@@ -390,6 +406,7 @@ class GraphRunner:
         self.max_graphs = int(max_graphs)
         self.max_draft_graphs = int(max_draft_graphs)
         self.max_draft_context = int(max_draft_context)
+        self.validate = bool(validate)
         self.stats = GraphStats()
         #: the drafter's steps (:meth:`draft_forward`)
         self.draft_stats = GraphStats()
@@ -460,7 +477,7 @@ class GraphRunner:
             self.stats.fallbacks[key] += 1
             return None
         if key in self._failed:
-            self.stats.fallbacks["capture_failed"] += 1
+            self.stats.fallbacks[_failure_reason(self._failed[key])] += 1
             return None
         moe = _offloaded_runtime(runner)
         assert moe is not None
@@ -649,7 +666,12 @@ class GraphRunner:
         else:
             with timer.region("graphed"):
                 entry.graph.replay()
-        x, routed, topk, *captured = entry.outputs
+        outputs = entry.outputs
+        if not entry.checked:
+            outputs = self._check(
+                entry, self.stats, lambda: self._step_fn(runner, moe, entry), self._entries
+            )
+        x, routed, topk, *captured = outputs
         real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
         topk_real = topk.index_select(1, real) if topk.numel() else topk
         moe.book_resident(list(topk_real.unbind(0)))
@@ -664,6 +686,30 @@ class GraphRunner:
             features = list(torch.split(feat, plan.lens))
         routed_np = routed[: len(chunks)].cpu().numpy()
         return runner.finish(chunks, plan, logits_all, features, routed_np)
+
+    def _check(
+        self,
+        entry: _Entry | _DraftEntry,
+        stats: GraphStats,
+        eager_fn: Callable[[], Outputs],
+        entries: dict[Any, Any],
+    ) -> Outputs:
+        """The first replay of a new graph against an eager run of the same
+        step (:attr:`validate`): returns the outputs to use. On a mismatch
+        the graph is dropped and its bucket marked failed; the eager run's
+        outputs (same static inputs, so the same step) are returned."""
+        entry.checked = True
+        if not self.validate:
+            return entry.outputs
+        stats.validated += 1
+        eager = eager_fn()
+        if outputs_agree(entry.outputs, eager):
+            return entry.outputs
+        stats.replay_mismatches += 1
+        self._failed[entry.key] = f"{_MISMATCH}: the first replay disagreed with eager"
+        entries.pop(entry.key, None)
+        entry.graph, entry.outputs = None, ()
+        return eager
 
     # -- the drafter's step ------------------------------------------------------
 
@@ -718,7 +764,7 @@ class GraphRunner:
             stats.fallbacks[key] += 1
             return None
         if key in self._failed:
-            stats.fallbacks["capture_failed"] += 1
+            stats.fallbacks[_failure_reason(self._failed[key])] += 1
             return None
         entry = self._draft_entries.get(key)
         if entry is None:
@@ -756,7 +802,12 @@ class GraphRunner:
             stats.captures += 1
         entry.graph.replay()
         stats.replays += 1
-        (hidden,) = entry.outputs
+        outputs = entry.outputs
+        if not entry.checked:
+            outputs = self._check(
+                entry, stats, lambda: self._draft_step_fn(drafter, kv, entry), self._draft_entries
+            )
+        (hidden,) = outputs
         real = entry.layout.view(entry.packed, "real_rows")[: plan.n_blk]
         return hidden.index_select(0, real)
 
@@ -854,6 +905,41 @@ def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:
 
     runtime = getattr(runner.adapter, "runtime", None)
     return runtime if isinstance(runtime, OffloadedMoE) else None
+
+
+def outputs_agree(replayed: Outputs, eager: Outputs) -> bool:
+    """Whether a replay's outputs match an eager run of the same step:
+    floating tensors elementwise within ``tol * (1 + max|eager|)`` (``tol``
+    1e-3 for fp32, 5e-2 for 16-bit floats: the graph may run other GEMM
+    algorithms) except at most 0.1% of the elements; integer and boolean
+    tensors (routing) equal except at most 1% of the elements (a router
+    logit within rounding of a tie may flip). A capture that read a stale
+    or wrong buffer fails this on most elements."""
+    if len(replayed) != len(eager):
+        return False
+    for a, b in zip(replayed, eager, strict=True):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.numel() == 0:
+            continue
+        if a.is_floating_point():
+            tol = 1e-3 if a.dtype in (torch.float32, torch.float64) else 5e-2
+            ref = b.float()
+            bound = tol * (1.0 + float(ref.abs().max()))
+            bad = ((a.float() - ref).abs() > bound) | ~torch.isfinite(a.float())
+            if float(bad.float().mean()) > 1e-3:
+                return False
+        elif float((a != b).float().mean()) > 1e-2:
+            return False
+    return True
+
+
+_MISMATCH = "replay_mismatch"
+
+
+def _failure_reason(message: str) -> str:
+    """The fallback reason of a bucket whose graph failed."""
+    return _MISMATCH if message.startswith(_MISMATCH) else "capture_failed"
 
 
 def _key_name(key: BucketKey | DraftKey) -> str:

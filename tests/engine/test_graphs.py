@@ -243,6 +243,50 @@ def test_capture_failure_falls_back_eager_and_is_not_retried(stack: Callable[...
     assert int(np.asarray(graph_ad.cache.pins).sum()) == 0
 
 
+class _WrongReplayBackend(EagerBackend):
+    """Replays that leave wrong values in the outputs (as a graph that read
+    a stale buffer would)."""
+
+    name = "wrong"
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]:
+        replay, out = super().capture(fn)
+
+        class Wrong:
+            def replay(self) -> None:
+                replay.replay()
+                for t in out:
+                    if t.is_floating_point():
+                        t.add_(1.0)
+
+        return Wrong(), out
+
+
+def test_first_replay_checked_against_eager(stack: Callable[..., Any]) -> None:
+    eager_ad, graph_ad = stack(), stack()
+    graphs = GraphRunner(_WrongReplayBackend())
+    eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
+    prompts = _prompts([5, 5], eager_ad.vocab_size, seed=40)
+    _prefill(eager, prompts)
+    _prefill(graphed, prompts)
+    for step in range(2):
+        blocks = _prompts([3, 3], eager_ad.vocab_size, seed=41 + step)
+        ref, out = _verify(eager, blocks), _verify(graphed, blocks)
+        for a, b in zip(ref.logits, out.logits, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)  # the eager run's
+    s = graphs.stats
+    assert s.validated == 1 and s.replay_mismatches == 1 and graphs.num_graphs == 0
+    assert s.fallbacks["replay_mismatch"] == 1  # the second step: the bucket runs eagerly
+    assert int(np.asarray(graph_ad.cache.pins).sum()) == 0
+    # without validation the wrong replay would have gone through
+    unchecked = GraphRunner(_WrongReplayBackend(), validate=False)
+    graphed.graphs = unchecked
+    blocks = _prompts([3, 3], eager_ad.vocab_size, seed=50)
+    ref, out = _verify(eager, blocks), _verify(graphed, blocks)
+    assert not torch.allclose(out.logits[0], ref.logits[0])
+    assert unchecked.stats.validated == 0 and unchecked.stats.replays == 1
+
+
 def test_hooks_offloaded_layers_and_graph_limit_run_eagerly(stack: Callable[..., Any]) -> None:
     adapter = stack()
     graphs = GraphRunner(EagerBackend(), max_graphs=1)

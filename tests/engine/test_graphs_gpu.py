@@ -114,7 +114,8 @@ def test_replayed_steps_equal_eager_fp32(make_adapter: Any, arch: str) -> None:
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(out.routed, ref.routed)
     s = graphs.stats
-    assert s.capture_failures == 0, graphs.failures
+    assert s.capture_failures == 0 and s.replay_mismatches == 0, graphs.failures
+    assert s.validated == s.captures  # every new graph's first replay checked against eager
     assert s.replays == 5 and s.captures >= 3  # 3 request buckets, keys 64 and 128
     assert int(np.asarray(graph_ad.cache.pins).sum()) == 0
     assert graph_ad.cache.stats()["hits"] == eager_ad.cache.stats()["hits"]
@@ -131,6 +132,7 @@ def test_replayed_steps_bf16_within_tolerance(make_adapter: Any, arch: str) -> N
             clear = (top2[:, 0] - top2[:, 1]) > 2 * (BF16_ATOL + BF16_RTOL * top2[:, 0].abs())
             assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
     assert graphs.stats.capture_failures == 0, graphs.failures
+    assert graphs.stats.replay_mismatches == 0, graphs.failures
     assert graphs.stats.replays == 5
 
 
@@ -228,7 +230,7 @@ def test_replayed_draft_steps_equal_eager(tmp_path: Path, dtype: torch.dtype) ->
         out = graph_d.forward_blocks(ctx, emb, items, kvs[1], graphs=graphs)
         torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
     ds = graphs.draft_stats
-    assert ds.capture_failures == 0, graphs.failures
+    assert ds.capture_failures == 0 and ds.replay_mismatches == 0, graphs.failures
     assert ds.replays == len(rounds) and ds.captures < len(rounds)
 
 
