@@ -85,6 +85,13 @@ if TYPE_CHECKING:
 #: a step's static outputs, in a fixed order (see :class:`_Entry`)
 Outputs = tuple[torch.Tensor, ...]
 
+#: why a whole-step graph is refused where a piecewise step still runs: the
+#: experts (offloaded, hooked or on the host) or layer hooks need the host
+#: between layers, which the pieces leave to eager code
+PIECEWISE_REASONS = frozenset(
+    {"layer_hooks", "moe_loop_path", "moe_route_hooks", "host_experts", "experts_not_resident"}
+)
+
 #: request-count buckets (a step of ``R`` requests runs in the first >= R)
 REQUEST_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -246,6 +253,8 @@ class GraphStats:
     #: the same step, and those that disagreed (dropped, bucket eager)
     validated: int = 0
     replay_mismatches: int = 0
+    #: steps run as pieces (the dense parts replayed, the experts eager)
+    piecewise_steps: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -256,6 +265,7 @@ class GraphStats:
             "capture_failures": self.capture_failures,
             "validated": self.validated,
             "replay_mismatches": self.replay_mismatches,
+            "piecewise_steps": self.piecewise_steps,
             "eager_fallbacks": sum(self.fallbacks.values()),
             "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
         }
@@ -318,6 +328,24 @@ class _Entry:
     checked: bool = False
 
 
+@dataclass
+class _PieceEntry:
+    """A piecewise bucket: the index and id buffers of :class:`_Entry`, the
+    residual entering every piece after the first, the routing grid, and
+    one graph (with its outputs) per piece of :func:`layer_spans`."""
+
+    key: BucketKey
+    layout: _Layout
+    packed: torch.Tensor
+    ids: torch.Tensor
+    host: np.ndarray
+    x_in: torch.Tensor  # [rows, H]
+    routed: torch.Tensor  # [R_b + 1, layers, experts] bool
+    pieces: list[Replayable | None]
+    outputs: list[Outputs]
+    checked: list[bool]
+
+
 class _DraftLayout:
     """Offsets of a draft bucket's index fields in its packed int64 buffer:
     the K/V rows' slots and positions (block rows, then context rows), the
@@ -378,6 +406,13 @@ class GraphRunner:
             of the same step on the same static inputs (:func:`outputs_agree`);
             a graph that disagrees is dropped, its bucket runs eagerly from
             then on, and that step returns the eager run's results.
+        piecewise: steps the whole-step graph cannot take because of the
+            experts or layer hooks (:data:`PIECEWISE_REASONS`) run as pieces:
+            each MoE layer's attention and router (and any dense layers
+            before it) replayed, its experts and hooks eager in between, on
+            the real rows only (:meth:`piecewise_forward`).
+        max_piecewise_buckets: piecewise buckets kept at most (each holds
+            one graph per MoE layer).
     """
 
     def __init__(
@@ -391,6 +426,8 @@ class GraphRunner:
         max_draft_graphs: int = 32,
         max_draft_context: int = 4096,
         validate: bool = True,
+        piecewise: bool = True,
+        max_piecewise_buckets: int = 12,
     ) -> None:
         buckets = tuple(int(b) for b in request_buckets)
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
@@ -407,6 +444,9 @@ class GraphRunner:
         self.max_draft_graphs = int(max_draft_graphs)
         self.max_draft_context = int(max_draft_context)
         self.validate = bool(validate)
+        self.piecewise = bool(piecewise)
+        self.max_piecewise_buckets = int(max_piecewise_buckets)
+        self._piece_entries: dict[BucketKey, _PieceEntry] = {}
         self.stats = GraphStats()
         #: the drafter's steps (:meth:`draft_forward`)
         self.draft_stats = GraphStats()
@@ -472,6 +512,8 @@ class GraphRunner:
         (counted) when it must run eagerly. Raises what the replay raises
         (the caller rolls the KV back; the cache's pins are undone here)."""
         reason = self.blocker(runner, chunks)
+        if reason in PIECEWISE_REASONS and self.piecewise:
+            return self.piecewise_forward(runner, chunks, plan)
         key: BucketKey | str = reason if reason is not None else self.bucket(plan)
         if isinstance(key, str):
             self.stats.fallbacks[key] += 1
@@ -524,7 +566,11 @@ class GraphRunner:
         return entry
 
     def _fill(
-        self, runner: TargetRunner, entry: _Entry, chunks: Sequence[Chunk], plan: StepPlan
+        self,
+        runner: TargetRunner,
+        entry: _Entry | _PieceEntry,
+        chunks: Sequence[Chunk],
+        plan: StepPlan,
     ) -> None:
         """The step's indices into the bucket's static buffers (one host->
         device copy) and its tokens into the id buffer."""
@@ -587,26 +633,12 @@ class GraphRunner:
         Every view is made inside, so memos keyed on tensor identity (the
         adapters' rotary tables) are recomputed in the recording."""
         key, lay, packed = entry.key, entry.layout, entry.packed
-        r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
-        kv_slots = lay.view(packed, "kv_slots").view(r, lp)
-        rows = torch.arange(key.rows, device=packed.device)
-        batch = AttentionBatch(
-            q_rows=rows.view(r, nq),
-            q_pos=lay.view(packed, "q_pos").view(r, nq),
-            q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
-            k_slots=kv_slots[:, :lk],
-            k_pos=lay.view(packed, "k_pos").view(r, lk),
-            k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
-            num_tokens=key.rows,
-            kv_slots=kv_slots,
-            uniform=True,
-            q_gather=rows,
-            unpad_index=rows,
-            zero_padding=True,
-        )
+        batch = _static_batch(key, lay, packed)
         ad = runner.adapter
         routed = torch.zeros(
-            (r + 1, ad.num_layers, ad.num_experts), dtype=torch.bool, device=packed.device
+            (key.requests + 1, ad.num_layers, ad.num_experts),
+            dtype=torch.bool,
+            device=packed.device,
         )
         topk: list[torch.Tensor] = []
         with moe.unbooked():
@@ -710,6 +742,183 @@ class GraphRunner:
         entries.pop(entry.key, None)
         entry.graph, entry.outputs = None, ()
         return eager
+
+    # -- piecewise steps -------------------------------------------------------------
+
+    def piecewise_forward(
+        self, runner: TargetRunner, chunks: Sequence[Chunk], plan: StepPlan
+    ) -> ForwardOutput | None:
+        """The step as pieces (:func:`layer_spans`): each piece (attention
+        and router of an MoE layer, with the dense layers before it)
+        replayed over the padded bucket; between pieces, eagerly and on the
+        real rows only, the before-MoE hooks, the routed hooks, the MoE
+        block (with its own cache books, copies and host syncs), the
+        residual and the observers. None (counted) when it cannot."""
+        stats = self.stats
+        if runner.routing is not None:
+            stats.fallbacks["routing_source"] += 1
+            return None
+        if getattr(runner.adapter, "moe_routed", None) is None:
+            stats.fallbacks["adapter_without_moe_routed"] += 1
+            return None
+        key = self.bucket(plan)
+        if isinstance(key, str):
+            stats.fallbacks[key] += 1
+            return None
+        if key in self._failed:
+            stats.fallbacks[_failure_reason(self._failed[key])] += 1
+            return None
+        entry = self._piece_entries.get(key)
+        if entry is None:
+            if len(self._piece_entries) >= self.max_piecewise_buckets:
+                stats.fallbacks["graph_limit"] += 1
+                return None
+            entry = self._new_piece_entry(runner, key)
+        self._fill(runner, entry, chunks, plan)
+        entry.routed.zero_()
+        ad = runner.adapter
+        real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
+        spans = layer_spans(runner.plan_layers)
+        captured: dict[int, torch.Tensor] = {}
+        x_final: torch.Tensor | None = None
+        graphed = key not in self._failed
+        for m, (first, last, layer) in enumerate(spans):
+            outs = self._run_piece(runner, entry, m, graphed)
+            graphed = graphed and key not in self._failed
+            dense_caps = [
+                d
+                for d in range(first, last + 1)
+                if runner.plan_layers[d] is None and d in runner.capture_layers
+            ]
+            if layer is None:  # the dense tail
+                x_out, *caps = outs
+                x_final = x_out.index_select(0, real)
+            else:
+                x_mid, normed, ids, weights, *caps = outs
+                ids_r, x_r = ids.index_select(0, real), x_mid.index_select(0, real)
+                for hook in runner.before_moe_hooks:
+                    hook(layer)
+                for rhook in runner.routed_hooks:
+                    rhook(layer, ids_r, x_r)
+                with runner._region("experts"):
+                    moe = ad.moe_routed(  # type: ignore[attr-defined]
+                        layer, normed.index_select(0, real), ids_r, weights.index_select(0, real)
+                    )
+                    x_next = x_r + moe
+                for obs in runner.observers:
+                    obs.after_layer(layer, x_next, ids_r)
+                if last in runner.capture_layers:
+                    captured[last] = x_next
+                if m + 1 < len(spans):
+                    entry.x_in.copy_(x_mid)
+                    entry.x_in.index_copy_(0, real, x_next)
+                else:
+                    x_final = x_next
+            for d, t in zip(dense_caps, caps, strict=True):
+                captured[d] = t.index_select(0, real)
+        assert x_final is not None
+        if graphed:
+            stats.piecewise_steps += 1
+        else:
+            stats.fallbacks[_failure_reason(self._failed.get(key, ""))] += 1
+        # every row of a graphed step wants its logits (prefills run eagerly)
+        assert plan.want == list(range(plan.total))
+        logits_all = ad.lm_head(ad.final_norm(x_final)).float()
+        features: list[torch.Tensor] = []
+        if runner.capture_layers:
+            feat = torch.cat([captured[d] for d in runner.capture_layers], dim=-1)
+            features = list(torch.split(feat, plan.lens))
+        routed_np = entry.routed[: len(chunks)].cpu().numpy()
+        return runner.finish(chunks, plan, logits_all, features, routed_np)
+
+    def _new_piece_entry(self, runner: TargetRunner, key: BucketKey) -> _PieceEntry:
+        layout = _Layout(key)
+        dev = runner.device
+        ad = runner.adapter
+        n = len(layer_spans(runner.plan_layers))
+        dtype = ad.embed(torch.zeros(1, dtype=torch.int64, device=dev)).dtype
+        entry = _PieceEntry(
+            key=key,
+            layout=layout,
+            packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
+            ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
+            host=np.zeros(layout.size, dtype=np.int64),
+            x_in=torch.zeros((key.rows, ad.hidden_size), dtype=dtype, device=dev),
+            routed=torch.zeros(
+                (key.requests + 1, ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
+            ),
+            pieces=[None] * n,
+            outputs=[()] * n,
+            checked=[False] * n,
+        )
+        self._piece_entries[key] = entry
+        return entry
+
+    def _piece_fn(self, runner: TargetRunner, entry: _PieceEntry, m: int) -> Outputs:
+        """Piece ``m``'s work over the bucket's static buffers: returns its
+        last residual (with a router: also the normed input, top-k ids and
+        weights), then the residuals of its dense capture layers."""
+        first, last, layer = layer_spans(runner.plan_layers)[m]
+        lay, packed = entry.layout, entry.packed
+        batch = _static_batch(entry.key, lay, packed)
+        pos, slots = lay.view(packed, "positions"), lay.view(packed, "slots")
+        x = runner.adapter.embed(entry.ids) if m == 0 else entry.x_in
+        caps: list[torch.Tensor] = []
+        for d in range(first, last + 1):
+            x = runner.attention_block(d, x, pos, slots, batch)
+            if runner.plan_layers[d] is None:
+                x = runner.dense_block(d, x)
+                if d in runner.capture_layers:
+                    caps.append(x)
+        if layer is None:
+            return (x, *caps)
+        normed, ids, weights = runner.route_block(
+            layer, x, lay.view(packed, "row_chunk"), entry.routed, []
+        )
+        return (x, normed, ids, weights, *caps)
+
+    def _run_piece(
+        self, runner: TargetRunner, entry: _PieceEntry, m: int, graphed: bool
+    ) -> Outputs:
+        """Piece ``m``: replayed (recorded first if new, its first replay
+        checked against eager), or run eagerly when ``graphed`` is False or
+        its recording fails (the bucket is then marked failed)."""
+        key = entry.key
+        timer, runner.region_timer = runner.region_timer, None  # no events in a piece
+        try:
+            if not graphed:
+                return self._piece_fn(runner, entry, m)
+            if entry.pieces[m] is None:
+                try:
+                    graph, outputs = self.backend.capture(lambda: self._piece_fn(runner, entry, m))
+                except Exception as exc:  # any capture failure: the bucket runs eagerly
+                    self._failed[key] = f"{type(exc).__name__}: {exc}"
+                    self._piece_entries.pop(key, None)
+                    self.stats.capture_failures += 1
+                    return self._piece_fn(runner, entry, m)
+                entry.pieces[m], entry.outputs[m] = graph, outputs
+                self.stats.captures += 1
+            piece = entry.pieces[m]
+            assert piece is not None
+            if timer is None:
+                piece.replay()
+            else:
+                with timer.region("graphed"):
+                    piece.replay()
+            if entry.checked[m] or not self.validate:
+                entry.checked[m] = True
+                return entry.outputs[m]
+            entry.checked[m] = True
+            self.stats.validated += 1
+            eager = self._piece_fn(runner, entry, m)
+            if outputs_agree(entry.outputs[m], eager):
+                return entry.outputs[m]
+            self.stats.replay_mismatches += 1
+            self._failed[key] = f"{_MISMATCH}: the first replay of piece {m} disagreed with eager"
+            self._piece_entries.pop(key, None)
+            return eager
+        finally:
+            runner.region_timer = timer
 
     # -- the drafter's step ------------------------------------------------------
 
@@ -932,6 +1141,44 @@ def outputs_agree(replayed: Outputs, eager: Outputs) -> bool:
         elif float((a != b).float().mean()) > 1e-2:
             return False
     return True
+
+
+def _static_batch(key: BucketKey, lay: _Layout, packed: torch.Tensor) -> AttentionBatch:
+    """The attention batch over a bucket's static index buffer (views made
+    now; the validity masks are converted inside the recording)."""
+    r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
+    kv_slots = lay.view(packed, "kv_slots").view(r, lp)
+    rows = torch.arange(key.rows, device=packed.device)
+    return AttentionBatch(
+        q_rows=rows.view(r, nq),
+        q_pos=lay.view(packed, "q_pos").view(r, nq),
+        q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
+        k_slots=kv_slots[:, :lk],
+        k_pos=lay.view(packed, "k_pos").view(r, lk),
+        k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
+        num_tokens=key.rows,
+        kv_slots=kv_slots,
+        uniform=True,
+        q_gather=rows,
+        unpad_index=rows,
+        zero_padding=True,
+    )
+
+
+def layer_spans(plan_layers: Sequence[int | None]) -> list[tuple[int, int, int | None]]:
+    """A piecewise step's pieces: ``(first, last, moe_layer)`` decoder layers
+    each, ending with MoE layer ``moe_layer``'s router (its experts run
+    eagerly after the piece), or ``moe_layer`` None for the dense layers
+    after the last MoE layer."""
+    spans: list[tuple[int, int, int | None]] = []
+    first = 0
+    for d, moe_layer in enumerate(plan_layers):
+        if moe_layer is not None:
+            spans.append((first, d, moe_layer))
+            first = d + 1
+    if first < len(plan_layers):
+        spans.append((first, len(plan_layers) - 1, None))
+    return spans
 
 
 _MISMATCH = "replay_mismatch"

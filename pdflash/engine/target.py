@@ -305,44 +305,21 @@ class TargetRunner:
         recording; the replay calls them). No host sync unless the MoE block
         or a hook needs one (module docstring)."""
         ad = self.adapter
-        kv = self.kv
         x = ad.embed(ids)
         captured: dict[int, torch.Tensor] = {}
         #: each top-k choice's chunk (the same for every layer)
-        chunk_of_choice: torch.Tensor | None = None
+        chunk_of_choice: list[torch.Tensor] = []
         for decoder_layer, moe_layer in enumerate(self.plan_layers):
-            spec = self.specs[decoder_layer]
-            with self._region("attention"):
-                h = ad.input_norm(decoder_layer, x)
-                q, k, v = ad.project_qkv(decoder_layer, h, pos_t)
-                kv.write(decoder_layer, slots_t, k, v)
-                attn = paged_attention(
-                    q,
-                    kv.k[decoder_layer],
-                    kv.v[decoder_layer],
-                    batch,
-                    spec,
-                    ad.attention_sinks(decoder_layer),
-                )
-                x = x + ad.project_out(decoder_layer, attn.to(x.dtype))
+            x = self.attention_block(decoder_layer, x, pos_t, slots_t, batch)
             if moe_layer is None:  # a dense layer: its resident MLP, no routing
-                with self._region("dense_mlp"):
-                    x = x + cast(DenseLayerAdapter, ad).dense_mlp(decoder_layer, x)
+                x = self.dense_block(decoder_layer, x)
                 if decoder_layer in self.capture_layers:
                     captured[decoder_layer] = x
                 continue
             layer = moe_layer
-            with self._region("router"):
-                normed = ad.moe_norm(layer, x)
-                topk_ids, topk_weights = ad.route(layer, normed)
-                if self.routing is not None:
-                    topk_ids, topk_weights = self.routing.route(
-                        layer, normed, topk_ids, topk_weights
-                    )
-                if chunk_of_choice is None or chunk_of_choice.numel() != topk_ids.numel():
-                    k_top = topk_ids.shape[1]
-                    chunk_of_choice = row_chunk_t[:, None].expand(-1, k_top).reshape(-1)
-                routed[chunk_of_choice, layer, topk_ids.reshape(-1)] = True
+            normed, topk_ids, topk_weights = self.route_block(
+                layer, x, row_chunk_t, routed, chunk_of_choice
+            )
             if topk_out is not None:
                 topk_out.append(topk_ids)
             if host_hooks:
@@ -367,6 +344,62 @@ class TargetRunner:
             if decoder_layer in self.capture_layers:
                 captured[decoder_layer] = x
         return x, captured
+
+    def attention_block(
+        self,
+        decoder_layer: int,
+        x: torch.Tensor,
+        pos_t: torch.Tensor,
+        slots_t: torch.Tensor,
+        batch: AttentionBatch,
+    ) -> torch.Tensor:
+        """A decoder layer's attention half: norm, q/k/v with rotary, the
+        K/V write at ``slots_t``, paged attention, output projection and
+        residual."""
+        ad = self.adapter
+        kv = self.kv
+        with self._region("attention"):
+            h = ad.input_norm(decoder_layer, x)
+            q, k, v = ad.project_qkv(decoder_layer, h, pos_t)
+            kv.write(decoder_layer, slots_t, k, v)
+            attn = paged_attention(
+                q,
+                kv.k[decoder_layer],
+                kv.v[decoder_layer],
+                batch,
+                self.specs[decoder_layer],
+                ad.attention_sinks(decoder_layer),
+            )
+            return x + ad.project_out(decoder_layer, attn.to(x.dtype))
+
+    def dense_block(self, decoder_layer: int, x: torch.Tensor) -> torch.Tensor:
+        """A dense decoder layer's MLP half (with its residual)."""
+        with self._region("dense_mlp"):
+            return x + cast(DenseLayerAdapter, self.adapter).dense_mlp(decoder_layer, x)
+
+    def route_block(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        row_chunk_t: torch.Tensor,
+        routed: torch.Tensor,
+        chunk_of_choice: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """MoE layer ``layer``'s norm and routing (through :attr:`routing`
+        when set); marks ``routed[chunk, layer, expert]``. ``chunk_of_choice``
+        holds the per-choice chunk index once built (shared by the layers of
+        a forward). Returns ``(normed, topk_ids, topk_weights)``."""
+        ad = self.adapter
+        with self._region("router"):
+            normed = ad.moe_norm(layer, x)
+            topk_ids, topk_weights = ad.route(layer, normed)
+            if self.routing is not None:
+                topk_ids, topk_weights = self.routing.route(layer, normed, topk_ids, topk_weights)
+            if not chunk_of_choice or chunk_of_choice[0].numel() != topk_ids.numel():
+                k_top = topk_ids.shape[1]
+                chunk_of_choice[:] = [row_chunk_t[:, None].expand(-1, k_top).reshape(-1)]
+            routed[chunk_of_choice[0], layer, topk_ids.reshape(-1)] = True
+        return normed, topk_ids, topk_weights
 
     def finish(
         self,

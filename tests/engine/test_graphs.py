@@ -289,7 +289,7 @@ def test_first_replay_checked_against_eager(stack: Callable[..., Any]) -> None:
 
 def test_hooks_offloaded_layers_and_graph_limit_run_eagerly(stack: Callable[..., Any]) -> None:
     adapter = stack()
-    graphs = GraphRunner(EagerBackend(), max_graphs=1)
+    graphs = GraphRunner(EagerBackend(), max_graphs=1, piecewise=False)
     runner = _runner(adapter, graphs)
     vocab = adapter.vocab_size
     _prefill(runner, _prompts([5, 5], vocab, seed=7))
@@ -308,7 +308,7 @@ def test_hooks_offloaded_layers_and_graph_limit_run_eagerly(stack: Callable[...,
     assert graphs.stats.fallbacks["graph_limit"] == 1 and graphs.num_graphs == 1
 
     offloaded = stack(slots=adapter.num_experts * 2)  # fewer slots than experts
-    graphs2 = GraphRunner(EagerBackend())
+    graphs2 = GraphRunner(EagerBackend(), piecewise=False)
     runner2 = _runner(offloaded, graphs2)
     _prefill(runner2, _prompts([5], vocab, seed=11))
     _verify(runner2, _prompts([3], vocab, seed=12))
@@ -327,6 +327,84 @@ def test_slot_table_change_recaptures(stack: Callable[..., Any]) -> None:
     _verify(runner, _prompts([3], vocab, seed=15))
     assert graphs.stats.recaptures == 1 and graphs.stats.captures == 2
     assert graphs.stats.replays == 2
+
+
+# -- piecewise: dense parts replayed, experts and hooks eager ------------------------------
+
+
+def test_layer_spans() -> None:
+    from pdflash.engine.graphs import layer_spans
+
+    assert layer_spans([0, 1, 2]) == [(0, 0, 0), (1, 1, 1), (2, 2, 2)]
+    # leading dense layers join the first piece; a dense tail is its own piece
+    assert layer_spans([None, None, 0, 1, None]) == [(0, 2, 0), (3, 3, 1), (4, 4, None)]
+
+
+@pytest.mark.parametrize(
+    ("prompt_lens", "block_lens"), [([6, 6, 6], [4, 4, 4]), ([5, 9], [3, 5]), ([58], [4])]
+)
+def test_piecewise_forward_equals_eager_with_offloaded_experts(
+    stack: Callable[..., Any], prompt_lens: list[int], block_lens: list[int]
+) -> None:
+    """Fewer slots than experts: the experts run eagerly between replayed
+    pieces on the real rows only (copies, evictions and books as eager),
+    with a routed hook and an observer seeing the real rows."""
+    eager_ad = stack(slots=10)
+    graph_ad = stack(slots=10)
+    graphs = GraphRunner(EagerBackend())
+    eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
+    seen: dict[str, list[tuple[int, int]]] = {"eager": [], "graphed": []}
+    for name, runner in (("eager", eager), ("graphed", graphed)):
+        log = seen[name]
+        runner.routed_hooks.append(lambda layer, ids, x, log=log: log.append((layer, x.shape[0])))
+
+        class Obs:
+            def __init__(self, log: list[tuple[int, int]]) -> None:
+                self.log = log
+
+            def after_layer(self, layer: int, hidden: torch.Tensor, ids: torch.Tensor) -> None:
+                self.log.append((layer, int(ids.shape[0])))
+
+        runner.observers.append(Obs(log))
+    vocab = eager_ad.vocab_size
+    prompts = _prompts(prompt_lens, vocab, seed=60)
+    _prefill(eager, prompts)
+    _prefill(graphed, prompts)
+    for step in range(3):
+        blocks = _prompts(block_lens, vocab, seed=61 + step)
+        ref, out = _verify(eager, blocks), _verify(graphed, blocks)
+        for a, b in zip(ref.logits, out.logits, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        for a, b in zip(ref.features, out.features, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(out.routed, ref.routed)
+    assert seen["graphed"] == seen["eager"] and seen["eager"]
+    s = graphs.stats
+    assert s.piecewise_steps == 3 and s.replays == 0
+    assert s.captures >= eager_ad.num_layers and s.validated == s.captures
+    se, sg = eager_ad.cache.stats(), graph_ad.cache.stats()
+    for name in ("hits", "misses", "evictions"):
+        assert sg[name] == se[name], name
+    assert se["misses"] > 0  # offloading really happened
+    assert int(np.asarray(graph_ad.cache.pins).sum()) == 0
+
+
+def test_piecewise_capture_failure_finishes_the_step_eagerly(stack: Callable[..., Any]) -> None:
+    eager_ad, graph_ad = stack(slots=10), stack(slots=10)
+    graphs = GraphRunner(_FailingBackend())
+    eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
+    prompts = _prompts([5, 5], eager_ad.vocab_size, seed=70)
+    _prefill(eager, prompts)
+    _prefill(graphed, prompts)
+    for step in range(2):
+        blocks = _prompts([3, 3], eager_ad.vocab_size, seed=71 + step)
+        ref, out = _verify(eager, blocks), _verify(graphed, blocks)
+        for a, b in zip(ref.logits, out.logits, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    s = graphs.stats
+    assert s.capture_failures == 1 and s.piecewise_steps == 0
+    assert s.fallbacks["capture_failed"] == 2
 
 
 # -- the drafter --------------------------------------------------------------------------
@@ -415,6 +493,45 @@ def test_engine_greedy_tokens_equal_with_and_without_graphs(checkpoint: Path) ->
     assert stats is not None and stats.replays > 0 and stats.captures >= 1
     assert graphs is not None and graphs.draft_stats.replays > 0
     assert set(stats.fallbacks) <= {"prefill"}, stats.fallbacks
+
+
+@pytest.mark.parametrize("baseline", ["B0", "B1"])
+def test_engine_offloaded_tokens_equal_with_piecewise_graphs(
+    checkpoint: Path, baseline: str
+) -> None:
+    """Offloaded baselines (gate lookahead observers, a layer-cyclic cache
+    smaller than the model): piecewise steps, the same greedy tokens."""
+    outputs = []
+    runners = []
+    for graphs in (None, GraphRunner(EagerBackend())):
+        adapter, issuer = _adapter(checkpoint, slots=10, layer_cyclic=True)
+        try:
+            config = EngineConfig.preset(baseline, max_running=3, token_budget=12)
+            if config.speculative:
+                config = config.replace(block_size=4)
+            eng = Engine(
+                adapter,
+                config,
+                drafter=load_drafter(checkpoint / "drafter"),
+                expert_cache=adapter.cache,
+                max_seq_len=64,
+                graphs=graphs,
+            )
+            assert eng.runner.observers  # the gate lookahead
+            prompts = _prompts([3, 8, 5], adapter.vocab_size, seed=22)
+            ids = [eng.add_request(p.tolist(), max_new_tokens=10) for p in prompts]
+            done = eng.run_until_done(max_steps=300)
+            outputs.append([done[i].output for i in ids])
+            assert eng.kv.used_pages == 0
+            assert int(np.asarray(adapter.cache.pins).sum()) == 0
+            assert adapter.cache.stats()["misses"] > 0
+            runners.append(graphs)
+        finally:
+            issuer.close()
+    assert outputs[0] == outputs[1]
+    graphs = runners[1]
+    assert graphs is not None and graphs.stats.piecewise_steps > 0
+    assert graphs.stats.replays == 0
 
 
 def test_cuda_graphs_setting_is_validated_and_off_on_cpu(checkpoint: Path) -> None:

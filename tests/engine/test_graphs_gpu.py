@@ -234,16 +234,29 @@ def test_replayed_draft_steps_equal_eager(tmp_path: Path, dtype: torch.dtype) ->
     assert ds.replays == len(rounds) and ds.captures < len(rounds)
 
 
-def test_offloaded_experts_fall_back_eager(make_adapter: Any) -> None:
-    eager_ad = make_adapter("qwen3_moe", torch.float32, resident=True)
+@pytest.mark.parametrize("piecewise", [False, True])
+def test_offloaded_experts_piecewise_or_eager(make_adapter: Any, piecewise: bool) -> None:
+    """Fewer slots than experts: without pieces every step runs eagerly;
+    with them the attention and router of each layer are replayed and the
+    experts (copies, host syncs) run eagerly between them."""
+    eager_ad = make_adapter("qwen3_moe", torch.float32, resident=False)
     offloaded = make_adapter("qwen3_moe", torch.float32, resident=False)
-    graphs = GraphRunner(CudaGraphBackend("cuda"))
+    graphs = GraphRunner(CudaGraphBackend("cuda"), piecewise=piecewise)
     eager, graphed = _runner(eager_ad, None), _runner(offloaded, graphs)
     for ref, out in _steps(eager, graphed, eager_ad.vocab_size):
         for a, b in zip(ref.logits, out.logits, strict=True):
             torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-    assert graphs.stats.fallbacks["experts_not_resident"] == 5
-    assert graphs.stats.captures == 0 and graphs.stats.replays == 0
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        np.testing.assert_array_equal(out.routed, ref.routed)
+    s = graphs.stats
+    assert s.replays == 0
+    if piecewise:
+        assert s.capture_failures == 0 and s.replay_mismatches == 0, graphs.failures
+        assert s.piecewise_steps == 5 and s.validated == s.captures > 0
+    else:
+        assert s.fallbacks["experts_not_resident"] == 5 and s.captures == 0
+    assert offloaded.cache.stats()["misses"] == eager_ad.cache.stats()["misses"] > 0
+    assert int(np.asarray(offloaded.cache.pins).sum()) == 0
 
 
 def test_failed_capture_falls_back_and_cuda_stays_usable(
