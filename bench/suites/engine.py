@@ -126,11 +126,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         type=_graph_settings,
         default=["off"],
-        help="replay the target's verify forward as CUDA graphs per shape bucket where every "
-        "expert is resident (B3) on CUDA (auto); off (default) runs it eagerly; a comma list "
-        "(off,auto) runs each setting in turn within every repeat (interleaved); rows record "
-        "cuda_graphs (captures, replays, eager fallbacks); --breakdown then times the "
-        "replayed layers as one region, graphed_ms",
+        help="CUDA graphs per shape bucket on CUDA (auto): B3's verify forward as one graph, "
+        "the offloaded baselines' as pieces (attention and router replayed, experts eager), "
+        "the drafter's forward as one graph; off (default) runs everything eagerly; a comma "
+        "list (off,auto) runs each setting in turn within every repeat (interleaved); rows "
+        "record cuda_graphs (captures, replays, piecewise steps, eager fallbacks); "
+        "--breakdown then times the replayed parts as one region, graphed_ms",
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

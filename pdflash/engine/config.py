@@ -98,10 +98,12 @@ class EngineConfig:
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
             Default off until measured on the GPU.
-        cuda_graphs: ``off`` or ``auto``: on CUDA, verify steps whose every
-            expert is resident (B3) replay recorded CUDA graphs per shape
-            bucket (:mod:`pdflash.engine.graphs`); other steps, and every
-            step on the CPU, run eagerly. Default off until checked on the GPU.
+        cuda_graphs: ``off`` or ``auto``: on CUDA, steps replay recorded CUDA
+            graphs per shape bucket (:mod:`pdflash.engine.graphs`): a verify
+            whose every expert is resident (B3) as one graph, other verifies
+            as pieces with the experts eager between them, the drafter's
+            forward as one graph; prefills, and every step on the CPU, run
+            eagerly. Default off until checked on the GPU.
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
     """
