@@ -47,6 +47,22 @@ and runs each as one replay of a recorded graph:
   device slot table is baked into a graph: if the cache replaced it (a load
   or eviction), that bucket's graph is dropped and captured again.
 
+**Piecewise steps** (:meth:`GraphRunner.piecewise_forward`): where the
+whole step cannot be one graph because of the experts or the layer hooks
+(:data:`PIECEWISE_REASONS`: the offloaded baselines), each MoE layer's
+attention and router, with the dense layers before it, is a piece
+(:func:`layer_spans`) recorded per bucket; between the replayed pieces the
+before-MoE hooks, the routed hooks, the MoE block (its copies, host syncs and
+books as in the eager forward), the residual and the observers run eagerly
+on the real rows only, so padded rows never route to an expert that would
+be copied. The residual entering the next piece is written into its static
+input buffer.
+
+**Check.** With ``validate`` (default), every new graph's first replay is
+compared with an eager run of the same step on the same static inputs
+(:func:`outputs_agree`); a graph that disagrees is dropped and its bucket
+runs eagerly from then on (reason ``replay_mismatch``).
+
 The drafter's forward (:meth:`GraphRunner.draft_forward`) is replayed the
 same way with its own buckets ``(R_b, Nq_b, C_b, Lp_b)``: ``C_b``, the new
 context rows of the step (the target features of the tokens the last
