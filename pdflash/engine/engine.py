@@ -65,6 +65,7 @@ import torch
 from pdflash._guard import BusyGuard
 from pdflash.engine import pd_controller, validation
 from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
+from pdflash.engine.attention import device_int64
 from pdflash.engine.batching import (
     BatchDecision,
     FCFSBatcher,
@@ -855,7 +856,14 @@ class Engine:
             items.append(DraftItem(req.request_id, int(pc.shape[0]), n + 1))
             ctx.append(pc)
             blocks += [req.anchor] + [mask] * n
-        block_ids = torch.tensor(blocks, dtype=torch.int64, device=self.device)
+        # one LM-head call over every block's MASK rows (row 0 is the anchor)
+        starts = np.cumsum([0] + [n + 1 for _, n in todo])
+        rows = [
+            r for (_, n), s in zip(todo, starts[:-1], strict=True) for r in range(s + 1, s + n + 1)
+        ]
+        # NOTE: both index lists in one asynchronous copy from pinned memory
+        # (a tensor built on the device from a list waits for the stream)
+        block_ids, mask_rows = device_int64([blocks, rows], self.device)
         with self.timer.forward("draft"):
             emb = self.adapter.embed(block_ids)
             scale = drafter.cfg.input_embedding_scale
@@ -863,17 +871,6 @@ class Engine:
                 emb = emb * scale
             hidden = drafter.forward_blocks(
                 torch.cat(ctx), emb, items, self.draft_kv, graphs=self.runner.graphs
-            )
-            # one LM-head call over every block's MASK rows (row 0 is the anchor)
-            starts = np.cumsum([0] + [n + 1 for _, n in todo])
-            mask_rows = torch.tensor(
-                [
-                    r
-                    for (_, n), s in zip(todo, starts[:-1], strict=True)
-                    for r in range(s + 1, s + n + 1)
-                ],
-                dtype=torch.int64,
-                device=self.device,
             )
             all_logits = drafter.logits(hidden[mask_rows], self.adapter.lm_head).float()
             greedy_all = torch.argmax(all_logits, dim=-1)
