@@ -467,7 +467,8 @@ class GraphRunner:
         #: the drafter's steps (:meth:`draft_forward`)
         self.draft_stats = GraphStats()
         self._entries: dict[BucketKey, _Entry] = {}
-        self._failed: dict[BucketKey | DraftKey, str] = {}
+        #: buckets whose graph failed (a piecewise bucket as ("piecewise", key))
+        self._failed: dict[BucketKey | DraftKey | tuple[str, BucketKey], str] = {}
         self._draft_entries: dict[DraftKey, _DraftEntry] = {}
 
     @property
@@ -509,11 +510,11 @@ class GraphRunner:
             return "empty"
         if not all(c.all_logits for c in chunks):
             return "prefill"
+        if runner.kv.scratch_slot is None:
+            return "kv_without_scratch_slot"
         hooked = runner.hooked
         if hooked is not None:
             return hooked
-        if runner.kv.scratch_slot is None:
-            return "kv_without_scratch_slot"
         moe = _offloaded_runtime(runner)
         if moe is None:
             return "adapter_without_offloaded_runtime"
@@ -781,8 +782,9 @@ class GraphRunner:
         if isinstance(key, str):
             stats.fallbacks[key] += 1
             return None
-        if key in self._failed:
-            stats.fallbacks[_failure_reason(self._failed[key])] += 1
+        failed = ("piecewise", key)
+        if failed in self._failed:
+            stats.fallbacks[_failure_reason(self._failed[failed])] += 1
             return None
         entry = self._piece_entries.get(key)
         if entry is None:
@@ -797,10 +799,10 @@ class GraphRunner:
         spans = layer_spans(runner.plan_layers)
         captured: dict[int, torch.Tensor] = {}
         x_final: torch.Tensor | None = None
-        graphed = key not in self._failed
+        graphed = True
         for m, (first, last, layer) in enumerate(spans):
             outs = self._run_piece(runner, entry, m, graphed)
-            graphed = graphed and key not in self._failed
+            graphed = graphed and failed not in self._failed
             dense_caps = [
                 d
                 for d in range(first, last + 1)
@@ -836,7 +838,7 @@ class GraphRunner:
         if graphed:
             stats.piecewise_steps += 1
         else:
-            stats.fallbacks[_failure_reason(self._failed.get(key, ""))] += 1
+            stats.fallbacks[_failure_reason(self._failed.get(failed, ""))] += 1
         # every row of a graphed step wants its logits (prefills run eagerly)
         assert plan.want == list(range(plan.total))
         logits_all = ad.lm_head(ad.final_norm(x_final)).float()
@@ -900,6 +902,7 @@ class GraphRunner:
         checked against eager), or run eagerly when ``graphed`` is False or
         its recording fails (the bucket is then marked failed)."""
         key = entry.key
+        failed = ("piecewise", key)
         timer, runner.region_timer = runner.region_timer, None  # no events in a piece
         try:
             if not graphed:
@@ -908,7 +911,7 @@ class GraphRunner:
                 try:
                     graph, outputs = self.backend.capture(lambda: self._piece_fn(runner, entry, m))
                 except Exception as exc:  # any capture failure: the bucket runs eagerly
-                    self._failed[key] = f"{type(exc).__name__}: {exc}"
+                    self._failed[failed] = f"{type(exc).__name__}: {exc}"
                     self._piece_entries.pop(key, None)
                     self.stats.capture_failures += 1
                     return self._piece_fn(runner, entry, m)
@@ -930,7 +933,9 @@ class GraphRunner:
             if outputs_agree(entry.outputs[m], eager):
                 return entry.outputs[m]
             self.stats.replay_mismatches += 1
-            self._failed[key] = f"{_MISMATCH}: the first replay of piece {m} disagreed with eager"
+            self._failed[failed] = (
+                f"{_MISMATCH}: the first replay of piece {m} disagreed with eager"
+            )
             self._piece_entries.pop(key, None)
             return eager
         finally:
@@ -1205,7 +1210,9 @@ def _failure_reason(message: str) -> str:
     return _MISMATCH if message.startswith(_MISMATCH) else "capture_failed"
 
 
-def _key_name(key: BucketKey | DraftKey) -> str:
+def _key_name(key: BucketKey | DraftKey | tuple[str, BucketKey]) -> str:
+    if isinstance(key, tuple):
+        return f"{key[0]}:{_key_name(key[1])}"
     if isinstance(key, DraftKey):
         return f"draft:{key.requests}x{key.queries}+{key.context}x{key.key_width}"
     return f"{key.requests}x{key.queries}x{key.key_width}"

@@ -315,6 +315,18 @@ def test_hooks_offloaded_layers_and_graph_limit_run_eagerly(stack: Callable[...,
     assert graphs2.stats.fallbacks["experts_not_resident"] == 1 and graphs2.num_graphs == 0
 
 
+def test_kv_without_scratch_row_runs_eagerly(stack: Callable[..., Any]) -> None:
+    adapter = stack(slots=10)  # offloaded: would be piecewise
+    graphs = GraphRunner(EagerBackend())
+    kv = kv_cache_for(adapter, page_size=4, num_pages=32, dtype=torch.float32, device="cpu")
+    runner = TargetRunner(adapter, kv)
+    runner.graphs = graphs
+    _prefill(runner, _prompts([5], adapter.vocab_size, seed=80))
+    _verify(runner, _prompts([3], adapter.vocab_size, seed=81))
+    assert graphs.stats.fallbacks["kv_without_scratch_slot"] == 1
+    assert graphs.stats.piecewise_steps == 0 and graphs.stats.captures == 0
+
+
 def test_slot_table_change_recaptures(stack: Callable[..., Any]) -> None:
     adapter = stack()
     graphs = GraphRunner(EagerBackend())
