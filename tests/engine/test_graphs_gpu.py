@@ -1,6 +1,6 @@
 """CUDA graphs of the target forward on a GPU (skipped without one): captured
 and replayed steps against the eager forward (fp32: same tokens, logits
-within 1e-4; bf16: logits within the stated tolerance, greedy tokens equal
+within 1e-4; bf16: logits within BF16_TOL of their scale, greedy tokens equal
 wherever the eager top-2 margin exceeds it), shape changes across buckets,
 the engine's greedy output with graphs on and off, and the eager fallbacks
 (offloaded experts; a capture that fails)."""
@@ -24,9 +24,13 @@ from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 
 pytestmark = pytest.mark.gpu
 
-#: bf16 logits: |graphed - eager| <= BF16_ATOL + BF16_RTOL * |eager| (padding
-#: changes GEMM shapes, so cuBLAS may sum in another order)
-BF16_ATOL, BF16_RTOL = 5e-2, 5e-2
+#: bf16: max |graphed - eager| <= BF16_TOL * (1 + max |eager|) per request's
+#: logits (padding changes GEMM shapes, so cuBLAS may sum in another order)
+BF16_TOL = 5e-2
+
+
+def _bf16_bound(ref: torch.Tensor) -> float:
+    return BF16_TOL * (1.0 + float(ref.float().abs().max()))
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
@@ -127,9 +131,11 @@ def test_replayed_steps_bf16_within_tolerance(make_adapter: Any, arch: str) -> N
     eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
     for ref, out in _steps(eager, graphed, eager_ad.vocab_size):
         for a, b in zip(ref.logits, out.logits, strict=True):
-            torch.testing.assert_close(b, a, rtol=BF16_RTOL, atol=BF16_ATOL)
+            bound = _bf16_bound(a)
+            assert float((b - a).abs().max()) <= bound
+            # greedy tokens equal wherever the eager top-2 margin exceeds the bound twice
             top2 = a.topk(2, dim=-1).values
-            clear = (top2[:, 0] - top2[:, 1]) > 2 * (BF16_ATOL + BF16_RTOL * top2[:, 0].abs())
+            clear = (top2[:, 0] - top2[:, 1]) > 2 * bound
             assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
     assert graphs.stats.capture_failures == 0, graphs.failures
     assert graphs.stats.replay_mismatches == 0, graphs.failures
@@ -213,7 +219,7 @@ def test_replayed_draft_steps_equal_eager(tmp_path: Path, dtype: torch.dtype) ->
             kv.add_sequence(i)
     feat = len(eager_d.target_layer_ids) * eager_d.cfg.hidden_size
     gen = torch.Generator().manual_seed(30)
-    tol = 1e-4 if dtype == torch.float32 else BF16_ATOL
+    fp32 = dtype == torch.float32
     rounds = [
         [(0, 9, 4), (1, 5, 4), (2, 3, 4)],
         [(0, 2, 4), (1, 0, 4), (2, 4, 4)],
@@ -228,7 +234,10 @@ def test_replayed_draft_steps_equal_eager(tmp_path: Path, dtype: torch.dtype) ->
         emb = emb.to("cuda", dtype)
         ref = eager_d.forward_blocks(ctx, emb, items, kvs[0])
         out = graph_d.forward_blocks(ctx, emb, items, kvs[1], graphs=graphs)
-        torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+        if fp32:
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        else:
+            assert float((out.float() - ref.float()).abs().max()) <= _bf16_bound(ref)
     ds = graphs.draft_stats
     assert ds.capture_failures == 0 and ds.replay_mismatches == 0, graphs.failures
     assert ds.replays == len(rounds) and ds.captures < len(rounds)
