@@ -36,16 +36,18 @@ and runs each as one replay of a recorded graph:
   :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after: the
   pins, access records and slot event the eager layer does), and all
   sampling and randomness.
+* **Whole-step graphs** need every expert resident and no host code that
+  sees a layer's tensors (observers, routed hooks); the host-only
+  ``before_moe_hooks`` (e.g. the layer-cyclic eviction policy's) are called
+  for every layer right before the replay. Otherwise the step runs as
+  pieces (below). The expert cache's device slot table is baked into a
+  graph: if the cache replaced it (a load or eviction), that bucket's graph
+  is dropped and captured again.
 * **Eager fallback**, counted per reason in :attr:`GraphRunner.stats`,
-  whenever a step cannot be replayed: a prefill (rows without logits), layer
-  observers, routed hooks or a routing source (host code that sees each
-  layer's tensors; the host-only ``before_moe_hooks``, e.g. the layer-cyclic
-  eviction policy's, are called for every layer right before the replay), an offloaded layer that
-  is not all resident (the host must read its routing to pick copies), a
-  step larger than the largest bucket, the graph limit reached, or a
-  capture that failed for the bucket (never retried). The expert cache's
-  device slot table is baked into a graph: if the cache replaced it (a load
-  or eviction), that bucket's graph is dropped and captured again.
+  whenever a step cannot be replayed: a prefill (rows without logits), a
+  routing source, a KV cache without the scratch row, a step larger than
+  the largest bucket, the graph limit reached, a capture that failed for
+  the bucket (never retried), or (with ``piecewise`` off) the reasons above.
 
 **Piecewise steps** (:meth:`GraphRunner.piecewise_forward`): where the
 whole step cannot be one graph because of the experts or the layer hooks
