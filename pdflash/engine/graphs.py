@@ -46,8 +46,9 @@ and runs each as one replay of a recorded graph:
 * **Eager fallback**, counted per reason in :attr:`GraphRunner.stats`,
   whenever a step cannot be replayed: a prefill (rows without logits), a
   routing source, a KV cache without the scratch row, a step larger than
-  the largest bucket, the graph limit reached, a capture that failed for
-  the bucket (never retried), or (with ``piecewise`` off) the reasons above.
+  the largest bucket, a capture that failed for the bucket (never
+  retried), or (with ``piecewise`` off) the reasons above. At most
+  ``max_graphs`` buckets are kept; the least recently used makes room.
 
 **Piecewise steps** (:meth:`GraphRunner.piecewise_forward`): where the
 whole step cannot be one graph because of the experts or the layer hooks
@@ -273,6 +274,8 @@ class GraphStats:
     replay_mismatches: int = 0
     #: steps run as pieces (the dense parts replayed, the experts eager)
     piecewise_steps: int = 0
+    #: buckets dropped (least recently used) to stay within the graph limit
+    evicted: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -284,6 +287,7 @@ class GraphStats:
             "validated": self.validated,
             "replay_mismatches": self.replay_mismatches,
             "piecewise_steps": self.piecewise_steps,
+            "evicted": self.evicted,
             "eager_fallbacks": sum(self.fallbacks.values()),
             "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
         }
@@ -417,8 +421,9 @@ class GraphRunner:
         max_queries: the most tokens per request a graphed step may have
             (rows per request are the next power of two).
         max_key_width: the widest padded key axis (longer steps run eagerly).
-        max_graphs: graphs kept at most (further buckets run eagerly).
-        max_draft_graphs: the drafter's graphs kept at most.
+        max_graphs: whole-step buckets kept at most (the least recently
+            used is dropped for a new one).
+        max_draft_graphs: the drafter's buckets kept at most (likewise).
         max_draft_context: the most new context rows a graphed draft step has.
         validate: check every new graph's first replay against an eager run
             of the same step on the same static inputs (:func:`outputs_agree`);
@@ -430,7 +435,7 @@ class GraphRunner:
             before it) replayed, its experts and hooks eager in between, on
             the real rows only (:meth:`piecewise_forward`).
         max_piecewise_buckets: piecewise buckets kept at most (each holds
-            one graph per MoE layer).
+            one graph per MoE layer; likewise).
     """
 
     def __init__(
@@ -542,16 +547,14 @@ class GraphRunner:
             return None
         moe = _offloaded_runtime(runner)
         assert moe is not None
-        entry = self._entries.get(key)
+        entry = _recent(self._entries, key)
         table = moe.cache.device_slot_table()
         if entry is not None and entry.graph is not None and entry.slot_table is not table:
             # the graph reads a slot table the cache has since replaced
             entry.graph, entry.outputs, entry.slot_table = None, (), None
             self.stats.recaptures += 1
         if entry is None:
-            if len(self._entries) >= self.max_graphs:
-                self.stats.fallbacks["graph_limit"] += 1
-                return None
+            _make_room(self._entries, self.max_graphs, self.stats)
             entry = self._new_entry(runner, key)
         self._fill(runner, entry, chunks, plan)
         # pinned (and copies still in flight waited for, on the stream) before
@@ -788,11 +791,9 @@ class GraphRunner:
         if failed in self._failed:
             stats.fallbacks[_failure_reason(self._failed[failed])] += 1
             return None
-        entry = self._piece_entries.get(key)
+        entry = _recent(self._piece_entries, key)
         if entry is None:
-            if len(self._piece_entries) >= self.max_piecewise_buckets:
-                stats.fallbacks["graph_limit"] += 1
-                return None
+            _make_room(self._piece_entries, self.max_piecewise_buckets, stats)
             entry = self._new_piece_entry(runner, key)
         self._fill(runner, entry, chunks, plan)
         entry.routed.zero_()
@@ -998,11 +999,9 @@ class GraphRunner:
         if key in self._failed:
             stats.fallbacks[_failure_reason(self._failed[key])] += 1
             return None
-        entry = self._draft_entries.get(key)
+        entry = _recent(self._draft_entries, key)
         if entry is None:
-            if len(self._draft_entries) >= self.max_draft_graphs:
-                stats.fallbacks["graph_limit"] += 1
-                return None
+            _make_room(self._draft_entries, self.max_draft_graphs, stats)
             dev = block_embeddings.device
             layout = _DraftLayout(key)
             entry = _DraftEntry(
@@ -1202,6 +1201,26 @@ def layer_spans(plan_layers: Sequence[int | None]) -> list[tuple[int, int, int |
     if first < len(plan_layers):
         spans.append((first, len(plan_layers) - 1, None))
     return spans
+
+
+def _recent(entries: dict[Any, Any], key: Any) -> Any:
+    """``entries[key]`` (None if absent), moved to the end: the dict's order
+    is least recently used first."""
+    entry = entries.pop(key, None)
+    if entry is not None:
+        entries[key] = entry
+    return entry
+
+
+def _make_room(entries: dict[Any, Any], limit: int, stats: GraphStats) -> None:
+    """Drop the least recently used buckets until one more fits. On CUDA the
+    stream is drained first: a dropped graph's executable must not be in
+    flight when it is destroyed."""
+    while entries and len(entries) >= limit:
+        old = entries.pop(next(iter(entries)))
+        if old.packed.is_cuda:
+            torch.cuda.current_stream(old.packed.device).synchronize()
+        stats.evicted += 1
 
 
 _MISMATCH = "replay_mismatch"
