@@ -1435,6 +1435,12 @@ def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:
     drafts = timer.kind_count("draft")
     out["draft_ms_per_verify"] = 1e3 * timer.kind_s("draft") / steps if drafts else 0.0
     out["timing_method"] = timer.method
+    if graphed is not None:
+        out["graphed_note"] = (
+            "replayed CUDA graphs are one region: graphed_ms holds the attention and router "
+            "of every replayed step (and its experts when the whole step is one graph); "
+            "attention/router/experts_ms hold only what ran eagerly"
+        )
     return {"verify_breakdown_ms": out, "verify_steps": steps}
 
 
