@@ -155,6 +155,10 @@ class RunSpec:
     # time each verify's attention / router / experts per layer (CUDA events
     # on CUDA): the verify_breakdown row field; a few events per layer
     breakdown: bool = False
+    # CUDA graphs for the target's verify forward (pdflash.engine.graphs):
+    # "auto" replays recorded graphs per shape bucket where every expert is
+    # resident (B3) on CUDA, eager elsewhere; "off" (default) always eager
+    cuda_graphs: str = "off"
     # before the clock: "short" (one 2-token request: kernels, allocator,
     # first copies), "workload" (the run's own shape: as many requests as it
     # runs at once, its prompt and output lengths, random ids, so every batch
@@ -273,6 +277,8 @@ class RunSpec:
             )
         if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
+        if self.cuda_graphs not in ("off", "auto"):
+            raise ValueError(f"cuda_graphs must be off or auto, got {self.cuda_graphs!r}")
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         from .distributed_run import check_spec
@@ -739,6 +745,7 @@ def _run(
         token_budget=spec.token_budget or spec.concurrency * spec.block_size,
         seed=spec.seed,
         host_experts=spec.host_mode,
+        cuda_graphs=spec.cuda_graphs,
     )
     if spec.gpus > 1:
         from pdflash.distributed import replicated_config
@@ -1441,6 +1448,7 @@ def _result(
     breakdown = _verify_breakdown(engine.timer, spec.breakdown)
     row.setdefault("not_measured", {}).update(breakdown.pop("not_measured", {}))
     row.update(breakdown)
+    row["cuda_graphs"] = _graph_fields(engine, spec)
     row["slo_s"] = spec.slo_s
     if spec.slo_s is None:
         row.setdefault("not_measured", {})["slo_s"] = "no per-request SLO set (RunSpec.slo_s)"
@@ -1572,16 +1580,40 @@ def _add_trace_fields(
         row["not_measured"] = reasons
 
 
+def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
+    """The row's ``cuda_graphs``: the setting, whether graphs ran, and the
+    graph runner's counters over the measured steps for the target's
+    verify forward and (``draft``) the drafter's (captures made during the
+    warm-up are not in ``captures``; ``graphs_held`` counts them)."""
+    graphs = engine.runner.graphs
+    if graphs is None:
+        why = "cuda_graphs off" if spec.cuda_graphs == "off" else "not a CUDA device"
+        return {"setting": spec.cuda_graphs, "state": "off", "why_off": why}
+    out: dict[str, Any] = {"setting": spec.cuda_graphs, "backend": graphs.backend.name}
+    out.update(graphs.stats.as_dict())
+    out["state"] = "on" if graphs.stats.replays else "on_no_replay"
+    out["graphs_held"] = graphs.num_graphs
+    out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}
+    if graphs.failures:
+        out["capture_errors"] = graphs.failures
+    return out
+
+
 def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:
     """Per verify step: the target forward's attention, router and experts
     (summed over layers), the drafter, and the rest of the verify span (the
     embedding, lm_head, bookkeeping kernels and the stream idling while the
-    host issues work: host gaps), in ms."""
+    host issues work: host gaps), in ms. Steps replayed as CUDA graphs are
+    one region, ``graphed`` (every layer's attention, router and experts
+    together; the parts are not separable inside a replay)."""
     steps = timer.kind_count("verify")
     if not enabled or steps == 0:
         reason = "RunSpec.breakdown is off" if not enabled else "no verify step ran"
         return {"verify_breakdown_ms": None, "not_measured": {"verify_breakdown_ms": reason}}
     parts = {n: timer.region_s("verify", n) or 0.0 for n in ("attention", "router", "experts")}
+    graphed = timer.region_s("verify", "graphed")
+    if graphed is not None:
+        parts["graphed"] = graphed
     total = timer.kind_s("verify")
     out = {f"{n}_ms": 1e3 * v / steps for n, v in parts.items()}
     out["other_and_host_gaps_ms"] = 1e3 * (total - sum(parts.values())) / steps
@@ -1589,6 +1621,12 @@ def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:
     drafts = timer.kind_count("draft")
     out["draft_ms_per_verify"] = 1e3 * timer.kind_s("draft") / steps if drafts else 0.0
     out["timing_method"] = timer.method
+    if graphed is not None:
+        out["graphed_note"] = (
+            "replayed CUDA graphs are one region: graphed_ms holds the attention and router "
+            "of every replayed step (and its experts when the whole step is one graph); "
+            "attention/router/experts_ms hold only what ran eagerly"
+        )
     return {"verify_breakdown_ms": out, "verify_steps": steps}
 
 

@@ -131,6 +131,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="time each verify's attention / router / experts (row field verify_breakdown_ms)",
     )
+    parser.add_argument(
+        "--cuda-graphs",
+        type=_graph_settings,
+        default=["off"],
+        help="CUDA graphs per shape bucket on CUDA (auto): B3's verify forward as one graph, "
+        "the offloaded baselines' as pieces (attention and router replayed, experts eager), "
+        "the drafter's forward as one graph; off (default) runs everything eagerly; a comma "
+        "list (off,auto) runs each setting in turn within every repeat (interleaved); rows "
+        "record cuda_graphs (captures, replays, piecewise steps, eager fallbacks); "
+        "--breakdown then times the replayed parts as one region, graphed_ms",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -139,6 +150,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="also append the rows to OUT/rows.jsonl (for `pdflash-bench report OUT`)",
     )
+
+
+def _graph_settings(text: str) -> list[str]:
+    """``--cuda-graphs``: ``off``, ``auto`` or a comma list of them."""
+    settings = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in settings if t not in ("off", "auto")]
+    if bad or not settings:
+        raise argparse.ArgumentTypeError(f"use off, auto or a comma list of them, got {text!r}")
+    return settings
 
 
 def add_gpu_arguments(parser: argparse._ActionsContainer) -> None:
@@ -273,7 +293,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates: list[float | None] = list(args.rate) if args.arrivals == "poisson" else [None]
     for conc, rate in itertools.product(args.concurrency, rates):
         for repeat in range(args.repeats):
-            for baseline in baselines:
+            for baseline, graphs in itertools.product(baselines, args.cuda_graphs):
                 spec = RunSpec(
                     arch=args.arch,
                     baseline=baseline,
@@ -314,6 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     synthetic_weights=args.synthetic_weights,
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
+                    cuda_graphs=graphs,
                     gpus=args.gpus,
                     placement=args.placement,
                     **realtext_kwargs(args),
@@ -340,6 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"queue p99={_fmt(row.get('queue_delay_p99_s'))}s "
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
                     f"host={_fmt(row.get('host_served_experts'))} "
+                    f"graphs={row['cuda_graphs']['state']} "
                     f"{gpus_txt}"
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,

@@ -53,6 +53,7 @@ ABLATIONS = ("PD-all-on", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", 
 BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
+CUDA_GRAPHS = ("off", "auto")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,12 @@ class EngineConfig:
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
             Default off until measured on the GPU.
+        cuda_graphs: ``off`` or ``auto``: on CUDA, steps replay recorded CUDA
+            graphs per shape bucket (:mod:`pdflash.engine.graphs`): a verify
+            whose every expert is resident (B3) as one graph, other verifies
+            as pieces with the experts eager between them, the drafter's
+            forward as one graph; prefills, and every step on the CPU, run
+            eagerly. Default off until checked on the GPU.
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
     """
@@ -118,6 +125,7 @@ class EngineConfig:
     parts_controller: bool = False
     all_resident: bool = False
     host_experts: str = "off"
+    cuda_graphs: str = "off"
     kv_page_size: int = 16
     seed: int = 0
 
@@ -146,6 +154,8 @@ class EngineConfig:
             raise ValueError(
                 f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"
             )
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPHS}, got {self.cuda_graphs!r}")
         if self.host_experts != "off" and self.all_resident:
             raise ValueError("host_experts needs offloaded experts (all_resident is set)")
         if self.kv_page_size < 1:

@@ -31,9 +31,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,6 +42,9 @@ from torch.nn import functional as F
 from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.protocols import AttentionSpec
+
+if TYPE_CHECKING:
+    from pdflash.engine.graphs import GraphRunner
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -241,6 +244,26 @@ class DraftItem:
     block_len: int
 
 
+@dataclass
+class DraftPlan:
+    """A draft forward's host-side layout (:meth:`DFlashDrafter.forward_blocks`):
+    the new context rows' and block rows' KV slots and positions (flat in
+    item order), each item's block length, query positions and key slots /
+    positions, and the context length each item keeps."""
+
+    n_ctx: int
+    n_blk: int
+    block_lens: list[int]
+    ctx_slots: list[int] = field(default_factory=list)
+    ctx_pos: list[int] = field(default_factory=list)
+    blk_slots: list[int] = field(default_factory=list)
+    blk_pos: list[int] = field(default_factory=list)
+    q_pos: list[list[int]] = field(default_factory=list)
+    k_slots: list[list[int]] = field(default_factory=list)
+    k_pos: list[list[int]] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)
+
+
 class DFlashDrafter(nn.Module):
     """A DFlash draft model over a paged context cache."""
 
@@ -265,8 +288,16 @@ class DFlashDrafter(nn.Module):
         return self.cfg.target_layer_ids
 
     def new_kv_cache(
-        self, *, num_pages: int, page_size: int, device: torch.device | str, dtype: torch.dtype
+        self,
+        *,
+        num_pages: int,
+        page_size: int,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        scratch: bool = False,
     ) -> PagedKVCache:
+        """The drafter's context cache; ``scratch``: with the scratch row
+        padded (graphed) draft forwards write to."""
         return PagedKVCache(
             num_layers=self.cfg.num_hidden_layers,
             num_kv_heads=self.cfg.num_key_value_heads,
@@ -275,6 +306,7 @@ class DFlashDrafter(nn.Module):
             num_pages=num_pages,
             dtype=dtype,
             device=device,
+            scratch=scratch,
         )
 
     def rope(
@@ -290,6 +322,7 @@ class DFlashDrafter(nn.Module):
         block_embeddings: torch.Tensor,
         items: list[DraftItem],
         kv: PagedKVCache,
+        graphs: GraphRunner | None = None,
     ) -> torch.Tensor:
         """Denoise every item's block in one forward.
 
@@ -297,6 +330,8 @@ class DFlashDrafter(nn.Module):
         ``block_embeddings [sum block_len, hidden]`` are flat in item order.
         Returns the final-normed hidden states ``[sum block_len, hidden]``.
         The new context is appended to ``kv``; the block is not kept.
+        ``graphs``: replay the step as a recorded CUDA graph where it can
+        (:meth:`pdflash.engine.graphs.GraphRunner.draft_forward`).
         """
         device = block_embeddings.device
         n_ctx = sum(it.num_new_context for it in items)
@@ -306,88 +341,104 @@ class DFlashDrafter(nn.Module):
                 f"got {context_features.shape[0]} context rows / {block_embeddings.shape[0]} "
                 f"block rows, items need {n_ctx} / {n_blk}"
             )
-        # slots: new context (kept) then the block (temporary) per item
-        ctx_slots: list[int] = []
-        ctx_pos: list[int] = []
-        blk_slots: list[int] = []
-        blk_pos: list[int] = []
-        q_rows: list[list[int]] = []
-        q_pos: list[list[int]] = []
-        k_slots: list[list[int]] = []
-        k_pos: list[list[int]] = []
-        committed: list[int] = []
-        row = 0
+        plan = DraftPlan(n_ctx=n_ctx, n_blk=n_blk, block_lens=[it.block_len for it in items])
         try:
             for it in items:
                 start = kv.length(it.seq_id)
-                committed.append(start + it.num_new_context)
+                plan.committed.append(start + it.num_new_context)
                 kv.reserve(it.seq_id, start + it.num_new_context + it.block_len)
                 kv.grow(it.seq_id, it.num_new_context + it.block_len)
                 anchor = start + it.num_new_context
-                ctx_slots += kv.slot_list(it.seq_id, start, anchor)
-                ctx_pos += list(range(start, anchor))
-                blk_slots += kv.slot_list(it.seq_id, anchor, anchor + it.block_len)
-                blk_pos += list(range(anchor, anchor + it.block_len))
-                q_rows.append(list(range(row, row + it.block_len)))
-                q_pos.append(list(range(anchor, anchor + it.block_len)))
+                plan.ctx_slots += kv.slot_list(it.seq_id, start, anchor)
+                plan.ctx_pos += list(range(start, anchor))
+                plan.blk_slots += kv.slot_list(it.seq_id, anchor, anchor + it.block_len)
+                plan.blk_pos += list(range(anchor, anchor + it.block_len))
+                plan.q_pos.append(list(range(anchor, anchor + it.block_len)))
                 total = anchor + it.block_len
-                k_slots.append(kv.slot_list(it.seq_id, 0, total))
-                k_pos.append(list(range(total)))
+                plan.k_slots.append(kv.slot_list(it.seq_id, 0, total))
+                plan.k_pos.append(list(range(total)))
+            if graphs is not None:
+                out = graphs.draft_forward(self, kv, plan, context_features, block_embeddings)
+                if out is not None:
+                    return out
+            q_rows: list[list[int]] = []
+            row = 0
+            for it in items:
+                q_rows.append(list(range(row, row + it.block_len)))
                 row += it.block_len
             batch = AttentionBatch.build(
-                q_rows, q_pos, k_slots, k_pos, n_blk, device, null_slot=kv.null_slot
+                q_rows, plan.q_pos, plan.k_slots, plan.k_pos, n_blk, device, null_slot=kv.null_slot
             )
             # block rows then new-context rows: their keys/values are computed
             # and written together (one k/v projection and one KV write per layer)
-            (kv_slot_t, kv_pos_t) = device_int64([blk_slots + ctx_slots, blk_pos + ctx_pos], device)
-            x = block_embeddings
-            target_hidden = self.hidden_norm(self.fc(context_features.to(x.dtype)))
-            cc_all, ss_all = rope_tables(*self.rope(kv_pos_t, x))
-            cc_b, ss_b = cc_all[:n_blk], ss_all[:n_blk]
-            cfg = self.cfg
-            d = cfg.head_dim
-            specs = [
-                AttentionSpec(
-                    num_heads=cfg.num_attention_heads,
-                    num_kv_heads=cfg.num_key_value_heads,
-                    head_dim=d,
-                    scaling=d**-0.5,
-                    sliding_window=cfg.layer_window(li),
-                    has_sinks=False,
-                )
-                for li in range(len(self.layers))
-            ]
-            for li, layer in enumerate(self.layers):
-                assert isinstance(layer, _Layer)
-                attn = layer.self_attn
-                h = layer.input_layernorm(x)
-                q = attn.q_norm(attn.q_proj(h).view(n_blk, -1, d))
-                q = apply_rope_tables(q, cc_b, ss_b)
-                kv_in = torch.cat([h, target_hidden]) if n_ctx else h
-                k_new = apply_rope_tables(
-                    attn.k_norm(attn.k_proj(kv_in).view(n_blk + n_ctx, -1, d)), cc_all, ss_all
-                )
-                v_new = attn.v_proj(kv_in).view(n_blk + n_ctx, -1, d)
-                kv.write(li, kv_slot_t, k_new, v_new)
-                out = paged_attention(
-                    q,
-                    kv.k[li],
-                    kv.v[li],
-                    batch,
-                    specs[li],
-                    None,
-                    fused=self.fused_attention,
-                    causal=cfg.layer_is_causal(li),
-                )
-                x = x + attn.o_proj(out)
-                x = x + layer.mlp(layer.post_attention_layernorm(x))
-            result: torch.Tensor = self.norm(x)
-            return result
+            (kv_slot_t, kv_pos_t) = device_int64(
+                [plan.blk_slots + plan.ctx_slots, plan.blk_pos + plan.ctx_pos], device
+            )
+            return self.run_blocks(
+                context_features, block_embeddings, batch, kv_slot_t, kv_pos_t, kv
+            )
         finally:
             # keep exactly the committed context, whatever happened above
-            for it, length in zip(items, committed, strict=False):
+            for it, length in zip(items, plan.committed, strict=False):
                 if kv.has(it.seq_id) and kv.length(it.seq_id) > length:
                     kv.truncate(it.seq_id, length)
+
+    def run_blocks(
+        self,
+        context_features: torch.Tensor,
+        block_embeddings: torch.Tensor,
+        batch: AttentionBatch,
+        kv_slot_t: torch.Tensor,
+        kv_pos_t: torch.Tensor,
+        kv: PagedKVCache,
+    ) -> torch.Tensor:
+        """The device part of :meth:`forward_blocks`: ``block_embeddings``
+        rows are the queries, every block row then every context row writes
+        its K/V at ``kv_slot_t`` (positions ``kv_pos_t``). No host sync."""
+        x = block_embeddings
+        n_blk, n_ctx = int(x.shape[0]), int(context_features.shape[0])
+        target_hidden = self.hidden_norm(self.fc(context_features.to(x.dtype)))
+        cc_all, ss_all = rope_tables(*self.rope(kv_pos_t, x))
+        cc_b, ss_b = cc_all[:n_blk], ss_all[:n_blk]
+        cfg = self.cfg
+        d = cfg.head_dim
+        specs = [
+            AttentionSpec(
+                num_heads=cfg.num_attention_heads,
+                num_kv_heads=cfg.num_key_value_heads,
+                head_dim=d,
+                scaling=d**-0.5,
+                sliding_window=cfg.layer_window(li),
+                has_sinks=False,
+            )
+            for li in range(len(self.layers))
+        ]
+        for li, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_norm(attn.q_proj(h).view(n_blk, -1, d))
+            q = apply_rope_tables(q, cc_b, ss_b)
+            kv_in = torch.cat([h, target_hidden]) if n_ctx else h
+            k_new = apply_rope_tables(
+                attn.k_norm(attn.k_proj(kv_in).view(n_blk + n_ctx, -1, d)), cc_all, ss_all
+            )
+            v_new = attn.v_proj(kv_in).view(n_blk + n_ctx, -1, d)
+            kv.write(li, kv_slot_t, k_new, v_new)
+            out = paged_attention(
+                q,
+                kv.k[li],
+                kv.v[li],
+                batch,
+                specs[li],
+                None,
+                fused=self.fused_attention,
+                causal=cfg.layer_is_causal(li),
+            )
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        result: torch.Tensor = self.norm(x)
+        return result
 
     def logits(
         self, hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor]

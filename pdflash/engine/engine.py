@@ -65,6 +65,7 @@ import torch
 from pdflash._guard import BusyGuard
 from pdflash.engine import pd_controller, validation
 from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
+from pdflash.engine.attention import device_int64
 from pdflash.engine.batching import (
     BatchDecision,
     FCFSBatcher,
@@ -73,6 +74,7 @@ from pdflash.engine.batching import (
 )
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
+from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.prefetch import ExpertPrefetcher, StreamingPrefetcher
 from pdflash.engine.replay import RoutingSource
@@ -187,6 +189,11 @@ class Engine:
             :class:`~pdflash.engine.pd_controller.PDController` when
             ``config.parts_controller`` is set, else none (the parts run as
             configured).
+        graphs: a :class:`~pdflash.engine.graphs.GraphRunner` the target
+            forward and the drafter replay their steps through (any device; e.g. with the
+            :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
+            one over CUDA graphs when ``config.cuda_graphs`` is ``auto`` and
+            the device is CUDA, else none.
     """
 
     def __init__(
@@ -209,6 +216,7 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         max_finished: int | None = None,
         controller: pd_controller.PartsPolicy | None = None,
+        graphs: GraphRunner | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -286,17 +294,29 @@ class Engine:
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
         num_pages = self._pages_per_seq * config.max_running
         dtype = kv_dtype or _param_dtype(adapter)
+        if graphs is None and config.cuda_graphs == "auto" and self.device.type == "cuda":
+            graphs = GraphRunner(CudaGraphBackend(self.device))
         self.kv = kv_cache_for(
-            adapter, page_size=ps, num_pages=num_pages, dtype=dtype, device=self.device
+            adapter,
+            page_size=ps,
+            num_pages=num_pages,
+            dtype=dtype,
+            device=self.device,
+            scratch=graphs is not None,  # the padded rows' writes
         )
         self.draft_kv: PagedKVCache | None = None
         capture: tuple[int, ...] = ()
         if self.drafter is not None:
             self.draft_kv = self.drafter.new_kv_cache(
-                num_pages=num_pages, page_size=ps, device=self.device, dtype=dtype
+                num_pages=num_pages,
+                page_size=ps,
+                device=self.device,
+                dtype=dtype,
+                scratch=graphs is not None,
             )
             capture = self.drafter.target_layer_ids
         self.runner = TargetRunner(adapter, self.kv, capture_layers=capture, device=self.device)
+        self.runner.graphs = graphs
         self.routing = routing
         self.runner.routing = routing
         before_layer = getattr(getattr(expert_cache, "policy", None), "before_layer", None)
@@ -506,6 +526,8 @@ class Engine:
                 self.host_service.books.reset()
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()
+            if self.runner.graphs is not None:
+                self.runner.graphs.reset_stats()
 
     def request(self, request_id: int) -> Request:
         return self.requests.get(request_id)
@@ -834,23 +856,21 @@ class Engine:
             items.append(DraftItem(req.request_id, int(pc.shape[0]), n + 1))
             ctx.append(pc)
             blocks += [req.anchor] + [mask] * n
-        block_ids = torch.tensor(blocks, dtype=torch.int64, device=self.device)
+        # one LM-head call over every block's MASK rows (row 0 is the anchor)
+        starts = np.cumsum([0] + [n + 1 for _, n in todo])
+        rows = [
+            r for (_, n), s in zip(todo, starts[:-1], strict=True) for r in range(s + 1, s + n + 1)
+        ]
+        # NOTE: both index lists in one asynchronous copy from pinned memory
+        # (a tensor built on the device from a list waits for the stream)
+        block_ids, mask_rows = device_int64([blocks, rows], self.device)
         with self.timer.forward("draft"):
             emb = self.adapter.embed(block_ids)
             scale = drafter.cfg.input_embedding_scale
             if scale != 1.0:
                 emb = emb * scale
-            hidden = drafter.forward_blocks(torch.cat(ctx), emb, items, self.draft_kv)
-            # one LM-head call over every block's MASK rows (row 0 is the anchor)
-            starts = np.cumsum([0] + [n + 1 for _, n in todo])
-            mask_rows = torch.tensor(
-                [
-                    r
-                    for (_, n), s in zip(todo, starts[:-1], strict=True)
-                    for r in range(s + 1, s + n + 1)
-                ],
-                dtype=torch.int64,
-                device=self.device,
+            hidden = drafter.forward_blocks(
+                torch.cat(ctx), emb, items, self.draft_kv, graphs=self.runner.graphs
             )
             all_logits = drafter.logits(hidden[mask_rows], self.adapter.lm_head).float()
             greedy_all = torch.argmax(all_logits, dim=-1)

@@ -2,7 +2,9 @@
 
 Every layer has one K and one V tensor of shape
 ``[num_pages * page_size + 1, kv_heads, head_dim]`` (the last row, the
-:attr:`~PagedKVCache.null_slot`, is never written and stays zero); a sequence owns a list of
+:attr:`~PagedKVCache.null_slot`, is never written and stays zero; built with
+``scratch=True`` one more row, the :attr:`~PagedKVCache.scratch_slot`, takes
+the writes of padded rows that no key ever reads); a sequence owns a list of
 pages (its block table) and a length. A token at position ``p`` of a sequence
 lives in flat slot ``table[p // page_size] * page_size + p % page_size`` of
 every layer. Rolling back to a shorter length frees the pages past it;
@@ -31,6 +33,7 @@ class PagedKVCache:
         num_pages: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        scratch: bool = False,
     ) -> None:
         for name, value in (
             ("num_layers", num_layers),
@@ -51,7 +54,12 @@ class PagedKVCache:
         #: a slot past every page that stays zero: attention's padded keys
         #: and gpt-oss's sink key read it (no per-layer zeroing)
         self.null_slot = num_pages * page_size
-        shape = (num_pages * page_size + 1, num_kv_heads, head_dim)
+        #: a slot past the null slot (None unless built with ``scratch``):
+        #: padded rows of a bucketed forward (:mod:`pdflash.engine.graphs`)
+        #: write their K/V here; no key reads it
+        self.scratch_slot: int | None = self.null_slot + 1 if scratch else None
+        rows = num_pages * page_size + (2 if scratch else 1)
+        shape = (rows, num_kv_heads, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         # NOTE: a stack, so a freed page is reused first (warm in cache) and

@@ -29,14 +29,20 @@ CUDA, and why each remains:
   the scheduler, the caches' accounting and the Belady trace. The engine
   then reads the logits it accepts with (one batched copy for greedy
   requests).
+
+With :attr:`TargetRunner.graphs` set (:mod:`pdflash.engine.graphs`), a
+verify step whose every expert is resident and that no layer hook or
+routing source sees runs as one replayed CUDA graph of :meth:`run_layers`
+over padded static buffers; its syncs are the same (none before the end,
+the routing grid at the end). Every other step runs as described above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
-from typing import Protocol, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +52,9 @@ from pdflash.engine.attention import AttentionBatch, device_int64, paged_attenti
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
+
+if TYPE_CHECKING:
+    from pdflash.engine.graphs import GraphRunner
 
 
 class RegionTimer(Protocol):
@@ -79,6 +88,26 @@ class Chunk:
 
 
 @dataclass
+class StepPlan:
+    """A forward's host-side layout: every chunk's KV start and token count,
+    the flat rows' new KV slots and positions, each request's query rows /
+    positions and key slots / positions (for :class:`AttentionBatch`), each
+    row's chunk and the rows whose logits are wanted."""
+
+    starts: list[int]
+    lens: list[int]
+    total: int
+    new_slots: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    q_rows: list[list[int]] = field(default_factory=list)
+    q_pos: list[list[int]] = field(default_factory=list)
+    k_slots: list[list[int]] = field(default_factory=list)
+    k_pos: list[list[int]] = field(default_factory=list)
+    row_chunk: list[int] = field(default_factory=list)
+    want: list[int] = field(default_factory=list)
+
+
+@dataclass
 class ForwardOutput:
     logits: list[torch.Tensor]  # per chunk: [n, V] or [1, V]
     features: list[torch.Tensor]  # per chunk: [n, len(capture) * hidden] (empty if no capture)
@@ -93,9 +122,11 @@ def kv_cache_for(
     num_pages: int,
     dtype: torch.dtype,
     device: torch.device | str,
+    scratch: bool = False,
 ) -> PagedKVCache:
     """A paged KV cache shaped for the adapter's attention (uniform over
-    layers; one per decoder layer, dense ones included)."""
+    layers; one per decoder layer, dense ones included); ``scratch``: with
+    the scratch row padded forwards write to (:class:`PagedKVCache`)."""
     num_decoder_layers = len(decoder_layer_plan(adapter))
     specs = [adapter.attention_spec(i) for i in range(num_decoder_layers)]
     kvh = {s.num_kv_heads for s in specs}
@@ -110,6 +141,7 @@ def kv_cache_for(
         num_pages=num_pages,
         dtype=dtype,
         device=device,
+        scratch=scratch,
     )
 
 
@@ -127,8 +159,8 @@ class TargetRunner:
         #: per decoder layer: its MoE layer, or None (dense). Capture layers,
         #: attention and the KV are per decoder layer; the routing, the hooks
         #: and the observers see MoE layers (the expert grid's numbering).
-        self.plan = decoder_layer_plan(adapter)
-        n = len(self.plan)
+        self.plan_layers = decoder_layer_plan(adapter)
+        n = len(self.plan_layers)
         bad = [i for i in capture_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"capture layer {bad[0]} out of range for {n} layers")
@@ -139,7 +171,10 @@ class TargetRunner:
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
         #: called with each MoE layer index right before that layer's MoE runs
-        #: (e.g. a layer-cyclic eviction policy tracking the current layer)
+        #: (e.g. a layer-cyclic eviction policy tracking the current layer);
+        #: host-only: a replayed step (:attr:`graphs`, every expert resident,
+        #: so nothing is evicted during it) calls them for every MoE layer in
+        #: order right before the replay
         self.before_moe_hooks: list[Callable[[int], None]] = []
         #: called with (layer, topk_ids [T, k], residual [T, H] after the
         #: layer's attention) after ``before_moe_hooks``, right before that
@@ -152,144 +187,240 @@ class TargetRunner:
         #: when set, each layer's top-k experts come from it instead of the
         #: router (e.g. :class:`pdflash.engine.replay.TraceRouting`)
         self.routing: RoutingSource | None = None
+        #: when set, steps it can take run as replayed CUDA graphs
+        #: (:class:`pdflash.engine.graphs.GraphRunner`); the rest run eagerly
+        self.graphs: GraphRunner | None = None
 
     def _region(self, name: str) -> AbstractContextManager[None]:
         timer = self.region_timer
         return _untimed() if timer is None else timer.region(name)
 
-    @torch.no_grad()
-    def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
-        """Append every chunk's tokens to its KV and run the layers once.
+    @property
+    def hooked(self) -> str | None:
+        """Why a forward must run layer by layer on the host (observers,
+        routed hooks or a routing source see each layer's tensors), or None."""
+        if self.routing is not None:
+            return "routing_source"
+        if self.observers or self.routed_hooks:
+            return "layer_hooks"
+        return None
 
-        On any exception the KV of every chunk is rolled back to where it was.
-        """
-        ad = self.adapter
+    def plan(self, chunks: Sequence[Chunk]) -> StepPlan:
+        """Grow every chunk's KV (host bookkeeping) and lay out the forward's
+        index lists. The caller rolls the KV back on failure."""
         kv = self.kv
         starts = [kv.length(c.seq_id) for c in chunks]
         lens = [int(c.tokens.numel()) for c in chunks]
-        total = sum(lens)
+        p = StepPlan(starts=starts, lens=lens, total=sum(lens))
+        row = 0
+        for ci, (c, s, n) in enumerate(zip(chunks, starts, lens, strict=True)):
+            kv.grow(c.seq_id, n)
+            p.new_slots += kv.slot_list(c.seq_id, s, s + n)
+            p.positions += list(range(s, s + n))
+            p.q_rows.append(list(range(row, row + n)))
+            p.q_pos.append(list(range(s, s + n)))
+            p.k_slots.append(kv.slot_list(c.seq_id, 0, s + n))
+            p.k_pos.append(list(range(s + n)))
+            p.row_chunk += [ci] * n
+            p.want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
+            row += n
+        return p
+
+    @torch.no_grad()
+    def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
+        """Append every chunk's tokens to its KV and run the layers once
+        (through :attr:`graphs` where it takes the step, else eagerly).
+
+        On any exception the KV of every chunk is rolled back to where it was.
+        """
+        kv = self.kv
+        starts = [kv.length(c.seq_id) for c in chunks]
         try:
-            new_slots: list[int] = []
-            positions: list[int] = []
-            q_rows: list[list[int]] = []
-            q_pos: list[list[int]] = []
-            k_slots: list[list[int]] = []
-            k_pos: list[list[int]] = []
-            row_chunk: list[int] = []
-            want: list[int] = []  # rows whose logits are needed
-            row = 0
-            for ci, (c, s, n) in enumerate(zip(chunks, starts, lens, strict=True)):
-                kv.grow(c.seq_id, n)
-                new_slots += kv.slot_list(c.seq_id, s, s + n)
-                positions += list(range(s, s + n))
-                q_rows.append(list(range(row, row + n)))
-                q_pos.append(list(range(s, s + n)))
-                k_slots.append(kv.slot_list(c.seq_id, 0, s + n))
-                k_pos.append(list(range(s + n)))
-                row_chunk += [ci] * n
-                want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
-                row += n
-            dev = self.device
-            batch = AttentionBatch.build(
-                q_rows, q_pos, k_slots, k_pos, total, dev, null_slot=kv.null_slot
-            )
-            # one host->device copy for the forward's other index tensors
-            slots_t, pos_t, row_chunk_t, want_t = device_int64(
-                [new_slots, positions, row_chunk, want], dev
-            )
-            ids = (
-                torch.cat([c.tokens.to(dev) for c in chunks])
-                if chunks
-                else torch.zeros(0, dtype=torch.int64, device=dev)
-            )
-            if self.routing is not None:
-                self.routing.begin_forward(
-                    [(c.seq_id, s, c.tokens) for c, s in zip(chunks, starts, strict=True)]
-                )
-            x = ad.embed(ids)
-            captured: dict[int, torch.Tensor] = {}
-            routed = torch.zeros(
-                (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
-            )
-            #: each top-k choice's chunk (the same for every layer)
-            chunk_of_choice: torch.Tensor | None = None
-            for decoder_layer, moe_layer in enumerate(self.plan):
-                spec = self.specs[decoder_layer]
-                with self._region("attention"):
-                    h = ad.input_norm(decoder_layer, x)
-                    q, k, v = ad.project_qkv(decoder_layer, h, pos_t)
-                    kv.write(decoder_layer, slots_t, k, v)
-                    attn = paged_attention(
-                        q,
-                        kv.k[decoder_layer],
-                        kv.v[decoder_layer],
-                        batch,
-                        spec,
-                        ad.attention_sinks(decoder_layer),
-                    )
-                    x = x + ad.project_out(decoder_layer, attn.to(x.dtype))
-                if moe_layer is None:  # a dense layer: its resident MLP, no routing
-                    with self._region("dense_mlp"):
-                        x = x + cast(DenseLayerAdapter, ad).dense_mlp(decoder_layer, x)
-                    if decoder_layer in self.capture_layers:
-                        captured[decoder_layer] = x
-                    continue
-                layer = moe_layer
-                with self._region("router"):
-                    normed = ad.moe_norm(layer, x)
-                    topk_ids, topk_weights = ad.route(layer, normed)
-                    if self.routing is not None:
-                        topk_ids, topk_weights = self.routing.route(
-                            layer, normed, topk_ids, topk_weights
-                        )
-                    if chunk_of_choice is None or chunk_of_choice.numel() != topk_ids.numel():
-                        k_top = topk_ids.shape[1]
-                        chunk_of_choice = row_chunk_t[:, None].expand(-1, k_top).reshape(-1)
-                    routed[chunk_of_choice, layer, topk_ids.reshape(-1)] = True
-                for hook in self.before_moe_hooks:
-                    hook(layer)
-                for rhook in self.routed_hooks:
-                    rhook(layer, topk_ids, x)
-                with self._region("experts"):
-                    # adapters that take the routing avoid a second router pass
-                    moe_routed = getattr(ad, "moe_routed", None)
-                    if moe_routed is not None:
-                        x = x + moe_routed(layer, normed, topk_ids, topk_weights)
-                    elif self.routing is not None:
-                        raise RuntimeError(
-                            "a routing source needs an adapter with moe_routed (moe() routes "
-                            "with its own router)"
-                        )
-                    else:
-                        x = x + ad.moe(layer, normed)
-                for obs in self.observers:
-                    obs.after_layer(layer, x, topk_ids)
-                if decoder_layer in self.capture_layers:
-                    captured[decoder_layer] = x
-            # logits only for the rows that need them
-            logits_all = ad.lm_head(ad.final_norm(x[want_t])).float()
-            logits: list[torch.Tensor] = []
-            i = 0
-            for c, n in zip(chunks, lens, strict=True):
-                m = n if c.all_logits else 1
-                logits.append(logits_all[i : i + m])
-                i += m
-            features: list[torch.Tensor] = []
-            if self.capture_layers:
-                feat = torch.cat([captured[i] for i in self.capture_layers], dim=-1)
-                features = list(torch.split(feat, lens))
-            routed_np = routed.cpu().numpy()
-            union: npt.NDArray[np.bool_] = np.asarray(routed_np.any(axis=0), dtype=np.bool_)
-            e = ad.num_experts
-            needed = [
-                np.flatnonzero(union[layer]).astype(np.int64) + layer * e
-                for layer in range(ad.num_layers)
-            ]
-            return ForwardOutput(
-                logits=logits, features=features, routed=routed_np, needed_flat=needed
-            )
+            plan = self.plan(chunks)
+            if self.graphs is not None:
+                out = self.graphs.forward(self, chunks, plan)
+                if out is not None:
+                    return out
+            return self._forward_eager(chunks, plan)
         except BaseException:
             for c, s in zip(chunks, starts, strict=False):
                 if kv.has(c.seq_id) and kv.length(c.seq_id) > s:
                     kv.truncate(c.seq_id, s)
             raise
+
+    def _forward_eager(self, chunks: Sequence[Chunk], plan: StepPlan) -> ForwardOutput:
+        ad = self.adapter
+        dev = self.device
+        batch = AttentionBatch.build(
+            plan.q_rows,
+            plan.q_pos,
+            plan.k_slots,
+            plan.k_pos,
+            plan.total,
+            dev,
+            null_slot=self.kv.null_slot,
+        )
+        # one host->device copy for the forward's other index tensors
+        slots_t, pos_t, row_chunk_t, want_t = device_int64(
+            [plan.new_slots, plan.positions, plan.row_chunk, plan.want], dev
+        )
+        ids = (
+            torch.cat([c.tokens.to(dev) for c in chunks])
+            if chunks
+            else torch.zeros(0, dtype=torch.int64, device=dev)
+        )
+        if self.routing is not None:
+            self.routing.begin_forward(
+                [(c.seq_id, s, c.tokens) for c, s in zip(chunks, plan.starts, strict=True)]
+            )
+        routed = torch.zeros(
+            (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
+        )
+        x, captured = self.run_layers(ids, pos_t, slots_t, batch, row_chunk_t, routed)
+        logits_all = ad.lm_head(ad.final_norm(x[want_t])).float()
+        features: list[torch.Tensor] = []
+        if self.capture_layers:
+            feat = torch.cat([captured[i] for i in self.capture_layers], dim=-1)
+            features = list(torch.split(feat, plan.lens))
+        return self.finish(chunks, plan, logits_all, features, routed.cpu().numpy())
+
+    def run_layers(
+        self,
+        ids: torch.Tensor,
+        pos_t: torch.Tensor,
+        slots_t: torch.Tensor,
+        batch: AttentionBatch,
+        row_chunk_t: torch.Tensor,
+        routed: torch.Tensor,
+        topk_out: list[torch.Tensor] | None = None,
+        *,
+        host_hooks: bool = True,
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The device part of a forward: embed ``ids``, write each layer's
+        K/V at ``slots_t`` and run every layer; marks ``routed[chunk, layer,
+        expert]`` for each row's chunk (``row_chunk_t``). Returns the last
+        residual ``[T, H]`` and the residual at each capture layer.
+        ``topk_out``: collects each MoE layer's top-k ids ``[T, k]``.
+        ``host_hooks`` False: :attr:`before_moe_hooks` are not called (a
+        recording; the replay calls them). No host sync unless the MoE block
+        or a hook needs one (module docstring)."""
+        ad = self.adapter
+        x = ad.embed(ids)
+        captured: dict[int, torch.Tensor] = {}
+        #: each top-k choice's chunk (the same for every layer)
+        chunk_of_choice: list[torch.Tensor] = []
+        for decoder_layer, moe_layer in enumerate(self.plan_layers):
+            x = self.attention_block(decoder_layer, x, pos_t, slots_t, batch)
+            if moe_layer is None:  # a dense layer: its resident MLP, no routing
+                x = self.dense_block(decoder_layer, x)
+                if decoder_layer in self.capture_layers:
+                    captured[decoder_layer] = x
+                continue
+            layer = moe_layer
+            normed, topk_ids, topk_weights = self.route_block(
+                layer, x, row_chunk_t, routed, chunk_of_choice
+            )
+            if topk_out is not None:
+                topk_out.append(topk_ids)
+            if host_hooks:
+                for hook in self.before_moe_hooks:
+                    hook(layer)
+            for rhook in self.routed_hooks:
+                rhook(layer, topk_ids, x)
+            with self._region("experts"):
+                # adapters that take the routing avoid a second router pass
+                moe_routed = getattr(ad, "moe_routed", None)
+                if moe_routed is not None:
+                    x = x + moe_routed(layer, normed, topk_ids, topk_weights)
+                elif self.routing is not None:
+                    raise RuntimeError(
+                        "a routing source needs an adapter with moe_routed (moe() routes "
+                        "with its own router)"
+                    )
+                else:
+                    x = x + ad.moe(layer, normed)
+            for obs in self.observers:
+                obs.after_layer(layer, x, topk_ids)
+            if decoder_layer in self.capture_layers:
+                captured[decoder_layer] = x
+        return x, captured
+
+    def attention_block(
+        self,
+        decoder_layer: int,
+        x: torch.Tensor,
+        pos_t: torch.Tensor,
+        slots_t: torch.Tensor,
+        batch: AttentionBatch,
+    ) -> torch.Tensor:
+        """A decoder layer's attention half: norm, q/k/v with rotary, the
+        K/V write at ``slots_t``, paged attention, output projection and
+        residual."""
+        ad = self.adapter
+        kv = self.kv
+        with self._region("attention"):
+            h = ad.input_norm(decoder_layer, x)
+            q, k, v = ad.project_qkv(decoder_layer, h, pos_t)
+            kv.write(decoder_layer, slots_t, k, v)
+            attn = paged_attention(
+                q,
+                kv.k[decoder_layer],
+                kv.v[decoder_layer],
+                batch,
+                self.specs[decoder_layer],
+                ad.attention_sinks(decoder_layer),
+            )
+            return x + ad.project_out(decoder_layer, attn.to(x.dtype))
+
+    def dense_block(self, decoder_layer: int, x: torch.Tensor) -> torch.Tensor:
+        """A dense decoder layer's MLP half (with its residual)."""
+        with self._region("dense_mlp"):
+            return x + cast(DenseLayerAdapter, self.adapter).dense_mlp(decoder_layer, x)
+
+    def route_block(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        row_chunk_t: torch.Tensor,
+        routed: torch.Tensor,
+        chunk_of_choice: list[torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """MoE layer ``layer``'s norm and routing (through :attr:`routing`
+        when set); marks ``routed[chunk, layer, expert]``. ``chunk_of_choice``
+        holds the per-choice chunk index once built (shared by the layers of
+        a forward). Returns ``(normed, topk_ids, topk_weights)``."""
+        ad = self.adapter
+        with self._region("router"):
+            normed = ad.moe_norm(layer, x)
+            topk_ids, topk_weights = ad.route(layer, normed)
+            if self.routing is not None:
+                topk_ids, topk_weights = self.routing.route(layer, normed, topk_ids, topk_weights)
+            if not chunk_of_choice or chunk_of_choice[0].numel() != topk_ids.numel():
+                k_top = topk_ids.shape[1]
+                chunk_of_choice[:] = [row_chunk_t[:, None].expand(-1, k_top).reshape(-1)]
+            routed[chunk_of_choice[0], layer, topk_ids.reshape(-1)] = True
+        return normed, topk_ids, topk_weights
+
+    def finish(
+        self,
+        chunks: Sequence[Chunk],
+        plan: StepPlan,
+        logits_all: torch.Tensor,
+        features: list[torch.Tensor],
+        routed_np: npt.NDArray[np.bool_],
+    ) -> ForwardOutput:
+        """Split the wanted rows' logits per chunk and derive the routed union."""
+        ad = self.adapter
+        logits: list[torch.Tensor] = []
+        i = 0
+        for c, n in zip(chunks, plan.lens, strict=True):
+            m = n if c.all_logits else 1
+            logits.append(logits_all[i : i + m])
+            i += m
+        union: npt.NDArray[np.bool_] = np.asarray(routed_np.any(axis=0), dtype=np.bool_)
+        e = ad.num_experts
+        needed = [
+            np.flatnonzero(union[layer]).astype(np.int64) + layer * e
+            for layer in range(ad.num_layers)
+        ]
+        return ForwardOutput(logits=logits, features=features, routed=routed_np, needed_flat=needed)

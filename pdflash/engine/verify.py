@@ -13,6 +13,7 @@ import numpy.typing as npt
 import torch
 
 from pdflash.engine.acceptance import AcceptanceModel
+from pdflash.engine.attention import device_int64
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.requests import Request
 from pdflash.engine.sampling import (
@@ -182,5 +183,8 @@ class Verifier:
 
 
 def anchor_tensor(reqs: Sequence[Request], device: torch.device) -> torch.Tensor:
-    """``[len(reqs)]`` int64 anchors on the device, in one copy."""
-    return torch.tensor([r.anchor for r in reqs], dtype=torch.int64, device=device)
+    """``[len(reqs)]`` int64 anchors on the device, in one asynchronous copy."""
+    anchors: list[int] = [int(r.anchor) for r in reqs if r.anchor is not None]
+    if len(anchors) != len(reqs):
+        raise ValueError("every request needs an anchor")
+    return device_int64([anchors], device)[0]

@@ -21,6 +21,12 @@ cache reads deferred routings back once when the host needs them (counters,
 an eviction choice), and an eviction waits on the event of the last kernels
 that read the victim slot (:mod:`pdflash.cache.expert_cache`).
 
+CUDA graphs (:mod:`pdflash.engine.graphs`): a forward whose every layer is
+resident runs inside :meth:`OffloadedMoE.unbooked` while it is captured, so
+only its kernels are recorded; :meth:`OffloadedMoE.pin_resident` and
+:meth:`OffloadedMoE.book_resident` do, around each replay, the cache's books
+the eager path does per layer (pins, access records, the slots' event).
+
 Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
 that one read of a layer's counts, the service picks the misses the host CPU
 computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
@@ -41,7 +47,8 @@ refuses a block holding a part it does not know (never drops one).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -192,6 +199,8 @@ class OffloadedMoE:
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
         ]
         self._slab_views: dict[str, torch.Tensor] = {}
+        #: inside :meth:`unbooked`: resident layers run their kernels only
+        self._unbooked = False
         self.grouped: GroupedExperts | None = None
         if grouped is not None and _grouped_mm is not None:
             slab = getattr(cache, "slab", None)
@@ -205,6 +214,79 @@ class OffloadedMoE:
     def path(self) -> str:
         """``grouped`` or ``loop`` (see the module docstring)."""
         return "grouped" if self.grouped is not None else "loop"
+
+    # -- CUDA-graph seam -------------------------------------------------------
+
+    def graph_blocker(self) -> str | None:
+        """Why the block's work cannot be recorded once and replayed now
+        (names the reason), or None: the grouped path, no route hooks, no
+        host service, every layer resident (so no layer reads its routing
+        on the host)."""
+        if self.grouped is None:
+            return "moe_loop_path"
+        if self.route_hooks:
+            return "moe_route_hooks"
+        if self.host_service is not None:
+            return "host_experts"
+        cache = self.cache
+        if not all(cache.layer_resident(layer) for layer in range(cache.num_layers)):
+            return "experts_not_resident"
+        return None
+
+    @contextmanager
+    def unbooked(self) -> Iterator[None]:
+        """Within: an all-resident layer launches its kernels and touches no
+        cache state (no pins, no access record, no event), which is what a
+        graph capture (and its warm-up) must record; any other layer raises.
+        The caller books each replay with :meth:`pin_resident` and
+        :meth:`book_resident`."""
+        before = self._unbooked
+        self._unbooked = True
+        try:
+            yield
+        finally:
+            self._unbooked = before
+
+    def pin_resident(self) -> list[npt.NDArray[np.int64]]:
+        """Before a replay: pin every layer (all resident, see
+        :meth:`graph_blocker`) as the eager path does per layer, and make the
+        stream wait for copies still in flight (no host sync). Returns each
+        layer's pinned ids (for :meth:`book_resident` or :meth:`abort_pins`).
+        Raises with nothing pinned if a layer is not resident."""
+        cache = self.cache
+        pinned: list[npt.NDArray[np.int64]] = []
+        try:
+            for layer in range(cache.num_layers):
+                ids, tickets = cache.pin_layer(layer)
+                pinned.append(ids)
+                if (tickets >= 0).any():
+                    cache.wait_ready(tickets)
+        except BaseException:
+            self.abort_pins(pinned)
+            raise
+        return pinned
+
+    def unpin_resident(self) -> None:
+        """Undo :meth:`pin_resident` when no step ran (no access to record)."""
+        for layer in range(self.cache.num_layers):
+            self.cache.unpin_layer(layer)
+
+    def abort_pins(self, pinned: Sequence[npt.NDArray[np.int64]]) -> None:
+        """Undo :meth:`pin_resident` after a failure (as the eager layer's
+        abort: copies not yet landed are dropped)."""
+        for ids in pinned:
+            self.cache.abort(ids)
+
+    def book_resident(self, topk_ids: Sequence[torch.Tensor]) -> None:
+        """After a replay: each layer's routing (``[T, k]`` device ids of the
+        real rows, owned by the caller) recorded as a deferred access, and
+        the layer unpinned (one event guards its slots), as the eager path."""
+        cache = self.cache
+        if len(topk_ids) != cache.num_layers:
+            raise ValueError(f"{len(topk_ids)} routings for {cache.num_layers} layers")
+        for layer, ids in enumerate(topk_ids):
+            cache.defer_access(layer, ids.reshape(-1).long())
+            cache.unpin_layer(layer)
 
     def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
         """Register ``hook(layer, topk_ids)``; returns a function that removes it."""
@@ -330,7 +412,11 @@ class OffloadedMoE:
         flat = topk_ids.reshape(-1).long()
         cache = self.cache
         y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-        if cache.layer_resident(layer):
+        if self._unbooked:
+            if not cache.layer_resident(layer):
+                raise RuntimeError(f"layer {layer} is not resident: it cannot run unbooked")
+            self._grouped_rows(x, k, self._layer_slots(layer)[flat], None, y_flat)
+        elif cache.layer_resident(layer):
             # Every expert of the layer holds a slot: nothing to copy whatever
             # the routing, so the host never reads it (no sync). The layer's
             # experts are pinned (without counting) so no eviction reuses a

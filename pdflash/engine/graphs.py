@@ -1,0 +1,1239 @@
+"""CUDA graphs for the target forward: record a step's kernels once per shape
+bucket, replay them for every later step of that bucket.
+
+A verify step of a few hundred tokens launches thousands of small kernels;
+on a fast GPU the host issuing them, not the GPU, sets the step's time. A
+:class:`GraphRunner` takes the steps it can (see :meth:`GraphRunner.forward`)
+and runs each as one replay of a recorded graph:
+
+* **Buckets.** A step of ``R`` requests with at most ``Nq`` tokens each and at
+  most ``Lk`` keys each is padded to the bucket ``(R_b, Nq_b, Lp_b)``: the
+  next request count in :attr:`GraphRunner.request_buckets`, the next power
+  of two of ``Nq`` and the next key width in :func:`key_buckets` above
+  ``Lk`` (``Lp_b`` includes the sink column; see
+  :class:`~pdflash.engine.attention.AttentionBatch`). Every request gets
+  ``Nq_b`` flat rows (request ``i``'s at ``i * Nq_b ..``), so the padded
+  batch is always ``uniform`` and the attention never gathers queries.
+* **Padding.** Padded rows are invalid queries (each sees key 0 only, so
+  its softmax is finite; its output is dropped), write their K/V to the KV
+  cache's scratch row (:attr:`~pdflash.engine.kv_cache.PagedKVCache.scratch_slot`,
+  never read), and count their routing against a dummy chunk (row ``R_b``
+  of the routing grid, never read back). Padded keys read the null slot
+  (always zero) and are masked. The real rows' results do not depend on the
+  padding (tested exactly on the CPU in fp32).
+* **Static buffers.** Each bucket owns one int64 device buffer for every
+  index the step needs (positions, KV slots, the attention batch's index
+  tensors, each row's chunk), filled by one host->device copy per step, and
+  the token-id buffer; the graph reads only these, its weights, the KV and
+  the expert slab. Its outputs (last residual, routing grid, each MoE
+  layer's top-k ids, the captured hidden states) are the tensors the
+  capture returned: a replay overwrites them, so everything that leaves the
+  step is gathered out of them (a new tensor) before the next replay.
+* **Outside the graph.** The host plan and the copies in, the final norm
+  and ``lm_head`` over the wanted rows, the routing grid's read-back (the
+  one host sync of the step, as in the eager forward), the expert cache's
+  books (:meth:`~pdflash.models.offload.OffloadedMoE.pin_resident` before,
+  :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after: the
+  pins, access records and slot event the eager layer does), and all
+  sampling and randomness.
+* **Whole-step graphs** need every expert resident and no host code that
+  sees a layer's tensors (observers, routed hooks); the host-only
+  ``before_moe_hooks`` (e.g. the layer-cyclic eviction policy's) are called
+  for every layer right before the replay. Otherwise the step runs as
+  pieces (below). The expert cache's device slot table is baked into a
+  graph: if the cache replaced it (a load or eviction), that bucket's graph
+  is dropped and captured again.
+* **Eager fallback**, counted per reason in :attr:`GraphRunner.stats`,
+  whenever a step cannot be replayed: a prefill (rows without logits), a
+  routing source, a KV cache without the scratch row, a step larger than
+  the largest bucket, a capture that failed for the bucket (never
+  retried), or (with ``piecewise`` off) the reasons above. At most
+  ``max_graphs`` buckets are kept; the least recently used makes room.
+
+**Piecewise steps** (:meth:`GraphRunner.piecewise_forward`): where the
+whole step cannot be one graph because of the experts or the layer hooks
+(:data:`PIECEWISE_REASONS`: the offloaded baselines), each MoE layer's
+attention and router, with the dense layers before it, is a piece
+(:func:`layer_spans`) recorded per bucket; between the replayed pieces the
+before-MoE hooks, the routed hooks, the MoE block (its copies, host syncs and
+books as in the eager forward), the residual and the observers run eagerly
+on the real rows only, so padded rows never route to an expert that would
+be copied. The residual entering the next piece is written into its static
+input buffer.
+
+**Check.** With ``validate`` (default), every new graph's first replay is
+compared with an eager run of the same step on the same static inputs
+(:func:`outputs_agree`); a graph that disagrees is dropped and its bucket
+runs eagerly from then on (reason ``replay_mismatch``).
+
+The drafter's forward (:meth:`GraphRunner.draft_forward`) is replayed the
+same way with its own buckets ``(R_b, Nq_b, C_b, Lp_b)``: ``C_b``, the new
+context rows of the step (the target features of the tokens the last
+verify accepted, all requests together), is the next power of two of at
+least 16; padded context rows write their K/V to the drafter's scratch row
+and are nobody's keys. It has no hooks and no expert books, so it is
+replayed under every baseline. Its counters are :attr:`GraphRunner.draft_stats`.
+
+The backend is a :class:`GraphBackend`: :class:`CudaGraphBackend` wraps
+``torch.cuda.CUDAGraph`` (an eager warm-up on a side stream, then the
+capture into one memory pool shared by every graph of the runner);
+:class:`EagerBackend` calls the step again on "replay" and copies its results
+into the first call's tensors, so the bucketing, padding, static buffers,
+books and fallbacks run (and are tested) on a CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from pdflash.engine.attention import KEY_ALIGN, AttentionBatch
+
+if TYPE_CHECKING:
+    from pdflash.engine.drafter import DFlashDrafter, DraftPlan
+    from pdflash.engine.kv_cache import PagedKVCache
+    from pdflash.engine.target import Chunk, ForwardOutput, StepPlan, TargetRunner
+    from pdflash.models.offload import OffloadedMoE
+
+#: a step's static outputs, in a fixed order (see :class:`_Entry`)
+Outputs = tuple[torch.Tensor, ...]
+
+#: why a whole-step graph is refused where a piecewise step still runs: the
+#: experts (offloaded, hooked or on the host) or layer hooks need the host
+#: between layers, which the pieces leave to eager code
+PIECEWISE_REASONS = frozenset(
+    {"layer_hooks", "moe_loop_path", "moe_route_hooks", "host_experts", "experts_not_resident"}
+)
+
+#: request-count buckets (a step of ``R`` requests runs in the first >= R)
+REQUEST_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def key_buckets(limit: int = 1 << 16) -> tuple[int, ...]:
+    """Padded key widths: multiples of 64 up to 256, then 1.5x and 2x steps
+    (64, 128, 192, 256, 384, 512, 768, 1024, ...) up to ``limit``; each a
+    multiple of :data:`~pdflash.engine.attention.KEY_ALIGN`. The padding adds
+    at most half the keys (masked; the attention is a small part of a step)."""
+    out = [64, 128, 192, 256]
+    while out[-1] * 2 <= limit:
+        base = out[-1]
+        out += [base * 3 // 2, base * 2]
+    widths = tuple(w for w in out if w <= limit)
+    assert all(w % KEY_ALIGN == 0 for w in widths)
+    return widths
+
+
+class Replayable(Protocol):
+    """A recorded step: ``replay()`` reruns it into its static outputs."""
+
+    def replay(self) -> None: ...
+
+
+class GraphBackend(Protocol):
+    """Records a step function. ``capture(fn)`` returns the recording and the
+    tensors ``fn`` returned during it (the static outputs every replay
+    overwrites). The step has not necessarily run when ``capture`` returns:
+    the caller replays it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]: ...
+
+
+class CudaGraphBackend:
+    """``torch.cuda.CUDAGraph`` per bucket, all in one memory pool.
+
+    ``capture``: ``warmup_runs`` eager runs of the step on a side stream
+    (lazy initialisation: cuBLAS/cuDNN plans, Triton compiles, cached index
+    tensors), then the capture into the shared pool. Capture errors mode
+    ``thread_local``: the copy issuer's thread keeps issuing its own copies
+    meanwhile. Graphs sharing the pool never run concurrently (one stream)
+    and keep their outputs alive, so no graph's outputs are another's
+    scratch.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str, *, warmup_runs: int = 1) -> None:
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, got {self.device}")
+        if warmup_runs < 1:
+            raise ValueError(f"warmup_runs must be >= 1, got {warmup_runs}")
+        self.warmup_runs = warmup_runs
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]:
+        with torch.cuda.device(self.device):
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_runs):
+                    fn()
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                out = fn()
+        return graph, out
+
+
+class _EagerReplay:
+    def __init__(self, fn: Callable[[], Outputs], out: Outputs) -> None:
+        self.fn = fn
+        self.out = out
+
+    def replay(self) -> None:
+        fresh = self.fn()
+        for static, new in zip(self.out, fresh, strict=True):
+            static.copy_(new)
+
+
+class EagerBackend:
+    """A stand-in for CUDA graphs on any device: ``capture`` runs the step
+    twice (a warm-up, then the "capture"); ``replay`` runs it again and
+    copies the results into the captured outputs, which is what a replayed
+    graph's outputs see. Counts the step calls (``calls``)."""
+
+    name = "eager"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]:
+        def counted() -> Outputs:
+            self.calls += 1
+            return fn()
+
+        counted()  # the warm-up, as the CUDA backend
+        out = counted()
+        return _EagerReplay(counted, out), out
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    """A graph's shape: padded requests, rows per request, key width (with
+    the sink column)."""
+
+    requests: int
+    queries: int
+    key_width: int
+
+    @property
+    def rows(self) -> int:
+        return self.requests * self.queries
+
+    @property
+    def keys(self) -> int:
+        """``Lk``: key columns before the sink column."""
+        return self.key_width - 1
+
+
+@dataclass(frozen=True)
+class DraftKey:
+    """A draft graph's shape: padded requests, block rows per request, new
+    context rows (all requests together), key width (no sink column is
+    used), and the context features' width and dtype."""
+
+    requests: int
+    queries: int
+    context: int
+    key_width: int
+    features: int
+    dtype: str
+
+    @property
+    def rows(self) -> int:
+        return self.requests * self.queries
+
+    @property
+    def keys(self) -> int:
+        return self.key_width - 1
+
+
+@dataclass
+class GraphStats:
+    """What the runner did: graphs captured (and recaptured after the
+    expert slot table changed), steps replayed, captures that failed, and
+    steps run eagerly, per reason."""
+
+    captures: int = 0
+    recaptures: int = 0
+    replays: int = 0
+    capture_failures: int = 0
+    #: new graphs whose first replay was checked against an eager run of
+    #: the same step, and those that disagreed (dropped, bucket eager)
+    validated: int = 0
+    replay_mismatches: int = 0
+    #: steps run as pieces (the dense parts replayed, the experts eager)
+    piecewise_steps: int = 0
+    #: buckets dropped (least recently used) to stay within the graph limit
+    evicted: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "captures": self.captures,
+            "recaptures": self.recaptures,
+            "replays": self.replays,
+            "capture_failures": self.capture_failures,
+            "validated": self.validated,
+            "replay_mismatches": self.replay_mismatches,
+            "piecewise_steps": self.piecewise_steps,
+            "evicted": self.evicted,
+            "eager_fallbacks": sum(self.fallbacks.values()),
+            "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
+        }
+
+
+class _Layout:
+    """Offsets of the index fields in a bucket's packed int64 buffer."""
+
+    FIELDS = (
+        "positions",
+        "slots",
+        "row_chunk",
+        "q_pos",
+        "q_valid",
+        "kv_slots",
+        "k_pos",
+        "k_valid",
+        "real_rows",
+    )
+
+    def __init__(self, key: BucketKey) -> None:
+        t, r = key.rows, key.requests
+        sizes = {
+            "positions": t,
+            "slots": t,
+            "row_chunk": t,
+            "q_pos": t,
+            "q_valid": t,
+            "kv_slots": r * key.key_width,
+            "k_pos": r * key.keys,
+            "k_valid": r * key.keys,
+            "real_rows": t,
+        }
+        self.offsets: dict[str, tuple[int, int]] = {}
+        at = 0
+        for name in self.FIELDS:
+            self.offsets[name] = (at, at + sizes[name])
+            at += sizes[name]
+        self.size = at
+
+    def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
+        lo, hi = self.offsets[name]
+        return packed[lo:hi]
+
+
+@dataclass
+class _Entry:
+    key: BucketKey
+    layout: _Layout
+    packed: torch.Tensor  # int64 [layout.size], on the device
+    ids: torch.Tensor  # int64 [rows], on the device
+    host: np.ndarray  # int64 [layout.size], the step's values before the copy
+    graph: Replayable | None = None
+    #: (last residual [rows, H], routing grid [R_b + 1, L, E], top-k ids
+    #: [L, rows, k], captured residuals [rows, H] each)
+    outputs: Outputs = ()
+    #: the expert cache's device slot table the graph reads (kept alive)
+    slot_table: torch.Tensor | None = None
+    #: the first replay was checked against an eager run (or need not be)
+    checked: bool = False
+
+
+@dataclass
+class _PieceEntry:
+    """A piecewise bucket: the index and id buffers of :class:`_Entry`, the
+    residual entering every piece after the first, the routing grid, and
+    one graph (with its outputs) per piece of :func:`layer_spans`."""
+
+    key: BucketKey
+    layout: _Layout
+    packed: torch.Tensor
+    ids: torch.Tensor
+    host: np.ndarray
+    x_in: torch.Tensor  # [rows, H]
+    routed: torch.Tensor  # [R_b + 1, layers, experts] bool
+    pieces: list[Replayable | None]
+    outputs: list[Outputs]
+    checked: list[bool]
+
+
+class _DraftLayout:
+    """Offsets of a draft bucket's index fields in its packed int64 buffer:
+    the K/V rows' slots and positions (block rows, then context rows), the
+    queries' positions and validity, the attention's key slots, positions
+    and validity, and the real block rows."""
+
+    def __init__(self, key: DraftKey) -> None:
+        t, r, c = key.rows, key.requests, key.context
+        sizes = {
+            "kv_slots": t + c,
+            "kv_pos": t + c,
+            "q_pos": t,
+            "q_valid": t,
+            "key_slots": r * key.key_width,
+            "k_pos": r * key.keys,
+            "k_valid": r * key.keys,
+            "real_rows": t,
+        }
+        self.offsets: dict[str, tuple[int, int]] = {}
+        at = 0
+        for name, size in sizes.items():
+            self.offsets[name] = (at, at + size)
+            at += size
+        self.size = at
+
+    def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
+        lo, hi = self.offsets[name]
+        return packed[lo:hi]
+
+
+@dataclass
+class _DraftEntry:
+    key: DraftKey
+    layout: _DraftLayout
+    packed: torch.Tensor  # int64 [layout.size]
+    host: np.ndarray
+    context: torch.Tensor  # [context, features]: the new context rows' features
+    embeddings: torch.Tensor  # [rows, hidden]: the block rows' embeddings
+    graph: Replayable | None = None
+    outputs: Outputs = ()  # (final-normed hidden [rows, hidden],)
+    checked: bool = False
+
+
+class GraphRunner:
+    """Replays recorded target forwards per shape bucket (module docstring).
+
+    Args:
+        backend: :class:`CudaGraphBackend` on CUDA; :class:`EagerBackend` to
+            run the same machinery without graphs (tests, CPU).
+        request_buckets: ascending request counts a step is padded to.
+        max_queries: the most tokens per request a graphed step may have
+            (rows per request are the next power of two).
+        max_key_width: the widest padded key axis (longer steps run eagerly).
+        max_graphs: whole-step buckets kept at most (the least recently
+            used is dropped for a new one).
+        max_draft_graphs: the drafter's buckets kept at most (likewise).
+        max_draft_context: the most new context rows a graphed draft step has.
+        validate: check every new graph's first replay against an eager run
+            of the same step on the same static inputs (:func:`outputs_agree`);
+            a graph that disagrees is dropped, its bucket runs eagerly from
+            then on, and that step returns the eager run's results.
+        piecewise: steps the whole-step graph cannot take because of the
+            experts or layer hooks (:data:`PIECEWISE_REASONS`) run as pieces:
+            each MoE layer's attention and router (and any dense layers
+            before it) replayed, its experts and hooks eager in between, on
+            the real rows only (:meth:`piecewise_forward`).
+        max_piecewise_buckets: piecewise buckets kept at most (each holds
+            one graph per MoE layer; likewise).
+    """
+
+    def __init__(
+        self,
+        backend: GraphBackend,
+        *,
+        request_buckets: Sequence[int] = REQUEST_BUCKETS,
+        max_queries: int = 64,
+        max_key_width: int = 1 << 14,
+        max_graphs: int = 24,
+        max_draft_graphs: int = 32,
+        max_draft_context: int = 4096,
+        validate: bool = True,
+        piecewise: bool = True,
+        max_piecewise_buckets: int = 12,
+    ) -> None:
+        buckets = tuple(int(b) for b in request_buckets)
+        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"request_buckets must be ascending positive ints, got {buckets}")
+        if max_queries < 1 or max_graphs < 1:
+            raise ValueError("max_queries and max_graphs must be >= 1")
+        self.backend = backend
+        self.request_buckets = buckets
+        self.max_queries = int(max_queries)
+        self.key_widths = key_buckets(max_key_width)
+        if not self.key_widths:
+            raise ValueError(f"max_key_width {max_key_width} is below the smallest bucket")
+        self.max_graphs = int(max_graphs)
+        self.max_draft_graphs = int(max_draft_graphs)
+        self.max_draft_context = int(max_draft_context)
+        self.validate = bool(validate)
+        self.piecewise = bool(piecewise)
+        self.max_piecewise_buckets = int(max_piecewise_buckets)
+        self._piece_entries: dict[BucketKey, _PieceEntry] = {}
+        self.stats = GraphStats()
+        #: the drafter's steps (:meth:`draft_forward`)
+        self.draft_stats = GraphStats()
+        self._entries: dict[BucketKey, _Entry] = {}
+        #: buckets whose graph failed (a piecewise bucket as ("piecewise", key))
+        self._failed: dict[BucketKey | DraftKey | tuple[str, BucketKey], str] = {}
+        self._draft_entries: dict[DraftKey, _DraftEntry] = {}
+
+    @property
+    def num_graphs(self) -> int:
+        """Target-forward graphs held."""
+        return sum(1 for e in self._entries.values() if e.graph is not None)
+
+    @property
+    def num_draft_graphs(self) -> int:
+        """Drafter graphs held."""
+        return sum(1 for e in self._draft_entries.values() if e.graph is not None)
+
+    def reset_stats(self) -> None:
+        """Zero the counters (the graphs are kept)."""
+        self.stats = GraphStats()
+        self.draft_stats = GraphStats()
+
+    # -- decisions ---------------------------------------------------------------
+
+    def bucket(self, plan: StepPlan) -> BucketKey | str:
+        """The bucket of a step, or why it has none."""
+        r = len(plan.lens)
+        i = bisect.bisect_left(self.request_buckets, r)
+        if i == len(self.request_buckets):
+            return "too_many_requests"
+        nq = max(plan.lens)
+        if nq > self.max_queries:
+            return "too_many_tokens_per_request"
+        queries = 1 << (nq - 1).bit_length()
+        lk = max(len(k) for k in plan.k_slots)
+        j = bisect.bisect_left(self.key_widths, lk + 1)
+        if j == len(self.key_widths):
+            return "too_many_keys"
+        return BucketKey(self.request_buckets[i], queries, self.key_widths[j])
+
+    def blocker(self, runner: TargetRunner, chunks: Sequence[Chunk]) -> str | None:
+        """Why ``runner`` must run this step eagerly (before bucketing), or None."""
+        if not chunks:
+            return "empty"
+        if not all(c.all_logits for c in chunks):
+            return "prefill"
+        if runner.kv.scratch_slot is None:
+            return "kv_without_scratch_slot"
+        hooked = runner.hooked
+        if hooked is not None:
+            return hooked
+        moe = _offloaded_runtime(runner)
+        if moe is None:
+            return "adapter_without_offloaded_runtime"
+        return moe.graph_blocker()
+
+    # -- the step ------------------------------------------------------------------
+
+    def forward(
+        self, runner: TargetRunner, chunks: Sequence[Chunk], plan: StepPlan
+    ) -> ForwardOutput | None:
+        """Run the planned step as a replay and return its output, or None
+        (counted) when it must run eagerly. Raises what the replay raises
+        (the caller rolls the KV back; the cache's pins are undone here)."""
+        reason = self.blocker(runner, chunks)
+        if reason in PIECEWISE_REASONS and self.piecewise:
+            return self.piecewise_forward(runner, chunks, plan)
+        key: BucketKey | str = reason if reason is not None else self.bucket(plan)
+        if isinstance(key, str):
+            self.stats.fallbacks[key] += 1
+            return None
+        if key in self._failed:
+            self.stats.fallbacks[_failure_reason(self._failed[key])] += 1
+            return None
+        moe = _offloaded_runtime(runner)
+        assert moe is not None
+        entry = _recent(self._entries, key)
+        table = moe.cache.device_slot_table()
+        if entry is not None and entry.graph is not None and entry.slot_table is not table:
+            # the graph reads a slot table the cache has since replaced
+            entry.graph, entry.outputs, entry.slot_table = None, (), None
+            self.stats.recaptures += 1
+        if entry is None:
+            _make_room(self._entries, self.max_graphs, self.stats)
+            entry = self._new_entry(runner, key)
+        self._fill(runner, entry, chunks, plan)
+        # pinned (and copies still in flight waited for, on the stream) before
+        # any of the step's kernels, the warm-up and capture's included
+        try:
+            pinned = moe.pin_resident()
+        except ValueError:  # a copy failed since the check: that layer is not resident
+            self.stats.fallbacks["experts_not_resident"] += 1
+            return None
+        try:
+            if entry.graph is None and not self._capture(runner, moe, entry):
+                moe.unpin_resident()
+                self.stats.fallbacks["capture_failed"] += 1
+                return None
+            return self._replay(runner, moe, entry, chunks, plan)
+        except BaseException:
+            moe.abort_pins(pinned)
+            raise
+
+    def _new_entry(self, runner: TargetRunner, key: BucketKey) -> _Entry:
+        layout = _Layout(key)
+        dev = runner.device
+        entry = _Entry(
+            key=key,
+            layout=layout,
+            packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
+            ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
+            host=np.zeros(layout.size, dtype=np.int64),
+        )
+        self._entries[key] = entry
+        return entry
+
+    def _fill(
+        self,
+        runner: TargetRunner,
+        entry: _Entry | _PieceEntry,
+        chunks: Sequence[Chunk],
+        plan: StepPlan,
+    ) -> None:
+        """The step's indices into the bucket's static buffers (one host->
+        device copy) and its tokens into the id buffer."""
+        key, lay, host = entry.key, entry.layout, entry.host
+        kv = runner.kv
+        assert kv.scratch_slot is not None
+
+        def field_of(name: str) -> np.ndarray:
+            lo, hi = lay.offsets[name]
+            return host[lo:hi]
+
+        positions, slots, row_chunk = (
+            field_of("positions"),
+            field_of("slots"),
+            field_of("row_chunk"),
+        )
+        q_pos, q_valid, real_rows = field_of("q_pos"), field_of("q_valid"), field_of("real_rows")
+        kv_slots = field_of("kv_slots").reshape(key.requests, key.key_width)
+        k_pos = field_of("k_pos").reshape(key.requests, key.keys)
+        k_valid = field_of("k_valid").reshape(key.requests, key.keys)
+        positions[:] = 0
+        slots[:] = kv.scratch_slot
+        row_chunk[:] = key.requests  # the dummy chunk
+        q_pos[:] = 0
+        q_valid[:] = 0
+        kv_slots[:] = kv.null_slot
+        k_pos[:] = 0
+        k_valid[:] = 0
+        real_rows[:] = 0
+        flat = 0
+        for i, n in enumerate(plan.lens):
+            rows = np.arange(i * key.queries, i * key.queries + n)
+            positions[rows] = plan.positions[flat : flat + n]
+            slots[rows] = plan.new_slots[flat : flat + n]
+            row_chunk[rows] = i
+            q_pos[rows] = plan.q_pos[i]
+            q_valid[rows] = 1
+            m = len(plan.k_slots[i])
+            kv_slots[i, :m] = plan.k_slots[i]
+            k_pos[i, :m] = plan.k_pos[i]
+            k_valid[i, :m] = 1
+            real_rows[flat : flat + n] = rows
+            flat += n
+        src = torch.from_numpy(host)
+        if entry.packed.is_cuda:
+            # page-locked: the copy does not wait for the stream; torch's
+            # pinned allocator keeps the staging buffer until it ran
+            entry.packed.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            entry.packed.copy_(src)
+        tokens = torch.cat([c.tokens.to(entry.ids.device) for c in chunks])
+        if plan.total == key.rows:
+            entry.ids.copy_(tokens)
+        else:
+            rows_t = lay.view(entry.packed, "real_rows")[: plan.total]
+            entry.ids.index_copy_(0, rows_t, tokens)
+
+    def _step_fn(self, runner: TargetRunner, moe: OffloadedMoE, entry: _Entry) -> Outputs:
+        """The recorded work: the layers over the bucket's static buffers.
+        Every view is made inside, so memos keyed on tensor identity (the
+        adapters' rotary tables) are recomputed in the recording."""
+        key, lay, packed = entry.key, entry.layout, entry.packed
+        batch = _static_batch(key, lay, packed)
+        ad = runner.adapter
+        routed = torch.zeros(
+            (key.requests + 1, ad.num_layers, ad.num_experts),
+            dtype=torch.bool,
+            device=packed.device,
+        )
+        topk: list[torch.Tensor] = []
+        with moe.unbooked():
+            x, captured = runner.run_layers(
+                entry.ids,
+                lay.view(packed, "positions"),
+                lay.view(packed, "slots"),
+                batch,
+                lay.view(packed, "row_chunk"),
+                routed,
+                topk,
+                host_hooks=False,
+            )
+        stacked = torch.stack(topk) if topk else routed.new_zeros(0, dtype=torch.int64)
+        return (x, routed, stacked, *(captured[i] for i in runner.capture_layers))
+
+    def _capture(self, runner: TargetRunner, moe: OffloadedMoE, entry: _Entry) -> bool:
+        """Record the bucket's graph; False (the bucket never retried) if
+        the backend raised."""
+        timer, runner.region_timer = runner.region_timer, None  # no events in a recording
+        try:
+            graph, outputs = self.backend.capture(lambda: self._step_fn(runner, moe, entry))
+        except Exception as exc:  # any capture failure: the bucket runs eagerly
+            self._failed[entry.key] = f"{type(exc).__name__}: {exc}"
+            self._entries.pop(entry.key, None)
+            self.stats.capture_failures += 1
+            return False
+        finally:
+            runner.region_timer = timer
+        entry.graph, entry.outputs = graph, outputs
+        entry.slot_table = moe.cache.device_slot_table()
+        self.stats.captures += 1
+        return True
+
+    @property
+    def failures(self) -> dict[str, str]:
+        """Buckets whose capture failed, with the error (for reports)."""
+        return {_key_name(k): v for k, v in self._failed.items()}
+
+    def _replay(
+        self,
+        runner: TargetRunner,
+        moe: OffloadedMoE,
+        entry: _Entry,
+        chunks: Sequence[Chunk],
+        plan: StepPlan,
+    ) -> ForwardOutput:
+        """Replay the (pinned) step and book it; everything that leaves it is
+        gathered out of the static outputs before anything can replay again."""
+        assert entry.graph is not None
+        for layer in range(moe.cache.num_layers):
+            for hook in runner.before_moe_hooks:
+                hook(layer)
+        timer = runner.region_timer
+        if timer is None:
+            entry.graph.replay()
+        else:
+            with timer.region("graphed"):
+                entry.graph.replay()
+        outputs = entry.outputs
+        if not entry.checked:
+            outputs = self._check(
+                entry, self.stats, lambda: self._step_fn(runner, moe, entry), self._entries
+            )
+        x, routed, topk, *captured = outputs
+        real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
+        topk_real = topk.index_select(1, real) if topk.numel() else topk
+        moe.book_resident(list(topk_real.unbind(0)))
+        self.stats.replays += 1
+        ad = runner.adapter
+        # every row of a graphed step wants its logits (prefills run eagerly)
+        assert plan.want == list(range(plan.total))
+        logits_all = ad.lm_head(ad.final_norm(x.index_select(0, real))).float()
+        features: list[torch.Tensor] = []
+        if captured:
+            feat = torch.cat(captured, dim=-1).index_select(0, real)
+            features = list(torch.split(feat, plan.lens))
+        routed_np = routed[: len(chunks)].cpu().numpy()
+        return runner.finish(chunks, plan, logits_all, features, routed_np)
+
+    def _check(
+        self,
+        entry: _Entry | _DraftEntry,
+        stats: GraphStats,
+        eager_fn: Callable[[], Outputs],
+        entries: dict[Any, Any],
+    ) -> Outputs:
+        """The first replay of a new graph against an eager run of the same
+        step (:attr:`validate`): returns the outputs to use. On a mismatch
+        the graph is dropped and its bucket marked failed; the eager run's
+        outputs (same static inputs, so the same step) are returned."""
+        entry.checked = True
+        if not self.validate:
+            return entry.outputs
+        stats.validated += 1
+        eager = eager_fn()
+        if outputs_agree(entry.outputs, eager):
+            return entry.outputs
+        stats.replay_mismatches += 1
+        self._failed[entry.key] = f"{_MISMATCH}: the first replay disagreed with eager"
+        entries.pop(entry.key, None)
+        entry.graph, entry.outputs = None, ()
+        return eager
+
+    # -- piecewise steps -------------------------------------------------------------
+
+    def piecewise_forward(
+        self, runner: TargetRunner, chunks: Sequence[Chunk], plan: StepPlan
+    ) -> ForwardOutput | None:
+        """The step as pieces (:func:`layer_spans`): each piece (attention
+        and router of an MoE layer, with the dense layers before it)
+        replayed over the padded bucket; between pieces, eagerly and on the
+        real rows only, the before-MoE hooks, the routed hooks, the MoE
+        block (with its own cache books, copies and host syncs), the
+        residual and the observers. None (counted) when it cannot."""
+        stats = self.stats
+        if runner.routing is not None:
+            stats.fallbacks["routing_source"] += 1
+            return None
+        if getattr(runner.adapter, "moe_routed", None) is None:
+            stats.fallbacks["adapter_without_moe_routed"] += 1
+            return None
+        key = self.bucket(plan)
+        if isinstance(key, str):
+            stats.fallbacks[key] += 1
+            return None
+        failed = ("piecewise", key)
+        if failed in self._failed:
+            stats.fallbacks[_failure_reason(self._failed[failed])] += 1
+            return None
+        entry = _recent(self._piece_entries, key)
+        if entry is None:
+            _make_room(self._piece_entries, self.max_piecewise_buckets, stats)
+            entry = self._new_piece_entry(runner, key)
+        self._fill(runner, entry, chunks, plan)
+        entry.routed.zero_()
+        ad = runner.adapter
+        real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
+        spans = layer_spans(runner.plan_layers)
+        captured: dict[int, torch.Tensor] = {}
+        x_final: torch.Tensor | None = None
+        graphed = True
+        for m, (first, last, layer) in enumerate(spans):
+            outs = self._run_piece(runner, entry, m, graphed)
+            graphed = graphed and failed not in self._failed
+            dense_caps = [
+                d
+                for d in range(first, last + 1)
+                if runner.plan_layers[d] is None and d in runner.capture_layers
+            ]
+            if layer is None:  # the dense tail
+                x_out, *caps = outs
+                x_final = x_out.index_select(0, real)
+            else:
+                x_mid, normed, ids, weights, *caps = outs
+                ids_r, x_r = ids.index_select(0, real), x_mid.index_select(0, real)
+                for hook in runner.before_moe_hooks:
+                    hook(layer)
+                for rhook in runner.routed_hooks:
+                    rhook(layer, ids_r, x_r)
+                with runner._region("experts"):
+                    moe = ad.moe_routed(  # type: ignore[attr-defined]
+                        layer, normed.index_select(0, real), ids_r, weights.index_select(0, real)
+                    )
+                    x_next = x_r + moe
+                for obs in runner.observers:
+                    obs.after_layer(layer, x_next, ids_r)
+                if last in runner.capture_layers:
+                    captured[last] = x_next
+                if m + 1 < len(spans):
+                    entry.x_in.copy_(x_mid)
+                    entry.x_in.index_copy_(0, real, x_next)
+                else:
+                    x_final = x_next
+            for d, t in zip(dense_caps, caps, strict=True):
+                captured[d] = t.index_select(0, real)
+        assert x_final is not None
+        if graphed:
+            stats.piecewise_steps += 1
+        else:
+            stats.fallbacks[_failure_reason(self._failed.get(failed, ""))] += 1
+        # every row of a graphed step wants its logits (prefills run eagerly)
+        assert plan.want == list(range(plan.total))
+        logits_all = ad.lm_head(ad.final_norm(x_final)).float()
+        features: list[torch.Tensor] = []
+        if runner.capture_layers:
+            feat = torch.cat([captured[d] for d in runner.capture_layers], dim=-1)
+            features = list(torch.split(feat, plan.lens))
+        routed_np = entry.routed[: len(chunks)].cpu().numpy()
+        return runner.finish(chunks, plan, logits_all, features, routed_np)
+
+    def _new_piece_entry(self, runner: TargetRunner, key: BucketKey) -> _PieceEntry:
+        layout = _Layout(key)
+        dev = runner.device
+        ad = runner.adapter
+        n = len(layer_spans(runner.plan_layers))
+        dtype = ad.embed(torch.zeros(1, dtype=torch.int64, device=dev)).dtype
+        entry = _PieceEntry(
+            key=key,
+            layout=layout,
+            packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
+            ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
+            host=np.zeros(layout.size, dtype=np.int64),
+            x_in=torch.zeros((key.rows, ad.hidden_size), dtype=dtype, device=dev),
+            routed=torch.zeros(
+                (key.requests + 1, ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
+            ),
+            pieces=[None] * n,
+            outputs=[()] * n,
+            checked=[False] * n,
+        )
+        self._piece_entries[key] = entry
+        return entry
+
+    def _piece_fn(self, runner: TargetRunner, entry: _PieceEntry, m: int) -> Outputs:
+        """Piece ``m``'s work over the bucket's static buffers: returns its
+        last residual (with a router: also the normed input, top-k ids and
+        weights), then the residuals of its dense capture layers."""
+        first, last, layer = layer_spans(runner.plan_layers)[m]
+        lay, packed = entry.layout, entry.packed
+        batch = _static_batch(entry.key, lay, packed)
+        pos, slots = lay.view(packed, "positions"), lay.view(packed, "slots")
+        x = runner.adapter.embed(entry.ids) if m == 0 else entry.x_in
+        caps: list[torch.Tensor] = []
+        for d in range(first, last + 1):
+            x = runner.attention_block(d, x, pos, slots, batch)
+            if runner.plan_layers[d] is None:
+                x = runner.dense_block(d, x)
+                if d in runner.capture_layers:
+                    caps.append(x)
+        if layer is None:
+            return (x, *caps)
+        normed, ids, weights = runner.route_block(
+            layer, x, lay.view(packed, "row_chunk"), entry.routed, []
+        )
+        return (x, normed, ids, weights, *caps)
+
+    def _run_piece(
+        self, runner: TargetRunner, entry: _PieceEntry, m: int, graphed: bool
+    ) -> Outputs:
+        """Piece ``m``: replayed (recorded first if new, its first replay
+        checked against eager), or run eagerly when ``graphed`` is False or
+        its recording fails (the bucket is then marked failed)."""
+        key = entry.key
+        failed = ("piecewise", key)
+        timer, runner.region_timer = runner.region_timer, None  # no events in a piece
+        try:
+            if not graphed:
+                return self._piece_fn(runner, entry, m)
+            if entry.pieces[m] is None:
+                try:
+                    graph, outputs = self.backend.capture(lambda: self._piece_fn(runner, entry, m))
+                except Exception as exc:  # any capture failure: the bucket runs eagerly
+                    self._failed[failed] = f"{type(exc).__name__}: {exc}"
+                    self._piece_entries.pop(key, None)
+                    self.stats.capture_failures += 1
+                    return self._piece_fn(runner, entry, m)
+                entry.pieces[m], entry.outputs[m] = graph, outputs
+                self.stats.captures += 1
+            piece = entry.pieces[m]
+            assert piece is not None
+            if timer is None:
+                piece.replay()
+            else:
+                with timer.region("graphed"):
+                    piece.replay()
+            if entry.checked[m] or not self.validate:
+                entry.checked[m] = True
+                return entry.outputs[m]
+            entry.checked[m] = True
+            self.stats.validated += 1
+            eager = self._piece_fn(runner, entry, m)
+            if outputs_agree(entry.outputs[m], eager):
+                return entry.outputs[m]
+            self.stats.replay_mismatches += 1
+            self._failed[failed] = (
+                f"{_MISMATCH}: the first replay of piece {m} disagreed with eager"
+            )
+            self._piece_entries.pop(key, None)
+            return eager
+        finally:
+            runner.region_timer = timer
+
+    # -- the drafter's step ------------------------------------------------------
+
+    def draft_bucket(self, plan: DraftPlan, features: int, dtype: torch.dtype) -> DraftKey | str:
+        """The bucket of a draft step, or why it has none. The new context
+        rows are padded to the next power of two (at least 16)."""
+        r = len(plan.block_lens)
+        if r == 0 or plan.n_blk == 0:
+            return "empty"
+        i = bisect.bisect_left(self.request_buckets, r)
+        if i == len(self.request_buckets):
+            return "too_many_requests"
+        nq = max(plan.block_lens)
+        if nq > self.max_queries:
+            return "too_many_tokens_per_request"
+        if plan.n_ctx > self.max_draft_context:
+            return "too_much_context"
+        lk = max(len(k) for k in plan.k_slots)
+        j = bisect.bisect_left(self.key_widths, lk + 1)
+        if j == len(self.key_widths):
+            return "too_many_keys"
+        context = max(16, 1 << (max(plan.n_ctx, 1) - 1).bit_length())
+        return DraftKey(
+            self.request_buckets[i],
+            1 << (nq - 1).bit_length(),
+            context,
+            self.key_widths[j],
+            int(features),
+            str(dtype),
+        )
+
+    def draft_forward(
+        self,
+        drafter: DFlashDrafter,
+        kv: PagedKVCache,
+        plan: DraftPlan,
+        context_features: torch.Tensor,
+        block_embeddings: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """:meth:`~pdflash.engine.drafter.DFlashDrafter.forward_blocks`'s
+        device part as a replay (the KV already grown as ``plan`` says):
+        the final-normed hidden states of the real block rows, a new tensor;
+        None (counted in :attr:`draft_stats`) when it must run eagerly.
+        Padded block rows are invalid queries, padded context rows are not
+        queries; both write their K/V to the scratch row."""
+        stats = self.draft_stats
+        if kv.scratch_slot is None:
+            stats.fallbacks["kv_without_scratch_slot"] += 1
+            return None
+        key = self.draft_bucket(plan, context_features.shape[1], context_features.dtype)
+        if isinstance(key, str):
+            stats.fallbacks[key] += 1
+            return None
+        if key in self._failed:
+            stats.fallbacks[_failure_reason(self._failed[key])] += 1
+            return None
+        entry = _recent(self._draft_entries, key)
+        if entry is None:
+            _make_room(self._draft_entries, self.max_draft_graphs, stats)
+            dev = block_embeddings.device
+            layout = _DraftLayout(key)
+            entry = _DraftEntry(
+                key=key,
+                layout=layout,
+                packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
+                host=np.zeros(layout.size, dtype=np.int64),
+                context=torch.zeros(
+                    (key.context, key.features), dtype=context_features.dtype, device=dev
+                ),
+                embeddings=torch.zeros(
+                    (key.rows, block_embeddings.shape[1]), dtype=block_embeddings.dtype, device=dev
+                ),
+            )
+            self._draft_entries[key] = entry
+        self._fill_draft(kv, entry, plan, context_features, block_embeddings)
+        if entry.graph is None:
+            try:
+                graph, outputs = self.backend.capture(
+                    lambda: self._draft_step_fn(drafter, kv, entry)
+                )
+            except Exception as exc:  # any capture failure: the bucket runs eagerly
+                self._failed[key] = f"{type(exc).__name__}: {exc}"
+                self._draft_entries.pop(key, None)
+                stats.capture_failures += 1
+                stats.fallbacks["capture_failed"] += 1
+                return None
+            entry.graph, entry.outputs = graph, outputs
+            stats.captures += 1
+        entry.graph.replay()
+        stats.replays += 1
+        outputs = entry.outputs
+        if not entry.checked:
+            outputs = self._check(
+                entry, stats, lambda: self._draft_step_fn(drafter, kv, entry), self._draft_entries
+            )
+        (hidden,) = outputs
+        real = entry.layout.view(entry.packed, "real_rows")[: plan.n_blk]
+        return hidden.index_select(0, real)
+
+    def _fill_draft(
+        self,
+        kv: PagedKVCache,
+        entry: _DraftEntry,
+        plan: DraftPlan,
+        context_features: torch.Tensor,
+        block_embeddings: torch.Tensor,
+    ) -> None:
+        key, lay, host = entry.key, entry.layout, entry.host
+        assert kv.scratch_slot is not None
+
+        def field_of(name: str) -> np.ndarray:
+            lo, hi = lay.offsets[name]
+            return host[lo:hi]
+
+        kv_slots, kv_pos = field_of("kv_slots"), field_of("kv_pos")
+        q_pos, q_valid, real_rows = field_of("q_pos"), field_of("q_valid"), field_of("real_rows")
+        key_slots = field_of("key_slots").reshape(key.requests, key.key_width)
+        k_pos = field_of("k_pos").reshape(key.requests, key.keys)
+        k_valid = field_of("k_valid").reshape(key.requests, key.keys)
+        kv_slots[:] = kv.scratch_slot
+        kv_pos[:] = 0
+        q_pos[:] = 0
+        q_valid[:] = 0
+        key_slots[:] = kv.null_slot
+        k_pos[:] = 0
+        k_valid[:] = 0
+        real_rows[:] = 0
+        flat = 0
+        for i, n in enumerate(plan.block_lens):
+            rows = np.arange(i * key.queries, i * key.queries + n)
+            kv_slots[rows] = plan.blk_slots[flat : flat + n]
+            kv_pos[rows] = plan.blk_pos[flat : flat + n]
+            q_pos[rows] = plan.q_pos[i]
+            q_valid[rows] = 1
+            m = len(plan.k_slots[i])
+            key_slots[i, :m] = plan.k_slots[i]
+            k_pos[i, :m] = plan.k_pos[i]
+            k_valid[i, :m] = 1
+            real_rows[flat : flat + n] = rows
+            flat += n
+        c = plan.n_ctx
+        kv_slots[key.rows : key.rows + c] = plan.ctx_slots
+        kv_pos[key.rows : key.rows + c] = plan.ctx_pos
+        src = torch.from_numpy(host)
+        if entry.packed.is_cuda:
+            entry.packed.copy_(src.pin_memory(), non_blocking=True)
+        else:
+            entry.packed.copy_(src)
+        if c:
+            entry.context[:c].copy_(context_features)
+        if plan.n_blk == key.rows:
+            entry.embeddings.copy_(block_embeddings)
+        else:
+            rows_t = lay.view(entry.packed, "real_rows")[: plan.n_blk]
+            entry.embeddings.index_copy_(0, rows_t, block_embeddings)
+
+    def _draft_step_fn(
+        self, drafter: DFlashDrafter, kv: PagedKVCache, entry: _DraftEntry
+    ) -> Outputs:
+        key, lay, packed = entry.key, entry.layout, entry.packed
+        r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
+        key_slots = lay.view(packed, "key_slots").view(r, lp)
+        rows = torch.arange(key.rows, device=packed.device)
+        batch = AttentionBatch(
+            q_rows=rows.view(r, nq),
+            q_pos=lay.view(packed, "q_pos").view(r, nq),
+            q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
+            k_slots=key_slots[:, :lk],
+            k_pos=lay.view(packed, "k_pos").view(r, lk),
+            k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
+            num_tokens=key.rows,
+            kv_slots=key_slots,
+            uniform=True,
+            q_gather=rows,
+            unpad_index=rows,
+            zero_padding=True,
+        )
+        hidden = drafter.run_blocks(
+            entry.context,
+            entry.embeddings,
+            batch,
+            lay.view(packed, "kv_slots"),
+            lay.view(packed, "kv_pos"),
+            kv,
+        )
+        return (hidden,)
+
+
+def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:
+    from pdflash.models.offload import OffloadedMoE
+
+    runtime = getattr(runner.adapter, "runtime", None)
+    return runtime if isinstance(runtime, OffloadedMoE) else None
+
+
+def outputs_agree(replayed: Outputs, eager: Outputs) -> bool:
+    """Whether a replay's outputs match an eager run of the same step:
+    floating tensors elementwise within ``tol * (1 + max|eager|)`` (``tol``
+    1e-3 for fp32, 5e-2 for 16-bit floats: the graph may run other GEMM
+    algorithms) except at most 0.1% of the elements; integer and boolean
+    tensors (routing) equal except at most 1% of the elements (a router
+    logit within rounding of a tie may flip). A capture that read a stale
+    or wrong buffer fails this on most elements."""
+    if len(replayed) != len(eager):
+        return False
+    for a, b in zip(replayed, eager, strict=True):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.numel() == 0:
+            continue
+        if a.is_floating_point():
+            tol = 1e-3 if a.dtype in (torch.float32, torch.float64) else 5e-2
+            ref = b.float()
+            bound = tol * (1.0 + float(ref.abs().max()))
+            bad = ((a.float() - ref).abs() > bound) | ~torch.isfinite(a.float())
+            if float(bad.float().mean()) > 1e-3:
+                return False
+        elif float((a != b).float().mean()) > 1e-2:
+            return False
+    return True
+
+
+def _static_batch(key: BucketKey, lay: _Layout, packed: torch.Tensor) -> AttentionBatch:
+    """The attention batch over a bucket's static index buffer (views made
+    now; the validity masks are converted inside the recording)."""
+    r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
+    kv_slots = lay.view(packed, "kv_slots").view(r, lp)
+    rows = torch.arange(key.rows, device=packed.device)
+    return AttentionBatch(
+        q_rows=rows.view(r, nq),
+        q_pos=lay.view(packed, "q_pos").view(r, nq),
+        q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
+        k_slots=kv_slots[:, :lk],
+        k_pos=lay.view(packed, "k_pos").view(r, lk),
+        k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
+        num_tokens=key.rows,
+        kv_slots=kv_slots,
+        uniform=True,
+        q_gather=rows,
+        unpad_index=rows,
+        zero_padding=True,
+    )
+
+
+def layer_spans(plan_layers: Sequence[int | None]) -> list[tuple[int, int, int | None]]:
+    """A piecewise step's pieces: ``(first, last, moe_layer)`` decoder layers
+    each, ending with MoE layer ``moe_layer``'s router (its experts run
+    eagerly after the piece), or ``moe_layer`` None for the dense layers
+    after the last MoE layer."""
+    spans: list[tuple[int, int, int | None]] = []
+    first = 0
+    for d, moe_layer in enumerate(plan_layers):
+        if moe_layer is not None:
+            spans.append((first, d, moe_layer))
+            first = d + 1
+    if first < len(plan_layers):
+        spans.append((first, len(plan_layers) - 1, None))
+    return spans
+
+
+def _recent(entries: dict[Any, Any], key: Any) -> Any:
+    """``entries[key]`` (None if absent), moved to the end: the dict's order
+    is least recently used first."""
+    entry = entries.pop(key, None)
+    if entry is not None:
+        entries[key] = entry
+    return entry
+
+
+def _make_room(entries: dict[Any, Any], limit: int, stats: GraphStats) -> None:
+    """Drop the least recently used buckets until one more fits. On CUDA the
+    stream is drained first: a dropped graph's executable must not be in
+    flight when it is destroyed."""
+    while entries and len(entries) >= limit:
+        old = entries.pop(next(iter(entries)))
+        if old.packed.is_cuda:
+            torch.cuda.current_stream(old.packed.device).synchronize()
+        stats.evicted += 1
+
+
+_MISMATCH = "replay_mismatch"
+
+
+def _failure_reason(message: str) -> str:
+    """The fallback reason of a bucket whose graph failed."""
+    return _MISMATCH if message.startswith(_MISMATCH) else "capture_failed"
+
+
+def _key_name(key: BucketKey | DraftKey | tuple[str, BucketKey]) -> str:
+    if isinstance(key, tuple):
+        return f"{key[0]}:{_key_name(key[1])}"
+    if isinstance(key, DraftKey):
+        return f"draft:{key.requests}x{key.queries}+{key.context}x{key.key_width}"
+    return f"{key.requests}x{key.queries}x{key.key_width}"

@@ -1,0 +1,58 @@
+"""The engine bench's CUDA-graph fields: the row's ``cuda_graphs`` and the
+breakdown's ``graphed`` region (the graph runner itself: tests/engine/test_graphs.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pdflash.bench.engine_run import RunSpec, _graph_fields, _verify_breakdown
+
+from pdflash.engine.graphs import EagerBackend, GraphRunner
+
+
+class _Timer:
+    method = "host_perf_counter"
+
+    def __init__(self, regions: dict[str, float], total: float, steps: int) -> None:
+        self.regions, self.total, self.steps = regions, total, steps
+
+    def kind_count(self, kind: str) -> int:
+        return self.steps if kind == "verify" else 0
+
+    def region_s(self, kind: str, name: str) -> float | None:
+        return self.regions.get(name) if kind == "verify" else None
+
+    def kind_s(self, kind: str) -> float:
+        return self.total if kind == "verify" else 0.0
+
+
+def test_breakdown_reports_the_graphed_region_only_when_it_ran() -> None:
+    with_graphs = _verify_breakdown(_Timer({"graphed": 0.02, "experts": 0.01}, 0.05, 2), True)
+    parts = with_graphs["verify_breakdown_ms"]
+    assert parts["graphed_ms"] == pytest.approx(10.0) and parts["experts_ms"] == pytest.approx(5.0)
+    assert parts["other_and_host_gaps_ms"] == pytest.approx(10.0)
+    assert "graphed_note" in parts
+    eager = _verify_breakdown(_Timer({"attention": 0.02}, 0.04, 2), True)["verify_breakdown_ms"]
+    assert "graphed_ms" not in eager and "graphed_note" not in eager
+
+
+def test_graph_fields_off_and_on() -> None:
+    spec: Any = RunSpec(arch="tiny", baseline="B3")
+    off = _graph_fields(SimpleNamespace(runner=SimpleNamespace(graphs=None)), spec)  # type: ignore[arg-type]
+    assert off == {"setting": "off", "state": "off", "why_off": "cuda_graphs off"}
+    spec = RunSpec(arch="tiny", baseline="B3", cuda_graphs="auto")
+    cpu = _graph_fields(SimpleNamespace(runner=SimpleNamespace(graphs=None)), spec)  # type: ignore[arg-type]
+    assert cpu["why_off"] == "not a CUDA device"
+    graphs = GraphRunner(EagerBackend())
+    graphs.stats.replays, graphs.stats.captures = 7, 2
+    graphs.stats.fallbacks["prefill"] += 3
+    graphs.draft_stats.replays = 5
+    row = _graph_fields(SimpleNamespace(runner=SimpleNamespace(graphs=graphs)), spec)  # type: ignore[arg-type]
+    assert row["state"] == "on" and row["backend"] == "eager"
+    assert row["replays"] == 7 and row["captures"] == 2 and row["eager_fallbacks"] == 3
+    assert row["eager_fallback_reasons"] == {"prefill": 3}
+    assert row["draft"]["replays"] == 5 and row["graphs_held"] == 0
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        RunSpec(arch="tiny", baseline="B3", cuda_graphs="on").validate()
