@@ -598,14 +598,14 @@ SHARED_WARMUP_IGNORES = ("repeat", "rate_per_s")
 def warmup_mode(spec: RunSpec, device: torch.device) -> str:
     """The warm-up ``spec`` runs on ``device`` (``auto`` resolved).
 
-    NOTE: CUDA graphs (a ``cuda_graphs`` setting other than ``off``, where
-    the spec has one) are recorded per engine, so a warm-up on another
-    engine does not record the run's: ``auto`` is then ``workload``, each
-    run recording its own buckets outside its clock."""
+    CUDA graphs (a ``cuda_graphs`` setting other than ``off``) are recorded
+    per engine, so a warm-up on another engine does not record the run's:
+    ``auto`` is then ``workload``, each run recording its own buckets outside
+    its clock."""
     if spec.warmup == "auto":
         if device.type != "cuda":
             return "short"
-        return "workload" if getattr(spec, "cuda_graphs", "off") != "off" else "shared"
+        return "workload" if spec.cuda_graphs != "off" else "shared"
     return spec.warmup
 
 
