@@ -177,6 +177,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "auto (default: shared on CUDA, short on CPU)",
     )
     g.add_argument(
+        "--cuda-graphs",
+        default="off",
+        choices=["off", "auto"],
+        help="CUDA graphs per shape bucket for every run on CUDA (auto; see `engine "
+        "--cuda-graphs`); off (default) runs everything eagerly; part of each run's resume key",
+    )
+    g.add_argument(
         "--synthetic-format",
         default=None,
         choices=["mxfp4"],
@@ -294,6 +301,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     # only when given, so plans (and their rows' specs and keys) stay as before
     if getattr(args, "warmup", "auto") != "auto":
         common_kw["warmup"] = args.warmup
+    if getattr(args, "cuda_graphs", "off") != "off":
+        common_kw["cuda_graphs"] = args.cuda_graphs
     # the hybrid miss service's settings, only where they differ from the
     # engine's defaults (so specs and resume keys of plain runs are unchanged)
     host_defaults = {
@@ -380,6 +389,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("gpus", 1),
         spec.get("placement", "round_robin"),
         spec.get("warmup", "auto"),
+        spec.get("cuda_graphs", "off"),
     )
 
 
@@ -714,6 +724,10 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),
         ("--trace", getattr(args, "trace", None)),
         ("--warmup", None if getattr(args, "warmup", "auto") == "auto" else args.warmup),
+        (
+            "--cuda-graphs",
+            None if getattr(args, "cuda_graphs", "off") == "off" else args.cuda_graphs,
+        ),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")
