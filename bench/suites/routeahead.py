@@ -81,6 +81,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--blocks-per-sequence", type=int, default=8, help="with --weights: blocks per text"
     )
     parser.add_argument(
+        "--prior-warmup-sequences",
+        type=int,
+        default=0,
+        help="with --weights: texts (after the scored ones, disjoint) whose routing the "
+        "history-based predictors learn from before scoring (earlier traffic); 0: none",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="comma-separated proxy trace .npz files: replay their verify rounds to score the "
+        "history-based predictors (previous_round, frequency_prior, token_prior) on learned "
+        "routing without weights",
+    )
+    parser.add_argument(
+        "--trace-order",
+        default="interleaved,sequential",
+        help="with --trace: comma-separated step orders (interleaved: every request's next "
+        "round per step; sequential: one request after another)",
+    )
+    parser.add_argument(
         "--predictor-archs",
         default=",".join(ARCHS),
         help="comma-separated architectures for the predictor part (first = headline)",
@@ -341,12 +361,16 @@ def score_predictors(
     device: str,
     block_len: int,
     batch_blocks: int,
+    warmup: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Every predictor over ``block_len``-token blocks of each sequence (a
     1-D id tensor on ``device``), scored against the routing of one
     transformers forward of the sequence (teacher-forced: the block's tokens
     are the ones a fully accepted draft would verify). Stateful predictors
-    see each sequence as one request; its first block is not scored.
+    see each sequence as one request; its first block is not scored; they
+    learn from a block's routing only after it was scored. ``warmup``
+    sequences (disjoint from ``sequences``) are routed first and only
+    learned from (earlier traffic of a serving engine).
     Returns ``{"predictors": {name: figures}, "per_layer": {name: [..]}}``."""
     import torch
 
@@ -359,6 +383,7 @@ def score_predictors(
         NextLayerLookahead,
         PreviousRoundPredictor,
         RouteAheadStats,
+        TokenPriorPredictor,
     )
 
     L, E, K, B = (
@@ -401,7 +426,11 @@ def score_predictors(
         "pd_engine_union": BatchedUnionPredictor(
             [(approx, 1.0), (previous, 0.5)], name="pd_engine_union"
         ),
+        # token id -> experts learned online from the routed rows of earlier
+        # blocks (the engine's ``--route-ahead-source token_prior``)
+        "token_prior": TokenPriorPredictor(L, E),
     }
+    token_learners = [p for p in predictors.values() if hasattr(p, "observe_tokens")]
     names = [*predictors, "next_layer"]
     stats = {name: RouteAheadStats(L, E, nbytes) for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -412,8 +441,22 @@ def score_predictors(
         predictor.predict(warm)
         predictor.forget(1 << 30)
     router_attr = type(adapter).router_attr
+    for sequence in warmup or []:
+        # routing of earlier traffic: learned from, never scored
+        routed_ids, _ = _capture(resident, router_attr, sequence)
+        topk = torch.stack(routed_ids, dim=1).cpu().numpy()  # [T, L, k]
+        tokens = sequence.cpu().numpy()
+        for index in range(int(sequence.numel()) // B):
+            rows = slice(index * B, (index + 1) * B)
+            for learner in token_learners:
+                learner.observe_tokens(tokens[rows], topk[rows])
+            routed = np.zeros((L, E), dtype=np.bool_)
+            routed[np.arange(L)[None, :, None], topk[rows]] = True
+            freq_stats.update(np.zeros_like(routed), routed)
     for seq_index, sequence in enumerate(sequences):
         routed_ids, layer_out = _capture(resident, router_attr, sequence)
+        seq_topk = torch.stack(routed_ids, dim=1).cpu().numpy()  # [T, L, k]
+        seq_tokens = sequence.cpu().numpy()
         look.predict_next(0, layer_out[0][:B])
         for index in range(int(sequence.numel()) // B):
             rows = slice(index * B, (index + 1) * B)
@@ -444,6 +487,9 @@ def score_predictors(
             stats["next_layer"].update(nxt, later)
             # (the engine union's stateful member is ``previous`` itself)
             previous.observe(seq_index, routed)
+            predictors["token_prior"].observe(seq_index, routed)
+            for learner in token_learners:
+                learner.observe_tokens(seq_tokens[rows], seq_topk[rows])
             freq_stats.update(np.zeros_like(routed), routed)
     out: dict[str, Any] = {}
     per_layer: dict[str, list[dict[str, Any]]] = {}
@@ -569,9 +615,11 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
     window = B * args.blocks_per_sequence
     adapter = load_adapter(weights, device=device, dtype=torch.float32)
     try:
+        if args.prior_warmup_sequences < 0:
+            raise SystemExit("--prior-warmup-sequences must be >= 0")
         prompts = load_prompts(
             args.prompts or "heldout",
-            [window] * args.sequences,
+            [window] * (args.sequences + args.prior_warmup_sequences),
             int(adapter.vocab_size),
             weights,
         )
@@ -582,8 +630,9 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
             experts_implementation="eager",
         )
         resident = resident.eval().to(device)
-        seqs = [torch.tensor(p, dtype=torch.int64, device=device) for p in prompts.prompts]
-        scored = score_predictors(adapter, resident, seqs, device, B, args.requests)
+        every = [torch.tensor(p, dtype=torch.int64, device=device) for p in prompts.prompts]
+        seqs, warmup = every[: args.sequences], every[args.sequences :]
+        scored = score_predictors(adapter, resident, seqs, device, B, args.requests, warmup)
     finally:
         adapter.close()
     provenance = {}
@@ -606,6 +655,7 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
         "block": B,
         "sequences": len(seqs),
         "blocks_per_sequence": args.blocks_per_sequence,
+        "prior_warmup_sequences": len(warmup),
         "combined_byte_budget": "half of the model's experts per block",
         "predictors": scored["predictors"],
         "per_layer": scored["per_layer"],
@@ -666,6 +716,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "accumulator": acc,
         "build": _build_info.summary(),
     }
+    traces = [t for t in (getattr(args, "trace", None) or "").split(",") if t]
+    if traces:
+        from pdflash.traces import load_trace
+
+        from .routeahead_trace import score_trace
+
+        orders = [o for o in args.trace_order.split(",") if o]
+        result["trace_predictors"] = {
+            path: {order: score_trace(load_trace(path), order=order) for order in orders}
+            for path in traces
+        }
     if getattr(args, "weights", None):
         learned = bench_predictors_learned(args)
         result["predictors"] = learned["predictors"]

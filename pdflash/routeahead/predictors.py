@@ -10,6 +10,8 @@ byte budget (:func:`select_under_budget`, or :class:`CombinedPredictor`).
 * :class:`FrequencyPriorPredictor` — the most frequently routed experts.
 * :class:`NextLayerLookahead` — inside the verify forward: layer l+1's router
   on layer l's output (not a block predictor; the engine calls it per layer).
+* :class:`TokenPriorPredictor` — token id -> experts, learned online from
+  every verified row's routing, calibrated to a precision floor.
 * :class:`CombinedPredictor` — weighted ranking or union of the above.
 
 Predictors need only :class:`RouterAccess` from a model adapter, which every
@@ -509,6 +511,11 @@ class CombinedPredictor:
         for predictor, _ in self.members:
             predictor.forget(request_id)
 
+    def observe_tokens(self, token_ids: npt.ArrayLike, topk_ids: npt.ArrayLike) -> None:
+        """Hand per-row routing to the members that learn from it."""
+        for learner in token_learners(self):
+            learner.observe_tokens(token_ids, topk_ids)
+
 
 def predict_batch(predictor: ExpertPredictor, blocks: Sequence[DraftedBlock]) -> ScoreArray:
     """Scores ``(len(blocks), L, E)``: the predictor's own batched pass when it
@@ -574,6 +581,8 @@ class TokenPriorPredictor:
         smoothing: float = 2.0,
         request_decay: float = 0.7,
         request_weight: float = 0.5,
+        # NOTE: the calibration lags the routing, so the default aims a little
+        # above the 0.8 floor issue 14 targets
         precision_target: float = 0.82,
         calibration_bins: int = 64,
         calibration_decay: float = 0.995,
@@ -775,3 +784,15 @@ class TokenPriorPredictor:
     def predict(self, block: DraftedBlock) -> ScoreArray:
         result: ScoreArray = self.predict_batch([block])[0]
         return result
+
+
+def token_learners(predictor: object) -> list[TokenRoutingObserver]:
+    """The predictors in ``predictor`` (itself, or members of a
+    :class:`CombinedPredictor`, recursively) that learn from per-row routing;
+    empty when none does (then nobody needs the rows' top-k on the host)."""
+    members = getattr(predictor, "members", None)
+    if members is not None:
+        return [learner for member, _ in members for learner in token_learners(member)]
+    if callable(getattr(predictor, "observe_tokens", None)):
+        return [cast(TokenRoutingObserver, predictor)]
+    return []
