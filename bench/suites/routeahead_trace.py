@@ -151,7 +151,9 @@ def score_trace(
         scored = np.array([r in started for r in requests])
         for name, predictor in predictors.items():
             if name in ranked and scored.any():
-                raw_scores[name].append(ranked[name]([b for b, s in zip(blocks, scored) if s]))
+                raw_scores[name].append(
+                    ranked[name]([b for b, s in zip(blocks, scored, strict=True) if s])
+                )
             start = time.perf_counter_ns()
             if hasattr(predictor, "predict_batch"):
                 scores = predictor.predict_batch(blocks)

@@ -37,7 +37,9 @@ class TokenPriorReference:
         self.layer_tokens = 0.0
         self.recent: dict[int, list[list[float]]] = {}
 
-    def observe_tokens(self, token_ids: Sequence[int], topk: Sequence[Sequence[Sequence[int]]]) -> None:
+    def observe_tokens(
+        self, token_ids: Sequence[int], topk: Sequence[Sequence[Sequence[int]]]
+    ) -> None:
         touched = []
         for token, per_layer in zip(token_ids, topk, strict=True):
             bucket = int(token) % self.buckets

@@ -665,9 +665,9 @@ class TokenPriorPredictor:
         layer = np.arange(L)[None, :, None]
         np.add.at(self._counts.reshape(-1), ((rows[:, None, None] * L + layer) * E + ids), 1)
         np.add.at(self._occurrences, rows, 1)
-        self._layer_counts += np.bincount(
-            (layer * E + ids).reshape(-1), minlength=L * E
-        ).reshape(L, E)
+        self._layer_counts += np.bincount((layer * E + ids).reshape(-1), minlength=L * E).reshape(
+            L, E
+        )
         self._layer_tokens += tokens.size
         over = np.unique(rows[self._occurrences[rows] > self.count_cap])
         if over.size:

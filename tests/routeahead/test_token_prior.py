@@ -278,6 +278,7 @@ def test_hindsight_curve_by_hand() -> None:
 def test_trace_replay_scores_the_history_predictors(tmp_path: Any) -> None:
     from pdflash.bench import cli
     from pdflash.bench.suites import routeahead
+
     from pdflash.traces import save_trace
 
     path = save_trace(_synthetic_trace(), tmp_path / "t.npz")
