@@ -661,15 +661,19 @@ class TokenPriorPredictor:
         if not tokens.size:
             return
         rows = tokens % self.buckets
-        # top-k ids are distinct per (row, layer): one increment each
+        # top-k ids are distinct per (row, layer): one increment each; rows of
+        # one bucket add up in a bincount over the batch's distinct buckets
         layer = np.arange(L)[None, :, None]
-        np.add.at(self._counts.reshape(-1), ((rows[:, None, None] * L + layer) * E + ids), 1)
-        np.add.at(self._occurrences, rows, 1)
+        touched, slot = np.unique(rows, return_inverse=True)
+        flat = ((slot.reshape(-1, 1, 1) * L + layer) * E + ids).reshape(-1)
+        added = np.bincount(flat, minlength=touched.size * L * E).reshape(touched.size, L, E)
+        self._counts[touched] += added.astype(np.uint16)
+        self._occurrences[touched] += np.bincount(slot.reshape(-1), minlength=touched.size)
         self._layer_counts += np.bincount((layer * E + ids).reshape(-1), minlength=L * E).reshape(
             L, E
         )
         self._layer_tokens += tokens.size
-        over = np.unique(rows[self._occurrences[rows] > self.count_cap])
+        over = touched[self._occurrences[touched] > self.count_cap]
         if over.size:
             self._counts[over] >>= 1
             self._occurrences[over] >>= 1
