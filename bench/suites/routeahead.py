@@ -25,6 +25,12 @@ Two parts, both on synthetic inputs (labelled ``"synthetic": true``):
    PD's engine uses before a verify (``pd_engine_union``) and a computed
    ``recommendation``: the source PD should trust (coverage >= 0.9 at
    precision >= 0.8, else the best trade-off). Rows say ``"synthetic": false``.
+   ``--prior-warmup-sequences N`` more texts are routed first and only
+   learned from (frequency prior, token prior).
+3. **trace** (``--trace A.npz[,B.npz]``) — the history-based predictors
+   (previous round, frequency prior, token prior) replayed over a proxy
+   trace's verify rounds (:mod:`.routeahead_trace`): learned routing without
+   weights, per ``--trace-order`` (interleaved / sequential steps).
 """
 
 from __future__ import annotations
