@@ -733,6 +733,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             path: {order: score_trace(load_trace(path), order=order) for order in orders}
             for path in traces
         }
+        for by_order in result["trace_predictors"].values():
+            for rep in by_order.values():
+                rep["recommendation"] = recommend(rep["predictors"])
     if getattr(args, "weights", None):
         learned = bench_predictors_learned(args)
         result["predictors"] = learned["predictors"]

@@ -755,7 +755,6 @@ class TokenPriorPredictor:
             if tokens.size and int(tokens.min()) < 0:
                 raise ValueError(f"token ids must be >= 0, got {int(tokens.min())}")
         rows = np.concatenate(token_lists) % self.buckets
-        owner = np.repeat(np.arange(len(blocks)), [t.size for t in token_lists])
         unique, inverse = np.unique(rows, return_inverse=True)
         tokens_seen = max(self._layer_tokens, 1.0)
         prior = (self._layer_counts / tokens_seen).astype(np.float32).reshape(-1)
@@ -764,10 +763,20 @@ class TokenPriorPredictor:
         occ = self._occurrences[unique].astype(np.float32)[:, None]
         p_row = (counts + alpha * prior) / (occ + alpha)
         log_miss = np.log1p(-np.minimum(p_row, np.float32(1.0 - 1e-6)))
-        # rows per (block, distinct token): one matmul sums every block's rows
-        uses = np.zeros((len(blocks), unique.size), dtype=np.float32)
-        np.add.at(uses, (owner, inverse.reshape(-1)), 1.0)
-        p_tok = -np.expm1(uses @ log_miss).reshape(len(blocks), L, E)
+        # each block's rows summed in one segmented reduction (a BLAS matmul
+        # over a row-count matrix was as fast alone but stalled on threads
+        # under load)
+        sizes = np.array([t.size for t in token_lists])
+        per_row = log_miss[inverse.reshape(-1)]
+        if sizes.min() == sizes.max() > 0:  # the usual case: every block full
+            sums = per_row.reshape(len(blocks), int(sizes[0]), L * E).sum(axis=1)
+        else:
+            filled = np.flatnonzero(sizes)
+            sums = np.zeros((len(blocks), L * E), dtype=np.float32)
+            if filled.size:
+                starts = (np.cumsum(sizes) - sizes)[filled]
+                sums[filled] = np.add.reduceat(per_row, starts, axis=0)
+        p_tok = -np.expm1(sums).reshape(len(blocks), L, E)
         recent = np.stack(
             [self._recent.get(b.request_id, np.zeros((L, E), np.float32)) for b in blocks]
         )

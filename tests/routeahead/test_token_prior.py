@@ -46,6 +46,10 @@ def test_satisfies_the_protocol_and_is_silent_before_learning() -> None:
     scores = prior.predict(_block(0, [1, 2, 3]))
     assert scores.shape == (L, E) and scores.dtype == np.float32
     assert not (scores > 0).any()  # nothing learned: nothing predicted
+    tokens = np.arange(B)
+    prior.observe_tokens(tokens, _routing_of(tokens))
+    both = prior.raw_scores([_block(0, []), _block(1, tokens)])
+    assert not both[0].any() and both[1].max() > 0.5  # an empty block predicts nothing
 
 
 def test_learns_the_token_to_expert_map_and_calibrates_to_the_floor() -> None:
@@ -130,7 +134,9 @@ def test_raw_scores_equal_the_pure_python_reference() -> None:
         tokens = rng.integers(0, 50, size=int(rng.integers(1, B + 1)))
         topk = np.argsort(rng.random((tokens.size, L, E)), axis=-1)[..., :K]
         rid = int(rng.integers(0, 3))
-        blocks = [_block(r, rng.integers(0, 50, size=B)) for r in range(3)]
+        # full blocks (one reshape-sum) and, every other step, ragged ones (segmented)
+        sizes = [B, B, B] if step % 2 else [B, 1, int(rng.integers(2, B))]
+        blocks = [_block(r, rng.integers(0, 50, size=n)) for r, n in enumerate(sizes)]
         got = prior.raw_scores(blocks)
         for r, block in enumerate(blocks):
             want = np.array(ref.raw_score(r, block.token_ids.tolist()), dtype=np.float64)
@@ -306,3 +312,6 @@ def test_trace_replay_scores_the_history_predictors(tmp_path: Any) -> None:
         assert set(token["layer_groups"]) == {"early", "middle", "late"}
         assert len(token["per_layer"]) == L
         assert token["hindsight"]["coverage_at_precision_0.8"] > 0.9
+        rec = rep["recommendation"]
+        assert rec["trust"] in rows and rec["meets_target"]
+        assert rows[rec["trust"]]["coverage"] >= token["coverage"]
