@@ -4,6 +4,7 @@ pure-Python reference, and its replay over proxy traces."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -315,3 +316,36 @@ def test_trace_replay_scores_the_history_predictors(tmp_path: Any) -> None:
         rec = rep["recommendation"]
         assert rec["trust"] in rows and rec["meets_target"]
         assert rows[rec["trust"]]["coverage"] >= token["coverage"]
+
+
+COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results"
+#: (trace, order) -> predictor -> (coverage, precision), as
+#: bench/results/cpu/tokenprior-2026-12-01/README.md states them
+README_FIGURES = {
+    ("trace_gpu_t1.npz", "interleaved"): {
+        "token_prior": (0.920, 0.817),
+        "frequency_prior": (0.862, 0.801),
+        "previous_round": (0.834, 0.830),
+    },
+    ("trace_gpu_greedy.npz", "interleaved"): {
+        "token_prior": (0.940, 0.820),
+        "frequency_prior": (0.891, 0.705),
+        "previous_round": (0.852, 0.849),
+    },
+}
+
+
+@pytest.mark.skipif(
+    not (COMMITTED / "h200" / "proxy-2026-12-01").is_dir(), reason="run from a checkout"
+)
+@pytest.mark.parametrize("key", sorted(README_FIGURES))
+def test_committed_trace_replay_reproduces_the_readme(key: tuple[str, str]) -> None:
+    from pdflash.bench.suites.routeahead_trace import score_trace
+
+    from pdflash.traces import load_trace
+
+    name, order = key
+    rep = score_trace(load_trace(COMMITTED / "h200" / "proxy-2026-12-01" / name), order=order)
+    for predictor, (coverage, precision) in README_FIGURES[key].items():
+        row = rep["predictors"][predictor]
+        assert (round(row["coverage"], 3), round(row["precision"], 3)) == (coverage, precision)
