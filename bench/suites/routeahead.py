@@ -406,6 +406,7 @@ def score_predictors(
     # NOTE: the combined predictor may prefetch half of the model's experts per
     # block; it ranks the union of its members and keeps the best that fit.
     budget = (L * E // 2) * nbytes
+    token_prior = TokenPriorPredictor(L, E)
     predictors: dict[str, ExpertPredictor] = {
         "approx_router": approx,
         "approx_router_wide": ApproxRouterPredictor(
@@ -434,9 +435,9 @@ def score_predictors(
         ),
         # token id -> experts learned online from the routed rows of earlier
         # blocks (the engine's ``--route-ahead-source token_prior``)
-        "token_prior": TokenPriorPredictor(L, E),
+        "token_prior": token_prior,
     }
-    token_learners = [p for p in predictors.values() if hasattr(p, "observe_tokens")]
+
     names = [*predictors, "next_layer"]
     stats = {name: RouteAheadStats(L, E, nbytes) for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -447,18 +448,25 @@ def score_predictors(
         predictor.predict(warm)
         predictor.forget(1 << 30)
     router_attr = type(adapter).router_attr
-    for sequence in warmup or []:
-        # routing of earlier traffic: learned from, never scored
+    for warm_index, sequence in enumerate(warmup or []):
+        # earlier traffic, never scored: the token learners predict each block
+        # (their calibration learns from it, as in an engine) and learn its routing
+        request = -1 - warm_index
         routed_ids, _ = _capture(resident, router_attr, sequence)
         topk = torch.stack(routed_ids, dim=1).cpu().numpy()  # [T, L, k]
         tokens = sequence.cpu().numpy()
         for index in range(int(sequence.numel()) // B):
             rows = slice(index * B, (index + 1) * B)
-            for learner in token_learners:
-                learner.observe_tokens(tokens[rows], topk[rows])
+            block = DraftedBlock(
+                request, sequence[rows], torch.arange(rows.start, rows.stop, device=device)
+            )
             routed = np.zeros((L, E), dtype=np.bool_)
             routed[np.arange(L)[None, :, None], topk[rows]] = True
+            token_prior.predict(block)
+            token_prior.observe(request, routed)
+            token_prior.observe_tokens(tokens[rows], topk[rows])
             freq_stats.update(np.zeros_like(routed), routed)
+        token_prior.forget(request)
     for seq_index, sequence in enumerate(sequences):
         routed_ids, layer_out = _capture(resident, router_attr, sequence)
         seq_topk = torch.stack(routed_ids, dim=1).cpu().numpy()  # [T, L, k]
@@ -493,9 +501,8 @@ def score_predictors(
             stats["next_layer"].update(nxt, later)
             # (the engine union's stateful member is ``previous`` itself)
             previous.observe(seq_index, routed)
-            predictors["token_prior"].observe(seq_index, routed)
-            for learner in token_learners:
-                learner.observe_tokens(seq_tokens[rows], seq_topk[rows])
+            token_prior.observe(seq_index, routed)
+            token_prior.observe_tokens(seq_tokens[rows], seq_topk[rows])
             freq_stats.update(np.zeros_like(routed), routed)
     out: dict[str, Any] = {}
     per_layer: dict[str, list[dict[str, Any]]] = {}
