@@ -607,6 +607,20 @@ def recommend(predictors: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def distinct_warmup(scored: list[list[int]], warmup: list[list[int]]) -> list[list[int]]:
+    """The warm-up texts that repeat neither a scored text nor an earlier
+    warm-up text (a prompt source with too few windows wraps around; a
+    predictor must not learn the routing of a text it is scored on)."""
+    seen = {tuple(t) for t in scored}
+    out = []
+    for text in warmup:
+        key = tuple(text)
+        if key not in seen:
+            seen.add(key)
+            out.append(text)
+    return out
+
+
 def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
     """Every predictor on a trained checkpoint (``--weights``) over
     teacher-forced blocks of held-out text (``--prompts``, default the
@@ -643,8 +657,10 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
             experts_implementation="eager",
         )
         resident = resident.eval().to(device)
-        every = [torch.tensor(p, dtype=torch.int64, device=device) for p in prompts.prompts]
-        seqs, warmup = every[: args.sequences], every[args.sequences :]
+        scored_texts = prompts.prompts[: args.sequences]
+        warm_texts = distinct_warmup(scored_texts, prompts.prompts[args.sequences :])
+        seqs = [torch.tensor(p, dtype=torch.int64, device=device) for p in scored_texts]
+        warmup = [torch.tensor(p, dtype=torch.int64, device=device) for p in warm_texts]
         scored = score_predictors(adapter, resident, seqs, device, B, args.requests, warmup)
     finally:
         adapter.close()
@@ -669,6 +685,7 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
         "sequences": len(seqs),
         "blocks_per_sequence": args.blocks_per_sequence,
         "prior_warmup_sequences": len(warmup),
+        "prior_warmup_requested": args.prior_warmup_sequences,
         "combined_byte_budget": "half of the model's experts per block",
         "predictors": scored["predictors"],
         "per_layer": scored["per_layer"],

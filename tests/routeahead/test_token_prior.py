@@ -359,3 +359,12 @@ def test_committed_trace_replay_reproduces_the_readme(key: tuple[str, str, str])
     for predictor, (coverage, precision) in README_FIGURES[key].items():
         row = rep["predictors"][predictor]
         assert (round(row["coverage"], 3), round(row["precision"], 3)) == (coverage, precision)
+
+
+def test_warmup_texts_never_repeat_a_scored_text() -> None:
+    from pdflash.bench.suites.routeahead import distinct_warmup
+
+    scored = [[1, 2], [3, 4]]
+    # a source with 3 windows asked for 6 wraps around: 3 4 | 5 6 1 2 3 4
+    assert distinct_warmup(scored, [[5, 6], [1, 2], [3, 4], [5, 6]]) == [[5, 6]]
+    assert distinct_warmup(scored, []) == []
