@@ -4,7 +4,7 @@
 # /tmp/pdflash-proxy). One phase per call, each under 8 minutes, in
 # bench/h200/run.sh's step style ($OUT/log.txt, $OUT/results.jsonl):
 #   bash bench/h200/issue14_bench.sh routeahead  # predictors on learned routing, cold and
-#                                                # after PRIOR_WARMUP (64) warm-up texts (~2-4 min)
+#                                                # after PRIOR_WARMUP (512) warm-up texts (~3-5 min)
 #   bash bench/h200/issue14_bench.sh gptoss      # B1/B2/PD/B3, experts padded to gpt-oss-20b
 #   bash bench/h200/issue14_bench.sh qwen3       # the same, padded to qwen3-30b-a3b
 #   bash bench/h200/issue14_bench.sh replay      # routing + acceptance replayed from a proxy
@@ -17,7 +17,7 @@
 # (the step's result says not_started_budget). Every call copies the rows to
 # $OUT/<phase>/. Knobs: REPEATS (3), BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
-# token_prior), PRIOR_WARMUP (64), TRACE (replay: a trace .npz; default: exported once into
+# token_prior), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
 set -uo pipefail
 PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|qwen3|replay}
@@ -32,7 +32,7 @@ MAX_NEW=${MAX_NEW:-32}
 PROMPT_LEN=${PROMPT_LEN:-64}
 TEMPERATURE=${TEMPERATURE:-0}
 PROMPTS=${PROMPTS:-heldout}
-PRIOR_WARMUP=${PRIOR_WARMUP:-64}
+PRIOR_WARMUP=${PRIOR_WARMUP:-512}
 MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency 1,4,16 --cache-fraction 0.2,0.5 --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE"
 need_drafter() {
   test -f "$P/drafter/config.json" || { echo "no drafter in $P/drafter: run bench/h200/issue14.sh draft" >&2; exit 2; }
