@@ -87,7 +87,7 @@ class TokenPriorReference:
                     log_miss += math.log1p(-min(p, 1.0 - 1e-6))
                 p_tok = -math.expm1(log_miss)
                 r = 0.0 if recent is None else recent[layer][e]
-                s = 1.0 - (1.0 - p_tok) * (1.0 - self.request_weight * r)
+                s = (p_tok + self.request_weight * r) / (1.0 + self.request_weight)
                 row_scores.append(min(max(s, 0.0), 1.0))
             out.append(row_scores)
         return out

@@ -560,8 +560,10 @@ class TokenPriorPredictor:
     that some row routes to it if rows were independent,
     ``p_tok = 1 - prod_rows (1 - p(e | token))`` with ``p(e | token) =
     (count + smoothing * prior) / (occurrences + smoothing)``, mixed with the
-    request's recent routing: ``s = 1 - (1 - p_tok) (1 - request_weight *
-    recent)``. Selection: the (layer, score bin) cells ranked by their
+    request's recent routing: ``s = (p_tok + request_weight * recent) / (1 +
+    request_weight)`` (a sum ranks experts both sources back above either
+    alone; on the proxy traces it covered more at the same precision than a
+    noisy-or). Selection: the (layer, score bin) cells ranked by their
     measured hit rate, the longest prefix whose pooled precision is at least
     ``precision_target``; a selected expert's score is its cell's hit rate
     (comparable across layers), the rest 0. Before a layer has
@@ -780,7 +782,8 @@ class TokenPriorPredictor:
         recent = np.stack(
             [self._recent.get(b.request_id, np.zeros((L, E), np.float32)) for b in blocks]
         )
-        raw = 1.0 - (1.0 - p_tok) * (1.0 - np.float32(self.request_weight) * recent)
+        w = np.float32(self.request_weight)
+        raw = (p_tok + w * recent) / (np.float32(1.0) + w)
         out: ScoreArray = np.clip(raw, 0.0, 1.0).astype(np.float32)
         return out
 

@@ -73,12 +73,11 @@ def test_learns_the_token_to_expert_map_and_calibrates_to_the_floor() -> None:
 
 
 def test_precision_floor_trades_coverage_for_precision() -> None:
-    rng = np.random.default_rng(1)
-
     def run(target: float) -> tuple[float, float]:
+        rng = np.random.default_rng(1)  # the same routing for every target
         prior = TokenPriorPredictor(L, E, min_calibration=E, precision_target=target)
         h = p = u = 0
-        for step in range(200):
+        for step in range(400):
             tokens = rng.integers(0, 40, size=B)
             topk = _routing_of(tokens)
             # noisy routing: half of the rows route a random pair instead
@@ -94,10 +93,11 @@ def test_precision_floor_trades_coverage_for_precision() -> None:
             prior.observe_tokens(tokens, topk)
         return h / u, h / max(p, 1)
 
-    low_cov, low_prec = run(0.6)
-    high_cov, high_prec = run(0.95)
+    low_cov, low_prec = run(0.7)
+    high_cov, high_prec = run(0.85)
     assert high_prec > low_prec and high_cov < low_cov
-    assert high_prec >= 0.9  # the calibrated floor holds out of sample (with a margin)
+    # the floor calibrated on past blocks holds on later ones, within a little
+    assert low_prec >= 0.7 - 0.03 and high_prec >= 0.85 - 0.03
 
 
 def test_predictions_never_see_the_routing_they_predict() -> None:
@@ -323,22 +323,22 @@ COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200"
 #: bench/results/cpu/tokenprior-2026-12-01/README.md states them
 README_FIGURES = {
     ("proxy-2026-12-01", "trace_gpu_t1.npz", "interleaved"): {
-        "token_prior": (0.920, 0.817),
+        "token_prior": (0.926, 0.816),
         "frequency_prior": (0.862, 0.801),
         "previous_round": (0.834, 0.830),
     },
     ("proxy-2026-12-01", "trace_gpu_greedy.npz", "interleaved"): {
-        "token_prior": (0.940, 0.820),
+        "token_prior": (0.946, 0.820),
         "frequency_prior": (0.891, 0.705),
         "previous_round": (0.852, 0.849),
     },
     ("proxy-balanced-2026-12-01", "trace_gpu_t1.npz", "interleaved"): {
-        "token_prior": (0.492, 0.818),
+        "token_prior": (0.550, 0.820),
         "frequency_prior": (0.343, 0.637),
         "previous_round": (0.642, 0.638),
     },
     ("proxy-balanced-2026-12-01", "trace_gpu_greedy.npz", "interleaved"): {
-        "token_prior": (0.691, 0.827),
+        "token_prior": (0.748, 0.827),
         "frequency_prior": (0.389, 0.506),
         "previous_round": (0.704, 0.700),
     },
