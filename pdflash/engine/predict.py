@@ -89,7 +89,9 @@ class TokenRoutingRecorder:
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
         if layer == 0:  # a new forward
             self._layers = []
-        self._layers.append(topk_ids)
+        # a copy on the device (no sync): a replayed CUDA-graph piece may
+        # reuse the buffer its routing came in
+        self._layers.append(topk_ids.clone())
 
     def take(self) -> npt.NDArray[np.int64] | None:
         """``[T, L, k]`` top-k ids of the latest forward's rows, or None if
