@@ -17,7 +17,7 @@
 # (the step's result says not_started_budget). Every call copies the rows to
 # $OUT/<phase>/. Knobs: REPEATS (3), BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
-# token_prior), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
+# token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
 set -uo pipefail
 PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|qwen3|replay}
@@ -33,6 +33,7 @@ PROMPT_LEN=${PROMPT_LEN:-64}
 TEMPERATURE=${TEMPERATURE:-0}
 PROMPTS=${PROMPTS:-heldout}
 PRIOR_WARMUP=${PRIOR_WARMUP:-512}
+BASELINES=${BASELINES:-B1,B2,PD,B3}
 MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency 1,4,16 --cache-fraction 0.2,0.5 --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE"
 need_drafter() {
   test -f "$P/drafter/config.json" || { echo "no drafter in $P/drafter: run bench/h200/issue14.sh draft" >&2; exit 2; }
@@ -55,7 +56,7 @@ case "$PHASE" in
     name=$PHASE
     [ "$RA" = union ] || name=${PHASE}_$RA
     exec bash "$HERE/run.sh" \
-      "matrix_$name=timeout 470 $MATRIX --arch proxy --weights $P/target --draft $P/drafter --baselines B1,B2,PD,B3 --acceptance model --prompts $PROMPTS --expert-bytes-as $size --route-ahead-source $RA --out $P/bench/$name" \
+      "matrix_$name=timeout 470 $MATRIX --arch proxy --weights $P/target --draft $P/drafter --baselines $BASELINES --acceptance model --prompts $PROMPTS --expert-bytes-as $size --route-ahead-source $RA --out $P/bench/$name" \
       "collect_$name=$(collect "$name")"
     ;;
   replay)
