@@ -382,6 +382,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("host_experts", "off"),
         spec.get("expert_bytes_as"),
         spec.get("routing_source", "model"),
+        spec.get("route_ahead_source", "union"),
         spec.get("arrivals", "burst"),
         spec.get("rate_per_s"),
         spec.get("users"),
@@ -737,6 +738,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--temperature {args.temperature}")
     if getattr(args, "routing_source", "model") != "model":
         parts.append(f"--routing-source {args.routing_source}")
+    if getattr(args, "route_ahead_source", "union") != "union":
+        parts.append(f"--route-ahead-source {args.route_ahead_source}")
     for name, default in SERVING_DEFAULTS.items():
         value = getattr(args, name, default)
         if value != default:
