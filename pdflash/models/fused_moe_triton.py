@@ -1,0 +1,344 @@
+"""Grouped dequantize-GEMM over the expert slab: one Triton launch per
+projection per layer, compressed weights dequantized in registers (imported
+only where ``triton`` is).
+
+Rows arrive sorted by slot (the grouped path's routing -> slot sort). A
+*tile map* (:func:`pdflash.models.compressed_gemm.tile_map`, plain torch, no host sync) cuts each slot's
+rows into ``BLOCK_M`` tiles; program ``(t, n)`` multiplies tile ``t``'s
+activations (gathered through ``x_rows``, no gathered copy of ``x``) by
+columns ``n`` of its slot's weights, read straight from the slab:
+
+* MXFP4 (gpt-oss as released): ``blocks [S, N, K/32, 16]`` (two e2m1 codes per
+  byte, low nibble first) and ``scales [S, N, K/32]`` (e8m0), the layout the
+  store and slab hold. A ``[BLOCK_N, BLOCK_K/2]`` byte tile becomes two
+  ``[BLOCK_N, BLOCK_K/2]`` value tiles (low and high nibbles: the even and odd
+  ``k``), each multiplied with the matching even/odd columns of the
+  activation tile, so no interleave is needed. Values are built from bits
+  exactly as :mod:`pdflash.models.mxfp4_triton` builds them (same bits as
+  :func:`pdflash.models.layout.dequantize_mxfp4_torch`).
+* FP8 (``--expert-dtype fp8``): e4m3 ``[S, N, K]`` or ``[S, K, N]`` (any
+  strides) with one fp32 scale per output channel, applied to the fp32
+  accumulator after the K loop (the dequant path scales each weight first:
+  equal up to rounding).
+
+Products accumulate in fp32 (``tl.dot``). Epilogues: ``ACT_NONE`` (+ bias),
+``ACT_GPTOSS`` (two accumulators over the gate and up columns, + biases,
+gpt-oss's clamped SwiGLU ``(clamp(up) + 1) * g * sigmoid(alpha * g)`` with
+``g = min(gate, limit)``) and ``ACT_SILU`` (``silu(gate) * up``, the SwiGLU
+archs). The gate/up columns are ``gate_col0 + j * col_step`` and
+``up_col0 + j * col_step`` (gpt-oss interleaves them: 0/1/2; the SwiGLU archs
+stack them: 0/I/1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+WFMT_MXFP4 = 0
+WFMT_FP8 = 1
+ACT_NONE = 0
+ACT_GPTOSS = 1
+ACT_SILU = 2
+
+_TL_DTYPES: dict[torch.dtype, Any] = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_INTERPRETING = _interpreting()  # at import, as triton decides (decoration time)
+
+
+def _configs() -> list[Any]:
+    """sm_90 candidates for small M (few rows per group, many groups): narrow
+    N tiles for many programs, long K steps for few loop trips. The
+    interpreter (tests) runs one config."""
+    if _INTERPRETING:
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
+    shapes = [
+        (32, 128, 4, 4),
+        (64, 64, 4, 4),
+        (64, 128, 4, 3),
+        (64, 256, 4, 3),
+        (128, 64, 4, 3),
+        (128, 128, 8, 3),
+    ]
+    return [
+        triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+        for n, k, w, s in shapes
+    ]
+
+
+@triton.jit
+def _e2m1_to_f32(code):
+    mag = code & 7
+    exp_field = tl.where(mag >= 2, (mag >> 1) + 126, tl.where(mag == 1, 126, 0))
+    mant_bit = tl.where(mag >= 2, mag & 1, 0)
+    bits = ((code >> 3) << 31) | (exp_field << 23) | (mant_bit << 22)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _to_dot(values, DOT_DTYPE: tl.constexpr):
+    if DOT_DTYPE == tl.bfloat16:  # noqa: SIM300 (constexpr first: triton unwraps it)
+        # exact products (<= 2 significant bits, >= 2^-128): bf16 is the fp32 bits' top half
+        top = values.to(tl.uint32, bitcast=True) >> 16
+        return top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return values
+
+
+@triton.jit
+def _mxfp4_tiles(w_base, s_base, cols, col_live, kb, KB, stride_wn, stride_sn, stride_sk,
+                 DOT_DTYPE: tl.constexpr):
+    """Low- and high-nibble value tiles ``[BLOCK_N, BLOCK_K/2]`` of rows
+    ``cols`` at byte columns ``kb``."""
+    live = col_live[:, None] & (kb[None, :] < KB)
+    packed = tl.load(
+        w_base + cols[:, None] * stride_wn + kb[None, :], mask=live, other=0
+    ).to(tl.int32)
+    s = tl.load(
+        s_base + cols[:, None] * stride_sn + (kb[None, :] // 16) * stride_sk, mask=live, other=127
+    ).to(tl.int32)
+    scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
+    lo = _to_dot(_e2m1_to_f32(packed & 0x0F) * scale, DOT_DTYPE)
+    hi = _to_dot(_e2m1_to_f32(packed >> 4) * scale, DOT_DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def _fp8_tile(w_base, cols, col_live, ks, K, stride_wn, stride_wk, DOT_DTYPE: tl.constexpr):
+    """``[BLOCK_N, BLOCK_K]`` e4m3 values of rows ``cols`` at columns ``ks``."""
+    live = col_live[:, None] & (ks[None, :] < K)
+    raw = tl.load(w_base + cols[:, None] * stride_wn + ks[None, :] * stride_wk, mask=live, other=0.0)
+    return raw.to(tl.float32).to(DOT_DTYPE)
+
+
+@triton.jit
+def _dot(a, b_nk, acc, DOT_DTYPE: tl.constexpr, UPCAST: tl.constexpr):
+    if UPCAST:
+        # the interpreter's dot multiplies bf16's raw bits: take the (exact)
+        # fp32 values of the same bf16 tiles there
+        return tl.dot(
+            a.to(tl.float32), tl.trans(b_nk.to(tl.float32)), acc, input_precision="ieee"
+        )
+    if DOT_DTYPE == tl.float32:  # noqa: SIM300
+        return tl.dot(a, tl.trans(b_nk), acc, input_precision="ieee")
+    return tl.dot(a, tl.trans(b_nk), acc)
+
+
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "WFMT", "ACT"])
+@triton.jit
+def _grouped_qgemm_kernel(
+    x_ptr, x_rows_ptr, stride_xm, stride_xk,
+    w_ptr, stride_ws, stride_wn, stride_wk,
+    sc_ptr, stride_ss, stride_sn, stride_sk,
+    bias_ptr, stride_bs,
+    out_ptr, stride_om,
+    tile_slot_ptr, tile_start_ptr, tile_end_ptr,
+    N, gate_col0, up_col0, col_step, alpha, limit,
+    K: tl.constexpr, WFMT: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid_t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    slot = tl.load(tile_slot_ptr + pid_t)
+    if slot < 0:  # past the last live tile (the grid is a bound, known without a sync)
+        return
+    start = tl.load(tile_start_ptr + pid_t)
+    end = tl.load(tile_end_ptr + pid_t)
+    rows = start + tl.arange(0, BLOCK_M)
+    row_live = rows < end
+    x_rows = tl.load(x_rows_ptr + rows, mask=row_live, other=0).to(tl.int64)
+    x_base = x_ptr + x_rows[:, None] * stride_xm
+
+    j = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns
+    j_live = j < N
+    gate_cols = gate_col0 + j * col_step
+    up_cols = up_col0 + j * col_step
+    slot64 = slot.to(tl.int64)
+    w_base = w_ptr + slot64 * stride_ws
+    s_base = sc_ptr + slot64 * stride_ss
+
+    # builtins only (tl.full, not tl.zeros; no tl.sigmoid): the kernel also
+    # runs under an interpreter enabled after triton was imported
+    acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    for k0 in range(0, K, BLOCK_K):
+        if WFMT == 0:  # MXFP4
+            half = tl.arange(0, HALF_K)
+            k_even = k0 + 2 * half
+            x_live = row_live[:, None] & (k_even[None, :] < K)
+            x_even = tl.load(x_base + k_even[None, :] * stride_xk, mask=x_live, other=0.0)
+            x_odd = tl.load(x_base + (k_even[None, :] + 1) * stride_xk, mask=x_live, other=0.0)
+            x_even = x_even.to(DOT_DTYPE)
+            x_odd = x_odd.to(DOT_DTYPE)
+            kb = k0 // 2 + half
+            lo, hi = _mxfp4_tiles(
+                w_base, s_base, gate_cols, j_live, kb, K // 2,
+                stride_wn, stride_sn, stride_sk, DOT_DTYPE,
+            )  # fmt: skip
+            acc_g = _dot(x_even, lo, acc_g, DOT_DTYPE, UPCAST_DOT)
+            acc_g = _dot(x_odd, hi, acc_g, DOT_DTYPE, UPCAST_DOT)
+            if ACT != 0:
+                lo, hi = _mxfp4_tiles(
+                    w_base, s_base, up_cols, j_live, kb, K // 2,
+                    stride_wn, stride_sn, stride_sk, DOT_DTYPE,
+                )  # fmt: skip
+                acc_u = _dot(x_even, lo, acc_u, DOT_DTYPE, UPCAST_DOT)
+                acc_u = _dot(x_odd, hi, acc_u, DOT_DTYPE, UPCAST_DOT)
+        else:  # FP8, per-output-channel scales applied after the loop
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x_live = row_live[:, None] & (ks[None, :] < K)
+            xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0).to(DOT_DTYPE)
+            wt = _fp8_tile(w_base, gate_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
+            acc_g = _dot(xt, wt, acc_g, DOT_DTYPE, UPCAST_DOT)
+            if ACT != 0:
+                wt = _fp8_tile(w_base, up_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
+                acc_u = _dot(xt, wt, acc_u, DOT_DTYPE, UPCAST_DOT)
+
+    if WFMT == 1:
+        sg = tl.load(s_base + gate_cols * stride_sn, mask=j_live, other=0.0)
+        acc_g = acc_g * sg[None, :]
+        if ACT != 0:
+            su = tl.load(s_base + up_cols * stride_sn, mask=j_live, other=0.0)
+            acc_u = acc_u * su[None, :]
+    if HAS_BIAS:
+        b_base = bias_ptr + slot64 * stride_bs
+        acc_g += tl.load(b_base + gate_cols, mask=j_live, other=0.0).to(tl.float32)[None, :]
+        if ACT != 0:
+            acc_u += tl.load(b_base + up_cols, mask=j_live, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:  # gpt-oss: clamped SwiGLU
+        gate = tl.minimum(acc_g, limit)
+        up = tl.minimum(tl.maximum(acc_u, -limit), limit)
+        y = (up + 1.0) * (gate / (1.0 + tl.exp(-gate * alpha)))
+    elif ACT == 2:  # silu(gate) * up
+        y = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    else:
+        y = acc_g
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + j[None, :]
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_live[:, None] & j_live[None, :])
+
+
+@dataclass(frozen=True)
+class SlabWeight:
+    """One projection's compressed weights over the slots: ``[S, N, K]``
+    logically (output channel ``n``, input ``k``).
+
+    ``fmt="mxfp4"``: ``data`` = blocks ``[S, N, K/32, 16]`` uint8 and
+    ``scale`` = ``[S, N, K/32]`` uint8 (each row's bytes contiguous).
+    ``fmt="fp8"``: ``data`` = e4m3 ``[S, N, K]`` (``n_axis=1``) or
+    ``[S, K, N]`` (``n_axis=2``), ``scale`` = fp32 ``[S, N]``.
+    ``bias``: ``[S, N]`` or None."""
+
+    fmt: str
+    data: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None = None
+    n_axis: int = 1
+
+    @property
+    def n(self) -> int:
+        if self.fmt == "mxfp4":
+            return int(self.data.shape[1])
+        return int(self.data.shape[self.n_axis])
+
+    @property
+    def k(self) -> int:
+        if self.fmt == "mxfp4":
+            return int(self.data.shape[2]) * 32
+        return int(self.data.shape[3 - self.n_axis])
+
+    def check(self) -> None:
+        d, s = self.data, self.scale
+        if self.fmt == "mxfp4":
+            if d.dtype != torch.uint8 or s.dtype != torch.uint8 or d.dim() != 4:
+                raise ValueError("MXFP4 slab weights: uint8 blocks [S, N, G, 16] and scales [S, N, G]")
+            if tuple(d.shape[:3]) != tuple(s.shape) or d.shape[3] != 16:
+                raise ValueError(f"MXFP4 blocks {tuple(d.shape)} do not match scales {tuple(s.shape)}")
+            if d.stride(3) != 1 or d.stride(2) != 16:
+                raise ValueError("MXFP4 blocks: each row's bytes must be contiguous")
+        elif self.fmt == "fp8":
+            if d.dtype != torch.float8_e4m3fn or d.dim() != 3 or self.n_axis not in (1, 2):
+                raise ValueError("FP8 slab weights: e4m3 [S, N, K] or [S, K, N]")
+            if s.dtype != torch.float32 or tuple(s.shape) != (d.shape[0], self.n):
+                raise ValueError(f"FP8 scales must be fp32 [S, N], got {s.dtype} {tuple(s.shape)}")
+        else:
+            raise ValueError(f"unknown slab weight format {self.fmt!r}")
+        if self.bias is not None and (
+            self.bias.dim() != 2 or self.bias.shape[1] != self.n or self.bias.stride(1) != 1
+        ):
+            raise ValueError(f"bias must be [S, {self.n}] with contiguous rows")
+
+
+def grouped_qgemm(
+    x: torch.Tensor,
+    x_rows: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    block_m: int,
+    w: SlabWeight,
+    *,
+    act: int = ACT_NONE,
+    gate_up: tuple[int, int, int] = (0, 0, 1),
+    alpha: float = 1.0,
+    limit: float = 0.0,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T)`` for the sorted rows
+    ``r`` that ``tiles`` (:func:`pdflash.models.compressed_gemm.tile_map`) covers (others are left unset:
+    the caller masks them). ``act=ACT_NONE``: ``[n, N]``; otherwise the gate
+    and up columns are ``gate_up = (gate_col0, up_col0, col_step)`` and the
+    output is ``[n, N_out]`` with ``N_out = (N - max(gate_col0, up_col0)) //
+    col_step`` rounded up. The tensors must live where Triton runs (a CUDA
+    device, or the CPU under ``TRITON_INTERPRET=1``)."""
+    w.check()
+    if x.dim() != 2 or x.shape[1] != w.k:
+        raise ValueError(f"x must be [rows, {w.k}], got {tuple(x.shape)}")
+    if x.dtype not in _TL_DTYPES:
+        raise ValueError(f"x must be fp32 or bf16, got {x.dtype}")
+    n_rows = int(x_rows.numel())
+    if act == ACT_NONE:
+        n_out, (g0, u0, step) = w.n, (0, 0, 1)
+    else:
+        g0, u0, step = gate_up
+        n_out = -(-(w.n - max(g0, u0)) // step)
+    out = torch.empty((n_rows, n_out), dtype=out_dtype or x.dtype, device=x.device)
+    slot, start, end = tiles
+    if n_rows == 0 or slot.numel() == 0 or n_out == 0:
+        return out
+    if w.fmt == "mxfp4":
+        wfmt = WFMT_MXFP4
+        stride_ws, stride_wn, stride_wk = w.data.stride(0), w.data.stride(1), 1
+        stride_ss, stride_sn, stride_sk = w.scale.stride(0), w.scale.stride(1), w.scale.stride(2)
+    else:
+        wfmt = WFMT_FP8
+        stride_ws = w.data.stride(0)
+        stride_wn, stride_wk = w.data.stride(w.n_axis), w.data.stride(3 - w.n_axis)
+        stride_ss, stride_sn, stride_sk = w.scale.stride(0), w.scale.stride(1), 0
+    bias = w.bias
+    x_rows = x_rows.to(torch.int32) if x_rows.dtype != torch.int32 else x_rows
+
+    def grid(meta: dict[str, Any]) -> tuple[int, int]:
+        return (int(slot.numel()), triton.cdiv(n_out, meta["BLOCK_N"]))
+
+    _grouped_qgemm_kernel[grid](
+        x, x_rows, x.stride(0), x.stride(1),
+        w.data, stride_ws, stride_wn, stride_wk,
+        w.scale, stride_ss, stride_sn, stride_sk,
+        bias if bias is not None else w.scale, bias.stride(0) if bias is not None else 0,
+        out, out.stride(0),
+        slot, start, end,
+        n_out, g0, u0, step, float(alpha), float(limit),
+        K=w.k, WFMT=wfmt, ACT=act, HAS_BIAS=bias is not None, DOT_DTYPE=_TL_DTYPES[x.dtype],
+        UPCAST_DOT=_INTERPRETING and x.dtype == torch.bfloat16,
+        BLOCK_M=block_m,
+    )  # fmt: skip
+    return out
