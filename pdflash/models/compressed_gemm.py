@@ -38,7 +38,9 @@ def set_compressed_gemm(mode: str | None) -> None:
     """``dequant`` or ``fused`` for adapters built from now on (None: back to
     the environment's ``PDFLASH_COMPRESSED_GEMM``)."""
     if mode is not None and mode not in COMPRESSED_GEMM_MODES:
-        raise ValueError(f"compressed GEMM mode must be one of {COMPRESSED_GEMM_MODES}, got {mode!r}")
+        raise ValueError(
+            f"compressed GEMM mode must be one of {COMPRESSED_GEMM_MODES}, got {mode!r}"
+        )
     global _mode
     _mode = mode
 
@@ -58,13 +60,16 @@ def compressed_gemm_mode() -> str:
 def fused_gemm_unavailable(device: torch.device | str) -> str | None:
     """Why the fused kernel cannot run on ``device`` (None: it can). On CUDA
     it is compiled once and checked against dequantize-then-matmul on a small
-    MXFP4 and FP8 case (cached per device)."""
+    MXFP4 and FP8 case (cached per device). The CPU counts only under
+    ``TRITON_INTERPRET=1`` set before triton is imported (dry runs)."""
     device = torch.device(device)
-    if device.type != "cuda":
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pass  # Triton's interpreter (dry runs; slow): probed like a device
+    elif device.type != "cuda":
         return f"the fused kernel runs on CUDA devices, not {device.type}"
-    if not torch.cuda.is_available():
+    elif not torch.cuda.is_available():
         return "no CUDA device"
-    if device.index is None:
+    elif device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = str(device)
     if key not in _PROBES:
@@ -103,7 +108,10 @@ def probe_error(kernels: ModuleType, device: torch.device) -> str | None:
     key = torch.tensor([0, 0, 2, 2, 2, 3])  # slot 1 empty, one masked row
     x_rows = torch.tensor([0, 1, 2, 3, 4, 0])
     cases = (
-        (kernels.SlabWeight("mxfp4", blocks, scales), dequantize_mxfp4_torch(blocks, scales, torch.float32)),
+        (
+            kernels.SlabWeight("mxfp4", blocks, scales),
+            dequantize_mxfp4_torch(blocks, scales, torch.float32),
+        ),
         (kernels.SlabWeight("fp8", values, fp8_scales), values.float() * fp8_scales[..., None]),
     )
     tiles = [t.to(device) for t in tile_map(key, slots, 16, slots)]
@@ -192,7 +200,9 @@ class FusedSlabMLP:
     def _weight(self, views: dict[str, torch.Tensor], name: str) -> Any:
         bias = views.get(f"{name}_bias") if self.act == "gptoss" else None
         if self.fmt == "mxfp4":
-            return self.k.SlabWeight("mxfp4", views[f"{name}_blocks"], views[f"{name}_scales"], bias)
+            return self.k.SlabWeight(
+                "mxfp4", views[f"{name}_blocks"], views[f"{name}_scales"], bias
+            )
         # the packed [R, C] weight is [S, R, C] in the slab; N is its output axis
         return self.k.SlabWeight(
             "fp8", views[name], views[f"{name}_scale"], bias, n_axis=1 + self.out_axis

@@ -95,14 +95,15 @@ def _to_dot(values, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _mxfp4_tiles(w_base, s_base, cols, col_live, kb, KB, stride_wn, stride_sn, stride_sk,
-                 DOT_DTYPE: tl.constexpr):
+def _mxfp4_tiles(
+    w_base, s_base, cols, col_live, kb, KB, stride_wn, stride_sn, stride_sk, DOT_DTYPE: tl.constexpr
+):
     """Low- and high-nibble value tiles ``[BLOCK_N, BLOCK_K/2]`` of rows
     ``cols`` at byte columns ``kb``."""
     live = col_live[:, None] & (kb[None, :] < KB)
-    packed = tl.load(
-        w_base + cols[:, None] * stride_wn + kb[None, :], mask=live, other=0
-    ).to(tl.int32)
+    packed = tl.load(w_base + cols[:, None] * stride_wn + kb[None, :], mask=live, other=0).to(
+        tl.int32
+    )
     s = tl.load(
         s_base + cols[:, None] * stride_sn + (kb[None, :] // 16) * stride_sk, mask=live, other=127
     ).to(tl.int32)
@@ -116,7 +117,9 @@ def _mxfp4_tiles(w_base, s_base, cols, col_live, kb, KB, stride_wn, stride_sn, s
 def _fp8_tile(w_base, cols, col_live, ks, K, stride_wn, stride_wk, DOT_DTYPE: tl.constexpr):
     """``[BLOCK_N, BLOCK_K]`` e4m3 values of rows ``cols`` at columns ``ks``."""
     live = col_live[:, None] & (ks[None, :] < K)
-    raw = tl.load(w_base + cols[:, None] * stride_wn + ks[None, :] * stride_wk, mask=live, other=0.0)
+    raw = tl.load(
+        w_base + cols[:, None] * stride_wn + ks[None, :] * stride_wk, mask=live, other=0.0
+    )
     return raw.to(tl.float32).to(DOT_DTYPE)
 
 
@@ -125,9 +128,7 @@ def _dot(a, b_nk, acc, DOT_DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
         # the interpreter's dot multiplies bf16's raw bits: take the (exact)
         # fp32 values of the same bf16 tiles there
-        return tl.dot(
-            a.to(tl.float32), tl.trans(b_nk.to(tl.float32)), acc, input_precision="ieee"
-        )
+        return tl.dot(a.to(tl.float32), tl.trans(b_nk.to(tl.float32)), acc, input_precision="ieee")
     if DOT_DTYPE == tl.float32:  # noqa: SIM300
         return tl.dot(a, tl.trans(b_nk), acc, input_precision="ieee")
     return tl.dot(a, tl.trans(b_nk), acc)
@@ -261,9 +262,13 @@ class SlabWeight:
         d, s = self.data, self.scale
         if self.fmt == "mxfp4":
             if d.dtype != torch.uint8 or s.dtype != torch.uint8 or d.dim() != 4:
-                raise ValueError("MXFP4 slab weights: uint8 blocks [S, N, G, 16] and scales [S, N, G]")
+                raise ValueError(
+                    "MXFP4 slab weights: uint8 blocks [S, N, G, 16] and scales [S, N, G]"
+                )
             if tuple(d.shape[:3]) != tuple(s.shape) or d.shape[3] != 16:
-                raise ValueError(f"MXFP4 blocks {tuple(d.shape)} do not match scales {tuple(s.shape)}")
+                raise ValueError(
+                    f"MXFP4 blocks {tuple(d.shape)} do not match scales {tuple(s.shape)}"
+                )
             if d.stride(3) != 1 or d.stride(2) != 16:
                 raise ValueError("MXFP4 blocks: each row's bytes must be contiguous")
         elif self.fmt == "fp8":

@@ -159,7 +159,9 @@ def test_mxfp4_fused_values_equal_transformers(kernels: ModuleType) -> None:
 
 @pytest.mark.parametrize("n_axis", [1, 2])  # [S, N, K] (SwiGLU archs) / [S, K, N] (gpt-oss)
 @pytest.mark.parametrize("act", ["none", "silu", "gptoss"])
-def test_fp8_fused_equals_dequantize_then_matmul(kernels: ModuleType, n_axis: int, act: str) -> None:
+def test_fp8_fused_equals_dequantize_then_matmul(
+    kernels: ModuleType, n_axis: int, act: str
+) -> None:
     g = torch.Generator().manual_seed(n_axis * 10 + len(act))
     n, k = 48, 80  # K: 1.25 BLOCK_K
     dense = torch.randn(WIDTH, n, k, generator=g)
@@ -294,7 +296,10 @@ def test_fused_asked_for_on_cpu_is_refused(mxfp4_checkpoint: Path, host_issuer: 
     try:
         with pytest.raises(FusedGemmUnavailableError, match="CUDA devices, not cpu"):
             load_adapter(
-                mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2,
+                mxfp4_checkpoint,
+                issuer=host_issuer,
+                cache_slots=4,
+                max_batch_tokens=2,
                 dtype=torch.float32,
             )
     finally:

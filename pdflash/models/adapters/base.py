@@ -264,9 +264,7 @@ class MoEAdapterBase:
         axes = set(self.expert_out_axes.values())
         if len(axes) != 1:
             return None  # one output axis for both projections is what the kernel reads
-        return fused_mlp_for(
-            self.device, fmt, act, out_axis=axes.pop(), alpha=alpha, limit=limit
-        )
+        return fused_mlp_for(self.device, fmt, act, out_axis=axes.pop(), alpha=alpha, limit=limit)
 
     def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[T, heads, D]`` of the HF attention module ``attn``
