@@ -153,7 +153,34 @@ def test_mxfp4_fused_values_equal_transformers(kernels: ModuleType) -> None:
     key = torch.arange(slots).repeat_interleave(k)
     x_rows = torch.arange(k).repeat(slots)
     tiles = tile_map(key, slots, 16, slots)
+    w = kernels.SlabWeight("mxfp4", blocks, scales)
+    got = kernels.grouped_qgemm(eye, x_rows, tiles, 16, w)
+    assert torch.equal(got.view(slots, k, n), want)
+    # bf16 activations: the same values (exact in bf16), as transformers' bf16 experts
+    got = kernels.grouped_qgemm(eye.bfloat16(), x_rows, tiles, 16, w)
+    want_bf16 = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
+    assert torch.equal(got.view(slots, k, n), want_bf16)
+
+
+def test_mxfp4_edge_scales_take_the_general_path_exactly(kernels: ModuleType) -> None:
+    """Scale bytes outside 2..252 (subnormal products, 2^-127) switch a tile
+    to the general dequantization; the one-hot product still reads the
+    reference's exact values (finite scales only: an inf weight times a zero
+    activation is NaN in any GEMM)."""
+    g = torch.Generator().manual_seed(4)
+    slots, n, k = 2, 32, 128
+    blocks, scales = _mxfp4(g, slots, n, k)
+    blocks[:, :16, 0] = torch.arange(256, dtype=torch.uint8).view(16, 16)
+    edge = torch.tensor([0, 1, 2, 126, 252], dtype=torch.uint8)
+    scales[0] = edge[torch.randint(0, 5, (n, k // 32), generator=g)]
+    scales[1, :, 2:] = 0  # one tile of slot 1 in range, the next one not
+    eye = torch.eye(k)
+    key = torch.arange(slots).repeat_interleave(k)
+    x_rows = torch.arange(k).repeat(slots)
+    tiles = tile_map(key, slots, 16, slots)
     got = kernels.grouped_qgemm(eye, x_rows, tiles, 16, kernels.SlabWeight("mxfp4", blocks, scales))
+    want = dequantize_mxfp4_torch(blocks, scales, torch.float32).transpose(1, 2)  # [S, K, N]
+    # (equal values; a dot's sum turns -0 into +0, so signed zeros are not compared)
     assert torch.equal(got.view(slots, k, n), want)
 
 
