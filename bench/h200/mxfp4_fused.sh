@@ -12,7 +12,10 @@
 #             16/64/256 tokens, the all-hit block with dequant and fused timed
 #             interleaved (all_hit[*].by_compressed_gemm: µs, over grouped_mm,
 #             over roofline, max error vs dequant), beside plain bf16 grouped_mm
-#             (grouped_mm_active_us) and hbm_roofline_us, same run
+#             (grouped_mm_active_us) and hbm_roofline_us, same run; MXFP4 rows
+#             time the fused kernel both ways (fused: values built in registers
+#             + tl.dot; fused_dot_scaled: tl.dot_scaled, or the reason it cannot
+#             run in by_compressed_gemm_not_measured)
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 MOE="pdflash-bench moe --json --layers 1 --tokens 16 --repeats 1 --cache-fraction 1.0 --all-hit-tokens 16,64,256 --all-hit-iters 20 --compressed-gemm both"

@@ -292,14 +292,29 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
     # --compressed-gemm both: the fused MLP beside the runtime's dequant path
     grouped = runtime.grouped
     modes: dict[str, Any] = {}
+    modes_not_measured: dict[str, str] = {}
     if args.compressed_gemm == "both" and runtime.compressed_gemm is not None:
         from pdflash.models.compressed_gemm import set_compressed_gemm
 
         set_compressed_gemm("fused")
         try:
-            modes = {"dequant": None, "fused": getattr(ad.grouped_experts(), "fused", None)}
+            fused = ad.grouped_experts().fused
         finally:
             set_compressed_gemm("dequant")
+        modes = {"dequant": None, "fused": fused}
+        if fused is not None and fused.fmt == "mxfp4":
+            # both ways of multiplying MXFP4 tiles: registers (fused) and tl.dot_scaled
+            from pdflash.models.compressed_gemm import FusedSlabMLP, fused_gemm_unavailable
+
+            kw = {"out_axis": fused.out_axis, "alpha": fused.alpha, "limit": fused.limit}
+            modes["fused"] = FusedSlabMLP("mxfp4", fused.act, mxfp4_dot="registers", **kw)
+            reason = fused_gemm_unavailable(device, "scaled")
+            if reason is None and ad.dtype == torch.bfloat16:
+                modes["fused_dot_scaled"] = FusedSlabMLP(
+                    "mxfp4", fused.act, mxfp4_dot="scaled", **kw
+                )
+            else:
+                modes_not_measured["fused_dot_scaled"] = reason or "tl.dot_scaled takes bf16"
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)
@@ -413,6 +428,7 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "compressed_gemm": runtime.compressed_gemm,
                     # --compressed-gemm both: each mode, timed interleaved on this point
                     "by_compressed_gemm": by_mode or None,
+                    "by_compressed_gemm_not_measured": modes_not_measured or None,
                 }
             )
     if device.type == "cuda":

@@ -14,7 +14,9 @@ Two paths compute the same MLP:
 The mode comes from :func:`set_compressed_gemm` or the environment variable
 ``PDFLASH_COMPRESSED_GEMM`` (``dequant`` when unset). ``fused`` never falls
 back silently: an adapter asked for it on a device where the kernel cannot
-run raises :class:`FusedGemmUnavailableError` naming why.
+run raises :class:`FusedGemmUnavailableError` naming why. MXFP4 tiles are
+multiplied as ``PDFLASH_FUSED_MXFP4_DOT`` says: ``registers`` (default: values
+built from bits, then ``tl.dot``) or ``scaled`` (``tl.dot_scaled``).
 """
 
 from __future__ import annotations
@@ -57,33 +59,50 @@ def compressed_gemm_mode() -> str:
     return mode
 
 
-def fused_gemm_unavailable(device: torch.device | str) -> str | None:
-    """Why the fused kernel cannot run on ``device`` (None: it can). On CUDA
-    it is compiled once and checked against dequantize-then-matmul on a small
-    MXFP4 and FP8 case (cached per device). The CPU counts only under
-    ``TRITON_INTERPRET=1`` set before triton is imported (dry runs)."""
+#: ``PDFLASH_FUSED_MXFP4_DOT`` values: how the fused kernel multiplies MXFP4
+#: tiles (see :class:`FusedSlabMLP`).
+MXFP4_DOTS = ("registers", "scaled")
+
+
+def fused_mxfp4_dot() -> str:
+    """``PDFLASH_FUSED_MXFP4_DOT`` (``registers`` when unset)."""
+    dot = os.environ.get("PDFLASH_FUSED_MXFP4_DOT", "registers") or "registers"
+    if dot not in MXFP4_DOTS:
+        raise ValueError(f"PDFLASH_FUSED_MXFP4_DOT must be one of {MXFP4_DOTS}, got {dot!r}")
+    return dot
+
+
+def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registers") -> str | None:
+    """Why the fused kernel (with ``mxfp4_dot``) cannot run on ``device``
+    (None: it can). On CUDA it is compiled once and checked against
+    dequantize-then-matmul on small MXFP4 and FP8 cases (cached per device).
+    The CPU counts only under ``TRITON_INTERPRET=1`` set before triton is
+    imported (dry runs; ``registers`` only)."""
+    if mxfp4_dot not in MXFP4_DOTS:
+        raise ValueError(f"mxfp4_dot must be one of {MXFP4_DOTS}, got {mxfp4_dot!r}")
     device = torch.device(device)
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        pass  # Triton's interpreter (dry runs; slow): probed like a device
+        if mxfp4_dot == "scaled":
+            return "tl.dot_scaled does not run under Triton's interpreter"
     elif device.type != "cuda":
         return f"the fused kernel runs on CUDA devices, not {device.type}"
     elif not torch.cuda.is_available():
         return "no CUDA device"
     elif device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    key = str(device)
+    key = f"{device}/{mxfp4_dot}"
     if key not in _PROBES:
-        _PROBES[key] = _probe(device)
+        _PROBES[key] = _probe(device, mxfp4_dot)
     return _PROBES[key]
 
 
-def _probe(device: torch.device) -> str | None:
+def _probe(device: torch.device, mxfp4_dot: str) -> str | None:
     try:
         from pdflash.models import fused_moe_triton as kernels
     except Exception as exc:  # not installed, or an install that does not load
         return f"triton does not import ({type(exc).__name__}: {exc})"
     try:
-        err = probe_error(kernels, device)
+        err = probe_error(kernels, device, mxfp4_dot)
     except Exception as exc:  # any compile or launch failure means: not usable here
         return f"the fused kernel failed on {device}: {type(exc).__name__}: {exc}"
     if err is not None:
@@ -91,10 +110,14 @@ def _probe(device: torch.device) -> str | None:
     return None
 
 
-def probe_error(kernels: ModuleType, device: torch.device) -> str | None:
+def probe_error(
+    kernels: ModuleType, device: torch.device, mxfp4_dot: str = "registers"
+) -> str | None:
     """Run ``kernels`` (the fused module, or an interpreted copy) on a small
-    MXFP4 and FP8 case in fp32 against dequantize-then-matmul; the first
-    disagreement beyond 1e-4 relative, or None."""
+    MXFP4 and FP8 case against dequantize-then-matmul in fp32; the first
+    disagreement beyond 1e-4 of the largest output, or None. ``scaled``
+    (``tl.dot_scaled`` takes bf16 activations): the MXFP4 case with bf16
+    activations (exact in fp32), within one bf16 rounding (2^-8)."""
     from pdflash.models.layout import dequantize_mxfp4_torch, quantize_fp8
 
     g = torch.Generator().manual_seed(0)
@@ -107,20 +130,24 @@ def probe_error(kernels: ModuleType, device: torch.device) -> str | None:
     x = torch.randn(5, k, generator=g)
     key = torch.tensor([0, 0, 2, 2, 2, 3])  # slot 1 empty, one masked row
     x_rows = torch.tensor([0, 1, 2, 3, 4, 0])
-    cases = (
-        (
-            kernels.SlabWeight("mxfp4", blocks, scales),
-            dequantize_mxfp4_torch(blocks, scales, torch.float32),
-        ),
-        (kernels.SlabWeight("fp8", values, fp8_scales), values.float() * fp8_scales[..., None]),
+    mxfp4 = (
+        kernels.SlabWeight("mxfp4", blocks, scales),
+        dequantize_mxfp4_torch(blocks, scales, torch.float32),
     )
-    tiles = [t.to(device) for t in tile_map(key, slots, 16, slots)]
+    fp8 = (kernels.SlabWeight("fp8", values, fp8_scales), values.float() * fp8_scales[..., None])
+    cases: list[tuple[Any, torch.Tensor]] = [mxfp4, fp8]
+    rel = 1e-4
+    if mxfp4_dot == "scaled":
+        x, cases, rel = x.bfloat16(), [mxfp4], 2.0**-8
+    tiles = tuple(t.to(device) for t in tile_map(key, slots, 16, slots))
     for w, dense_w in cases:
         w = kernels.SlabWeight(w.fmt, w.data.to(device), w.scale.to(device))
-        got = kernels.grouped_qgemm(x.to(device), x_rows.to(device), tuple(tiles), 16, w).cpu()
-        want = torch.einsum("rk,rnk->rn", x[x_rows[:5]], dense_w[key[:5]])
-        err = float((got[:5] - want).abs().max())
-        if not err <= 1e-4 * max(1.0, float(want.abs().max())):
+        got = kernels.grouped_qgemm(
+            x.to(device), x_rows.to(device), tiles, 16, w, mxfp4_dot=mxfp4_dot
+        )
+        want = torch.einsum("rk,rnk->rn", x[x_rows[:5]].float(), dense_w[key[:5]])
+        err = float((got[:5].cpu().float() - want).abs().max())
+        if not err <= rel * max(1.0, float(want.abs().max())):
             return f"{w.fmt}: max abs error {err:.3g}"
     return None
 
@@ -176,6 +203,10 @@ class FusedSlabMLP:
     says which axis of the packed ``[R, C]`` weight is the output channel).
     ``act``: ``gptoss`` (gate/up interleaved, biases, clamped SwiGLU with
     ``alpha``/``limit``) or ``silu`` (gate rows then up rows, no biases).
+    ``mxfp4_dot``: ``registers`` (values built from bits in registers, then
+    ``tl.dot``; runs under the interpreter) or ``scaled`` (``tl.dot_scaled``,
+    Triton's own MXFP4 upcast; bf16 activations on a GPU; fp32 activations
+    take ``registers``).
     ``kernels``: the kernel module (tests pass an interpreted copy)."""
 
     def __init__(
@@ -186,13 +217,17 @@ class FusedSlabMLP:
         out_axis: int = 0,
         alpha: float = 1.0,
         limit: float = 0.0,
+        mxfp4_dot: str = "registers",
         kernels: ModuleType | None = None,
     ) -> None:
         if fmt not in ("mxfp4", "fp8"):
             raise ValueError(f"fused slab MLP formats: mxfp4, fp8; got {fmt!r}")
         if act not in ("gptoss", "silu"):
             raise ValueError(f"fused slab MLP activations: gptoss, silu; got {act!r}")
+        if mxfp4_dot not in MXFP4_DOTS:
+            raise ValueError(f"mxfp4_dot must be one of {MXFP4_DOTS}, got {mxfp4_dot!r}")
         self.fmt, self.act, self.out_axis = fmt, act, out_axis
+        self.mxfp4_dot = mxfp4_dot
         self.alpha, self.limit = alpha, limit
         self.k = kernels if kernels is not None else _kernels()
         self._row_ids: dict[tuple[int, str], torch.Tensor] = {}
@@ -236,12 +271,15 @@ class FusedSlabMLP:
             act, cols = k.ACT_GPTOSS, (0, 1, 2)
         else:
             act, cols = k.ACT_SILU, (0, gate_up.n // 2, 1)
+        dot = self.mxfp4_dot if x.dtype == torch.bfloat16 else "registers"
         h = k.grouped_qgemm(
             x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
-            limit=self.limit,
+            limit=self.limit, mxfp4_dot=dot,
         )  # fmt: skip
         rows = self._rows(int(h.shape[0]), x.device)
-        out: torch.Tensor = k.grouped_qgemm(h, rows, tiles, block_m, self._weight(views, "down"))
+        out: torch.Tensor = k.grouped_qgemm(
+            h, rows, tiles, block_m, self._weight(views, "down"), mxfp4_dot=dot
+        )
         return out
 
 
@@ -258,7 +296,10 @@ def fused_mlp_for(
     :class:`FusedGemmUnavailableError` where it cannot run), else None."""
     if compressed_gemm_mode() != "fused":
         return None
-    reason = fused_gemm_unavailable(device)
+    dot = fused_mxfp4_dot() if fmt == "mxfp4" else "registers"
+    reason = fused_gemm_unavailable(device, dot)
     if reason is not None:
-        raise FusedGemmUnavailableError(f"PDFLASH_COMPRESSED_GEMM=fused cannot run: {reason}")
-    return FusedSlabMLP(fmt, act, out_axis=out_axis, alpha=alpha, limit=limit)
+        raise FusedGemmUnavailableError(
+            f"PDFLASH_COMPRESSED_GEMM=fused (MXFP4 dot: {dot}) cannot run: {reason}"
+        )
+    return FusedSlabMLP(fmt, act, out_axis=out_axis, alpha=alpha, limit=limit, mxfp4_dot=dot)

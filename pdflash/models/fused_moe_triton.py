@@ -167,7 +167,30 @@ def _dot(a, b_nk, acc, DOT_DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     return tl.dot(a, tl.trans(b_nk), acc)
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "WFMT", "ACT"])
+@triton.jit
+def _mxfp4_dot_scaled(
+    xt, w_base, s_base, cols, col_live, k0, KB, stride_wn, stride_sn, stride_sk, acc,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``acc + xt @ W[cols]^T`` through ``tl.dot_scaled`` (bf16 x e2m1 with
+    e8m0 scales): Triton's own MXFP4 upcast (emulated before the MMA on
+    sm_90). Not available under the interpreter."""
+    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    packed = tl.load(
+        w_base + cols[None, :] * stride_wn + kb[:, None],
+        mask=col_live[None, :] & (kb[:, None] < KB),
+        other=0,
+    )  # [BLOCK_K / 2, BLOCK_N], two codes per byte along K, low nibble first
+    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    scales = tl.load(
+        s_base + cols[:, None] * stride_sn + groups[None, :] * stride_sk,
+        mask=col_live[:, None] & (groups[None, :] < KB // 16),
+        other=127,
+    )  # [BLOCK_N, BLOCK_K / 32]
+    return tl.dot_scaled(xt, None, "bf16", packed, scales, "e2m1", acc, fast_math=True)
+
+
+@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "WFMT", "ACT", "MXFP4_DOT_SCALED"])
 @triton.jit
 def _grouped_qgemm_kernel(
     x_ptr, x_rows_ptr, stride_xm, stride_xk,
@@ -178,7 +201,7 @@ def _grouped_qgemm_kernel(
     tile_slot_ptr, tile_start_ptr, tile_end_ptr,
     N, gate_col0, up_col0, col_step, alpha, limit,
     K: tl.constexpr, WFMT: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid_t = tl.program_id(0)
@@ -207,7 +230,21 @@ def _grouped_qgemm_kernel(
     acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     HALF_K: tl.constexpr = BLOCK_K // 2
     for k0 in range(0, K, BLOCK_K):
-        if WFMT == 0:  # MXFP4
+        if MXFP4_DOT_SCALED:  # MXFP4 through tl.dot_scaled (bf16 activations)
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x_live = row_live[:, None] & (ks[None, :] < K)
+            xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0)
+            xt = xt.to(tl.bfloat16)
+            acc_g = _mxfp4_dot_scaled(
+                xt, w_base, s_base, gate_cols, j_live, k0, K // 2,
+                stride_wn, stride_sn, stride_sk, acc_g, BLOCK_K,
+            )  # fmt: skip
+            if ACT != 0:
+                acc_u = _mxfp4_dot_scaled(
+                    xt, w_base, s_base, up_cols, j_live, k0, K // 2,
+                    stride_wn, stride_sn, stride_sk, acc_u, BLOCK_K,
+                )  # fmt: skip
+        elif WFMT == 0:  # MXFP4, dequantized in registers
             half = tl.arange(0, HALF_K)
             k_even = k0 + 2 * half
             x_live = row_live[:, None] & (k_even[None, :] < K)
@@ -328,13 +365,16 @@ def grouped_qgemm(
     alpha: float = 1.0,
     limit: float = 0.0,
     out_dtype: torch.dtype | None = None,
+    mxfp4_dot: str = "registers",
 ) -> torch.Tensor:
     """``out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T)`` for the sorted rows
     ``r`` that ``tiles`` (:func:`pdflash.models.compressed_gemm.tile_map`) covers (others are left unset:
     the caller masks them). ``act=ACT_NONE``: ``[n, N]``; otherwise the gate
     and up columns are ``gate_up = (gate_col0, up_col0, col_step)`` and the
     output is ``[n, N_out]`` with ``N_out = (N - max(gate_col0, up_col0)) //
-    col_step`` rounded up. The tensors must live where Triton runs (a CUDA
+    col_step`` rounded up. ``mxfp4_dot``: ``registers`` (MXFP4 built from
+    bits in registers, then ``tl.dot``) or ``scaled`` (``tl.dot_scaled``;
+    bf16 activations on a GPU only). The tensors must live where Triton runs (a CUDA
     device, or the CPU under ``TRITON_INTERPRET=1``)."""
     w.check()
     if x.dim() != 2 or x.shape[1] != w.k:
@@ -360,6 +400,11 @@ def grouped_qgemm(
         stride_ws = w.data.stride(0)
         stride_wn, stride_wk = w.data.stride(w.n_axis), w.data.stride(3 - w.n_axis)
         stride_ss, stride_sn, stride_sk = w.scale.stride(0), w.scale.stride(1), 0
+    if mxfp4_dot not in ("registers", "scaled"):
+        raise ValueError(f"mxfp4_dot must be registers or scaled, got {mxfp4_dot!r}")
+    dot_scaled = mxfp4_dot == "scaled" and w.fmt == "mxfp4"
+    if dot_scaled and (x.dtype != torch.bfloat16 or _INTERPRETING):
+        raise ValueError("mxfp4_dot='scaled' takes bf16 activations on a GPU (not the interpreter)")
     bias = w.bias
     x_rows = x_rows.to(torch.int32) if x_rows.dtype != torch.int32 else x_rows
 
@@ -376,6 +421,7 @@ def grouped_qgemm(
         n_out, g0, u0, step, float(alpha), float(limit),
         K=w.k, WFMT=wfmt, ACT=act, HAS_BIAS=bias is not None, DOT_DTYPE=_TL_DTYPES[x.dtype],
         UPCAST_DOT=_INTERPRETING and x.dtype == torch.bfloat16,
+        MXFP4_DOT_SCALED=dot_scaled,
         BLOCK_M=block_m,
     )  # fmt: skip
     return out

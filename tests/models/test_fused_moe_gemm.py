@@ -258,6 +258,25 @@ def test_probe_passes_under_the_interpreter(kernels: ModuleType) -> None:
     assert compressed_gemm.probe_error(kernels, torch.device("cpu")) is None
 
 
+def test_dot_scaled_is_refused_where_it_cannot_run(kernels: ModuleType) -> None:
+    g = torch.Generator().manual_seed(2)
+    blocks, scales = _mxfp4(g, 2, 8, 64)
+    w = kernels.SlabWeight("mxfp4", blocks, scales)
+    key = torch.zeros(3, dtype=torch.long)
+    tiles = tile_map(key, 2, 16, 2)
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    with pytest.raises(ValueError, match="not the interpreter"):
+        kernels.grouped_qgemm(x, torch.arange(3), tiles, 16, w, mxfp4_dot="scaled")
+    with pytest.raises(ValueError, match="mxfp4_dot"):
+        kernels.grouped_qgemm(x, torch.arange(3), tiles, 16, w, mxfp4_dot="tensor")
+    # FP8 weights ignore the MXFP4 choice
+    fp8 = kernels.SlabWeight(
+        "fp8", torch.ones(2, 8, 64).to(torch.float8_e4m3fn), torch.ones(2, 8), None
+    )
+    out = kernels.grouped_qgemm(x.float(), torch.arange(3), tiles, 16, fp8, mxfp4_dot="scaled")
+    assert torch.equal(out, x.float().sum(1, keepdim=True).expand(3, 8))
+
+
 # -- the tile map and the mode switch (no triton) ------------------------------
 
 
@@ -309,6 +328,18 @@ def test_mode_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     set_compressed_gemm(None)
     with pytest.raises(ValueError, match="fused slab MLP formats"):
         FusedSlabMLP("int4", "silu", kernels=compressed_gemm)
+    with pytest.raises(ValueError, match="mxfp4_dot"):
+        FusedSlabMLP("mxfp4", "silu", mxfp4_dot="tensor", kernels=compressed_gemm)
+    monkeypatch.delenv("PDFLASH_FUSED_MXFP4_DOT", raising=False)
+    assert compressed_gemm.fused_mxfp4_dot() == "registers"
+    monkeypatch.setenv("PDFLASH_FUSED_MXFP4_DOT", "scaled")
+    assert compressed_gemm.fused_mxfp4_dot() == "scaled"
+    monkeypatch.setenv("PDFLASH_FUSED_MXFP4_DOT", "wgmma")
+    with pytest.raises(ValueError, match="PDFLASH_FUSED_MXFP4_DOT"):
+        compressed_gemm.fused_mxfp4_dot()
+    assert "CUDA devices, not cpu" in str(compressed_gemm.fused_gemm_unavailable("cpu"))
+    with pytest.raises(ValueError, match="mxfp4_dot"):
+        compressed_gemm.fused_gemm_unavailable("cpu", "tensor")
 
 
 @pytest.fixture(scope="module")

@@ -101,17 +101,24 @@ def _run(
 
 
 @pytest.mark.parametrize("tokens", [16, 64, 256])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gptoss_mxfp4_fused_equals_dequant_path(tokens: int, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "mxfp4_dot"),
+    [(torch.bfloat16, "registers"), (torch.bfloat16, "scaled"), (torch.float32, "registers")],
+)
+def test_gptoss_mxfp4_fused_equals_dequant_path(
+    tokens: int, dtype: torch.dtype, mxfp4_dot: str
+) -> None:
     if not grouped_mm_works(torch.device("cuda"), dtype):
         pytest.skip(f"this torch's CUDA grouped_mm does not take {dtype} (the reference path)")
+    reason = fused_gemm_unavailable("cuda", mxfp4_dot)
+    assert reason is None, reason
     cfg = GPTOSS
     fmt = GptOssAdapter.expert_formats(cfg)[1]
     layout, _ = GptOssAdapter.stored_layout(cfg, torch.bfloat16, fmt, None)
     assert layout.format == "mxfp4"
     _, views = _slab(layout, cfg.experts, torch.Generator().manual_seed(tokens))
     mlp = GptOssGroupedExperts(ALPHA, LIMIT, lambda v: unpack_mxfp4_experts(v, dtype))
-    fused = FusedSlabMLP("mxfp4", "gptoss", alpha=ALPHA, limit=LIMIT)
+    fused = FusedSlabMLP("mxfp4", "gptoss", alpha=ALPHA, limit=LIMIT, mxfp4_dot=mxfp4_dot)
     _run(mlp, fused, views, cfg.hidden_size, cfg.experts, cfg.top_k, tokens, dtype, tokens)
 
 
