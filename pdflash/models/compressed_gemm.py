@@ -163,7 +163,8 @@ def pick_block_m(rows: int, max_groups: int) -> int:
 def tile_map(
     key_sorted: torch.Tensor, width: int, block_m: int, max_groups: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cut rows sorted by group key (``key_sorted [n]``, keys in
+    """The tile map's reference (plain torch; the kernels module builds the
+    same tiles in two launches). Cut rows sorted by group key (``key_sorted [n]``, keys in
     ``[0, width]``; ``width`` = a masked row, sorted last) into tiles of at
     most ``block_m`` rows of one group each. Returns int32 ``slot``,
     ``start``, ``end`` per tile over a fixed count ``cdiv(n, block_m) +
@@ -265,7 +266,8 @@ class FusedSlabMLP:
         ``max_groups`` bounds the distinct keys (the layer's experts)."""
         k = self.k
         block_m = pick_block_m(int(key_sorted.numel()), max_groups)
-        tiles = tile_map(key_sorted, width, block_m, max_groups)
+        # the kernels' two-launch tile map (same tiles as :func:`tile_map`)
+        tiles = k.tile_map(key_sorted, width, block_m, max_groups)
         gate_up = self._weight(views, "gate_up")
         if self.act == "gptoss":
             act, cols = k.ACT_GPTOSS, (0, 1, 2)

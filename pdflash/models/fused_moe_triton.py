@@ -298,6 +298,103 @@ def _grouped_qgemm_kernel(
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=row_live[:, None] & j_live[None, :])
 
 
+@triton.jit
+def _add_combine(a, b):
+    return a + b
+
+
+@triton.jit
+def _search(sorted_ptr, count, target, strict: tl.constexpr, STEPS: tl.constexpr):
+    """Per lane: how many of ``sorted_ptr[0:count]`` (ascending) are
+    ``<= target`` (``< target`` when ``strict``); binary search, ``STEPS >=
+    ceil(log2(count + 1))`` rounds."""
+    lo = tl.full(target.shape, 0, tl.int32)
+    hi = tl.full(target.shape, 0, tl.int32) + count
+    for _ in range(STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        v = tl.load(sorted_ptr + mid, mask=active, other=0)
+        if strict:  # noqa: SIM108 (a static if on a constexpr in a triton kernel)
+            below = v < target
+        else:
+            below = v <= target
+        lo = tl.where(active & below, mid + 1, lo)
+        hi = tl.where(active & (below == 0), mid, hi)
+    return lo
+
+
+@triton.jit
+def _group_tiles_kernel(
+    key_ptr, n, width, starts_ptr, ends_ptr, tile_ends_ptr,
+    BLOCK_W: tl.constexpr, STEPS_N: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """One program: each group's row range in the sorted keys and the
+    cumulative count of its ``BLOCK_M`` tiles."""
+    g = tl.arange(0, BLOCK_W)
+    live = g < width
+    starts = _search(key_ptr, n, g, True, STEPS_N)
+    ends = _search(key_ptr, n, g, False, STEPS_N)
+    tiles = tl.where(live, (ends - starts + BLOCK_M - 1) // BLOCK_M, 0)
+    tile_ends = tl.associative_scan(tiles, 0, _add_combine)
+    tl.store(starts_ptr + g, starts, mask=live)
+    tl.store(ends_ptr + g, ends, mask=live)
+    tl.store(tile_ends_ptr + g, tile_ends, mask=live)
+
+
+@triton.jit
+def _tile_rows_kernel(
+    starts_ptr, ends_ptr, tile_ends_ptr, width, bound, slot_ptr, start_ptr, end_ptr,
+    BLOCK_T: tl.constexpr, STEPS_W: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Per tile: its group (-1 past the last live tile) and row range."""
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_live = t < bound
+    g = _search(tile_ends_ptr, width, t, False, STEPS_W)
+    live = t_live & (g < width)
+    gc = tl.where(live, g, 0)
+    group_start = tl.load(starts_ptr + gc, mask=live, other=0)
+    group_end = tl.load(ends_ptr + gc, mask=live, other=0)
+    first = (
+        tl.load(tile_ends_ptr + gc, mask=live, other=0)
+        - (group_end - group_start + BLOCK_M - 1) // BLOCK_M
+    )
+    tl.store(slot_ptr + t, tl.where(live, g, -1), mask=t_live)
+    tl.store(start_ptr + t, group_start + (t - first) * BLOCK_M, mask=t_live)
+    tl.store(end_ptr + t, group_end, mask=t_live)
+
+
+def tile_map(
+    key_sorted: torch.Tensor, width: int, block_m: int, max_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`pdflash.models.compressed_gemm.tile_map` in two small launches
+    (the torch version takes ~20); the same tiles (tests compare them). Dead
+    tiles carry slot -1 (their row ranges are not used)."""
+    if width < 1 or block_m < 1:
+        raise ValueError(f"tile_map needs width >= 1 and block_m >= 1, got {width}, {block_m}")
+    n = int(key_sorted.numel())
+    device = key_sorted.device
+    bound = -(-n // block_m) + min(width, n, max(0, max_groups))
+    starts = torch.empty(width, dtype=torch.int32, device=device)
+    ends = torch.empty_like(starts)
+    tile_ends = torch.empty_like(starts)
+    slot = torch.empty(bound, dtype=torch.int32, device=device)
+    start = torch.empty_like(slot)
+    end = torch.empty_like(slot)
+    if bound == 0:
+        return slot, start, end
+    _group_tiles_kernel[(1,)](
+        key_sorted, n, width, starts, ends, tile_ends,
+        BLOCK_W=triton.next_power_of_2(width), STEPS_N=max(1, n.bit_length() + 1),
+        BLOCK_M=block_m,
+    )  # fmt: skip
+    block_t = 256
+    _tile_rows_kernel[(triton.cdiv(bound, block_t),)](
+        starts, ends, tile_ends, width, bound, slot, start, end,
+        BLOCK_T=block_t, STEPS_W=max(1, width.bit_length() + 1), BLOCK_M=block_m,
+    )  # fmt: skip
+    return slot, start, end
+
+
 @dataclass(frozen=True)
 class SlabWeight:
     """One projection's compressed weights over the slots: ``[S, N, K]``

@@ -299,6 +299,23 @@ def test_tile_map_covers_every_live_row_once(block_m: int) -> None:
     assert bool(live[: int(live.sum())].all())  # dead tiles only at the end
 
 
+@pytest.mark.parametrize(("width", "block_m"), [(1, 16), (5, 1), (5, 2), (7, 4), (40, 16)])
+def test_kernel_tile_map_equals_the_torch_reference(
+    kernels: ModuleType, width: int, block_m: int
+) -> None:
+    g = torch.Generator().manual_seed(width * 100 + block_m)
+    for n in (0, 1, 23, 64):
+        # keys in [0, width]: width is a masked row; some groups empty
+        key = torch.sort(torch.randint(0, width + 1, (n,), generator=g)).values
+        want = tile_map(key, width, block_m, width)
+        got = kernels.tile_map(key, width, block_m, width)
+        assert torch.equal(got[0], want[0])
+        live = want[0] >= 0  # dead tiles' row ranges are never read
+        assert torch.equal(got[1][live], want[1][live]) and torch.equal(got[2][live], want[2][live])
+    with pytest.raises(ValueError, match="width >= 1"):
+        kernels.tile_map(torch.zeros(3, dtype=torch.long), 0, 16, 4)
+
+
 def test_tile_map_refuses_an_empty_slab() -> None:
     with pytest.raises(ValueError, match="width >= 1"):
         tile_map(torch.zeros(3, dtype=torch.long), 0, 16, 4)
