@@ -294,14 +294,19 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
     modes: dict[str, Any] = {}
     modes_not_measured: dict[str, str] = {}
     if args.compressed_gemm == "both" and runtime.compressed_gemm is not None:
-        from pdflash.models.compressed_gemm import set_compressed_gemm
+        from pdflash.models.compressed_gemm import FusedGemmUnavailableError, set_compressed_gemm
 
         set_compressed_gemm("fused")
         try:
             fused = ad.grouped_experts().fused
+        except FusedGemmUnavailableError as exc:
+            fused, modes_not_measured["fused"] = None, str(exc)
         finally:
             set_compressed_gemm("dequant")
-        modes = {"dequant": None, "fused": fused}
+        if fused is None:
+            modes_not_measured.setdefault("fused", "no fused MLP for this arch's activation")
+        else:
+            modes = {"dequant": None, "fused": fused}
         if fused is not None and fused.fmt == "mxfp4":
             # both ways of multiplying MXFP4 tiles: registers (fused) and tl.dot_scaled
             from pdflash.models.compressed_gemm import FusedSlabMLP, fused_gemm_unavailable
@@ -689,8 +694,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.compressed_gemm is not None:
-        from pdflash.models.compressed_gemm import set_compressed_gemm
+        from pdflash.models.compressed_gemm import fused_gemm_unavailable, set_compressed_gemm
 
+        if args.compressed_gemm == "fused":
+            reason = fused_gemm_unavailable(device)
+            if reason is not None:
+                raise SystemExit(f"--compressed-gemm fused: {reason}")
         set_compressed_gemm("dequant" if args.compressed_gemm == "both" else args.compressed_gemm)
     if args.mxfp4_dequantizer is not None:
         try:
