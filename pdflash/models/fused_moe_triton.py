@@ -503,7 +503,8 @@ def grouped_qgemm(
     if dot_scaled and (x.dtype != torch.bfloat16 or _INTERPRETING):
         raise ValueError("mxfp4_dot='scaled' takes bf16 activations on a GPU (not the interpreter)")
     bias = w.bias
-    x_rows = x_rows.to(torch.int32) if x_rows.dtype != torch.int32 else x_rows
+    if x_rows.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"x_rows must be int32 or int64, got {x_rows.dtype}")
 
     def grid(meta: dict[str, Any]) -> tuple[int, int]:
         return (int(slot.numel()), triton.cdiv(n_out, meta["BLOCK_N"]))

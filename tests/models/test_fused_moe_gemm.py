@@ -323,9 +323,10 @@ def test_tile_map_refuses_an_empty_slab() -> None:
 
 def test_pick_block_m() -> None:
     assert pick_block_m(64, 32) == 16  # gpt-oss, 16 tokens x top-4 over 32 experts
-    assert pick_block_m(1024, 32) == 32  # 256 tokens
-    assert pick_block_m(2048, 128) == 16  # Qwen3 256 tokens x top-8 over 128 experts
-    assert pick_block_m(4096, 32) == 64
+    assert pick_block_m(256, 32) == 16  # 64 tokens: 8 rows per expert on average
+    assert pick_block_m(1024, 32) == 64  # 256 tokens: 32 on average, up to ~45
+    assert pick_block_m(2048, 128) == 32  # Qwen3 256 tokens x top-8 over 128 experts
+    assert pick_block_m(512, 128) == 16  # Qwen3 64 tokens
     assert pick_block_m(0, 32) == 16
 
 
