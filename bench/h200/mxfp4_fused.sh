@@ -2,12 +2,13 @@
 # The fused grouped dequantize-GEMM (PDFLASH_COMPRESSED_GEMM=fused) on the lent
 # H200, in run.sh's step style (one JSON result per step in $OUT/results.jsonl,
 # the log in $OUT/log.txt). Budget: build ~30 s + steps with hard timeouts
-# summing to 340 s (first calls autotune 6 configs per projection shape and
-# BLOCK_M, which the warm-up of each timed point absorbs).
+# summing to 345 s (the moe steps' first calls autotune 4 configs per
+# projection shape and BLOCK_M, which the warm-up of each timed point absorbs;
+# the GPU tests run one config, PDFLASH_FUSED_AUTOTUNE=0).
 #   bash bench/h200/mxfp4_fused.sh
 # Steps:
 #  gputests   the fused kernel vs the dequant path at both published shapes
-#             (tests/models/test_fused_moe_gemm_gpu.py), then the interpreter tests
+#             (tests/models/test_fused_moe_gemm_gpu.py; the interpreter tests run in CI)
 #  moe_*      pdflash-bench moe --compressed-gemm both: per layer (1 layer) and
 #             16/64/256 tokens, the all-hit block with dequant and fused timed
 #             interleaved (all_hit[*].by_compressed_gemm: µs, over grouped_mm,
@@ -22,7 +23,7 @@ MOE="pdflash-bench moe --json --layers 1 --tokens 16 --repeats 1 --cache-fractio
 OUT=${OUT:-$PWD/out}
 export OUT
 exec bash "$HERE/run.sh" \
-  "gputests=timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/models/test_fused_moe_gemm_gpu.py tests/models/test_fused_moe_gemm.py" \
-  "moe_gptoss_mxfp4=timeout 80 $MOE --arch gpt-oss-20b --synthetic-format mxfp4" \
-  "moe_gptoss_fp8=timeout 70 $MOE --arch gpt-oss-20b --expert-dtype fp8" \
-  "moe_qwen3_fp8=timeout 70 $MOE --arch qwen3-30b-a3b --expert-dtype fp8"
+  "gputests=PDFLASH_FUSED_AUTOTUNE=0 timeout 75 python3 -m pytest -q -rs -p no:cacheprovider tests/models/test_fused_moe_gemm_gpu.py" \
+  "moe_gptoss_mxfp4=timeout 110 $MOE --arch gpt-oss-20b --synthetic-format mxfp4" \
+  "moe_gptoss_fp8=timeout 80 $MOE --arch gpt-oss-20b --expert-dtype fp8" \
+  "moe_qwen3_fp8=timeout 80 $MOE --arch qwen3-30b-a3b --expert-dtype fp8"

@@ -59,17 +59,14 @@ _INTERPRETING = _interpreting()  # at import, as triton decides (decoration time
 def _configs() -> list[Any]:
     """sm_90 candidates for small M (few rows per group, many groups): narrow
     N tiles for many programs, long K steps for few loop trips. The
-    interpreter (tests) runs one config."""
+    interpreter (tests) runs one config; ``PDFLASH_FUSED_AUTOTUNE=0`` (read
+    at import) runs one config without tuning (no tuning compiles, e.g. in
+    GPU tests)."""
     if _INTERPRETING:
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
-    shapes = [
-        (32, 128, 4, 4),
-        (64, 64, 4, 4),
-        (64, 128, 4, 3),
-        (64, 256, 4, 3),
-        (128, 64, 4, 3),
-        (128, 128, 8, 3),
-    ]
+    if os.environ.get("PDFLASH_FUSED_AUTOTUNE", "1") == "0":
+        return [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=3)]
+    shapes = [(32, 128, 4, 4), (64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 4, 3)]
     return [
         triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
         for n, k, w, s in shapes

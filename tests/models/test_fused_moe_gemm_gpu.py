@@ -48,20 +48,22 @@ def _fused_runs() -> None:
     assert reason is None, reason  # triton imports: the kernel must compile and agree
 
 
-def _slab(
-    layout: Any, slots: int, g: torch.Generator
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    slab = torch.randint(0, 256, (slots, layout.nbytes), generator=g, dtype=torch.uint8).cuda()
+def _slab(layout: Any, slots: int, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """A random slab on the device (generated there: the published shapes
+    are hundreds of MB), values in a checkpoint's ranges."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    opts: dict[str, Any] = {"generator": g, "device": "cuda"}
+    slab = torch.randint(0, 256, (slots, layout.nbytes), dtype=torch.uint8, **opts)
     views = layout.slab_views(slab)
     for name, v in views.items():
         if name.endswith("_scales"):  # e8m0 in a checkpoint's range
-            v.copy_(torch.randint(118, 126, v.shape, generator=g, dtype=torch.uint8))
+            v.copy_(torch.randint(118, 126, v.shape, dtype=torch.uint8, **opts))
         elif name.endswith("_scale"):  # fp8 per-channel scales
-            v.copy_(torch.rand(v.shape, generator=g) * 2e-3 + 1e-4)
+            v.copy_(torch.rand(v.shape, **opts) * 2e-3 + 1e-4)
         elif v.dtype == FP8_DTYPE:
-            v.copy_((torch.randn(v.shape, generator=g) * 100).clamp(-448, 448).to(FP8_DTYPE))
+            v.copy_((torch.randn(v.shape, **opts) * 100).clamp(-448, 448).to(FP8_DTYPE))
         elif v.is_floating_point():  # biases
-            v.copy_(torch.randn(v.shape, generator=g) * 0.1)
+            v.copy_(torch.randn(v.shape, **opts) * 0.1)
     return slab, views
 
 
@@ -116,7 +118,7 @@ def test_gptoss_mxfp4_fused_equals_dequant_path(
     fmt = GptOssAdapter.expert_formats(cfg)[1]
     layout, _ = GptOssAdapter.stored_layout(cfg, torch.bfloat16, fmt, None)
     assert layout.format == "mxfp4"
-    _, views = _slab(layout, cfg.experts, torch.Generator().manual_seed(tokens))
+    _, views = _slab(layout, cfg.experts, tokens)
     mlp = GptOssGroupedExperts(ALPHA, LIMIT, lambda v: unpack_mxfp4_experts(v, dtype))
     fused = FusedSlabMLP("mxfp4", "gptoss", alpha=ALPHA, limit=LIMIT, mxfp4_dot=mxfp4_dot)
     _run(mlp, fused, views, cfg.hidden_size, cfg.experts, cfg.top_k, tokens, dtype, tokens)
@@ -137,7 +139,7 @@ def test_gptoss_fp8_fused_equals_dequant_path(tokens: int) -> None:
     cfg = GPTOSS
     axes = GptOssAdapter.expert_out_axes
     layout = fp8_layout(GptOssAdapter.expert_layout(cfg, torch.bfloat16), axes)
-    _, views = _slab(layout, cfg.experts, torch.Generator().manual_seed(tokens + 1))
+    _, views = _slab(layout, cfg.experts, tokens + 1)
     mlp = GptOssGroupedExperts(ALPHA, LIMIT, _fp8_unpack(axes, torch.bfloat16))
     fused = FusedSlabMLP("fp8", "gptoss", out_axis=1, alpha=ALPHA, limit=LIMIT)
     _run(mlp, fused, views, cfg.hidden_size, cfg.experts, cfg.top_k, tokens, torch.bfloat16, 7)
@@ -148,7 +150,7 @@ def test_qwen3_fp8_fused_equals_dequant_path(tokens: int) -> None:
     cfg = QWEN3
     axes = Qwen3MoeAdapter.expert_out_axes
     layout = fp8_layout(Qwen3MoeAdapter.expert_layout(cfg, torch.bfloat16), axes)
-    _, views = _slab(layout, cfg.experts, torch.Generator().manual_seed(tokens + 2))
+    _, views = _slab(layout, cfg.experts, tokens + 2)
     mlp = SwiGLUGroupedExperts(F.silu, _fp8_unpack(axes, torch.bfloat16))
     fused = FusedSlabMLP("fp8", "silu", out_axis=0)
     _run(mlp, fused, views, cfg.hidden_size, cfg.experts, cfg.top_k, tokens, torch.bfloat16, 9)
