@@ -57,20 +57,29 @@ _INTERPRETING = _interpreting()  # at import, as triton decides (decoration time
 
 
 def _configs() -> list[Any]:
-    """sm_90 candidates for small M (few rows per group, many groups): narrow
-    N tiles for many programs, long K steps for few loop trips. The
-    interpreter (tests) runs one config; ``PDFLASH_FUSED_AUTOTUNE=0`` (read
-    at import) runs one config without tuning (no tuning compiles, e.g. in
-    GPU tests)."""
+    """sm_90 candidates for small M (few rows per group, many groups):
+    narrow N tiles for many programs. Dequantizing in registers is register
+    hungry: 8 warps per program keep every variant (MXFP4 in registers or
+    through tl.dot_scaled, FP8; BLOCK_M 16 to 64) from spilling (ptxas, sm_90a;
+    wider tiles spill). The interpreter (tests) runs one config;
+    ``PDFLASH_FUSED_AUTOTUNE=0`` (read at import) runs :data:`DEFAULT_CONFIG`
+    without tuning (no tuning compiles, e.g. in GPU tests)."""
     if _INTERPRETING:
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
     if os.environ.get("PDFLASH_FUSED_AUTOTUNE", "1") == "0":
-        return [triton.Config({"BLOCK_N": 64, "BLOCK_K": 128}, num_warps=4, num_stages=3)]
-    shapes = [(32, 128, 4, 4), (64, 128, 4, 3), (64, 256, 4, 3), (128, 128, 4, 3)]
-    return [
-        triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-        for n, k, w, s in shapes
-    ]
+        return [_config(*DEFAULT_CONFIG)]
+    shapes = [(32, 64, 4, 3), (32, 64, 8, 3), (64, 64, 8, 3), (32, 128, 8, 3), (64, 128, 8, 3)]
+    return [_config(*shape) for shape in shapes]
+
+
+#: (BLOCK_N, BLOCK_K, num_warps, num_stages) without autotuning
+DEFAULT_CONFIG = (64, 64, 8, 3)
+
+
+def _config(block_n: int, block_k: int, warps: int, stages: int) -> Any:
+    return triton.Config(
+        {"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps=warps, num_stages=stages
+    )
 
 
 @triton.jit
@@ -84,11 +93,15 @@ def _e2m1_to_f32(code):
 
 @triton.jit
 def _to_dot(values, DOT_DTYPE: tl.constexpr):
+    # one return per path: triton compiles the code after a static branch's
+    # return too, and two return types would not compile
     if DOT_DTYPE == tl.bfloat16:  # noqa: SIM300 (constexpr first: triton unwraps it)
         # exact products (<= 2 significant bits, >= 2^-128): bf16 is the fp32 bits' top half
         top = values.to(tl.uint32, bitcast=True) >> 16
-        return top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    return values
+        out = top.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        out = values
+    return out
 
 
 @triton.jit
@@ -158,10 +171,12 @@ def _dot(a, b_nk, acc, DOT_DTYPE: tl.constexpr, UPCAST: tl.constexpr):
     if UPCAST:
         # the interpreter's dot multiplies bf16's raw bits: take the (exact)
         # fp32 values of the same bf16 tiles there
-        return tl.dot(a.to(tl.float32), tl.trans(b_nk.to(tl.float32)), acc, input_precision="ieee")
-    if DOT_DTYPE == tl.float32:  # noqa: SIM300
-        return tl.dot(a, tl.trans(b_nk), acc, input_precision="ieee")
-    return tl.dot(a, tl.trans(b_nk), acc)
+        out = tl.dot(a.to(tl.float32), tl.trans(b_nk.to(tl.float32)), acc, input_precision="ieee")
+    elif DOT_DTYPE == tl.float32:  # noqa: SIM300
+        out = tl.dot(a, tl.trans(b_nk), acc, input_precision="ieee")
+    else:
+        out = tl.dot(a, tl.trans(b_nk), acc)
+    return out
 
 
 @triton.jit
