@@ -125,10 +125,11 @@ def _max_combine(a, b):
 @triton.jit
 def _mxfp4_tiles(
     w_base, s_base, cols, col_live, k0, KB, stride_wn, stride_sn, stride_sk,
-    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_K: tl.constexpr, DOT_DTYPE: tl.constexpr, FAST: tl.constexpr,
 ):  # fmt: skip
     """Low- and high-nibble value tiles ``[BLOCK_N, BLOCK_K/2]`` of rows
-    ``cols`` at values ``k0 .. k0 + BLOCK_K`` (the even and odd ``k``)."""
+    ``cols`` at values ``k0 .. k0 + BLOCK_K`` (the even and odd ``k``).
+    ``FAST``: the caller checked every scale byte is in 2..252."""
     kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     live = col_live[:, None] & (kb[None, :] < KB)
     packed = tl.load(w_base + cols[:, None] * stride_wn + kb[None, :], mask=live, other=0).to(
@@ -137,15 +138,7 @@ def _mxfp4_tiles(
     s = tl.load(
         s_base + cols[:, None] * stride_sn + (kb[None, :] // 16) * stride_sk, mask=live, other=127
     ).to(tl.int32)
-    # the tile's scale bytes once each: outside 2..252 (never in released
-    # checkpoints) the products can be subnormal or overflow: general path
-    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    g_live = col_live[:, None] & (groups[None, :] < KB // 16)
-    s_tile = tl.load(
-        s_base + cols[:, None] * stride_sn + groups[None, :] * stride_sk, mask=g_live, other=127
-    ).to(tl.int32)
-    out_of_range = tl.where((s_tile < 2) | (s_tile > 252), 1, 0)
-    if tl.reduce(tl.reduce(out_of_range, 1, _max_combine), 0, _max_combine) == 0:
+    if FAST:  # every scale byte of the program's rows is in 2..252
         scale_m1 = (s - 1) << 23
         lo = _e2m1_scaled_bits(packed & 0x0F, scale_m1).to(tl.float32, bitcast=True)
         hi = _e2m1_scaled_bits(packed >> 4, scale_m1).to(tl.float32, bitcast=True)
@@ -202,6 +195,97 @@ def _mxfp4_dot_scaled(
     return tl.dot_scaled(xt, None, "bf16", packed, scales, "e2m1", acc, fast_math=True)
 
 
+@triton.jit
+def _k_loop(
+    x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn, stride_sk,
+    gate_cols, up_cols, j_live,
+    K: tl.constexpr, WFMT: tl.constexpr, ACT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, FAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The gate (and up, when ``ACT``) accumulators over all of K.
+    ``FAST``: MXFP4 values by exponent add (scale bytes checked)."""
+    # builtins only (tl.full, not tl.zeros; no tl.sigmoid): the kernel also
+    # runs under an interpreter enabled after triton was imported
+    acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    HALF_K: tl.constexpr = BLOCK_K // 2
+    for k0 in range(0, K, BLOCK_K):
+        if MXFP4_DOT_SCALED:  # MXFP4 through tl.dot_scaled (bf16 activations)
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x_live = row_live[:, None] & (ks[None, :] < K)
+            xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0)
+            xt = xt.to(tl.bfloat16)
+            acc_g = _mxfp4_dot_scaled(
+                xt, w_base, s_base, gate_cols, j_live, k0, K // 2,
+                stride_wn, stride_sn, stride_sk, acc_g, BLOCK_K,
+            )  # fmt: skip
+            if ACT != 0:
+                acc_u = _mxfp4_dot_scaled(
+                    xt, w_base, s_base, up_cols, j_live, k0, K // 2,
+                    stride_wn, stride_sn, stride_sk, acc_u, BLOCK_K,
+                )  # fmt: skip
+        elif WFMT == 0:  # MXFP4, dequantized in registers
+            half = tl.arange(0, HALF_K)
+            k_even = k0 + 2 * half
+            x_live = row_live[:, None] & (k_even[None, :] < K)
+            x_even = tl.load(x_base + k_even[None, :] * stride_xk, mask=x_live, other=0.0)
+            x_odd = tl.load(x_base + (k_even[None, :] + 1) * stride_xk, mask=x_live, other=0.0)
+            x_even = x_even.to(DOT_DTYPE)
+            x_odd = x_odd.to(DOT_DTYPE)
+            lo, hi = _mxfp4_tiles(
+                w_base, s_base, gate_cols, j_live, k0, K // 2,
+                stride_wn, stride_sn, stride_sk, BLOCK_K, DOT_DTYPE, FAST,
+            )  # fmt: skip
+            acc_g = _dot(x_even, lo, acc_g, DOT_DTYPE, UPCAST_DOT)
+            acc_g = _dot(x_odd, hi, acc_g, DOT_DTYPE, UPCAST_DOT)
+            if ACT != 0:
+                lo, hi = _mxfp4_tiles(
+                    w_base, s_base, up_cols, j_live, k0, K // 2,
+                    stride_wn, stride_sn, stride_sk, BLOCK_K, DOT_DTYPE, FAST,
+                )  # fmt: skip
+                acc_u = _dot(x_even, lo, acc_u, DOT_DTYPE, UPCAST_DOT)
+                acc_u = _dot(x_odd, hi, acc_u, DOT_DTYPE, UPCAST_DOT)
+        else:  # FP8, per-output-channel scales applied after the loop
+            ks = k0 + tl.arange(0, BLOCK_K)
+            x_live = row_live[:, None] & (ks[None, :] < K)
+            xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0).to(DOT_DTYPE)
+            wt = _fp8_tile(w_base, gate_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
+            acc_g = _dot(xt, wt, acc_g, DOT_DTYPE, UPCAST_DOT)
+            if ACT != 0:
+                wt = _fp8_tile(w_base, up_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
+                acc_u = _dot(xt, wt, acc_u, DOT_DTYPE, UPCAST_DOT)
+
+    return acc_g, acc_u
+
+
+@triton.jit
+def _scales_in_range(
+    s_base, gate_cols, up_cols, j_live, stride_sn, stride_sk,
+    K: tl.constexpr, ACT: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Whether every MXFP4 scale byte of the program's gate (and up) rows is
+    in 2..252, where values come by adding exponents (outside it, never in
+    released checkpoints, products can be subnormal or overflow)."""
+    groups0 = tl.arange(0, BLOCK_K // 32)
+    bad = tl.full((gate_cols.shape[0], BLOCK_K // 32), 0, tl.int32)
+    for g0 in range(0, K // 32, BLOCK_K // 32):
+        groups = g0 + groups0
+        live = j_live[:, None] & (groups[None, :] < K // 32)
+        sg = tl.load(
+            s_base + gate_cols[:, None] * stride_sn + groups[None, :] * stride_sk,
+            mask=live, other=127,
+        ).to(tl.int32)  # fmt: skip
+        bad = tl.maximum(bad, tl.where((sg < 2) | (sg > 252), 1, 0))
+        if ACT != 0:
+            su = tl.load(
+                s_base + up_cols[:, None] * stride_sn + groups[None, :] * stride_sk,
+                mask=live, other=127,
+            ).to(tl.int32)  # fmt: skip
+            bad = tl.maximum(bad, tl.where((su < 2) | (su > 252), 1, 0))
+    return tl.reduce(tl.reduce(bad, 1, _max_combine), 0, _max_combine) == 0
+
+
 @triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "WFMT", "ACT", "MXFP4_DOT_SCALED"])
 @triton.jit
 def _grouped_qgemm_kernel(
@@ -236,56 +320,28 @@ def _grouped_qgemm_kernel(
     w_base = w_ptr + slot64 * stride_ws
     s_base = sc_ptr + slot64 * stride_ss
 
-    # builtins only (tl.full, not tl.zeros; no tl.sigmoid): the kernel also
-    # runs under an interpreter enabled after triton was imported
-    acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    HALF_K: tl.constexpr = BLOCK_K // 2
-    for k0 in range(0, K, BLOCK_K):
-        if MXFP4_DOT_SCALED:  # MXFP4 through tl.dot_scaled (bf16 activations)
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x_live = row_live[:, None] & (ks[None, :] < K)
-            xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0)
-            xt = xt.to(tl.bfloat16)
-            acc_g = _mxfp4_dot_scaled(
-                xt, w_base, s_base, gate_cols, j_live, k0, K // 2,
-                stride_wn, stride_sn, stride_sk, acc_g, BLOCK_K,
+    if WFMT == 0 and not MXFP4_DOT_SCALED:
+        # one check of the program's scale bytes picks the loop: no branch inside it
+        if _scales_in_range(
+            s_base, gate_cols, up_cols, j_live, stride_sn, stride_sk, K, ACT, BLOCK_K
+        ):
+            acc_g, acc_u = _k_loop(
+                x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn,
+                stride_sk, gate_cols, up_cols, j_live, K, WFMT, ACT, DOT_DTYPE, UPCAST_DOT,
+                MXFP4_DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            if ACT != 0:
-                acc_u = _mxfp4_dot_scaled(
-                    xt, w_base, s_base, up_cols, j_live, k0, K // 2,
-                    stride_wn, stride_sn, stride_sk, acc_u, BLOCK_K,
-                )  # fmt: skip
-        elif WFMT == 0:  # MXFP4, dequantized in registers
-            half = tl.arange(0, HALF_K)
-            k_even = k0 + 2 * half
-            x_live = row_live[:, None] & (k_even[None, :] < K)
-            x_even = tl.load(x_base + k_even[None, :] * stride_xk, mask=x_live, other=0.0)
-            x_odd = tl.load(x_base + (k_even[None, :] + 1) * stride_xk, mask=x_live, other=0.0)
-            x_even = x_even.to(DOT_DTYPE)
-            x_odd = x_odd.to(DOT_DTYPE)
-            lo, hi = _mxfp4_tiles(
-                w_base, s_base, gate_cols, j_live, k0, K // 2,
-                stride_wn, stride_sn, stride_sk, BLOCK_K, DOT_DTYPE,
+        else:
+            acc_g, acc_u = _k_loop(
+                x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn,
+                stride_sk, gate_cols, up_cols, j_live, K, WFMT, ACT, DOT_DTYPE, UPCAST_DOT,
+                MXFP4_DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
-            acc_g = _dot(x_even, lo, acc_g, DOT_DTYPE, UPCAST_DOT)
-            acc_g = _dot(x_odd, hi, acc_g, DOT_DTYPE, UPCAST_DOT)
-            if ACT != 0:
-                lo, hi = _mxfp4_tiles(
-                    w_base, s_base, up_cols, j_live, k0, K // 2,
-                    stride_wn, stride_sn, stride_sk, BLOCK_K, DOT_DTYPE,
-                )  # fmt: skip
-                acc_u = _dot(x_even, lo, acc_u, DOT_DTYPE, UPCAST_DOT)
-                acc_u = _dot(x_odd, hi, acc_u, DOT_DTYPE, UPCAST_DOT)
-        else:  # FP8, per-output-channel scales applied after the loop
-            ks = k0 + tl.arange(0, BLOCK_K)
-            x_live = row_live[:, None] & (ks[None, :] < K)
-            xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0).to(DOT_DTYPE)
-            wt = _fp8_tile(w_base, gate_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
-            acc_g = _dot(xt, wt, acc_g, DOT_DTYPE, UPCAST_DOT)
-            if ACT != 0:
-                wt = _fp8_tile(w_base, up_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
-                acc_u = _dot(xt, wt, acc_u, DOT_DTYPE, UPCAST_DOT)
+    else:
+        acc_g, acc_u = _k_loop(
+            x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn,
+            stride_sk, gate_cols, up_cols, j_live, K, WFMT, ACT, DOT_DTYPE, UPCAST_DOT,
+            MXFP4_DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
 
     if WFMT == 1:
         sg = tl.load(s_base + gate_cols * stride_sn, mask=j_live, other=0.0)
