@@ -1,21 +1,26 @@
 """Grouped dequantize-GEMM over the expert slab: one Triton launch per
-projection per layer, compressed weights dequantized in registers (imported
+projection per layer, compressed weights dequantized on the fly (imported
 only where ``triton`` is).
 
 Rows arrive sorted by slot (the grouped path's routing -> slot sort). A
-*tile map* (:func:`pdflash.models.compressed_gemm.tile_map`, plain torch, no host sync) cuts each slot's
-rows into ``BLOCK_M`` tiles; program ``(t, n)`` multiplies tile ``t``'s
-activations (gathered through ``x_rows``, no gathered copy of ``x``) by
-columns ``n`` of its slot's weights, read straight from the slab:
+*tile map* (:func:`tile_map`: two small launches, no host sync; its
+reference is :func:`pdflash.models.compressed_gemm.tile_map`) cuts each
+slot's rows into ``BLOCK_M`` tiles; program ``(t, n)`` multiplies tile
+``t``'s activations (gathered through ``x_rows``, no gathered copy of ``x``)
+by columns ``n`` of its slot's weights, read straight from the slab:
 
 * MXFP4 (gpt-oss as released): ``blocks [S, N, K/32, 16]`` (two e2m1 codes per
   byte, low nibble first) and ``scales [S, N, K/32]`` (e8m0), the layout the
-  store and slab hold. A ``[BLOCK_N, BLOCK_K/2]`` byte tile becomes two
-  ``[BLOCK_N, BLOCK_K/2]`` value tiles (low and high nibbles: the even and odd
-  ``k``), each multiplied with the matching even/odd columns of the
-  activation tile, so no interleave is needed. Values are built from bits
-  exactly as :mod:`pdflash.models.mxfp4_triton` builds them (same bits as
-  :func:`pdflash.models.layout.dequantize_mxfp4_torch`).
+  store and slab hold. ``registers`` (default): a ``[BLOCK_N, BLOCK_K/2]``
+  byte tile becomes two ``[BLOCK_N, BLOCK_K/2]`` value tiles (low and high
+  nibbles: the even and odd ``k``), each multiplied with the matching
+  even/odd columns of the activation tile, so no interleave is needed. The
+  values have the bits of :func:`pdflash.models.layout.dequantize_mxfp4_torch`:
+  by adding exponents when every scale byte of the program's rows is in
+  2..252 (checked once, before the K loop), else built from bits as
+  :mod:`pdflash.models.mxfp4_triton` builds them. ``scaled``:
+  ``tl.dot_scaled`` (bf16 x e2m1 with the e8m0 scales; Triton upcasts before
+  the MMA on sm_90; GPU only).
 * FP8 (``--expert-dtype fp8``): e4m3 ``[S, N, K]`` or ``[S, K, N]`` (any
   strides) with one fp32 scale per output channel, applied to the fp32
   accumulator after the K loop (the dequant path scales each weight first:
