@@ -1396,6 +1396,8 @@ def _result(
         "expert_format": getattr(getattr(adapter, "layout", None), "format", "dense"),
         # which MXFP4 dequantizer the compressed block runs (same bits either way)
         "mxfp4_dequantizer": _mxfp4_dequantizer(adapter),
+        # fused (dequantized inside the GEMM kernel) / dequant; None: dense experts
+        "compressed_gemm": getattr(getattr(adapter, "runtime", None), "compressed_gemm", None),
         "sdpa_backends": sdpa_backends(),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,

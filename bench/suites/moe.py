@@ -103,6 +103,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "auto = the Triton kernel when it runs, torch otherwise; both give the same bits); "
         "triton fails rather than falling back",
     )
+    p.add_argument(
+        "--compressed-gemm",
+        default=None,
+        choices=["dequant", "fused", "both"],
+        help="how the grouped path multiplies by compressed (MXFP4/FP8) experts: dequant = "
+        "dequantize the used slots then grouped_mm; fused = one Triton dequantize-GEMM "
+        "launch per projection over the slab; both = build dequant, and time both on every "
+        "all-hit point, interleaved (rows: by_compressed_gemm). Default: "
+        "PDFLASH_COMPRESSED_GEMM, else dequant",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--resident-experts",
@@ -279,6 +289,37 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
 
     # which dequantizer the compressed block runs (None: the experts are not MXFP4)
     dequantizer = mxfp4_dequantizer(device) if ad.layout.format == "mxfp4" else None
+    # --compressed-gemm both: the fused MLP beside the runtime's dequant path
+    grouped = runtime.grouped
+    modes: dict[str, Any] = {}
+    modes_not_measured: dict[str, str] = {}
+    if args.compressed_gemm == "both" and runtime.compressed_gemm is not None:
+        from pdflash.models.compressed_gemm import FusedGemmUnavailableError, set_compressed_gemm
+
+        set_compressed_gemm("fused")
+        try:
+            fused = ad.grouped_experts().fused
+        except FusedGemmUnavailableError as exc:
+            fused, modes_not_measured["fused"] = None, str(exc)
+        finally:
+            set_compressed_gemm("dequant")
+        if fused is None:
+            modes_not_measured.setdefault("fused", "no fused MLP for this arch's activation")
+        else:
+            modes = {"dequant": None, "fused": fused}
+        if fused is not None and fused.fmt == "mxfp4":
+            # both ways of multiplying MXFP4 tiles: registers (fused) and tl.dot_scaled
+            from pdflash.models.compressed_gemm import FusedSlabMLP, fused_gemm_unavailable
+
+            kw = {"out_axis": fused.out_axis, "alpha": fused.alpha, "limit": fused.limit}
+            modes["fused"] = FusedSlabMLP("mxfp4", fused.act, mxfp4_dot="registers", **kw)
+            reason = fused_gemm_unavailable(device, "scaled")
+            if reason is None and ad.dtype == torch.bfloat16:
+                modes["fused_dot_scaled"] = FusedSlabMLP(
+                    "mxfp4", fused.act, mxfp4_dot="scaled", **kw
+                )
+            else:
+                modes_not_measured["fused_dot_scaled"] = reason or "tl.dot_scaled takes bf16"
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)
@@ -301,6 +342,15 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     return runtime.forward_routed(layer, x, ids, weights)
 
                 got = block()
+                by_mode_us: dict[str, list[float]] = {m: [] for m in modes}
+                by_mode_out: dict[str, Any] = {}
+                for _round in range(2 if modes else 0):  # interleaved: A B A B
+                    for mode, fused in modes.items():
+                        grouped.fused = fused
+                        by_mode_out[mode] = block()
+                        by_mode_us[mode].append(_time_us(block, args.all_hit_iters, device))
+                if modes:
+                    grouped.fused = None
                 block_us = _time_us(block, args.all_hit_iters, device)
                 # plain grouped GEMMs over the active experts' stacked dense weights
                 w = _dense_stacked(ad, [base + g for g in active], device)
@@ -336,6 +386,27 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 del w
             touched = len(active) * ad.expert_nbytes
             roofline: Any = touched / (hbm * 1e9) * 1e6 if not isinstance(hbm, NotMeasured) else hbm
+            by_mode: dict[str, Any] = {}
+            for mode, times in by_mode_us.items():
+                us = _median(times)
+                out = by_mode_out[mode]
+                over_roof_m: Any = (
+                    roofline if isinstance(roofline, NotMeasured) else ratio(us, roofline, "")
+                )
+                by_mode[mode] = {
+                    "offloaded_all_hit_us": us,
+                    "rounds_us": times,
+                    "offloaded_over_grouped_mm": us / plain_us,
+                    "offloaded_over_roofline": over_roof_m,
+                    "meets_1p25x_grouped_mm": us / plain_us <= 1.25,
+                    "meets_2x_roofline": over_roof_m <= 2.0
+                    if not isinstance(over_roof_m, NotMeasured)
+                    else over_roof_m,
+                    "max_abs_err_vs_grouped_mm": float((out.float() - want.float()).abs().max()),
+                    "max_abs_err_vs_dequant": float(
+                        (out.float() - by_mode_out["dequant"].float()).abs().max()
+                    ),
+                }
             over_gmm = block_us / plain_us
             over_roof: Any = (
                 roofline if isinstance(roofline, NotMeasured) else ratio(block_us, roofline, "")
@@ -358,6 +429,11 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     else over_roof,
                     "max_abs_err_vs_grouped_mm": err,
                     "mxfp4_dequantizer": dequantizer,
+                    # which compressed GEMM the timed block ran (None: dense experts)
+                    "compressed_gemm": runtime.compressed_gemm,
+                    # --compressed-gemm both: each mode, timed interleaved on this point
+                    "by_compressed_gemm": by_mode or None,
+                    "by_compressed_gemm_not_measured": modes_not_measured or None,
                 }
             )
     if device.type == "cuda":
@@ -617,6 +693,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.compressed_gemm is not None:
+        from pdflash.models.compressed_gemm import fused_gemm_unavailable, set_compressed_gemm
+
+        if args.compressed_gemm == "fused":
+            reason = fused_gemm_unavailable(device)
+            if reason is not None:
+                raise SystemExit(f"--compressed-gemm fused: {reason}")
+        set_compressed_gemm("dequant" if args.compressed_gemm == "both" else args.compressed_gemm)
     if args.mxfp4_dequantizer is not None:
         try:
             set_mxfp4_dequantizer(args.mxfp4_dequantizer)
@@ -720,6 +804,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["mxfp4_dequantizer"] = None  # experts are not MXFP4: nothing to dequantize
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
+            row["compressed_gemm"] = ad.runtime.compressed_gemm if ad.runtime else None
             row["fp8_error"] = fp8_error  # None unless --expert-dtype fp8
             row["all_hit_targets"] = {
                 "rows": len(checked),

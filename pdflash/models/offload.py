@@ -10,6 +10,11 @@ Two execution paths compute the same thing:
   through the cache's device slot table, the rows are sorted by slot once,
   group offsets come from a bincount, and the weighted sum over the k routed
   experts is one deterministic un-permute. No per-expert Python.
+  Compressed slabs (MXFP4, FP8): by default the used slots are gathered and
+  dequantized before the GEMMs; with ``PDFLASH_COMPRESSED_GEMM=fused`` one
+  Triton kernel per projection reads the slab and dequantizes in registers
+  (:mod:`pdflash.models.compressed_gemm`; :attr:`OffloadedMoE.compressed_gemm`
+  says which runs).
 * loop (any ``expert_fn``): one call per distinct expert over views of its slot.
 
 Host syncs of the grouped path (CUDA): none for a layer whose experts are all
@@ -101,7 +106,10 @@ class GroupedExperts(Protocol):
     first and dequantizes only those. ``forward(x, w, offs, group_of_row)``:
     ``x [n, H]`` rows sorted by group, ``offs [G]`` int32 cumulative row
     ends, ``group_of_row [n]`` each row's group (for per-expert biases) ->
-    ``[n, H]``.
+    ``[n, H]``. Optionally, an attribute ``fused`` that is not None (a
+    :class:`~pdflash.models.compressed_gemm.FusedSlabMLP`): its
+    ``forward_slab`` then runs instead, over the compressed slab in place
+    (no gather, no dequantized copy).
     """
 
     compressed: bool
@@ -214,6 +222,15 @@ class OffloadedMoE:
     def path(self) -> str:
         """``grouped`` or ``loop`` (see the module docstring)."""
         return "grouped" if self.grouped is not None else "loop"
+
+    @property
+    def compressed_gemm(self) -> str | None:
+        """How the grouped path multiplies by a compressed slab: ``fused``
+        (dequantized inside the GEMM kernel), ``dequant`` (dequantized first,
+        then grouped_mm), or None (dense slab, or the loop path)."""
+        if self.grouped is None or not self.grouped.compressed:
+            return None
+        return "fused" if getattr(self.grouped, "fused", None) is not None else "dequant"
 
     # -- CUDA-graph seam -------------------------------------------------------
 
@@ -561,6 +578,17 @@ class OffloadedMoE:
         ``key_sorted`` (``width`` = masked out, when ``masked``)."""
         grouped = self.grouped
         assert grouped is not None
+        fused = getattr(grouped, "fused", None)
+        if fused is not None:
+            # compressed slab read in place: no gather of the used slots, no
+            # dequantized copy, x rows gathered inside the kernel
+            out = fused.forward_slab(x, order // k, key_sorted, width, views, self.num_experts)
+            if masked:
+                valid = (key_sorted < width).unsqueeze(-1)
+                y_flat[order] = torch.where(valid, out, y_flat[order])
+            else:
+                y_flat[order] = out
+            return
         if grouped.compressed:
             group_of_row, offs, views = _compact(key_sorted, width, views)
         else:

@@ -74,6 +74,7 @@ def test_bench_moe_mxfp4_moves_the_stored_bytes(capsys: pytest.CaptureFixture[st
         assert row["moe_max_abs_err"] <= 1e-5 and row["all_hit"] == []
     # which dequantizer ran is recorded: on the CPU always the torch path
     assert dense["mxfp4_dequantizer"] is None
+    assert (mx["compressed_gemm"], dense["compressed_gemm"]) == ("dequant", None)
     assert mx["mxfp4_dequantizer"] == "torch" and "CUDA" in mx["mxfp4_triton_unavailable"]
     assert mx["mxfp4_dequant_calls"]["torch"] > 0 and mx["mxfp4_dequant_calls"]["triton"] == 0
     speed = mx["mxfp4_dequant_speed"]
@@ -94,3 +95,25 @@ def test_bench_moe_fp8_reports_its_error(capsys: pytest.CaptureFixture[str]) -> 
     assert err["logit_max_abs_err"] > 0 and 0 < err["logit_rel_err"] < 1
     assert 0 < err["greedy_agreement_teacher_forced"] <= 1
     assert row["moe_max_abs_err"] <= 1e-5  # offloaded fp8 block vs HF block on the same weights
+
+
+def test_bench_moe_compressed_gemm_both_on_cpu_says_why_fused_is_absent(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = ["moe", "--json", "--arch", "gpt_oss", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--all-hit-tokens", "4", "--all-hit-iters", "1"]
+    argv += ["--synthetic-format", "mxfp4", "--cache-fraction", "1.0"]
+    try:
+        assert main([*argv, "--compressed-gemm", "both"]) == 0
+        row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert row["compressed_gemm"] == "dequant"
+        for r in row["all_hit"]:
+            assert r["compressed_gemm"] == "dequant" and r["by_compressed_gemm"] is None
+            assert "CUDA devices, not cpu" in r["by_compressed_gemm_not_measured"]["fused"]
+        with pytest.raises(SystemExit, match=r"--compressed-gemm fused: .*CUDA"):
+            main([*argv, "--compressed-gemm", "fused"])
+    finally:
+        from pdflash.models.compressed_gemm import set_compressed_gemm
+
+        set_compressed_gemm(None)

@@ -235,6 +235,7 @@ def test_mxfp4_experts_move_their_stored_bytes(
     mx, dense = rows[None], rows["dense"]
     assert (mx["expert_format"], dense["expert_format"]) == ("mxfp4", "dense")
     assert (mx["mxfp4_dequantizer"], dense["mxfp4_dequantizer"]) == ("torch", None)  # CPU
+    assert (mx["compressed_gemm"], dense["compressed_gemm"]) == ("dequant", None)
     assert mx["expert_nbytes"] < dense["expert_nbytes"]
     for row in (mx, dense):
         assert row["h2d_bytes"] > 0 and row["h2d_bytes"] % row["expert_nbytes"] == 0

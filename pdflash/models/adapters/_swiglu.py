@@ -20,8 +20,8 @@ class SwiGLUGroupedExperts(SlabExperts):
     ``[G, 2I, H]`` / ``[G, H, I]`` weights read as ``[G, K, N]`` (transposed
     views, no copies)."""
 
-    def __init__(self, act: Any, unpack: Any = None) -> None:
-        super().__init__(unpack)
+    def __init__(self, act: Any, unpack: Any = None, fused: Any = None) -> None:
+        super().__init__(unpack, fused)
         self.act = act
 
     def forward(
@@ -102,4 +102,7 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
         return out
 
     def grouped_experts(self) -> SwiGLUGroupedExperts:
-        return SwiGLUGroupedExperts(self._activation(), self.slab_unpack())
+        act = self._activation()
+        # the fused epilogue computes SiLU; other activations keep the dequant path
+        fused = self.fused_slab_mlp("silu") if act is F.silu else None
+        return SwiGLUGroupedExperts(act, self.slab_unpack(), fused)

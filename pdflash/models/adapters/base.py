@@ -31,6 +31,7 @@ from torch import nn
 
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
+from pdflash.models.compressed_gemm import FusedSlabMLP, fused_mlp_for
 from pdflash.models.config_check import check_model_config, check_raw_keys, read_config_json
 from pdflash.models.layout import (
     ExpertFormat,
@@ -69,13 +70,21 @@ class SlabExperts:
     (:class:`~pdflash.models.offload.GroupedExperts`) shares: turning the
     slab's packed views into compute weights. ``unpack`` dequantizes
     compressed views (None: the slab is dense and its views are the weights);
-    subclasses add ``forward``."""
+    ``fused``: the same MLP as fused dequantize-GEMM launches over the
+    compressed slab (:class:`~pdflash.models.compressed_gemm.FusedSlabMLP`;
+    the block then runs it instead of ``weights`` + ``forward``); subclasses
+    add ``forward``."""
 
     def __init__(
-        self, unpack: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None
+        self,
+        unpack: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+        fused: FusedSlabMLP | None = None,
     ) -> None:
+        if fused is not None and unpack is None:
+            raise ValueError("a fused slab MLP reads compressed slabs; this slab is dense")
         self.unpack = unpack
         self.compressed = unpack is not None
+        self.fused = fused
 
     def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return views if self.unpack is None else self.unpack(views)
@@ -241,6 +250,21 @@ class MoEAdapterBase:
         """The expert MLP over many experts at once (grouped GEMMs over the
         cache slab), or None to run experts one by one."""
         return None
+
+    def fused_slab_mlp(
+        self, act: str, *, alpha: float = 1.0, limit: float = 0.0
+    ) -> FusedSlabMLP | None:
+        """The fused dequantize-GEMM MLP for this adapter's compressed slab
+        when ``PDFLASH_COMPRESSED_GEMM=fused`` (:mod:`pdflash.models.compressed_gemm`;
+        raises where it cannot run), else None (dense layouts too). ``act``:
+        ``gptoss`` or ``silu``."""
+        fmt = self.layout.format
+        if fmt not in ("mxfp4", "fp8"):
+            return None
+        axes = set(self.expert_out_axes.values())
+        if len(axes) != 1:
+            return None  # one output axis for both projections is what the kernel reads
+        return fused_mlp_for(self.device, fmt, act, out_axis=axes.pop(), alpha=alpha, limit=limit)
 
     def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[T, heads, D]`` of the HF attention module ``attn``

@@ -58,8 +58,8 @@ class GptOssGroupedExperts(SlabExperts):
     """gpt-oss's clamped SwiGLU with biases for many experts: two grouped
     GEMMs over ``[G, H, 2I]`` / ``[G, I, H]``, biases gathered per row."""
 
-    def __init__(self, alpha: float, limit: float, unpack: Any = None) -> None:
-        super().__init__(unpack)
+    def __init__(self, alpha: float, limit: float, unpack: Any = None, fused: Any = None) -> None:
+        super().__init__(unpack, fused)
         self.alpha, self.limit = alpha, limit
 
     def forward(
@@ -211,7 +211,8 @@ class GptOssAdapter(MoEAdapterBase):
         if self.layout.format == "mxfp4":
             # NOTE: probe (and compile) the Triton dequantizer now, not inside the first forward
             mxfp4_dequantizer(self.device)
-        return GptOssGroupedExperts(alpha, limit, self.slab_unpack())
+        fused = self.fused_slab_mlp("gptoss", alpha=alpha, limit=limit)
+        return GptOssGroupedExperts(alpha, limit, self.slab_unpack(), fused)
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         alpha, limit = self._swiglu_params()

@@ -1,0 +1,309 @@
+"""How the grouped path multiplies by compressed (MXFP4, FP8) slab experts.
+
+Two paths compute the same MLP:
+
+* ``dequant`` (default): gather the used slots, dequantize them to the
+  compute dtype (:func:`pdflash.models.layout.dequantize_mxfp4`,
+  :func:`~pdflash.models.layout.dequantize_fp8`), then torch's grouped GEMM.
+* ``fused``: :class:`FusedSlabMLP`, two Triton launches per layer (gate/up
+  with bias and activation in the epilogue, then down with bias) that read
+  the compressed slab directly and dequantize in registers
+  (:mod:`pdflash.models.fused_moe_triton`). CUDA only (the CPU runs it only
+  under Triton's interpreter, in tests).
+
+The mode comes from :func:`set_compressed_gemm` or the environment variable
+``PDFLASH_COMPRESSED_GEMM`` (``dequant`` when unset). ``fused`` never falls
+back silently: an adapter asked for it on a device where the kernel cannot
+run raises :class:`FusedGemmUnavailableError` naming why. MXFP4 tiles are
+multiplied as ``PDFLASH_FUSED_MXFP4_DOT`` says: ``registers`` (default: values
+built from bits, then ``tl.dot``) or ``scaled`` (``tl.dot_scaled``).
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+from typing import Any
+
+import torch
+
+COMPRESSED_GEMM_MODES = ("dequant", "fused")
+_mode: str | None = None  # None: read PDFLASH_COMPRESSED_GEMM on first use
+_PROBES: dict[str, str | None] = {}
+
+
+class FusedGemmUnavailableError(RuntimeError):
+    """``fused`` was asked for where the fused kernel cannot run."""
+
+
+def set_compressed_gemm(mode: str | None) -> None:
+    """``dequant`` or ``fused`` for adapters built from now on (None: back to
+    the environment's ``PDFLASH_COMPRESSED_GEMM``)."""
+    if mode is not None and mode not in COMPRESSED_GEMM_MODES:
+        raise ValueError(
+            f"compressed GEMM mode must be one of {COMPRESSED_GEMM_MODES}, got {mode!r}"
+        )
+    global _mode
+    _mode = mode
+
+
+def compressed_gemm_mode() -> str:
+    """The mode adapters use for compressed experts (see the module docstring)."""
+    if _mode is not None:
+        return _mode
+    mode = os.environ.get("PDFLASH_COMPRESSED_GEMM", "dequant") or "dequant"
+    if mode not in COMPRESSED_GEMM_MODES:
+        raise ValueError(
+            f"PDFLASH_COMPRESSED_GEMM must be one of {COMPRESSED_GEMM_MODES}, got {mode!r}"
+        )
+    return mode
+
+
+#: ``PDFLASH_FUSED_MXFP4_DOT`` values: how the fused kernel multiplies MXFP4
+#: tiles (see :class:`FusedSlabMLP`).
+MXFP4_DOTS = ("registers", "scaled")
+
+
+def fused_mxfp4_dot() -> str:
+    """``PDFLASH_FUSED_MXFP4_DOT`` (``registers`` when unset)."""
+    dot = os.environ.get("PDFLASH_FUSED_MXFP4_DOT", "registers") or "registers"
+    if dot not in MXFP4_DOTS:
+        raise ValueError(f"PDFLASH_FUSED_MXFP4_DOT must be one of {MXFP4_DOTS}, got {dot!r}")
+    return dot
+
+
+def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registers") -> str | None:
+    """Why the fused kernel (with ``mxfp4_dot``) cannot run on ``device``
+    (None: it can). On CUDA it is compiled once and checked against
+    dequantize-then-matmul on small MXFP4 and FP8 cases (cached per device).
+    The CPU counts only under ``TRITON_INTERPRET=1`` set before triton is
+    imported (dry runs; ``registers`` only)."""
+    if mxfp4_dot not in MXFP4_DOTS:
+        raise ValueError(f"mxfp4_dot must be one of {MXFP4_DOTS}, got {mxfp4_dot!r}")
+    device = torch.device(device)
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        if mxfp4_dot == "scaled":
+            return "tl.dot_scaled does not run under Triton's interpreter"
+    elif device.type != "cuda":
+        return f"the fused kernel runs on CUDA devices, not {device.type}"
+    elif not torch.cuda.is_available():
+        return "no CUDA device"
+    elif device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = f"{device}/{mxfp4_dot}"
+    if key not in _PROBES:
+        _PROBES[key] = _probe(device, mxfp4_dot)
+    return _PROBES[key]
+
+
+def _probe(device: torch.device, mxfp4_dot: str) -> str | None:
+    try:
+        from pdflash.models import fused_moe_triton as kernels
+    except Exception as exc:  # not installed, or an install that does not load
+        return f"triton does not import ({type(exc).__name__}: {exc})"
+    try:
+        err = probe_error(kernels, device, mxfp4_dot)
+    except Exception as exc:  # any compile or launch failure means: not usable here
+        return f"the fused kernel failed on {device}: {type(exc).__name__}: {exc}"
+    if err is not None:
+        return f"the fused kernel disagrees with dequantize-then-matmul on {device}: {err}"
+    return None
+
+
+def probe_error(
+    kernels: ModuleType, device: torch.device, mxfp4_dot: str = "registers"
+) -> str | None:
+    """Run ``kernels`` (the fused module, or an interpreted copy) on a small
+    MXFP4 and FP8 case against dequantize-then-matmul in fp32; the first
+    disagreement beyond 1e-4 of the largest output, or None. ``scaled``
+    (``tl.dot_scaled`` takes bf16 activations): the MXFP4 case with bf16
+    activations (exact in fp32), within one bf16 rounding (2^-8)."""
+    from pdflash.models.layout import dequantize_mxfp4_torch, quantize_fp8
+
+    g = torch.Generator().manual_seed(0)
+    slots, n, k = 3, 48, 96
+    blocks = torch.randint(0, 256, (slots, n, k // 32, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(118, 130, (slots, n, k // 32), generator=g, dtype=torch.uint8)
+    dense = torch.randn(slots, n, k, generator=g)
+    q = [quantize_fp8(dense[s], 0) for s in range(slots)]
+    values, fp8_scales = torch.stack([v for v, _ in q]), torch.stack([s for _, s in q])
+    x = torch.randn(5, k, generator=g)
+    key = torch.tensor([0, 0, 2, 2, 2, 3])  # slot 1 empty, one masked row
+    x_rows = torch.tensor([0, 1, 2, 3, 4, 0])
+    mxfp4 = (
+        kernels.SlabWeight("mxfp4", blocks, scales),
+        dequantize_mxfp4_torch(blocks, scales, torch.float32),
+    )
+    fp8 = (kernels.SlabWeight("fp8", values, fp8_scales), values.float() * fp8_scales[..., None])
+    cases: list[tuple[Any, torch.Tensor]] = [mxfp4, fp8]
+    rel = 1e-4
+    if mxfp4_dot == "scaled":
+        x, cases, rel = x.bfloat16(), [mxfp4], 2.0**-8
+    tiles = tuple(t.to(device) for t in tile_map(key, slots, 16, slots))
+    for w, dense_w in cases:
+        w = kernels.SlabWeight(w.fmt, w.data.to(device), w.scale.to(device))
+        got = kernels.grouped_qgemm(
+            x.to(device), x_rows.to(device), tiles, 16, w, mxfp4_dot=mxfp4_dot
+        )
+        want = torch.einsum("rk,rnk->rn", x[x_rows[:5]].float(), dense_w[key[:5]])
+        err = float((got[:5].cpu().float() - want).abs().max())
+        if not err <= rel * max(1.0, float(want.abs().max())):
+            return f"{w.fmt}: max abs error {err:.3g}"
+    return None
+
+
+def pick_block_m(rows: int, max_groups: int) -> int:
+    """BLOCK_M for ``rows`` sorted rows over at most ``max_groups`` groups:
+    1.5x the mean rows per used group (routed counts spread around the mean),
+    rounded up to 16/32/64. Each tile of a group dequantizes that group's
+    weights again, so fewer, fuller tiles save work; tl.dot's smallest M is
+    16, and 64 keeps two fp32 accumulators in registers."""
+    typical = 1.5 * rows / max(1, min(max_groups, rows))
+    return 16 if typical <= 16 else 32 if typical <= 32 else 64
+
+
+def tile_map(
+    key_sorted: torch.Tensor, width: int, block_m: int, max_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tile map's reference (plain torch; the kernels module builds the
+    same tiles in two launches). Cut rows sorted by group key (``key_sorted [n]``, keys in
+    ``[0, width]``; ``width`` = a masked row, sorted last) into tiles of at
+    most ``block_m`` rows of one group each. Returns int32 ``slot``,
+    ``start``, ``end`` per tile over a fixed count ``cdiv(n, block_m) +
+    min(width, n, max_groups)`` (an upper bound known without reading the
+    routing; ``max_groups`` bounds the distinct keys, e.g. the layer's
+    experts); tiles past the last live one have slot -1."""
+    if width < 1 or block_m < 1:
+        raise ValueError(f"tile_map needs width >= 1 and block_m >= 1, got {width}, {block_m}")
+    n = int(key_sorted.numel())
+    device = key_sorted.device
+    bound = -(-n // block_m) + min(width, n, max(0, max_groups))
+    groups = torch.arange(width, device=device, dtype=key_sorted.dtype)
+    starts = torch.searchsorted(key_sorted, groups, right=False)
+    ends = torch.searchsorted(key_sorted, groups, right=True)
+    tiles = (ends - starts + block_m - 1) // block_m  # per group
+    tile_ends = torch.cumsum(tiles, 0)
+    t = torch.arange(bound, device=device, dtype=tile_ends.dtype)
+    g = torch.searchsorted(tile_ends, t, right=True)  # each tile's group (width: past the end)
+    gc = g.clamp(max=width - 1)
+    start = starts[gc] + (t - (tile_ends[gc] - tiles[gc])) * block_m
+    slot = torch.where(g < width, gc, -1)
+    return slot.to(torch.int32), start.to(torch.int32), ends[gc].to(torch.int32)
+
+
+def _kernels() -> ModuleType:
+    from pdflash.models import fused_moe_triton
+
+    return fused_moe_triton
+
+
+class FusedSlabMLP:
+    """An expert MLP over the compressed slab in two fused launches.
+
+    ``fmt``: ``mxfp4`` (gpt-oss's released layout: ``gate_up_blocks``/
+    ``_scales``, ``down_blocks``/``_scales``, rows = output channels) or
+    ``fp8`` (``gate_up``/``down`` e4m3 with ``<name>_scale``; ``out_axis``
+    says which axis of the packed ``[R, C]`` weight is the output channel).
+    ``act``: ``gptoss`` (gate/up interleaved, biases, clamped SwiGLU with
+    ``alpha``/``limit``) or ``silu`` (gate rows then up rows, no biases).
+    ``mxfp4_dot``: ``registers`` (values built from bits in registers, then
+    ``tl.dot``; runs under the interpreter) or ``scaled`` (``tl.dot_scaled``,
+    Triton's own MXFP4 upcast; bf16 activations on a GPU; fp32 activations
+    take ``registers``).
+    ``kernels``: the kernel module (tests pass an interpreted copy)."""
+
+    def __init__(
+        self,
+        fmt: str,
+        act: str,
+        *,
+        out_axis: int = 0,
+        alpha: float = 1.0,
+        limit: float = 0.0,
+        mxfp4_dot: str = "registers",
+        kernels: ModuleType | None = None,
+    ) -> None:
+        if fmt not in ("mxfp4", "fp8"):
+            raise ValueError(f"fused slab MLP formats: mxfp4, fp8; got {fmt!r}")
+        if act not in ("gptoss", "silu"):
+            raise ValueError(f"fused slab MLP activations: gptoss, silu; got {act!r}")
+        if mxfp4_dot not in MXFP4_DOTS:
+            raise ValueError(f"mxfp4_dot must be one of {MXFP4_DOTS}, got {mxfp4_dot!r}")
+        self.fmt, self.act, self.out_axis = fmt, act, out_axis
+        self.mxfp4_dot = mxfp4_dot
+        self.alpha, self.limit = alpha, limit
+        self.k = kernels if kernels is not None else _kernels()
+        self._row_ids: dict[tuple[int, str], torch.Tensor] = {}
+
+    def _weight(self, views: dict[str, torch.Tensor], name: str) -> Any:
+        bias = views.get(f"{name}_bias") if self.act == "gptoss" else None
+        if self.fmt == "mxfp4":
+            return self.k.SlabWeight(
+                "mxfp4", views[f"{name}_blocks"], views[f"{name}_scales"], bias
+            )
+        # the packed [R, C] weight is [S, R, C] in the slab; N is its output axis
+        return self.k.SlabWeight(
+            "fp8", views[name], views[f"{name}_scale"], bias, n_axis=1 + self.out_axis
+        )
+
+    def _rows(self, n: int, device: torch.device) -> torch.Tensor:
+        key = (n, str(device))
+        ids = self._row_ids.get(key)
+        if ids is None:
+            ids = self._row_ids[key] = torch.arange(n, dtype=torch.int32, device=device)
+        return ids
+
+    def forward_slab(
+        self,
+        x: torch.Tensor,
+        x_rows: torch.Tensor,
+        key_sorted: torch.Tensor,
+        width: int,
+        views: dict[str, torch.Tensor],
+        max_groups: int,
+    ) -> torch.Tensor:
+        """``out[r] = mlp(slot key_sorted[r])(x[x_rows[r]])`` for the rows
+        sorted by slot key (``width`` = a masked row: its output is left
+        unset); ``views``: the slab's ``[width, ...]`` component views;
+        ``max_groups`` bounds the distinct keys (the layer's experts)."""
+        k = self.k
+        block_m = pick_block_m(int(key_sorted.numel()), max_groups)
+        # the kernels' two-launch tile map (same tiles as :func:`tile_map`)
+        tiles = k.tile_map(key_sorted, width, block_m, max_groups)
+        gate_up = self._weight(views, "gate_up")
+        if self.act == "gptoss":
+            act, cols = k.ACT_GPTOSS, (0, 1, 2)
+        else:
+            act, cols = k.ACT_SILU, (0, gate_up.n // 2, 1)
+        dot = self.mxfp4_dot if x.dtype == torch.bfloat16 else "registers"
+        h = k.grouped_qgemm(
+            x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
+            limit=self.limit, mxfp4_dot=dot,
+        )  # fmt: skip
+        rows = self._rows(int(h.shape[0]), x.device)
+        out: torch.Tensor = k.grouped_qgemm(
+            h, rows, tiles, block_m, self._weight(views, "down"), mxfp4_dot=dot
+        )
+        return out
+
+
+def fused_mlp_for(
+    device: torch.device | str,
+    fmt: str,
+    act: str,
+    *,
+    out_axis: int = 0,
+    alpha: float = 1.0,
+    limit: float = 0.0,
+) -> FusedSlabMLP | None:
+    """The fused MLP when the mode is ``fused`` (raises
+    :class:`FusedGemmUnavailableError` where it cannot run), else None."""
+    if compressed_gemm_mode() != "fused":
+        return None
+    dot = fused_mxfp4_dot() if fmt == "mxfp4" else "registers"
+    reason = fused_gemm_unavailable(device, dot)
+    if reason is not None:
+        raise FusedGemmUnavailableError(
+            f"PDFLASH_COMPRESSED_GEMM=fused (MXFP4 dot: {dot}) cannot run: {reason}"
+        )
+    return FusedSlabMLP(fmt, act, out_axis=out_axis, alpha=alpha, limit=limit, mxfp4_dot=dot)
