@@ -117,6 +117,7 @@ def build_host_service(
         expert_nbytes=store.expert_nbytes,
         workers=pool,
         intra_op_threads=intra_op_threads,
+        batch_fn=weights.kernel.forward_many,
     )
     try:
         if cost is None and calibrate:
