@@ -51,6 +51,7 @@ from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams
+from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
 from pdflash.report.schema import HOST_METRIC_FIELDS
@@ -135,7 +136,7 @@ class RunSpec:
     host_experts: str = "off"
     host_workers: int | None = None
     host_threads: int | None = None
-    host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
+    host_max_ratio: float = DEFAULT_MAX_HOST_RATIO  # CostModelPlanner.max_host_ratio
     # how the host holds the experts it computes (pdflash.hybrid.kernels):
     # "auto" times the formats and keeps the fastest that fits the budget
     host_format: str = "auto"

@@ -28,6 +28,9 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   again with a busy caller (``*_busy``: this thread runs Python and small
   torch ops while the pool computes, as the engine's thread does).
   The summary's ``paths_over_floor`` divides each by ``read_floor``.
+  ``--clock cpu`` times them in process CPU seconds instead of wall seconds
+  (for a shared machine whose other load deschedules the threads; the busy
+  caller's own work would count, so ``*_busy`` is left out).
   ``--link-load`` (CUDA only) repeats the batch path while a side stream
   copies pinned host memory to the GPU in a loop: the CPU's and the DMA's
   reads share host memory bandwidth (``paths_link_load``).
@@ -115,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--batch", type=int, default=4, help="experts per executor job in paths")
     ap.add_argument("--link-load", action="store_true", help="paths under H2D load (CUDA)")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"), help="paths' clock")
     args = ap.parse_args(argv)
 
     from pdflash.bench.engine_run import RunSpec, load_target, resolve_device, synthetic_paths
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         sections=[x for x in args.sections.split(",") if x],
         batch=args.batch,
         link_load=args.link_load,
+        cpu_clock=args.clock == "cpu",
         head={
             "arch": args.arch,
             "layers": args.layers,
@@ -162,6 +167,7 @@ def diagnose(
     sections: list[str] | None = None,
     batch: int = 4,
     link_load: bool = False,
+    cpu_clock: bool = False,
 ) -> dict[str, Any]:
     """Time ``ad``'s experts as the module doc says; prints JSON lines and
     returns the summary (also the last line printed)."""
@@ -184,6 +190,7 @@ def diagnose(
         "experts_walked": len(ids),
         "walked_bytes": len(ids) * store.expert_nbytes,
         "sections": sections,
+        "paths_clock": "process_cpu" if cpu_clock else "wall",
         "scripted_batches": batched_kernels_error() or "yes",
         "cpu": _cpu_model(),
         "synthetic": True,
@@ -219,7 +226,9 @@ def diagnose(
         n: torch.randn(n, int(ad.hidden_size), generator=gen).to(store.layout.dtype) for n in tokens
     }
     if "paths" in sections:
-        executor_paths(ad, ids, xs, repeats, emit, batch=batch, link_load=link_load)
+        executor_paths(
+            ad, ids, xs, repeats, emit, batch=batch, link_load=link_load, cpu_clock=cpu_clock
+        )
     with torch.inference_mode():
         out_in = prepared("out_in") if "formats" in sections else None
         # the bare MLP over dense weights, both layouts (from the out_in format:
@@ -391,8 +400,10 @@ def executor_paths(
     *,
     batch: int = 4,
     link_load: bool = False,
+    cpu_clock: bool = False,
 ) -> None:
     """The ``paths[...]`` section of the module doc."""
+    clock = time.process_time if cpu_clock else time.perf_counter
     import random
 
     from pdflash.hybrid import HostExpertExecutor, host_kernel_for
@@ -471,7 +482,8 @@ def executor_paths(
                             ex.compute(np.asarray(b), xb, [n] * len(b))
 
                 calls[f"executor_{key}"] = jobs
-                calls[f"executor_{key}_busy"] = lambda j=jobs: j(busy=True)
+                if not cpu_clock:
+                    calls[f"executor_{key}_busy"] = lambda j=jobs: j(busy=True)
             walked = sum(len(b) for b in batches)
             per = {k: (walked if k.startswith("executor_") else len(ids)) for k in calls}
             rng = random.Random(n)
@@ -483,9 +495,9 @@ def executor_paths(
                     order = list(calls)
                     rng.shuffle(order)
                     for k in order:
-                        t0 = time.perf_counter()
+                        t0 = clock()
                         calls[k]()
-                        times[k].append((time.perf_counter() - t0) / per[k])
+                        times[k].append((clock() - t0) / per[k])
             for k, ts in times.items():
                 emit(f"paths[{k}]", n, statistics.median(ts) * 1e6)
             if link_load and torch.cuda.is_available():

@@ -207,9 +207,11 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--host-max-ratio",
         type=float,
-        default=1.0,
+        # NOTE: pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO (not imported:
+        # it pulls in torch; a test keeps them equal)
+        default=1.5,
         help="HOST only experts the CPU computes at most this times slower than the link "
-        "copies them (default 1.0, the per-expert break-even)",
+        "copies them (default 1.5: see pdflash.hybrid.planner)",
     )
     parser.add_argument(
         "--host-format",
