@@ -52,6 +52,7 @@ the raw MLP.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -300,12 +301,12 @@ def diagnose(
                 pairs = [ids[i : i + 2] for i in range(0, len(ids) - 1, 2)]
                 xx = xs[n].repeat(2, 1)
 
-                def batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
+                def pair(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
                     ex.compute(np.asarray(p, dtype=np.int64), xx, [n, n])
 
-                cold = _us(batch, pairs, repeats) / 2  # type: ignore[arg-type]
+                cold = _us(pair, pairs, repeats) / 2  # type: ignore[arg-type]
                 hot_pairs = [[ids[0], ids[0]]] * len(pairs)
-                emit(f"executor[{fmt}]", n, cold, _us(batch, hot_pairs, repeats) / 2)  # type: ignore[arg-type]
+                emit(f"executor[{fmt}]", n, cold, _us(pair, hot_pairs, repeats) / 2)  # type: ignore[arg-type]
 
                 def busy_batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
                     # as in a forward: the engine's thread keeps launching
@@ -365,7 +366,7 @@ class _LinkLoad:
     def __init__(self, nbytes: int = 256 << 20) -> None:
         self.src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         self.dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        self.stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        self.stream = torch.cuda.Stream()
         self.stop = False
         self.copied = 0
         self.thread: Any = None
@@ -374,7 +375,7 @@ class _LinkLoad:
         with torch.cuda.stream(self.stream):
             while not self.stop:
                 self.dst.copy_(self.src, non_blocking=True)
-                self.stream.synchronize()  # type: ignore[no-untyped-call]
+                self.stream.synchronize()
                 self.copied += self.src.numel()
 
     def __enter__(self) -> _LinkLoad:
@@ -450,19 +451,23 @@ def executor_paths(
         for n, x in xs.items():
             calls: dict[str, Callable[[], None]] = {}
 
-            def per_expert(fn: Callable[[int], Any]) -> Callable[[], None]:
-                def run() -> None:
-                    for g in range(len(ids)):
-                        fn(g)
+            def read_all() -> None:
+                for w in dense:
+                    read(w)
 
-                return run
+            def raw_all(x: torch.Tensor = x) -> None:
+                for w in dense:
+                    raw(x, w)
 
-            calls["read_floor"] = per_expert(lambda g: read(dense[g]))
-            calls["raw_out_in"] = per_expert(lambda g, x=x: raw(x, dense[g]))
+            calls["read_floor"] = read_all
+            calls["raw_out_in"] = raw_all
             for fmt, (kernel, ws) in prepared.items():
-                calls[f"kernel:{fmt}"] = per_expert(
-                    lambda g, x=x, k=kernel, ws=ws: k.forward(x, ws[g])
-                )
+
+                def kernel_all(x: torch.Tensor = x, k: Any = kernel, ws: Any = ws) -> None:
+                    for w in ws:
+                        k.forward(x, w)
+
+                calls[f"kernel:{fmt}"] = kernel_all
             xx = x.repeat(batch, 1)
             for key, ex in executors.items():
 
@@ -483,7 +488,7 @@ def executor_paths(
 
                 calls[f"executor_{key}"] = jobs
                 if not cpu_clock:
-                    calls[f"executor_{key}_busy"] = lambda j=jobs: j(busy=True)
+                    calls[f"executor_{key}_busy"] = functools.partial(jobs, busy=True)
             walked = sum(len(b) for b in batches)
             per = {k: (walked if k.startswith("executor_") else len(ids)) for k in calls}
             rng = random.Random(n)

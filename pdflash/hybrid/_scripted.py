@@ -20,7 +20,9 @@ def linear(
     """``kernels._linear`` by layout code: 0 ``out_in``, 1 ``in_out``, 2
     ``onednn``."""
     if layout == 2:
-        no_scalars = torch.jit.annotate(List[Optional[Union[int, float, complex]]], [])
+        no_scalars = torch.jit.annotate(  # type: ignore[no-untyped-call]
+            List[Optional[Union[int, float, complex]]], []
+        )
         y2: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, w, b, "none", no_scalars, "")
         return y2
     y = F.linear(x, w) if layout == 0 else torch.mm(x, w)

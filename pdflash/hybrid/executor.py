@@ -30,6 +30,14 @@ HOST experts, sorted by expert:
 Threads: torch's intra-op thread count is process-wide (setting it in a
 worker thread changes it for every thread), so ``intra_op_threads`` is set
 once with ``torch.set_num_threads`` when given and recorded either way.
+But OpenMP's own thread count is per thread: a new thread starts with the
+default (every core) and torch applies its setting to that thread only the
+first time the thread itself enters one of torch's parallel loops; a oneDNN
+GEMM called before that (or only GEMMs and small ops, which never enter
+one) runs with a team of every core, oversubscribing the cores the
+engine's and the issuer's threads use, and its barriers spin and yield.
+So each pool worker applies the executor's thread count to itself when it
+starts (:func:`_init_worker`).
 """
 
 from __future__ import annotations
@@ -158,7 +166,12 @@ class HostExpertExecutor:
         self.expert_nbytes = int(expert_nbytes)
         self.workers = workers
         self.intra_op_threads = int(torch.get_num_threads())
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdflash-host")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="pdflash-host",
+            initializer=_init_worker,
+            initargs=(self.intra_op_threads,),
+        )
         self._lock = threading.Lock()
         self.closed = False
 
@@ -299,6 +312,11 @@ class HostExpertExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _init_worker(threads: int) -> None:
+    """Give this pool thread's OpenMP team ``threads`` threads (module doc)."""
+    torch.set_num_threads(threads)
 
 
 def _wait_only(ready: Callable[[], None] | None) -> tuple[float, float]:

@@ -444,3 +444,44 @@ def test_cli_defaults_match_the_planners() -> None:
     engine.add_arguments(ap)
     assert ap.parse_args([]).host_max_ratio == DEFAULT_MAX_HOST_RATIO
     assert matrix.HOST_DEFAULTS["host_max_ratio"] == DEFAULT_MAX_HOST_RATIO
+
+
+def _omp_max_threads() -> int | None:
+    """This thread's OpenMP thread count (libgomp's ICV, not torch's
+    process-wide setting), or None where torch's OpenMP is not libgomp."""
+    import ctypes
+    import re
+
+    with open("/proc/self/maps") as f:
+        libs = sorted(set(re.findall(r"/\S*libgomp\S*\.so\S*", f.read())))
+    if not libs:
+        return None
+    return int(ctypes.CDLL(libs[0]).omp_get_max_threads())
+
+
+def test_pool_workers_use_the_executors_openmp_threads() -> None:
+    # a fresh thread starts with OpenMP's default team (every core); oneDNN's
+    # GEMMs read it, so each worker must set its own (executor.py's doc)
+    if _omp_max_threads() is None:
+        pytest.skip("torch's OpenMP is not libgomp here")
+    import threading
+
+    bare: list[int | None] = []
+    t = threading.Thread(target=lambda: bare.append(_omp_max_threads()))
+    t.start()
+    t.join()
+    before = torch.get_num_threads()
+    try:
+        with _linear_executor(workers=2) as ex:
+            assert ex.intra_op_threads == before
+            seen = {ex._pool.submit(_omp_max_threads).result() for _ in range(4)}
+            assert seen == {before}
+        with HostExpertExecutor(
+            lambda g: {}, lambda x, w: x, dtype=torch.float32, intra_op_threads=1
+        ) as one:
+            assert one._pool.submit(_omp_max_threads).result() == 1
+    finally:
+        torch.set_num_threads(before)
+    # the check can fail: a bare thread's default differs from a set count
+    # wherever the default is not already 1
+    assert bare[0] is not None and bare[0] >= 1
