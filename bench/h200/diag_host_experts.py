@@ -26,12 +26,14 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   ``executor_batch:F`` (the pool, ``forward_many``: the whole batch in one
   call), each over ``--batch`` experts per job, and the two executor paths
   again with a busy caller (``*_busy``: this thread runs Python and small
-  torch ops while the pool computes, as the engine's thread does).
+  torch ops while the pool computes, as the engine's thread does), and
+  ``executor_dispatch_only`` (the same jobs computing nothing: the pool
+  hand-off, argument checks and output allocation, per expert).
   The summary's ``paths_over_floor`` divides each by ``read_floor``.
   ``--clock cpu`` times them in process CPU seconds instead of wall seconds
   (for a shared machine whose other load deschedules the threads; the busy
   caller's own work would count, so ``*_busy`` is left out).
-  ``--link-load`` (CUDA only) repeats the batch path while a side stream
+  ``--link-load`` (CUDA only) repeats the read floor and the batch path while a side stream
   copies pinned host memory to the GPU in a loop: the CPU's and the DMA's
   reads share host memory bandwidth (``paths_link_load``).
 
@@ -359,6 +361,10 @@ def _busy_wait(job: Any, spin: torch.Tensor) -> None:
     job.result()
 
 
+def _no_compute(x: Any, ws: Any, bounds: Any, out: Any) -> None:
+    """A batch function that computes nothing (the executor's dispatch alone)."""
+
+
 class _LinkLoad:
     """A side CUDA stream copying pinned host memory to the GPU in a loop
     (the link's DMA reads host memory while the CPU computes)."""
@@ -447,6 +453,16 @@ def executor_paths(
                 workers=1,
                 batch_fn=kernel.forward_many if mode == "batch" else None,
             )
+    # the executor's own cost per job: the same jobs with nothing to compute
+    kernel0, ws0 = prepared["out_in"]
+    executors["dispatch_only"] = HostExpertExecutor(
+        ws0.__getitem__,
+        kernel0.forward,
+        dtype=kernel0.dtype,
+        out_dtype=store.layout.dtype,
+        workers=1,
+        batch_fn=_no_compute,
+    )
     try:
         for n, x in xs.items():
             calls: dict[str, Callable[[], None]] = {}
@@ -506,7 +522,10 @@ def executor_paths(
             for k, ts in times.items():
                 emit(f"paths[{k}]", n, statistics.median(ts) * 1e6)
             if link_load and torch.cuda.is_available():
-                for key in [k for k in calls if k.startswith("executor_batch") and "busy" not in k]:
+                loaded = ["read_floor"] + [
+                    k for k in calls if k.startswith("executor_batch") and "busy" not in k
+                ]
+                for key in loaded:
                     ts = []
                     with _LinkLoad() as load, torch.inference_mode():
                         for _ in range(3 * repeats):
