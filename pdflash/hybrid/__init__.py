@@ -99,6 +99,10 @@ def build_host_service(
     ``weight_budget_bytes`` (default: a share of the memory available, see
     :func:`default_weight_budget`). Without calibration (``calibrate=False``)
     ``auto`` means ``packed``: nothing is timed.
+
+    ``margin``, ``max_host_ratio`` and ``max_host_tokens`` go to the default
+    :class:`CostModelPlanner` (see :mod:`pdflash.hybrid.planner` for when HOST
+    pays and why the caps).
     """
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
