@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--host-workers", type=int, default=1)
     ap.add_argument("--host-max-ratio", type=float, default=1.5)
+    ap.add_argument("--host-max-tokens", type=int, default=16, help="0: no cap")
     ap.add_argument("--host-format", default="auto")
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                             host_threads=args.host_threads,
                             host_workers=args.host_workers,
                             host_max_ratio=args.host_max_ratio,
+                            host_max_tokens=args.host_max_tokens,
                             host_format=args.host_format,
                             synthetic_format=args.synthetic_format,
                             expert_dtype=args.expert_dtype,
@@ -304,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_intra_op_threads": torch.get_num_threads(),
         "host_workers": args.host_workers,
         "host_max_ratio": args.host_max_ratio,
+        "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,

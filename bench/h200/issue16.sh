@@ -21,8 +21,9 @@
 # summary per step), log.txt, and <step>/rows.jsonl + <step>/summary.json.
 # Usage (repository root): OUT=/path/to/out bash bench/h200/issue16.sh
 # SMOKE=1 runs the same steps on the tiny CPU shapes (a local typo check).
-# HOST_MAX_RATIO / HOST_FORMAT override PD+host's max_host_ratio (default:
-# the planner's, 1.5) and host weight format (default auto: timed at start).
+# HOST_MAX_RATIO / HOST_MAX_TOKENS / HOST_FORMAT override PD+host's
+# max_host_ratio and max_host_tokens (default: the planner's, 1.5 and 16; 0
+# tokens: no cap) and host weight format (default auto: timed at start).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 export OUT
@@ -30,7 +31,8 @@ export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 here=$(cd "$(dirname "$0")" && pwd)
 # 16 cores: 14 torch intra-op threads for the host pool (one core for the
 # engine's Python thread, one for the H2D issuer's thread), one worker
-extra="--host-max-ratio ${HOST_MAX_RATIO:-1.5} --host-format ${HOST_FORMAT:-auto}"
+extra="--host-max-ratio ${HOST_MAX_RATIO:-1.5} --host-max-tokens ${HOST_MAX_TOKENS:-16}"
+extra="$extra --host-format ${HOST_FORMAT:-auto}"
 common="--cache 0.2 --repeats 3 --host-threads ${HOST_THREADS:-14} --host-workers 1 $extra"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 t1=270 t2=110 t3=90 b1=220 b2=80 b3=75
 diag="--diag --diag-bytes 1.6e9"

@@ -214,6 +214,14 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "copies them (default 1.5: see pdflash.hybrid.planner)",
     )
     parser.add_argument(
+        "--host-max-tokens",
+        type=int,
+        # NOTE: pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS (a test keeps them equal)
+        default=16,
+        help="HOST only experts routed at most this many tokens (default 16, one verify "
+        "block; 0: no cap; see pdflash.hybrid.planner)",
+    )
+    parser.add_argument(
         "--host-format",
         default="auto",
         choices=("auto", "packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "onednn"),
@@ -330,6 +338,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,
                     host_max_ratio=args.host_max_ratio,
+                    host_max_tokens=args.host_max_tokens,
                     host_format=args.host_format,
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,

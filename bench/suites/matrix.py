@@ -77,6 +77,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "host_workers": None,
     "host_threads": None,
     "host_max_ratio": 1.5,
+    "host_max_tokens": 16,  # DEFAULT_MAX_HOST_TOKENS
 }
 
 
@@ -738,6 +739,9 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         != HOST_DEFAULTS["host_max_ratio"]
     ):
         parts.append(f"--host-max-ratio {args.host_max_ratio}")
+    tokens = getattr(args, "host_max_tokens", HOST_DEFAULTS["host_max_tokens"])
+    if tokens != HOST_DEFAULTS["host_max_tokens"]:
+        parts.append(f"--host-max-tokens {tokens}")
     parts.append(f"--out {shlex.quote(str(out))}")
     return " ".join(parts)
 

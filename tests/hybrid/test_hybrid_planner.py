@@ -444,6 +444,9 @@ def test_cli_defaults_match_the_planners() -> None:
     engine.add_arguments(ap)
     assert ap.parse_args([]).host_max_ratio == DEFAULT_MAX_HOST_RATIO
     assert matrix.HOST_DEFAULTS["host_max_ratio"] == DEFAULT_MAX_HOST_RATIO
+    assert RunSpec(arch="tiny-qwen3_moe", baseline="PD").host_max_tokens == DEFAULT_MAX_HOST_TOKENS
+    assert ap.parse_args([]).host_max_tokens == DEFAULT_MAX_HOST_TOKENS
+    assert matrix.HOST_DEFAULTS["host_max_tokens"] == DEFAULT_MAX_HOST_TOKENS
 
 
 def _omp_max_threads() -> int | None:
