@@ -37,7 +37,9 @@ GEMM called before that (or only GEMMs and small ops, which never enter
 one) runs with a team of every core, oversubscribing the cores the
 engine's and the issuer's threads use, and its barriers spin and yield.
 So each pool worker applies the executor's thread count to itself when it
-starts (:func:`_init_worker`).
+starts (:func:`_init_worker`; through ``torch.set_num_threads``, the one
+API for it, which also re-sets torch's process-wide count to the value the
+executor recorded at construction).
 """
 
 from __future__ import annotations
