@@ -183,6 +183,8 @@ class RunSpec:
     expert_bytes_as: str | None = None
     trace: str | None = None
     routing_source: str = "model"
+    # what PD predicts before a verify (pdflash.engine.predict.ROUTE_AHEAD_SOURCES)
+    route_ahead_source: str = "union"
     # expert-parallel ranks (issue 18, bench/distributed_run.py): experts
     # partitioned over this many GPUs (local processes), by this placement
     gpus: int = 1
@@ -206,6 +208,13 @@ class RunSpec:
             )
         if self.routing_source not in ("model", "trace"):
             raise ValueError(f"routing_source must be model or trace, got {self.routing_source!r}")
+        from pdflash.engine.predict import ROUTE_AHEAD_SOURCES
+
+        if self.route_ahead_source not in ROUTE_AHEAD_SOURCES:
+            raise ValueError(
+                f"route_ahead_source must be one of {ROUTE_AHEAD_SOURCES}, "
+                f"got {self.route_ahead_source!r}"
+            )
         if (self.acceptance == "trace" or self.routing_source == "trace") and not self.trace:
             raise ValueError("acceptance or routing_source 'trace' needs a trace file (trace=)")
         if self.trace is not None and not Path(self.trace).is_file():
@@ -708,13 +717,8 @@ def _run(
     workload; ``warm_only``: run the workload warm-up only (the shared
     warm-up's pass) and return None."""
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
-    from pdflash.engine.predict import BatchedUnionPredictor
-    from pdflash.routeahead import (
-        AcceptanceHorizon,
-        ApproxRouterPredictor,
-        PreviousRoundPredictor,
-        RouteAheadStats,
-    )
+    from pdflash.engine.predict import route_ahead_predictor
+    from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
 
     link_gbps = measure_link_gbps(issuer, device)
     all_resident = spec.baseline == "B3"
@@ -802,12 +806,7 @@ def _run(
     horizon = None
     route_stats = RouteAheadStats.for_adapter(adapter)
     if config.route_ahead:
-        predictor = BatchedUnionPredictor(
-            [
-                (ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
-                (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
-            ]
-        )
+        predictor = route_ahead_predictor(adapter, spec.route_ahead_source)
         horizon = AcceptanceHorizon(spec.block_size)
     acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
     routing = None
@@ -1360,6 +1359,7 @@ def _result(
         "acceptance_source": "forced" if forced else ("trace" if replayed_acceptance else "model"),
         "acceptance_params": acceptance.params() if (forced or replayed_acceptance) else {},
         "routing_source": "model" if engine.routing is None else engine.routing.name,
+        "route_ahead_source": spec.route_ahead_source if engine.predictor is not None else None,
         "routing_params": (
             engine.routing.describe()
             if engine.routing is not None

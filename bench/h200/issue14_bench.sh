@@ -3,7 +3,8 @@
 # (bench/h200/issue14.sh target + draft leave it in $PROXY_DIR, default
 # /tmp/pdflash-proxy). One phase per call, each under 8 minutes, in
 # bench/h200/run.sh's step style ($OUT/log.txt, $OUT/results.jsonl):
-#   bash bench/h200/issue14_bench.sh routeahead  # predictors on learned routing (~1-2 min)
+#   bash bench/h200/issue14_bench.sh routeahead  # predictors on learned routing, cold and
+#                                                # after PRIOR_WARMUP (512) warm-up texts (~3-5 min)
 #   bash bench/h200/issue14_bench.sh gptoss      # B1/B2/PD/B3, experts padded to gpt-oss-20b
 #   bash bench/h200/issue14_bench.sh qwen3       # the same, padded to qwen3-30b-a3b
 #   bash bench/h200/issue14_bench.sh replay      # routing + acceptance replayed from a proxy
@@ -15,7 +16,8 @@
 # calling a phase again on the same machine resumes where the budget stopped it
 # (the step's result says not_started_budget). Every call copies the rows to
 # $OUT/<phase>/. Knobs: REPEATS (3), BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
-# TEMPERATURE (0), PROMPTS (heldout; or a text file), TRACE (replay: a trace .npz; default: exported once into
+# TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
+# token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
 set -uo pipefail
 PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|qwen3|replay}
@@ -30,6 +32,8 @@ MAX_NEW=${MAX_NEW:-32}
 PROMPT_LEN=${PROMPT_LEN:-64}
 TEMPERATURE=${TEMPERATURE:-0}
 PROMPTS=${PROMPTS:-heldout}
+PRIOR_WARMUP=${PRIOR_WARMUP:-512}
+BASELINES=${BASELINES:-B1,B2,PD,B3}
 MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency 1,4,16 --cache-fraction 0.2,0.5 --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE"
 need_drafter() {
   test -f "$P/drafter/config.json" || { echo "no drafter in $P/drafter: run bench/h200/issue14.sh draft" >&2; exit 2; }
@@ -40,14 +44,20 @@ collect() {  # copy a phase's rows (and its command log) back under $OUT
 case "$PHASE" in
   routeahead)
     exec bash "$HERE/run.sh" \
-      "routeahead_learned=timeout 420 pdflash-bench routeahead --json --weights $P/target --prompts $PROMPTS --sequences 32 --blocks-per-sequence 8 --native-reps 5 --reference-reps 1 > $OUT/routeahead_learned.json; rc=\$?; cat $OUT/routeahead_learned.json; exit \$rc"
+      "routeahead_learned=timeout 420 pdflash-bench routeahead --json --weights $P/target --prompts $PROMPTS --sequences 32 --blocks-per-sequence 8 --native-reps 5 --reference-reps 1 > $OUT/routeahead_learned.json; rc=\$?; cat $OUT/routeahead_learned.json; exit \$rc" \
+      "routeahead_warm=timeout 420 pdflash-bench routeahead --json --weights $P/target --prompts $PROMPTS --sequences 32 --blocks-per-sequence 8 --prior-warmup-sequences $PRIOR_WARMUP --native-reps 5 --reference-reps 1 > $OUT/routeahead_warm.json; rc=\$?; cat $OUT/routeahead_warm.json; exit \$rc"
     ;;
   gptoss | qwen3)
     need_drafter
     size=$([ "$PHASE" = gptoss ] && echo gpt-oss-20b || echo qwen3-30b-a3b)
+    # ROUTE_AHEAD_SOURCE=token_prior: PD predicts with the token prior; its rows go to their
+    # own folder (<phase>_token_prior) so a report never mixes the two sources' PD rows
+    RA=${ROUTE_AHEAD_SOURCE:-union}
+    name=$PHASE
+    [ "$RA" = union ] || name=${PHASE}_$RA
     exec bash "$HERE/run.sh" \
-      "matrix_$PHASE=timeout 470 $MATRIX --arch proxy --weights $P/target --draft $P/drafter --baselines B1,B2,PD,B3 --acceptance model --prompts $PROMPTS --expert-bytes-as $size --out $P/bench/$PHASE" \
-      "collect_$PHASE=$(collect "$PHASE")"
+      "matrix_$name=timeout 470 $MATRIX --arch proxy --weights $P/target --draft $P/drafter --baselines $BASELINES --acceptance model --prompts $PROMPTS --expert-bytes-as $size --route-ahead-source $RA --out $P/bench/$name" \
+      "collect_$name=$(collect "$name")"
     ;;
   replay)
     need_drafter

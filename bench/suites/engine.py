@@ -261,6 +261,15 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         choices=["model", "trace"],
         help="each layer's experts from the router (model) or replayed from --trace",
     )
+    from pdflash.engine.predict import ROUTE_AHEAD_SOURCES
+
+    parser.add_argument(
+        "--route-ahead-source",
+        default="union",
+        choices=list(ROUTE_AHEAD_SOURCES),
+        help="what PD predicts before a verify: union (approximate router + previous round) "
+        "or token_prior (token id -> experts learned online, calibrated to a precision floor)",
+    )
 
 
 def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -272,6 +281,7 @@ def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "expert_bytes_as": None,
         "trace": None,
         "routing_source": "model",
+        "route_ahead_source": "union",
     }
     return {
         name: getattr(args, name)

@@ -190,6 +190,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "auto (default: shared on CUDA, short on CPU)",
     )
     g.add_argument(
+        "--cuda-graphs",
+        default="off",
+        choices=["off", "auto"],
+        help="CUDA graphs per shape bucket for every run on CUDA (auto; see `engine "
+        "--cuda-graphs`); off (default) runs everything eagerly; part of each run's resume key",
+    )
+    g.add_argument(
         "--synthetic-format",
         default=None,
         choices=["mxfp4"],
@@ -307,6 +314,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     # only when given, so plans (and their rows' specs and keys) stay as before
     if getattr(args, "warmup", "auto") != "auto":
         common_kw["warmup"] = args.warmup
+    if getattr(args, "cuda_graphs", "off") != "off":
+        common_kw["cuda_graphs"] = args.cuda_graphs
     # expert-parallel ranks, only when asked for (plain specs unchanged)
     if getattr(args, "gpus", 1) != 1:
         common_kw["gpus"] = args.gpus
@@ -378,6 +387,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("host_experts", "off"),
         spec.get("expert_bytes_as"),
         spec.get("routing_source", "model"),
+        spec.get("route_ahead_source", "union"),
         spec.get("arrivals", "burst"),
         spec.get("rate_per_s"),
         spec.get("users"),
@@ -385,6 +395,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("gpus", 1),
         spec.get("placement", "round_robin"),
         spec.get("warmup", "auto"),
+        spec.get("cuda_graphs", "off"),
     )
 
 
@@ -719,6 +730,10 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),
         ("--trace", getattr(args, "trace", None)),
         ("--warmup", None if getattr(args, "warmup", "auto") == "auto" else args.warmup),
+        (
+            "--cuda-graphs",
+            None if getattr(args, "cuda_graphs", "off") == "off" else args.cuda_graphs,
+        ),
     ):
         if value is not None:
             parts.append(f"{flag} {value}")
@@ -728,6 +743,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--temperature {args.temperature}")
     if getattr(args, "routing_source", "model") != "model":
         parts.append(f"--routing-source {args.routing_source}")
+    if getattr(args, "route_ahead_source", "union") != "union":
+        parts.append(f"--route-ahead-source {args.route_ahead_source}")
     for name, default in SERVING_DEFAULTS.items():
         value = getattr(args, name, default)
         if value != default:

@@ -25,6 +25,12 @@ Two parts, both on synthetic inputs (labelled ``"synthetic": true``):
    PD's engine uses before a verify (``pd_engine_union``) and a computed
    ``recommendation``: the source PD should trust (coverage >= 0.9 at
    precision >= 0.8, else the best trade-off). Rows say ``"synthetic": false``.
+   ``--prior-warmup-sequences N`` more texts are routed first and only
+   learned from (frequency prior, token prior).
+3. **trace** (``--trace A.npz[,B.npz]``) — the history-based predictors
+   (previous round, frequency prior, token prior) replayed over a proxy
+   trace's verify rounds (:mod:`.routeahead_trace`): learned routing without
+   weights, per ``--trace-order`` (interleaved / sequential steps).
 """
 
 from __future__ import annotations
@@ -79,6 +85,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sequences", type=int, default=16, help="with --weights: texts scored")
     parser.add_argument(
         "--blocks-per-sequence", type=int, default=8, help="with --weights: blocks per text"
+    )
+    parser.add_argument(
+        "--prior-warmup-sequences",
+        type=int,
+        default=0,
+        help="with --weights: texts (after the scored ones, disjoint) whose routing the "
+        "history-based predictors learn from before scoring (earlier traffic); 0: none",
+    )
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="comma-separated proxy trace .npz files: replay their verify rounds to score the "
+        "history-based predictors (previous_round, frequency_prior, token_prior) on learned "
+        "routing without weights",
+    )
+    parser.add_argument(
+        "--trace-order",
+        default="interleaved,sequential",
+        help="with --trace: comma-separated step orders (interleaved: every request's next "
+        "round per step; sequential: one request after another)",
     )
     parser.add_argument(
         "--predictor-archs",
@@ -341,12 +367,16 @@ def score_predictors(
     device: str,
     block_len: int,
     batch_blocks: int,
+    warmup: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Every predictor over ``block_len``-token blocks of each sequence (a
     1-D id tensor on ``device``), scored against the routing of one
     transformers forward of the sequence (teacher-forced: the block's tokens
     are the ones a fully accepted draft would verify). Stateful predictors
-    see each sequence as one request; its first block is not scored.
+    see each sequence as one request; its first block is not scored; they
+    learn from a block's routing only after it was scored. ``warmup``
+    sequences (disjoint from ``sequences``) are routed first and only
+    learned from (earlier traffic of a serving engine).
     Returns ``{"predictors": {name: figures}, "per_layer": {name: [..]}}``."""
     import torch
 
@@ -359,6 +389,7 @@ def score_predictors(
         NextLayerLookahead,
         PreviousRoundPredictor,
         RouteAheadStats,
+        TokenPriorPredictor,
     )
 
     L, E, K, B = (
@@ -375,6 +406,7 @@ def score_predictors(
     # NOTE: the combined predictor may prefetch half of the model's experts per
     # block; it ranks the union of its members and keeps the best that fit.
     budget = (L * E // 2) * nbytes
+    token_prior = TokenPriorPredictor(L, E)
     predictors: dict[str, ExpertPredictor] = {
         "approx_router": approx,
         "approx_router_wide": ApproxRouterPredictor(
@@ -401,7 +433,11 @@ def score_predictors(
         "pd_engine_union": BatchedUnionPredictor(
             [(approx, 1.0), (previous, 0.5)], name="pd_engine_union"
         ),
+        # token id -> experts learned online from the routed rows of earlier
+        # blocks (the engine's ``--route-ahead-source token_prior``)
+        "token_prior": token_prior,
     }
+
     names = [*predictors, "next_layer"]
     stats = {name: RouteAheadStats(L, E, nbytes) for name in names}
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -412,8 +448,29 @@ def score_predictors(
         predictor.predict(warm)
         predictor.forget(1 << 30)
     router_attr = type(adapter).router_attr
+    for warm_index, sequence in enumerate(warmup or []):
+        # earlier traffic, never scored: the token learners predict each block
+        # (their calibration learns from it, as in an engine) and learn its routing
+        request = -1 - warm_index
+        routed_ids, _ = _capture(resident, router_attr, sequence)
+        topk = torch.stack(routed_ids, dim=1).cpu().numpy()  # [T, L, k]
+        tokens = sequence.cpu().numpy()
+        for index in range(int(sequence.numel()) // B):
+            rows = slice(index * B, (index + 1) * B)
+            block = DraftedBlock(
+                request, sequence[rows], torch.arange(rows.start, rows.stop, device=device)
+            )
+            routed = np.zeros((L, E), dtype=np.bool_)
+            routed[np.arange(L)[None, :, None], topk[rows]] = True
+            token_prior.predict(block)
+            token_prior.observe(request, routed)
+            token_prior.observe_tokens(tokens[rows], topk[rows])
+            freq_stats.update(np.zeros_like(routed), routed)
+        token_prior.forget(request)
     for seq_index, sequence in enumerate(sequences):
         routed_ids, layer_out = _capture(resident, router_attr, sequence)
+        seq_topk = torch.stack(routed_ids, dim=1).cpu().numpy()  # [T, L, k]
+        seq_tokens = sequence.cpu().numpy()
         look.predict_next(0, layer_out[0][:B])
         for index in range(int(sequence.numel()) // B):
             rows = slice(index * B, (index + 1) * B)
@@ -444,6 +501,8 @@ def score_predictors(
             stats["next_layer"].update(nxt, later)
             # (the engine union's stateful member is ``previous`` itself)
             previous.observe(seq_index, routed)
+            token_prior.observe(seq_index, routed)
+            token_prior.observe_tokens(seq_tokens[rows], seq_topk[rows])
             freq_stats.update(np.zeros_like(routed), routed)
     out: dict[str, Any] = {}
     per_layer: dict[str, list[dict[str, Any]]] = {}
@@ -548,6 +607,20 @@ def recommend(predictors: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def distinct_warmup(scored: list[list[int]], warmup: list[list[int]]) -> list[list[int]]:
+    """The warm-up texts that repeat neither a scored text nor an earlier
+    warm-up text (a prompt source with too few windows wraps around; a
+    predictor must not learn the routing of a text it is scored on)."""
+    seen = {tuple(t) for t in scored}
+    out = []
+    for text in warmup:
+        key = tuple(text)
+        if key not in seen:
+            seen.add(key)
+            out.append(text)
+    return out
+
+
 def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
     """Every predictor on a trained checkpoint (``--weights``) over
     teacher-forced blocks of held-out text (``--prompts``, default the
@@ -569,9 +642,11 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
     window = B * args.blocks_per_sequence
     adapter = load_adapter(weights, device=device, dtype=torch.float32)
     try:
+        if args.prior_warmup_sequences < 0:
+            raise SystemExit("--prior-warmup-sequences must be >= 0")
         prompts = load_prompts(
             args.prompts or "heldout",
-            [window] * args.sequences,
+            [window] * (args.sequences + args.prior_warmup_sequences),
             int(adapter.vocab_size),
             weights,
         )
@@ -582,8 +657,11 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
             experts_implementation="eager",
         )
         resident = resident.eval().to(device)
-        seqs = [torch.tensor(p, dtype=torch.int64, device=device) for p in prompts.prompts]
-        scored = score_predictors(adapter, resident, seqs, device, B, args.requests)
+        scored_texts = prompts.prompts[: args.sequences]
+        warm_texts = distinct_warmup(scored_texts, prompts.prompts[args.sequences :])
+        seqs = [torch.tensor(p, dtype=torch.int64, device=device) for p in scored_texts]
+        warmup = [torch.tensor(p, dtype=torch.int64, device=device) for p in warm_texts]
+        scored = score_predictors(adapter, resident, seqs, device, B, args.requests, warmup)
     finally:
         adapter.close()
     provenance = {}
@@ -606,6 +684,8 @@ def bench_predictors_learned(args: argparse.Namespace) -> dict[str, Any]:
         "block": B,
         "sequences": len(seqs),
         "blocks_per_sequence": args.blocks_per_sequence,
+        "prior_warmup_sequences": len(warmup),
+        "prior_warmup_requested": args.prior_warmup_sequences,
         "combined_byte_budget": "half of the model's experts per block",
         "predictors": scored["predictors"],
         "per_layer": scored["per_layer"],
@@ -666,6 +746,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "accumulator": acc,
         "build": _build_info.summary(),
     }
+    traces = [t for t in (getattr(args, "trace", None) or "").split(",") if t]
+    if traces:
+        from pdflash.traces import load_trace
+
+        from .routeahead_trace import score_trace
+
+        orders = [o for o in args.trace_order.split(",") if o]
+        result["trace_predictors"] = {
+            path: {order: score_trace(load_trace(path), order=order) for order in orders}
+            for path in traces
+        }
+        for by_order in result["trace_predictors"].values():
+            for rep in by_order.values():
+                rep["recommendation"] = recommend(rep["predictors"])
     if getattr(args, "weights", None):
         learned = bench_predictors_learned(args)
         result["predictors"] = learned["predictors"]

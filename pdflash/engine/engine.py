@@ -76,6 +76,7 @@ from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
 from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
 from pdflash.engine.kv_cache import PagedKVCache
+from pdflash.engine.predict import TokenRoutingRecorder
 from pdflash.engine.prefetch import ExpertPrefetcher, StreamingPrefetcher
 from pdflash.engine.replay import RoutingSource
 from pdflash.engine.requests import (
@@ -106,6 +107,7 @@ from pdflash.protocols import (
     decoder_layer_plan,
     flat_expert_ids,
 )
+from pdflash.routeahead.predictors import token_learners
 
 __all__ = [
     "STALL_STEPS",
@@ -160,6 +162,10 @@ class Engine:
         batcher: the verify batcher; default FCFS under ``config.token_budget``.
             ``deficit_*`` batching needs one (see :mod:`pdflash.engine.batching`).
         predictor: route-ahead predictor (used when ``config.route_ahead``).
+            One that learns from per-row routing (``observe_tokens``, e.g.
+            :class:`pdflash.routeahead.TokenPriorPredictor`) gets every
+            prefill's and verify's rows and their top-k (one host copy per
+            forward, only then).
         horizon: optional acceptance-aware horizon
             (:class:`pdflash.routeahead.AcceptanceHorizon`): predict only for the
             positions the request is likely to accept.
@@ -327,6 +333,13 @@ class Engine:
         self.prefetch = ExpertPrefetcher(adapter, expert_cache, config)
         # after the policy's before_layer, so the stream's victims are ranked from this layer
         self.prefetch.install(self.runner)
+        #: predictors that learn from every routed row (token id -> experts):
+        #: each prefill's and verify's per-row top-k comes back for them
+        self._token_learners = token_learners(self.predictor)
+        self._token_recorder: TokenRoutingRecorder | None = None
+        if self._token_learners:
+            self._token_recorder = TokenRoutingRecorder(adapter.num_layers)
+            self.runner.observers.append(self._token_recorder)
         self.verifier = Verifier(
             self.runner,
             self.kv,
@@ -801,6 +814,8 @@ class Engine:
             out = self.runner.forward(chunks)
         self._record_trace(out.needed_flat, "prefill")
         self.prefetch.observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
+        if self._token_recorder is not None:
+            self._learn_token_routing(np.concatenate([np.asarray(r.prompt) for r in reqs]))
         now = self.clock()
         for i, req in enumerate(reqs):
             if req.state != RequestState.PREFILL:  # aborted by another request's callback
@@ -980,6 +995,23 @@ class Engine:
         if self.predictor is not None:
             for i, (req, _) in enumerate(batch):
                 self.predictor.observe(req.request_id, out.routed[i])
+        if self._token_recorder is not None:
+            # the verified rows' tokens, in the forward's row order
+            anchors = anchor_tensor([req for req, _ in batch], self.device)
+            parts = []
+            for i, (req, grant) in enumerate(batch):
+                assert req.drafts is not None
+                parts += [anchors[i : i + 1], req.drafts[: grant - 1].reshape(-1)]
+            self._learn_token_routing(torch.cat(parts).cpu().numpy())
+
+    def _learn_token_routing(self, tokens: npt.NDArray[np.int64]) -> None:
+        """Hand the latest forward's per-row routing to the token learners."""
+        assert self._token_recorder is not None
+        topk = self._token_recorder.take()
+        if topk is None or topk.shape[0] != tokens.size:
+            return  # the forward did not run every layer over these rows
+        for learner in self._token_learners:
+            learner.observe_tokens(tokens, topk)
 
     def _commit_verified(self, result: VerifyResult, report: StepReport) -> None:
         """Commit the outcomes request by request, then hand the planner the

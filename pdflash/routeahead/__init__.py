@@ -34,6 +34,8 @@ from pdflash.routeahead.predictors import (
     NextLayerLookahead,
     PreviousRoundPredictor,
     RouterAccess,
+    TokenPriorPredictor,
+    TokenRoutingObserver,
     predict_batch,
     select_under_budget,
 )
@@ -60,6 +62,8 @@ __all__ = [
     "RouteAheadStats",
     "RouterAccess",
     "SetCounts",
+    "TokenPriorPredictor",
+    "TokenRoutingObserver",
     "pack_masks",
     "predict_batch",
     "routed_bitsets_from_topk",

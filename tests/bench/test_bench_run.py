@@ -269,3 +269,23 @@ def test_verify_breakdown_adds_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert parts["other_and_host_gaps_ms"] >= 0 and parts["draft_ms_per_verify"] > 0
     off = run_spec(RunSpec(**base)).row  # type: ignore[arg-type]
     assert off["verify_breakdown_ms"] is None and "verify_breakdown_ms" in off["not_measured"]
+
+
+def test_matrix_takes_cuda_graphs_into_specs_keys_and_command(tmp_path: Path) -> None:
+    import argparse
+
+    from pdflash.bench.suites import matrix
+
+    parser = argparse.ArgumentParser()
+    matrix.add_arguments(parser)
+    base = "--arch tiny --baselines B3,PD --concurrency 4 --cache-fraction 0.5 --repeats 1"
+    off = matrix.plan(parser.parse_args(base.split()))
+    on_args = parser.parse_args([*base.split(), "--cuda-graphs", "auto"])
+    on = matrix.plan(on_args)
+    # off stays out of the specs (so earlier rows' keys are unchanged)
+    assert all("cuda_graphs" not in s for s in off)
+    assert [s["cuda_graphs"] for s in on] == ["auto"] * len(on)
+    assert {matrix.spec_key(s) for s in off}.isdisjoint({matrix.spec_key(s) for s in on})
+    assert "--cuda-graphs auto" in matrix.matrix_command(on_args, tmp_path)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base.split(), "--cuda-graphs", "always"])

@@ -368,6 +368,30 @@ def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
     assert (eng.acceptance, eng.trace, eng.expert_bytes_as) == ("trace", "x.npz", "12345")
 
 
+def test_route_ahead_source_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
+    from pdflash.bench import cli
+    from pdflash.bench.engine_run import RunSpec
+    from pdflash.bench.suites import matrix
+
+    argv = [
+        *("matrix", "--arch", "proxy", "--weights", str(tmp_path), "--baselines", "PD"),
+        *("--concurrency", "1", "--cache-fraction", "0.2"),
+    ]
+    plain_args = cli.build_parser().parse_args(argv)
+    plain = matrix.plan(plain_args)
+    args = cli.build_parser().parse_args([*argv, "--route-ahead-source", "token_prior"])
+    specs = matrix.plan(args)
+    assert "route_ahead_source" not in plain[0]  # plain runs keep their specs and keys
+    assert specs[0]["route_ahead_source"] == "token_prior"
+    assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
+    assert "--route-ahead-source token_prior" in matrix.matrix_command(args, tmp_path / "o")
+    assert "--route-ahead-source" not in matrix.matrix_command(plain_args, tmp_path / "o")
+    with pytest.raises(ValueError, match="route_ahead_source"):
+        RunSpec(arch="tiny", baseline="PD", route_ahead_source="oracle").validate()
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([*argv, "--route-ahead-source", "oracle"])
+
+
 def test_routeahead_scores_predictors_on_learned_routing(
     trained_target: tuple[Path, dict[str, Any]],
 ) -> None:
@@ -397,6 +421,31 @@ def test_routeahead_scores_predictors_on_learned_routing(
     assert rec["trust"] in names and rec["trust"] != "next_layer"
     cov, prec = (res["predictors"][rec["trust"]][k] for k in ("coverage", "precision"))
     assert rec["meets_target"] == (cov >= 0.9 and prec >= 0.8)
+
+
+def test_routeahead_warmup_sequences_are_learned_from_not_scored(
+    trained_target: tuple[Path, dict[str, Any]],
+) -> None:
+    from pdflash.bench import cli
+    from pdflash.bench.suites import routeahead
+
+    base = [
+        *("routeahead", "--weights", str(trained_target[0]), "--device", "cpu"),
+        *("--sequences", "2", "--blocks-per-sequence", "3", "--tokens", "8"),
+        *("--requests", "2", "--native-reps", "1", "--reference-reps", "1"),
+        *("--layers", "2", "--experts", "16", "--top-k", "2"),
+    ]
+    cold = routeahead.run(cli.build_parser().parse_args(base))
+    warm = routeahead.run(cli.build_parser().parse_args([*base, "--prior-warmup-sequences", "2"]))
+    assert cold["predictor_model"]["prior_warmup_sequences"] == 0
+    assert warm["predictor_model"]["prior_warmup_sequences"] == 2
+    for res in (cold, warm):
+        assert res["predictors"]["token_prior"]["blocks_scored"] == 4  # 2 texts x (3 - 1)
+    # the stateless router is untouched by the warm-up; the learners see more
+    assert (
+        cold["predictors"]["approx_router"]["coverage"]
+        == warm["predictors"]["approx_router"]["coverage"]
+    )
 
 
 def test_recommendation_rule() -> None:

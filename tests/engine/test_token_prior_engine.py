@@ -1,0 +1,164 @@
+"""PD's engine with the token-conditioned route-ahead source: lossless, and
+the token prior learns exactly the rows each prefill and verify routed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from pdflash.engine.config import EngineConfig
+from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
+from pdflash.engine.engine import Engine
+from pdflash.engine.predict import (
+    ROUTE_AHEAD_SOURCES,
+    BatchedUnionPredictor,
+    TokenRoutingRecorder,
+    route_ahead_predictor,
+)
+from pdflash.routeahead import TokenPriorPredictor
+
+from .conftest import oracle_drafts
+
+MAX_NEW = 12
+
+
+class _Spy(TokenPriorPredictor):
+    """A token prior that records what the engine hands it, in order."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.calls: list[tuple[str, Any]] = []
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        self.calls.append(("observe", np.array(routed)))
+        super().observe(request_id, routed)
+
+    def observe_tokens(self, token_ids: Any, topk_ids: Any) -> None:
+        self.calls.append(("tokens", (np.array(token_ids), np.array(topk_ids))))
+        super().observe_tokens(token_ids, topk_ids)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
+    from transformers import AutoModelForCausalLM
+
+    from pdflash.models import write_synthetic_checkpoint
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("tokenprior")
+    write_synthetic_checkpoint(
+        tmp / "target", "qwen3_moe", "tiny", num_layers=3, dtype=torch.float32, seed=7
+    )
+    cfg = json.loads((tmp / "target" / "config.json").read_text())
+    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=8, dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(1)
+    cases = []
+    for n in (5, 8, 3):
+        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
+        ids, out = list(prompt), []
+        with torch.no_grad():
+            for _ in range(MAX_NEW):
+                tok = int(ref(torch.tensor([ids])).logits[0, -1].argmax())
+                out.append(tok)
+                ids.append(tok)
+        cases.append((prompt, out))
+    return tmp, cases
+
+
+def test_route_ahead_sources() -> None:
+    class _Shape:
+        num_layers, num_experts, top_k = 2, 8, 2
+
+    assert ROUTE_AHEAD_SOURCES == ("union", "token_prior")
+    assert isinstance(route_ahead_predictor(_Shape(), "token_prior"), TokenPriorPredictor)
+    assert isinstance(route_ahead_predictor(_Shape()), BatchedUnionPredictor)
+    with pytest.raises(ValueError, match="route-ahead source"):
+        route_ahead_predictor(_Shape(), "oracle")
+
+
+def test_recorder_keeps_one_whole_forward() -> None:
+    rec = TokenRoutingRecorder(2)
+    rec.after_layer(0, torch.zeros(3, 4), torch.tensor([[1, 2]] * 3))
+    assert rec.take() is None  # layer 1 never ran: nothing to learn
+    for layer in (0, 1):
+        rec.after_layer(layer, torch.zeros(3, 4), torch.full((3, 2), layer))
+    got = rec.take()
+    assert got is not None and got.shape == (3, 2, 2)
+    np.testing.assert_array_equal(got[:, 1], np.ones((3, 2)))
+
+
+def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
+    pair: tuple[Path, list[Any]],
+) -> None:
+    from pdflash.cache import ExpertCache
+    from pdflash.cache.eviction import LayerCyclicPolicy
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+    from pdflash.routeahead import RouteAheadStats
+
+    tmp, cases = pair
+    issuer = H2DIssuer(backend="host")
+    adapter = load_adapter(tmp / "target", device="cpu")
+    cache = ExpertCache(
+        adapter.store,
+        issuer,
+        device="cpu",
+        num_slots=6,
+        top_k=adapter.top_k,
+        max_batch_tokens=1,
+        policy=LayerCyclicPolicy(adapter.num_layers, adapter.num_experts),
+    )
+    adapter.attach_cache(cache)
+    spy = _Spy(adapter.num_layers, adapter.num_experts, min_calibration=0)
+    config = EngineConfig.preset(
+        "PD-all-on", block_size=5, max_running=3, token_budget=15, batching="fcfs"
+    )
+    eng = Engine(
+        adapter,
+        config,
+        drafter=load_drafter(tmp / "drafter"),
+        predictor=spy,
+        expert_cache=cache,
+        route_stats=RouteAheadStats.for_adapter(adapter),
+        max_seq_len=64,
+    )
+    try:
+        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=2)
+        done = eng.run_until_done(max_steps=200)
+        for rid, (_, ref) in zip(ids, cases, strict=True):
+            assert done[rid].output == ref
+    finally:
+        issuer.close()
+    kinds = [k for k, _ in spy.calls]
+    # the prefill's rows first: the prompts, one call
+    first_tokens = spy.calls[kinds.index("tokens")][1][0]
+    np.testing.assert_array_equal(first_tokens, np.concatenate([p for p, _ in cases]))
+    assert kinds.index("tokens") < kinds.index("observe")
+    # every verify: its requests' routed sets, then their rows' top-k, whose
+    # union over the rows is exactly the union of those routed sets
+    routed_since: list[npt.NDArray[np.bool_]] = []
+    verifies = 0
+    for kind, payload in spy.calls[kinds.index("tokens") + 1 :]:
+        if kind == "observe":
+            routed_since.append(payload)
+            continue
+        tokens, topk = payload
+        assert routed_since and topk.shape == (tokens.size, adapter.num_layers, adapter.top_k)
+        union = np.zeros((adapter.num_layers, adapter.num_experts), dtype=np.bool_)
+        union[np.arange(adapter.num_layers)[None, :, None], topk] = True
+        np.testing.assert_array_equal(union, np.logical_or.reduce(routed_since))
+        routed_since = []
+        verifies += 1
+    assert verifies == eng.verify_forwards
+    rows = sum(p[0].size for k, p in spy.calls if k == "tokens")
+    assert int(spy._occurrences.sum()) == rows  # no halving at this size: every row counted
+    assert eng.route_stats is not None
+    assert eng.route_stats.snapshot().request.predicted > 0  # it did predict before verifies
