@@ -51,6 +51,7 @@ from pdflash.engine.config import BASELINES, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams
+from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKENS
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
 from pdflash.report.schema import HOST_METRIC_FIELDS
@@ -135,7 +136,9 @@ class RunSpec:
     host_experts: str = "off"
     host_workers: int | None = None
     host_threads: int | None = None
-    host_max_ratio: float = 1.0  # CostModelPlanner.max_host_ratio
+    host_max_ratio: float = DEFAULT_MAX_HOST_RATIO  # CostModelPlanner.max_host_ratio
+    # CostModelPlanner.max_host_tokens (0: no cap)
+    host_max_tokens: int = DEFAULT_MAX_HOST_TOKENS
     # how the host holds the experts it computes (pdflash.hybrid.kernels):
     # "auto" times the formats and keeps the fastest that fits the budget
     host_format: str = "auto"
@@ -262,6 +265,10 @@ class RunSpec:
             raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
         if not self.host_max_ratio > 0:
             raise ValueError(f"host_max_ratio must be positive, got {self.host_max_ratio}")
+        if self.host_max_tokens < 0:
+            raise ValueError(
+                f"host_max_tokens must be >= 0 (0: no cap), got {self.host_max_tokens}"
+            )
         from pdflash.hybrid import HOST_FORMAT_CHOICES
 
         if self.warmup not in WARMUP_CHOICES:
@@ -823,6 +830,7 @@ def _run(
             workers=spec.host_workers,
             intra_op_threads=spec.host_threads,
             max_host_ratio=spec.host_max_ratio,
+            max_host_tokens=spec.host_max_tokens or None,
             host_format=spec.host_format,
         )
 

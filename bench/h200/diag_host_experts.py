@@ -16,6 +16,27 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   keeps launching small ops (as the engine's thread does during a forward:
   GIL and CPU contention included), cold only.
 
+* ``paths[...]`` (``--sections paths``): where the executor's time goes, per
+  format (``out_in``, ``onednn``), all in one shuffled round per repeat
+  (``--repeats`` x 3 rounds, medians, cold): ``read_floor`` (the expert's
+  bytes streamed once by a reduction: the memory-bound floor),
+  ``raw_out_in`` (bare MLP), ``kernel:F`` (the kernel, this thread, one
+  call per expert), ``executor_loop:F`` (the pool, ``forward`` per expert
+  and a copy into the output: the executor before batching),
+  ``executor_batch:F`` (the pool, ``forward_many``: the whole batch in one
+  call), each over ``--batch`` experts per job, and the two executor paths
+  again with a busy caller (``*_busy``: this thread runs Python and small
+  torch ops while the pool computes, as the engine's thread does), and
+  ``executor_dispatch_only`` (the same jobs computing nothing: the pool
+  hand-off, argument checks and output allocation, per expert).
+  The summary's ``paths_over_floor`` divides each by ``read_floor``.
+  ``--clock cpu`` times them in process CPU seconds instead of wall seconds
+  (for a shared machine whose other load deschedules the threads; the busy
+  caller's own work would count, so ``*_busy`` is left out).
+  ``--link-load`` (CUDA only) repeats the read floor and the batch path while a side stream
+  copies pinned host memory to the GPU in a loop: the CPU's and the DMA's
+  reads share host memory bandwidth (``paths_link_load``).
+
 * ``interleaved[...]``: the bare ``[out, in]`` MLP, ``kernel[out_in]`` and
   ``kernel[onednn]`` again, one cold pass each per round in a shuffled order
   (``--repeats`` x 3 rounds, medians): the sections above run one after
@@ -33,6 +54,7 @@ the raw MLP.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -92,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experts", type=int, default=16, help="experts walked per cold pass")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="where the target loads (cpu or cuda)")
+    ap.add_argument(
+        "--sections",
+        default="formats,interleaved,paths",
+        help="which parts to run (comma list of formats, interleaved, paths)",
+    )
+    ap.add_argument("--batch", type=int, default=4, help="experts per executor job in paths")
+    ap.add_argument("--link-load", action="store_true", help="paths under H2D load (CUDA)")
+    ap.add_argument("--clock", default="wall", choices=("wall", "cpu"), help="paths' clock")
     args = ap.parse_args(argv)
 
     from pdflash.bench.engine_run import RunSpec, load_target, resolve_device, synthetic_paths
@@ -116,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         formats=[f for f in args.formats.split(",") if f],
         experts=args.experts,
         repeats=args.repeats,
+        sections=[x for x in args.sections.split(",") if x],
+        batch=args.batch,
+        link_load=args.link_load,
+        cpu_clock=args.clock == "cpu",
         head={
             "arch": args.arch,
             "layers": args.layers,
@@ -133,12 +167,17 @@ def diagnose(
     experts: int = 16,
     repeats: int = 3,
     head: dict[str, Any] | None = None,
+    sections: list[str] | None = None,
+    batch: int = 4,
+    link_load: bool = False,
+    cpu_clock: bool = False,
 ) -> dict[str, Any]:
     """Time ``ad``'s experts as the module doc says; prints JSON lines and
     returns the summary (also the last line printed)."""
     from pdflash.hybrid import HostExpertExecutor, host_kernel_for
-    from pdflash.hybrid.kernels import prepare_all
+    from pdflash.hybrid.kernels import batched_kernels_error, prepare_all
 
+    sections = ["formats", "interleaved", "paths"] if sections is None else sections
     store = ad.store
     ids = list(range(min(experts, store.num_ids)))
     hot = [ids[0]] * len(ids)
@@ -152,6 +191,10 @@ def diagnose(
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "experts_walked": len(ids),
+        "walked_bytes": len(ids) * store.expert_nbytes,
+        "sections": sections,
+        "paths_clock": "process_cpu" if cpu_clock else "wall",
+        "scripted_batches": batched_kernels_error() or "yes",
         "cpu": _cpu_model(),
         "synthetic": True,
     }
@@ -185,10 +228,14 @@ def diagnose(
     xs = {
         n: torch.randn(n, int(ad.hidden_size), generator=gen).to(store.layout.dtype) for n in tokens
     }
+    if "paths" in sections:
+        executor_paths(
+            ad, ids, xs, repeats, emit, batch=batch, link_load=link_load, cpu_clock=cpu_clock
+        )
     with torch.inference_mode():
+        out_in = prepared("out_in") if "formats" in sections else None
         # the bare MLP over dense weights, both layouts (from the out_in format:
         # for a dense gpt-oss store its w1/w2 are the packed weights transposed)
-        out_in = prepared("out_in")
         if out_in is not None:
             dense_oi = [out_in[1](g) for g in ids]
             # contiguous [in, out] (a transposed view would run as [out, in])
@@ -216,13 +263,13 @@ def diagnose(
 
                     emit(name, n, _us(call, ids, repeats), _us(call, hot, repeats))
             del dense_oi, dense_io, out_in
-        for n in tokens:
+        for n in tokens if "formats" in sections else []:
 
             def packed(g: int, x: torch.Tensor = xs[n]) -> Any:
                 return ad.expert_forward(x, store.views(g))
 
             emit("expert_fn", n, _us(packed, ids, repeats), _us(packed, hot, repeats))
-    for fmt in formats:
+    for fmt in formats if "formats" in sections else []:
         t1 = time.perf_counter()
         hw = prepared(fmt)
         if hw is None:
@@ -256,12 +303,12 @@ def diagnose(
                 pairs = [ids[i : i + 2] for i in range(0, len(ids) - 1, 2)]
                 xx = xs[n].repeat(2, 1)
 
-                def batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
+                def pair(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
                     ex.compute(np.asarray(p, dtype=np.int64), xx, [n, n])
 
-                cold = _us(batch, pairs, repeats) / 2  # type: ignore[arg-type]
+                cold = _us(pair, pairs, repeats) / 2  # type: ignore[arg-type]
                 hot_pairs = [[ids[0], ids[0]]] * len(pairs)
-                emit(f"executor[{fmt}]", n, cold, _us(batch, hot_pairs, repeats) / 2)  # type: ignore[arg-type]
+                emit(f"executor[{fmt}]", n, cold, _us(pair, hot_pairs, repeats) / 2)  # type: ignore[arg-type]
 
                 def busy_batch(p: list[int], xx: torch.Tensor = xx, n: int = n) -> None:
                     # as in a forward: the engine's thread keeps launching
@@ -272,7 +319,8 @@ def diagnose(
                     job.result()
 
                 emit(f"executor_busy_caller[{fmt}]", n, _us(busy_batch, pairs, repeats) / 2)  # type: ignore[arg-type]
-    interleaved(ad, ids, xs, repeats, emit)
+    if "interleaved" in sections:
+        interleaved(ad, ids, xs, repeats, emit)
     by = {(r["what"], r["tokens"]): r["cold_us"] for r in rows}
     summary: dict[str, Any] = {"diag_summary": "host_experts", **head, "cold_us": {}}
     for (what, n), us in by.items():
@@ -288,8 +336,208 @@ def diagnose(
         for (what, n), us in by.items()
         if what.startswith("interleaved[kernel") and by.get(("interleaved[raw_out_in]", n))
     }
+    summary["paths_over_floor"] = {
+        f"{what}@{n}": round(us / by[("paths[read_floor]", n)], 3)
+        for (what, n), us in by.items()
+        if what.startswith("paths[") and by.get(("paths[read_floor]", n))
+    }
+    floor = {n: by[("paths[read_floor]", n)] for (w, n) in by if w == "paths[read_floor]"}
+    if floor:
+        summary["read_floor_gb_per_s"] = {
+            n: round(store.expert_nbytes / (us * 1e3), 1) for n, us in floor.items()
+        }
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def _busy_wait(job: Any, spin: torch.Tensor) -> None:
+    """Wait for ``job`` as the engine's thread would: Python work and small
+    torch ops (each releases the GIL briefly) until it is done."""
+    while not job.done():
+        acc = 0
+        for i in range(200):
+            acc += i * i
+        spin.add_(1.0)
+    job.result()
+
+
+def _no_compute(x: Any, ws: Any, bounds: Any, out: Any) -> None:
+    """A batch function that computes nothing (the executor's dispatch alone)."""
+
+
+class _LinkLoad:
+    """A side CUDA stream copying pinned host memory to the GPU in a loop
+    (the link's DMA reads host memory while the CPU computes)."""
+
+    def __init__(self, nbytes: int = 256 << 20) -> None:
+        self.src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self.dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        self.stream = torch.cuda.Stream()
+        self.stop = False
+        self.copied = 0
+        self.thread: Any = None
+
+    def _loop(self) -> None:
+        with torch.cuda.stream(self.stream):
+            while not self.stop:
+                self.dst.copy_(self.src, non_blocking=True)
+                self.stream.synchronize()
+                self.copied += self.src.numel()
+
+    def __enter__(self) -> _LinkLoad:
+        import threading
+
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.t0 = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop = True
+        self.thread.join()
+        self.gb_per_s = self.copied / (time.perf_counter() - self.t0) / 1e9
+
+
+def executor_paths(
+    ad: Any,
+    ids: list[int],
+    xs: dict[int, torch.Tensor],
+    repeats: int,
+    emit: Callable[..., None],
+    *,
+    batch: int = 4,
+    link_load: bool = False,
+    cpu_clock: bool = False,
+) -> None:
+    """The ``paths[...]`` section of the module doc."""
+    clock = time.process_time if cpu_clock else time.perf_counter
+    import random
+
+    from pdflash.hybrid import HostExpertExecutor, host_kernel_for
+    from pdflash.hybrid.kernels import prepare_all
+
+    store = ad.store
+    prepared: dict[str, tuple[Any, list[dict[str, torch.Tensor]]]] = {}
+    for fmt in ("out_in", "onednn"):
+        kernel = host_kernel_for(ad, fmt)
+        if kernel is None or kernel.dtype != store.layout.dtype:
+            continue
+        done = prepare_all(kernel, store.views, ids)
+        assert done is not None
+        prepared[fmt] = (kernel, done.experts)
+    if "out_in" not in prepared:
+        print(json.dumps({"paths": "skipped: no out_in kernel"}), flush=True)
+        return
+    dense = prepared["out_in"][1]
+
+    def raw(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        h = F.linear(x, w["w1"])
+        i = h.shape[-1] // 2
+        return F.linear(F.silu(h[:, :i]) * h[:, i:], w["w2"])
+
+    def read(w: dict[str, torch.Tensor]) -> None:
+        for t in (w["w1"], w["w2"]):
+            flat = t.reshape(-1)
+            (flat.view(torch.int64) if flat.numel() * flat.element_size() % 8 == 0 else flat).sum()
+
+    batches = [ids[i : i + batch] for i in range(0, len(ids) - batch + 1, batch)] or [ids]
+    spin = torch.zeros(16, device="cuda" if torch.cuda.is_available() else "cpu")
+    executors: dict[str, HostExpertExecutor] = {}
+    for fmt, (kernel, ws) in prepared.items():
+        for mode in ("loop", "batch"):
+            executors[f"{mode}:{fmt}"] = HostExpertExecutor(
+                ws.__getitem__,
+                kernel.forward,
+                dtype=kernel.dtype,
+                out_dtype=store.layout.dtype,
+                workers=1,
+                batch_fn=kernel.forward_many if mode == "batch" else None,
+            )
+    # the executor's own cost per job: the same jobs with nothing to compute
+    kernel0, ws0 = prepared["out_in"]
+    executors["dispatch_only"] = HostExpertExecutor(
+        ws0.__getitem__,
+        kernel0.forward,
+        dtype=kernel0.dtype,
+        out_dtype=store.layout.dtype,
+        workers=1,
+        batch_fn=_no_compute,
+    )
+    try:
+        for n, x in xs.items():
+            calls: dict[str, Callable[[], None]] = {}
+
+            def read_all() -> None:
+                for w in dense:
+                    read(w)
+
+            def raw_all(x: torch.Tensor = x) -> None:
+                for w in dense:
+                    raw(x, w)
+
+            calls["read_floor"] = read_all
+            calls["raw_out_in"] = raw_all
+            for fmt, (kernel, ws) in prepared.items():
+
+                def kernel_all(x: torch.Tensor = x, k: Any = kernel, ws: Any = ws) -> None:
+                    for w in ws:
+                        k.forward(x, w)
+
+                calls[f"kernel:{fmt}"] = kernel_all
+            xx = x.repeat(batch, 1)
+            for key, ex in executors.items():
+
+                def jobs(
+                    ex: HostExpertExecutor = ex,
+                    busy: bool = False,
+                    xx: torch.Tensor = xx,
+                    n: int = n,
+                ) -> None:
+                    for b in batches:
+                        xb = xx[: n * len(b)]
+                        if busy:
+                            _busy_wait(
+                                ex.submit(np.asarray(b), xb, [n] * len(b), device="cpu"), spin
+                            )
+                        else:
+                            ex.compute(np.asarray(b), xb, [n] * len(b))
+
+                calls[f"executor_{key}"] = jobs
+                if not cpu_clock:
+                    calls[f"executor_{key}_busy"] = functools.partial(jobs, busy=True)
+            walked = sum(len(b) for b in batches)
+            per = {k: (walked if k.startswith("executor_") else len(ids)) for k in calls}
+            rng = random.Random(n)
+            times: dict[str, list[float]] = {k: [] for k in calls}
+            with torch.inference_mode():
+                for fn in calls.values():
+                    fn()  # warm-up (scripted loops compile and profile here)
+                for _ in range(3 * repeats):
+                    order = list(calls)
+                    rng.shuffle(order)
+                    for k in order:
+                        t0 = clock()
+                        calls[k]()
+                        times[k].append((clock() - t0) / per[k])
+            for k, ts in times.items():
+                emit(f"paths[{k}]", n, statistics.median(ts) * 1e6)
+            if link_load and torch.cuda.is_available():
+                loaded = ["read_floor"] + [
+                    k for k in calls if k.startswith("executor_batch") and "busy" not in k
+                ]
+                for key in loaded:
+                    ts = []
+                    with _LinkLoad() as load, torch.inference_mode():
+                        for _ in range(3 * repeats):
+                            t0 = time.perf_counter()
+                            calls[key]()
+                            ts.append((time.perf_counter() - t0) / per[key])
+                    emit(f"paths_link_load[{key}]", n, statistics.median(ts) * 1e6)
+                    print(json.dumps({"link_load_gb_per_s": round(load.gb_per_s, 1)}), flush=True)
+    finally:
+        for ex in executors.values():
+            ex.close()
+    prepared.clear()
 
 
 def interleaved(

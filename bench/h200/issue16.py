@@ -9,9 +9,11 @@ dense``), forced acceptance, block 16. The host computes from the weight
 format ``--host-format`` (default ``auto``: timed at start-up; the chosen
 format and every candidate's time are in each PD+host row and the summary).
 
-``--diag`` first times the host executor against the bare MLP on the first
-arch's own experts (``bench/h200/diag_host_experts.py``; its summary is in
-the summary's ``diag``). Repeats are interleaved
+``--diag`` first times the host executor against the memory-bound floor and
+the bare MLP on the first arch's own experts (``bench/h200/diag_host_experts.py``,
+sections ``--diag-sections``, default ``paths``: the executor's paths, cold,
+over ``--diag-bytes`` of experts, and on CUDA under a concurrent H2D copy;
+its summary is in the summary's ``diag``). Repeats are interleaved
 (repeat-major; PD and PD+host alternate which goes first), one arch after the
 other (the packed host experts of one arch are reused across its runs).
 
@@ -166,12 +168,16 @@ def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
     path, _, dtype = synthetic_paths(spec, device)
     ad = load_target(path, device, dtype, spec.expert_dtype)
     load_s = time.perf_counter() - t0
+    # cold: walk more expert bytes than the CPU's last-level cache holds
+    experts = args.diag_experts or max(8, math.ceil(args.diag_bytes / ad.store.expert_nbytes))
     out = diagnose(
         ad,
         tokens=[1, 4, 16],
         formats=["packed", "out_in", "onednn", "fp32_out_in"],
-        experts=args.diag_experts,
+        experts=experts,
         repeats=3,
+        sections=[s for s in args.diag_sections.split(",") if s],
+        link_load=device.type == "cuda",
         head={"arch": arch, "layers": args.layers, "load_s": round(load_s, 1)},
     )
     print(
@@ -193,12 +199,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--host-threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--host-workers", type=int, default=1)
-    ap.add_argument("--host-max-ratio", type=float, default=1.0)
+    ap.add_argument("--host-max-ratio", type=float, default=1.5)
+    ap.add_argument("--host-max-tokens", type=int, default=16, help="0: no cap")
     ap.add_argument("--host-format", default="auto")
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")
-    ap.add_argument("--diag-experts", type=int, default=16)
+    ap.add_argument("--diag-experts", type=int, default=0, help="0: --diag-bytes' worth")
+    ap.add_argument("--diag-bytes", type=float, default=1.6e9, help="expert bytes walked cold")
+    ap.add_argument("--diag-sections", default="paths", help="diag_host_experts.py --sections")
     ap.add_argument("--budget-s", type=float, default=250.0)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -247,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                             host_threads=args.host_threads,
                             host_workers=args.host_workers,
                             host_max_ratio=args.host_max_ratio,
+                            host_max_tokens=args.host_max_tokens,
                             host_format=args.host_format,
                             synthetic_format=args.synthetic_format,
                             expert_dtype=args.expert_dtype,
@@ -296,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_intra_op_threads": torch.get_num_threads(),
         "host_workers": args.host_workers,
         "host_max_ratio": args.host_max_ratio,
+        "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,

@@ -207,9 +207,19 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--host-max-ratio",
         type=float,
-        default=1.0,
+        # NOTE: pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO (not imported:
+        # it pulls in torch; a test keeps them equal)
+        default=1.5,
         help="HOST only experts the CPU computes at most this times slower than the link "
-        "copies them (default 1.0, the per-expert break-even)",
+        "copies them (default 1.5: see pdflash.hybrid.planner)",
+    )
+    parser.add_argument(
+        "--host-max-tokens",
+        type=int,
+        # NOTE: pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS (a test keeps them equal)
+        default=16,
+        help="HOST only experts routed at most this many tokens (default 16, one verify "
+        "block; 0: no cap; see pdflash.hybrid.planner)",
     )
     parser.add_argument(
         "--host-format",
@@ -338,6 +348,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,
                     host_max_ratio=args.host_max_ratio,
+                    host_max_tokens=args.host_max_tokens,
                     host_format=args.host_format,
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,

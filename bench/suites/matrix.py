@@ -68,6 +68,19 @@ SERVING_DEFAULTS: dict[str, Any] = {
 Engine = tuple[Callable[..., Any], Callable[..., Any]]
 
 
+#: the hybrid miss service's settings a plan passes only where they differ
+#: from the engine's defaults (so specs and resume keys of plain runs are
+#: unchanged); host_max_ratio is pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO
+#: (not imported: it pulls in torch; a test keeps them equal)
+HOST_DEFAULTS: dict[str, Any] = {
+    "host_experts": "off",
+    "host_workers": None,
+    "host_threads": None,
+    "host_max_ratio": 1.5,
+    "host_max_tokens": 16,  # DEFAULT_MAX_HOST_TOKENS
+}
+
+
 def load_engine() -> Engine:
     """The engine's ``(RunSpec, run_spec)``."""
     from ..engine_run import RunSpec, run_spec
@@ -303,20 +316,12 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         common_kw["warmup"] = args.warmup
     if getattr(args, "cuda_graphs", "off") != "off":
         common_kw["cuda_graphs"] = args.cuda_graphs
-    # the hybrid miss service's settings, only where they differ from the
-    # engine's defaults (so specs and resume keys of plain runs are unchanged)
-    host_defaults = {
-        "host_experts": "off",
-        "host_workers": None,
-        "host_threads": None,
-        "host_max_ratio": 1.0,
-    }
     # expert-parallel ranks, only when asked for (plain specs unchanged)
     if getattr(args, "gpus", 1) != 1:
         common_kw["gpus"] = args.gpus
     if getattr(args, "placement", "round_robin") != "round_robin":
         common_kw["placement"] = args.placement
-    for name, default in host_defaults.items():
+    for name, default in HOST_DEFAULTS.items():
         value = getattr(args, name, default)
         if value != default:
             common_kw[name] = value
@@ -746,8 +751,14 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
             parts.append(f"--{name.replace('_', '-')} {value}")
     if getattr(args, "rate", None):
         parts.append(f"--rate {csv(args.rate)}")
-    if getattr(args, "host_max_ratio", 1.0) != 1.0:
+    if (
+        getattr(args, "host_max_ratio", HOST_DEFAULTS["host_max_ratio"])
+        != HOST_DEFAULTS["host_max_ratio"]
+    ):
         parts.append(f"--host-max-ratio {args.host_max_ratio}")
+    tokens = getattr(args, "host_max_tokens", HOST_DEFAULTS["host_max_tokens"])
+    if tokens != HOST_DEFAULTS["host_max_tokens"]:
+        parts.append(f"--host-max-tokens {tokens}")
     parts.append(f"--out {shlex.quote(str(out))}")
     return " ".join(parts)
 

@@ -26,6 +26,8 @@ from pdflash.hybrid.cost import HostCostModel, calibrate_host, fit_affine
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
 from pdflash.hybrid.kernels import HOST_FORMATS, HostKernel, PreparedWeights, host_kernel_for
 from pdflash.hybrid.planner import (
+    DEFAULT_MAX_HOST_RATIO,
+    DEFAULT_MAX_HOST_TOKENS,
     CostModelPlanner,
     ForcedHostPlanner,
     LinkState,
@@ -40,6 +42,8 @@ HOST_EXPERT_MODES = ("off", "auto")
 HOST_FORMAT_CHOICES = ("auto", *HOST_FORMATS)
 
 __all__ = [
+    "DEFAULT_MAX_HOST_RATIO",
+    "DEFAULT_MAX_HOST_TOKENS",
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
     "HOST_FORMAT_CHOICES",
@@ -74,7 +78,8 @@ def build_host_service(
     workers: int | None = None,
     intra_op_threads: int | None = None,
     margin: float = 0.1,
-    max_host_ratio: float = 1.0,
+    max_host_ratio: float = DEFAULT_MAX_HOST_RATIO,
+    max_host_tokens: int | None = DEFAULT_MAX_HOST_TOKENS,
     calibrate: bool = True,
     cost: HostCostModel | None = None,
     host_format: str = "auto",
@@ -94,6 +99,10 @@ def build_host_service(
     ``weight_budget_bytes`` (default: a share of the memory available, see
     :func:`default_weight_budget`). Without calibration (``calibrate=False``)
     ``auto`` means ``packed``: nothing is timed.
+
+    ``margin``, ``max_host_ratio`` and ``max_host_tokens`` go to the default
+    :class:`CostModelPlanner` (see :mod:`pdflash.hybrid.planner` for when HOST
+    pays and why the caps).
     """
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
@@ -117,6 +126,7 @@ def build_host_service(
         expert_nbytes=store.expert_nbytes,
         workers=pool,
         intra_op_threads=intra_op_threads,
+        batch_fn=weights.kernel.forward_many,
     )
     try:
         if cost is None and calibrate:
@@ -131,7 +141,11 @@ def build_host_service(
             if cost is None:
                 raise ValueError("no planner given and no cost model to build one from")
             planner = CostModelPlanner(
-                cost, store.expert_nbytes, margin=margin, max_host_ratio=max_host_ratio
+                cost,
+                store.expert_nbytes,
+                margin=margin,
+                max_host_ratio=max_host_ratio,
+                max_host_tokens=max_host_tokens,
             )
         service = HostExpertService(
             executor,

@@ -12,7 +12,12 @@ HOST experts, sorted by expert:
    event marks their arrival);
 2. pool workers wait for that event, compute their share of the experts
    (experts split into contiguous runs of about equal token counts, one run
-   per worker) and write into one pinned output buffer;
+   per worker) and write into one pinned output buffer. With a ``batch_fn``
+   (a host kernel's ``forward_many``) a worker computes its whole run in
+   one call that writes straight into that buffer (for the prepared
+   formats one TorchScript loop, which holds no GIL: see
+   :mod:`pdflash.hybrid.kernels`); without one it calls ``expert_fn`` per
+   expert and copies each result in;
 3. :meth:`HostJob.result` waits for the workers on the host, then copies the
    output host -> device with a plain ``non_blocking`` copy on the caller's
    (compute) stream, so the add that consumes it is ordered after it with
@@ -25,6 +30,16 @@ HOST experts, sorted by expert:
 Threads: torch's intra-op thread count is process-wide (setting it in a
 worker thread changes it for every thread), so ``intra_op_threads`` is set
 once with ``torch.set_num_threads`` when given and recorded either way.
+But OpenMP's own thread count is per thread: a new thread starts with the
+default (every core) and torch applies its setting to that thread only the
+first time the thread itself enters one of torch's parallel loops; a oneDNN
+GEMM called before that (or only GEMMs and small ops, which never enter
+one) runs with a team of every core, oversubscribing the cores the
+engine's and the issuer's threads use, and its barriers spin and yield.
+So each pool worker applies the executor's thread count to itself when it
+starts (:func:`_init_worker`; through ``torch.set_num_threads``, the one
+API for it, which also re-sets torch's process-wide count to the value the
+executor recorded at construction).
 """
 
 from __future__ import annotations
@@ -44,6 +59,10 @@ import torch
 
 ExpertFn = Callable[[torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
 WeightsOf = Callable[[int], dict[str, torch.Tensor]]
+#: ``(x, [weights per expert], row bounds, out)``: every expert's rows into ``out``
+BatchFn = Callable[
+    [torch.Tensor, Sequence[dict[str, torch.Tensor]], Sequence[int], torch.Tensor], None
+]
 
 
 def default_host_threads() -> tuple[int, int]:
@@ -116,6 +135,9 @@ class HostExpertExecutor:
         workers: pool threads computing experts at once.
         intra_op_threads: torch intra-op threads (process-wide; None leaves
             torch's setting and records it).
+        batch_fn: computes a run of experts in one call (a host kernel's
+            ``forward_many``: the same function as ``expert_fn`` per
+            expert); None: ``expert_fn`` per expert.
     """
 
     def __init__(
@@ -128,6 +150,7 @@ class HostExpertExecutor:
         expert_nbytes: int = 0,
         workers: int | None = None,
         intra_op_threads: int | None = None,
+        batch_fn: BatchFn | None = None,
     ) -> None:
         auto_workers, _ = default_host_threads()
         workers = auto_workers if workers is None else int(workers)
@@ -139,12 +162,18 @@ class HostExpertExecutor:
             torch.set_num_threads(int(intra_op_threads))
         self.weights_of = weights_of
         self.expert_fn = expert_fn
+        self.batch_fn = batch_fn
         self.dtype = dtype
         self.out_dtype = dtype if out_dtype is None else out_dtype
         self.expert_nbytes = int(expert_nbytes)
         self.workers = workers
         self.intra_op_threads = int(torch.get_num_threads())
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdflash-host")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers,
+            thread_name_prefix="pdflash-host",
+            initializer=_init_worker,
+            initargs=(self.intra_op_threads,),
+        )
         self._lock = threading.Lock()
         self.closed = False
 
@@ -165,9 +194,12 @@ class HostExpertExecutor:
         # submitted this may run under inference_mode (its tensors are then
         # inference tensors, writable only in inference mode)
         with torch.inference_mode():
-            for j, g in enumerate(ids):
-                lo, hi = bounds[j], bounds[j + 1]
-                out[lo:hi] = self.expert_fn(x[lo:hi], self.weights_of(int(g)))
+            if self.batch_fn is not None:
+                self.batch_fn(x, [self.weights_of(int(g)) for g in ids], bounds, out)
+            else:
+                for j, g in enumerate(ids):
+                    lo, hi = bounds[j], bounds[j + 1]
+                    out[lo:hi] = self.expert_fn(x[lo:hi], self.weights_of(int(g)))
         return t0, time.perf_counter()
 
     @staticmethod
@@ -282,6 +314,11 @@ class HostExpertExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _init_worker(threads: int) -> None:
+    """Give this pool thread's OpenMP team ``threads`` threads (module doc)."""
+    torch.set_num_threads(threads)
 
 
 def _wait_only(ready: Callable[[], None] | None) -> tuple[float, float]:

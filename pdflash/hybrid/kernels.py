@@ -32,6 +32,18 @@ few rows an expert gets here is most of the call; a prepacked matrix is
 only read. It exists where torch has oneDNN (:func:`onednn_available`).
 ``auto`` lets the calibration pick the fastest that fits the budget.
 
+Batches: :meth:`HostKernel.forward_many` computes a layer's HOST experts in
+one call, writing each expert's rows straight into the caller's output
+buffer. For the prepared formats it is one TorchScript function
+(:func:`batched_kernels`) looping over the experts: TorchScript runs without
+the GIL, so the whole batch runs on the worker thread with no Python between
+the GEMMs while the engine's thread keeps the GIL (a Python loop re-takes
+the GIL after every op, up to the interpreter's switch interval each time
+the engine's thread holds it). The scripted loop does exactly what
+:meth:`HostKernel.forward` does, op for op (its Python reference; the tests
+compare them bit for bit); where TorchScript is missing or fails to compile,
+``forward_many`` is that Python loop.
+
 The kernels run the GEMMs without a bias (``mm``, then the bias added in
 place): torch's ``addmm`` copies the bias into the output and makes
 oneDNN accumulate onto it (a ``sum`` post-op), which is a different and
@@ -41,6 +53,7 @@ the product too.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -106,6 +119,14 @@ class HostKernel(Protocol):
         """The expert's MLP over ``x [n, H]`` (in :attr:`dtype`)."""
         ...
 
+    def forward_many(
+        self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
+    ) -> None:
+        """``out[bounds[j]:bounds[j + 1]] = forward(x[bounds[j]:bounds[j + 1]],
+        ws[j])`` for every expert ``j`` (``x`` in :attr:`dtype`; ``out`` any
+        float dtype, written in place)."""
+        ...
+
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` contiguous in ``dtype`` — the tensor itself when it already is."""
@@ -148,6 +169,76 @@ def _linear(
         return y
     y = F.linear(x, w) if layout == "out_in" else torch.mm(x, w)
     return y if b is None else y.add_(b)
+
+
+#: layouts as the scripted batches number them
+_LAYOUT_CODE: dict[Layout, int] = {"out_in": 0, "in_out": 1, "onednn": 2}
+
+
+def _loop_many(
+    forward: Callable[[torch.Tensor, Weights], torch.Tensor],
+    x: torch.Tensor,
+    ws: Sequence[Weights],
+    bounds: Sequence[int],
+    out: torch.Tensor,
+) -> None:
+    """The Python reference of every ``forward_many``: one ``forward`` per
+    expert, its rows copied into ``out``."""
+    for j, w in enumerate(ws):
+        lo, hi = int(bounds[j]), int(bounds[j + 1])
+        out[lo:hi] = forward(x[lo:hi], w)
+
+
+def _check_many(
+    x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
+) -> list[int]:
+    b = [int(v) for v in bounds]
+    if len(b) != len(ws) + 1 or (b and (b[0] != 0 or b[-1] != x.shape[0])):
+        raise ValueError(f"bounds {b} do not split {x.shape[0]} rows into {len(ws)} experts")
+    if any(hi < lo for lo, hi in itertools.pairwise(b)):
+        raise ValueError(f"bounds {b} are not ascending")
+    if out.shape != x.shape:
+        raise ValueError(f"out {tuple(out.shape)} does not match x {tuple(x.shape)}")
+    return b
+
+
+_SCRIPTED: dict[str, Any] | None = None
+_SCRIPT_ERROR: str | None = None
+
+
+def batched_kernels() -> dict[str, Any] | None:
+    """The scripted batch loops (``gpt_oss``, ``swiglu_silu``), compiled on
+    first use; None where TorchScript is unavailable here (then
+    :func:`batched_kernels_error` says why and ``forward_many`` loops in
+    Python)."""
+    global _SCRIPTED, _SCRIPT_ERROR
+    if _SCRIPTED is None and _SCRIPT_ERROR is None:
+        try:
+            _SCRIPTED = _compile_batched()
+        except Exception as e:  # any failure means: no scripted path
+            _SCRIPT_ERROR = f"{type(e).__name__}: {e}"
+    return _SCRIPTED
+
+
+def batched_kernels_error() -> str | None:
+    """Why :func:`batched_kernels` is None (None when it is not)."""
+    batched_kernels()
+    return _SCRIPT_ERROR
+
+
+def _compile_batched() -> dict[str, Any]:
+    import warnings
+
+    with warnings.catch_warnings():
+        # NOTE: torch marks torch.jit.script deprecated; it is still the one
+        # way to run a loop of ops without the GIL from pure Python
+        warnings.simplefilter("ignore")
+        from pdflash.hybrid import _scripted
+
+        return {
+            "gpt_oss": torch.jit.script(_scripted.gpt_oss_many),
+            "swiglu_silu": torch.jit.script(_scripted.swiglu_silu_many),
+        }
 
 
 class GptOssHostKernel:
@@ -194,6 +285,27 @@ class GptOssHostKernel:
         glu.mul_(up.clamp_(min=-self.limit, max=self.limit).add_(1))
         return _linear(glu, w["w2"], w["b2"], self.layout)
 
+    def forward_many(
+        self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
+    ) -> None:
+        b = _check_many(x, ws, bounds, out)
+        scripted = batched_kernels()
+        if scripted is None or not ws:
+            _loop_many(self.forward, x, ws, b, out)
+            return
+        scripted["gpt_oss"](
+            x,
+            [w["w1"] for w in ws],
+            [w["b1"] for w in ws],
+            [w["w2"] for w in ws],
+            [w["b2"] for w in ws],
+            b,
+            out,
+            _LAYOUT_CODE[self.layout],
+            self.alpha,
+            self.limit,
+        )
+
 
 class SwiGLUHostKernel:
     """The plain SwiGLU expert (Qwen3-MoE, Mixtral, OLMoE, ...; see
@@ -226,6 +338,25 @@ class SwiGLUHostKernel:
         i = h.shape[-1] // 2
         return _linear(self.act(h[:, :i]).mul_(h[:, i:]), w["w2"], None, self.layout)
 
+    def forward_many(
+        self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
+    ) -> None:
+        b = _check_many(x, ws, bounds, out)
+        # NOTE: only SiLU is scripted (every shipped SwiGLU config); another
+        # activation loops in Python
+        scripted = batched_kernels() if self.act is F.silu else None
+        if scripted is None or not ws:
+            _loop_many(self.forward, x, ws, b, out)
+            return
+        scripted["swiglu_silu"](
+            x,
+            [w["w1"] for w in ws],
+            [w["w2"] for w in ws],
+            b,
+            out,
+            _LAYOUT_CODE[self.layout],
+        )
+
 
 class PackedKernel:
     """The ``packed`` format: the adapter's own expert function on the
@@ -243,6 +374,11 @@ class PackedKernel:
 
     def forward(self, x: torch.Tensor, w: Weights) -> torch.Tensor:
         return self.expert_fn(x, w)
+
+    def forward_many(
+        self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
+    ) -> None:
+        _loop_many(self.forward, x, ws, _check_many(x, ws, bounds, out), out)
 
 
 def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:

@@ -22,15 +22,36 @@ A split is taken only when it beats all-COPY by ``margin`` (relative): the
 model's error is largest near break-even, and a COPY leaves the expert
 resident for later forwards while a HOST expert leaves nothing behind.
 
-Only experts the host computes at most ``max_host_ratio`` times slower than
-the link copies one are eligible (default 1.0: the per-expert break-even).
-Why: a copy also leaves the expert resident for the next forward, and in a
-streaming pipeline the link's queue for a layer is partly hidden behind
-earlier layers' compute, which the per-layer makespan does not see. So with
-many tokens per expert (a wide batch, c=16 x B=16: ``a + b * tokens`` above
-the copy time) the plan is all COPY; a larger ratio lets the makespan alone
-decide (e.g. experts a little slower on the CPU than over the link, which
-still relieve a queued link).
+When HOST pays. With ``n`` misses, a copy time ``L``, a host time ``H = r L``
+per expert and the round trip ``R``, the best split (both resources finish
+together) hosts ``m* = (nL - R) / (L + H)`` experts and the layer waits
+
+    T* = (r + R / (nL)) / (1 + r) x nL
+
+instead of ``nL`` (with bytes already ahead, ``nL`` is their time plus
+``nL``): 1/2 of all-COPY at ``r = 1``, 0.6 at 1.5, 2/3 at 2. So
+the per-expert break-even (``r <= 1``) is the wrong test: an expert the CPU
+computes 1.3x slower than the link copies it still cuts a link-bound
+layer's wait by ~43%. What the model does not see bounds ``r`` instead:
+
+* the CPU and the DMA read the same host memory, so under a busy link the
+  host runs slower than calibrated (the diagnostic's ``--link-load``
+  measures it);
+* a COPY leaves the expert resident, a HOST expert leaves nothing, and
+  the experts a forward routes many tokens to are the ones routed again;
+* the link's queue of a layer is partly hidden behind earlier layers'
+  compute, the host's work is not (it starts at the layer's routing).
+
+Hence two eligibility caps: ``max_host_ratio`` (default
+:data:`DEFAULT_MAX_HOST_RATIO` = 1.5: the split must at least cut the
+modeled wait to 60%, a margin those effects do not eat) and
+``max_host_tokens`` (default :data:`DEFAULT_MAX_HOST_TOKENS` = 16, one
+verify block: a cold expert of a few requests, not a popular one). A
+bf16 expert on a CPU near its memory-bound floor costs ``bytes / DRAM
+bandwidth`` (~1.2 ms for gpt-oss-20b's 49.8 MB at ~42 GB/s) vs ``bytes /
+link bandwidth`` (0.96 ms at 52 GB/s): ``r`` ~ 1.25 whatever the token
+count up to tens of tokens, so the ratio alone barely separates c = 1..4
+(2-8 tokens per expert) from c = 16 (~32), while the token cap does.
 """
 
 from __future__ import annotations
@@ -45,6 +66,11 @@ import numpy.typing as npt
 from pdflash.hybrid.cost import HostCostModel
 
 IdArray = npt.NDArray[np.int64]
+
+#: default eligibility cap on host time / copy time (module doc)
+DEFAULT_MAX_HOST_RATIO = 1.5
+#: default eligibility cap on tokens per HOST expert (module doc)
+DEFAULT_MAX_HOST_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -131,13 +157,16 @@ class CostModelPlanner:
             (None: no cap).
         max_host_ratio: an expert is eligible for HOST only if its host time
             is at most this times its copy time (module doc).
+        max_host_tokens: and only if at most this many tokens are routed to
+            it (None: no cap).
     """
 
     cost: HostCostModel
     expert_nbytes: int
     margin: float = 0.1
     max_host_per_layer: int | None = None
-    max_host_ratio: float = 1.0
+    max_host_ratio: float = DEFAULT_MAX_HOST_RATIO
+    max_host_tokens: int | None = DEFAULT_MAX_HOST_TOKENS
     name: str = "cost_model"
     decisions: dict[str, int] = field(default_factory=lambda: {"layers": 0, "split": 0})
 
@@ -148,6 +177,8 @@ class CostModelPlanner:
             raise ValueError(f"margin must be in [0, 1), got {self.margin}")
         if not self.max_host_ratio > 0:
             raise ValueError(f"max_host_ratio must be positive, got {self.max_host_ratio}")
+        if self.max_host_tokens is not None and self.max_host_tokens < 1:
+            raise ValueError(f"max_host_tokens must be >= 1, got {self.max_host_tokens}")
         if self.max_host_per_layer is not None and self.max_host_per_layer < 0:
             raise ValueError(f"max_host_per_layer must be >= 0, got {self.max_host_per_layer}")
 
@@ -164,8 +195,12 @@ class CostModelPlanner:
         order = np.argsort(tokens, kind="stable")
         host_each = self.cost.expert_s(tokens[order])
         host_cum = np.cumsum(host_each)
-        # host cost rises with tokens, so the eligible experts are a prefix of `order`
-        eligible = int((host_each <= self.max_host_ratio * per_copy).sum())
+        # host cost rises with tokens (and so does the token cap), so the
+        # eligible experts are a prefix of `order`
+        ok = host_each <= self.max_host_ratio * per_copy
+        if self.max_host_tokens is not None:
+            ok &= tokens[order] <= self.max_host_tokens
+        eligible = int(ok.sum())
         m = np.arange(1, eligible + 1)
         if self.max_host_per_layer is not None:
             m = m[m <= self.max_host_per_layer]
@@ -221,6 +256,7 @@ class CostModelPlanner:
             "margin": self.margin,
             "max_host_per_layer": self.max_host_per_layer,
             "max_host_ratio": self.max_host_ratio,
+            "max_host_tokens": self.max_host_tokens,
         }
 
 

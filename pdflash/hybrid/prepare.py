@@ -115,6 +115,7 @@ def _executor(
         out_dtype=adapter.store.layout.dtype,
         expert_nbytes=adapter.store.expert_nbytes,
         workers=workers,
+        batch_fn=kernel.forward_many,
     )
 
 

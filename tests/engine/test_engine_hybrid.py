@@ -247,6 +247,7 @@ def test_run_spec_rows_carry_the_host_books(
         assert row["torch_intra_op_threads"] >= 1
     assert host["host_experts"] == "auto" and off["host_experts"] == "off"
     assert host["host_service"]["planner"]["max_host_ratio"] == 50.0
+    assert host["host_service"]["planner"]["max_host_tokens"] == 16
     cal = host["host_service"]["calibration"]
     assert cal["source"] == "calibrated" and len(cal["points"]) == 4
     assert cal["intercept_s"] >= 0 and cal["per_token_s"] >= 0
@@ -275,5 +276,7 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_workers=0))
     with pytest.raises(ValueError, match="host_max_ratio"):
         run_spec(_spec("PD+host", host_max_ratio=0.0))
+    with pytest.raises(ValueError, match="host_max_tokens"):
+        run_spec(_spec("PD+host", host_max_tokens=-1))
     with pytest.raises(ValueError, match="host_format"):
         run_spec(_spec("PD+host", host_format="fp16"))

@@ -19,8 +19,15 @@ from pdflash.hybrid import (
     build_host_service,
     host_kernel_for,
     host_weights_for,
+    kernels,
 )
-from pdflash.hybrid.kernels import onednn_available, prepare_all, prepared_nbytes
+from pdflash.hybrid.kernels import (
+    batched_kernels,
+    batched_kernels_error,
+    onednn_available,
+    prepare_all,
+    prepared_nbytes,
+)
 from pdflash.models import load_adapter
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
@@ -48,6 +55,7 @@ def _host_path(ad: object, fmt: str, ids: np.ndarray, x: torch.Tensor, counts: l
         dtype=hw.kernel.dtype,
         out_dtype=store.layout.dtype,
         workers=2,
+        batch_fn=hw.kernel.forward_many,
     ) as ex:
         return ex.compute(ids, x, counts), hw
 
@@ -293,3 +301,71 @@ def test_onednn_weights_are_prepacked_new_memory(
     torch.testing.assert_close(
         kernel.forward(x, w), ref.forward(x, ref.prepare(views)), atol=1e-5, rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("scripted", [True, False])
+@pytest.mark.parametrize("fmt", HOST_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forward_many_equals_forward_per_expert(
+    arch: str,
+    dtype: torch.dtype,
+    fmt: str,
+    scripted: bool,
+    tiny_checkpoints: dict[str, Path],
+    host_issuer: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the batch loop (TorchScript, or its Python fallback) against its
+    # reference, forward per expert: the same ops, so the same bits
+    if fmt == "onednn" and not onednn_available(dtype):
+        pytest.skip(f"no oneDNN matmul in {dtype} on this CPU")
+    if scripted:
+        assert batched_kernels() is not None, batched_kernels_error()
+    else:
+        monkeypatch.setattr(kernels, "batched_kernels", lambda: None)
+    ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, dtype=dtype)
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    prepared = prepare_all(kernel, ad.store.views, range(ad.store.num_ids))
+    assert prepared is not None
+    ids = [0, 3, ad.num_experts + 1, 2]
+    counts = [3, 1, 5, 2]
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(sum(counts), ad.hidden_size, generator=gen).to(kernel.dtype)
+    ws = [prepared.of(g) for g in ids]
+    want = torch.cat(
+        [kernel.forward(x[a:b], w) for a, b, w in zip(bounds, bounds[1:], ws, strict=False)]
+    )
+    for _ in range(3):  # TorchScript profiles the first calls, then optimises
+        out = torch.full(x.shape, float("nan"), dtype=ad.store.layout.dtype)
+        with torch.inference_mode():
+            kernel.forward_many(x, ws, bounds, out)
+        torch.testing.assert_close(out, want.to(out.dtype), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="do not split"):
+        kernel.forward_many(x, ws, bounds[:-1], out)
+    with pytest.raises(ValueError, match="not ascending"):
+        kernel.forward_many(x, ws, [0, 5, 4, 9, 11], out)
+    with pytest.raises(ValueError, match="does not match"):
+        kernel.forward_many(x, ws, bounds, out[:-1])
+
+
+def test_executor_batch_path_equals_its_loop_path(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    hw = host_weights_for(ad, "out_in", budget_bytes=1 << 34)
+    ids = np.array([1, 2, 5, ad.num_experts], dtype=np.int64)
+    counts = [2, 4, 1, 3]
+    x = torch.randn(sum(counts), ad.hidden_size, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for batch_fn in (None, hw.kernel.forward_many):
+        with HostExpertExecutor(
+            hw.weights_of, hw.kernel.forward, dtype=hw.kernel.dtype, workers=2, batch_fn=batch_fn
+        ) as ex:
+            outs.append(ex.compute(ids, x, counts))
+            job = ex.submit(ids, x, counts)
+            torch.testing.assert_close(job.result(), outs[-1], rtol=0, atol=0)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    assert outs[0].abs().max() > 0

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdflash.hybrid import (
+    DEFAULT_MAX_HOST_RATIO,
+    DEFAULT_MAX_HOST_TOKENS,
     CostModelPlanner,
     ForcedHostPlanner,
     HostCostModel,
@@ -105,23 +107,25 @@ def test_cost_model_planner_chooses_copy_with_many_tokens_per_expert() -> None:
     assert 0 < narrow.host.size < 28
     assert narrow.modeled_s is not None and narrow.modeled_copy_only_s is not None
     assert narrow.modeled_s < 0.9 * narrow.modeled_copy_only_s
-    # lifting the break-even cap lets the makespan alone decide (the link is queued)
-    lifted = CostModelPlanner(cost, nbytes, max_host_ratio=2.0).plan(0, ids, np.full(28, 32), link)
+    # lifting the caps lets the makespan alone decide (the link is queued)
+    lifted = CostModelPlanner(cost, nbytes, max_host_ratio=2.0, max_host_tokens=None).plan(
+        0, ids, np.full(28, 32), link
+    )
     assert lifted.host.size > 0
 
 
 def test_ratio_above_break_even_still_copies_the_wide_batch() -> None:
     # the H200 diagnostic's bare MLP at gpt-oss-20b shape (bf16, cold, 14
     # threads): 1174 us at 1 token, 1272 us at 16 (~6.5 us per token), vs a
-    # 0.94 ms copy. Even that floor is 1.25x a copy, so the break-even
-    # default never hosts; a host near the floor with max_host_ratio 1.3
+    # 0.94 ms copy. Even that floor is 1.25x a copy, so a break-even cap
+    # (1.0) never hosts; a host near the floor with max_host_ratio 1.3
     # takes a share of the few-token misses (c=1..4) while c=16 x B=16's ~32
     # tokens per expert (1.38 ms, 1.47x) stay on the link.
     cost = HostCostModel(intercept_s=1167e-6, per_token_s=6.5e-6)
     link = LinkState(53e9)
     ids = np.arange(28, dtype=np.int64)
-    default = CostModelPlanner(cost, 49_800_000)
-    assert default.plan(0, ids, np.full(28, 2), link).host.size == 0
+    break_even = CostModelPlanner(cost, 49_800_000, max_host_ratio=1.0)
+    assert break_even.plan(0, ids, np.full(28, 2), link).host.size == 0
     p = CostModelPlanner(cost, 49_800_000, max_host_ratio=1.3)
     narrow = p.plan(0, ids, np.full(28, 2), link)
     assert 0 < narrow.host.size < 28
@@ -340,16 +344,19 @@ def test_service_refuses_a_planner_that_hosts_a_resident_expert() -> None:
     a_us=st.floats(0.0, 2000.0),
     b_us=st.floats(0.0, 50.0),
     ahead=st.integers(0, 5),
-    ratio=st.sampled_from([0.5, 1.0, 100.0]),
+    ratio=st.sampled_from([0.5, 1.0, 1.5, 100.0]),
+    max_tokens=st.sampled_from([None, 1, 16]),
 )
 @settings(max_examples=200, deadline=None)
 def test_cost_model_planner_is_optimal_among_its_eligible_splits(
-    tokens: list[int], a_us: float, b_us: float, ahead: int, ratio: float
+    tokens: list[int], a_us: float, b_us: float, ahead: int, ratio: float, max_tokens: int | None
 ) -> None:
     import itertools
 
     cost = HostCostModel(a_us * 1e-6, b_us * 1e-6, roundtrip_s=20e-6)
-    p = CostModelPlanner(cost, expert_nbytes=1_000_000, margin=0.0, max_host_ratio=ratio)
+    p = CostModelPlanner(
+        cost, expert_nbytes=1_000_000, margin=0.0, max_host_ratio=ratio, max_host_tokens=max_tokens
+    )
     link = LinkState(1e9, ahead_bytes=ahead * 1_000_000)  # 1 ms per copy
     ids = np.arange(100, 100 + len(tokens), dtype=np.int64)
     tok = np.asarray(tokens)
@@ -359,6 +366,8 @@ def test_cost_model_planner_is_optimal_among_its_eligible_splits(
     assert not set(plan.copy.tolist()) & set(plan.host.tolist())
     host_s = cost.expert_s(tok)
     eligible = host_s <= ratio * 1e-3
+    if max_tokens is not None:
+        eligible &= tok <= max_tokens
     chosen = np.isin(ids, plan.host)
     assert not (chosen & ~eligible).any()  # never an expert slower than the cap
 
@@ -376,3 +385,106 @@ def test_cost_model_planner_is_optimal_among_its_eligible_splits(
         for subset in itertools.combinations(np.flatnonzero(eligible).tolist(), r)
     )
     assert plan.modeled_s == pytest.approx(best)
+
+
+def test_default_caps_follow_the_makespan_rule() -> None:
+    # planner.py's module doc: with n equal misses, copy time L, host time
+    # r L and round trip R, the best split waits (r + R / nL) / (1 + r) of
+    # all-COPY. Checked against the planner for a link-bound layer of 28
+    # misses (c=1..4 at cache 0.2) at several r
+    link = LinkState(1e9)  # 1 ms per 1 MB copy
+    ids = np.arange(28, dtype=np.int64)
+    for r in (0.5, 1.0, 1.25, 1.5):
+        cost = HostCostModel(intercept_s=r * MS, per_token_s=0.0, roundtrip_s=0.05 * MS)
+        plan = CostModelPlanner(cost, 1_000_000, margin=0.0, max_host_ratio=10.0).plan(
+            0, ids, np.full(28, 2), link
+        )
+        closed = (r + 0.05 / 28) / (1 + r) * 28 * MS
+        assert plan.modeled_s is not None
+        # the integer split is within one expert's time of the continuous one
+        assert closed - 1e-12 <= plan.modeled_s <= closed + max(1.0, r) * MS
+    # so the per-expert break-even is the wrong test: at r = 1.25 (a bf16
+    # gpt-oss-20b expert at the host's memory-bound floor vs the link) the
+    # split still cuts the layer's wait to ~56%, and the default hosts it
+    assert DEFAULT_MAX_HOST_RATIO == 1.5 and DEFAULT_MAX_HOST_TOKENS == 16
+    floor = HostCostModel(intercept_s=1167e-6, per_token_s=6.5e-6)  # the H200 bare MLP
+    h200 = LinkState(51.7e9)  # the link the same run measured: 0.96 ms a copy
+    p = CostModelPlanner(floor, 49_783_808)
+    for tokens in (1, 2, 8, 16):  # c=1 (~2 per expert) .. c=4 (~8, skewed up to 16)
+        plan = p.plan(0, ids, np.full(28, tokens), h200)
+        assert 0 < plan.host.size < 28
+        assert plan.modeled_s is not None and plan.modeled_copy_only_s is not None
+        assert plan.modeled_s < 0.62 * plan.modeled_copy_only_s
+    # c=16 x B=16: ~32 tokens per expert, popular experts: COPY (the token
+    # cap; at the floor their ratio, 1.42, is under the ratio cap)
+    assert floor.expert_s(32) / (49_783_808 / 51.7e9) < DEFAULT_MAX_HOST_RATIO
+    assert p.plan(0, ids, np.full(28, 32), h200).host.size == 0
+    # a mixed layer: only its few-token experts go to the host
+    mixed = np.array([2] * 14 + [32] * 14)
+    plan = p.plan(0, ids, mixed, h200)
+    assert 0 < plan.host.size <= 14 and set(plan.host.tolist()) <= set(range(14))
+    # an executor 1.6x a copy (the H200's measured out_in executor at 1.5 ms)
+    # is over the ratio cap: COPY
+    slow = CostModelPlanner(HostCostModel(1.55e-3, 25e-6), 49_783_808)
+    assert slow.plan(0, ids, np.full(28, 2), h200).host.size == 0
+    with pytest.raises(ValueError, match="max_host_tokens"):
+        CostModelPlanner(floor, 1, max_host_tokens=0)
+    assert p.params()["max_host_tokens"] == 16 and p.params()["max_host_ratio"] == 1.5
+
+
+def test_cli_defaults_match_the_planners() -> None:
+    # the bench CLIs spell the default out (they do not import torch)
+    from pdflash.bench.engine_run import RunSpec
+    from pdflash.bench.suites import engine, matrix
+
+    assert RunSpec(arch="tiny-qwen3_moe", baseline="PD").host_max_ratio == DEFAULT_MAX_HOST_RATIO
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    engine.add_arguments(ap)
+    assert ap.parse_args([]).host_max_ratio == DEFAULT_MAX_HOST_RATIO
+    assert matrix.HOST_DEFAULTS["host_max_ratio"] == DEFAULT_MAX_HOST_RATIO
+    assert RunSpec(arch="tiny-qwen3_moe", baseline="PD").host_max_tokens == DEFAULT_MAX_HOST_TOKENS
+    assert ap.parse_args([]).host_max_tokens == DEFAULT_MAX_HOST_TOKENS
+    assert matrix.HOST_DEFAULTS["host_max_tokens"] == DEFAULT_MAX_HOST_TOKENS
+
+
+def _omp_max_threads() -> int | None:
+    """This thread's OpenMP thread count (libgomp's ICV, not torch's
+    process-wide setting), or None where torch's OpenMP is not libgomp."""
+    import ctypes
+    import re
+
+    with open("/proc/self/maps") as f:
+        libs = sorted(set(re.findall(r"/\S*libgomp\S*\.so\S*", f.read())))
+    if not libs:
+        return None
+    return int(ctypes.CDLL(libs[0]).omp_get_max_threads())
+
+
+def test_pool_workers_use_the_executors_openmp_threads() -> None:
+    # a fresh thread starts with OpenMP's default team (every core); oneDNN's
+    # GEMMs read it, so each worker must set its own (executor.py's doc)
+    if _omp_max_threads() is None:
+        pytest.skip("torch's OpenMP is not libgomp here")
+    import threading
+
+    bare: list[int | None] = []
+    t = threading.Thread(target=lambda: bare.append(_omp_max_threads()))
+    t.start()
+    t.join()
+    before = torch.get_num_threads()
+    try:
+        with _linear_executor(workers=2) as ex:
+            assert ex.intra_op_threads == before
+            seen = {ex._pool.submit(_omp_max_threads).result() for _ in range(4)}
+            assert seen == {before}
+        with HostExpertExecutor(
+            lambda g: {}, lambda x, w: x, dtype=torch.float32, intra_op_threads=1
+        ) as one:
+            assert one._pool.submit(_omp_max_threads).result() == 1
+    finally:
+        torch.set_num_threads(before)
+    # the check can fail: a bare thread's default differs from a set count
+    # wherever the default is not already 1
+    assert bare[0] is not None and bare[0] >= 1
