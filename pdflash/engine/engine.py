@@ -12,7 +12,10 @@ outcomes and keeps the books. One :meth:`Engine.step`:
 
 1. admits waiting requests while KV pages and ``max_running`` allow, and
    prefills them in one batched target forward (first token -> TTFT);
-2. drafts a block for every request in DRAFT, in one batched drafter forward;
+2. drafts a block for every request in DRAFT, in one batched drafter forward,
+   and cuts each block to its verify width (``config.verify_width``,
+   :mod:`pdflash.engine.verify_width`; lossless: the bonus token follows the
+   last verified draft);
 3. predicts each drafted block's experts (route-ahead predictor);
 4. the batcher picks the verify batch (token grants) from the demands and
    the resident set; with route-ahead on, the batch's predicted missing
@@ -95,6 +98,7 @@ from pdflash.engine.sampling import (
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.engine.verify import Verifier, VerifyOutcome, VerifyResult, anchor_tensor
+from pdflash.engine.verify_width import VerifyWidthPolicy, WidthHook, build_policy
 from pdflash.protocols import (
     Band,
     DraftedBlock,
@@ -194,6 +198,10 @@ class Engine:
             :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
             one over CUDA graphs when ``config.cuda_graphs`` is ``auto`` and
             the device is CUDA, else none.
+        width: a :class:`~pdflash.engine.verify_width.VerifyWidthPolicy`
+            (how many of each request's drafts a verify checks); default:
+            the one ``config.verify_width`` names (none for ``full``: every
+            draft is verified).
     """
 
     def __init__(
@@ -217,6 +225,7 @@ class Engine:
         max_finished: int | None = None,
         controller: pd_controller.PartsPolicy | None = None,
         graphs: GraphRunner | None = None,
+        width: VerifyWidthPolicy | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -363,6 +372,17 @@ class Engine:
         if controller is None and config.parts_controller:
             controller = pd_controller.PDController()
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
+        # ---- verify width hook (pdflash.engine.verify_width) ----
+        if width is None and self.drafter is not None:
+            width = build_policy(
+                config.verify_width,
+                block_size=config.block_size,
+                num_layers=adapter.num_layers,
+                num_experts=adapter.num_experts,
+                top_k=adapter.top_k,
+                expert_bytes=int(getattr(expert_cache, "expert_nbytes", 0) or 0),
+            )
+        self.width = WidthHook(self, width) if width is not None and self.drafter else None
 
     # ------------------------------------------------- owners' state, by name
     @property
@@ -526,6 +546,8 @@ class Engine:
                 self.host_service.books.reset()
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()
+            if self.width is not None:
+                self.width.policy.reset_stats()
             if self.runner.graphs is not None:
                 self.runner.graphs.reset_stats()
 
@@ -599,11 +621,15 @@ class Engine:
         now = self.clock()
         if self.first_step_s is None:
             self.first_step_s = now
+        if self.width is not None:  # verify width hook: the step's marks
+            self.width.begin_step()
 
     def _end_step(self, report: StepReport) -> None:
         self.steps += 1
         self.last_step_s = self.clock()
         self.requests.check()
+        if self.width is not None:  # verify width hook: the step's cost
+            self.width.end_step(report)
         if self.parts is not None:  # PD controller hook: the step's measurement
             pd_controller.after_step(self.parts, report)
 
@@ -713,6 +739,8 @@ class Engine:
             self.predictor.forget(rid)
         if self.horizon is not None:
             self.horizon.forget(rid)
+        if self.width is not None:
+            self.width.policy.forget(rid)
         for policy in (self.acceptance, self.routing):
             forget = getattr(policy, "forget", None)
             if forget is not None:
@@ -839,6 +867,9 @@ class Engine:
                 todo.append((req, n))
         if todo:
             self._draft_blocks(todo)
+            if self.width is not None:  # verify width hook: trim before predicting
+                self._stage = "verify_width"
+                self.width.trim([req for req, _ in todo])
         if self.predictor is not None and self.config.route_ahead:  # off: PD controller
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
@@ -980,6 +1011,8 @@ class Engine:
         if self.predictor is not None:
             for i, (req, _) in enumerate(batch):
                 self.predictor.observe(req.request_id, out.routed[i])
+        if self.width is not None:  # verify width hook: the outcomes
+            self.width.record(batch, result)
 
     def _commit_verified(self, result: VerifyResult, report: StepReport) -> None:
         """Commit the outcomes request by request, then hand the planner the
