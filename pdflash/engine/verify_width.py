@@ -94,9 +94,7 @@ def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
     ``[0, block_size - 1]`` (the drafts a block holds). Raises ``ValueError``
     with the accepted forms on anything else."""
     if not isinstance(text, str):
-        raise ValueError(
-            f"verify_width must be a string ({' | '.join(WIDTH_KINDS)}), got {text!r}"
-        )
+        raise ValueError(f"verify_width must be a string ({' | '.join(WIDTH_KINDS)}), got {text!r}")
     s = text.strip()
     if s in ("full", "adaptive"):
         return WidthSetting(s)
@@ -241,7 +239,9 @@ class FixedWidth:
         return "full" if self.drafts is None else f"fixed:{self.drafts}"
 
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
-        out = [r.available if self.drafts is None else min(self.drafts, r.available) for r in requests]
+        out = [
+            r.available if self.drafts is None else min(self.drafts, r.available) for r in requests
+        ]
         for r, k in zip(requests, out, strict=True):
             self._books.decided(r.available, k)
         return out
@@ -382,7 +382,9 @@ class UnionGrowth:
         return (self.num_experts - self.top_k) * a * (1.0 - a) ** (row - 2)
 
 
-def best_width(survival: Sequence[float], row_cost: Sequence[float], t0: float, k_min: int = 0) -> int:
+def best_width(
+    survival: Sequence[float], row_cost: Sequence[float], t0: float, k_min: int = 0
+) -> int:
     """``argmax_k (1 + Σ_{j<=k} S(j)) / (t0 + Σ_{j<=k} Δt_j)`` over
     ``k_min <= k <= len(survival)`` (ties: the smallest ``k``);
     ``survival[j-1] = S(j)``, ``row_cost[j-1] = Δt_j``."""
@@ -503,7 +505,9 @@ class AdaptiveWidth:
                 self._expected.pop(r.request_id, None)
             else:
                 surv = self.survival.survival(r.request_id)
-                k = best_width(surv[:n], costs[:n], fit[0] / max(1, len(requests)), k_min=1)
+                k = best_width(
+                    surv[:n].tolist(), costs[:n].tolist(), fit[0] / max(1, len(requests)), k_min=1
+                )
                 self._expected[r.request_id] = float(surv[:k].sum())
             self._books.decided(r.available, k)
             out.append(k)
@@ -660,9 +664,7 @@ class WidthHook:
             wall = max(0.0, eng.clock() - self._t0)
         now = _copied(eng.expert_cache)
         copied = None if now is None or self._bytes0 is None else now - self._bytes0
-        self.policy.observe(
-            WidthStep(self._outcomes, wall, copied, _link_rate(eng.expert_cache))
-        )
+        self.policy.observe(WidthStep(self._outcomes, wall, copied, _link_rate(eng.expert_cache)))
         self._outcomes = ()
 
 

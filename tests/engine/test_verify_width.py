@@ -117,7 +117,7 @@ def test_adaptive_that_trims_is_lossless(adapter: Any, drafter: Any, cases: list
         prior_accept=0.05,
         prior_weight=20.0,
     )
-    eng, out = _run(adapter, drafter, cases, "B1", None, policy)
+    _, out = _run(adapter, drafter, cases, "B1", None, policy)
     for i, (_, ref) in enumerate(cases):
         assert out[i] == ref, i
     stats = policy.stats()
@@ -228,8 +228,9 @@ def test_adaptive_learns_from_steps() -> None:
             WidthOutcome(rid, k, min(k, 1 + (step + rid) % 2), 2 * (2 + 2 * k))
             for rid, k in zip((1, 2), ks, strict=True)
         )
-        pol.observe(WidthStep(outs, wall_s=0.1 + 0.01 * sum(ks), copied_bytes=8000,
-                              link_bytes_per_s=1e6))
+        pol.observe(
+            WidthStep(outs, wall_s=0.1 + 0.01 * sum(ks), copied_bytes=8000, link_bytes_per_s=1e6)
+        )
     st = pol.stats()
     est = st["estimates"]
     assert est["measured_steps"] == 6 and est["miss_rate"] is not None
