@@ -456,7 +456,8 @@ class AdaptiveWidth:
         # least squares of y = wall - modeled link s of drafted rows on x = drafted rows
         self._n = 0
         self._sx = self._sy = self._sxx = self._sxy = 0.0
-        self._expected: dict[int, float] = {}  # request -> expected accepted at its width
+        # request -> its survival when its width was chosen (the expectation's basis)
+        self._expected: dict[int, np.ndarray] = {}
         self._books = _Books(self.block_drafts)
 
     # ------------------------------------------------------------ the model
@@ -508,7 +509,7 @@ class AdaptiveWidth:
                 k = best_width(
                     surv[:n].tolist(), costs[:n].tolist(), fit[0] / max(1, len(requests)), k_min=1
                 )
-                self._expected[r.request_id] = float(surv[:k].sum())
+                self._expected[r.request_id] = surv
             self._books.decided(r.available, k)
             out.append(k)
         return out
@@ -516,6 +517,12 @@ class AdaptiveWidth:
     def observe(self, step: WidthStep) -> None:
         routed = 0
         for o in step.outcomes:
+            surv = self._expected.pop(o.request_id, None)
+            if surv is not None:
+                # expected accepted drafts at the width the batcher granted,
+                # from the estimate the choice was made with
+                self._books.expected += float(surv[: o.verified].sum())
+                self._books.expected_rounds += 1
             self.survival.observe(o.request_id, o.verified, o.accepted)
             rows = 1 + o.verified
             self.union.observe(rows, o.routed_experts / self.num_layers)
@@ -523,12 +530,6 @@ class AdaptiveWidth:
             self._books.rounds += 1
             self._books.verified += o.verified
             self._books.accepted += o.accepted
-            exp = self._expected.pop(o.request_id, None)
-            if exp is not None:
-                # the expectation at the width the batcher actually granted
-                surv = self.survival.survival(o.request_id)
-                self._books.expected += float(surv[: o.verified].sum()) if o.verified else 0.0
-                self._books.expected_rounds += 1
         if step.copied_bytes is not None and routed > 0 and self.expert_bytes > 0:
             m = step.copied_bytes / (routed * self.expert_bytes)
             self.miss_rate = m if self.miss_rate is None else _mix(self.miss_rate, m, self.ema)
