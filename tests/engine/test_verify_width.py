@@ -276,3 +276,11 @@ def test_presets_defaults() -> None:
         assert EngineConfig.preset(label, verify_width="fixed:3").verify_width == "fixed:3"
     assert EngineConfig.preset("B0", verify_width="fixed:3").verify_width == "full"
     assert str(parse_width("fixed:4")) == "fixed:4"
+
+
+def test_expert_parallel_ranks_never_run_a_timing_dependent_width() -> None:
+    from pdflash.distributed import replicated_config
+
+    pd = EngineConfig.preset("PD", verify_width="adaptive")
+    assert replicated_config(pd).verify_width == "full"
+    assert replicated_config(pd.replace(verify_width="fixed:2")).verify_width == "fixed:2"
