@@ -605,6 +605,8 @@ class Engine:
         report = StepReport()
         self._begin_step()
         self._prefill_admitted(self._admit(), report)
+        if self.width is not None:  # verify width hook: marks after the prefill
+            self.width.begin_step()
         self._draft_stage(report)
         batch, decision = self._schedule_stage(report)
         if batch:
@@ -621,8 +623,6 @@ class Engine:
         now = self.clock()
         if self.first_step_s is None:
             self.first_step_s = now
-        if self.width is not None:  # verify width hook: the step's marks
-            self.width.begin_step()
 
     def _end_step(self, report: StepReport) -> None:
         self.steps += 1

@@ -47,10 +47,10 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   - ``t_0 = t_fixed / c``: the step's time that does not grow with drafted
     rows (drafting, the anchors' forward and copies, host work), shared
     evenly by the ``c`` requests waiting for the verify. ``t_fixed`` and
-    ``t_row`` come from a least-squares fit of the step's wall time, less
-    the modeled link time of its drafted rows, against the drafted rows it
-    verified (steps that prefilled are not measured); ``t_row`` is 0 until
-    the steps' row counts differ.
+    ``t_row`` come from a least-squares fit of the step's wall time after
+    its prefill (drafting, verify, commit), less the modeled link time of
+    its drafted rows, against the drafted rows it verified; ``t_row`` is 0
+    until the steps' row counts differ.
 
   Before any step is measured, every draft is verified (the estimators learn
   from uncensored rounds first). ``k_min = 1`` where a draft exists, so the
@@ -660,9 +660,9 @@ class WidthHook:
         if not self._outcomes:
             return
         eng = self.engine
-        wall = None
-        if self._t0 is not None and report.admitted == 0:
-            wall = max(0.0, eng.clock() - self._t0)
+        # from after the step's prefill (begin_step) to its end: the draft,
+        # the verify and the commit, whatever was admitted
+        wall = None if self._t0 is None else max(0.0, eng.clock() - self._t0)
         now = _copied(eng.expert_cache)
         copied = None if now is None or self._bytes0 is None else now - self._bytes0
         self.policy.observe(WidthStep(self._outcomes, wall, copied, _link_rate(eng.expert_cache)))
