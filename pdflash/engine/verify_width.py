@@ -12,20 +12,24 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
 
 * ``full``: every draft (the engine does not consult a policy at all).
 * ``fixed:K``: the first ``K`` drafts (fewer when fewer were drafted).
-* ``adaptive`` (:class:`AdaptiveWidth`): per request, the ``k`` that
-  maximizes the expected tokens per second of the step,
+* ``adaptive`` (:class:`AdaptiveWidth`): the widths ``k_i`` (drafts per
+  request ``i`` of the ``c`` waiting) that maximize the expected tokens per
+  second of the step,
 
-  .. math::
+  ``max_k  Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(R)``, with ``R = Σ_i k_i`` and
+  ``T(R) = t_fixed + t_row · R + ℓ(c + R) - ℓ(c)``,
 
-      k^* = \\arg\\max_{k_{min} \\le k \\le n}
-            \\frac{1 + \\sum_{j \\le k} S(j)}{t_0 + \\sum_{j \\le k} \\Delta t_j}
+  with ``k_min <= k_i <= n_i``. For one request this is the per-request
+  ``argmax_k (1 + Σ_{j≤k} S(j)) / (t_0 + Σ_{j≤k} Δt_j)`` with
+  ``t_0 = T(0)`` and ``Δt_j = T(j) - T(j - 1)`` (:func:`best_width`). Because ``T`` depends
+  only on the total ``R`` and each ``S_i`` falls with ``j``, the optimum
+  takes, for some ``R``, the ``R`` largest ``S_i(j)`` (each request's a
+  prefix): :func:`best_batch_widths` scans every ``R`` (ties: the smaller).
 
-  (ties: the smallest ``k``), where
-
-  - ``S(j) = P(the first j drafts are all accepted)``, the request's survival
-    function (:class:`SurvivalEstimator`): a product of per-position
-    continuation probabilities ``c_j = P(A >= j | A >= j - 1)``, each
-    estimated from the request's own verify outcomes shrunk toward the
+  - ``S_i(j) = P(the first j drafts are all accepted)``, request ``i``'s
+    survival function (:class:`SurvivalEstimator`): a product of
+    per-position continuation probabilities ``c_j = P(A >= j | A >= j - 1)``,
+    each estimated from the request's own verify outcomes shrunk toward the
     global (all requests') estimate, which is itself shrunk toward a prior
     (``prior_accept`` for position 1; for deeper positions the global
     estimate of the position before, so a position no verify has reached
@@ -33,24 +37,22 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     that verified ``v`` drafts and accepted ``A`` puts position ``j`` at
     risk for ``j <= min(A + 1, v)`` and counts it as passed for ``j <= A``;
     a round that accepted all ``v`` says only ``A >= v``.
-  - ``Δt_j = t_row + m · L · g(j + 1) · bytes_per_expert / link_Bps``, the
-    marginal step time of row ``j + 1`` of the request's block (row 1 is the
-    anchor): ``t_row`` the per-row compute and ``g(r)`` the expected experts
-    per MoE layer that row ``r`` adds to the request's routed union
-    (:class:`UnionGrowth`: ``U(r) = E - (E - top_k)(1 - a)^(r - 1)``, so
-    ``g(r) = (E - top_k) · a · (1 - a)^(r - 2)``, with the novelty rate
-    ``a`` fitted online to the union sizes the verifies route; i.i.d.
-    routing is ``a = top_k / E``), ``m`` the link bytes actually copied per
-    routed request-expert (the cache's copied bytes over the step divided by
-    the bytes of every request's routed union: residency, sharing between
-    the batch's requests and prefetching included), ``L`` the MoE layers.
-  - ``t_0 = t_fixed / c``: the step's time that does not grow with drafted
-    rows (drafting, the anchors' forward and copies, host work), shared
-    evenly by the ``c`` requests waiting for the verify. ``t_fixed`` and
-    ``t_row`` come from a least-squares fit of the step's wall time after
-    its prefill (drafting, verify, commit), less the modeled link time of
-    its drafted rows, against the drafted rows it verified; ``t_row`` is 0
-    until the steps' row counts differ.
+  - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
+    a batch of ``N`` verified rows, with ``U(N) = E - (E - top_k)(1 - a)^(N - 1)``
+    the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
+    novelty rate ``a`` fitted online to the routed unions of the verifies:
+    rows of one request and of different requests alike; i.i.d. routing is
+    ``a = top_k / E``), ``m`` the bytes the cache actually copied per routed
+    expert of the batch (residency, eviction within the forward and
+    prefetching included), ``L`` the MoE layers; a row's link time is the
+    experts it adds to the batch's union, so requests that route alike share
+    their copies.
+  - ``t_fixed`` (drafting, the anchors' forward and copies, host work) and
+    ``t_row`` (per-row compute) come from a least-squares fit of each step's
+    wall time after its prefill, less the modeled link time of its drafted
+    rows, against its drafted rows; ``t_row`` is 0 until the steps' row
+    counts differ. ``t_fixed`` is floored at a tenth of the mean step: link
+    and compute overlap, so subtracting the modeled link time can overshoot.
 
   Before any step is measured, every draft is verified (the estimators learn
   from uncensored rounds first). ``k_min = 1`` where a draft exists, so the
@@ -63,7 +65,7 @@ the engine measures (:class:`WidthHook`), the policy decides.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -140,7 +142,8 @@ class WidthStep:
 
     Attributes:
         outcomes: every verified request's outcome.
-        wall_s: the step's wall time (None: not measured, e.g. it prefilled).
+        wall_s: the step's wall time after its prefill (None: not measured).
+        union_experts: (layer, expert) pairs any row of the verify routed to.
         copied_bytes: expert bytes the cache copied in during the step (None:
             no offloaded cache; every expert resident).
         link_bytes_per_s: the link's measured rate (None: not measured).
@@ -148,6 +151,7 @@ class WidthStep:
 
     outcomes: tuple[WidthOutcome, ...]
     wall_s: float | None = None
+    union_experts: int | None = None
     copied_bytes: int | None = None
     link_bytes_per_s: float | None = None
 
@@ -374,6 +378,13 @@ class UnionGrowth:
             return self.top_k / self.num_experts
         return float(1.0 - math.exp(self._log_keep / self._rows))
 
+    def union(self, rows: int) -> float:
+        """``U(rows)``: expected routed experts per layer of ``rows`` rows."""
+        if rows <= 0:
+            return 0.0
+        keep = (1.0 - self.novelty) ** (rows - 1)
+        return self.num_experts - (self.num_experts - self.top_k) * keep
+
     def added(self, row: int) -> float:
         """``g(row)``: experts per layer row ``row`` (2 = first draft) adds."""
         if row < 2:
@@ -406,6 +417,43 @@ def best_width(
     return best_k
 
 
+def best_batch_widths(
+    survivals: Sequence[Sequence[float]],
+    step_time: Callable[[int], float],
+    k_min: int = 1,
+) -> list[int]:
+    """The widths ``k_i`` maximizing ``Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(Σ_i k_i)``
+    with ``min(k_min, n_i) <= k_i <= n_i = len(survivals[i])``;
+    ``survivals[i][j-1] = S_i(j)`` (nonincreasing in ``j``), ``step_time(R)``
+    the step's time with ``R`` drafted rows in all (> 0). Exact for a
+    ``T`` that depends on ``R`` only: for each ``R`` the ``R`` largest
+    ``S_i(j)`` win (ties: lower request index, then position), and every
+    ``R`` is scanned (ties: the smaller ``R``)."""
+    base = [min(max(0, k_min), len(s)) for s in survivals]
+    gain = float(len(survivals)) + sum(
+        float(sum(s[:b])) for s, b in zip(survivals, base, strict=True)
+    )
+    rows = sum(base)
+    cands = sorted(
+        (-float(s[j]), i, j)
+        for i, (s, b) in enumerate(zip(survivals, base, strict=True))
+        for j in range(b, len(s))
+    )
+    t = step_time(rows)
+    if not t > 0.0:
+        raise ValueError(f"step_time({rows}) must be > 0, got {t}")
+    best_n, best = 0, gain / t
+    for n, (neg, _, _) in enumerate(cands, start=1):
+        gain -= neg
+        value = gain / step_time(rows + n)
+        if value > best * (1.0 + 1e-12):
+            best_n, best = n, value
+    out = list(base)
+    for _, i, _ in cands[:best_n]:
+        out[i] += 1
+    return out
+
+
 class AdaptiveWidth:
     """Acceptance- and expert-byte-aware width (module docstring).
 
@@ -418,6 +466,9 @@ class AdaptiveWidth:
     """
 
     name = "adaptive"
+
+    #: ``t_fixed`` is at least this share of the mean measured step
+    FIXED_FLOOR = 0.1
 
     def __init__(
         self,
@@ -451,27 +502,31 @@ class AdaptiveWidth:
             shrink_weight=shrink_weight,
         )
         self.union = UnionGrowth(num_experts, top_k)
-        self.miss_rate: float | None = None  # copied bytes per routed request-expert's bytes
+        self.miss_rate: float | None = None  # copied bytes per routed batch expert's bytes
         self.link_bytes_per_s: float | None = None
         # least squares of y = wall - modeled link s of drafted rows on x = drafted rows
         self._n = 0
         self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._wall = 0.0
         # request -> its survival when its width was chosen (the expectation's basis)
         self._expected: dict[int, np.ndarray] = {}
         self._books = _Books(self.block_drafts)
 
     # ------------------------------------------------------------ the model
     def link_s_per_expert(self) -> float:
-        """``m · bytes_per_expert / link_Bps``: link seconds per routed
-        request-expert (0 until measured, or with nothing copied)."""
+        """``m · bytes_per_expert / link_Bps`` (0 until measured, or with
+        nothing copied)."""
         if not self.miss_rate or not self.link_bytes_per_s or self.expert_bytes == 0:
             return 0.0
         return self.miss_rate * self.expert_bytes / self.link_bytes_per_s
 
-    def link_row_s(self) -> np.ndarray:
-        """Modeled link seconds of drafted row ``j`` (``j = 1..B-1``)."""
-        per = self.link_s_per_expert() * self.num_layers
-        return np.array([per * self.union.added(j + 1) for j in range(self.block_drafts)])
+    def draft_link_s(self, anchors: int, drafted: int) -> float:
+        """``ℓ(c + R) - ℓ(c)``: link time of ``drafted`` rows added to a batch
+        of ``anchors`` anchor rows."""
+        if drafted <= 0 or anchors <= 0:
+            return 0.0
+        grown = self.union.union(anchors + drafted) - self.union.union(anchors)
+        return self.link_s_per_expert() * self.num_layers * grown
 
     def time_fit(self) -> tuple[float, float] | None:
         """``(t_fixed, t_row)`` from the measured steps (None before any)."""
@@ -483,39 +538,38 @@ class AdaptiveWidth:
         if var > 1e-9:
             t_row = max(0.0, (self._sxy / self._n - mx * my) / var)
         t_fixed = my - t_row * mx
-        # NOTE: the fixed part is never below a small share of the mean step,
-        # so a noisy fit cannot make one row look free of any cost share
-        t_fixed = max(t_fixed, 0.05 * max(my, 1e-9), 1e-9)
-        return t_fixed, t_row
+        floor = self.FIXED_FLOOR * self._wall / self._n
+        return max(t_fixed, floor, 1e-9), t_row
 
-    def row_costs(self) -> np.ndarray:
-        """``Δt_j`` for ``j = 1..B-1`` (the module docstring's model)."""
+    def step_time(self, anchors: int, drafted: int) -> float:
+        """``T(R)`` of a step with ``anchors`` requests and ``drafted`` rows."""
         fit = self.time_fit()
-        t_row = 0.0 if fit is None else fit[1]
-        return t_row + self.link_row_s()
+        if fit is None:
+            raise ValueError("no step measured yet")
+        return fit[0] + fit[1] * drafted + self.draft_link_s(anchors, drafted)
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
-        fit = self.time_fit()
-        out: list[int] = []
-        costs = self.row_costs()
-        for r in requests:
-            n = min(r.available, self.block_drafts)
-            if fit is None or n == 0:
-                k = r.available  # nothing measured yet: verify every draft
+        if self.time_fit() is None:
+            # nothing measured yet: verify every draft
+            for r in requests:
                 self._expected.pop(r.request_id, None)
-            else:
-                surv = self.survival.survival(r.request_id)
-                k = best_width(
-                    surv[:n].tolist(), costs[:n].tolist(), fit[0] / max(1, len(requests)), k_min=1
-                )
-                self._expected[r.request_id] = surv
+                self._books.decided(r.available, r.available)
+            return [r.available for r in requests]
+        c = len(requests)
+        survs = [
+            self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
+            for r in requests
+        ]
+        out = best_batch_widths(
+            [s.tolist() for s in survs], lambda rows: self.step_time(c, rows), k_min=1
+        )
+        for r, s, k in zip(requests, survs, out, strict=True):
+            self._expected[r.request_id] = s
             self._books.decided(r.available, k)
-            out.append(k)
         return out
 
     def observe(self, step: WidthStep) -> None:
-        routed = 0
         for o in step.outcomes:
             surv = self._expected.pop(o.request_id, None)
             if surv is not None:
@@ -524,26 +578,28 @@ class AdaptiveWidth:
                 self._books.expected += float(surv[: o.verified].sum())
                 self._books.expected_rounds += 1
             self.survival.observe(o.request_id, o.verified, o.accepted)
-            rows = 1 + o.verified
-            self.union.observe(rows, o.routed_experts / self.num_layers)
-            routed += o.routed_experts
             self._books.rounds += 1
             self._books.verified += o.verified
             self._books.accepted += o.accepted
-        if step.copied_bytes is not None and routed > 0 and self.expert_bytes > 0:
-            m = step.copied_bytes / (routed * self.expert_bytes)
+        if not step.outcomes:
+            return
+        anchors = len(step.outcomes)
+        drafted = sum(o.verified for o in step.outcomes)
+        if step.union_experts is not None:
+            self.union.observe(anchors + drafted, step.union_experts / self.num_layers)
+        if step.copied_bytes is not None and step.union_experts and self.expert_bytes > 0:
+            m = step.copied_bytes / (step.union_experts * self.expert_bytes)
             self.miss_rate = m if self.miss_rate is None else _mix(self.miss_rate, m, self.ema)
         if step.link_bytes_per_s is not None and step.link_bytes_per_s > 0:
             lr = float(step.link_bytes_per_s)
             self.link_bytes_per_s = (
                 lr if self.link_bytes_per_s is None else _mix(self.link_bytes_per_s, lr, self.ema)
             )
-        if step.wall_s is not None and step.outcomes:
-            link = self.link_row_s()
-            x = float(sum(o.verified for o in step.outcomes))
-            modeled_link = float(sum(link[: o.verified].sum() for o in step.outcomes))
-            y = step.wall_s - modeled_link
+        if step.wall_s is not None:
+            x = float(drafted)
+            y = step.wall_s - self.draft_link_s(anchors, drafted)
             self._n += 1
+            self._wall += step.wall_s
             self._sx += x
             self._sy += y
             self._sxx += x * x
@@ -565,7 +621,11 @@ class AdaptiveWidth:
             "link_bytes_per_s": self.link_bytes_per_s,
             "t_fixed_s": None if fit is None else fit[0],
             "t_row_s": None if fit is None else fit[1],
-            "row_cost_s": [round(float(c), 6) for c in self.row_costs()[:8]],
+            # modeled link s of drafted rows 1..8 of a lone request
+            "row_link_s": [
+                round(self.draft_link_s(1, j) - self.draft_link_s(1, j - 1), 6)
+                for j in range(1, min(8, self.block_drafts) + 1)
+            ],
             "measured_steps": self._n,
         }
         return out
@@ -615,6 +675,7 @@ class WidthHook:
         self._t0: float | None = None
         self._bytes0: int | None = None
         self._outcomes: tuple[WidthOutcome, ...] = ()
+        self._union: int | None = None
 
     def begin_step(self) -> None:
         self._t0 = self.engine.clock()
@@ -655,6 +716,7 @@ class WidthHook:
                 WidthOutcome(req.request_id, grant - 1, int(o.accepted), int(routed[i].sum()))
             )
         self._outcomes = tuple(out)
+        self._union = int(np.count_nonzero(result.routed_union))
 
     def end_step(self, report: StepReport) -> None:
         if not self._outcomes:
@@ -665,7 +727,15 @@ class WidthHook:
         wall = None if self._t0 is None else max(0.0, eng.clock() - self._t0)
         now = _copied(eng.expert_cache)
         copied = None if now is None or self._bytes0 is None else now - self._bytes0
-        self.policy.observe(WidthStep(self._outcomes, wall, copied, _link_rate(eng.expert_cache)))
+        self.policy.observe(
+            WidthStep(
+                self._outcomes,
+                wall_s=wall,
+                union_experts=self._union,
+                copied_bytes=copied,
+                link_bytes_per_s=_link_rate(eng.expert_cache),
+            )
+        )
         self._outcomes = ()
 
 

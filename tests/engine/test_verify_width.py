@@ -22,6 +22,7 @@ from pdflash.engine.verify_width import (
     WidthOutcome,
     WidthRequest,
     WidthStep,
+    best_batch_widths,
     best_width,
     parse_width,
 )
@@ -101,12 +102,13 @@ def test_adaptive_that_trims_is_lossless(adapter: Any, drafter: Any, cases: list
     row) gives the same tokens, and its widths vary."""
 
     class Priced(AdaptiveWidth):
-        # a fixed step of 1 s and rows that each cost 0.25 s: only likely rows pay
+        # a fixed step of 1 s per request and rows that each cost 0.25 s:
+        # only likely rows pay
         def time_fit(self) -> tuple[float, float] | None:
-            return (1.0, 0.0)
+            return (1.0, 0.25)
 
-        def row_costs(self) -> np.ndarray:
-            return np.full(self.block_drafts, 0.25)
+        def step_time(self, anchors: int, drafted: int) -> float:
+            return 1.0 * anchors + 0.25 * drafted
 
     policy = Priced(
         block_size=BLOCK,
@@ -155,26 +157,57 @@ def test_best_width_matches_hand_computed_optimum() -> None:
     assert best_width([1.0], [1.0], 1.0) == 0
 
 
+def test_batch_widths_equal_the_brute_force_optimum() -> None:
+    import itertools
+
+    survs = [[0.6, 0.3, 0.1, 0.02], [0.9, 0.8, 0.6], [0.2]]
+
+    def step(rows: int) -> float:  # concave link growth plus compute
+        return 1.0 + 0.05 * rows + 0.8 * (1 - 0.8**rows)
+
+    want, best = None, -1.0
+    for ks in itertools.product(*(range(1, len(s) + 1) for s in survs)):
+        value = sum(1 + sum(s[:k]) for s, k in zip(survs, ks, strict=True)) / step(sum(ks))
+        if value > best + 1e-12:
+            want, best = list(ks), value
+    assert best_batch_widths(survs, step, k_min=1) == want
+    # one request: the per-request formula with Δt_j = T(j) - T(j-1)
+    s = [0.6, 0.3, 0.1, 0.02]
+    dts = [step(j) - step(j - 1) for j in range(1, 5)]
+    assert best_batch_widths([s], step, k_min=0) == [best_width(s, dts, step(0))]
+
+
 def test_adaptive_chooses_the_hand_computed_width() -> None:
-    """With S and Δt fixed by hand, AdaptiveWidth.widths equals the brute force."""
+    """With S and T fixed by hand, AdaptiveWidth.widths equals the brute force."""
+    import itertools
+
     pol = AdaptiveWidth(block_size=5, num_layers=2, num_experts=8, top_k=2, expert_bytes=100)
-    # survival of one request: 5 rounds that accepted 1 of 4, 5 that accepted 3 of 4
+    # request 7: 5 rounds that accepted 1 of 4, 5 that accepted 3 of 4; request 8: none
     for _ in range(5):
         pol.survival.observe(7, 4, 1)
         pol.survival.observe(7, 4, 3)
     pol.miss_rate, pol.link_bytes_per_s = 0.5, 1000.0
-    pol._n, pol._sx, pol._sy, pol._sxx, pol._sxy = 1, 0.0, 0.4, 0.0, 0.0  # t_fixed 0.4, t_row 0
-    surv = pol.survival.survival(7)
-    a = pol.union.novelty
-    assert a == pytest.approx(2 / 8)  # the i.i.d. prior: no union observed
-    # Δt_j = m * L * g(j+1) * bytes / rate; g(r) = (E-k) a (1-a)^(r-2)
-    dt = [0.5 * 2 * (6 * a * (1 - a) ** (j - 1)) * 100 / 1000 for j in range(1, 5)]
-    t0 = 0.4 / 2  # two requests share the step
-    ratios = [(1 + surv[:k].sum()) / (t0 + sum(dt[:k])) for k in range(5)]
-    want = max(range(1, 5), key=lambda k: (ratios[k], -k))
+    # t_fixed 0.4 s, t_row 0: one measured step of 0.4 s
+    pol._n, pol._wall, pol._sx, pol._sy, pol._sxx, pol._sxy = 1, 0.4, 0.0, 0.4, 0.0, 0.0
+    assert pol.union.novelty == pytest.approx(2 / 8)  # the i.i.d. prior: no union observed
+    a = 2 / 8
+
+    def union(n: int) -> float:  # U(N) = E - (E - k)(1 - a)^(N - 1)
+        return 8 - 6 * (1 - a) ** (n - 1)
+
+    def step(rows: int) -> float:  # T(R) with c = 2 anchors: m L (U(2+R) - U(2)) bytes / rate
+        return 0.4 + 0.5 * 2 * (union(2 + rows) - union(2)) * 100 / 1000
+
+    s7, s8 = pol.survival.survival(7), pol.survival.survival(8)
+    want, best = None, -1.0
+    for k7, k8 in itertools.product(range(1, 5), range(1, 5)):
+        value = (2 + s7[:k7].sum() + s8[:k8].sum()) / step(k7 + k8)
+        if value > best + 1e-12:
+            want, best = [k7, k8], value
     got = pol.widths([WidthRequest(7, 4), WidthRequest(8, 4)])
-    assert got[0] == want
-    assert 1 <= want < 4  # the case really trims
+    assert got == want
+    assert pol.step_time(2, 3) == pytest.approx(step(3))
+    assert sum(want) < 8  # the case really trims
 
 
 def test_adaptive_verifies_everything_before_a_measurement() -> None:
@@ -229,11 +262,18 @@ def test_adaptive_learns_from_steps() -> None:
             for rid, k in zip((1, 2), ks, strict=True)
         )
         pol.observe(
-            WidthStep(outs, wall_s=0.1 + 0.01 * sum(ks), copied_bytes=8000, link_bytes_per_s=1e6)
+            WidthStep(
+                outs,
+                wall_s=0.1 + 0.01 * sum(ks),
+                union_experts=2 * (2 + 2 * sum(ks)),
+                copied_bytes=8000,
+                link_bytes_per_s=1e6,
+            )
         )
     st = pol.stats()
     est = st["estimates"]
     assert est["measured_steps"] == 6 and est["miss_rate"] is not None
+    assert est["union_observations"] == 6
     assert est["link_bytes_per_s"] == pytest.approx(1e6)
     assert st["rounds"] == 12 and st["decisions"] == 12
     assert st["expected_accepted_drafts"] is not None
