@@ -17,7 +17,7 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   second of the step,
 
   ``max_k  Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(R)``, with ``R = Σ_i k_i`` and
-  ``T(R) = t_fixed + t_row · R + ℓ(c + R) - ℓ(c)``,
+  ``T(R) = t_fixed + t_row · (c + R) + ℓ(c + R)`` (the whole step),
 
   with ``k_min <= k_i <= n_i``. For one request this is the per-request
   ``argmax_k (1 + Σ_{j≤k} S(j)) / (t_0 + Σ_{j≤k} Δt_j)`` with
@@ -47,12 +47,13 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     prefetching included), ``L`` the MoE layers; a row's link time is the
     experts it adds to the batch's union, so requests that route alike share
     their copies.
-  - ``t_fixed`` (drafting, the anchors' forward and copies, host work) and
-    ``t_row`` (per-row compute) come from a least-squares fit of each step's
-    wall time after its prefill, less the modeled link time of its drafted
-    rows, against its drafted rows; ``t_row`` is 0 until the steps' row
-    counts differ. ``t_fixed`` is floored at a tenth of the mean step: link
-    and compute overlap, so subtracting the modeled link time can overshoot.
+  - ``t_fixed`` (drafting, the forward's fixed cost, host work) and ``t_row``
+    (compute per verified row, anchors included) come from a least-squares
+    fit of each step's wall time after its prefill, less the modeled link
+    time of all its rows ``ℓ(c + R)``, against its verified rows ``c + R``;
+    ``t_row`` is 0 until the steps' row counts differ. ``t_fixed`` is
+    floored at a tenth of the mean step: link and compute overlap, so
+    subtracting the modeled link time can overshoot.
 
   Before any step is measured, every draft is verified (the estimators learn
   from uncensored rounds first). ``k_min = 1`` where a draft exists, so the
@@ -504,7 +505,7 @@ class AdaptiveWidth:
         self.union = UnionGrowth(num_experts, top_k)
         self.miss_rate: float | None = None  # copied bytes per routed batch expert's bytes
         self.link_bytes_per_s: float | None = None
-        # least squares of y = wall - modeled link s of drafted rows on x = drafted rows
+        # least squares of y = wall - modeled link s of the rows on x = verified rows
         self._n = 0
         self._sx = self._sy = self._sxx = self._sxy = 0.0
         self._wall = 0.0
@@ -519,6 +520,10 @@ class AdaptiveWidth:
         if not self.miss_rate or not self.link_bytes_per_s or self.expert_bytes == 0:
             return 0.0
         return self.miss_rate * self.expert_bytes / self.link_bytes_per_s
+
+    def link_s(self, rows: int) -> float:
+        """``ℓ(rows)``: modeled link time of a verify of ``rows`` rows."""
+        return self.link_s_per_expert() * self.num_layers * self.union.union(rows)
 
     def draft_link_s(self, anchors: int, drafted: int) -> float:
         """``ℓ(c + R) - ℓ(c)``: link time of ``drafted`` rows added to a batch
@@ -546,7 +551,7 @@ class AdaptiveWidth:
         fit = self.time_fit()
         if fit is None:
             raise ValueError("no step measured yet")
-        return fit[0] + fit[1] * drafted + self.draft_link_s(anchors, drafted)
+        return fit[0] + fit[1] * (anchors + drafted) + self.link_s(anchors + drafted)
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
@@ -596,8 +601,8 @@ class AdaptiveWidth:
                 lr if self.link_bytes_per_s is None else _mix(self.link_bytes_per_s, lr, self.ema)
             )
         if step.wall_s is not None:
-            x = float(drafted)
-            y = step.wall_s - self.draft_link_s(anchors, drafted)
+            x = float(anchors + drafted)
+            y = step.wall_s - self.link_s(anchors + drafted)
             self._n += 1
             self._wall += step.wall_s
             self._sx += x

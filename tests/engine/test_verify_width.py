@@ -195,8 +195,8 @@ def test_adaptive_chooses_the_hand_computed_width() -> None:
     def union(n: int) -> float:  # U(N) = E - (E - k)(1 - a)^(N - 1)
         return 8 - 6 * (1 - a) ** (n - 1)
 
-    def step(rows: int) -> float:  # T(R) with c = 2 anchors: m L (U(2+R) - U(2)) bytes / rate
-        return 0.4 + 0.5 * 2 * (union(2 + rows) - union(2)) * 100 / 1000
+    def step(rows: int) -> float:  # T(R) with c = 2 anchors: t_fixed + m L U(2+R) bytes / rate
+        return 0.4 + 0.5 * 2 * union(2 + rows) * 100 / 1000
 
     s7, s8 = pol.survival.survival(7), pol.survival.survival(8)
     want, best = None, -1.0
