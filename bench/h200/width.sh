@@ -20,7 +20,7 @@ set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
 export OUT
-FIXED_K=${FIXED_K:-2}
+FIXED_K=${FIXED_K:-1}
 BUDGET_S=${BUDGET_S:-480}
 TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
 COMMON="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16 --concurrency 1,4,16 --cache-fraction 0.2 --prompt-len 64 --max-new-tokens 32 --repeats 3 --device cuda --no-progress --json --budget-s $BUDGET_S"
