@@ -189,6 +189,17 @@ class RunSpec:
     # partitioned over this many GPUs (local processes), by this placement
     gpus: int = 1
     placement: str = "round_robin"
+    # drafts each verify checks (pdflash.engine.verify_width): "auto" (the
+    # label's preset: adaptive for PD and its ablations, full for the rest and
+    # PD-full-width), "full", "fixed:K" or "adaptive" for any label
+    verify_width: str = "auto"
+
+    @property
+    def width_setting(self) -> str:
+        """The verify width this run uses (``auto`` resolved for its label)."""
+        if self.verify_width == "auto":
+            return EngineConfig.preset(self.baseline).verify_width
+        return "full" if self.baseline == "B0" else self.verify_width
 
     @property
     def host_mode(self) -> str:
@@ -295,6 +306,10 @@ class RunSpec:
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
         if self.cuda_graphs not in ("off", "auto"):
             raise ValueError(f"cuda_graphs must be off or auto, got {self.cuda_graphs!r}")
+        if self.verify_width != "auto":
+            from pdflash.engine.verify_width import parse_width
+
+            parse_width(self.verify_width, self.block_size)  # raises on a bad value
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         from .distributed_run import check_spec
@@ -757,6 +772,7 @@ def _run(
         seed=spec.seed,
         host_experts=spec.host_mode,
         cuda_graphs=spec.cuda_graphs,
+        verify_width=spec.width_setting,
     )
     if spec.gpus > 1:
         from pdflash.distributed import replicated_config
@@ -1459,6 +1475,7 @@ def _result(
     row.setdefault("not_measured", {}).update(breakdown.pop("not_measured", {}))
     row.update(breakdown)
     row["cuda_graphs"] = _graph_fields(engine, spec)
+    row["verify_width"] = _width_fields(engine, spec)
     row["slo_s"] = spec.slo_s
     if spec.slo_s is None:
         row.setdefault("not_measured", {})["slo_s"] = "no per-request SLO set (RunSpec.slo_s)"
@@ -1606,6 +1623,24 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}
     if graphs.failures:
         out["capture_errors"] = graphs.failures
+    return out
+
+
+def _width_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
+    """The row's ``verify_width``: the setting (``auto`` resolved for the
+    label) and, where a policy ran, what it decided: mean width, width
+    histogram, expected vs realized accepted drafts, its estimates."""
+    out: dict[str, Any] = {"setting": spec.width_setting, "requested": spec.verify_width}
+    hook = getattr(engine, "width", None)
+    if hook is None:
+        out["policy"] = None
+        out["why_no_policy"] = (
+            "full width: every draft verified, no policy consulted"
+            if engine.drafter is not None
+            else "no drafter (autoregressive)"
+        )
+        return out
+    out.update(hook.policy.stats())
     return out
 
 

@@ -26,6 +26,7 @@ FAKE_TPS = {
     "PD-one-band": 34.0,
     "PD-token-sched": 37.0,
     "PD-no-stream": 33.0,
+    "PD-full-width": 32.0,
     "PD+host": 39.0,
 }
 
@@ -176,6 +177,7 @@ class FakeRunSpec:
     max_running: int | None = None
     token_budget: int | None = None
     byte_budget_from: str = "floor"
+    verify_width: str = "auto"
 
 
 @dataclasses.dataclass

@@ -81,6 +81,42 @@ def baselines(text: str) -> list[str]:
     return values
 
 
+WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive"
+
+
+def verify_width(text: str) -> str:
+    """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive``
+    (checked here without importing the engine; K against the block size
+    when each run is built)."""
+    s = text.strip()
+    if s in ("auto", "full", "adaptive"):
+        return s
+    if s.startswith("fixed:") and s[len("fixed:") :].isdigit():
+        return f"fixed:{int(s[len('fixed:') :])}"
+    raise argparse.ArgumentTypeError(f"--verify-width: use {WIDTH_FORMS}, got {text!r}")
+
+
+def verify_widths(text: str) -> list[str]:
+    """A comma list of :func:`verify_width` values."""
+    values = [verify_width(t) for t in text.split(",") if t.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"--verify-width: use {WIDTH_FORMS}, got {text!r}")
+    return values
+
+
+def resolved_width(width: str, baseline: str) -> str:
+    """The width a label runs at: ``auto`` is the label's preset (adaptive
+    for PD and its ablations except ``PD-full-width``; full for the rest);
+    B0 drafts nothing, so it is always full. Mirrors
+    :meth:`pdflash.engine.config.EngineConfig.preset` (checked by a test)
+    without importing the engine."""
+    if baseline == "B0":
+        return "full"
+    if width != "auto":
+        return width
+    return "adaptive" if baseline.startswith("PD") and baseline != "PD-full-width" else "full"
+
+
 def archs(text: str) -> list[str]:
     values = [v.lower() for v in parse_list(text, str, "--arch")]
     bad = [v for v in values if v not in ARCHS + EXTRA_ARCHS]

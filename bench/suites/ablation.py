@@ -4,7 +4,9 @@ Runs PD (its parts under the PD controller), ``PD-all-on`` (every part
 forced on: what the controller buys) and PD with one part switched off —
 ``PD-no-route-ahead``,
 ``PD-one-band`` (every copy in one FIFO band), ``PD-token-sched`` (the
-token-only scheduler), ``PD-no-stream`` (no streaming prefetcher) — and, with
+token-only scheduler), ``PD-no-stream`` (no streaming prefetcher),
+``PD-full-width`` (PD verifying every draft instead of its adaptive verify
+width, :mod:`pdflash.engine.verify_width`) — and, with
 ``--with-host``, PD+host, side by side at every point, interleaved
 round-robin over the repeats (>= 3 by default: each repeat runs every label
 once, starting one label later than the last). Rows go to ``OUT/rows.jsonl``
@@ -36,7 +38,14 @@ HELP = (
 )
 
 #: The ablations, in the order they run within a repeat (after PD).
-VARIANTS = ("PD-all-on", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+VARIANTS = (
+    "PD-all-on",
+    "PD-no-route-ahead",
+    "PD-one-band",
+    "PD-token-sched",
+    "PD-no-stream",
+    "PD-full-width",
+)
 DEFAULT_REPEATS = 3
 
 

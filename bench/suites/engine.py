@@ -142,6 +142,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "record cuda_graphs (captures, replays, piecewise steps, eager fallbacks); "
         "--breakdown then times the replayed parts as one region, graphed_ms",
     )
+    parser.add_argument(
+        "--verify-width",
+        type=common.verify_widths,
+        default=["auto"],
+        help="drafts each verify checks (pdflash.engine.verify_width), for every label: auto "
+        "(default: adaptive for PD and its ablations, full for the rest and PD-full-width), "
+        "full, fixed:K or adaptive; a comma list runs each in turn within every repeat "
+        "(interleaved); rows record verify_width (setting, mean width, expected vs realized "
+        "accepted drafts)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -313,7 +323,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rates: list[float | None] = list(args.rate) if args.arrivals == "poisson" else [None]
     for conc, rate in itertools.product(args.concurrency, rates):
         for repeat in range(args.repeats):
-            for baseline, graphs in itertools.product(baselines, args.cuda_graphs):
+            for baseline, graphs, width in itertools.product(
+                baselines, args.cuda_graphs, args.verify_width
+            ):
                 spec = RunSpec(
                     arch=args.arch,
                     baseline=baseline,
@@ -356,6 +368,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
                     cuda_graphs=graphs,
+                    verify_width=width,
                     gpus=args.gpus,
                     placement=args.placement,
                     **realtext_kwargs(args),
@@ -371,7 +384,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     else ""
                 )
                 print(
-                    f"[engine] {args.arch} {baseline} c={conc} "
+                    f"[engine] {args.arch} {baseline} width={row['verify_width']['setting']} "
+                    f"c={conc} "
                     f"{'' if rate is None else f'rate={rate}/s '}r={repeat}: "
                     f"tok/s={_fmt(row['output_tokens_per_s'])} "
                     f"tau={_fmt(row['acceptance_length_mean'])} ({row['acceptance_source']}) "

@@ -197,6 +197,16 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs`); off (default) runs everything eagerly; part of each run's resume key",
     )
     g.add_argument(
+        "--verify-width",
+        type=common.verify_width,
+        default="auto",
+        help="drafts each verify checks, for every label: auto (default: adaptive for PD and "
+        "its ablations, full for the other labels and PD-full-width), full, fixed:K or "
+        "adaptive (pdflash.engine.verify_width); part of each run's resume key. The report "
+        "groups rows by label, so runs of one label at different widths go to different --out "
+        "folders",
+    )
+    g.add_argument(
         "--synthetic-format",
         default=None,
         choices=["mxfp4"],
@@ -337,6 +347,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     loads = serving_kw(args)
+    width = getattr(args, "verify_width", "auto")
     for arch, load, cf, block, conc in itertools.product(
         args.arch, loads, args.cache_fraction, args.block_sizes, args.concurrency
     ):
@@ -357,6 +368,11 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                     **common_kw,
                     **load,
                 }
+                # the width only where it is not full (so the specs and keys of
+                # full-width runs, every run recorded before widths existed, stay)
+                resolved = common.resolved_width(width, baseline)
+                if resolved != "full":
+                    spec["verify_width"] = resolved
                 key = spec_key(spec)
                 if key in seen:
                     continue
@@ -396,6 +412,7 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("placement", "round_robin"),
         spec.get("warmup", "auto"),
         spec.get("cuda_graphs", "off"),
+        spec.get("verify_width", "full"),
     )
 
 
@@ -733,6 +750,10 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         (
             "--cuda-graphs",
             None if getattr(args, "cuda_graphs", "off") == "off" else args.cuda_graphs,
+        ),
+        (
+            "--verify-width",
+            None if getattr(args, "verify_width", "auto") == "auto" else args.verify_width,
         ),
     ):
         if value is not None:

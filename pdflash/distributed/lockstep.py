@@ -26,10 +26,13 @@ _STOP = "stop"
 
 def replicated_config(config: EngineConfig) -> EngineConfig:
     """The engine configuration every rank runs: PD's parts fixed as
-    configured. Ranks replicate the engine's control, and the PD controller
-    decides from each rank's own timings, so ranks could switch parts (the
-    scheduler) at different steps and their batches would diverge."""
-    return config.replace(parts_controller=False)
+    configured, and the verify width ``full`` where it was ``adaptive``.
+    Ranks replicate the engine's control, and the PD controller and the
+    adaptive width decide from each rank's own timings, so ranks could switch
+    parts (the scheduler) or cut drafts differently at the same step and their
+    batches would diverge (``fixed:K`` is the same on every rank and stays)."""
+    width = "full" if config.verify_width == "adaptive" else config.verify_width
+    return config.replace(parts_controller=False, verify_width=width)
 
 
 class LockstepEngine:

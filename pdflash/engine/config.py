@@ -31,6 +31,8 @@ PD-one-band            bands: every copy in one FIFO band (``bands=False``), so 
 PD-token-sched         the 2-D scheduler: the token-only deficit scheduler (B2's)
 PD-no-stream           the streaming prefetcher: one route-ahead batch copy before
                        each verify plus next-layer lookahead
+PD-full-width          the adaptive verify width: every draft verified (PD with its
+                       controller and ``verify_width="full"``)
 =====================  ==============================================================
 
 ``PD`` runs its parts under the PD controller (``parts_controller``,
@@ -49,7 +51,14 @@ from dataclasses import dataclass
 from typing import Any
 
 #: PD with one part switched off (see the module docstring).
-ABLATIONS = ("PD-all-on", "PD-no-route-ahead", "PD-one-band", "PD-token-sched", "PD-no-stream")
+ABLATIONS = (
+    "PD-all-on",
+    "PD-no-route-ahead",
+    "PD-one-band",
+    "PD-token-sched",
+    "PD-no-stream",
+    "PD-full-width",
+)
 BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
@@ -104,6 +113,14 @@ class EngineConfig:
             as pieces with the experts eager between them, the drafter's
             forward as one graph; prefills, and every step on the CPU, run
             eagerly. Default off until checked on the GPU.
+        verify_width: how many of each request's drafts a verify checks
+            (:mod:`pdflash.engine.verify_width`): ``full`` (every draft),
+            ``fixed:K`` (the first ``K``) or ``adaptive`` (per request, the
+            width that maximizes expected tokens per second from the learned
+            acceptance and the link time of the experts each row adds).
+            Lossless: the target's token after the last verified draft is
+            the bonus. Default ``full``; the PD presets use ``adaptive``
+            (``PD-full-width``: PD with ``full``).
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
     """
@@ -126,6 +143,7 @@ class EngineConfig:
     all_resident: bool = False
     host_experts: str = "off"
     cuda_graphs: str = "off"
+    verify_width: str = "full"
     kv_page_size: int = 16
     seed: int = 0
 
@@ -160,6 +178,9 @@ class EngineConfig:
             raise ValueError("host_experts needs offloaded experts (all_resident is set)")
         if self.kv_page_size < 1:
             raise ValueError(f"kv_page_size must be >= 1, got {self.kv_page_size}")
+        from pdflash.engine.verify_width import parse_width
+
+        parse_width(self.verify_width, self.block_size)
 
     @staticmethod
     def preset(baseline: str, **overrides: Any) -> EngineConfig:
@@ -182,6 +203,7 @@ class EngineConfig:
                 "lookahead": True,
                 "background_prefetch": True,
                 "streaming_prefetch": True,
+                "verify_width": "adaptive",
             },
         }
         fixed = {**table["PD"]}
@@ -197,11 +219,15 @@ class EngineConfig:
         table["PD-one-band"] = {**fixed, "bands": False}
         table["PD-token-sched"] = {**fixed, "batching": "deficit_tokens"}
         table["PD-no-stream"] = {**fixed, "streaming_prefetch": False}
+        table["PD-full-width"] = {**table["PD"], "verify_width": "full"}
         if baseline not in table:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         fields = {"baseline": baseline, **table[baseline]}
         if baseline == "B0":
-            overrides = {k: v for k, v in overrides.items() if k != "block_size"}
+            # one token per round: no drafts, so no block and no width to set
+            overrides = {
+                k: v for k, v in overrides.items() if k not in ("block_size", "verify_width")
+            }
         fields.update(overrides)
         return EngineConfig(**fields)
 

@@ -12,7 +12,10 @@ outcomes and keeps the books. One :meth:`Engine.step`:
 
 1. admits waiting requests while KV pages and ``max_running`` allow, and
    prefills them in one batched target forward (first token -> TTFT);
-2. drafts a block for every request in DRAFT, in one batched drafter forward;
+2. drafts a block for every request in DRAFT, in one batched drafter forward,
+   and cuts each block to its verify width (``config.verify_width``,
+   :mod:`pdflash.engine.verify_width`; lossless: the bonus token follows the
+   last verified draft);
 3. predicts each drafted block's experts (route-ahead predictor);
 4. the batcher picks the verify batch (token grants) from the demands and
    the resident set; with route-ahead on, the batch's predicted missing
@@ -96,6 +99,7 @@ from pdflash.engine.sampling import (
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.engine.verify import Verifier, VerifyOutcome, VerifyResult, anchor_tensor
+from pdflash.engine.verify_width import VerifyWidthPolicy, WidthHook, build_policy
 from pdflash.protocols import (
     Band,
     DraftedBlock,
@@ -200,6 +204,10 @@ class Engine:
             :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
             one over CUDA graphs when ``config.cuda_graphs`` is ``auto`` and
             the device is CUDA, else none.
+        width: a :class:`~pdflash.engine.verify_width.VerifyWidthPolicy`
+            (how many of each request's drafts a verify checks); default:
+            the one ``config.verify_width`` names (none for ``full``: every
+            draft is verified).
     """
 
     def __init__(
@@ -223,6 +231,7 @@ class Engine:
         max_finished: int | None = None,
         controller: pd_controller.PartsPolicy | None = None,
         graphs: GraphRunner | None = None,
+        width: VerifyWidthPolicy | None = None,
     ) -> None:
         if max_finished is not None:
             validation.check_int("max_finished", max_finished, low=0)
@@ -376,6 +385,17 @@ class Engine:
         if controller is None and config.parts_controller:
             controller = pd_controller.PDController()
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
+        # ---- verify width hook (pdflash.engine.verify_width) ----
+        if width is None and self.drafter is not None:
+            width = build_policy(
+                config.verify_width,
+                block_size=config.block_size,
+                num_layers=adapter.num_layers,
+                num_experts=adapter.num_experts,
+                top_k=adapter.top_k,
+                expert_bytes=int(getattr(expert_cache, "expert_nbytes", 0) or 0),
+            )
+        self.width = WidthHook(self, width) if width is not None and self.drafter else None
 
     # ------------------------------------------------- owners' state, by name
     @property
@@ -539,6 +559,8 @@ class Engine:
                 self.host_service.books.reset()
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()
+            if self.width is not None:
+                self.width.policy.reset_stats()
             if self.runner.graphs is not None:
                 self.runner.graphs.reset_stats()
 
@@ -596,6 +618,8 @@ class Engine:
         report = StepReport()
         self._begin_step()
         self._prefill_admitted(self._admit(), report)
+        if self.width is not None:  # verify width hook: marks after the prefill
+            self.width.begin_step()
         self._draft_stage(report)
         batch, decision = self._schedule_stage(report)
         if batch:
@@ -617,6 +641,8 @@ class Engine:
         self.steps += 1
         self.last_step_s = self.clock()
         self.requests.check()
+        if self.width is not None:  # verify width hook: the step's cost
+            self.width.end_step(report)
         if self.parts is not None:  # PD controller hook: the step's measurement
             pd_controller.after_step(self.parts, report)
 
@@ -726,6 +752,8 @@ class Engine:
             self.predictor.forget(rid)
         if self.horizon is not None:
             self.horizon.forget(rid)
+        if self.width is not None:
+            self.width.policy.forget(rid)
         for policy in (self.acceptance, self.routing):
             forget = getattr(policy, "forget", None)
             if forget is not None:
@@ -854,6 +882,9 @@ class Engine:
                 todo.append((req, n))
         if todo:
             self._draft_blocks(todo)
+            if self.width is not None:  # verify width hook: trim before predicting
+                self._stage = "verify_width"
+                self.width.trim([req for req, _ in todo])
         if self.predictor is not None and self.config.route_ahead:  # off: PD controller
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
@@ -1003,6 +1034,8 @@ class Engine:
                 assert req.drafts is not None
                 parts += [anchors[i : i + 1], req.drafts[: grant - 1].reshape(-1)]
             self._learn_token_routing(torch.cat(parts).cpu().numpy())
+        if self.width is not None:  # verify width hook: the outcomes
+            self.width.record(batch, result)
 
     def _learn_token_routing(self, tokens: npt.NDArray[np.int64]) -> None:
         """Hand the latest forward's per-row routing to the token learners."""

@@ -28,6 +28,7 @@ PART: dict[str, str] = {
     "PD-one-band": "priority bands",
     "PD-token-sched": "2-D scheduler",
     "PD-no-stream": "streaming prefetcher",
+    "PD-full-width": "adaptive verify width (every draft verified)",
     "PD+host": "hybrid miss service (added to PD)",
 }
 

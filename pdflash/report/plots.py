@@ -27,6 +27,7 @@ PLOT_ORDER = (
     "PD-one-band",
     "PD-token-sched",
     "PD-no-stream",
+    "PD-full-width",
     "B3",
 )
 COLORS = {
@@ -41,6 +42,7 @@ COLORS = {
     "PD-one-band": "#e377c2",
     "PD-token-sched": "#bcbd22",
     "PD-no-stream": "#17becf",
+    "PD-full-width": "#aec7e8",
 }
 
 # (arch, block, cache fraction, workload, concurrency, baseline)

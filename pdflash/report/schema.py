@@ -30,6 +30,7 @@ ABLATIONS: tuple[str, ...] = (
     "PD-one-band",
     "PD-token-sched",
     "PD-no-stream",
+    "PD-full-width",
 )
 
 #: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is

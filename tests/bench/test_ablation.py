@@ -63,13 +63,14 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
         "PD-one-band",
         "PD-token-sched",
         "PD-no-stream",
+        "PD-full-width",
     ]
-    assert summary["ran"] == 18 and summary["valid"] and summary["failed"] == 0
+    assert summary["ran"] == 21 and summary["valid"] and summary["failed"] == 0
     # round-robin: each repeat runs every label once, starting one later
     order = [(s.repeat, s.baseline) for s in engine.specs]
     assert [b for r, b in order if r == 0] == labels
     assert [b for r, b in order if r == 1] == labels[1:] + labels[:1]
-    assert [r for r, _ in order] == [0] * 6 + [1] * 6 + [2] * 6
+    assert [r for r, _ in order] == [0] * 7 + [1] * 7 + [2] * 7
     table = json.loads((out / "ablation.json").read_text())["table"]
     by = {e["variant"]: e for e in table}
     assert set(by) == set(labels[1:])
@@ -95,8 +96,8 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     assert "## What each part of PD buys" in report
     assert summary["command"].startswith("pdflash-bench ablation --arch tiny")
     assert (
-        "--variants PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream"
-        in (summary["command"])
+        "--variants PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,"
+        "PD-full-width" in (summary["command"])
     )
     assert "--repeats 3" in summary["command"] and summary["command"] in report
 

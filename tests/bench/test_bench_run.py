@@ -290,3 +290,94 @@ def test_matrix_takes_cuda_graphs_into_specs_keys_and_command(tmp_path: Path) ->
     assert "--cuda-graphs auto" in matrix.matrix_command(on_args, tmp_path)
     with pytest.raises(SystemExit):
         parser.parse_args([*base.split(), "--cuda-graphs", "always"])
+
+
+def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -> None:
+    import argparse
+
+    from pdflash.bench.suites import matrix
+
+    parser = argparse.ArgumentParser()
+    matrix.add_arguments(parser)
+    base = "--arch tiny --baselines B1,B2,PD --concurrency 4 --cache-fraction 0.5 --repeats 1"
+    auto = matrix.plan(parser.parse_args(base.split()))
+    # auto: PD's preset (adaptive) is in its spec; full-width labels' specs
+    # stay as before widths existed (so their resume keys are unchanged)
+    assert {s["baseline"]: s.get("verify_width") for s in auto} == {
+        "B1": None,
+        "B2": None,
+        "PD": "adaptive",
+    }
+    fixed_args = parser.parse_args([*base.split(), "--verify-width", "fixed:3"])
+    fixed = matrix.plan(fixed_args)
+    assert [s["verify_width"] for s in fixed] == ["fixed:3"] * 3
+    full = matrix.plan(parser.parse_args([*base.split(), "--verify-width", "full"]))
+    keys = {s["baseline"]: matrix.spec_key(s) for s in auto}
+    full_keys = {s["baseline"]: matrix.spec_key(s) for s in full}
+    assert keys["B1"] == full_keys["B1"] and keys["PD"] != full_keys["PD"]
+    assert {matrix.spec_key(s) for s in fixed}.isdisjoint(keys.values())
+    assert "--verify-width fixed:3" in matrix.matrix_command(fixed_args, tmp_path)
+    assert "--verify-width" not in matrix.matrix_command(parser.parse_args(base.split()), tmp_path)
+    for bad in ("wide", "fixed:x", "fixed:-2"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([*base.split(), "--verify-width", bad])
+
+
+def test_resolved_width_mirrors_the_presets() -> None:
+    from pdflash.bench.suites import _common as common
+
+    from pdflash.engine.config import BASELINES, EngineConfig
+
+    for label in BASELINES:
+        assert common.resolved_width("auto", label) == EngineConfig.preset(label).verify_width
+        assert common.resolved_width("fixed:2", label) == ("full" if label == "B0" else "fixed:2")
+
+
+def test_run_spec_records_the_width_and_what_it_decided(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    base = dict(
+        arch="tiny",
+        concurrency=2,
+        block_size=6,
+        max_new_tokens=10,
+        prompt_len=6,
+        device="cpu",
+        emulated_link_gbps=0.5,
+        acceptance="forced",
+        mean_tau=3.0,
+    )
+    row = run_spec(RunSpec(baseline="B2", verify_width="fixed:2", **base)).row  # type: ignore[arg-type]
+    vw = row["verify_width"]
+    assert vw["setting"] == "fixed:2" and vw["policy"] == "fixed:2"
+    assert vw["mean_verified_drafts"] <= 2 and vw["rounds"] > 0
+    assert row["acceptance_length_mean"] <= 3  # 2 drafts + the bonus at most
+    pd = run_spec(RunSpec(baseline="PD", **base)).row  # type: ignore[arg-type]
+    assert pd["verify_width"]["setting"] == "adaptive" and pd["verify_width"]["decisions"] > 0
+    assert pd["verify_width"]["estimates"]["link_bytes_per_s"] is not None
+    b1 = run_spec(RunSpec(baseline="B1", **base)).row  # type: ignore[arg-type]
+    assert b1["verify_width"] == {
+        "setting": "full",
+        "requested": "auto",
+        "policy": None,
+        "why_no_policy": "full width: every draft verified, no policy consulted",
+    }
+    with pytest.raises(ValueError, match="exceeds the 5 drafts"):
+        RunSpec(baseline="B2", verify_width="fixed:9", **base).validate()  # type: ignore[arg-type]
+
+
+def test_engine_suite_takes_a_list_of_widths() -> None:
+    import argparse
+
+    from pdflash.bench.suites import engine
+
+    parser = argparse.ArgumentParser()
+    engine.add_arguments(parser)
+    args = parser.parse_args(["--verify-width", "full, fixed:02,adaptive"])
+    assert args.verify_width == ["full", "fixed:2", "adaptive"]
+    assert parser.parse_args([]).verify_width == ["auto"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--verify-width", "full,sometimes"])

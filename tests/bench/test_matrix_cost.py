@@ -222,7 +222,8 @@ def test_one_serving_matrix_over_every_label_holds_the_ablations_runs() -> None:
     serve += " --byte-budget-from verify --concurrency 16 --cache-fraction 0.2 --slo 30"
     host = " --host-threads 14 --host-workers 1"
     labels = (
-        "B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,PD+host"
+        "B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,"
+        "PD-full-width,PD+host"
     )
     mp = argparse.ArgumentParser()
     matrix.add_arguments(mp)
@@ -234,5 +235,5 @@ def test_one_serving_matrix_over_every_label_holds_the_ablations_runs() -> None:
     abl = ablation.plan(
         ap.parse_args(("--with-host" + host + " " + serve + " --repeats 3").split())
     )
-    assert len(merged) == 10 * 2 * 3 and len(abl) == 7 * 2 * 3
+    assert len(merged) == 11 * 2 * 3 and len(abl) == 8 * 2 * 3
     assert {matrix.spec_key(s) for s in abl} <= {matrix.spec_key(s) for s in merged}

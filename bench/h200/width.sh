@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The verify width on the H200 (pdflash.engine.verify_width): does verifying
+# a prefix of the drafts pay where the padded run is link-bound? The
+# gpt-oss-20b shape (32 experts top-4, 49.8 MB bf16 experts) truncated to 8
+# layers (the proxy trace's depth: layers map 1:1), routing and acceptance
+# replayed from the trained proxy's temperature-1 trace (τ 1.5; its 128
+# experts map 4:1 onto 32), cache 0.2, c = 1, 4, 16, 3 interleaved repeats,
+# 32 new tokens per request. Two steps, each resumable (rerun with the same
+# OUT; no new run starts after --budget-s):
+#   pd     B2, PD (adaptive width) and PD-full-width (PD verifying every draft)
+#          -> $OUT/width-pd/       (27 runs)
+#   fixed  B2 and PD at fixed:$FIXED_K (the best fixed width a baseline can
+#          use on the CPU replay) -> $OUT/width-fixed/   (18 runs)
+# Expected: about 15-20 s per run with the model's setup at c=1..16 on the
+# H200 (the proxy's padded runs took 6-14 s each, bench/results/h200/
+# proxy-balanced-2026-12-01), so each step needs one call of its budget and
+# possibly a second (resume) call: 2-4 calls, about 15-25 device-minutes.
+#   OUT=/path STEP=pd bash bench/h200/width.sh      (then STEP=fixed)
+set -uo pipefail
+export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
+OUT=${OUT:-$PWD/out}
+export OUT
+FIXED_K=${FIXED_K:-1}
+BUDGET_S=${BUDGET_S:-480}
+TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
+COMMON="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16 --concurrency 1,4,16 --cache-fraction 0.2 --prompt-len 64 --max-new-tokens 32 --repeats 3 --device cuda --no-progress --json --budget-s $BUDGET_S"
+case "${STEP:-pd}" in
+  pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-full-width --out $OUT/width-pd" ;;
+  fixed) SPEC="fixed=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width fixed:$FIXED_K --out $OUT/width-fixed" ;;
+  *) echo "STEP must be pd or fixed" >&2; exit 2 ;;
+esac
+exec bash "$(dirname "$0")/run.sh" "$SPEC"

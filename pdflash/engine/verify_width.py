@@ -1,0 +1,766 @@
+"""How many of a request's drafts each verify checks (the verify width).
+
+A verify that checks only the first ``k`` of a request's ``n`` drafts is
+lossless: acceptance stops at the first mismatch anyway, and the target's
+token at the first unverified position is the bonus token, as it is after a
+rejection. Each verified row costs compute, and on an offloaded MoE it routes
+to experts the other rows did not touch, whose bytes must cross the link. Rows
+deep in the block are rarely accepted, so past some depth a row costs more
+link time than the tokens it is expected to add are worth.
+
+Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
+
+* ``full``: every draft (the engine does not consult a policy at all).
+* ``fixed:K``: the first ``K`` drafts (fewer when fewer were drafted).
+* ``adaptive`` (:class:`AdaptiveWidth`): the widths ``k_i`` (drafts per
+  request ``i`` of the ``c`` waiting) that maximize the expected tokens per
+  second of the step,
+
+  ``max_k  Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(R)``, with ``R = Σ_i k_i`` and
+  ``T(R) = t_fixed + t_row · (c + R) + ℓ(c + R)`` (the whole step),
+
+  with ``k_min <= k_i <= n_i``. For one request this is the per-request
+  ``argmax_k (1 + Σ_{j≤k} S(j)) / (t_0 + Σ_{j≤k} Δt_j)`` with
+  ``t_0 = T(0)`` and ``Δt_j = T(j) - T(j - 1)`` (:func:`best_width`). Because ``T`` depends
+  only on the total ``R`` and each ``S_i`` falls with ``j``, the optimum
+  takes, for some ``R``, the ``R`` largest ``S_i(j)`` (each request's a
+  prefix): :func:`best_batch_widths` scans every ``R`` (ties: the smaller).
+
+  - ``S_i(j) = P(the first j drafts are all accepted)``, request ``i``'s
+    survival function (:class:`SurvivalEstimator`): a product of
+    per-position continuation probabilities ``c_j = P(A >= j | A >= j - 1)``,
+    each estimated from the request's own verify outcomes shrunk toward the
+    global (all requests') estimate, which is itself shrunk toward a prior
+    (``prior_accept`` for position 1; for deeper positions the global
+    estimate of the position before, so a position no verify has reached
+    yet inherits the deepest measured rate). Counts are censored: a round
+    that verified ``v`` drafts and accepted ``A`` puts position ``j`` at
+    risk for ``j <= min(A + 1, v)`` and counts it as passed for ``j <= A``;
+    a round that accepted all ``v`` says only ``A >= v``.
+  - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
+    a batch of ``N`` verified rows, with ``U(N) = E - (E - top_k)(1 - a)^(N - 1)``
+    the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
+    novelty rate ``a`` fitted online to the routed unions of the verifies:
+    rows of one request and of different requests alike; i.i.d. routing is
+    ``a = top_k / E``), ``m`` the bytes the cache actually copied per routed
+    expert of the batch (residency, eviction within the forward and
+    prefetching included), ``L`` the MoE layers; a row's link time is the
+    experts it adds to the batch's union, so requests that route alike share
+    their copies.
+  - ``t_fixed`` (drafting, the forward's fixed cost, host work) and ``t_row``
+    (compute per verified row, anchors included) come from a least-squares
+    fit of each step's wall time after its prefill, less the modeled link
+    time of all its rows ``ℓ(c + R)``, against its verified rows ``c + R``;
+    ``t_row`` is 0 until the steps' row counts differ. ``t_fixed`` is
+    floored at a tenth of the mean step: link and compute overlap, so
+    subtracting the modeled link time can overshoot.
+
+  Before any step is measured, every draft is verified (the estimators learn
+  from uncensored rounds first). ``k_min = 1`` where a draft exists, so the
+  first position's acceptance keeps being measured.
+
+The policy is deterministic given its observations (no clock of its own);
+the engine measures (:class:`WidthHook`), the policy decides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from pdflash.engine.engine import Engine, StepReport
+    from pdflash.engine.requests import Request
+    from pdflash.engine.verify import VerifyResult
+
+WIDTH_KINDS = ("full", "fixed:K", "adaptive")
+
+
+@dataclass(frozen=True)
+class WidthSetting:
+    """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
+    or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``."""
+
+    kind: str
+    drafts: int | None = None
+
+    def __str__(self) -> str:
+        return f"fixed:{self.drafts}" if self.kind == "fixed" else self.kind
+
+
+def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
+    """Parse ``full`` | ``fixed:K`` | ``adaptive``; ``K`` is an integer in
+    ``[0, block_size - 1]`` (the drafts a block holds). Raises ``ValueError``
+    with the accepted forms on anything else."""
+    if not isinstance(text, str):
+        raise ValueError(f"verify_width must be a string ({' | '.join(WIDTH_KINDS)}), got {text!r}")
+    s = text.strip()
+    if s in ("full", "adaptive"):
+        return WidthSetting(s)
+    if s.startswith("fixed:"):
+        tail = s[len("fixed:") :]
+        if not tail.isdigit():
+            raise ValueError(
+                f"verify_width {text!r}: K of fixed:K must be an integer >= 0 (drafts verified)"
+            )
+        k = int(tail)
+        if block_size is not None and k > block_size - 1:
+            raise ValueError(
+                f"verify_width {text!r}: K={k} exceeds the {block_size - 1} drafts of a "
+                f"block of {block_size}"
+            )
+        return WidthSetting("fixed", k)
+    raise ValueError(f"verify_width must be one of {' | '.join(WIDTH_KINDS)}, got {text!r}")
+
+
+@dataclass(frozen=True)
+class WidthRequest:
+    """A request about to be verified: ``available`` drafts were drafted."""
+
+    request_id: int
+    available: int
+
+
+@dataclass(frozen=True)
+class WidthOutcome:
+    """One request's verify: ``verified`` drafts were checked (after the
+    batcher's trim), ``accepted`` of them accepted; ``routed_experts``:
+    (layer, expert) pairs its rows routed to."""
+
+    request_id: int
+    verified: int
+    accepted: int
+    routed_experts: int
+
+
+@dataclass(frozen=True)
+class WidthStep:
+    """What one step's verify cost, for the time model.
+
+    Attributes:
+        outcomes: every verified request's outcome.
+        wall_s: the step's wall time after its prefill (None: not measured).
+        union_experts: (layer, expert) pairs any row of the verify routed to.
+        copied_bytes: expert bytes the cache copied in during the step (None:
+            no offloaded cache; every expert resident).
+        link_bytes_per_s: the link's measured rate (None: not measured).
+    """
+
+    outcomes: tuple[WidthOutcome, ...]
+    wall_s: float | None = None
+    union_experts: int | None = None
+    copied_bytes: int | None = None
+    link_bytes_per_s: float | None = None
+
+
+@runtime_checkable
+class VerifyWidthPolicy(Protocol):
+    """Decides how many drafts of each request the coming verify checks."""
+
+    @property
+    def name(self) -> str: ...
+
+    def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
+        """Drafts to verify per request, each in ``[0, available]``."""
+        ...
+
+    def observe(self, step: WidthStep) -> None:
+        """Record one verify step's outcomes and cost."""
+        ...
+
+    def forget(self, request_id: int) -> None:
+        """The request left; drop its history."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """JSON-ready: what it decided (mean width, expected vs realized
+        accepted drafts) and its current estimates."""
+        ...
+
+    def reset_stats(self) -> None:
+        """Start the books over; what was learned stays."""
+        ...
+
+
+class _Books:
+    """Decisions and outcomes, common to every policy."""
+
+    def __init__(self, block_drafts: int) -> None:
+        self.block_drafts = block_drafts
+        self.reset()
+
+    def reset(self) -> None:
+        self.decisions = 0
+        self.chosen = 0
+        self.available = 0
+        self.hist = [0] * (self.block_drafts + 1)
+        self.rounds = 0
+        self.verified = 0
+        self.accepted = 0
+        self.expected = 0.0
+        self.expected_rounds = 0
+
+    def decided(self, available: int, k: int) -> None:
+        self.decisions += 1
+        self.chosen += k
+        self.available += available
+        self.hist[min(k, self.block_drafts)] += 1
+
+    def summary(self, name: str) -> dict[str, Any]:
+        def mean(num: float, den: int) -> float | None:
+            return num / den if den else None
+
+        return {
+            "policy": name,
+            "decisions": self.decisions,
+            "mean_width_drafts": mean(self.chosen, self.decisions),
+            "mean_available_drafts": mean(self.available, self.decisions),
+            "width_histogram": list(self.hist),
+            "rounds": self.rounds,
+            "mean_verified_drafts": mean(self.verified, self.rounds),
+            "mean_accepted_drafts": mean(self.accepted, self.rounds),
+            # the policy's expectation of the accepted drafts at the widths it
+            # chose, over the rounds it had an expectation for (adaptive only)
+            "expected_accepted_drafts": mean(self.expected, self.expected_rounds),
+        }
+
+
+class FixedWidth:
+    """``fixed:K`` (and, with ``drafts=None``, ``full``): the first ``K``
+    drafts, or every draft."""
+
+    def __init__(self, drafts: int | None, block_size: int) -> None:
+        if drafts is not None and drafts < 0:
+            raise ValueError(f"drafts must be >= 0, got {drafts}")
+        self.drafts = drafts
+        self._books = _Books(max(0, block_size - 1))
+
+    @property
+    def name(self) -> str:
+        return "full" if self.drafts is None else f"fixed:{self.drafts}"
+
+    def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
+        out = [
+            r.available if self.drafts is None else min(self.drafts, r.available) for r in requests
+        ]
+        for r, k in zip(requests, out, strict=True):
+            self._books.decided(r.available, k)
+        return out
+
+    def observe(self, step: WidthStep) -> None:
+        for o in step.outcomes:
+            self._books.rounds += 1
+            self._books.verified += o.verified
+            self._books.accepted += o.accepted
+
+    def forget(self, request_id: int) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return self._books.summary(self.name)
+
+    def reset_stats(self) -> None:
+        self._books.reset()
+
+
+class SurvivalEstimator:
+    """``S(j) = P(A >= j)`` per request, from censored verify outcomes (the
+    module docstring gives the counts and the shrinkage).
+
+    Args:
+        max_drafts: deepest position tracked (``block_size - 1``).
+        prior_accept: the prior continuation probability of position 1.
+        prior_weight: pseudo-rounds of the prior in the global estimate.
+        shrink_weight: pseudo-rounds of the global estimate in a request's.
+    """
+
+    def __init__(
+        self,
+        max_drafts: int,
+        *,
+        prior_accept: float = 0.5,
+        prior_weight: float = 2.0,
+        shrink_weight: float = 4.0,
+    ) -> None:
+        if max_drafts < 0:
+            raise ValueError(f"max_drafts must be >= 0, got {max_drafts}")
+        if not 0.0 < prior_accept < 1.0:
+            raise ValueError(f"prior_accept must be in (0, 1), got {prior_accept}")
+        for nm, w in (("prior_weight", prior_weight), ("shrink_weight", shrink_weight)):
+            if not w > 0.0:
+                raise ValueError(f"{nm} must be > 0, got {w}")
+        self.max_drafts = max_drafts
+        self.prior_accept = prior_accept
+        self.prior_weight = prior_weight
+        self.shrink_weight = shrink_weight
+        # index j-1 counts position j (1..max_drafts)
+        self.at_risk = np.zeros(max_drafts, dtype=np.int64)
+        self.passed = np.zeros(max_drafts, dtype=np.int64)
+        self._req: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def observe(self, request_id: int, verified: int, accepted: int) -> None:
+        """One round that verified ``verified`` drafts and accepted ``accepted``."""
+        if not 0 <= accepted <= verified:
+            raise ValueError(f"need 0 <= accepted <= verified, got {accepted}, {verified}")
+        v = min(verified, self.max_drafts)
+        a = min(accepted, v)
+        risk = min(a + 1, v)  # positions whose acceptance this round observed
+        req = self._req.get(request_id)
+        if req is None:
+            req = (np.zeros(self.max_drafts, np.int64), np.zeros(self.max_drafts, np.int64))
+            self._req[request_id] = req
+        for at_risk, passed in ((self.at_risk, self.passed), req):
+            at_risk[:risk] += 1
+            passed[:a] += 1
+
+    def forget(self, request_id: int) -> None:
+        self._req.pop(request_id, None)
+
+    def global_continuation(self) -> np.ndarray:
+        """``c_j`` of all requests pooled, ``j = 1..max_drafts``."""
+        out = np.empty(self.max_drafts, dtype=np.float64)
+        prior = self.prior_accept
+        for j in range(self.max_drafts):
+            c = (self.passed[j] + self.prior_weight * prior) / (self.at_risk[j] + self.prior_weight)
+            out[j] = c
+            prior = c  # an unmeasured position inherits the one before
+        return out
+
+    def continuation(self, request_id: int) -> np.ndarray:
+        """``c_j`` of one request, shrunk toward the global estimate."""
+        g = self.global_continuation()
+        req = self._req.get(request_id)
+        if req is None:
+            return g
+        at_risk, passed = req
+        w = self.shrink_weight
+        return (passed + w * g) / (at_risk + w)
+
+    def survival(self, request_id: int) -> np.ndarray:
+        """``[S(1), ..., S(max_drafts)]`` of one request."""
+        return np.cumprod(self.continuation(request_id))
+
+
+class UnionGrowth:
+    """The per-layer routed union of ``r`` rows of one request,
+    ``U(r) = E - (E - top_k)(1 - a)^(r - 1)``, with the novelty rate ``a``
+    fitted to observed unions (pooled: ``1 - a = exp(Σ log((1 - u/E) /
+    (1 - top_k/E)) / Σ (r - 1))`` over observations of ``r >= 2`` rows and
+    mean per-layer union ``u``), shrunk toward i.i.d. routing
+    (``a = top_k / E``) by ``prior_rows`` pseudo-rows."""
+
+    def __init__(self, num_experts: int, top_k: int, *, prior_rows: float = 8.0) -> None:
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"need 1 <= top_k <= num_experts, got {top_k}, {num_experts}")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        iid = top_k / num_experts
+        self._log_keep = prior_rows * math.log1p(-iid) if iid < 1.0 else 0.0
+        self._rows = prior_rows
+        self.observations = 0
+
+    def observe(self, rows: int, mean_union: float) -> None:
+        if rows < 2 or self.top_k >= self.num_experts:
+            return
+        e, k = float(self.num_experts), float(self.top_k)
+        u = min(max(mean_union, k), e - 0.5)
+        self._log_keep += math.log((1.0 - u / e) / (1.0 - k / e))
+        self._rows += rows - 1
+        self.observations += 1
+
+    @property
+    def novelty(self) -> float:
+        """``a``: the share of the not-yet-routed experts a new row routes to."""
+        if self._rows <= 0:
+            return self.top_k / self.num_experts
+        return float(1.0 - math.exp(self._log_keep / self._rows))
+
+    def union(self, rows: int) -> float:
+        """``U(rows)``: expected routed experts per layer of ``rows`` rows."""
+        if rows <= 0:
+            return 0.0
+        keep = (1.0 - self.novelty) ** (rows - 1)
+        return self.num_experts - (self.num_experts - self.top_k) * keep
+
+    def added(self, row: int) -> float:
+        """``g(row)``: experts per layer row ``row`` (2 = first draft) adds."""
+        if row < 2:
+            return float(self.top_k)
+        a = self.novelty
+        return (self.num_experts - self.top_k) * a * (1.0 - a) ** (row - 2)
+
+
+def best_width(
+    survival: Sequence[float], row_cost: Sequence[float], t0: float, k_min: int = 0
+) -> int:
+    """``argmax_k (1 + Σ_{j<=k} S(j)) / (t0 + Σ_{j<=k} Δt_j)`` over
+    ``k_min <= k <= len(survival)`` (ties: the smallest ``k``);
+    ``survival[j-1] = S(j)``, ``row_cost[j-1] = Δt_j``."""
+    n = len(survival)
+    if len(row_cost) != n:
+        raise ValueError(f"survival ({n}) and row_cost ({len(row_cost)}) differ in length")
+    if not t0 > 0.0:
+        raise ValueError(f"t0 must be > 0, got {t0}")
+    k_min = min(max(0, k_min), n)
+    gain = 1.0 + float(sum(survival[:k_min]))
+    cost = t0 + float(sum(row_cost[:k_min]))
+    best_k, best = k_min, gain / cost
+    for j in range(k_min, n):
+        gain += float(survival[j])
+        cost += float(row_cost[j])
+        value = gain / cost
+        if value > best * (1.0 + 1e-12):
+            best_k, best = j + 1, value
+    return best_k
+
+
+def best_batch_widths(
+    survivals: Sequence[Sequence[float]],
+    step_time: Callable[[int], float],
+    k_min: int = 1,
+) -> list[int]:
+    """The widths ``k_i`` maximizing ``Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(Σ_i k_i)``
+    with ``min(k_min, n_i) <= k_i <= n_i = len(survivals[i])``;
+    ``survivals[i][j-1] = S_i(j)`` (nonincreasing in ``j``), ``step_time(R)``
+    the step's time with ``R`` drafted rows in all (> 0). Exact for a
+    ``T`` that depends on ``R`` only: for each ``R`` the ``R`` largest
+    ``S_i(j)`` win (ties: lower request index, then position), and every
+    ``R`` is scanned (ties: the smaller ``R``)."""
+    base = [min(max(0, k_min), len(s)) for s in survivals]
+    gain = float(len(survivals)) + sum(
+        float(sum(s[:b])) for s, b in zip(survivals, base, strict=True)
+    )
+    rows = sum(base)
+    cands = sorted(
+        (-float(s[j]), i, j)
+        for i, (s, b) in enumerate(zip(survivals, base, strict=True))
+        for j in range(b, len(s))
+    )
+    t = step_time(rows)
+    if not t > 0.0:
+        raise ValueError(f"step_time({rows}) must be > 0, got {t}")
+    best_n, best = 0, gain / t
+    for n, (neg, _, _) in enumerate(cands, start=1):
+        gain -= neg
+        value = gain / step_time(rows + n)
+        if value > best * (1.0 + 1e-12):
+            best_n, best = n, value
+    out = list(base)
+    for _, i, _ in cands[:best_n]:
+        out[i] += 1
+    return out
+
+
+class AdaptiveWidth:
+    """Acceptance- and expert-byte-aware width (module docstring).
+
+    Args:
+        block_size: the verify block ``B`` (``B - 1`` drafts at most).
+        num_layers, num_experts, top_k: the MoE shape (``L``, ``E``).
+        expert_bytes: bytes of one expert copy (0: nothing is copied).
+        prior_accept, prior_weight, shrink_weight: see :class:`SurvivalEstimator`.
+        ema: weight of the newest step in the miss-rate and link-rate averages.
+    """
+
+    name = "adaptive"
+
+    #: ``t_fixed`` is at least this share of the mean measured step
+    FIXED_FLOOR = 0.1
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        num_layers: int,
+        num_experts: int,
+        top_k: int,
+        expert_bytes: int,
+        prior_accept: float = 0.5,
+        prior_weight: float = 2.0,
+        shrink_weight: float = 4.0,
+        ema: float = 0.2,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}")
+        if expert_bytes < 0:
+            raise ValueError(f"expert_bytes must be >= 0, got {expert_bytes}")
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"ema must be in (0, 1], got {ema}")
+        self.block_drafts = block_size - 1
+        self.num_layers = num_layers
+        self.expert_bytes = expert_bytes
+        self.ema = ema
+        self.survival = SurvivalEstimator(
+            self.block_drafts,
+            prior_accept=prior_accept,
+            prior_weight=prior_weight,
+            shrink_weight=shrink_weight,
+        )
+        self.union = UnionGrowth(num_experts, top_k)
+        self.miss_rate: float | None = None  # copied bytes per routed batch expert's bytes
+        self.link_bytes_per_s: float | None = None
+        # least squares of y = wall - modeled link s of the rows on x = verified rows
+        self._n = 0
+        self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._wall = 0.0
+        # request -> its survival when its width was chosen (the expectation's basis)
+        self._expected: dict[int, np.ndarray] = {}
+        self._books = _Books(self.block_drafts)
+
+    # ------------------------------------------------------------ the model
+    def link_s_per_expert(self) -> float:
+        """``m · bytes_per_expert / link_Bps`` (0 until measured, or with
+        nothing copied)."""
+        if not self.miss_rate or not self.link_bytes_per_s or self.expert_bytes == 0:
+            return 0.0
+        return self.miss_rate * self.expert_bytes / self.link_bytes_per_s
+
+    def link_s(self, rows: int) -> float:
+        """``ℓ(rows)``: modeled link time of a verify of ``rows`` rows."""
+        return self.link_s_per_expert() * self.num_layers * self.union.union(rows)
+
+    def draft_link_s(self, anchors: int, drafted: int) -> float:
+        """``ℓ(c + R) - ℓ(c)``: link time of ``drafted`` rows added to a batch
+        of ``anchors`` anchor rows."""
+        if drafted <= 0 or anchors <= 0:
+            return 0.0
+        grown = self.union.union(anchors + drafted) - self.union.union(anchors)
+        return self.link_s_per_expert() * self.num_layers * grown
+
+    def time_fit(self) -> tuple[float, float] | None:
+        """``(t_fixed, t_row)`` from the measured steps (None before any)."""
+        if self._n == 0:
+            return None
+        mx, my = self._sx / self._n, self._sy / self._n
+        var = self._sxx / self._n - mx * mx
+        t_row = 0.0
+        if var > 1e-9:
+            t_row = max(0.0, (self._sxy / self._n - mx * my) / var)
+        t_fixed = my - t_row * mx
+        floor = self.FIXED_FLOOR * self._wall / self._n
+        return max(t_fixed, floor, 1e-9), t_row
+
+    def step_time(self, anchors: int, drafted: int) -> float:
+        """``T(R)`` of a step with ``anchors`` requests and ``drafted`` rows."""
+        fit = self.time_fit()
+        if fit is None:
+            raise ValueError("no step measured yet")
+        return fit[0] + fit[1] * (anchors + drafted) + self.link_s(anchors + drafted)
+
+    # ------------------------------------------------------------ protocol
+    def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
+        if self.time_fit() is None:
+            # nothing measured yet: verify every draft
+            for r in requests:
+                self._expected.pop(r.request_id, None)
+                self._books.decided(r.available, r.available)
+            return [r.available for r in requests]
+        c = len(requests)
+        survs = [
+            self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
+            for r in requests
+        ]
+        out = best_batch_widths(
+            [s.tolist() for s in survs], lambda rows: self.step_time(c, rows), k_min=1
+        )
+        for r, s, k in zip(requests, survs, out, strict=True):
+            self._expected[r.request_id] = s
+            self._books.decided(r.available, k)
+        return out
+
+    def observe(self, step: WidthStep) -> None:
+        for o in step.outcomes:
+            surv = self._expected.pop(o.request_id, None)
+            if surv is not None:
+                # expected accepted drafts at the width the batcher granted,
+                # from the estimate the choice was made with
+                self._books.expected += float(surv[: o.verified].sum())
+                self._books.expected_rounds += 1
+            self.survival.observe(o.request_id, o.verified, o.accepted)
+            self._books.rounds += 1
+            self._books.verified += o.verified
+            self._books.accepted += o.accepted
+        if not step.outcomes:
+            return
+        anchors = len(step.outcomes)
+        drafted = sum(o.verified for o in step.outcomes)
+        if step.union_experts is not None:
+            self.union.observe(anchors + drafted, step.union_experts / self.num_layers)
+        if step.copied_bytes is not None and step.union_experts and self.expert_bytes > 0:
+            m = step.copied_bytes / (step.union_experts * self.expert_bytes)
+            self.miss_rate = m if self.miss_rate is None else _mix(self.miss_rate, m, self.ema)
+        if step.link_bytes_per_s is not None and step.link_bytes_per_s > 0:
+            lr = float(step.link_bytes_per_s)
+            self.link_bytes_per_s = (
+                lr if self.link_bytes_per_s is None else _mix(self.link_bytes_per_s, lr, self.ema)
+            )
+        if step.wall_s is not None:
+            x = float(anchors + drafted)
+            y = step.wall_s - self.link_s(anchors + drafted)
+            self._n += 1
+            self._wall += step.wall_s
+            self._sx += x
+            self._sy += y
+            self._sxx += x * x
+            self._sxy += x * y
+
+    def forget(self, request_id: int) -> None:
+        self.survival.forget(request_id)
+        self._expected.pop(request_id, None)
+
+    def stats(self) -> dict[str, Any]:
+        out = self._books.summary(self.name)
+        fit = self.time_fit()
+        surv = np.cumprod(self.survival.global_continuation())
+        out["estimates"] = {
+            "survival_global": [round(float(s), 4) for s in surv[:8]],
+            "union_novelty": self.union.novelty,
+            "union_observations": self.union.observations,
+            "miss_rate": self.miss_rate,
+            "link_bytes_per_s": self.link_bytes_per_s,
+            "t_fixed_s": None if fit is None else fit[0],
+            "t_row_s": None if fit is None else fit[1],
+            # modeled link s of drafted rows 1..8 of a lone request
+            "row_link_s": [
+                round(self.draft_link_s(1, j) - self.draft_link_s(1, j - 1), 6)
+                for j in range(1, min(8, self.block_drafts) + 1)
+            ],
+            "measured_steps": self._n,
+        }
+        return out
+
+    def reset_stats(self) -> None:
+        self._books.reset()
+
+
+def _mix(old: float, new: float, w: float) -> float:
+    return (1.0 - w) * old + w * new
+
+
+def build_policy(
+    setting: str,
+    *,
+    block_size: int,
+    num_layers: int,
+    num_experts: int,
+    top_k: int,
+    expert_bytes: int,
+) -> VerifyWidthPolicy | None:
+    """The policy of a ``verify_width`` setting; None for ``full`` (the
+    engine then leaves every draft in place, exactly as without a policy)."""
+    w = parse_width(setting, block_size)
+    if w.kind == "full":
+        return None
+    if w.kind == "fixed":
+        return FixedWidth(w.drafts, block_size)
+    return AdaptiveWidth(
+        block_size=block_size,
+        num_layers=num_layers,
+        num_experts=num_experts,
+        top_k=top_k,
+        expert_bytes=expert_bytes,
+    )
+
+
+# ---------------------------------------------------------------- engine side
+class WidthHook:
+    """The engine's side: trims each request's drafts to its width before
+    route-ahead and scheduling, and feeds each verify's outcomes and cost
+    back to the policy."""
+
+    def __init__(self, engine: Engine, policy: VerifyWidthPolicy) -> None:
+        self.engine = engine
+        self.policy = policy
+        self._t0: float | None = None
+        self._bytes0: int | None = None
+        self._outcomes: tuple[WidthOutcome, ...] = ()
+        self._union: int | None = None
+
+    def begin_step(self) -> None:
+        self._t0 = self.engine.clock()
+        self._bytes0 = _copied(self.engine.expert_cache)
+        self._outcomes = ()
+
+    def trim(self, reqs: Sequence[Request]) -> None:
+        """Cut each request's drafts to the policy's width (the drafter's
+        own outputs for the kept positions are untouched)."""
+        todo = [r for r in reqs if r.drafts is not None and r.drafts.numel() > 0]
+        if not todo:
+            return
+        asks = [WidthRequest(r.request_id, int(r.drafts.numel())) for r in todo]  # type: ignore[union-attr]
+        ks = self.policy.widths(asks)
+        for req, ask, k in zip(todo, asks, ks, strict=True):
+            if not 0 <= k <= ask.available:
+                raise ValueError(
+                    f"width policy {self.policy.name!r} chose {k} drafts for request "
+                    f"{req.request_id}, outside [0, {ask.available}]"
+                )
+            if k == ask.available:
+                continue
+            assert req.drafts is not None
+            req.drafts = req.drafts[:k]
+            if req.draft_probs is not None:
+                req.draft_probs = req.draft_probs[:k]
+            if req.draft_hidden is not None:
+                req.draft_hidden = req.draft_hidden[: k + 1]  # anchor row + kept drafts
+
+    def record(self, batch: Sequence[tuple[Request, int]], result: VerifyResult) -> None:
+        """A verify's outcomes (before they are committed)."""
+        routed = result.output.routed
+        out: list[WidthOutcome] = []
+        for i, ((req, grant), o) in enumerate(zip(batch, result.outcomes, strict=True)):
+            if o.error is not None:
+                continue
+            out.append(
+                WidthOutcome(req.request_id, grant - 1, int(o.accepted), int(routed[i].sum()))
+            )
+        self._outcomes = tuple(out)
+        self._union = int(np.count_nonzero(result.routed_union))
+
+    def end_step(self, report: StepReport) -> None:
+        if not self._outcomes:
+            return
+        eng = self.engine
+        # from after the step's prefill (begin_step) to its end: the draft,
+        # the verify and the commit, whatever was admitted
+        wall = None if self._t0 is None else max(0.0, eng.clock() - self._t0)
+        now = _copied(eng.expert_cache)
+        copied = None if now is None or self._bytes0 is None else now - self._bytes0
+        self.policy.observe(
+            WidthStep(
+                self._outcomes,
+                wall_s=wall,
+                union_experts=self._union,
+                copied_bytes=copied,
+                link_bytes_per_s=_link_rate(eng.expert_cache),
+            )
+        )
+        self._outcomes = ()
+
+
+def _copied(cache: object) -> int | None:
+    value = getattr(cache, "bytes_in", None)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _link_rate(cache: object) -> float | None:
+    """The issuer's link-rate estimate in bytes/s (None: not measured)."""
+    issuer = getattr(cache, "issuer", None)
+    stats = getattr(issuer, "stats", None)
+    if stats is None:
+        return None
+    try:
+        rate = stats().get("link_rate_estimate_bps")
+    except Exception:  # a closed issuer: no estimate this step
+        return None
+    if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0:
+        return float(rate)
+    return None

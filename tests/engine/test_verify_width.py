@@ -1,0 +1,326 @@
+"""The verify width (pdflash.engine.verify_width): lossless on the CPU tiny
+fp32 models, the policy's choice against a hand-computed optimum, the
+survival estimator's censored counts, and clear errors on bad settings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pdflash.engine.config import EngineConfig
+from pdflash.engine.engine import Engine, RequestState
+from pdflash.engine.verify_width import (
+    AdaptiveWidth,
+    FixedWidth,
+    SurvivalEstimator,
+    UnionGrowth,
+    VerifyWidthPolicy,
+    WidthOutcome,
+    WidthRequest,
+    WidthStep,
+    best_batch_widths,
+    best_width,
+    parse_width,
+)
+
+from .conftest import greedy_reference, make_batcher_and_predictor, oracle_drafts
+
+MAX_NEW = 20
+BLOCK = 6
+
+
+def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 12, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
+
+
+@pytest.fixture(scope="module")
+def cases(hf_target: Any) -> list[tuple[list[int], list[int]]]:
+    torch.set_num_threads(1)
+    prompts = _prompts(4, 3, hf_target.config.vocab_size)
+    return [(p, greedy_reference(hf_target, p, MAX_NEW)) for p in prompts]
+
+
+def _run(
+    adapter: Any,
+    drafter: Any,
+    cases: list[Any],
+    baseline: str,
+    width: str | None,
+    policy: VerifyWidthPolicy | None = None,
+) -> tuple[Engine, dict[int, list[int]]]:
+    kw = {} if width is None else {"verify_width": width}
+    cfg = EngineConfig.preset(baseline, block_size=BLOCK, max_running=3, token_budget=11, **kw)
+    batcher, predictor = make_batcher_and_predictor(cfg, adapter)
+    eng = Engine(
+        adapter,
+        cfg,
+        drafter=drafter,
+        batcher=batcher,
+        predictor=predictor,
+        max_seq_len=64,
+        width=policy,
+    )
+    ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+    # drafts that are the reference corrupted at a random position: long
+    # prefixes accepted, rejections mid-block, through the real code path
+    oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=11)
+    done = eng.run_until_done(max_steps=500)
+    for rid in ids:
+        assert done[rid].state == RequestState.FINISHED
+        assert sum(done[rid].metrics.acceptance_lengths) == MAX_NEW - 1
+    assert eng.kv.used_pages == 0
+    return eng, {i: done[rid].output for i, rid in enumerate(ids)}
+
+
+@pytest.mark.parametrize("baseline", ["B1", "PD"])
+@pytest.mark.parametrize("width", ["full", "fixed:0", "fixed:1", "fixed:3", "adaptive"])
+def test_greedy_tokens_equal_full_width_and_plain_greedy(
+    baseline: str, width: str, adapter: Any, drafter: Any, cases: list[Any]
+) -> None:
+    eng, out = _run(adapter, drafter, cases, baseline, width)
+    for i, (_, ref) in enumerate(cases):
+        assert out[i] == ref, (baseline, width, i)
+    if width.startswith("fixed:"):
+        k = int(width.split(":")[1])
+        assert eng.width is not None
+        stats = eng.width.policy.stats()
+        assert stats["mean_verified_drafts"] <= k
+        lengths = [a for r in eng.finished.values() for a in r.metrics.acceptance_lengths]
+        assert max(lengths) <= k + 1  # never more than the verified drafts + bonus
+    if width == "full":
+        assert eng.width is None  # no policy consulted: today's behaviour
+
+
+def test_adaptive_that_trims_is_lossless(adapter: Any, drafter: Any, cases: list[Any]) -> None:
+    """An adaptive policy that really trims (a pessimistic prior and a priced
+    row) gives the same tokens, and its widths vary."""
+
+    class Priced(AdaptiveWidth):
+        # a fixed step of 1 s per request and rows that each cost 0.25 s:
+        # only likely rows pay
+        def time_fit(self) -> tuple[float, float] | None:
+            return (1.0, 0.25)
+
+        def step_time(self, anchors: int, drafted: int) -> float:
+            return 1.0 * anchors + 0.25 * drafted
+
+    policy = Priced(
+        block_size=BLOCK,
+        num_layers=adapter.num_layers,
+        num_experts=adapter.num_experts,
+        top_k=adapter.top_k,
+        expert_bytes=0,
+        prior_accept=0.05,
+        prior_weight=20.0,
+    )
+    _, out = _run(adapter, drafter, cases, "B1", None, policy)
+    for i, (_, ref) in enumerate(cases):
+        assert out[i] == ref, i
+    stats = policy.stats()
+    hist = stats["width_histogram"]
+    assert sum(hist) == stats["decisions"] > 0
+    assert stats["mean_width_drafts"] < stats["mean_available_drafts"]
+    assert stats["expected_accepted_drafts"] is not None
+
+
+def test_forced_acceptance_caps_at_the_verified_drafts(adapter: Any, drafter: Any) -> None:
+    """A forced draw beyond the verified width yields the width's drafts + bonus."""
+    from pdflash.engine.acceptance import ForcedAcceptance
+
+    cfg = EngineConfig.preset("B1", block_size=BLOCK, max_running=2, verify_width="fixed:2")
+    acc = ForcedAcceptance(mean_tau=BLOCK - 0.01, block_size=BLOCK, seed=1)  # almost always all
+    eng = Engine(adapter, cfg, drafter=drafter, acceptance=acc, max_seq_len=64)
+    rid = eng.add_request([1, 2, 3, 4], max_new_tokens=15)
+    done = eng.run_until_done(max_steps=200)
+    lengths = done[rid].metrics.acceptance_lengths
+    assert max(lengths) == 3 and lengths.count(3) >= len(lengths) - 2
+
+
+# ------------------------------------------------------------------ policy
+def test_best_width_matches_hand_computed_optimum() -> None:
+    s = [0.6, 0.3, 0.1, 0.02]
+    dt = [0.1, 0.15, 0.2, 0.25]
+    t0 = 1.0
+    # by hand: k=0 1/1=1; k=1 1.6/1.1=1.4545; k=2 1.9/1.25=1.52; k=3 2.0/1.45=1.379
+    assert best_width(s, dt, t0) == 2
+    # free rows: the whole block; rows dearer than the step: none
+    assert best_width(s, [0.0] * 4, t0) == 4
+    assert best_width(s, [10.0] * 4, t0) == 0
+    assert best_width(s, [10.0] * 4, t0, k_min=1) == 1
+    # a tie keeps the narrower width: k=1 gives (1+1)/(1+1) = 1 = k=0's
+    assert best_width([1.0], [1.0], 1.0) == 0
+
+
+def test_batch_widths_equal_the_brute_force_optimum() -> None:
+    import itertools
+
+    survs = [[0.6, 0.3, 0.1, 0.02], [0.9, 0.8, 0.6], [0.2]]
+
+    def step(rows: int) -> float:  # concave link growth plus compute
+        return 1.0 + 0.05 * rows + 0.8 * (1 - 0.8**rows)
+
+    want, best = None, -1.0
+    for ks in itertools.product(*(range(1, len(s) + 1) for s in survs)):
+        value = sum(1 + sum(s[:k]) for s, k in zip(survs, ks, strict=True)) / step(sum(ks))
+        if value > best + 1e-12:
+            want, best = list(ks), value
+    assert best_batch_widths(survs, step, k_min=1) == want
+    # one request: the per-request formula with Δt_j = T(j) - T(j-1)
+    s = [0.6, 0.3, 0.1, 0.02]
+    dts = [step(j) - step(j - 1) for j in range(1, 5)]
+    assert best_batch_widths([s], step, k_min=0) == [best_width(s, dts, step(0))]
+
+
+def test_adaptive_chooses_the_hand_computed_width() -> None:
+    """With S and T fixed by hand, AdaptiveWidth.widths equals the brute force."""
+    import itertools
+
+    pol = AdaptiveWidth(block_size=5, num_layers=2, num_experts=8, top_k=2, expert_bytes=100)
+    # request 7: 5 rounds that accepted 1 of 4, 5 that accepted 3 of 4; request 8: none
+    for _ in range(5):
+        pol.survival.observe(7, 4, 1)
+        pol.survival.observe(7, 4, 3)
+    pol.miss_rate, pol.link_bytes_per_s = 0.5, 1000.0
+    # t_fixed 0.4 s, t_row 0: one measured step of 0.4 s
+    pol._n, pol._wall, pol._sx, pol._sy, pol._sxx, pol._sxy = 1, 0.4, 0.0, 0.4, 0.0, 0.0
+    assert pol.union.novelty == pytest.approx(2 / 8)  # the i.i.d. prior: no union observed
+    a = 2 / 8
+
+    def union(n: int) -> float:  # U(N) = E - (E - k)(1 - a)^(N - 1)
+        return 8 - 6 * (1 - a) ** (n - 1)
+
+    def step(rows: int) -> float:  # T(R) with c = 2 anchors: t_fixed + m L U(2+R) bytes / rate
+        return 0.4 + 0.5 * 2 * union(2 + rows) * 100 / 1000
+
+    s7, s8 = pol.survival.survival(7), pol.survival.survival(8)
+    want, best = None, -1.0
+    for k7, k8 in itertools.product(range(1, 5), range(1, 5)):
+        value = (2 + s7[:k7].sum() + s8[:k8].sum()) / step(k7 + k8)
+        if value > best + 1e-12:
+            want, best = [k7, k8], value
+    got = pol.widths([WidthRequest(7, 4), WidthRequest(8, 4)])
+    assert got == want
+    assert pol.step_time(2, 3) == pytest.approx(step(3))
+    assert sum(want) < 8  # the case really trims
+
+
+def test_adaptive_verifies_everything_before_a_measurement() -> None:
+    pol = AdaptiveWidth(block_size=16, num_layers=2, num_experts=8, top_k=2, expert_bytes=10)
+    assert pol.widths([WidthRequest(1, 15), WidthRequest(2, 3), WidthRequest(3, 0)]) == [15, 3, 0]
+
+
+def test_survival_censoring_hand_checked() -> None:
+    est = SurvivalEstimator(4, prior_accept=0.5, prior_weight=2.0, shrink_weight=4.0)
+    est.observe(1, verified=4, accepted=1)  # positions 1, 2 at risk; 1 passed
+    est.observe(1, verified=2, accepted=2)  # censored: 1, 2 at risk and passed; nothing of 3
+    est.observe(2, verified=4, accepted=0)  # position 1 at risk, failed
+    est.observe(2, verified=0, accepted=0)  # verified nothing: observes nothing
+    assert est.at_risk.tolist() == [3, 2, 0, 0]
+    assert est.passed.tolist() == [2, 1, 0, 0]
+    g = est.global_continuation()
+    c1 = (2 + 2 * 0.5) / (3 + 2)
+    c2 = (1 + 2 * c1) / (2 + 2)
+    assert g.tolist() == pytest.approx([c1, c2, c2, c2])  # unmeasured: inherits
+    # request 1: at risk [2, 2, 0, 0], passed [2, 1, 0, 0], shrunk to global
+    r1 = est.continuation(1)
+    assert r1.tolist() == pytest.approx([(2 + 4 * c1) / 6, (1 + 4 * c2) / 6, c2, c2])
+    assert est.survival(1).tolist() == pytest.approx(np.cumprod(r1).tolist())
+    est.forget(1)
+    assert est.continuation(1).tolist() == pytest.approx(g.tolist())
+    with pytest.raises(ValueError, match="accepted"):
+        est.observe(3, verified=1, accepted=2)
+
+
+def test_union_growth_fits_the_novelty_rate() -> None:
+    ug = UnionGrowth(num_experts=128, top_k=8, prior_rows=1e-9)
+    # a 16-row block touching 61.3 experts per layer
+    ug.observe(16, 61.3)
+    want = 1 - ((1 - 61.3 / 128) / (1 - 8 / 128)) ** (1 / 15)
+    assert ug.novelty == pytest.approx(want, rel=1e-6)
+    total = 8 + sum(ug.added(r) for r in range(2, 17))
+    assert total == pytest.approx(61.3, rel=1e-6)
+    assert ug.added(1) == 8
+    # a single row says nothing about growth
+    before = ug.novelty
+    ug.observe(1, 8.0)
+    assert ug.novelty == before
+
+
+def test_adaptive_learns_from_steps() -> None:
+    """Observing steps fills every estimate; the expectation is reported."""
+    pol = AdaptiveWidth(block_size=8, num_layers=2, num_experts=16, top_k=2, expert_bytes=1000)
+    for step in range(6):
+        ks = pol.widths([WidthRequest(1, 7), WidthRequest(2, 7)])
+        outs = tuple(
+            WidthOutcome(rid, k, min(k, 1 + (step + rid) % 2), 2 * (2 + 2 * k))
+            for rid, k in zip((1, 2), ks, strict=True)
+        )
+        pol.observe(
+            WidthStep(
+                outs,
+                wall_s=0.1 + 0.01 * sum(ks),
+                union_experts=2 * (2 + 2 * sum(ks)),
+                copied_bytes=8000,
+                link_bytes_per_s=1e6,
+            )
+        )
+    st = pol.stats()
+    est = st["estimates"]
+    assert est["measured_steps"] == 6 and est["miss_rate"] is not None
+    assert est["union_observations"] == 6
+    assert est["link_bytes_per_s"] == pytest.approx(1e6)
+    assert st["rounds"] == 12 and st["decisions"] == 12
+    assert st["expected_accepted_drafts"] is not None
+    assert math.isfinite(est["t_fixed_s"]) and est["t_fixed_s"] > 0
+
+
+def test_fixed_width_and_protocol() -> None:
+    pol = FixedWidth(3, block_size=16)
+    assert isinstance(pol, VerifyWidthPolicy)
+    assert pol.widths([WidthRequest(1, 15), WidthRequest(2, 2)]) == [3, 2]
+    assert pol.name == "fixed:3"
+    assert FixedWidth(None, 16).widths([WidthRequest(1, 15)]) == [15]
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ("wide", "full | fixed:K | adaptive"),
+        ("fixed:", "integer"),
+        ("fixed:-1", "integer"),
+        ("fixed:2.5", "integer"),
+        ("fixed:16", "exceeds the 15 drafts"),
+        (3, "must be a string"),
+    ],
+)
+def test_bad_settings_raise_clear_errors(bad: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        parse_width(bad, 16)
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(block_size=16, verify_width=bad)  # type: ignore[arg-type]
+
+
+def test_presets_defaults() -> None:
+    assert EngineConfig.preset("PD").verify_width == "adaptive"
+    assert EngineConfig.preset("PD-all-on").verify_width == "adaptive"
+    assert EngineConfig.preset("PD-full-width").verify_width == "full"
+    assert EngineConfig.preset("PD-full-width").parts_controller
+    for label in ("B1", "B2", "B3"):
+        assert EngineConfig.preset(label).verify_width == "full"
+        assert EngineConfig.preset(label, verify_width="fixed:3").verify_width == "fixed:3"
+    assert EngineConfig.preset("B0", verify_width="fixed:3").verify_width == "full"
+    assert str(parse_width("fixed:4")) == "fixed:4"
+
+
+def test_expert_parallel_ranks_never_run_a_timing_dependent_width() -> None:
+    from pdflash.distributed import replicated_config
+
+    pd = EngineConfig.preset("PD", verify_width="adaptive")
+    assert replicated_config(pd).verify_width == "full"
+    assert replicated_config(pd.replace(verify_width="fixed:2")).verify_width == "fixed:2"
