@@ -49,6 +49,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="longest prompt + output (default: min(max_position_embeddings, 4096))",
     )
+    p.add_argument(
+        "--verify-width",
+        default=None,
+        help="drafts each verify checks: full, fixed:K or adaptive "
+        "(default: the baseline's preset; PD adaptive, the others full)",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -65,6 +71,7 @@ def _model_config(a: argparse.Namespace) -> ServeModelConfig:
         max_running=a.max_running,
         max_model_len=a.max_model_len,
         seed=a.seed,
+        verify_width=a.verify_width,
     )
 
 

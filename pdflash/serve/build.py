@@ -42,6 +42,9 @@ class ServeModelConfig:
     seed: int = 0
     emulated_link_gbps: float | None = None  # host backend only (CPU tests)
     gpus: int = 1  # expert-parallel ranks (pdflash.distributed); rank r on cuda:r
+    # drafts each verify checks (pdflash.engine.verify_width): None the
+    # baseline's preset (PD: adaptive), or full | fixed:K | adaptive
+    verify_width: str | None = None
 
     def validate(self) -> None:
         if self.cache_fraction is not None and self.cache_gb is not None:
@@ -58,6 +61,10 @@ class ServeModelConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.gpus < 1:
             raise ValueError(f"gpus must be >= 1, got {self.gpus}")
+        if self.verify_width is not None:
+            from pdflash.engine.verify_width import parse_width
+
+            parse_width(self.verify_width, self.block_size)
         if self.gpus > 1 and (self.baseline == "B3" or self.device.startswith("cuda:")):
             raise ValueError(
                 "--gpus > 1 partitions the experts over ranks (rank r on cuda:r): "
@@ -205,6 +212,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             max_running=cfg.max_running,
             token_budget=cfg.max_running * cfg.block_size,
             seed=cfg.seed,
+            **({} if cfg.verify_width is None else {"verify_width": cfg.verify_width}),
         )
         if group is not None:
             config = replicated_config(config)

@@ -146,3 +146,27 @@ def test_serve_command_end_to_end(tiny_model: tuple[Path, Path]) -> None:
             out, _ = proc.communicate()
     assert proc.returncode == 0, out
     assert "serving 'target'" in out
+
+
+def test_verify_width_reaches_the_engine_and_bad_values_are_refused(
+    tiny_model: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pdflash.serve.build import ServeModelConfig, build_engine
+
+    target, draft = tiny_model
+    base = {"model": str(target), "draft": str(draft), "device": "cpu", "block_size": 4}
+    bundle = build_engine(ServeModelConfig(**base, verify_width="fixed:2"))  # type: ignore[arg-type]
+    try:
+        assert bundle.engine.config.verify_width == "fixed:2"
+    finally:
+        bundle.close()
+    preset = build_engine(ServeModelConfig(**base))  # type: ignore[arg-type]
+    try:
+        assert preset.engine.config.verify_width == "adaptive"  # PD's preset
+    finally:
+        preset.close()
+    with pytest.raises(ValueError, match="exceeds the 3 drafts"):
+        ServeModelConfig(**base, verify_width="fixed:5").validate()  # type: ignore[arg-type]
+    rc = main(["generate", "--model", str(target), "--prompt", "x", "--verify-width", "wide"])
+    assert rc == 2
+    assert "verify_width must be one of" in capsys.readouterr().err
