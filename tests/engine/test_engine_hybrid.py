@@ -19,6 +19,7 @@ from pdflash.engine.config import EngineConfig
 from pdflash.hybrid.kernels import onednn_available
 from pdflash.report.schema import validate_row
 
+from .conftest import greedy_reference
 from .test_engine_offloaded import MAX_NEW, _stack
 
 
@@ -52,13 +53,7 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
     cases = []
     for n in (5, 8):
         prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            for _ in range(MAX_NEW):
-                tok = int(ref(torch.tensor([ids])).logits[0, -1].argmax())
-                out.append(tok)
-                ids.append(tok)
-        cases.append((prompt, out))
+        cases.append((prompt, greedy_reference(ref, prompt, MAX_NEW)))
     return tmp, cases
 
 

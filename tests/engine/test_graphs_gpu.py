@@ -22,6 +22,8 @@ from pdflash.engine.engine import Engine
 from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 
+from .conftest import greedy_reference
+
 pytestmark = pytest.mark.gpu
 
 #: bf16: max |graphed - eager| <= BF16_TOL * (1 + max |eager|) per request's
@@ -153,12 +155,7 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
     write_synthetic_drafter(tmp_path / "d", cfg, "tiny", seed=4, dtype=torch.float32)
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prompt = [5, 17, 3, 99, 42, 8]
-    ids, expect = list(prompt), []
-    with torch.no_grad():
-        for _ in range(12):
-            tok = int(ref(torch.tensor([ids])).logits[0, -1].argmax())
-            expect.append(tok)
-            ids.append(tok)
+    expect = greedy_reference(ref, prompt, 12)
     outputs = {}
     for setting in ("off", "auto"):
         issuer = H2DIssuer(backend="cuda")

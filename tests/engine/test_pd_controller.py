@@ -24,6 +24,8 @@ from pdflash.engine.pd_controller import (
     StepMeasurement,
 )
 
+from .conftest import greedy_reference
+
 #: wall seconds of one step with every part's effect 1.0
 BASE_WALL = 0.1
 TOKENS = 64
@@ -401,13 +403,7 @@ def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]
     cases = []
     for n in (3, 9, 6, 5):
         prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            for _ in range(14):
-                tok = int(ref_model(torch.tensor([ids])).logits[0, -1].argmax())
-                out.append(tok)
-                ids.append(tok)
-        cases.append((prompt, out))
+        cases.append((prompt, greedy_reference(ref_model, prompt, 14)))
     return tmp, cases
 
 

@@ -23,7 +23,7 @@ from pdflash.engine.predict import (
 )
 from pdflash.routeahead import TokenPriorPredictor
 
-from .conftest import oracle_drafts
+from .conftest import greedy_reference, oracle_drafts
 
 MAX_NEW = 12
 
@@ -62,13 +62,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
     cases = []
     for n in (5, 8, 3):
         prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            for _ in range(MAX_NEW):
-                tok = int(ref(torch.tensor([ids])).logits[0, -1].argmax())
-                out.append(tok)
-                ids.append(tok)
-        cases.append((prompt, out))
+        cases.append((prompt, greedy_reference(ref, prompt, MAX_NEW)))
     return tmp, cases
 
 
