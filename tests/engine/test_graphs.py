@@ -103,6 +103,17 @@ def _verify(runner: TargetRunner, blocks: list[torch.Tensor]) -> Any:
     return runner.forward([Chunk(i, b, True) for i, b in enumerate(blocks)])
 
 
+def _assert_same_forward(ref: Any, out: Any) -> None:
+    """A graphed forward's logits (and their argmax), captured features and
+    routing grid equal the eager one's (fp32)."""
+    for a, b in zip(ref.logits, out.logits, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+    for a, b in zip(ref.features, out.features, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out.routed, ref.routed)
+
+
 # -- decisions ------------------------------------------------------------------------------
 
 
@@ -159,12 +170,7 @@ def test_graphed_forward_equals_eager(
     for step in range(3):
         blocks = _prompts(block_lens, vocab, seed=10 + step)
         ref, out = _verify(eager, blocks), _verify(graphed, blocks)
-        for a, b in zip(ref.logits, out.logits, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
-        for a, b in zip(ref.features, out.features, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(out.routed, ref.routed)
+        _assert_same_forward(ref, out)
         for a, b in zip(ref.needed_flat, out.needed_flat, strict=True):
             np.testing.assert_array_equal(a, b)
     assert graphs.stats.replays == 3 and graphs.stats.captures >= 1
@@ -386,12 +392,7 @@ def test_piecewise_forward_equals_eager_with_offloaded_experts(
     for step in range(3):
         blocks = _prompts(block_lens, vocab, seed=61 + step)
         ref, out = _verify(eager, blocks), _verify(graphed, blocks)
-        for a, b in zip(ref.logits, out.logits, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
-        for a, b in zip(ref.features, out.features, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-        np.testing.assert_array_equal(out.routed, ref.routed)
+        _assert_same_forward(ref, out)
     assert seen["graphed"] == seen["eager"] and seen["eager"]
     s = graphs.stats
     assert s.piecewise_steps == 3 and s.replays == 0
