@@ -398,7 +398,11 @@ class TargetRunner:
             if not chunk_of_choice or chunk_of_choice[0].numel() != topk_ids.numel():
                 k_top = topk_ids.shape[1]
                 chunk_of_choice[:] = [row_chunk_t[:, None].expand(-1, k_top).reshape(-1)]
-            routed[chunk_of_choice[0], layer, topk_ids.reshape(-1)] = True
+            # NOTE: a device-side True: assigning a Python scalar through an
+            # index copies it from pageable host memory, which a CUDA-graph
+            # capture refuses (and costs an H2D copy per layer eagerly)
+            mark = torch.ones((), dtype=torch.bool, device=routed.device)
+            routed[:, layer].index_put_((chunk_of_choice[0], topk_ids.reshape(-1)), mark)
         return normed, topk_ids, topk_weights
 
     def finish(
