@@ -108,7 +108,14 @@ Outputs = tuple[torch.Tensor, ...]
 #: experts (offloaded, hooked or on the host) or layer hooks need the host
 #: between layers, which the pieces leave to eager code
 PIECEWISE_REASONS = frozenset(
-    {"layer_hooks", "moe_loop_path", "moe_route_hooks", "host_experts", "experts_not_resident"}
+    {
+        "layer_hooks",
+        "moe_loop_path",
+        "grouped_mm_fallback",
+        "moe_route_hooks",
+        "host_experts",
+        "experts_not_resident",
+    }
 )
 
 #: request-count buckets (a step of ``R`` requests runs in the first >= R)
@@ -180,8 +187,14 @@ class CudaGraphBackend:
                     fn()
             current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                out = fn()
+            try:
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                    out = fn()
+            except BaseException:
+                # a capture that failed leaves its pool unusable for the next
+                # capture (torch's allocator asserts on it): start a new one
+                self.pool = torch.cuda.graph_pool_handle()
+                raise
         return graph, out
 
 

@@ -147,6 +147,14 @@ def grouped_mm_works(device: torch.device, dtype: torch.dtype) -> bool:
     return _GMM_WORKS[key]
 
 
+def grouped_mm_capturable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch's grouped GEMM on ``device`` in ``dtype`` can be recorded
+    in a CUDA graph. On CUDA only bf16 has a native kernel; other dtypes run
+    torch's fallback, a per-group loop that reads the offsets on the host (a
+    device-to-host copy, which a capture refuses). CPU: no capture, True."""
+    return device.type != "cuda" or dtype == torch.bfloat16
+
+
 def _gmm_readable(t: torch.Tensor) -> bool:
     """torch's grouped GEMM needs 16-byte aligned data and strides."""
     size = t.element_size()
@@ -210,6 +218,7 @@ class OffloadedMoE:
         #: inside :meth:`unbooked`: resident layers run their kernels only
         self._unbooked = False
         self.grouped: GroupedExperts | None = None
+        self._gmm_capturable = True
         if grouped is not None and _grouped_mm is not None:
             slab = getattr(cache, "slab", None)
             if isinstance(slab, torch.Tensor) and grouped_mm_works(slab.device, store.layout.dtype):
@@ -217,6 +226,7 @@ class OffloadedMoE:
                 if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
                     self._slab_views = views
                     self.grouped = grouped
+                    self._gmm_capturable = grouped_mm_capturable(slab.device, store.layout.dtype)
 
     @property
     def path(self) -> str:
@@ -236,11 +246,14 @@ class OffloadedMoE:
 
     def graph_blocker(self) -> str | None:
         """Why the block's work cannot be recorded once and replayed now
-        (names the reason), or None: the grouped path, no route hooks, no
-        host service, every layer resident (so no layer reads its routing
-        on the host)."""
+        (names the reason), or None: the grouped path with a capturable
+        GEMM (:func:`grouped_mm_capturable`), no route hooks, no host
+        service, every layer resident (so no layer reads its routing on the
+        host)."""
         if self.grouped is None:
             return "moe_loop_path"
+        if not self._gmm_capturable and getattr(self.grouped, "fused", None) is None:
+            return "grouped_mm_fallback"
         if self.route_hooks:
             return "moe_route_hooks"
         if self.host_service is not None:

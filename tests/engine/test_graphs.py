@@ -19,6 +19,7 @@ from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.graphs import (
+    PIECEWISE_REASONS,
     BucketKey,
     EagerBackend,
     GraphRunner,
@@ -563,3 +564,17 @@ def test_cuda_graphs_setting_is_validated_and_off_on_cpu(checkpoint: Path) -> No
         assert eng.runner.graphs is None and eng.kv.scratch_slot is None
     finally:
         issuer.close()
+
+
+def test_grouped_gemm_capturable_only_with_a_native_cuda_kernel() -> None:
+    """torch's CUDA grouped GEMM is native in bf16 only; in other dtypes its
+    fallback copies the offsets to the host, which a capture refuses, so
+    such steps go piecewise (experts eager) instead of failing a capture."""
+    from pdflash.models.offload import grouped_mm_capturable
+
+    cuda = torch.device("cuda")
+    assert grouped_mm_capturable(cuda, torch.bfloat16)
+    assert not grouped_mm_capturable(cuda, torch.float32)
+    assert not grouped_mm_capturable(cuda, torch.float16)
+    assert grouped_mm_capturable(torch.device("cpu"), torch.float32)
+    assert "grouped_mm_fallback" in PIECEWISE_REASONS

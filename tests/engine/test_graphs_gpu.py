@@ -109,6 +109,9 @@ def _steps(eager: TargetRunner, graphed: TargetRunner, vocab: int) -> list[tuple
 
 
 def test_replayed_steps_equal_eager_fp32(make_adapter: Any, arch: str) -> None:
+    """fp32: torch's grouped GEMM has no native CUDA kernel (its fallback
+    reads the offsets on the host), so each step runs piecewise: attention
+    and router replayed, the experts eager between them."""
     eager_ad, graph_ad = make_adapter(arch, torch.float32), make_adapter(arch, torch.float32)
     graphs = GraphRunner(CudaGraphBackend("cuda"))
     eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
@@ -122,7 +125,7 @@ def test_replayed_steps_equal_eager_fp32(make_adapter: Any, arch: str) -> None:
     s = graphs.stats
     assert s.capture_failures == 0 and s.replay_mismatches == 0, graphs.failures
     assert s.validated == s.captures  # every new graph's first replay checked against eager
-    assert s.replays == 5 and s.captures >= 3  # 3 request buckets, keys 64 and 128
+    assert s.replays == 0 and s.piecewise_steps == 5 and s.captures >= 3
     assert int(np.asarray(graph_ad.cache.pins).sum()) == 0
     assert graph_ad.cache.stats()["hits"] == eager_ad.cache.stats()["hits"]
 
@@ -186,7 +189,8 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
                 assert graphs is not None and graphs.stats.capture_failures == 0, (
                     graphs.failures if graphs is not None else None
                 )
-                assert graphs.stats.replays > 0
+                # fp32: piecewise steps (see test_replayed_steps_equal_eager_fp32)
+                assert graphs.stats.piecewise_steps > 0
                 ds = graphs.draft_stats
                 assert ds.capture_failures == 0 and ds.replays > 0, graphs.failures
             else:
