@@ -252,8 +252,6 @@ class OffloadedMoE:
         host)."""
         if self.grouped is None:
             return "moe_loop_path"
-        if not self._gmm_capturable and getattr(self.grouped, "fused", None) is None:
-            return "grouped_mm_fallback"
         if self.route_hooks:
             return "moe_route_hooks"
         if self.host_service is not None:
@@ -261,6 +259,8 @@ class OffloadedMoE:
         cache = self.cache
         if not all(cache.layer_resident(layer) for layer in range(cache.num_layers)):
             return "experts_not_resident"
+        if not self._gmm_capturable and getattr(self.grouped, "fused", None) is None:
+            return "grouped_mm_fallback"
         return None
 
     @contextmanager
