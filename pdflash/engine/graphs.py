@@ -87,7 +87,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -217,10 +217,10 @@ class EagerBackend:
         return _EagerReplay(counted, out), out
 
 
-@dataclass(frozen=True)
-class BucketKey:
-    """A graph's shape: padded requests, rows per request, key width (with
-    the sink column)."""
+class _PaddedGrid:
+    """The padded query grid a graph shape declares (its dataclass holds the
+    fields): ``requests`` x ``queries`` rows against ``key_width`` key columns,
+    the last of which is the sink column (a draft graph leaves it unused)."""
 
     requests: int
     queries: int
@@ -228,6 +228,7 @@ class BucketKey:
 
     @property
     def rows(self) -> int:
+        """Query rows, all requests together."""
         return self.requests * self.queries
 
     @property
@@ -237,7 +238,17 @@ class BucketKey:
 
 
 @dataclass(frozen=True)
-class DraftKey:
+class BucketKey(_PaddedGrid):
+    """A graph's shape: padded requests, rows per request, key width (with
+    the sink column)."""
+
+    requests: int
+    queries: int
+    key_width: int
+
+
+@dataclass(frozen=True)
+class DraftKey(_PaddedGrid):
     """A draft graph's shape: padded requests, block rows per request, new
     context rows (all requests together), key width (no sink column is
     used), and the context features' width and dtype."""
@@ -248,14 +259,6 @@ class DraftKey:
     key_width: int
     features: int
     dtype: str
-
-    @property
-    def rows(self) -> int:
-        return self.requests * self.queries
-
-    @property
-    def keys(self) -> int:
-        return self.key_width - 1
 
 
 @dataclass
@@ -279,18 +282,14 @@ class GraphStats:
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "captures": self.captures,
-            "recaptures": self.recaptures,
-            "replays": self.replays,
-            "capture_failures": self.capture_failures,
-            "validated": self.validated,
-            "replay_mismatches": self.replay_mismatches,
-            "piecewise_steps": self.piecewise_steps,
-            "evicted": self.evicted,
-            "eager_fallbacks": sum(self.fallbacks.values()),
-            "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
+        """Every counter by its field name, in field order; the fallbacks as
+        their total (``eager_fallbacks``) and per reason, sorted."""
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name != "fallbacks"
         }
+        out["eager_fallbacks"] = sum(self.fallbacks.values())
+        out["eager_fallback_reasons"] = dict(sorted(self.fallbacks.items()))
+        return out
 
 
 class _Layout:
