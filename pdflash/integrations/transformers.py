@@ -130,7 +130,7 @@ def offload(
     dtype: torch.dtype | None = None,
     route_ahead: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
-    eviction: str = "lru",
+    eviction: str = "layer_cyclic",
 ) -> Any:
     """The transformers model with its experts offloaded, ready for
     ``generate``; ``model.pdflash`` is its :class:`OffloadHandle`.
@@ -147,7 +147,10 @@ def offload(
         route_ahead: prefetch each next layer's predicted experts.
         checkpoint: the checkpoint directory when the model's
             ``config._name_or_path`` is not one.
-        eviction: the cache's eviction policy (``lru``, ``lfu``, ...).
+        eviction: the cache's eviction policy: ``layer_cyclic`` (default:
+            Belady at layer granularity for the layer-cyclic access of a
+            transformers forward, the policy of every offloaded baseline of
+            the engine), ``lru``, ``lfu`` or ``route_ahead``.
     """
     from pdflash.h2d import H2DIssuer
     from pdflash.models import get_adapter_class, read_model_type
@@ -211,6 +214,10 @@ def offload(
         adapter.close()
         raise
     handle = OffloadHandle(model, adapter, cache, issuer)
+    # a layer-aware policy (layer_cyclic) ranks victims from the layer running now
+    before_layer = getattr(cache.policy, "before_layer", None)
+    if before_layer is not None:
+        handle._remove_hooks.append(adapter.add_layer_input_hook(before_layer))
     if route_ahead:
         handle._remove_hooks.append(adapter.add_layer_output_hook(_route_ahead_hook(handle)))
     model.pdflash = handle
