@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
+from pdflash.engine.attention import AttentionBatch, HostStaging, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
@@ -168,6 +168,8 @@ class TargetRunner:
         self.kv = kv
         self.capture_layers = tuple(capture_layers)
         self.device = torch.device(device)
+        #: the reused host buffers of each forward's index copies (pinned on CUDA)
+        self.staging = HostStaging(self.device)
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
         #: called with each MoE layer index right before that layer's MoE runs
@@ -259,10 +261,11 @@ class TargetRunner:
             plan.total,
             dev,
             null_slot=self.kv.null_slot,
+            staging=self.staging,
         )
         # one host->device copy for the forward's other index tensors
         slots_t, pos_t, row_chunk_t, want_t = device_int64(
-            [plan.new_slots, plan.positions, plan.row_chunk, plan.want], dev
+            [plan.new_slots, plan.positions, plan.row_chunk, plan.want], dev, self.staging
         )
         ids = (
             torch.cat([c.tokens.to(dev) for c in chunks])
