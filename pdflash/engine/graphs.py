@@ -292,44 +292,41 @@ class GraphStats:
         return out
 
 
-class _Layout:
-    """Offsets of the index fields in a bucket's packed int64 buffer."""
+class _PackedLayout:
+    """Offsets of named index fields laid end to end, in the given order,
+    in one packed int64 buffer (one host->device copy per step)."""
 
-    FIELDS = (
-        "positions",
-        "slots",
-        "row_chunk",
-        "q_pos",
-        "q_valid",
-        "kv_slots",
-        "k_pos",
-        "k_valid",
-        "real_rows",
-    )
-
-    def __init__(self, key: BucketKey) -> None:
-        t, r = key.rows, key.requests
-        sizes = {
-            "positions": t,
-            "slots": t,
-            "row_chunk": t,
-            "q_pos": t,
-            "q_valid": t,
-            "kv_slots": r * key.key_width,
-            "k_pos": r * key.keys,
-            "k_valid": r * key.keys,
-            "real_rows": t,
-        }
+    def __init__(self, sizes: dict[str, int]) -> None:
         self.offsets: dict[str, tuple[int, int]] = {}
         at = 0
-        for name in self.FIELDS:
-            self.offsets[name] = (at, at + sizes[name])
-            at += sizes[name]
+        for name, size in sizes.items():
+            self.offsets[name] = (at, at + size)
+            at += size
         self.size = at
 
     def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
         lo, hi = self.offsets[name]
         return packed[lo:hi]
+
+
+class _Layout(_PackedLayout):
+    """Offsets of the index fields in a bucket's packed int64 buffer."""
+
+    def __init__(self, key: BucketKey) -> None:
+        t, r = key.rows, key.requests
+        super().__init__(
+            {
+                "positions": t,
+                "slots": t,
+                "row_chunk": t,
+                "q_pos": t,
+                "q_valid": t,
+                "kv_slots": r * key.key_width,
+                "k_pos": r * key.keys,
+                "k_valid": r * key.keys,
+                "real_rows": t,
+            }
+        )
 
 
 @dataclass
@@ -367,7 +364,7 @@ class _PieceEntry:
     checked: list[bool]
 
 
-class _DraftLayout:
+class _DraftLayout(_PackedLayout):
     """Offsets of a draft bucket's index fields in its packed int64 buffer:
     the K/V rows' slots and positions (block rows, then context rows), the
     queries' positions and validity, the attention's key slots, positions
@@ -375,26 +372,18 @@ class _DraftLayout:
 
     def __init__(self, key: DraftKey) -> None:
         t, r, c = key.rows, key.requests, key.context
-        sizes = {
-            "kv_slots": t + c,
-            "kv_pos": t + c,
-            "q_pos": t,
-            "q_valid": t,
-            "key_slots": r * key.key_width,
-            "k_pos": r * key.keys,
-            "k_valid": r * key.keys,
-            "real_rows": t,
-        }
-        self.offsets: dict[str, tuple[int, int]] = {}
-        at = 0
-        for name, size in sizes.items():
-            self.offsets[name] = (at, at + size)
-            at += size
-        self.size = at
-
-    def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
-        lo, hi = self.offsets[name]
-        return packed[lo:hi]
+        super().__init__(
+            {
+                "kv_slots": t + c,
+                "kv_pos": t + c,
+                "q_pos": t,
+                "q_valid": t,
+                "key_slots": r * key.key_width,
+                "k_pos": r * key.keys,
+                "k_valid": r * key.keys,
+                "real_rows": t,
+            }
+        )
 
 
 @dataclass
@@ -1101,24 +1090,9 @@ class GraphRunner:
     def _draft_step_fn(
         self, drafter: DFlashDrafter, kv: PagedKVCache, entry: _DraftEntry
     ) -> Outputs:
-        key, lay, packed = entry.key, entry.layout, entry.packed
-        r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
-        key_slots = lay.view(packed, "key_slots").view(r, lp)
-        rows = torch.arange(key.rows, device=packed.device)
-        batch = AttentionBatch(
-            q_rows=rows.view(r, nq),
-            q_pos=lay.view(packed, "q_pos").view(r, nq),
-            q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
-            k_slots=key_slots[:, :lk],
-            k_pos=lay.view(packed, "k_pos").view(r, lk),
-            k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
-            num_tokens=key.rows,
-            kv_slots=key_slots,
-            uniform=True,
-            q_gather=rows,
-            unpad_index=rows,
-            zero_padding=True,
-        )
+        lay, packed = entry.layout, entry.packed
+        # the draft layout's kv_slots are its K/V rows' slots; the keys' are key_slots
+        batch = _static_batch(entry.key, lay, packed, key_slots="key_slots")
         hidden = drafter.run_blocks(
             entry.context,
             entry.embeddings,
@@ -1164,11 +1138,14 @@ def outputs_agree(replayed: Outputs, eager: Outputs) -> bool:
     return True
 
 
-def _static_batch(key: BucketKey, lay: _Layout, packed: torch.Tensor) -> AttentionBatch:
+def _static_batch(
+    key: _PaddedGrid, lay: _PackedLayout, packed: torch.Tensor, key_slots: str = "kv_slots"
+) -> AttentionBatch:
     """The attention batch over a bucket's static index buffer (views made
-    now; the validity masks are converted inside the recording)."""
+    now; the validity masks are converted inside the recording); the keys'
+    padded slots are the layout's field ``key_slots``."""
     r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
-    kv_slots = lay.view(packed, "kv_slots").view(r, lp)
+    kv_slots = lay.view(packed, key_slots).view(r, lp)
     rows = torch.arange(key.rows, device=packed.device)
     return AttentionBatch(
         q_rows=rows.view(r, nq),
