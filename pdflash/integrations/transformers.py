@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pdflash.cache.expert_cache import quiesce
 from pdflash.protocols import Band
 
 
@@ -64,13 +65,7 @@ class OffloadHandle:
         self.closed = True
         for remove in self._remove_hooks:
             remove()
-        with contextlib.suppress(Exception):
-            self.issuer.cancel(None)
-        busy = np.asarray(self.cache.ticket)
-        busy = busy[busy >= 0]
-        if busy.size:
-            with contextlib.suppress(Exception):
-                self.issuer.wait(busy)
+        quiesce(self.issuer, self.cache)
         self.adapter.detach_cache()
         self.issuer.close()
         self.adapter.close()
