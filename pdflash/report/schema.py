@@ -229,7 +229,7 @@ class RunSetting:
     that omits it ran with ``default``, as every spec recorded before the
     field existed); ``in_spec`` is False for a process-wide mode no spec
     carries (the row alone records it). ``recorded`` reads what a row says
-    the setting ran as, where rows record it.
+    the setting ran as, for rows without a spec.
     """
 
     name: str
@@ -250,15 +250,17 @@ class RunSetting:
         return value
 
     def of_row(self, row: Mapping[str, Any]) -> Any:
-        """The setting of a recorded run: what the row records it ran as,
-        else its spec's, else the default."""
+        """The setting of a recorded run: its spec's where the row carries the
+        spec (the matrix's rows: the very value its resume key keyed, in the
+        same terms whichever code version recorded the row), else what the
+        row records it ran as, else the default."""
+        spec = row.get("spec")
+        if self.in_spec and isinstance(spec, Mapping):
+            return self.of_spec(spec)
         if self.recorded is not None:
             value = self.recorded(row)
             if value is not None:
                 return value
-        spec = row.get("spec")
-        if self.in_spec and isinstance(spec, Mapping):
-            return self.of_spec(spec)
         return self.default
 
 
@@ -289,7 +291,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("prompt_len_max", None),
     RunSetting("max_new_tokens_max", None),
     RunSetting("placement", "round_robin"),
-    RunSetting("warmup", "auto", _recorded("warmup", "mode")),
+    RunSetting("warmup", "auto", _recorded("warmup", "requested")),
     RunSetting("cuda_graphs", "off", _recorded("cuda_graphs", "setting")),
     # the matrix writes the width resolved for the label, and only where it
     # is not full (so every spec recorded before widths existed is full)
@@ -323,20 +325,25 @@ def settings_label(row: Mapping[str, Any], names: Iterable[str]) -> str:
 
 
 def series_labels(rows: Iterable[Mapping[str, Any]]) -> dict[int, str]:
-    """Per row (by ``id``): its baseline, with the settings that differ
-    among the rows of that baseline where the set holds more than one
-    setting of it, e.g. ``PD [verify_width=adaptive]`` beside ``PD
-    [verify_width=full]``; a baseline of one setting keeps its bare label."""
+    """Per row (by ``id``): its baseline, with the settings that tell its
+    rows apart where the set holds more than one setting of that baseline at
+    one point, e.g. ``PD [verify_width=adaptive]`` beside ``PD
+    [verify_width=full]``; a baseline of one setting per point keeps its bare
+    label (a setting that follows the point, e.g. ``max_running`` set from
+    the concurrency, pools nothing)."""
     rows = [r for r in rows if isinstance(r, Mapping)]
     by_baseline: dict[str, list[tuple[Mapping[str, Any], tuple[Any, ...]]]] = defaultdict(list)
     for row in rows:
         by_baseline[str(row.get("baseline"))].append((row, row_settings(row)))
     labels: dict[int, str] = {}
     for baseline, members in by_baseline.items():
+        at_point: dict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
+        for row, values in members:
+            at_point[group_key(row)].add(values)
         varying = [
             setting.name
             for i, setting in enumerate(RUN_SETTINGS)
-            if len({values[i] for _, values in members}) > 1
+            if any(len({values[i] for values in point}) > 1 for point in at_point.values())
         ]
         for row, _ in members:
             labels[id(row)] = (

@@ -16,6 +16,7 @@ from pdflash.report.evaluate import evaluate
 from pdflash.report.schema import (
     RUN_SETTINGS,
     row_key,
+    row_settings,
     series_labels,
     spec_settings,
     validate_rows,
@@ -28,7 +29,7 @@ Row = dict[str, Any]
 RECORDED = {
     "cuda_graphs": ("cuda_graphs", {"setting": "auto", "state": "on"}),
     "verify_width": ("verify_width", {"setting": "adaptive", "requested": "auto"}),
-    "warmup": ("warmup", {"mode": "workload", "requested": "workload"}),
+    "warmup": ("warmup", {"mode": "shared", "requested": "workload"}),
     "eviction": ("eviction_policy", "lru"),
     "host_experts": ("host_experts", "auto"),
     "expert_dtype": ("expert_format", "fp8"),
@@ -84,7 +85,7 @@ def test_rows_of_two_settings_of_one_label_are_not_duplicates(
     assert any("duplicate" in p for p in twice)
 
 
-def test_rows_without_a_record_use_their_spec(make_row: Callable[..., Row]) -> None:
+def test_a_row_with_a_spec_is_keyed_by_its_spec(make_row: Callable[..., Row]) -> None:
     a, b = make_row(baseline="PD"), make_row(baseline="PD")
     a["spec"] = {"host_max_ratio": 1.5}
     b["spec"] = {"host_max_ratio": 3.0}
@@ -92,6 +93,24 @@ def test_rows_without_a_record_use_their_spec(make_row: Callable[..., Row]) -> N
     # a spec that omits a setting ran with its default
     b["spec"] = {}
     assert row_key(a) == row_key(b)
+    # the spec's terms, not what a row resolved them to: both asked for eviction
+    # "auto" (rows recorded by older code may lack the resolved field)
+    a["eviction_policy"] = "layer_cyclic"
+    assert row_key(a) == row_key(b)
+    b["spec"] = {"eviction": "lru"}
+    assert row_key(a) != row_key(b)
+    # the report's key of a matrix row holds the matrix's resume key's settings
+    spec = {"verify_width": "adaptive", "cuda_graphs": "auto", "warmup": "workload"}
+    a["spec"] = spec
+    by_name = dict(zip([s.name for s in RUN_SETTINGS], row_settings(a), strict=True))
+    in_spec = [by_name[s.name] for s in RUN_SETTINGS if s.in_spec]
+    assert tuple(in_spec) == spec_settings(spec)
+    assert by_name["compressed_gemm"] is None  # no spec carries it: the row's record
+    a["compressed_gemm"] = "fused"
+    assert (
+        dict(zip([s.name for s in RUN_SETTINGS], row_settings(a), strict=True))["compressed_gemm"]
+        == "fused"
+    )
 
 
 def test_the_report_shows_each_setting_as_its_own_series(
@@ -148,3 +167,47 @@ def test_one_setting_keeps_the_bare_label(matrix_rows: Callable[..., list[Row]])
     for r in rows:
         r["cuda_graphs"] = {"setting": "auto"}
     assert set(series_labels(rows).values()) == {"B0", "B1", "B2", "B3", "PD"}
+
+
+def test_a_setting_that_follows_the_point_splits_nothing(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    """The default benchmark sets max_running from the concurrency: each
+    point holds one setting of each label, so nothing is pooled or split."""
+    rows = matrix_rows(concurrency=(1, 4))
+    for r in rows:
+        r["spec"] = {"max_running": 2 * r["concurrency"]}
+    assert set(series_labels(rows).values()) == {"B0", "B1", "B2", "B3", "PD"}
+    assert validate_rows(rows) == []
+    # two settings at one point do split, and only that label
+    extra = [dict(r, spec={"max_running": 3}) for r in rows if r["baseline"] == "PD"]
+    labels = set(series_labels(rows + extra).values())
+    assert labels == {
+        "B0",
+        "B1",
+        "B2",
+        "B3",
+        "PD [max_running=2]",
+        "PD [max_running=3]",
+        "PD [max_running=8]",
+    }
+
+
+def test_plots_draw_each_setting_as_its_own_series(
+    matrix_rows: Callable[..., list[Row]], tmp_path: Any
+) -> None:
+    from pdflash.report.plots import _medians, concurrency_plot, money_plot
+
+    rows = matrix_rows(concurrency=(1,))
+    adaptive = [dict(r, output_tokens_per_s=50.0) for r in rows if r["baseline"] == "PD"]
+    for r in rows:
+        r["verify_width"] = {"setting": "full"}
+    for r in adaptive:
+        r["verify_width"] = {"setting": "adaptive"}
+    medians = {k[5]: v for k, v in _medians(rows + adaptive).items()}
+    assert medians["PD [verify_width=adaptive]"] == 50.0
+    assert medians["PD [verify_width=full]"] == 38.0
+    assert "PD" not in medians
+    for plot in (money_plot, concurrency_plot):
+        out = plot(rows + adaptive, tmp_path / f"{plot.__name__}.png")
+        assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
