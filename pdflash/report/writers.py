@@ -14,6 +14,7 @@ from pdflash.report.schema import (
     METRIC_FIELDS,
     OPTIONAL_METRIC_FIELDS,
     inputs_label,
+    series_labels,
     workload_label,
 )
 
@@ -162,8 +163,16 @@ def _cell(row: Mapping[str, Any], column: str) -> Any:
 def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The per-row Markdown table (also what the default suite prints); its
     ``inputs`` column says on every row where weights, acceptance (forced
-    with its mean) and routing came from."""
-    return _table(ROW_TABLE_COLUMNS, [[_cell(r, c) for c in ROW_TABLE_COLUMNS] for r in rows])
+    with its mean) and routing came from, its ``baseline`` column the series
+    (with the setting where a point holds several of the label)."""
+    series = series_labels(rows)
+    return _table(
+        ROW_TABLE_COLUMNS,
+        [
+            [series[id(r)] if c == "baseline" else _cell(r, c) for c in ROW_TABLE_COLUMNS]
+            for r in rows
+        ],
+    )
 
 
 def _iv(cell: Mapping[str, Any] | None, digits: int = 4) -> str:

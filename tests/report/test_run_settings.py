@@ -160,6 +160,8 @@ def test_the_report_shows_each_setting_as_its_own_series(
         "| B0<B1<B2<PD<=B3 |"
     ) in md
     assert "| PD / B1 / B3 |" in md
+    # the rows table names each row's series
+    assert md.count("| PD [verify_width=adaptive] | 16 | 1 |") == 3
 
 
 def test_one_setting_keeps_the_bare_label(matrix_rows: Callable[..., list[Row]]) -> None:
