@@ -165,6 +165,15 @@ class _Table:
         """The series of ``baseline`` (its bare label when it has no rows)."""
         return self.series_of.get(baseline) or [baseline]
 
+    def series_at(self, point: Point, baseline: str) -> list[str]:
+        """The series of ``baseline`` to judge at ``point``: its bare label
+        (with rows or not: a missing baseline is a reason), or, where the
+        label is split by setting, those of its series with rows here."""
+        names = self.series(baseline)
+        if len(names) == 1:
+            return names
+        return [s for s in names if self.rows(point, s)]
+
     def shown(self) -> list[str]:
         """The required baselines' series, then any optional one's the set has rows of."""
         return [
@@ -187,7 +196,10 @@ def _ordering(table: _Table) -> list[dict[str, Any]]:
         tps = {b: table.median(point, b, "output_tokens_per_s") for b in shown}
         checks = []
         relations = (
-            (a, b, op) for lo, hi, op in pairs for a in table.series(lo) for b in table.series(hi)
+            (a, b, op)
+            for lo, hi, op in pairs
+            for a in table.series_at(point, lo)
+            for b in table.series_at(point, hi)
         )
         for lo, hi, op in relations:
             a, b = tps[lo], tps[hi]
@@ -413,6 +425,8 @@ def _gap(table: _Table) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     combos = _gap_series(table)
     for point in table.sorted_points():
         for combo in combos:
+            if len(combos) > 1 and not all(table.rows(point, s) for s in combo.values()):
+                continue  # a setting this point does not hold
             value, reason = gap_closed(
                 table.median(point, combo["PD"], "output_tokens_per_s"),
                 table.median(point, combo["B1"], "output_tokens_per_s"),
@@ -697,7 +711,7 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
             )
             add(_belady_target(pd, pd_rows, where), point, "bytes", pd=pd)
             pd_tps = table.median(point, pd, "output_tokens_per_s")
-            for other in (*table.series("B1"), *table.series("B2")):
+            for other in (*table.series_at(point, "B1"), *table.series_at(point, "B2")):
                 o_tps = table.median(point, other, "output_tokens_per_s")
                 speedup = pd_tps / o_tps if pd_tps is not None and o_tps else None
                 judged = _judge(table, point, pd, other)
@@ -721,8 +735,8 @@ def _targets(table: _Table, regime: list[dict[str, Any]]) -> list[dict[str, Any]
                         entry["note"] = f"within noise: {judged['text']}"
                 add(entry, point, "beats", pd=pd, other=other)
             regime_bound = bound.get((arch, cf))
-            for b1 in table.series("B1"):
-                for b3 in table.series("B3"):
+            for b1 in table.series_at(point, "B1"):
+                for b3 in table.series_at(point, "B3"):
                     gap, reason = gap_closed(
                         pd_tps,
                         table.median(point, b1, "output_tokens_per_s"),

@@ -213,3 +213,28 @@ def test_plots_draw_each_setting_as_its_own_series(
     for plot in (money_plot, concurrency_plot):
         out = plot(rows + adaptive, tmp_path / f"{plot.__name__}.png")
         assert out is not None and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_split_label_is_judged_only_where_its_setting_ran(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    """PD at two widths at c=1 but one at c=4: c=4 judges the one it holds,
+    and nothing is 'missing' for the setting that did not run there."""
+    rows = matrix_rows(concurrency=(1, 4), repeats=3)
+    extra = [
+        dict(r, verify_width={"setting": "adaptive"})
+        for r in rows
+        if r["baseline"] == "PD" and r["concurrency"] == 1
+    ]
+    for r in rows:
+        r["verify_width"] = {"setting": "full"}
+    ev = evaluate(rows + extra)
+    assert ev["valid"], ev["problems"]
+    at4 = [t for t in ev["targets"] if t["where"].endswith("/c4/cf0.2")]
+    assert at4 and all(t["target"].startswith("PD [verify_width=full]") for t in at4)
+    assert ev["verdict"]["label"] == "GO", ev["verdict"]["reasons"]
+    c4 = [o for o in ev["ordering"] if o["concurrency"] == 4]
+    assert c4[0]["holds"] is True
+    assert [g["series"]["PD"] for g in ev["gap"] if g["concurrency"] == 4] == [
+        "PD [verify_width=full]"
+    ]
