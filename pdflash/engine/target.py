@@ -15,8 +15,10 @@ Host syncs (the points where the host waits for the GPU) of one forward on
 CUDA, and why each remains:
 
 - none to start it: the index tensors (attention batch, KV slots,
-  positions, logit rows) go over in two asynchronous copies from pinned
-  memory, and the chunks' tokens are already on the device;
+  positions, logit rows) go over in two asynchronous copies from the
+  runner's reused pinned buffers (:attr:`TargetRunner.staging`), and the
+  chunks' tokens are already on the device (a prefill's prompts went over
+  the same way, all in one copy);
 - none in a layer's attention (:func:`~pdflash.engine.attention.paged_attention`
   builds nothing per layer and indexes with no boolean mask);
 - in the offloaded MoE block (:mod:`pdflash.models.offload`), one per MoE
