@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash.cache.expert_cache import quiesce
 from pdflash.engine.acceptance import (
     AcceptanceModel,
     ForcedAcceptance,
@@ -929,7 +930,7 @@ def _run(
         # NOTE: copies still queued or in flight (prefetches for a round that
         # never came) write into this run's slab: stop them before the cache
         # (and its slab) can be freed.
-        _quiesce(issuer, cache)
+        quiesce(issuer, cache)
         # the process-cached adapter must not keep this run's cache alive
         adapter.detach_cache()
         if host_service is not None:
@@ -988,18 +989,6 @@ def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> floa
         raise RuntimeError("the verify calibration ran no verify forward")
     verify_share = timer.kind_s("verify") / total
     return max(1e-6, timer.compute_busy_s() * verify_share / forwards)
-
-
-def _quiesce(issuer: Any, cache: Any) -> None:
-    """Cancel queued copies and wait for the running ones to land."""
-    import contextlib
-
-    with contextlib.suppress(Exception):
-        issuer.cancel(None)
-    busy = np.asarray(cache.ticket)[np.asarray(cache.ticket) >= 0]
-    for t in busy.tolist():
-        with contextlib.suppress(Exception):
-            issuer.wait(np.asarray([t], dtype=np.int64))
 
 
 def _workload(

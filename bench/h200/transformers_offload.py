@@ -166,6 +166,7 @@ def run_arch(arch: str, args: argparse.Namespace, root: Path, rows: list[dict[st
     cache_bytes = int(handle.cache.num_slots) * int(handle.cache.expert_nbytes)
     non_expert = _bytes_by_kind(model)["non_expert"]
     row = {**common, "method": "pdflash", "cache_fraction": args.cache_fraction, **load}
+    row["eviction_policy"] = handle.cache.policy.name
     try:
         row.update(_generate(model, prompts, args.new_tokens))
         st = handle.stats()

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pdflash.report.schema import SETTING_DEFAULTS, spec_settings
+
 from ..workload import WARMUP_CHOICES
 from . import _common as common
 
@@ -73,11 +75,14 @@ Engine = tuple[Callable[..., Any], Callable[..., Any]]
 #: unchanged); host_max_ratio is pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO
 #: (not imported: it pulls in torch; a test keeps them equal)
 HOST_DEFAULTS: dict[str, Any] = {
-    "host_experts": "off",
-    "host_workers": None,
-    "host_threads": None,
-    "host_max_ratio": 1.5,
-    "host_max_tokens": 16,  # DEFAULT_MAX_HOST_TOKENS
+    name: SETTING_DEFAULTS[name]
+    for name in (
+        "host_experts",
+        "host_workers",
+        "host_threads",
+        "host_max_ratio",
+        "host_max_tokens",
+    )
 }
 
 
@@ -390,30 +395,37 @@ def rotated(labels: Sequence[str], repeat: int) -> list[str]:
 
 
 def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a run is unique by (a rerun skips recorded keys): the point, the
-    repeat, the hybrid mode and the workload (specs without serving options
-    are bursts, as every spec recorded before they existed)."""
+    """What a run is unique by (a rerun skips recorded keys): the point (with
+    the depth and the GPU count), the repeat, the workload (specs without
+    serving options are bursts, as every spec recorded before they existed)
+    and every setting of :data:`pdflash.report.schema.RUN_SETTINGS` (the
+    list the report's row key reads too)."""
     return (
         spec["arch"],
+        spec.get("layers"),
         spec["baseline"],
         spec["block_size"],
         spec["concurrency"],
         float(spec["cache_fraction"]),
         spec["repeat"],
-        spec.get("host_experts", "off"),
-        spec.get("expert_bytes_as"),
-        spec.get("routing_source", "model"),
-        spec.get("route_ahead_source", "union"),
         spec.get("arrivals", "burst"),
         spec.get("rate_per_s"),
         spec.get("users"),
         spec.get("think_s", 0.0),
         spec.get("gpus", 1),
-        spec.get("placement", "round_robin"),
-        spec.get("warmup", "auto"),
-        spec.get("cuda_graphs", "off"),
-        spec.get("verify_width", "full"),
+        *spec_settings(spec),
     )
+
+
+def spec_label(spec: Mapping[str, Any], with_repeat: bool = False) -> str:
+    """A spec as ``arch/baseline/blkB/cC/cfF`` (``/rR`` with its repeat, then
+    ``/Xrps`` at a request rate)."""
+    label = "{arch}/{baseline}/blk{block_size}/c{concurrency}/cf{cache_fraction}".format(**spec)
+    if with_repeat:
+        label += f"/r{spec['repeat']}"
+    if spec.get("rate_per_s") is not None:
+        label += f"/{spec['rate_per_s']:g}rps"
+    return label
 
 
 #: a first repeat whose verify step is this much slower than the median of
@@ -441,6 +453,7 @@ def first_use_check(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     import statistics
 
     groups: dict[tuple[Any, ...], dict[int, float]] = {}
+    labels: dict[tuple[Any, ...], str] = {}
     for row in rows:
         spec = row.get("spec")
         ms = verify_ms_per_forward(row)
@@ -448,6 +461,7 @@ def first_use_check(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             continue
         key = spec_key({**spec, "repeat": -1})
         groups.setdefault(key, {})[int(spec.get("repeat", 0))] = ms
+        labels.setdefault(key, spec_label(spec))
     ratios: list[dict[str, Any]] = []
     for key, by_repeat in groups.items():
         if len(by_repeat) < 2:
@@ -455,7 +469,7 @@ def first_use_check(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         first = min(by_repeat)
         later = [v for r, v in by_repeat.items() if r != first]
         ratio = by_repeat[first] / statistics.median(later)
-        label = "/".join(str(k) for k in key[:5]) + (f"/{key[10]}rps" if key[10] else "")
+        label = labels[key]
         ratios.append({"point": label, "first_repeat": first, "ratio": ratio})
     if not ratios:
         return {"points": 0, "why": "no point with two or more repeats of a verify step"}
@@ -652,13 +666,7 @@ def run_matrix(
                 f"budget of {budget_s:.0f}s spent: {not_started} runs not started (rerun to resume)"
             )
             break
-        label = (
-            "{arch}/{baseline}/blk{block_size}/c{concurrency}/cf{cache_fraction}/r{repeat}".format(
-                **spec
-            )
-        )
-        if spec.get("rate_per_s") is not None:
-            label += f"/{spec['rate_per_s']:g}rps"
+        label = spec_label(spec, with_repeat=True)
         bar.set_postfix_str(label)
         t0 = time.perf_counter()
         try:

@@ -10,7 +10,7 @@ from pdflash.cache.eviction import (
     RouteAheadPolicy,
     make_policy,
 )
-from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache, ExpertSource
+from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache, ExpertSource, quiesce
 
 __all__ = [
     "CacheTooSmallError",
@@ -22,4 +22,5 @@ __all__ = [
     "LayerCyclicPolicy",
     "RouteAheadPolicy",
     "make_policy",
+    "quiesce",
 ]

@@ -781,3 +781,16 @@ if TYPE_CHECKING:
     # mypy: an ExpertCache is the engine's and the prefetcher's cache view
     def _is_cache_view(cache: ExpertCache) -> ExpertCacheView:
         return cache
+
+
+def quiesce(issuer: CopyIssuer, cache: ExpertCache) -> None:
+    """Cancel every copy queued on ``issuer`` and wait for each of the
+    cache's copies in flight to land (or fail): before the cache's slab is
+    freed, nothing may still write into it. Each ticket is waited for on its
+    own, so one failed or cancelled copy does not skip the others' waits."""
+    with contextlib.suppress(Exception):
+        issuer.cancel(None)
+    tickets = np.asarray(cache.ticket)
+    for ticket in tickets[tickets >= 0].tolist():
+        with contextlib.suppress(Exception):
+            issuer.wait(np.asarray([ticket], dtype=np.int64))

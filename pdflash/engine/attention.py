@@ -35,12 +35,74 @@ from pdflash.protocols import AttentionSpec
 KEY_ALIGN = 16
 
 
-def device_int64(rows: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+class HostStaging:
+    """Reusable host staging for int64 host->device copies: a ring of
+    ``depth`` buffers, pinned on CUDA, each grown (doubling) when a copy needs
+    more and otherwise written in place, so a forward's index copies pin no
+    new memory once the buffers fit. The copy is asynchronous on CUDA (the
+    work that reads its result runs after it on the same stream); a buffer is
+    written again only after the copy that last read it has run (an event
+    recorded on the stream behind that copy). The device tensors returned
+    are fresh, never views of a staging buffer, on every device."""
+
+    def __init__(self, device: torch.device | str, depth: int = 4) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+        self._buffers: list[torch.Tensor | None] = [None] * depth
+        self._events: list[torch.cuda.Event | None] = [None] * depth
+        self._next = 0
+        #: staging buffers allocated (pinned on CUDA) so far: a few at first, then none
+        self.allocations = 0
+
+    def _buffer(self, index: int, size: int) -> torch.Tensor:
+        event = self._events[index]
+        if event is not None:
+            event.synchronize()  # the copy that last read this buffer has run
+        buf = self._buffers[index]
+        if buf is None or buf.numel() < size:
+            capacity = max(256, 1 << (size - 1).bit_length())
+            buf = torch.empty(capacity, dtype=torch.int64, pin_memory=self.pinned)
+            self._buffers[index] = buf
+            self.allocations += 1
+        return buf
+
+    def copy(self, rows: list[list[int]], device: torch.device | None = None) -> list[torch.Tensor]:
+        """``rows`` as int64 tensors on ``device`` (default :attr:`device`;
+        one of its type), through one copy."""
+        target = self.device if device is None else device
+        if target.type != self.device.type:
+            raise ValueError(f"staging for {self.device.type}, the copy is to {target}")
+        flat: list[int] = []
+        for r in rows:
+            flat += r
+        out = torch.empty(len(flat), dtype=torch.int64, device=target)
+        if flat:
+            index = self._next
+            self._next = (index + 1) % len(self._buffers)
+            host = self._buffer(index, len(flat))[: len(flat)]
+            host.numpy()[:] = flat
+            out.copy_(host, non_blocking=self.pinned)
+            if self.pinned:
+                event = self._events[index] or torch.cuda.Event()  # type: ignore[no-untyped-call]
+                event.record(torch.cuda.current_stream(target))
+                self._events[index] = event
+        return list(torch.split(out, [len(r) for r in rows]))
+
+
+def device_int64(
+    rows: list[list[int]], device: torch.device, staging: HostStaging | None = None
+) -> list[torch.Tensor]:
     """Several host int lists -> int64 device tensors through ONE host->device
-    copy. On CUDA the copy is from pinned memory and asynchronous: a
-    ``torch.tensor(..., device=cuda)`` from pageable memory makes the host
-    wait until the stream has drained up to it. (torch's pinned-memory cache
-    keeps the staging buffer until the copy has run.)"""
+    copy: through ``staging`` (its reused buffers) when given for a device of
+    this type, else from a fresh buffer. On CUDA the copy is from pinned
+    memory and asynchronous: a ``torch.tensor(..., device=cuda)`` from
+    pageable memory makes the host wait until the stream has drained up to
+    it. (Without ``staging``, torch's pinned-memory cache keeps the buffer
+    until the copy has run.)"""
+    if staging is not None and staging.device.type == device.type:
+        return staging.copy(rows, device)
     flat: list[int] = []
     for r in rows:
         flat += r
@@ -98,10 +160,13 @@ class AttentionBatch:
         num_tokens: int,
         device: torch.device,
         null_slot: int | None = None,
+        staging: HostStaging | None = None,
     ) -> AttentionBatch:
         """``null_slot``: a KV slot that is always zero (e.g.
         :attr:`PagedKVCache.null_slot`); padded keys, and so the sink key,
-        read it and need no zeroing. None: padding reads slot 0."""
+        read it and need no zeroing. None: padding reads slot 0.
+        ``staging``: the reused host buffers of the one copy (see
+        :func:`device_int64`)."""
         r = len(query_rows)
         pad_slot = 0 if null_slot is None else null_slot
         nq = max((len(x) for x in query_rows), default=0)
@@ -133,7 +198,9 @@ class AttentionBatch:
             k_valid += [1] * m + [0] * (lk - m)
         uniform = uniform and r * nq == num_tokens
         (q_rows_t, q_gather_t, q_pos_t, q_valid_t, kv_slots_t, k_pos_t, k_valid_t, unpad_t) = (
-            device_int64([q_rows, q_gather, q_pos, q_valid, k_slots, k_pos, k_valid, unpad], device)
+            device_int64(
+                [q_rows, q_gather, q_pos, q_valid, k_slots, k_pos, k_valid, unpad], device, staging
+            )
         )
         kv_slots = kv_slots_t.view(r, lp)
         return AttentionBatch(

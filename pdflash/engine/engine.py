@@ -831,12 +831,14 @@ class Engine:
                 raise
 
     def _prefill(self, reqs: list[Request], report: StepReport) -> None:
-        chunks = [
-            Chunk(
-                r.request_id, torch.tensor(r.prompt, dtype=torch.int64, device=self.device), False
-            )
-            for r in reqs
-        ]
+        # NOTE: every prompt in one asynchronous copy through the runner's
+        # reused pinned buffers (a tensor built on CUDA from a list is one
+        # blocking pageable copy per request); the forward reads the ids on
+        # the same stream, after the copy
+        prompts = device_int64(
+            [r.prompt for r in reqs], self.device, getattr(self.runner, "staging", None)
+        )
+        chunks = [Chunk(r.request_id, ids, False) for r, ids in zip(reqs, prompts, strict=True)]
         self.prefetch.begin_forward()
         with self.timer.forward("prefill"):
             out = self.runner.forward(chunks)

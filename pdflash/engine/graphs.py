@@ -87,7 +87,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -230,10 +230,10 @@ class EagerBackend:
         return _EagerReplay(counted, out), out
 
 
-@dataclass(frozen=True)
-class BucketKey:
-    """A graph's shape: padded requests, rows per request, key width (with
-    the sink column)."""
+class _PaddedGrid:
+    """The padded query grid a graph shape declares (its dataclass holds the
+    fields): ``requests`` x ``queries`` rows against ``key_width`` key columns,
+    the last of which is the sink column (a draft graph leaves it unused)."""
 
     requests: int
     queries: int
@@ -241,6 +241,7 @@ class BucketKey:
 
     @property
     def rows(self) -> int:
+        """Query rows, all requests together."""
         return self.requests * self.queries
 
     @property
@@ -250,7 +251,17 @@ class BucketKey:
 
 
 @dataclass(frozen=True)
-class DraftKey:
+class BucketKey(_PaddedGrid):
+    """A graph's shape: padded requests, rows per request, key width (with
+    the sink column)."""
+
+    requests: int
+    queries: int
+    key_width: int
+
+
+@dataclass(frozen=True)
+class DraftKey(_PaddedGrid):
     """A draft graph's shape: padded requests, block rows per request, new
     context rows (all requests together), key width (no sink column is
     used), and the context features' width and dtype."""
@@ -261,14 +272,6 @@ class DraftKey:
     key_width: int
     features: int
     dtype: str
-
-    @property
-    def rows(self) -> int:
-        return self.requests * self.queries
-
-    @property
-    def keys(self) -> int:
-        return self.key_width - 1
 
 
 @dataclass
@@ -292,58 +295,51 @@ class GraphStats:
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "captures": self.captures,
-            "recaptures": self.recaptures,
-            "replays": self.replays,
-            "capture_failures": self.capture_failures,
-            "validated": self.validated,
-            "replay_mismatches": self.replay_mismatches,
-            "piecewise_steps": self.piecewise_steps,
-            "evicted": self.evicted,
-            "eager_fallbacks": sum(self.fallbacks.values()),
-            "eager_fallback_reasons": dict(sorted(self.fallbacks.items())),
+        """Every counter by its field name, in field order; the fallbacks as
+        their total (``eager_fallbacks``) and per reason, sorted."""
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name) for f in fields(self) if f.name != "fallbacks"
         }
+        out["eager_fallbacks"] = sum(self.fallbacks.values())
+        out["eager_fallback_reasons"] = dict(sorted(self.fallbacks.items()))
+        return out
 
 
-class _Layout:
-    """Offsets of the index fields in a bucket's packed int64 buffer."""
+class _PackedLayout:
+    """Offsets of named index fields laid end to end, in the given order,
+    in one packed int64 buffer (one host->device copy per step)."""
 
-    FIELDS = (
-        "positions",
-        "slots",
-        "row_chunk",
-        "q_pos",
-        "q_valid",
-        "kv_slots",
-        "k_pos",
-        "k_valid",
-        "real_rows",
-    )
-
-    def __init__(self, key: BucketKey) -> None:
-        t, r = key.rows, key.requests
-        sizes = {
-            "positions": t,
-            "slots": t,
-            "row_chunk": t,
-            "q_pos": t,
-            "q_valid": t,
-            "kv_slots": r * key.key_width,
-            "k_pos": r * key.keys,
-            "k_valid": r * key.keys,
-            "real_rows": t,
-        }
+    def __init__(self, sizes: dict[str, int]) -> None:
         self.offsets: dict[str, tuple[int, int]] = {}
         at = 0
-        for name in self.FIELDS:
-            self.offsets[name] = (at, at + sizes[name])
-            at += sizes[name]
+        for name, size in sizes.items():
+            self.offsets[name] = (at, at + size)
+            at += size
         self.size = at
 
     def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
         lo, hi = self.offsets[name]
         return packed[lo:hi]
+
+
+class _Layout(_PackedLayout):
+    """Offsets of the index fields in a bucket's packed int64 buffer."""
+
+    def __init__(self, key: BucketKey) -> None:
+        t, r = key.rows, key.requests
+        super().__init__(
+            {
+                "positions": t,
+                "slots": t,
+                "row_chunk": t,
+                "q_pos": t,
+                "q_valid": t,
+                "kv_slots": r * key.key_width,
+                "k_pos": r * key.keys,
+                "k_valid": r * key.keys,
+                "real_rows": t,
+            }
+        )
 
 
 @dataclass
@@ -381,7 +377,7 @@ class _PieceEntry:
     checked: list[bool]
 
 
-class _DraftLayout:
+class _DraftLayout(_PackedLayout):
     """Offsets of a draft bucket's index fields in its packed int64 buffer:
     the K/V rows' slots and positions (block rows, then context rows), the
     queries' positions and validity, the attention's key slots, positions
@@ -389,26 +385,18 @@ class _DraftLayout:
 
     def __init__(self, key: DraftKey) -> None:
         t, r, c = key.rows, key.requests, key.context
-        sizes = {
-            "kv_slots": t + c,
-            "kv_pos": t + c,
-            "q_pos": t,
-            "q_valid": t,
-            "key_slots": r * key.key_width,
-            "k_pos": r * key.keys,
-            "k_valid": r * key.keys,
-            "real_rows": t,
-        }
-        self.offsets: dict[str, tuple[int, int]] = {}
-        at = 0
-        for name, size in sizes.items():
-            self.offsets[name] = (at, at + size)
-            at += size
-        self.size = at
-
-    def view(self, packed: torch.Tensor, name: str) -> torch.Tensor:
-        lo, hi = self.offsets[name]
-        return packed[lo:hi]
+        super().__init__(
+            {
+                "kv_slots": t + c,
+                "kv_pos": t + c,
+                "q_pos": t,
+                "q_valid": t,
+                "key_slots": r * key.key_width,
+                "k_pos": r * key.keys,
+                "k_valid": r * key.keys,
+                "real_rows": t,
+            }
+        )
 
 
 @dataclass
@@ -1115,24 +1103,9 @@ class GraphRunner:
     def _draft_step_fn(
         self, drafter: DFlashDrafter, kv: PagedKVCache, entry: _DraftEntry
     ) -> Outputs:
-        key, lay, packed = entry.key, entry.layout, entry.packed
-        r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
-        key_slots = lay.view(packed, "key_slots").view(r, lp)
-        rows = torch.arange(key.rows, device=packed.device)
-        batch = AttentionBatch(
-            q_rows=rows.view(r, nq),
-            q_pos=lay.view(packed, "q_pos").view(r, nq),
-            q_valid=lay.view(packed, "q_valid").view(r, nq).bool(),
-            k_slots=key_slots[:, :lk],
-            k_pos=lay.view(packed, "k_pos").view(r, lk),
-            k_valid=lay.view(packed, "k_valid").view(r, lk).bool(),
-            num_tokens=key.rows,
-            kv_slots=key_slots,
-            uniform=True,
-            q_gather=rows,
-            unpad_index=rows,
-            zero_padding=True,
-        )
+        lay, packed = entry.layout, entry.packed
+        # the draft layout's kv_slots are its K/V rows' slots; the keys' are key_slots
+        batch = _static_batch(entry.key, lay, packed, key_slots="key_slots")
         hidden = drafter.run_blocks(
             entry.context,
             entry.embeddings,
@@ -1178,11 +1151,14 @@ def outputs_agree(replayed: Outputs, eager: Outputs) -> bool:
     return True
 
 
-def _static_batch(key: BucketKey, lay: _Layout, packed: torch.Tensor) -> AttentionBatch:
+def _static_batch(
+    key: _PaddedGrid, lay: _PackedLayout, packed: torch.Tensor, key_slots: str = "kv_slots"
+) -> AttentionBatch:
     """The attention batch over a bucket's static index buffer (views made
-    now; the validity masks are converted inside the recording)."""
+    now; the validity masks are converted inside the recording); the keys'
+    padded slots are the layout's field ``key_slots``."""
     r, nq, lp, lk = key.requests, key.queries, key.key_width, key.keys
-    kv_slots = lay.view(packed, "kv_slots").view(r, lp)
+    kv_slots = lay.view(packed, key_slots).view(r, lp)
     rows = torch.arange(key.rows, device=packed.device)
     return AttentionBatch(
         q_rows=rows.view(r, nq),

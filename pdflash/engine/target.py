@@ -15,8 +15,10 @@ Host syncs (the points where the host waits for the GPU) of one forward on
 CUDA, and why each remains:
 
 - none to start it: the index tensors (attention batch, KV slots,
-  positions, logit rows) go over in two asynchronous copies from pinned
-  memory, and the chunks' tokens are already on the device;
+  positions, logit rows) go over in two asynchronous copies from the
+  runner's reused pinned buffers (:attr:`TargetRunner.staging`), and the
+  chunks' tokens are already on the device (a prefill's prompts went over
+  the same way, all in one copy);
 - none in a layer's attention (:func:`~pdflash.engine.attention.paged_attention`
   builds nothing per layer and indexes with no boolean mask);
 - in the offloaded MoE block (:mod:`pdflash.models.offload`), one per MoE
@@ -48,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.engine.attention import AttentionBatch, device_int64, paged_attention
+from pdflash.engine.attention import AttentionBatch, HostStaging, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
@@ -168,6 +170,8 @@ class TargetRunner:
         self.kv = kv
         self.capture_layers = tuple(capture_layers)
         self.device = torch.device(device)
+        #: the reused host buffers of each forward's index copies (pinned on CUDA)
+        self.staging = HostStaging(self.device)
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
         #: called with each MoE layer index right before that layer's MoE runs
@@ -259,10 +263,11 @@ class TargetRunner:
             plan.total,
             dev,
             null_slot=self.kv.null_slot,
+            staging=self.staging,
         )
         # one host->device copy for the forward's other index tensors
         slots_t, pos_t, row_chunk_t, want_t = device_int64(
-            [plan.new_slots, plan.positions, plan.row_chunk, plan.want], dev
+            [plan.new_slots, plan.positions, plan.row_chunk, plan.want], dev, self.staging
         )
         ids = (
             torch.cat([c.tokens.to(dev) for c in chunks])

@@ -91,7 +91,9 @@ def build_host_service(
     The CPU is calibrated here on the adapter's own experts (unless ``cost``
     is given or ``calibrate`` is False, which needs a ``planner``).
     ``intra_op_threads`` defaults to all cores but two on CUDA and to torch's
-    current setting on CPU (where the "host" is the device itself).
+    current setting on CPU (where the "host" is the device itself). It is
+    process-wide: the service's :meth:`~HostExpertService.close` gives torch
+    back the count it had before (as does a build that fails).
 
     ``host_format`` (:data:`HOST_FORMAT_CHOICES`): how the host holds the
     experts it computes (:mod:`pdflash.hybrid.kernels`); ``auto`` times the
@@ -109,26 +111,30 @@ def build_host_service(
     auto_workers, auto_threads = default_host_threads()
     if intra_op_threads is None and device.type == "cuda":
         intra_op_threads = auto_threads
-    if intra_op_threads is not None:
-        if intra_op_threads < 1:
-            raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
-        torch.set_num_threads(int(intra_op_threads))  # before any format is timed
+    if intra_op_threads is not None and intra_op_threads < 1:
+        raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
     pool = workers if workers is not None else auto_workers
     if host_format not in HOST_FORMAT_CHOICES:
         raise ValueError(f"host_format must be one of {HOST_FORMAT_CHOICES}, got {host_format!r}")
-    fmt = "packed" if host_format == "auto" and not calibrate and cost is None else host_format
-    weights = host_weights_for(adapter, fmt, workers=pool, budget_bytes=weight_budget_bytes)
-    executor = HostExpertExecutor(
-        weights.weights_of,
-        weights.kernel.forward,
-        dtype=weights.kernel.dtype,
-        out_dtype=store.layout.dtype,
-        expert_nbytes=store.expert_nbytes,
-        workers=pool,
-        intra_op_threads=intra_op_threads,
-        batch_fn=weights.kernel.forward_many,
-    )
+    # torch's intra-op thread count is process-wide: set for the service's
+    # life and given back by its close(), or below when building it fails
+    threads_before = torch.get_num_threads()
+    if intra_op_threads is not None:
+        torch.set_num_threads(int(intra_op_threads))  # before any format is timed
+    executor: HostExpertExecutor | None = None
     try:
+        fmt = "packed" if host_format == "auto" and not calibrate and cost is None else host_format
+        weights = host_weights_for(adapter, fmt, workers=pool, budget_bytes=weight_budget_bytes)
+        executor = HostExpertExecutor(
+            weights.weights_of,
+            weights.kernel.forward,
+            dtype=weights.kernel.dtype,
+            out_dtype=store.layout.dtype,
+            expert_nbytes=store.expert_nbytes,
+            workers=pool,
+            intra_op_threads=intra_op_threads,
+            batch_fn=weights.kernel.forward_many,
+        )
         if cost is None and calibrate:
             cost = calibrate_host(
                 executor,
@@ -156,8 +162,11 @@ def build_host_service(
             cost=cost,
         )
         service.host_weights = weights.describe()
+        service.intra_op_threads_before = threads_before
     except BaseException:
-        executor.close()
+        if executor is not None:
+            executor.close()
+        torch.set_num_threads(threads_before)
         raise
     runtime = getattr(adapter, "runtime", None)
     if runtime is not None:

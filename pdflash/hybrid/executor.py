@@ -29,7 +29,8 @@ HOST experts, sorted by expert:
 
 Threads: torch's intra-op thread count is process-wide (setting it in a
 worker thread changes it for every thread), so ``intra_op_threads`` is set
-once with ``torch.set_num_threads`` when given and recorded either way.
+once with ``torch.set_num_threads`` when given (and the previous count given
+back by :meth:`HostExpertExecutor.close`) and recorded either way.
 But OpenMP's own thread count is per thread: a new thread starts with the
 default (every core) and torch applies its setting to that thread only the
 first time the thread itself enters one of torch's parallel loops; a oneDNN
@@ -156,9 +157,12 @@ class HostExpertExecutor:
         workers = auto_workers if workers is None else int(workers)
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        #: torch's count before this executor set its own: given back by close()
+        self._threads_before: int | None = None
         if intra_op_threads is not None:
             if intra_op_threads < 1:
                 raise ValueError(f"intra_op_threads must be >= 1, got {intra_op_threads}")
+            self._threads_before = torch.get_num_threads()
             torch.set_num_threads(int(intra_op_threads))
         self.weights_of = weights_of
         self.expert_fn = expert_fn
@@ -302,12 +306,15 @@ class HostExpertExecutor:
         return HostJob(self._launch(ids, host, counts, out, ready), out, dev, int(host.shape[0]))
 
     def close(self) -> None:
-        """Stop the pool (waits for running jobs); idempotent."""
+        """Stop the pool (waits for running jobs) and give torch back the
+        intra-op thread count it had before this executor set one; idempotent."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
 
     def __enter__(self) -> HostExpertExecutor:
         return self

@@ -127,6 +127,9 @@ class HostExpertService:
         self.timer: Any = None
         #: the host weight format and its prepared copy (HostWeights.describe())
         self.host_weights: dict[str, Any] | None = None
+        #: torch's intra-op thread count before this service set its own
+        #: (process-wide): given back by :meth:`close`; None: nothing to give back
+        self.intra_op_threads_before: int | None = None
 
     # -- per layer -------------------------------------------------------------
 
@@ -212,4 +215,9 @@ class HostExpertService:
         }
 
     def close(self) -> None:
+        """Stop the executor's pool and give torch back the intra-op thread
+        count it had before the service (idempotent)."""
         self.executor.close()
+        before, self.intra_op_threads_before = self.intra_op_threads_before, None
+        if before is not None:
+            torch.set_num_threads(before)

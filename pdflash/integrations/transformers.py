@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pdflash.cache.expert_cache import quiesce
 from pdflash.protocols import Band
 
 
@@ -64,13 +65,7 @@ class OffloadHandle:
         self.closed = True
         for remove in self._remove_hooks:
             remove()
-        with contextlib.suppress(Exception):
-            self.issuer.cancel(None)
-        busy = np.asarray(self.cache.ticket)
-        busy = busy[busy >= 0]
-        if busy.size:
-            with contextlib.suppress(Exception):
-                self.issuer.wait(busy)
+        quiesce(self.issuer, self.cache)
         self.adapter.detach_cache()
         self.issuer.close()
         self.adapter.close()
@@ -130,7 +125,7 @@ def offload(
     dtype: torch.dtype | None = None,
     route_ahead: bool = True,
     checkpoint: str | os.PathLike[str] | None = None,
-    eviction: str = "lru",
+    eviction: str = "layer_cyclic",
 ) -> Any:
     """The transformers model with its experts offloaded, ready for
     ``generate``; ``model.pdflash`` is its :class:`OffloadHandle`.
@@ -147,7 +142,10 @@ def offload(
         route_ahead: prefetch each next layer's predicted experts.
         checkpoint: the checkpoint directory when the model's
             ``config._name_or_path`` is not one.
-        eviction: the cache's eviction policy (``lru``, ``lfu``, ...).
+        eviction: the cache's eviction policy: ``layer_cyclic`` (default:
+            Belady at layer granularity for the layer-cyclic access of a
+            transformers forward, the policy of every offloaded baseline of
+            the engine), ``lru``, ``lfu`` or ``route_ahead``.
     """
     from pdflash.h2d import H2DIssuer
     from pdflash.models import get_adapter_class, read_model_type
@@ -211,6 +209,10 @@ def offload(
         adapter.close()
         raise
     handle = OffloadHandle(model, adapter, cache, issuer)
+    # a layer-aware policy (layer_cyclic) ranks victims from the layer running now
+    before_layer = getattr(cache.policy, "before_layer", None)
+    if before_layer is not None:
+        handle._remove_hooks.append(adapter.add_layer_input_hook(before_layer))
     if route_ahead:
         handle._remove_hooks.append(adapter.add_layer_output_hook(_route_ahead_hook(handle)))
     model.pdflash = handle

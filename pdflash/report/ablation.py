@@ -13,13 +13,20 @@ separate (more tokens/s; fewer bytes per token; less exposed fetch time),
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdflash.report import stats
-from pdflash.report.schema import ABLATIONS, comparison_points, point_label, serves
+from pdflash.report.schema import (
+    ABLATIONS,
+    comparison_points,
+    point_label,
+    series_labels,
+    serves,
+)
 
 #: The part of PD each label switches off (PD+host adds the hybrid miss service).
 PART: dict[str, str] = {
@@ -73,17 +80,19 @@ def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (point, variant) that has both PD rows and the
     variant's rows; see the module docstring."""
     rows = [r for r in rows if isinstance(r, Mapping)]
-    by: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by[str(r.get("baseline"))].append(r)
-    variants = [b for b in (*ABLATIONS, "PD+host") if by.get(b)]
+    series = _series(rows)
+    variants = [
+        (b, s, members) for b in (*ABLATIONS, "PD+host") for s, members in series.get(b, {}).items()
+    ]
     out = []
-    for point in comparison_points(rows):
-        pd_rows = [r for r in by.get("PD", []) if serves(r, point)]
+    for point, (pd, pd_all) in itertools.product(
+        comparison_points(rows), series.get("PD", {}).items()
+    ):
+        pd_rows = [r for r in pd_all if serves(r, point)]
         if not pd_rows:
             continue
-        for label in variants:
-            v_rows = [r for r in by[label] if serves(r, point)]
+        for baseline, label, members in variants:
+            v_rows = [r for r in members if serves(r, point)]
             if not v_rows:
                 continue
             entry: dict[str, Any] = {
@@ -94,8 +103,10 @@ def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "cache_fraction": point[3],
                 "workload": point[4],
                 "variant": label,
-                "part": PART.get(label, label),
+                "part": PART.get(baseline, baseline),
             }
+            if pd != "PD":
+                entry["pd"] = pd
             for name, larger_better in METRICS:
                 pd_vals = [v for v in (_num(r.get(name)) for r in pd_rows) if v is not None]
                 o_vals = [v for v in (_num(r.get(name)) for r in v_rows) if v is not None]
@@ -115,6 +126,17 @@ def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _series(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[Mapping[str, Any]]]]:
+    """Per baseline, its series (:func:`pdflash.report.schema.series_labels`:
+    the bare label, or one per setting where the set holds more than one) and
+    their rows, series sorted."""
+    labels = series_labels(rows)
+    out: dict[str, dict[str, list[Mapping[str, Any]]]] = defaultdict(dict)
+    for row in rows:
+        out[str(row.get("baseline"))].setdefault(labels[id(row)], []).append(row)
+    return {b: dict(sorted(members.items())) for b, members in out.items()}
+
+
 #: PD's switchable parts, as rows' ``pd_parts`` name them
 CONTROLLED_PARTS = ("stream", "route_ahead", "scheduler_2d")
 
@@ -124,10 +146,12 @@ def controller_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     median fraction of measured steps each part ran, the switches per run
     and the first switch's reason."""
     rows = [r for r in rows if isinstance(r, Mapping) and isinstance(r.get("pd_parts"), Mapping)]
+    series = _series(rows)
     out = []
     for point in comparison_points(rows):
-        for label in ("PD", "PD+host", "PD-all-on"):
-            books = [r["pd_parts"] for r in rows if r.get("baseline") == label and serves(r, point)]
+        labelled = (m for b in ("PD", "PD+host", "PD-all-on") for m in series.get(b, {}).items())
+        for label, members in labelled:
+            books = [r["pd_parts"] for r in members if serves(r, point)]
             if not books:
                 continue
             on: dict[str, float | None] = {}
@@ -215,7 +239,9 @@ def ablation_markdown(table: Sequence[Mapping[str, Any]]) -> str:
         "|" + "|".join(" --- " for _ in header) + "|",
     ]
     for e in table:
-        cells = [e["point"], f"{e['part']} ({e['variant']})"]
+        # the PD series compared where the rows hold several settings of PD
+        point = f"{e['point']} ({e['pd']})" if "pd" in e else e["point"]
+        cells = [point, f"{e['part']} ({e['variant']})"]
         for name, _ in METRICS:
             cells += [_fmt(e[name]["PD"]), _fmt(e[name][e["variant"]]), _says(e, name)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")

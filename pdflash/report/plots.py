@@ -45,8 +45,13 @@ COLORS = {
     "PD-full-width": "#aec7e8",
 }
 
-# (arch, block, cache fraction, workload, concurrency, baseline)
+# (arch, block, cache fraction, workload, concurrency, series: the baseline,
+# with its settings where a point holds several: schema.series_labels)
 Key = tuple[Any, Any, Any, Any, Any, str]
+
+#: how the second, third, ... series of one baseline differ from its first
+HATCHES = ("", "//", "..", "xx", "\\\\")
+LINESTYLES = ("-", "--", ":", "-.")
 
 
 def _pyplot() -> Any:
@@ -60,10 +65,11 @@ def _pyplot() -> Any:
 
 def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[Key, float]:
     """Median tokens/s per (arch, block, cache fraction, workload,
-    concurrency, baseline) at every comparison point (B3 and B0 rows serve
-    several points)."""
-    from pdflash.report.schema import comparison_points, serves
+    concurrency, series) at every comparison point (B3 and B0 rows serve
+    several points; each setting of a label is its own series, never pooled)."""
+    from pdflash.report.schema import comparison_points, series_labels, serves
 
+    labels = series_labels(rows)
     out: dict[Key, float] = {}
     for point in comparison_points(rows):
         arch, block, conc, cf, load = point
@@ -72,16 +78,30 @@ def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[Key, float]:
             exact = [
                 r for r in found if r.get("block_size") == block and r.get("cache_fraction") == cf
             ]
-            values = [
-                float(r["output_tokens_per_s"])
-                for r in exact or found
-                if isinstance(r.get("output_tokens_per_s"), (int, float))
-                and not isinstance(r.get("output_tokens_per_s"), bool)
-                and math.isfinite(r["output_tokens_per_s"])
-            ]
-            if values:
-                out[(arch, block, cf, load, conc, baseline)] = statistics.median(values)
+            chosen = exact or found
+            for label in sorted({labels[id(r)] for r in chosen}):
+                values = [
+                    float(r["output_tokens_per_s"])
+                    for r in chosen
+                    if labels[id(r)] == label
+                    and isinstance(r.get("output_tokens_per_s"), (int, float))
+                    and not isinstance(r.get("output_tokens_per_s"), bool)
+                    and math.isfinite(r["output_tokens_per_s"])
+                ]
+                if values:
+                    out[(arch, block, cf, load, conc, label)] = statistics.median(values)
     return out
+
+
+def _base(series: str) -> str:
+    """The baseline label of a series (``PD [verify_width=full]`` -> ``PD``)."""
+    return series.split(" [", 1)[0]
+
+
+def _nth_of_base(series: str, order: Sequence[str]) -> int:
+    """Which series of its baseline ``series`` is (0 for the first)."""
+    same = [s for s in order if _base(s) == _base(series)]
+    return same.index(series)
 
 
 def _devices(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -111,9 +131,9 @@ def _panel_title(arch: Any, block: Any, cf: Any, load: Any) -> str:
 
 
 def _order(med: Mapping[Key, float]) -> list[str]:
-    """The baselines the rows have, in plot order."""
+    """The series the rows have, in plot order of their baselines."""
     present = {k[5] for k in med}
-    return [b for b in PLOT_ORDER if b in present]
+    return [s for b in PLOT_ORDER for s in sorted(present) if _base(s) == b]
 
 
 def _grid(plt: Any, n_panels: int) -> tuple[Any, Any]:
@@ -163,7 +183,14 @@ def money_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path | No
             keys = [(panel[0], panel[1], panel[2], panel[3], c, b) for c in concs]
             have = [(x, med[k]) for x, k in zip(xs, keys, strict=True) if k in med]
             if have:
-                ax.bar([x for x, _ in have], [y for _, y in have], width, label=b, color=COLORS[b])
+                ax.bar(
+                    [x for x, _ in have],
+                    [y for _, y in have],
+                    width,
+                    label=b,
+                    color=COLORS[_base(b)],
+                    hatch=HATCHES[_nth_of_base(b, order) % len(HATCHES)],
+                )
         ax.set_xticks(range(len(concs)))
         ax.set_xticklabels([str(c) for c in concs])
         ax.set_xlabel("concurrency")
@@ -184,11 +211,19 @@ def concurrency_plot(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     plt = _pyplot()
     panels = _panels(med)
     fig, axes = _grid(plt, len(panels))
+    order = _order(med)
     for ax, panel in zip(axes.flat, panels, strict=False):
-        for b in _order(med):
+        for b in order:
             pts = sorted((k[4], v) for k, v in med.items() if k[:4] == panel and k[5] == b)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=b, color=COLORS[b])
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    marker="o",
+                    linestyle=LINESTYLES[_nth_of_base(b, order) % len(LINESTYLES)],
+                    label=b,
+                    color=COLORS[_base(b)],
+                )
         ax.set_xscale("log", base=2)
         concs = sorted({k[4] for k in med if k[:4] == panel})
         ax.set_xticks(concs)

@@ -1,8 +1,9 @@
 """The result-row schema of docs/design.md §6 and its validation.
 
 A *row* is one engine run: one (arch, baseline, block size, concurrency,
-cache fraction, repeat, workload): see :func:`row_key`; rows recorded before
-rows named their workload count as bursts. It is a flat JSON object: identity fields say what
+cache fraction, repeat, workload) and one value of each of
+:data:`RUN_SETTINGS`: see :func:`row_key`; rows recorded before rows named
+their workload count as bursts. It is a flat JSON object: identity fields say what
 was run and where its inputs came from; metric fields are either a finite
 non-negative number or ``null`` with the reason under
 ``row["not_measured"][name]`` (the convention of :mod:`pdflash.metrics`).
@@ -16,7 +17,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -206,6 +208,150 @@ def arch_label(row: Mapping[str, Any]) -> Any:
     return label
 
 
+def _recorded(field: str, key: str | None = None) -> Callable[[Mapping[str, Any]], Any]:
+    """A reader of what an engine row records a setting ran as: the row's
+    ``field`` (or its ``field[key]`` where the row records a dict)."""
+
+    def read(row: Mapping[str, Any]) -> Any:
+        value = row.get(field)
+        if key is not None:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        return value
+
+    return read
+
+
+@dataclass(frozen=True)
+class RunSetting:
+    """One setting beyond the point and the repeat that defines a run.
+
+    ``name`` is the :class:`pdflash.bench.engine_run.RunSpec` field (a spec
+    that omits it ran with ``default``, as every spec recorded before the
+    field existed); ``in_spec`` is False for a process-wide mode no spec
+    carries (the row alone records it). ``recorded`` reads what a row says
+    the setting ran as, for rows without a spec.
+    """
+
+    name: str
+    default: Any
+    recorded: Callable[[Mapping[str, Any]], Any] | None = None
+    in_spec: bool = True
+
+    def of_spec(self, spec: Mapping[str, Any]) -> Any:
+        """The setting of a run by its spec (the matrix's resume key)."""
+        value = spec.get(self.name, self.default)
+        # a number given as an int or a float is one setting
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and isinstance(self.default, float)
+        ):
+            return float(value)
+        return value
+
+    def of_row(self, row: Mapping[str, Any]) -> Any:
+        """The setting of a recorded run: its spec's where the row carries the
+        spec (the matrix's rows: the very value its resume key keyed, in the
+        same terms whichever code version recorded the row), else what the
+        row records it ran as, else the default."""
+        spec = row.get("spec")
+        if self.in_spec and isinstance(spec, Mapping):
+            return self.of_spec(spec)
+        if self.recorded is not None:
+            value = self.recorded(row)
+            if value is not None:
+                return value
+        return self.default
+
+
+#: Every setting that, beside the point (arch with its depth and GPUs,
+#: baseline, block, concurrency, cache fraction, workload) and the repeat,
+#: defines a run: the matrix's resume key (:func:`spec_settings`) and the
+#: report's row key (:func:`row_key`) both read this one list, so two
+#: settings of one label are never one run to either.
+RUN_SETTINGS: tuple[RunSetting, ...] = (
+    RunSetting("host_experts", "off", _recorded("host_experts")),
+    RunSetting("host_format", "auto"),
+    RunSetting("host_workers", None),
+    RunSetting("host_threads", None),
+    RunSetting("host_max_ratio", 1.5),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO
+    RunSetting("host_max_tokens", 16),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS
+    RunSetting("expert_bytes_as", None),
+    RunSetting("expert_dtype", None, _recorded("expert_format")),
+    RunSetting("synthetic_format", None),
+    RunSetting("compressed_gemm", None, _recorded("compressed_gemm"), in_spec=False),
+    RunSetting("routing_source", "model", _recorded("routing_source")),
+    RunSetting("route_ahead_source", "union", _recorded("route_ahead_source")),
+    RunSetting("acceptance", "auto"),
+    RunSetting("mean_tau", None),
+    RunSetting("eviction", "auto", _recorded("eviction_policy")),
+    RunSetting("byte_budget_from", "floor"),
+    RunSetting("max_running", None),
+    RunSetting("token_budget", None),
+    RunSetting("prompt_len_max", None),
+    RunSetting("max_new_tokens_max", None),
+    RunSetting("placement", "round_robin"),
+    RunSetting("warmup", "auto", _recorded("warmup", "requested")),
+    RunSetting("cuda_graphs", "off", _recorded("cuda_graphs", "setting")),
+    # the matrix writes the width resolved for the label, and only where it
+    # is not full (so every spec recorded before widths existed is full)
+    RunSetting("verify_width", "full", _recorded("verify_width", "setting")),
+)
+
+#: The settings' values in a spec that omits them.
+SETTING_DEFAULTS: dict[str, Any] = {s.name: s.default for s in RUN_SETTINGS}
+
+
+def spec_settings(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A spec's :data:`RUN_SETTINGS` that specs carry (its part of the matrix's
+    resume key)."""
+    return tuple(s.of_spec(spec) for s in RUN_SETTINGS if s.in_spec)
+
+
+def row_settings(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A recorded row's :data:`RUN_SETTINGS`, in their order."""
+    return tuple(s.of_row(row) for s in RUN_SETTINGS)
+
+
+def settings_label(row: Mapping[str, Any], names: Iterable[str]) -> str:
+    """``name=value`` of the named :data:`RUN_SETTINGS` of a row, in their
+    order, comma-separated."""
+    wanted = set(names)
+    return ", ".join(
+        f"{setting.name}={value}"
+        for setting, value in zip(RUN_SETTINGS, row_settings(row), strict=True)
+        if setting.name in wanted
+    )
+
+
+def series_labels(rows: Iterable[Mapping[str, Any]]) -> dict[int, str]:
+    """Per row (by ``id``): its baseline, with the settings that tell its
+    rows apart where the set holds more than one setting of that baseline at
+    one point, e.g. ``PD [verify_width=adaptive]`` beside ``PD
+    [verify_width=full]``; a baseline of one setting per point keeps its bare
+    label (a setting that follows the point, e.g. ``max_running`` set from
+    the concurrency, pools nothing)."""
+    rows = [r for r in rows if isinstance(r, Mapping)]
+    by_baseline: dict[str, list[tuple[Mapping[str, Any], tuple[Any, ...]]]] = defaultdict(list)
+    for row in rows:
+        by_baseline[str(row.get("baseline"))].append((row, row_settings(row)))
+    labels: dict[int, str] = {}
+    for baseline, members in by_baseline.items():
+        at_point: dict[tuple[Any, ...], set[tuple[Any, ...]]] = defaultdict(set)
+        for row, values in members:
+            at_point[group_key(row)].add(values)
+        varying = [
+            setting.name
+            for i, setting in enumerate(RUN_SETTINGS)
+            if any(len({values[i] for values in point}) > 1 for point in at_point.values())
+        ]
+        for row, _ in members:
+            labels[id(row)] = (
+                f"{baseline} [{settings_label(row, varying)}]" if varying else baseline
+            )
+    return labels
+
+
 def inputs_label(row: Mapping[str, Any]) -> str:
     """Where a row's inputs came from, for its face in every table and plot:
     weights (synthetic | checkpoint), acceptance (model, or forced with its
@@ -230,7 +376,8 @@ def inputs_label(row: Mapping[str, Any]) -> str:
 
 def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """The identity a row is unique by: (arch with its depth, baseline,
-    block, concurrency, cache fraction, repeat, workload label)."""
+    block, concurrency, cache fraction, repeat, workload label, then every
+    :data:`RUN_SETTINGS` value): two settings of one label are two runs."""
     return (
         arch_label(row),
         row.get("baseline"),
@@ -239,13 +386,14 @@ def row_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
         row.get("cache_fraction"),
         row.get("repeat"),
         workload_label(row),
+        *row_settings(row),
     )
 
 
 def row_label(row: Mapping[str, Any]) -> str:
     """A short human label, e.g. ``tiny/PD/blk16/c4/cf0.2/r0`` (with
     ``/poisson 2/s`` appended for a workload other than a burst)."""
-    arch, baseline, block, conc, cf, rep, load = row_key(row)
+    arch, baseline, block, conc, cf, rep, load = row_key(row)[:7]
     tail = "" if load == "burst" else f"/{load}"
     return f"{arch}/{baseline}/blk{block}/c{conc}/cf{cf}/r{rep}{tail}"
 

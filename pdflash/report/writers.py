@@ -14,6 +14,7 @@ from pdflash.report.schema import (
     METRIC_FIELDS,
     OPTIONAL_METRIC_FIELDS,
     inputs_label,
+    series_labels,
     workload_label,
 )
 
@@ -162,8 +163,16 @@ def _cell(row: Mapping[str, Any], column: str) -> Any:
 def rows_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The per-row Markdown table (also what the default suite prints); its
     ``inputs`` column says on every row where weights, acceptance (forced
-    with its mean) and routing came from."""
-    return _table(ROW_TABLE_COLUMNS, [[_cell(r, c) for c in ROW_TABLE_COLUMNS] for r in rows])
+    with its mean) and routing came from, its ``baseline`` column the series
+    (with the setting where a point holds several of the label)."""
+    series = series_labels(rows)
+    return _table(
+        ROW_TABLE_COLUMNS,
+        [
+            [series[id(r)] if c == "baseline" else _cell(r, c) for c in ROW_TABLE_COLUMNS]
+            for r in rows
+        ],
+    )
 
 
 def _iv(cell: Mapping[str, Any] | None, digits: int = 4) -> str:
@@ -259,10 +268,10 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
             [
                 [
                     *_where(v),
-                    v["b"],
+                    v["b"] if v.get("a", "PD") == "PD" else f"{v['a']} vs {v['b']}",
                     (
-                        "PD faster"
-                        if v["verdict"] == "PD"
+                        f"{v.get('a', 'PD')} faster"
+                        if v["verdict"] == v.get("a", "PD")
                         else f"{v['b']} faster"
                         if v["verdict"] == v["b"]
                         else (v["verdict"] or "not called: " + v.get("reason", ""))
@@ -366,12 +375,20 @@ def markdown_report(
 
     parts += ["## Tokens/s per baseline (median over repeats) and ordering", ""]
     lines = []
+    # a label's column, or one per series where the rows hold several settings of it
+    ordered = ("B0", "B1", "B2", "PD", "B3")
+    columns = [
+        name
+        for base in ordered
+        for name in dict.fromkeys(k for e in evaluation["ordering"] for k in e["tokens_per_s"])
+        if name == base or name.startswith(f"{base} [")
+    ] or list(ordered)
     for e in evaluation["ordering"]:
         tps = e["tokens_per_s"]
         broken = [c["relation"] for c in e["checks"] if c["holds"] is False]
         lines.append(
             _where(e)
-            + [tps.get(b) for b in ("B0", "B1", "B2", "PD", "B3")]
+            + [tps.get(b) for b in columns]
             + [
                 "holds"
                 if e["holds"]
@@ -380,25 +397,38 @@ def markdown_report(
         )
     parts.append(
         _table(
-            (*WHERE, "B0", "B1", "B2", "PD", "B3", "B0<B1<B2<PD<=B3"),
+            (*WHERE, *columns, "B0<B1<B2<PD<=B3"),
             lines,
         )
     )
     parts += ["", "## Share of the B1→B3 gap PD closes", ""]
+    gaps = evaluation["gap_by_cache_fraction"]
+    # the PD, B1 and B3 series of each line where the rows hold several settings of one
+    by_series = any("series" in g for g in gaps)
     parts.append(
         _table(
-            ("arch", "B", "cache", "workload", "min", "median", "points measured"),
+            (
+                "arch",
+                "B",
+                "cache",
+                "workload",
+                *(("PD / B1 / B3",) if by_series else ()),
+                "min",
+                "median",
+                "points measured",
+            ),
             [
                 [
                     g["arch"],
                     g["block_size"],
                     g["cache_fraction"],
                     g["workload"],
+                    *((" / ".join(g["series"].values()),) if by_series else ()),
                     g["gap_closed_min"],
                     g["gap_closed_median"],
                     f"{g['points_measured']}/{g['points']}",
                 ]
-                for g in evaluation["gap_by_cache_fraction"]
+                for g in gaps
             ],
         )
     )

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pdflash.cache.expert_cache import quiesce
 from pdflash.distributed.lockstep import LockstepEngine, replicated_config
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine
@@ -114,13 +115,7 @@ class EngineBundle:
         for closer in self.closers:
             with contextlib.suppress(Exception):
                 closer()
-        with contextlib.suppress(Exception):
-            self.issuer.cancel(None)
-        busy = np.asarray(self.cache.ticket)
-        busy = busy[busy >= 0]
-        if busy.size:
-            with contextlib.suppress(Exception):
-                self.issuer.wait(busy)
+        quiesce(self.issuer, self.cache)
         self.adapter.detach_cache()
         self.issuer.close()
         self.adapter.close()

@@ -331,3 +331,33 @@ def test_refused_submit_leaves_nothing_pinned(fake_issuer: Any) -> None:
         cache.ensure_resident([0, 5])
     assert int(cache.pins.sum()) == 0 and not cache.is_resident([5])[0]
     assert (cache.hits, cache.misses) == (0, 1)  # the refused call is not counted
+
+
+def test_quiesce_cancels_and_waits_for_each_copy_in_flight() -> None:
+    """Before a slab is freed: every queued copy cancelled, then every copy
+    in flight waited for on its own, so one that fails does not skip the
+    others (the transformers handle, the serving stack and the bench run all
+    tear down through it)."""
+    from types import SimpleNamespace
+
+    from pdflash.cache.expert_cache import quiesce
+
+    calls: list[object] = []
+
+    class Issuer:
+        def cancel(self, band: object = None) -> int:
+            calls.append(("cancel", band))
+            raise RuntimeError("issuer closed")  # a failing cancel does not stop the waits
+
+        def wait(self, tickets: object, timeout_s: float | None = None) -> None:
+            got = [int(t) for t in np.asarray(tickets)]
+            calls.append(("wait", got))
+            if got == [7]:
+                raise RuntimeError("copy 7 failed")
+
+    cache = SimpleNamespace(ticket=np.array([-1, 7, -1, 3, 9], dtype=np.int64))
+    quiesce(Issuer(), cache)  # type: ignore[arg-type]
+    assert calls == [("cancel", None), ("wait", [7]), ("wait", [3]), ("wait", [9])]
+    calls.clear()
+    quiesce(Issuer(), SimpleNamespace(ticket=np.full(4, -1, dtype=np.int64)))  # type: ignore[arg-type]
+    assert calls == [("cancel", None)]

@@ -61,3 +61,21 @@ def test_fused_paged_attention_on_cuda(
         torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(again, got)
     assert a.tolist() == [1, 2, 3]
+
+
+def test_host_staging_on_cuda_is_pinned_async_and_safe_to_reuse() -> None:
+    """The staging buffers are pinned and reused; a buffer written again
+    while the stream is still busy (ring of one) waits for the copy that read
+    it, so every result holds its own values."""
+    from pdflash.engine.attention import HostStaging
+
+    staging = HostStaging(CUDA, depth=1)
+    a = torch.randn(2048, 2048, device=CUDA)
+    for _ in range(4):
+        a = a @ a / 2048  # keep the stream busy while the copies queue behind it
+    got = [staging.copy([list(range(i, i + 100))])[0] for i in range(20)]
+    torch.cuda.synchronize()
+    assert [t.tolist() for t in got] == [list(range(i, i + 100)) for i in range(20)]
+    assert staging.allocations == 1
+    buf = staging._buffers[0]
+    assert buf is not None and buf.is_pinned()

@@ -5,50 +5,22 @@ speculative + route-ahead (PD) and hybrid host-expert (PD+host) pipelines."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import torch
-
-from pdflash.engine.drafter import write_synthetic_drafter
 
 from .conftest import oracle_drafts
-from .test_engine_offloaded import MAX_NEW, _stack
+from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
 
 
 @pytest.fixture(scope="module", params=["qwen2_moe", "glm4_moe"])
 def checkpoint(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, list[Any]]:
-    from transformers import AutoModelForCausalLM
-
-    from pdflash.models import write_synthetic_checkpoint
-
-    torch.set_num_threads(1)
-    arch = request.param
-    tmp = tmp_path_factory.mktemp(arch)
     # glm4_moe: 4 decoder layers, the first dense, so 3 MoE layers
-    write_synthetic_checkpoint(
-        tmp / "target", arch, "tiny", num_layers=4, dtype=torch.float32, seed=3
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
-    ref_model = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    cases = []
-    for n in (3, 9, 6):
-        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            for _ in range(MAX_NEW):
-                tok = int(ref_model(torch.tensor([ids])).logits[0, -1].argmax())
-                out.append(tok)
-                ids.append(tok)
-        cases.append((prompt, out))
-    return tmp, cases
+    return offloaded_checkpoint(tmp_path_factory, request.param)
 
 
 @pytest.mark.parametrize("baseline", ["B0", "PD", "PD+host"])

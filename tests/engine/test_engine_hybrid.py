@@ -275,3 +275,29 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_max_tokens=-1))
     with pytest.raises(ValueError, match="host_format"):
         run_spec(_spec("PD+host", host_format="fp16"))
+
+
+def test_a_pd_host_run_gives_torch_its_thread_count_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hybrid service sets torch's process-wide intra-op threads for its
+    run (the row records them); a later run in the process must not inherit
+    them, after a run that ends or one that fails."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    before = torch.get_num_threads()
+    threads = before + 2
+    row = run_spec(_spec("PD+host", emulated_link_gbps=0.02, host_threads=threads)).row
+    assert row["torch_intra_op_threads"] == threads
+    assert row["host_service"]["intra_op_threads"] == threads
+    assert torch.get_num_threads() == before
+
+    from pdflash.engine import engine as engine_mod
+
+    def broken(self: Any, *a: Any, **k: Any) -> Any:
+        assert torch.get_num_threads() == threads  # the service's count during its run
+        raise RuntimeError("verify broke")
+
+    monkeypatch.setattr(engine_mod.Engine, "_verify", broken)
+    with pytest.raises(RuntimeError, match="verify broke"):
+        run_spec(_spec("PD+host", emulated_link_gbps=0.02, host_threads=threads))
+    assert torch.get_num_threads() == before

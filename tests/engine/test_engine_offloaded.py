@@ -17,7 +17,7 @@ from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine, RequestState
 from pdflash.protocols import Band
 
-from .conftest import oracle_drafts
+from .conftest import greedy_reference, oracle_drafts
 
 MAX_NEW = 14
 
@@ -102,16 +102,17 @@ def _stack(
     return eng, adapter, issuer
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
-def checkpoint(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+def offloaded_checkpoint(
+    tmp_path_factory: pytest.TempPathFactory, arch: str
 ) -> tuple[Path, list[Any]]:
+    """A tiny 4-layer ``arch`` target and drafter under a fresh folder, and
+    three prompts with their plain greedy continuations (the test modules'
+    checkpoint fixtures)."""
     from transformers import AutoModelForCausalLM
 
     from pdflash.models import write_synthetic_checkpoint
 
     torch.set_num_threads(1)
-    arch = request.param
     tmp = tmp_path_factory.mktemp(arch)
     write_synthetic_checkpoint(
         tmp / "target", arch, "tiny", num_layers=4, dtype=torch.float32, seed=3
@@ -123,14 +124,15 @@ def checkpoint(
     cases = []
     for n in (3, 9, 6):  # prompts longer than gpt-oss tiny's sliding window of 4
         prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        ids, out = list(prompt), []
-        with torch.no_grad():
-            for _ in range(MAX_NEW):
-                tok = int(ref_model(torch.tensor([ids])).logits[0, -1].argmax())
-                out.append(tok)
-                ids.append(tok)
-        cases.append((prompt, out))
+        cases.append((prompt, greedy_reference(ref_model, prompt, MAX_NEW)))
     return tmp, cases
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
+def checkpoint(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, list[Any]]:
+    return offloaded_checkpoint(tmp_path_factory, request.param)
 
 
 @pytest.mark.parametrize("baseline", BASELINES)

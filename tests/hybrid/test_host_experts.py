@@ -219,3 +219,44 @@ def test_fp8_experts_are_dequantized_on_the_host(
         finally:
             svc.close()
             ad.runtime.host_service = None
+
+
+def test_service_and_executor_give_torch_its_thread_count_back(
+    tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    """torch's intra-op thread count is process-wide: whoever sets it gives
+    the previous count back on close, or when building fails."""
+    ad = load_adapter(tiny_checkpoints["qwen3_moe"], issuer=host_issuer, cache_slots=8)
+    before = torch.get_num_threads()
+    threads = before + 1
+    svc = build_host_service(
+        ad,
+        link_bytes_per_s=1e9,
+        planner=ForcedHostPlanner(every=1),
+        calibrate=False,
+        intra_op_threads=threads,
+    )
+    try:
+        assert torch.get_num_threads() == threads
+        assert svc.describe()["intra_op_threads"] == threads
+    finally:
+        svc.close()
+        assert ad.runtime is not None
+        ad.runtime.host_service = None
+    assert torch.get_num_threads() == before
+    svc.close()  # idempotent: nothing set twice
+    assert torch.get_num_threads() == before
+    # a build that fails after setting the count (no planner, nothing to build one from)
+    with pytest.raises(ValueError, match="no planner"):
+        build_host_service(ad, link_bytes_per_s=1e9, calibrate=False, intra_op_threads=threads)
+    assert torch.get_num_threads() == before
+    assert ad.runtime.host_service is None
+    # the executor alone, when given a count
+    with HostExpertExecutor(
+        ad.store.views, ad.expert_forward, dtype=ad.store.layout.dtype, intra_op_threads=threads
+    ) as ex:
+        assert torch.get_num_threads() == threads == ex.intra_op_threads
+    assert torch.get_num_threads() == before
+    with HostExpertExecutor(ad.store.views, ad.expert_forward, dtype=ad.store.layout.dtype):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before

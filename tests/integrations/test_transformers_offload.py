@@ -89,3 +89,40 @@ def test_offload_refuses_a_model_without_checkpoint(checkpoint: Path, tmp_path: 
         offload(loaded, device="cpu")
     with pytest.raises(ValueError, match="not both"):
         offload(checkpoint, cache_fraction=0.5, cache_gb=1.0)
+
+
+def test_offload_evicts_layer_cyclic_by_default_and_lru_on_request(
+    checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default is the engine baselines' policy (layer_cyclic), told which
+    MoE layer runs, in forward order; ``lru`` stays selectable. Both give
+    plain transformers' greedy output."""
+    from pdflash.cache.eviction import LayerCyclicPolicy
+    from pdflash.models.offload import decoder_layers
+
+    seen: list[int] = []
+    told = LayerCyclicPolicy.before_layer
+
+    def spy(self: LayerCyclicPolicy, layer: int) -> None:
+        seen.append(layer)
+        told(self, layer)
+
+    monkeypatch.setattr(LayerCyclicPolicy, "before_layer", spy)
+    want = _reference(checkpoint)
+    with offloaded(checkpoint, cache_fraction=0.3, device="cpu") as model:
+        assert model.pdflash.cache.policy.name == "layer_cyclic"
+        layers = model.pdflash.adapter.num_layers
+        got = model.generate(PROMPTS, max_new_tokens=12, do_sample=False)
+        assert model.pdflash.stats()["misses"] > 0
+    assert torch.equal(got, want)
+    # one forward per generated token but the last (the prefill and 11 decode steps), each 0..L-1
+    assert seen == list(range(layers)) * 12
+    # closing the handle removed the layer hook with the others
+    assert not any(layer._forward_pre_hooks for layer in decoder_layers(model))
+    with offloaded(checkpoint, cache_fraction=0.3, device="cpu", eviction="lru") as model:
+        assert model.pdflash.cache.policy.name == "lru"
+        assert not any(layer._forward_pre_hooks for layer in decoder_layers(model))
+        got = model.generate(PROMPTS, max_new_tokens=12, do_sample=False)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="unknown eviction policy"):
+        offload(checkpoint, cache_fraction=0.3, device="cpu", eviction="fifo")

@@ -714,6 +714,26 @@ class MoEAdapterBase:
             raise RuntimeError("no expert cache attached")
         return self.runtime.add_route_hook(hook)
 
+    def add_layer_input_hook(self, hook: Callable[[int], None]) -> Callable[[], None]:
+        """``hook(layer)`` as each MoE layer's decoder layer starts, during
+        :attr:`hf_model` forwards (``layer`` is the MoE layer index), e.g. an
+        eviction policy's ``before_layer``. Returns a function that removes
+        the hook."""
+        handles = []
+        for i, decoder_layer in enumerate(self.moe_layers):
+            layer = self._layers[decoder_layer]
+
+            def pre(_m: Any, _a: Any, i: int = i) -> None:
+                hook(i)
+
+            handles.append(layer.register_forward_pre_hook(pre))
+
+        def remove() -> None:
+            for h in handles:
+                h.remove()
+
+        return remove
+
     def add_layer_output_hook(
         self, hook: Callable[[int, torch.Tensor], None]
     ) -> Callable[[], None]:

@@ -17,6 +17,7 @@ import importlib.util
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,60 @@ def run_with_timeout(fn: Callable[[], Any], timeout_s: float = 20.0) -> tuple[st
     if "exc" in box:
         return "raised", box["exc"]
     return "ok", box.get("value")
+
+
+@dataclass
+class TwoSteppers:
+    """How two threads in one engine's ``step()`` ended (:func:`step_from_two_threads`)."""
+
+    #: what was raised while the first thread was held inside its step, i.e. the second's error
+    refused: list[BaseException]
+    #: every error either thread raised, once both ended
+    errors: list[BaseException]
+    #: both threads ended within the time allowed
+    finished: bool
+
+
+def step_from_two_threads(
+    engine: Any, hold_at_layer: int | None = None, timeout_s: float = 20.0
+) -> TwoSteppers:
+    """Call ``engine.step()`` from a first thread and hold it inside its
+    forward (a before-MoE hook at ``hold_at_layer``, or the first layer it
+    meets), call ``step()`` from a second thread meanwhile, then let the
+    first go on. The hook is removed again before this returns."""
+    inside, release = threading.Event(), threading.Event()
+    first: list[int] = []
+
+    def hold(layer: int) -> None:
+        if not first:
+            first.append(threading.get_ident())
+        held_here = hold_at_layer is None or layer == hold_at_layer
+        if threading.get_ident() == first[0] and not release.is_set() and held_here:
+            inside.set()
+            release.wait(timeout_s)
+
+    errors: list[BaseException] = []
+
+    def stepper() -> None:
+        try:
+            engine.step()
+        except BaseException as exc:
+            errors.append(exc)
+
+    engine.runner.before_moe_hooks.append(hold)
+    try:
+        t1 = threading.Thread(target=stepper, daemon=True)
+        t1.start()
+        assert inside.wait(timeout_s), "the first step never reached the held layer"
+        t2 = threading.Thread(target=stepper, daemon=True)
+        t2.start()
+        t2.join(timeout_s)
+        refused = list(errors)
+    finally:
+        release.set()
+    t1.join(timeout_s)
+    engine.runner.before_moe_hooks.remove(hold)
+    return TwoSteppers(refused, errors, not t1.is_alive() and not t2.is_alive())
 
 
 def classify_refusal(

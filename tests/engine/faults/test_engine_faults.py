@@ -22,7 +22,7 @@ from pdflash.engine import verify as verify_mod
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine, RequestState
 
-from .conftest import HELPERS, MAX_NEW, Ledger, run_with_timeout
+from .conftest import HELPERS, MAX_NEW, Ledger, run_with_timeout, step_from_two_threads
 
 pytestmark = pytest.mark.faults
 
@@ -339,39 +339,11 @@ def test_two_threads_stepping_one_gets_a_clear_error(
     eng = make_engine(adapter, drafter)
     ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases[:2]]
     refs = {rid: ref for rid, (_, ref) in zip(ids, cases, strict=False)}
-    inside = threading.Event()
-    release = threading.Event()
-    first: list[int] = []
-
-    def hold(layer: int) -> None:  # blocks the first stepping thread inside its forward
-        if not first:
-            first.append(threading.get_ident())
-        if threading.get_ident() == first[0] and not release.is_set():
-            inside.set()
-            release.wait(20)
-
-    eng.runner.before_moe_hooks.append(hold)
-    errors: list[BaseException] = []
-
-    def stepper() -> None:
-        try:
-            eng.step()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t1 = threading.Thread(target=stepper, daemon=True)
-    t1.start()
-    assert inside.wait(20)
-    t2 = threading.Thread(target=stepper, daemon=True)
-    t2.start()
-    t2.join(20)
-    second_errors = list(errors)
-    release.set()
-    t1.join(20)
-    assert not t1.is_alive() and not t2.is_alive()
+    two = step_from_two_threads(eng)
+    second_errors, errors = two.refused, two.errors
+    assert two.finished
     ok = len(second_errors) == 1 and isinstance(second_errors[0], RuntimeError)
     ok = ok and "single-threaded" in str(second_errors[0]) and len(errors) == 1
-    eng.runner.before_moe_hooks.remove(hold)
     kind, _ = run_with_timeout(lambda: eng.run_until_done(max_steps=200))
     ok = ok and kind == "ok" and all(eng.request(r).output == refs[r] for r in ids)
     outcome = "clear_error" if ok and not leaks(eng) else ("hung" if kind == "hung" else "crashed")

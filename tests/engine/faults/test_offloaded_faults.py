@@ -18,7 +18,7 @@ import torch
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine, RequestState
 
-from .conftest import HELPERS, Ledger, run_with_timeout
+from .conftest import HELPERS, Ledger, run_with_timeout, step_from_two_threads
 
 pytestmark = [pytest.mark.faults, pytest.mark.timeout(120)]
 
@@ -313,35 +313,9 @@ def test_two_threads_stepping_an_offloaded_engine(stack: Any, ledger: Ledger) ->
     ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases[:2]]
     refs = {rid: ref for rid, (_, ref) in zip(ids, cases, strict=False)}
     eng.step()  # prefill; the next step's forward pins experts
-    inside, release = threading.Event(), threading.Event()
-    first: list[int] = []
-
-    def hold(layer: int) -> None:
-        if not first:
-            first.append(threading.get_ident())
-        if threading.get_ident() == first[0] and not release.is_set() and layer == 1:
-            inside.set()
-            release.wait(20)
-
-    eng.runner.before_moe_hooks.append(hold)
-    errors: list[BaseException] = []
-
-    def stepper() -> None:
-        try:
-            eng.step()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t1 = threading.Thread(target=stepper, daemon=True)
-    t1.start()
-    assert inside.wait(20)
-    t2 = threading.Thread(target=stepper, daemon=True)
-    t2.start()
-    t2.join(20)
-    refused = list(errors)
-    release.set()
-    t1.join(20)
-    eng.runner.before_moe_hooks.remove(hold)
+    two = step_from_two_threads(eng, hold_at_layer=1)
+    refused, errors = two.refused, two.errors
+    assert two.finished
     outcome, detail = _run_and_classify(eng, cache, issuer, ids, refs, "")
     ok = len(refused) == 1 and "single-threaded" in str(refused[0]) and len(errors) == 1
     ledger.record(
