@@ -3,11 +3,12 @@
 :func:`run_ranks` starts ``N`` local processes (torchrun environment, one
 rank each, :func:`pdflash.distributed.launch`); each runs the ordinary
 :func:`pdflash.bench.engine_run.run_spec` with its expert cache, H2D issuer
-and link restricted to the experts it owns (:mod:`pdflash.distributed`).
+and link restricted to the experts it owns (:mod:`pdflash.distributed`), and
+its host store packing (and pinning) only those experts.
 Every rank runs the same workload with the same seeds (replicated control),
 so rank 0's row is the run's; it gains the per-rank books: each rank's link
-busy seconds and bytes, all-to-all seconds and rows exchanged, and their
-aggregates. Cache-local row fields (hit rate, h2d bytes, link busy,
+busy seconds and bytes, all-to-all seconds and rows exchanged, host bytes
+packed, and their aggregates. Cache-local row fields (hit rate, h2d bytes, link busy,
 Belady figures) are rank 0's own (``rank_local_fields`` says so).
 """
 
@@ -94,14 +95,31 @@ def run_ranks(spec: RunSpec, progress: Callable[[int, int], None] | None = None)
     return result
 
 
-def placement_of(spec: RunSpec, adapter: Any, num_ranks: int) -> Any:
-    from pdflash.distributed import frequency_from_trace, placement_for
+def _frequency(spec: RunSpec) -> Any:
+    from pdflash.distributed import frequency_from_trace
 
-    freq = None
-    if spec.placement == "frequency":
-        assert spec.trace is not None
-        freq = frequency_from_trace(spec.trace)
-    return placement_for(spec.placement, adapter.num_layers, adapter.num_experts, num_ranks, freq)
+    if spec.placement != "frequency":
+        return None
+    assert spec.trace is not None
+    return frequency_from_trace(spec.trace)
+
+
+def placement_of(spec: RunSpec, adapter: Any, num_ranks: int) -> Any:
+    from pdflash.distributed import placement_for
+
+    return placement_for(
+        spec.placement, adapter.num_layers, adapter.num_experts, num_ranks, _frequency(spec)
+    )
+
+
+def rank_owned_experts(spec: RunSpec, group: RankGroup) -> tuple[Any, Callable[[int, int], Any]]:
+    """``load_target``'s ``owned`` for this rank: its host store packs only
+    the experts :func:`placement_of` gives it (the same placement, computed
+    from the same inputs), keyed by what decides that share."""
+    from pdflash.distributed import owned_experts_of
+
+    key = ("rank", group.rank, group.world_size, spec.placement, spec.trace)
+    return key, owned_experts_of(spec.placement, group.rank, group.world_size, _frequency(spec))
 
 
 class RankStack:
@@ -147,6 +165,9 @@ class RankStack:
             "h2d_bytes": row.get("h2d_bytes"),
             "expert_cache_hit_rate": row.get("expert_cache_hit_rate"),
             "owned_experts": int(self.view.owned.sum()),
+            # host memory this rank packed (and pinned on CUDA): its own experts
+            "host_packed_bytes": int(self.runtime.store.packed_nbytes),
+            "host_packed_experts": int(self.runtime.store.num_packed),
             "cache_slots": int(self.view.num_slots),
             "residency_syncs": self.view.syncs,
             "residency_sync_s": self.view.sync_s,
@@ -178,6 +199,8 @@ class RankStack:
                 "rank_local_fields_note": "these row fields are rank 0's cache and link; "
                 "'ranks' holds every rank's",
                 "aggregate_h2d_bytes": sum(nbytes),
+                "host_packed_bytes_per_rank": [r["host_packed_bytes"] for r in ranks],
+                "host_model_expert_bytes": int(self.runtime.store.total_nbytes),
                 "aggregate_link_gbps": sum(nbytes) / wall / 1e9 if wall > 0 else None,
                 "busiest_link_busy_s": max(busy),
                 "all_to_all_s_max": max(a2a),

@@ -22,7 +22,7 @@ from .moe import (
     ShardedCacheView,
     install_expert_parallel,
 )
-from .placement import ExpertPlacement, placement_for
+from .placement import ExpertPlacement, owned_experts_of, placement_for
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,10 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
     world = 1 if group is None else group.world_size
     issuer = H2DIssuer(backend="host")
     try:
-        adapter: Any = load_adapter(spec.target, device="cpu")
+        owned = None
+        if group is not None:  # this rank's host store packs only its experts
+            owned = owned_experts_of(spec.placement, group.rank, world, spec.frequency)
+        adapter: Any = load_adapter(spec.target, device="cpu", owned_experts=owned)
         cache = adapter.attach_new_cache(
             issuer,
             num_slots=spec.cache_slots,
@@ -155,6 +158,9 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             "link_busy_s": float(issuer_stats.get("link_busy_s", 0.0)),
             "pins_left": int(np.asarray(cache.pins).sum()),
             "resident_foreign": 0,
+            "host_packed_bytes": int(adapter.store.packed_nbytes),
+            "host_packed_experts": int(adapter.store.num_packed),
+            "host_model_bytes": int(adapter.store.total_nbytes),
         }
         if group is not None:
             assert isinstance(batcher, ExpertParallelBatcher)
@@ -168,6 +174,9 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             # experts another rank owns must never take a slot here
             foreign = np.asarray(cache.resident_mask(), dtype=np.bool_) & ~view.owned
             out["resident_foreign"] = int(foreign.sum())
+            packed = adapter.store.owned
+            # experts packed here that another rank owns (host memory wasted)
+            out["host_packed_foreign"] = int((packed & ~view.owned).sum())
         return out
     finally:
         issuer.close()

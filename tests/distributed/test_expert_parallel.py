@@ -1,6 +1,6 @@
 """Expert-parallel offload on CPU: 2 gloo ranks produce the single-process
 engine's greedy tokens on tiny qwen3-moe and gpt-oss checkpoints, each rank
-caching and copying only the experts it owns."""
+packing, caching and copying only the experts it owns."""
 
 from __future__ import annotations
 
@@ -112,4 +112,10 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
             assert all(b <= budget or n == 1 for n, b in zip(sizes, busiest, strict=True))
         # each link carried only its own experts: less than the one link did
         assert max(r["bytes_in"] for r in ranks) < single["bytes_in"]
+        # each rank's host store packed only its own experts: the ranks'
+        # stores partition the single process's
+        assert single["host_packed_bytes"] == single["host_model_bytes"]
+        assert all(r["host_packed_foreign"] == 0 for r in ranks)
+        assert sum(r["host_packed_bytes"] for r in ranks) == single["host_packed_bytes"]
+        assert max(r["host_packed_bytes"] for r in ranks) < single["host_packed_bytes"]
     assert deferrals > 0  # the per-rank budget bound (and the greedy tokens held)
