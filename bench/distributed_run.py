@@ -35,6 +35,17 @@ RANK_LOCAL_FIELDS = (
     "wasted_prefetch_bytes",
     "expert_occupancy_bytes",
     "exposed_fetch_s",
+    # PD+host: each rank's host serves misses of its own experts only
+    "host_served_experts",
+    "host_tokens",
+    "host_compute_s",
+    "host_busy_s",
+    "host_wait_s",
+    "host_busy_fraction",
+    "link_bytes_saved",
+    "link_bytes_saved_per_token",
+    "host_planned_ahead_experts",
+    "host_service",
 )
 
 #: row fields a single-GPU Belady replay gives: the replay runs the whole
@@ -60,8 +71,6 @@ def check_spec(spec: RunSpec) -> None:
         return
     if spec.baseline == "B3":
         raise ValueError("B3 keeps every expert resident on one GPU: not an expert-parallel run")
-    if spec.host_mode != "off":
-        raise ValueError("the hybrid miss service (host experts) is single-GPU only")
     if spec.arrivals != "burst":
         # NOTE: replicated control needs every rank to add the same requests
         # at the same step; wall-clock arrivals differ between processes
@@ -168,6 +177,10 @@ class RankStack:
             # host memory this rank packed (and pinned on CUDA): its own experts
             "host_packed_bytes": int(self.runtime.store.packed_nbytes),
             "host_packed_experts": int(self.runtime.store.num_packed),
+            # PD+host: what this rank's host computed (its own experts only)
+            "host_served_experts": row.get("host_served_experts"),
+            "host_busy_s": row.get("host_busy_s"),
+            "link_bytes_saved": row.get("link_bytes_saved"),
             "cache_slots": int(self.view.num_slots),
             "residency_syncs": self.view.syncs,
             "residency_sync_s": self.view.sync_s,

@@ -486,6 +486,12 @@ class ExpertStore:
         """The host bytes this store packed (its buffer, less any padding)."""
         return self.num_packed * self.expert_nbytes
 
+    def packed_ids(self) -> npt.NDArray[np.int64]:
+        """The flat ids this store packed, ascending (all, or the ``owned``)."""
+        if self.owned is None:
+            return np.arange(self.num_ids, dtype=np.int64)
+        return np.flatnonzero(self.owned.reshape(-1)).astype(np.int64)
+
     def _foreign(self, g: int) -> ForeignExpertError:
         layer, expert = divmod(g, self.num_experts)
         return ForeignExpertError(

@@ -68,6 +68,9 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
     specs += [
         dataclasses.replace(specs[1], rank_budget_experts=k, max_running=3) for k in (3, 4, 5)
     ]
+    # PD+host with a forced plan (every other miss of a layer on the host): a
+    # rank's host computes from its own store, which packs only its experts
+    specs.append(dataclasses.replace(specs[1], baseline="PD+host", host_every=2))
     singles = run_greedy_all(None, specs)
     per_rank = launch(run_greedy_all, 2, specs, device="cpu")
     deferrals = 0
@@ -118,4 +121,12 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
         assert all(r["host_packed_foreign"] == 0 for r in ranks)
         assert sum(r["host_packed_bytes"] for r in ranks) == single["host_packed_bytes"]
         assert max(r["host_packed_bytes"] for r in ranks) < single["host_packed_bytes"]
+        if baseline == "PD+host":
+            # the host's rows equal the device's: the tokens are plain PD's too
+            assert single["outputs"] == singles[1]["outputs"]
+            assert single["host_books"]["experts"] > 0
+            for got, pd in zip(ranks, (g[1] for g in per_rank), strict=True):
+                assert got["host_books"]["experts"] > 0 and got["host_books"]["bytes_saved"] > 0
+                # a host-served miss is not copied: fewer bytes than PD's on this rank
+                assert got["bytes_in"] < pd["bytes_in"]
     assert deferrals > 0  # the per-rank budget bound (and the greedy tokens held)

@@ -186,3 +186,37 @@ def test_two_gloo_ranks_pack_half_and_refuse_foreign_experts(target: Path) -> No
         assert store_error is not None and store_error.startswith("ForeignExpertError")
         assert cache_error is not None and "restrict_to" in cache_error
         assert r["resident"] == 0
+
+
+def test_a_ranks_host_executor_prepares_and_times_only_its_experts(target: Path) -> None:
+    from pdflash.hybrid import build_host_service, host_weights_for
+    from pdflash.hybrid.kernels import host_kernel_for, prepare_all
+
+    layers, experts = _grid(target)
+    owned = owned_experts_of("round_robin", 0, 2)(layers, experts).reshape(-1)
+    mine = np.flatnonzero(owned)
+    foreign = int(np.flatnonzero(~owned)[0])
+    full = load_adapter(target)
+    kernel = host_kernel_for(full, "fp32_out_in")
+    assert kernel is not None
+    every = prepare_all(kernel, full.store.views, range(full.store.num_ids))
+    assert every is not None
+    issuer = H2DIssuer(backend="host")
+    try:
+        adapter = load_adapter(target, owned_experts=owned.reshape(layers, experts))
+        adapter.attach_new_cache(issuer, num_slots=4)
+        hw = host_weights_for(adapter, "fp32_out_in", budget_bytes=1 << 30)
+        assert hw.nbytes == every.nbytes // 2  # the rank's half of the prepared copy
+        for g in mine.tolist():
+            for name, t in hw.weights_of(g).items():
+                assert torch.equal(t, every.of(g)[name])
+        with pytest.raises(ForeignExpertError, match=f"expert {foreign} has no prepared"):
+            hw.weights_of(foreign)
+        # the calibration times the rank's own experts (a foreign one would raise)
+        svc = build_host_service(adapter, link_bytes_per_s=1e9, host_format="packed")
+        try:
+            assert svc.cost is not None and svc.cost.source == "calibrated"
+        finally:
+            svc.close()
+    finally:
+        issuer.close()
