@@ -3,11 +3,12 @@
 :func:`run_ranks` starts ``N`` local processes (torchrun environment, one
 rank each, :func:`pdflash.distributed.launch`); each runs the ordinary
 :func:`pdflash.bench.engine_run.run_spec` with its expert cache, H2D issuer
-and link restricted to the experts it owns (:mod:`pdflash.distributed`).
+and link restricted to the experts it owns (:mod:`pdflash.distributed`), and
+its host store packing (and pinning) only those experts.
 Every rank runs the same workload with the same seeds (replicated control),
 so rank 0's row is the run's; it gains the per-rank books: each rank's link
-busy seconds and bytes, all-to-all seconds and rows exchanged, and their
-aggregates. Cache-local row fields (hit rate, h2d bytes, link busy,
+busy seconds and bytes, all-to-all seconds and rows exchanged, host bytes
+packed, and their aggregates. Cache-local row fields (hit rate, h2d bytes, link busy,
 Belady figures) are rank 0's own (``rank_local_fields`` says so).
 """
 
@@ -34,6 +35,17 @@ RANK_LOCAL_FIELDS = (
     "wasted_prefetch_bytes",
     "expert_occupancy_bytes",
     "exposed_fetch_s",
+    # PD+host: each rank's host serves misses of its own experts only
+    "host_served_experts",
+    "host_tokens",
+    "host_compute_s",
+    "host_busy_s",
+    "host_wait_s",
+    "host_busy_fraction",
+    "link_bytes_saved",
+    "link_bytes_saved_per_token",
+    "host_planned_ahead_experts",
+    "host_service",
 )
 
 #: row fields a single-GPU Belady replay gives: the replay runs the whole
@@ -59,8 +71,6 @@ def check_spec(spec: RunSpec) -> None:
         return
     if spec.baseline == "B3":
         raise ValueError("B3 keeps every expert resident on one GPU: not an expert-parallel run")
-    if spec.host_mode != "off":
-        raise ValueError("the hybrid miss service (host experts) is single-GPU only")
     if spec.arrivals != "burst":
         # NOTE: replicated control needs every rank to add the same requests
         # at the same step; wall-clock arrivals differ between processes
@@ -94,14 +104,31 @@ def run_ranks(spec: RunSpec, progress: Callable[[int, int], None] | None = None)
     return result
 
 
-def placement_of(spec: RunSpec, adapter: Any, num_ranks: int) -> Any:
-    from pdflash.distributed import frequency_from_trace, placement_for
+def _frequency(spec: RunSpec) -> Any:
+    from pdflash.distributed import frequency_from_trace
 
-    freq = None
-    if spec.placement == "frequency":
-        assert spec.trace is not None
-        freq = frequency_from_trace(spec.trace)
-    return placement_for(spec.placement, adapter.num_layers, adapter.num_experts, num_ranks, freq)
+    if spec.placement != "frequency":
+        return None
+    assert spec.trace is not None
+    return frequency_from_trace(spec.trace)
+
+
+def placement_of(spec: RunSpec, adapter: Any, num_ranks: int) -> Any:
+    from pdflash.distributed import placement_for
+
+    return placement_for(
+        spec.placement, adapter.num_layers, adapter.num_experts, num_ranks, _frequency(spec)
+    )
+
+
+def rank_owned_experts(spec: RunSpec, group: RankGroup) -> tuple[Any, Callable[[int, int], Any]]:
+    """``load_target``'s ``owned`` for this rank: its host store packs only
+    the experts :func:`placement_of` gives it (the same placement, computed
+    from the same inputs), keyed by what decides that share."""
+    from pdflash.distributed import owned_experts_of
+
+    key = ("rank", group.rank, group.world_size, spec.placement, spec.trace)
+    return key, owned_experts_of(spec.placement, group.rank, group.world_size, _frequency(spec))
 
 
 class RankStack:
@@ -147,6 +174,13 @@ class RankStack:
             "h2d_bytes": row.get("h2d_bytes"),
             "expert_cache_hit_rate": row.get("expert_cache_hit_rate"),
             "owned_experts": int(self.view.owned.sum()),
+            # host memory this rank packed (and pinned on CUDA): its own experts
+            "host_packed_bytes": int(self.runtime.store.packed_nbytes),
+            "host_packed_experts": int(self.runtime.store.num_packed),
+            # PD+host: what this rank's host computed (its own experts only)
+            "host_served_experts": row.get("host_served_experts"),
+            "host_busy_s": row.get("host_busy_s"),
+            "link_bytes_saved": row.get("link_bytes_saved"),
             "cache_slots": int(self.view.num_slots),
             "residency_syncs": self.view.syncs,
             "residency_sync_s": self.view.sync_s,
@@ -178,6 +212,8 @@ class RankStack:
                 "rank_local_fields_note": "these row fields are rank 0's cache and link; "
                 "'ranks' holds every rank's",
                 "aggregate_h2d_bytes": sum(nbytes),
+                "host_packed_bytes_per_rank": [r["host_packed_bytes"] for r in ranks],
+                "host_model_expert_bytes": int(self.runtime.store.total_nbytes),
                 "aggregate_link_gbps": sum(nbytes) / wall / 1e9 if wall > 0 else None,
                 "busiest_link_busy_s": max(busy),
                 "all_to_all_s_max": max(a2a),

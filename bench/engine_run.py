@@ -401,17 +401,30 @@ def load_target(
     dtype: torch.dtype | None,
     expert_dtype: str | None = None,
     expert_nbytes: int | None = None,
+    owned: tuple[Any, Callable[[int, int], Any]] | None = None,
 ) -> Any:
     """The adapter for a checkpoint, reused by consecutive runs on the same
     checkpoint (packing experts into pinned host memory is the expensive
     part). NOTE: only the most recent target is kept, so a matrix over
-    several full-size architectures never holds two sets of host experts."""
+    several full-size architectures never holds two sets of host experts.
+    ``owned``: ``(key, owned_experts)``: an expert-parallel rank packs only
+    the experts ``owned_experts`` gives (``key`` names that share)."""
     from pdflash.models import load_adapter
 
-    key = (str(path.resolve()), str(device), str(dtype), str(expert_dtype), str(expert_nbytes))
+    key: tuple[str, ...] = (
+        str(path.resolve()),
+        str(device),
+        str(dtype),
+        str(expert_dtype),
+        str(expert_nbytes),
+    )
+    if owned is not None:
+        key += (repr(owned[0]),)
     if key not in _TARGETS:
         release_targets()
-        extra = {} if expert_nbytes is None else {"expert_nbytes": expert_nbytes}
+        extra: dict[str, Any] = {} if expert_nbytes is None else {"expert_nbytes": expert_nbytes}
+        if owned is not None:
+            extra["owned_experts"] = owned[1]
         _TARGETS[key] = load_adapter(
             path, device=device, dtype=dtype, expert_dtype=expert_dtype, **extra
         )
@@ -568,7 +581,12 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         from .realtext import published_expert_nbytes
 
         padded_nbytes = published_expert_nbytes(spec.expert_bytes_as)[0]
-    adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes)
+    owned = None
+    if group is not None:
+        from .distributed_run import rank_owned_experts
+
+        owned = rank_owned_experts(spec, group)
+    adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes, owned)
     model_dtype = adapter.dtype
     drafter: DFlashDrafter | None = None
     if spec.baseline != "B0":

@@ -12,7 +12,8 @@
 #  smoke_nccl   tiny model, 2 ranks over NCCL: the path works on the GPUs
 #  <arch>_g<N>  PD at cache 0.2 per GPU, c = 4, 16, 32, 8 layers, N GPUs
 #               (N = 1 is the baseline of the same build): rows carry gpus,
-#               ranks[] (each rank's link_busy_s, h2d_bytes, all_to_all_s),
+#               ranks[] (each rank's link_busy_s, h2d_bytes, all_to_all_s,
+#               host_packed_bytes: each rank packs only its own experts),
 #               aggregate_link_gbps and all_to_all_share
 #  scale_*      the SIMULATED scaling of this run's 1-GPU rows (pdflash-bench
 #               scale), to set beside the measured N-GPU rows

@@ -5,7 +5,11 @@ dense parts replicated; experts partitioned by an :class:`ExpertPlacement`;
 per MoE layer the routed rows go to their experts' owners with
 ``all_to_all_single`` and come back the same way (:mod:`.moe`). Each rank's
 :class:`~pdflash.cache.ExpertCache`, H2D issuer and route-ahead copies work on
-its own experts over its own link. :mod:`.simulate` predicts the scaling
+its own experts over its own link, and each rank's host store packs (and
+pins) only its own experts (``load_adapter(owned_experts=``
+:func:`owned_experts_of` ``)``): host memory per rank is the model's
+expert bytes over ``N`` for a balanced placement, not all of them.
+:mod:`.simulate` predicts the scaling
 from measured single-GPU rows.
 """
 
@@ -34,6 +38,7 @@ from .placement import (
     RoundRobinPlacement,
     frequency_from_topk,
     frequency_from_trace,
+    owned_experts_of,
     owned_mask,
     placement_for,
 )
@@ -58,6 +63,7 @@ __all__ = [
     "init_from_env",
     "install_expert_parallel",
     "launch",
+    "owned_experts_of",
     "owned_mask",
     "placement_for",
     "repair_rank_budget",

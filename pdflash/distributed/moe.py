@@ -559,10 +559,22 @@ def install_expert_parallel(
     (:class:`pdflash.models.MoEAdapterBase`) as an expert-parallel runtime.
 
     Returns the runtime (the adapter's blocks now run it) and the engine's
-    view of the group's experts (pass it as the engine's ``expert_cache``)."""
+    view of the group's experts (pass it as the engine's ``expert_cache``).
+    The adapter's host store may pack only this rank's experts
+    (``load_adapter(owned_experts=owned_experts_of(...))``, what every
+    caller in the package does) or all of them; one that lacks an expert
+    this rank owns is refused (nothing changed)."""
+    owned = owned_mask(placement, group.rank)
+    packed = getattr(adapter.store, "owned", None)
+    if packed is not None and (owned & ~packed).any():
+        layer, expert = (int(i[0]) for i in np.nonzero(owned & ~packed))
+        raise ValueError(
+            f"rank {group.rank} owns expert {expert} of layer {layer}, which its host store "
+            "did not pack: load the adapter with this placement's owned_experts"
+        )
     # the cache holds only this rank's experts: refuses others, and a layer is
     # resident (no host sync in the block) once the rank's own experts are
-    cache.restrict_to(owned_mask(placement, group.rank))
+    cache.restrict_to(owned)
     adapter.attach_cache(cache)  # checks the shapes and registers the store with the issuer
     runtime = ExpertParallelMoE(
         adapter.store,

@@ -15,10 +15,18 @@ policies:
   lower rank). The count cap keeps each rank's slot demand even per layer;
   the load rule spreads the hot experts, so each link carries a similar
   share of the misses over a forward.
+
+Placements are static per run: computed once, before the model is loaded,
+from the grid and (for the balanced one) a measured frequency. Each rank
+packs only its own experts into host memory
+(:func:`owned_experts_of`, ``load_adapter(owned_experts=...)``), so nothing
+re-places experts while a run is live: a new placement means loading the
+ranks again (re-reading the checkpoint for the new share).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -183,3 +191,24 @@ def placement_for(
             raise ValueError(f"frequency shape {freq.shape} != ({num_layers}, {num_experts})")
         return FrequencyBalancedPlacement(freq, num_ranks)
     raise ValueError(f"unknown placement {name!r} (round_robin, frequency)")
+
+
+def owned_experts_of(
+    name: str,
+    rank: int,
+    num_ranks: int,
+    frequency: npt.ArrayLike | None = None,
+) -> Callable[[int, int], npt.NDArray[np.bool_]]:
+    """``load_adapter``'s ``owned_experts`` for ``rank`` of the placement
+    ``name`` (as :func:`placement_for`): given the model's ``(layers,
+    experts)`` grid, the experts ``rank`` owns, so its host store packs only
+    those. The placement is recomputed from the same inputs once the adapter
+    is loaded (it is deterministic), so the store and the runtime agree."""
+    if not 0 <= rank < _check_ranks(num_ranks):
+        raise ValueError(f"rank {rank} out of range for {num_ranks} ranks")
+
+    def owned(num_layers: int, num_experts: int) -> npt.NDArray[np.bool_]:
+        placement = placement_for(name, num_layers, num_experts, num_ranks, frequency)
+        return owned_mask(placement, rank)
+
+    return owned

@@ -22,7 +22,7 @@ from .moe import (
     ShardedCacheView,
     install_expert_parallel,
 )
-from .placement import ExpertPlacement, placement_for
+from .placement import ExpertPlacement, owned_experts_of, placement_for
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,12 @@ class GreedyRunSpec:
     threads: int = 1
     #: PD's per-rank missing-byte budget in experts (None: half the cache)
     rank_budget_experts: int | None = None
+    #: PD+host: serve every ``host_every``-th missed expert of a layer on the
+    #: host (a forced, deterministic plan); None: the calibrated planner
+    host_every: int | None = None
+    #: PD+host: the link rate the calibrated planner assumes (the host
+    #: issuer backend has none)
+    host_link_bytes_per_s: float = 1e9
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -84,12 +90,16 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             token_budget=spec.token_budget,
         )
     )
-    if config.all_resident or config.host_experts != "off":
+    if config.all_resident:
         raise ValueError(f"{spec.baseline}: not supported with expert parallelism")
     world = 1 if group is None else group.world_size
     issuer = H2DIssuer(backend="host")
+    host_service: Any = None
     try:
-        adapter: Any = load_adapter(spec.target, device="cpu")
+        owned = None
+        if group is not None:  # this rank's host store packs only its experts
+            owned = owned_experts_of(spec.placement, group.rank, world, spec.frequency)
+        adapter: Any = load_adapter(spec.target, device="cpu", owned_experts=owned)
         cache = adapter.attach_new_cache(
             issuer,
             num_slots=spec.cache_slots,
@@ -130,12 +140,27 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
                     (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
                 ]
             )
+        if config.host_experts != "off":
+            from pdflash.hybrid import ForcedHostPlanner, build_host_service
+
+            # after the runtime is installed: a rank's host serves the misses
+            # of the rows its experts received, from its own store
+            forced = spec.host_every is not None
+            host_service = build_host_service(
+                adapter,
+                link_bytes_per_s=spec.host_link_bytes_per_s,
+                planner=ForcedHostPlanner(every=spec.host_every) if forced else None,
+                calibrate=not forced,
+                host_format="packed" if forced else "auto",
+                workers=1,
+            )
         engine = Engine(
             adapter,
             config,
             drafter=load_drafter(spec.drafter) if config.speculative else None,
             batcher=batcher,
             predictor=predictor,
+            host_service=host_service,
             expert_cache=view,
             route_stats=RouteAheadStats.for_adapter(adapter),
             max_seq_len=max(len(p) for p in spec.prompts) + spec.max_new_tokens + 1,
@@ -155,6 +180,10 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             "link_busy_s": float(issuer_stats.get("link_busy_s", 0.0)),
             "pins_left": int(np.asarray(cache.pins).sum()),
             "resident_foreign": 0,
+            "host_packed_bytes": int(adapter.store.packed_nbytes),
+            "host_packed_experts": int(adapter.store.num_packed),
+            "host_model_bytes": int(adapter.store.total_nbytes),
+            "host_books": None if host_service is None else host_service.books.to_json(),
         }
         if group is not None:
             assert isinstance(batcher, ExpertParallelBatcher)
@@ -168,8 +197,13 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             # experts another rank owns must never take a slot here
             foreign = np.asarray(cache.resident_mask(), dtype=np.bool_) & ~view.owned
             out["resident_foreign"] = int(foreign.sum())
+            packed = adapter.store.owned
+            # experts packed here that another rank owns (host memory wasted)
+            out["host_packed_foreign"] = int((packed & ~view.owned).sum())
         return out
     finally:
+        if host_service is not None:
+            host_service.close()
         issuer.close()
 
 

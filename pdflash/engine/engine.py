@@ -1156,6 +1156,10 @@ class Engine:
             per_layer = np.bincount(layers, minlength=L).astype(np.float64)
             share = tokens * self.adapter.top_k / per_layer[layers]
             expected[req.predicted] += np.minimum(share, tokens)
+        owned = getattr(self.expert_cache, "owned", None)
+        if owned is not None:
+            # an expert-parallel rank's host computes only its own experts
+            expected[~np.asarray(owned, dtype=np.bool_).reshape(-1)] = 0.0
         resident = np.asarray(self.expert_cache.resident_mask(), dtype=np.bool_)
         mask = self.host_service.plan_ahead(expected.reshape(L, E), resident)
         self.host_ahead = mask

@@ -139,6 +139,7 @@ def build_host_service(
             cost = calibrate_host(
                 executor,
                 num_ids=store.num_ids,
+                ids=store.packed_ids(),  # a rank's store: only its own experts
                 hidden_size=int(adapter.hidden_size),
                 device=device,
                 host_format=weights.format,

@@ -121,9 +121,11 @@ def calibrate_host(
     seed: int = 0,
     roundtrip: bool = True,
     host_format: str = "packed",
+    ids: npt.ArrayLike | None = None,
 ) -> HostCostModel:
     """Measure the executor on real experts (flat ids ``0..num_ids-1`` of the
-    store it reads) and fit :class:`HostCostModel`.
+    store it reads, or ``ids``: e.g. the experts an expert-parallel rank's
+    store packed) and fit :class:`HostCostModel`.
 
     Each point times ``experts_per_batch`` experts (default: 2 per pool
     worker, so every worker is busy) of ``n`` tokens each; seconds per expert
@@ -131,6 +133,13 @@ def calibrate_host(
     batches after one warm-up batch. ``roundtrip=False`` skips timing the
     per-layer round trip (``roundtrip_s`` is then 0).
     """
+    pool = (
+        np.arange(num_ids, dtype=np.int64)
+        if ids is None
+        else np.asarray(ids, dtype=np.int64).reshape(-1)
+    )
+    if ids is not None and (pool.size == 0 or pool.min() < 0 or pool.max() >= num_ids):
+        raise ValueError(f"ids must be a non-empty set of flat ids in [0, {num_ids})")
     if num_ids < 1 or hidden_size < 1:
         raise ValueError(f"need num_ids >= 1 and hidden_size >= 1, got {num_ids}, {hidden_size}")
     if repeats < 1:
@@ -140,16 +149,16 @@ def calibrate_host(
         raise ValueError(f"token_points must be positive, got {list(token_points)}")
     started = time.perf_counter()
     per_batch = experts_per_batch or 2 * executor.workers
-    per_batch = max(1, min(per_batch, num_ids))
+    per_batch = max(1, min(per_batch, pool.size))
     gen = torch.Generator().manual_seed(seed)
     dtype = executor.dtype
     cursor = 0
 
     def next_ids() -> npt.NDArray[np.int64]:
         nonlocal cursor
-        ids = (np.arange(per_batch, dtype=np.int64) + cursor) % num_ids
-        cursor = (cursor + per_batch) % num_ids
-        return ids
+        batch = pool[(np.arange(per_batch, dtype=np.int64) + cursor) % pool.size]
+        cursor = (cursor + per_batch) % pool.size
+        return batch
 
     _time_batch(executor, next_ids(), points_in[0], hidden_size, dtype, gen)  # warm-up
     points: list[tuple[int, float]] = []

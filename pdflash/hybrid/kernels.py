@@ -59,8 +59,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
+
+from pdflash.models.store import ForeignExpertError
 
 Weights = dict[str, torch.Tensor]
 
@@ -422,9 +426,21 @@ class PreparedWeights:
     experts: list[Weights]
     nbytes: int
     prepare_s: float
+    #: flat id -> index into ``experts`` (-1: not prepared); None: the flat
+    #: id is the index (every expert of the store, in order)
+    position: npt.NDArray[np.int64] | None = None
 
     def of(self, flat_id: int) -> Weights:
-        return self.experts[int(flat_id)]
+        g = int(flat_id)
+        if self.position is None:
+            return self.experts[g]
+        i = int(self.position[g]) if 0 <= g < self.position.size else -1
+        if i < 0:
+            raise ForeignExpertError(
+                f"expert {g} has no prepared host weights: only the {len(self.experts)} "
+                "experts of this store's owned set were prepared"
+            )
+        return self.experts[i]
 
 
 def prepared_nbytes(prepared: Weights, views: Weights) -> int:

@@ -10,6 +10,8 @@ them, and keeps the one with the lowest mean seconds per expert over
 :data:`SELECT_TOKEN_POINTS`. The result (format, prepared experts, every
 candidate's measured time) is kept with the store, so the runs of one
 process reuse it; one entry per store, so at most one prepared copy lives.
+A store that packs only some experts (an expert-parallel rank's,
+``ExpertStore(owned=...)``) has only those prepared and timed.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def prepare_device(adapter: Any, kernel: HostKernel | None = None) -> torch.devi
         return device
     if kernel is None:
         return None
-    views = store.views(0)
+    views = store.views(int(store.packed_ids()[0]))
     with torch.inference_mode():
         w = kernel.prepare(views)
     total = sum(t.numel() * t.element_size() for t in w.values())
@@ -146,16 +148,18 @@ def _time_format(
 ) -> float | str:
     """Mean seconds per expert of ``kernel`` over a cold sample, or why not."""
     store = adapter.store
+    packed = store.packed_ids()  # a rank's store holds only its own experts
     dev = None if kernel.name == "packed" else prepare_device(adapter, kernel)
-    one = prepare_all(kernel, store.views, [0], device=dev)
+    one = prepare_all(kernel, store.views, packed[:1].tolist(), device=dev)
     assert one is not None
     first = one.experts[0]
     per_expert = one.nbytes
-    if per_expert * store.num_ids > budget:
-        return f"prepared copy {per_expert * store.num_ids} B over the budget {budget} B"
+    if per_expert * packed.size > budget:
+        return f"prepared copy {per_expert * packed.size} B over the budget {budget} B"
     size = sum(t.numel() * t.element_size() for t in first.values())
-    k = min(store.num_ids, MAX_SAMPLE_EXPERTS, max(2 * workers, math.ceil(SAMPLE_BYTES / size)))
-    sample = prepare_all(kernel, store.views, range(k), device=dev)
+    k = min(packed.size, MAX_SAMPLE_EXPERTS, max(2 * workers, math.ceil(SAMPLE_BYTES / size)))
+    # the sample's experts by position (0..k-1): the calibration times those
+    sample = prepare_all(kernel, store.views, packed[:k].tolist(), device=dev)
     assert sample is not None
     with _executor(adapter, kernel, sample.of, workers) as ex:
         cost = calibrate_host(
@@ -223,15 +227,20 @@ def host_weights_for(
     if chosen == "packed":
         hw = HostWeights(chosen, kernel, store.views, 0, 0.0, budget, candidates, select_s)
     else:
+        packed = store.packed_ids()  # a rank's store: only its own experts
         prepared = prepare_all(
             kernel,
             store.views,
-            range(store.num_ids),
+            packed.tolist(),
             budget_bytes=budget,
             device=prepare_device(adapter, kernel),
         )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")
+        if packed.size != store.num_ids:
+            position = np.full(store.num_ids, -1, dtype=np.int64)
+            position[packed] = np.arange(packed.size, dtype=np.int64)
+            prepared.position = position
         hw = HostWeights(
             chosen,
             kernel,

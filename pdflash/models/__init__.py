@@ -33,7 +33,12 @@ from pdflash.models.offload import (
     UnknownMoEPartError,
     install_offloaded_blocks,
 )
-from pdflash.models.store import CheckpointError, ExpertStore, SafetensorsCheckpoint
+from pdflash.models.store import (
+    CheckpointError,
+    ExpertStore,
+    ForeignExpertError,
+    SafetensorsCheckpoint,
+)
 from pdflash.models.synthetic import (
     PRESET_ARCH,
     PRESETS,
@@ -62,7 +67,8 @@ def load_adapter(path: str | os.PathLike[str], **kwargs: Any) -> MoEAdapterBase:
     ``max_batch_tokens``, ``policy``, ``attn_implementation``,
     ``check_finite`` (default True: NaN/Inf weights are refused),
     ``expert_nbytes`` (pad every stored expert to that many bytes, see
-    :meth:`ExpertLayout.padded`), ...)."""
+    :meth:`ExpertLayout.padded`), ``owned_experts`` (pack only those experts:
+    an expert-parallel rank's share), ...)."""
     from pathlib import Path
 
     model_type = read_model_type(path)
@@ -83,6 +89,7 @@ __all__ = [
     "ExpertFormat",
     "ExpertLayout",
     "ExpertStore",
+    "ForeignExpertError",
     "MoEAdapterBase",
     "MoEBlockSpec",
     "OffloadedMoE",

@@ -19,6 +19,13 @@ plain allocation registered in place: no power-of-two rounding as with
 of ``cudaHostAlloc``'s 800 ms/GiB on the H200), or through ``allocator`` when
 the caller passes one (e.g. the issuer's pinned allocator).
 
+A store may pack only a subset of the grid (``owned``: an expert-parallel
+rank's share, :mod:`pdflash.distributed`): the owned experts are packed
+contiguously in flat-id order, ``host_ptrs`` / ``packed`` / ``views`` map a
+flat id to its row, and asking for an expert outside the subset raises
+:class:`ForeignExpertError` (a rank never reads another rank's bytes).
+Flat ids stay global, so the cache, scheduler and books are unchanged.
+
 gpt-oss MXFP4 experts (``*_blocks`` / ``*_scales``) are packed as stored when
 the layout says so (the adapters' default: ``expert_nbytes`` is then the
 MXFP4 size, and copies, cache slots and byte books count those bytes), or
@@ -71,6 +78,11 @@ _ST_DTYPES: dict[str, torch.dtype] = {
 
 class CheckpointError(ValueError):
     """A checkpoint is missing a file or tensor, or a tensor has the wrong shape."""
+
+
+class ForeignExpertError(ValueError):
+    """An expert a partial store (``ExpertStore(owned=...)``) did not pack was
+    asked for: under expert parallelism, an expert another rank owns."""
 
 
 def open_shard(safe_open: Callable[..., Any], file: Path) -> Any:
@@ -254,6 +266,10 @@ class ExpertStore:
         workers: packing threads (default: CPU count, at most 16).
         check_finite: refuse expert weights holding NaN/Inf (naming the file
             and tensor); ``False`` skips the check (faster loading).
+        owned: bool ``[num_layers, num_experts]``: pack only these experts
+            (an expert-parallel rank's share; the buffer then holds
+            ``owned.sum()`` experts). None (default): every expert. The whole
+            checkpoint's expert shapes are validated either way.
     """
 
     def __init__(
@@ -269,6 +285,7 @@ class ExpertStore:
         issuer: Any = None,
         workers: int | None = None,
         check_finite: bool = True,
+        owned: npt.ArrayLike | None = None,
     ) -> None:
         self.check_finite = check_finite
         self.checkpoint = (
@@ -280,10 +297,18 @@ class ExpertStore:
         self.num_layers = int(num_layers)
         self.num_experts = int(num_experts)
         self.expert_nbytes = layout.nbytes
+        #: flat id -> row of the buffer (-1: not packed); None: the identity
+        self._row: npt.NDArray[np.int64] | None = None
+        self.owned: npt.NDArray[np.bool_] | None = None
+        if owned is not None:
+            self.owned = self._check_owned(owned)
+            self._row = np.full(self.num_ids, -1, dtype=np.int64)
+            packed = np.flatnonzero(self.owned.reshape(-1))
+            self._row[packed] = np.arange(packed.size, dtype=np.int64)
         self.format = self._detect_format(formats)
         self._validate_all()
 
-        total = self.num_layers * self.num_experts * self.expert_nbytes
+        total = self.packed_nbytes
         if pin is None:
             pin = torch.cuda.is_available()
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -305,6 +330,16 @@ class ExpertStore:
                 self._set_finalizer(_cudart_register(self.buffer))
                 self.pinned = True
         self._pack_all(workers)
+
+    def _check_owned(self, owned: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        mask = np.asarray(owned)
+        if mask.dtype != np.bool_ or mask.shape != (self.num_layers, self.num_experts):
+            raise ValueError(
+                f"owned must be a bool ({self.num_layers}, {self.num_experts}) mask, "
+                f"got {mask.dtype} {mask.shape}"
+            )
+        result: npt.NDArray[np.bool_] = mask.copy()
+        return result
 
     # -- checkpoint discovery ------------------------------------------------
 
@@ -359,8 +394,11 @@ class ExpertStore:
 
     def _pack_layer(self, layer: int) -> None:
         handles: dict[Path, Any] = {}
+        experts: Iterable[int] = range(self.num_experts)
+        if self.owned is not None:
+            experts = np.flatnonzero(self.owned[layer]).tolist()
         try:
-            for expert in range(self.num_experts):
+            for expert in experts:
                 views = self.views(layer * self.num_experts + expert)
                 for p in self.format.parts(layer, expert):
                     dst = views[p.component]
@@ -435,14 +473,48 @@ class ExpertStore:
 
     @property
     def total_nbytes(self) -> int:
+        """The bytes of every expert of the model (packed here or not)."""
         return self.num_ids * self.expert_nbytes
+
+    @property
+    def num_packed(self) -> int:
+        """How many experts this store packed (all, or the ``owned`` ones)."""
+        return self.num_ids if self.owned is None else int(self.owned.sum())
+
+    @property
+    def packed_nbytes(self) -> int:
+        """The host bytes this store packed (its buffer, less any padding)."""
+        return self.num_packed * self.expert_nbytes
+
+    def packed_ids(self) -> npt.NDArray[np.int64]:
+        """The flat ids this store packed, ascending (all, or the ``owned``)."""
+        if self.owned is None:
+            return np.arange(self.num_ids, dtype=np.int64)
+        return np.flatnonzero(self.owned.reshape(-1)).astype(np.int64)
+
+    def _foreign(self, g: int) -> ForeignExpertError:
+        layer, expert = divmod(g, self.num_experts)
+        return ForeignExpertError(
+            f"expert {g} (layer {layer}, expert {expert}) is not packed in this host store: "
+            f"it holds only the {self.num_packed} experts of its owned set (another "
+            "rank owns this one under expert parallelism)"
+        )
+
+    def _rows(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Buffer rows of checked flat ids (ForeignExpertError if not packed)."""
+        if self._row is None:
+            return ids
+        rows = self._row[ids]
+        if ids.size and rows.min() < 0:
+            raise self._foreign(int(ids[int(np.argmin(rows))]))
+        return rows
 
     def packed(self, flat_id: int) -> torch.Tensor:
         """The packed bytes of one expert (a view into the host buffer)."""
         g = int(flat_id)
         if not 0 <= g < self.num_ids:
             raise ValueError(f"expert id {g} out of range [0, {self.num_ids})")
-        start = g * self.expert_nbytes
+        start = int(self._rows(np.array([g], dtype=np.int64))[0]) * self.expert_nbytes
         return self.buffer[start : start + self.expert_nbytes]
 
     def views(self, flat_id: int) -> dict[str, torch.Tensor]:
@@ -452,12 +524,15 @@ class ExpertStore:
     def host_ptrs(self, flat_ids: Iterable[int] | npt.NDArray[Any]) -> npt.NDArray[np.int64]:
         """Host source addresses of the given experts (for ``CopyIssuer.submit``)."""
         ids = checked_flat_ids(np.asarray(flat_ids, dtype=np.int64), self.num_ids)
-        return self.buffer.data_ptr() + ids * self.expert_nbytes
+        return self.buffer.data_ptr() + self._rows(ids) * self.expert_nbytes
 
     def stacked(self, layer: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         """All of one layer's experts as ``[E, ...]`` tensors on ``device``
-        (for a resident baseline)."""
-        start = layer * self.num_experts * self.expert_nbytes
+        (for a resident baseline; a partial store must own the whole layer)."""
+        first = layer * self.num_experts
+        # owned rows are in flat-id order: a wholly owned layer is contiguous
+        ids = checked_flat_ids(np.arange(first, first + self.num_experts), self.num_ids)
+        start = int(self._rows(ids)[0]) * self.expert_nbytes
         rows = self.buffer[start : start + self.num_experts * self.expert_nbytes]
         dev = rows.to(device).view(self.num_experts, self.expert_nbytes)
         return {n: v.contiguous() for n, v in self.layout.slab_views(dev).items()}

@@ -160,7 +160,12 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
     baseline = cfg.baseline or ("PD" if cfg.draft else "B0")
     if baseline != "B0" and cfg.draft is None:
         raise ValueError(f"baseline {baseline} is speculative: give --draft DIR")
-    adapter: Any = load_adapter(cfg.model, device=device, dtype=dtype)
+    owned = None
+    if group is not None:  # this rank's host store packs only its experts
+        from pdflash.distributed import owned_experts_of
+
+        owned = owned_experts_of("round_robin", group.rank, cfg.gpus)
+    adapter: Any = load_adapter(cfg.model, device=device, dtype=dtype, owned_experts=owned)
     issuer = H2DIssuer(
         backend="cuda" if device.type == "cuda" else "host",
         emulated_link_gbps=cfg.emulated_link_gbps if device.type != "cuda" else None,

@@ -14,7 +14,6 @@ from pdflash.bench.engine_run import RunSpec
     [
         ({"gpus": 0}, "gpus must be >= 1"),
         ({"gpus": 2, "baseline": "B3"}, "B3"),
-        ({"gpus": 2, "baseline": "PD+host"}, "single-GPU only"),
         ({"gpus": 2, "arrivals": "poisson", "rate_per_s": 1.0}, "burst arrivals only"),
         ({"gpus": 2, "device": "cuda:1"}, "cuda:r"),
         ({"gpus": 2, "placement": "frequency"}, "--trace"),
@@ -30,6 +29,8 @@ def test_expert_parallel_specs_are_checked(over: dict[str, object], match: str) 
 def test_plain_and_expert_parallel_specs_validate() -> None:
     RunSpec(arch="tiny", baseline="PD").validate()
     RunSpec(arch="tiny", baseline="B1", gpus=2).validate()
+    # each rank's host serves misses of its own experts (from its own store)
+    RunSpec(arch="tiny", baseline="PD+host", gpus=2).validate()
 
 
 def test_matrix_keys_gpus_and_leaves_plain_specs_unchanged() -> None:

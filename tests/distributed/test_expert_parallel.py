@@ -1,6 +1,6 @@
 """Expert-parallel offload on CPU: 2 gloo ranks produce the single-process
 engine's greedy tokens on tiny qwen3-moe and gpt-oss checkpoints, each rank
-caching and copying only the experts it owns."""
+packing, caching and copying only the experts it owns."""
 
 from __future__ import annotations
 
@@ -68,6 +68,9 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
     specs += [
         dataclasses.replace(specs[1], rank_budget_experts=k, max_running=3) for k in (3, 4, 5)
     ]
+    # PD+host with a forced plan (every other miss of a layer on the host): a
+    # rank's host computes from its own store, which packs only its experts
+    specs.append(dataclasses.replace(specs[1], baseline="PD+host", host_every=2))
     singles = run_greedy_all(None, specs)
     per_rank = launch(run_greedy_all, 2, specs, device="cpu")
     deferrals = 0
@@ -112,4 +115,18 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
             assert all(b <= budget or n == 1 for n, b in zip(sizes, busiest, strict=True))
         # each link carried only its own experts: less than the one link did
         assert max(r["bytes_in"] for r in ranks) < single["bytes_in"]
+        # each rank's host store packed only its own experts: the ranks'
+        # stores partition the single process's
+        assert single["host_packed_bytes"] == single["host_model_bytes"]
+        assert all(r["host_packed_foreign"] == 0 for r in ranks)
+        assert sum(r["host_packed_bytes"] for r in ranks) == single["host_packed_bytes"]
+        assert max(r["host_packed_bytes"] for r in ranks) < single["host_packed_bytes"]
+        if baseline == "PD+host":
+            # the host's rows equal the device's: the tokens are plain PD's too
+            assert single["outputs"] == singles[1]["outputs"]
+            assert single["host_books"]["experts"] > 0
+            for got, pd in zip(ranks, (g[1] for g in per_rank), strict=True):
+                assert got["host_books"]["experts"] > 0 and got["host_books"]["bytes_saved"] > 0
+                # a host-served miss is not copied: fewer bytes than PD's on this rank
+                assert got["bytes_in"] < pd["bytes_in"]
     assert deferrals > 0  # the per-rank budget bound (and the greedy tokens held)

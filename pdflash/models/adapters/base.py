@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy.typing as npt
 import torch
 from torch import nn
 
@@ -113,6 +114,12 @@ class MoEAdapterBase:
     layers; the MoE methods (``moe_norm``, ``router_logits``, ``route``,
     ``moe``, ``moe_routed``, ``resident_block``) take MoE layers. With no
     dense layer the two numberings coincide.
+
+    ``owned_experts`` (constructor): pack only some experts into the host
+    store (an expert-parallel rank's share, :mod:`pdflash.distributed`): a
+    bool ``[num_layers, num_experts]`` mask, or a function of
+    ``(num_layers, num_experts)`` returning one (the grid is known only once
+    the config is read). None (default): every expert.
     """
 
     arch: ClassVar[str]  # config.model_type
@@ -296,6 +303,7 @@ class MoEAdapterBase:
         check_finite: bool = True,
         expert_dtype: str | None = None,
         expert_nbytes: int | None = None,
+        owned_experts: npt.ArrayLike | Callable[[int, int], npt.ArrayLike] | None = None,
     ) -> None:
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -357,6 +365,8 @@ class MoEAdapterBase:
         if expert_nbytes is not None:
             # padded experts: copies and slots move expert_nbytes, views ignore the tail
             self.layout = self.layout.padded(expert_nbytes)
+        if callable(owned_experts):
+            owned_experts = owned_experts(self.num_layers, self.num_experts)
         self.store = ExpertStore(
             checkpoint,
             self.layout,
@@ -370,6 +380,7 @@ class MoEAdapterBase:
             issuer=issuer,
             workers=pack_workers,
             check_finite=check_finite,
+            owned=owned_experts,
         )
         self.expert_nbytes = self.store.expert_nbytes
 
