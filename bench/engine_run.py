@@ -48,7 +48,7 @@ from pdflash.engine.acceptance import (
 )
 from pdflash.engine.attention import sdpa_backends
 from pdflash.engine.batching import ShadowComparison
-from pdflash.engine.config import BASELINES, EngineConfig
+from pdflash.engine.config import BASELINES, CUDA_GRAPHS, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.sampling import SamplingParams
@@ -305,8 +305,8 @@ class RunSpec:
             )
         if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
-        if self.cuda_graphs not in ("off", "auto"):
-            raise ValueError(f"cuda_graphs must be off or auto, got {self.cuda_graphs!r}")
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPHS}, got {self.cuda_graphs!r}")
         if self.verify_width != "auto":
             from pdflash.engine.verify_width import parse_width
 

@@ -17,8 +17,8 @@
 #              is the replayed layers as one region)
 #   summary    $OUT/graphs_summary.json: per arch and setting, the mean verify
 #              ms, its parts, drafter ms per verify and tok/s
-#   b1_qwen3   only with PIECEWISE=1 (adds up to 90 s): B1 at cache 0.8, c=16,
-#              Qwen3-30B-A3B shape, graphs off/auto once each (piecewise
+#   b1_qwen3   only with PIECEWISE=1 (adds up to 130 s): B1 at cache 0.8, c=16,
+#              Qwen3-30B-A3B shape, graphs off/auto/piecewise once each (piecewise
 #              steps: attention and router replayed, experts eager)
 # If captures fail inside cuDNN's attention (capture_errors in the rows), rerun
 # with PDFLASH_SDPA_BACKENDS=efficient,math in the environment (both sides).
@@ -31,7 +31,7 @@ PACK="tar czf /tmp/graphs_check.tgz -C $OUT --exclude graphs_check.tgz . && mv /
 ENG="pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32 --baselines B3 --concurrency 16 --breakdown --cuda-graphs off,auto --repeats 2"
 EXTRA=()
 if [ "${PIECEWISE:-0}" = 1 ]; then
-  EXTRA+=("b1_qwen3=timeout 90 pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32 --baselines B1 --cache-fraction 0.8 --concurrency 16 --breakdown --cuda-graphs off,auto --arch qwen3-30b-a3b --out $OUT/b1_qwen3; rc=\$?; $PACK; exit \$rc")
+  EXTRA+=("b1_qwen3=timeout 130 pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32 --baselines B1 --cache-fraction 0.8 --concurrency 16 --breakdown --cuda-graphs off,auto,piecewise --arch qwen3-30b-a3b --out $OUT/b1_qwen3; rc=\$?; $PACK; exit \$rc")
 fi
 exec bash "$HERE/run.sh" \
   "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_graphs_gpu.py -rs --timeout 90; rc=\$?; $PACK; exit \$rc" \

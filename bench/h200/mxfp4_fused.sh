@@ -23,7 +23,7 @@ MOE="pdflash-bench moe --json --layers 1 --tokens 16 --repeats 1 --cache-fractio
 OUT=${OUT:-$PWD/out}
 export OUT
 exec bash "$HERE/run.sh" \
-  "gputests=PDFLASH_FUSED_AUTOTUNE=0 timeout 75 python3 -m pytest -q -rs -p no:cacheprovider tests/models/test_fused_moe_gemm_gpu.py" \
+  "gputests=PDFLASH_FUSED_AUTOTUNE=0 timeout 75 python3 -P -m pytest -q -rs -p no:cacheprovider tests/models/test_fused_moe_gemm_gpu.py" \
   "moe_gptoss_mxfp4=timeout 110 $MOE --arch gpt-oss-20b --synthetic-format mxfp4" \
   "moe_gptoss_fp8=timeout 80 $MOE --arch gpt-oss-20b --expert-dtype fp8" \
   "moe_qwen3_fp8=timeout 80 $MOE --arch qwen3-30b-a3b --expert-dtype fp8"

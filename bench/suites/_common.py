@@ -83,6 +83,10 @@ def baselines(text: str) -> list[str]:
 
 WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive"
 
+#: ``--cuda-graphs`` values: pdflash.engine.config.CUDA_GRAPHS (importing the
+#: engine here would load torch for every CLI call; a test keeps them equal)
+CUDA_GRAPHS = ("off", "auto", "piecewise")
+
 
 def verify_width(text: str) -> str:
     """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive``

@@ -135,10 +135,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         type=_graph_settings,
         default=["off"],
-        help="CUDA graphs per shape bucket on CUDA (auto): B3's verify forward as one graph, "
-        "the offloaded baselines' as pieces (attention and router replayed, experts eager), "
-        "the drafter's forward as one graph; off (default) runs everything eagerly; a comma "
-        "list (off,auto) runs each setting in turn within every repeat (interleaved); rows "
+        help="CUDA graphs per shape bucket on CUDA: auto, B3's verify forward and the "
+        "drafter's forward as one graph each; piecewise, also the offloaded baselines' "
+        "verifies as pieces (attention and router replayed, experts eager); off (default "
+        "here, the library's default is auto) runs everything eagerly; a comma list "
+        "(off,auto) runs each setting in turn within every repeat (interleaved); rows "
         "record cuda_graphs (captures, replays, piecewise steps, eager fallbacks); "
         "--breakdown then times the replayed parts as one region, graphed_ms",
     )
@@ -163,11 +164,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _graph_settings(text: str) -> list[str]:
-    """``--cuda-graphs``: ``off``, ``auto`` or a comma list of them."""
+    """``--cuda-graphs``: ``off``, ``auto``, ``piecewise`` or a comma list of them."""
     settings = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in settings if t not in ("off", "auto")]
+    bad = [t for t in settings if t not in common.CUDA_GRAPHS]
     if bad or not settings:
-        raise argparse.ArgumentTypeError(f"use off, auto or a comma list of them, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"use {', '.join(common.CUDA_GRAPHS)} or a comma list of them, got {text!r}"
+        )
     return settings
 
 

@@ -197,7 +197,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cuda-graphs",
         default="off",
-        choices=["off", "auto"],
+        choices=list(common.CUDA_GRAPHS),
         help="CUDA graphs per shape bucket for every run on CUDA (auto; see `engine "
         "--cuda-graphs`); off (default) runs everything eagerly; part of each run's resume key",
     )

@@ -62,7 +62,7 @@ ABLATIONS = (
 BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
-CUDA_GRAPHS = ("off", "auto")
+CUDA_GRAPHS = ("off", "auto", "piecewise")
 
 
 @dataclass(frozen=True)
@@ -107,12 +107,15 @@ class EngineConfig:
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
             Default off until measured on the GPU.
-        cuda_graphs: ``off`` or ``auto``: on CUDA, steps replay recorded CUDA
-            graphs per shape bucket (:mod:`pdflash.engine.graphs`): a verify
-            whose every expert is resident (B3) as one graph, other verifies
-            as pieces with the experts eager between them, the drafter's
-            forward as one graph; prefills, and every step on the CPU, run
-            eagerly. Default off until checked on the GPU.
+        cuda_graphs: ``off``, ``auto`` or ``piecewise``: on CUDA, steps
+            replay recorded CUDA graphs per shape bucket
+            (:mod:`pdflash.engine.graphs`). ``auto`` (default): a verify whose
+            every expert is resident (B3) as one graph and the drafter's
+            forward as one graph; other verifies run eagerly. ``piecewise``:
+            also those verifies, as pieces (attention and router replayed,
+            the experts eager between them), which measured slower than
+            eager on the H200 so far. Prefills, and every step on the CPU,
+            run eagerly; ``off`` runs everything eagerly.
         verify_width: how many of each request's drafts a verify checks
             (:mod:`pdflash.engine.verify_width`): ``full`` (every draft),
             ``fixed:K`` (the first ``K``) or ``adaptive`` (per request, the
@@ -142,7 +145,7 @@ class EngineConfig:
     parts_controller: bool = False
     all_resident: bool = False
     host_experts: str = "off"
-    cuda_graphs: str = "off"
+    cuda_graphs: str = "auto"
     verify_width: str = "full"
     kv_page_size: int = 16
     seed: int = 0

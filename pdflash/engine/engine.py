@@ -202,8 +202,8 @@ class Engine:
         graphs: a :class:`~pdflash.engine.graphs.GraphRunner` the target
             forward and the drafter replay their steps through (any device; e.g. with the
             :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
-            one over CUDA graphs when ``config.cuda_graphs`` is ``auto`` and
-            the device is CUDA, else none.
+            one over CUDA graphs when ``config.cuda_graphs`` is not ``off``
+            and the device is CUDA (pieces only with ``piecewise``), else none.
         width: a :class:`~pdflash.engine.verify_width.VerifyWidthPolicy`
             (how many of each request's drafts a verify checks); default:
             the one ``config.verify_width`` names (none for ``full``: every
@@ -309,8 +309,9 @@ class Engine:
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
         num_pages = self._pages_per_seq * config.max_running
         dtype = kv_dtype or _param_dtype(adapter)
-        if graphs is None and config.cuda_graphs == "auto" and self.device.type == "cuda":
-            graphs = GraphRunner(CudaGraphBackend(self.device))
+        if graphs is None and config.cuda_graphs != "off" and self.device.type == "cuda":
+            piecewise = config.cuda_graphs == "piecewise"
+            graphs = GraphRunner(CudaGraphBackend(self.device), piecewise=piecewise)
         self.kv = kv_cache_for(
             adapter,
             page_size=ps,

@@ -160,7 +160,7 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
     prompt = [5, 17, 3, 99, 42, 8]
     expect = greedy_reference(ref, prompt, 12)
     outputs = {}
-    for setting in ("off", "auto"):
+    for setting in ("off", "auto", "piecewise"):
         issuer = H2DIssuer(backend="cuda")
         try:
             # the bench's eviction policy (a before-MoE hook the replay calls)
@@ -184,13 +184,18 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
             done = eng.run_until_done(max_steps=200)
             outputs[setting] = [done[r].output for r in rids]
             assert int(np.asarray(adapter.cache.pins).sum()) == 0
-            if setting == "auto":
+            if setting != "off":
                 graphs = eng.runner.graphs
                 assert graphs is not None and graphs.stats.capture_failures == 0, (
                     graphs.failures if graphs is not None else None
                 )
-                # fp32: piecewise steps (see test_replayed_steps_equal_eager_fp32)
-                assert graphs.stats.piecewise_steps > 0
+                # fp32 has no whole-step graph (see test_replayed_steps_equal_eager_fp32):
+                # auto runs the verifies eagerly, piecewise as pieces
+                if setting == "piecewise":
+                    assert graphs.stats.piecewise_steps > 0
+                else:
+                    assert graphs.stats.piecewise_steps == 0
+                    assert graphs.stats.fallbacks["grouped_mm_fallback"] > 0
                 ds = graphs.draft_stats
                 assert ds.capture_failures == 0 and ds.replays > 0, graphs.failures
             else:
@@ -198,7 +203,7 @@ def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> No
         finally:
             torch.cuda.synchronize()
             issuer.close()
-    assert outputs["off"] == outputs["auto"] == [expect] * 3
+    assert outputs["off"] == outputs["auto"] == outputs["piecewise"] == [expect] * 3
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
