@@ -25,8 +25,9 @@ it tests two per-pair statistics, one-sided, by Student's t:
   cost as a share of the step; the host seconds are measured, not modeled,
   so this is far less noisy than the wall); it votes to switch the part off
   when that share exceeds ``margin`` (on, when it falls below ``-margin``)
-  at the look's level, unless the rate says the opposite by more than
-  ``margin``.
+  at the look's level, unless the rate shows the opposite (its one-sided
+  upper bound below ``-margin``); and the rate does not flip a prefetching
+  part whose books point the other way (their mean below ``-margin``).
 
 A vote flips the part at once. The levels are Bonferroni shares of
 ``alpha`` over the looks and the rules, so a part that changes nothing is
@@ -85,10 +86,12 @@ COST_BENEFIT_PARTS = frozenset({"stream", "route_ahead"})
 #: what a window's tokens per second counts (see :class:`PDController`)
 RATES = ("verified", "committed")
 
-#: the switchable parts, in the order they are probed: the stream before
-#: route-ahead, because switching route-ahead off stops the stream too (a
-#: stream that costs must go off alone, not take route-ahead with it)
-PARTS: tuple[str, ...] = ("stream", "route_ahead", "scheduler_2d")
+#: the switchable parts, in the order they are probed: the scheduler first,
+#: because with route-ahead off it has no predicted bytes to act on (a
+#: route-ahead probe would also measure the scheduler's batches); the stream
+#: before route-ahead, because switching route-ahead off stops the stream
+#: too (a stream that costs must go off alone, not take route-ahead with it)
+PARTS: tuple[str, ...] = ("scheduler_2d", "stream", "route_ahead")
 
 
 @dataclass(frozen=True)
@@ -619,8 +622,17 @@ class PDController:
                 exp_on.append(on_m.exposed_fetch_s)
                 exp_off.append(off_m.exposed_fetch_s)
             books = paired_test(nets)
-            cb_vote = books.mean > self.margin and books.p < a_level and rate.mean >= -self.margin
+            # the books are far less noisy than the rate: they flip the part
+            # unless the rate shows the opposite (its upper bound below
+            # -margin); the rate flips it only where the books do not point
+            # the other way (their mean below -margin)
+            cb_vote = (
+                books.mean > self.margin
+                and books.p < a_level
+                and not rate.upper(a_level) < -self.margin
+            )
             cb_futile = books.upper(a_level) < self.margin
+            rate_vote = rate_vote and books.mean >= -self.margin
             nums += (
                 f"; (cost - saving)/step wall, {'on' if now else 'off'} sign: {books.text()}; "
                 f"host s/step in part {np.mean(host_on):.3g} on, exposed fetch s/step "

@@ -158,9 +158,9 @@ def test_a_part_that_costs_more_than_it_saves_is_switched_off_within_bound() -> 
     switched = [d for d in summary["decisions"] if d["switched"]]
     assert [(d["part"], d["on"]) for d in switched] == [("route_ahead", False)]
     assert "costs more than it saves" in switched[0]["why"]
-    # warm-up, a probe of the stream (no gain: ends at the first look), then
-    # route-ahead's first look
-    bound = ctl.warmup + 2 * probe_steps(ctl, ctl.min_pairs)
+    # warm-up, probes of the scheduler and the stream (no gain: each ends at
+    # its first look), then route-ahead's first look
+    bound = ctl.warmup + 3 * probe_steps(ctl, ctl.min_pairs)
     off_at = switched[0]["step"]
     assert off_at <= bound, (off_at, bound)
     assert not seen[off_at].route_ahead
@@ -214,14 +214,15 @@ def test_a_shift_re_enables_a_part() -> None:
 
 def test_a_costly_part_goes_off_in_a_short_run_on_the_loaded_cpu() -> None:
     """A 40-step run with the measured CPU noise: a stream whose host work is
-    20% of the step and saves nothing is off by step 20 in >= 9 of 10 seeds
-    (its books: host seconds are measured, not noisy like the wall)."""
+    20% of the step and saves nothing is off by step 34 (after the
+    scheduler's probe, which the noise drags to its last pair) in >= 9 of 10
+    seeds (its books: host seconds are measured, not noisy like the wall)."""
     off = 0
     for seed in range(10):
         ctl = PDController()
         plant = Plant({}, lognormal=LOADED_CPU, seed=seed, host={"stream": 0.02}, exposed=0.01)
         seen = drive(ctl, plant, 40)
-        off += int(not seen[20].runs("stream") and not seen[-1].runs("stream"))
+        off += int(not seen[34].runs("stream") and not seen[-1].runs("stream"))
     assert off >= 9
 
 
@@ -238,10 +239,10 @@ def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides(seed: in
         saves={"route_ahead": 0.002},
         exposed=0.003,
     )
-    drive(ctl, plant, 60)
-    assert switches(ctl)[:1] == [("route_ahead", False)]
-    first = next(d for d in ctl.summary()["decisions"] if d["switched"])
-    assert "cost/benefit" in first["why"]
+    drive(ctl, plant, 80)
+    assert ("route_ahead", False) in switches(ctl)[:2]
+    first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
+    assert first["switched"] and "by cost/benefit" in first["why"]
 
 
 def test_cost_benefit_keeps_a_prefetcher_that_saves_more_than_it_costs() -> None:
@@ -358,8 +359,8 @@ def test_committed_rate_can_be_chosen() -> None:
 def test_decisions_carry_their_numbers() -> None:
     ctl = PDController()
     drive(ctl, Plant({}, host={"stream": 0.03}), 40)
-    d = ctl.summary()["decisions"][0]
-    assert d["part"] == "stream" and d["switched"] and d["why"].startswith("switched off")
+    d = next(d for d in ctl.summary()["decisions"] if d["part"] == "stream")
+    assert d["switched"] and d["why"].startswith("switched off")
     for text in ("by rate and cost/benefit", "log verified tokens/s", "host s/step in part 0.03"):
         assert text in d["why"], d["why"]
     assert f"p < {ctl.alpha_per_look('stream'):.3g}" in d["why"]
