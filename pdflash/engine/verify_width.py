@@ -532,6 +532,7 @@ class AdaptiveWidth:
         self._m_wall = self._m_exposed = self._m_link = 0.0
         # request -> its survival when its width was chosen (the expectation's basis)
         self._expected: dict[int, np.ndarray] = {}
+        self._why: str | None = None  # the last decision's numbers
         self._books = _Books(self.block_drafts)
 
     # ------------------------------------------------------------ the model
@@ -623,7 +624,29 @@ class AdaptiveWidth:
         for r, s, k in zip(requests, survs, out, strict=True):
             self._expected[r.request_id] = s
             self._books.decided(r.available, k)
+        self._why = self._explain(survs, out)
         return out
+
+    def _explain(self, survs: Sequence[np.ndarray], ks: Sequence[int]) -> str:
+        """The last decision's numbers: expected committed tokens per second
+        at the chosen widths and at every draft, and the step times."""
+        c = len(survs)
+
+        def value(widths: Sequence[int]) -> tuple[float, float, float]:
+            tokens = c + sum(float(s[:k].sum()) for s, k in zip(survs, widths, strict=True))
+            t = self.step_time(c, sum(widths))
+            return tokens, t, tokens / t
+
+        chosen, full = value(ks), value([len(s) for s in survs])
+        fit = self.time_fit()
+        assert fit is not None
+        return (
+            f"widths {list(ks)} of {[len(s) for s in survs]}: expected committed tokens "
+            f"{chosen[0]:.3g} in {chosen[1]:.3g} s = {chosen[2]:.4g}/s vs every draft "
+            f"{full[0]:.3g} in {full[1]:.3g} s = {full[2]:.4g}/s (t_fixed {fit[0]:.3g} s, "
+            f"t_row {fit[1]:.3g} s, link s/expert {self.link_s_per_expert():.3g} x exposed "
+            f"share {self.exposed_share():.3g})"
+        )
 
     def observe(self, step: WidthStep) -> None:
         for o in step.outcomes:
@@ -703,6 +726,7 @@ class AdaptiveWidth:
             ],
             "measured_steps": self._n,
         }
+        out["last_decision_why"] = self._why
         return out
 
     def reset_stats(self) -> None:

@@ -424,6 +424,10 @@ def test_a_strong_drafter_on_a_compute_bound_step_keeps_every_draft() -> None:
     est = pol.stats()["estimates"]
     assert est["time_fit"] == "measured" and est["link_exposed_share"] == 0.0
     assert est["t_row_s"] == pytest.approx(0.00005, rel=0.25)
+    why = pol.stats()["last_decision_why"]
+    assert (
+        why.startswith("widths [15, 15, 15, 15] of [15, 15, 15, 15]") and "exposed share 0" in why
+    )
     # charged the modeled link time as if exposed (no waits measured), the
     # same steps would cut the block
     pol, seen = _run_widths(plant(False))
