@@ -47,10 +47,13 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     prefetching included), ``L`` the MoE layers; a row's link time is the
     experts it adds to the batch's union, so requests that route alike share
     their copies.
-  - ``β``: the share of the modeled link time the compute actually waited
-    for (the steps' measured exposed fetch over their modeled ``ℓ``, at
-    most 1): copies hidden behind compute or by prefetching cost nothing,
-    so a compute-bound step keeps every draft its acceptance pays for.
+  - ``β``: the share of a further modeled link second the step waits for:
+    1 where the link is the bottleneck (the steps' modeled ``ℓ`` at least
+    their time outside the waits on copies); otherwise the share of ``ℓ``
+    the compute actually waited for (the steps' measured exposed fetch over
+    their modeled ``ℓ``, at most 1): copies hidden behind compute or by
+    prefetching cost nothing, so a compute-bound step keeps every draft its
+    acceptance pays for.
   - ``t_row`` (compute per verified row, anchors included): the slope of
     the verify forward's compute time (its time less its waits on copies)
     on its rows ``c + R``, so the drafter's cost, which does not depend on
@@ -549,13 +552,18 @@ class AdaptiveWidth:
         return self.link_s_per_expert() * self.num_layers * self.union.union(rows)
 
     def exposed_share(self) -> float:
-        """``β``: the share of the modeled link time the compute waited for
-        (measured exposed fetch over modeled link time of the same steps,
-        at most 1); 1 until measured."""
+        """``β``: the share of a further modeled link second the step waits
+        for. 1 where the link is the bottleneck (the steps' modeled link
+        time at least their time outside the waits: every further copy
+        lengthens the step) and until measured; otherwise the share of the
+        modeled link time the compute waited for (measured exposed fetch
+        over modeled link time of the same steps, at most 1)."""
         if self._m == 0:
             return 1.0
         if self._m_link <= 0.0:
             return 0.0  # nothing modeled: any wait stays in the fixed time
+        if self._m_link >= self._m_wall - self._m_exposed:
+            return 1.0
         return min(1.0, self._m_exposed / self._m_link)
 
     def draft_link_s(self, anchors: int, drafted: int) -> float:
