@@ -71,7 +71,7 @@ def main() -> int:
         by[(r["concurrency"], r["repeat"])][label] = r["output_tokens_per_s"]
     for c in sorted({k[0] for k in by}):
         ratios = []
-        for (cc, rep), d in sorted(by.items()):
+        for (cc, _repeat), d in sorted(by.items()):
             have = [d[b] for b in best if b in d]
             if cc == c and "PD" in d and have:
                 ratios.append(d["PD"] / max(have))
