@@ -39,10 +39,13 @@ def main() -> int:
         rs = groups[key]
         tps = [r["output_tokens_per_s"] for r in rs]
         tau = statistics.median(r["acceptance_length_mean"] for r in rs)
-        vw = [(r.get("verify_width") or {}).get("mean_verified_drafts") for r in rs]
-        width = "every" if None in vw else f"{statistics.median(vw):.2f}"
+        vw: list[float | None] = [
+            (r.get("verify_width") or {}).get("mean_verified_drafts") for r in rs
+        ]
+        drafts = [v for v in vw if v is not None]
+        width = "every" if len(drafts) < len(vw) else f"{statistics.median(drafts):.2f}"
         parts, sw = "—", "—"
-        books = [r.get("pd_parts") for r in rs if r.get("pd_parts")]
+        books: list[dict[str, Any]] = [r["pd_parts"] for r in rs if r.get("pd_parts")]
         if books and books[0].get("policy") != "fixed":
             on = {
                 p: statistics.median(b["on_fraction"][p] for b in books)
