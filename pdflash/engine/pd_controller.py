@@ -7,7 +7,9 @@ some workloads they cost more than the copies they hide. A
 answers which parts run in the next step (:class:`PartsState`).
 
 :class:`PDController` decides by paired-step probes and a sequential test,
-so that a decision fits in the 20-40 steps of a short run. After a warm-up
+so that the first part's decision fits in about 20 steps of a short run
+(the warm-up and at most ``max_pairs`` pairs with their settle steps; the
+other parts follow, one probe each). After a warm-up
 it probes one part at a time: its measured steps alternate between the
 configuration (arm A) and the configuration with that part flipped (arm B),
 in pairs ordered AB, BA, AB, ... (a trend over the probe, such as requests
