@@ -8,14 +8,15 @@ answers which parts run in the next step (:class:`PartsState`).
 
 :class:`PDController` decides by paired-step probes and a sequential test,
 so that the first part's decision fits in about 20 steps of a short run
-(the warm-up and at most ``max_pairs`` pairs with their settle steps; the
-other parts follow, one probe each). After a warm-up
+(the warm-up and at most ``max_pairs`` pairs with their settle steps; about
+40 where an extension runs; the other parts follow, one probe each). After a warm-up
 it probes one part at a time: its measured steps alternate between the
 configuration (arm A) and the configuration with that part flipped (arm B),
 in pairs ordered AB, BA, AB, ... (a trend over the probe, such as requests
 finishing, cancels), with ``settle`` unmeasured steps after every change.
-After ``min_pairs`` pairs and after each further one, up to ``max_pairs``,
-it tests two per-pair statistics, one-sided, by Student's t:
+After ``min_pairs`` pairs and after each further one, up to ``max_pairs``
+(then every ``min_pairs`` pairs of an extension, below), it tests two
+per-pair statistics, one-sided, by Student's t:
 
 * the **rate**: ``log(rate_B / rate_A)``, the tokens per second of the
   flipped step over the configured one (verified tokens by default, see
@@ -37,7 +38,11 @@ switched by a probe with probability at most ``alpha`` (0.05 by default,
 for Gaussian per-step noise; the tests measure it under the heavy-tailed
 noise of a loaded CPU). A probe ends early, without a switch, once every
 rule's one-sided upper confidence bound is below ``margin`` (nothing worth
-a switch to find), and without a switch at ``max_pairs``. After every part
+a switch to find), and without a switch at ``max_pairs`` — unless a
+statistic points to a flip there (mean above ``margin``, unadjusted p below
+``alpha``): then it runs ``extend_pairs`` more pairs, pooled with the first
+(the extension's looks are counted in the Bonferroni shares whether or not
+a probe is extended). After every part
 was probed the configuration holds for ``hold`` measured steps and the
 parts are probed again (the hold doubles after each round that switched
 nothing, up to ``max_hold``: a steady workload pays for fewer probes and
@@ -392,8 +397,12 @@ class PDController:
         alpha: the false-switch rate of a probe of a part that changes
             nothing (shared by the looks and the rules, Bonferroni).
         min_pairs: pairs before the first look.
-        max_pairs: pairs at most per probe (one look after each from
-            ``min_pairs`` on).
+        max_pairs: pairs per probe (one look after each from ``min_pairs``
+            on).
+        extend_pairs: pairs added to a probe that reaches ``max_pairs``
+            with a statistic that points to a flip (mean above ``margin``,
+            unadjusted p below ``alpha``), pooled with its pairs, with a
+            look every ``min_pairs`` pairs and at the end; 0: never.
         warmup: measured steps before the first probe.
         hold: measured steps between probe rounds (re-probing); doubled
             after every round that switched nothing, up to ``max_hold``, and
@@ -421,6 +430,7 @@ class PDController:
         alpha: float = 0.05,
         min_pairs: int = 3,
         max_pairs: int = 6,
+        extend_pairs: int = 6,
         warmup: int = 2,
         hold: int = 24,
         max_hold: int = 96,
@@ -432,6 +442,7 @@ class PDController:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
             ("max_pairs", max_pairs, 2),
+            ("extend_pairs", extend_pairs, 0),
             ("warmup", warmup, 0),
             ("hold", hold, 0),
             ("max_hold", max_hold, 0),
@@ -454,6 +465,8 @@ class PDController:
         self.alpha = float(alpha)
         self.min_pairs = min_pairs
         self.max_pairs = max_pairs
+        self.extend_pairs = extend_pairs
+        self.looks = _looks(min_pairs, max_pairs, extend_pairs)
         self.warmup = warmup
         self.hold = hold
         self.max_hold = max_hold
@@ -474,6 +487,7 @@ class PDController:
         self._base = initial  # the configuration at the probe's start (arm A)
         self._pairs: list[_Pair] = []
         self._half: StepMeasurement | None = None  # the pair's first step
+        self._extended = False  # the probe runs on past max_pairs
 
     # ------------------------------------------------------------ protocol
     @property
@@ -495,6 +509,7 @@ class PDController:
             "alpha": self.alpha,
             "min_pairs": self.min_pairs,
             "max_pairs": self.max_pairs,
+            "extend_pairs": self.extend_pairs,
             "warmup": self.warmup,
             "hold": self.hold,
             "max_hold": self.max_hold,
@@ -506,8 +521,7 @@ class PDController:
     def alpha_per_look(self, part: str) -> float:
         """The level of each (look, rule) test of a probe of ``part``."""
         rules = 2 if part in COST_BENEFIT_PARTS else 1
-        looks = self.max_pairs - self.min_pairs + 1
-        return self.alpha / (rules * looks)
+        return self.alpha / (rules * len(self.looks))
 
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
@@ -529,7 +543,7 @@ class PDController:
             # pairs alternate AB, BA, AB, ...: a trend over the probe cancels
             a_first = len(self._pairs) % 2 == 0
             self._pairs.append(_Pair(first, second) if a_first else _Pair(second, first))
-            if len(self._pairs) >= self.min_pairs and self._judge():
+            if len(self._pairs) in self.looks and self._judge():
                 return self._parts
         self._set(self._arm_parts(self._next_arm()))
         return self._parts
@@ -574,6 +588,7 @@ class PDController:
                 self._base = self._parts
                 self._pairs = []
                 self._half = None
+                self._extended = False
                 self._set(self._arm_parts("A"))
                 return
         self._part = None
@@ -602,12 +617,13 @@ class PDController:
             if self._rate(p.a) > 0 and self._rate(p.b) > 0
         ]
         if len(gains) < 2:
-            return self._end_if_last(part, now, "too few pairs with tokens to compare")
+            return self._end_if_last(part, now, "too few pairs with tokens to compare", False)
         rate = paired_test(gains)
         rate_vote = rate.mean > self.margin and rate.p < a_level
         rate_futile = rate.upper(a_level) < self.margin
+        rate_hint = rate.mean > self.margin and rate.p < self.alpha
         nums = f"log {self.rate_of} tokens/s {_word(not now)} over {_word(now)}: {rate.text()}"
-        cb_vote, cb_futile = False, True
+        cb_vote, cb_futile, cb_hint = False, True, False
         if part in COST_BENEFIT_PARTS:
             # the part's own host seconds plus the exposed fetch with it, less
             # the exposed fetch without it, per step's wall: > 0 costs more
@@ -634,7 +650,9 @@ class PDController:
                 and not rate.upper(a_level) < -self.margin
             )
             cb_futile = books.upper(a_level) < self.margin
+            cb_hint = books.mean > self.margin and books.p < self.alpha
             rate_vote = rate_vote and books.mean >= -self.margin
+            rate_hint = rate_hint and books.mean >= -self.margin
             nums += (
                 f"; (cost - saving)/step wall, {'on' if now else 'off'} sign: {books.text()}; "
                 f"host s/step in part {np.mean(host_on):.3g} on, exposed fetch s/step "
@@ -642,7 +660,7 @@ class PDController:
             )
         nums += (
             f"; need mean > margin {self.margin:.3g} at p < {a_level:.3g} "
-            f"(alpha {self.alpha:.3g} over {self.max_pairs - self.min_pairs + 1} looks"
+            f"(alpha {self.alpha:.3g} over {len(self.looks)} looks"
             f"{' and 2 rules' if part in COST_BENEFIT_PARTS else ''})"
         )
         step = self._books.steps
@@ -667,10 +685,14 @@ class PDController:
             self._log(Decision(step, part, now, False, f"kept {_word(now)} (no gain): {nums}"))
             self._end_probe()
             return True
-        return self._end_if_last(part, now, nums)
+        return self._end_if_last(part, now, nums, rate_hint or cb_hint)
 
-    def _end_if_last(self, part: str, now: bool, nums: str) -> bool:
-        if len(self._pairs) < self.max_pairs:
+    def _end_if_last(self, part: str, now: bool, nums: str, hint: bool) -> bool:
+        n = len(self._pairs)
+        if n < self.max_pairs or (self._extended and n < self.max_pairs + self.extend_pairs):
+            return False
+        if not self._extended and hint and self.extend_pairs > 0:
+            self._extended = True  # points to a flip: more pairs, pooled
             return False
         step = self._books.steps
         self._log(Decision(step, part, now, False, f"kept {_word(now)} (not shown): {nums}"))
@@ -683,6 +705,17 @@ class PDController:
 
     def _log(self, d: Decision) -> None:
         self._books.decisions.append(d)
+
+
+def _looks(min_pairs: int, max_pairs: int, extend_pairs: int) -> tuple[int, ...]:
+    """The pair counts a probe is tested at: each from ``min_pairs`` to
+    ``max_pairs``, then every ``min_pairs`` pairs of an extension and its end."""
+    out = list(range(min_pairs, max_pairs + 1))
+    end = max_pairs + extend_pairs
+    out += [n for n in range(max_pairs + min_pairs, end + 1, min_pairs)]
+    if out[-1] != end:
+        out.append(end)
+    return tuple(out)
 
 
 def _host(m: StepMeasurement, part: str) -> float:

@@ -117,10 +117,10 @@ def drive(ctl: PartsPolicy, plant: Plant, steps: int) -> list[PartsState]:
 
 
 def probe_steps(ctl: PDController, pairs: int | None = None) -> int:
-    """Steps of a probe of ``pairs`` pairs (default the most): two measured
-    steps a pair, one change of the parts a pair (AB, BA, ...) and the
-    change back at the end, each followed by ``settle`` steps."""
-    n = ctl.max_pairs if pairs is None else pairs
+    """Steps of a probe of ``pairs`` pairs (default the most, extended): two
+    measured steps a pair, one change of the parts a pair (AB, BA, ...) and
+    the change back at the end, each followed by ``settle`` steps."""
+    n = ctl.max_pairs + ctl.extend_pairs if pairs is None else pairs
     return 2 * n + (n + 1) * ctl.settle
 
 
@@ -226,6 +226,24 @@ def test_a_costly_part_goes_off_in_a_short_run_on_the_loaded_cpu() -> None:
     assert off >= 9
 
 
+def test_a_probe_that_points_to_a_flip_is_extended() -> None:
+    """A scheduler that costs 25% under the loaded CPU's noise: over 20
+    60-step runs the extension (6 more pairs pooled with the first 6 where
+    they point to a flip) switches it off in more runs than probes of 6
+    pairs alone."""
+
+    def found(extend: int) -> int:
+        n = 0
+        for seed in range(20):
+            ctl = PDController(extend_pairs=extend)
+            drive(ctl, Plant({"scheduler_2d": 1.25}, lognormal=LOADED_CPU, seed=seed), 60)
+            n += int(("scheduler_2d", False) in switches(ctl))
+        return n
+
+    with_extension, without = found(6), found(0)
+    assert with_extension > without, (with_extension, without)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides(seed: int) -> None:
     # route-ahead's host work (12 ms/step) removes 2 ms/step of exposed fetch:
@@ -242,7 +260,7 @@ def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides(seed: in
     drive(ctl, plant, 80)
     assert ("route_ahead", False) in switches(ctl)[:2]
     first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
-    assert first["switched"] and "by cost/benefit" in first["why"]
+    assert first["switched"] and "cost/benefit" in first["why"]
 
 
 def test_cost_benefit_keeps_a_prefetcher_that_saves_more_than_it_costs() -> None:
@@ -364,8 +382,12 @@ def test_decisions_carry_their_numbers() -> None:
     for text in ("by rate and cost/benefit", "log verified tokens/s", "host s/step in part 0.03"):
         assert text in d["why"], d["why"]
     assert f"p < {ctl.alpha_per_look('stream'):.3g}" in d["why"]
-    assert ctl.alpha_per_look("stream") == pytest.approx(0.05 / 8)
-    assert ctl.alpha_per_look("scheduler_2d") == pytest.approx(0.05 / 4)
+    # looks after pairs 3, 4, 5, 6 and, extended, 9 and 12; two rules for the stream
+    assert ctl.looks == (3, 4, 5, 6, 9, 12)
+    assert ctl.alpha_per_look("stream") == pytest.approx(0.05 / 12)
+    assert ctl.alpha_per_look("scheduler_2d") == pytest.approx(0.05 / 6)
+    assert PDController(min_pairs=2, max_pairs=3, extend_pairs=5).looks == (2, 3, 5, 7, 8)
+    assert PDController(extend_pairs=0).looks == (3, 4, 5, 6)
 
 
 @pytest.mark.parametrize(
@@ -465,7 +487,7 @@ def test_switch_rate_is_bounded_and_decisions_are_deterministic(
     assert all(p == p.masked(avail) for p in seen)
     # changes of the parts: one a pair, and the change back (or the switch)
     changes = sum(a != b for a, b in itertools.pairwise(seen))
-    assert changes <= (min_pairs + extra_pairs + 1) * (s["probes"] + 1)
+    assert changes <= (min_pairs + extra_pairs + ctl.extend_pairs + 1) * (s["probes"] + 1)
     _, again = run()
     assert again == seen
 
