@@ -137,9 +137,28 @@ def scheduler_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"{fmt(r.get('byte_budget_verify_compute_s'), 3)} s): the 2-D batch differed from "
             f"the token-only one in {100 * frac:.0f}% of {r.get('steps')} steps (predicted "
             f"missing bytes {fmt(r.get('batch_missing_bytes_2d'))} vs "
-            f"{fmt(r.get('batch_missing_bytes_token_only'))})"
+            f"{fmt(r.get('batch_missing_bytes_token_only'))})" + _executed(r)
         )
     return out
+
+
+def _executed(row: dict[str, Any]) -> str:
+    """How often the PD controller ran the 2-D batch, and its switches."""
+    parts = row.get("pd_parts")
+    if not isinstance(parts, dict):
+        return ""
+    frac = (parts.get("on_fraction") or {}).get("scheduler_2d")
+    if frac is None:
+        return ""
+    switched = [
+        f"{d['part']} {'on' if d['on'] else 'off'} at step {d['step']}"
+        for d in parts.get("decisions") or []
+        if d.get("switched")
+    ]
+    return (
+        f"; the PD controller executed the 2-D batch in {100 * frac:.0f}% of steps "
+        f"(switched: {', '.join(switched) if switched else 'nothing'})"
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -37,8 +37,8 @@ PD-full-width          the adaptive verify width: every draft verified (PD with 
 
 ``PD`` runs its parts under the PD controller (``parts_controller``,
 :mod:`pdflash.engine.pd_controller`): route-ahead, the 2-D scheduler and the
-streaming prefetcher are switched off while A/B windows show they cost more
-than they save, and probed again later. ``PD-all-on`` is PD with every part
+streaming prefetcher are switched off where paired-step probes show they
+cost more than they save, and probed again later. ``PD-all-on`` is PD with every part
 forced on (the controller's own ablation row); ``PD+host`` is PD (with the
 controller) plus the hybrid miss service. The ablations above run their
 parts as configured.

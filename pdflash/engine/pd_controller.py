@@ -6,23 +6,56 @@ some workloads they cost more than the copies they hide. A
 :class:`PartsPolicy` is fed one :class:`StepMeasurement` per engine step and
 answers which parts run in the next step (:class:`PartsState`).
 
-:class:`PDController` decides by short interleaved A/B windows on tokens
-per second (the verify's tokens by default, see ``rate_of``): after a
-warm-up it probes one part at a time — ``window`` measured steps as configured (A), ``window`` steps with that part flipped
-(B), ``window`` steps back as configured (A') — and votes to flip the part
-when B beat both A windows and their mean by more than ``margin`` plus the
-two A windows' own disagreement (a per-probe noise estimate), or — for the
-prefetching parts (route-ahead, stream) — when the part's own host seconds
-per step exceed the exposed fetch seconds per step it removes by more than
-``margin`` of a step (or, switched off, fall short of them by as much) and
-the rate does not say the opposite beyond ``margin``. A flip needs
-``confirm`` consecutive votes for the same part (the part is re-probed at
-once), or one probe in which both rules vote; anything else keeps the
-configuration. After every part was probed it
-holds for ``hold`` steps and probes again, so a part switched off is switched
-back on when the workload shifts. Steps that prefilled new requests and the
-``settle`` steps after each change are not measured (their wall time is not
-the parts'). Every decision carries its numbers (``why``).
+:class:`PDController` decides by paired-step probes and a sequential test,
+so that the first part's decision fits in about 20 steps of a short run
+(the warm-up and at most ``max_pairs`` pairs with their settle steps; about
+40 where an extension runs; the other parts follow, one probe each). After a warm-up
+it probes one part at a time: its measured steps alternate between the
+configuration (arm A) and the configuration with that part flipped (arm B),
+in pairs ordered AB, BA, AB, ... (a trend over the probe, such as requests
+finishing, cancels), with ``settle`` unmeasured steps after every change.
+After ``min_pairs`` pairs and after each further one, up to ``max_pairs``
+(then every ``min_pairs`` pairs of an extension, below), it tests two
+per-pair statistics, one-sided, by Student's t:
+
+* the **rate**: ``log(rate_B / rate_A)``, the tokens per second of the
+  flipped step over the configured one (verified tokens by default, see
+  ``rate_of``); it votes to flip when the mean exceeds ``margin`` and is
+  above 0 at the look's level;
+* for the prefetching parts (route-ahead, the stream), the **books**: the
+  part's own host seconds plus the exposed fetch seconds with it, less the
+  exposed fetch seconds without it, over the pair's mean step wall (its net
+  cost as a share of the step; the host seconds are measured, not modeled,
+  so this is far less noisy than the wall); it votes to switch the part off
+  when that share exceeds ``margin`` (on, when it falls below ``-margin``)
+  at the look's level, unless the rate shows the opposite (its one-sided
+  upper bound below ``-margin``); and the rate does not flip a prefetching
+  part whose books point the other way (their mean below ``-margin``).
+
+A vote flips the part at once. The levels are Bonferroni shares of
+``alpha`` over the looks and the rules, so a part that changes nothing is
+switched by a probe with probability at most ``alpha`` (0.05 by default,
+for Gaussian per-step noise; the tests measure it under the heavy-tailed
+noise of a loaded CPU). A probe ends early, without a switch, once every
+rule's one-sided upper confidence bound is below ``margin`` (nothing worth
+a switch to find), and without a switch at ``max_pairs`` — unless a
+statistic points to a flip there (mean above ``margin``, unadjusted p below
+``alpha``): then it runs ``extend_pairs`` more pairs, pooled with the first
+(the extension's looks are counted in the Bonferroni shares whether or not
+a probe is extended). After every part
+was probed the configuration holds for ``hold`` measured steps and the
+parts are probed again (the hold doubles after each round that switched
+nothing, up to ``max_hold``: a steady workload pays for fewer probes and
+false switches), so a part switched off is switched back on when the
+workload shifts; switching a part back needs another significant probe
+the other way. Steps that prefilled new requests and the ``settle`` steps
+after each change are not measured (their wall time is not the parts').
+Every decision carries its numbers (``why``).
+
+The controller does not judge the verify width: its rates compare steps
+whose widths the width policy chose alike, and the width policy
+(:mod:`pdflash.engine.verify_width`) maximizes committed tokens per second
+by itself.
 
 Switching a part changes only timing and copies, never tokens: route-ahead
 and streaming only prefetch, and the token-only and 2-D schedulers both
@@ -43,7 +76,8 @@ and are never probed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -59,10 +93,12 @@ COST_BENEFIT_PARTS = frozenset({"stream", "route_ahead"})
 #: what a window's tokens per second counts (see :class:`PDController`)
 RATES = ("verified", "committed")
 
-#: the switchable parts, in the order they are probed: the stream before
-#: route-ahead, because switching route-ahead off stops the stream too (a
-#: stream that costs must go off alone, not take route-ahead with it)
-PARTS: tuple[str, ...] = ("stream", "route_ahead", "scheduler_2d")
+#: the switchable parts, in the order they are probed: the scheduler first,
+#: because with route-ahead off it has no predicted bytes to act on (a
+#: route-ahead probe would also measure the scheduler's batches); the stream
+#: before route-ahead, because switching route-ahead off stops the stream
+#: too (a stream that costs must go off alone, not take route-ahead with it)
+PARTS: tuple[str, ...] = ("scheduler_2d", "stream", "route_ahead")
 
 
 @dataclass(frozen=True)
@@ -261,95 +297,179 @@ class FixedParts:
         return self._books.summary(self.name, self._parts, keep=0)
 
 
-@dataclass
-class _Window:
-    rate_of: str = "verified"
-    steps: int = 0
-    tokens: int = 0
-    wall_s: float = 0.0
-    host_s: float = 0.0
-    exposed_s: float = 0.0
+def t_sf(t: float, df: int) -> float:
+    """``P(T >= t)`` for Student's t with ``df`` (an integer >= 1) degrees of
+    freedom, exact (the finite series of integer ``df``)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if math.isnan(t):
+        return float("nan")
+    if math.isinf(t):
+        return 0.0 if t > 0 else 1.0
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    s = math.sin(theta)
+    if df % 2 == 1:
+        term, total = 1.0, 1.0 if df > 1 else 0.0
+        for k in range(1, (df - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        inside = 2.0 / math.pi * (theta + s * math.cos(theta) * total)
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        inside = s * total
+    # inside = P(|T| < |t|)
+    tail = max(0.0, 0.5 * (1.0 - inside))
+    return tail if t >= 0 else 1.0 - tail
 
-    def add(self, m: StepMeasurement, part: str) -> None:
-        self.steps += 1
-        self.tokens += m.verified_tokens if self.rate_of == "verified" else m.committed_tokens
-        self.wall_s += m.wall_s
-        self.host_s += float(m.part_host_s.get(part, 0.0))
-        self.exposed_s += m.exposed_fetch_s
 
-    @staticmethod
-    def merged(x: _Window, y: _Window) -> _Window:
-        return _Window(
-            x.rate_of,
-            x.steps + y.steps,
-            x.tokens + y.tokens,
-            x.wall_s + y.wall_s,
-            x.host_s + y.host_s,
-            x.exposed_s + y.exposed_s,
-        )
+def t_isf(p: float, df: int) -> float:
+    """The ``t`` with ``P(T >= t) = p`` (``0 < p < 1``), by bisection on
+    :func:`t_sf`."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if p > 0.5:
+        return -t_isf(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_sf(hi, df) > p:
+        hi *= 2.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if t_sf(mid, df) > p:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+@dataclass(frozen=True)
+class Test:
+    """A one-sided paired test of ``mean > 0`` and its numbers."""
+
+    n: int
+    mean: float
+    se: float
+    p: float
+
+    def upper(self, alpha: float) -> float:
+        """The one-sided ``1 - alpha`` upper confidence bound of the mean."""
+        if self.n < 2:
+            return float("inf")
+        return self.mean + t_isf(alpha, self.n - 1) * self.se
+
+    def text(self) -> str:
+        return f"mean {self.mean:+.3g} (se {self.se:.3g}, n {self.n}, p {self.p:.3g})"
+
+
+def paired_test(values: Sequence[float]) -> Test:
+    """One-sided t test of ``mean(values) > 0`` (needs 2 or more values;
+    values that are all equal give p 0 or 1 by their sign)."""
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"a paired test needs 2 or more pairs, got {n}")
+    mean = float(np.mean(values))
+    sd = float(np.std(values, ddof=1))
+    se = sd / math.sqrt(n)
+    if se <= 1e-15 * max(1.0, abs(mean)):
+        p = 0.0 if mean > 0 else 1.0
+        return Test(n, mean, 0.0, p)
+    return Test(n, mean, se, t_sf(mean / se, n - 1))
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """One probe pair: the measurement as configured (A) and flipped (B)."""
+
+    a: StepMeasurement
+    b: StepMeasurement
 
 
 class PDController:
-    """PD's parts switched by interleaved A/B windows (module docstring).
+    """PD's parts switched by paired-step probes and a sequential test
+    (module docstring).
 
     Args:
-        window: measured steps per A/B window.
-        margin: B must beat the A windows' mean tokens/s by this fraction
-            plus their relative disagreement.
-        confirm: consecutive votes needed to flip a part.
+        margin: the least effect worth a switch, as a share of the step
+            (rate gain, or the part's net cost per step over the step's wall).
+        alpha: the false-switch rate of a probe of a part that changes
+            nothing (shared by the looks and the rules, Bonferroni).
+        min_pairs: pairs before the first look.
+        max_pairs: pairs per probe (one look after each from ``min_pairs``
+            on).
+        extend_pairs: pairs added to a probe that reaches ``max_pairs``
+            with a statistic that points to a flip (mean above ``margin``,
+            unadjusted p below ``alpha``), pooled with its pairs, with a
+            look every ``min_pairs`` pairs and at the end; 0: never.
         warmup: measured steps before the first probe.
-        hold: measured steps between probe rounds (re-probing).
+        hold: measured steps between probe rounds (re-probing); doubled
+            after every round that switched nothing, up to ``max_hold``, and
+            back to ``hold`` after a switch.
+        max_hold: the longest hold.
         settle: steps not measured after every change of the parts.
         initial: the parts at the start (masked by what the engine has).
         keep_decisions: probe outcomes other than switches kept in
             :meth:`summary` (the first and the last ones; switches are all kept).
-        rate_of: the tokens a window's rate counts: ``verified`` (tokens the
-            verify forwards took; default) or ``committed``. Committed tokens
-            also carry the acceptance draw, which no part changes (route-ahead
-            and streaming change no batch; both schedulers fill the same
-            token budget) and which, over windows of a few steps, is most of
-            the noise; verified tokens per second still shows a scheduler that
-            splits batches (more forwards for the same tokens).
+        rate_of: the tokens a step's rate counts: ``verified`` (tokens the
+            verify forward took; default) or ``committed``. No part changes
+            the acceptance draw or the width a request is verified at (the
+            width policy decides before the scheduler, from its own books),
+            so verified tokens per second compares the arms without the
+            acceptance draw's noise; it still shows a scheduler that splits
+            batches (more forwards for the same tokens).
     """
 
-    name = "ab-windows"
+    name = "paired-steps"
 
     def __init__(
         self,
         *,
-        window: int = 3,
         margin: float = 0.05,
-        confirm: int = 2,
+        alpha: float = 0.05,
+        min_pairs: int = 3,
+        max_pairs: int = 6,
+        extend_pairs: int = 6,
         warmup: int = 2,
         hold: int = 24,
+        max_hold: int = 96,
         settle: int = 1,
         initial: PartsState = ALL_ON,
         keep_decisions: int = 16,
         rate_of: str = "verified",
     ) -> None:
         for name, value, low in (
-            ("window", window, 1),
-            ("confirm", confirm, 1),
+            ("min_pairs", min_pairs, 2),
+            ("max_pairs", max_pairs, 2),
+            ("extend_pairs", extend_pairs, 0),
             ("warmup", warmup, 0),
             ("hold", hold, 0),
+            ("max_hold", max_hold, 0),
             ("settle", settle, 0),
             ("keep_decisions", keep_decisions, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if max_pairs < min_pairs:
+            raise ValueError(f"max_pairs ({max_pairs}) must be >= min_pairs ({min_pairs})")
+        if max_hold < hold:
+            raise ValueError(f"max_hold ({max_hold}) must be >= hold ({hold})")
         if rate_of not in RATES:
             raise ValueError(f"rate_of must be one of {RATES}, got {rate_of!r}")
         if not margin >= 0.0:
             raise ValueError(f"margin must be >= 0, got {margin}")
-        self.window = window
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         self.margin = float(margin)
-        self.confirm = confirm
+        self.alpha = float(alpha)
+        self.min_pairs = min_pairs
+        self.max_pairs = max_pairs
+        self.extend_pairs = extend_pairs
+        self.looks = _looks(min_pairs, max_pairs, extend_pairs)
         self.warmup = warmup
         self.hold = hold
+        self.max_hold = max_hold
         self.settle = settle
         self.keep_decisions = keep_decisions
         self.rate_of = rate_of
@@ -357,14 +477,17 @@ class PDController:
         self._parts = initial
         self._books = _Books()
         self._available = ALL_ON
-        # state machine: "hold" (counting down), then per probe "A", "B", "A2"
-        self._phase = "hold"
+        self._probing = False
         self._countdown = warmup
+        self._hold_now = hold  # the hold after this round
+        self._round_switched = False
         self._settling = 0
         self._queue: list[str] = []
         self._part: str | None = None
-        self._votes = 0
-        self._win: dict[str, _Window] = {}
+        self._base = initial  # the configuration at the probe's start (arm A)
+        self._pairs: list[_Pair] = []
+        self._half: StepMeasurement | None = None  # the pair's first step
+        self._extended = False  # the probe runs on past max_pairs
 
     # ------------------------------------------------------------ protocol
     @property
@@ -382,15 +505,23 @@ class PDController:
     def summary(self) -> dict[str, Any]:
         out = self._books.summary(self.name, self._parts, keep=self.keep_decisions)
         out["settings"] = {
-            "window": self.window,
             "margin": self.margin,
-            "confirm": self.confirm,
+            "alpha": self.alpha,
+            "min_pairs": self.min_pairs,
+            "max_pairs": self.max_pairs,
+            "extend_pairs": self.extend_pairs,
             "warmup": self.warmup,
             "hold": self.hold,
+            "max_hold": self.max_hold,
             "settle": self.settle,
             "rate_of": self.rate_of,
         }
         return out
+
+    def alpha_per_look(self, part: str) -> float:
+        """The level of each (look, rule) test of a probe of ``part``."""
+        rules = 2 if part in COST_BENEFIT_PARTS else 1
+        return self.alpha / (rules * len(self.looks))
 
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
@@ -399,26 +530,39 @@ class PDController:
             return self._parts
         if not m.verified or m.admitted > 0 or m.wall_s <= 0.0:
             return self._parts  # not the parts' time: not measured
-        if self._phase == "hold":
+        if not self._probing:
             self._countdown -= 1
             if self._countdown <= 0:
                 self._start_round()
             return self._parts
-        assert self._part is not None
-        self._win[self._phase].add(m, self._part)
-        if self._win[self._phase].steps < self.window:
-            return self._parts
-        if self._phase == "A":
-            self._phase = "B"
-            self._set(self._parts.with_part(self._part, not self._parts.on(self._part)))
-        elif self._phase == "B":
-            self._phase = "A2"
-            self._set(self._parts.with_part(self._part, not self._parts.on(self._part)))
+        if self._half is None:
+            self._half = m
         else:
-            self._judge()
+            first, second = self._half, m
+            self._half = None
+            # pairs alternate AB, BA, AB, ...: a trend over the probe cancels
+            a_first = len(self._pairs) % 2 == 0
+            self._pairs.append(_Pair(first, second) if a_first else _Pair(second, first))
+            if len(self._pairs) in self.looks and self._judge():
+                return self._parts
+        self._set(self._arm_parts(self._next_arm()))
         return self._parts
 
     # ------------------------------------------------------------ internals
+    def _next_arm(self) -> str:
+        i = len(self._pairs)
+        first = "A" if i % 2 == 0 else "B"
+        if self._half is None:
+            return first
+        return "B" if first == "A" else "A"
+
+    def _arm_parts(self, arm: str) -> PartsState:
+        part = self._part
+        assert part is not None
+        if arm == "A":
+            return self._base
+        return self._base.with_part(part, not self._base.on(part))
+
     def _set(self, parts: PartsState) -> None:
         if parts != self._parts:
             self._parts = parts
@@ -432,87 +576,150 @@ class PDController:
 
     def _start_round(self) -> None:
         self._queue = self._probeable()
+        self._round_switched = False
         self._next_probe()
 
     def _next_probe(self) -> None:
         while self._queue:
             part = self._queue.pop(0)
             if part in self._probeable():
-                self._begin(part)
+                self._part = part
+                self._probing = True
+                self._base = self._parts
+                self._pairs = []
+                self._half = None
+                self._extended = False
+                self._set(self._arm_parts("A"))
                 return
         self._part = None
-        self._votes = 0
-        self._phase = "hold"
-        self._countdown = max(1, self.hold)
+        self._probing = False
+        # a round that found nothing to switch: probe less often (fewer
+        # probes' costs and false switches on a steady workload)
+        if self._round_switched:
+            self._hold_now = self.hold
+        self._countdown = max(1, self._hold_now)
+        if not self._round_switched:
+            self._hold_now = min(self.max_hold, 2 * self._hold_now)
 
-    def _begin(self, part: str) -> None:
-        self._part = part
-        self._phase = "A"
-        self._win = {k: _Window(self.rate_of) for k in ("A", "B", "A2")}
+    def _rate(self, m: StepMeasurement) -> float:
+        tokens = m.verified_tokens if self.rate_of == "verified" else m.committed_tokens
+        return tokens / m.wall_s if m.wall_s > 0 else 0.0
 
-    def _judge(self) -> None:
+    def _judge(self) -> bool:
+        """Test the probe's pairs; True when the probe ended (decided)."""
         part = self._part
         assert part is not None
-        a, b, a2 = self._win["A"], self._win["B"], self._win["A2"]
-        base = 0.5 * (a.rate + a2.rate)
-        spread = abs(a.rate - a2.rate) / base if base > 0 else float("inf")
-        gain = b.rate / base - 1.0 if base > 0 else 0.0
-        now = self._parts.on(part)
-        rate_vote = gain > self.margin + spread and b.rate > max(a.rate, a2.rate)
-        # cost/benefit (prefetching parts only): the part's own host seconds
-        # per step against the exposed fetch seconds it removes; called only
-        # where the rate does not say the opposite beyond the margin
-        both_a = _Window.merged(a, a2)
-        on_w, off_w = (both_a, b) if now else (b, both_a)
-        saves = max(0.0, _exposed(off_w) - _exposed(on_w))
-        net = _per_step(on_w) - saves  # > 0: costs more than it saves
-        wall = on_w.wall_s / on_w.steps if on_w.steps else 0.0
-        cb_vote = (
-            part in COST_BENEFIT_PARTS
-            and wall > 0.0
-            and (net > self.margin * wall if now else -net > self.margin * wall)
-            and gain >= -self.margin
-        )
-        vote = rate_vote or cb_vote
-        nums = (
-            f"{self.rate_of} tokens/s {'on' if now else 'off'} {a.rate:.4g}/{a2.rate:.4g}, "
-            f"{'off' if now else 'on'} {b.rate:.4g} (gain {gain:+.3f}, need > "
-            f"{self.margin:.3f} + spread {spread:.3f}); host s/step in part "
-            f"on {_per_step(on_w):.3g} off {_per_step(off_w):.3g}; "
-            f"exposed fetch s/step on {_exposed(on_w):.3g} off {_exposed(off_w):.3g} "
-            f"(cost - saving {net:+.3g} s/step, need {'>' if now else '<'} "
-            f"{'' if now else '-'}{self.margin * wall:.3g}); "
-            f"by {_rules(rate_vote, cb_vote)}"
+        now = self._base.on(part)
+        a_level = self.alpha_per_look(part)
+        gains = [
+            math.log(self._rate(p.b) / self._rate(p.a))
+            for p in self._pairs
+            if self._rate(p.a) > 0 and self._rate(p.b) > 0
+        ]
+        if len(gains) < 2:
+            return self._end_if_last(part, now, "too few pairs with tokens to compare", False)
+        rate = paired_test(gains)
+        rate_vote = rate.mean > self.margin and rate.p < a_level
+        rate_futile = rate.upper(a_level) < self.margin
+        rate_hint = rate.mean > self.margin and rate.p < self.alpha
+        nums = f"log {self.rate_of} tokens/s {_word(not now)} over {_word(now)}: {rate.text()}"
+        cb_vote, cb_futile, cb_hint = False, True, False
+        if part in COST_BENEFIT_PARTS:
+            # the part's own host seconds plus the exposed fetch with it, less
+            # the exposed fetch without it, per step's wall: > 0 costs more
+            # than it saves; where it runs now, a switch off needs > margin,
+            # where it is off, a switch on needs < -margin
+            sign = 1.0 if now else -1.0
+            nets, host_on, exp_on, exp_off = [], [], [], []
+            for p in self._pairs:
+                on_m, off_m = (p.a, p.b) if now else (p.b, p.a)
+                host = _host(on_m, part) - _host(off_m, part)
+                net = host + on_m.exposed_fetch_s - off_m.exposed_fetch_s
+                nets.append(sign * net / (0.5 * (on_m.wall_s + off_m.wall_s)))
+                host_on.append(_host(on_m, part))
+                exp_on.append(on_m.exposed_fetch_s)
+                exp_off.append(off_m.exposed_fetch_s)
+            books = paired_test(nets)
+            # the books are far less noisy than the rate: they flip the part
+            # unless the rate shows the opposite (its upper bound below
+            # -margin); the rate flips it only where the books do not point
+            # the other way (their mean below -margin)
+            cb_vote = (
+                books.mean > self.margin
+                and books.p < a_level
+                and not rate.upper(a_level) < -self.margin
+            )
+            cb_futile = books.upper(a_level) < self.margin
+            cb_hint = books.mean > self.margin and books.p < self.alpha
+            rate_vote = rate_vote and books.mean >= -self.margin
+            rate_hint = rate_hint and books.mean >= -self.margin
+            nums += (
+                f"; (cost - saving)/step wall, {'on' if now else 'off'} sign: {books.text()}; "
+                f"host s/step in part {np.mean(host_on):.3g} on, exposed fetch s/step "
+                f"{np.mean(exp_on):.3g} on, {np.mean(exp_off):.3g} off"
+            )
+        nums += (
+            f"; need mean > margin {self.margin:.3g} at p < {a_level:.3g} "
+            f"(alpha {self.alpha:.3g} over {len(self.looks)} looks"
+            f"{' and 2 rules' if part in COST_BENEFIT_PARTS else ''})"
         )
         step = self._books.steps
-        if not vote:
-            self._votes = 0
-            self._log(Decision(step, part, now, False, f"kept {_word(now)}: {nums}"))
-            self._next_probe()
-            return
-        # both rules agreeing is as strong as `confirm` probes of one
-        self._votes = self.confirm if (rate_vote and cb_vote) else self._votes + 1
-        if self._votes < self.confirm:
+        if rate_vote or cb_vote:
+            self._books.switches += 1
+            self._round_switched = True
+            self._base = self._base.with_part(part, not now)
+            self._set(self._base)
+            why = "costs more than it saves" if now else "pays again"
             self._log(
                 Decision(
                     step,
                     part,
-                    now,
-                    False,
-                    f"vote {self._votes}/{self.confirm} to switch {_word(not now)}: {nums}",
+                    not now,
+                    True,
+                    f"switched {_word(not now)} ({why}) by {_rules(rate_vote, cb_vote)}: {nums}",
                 )
             )
-            self._begin(part)  # re-probe the same part at once
-            return
-        self._votes = 0
-        self._books.switches += 1
-        self._set(self._parts.with_part(part, not now))
-        why = "costs more than it saves" if now else "pays again"
-        self._log(Decision(step, part, not now, True, f"switched {_word(not now)} ({why}): {nums}"))
+            self._next_probe()
+            return True
+        if rate_futile and cb_futile:
+            self._log(Decision(step, part, now, False, f"kept {_word(now)} (no gain): {nums}"))
+            self._end_probe()
+            return True
+        return self._end_if_last(part, now, nums, rate_hint or cb_hint)
+
+    def _end_if_last(self, part: str, now: bool, nums: str, hint: bool) -> bool:
+        n = len(self._pairs)
+        if n < self.max_pairs or (self._extended and n < self.max_pairs + self.extend_pairs):
+            return False
+        if not self._extended and hint and self.extend_pairs > 0:
+            self._extended = True  # points to a flip: more pairs, pooled
+            return False
+        step = self._books.steps
+        self._log(Decision(step, part, now, False, f"kept {_word(now)} (not shown): {nums}"))
+        self._end_probe()
+        return True
+
+    def _end_probe(self) -> None:
+        self._set(self._base)
         self._next_probe()
 
     def _log(self, d: Decision) -> None:
         self._books.decisions.append(d)
+
+
+def _looks(min_pairs: int, max_pairs: int, extend_pairs: int) -> tuple[int, ...]:
+    """The pair counts a probe is tested at: each from ``min_pairs`` to
+    ``max_pairs``, then every ``min_pairs`` pairs of an extension and its end."""
+    out = list(range(min_pairs, max_pairs + 1))
+    end = max_pairs + extend_pairs
+    out += [n for n in range(max_pairs + min_pairs, end + 1, min_pairs)]
+    if out[-1] != end:
+        out.append(end)
+    return tuple(out)
+
+
+def _host(m: StepMeasurement, part: str) -> float:
+    return float(m.part_host_s.get(part, 0.0))
 
 
 def _rules(rate_vote: bool, cb_vote: bool) -> str:
@@ -523,14 +730,6 @@ def _rules(rate_vote: bool, cb_vote: bool) -> str:
 
 def _word(on: bool) -> str:
     return "on" if on else "off"
-
-
-def _per_step(w: _Window) -> float:
-    return w.host_s / w.steps if w.steps else 0.0
-
-
-def _exposed(w: _Window) -> float:
-    return w.exposed_s / w.steps if w.steps else 0.0
 
 
 # ---------------------------------------------------------------- engine side

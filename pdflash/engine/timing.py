@@ -130,6 +130,12 @@ class ComputeTimer:
         span = self._kinds.get(kind)
         return 0.0 if span is None else span.total_s()
 
+    def kind_s_ready(self, kind: str) -> float:
+        """:meth:`kind_s` without a device synchronize (as
+        :meth:`stall_s_ready`: spans still running count at a later call)."""
+        span = self._kinds.get(kind)
+        return 0.0 if span is None else span.ready_s()
+
     def stall(self) -> Any:
         return self._stall.measure()
 

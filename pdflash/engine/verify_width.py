@@ -13,11 +13,11 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
 * ``full``: every draft (the engine does not consult a policy at all).
 * ``fixed:K``: the first ``K`` drafts (fewer when fewer were drafted).
 * ``adaptive`` (:class:`AdaptiveWidth`): the widths ``k_i`` (drafts per
-  request ``i`` of the ``c`` waiting) that maximize the expected tokens per
-  second of the step,
+  request ``i`` of the ``c`` waiting) that maximize the expected committed
+  tokens (accepted drafts + the bonus) per second of the step,
 
   ``max_k  Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(R)``, with ``R = Σ_i k_i`` and
-  ``T(R) = t_fixed + t_row · (c + R) + ℓ(c + R)`` (the whole step),
+  ``T(R) = t_fixed + t_row · (c + R) + β · ℓ(c + R)`` (the whole step),
 
   with ``k_min <= k_i <= n_i``. For one request this is the per-request
   ``argmax_k (1 + Σ_{j≤k} S(j)) / (t_0 + Σ_{j≤k} Δt_j)`` with
@@ -47,14 +47,26 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     prefetching included), ``L`` the MoE layers; a row's link time is the
     experts it adds to the batch's union, so requests that route alike share
     their copies.
-  - ``t_fixed`` (drafting, the forward's fixed cost, host work) and ``t_row``
-    (compute per verified row, anchors included) come from a least-squares
-    fit of each step's wall time after its prefill, less the modeled link
-    time of all its rows ``ℓ(c + R)``, against its verified rows ``c + R``;
-    ``t_row`` is 0 until the steps' row counts differ. ``t_fixed`` is
-    floored at a tenth of the mean step: link and compute overlap, so
-    subtracting the modeled link time can overshoot.
+  - ``β``: the share of a further modeled link second the step waits for:
+    1 where the link is the bottleneck (the steps' modeled ``ℓ`` at least
+    their time outside the waits on copies); otherwise the share of ``ℓ``
+    the compute actually waited for (the steps' measured exposed fetch over
+    their modeled ``ℓ``, at most 1): copies hidden behind compute or by
+    prefetching cost nothing, so a compute-bound step keeps every draft its
+    acceptance pays for.
+  - ``t_row`` (compute per verified row, anchors included): the slope of
+    the verify forward's compute time (its time less its waits on copies)
+    on its rows ``c + R``, so the drafter's cost, which does not depend on
+    the width, is not charged to the rows; 0 until the steps' row counts
+    differ. ``t_fixed`` (drafting, the forward's fixed cost, host work):
+    the mean of ``wall - t_row · (c + R) - β · ℓ(c + R)`` over the steps
+    (wall after the prefill), floored at a tenth of the mean step. Where
+    the engine does not time the verify or the waits, ``β = 1`` and
+    ``t_row`` is the slope of ``wall - ℓ(c + R)`` on the rows.
 
+  The objective counts committed tokens (accepted drafts + the bonus), so
+  a narrower verify is chosen only where the time it saves is worth more
+  than the accepted drafts it gives up.
   Before any step is measured, every draft is verified (the estimators learn
   from uncensored rounds first). ``k_min = 1`` where a draft exists, so the
   first position's acceptance keeps being measured.
@@ -148,6 +160,10 @@ class WidthStep:
         copied_bytes: expert bytes the cache copied in during the step (None:
             no offloaded cache; every expert resident).
         link_bytes_per_s: the link's measured rate (None: not measured).
+        verify_compute_s: the verify forward's seconds less its waits on
+            expert copies (None: not measured).
+        exposed_fetch_s: seconds the step's forwards waited on expert copies
+            (None: not measured).
     """
 
     outcomes: tuple[WidthOutcome, ...]
@@ -155,6 +171,8 @@ class WidthStep:
     union_experts: int | None = None
     copied_bytes: int | None = None
     link_bytes_per_s: float | None = None
+    verify_compute_s: float | None = None
+    exposed_fetch_s: float | None = None
 
 
 @runtime_checkable
@@ -509,8 +527,15 @@ class AdaptiveWidth:
         self._n = 0
         self._sx = self._sy = self._sxx = self._sxy = 0.0
         self._wall = 0.0
+        # the measured fit (steps that timed the verify's compute and the
+        # exposed fetch): verify compute on verified rows, and the sums of
+        # wall, exposed fetch and modeled link time
+        self._m = 0
+        self._vx = self._vy = self._vxx = self._vxy = 0.0
+        self._m_wall = self._m_exposed = self._m_link = 0.0
         # request -> its survival when its width was chosen (the expectation's basis)
         self._expected: dict[int, np.ndarray] = {}
+        self._why: str | None = None  # the last decision's numbers
         self._books = _Books(self.block_drafts)
 
     # ------------------------------------------------------------ the model
@@ -522,8 +547,24 @@ class AdaptiveWidth:
         return self.miss_rate * self.expert_bytes / self.link_bytes_per_s
 
     def link_s(self, rows: int) -> float:
-        """``ℓ(rows)``: modeled link time of a verify of ``rows`` rows."""
+        """``ℓ(rows)``: modeled link time of a verify of ``rows`` rows (all
+        of it, exposed or hidden behind compute)."""
         return self.link_s_per_expert() * self.num_layers * self.union.union(rows)
+
+    def exposed_share(self) -> float:
+        """``β``: the share of a further modeled link second the step waits
+        for. 1 where the link is the bottleneck (the steps' modeled link
+        time at least their time outside the waits: every further copy
+        lengthens the step) and until measured; otherwise the share of the
+        modeled link time the compute waited for (measured exposed fetch
+        over modeled link time of the same steps, at most 1)."""
+        if self._m == 0:
+            return 1.0
+        if self._m_link <= 0.0:
+            return 0.0  # nothing modeled: any wait stays in the fixed time
+        if self._m_link >= self._m_wall - self._m_exposed:
+            return 1.0
+        return min(1.0, self._m_exposed / self._m_link)
 
     def draft_link_s(self, anchors: int, drafted: int) -> float:
         """``ℓ(c + R) - ℓ(c)``: link time of ``drafted`` rows added to a batch
@@ -534,7 +575,25 @@ class AdaptiveWidth:
         return self.link_s_per_expert() * self.num_layers * grown
 
     def time_fit(self) -> tuple[float, float] | None:
-        """``(t_fixed, t_row)`` from the measured steps (None before any)."""
+        """``(t_fixed, t_row)`` from the measured steps (None before any).
+
+        Where steps timed the verify's compute and the exposed fetch
+        (:attr:`WidthStep.verify_compute_s`), ``t_row`` is the slope of the
+        verify's compute on its rows (the drafter's cost does not depend on
+        the width, so it does not leak into ``t_row``) and ``t_fixed`` the
+        mean of ``wall - t_row · rows - β · ℓ(rows)``, ``β`` the measured
+        :meth:`exposed_share`: link time hidden behind compute costs
+        nothing. Otherwise ``t_row`` is the slope of ``wall - ℓ(rows)`` on
+        the rows (every modeled link second counted as exposed)."""
+        if self._m > 0:
+            m = self._m
+            mx, my = self._vx / m, self._vy / m
+            var = self._vxx / m - mx * mx
+            t_row = max(0.0, (self._vxy / m - mx * my) / var) if var > 1e-9 else 0.0
+            beta = self.exposed_share()
+            t_fixed = (self._m_wall - t_row * self._vx - beta * self._m_link) / m
+            floor = self.FIXED_FLOOR * self._m_wall / m
+            return max(t_fixed, floor, 1e-9), t_row
         if self._n == 0:
             return None
         mx, my = self._sx / self._n, self._sy / self._n
@@ -551,7 +610,8 @@ class AdaptiveWidth:
         fit = self.time_fit()
         if fit is None:
             raise ValueError("no step measured yet")
-        return fit[0] + fit[1] * (anchors + drafted) + self.link_s(anchors + drafted)
+        link = self.link_s(anchors + drafted)
+        return fit[0] + fit[1] * (anchors + drafted) + self.exposed_share() * link
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
@@ -572,7 +632,29 @@ class AdaptiveWidth:
         for r, s, k in zip(requests, survs, out, strict=True):
             self._expected[r.request_id] = s
             self._books.decided(r.available, k)
+        self._why = self._explain(survs, out)
         return out
+
+    def _explain(self, survs: Sequence[np.ndarray], ks: Sequence[int]) -> str:
+        """The last decision's numbers: expected committed tokens per second
+        at the chosen widths and at every draft, and the step times."""
+        c = len(survs)
+
+        def value(widths: Sequence[int]) -> tuple[float, float, float]:
+            tokens = c + sum(float(s[:k].sum()) for s, k in zip(survs, widths, strict=True))
+            t = self.step_time(c, sum(widths))
+            return tokens, t, tokens / t
+
+        chosen, full = value(ks), value([len(s) for s in survs])
+        fit = self.time_fit()
+        assert fit is not None
+        return (
+            f"widths {list(ks)} of {[len(s) for s in survs]}: expected committed tokens "
+            f"{chosen[0]:.3g} in {chosen[1]:.3g} s = {chosen[2]:.4g}/s vs every draft "
+            f"{full[0]:.3g} in {full[1]:.3g} s = {full[2]:.4g}/s (t_fixed {fit[0]:.3g} s, "
+            f"t_row {fit[1]:.3g} s, link s/expert {self.link_s_per_expert():.3g} x exposed "
+            f"share {self.exposed_share():.3g})"
+        )
 
     def observe(self, step: WidthStep) -> None:
         for o in step.outcomes:
@@ -600,6 +682,21 @@ class AdaptiveWidth:
             self.link_bytes_per_s = (
                 lr if self.link_bytes_per_s is None else _mix(self.link_bytes_per_s, lr, self.ema)
             )
+        if (
+            step.wall_s is not None
+            and step.verify_compute_s is not None
+            and step.exposed_fetch_s is not None
+        ):
+            x = float(anchors + drafted)
+            y = max(0.0, step.verify_compute_s)
+            self._m += 1
+            self._vx += x
+            self._vy += y
+            self._vxx += x * x
+            self._vxy += x * y
+            self._m_wall += step.wall_s
+            self._m_exposed += max(0.0, step.exposed_fetch_s)
+            self._m_link += self.link_s(anchors + drafted)
         if step.wall_s is not None:
             x = float(anchors + drafted)
             y = step.wall_s - self.link_s(anchors + drafted)
@@ -626,6 +723,10 @@ class AdaptiveWidth:
             "link_bytes_per_s": self.link_bytes_per_s,
             "t_fixed_s": None if fit is None else fit[0],
             "t_row_s": None if fit is None else fit[1],
+            # "measured": t_row from the verify's compute, link time scaled by
+            # the measured exposed share; "wall": from the step's wall time
+            "time_fit": "measured" if self._m else "wall" if self._n else None,
+            "link_exposed_share": self.exposed_share() if self._m else None,
             # modeled link s of drafted rows 1..8 of a lone request
             "row_link_s": [
                 round(self.draft_link_s(1, j) - self.draft_link_s(1, j - 1), 6)
@@ -633,6 +734,7 @@ class AdaptiveWidth:
             ],
             "measured_steps": self._n,
         }
+        out["last_decision_why"] = self._why
         return out
 
     def reset_stats(self) -> None:
@@ -679,12 +781,19 @@ class WidthHook:
         self.policy = policy
         self._t0: float | None = None
         self._bytes0: int | None = None
+        self._verify0 = 0.0
+        self._stall0 = 0.0
         self._outcomes: tuple[WidthOutcome, ...] = ()
         self._union: int | None = None
 
     def begin_step(self) -> None:
         self._t0 = self.engine.clock()
         self._bytes0 = _copied(self.engine.expert_cache)
+        # NOTE: the ready spans, never a device synchronize (it would wait for
+        # the prefetch copies in flight); on CUDA a span still running on the
+        # device counts in a later step
+        self._verify0 = self.engine.timer.kind_s_ready("verify")
+        self._stall0 = self.engine.timer.stall_s_ready()
         self._outcomes = ()
 
     def trim(self, reqs: Sequence[Request]) -> None:
@@ -732,6 +841,8 @@ class WidthHook:
         wall = None if self._t0 is None else max(0.0, eng.clock() - self._t0)
         now = _copied(eng.expert_cache)
         copied = None if now is None or self._bytes0 is None else now - self._bytes0
+        exposed = max(0.0, eng.timer.stall_s_ready() - self._stall0)
+        verify = max(0.0, eng.timer.kind_s_ready("verify") - self._verify0)
         self.policy.observe(
             WidthStep(
                 self._outcomes,
@@ -739,6 +850,8 @@ class WidthHook:
                 union_experts=self._union,
                 copied_bytes=copied,
                 link_bytes_per_s=_link_rate(eng.expert_cache),
+                verify_compute_s=max(0.0, verify - exposed),
+                exposed_fetch_s=exposed,
             )
         )
         self._outcomes = ()

@@ -304,7 +304,7 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
             "## The PD controller's decisions",
             "",
             "Median over runs of the fraction of measured steps each part ran (its "
-            "probes' B windows included), the switches of each run and the first "
+            "probes' flipped steps included), the switches of each run and the first "
             "switch's reason (pd_parts in each row).",
             "",
             controller_markdown(evaluation["controller"]),

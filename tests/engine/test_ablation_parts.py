@@ -173,7 +173,7 @@ def test_each_ablation_runs_end_to_end_and_its_row_says_what_is_off(
         assert parts["on_fraction"] == {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 1.0}
     elif label == "PD-full-width":
         # PD's controller runs as in PD; only the width differs
-        assert row["pd_parts"]["policy"] == "ab-windows"
+        assert row["pd_parts"]["policy"] == "paired-steps"
         assert row["verify_width"]["policy"] is None
     else:
         assert row["pd_parts"] is None

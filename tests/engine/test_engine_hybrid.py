@@ -60,11 +60,22 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
 def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
+    from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
     tmp, cases = gpt_oss_case
+    # PD's parts pinned on: with the unthrottled host link here the PD
+    # controller may rightly switch the stream off, and this test is about
+    # the stream's plan-ahead skips
     eng, adapter, issuer = _stack(
-        tmp, "x", "PD+host", cache_slots=6, block_size=5, max_running=2, token_budget=8
+        tmp,
+        "x",
+        "PD+host",
+        cache_slots=6,
+        controller=FixedParts(),
+        block_size=5,
+        max_running=2,
+        token_budget=8,
     )
     svc = eng.host_service
     assert svc is not None
@@ -105,11 +116,22 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
 def test_nothing_is_planned_ahead_while_the_link_keeps_up(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
+    from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
     tmp, cases = gpt_oss_case
+    # PD's parts pinned on: with the unthrottled host link here the PD
+    # controller may rightly switch the stream off, and this test is about
+    # the stream's plan-ahead skips
     eng, adapter, issuer = _stack(
-        tmp, "x", "PD+host", cache_slots=6, block_size=5, max_running=2, token_budget=8
+        tmp,
+        "x",
+        "PD+host",
+        cache_slots=6,
+        controller=FixedParts(),
+        block_size=5,
+        max_running=2,
+        token_budget=8,
     )
     svc = eng.host_service
     assert svc is not None

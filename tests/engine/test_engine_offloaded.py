@@ -23,7 +23,7 @@ MAX_NEW = 14
 
 
 def _stack(
-    tmp: Path, arch: str, baseline: str, cache_slots: int, **cfg: Any
+    tmp: Path, arch: str, baseline: str, cache_slots: int, controller: Any = None, **cfg: Any
 ) -> tuple[Engine, Any, Any]:
     from pdflash.engine.batching import DeficitBatcher
     from pdflash.engine.predict import BatchedUnionPredictor
@@ -98,6 +98,7 @@ def _stack(
         route_stats=RouteAheadStats.for_adapter(adapter),
         host_service=host_service,
         max_seq_len=64,
+        controller=controller,
     )
     return eng, adapter, issuer
 

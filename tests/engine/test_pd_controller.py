@@ -1,12 +1,15 @@
 """The PD controller (pdflash.engine.pd_controller): synthetic measurement
-sequences (a part that costs more than it saves goes off, one that pays
-stays on, a shift re-enables, noise does not flap), a bounded switch rate
-for any measurements (hypothesis), and the engine's greedy tokens identical
-whatever the parts do."""
+streams (a part that costs more than it saves goes off within a bound, one
+that pays stays on, a shift re-enables, noise of the size measured on the
+loaded CPU box does not flip-flop and switches at most at the stated
+false-switch rate), the t test's numbers against the t table, a bounded
+switch rate for any measurements (hypothesis), and the engine's greedy
+tokens identical whatever the parts do."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -22,18 +25,31 @@ from pdflash.engine.pd_controller import (
     PartsState,
     PDController,
     StepMeasurement,
+    paired_test,
+    t_isf,
+    t_sf,
 )
+from pdflash.report.stats import t_quantile_975
 
 from .conftest import greedy_reference
 
 #: wall seconds of one step with every part's effect 1.0
 BASE_WALL = 0.1
 TOKENS = 64
+#: per-step noise measured on the shared 2-core CPU box: 3-step windows'
+#: rates spread 0.4-1.8x, i.e. a per-step log-rate sd of about 0.3, with
+#: rare hiccups; LOADED_CPU draws log-normal sd 0.3 and, in 5% of steps, a
+#: step 1.8x as long
+LOADED_CPU = 0.3
 
 
 class Plant:
     """A synthetic engine: a step's wall time is BASE_WALL times each running
-    part's factor (> 1: it costs more than it saves), times seeded noise."""
+    part's factor (> 1: it costs more than it saves), times seeded noise
+    (``noise``: uniform +-noise; ``lognormal``: log-normal of that sd with 5%
+    of steps 1.8x long), plus the running prefetch parts' host seconds and
+    the exposed fetch they leave (the exposed fetch noisy alike), and a
+    ``drift`` of the tokens per step (requests finishing)."""
 
     def __init__(
         self,
@@ -43,30 +59,48 @@ class Plant:
         host: dict[str, float] | None = None,
         saves: dict[str, float] | None = None,
         exposed: float = 0.0,
+        lognormal: float = 0.0,
+        drift: float = 0.0,
     ) -> None:
         self.factors = dict(factors)
         self.noise = noise
+        self.lognormal = lognormal
+        self.drift = drift
         self.rng = np.random.default_rng(seed)
         # optional: each running part's own host s/step and the exposed fetch
         # s/step it removes from `exposed` (both added to the wall)
         self.host = dict(host or {})
         self.saves = dict(saves or {})
         self.exposed = exposed
+        self.steps = 0
+
+    def _jitter(self) -> float:
+        j = 1.0
+        if self.noise:
+            j *= 1.0 + float(self.rng.uniform(-self.noise, self.noise))
+        if self.lognormal:
+            j *= math.exp(float(self.rng.normal(0.0, self.lognormal)))
+            if self.rng.random() < 0.05:
+                j *= 1.8
+        return j
 
     def step(self, parts: PartsState) -> StepMeasurement:
+        self.steps += 1
         wall = BASE_WALL
         for p in PARTS:
             if parts.runs(p):
                 wall *= self.factors.get(p, 1.0)
-        if self.noise:
-            wall *= 1.0 + float(self.rng.uniform(-self.noise, self.noise))
+        # fewer tokens per step as requests finish, each step's time with them
+        scale = max(0.2, 1.0 - self.drift * self.steps)
+        wall *= scale * self._jitter()
         running = [p for p in PARTS if parts.runs(p)]
         host = {p: self.host.get(p, 0.0) for p in running}
         exposed = max(0.0, self.exposed - sum(self.saves.get(p, 0.0) for p in running))
+        exposed *= self._jitter() if exposed else 1.0
         return StepMeasurement(
             wall_s=wall + sum(host.values()) + exposed,
-            committed_tokens=TOKENS // 4,
-            verified_tokens=TOKENS,
+            committed_tokens=max(1, round(scale * TOKENS)) // 4,
+            verified_tokens=max(1, round(scale * TOKENS)),
             part_host_s=host,
             exposed_fetch_s=exposed,
         )
@@ -82,11 +116,41 @@ def drive(ctl: PartsPolicy, plant: Plant, steps: int) -> list[PartsState]:
     return seen
 
 
-# one probe = 3 windows of `window` measured steps (+ `settle` after each change)
-def probe_steps(ctl: PDController) -> int:
-    return 3 * ctl.window + 2 * ctl.settle
+def probe_steps(ctl: PDController, pairs: int | None = None) -> int:
+    """Steps of a probe of ``pairs`` pairs (default the most, extended): two
+    measured steps a pair, one change of the parts a pair (AB, BA, ...) and
+    the change back at the end, each followed by ``settle`` steps."""
+    n = ctl.max_pairs + ctl.extend_pairs if pairs is None else pairs
+    return 2 * n + (n + 1) * ctl.settle
 
 
+def switches(ctl: PDController) -> list[tuple[str, bool]]:
+    return [(d["part"], d["on"]) for d in ctl.summary()["decisions"] if d["switched"]]
+
+
+# ------------------------------------------------------------ the t test
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 7, 10, 19, 30])
+def test_t_tail_matches_the_t_table(df: int) -> None:
+    q = t_quantile_975(df)
+    assert t_sf(q, df) == pytest.approx(0.025, abs=2e-6)
+    assert t_sf(-q, df) == pytest.approx(0.975, abs=2e-6)
+    assert t_isf(0.025, df) == pytest.approx(q, rel=1e-6)
+    assert t_sf(0.0, df) == pytest.approx(0.5)
+    # df = 1 is the Cauchy distribution: P(T >= t) = 1/2 - atan(t)/pi
+    assert t_sf(1.7, 1) == pytest.approx(0.5 - math.atan(1.7) / math.pi)
+
+
+def test_paired_test_numbers() -> None:
+    t = paired_test([0.1, 0.3, 0.2])
+    assert t.mean == pytest.approx(0.2) and t.se == pytest.approx(0.1 / math.sqrt(3))
+    assert t.p == pytest.approx(t_sf(0.2 / (0.1 / math.sqrt(3)), 2))
+    assert t.upper(0.025) == pytest.approx(0.2 + t_quantile_975(2) * 0.1 / math.sqrt(3))
+    assert paired_test([0.2, 0.2]).p == 0.0 and paired_test([-0.2, -0.2]).p == 1.0
+    with pytest.raises(ValueError, match="2 or more"):
+        paired_test([0.1])
+
+
+# ------------------------------------------------------------ decisions
 def test_a_part_that_costs_more_than_it_saves_is_switched_off_within_bound() -> None:
     ctl = PDController()
     seen = drive(ctl, Plant({"route_ahead": 1.3}), 200)
@@ -94,17 +158,17 @@ def test_a_part_that_costs_more_than_it_saves_is_switched_off_within_bound() -> 
     switched = [d for d in summary["decisions"] if d["switched"]]
     assert [(d["part"], d["on"]) for d in switched] == [("route_ahead", False)]
     assert "costs more than it saves" in switched[0]["why"]
-    # warm-up, a probe of the stream (probed first), then `confirm` probes of route-ahead
-    bound = ctl.warmup + (1 + ctl.confirm) * probe_steps(ctl)
+    # warm-up, probes of the scheduler and the stream (no gain: each ends at
+    # its first look), then route-ahead's first look
+    bound = ctl.warmup + 3 * probe_steps(ctl, ctl.min_pairs)
     off_at = switched[0]["step"]
     assert off_at <= bound, (off_at, bound)
     assert not seen[off_at].route_ahead
-    # later re-probes turn it on only for their B windows, and keep it off
+    # later re-probes turn it on only for their B steps, and keep it off
     after = seen[off_at:]
     assert sum(s.route_ahead for s in after) / len(after) < 0.15
-    assert not seen[-1].route_ahead or summary["probes"] > 2
     assert summary["switches"] == 1
-    assert summary["on_fraction"]["scheduler_2d"] > 0.9  # the others were left on
+    assert summary["on_fraction"]["scheduler_2d"] > 0.85  # on but in its probes' B steps
     # with route-ahead off the stream does not run (it is not probed either)
     assert not any(s.runs("stream") for s in after if not s.route_ahead)
     assert all(d["part"] != "stream" for d in summary["decisions"] if d["step"] > off_at)
@@ -117,7 +181,7 @@ def test_each_costly_part_goes_off_and_the_paying_one_stays_on() -> None:
     assert end.route_ahead and not end.scheduler_2d and not end.stream
     s = ctl.summary()
     assert s["switches"] == 2
-    # route-ahead pays: it ran except in its own probes' B windows
+    # route-ahead pays: it ran except in its own probes' B steps
     assert s["on_fraction"]["route_ahead"] > 0.85
 
 
@@ -130,80 +194,130 @@ def test_a_part_that_pays_stays_on() -> None:
 
 
 def test_a_shift_re_enables_a_part() -> None:
-    ctl = PDController(hold=12)
+    ctl = PDController(hold=12, max_hold=12)
     plant = Plant({"stream": 1.3})
     seen = drive(ctl, plant, 100)
     assert not seen[-1].stream
     plant.factors["stream"] = 0.7  # the workload shifts: streaming pays now
     seen = drive(ctl, plant, 200)
+    assert switches(ctl) == [("stream", False), ("stream", True)]
     switched = [d for d in ctl.summary()["decisions"] if d["switched"]]
-    assert [(d["part"], d["on"]) for d in switched] == [("stream", False), ("stream", True)]
     assert "pays again" in switched[-1]["why"]
-    # at most a hold, the probes of the parts before it and its own confirm probes
-    bound = ctl.hold + (len(PARTS) - 1 + ctl.confirm) * probe_steps(ctl) + ctl.settle
+    # at most a hold, the probes of the parts before it and its own first look
+    bound = ctl.hold + len(PARTS) * probe_steps(ctl) + ctl.settle
     on_after = switched[-1]["step"] - 100
     assert 0 < on_after <= bound, (on_after, bound)
-    # and it stays on, but for its re-probes' B windows
+    # and it stays on, but for its re-probes' B steps
     rest = seen[on_after:]
     assert rest[0].stream and sum(s.stream for s in rest) / len(rest) > 0.85
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_no_flapping_under_noise(seed: int) -> None:
-    # the parts change nothing; every step's wall time is off by up to +-10%
-    ctl = PDController()
-    drive(ctl, Plant({}, noise=0.10, seed=seed), 2000)
-    s = ctl.summary()
-    assert s["probes"] > 50
-    assert s["switches"] <= 2, s["decisions"]
+def test_a_costly_part_goes_off_in_a_short_run_on_the_loaded_cpu() -> None:
+    """A 40-step run with the measured CPU noise: a stream whose host work is
+    20% of the step and saves nothing is off by step 34 (after the
+    scheduler's probe, which the noise drags to its last pair) in >= 9 of 10
+    seeds (its books: host seconds are measured, not noisy like the wall)."""
+    off = 0
+    for seed in range(10):
+        ctl = PDController()
+        plant = Plant({}, lognormal=LOADED_CPU, seed=seed, host={"stream": 0.02}, exposed=0.01)
+        seen = drive(ctl, plant, 40)
+        off += int(not seen[34].runs("stream") and not seen[-1].runs("stream"))
+    assert off >= 9
+
+
+def test_a_probe_that_points_to_a_flip_is_extended() -> None:
+    """A scheduler that costs 25% under the loaded CPU's noise: over 20
+    60-step runs the extension (6 more pairs pooled with the first 6 where
+    they point to a flip) switches it off in more runs than probes of 6
+    pairs alone."""
+
+    def found(extend: int) -> int:
+        n = 0
+        for seed in range(20):
+            ctl = PDController(extend_pairs=extend)
+            drive(ctl, Plant({"scheduler_2d": 1.25}, lognormal=LOADED_CPU, seed=seed), 60)
+            n += int(("scheduler_2d", False) in switches(ctl))
+        return n
+
+    with_extension, without = found(6), found(0)
+    assert with_extension > without, (with_extension, without)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides(seed: int) -> None:
-    # route-ahead's host work (8 ms/step) removes 2 ms/step of exposed fetch:
-    # a 6% loss the +-15% wall noise hides from the rate, not from its books
+    # route-ahead's host work (12 ms/step) removes 2 ms/step of exposed fetch:
+    # a 9% loss the loaded CPU's wall noise hides from the rate, not from its books
     ctl = PDController()
     plant = Plant(
         {},
-        noise=0.15,
+        lognormal=LOADED_CPU,
         seed=seed,
-        host={"route_ahead": 0.008},
+        host={"route_ahead": 0.012},
         saves={"route_ahead": 0.002},
         exposed=0.003,
     )
-    drive(ctl, plant, 150)
-    switched = [d for d in ctl.summary()["decisions"] if d["switched"]]
-    assert [(d["part"], d["on"]) for d in switched][:1] == [("route_ahead", False)]
-    assert "cost/benefit" in switched[0]["why"]
-
-
-def test_both_rules_agreeing_switch_in_one_probe() -> None:
-    # the stream's 30 ms/step of host work saves nothing: rate and books agree
-    ctl = PDController()
-    drive(ctl, Plant({}, host={"stream": 0.03}), 40)
-    decisions = ctl.summary()["decisions"]
-    assert decisions[0]["part"] == "stream" and decisions[0]["switched"]
-    assert decisions[0]["step"] <= ctl.warmup + probe_steps(ctl)
-    assert decisions[0]["why"].endswith("by rate and cost/benefit")
-    assert "cost - saving +0.03" in decisions[0]["why"]
+    drive(ctl, plant, 80)
+    assert ("route_ahead", False) in switches(ctl)[:2]
+    first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
+    assert first["switched"] and "cost/benefit" in first["why"]
 
 
 def test_cost_benefit_keeps_a_prefetcher_that_saves_more_than_it_costs() -> None:
+    for seed in range(5):
+        ctl = PDController()
+        plant = Plant(
+            {},
+            lognormal=LOADED_CPU,
+            seed=seed,
+            host={"route_ahead": 0.002, "stream": 0.001},
+            saves={"route_ahead": 0.02, "stream": 0.01},
+            exposed=0.04,
+        )
+        drive(ctl, plant, 300)
+        # the prefetchers pay by their books (the scheduler, which changes
+        # nothing here, is left to the false-switch rate test)
+        assert not [p for p, _ in switches(ctl) if p != "scheduler_2d"], (seed, switches(ctl))
+
+
+def test_noise_of_the_measured_size_switches_at_most_at_the_stated_rate() -> None:
+    """Parts that change nothing, under the loaded CPU's noise and a drift
+    of the tokens per step: over 40 runs of 300 steps the share of probes
+    that switch stays within the stated alpha (0.05; the upper end of a
+    binomial 99.9% band around 0.05 for the probes run), and no part is
+    switched and switched back within a run more than twice in all (it
+    takes two false switches in a row of the same part)."""
+    probes = switched_n = flipflops = 0
+    for seed in range(40):
+        ctl = PDController()
+        drive(ctl, Plant({}, lognormal=LOADED_CPU, seed=seed, drift=0.002), 300)
+        s = ctl.summary()
+        probes += s["probes"]
+        switched_n += s["switches"]
+        sw = switches(ctl)
+        flipflops += sum(
+            1 for (p1, on1), (p2, on2) in itertools.pairwise(sw) if p1 == p2 and on1 != on2
+        )
+    assert probes > 300
+    band = 0.05 + 3.3 * math.sqrt(0.05 * 0.95 / probes)
+    assert switched_n / probes <= band, (switched_n, probes)
+    assert flipflops <= 2, flipflops
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_flapping_under_noise(seed: int) -> None:
+    # the parts change nothing; every step's wall time is off by up to +-10%:
+    # over 2000 steps the hold grows to max_hold, and the few false switches
+    # (alpha per probe) never come back and forth
     ctl = PDController()
-    plant = Plant(
-        {},
-        noise=0.15,
-        seed=4,
-        host={"route_ahead": 0.002, "stream": 0.001},
-        saves={"route_ahead": 0.02, "stream": 0.01},
-        exposed=0.04,
-    )
-    drive(ctl, plant, 300)
-    assert ctl.summary()["switches"] == 0
+    drive(ctl, Plant({}, noise=0.10, seed=seed), 2000)
+    s = ctl.summary()
+    assert s["probes"] > 30
+    assert s["switches"] <= 2, s["decisions"]
 
 
 def test_small_noise_never_switches() -> None:
-    # +-2% per step cannot make a window 5% faster than two others
+    # +-2% per step: no pair can show a 5% gain
     ctl = PDController()
     drive(ctl, Plant({}, noise=0.02, seed=1), 1000)
     assert ctl.summary()["switches"] == 0
@@ -256,18 +370,37 @@ def test_committed_rate_can_be_chosen() -> None:
     ctl = PDController(rate_of="committed")
     drive(ctl, Plant({"route_ahead": 1.4}), 60)
     assert not ctl.parts.route_ahead
-    assert "committed tokens/s" in ctl.summary()["decisions"][0]["why"]
+    first = next(d for d in ctl.summary()["decisions"] if d["switched"])
+    assert "log committed tokens/s" in first["why"]
+
+
+def test_decisions_carry_their_numbers() -> None:
+    ctl = PDController()
+    drive(ctl, Plant({}, host={"stream": 0.03}), 40)
+    d = next(d for d in ctl.summary()["decisions"] if d["part"] == "stream")
+    assert d["switched"] and d["why"].startswith("switched off")
+    for text in ("by rate and cost/benefit", "log verified tokens/s", "host s/step in part 0.03"):
+        assert text in d["why"], d["why"]
+    assert f"p < {ctl.alpha_per_look('stream'):.3g}" in d["why"]
+    # looks after pairs 3, 4, 5, 6 and, extended, 9 and 12; two rules for the stream
+    assert ctl.looks == (3, 4, 5, 6, 9, 12)
+    assert ctl.alpha_per_look("stream") == pytest.approx(0.05 / 12)
+    assert ctl.alpha_per_look("scheduler_2d") == pytest.approx(0.05 / 6)
+    assert PDController(min_pairs=2, max_pairs=3, extend_pairs=5).looks == (2, 3, 5, 7, 8)
+    assert PDController(extend_pairs=0).looks == (3, 4, 5, 6)
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"window": 0},
-        {"confirm": 0},
+        {"min_pairs": 1},
+        {"max_pairs": 2, "min_pairs": 3},
         {"hold": -1},
         {"margin": -0.1},
         {"margin": float("nan")},
-        {"window": 2.5},
+        {"alpha": 0.0},
+        {"alpha": 1.0},
+        {"min_pairs": 2.5},
         {"rate_of": "bytes"},
     ],
 )
@@ -296,6 +429,8 @@ measurements = st.lists(
         st.integers(min_value=0, max_value=512),  # verified tokens
         st.integers(min_value=0, max_value=2),  # admitted
         st.booleans(),  # verified
+        st.floats(min_value=0.0, max_value=1.0),  # exposed fetch
+        st.floats(min_value=0.0, max_value=1.0),  # host s of each part
     ),
     max_size=400,
 )
@@ -304,25 +439,31 @@ measurements = st.lists(
 @settings(max_examples=60, deadline=None)
 @given(
     seq=measurements,
-    window=st.integers(1, 4),
-    confirm=st.integers(1, 3),
+    min_pairs=st.integers(2, 4),
+    extra_pairs=st.integers(0, 3),
     settle=st.integers(0, 2),
     available=st.tuples(st.booleans(), st.booleans(), st.booleans()),
 )
 def test_switch_rate_is_bounded_and_decisions_are_deterministic(
-    seq: list[tuple[float, int, int, bool]],
-    window: int,
-    confirm: int,
+    seq: list[tuple[float, int, int, bool, float, float]],
+    min_pairs: int,
+    extra_pairs: int,
     settle: int,
     available: tuple[bool, bool, bool],
 ) -> None:
     avail = PartsState(*available)
 
     def run() -> tuple[PDController, list[PartsState]]:
-        ctl = PDController(window=window, confirm=confirm, settle=settle, warmup=0, hold=0)
+        ctl = PDController(
+            min_pairs=min_pairs,
+            max_pairs=min_pairs + extra_pairs,
+            settle=settle,
+            warmup=0,
+            hold=0,
+        )
         ctl.bind(avail)
         seen = []
-        for wall, tokens, admitted, verified in seq:
+        for wall, tokens, admitted, verified, exposed, host in seq:
             seen.append(ctl.parts)
             ctl.observe(
                 StepMeasurement(
@@ -331,20 +472,22 @@ def test_switch_rate_is_bounded_and_decisions_are_deterministic(
                     verified_tokens=tokens,
                     admitted=admitted,
                     verified=verified,
+                    exposed_fetch_s=exposed,
+                    part_host_s=dict.fromkeys(PARTS, host),
                 )
             )
         return ctl, seen
 
     ctl, seen = run()
-    # a switch needs at least one whole probe of 3 windows of measured steps
-    # (`confirm` of them unless both rules vote)
-    assert ctl.summary()["switches"] <= len(seq) // (3 * window)
-    assert ctl.summary()["switches"] <= ctl.summary()["probes"]
+    s = ctl.summary()
+    # a switch needs at least min_pairs pairs of measured steps
+    assert s["switches"] <= len(seq) // (2 * min_pairs)
+    assert s["switches"] <= s["probes"]
     # the parts are what the engine has, and nothing else
-    assert all(s == s.masked(avail) for s in seen)
-    # changes of the parts: each probe changes them at most twice, a switch once more
+    assert all(p == p.masked(avail) for p in seen)
+    # changes of the parts: one a pair, and the change back (or the switch)
     changes = sum(a != b for a, b in itertools.pairwise(seen))
-    assert changes <= 3 * (ctl.summary()["probes"] + 1)
+    assert changes <= (min_pairs + extra_pairs + ctl.extend_pairs + 1) * (s["probes"] + 1)
     _, again = run()
     assert again == seen
 
@@ -470,8 +613,10 @@ def test_engine_greedy_tokens_identical_whatever_the_parts(
     tmp, cases = offloaded
     controller: PartsPolicy | None = {
         "scripted": ScriptedParts(),
-        # switches as often as it can: every probe is one step per window
-        "controller": PDController(window=1, confirm=1, warmup=0, hold=0, settle=0, margin=0.0),
+        # switches as often as it can: the fewest pairs, no settling, no margin
+        "controller": PDController(
+            min_pairs=2, max_pairs=2, warmup=0, hold=0, settle=0, margin=0.0, alpha=0.5
+        ),
         "default": None,  # PD's preset builds its own PDController
         "all-on": None,
     }[policy]
@@ -532,7 +677,7 @@ def test_pd_row_records_the_controllers_decisions(
     # the configuration PD was built with, whatever the controller left on at the end
     assert row["route_ahead"] and row["streaming_prefetch"] and row["batching"] == "deficit_2d"
     parts = row["pd_parts"]
-    assert parts["policy"] == "ab-windows" and parts["steps"] == row["steps"]
+    assert parts["policy"] == "paired-steps" and parts["steps"] == row["steps"]
     assert parts["available"] == {"stream": True, "route_ahead": True, "scheduler_2d": True}
     assert all(0.0 <= f <= 1.0 for f in parts["on_fraction"].values())
     assert parts["switches"] >= 0 and all("why" in d for d in parts["decisions"])
