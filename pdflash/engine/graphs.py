@@ -85,6 +85,7 @@ books and fallbacks run (and are tested) on a CPU.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -292,6 +293,9 @@ class GraphStats:
     piecewise_steps: int = 0
     #: buckets dropped (least recently used) to stay within the graph limit
     evicted: int = 0
+    #: graphs recorded (and checked) ahead of any request by
+    #: :meth:`GraphRunner.prepare` (also counted in ``captures``/``validated``)
+    prepared: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -695,6 +699,225 @@ class GraphRunner:
         entry.slot_table = moe.cache.device_slot_table()
         self.stats.captures += 1
         return True
+
+    # -- pre-capture --------------------------------------------------------------
+
+    def verify_buckets(
+        self,
+        *,
+        max_requests: int,
+        max_tokens: int,
+        min_prompt_len: int,
+        min_seq_len: int,
+        max_seq_len: int,
+        full_width: bool = True,
+    ) -> list[BucketKey]:
+        """Every whole-step bucket a verify of up to ``max_requests``
+        requests can fall in, the likeliest first (:meth:`prepare`'s order).
+
+        A request with prompt ``p`` and output limit ``N`` that has output
+        ``g`` tokens verifies ``n = min(B, N - g)`` tokens (``B`` =
+        ``max_tokens``: the block, 1 without a drafter) against ``p + g - 1 +
+        n`` keys. So the bucket of the full row count (``B`` rounded up to a
+        power of two) sees keys in ``[min_prompt_len + 1, max_seq_len - 1]``;
+        with ``full_width`` (every draft verified), a smaller row bucket
+        only holds requests in their last block, whose keys are ``p + N -
+        1``: ``[min_seq_len - 1, max_seq_len - 1]``. Without it (a verify
+        width policy trims blocks anywhere) every row bucket takes the full
+        key range. ``min_seq_len``/``max_seq_len``: the shortest and longest
+        prompt + output limit. Order: the full row bucket (requests
+        descending, keys ascending), then the smaller ones (rows
+        descending, requests descending, keys ascending). Buckets past the
+        runner's limits (rows, keys) are left out: those steps run eagerly."""
+        for name, value in (
+            ("max_requests", max_requests),
+            ("max_tokens", max_tokens),
+            ("min_prompt_len", min_prompt_len),
+            ("min_seq_len", min_seq_len),
+        ):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not min_prompt_len < min_seq_len <= max_seq_len:
+            raise ValueError(
+                "need min_prompt_len < min_seq_len <= max_seq_len, got "
+                f"{min_prompt_len}, {min_seq_len}, {max_seq_len}"
+            )
+        last_r = min(
+            bisect.bisect_left(self.request_buckets, max_requests), len(self.request_buckets) - 1
+        )
+        requests = self.request_buckets[: last_r + 1][::-1]
+
+        def widths(lo: int, hi: int) -> list[int]:
+            a = bisect.bisect_left(self.key_widths, lo + 1)
+            b = min(bisect.bisect_left(self.key_widths, hi + 1), len(self.key_widths) - 1)
+            return list(self.key_widths[a : b + 1])
+
+        full_q = 1 << (max_tokens - 1).bit_length()
+        full_keys = widths(min_prompt_len + 1, max_seq_len - 1)
+        tail_keys = widths(min_seq_len - 1, max_seq_len - 1) if full_width else full_keys
+        out: list[BucketKey] = []
+        q = full_q
+        while q >= 1:
+            if q <= self.max_queries:
+                for r in requests:
+                    out += [BucketKey(r, q, w) for w in (full_keys if q == full_q else tail_keys)]
+            q //= 2
+        return out
+
+    @torch.no_grad()
+    def prepare(
+        self,
+        runner: TargetRunner,
+        keys: Sequence[BucketKey],
+        *,
+        limit: int | None = None,
+        max_bytes: int | None = None,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Record the whole-step graph of each bucket in ``keys`` (in order)
+        ahead of any request, so steps that later fall in them replay at
+        once: a synthetic step per bucket (random tokens over temporary KV
+        sequences of the bucket's key count, freed after; padded as a real
+        step) is captured and, with :attr:`validate`, its first replay
+        checked against an eager run as :meth:`forward` does. Nothing is
+        booked in the expert cache and no hook runs. Needs the KV pages of
+        the bucket's smallest request count at its widest key count free
+        (else the bucket is skipped: ``kv_pages``). Never evicts a graph:
+        at most ``limit`` (default and at most :attr:`max_graphs`) graphs
+        are held after it; with ``max_bytes``, a bucket whose estimated
+        bytes would take the held graphs' total past it is skipped (a
+        graph's bytes: its static buffers and outputs, or on CUDA the growth
+        of the reserved memory while it was recorded if larger; a new
+        bucket's estimate: the most bytes per padded row of those held).
+        Returns a report: buckets asked, already held, prepared, skipped per
+        reason, failed (capture error or replay mismatch: those buckets then
+        run eagerly), the bytes the prepared ones took, the graphs held and
+        the seconds taken; ``blocker`` when
+        no whole-step graph can run at all (nothing is prepared)."""
+        t0 = time.perf_counter()
+        cap = self.max_graphs if limit is None else min(int(limit), self.max_graphs)
+        if cap < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        report: dict[str, Any] = {
+            "buckets": len(keys),
+            "already_held": 0,
+            "prepared": 0,
+            "skipped": Counter[str](),
+            "failed": 0,
+            "bytes": 0,
+        }
+        gen = torch.Generator().manual_seed(seed)
+        held = [e for e in self._entries.values() if e.graph is not None]
+        # bytes per padded row, the estimate of a bucket not yet recorded
+        per_row = max((_entry_bytes(e) / e.key.rows for e in held), default=0.0)
+        used = sum(_entry_bytes(e) for e in held)
+        moe = _offloaded_runtime(runner)
+        table = moe.cache.device_slot_table() if moe is not None else None
+        timer, runner.region_timer = runner.region_timer, None  # not a measured step
+        try:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None and entry.graph is not None and entry.slot_table is table:
+                    report["already_held"] += 1
+                    continue
+                if key in self._failed:
+                    report["skipped"]["failed_before"] += 1
+                    continue
+                if self.num_graphs >= cap:
+                    report["skipped"]["graph_limit"] += 1
+                    continue
+                if max_bytes is not None and used + per_row * key.rows > max_bytes:
+                    report["skipped"]["memory"] += 1
+                    continue
+                before = _reserved_bytes(runner.device)
+                outcome = self._prepare_bucket(runner, key, gen)
+                if outcome == "prepared":
+                    made = self._entries[key]
+                    nbytes = max(_entry_bytes(made), _reserved_bytes(runner.device) - before)
+                    report["prepared"] += 1
+                    report["bytes"] += nbytes
+                    used += nbytes
+                    per_row = max(per_row, nbytes / key.rows)
+                    self.stats.prepared += 1
+                elif outcome == "failed":
+                    report["failed"] += 1
+                elif outcome in PREPARE_BLOCKERS:
+                    report["blocker"] = outcome
+                    break
+                else:
+                    report["skipped"][outcome] += 1
+        finally:
+            runner.region_timer = timer
+        report["skipped"] = dict(sorted(report["skipped"].items()))
+        report["graphs_held"] = self.num_graphs
+        report["s"] = time.perf_counter() - t0
+        return report
+
+    def _prepare_bucket(self, runner: TargetRunner, key: BucketKey, gen: torch.Generator) -> str:
+        """One bucket of :meth:`prepare`: ``prepared``, ``failed``, the
+        reason no whole-step graph can run, or why this bucket was skipped."""
+        from pdflash.engine.target import Chunk
+
+        kv = runner.kv
+        i = self.request_buckets.index(key.requests)
+        # the fewest requests of the bucket, the most keys of its width
+        requests = self.request_buckets[i - 1] + 1 if i else 1
+        j = self.key_widths.index(key.key_width)
+        fewest_keys = max(self.key_widths[j - 1] if j else 1, key.queries)
+        keys = min(key.keys, kv.free_pages // requests * kv.page_size)
+        if keys < fewest_keys:
+            return "kv_pages"
+        seq_ids: list[int] = []
+        sid = -1
+        try:
+            while len(seq_ids) < requests:
+                if not kv.has(sid):
+                    kv.add_sequence(sid)
+                    seq_ids.append(sid)
+                    kv.grow(sid, keys - key.queries)
+                sid -= 1
+            vocab = runner.adapter.vocab_size
+            chunks = [
+                Chunk(
+                    s,
+                    torch.randint(0, vocab, (key.queries,), generator=gen).to(runner.device),
+                    True,
+                )
+                for s in seq_ids
+            ]
+            reason = self.blocker(runner, chunks)
+            if reason is not None:
+                return reason
+            plan = runner.plan(chunks)
+            assert self.bucket(plan) == key, (self.bucket(plan), key)
+            moe = _offloaded_runtime(runner)
+            assert moe is not None
+            self._entries.pop(key, None)  # a graph over a replaced slot table, if any
+            entry = self._new_entry(runner, key)
+            self._fill(runner, entry, chunks, plan)
+            moe.pin_resident()
+            try:
+                if not self._capture(runner, moe, entry):
+                    return "failed"
+                assert entry.graph is not None
+                entry.graph.replay()
+                self._check(
+                    entry, self.stats, lambda: self._step_fn(runner, moe, entry), self._entries
+                )
+                if entry.graph is None:  # the replay disagreed with eager
+                    return "failed"
+            finally:
+                # a synthetic step: no access to record; the slots it read
+                # must not be reused before it ran
+                if entry.packed.is_cuda:
+                    torch.cuda.current_stream(entry.packed.device).synchronize()
+                moe.unpin_resident()
+            return "prepared"
+        finally:
+            for s in seq_ids:
+                kv.free(s)
 
     @property
     def failures(self) -> dict[str, str]:
@@ -1115,6 +1338,30 @@ class GraphRunner:
             kv,
         )
         return (hidden,)
+
+
+#: a :meth:`GraphRunner.prepare` outcome that holds for every bucket (the
+#: runner's setup, not the bucket): preparing stops
+PREPARE_BLOCKERS = frozenset(
+    {
+        "kv_without_scratch_slot",
+        "routing_source",
+        "layer_hooks",
+        "adapter_without_offloaded_runtime",
+        *PIECEWISE_REASONS,
+    }
+)
+
+
+def _reserved_bytes(device: torch.device) -> int:
+    """The CUDA caching allocator's reserved bytes on ``device`` (0 elsewhere)."""
+    return int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else 0
+
+
+def _entry_bytes(entry: _Entry) -> int:
+    """A bucket's static buffers and captured outputs, in bytes."""
+    tensors = [entry.packed, entry.ids, *entry.outputs]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:
