@@ -1175,6 +1175,7 @@ def _warm_up(
     mode = warmup_mode(spec, device)
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 104_729)
     plans = _warm_up_plans(spec, mode, workload)
+    graphs = _prepare_graphs(spec, engine)
     ids = []
     for i, (prompt_len, new_tokens) in enumerate(plans):
         prompt = (
@@ -1192,12 +1193,40 @@ def _warm_up(
         ids.append(rid)
     engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
     _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
-    return {
+    out: dict[str, Any] = {
         "mode": mode,
         "requested": spec.warmup,
         "requests": len(plans),
         "new_tokens": sum(t for _, t in plans),
     }
+    if graphs is not None:
+        runner = engine.runner.graphs
+        assert runner is not None
+        # every capture since the engine was built: the pre-capture's and
+        # those the warm-up's own steps made (the measured run's are the row's)
+        graphs["captures"] = runner.stats.captures
+        graphs["draft_captures"] = runner.draft_stats.captures
+        out["graphs"] = graphs
+    return out
+
+
+def _prepare_graphs(spec: RunSpec, engine: Engine) -> dict[str, Any] | None:
+    """Record the verify graphs of every bucket the run can meet (its
+    request count, prompt and output lengths: ``Engine.prepare_graphs``)
+    before the warm-up's requests; None where the engine records no graphs.
+    The report lands in the row's ``warmup.graphs``."""
+    if engine.runner.graphs is None:
+        return None
+    longest = (spec.prompt_len_max or spec.prompt_len) + (
+        spec.max_new_tokens_max or spec.max_new_tokens
+    )
+    report = engine.prepare_graphs(
+        _built(engine).max_running,
+        min(longest, engine.max_seq_len),
+        min_prompt_len=spec.prompt_len,
+        min_seq_len=spec.prompt_len + spec.max_new_tokens,
+    )
+    return {"prepare": report}
 
 
 def _warm_up_plans(spec: RunSpec, mode: str, workload: Workload) -> list[tuple[int, int]]:
@@ -1618,13 +1647,19 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     """The row's ``cuda_graphs``: the setting, whether graphs ran, and the
     graph runner's counters over the measured steps for the target's
     verify forward and (``draft``) the drafter's (captures made during the
-    warm-up are not in ``captures``; ``graphs_held`` counts them)."""
+    warm-up, its pre-capture included, are not in ``captures``, which
+    ``captures_in_run`` repeats; ``graphs_held`` counts them; the warm-up's
+    are the row's ``warmup.graphs``)."""
     graphs = engine.runner.graphs
     if graphs is None:
         why = "cuda_graphs off" if spec.cuda_graphs == "off" else "not a CUDA device"
         return {"setting": spec.cuda_graphs, "state": "off", "why_off": why}
     out: dict[str, Any] = {"setting": spec.cuda_graphs, "backend": graphs.backend.name}
     out.update(graphs.stats.as_dict())
+    # the measured run's own recordings (0 where the warm-up's pre-capture
+    # covered every bucket it met); the warm-up's are in warmup.graphs
+    out["captures_in_run"] = graphs.stats.captures
+    out["draft_captures_in_run"] = graphs.draft_stats.captures
     out["state"] = "on" if graphs.stats.replays else "on_no_replay"
     out["graphs_held"] = graphs.num_graphs
     out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}

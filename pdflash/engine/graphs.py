@@ -427,7 +427,9 @@ class GraphRunner:
             (rows per request are the next power of two).
         max_key_width: the widest padded key axis (longer steps run eagerly).
         max_graphs: whole-step buckets kept at most (the least recently
-            used is dropped for a new one).
+            used is dropped for a new one); room for what :meth:`prepare`
+            records for a bench's c=16 run (block 16: 6 request buckets x 5
+            row buckets).
         max_draft_graphs: the drafter's buckets kept at most (likewise).
         max_draft_context: the most new context rows a graphed draft step has.
         validate: check every new graph's first replay against an eager run
@@ -450,7 +452,7 @@ class GraphRunner:
         request_buckets: Sequence[int] = REQUEST_BUCKETS,
         max_queries: int = 64,
         max_key_width: int = 1 << 14,
-        max_graphs: int = 24,
+        max_graphs: int = 48,
         max_draft_graphs: int = 32,
         max_draft_context: int = 4096,
         validate: bool = True,

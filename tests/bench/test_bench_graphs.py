@@ -67,3 +67,45 @@ def test_cli_graph_settings_match_the_engine_and_piecewise_is_a_setting() -> Non
     assert _common.CUDA_GRAPHS == CUDA_GRAPHS  # the CLIs' copy, kept free of torch
     assert _graph_settings("off,auto,piecewise") == ["off", "auto", "piecewise"]
     RunSpec(arch="tiny", baseline="B1", cuda_graphs="piecewise").validate()
+
+
+def test_the_warm_up_pre_captures_every_bucket_of_the_run(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B3 runs with the graph runner over the eager stand-in backend (the
+    CUDA one on a GPU): the warm-up records every verify bucket, the
+    measured run records none, and its tokens and routing equal a run
+    without graphs."""
+    from pdflash.bench import engine_run
+    from pdflash.bench.engine_run import run_spec
+
+    from pdflash.engine.engine import Engine
+
+    class GraphedEngine(Engine):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            if args[1].cuda_graphs != "off":
+                kw["graphs"] = GraphRunner(EagerBackend())
+            super().__init__(*args, **kw)
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    monkeypatch.setattr(engine_run, "Engine", GraphedEngine)
+    engine_run.release_targets()
+    common: dict[str, Any] = {"arch": "tiny", "baseline": "B3", "device": "cpu"}
+    common |= {"concurrency": 3, "num_requests": 5, "block_size": 4, "warmup": "short"}
+    common |= {"max_new_tokens": 9, "prompt_len": 5, "prompt_len_max": 8}
+    rows = [run_spec(RunSpec(**common, cuda_graphs=g)) for g in ("off", "auto")]
+    off, on = rows
+    graphs = on.row["cuda_graphs"]
+    assert graphs["backend"] == "eager" and graphs["state"] == "on"
+    assert graphs["captures_in_run"] == graphs["captures"] == 0 and graphs["validated"] == 0
+    assert graphs["replays"] > 0 and set(graphs["eager_fallback_reasons"]) <= {"prefill"}
+    warm = on.row["warmup"]["graphs"]
+    prepare = warm["prepare"]
+    assert prepare["state"] == "on" and prepare["failed"] == 0 and prepare["prepared"] > 0
+    assert warm["captures"] == prepare["prepared"]  # the warm-up's own steps recorded none
+    assert "graphs" not in off.row["warmup"]
+    for name in ("committed_tokens", "steps", "verify_forwards", "acceptance_length_mean"):
+        assert off.row[name] == on.row[name], name
+    assert len(off.routing_trace) == len(on.routing_trace)
+    for a, b in zip(off.routing_trace, on.routing_trace, strict=True):
+        assert (a == b).all()
