@@ -922,7 +922,10 @@ def _run(
                 SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
             )
             workload = _serving_workload(spec)
-            _warm_up(spec, device, engine, acceptance, workload, adapter.vocab_size, sampling, [])
+            with cache.settled():
+                _warm_up(
+                    spec, device, engine, acceptance, workload, adapter.vocab_size, sampling, []
+                )
             cache.drain_inflight()
             return None
         result = _workload(
@@ -1041,7 +1044,11 @@ def _workload(
         prompts, trace_requests = loaded.prompts, loaded.trace_requests
         prompts_source = loaded.source
     sampling = SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
-    warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling, prompts[0])
+    # NOTE: settled: the warm-up's evictions wait for its copies, so the
+    # resident set it leaves (this run's starting state, and the Belady
+    # replay's) does not depend on how fast the copy thread ran
+    with cache.settled():
+        warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling, prompts[0])
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
     # the experts resident now are exactly what this run got for free; the
     # Belady replay starts from the same set (else the optimum pays

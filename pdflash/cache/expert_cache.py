@@ -202,6 +202,10 @@ class ExpertCache:
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
         self.owned: npt.NDArray[np.bool_] | None = None
         self._guard = BusyGuard("ExpertCache")
+        #: when set (:meth:`settled`), every refresh of the copies' states first
+        #: waits for each copy in flight: no choice (victims, free capacity)
+        #: then depends on how far the issuer's thread has got
+        self.settle_copies = False
         self.reset_stats()
 
     @exclusive
@@ -442,6 +446,10 @@ class ExpertCache:
         busy = np.flatnonzero(self.ticket >= 0)
         if busy.size == 0:
             return
+        if self.settle_copies:
+            # NOTE: failed/cancelled copies raise here; they are dropped below
+            with contextlib.suppress(Exception):
+                self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
         done, failed = self._copy_outcomes(busy)
         self.ticket[busy[done]] = -1
         bad = busy[failed & (self.pins[busy] == 0)]
@@ -741,6 +749,22 @@ class ExpertCache:
             with contextlib.suppress(Exception):
                 self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
         self._refresh_inflight()
+
+    @contextmanager
+    def settled(self) -> Iterator[None]:
+        """Within: the cache decides as if every copy had landed by the time
+        it looks (:attr:`settle_copies`; it waits for them), so the same
+        calls leave the same resident set however fast copies run. An
+        in-flight copy is never evictable, so otherwise which experts a
+        prefetch or a miss evicts depends on the copy thread's progress (a
+        loaded host ends a warm-up with another resident set). For
+        warm-ups, not measured runs: it serializes copies with compute."""
+        before = self.settle_copies
+        self.settle_copies = True
+        try:
+            yield
+        finally:
+            self.settle_copies = before
 
     @exclusive
     def free_capacity(self, protect: npt.ArrayLike | None = None) -> int:
