@@ -309,6 +309,38 @@ class GraphStats:
         return out
 
 
+class _Staging:
+    """A bucket's int64 index values on the host, reused every step: on
+    CUDA page-locked, so the one copy to the device is asynchronous, with
+    the event after that copy (the next step's values are written only once
+    it ran; the step's routing read-back has normally waited for it)."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.tensor = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.array: np.ndarray = self.tensor.numpy()
+        self.copied: Any = None  # torch.cuda.Event after the last copy, on CUDA
+
+
+def _writable(entry: _Entry | _PieceEntry | _DraftEntry) -> np.ndarray:
+    """The entry's host index values, once its last copy has run."""
+    staging = entry.host
+    if staging.copied is not None:
+        staging.copied.synchronize()  # a no-op unless a step ended before its read-back
+        staging.copied = None
+    return staging.array
+
+
+def _upload(entry: _Entry | _PieceEntry | _DraftEntry) -> None:
+    """One copy of the entry's host index values into its device buffer."""
+    staging = entry.host
+    if entry.packed.is_cuda:
+        entry.packed.copy_(staging.tensor, non_blocking=True)
+        staging.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        staging.copied.record(torch.cuda.current_stream(entry.packed.device))
+    else:
+        entry.packed.copy_(staging.tensor)
+
+
 class _PackedLayout:
     """Offsets of named index fields laid end to end, in the given order,
     in one packed int64 buffer (one host->device copy per step)."""
@@ -352,7 +384,7 @@ class _Entry:
     layout: _Layout
     packed: torch.Tensor  # int64 [layout.size], on the device
     ids: torch.Tensor  # int64 [rows], on the device
-    host: np.ndarray  # int64 [layout.size], the step's values before the copy
+    host: _Staging  # the step's index values before the copy
     graph: Replayable | None = None
     #: (last residual [rows, H], routing grid [R_b + 1, L, E], top-k ids
     #: [L, rows, k], captured residuals [rows, H] each)
@@ -373,7 +405,7 @@ class _PieceEntry:
     layout: _Layout
     packed: torch.Tensor
     ids: torch.Tensor
-    host: np.ndarray
+    host: _Staging
     x_in: torch.Tensor  # [rows, H]
     routed: torch.Tensor  # [R_b + 1, layers, experts] bool
     pieces: list[Replayable | None]
@@ -408,7 +440,7 @@ class _DraftEntry:
     key: DraftKey
     layout: _DraftLayout
     packed: torch.Tensor  # int64 [layout.size]
-    host: np.ndarray
+    host: _Staging
     context: torch.Tensor  # [context, features]: the new context rows' features
     embeddings: torch.Tensor  # [rows, hidden]: the block rows' embeddings
     graph: Replayable | None = None
@@ -512,7 +544,13 @@ class GraphRunner:
         if nq > self.max_queries:
             return "too_many_tokens_per_request"
         queries = 1 << (nq - 1).bit_length()
-        lk = max(len(k) for k in plan.k_slots)
+        # each request's keys (its new rows included): the key lists' lengths
+        # where the plan has them, else (a replayed step's plan) start + tokens
+        lk = (
+            max(len(k) for k in plan.k_slots)
+            if plan.k_slots
+            else max(s + n for s, n in zip(plan.starts, plan.lens, strict=True))
+        )
         j = bisect.bisect_left(self.key_widths, lk + 1)
         if j == len(self.key_widths):
             return "too_many_keys"
@@ -589,7 +627,7 @@ class GraphRunner:
             layout=layout,
             packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
             ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
-            host=np.zeros(layout.size, dtype=np.int64),
+            host=_Staging(layout.size, dev),
         )
         self._entries[key] = entry
         return entry
@@ -602,8 +640,13 @@ class GraphRunner:
         plan: StepPlan,
     ) -> None:
         """The step's indices into the bucket's static buffers (one host->
-        device copy) and its tokens into the id buffer."""
-        key, lay, host = entry.key, entry.layout, entry.host
+        device copy) and its tokens into the id buffer. The indices come
+        from the KV's block tables (the plan has grown every chunk's KV;
+        its index lists need not be built): request ``i``'s real rows are
+        ``i * Nq ..``, at positions ``start_i ..``, with keys ``0 ..
+        start_i + n_i``; vectorised over the requests."""
+        key, lay = entry.key, entry.layout
+        host = _writable(entry)
         kv = runner.kv
         assert kv.scratch_slot is not None
 
@@ -611,6 +654,16 @@ class GraphRunner:
             lo, hi = lay.offsets[name]
             return host[lo:hi]
 
+        r = len(plan.lens)
+        lens = np.asarray(plan.lens, dtype=np.int64)
+        starts = np.asarray(plan.starts, dtype=np.int64)
+        total = plan.total
+        # every real key's slot, request by request (the keys include the new rows)
+        keys = kv.slot_matrix([c.seq_id for c in chunks], key.keys, kv.null_slot)
+        req = np.repeat(np.arange(r, dtype=np.int64), lens)  # each real row's request
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        rows = req * key.queries + within
+        pos = starts[req] + within
         positions, slots, row_chunk = (
             field_of("positions"),
             field_of("slots"),
@@ -621,40 +674,30 @@ class GraphRunner:
         k_pos = field_of("k_pos").reshape(key.requests, key.keys)
         k_valid = field_of("k_valid").reshape(key.requests, key.keys)
         positions[:] = 0
+        positions[rows] = pos
         slots[:] = kv.scratch_slot
+        slots[rows] = keys[req, pos]
         row_chunk[:] = key.requests  # the dummy chunk
+        row_chunk[rows] = req
         q_pos[:] = 0
+        q_pos[rows] = pos
         q_valid[:] = 0
+        q_valid[rows] = 1
         kv_slots[:] = kv.null_slot
-        k_pos[:] = 0
+        kv_slots[:r, : key.keys] = keys
+        valid = np.arange(key.keys)[None, :] < (starts + lens)[:, None]
         k_valid[:] = 0
+        k_valid[:r] = valid
+        k_pos[:] = 0
+        k_pos[:r] = np.where(valid, np.arange(key.keys)[None, :], 0)
         real_rows[:] = 0
-        flat = 0
-        for i, n in enumerate(plan.lens):
-            rows = np.arange(i * key.queries, i * key.queries + n)
-            positions[rows] = plan.positions[flat : flat + n]
-            slots[rows] = plan.new_slots[flat : flat + n]
-            row_chunk[rows] = i
-            q_pos[rows] = plan.q_pos[i]
-            q_valid[rows] = 1
-            m = len(plan.k_slots[i])
-            kv_slots[i, :m] = plan.k_slots[i]
-            k_pos[i, :m] = plan.k_pos[i]
-            k_valid[i, :m] = 1
-            real_rows[flat : flat + n] = rows
-            flat += n
-        src = torch.from_numpy(host)
-        if entry.packed.is_cuda:
-            # page-locked: the copy does not wait for the stream; torch's
-            # pinned allocator keeps the staging buffer until it ran
-            entry.packed.copy_(src.pin_memory(), non_blocking=True)
-        else:
-            entry.packed.copy_(src)
+        real_rows[:total] = rows
+        _upload(entry)
         tokens = torch.cat([c.tokens.to(entry.ids.device) for c in chunks])
-        if plan.total == key.rows:
+        if total == key.rows:
             entry.ids.copy_(tokens)
         else:
-            rows_t = lay.view(entry.packed, "real_rows")[: plan.total]
+            rows_t = lay.view(entry.packed, "real_rows")[:total]
             entry.ids.index_copy_(0, rows_t, tokens)
 
     def _step_fn(self, runner: TargetRunner, moe: OffloadedMoE, entry: _Entry) -> Outputs:
@@ -957,8 +1000,8 @@ class GraphRunner:
         moe.book_resident(list(topk_real.unbind(0)))
         self.stats.replays += 1
         ad = runner.adapter
-        # every row of a graphed step wants its logits (prefills run eagerly)
-        assert plan.want == list(range(plan.total))
+        # every row of a graphed step wants its logits (prefills run eagerly:
+        # GraphRunner.blocker), so no gather of wanted rows is needed
         logits_all = ad.lm_head(ad.final_norm(x.index_select(0, real))).float()
         features: list[torch.Tensor] = []
         if captured:
@@ -1068,8 +1111,8 @@ class GraphRunner:
             stats.piecewise_steps += 1
         else:
             stats.fallbacks[_failure_reason(self._failed.get(failed, ""))] += 1
-        # every row of a graphed step wants its logits (prefills run eagerly)
-        assert plan.want == list(range(plan.total))
+        # every row of a graphed step wants its logits (prefills run eagerly:
+        # GraphRunner.blocker), so no gather of wanted rows is needed
         logits_all = ad.lm_head(ad.final_norm(x_final)).float()
         features: list[torch.Tensor] = []
         if runner.capture_layers:
@@ -1089,7 +1132,7 @@ class GraphRunner:
             layout=layout,
             packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
             ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
-            host=np.zeros(layout.size, dtype=np.int64),
+            host=_Staging(layout.size, dev),
             x_in=torch.zeros((key.rows, ad.hidden_size), dtype=dtype, device=dev),
             routed=torch.zeros(
                 (key.requests + 1, ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
@@ -1234,7 +1277,7 @@ class GraphRunner:
                 key=key,
                 layout=layout,
                 packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
-                host=np.zeros(layout.size, dtype=np.int64),
+                host=_Staging(layout.size, dev),
                 context=torch.zeros(
                     (key.context, key.features), dtype=context_features.dtype, device=dev
                 ),
@@ -1276,7 +1319,7 @@ class GraphRunner:
         context_features: torch.Tensor,
         block_embeddings: torch.Tensor,
     ) -> None:
-        key, lay, host = entry.key, entry.layout, entry.host
+        key, lay, host = entry.key, entry.layout, _writable(entry)
         assert kv.scratch_slot is not None
 
         def field_of(name: str) -> np.ndarray:
@@ -1312,11 +1355,7 @@ class GraphRunner:
         c = plan.n_ctx
         kv_slots[key.rows : key.rows + c] = plan.ctx_slots
         kv_pos[key.rows : key.rows + c] = plan.ctx_pos
-        src = torch.from_numpy(host)
-        if entry.packed.is_cuda:
-            entry.packed.copy_(src.pin_memory(), non_blocking=True)
-        else:
-            entry.packed.copy_(src)
+        _upload(entry)
         if c:
             entry.context[:c].copy_(context_features)
         if plan.n_blk == key.rows:
