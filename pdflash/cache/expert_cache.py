@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -374,6 +374,47 @@ class ExpertCache:
             self.pins[slots] -= 1
             raise
         return ids, self.ticket[slots].copy()
+
+    def all_resident(self) -> bool:
+        """:meth:`layer_resident` of every layer, in one pass."""
+        held = self.slot_of if self.owned is None else self.slot_of[self.owned]
+        return bool((held >= 0).all())
+
+    @exclusive
+    def pin_layers(self, layers: Sequence[int]) -> list[tuple[IdArray, IdArray]]:
+        """:meth:`pin_layer` of each of ``layers`` in one pass (one refresh of
+        the copies' states, one pin update, one promotion): a replayed step
+        pins every layer at once. Raises ``ValueError`` with nothing pinned
+        if a layer is not fully resident."""
+        self._refresh_inflight()
+        per_layer = [self._layer_ids(layer) for layer in layers]
+        ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
+        slots = self.slot_of[ids]
+        if (slots < 0).any():
+            bad = int(ids[np.flatnonzero(slots < 0)[0]]) // self.num_experts
+            raise ValueError(f"layer {bad} is not fully resident")
+        self.pins[slots] += 1  # distinct experts hold distinct slots
+        try:
+            self._promote(slots, Band.ON_DEMAND)
+        except BaseException:
+            self.pins[slots] -= 1
+            raise
+        tickets = self.ticket[slots]
+        cuts = np.cumsum([len(i) for i in per_layer])[:-1]
+        return list(zip(per_layer, np.split(tickets, cuts), strict=True))
+
+    @exclusive
+    def unpin_layers(self, layers: Sequence[int]) -> None:
+        """:meth:`unpin_layer` of each of ``layers`` in one pass, with one
+        event on the compute stream guarding all their slots."""
+        per_layer = [self._layer_ids(layer) for layer in layers]
+        if not per_layer:
+            return
+        slots = self.slot_of[np.concatenate(per_layer)]
+        if (slots < 0).any() or (self.pins[np.maximum(slots, 0)] <= 0).any():
+            raise ValueError(f"layers {list(layers)} are not all pinned")
+        self.pins[slots] -= 1
+        self._record_slot_event(slots)
 
     @exclusive
     def unpin_layer(self, layer: int) -> None:

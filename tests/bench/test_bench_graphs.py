@@ -109,3 +109,18 @@ def test_the_warm_up_pre_captures_every_bucket_of_the_run(
     assert len(off.routing_trace) == len(on.routing_trace)
     for a, b in zip(off.routing_trace, on.routing_trace, strict=True):
         assert (a == b).all()
+
+
+def test_graph_host_times_every_part_of_a_replayed_step() -> None:
+    from pdflash.bench.graph_host import PARTS, measure
+
+    out = measure(layers=2, requests=3, block=4, prompt_len=5, steps=4, backend="eager")
+    parts = out["parts_us"]
+    assert list(parts) == list(PARTS)
+    assert all(v > 0 for v in parts.values()), parts
+    # the eager stand-in's replay reruns the step: it is most of the forward
+    assert parts["replay"] < out["forward_us"]
+    assert out["outside_replay_us"] == pytest.approx(out["forward_us"] - parts["replay"])
+    assert out["rest_us"] == pytest.approx(out["forward_us"] - sum(parts.values()))
+    with pytest.raises(ValueError, match="backend"):
+        measure(backend="cuda")
