@@ -29,13 +29,26 @@ and runs each as one replay of a recorded graph:
   layer's top-k ids, the captured hidden states) are the tensors the
   capture returned: a replay overwrites them, so everything that leaves the
   step is gathered out of them (a new tensor) before the next replay.
-* **Outside the graph.** The host plan and the copies in, the final norm
-  and ``lm_head`` over the wanted rows, the routing grid's read-back (the
-  one host sync of the step, as in the eager forward), the expert cache's
-  books (:meth:`~pdflash.models.offload.OffloadedMoE.pin_resident` before,
-  :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after: the
-  pins, access records and slot event the eager layer does), and all
-  sampling and randomness.
+* **Outside the graph.** The host plan (the KV's growth only: the static
+  buffers are filled from its block tables, vectorised) and the one copy
+  in from a page-locked buffer the bucket reuses, the final norm and
+  ``lm_head`` over the wanted rows, the routing grid's read-back, the
+  expert cache's books (:meth:`~pdflash.models.offload.OffloadedMoE.pin_resident`
+  before, :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after:
+  the pins, access records and one slot event, for every layer in one
+  pass), and all sampling and randomness.
+* **Host syncs of a replayed step**, and why each remains: the routing
+  grid's read-back at the end (``routed.cpu()``: the scheduler, the
+  caches' books and the Belady trace need the routed union on the host;
+  the engine then reads the logits it accepts with, outside this module);
+  that is the only one in steady state. Before a bucket's next fill the
+  host waits for the event after its last index copy, which that
+  read-back has already passed (it waits only after a step that failed
+  between the two). A new graph's capture and its first-replay check
+  (``outputs_agree`` reads the comparison) sync, which
+  :meth:`GraphRunner.prepare` moves out of the steps; dropping a graph to
+  make room drains the stream. The cache's deferred accesses are read
+  back only when it must choose a victim (never under B3).
 * **Whole-step graphs** need every expert resident and no host code that
   sees a layer's tensors (observers, routed hooks); the host-only
   ``before_moe_hooks`` (e.g. the layer-cyclic eviction policy's) are called
@@ -60,6 +73,15 @@ books as in the eager forward), the residual and the observers run eagerly
 on the real rows only, so padded rows never route to an expert that would
 be copied. The residual entering the next piece is written into its static
 input buffer.
+
+**Pre-capture** (:meth:`GraphRunner.prepare`, through
+:meth:`~pdflash.engine.engine.Engine.prepare_graphs`): before any request,
+every whole-step bucket a run can meet (:meth:`GraphRunner.verify_buckets`:
+its request counts, row counts and key widths from the prompt and output
+lengths) is recorded and checked on a synthetic step over temporary KV
+sequences, within a bound on graphs held and bytes, so no later step pays
+a capture or a first-replay check. The drafter's buckets are not prepared
+(its context rows depend on acceptance).
 
 **Check.** With ``validate`` (default), every new graph's first replay is
 compared with an eager run of the same step on the same static inputs

@@ -36,7 +36,8 @@ With :attr:`TargetRunner.graphs` set (:mod:`pdflash.engine.graphs`), a
 verify step whose every expert is resident and that no layer hook or
 routing source sees runs as one replayed CUDA graph of :meth:`run_layers`
 over padded static buffers; its syncs are the same (none before the end,
-the routing grid at the end). Every other step runs as described above.
+the routing grid at the end; :mod:`pdflash.engine.graphs` lists the rare
+others). Every other step runs as described above.
 """
 
 from __future__ import annotations
