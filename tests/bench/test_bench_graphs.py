@@ -124,3 +124,38 @@ def test_graph_host_times_every_part_of_a_replayed_step() -> None:
     assert out["rest_us"] == pytest.approx(out["forward_us"] - sum(parts.values()))
     with pytest.raises(ValueError, match="backend"):
         measure(backend="cuda")
+
+
+def test_graphs_summary_reports_captures_in_the_run_and_the_pre_capture() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "h200" / "graphs_summary.py"
+    spec = importlib.util.spec_from_file_location("_bench_h200_graphs_summary", script)
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def row(setting: str, captures: int, prepared: int, s: float) -> dict[str, Any]:
+        graphs: dict[str, Any] = {"setting": setting}
+        warmup: dict[str, Any] = {"mode": "workload"}
+        if setting != "off":
+            graphs |= {"captures": captures, "validated": captures, "replays": 10}
+            graphs["draft"] = {"captures": 1}
+            warmup["graphs"] = {"prepare": {"prepared": prepared, "already_held": 0, "s": s}}
+        return {
+            "arch": "gpt-oss-20b",
+            "cuda_graphs": graphs,
+            "warmup": warmup,
+            "output_tokens_per_s": 100.0,
+            "verify_breakdown_ms": {"verify_ms": 10.0},
+        }
+
+    rows = [row("off", 0, 0, 0), row("auto", 0, 30, 2.0), row("auto", 1, 29, 4.0)]
+    table = {e["setting"]: e for e in summary.summarise(rows)["table"]}
+    auto = table["auto"]
+    assert auto["captures_in_run"] == 1 and auto["validated_in_run"] == 1
+    assert auto["draft_captures_in_run"] == 2
+    assert auto["prepared_per_run"] == pytest.approx(29.5)
+    assert auto["prepare_s_per_run"] == pytest.approx(3.0)
+    assert "captures_in_run" not in table["off"]
