@@ -957,7 +957,7 @@ class GraphRunner:
             reason = self.blocker(runner, chunks)
             if reason is not None:
                 return reason
-            plan = runner.plan(chunks)
+            plan = runner.plan(chunks, lists=False)
             assert self.bucket(plan) == key, (self.bucket(plan), key)
             moe = _offloaded_runtime(runner)
             assert moe is not None
