@@ -104,6 +104,9 @@ def test_the_warm_up_pre_captures_every_bucket_of_the_run(
     assert prepare["state"] == "on" and prepare["failed"] == 0 and prepare["prepared"] > 0
     assert warm["captures"] == prepare["prepared"]  # the warm-up's own steps recorded none
     assert "graphs" not in off.row["warmup"]
+    from pdflash.report.schema import validate_row
+
+    assert validate_row(on.row) == [] and validate_row(off.row) == []
     for name in ("committed_tokens", "steps", "verify_forwards", "acceptance_length_mean"):
         assert off.row[name] == on.row[name], name
     assert len(off.routing_trace) == len(on.routing_trace)
