@@ -1182,7 +1182,6 @@ def _warm_up(
     mode = warmup_mode(spec, device)
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 104_729)
     plans = _warm_up_plans(spec, mode, workload)
-    graphs = _prepare_graphs(spec, engine)
     ids = []
     for i, (prompt_len, new_tokens) in enumerate(plans):
         prompt = (
@@ -1200,6 +1199,9 @@ def _warm_up(
         ids.append(rid)
     engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
     _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
+    # after the warm-up's requests: the buckets they met are held (most
+    # recently used), the pre-capture adds the others up to its bound
+    graphs = _prepare_graphs(spec, engine)
     out: dict[str, Any] = {
         "mode": mode,
         "requested": spec.warmup,
@@ -1218,9 +1220,9 @@ def _warm_up(
 
 
 def _prepare_graphs(spec: RunSpec, engine: Engine) -> dict[str, Any] | None:
-    """Record the verify graphs of every bucket the run can meet (its
-    request count, prompt and output lengths: ``Engine.prepare_graphs``)
-    before the warm-up's requests; None where the engine records no graphs.
+    """Record the verify (and draft) graphs of every bucket the run can
+    meet (its request count, prompt and output lengths:
+    ``Engine.prepare_graphs``); None where the engine records no graphs.
     The report lands in the row's ``warmup.graphs``."""
     if engine.runner.graphs is None:
         return None
@@ -1232,6 +1234,7 @@ def _prepare_graphs(spec: RunSpec, engine: Engine) -> dict[str, Any] | None:
         min(longest, engine.max_seq_len),
         min_prompt_len=spec.prompt_len,
         min_seq_len=spec.prompt_len + spec.max_new_tokens,
+        max_prompt_len=spec.prompt_len_max or spec.prompt_len,
     )
     return {"prepare": report}
 

@@ -59,8 +59,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--prepare-graphs",
         type=int,
         default=0,
-        help="record up to N CUDA graphs of the verify forward at start-up (the likeliest "
-        "shape buckets first) instead of at each bucket's first step; 0: none",
+        help="record up to N CUDA graphs of the verify forward and N of the drafter's at "
+        "start-up (the likeliest shape buckets first) instead of at each bucket's first "
+        "step; 0: none",
     )
     p.add_argument("--seed", type=int, default=0)
 

@@ -80,8 +80,9 @@ every whole-step bucket a run can meet (:meth:`GraphRunner.verify_buckets`:
 its request counts, row counts and key widths from the prompt and output
 lengths) is recorded and checked on a synthetic step over temporary KV
 sequences, within a bound on graphs held and bytes, so no later step pays
-a capture or a first-replay check. The drafter's buckets are not prepared
-(its context rows depend on acceptance).
+a capture or a first-replay check; the drafter's likewise
+(:meth:`GraphRunner.draft_buckets`, :meth:`GraphRunner.prepare_drafts`:
+every new-context bucket a draft of so many requests can have).
 
 **Check.** With ``validate`` (default), every new graph's first replay is
 compared with an eager run of the same step on the same static inputs
@@ -507,7 +508,7 @@ class GraphRunner:
         max_queries: int = 64,
         max_key_width: int = 1 << 14,
         max_graphs: int = 48,
-        max_draft_graphs: int = 32,
+        max_draft_graphs: int = 64,
         max_draft_context: int = 4096,
         validate: bool = True,
         piecewise: bool = True,
@@ -921,6 +922,174 @@ class GraphRunner:
         report["graphs_held"] = self.num_graphs
         report["s"] = time.perf_counter() - t0
         return report
+
+    def draft_buckets(
+        self,
+        *,
+        max_requests: int,
+        max_tokens: int,
+        min_prompt_len: int,
+        max_prompt_len: int,
+        min_seq_len: int,
+        max_seq_len: int,
+        features: int,
+        dtype: torch.dtype,
+        full_width: bool = True,
+    ) -> list[DraftKey]:
+        """The drafter's buckets a run of those bounds can meet (as
+        :meth:`verify_buckets`; the drafter's keys and block rows follow the
+        same rules), with every new-context bucket a draft of ``R`` requests
+        can have: each request brings at least one context row and at most
+        its prompt (its first draft, which has the full block unless the
+        output limit is shorter) or a block (later ones). The likeliest
+        first: the full block, requests descending, context and keys
+        ascending; then the smaller blocks."""
+        if not min_prompt_len <= max_prompt_len < max_seq_len:
+            raise ValueError(
+                "need min_prompt_len <= max_prompt_len < max_seq_len, got "
+                f"{min_prompt_len}, {max_prompt_len}, {max_seq_len}"
+            )
+        target = self.verify_buckets(
+            max_requests=max_requests,
+            max_tokens=max_tokens,
+            min_prompt_len=min_prompt_len,
+            min_seq_len=min_seq_len,
+            max_seq_len=max_seq_len,
+            full_width=full_width,
+        )
+        out: list[DraftKey] = []
+        full_q = 1 << (max_tokens - 1).bit_length()
+        per_request = max(max_prompt_len, max_tokens)
+        # a request's first draft (its prompt as context) has the full block
+        # unless its output limit is shorter than a block
+        first_in_tail = not full_width or min_seq_len - max_prompt_len - 1 < max_tokens
+        per_tail_request = per_request if first_in_tail else max_tokens
+        for key in target:
+            i = self.request_buckets.index(key.requests)
+            fewest = self.request_buckets[i - 1] + 1 if i else 1
+            lo = max(16, 1 << (fewest - 1).bit_length())
+            rows = per_request if key.queries == full_q else per_tail_request
+            hi = min(
+                max(16, 1 << (key.requests * rows - 1).bit_length()),
+                max(16, 1 << (self.max_draft_context - 1).bit_length()),
+            )
+            c = lo
+            while c <= hi:
+                out.append(
+                    DraftKey(key.requests, key.queries, c, key.key_width, int(features), str(dtype))
+                )
+                c *= 2
+        return out
+
+    @torch.no_grad()
+    def prepare_drafts(
+        self,
+        drafter: DFlashDrafter,
+        kv: PagedKVCache,
+        keys: Sequence[DraftKey],
+        *,
+        embed_dim: int,
+        limit: int | None = None,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """:meth:`prepare` for the drafter's buckets: a synthetic draft step
+        per bucket (random context features and block embeddings over
+        temporary sequences of ``kv``, freed after) through
+        :meth:`draft_forward`, which records and checks it. At most
+        ``limit`` (default and at most :attr:`max_draft_graphs`) draft
+        graphs are held after it; none is evicted. Returns the same report
+        as :meth:`prepare` (no bytes)."""
+        t0 = time.perf_counter()
+        cap = self.max_draft_graphs if limit is None else min(int(limit), self.max_draft_graphs)
+        if cap < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        report: dict[str, Any] = {
+            "buckets": len(keys),
+            "already_held": 0,
+            "prepared": 0,
+            "skipped": Counter[str](),
+            "failed": 0,
+        }
+        gen = torch.Generator().manual_seed(seed)
+        for key in keys:
+            entry = self._draft_entries.get(key)
+            if entry is not None and entry.graph is not None:
+                report["already_held"] += 1
+                continue
+            if key in self._failed:
+                report["skipped"]["failed_before"] += 1
+                continue
+            if self.num_draft_graphs >= cap:
+                report["skipped"]["graph_limit"] += 1
+                continue
+            outcome = self._prepare_draft_bucket(drafter, kv, key, gen, embed_dim)
+            if outcome == "prepared":
+                report["prepared"] += 1
+                self.draft_stats.prepared += 1
+            elif outcome == "failed":
+                report["failed"] += 1
+            elif outcome == "kv_without_scratch_slot":
+                report["blocker"] = outcome
+                break
+            else:
+                report["skipped"][outcome] += 1
+        report["skipped"] = dict(sorted(report["skipped"].items()))
+        report["graphs_held"] = self.num_draft_graphs
+        report["s"] = time.perf_counter() - t0
+        return report
+
+    def _prepare_draft_bucket(
+        self,
+        drafter: DFlashDrafter,
+        kv: PagedKVCache,
+        key: DraftKey,
+        gen: torch.Generator,
+        embed_dim: int,
+    ) -> str:
+        """One bucket of :meth:`prepare_drafts`: ``prepared``, ``failed`` or
+        why it was skipped."""
+        from pdflash.engine.drafter import DraftItem
+
+        if kv.scratch_slot is None:
+            return "kv_without_scratch_slot"
+        i = self.request_buckets.index(key.requests)
+        requests = self.request_buckets[i - 1] + 1 if i else 1
+        # the fewest context rows of the bucket, spread over the requests
+        context = max(requests, key.context // 2 + 1 if key.context > 16 else 1)
+        if context > key.context:
+            return "shape"
+        per = [context // requests + (1 if r < context % requests else 0) for r in range(requests)]
+        j = self.key_widths.index(key.key_width)
+        fewest_keys = max(self.key_widths[j - 1] if j else 1, max(per) + key.queries)
+        keys = min(key.keys, kv.free_pages // requests * kv.page_size)
+        if keys < fewest_keys:
+            return "kv_pages"
+        dtype = getattr(torch, key.dtype.removeprefix("torch."))
+        dev = drafter.norm.weight.device
+        seq_ids: list[int] = []
+        sid = -1
+        try:
+            while len(seq_ids) < requests:
+                if not kv.has(sid):
+                    kv.add_sequence(sid)
+                    kv.grow(sid, keys - per[len(seq_ids)] - key.queries)
+                    seq_ids.append(sid)
+                sid -= 1
+            items = [DraftItem(s, c, key.queries) for s, c in zip(seq_ids, per, strict=True)]
+            ctx = torch.randn(context, key.features, generator=gen).to(dev, dtype)
+            emb = torch.randn(requests * key.queries, embed_dim, generator=gen).to(dev, dtype)
+            drafter.forward_blocks(ctx, emb, items, kv, graphs=self)
+            if key in self._failed:
+                return "failed"
+            entry = self._draft_entries.get(key)
+            if entry is None or entry.graph is None:
+                return "not_graphed"
+            if entry.packed.is_cuda:
+                torch.cuda.current_stream(entry.packed.device).synchronize()
+            return "prepared"
+        finally:
+            for s in seq_ids:
+                kv.free(s)
 
     def _prepare_bucket(self, runner: TargetRunner, key: BucketKey, gen: torch.Generator) -> str:
         """One bucket of :meth:`prepare`: ``prepared``, ``failed``, the

@@ -46,8 +46,9 @@ class ServeModelConfig:
     # drafts each verify checks (pdflash.engine.verify_width): None the
     # baseline's preset (PD: adaptive), or full | fixed:K | adaptive
     verify_width: str | None = None
-    # CUDA graphs of the verify forward recorded at start-up, at most this
-    # many (Engine.prepare_graphs: the likeliest buckets first); 0: none,
+    # CUDA graphs of the verify forward (and as many of the drafter's)
+    # recorded at start-up, at most this many each (Engine.prepare_graphs:
+    # the likeliest buckets first); 0: none,
     # each bucket is recorded by the first step that meets it
     prepare_graphs: int = 0
 
@@ -269,7 +270,9 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         )
         prepared = None
         if cfg.prepare_graphs and group is None:
-            prepared = engine.prepare_graphs(limit=cfg.prepare_graphs)
+            prepared = engine.prepare_graphs(
+                limit=cfg.prepare_graphs, draft_limit=cfg.prepare_graphs
+            )
     except BaseException:
         issuer.close()
         adapter.close()

@@ -619,6 +619,24 @@ def test_verify_buckets_cover_what_a_full_width_run_can_meet() -> None:
     # every bucket found is one a step of those bounds falls in
     for k in keys:
         assert k.requests in graphs.request_buckets and k.key_width in graphs.key_widths
+    # the drafter's: every context bucket from the fewest requests' rows to
+    # the most requests' prompts (first drafts) or blocks
+    drafts = graphs.draft_buckets(
+        max_requests=3,
+        max_tokens=4,
+        min_prompt_len=3,
+        max_prompt_len=20,
+        min_seq_len=150,
+        max_seq_len=180,
+        features=8,
+        dtype=torch.float32,
+    )
+    assert len(drafts) == len(set(drafts))
+    full4 = {k.context for k in drafts if k.queries == 4 and k.requests == 4}
+    assert full4 == {16, 32, 64, 128}  # 3..4 requests x up to 20 prompt rows
+    # smaller blocks are last blocks: a block of context rows each at most
+    assert {k.context for k in drafts if k.queries < 4} == {16}
+    assert {(k.features, k.dtype) for k in drafts} == {(8, "torch.float32")}
     with pytest.raises(ValueError, match="min_prompt_len < min_seq_len"):
         graphs.verify_buckets(
             max_requests=1, max_tokens=4, min_prompt_len=9, min_seq_len=9, max_seq_len=20
@@ -649,18 +667,32 @@ def test_prepared_graphs_leave_no_capture_to_the_run_and_change_no_output(
         try:
             if runner is not None:
                 report = eng.prepare_graphs(
-                    3, max(lengths) + new, min_prompt_len=min(lengths), min_seq_len=3 + new
+                    3,
+                    max(lengths) + new,
+                    min_prompt_len=min(lengths),
+                    min_seq_len=3 + new,
+                    max_prompt_len=max(lengths),
                 )
                 assert report["state"] == "on" and report["failed"] == 0
                 assert report["prepared"] == graphs.num_graphs == graphs.stats.prepared > 0
                 assert graphs.stats.captures == graphs.stats.validated == report["prepared"]
+                drafts = report["draft"]
+                assert drafts["failed"] == 0 and drafts["skipped"] == {}
+                assert drafts["prepared"] == graphs.num_draft_graphs == drafts["buckets"] > 0
+                assert graphs.draft_stats.validated == drafts["prepared"]
+                assert eng.draft_kv is not None and eng.draft_kv.num_sequences == 0
                 # nothing of the synthetic steps stays in the KV or the cache's pins
                 assert eng.kv.used_pages == 0 and eng.kv.num_sequences == 0
                 assert int(np.asarray(eng.adapter.cache.pins).sum()) == 0
                 again = eng.prepare_graphs(
-                    3, max(lengths) + new, min_prompt_len=min(lengths), min_seq_len=3 + new
+                    3,
+                    max(lengths) + new,
+                    min_prompt_len=min(lengths),
+                    min_seq_len=3 + new,
+                    max_prompt_len=max(lengths),
                 )
                 assert again["prepared"] == 0 and again["already_held"] == report["prepared"]
+                assert again["draft"]["already_held"] == drafts["prepared"]
                 eng.reset_stats()
             prompts = _prompts(lengths, eng.adapter.vocab_size, seed=23)
             ids = [eng.add_request(p.tolist(), max_new_tokens=new) for p in prompts]
@@ -674,6 +706,8 @@ def test_prepared_graphs_leave_no_capture_to_the_run_and_change_no_output(
     # every verify replayed a prepared graph: no capture, no check in the run
     assert stats.replays > 0 and stats.captures == 0 and stats.validated == 0
     assert set(stats.fallbacks) <= {"prefill"}, stats.fallbacks
+    ds = graphs.draft_stats  # and every draft step
+    assert ds.replays > 0 and ds.captures == 0 and ds.validated == 0 and not ds.fallbacks
 
 
 def test_prepare_graphs_bounds_and_refusals(checkpoint: Path) -> None:

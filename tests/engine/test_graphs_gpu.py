@@ -303,9 +303,9 @@ def test_failed_capture_falls_back_and_cuda_stays_usable(
 
 def test_prepared_graphs_leave_no_capture_to_the_run(tmp_path: Path, arch: str) -> None:
     """bf16 B3 (whole-step graphs): Engine.prepare_graphs records and checks
-    every bucket of the run before it, so its steps replay without a
-    capture or a first-replay check; fp32 has no whole-step graph and the
-    pre-capture says why."""
+    every verify and draft bucket of the run before it, so its steps replay
+    without a capture or a first-replay check; fp32 has no whole-step graph
+    and the pre-capture says why."""
     from pdflash.h2d import H2DIssuer
     from pdflash.models import load_adapter
 
@@ -327,7 +327,9 @@ def test_prepared_graphs_leave_no_capture_to_the_run(tmp_path: Path, arch: str) 
                 max_seq_len=48,
                 device="cuda",
             )
-            report = eng.prepare_graphs(3, 6 + 12, min_prompt_len=6, min_seq_len=18)
+            report = eng.prepare_graphs(
+                3, 6 + 12, min_prompt_len=6, min_seq_len=18, max_prompt_len=6
+            )
             graphs = eng.runner.graphs
             assert graphs is not None
             if dtype == torch.float32:
@@ -345,6 +347,9 @@ def test_prepared_graphs_leave_no_capture_to_the_run(tmp_path: Path, arch: str) 
             s = graphs.stats
             assert s.replays > 0 and s.captures == 0 and s.validated == 0, s
             assert set(s.fallbacks) <= {"prefill"}, s.fallbacks
+            ds = graphs.draft_stats
+            assert report["draft"]["failed"] == 0 and report["draft"]["prepared"] > 0
+            assert ds.replays > 0 and ds.captures == 0 and ds.validated == 0, ds
         finally:
             torch.cuda.synchronize()
             issuer.close()
