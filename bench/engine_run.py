@@ -922,7 +922,10 @@ def _run(
                 SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
             )
             workload = _serving_workload(spec)
-            _warm_up(spec, device, engine, acceptance, workload, adapter.vocab_size, sampling, [])
+            with cache.settled():
+                _warm_up(
+                    spec, device, engine, acceptance, workload, adapter.vocab_size, sampling, []
+                )
             cache.drain_inflight()
             return None
         result = _workload(
@@ -1041,7 +1044,11 @@ def _workload(
         prompts, trace_requests = loaded.prompts, loaded.trace_requests
         prompts_source = loaded.source
     sampling = SamplingParams(temperature=spec.temperature) if spec.temperature > 0 else None
-    warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling, prompts[0])
+    # NOTE: settled: the warm-up's evictions wait for its copies, so the
+    # resident set it leaves (this run's starting state, and the Belady
+    # replay's) does not depend on how fast the copy thread ran
+    with cache.settled():
+        warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling, prompts[0])
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
     # the experts resident now are exactly what this run got for free; the
     # Belady replay starts from the same set (else the optimum pays
@@ -1192,12 +1199,44 @@ def _warm_up(
         ids.append(rid)
     engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
     _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
-    return {
+    # after the warm-up's requests: the buckets they met are held (most
+    # recently used), the pre-capture adds the others up to its bound
+    graphs = _prepare_graphs(spec, engine)
+    out: dict[str, Any] = {
         "mode": mode,
         "requested": spec.warmup,
         "requests": len(plans),
         "new_tokens": sum(t for _, t in plans),
     }
+    if graphs is not None:
+        runner = engine.runner.graphs
+        assert runner is not None
+        # every capture since the engine was built: the pre-capture's and
+        # those the warm-up's own steps made (the measured run's are the row's)
+        graphs["captures"] = runner.stats.captures
+        graphs["draft_captures"] = runner.draft_stats.captures
+        out["graphs"] = graphs
+    return out
+
+
+def _prepare_graphs(spec: RunSpec, engine: Engine) -> dict[str, Any] | None:
+    """Record the verify (and draft) graphs of every bucket the run can
+    meet (its request count, prompt and output lengths:
+    ``Engine.prepare_graphs``); None where the engine records no graphs.
+    The report lands in the row's ``warmup.graphs``."""
+    if engine.runner.graphs is None:
+        return None
+    longest = (spec.prompt_len_max or spec.prompt_len) + (
+        spec.max_new_tokens_max or spec.max_new_tokens
+    )
+    report = engine.prepare_graphs(
+        _built(engine).max_running,
+        min(longest, engine.max_seq_len),
+        min_prompt_len=spec.prompt_len,
+        min_seq_len=spec.prompt_len + spec.max_new_tokens,
+        max_prompt_len=spec.prompt_len_max or spec.prompt_len,
+    )
+    return {"prepare": report}
 
 
 def _warm_up_plans(spec: RunSpec, mode: str, workload: Workload) -> list[tuple[int, int]]:
@@ -1618,13 +1657,19 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     """The row's ``cuda_graphs``: the setting, whether graphs ran, and the
     graph runner's counters over the measured steps for the target's
     verify forward and (``draft``) the drafter's (captures made during the
-    warm-up are not in ``captures``; ``graphs_held`` counts them)."""
+    warm-up, its pre-capture included, are not in ``captures``, which
+    ``captures_in_run`` repeats; ``graphs_held`` counts them; the warm-up's
+    are the row's ``warmup.graphs``)."""
     graphs = engine.runner.graphs
     if graphs is None:
         why = "cuda_graphs off" if spec.cuda_graphs == "off" else "not a CUDA device"
         return {"setting": spec.cuda_graphs, "state": "off", "why_off": why}
     out: dict[str, Any] = {"setting": spec.cuda_graphs, "backend": graphs.backend.name}
     out.update(graphs.stats.as_dict())
+    # the measured run's own recordings (0 where the warm-up's pre-capture
+    # covered every bucket it met); the warm-up's are in warmup.graphs
+    out["captures_in_run"] = graphs.stats.captures
+    out["draft_captures_in_run"] = graphs.draft_stats.captures
     out["state"] = "on" if graphs.stats.replays else "on_no_replay"
     out["graphs_held"] = graphs.num_graphs
     out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}

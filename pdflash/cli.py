@@ -55,6 +55,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="drafts each verify checks: full, fixed:K or adaptive "
         "(default: the baseline's preset; PD adaptive, the others full)",
     )
+    p.add_argument(
+        "--prepare-graphs",
+        type=int,
+        default=0,
+        help="record up to N CUDA graphs of the verify forward and N of the drafter's at "
+        "start-up (the likeliest shape buckets first) instead of at each bucket's first "
+        "step; 0: none",
+    )
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -72,6 +80,7 @@ def _model_config(a: argparse.Namespace) -> ServeModelConfig:
         max_model_len=a.max_model_len,
         seed=a.seed,
         verify_width=a.verify_width,
+        prepare_graphs=a.prepare_graphs,
     )
 
 

@@ -50,6 +50,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "tok_s": row.get("output_tokens_per_s"),
                 "breakdown": row.get("verify_breakdown_ms"),
                 "cuda_graphs": graphs,
+                "warmup_graphs": (row.get("warmup") or {}).get("graphs"),
             }
         )
     table = []
@@ -69,6 +70,26 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         entry["eager_fallbacks"] = sum(
             (r.get("cuda_graphs") or {}).get("eager_fallbacks", 0) for r in group
         )
+        if setting != "off":
+            # recordings (and their first-replay checks) inside the measured
+            # runs, and what each run's warm-up pre-captured
+            for name in ("captures", "validated"):
+                entry[f"{name}_in_run"] = sum(
+                    (r.get("cuda_graphs") or {}).get(name, 0) for r in group
+                )
+            entry["draft_captures_in_run"] = sum(
+                ((r.get("cuda_graphs") or {}).get("draft") or {}).get("captures", 0) for r in group
+            )
+            prepared = [
+                r["warmup"]["graphs"]["prepare"]
+                for r in group
+                if ((r.get("warmup") or {}).get("graphs") or {}).get("prepare")
+            ]
+            if prepared:
+                entry["prepared_per_run"] = statistics.fmean(
+                    p.get("prepared", 0) + p.get("already_held", 0) for p in prepared
+                )
+                entry["prepare_s_per_run"] = statistics.fmean(p.get("s", 0.0) for p in prepared)
         table.append(entry)
     return {"table": table, "runs": runs}
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -202,6 +202,10 @@ class ExpertCache:
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
         self.owned: npt.NDArray[np.bool_] | None = None
         self._guard = BusyGuard("ExpertCache")
+        #: when set (:meth:`settled`), every refresh of the copies' states first
+        #: waits for each copy in flight: no choice (victims, free capacity)
+        #: then depends on how far the issuer's thread has got
+        self.settle_copies = False
         self.reset_stats()
 
     @exclusive
@@ -371,6 +375,47 @@ class ExpertCache:
             raise
         return ids, self.ticket[slots].copy()
 
+    def all_resident(self) -> bool:
+        """:meth:`layer_resident` of every layer, in one pass."""
+        held = self.slot_of if self.owned is None else self.slot_of[self.owned]
+        return bool((held >= 0).all())
+
+    @exclusive
+    def pin_layers(self, layers: Sequence[int]) -> list[tuple[IdArray, IdArray]]:
+        """:meth:`pin_layer` of each of ``layers`` in one pass (one refresh of
+        the copies' states, one pin update, one promotion): a replayed step
+        pins every layer at once. Raises ``ValueError`` with nothing pinned
+        if a layer is not fully resident."""
+        self._refresh_inflight()
+        per_layer = [self._layer_ids(layer) for layer in layers]
+        ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
+        slots = self.slot_of[ids]
+        if (slots < 0).any():
+            bad = int(ids[np.flatnonzero(slots < 0)[0]]) // self.num_experts
+            raise ValueError(f"layer {bad} is not fully resident")
+        self.pins[slots] += 1  # distinct experts hold distinct slots
+        try:
+            self._promote(slots, Band.ON_DEMAND)
+        except BaseException:
+            self.pins[slots] -= 1
+            raise
+        tickets = self.ticket[slots]
+        cuts = np.cumsum([len(i) for i in per_layer])[:-1]
+        return list(zip(per_layer, np.split(tickets, cuts), strict=True))
+
+    @exclusive
+    def unpin_layers(self, layers: Sequence[int]) -> None:
+        """:meth:`unpin_layer` of each of ``layers`` in one pass, with one
+        event on the compute stream guarding all their slots."""
+        per_layer = [self._layer_ids(layer) for layer in layers]
+        if not per_layer:
+            return
+        slots = self.slot_of[np.concatenate(per_layer)]
+        if (slots < 0).any() or (self.pins[np.maximum(slots, 0)] <= 0).any():
+            raise ValueError(f"layers {list(layers)} are not all pinned")
+        self.pins[slots] -= 1
+        self._record_slot_event(slots)
+
     @exclusive
     def unpin_layer(self, layer: int) -> None:
         """Undo :meth:`pin_layer` (the layer's experts cannot have moved
@@ -442,6 +487,10 @@ class ExpertCache:
         busy = np.flatnonzero(self.ticket >= 0)
         if busy.size == 0:
             return
+        if self.settle_copies:
+            # NOTE: failed/cancelled copies raise here; they are dropped below
+            with contextlib.suppress(Exception):
+                self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
         done, failed = self._copy_outcomes(busy)
         self.ticket[busy[done]] = -1
         bad = busy[failed & (self.pins[busy] == 0)]
@@ -741,6 +790,22 @@ class ExpertCache:
             with contextlib.suppress(Exception):
                 self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
         self._refresh_inflight()
+
+    @contextmanager
+    def settled(self) -> Iterator[None]:
+        """Within: the cache decides as if every copy had landed by the time
+        it looks (:attr:`settle_copies`; it waits for them), so the same
+        calls leave the same resident set however fast copies run. An
+        in-flight copy is never evictable, so otherwise which experts a
+        prefetch or a miss evicts depends on the copy thread's progress (a
+        loaded host ends a warm-up with another resident set). For
+        warm-ups, not measured runs: it serializes copies with compute."""
+        before = self.settle_copies
+        self.settle_copies = True
+        try:
+            yield
+        finally:
+            self.settle_copies = before
 
     @exclusive
     def free_capacity(self, protect: npt.ArrayLike | None = None) -> int:

@@ -565,6 +565,94 @@ class Engine:
             if self.runner.graphs is not None:
                 self.runner.graphs.reset_stats()
 
+    def prepare_graphs(
+        self,
+        max_running: int | None = None,
+        max_seq_len: int | None = None,
+        *,
+        min_prompt_len: int = 1,
+        min_seq_len: int | None = None,
+        max_prompt_len: int | None = None,
+        limit: int | None = None,
+        max_bytes: int | None = None,
+        draft_limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Record the verify forward's CUDA graphs for every bucket the
+        engine can meet (:meth:`~pdflash.engine.graphs.GraphRunner.verify_buckets`),
+        before any request, so no step of a later run pays a capture or its
+        first-replay check (a server at start-up, a bench in its warm-up).
+
+        ``max_running`` (default and at most ``config.max_running``): the
+        most requests a verify batches; ``max_seq_len`` (default and at
+        most the engine's): the longest prompt + output a request will
+        have; ``min_prompt_len`` / ``min_seq_len`` (default
+        ``min_prompt_len + 1``): the shortest prompt, and prompt + output.
+        ``limit`` and ``max_bytes`` bound the graphs held and the bytes the
+        prepared ones take (:meth:`~pdflash.engine.graphs.GraphRunner.prepare`).
+        With a drafter, its graphs too
+        (:meth:`~pdflash.engine.graphs.GraphRunner.draft_buckets`: every
+        new-context bucket a draft of so many requests can have, the
+        longest prompt ``max_prompt_len``, default ``max_seq_len - 1``), at
+        most ``draft_limit`` (default: the runner's limit), under the
+        report's ``draft``. Returns its report (``state`` ``off`` with
+        ``why`` when the engine has no graph runner). Raises
+        ``RuntimeError`` with requests live and ``ValueError`` on bad
+        bounds (nothing recorded)."""
+        with self._guard.enter("prepare_graphs"):
+            graphs = self.runner.graphs
+            if graphs is None:
+                why = "cuda_graphs off" if self.config.cuda_graphs == "off" else "not a CUDA device"
+                return {"state": "off", "why": why}
+            if self.has_work:
+                raise RuntimeError("prepare_graphs needs an engine with no live request")
+            running = self.config.max_running if max_running is None else max_running
+            longest = self.max_seq_len if max_seq_len is None else max_seq_len
+            validation.check_int("max_running", running, low=1, high=self.config.max_running)
+            validation.check_int("max_seq_len", longest, low=2, high=self.max_seq_len)
+            validation.check_int("min_prompt_len", min_prompt_len, low=1, high=longest - 1)
+            shortest = min_prompt_len + 1 if min_seq_len is None else min_seq_len
+            validation.check_int("min_seq_len", shortest, low=min_prompt_len + 1, high=longest)
+            if max_prompt_len is not None:
+                validation.check_int(
+                    "max_prompt_len", max_prompt_len, low=min_prompt_len, high=longest - 1
+                )
+            block = self.config.block_size if self.drafter is not None else 1
+            keys = graphs.verify_buckets(
+                max_requests=running,
+                max_tokens=block,
+                min_prompt_len=min_prompt_len,
+                min_seq_len=shortest,
+                max_seq_len=longest,
+                full_width=self.width is None,
+            )
+            report = graphs.prepare(
+                self.runner, keys, limit=limit, max_bytes=max_bytes, seed=self.config.seed
+            )
+            out: dict[str, Any] = {"state": "on", **report}
+            if self.drafter is not None and self.draft_kv is not None:
+                ad = self.adapter
+                act = ad.embed(torch.zeros(1, dtype=torch.int64, device=self.device)).dtype
+                draft_keys = graphs.draft_buckets(
+                    max_requests=running,
+                    max_tokens=block,
+                    min_prompt_len=min_prompt_len,
+                    max_prompt_len=longest - 1 if max_prompt_len is None else max_prompt_len,
+                    min_seq_len=shortest,
+                    max_seq_len=longest,
+                    features=len(self.drafter.target_layer_ids) * ad.hidden_size,
+                    dtype=act,
+                    full_width=self.width is None,
+                )
+                out["draft"] = graphs.prepare_drafts(
+                    self.drafter,
+                    self.draft_kv,
+                    draft_keys,
+                    embed_dim=ad.hidden_size,
+                    limit=draft_limit,
+                    seed=self.config.seed + 1,
+                )
+            return out
+
     def request(self, request_id: int) -> Request:
         return self.requests.get(request_id)
 

@@ -29,13 +29,26 @@ and runs each as one replay of a recorded graph:
   layer's top-k ids, the captured hidden states) are the tensors the
   capture returned: a replay overwrites them, so everything that leaves the
   step is gathered out of them (a new tensor) before the next replay.
-* **Outside the graph.** The host plan and the copies in, the final norm
-  and ``lm_head`` over the wanted rows, the routing grid's read-back (the
-  one host sync of the step, as in the eager forward), the expert cache's
-  books (:meth:`~pdflash.models.offload.OffloadedMoE.pin_resident` before,
-  :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after: the
-  pins, access records and slot event the eager layer does), and all
-  sampling and randomness.
+* **Outside the graph.** The host plan (the KV's growth only: the static
+  buffers are filled from its block tables, vectorised) and the one copy
+  in from a page-locked buffer the bucket reuses, the final norm and
+  ``lm_head`` over the wanted rows, the routing grid's read-back, the
+  expert cache's books (:meth:`~pdflash.models.offload.OffloadedMoE.pin_resident`
+  before, :meth:`~pdflash.models.offload.OffloadedMoE.book_resident` after:
+  the pins, access records and one slot event, for every layer in one
+  pass), and all sampling and randomness.
+* **Host syncs of a replayed step**, and why each remains: the routing
+  grid's read-back at the end (``routed.cpu()``: the scheduler, the
+  caches' books and the Belady trace need the routed union on the host;
+  the engine then reads the logits it accepts with, outside this module);
+  that is the only one in steady state. Before a bucket's next fill the
+  host waits for the event after its last index copy, which that
+  read-back has already passed (it waits only after a step that failed
+  between the two). A new graph's capture and its first-replay check
+  (``outputs_agree`` reads the comparison) sync, which
+  :meth:`GraphRunner.prepare` moves out of the steps; dropping a graph to
+  make room drains the stream. The cache's deferred accesses are read
+  back only when it must choose a victim (never under B3).
 * **Whole-step graphs** need every expert resident and no host code that
   sees a layer's tensors (observers, routed hooks); the host-only
   ``before_moe_hooks`` (e.g. the layer-cyclic eviction policy's) are called
@@ -61,6 +74,16 @@ on the real rows only, so padded rows never route to an expert that would
 be copied. The residual entering the next piece is written into its static
 input buffer.
 
+**Pre-capture** (:meth:`GraphRunner.prepare`, through
+:meth:`~pdflash.engine.engine.Engine.prepare_graphs`): before any request,
+every whole-step bucket a run can meet (:meth:`GraphRunner.verify_buckets`:
+its request counts, row counts and key widths from the prompt and output
+lengths) is recorded and checked on a synthetic step over temporary KV
+sequences, within a bound on graphs held and bytes, so no later step pays
+a capture or a first-replay check; the drafter's likewise
+(:meth:`GraphRunner.draft_buckets`, :meth:`GraphRunner.prepare_drafts`:
+every new-context bucket a draft of so many requests can have).
+
 **Check.** With ``validate`` (default), every new graph's first replay is
 compared with an eager run of the same step on the same static inputs
 (:func:`outputs_agree`); a graph that disagrees is dropped and its bucket
@@ -85,6 +108,7 @@ books and fallbacks run (and are tested) on a CPU.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -292,6 +316,9 @@ class GraphStats:
     piecewise_steps: int = 0
     #: buckets dropped (least recently used) to stay within the graph limit
     evicted: int = 0
+    #: graphs recorded (and checked) ahead of any request by
+    #: :meth:`GraphRunner.prepare` (also counted in ``captures``/``validated``)
+    prepared: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
 
     def as_dict(self) -> dict[str, Any]:
@@ -303,6 +330,38 @@ class GraphStats:
         out["eager_fallbacks"] = sum(self.fallbacks.values())
         out["eager_fallback_reasons"] = dict(sorted(self.fallbacks.items()))
         return out
+
+
+class _Staging:
+    """A bucket's int64 index values on the host, reused every step: on
+    CUDA page-locked, so the one copy to the device is asynchronous, with
+    the event after that copy (the next step's values are written only once
+    it ran; the step's routing read-back has normally waited for it)."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.tensor = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.array: np.ndarray = self.tensor.numpy()
+        self.copied: Any = None  # torch.cuda.Event after the last copy, on CUDA
+
+
+def _writable(entry: _Entry | _PieceEntry | _DraftEntry) -> np.ndarray:
+    """The entry's host index values, once its last copy has run."""
+    staging = entry.host
+    if staging.copied is not None:
+        staging.copied.synchronize()  # a no-op unless a step ended before its read-back
+        staging.copied = None
+    return staging.array
+
+
+def _upload(entry: _Entry | _PieceEntry | _DraftEntry) -> None:
+    """One copy of the entry's host index values into its device buffer."""
+    staging = entry.host
+    if entry.packed.is_cuda:
+        entry.packed.copy_(staging.tensor, non_blocking=True)
+        staging.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        staging.copied.record(torch.cuda.current_stream(entry.packed.device))
+    else:
+        entry.packed.copy_(staging.tensor)
 
 
 class _PackedLayout:
@@ -348,7 +407,7 @@ class _Entry:
     layout: _Layout
     packed: torch.Tensor  # int64 [layout.size], on the device
     ids: torch.Tensor  # int64 [rows], on the device
-    host: np.ndarray  # int64 [layout.size], the step's values before the copy
+    host: _Staging  # the step's index values before the copy
     graph: Replayable | None = None
     #: (last residual [rows, H], routing grid [R_b + 1, L, E], top-k ids
     #: [L, rows, k], captured residuals [rows, H] each)
@@ -369,7 +428,7 @@ class _PieceEntry:
     layout: _Layout
     packed: torch.Tensor
     ids: torch.Tensor
-    host: np.ndarray
+    host: _Staging
     x_in: torch.Tensor  # [rows, H]
     routed: torch.Tensor  # [R_b + 1, layers, experts] bool
     pieces: list[Replayable | None]
@@ -404,7 +463,7 @@ class _DraftEntry:
     key: DraftKey
     layout: _DraftLayout
     packed: torch.Tensor  # int64 [layout.size]
-    host: np.ndarray
+    host: _Staging
     context: torch.Tensor  # [context, features]: the new context rows' features
     embeddings: torch.Tensor  # [rows, hidden]: the block rows' embeddings
     graph: Replayable | None = None
@@ -423,7 +482,9 @@ class GraphRunner:
             (rows per request are the next power of two).
         max_key_width: the widest padded key axis (longer steps run eagerly).
         max_graphs: whole-step buckets kept at most (the least recently
-            used is dropped for a new one).
+            used is dropped for a new one); room for what :meth:`prepare`
+            records for a bench's c=16 run (block 16: 6 request buckets x 5
+            row buckets).
         max_draft_graphs: the drafter's buckets kept at most (likewise).
         max_draft_context: the most new context rows a graphed draft step has.
         validate: check every new graph's first replay against an eager run
@@ -446,8 +507,8 @@ class GraphRunner:
         request_buckets: Sequence[int] = REQUEST_BUCKETS,
         max_queries: int = 64,
         max_key_width: int = 1 << 14,
-        max_graphs: int = 24,
-        max_draft_graphs: int = 32,
+        max_graphs: int = 48,
+        max_draft_graphs: int = 64,
         max_draft_context: int = 4096,
         validate: bool = True,
         piecewise: bool = True,
@@ -506,7 +567,13 @@ class GraphRunner:
         if nq > self.max_queries:
             return "too_many_tokens_per_request"
         queries = 1 << (nq - 1).bit_length()
-        lk = max(len(k) for k in plan.k_slots)
+        # each request's keys (its new rows included): the key lists' lengths
+        # where the plan has them, else (a replayed step's plan) start + tokens
+        lk = (
+            max(len(k) for k in plan.k_slots)
+            if plan.k_slots
+            else max(s + n for s, n in zip(plan.starts, plan.lens, strict=True))
+        )
         j = bisect.bisect_left(self.key_widths, lk + 1)
         if j == len(self.key_widths):
             return "too_many_keys"
@@ -583,7 +650,7 @@ class GraphRunner:
             layout=layout,
             packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
             ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
-            host=np.zeros(layout.size, dtype=np.int64),
+            host=_Staging(layout.size, dev),
         )
         self._entries[key] = entry
         return entry
@@ -596,8 +663,13 @@ class GraphRunner:
         plan: StepPlan,
     ) -> None:
         """The step's indices into the bucket's static buffers (one host->
-        device copy) and its tokens into the id buffer."""
-        key, lay, host = entry.key, entry.layout, entry.host
+        device copy) and its tokens into the id buffer. The indices come
+        from the KV's block tables (the plan has grown every chunk's KV;
+        its index lists need not be built): request ``i``'s real rows are
+        ``i * Nq ..``, at positions ``start_i ..``, with keys ``0 ..
+        start_i + n_i``; vectorised over the requests."""
+        key, lay = entry.key, entry.layout
+        host = _writable(entry)
         kv = runner.kv
         assert kv.scratch_slot is not None
 
@@ -605,6 +677,16 @@ class GraphRunner:
             lo, hi = lay.offsets[name]
             return host[lo:hi]
 
+        r = len(plan.lens)
+        lens = np.asarray(plan.lens, dtype=np.int64)
+        starts = np.asarray(plan.starts, dtype=np.int64)
+        total = plan.total
+        # every real key's slot, request by request (the keys include the new rows)
+        keys = kv.slot_matrix([c.seq_id for c in chunks], key.keys, kv.null_slot)
+        req = np.repeat(np.arange(r, dtype=np.int64), lens)  # each real row's request
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+        rows = req * key.queries + within
+        pos = starts[req] + within
         positions, slots, row_chunk = (
             field_of("positions"),
             field_of("slots"),
@@ -615,40 +697,30 @@ class GraphRunner:
         k_pos = field_of("k_pos").reshape(key.requests, key.keys)
         k_valid = field_of("k_valid").reshape(key.requests, key.keys)
         positions[:] = 0
+        positions[rows] = pos
         slots[:] = kv.scratch_slot
+        slots[rows] = keys[req, pos]
         row_chunk[:] = key.requests  # the dummy chunk
+        row_chunk[rows] = req
         q_pos[:] = 0
+        q_pos[rows] = pos
         q_valid[:] = 0
+        q_valid[rows] = 1
         kv_slots[:] = kv.null_slot
-        k_pos[:] = 0
+        kv_slots[:r, : key.keys] = keys
+        valid = np.arange(key.keys)[None, :] < (starts + lens)[:, None]
         k_valid[:] = 0
+        k_valid[:r] = valid
+        k_pos[:] = 0
+        k_pos[:r] = np.where(valid, np.arange(key.keys)[None, :], 0)
         real_rows[:] = 0
-        flat = 0
-        for i, n in enumerate(plan.lens):
-            rows = np.arange(i * key.queries, i * key.queries + n)
-            positions[rows] = plan.positions[flat : flat + n]
-            slots[rows] = plan.new_slots[flat : flat + n]
-            row_chunk[rows] = i
-            q_pos[rows] = plan.q_pos[i]
-            q_valid[rows] = 1
-            m = len(plan.k_slots[i])
-            kv_slots[i, :m] = plan.k_slots[i]
-            k_pos[i, :m] = plan.k_pos[i]
-            k_valid[i, :m] = 1
-            real_rows[flat : flat + n] = rows
-            flat += n
-        src = torch.from_numpy(host)
-        if entry.packed.is_cuda:
-            # page-locked: the copy does not wait for the stream; torch's
-            # pinned allocator keeps the staging buffer until it ran
-            entry.packed.copy_(src.pin_memory(), non_blocking=True)
-        else:
-            entry.packed.copy_(src)
+        real_rows[:total] = rows
+        _upload(entry)
         tokens = torch.cat([c.tokens.to(entry.ids.device) for c in chunks])
-        if plan.total == key.rows:
+        if total == key.rows:
             entry.ids.copy_(tokens)
         else:
-            rows_t = lay.view(entry.packed, "real_rows")[: plan.total]
+            rows_t = lay.view(entry.packed, "real_rows")[:total]
             entry.ids.index_copy_(0, rows_t, tokens)
 
     def _step_fn(self, runner: TargetRunner, moe: OffloadedMoE, entry: _Entry) -> Outputs:
@@ -696,6 +768,393 @@ class GraphRunner:
         self.stats.captures += 1
         return True
 
+    # -- pre-capture --------------------------------------------------------------
+
+    def verify_buckets(
+        self,
+        *,
+        max_requests: int,
+        max_tokens: int,
+        min_prompt_len: int,
+        min_seq_len: int,
+        max_seq_len: int,
+        full_width: bool = True,
+    ) -> list[BucketKey]:
+        """Every whole-step bucket a verify of up to ``max_requests``
+        requests can fall in, the likeliest first (:meth:`prepare`'s order).
+
+        A request with prompt ``p`` and output limit ``N`` that has output
+        ``g`` tokens verifies ``n = min(B, N - g)`` tokens (``B`` =
+        ``max_tokens``: the block, 1 without a drafter) against ``p + g - 1 +
+        n`` keys. So the bucket of the full row count (``B`` rounded up to a
+        power of two) sees keys in ``[min_prompt_len + 1, max_seq_len - 1]``;
+        with ``full_width`` (every draft verified), a smaller row bucket
+        only holds requests in their last block, whose keys are ``p + N -
+        1``: ``[min_seq_len - 1, max_seq_len - 1]``. Without it (a verify
+        width policy trims blocks anywhere) every row bucket takes the full
+        key range. ``min_seq_len``/``max_seq_len``: the shortest and longest
+        prompt + output limit. Order: the full row bucket (requests
+        descending, keys ascending), then the smaller ones (rows
+        descending, requests descending, keys ascending). Buckets past the
+        runner's limits (rows, keys) are left out: those steps run eagerly."""
+        for name, value in (
+            ("max_requests", max_requests),
+            ("max_tokens", max_tokens),
+            ("min_prompt_len", min_prompt_len),
+            ("min_seq_len", min_seq_len),
+        ):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not min_prompt_len < min_seq_len <= max_seq_len:
+            raise ValueError(
+                "need min_prompt_len < min_seq_len <= max_seq_len, got "
+                f"{min_prompt_len}, {min_seq_len}, {max_seq_len}"
+            )
+        last_r = min(
+            bisect.bisect_left(self.request_buckets, max_requests), len(self.request_buckets) - 1
+        )
+        requests = self.request_buckets[: last_r + 1][::-1]
+
+        def widths(lo: int, hi: int) -> list[int]:
+            a = bisect.bisect_left(self.key_widths, lo + 1)
+            b = min(bisect.bisect_left(self.key_widths, hi + 1), len(self.key_widths) - 1)
+            return list(self.key_widths[a : b + 1])
+
+        full_q = 1 << (max_tokens - 1).bit_length()
+        full_keys = widths(min_prompt_len + 1, max_seq_len - 1)
+        tail_keys = widths(min_seq_len - 1, max_seq_len - 1) if full_width else full_keys
+        out: list[BucketKey] = []
+        q = full_q
+        while q >= 1:
+            if q <= self.max_queries:
+                for r in requests:
+                    out += [BucketKey(r, q, w) for w in (full_keys if q == full_q else tail_keys)]
+            q //= 2
+        return out
+
+    @torch.no_grad()
+    def prepare(
+        self,
+        runner: TargetRunner,
+        keys: Sequence[BucketKey],
+        *,
+        limit: int | None = None,
+        max_bytes: int | None = None,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """Record the whole-step graph of each bucket in ``keys`` (in order)
+        ahead of any request, so steps that later fall in them replay at
+        once: a synthetic step per bucket (random tokens over temporary KV
+        sequences of the bucket's key count, freed after; padded as a real
+        step) is captured and, with :attr:`validate`, its first replay
+        checked against an eager run as :meth:`forward` does. Nothing is
+        booked in the expert cache and no hook runs. Needs the KV pages of
+        the bucket's smallest request count at its widest key count free
+        (else the bucket is skipped: ``kv_pages``). Never evicts a graph:
+        at most ``limit`` (default and at most :attr:`max_graphs`) graphs
+        are held after it; with ``max_bytes``, a bucket whose estimated
+        bytes would take the held graphs' total past it is skipped (a
+        graph's bytes: its static buffers and outputs, or on CUDA the growth
+        of the reserved memory while it was recorded if larger; a new
+        bucket's estimate: the most bytes per padded row of those held).
+        Returns a report: buckets asked, already held, prepared, skipped per
+        reason, failed (capture error or replay mismatch: those buckets then
+        run eagerly), the bytes the prepared ones took, the graphs held and
+        the seconds taken; ``blocker`` when
+        no whole-step graph can run at all (nothing is prepared)."""
+        t0 = time.perf_counter()
+        cap = self.max_graphs if limit is None else min(int(limit), self.max_graphs)
+        if cap < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        report: dict[str, Any] = {
+            "buckets": len(keys),
+            "already_held": 0,
+            "prepared": 0,
+            "skipped": Counter[str](),
+            "failed": 0,
+            "bytes": 0,
+        }
+        gen = torch.Generator().manual_seed(seed)
+        held = [e for e in self._entries.values() if e.graph is not None]
+        # bytes per padded row, the estimate of a bucket not yet recorded
+        per_row = max((_entry_bytes(e) / e.key.rows for e in held), default=0.0)
+        used = sum(_entry_bytes(e) for e in held)
+        moe = _offloaded_runtime(runner)
+        table = moe.cache.device_slot_table() if moe is not None else None
+        timer, runner.region_timer = runner.region_timer, None  # not a measured step
+        try:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is not None and entry.graph is not None and entry.slot_table is table:
+                    report["already_held"] += 1
+                    continue
+                if key in self._failed:
+                    report["skipped"]["failed_before"] += 1
+                    continue
+                if self.num_graphs >= cap:
+                    report["skipped"]["graph_limit"] += 1
+                    continue
+                if max_bytes is not None and used + per_row * key.rows > max_bytes:
+                    report["skipped"]["memory"] += 1
+                    continue
+                before = _reserved_bytes(runner.device)
+                outcome = self._prepare_bucket(runner, key, gen)
+                if outcome == "prepared":
+                    made = self._entries[key]
+                    nbytes = max(_entry_bytes(made), _reserved_bytes(runner.device) - before)
+                    report["prepared"] += 1
+                    report["bytes"] += nbytes
+                    used += nbytes
+                    per_row = max(per_row, nbytes / key.rows)
+                    self.stats.prepared += 1
+                elif outcome == "failed":
+                    report["failed"] += 1
+                elif outcome in PREPARE_BLOCKERS:
+                    report["blocker"] = outcome
+                    break
+                else:
+                    report["skipped"][outcome] += 1
+        finally:
+            runner.region_timer = timer
+        report["skipped"] = dict(sorted(report["skipped"].items()))
+        report["graphs_held"] = self.num_graphs
+        report["s"] = time.perf_counter() - t0
+        return report
+
+    def draft_buckets(
+        self,
+        *,
+        max_requests: int,
+        max_tokens: int,
+        min_prompt_len: int,
+        max_prompt_len: int,
+        min_seq_len: int,
+        max_seq_len: int,
+        features: int,
+        dtype: torch.dtype,
+        full_width: bool = True,
+    ) -> list[DraftKey]:
+        """The drafter's buckets a run of those bounds can meet (as
+        :meth:`verify_buckets`; the drafter's keys and block rows follow the
+        same rules), with every new-context bucket a draft of ``R`` requests
+        can have: each request brings at least one context row and at most
+        its prompt (its first draft, which has the full block unless the
+        output limit is shorter) or a block (later ones). The likeliest
+        first: the full block, requests descending, context and keys
+        ascending; then the smaller blocks."""
+        if not min_prompt_len <= max_prompt_len < max_seq_len:
+            raise ValueError(
+                "need min_prompt_len <= max_prompt_len < max_seq_len, got "
+                f"{min_prompt_len}, {max_prompt_len}, {max_seq_len}"
+            )
+        target = self.verify_buckets(
+            max_requests=max_requests,
+            max_tokens=max_tokens,
+            min_prompt_len=min_prompt_len,
+            min_seq_len=min_seq_len,
+            max_seq_len=max_seq_len,
+            full_width=full_width,
+        )
+        out: list[DraftKey] = []
+        full_q = 1 << (max_tokens - 1).bit_length()
+        per_request = max(max_prompt_len, max_tokens)
+        # a request's first draft (its prompt as context) has the full block
+        # unless its output limit is shorter than a block
+        first_in_tail = not full_width or min_seq_len - max_prompt_len - 1 < max_tokens
+        per_tail_request = per_request if first_in_tail else max_tokens
+        for key in target:
+            i = self.request_buckets.index(key.requests)
+            fewest = self.request_buckets[i - 1] + 1 if i else 1
+            lo = max(16, 1 << (fewest - 1).bit_length())
+            rows = per_request if key.queries == full_q else per_tail_request
+            hi = min(
+                max(16, 1 << (key.requests * rows - 1).bit_length()),
+                max(16, 1 << (self.max_draft_context - 1).bit_length()),
+            )
+            c = lo
+            while c <= hi:
+                out.append(
+                    DraftKey(key.requests, key.queries, c, key.key_width, int(features), str(dtype))
+                )
+                c *= 2
+        return out
+
+    @torch.no_grad()
+    def prepare_drafts(
+        self,
+        drafter: DFlashDrafter,
+        kv: PagedKVCache,
+        keys: Sequence[DraftKey],
+        *,
+        embed_dim: int,
+        limit: int | None = None,
+        seed: int = 0,
+    ) -> dict[str, Any]:
+        """:meth:`prepare` for the drafter's buckets: a synthetic draft step
+        per bucket (random context features and block embeddings over
+        temporary sequences of ``kv``, freed after) through
+        :meth:`draft_forward`, which records and checks it. At most
+        ``limit`` (default and at most :attr:`max_draft_graphs`) draft
+        graphs are held after it; none is evicted. Returns the same report
+        as :meth:`prepare` (no bytes)."""
+        t0 = time.perf_counter()
+        cap = self.max_draft_graphs if limit is None else min(int(limit), self.max_draft_graphs)
+        if cap < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        report: dict[str, Any] = {
+            "buckets": len(keys),
+            "already_held": 0,
+            "prepared": 0,
+            "skipped": Counter[str](),
+            "failed": 0,
+        }
+        gen = torch.Generator().manual_seed(seed)
+        for key in keys:
+            entry = self._draft_entries.get(key)
+            if entry is not None and entry.graph is not None:
+                report["already_held"] += 1
+                continue
+            if key in self._failed:
+                report["skipped"]["failed_before"] += 1
+                continue
+            if self.num_draft_graphs >= cap:
+                report["skipped"]["graph_limit"] += 1
+                continue
+            outcome = self._prepare_draft_bucket(drafter, kv, key, gen, embed_dim)
+            if outcome == "prepared":
+                report["prepared"] += 1
+                self.draft_stats.prepared += 1
+            elif outcome == "failed":
+                report["failed"] += 1
+            elif outcome == "kv_without_scratch_slot":
+                report["blocker"] = outcome
+                break
+            else:
+                report["skipped"][outcome] += 1
+        report["skipped"] = dict(sorted(report["skipped"].items()))
+        report["graphs_held"] = self.num_draft_graphs
+        report["s"] = time.perf_counter() - t0
+        return report
+
+    def _prepare_draft_bucket(
+        self,
+        drafter: DFlashDrafter,
+        kv: PagedKVCache,
+        key: DraftKey,
+        gen: torch.Generator,
+        embed_dim: int,
+    ) -> str:
+        """One bucket of :meth:`prepare_drafts`: ``prepared``, ``failed`` or
+        why it was skipped."""
+        from pdflash.engine.drafter import DraftItem
+
+        if kv.scratch_slot is None:
+            return "kv_without_scratch_slot"
+        i = self.request_buckets.index(key.requests)
+        requests = self.request_buckets[i - 1] + 1 if i else 1
+        # the fewest context rows of the bucket, spread over the requests
+        context = max(requests, key.context // 2 + 1 if key.context > 16 else 1)
+        if context > key.context:
+            return "shape"
+        per = [context // requests + (1 if r < context % requests else 0) for r in range(requests)]
+        j = self.key_widths.index(key.key_width)
+        fewest_keys = max(self.key_widths[j - 1] if j else 1, max(per) + key.queries)
+        keys = min(key.keys, kv.free_pages // requests * kv.page_size)
+        if keys < fewest_keys:
+            return "kv_pages"
+        dtype = getattr(torch, key.dtype.removeprefix("torch."))
+        dev = drafter.norm.weight.device
+        seq_ids: list[int] = []
+        sid = -1
+        try:
+            while len(seq_ids) < requests:
+                if not kv.has(sid):
+                    kv.add_sequence(sid)
+                    kv.grow(sid, keys - per[len(seq_ids)] - key.queries)
+                    seq_ids.append(sid)
+                sid -= 1
+            items = [DraftItem(s, c, key.queries) for s, c in zip(seq_ids, per, strict=True)]
+            ctx = torch.randn(context, key.features, generator=gen).to(dev, dtype)
+            emb = torch.randn(requests * key.queries, embed_dim, generator=gen).to(dev, dtype)
+            drafter.forward_blocks(ctx, emb, items, kv, graphs=self)
+            if key in self._failed:
+                return "failed"
+            entry = self._draft_entries.get(key)
+            if entry is None or entry.graph is None:
+                return "not_graphed"
+            if entry.packed.is_cuda:
+                torch.cuda.current_stream(entry.packed.device).synchronize()
+            return "prepared"
+        finally:
+            for s in seq_ids:
+                kv.free(s)
+
+    def _prepare_bucket(self, runner: TargetRunner, key: BucketKey, gen: torch.Generator) -> str:
+        """One bucket of :meth:`prepare`: ``prepared``, ``failed``, the
+        reason no whole-step graph can run, or why this bucket was skipped."""
+        from pdflash.engine.target import Chunk
+
+        kv = runner.kv
+        i = self.request_buckets.index(key.requests)
+        # the fewest requests of the bucket, the most keys of its width
+        requests = self.request_buckets[i - 1] + 1 if i else 1
+        j = self.key_widths.index(key.key_width)
+        fewest_keys = max(self.key_widths[j - 1] if j else 1, key.queries)
+        keys = min(key.keys, kv.free_pages // requests * kv.page_size)
+        if keys < fewest_keys:
+            return "kv_pages"
+        seq_ids: list[int] = []
+        sid = -1
+        try:
+            while len(seq_ids) < requests:
+                if not kv.has(sid):
+                    kv.add_sequence(sid)
+                    seq_ids.append(sid)
+                    kv.grow(sid, keys - key.queries)
+                sid -= 1
+            vocab = runner.adapter.vocab_size
+            chunks = [
+                Chunk(
+                    s,
+                    torch.randint(0, vocab, (key.queries,), generator=gen).to(runner.device),
+                    True,
+                )
+                for s in seq_ids
+            ]
+            reason = self.blocker(runner, chunks)
+            if reason is not None:
+                return reason
+            plan = runner.plan(chunks, lists=False)
+            assert self.bucket(plan) == key, (self.bucket(plan), key)
+            moe = _offloaded_runtime(runner)
+            assert moe is not None
+            self._entries.pop(key, None)  # a graph over a replaced slot table, if any
+            entry = self._new_entry(runner, key)
+            self._fill(runner, entry, chunks, plan)
+            moe.pin_resident()
+            try:
+                if not self._capture(runner, moe, entry):
+                    return "failed"
+                assert entry.graph is not None
+                entry.graph.replay()
+                self._check(
+                    entry, self.stats, lambda: self._step_fn(runner, moe, entry), self._entries
+                )
+                if entry.graph is None:  # the replay disagreed with eager
+                    return "failed"
+            finally:
+                # a synthetic step: no access to record; the slots it read
+                # must not be reused before it ran
+                if entry.packed.is_cuda:
+                    torch.cuda.current_stream(entry.packed.device).synchronize()
+                moe.unpin_resident()
+            return "prepared"
+        finally:
+            for s in seq_ids:
+                kv.free(s)
+
     @property
     def failures(self) -> dict[str, str]:
         """Buckets whose capture failed, with the error (for reports)."""
@@ -732,8 +1191,8 @@ class GraphRunner:
         moe.book_resident(list(topk_real.unbind(0)))
         self.stats.replays += 1
         ad = runner.adapter
-        # every row of a graphed step wants its logits (prefills run eagerly)
-        assert plan.want == list(range(plan.total))
+        # every row of a graphed step wants its logits (prefills run eagerly:
+        # GraphRunner.blocker), so no gather of wanted rows is needed
         logits_all = ad.lm_head(ad.final_norm(x.index_select(0, real))).float()
         features: list[torch.Tensor] = []
         if captured:
@@ -843,8 +1302,8 @@ class GraphRunner:
             stats.piecewise_steps += 1
         else:
             stats.fallbacks[_failure_reason(self._failed.get(failed, ""))] += 1
-        # every row of a graphed step wants its logits (prefills run eagerly)
-        assert plan.want == list(range(plan.total))
+        # every row of a graphed step wants its logits (prefills run eagerly:
+        # GraphRunner.blocker), so no gather of wanted rows is needed
         logits_all = ad.lm_head(ad.final_norm(x_final)).float()
         features: list[torch.Tensor] = []
         if runner.capture_layers:
@@ -864,7 +1323,7 @@ class GraphRunner:
             layout=layout,
             packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
             ids=torch.zeros(key.rows, dtype=torch.int64, device=dev),
-            host=np.zeros(layout.size, dtype=np.int64),
+            host=_Staging(layout.size, dev),
             x_in=torch.zeros((key.rows, ad.hidden_size), dtype=dtype, device=dev),
             routed=torch.zeros(
                 (key.requests + 1, ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
@@ -1009,7 +1468,7 @@ class GraphRunner:
                 key=key,
                 layout=layout,
                 packed=torch.zeros(layout.size, dtype=torch.int64, device=dev),
-                host=np.zeros(layout.size, dtype=np.int64),
+                host=_Staging(layout.size, dev),
                 context=torch.zeros(
                     (key.context, key.features), dtype=context_features.dtype, device=dev
                 ),
@@ -1051,7 +1510,7 @@ class GraphRunner:
         context_features: torch.Tensor,
         block_embeddings: torch.Tensor,
     ) -> None:
-        key, lay, host = entry.key, entry.layout, entry.host
+        key, lay, host = entry.key, entry.layout, _writable(entry)
         assert kv.scratch_slot is not None
 
         def field_of(name: str) -> np.ndarray:
@@ -1087,11 +1546,7 @@ class GraphRunner:
         c = plan.n_ctx
         kv_slots[key.rows : key.rows + c] = plan.ctx_slots
         kv_pos[key.rows : key.rows + c] = plan.ctx_pos
-        src = torch.from_numpy(host)
-        if entry.packed.is_cuda:
-            entry.packed.copy_(src.pin_memory(), non_blocking=True)
-        else:
-            entry.packed.copy_(src)
+        _upload(entry)
         if c:
             entry.context[:c].copy_(context_features)
         if plan.n_blk == key.rows:
@@ -1115,6 +1570,30 @@ class GraphRunner:
             kv,
         )
         return (hidden,)
+
+
+#: a :meth:`GraphRunner.prepare` outcome that holds for every bucket (the
+#: runner's setup, not the bucket): preparing stops
+PREPARE_BLOCKERS = frozenset(
+    {
+        "kv_without_scratch_slot",
+        "routing_source",
+        "layer_hooks",
+        "adapter_without_offloaded_runtime",
+        *PIECEWISE_REASONS,
+    }
+)
+
+
+def _reserved_bytes(device: torch.device) -> int:
+    """The CUDA caching allocator's reserved bytes on ``device`` (0 elsewhere)."""
+    return int(torch.cuda.memory_reserved(device)) if device.type == "cuda" else 0
+
+
+def _entry_bytes(entry: _Entry) -> int:
+    """A bucket's static buffers and captured outputs, in bytes."""
+    tensors = [entry.packed, entry.ids, *entry.outputs]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:

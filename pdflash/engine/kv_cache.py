@@ -13,6 +13,9 @@ freeing a sequence returns all its pages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 
@@ -166,6 +169,22 @@ class PagedKVCache:
         table = self._tables[seq_id]
         ps = self.page_size
         return [table[p // ps] * ps + p % ps for p in range(start, end)]
+
+    def slot_matrix(self, seq_ids: Sequence[int], width: int, fill: int) -> np.ndarray:
+        """``[len(seq_ids), width]`` int64: row ``i`` holds the flat slots of
+        positions ``0 ..`` of sequence ``seq_ids[i]`` up to its length, then
+        ``fill`` (:meth:`slot_list` for many sequences at once, vectorised)."""
+        ps = self.page_size
+        pages = -(-width // ps)
+        tables = np.zeros((len(seq_ids), pages), dtype=np.int64)
+        lengths = np.empty(len(seq_ids), dtype=np.int64)
+        for i, seq_id in enumerate(seq_ids):
+            table = self._tables[seq_id][:pages]
+            tables[i, : len(table)] = table
+            lengths[i] = self._lengths[seq_id]
+        out = (tables[:, :, None] * ps + np.arange(ps)).reshape(len(seq_ids), -1)[:, :width]
+        out[np.arange(width)[None, :] >= lengths[:, None]] = fill
+        return out
 
     def slots(self, seq_id: int, start: int, end: int) -> torch.Tensor:
         return torch.tensor(

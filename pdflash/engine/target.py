@@ -36,7 +36,8 @@ With :attr:`TargetRunner.graphs` set (:mod:`pdflash.engine.graphs`), a
 verify step whose every expert is resident and that no layer hook or
 routing source sees runs as one replayed CUDA graph of :meth:`run_layers`
 over padded static buffers; its syncs are the same (none before the end,
-the routing grid at the end). Every other step runs as described above.
+the routing grid at the end; :mod:`pdflash.engine.graphs` lists the rare
+others). Every other step runs as described above.
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ class StepPlan:
     k_pos: list[list[int]] = field(default_factory=list)
     row_chunk: list[int] = field(default_factory=list)
     want: list[int] = field(default_factory=list)
+    #: the index lists above are filled (:meth:`TargetRunner.index_plan`);
+    #: a replayed step reads its indices from the KV's block tables instead
+    indexed: bool = False
 
 
 @dataclass
@@ -209,16 +213,26 @@ class TargetRunner:
             return "layer_hooks"
         return None
 
-    def plan(self, chunks: Sequence[Chunk]) -> StepPlan:
-        """Grow every chunk's KV (host bookkeeping) and lay out the forward's
-        index lists. The caller rolls the KV back on failure."""
+    def plan(self, chunks: Sequence[Chunk], *, lists: bool = True) -> StepPlan:
+        """Grow every chunk's KV (host bookkeeping) and, with ``lists``, lay
+        out the forward's index lists (:meth:`index_plan`). The caller rolls
+        the KV back on failure."""
         kv = self.kv
         starts = [kv.length(c.seq_id) for c in chunks]
         lens = [int(c.tokens.numel()) for c in chunks]
         p = StepPlan(starts=starts, lens=lens, total=sum(lens))
-        row = 0
-        for ci, (c, s, n) in enumerate(zip(chunks, starts, lens, strict=True)):
+        for c, n in zip(chunks, lens, strict=True):
             kv.grow(c.seq_id, n)
+        if lists:
+            self.index_plan(p, chunks)
+        return p
+
+    def index_plan(self, p: StepPlan, chunks: Sequence[Chunk]) -> None:
+        """Fill a plan's index lists (the KV already grown by :meth:`plan`):
+        what the eager forward builds its index tensors from."""
+        kv = self.kv
+        row = 0
+        for ci, (c, s, n) in enumerate(zip(chunks, p.starts, p.lens, strict=True)):
             p.new_slots += kv.slot_list(c.seq_id, s, s + n)
             p.positions += list(range(s, s + n))
             p.q_rows.append(list(range(row, row + n)))
@@ -228,7 +242,7 @@ class TargetRunner:
             p.row_chunk += [ci] * n
             p.want += list(range(row, row + n)) if c.all_logits else [row + n - 1]
             row += n
-        return p
+        p.indexed = True
 
     @torch.no_grad()
     def forward(self, chunks: Sequence[Chunk]) -> ForwardOutput:
@@ -240,11 +254,15 @@ class TargetRunner:
         kv = self.kv
         starts = [kv.length(c.seq_id) for c in chunks]
         try:
-            plan = self.plan(chunks)
+            # a replayed step fills its static buffers from the KV's block
+            # tables (GraphRunner._fill): the index lists only for eager
+            plan = self.plan(chunks, lists=self.graphs is None)
             if self.graphs is not None:
                 out = self.graphs.forward(self, chunks, plan)
                 if out is not None:
                     return out
+                if not plan.indexed:
+                    self.index_plan(plan, chunks)
             return self._forward_eager(chunks, plan)
         except BaseException:
             for c, s in zip(chunks, starts, strict=False):
@@ -428,8 +446,8 @@ class TargetRunner:
             i += m
         union: npt.NDArray[np.bool_] = np.asarray(routed_np.any(axis=0), dtype=np.bool_)
         e = ad.num_experts
-        needed = [
-            np.flatnonzero(union[layer]).astype(np.int64) + layer * e
-            for layer in range(ad.num_layers)
-        ]
+        # the union's flat indices are the flat ids (layer * E + expert), in
+        # layer order: one pass, split at the layer boundaries
+        flat = np.flatnonzero(union).astype(np.int64)
+        needed = np.split(flat, np.searchsorted(flat, np.arange(1, ad.num_layers) * e))
         return ForwardOutput(logits=logits, features=features, routed=routed_np, needed_flat=needed)

@@ -257,7 +257,13 @@ class OffloadedMoE:
         if self.host_service is not None:
             return "host_experts"
         cache = self.cache
-        if not all(cache.layer_resident(layer) for layer in range(cache.num_layers)):
+        all_resident = getattr(cache, "all_resident", None)
+        resident = (
+            all_resident()
+            if all_resident is not None
+            else all(cache.layer_resident(layer) for layer in range(cache.num_layers))
+        )
+        if not resident:
             return "experts_not_resident"
         if not self._gmm_capturable and getattr(self.grouped, "fused", None) is None:
             return "grouped_mm_fallback"
@@ -284,6 +290,17 @@ class OffloadedMoE:
         layer's pinned ids (for :meth:`book_resident` or :meth:`abort_pins`).
         Raises with nothing pinned if a layer is not resident."""
         cache = self.cache
+        pin_layers = getattr(cache, "pin_layers", None)
+        if pin_layers is not None:  # every layer in one pass (raises with nothing pinned)
+            both = pin_layers(range(cache.num_layers))
+            tickets_all = np.concatenate([t for _, t in both])
+            if (tickets_all >= 0).any():
+                try:
+                    cache.wait_ready(tickets_all)
+                except BaseException:
+                    self.abort_pins([i for i, _ in both])
+                    raise
+            return [i for i, _ in both]
         pinned: list[npt.NDArray[np.int64]] = []
         try:
             for layer in range(cache.num_layers):
@@ -298,6 +315,10 @@ class OffloadedMoE:
 
     def unpin_resident(self) -> None:
         """Undo :meth:`pin_resident` when no step ran (no access to record)."""
+        unpin_layers = getattr(self.cache, "unpin_layers", None)
+        if unpin_layers is not None:
+            unpin_layers(range(self.cache.num_layers))
+            return
         for layer in range(self.cache.num_layers):
             self.cache.unpin_layer(layer)
 
@@ -314,9 +335,13 @@ class OffloadedMoE:
         cache = self.cache
         if len(topk_ids) != cache.num_layers:
             raise ValueError(f"{len(topk_ids)} routings for {cache.num_layers} layers")
+        unpin_layers = getattr(cache, "unpin_layers", None)
         for layer, ids in enumerate(topk_ids):
             cache.defer_access(layer, ids.reshape(-1).long())
-            cache.unpin_layer(layer)
+            if unpin_layers is None:
+                cache.unpin_layer(layer)
+        if unpin_layers is not None:  # one pass, one slot event for every layer
+            unpin_layers(range(cache.num_layers))
 
     def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
         """Register ``hook(layer, topk_ids)``; returns a function that removes it."""

@@ -46,6 +46,11 @@ class ServeModelConfig:
     # drafts each verify checks (pdflash.engine.verify_width): None the
     # baseline's preset (PD: adaptive), or full | fixed:K | adaptive
     verify_width: str | None = None
+    # CUDA graphs of the verify forward (and as many of the drafter's)
+    # recorded at start-up, at most this many each (Engine.prepare_graphs:
+    # the likeliest buckets first); 0: none,
+    # each bucket is recorded by the first step that meets it
+    prepare_graphs: int = 0
 
     def validate(self) -> None:
         if self.cache_fraction is not None and self.cache_gb is not None:
@@ -62,6 +67,8 @@ class ServeModelConfig:
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.gpus < 1:
             raise ValueError(f"gpus must be >= 1, got {self.gpus}")
+        if self.prepare_graphs < 0:
+            raise ValueError(f"prepare_graphs must be >= 0, got {self.prepare_graphs}")
         if self.verify_width is not None:
             from pdflash.engine.verify_width import parse_width
 
@@ -92,6 +99,8 @@ class EngineBundle:
     issuer: Any
     max_model_len: int
     closers: list[Any] = field(default_factory=list)
+    #: the start-up pre-capture's report (``ServeModelConfig.prepare_graphs``), if it ran
+    graphs_prepared: dict[str, Any] | None = None
 
     def resource_counts(self) -> dict[str, int]:
         """Per-request resources held now (all 0 when no request is live and
@@ -259,6 +268,11 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             max_seq_len=max_len,
             device=device,
         )
+        prepared = None
+        if cfg.prepare_graphs and group is None:
+            prepared = engine.prepare_graphs(
+                limit=cfg.prepare_graphs, draft_limit=cfg.prepare_graphs
+            )
     except BaseException:
         issuer.close()
         adapter.close()
@@ -266,7 +280,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
     if group is not None and group.is_main:
         lockstep = LockstepEngine(engine, group)
         return EngineBundle(lockstep, adapter, cache, issuer, max_len, closers=[lockstep.stop])
-    return EngineBundle(engine, adapter, cache, issuer, max_len)
+    return EngineBundle(engine, adapter, cache, issuer, max_len, graphs_prepared=prepared)
 
 
 def write_synthetic_model(

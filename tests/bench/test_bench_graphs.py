@@ -67,3 +67,101 @@ def test_cli_graph_settings_match_the_engine_and_piecewise_is_a_setting() -> Non
     assert _common.CUDA_GRAPHS == CUDA_GRAPHS  # the CLIs' copy, kept free of torch
     assert _graph_settings("off,auto,piecewise") == ["off", "auto", "piecewise"]
     RunSpec(arch="tiny", baseline="B1", cuda_graphs="piecewise").validate()
+
+
+def test_the_warm_up_pre_captures_every_bucket_of_the_run(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B3 runs with the graph runner over the eager stand-in backend (the
+    CUDA one on a GPU): the warm-up records every verify bucket, the
+    measured run records none, and its tokens and routing equal a run
+    without graphs."""
+    from pdflash.bench import engine_run
+    from pdflash.bench.engine_run import run_spec
+
+    from pdflash.engine.engine import Engine
+
+    class GraphedEngine(Engine):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            if args[1].cuda_graphs != "off":
+                kw["graphs"] = GraphRunner(EagerBackend())
+            super().__init__(*args, **kw)
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    monkeypatch.setattr(engine_run, "Engine", GraphedEngine)
+    engine_run.release_targets()
+    common: dict[str, Any] = {"arch": "tiny", "baseline": "B3", "device": "cpu"}
+    common |= {"concurrency": 3, "num_requests": 5, "block_size": 4, "warmup": "short"}
+    common |= {"max_new_tokens": 9, "prompt_len": 5, "prompt_len_max": 8}
+    rows = [run_spec(RunSpec(**common, cuda_graphs=g)) for g in ("off", "auto")]
+    off, on = rows
+    graphs = on.row["cuda_graphs"]
+    assert graphs["backend"] == "eager" and graphs["state"] == "on"
+    assert graphs["captures_in_run"] == graphs["captures"] == 0 and graphs["validated"] == 0
+    assert graphs["replays"] > 0 and set(graphs["eager_fallback_reasons"]) <= {"prefill"}
+    warm = on.row["warmup"]["graphs"]
+    prepare = warm["prepare"]
+    assert prepare["state"] == "on" and prepare["failed"] == 0 and prepare["prepared"] > 0
+    # the pre-capture runs after the warm-up's requests: it adds what they did not meet
+    assert warm["captures"] == prepare["prepared"] + prepare["already_held"]
+    assert prepare["draft"]["prepared"] > 0 and prepare["draft"]["failed"] == 0
+    assert graphs["draft_captures_in_run"] == 0 and graphs["draft"]["replays"] > 0
+    assert "graphs" not in off.row["warmup"]
+    from pdflash.report.schema import validate_row
+
+    assert validate_row(on.row) == [] and validate_row(off.row) == []
+    for name in ("committed_tokens", "steps", "verify_forwards", "acceptance_length_mean"):
+        assert off.row[name] == on.row[name], name
+    assert len(off.routing_trace) == len(on.routing_trace)
+    for a, b in zip(off.routing_trace, on.routing_trace, strict=True):
+        assert (a == b).all()
+
+
+def test_graph_host_times_every_part_of_a_replayed_step() -> None:
+    from pdflash.bench.graph_host import PARTS, measure
+
+    out = measure(layers=2, requests=3, block=4, prompt_len=5, steps=4, backend="eager")
+    parts = out["parts_us"]
+    assert list(parts) == list(PARTS)
+    assert all(v > 0 for v in parts.values()), parts
+    # the eager stand-in's replay reruns the step: it is most of the forward
+    assert parts["replay"] < out["forward_us"]
+    assert out["outside_replay_us"] == pytest.approx(out["forward_us"] - parts["replay"])
+    assert out["rest_us"] == pytest.approx(out["forward_us"] - sum(parts.values()))
+    with pytest.raises(ValueError, match="backend"):
+        measure(backend="cuda")
+
+
+def test_graphs_summary_reports_captures_in_the_run_and_the_pre_capture() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "h200" / "graphs_summary.py"
+    spec = importlib.util.spec_from_file_location("_bench_h200_graphs_summary", script)
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def row(setting: str, captures: int, prepared: int, s: float) -> dict[str, Any]:
+        graphs: dict[str, Any] = {"setting": setting}
+        warmup: dict[str, Any] = {"mode": "workload"}
+        if setting != "off":
+            graphs |= {"captures": captures, "validated": captures, "replays": 10}
+            graphs["draft"] = {"captures": 1}
+            warmup["graphs"] = {"prepare": {"prepared": prepared, "already_held": 0, "s": s}}
+        return {
+            "arch": "gpt-oss-20b",
+            "cuda_graphs": graphs,
+            "warmup": warmup,
+            "output_tokens_per_s": 100.0,
+            "verify_breakdown_ms": {"verify_ms": 10.0},
+        }
+
+    rows = [row("off", 0, 0, 0), row("auto", 0, 30, 2.0), row("auto", 1, 29, 4.0)]
+    table = {e["setting"]: e for e in summary.summarise(rows)["table"]}
+    auto = table["auto"]
+    assert auto["captures_in_run"] == 1 and auto["validated_in_run"] == 1
+    assert auto["draft_captures_in_run"] == 2
+    assert auto["prepared_per_run"] == pytest.approx(29.5)
+    assert auto["prepare_s_per_run"] == pytest.approx(3.0)
+    assert "captures_in_run" not in table["off"]

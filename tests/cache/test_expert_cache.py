@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -361,3 +362,58 @@ def test_quiesce_cancels_and_waits_for_each_copy_in_flight() -> None:
     calls.clear()
     quiesce(Issuer(), SimpleNamespace(ticket=np.full(4, -1, dtype=np.int64)))  # type: ignore[arg-type]
     assert calls == [("cancel", None)]
+
+
+@pytest.mark.parametrize("settle", [False, True])
+def test_settled_choices_do_not_depend_on_how_fast_copies_land(
+    fake_issuer_cls: Any, settle: bool
+) -> None:
+    """An in-flight copy is never evictable, so the experts a prefetch or a
+    miss evicts depend on which copies have landed; within ``settled()`` the
+    cache waits for them first and ends with the same resident set whether
+    copies land at once (eager) or only when waited for."""
+    resident = []
+    for eager in (True, False):
+        cache = _cache(fake_issuer_cls(eager=eager), slots=4)
+        with cache.settled() if settle else contextlib.nullcontext():
+            cache.prefetch([0, 1, 2, 3], Band.BACKGROUND)
+            cache.prefetch([4, 5], Band.BACKGROUND)  # evicts two of 0..3 once they landed
+        cache.drain_inflight()
+        resident.append(sorted(np.flatnonzero(cache.slot_of >= 0).tolist()))
+        assert not cache.settle_copies
+    if settle:
+        assert resident[0] == resident[1]
+    else:  # the timing dependence the settled warm-up removes
+        assert resident[0] != resident[1]
+
+
+def test_pin_layers_equals_pin_layer_per_layer(fake_issuer_cls: Any) -> None:
+    """The one-pass pins of a replayed step against the per-layer calls they
+    replace: same ids, tickets, pins, promotions; refused with nothing
+    pinned when a layer is not resident."""
+    caches = []
+    for _ in range(2):
+        cache = _cache(fake_issuer_cls(), slots=12)  # 3 layers x 4 experts
+        cache.prefetch(range(12), Band.BACKGROUND)  # in flight: pinning promotes them
+        caches.append(cache)
+    one, loop = caches
+    both = one.pin_layers(range(3))
+    per = [loop.pin_layer(layer) for layer in range(3)]
+    for (ids_a, t_a), (ids_b, t_b) in zip(both, per, strict=True):
+        assert ids_a.tolist() == ids_b.tolist() and t_a.tolist() == t_b.tolist()
+    np.testing.assert_array_equal(one.pins, loop.pins)
+    np.testing.assert_array_equal(one.band, loop.band)
+    assert one.all_resident() and one.layer_resident(2)
+    one.unpin_layers(range(3))
+    for layer in range(3):
+        loop.unpin_layer(layer)
+    np.testing.assert_array_equal(one.pins, loop.pins)
+    assert int(one.pins.sum()) == 0
+    with pytest.raises(ValueError, match="not all pinned"):
+        one.unpin_layers([0])
+    partial = _cache(fake_issuer_cls(), slots=8)
+    partial.prefetch(range(6), Band.BACKGROUND)
+    assert not partial.all_resident()
+    with pytest.raises(ValueError, match="layer 1 is not fully resident"):
+        partial.pin_layers(range(3))
+    assert int(partial.pins.sum()) == 0

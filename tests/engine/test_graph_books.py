@@ -39,6 +39,7 @@ def test_stats_as_dict_names_every_counter() -> None:
         "replay_mismatches": 1,
         "piecewise_steps": 6,
         "evicted": 2,
+        "prepared": 0,
         "eager_fallbacks": 5,
         "eager_fallback_reasons": {"experts_missing": 3, "too_wide": 2},
     }
@@ -51,6 +52,7 @@ def test_stats_as_dict_names_every_counter() -> None:
         "replay_mismatches",
         "piecewise_steps",
         "evicted",
+        "prepared",
         "eager_fallbacks",
         "eager_fallback_reasons",
     ]

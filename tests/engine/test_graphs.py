@@ -581,3 +581,169 @@ def test_grouped_gemm_capturable_only_with_a_native_cuda_kernel() -> None:
     assert not grouped_mm_capturable(cuda, torch.float16)
     assert grouped_mm_capturable(torch.device("cpu"), torch.float32)
     assert "grouped_mm_fallback" in PIECEWISE_REASONS
+
+
+# -- pre-capture -------------------------------------------------------------------------------
+
+
+def test_verify_buckets_cover_what_a_full_width_run_can_meet() -> None:
+    graphs = GraphRunner(EagerBackend())
+    keys = graphs.verify_buckets(
+        max_requests=10, max_tokens=6, min_prompt_len=30, min_seq_len=60, max_seq_len=200
+    )
+    assert len(keys) == len(set(keys))
+    full = [k for k in keys if k.queries == 8]
+    tail = [k for k in keys if k.queries < 8]
+    assert keys[: len(full)] == full  # the full row bucket first
+    # requests 1..10 -> buckets 1, 2, 4, 8, 12, largest first; keys 31..199 -> 64..256
+    assert [k.requests for k in full[::4]] == [12, 8, 4, 2, 1]
+    assert sorted({k.key_width for k in full}) == [64, 128, 192, 256]
+    # a smaller row bucket only holds requests in their last block: keys >= 59
+    assert sorted({k.key_width for k in tail}) == [64, 128, 192, 256]
+    assert {k.queries for k in tail} == {1, 2, 4}
+    narrow = graphs.verify_buckets(
+        max_requests=3, max_tokens=4, min_prompt_len=3, min_seq_len=150, max_seq_len=180
+    )
+    assert {k.key_width for k in narrow if k.queries == 4} == {64, 128, 192}
+    assert {k.key_width for k in narrow if k.queries < 4} == {192}
+    # a width policy trims blocks anywhere: every row bucket takes every key width
+    trimmed = graphs.verify_buckets(
+        max_requests=3,
+        max_tokens=4,
+        min_prompt_len=3,
+        min_seq_len=150,
+        max_seq_len=180,
+        full_width=False,
+    )
+    assert {k.key_width for k in trimmed if k.queries == 1} == {64, 128, 192}
+    # every bucket found is one a step of those bounds falls in
+    for k in keys:
+        assert k.requests in graphs.request_buckets and k.key_width in graphs.key_widths
+    # the drafter's: every context bucket from the fewest requests' rows to
+    # the most requests' prompts (first drafts) or blocks
+    drafts = graphs.draft_buckets(
+        max_requests=3,
+        max_tokens=4,
+        min_prompt_len=3,
+        max_prompt_len=20,
+        min_seq_len=150,
+        max_seq_len=180,
+        features=8,
+        dtype=torch.float32,
+    )
+    assert len(drafts) == len(set(drafts))
+    full4 = {k.context for k in drafts if k.queries == 4 and k.requests == 4}
+    assert full4 == {16, 32, 64, 128}  # 3..4 requests x up to 20 prompt rows
+    # smaller blocks are last blocks: a block of context rows each at most
+    assert {k.context for k in drafts if k.queries < 4} == {16}
+    assert {(k.features, k.dtype) for k in drafts} == {(8, "torch.float32")}
+    with pytest.raises(ValueError, match="min_prompt_len < min_seq_len"):
+        graphs.verify_buckets(
+            max_requests=1, max_tokens=4, min_prompt_len=9, min_seq_len=9, max_seq_len=20
+        )
+
+
+def _engine(checkpoint: Path, graphs: GraphRunner | None, **kw: Any) -> tuple[Engine, Any]:
+    adapter, issuer = _adapter(checkpoint, layer_cyclic=True)
+    eng = Engine(
+        adapter,
+        EngineConfig.preset("B3", block_size=4, max_running=3, token_budget=12, **kw),
+        drafter=load_drafter(checkpoint / "drafter"),
+        expert_cache=adapter.cache,
+        max_seq_len=64,
+        graphs=graphs,
+    )
+    return eng, issuer
+
+
+def test_prepared_graphs_leave_no_capture_to_the_run_and_change_no_output(
+    checkpoint: Path,
+) -> None:
+    lengths, new = [3, 8, 5, 6], 12
+    outputs = []
+    graphs = GraphRunner(EagerBackend())
+    for runner in (None, graphs):
+        eng, issuer = _engine(checkpoint, runner)
+        try:
+            if runner is not None:
+                report = eng.prepare_graphs(
+                    3,
+                    max(lengths) + new,
+                    min_prompt_len=min(lengths),
+                    min_seq_len=3 + new,
+                    max_prompt_len=max(lengths),
+                )
+                assert report["state"] == "on" and report["failed"] == 0
+                assert report["prepared"] == graphs.num_graphs == graphs.stats.prepared > 0
+                assert graphs.stats.captures == graphs.stats.validated == report["prepared"]
+                drafts = report["draft"]
+                assert drafts["failed"] == 0 and drafts["skipped"] == {}
+                assert drafts["prepared"] == graphs.num_draft_graphs == drafts["buckets"] > 0
+                assert graphs.draft_stats.validated == drafts["prepared"]
+                assert eng.draft_kv is not None and eng.draft_kv.num_sequences == 0
+                # nothing of the synthetic steps stays in the KV or the cache's pins
+                assert eng.kv.used_pages == 0 and eng.kv.num_sequences == 0
+                assert int(np.asarray(eng.adapter.cache.pins).sum()) == 0
+                again = eng.prepare_graphs(
+                    3,
+                    max(lengths) + new,
+                    min_prompt_len=min(lengths),
+                    min_seq_len=3 + new,
+                    max_prompt_len=max(lengths),
+                )
+                assert again["prepared"] == 0 and again["already_held"] == report["prepared"]
+                assert again["draft"]["already_held"] == drafts["prepared"]
+                eng.reset_stats()
+            prompts = _prompts(lengths, eng.adapter.vocab_size, seed=23)
+            ids = [eng.add_request(p.tolist(), max_new_tokens=new) for p in prompts]
+            done = eng.run_until_done(max_steps=300)
+            outputs.append([done[i].output for i in ids])
+            assert eng.kv.used_pages == 0
+        finally:
+            issuer.close()
+    assert outputs[0] == outputs[1]
+    stats = graphs.stats
+    # every verify replayed a prepared graph: no capture, no check in the run
+    assert stats.replays > 0 and stats.captures == 0 and stats.validated == 0
+    assert set(stats.fallbacks) <= {"prefill"}, stats.fallbacks
+    ds = graphs.draft_stats  # and every draft step
+    assert ds.replays > 0 and ds.captures == 0 and ds.validated == 0 and not ds.fallbacks
+
+
+def test_prepare_graphs_bounds_and_refusals(checkpoint: Path) -> None:
+    graphs = GraphRunner(EagerBackend(), max_graphs=3)
+    eng, issuer = _engine(checkpoint, graphs)
+    try:
+        with pytest.raises(ValueError, match="max_running"):
+            eng.prepare_graphs(4)
+        with pytest.raises(ValueError, match="max_seq_len"):
+            eng.prepare_graphs(3, 65)
+        assert graphs.num_graphs == 0
+        report = eng.prepare_graphs(3, 40, min_prompt_len=2, limit=2)
+        assert report["prepared"] == 2 == graphs.num_graphs
+        assert report["skipped"]["graph_limit"] == report["buckets"] - 2
+        # the byte bound: one more bucket's estimate does not fit
+        report = eng.prepare_graphs(3, 40, min_prompt_len=2, max_bytes=report["bytes"])
+        assert report["prepared"] == 0 and report["skipped"]["memory"] >= 1
+        eng.add_request([1, 2, 3], max_new_tokens=2)
+        with pytest.raises(RuntimeError, match="no live request"):
+            eng.prepare_graphs()
+    finally:
+        issuer.close()
+    off, issuer = _engine(checkpoint, None)
+    try:
+        assert off.prepare_graphs() == {"state": "off", "why": "not a CUDA device"}
+    finally:
+        issuer.close()
+
+
+def test_prepare_stops_where_no_whole_step_graph_runs(stack: Callable[..., Any]) -> None:
+    adapter = stack(slots=10)  # offloaded: not every expert resident
+    graphs = GraphRunner(EagerBackend())
+    runner = _runner(adapter, graphs)
+    keys = graphs.verify_buckets(
+        max_requests=2, max_tokens=4, min_prompt_len=3, min_seq_len=8, max_seq_len=20
+    )
+    report = graphs.prepare(runner, keys)
+    assert report["blocker"] == "experts_not_resident" and report["prepared"] == 0
+    assert graphs.num_graphs == 0 and runner.kv.num_sequences == 0

@@ -299,3 +299,57 @@ def test_failed_capture_falls_back_and_cuda_stays_usable(
     assert int(np.asarray(adapter.cache.pins).sum()) == 0
     x = torch.ones(1024, device="cuda")
     assert float((x * 2).sum()) == 2048.0
+
+
+def test_prepared_graphs_leave_no_capture_to_the_run(tmp_path: Path, arch: str) -> None:
+    """bf16 B3 (whole-step graphs): Engine.prepare_graphs records and checks
+    every verify and draft bucket of the run before it, so its steps replay
+    without a capture or a first-replay check; fp32 has no whole-step graph
+    and the pre-capture says why."""
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+
+    for dtype in (torch.bfloat16, torch.float32):
+        path = _checkpoint(tmp_path, arch, dtype)
+        cfg = json.loads((path / "config.json").read_text())
+        draft = tmp_path / f"d_{str(dtype).split('.')[-1]}"
+        write_synthetic_drafter(draft, cfg, "tiny", seed=4, dtype=dtype)
+        issuer = H2DIssuer(backend="cuda")
+        try:
+            adapter = load_adapter(
+                path, device="cuda", issuer=issuer, cache_slots=1 << 20, max_batch_tokens=1
+            )
+            eng = Engine(
+                adapter,
+                EngineConfig.preset("B3", block_size=5, max_running=3),
+                drafter=load_drafter(draft, device="cuda", dtype=dtype),
+                expert_cache=adapter.cache,
+                max_seq_len=48,
+                device="cuda",
+            )
+            report = eng.prepare_graphs(
+                3, 6 + 12, min_prompt_len=6, min_seq_len=18, max_prompt_len=6
+            )
+            graphs = eng.runner.graphs
+            assert graphs is not None
+            if dtype == torch.float32:
+                assert report["blocker"] == "grouped_mm_fallback" and report["prepared"] == 0
+                continue
+            assert report["failed"] == 0 and report["prepared"] == graphs.num_graphs > 0, (
+                report,
+                graphs.failures,
+            )
+            eng.reset_stats()
+            prompt = [5, 17, 3, 99, 42, 8]
+            rids = [eng.add_request(prompt, max_new_tokens=12) for _ in range(3)]
+            eng.run_until_done(max_steps=200)
+            assert all(eng.request(r).error is None for r in rids)
+            s = graphs.stats
+            assert s.replays > 0 and s.captures == 0 and s.validated == 0, s
+            assert set(s.fallbacks) <= {"prefill"}, s.fallbacks
+            ds = graphs.draft_stats
+            assert report["draft"]["failed"] == 0 and report["draft"]["prepared"] > 0
+            assert ds.replays > 0 and ds.captures == 0 and ds.validated == 0, ds
+        finally:
+            torch.cuda.synchronize()
+            issuer.close()

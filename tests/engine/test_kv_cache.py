@@ -171,3 +171,35 @@ def test_null_slot_stays_zero_and_belongs_to_no_page() -> None:
     kv.write(0, torch.tensor(slots), torch.ones(6, 1, 2), torch.ones(6, 1, 2))
     assert not kv.k[0][kv.null_slot].any() and not kv.v[0][kv.null_slot].any()
     assert bool(kv.k[0][:6].eq(1).all())
+
+
+def test_slot_matrix_equals_slot_list_per_sequence() -> None:
+    """The vectorised slot lookup (graph steps' index fill) against the
+    per-sequence list it replaces, over sequences of uneven lengths whose
+    pages interleave."""
+    import numpy as np
+
+    kv = PagedKVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=2,
+        page_size=4,
+        num_pages=40,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    rng = np.random.default_rng(5)
+    for s in range(5):
+        kv.add_sequence(s)
+    for _ in range(12):  # grow in turns: each sequence's pages are scattered
+        for s in range(5):
+            kv.grow(s, int(rng.integers(0, 3)))
+    kv.truncate(2, 1)
+    seqs = [3, 0, 2, 4]
+    for width in (1, 7, 40):
+        out = kv.slot_matrix(seqs, width, fill=-9)
+        assert out.shape == (4, width) and out.dtype == np.int64
+        for i, s in enumerate(seqs):
+            m = min(kv.length(s), width)
+            assert out[i, :m].tolist() == kv.slot_list(s, 0, m)
+            assert (out[i, m:] == -9).all()

@@ -170,3 +170,21 @@ def test_verify_width_reaches_the_engine_and_bad_values_are_refused(
     rc = main(["generate", "--model", str(target), "--prompt", "x", "--verify-width", "wide"])
     assert rc == 2
     assert "verify_width must be one of" in capsys.readouterr().err
+
+
+def test_prepare_graphs_reaches_the_engine_at_start_up(tiny_model: tuple[Path, Path]) -> None:
+    from pdflash.cli import build_parser
+    from pdflash.serve.build import ServeModelConfig, build_engine
+
+    target, draft = tiny_model
+    base = {"model": str(target), "draft": str(draft), "device": "cpu", "block_size": 4}
+    bundle = build_engine(ServeModelConfig(**base, prepare_graphs=8))  # type: ignore[arg-type]
+    try:
+        # no CUDA here: the engine has no graph runner, and says why
+        assert bundle.graphs_prepared == {"state": "off", "why": "not a CUDA device"}
+    finally:
+        bundle.close()
+    with pytest.raises(ValueError, match="prepare_graphs"):
+        ServeModelConfig(**base, prepare_graphs=-1).validate()  # type: ignore[arg-type]
+    args = build_parser().parse_args(["serve", "--model", "m", "--prepare-graphs", "16"])
+    assert args.prepare_graphs == 16
