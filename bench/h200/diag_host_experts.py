@@ -17,7 +17,8 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   GIL and CPU contention included), cold only.
 
 * ``paths[...]`` (``--sections paths``): where the executor's time goes, per
-  format (``out_in``, ``onednn``), all in one shuffled round per repeat
+  format (``out_in``, ``onednn``, ``native``: :data:`PATH_FORMATS`), all in
+  one shuffled round per repeat
   (``--repeats`` x 3 rounds, medians, cold): ``read_floor`` (the expert's
   bytes streamed once by a reduction: the memory-bound floor),
   ``raw_out_in`` (bare MLP), ``kernel:F`` (the kernel, this thread, one
@@ -37,8 +38,8 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   copies pinned host memory to the GPU in a loop: the CPU's and the DMA's
   reads share host memory bandwidth (``paths_link_load``).
 
-* ``interleaved[...]``: the bare ``[out, in]`` MLP, ``kernel[out_in]`` and
-  ``kernel[onednn]`` again, one cold pass each per round in a shuffled order
+* ``interleaved[...]``: the bare ``[out, in]`` MLP, ``kernel[out_in]``,
+  ``kernel[onednn]`` and ``kernel[native]`` again, one cold pass each per round in a shuffled order
   (``--repeats`` x 3 rounds, medians): the sections above run one after
   another, so a drift of the machine over the run reads as a difference
   between them; these three compare directly.
@@ -66,6 +67,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+#: the host formats the paths and interleaved sections compare (each where
+#: it exists here: oneDNN's where torch has it, the native kernel for bf16
+#: models on CPUs with AVX-512 BF16)
+PATH_FORMATS: tuple[str, ...] = ("out_in", "onednn", "native")
 
 
 def _us(fn: Callable[[int], Any], ids: list[int], repeats: int) -> float:
@@ -176,6 +182,7 @@ def diagnose(
     returns the summary (also the last line printed)."""
     from pdflash.hybrid import HostExpertExecutor, host_kernel_for
     from pdflash.hybrid.kernels import batched_kernels_error, prepare_all
+    from pdflash.hybrid.native import native_unavailable_reason
 
     sections = ["formats", "interleaved", "paths"] if sections is None else sections
     store = ad.store
@@ -195,6 +202,7 @@ def diagnose(
         "sections": sections,
         "paths_clock": "process_cpu" if cpu_clock else "wall",
         "scripted_batches": batched_kernels_error() or "yes",
+        "native_kernel": native_unavailable_reason(store.layout.dtype) or "yes",
         "cpu": _cpu_model(),
         "synthetic": True,
     }
@@ -418,7 +426,7 @@ def executor_paths(
 
     store = ad.store
     prepared: dict[str, tuple[Any, list[dict[str, torch.Tensor]]]] = {}
-    for fmt in ("out_in", "onednn"):
+    for fmt in PATH_FORMATS:
         kernel = host_kernel_for(ad, fmt)
         if kernel is None or kernel.dtype != store.layout.dtype:
             continue
@@ -547,7 +555,7 @@ def interleaved(
     repeats: int,
     emit: Callable[..., None],
 ) -> None:
-    """The bare MLP, ``kernel[out_in]`` and ``kernel[onednn]`` (where they
+    """The bare MLP and the kernels of :data:`PATH_FORMATS` (where they
     exist) in shuffled order, one cold pass each per round (module doc)."""
     import random
 
@@ -555,7 +563,7 @@ def interleaved(
     from pdflash.hybrid.kernels import prepare_all
 
     calls: dict[str, tuple[Callable[..., torch.Tensor], list[dict[str, torch.Tensor]]]] = {}
-    for fmt in ("out_in", "onednn"):
+    for fmt in PATH_FORMATS:
         kernel = host_kernel_for(ad, fmt)
         if kernel is None or kernel.dtype != ad.store.layout.dtype:
             continue
