@@ -8,6 +8,7 @@ ACT_GPT_OSS_CLAMP: int
 ISA_AUTO: int
 ISA_SCALAR: int
 ISA_AVX512_BF16: int
+ISA_AMX_BF16: int
 ISA_NAMES: dict[int, str]
 DTYPE_F32: int
 DTYPE_BF16: int
@@ -15,7 +16,9 @@ TILE_COLS: int
 W1_TILE_INTER: int
 
 def cpu_has_avx512_bf16() -> bool: ...
+def cpu_has_amx_bf16() -> bool: ...
 def inter_pad(inter: int) -> int: ...
+def hidden_pairs(hidden: int) -> int: ...
 def w1_elems(hidden: int, inter: int) -> int: ...
 def w2_elems(hidden: int, inter: int) -> int: ...
 
@@ -50,4 +53,5 @@ class HostMlp:
         out_type: int,
         out_stride: int,
         isa: int = 0,
+        amx_min_rows: int = 1,
     ) -> None: ...

@@ -18,7 +18,9 @@ from pdflash_native._hostmlp_cpp cimport (
     MlpExpert,
     MlpIsa,
     MlpShape,
+    cpu_has_amx_bf16 as c_cpu_has_amx_bf16,
     cpu_has_avx512_bf16 as c_cpu_has_avx512_bf16,
+    mlp_hidden_pairs,
     mlp_inter_pad,
     mlp_w1_elems,
     mlp_w2_elems,
@@ -31,7 +33,13 @@ ACT_GPT_OSS_CLAMP = 1
 ISA_AUTO = <int>MlpIsa.kAuto
 ISA_SCALAR = <int>MlpIsa.kScalar
 ISA_AVX512_BF16 = <int>MlpIsa.kAvx512Bf16
-ISA_NAMES = {ISA_AUTO: "auto", ISA_SCALAR: "scalar", ISA_AVX512_BF16: "avx512_bf16"}
+ISA_AMX_BF16 = <int>MlpIsa.kAmxBf16
+ISA_NAMES = {
+    ISA_AUTO: "auto",
+    ISA_SCALAR: "scalar",
+    ISA_AVX512_BF16: "avx512_bf16",
+    ISA_AMX_BF16: "amx_bf16",
+}
 DTYPE_F32 = <int>FloatType.kF32
 DTYPE_BF16 = <int>FloatType.kBF16
 #: columns of a packed tile, and intermediate indices of a W1 tile
@@ -44,9 +52,20 @@ def cpu_has_avx512_bf16():
     return bool(c_cpu_has_avx512_bf16())
 
 
+def cpu_has_amx_bf16():
+    """True if this CPU (and OS, and this process's permission, which the
+    first call requests) runs the AMX BF16 kernel."""
+    return bool(c_cpu_has_amx_bf16())
+
+
 def inter_pad(int64_t inter):
-    """The intermediate size rounded up to whole W1 tiles (16)."""
+    """The intermediate size as packed (rounded up to 32)."""
     return mlp_inter_pad(inter)
+
+
+def hidden_pairs(int64_t hidden):
+    """Pairs of the hidden size as packed (ceil(H / 2) rounded up to 16)."""
+    return mlp_hidden_pairs(hidden)
 
 
 def w1_elems(int64_t hidden, int64_t inter):
@@ -126,10 +145,12 @@ cdef class HostMlp:
         int out_type,
         int64_t out_stride,
         int isa=ISA_AUTO,
+        int64_t amx_min_rows=1,
     ):
         """Experts ``j`` (pointer arrays ``w1[j]`` ..., 0: no bias) on rows
         ``bounds[j]:bounds[j + 1]`` of ``x`` into ``out`` (row strides in
-        elements; ``x_type``/``out_type`` ``DTYPE_*``). The caller keeps
+        elements; ``x_type``/``out_type`` ``DTYPE_*``; with AMX, row chunks
+        of fewer than ``amx_min_rows`` rows run AVX-512). The caller keeps
         every buffer alive and sized (``w1_elems``/``w2_elems`` elements,
         biases ``2 * inter_pad(inter)`` and ``hidden`` floats)."""
         if self._runner == NULL:
@@ -168,6 +189,7 @@ cdef class HostMlp:
                 self._runner.run(
                     shape, experts.data(), n, <const void*>x, <FloatType>x_type, x_stride,
                     <void*>out, <FloatType>out_type, out_stride, rows, <MlpIsa>isa,
+                    amx_min_rows,
                 )
         finally:
             self._active -= 1

@@ -7,6 +7,7 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
         kAuto
         kScalar
         kAvx512Bf16
+        kAmxBf16
 
     cdef enum class FloatType(int32_t):
         kF32
@@ -28,15 +29,18 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
         int64_t row_end
 
     int64_t mlp_inter_pad(int64_t inter)
+    int64_t mlp_hidden_pairs(int64_t hidden)
     int64_t mlp_w1_elems(int64_t hidden, int64_t inter)
     int64_t mlp_w2_elems(int64_t hidden, int64_t inter)
     bint cpu_has_avx512_bf16()
+    bint cpu_has_amx_bf16()
 
     cdef cppclass HostMlpRunner:
         HostMlpRunner(int threads, int spin_us) except +
         void run(const MlpShape& shape, const MlpExpert* experts, int64_t n_experts,
                  const void* x, FloatType x_type, int64_t x_stride, void* out,
-                 FloatType out_type, int64_t out_stride, int64_t rows, MlpIsa isa) except +
+                 FloatType out_type, int64_t out_stride, int64_t rows, MlpIsa isa,
+                 int64_t amx_min_rows) except +
         int threads()
         int64_t calls()
         MlpIsa last_isa()

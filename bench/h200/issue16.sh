@@ -7,11 +7,13 @@
 # finish, so a step cut by its timeout keeps what it ran):
 #   1. gpt_oss_bf16 (<= 270 s, ~150 s expected): the executor diagnostic on
 #      gpt-oss-20b's own experts (1.6 GB walked cold; per expert at 1/4/16
-#      tokens: the memory-bound read floor, the bare MLP, each kernel, the
-#      executor before (per-expert loop) and after (one scripted call per
-#      job), with a busy caller, and under a concurrent H2D copy; summary
-#      "diag"), then gpt-oss-20b with bf16 experts over the link, c = 1, 4,
-#      16, 3 interleaved repeats;
+#      tokens: the memory-bound read floor, the bare MLP, each kernel
+#      (out_in, onednn, and pdflash's native C++ kernel: AMX / AVX-512 BF16),
+#      the executor before (per-expert loop) and after (one call per job),
+#      with a busy caller, and under a concurrent H2D copy; summary "diag"),
+#      then gpt-oss-20b with bf16 experts over the link, c = 1, 4, 16, 3
+#      interleaved repeats (PD+host's --host-format auto times native among
+#      the candidates; the rows record the pick and the ISA that ran);
 #   2. qwen3 (<= 110 s): the same diagnostic on Qwen3-30B-A3B's experts, then
 #      c = 1, 4, as many repeats as fit.
 # STEPS=all adds 3. gpt_oss_mxfp4 (<= 90 s; the host dequantizes every expert

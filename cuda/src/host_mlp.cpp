@@ -22,9 +22,15 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define PDFLASH_MLP_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #define PDFLASH_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#define PDFLASH_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
 #else
 #define PDFLASH_MLP_X86 0
 #endif
@@ -38,6 +44,7 @@ constexpr int64_t kW1TileInter = 16;  // intermediate indices per W1 tile
 constexpr int64_t kRowChunk = 16;   // rows computed per pass over a tile
 constexpr int kRegRows = 8;         // rows whose accumulators fit in registers
 constexpr int64_t kKBlock = 128;    // pairs per block when rows > kRegRows (16 KiB of W)
+constexpr int64_t kPairAlign = 16;  // pairs of a tile: a whole number of AMX K steps
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -114,6 +121,8 @@ struct Job {
   FloatType out_type = FloatType::kF32;
   int64_t out_stride = 0;
   bool avx = false;
+  bool amx = false;  // AMX for row chunks of >= amx_min_rows rows
+  int64_t amx_min_rows = 1;
 };
 
 // ---- scalar -----------------------------------------------------------------
@@ -244,6 +253,66 @@ PDFLASH_AVX512BF16 inline __m256i to_bf16_avx(__m512 v) {
   return (__m256i)_mm512_cvtneps_pbh(v);
 }
 
+// ---- AMX BF16 ---------------------------------------------------------------
+
+// Tiles: 0, 1 = C (the tile's columns 0-15 and 16-31, fp32), 2 = A (rows x
+// 16 pairs of the input), 3, 4 = B (16 pairs x 16 columns: the packed
+// layout's pair rows are 128 bytes, B0 their first 64 bytes, B1 the rest).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
+                         int64_t nr, int64_t npairs, float* acc) {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t < 3 ? nr : 16);
+  }
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  const long a_stride = static_cast<long>(in_stride_pairs * 4);
+  for (int64_t p = 0; p < npairs; p += kPairAlign) {
+    _tile_loadd(2, in + 2 * p, a_stride);
+    _tile_loadd(3, wt + p * kTileCols * 2, 128);
+    _tile_loadd(4, wt + p * kTileCols * 2 + 32, 128);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, acc, kTileCols * 4);
+  _tile_stored(1, acc + 16, kTileCols * 4);
+}
+
+PDFLASH_AMX void amx_release() { _tile_release(); }
+
+// AMX needs the CPU's AMX-TILE and AMX-BF16, the OS's XSAVE support of the
+// tile state, and (Linux) the process's permission, requested once.
+bool amx_usable() {
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1u)) return;  // OSXSAVE
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3u) != 3u) return;  // XTILECFG and XTILEDATA
+#if defined(__linux__)
+    constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return;
+#endif
+    ok = true;
+  });
+  return ok;
+}
+
 // W1's epilogue on the accumulators of rows [r0, r0 + nr): biases, the
 // activation, g as bf16.
 PDFLASH_AVX512BF16 void w1_epilogue_avx(const Job& j, const MlpExpert& e, int64_t t, int64_t r0,
@@ -274,7 +343,11 @@ void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
     const uint16_t* in = j.xb + r0 * 2 * in_pairs;
 #if PDFLASH_MLP_X86
     if (j.avx) {
-      dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
+      if (j.amx && nr >= j.amx_min_rows) {
+        dot_amx(wt, in, in_pairs, nr, in_pairs, acc);
+      } else {
+        dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
+      }
       w1_epilogue_avx(j, e, t, r0, nr, acc);
       continue;
     }
@@ -306,7 +379,9 @@ void w2_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
     const int64_t nr = std::min(kRowChunk, e.row_end - r0);
     const uint16_t* in = j.g + r0 * j.inter_pad;
 #if PDFLASH_MLP_X86
-    if (j.avx) {
+    if (j.amx && nr >= j.amx_min_rows) {
+      dot_amx(wt, in, in_pairs, nr, in_pairs, acc);
+    } else if (j.avx) {
       dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
     } else {
       dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
@@ -348,14 +423,29 @@ inline void cpu_relax() {
 
 }  // namespace
 
-int64_t mlp_inter_pad(int64_t inter) { return (inter + kW1TileInter - 1) / kW1TileInter * kW1TileInter; }
+int64_t mlp_inter_pad(int64_t inter) {
+  const int64_t m = 2 * kPairAlign;
+  return (inter + m - 1) / m * m;
+}
+
+int64_t mlp_hidden_pairs(int64_t hidden) {
+  return ((hidden + 1) / 2 + kPairAlign - 1) / kPairAlign * kPairAlign;
+}
 
 int64_t mlp_w1_elems(int64_t hidden, int64_t inter) {
-  return (mlp_inter_pad(inter) / kW1TileInter) * ((hidden + 1) / 2) * kTileCols * 2;
+  return (mlp_inter_pad(inter) / kW1TileInter) * mlp_hidden_pairs(hidden) * kTileCols * 2;
 }
 
 int64_t mlp_w2_elems(int64_t hidden, int64_t inter) {
   return ((hidden + kTileCols - 1) / kTileCols) * (mlp_inter_pad(inter) / 2) * kTileCols * 2;
+}
+
+bool cpu_has_amx_bf16() {
+#if PDFLASH_MLP_X86
+  return cpu_has_avx512_bf16() && amx_usable();
+#else
+  return false;
+#endif
 }
 
 bool cpu_has_avx512_bf16() {
@@ -407,6 +497,9 @@ struct HostMlpRunner::Impl {
     run_items(j, j.tiles1, n1 * tid / threads, n1 * (tid + 1) / threads, acc, w1_tile);
     barrier();
     run_items(j, j.tiles2, n2 * tid / threads, n2 * (tid + 1) / threads, acc, w2_tile);
+#if PDFLASH_MLP_X86
+    if (j.amx) amx_release();  // the tile state off this thread (cheaper switches)
+#endif
   }
 
   void worker(int tid) {
@@ -464,7 +557,8 @@ MlpIsa HostMlpRunner::last_isa() const { return static_cast<MlpIsa>(impl_->last_
 
 void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t n_experts,
                         const void* x, FloatType x_type, int64_t x_stride, void* out,
-                        FloatType out_type, int64_t out_stride, int64_t rows, MlpIsa isa) {
+                        FloatType out_type, int64_t out_stride, int64_t rows, MlpIsa isa,
+                        int64_t amx_min_rows) {
   if (shape.hidden < 1 || shape.inter < 1) throw std::invalid_argument("hidden and inter must be >= 1");
   if (shape.act != static_cast<int32_t>(MlpAct::kSwigluSilu) &&
       shape.act != static_cast<int32_t>(MlpAct::kGptOssClamp))
@@ -475,19 +569,26 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   if (x_type != FloatType::kF32 && x_type != FloatType::kBF16) throw std::invalid_argument("x type");
   if (out_type != FloatType::kF32 && out_type != FloatType::kBF16)
     throw std::invalid_argument("out type");
-  bool avx = false;
+  if (amx_min_rows < 1) throw std::invalid_argument("amx_min_rows must be >= 1");
+  bool avx = false, amx = false;
   if (isa == MlpIsa::kAvx512Bf16) {
     if (!cpu_has_avx512_bf16())
       throw std::invalid_argument("this CPU has no AVX-512 BF16 (avx512_bf16)");
     avx = true;
+  } else if (isa == MlpIsa::kAmxBf16) {
+    if (!cpu_has_amx_bf16())
+      throw std::invalid_argument("this CPU (or OS) offers no AMX BF16 with AVX-512 BF16");
+    avx = amx = true;
   } else if (isa == MlpIsa::kAuto) {
     avx = cpu_has_avx512_bf16();
+    amx = avx && cpu_has_amx_bf16();
   } else if (isa != MlpIsa::kScalar) {
     throw std::invalid_argument("unknown isa " + std::to_string(static_cast<int>(isa)));
   }
-  int64_t prev = 0;
+  int64_t prev = 0, rows_max = 0;
   for (int64_t e = 0; e < n_experts; ++e) {
     const MlpExpert& ex = experts[e];
+    rows_max = std::max(rows_max, std::min(kRowChunk, ex.row_end - ex.row_begin));
     if (ex.row_begin != prev || ex.row_end < ex.row_begin || ex.row_end > rows)
       throw std::invalid_argument("expert " + std::to_string(e) + ": rows [" +
                                   std::to_string(ex.row_begin) + ", " + std::to_string(ex.row_end) +
@@ -507,7 +608,7 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   j.shape = shape;
   j.experts = experts;
   j.n_experts = n_experts;
-  j.hidden_pairs = (shape.hidden + 1) / 2;
+  j.hidden_pairs = mlp_hidden_pairs(shape.hidden);
   j.inter_pad = mlp_inter_pad(shape.inter);
   j.inter_pairs = j.inter_pad / 2;
   j.tiles1 = j.inter_pad / kW1TileInter;
@@ -516,6 +617,8 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   j.out_type = out_type;
   j.out_stride = out_stride;
   j.avx = avx;
+  j.amx = amx;
+  j.amx_min_rows = amx_min_rows;
   // x as bf16 rows of whole pairs (an odd width gets a zero), and g: small
   const int64_t xw = 2 * j.hidden_pairs;
   im.xb.assign(static_cast<size_t>(rows * xw), 0);
@@ -546,7 +649,10 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   }
   im.job = nullptr;
   im.calls.fetch_add(1);
-  im.last_isa.store(static_cast<int32_t>(avx ? MlpIsa::kAvx512Bf16 : MlpIsa::kScalar));
+  const bool ran_amx = amx && rows_max >= amx_min_rows;
+  im.last_isa.store(static_cast<int32_t>(ran_amx ? MlpIsa::kAmxBf16
+                                         : avx   ? MlpIsa::kAvx512Bf16
+                                                 : MlpIsa::kScalar));
 }
 
 }  // namespace pdflash

@@ -27,8 +27,16 @@ ACT_SWIGLU_SILU = 0
 ACT_GPT_OSS_CLAMP = 1
 
 
+PAIR_ALIGN = 16
+
+
 def inter_pad(inter: int) -> int:
-    return -(-inter // W1_TILE_INTER) * W1_TILE_INTER
+    return (inter + 2 * PAIR_ALIGN - 1) // (2 * PAIR_ALIGN) * (2 * PAIR_ALIGN)
+
+
+def hidden_pairs(hidden: int) -> int:
+    pairs = (hidden + 1) // 2
+    return (pairs + PAIR_ALIGN - 1) // PAIR_ALIGN * PAIR_ALIGN
 
 
 def _bits(w: torch.Tensor) -> npt.NDArray[np.uint16]:
@@ -39,10 +47,11 @@ def _bits(w: torch.Tensor) -> npt.NDArray[np.uint16]:
 def pack_w1(gate: torch.Tensor, up: torch.Tensor) -> npt.NDArray[np.uint16]:
     """``gate``/``up`` ``[I, H]`` (``[out, in]``) -> the packed W1: element
     ``((t * P + p) * 32 + c) * 2 + j`` is ``gate[16 t + c, 2 p + j]`` for
-    ``c < 16`` and ``up[16 t + c - 16, 2 p + j]`` otherwise (0 outside)."""
+    ``c < 16`` and ``up[16 t + c - 16, 2 p + j]`` otherwise (0 outside),
+    ``P = hidden_pairs(H)``."""
     inter, hidden = gate.shape
     g, u = _bits(gate), _bits(up)
-    tiles, pairs = inter_pad(inter) // W1_TILE_INTER, -(-hidden // 2)
+    tiles, pairs = inter_pad(inter) // W1_TILE_INTER, hidden_pairs(hidden)
     t, p, c, j = np.indices((tiles, pairs, TILE_COLS, 2))
     row = W1_TILE_INTER * t + c % W1_TILE_INTER
     col = 2 * p + j
@@ -82,7 +91,7 @@ def unpack_w1(
     packed: npt.NDArray[np.uint16], hidden: int, inter: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed W1 -> float32 ``(gate, up)``, each ``[I, H]``."""
-    tiles, pairs = inter_pad(inter) // W1_TILE_INTER, -(-hidden // 2)
+    tiles, pairs = inter_pad(inter) // W1_TILE_INTER, hidden_pairs(hidden)
     w = _as_f32(packed).view(tiles, pairs, TILE_COLS, 2)
     w = w.permute(0, 2, 1, 3).reshape(tiles, TILE_COLS, 2 * pairs)
     gate = w[:, :W1_TILE_INTER].reshape(-1, 2 * pairs)[:inter, :hidden]

@@ -44,7 +44,9 @@ from pdflash._native import load_native
 Weights = dict[str, torch.Tensor]
 
 #: ISA requests (``pdflash_native._hostmlp.ISA_*`` by name)
-ISAS: tuple[str, ...] = ("auto", "scalar", "avx512_bf16")
+ISAS: tuple[str, ...] = ("auto", "scalar", "avx512_bf16", "amx_bf16")
+#: with AMX, row chunks of fewer rows run the AVX-512 loops
+DEFAULT_AMX_MIN_ROWS = 1
 
 
 class MlpBackend(Protocol):
@@ -91,6 +93,11 @@ def cpu_has_avx512_bf16() -> bool:
     return bool(_native().cpu_has_avx512_bf16())
 
 
+def cpu_has_amx_bf16() -> bool:
+    """Whether it also runs its AMX BF16 loops (CPU, OS, permission)."""
+    return bool(_native().cpu_has_amx_bf16())
+
+
 def native_unavailable_reason(dtype: torch.dtype) -> str | None:
     """Why the ``native`` format is not offered for a model of ``dtype``
     here (None: it is)."""
@@ -109,7 +116,7 @@ def pack_w1(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     is its reference)."""
     inter, hidden = gate.shape
     ip = _native().inter_pad(inter)
-    hp = hidden + hidden % 2
+    hp = 2 * int(_native().hidden_pairs(hidden))
     tiles = ip // 16
     both = torch.zeros(2, ip, hp, dtype=torch.bfloat16, device=gate.device)
     both[0, :inter, :hidden] = gate
@@ -155,8 +162,11 @@ class NativeHostKernel:
         hidden, inter: the expert's sizes.
         threads: the team's size (default: torch's intra-op thread count
             when the kernel is made, which the executor set).
-        isa: ``auto`` (AVX-512 BF16 where the CPU has it), ``scalar``
-            (the portable loops) or ``avx512_bf16`` (refused without it).
+        isa: ``auto`` (the best of the below the CPU has), ``scalar`` (the
+            portable loops), ``avx512_bf16`` or ``amx_bf16`` (AMX tiles for
+            row chunks of at least ``amx_min_rows`` rows, AVX-512 BF16 for
+            the rest; each refused where the CPU lacks it).
+        amx_min_rows: see ``isa``.
         spin_us: how long idle workers spin before they park.
         backend: makes the team (tests; default the native module's).
     """
@@ -176,6 +186,7 @@ class NativeHostKernel:
         limit: float = 0.0,
         threads: int | None = None,
         isa: str = "auto",
+        amx_min_rows: int = DEFAULT_AMX_MIN_ROWS,
         spin_us: int = 50,
         backend: Callable[[int, int], MlpBackend] | None = None,
     ) -> None:
@@ -187,6 +198,10 @@ class NativeHostKernel:
             raise ValueError(f"unknown isa {isa!r}; choose one of {ISAS}")
         if isa == "avx512_bf16" and not mod.cpu_has_avx512_bf16():
             raise ValueError("isa='avx512_bf16' but this CPU has no AVX-512 BF16")
+        if isa == "amx_bf16" and not mod.cpu_has_amx_bf16():
+            raise ValueError("isa='amx_bf16' but this CPU (or OS) offers no AMX BF16")
+        if amx_min_rows < 1:
+            raise ValueError(f"amx_min_rows must be >= 1, got {amx_min_rows}")
         threads = torch.get_num_threads() if threads is None else int(threads)
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
@@ -199,9 +214,13 @@ class NativeHostKernel:
         self.alpha, self.limit = float(alpha), float(limit)
         self.threads = threads
         self.isa = isa
-        self._isa_code = {"auto": mod.ISA_AUTO, "scalar": mod.ISA_SCALAR}.get(
-            isa, mod.ISA_AVX512_BF16
-        )
+        self._isa_code = {
+            "auto": mod.ISA_AUTO,
+            "scalar": mod.ISA_SCALAR,
+            "avx512_bf16": mod.ISA_AVX512_BF16,
+            "amx_bf16": mod.ISA_AMX_BF16,
+        }[isa]
+        self.amx_min_rows = int(amx_min_rows)
         self._isa_names: dict[int, str] = dict(mod.ISA_NAMES)
         self.spin_us = int(spin_us)
         self._backend_factory = backend or mod.HostMlp
@@ -257,7 +276,9 @@ class NativeHostKernel:
             "isa_requested": self.isa,
             "isa_ran": self.last_isa(),
             "threads": self.threads,
+            "amx_min_rows": self.amx_min_rows,
             "avx512_bf16_cpu": cpu_has_avx512_bf16(),
+            "amx_bf16_cpu": cpu_has_amx_bf16(),
         }
 
     def forward(self, x: torch.Tensor, w: Weights) -> torch.Tensor:
@@ -309,6 +330,7 @@ class NativeHostKernel:
             _DTYPE_TAG[target.dtype],
             int(target.stride(0)),
             self._isa_code,
+            self.amx_min_rows,
         )
         if dst is None:
             out.copy_(target)
@@ -376,6 +398,7 @@ __all__ = [
     "ISAS",
     "MlpBackend",
     "NativeHostKernel",
+    "cpu_has_amx_bf16",
     "cpu_has_avx512_bf16",
     "native_kernel_for",
     "native_unavailable_reason",

@@ -15,7 +15,8 @@ and bf16-rounded inputs:
   max |error| <= 1e-2 * max |reference|, mean <= 2e-3 * max |reference|.
 
 Bit for bit: the scalar and the AVX-512 BF16 variants (same operations in
-the same order), any thread count, and a batch against one call per expert.
+the same order; AMX sums in its own order, so it is held to the tolerances
+only), any thread count, and a batch against one call per expert.
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ import torch
 from pdflash._reference import hostmlp as ref
 from pdflash.hybrid import HostExpertExecutor, host_kernel_for, host_weights_for, kernels, native
 from pdflash.hybrid.kernels import prepare_all
-from pdflash.hybrid.native import NativeHostKernel, cpu_has_avx512_bf16
+from pdflash.hybrid.native import NativeHostKernel, cpu_has_amx_bf16, cpu_has_avx512_bf16
 
 pytestmark = pytest.mark.native
 
 ALPHA, LIMIT = 1.702, 7.0
 HAS_AVX = cpu_has_avx512_bf16()
-ISAS = ["scalar", *(["avx512_bf16"] if HAS_AVX else [])]
+HAS_AMX = HAS_AVX and cpu_has_amx_bf16()
+ISAS = ["scalar", *(["avx512_bf16"] if HAS_AVX else []), *(["amx_bf16"] if HAS_AMX else [])]
 needs_avx = pytest.mark.skipif(not HAS_AVX, reason="this CPU has no AVX-512 BF16")
+needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU (or OS) offers no AMX BF16")
 
 
 def _weights(hidden: int, inter: int, act: str, seed: int) -> tuple[torch.Tensor | None, ...]:
@@ -142,6 +145,31 @@ def test_scalar_and_avx512_agree_bit_for_bit(act: str) -> None:
         outs.append(out)
         kernel.close()
     assert torch.equal(outs[0], outs[1])
+
+
+@needs_amx
+def test_amx_runs_row_chunks_from_amx_min_rows() -> None:
+    hidden, inter, act = 64, 40, "swiglu_silu"
+    w = _weights(hidden, inter, act, seed=10)
+    avx = _kernel(hidden, inter, act, w, threads=2, isa="avx512_bf16")
+    few = _kernel(hidden, inter, act, w, threads=2, isa="amx_bf16", amx_min_rows=5)
+    prepared = avx.prepare({})
+    gen = torch.Generator().manual_seed(11)
+    for n, ran in ((4, "avx512_bf16"), (5, "amx_bf16"), (16, "amx_bf16")):
+        x = torch.randn(n, hidden, generator=gen).to(torch.bfloat16)
+        out_avx, out_few = torch.empty(n, hidden), torch.empty(n, hidden)
+        avx.forward_many(x, [prepared], [0, n], out_avx)
+        few.forward_many(x, [prepared], [0, n], out_few)
+        assert few.last_isa() == ran
+        if ran == "avx512_bf16":  # below the threshold: the AVX-512 loops
+            assert torch.equal(out_few, out_avx)
+        else:
+            want = _reference(x, w, prepared, act)
+            assert float((out_few - want).abs().max()) <= 1e-4 * float(want.abs().max())
+    with pytest.raises(ValueError, match="amx_min_rows"):
+        _kernel(hidden, inter, act, w, amx_min_rows=0)
+    avx.close()
+    few.close()
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -295,7 +323,8 @@ def test_native_format_is_offered_for_bf16_models_only(
     )
     assert torch.equal(got, want)
     detail = hw.describe()["host_kernel"]
-    assert detail["kernel"] == "native" and detail["isa_ran"] == "avx512_bf16"
+    assert detail["kernel"] == "native"
+    assert detail["isa_ran"] == ("amx_bf16" if HAS_AMX else "avx512_bf16")
 
 
 def test_without_avx512_bf16_native_is_left_out_with_a_reason(

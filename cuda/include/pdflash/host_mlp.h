@@ -19,8 +19,9 @@
 //
 // Packed weights (bf16 as uint16, all zero-padded; "pairs" are 2 consecutive
 // elements along the reduction dimension, as _mm512_dpbf16_ps consumes them):
-//   W1: inter_pad = round_up(I, 16) intermediate indices in tiles of 16;
-//       tile t, pair p (p < ceil(H / 2)), column c (< 32), j (< 2) at
+//   W1: inter_pad = round_up(I, 32) intermediate indices in tiles of 16;
+//       tile t, pair p (p < hidden_pairs = round_up(ceil(H / 2), 16)),
+//       column c (< 32), j (< 2) at
 //       ((t * hidden_pairs + p) * 32 + c) * 2 + j  =  W_gate[16 t + c][2 p + j]
 //       for c < 16, W_up[16 t + c - 16][2 p + j] for c >= 16.
 //   W2: tiles of 32 output columns (ceil(H / 32) tiles); tile t, pair p
@@ -28,6 +29,7 @@
 //       ((t * inter_pairs + p) * 32 + c) * 2 + j  =  W_down[32 t + c][2 p + j].
 //   b1: fp32 [2 * inter_pad]: gate biases then up biases (or null);
 //   b2: fp32 [H] (or null).
+// Pairs per tile are a multiple of 16 (one AMX K step each), zero-padded.
 // One tile's weights are contiguous, so a thread's share (a run of tiles) is
 // one sequential stream, and a W1 tile holds a gate column and its up column
 // side by side: the activation runs on the accumulators before g is stored.
@@ -40,7 +42,9 @@
 namespace pdflash {
 
 enum class MlpAct : int32_t { kSwigluSilu = 0, kGptOssClamp = 1 };
-enum class MlpIsa : int32_t { kAuto = 0, kScalar = 1, kAvx512Bf16 = 2 };
+// kAmxBf16: AMX tiles for row chunks of >= amx_min_rows rows, AVX-512 BF16
+// for smaller ones (and every epilogue); kAuto: the best this CPU offers.
+enum class MlpIsa : int32_t { kAuto = 0, kScalar = 1, kAvx512Bf16 = 2, kAmxBf16 = 3 };
 enum class FloatType : int32_t { kF32 = 0, kBF16 = 1 };
 
 struct MlpShape {
@@ -62,12 +66,16 @@ struct MlpExpert {
 };
 
 // Packed sizes (elements of uint16) and derived dimensions.
-int64_t mlp_inter_pad(int64_t inter);
+int64_t mlp_inter_pad(int64_t inter);        // round_up(I, 32)
+int64_t mlp_hidden_pairs(int64_t hidden);    // round_up(ceil(H / 2), 16)
 int64_t mlp_w1_elems(int64_t hidden, int64_t inter);
 int64_t mlp_w2_elems(int64_t hidden, int64_t inter);
 
 // Whether this CPU (and OS) runs the AVX-512 BF16 kernel.
 bool cpu_has_avx512_bf16();
+// Whether it also runs the AMX BF16 one (CPU, OS tile state, and on Linux
+// the process's permission, which the first call requests).
+bool cpu_has_amx_bf16();
 
 // A persistent team of `threads - 1` worker threads plus the calling thread.
 // run() splits each phase's tiles (every expert's W1 tiles, then every
@@ -88,7 +96,7 @@ class HostMlpRunner {
   // Throws std::invalid_argument on bad arguments (before any work starts).
   void run(const MlpShape& shape, const MlpExpert* experts, int64_t n_experts, const void* x,
            FloatType x_type, int64_t x_stride, void* out, FloatType out_type,
-           int64_t out_stride, int64_t rows, MlpIsa isa);
+           int64_t out_stride, int64_t rows, MlpIsa isa, int64_t amx_min_rows = 1);
 
   int threads() const;
   // Calls served, and the ISA the last call ran (kAuto before any call).
