@@ -88,13 +88,18 @@ cdef class HostMlp:
     cdef readonly int threads
     cdef readonly int spin_us
 
-    def __cinit__(self, int threads, int spin_us=50):
+    def __cinit__(self):
+        self._runner = NULL
+        self._active = 0
+
+    def __init__(self, int threads, int spin_us=50):
+        if self._runner != NULL:
+            raise RuntimeError("HostMlp is already initialised")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if spin_us < 0:
             raise ValueError(f"spin_us must be >= 0, got {spin_us}")
         self._runner = new HostMlpRunner(threads, spin_us)
-        self._active = 0
         self.threads = threads
         self.spin_us = spin_us
 

@@ -79,6 +79,7 @@ class MlpBackend(Protocol):
         out_type: int,
         out_stride: int,
         isa: int = 0,
+        amx_min_rows: int = 1,
     ) -> None: ...
 
     def close(self) -> None: ...
