@@ -17,8 +17,9 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   GIL and CPU contention included), cold only.
 
 * ``paths[...]`` (``--sections paths``): where the executor's time goes, per
-  format (``out_in``, ``onednn``, ``native``: :data:`PATH_FORMATS`), all in
-  one shuffled round per repeat
+  format (``out_in``, ``onednn``, ``native``: :data:`PATH_FORMATS`; and
+  ``native_avx512``, the native kernel held to its AVX-512 BF16 loops, where
+  it would run AMX), all in one shuffled round per repeat
   (``--repeats`` x 3 rounds, medians, cold): ``read_floor`` (the expert's
   bytes streamed once by a reduction: the memory-bound floor),
   ``raw_out_in`` (bare MLP), ``kernel:F`` (the kernel, this thread, one
@@ -433,6 +434,14 @@ def executor_paths(
         done = prepare_all(kernel, store.views, ids)
         assert done is not None
         prepared[fmt] = (kernel, done.experts)
+    native = prepared.get("native")
+    if native is not None:
+        from pdflash.hybrid.native import cpu_has_amx_bf16
+
+        if cpu_has_amx_bf16():
+            # the same packed weights through the AVX-512 BF16 loops only (the
+            # native kernel runs AMX where it can): which is faster at few rows
+            prepared["native_avx512"] = (native[0].with_isa("avx512_bf16"), native[1])
     if "out_in" not in prepared:
         print(json.dumps({"paths": "skipped: no out_in kernel"}), flush=True)
         return

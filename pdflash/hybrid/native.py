@@ -231,6 +231,22 @@ class NativeHostKernel:
         self._w2_elems = int(mod.w2_elems(self.hidden, self.inter))
         self._b1_elems = 2 * int(mod.inter_pad(self.inter))
 
+    def with_isa(self, isa: str) -> NativeHostKernel:
+        """This kernel running ``isa`` (the same packed weights fit it)."""
+        return NativeHostKernel(
+            self.act,
+            self.split,
+            hidden=self.hidden,
+            inter=self.inter,
+            alpha=self.alpha,
+            limit=self.limit,
+            threads=self.threads,
+            isa=isa,
+            amx_min_rows=self.amx_min_rows,
+            spin_us=self.spin_us,
+            backend=self._backend_factory,
+        )
+
     # -- weights ---------------------------------------------------------------
 
     def prepare(self, views: Weights) -> Weights:

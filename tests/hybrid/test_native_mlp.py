@@ -151,8 +151,9 @@ def test_scalar_and_avx512_agree_bit_for_bit(act: str) -> None:
 def test_amx_runs_row_chunks_from_amx_min_rows() -> None:
     hidden, inter, act = 64, 40, "swiglu_silu"
     w = _weights(hidden, inter, act, seed=10)
-    avx = _kernel(hidden, inter, act, w, threads=2, isa="avx512_bf16")
-    few = _kernel(hidden, inter, act, w, threads=2, isa="amx_bf16", amx_min_rows=5)
+    avx = _kernel(hidden, inter, act, w, threads=2, isa="amx_bf16", amx_min_rows=5)
+    few, avx = avx, avx.with_isa("avx512_bf16")
+    assert (avx.isa, avx.amx_min_rows, avx.threads) == ("avx512_bf16", 5, 2)
     prepared = avx.prepare({})
     gen = torch.Generator().manual_seed(11)
     for n, ran in ((4, "avx512_bf16"), (5, "amx_bf16"), (16, "amx_bf16")):
