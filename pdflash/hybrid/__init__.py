@@ -18,13 +18,20 @@ copies others (issue 16).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from pdflash.hybrid.cost import HostCostModel, calibrate_host, fit_affine
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
-from pdflash.hybrid.kernels import HOST_FORMATS, HostKernel, PreparedWeights, host_kernel_for
+from pdflash.hybrid.kernels import (
+    HOST_FORMATS,
+    HostKernel,
+    PreparedWeights,
+    host_kernel_for,
+    kernel_detail,
+)
 from pdflash.hybrid.planner import (
     DEFAULT_MAX_HOST_RATIO,
     DEFAULT_MAX_HOST_TOKENS,
@@ -163,6 +170,7 @@ def build_host_service(
             cost=cost,
         )
         service.host_weights = weights.describe()
+        service.kernel_detail = functools.partial(kernel_detail, weights.kernel)
         service.intra_op_threads_before = threads_before
     except BaseException:
         if executor is not None:

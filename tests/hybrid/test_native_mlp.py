@@ -358,3 +358,45 @@ def test_auto_times_native_on_a_bf16_model(
     assert hw.format == min(timed, key=lambda k: timed[k])
     prepared = prepare_all(host_kernel_for(ad, "native"), ad.store.views, [0])  # type: ignore[arg-type]
     assert prepared is not None and prepared.nbytes > 0  # a packed copy: new memory
+
+
+@needs_avx
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_moe"])
+def test_offloaded_forward_with_native_host_experts(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    from pdflash.hybrid import ForcedHostPlanner, build_host_service
+    from pdflash.models import load_adapter
+
+    ad = load_adapter(
+        tiny_checkpoints[arch],
+        issuer=host_issuer,
+        cache_slots=4,
+        max_batch_tokens=2,
+        attn_implementation="eager",
+        dtype=torch.bfloat16,
+    )
+    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(3))
+    want = ad.forward_logits(ids).float()  # every miss copied, the device's experts
+    svc = build_host_service(
+        ad,
+        link_bytes_per_s=1e9,
+        planner=ForcedHostPlanner(every=1),
+        calibrate=False,
+        host_format="native",
+        weight_budget_bytes=1 << 34,
+    )
+    try:
+        got = ad.forward_logits(ids).float()
+        described = svc.describe()["host_weights"]
+        assert described["host_format"] == "native"
+        assert described["host_kernel"]["isa_ran"] == ("amx_bf16" if HAS_AMX else "avx512_bf16")
+    finally:
+        svc.close()
+        ad.runtime.host_service = None
+    assert svc.books.experts > 0
+    # bf16 end to end: every layer's experts rounded differently (fp32 vs bf16
+    # intermediates); bounded by the logits' scale
+    err = (got - want).abs()
+    scale = float(want.abs().max())
+    assert float(err.max()) <= 5e-2 * scale and float(err.mean()) <= 1e-2 * scale
