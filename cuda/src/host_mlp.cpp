@@ -404,10 +404,15 @@ void w2_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
   }
 }
 
-// The items [lo, hi) of a phase whose items are (expert, tile) in order.
+// Claims a phase's items (expert, tile) one at a time from `next` until
+// none is left: a thread that starts late (a parked worker waking up) or
+// runs slower takes fewer, so the phase ends when the work does. Each item
+// is one tile's contiguous weights, a sequential stream whoever reads it.
 template <typename F>
-void run_items(const Job& j, int64_t tiles, int64_t lo, int64_t hi, float* acc, F tile) {
-  for (int64_t k = lo; k < hi; ++k) {
+void run_items(const Job& j, int64_t tiles, int64_t n, std::atomic<int64_t>& next, float* acc,
+               F tile) {
+  for (int64_t k = next.fetch_add(1, std::memory_order_relaxed); k < n;
+       k = next.fetch_add(1, std::memory_order_relaxed)) {
     const MlpExpert& e = j.experts[k / tiles];
     if (e.row_end > e.row_begin) tile(j, e, k % tiles, acc);
   }
@@ -471,6 +476,7 @@ struct HostMlpRunner::Impl {
   bool stop = false;  // under m
   const Job* job = nullptr;
   std::atomic<int> done{0};
+  std::atomic<int64_t> next1{0}, next2{0};  // the phases' next unclaimed item
   std::atomic<int> bar_count{0};
   std::atomic<uint64_t> bar_gen{0};
   std::atomic<int64_t> calls{0};
@@ -494,9 +500,9 @@ struct HostMlpRunner::Impl {
     const Job& j = *job;
     alignas(64) float acc[kRowChunk * kTileCols];
     const int64_t n1 = j.n_experts * j.tiles1, n2 = j.n_experts * j.tiles2;
-    run_items(j, j.tiles1, n1 * tid / threads, n1 * (tid + 1) / threads, acc, w1_tile);
+    run_items(j, j.tiles1, n1, next1, acc, w1_tile);
     barrier();
-    run_items(j, j.tiles2, n2 * tid / threads, n2 * (tid + 1) / threads, acc, w2_tile);
+    run_items(j, j.tiles2, n2, next2, acc, w2_tile);
 #if PDFLASH_MLP_X86
     if (j.amx) amx_release();  // the tile state off this thread (cheaper switches)
 #endif
@@ -636,6 +642,8 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   j.g = im.g.data();
   im.job = &j;
   im.done.store(0, std::memory_order_relaxed);
+  im.next1.store(0, std::memory_order_relaxed);
+  im.next2.store(0, std::memory_order_relaxed);
   if (im.threads > 1) {
     {
       std::lock_guard<std::mutex> lk(im.m);

@@ -78,9 +78,9 @@ bool cpu_has_avx512_bf16();
 bool cpu_has_amx_bf16();
 
 // A persistent team of `threads - 1` worker threads plus the calling thread.
-// run() splits each phase's tiles (every expert's W1 tiles, then every
-// expert's W2 tiles) into contiguous runs of equal count, one per thread;
-// one barrier between the phases. Workers spin `spin_us` after a call
+// run() has the team claim each phase's tiles (every expert's W1 tiles, then
+// every expert's W2 tiles) one at a time from a shared counter, so a worker
+// that wakes late takes fewer; one barrier between the phases. Workers spin `spin_us` after a call
 // (back-to-back calls skip a wake-up), then park on a condition variable.
 // Calls from several threads are serialised (one team).
 class HostMlpRunner {
