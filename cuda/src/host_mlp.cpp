@@ -1,11 +1,14 @@
 // The host expert MLP (see include/pdflash/host_mlp.h for the math and the
-// packed layout). Two variants of every loop: AVX-512 BF16 (compiled with a
-// per-function target attribute, chosen at run time: the library is built
-// without -m flags so it loads on any x86-64 CPU) and portable scalar C++.
-// Both accumulate each output column over the pairs in the same order, odd
+// packed layout). Three variants of the dot products, chosen at run time
+// (each compiled with a per-function target attribute: the library is built
+// without -m flags so it loads on any x86-64 CPU): AMX BF16 tiles,
+// AVX-512 BF16, and portable scalar C++. The scalar and AVX-512 loops
+// accumulate each output column over the pairs in the same order, odd
 // element of a pair first (as VDPBF16PS does), and share one exp
 // polynomial, so they agree up to denormal handling (VDPBF16PS treats
-// denormal inputs as zero).
+// denormal inputs as zero); AMX sums each 16-pair step in its own order.
+// The epilogues (biases, activation, bf16 rounding) are AVX-512 wherever
+// AVX-512 or AMX runs.
 #include "pdflash/host_mlp.h"
 
 #include <algorithm>

@@ -5,10 +5,13 @@ and each weight does a handful of multiply-adds. torch's bf16 path runs two
 GEMMs and the activation as separate ops (and oneDNN sizes its blocking for
 larger problems); the native kernel (``cuda/include/pdflash/host_mlp.h``,
 bound as :mod:`pdflash_native._hostmlp`) streams each weight byte once for
-all rows with AVX-512 BF16 dot products (``_mm512_dpbf16_ps``, fp32
-accumulation), applies biases and the activation on the accumulators, and
+all rows with AMX BF16 tiles where the CPU and OS offer them, else AVX-512
+BF16 dot products (``_mm512_dpbf16_ps``; fp32 accumulation either way; the
+ISA is chosen at run time), applies biases and the activation on the
+accumulators, and
 splits the output columns over a persistent team of threads (the caller plus
-``threads - 1`` workers; one barrier between the two products). The whole
+``threads - 1`` workers claiming tiles of columns; one barrier between the
+two products). The whole
 batch of a job is one call without the GIL.
 
 Weights are prepared once into the kernel's packed layout (bf16, zero
