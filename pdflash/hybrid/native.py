@@ -2,8 +2,7 @@
 
 At 1-16 rows an expert's MLP is memory-bound: the weights are read once
 and each weight does a handful of multiply-adds. torch's bf16 path runs two
-GEMMs and the activation as separate ops (and oneDNN sizes its blocking for
-larger problems); the native kernel (``cuda/include/pdflash/host_mlp.h``,
+GEMMs and the activation as separate ops; the native kernel (``cuda/include/pdflash/host_mlp.h``,
 bound as :mod:`pdflash_native._hostmlp`) streams each weight byte once for
 all rows with AMX BF16 tiles where the CPU and OS offer them, else AVX-512
 BF16 dot products (``_mm512_dpbf16_ps``; fp32 accumulation either way; the
