@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -36,6 +37,15 @@
 #define PDFLASH_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
 #else
 #define PDFLASH_MLP_X86 0
+#endif
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define PDFLASH_MLP_FUTEX 1
+#else
+#define PDFLASH_MLP_FUTEX 0
 #endif
 
 namespace pdflash {
@@ -408,16 +418,18 @@ void w2_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
 }
 
 // Claims a phase's items (expert, tile) one at a time from `next` until
-// none is left: a thread that starts late (a parked worker waking up) or
-// runs slower takes fewer, so the phase ends when the work does. Each item
-// is one tile's contiguous weights, a sequential stream whoever reads it.
+// none is left, counting each finished one in `finished`: a thread that
+// starts late (a parked worker waking up) or runs slower takes fewer, so the
+// phase ends when the work does. Each item is one tile's contiguous
+// weights, a sequential stream whoever reads it.
 template <typename F>
-void run_items(const Job& j, int64_t tiles, int64_t n, std::atomic<int64_t>& next, float* acc,
-               F tile) {
+void run_items(const Job& j, int64_t tiles, int64_t n, std::atomic<int64_t>& next,
+               std::atomic<int64_t>& finished, float* acc, F tile) {
   for (int64_t k = next.fetch_add(1, std::memory_order_relaxed); k < n;
        k = next.fetch_add(1, std::memory_order_relaxed)) {
     const MlpExpert& e = j.experts[k / tiles];
     if (e.row_end > e.row_begin) tile(j, e, k % tiles, acc);
+    finished.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -473,46 +485,80 @@ struct HostMlpRunner::Impl {
   std::chrono::microseconds spin{0};
   std::vector<std::thread> workers;
   std::mutex call_mutex;  // one call at a time
-  std::mutex m;
+  // Workers wait for the epoch to change: spin, then park. On Linux they
+  // park on a futex on the epoch itself, all woken by one call with no mutex
+  // to re-take one after another (a condition variable elsewhere).
+  std::atomic<uint32_t> epoch{0};
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::mutex m;  // the condition variable's (no futex)
   std::condition_variable cv;
-  std::atomic<uint64_t> epoch{0};
-  bool stop = false;  // under m
   const Job* job = nullptr;
-  std::atomic<int> done{0};
-  std::atomic<int64_t> next1{0}, next2{0};  // the phases' next unclaimed item
-  std::atomic<int> bar_count{0};
-  std::atomic<uint64_t> bar_gen{0};
+  // The call in progress: its epoch while workers may join it (-1: none),
+  // the workers inside it, and per phase the next unclaimed and the
+  // finished items. A call ends when its work is done: a worker that wakes
+  // after that finds the call closed and never touches its job.
+  std::atomic<int64_t> open_epoch{-1};
+  std::atomic<int> active{0};
+  std::atomic<int64_t> next1{0}, next2{0}, finished1{0}, finished2{0};
   std::atomic<int64_t> calls{0};
   std::atomic<int32_t> last_isa{static_cast<int32_t>(MlpIsa::kAuto)};
   std::vector<uint16_t> xb, g;
 
-  void barrier() {
-    const uint64_t gen = bar_gen.load(std::memory_order_acquire);
-    if (bar_count.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
-      bar_count.store(0, std::memory_order_relaxed);
-      bar_gen.fetch_add(1, std::memory_order_release);
-      return;
+  // Starts the next epoch and wakes parked workers.
+  void publish() {
+#if PDFLASH_MLP_FUTEX
+    static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word");
+    epoch.fetch_add(1, std::memory_order_seq_cst);
+    if (parked.load(std::memory_order_seq_cst) > 0)
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch), FUTEX_WAKE_PRIVATE, INT_MAX,
+              nullptr, nullptr, 0);
+#else
+    {
+      std::lock_guard<std::mutex> lk(m);
+      epoch.fetch_add(1, std::memory_order_seq_cst);
     }
-    for (int i = 0; bar_gen.load(std::memory_order_acquire) == gen; ++i) {
+    cv.notify_all();
+#endif
+  }
+
+  // Blocks while the epoch is still `seen` (spurious returns allowed).
+  void park(uint32_t seen) {
+    parked.fetch_add(1, std::memory_order_seq_cst);
+#if PDFLASH_MLP_FUTEX
+    if (epoch.load(std::memory_order_seq_cst) == seen)
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch), FUTEX_WAIT_PRIVATE, seen, nullptr,
+              nullptr, 0);
+#else
+    {
+      std::unique_lock<std::mutex> lk(m);
+      cv.wait(lk, [&] { return epoch.load(std::memory_order_acquire) != seen; });
+    }
+#endif
+    parked.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  static void wait_until(const std::atomic<int64_t>& v, int64_t target) {
+    for (int i = 0; v.load(std::memory_order_acquire) < target; ++i) {
       // more threads than free cores: let a descheduled one run
       if (i < 4096) cpu_relax(); else std::this_thread::yield();
     }
   }
 
-  void execute(int tid) {
+  void execute() {
     const Job& j = *job;
     alignas(64) float acc[kRowChunk * kTileCols];
     const int64_t n1 = j.n_experts * j.tiles1, n2 = j.n_experts * j.tiles2;
-    run_items(j, j.tiles1, n1, next1, acc, w1_tile);
-    barrier();
-    run_items(j, j.tiles2, n2, next2, acc, w2_tile);
+    run_items(j, j.tiles1, n1, next1, finished1, acc, w1_tile);
+    wait_until(finished1, n1);  // phase 2 reads every row of g
+    run_items(j, j.tiles2, n2, next2, finished2, acc, w2_tile);
 #if PDFLASH_MLP_X86
     if (j.amx) amx_release();  // the tile state off this thread (cheaper switches)
 #endif
   }
 
-  void worker(int tid) {
-    uint64_t seen = 0;
+  void worker() {
+    uint32_t seen = 0;
     for (;;) {
       const auto until = std::chrono::steady_clock::now() + spin;
       int i = 0;
@@ -520,15 +566,20 @@ struct HostMlpRunner::Impl {
         if ((++i & 255) == 0 && std::chrono::steady_clock::now() > until) break;
         cpu_relax();
       }
-      {
-        std::unique_lock<std::mutex> lk(m);
-        cv.wait(lk, [&] { return stop || epoch.load(std::memory_order_acquire) != seen; });
-        if (stop) return;
-        seen = epoch.load(std::memory_order_acquire);
-      }
-      execute(tid);
-      done.fetch_add(1, std::memory_order_acq_rel);
+      while (epoch.load(std::memory_order_acquire) == seen) park(seen);
+      seen = epoch.load(std::memory_order_acquire);
+      if (stop.load(std::memory_order_acquire)) return;
+      active.fetch_add(1, std::memory_order_seq_cst);
+      if (open_epoch.load(std::memory_order_seq_cst) == static_cast<int64_t>(seen)) execute();
+      active.fetch_sub(1, std::memory_order_release);
     }
+  }
+
+  void stop_workers() {
+    stop.store(true, std::memory_order_release);
+    publish();
+    for (auto& w : workers) w.join();
+    workers.clear();
   }
 };
 
@@ -538,26 +589,16 @@ HostMlpRunner::HostMlpRunner(int threads, int spin_us) : impl_(new Impl) {
   impl_->threads = threads;
   impl_->spin = std::chrono::microseconds(spin_us);
   try {
-    for (int t = 1; t < threads; ++t) impl_->workers.emplace_back(&Impl::worker, impl_.get(), t);
+    for (int t = 1; t < threads; ++t) impl_->workers.emplace_back(&Impl::worker, impl_.get());
   } catch (...) {
-    {
-      std::lock_guard<std::mutex> lk(impl_->m);
-      impl_->stop = true;
-    }
-    impl_->cv.notify_all();
-    for (auto& w : impl_->workers) w.join();
+    impl_->stop_workers();
     throw;
   }
 }
 
 HostMlpRunner::~HostMlpRunner() {
   std::lock_guard<std::mutex> call(impl_->call_mutex);
-  {
-    std::lock_guard<std::mutex> lk(impl_->m);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
-  for (auto& w : impl_->workers) w.join();
+  impl_->stop_workers();
 }
 
 int HostMlpRunner::threads() const { return impl_->threads; }
@@ -644,18 +685,22 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   j.xb = im.xb.data();
   j.g = im.g.data();
   im.job = &j;
-  im.done.store(0, std::memory_order_relaxed);
   im.next1.store(0, std::memory_order_relaxed);
   im.next2.store(0, std::memory_order_relaxed);
+  im.finished1.store(0, std::memory_order_relaxed);
+  im.finished2.store(0, std::memory_order_relaxed);
   if (im.threads > 1) {
-    {
-      std::lock_guard<std::mutex> lk(im.m);
-      im.epoch.fetch_add(1, std::memory_order_acq_rel);
-    }
-    im.cv.notify_all();
+    // only the caller changes the epoch: the one publish() starts
+    const uint32_t next_epoch = im.epoch.load(std::memory_order_relaxed) + 1u;
+    im.open_epoch.store(static_cast<int64_t>(next_epoch), std::memory_order_seq_cst);
+    im.publish();
   }
-  im.execute(0);
-  for (int i = 0; im.done.load(std::memory_order_acquire) != im.threads - 1; ++i) {
+  im.execute();
+  Impl::wait_until(im.finished2, n_experts * j.tiles2);
+  // close the call, then wait only for the workers already inside it (they
+  // find nothing left to claim); one waking later sees it closed
+  im.open_epoch.store(-1, std::memory_order_seq_cst);
+  for (int i = 0; im.active.load(std::memory_order_seq_cst) > 0; ++i) {
     if (i < 4096) cpu_relax(); else std::this_thread::yield();
   }
   im.job = nullptr;
