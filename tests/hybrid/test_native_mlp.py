@@ -202,6 +202,35 @@ def test_any_thread_count_and_batching_give_the_same_bits(isa: str) -> None:
         assert torch.equal(r, results[0])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_calls_with_parked_and_late_workers_stay_exact(isa: str) -> None:
+    # more threads than cores, idle gaps that park the workers, calls right
+    # after one another: every call equals the single-thread result (a
+    # worker joining a finished call, or the next one, must not touch
+    # either's output)
+    import random
+    import time
+
+    hidden, inter, act = 48, 40, "gpt_oss"
+    w = _weights(hidden, inter, act, seed=12)
+    one = _kernel(hidden, inter, act, w, threads=1, isa=isa)
+    team = _kernel(hidden, inter, act, w, threads=4, isa=isa, spin_us=20)
+    prepared = one.prepare({})
+    rng = random.Random(0)
+    gen = torch.Generator().manual_seed(13)
+    for i in range(150):
+        n = rng.randint(1, 17)
+        x = torch.randn(n, hidden, generator=gen).to(torch.bfloat16)
+        want, got = torch.empty(n, hidden), torch.full((n, hidden), float("nan"))
+        one.forward_many(x, [prepared], [0, n], want)
+        if i % 3 == 0:
+            time.sleep(rng.random() * 3e-4)
+        team.forward_many(x, [prepared], [0, n], got)
+        assert torch.equal(got, want), i
+    one.close()
+    team.close()
+
+
 def test_bad_input_is_refused_and_the_team_survives() -> None:
     hidden, inter = 32, 16
     w = _weights(hidden, inter, "swiglu_silu", seed=8)

@@ -79,9 +79,12 @@ bool cpu_has_amx_bf16();
 
 // A persistent team of `threads - 1` worker threads plus the calling thread.
 // run() has the team claim each phase's tiles (every expert's W1 tiles, then
-// every expert's W2 tiles) one at a time from a shared counter, so a worker
-// that wakes late takes fewer; one barrier between the phases. Workers spin `spin_us` after a call
-// (back-to-back calls skip a wake-up), then park on a condition variable.
+// every expert's W2 tiles) one at a time from a shared counter; phase 2
+// starts once every W1 tile is done. A call ends when its work is done:
+// workers join it while it is open and take what is left, so a worker that
+// wakes late takes less, or nothing, and never delays the call. Workers
+// spin `spin_us` after a call (back-to-back calls skip a wake-up), then park
+// (Linux: a futex on the call counter; elsewhere a condition variable).
 // Calls from several threads are serialised (one team).
 class HostMlpRunner {
  public:
