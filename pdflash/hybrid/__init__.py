@@ -8,6 +8,8 @@ copies others (issue 16).
 * :mod:`pdflash.hybrid.executor` — :class:`HostExpertExecutor`, the CPU pool;
 * :mod:`pdflash.hybrid.kernels` — host weight formats: experts prepared once
   in a compute-friendly layout/dtype and the MLP over them;
+* :mod:`pdflash.hybrid.native` — the ``native`` format: pdflash's C++ expert
+  MLP (AMX / AVX-512 BF16, a thread team over output columns);
 * :mod:`pdflash.hybrid.prepare` — choosing the format (timed) and preparing
   a store's experts in it, within a host-memory budget;
 * :mod:`pdflash.hybrid.service` — :class:`HostExpertService`, the hook the
