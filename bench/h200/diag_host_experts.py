@@ -17,7 +17,9 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   GIL and CPU contention included), cold only.
 
 * ``paths[...]`` (``--sections paths``): where the executor's time goes, per
-  format (``out_in``, ``onednn``), all in one shuffled round per repeat
+  format (``out_in``, ``onednn``, ``native``: :data:`PATH_FORMATS`; and
+  ``native_avx512``, the native kernel held to its AVX-512 BF16 loops, where
+  it would run AMX), all in one shuffled round per repeat
   (``--repeats`` x 3 rounds, medians, cold): ``read_floor`` (the expert's
   bytes streamed once by a reduction: the memory-bound floor),
   ``raw_out_in`` (bare MLP), ``kernel:F`` (the kernel, this thread, one
@@ -37,8 +39,8 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   copies pinned host memory to the GPU in a loop: the CPU's and the DMA's
   reads share host memory bandwidth (``paths_link_load``).
 
-* ``interleaved[...]``: the bare ``[out, in]`` MLP, ``kernel[out_in]`` and
-  ``kernel[onednn]`` again, one cold pass each per round in a shuffled order
+* ``interleaved[...]``: the bare ``[out, in]`` MLP, ``kernel[out_in]``,
+  ``kernel[onednn]`` and ``kernel[native]`` again, one cold pass each per round in a shuffled order
   (``--repeats`` x 3 rounds, medians): the sections above run one after
   another, so a drift of the machine over the run reads as a difference
   between them; these three compare directly.
@@ -66,6 +68,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+#: the host formats the paths and interleaved sections compare (each where
+#: it exists here: oneDNN's where torch has it, the native kernel for bf16
+#: models on CPUs with AVX-512 BF16)
+PATH_FORMATS: tuple[str, ...] = ("out_in", "onednn", "native")
 
 
 def _us(fn: Callable[[int], Any], ids: list[int], repeats: int) -> float:
@@ -176,6 +183,7 @@ def diagnose(
     returns the summary (also the last line printed)."""
     from pdflash.hybrid import HostExpertExecutor, host_kernel_for
     from pdflash.hybrid.kernels import batched_kernels_error, prepare_all
+    from pdflash.hybrid.native import native_unavailable_reason
 
     sections = ["formats", "interleaved", "paths"] if sections is None else sections
     store = ad.store
@@ -195,6 +203,7 @@ def diagnose(
         "sections": sections,
         "paths_clock": "process_cpu" if cpu_clock else "wall",
         "scripted_batches": batched_kernels_error() or "yes",
+        "native_kernel": native_unavailable_reason(store.layout.dtype) or "yes",
         "cpu": _cpu_model(),
         "synthetic": True,
     }
@@ -418,13 +427,21 @@ def executor_paths(
 
     store = ad.store
     prepared: dict[str, tuple[Any, list[dict[str, torch.Tensor]]]] = {}
-    for fmt in ("out_in", "onednn"):
+    for fmt in PATH_FORMATS:
         kernel = host_kernel_for(ad, fmt)
         if kernel is None or kernel.dtype != store.layout.dtype:
             continue
         done = prepare_all(kernel, store.views, ids)
         assert done is not None
         prepared[fmt] = (kernel, done.experts)
+    native = prepared.get("native")
+    if native is not None:
+        from pdflash.hybrid.native import cpu_has_amx_bf16
+
+        if cpu_has_amx_bf16():
+            # the same packed weights through the AVX-512 BF16 loops only (the
+            # native kernel runs AMX where it can): which is faster at few rows
+            prepared["native_avx512"] = (native[0].with_isa("avx512_bf16"), native[1])
     if "out_in" not in prepared:
         print(json.dumps({"paths": "skipped: no out_in kernel"}), flush=True)
         return
@@ -547,7 +564,7 @@ def interleaved(
     repeats: int,
     emit: Callable[..., None],
 ) -> None:
-    """The bare MLP, ``kernel[out_in]`` and ``kernel[onednn]`` (where they
+    """The bare MLP and the kernels of :data:`PATH_FORMATS` (where they
     exist) in shuffled order, one cold pass each per round (module doc)."""
     import random
 
@@ -555,7 +572,7 @@ def interleaved(
     from pdflash.hybrid.kernels import prepare_all
 
     calls: dict[str, tuple[Callable[..., torch.Tensor], list[dict[str, torch.Tensor]]]] = {}
-    for fmt in ("out_in", "onednn"):
+    for fmt in PATH_FORMATS:
         kernel = host_kernel_for(ad, fmt)
         if kernel is None or kernel.dtype != ad.store.layout.dtype:
             continue

@@ -8,6 +8,8 @@ copies others (issue 16).
 * :mod:`pdflash.hybrid.executor` — :class:`HostExpertExecutor`, the CPU pool;
 * :mod:`pdflash.hybrid.kernels` — host weight formats: experts prepared once
   in a compute-friendly layout/dtype and the MLP over them;
+* :mod:`pdflash.hybrid.native` — the ``native`` format: pdflash's C++ expert
+  MLP (AMX / AVX-512 BF16, a thread team over output columns);
 * :mod:`pdflash.hybrid.prepare` — choosing the format (timed) and preparing
   a store's experts in it, within a host-memory budget;
 * :mod:`pdflash.hybrid.service` — :class:`HostExpertService`, the hook the
@@ -18,13 +20,20 @@ copies others (issue 16).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from pdflash.hybrid.cost import HostCostModel, calibrate_host, fit_affine
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
-from pdflash.hybrid.kernels import HOST_FORMATS, HostKernel, PreparedWeights, host_kernel_for
+from pdflash.hybrid.kernels import (
+    HOST_FORMATS,
+    HostKernel,
+    PreparedWeights,
+    host_kernel_for,
+    kernel_detail,
+)
 from pdflash.hybrid.planner import (
     DEFAULT_MAX_HOST_RATIO,
     DEFAULT_MAX_HOST_TOKENS,
@@ -163,6 +172,7 @@ def build_host_service(
             cost=cost,
         )
         service.host_weights = weights.describe()
+        service.kernel_detail = functools.partial(kernel_detail, weights.kernel)
         service.intra_op_threads_before = threads_before
     except BaseException:
         if executor is not None:

@@ -30,6 +30,11 @@ bytes). Why the last: torch's plain bf16 GEMM on AMX/AVX-512 cores repacks
 the whole weight matrix into that layout on *every* call, which for the
 few rows an expert gets here is most of the call; a prepacked matrix is
 only read. It exists where torch has oneDNN (:func:`onednn_available`).
+``native`` in bf16, packed once for pdflash's own C++ kernel
+(:mod:`pdflash.hybrid.native`: each weight read once for all rows, AVX-512
+BF16 dot products, fused bias and activation, a team of threads over the
+output columns); it exists for bf16 models on CPUs with AVX-512 BF16
+(:func:`pdflash.hybrid.native.native_unavailable_reason` says why not).
 ``auto`` lets the calibration pick the fastest that fits the budget.
 
 Batches: :meth:`HostKernel.forward_many` computes a layer's HOST experts in
@@ -76,6 +81,7 @@ HOST_FORMATS: tuple[str, ...] = (
     "fp32_out_in",
     "fp32_in_out",
     "onednn",
+    "native",
 )
 
 
@@ -391,6 +397,8 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     dtype = format_dtype(fmt, adapter.store.layout.dtype)
     if fmt == "packed":
         return PackedKernel(adapter.expert_forward, dtype)
+    if fmt == "native":
+        return _native_kernel(adapter, dtype)
     if fmt == "onednn" and not onednn_available(dtype):
         return None
     layout = _layout(fmt)
@@ -401,6 +409,43 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     if hasattr(adapter, "_activation") and _is_swiglu(adapter):
         return SwiGLUHostKernel(adapter._activation(), dense, dtype, layout, fmt)
     return None
+
+
+def _native_kernel(adapter: Any, dtype: torch.dtype) -> HostKernel | None:
+    from pdflash.hybrid.native import native_kernel_for, native_unavailable_reason
+
+    if native_unavailable_reason(dtype) is not None:
+        return None
+    if getattr(adapter, "arch", None) == "gpt_oss" and hasattr(adapter, "_swiglu_params"):
+        return native_kernel_for(adapter, arch="gpt_oss")
+    if hasattr(adapter, "_activation") and _is_swiglu(adapter) and adapter._activation() is F.silu:
+        return native_kernel_for(adapter, arch="swiglu_silu")
+    return None
+
+
+def unavailable_reason(adapter: Any, fmt: str) -> str:
+    """Why :func:`host_kernel_for` gives None for ``fmt`` (a format it
+    gave None for)."""
+    dtype = adapter.store.layout.dtype
+    if fmt == "onednn" and not onednn_available(dtype):
+        return "torch has no oneDNN matmul for this dtype here"
+    if fmt == "native":
+        from pdflash.hybrid.native import native_unavailable_reason
+
+        why = native_unavailable_reason(dtype)
+        if why is not None:
+            return why
+    return "no kernel for this architecture"
+
+
+def kernel_detail(kernel: HostKernel) -> dict[str, Any]:
+    """What a row records about the kernel that ran: its name, and for the
+    native kernel the ISA it ran and its threads."""
+    describe = getattr(kernel, "describe", None)
+    if callable(describe):
+        detail: dict[str, Any] = describe()
+        return detail
+    return {"kernel": kernel.name}
 
 
 def _is_swiglu(adapter: Any) -> bool:

@@ -33,16 +33,26 @@ from pdflash.hybrid.kernels import (
     HostKernel,
     PreparedWeights,
     host_kernel_for,
-    onednn_available,
+    kernel_detail,
     prepare_all,
     prepared_nbytes,
+    unavailable_reason,
 )
 
 #: formats ``auto`` times (``in_out`` in the model dtype is left out: for the
 #: dense layouts it is the packed layout, for compressed ones out_in's twin;
 #: ``onednn`` only where this torch has it, see
-#: :func:`pdflash.hybrid.kernels.onednn_available`)
-AUTO_CANDIDATES: tuple[str, ...] = ("packed", "out_in", "onednn", "fp32_out_in", "fp32_in_out")
+#: :func:`pdflash.hybrid.kernels.onednn_available`; ``native`` only for bf16
+#: models on CPUs with AVX-512 BF16, see
+#: :func:`pdflash.hybrid.native.native_unavailable_reason`)
+AUTO_CANDIDATES: tuple[str, ...] = (
+    "packed",
+    "out_in",
+    "onednn",
+    "native",
+    "fp32_out_in",
+    "fp32_in_out",
+)
 #: bytes of prepared experts each candidate is timed over (cold caches)
 SAMPLE_BYTES = 1 << 30
 MAX_SAMPLE_EXPERTS = 64
@@ -90,6 +100,7 @@ class HostWeights:
     def describe(self) -> dict[str, Any]:
         return {
             "host_format": self.format,
+            "host_kernel": kernel_detail(self.kernel),
             "prepared_nbytes": self.nbytes,
             "prepare_s": self.prepare_s,
             "weight_budget_bytes": self.budget_bytes,
@@ -211,11 +222,7 @@ def host_weights_for(
         for name in AUTO_CANDIDATES:
             kernel = host_kernel_for(adapter, name)
             if kernel is None:
-                candidates[name] = (
-                    "torch has no oneDNN matmul for this dtype here"
-                    if name == "onednn" and not onednn_available(adapter.store.layout.dtype)
-                    else "no kernel for this architecture"
-                )
+                candidates[name] = unavailable_reason(adapter, name)
                 continue
             candidates[name] = _time_format(adapter, kernel, workers, budget, repeats)
         timed = {n: v for n, v in candidates.items() if isinstance(v, float)}

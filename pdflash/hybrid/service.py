@@ -28,7 +28,7 @@ bytes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -127,6 +127,9 @@ class HostExpertService:
         self.timer: Any = None
         #: the host weight format and its prepared copy (HostWeights.describe())
         self.host_weights: dict[str, Any] | None = None
+        #: the kernel's own account (which kernel, and for the native one the
+        #: ISA its last batch ran), read when a row is written
+        self.kernel_detail: Callable[[], dict[str, Any]] | None = None
         #: torch's intra-op thread count before this service set its own
         #: (process-wide): given back by :meth:`close`; None: nothing to give back
         self.intra_op_threads_before: int | None = None
@@ -208,11 +211,16 @@ class HostExpertService:
         return {
             "planner": params() if callable(params) else {"planner": self.planner.name},
             "calibration": None if self.cost is None else self.cost.to_json(),
-            "host_weights": self.host_weights,
+            "host_weights": self._host_weights(),
             "workers": self.executor.workers,
             "intra_op_threads": self.executor.intra_op_threads,
             "link_bytes_per_s": self.link_bytes_per_s,
         }
+
+    def _host_weights(self) -> dict[str, Any] | None:
+        if self.host_weights is None or self.kernel_detail is None:
+            return self.host_weights
+        return {**self.host_weights, "host_kernel": self.kernel_detail()}
 
     def close(self) -> None:
         """Stop the executor's pool and give torch back the intra-op thread

@@ -28,10 +28,18 @@ from pdflash.hybrid.kernels import (
     prepare_all,
     prepared_nbytes,
 )
+from pdflash.hybrid.native import native_unavailable_reason
 from pdflash.models import load_adapter
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 PREPARED = tuple(f for f in HOST_FORMATS if f != "packed")
+
+
+def _skip_unavailable(fmt: str, dtype: torch.dtype) -> None:
+    if fmt == "onednn" and not onednn_available(dtype):
+        pytest.skip(f"no oneDNN matmul in {dtype} on this CPU")
+    if fmt == "native" and (why := native_unavailable_reason(dtype)) is not None:
+        pytest.skip(why)
 
 
 def _device_path(ad: object, ids: np.ndarray, x: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -70,8 +78,7 @@ def test_prepared_expert_equals_device_expert(
     tiny_checkpoints: dict[str, Path],
     host_issuer: object,
 ) -> None:
-    if fmt == "onednn" and not onednn_available(dtype):
-        pytest.skip(f"no oneDNN matmul in {dtype} on this CPU")
+    _skip_unavailable(fmt, dtype)
     ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=8, dtype=dtype)
     ids = np.array([0, 3, ad.num_experts + 1], dtype=np.int64)  # two layers
     counts = [3, 1, 5]
@@ -318,8 +325,7 @@ def test_forward_many_equals_forward_per_expert(
 ) -> None:
     # the batch loop (TorchScript, or its Python fallback) against its
     # reference, forward per expert: the same ops, so the same bits
-    if fmt == "onednn" and not onednn_available(dtype):
-        pytest.skip(f"no oneDNN matmul in {dtype} on this CPU")
+    _skip_unavailable(fmt, dtype)
     if scripted:
         assert batched_kernels() is not None, batched_kernels_error()
     else:

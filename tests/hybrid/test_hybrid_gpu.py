@@ -62,14 +62,17 @@ def test_host_expert_equals_gpu_expert(
     ad.close()
 
 
-@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out", "native"])
 @pytest.mark.parametrize("arch", ("qwen3_moe", "gpt_oss"))
 def test_prepared_host_expert_equals_gpu_expert(
     arch: str, fmt: str, tmp_path: Path, cuda_issuer: Any
 ) -> None:
     from pdflash.hybrid import host_weights_for
+    from pdflash.hybrid.native import native_unavailable_reason
 
     dtype = torch.bfloat16
+    if fmt == "native" and (why := native_unavailable_reason(dtype)) is not None:
+        pytest.skip(why)
     path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=dtype)
     ad = load_adapter(path, device="cuda", dtype=dtype, issuer=cuda_issuer, cache_slots=8)
     assert ad.cache is not None and ad.runtime is not None
@@ -155,7 +158,10 @@ def test_mxfp4_experts_prepared_on_the_gpu_equal_the_cpu_preparation(
     ad = load_adapter(path, device="cuda", dtype=torch.bfloat16, issuer=cuda_issuer, cache_slots=8)
     where = prepare_device(ad)
     assert ad.layout.format == "mxfp4" and where is not None and where.type == "cuda"
-    for fmt in ("out_in", "fp32_in_out"):
+    from pdflash.hybrid.native import native_unavailable_reason
+
+    native = [] if native_unavailable_reason(torch.bfloat16) else ["native"]
+    for fmt in ("out_in", "fp32_in_out", *native):
         kernel = host_kernel_for(ad, fmt)
         assert kernel is not None
         ids = [0, 5, ad.num_experts + 2]

@@ -1,0 +1,114 @@
+// A MoE expert's MLP on the host CPU for the few rows a missed expert gets
+// (1-16 typically): memory-bound, so each weight byte is read once per call
+// whatever the row count, the rows stay in registers/L1, fp32 accumulation.
+//
+// Knows nothing of torch: raw pointers, shapes, row strides, dtype tags. The
+// Python side (pdflash/hybrid/native.py) packs the weights into the layout
+// below once and passes tensors' data pointers; its reference
+// (pdflash/_reference/hostmlp.py) computes the same function.
+//
+// Math (act):
+//   kSwigluSilu   (Qwen3-MoE, Mixtral, ...): g = silu(x W_gate^T) * (x W_up^T)
+//   kGptOssClamp  (gpt-oss): gate = min(x W_gate^T + b_gate, limit),
+//                 up = clamp(x W_up^T + b_up, -limit, limit),
+//                 g = (up + 1) * gate * sigmoid(alpha * gate)
+//   out = g W_down^T (+ b_down)
+// g is rounded to bf16 (round to nearest even) before the second product,
+// as a bf16 model's own path rounds it; everything else stays fp32 until the
+// output is written (fp32 or bf16, rounded to nearest even).
+//
+// Packed weights (bf16 as uint16, all zero-padded; "pairs" are 2 consecutive
+// elements along the reduction dimension, as _mm512_dpbf16_ps consumes them):
+//   W1: inter_pad = round_up(I, 32) intermediate indices in tiles of 16;
+//       tile t, pair p (p < hidden_pairs = round_up(ceil(H / 2), 16)),
+//       column c (< 32), j (< 2) at
+//       ((t * hidden_pairs + p) * 32 + c) * 2 + j  =  W_gate[16 t + c][2 p + j]
+//       for c < 16, W_up[16 t + c - 16][2 p + j] for c >= 16.
+//   W2: tiles of 32 output columns (ceil(H / 32) tiles); tile t, pair p
+//       (p < inter_pad / 2), column c, j at
+//       ((t * inter_pairs + p) * 32 + c) * 2 + j  =  W_down[32 t + c][2 p + j].
+//   b1: fp32 [2 * inter_pad]: gate biases then up biases (or null);
+//   b2: fp32 [H] (or null).
+// Pairs per tile are a multiple of 16 (one AMX K step each), zero-padded.
+// One tile's weights are contiguous, so a thread's share (a run of tiles) is
+// one sequential stream, and a W1 tile holds a gate column and its up column
+// side by side: the activation runs on the accumulators before g is stored.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace pdflash {
+
+enum class MlpAct : int32_t { kSwigluSilu = 0, kGptOssClamp = 1 };
+// kAmxBf16: AMX tiles for row chunks of >= amx_min_rows rows, AVX-512 BF16
+// for smaller ones (and every epilogue); kAuto: the best this CPU offers.
+enum class MlpIsa : int32_t { kAuto = 0, kScalar = 1, kAvx512Bf16 = 2, kAmxBf16 = 3 };
+enum class FloatType : int32_t { kF32 = 0, kBF16 = 1 };
+
+struct MlpShape {
+  int64_t hidden = 0;  // H: the width of x and out
+  int64_t inter = 0;   // I: the expert's intermediate size
+  int32_t act = 0;     // MlpAct
+  float alpha = 0.f;   // gpt-oss only
+  float limit = 0.f;   // gpt-oss only
+};
+
+// One expert of a batch: its packed weights and the rows it computes.
+struct MlpExpert {
+  const uint16_t* w1 = nullptr;
+  const float* b1 = nullptr;
+  const uint16_t* w2 = nullptr;
+  const float* b2 = nullptr;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+};
+
+// Packed sizes (elements of uint16) and derived dimensions.
+int64_t mlp_inter_pad(int64_t inter);        // round_up(I, 32)
+int64_t mlp_hidden_pairs(int64_t hidden);    // round_up(ceil(H / 2), 16)
+int64_t mlp_w1_elems(int64_t hidden, int64_t inter);
+int64_t mlp_w2_elems(int64_t hidden, int64_t inter);
+
+// Whether this CPU (and OS) runs the AVX-512 BF16 kernel.
+bool cpu_has_avx512_bf16();
+// Whether it also runs the AMX BF16 one (CPU, OS tile state, and on Linux
+// the process's permission, which the first call requests).
+bool cpu_has_amx_bf16();
+
+// A persistent team of `threads - 1` worker threads plus the calling thread.
+// run() has the team claim each phase's tiles (every expert's W1 tiles, then
+// every expert's W2 tiles) one at a time from a shared counter; phase 2
+// starts once every W1 tile is done. A call ends when its work is done:
+// workers join it while it is open and take what is left, so a worker that
+// wakes late takes less, or nothing, and never delays the call. Workers
+// spin `spin_us` after a call (back-to-back calls skip a wake-up), then park
+// (Linux: a futex on the call counter; elsewhere a condition variable).
+// Calls from several threads are serialised (one team).
+class HostMlpRunner {
+ public:
+  HostMlpRunner(int threads, int spin_us);
+  ~HostMlpRunner();
+  HostMlpRunner(const HostMlpRunner&) = delete;
+  HostMlpRunner& operator=(const HostMlpRunner&) = delete;
+
+  // out[r] = MLP(x[r]) for every expert's rows [row_begin, row_end).
+  // x / out: `rows` rows of `hidden` elements, row strides in elements.
+  // isa kAuto picks AVX-512 BF16 where the CPU has it, else scalar.
+  // Throws std::invalid_argument on bad arguments (before any work starts).
+  void run(const MlpShape& shape, const MlpExpert* experts, int64_t n_experts, const void* x,
+           FloatType x_type, int64_t x_stride, void* out, FloatType out_type,
+           int64_t out_stride, int64_t rows, MlpIsa isa, int64_t amx_min_rows = 1);
+
+  int threads() const;
+  // Calls served, and the ISA the last call ran (kAuto before any call).
+  int64_t calls() const;
+  MlpIsa last_isa() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pdflash

@@ -1,0 +1,714 @@
+// The host expert MLP (see include/pdflash/host_mlp.h for the math and the
+// packed layout). Three variants of the dot products, chosen at run time
+// (each compiled with a per-function target attribute: the library is built
+// without -m flags so it loads on any x86-64 CPU): AMX BF16 tiles,
+// AVX-512 BF16, and portable scalar C++. The scalar and AVX-512 loops
+// accumulate each output column over the pairs in the same order, odd
+// element of a pair first (as VDPBF16PS does), and share one exp
+// polynomial, so they agree up to denormal handling (VDPBF16PS treats
+// denormal inputs as zero); AMX sums each 16-pair step in its own order.
+// The epilogues (biases, activation, bf16 rounding) are AVX-512 wherever
+// AVX-512 or AMX runs.
+#include "pdflash/host_mlp.h"
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define PDFLASH_MLP_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#define PDFLASH_AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
+#define PDFLASH_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
+#else
+#define PDFLASH_MLP_X86 0
+#endif
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define PDFLASH_MLP_FUTEX 1
+#else
+#define PDFLASH_MLP_FUTEX 0
+#endif
+
+namespace pdflash {
+
+namespace {
+
+constexpr int64_t kTileCols = 32;   // columns of one packed tile
+constexpr int64_t kW1TileInter = 16;  // intermediate indices per W1 tile
+constexpr int64_t kRowChunk = 16;   // rows computed per pass over a tile
+constexpr int kRegRows = 8;         // rows whose accumulators fit in registers
+constexpr int64_t kKBlock = 128;    // pairs per block when rows > kRegRows (16 KiB of W)
+constexpr int64_t kPairAlign = 16;  // pairs of a tile: a whole number of AMX K steps
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// exp(x), Cephes' single-precision polynomial; the AVX-512 variant below
+// runs the same operations in the same order.
+constexpr float kExpHi = 88.3762626647949f;
+constexpr float kExpLo = -88.3762626647949f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kP0 = 1.9875691500e-4f;
+constexpr float kP1 = 1.3981999507e-3f;
+constexpr float kP2 = 8.3334519073e-3f;
+constexpr float kP3 = 4.1665795894e-2f;
+constexpr float kP4 = 1.6666665459e-1f;
+constexpr float kP5 = 5.0000001201e-1f;
+
+inline float exp_scalar(float x) {
+  x = std::min(std::max(x, kExpLo), kExpHi);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = std::fma(-n, kLn2Hi, x);
+  r = std::fma(-n, kLn2Lo, r);
+  float p = kP0;
+  p = std::fma(p, r, kP1);
+  p = std::fma(p, r, kP2);
+  p = std::fma(p, r, kP3);
+  p = std::fma(p, r, kP4);
+  p = std::fma(p, r, kP5);
+  const float r2 = r * r;
+  float y = std::fma(p, r2, r);
+  y = y + 1.0f;
+  return std::ldexp(y, static_cast<int>(n));
+}
+
+inline float sigmoid_scalar(float z) { return 1.0f / (1.0f + exp_scalar(-z)); }
+
+// The activation on one (gate, up) pair, fp32 in, fp32 out.
+inline float act_scalar(const MlpShape& s, float gate, float up) {
+  if (s.act == static_cast<int32_t>(MlpAct::kGptOssClamp)) {
+    gate = std::min(gate, s.limit);
+    up = std::min(std::max(up, -s.limit), s.limit);
+    const float glu = gate * sigmoid_scalar(gate * s.alpha);
+    return (up + 1.0f) * glu;
+  }
+  return gate * sigmoid_scalar(gate) * up;
+}
+
+// Everything one call needs, shared by the team.
+struct Job {
+  MlpShape shape;
+  const MlpExpert* experts = nullptr;
+  int64_t n_experts = 0;
+  int64_t hidden_pairs = 0;
+  int64_t inter_pad = 0;
+  int64_t inter_pairs = 0;
+  int64_t tiles1 = 0;  // W1 tiles per expert
+  int64_t tiles2 = 0;  // W2 tiles per expert
+  const uint16_t* xb = nullptr;  // bf16 [rows][2 * hidden_pairs]
+  uint16_t* g = nullptr;         // bf16 [rows][inter_pad]
+  void* out = nullptr;
+  FloatType out_type = FloatType::kF32;
+  int64_t out_stride = 0;
+  bool avx = false;
+  bool amx = false;  // AMX for row chunks of >= amx_min_rows rows
+  int64_t amx_min_rows = 1;
+};
+
+// ---- scalar -----------------------------------------------------------------
+
+// acc[r][c] (+)= sum over pairs [p0, p1) of the tile's column c times row r.
+void dot_scalar(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs, int64_t nr,
+                int64_t p0, int64_t p1, float* acc, bool init) {
+  if (init) std::fill(acc, acc + nr * kTileCols, 0.0f);
+  for (int64_t r = 0; r < nr; ++r) {
+    const uint16_t* xr = in + 2 * r * in_stride_pairs;
+    float* a = acc + r * kTileCols;
+    for (int64_t p = p0; p < p1; ++p) {
+      const float x0 = bf16_to_f32(xr[2 * p]);
+      const float x1 = bf16_to_f32(xr[2 * p + 1]);
+      const uint16_t* w = wt + p * kTileCols * 2;
+      for (int64_t c = 0; c < kTileCols; ++c) {
+        float t = a[c] + bf16_to_f32(w[2 * c + 1]) * x1;
+        a[c] = t + bf16_to_f32(w[2 * c]) * x0;
+      }
+    }
+  }
+}
+
+// ---- AVX-512 BF16 -------------------------------------------------------------
+
+#if PDFLASH_MLP_X86
+template <int R>
+PDFLASH_AVX512BF16 void dot_avx_rows(const uint16_t* wt, const uint32_t* in,
+                                     int64_t in_stride_pairs, int64_t p0, int64_t p1,
+                                     float* acc, bool init) {
+  __m512 a[R][2];
+  for (int r = 0; r < R; ++r) {
+    if (init) {
+      a[r][0] = _mm512_setzero_ps();
+      a[r][1] = _mm512_setzero_ps();
+    } else {
+      a[r][0] = _mm512_loadu_ps(acc + r * kTileCols);
+      a[r][1] = _mm512_loadu_ps(acc + r * kTileCols + 16);
+    }
+  }
+  const uint16_t* w = wt + p0 * kTileCols * 2;
+  for (int64_t p = p0; p < p1; ++p, w += kTileCols * 2) {
+    const __m512i w0 = _mm512_loadu_si512(w);
+    const __m512i w1 = _mm512_loadu_si512(w + 32);
+    for (int r = 0; r < R; ++r) {
+      const __m512i xv = _mm512_set1_epi32(static_cast<int>(in[r * in_stride_pairs + p]));
+      a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
+      a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc + r * kTileCols, a[r][0]);
+    _mm512_storeu_ps(acc + r * kTileCols + 16, a[r][1]);
+  }
+}
+
+PDFLASH_AVX512BF16 void dot_avx_group(const uint16_t* wt, const uint32_t* in,
+                                      int64_t in_stride_pairs, int nr, int64_t p0, int64_t p1,
+                                      float* acc, bool init) {
+  switch (nr) {
+    case 1: dot_avx_rows<1>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    case 2: dot_avx_rows<2>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    case 3: dot_avx_rows<3>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    case 4: dot_avx_rows<4>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    case 5: dot_avx_rows<5>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    case 6: dot_avx_rows<6>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    case 7: dot_avx_rows<7>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+    default: dot_avx_rows<8>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
+  }
+}
+
+// Up to kRowChunk rows over all pairs: one pass in registers for <= 8 rows;
+// otherwise K-blocks (the block's weights stay in L1 while every row group
+// runs over them), accumulators in acc between blocks.
+PDFLASH_AVX512BF16 void dot_avx(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
+                                int64_t nr, int64_t npairs, float* acc) {
+  const uint32_t* in32 = reinterpret_cast<const uint32_t*>(in);
+  if (nr <= kRegRows) {
+    dot_avx_group(wt, in32, in_stride_pairs, static_cast<int>(nr), 0, npairs, acc, true);
+    return;
+  }
+  for (int64_t p0 = 0; p0 < npairs; p0 += kKBlock) {
+    const int64_t p1 = std::min(npairs, p0 + kKBlock);
+    for (int64_t r0 = 0; r0 < nr; r0 += kRegRows) {
+      const int g = static_cast<int>(std::min<int64_t>(kRegRows, nr - r0));
+      dot_avx_group(wt, in32 + r0 * in_stride_pairs, in_stride_pairs, g, p0, p1,
+                    acc + r0 * kTileCols, p0 == 0);
+    }
+  }
+}
+
+PDFLASH_AVX512BF16 inline __m512 exp_avx(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLo)), _mm512_set1_ps(kExpHi));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  __m512 y = _mm512_fmadd_ps(p, r2, r);
+  y = _mm512_add_ps(y, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+PDFLASH_AVX512BF16 inline __m512 sigmoid_avx(__m512 z) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 e = exp_avx(_mm512_sub_ps(_mm512_setzero_ps(), z));
+  return _mm512_div_ps(one, _mm512_add_ps(one, e));
+}
+
+PDFLASH_AVX512BF16 inline __m512 act_avx(const MlpShape& s, __m512 gate, __m512 up) {
+  if (s.act == static_cast<int32_t>(MlpAct::kGptOssClamp)) {
+    const __m512 lim = _mm512_set1_ps(s.limit);
+    gate = _mm512_min_ps(gate, lim);
+    up = _mm512_min_ps(_mm512_max_ps(up, _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
+    const __m512 glu = _mm512_mul_ps(gate, sigmoid_avx(_mm512_mul_ps(gate, _mm512_set1_ps(s.alpha))));
+    return _mm512_mul_ps(_mm512_add_ps(up, _mm512_set1_ps(1.0f)), glu);
+  }
+  return _mm512_mul_ps(_mm512_mul_ps(gate, sigmoid_avx(gate)), up);
+}
+
+PDFLASH_AVX512BF16 inline __m256i to_bf16_avx(__m512 v) {
+  return (__m256i)_mm512_cvtneps_pbh(v);
+}
+
+// ---- AMX BF16 ---------------------------------------------------------------
+
+// Tiles: 0, 1 = C (the tile's columns 0-15 and 16-31, fp32), 2 = A (rows x
+// 16 pairs of the input), 3, 4 = B (16 pairs x 16 columns: the packed
+// layout's pair rows are 128 bytes, B0 their first 64 bytes, B1 the rest).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
+                         int64_t nr, int64_t npairs, float* acc) {
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t < 3 ? nr : 16);
+  }
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  const long a_stride = static_cast<long>(in_stride_pairs * 4);
+  for (int64_t p = 0; p < npairs; p += kPairAlign) {
+    _tile_loadd(2, in + 2 * p, a_stride);
+    _tile_loadd(3, wt + p * kTileCols * 2, 128);
+    _tile_loadd(4, wt + p * kTileCols * 2 + 32, 128);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, acc, kTileCols * 4);
+  _tile_stored(1, acc + 16, kTileCols * 4);
+}
+
+PDFLASH_AMX void amx_release() { _tile_release(); }
+
+// AMX needs the CPU's AMX-TILE and AMX-BF16, the OS's XSAVE support of the
+// tile state, and (Linux) the process's permission, requested once.
+bool amx_usable() {
+  static std::once_flag once;
+  static bool ok = false;
+  std::call_once(once, [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    const bool amx_bf16 = (d >> 22) & 1u, amx_tile = (d >> 24) & 1u;
+    if (!amx_bf16 || !amx_tile) return;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1u)) return;  // OSXSAVE
+    uint32_t lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if (((lo >> 17) & 3u) != 3u) return;  // XTILECFG and XTILEDATA
+#if defined(__linux__)
+    constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return;
+#endif
+    ok = true;
+  });
+  return ok;
+}
+
+// W1's epilogue on the accumulators of rows [r0, r0 + nr): biases, the
+// activation, g as bf16.
+PDFLASH_AVX512BF16 void w1_epilogue_avx(const Job& j, const MlpExpert& e, int64_t t, int64_t r0,
+                                        int64_t nr, const float* acc) {
+  const __m512 bg = e.b1 ? _mm512_loadu_ps(e.b1 + t * kW1TileInter) : _mm512_setzero_ps();
+  const __m512 bu =
+      e.b1 ? _mm512_loadu_ps(e.b1 + j.inter_pad + t * kW1TileInter) : _mm512_setzero_ps();
+  for (int64_t r = 0; r < nr; ++r) {
+    const __m512 gate = _mm512_add_ps(_mm512_loadu_ps(acc + r * kTileCols), bg);
+    const __m512 up = _mm512_add_ps(_mm512_loadu_ps(acc + r * kTileCols + 16), bu);
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(j.g + (r0 + r) * j.inter_pad + t * kW1TileInter),
+        to_bf16_avx(act_avx(j.shape, gate, up)));
+  }
+}
+#endif  // PDFLASH_MLP_X86
+
+// ---- one tile of each phase ----------------------------------------------------
+
+// W1 tile t of expert e: the gate and up products of 16 intermediate
+// indices for every row, biases, the activation, g stored as bf16.
+void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
+  const MlpShape& s = j.shape;
+  const int64_t in_pairs = j.hidden_pairs;
+  const uint16_t* wt = e.w1 + t * in_pairs * kTileCols * 2;
+  for (int64_t r0 = e.row_begin; r0 < e.row_end; r0 += kRowChunk) {
+    const int64_t nr = std::min(kRowChunk, e.row_end - r0);
+    const uint16_t* in = j.xb + r0 * 2 * in_pairs;
+#if PDFLASH_MLP_X86
+    if (j.avx) {
+      if (j.amx && nr >= j.amx_min_rows) {
+        dot_amx(wt, in, in_pairs, nr, in_pairs, acc);
+      } else {
+        dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
+      }
+      w1_epilogue_avx(j, e, t, r0, nr, acc);
+      continue;
+    }
+#endif
+    dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
+    for (int64_t r = 0; r < nr; ++r) {
+      uint16_t* gr = j.g + (r0 + r) * j.inter_pad + t * kW1TileInter;
+      for (int64_t c = 0; c < kW1TileInter; ++c) {
+        float gate = acc[r * kTileCols + c];
+        float up = acc[r * kTileCols + 16 + c];
+        if (e.b1) {
+          gate = gate + e.b1[t * kW1TileInter + c];
+          up = up + e.b1[j.inter_pad + t * kW1TileInter + c];
+        }
+        gr[c] = f32_to_bf16(act_scalar(s, gate, up));
+      }
+    }
+  }
+}
+
+// W2 tile t of expert e: 32 output columns for every row, bias, stored.
+void w2_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
+  const int64_t in_pairs = j.inter_pairs;
+  const int64_t hidden = j.shape.hidden;
+  const uint16_t* wt = e.w2 + t * in_pairs * kTileCols * 2;
+  const int64_t c0 = t * kTileCols;
+  const int64_t ncols = std::min(kTileCols, hidden - c0);
+  for (int64_t r0 = e.row_begin; r0 < e.row_end; r0 += kRowChunk) {
+    const int64_t nr = std::min(kRowChunk, e.row_end - r0);
+    const uint16_t* in = j.g + r0 * j.inter_pad;
+#if PDFLASH_MLP_X86
+    if (j.amx && nr >= j.amx_min_rows) {
+      dot_amx(wt, in, in_pairs, nr, in_pairs, acc);
+    } else if (j.avx) {
+      dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
+    } else {
+      dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
+    }
+#else
+    dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
+#endif
+    // the epilogue is a few hundred elements: scalar for both variants
+    for (int64_t r = 0; r < nr; ++r) {
+      const float* a = acc + r * kTileCols;
+      const int64_t row = r0 + r;
+      if (j.out_type == FloatType::kF32) {
+        float* o = static_cast<float*>(j.out) + row * j.out_stride + c0;
+        for (int64_t c = 0; c < ncols; ++c) o[c] = e.b2 ? a[c] + e.b2[c0 + c] : a[c];
+      } else {
+        uint16_t* o = static_cast<uint16_t*>(j.out) + row * j.out_stride + c0;
+        for (int64_t c = 0; c < ncols; ++c) o[c] = f32_to_bf16(e.b2 ? a[c] + e.b2[c0 + c] : a[c]);
+      }
+    }
+  }
+}
+
+// Claims a phase's items (expert, tile) one at a time from `next` until
+// none is left, counting each finished one in `finished`: a thread that
+// starts late (a parked worker waking up) or runs slower takes fewer, so the
+// phase ends when the work does. Each item is one tile's contiguous
+// weights, a sequential stream whoever reads it.
+template <typename F>
+void run_items(const Job& j, int64_t tiles, int64_t n, std::atomic<int64_t>& next,
+               std::atomic<int64_t>& finished, float* acc, F tile) {
+  for (int64_t k = next.fetch_add(1, std::memory_order_relaxed); k < n;
+       k = next.fetch_add(1, std::memory_order_relaxed)) {
+    const MlpExpert& e = j.experts[k / tiles];
+    if (e.row_end > e.row_begin) tile(j, e, k % tiles, acc);
+    finished.fetch_add(1, std::memory_order_release);
+  }
+}
+
+inline void cpu_relax() {
+#if PDFLASH_MLP_X86
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+}  // namespace
+
+int64_t mlp_inter_pad(int64_t inter) {
+  const int64_t m = 2 * kPairAlign;
+  return (inter + m - 1) / m * m;
+}
+
+int64_t mlp_hidden_pairs(int64_t hidden) {
+  return ((hidden + 1) / 2 + kPairAlign - 1) / kPairAlign * kPairAlign;
+}
+
+int64_t mlp_w1_elems(int64_t hidden, int64_t inter) {
+  return (mlp_inter_pad(inter) / kW1TileInter) * mlp_hidden_pairs(hidden) * kTileCols * 2;
+}
+
+int64_t mlp_w2_elems(int64_t hidden, int64_t inter) {
+  return ((hidden + kTileCols - 1) / kTileCols) * (mlp_inter_pad(inter) / 2) * kTileCols * 2;
+}
+
+bool cpu_has_amx_bf16() {
+#if PDFLASH_MLP_X86
+  return cpu_has_avx512_bf16() && amx_usable();
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512_bf16() {
+#if PDFLASH_MLP_X86
+  __builtin_cpu_init();
+  // GCC's check includes the OS's XSAVE support of the AVX-512 state
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+struct HostMlpRunner::Impl {
+  int threads = 1;
+  std::chrono::microseconds spin{0};
+  std::vector<std::thread> workers;
+  std::mutex call_mutex;  // one call at a time
+  // Workers wait for the epoch to change: spin, then park. On Linux they
+  // park on a futex on the epoch itself, all woken by one call with no mutex
+  // to re-take one after another (a condition variable elsewhere).
+  std::atomic<uint32_t> epoch{0};
+  std::atomic<int> parked{0};
+  std::atomic<bool> stop{false};
+  std::mutex m;  // the condition variable's (no futex)
+  std::condition_variable cv;
+  const Job* job = nullptr;
+  // The call in progress: its epoch while workers may join it (-1: none),
+  // the workers inside it, and per phase the next unclaimed and the
+  // finished items. A call ends when its work is done: a worker that wakes
+  // after that finds the call closed and never touches its job.
+  std::atomic<int64_t> open_epoch{-1};
+  std::atomic<int> active{0};
+  std::atomic<int64_t> next1{0}, next2{0}, finished1{0}, finished2{0};
+  std::atomic<int64_t> calls{0};
+  std::atomic<int32_t> last_isa{static_cast<int32_t>(MlpIsa::kAuto)};
+  std::vector<uint16_t> xb, g;
+
+  // Starts the next epoch and wakes parked workers.
+  void publish() {
+#if PDFLASH_MLP_FUTEX
+    static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex word");
+    epoch.fetch_add(1, std::memory_order_seq_cst);
+    if (parked.load(std::memory_order_seq_cst) > 0)
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch), FUTEX_WAKE_PRIVATE, INT_MAX,
+              nullptr, nullptr, 0);
+#else
+    {
+      std::lock_guard<std::mutex> lk(m);
+      epoch.fetch_add(1, std::memory_order_seq_cst);
+    }
+    cv.notify_all();
+#endif
+  }
+
+  // Blocks while the epoch is still `seen` (spurious returns allowed).
+  void park(uint32_t seen) {
+    parked.fetch_add(1, std::memory_order_seq_cst);
+#if PDFLASH_MLP_FUTEX
+    if (epoch.load(std::memory_order_seq_cst) == seen)
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&epoch), FUTEX_WAIT_PRIVATE, seen, nullptr,
+              nullptr, 0);
+#else
+    {
+      std::unique_lock<std::mutex> lk(m);
+      cv.wait(lk, [&] { return epoch.load(std::memory_order_acquire) != seen; });
+    }
+#endif
+    parked.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  static void wait_until(const std::atomic<int64_t>& v, int64_t target) {
+    for (int i = 0; v.load(std::memory_order_acquire) < target; ++i) {
+      // more threads than free cores: let a descheduled one run
+      if (i < 4096) cpu_relax(); else std::this_thread::yield();
+    }
+  }
+
+  void execute() {
+    const Job& j = *job;
+    alignas(64) float acc[kRowChunk * kTileCols];
+    const int64_t n1 = j.n_experts * j.tiles1, n2 = j.n_experts * j.tiles2;
+    run_items(j, j.tiles1, n1, next1, finished1, acc, w1_tile);
+    wait_until(finished1, n1);  // phase 2 reads every row of g
+    run_items(j, j.tiles2, n2, next2, finished2, acc, w2_tile);
+#if PDFLASH_MLP_X86
+    if (j.amx) amx_release();  // the tile state off this thread (cheaper switches)
+#endif
+  }
+
+  void worker() {
+    uint32_t seen = 0;
+    for (;;) {
+      const auto until = std::chrono::steady_clock::now() + spin;
+      int i = 0;
+      while (epoch.load(std::memory_order_acquire) == seen) {
+        if ((++i & 255) == 0 && std::chrono::steady_clock::now() > until) break;
+        cpu_relax();
+      }
+      while (epoch.load(std::memory_order_acquire) == seen) park(seen);
+      seen = epoch.load(std::memory_order_acquire);
+      if (stop.load(std::memory_order_acquire)) return;
+      active.fetch_add(1, std::memory_order_seq_cst);
+      if (open_epoch.load(std::memory_order_seq_cst) == static_cast<int64_t>(seen)) execute();
+      active.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  void stop_workers() {
+    stop.store(true, std::memory_order_release);
+    publish();
+    for (auto& w : workers) w.join();
+    workers.clear();
+  }
+};
+
+HostMlpRunner::HostMlpRunner(int threads, int spin_us) : impl_(new Impl) {
+  if (threads < 1) throw std::invalid_argument("threads must be >= 1");
+  if (spin_us < 0) throw std::invalid_argument("spin_us must be >= 0");
+  impl_->threads = threads;
+  impl_->spin = std::chrono::microseconds(spin_us);
+  try {
+    for (int t = 1; t < threads; ++t) impl_->workers.emplace_back(&Impl::worker, impl_.get());
+  } catch (...) {
+    impl_->stop_workers();
+    throw;
+  }
+}
+
+HostMlpRunner::~HostMlpRunner() {
+  std::lock_guard<std::mutex> call(impl_->call_mutex);
+  impl_->stop_workers();
+}
+
+int HostMlpRunner::threads() const { return impl_->threads; }
+int64_t HostMlpRunner::calls() const { return impl_->calls.load(); }
+MlpIsa HostMlpRunner::last_isa() const { return static_cast<MlpIsa>(impl_->last_isa.load()); }
+
+void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t n_experts,
+                        const void* x, FloatType x_type, int64_t x_stride, void* out,
+                        FloatType out_type, int64_t out_stride, int64_t rows, MlpIsa isa,
+                        int64_t amx_min_rows) {
+  if (shape.hidden < 1 || shape.inter < 1) throw std::invalid_argument("hidden and inter must be >= 1");
+  if (shape.act != static_cast<int32_t>(MlpAct::kSwigluSilu) &&
+      shape.act != static_cast<int32_t>(MlpAct::kGptOssClamp))
+    throw std::invalid_argument("unknown activation " + std::to_string(shape.act));
+  if (n_experts < 0 || rows < 0) throw std::invalid_argument("negative count");
+  if (x_stride < shape.hidden || out_stride < shape.hidden)
+    throw std::invalid_argument("a row stride is below hidden");
+  if (x_type != FloatType::kF32 && x_type != FloatType::kBF16) throw std::invalid_argument("x type");
+  if (out_type != FloatType::kF32 && out_type != FloatType::kBF16)
+    throw std::invalid_argument("out type");
+  if (amx_min_rows < 1) throw std::invalid_argument("amx_min_rows must be >= 1");
+  bool avx = false, amx = false;
+  if (isa == MlpIsa::kAvx512Bf16) {
+    if (!cpu_has_avx512_bf16())
+      throw std::invalid_argument("this CPU has no AVX-512 BF16 (avx512_bf16)");
+    avx = true;
+  } else if (isa == MlpIsa::kAmxBf16) {
+    if (!cpu_has_amx_bf16())
+      throw std::invalid_argument("this CPU (or OS) offers no AMX BF16 with AVX-512 BF16");
+    avx = amx = true;
+  } else if (isa == MlpIsa::kAuto) {
+    avx = cpu_has_avx512_bf16();
+    amx = avx && cpu_has_amx_bf16();
+  } else if (isa != MlpIsa::kScalar) {
+    throw std::invalid_argument("unknown isa " + std::to_string(static_cast<int>(isa)));
+  }
+  int64_t prev = 0, rows_max = 0;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    const MlpExpert& ex = experts[e];
+    rows_max = std::max(rows_max, std::min(kRowChunk, ex.row_end - ex.row_begin));
+    if (ex.row_begin != prev || ex.row_end < ex.row_begin || ex.row_end > rows)
+      throw std::invalid_argument("expert " + std::to_string(e) + ": rows [" +
+                                  std::to_string(ex.row_begin) + ", " + std::to_string(ex.row_end) +
+                                  ") do not continue the previous expert's within " +
+                                  std::to_string(rows) + " rows");
+    if (ex.w1 == nullptr || ex.w2 == nullptr)
+      throw std::invalid_argument("expert " + std::to_string(e) + " has no weights");
+    prev = ex.row_end;
+  }
+  if (prev != rows) throw std::invalid_argument("the experts' rows do not cover every row");
+  if (rows == 0 || n_experts == 0) return;
+  if (x == nullptr || out == nullptr) throw std::invalid_argument("null x or out");
+
+  std::lock_guard<std::mutex> call(impl_->call_mutex);
+  Impl& im = *impl_;
+  Job j;
+  j.shape = shape;
+  j.experts = experts;
+  j.n_experts = n_experts;
+  j.hidden_pairs = mlp_hidden_pairs(shape.hidden);
+  j.inter_pad = mlp_inter_pad(shape.inter);
+  j.inter_pairs = j.inter_pad / 2;
+  j.tiles1 = j.inter_pad / kW1TileInter;
+  j.tiles2 = (shape.hidden + kTileCols - 1) / kTileCols;
+  j.out = out;
+  j.out_type = out_type;
+  j.out_stride = out_stride;
+  j.avx = avx;
+  j.amx = amx;
+  j.amx_min_rows = amx_min_rows;
+  // x as bf16 rows of whole pairs (an odd width gets a zero), and g: small
+  const int64_t xw = 2 * j.hidden_pairs;
+  im.xb.assign(static_cast<size_t>(rows * xw), 0);
+  im.g.resize(static_cast<size_t>(rows * j.inter_pad));
+  for (int64_t r = 0; r < rows; ++r) {
+    uint16_t* d = im.xb.data() + r * xw;
+    if (x_type == FloatType::kBF16) {
+      std::memcpy(d, static_cast<const uint16_t*>(x) + r * x_stride, shape.hidden * 2);
+    } else {
+      const float* s = static_cast<const float*>(x) + r * x_stride;
+      for (int64_t c = 0; c < shape.hidden; ++c) d[c] = f32_to_bf16(s[c]);
+    }
+  }
+  j.xb = im.xb.data();
+  j.g = im.g.data();
+  im.job = &j;
+  im.next1.store(0, std::memory_order_relaxed);
+  im.next2.store(0, std::memory_order_relaxed);
+  im.finished1.store(0, std::memory_order_relaxed);
+  im.finished2.store(0, std::memory_order_relaxed);
+  if (im.threads > 1) {
+    // only the caller changes the epoch: the one publish() starts
+    const uint32_t next_epoch = im.epoch.load(std::memory_order_relaxed) + 1u;
+    im.open_epoch.store(static_cast<int64_t>(next_epoch), std::memory_order_seq_cst);
+    im.publish();
+  }
+  im.execute();
+  Impl::wait_until(im.finished2, n_experts * j.tiles2);
+  // close the call, then wait only for the workers already inside it (they
+  // find nothing left to claim); one waking later sees it closed
+  im.open_epoch.store(-1, std::memory_order_seq_cst);
+  for (int i = 0; im.active.load(std::memory_order_seq_cst) > 0; ++i) {
+    if (i < 4096) cpu_relax(); else std::this_thread::yield();
+  }
+  im.job = nullptr;
+  im.calls.fetch_add(1);
+  const bool ran_amx = amx && rows_max >= amx_min_rows;
+  im.last_isa.store(static_cast<int32_t>(ran_amx ? MlpIsa::kAmxBf16
+                                         : avx   ? MlpIsa::kAvx512Bf16
+                                                 : MlpIsa::kScalar));
+}
+
+}  // namespace pdflash

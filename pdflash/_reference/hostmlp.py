@@ -1,0 +1,145 @@
+"""Pure-Python reference of the native host expert MLP
+(``pdflash_native._hostmlp``, ``cuda/include/pdflash/host_mlp.h``).
+
+* :func:`pack_w1` / :func:`pack_w2`: the packed weight layout, written
+  element by element from the header's index formula (NumPy index arrays;
+  :mod:`pdflash.hybrid.native` packs with tensor reshapes and is compared
+  to these bit for bit);
+* :func:`unpack_w1` / :func:`unpack_w2`: the inverse (the tests check that
+  packing round-trips);
+* :func:`mlp`: the expert MLP in float32 from the packed weights, with g
+  rounded to bf16 before the second product as the kernel does
+  (``round_g=False``: the plain float32 function, what the adapters
+  compute in float32).
+
+Slow on purpose; never used at run time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+TILE_COLS = 32
+W1_TILE_INTER = 16
+ACT_SWIGLU_SILU = 0
+ACT_GPT_OSS_CLAMP = 1
+
+
+PAIR_ALIGN = 16
+
+
+def inter_pad(inter: int) -> int:
+    return (inter + 2 * PAIR_ALIGN - 1) // (2 * PAIR_ALIGN) * (2 * PAIR_ALIGN)
+
+
+def hidden_pairs(hidden: int) -> int:
+    pairs = (hidden + 1) // 2
+    return (pairs + PAIR_ALIGN - 1) // PAIR_ALIGN * PAIR_ALIGN
+
+
+def _bits(w: torch.Tensor) -> npt.NDArray[np.uint16]:
+    """A bf16 matrix's raw bits as uint16."""
+    return w.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+
+
+def pack_w1(gate: torch.Tensor, up: torch.Tensor) -> npt.NDArray[np.uint16]:
+    """``gate``/``up`` ``[I, H]`` (``[out, in]``) -> the packed W1: element
+    ``((t * P + p) * 32 + c) * 2 + j`` is ``gate[16 t + c, 2 p + j]`` for
+    ``c < 16`` and ``up[16 t + c - 16, 2 p + j]`` otherwise (0 outside),
+    ``P = hidden_pairs(H)``."""
+    inter, hidden = gate.shape
+    g, u = _bits(gate), _bits(up)
+    tiles, pairs = inter_pad(inter) // W1_TILE_INTER, hidden_pairs(hidden)
+    t, p, c, j = np.indices((tiles, pairs, TILE_COLS, 2))
+    row = W1_TILE_INTER * t + c % W1_TILE_INTER
+    col = 2 * p + j
+    ok = (row < inter) & (col < hidden)
+    src = np.where(c < W1_TILE_INTER, 0, 1)
+    out = np.zeros((tiles, pairs, TILE_COLS, 2), dtype=np.uint16)
+    rr, cc = np.minimum(row, inter - 1), np.minimum(col, hidden - 1)
+    out[ok & (src == 0)] = g[rr, cc][ok & (src == 0)]
+    out[ok & (src == 1)] = u[rr, cc][ok & (src == 1)]
+    return out.reshape(-1)
+
+
+def pack_w2(down: torch.Tensor) -> npt.NDArray[np.uint16]:
+    """``down`` ``[H, I]`` (``[out, in]``) -> the packed W2: element
+    ``((t * P + p) * 32 + c) * 2 + j`` is ``down[32 t + c, 2 p + j]``
+    (0 outside), ``P = inter_pad(I) / 2``."""
+    hidden, inter = down.shape
+    d = _bits(down)
+    tiles, pairs = -(-hidden // TILE_COLS), inter_pad(inter) // 2
+    t, p, c, j = np.indices((tiles, pairs, TILE_COLS, 2))
+    row, col = TILE_COLS * t + c, 2 * p + j
+    ok = (row < hidden) & (col < inter)
+    out = np.zeros((tiles, pairs, TILE_COLS, 2), dtype=np.uint16)
+    out[ok] = d[np.minimum(row, hidden - 1), np.minimum(col, inter - 1)][ok]
+    return out.reshape(-1)
+
+
+def _as_f32(bits: npt.NDArray[np.uint16]) -> torch.Tensor:
+    return (
+        torch.from_numpy(np.ascontiguousarray(bits).view(np.int16).copy())
+        .view(torch.bfloat16)
+        .float()
+    )
+
+
+def unpack_w1(
+    packed: npt.NDArray[np.uint16], hidden: int, inter: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed W1 -> float32 ``(gate, up)``, each ``[I, H]``."""
+    tiles, pairs = inter_pad(inter) // W1_TILE_INTER, hidden_pairs(hidden)
+    w = _as_f32(packed).view(tiles, pairs, TILE_COLS, 2)
+    w = w.permute(0, 2, 1, 3).reshape(tiles, TILE_COLS, 2 * pairs)
+    gate = w[:, :W1_TILE_INTER].reshape(-1, 2 * pairs)[:inter, :hidden]
+    up = w[:, W1_TILE_INTER:].reshape(-1, 2 * pairs)[:inter, :hidden]
+    return gate.contiguous(), up.contiguous()
+
+
+def unpack_w2(packed: npt.NDArray[np.uint16], hidden: int, inter: int) -> torch.Tensor:
+    """The packed W2 -> float32 ``down`` ``[H, I]``."""
+    tiles, pairs = -(-hidden // TILE_COLS), inter_pad(inter) // 2
+    w = _as_f32(packed).view(tiles, pairs, TILE_COLS, 2).permute(0, 2, 1, 3)
+    return w.reshape(tiles * TILE_COLS, 2 * pairs)[:hidden, :inter].contiguous()
+
+
+def mlp(
+    x: torch.Tensor,
+    w1: npt.NDArray[np.uint16],
+    w2: npt.NDArray[np.uint16],
+    b1: torch.Tensor | None,
+    b2: torch.Tensor | None,
+    *,
+    hidden: int,
+    inter: int,
+    act: int,
+    alpha: float = 0.0,
+    limit: float = 0.0,
+    round_g: bool = True,
+) -> torch.Tensor:
+    """The expert MLP over ``x [n, H]`` (rounded to bf16 first, as the kernel
+    reads it) from packed weights, in float32. ``b1``: float32
+    ``[2 * inter_pad(I)]`` (gate biases, then up biases), ``b2``: ``[H]``."""
+    gate_w, up_w = unpack_w1(w1, hidden, inter)
+    down = unpack_w2(w2, hidden, inter)
+    xf = x.to(torch.bfloat16).float()
+    gate, up = xf @ gate_w.t(), xf @ up_w.t()
+    if b1 is not None:
+        ip = inter_pad(inter)
+        gate = gate + b1[:inter].float()
+        up = up + b1[ip : ip + inter].float()
+    if act == ACT_GPT_OSS_CLAMP:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        g = (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    elif act == ACT_SWIGLU_SILU:
+        g = gate * torch.sigmoid(gate) * up
+    else:
+        raise ValueError(f"unknown activation {act}")
+    if round_g:
+        g = g.to(torch.bfloat16).float()
+    out = g @ down.t()
+    return out if b2 is None else out + b2.float()
