@@ -11,6 +11,12 @@
 #          -> $OUT/width-pd/       (27 runs)
 #   fixed  B2 and PD at fixed:$FIXED_K (the best fixed width a baseline can
 #          use on the CPU replay) -> $OUT/width-fixed/   (18 runs)
+#   all    B2 at full and fixed:$FIXED_K, PD at adaptive, fixed:$FIXED_K and
+#          full, all interleaved in one process (so each baseline at its best
+#          width is compared within one call: the pd and fixed steps ran in
+#          different calls in bench/results/h200/session6-2026-12-01, whose
+#          drift was as large as the differences) -> $OUT/width-all/
+#          (45 runs, ~8 minutes: one call of BUDGET_S=470 and a resume)
 # Expected: about 15-20 s per run with the model's setup at c=1..16 on the
 # H200 (the proxy's padded runs took 6-14 s each, bench/results/h200/
 # proxy-balanced-2026-12-01), so each step needs one call of its budget and
@@ -27,6 +33,7 @@ COMMON="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --ro
 case "${STEP:-pd}" in
   pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-full-width --out $OUT/width-pd" ;;
   fixed) SPEC="fixed=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width fixed:$FIXED_K --out $OUT/width-fixed" ;;
-  *) echo "STEP must be pd or fixed" >&2; exit 2 ;;
+  all) SPEC="all=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width auto,fixed:$FIXED_K,full --out $OUT/width-all" ;;
+  *) echo "STEP must be pd, fixed or all" >&2; exit 2 ;;
 esac
 exec bash "$(dirname "$0")/run.sh" "$SPEC"

@@ -87,6 +87,10 @@ WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive"
 #: engine here would load torch for every CLI call; a test keeps them equal)
 CUDA_GRAPHS = ("off", "auto", "piecewise")
 
+#: ``--host-format`` values besides ``auto``: pdflash.hybrid.kernels.HOST_FORMATS
+#: (kept free of torch like CUDA_GRAPHS; a test keeps them equal)
+HOST_FORMATS = ("packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "onednn", "native")
+
 
 def verify_width(text: str) -> str:
     """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive``

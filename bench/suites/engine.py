@@ -237,7 +237,7 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--host-format",
         default="auto",
-        choices=("auto", "packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "onednn"),
+        choices=("auto", *common.HOST_FORMATS),
         help="how the host holds the experts it computes (pdflash.hybrid.kernels); auto "
         "(default) times the formats at start-up and keeps the fastest that fits in memory",
     )

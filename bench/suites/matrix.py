@@ -33,7 +33,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pdflash.report.schema import SETTING_DEFAULTS, spec_settings
 
@@ -203,13 +203,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--verify-width",
-        type=common.verify_width,
-        default="auto",
+        type=common.verify_widths,
+        default=["auto"],
         help="drafts each verify checks, for every label: auto (default: adaptive for PD and "
         "its ablations, full for the other labels and PD-full-width), full, fixed:K or "
-        "adaptive (pdflash.engine.verify_width); part of each run's resume key. The report "
-        "groups rows by label, so runs of one label at different widths go to different --out "
-        "folders",
+        "adaptive (pdflash.engine.verify_width), or a comma list of them: every label runs at "
+        "each (duplicates dropped), interleaved with the labels within every repeat, so each "
+        "baseline can be compared at its best width in one process; part of each run's resume "
+        "key. The report shows a label run at several widths as one series per width",
     )
     g.add_argument(
         "--synthetic-format",
@@ -352,12 +353,16 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     loads = serving_kw(args)
-    width = getattr(args, "verify_width", "auto")
+    widths = _width_list(getattr(args, "verify_width", ["auto"]))
     for arch, load, cf, block, conc in itertools.product(
         args.arch, loads, args.cache_fraction, args.block_sizes, args.concurrency
     ):
+        # each label at each width it resolves to, once
+        runs = list(
+            dict.fromkeys((b, common.resolved_width(w, b)) for b in args.baselines for w in widths)
+        )
         for repeat in range(repeats):
-            for baseline in rotated(args.baselines, repeat):
+            for baseline, width in rotated(runs, repeat):
                 if baseline == "B3" and common_kw.get("gpus", 1) != 1:
                     continue  # every expert resident on one GPU: not expert-parallel
                 frac = B3_CACHE_FRACTION if baseline == "B3" else cf
@@ -386,7 +391,16 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     return specs
 
 
-def rotated(labels: Sequence[str], repeat: int) -> list[str]:
+T = TypeVar("T")
+
+
+def _width_list(value: str | Sequence[str]) -> list[str]:
+    """``--verify-width`` as a list (a plain string: one width, as callers
+    that build the namespace themselves pass it)."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def rotated(labels: Sequence[T], repeat: int) -> list[T]:
     """``labels`` starting at the ``repeat``-th (round-robin interleaving:
     which baseline runs first changes from one repeat to the next, so slow
     drift of the machine is not charged to one baseline)."""
@@ -761,7 +775,9 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ),
         (
             "--verify-width",
-            None if getattr(args, "verify_width", "auto") == "auto" else args.verify_width,
+            None
+            if _width_list(getattr(args, "verify_width", ["auto"])) == ["auto"]
+            else ",".join(_width_list(args.verify_width)),
         ),
     ):
         if value is not None:

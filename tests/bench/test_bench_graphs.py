@@ -58,13 +58,16 @@ def test_graph_fields_off_and_on() -> None:
         RunSpec(arch="tiny", baseline="B3", cuda_graphs="on").validate()
 
 
-def test_cli_graph_settings_match_the_engine_and_piecewise_is_a_setting() -> None:
+def test_cli_choice_lists_match_the_library_and_piecewise_is_a_setting() -> None:
     from pdflash.bench.suites import _common
     from pdflash.bench.suites.engine import _graph_settings
 
     from pdflash.engine.config import CUDA_GRAPHS
 
     assert _common.CUDA_GRAPHS == CUDA_GRAPHS  # the CLIs' copy, kept free of torch
+    from pdflash.hybrid.kernels import HOST_FORMATS
+
+    assert _common.HOST_FORMATS == HOST_FORMATS  # --host-format offers every host format
     assert _graph_settings("off,auto,piecewise") == ["off", "auto", "piecewise"]
     RunSpec(arch="tiny", baseline="B1", cuda_graphs="piecewise").validate()
 

@@ -318,9 +318,43 @@ def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -
     assert {matrix.spec_key(s) for s in fixed}.isdisjoint(keys.values())
     assert "--verify-width fixed:3" in matrix.matrix_command(fixed_args, tmp_path)
     assert "--verify-width" not in matrix.matrix_command(parser.parse_args(base.split()), tmp_path)
-    for bad in ("wide", "fixed:x", "fixed:-2"):
+    for bad in ("wide", "fixed:x", "fixed:-2", "full,wide"):
         with pytest.raises(SystemExit):
             parser.parse_args([*base.split(), "--verify-width", bad])
+
+
+def test_matrix_runs_every_label_at_each_listed_width_interleaved(tmp_path: Path) -> None:
+    """A width list: each label at each width (a width that resolves to one
+    already planned is dropped), the (label, width) runs rotated per repeat
+    like the labels, each keyed apart, and the command keeps the list."""
+    import argparse
+
+    from pdflash.bench.suites import matrix
+
+    parser = argparse.ArgumentParser()
+    matrix.add_arguments(parser)
+    base = "--arch tiny --baselines B2,PD --concurrency 4 --cache-fraction 0.5 --repeats 2"
+    args = parser.parse_args([*base.split(), "--verify-width", "auto,fixed:1,full"])
+    specs = matrix.plan(args)
+    runs = [(s["baseline"], s.get("verify_width", "full"), s["repeat"]) for s in specs]
+    # B2: auto is full (listed once); PD: adaptive, fixed:1 and full
+    assert runs[:5] == [
+        ("B2", "full", 0),
+        ("B2", "fixed:1", 0),
+        ("PD", "adaptive", 0),
+        ("PD", "fixed:1", 0),
+        ("PD", "full", 0),
+    ]
+    # the next repeat starts one run later (round-robin over label x width)
+    assert runs[5:] == [
+        ("B2", "fixed:1", 1),
+        ("PD", "adaptive", 1),
+        ("PD", "fixed:1", 1),
+        ("PD", "full", 1),
+        ("B2", "full", 1),
+    ]
+    assert len({matrix.spec_key(s) for s in specs}) == len(specs) == 10
+    assert "--verify-width auto,fixed:1,full" in matrix.matrix_command(args, tmp_path)
 
 
 def test_resolved_width_mirrors_the_presets() -> None:
