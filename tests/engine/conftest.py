@@ -3,6 +3,8 @@ private resident :class:`MoEModelAdapter`, and a tiny synthetic drafter."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +152,37 @@ def drafter(tmp_path_factory: pytest.TempPathFactory) -> DFlashDrafter:
     path: Path = tmp_path_factory.mktemp("drafter")
     write_synthetic_drafter(path, TINY, "tiny", seed=1, dtype=torch.float32)
     return load_drafter(path, dtype=torch.float32)
+
+
+def write_target_and_drafter(
+    tmp: Path, arch: str, num_layers: int, *, target_seed: int = 3, drafter_seed: int = 4
+) -> None:
+    """A tiny fp32 ``arch`` target under ``tmp/target`` and its synthetic
+    drafter under ``tmp/drafter`` (the offloaded engine tests' pair)."""
+    from pdflash.models import write_synthetic_checkpoint
+
+    write_synthetic_checkpoint(
+        tmp / "target", arch, "tiny", num_layers=num_layers, dtype=torch.float32, seed=target_seed
+    )
+    cfg = json.loads((tmp / "target" / "config.json").read_text())
+    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=drafter_seed, dtype=torch.float32)
+
+
+def greedy_cases(
+    target: Path, lengths: Sequence[int], max_new_tokens: int, *, seed: int
+) -> list[tuple[list[int], list[int]]]:
+    """Random prompts of ``lengths`` (drawn in order from one generator
+    seeded ``seed``) with the ``target`` checkpoint's plain greedy
+    continuations (:func:`greedy_reference`, fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    ref = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    cases = []
+    for n in lengths:
+        prompt = torch.randint(0, ref.config.vocab_size, (n,), generator=gen).tolist()
+        cases.append((prompt, greedy_reference(ref, prompt, max_new_tokens)))
+    return cases
 
 
 @torch.no_grad()

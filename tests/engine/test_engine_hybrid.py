@@ -6,7 +6,6 @@ assumed link) so the host really serves misses."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from pdflash.engine.config import EngineConfig
 from pdflash.hybrid.kernels import onednn_available
 from pdflash.report.schema import validate_row
 
-from .conftest import greedy_reference
+from .conftest import greedy_cases, write_target_and_drafter
 from .test_engine_offloaded import MAX_NEW, _stack
 
 
@@ -36,25 +35,10 @@ def test_pd_host_preset_and_config_checks() -> None:
 
 @pytest.fixture(scope="module")
 def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
-    from transformers import AutoModelForCausalLM
-
-    from pdflash.engine.drafter import write_synthetic_drafter
-    from pdflash.models import write_synthetic_checkpoint
-
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("hybrid")
-    write_synthetic_checkpoint(
-        tmp / "target", "gpt_oss", "tiny", num_layers=4, dtype=torch.float32, seed=3
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    cases = []
-    for n in (5, 8):
-        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        cases.append((prompt, greedy_reference(ref, prompt, MAX_NEW)))
-    return tmp, cases
+    write_target_and_drafter(tmp, "gpt_oss", 4)
+    return tmp, greedy_cases(tmp / "target", (5, 8), MAX_NEW, seed=1)
 
 
 def test_cost_model_service_keeps_greedy_output_and_plans_ahead(

@@ -4,7 +4,6 @@ aborts under load leave no KV pages or expert pins behind, run_spec rows."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +12,11 @@ import pytest
 import torch
 
 from pdflash.engine.config import BASELINES, EngineConfig
-from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
+from pdflash.engine.drafter import load_drafter
 from pdflash.engine.engine import Engine, RequestState
 from pdflash.protocols import Band
 
-from .conftest import greedy_reference, oracle_drafts
+from .conftest import greedy_cases, oracle_drafts, write_target_and_drafter
 
 MAX_NEW = 14
 
@@ -109,24 +108,11 @@ def offloaded_checkpoint(
     """A tiny 4-layer ``arch`` target and drafter under a fresh folder, and
     three prompts with their plain greedy continuations (the test modules'
     checkpoint fixtures)."""
-    from transformers import AutoModelForCausalLM
-
-    from pdflash.models import write_synthetic_checkpoint
-
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp(arch)
-    write_synthetic_checkpoint(
-        tmp / "target", arch, "tiny", num_layers=4, dtype=torch.float32, seed=3
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
-    ref_model = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(0)
-    cases = []
-    for n in (3, 9, 6):  # prompts longer than gpt-oss tiny's sliding window of 4
-        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        cases.append((prompt, greedy_reference(ref_model, prompt, MAX_NEW)))
-    return tmp, cases
+    write_target_and_drafter(tmp, arch, 4)
+    # prompts longer than gpt-oss tiny's sliding window of 4
+    return tmp, greedy_cases(tmp / "target", (3, 9, 6), MAX_NEW, seed=0)
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])

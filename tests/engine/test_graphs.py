@@ -6,7 +6,6 @@ forward must give the eager forward's tokens and (fp32) logits."""
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 import torch
 
 from pdflash.engine.config import EngineConfig
-from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
+from pdflash.engine.drafter import load_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.graphs import (
     PIECEWISE_REASONS,
@@ -29,18 +28,14 @@ from pdflash.engine.graphs import (
 )
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 
+from .conftest import write_target_and_drafter
+
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pdflash.models import write_synthetic_checkpoint
-
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp(f"graphs_{request.param}")
-    write_synthetic_checkpoint(
-        tmp / "target", request.param, "tiny", num_layers=3, dtype=torch.float32, seed=3
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
+    write_target_and_drafter(tmp, request.param, 3)
     return tmp
 
 

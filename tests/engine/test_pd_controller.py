@@ -31,7 +31,7 @@ from pdflash.engine.pd_controller import (
 )
 from pdflash.report.stats import t_quantile_975
 
-from .conftest import greedy_reference
+from .conftest import greedy_cases, write_target_and_drafter
 
 #: wall seconds of one step with every part's effect 1.0
 BASE_WALL = 0.1
@@ -526,28 +526,12 @@ class ScriptedParts:
 
 @pytest.fixture(scope="module")
 def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
-    import json
-
     import torch
-    from transformers import AutoModelForCausalLM
-
-    from pdflash.engine.drafter import write_synthetic_drafter
-    from pdflash.models import write_synthetic_checkpoint
 
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("pdctl")
-    write_synthetic_checkpoint(
-        tmp / "target", "qwen3_moe", "tiny", num_layers=4, dtype=torch.float32, seed=3
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
-    ref_model = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    cases = []
-    for n in (3, 9, 6, 5):
-        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        cases.append((prompt, greedy_reference(ref_model, prompt, 14)))
-    return tmp, cases
+    write_target_and_drafter(tmp, "qwen3_moe", 4)
+    return tmp, greedy_cases(tmp / "target", (3, 9, 6, 5), 14, seed=1)
 
 
 def _engine(tmp: Any, baseline: str, controller: PartsPolicy | None) -> tuple[Any, Any]:

@@ -6,7 +6,6 @@ fresh engine's counters) and the adapter's one expert-cache factory."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from pdflash.engine.requests import Request, RequestMetrics, RequestState, Reque
 from pdflash.engine.sampling import SamplingParams
 from pdflash.protocols import Band, PrefetchPlanner
 
-from .conftest import greedy_reference, make_batcher_and_predictor
+from .conftest import greedy_reference, make_batcher_and_predictor, write_target_and_drafter
 
 # ---------------------------------------------------------------- requests
 
@@ -232,15 +231,8 @@ def test_the_planner_without_a_cache_does_nothing() -> None:
 
 @pytest.fixture(scope="module")
 def offloaded_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pdflash.engine.drafter import write_synthetic_drafter
-    from pdflash.models import write_synthetic_checkpoint
-
     tmp = tmp_path_factory.mktemp("owners")
-    write_synthetic_checkpoint(
-        tmp / "target", "qwen3_moe", "tiny", num_layers=3, dtype=torch.float32, seed=3
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
+    write_target_and_drafter(tmp, "qwen3_moe", 3)
     return tmp
 
 

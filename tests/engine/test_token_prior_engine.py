@@ -3,7 +3,6 @@ the token prior learns exactly the rows each prefill and verify routed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 from pdflash.engine.config import EngineConfig
-from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
+from pdflash.engine.drafter import load_drafter
 from pdflash.engine.engine import Engine
 from pdflash.engine.predict import (
     ROUTE_AHEAD_SOURCES,
@@ -23,7 +22,7 @@ from pdflash.engine.predict import (
 )
 from pdflash.routeahead import TokenPriorPredictor
 
-from .conftest import greedy_reference, oracle_drafts
+from .conftest import greedy_cases, oracle_drafts, write_target_and_drafter
 
 MAX_NEW = 12
 
@@ -46,24 +45,10 @@ class _Spy(TokenPriorPredictor):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
-    from transformers import AutoModelForCausalLM
-
-    from pdflash.models import write_synthetic_checkpoint
-
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("tokenprior")
-    write_synthetic_checkpoint(
-        tmp / "target", "qwen3_moe", "tiny", num_layers=3, dtype=torch.float32, seed=7
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=8, dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
-    gen = torch.Generator().manual_seed(1)
-    cases = []
-    for n in (5, 8, 3):
-        prompt = torch.randint(0, cfg["vocab_size"], (n,), generator=gen).tolist()
-        cases.append((prompt, greedy_reference(ref, prompt, MAX_NEW)))
-    return tmp, cases
+    write_target_and_drafter(tmp, "qwen3_moe", 3, target_seed=7, drafter_seed=8)
+    return tmp, greedy_cases(tmp / "target", (5, 8, 3), MAX_NEW, seed=1)
 
 
 def test_route_ahead_sources() -> None:

@@ -5,7 +5,6 @@ leaves no KV page, cache pin or in-flight ticket behind."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,25 +30,10 @@ class CopyFailed(RuntimeError):
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
-    from transformers import AutoModelForCausalLM
-
-    from pdflash.engine.drafter import write_synthetic_drafter
-    from pdflash.models import write_synthetic_checkpoint
-
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp("offloaded")
-    write_synthetic_checkpoint(
-        tmp / "target", "qwen3_moe", "tiny", num_layers=3, seed=3, dtype=torch.float32
-    )
-    cfg = json.loads((tmp / "target" / "config.json").read_text())
-    write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=4, dtype=torch.float32)
-    ref = AutoModelForCausalLM.from_pretrained(tmp / "target", dtype=torch.float32).eval()
-    g = torch.Generator().manual_seed(1)
-    cases = []
-    for n in (3, 6, 5, 4):
-        p = torch.randint(0, cfg["vocab_size"], (n,), generator=g).tolist()
-        cases.append((p, HELPERS.greedy_reference(ref, p, MAX_NEW)))
-    return tmp, cases
+    HELPERS.write_target_and_drafter(tmp, "qwen3_moe", 3)
+    return tmp, HELPERS.greedy_cases(tmp / "target", (3, 6, 5, 4), MAX_NEW, seed=1)
 
 
 @pytest.fixture
