@@ -868,14 +868,8 @@ class GraphRunner:
             raise ValueError(f"limit must be >= 0, got {limit}")
         if max_bytes is not None and max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        report: dict[str, Any] = {
-            "buckets": len(keys),
-            "already_held": 0,
-            "prepared": 0,
-            "skipped": Counter[str](),
-            "failed": 0,
-            "bytes": 0,
-        }
+        report = _prepare_report(len(keys))
+        report["bytes"] = 0
         gen = torch.Generator().manual_seed(seed)
         held = [e for e in self._entries.values() if e.graph is not None]
         # bytes per padded row, the estimate of a bucket not yet recorded
@@ -909,19 +903,11 @@ class GraphRunner:
                     used += nbytes
                     per_row = max(per_row, nbytes / key.rows)
                     self.stats.prepared += 1
-                elif outcome == "failed":
-                    report["failed"] += 1
-                elif outcome in PREPARE_BLOCKERS:
-                    report["blocker"] = outcome
+                elif _count_outcome(report, outcome, PREPARE_BLOCKERS):
                     break
-                else:
-                    report["skipped"][outcome] += 1
         finally:
             runner.region_timer = timer
-        report["skipped"] = dict(sorted(report["skipped"].items()))
-        report["graphs_held"] = self.num_graphs
-        report["s"] = time.perf_counter() - t0
-        return report
+        return _finish_report(report, self.num_graphs, t0)
 
     def draft_buckets(
         self,
@@ -1003,13 +989,7 @@ class GraphRunner:
         cap = self.max_draft_graphs if limit is None else min(int(limit), self.max_draft_graphs)
         if cap < 0:
             raise ValueError(f"limit must be >= 0, got {limit}")
-        report: dict[str, Any] = {
-            "buckets": len(keys),
-            "already_held": 0,
-            "prepared": 0,
-            "skipped": Counter[str](),
-            "failed": 0,
-        }
+        report = _prepare_report(len(keys))
         gen = torch.Generator().manual_seed(seed)
         for key in keys:
             entry = self._draft_entries.get(key)
@@ -1026,17 +1006,9 @@ class GraphRunner:
             if outcome == "prepared":
                 report["prepared"] += 1
                 self.draft_stats.prepared += 1
-            elif outcome == "failed":
-                report["failed"] += 1
-            elif outcome == "kv_without_scratch_slot":
-                report["blocker"] = outcome
+            elif _count_outcome(report, outcome, DRAFT_PREPARE_BLOCKERS):
                 break
-            else:
-                report["skipped"][outcome] += 1
-        report["skipped"] = dict(sorted(report["skipped"].items()))
-        report["graphs_held"] = self.num_draft_graphs
-        report["s"] = time.perf_counter() - t0
-        return report
+        return _finish_report(report, self.num_draft_graphs, t0)
 
     def _prepare_draft_bucket(
         self,
@@ -1583,6 +1555,42 @@ PREPARE_BLOCKERS = frozenset(
         *PIECEWISE_REASONS,
     }
 )
+
+
+#: a :meth:`GraphRunner.prepare_drafts` outcome that holds for every bucket
+DRAFT_PREPARE_BLOCKERS = frozenset({"kv_without_scratch_slot"})
+
+
+def _prepare_report(buckets: int) -> dict[str, Any]:
+    """A new report of :meth:`GraphRunner.prepare` / ``prepare_drafts``."""
+    return {
+        "buckets": buckets,
+        "already_held": 0,
+        "prepared": 0,
+        "skipped": Counter[str](),
+        "failed": 0,
+    }
+
+
+def _count_outcome(report: dict[str, Any], outcome: str, blockers: frozenset[str]) -> bool:
+    """Count a bucket's ``failed`` or skip outcome in ``report``; True (the
+    outcome recorded as ``blocker``) when it stops the preparing."""
+    if outcome == "failed":
+        report["failed"] += 1
+    elif outcome in blockers:
+        report["blocker"] = outcome
+        return True
+    else:
+        report["skipped"][outcome] += 1
+    return False
+
+
+def _finish_report(report: dict[str, Any], graphs_held: int, t0: float) -> dict[str, Any]:
+    """The report as returned: skips sorted by reason, graphs held, seconds."""
+    report["skipped"] = dict(sorted(report["skipped"].items()))
+    report["graphs_held"] = graphs_held
+    report["s"] = time.perf_counter() - t0
+    return report
 
 
 def _reserved_bytes(device: torch.device) -> int:
