@@ -148,6 +148,7 @@ def test_the_compressed_gemm_mode_is_part_of_every_runs_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_mode: None
 ) -> None:
     argv = "--arch tiny --baselines B1,PD --concurrency 4 --cache-fraction 0.5 --repeats 1"
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "dequant")
     dequant = _plan(argv)
     assert {s["compressed_gemm"] for s in dequant} == {"dequant"}
     monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "fused")
@@ -179,7 +180,7 @@ def test_the_compressed_gemm_mode_is_part_of_every_runs_key(
     with pytest.raises(ValueError, match="runs compressed experts in 'fused'"):
         spec.validate()
     RunSpec(arch="tiny", baseline="B1", compressed_gemm="fused").validate()
-    monkeypatch.delenv("PDFLASH_COMPRESSED_GEMM")
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "dequant")
     spec.validate()
 
 
