@@ -15,6 +15,7 @@ Belady figures) are rank 0's own (``rank_local_fields`` says so).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -98,7 +99,14 @@ def run_ranks(spec: RunSpec, progress: Callable[[int, int], None] | None = None)
     device = "cuda" if resolve_device(spec.device).type == "cuda" else "cpu"
     if spec.weights == "synthetic":
         # written once here, before the ranks read it (they would race to write it)
-        synthetic_paths(spec, resolve_device(spec.device))
+        target = synthetic_paths(spec, resolve_device(spec.device))[0]
+    else:
+        target = Path(spec.weights)
+    if spec.host_mode != "off":
+        # before any rank starts: a rank that owns no expert has nothing for
+        # its host to compute (and nothing to prepare or calibrate it on)
+        layers, experts = expert_grid(target)
+        check_host_ranks(spec, layers, experts, spec.gpus)
     results = launch(_rank_main, spec.gpus, spec, device=device)
     result: RunResult = results[0]
     return result
@@ -111,6 +119,31 @@ def _frequency(spec: RunSpec) -> Any:
         return None
     assert spec.trace is not None
     return frequency_from_trace(spec.trace)
+
+
+def expert_grid(target: Path) -> tuple[int, int]:
+    """``(MoE layers, experts per layer)`` of a checkpoint, read from its
+    config as its adapter reads them (nothing loaded)."""
+    from transformers import AutoConfig
+
+    from pdflash.models import get_adapter_class, read_model_type
+
+    cls = get_adapter_class(read_model_type(target))
+    config = AutoConfig.from_pretrained(target)
+    return len(cls.moe_layer_indices(config)), int(cls.num_experts_of(config))
+
+
+def check_host_ranks(spec: RunSpec, layers: int, experts: int, num_ranks: int) -> None:
+    """With host experts on, every rank must own experts under ``spec``'s
+    placement (a clear ``ValueError`` naming the ranks and the grid)."""
+    from pdflash.distributed import check_every_rank_owns_experts, placement_for
+
+    if spec.host_mode == "off":
+        return
+    placement = placement_for(spec.placement, layers, experts, num_ranks, _frequency(spec))
+    check_every_rank_owns_experts(
+        placement, f"{spec.baseline} with host experts ({spec.host_mode}) on {num_ranks} ranks"
+    )
 
 
 def placement_of(spec: RunSpec, adapter: Any, num_ranks: int) -> Any:
@@ -128,7 +161,15 @@ def rank_owned_experts(spec: RunSpec, group: RankGroup) -> tuple[Any, Callable[[
     from pdflash.distributed import owned_experts_of
 
     key = ("rank", group.rank, group.world_size, spec.placement, spec.trace)
-    return key, owned_experts_of(spec.placement, group.rank, group.world_size, _frequency(spec))
+    owned = owned_experts_of(spec.placement, group.rank, group.world_size, _frequency(spec))
+
+    def checked(layers: int, experts: int) -> Any:
+        # a group joined without run_ranks (torchrun): the same check, before
+        # the store packs anything
+        check_host_ranks(spec, layers, experts, group.world_size)
+        return owned(layers, experts)
+
+    return key, checked
 
 
 class RankStack:

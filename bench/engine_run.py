@@ -194,6 +194,11 @@ class RunSpec:
     # label's preset: adaptive for PD and its ablations, full for the rest and
     # PD-full-width), "full", "fixed:K" or "adaptive" for any label
     verify_width: str = "auto"
+    # the process-wide compressed-GEMM mode (pdflash.models.compressed_gemm,
+    # PDFLASH_COMPRESSED_GEMM) the run must run in: None runs in whichever the
+    # process has; the matrix names the mode it planned under, and a spec
+    # naming another mode is refused (a resumed matrix never mixes modes)
+    compressed_gemm: str | None = None
 
     @property
     def width_setting(self) -> str:
@@ -311,6 +316,16 @@ class RunSpec:
             from pdflash.engine.verify_width import parse_width
 
             parse_width(self.verify_width, self.block_size)  # raises on a bad value
+        if self.compressed_gemm is not None:
+            from pdflash.models.compressed_gemm import compressed_gemm_mode
+
+            mode = compressed_gemm_mode()
+            if self.compressed_gemm != mode:
+                raise ValueError(
+                    f"compressed_gemm {self.compressed_gemm!r}: this process runs compressed "
+                    f"experts in {mode!r} (PDFLASH_COMPRESSED_GEMM); run the spec in a process "
+                    "of its mode"
+                )
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         from .distributed_run import check_spec

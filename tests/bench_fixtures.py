@@ -178,6 +178,7 @@ class FakeRunSpec:
     token_budget: int | None = None
     byte_budget_from: str = "floor"
     verify_width: str = "auto"
+    compressed_gemm: str | None = None
 
 
 @dataclasses.dataclass

@@ -113,16 +113,11 @@ def verify_widths(text: str) -> list[str]:
 
 
 def resolved_width(width: str, baseline: str) -> str:
-    """The width a label runs at: ``auto`` is the label's preset (adaptive
-    for PD and its ablations except ``PD-full-width``; full for the rest);
-    B0 drafts nothing, so it is always full. Mirrors
-    :meth:`pdflash.engine.config.EngineConfig.preset` (checked by a test)
-    without importing the engine."""
-    if baseline == "B0":
-        return "full"
-    if width != "auto":
-        return width
-    return "adaptive" if baseline.startswith("PD") and baseline != "PD-full-width" else "full"
+    """The width a label runs at (:func:`pdflash.report.schema.resolved_width`:
+    ``auto`` is the label's preset, B0 always ``full``)."""
+    from pdflash.report.schema import resolved_width as resolve
+
+    return resolve(width, baseline)
 
 
 def archs(text: str) -> list[str]:

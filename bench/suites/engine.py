@@ -16,6 +16,7 @@ import argparse
 import itertools
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +308,19 @@ def _fmt(x: Any, nd: int = 3) -> str:
     return "null" if x is None else (f"{x:.{nd}g}" if isinstance(x, float) else str(x))
 
 
+def label_runs(
+    baselines: Sequence[str], graphs: Sequence[str], widths: Sequence[str]
+) -> list[tuple[str, str, str]]:
+    """``(label, cuda graphs, width)`` of each run in a repeat: every label at
+    each graphs setting and each width it resolves to, once (PD's ``auto`` is
+    ``adaptive``, so ``auto,adaptive`` is one run, as in the matrix), the
+    width as asked where first listed (its row records it as requested)."""
+    unique: dict[tuple[str, str, str], tuple[str, str, str]] = {}
+    for b, g, w in itertools.product(baselines, graphs, widths):
+        unique.setdefault((b, g, common.resolved_width(w, b)), (b, g, w))
+    return list(unique.values())
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -324,11 +338,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.arrivals == "poisson" and not args.rate:
         raise SystemExit("--arrivals poisson needs --rate")
     rates: list[float | None] = list(args.rate) if args.arrivals == "poisson" else [None]
+    runs = label_runs(baselines, args.cuda_graphs, args.verify_width)
     for conc, rate in itertools.product(args.concurrency, rates):
         for repeat in range(args.repeats):
-            for baseline, graphs, width in itertools.product(
-                baselines, args.cuda_graphs, args.verify_width
-            ):
+            for baseline, graphs, width in runs:
                 spec = RunSpec(
                     arch=args.arch,
                     baseline=baseline,

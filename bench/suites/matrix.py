@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import shlex
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pdflash.report.schema import SETTING_DEFAULTS, spec_settings
+from pdflash.report.schema import SETTING_DEFAULTS, recorded_spec_settings, spec_settings
 
 from ..workload import WARMUP_CHOICES
 from . import _common as common
@@ -208,9 +209,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="drafts each verify checks, for every label: auto (default: adaptive for PD and "
         "its ablations, full for the other labels and PD-full-width), full, fixed:K or "
         "adaptive (pdflash.engine.verify_width), or a comma list of them: every label runs at "
-        "each (duplicates dropped), interleaved with the labels within every repeat, so each "
-        "baseline can be compared at its best width in one process; part of each run's resume "
-        "key. The report shows a label run at several widths as one series per width",
+        "each (a width that resolves to one already listed is dropped), interleaved with the "
+        "labels within every repeat, so each baseline can be compared at its best width in one "
+        "process. Each spec names the width its run verifies at (auto resolved), which the row "
+        "records and the resume key keys. The report shows a label run at several widths as "
+        "one series per width",
     )
     g.add_argument(
         "--synthetic-format",
@@ -350,6 +353,10 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     from .engine import realtext_kwargs
 
     common_kw.update(realtext_kwargs(args))
+    # the process-wide compressed-GEMM mode the runs will use: in every spec
+    # (RunSpec refuses to run it in another), so a resume in another mode
+    # cannot count this mode's runs as done
+    common_kw["compressed_gemm"] = process_compressed_gemm()
     specs: list[dict[str, Any]] = []
     seen: set[tuple[Any, ...]] = set()
     loads = serving_kw(args)
@@ -378,11 +385,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
                     **common_kw,
                     **load,
                 }
-                # the width only where it is not full (so the specs and keys of
-                # full-width runs, every run recorded before widths existed, stay)
-                resolved = common.resolved_width(width, baseline)
-                if resolved != "full":
-                    spec["verify_width"] = resolved
+                # every spec names the width its label runs at (auto resolved),
+                # so RunSpec runs, the row records and the key keys that width
+                spec["verify_width"] = width
                 key = spec_key(spec)
                 if key in seen:
                     continue
@@ -392,6 +397,15 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 T = TypeVar("T")
+
+
+def process_compressed_gemm() -> str:
+    """The compressed-GEMM mode this process runs compressed experts in
+    (:func:`pdflash.models.compressed_gemm.compressed_gemm_mode`:
+    ``PDFLASH_COMPRESSED_GEMM`` or the library's default)."""
+    from pdflash.models.compressed_gemm import compressed_gemm_mode
+
+    return compressed_gemm_mode()
 
 
 def _width_list(value: str | Sequence[str]) -> list[str]:
@@ -414,6 +428,17 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     serving options are bursts, as every spec recorded before they existed)
     and every setting of :data:`pdflash.report.schema.RUN_SETTINGS` (the
     list the report's row key reads too)."""
+    return (*_point_key(spec), *spec_settings(spec))
+
+
+def row_spec_key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """:func:`spec_key` of a recorded row (by the spec that produced it),
+    its settings as the row ran them where its spec omits one
+    (:func:`pdflash.report.schema.recorded_spec_settings`)."""
+    return (*_point_key(row["spec"]), *recorded_spec_settings(row))
+
+
+def _point_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     return (
         spec["arch"],
         spec.get("layers"),
@@ -427,7 +452,6 @@ def spec_key(spec: Mapping[str, Any]) -> tuple[Any, ...]:
         spec.get("users"),
         spec.get("think_s", 0.0),
         spec.get("gpus", 1),
-        *spec_settings(spec),
     )
 
 
@@ -473,7 +497,7 @@ def first_use_check(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         ms = verify_ms_per_forward(row)
         if not isinstance(spec, Mapping) or ms is None:
             continue
-        key = spec_key({**spec, "repeat": -1})
+        key = row_spec_key({**row, "spec": {**spec, "repeat": -1}})
         groups.setdefault(key, {})[int(spec.get("repeat", 0))] = ms
         labels.setdefault(key, spec_label(spec))
     ratios: list[dict[str, Any]] = []
@@ -508,7 +532,7 @@ def recorded_keys(rows_path: Path) -> set[tuple[Any, ...]]:
             continue
         try:
             row = json.loads(line)
-            keys.add(spec_key(row["spec"]))
+            keys.add(row_spec_key(row))
         except (json.JSONDecodeError, KeyError, TypeError):
             continue  # not ours to judge here; the report validates it
     return keys
@@ -805,6 +829,10 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
     if tokens != HOST_DEFAULTS["host_max_tokens"]:
         parts.append(f"--host-max-tokens {tokens}")
     parts.append(f"--out {shlex.quote(str(out))}")
+    # the process-wide compressed-GEMM mode is part of every run's key
+    mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")
+    if mode:
+        parts.insert(0, f"PDFLASH_COMPRESSED_GEMM={shlex.quote(mode)}")
     return " ".join(parts)
 
 

@@ -36,11 +36,13 @@ from .placement import (
     ExpertPlacement,
     FrequencyBalancedPlacement,
     RoundRobinPlacement,
+    check_every_rank_owns_experts,
     frequency_from_topk,
     frequency_from_trace,
     owned_experts_of,
     owned_mask,
     placement_for,
+    ranks_without_experts,
 )
 from .rank_budget import RankRepair, repair_rank_budget
 
@@ -55,6 +57,7 @@ __all__ = [
     "RankRepair",
     "RoundRobinPlacement",
     "ShardedCacheView",
+    "check_every_rank_owns_experts",
     "current_group",
     "distributed_available",
     "free_port",
@@ -66,6 +69,7 @@ __all__ = [
     "owned_experts_of",
     "owned_mask",
     "placement_for",
+    "ranks_without_experts",
     "repair_rank_budget",
     "replicated_config",
     "shard_bounds",

@@ -52,6 +52,33 @@ def owned_mask(placement: ExpertPlacement, rank: int) -> npt.NDArray[np.bool_]:
     return np.asarray(placement.owner_table() == rank, dtype=np.bool_)
 
 
+def ranks_without_experts(placement: ExpertPlacement) -> list[int]:
+    """The ranks ``placement`` gives no expert of any layer (more ranks than
+    the grid spreads over: e.g. round robin on more than ``layers + experts
+    - 1`` ranks)."""
+    table = placement.owner_table()
+    owned = np.bincount(table.reshape(-1), minlength=placement.num_ranks)
+    return [int(r) for r in np.flatnonzero(owned == 0)]
+
+
+def check_every_rank_owns_experts(placement: ExpertPlacement, purpose: str) -> None:
+    """Raise ``ValueError`` naming the ranks that own no expert, the grid and
+    the placement, for a ``purpose`` that needs experts on every rank (a
+    rank's host computes only the experts it owns)."""
+    empty = ranks_without_experts(placement)
+    if not empty:
+        return
+    layers, experts = placement.owner_table().shape
+    name = getattr(placement, "name", type(placement).__name__)
+    which = ", ".join(str(r) for r in empty)
+    raise ValueError(
+        f"{purpose}: rank{'s' if len(empty) > 1 else ''} {which} of {placement.num_ranks} "
+        f"own{'' if len(empty) > 1 else 's'} none of the {layers} layers x {experts} experts "
+        f"under the {name} placement (only {placement.num_ranks - len(empty)} ranks own "
+        "experts): run on fewer ranks, or without host experts"
+    )
+
+
 def check_owner_table(table: npt.ArrayLike, num_ranks: int) -> npt.NDArray[np.int64]:
     """Validate a ``[layers, experts]`` owner table (every entry a rank)."""
     arr = np.asarray(table)

@@ -221,25 +221,54 @@ def _recorded(field: str, key: str | None = None) -> Callable[[Mapping[str, Any]
     return read
 
 
+#: Labels whose ``auto`` verify width is ``adaptive``: PD and its ablations
+#: except ``PD-full-width`` (mirrors :meth:`pdflash.engine.config.EngineConfig.preset`,
+#: checked by a test, without importing the engine).
+ADAPTIVE_WIDTH_LABELS: frozenset[str] = frozenset(
+    b for b in BASELINES if b.startswith("PD") and b != "PD-full-width"
+)
+
+
+def resolved_width(width: str, baseline: str) -> str:
+    """The verify width a label runs at for a requested ``width``: ``auto``
+    is the label's preset (``adaptive`` for :data:`ADAPTIVE_WIDTH_LABELS`,
+    ``full`` for the rest); B0 drafts nothing, so it is always ``full``;
+    any other width is itself."""
+    if baseline == "B0":
+        return "full"
+    if width != "auto":
+        return width
+    return "adaptive" if baseline in ADAPTIVE_WIDTH_LABELS else "full"
+
+
 @dataclass(frozen=True)
 class RunSetting:
     """One setting beyond the point and the repeat that defines a run.
 
     ``name`` is the :class:`pdflash.bench.engine_run.RunSpec` field (a spec
-    that omits it ran with ``default``, as every spec recorded before the
-    field existed); ``in_spec`` is False for a process-wide mode no spec
-    carries (the row alone records it). ``recorded`` reads what a row says
-    the setting ran as, for rows without a spec.
+    that omits it runs with ``default``); ``in_spec`` is False for a
+    process-wide mode no spec carries (the row alone records it).
+    ``recorded`` reads what a row says the setting ran as, for rows without
+    a spec. ``resolve`` maps a spec's value to the value the run runs at
+    where a spec may name it indirectly (``auto``), so two specs that run
+    alike are one run and two that do not are two. ``omitted`` reads what a
+    recorded row ran with where its spec does not say (no spec, or one
+    recorded before specs named the setting, whose run did not necessarily
+    use today's default); None: ``recorded``, else the default.
     """
 
     name: str
     default: Any
     recorded: Callable[[Mapping[str, Any]], Any] | None = None
     in_spec: bool = True
+    resolve: Callable[[Any, Mapping[str, Any]], Any] | None = None
+    omitted: Callable[[Mapping[str, Any]], Any] | None = None
 
     def of_spec(self, spec: Mapping[str, Any]) -> Any:
         """The setting of a run by its spec (the matrix's resume key)."""
         value = spec.get(self.name, self.default)
+        if self.resolve is not None:
+            value = self.resolve(value, spec)
         # a number given as an int or a float is one setting
         if (
             isinstance(value, int)
@@ -252,16 +281,48 @@ class RunSetting:
     def of_row(self, row: Mapping[str, Any]) -> Any:
         """The setting of a recorded run: its spec's where the row carries the
         spec (the matrix's rows: the very value its resume key keyed, in the
-        same terms whichever code version recorded the row), else what the
-        row records it ran as, else the default."""
+        same terms whichever code version recorded the row), except that a
+        setting with ``omitted`` the spec does not name reads ``omitted``;
+        else what the row records it ran as, else the default."""
         spec = row.get("spec")
-        if self.in_spec and isinstance(spec, Mapping):
+        if (
+            self.in_spec
+            and isinstance(spec, Mapping)
+            and (self.omitted is None or self.name in spec)
+        ):
             return self.of_spec(spec)
+        if self.omitted is not None:
+            return self.omitted(row)
         if self.recorded is not None:
             value = self.recorded(row)
             if value is not None:
                 return value
         return self.default
+
+
+def _spec_width(width: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's verify width as the width its run runs at."""
+    if not isinstance(width, str):
+        return width
+    return resolved_width(width, str(spec.get("baseline")))
+
+
+def _omitted_width(row: Mapping[str, Any]) -> Any:
+    """The width of a row whose spec names none (no spec, or recorded before
+    the matrix named every width): what the row records it ran at, else
+    ``full`` (rows recorded before verify widths existed verified every
+    draft)."""
+    value = _recorded("verify_width", "setting")(row)
+    return "full" if value is None else value
+
+
+def _omitted_gemm(row: Mapping[str, Any]) -> Any:
+    """The compressed-GEMM mode of a row whose spec names none (no spec, or
+    recorded before the matrix named the mode): the mode the row records its
+    compressed experts ran in, else ``dequant`` (the only default there was;
+    a row of dense experts records none)."""
+    value = row.get("compressed_gemm")
+    return "dequant" if value is None else value
 
 
 #: Every setting that, beside the point (arch with its depth and GPUs,
@@ -279,7 +340,10 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),
-    RunSetting("compressed_gemm", None, _recorded("compressed_gemm"), in_spec=False),
+    # the process-wide mode the matrix planned the run under (every spec
+    # names it; RunSpec refuses to run in another); rows whose spec does not
+    # name it: the mode their compressed experts ran in, else dequant
+    RunSetting("compressed_gemm", None, _recorded("compressed_gemm"), omitted=_omitted_gemm),
     RunSetting("routing_source", "model", _recorded("routing_source")),
     RunSetting("route_ahead_source", "union", _recorded("route_ahead_source")),
     RunSetting("acceptance", "auto"),
@@ -293,9 +357,16 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("placement", "round_robin"),
     RunSetting("warmup", "auto", _recorded("warmup", "requested")),
     RunSetting("cuda_graphs", "off", _recorded("cuda_graphs", "setting")),
-    # the matrix writes the width resolved for the label, and only where it
-    # is not full (so every spec recorded before widths existed is full)
-    RunSetting("verify_width", "full", _recorded("verify_width", "setting")),
+    # the width the run verifies at: a spec's ``auto`` (RunSpec's default)
+    # resolved for its label, as RunSpec resolves it; rows whose spec names
+    # no width: what they recorded running at, else full
+    RunSetting(
+        "verify_width",
+        "auto",
+        _recorded("verify_width", "setting"),
+        resolve=_spec_width,
+        omitted=_omitted_width,
+    ),
 )
 
 #: The settings' values in a spec that omits them.
@@ -306,6 +377,14 @@ def spec_settings(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     """A spec's :data:`RUN_SETTINGS` that specs carry (its part of the matrix's
     resume key)."""
     return tuple(s.of_spec(spec) for s in RUN_SETTINGS if s.in_spec)
+
+
+def recorded_spec_settings(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A recorded row's part of the matrix's resume key: :func:`spec_settings`
+    of its spec, each as :meth:`RunSetting.of_row` reads it (so a row whose
+    spec omits a setting it ran at a value other than today's default is
+    keyed by what it ran at, not as a run of today's default)."""
+    return tuple(s.of_row(row) for s in RUN_SETTINGS if s.in_spec)
 
 
 def row_settings(row: Mapping[str, Any]) -> tuple[Any, ...]:

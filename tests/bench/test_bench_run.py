@@ -301,13 +301,18 @@ def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -
     matrix.add_arguments(parser)
     base = "--arch tiny --baselines B1,B2,PD --concurrency 4 --cache-fraction 0.5 --repeats 1"
     auto = matrix.plan(parser.parse_args(base.split()))
-    # auto: PD's preset (adaptive) is in its spec; full-width labels' specs
-    # stay as before widths existed (so their resume keys are unchanged)
+    # auto: every spec names the width its label runs at (PD's preset is
+    # adaptive); a full-width label's key is the key of its spec without a
+    # width (recorded before widths existed)
     assert {s["baseline"]: s.get("verify_width") for s in auto} == {
-        "B1": None,
-        "B2": None,
+        "B1": "full",
+        "B2": "full",
         "PD": "adaptive",
     }
+    b1 = next(s for s in auto if s["baseline"] == "B1")
+    assert matrix.spec_key(b1) == matrix.spec_key(
+        {k: v for k, v in b1.items() if k != "verify_width"}
+    )
     fixed_args = parser.parse_args([*base.split(), "--verify-width", "fixed:3"])
     fixed = matrix.plan(fixed_args)
     assert [s["verify_width"] for s in fixed] == ["fixed:3"] * 3

@@ -46,11 +46,7 @@ def test_every_spec_setting_is_a_runspec_field_with_its_default() -> None:
             assert setting.name not in defaults, setting.name
             continue
         assert setting.name in defaults, setting.name
-        if setting.name == "verify_width":
-            # the matrix writes the width resolved, and only where it is not full
-            assert setting.default == "full"
-        else:
-            assert setting.default == defaults[setting.name], setting.name
+        assert setting.default == defaults[setting.name], setting.name
 
 
 @pytest.mark.parametrize("name", [s.name for s in RUN_SETTINGS if s.in_spec])
@@ -100,12 +96,20 @@ def test_a_row_with_a_spec_is_keyed_by_its_spec(make_row: Callable[..., Row]) ->
     b["spec"] = {"eviction": "lru"}
     assert row_key(a) != row_key(b)
     # the report's key of a matrix row holds the matrix's resume key's settings
-    spec = {"verify_width": "adaptive", "cuda_graphs": "auto", "warmup": "workload"}
+    spec = {
+        "baseline": "PD",
+        "verify_width": "adaptive",
+        "cuda_graphs": "auto",
+        "warmup": "workload",
+        "compressed_gemm": "dequant",
+    }
     a["spec"] = spec
     by_name = dict(zip([s.name for s in RUN_SETTINGS], row_settings(a), strict=True))
     in_spec = [by_name[s.name] for s in RUN_SETTINGS if s.in_spec]
     assert tuple(in_spec) == spec_settings(spec)
-    assert by_name["compressed_gemm"] is None  # no spec carries it: the row's record
+    assert by_name["compressed_gemm"] == "dequant"  # the mode the matrix planned under
+    # a spec that names no mode (recorded before specs named it): the row's record
+    a["spec"] = {k: v for k, v in spec.items() if k != "compressed_gemm"}
     a["compressed_gemm"] = "fused"
     assert (
         dict(zip([s.name for s in RUN_SETTINGS], row_settings(a), strict=True))["compressed_gemm"]
