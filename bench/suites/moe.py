@@ -221,26 +221,13 @@ def _link_gbps(device: Any) -> Any:
 
 
 def _hbm_gbps(device: Any) -> Any:
-    """Device-to-device copy bandwidth, counted as bytes read + bytes written."""
-    import torch
-
+    """Device-to-device copy bandwidth, counted as bytes read + bytes written
+    (:func:`pdflash.engine.roofline.measure_hbm_gbps`, the engine rows' probe)."""
+    from pdflash.engine.roofline import measure_hbm_gbps
     from pdflash.metrics import NotMeasured
 
-    if device.type != "cuda":
-        return NotMeasured("no CUDA device: no HBM to measure")
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        dst.copy_(src)
-    end.record()
-    _sync(device)
-    seconds = start.elapsed_time(end) / 1e3
-    del src, dst
-    return 5 * 2 * n / seconds / 1e9
+    gbps = measure_hbm_gbps(device)
+    return NotMeasured(gbps) if isinstance(gbps, str) else gbps
 
 
 def _time_us(fn: Any, iters: int, device: Any) -> float:
