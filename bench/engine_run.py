@@ -1468,6 +1468,11 @@ def _result(
         "mxfp4_dequantizer": _mxfp4_dequantizer(adapter),
         # fused (dequantized inside the GEMM kernel) / dequant; None: dense experts
         "compressed_gemm": getattr(getattr(adapter, "runtime", None), "compressed_gemm", None),
+        # the setting (PDFLASH_COMPRESSED_GEMM, auto by default) and why it
+        # resolved so on this device; None with dense experts
+        "compressed_gemm_reason": getattr(
+            getattr(adapter, "runtime", None), "compressed_gemm_reason", None
+        ),
         "sdpa_backends": sdpa_backends(),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
