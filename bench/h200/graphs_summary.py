@@ -1,9 +1,10 @@
 """Summarise graphs_check.sh's (and roofline_check.sh's) engine rows: per
-(arch, baseline, cuda_graphs setting), the mean verify ms and its breakdown,
+(arch, expert format, baseline, cuda_graphs setting), the mean verify ms and its breakdown,
 the drafter's ms per verify, tok/s, the HBM roofline of a verify forward
 (``hbm_roofline_ms``, its byte parts, the measured bandwidth) and
 ``verify_over_roofline``, and the graph runner's counters (every run listed
-too). Runs of different baselines are never averaged together.
+too). Runs of different baselines or expert formats are never averaged
+together.
 
     python3 bench/h200/graphs_summary.py OUT/b3_gptoss OUT/b3_qwen3 --out summary.json
 """
@@ -74,7 +75,7 @@ def _roofline(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     runs = []
     for row in rows:
         graphs = row.get("cuda_graphs") or {}
@@ -82,10 +83,13 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         spec = row.get("spec") or {}
         arch = str(row.get("arch", spec.get("arch")))
         baseline = str(row.get("baseline", spec.get("baseline")))
-        groups[(arch, baseline, setting)].append(row)
+        fmt = str(row.get("expert_format", "dense"))
+        groups[(arch, fmt, baseline, setting)].append(row)
         runs.append(
             {
                 "arch": arch,
+                "expert_format": fmt,
+                "compressed_gemm": row.get("compressed_gemm"),
                 "baseline": baseline,
                 "setting": setting,
                 "repeat": row.get("repeat", spec.get("repeat")),
@@ -97,9 +101,11 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             }
         )
     table = []
-    for (arch, baseline, setting), group in sorted(groups.items()):
+    for (arch, fmt, baseline, setting), group in sorted(groups.items()):
         entry: dict[str, Any] = {
             "arch": arch,
+            "expert_format": fmt,
+            "compressed_gemm": sorted({str(r.get("compressed_gemm")) for r in group}),
             "baseline": baseline,
             "setting": setting,
             "runs": len(group),
@@ -163,9 +169,12 @@ def main() -> None:
             for k in ("verify_ms", "hbm_roofline_ms", "verify_over_roofline")
             if k in roof
         )
-        why = f" (roofline not measured: {roof['roofline_not_measured']})" if not cols else ""
+        if "total_bytes" in roof:
+            cols += f" bytes_per_forward={roof['total_bytes']:.4g}"
+        why = roof.get("roofline_not_measured")
+        why = f" (roofline not measured: {why})" if why else ""
         print(
-            f"run {r['arch']} {r['baseline']} graphs={r['setting']} "
+            f"run {r['arch']} {r['expert_format']} {r['baseline']} graphs={r['setting']} "
             f"repeat={r['repeat']} {cols}{why}"
         )
     for e in summary["table"]:
@@ -174,14 +183,18 @@ def main() -> None:
             f"{k}={e[k]:.3f}" for k in ("hbm_roofline_ms", "verify_over_roofline") if k in e
         )
         print(
-            f"{e['arch']} {e['baseline']} graphs={e['setting']} runs={e['runs']} "
+            f"{e['arch']} {e['expert_format']} {e['baseline']} graphs={e['setting']} "
+            f"runs={e['runs']} "
             f"tok/s={e['tok_s']} {parts} {roof}"
         )
     text = json.dumps(summary)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    if args.out is None:
+        print(text)
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    # the file holds every run; stdout's last line (run.sh's step result) the table
+    print(json.dumps({"table": summary["table"], "out": str(args.out)}))
 
 
 if __name__ == "__main__":

@@ -203,7 +203,12 @@ def test_graphs_summary_keys_by_baseline_and_reports_the_roofline() -> None:
         return out
 
     rows = [row("B3", 7.0, 2.0), row("B3", 7.4, 2.0), row("B1", 84.0, 2.5), row("B2", 9.0, None)]
-    table = {e["baseline"]: e for e in summary.summarise(rows)["table"]}
+    mx = row("B3", 5.0, 1.0) | {"expert_format": "mxfp4", "compressed_gemm": "fused"}
+    entries = summary.summarise([*rows, mx])["table"]
+    table = {e["baseline"]: e for e in entries if e["expert_format"] == "dense"}
+    (mx_entry,) = [e for e in entries if e["expert_format"] == "mxfp4"]  # never with bf16's
+    assert mx_entry["runs"] == 1 and mx_entry["compressed_gemm"] == ["fused"]
+    assert mx_entry["verify_over_roofline"] == pytest.approx(5.0)
     assert table["B3"]["runs"] == 2 and table["B1"]["runs"] == 1  # B1 not averaged into B3
     assert table["B3"]["verify_ms"] == pytest.approx(7.2)
     assert table["B3"]["hbm_roofline_ms"] == pytest.approx(2.0)
