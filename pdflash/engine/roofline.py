@@ -44,7 +44,7 @@ def measure_hbm_gbps(device: torch.device | str) -> float | str:
     """The device's HBM bandwidth in GB/s (1e9 bytes/s) from a short
     device-to-device copy (:data:`HBM_PROBE_METHOD`), measured once per
     process and device; on a device that is not CUDA, the reason it is not
-    measured (a str)."""
+    measured (a str; also when the probe's buffers do not fit)."""
     device = torch.device(device)
     if device.type != "cuda":
         return f"no CUDA device ({device.type}): HBM bandwidth not measured"
@@ -52,7 +52,10 @@ def measure_hbm_gbps(device: torch.device | str) -> float | str:
         device = torch.device("cuda", torch.cuda.current_device())
     key = str(device)
     if key not in _HBM_GBPS:
-        _HBM_GBPS[key] = _copy_probe(device)
+        try:
+            _HBM_GBPS[key] = _copy_probe(device)
+        except torch.cuda.OutOfMemoryError as exc:  # not cached: a later call may fit
+            return f"the 2 GiB copy probe did not fit in device memory ({exc})"
     return _HBM_GBPS[key]
 
 
