@@ -770,6 +770,12 @@ def _run(
     from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
 
     link_gbps = measure_link_gbps(issuer, device)
+    # the HBM copy probe of the rows' verify roofline, once per process, here
+    # while the device is quiet and before this run's slab is allocated
+    from pdflash.engine.roofline import measure_hbm_gbps
+
+    if spec.gpus == 1:
+        measure_hbm_gbps(device)
     all_resident = spec.baseline == "B3"
     fraction = 1.0 if all_resident else spec.cache_fraction
     eviction = spec.eviction
@@ -1483,6 +1489,11 @@ def _result(
         "mxfp4_dequantizer": _mxfp4_dequantizer(adapter),
         # fused (dequantized inside the GEMM kernel) / dequant; None: dense experts
         "compressed_gemm": getattr(getattr(adapter, "runtime", None), "compressed_gemm", None),
+        # the setting (PDFLASH_COMPRESSED_GEMM, auto by default) and why it
+        # resolved so on this device; None with dense experts
+        "compressed_gemm_reason": getattr(
+            getattr(adapter, "runtime", None), "compressed_gemm_reason", None
+        ),
         "sdpa_backends": sdpa_backends(),
         "byte_budget": engine.config.byte_budget,
         "step_target_s": spec.step_target_s if spec.byte_budget is None else None,
@@ -1535,6 +1546,9 @@ def _result(
     breakdown = _verify_breakdown(engine.timer, spec.breakdown)
     row.setdefault("not_measured", {}).update(breakdown.pop("not_measured", {}))
     row.update(breakdown)
+    roofline = _verify_roofline(spec, device, adapter, engine, cache)
+    row.setdefault("not_measured", {}).update(roofline.pop("not_measured", {}))
+    row.update(roofline)
     row["cuda_graphs"] = _graph_fields(engine, spec)
     row["verify_width"] = _width_fields(engine, spec)
     row["slo_s"] = spec.slo_s
@@ -1740,6 +1754,65 @@ def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:
             "attention/router/experts_ms hold only what ran eagerly"
         )
     return {"verify_breakdown_ms": out, "verify_steps": steps}
+
+
+def _verify_roofline(
+    spec: RunSpec, device: torch.device, adapter: Any, engine: Engine, cache: Any
+) -> dict[str, Any]:
+    """The HBM roofline of the run's verify forwards
+    (:mod:`pdflash.engine.roofline`): ``verify_roofline`` (mean bytes per
+    forward by part, the mean verify ms, the probe's method),
+    ``hbm_gbps`` (the device's copy bandwidth), ``hbm_roofline_ms`` (mean
+    bytes per verify forward / ``hbm_gbps``) and ``verify_over_roofline``
+    (mean verify ms / ``hbm_roofline_ms``). The bytes are counted on every
+    device; without a measured bandwidth (not CUDA) the three figures are
+    null with the reason in ``not_measured``."""
+    from pdflash.engine import roofline as rl
+
+    figures = ("hbm_gbps", "hbm_roofline_ms", "verify_over_roofline")
+    forwards = len(engine.verify_kv_spans)
+    why: str | None = None
+    if forwards == 0:
+        why = "no verify forward ran"
+    elif spec.gpus > 1:
+        why = "experts split across ranks: one rank's bytes are not the forward's"
+    elif getattr(adapter, "hf_model", None) is None:
+        why = "the adapter has no hf_model to count non-expert parameters from"
+    if why is not None:
+        names = ("verify_roofline", *figures)
+        return {**dict.fromkeys(names), "not_measured": dict.fromkeys(names, why)}
+    model = rl.roofline_model(adapter, engine.kv, int(cache.expert_nbytes))
+    distinct = rl.distinct_per_forward(
+        engine.routing_trace, engine.trace_kinds, "verify", adapter.num_layers
+    )
+    mean = rl.mean_forward_bytes(model, distinct, engine.verify_kv_spans)
+    steps = engine.timer.kind_count("verify")
+    out: dict[str, Any] = {
+        "forwards": forwards,
+        "bytes_per_forward": {k: v for k, v in mean.items() if k != "total"},
+        "total_bytes_per_forward": mean["total"],
+        "verify_ms": 1e3 * engine.timer.kind_s("verify") / steps if steps else None,
+        "definition": (
+            "bytes a verify forward must read once: non-expert parameters (attention, norms, "
+            "routers, final norm, lm_head; embedding rows gathered only), per MoE layer its "
+            "distinct routed experts x stored expert bytes (expert_nbytes), and the KV "
+            "positions its attention reads (sliding windows capped); hbm_roofline_ms = "
+            "those bytes / hbm_gbps"
+        ),
+    }
+    result: dict[str, Any] = {"verify_roofline": out}
+    gbps = rl.measure_hbm_gbps(device)  # measured once per process (see _run)
+    if isinstance(gbps, str):
+        return {**result, **dict.fromkeys(figures), "not_measured": dict.fromkeys(figures, gbps)}
+    out["hbm_gbps_method"] = rl.HBM_PROBE_METHOD
+    roof_ms = 1e3 * rl.hbm_seconds(mean["total"], gbps)
+    result.update(hbm_gbps=gbps, hbm_roofline_ms=roof_ms)
+    if out["verify_ms"] is None:
+        result["verify_over_roofline"] = None
+        result["not_measured"] = {"verify_over_roofline": "no timed verify forward"}
+    else:
+        result["verify_over_roofline"] = out["verify_ms"] / roof_ms
+    return result
 
 
 def spec_from_dict(d: dict[str, Any]) -> RunSpec:

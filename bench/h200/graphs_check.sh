@@ -22,8 +22,10 @@
 #              replayed verify step (python -m pdflash.bench.graph_host:
 #              plan, checks, buffer fill, cache books, finish; a no-op replay,
 #              tiny gpt-oss shape, 8 layers, 16 x 16 tokens; ~15 s)
-#   summary    $OUT/graphs_summary.json: per arch and setting, the mean verify
-#              ms, its parts, drafter ms per verify, tok/s, captures and
+#   summary    $OUT/graphs_summary.json: per arch, expert format, baseline and
+#              setting, the mean verify ms, its parts, drafter ms per verify,
+#              tok/s, the verify roofline (hbm_roofline_ms,
+#              verify_over_roofline, bytes by part), captures and
 #              first-replay checks inside the runs, graphs pre-captured
 #   b1_qwen3   only with PIECEWISE=1 (adds up to 130 s): B1 at cache 0.8, c=16,
 #              Qwen3-30B-A3B shape, graphs off/auto/piecewise once each (piecewise

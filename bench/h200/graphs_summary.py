@@ -1,6 +1,10 @@
-"""Summarise graphs_check.sh's engine rows: per (arch, cuda_graphs setting),
-the mean verify ms and its breakdown, the drafter's ms per verify, tok/s,
-and the graph runner's counters (every run listed too).
+"""Summarise graphs_check.sh's (and roofline_check.sh's) engine rows: per
+(arch, expert format, baseline, cuda_graphs setting), the mean verify ms and its breakdown,
+the drafter's ms per verify, tok/s, the HBM roofline of a verify forward
+(``hbm_roofline_ms``, its byte parts, the measured bandwidth) and
+``verify_over_roofline``, and the graph runner's counters (every run listed
+too). Runs of different baselines or expert formats are never averaged
+together.
 
     python3 bench/h200/graphs_summary.py OUT/b3_gptoss OUT/b3_qwen3 --out summary.json
 """
@@ -23,6 +27,17 @@ PARTS = (
     "other_and_host_gaps_ms",
     "draft_ms_per_verify",
 )
+#: the roofline columns (means over a group's runs that have them)
+ROOFLINE_COLUMNS = (
+    "hbm_roofline_ms",
+    "verify_over_roofline",
+    "hbm_gbps",
+    "non_expert_params_bytes",
+    "embedding_rows_bytes",
+    "experts_bytes",
+    "kv_cache_bytes",
+    "total_bytes",
+)
 
 
 def _rows(dirs: list[Path]) -> list[dict[str, Any]]:
@@ -34,28 +49,75 @@ def _rows(dirs: list[Path]) -> list[dict[str, Any]]:
     return rows
 
 
+def _fmean(values: list[Any]) -> float | None:
+    nums = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return statistics.fmean(nums) if nums else None
+
+
+def _roofline(row: dict[str, Any]) -> dict[str, Any]:
+    """One run's roofline columns (absent ones left out; their reasons are
+    in the row's not_measured)."""
+    roof = row.get("verify_roofline") or {}
+    out: dict[str, Any] = {}
+    for name in ("hbm_gbps", "hbm_roofline_ms", "verify_over_roofline"):
+        if isinstance(row.get(name), (int, float)):
+            out[name] = row[name]
+    if isinstance(roof.get("verify_ms"), (int, float)):
+        out["verify_ms"] = roof["verify_ms"]
+    for part, nbytes in (roof.get("bytes_per_forward") or {}).items():
+        out[f"{part}_bytes"] = nbytes
+    if isinstance(roof.get("total_bytes_per_forward"), (int, float)):
+        out["total_bytes"] = roof["total_bytes_per_forward"]
+    missing = row.get("not_measured") or {}
+    if "hbm_roofline_ms" in missing:
+        out["roofline_not_measured"] = missing["hbm_roofline_ms"]
+    return out
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = defaultdict(list)
     runs = []
     for row in rows:
         graphs = row.get("cuda_graphs") or {}
         setting = str(graphs.get("setting", "off"))
-        arch = str(row.get("arch", row.get("spec", {}).get("arch")))
-        groups[(arch, setting)].append(row)
+        spec = row.get("spec") or {}
+        arch = str(row.get("arch", spec.get("arch")))
+        baseline = str(row.get("baseline", spec.get("baseline")))
+        fmt = str(row.get("expert_format", "dense"))
+        groups[(arch, fmt, baseline, setting)].append(row)
         runs.append(
             {
                 "arch": arch,
+                "expert_format": fmt,
+                "compressed_gemm": row.get("compressed_gemm"),
+                "baseline": baseline,
                 "setting": setting,
-                "repeat": row.get("spec", {}).get("repeat"),
+                "repeat": row.get("repeat", spec.get("repeat")),
                 "tok_s": row.get("output_tokens_per_s"),
                 "breakdown": row.get("verify_breakdown_ms"),
+                "roofline": _roofline(row),
                 "cuda_graphs": graphs,
                 "warmup_graphs": (row.get("warmup") or {}).get("graphs"),
             }
         )
     table = []
-    for (arch, setting), group in sorted(groups.items()):
-        entry: dict[str, Any] = {"arch": arch, "setting": setting, "runs": len(group)}
+    for (arch, fmt, baseline, setting), group in sorted(groups.items()):
+        entry: dict[str, Any] = {
+            "arch": arch,
+            "expert_format": fmt,
+            "compressed_gemm": sorted({str(r.get("compressed_gemm")) for r in group}),
+            "baseline": baseline,
+            "setting": setting,
+            "runs": len(group),
+        }
+        roofs = [_roofline(r) for r in group]
+        for name in ROOFLINE_COLUMNS:
+            value = _fmean([r.get(name) for r in roofs])
+            if value is not None:
+                entry[name] = value
+        why = sorted({r["roofline_not_measured"] for r in roofs if "roofline_not_measured" in r})
+        if why:
+            entry["roofline_not_measured"] = why
         for part in PARTS:
             values = [
                 r["verify_breakdown_ms"][part]
@@ -100,14 +162,39 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     summary = summarise(_rows(args.dirs))
+    for r in summary["runs"]:
+        roof = r["roofline"]
+        cols = " ".join(
+            f"{k}={roof[k]:.3f}"
+            for k in ("verify_ms", "hbm_roofline_ms", "verify_over_roofline")
+            if k in roof
+        )
+        if "total_bytes" in roof:
+            cols += f" bytes_per_forward={roof['total_bytes']:.4g}"
+        why = roof.get("roofline_not_measured")
+        why = f" (roofline not measured: {why})" if why else ""
+        print(
+            f"run {r['arch']} {r['expert_format']} {r['baseline']} graphs={r['setting']} "
+            f"repeat={r['repeat']} {cols}{why}"
+        )
     for e in summary["table"]:
         parts = " ".join(f"{p}={e[p]:.2f}" for p in PARTS if p in e)
-        print(f"{e['arch']} graphs={e['setting']} runs={e['runs']} tok/s={e['tok_s']} {parts}")
+        roof = " ".join(
+            f"{k}={e[k]:.3f}" for k in ("hbm_roofline_ms", "verify_over_roofline") if k in e
+        )
+        print(
+            f"{e['arch']} {e['expert_format']} {e['baseline']} graphs={e['setting']} "
+            f"runs={e['runs']} "
+            f"tok/s={e['tok_s']} {parts} {roof}"
+        )
     text = json.dumps(summary)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    if args.out is None:
+        print(text)
+        return
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    # the file holds every run; stdout's last line (run.sh's step result) the table
+    print(json.dumps({"table": summary["table"], "out": str(args.out)}))
 
 
 if __name__ == "__main__":

@@ -106,12 +106,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--compressed-gemm",
         default=None,
-        choices=["dequant", "fused", "both"],
+        choices=["auto", "dequant", "fused", "both"],
         help="how the grouped path multiplies by compressed (MXFP4/FP8) experts: dequant = "
         "dequantize the used slots then grouped_mm; fused = one Triton dequantize-GEMM "
-        "launch per projection over the slab; both = build dequant, and time both on every "
-        "all-hit point, interleaved (rows: by_compressed_gemm). Default: "
-        "PDFLASH_COMPRESSED_GEMM, else dequant",
+        "launch per projection over the slab; auto = fused where it runs (CUDA, triton), "
+        "else dequant; both = build dequant, and time both on every all-hit point, "
+        "interleaved (rows: by_compressed_gemm). Default: PDFLASH_COMPRESSED_GEMM, else auto",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -221,26 +221,13 @@ def _link_gbps(device: Any) -> Any:
 
 
 def _hbm_gbps(device: Any) -> Any:
-    """Device-to-device copy bandwidth, counted as bytes read + bytes written."""
-    import torch
-
+    """Device-to-device copy bandwidth, counted as bytes read + bytes written
+    (:func:`pdflash.engine.roofline.measure_hbm_gbps`, the engine rows' probe)."""
+    from pdflash.engine.roofline import measure_hbm_gbps
     from pdflash.metrics import NotMeasured
 
-    if device.type != "cuda":
-        return NotMeasured("no CUDA device: no HBM to measure")
-    n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        dst.copy_(src)
-    end.record()
-    _sync(device)
-    seconds = start.elapsed_time(end) / 1e3
-    del src, dst
-    return 5 * 2 * n / seconds / 1e9
+    gbps = measure_hbm_gbps(device)
+    return NotMeasured(gbps) if isinstance(gbps, str) else gbps
 
 
 def _time_us(fn: Any, iters: int, device: Any) -> float:
@@ -694,10 +681,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.compressed_gemm is not None:
-        from pdflash.models.compressed_gemm import fused_gemm_unavailable, set_compressed_gemm
+        from pdflash.models.compressed_gemm import (
+            fused_gemm_unavailable,
+            fused_mxfp4_dot,
+            set_compressed_gemm,
+        )
 
         if args.compressed_gemm == "fused":
-            reason = fused_gemm_unavailable(device)
+            reason = fused_gemm_unavailable(device, fused_mxfp4_dot(device))
             if reason is not None:
                 raise SystemExit(f"--compressed-gemm fused: {reason}")
         set_compressed_gemm("dequant" if args.compressed_gemm == "both" else args.compressed_gemm)
@@ -805,6 +796,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
             row["compressed_gemm"] = ad.runtime.compressed_gemm if ad.runtime else None
+            row["compressed_gemm_reason"] = (
+                ad.runtime.compressed_gemm_reason if ad.runtime else None
+            )
             row["fp8_error"] = fp8_error  # None unless --expert-dtype fp8
             row["all_hit_targets"] = {
                 "rows": len(checked),

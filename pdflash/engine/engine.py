@@ -156,7 +156,7 @@ class Engine:
     Retention: finished requests stay in :attr:`finished` until
     :meth:`pop_finished` (or, with ``max_finished``, the oldest beyond that
     many are dropped); the measurement lists (``routing_trace``,
-    ``trace_kinds``, ``scheduler_us``) grow per forward/step until
+    ``trace_kinds``, ``verify_kv_spans``, ``scheduler_us``) grow per forward/step until
     :meth:`reset_stats`.
 
     Args:
@@ -377,6 +377,9 @@ class Engine:
         # measurements
         self.routing_trace: list[npt.NDArray[np.int64]] = []
         self.trace_kinds: list[str] = []
+        #: per verify forward: each request's (KV length before, tokens
+        #: verified), what its attention read (the verify roofline's KV bytes)
+        self.verify_kv_spans: list[tuple[tuple[int, int], ...]] = []
         self.steps = 0
         self.scheduler_us: list[float] = []
         self.verify_forwards = 0
@@ -544,6 +547,7 @@ class Engine:
         with self._guard.enter("reset_stats"):
             self.routing_trace.clear()
             self.trace_kinds.clear()
+            self.verify_kv_spans.clear()
             self.scheduler_us.clear()
             self.timer.reset()
             self.verify_forwards = 0
@@ -1107,6 +1111,9 @@ class Engine:
         out = result.output
         self.verify_forwards += 1
         self._record_trace(out.needed_flat, "verify")
+        self.verify_kv_spans.append(
+            tuple((o.start, grant) for o, (_, grant) in zip(result.outcomes, batch, strict=True))
+        )
         self.prefetch.observe_routing(result.routed_union)
         if self.route_stats is not None and self.config.route_ahead:
             predicted = np.zeros_like(out.routed)

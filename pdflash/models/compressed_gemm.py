@@ -2,32 +2,46 @@
 
 Two paths compute the same MLP:
 
-* ``dequant`` (default): gather the used slots, dequantize them to the
-  compute dtype (:func:`pdflash.models.layout.dequantize_mxfp4`,
-  :func:`~pdflash.models.layout.dequantize_fp8`), then torch's grouped GEMM.
 * ``fused``: :class:`FusedSlabMLP`, two Triton launches per layer (gate/up
   with bias and activation in the epilogue, then down with bias) that read
   the compressed slab directly and dequantize in registers
   (:mod:`pdflash.models.fused_moe_triton`). CUDA only (the CPU runs it only
   under Triton's interpreter, in tests).
+* ``dequant``: gather the used slots, dequantize them to the compute dtype
+  (:func:`pdflash.models.layout.dequantize_mxfp4`,
+  :func:`~pdflash.models.layout.dequantize_fp8`), then torch's grouped GEMM.
 
-The mode comes from :func:`set_compressed_gemm` or the environment variable
-``PDFLASH_COMPRESSED_GEMM`` (``dequant`` when unset). ``fused`` never falls
-back silently: an adapter asked for it on a device where the kernel cannot
-run raises :class:`FusedGemmUnavailableError` naming why. MXFP4 tiles are
-multiplied as ``PDFLASH_FUSED_MXFP4_DOT`` says: ``registers`` (default: values
-built from bits, then ``tl.dot``) or ``scaled`` (``tl.dot_scaled``).
+The setting comes from :func:`set_compressed_gemm` or the environment
+variable ``PDFLASH_COMPRESSED_GEMM`` (``auto`` when unset), read once per
+adapter build (one mode per process unless changed):
+
+* ``auto`` (default): ``fused`` where it can run (a CUDA device, triton
+  imports, and the kernel's first-use probe agrees with
+  dequantize-then-matmul), ``dequant`` otherwise; :func:`choose_compressed_gemm`
+  says which and why (engine rows: ``compressed_gemm`` and
+  ``compressed_gemm_reason``).
+* ``fused`` forces the kernel and never falls back silently: where it cannot
+  run, building the adapter raises :class:`FusedGemmUnavailableError` naming why.
+* ``dequant`` forces the dequantize-first path.
+
+MXFP4 tiles are multiplied as ``PDFLASH_FUSED_MXFP4_DOT`` says: ``scaled``
+(``tl.dot_scaled``, the default on CUDA: the register variant slows down
+sharply at a few hundred rows) or ``registers`` (values built from bits,
+then ``tl.dot``; the default off CUDA, where only Triton's interpreter runs
+the kernel and it has no ``tl.dot_scaled``).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import torch
 
-COMPRESSED_GEMM_MODES = ("dequant", "fused")
+#: the settings; ``auto`` resolves to ``fused`` or ``dequant`` per device
+COMPRESSED_GEMM_MODES = ("auto", "dequant", "fused")
 _mode: str | None = None  # None: read PDFLASH_COMPRESSED_GEMM on first use
 _PROBES: dict[str, str | None] = {}
 
@@ -37,8 +51,8 @@ class FusedGemmUnavailableError(RuntimeError):
 
 
 def set_compressed_gemm(mode: str | None) -> None:
-    """``dequant`` or ``fused`` for adapters built from now on (None: back to
-    the environment's ``PDFLASH_COMPRESSED_GEMM``)."""
+    """``auto``, ``dequant`` or ``fused`` for adapters built from now on
+    (None: back to the environment's ``PDFLASH_COMPRESSED_GEMM``)."""
     if mode is not None and mode not in COMPRESSED_GEMM_MODES:
         raise ValueError(
             f"compressed GEMM mode must be one of {COMPRESSED_GEMM_MODES}, got {mode!r}"
@@ -48,10 +62,11 @@ def set_compressed_gemm(mode: str | None) -> None:
 
 
 def compressed_gemm_mode() -> str:
-    """The mode adapters use for compressed experts (see the module docstring)."""
+    """The setting adapters use for compressed experts: ``auto``, ``dequant``
+    or ``fused`` (see the module docstring)."""
     if _mode is not None:
         return _mode
-    mode = os.environ.get("PDFLASH_COMPRESSED_GEMM", "dequant") or "dequant"
+    mode = os.environ.get("PDFLASH_COMPRESSED_GEMM", "auto") or "auto"
     if mode not in COMPRESSED_GEMM_MODES:
         raise ValueError(
             f"PDFLASH_COMPRESSED_GEMM must be one of {COMPRESSED_GEMM_MODES}, got {mode!r}"
@@ -64,9 +79,13 @@ def compressed_gemm_mode() -> str:
 MXFP4_DOTS = ("registers", "scaled")
 
 
-def fused_mxfp4_dot() -> str:
-    """``PDFLASH_FUSED_MXFP4_DOT`` (``registers`` when unset)."""
-    dot = os.environ.get("PDFLASH_FUSED_MXFP4_DOT", "registers") or "registers"
+def fused_mxfp4_dot(device: torch.device | str | None = None) -> str:
+    """``PDFLASH_FUSED_MXFP4_DOT``; when unset, ``scaled`` on a CUDA
+    ``device`` and ``registers`` otherwise (the interpreter; no device)."""
+    default = (
+        "scaled" if device is not None and torch.device(device).type == "cuda" else "registers"
+    )
+    dot = os.environ.get("PDFLASH_FUSED_MXFP4_DOT", default) or default
     if dot not in MXFP4_DOTS:
         raise ValueError(f"PDFLASH_FUSED_MXFP4_DOT must be one of {MXFP4_DOTS}, got {dot!r}")
     return dot
@@ -287,6 +306,63 @@ class FusedSlabMLP:
         return out
 
 
+@dataclass(frozen=True)
+class CompressedGemmChoice:
+    """How an adapter's compressed experts are multiplied: ``mode``
+    (``fused`` or ``dequant``), the MXFP4 dot for ``fused`` MXFP4 (None
+    otherwise) and ``reason`` (the setting and why it resolved so)."""
+
+    mode: str
+    mxfp4_dot: str | None
+    reason: str
+
+
+def _setting_source() -> str:
+    if _mode is not None:
+        return "set_compressed_gemm"
+    return "PDFLASH_COMPRESSED_GEMM" if os.environ.get("PDFLASH_COMPRESSED_GEMM") else "default"
+
+
+def choose_compressed_gemm(device: torch.device | str, fmt: str) -> CompressedGemmChoice:
+    """The mode for ``fmt`` (``mxfp4`` or ``fp8``) experts on ``device``
+    under the current setting (:func:`compressed_gemm_mode`): ``dequant``
+    and ``fused`` as forced (``fused`` raises
+    :class:`FusedGemmUnavailableError` where it cannot run); ``auto``:
+    ``fused`` on a CUDA device where the kernel runs and its probe agrees,
+    ``dequant`` elsewhere, with the reason."""
+    if fmt not in ("mxfp4", "fp8"):
+        raise ValueError(f"compressed expert formats: mxfp4, fp8; got {fmt!r}")
+    setting = compressed_gemm_mode()
+    source = _setting_source()
+    device = torch.device(device)
+    if setting == "dequant":
+        return CompressedGemmChoice("dequant", None, f"dequant forced ({source})")
+    dot = fused_mxfp4_dot(device) if fmt == "mxfp4" else "registers"
+    how = f"MXFP4 via {'tl.dot_scaled' if dot == 'scaled' else 'registers + tl.dot'}"
+    if fmt == "fp8":
+        how = "FP8 dequantized in registers"
+    if setting == "fused":
+        why = fused_gemm_unavailable(device, dot)
+        if why is not None:
+            raise FusedGemmUnavailableError(
+                f"PDFLASH_COMPRESSED_GEMM=fused (MXFP4 dot: {dot}) cannot run: {why}"
+            )
+        return CompressedGemmChoice(
+            "fused", dot if fmt == "mxfp4" else None, f"fused forced ({source}); {how}"
+        )
+    if device.type != "cuda":
+        why = f"not a CUDA device ({device.type})"
+    else:
+        why = fused_gemm_unavailable(device, dot)
+    if why is not None:
+        return CompressedGemmChoice("dequant", None, f"auto: dequant, the fused kernel: {why}")
+    return CompressedGemmChoice(
+        "fused",
+        dot if fmt == "mxfp4" else None,
+        f"auto: fused on {device.type} (triton imports, the kernel's probe agreed); {how}",
+    )
+
+
 def fused_mlp_for(
     device: torch.device | str,
     fmt: str,
@@ -295,15 +371,13 @@ def fused_mlp_for(
     out_axis: int = 0,
     alpha: float = 1.0,
     limit: float = 0.0,
-) -> FusedSlabMLP | None:
-    """The fused MLP when the mode is ``fused`` (raises
-    :class:`FusedGemmUnavailableError` where it cannot run), else None."""
-    if compressed_gemm_mode() != "fused":
-        return None
-    dot = fused_mxfp4_dot() if fmt == "mxfp4" else "registers"
-    reason = fused_gemm_unavailable(device, dot)
-    if reason is not None:
-        raise FusedGemmUnavailableError(
-            f"PDFLASH_COMPRESSED_GEMM=fused (MXFP4 dot: {dot}) cannot run: {reason}"
-        )
-    return FusedSlabMLP(fmt, act, out_axis=out_axis, alpha=alpha, limit=limit, mxfp4_dot=dot)
+) -> tuple[FusedSlabMLP | None, CompressedGemmChoice]:
+    """The fused MLP where :func:`choose_compressed_gemm` picks ``fused``
+    (raises :class:`FusedGemmUnavailableError` where it is forced and cannot
+    run), else None; and the choice with its reason."""
+    choice = choose_compressed_gemm(device, fmt)
+    if choice.mode != "fused":
+        return None, choice
+    dot = choice.mxfp4_dot or "registers"
+    mlp = FusedSlabMLP(fmt, act, out_axis=out_axis, alpha=alpha, limit=limit, mxfp4_dot=dot)
+    return mlp, choice

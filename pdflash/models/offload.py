@@ -10,11 +10,12 @@ Two execution paths compute the same thing:
   through the cache's device slot table, the rows are sorted by slot once,
   group offsets come from a bincount, and the weighted sum over the k routed
   experts is one deterministic un-permute. No per-expert Python.
-  Compressed slabs (MXFP4, FP8): by default the used slots are gathered and
-  dequantized before the GEMMs; with ``PDFLASH_COMPRESSED_GEMM=fused`` one
-  Triton kernel per projection reads the slab and dequantizes in registers
+  Compressed slabs (MXFP4, FP8): by default (``PDFLASH_COMPRESSED_GEMM=auto``)
+  one Triton kernel per projection reads the slab and dequantizes in
+  registers where it runs (CUDA, triton), else the used slots are gathered
+  and dequantized before the GEMMs (``dequant``; either can be forced)
   (:mod:`pdflash.models.compressed_gemm`; :attr:`OffloadedMoE.compressed_gemm`
-  says which runs).
+  says which runs, :attr:`OffloadedMoE.compressed_gemm_reason` why).
 * loop (any ``expert_fn``): one call per distinct expert over views of its slot.
 
 Host syncs of the grouped path (CUDA): none for a layer whose experts are all
@@ -241,6 +242,14 @@ class OffloadedMoE:
         if self.grouped is None or not self.grouped.compressed:
             return None
         return "fused" if getattr(self.grouped, "fused", None) is not None else "dequant"
+
+    @property
+    def compressed_gemm_reason(self) -> str | None:
+        """Why :attr:`compressed_gemm` is what it is (the setting and how it
+        resolved on this device), or None where that is None."""
+        if self.compressed_gemm is None:
+            return None
+        return getattr(self.grouped, "gemm_reason", None)
 
     # -- CUDA-graph seam -------------------------------------------------------
 

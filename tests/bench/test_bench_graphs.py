@@ -168,3 +168,56 @@ def test_graphs_summary_reports_captures_in_the_run_and_the_pre_capture() -> Non
     assert auto["prepared_per_run"] == pytest.approx(29.5)
     assert auto["prepare_s_per_run"] == pytest.approx(3.0)
     assert "captures_in_run" not in table["off"]
+
+
+def test_graphs_summary_keys_by_baseline_and_reports_the_roofline() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "h200" / "graphs_summary.py"
+    spec = importlib.util.spec_from_file_location("_bench_h200_graphs_summary_roof", script)
+    assert spec is not None and spec.loader is not None
+    summary = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summary)
+
+    def row(baseline: str, verify_ms: float, roof_ms: float | None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "arch": "qwen3-30b-a3b",
+            "baseline": baseline,
+            "repeat": 0,
+            "cuda_graphs": {"setting": "auto"},
+            "output_tokens_per_s": 100.0,
+            "verify_breakdown_ms": {"verify_ms": verify_ms},
+            "verify_roofline": {
+                "verify_ms": verify_ms,
+                "bytes_per_forward": {"experts": 3e9, "kv_cache": 1e6},
+                "total_bytes_per_forward": 3.001e9,
+            },
+        }
+        if roof_ms is None:
+            out |= {"hbm_gbps": None, "hbm_roofline_ms": None, "verify_over_roofline": None}
+            out["not_measured"] = {"hbm_roofline_ms": "no CUDA device (cpu)"}
+        else:
+            out |= {"hbm_gbps": 4000.0, "hbm_roofline_ms": roof_ms}
+            out["verify_over_roofline"] = verify_ms / roof_ms
+        return out
+
+    rows = [row("B3", 7.0, 2.0), row("B3", 7.4, 2.0), row("B1", 84.0, 2.5), row("B2", 9.0, None)]
+    mx = row("B3", 5.0, 1.0) | {"expert_format": "mxfp4", "compressed_gemm": "fused"}
+    entries = summary.summarise([*rows, mx])["table"]
+    table = {e["baseline"]: e for e in entries if e["expert_format"] == "dense"}
+    (mx_entry,) = [e for e in entries if e["expert_format"] == "mxfp4"]  # never with bf16's
+    assert mx_entry["runs"] == 1 and mx_entry["compressed_gemm"] == ["fused"]
+    assert mx_entry["verify_over_roofline"] == pytest.approx(5.0)
+    assert table["B3"]["runs"] == 2 and table["B1"]["runs"] == 1  # B1 not averaged into B3
+    assert table["B3"]["verify_ms"] == pytest.approx(7.2)
+    assert table["B3"]["hbm_roofline_ms"] == pytest.approx(2.0)
+    assert table["B3"]["verify_over_roofline"] == pytest.approx(3.6)
+    assert table["B1"]["verify_over_roofline"] == pytest.approx(84.0 / 2.5)
+    assert table["B3"]["experts_bytes"] == 3e9 and table["B3"]["hbm_gbps"] == 4000.0
+    # unmeasured: no roofline figure, the reason instead (never 0)
+    assert "hbm_roofline_ms" not in table["B2"] and "verify_over_roofline" not in table["B2"]
+    assert table["B2"]["roofline_not_measured"] == ["no CUDA device (cpu)"]
+    assert table["B2"]["total_bytes"] == pytest.approx(3.001e9)
+    runs = summary.summarise(rows)["runs"]
+    assert [r["roofline"].get("verify_over_roofline") for r in runs][:2] == [3.5, 3.7]

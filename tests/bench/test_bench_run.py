@@ -272,6 +272,33 @@ def test_verify_breakdown_adds_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert off["verify_breakdown_ms"] is None and "verify_breakdown_ms" in off["not_measured"]
 
 
+def test_verify_roofline_bytes_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verify roofline's bytes come on every device; on the CPU its times
+    are null with the reason (never 0), and its expert bytes are the
+    run's verify routing (distinct experts per layer) x stored bytes."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        arch="tiny-gpt_oss", baseline="B3", concurrency=2, block_size=4,
+        max_new_tokens=6, prompt_len=6, synthetic_format="mxfp4",
+    )  # fmt: skip
+    result = run_spec(spec)
+    row = result.row
+    roof = row["verify_roofline"]
+    assert roof["forwards"] == row["verify_forwards"] > 0
+    kinds = result.trace_kinds
+    verify = [t for t, k in zip(result.routing_trace, kinds, strict=True) if k == "verify"]
+    distinct = sum(len(t) for t in verify)
+    parts = roof["bytes_per_forward"]
+    assert parts["experts"] == pytest.approx(distinct * row["expert_nbytes"] / roof["forwards"])
+    assert parts["kv_cache"] > 0 and parts["embedding_rows"] > 0
+    assert parts["non_expert_params"] > 0
+    assert roof["total_bytes_per_forward"] == pytest.approx(sum(parts.values()))
+    for name in ("hbm_gbps", "hbm_roofline_ms", "verify_over_roofline"):
+        assert row[name] is None and name not in roof
+        assert "no CUDA device" in row["not_measured"][name]
+    assert validate_row(row) == []
+
+
 def test_matrix_takes_cuda_graphs_into_specs_keys_and_command(tmp_path: Path) -> None:
     import argparse
 

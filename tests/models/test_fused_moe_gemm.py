@@ -24,6 +24,7 @@ from pdflash.models import compressed_gemm, load_adapter, offload, write_synthet
 from pdflash.models.compressed_gemm import (
     FusedGemmUnavailableError,
     FusedSlabMLP,
+    choose_compressed_gemm,
     compressed_gemm_mode,
     pick_block_m,
     set_compressed_gemm,
@@ -333,7 +334,7 @@ def test_pick_block_m() -> None:
 def test_mode_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     set_compressed_gemm(None)
     monkeypatch.delenv("PDFLASH_COMPRESSED_GEMM", raising=False)
-    assert compressed_gemm_mode() == "dequant"
+    assert compressed_gemm_mode() == "auto"  # the default: fused where it runs
     monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "fused")
     assert compressed_gemm_mode() == "fused"
     monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "fast")
@@ -358,6 +359,68 @@ def test_mode_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "CUDA devices, not cpu" in str(compressed_gemm.fused_gemm_unavailable("cpu"))
     with pytest.raises(ValueError, match="mxfp4_dot"):
         compressed_gemm.fused_gemm_unavailable("cpu", "tensor")
+
+
+def test_choice_on_cpu_auto_forced_and_invalid(monkeypatch: pytest.MonkeyPatch) -> None:
+    set_compressed_gemm(None)
+    monkeypatch.delenv("PDFLASH_COMPRESSED_GEMM", raising=False)
+    monkeypatch.delenv("PDFLASH_FUSED_MXFP4_DOT", raising=False)
+    # auto without CUDA: dequant, with the reason
+    for fmt in ("mxfp4", "fp8"):
+        choice = choose_compressed_gemm("cpu", fmt)
+        assert (choice.mode, choice.mxfp4_dot) == ("dequant", None)
+        assert choice.reason.startswith("auto: dequant") and "not a CUDA device" in choice.reason
+    # auto on a CUDA device the kernel cannot use (no GPU here, or a failed probe)
+    monkeypatch.setattr(compressed_gemm, "fused_gemm_unavailable", lambda d, dot: "no CUDA device")
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert choice.mode == "dequant" and "no CUDA device" in choice.reason
+    # ... and one it can: fused, MXFP4 through tl.dot_scaled, FP8 fused
+    asked: list[str] = []
+    monkeypatch.setattr(compressed_gemm, "fused_gemm_unavailable", lambda d, dot: asked.append(dot))
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert (choice.mode, choice.mxfp4_dot) == ("fused", "scaled") and asked == ["scaled"]
+    assert "auto: fused" in choice.reason and "tl.dot_scaled" in choice.reason
+    fp8 = choose_compressed_gemm("cuda", "fp8")
+    assert (fp8.mode, fp8.mxfp4_dot) == ("fused", None) and asked[-1] == "registers"
+    # the environment forces a mode, and names itself as the source
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "dequant")
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert choice.mode == "dequant" and choice.reason == "dequant forced (PDFLASH_COMPRESSED_GEMM)"
+    monkeypatch.setenv("PDFLASH_FUSED_MXFP4_DOT", "registers")
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "fused")
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert (choice.mode, choice.mxfp4_dot) == ("fused", "registers")
+    assert choice.reason.startswith("fused forced (PDFLASH_COMPRESSED_GEMM)")
+    monkeypatch.undo()
+    # forced fused where it cannot run: a clear error, never a silent fallback
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    set_compressed_gemm("fused")
+    try:
+        with pytest.raises(FusedGemmUnavailableError, match="CUDA devices, not cpu"):
+            choose_compressed_gemm("cpu", "fp8")
+    finally:
+        set_compressed_gemm(None)
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "fastest")
+    with pytest.raises(ValueError, match="PDFLASH_COMPRESSED_GEMM must be one of"):
+        choose_compressed_gemm("cpu", "mxfp4")
+    with pytest.raises(ValueError, match="compressed expert formats"):
+        choose_compressed_gemm("cpu", "int4")
+    # the MXFP4 dot's default: tl.dot_scaled on CUDA, registers off it
+    monkeypatch.delenv("PDFLASH_FUSED_MXFP4_DOT", raising=False)
+    assert compressed_gemm.fused_mxfp4_dot("cuda") == "scaled"
+    assert compressed_gemm.fused_mxfp4_dot("cpu") == "registers"
+
+
+def test_cpu_adapter_records_dequant_and_why(mxfp4_checkpoint: Path, host_issuer: object) -> None:
+    set_compressed_gemm(None)
+    ad = load_adapter(
+        mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2,
+        dtype=torch.float32,
+    )  # fmt: skip
+    runtime = ad.runtime
+    assert runtime is not None and runtime.compressed_gemm == "dequant"
+    reason = runtime.compressed_gemm_reason
+    assert reason is not None and "auto: dequant" in reason and "not a CUDA device" in reason
 
 
 @pytest.fixture(scope="module")

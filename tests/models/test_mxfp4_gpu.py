@@ -100,8 +100,14 @@ def test_dispatch_picks_triton_and_forced_paths_agree(
 
 
 def test_mxfp4_grouped_block_triton_equals_torch_and_matches_dense(
-    triton_kernel: Any, restore_mode: None, tmp_path: Path, cuda_issuer: Any
+    triton_kernel: Any,
+    restore_mode: None,
+    tmp_path: Path,
+    cuda_issuer: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # the dequantize-first path (the default, auto, takes the fused kernel on CUDA)
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "dequant")
     path = write_synthetic_checkpoint(
         tmp_path / "g",
         "gpt_oss",
@@ -124,6 +130,7 @@ def test_mxfp4_grouped_block_triton_equals_torch_and_matches_dense(
     )
     assert ad.layout.format == "mxfp4" and ad.runtime is not None
     assert ad.runtime.path == "grouped" and ad.cache is not None
+    assert ad.runtime.compressed_gemm == "dequant"
     # every expert resident first: both dequantizers then run the same all-hit path
     ad.cache.prefetch(np.arange(ad.cache.num_ids))
     ad.cache.drain_inflight()

@@ -104,5 +104,11 @@ class SwiGLUExpertsMixin(MoEAdapterBase):
     def grouped_experts(self) -> SwiGLUGroupedExperts:
         act = self._activation()
         # the fused epilogue computes SiLU; other activations keep the dequant path
-        fused = self.fused_slab_mlp("silu") if act is F.silu else None
-        return SwiGLUGroupedExperts(act, self.slab_unpack(), fused)
+        fused, reason = None, None
+        if act is F.silu:
+            fused, reason = self.fused_slab_mlp("silu")
+        elif self.layout.format != "dense":
+            reason = "dequant: the fused epilogue computes SiLU, not this activation"
+        experts = SwiGLUGroupedExperts(act, self.slab_unpack(), fused)
+        experts.gemm_reason = reason
+        return experts

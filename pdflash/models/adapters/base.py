@@ -86,6 +86,8 @@ class SlabExperts:
         self.unpack = unpack
         self.compressed = unpack is not None
         self.fused = fused
+        #: why compressed experts take the fused or the dequant path (None: dense)
+        self.gemm_reason: str | None = None
 
     def weights(self, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return views if self.unpack is None else self.unpack(views)
@@ -260,18 +262,23 @@ class MoEAdapterBase:
 
     def fused_slab_mlp(
         self, act: str, *, alpha: float = 1.0, limit: float = 0.0
-    ) -> FusedSlabMLP | None:
+    ) -> tuple[FusedSlabMLP | None, str | None]:
         """The fused dequantize-GEMM MLP for this adapter's compressed slab
-        when ``PDFLASH_COMPRESSED_GEMM=fused`` (:mod:`pdflash.models.compressed_gemm`;
-        raises where it cannot run), else None (dense layouts too). ``act``:
-        ``gptoss`` or ``silu``."""
+        where :func:`~pdflash.models.compressed_gemm.choose_compressed_gemm`
+        picks ``fused`` (``PDFLASH_COMPRESSED_GEMM``: ``auto`` by default;
+        ``fused`` raises where it cannot run), else None; and why (None for a
+        dense layout). ``act``: ``gptoss`` or ``silu``."""
         fmt = self.layout.format
         if fmt not in ("mxfp4", "fp8"):
-            return None
+            return None, None
         axes = set(self.expert_out_axes.values())
         if len(axes) != 1:
-            return None  # one output axis for both projections is what the kernel reads
-        return fused_mlp_for(self.device, fmt, act, out_axis=axes.pop(), alpha=alpha, limit=limit)
+            # one output axis for both projections is what the kernel reads
+            return None, "dequant: the projections' output axes differ (the fused kernel reads one)"
+        fused, choice = fused_mlp_for(
+            self.device, fmt, act, out_axis=axes.pop(), alpha=alpha, limit=limit
+        )
+        return fused, choice.reason
 
     def qkv(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v ``[T, heads, D]`` of the HF attention module ``attn``

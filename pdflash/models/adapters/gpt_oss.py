@@ -211,8 +211,10 @@ class GptOssAdapter(MoEAdapterBase):
         if self.layout.format == "mxfp4":
             # NOTE: probe (and compile) the Triton dequantizer now, not inside the first forward
             mxfp4_dequantizer(self.device)
-        fused = self.fused_slab_mlp("gptoss", alpha=alpha, limit=limit)
-        return GptOssGroupedExperts(alpha, limit, self.slab_unpack(), fused)
+        fused, reason = self.fused_slab_mlp("gptoss", alpha=alpha, limit=limit)
+        experts = GptOssGroupedExperts(alpha, limit, self.slab_unpack(), fused)
+        experts.gemm_reason = reason
+        return experts
 
     def expert_forward(self, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
         alpha, limit = self._swiglu_params()
