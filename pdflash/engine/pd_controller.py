@@ -893,14 +893,16 @@ def expected_committed(
 
 def _learn_acceptance(parts: EngineParts, report: StepReport) -> float | None:
     """The step's expected committed tokens, then its outcomes learned
-    (and the finished requests forgotten)."""
+    (and the requests no longer live, finished or aborted, forgotten)."""
     survival = parts.survival
     outcomes = report.verify_outcomes
     expected = expected_committed(survival, outcomes) if outcomes else None
     for rid, verified, accepted in outcomes:
         survival.observe(rid, verified, accepted)
-    for rid in report.finished:
-        survival.forget(rid)
+    live = parts.engine.requests.live
+    for rid in survival.request_ids():
+        if rid not in live:
+            survival.forget(rid)
     return expected
 
 

@@ -786,6 +786,8 @@ def test_engine_greedy_tokens_identical_whatever_the_parts(
             return
         assert eng.parts is not None
         assert eng.parts.available == ALL_ON  # every part was switchable
+        # the acceptance estimates of finished requests are not kept
+        assert eng.parts.survival.request_ids() == []
         if policy == "scripted":
             assert isinstance(controller, ScriptedParts)
             seen = set(controller.seen)
