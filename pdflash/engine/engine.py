@@ -138,6 +138,9 @@ class StepReport:
     finished: list[int] = field(default_factory=list)
     scheduler_us: float = 0.0
     errors: dict[int, str] = field(default_factory=dict)  # request id -> error text
+    #: (request id, drafts verified, drafts accepted) per request the verify
+    #: judged (the PD controller's expected committed tokens learn from them)
+    verify_outcomes: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def progressed(self) -> bool:
@@ -794,6 +797,11 @@ class Engine:
             self._fail([r for r, _ in batch], exc, report)
             return None
         report.verified_tokens = sum(g for _, g in batch)
+        report.verify_outcomes = [
+            (req.request_id, grant - 1, int(o.accepted))
+            for (req, grant), o in zip(batch, result.outcomes, strict=True)
+            if o.error is None
+        ]
         return result
 
     def _fail(self, reqs: Sequence[Request], exc: Exception, report: StepReport) -> None:

@@ -19,9 +19,9 @@ After ``min_pairs`` pairs and after each further one, up to ``max_pairs``
 per-pair statistics, one-sided, by Student's t:
 
 * the **rate**: ``log(rate_B / rate_A)``, the tokens per second of the
-  flipped step over the configured one (verified tokens by default, see
-  ``rate_of``); it votes to flip when the mean exceeds ``margin`` and is
-  above 0 at the look's level;
+  flipped step over the configured one: by default the tokens the step is
+  expected to commit (``rate_of``, below); it votes to flip when the mean
+  exceeds ``margin`` and is above 0 at the look's level;
 * for the prefetching parts (route-ahead, the stream), the **books**: the
   part's own host seconds plus the exposed fetch seconds with it, less the
   exposed fetch seconds without it, over the pair's mean step wall (its net
@@ -51,6 +51,25 @@ workload shifts; switching a part back needs another significant probe
 the other way. Steps that prefilled new requests and the ``settle`` steps
 after each change are not measured (their wall time is not the parts').
 Every decision carries its numbers (``why``).
+
+The rate is the user-visible one, committed tokens per second, but
+without the acceptance draw's noise: a step's **expected committed tokens**
+are ``Σ_i (1 + Σ_{j<=k_i} S_i(j))`` over the requests it verified, ``k_i``
+the drafts verified and ``S_i(j)`` the request's estimated probability that
+its first ``j`` drafts are accepted (a
+:class:`~pdflash.engine.verify_width.SurvivalEstimator` of the engine side,
+updated after each step from the verify's outcomes, so a step is valued by
+the estimate from before its own draw). No part changes what a draft would
+be accepted at, only which drafts are verified in which step, so this is
+the realized committed tokens' expectation given the step's batch: a part
+that verifies fewer drafts is charged exactly the drafts' expected
+acceptance, not their count. Verified tokens (``rate_of="verified"``)
+overstate the cost of a scheduler that trims grants (the trimmed drafts are
+the least likely to be accepted); realized committed tokens
+(``rate_of="committed"``) are unbiased but carry the acceptance draw, which
+at one request a step is about as large as the effects the probe looks
+for. A measurement without the expectation (``None``) counts its realized
+committed tokens.
 
 The controller does not judge the verify width: its rates compare steps
 whose widths the width policy chose alike, and the width policy
@@ -83,6 +102,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pdflash.engine.verify_width import SurvivalEstimator
+
 if TYPE_CHECKING:
     from pdflash.engine.engine import Engine, StepReport
 
@@ -90,8 +111,8 @@ if TYPE_CHECKING:
 #: time they remove); the scheduler's cost is in its batches, not host time
 COST_BENEFIT_PARTS = frozenset({"stream", "route_ahead"})
 
-#: what a window's tokens per second counts (see :class:`PDController`)
-RATES = ("verified", "committed")
+#: what a step's tokens per second counts (see :class:`PDController`)
+RATES = ("expected_committed", "committed", "verified")
 
 #: the switchable parts, in the order they are probed: the scheduler first,
 #: because with route-ahead off it has no predicted bytes to act on (a
@@ -143,6 +164,9 @@ class StepMeasurement:
         wall_s: the step's wall time.
         committed_tokens: tokens committed by its verify.
         verified_tokens: tokens its verify forward took (anchors + drafts).
+        expected_committed_tokens: the tokens its verify was expected to
+            commit given the drafts it verified (module docstring); None:
+            not estimated (the realized ``committed_tokens`` stand in).
         verified: the step ran a verify forward.
         admitted: requests admitted (and prefilled) in the step.
         part_host_s: host seconds spent in each part's own work this step
@@ -159,6 +183,7 @@ class StepMeasurement:
     wall_s: float
     committed_tokens: int
     verified_tokens: int = 0
+    expected_committed_tokens: float | None = None
     verified: bool = True
     admitted: int = 0
     part_host_s: Mapping[str, float] = field(default_factory=dict)
@@ -175,6 +200,9 @@ class StepMeasurement:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.admitted < 0:
             raise ValueError(f"admitted must be >= 0, got {self.admitted}")
+        e = self.expected_committed_tokens
+        if e is not None and not (math.isfinite(e) and e >= 0.0):
+            raise ValueError(f"expected_committed_tokens must be finite and >= 0, got {e}")
 
 
 @runtime_checkable
@@ -412,13 +440,13 @@ class PDController:
         initial: the parts at the start (masked by what the engine has).
         keep_decisions: probe outcomes other than switches kept in
             :meth:`summary` (the first and the last ones; switches are all kept).
-        rate_of: the tokens a step's rate counts: ``verified`` (tokens the
-            verify forward took; default) or ``committed``. No part changes
-            the acceptance draw or the width a request is verified at (the
-            width policy decides before the scheduler, from its own books),
-            so verified tokens per second compares the arms without the
-            acceptance draw's noise; it still shows a scheduler that splits
-            batches (more forwards for the same tokens).
+        rate_of: the tokens a step's rate counts: ``expected_committed``
+            (default: the committed tokens expected given the drafts the
+            step verified, the module docstring), ``committed`` (realized:
+            unbiased, with the acceptance draw's noise) or ``verified``
+            (tokens the verify forward took: biased against a part that
+            trims grants, whose dropped drafts are the least likely to be
+            accepted).
     """
 
     name = "paired-steps"
@@ -437,7 +465,7 @@ class PDController:
         settle: int = 1,
         initial: PartsState = ALL_ON,
         keep_decisions: int = 16,
-        rate_of: str = "verified",
+        rate_of: str = "expected_committed",
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -602,7 +630,13 @@ class PDController:
             self._hold_now = min(self.max_hold, 2 * self._hold_now)
 
     def _rate(self, m: StepMeasurement) -> float:
-        tokens = m.verified_tokens if self.rate_of == "verified" else m.committed_tokens
+        tokens: float
+        if self.rate_of == "verified":
+            tokens = m.verified_tokens
+        elif self.rate_of == "expected_committed" and m.expected_committed_tokens is not None:
+            tokens = m.expected_committed_tokens
+        else:
+            tokens = m.committed_tokens
         return tokens / m.wall_s if m.wall_s > 0 else 0.0
 
     def _judge(self) -> bool:
@@ -622,7 +656,10 @@ class PDController:
         rate_vote = rate.mean > self.margin and rate.p < a_level
         rate_futile = rate.upper(a_level) < self.margin
         rate_hint = rate.mean > self.margin and rate.p < self.alpha
-        nums = f"log {self.rate_of} tokens/s {_word(not now)} over {_word(now)}: {rate.text()}"
+        nums = (
+            f"log {self.rate_of.replace('_', ' ')} tokens/s {_word(not now)} over "
+            f"{_word(now)}: {rate.text()}"
+        )
         cb_vote, cb_futile, cb_hint = False, True, False
         if part in COST_BENEFIT_PARTS:
             # the part's own host seconds plus the exposed fetch with it, less
@@ -773,6 +810,8 @@ class EngineParts:
         )
         self.applied: PartsState | None = None
         self.marks = _Marks()
+        #: the requests' acceptance, for each step's expected committed tokens
+        self.survival = SurvivalEstimator(max(0, int(cfg.block_size) - 1))
         policy.bind(self.available)
         self.apply(policy.parts)
 
@@ -839,9 +878,37 @@ def _delta(now: int | None, then: int | None) -> int | None:
     return None if now is None or then is None else now - then
 
 
+def expected_committed(
+    survival: SurvivalEstimator, outcomes: Sequence[tuple[int, int, int]]
+) -> float:
+    """``Σ_i (1 + Σ_{j<=k_i} S_i(j))`` over ``(request id, drafts verified
+    k_i, accepted)`` outcomes, with the estimator's survival as it stands
+    (the outcomes' own draws not yet observed)."""
+    total = 0.0
+    for rid, verified, _ in outcomes:
+        k = min(int(verified), survival.max_drafts)
+        total += 1.0 + (float(survival.survival(rid)[:k].sum()) if k > 0 else 0.0)
+    return total
+
+
+def _learn_acceptance(parts: EngineParts, report: StepReport) -> float | None:
+    """The step's expected committed tokens, then its outcomes learned
+    (and the requests no longer live, finished or aborted, forgotten)."""
+    survival = parts.survival
+    outcomes = report.verify_outcomes
+    expected = expected_committed(survival, outcomes) if outcomes else None
+    for rid, verified, accepted in outcomes:
+        survival.observe(rid, verified, accepted)
+    live = parts.engine.requests.live
+    for rid in survival.request_ids():
+        if rid not in live:
+            survival.forget(rid)
+    return expected
+
+
 def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
     """The step's measurement from the engine's counters (deltas since
-    :func:`before_step`)."""
+    :func:`before_step`); learns the step's acceptance outcomes."""
     eng, mk = parts.engine, parts.marks
     stage = {k: v - mk.stage_s.get(k, 0.0) for k, v in eng.prefetch.stage_s.items()}
     sched_s = sum(eng.scheduler_us[mk.sched_n :]) * 1e-6
@@ -850,6 +917,7 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
         wall_s=max(0.0, eng.clock() - mk.t0),
         committed_tokens=int(report.committed_tokens),
         verified_tokens=int(report.verified_tokens),
+        expected_committed_tokens=_learn_acceptance(parts, report),
         verified=report.verified > 0,
         admitted=int(report.admitted),
         part_host_s={

@@ -338,6 +338,10 @@ class SurvivalEstimator:
     def forget(self, request_id: int) -> None:
         self._req.pop(request_id, None)
 
+    def request_ids(self) -> list[int]:
+        """The requests with estimates of their own."""
+        return list(self._req)
+
     def global_continuation(self) -> np.ndarray:
         """``c_j`` of all requests pooled, ``j = 1..max_drafts``."""
         out = np.empty(self.max_drafts, dtype=np.float64)

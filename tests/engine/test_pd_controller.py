@@ -25,10 +25,12 @@ from pdflash.engine.pd_controller import (
     PartsState,
     PDController,
     StepMeasurement,
+    expected_committed,
     paired_test,
     t_isf,
     t_sf,
 )
+from pdflash.engine.verify_width import SurvivalEstimator
 from pdflash.report.stats import t_quantile_975
 
 from .conftest import greedy_cases, write_target_and_drafter
@@ -126,6 +128,160 @@ def probe_steps(ctl: PDController, pairs: int | None = None) -> int:
 
 def switches(ctl: PDController) -> list[tuple[str, bool]]:
     return [(d["part"], d["on"]) for d in ctl.summary()["decisions"] if d["switched"]]
+
+
+class TrimPlant:
+    """A synthetic engine for the scheduler's probe: ``requests`` requests a
+    step, each verifying ``drafts[on]`` drafts (the 2-D scheduler on: fewer,
+    its trimmed grants) with forced acceptance (each draft accepted with
+    probability ``accept`` until the first rejection, as
+    :mod:`pdflash.engine.acceptance` forces it); the step's wall is
+    ``walls[on]`` times log-normal noise of sd ``lognormal`` (5% of steps
+    1.8x long). The measurement carries the expected committed tokens from a
+    :class:`SurvivalEstimator` learned from the plant's own outcomes, as the
+    engine side of the controller computes them."""
+
+    def __init__(
+        self,
+        drafts: tuple[int, int],
+        walls: tuple[float, float],
+        *,
+        accept: float = 0.8,
+        requests: int = 1,
+        lognormal: float = LOADED_CPU,
+        seed: int = 0,
+    ) -> None:
+        self.drafts = {False: drafts[0], True: drafts[1]}
+        self.walls = {False: walls[0], True: walls[1]}
+        self.accept = accept
+        self.requests = requests
+        self.lognormal = lognormal
+        self.rng = np.random.default_rng(seed)
+        self.survival = SurvivalEstimator(15)
+
+    def expected(self, on: bool) -> float:
+        """True expected committed tokens per request of a step."""
+        return sum(self.accept**j for j in range(self.drafts[on] + 1))
+
+    def step(self, parts: PartsState) -> StepMeasurement:
+        k = self.drafts[parts.scheduler_2d]
+        outcomes = []
+        for rid in range(self.requests):
+            accepted = 0
+            while accepted < k and self.rng.random() < self.accept:
+                accepted += 1
+            outcomes.append((rid, k, accepted))
+        expected = expected_committed(self.survival, outcomes)
+        for rid, verified, accepted in outcomes:
+            self.survival.observe(rid, verified, accepted)
+        noise = math.exp(float(self.rng.normal(0.0, self.lognormal)))
+        if self.rng.random() < 0.05:
+            noise *= 1.8
+        return StepMeasurement(
+            wall_s=self.walls[parts.scheduler_2d] * noise,
+            committed_tokens=sum(a + 1 for _, _, a in outcomes),
+            verified_tokens=self.requests * (k + 1),
+            expected_committed_tokens=expected,
+        )
+
+
+#: the scheduler alone is probed (the prefetching parts are absent)
+SCHEDULER_ONLY = PartsState(route_ahead=False, scheduler_2d=True, stream=False)
+
+
+def _scheduler_probes(rate_of: str, plant_of: Any, runs: int, steps: int) -> tuple[int, int]:
+    """(probes, probes that switched) over ``runs`` seeded runs."""
+    probes = switched_n = 0
+    for seed in range(runs):
+        ctl = PDController(rate_of=rate_of)
+        ctl.bind(SCHEDULER_ONLY)
+        drive(ctl, plant_of(seed), steps)
+        s = ctl.summary()
+        probes += s["probes"]
+        switched_n += s["switches"]
+    return probes, switched_n
+
+
+def _same_committed_rate(lognormal: float) -> Any:
+    # on: 6 drafts verified, off: 9; the off step's wall is longer by just
+    # its extra expected committed tokens, so both commit at the same rate
+    # while the on arm verifies 7/10 of the tokens for 0.89 of the wall
+    def plant_of(seed: int) -> TrimPlant:
+        plant = TrimPlant((9, 6), (1.0, 1.0), lognormal=lognormal, seed=seed)
+        plant.walls[True] = plant.expected(True) / plant.expected(False)
+        return plant
+
+    return plant_of
+
+
+#: a quiet box's per-step wall noise
+QUIET = 0.1
+
+
+@pytest.mark.parametrize("lognormal", [LOADED_CPU, QUIET])
+@pytest.mark.parametrize("rate_of", ["expected_committed", "committed"])
+def test_a_trimming_scheduler_that_commits_as_fast_is_not_switched_off(
+    rate_of: str, lognormal: float
+) -> None:
+    """The 2-D scheduler's trimmed grants verify fewer drafts, but the drafts
+    it drops are the least likely to be accepted: where its committed tokens
+    per second equal the token-only batch's, the probe switches it at most at
+    the stated false-switch rate (the upper end of a binomial 99.9% band
+    around alpha 0.05), under the loaded and a quiet CPU's wall noise, by the
+    expected committed tokens (the default) and by the realized ones alike."""
+    probes, switched_n = _scheduler_probes(
+        rate_of, _same_committed_rate(lognormal), runs=60, steps=160
+    )
+    assert probes > 150
+    band = 0.05 + 3.3 * math.sqrt(0.05 * 0.95 / probes)
+    assert switched_n / probes <= band, (switched_n, probes)
+
+
+def test_verified_tokens_would_switch_off_a_scheduler_that_commits_as_fast() -> None:
+    """The bias the committed rate removes: the same plant on a quiet box,
+    judged by verified tokens per second (the on arm verifies 0.7x the
+    tokens in 0.89x the wall), has the scheduler switched off in most runs."""
+    probes, switched_n = _scheduler_probes(
+        "verified", _same_committed_rate(QUIET), runs=20, steps=60
+    )
+    assert switched_n >= 15, (switched_n, probes)
+
+
+@pytest.mark.parametrize(("lognormal", "kept"), [(QUIET, 3), (LOADED_CPU, 1)])
+def test_a_scheduler_that_lowers_committed_tokens_per_second_is_switched_off(
+    lognormal: float, kept: int
+) -> None:
+    """On: ``kept`` drafts verified instead of 9 (4 requests a step) for only
+    10% less wall: committed tokens per second 0.74x the token-only batch's
+    (3 kept, a quiet box) or 0.45x (1 kept, the loaded box's noise). Within
+    one probe (extension included) it is switched off in >= 17 of 20 runs."""
+
+    def costly(seed: int) -> TrimPlant:
+        return TrimPlant((9, kept), (1.0, 0.9), requests=4, lognormal=lognormal, seed=seed)
+
+    plant = costly(0)
+    assert plant.expected(True) / (plant.expected(False) * 0.9) < 0.75
+    off = 0
+    for seed in range(20):
+        ctl = PDController()
+        ctl.bind(SCHEDULER_ONLY)
+        drive(ctl, costly(seed), ctl.warmup + probe_steps(ctl))
+        off += not ctl.parts.scheduler_2d
+    assert off >= 17, off
+
+
+def test_expected_committed_counts_each_verified_draft_at_its_survival() -> None:
+    surv = SurvivalEstimator(4, prior_accept=0.5, prior_weight=2.0)
+    # no outcome yet: c_j = 0.5 at every position, S = 0.5, 0.25, ...
+    assert expected_committed(surv, [(7, 2, 0)]) == pytest.approx(1.0 + 0.5 + 0.25)
+    assert expected_committed(surv, [(7, 0, 0), (8, 9, 0)]) == pytest.approx(
+        1.0 + 1.0 + 0.5 + 0.25 + 0.125 + 0.0625
+    )
+    for _ in range(50):
+        surv.observe(7, 4, 4)  # every draft accepted: S -> 1
+    assert expected_committed(surv, [(7, 4, 0)]) > 1.0 + 3.5
+    # the outcomes' own accepted counts do not enter the expectation
+    assert expected_committed(surv, [(7, 4, 0)]) == expected_committed(surv, [(7, 4, 4)])
 
 
 # ------------------------------------------------------------ the t test
@@ -374,8 +530,16 @@ def test_committed_rate_can_be_chosen() -> None:
     assert "log committed tokens/s" in first["why"]
 
 
-def test_decisions_carry_their_numbers() -> None:
+def test_the_default_rate_is_the_expected_committed_one() -> None:
     ctl = PDController()
+    assert ctl.rate_of == "expected_committed"
+    drive(ctl, Plant({"route_ahead": 1.4}), 60)
+    first = next(d for d in ctl.summary()["decisions"] if d["switched"])
+    assert "log expected committed tokens/s" in first["why"]
+
+
+def test_decisions_carry_their_numbers() -> None:
+    ctl = PDController(rate_of="verified")
     drive(ctl, Plant({}, host={"stream": 0.03}), 40)
     d = next(d for d in ctl.summary()["decisions"] if d["part"] == "stream")
     assert d["switched"] and d["why"].startswith("switched off")
@@ -414,6 +578,9 @@ def test_bad_measurements_and_parts_are_refused() -> None:
         StepMeasurement(wall_s=-1.0, committed_tokens=1)
     with pytest.raises(ValueError, match="verified_tokens"):
         StepMeasurement(wall_s=1.0, committed_tokens=1, verified_tokens=-1)
+    for bad in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="expected_committed_tokens"):
+            StepMeasurement(wall_s=1.0, committed_tokens=1, expected_committed_tokens=bad)
     with pytest.raises(ValueError, match="unknown part"):
         ALL_ON.with_part("bands", False)
 
@@ -619,6 +786,8 @@ def test_engine_greedy_tokens_identical_whatever_the_parts(
             return
         assert eng.parts is not None
         assert eng.parts.available == ALL_ON  # every part was switchable
+        # the acceptance estimates of finished requests are not kept
+        assert eng.parts.survival.request_ids() == []
         if policy == "scripted":
             assert isinstance(controller, ScriptedParts)
             seen = set(controller.seen)
@@ -630,6 +799,11 @@ def test_engine_greedy_tokens_identical_whatever_the_parts(
             assert eng.parts.stream is not None and eng.parts.stream.bytes_submitted > 0
             m = controller.measured
             assert m.wall_s > 0 and m.exposed_fetch_s >= 0 and m.bytes_in is not None
+            # each verified request is expected to commit its bonus token and at
+            # most every draft it verified
+            e = m.expected_committed_tokens
+            assert e is not None and m.verified
+            assert 1.0 <= e <= m.verified_tokens
         if policy == "controller":
             assert isinstance(controller, PDController)
             assert controller.summary()["probes"] > 0
