@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from pdflash.hybrid.cost import HostCostModel, OnlineHostCost, calibrate_host, fit_affine
+from pdflash.hybrid.cost import (
+    HostCostModel,
+    OnlineHostCost,
+    calibrate_host,
+    fit_affine,
+    fit_robust,
+)
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
 from pdflash.hybrid.kernels import (
     HOST_FORMATS,
@@ -82,6 +88,7 @@ __all__ = [
     "default_host_threads",
     "default_weight_budget",
     "fit_affine",
+    "fit_robust",
     "host_kernel_for",
     "host_weights_for",
     "release_host_weights",

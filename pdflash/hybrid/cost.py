@@ -3,8 +3,9 @@
 :func:`calibrate_host` times the :class:`~pdflash.hybrid.executor.HostExpertExecutor`
 exactly as a forward uses it (same pool, same threads, the store's packed
 host weights of real experts of the model) at a few token counts, and fits
-seconds per expert as ``a + b * tokens`` (least squares, both terms >= 0).
-It also times the fixed per-layer round trip of a HOST batch (hidden states
+seconds per expert as ``a + b * tokens`` (both terms >= 0).
+(The fit is :func:`fit_robust`, medians, not least squares: one bad point
+of four cannot move it.) It also times the fixed per-layer round trip of a HOST batch (hidden states
 device -> host, an empty pool job, results host -> device), which the
 planner charges once per layer that uses the host.
 
@@ -118,6 +119,34 @@ def fit_affine(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def fit_robust(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Theil-Sen ``(a, b)`` of ``y = a + b x`` with ``a, b >= 0``: ``b`` the
+    median of the pairwise slopes, ``a`` the median of ``y - b x``.
+
+    The calibration's few points are each a median of a few batches, and a
+    point can still be off by several times (a batch that met a neighbour's
+    burst): least squares lets that one point move the intercept, which the
+    planner charges every expert, while the medians ignore one bad point of
+    four. With one distinct x the slope is 0 and ``a`` is the median; a
+    negative median slope is 0; a negative intercept is refitted through
+    the origin (``b`` the median of ``y / x``).
+    """
+    if not points:
+        raise ValueError("no calibration points")
+    x = np.asarray([p[0] for p in points], dtype=np.float64)
+    y = np.asarray([p[1] for p in points], dtype=np.float64)
+    i, j = np.triu_indices(x.size, k=1)
+    keep = x[i] != x[j]
+    if not keep.any():
+        return max(0.0, float(np.median(y))), 0.0
+    b = max(0.0, float(np.median((y[j] - y[i])[keep] / (x[j] - x[i])[keep])))
+    a = float(np.median(y - b * x))
+    if a < 0:
+        pos = x > 0
+        return 0.0, max(0.0, float(np.median(y[pos] / x[pos]))) if pos.any() else 0.0
+    return a, b
+
+
 def _time_batch(
     executor: HostExpertExecutor,
     ids: npt.NDArray[np.int64],
@@ -214,7 +243,7 @@ def calibrate_host(
             ]
             points.append((n, float(statistics.median(times))))
             spread.append((n, float(min(times)), float(max(times))))
-    a, b = fit_affine(points)
+    a, b = fit_robust(points)
     roundtrip_s = (
         measure_roundtrip(executor, hidden_size, device, repeats=max(3, repeats))
         if roundtrip
@@ -302,6 +331,7 @@ class OnlineHostCost:
     _recent: deque[tuple[int, int, float]] = field(
         default_factory=lambda: deque(maxlen=256), repr=False
     )
+    _scales: npt.NDArray[np.float64] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.prior < 0:
@@ -340,8 +370,13 @@ class OnlineHostCost:
         base = self.base.expert_s(tok)
         if not self._ratios:
             return base
-        scale = np.vectorize(self.correction, otypes=[np.float64])(tok) if tok.size else tok
-        return base * scale
+        if self._scales is None:  # one correction per bucket, until the next job
+            self._scales = np.asarray(
+                [self.correction(hi) for hi in ONLINE_BUCKETS]
+                + [self.correction(ONLINE_BUCKETS[-1] + 1)],
+                dtype=np.float64,
+            )
+        return base * self._scales[np.searchsorted(ONLINE_BUCKETS, tok, side="left")]
 
     # -- measurements --------------------------------------------------------------
 
@@ -358,6 +393,7 @@ class OnlineHostCost:
         q.append(ratio)
         self._recent.append((int(tok.size), int(tok.sum()), float(seconds)))
         self.observations += 1
+        self._scales = None
 
     def to_json(self) -> dict[str, Any]:
         """The measured model: per bucket its ratios' count and correction,
@@ -376,7 +412,7 @@ class OnlineHostCost:
         pts = [(t / e, s / e) for e, t, s in self._recent]
         refit: dict[str, Any]
         if len({round(p[0], 3) for p in pts}) >= 2:
-            a, b = fit_affine(pts)
+            a, b = fit_robust(pts)
             refit = {"intercept_s": a, "per_token_s": b, "runs": len(pts)}
         else:
             refit = {"absent": f"{len(pts)} runs, fewer than 2 distinct token counts"}

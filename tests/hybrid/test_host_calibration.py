@@ -25,6 +25,8 @@ from pdflash.hybrid import (
     OnlineHostCost,
     build_host_service,
     calibrate_host,
+    fit_affine,
+    fit_robust,
     host_weights_for,
     release_host_weights,
 )
@@ -92,6 +94,30 @@ def test_calibration_warms_every_point_and_records_the_spread() -> None:
     assert any(hi > 40 * MS for lo, hi in spread.values())
     row = cost.to_json()
     assert row["spread"] and row["repeats"] == 5
+
+
+def test_robust_fit_ignores_one_bad_point() -> None:
+    """A calibration the H200 recorded (ms per expert at 1/4/16/64 tokens):
+    the 16-token point is 5x its neighbours' trend. Least squares charges
+    every expert 1.76 ms; the medians keep the 1-token cost at its
+    measured ~0.8 ms."""
+    pts = [(1, 0.80), (4, 0.93), (16, 5.10), (64, 4.16)]
+    a_ls, _ = fit_affine(pts)
+    assert a_ls > 1.7
+    a, b = fit_robust(pts)
+    # b: median of the 6 pairwise slopes, (0.0533 + 0.0538) / 2
+    assert b == pytest.approx((3.36 / 63 + 3.23 / 60) / 2, rel=1e-9)
+    # a: median of y - b x, the middle two of (0.746, 0.716, 4.243, 0.731)
+    assert a == pytest.approx((0.80 - b + 4.16 - 64 * b) / 2, rel=1e-9)
+    assert 0.73 < a < 0.75
+    # a clean line is its own fit; one x: the median, flat
+    assert fit_robust([(1, 1.0), (3, 2.0), (5, 3.0)]) == pytest.approx((0.5, 0.5))
+    assert fit_robust([(4, 1.0), (4, 3.0), (4, 10.0)]) == pytest.approx((3.0, 0.0))
+    # falling times: flat at the median; a negative intercept: through the origin
+    assert fit_robust([(1, 3.0), (2, 1.0)]) == pytest.approx((2.0, 0.0))
+    assert fit_robust([(1, 0.5), (2, 2.0), (3, 3.5)]) == pytest.approx((0.0, 1.0))
+    with pytest.raises(ValueError, match="no calibration points"):
+        fit_robust([])
 
 
 # -- online correction ------------------------------------------------------------
