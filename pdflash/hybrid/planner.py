@@ -271,6 +271,8 @@ class CostModelPlanner:
             return None
         if self._since_host < self.probe_every or tokens.size < 2:
             return None
+        if self.max_host_per_layer is not None and self.max_host_per_layer < 1:
+            return None
         j = int(np.argmin(tokens))
         if self.max_host_tokens is not None and tokens[j] > self.max_host_tokens:
             return None

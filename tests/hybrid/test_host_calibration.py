@@ -219,6 +219,10 @@ def test_probe_only_where_the_link_has_other_work() -> None:
     p = CostModelPlanner(HostCostModel(5 * MS, 0.0), 1_000_000, probe_every=1)
     plan = p.plan(0, np.array([3, 4, 5]), np.array([20, 30, 40]), LinkState(1e9))
     assert plan.host.size == 0
+    # no HOST expert allowed per layer: no probe either
+    p = CostModelPlanner(HostCostModel(5 * MS, 0.0), 1_000_000, probe_every=1, max_host_per_layer=0)
+    plan = p.plan(0, np.array([3, 4, 5]), np.array([2, 1, 2]), LinkState(1e9))
+    assert plan.host.size == 0
     with pytest.raises(ValueError, match="probe_every"):
         CostModelPlanner(HostCostModel(0.0, 0.0), 1, probe_every=0)
 
