@@ -465,10 +465,15 @@ def _load_drafter(path: Path, device: torch.device, dtype: torch.dtype) -> DFlas
 
 
 def release_targets() -> None:
-    """Drop the cached target and drafter (host experts, device weights)
+    """Drop the cached target and drafter (host experts, device weights,
+    the hybrid service's prepared host weights and their kernel's threads)
     and the shared warm-ups made with them."""
     import gc
 
+    from pdflash.hybrid import release_host_weights
+
+    for adapter in _TARGETS.values():
+        release_host_weights(adapter.store)
     _TARGETS.clear()
     _DRAFTERS.clear()
     _SHARED_WARMUPS.clear()

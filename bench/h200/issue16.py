@@ -298,6 +298,28 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows
         if r["baseline"] == "PD+host"
     }
+    # per PD+host run: what the planner started from and ended with
+    host_runs = []
+    for r in rows:
+        hs = r.get("host_service") or {}
+        if r["baseline"] != "PD+host" or not hs:
+            continue
+        cal = hs.get("calibration") or {}
+        hw = hs.get("host_weights") or {}
+        host_runs.append(
+            {
+                "concurrency": r["concurrency"],
+                "cache_fraction": r["cache_fraction"],
+                "repeat": r["repeat"],
+                "tokens_per_s": r.get("output_tokens_per_s"),
+                "host_served_experts": r.get("host_served_experts"),
+                "calibration_points": cal.get("points"),
+                "calibration_spread": cal.get("spread"),
+                "online_cost": hs.get("online_cost"),
+                "planner_decisions": hs.get("planner_decisions"),
+                "host_weights_reused": hw.get("reused"),
+            }
+        )
     summary = {
         "suite": "issue16",
         "command": " ".join(sys.argv),
@@ -320,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": time.perf_counter() - started,
         "host_calibration": calibrations,
         "host_weights": host_weights,
+        "host_runs": host_runs,
         "diag": diag,
         "points": summarise(rows),
     }

@@ -25,7 +25,13 @@ from typing import Any
 
 import torch
 
-from pdflash.hybrid.cost import HostCostModel, calibrate_host, fit_affine
+from pdflash.hybrid.cost import (
+    HostCostModel,
+    OnlineHostCost,
+    calibrate_host,
+    fit_affine,
+    fit_robust,
+)
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
 from pdflash.hybrid.kernels import (
     HOST_FORMATS,
@@ -37,13 +43,19 @@ from pdflash.hybrid.kernels import (
 from pdflash.hybrid.planner import (
     DEFAULT_MAX_HOST_RATIO,
     DEFAULT_MAX_HOST_TOKENS,
+    DEFAULT_PROBE_EVERY,
     CostModelPlanner,
     ForcedHostPlanner,
     LinkState,
     MissPlan,
     MissPlanner,
 )
-from pdflash.hybrid.prepare import HostWeights, default_weight_budget, host_weights_for
+from pdflash.hybrid.prepare import (
+    HostWeights,
+    default_weight_budget,
+    host_weights_for,
+    release_host_weights,
+)
 from pdflash.hybrid.service import HostBooks, HostExpertService
 
 HOST_EXPERT_MODES = ("off", "auto")
@@ -53,6 +65,7 @@ HOST_FORMAT_CHOICES = ("auto", *HOST_FORMATS)
 __all__ = [
     "DEFAULT_MAX_HOST_RATIO",
     "DEFAULT_MAX_HOST_TOKENS",
+    "DEFAULT_PROBE_EVERY",
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
     "HOST_FORMAT_CHOICES",
@@ -68,14 +81,17 @@ __all__ = [
     "LinkState",
     "MissPlan",
     "MissPlanner",
+    "OnlineHostCost",
     "PreparedWeights",
     "build_host_service",
     "calibrate_host",
     "default_host_threads",
     "default_weight_budget",
     "fit_affine",
+    "fit_robust",
     "host_kernel_for",
     "host_weights_for",
+    "release_host_weights",
 ]
 
 
@@ -93,6 +109,8 @@ def build_host_service(
     cost: HostCostModel | None = None,
     host_format: str = "auto",
     weight_budget_bytes: int | None = None,
+    online: bool = True,
+    probe_every: int | None = DEFAULT_PROBE_EVERY,
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -111,9 +129,17 @@ def build_host_service(
     :func:`default_weight_budget`). Without calibration (``calibrate=False``)
     ``auto`` means ``packed``: nothing is timed.
 
-    ``margin``, ``max_host_ratio`` and ``max_host_tokens`` go to the default
-    :class:`CostModelPlanner` (see :mod:`pdflash.hybrid.planner` for when HOST
-    pays and why the caps).
+    The prepared weights (and ``auto``'s choice) are kept with the store and
+    reused by the next service with the same settings
+    (:func:`pdflash.hybrid.prepare.host_weights_for`;
+    :func:`release_host_weights` frees them); the row's ``host_weights``
+    says ``reused``. The calibration runs once the cache's in-flight copies
+    have landed, so it times the host with the link idle.
+
+    ``margin``, ``max_host_ratio``, ``max_host_tokens``, ``online`` and
+    ``probe_every`` go to the default :class:`CostModelPlanner` (see
+    :mod:`pdflash.hybrid.planner` for when HOST pays, why the caps, and how
+    it corrects the calibration from the run's own HOST jobs).
     """
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
@@ -145,6 +171,7 @@ def build_host_service(
             batch_fn=weights.kernel.forward_many,
         )
         if cost is None and calibrate:
+            _link_idle(adapter)
             cost = calibrate_host(
                 executor,
                 num_ids=store.num_ids,
@@ -162,6 +189,8 @@ def build_host_service(
                 margin=margin,
                 max_host_ratio=max_host_ratio,
                 max_host_tokens=max_host_tokens,
+                online=online,
+                probe_every=probe_every,
             )
         service = HostExpertService(
             executor,
@@ -183,3 +212,15 @@ def build_host_service(
     if runtime is not None:
         runtime.host_service = service
     return service
+
+
+def _link_idle(adapter: Any) -> None:
+    """Wait for the adapter's cache's in-flight copies (the link and the
+    issuer's thread idle) before the host is timed."""
+    cache = getattr(adapter, "cache", None)
+    drain = getattr(cache, "drain_inflight", None)
+    if callable(drain):
+        drain()
+    device = torch.device(getattr(adapter, "device", "cpu"))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

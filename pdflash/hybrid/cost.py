@@ -3,22 +3,40 @@
 :func:`calibrate_host` times the :class:`~pdflash.hybrid.executor.HostExpertExecutor`
 exactly as a forward uses it (same pool, same threads, the store's packed
 host weights of real experts of the model) at a few token counts, and fits
-seconds per expert as ``a + b * tokens`` (least squares, both terms >= 0).
-It also times the fixed per-layer round trip of a HOST batch (hidden states
+seconds per expert as ``a + b * tokens`` (both terms >= 0).
+(The fit is :func:`fit_robust`, medians, not least squares: one bad point
+of four cannot move it.) It also times the fixed per-layer round trip of a HOST batch (hidden states
 device -> host, an empty pool job, results host -> device), which the
 planner charges once per layer that uses the host.
 
 Different experts are used for each timed batch (rotating through the
 store), so a small model's experts are not timed hot in the CPU caches when
 a forward would find them cold.
+
+Robustness: one timed batch is a few milliseconds, so a thread team's
+spin-up, a kernel's first use of a code path (AMX tile state, per thread)
+or a garbage collection inside it would be the measurement. Each point is
+therefore warmed with an untimed batch of its own token count first, its
+``repeats`` timed batches run with Python's cyclic GC paused (collected
+once before), and the point is their median; every point's spread (min,
+max over the repeats) is kept in the model (:attr:`HostCostModel.spread`)
+so a row shows how much one calibration can be trusted.
+:func:`pdflash.hybrid.build_host_service` calibrates after the cache's
+in-flight copies have landed (the link idle). What the start-up model
+still gets wrong (the host under a busy link, a noisy neighbour) is
+corrected during the run by :class:`OnlineHostCost`.
 """
 
 from __future__ import annotations
 
+import gc
+import math
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections import deque
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,6 +49,8 @@ if TYPE_CHECKING:
 #: Token counts timed at start-up (a verify block routes 1..B tokens per
 #: request to an expert; wide batches reach tens).
 DEFAULT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16, 64)
+#: timed batches per point (their median is the point)
+DEFAULT_REPEATS = 5
 
 
 @dataclass(frozen=True)
@@ -41,7 +61,9 @@ class HostCostModel:
     ``roundtrip_s`` per layer that uses the host at all.
 
     ``points`` are the measured ``(tokens, seconds per expert)`` pairs the
-    fit came from; ``source`` says ``"calibrated"`` or ``"configured"``.
+    fit came from (each the median of ``repeats`` timed batches), ``spread``
+    the ``(tokens, min, max)`` seconds per expert over those batches;
+    ``source`` says ``"calibrated"`` or ``"configured"``.
     """
 
     intercept_s: float
@@ -56,6 +78,8 @@ class HostCostModel:
     calibration_s: float | None = None  # wall time the calibration took
     #: the host weight format timed (pdflash.hybrid.kernels.HOST_FORMATS)
     host_format: str = "packed"
+    spread: tuple[tuple[int, float, float], ...] = ()
+    repeats: int | None = None  # timed batches per point (None: not calibrated)
 
     def __post_init__(self) -> None:
         for name in ("intercept_s", "per_token_s", "roundtrip_s"):
@@ -70,6 +94,7 @@ class HostCostModel:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["points"] = [list(p) for p in self.points]
+        out["spread"] = [list(p) for p in self.spread]
         return out
 
 
@@ -94,6 +119,34 @@ def fit_affine(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def fit_robust(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Theil-Sen ``(a, b)`` of ``y = a + b x`` with ``a, b >= 0``: ``b`` the
+    median of the pairwise slopes, ``a`` the median of ``y - b x``.
+
+    The calibration's few points are each a median of a few batches, and a
+    point can still be off by several times (a batch that met a neighbour's
+    burst): least squares lets that one point move the intercept, which the
+    planner charges every expert, while the medians ignore one bad point of
+    four. With one distinct x the slope is 0 and ``a`` is the median; a
+    negative median slope is 0; a negative intercept is refitted through
+    the origin (``b`` the median of ``y / x``).
+    """
+    if not points:
+        raise ValueError("no calibration points")
+    x = np.asarray([p[0] for p in points], dtype=np.float64)
+    y = np.asarray([p[1] for p in points], dtype=np.float64)
+    i, j = np.triu_indices(x.size, k=1)
+    keep = x[i] != x[j]
+    if not keep.any():
+        return max(0.0, float(np.median(y))), 0.0
+    b = max(0.0, float(np.median((y[j] - y[i])[keep] / (x[j] - x[i])[keep])))
+    a = float(np.median(y - b * x))
+    if a < 0:
+        pos = x > 0
+        return 0.0, max(0.0, float(np.median(y[pos] / x[pos]))) if pos.any() else 0.0
+    return a, b
+
+
 def _time_batch(
     executor: HostExpertExecutor,
     ids: npt.NDArray[np.int64],
@@ -102,11 +155,26 @@ def _time_batch(
     dtype: torch.dtype,
     gen: torch.Generator,
 ) -> float:
+    """Seconds the pool computed one batch: from its first worker's start
+    to its last one's end (the hand-off to the pool is the round trip's)."""
     x = torch.randn(int(ids.size) * tokens, hidden, generator=gen).to(dtype)
     counts = [tokens] * int(ids.size)
-    t0 = time.perf_counter()
-    executor.compute(ids, x, counts)
-    return time.perf_counter() - t0
+    job = executor.submit(ids, x, counts, device="cpu")
+    job.result()
+    return max(b for _, b in job.intervals) - min(a for a, _ in job.intervals)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Collect now, then keep Python's cyclic GC out of the timed batches."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def calibrate_host(
@@ -117,7 +185,7 @@ def calibrate_host(
     device: torch.device | str = "cpu",
     token_points: Sequence[int] = DEFAULT_TOKEN_POINTS,
     experts_per_batch: int | None = None,
-    repeats: int = 3,
+    repeats: int = DEFAULT_REPEATS,
     seed: int = 0,
     roundtrip: bool = True,
     host_format: str = "packed",
@@ -129,9 +197,12 @@ def calibrate_host(
 
     Each point times ``experts_per_batch`` experts (default: 2 per pool
     worker, so every worker is busy) of ``n`` tokens each; seconds per expert
-    is the batch's wall time over its experts, the median of ``repeats``
-    batches after one warm-up batch. ``roundtrip=False`` skips timing the
-    per-layer round trip (``roundtrip_s`` is then 0).
+    is the batch's compute span (first worker's start to last worker's end:
+    what :meth:`OnlineHostCost.observe` is given in the run too) over its
+    experts, the median of ``repeats``
+    batches after an untimed warm-up batch of the same token count (module
+    doc). ``roundtrip=False`` skips timing the per-layer round trip
+    (``roundtrip_s`` is then 0).
     """
     pool = (
         np.arange(num_ids, dtype=np.int64)
@@ -160,15 +231,19 @@ def calibrate_host(
         cursor = (cursor + per_batch) % pool.size
         return batch
 
-    _time_batch(executor, next_ids(), points_in[0], hidden_size, dtype, gen)  # warm-up
     points: list[tuple[int, float]] = []
-    for n in points_in:
-        times = [
-            _time_batch(executor, next_ids(), n, hidden_size, dtype, gen) / per_batch
-            for _ in range(repeats)
-        ]
-        points.append((n, float(statistics.median(times))))
-    a, b = fit_affine(points)
+    spread: list[tuple[int, float, float]] = []
+    with _gc_paused():
+        for n in points_in:
+            # untimed: the team's spin-up, this row count's code path
+            _time_batch(executor, next_ids(), n, hidden_size, dtype, gen)
+            times = [
+                _time_batch(executor, next_ids(), n, hidden_size, dtype, gen) / per_batch
+                for _ in range(repeats)
+            ]
+            points.append((n, float(statistics.median(times))))
+            spread.append((n, float(min(times)), float(max(times))))
+    a, b = fit_robust(points)
     roundtrip_s = (
         measure_roundtrip(executor, hidden_size, device, repeats=max(3, repeats))
         if roundtrip
@@ -186,6 +261,8 @@ def calibrate_host(
         source="calibrated",
         calibration_s=time.perf_counter() - started,
         host_format=host_format,
+        spread=tuple(spread),
+        repeats=repeats,
     )
 
 
@@ -211,3 +288,139 @@ def measure_roundtrip(
             torch.cuda.synchronize(dev)
         times.append(time.perf_counter() - t0)
     return float(statistics.median(times[1:]))
+
+
+#: upper bounds of the token buckets :class:`OnlineHostCost` corrects apart
+#: (tokens per expert; the last bucket is everything above the last bound)
+ONLINE_BUCKETS: tuple[int, ...] = (1, 4, 16)
+
+
+@dataclass
+class OnlineHostCost:
+    """The start-up :class:`HostCostModel` corrected by the run's own HOST
+    jobs: the planner's host cost, self-correcting.
+
+    Every finished HOST job (a layer's HOST experts) gives ``ratio =
+    measured seconds / modeled seconds``: its compute span (first worker's
+    start to last worker's end, as the calibration timed its batches) over
+    the sum of the calibration's seconds per expert (the pool's time per
+    expert). Ratios are kept per token bucket (:data:`ONLINE_BUCKETS`, by
+    the job's mean tokens per expert), each clamped to
+    ``[1 / max_ratio, max_ratio]``, the last ``window`` of them; a bucket's
+    correction is the median of its ratios together with ``prior`` ratios of
+    1 (the calibration's own vote), and a bucket with no ratio yet uses all
+    buckets' ratios. A median moves only when most recent jobs agree: one
+    outlier (a job that met a page fault or a GC) cannot flip the plans,
+    while ``prior + 1`` agreeing jobs move the correction all the way
+    (``prior=2``: the third job). ``expert_s`` is the calibration's time
+    times the correction, so the planner's eligibility caps and its
+    makespan use the measured host.
+
+    A too-pessimistic calibration sends nothing to the host, and so would
+    never be corrected: the planner probes (see
+    :class:`pdflash.hybrid.planner.CostModelPlanner`'s ``probe_every``).
+    """
+
+    base: HostCostModel
+    window: int = 16
+    prior: int = 2
+    max_ratio: float = 8.0
+    observations: int = 0
+    _ratios: dict[int, deque[float]] = field(default_factory=dict, repr=False)
+    #: (experts, tokens, seconds) of the recent runs, for the refit in to_json
+    _recent: deque[tuple[int, int, float]] = field(
+        default_factory=lambda: deque(maxlen=256), repr=False
+    )
+    _scales: npt.NDArray[np.float64] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.prior < 0:
+            raise ValueError(f"need window >= 1 and prior >= 0, got {self.window}, {self.prior}")
+        if not self.max_ratio > 1.0:
+            raise ValueError(f"max_ratio must be > 1, got {self.max_ratio}")
+
+    # -- the model ---------------------------------------------------------------
+
+    @property
+    def roundtrip_s(self) -> float:
+        return self.base.roundtrip_s
+
+    @staticmethod
+    def bucket(tokens: float) -> int:
+        """Index of the token bucket ``tokens`` per expert falls in."""
+        for i, hi in enumerate(ONLINE_BUCKETS):
+            if tokens <= hi:
+                return i
+        return len(ONLINE_BUCKETS)
+
+    def _median(self, ratios: Sequence[float]) -> float:
+        return float(statistics.median([1.0] * self.prior + list(ratios))) if ratios else 1.0
+
+    def correction(self, tokens: float) -> float:
+        """Measured over modeled host time for experts of ``tokens`` tokens."""
+        own = self._ratios.get(self.bucket(tokens))
+        if own:
+            return self._median(own)
+        pooled = [r for q in self._ratios.values() for r in q]
+        return self._median(pooled)
+
+    def expert_s(self, tokens: Any) -> Any:
+        """Seconds per expert for ``tokens`` (scalar or array), corrected."""
+        tok = np.asarray(tokens, dtype=np.float64)
+        base = self.base.expert_s(tok)
+        if not self._ratios:
+            return base
+        if self._scales is None:  # one correction per bucket, until the next job
+            self._scales = np.asarray(
+                [self.correction(hi) for hi in ONLINE_BUCKETS]
+                + [self.correction(ONLINE_BUCKETS[-1] + 1)],
+                dtype=np.float64,
+            )
+        return base * self._scales[np.searchsorted(ONLINE_BUCKETS, tok, side="left")]
+
+    # -- measurements --------------------------------------------------------------
+
+    def observe(self, tokens: Sequence[int], seconds: float) -> None:
+        """A job of experts with ``tokens`` rows each took ``seconds``."""
+        tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
+        if tok.size == 0 or not (math.isfinite(seconds) and seconds > 0):
+            return
+        modeled = float(self.base.expert_s(tok).sum())
+        if modeled <= 0:
+            return
+        ratio = min(self.max_ratio, max(1.0 / self.max_ratio, seconds / modeled))
+        q = self._ratios.setdefault(self.bucket(float(tok.mean())), deque(maxlen=self.window))
+        q.append(ratio)
+        self._recent.append((int(tok.size), int(tok.sum()), float(seconds)))
+        self.observations += 1
+        self._scales = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The measured model: per bucket its ratios' count and correction,
+        and intercept / per-token refitted from the runs' mean seconds per
+        expert (absent with a reason while too few runs differ in tokens)."""
+        buckets = {}
+        bounds = [*ONLINE_BUCKETS, None]
+        for i, hi in enumerate(bounds):
+            q = self._ratios.get(i)
+            lo = 1 if i == 0 else ONLINE_BUCKETS[i - 1] + 1
+            label = f"{lo}-{hi}" if hi is not None else f">{ONLINE_BUCKETS[-1]}"
+            buckets[label] = {
+                "runs": len(q) if q else 0,
+                "correction": self._median(q) if q else None,
+            }
+        pts = [(t / e, s / e) for e, t, s in self._recent]
+        refit: dict[str, Any]
+        if len({round(p[0], 3) for p in pts}) >= 2:
+            a, b = fit_robust(pts)
+            refit = {"intercept_s": a, "per_token_s": b, "runs": len(pts)}
+        else:
+            refit = {"absent": f"{len(pts)} runs, fewer than 2 distinct token counts"}
+        return {
+            "observations": self.observations,
+            "window": self.window,
+            "prior": self.prior,
+            "max_ratio": self.max_ratio,
+            "buckets": buckets,
+            "measured_fit": refit,
+        }

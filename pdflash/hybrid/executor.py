@@ -83,11 +83,14 @@ class HostJob:
         out: torch.Tensor,
         device: torch.device,
         rows: int,
+        run_tokens: list[list[int]] | None = None,
     ) -> None:
         self._futures = futures
         self._out = out
         self.device = device
         self.rows = rows
+        #: tokens of each expert of each worker's run (aligned with intervals)
+        self.run_tokens: list[list[int]] = run_tokens if run_tokens is not None else []
         #: (start, end) perf_counter seconds of each worker's compute
         self.intervals: list[tuple[float, float]] = []
         self.wait_s = 0.0  # time the caller blocked in result()
@@ -230,7 +233,8 @@ class HostExpertExecutor:
         counts: Sequence[int],
         out: torch.Tensor,
         ready: Callable[[], None] | None,
-    ) -> list[Future[tuple[float, float]]]:
+    ) -> tuple[list[Future[tuple[float, float]]], list[list[int]]]:
+        """The futures of the workers' runs and each run's tokens per expert."""
         if self.closed:
             raise RuntimeError("HostExpertExecutor is closed")
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -243,8 +247,10 @@ class HostExpertExecutor:
             raise ValueError(f"token counts sum to {sum(cnt)} but x has {x.shape[0]} rows")
         bounds = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64).tolist()
         futures = []
+        run_tokens = []
         for a, b in self._runs(cnt, self.workers):
             rel = [v - bounds[a] for v in bounds[a : b + 1]]
+            run_tokens.append(cnt[a:b])
             futures.append(
                 self._pool.submit(
                     self._run,
@@ -255,7 +261,7 @@ class HostExpertExecutor:
                     ready,
                 )
             )
-        return futures
+        return futures, run_tokens
 
     # -- entry points ------------------------------------------------------------
 
@@ -267,7 +273,7 @@ class HostExpertExecutor:
             raise ValueError(f"compute() takes host rows, got a {x.device} tensor")
         x = x.to(self.dtype)
         out = torch.empty(x.shape, dtype=self.out_dtype)
-        for f in self._launch(ids, x, counts, out, None):
+        for f in self._launch(ids, x, counts, out, None)[0]:
             f.result()
         return out
 
@@ -303,7 +309,8 @@ class HostExpertExecutor:
             # nothing to compute (a round-trip probe): the workers still see the job
             fut: Future[tuple[float, float]] = self._pool.submit(_wait_only, ready)
             return HostJob([fut], out, dev, int(host.shape[0]))
-        return HostJob(self._launch(ids, host, counts, out, ready), out, dev, int(host.shape[0]))
+        futures, run_tokens = self._launch(ids, host, counts, out, ready)
+        return HostJob(futures, out, dev, int(host.shape[0]), run_tokens)
 
     def close(self) -> None:
         """Stop the pool (waits for running jobs) and give torch back the

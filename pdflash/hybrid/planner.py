@@ -63,7 +63,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from pdflash.hybrid.cost import HostCostModel
+from pdflash.hybrid.cost import HostCostModel, OnlineHostCost
 
 IdArray = npt.NDArray[np.int64]
 
@@ -71,6 +71,10 @@ IdArray = npt.NDArray[np.int64]
 DEFAULT_MAX_HOST_RATIO = 1.5
 #: default eligibility cap on tokens per HOST expert (module doc)
 DEFAULT_MAX_HOST_TOKENS = 16
+#: default: probe the host after this many layers with misses and no HOST work
+DEFAULT_PROBE_EVERY = 8
+#: a probe's modeled host time may be at most this times the layer's other copies
+DEFAULT_PROBE_MAX_RATIO = 4.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,12 @@ class CostModelPlanner:
             is at most this times its copy time (module doc).
         max_host_tokens: and only if at most this many tokens are routed to
             it (None: no cap).
+        online: correct ``cost`` from the run's measured HOST jobs
+            (:meth:`observe`; module doc); False: plan with ``cost`` as is.
+        probe_every: with ``online``, probe the host after this many layers
+            with misses and no HOST work (None: never probe).
+        probe_max_ratio: a probe's modeled host time at most this times the
+            copy time of the layer's other misses.
     """
 
     cost: HostCostModel
@@ -167,8 +177,13 @@ class CostModelPlanner:
     max_host_per_layer: int | None = None
     max_host_ratio: float = DEFAULT_MAX_HOST_RATIO
     max_host_tokens: int | None = DEFAULT_MAX_HOST_TOKENS
+    online: bool = True
+    probe_every: int | None = DEFAULT_PROBE_EVERY
+    probe_max_ratio: float = DEFAULT_PROBE_MAX_RATIO
     name: str = "cost_model"
-    decisions: dict[str, int] = field(default_factory=lambda: {"layers": 0, "split": 0})
+    decisions: dict[str, int] = field(
+        default_factory=lambda: {"layers": 0, "split": 0, "probes": 0}
+    )
 
     def __post_init__(self) -> None:
         if self.expert_nbytes < 1:
@@ -181,6 +196,21 @@ class CostModelPlanner:
             raise ValueError(f"max_host_tokens must be >= 1, got {self.max_host_tokens}")
         if self.max_host_per_layer is not None and self.max_host_per_layer < 0:
             raise ValueError(f"max_host_per_layer must be >= 0, got {self.max_host_per_layer}")
+        if self.probe_every is not None and self.probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {self.probe_every}")
+        if not self.probe_max_ratio > 0:
+            raise ValueError(f"probe_max_ratio must be positive, got {self.probe_max_ratio}")
+        #: the host cost the plans use: the calibration, corrected online
+        self.model: HostCostModel | OnlineHostCost = (
+            OnlineHostCost(self.cost) if self.online else self.cost
+        )
+        self._since_host = 0  # layers with misses since the last HOST work
+
+    def observe(self, tokens: Sequence[int], seconds: float) -> None:
+        """A HOST job of experts with ``tokens`` rows each took ``seconds``
+        of compute (the service reports every finished job)."""
+        if isinstance(self.model, OnlineHostCost):
+            self.model.observe(tokens, seconds)
 
     def _split(
         self, tokens: npt.NDArray[np.float64], link: LinkState
@@ -193,7 +223,7 @@ class CostModelPlanner:
         if n == 0:
             return np.zeros(0, dtype=np.int64), copy_only, copy_only
         order = np.argsort(tokens, kind="stable")
-        host_each = self.cost.expert_s(tokens[order])
+        host_each = np.asarray(self.model.expert_s(tokens[order]), dtype=np.float64)
         host_cum = np.cumsum(host_each)
         # host cost rises with tokens (and so does the token cap), so the
         # eligible experts are a prefix of `order`
@@ -207,7 +237,7 @@ class CostModelPlanner:
         if m.size == 0:
             return np.zeros(0, dtype=np.int64), copy_only, copy_only
         link_s = ahead + (n - m) * per_copy
-        host_s = self.cost.roundtrip_s + host_cum[m - 1]
+        host_s = self.model.roundtrip_s + host_cum[m - 1]
         makespan = np.maximum(link_s, host_s)
         best = int(np.argmin(makespan))
         if makespan[best] < (1.0 - self.margin) * copy_only:
@@ -222,9 +252,33 @@ class CostModelPlanner:
         self.decisions["layers"] += 1
         if pick.size:
             self.decisions["split"] += 1
+            self._since_host = 0
+        elif ids.size:
+            self._since_host += 1
+            probe = self._probe(tok.astype(np.float64), link)
+            if probe is not None:
+                pick = np.asarray([probe], dtype=np.int64)
+                self.decisions["probes"] += 1
+                self._since_host = 0
         host_mask = np.zeros(ids.size, dtype=np.bool_)
         host_mask[pick] = True
         return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen)
+
+    def _probe(self, tokens: npt.NDArray[np.float64], link: LinkState) -> int | None:
+        """Index of the expert to serve on the host as a probe, if one is due
+        (module doc)."""
+        if not isinstance(self.model, OnlineHostCost) or self.probe_every is None:
+            return None
+        if self._since_host < self.probe_every or tokens.size < 2:
+            return None
+        if self.max_host_per_layer is not None and self.max_host_per_layer < 1:
+            return None
+        j = int(np.argmin(tokens))
+        if self.max_host_tokens is not None and tokens[j] > self.max_host_tokens:
+            return None
+        rest_s = (link.ahead_bytes + (tokens.size - 1) * self.expert_nbytes) / link.bytes_per_s
+        host_s = self.model.roundtrip_s + float(self.model.expert_s(tokens[j]))
+        return j if host_s <= self.probe_max_ratio * rest_s else None
 
     def plan_ahead(
         self,
@@ -257,7 +311,14 @@ class CostModelPlanner:
             "max_host_per_layer": self.max_host_per_layer,
             "max_host_ratio": self.max_host_ratio,
             "max_host_tokens": self.max_host_tokens,
+            "online": self.online,
+            "probe_every": self.probe_every if self.online else None,
+            "probe_max_ratio": self.probe_max_ratio if self.online else None,
         }
+
+    def online_cost(self) -> dict[str, Any] | None:
+        """The measured host model at this point (None: not online)."""
+        return self.model.to_json() if isinstance(self.model, OnlineHostCost) else None
 
 
 @dataclass

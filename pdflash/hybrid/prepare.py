@@ -10,6 +10,15 @@ them, and keeps the one with the lowest mean seconds per expert over
 :data:`SELECT_TOKEN_POINTS`. The result (format, prepared experts, every
 candidate's measured time) is kept with the store, so the runs of one
 process reuse it; one entry per store, so at most one prepared copy lives.
+
+The store owns that entry: it is reused by a later request with the same
+format, budget, pool workers and torch thread count (the native kernel's
+team is sized by the thread count and ``auto`` timed the formats with it;
+another setting prepares anew and replaces the entry), and
+:func:`release_host_weights` drops it and joins the kernel's threads (the
+bench calls it when it drops its cached models). :attr:`HostWeights.uses`
+counts the requests it served, so a row can say whether its weights were
+prepared for it or reused.
 A store that packs only some experts (an expert-parallel rank's,
 ``ExpertStore(owned=...)``) has only those prepared and timed.
 """
@@ -96,10 +105,17 @@ class HostWeights:
     #: or the reason a candidate was not timed
     candidates: dict[str, Any] = field(default_factory=dict)
     select_s: float | None = None
+    #: requests this entry served (1: prepared for the first; more: reused)
+    uses: int = 1
 
     def describe(self) -> dict[str, Any]:
+        """What a row records (at the request that got these weights:
+        ``reused`` says they were prepared for an earlier one, so
+        ``prepare_s`` and ``format_select_s`` were not spent now)."""
         return {
             "host_format": self.format,
+            "reused": self.uses > 1,
+            "uses": self.uses,
             "host_kernel": kernel_detail(self.kernel),
             "prepared_nbytes": self.nbytes,
             "prepare_s": self.prepare_s,
@@ -108,11 +124,33 @@ class HostWeights:
             "format_select_s": self.select_s,
         }
 
+    def close(self) -> None:
+        """Join the kernel's own threads, if it has any (the native team)."""
+        _close_kernel(self.kernel)
+
+
+def _close_kernel(kernel: HostKernel) -> None:
+    close = getattr(kernel, "close", None)
+    if callable(close):
+        close()
+
 
 #: the store attribute that keeps its prepared weights (an attribute, not a
 #: weak-keyed table: the prepared weights refer back to the store through the
 #: kernel, and a cycle through an attribute is collected with the store)
-_ATTR = "_pdflash_host_weights"  # ((format asked, budget asked), HostWeights)
+_ATTR = "_pdflash_host_weights"  # ((format, budget, workers, threads) asked, HostWeights)
+
+
+def release_host_weights(store: Any) -> bool:
+    """Drop the prepared weights kept with ``store`` and join their kernel's
+    threads; True if there were any. A service still using them must be
+    closed first."""
+    hit = getattr(store, _ATTR, None)
+    if hit is None:
+        return False
+    setattr(store, _ATTR, None)
+    hit[1].close()
+    return True
 
 
 def _executor(
@@ -172,15 +210,18 @@ def _time_format(
     # the sample's experts by position (0..k-1): the calibration times those
     sample = prepare_all(kernel, store.views, packed[:k].tolist(), device=dev)
     assert sample is not None
-    with _executor(adapter, kernel, sample.of, workers) as ex:
-        cost = calibrate_host(
-            ex,
-            num_ids=k,
-            hidden_size=int(adapter.hidden_size),
-            token_points=SELECT_TOKEN_POINTS,
-            repeats=repeats,
-            roundtrip=False,
-        )
+    try:
+        with _executor(adapter, kernel, sample.of, workers) as ex:
+            cost = calibrate_host(
+                ex,
+                num_ids=k,
+                hidden_size=int(adapter.hidden_size),
+                token_points=SELECT_TOKEN_POINTS,
+                repeats=repeats,
+                roundtrip=False,
+            )
+    finally:
+        _close_kernel(kernel)  # the chosen format gets a kernel of its own
     return float(statistics.fmean(cost.expert_s(np.asarray(SELECT_TOKEN_POINTS)).tolist()))
 
 
@@ -190,7 +231,7 @@ def host_weights_for(
     *,
     workers: int = 1,
     budget_bytes: int | None = None,
-    repeats: int = 2,
+    repeats: int = 3,
 ) -> HostWeights:
     """The kernel and prepared experts for ``adapter``'s store in ``fmt``
     (``auto``: the fastest candidate measured here; see the module doc).
@@ -201,18 +242,23 @@ def host_weights_for(
     if budget_bytes is not None and budget_bytes < 0:
         raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
     store = adapter.store
-    key = (fmt, budget_bytes)
+    # the native team's size and what `auto` timed depend on the threads
+    threads = torch.get_num_threads()
+    key = (fmt, budget_bytes, workers, threads)
     hit = getattr(store, _ATTR, None)
     if hit is not None:
         # NOTE: the default budget is read from MemAvailable, which the kept
         # copy itself lowered: a repeated default request reuses the copy
-        (asked, asked_budget), kept = hit
-        if (asked, asked_budget) == key or (
-            fmt == kept.format and (budget_bytes is None or kept.nbytes <= budget_bytes)
+        (asked, asked_budget, asked_workers, asked_threads), kept = hit
+        same_pool = (asked_workers, asked_threads) == (workers, threads)
+        if same_pool and (
+            (asked, asked_budget) == (fmt, budget_bytes)
+            or (fmt == kept.format and (budget_bytes is None or kept.nbytes <= budget_bytes))
         ):
             result: HostWeights = kept
+            result.uses += 1
             return result
-    setattr(store, _ATTR, None)  # drop an earlier copy before making another
+    release_host_weights(store)  # drop an earlier copy before making another
     budget = default_weight_budget() if budget_bytes is None else int(budget_bytes)
     candidates: dict[str, Any] = {}
     select_s = None
@@ -269,4 +315,5 @@ __all__ = [
     "default_weight_budget",
     "host_weights_for",
     "mem_available_bytes",
+    "release_host_weights",
 ]

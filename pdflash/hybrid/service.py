@@ -14,7 +14,10 @@ the host (the block's one host sync):
   the pool starts on them; the block then pins, copies and computes the
   other experts on the device;
 * :meth:`HostExpertService.finish` — the block's last step before its
-  weighted sum: the host's output, copied back on the compute stream.
+  weighted sum: the host's output, copied back on the compute stream; the
+  job's measured compute goes to the planner's ``observe`` where it has one
+  (:class:`~pdflash.hybrid.planner.CostModelPlanner` corrects its host cost
+  from it).
 
 Before a verify, :meth:`HostExpertService.plan_ahead` turns the route-ahead
 prediction into the experts expected to be HOST; the engine then leaves them
@@ -182,6 +185,13 @@ class HostExpertService:
         self.books.wait_s += job.wait_s
         self.books.compute_s += sum(b - a for a, b in job.intervals)
         self.books.busy_s += busy_union_s(job.intervals)
+        observe = getattr(self.planner, "observe", None)
+        tokens = [t for run in job.run_tokens for t in run]
+        if observe is not None and tokens and job.intervals:
+            # the planner corrects its host cost from what the host measured:
+            # the job's compute span, as the calibration timed its batches
+            span = max(b for _, b in job.intervals) - min(a for a, _ in job.intervals)
+            observe(tokens, span)
         return out
 
     @contextlib.contextmanager
@@ -208,9 +218,14 @@ class HostExpertService:
     def describe(self) -> dict[str, Any]:
         """What a result row records about the service."""
         params = getattr(self.planner, "params", None)
+        online = getattr(self.planner, "online_cost", None)
+        decisions = getattr(self.planner, "decisions", None)
         return {
             "planner": params() if callable(params) else {"planner": self.planner.name},
+            "planner_decisions": dict(decisions) if isinstance(decisions, dict) else None,
             "calibration": None if self.cost is None else self.cost.to_json(),
+            # the host cost the planner ended the run with (None: not online)
+            "online_cost": online() if callable(online) else None,
             "host_weights": self._host_weights(),
             "workers": self.executor.workers,
             "intra_op_threads": self.executor.intra_op_threads,

@@ -6,6 +6,7 @@ assumed link) so the host really serves misses."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +269,52 @@ def test_run_spec_rows_carry_the_host_books(
     assert off["host_service"] is None
     for name in ("host_served_experts", "host_busy_s", "link_bytes_saved", "host_wait_s"):
         assert off[name] is None and off["not_measured"][name]
+
+
+def test_run_spec_reuses_host_weights_and_leaves_no_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PD+host runs of one process on one model: the first prepares the
+    host weights (and times the formats), later ones reuse them and say so;
+    the OS thread count does not grow from run to run; each row records the
+    calibration's spread and the planner's online model and decisions."""
+    import os
+    import time
+
+    from pdflash.bench.engine_run import release_targets
+
+    def threads(at_most: int | None = None) -> int:
+        deadline = time.monotonic() + 3.0
+        n = len(os.listdir("/proc/self/task"))
+        while at_most is not None and n > at_most and time.monotonic() < deadline:
+            time.sleep(0.02)  # a joined thread may take a moment to leave /proc
+            n = len(os.listdir("/proc/self/task"))
+        return n
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = _spec("PD+host", emulated_link_gbps=0.02, host_max_ratio=50.0)
+    try:
+        rows = [run_spec(spec).row]
+        after_first = threads()
+        for repeat in (1, 2):
+            rows.append(run_spec(dataclasses.replace(spec, repeat=repeat)).row)
+            assert threads(after_first) <= after_first
+    finally:
+        release_targets()
+    reused = [r["host_service"]["host_weights"]["reused"] for r in rows]
+    assert reused == [False, True, True]
+    assert [r["host_service"]["host_weights"]["uses"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert validate_row(row) == [], validate_row(row)
+        svc = row["host_service"]
+        cal = svc["calibration"]
+        assert [p[0] for p in cal["spread"]] == [p[0] for p in cal["points"]]
+        assert all(
+            lo <= t <= hi for (_, t), (_, lo, hi) in zip(cal["points"], cal["spread"], strict=True)
+        )
+        assert svc["online_cost"]["observations"] >= 1  # it served misses: it measured them
+        decisions = svc["planner_decisions"]
+        assert decisions["layers"] >= decisions["split"] + decisions["probes"] >= 1
 
 
 def test_run_spec_rejects_bad_host_settings() -> None:
