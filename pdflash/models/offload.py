@@ -503,11 +503,7 @@ class OffloadedMoE:
     def _grouped_with_misses(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
     ) -> None:
-        # NOTE: the one host sync of a layer with non-resident experts: the
-        # host must learn the routed set to choose (and submit) the copies.
-        # (Counted with index_add: CUDA's bincount would sync once more.)
-        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
-        counts_host = counts.index_add_(0, flat, torch.ones_like(flat)).cpu().numpy()
+        counts_host = self._routed_counts(flat)
         experts = np.flatnonzero(counts_host)
         host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
         if host_part is not None:
@@ -524,6 +520,18 @@ class OffloadedMoE:
             raise
         if host_part is not None:
             y_flat[host_part.rows] = host_part.result().to(y_flat.dtype)
+
+    def _routed_counts(self, flat: torch.Tensor) -> npt.NDArray[np.int64]:
+        """The layer's per-expert routed counts on the host, from the flat
+        routed ids ``flat``. NOTE: the one host sync of a layer with
+        non-resident experts: the host must learn the routed set to choose
+        (and submit) the copies. (Counted with index_add: CUDA's bincount
+        would sync once more.)"""
+        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
+        host: npt.NDArray[np.int64] = (
+            counts.index_add_(0, flat, torch.ones_like(flat)).cpu().numpy()
+        )
+        return host
 
     def _grouped_misses_on_device(
         self,
