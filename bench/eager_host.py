@@ -59,7 +59,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 #: the timed parts, in the order a layer meets them
@@ -87,13 +86,22 @@ _EXPERT_KEYS = {"gpt_oss": "num_local_experts", "qwen3_moe": "num_experts"}
 _INCLUSIVE = frozenset({"lookahead"})
 
 
+class _Frame:
+    """A timed call in progress: its part, start and its timed callees' seconds."""
+
+    __slots__ = ("callees", "part", "start")
+
+    def __init__(self, part: str, start: float) -> None:
+        self.part, self.start, self.callees = part, start, 0.0
+
+
 class ExclusiveTimer:
     """Per-part exclusive host seconds of nested timed calls."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        self._stack: list[list[Any]] = []  # [part, start, seconds in timed callees]
+        self._stack: list[_Frame] = []
 
     def reset(self) -> None:
         self.seconds.clear()
@@ -102,19 +110,19 @@ class ExclusiveTimer:
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kw: Any) -> Any:
             stack = self._stack
-            if stack and stack[-1][0] in _INCLUSIVE:
+            if stack and stack[-1].part in _INCLUSIVE:
                 return fn(*args, **kw)
-            frame = [part, time.perf_counter(), 0.0]
+            frame = _Frame(part, time.perf_counter())
             stack.append(frame)
             try:
                 return fn(*args, **kw)
             finally:
                 stack.pop()
-                spent = time.perf_counter() - frame[1]
-                self.seconds[part] += spent - frame[2]
+                spent = time.perf_counter() - frame.start
+                self.seconds[part] += spent - frame.callees
                 self.calls[part] += 1
                 if stack:
-                    stack[-1][2] += spent
+                    stack[-1].callees += spent
 
         return timed
 
@@ -201,9 +209,7 @@ def measure(
         kv = kv_cache_for(
             adapter, page_size=16, num_pages=pages, dtype=dtype, device=dev, scratch=False
         )
-        runner = TargetRunner(
-            adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev
-        )
+        runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
         runner.before_moe_hooks.append(cache.policy.before_layer)
         if lookahead:
             runner.observers.append(GateLookahead(adapter, cache))

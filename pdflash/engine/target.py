@@ -176,6 +176,10 @@ class TargetRunner:
         self.device = torch.device(device)
         #: the reused host buffers of each forward's index copies (pinned on CUDA)
         self.staging = HostStaging(self.device)
+        # NOTE: the routed grid's mark, made here (never inside a graph
+        # capture, which would record its fill without running it) and only
+        # ever read: one allocation and fill kernel less per MoE layer
+        self._routed_mark = torch.ones((), dtype=torch.bool, device=self.device)
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
         #: called with each MoE layer index right before that layer's MoE runs
@@ -424,7 +428,9 @@ class TargetRunner:
             # NOTE: a device-side True: assigning a Python scalar through an
             # index copies it from pageable host memory, which a CUDA-graph
             # capture refuses (and costs an H2D copy per layer eagerly)
-            mark = torch.ones((), dtype=torch.bool, device=routed.device)
+            mark = self._routed_mark
+            if mark.device != routed.device:
+                mark = torch.ones((), dtype=torch.bool, device=routed.device)
             routed[:, layer].index_put_((chunk_of_choice[0], topk_ids.reshape(-1)), mark)
         return normed, topk_ids, topk_weights
 
