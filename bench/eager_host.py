@@ -33,8 +33,10 @@ parts and ``glue`` add up to the forward:
 - ``gemm``: the grouped GEMM dispatch (sort by slot, offsets, the grouped
   calls, the scatter; the loop path's per-expert calls);
 - ``moe_rest``: the rest of the MoE call (the weighted k-way sum, buffers);
-- ``lookahead``: the gate lookahead observer (its router pass, its read-back
-  and its prefetch books, inclusive);
+- ``lookahead_router``: the gate lookahead's next-layer router pass and its
+  read-back (:meth:`~pdflash.routeahead.NextLayerLookahead.predict_next`);
+- ``lookahead``: the rest of the gate lookahead observer (its prefetch
+  books and copy submissions, inclusive);
 - ``finish``: the logits' split and the routed union;
 - ``glue``: the forward outside those (index tensors, embedding, the
   loop over layers, ``lm_head``, the routing grid's read-back).
@@ -73,6 +75,7 @@ PARTS = (
     "waits",
     "gemm",
     "moe_rest",
+    "lookahead_router",
     "lookahead",
     "finish",
 )
@@ -82,8 +85,9 @@ PARTS = (
 DEFAULT_EXPERTS = {"gpt_oss": (32, 4), "qwen3_moe": (128, 8)}
 _EXPERT_KEYS = {"gpt_oss": "num_local_experts", "qwen3_moe": "num_experts"}
 
-#: parts whose callees are not split out (their time is theirs, inclusive)
-_INCLUSIVE = frozenset({"lookahead"})
+#: parts whose callees are not split out (their time is theirs, inclusive),
+#: except the parts named here
+_INCLUSIVE: dict[str, frozenset[str]] = {"lookahead": frozenset({"lookahead_router"})}
 
 
 class _Frame:
@@ -110,8 +114,10 @@ class ExclusiveTimer:
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kw: Any) -> Any:
             stack = self._stack
-            if stack and stack[-1].part in _INCLUSIVE:
-                return fn(*args, **kw)
+            if stack:
+                split = _INCLUSIVE.get(stack[-1].part)
+                if split is not None and part not in split:
+                    return fn(*args, **kw)
             frame = _Frame(part, time.perf_counter())
             stack.append(frame)
             try:
@@ -170,12 +176,17 @@ def measure(
     workdir: Path | None = None,
     seed: int = 0,
     detail: bool = False,
+    expert_bytes_as: str | None = None,
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
     untimed ones. See the module docstring. ``detail``: ``books``, ``gemm``
     and the other method-timed parts are also split per method
-    (``detail_us``: ``part.method``)."""
+    (``detail_us``: ``part.method``). ``expert_bytes_as``: pad every stored
+    expert to a published expert's size or a byte count
+    (:func:`pdflash.bench.realtext.published_expert_nbytes`): copies, slots
+    and waits move that many bytes while the compute stays the tiny
+    model's (rows say ``expert_bytes_source: padded``)."""
     from pdflash.engine.prefetch import GateLookahead
     from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
     from pdflash.h2d import H2DIssuer
@@ -198,7 +209,13 @@ def measure(
     step_s: list[float] = []
     per_step: dict[str, list[float]] = defaultdict(list)
     try:
-        adapter: Any = load_adapter(ckpt, device=dev)
+        pad: dict[str, Any] = {}
+        pad_source = None
+        if expert_bytes_as is not None:
+            from .realtext import published_expert_nbytes
+
+            pad["expert_nbytes"], pad_source = published_expert_nbytes(expert_bytes_as)
+        adapter: Any = load_adapter(ckpt, device=dev, **pad)
         cache = adapter.attach_new_cache(
             issuer,
             fraction=cache_fraction,
@@ -259,6 +276,9 @@ def measure(
         runner.before_moe_hooks = [timer.wrap("policy_hook", h) for h in runner.before_moe_hooks]
         for obs in runner.observers:
             timer.patch(obs, "after_layer", "lookahead")
+            predictor = getattr(obs, "predictor", None)
+            if predictor is not None:
+                timer.patch(predictor, "predict_next", "lookahead_router")
         if routing is not None:
             timer.patch(routing, "route", "trace_route")
             timer.patch(routing, "begin_forward", "trace_begin")
@@ -292,6 +312,7 @@ def measure(
                     per_step[part].append(by_part.get(part, 0.0))
                 for i in range(requests):
                     kv.truncate(i, kv.length(i) - tokens)
+        expert_nbytes = int(cache.expert_nbytes)
         misses = cache.misses - counts0[0]
         copies = cache.copies - counts0[1]
     finally:
@@ -312,6 +333,9 @@ def measure(
         "arch": arch,
         "weights": "synthetic",
         "experts": num_experts,
+        "expert_nbytes": expert_nbytes,
+        "expert_bytes_source": "padded" if expert_bytes_as is not None else "model",
+        "expert_bytes_as": pad_source,
         "top_k": k,
         "layers": layers,
         "requests": requests,
@@ -351,6 +375,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--detail", action="store_true", help="also split parts per method")
+    ap.add_argument(
+        "--expert-bytes-as",
+        default=None,
+        help="pad each stored expert to this published arch's expert size or byte count",
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     out = measure(
@@ -367,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         top_k=a.top_k,
         device=a.device,
         detail=a.detail,
+        expert_bytes_as=a.expert_bytes_as,
     )
     print(json.dumps(out))
     return 0

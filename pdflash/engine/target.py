@@ -25,8 +25,16 @@ CUDA, and why each remains:
   layer that has experts outside the cache: the host reads the layer's
   per-expert token counts, because it picks the copies to submit and the
   slots to pin before the experts run. A layer whose experts are all
-  resident (every layer under B3) reads nothing. Routing-aware hooks (the
-  streaming prefetcher, PD) read the routing at that point too;
+  resident (every layer under B3) reads nothing. A routed hook that reads
+  the routing first (the streaming prefetcher, PD) reads it through
+  :func:`~pdflash.models.offload.routed_ids_on_host`, which the block's
+  read shares: one sync for both;
+- in a layer observer running the next-layer gate lookahead (B2, PD), one
+  per MoE layer but the last: its E scores, ranked on the host;
+- with a trace routing source (:class:`~pdflash.engine.replay.TraceRouting`),
+  one per MoE layer (whether every row's replayed set is the router's: if
+  so the router's own weights stand and no second router pass runs) and
+  one per forward for the chunks' tokens;
 - one at the end: the routing grid (``routed``) comes back to the host for
   the scheduler, the caches' accounting and the Belady trace. The engine
   then reads the logits it accepts with (one batched copy for greedy

@@ -20,8 +20,10 @@ Two execution paths compute the same thing:
 Host syncs of the grouped path (CUDA): none for a layer whose experts are all
 resident (checked on the host from the cache's residency, so the routing is
 never read; tested under ``torch.cuda.set_sync_debug_mode("error")``). A layer
-with non-resident experts reads its per-expert routed counts once (one small
-D2H), because the host must choose and submit the copies. Elsewhere: the
+with non-resident experts reads its routing once (one small D2H, counted on
+the host), because the host must choose and submit the copies; a routed hook
+that read the same routing tensor just before costs no second read
+(:func:`routed_ids_on_host`). Elsewhere: the
 cache reads deferred routings back once when the host needs them (counters,
 an eviction choice), and an eviction waits on the event of the last kernels
 that read the victim slot (:mod:`pdflash.cache.expert_cache`).

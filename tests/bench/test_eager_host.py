@@ -18,10 +18,12 @@ def test_exclusive_timer_charges_callees_to_their_own_part() -> None:
     outer()
     assert timer.calls == {"inner": 2, "outer": 1}
     assert timer.seconds["inner"] > 0 and timer.seconds["outer"] >= 0
-    # "lookahead" is inclusive: its callees are not split out
-    look = timer.wrap("lookahead", lambda: inner())
+    # "lookahead" is inclusive: its callees are not split out, but for its router
+    router = timer.wrap("lookahead_router", lambda: sum(range(100)))
+    look = timer.wrap("lookahead", lambda: (inner(), router()))
     look()
     assert timer.calls["inner"] == 2 and timer.calls["lookahead"] == 1
+    assert timer.calls["lookahead_router"] == 1
 
 
 def test_eager_host_times_the_parts_of_an_offloaded_verify(tmp_path: Path) -> None:
@@ -31,8 +33,9 @@ def test_eager_host_times_the_parts_of_an_offloaded_verify(tmp_path: Path) -> No
     parts = out["parts_us"]
     assert list(parts) == list(PARTS)
     assert out["misses_per_step"] > 0 and out["moe_path"] == "grouped"
-    for part in ("attention", "router", "readback", "books", "gemm", "moe_rest", "lookahead"):
+    for part in ("attention", "router", "readback", "books", "gemm", "moe_rest"):
         assert parts[part] > 0, part
+    assert parts["lookahead_router"] > 0  # the gate lookahead's router pass
     assert parts["trace_begin"] == parts["trace_route"] == 0  # no trace given
     # each step's glue is its forward less its timed parts (medians over steps)
     assert 0 < out["glue_us"] < out["forward_us"]
@@ -47,8 +50,21 @@ def test_eager_host_times_the_parts_of_an_offloaded_verify(tmp_path: Path) -> No
         workdir=tmp_path,
         detail=True,
     )
-    assert lean["parts_us"]["lookahead"] == 0
+    assert lean["parts_us"]["lookahead"] == lean["parts_us"]["lookahead_router"] == 0
     assert "books.acquire" in lean["detail_us_mean"]
+    assert out["expert_bytes_source"] == "model"
+    padded = measure(
+        layers=4,
+        requests=1,
+        tokens=1,
+        prompt_len=8,
+        steps=1,
+        warm_steps=1,
+        workdir=tmp_path,
+        expert_bytes_as="1048576",
+    )
+    assert padded["expert_bytes_source"] == "padded" and padded["expert_nbytes"] >= 1 << 20
+    assert padded["expert_nbytes"] > out["expert_nbytes"]
     with pytest.raises(ValueError, match="arch"):
         measure(arch="mixtral", workdir=tmp_path)
 
