@@ -9,7 +9,9 @@
 #            tiny gpt-oss / qwen3 shape (so the device work is negligible and
 #            the parts are launches, syncs and Python), 8 layers, cache 0.2,
 #            c = 1 and 16, 2 and 16 tokens per request, routing replayed from
-#            the proxy trace;
+#            the proxy trace; once with every expert padded to gpt-oss-20b's
+#            49.8 MB (copies, slots and waits at the real size: where the
+#            host blocks on copies shows in waits / books / lookahead);
 #   profile  bench/h200/profile_verify.py on B2 (verify width fixed:1) and PD
 #            (adaptive width) at the width rows' exact workload (gpt-oss-20b
 #            shape, 8 layers, cache 0.2, c=1, routing and acceptance replayed
@@ -20,8 +22,9 @@
 #            compute stream's idle gaps between kernels show.
 # Everything under $OUT is packed into ONE file, $OUT/eager_profile.tar.gz
 # (the device tool returns at most 8 files).
-# Expected: build ~30-60 s, host steps ~10 s each, profile ~90-120 s (two
-# engine runs per baseline, the first with the model's setup): <= 4 minutes.
+# Expected: build ~30-60 s, gputests ~15 s, host steps ~10 s each (the
+# padded one ~30 s: a 12.7 GB host store), profile ~90-120 s (two engine
+# runs per baseline, the first with the model's setup): about 4 minutes.
 #   OUT=/path bash bench/h200/eager_profile.sh
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
@@ -29,16 +32,15 @@ OUT=${OUT:-$PWD/out}
 export OUT
 mkdir -p "$OUT"
 TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
-HOST="timeout 60 python3 -P -m pdflash.bench.eager_host --device cuda --layers 8 --cache-fraction 0.2 --steps 40 --trace $TRACE"
+HOST="python3 -P -m pdflash.bench.eager_host --device cuda --layers 8 --cache-fraction 0.2 --steps 30 --trace $TRACE"
 RUN="arch=gpt-oss-20b,layers=8,weights=synthetic,draft=synthetic,routing_source=trace,acceptance=trace,trace=$TRACE,block_size=16,concurrency=1,cache_fraction=0.2,prompt_len=64,max_new_tokens=32,device=cuda,cuda_graphs=off"
 bash "$(dirname "$0")/run.sh" \
   "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider tests/models/test_routed_readback_gpu.py" \
-  "host_gptoss_c1_t2=$HOST --arch gpt_oss --requests 1 --tokens 2 --detail" \
-  "host_gptoss_c1_t16=$HOST --arch gpt_oss --requests 1 --tokens 16" \
-  "host_gptoss_c16_t2=$HOST --arch gpt_oss --requests 16 --tokens 2" \
-  "host_gptoss_c16_t16=$HOST --arch gpt_oss --requests 16 --tokens 16" \
-  "host_gptoss_c1_t2_nolookahead=$HOST --arch gpt_oss --requests 1 --tokens 2 --no-lookahead" \
-  "host_qwen3_c1_t2=$HOST --arch qwen3_moe --requests 1 --tokens 2 --detail" \
+  "host_gptoss_c1_t2=timeout 60 $HOST --arch gpt_oss --requests 1 --tokens 2 --detail" \
+  "host_gptoss_c1_t2_padded=timeout 120 $HOST --arch gpt_oss --requests 1 --tokens 2 --detail --expert-bytes-as gpt-oss-20b" \
+  "host_gptoss_c16_t2=timeout 60 $HOST --arch gpt_oss --requests 16 --tokens 2" \
+  "host_gptoss_c16_t16=timeout 60 $HOST --arch gpt_oss --requests 16 --tokens 16" \
+  "host_qwen3_c1_t2=timeout 60 $HOST --arch qwen3_moe --requests 1 --tokens 2 --detail" \
   "profile=timeout 200 python3 -P bench/h200/profile_verify.py --out $OUT/profile.json --chrome-dir $OUT/timelines --run baseline=B2,verify_width=fixed:1,$RUN --run baseline=PD,$RUN"
 rc=$?
 # one file back: every result, log, table and timeline
