@@ -41,6 +41,9 @@ parts and ``glue`` add up to the forward:
 - ``glue``: the forward outside those (index tensors, embedding, the
   loop over layers, ``lm_head``, the routing grid's read-back).
 
+On CUDA one more (untimed) step runs under torch's sync debug mode:
+``syncs.torch_syncs_per_step`` counts the host syncs torch sees in it.
+
 On a CPU every tensor op is its compute (no launch, no sync): the numbers
 say which host parts cost most relative to each other. On CUDA the same
 timers see launches and syncs: a sync's time includes the device work
@@ -135,6 +138,23 @@ class ExclusiveTimer:
     def patch(self, obj: Any, name: str, part: str) -> None:
         """Time every call of ``obj.name`` (an instance attribute over the method)."""
         setattr(obj, name, self.wrap(part, getattr(obj, name)))
+
+
+def _count_syncs(fn: Callable[[], Any], device: torch.device) -> int:
+    """How many host syncs torch sees in ``fn`` (its sync debug mode's
+    warnings: device-to-host reads, ``nonzero``, ``item``...; not the native
+    issuer's own waits nor CUDA event waits)."""
+    import warnings
+
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in seen)
 
 
 def _checkpoint(
@@ -282,6 +302,20 @@ def measure(
         if routing is not None:
             timer.patch(routing, "route", "trace_route")
             timer.patch(routing, "begin_forward", "trace_begin")
+
+        def step(runner: Any) -> None:
+            """One untimed verify step (then the KV rolled back)."""
+            chunks = [
+                Chunk(
+                    i, torch.randint(0, adapter.vocab_size, (tokens,), generator=gen).to(dev), True
+                )
+                for i in range(requests)
+            ]
+            with torch.no_grad():
+                runner.forward(chunks)
+            for i in range(requests):
+                kv.truncate(i, kv.length(i) - tokens)
+
         counts0 = (cache.misses, cache.copies)
         with torch.no_grad():
             for n in range(warm_steps + steps):
@@ -312,9 +346,12 @@ def measure(
                     per_step[part].append(by_part.get(part, 0.0))
                 for i in range(requests):
                     kv.truncate(i, kv.length(i) - tokens)
-        expert_nbytes = int(cache.expert_nbytes)
         misses = cache.misses - counts0[0]
         copies = cache.copies - counts0[1]
+        expert_nbytes = int(cache.expert_nbytes)
+        syncs: dict[str, Any] = {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
+        if dev.type == "cuda":
+            syncs = {"torch_syncs_per_step": _count_syncs(lambda: step(runner), dev)}
     finally:
         issuer.close()
         if tmp is not None:
@@ -350,6 +387,7 @@ def measure(
         "steps": steps,
         "torch_threads": torch.get_num_threads(),
         "misses_per_step": misses / steps,
+        "syncs": syncs,
         "copies_per_step": copies / steps,
         "parts_us": us,
         "glue_us": 1e6 * statistics.median(glue),

@@ -11,7 +11,8 @@
 #            c = 1 and 16, 2 and 16 tokens per request, routing replayed from
 #            the proxy trace; once with every expert padded to gpt-oss-20b's
 #            49.8 MB (copies, slots and waits at the real size: where the
-#            host blocks on copies shows in waits / books / lookahead);
+#            host blocks on copies shows in waits / books / lookahead); each
+#            also counts one step's host syncs (torch's sync debug mode);
 #   profile  bench/h200/profile_verify.py on B2 (verify width fixed:1) and PD
 #            (adaptive width) at the width rows' exact workload (gpt-oss-20b
 #            shape, 8 layers, cache 0.2, c=1, routing and acceptance replayed

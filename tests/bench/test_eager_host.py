@@ -53,6 +53,8 @@ def test_eager_host_times_the_parts_of_an_offloaded_verify(tmp_path: Path) -> No
     assert lean["parts_us"]["lookahead"] == lean["parts_us"]["lookahead_router"] == 0
     assert "books.acquire" in lean["detail_us_mean"]
     assert out["expert_bytes_source"] == "model"
+    # counted on CUDA only: absent here, with the reason
+    assert out["syncs"] == {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
     padded = measure(
         layers=4,
         requests=1,

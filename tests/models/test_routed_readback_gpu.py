@@ -51,3 +51,25 @@ def test_the_gate_lookahead_reads_once_per_layer(tmp_path: Any) -> None:
     assert _syncs(lambda: got.append(look.predict_next(0, hidden))) == 1
     ids, scores = got[0]
     assert ids.size > 0 and (scores > 0).all()
+
+
+def test_eager_host_counts_the_syncs_of_an_offloaded_step_on_cuda(tmp_path: Any) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    from pdflash.bench.eager_host import measure
+
+    out = measure(
+        layers=4,
+        requests=1,
+        tokens=2,
+        prompt_len=8,
+        steps=3,
+        warm_steps=2,
+        device="cuda",
+        workdir=tmp_path,
+    )
+    syncs = out["syncs"]["torch_syncs_per_step"]
+    # per layer with misses one routing read, per layer but the last one
+    # lookahead read, the routing grid, and the cache's deferred flushes
+    assert isinstance(syncs, int) and 1 <= syncs <= 4 * 4
+    assert out["parts_us"]["readback"] > 0 and out["misses_per_step"] > 0
