@@ -192,7 +192,8 @@ def routed_ids_on_host(topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
     without reading the device again. Holding the tensor keeps its identity
     from being reused by another tensor; an in-place change bumps its version
     and is read anew; a tensor without a version counter (an inference-mode
-    tensor) is read every time."""
+    tensor) is read every time. Threads sharing the one-entry memo can only
+    cost each other a read: a hit needs the very tensor object."""
     try:
         version = int(topk_ids._version)
     except RuntimeError:  # inference tensors track no version
