@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash.models.offload import routed_ids_on_host
 from pdflash.protocols import (
     Band,
     ExpertCacheView,
@@ -352,7 +353,8 @@ class StreamingPrefetcher:
             return
         self.running = int(layer)
         self.first_needed = int(layer)
-        ids = np.unique(topk_ids.reshape(-1).cpu().numpy().astype(np.int64))
+        # the offloaded block reads this same routing next: one host sync for both
+        ids = np.unique(routed_ids_on_host(topk_ids))
         self.plan[layer] = False
         self.plan[layer, ids] = True
         self.fetch[layer] = self.plan[layer]

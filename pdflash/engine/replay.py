@@ -288,9 +288,14 @@ class TraceRouting:
     def begin_forward(self, chunks: Sequence[tuple[int, int, torch.Tensor]]) -> None:
         parts: list[npt.NDArray[np.int64]] = []
         device = None
+        # every chunk's tokens in one device-to-host read (a sync each, else)
+        flat = torch.cat([t.reshape(-1) for _, _, t in chunks]).tolist() if chunks else []
+        at = 0
         for rid, start, tokens in chunks:
             device = tokens.device
-            rows, how = self.trace_rows(rid, start, tokens.tolist())
+            n = int(tokens.numel())
+            rows, how = self.trace_rows(rid, start, flat[at : at + n])
+            at += n
             for h in how:
                 self.counts[h] += 1
             parts.append(self.map_experts(rows))

@@ -25,8 +25,16 @@ CUDA, and why each remains:
   layer that has experts outside the cache: the host reads the layer's
   per-expert token counts, because it picks the copies to submit and the
   slots to pin before the experts run. A layer whose experts are all
-  resident (every layer under B3) reads nothing. Routing-aware hooks (the
-  streaming prefetcher, PD) read the routing at that point too;
+  resident (every layer under B3) reads nothing. A routed hook that reads
+  the routing first (the streaming prefetcher, PD) reads it through
+  :func:`~pdflash.models.offload.routed_ids_on_host`, which the block's
+  read shares: one sync for both;
+- in a layer observer running the next-layer gate lookahead (B2, PD), one
+  per MoE layer but the last: its E scores, ranked on the host;
+- with a trace routing source (:class:`~pdflash.engine.replay.TraceRouting`),
+  one per MoE layer (whether every row's replayed set is the router's: if
+  so the router's own weights stand and no second router pass runs) and
+  one per forward for the chunks' tokens;
 - one at the end: the routing grid (``routed``) comes back to the host for
   the scheduler, the caches' accounting and the Belady trace. The engine
   then reads the logits it accepts with (one batched copy for greedy
@@ -176,6 +184,10 @@ class TargetRunner:
         self.device = torch.device(device)
         #: the reused host buffers of each forward's index copies (pinned on CUDA)
         self.staging = HostStaging(self.device)
+        # NOTE: the routed grid's mark, made here (never inside a graph
+        # capture, which would record its fill without running it) and only
+        # ever read: one allocation and fill kernel less per MoE layer
+        self._routed_mark = torch.ones((), dtype=torch.bool, device=self.device)
         self.specs = [adapter.attention_spec(i) for i in range(n)]
         self.observers: list[LayerObserver] = []
         #: called with each MoE layer index right before that layer's MoE runs
@@ -424,7 +436,9 @@ class TargetRunner:
             # NOTE: a device-side True: assigning a Python scalar through an
             # index copies it from pageable host memory, which a CUDA-graph
             # capture refuses (and costs an H2D copy per layer eagerly)
-            mark = torch.ones((), dtype=torch.bool, device=routed.device)
+            mark = self._routed_mark
+            if mark.device != routed.device:
+                mark = torch.ones((), dtype=torch.bool, device=routed.device)
             routed[:, layer].index_put_((chunk_of_choice[0], topk_ids.reshape(-1)), mark)
         return normed, topk_ids, topk_weights
 

@@ -21,8 +21,10 @@ Two execution paths compute the same thing:
 Host syncs of the grouped path (CUDA): none for a layer whose experts are all
 resident (checked on the host from the cache's residency, so the routing is
 never read; tested under ``torch.cuda.set_sync_debug_mode("error")``). A layer
-with non-resident experts reads its per-expert routed counts once (one small
-D2H), because the host must choose and submit the copies. Elsewhere: the
+with non-resident experts reads its routing once (one small D2H, counted on
+the host), because the host must choose and submit the copies; a routed hook
+that read the same routing tensor just before costs no second read
+(:func:`routed_ids_on_host`). Elsewhere: the
 cache reads deferred routings back once when the host needs them (counters,
 an eviction choice), and an eviction waits on the event of the last kernels
 that read the victim slot (:mod:`pdflash.cache.expert_cache`).
@@ -162,6 +164,49 @@ def _gmm_readable(t: torch.Tensor) -> bool:
     if t.data_ptr() % 16:
         return False
     return all(st == 1 or (st * size) % 16 == 0 for st in t.stride())
+
+
+class _HostRouting:
+    """One routing tensor's host copy, kept while that tensor is the last
+    one read (see :func:`routed_ids_on_host`)."""
+
+    __slots__ = ("host", "tensor", "version")
+
+    def __init__(self, tensor: torch.Tensor, version: int, host: npt.NDArray[np.int64]) -> None:
+        self.tensor = tensor
+        self.version = version
+        self.host = host
+
+
+_LAST_HOST_ROUTING: list[_HostRouting] = []
+
+
+def routed_ids_on_host(topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
+    """``topk_ids`` (a layer's routing, any shape, integer) flattened on the
+    host as a read-only int64 array.
+
+    A layer's routing is needed on the host by more than one reader (a routed
+    hook such as the streaming prefetcher, then the offloaded block choosing
+    its copies); each read of a device tensor is a host sync. The last tensor
+    read is kept with its host copy: a second call with that very tensor
+    object, unmodified since (same version counter), returns the same array
+    without reading the device again. Holding the tensor keeps its identity
+    from being reused by another tensor; an in-place change bumps its version
+    and is read anew; a tensor without a version counter (an inference-mode
+    tensor) is read every time. Threads sharing the one-entry memo can only
+    cost each other a read: a hit needs the very tensor object."""
+    try:
+        version = int(topk_ids._version)
+    except RuntimeError:  # inference tensors track no version
+        version = -1
+    memo = _LAST_HOST_ROUTING[0] if _LAST_HOST_ROUTING else None
+    if memo is not None and version >= 0 and memo.tensor is topk_ids and memo.version == version:
+        return memo.host
+    # a copy: never a view of a CPU tensor's memory
+    host = np.array(topk_ids.detach().reshape(-1).cpu().numpy(), dtype=np.int64, copy=True)
+    host.flags.writeable = False
+    _LAST_HOST_ROUTING[:] = [_HostRouting(topk_ids, version, host)] if version >= 0 else []
+    return host
 
 
 def _room(cache: ExpertCache, layer: int) -> int:
@@ -381,8 +426,7 @@ class OffloadedMoE:
         num_tokens, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.num_experts)
-        counts_host = counts.cpu().numpy()  # the one host sync: routing decides the copies
+        counts_host = self._routed_counts(topk_ids)  # the one host sync: routing decides the copies
         experts = np.flatnonzero(counts_host)
         # NOTE: per-expert work is kept to the expert's own MLP: the tokens are
         # gathered in expert order once and split into one view per expert,
@@ -498,7 +542,7 @@ class OffloadedMoE:
                 raise
             cache.unpin_layer(layer)
         else:
-            self._grouped_with_misses(layer, x, k, flat, y_flat)
+            self._grouped_with_misses(layer, x, k, flat, y_flat, topk_ids)
         # each token's k rows are distinct: one weighted reduction in the
         # routing weights' precision, rounded to x's dtype once
         weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
@@ -510,13 +554,15 @@ class OffloadedMoE:
         return self.cache.device_slot_table()[base : base + self.num_experts]
 
     def _grouped_with_misses(
-        self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
+        self,
+        layer: int,
+        x: torch.Tensor,
+        k: int,
+        flat: torch.Tensor,
+        y_flat: torch.Tensor,
+        topk_ids: torch.Tensor,
     ) -> None:
-        # NOTE: the one host sync of a layer with non-resident experts: the
-        # host must learn the routed set to choose (and submit) the copies.
-        # (Counted with index_add: CUDA's bincount would sync once more.)
-        counts = torch.zeros(self.num_experts, dtype=torch.int64, device=flat.device)
-        counts_host = counts.index_add_(0, flat, torch.ones_like(flat)).cpu().numpy()
+        counts_host = self._routed_counts(topk_ids)
         experts = np.flatnonzero(counts_host)
         host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
         if host_part is not None:
@@ -533,6 +579,18 @@ class OffloadedMoE:
             raise
         if host_part is not None:
             y_flat[host_part.rows] = host_part.result().to(y_flat.dtype)
+
+    def _routed_counts(self, topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
+        """The layer's per-expert routed counts on the host. NOTE: the one
+        host sync of a layer with non-resident experts: the host must learn
+        the routed set to choose (and submit) the copies. The routing is read
+        through :func:`routed_ids_on_host`, so a routed hook that read this
+        layer's routing already (the streaming prefetcher) costs no second
+        sync, and the counting is a host bincount (no device kernels)."""
+        counts: npt.NDArray[np.int64] = np.bincount(
+            routed_ids_on_host(topk_ids), minlength=self.num_experts
+        ).astype(np.int64, copy=False)
+        return counts
 
     def _grouped_misses_on_device(
         self,

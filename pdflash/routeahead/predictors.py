@@ -395,12 +395,13 @@ class NextLayerLookahead:
             ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
             scores = torch.zeros(E, dtype=torch.float32, device=hidden.device)
             scores.index_add_(0, ids.reshape(-1), probs.reshape(-1))
-            order = torch.argsort(scores, descending=True, stable=True)
-            order = order[scores[order] > 0]
-            return (
-                (order + nxt * E).cpu().numpy().astype(np.int64),
-                scores[order].cpu().numpy().astype(np.float32),
-            )
+            # NOTE: one read of the E scores, ranked on the host (a stable
+            # descending sort, as torch's), instead of a device sort, a
+            # boolean-mask index (a sync of its own) and two reads
+            host = scores.cpu().numpy()
+        order = np.argsort(-host, kind="stable")
+        order = order[host[order] > 0]
+        return (order + nxt * E).astype(np.int64), host[order].astype(np.float32)
 
 
 def select_under_budget(

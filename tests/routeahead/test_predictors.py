@@ -387,3 +387,44 @@ def test_block_attention_handles_non_consecutive_positions(tiny_moes: Any) -> No
     np.testing.assert_allclose(both[1], predictor.predict(plain), rtol=1e-5, atol=1e-6)
     # the gap changes what the window (4 on even layers) lets each token see
     assert not np.allclose(both[0], predictor.predict(_block(0, ids[0])))
+
+
+def _predict_next_on_device(
+    look: NextLayerLookahead, layer: int, hidden: torch.Tensor
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """The reference: the ranking done on the device (a stable descending
+    sort and a mask), as ``predict_next`` did before ranking on the host."""
+    from pdflash.routeahead.predictors import _topk_gate_scores
+
+    adapter = look.adapter
+    e, nxt = adapter.num_experts, layer + 1
+    logits = adapter.router_logits(nxt, adapter.moe_norm(nxt, hidden))
+    ids, probs = _topk_gate_scores(logits, look.experts_per_token, e)
+    scores = torch.zeros(e, dtype=torch.float32)
+    scores.index_add_(0, ids.reshape(-1), probs.reshape(-1))
+    order = torch.argsort(scores, descending=True, stable=True)
+    order = order[scores[order] > 0]
+    return (order + nxt * e).numpy().astype(np.int64), scores[order].numpy()
+
+
+@pytest.mark.parametrize("experts_per_token", [1, 2])
+def test_next_layer_lookahead_ranks_on_the_host_as_the_device_did(
+    tiny: Any, experts_per_token: int
+) -> None:
+    # one token and top-1: most experts score 0 (dropped); a zero hidden
+    # state gives every expert the same gate probability (ties keep id order)
+    look = NextLayerLookahead(tiny.adapter, experts_per_token=experts_per_token)
+    gen = torch.Generator().manual_seed(4)
+    hidden_size = tiny.adapter.hidden_size
+    with torch.no_grad():
+        for rows in (1, 3, BLOCK):
+            for hidden in (
+                torch.randn(rows, hidden_size, generator=gen),
+                torch.zeros(rows, hidden_size),
+            ):
+                for layer in range(tiny.layers - 1):
+                    ids, scores = look.predict_next(layer, hidden)
+                    ref_ids, ref_scores = _predict_next_on_device(look, layer, hidden)
+                    assert ids.dtype == np.int64 and scores.dtype == np.float32
+                    np.testing.assert_array_equal(ids, ref_ids)
+                    np.testing.assert_array_equal(scores, ref_scores)

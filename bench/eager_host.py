@@ -1,0 +1,444 @@
+"""The host's time per EAGER offloaded verify step, part by part (the small-
+batch verify whose experts are partly outside the cache: no CUDA graph).
+
+A synthetic target (``--arch``, ``--layers``; experts and top-k at the
+published ratio by default) runs from an expert cache of ``--cache-fraction``
+of its experts (the layer-cyclic eviction policy and its ``before_layer``
+hook, as every bench baseline) through a
+:class:`~pdflash.engine.target.TargetRunner`, optionally with B2's gate
+lookahead (:class:`~pdflash.engine.prefetch.GateLookahead`) as a layer
+observer and the routing replayed from a proxy trace
+(:class:`~pdflash.engine.replay.TraceRouting`). Each step verifies
+``--tokens`` fresh random tokens for each of ``--requests`` requests (16: a
+block; 2: a verify width of 1), then the KV is rolled back, so every step
+has the same shape and keeps missing experts.
+
+Every part is timed with ``time.perf_counter`` around the methods that do
+it, **exclusive** of the other timed parts it calls (a call stack), so the
+parts and ``glue`` add up to the forward:
+
+- ``attention``: each layer's norm, q/k/v, KV write, paged attention,
+  output projection (:meth:`TargetRunner.attention_block`);
+- ``router``: the MoE norm, the router's top-k and the routed-grid marks
+  (:meth:`TargetRunner.route_block`); with a trace, ``trace_route`` (the
+  replayed ids and weights per layer) and ``trace_begin`` (per forward);
+- ``policy_hook``: the eviction policy's ``before_layer``;
+- ``readback``: the routed counts' device-to-host read of a layer with
+  misses (:meth:`OffloadedMoE._routed_counts`; the one sync it keeps);
+- ``books``: the expert cache's host books (``acquire``, ``release``,
+  ``pin_layer``, ``unpin_layer``, ``defer_access``, ``free_capacity``,
+  ``device_slot_table``) and the row selection of a partial group;
+- ``waits``: :meth:`ExpertCache.wait_ready` (CPU: the host backend's copy
+  itself, on its thread; CUDA: a stream wait, no host block);
+- ``gemm``: the grouped GEMM dispatch (sort by slot, offsets, the grouped
+  calls, the scatter; the loop path's per-expert calls);
+- ``moe_rest``: the rest of the MoE call (the weighted k-way sum, buffers);
+- ``lookahead_router``: the gate lookahead's next-layer router pass and its
+  read-back (:meth:`~pdflash.routeahead.NextLayerLookahead.predict_next`);
+- ``lookahead``: the rest of the gate lookahead observer (its prefetch
+  books and copy submissions, inclusive);
+- ``finish``: the logits' split and the routed union;
+- ``glue``: the forward outside those (index tensors, embedding, the
+  loop over layers, ``lm_head``, the routing grid's read-back).
+
+On CUDA one more (untimed) step runs under torch's sync debug mode:
+``syncs.torch_syncs_per_step`` counts the host syncs torch sees in it.
+
+On a CPU every tensor op is its compute (no launch, no sync): the numbers
+say which host parts cost most relative to each other. On CUDA the same
+timers see launches and syncs: a sync's time includes the device work
+queued before it.
+
+    python -P -m pdflash.bench.eager_host --arch gpt_oss --layers 8 --requests 1 --tokens 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: the timed parts, in the order a layer meets them
+PARTS = (
+    "attention",
+    "router",
+    "trace_begin",
+    "trace_route",
+    "policy_hook",
+    "readback",
+    "books",
+    "waits",
+    "gemm",
+    "moe_rest",
+    "lookahead_router",
+    "lookahead",
+    "finish",
+)
+
+#: the published experts / top-k ratio each arch's synthetic target gets by
+#: default (gpt-oss-20b: 32 experts top-4; Qwen3-30B-A3B: 128 top-8)
+DEFAULT_EXPERTS = {"gpt_oss": (32, 4), "qwen3_moe": (128, 8)}
+_EXPERT_KEYS = {"gpt_oss": "num_local_experts", "qwen3_moe": "num_experts"}
+
+#: parts whose callees are not split out (their time is theirs, inclusive),
+#: except the parts named here
+_INCLUSIVE: dict[str, frozenset[str]] = {"lookahead": frozenset({"lookahead_router"})}
+
+
+class _Frame:
+    """A timed call in progress: its part, start and its timed callees' seconds."""
+
+    __slots__ = ("callees", "part", "start")
+
+    def __init__(self, part: str, start: float) -> None:
+        self.part, self.start, self.callees = part, start, 0.0
+
+
+class ExclusiveTimer:
+    """Per-part exclusive host seconds of nested timed calls."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[_Frame] = []
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kw: Any) -> Any:
+            stack = self._stack
+            if stack:
+                split = _INCLUSIVE.get(stack[-1].part)
+                if split is not None and part not in split:
+                    return fn(*args, **kw)
+            frame = _Frame(part, time.perf_counter())
+            stack.append(frame)
+            try:
+                return fn(*args, **kw)
+            finally:
+                stack.pop()
+                spent = time.perf_counter() - frame.start
+                self.seconds[part] += spent - frame.callees
+                self.calls[part] += 1
+                if stack:
+                    stack[-1].callees += spent
+
+        return timed
+
+    def patch(self, obj: Any, name: str, part: str) -> None:
+        """Time every call of ``obj.name`` (an instance attribute over the method)."""
+        setattr(obj, name, self.wrap(part, getattr(obj, name)))
+
+
+def _count_syncs(fn: Callable[[], Any], device: torch.device) -> int:
+    """How many host syncs torch sees in ``fn`` (its sync debug mode's
+    warnings: device-to-host reads, ``nonzero``, ``item``...; not the native
+    issuer's own waits nor CUDA event waits)."""
+    import warnings
+
+    torch.cuda.synchronize(device)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sum("synchroniz" in str(w.message) for w in seen)
+
+
+def _checkpoint(
+    root: Path, arch: str, layers: int, experts: int, top_k: int, dtype: torch.dtype
+) -> Path:
+    from pdflash.models import write_synthetic_checkpoint
+
+    name = f"{arch}-tiny-{layers}-e{experts}-k{top_k}-{str(dtype).split('.')[-1]}"
+    ckpt = root / name
+    if not (ckpt / "config.json").is_file():
+        overrides = {_EXPERT_KEYS[arch]: experts, "num_experts_per_tok": top_k}
+        write_synthetic_checkpoint(
+            ckpt,
+            arch,
+            "tiny",
+            num_layers=layers,
+            dtype=dtype,
+            seed=3,
+            config_overrides=overrides,
+        )
+    return ckpt
+
+
+def measure(
+    *,
+    arch: str = "gpt_oss",
+    layers: int = 8,
+    requests: int = 1,
+    tokens: int = 2,
+    prompt_len: int = 32,
+    steps: int = 50,
+    warm_steps: int = 5,
+    cache_fraction: float = 0.2,
+    lookahead: bool = True,
+    trace: str | None = None,
+    experts: int | None = None,
+    top_k: int | None = None,
+    device: str = "cpu",
+    workdir: Path | None = None,
+    seed: int = 0,
+    detail: bool = False,
+    expert_bytes_as: str | None = None,
+) -> dict[str, Any]:
+    """Median host µs per eager verify step of each part (:data:`PARTS`,
+    ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
+    untimed ones. See the module docstring. ``detail``: ``books``, ``gemm``
+    and the other method-timed parts are also split per method
+    (``detail_us``: ``part.method``). ``expert_bytes_as``: pad every stored
+    expert to a published expert's size or a byte count
+    (:func:`pdflash.bench.realtext.published_expert_nbytes`): copies, slots
+    and waits move that many bytes while the compute stays the tiny
+    model's (rows say ``expert_bytes_source: padded``)."""
+    from pdflash.engine.prefetch import GateLookahead
+    from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+
+    if arch not in DEFAULT_EXPERTS:
+        raise ValueError(f"arch must be one of {sorted(DEFAULT_EXPERTS)}, got {arch!r}")
+    if requests < 1 or tokens < 1 or steps < 1 or layers < 1:
+        raise ValueError("requests, tokens, steps and layers must be >= 1")
+    dev = torch.device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    e_default, k_default = DEFAULT_EXPERTS[arch]
+    num_experts = e_default if experts is None else experts
+    k = k_default if top_k is None else top_k
+    tmp = tempfile.TemporaryDirectory() if workdir is None else None
+    root = Path(tmp.name) if tmp is not None else Path(workdir)  # type: ignore[arg-type]
+    ckpt = _checkpoint(root, arch, layers, num_experts, k, dtype)
+    issuer = H2DIssuer(backend="cuda" if dev.type == "cuda" else "host")
+    timer = ExclusiveTimer()
+    step_s: list[float] = []
+    per_step: dict[str, list[float]] = defaultdict(list)
+    try:
+        pad: dict[str, Any] = {}
+        pad_source = None
+        if expert_bytes_as is not None:
+            from .realtext import published_expert_nbytes
+
+            pad["expert_nbytes"], pad_source = published_expert_nbytes(expert_bytes_as)
+        adapter: Any = load_adapter(ckpt, device=dev, **pad)
+        cache = adapter.attach_new_cache(
+            issuer,
+            fraction=cache_fraction,
+            policy="layer_cyclic",
+            max_batch_tokens=requests * tokens,
+        )
+        pages = requests * (-(-(prompt_len + 2 * tokens) // 16))
+        kv = kv_cache_for(
+            adapter, page_size=16, num_pages=pages, dtype=dtype, device=dev, scratch=False
+        )
+        runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
+        runner.before_moe_hooks.append(cache.policy.before_layer)
+        if lookahead:
+            runner.observers.append(GateLookahead(adapter, cache))
+        routing = None
+        if trace is not None:
+            from pdflash.engine.replay import TraceRouting, load_replay_trace
+
+            routing = TraceRouting(load_replay_trace(trace), adapter, trace)
+            if routing.num_trace_requests < 1:
+                raise ValueError(f"{trace}: no trace requests")
+            runner.routing = routing
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for i in range(requests):
+                kv.add_sequence(i)
+                if routing is not None:
+                    routing.assign(i, i % routing.num_trace_requests)
+                prompt = torch.randint(0, adapter.vocab_size, (prompt_len,), generator=gen)
+                runner.forward([Chunk(i, prompt.to(dev), False)])
+        runtime = adapter.runtime
+        # the parts, patched on the instances (the runner calls them through self)
+        for obj, names, part in (
+            (runner, ("attention_block",), "attention"),
+            (runner, ("route_block",), "router"),
+            (runner, ("finish",), "finish"),
+            (runtime, ("_routed_counts",), "readback"),
+            (runtime, ("_grouped_rows", "_compute_on_device"), "gemm"),
+            (runtime, ("_rows_of",), "books"),
+            (adapter, ("moe_routed",), "moe_rest"),
+            (
+                cache,
+                (
+                    "acquire",
+                    "release",
+                    "pin_layer",
+                    "unpin_layer",
+                    "defer_access",
+                    "free_capacity",
+                    "device_slot_table",
+                ),
+                "books",
+            ),
+            (cache, ("wait_ready",), "waits"),
+        ):
+            for name in names:
+                timer.patch(obj, name, f"{part}.{name}" if detail else part)
+        runner.before_moe_hooks = [timer.wrap("policy_hook", h) for h in runner.before_moe_hooks]
+        for obs in runner.observers:
+            timer.patch(obs, "after_layer", "lookahead")
+            predictor = getattr(obs, "predictor", None)
+            if predictor is not None:
+                timer.patch(predictor, "predict_next", "lookahead_router")
+        if routing is not None:
+            timer.patch(routing, "route", "trace_route")
+            timer.patch(routing, "begin_forward", "trace_begin")
+
+        def step(runner: Any) -> None:
+            """One untimed verify step (then the KV rolled back)."""
+            chunks = [
+                Chunk(
+                    i, torch.randint(0, adapter.vocab_size, (tokens,), generator=gen).to(dev), True
+                )
+                for i in range(requests)
+            ]
+            with torch.no_grad():
+                runner.forward(chunks)
+            for i in range(requests):
+                kv.truncate(i, kv.length(i) - tokens)
+
+        counts0 = (cache.misses, cache.copies)
+        with torch.no_grad():
+            for n in range(warm_steps + steps):
+                if n == warm_steps:
+                    step_s.clear()
+                    per_step.clear()
+                    counts0 = (cache.misses, cache.copies)
+                timer.reset()
+                chunks = [
+                    Chunk(
+                        i,
+                        torch.randint(0, adapter.vocab_size, (tokens,), generator=gen).to(dev),
+                        True,
+                    )
+                    for i in range(requests)
+                ]
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                runner.forward(chunks)
+                step_s.append(time.perf_counter() - t0)
+                by_part: dict[str, float] = defaultdict(float)
+                for name, sec in timer.seconds.items():
+                    by_part[name.split(".")[0]] += sec
+                    if detail and "." in name:
+                        per_step[name].append(sec)
+                for part in PARTS:
+                    per_step[part].append(by_part.get(part, 0.0))
+                for i in range(requests):
+                    kv.truncate(i, kv.length(i) - tokens)
+        misses = cache.misses - counts0[0]
+        copies = cache.copies - counts0[1]
+        expert_nbytes = int(cache.expert_nbytes)
+        syncs: dict[str, Any] = {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
+        if dev.type == "cuda":
+            syncs = {"torch_syncs_per_step": _count_syncs(lambda: step(runner), dev)}
+    finally:
+        issuer.close()
+        if tmp is not None:
+            tmp.cleanup()
+    us = {p: 1e6 * statistics.median(per_step[p]) for p in PARTS}
+    forward = 1e6 * statistics.median(step_s)
+    glue = [f - sum(per_step[p][i] for p in PARTS) for i, f in enumerate(step_s)]
+    detail_us = {
+        name: 1e6 * sum(v) / len(step_s) for name, v in sorted(per_step.items()) if "." in name
+    }
+    return {
+        "what": "median host us per eager offloaded verify step, per part (exclusive)",
+        "timing_method": "host_perf_counter",
+        "device": dev.type,
+        "dtype": str(dtype).split(".")[-1],
+        "arch": arch,
+        "weights": "synthetic",
+        "experts": num_experts,
+        "expert_nbytes": expert_nbytes,
+        "expert_bytes_source": "padded" if expert_bytes_as is not None else "model",
+        "expert_bytes_as": pad_source,
+        "top_k": k,
+        "layers": layers,
+        "requests": requests,
+        "tokens_per_request": tokens,
+        "prompt_len": prompt_len,
+        "cache_fraction": cache_fraction,
+        "eviction": "layer_cyclic",
+        "lookahead": lookahead,
+        "routing_source": "trace" if trace is not None else "router",
+        "trace": None if trace is None else Path(trace).name,
+        "moe_path": runtime.path,
+        "steps": steps,
+        "torch_threads": torch.get_num_threads(),
+        "misses_per_step": misses / steps,
+        "syncs": syncs,
+        "copies_per_step": copies / steps,
+        "parts_us": us,
+        "glue_us": 1e6 * statistics.median(glue),
+        "forward_us": forward,
+        "forward_us_per_layer": forward / layers,
+        **({"detail_us_mean": detail_us} if detail else {}),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--arch", default="gpt_oss", choices=sorted(DEFAULT_EXPERTS))
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=2, help="verify tokens per request")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--cache-fraction", type=float, default=0.2)
+    ap.add_argument("--no-lookahead", action="store_true", help="without B2's gate lookahead")
+    ap.add_argument("--trace", default=None, help="replay the routing of this proxy trace")
+    ap.add_argument("--experts", type=int, default=None)
+    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--detail", action="store_true", help="also split parts per method")
+    ap.add_argument(
+        "--expert-bytes-as",
+        default=None,
+        help="pad each stored expert to this published arch's expert size or byte count",
+    )
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    out = measure(
+        arch=a.arch,
+        layers=a.layers,
+        requests=a.requests,
+        tokens=a.tokens,
+        prompt_len=a.prompt_len,
+        steps=a.steps,
+        cache_fraction=a.cache_fraction,
+        lookahead=not a.no_lookahead,
+        trace=a.trace,
+        experts=a.experts,
+        top_k=a.top_k,
+        device=a.device,
+        detail=a.detail,
+        expert_bytes_as=a.expert_bytes_as,
+    )
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,126 @@
+"""``python -m pdflash.bench.eager_host``: the host parts of an eager
+offloaded verify step, and the one routing read a layer's readers share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from pdflash.bench.eager_host import PARTS, ExclusiveTimer, measure
+
+
+def test_exclusive_timer_charges_callees_to_their_own_part() -> None:
+    timer = ExclusiveTimer()
+    inner = timer.wrap("inner", lambda: sum(range(20000)))
+    outer = timer.wrap("outer", lambda: inner() + inner())
+    outer()
+    assert timer.calls == {"inner": 2, "outer": 1}
+    assert timer.seconds["inner"] > 0 and timer.seconds["outer"] >= 0
+    # "lookahead" is inclusive: its callees are not split out, but for its router
+    router = timer.wrap("lookahead_router", lambda: sum(range(100)))
+    look = timer.wrap("lookahead", lambda: (inner(), router()))
+    look()
+    assert timer.calls["inner"] == 2 and timer.calls["lookahead"] == 1
+    assert timer.calls["lookahead_router"] == 1
+
+
+def test_eager_host_times_the_parts_of_an_offloaded_verify(tmp_path: Path) -> None:
+    out = measure(
+        layers=4, requests=2, tokens=2, prompt_len=8, steps=3, warm_steps=1, workdir=tmp_path
+    )
+    parts = out["parts_us"]
+    assert list(parts) == list(PARTS)
+    assert out["misses_per_step"] > 0 and out["moe_path"] == "grouped"
+    for part in ("attention", "router", "readback", "books", "gemm", "moe_rest"):
+        assert parts[part] > 0, part
+    assert parts["lookahead_router"] > 0  # the gate lookahead's router pass
+    assert parts["trace_begin"] == parts["trace_route"] == 0  # no trace given
+    # each step's glue is its forward less its timed parts (medians over steps)
+    assert 0 < out["glue_us"] < out["forward_us"]
+    lean = measure(
+        layers=4,
+        requests=1,
+        tokens=1,
+        prompt_len=8,
+        steps=2,
+        warm_steps=1,
+        lookahead=False,
+        workdir=tmp_path,
+        detail=True,
+    )
+    assert lean["parts_us"]["lookahead"] == lean["parts_us"]["lookahead_router"] == 0
+    assert "books.acquire" in lean["detail_us_mean"]
+    assert out["expert_bytes_source"] == "model"
+    # counted on CUDA only: absent here, with the reason
+    assert out["syncs"] == {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
+    padded = measure(
+        layers=4,
+        requests=1,
+        tokens=1,
+        prompt_len=8,
+        steps=1,
+        warm_steps=1,
+        workdir=tmp_path,
+        expert_bytes_as="1048576",
+    )
+    assert padded["expert_bytes_source"] == "padded" and padded["expert_nbytes"] >= 1 << 20
+    assert padded["expert_nbytes"] > out["expert_nbytes"]
+    with pytest.raises(ValueError, match="arch"):
+        measure(arch="mixtral", workdir=tmp_path)
+
+
+def test_a_routed_hook_and_the_offloaded_block_share_one_routing_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streaming prefetcher reads a layer's routing right before the
+    block does: the block's counts then come from that read (no second
+    device read), and equal the routing's bincount."""
+    from pdflash.bench.eager_host import _checkpoint
+
+    from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter, offload
+
+    ckpt = _checkpoint(tmp_path, "gpt_oss", 4, 32, 4, torch.float32)
+    issuer = H2DIssuer(backend="host")
+    try:
+        adapter: Any = load_adapter(ckpt, device="cpu")
+        adapter.attach_new_cache(issuer, fraction=0.25, policy="layer_cyclic", max_batch_tokens=4)
+        kv = kv_cache_for(adapter, page_size=16, num_pages=2, dtype=torch.float32, device="cpu")
+        runner = TargetRunner(adapter, kv)
+        seen: list[torch.Tensor] = []
+        runner.routed_hooks.append(
+            lambda layer, topk, x: (seen.append(topk), offload.routed_ids_on_host(topk))
+        )
+        runtime = adapter.runtime
+        counted: list[tuple[int, list[int]]] = []
+        real_counts = runtime._routed_counts
+        real_cpu = torch.Tensor.cpu
+
+        def counts(topk: torch.Tensor) -> Any:
+            reads: list[int] = []
+
+            def cpu(self: torch.Tensor, *a: Any, **kw: Any) -> torch.Tensor:
+                reads.append(1)
+                return real_cpu(self, *a, **kw)
+
+            monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+            try:
+                out = real_counts(topk)
+            finally:
+                monkeypatch.setattr(torch.Tensor, "cpu", real_cpu)
+            assert topk is seen[-1]
+            counted.append((len(reads), out.tolist()))
+            ref = torch.bincount(topk.reshape(-1), minlength=adapter.num_experts)
+            assert out.tolist() == ref.tolist()
+            return out
+
+        runtime._routed_counts = counts
+        kv.add_sequence(0)
+        with torch.no_grad():
+            runner.forward([Chunk(0, torch.arange(4), True)])
+        assert counted and all(n == 0 for n, _ in counted)
+    finally:
+        issuer.close()
