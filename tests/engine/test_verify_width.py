@@ -282,6 +282,24 @@ def test_seeded_requests_keep_a_fixed_width_and_greedy_ones_the_policy(
     assert eng.width is not None and eng.width.seeded_full_width == 0
 
 
+def test_a_seeded_sample_in_a_batch_equals_the_sample_alone(adapter: Any, drafter: Any) -> None:
+    """Batched with unseeded sampled requests whose widths a timing policy
+    cuts, a seeded request commits the tokens it commits alone: its stream
+    is its own and its drafts are all verified. (Exact here: the CPU fp32
+    forwards round a row alike in any batch; a GPU need not.)"""
+    _, _, alone = _sample_once(adapter, drafter, None, seed=11)
+    cfg = EngineConfig.preset("B1", block_size=BLOCK, max_running=3)
+    policy = ScriptedWidth(1)
+    eng = Engine(adapter, cfg, drafter=drafter, max_seq_len=64, width=policy)
+    others = [eng.add_request([9, 2, 33], SAMPLED, max_new_tokens=SEEDED_NEW)]
+    rid = eng.add_request(SEEDED_PROMPT, SAMPLED, max_new_tokens=SEEDED_NEW, seed=11)
+    others.append(eng.add_request([7] * 9, SAMPLED, max_new_tokens=SEEDED_NEW - 5))
+    done = eng.run_until_done(max_steps=300)
+    assert done[rid].output == alone
+    assert all(max(policy.verified[o]) == 1 for o in others)  # their widths were cut
+    assert rid not in policy.asked
+
+
 # ------------------------------------------------------------------ policy
 def test_best_width_matches_hand_computed_optimum() -> None:
     s = [0.6, 0.3, 0.1, 0.02]
