@@ -63,7 +63,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "start-up (the likeliest shape buckets first) instead of at each bucket's first "
         "step; 0: none",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the engine's seed (unseeded requests' sampling); generate also gives it to its "
+        "request, so a sampled generate repeats (it then verifies every draft under the "
+        "adaptive width)",
+    )
 
 
 def _model_config(a: argparse.Namespace) -> ServeModelConfig:

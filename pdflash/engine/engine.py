@@ -464,6 +464,18 @@ class Engine:
     ) -> int:
         """Queue a request; returns its id.
 
+        ``seed``: the request's own random stream. A sampled request with a
+        seed gives the same tokens for the same prompt, parameters and seed
+        on the same engine whatever the load: it is verified at a width that
+        does not follow timing (every draft under ``adaptive``; ``fixed:K``
+        as configured), since under speculative sampling the committed
+        tokens depend on which drafts were verified. Without a seed the
+        stream derives from ``config.seed`` and the request id, and the
+        width follows the policy. Not covered: a different batch can change
+        the forwards' floating-point rounding (and a scheduler's token budget
+        that trims blocks, the verified drafts), either of which can change a
+        sampled token.
+
         Raises ``TypeError`` or ``ValueError`` with nothing queued and no state
         changed on: prompt ids that are not integers (bools, floats and
         strings are refused; numpy/torch integer arrays are fine), an empty
@@ -514,6 +526,7 @@ class Engine:
                 on_token=on_token,
                 metrics=RequestMetrics(rid, len(prompt), arrival_s=self.clock(), slo_s=slo),
                 generator=gen,
+                seeded=seed is not None,
             )
             self.requests.add(req)
             return rid
@@ -568,7 +581,7 @@ class Engine:
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()
             if self.width is not None:
-                self.width.policy.reset_stats()
+                self.width.reset_stats()
             if self.runner.graphs is not None:
                 self.runner.graphs.reset_stats()
 

@@ -99,6 +99,10 @@ class Request:
     metrics: RequestMetrics
     generator: torch.Generator
     state: RequestState = RequestState.WAITING
+    #: the caller gave the seed (``add_request(seed=...)``): a sampled request
+    #: must then repeat its tokens draw for draw, so its verify width may not
+    #: follow measured timing (:class:`~pdflash.engine.verify_width.WidthHook`)
+    seeded: bool = False
     output: list[int] = field(default_factory=list)
     anchor: int | None = None
     pending_context: torch.Tensor | None = None  # target features not yet in the drafter KV

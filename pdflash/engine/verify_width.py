@@ -72,7 +72,10 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   first position's acceptance keeps being measured.
 
 The policy is deterministic given its observations (no clock of its own);
-the engine measures (:class:`WidthHook`), the policy decides.
+the engine measures (:class:`WidthHook`), the policy decides. Its
+observations are timings, so a sampled request with a seed of its own is
+not given to a timing-dependent policy: it keeps every draft, and the same
+seed gives the same tokens whatever the load (:class:`WidthHook`).
 """
 
 from __future__ import annotations
@@ -775,20 +778,46 @@ def build_policy(
 
 
 # ---------------------------------------------------------------- engine side
+def follows_setting_alone(policy: VerifyWidthPolicy) -> bool:
+    """Whether ``policy``'s widths depend on nothing but its setting and the
+    drafts available (``full``/``fixed:K``), not on measured timing. Any
+    other policy (``adaptive``, one passed to the engine) counts as timing
+    dependent."""
+    return isinstance(policy, FixedWidth)
+
+
 class WidthHook:
     """The engine's side: trims each request's drafts to its width before
     route-ahead and scheduling, and feeds each verify's outcomes and cost
-    back to the policy."""
+    back to the policy.
+
+    A sampled request with a seed of its own (``Request.seeded``) keeps every
+    draft unless the policy follows its setting alone
+    (:func:`follows_setting_alone`): under speculative sampling the committed
+    tokens depend on which drafts were verified (the acceptance draws and the
+    bonus token's row follow the width), so a width that follows measured
+    timing would make the same seed give different tokens from run to run.
+    The policy is not asked about such a request, but it observes its
+    outcomes (uncensored rounds) and its rows in the step's cost.
+    ``seeded_full_width`` counts those requests' verify rounds.
+    """
 
     def __init__(self, engine: Engine, policy: VerifyWidthPolicy) -> None:
         self.engine = engine
         self.policy = policy
+        self.timing_independent = follows_setting_alone(policy)
+        self.seeded_full_width = 0
         self._t0: float | None = None
         self._bytes0: int | None = None
         self._verify0 = 0.0
         self._stall0 = 0.0
         self._outcomes: tuple[WidthOutcome, ...] = ()
         self._union: int | None = None
+
+    def reset_stats(self) -> None:
+        """Start the books over (the policy's and the hook's count)."""
+        self.policy.reset_stats()
+        self.seeded_full_width = 0
 
     def begin_step(self) -> None:
         self._t0 = self.engine.clock()
@@ -804,6 +833,10 @@ class WidthHook:
         """Cut each request's drafts to the policy's width (the drafter's
         own outputs for the kept positions are untouched)."""
         todo = [r for r in reqs if r.drafts is not None and r.drafts.numel() > 0]
+        if not self.timing_independent:
+            kept = [r for r in todo if not (r.seeded and not r.params.greedy)]
+            self.seeded_full_width += len(todo) - len(kept)
+            todo = kept
         if not todo:
             return
         asks = [WidthRequest(r.request_id, int(r.drafts.numel())) for r in todo]  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ survival estimator's censored counts, and clear errors on bad settings."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.engine import Engine, RequestState
+from pdflash.engine.sampling import SamplingParams
 from pdflash.engine.verify_width import (
     AdaptiveWidth,
     FixedWidth,
@@ -140,6 +142,162 @@ def test_forced_acceptance_caps_at_the_verified_drafts(adapter: Any, drafter: An
     done = eng.run_until_done(max_steps=200)
     lengths = done[rid].metrics.acceptance_lengths
     assert max(lengths) == 3 and lengths.count(3) >= len(lengths) - 2
+
+
+# ------------------------------------------------------- seeded requests
+SAMPLED = SamplingParams(temperature=0.9, top_p=0.9, top_k=20)
+SEEDED_PROMPT = [5, 17, 3, 42, 8]
+SEEDED_NEW = 24
+
+
+class ScriptedWidth:
+    """A timing-dependent stand-in (not a :class:`FixedWidth`): every
+    request gets ``min(k, available)``, as if measured timing had chosen
+    ``k``; records who it was asked about and what was verified."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.asked: list[int] = []
+        self.verified: dict[int, list[int]] = {}
+
+    @property
+    def name(self) -> str:
+        return f"scripted:{self.k}"
+
+    def widths(self, requests: Any) -> list[int]:
+        self.asked += [r.request_id for r in requests]
+        return [min(self.k, r.available) for r in requests]
+
+    def observe(self, step: WidthStep) -> None:
+        for o in step.outcomes:
+            self.verified.setdefault(o.request_id, []).append(o.verified)
+
+    def forget(self, request_id: int) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"policy": self.name}
+
+    def reset_stats(self) -> None:
+        pass
+
+
+def _priced_adaptive(adapter: Any) -> AdaptiveWidth:
+    """The real adaptive policy with an injected time model under which only
+    likely rows pay (it trims)."""
+
+    class Priced(AdaptiveWidth):
+        def time_fit(self) -> tuple[float, float] | None:
+            return (1.0, 0.25)
+
+        def step_time(self, anchors: int, drafted: int) -> float:
+            return 1.0 * anchors + 0.25 * drafted
+
+    return Priced(
+        block_size=BLOCK,
+        num_layers=adapter.num_layers,
+        num_experts=adapter.num_experts,
+        top_k=adapter.top_k,
+        expert_bytes=0,
+        prior_accept=0.05,
+        prior_weight=20.0,
+    )
+
+
+def _sample_once(
+    adapter: Any,
+    drafter: Any,
+    policy: VerifyWidthPolicy | None,
+    seed: int | None,
+    params: SamplingParams = SAMPLED,
+) -> tuple[Engine, int, list[int]]:
+    """One request alone on a fresh engine (``config.seed`` 0, so the
+    unseeded request 0 draws from the stream ``seed=0`` names)."""
+    cfg = EngineConfig.preset("B1", block_size=BLOCK, max_running=2)
+    eng = Engine(adapter, cfg, drafter=drafter, max_seq_len=64, width=policy)
+    rid = eng.add_request(SEEDED_PROMPT, params, max_new_tokens=SEEDED_NEW, seed=seed)
+    done = eng.run_until_done(max_steps=200)
+    assert done[rid].state == RequestState.FINISHED and len(done[rid].output) == SEEDED_NEW
+    return eng, rid, done[rid].output
+
+
+def test_a_seeded_sample_repeats_whatever_width_a_timing_policy_would_pick(
+    adapter: Any, drafter: Any
+) -> None:
+    """Under policies that pick different widths, a sampled request with a
+    seed gives the tokens it gives at every draft; the same stream without
+    the seed follows each policy's width and its tokens change with it."""
+    _, _, reference = _sample_once(adapter, drafter, None, seed=0)  # every draft
+    makers: list[Callable[[], VerifyWidthPolicy]] = [
+        lambda: ScriptedWidth(0),
+        lambda: ScriptedWidth(2),
+        lambda: _priced_adaptive(adapter),
+    ]
+    unseeded: list[list[int]] = []
+    for make in makers:
+        policy = make()
+        eng, rid, out = _sample_once(adapter, drafter, policy, seed=0)
+        assert out == reference, policy.name
+        assert eng.width is not None and eng.width.seeded_full_width > 0
+        if isinstance(policy, ScriptedWidth):
+            assert rid not in policy.asked  # never handed to the policy
+            assert policy.verified[rid]  # but its outcomes are observed, every draft verified
+            assert max(policy.verified[rid]) == BLOCK - 1
+        else:
+            assert policy.stats()["decisions"] == 0
+
+        # the same stream (config.seed 0, request 0) without an explicit seed
+        policy = make()
+        eng, rid, out = _sample_once(adapter, drafter, policy, seed=None)
+        unseeded.append(out)
+        assert eng.width is not None and eng.width.seeded_full_width == 0
+        if isinstance(policy, ScriptedWidth):
+            assert rid in policy.asked
+            assert max(policy.verified[rid]) == policy.k  # the policy's width was verified
+        else:
+            stats = policy.stats()
+            assert stats["decisions"] > 0
+            assert stats["mean_width_drafts"] < stats["mean_available_drafts"]
+    # what the seed guards against: the widths change the sample
+    assert unseeded[0] != unseeded[1] and reference not in unseeded[:2]
+    # the stream is the seed's: unseeded at every draft repeats the reference
+    assert _sample_once(adapter, drafter, None, seed=None)[2] == reference
+
+
+def test_seeded_requests_keep_a_fixed_width_and_greedy_ones_the_policy(
+    adapter: Any, drafter: Any
+) -> None:
+    """``fixed:K`` follows its setting alone, so a seeded request keeps it;
+    a greedy request's tokens do not depend on the width, so a seed does
+    not take it from a timing-dependent policy."""
+    fixed = FixedWidth(1, block_size=BLOCK)
+    eng, rid, _ = _sample_once(adapter, drafter, fixed, seed=7)
+    assert eng.width is not None and eng.width.seeded_full_width == 0
+    assert fixed.stats()["decisions"] > 0 and fixed.stats()["mean_verified_drafts"] <= 1
+    assert max(eng.request(rid).metrics.acceptance_lengths) <= 2
+
+    scripted = ScriptedWidth(1)
+    eng, rid, _ = _sample_once(adapter, drafter, scripted, seed=7, params=SamplingParams())
+    assert rid in scripted.asked and max(scripted.verified[rid]) == 1
+    assert eng.width is not None and eng.width.seeded_full_width == 0
+
+
+def test_a_seeded_sample_in_a_batch_equals_the_sample_alone(adapter: Any, drafter: Any) -> None:
+    """Batched with unseeded sampled requests whose widths a timing policy
+    cuts, a seeded request commits the tokens it commits alone: its stream
+    is its own and its drafts are all verified. (Exact here: the CPU fp32
+    forwards round a row alike in any batch; a GPU need not.)"""
+    _, _, alone = _sample_once(adapter, drafter, None, seed=11)
+    cfg = EngineConfig.preset("B1", block_size=BLOCK, max_running=3)
+    policy = ScriptedWidth(1)
+    eng = Engine(adapter, cfg, drafter=drafter, max_seq_len=64, width=policy)
+    others = [eng.add_request([9, 2, 33], SAMPLED, max_new_tokens=SEEDED_NEW)]
+    rid = eng.add_request(SEEDED_PROMPT, SAMPLED, max_new_tokens=SEEDED_NEW, seed=11)
+    others.append(eng.add_request([7] * 9, SAMPLED, max_new_tokens=SEEDED_NEW - 5))
+    done = eng.run_until_done(max_steps=300)
+    assert done[rid].output == alone
+    assert all(max(policy.verified[o]) == 1 for o in others)  # their widths were cut
+    assert rid not in policy.asked
 
 
 # ------------------------------------------------------------------ policy
