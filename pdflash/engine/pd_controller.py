@@ -645,10 +645,12 @@ class PDController:
         assert part is not None
         now = self._base.on(part)
         a_level = self.alpha_per_look(part)
+        # a difference of logs: the ratio of two extreme rates can underflow
+        # to 0 (or overflow) where each rate's log is finite
         gains = [
-            math.log(self._rate(p.b) / self._rate(p.a))
-            for p in self._pairs
-            if self._rate(p.a) > 0 and self._rate(p.b) > 0
+            math.log(rb) - math.log(ra)
+            for ra, rb in ((self._rate(p.a), self._rate(p.b)) for p in self._pairs)
+            if 0 < ra < math.inf and 0 < rb < math.inf
         ]
         if len(gains) < 2:
             return self._end_if_last(part, now, "too few pairs with tokens to compare", False)

@@ -875,3 +875,23 @@ def test_stall_ready_adds_only_completed_spans_without_synchronizing(
     span.pairs[1] = (Event(21, True), Event(22, True))
     assert span.ready_s() == pytest.approx(0.005 + 0.011 + 0.001)
     assert span.pairs == []
+
+
+def test_a_step_whose_rate_overflows_is_left_out_of_the_test() -> None:
+    # a subnormal wall makes a step's rate inf; its ratio to a finite rate is
+    # 0, whose log is undefined: such pairs are left out, nothing raises
+    ctl = PDController(min_pairs=2, max_pairs=3, settle=0, warmup=0, hold=0)
+    ctl.bind(PartsState(True, True, True))
+    for i in range(60):
+        ctl.observe(
+            StepMeasurement(
+                wall_s=5e-324 if i % 3 == 0 else 1.0 + 0.01 * (i % 5),
+                committed_tokens=2,
+                verified_tokens=8,
+                admitted=0,
+                verified=True,
+                exposed_fetch_s=0.0,
+                part_host_s=dict.fromkeys(PARTS, 0.0),
+            )
+        )
+    assert ctl.summary()["probes"] >= 1
