@@ -6,34 +6,42 @@
 # replayed from the trained proxy's temperature-1 trace (τ 1.5; its 128
 # experts map 4:1 onto 32), cache 0.2, c = 1, 4, 16, 3 interleaved repeats,
 # 32 new tokens per request. Two steps, each resumable (rerun with the same
-# OUT; no new run starts after --budget-s):
+# WORK; no new run starts after --budget-s):
 #   pd     B2, PD (adaptive width) and PD-full-width (PD verifying every draft)
-#          -> $OUT/width-pd/       (27 runs)
+#          -> $WORK/width-pd/       (27 runs)
 #   fixed  B2 and PD at fixed:$FIXED_K (the best fixed width a baseline can
-#          use on the CPU replay) -> $OUT/width-fixed/   (18 runs)
+#          use on the CPU replay) -> $WORK/width-fixed/   (18 runs)
 #   all    B2 at full and fixed:$FIXED_K, PD at adaptive, fixed:$FIXED_K and
 #          full, all interleaved in one process (so each baseline at its best
 #          width is compared within one call: the pd and fixed steps ran in
 #          different calls in bench/results/h200/session6-2026-12-01, whose
-#          drift was as large as the differences) -> $OUT/width-all/
-#          (45 runs, ~8 minutes: one call of BUDGET_S=470 and a resume)
+#          drift was as large as the differences) -> $WORK/width-all/
+#          (45 runs: 398 s in one call of BUDGET_S=430 on the H200, session 7)
 # Expected: about 15-20 s per run with the model's setup at c=1..16 on the
 # H200 (the proxy's padded runs took 6-14 s each, bench/results/h200/
 # proxy-balanced-2026-12-01), so each step needs one call of its budget and
 # possibly a second (resume) call: 2-4 calls, about 15-25 device-minutes.
 #   OUT=/path STEP=pd bash bench/h200/width.sh      (then STEP=fixed)
+# The runs write under $WORK (default /tmp/width-work, kept on the machine
+# between back-to-back calls, so a resume reuses it); $OUT receives ONE file,
+# $OUT/width.tgz (all of $WORK), since the device tool returns only a few
+# files per call.
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
-export OUT
+WORK=${WORK:-/tmp/width-work}
+mkdir -p "$OUT" "$WORK"
 FIXED_K=${FIXED_K:-1}
 BUDGET_S=${BUDGET_S:-480}
 TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
 COMMON="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16 --concurrency 1,4,16 --cache-fraction 0.2 --prompt-len 64 --max-new-tokens 32 --repeats 3 --device cuda --no-progress --json --budget-s $BUDGET_S"
 case "${STEP:-pd}" in
-  pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-full-width --out $OUT/width-pd" ;;
-  fixed) SPEC="fixed=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width fixed:$FIXED_K --out $OUT/width-fixed" ;;
-  all) SPEC="all=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width auto,fixed:$FIXED_K,full --out $OUT/width-all" ;;
+  pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-full-width --out $WORK/width-pd" ;;
+  fixed) SPEC="fixed=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width fixed:$FIXED_K --out $WORK/width-fixed" ;;
+  all) SPEC="all=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width auto,fixed:$FIXED_K,full --out $WORK/width-all" ;;
   *) echo "STEP must be pd, fixed or all" >&2; exit 2 ;;
 esac
-exec bash "$(dirname "$0")/run.sh" "$SPEC"
+OUT=$WORK bash "$(dirname "$0")/run.sh" "$SPEC"
+rc=$?
+tar czf "$OUT/width.tgz" -C "$WORK" .
+exit $rc
