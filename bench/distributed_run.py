@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pdflash.report.schema import HOST_METRIC_FIELDS
+
 if TYPE_CHECKING:
     from pdflash.distributed import RankGroup
 
@@ -37,15 +39,7 @@ RANK_LOCAL_FIELDS = (
     "expert_occupancy_bytes",
     "exposed_fetch_s",
     # PD+host: each rank's host serves misses of its own experts only
-    "host_served_experts",
-    "host_tokens",
-    "host_compute_s",
-    "host_busy_s",
-    "host_wait_s",
-    "host_busy_fraction",
-    "link_bytes_saved",
-    "link_bytes_saved_per_token",
-    "host_planned_ahead_experts",
+    *HOST_METRIC_FIELDS,
     "host_service",
 )
 

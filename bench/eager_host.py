@@ -140,7 +140,7 @@ class ExclusiveTimer:
         setattr(obj, name, self.wrap(part, getattr(obj, name)))
 
 
-def _count_syncs(fn: Callable[[], Any], device: torch.device) -> int:
+def count_syncs(fn: Callable[[], Any], device: torch.device | None = None) -> int:
     """How many host syncs torch sees in ``fn`` (its sync debug mode's
     warnings: device-to-host reads, ``nonzero``, ``item``...; not the native
     issuer's own waits nor CUDA event waits)."""
@@ -351,7 +351,7 @@ def measure(
         expert_nbytes = int(cache.expert_nbytes)
         syncs: dict[str, Any] = {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
         if dev.type == "cuda":
-            syncs = {"torch_syncs_per_step": _count_syncs(lambda: step(runner), dev)}
+            syncs = {"torch_syncs_per_step": count_syncs(lambda: step(runner), dev)}
     finally:
         issuer.close()
         if tmp is not None:

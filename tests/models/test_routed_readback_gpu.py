@@ -4,36 +4,22 @@ reads once per layer."""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from pdflash.bench.eager_host import count_syncs
 
 from pdflash.models.offload import routed_ids_on_host
 
 pytestmark = pytest.mark.gpu
 
 
-def _syncs(fn: Callable[[], Any]) -> int:
-    """How many host syncs ``fn`` makes (torch's sync debug warnings)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in seen)
-
-
 def test_a_routing_is_read_once_on_cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device on this machine")
     ids = torch.randint(0, 32, (2, 4), device="cuda")
-    assert _syncs(lambda: (routed_ids_on_host(ids), routed_ids_on_host(ids))) == 1
+    assert count_syncs(lambda: (routed_ids_on_host(ids), routed_ids_on_host(ids))) == 1
     assert routed_ids_on_host(ids).tolist() == ids.reshape(-1).tolist()
 
 
@@ -48,7 +34,7 @@ def test_the_gate_lookahead_reads_once_per_layer(tmp_path: Any) -> None:
     look = NextLayerLookahead(adapter)
     hidden = torch.randn(3, adapter.hidden_size, device="cuda", dtype=adapter.dtype)
     got: list[Any] = []
-    assert _syncs(lambda: got.append(look.predict_next(0, hidden))) == 1
+    assert count_syncs(lambda: got.append(look.predict_next(0, hidden))) == 1
     ids, scores = got[0]
     assert ids.size > 0 and (scores > 0).all()
 
