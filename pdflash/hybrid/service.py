@@ -70,6 +70,7 @@ class _LayerMark:
     hosted: bool = False
     host_wait_s: float = 0.0
     overhead_s: float = 0.0
+    first_sync: float | None = None  # the thread's next possible wait on the device
 
 
 @dataclass
@@ -77,50 +78,67 @@ class ForwardClock:
     """The forward thread's per-layer times, measured, for the planner's
     critical-path terms (:class:`~pdflash.hybrid.planner.LinkState`).
 
-    Per layer with misses the service gets the span of its routing read
-    (the host sync: it waits for the device, and so for any copy the device
-    waits for). The thread's own work between one layer's routing read and
-    the next one's (the same forward: a higher layer) is its *dispatch*,
-    less what the first layer's HOST part took (its measured overhead and
-    its host wait): the time a layer's copies can run hidden. Kept over the
-    last ``window`` layers, as medians (one slow layer moves nothing):
+    Per layer with misses the service gets the end of its routing read (a
+    host sync: the thread waited for the device there). From then until the
+    thread's next point that may wait on the device (:meth:`sync`: the
+    verify loop marks its next-layer lookahead and the next layer's routing
+    read; without marks, the next routing read itself), less what the
+    layer's HOST part took on the thread (its own dispatch and its wait for
+    the host), is the layer's *dispatch*: the time its copies run hidden.
+    Kept over the last ``window`` layers of a forward (a gap across forwards
+    is not a dispatch), as medians (one slow layer moves nothing):
 
-    * ``hidden_s``: the median dispatch;
+    * ``hidden_s``: the median dispatch after layers without a HOST part
+      (all layers while fewer than ``min_samples`` of those);
     * ``host_overhead_s``: the median of a HOST part's own forward-thread
-      time (the rows' gather, the submit, the result's collection), plus
-      the median dispatch of layers after a HOST part less that of layers
-      after none, where positive (what hosting slows the rest of the
-      thread's work: the masked device calls, the CPU it shares with the
-      pool), once each side has ``min_samples``;
+      time (the rows' gather, the submit, the result's collection), plus the
+      median dispatch after a HOST part less that after none, where positive
+      (what hosting slows the rest of the thread's work: the masked device
+      calls, the cores it shares with the pool), once each side has
+      ``min_samples``;
     * ``host_lead_s``: the median time from a HOST job's start to the
       thread asking for its result.
 
-    Each is 0 until it has ``min_samples`` samples (then the planner's
-    cost is the plain makespan).
+    Each is 0 until it has ``min_samples`` samples (the planner's cost is
+    then the plain makespan). Where every layer hosts, no dispatch without a
+    HOST part would be measured: :meth:`wants_copy_sample` asks the service
+    to copy one layer in ``sample_every`` until the window holds
+    ``min_samples`` of them.
     """
 
     window: int = 64
     min_samples: int = 4
+    sample_every: int = 4
     _dispatch: deque[tuple[float, bool]] = field(default_factory=deque, repr=False)
     _overhead: deque[float] = field(default_factory=deque, repr=False)
     _lead: deque[float] = field(default_factory=deque, repr=False)
     _last: _LayerMark | None = field(default=None, repr=False)
+    _since_sample: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
-        if self.window < 1 or self.min_samples < 1:
+        if self.window < 1 or self.min_samples < 1 or self.sample_every < 1:
             raise ValueError(
-                f"need window >= 1 and min_samples >= 1, got {self.window}, {self.min_samples}"
+                "need window, min_samples and sample_every >= 1, got "
+                f"{self.window}, {self.min_samples}, {self.sample_every}"
             )
         self._dispatch = deque(maxlen=self.window)
         self._overhead = deque(maxlen=self.window)
         self._lead = deque(maxlen=self.window)
 
+    def sync(self, at: float) -> None:
+        """The forward thread may wait on the device from ``at`` on (the
+        first such point after a layer's routing read ends its dispatch)."""
+        last = self._last
+        if last is not None and last.first_sync is None and at >= last.resumed_at:
+            last.first_sync = at
+
     def routed(self, layer: int, started: float, ended: float) -> None:
         """Layer ``layer``'s routing read ran from ``started`` to ``ended``
         (perf_counter seconds)."""
+        self.sync(started)
         last = self._last
-        if last is not None and layer > last.layer and started >= last.resumed_at:
-            own = started - last.resumed_at - last.host_wait_s - last.overhead_s
+        if last is not None and layer > last.layer and last.first_sync is not None:
+            own = last.first_sync - last.resumed_at - last.host_wait_s - last.overhead_s
             self._dispatch.append((max(0.0, own), last.hosted))
         self._last = _LayerMark(layer, ended)
 
@@ -141,11 +159,26 @@ class ForwardClock:
         if self._overhead:
             self._overhead[-1] += max(0.0, overhead_s)
 
+    def wants_copy_sample(self) -> bool:
+        """Should a layer the planner would host be copied instead, to
+        measure the dispatch without a HOST part (class doc)? Counts the
+        calls: True at most once in ``sample_every``."""
+        if sum(1 for _, h in self._dispatch if not h) >= self.min_samples:
+            return False
+        self._since_sample += 1
+        if self._since_sample < self.sample_every:
+            return False
+        self._since_sample = 0
+        return True
+
     def _median(self, values: Sequence[float]) -> float:
         return float(statistics.median(values)) if len(values) >= self.min_samples else 0.0
 
     @property
     def hidden_s(self) -> float:
+        after_copy = [d for d, h in self._dispatch if not h]
+        if len(after_copy) >= self.min_samples:
+            return self._median(after_copy)
         return self._median([d for d, _ in self._dispatch])
 
     @property
@@ -157,10 +190,9 @@ class ForwardClock:
         own = self._median(self._overhead)
         after_host = [d for d, h in self._dispatch if h]
         after_copy = [d for d, h in self._dispatch if not h]
-        extra = self._median(after_host) - self._median(after_copy)
         if len(after_host) < self.min_samples or len(after_copy) < self.min_samples:
-            extra = 0.0
-        return own + max(0.0, extra)
+            return own
+        return own + max(0.0, self._median(after_host) - self._median(after_copy))
 
     def to_json(self) -> dict[str, Any]:
         """The terms as the planner sees them now, and their sample counts."""
@@ -188,7 +220,9 @@ class HostBooks:
     forward's thread blocked for host results; ``bytes_saved``: link bytes
     the HOST experts did not move (``experts x expert_nbytes``);
     ``planned_ahead``: experts the ahead plan kept out of route-ahead copies;
-    ``planned_layers``: layer forwards the planner saw misses in.
+    ``planned_layers``: layer forwards the planner saw misses in;
+    ``copy_sampled``: layers the planner split that were copied to measure
+    the forward's dispatch without a HOST part (:class:`ForwardClock`).
     """
 
     experts: int = 0
@@ -200,6 +234,7 @@ class HostBooks:
     bytes_saved: int = 0
     planned_ahead: int = 0
     planned_layers: int = 0
+    copy_sampled: int = 0
 
     def reset(self) -> None:
         for name, value in asdict(HostBooks()).items():
@@ -303,6 +338,9 @@ class HostExpertService:
         inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
         link = self.link_state(inflight * self.expert_nbytes)
         plan = self.planner.plan(layer, ids[missed], tok[missed], link)
+        if plan.host.size and self.clock.wants_copy_sample():
+            self.books.copy_sampled += 1  # copied to measure the dispatch without a HOST part
+            return out
         if plan.host.size:
             host = np.isin(ids, plan.host)
             if (host & held).any():

@@ -234,3 +234,42 @@ def test_service_passes_the_clock_to_the_planner_and_can_be_switched_off() -> No
         ahead = svc.plan_ahead(np.ones((2, 4)), np.zeros((2, 4), dtype=np.bool_))
         assert ahead.shape == (2, 4) and not ahead.any()
         assert svc.describe()["enabled_at_end"] is False
+
+
+def test_a_sync_mark_ends_the_dispatch() -> None:
+    clock = ForwardClock(min_samples=1)
+    clock.routed(0, 0.0, 1.0)
+    clock.sync(0.5)  # before the layer's routing read ended: not its dispatch
+    clock.sync(2.0)  # the lookahead after layer 0 may wait on the device
+    clock.sync(2.5)  # only the first mark counts
+    clock.routed(1, 3.0, 4.0)
+    assert clock.hidden_s == pytest.approx(1.0)
+    # no mark and no next layer in the same forward: nothing recorded
+    clock.routed(0, 9.0, 9.5)
+    assert clock.to_json()["dispatch_samples"] == 1
+
+
+def test_copy_samples_are_asked_for_only_while_missing() -> None:
+    clock = ForwardClock(min_samples=2, sample_every=3)
+    asks = [clock.wants_copy_sample() for _ in range(9)]
+    assert asks == [False, False, True] * 3
+    # two dispatch samples after COPY-only layers: no more asks
+    clock.routed(0, 0.0, 0.0)
+    clock.routed(1, 1.0, 1.0)
+    clock.routed(2, 2.0, 2.0)
+    assert not any(clock.wants_copy_sample() for _ in range(9))
+    with pytest.raises(ValueError, match="sample_every"):
+        ForwardClock(sample_every=0)
+
+
+def test_the_service_copies_a_hosting_layer_to_sample_the_dispatch() -> None:
+    with _linear_executor() as ex:
+        svc = HostExpertService(
+            ex, ForcedHostPlanner(every=1), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
+        )
+        svc.clock = ForwardClock(min_samples=1, sample_every=2)
+        cache = _Cache(8)
+        ids, tok = np.array([4, 5]), np.array([1, 1])
+        hosted = [bool(svc.split(1, ids, tok, cache).any()) for _ in range(4)]
+        assert hosted == [True, False, True, False]
+        assert svc.books.copy_sampled == 2
