@@ -420,6 +420,8 @@ class HostExpertService:
             "link_bytes_per_s": self.link_bytes_per_s,
             # the forward's measured terms the planner ended the run with
             "critical_path": self.clock.to_json(),
+            # layers the planner split that were copied to sample the dispatch
+            "copy_sampled_layers": self.books.copy_sampled,
             "enabled_at_end": self.enabled,
         }
 
