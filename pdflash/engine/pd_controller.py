@@ -88,8 +88,16 @@ the engine measures (:func:`measure_step`), the policy decides.
 Engine side (:func:`attach`, :func:`before_step`, :func:`after_step`): a part
 can be switched only if the engine was built with it (a predictor, a
 streaming prefetcher, a :class:`~pdflash.engine.batching.ShadowComparison`
-batcher whose shadow is the token-only scheduler); parts it lacks stay off
-and are never probed.
+batcher whose shadow is the token-only scheduler, a hybrid miss service);
+parts it lacks stay off and are never probed.
+
+The hybrid miss service (``PD+host``, :mod:`pdflash.hybrid`) is a part too,
+``host_experts`` (:data:`HOST_PART`): probed before PD's own parts and
+judged by the rate alone (where hosting costs, it costs the forward thread's
+time, which no part's books separate); switched off, every miss is copied
+and nothing is planned for the host (``HostExpertService.enabled``). Its
+planner already copies where the copies hide behind the forward; the part
+is the net for what the planner's model does not see.
 """
 
 from __future__ import annotations
