@@ -305,13 +305,14 @@ class OffloadedMoE:
         """Why the block's work cannot be recorded once and replayed now
         (names the reason), or None: the grouped path with a capturable
         GEMM (:func:`grouped_mm_capturable`), no route hooks, no host
-        service, every layer resident (so no layer reads its routing on the
+        service running (one switched off by the PD controller computes
+        nothing), every layer resident (so no layer reads its routing on the
         host)."""
         if self.grouped is None:
             return "moe_loop_path"
         if self.route_hooks:
             return "moe_route_hooks"
-        if self.host_service is not None:
+        if self.host_service is not None and self.host_service.enabled:
             return "host_experts"
         cache = self.cache
         all_resident = getattr(cache, "all_resident", None)
