@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=8, help="MoE layers (0: the shape's own)")
     ap.add_argument("--cache", default="0.2,0.5")
     ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument(
+        "--points",
+        default="",
+        help="explicit cache:concurrency pairs, e.g. 0.5:1,0.2:4 (instead of --cache x --concurrency)",
+    )
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--prompt-len", type=int, default=16)
@@ -221,6 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     archs = [a for a in args.archs.split(",") if a]
     caches = [float(c) for c in args.cache.split(",")]
     concs = [int(c) for c in args.concurrency.split(",")]
+    points = [(cf, conc) for cf in caches for conc in concs]
+    if args.points:
+        points = [
+            (float(p.split(":")[0]), int(p.split(":")[1])) for p in args.points.split(",") if p
+        ]
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
@@ -236,57 +246,54 @@ def main(argv: list[str] | None = None) -> int:
         # each arch may use its share of what is left of the budget
         arch_deadline = started + args.budget_s * (ai + 1) / len(archs)
         for rep in range(args.repeats):
-            for cf in caches:
-                for conc in concs:
-                    order = ["PD", "PD+host"] if (rep + conc) % 2 == 0 else ["PD+host", "PD"]
-                    for baseline in order:
-                        if time.perf_counter() > arch_deadline:
-                            cut += 1
-                            continue
-                        spec = RunSpec(
-                            arch=arch,
-                            baseline=baseline,
-                            block_size=16,
-                            concurrency=conc,
-                            cache_fraction=cf,
-                            repeat=rep,
-                            layers=args.layers or None,
-                            max_new_tokens=args.max_new_tokens,
-                            prompt_len=args.prompt_len,
-                            host_threads=args.host_threads,
-                            host_workers=args.host_workers,
-                            host_max_ratio=args.host_max_ratio,
-                            host_max_tokens=args.host_max_tokens,
-                            host_format=args.host_format,
-                            synthetic_format=args.synthetic_format,
-                            expert_dtype=args.expert_dtype,
-                        )
-                        t0 = time.perf_counter()
-                        try:
-                            row = run_spec(spec).row
-                        except Exception as exc:  # one failure must not lose the rest
-                            errors.append(
-                                {"spec": vars(spec), "error": f"{type(exc).__name__}: {exc}"}
-                            )
-                            print(
-                                f"[issue16] FAILED {arch} {baseline} cf{cf} c{conc} r{rep}: {exc}",
-                                file=sys.stderr,
-                                flush=True,
-                            )
-                            continue
-                        row["run_elapsed_s"] = time.perf_counter() - t0
-                        rows.append(row)
-                        with rows_path.open("a") as f:
-                            f.write(json.dumps(row, default=str) + "\n")
+            for cf, conc in points:
+                order = ["PD", "PD+host"] if (rep + conc) % 2 == 0 else ["PD+host", "PD"]
+                for baseline in order:
+                    if time.perf_counter() > arch_deadline:
+                        cut += 1
+                        continue
+                    spec = RunSpec(
+                        arch=arch,
+                        baseline=baseline,
+                        block_size=16,
+                        concurrency=conc,
+                        cache_fraction=cf,
+                        repeat=rep,
+                        layers=args.layers or None,
+                        max_new_tokens=args.max_new_tokens,
+                        prompt_len=args.prompt_len,
+                        host_threads=args.host_threads,
+                        host_workers=args.host_workers,
+                        host_max_ratio=args.host_max_ratio,
+                        host_max_tokens=args.host_max_tokens,
+                        host_format=args.host_format,
+                        synthetic_format=args.synthetic_format,
+                        expert_dtype=args.expert_dtype,
+                    )
+                    t0 = time.perf_counter()
+                    try:
+                        row = run_spec(spec).row
+                    except Exception as exc:  # one failure must not lose the rest
+                        errors.append({"spec": vars(spec), "error": f"{type(exc).__name__}: {exc}"})
                         print(
-                            f"[issue16] {arch} {baseline} cf{cf} c{conc} r{rep}: "
-                            f"tok/s={row['output_tokens_per_s']:.1f} "
-                            f"B/tok={row.get('bytes_per_token') or 0:.3g} "
-                            f"host={row.get('host_served_experts')} "
-                            f"({time.perf_counter() - t0:.1f}s, total {time.perf_counter() - started:.0f}s)",
+                            f"[issue16] FAILED {arch} {baseline} cf{cf} c{conc} r{rep}: {exc}",
                             file=sys.stderr,
                             flush=True,
                         )
+                        continue
+                    row["run_elapsed_s"] = time.perf_counter() - t0
+                    rows.append(row)
+                    with rows_path.open("a") as f:
+                        f.write(json.dumps(row, default=str) + "\n")
+                    print(
+                        f"[issue16] {arch} {baseline} cf{cf} c{conc} r{rep}: "
+                        f"tok/s={row['output_tokens_per_s']:.1f} "
+                        f"B/tok={row.get('bytes_per_token') or 0:.3g} "
+                        f"host={row.get('host_served_experts')} "
+                        f"({time.perf_counter() - t0:.1f}s, total {time.perf_counter() - started:.0f}s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         release_targets()
     calibrations = {
         r["arch"]: (r.get("host_service") or {}).get("calibration")
@@ -317,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                 "calibration_spread": cal.get("spread"),
                 "online_cost": hs.get("online_cost"),
                 "planner_decisions": hs.get("planner_decisions"),
+                "critical_path": hs.get("critical_path"),
+                "copy_sampled": hs.get("copy_sampled_layers"),
+                "host_part_on_fraction": ((r.get("pd_parts") or {}).get("on_fraction") or {}).get(
+                    "host_experts"
+                ),
                 "host_weights_reused": hw.get("reused"),
             }
         )

@@ -88,8 +88,16 @@ the engine measures (:func:`measure_step`), the policy decides.
 Engine side (:func:`attach`, :func:`before_step`, :func:`after_step`): a part
 can be switched only if the engine was built with it (a predictor, a
 streaming prefetcher, a :class:`~pdflash.engine.batching.ShadowComparison`
-batcher whose shadow is the token-only scheduler); parts it lacks stay off
-and are never probed.
+batcher whose shadow is the token-only scheduler, a hybrid miss service);
+parts it lacks stay off and are never probed.
+
+The hybrid miss service (``PD+host``, :mod:`pdflash.hybrid`) is a part too,
+``host_experts`` (:data:`HOST_PART`): probed before PD's own parts and
+judged by the rate alone (where hosting costs, it costs the forward thread's
+time, which no part's books separate); switched off, every miss is copied
+and nothing is planned for the host (``HostExpertService.enabled``). Its
+planner already copies where the copies hide behind the forward; the part
+is the net for what the planner's model does not see.
 """
 
 from __future__ import annotations
@@ -121,25 +129,38 @@ RATES = ("expected_committed", "committed", "verified")
 #: too (a stream that costs must go off alone, not take route-ahead with it)
 PARTS: tuple[str, ...] = ("scheduler_2d", "stream", "route_ahead")
 
+#: the hybrid miss service (``PD+host``'s part, :mod:`pdflash.hybrid`):
+#: switchable where the engine has one, judged by the rate alone (its cost
+#: is the forward thread's time, which no part's books separate), and
+#: probed first: where the host does not pay it costs the most
+HOST_PART = "host_experts"
+
+#: every switchable part, in probe order
+ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
+
 
 @dataclass(frozen=True)
 class PartsState:
     """Which of PD's parts run. ``stream`` needs ``route_ahead`` (the stream
-    copies the predictor's plan): with route-ahead off it does not run."""
+    copies the predictor's plan): with route-ahead off it does not run.
+    ``host_experts``: the hybrid miss service runs (off by default: only an
+    engine built with one has it; a policy left without an explicit
+    ``initial`` state starts with every part the engine has on)."""
 
     route_ahead: bool = True
     scheduler_2d: bool = True
     stream: bool = True
+    host_experts: bool = False
 
     def on(self, part: str) -> bool:
-        if part not in PARTS:
-            raise ValueError(f"unknown part {part!r}; choose one of {PARTS}")
+        if part not in ALL_PARTS:
+            raise ValueError(f"unknown part {part!r}; choose one of {ALL_PARTS}")
         value: bool = getattr(self, part)
         return value
 
     def with_part(self, part: str, on: bool) -> PartsState:
-        if part not in PARTS:
-            raise ValueError(f"unknown part {part!r}; choose one of {PARTS}")
+        if part not in ALL_PARTS:
+            raise ValueError(f"unknown part {part!r}; choose one of {ALL_PARTS}")
         return dataclasses.replace(self, **{part: bool(on)})
 
     def runs(self, part: str) -> bool:
@@ -150,9 +171,10 @@ class PartsState:
 
     def masked(self, available: PartsState) -> PartsState:
         """This state with the parts ``available`` lacks switched off."""
-        return PartsState(**{p: self.on(p) and available.on(p) for p in PARTS})
+        return PartsState(**{p: self.on(p) and available.on(p) for p in ALL_PARTS})
 
 
+#: PD's parts on (and no host service: see :class:`PartsState`)
 ALL_ON = PartsState()
 
 
@@ -255,26 +277,32 @@ class _Books:
 
     def reset(self) -> None:
         self.steps = 0
-        self.on_steps = dict.fromkeys(PARTS, 0)
+        self.on_steps = dict.fromkeys(ALL_PARTS, 0)
         self.switches = 0
         self.decisions: list[Decision] = []
 
     def count(self, parts: PartsState) -> None:
         self.steps += 1
-        for p in PARTS:
+        for p in ALL_PARTS:
             self.on_steps[p] += int(parts.runs(p))
 
+    def listed(self) -> tuple[str, ...]:
+        """The parts a summary lists: PD's, and the host service where the
+        engine has one."""
+        return PARTS if not self.available.host_experts else ALL_PARTS
+
     def summary(self, name: str, parts: PartsState, keep: int) -> dict[str, Any]:
+        listed = self.listed()
         frac: dict[str, float | None] = {
-            p: (self.on_steps[p] / self.steps if self.steps else None) for p in PARTS
+            p: (self.on_steps[p] / self.steps if self.steps else None) for p in listed
         }
         return {
             "policy": name,
             "steps": self.steps,
-            "available": {p: self.available.on(p) for p in PARTS},
+            "available": {p: self.available.on(p) for p in listed},
             "on_fraction": frac,
             "switches": self.switches,
-            "at_end": {p: parts.runs(p) for p in PARTS},
+            "at_end": {p: parts.runs(p) for p in listed},
             "probes": len(self.decisions),
             # every switch (up to MAX_SWITCHES_KEPT), and the first and last
             # of the other probes' outcomes
@@ -301,9 +329,10 @@ class FixedParts:
 
     name = "fixed"
 
-    def __init__(self, parts: PartsState = ALL_ON) -> None:
+    def __init__(self, parts: PartsState | None = None) -> None:
+        # None: every part the engine has
         self._want = parts
-        self._parts = parts
+        self._parts = parts if parts is not None else ALL_ON
         self._books = _Books()
 
     @property
@@ -312,7 +341,7 @@ class FixedParts:
 
     def bind(self, available: PartsState) -> None:
         self._books.available = available
-        self._parts = self._want.masked(available)
+        self._parts = available if self._want is None else self._want.masked(available)
 
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
@@ -437,7 +466,8 @@ class PDController:
             back to ``hold`` after a switch.
         max_hold: the longest hold.
         settle: steps not measured after every change of the parts.
-        initial: the parts at the start (masked by what the engine has).
+        initial: the parts at the start (masked by what the engine has);
+            None: every part the engine has.
         keep_decisions: probe outcomes other than switches kept in
             :meth:`summary` (the first and the last ones; switches are all kept).
         rate_of: the tokens a step's rate counts: ``expected_committed``
@@ -463,7 +493,7 @@ class PDController:
         hold: int = 24,
         max_hold: int = 96,
         settle: int = 1,
-        initial: PartsState = ALL_ON,
+        initial: PartsState | None = None,
         keep_decisions: int = 16,
         rate_of: str = "expected_committed",
     ) -> None:
@@ -502,7 +532,7 @@ class PDController:
         self.keep_decisions = keep_decisions
         self.rate_of = rate_of
         self._initial = initial
-        self._parts = initial
+        self._parts = initial if initial is not None else ALL_ON
         self._books = _Books()
         self._available = ALL_ON
         self._probing = False
@@ -512,7 +542,7 @@ class PDController:
         self._settling = 0
         self._queue: list[str] = []
         self._part: str | None = None
-        self._base = initial  # the configuration at the probe's start (arm A)
+        self._base = self._parts  # the configuration at the probe's start (arm A)
         self._pairs: list[_Pair] = []
         self._half: StepMeasurement | None = None  # the pair's first step
         self._extended = False  # the probe runs on past max_pairs
@@ -525,7 +555,7 @@ class PDController:
     def bind(self, available: PartsState) -> None:
         self._available = available
         self._books.available = available
-        self._parts = self._initial.masked(available)
+        self._parts = available if self._initial is None else self._initial.masked(available)
 
     def reset_stats(self) -> None:
         self._books.reset()
@@ -599,7 +629,9 @@ class PDController:
     def _probeable(self) -> list[str]:
         # the stream runs only with route-ahead: probing it without is moot
         return [
-            p for p in PARTS if self._available.on(p) and (p != "stream" or self._parts.route_ahead)
+            p
+            for p in ALL_PARTS
+            if self._available.on(p) and (p != "stream" or self._parts.route_ahead)
         ]
 
     def _start_round(self) -> None:
@@ -805,10 +837,13 @@ class EngineParts:
             else None
         )
         cfg = engine.config
+        #: the hybrid miss service, switched through its ``enabled`` flag
+        self.host_service = engine.host_service
         self.available = PartsState(
             route_ahead=bool(cfg.route_ahead and engine.predictor is not None),
             scheduler_2d=bool(cfg.batching == "deficit_2d" and self.switchable_batcher is not None),
             stream=self.stream is not None,
+            host_experts=self.host_service is not None,
         )
         self.applied: PartsState | None = None
         self.marks = _Marks()
@@ -844,6 +879,13 @@ class EngineParts:
                 self.stream.skip[:] = False
         if self.switchable_batcher is not None:
             self.switchable_batcher.execute_shadow = not two_d
+        if self.host_service is not None:
+            host = parts.host_experts
+            self.host_service.enabled = host
+            if not host:
+                # every miss is copied: nothing stays planned for the host
+                eng.host_ahead = None
+                eng.prefetch.set_host_planned(None)
         self.applied = parts
 
 

@@ -50,6 +50,7 @@ others). Every other step runs as described above.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -342,6 +343,9 @@ class TargetRunner:
         ad = self.adapter
         x = ad.embed(ids)
         captured: dict[int, torch.Tensor] = {}
+        # the hybrid miss service's clock: where the thread may wait on the device
+        service = getattr(getattr(ad, "runtime", None), "host_service", None)
+        clock = getattr(service, "clock", None)
         #: each top-k choice's chunk (the same for every layer)
         chunk_of_choice: list[torch.Tensor] = []
         for decoder_layer, moe_layer in enumerate(self.plan_layers):
@@ -360,6 +364,8 @@ class TargetRunner:
             if host_hooks:
                 for hook in self.before_moe_hooks:
                     hook(layer)
+            if clock is not None:
+                clock.sync(time.perf_counter())  # a routed hook may read the routing
             for rhook in self.routed_hooks:
                 rhook(layer, topk_ids, x)
             with self._region("experts"):
@@ -374,6 +380,8 @@ class TargetRunner:
                     )
                 else:
                     x = x + ad.moe(layer, normed)
+            if clock is not None and self.observers:
+                clock.sync(time.perf_counter())  # a lookahead reads its scores
             for obs in self.observers:
                 obs.after_layer(layer, x, topk_ids)
             if decoder_layer in self.capture_layers:

@@ -18,6 +18,7 @@ experts) when it pins, copies and computes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,8 @@ def start_host_part(
     k: int,
     experts: npt.NDArray[np.int64],
     counts: npt.NDArray[np.int64],
+    *,
+    routed: tuple[float, float] | None = None,
 ) -> HostPart | None:
     """Plan and start the layer's HOST experts (see the module doc).
 
@@ -71,13 +74,17 @@ def start_host_part(
         k: experts per token.
         experts: the distinct routed local ids (ascending).
         counts: rows routed to each expert, indexed by local id (host).
+        routed: the ``(start, end)`` perf_counter seconds of the layer's
+            routing read (the forward thread's clock, see
+            :class:`~pdflash.hybrid.service.ForwardClock`).
     """
     num_experts = service.num_experts
     base = layer * num_experts
     tokens = np.asarray(counts, dtype=np.int64)[experts]
-    mask = service.split(layer, base + experts, tokens, cache)
+    mask = service.split(layer, base + experts, tokens, cache, routed=routed)
     if not mask.any():
         return None
+    began = time.perf_counter()
     host_experts = experts[mask]
     host_counts = tokens[mask]
     n_rows = int(host_counts.sum())
@@ -93,4 +100,5 @@ def start_host_part(
     rows = torch.argsort(key, stable=True)[:n_rows]
     x_rows = x[rows // k]
     job = service.start(base + host_experts, x_rows, host_counts.tolist())
+    service.clock.hosted(time.perf_counter() - began)
     return HostPart(mask=mask, rows=rows, job=job, service=service)

@@ -94,6 +94,8 @@ class HostJob:
         #: (start, end) perf_counter seconds of each worker's compute
         self.intervals: list[tuple[float, float]] = []
         self.wait_s = 0.0  # time the caller blocked in result()
+        #: perf_counter seconds the caller had it submitted (None: not noted)
+        self.started_at: float | None = None
 
     def done(self) -> bool:
         return all(f.done() for f in self._futures)

@@ -52,10 +52,36 @@ bandwidth`` (~1.2 ms for gpt-oss-20b's 49.8 MB at ~42 GB/s) vs ``bytes /
 link bandwidth`` (0.96 ms at 52 GB/s): ``r`` ~ 1.25 whatever the token
 count up to tens of tokens, so the ratio alone barely separates c = 1..4
 (2-8 tokens per expert) from c = 16 (~32), while the token cap does.
+
+The critical path. The makespan above is what the layer waits only if the
+forward has nothing else to do meanwhile. In the eager offloaded forward
+the thread that launches the kernels reads each layer's routing (a host
+sync) and then goes on launching: a copy's wait is a *stream* wait, so the
+copy is exposed only where it outlasts the thread's own work up to its next
+sync (the next layer's routing), while the HOST part is paid by that thread
+itself: its dispatch (gather the rows, submit, collect the result) and a
+block on the host's result. So with the service's measurements in
+:class:`LinkState` — ``hidden_s`` (the thread's own work after a layer's
+plan), ``host_lead_s`` (its work between starting the host and needing the
+result) and ``host_overhead_s`` (what a HOST part adds to it) — a split of
+``m`` HOST experts costs the forward
+
+    max(hidden + overhead + max(0, host(m) - lead), link(m)) - hidden
+
+against ``max(0, link(0) - hidden)`` for all-COPY, and a HOST assignment
+pays only where the copy it replaces would have been exposed by more than
+the host part adds. Where the launching thread is the bottleneck (few
+tokens per verify, eager layers) the copies of a few misses hide entirely
+and the planner copies; where the link is (small cache, many misses per
+layer) the makespan rule comes back. With nothing measured yet the three
+terms are 0 and the cost is the makespan. A probe (below) is skipped where
+no host could pay (the copies' exposure below the overhead).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -79,22 +105,41 @@ DEFAULT_PROBE_MAX_RATIO = 4.0
 
 @dataclass(frozen=True)
 class LinkState:
-    """What the link owes before a new ON_DEMAND copy of this layer lands.
+    """What the link owes before a new ON_DEMAND copy of this layer lands,
+    and how much of that the forward hides (the critical-path terms).
 
     Attributes:
         bytes_per_s: the link's rate (measured in the run, or configured).
         ahead_bytes: bytes that complete before this layer's new copies
             (the layer's own copies already in flight).
+        hidden_s: the forward thread's own work from this layer's plan to
+            its next wait on the device (measured by the service): copies
+            that land within it cost the forward nothing. 0: unknown (every
+            copy second counts, the plain makespan).
+        host_lead_s: the forward thread's work between starting the HOST
+            job and blocking for its result (the device experts' dispatch):
+            host time within it is hidden. 0: unknown.
+        host_overhead_s: what a layer's HOST part adds to the forward
+            thread (its own dispatch: the rows' gather, the submit and the
+            result's collection, and the measured extra time of hosting
+            layers): paid on the critical path by any split. 0: unknown.
     """
 
     bytes_per_s: float
     ahead_bytes: int = 0
+    hidden_s: float = 0.0
+    host_lead_s: float = 0.0
+    host_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.bytes_per_s > 0:
             raise ValueError(f"bytes_per_s must be positive, got {self.bytes_per_s!r}")
         if self.ahead_bytes < 0:
             raise ValueError(f"ahead_bytes must be >= 0, got {self.ahead_bytes}")
+        for name in ("hidden_s", "host_lead_s", "host_overhead_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -103,8 +148,10 @@ class MissPlan:
 
     copy: IdArray
     host: IdArray
-    modeled_copy_only_s: float | None = None  # all-COPY makespan (None: no model)
-    modeled_s: float | None = None  # the chosen split's makespan
+    #: what all-COPY adds to the forward's critical path (None: no model);
+    #: with no critical-path terms known, the all-COPY makespan
+    modeled_copy_only_s: float | None = None
+    modeled_s: float | None = None  # the same for the chosen split
 
 
 @runtime_checkable
@@ -215,13 +262,17 @@ class CostModelPlanner:
     def _split(
         self, tokens: npt.NDArray[np.float64], link: LinkState
     ) -> tuple[npt.NDArray[np.int64], float, float]:
-        """(indices to serve on the host, all-COPY makespan, chosen makespan)."""
+        """(indices to serve on the host, all-COPY cost, chosen cost): a
+        cost is what the layer's misses add to the forward's critical path
+        (module doc, "The critical path")."""
         n = int(tokens.size)
         per_copy = self.expert_nbytes / link.bytes_per_s
         ahead = link.ahead_bytes / link.bytes_per_s
-        copy_only = ahead + n * per_copy
+        copy_link = ahead + n * per_copy
+        copy_only = max(0.0, copy_link - link.hidden_s)
+        none = np.zeros(0, dtype=np.int64)
         if n == 0:
-            return np.zeros(0, dtype=np.int64), copy_only, copy_only
+            return none, copy_only, copy_only
         order = np.argsort(tokens, kind="stable")
         host_each = np.asarray(self.model.expert_s(tokens[order]), dtype=np.float64)
         host_cum = np.cumsum(host_each)
@@ -235,14 +286,34 @@ class CostModelPlanner:
         if self.max_host_per_layer is not None:
             m = m[m <= self.max_host_per_layer]
         if m.size == 0:
-            return np.zeros(0, dtype=np.int64), copy_only, copy_only
+            return none, copy_only, copy_only
+        cost = self._cost(m, n, per_copy, ahead, host_cum, link)
+        best = int(np.argmin(cost))
+        # the saving must be worth `margin` of the layer's copy time
+        if copy_only - cost[best] > self.margin * copy_link:
+            return order[: int(m[best])].astype(np.int64), copy_only, float(cost[best])
+        return none, copy_only, copy_only
+
+    def _cost(
+        self,
+        m: npt.NDArray[np.int64],
+        n: int,
+        per_copy: float,
+        ahead: float,
+        host_cum: npt.NDArray[np.float64],
+        link: LinkState,
+    ) -> npt.NDArray[np.float64]:
+        """What hosting the first ``m`` experts adds to the critical path:
+        the forward thread does its own work (``hidden_s``), the HOST part's
+        dispatch (``host_overhead_s``) and waits for the host beyond its
+        lead; the layer's next wait on the device ends once the copies have
+        landed (module doc)."""
         link_s = ahead + (n - m) * per_copy
         host_s = self.model.roundtrip_s + host_cum[m - 1]
-        makespan = np.maximum(link_s, host_s)
-        best = int(np.argmin(makespan))
-        if makespan[best] < (1.0 - self.margin) * copy_only:
-            return order[: int(m[best])].astype(np.int64), copy_only, float(makespan[best])
-        return np.zeros(0, dtype=np.int64), copy_only, copy_only
+        wait_host = np.maximum(0.0, host_s - link.host_lead_s)
+        thread_s = link.hidden_s + link.host_overhead_s + wait_host
+        cost: npt.NDArray[np.float64] = np.maximum(thread_s, link_s) - link.hidden_s
+        return cost
 
     def plan(
         self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
@@ -276,6 +347,9 @@ class CostModelPlanner:
         j = int(np.argmin(tokens))
         if self.max_host_tokens is not None and tokens[j] > self.max_host_tokens:
             return None
+        exposed = (link.ahead_bytes + tokens.size * self.expert_nbytes) / link.bytes_per_s
+        if exposed - link.hidden_s <= link.host_overhead_s:
+            return None  # the copies hide behind the forward: no host could pay
         rest_s = (link.ahead_bytes + (tokens.size - 1) * self.expert_nbytes) / link.bytes_per_s
         host_s = self.model.roundtrip_s + float(self.model.expert_s(tokens[j]))
         return j if host_s <= self.probe_max_ratio * rest_s else None
@@ -300,7 +374,7 @@ class CostModelPlanner:
             # NOTE: ahead of the verify no copy of this layer is queued yet;
             # fractional expectations are rounded up (an expert gets >= 1 token)
             tok = np.maximum(1.0, np.ceil(exp[layer, cand]))
-            pick, _, _ = self._split(tok, LinkState(link.bytes_per_s, 0))
+            pick, _, _ = self._split(tok, dataclasses.replace(link, ahead_bytes=0))
             out[layer, cand[pick]] = True
         return out
 

@@ -31,8 +31,11 @@ bytes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,6 +62,154 @@ def busy_union_s(intervals: list[tuple[float, float]]) -> float:
 
 
 @dataclass
+class _LayerMark:
+    """The forward thread's marks of one layer with misses."""
+
+    layer: int
+    resumed_at: float  # the thread left the layer's routing read
+    hosted: bool = False
+    host_wait_s: float = 0.0
+    overhead_s: float = 0.0
+    first_sync: float | None = None  # the thread's next possible wait on the device
+
+
+@dataclass
+class ForwardClock:
+    """The forward thread's per-layer times, measured, for the planner's
+    critical-path terms (:class:`~pdflash.hybrid.planner.LinkState`).
+
+    Per layer with misses the service gets the end of its routing read (a
+    host sync: the thread waited for the device there). From then until the
+    thread's next point that may wait on the device (:meth:`sync`: the
+    verify loop marks its next-layer lookahead and the next layer's routing
+    read; without marks, the next routing read itself), less what the
+    layer's HOST part took on the thread (its own dispatch and its wait for
+    the host), is the layer's *dispatch*: the time its copies run hidden.
+    Kept over the last ``window`` layers of a forward (a gap across forwards
+    is not a dispatch), as medians (one slow layer moves nothing):
+
+    * ``hidden_s``: the median dispatch after layers without a HOST part
+      (all layers while fewer than ``min_samples`` of those);
+    * ``host_overhead_s``: the median of a HOST part's own forward-thread
+      time (the rows' gather, the submit, the result's collection), plus the
+      median dispatch after a HOST part less that after none, where positive
+      (what hosting slows the rest of the thread's work: the masked device
+      calls, the cores it shares with the pool), once each side has
+      ``min_samples``;
+    * ``host_lead_s``: the median time from a HOST job's start to the
+      thread asking for its result.
+
+    Each is 0 until it has ``min_samples`` samples (the planner's cost is
+    then the plain makespan). Where every layer hosts, no dispatch without a
+    HOST part would be measured: :meth:`wants_copy_sample` asks the service
+    to copy one layer in ``sample_every`` until the window holds
+    ``min_samples`` of them.
+    """
+
+    window: int = 64
+    min_samples: int = 4
+    sample_every: int = 4
+    _dispatch: deque[tuple[float, bool]] = field(default_factory=deque, repr=False)
+    _overhead: deque[float] = field(default_factory=deque, repr=False)
+    _lead: deque[float] = field(default_factory=deque, repr=False)
+    _last: _LayerMark | None = field(default=None, repr=False)
+    _since_sample: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.window < 1 or self.min_samples < 1 or self.sample_every < 1:
+            raise ValueError(
+                "need window, min_samples and sample_every >= 1, got "
+                f"{self.window}, {self.min_samples}, {self.sample_every}"
+            )
+        self._dispatch = deque(maxlen=self.window)
+        self._overhead = deque(maxlen=self.window)
+        self._lead = deque(maxlen=self.window)
+
+    def sync(self, at: float) -> None:
+        """The forward thread may wait on the device from ``at`` on (the
+        first such point after a layer's routing read ends its dispatch)."""
+        last = self._last
+        if last is not None and last.first_sync is None and at >= last.resumed_at:
+            last.first_sync = at
+
+    def routed(self, layer: int, started: float, ended: float) -> None:
+        """Layer ``layer``'s routing read ran from ``started`` to ``ended``
+        (perf_counter seconds)."""
+        self.sync(started)
+        last = self._last
+        if last is not None and layer > last.layer and last.first_sync is not None:
+            own = last.first_sync - last.resumed_at - last.host_wait_s - last.overhead_s
+            self._dispatch.append((max(0.0, own), last.hosted))
+        self._last = _LayerMark(layer, ended)
+
+    def hosted(self, overhead_s: float) -> None:
+        """The current layer ran a HOST part whose own dispatch took ``overhead_s``."""
+        if self._last is not None:
+            self._last.hosted = True
+            self._last.overhead_s += max(0.0, overhead_s)
+        self._overhead.append(max(0.0, overhead_s))
+
+    def collected(self, lead_s: float, wait_s: float, overhead_s: float) -> None:
+        """The current layer's HOST result was asked for ``lead_s`` after
+        its start, blocked ``wait_s`` and took ``overhead_s`` besides."""
+        self._lead.append(max(0.0, lead_s))
+        if self._last is not None:
+            self._last.host_wait_s += max(0.0, wait_s)
+            self._last.overhead_s += max(0.0, overhead_s)
+        if self._overhead:
+            self._overhead[-1] += max(0.0, overhead_s)
+
+    def wants_copy_sample(self) -> bool:
+        """Should a layer the planner would host be copied instead, to
+        measure the dispatch without a HOST part (class doc)? Counts the
+        calls: True at most once in ``sample_every``."""
+        if sum(1 for _, h in self._dispatch if not h) >= self.min_samples:
+            return False
+        self._since_sample += 1
+        if self._since_sample < self.sample_every:
+            return False
+        self._since_sample = 0
+        return True
+
+    def _median(self, values: Sequence[float]) -> float:
+        return float(statistics.median(values)) if len(values) >= self.min_samples else 0.0
+
+    @property
+    def hidden_s(self) -> float:
+        after_copy = [d for d, h in self._dispatch if not h]
+        if len(after_copy) >= self.min_samples:
+            return self._median(after_copy)
+        return self._median([d for d, _ in self._dispatch])
+
+    @property
+    def host_lead_s(self) -> float:
+        return self._median(self._lead)
+
+    @property
+    def host_overhead_s(self) -> float:
+        own = self._median(self._overhead)
+        after_host = [d for d, h in self._dispatch if h]
+        after_copy = [d for d, h in self._dispatch if not h]
+        if len(after_host) < self.min_samples or len(after_copy) < self.min_samples:
+            return own
+        return own + max(0.0, self._median(after_host) - self._median(after_copy))
+
+    def to_json(self) -> dict[str, Any]:
+        """The terms as the planner sees them now, and their sample counts."""
+        return {
+            "hidden_s": self.hidden_s,
+            "host_lead_s": self.host_lead_s,
+            "host_overhead_s": self.host_overhead_s,
+            "dispatch_samples": len(self._dispatch),
+            "dispatch_after_host_samples": sum(1 for _, h in self._dispatch if h),
+            "overhead_samples": len(self._overhead),
+            "lead_samples": len(self._lead),
+            "window": self.window,
+            "min_samples": self.min_samples,
+        }
+
+
+@dataclass
 class HostBooks:
     """What the host served (since the last :meth:`reset`).
 
@@ -69,7 +220,9 @@ class HostBooks:
     forward's thread blocked for host results; ``bytes_saved``: link bytes
     the HOST experts did not move (``experts x expert_nbytes``);
     ``planned_ahead``: experts the ahead plan kept out of route-ahead copies;
-    ``planned_layers``: layer forwards the planner saw misses in.
+    ``planned_layers``: layer forwards the planner saw misses in;
+    ``copy_sampled``: layers the planner split that were copied to measure
+    the forward's dispatch without a HOST part (:class:`ForwardClock`).
     """
 
     experts: int = 0
@@ -81,6 +234,7 @@ class HostBooks:
     bytes_saved: int = 0
     planned_ahead: int = 0
     planned_layers: int = 0
+    copy_sampled: int = 0
 
     def reset(self) -> None:
         for name, value in asdict(HostBooks()).items():
@@ -136,18 +290,44 @@ class HostExpertService:
         #: torch's intra-op thread count before this service set its own
         #: (process-wide): given back by :meth:`close`; None: nothing to give back
         self.intra_op_threads_before: int | None = None
+        #: the forward thread's measured times (the planner's critical-path terms)
+        self.clock = ForwardClock()
+        #: False: every miss is copied and nothing is planned ahead (the PD
+        #: controller switches the service off where it does not pay)
+        self.enabled = True
 
     # -- per layer -------------------------------------------------------------
 
+    def link_state(self, ahead_bytes: int = 0) -> LinkState:
+        """The link and the forward's measured terms as the planner sees them."""
+        clock = self.clock
+        return LinkState(
+            self.link_bytes_per_s,
+            ahead_bytes,
+            hidden_s=clock.hidden_s,
+            host_lead_s=clock.host_lead_s,
+            host_overhead_s=clock.host_overhead_s,
+        )
+
     def split(
-        self, layer: int, flat_ids: IdArray, tokens: npt.NDArray[np.int64], cache: Any
+        self,
+        layer: int,
+        flat_ids: IdArray,
+        tokens: npt.NDArray[np.int64],
+        cache: Any,
+        *,
+        routed: tuple[float, float] | None = None,
     ) -> npt.NDArray[np.bool_]:
         """Mask over ``flat_ids`` (a layer's distinct routed experts, with
-        ``tokens`` routed to each) of the ones to compute on the host."""
+        ``tokens`` routed to each) of the ones to compute on the host.
+        ``routed``: the ``(start, end)`` perf_counter seconds of the layer's
+        routing read on the forward thread (for :class:`ForwardClock`)."""
+        if routed is not None:
+            self.clock.routed(layer, *routed)
         ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
         tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
         out = np.zeros(ids.size, dtype=np.bool_)
-        if ids.size == 0:
+        if ids.size == 0 or not self.enabled:
             return out
         slots = np.asarray(cache.slot_of)[ids]
         held = slots >= 0
@@ -156,8 +336,11 @@ class HostExpertService:
             return out
         self.books.planned_layers += 1
         inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
-        link = LinkState(self.link_bytes_per_s, inflight * self.expert_nbytes)
+        link = self.link_state(inflight * self.expert_nbytes)
         plan = self.planner.plan(layer, ids[missed], tok[missed], link)
+        if plan.host.size and self.clock.wants_copy_sample():
+            self.books.copy_sampled += 1  # copied to measure the dispatch without a HOST part
+            return out
         if plan.host.size:
             host = np.isin(ids, plan.host)
             if (host & held).any():
@@ -171,6 +354,7 @@ class HostExpertService:
         """Start the host on ``ids`` over ``x_rows`` (rows sorted by expert,
         ``counts`` rows each, on the compute device)."""
         job = self.executor.submit(ids, x_rows, counts, device=x_rows.device)
+        job.started_at = time.perf_counter()
         self.books.experts += int(np.asarray(ids).size)
         self.books.tokens += int(x_rows.shape[0])
         self.books.layers += 1
@@ -180,6 +364,7 @@ class HostExpertService:
     def finish(self, job: HostJob) -> torch.Tensor:
         """The job's output on its device (the forward blocks for the host
         here; on CUDA the copy back is ordered on the compute stream)."""
+        asked = time.perf_counter()
         with self._host_wait():
             out = job.result()
         self.books.wait_s += job.wait_s
@@ -192,6 +377,9 @@ class HostExpertService:
             # the job's compute span, as the calibration timed its batches
             span = max(b for _, b in job.intervals) - min(a for a, _ in job.intervals)
             observe(tokens, span)
+        if job.started_at is not None:
+            own = time.perf_counter() - asked - job.wait_s
+            self.clock.collected(asked - job.started_at, job.wait_s, own)
         return out
 
     @contextlib.contextmanager
@@ -210,9 +398,9 @@ class HostExpertService:
     ) -> npt.NDArray[np.bool_]:
         """``(layers, experts)`` experts expected to be HOST in the coming
         verify (see :meth:`MissPlanner.plan_ahead`)."""
-        mask = self.planner.plan_ahead(
-            expected_tokens, resident, LinkState(self.link_bytes_per_s, 0)
-        )
+        if not self.enabled:
+            return np.zeros(np.asarray(resident).shape, dtype=np.bool_)
+        mask = self.planner.plan_ahead(expected_tokens, resident, self.link_state())
         return np.asarray(mask, dtype=np.bool_)
 
     def describe(self) -> dict[str, Any]:
@@ -230,6 +418,11 @@ class HostExpertService:
             "workers": self.executor.workers,
             "intra_op_threads": self.executor.intra_op_threads,
             "link_bytes_per_s": self.link_bytes_per_s,
+            # the forward's measured terms the planner ended the run with
+            "critical_path": self.clock.to_json(),
+            # layers the planner split that were copied to sample the dispatch
+            "copy_sampled_layers": self.books.copy_sampled,
+            "enabled_at_end": self.enabled,
         }
 
     def _host_weights(self) -> dict[str, Any] | None:

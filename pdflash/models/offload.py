@@ -55,6 +55,7 @@ refuses a block holding a part it does not know (never drops one).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -256,6 +257,8 @@ class OffloadedMoE:
         #: host CPU computes the layer's misses it chooses (None: every miss
         #: is copied)
         self.host_service: HostExpertService | None = None
+        #: perf_counter seconds the current layer's routing read began
+        self._routing_began = 0.0
         # NOTE: views per slot are built once; a slot's bytes change, its views do not.
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
@@ -302,13 +305,14 @@ class OffloadedMoE:
         """Why the block's work cannot be recorded once and replayed now
         (names the reason), or None: the grouped path with a capturable
         GEMM (:func:`grouped_mm_capturable`), no route hooks, no host
-        service, every layer resident (so no layer reads its routing on the
+        service running (one switched off by the PD controller computes
+        nothing), every layer resident (so no layer reads its routing on the
         host)."""
         if self.grouped is None:
             return "moe_loop_path"
         if self.route_hooks:
             return "moe_route_hooks"
-        if self.host_service is not None:
+        if self.host_service is not None and self.host_service.enabled:
             return "host_experts"
         cache = self.cache
         all_resident = getattr(cache, "all_resident", None)
@@ -411,6 +415,9 @@ class OffloadedMoE:
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         """The MoE output ``[T, H]`` of ``x [T, H]`` under the given routing."""
+        # the routing read's start on the forward thread (a routed hook may
+        # read it first), for the host service's clock
+        self._routing_began = time.perf_counter()
         for hook in self.route_hooks:
             hook(layer, topk_ids)
         num_tokens = topk_ids.shape[0]
@@ -427,6 +434,7 @@ class OffloadedMoE:
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts_host = self._routed_counts(topk_ids)  # the one host sync: routing decides the copies
+        routed = (self._routing_began, time.perf_counter())
         experts = np.flatnonzero(counts_host)
         # NOTE: per-expert work is kept to the expert's own MLP: the tokens are
         # gathered in expert order once and split into one view per expert,
@@ -437,7 +445,7 @@ class OffloadedMoE:
         # reduction in the routing weights' precision, rounded to x's dtype once.
         x_parts = torch.split(x[order // k], counts_host[experts].tolist())
         y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
-        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
+        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host, routed)
         todo = np.arange(experts.size)  # positions in `experts` computed here
         if host_part is not None:
             todo = np.flatnonzero(~host_part.mask)
@@ -467,14 +475,16 @@ class OffloadedMoE:
         k: int,
         experts: np.ndarray,
         counts_host: np.ndarray,
+        routed: tuple[float, float] | None = None,
     ) -> HostPart | None:
-        """The hybrid hook: start the host on the misses the service picks."""
+        """The hybrid hook: start the host on the misses the service picks
+        (``routed``: the span of the layer's routing read)."""
         if self.host_service is None:
             return None
         from pdflash.hybrid.block import start_host_part
 
         return start_host_part(
-            self.host_service, self.cache, layer, x, flat, k, experts, counts_host
+            self.host_service, self.cache, layer, x, flat, k, experts, counts_host, routed=routed
         )
 
     def _compute_on_device(
@@ -563,8 +573,9 @@ class OffloadedMoE:
         topk_ids: torch.Tensor,
     ) -> None:
         counts_host = self._routed_counts(topk_ids)
+        routed = (self._routing_began, time.perf_counter())
         experts = np.flatnonzero(counts_host)
-        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host)
+        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host, routed)
         if host_part is not None:
             # NOTE: HOST experts get no slot, so their rows map to slot -1 in
             # the device slot table and every grouped call below skips them
