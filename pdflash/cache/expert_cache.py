@@ -64,6 +64,16 @@ class ExpertSource(Protocol):
     def host_ptrs(self, flat_ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]: ...
 
 
+def sorted_unique(ids: IdArray) -> IdArray:
+    """``np.unique(ids)`` (sorted, distinct) of a 1-D int64 array. Ids already
+    strictly increasing (the offloaded block's groups, a layer's ids) are
+    returned as they are: one comparison instead of a sort."""
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return ids
+    out: IdArray = np.unique(ids)
+    return out
+
+
 def _unregister_destination(issuer_ref: weakref.ReferenceType[Any], ptr: int) -> None:
     issuer = issuer_ref()
     if issuer is None or getattr(issuer, "closed", False):
@@ -341,9 +351,11 @@ class ExpertCache:
         copy with a non-blocking copy on the current stream (no host sync;
         the pinned allocator keeps that copy alive until the transfer ran)."""
         if self._table is None or self._table_dirty:
-            host = torch.from_numpy(self.slot_of.copy())
+            # a fresh host copy (page-locked on CUDA: one copy, no staging)
+            host = torch.empty(self.num_ids, dtype=torch.int64, pin_memory=self._is_cuda)
+            host.numpy()[:] = self.slot_of
             if self._is_cuda:
-                self._table = host.pin_memory().to(self.device, non_blocking=True)
+                self._table = host.to(self.device, non_blocking=True)
             else:
                 self._table = host
             self._table_dirty = False
@@ -526,7 +538,14 @@ class ExpertCache:
         return np.flatnonzero(ok)
 
     def _available(self, exclude: IdArray) -> int:
-        return int((self.expert_of < 0).sum()) + int(self._evictable_slots(exclude).size)
+        """Free slots plus evictable ones (:meth:`_evictable_slots`), counted
+        without listing them."""
+        held = self.expert_of >= 0
+        ok = held & (self.pins == 0) & (self.ticket < 0)
+        if exclude.size:
+            slots = self.slot_of[exclude]
+            ok[slots[slots >= 0]] = False
+        return self.num_slots - int(np.count_nonzero(held)) + int(np.count_nonzero(ok))
 
     def _reserve(self, n: int, exclude: IdArray) -> npt.NDArray[np.int64]:
         """Up to ``n`` free slots, evicting through the policy; never evicts
@@ -656,7 +675,7 @@ class ExpertCache:
         """
         ids_in = self._ids(flat_ids)
         self._check_owned(ids_in)
-        ids = np.unique(ids_in)
+        ids = sorted_unique(ids_in)
         # NOTE: earlier deferred accesses go to the policy before this one (no
         # extra wait in practice: the caller has just read this layer's routing)
         self._flush_deferred()
@@ -762,7 +781,7 @@ class ExpertCache:
     @exclusive
     def release(self, flat_ids: npt.ArrayLike) -> None:
         """Unpin experts pinned by :meth:`ensure_resident`."""
-        ids = np.unique(self._ids(flat_ids))
+        ids = sorted_unique(self._ids(flat_ids))
         slots = self.slot_of[ids]
         if (slots < 0).any() or (self.pins[slots] <= 0).any():
             bad = ids[(slots < 0) | (self.pins[np.maximum(slots, 0)] <= 0)][0]

@@ -618,13 +618,18 @@ class OffloadedMoE:
             try:
                 # the ready experts' rows first; the misses' copies land meanwhile
                 ready = tickets < 0
+                row_phase: torch.Tensor | None = None  # one upload serves both phases
                 for phase, waits in ((ready, False), (~ready, True)):
                     if not phase.any():
                         continue
                     if waits:
                         cache.wait_ready(tickets[phase])
                     whole = not partial and group.size == experts.size and bool(phase.all())
-                    row_in = None if whole else self._rows_of(flat, group[phase])
+                    row_in = None
+                    if not whole:
+                        if row_phase is None:
+                            row_phase = self._row_phases(flat, group, ready)
+                        row_in = row_phase == int(waits)
                     self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
             except BaseException:
                 cache.abort(flat_ids)
@@ -632,13 +637,16 @@ class OffloadedMoE:
             cache.release(flat_ids)
             i += group.size
 
-    def _rows_of(self, flat: torch.Tensor, experts: npt.NDArray[np.int64]) -> torch.Tensor:
-        """Bool ``[rows]``: the routed rows whose expert is in ``experts``."""
-        sel = torch.zeros(self.num_experts, dtype=torch.bool)
-        sel[torch.from_numpy(np.asarray(experts, dtype=np.int64))] = True
-        if flat.is_cuda:  # page-locked, so the copy does not wait for the stream
-            sel = sel.pin_memory()
-        return sel.to(flat.device, non_blocking=True)[flat]
+    def _row_phases(
+        self, flat: torch.Tensor, group: npt.NDArray[np.int64], ready: npt.NDArray[np.bool_]
+    ) -> torch.Tensor:
+        """Int8 ``[rows]``: each routed row's phase, 0 where its expert is a
+        ready one of ``group``, 1 a missing one, -1 not in ``group`` (one
+        small host-to-device copy per group, shared by both phases)."""
+        # built in page-locked memory on CUDA, so the copy does not wait for the stream
+        code = torch.full((self.num_experts,), -1, dtype=torch.int8, pin_memory=flat.is_cuda)
+        code.numpy()[np.asarray(group, dtype=np.int64)] = np.where(ready, 0, 1)
+        return code.to(flat.device, non_blocking=True)[flat]
 
     def _grouped_rows(
         self,

@@ -189,3 +189,30 @@ def test_route_keeps_the_router_rows_and_counts_them_without_a_host_read() -> No
     assert (rt.router_weight_rows, rt.replayed_weight_rows) == (6, 2)
     rt.reset_stats()
     assert (rt.router_weight_rows, rt.replayed_weight_rows) == (0, 0)
+
+
+@pytest.mark.gpu
+def test_trace_routing_reads_the_host_once_per_forward_on_cuda() -> None:
+    """On CUDA: one host read per forward (the rows' tokens, in
+    begin_forward) and none per layer (route)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    from pdflash.bench.eager_host import count_syncs
+
+    trace = _trace(5)
+    layers, experts, k = 4, 16, 4
+    logits = torch.randn(3, experts, device="cuda")
+
+    class _CudaAdapter(_Adapter):
+        def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+            return logits
+
+    rt = TraceRouting(trace, _CudaAdapter(layers, experts, k), None)
+    seq = torch.as_tensor(trace.request_tokens(0)[:3].astype(np.int64), device="cuda")
+    ids = torch.randint(0, experts, (3, k), device="cuda")
+    weights = torch.rand(3, k, device="cuda")
+    normed = torch.zeros(3, 5, device="cuda")
+    rt.begin_forward([(0, 0, seq)])  # first use: the rows are mapped (host work only)
+    assert count_syncs(lambda: rt.begin_forward([(0, 0, seq)])) == 1
+    assert count_syncs(lambda: [rt.route(i, normed, ids, weights) for i in range(layers)]) == 0
+    assert rt.router_weight_rows + rt.replayed_weight_rows == 3 * layers

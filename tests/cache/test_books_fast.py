@@ -1,0 +1,71 @@
+"""The expert cache's fast book-keeping paths against their plain references:
+``sorted_unique`` vs ``np.unique`` and ``_available`` (a count) vs the free
+slots plus the listed evictable ones, under random traffic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pdflash.cache import CacheTooSmallError, ExpertCache
+from pdflash.cache.expert_cache import sorted_unique
+from pdflash.protocols import Band
+
+NBYTES = 32
+
+
+class _Source:
+    def __init__(self, layers: int = 3, experts: int = 4) -> None:
+        self.num_layers, self.num_experts, self.expert_nbytes = layers, experts, NBYTES
+        self.buffer = torch.zeros(layers * experts * NBYTES, dtype=torch.uint8)
+
+    def host_ptrs(self, flat_ids: Any) -> np.ndarray:
+        return self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * NBYTES
+
+
+@given(st.lists(st.integers(-5, 40), max_size=12), st.booleans())
+def test_sorted_unique_equals_np_unique(values: list[int], presort: bool) -> None:
+    ids = np.asarray(sorted(set(values)) if presort else values, dtype=np.int64)
+    got = sorted_unique(ids)
+    assert got.dtype == np.int64 and np.array_equal(got, np.unique(ids))
+
+
+def _reference_available(cache: ExpertCache, exclude: np.ndarray) -> int:
+    return int((cache.expert_of < 0).sum()) + int(cache._evictable_slots(exclude).size)
+
+
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["use", "prefetch", "complete", "release"]),
+            st.lists(st.integers(0, 11), min_size=1, max_size=4, unique=True),
+        ),
+        max_size=30,
+    ),
+    slots=st.integers(4, 8),
+)
+def test_available_counts_what_the_evictable_listing_finds(
+    fake_issuer_cls: Any, ops: list[Any], slots: int
+) -> None:
+    issuer = fake_issuer_cls()
+    cache = ExpertCache(_Source(), issuer, num_slots=slots, top_k=2, max_batch_tokens=1)
+    pinned: list[list[int]] = []
+    for op, ids in ops:
+        if op == "use":
+            try:
+                cache.acquire(ids)
+                pinned.append(ids)
+            except CacheTooSmallError:
+                pass
+        elif op == "prefetch":
+            cache.prefetch(ids, Band.ROUTE_AHEAD)
+        elif op == "complete":
+            issuer.wait(list(issuer.queue))
+        elif pinned:
+            cache.release(pinned.pop(0))
+        for exclude in (np.zeros(0, dtype=np.int64), np.asarray(ids, dtype=np.int64)):
+            assert cache._available(exclude) == _reference_available(cache, exclude)
