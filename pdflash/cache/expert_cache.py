@@ -74,6 +74,17 @@ def sorted_unique(ids: IdArray) -> IdArray:
     return out
 
 
+def first_occurrences(ids: IdArray) -> IdArray:
+    """The distinct ids of a 1-D int64 array in the order they first occur.
+    Ids already distinct (a lookahead's ranked prediction) are returned as
+    they are, without the two sorts."""
+    if ids.size < 2 or len(set(ids.tolist())) == ids.size:
+        return ids
+    distinct, first = np.unique(ids, return_index=True)
+    out: IdArray = distinct[np.argsort(first)]
+    return out
+
+
 def _unregister_destination(issuer_ref: weakref.ReferenceType[Any], ptr: int) -> None:
     issuer = issuer_ref()
     if issuer is None or getattr(issuer, "closed", False):
@@ -646,8 +657,7 @@ class ExpertCache:
         ids_in = self._ids(flat_ids)
         self._check_owned(ids_in)
         keep = self._ids(protect) if protect is not None else np.zeros(0, dtype=np.int64)
-        ids, first = np.unique(ids_in, return_index=True)
-        ids = ids[np.argsort(first)]  # keep the caller's priority order
+        ids = first_occurrences(ids_in)  # keep the caller's priority order
         self.clock += 1
         self._refresh_inflight()
         slots = self.slot_of[ids]

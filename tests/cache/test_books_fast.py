@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdflash.cache import CacheTooSmallError, ExpertCache
-from pdflash.cache.expert_cache import sorted_unique
+from pdflash.cache.expert_cache import first_occurrences, sorted_unique
 from pdflash.protocols import Band
 
 NBYTES = 32
@@ -69,3 +69,14 @@ def test_available_counts_what_the_evictable_listing_finds(
             cache.release(pinned.pop(0))
         for exclude in (np.zeros(0, dtype=np.int64), np.asarray(ids, dtype=np.int64)):
             assert cache._available(exclude) == _reference_available(cache, exclude)
+
+
+@given(st.lists(st.integers(0, 40), max_size=16), st.booleans())
+def test_first_occurrences_equals_the_unique_sort(values: list[int], distinct: bool) -> None:
+    if distinct:
+        values = list(dict.fromkeys(values))
+    ids = np.asarray(values, dtype=np.int64)
+    distinct_ids, first = np.unique(ids, return_index=True)
+    want = distinct_ids[np.argsort(first)]
+    got = first_occurrences(ids)
+    assert got.dtype == np.int64 and np.array_equal(got, want)
