@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdflash.cache import CacheTooSmallError, ExpertCache
+from pdflash.cache.eviction import LayerCyclicPolicy, LRUPolicy
 from pdflash.cache.expert_cache import first_occurrences, sorted_unique
 from pdflash.protocols import Band
 
@@ -80,3 +81,36 @@ def test_first_occurrences_equals_the_unique_sort(values: list[int], distinct: b
     want = distinct_ids[np.argsort(first)]
     got = first_occurrences(ids)
     assert got.dtype == np.int64 and np.array_equal(got, want)
+
+
+class _PlainLRU(LRUPolicy):
+    """LRU seen as any base policy (the layer-cyclic policy's general path)."""
+
+
+@given(
+    layers=st.integers(1, 4),
+    experts=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    n=st.integers(0, 30),
+)
+def test_layer_cyclic_lru_fast_path_equals_the_general_rank(
+    layers: int, experts: int, seed: int, n: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    fast = LayerCyclicPolicy(layers, experts)
+    slow = LayerCyclicPolicy(layers, experts, base=_PlainLRU())
+    num_ids = layers * experts
+    for policy in (fast, slow):
+        policy.reset(num_ids)
+    for _ in range(int(rng.integers(0, 8))):
+        ids = rng.choice(num_ids, int(rng.integers(1, num_ids + 1)), replace=False)
+        clock = int(rng.integers(0, 5))  # few clocks: many last-use ties
+        for policy in (fast, slow):
+            policy.on_access(ids, clock)
+    predicted = rng.choice(num_ids, int(rng.integers(0, num_ids + 1)), replace=False)
+    layer = int(rng.integers(0, layers))
+    for policy in (fast, slow):
+        policy.set_predicted(predicted)
+        policy.before_layer(layer)
+    cand = rng.choice(num_ids, int(rng.integers(0, num_ids + 1)), replace=False).astype(np.int64)
+    assert np.array_equal(fast.victims(cand, n), slow.victims(cand, n))
