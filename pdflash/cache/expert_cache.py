@@ -362,13 +362,13 @@ class ExpertCache:
         copy with a non-blocking copy on the current stream (no host sync;
         the pinned allocator keeps that copy alive until the transfer ran)."""
         if self._table is None or self._table_dirty:
-            # a fresh host copy (page-locked on CUDA: one copy, no staging)
-            host = torch.empty(self.num_ids, dtype=torch.int64, pin_memory=self._is_cuda)
-            host.numpy()[:] = self.slot_of
             if self._is_cuda:
+                # filled in page-locked memory: one host copy, no staging
+                host = torch.empty(self.num_ids, dtype=torch.int64, pin_memory=True)
+                host.numpy()[:] = self.slot_of
                 self._table = host.to(self.device, non_blocking=True)
             else:
-                self._table = host
+                self._table = torch.from_numpy(self.slot_of.copy())
             self._table_dirty = False
         return self._table
 

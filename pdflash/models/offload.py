@@ -618,7 +618,7 @@ class OffloadedMoE:
             try:
                 # the ready experts' rows first; the misses' copies land meanwhile
                 ready = tickets < 0
-                row_phase: torch.Tensor | None = None  # one upload serves both phases
+                phase_rows: torch.Tensor | None = None  # one upload serves both phases
                 for phase, waits in ((ready, False), (~ready, True)):
                     if not phase.any():
                         continue
@@ -627,9 +627,9 @@ class OffloadedMoE:
                     whole = not partial and group.size == experts.size and bool(phase.all())
                     row_in = None
                     if not whole:
-                        if row_phase is None:
-                            row_phase = self._row_phases(flat, group, ready)
-                        row_in = row_phase == int(waits)
+                        if phase_rows is None:
+                            phase_rows = self._phase_rows(flat, group, ready)
+                        row_in = phase_rows[int(waits)]
                     self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
             except BaseException:
                 cache.abort(flat_ids)
@@ -637,16 +637,20 @@ class OffloadedMoE:
             cache.release(flat_ids)
             i += group.size
 
-    def _row_phases(
+    def _phase_rows(
         self, flat: torch.Tensor, group: npt.NDArray[np.int64], ready: npt.NDArray[np.bool_]
     ) -> torch.Tensor:
-        """Int8 ``[rows]``: each routed row's phase, 0 where its expert is a
-        ready one of ``group``, 1 a missing one, -1 not in ``group`` (one
-        small host-to-device copy per group, shared by both phases)."""
+        """Bool ``[2, rows]``: row 0 selects the routed rows whose expert is a
+        ready one of ``group``, row 1 those whose expert is a missing one
+        (one small host-to-device copy and one gather per group, shared by
+        both phases)."""
         # built in page-locked memory on CUDA, so the copy does not wait for the stream
-        code = torch.full((self.num_experts,), -1, dtype=torch.int8, pin_memory=flat.is_cuda)
-        code.numpy()[np.asarray(group, dtype=np.int64)] = np.where(ready, 0, 1)
-        return code.to(flat.device, non_blocking=True)[flat]
+        table = torch.zeros((2, self.num_experts), dtype=torch.bool, pin_memory=flat.is_cuda)
+        host = table.numpy()
+        group = np.asarray(group, dtype=np.int64)
+        host[0, group[ready]] = True
+        host[1, group[~ready]] = True
+        return table.to(flat.device, non_blocking=True)[:, flat]
 
     def _grouped_rows(
         self,

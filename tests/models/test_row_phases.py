@@ -1,5 +1,6 @@
-"""The offloaded block's per-row phase codes (one upload per group) against
-the per-phase row masks they replace (one upload per phase)."""
+"""The offloaded block's per-phase row masks of a group (one upload and one
+gather per group) against the per-phase masks they replace (one upload per
+phase)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def _rows_of_reference(flat: torch.Tensor, experts: np.ndarray, num_experts: int
     return sel[flat]
 
 
-def test_row_phases_select_the_rows_of_each_phase() -> None:
+def test_phase_rows_select_the_rows_of_each_phase() -> None:
     rng = np.random.default_rng(0)
     for num_experts in (2, 8, 32, 128):
         moe = OffloadedMoE.__new__(OffloadedMoE)  # only num_experts is read
@@ -26,9 +27,8 @@ def test_row_phases_select_the_rows_of_each_phase() -> None:
             routed = np.unique(flat.numpy())
             group = np.sort(rng.choice(routed, int(rng.integers(1, routed.size + 1)), False))
             ready = rng.random(group.size) < 0.5
-            phase = moe._row_phases(flat, group, ready)
-            assert phase.dtype == torch.int8 and phase.shape == flat.shape
-            for code, part in ((0, group[ready]), (1, group[~ready])):
-                want = _rows_of_reference(flat, part, num_experts)
-                assert torch.equal(phase == code, want)
-            assert torch.equal(phase == -1, ~_rows_of_reference(flat, group, num_experts))
+            rows = moe._phase_rows(flat, group, ready)
+            assert rows.dtype == torch.bool and rows.shape == (2, *flat.shape)
+            for phase, part in ((0, group[ready]), (1, group[~ready])):
+                assert torch.equal(rows[phase], _rows_of_reference(flat, part, num_experts))
+            assert not (rows[0] & rows[1]).any()
