@@ -27,7 +27,8 @@ parts and ``glue`` add up to the forward:
   misses (:meth:`OffloadedMoE._routed_counts`; the one sync it keeps);
 - ``books``: the expert cache's host books (``acquire``, ``release``,
   ``pin_layer``, ``unpin_layer``, ``defer_access``, ``free_capacity``,
-  ``device_slot_table``) and the row selection of a partial group;
+  ``device_slot_table``) and the row selection of a partial group
+  (:meth:`OffloadedMoE._phase_rows`);
 - ``waits``: :meth:`ExpertCache.wait_ready` (CPU: the host backend's copy
   itself, on its thread; CUDA: a stream wait, no host block);
 - ``gemm``: the grouped GEMM dispatch (sort by slot, offsets, the grouped
@@ -274,7 +275,7 @@ def measure(
             (runner, ("finish",), "finish"),
             (runtime, ("_routed_counts",), "readback"),
             (runtime, ("_grouped_rows", "_compute_on_device"), "gemm"),
-            (runtime, ("_rows_of",), "books"),
+            (runtime, ("_phase_rows",), "books"),
             (adapter, ("moe_routed",), "moe_rest"),
             (
                 cache,

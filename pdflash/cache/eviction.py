@@ -237,13 +237,20 @@ class LayerCyclicPolicy:
         cand = np.asarray(candidates, dtype=np.int64)
         if n <= 0 or cand.size == 0:
             return cand[:0]
-        base_order = np.asarray(self.base.victims(cand, cand.size), dtype=np.int64)
+        dist = self.next_use_distance(cand)
+        pred = self.predicted[cand] if self.predicted.size else np.zeros(cand.size, dtype=np.bool_)
+        base = self.base
+        if type(base) is LRUPolicy:
+            # the LRU order is (last use, id): ranked by those keys directly,
+            # the same order as the rank within base.victims below, without
+            # its sort, the rank's sort and the search
+            order = np.lexsort((cand, base.last_use[cand], pred, -dist))
+            return cand[order[:n]]
+        base_order = np.asarray(base.victims(cand, cand.size), dtype=np.int64)
         # rank[i] = position of cand[i] in the base order (vectorised: this
         # runs on every eviction, over every evictable slot)
         sorter = np.argsort(base_order, kind="stable")
         rank = sorter[np.searchsorted(base_order, cand, sorter=sorter)].astype(np.int64)
-        dist = self.next_use_distance(cand)
-        pred = self.predicted[cand] if self.predicted.size else np.zeros(cand.size, dtype=np.bool_)
         # lexsort: last key is primary -> farthest next use, then unpredicted, then base order
         order = np.lexsort((rank, pred, -dist))
         return cand[order[:n]]

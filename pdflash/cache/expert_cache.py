@@ -64,6 +64,27 @@ class ExpertSource(Protocol):
     def host_ptrs(self, flat_ids: npt.NDArray[Any]) -> npt.NDArray[np.int64]: ...
 
 
+def sorted_unique(ids: IdArray) -> IdArray:
+    """``np.unique(ids)`` (sorted, distinct) of a 1-D int64 array. Ids already
+    strictly increasing (the offloaded block's groups, a layer's ids) are
+    returned as they are: one comparison instead of a sort."""
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return ids
+    out: IdArray = np.unique(ids)
+    return out
+
+
+def first_occurrences(ids: IdArray) -> IdArray:
+    """The distinct ids of a 1-D int64 array in the order they first occur.
+    Ids already distinct (a lookahead's ranked prediction) are returned as
+    they are, without the two sorts."""
+    if ids.size < 2 or len(set(ids.tolist())) == ids.size:
+        return ids
+    distinct, first = np.unique(ids, return_index=True)
+    out: IdArray = distinct[np.argsort(first)]
+    return out
+
+
 def _unregister_destination(issuer_ref: weakref.ReferenceType[Any], ptr: int) -> None:
     issuer = issuer_ref()
     if issuer is None or getattr(issuer, "closed", False):
@@ -341,11 +362,13 @@ class ExpertCache:
         copy with a non-blocking copy on the current stream (no host sync;
         the pinned allocator keeps that copy alive until the transfer ran)."""
         if self._table is None or self._table_dirty:
-            host = torch.from_numpy(self.slot_of.copy())
             if self._is_cuda:
-                self._table = host.pin_memory().to(self.device, non_blocking=True)
+                # filled in page-locked memory: one host copy, no staging
+                host = torch.empty(self.num_ids, dtype=torch.int64, pin_memory=True)
+                host.numpy()[:] = self.slot_of
+                self._table = host.to(self.device, non_blocking=True)
             else:
-                self._table = host
+                self._table = torch.from_numpy(self.slot_of.copy())
             self._table_dirty = False
         return self._table
 
@@ -526,7 +549,14 @@ class ExpertCache:
         return np.flatnonzero(ok)
 
     def _available(self, exclude: IdArray) -> int:
-        return int((self.expert_of < 0).sum()) + int(self._evictable_slots(exclude).size)
+        """Free slots plus evictable ones (:meth:`_evictable_slots`), counted
+        without listing them."""
+        held = self.expert_of >= 0
+        ok = held & (self.pins == 0) & (self.ticket < 0)
+        if exclude.size:
+            slots = self.slot_of[exclude]
+            ok[slots[slots >= 0]] = False
+        return self.num_slots - int(np.count_nonzero(held)) + int(np.count_nonzero(ok))
 
     def _reserve(self, n: int, exclude: IdArray) -> npt.NDArray[np.int64]:
         """Up to ``n`` free slots, evicting through the policy; never evicts
@@ -627,8 +657,7 @@ class ExpertCache:
         ids_in = self._ids(flat_ids)
         self._check_owned(ids_in)
         keep = self._ids(protect) if protect is not None else np.zeros(0, dtype=np.int64)
-        ids, first = np.unique(ids_in, return_index=True)
-        ids = ids[np.argsort(first)]  # keep the caller's priority order
+        ids = first_occurrences(ids_in)  # keep the caller's priority order
         self.clock += 1
         self._refresh_inflight()
         slots = self.slot_of[ids]
@@ -656,7 +685,7 @@ class ExpertCache:
         """
         ids_in = self._ids(flat_ids)
         self._check_owned(ids_in)
-        ids = np.unique(ids_in)
+        ids = sorted_unique(ids_in)
         # NOTE: earlier deferred accesses go to the policy before this one (no
         # extra wait in practice: the caller has just read this layer's routing)
         self._flush_deferred()
@@ -762,7 +791,7 @@ class ExpertCache:
     @exclusive
     def release(self, flat_ids: npt.ArrayLike) -> None:
         """Unpin experts pinned by :meth:`ensure_resident`."""
-        ids = np.unique(self._ids(flat_ids))
+        ids = sorted_unique(self._ids(flat_ids))
         slots = self.slot_of[ids]
         if (slots < 0).any() or (self.pins[slots] <= 0).any():
             bad = ids[(slots < 0) | (self.pins[np.maximum(slots, 0)] <= 0)][0]

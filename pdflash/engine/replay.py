@@ -203,9 +203,24 @@ class TraceRouting:
         self._verify_tokens = trace.verify_tokens.astype(np.int64)
         self.counts = {"exact": 0, "token": 0, "positional": 0}
         self.filled_slots = 0
-        self.router_weight_rows = 0
-        self.replayed_weight_rows = 0
-        self._ids: torch.Tensor | None = None  # [T, L_target, k] for the current forward
+        # NOTE: every trace row (token rows, then verify rows) mapped onto the
+        # target's shape once, on first use: ``[:, 0]`` the ids, ``[:, 1]``
+        # the same ids sorted (what :meth:`route` compares the router's with),
+        # and the slots each row's mapping filled (counted per use)
+        self._num_token_rows = int(trace.token_topk.shape[0])
+        total_rows = self._num_token_rows + int(trace.verify_topk.shape[0])
+        self._mapped = np.empty((total_rows, 2, self.num_layers, self.top_k), dtype=np.int64)
+        self._mapped_ok = np.zeros(total_rows, dtype=np.bool_)
+        self._mapped_fills = np.zeros(total_rows, dtype=np.int64)
+        # rows routed so far; how many kept the router's weights is counted on
+        # the device (a per-layer host read would be a sync per layer) and
+        # read only when asked (:attr:`router_weight_rows`)
+        self._rows_routed = 0
+        self._router_rows = 0
+        self._same_pending: list[torch.Tensor] = []
+        self._same_total: torch.Tensor | None = None
+        # [T, 2, L_target, k] (ids, sorted ids) for the current forward
+        self._ids: torch.Tensor | None = None
 
     @property
     def num_trace_requests(self) -> int:
@@ -219,7 +234,36 @@ class TraceRouting:
 
     def reset_stats(self) -> None:
         self.counts = dict.fromkeys(self.counts, 0)
-        self.filled_slots = self.router_weight_rows = self.replayed_weight_rows = 0
+        self.filled_slots = 0
+        self._rows_routed = self._router_rows = 0
+        self._same_pending = []
+        self._same_total = None
+
+    def _fold_same(self) -> None:
+        """Add the pending per-layer "kept the router's set" masks into the
+        device total (a few kernels per forward, no host read)."""
+        if not self._same_pending:
+            return
+        pending, self._same_pending = self._same_pending, []
+        part = torch.cat(pending).sum()
+        self._same_total = part if self._same_total is None else self._same_total + part
+
+    @property
+    def router_weight_rows(self) -> int:
+        """Row-layers whose replayed set was the router's (its ids and
+        weights kept). Reading it is a host sync (the count lives on the
+        device)."""
+        self._fold_same()
+        if self._same_total is not None:
+            self._router_rows += int(self._same_total)
+            self._same_total = None
+        return self._router_rows
+
+    @property
+    def replayed_weight_rows(self) -> int:
+        """Row-layers given the replayed ids with the router's softmax over
+        them (see :attr:`router_weight_rows`: a host sync)."""
+        return self._rows_routed - self.router_weight_rows
 
     # -- the rows' trace routing -------------------------------------------
     def trace_rows(
@@ -254,10 +298,21 @@ class TraceRouting:
         return out, how
 
     def map_experts(self, rows: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """``[n, L_trace, k_trace]`` trace ids -> ``[n, L_target, k]`` target ids."""
+        """``[n, L_trace, k_trace]`` trace ids -> ``[n, L_target, k]`` target ids
+        (the slots a short row's mapping filled count in ``filled_slots``)."""
+        out, fills = self._map_rows(rows)
+        self.filled_slots += int(fills.sum())
+        return out
+
+    def _map_rows(
+        self, rows: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """:meth:`map_experts` without the books: the mapped ids and the
+        slots filled in each row (``[n]``)."""
         picked = rows[:, self.layer_map, :]
+        no_fills = np.zeros(picked.shape[0], dtype=np.int64)
         if self.num_experts == self.trace_experts and self.top_k <= self.trace_k:
-            return np.ascontiguousarray(picked[:, :, : self.top_k])
+            return np.ascontiguousarray(picked[:, :, : self.top_k]), no_fills
         mapped = picked * self.num_experts // self.trace_experts
         k = self.top_k
         # the first k distinct ids of each row, in the trace's rank order
@@ -273,6 +328,7 @@ class TraceRouting:
             out = np.zeros((*mapped.shape[:2], k), dtype=np.int64)
             out[..., :kk] = ranked
         # rows with fewer than k distinct ids: filled with the next unused ids
+        fills = no_fills
         for i, layer in zip(*np.nonzero(distinct < k), strict=True):
             seen = ranked[i, layer, : distinct[i, layer]].tolist()
             nxt = seen[-1]
@@ -280,44 +336,98 @@ class TraceRouting:
                 nxt = (nxt + 1) % self.num_experts
                 if nxt not in seen:
                     seen.append(nxt)
-                    self.filled_slots += 1
+                    fills[i] += 1
             out[i, layer] = seen
+        return out, fills
+
+    # -- the rows' trace routing, vectorised ---------------------------------
+    def row_sources(
+        self, request_id: int, start: int, tokens: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], int, int]:
+        """The trace rows :meth:`trace_rows` picks for a chunk, as indices
+        into the trace's token rows followed by its verify rows (index
+        ``num token rows + v``: verify row ``v``), with how many rows matched
+        ``exact`` and ``token`` (the rest: ``positional``). The same choice
+        as :meth:`trace_rows` (its reference), without a loop over rows."""
+        r = self.requests.of(request_id)
+        seq = self._seq[r]
+        base = int(self._seq_off[r])
+        toks = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = int(toks.size)
+        exact = 0
+        exact_idx = np.zeros(0, dtype=np.int64)
+        rnd = self._rounds[r].get(int(start))
+        if rnd is not None:
+            first, rows = rnd
+            lim = min(n, rows)
+            eq = self._verify_tokens[first : first + lim] == toks[:lim]
+            exact = lim if bool(eq.all()) else int(np.argmin(eq))
+            exact_idx = self._num_token_rows + first + np.arange(exact, dtype=np.int64)
+        pos = int(start) + np.arange(exact, n, dtype=np.int64)
+        inside = pos < seq.size
+        by_token = inside & (seq[np.where(inside, pos, 0)] == toks[exact:])
+        rest_idx = base + np.where(by_token, pos, pos % seq.size)
+        return np.concatenate([exact_idx, rest_idx]), exact, int(by_token.sum())
+
+    def _mapped_rows(self, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``[n, 2, L_target, k]`` (ids, sorted ids) of trace rows ``idx``
+        (see :meth:`row_sources`), mapping the rows not mapped before."""
+        new = np.unique(idx[~self._mapped_ok[idx]])
+        if new.size:
+            tok = new[new < self._num_token_rows]
+            ver = new[new >= self._num_token_rows] - self._num_token_rows
+            src = np.concatenate([self.trace.token_topk[tok], self.trace.verify_topk[ver]]).astype(
+                np.int64
+            )
+            ids, fills = self._map_rows(src)
+            self._mapped[new, 0] = ids
+            self._mapped[new, 1] = np.sort(ids, axis=-1)
+            self._mapped_fills[new] = fills
+            self._mapped_ok[new] = True
+        self.filled_slots += int(self._mapped_fills[idx].sum())
+        out: npt.NDArray[np.int64] = self._mapped[idx]
         return out
 
     # -- RoutingSource ------------------------------------------------------
     def begin_forward(self, chunks: Sequence[tuple[int, int, torch.Tensor]]) -> None:
-        parts: list[npt.NDArray[np.int64]] = []
-        device = None
-        # every chunk's tokens in one device-to-host read (a sync each, else)
-        flat = torch.cat([t.reshape(-1) for _, _, t in chunks]).tolist() if chunks else []
-        at = 0
-        for rid, start, tokens in chunks:
-            device = tokens.device
-            n = int(tokens.numel())
-            rows, how = self.trace_rows(rid, start, flat[at : at + n])
-            at += n
-            for h in how:
-                self.counts[h] += 1
-            parts.append(self.map_experts(rows))
-        if not parts:
+        self._fold_same()
+        if not chunks:
             self._ids = None
             return
-        self._ids = torch.from_numpy(np.concatenate(parts)).to(device)
+        device = chunks[-1][2].device
+        # NOTE: the one host read (a sync on a device) of the forward: the
+        # rows' tokens decide which trace rows they replay
+        flat = torch.cat([t.reshape(-1) for _, _, t in chunks]).cpu().numpy()
+        parts: list[npt.NDArray[np.int64]] = []
+        at = 0
+        for rid, start, tokens in chunks:
+            n = int(tokens.numel())
+            idx, exact, by_token = self.row_sources(rid, start, flat[at : at + n])
+            at += n
+            self.counts["exact"] += exact
+            self.counts["token"] += by_token
+            self.counts["positional"] += n - exact - by_token
+            parts.append(idx)
+        host = torch.from_numpy(self._mapped_rows(np.concatenate(parts)))
+        if device.type == "cuda":
+            # one copy per forward, from page-locked memory: no wait for the stream
+            self._ids = host.pin_memory().to(device, non_blocking=True)
+        else:
+            self._ids = host.to(device)
 
     def route(
         self, layer: int, normed: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if self._ids is None or self._ids.shape[0] != ids.shape[0]:
             raise RuntimeError("TraceRouting.route called without a matching begin_forward")
-        replay = self._ids[:, layer, :].to(ids.dtype)
+        replay = self._ids[:, 0, layer].to(ids.dtype)
         # NOTE: a row whose replayed set is the router's keeps the router's
-        # ids and weights as they are (same order, same bits)
-        same = (replay.sort(dim=1).values == ids.sort(dim=1).values).all(dim=1)
-        n_same = int(same.sum())
-        self.router_weight_rows += n_same
-        if n_same == ids.shape[0]:
-            return ids, weights
-        self.replayed_weight_rows += ids.shape[0] - n_same
+        # ids and weights as they are (same order, same bits). Every row takes
+        # the same path whatever its match (no host read of the match: a
+        # sync per layer); the matches are counted on the device.
+        same = (self._ids[:, 1, layer].to(ids.dtype) == ids.sort(dim=1).values).all(dim=1)
+        self._same_pending.append(same)
+        self._rows_routed += int(ids.shape[0])
         logits = self.adapter.router_logits(layer, normed).float()
         w = torch.softmax(logits.gather(1, replay.long()), dim=-1).to(weights.dtype)
         keep = same.unsqueeze(1)

@@ -32,9 +32,9 @@ CUDA, and why each remains:
 - in a layer observer running the next-layer gate lookahead (B2, PD), one
   per MoE layer but the last: its E scores, ranked on the host;
 - with a trace routing source (:class:`~pdflash.engine.replay.TraceRouting`),
-  one per MoE layer (whether every row's replayed set is the router's: if
-  so the router's own weights stand and no second router pass runs) and
-  one per forward for the chunks' tokens;
+  one per forward for the chunks' tokens (they choose the trace rows) and
+  none per layer (the replayed rows go over in one asynchronous copy per
+  forward; which rows kept the router's set is counted on the device);
 - one at the end: the routing grid (``routed``) comes back to the host for
   the scheduler, the caches' accounting and the Belady trace. The engine
   then reads the logits it accepts with (one batched copy for greedy

@@ -629,13 +629,18 @@ class OffloadedMoE:
             try:
                 # the ready experts' rows first; the misses' copies land meanwhile
                 ready = tickets < 0
+                phase_rows: torch.Tensor | None = None  # one upload serves both phases
                 for phase, waits in ((ready, False), (~ready, True)):
                     if not phase.any():
                         continue
                     if waits:
                         cache.wait_ready(tickets[phase])
                     whole = not partial and group.size == experts.size and bool(phase.all())
-                    row_in = None if whole else self._rows_of(flat, group[phase])
+                    row_in = None
+                    if not whole:
+                        if phase_rows is None:
+                            phase_rows = self._phase_rows(flat, group, ready)
+                        row_in = phase_rows[int(waits)]
                     self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
             except BaseException:
                 cache.abort(flat_ids)
@@ -643,13 +648,20 @@ class OffloadedMoE:
             cache.release(flat_ids)
             i += group.size
 
-    def _rows_of(self, flat: torch.Tensor, experts: npt.NDArray[np.int64]) -> torch.Tensor:
-        """Bool ``[rows]``: the routed rows whose expert is in ``experts``."""
-        sel = torch.zeros(self.num_experts, dtype=torch.bool)
-        sel[torch.from_numpy(np.asarray(experts, dtype=np.int64))] = True
-        if flat.is_cuda:  # page-locked, so the copy does not wait for the stream
-            sel = sel.pin_memory()
-        return sel.to(flat.device, non_blocking=True)[flat]
+    def _phase_rows(
+        self, flat: torch.Tensor, group: npt.NDArray[np.int64], ready: npt.NDArray[np.bool_]
+    ) -> torch.Tensor:
+        """Bool ``[2, rows]``: row 0 selects the routed rows whose expert is a
+        ready one of ``group``, row 1 those whose expert is a missing one
+        (one small host-to-device copy and one gather per group, shared by
+        both phases)."""
+        # built in page-locked memory on CUDA, so the copy does not wait for the stream
+        table = torch.zeros((2, self.num_experts), dtype=torch.bool, pin_memory=flat.is_cuda)
+        host = table.numpy()
+        group = np.asarray(group, dtype=np.int64)
+        host[0, group[ready]] = True
+        host[1, group[~ready]] = True
+        return table.to(flat.device, non_blocking=True)[:, flat]
 
     def _grouped_rows(
         self,

@@ -20,6 +20,7 @@ Predictors need only :class:`RouterAccess` from a model adapter, which every
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol, cast
 
@@ -390,7 +391,9 @@ class NextLayerLookahead:
         if layer == L - 1 or hidden.shape[0] == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         nxt = layer + 1
-        with torch.inference_mode():
+        # NOTE: inside a forward autograd is already off: entering inference
+        # mode per layer would only cost its context switch
+        with torch.inference_mode() if torch.is_grad_enabled() else contextlib.nullcontext():
             logits = self.adapter.router_logits(nxt, self.adapter.moe_norm(nxt, hidden))
             ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
             scores = torch.zeros(E, dtype=torch.float32, device=hidden.device)
