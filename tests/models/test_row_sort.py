@@ -160,3 +160,25 @@ def test_counting_sort_and_gather_equal_the_sort_and_indexed_write(
         old = ad.forward_logits(ids)
     assert torch.equal(got, old) and torch.equal(whole, old)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_sort_rows_on_cuda_equals_a_stable_sort_without_a_host_sync() -> None:
+    gen = torch.Generator().manual_seed(9)
+    for n_tokens, k, width in ((256, 8, 128), (256, 4, 32), (300, 8, 1023)):
+        key = torch.stack([torch.randperm(width, generator=gen)[:k] for _ in range(n_tokens)])
+        key = key.reshape(-1)
+        want = _old_sort(key, width, k)
+        dev = key.cuda()
+        offload.sort_rows(dev, width, k)  # the cached index tensors, outside the check
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            rows = offload.sort_rows(dev, width, k)
+            key_sorted = rows.key_sorted()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert torch.equal(key_sorted.cpu(), want[0])
+        assert torch.equal(rows.token.cpu(), want[1])
+        assert torch.equal(rows.offs.cpu(), want[2])
+        assert torch.equal(rows.position.cpu(), want[3])
