@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 call (~2.5 minutes wall: build ~30 s, GPU tests ~30 s, the two
+# One H200 call (~2.5-3 minutes wall: build ~30 s, GPU tests ~30 s, the two
 # engine steps ~40-50 s each) for issue 13's B3 verify target after the
 # all-resident layer's one-call grouped path (offload.sort_rows, the resident
 # window): B3 (every expert resident) at c=16, 8 layers, gpt-oss-20b and
@@ -32,7 +32,7 @@ export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 TAR="$OUT/b3_check.tgz"
 PACK="tar czf /tmp/b3_check.tgz -C $WORK . && mv /tmp/b3_check.tgz $TAR"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 conc=16 repeats=3 t=100
-GPUTESTS="timeout -k 5 90 python3 -P -m pytest -q -p no:cacheprovider tests/models/test_row_sort.py tests/models/test_fewer_kernel_norms.py tests/models/test_models_gpu.py tests/engine/test_graphs_gpu.py > $WORK/gputests.txt 2>&1"
+GPUTESTS="timeout -k 5 90 python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/models/test_row_sort.py tests/models/test_fewer_kernel_norms.py tests/models/test_models_gpu.py tests/engine/test_graphs_gpu.py > $WORK/gputests.txt 2>&1"
 if [ "${SMOKE:-0}" = 1 ]; then
   gpt=tiny-gpt_oss qwen=tiny-qwen3_moe layers=2 conc=4 repeats=1 t=300
   GPUTESTS="true"
