@@ -128,6 +128,9 @@ class ForwardOutput:
     features: list[torch.Tensor]  # per chunk: [n, len(capture) * hidden] (empty if no capture)
     routed: npt.NDArray[np.bool_]  # [chunks, layers, experts]
     needed_flat: list[npt.NDArray[np.int64]]  # per layer: flat ids the forward routed to
+    #: every chunk's ``logits`` rows in chunk order, one tensor (``logits``
+    #: are its slices), for batched reads such as one argmax for the step
+    logits_flat: torch.Tensor | None = None
 
 
 def kv_cache_for(
@@ -472,4 +475,10 @@ class TargetRunner:
         # layer order: one pass, split at the layer boundaries
         flat = np.flatnonzero(union).astype(np.int64)
         needed = np.split(flat, np.searchsorted(flat, np.arange(1, ad.num_layers) * e))
-        return ForwardOutput(logits=logits, features=features, routed=routed_np, needed_flat=needed)
+        return ForwardOutput(
+            logits=logits,
+            features=features,
+            routed=routed_np,
+            needed_flat=needed,
+            logits_flat=logits_all if i == int(logits_all.shape[0]) else None,
+        )

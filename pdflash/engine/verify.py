@@ -104,7 +104,7 @@ class Verifier:
             out = self.runner.forward(chunks)
         try:
             routed_union = np.asarray(out.routed.any(axis=0), dtype=np.bool_)
-            greedy_host = self._greedy_to_host(batch, out.logits)
+            greedy_host = self._greedy_to_host(batch, out.logits, out.logits_flat)
             outcomes: list[VerifyOutcome] = []
             for i, (req, grant) in enumerate(batch):
                 outcome = VerifyOutcome(req, starts[i])
@@ -156,7 +156,10 @@ class Verifier:
         outcome.features = out.features[i][: acc + 1] if self.keep_features else None
 
     def _greedy_to_host(
-        self, batch: Sequence[tuple[Request, int]], logits: Sequence[torch.Tensor]
+        self,
+        batch: Sequence[tuple[Request, int]],
+        logits: Sequence[torch.Tensor],
+        logits_flat: torch.Tensor | None = None,
     ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
         """For each greedy request of the batch (by position): its granted
         drafts and the target's argmax rows, on the host.
@@ -164,18 +167,32 @@ class Verifier:
         NOTE: acceptance reads these values on the host anyway; reading each
         request's with its own ``int()``/``tolist()`` meant about three
         device syncs per request per step. Here every argmax is launched
-        first and all of them (and the drafts) come back in one copy.
+        first and all of them (and the drafts) come back in one copy. When
+        every request is greedy and ``logits_flat`` holds every request's
+        rows in order (``logits`` its slices), the argmax is one kernel over
+        it (the same rows, so the same values) instead of one per request.
         """
         rows = [i for i, (req, _) in enumerate(batch) if req.params.greedy]
         if not rows:
             return {}
+        counts = [int(t.shape[0]) for t in logits]
+        joint: list[torch.Tensor] | None = None
+        if (
+            logits_flat is not None
+            and len(rows) == len(batch) == len(logits)
+            and int(logits_flat.shape[0]) == sum(counts)
+        ):
+            joint = list(torch.split(torch.argmax(logits_flat, dim=-1), counts))
         parts: list[torch.Tensor] = []
         sizes: list[int] = []
         for i in rows:
             req, grant = batch[i]
             assert req.drafts is not None
             drafts = req.drafts[: grant - 1].reshape(-1).to(torch.int64)
-            argmax = torch.argmax(logits[i], dim=-1).reshape(-1).to(torch.int64)
+            if joint is not None:
+                argmax = joint[i].to(torch.int64)
+            else:
+                argmax = torch.argmax(logits[i], dim=-1).reshape(-1).to(torch.int64)
             parts += [drafts, argmax]
             sizes += [int(drafts.numel()), int(argmax.numel())]
         host = torch.split(torch.cat(parts).cpu(), sizes)

@@ -7,9 +7,12 @@ Two execution paths compute the same thing:
   ``torch.nn.functional.grouped_mm`` can read the slab): one grouped GEMM per
   projection per layer with the cache slab itself as the weight tensor, one
   group per slot (empty groups cost nothing); routing becomes slot ids
-  through the cache's device slot table, the rows are sorted by slot once,
-  group offsets come from a bincount, and the weighted sum over the k routed
-  experts is one deterministic un-permute. No per-expert Python.
+  through the cache's device slot table, the rows are ordered by slot once
+  (:func:`sort_rows`: a counting sort that also gives the group offsets),
+  and the weighted sum over the k routed experts follows one deterministic
+  un-permute (a gather). A layer whose experts are all resident runs as one
+  unmasked call over the span of slots holding them, however large the
+  slab. No per-expert Python.
   Compressed slabs (MXFP4, FP8): by default (``PDFLASH_COMPRESSED_GEMM=auto``)
   one Triton kernel per projection reads the slab and dequantizes in
   registers where it runs (CUDA, triton), else the used slots are gathered
@@ -110,7 +113,9 @@ class GroupedExperts(Protocol):
     first and dequantizes only those. ``forward(x, w, offs, group_of_row)``:
     ``x [n, H]`` rows sorted by group, ``offs [G]`` int32 cumulative row
     ends, ``group_of_row [n]`` each row's group (for per-expert biases) ->
-    ``[n, H]``. Optionally, an attribute ``fused`` that is not None (a
+    ``[n, H]``. An MLP that never reads ``group_of_row`` may say so with an
+    attribute ``uses_row_groups = False``: it then gets the rows' groups in
+    row order, not sorted order (no kernel spent sorting them). Optionally, an attribute ``fused`` that is not None (a
     :class:`~pdflash.models.compressed_gemm.FusedSlabMLP`): its
     ``forward_slab`` then runs instead, over the compressed slab in place
     (no gather, no dequantized copy).
@@ -266,6 +271,8 @@ class OffloadedMoE:
         self._slab_views: dict[str, torch.Tensor] = {}
         #: inside :meth:`unbooked`: resident layers run their kernels only
         self._unbooked = False
+        self._window_cache: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self._key_tables: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
         self.grouped: GroupedExperts | None = None
         self._gmm_capturable = True
         if grouped is not None and _grouped_mm is not None:
@@ -533,7 +540,7 @@ class OffloadedMoE:
         if self._unbooked:
             if not cache.layer_resident(layer):
                 raise RuntimeError(f"layer {layer} is not resident: it cannot run unbooked")
-            self._grouped_rows(x, k, self._layer_slots(layer)[flat], None, y_flat)
+            self._resident_rows(layer, x, k, flat, y_flat)
         elif cache.layer_resident(layer):
             # Every expert of the layer holds a slot: nothing to copy whatever
             # the routing, so the host never reads it (no sync). The layer's
@@ -545,8 +552,7 @@ class OffloadedMoE:
                 if (tickets >= 0).any():  # copies still in flight (e.g. prefetched)
                     cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
                 cache.defer_access(layer, flat)
-                row_slot = self._layer_slots(layer)[flat]
-                self._grouped_rows(x, k, row_slot, None, y_flat)
+                self._resident_rows(layer, x, k, flat, y_flat)
             except BaseException:
                 cache.abort(ids)
                 raise
@@ -557,6 +563,35 @@ class OffloadedMoE:
         # routing weights' precision, rounded to x's dtype once
         weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
         return weighted.sum(dim=1).to(x.dtype)
+
+    def _resident_rows(
+        self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
+    ) -> None:
+        """An all-resident layer's routed rows into ``y_flat``: one unmasked
+        call over the span of slots holding the layer's experts when it fits
+        (:meth:`_resident_window`), else over the whole slab."""
+        window = self._resident_window(layer)
+        if window is None:
+            self._grouped_rows(x, k, self._layer_slots(layer)[flat], None, y_flat)
+            return
+        lo, width = window
+        keys = self._layer_keys(layer, lo)[flat]
+        self._run_sorted(x, k, keys, width, self._window_views(lo, width), y_flat)
+
+    def _layer_keys(self, layer: int, lo: int) -> torch.Tensor:
+        """``[E]`` device tensor: each of the layer's experts' slot minus
+        ``lo``, kept while the cache's device slot table is the same tensor
+        (it is replaced whenever a slot changes). Not kept when made inside a
+        CUDA-graph capture (whose kernels do not run then)."""
+        table = self.cache.device_slot_table()
+        base = layer * self.num_experts
+        held = self._key_tables.get(layer)
+        if held is not None and held[0] is table and held[1] == lo:
+            return held[2]
+        keys = table[base : base + self.num_experts] - lo
+        if not (table.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self._key_tables[layer] = (table, lo, keys)
+        return keys
 
     def _layer_slots(self, layer: int) -> torch.Tensor:
         """``[E]`` device tensor: each of the layer's experts' slot (or -1)."""
@@ -663,6 +698,36 @@ class OffloadedMoE:
         host[1, group[~ready]] = True
         return table.to(flat.device, non_blocking=True)[:, flat]
 
+    def _resident_window(self, layer: int) -> tuple[int, int] | None:
+        """``(lo, width)``: the slab slots ``lo .. lo + width`` hold every
+        expert of ``layer`` (read from the cache's host slot table, so no
+        sync), when all of them hold a slot and the span fits one grouped
+        call; None otherwise. A resident layer's rows then run as one
+        unmasked call over that span of the slab, whatever the slab's size."""
+        slot_of = getattr(self.cache, "slot_of", None)
+        if slot_of is None:
+            return None
+        base = layer * self.num_experts
+        slots = slot_of[base : base + self.num_experts]
+        lo = int(slots.min())
+        if lo < 0:
+            return None
+        width = int(slots.max()) - lo + 1
+        return (lo, width) if width <= MAX_GROUPS_PER_CALL else None
+
+    def _window_views(self, lo: int, width: int) -> dict[str, torch.Tensor]:
+        """The slab's component views of slots ``lo .. lo + width`` (memoised)."""
+        if lo == 0 and width == self.cache.num_slots:
+            return self._slab_views
+        key = (lo, width)
+        views = self._window_cache.get(key)
+        if views is None:
+            if len(self._window_cache) >= 4 * max(1, self.cache.num_layers):
+                self._window_cache.clear()
+            views = {n: v[lo : lo + width] for n, v in self._slab_views.items()}
+            self._window_cache[key] = views
+        return views
+
     def _grouped_rows(
         self,
         x: torch.Tensor,
@@ -678,8 +743,7 @@ class OffloadedMoE:
         from the write-back, so no row count reaches the host."""
         num_slots = self.cache.num_slots
         if row_in is None and num_slots <= MAX_GROUPS_PER_CALL:
-            key_sorted, order = torch.sort(row_slot, stable=True)
-            self._run_groups(x, k, key_sorted, order, num_slots, self._slab_views, y_flat, False)
+            self._run_sorted(x, k, row_slot, num_slots, self._slab_views, y_flat)
             return
         for lo in range(0, num_slots, MAX_GROUPS_PER_CALL):
             width = min(MAX_GROUPS_PER_CALL, num_slots - lo)
@@ -689,7 +753,37 @@ class OffloadedMoE:
                 take = take & row_in
             key_sorted, order = torch.sort(torch.where(take, local, width), stable=True)
             views = {n: v[lo : lo + width] for n, v in self._slab_views.items()}
-            self._run_groups(x, k, key_sorted, order, width, views, y_flat, True)
+            self._run_groups(x, k, key_sorted, order, width, views, y_flat)
+
+    def _run_sorted(
+        self,
+        x: torch.Tensor,
+        k: int,
+        key: torch.Tensor,
+        width: int,
+        views: dict[str, torch.Tensor],
+        y_flat: torch.Tensor,
+    ) -> None:
+        """One unmasked grouped MLP call: every row's key (its slot in
+        ``views``) is in ``[0, width)``. The rows are ordered by
+        :func:`sort_rows` and the outputs gathered back in row order straight
+        into ``y_flat`` (no indexed write)."""
+        grouped = self.grouped
+        assert grouped is not None
+        rows = sort_rows(key, width, k)
+        fused = getattr(grouped, "fused", None)
+        if fused is not None:
+            out = fused.forward_slab(
+                x, rows.token, rows.key_sorted(), width, views, self.num_experts
+            )
+        elif grouped.compressed:
+            group_of_row, offs, views = _compact(rows.key_sorted(), width, views)
+            out = grouped.forward(x[rows.token], grouped.weights(views), offs, group_of_row)
+        else:
+            # an MLP without per-expert biases reads no row groups: no kernel for them
+            groups = rows.key_sorted() if getattr(grouped, "uses_row_groups", True) else rows.key
+            out = grouped.forward(x[rows.token], grouped.weights(views), rows.offs, groups)
+        torch.index_select(out, 0, rows.position, out=y_flat)
 
     def _run_groups(
         self,
@@ -700,10 +794,9 @@ class OffloadedMoE:
         width: int,
         views: dict[str, torch.Tensor],
         y_flat: torch.Tensor,
-        masked: bool,
     ) -> None:
-        """One grouped MLP call over rows ``order`` whose group keys are
-        ``key_sorted`` (``width`` = masked out, when ``masked``)."""
+        """One masked grouped MLP call over rows ``order`` whose group keys
+        are ``key_sorted`` (``width``: masked out, its row of ``y_flat`` kept)."""
         grouped = self.grouped
         assert grouped is not None
         fused = getattr(grouped, "fused", None)
@@ -711,25 +804,82 @@ class OffloadedMoE:
             # compressed slab read in place: no gather of the used slots, no
             # dequantized copy, x rows gathered inside the kernel
             out = fused.forward_slab(x, order // k, key_sorted, width, views, self.num_experts)
-            if masked:
-                valid = (key_sorted < width).unsqueeze(-1)
-                y_flat[order] = torch.where(valid, out, y_flat[order])
+        else:
+            if grouped.compressed:
+                group_of_row, offs, views = _compact(key_sorted, width, views)
             else:
-                y_flat[order] = out
-            return
-        if grouped.compressed:
-            group_of_row, offs, views = _compact(key_sorted, width, views)
-        else:
-            group_of_row = key_sorted.clamp(max=width - 1) if masked else key_sorted
-            offs = torch.searchsorted(
-                key_sorted, _group_ids(width, key_sorted.device), right=True, out_int32=True
-            )
-        out = grouped.forward(x[order // k], grouped.weights(views), offs, group_of_row)
-        if masked:
-            valid = (key_sorted < width).unsqueeze(-1)
-            y_flat[order] = torch.where(valid, out, y_flat[order])
-        else:
-            y_flat[order] = out
+                group_of_row = key_sorted.clamp(max=width - 1)
+                offs = torch.searchsorted(
+                    key_sorted, _group_ids(width, key_sorted.device), right=True, out_int32=True
+                )
+            out = grouped.forward(x[order // k], grouped.weights(views), offs, group_of_row)
+        valid = (key_sorted < width).unsqueeze(-1)
+        y_flat[order] = torch.where(valid, out, y_flat[order])
+
+
+#: :func:`sort_rows` counts (one-hot, ``keys x rows`` cells) up to this many
+#: cells and sorts past it (the one-hot grows with both)
+COUNTING_SORT_MAX_CELLS = 1 << 22
+
+
+class RowSort:
+    """Rows ordered by key, stably (see :func:`sort_rows`): ``position[r]``
+    is row ``r``'s place in the order (int64), ``token[p]`` the token of the
+    row at place ``p`` (row // k, int64), ``offs`` the int32 cumulative row
+    ends of keys ``0 .. width-1`` (grouped_mm's group offsets);
+    :meth:`key_sorted` the keys in that order."""
+
+    __slots__ = ("key", "offs", "position", "token")
+
+    def __init__(
+        self, key: torch.Tensor, position: torch.Tensor, token: torch.Tensor, offs: torch.Tensor
+    ) -> None:
+        self.key = key
+        self.position = position
+        self.token = token
+        self.offs = offs
+
+    def key_sorted(self) -> torch.Tensor:
+        return torch.empty_like(self.key).scatter_(0, self.position, self.key)
+
+
+def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
+    """Order the routed rows ``r`` (token ``r // k``) by ``key [n]`` (int64,
+    every key in ``[0, width)``), stably: the order, offsets and inverse
+    ``torch.sort(key, stable=True)`` + ``searchsorted`` + a scatter give,
+    exactly. Up to :data:`COUNTING_SORT_MAX_CELLS` it is a counting sort of
+    a handful of small elementwise/scan kernels (a row's place is its key's
+    start plus its rank among earlier rows of that key), not a radix sort;
+    no host sync either way."""
+    n = int(key.numel())
+    device = key.device
+    if width * n <= COUNTING_SORT_MAX_CELLS:
+        onehot = key.unsqueeze(0) == _group_ids(width, device).unsqueeze(1)  # [width, n]
+        # one scan over the one-hot laid out key by key: at (g, r) it counts
+        # the rows of keys < g plus the rows of key g up to r, so at a row's
+        # own key it is the row's 1-based place, and at (g, n-1) the end of
+        # group g
+        running = onehot.view(-1).cumsum(0).view(width, n)
+        offs = running[:, -1].to(torch.int32)
+        position = running.gather(0, key.unsqueeze(0)).squeeze(0).sub_(1)
+    else:
+        key_sorted, order = torch.sort(key, stable=True)
+        offs = torch.searchsorted(key_sorted, _group_ids(width, device), right=True, out_int32=True)
+        position = torch.empty_like(order).scatter_(0, order, _group_ids(n, device))
+    token = torch.empty_like(position).scatter_(0, position, _row_tokens(n, k, device))
+    return RowSort(key, position, token, offs)
+
+
+_ROW_TOKENS: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def _row_tokens(n: int, k: int, device: torch.device) -> torch.Tensor:
+    """``arange(n) // k`` on ``device`` (cached: each routed row's token)."""
+    key = (n, k, str(device))
+    tokens = _ROW_TOKENS.get(key)
+    if tokens is None:
+        tokens = _ROW_TOKENS[key] = torch.arange(n, device=device) // k
+    return tokens
 
 
 _GROUP_IDS: dict[tuple[int, str], torch.Tensor] = {}

@@ -18,7 +18,9 @@ from pdflash.models.offload import grouped_mm
 class SwiGLUGroupedExperts(SlabExperts):
     """``down(act(gate x) * up x)`` for many experts: two grouped GEMMs over
     ``[G, 2I, H]`` / ``[G, H, I]`` weights read as ``[G, K, N]`` (transposed
-    views, no copies)."""
+    views, no copies). No per-expert bias: the row groups are never read."""
+
+    uses_row_groups = False
 
     def __init__(self, act: Any, unpack: Any = None, fused: Any = None) -> None:
         super().__init__(unpack, fused)

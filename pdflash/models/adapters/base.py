@@ -32,6 +32,7 @@ from torch import nn
 
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
+from pdflash.models.adapters._norms import rms_norm
 from pdflash.models.compressed_gemm import FusedSlabMLP, fused_mlp_for
 from pdflash.models.config_check import check_model_config, check_raw_keys, read_config_json
 from pdflash.models.layout import (
@@ -289,6 +290,13 @@ class MoEAdapterBase:
         k = attn.k_proj(x).view(t, -1, d)
         v = attn.v_proj(x).view(t, -1, d)
         return q, k, v
+
+    def qk_joint(self, attn: Any, x: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """``(qk, heads, v)``: q and k of :meth:`qkv` as one ``[T, Hq + Hk,
+        D]`` tensor (q's ``heads`` first), which the rotary reads at once.
+        Override where the arch's q/k norms can run over that tensor once."""
+        q, k, v = self.qkv(attn, x)
+        return torch.cat([q, k], dim=1), q.shape[1], v
 
     # -- construction --------------------------------------------------------
 
@@ -577,8 +585,7 @@ class MoEAdapterBase:
         return out
 
     def input_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self._layers[layer].input_layernorm(hidden)
-        return out
+        return rms_norm(self._layers[layer].input_layernorm, hidden)
 
     def dense_mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """The MLP output ``[T, H]`` of dense decoder layer ``layer`` for the
@@ -665,8 +672,8 @@ class MoEAdapterBase:
     def project_qkv(
         self, layer: int, normed: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.qkv(self._attn(layer), normed)
         if self.rotary_style is None:
+            q, k, v = self.qkv(self._attn(layer), normed)
             cos, sin = self.rotary(positions, normed)
             q4, k4 = self.modeling.apply_rotary_pos_emb(
                 q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), cos, sin
@@ -676,10 +683,9 @@ class MoEAdapterBase:
         # for bit transformers' (the same products and sums: x1*cos - x2*sin
         # is x1*cos + x2*(-sin) exactly); q and k are views of one tensor
         cc, ss = self.rotary_tables(positions, normed)
-        qk = torch.cat([q, k], dim=1)
+        qk, heads, v = self.qk_joint(self._attn(layer), normed)
         half = qk.shape[-1] // 2
         qk = qk * cc + torch.roll(qk, half, dims=-1) * ss
-        heads = q.shape[1]
         return qk[:, :heads], qk[:, heads:], v
 
     def attention_sinks(self, layer: int) -> torch.Tensor | None:
@@ -691,8 +697,7 @@ class MoEAdapterBase:
 
     def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """MoE layer ``layer``'s norm before its router (post-attention norm)."""
-        out: torch.Tensor = self._layers[self.moe_layers[layer]].post_attention_layernorm(hidden)
-        return out
+        return rms_norm(self._layers[self.moe_layers[layer]].post_attention_layernorm, hidden)
 
     def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
         return self._block(layer).route(normed)[0]
@@ -717,8 +722,7 @@ class MoEAdapterBase:
         return block.with_shared(normed, self.runtime.forward_routed(layer, normed, ids, weights))
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self._inner.norm(hidden)
-        return out
+        return rms_norm(self._inner.norm, hidden)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.hf_model.lm_head(hidden)

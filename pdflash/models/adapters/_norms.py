@@ -1,0 +1,49 @@
+"""transformers' RMSNorm modules of the adapters' archs in one kernel fewer,
+with the same values: where a norm ends in an fp32 product cast to the input
+dtype, the multiply writes that dtype itself (the same fp32 product, rounded
+once on store, as a separate cast rounds it). Modules not listed here are
+called as they are."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.models.gpt_oss import modeling_gpt_oss
+from transformers.models.qwen3_moe import modeling_qwen3_moe
+
+
+def needs_grad(*tensors: Any) -> bool:
+    """Autograd records these tensors' use (then the modules run as they are)."""
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )
+
+
+def normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``(x.float() * rsqrt(mean(x.float()^2, -1) + eps)).to(x.dtype)``
+    (Llama-style RMSNorm before its weight), the cast done by the multiply."""
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    return torch.mul(h, torch.rsqrt(variance + eps), out=torch.empty_like(x))
+
+
+def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``, equal value for value, for transformers'
+    ``Qwen3MoeRMSNorm`` (``weight * normed.to(dtype)``) and ``GptOssRMSNorm``
+    (``(weight * normed).to(dtype)``) in one kernel fewer; any other module
+    (or a subclass, which may compute otherwise) is called."""
+    kind = type(norm)
+    if needs_grad(x, norm.weight):  # a multiply into out= records no gradient
+        out: torch.Tensor = norm(x)
+        return out
+    if kind is modeling_qwen3_moe.Qwen3MoeRMSNorm:
+        weight: torch.Tensor = norm.weight
+        return weight * normalized(x, norm.variance_epsilon)
+    if kind is modeling_gpt_oss.GptOssRMSNorm:
+        h = x.to(torch.float32)
+        variance = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + norm.variance_epsilon)
+        return torch.mul(norm.weight, h, out=torch.empty_like(x))
+    called: torch.Tensor = norm(x)
+    return called
