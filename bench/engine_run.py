@@ -131,6 +131,11 @@ class RunSpec:
     # "verify" = link x the mean verify-forward time of a warm-up with
     # max_running requests (the bytes the link moves while a verify computes)
     byte_budget_from: str = "floor"
+    # PD's marginal rule (docs/scheduler.md rule 4.4: M soft against shared
+    # experts): "verify" = on, F = link x the same verify calibration's
+    # compute time, wherever the run calibrates one (byte_budget_from
+    # "verify", or an explicit byte_budget); "off" = M hard (the rule before)
+    marginal_rule: str = "verify"
     # hybrid miss service (pdflash.hybrid): "off" or "auto" (PD+host is
     # always "auto"); the host pool's workers and torch intra-op threads
     # (None: one worker, all cores but two on CUDA / torch's setting on CPU)
@@ -278,6 +283,8 @@ class RunSpec:
             raise ValueError(
                 f"byte_budget_from must be floor or verify, got {self.byte_budget_from!r}"
             )
+        if self.marginal_rule not in ("off", "verify"):
+            raise ValueError(f"marginal_rule must be off or verify, got {self.marginal_rule!r}")
         if self.host_experts not in ("off", "auto"):
             raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
         if not self.host_max_ratio > 0:
@@ -922,7 +929,11 @@ def _run(
 
     try:
         verify_step_s: float | None = None
-        if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
+        fixed_step_bytes: int | None = None
+        calibrate = spec.byte_budget_from == "verify" or (
+            spec.byte_budget is not None and spec.marginal_rule == "verify"
+        )
+        if calibrate and isinstance(batcher, ShadowComparison):
             # the shared warm-up's pass calibrates with one verify batch of
             # requests: it sets up the calibration's shapes (batch sizes up to
             # a full verify, the same key lengths) for the measured run's own
@@ -933,12 +944,20 @@ def _run(
                 else config.max_running
             )
             verify_step_s = _verify_compute_s(spec, config, make_engine, adapter, calib_requests)
-            byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
+            link_verify_bytes = max(1, int(link_gbps * 1e9 * verify_step_s))
             if ranks is not None:
-                byte_budget = ranks.agree(byte_budget * spec.gpus)
+                link_verify_bytes = ranks.agree(link_verify_bytes * spec.gpus)
+            if spec.byte_budget is None:
+                byte_budget = link_verify_bytes
+            if spec.marginal_rule == "verify":
+                # F: the step's fixed time as the bytes the link moves in it,
+                # estimated by the verify's compute (the per-token compute
+                # cancels from the rule; drafting and host work are not in it)
+                fixed_step_bytes = link_verify_bytes
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
-            primary.set_byte_budget(byte_budget)
+            assert byte_budget is not None
+            primary.set_byte_budget(byte_budget, fixed_step_bytes)
             config = config.replace(byte_budget=byte_budget)
         engine = make_engine(config, batcher)
         if spec.breakdown:
@@ -968,6 +987,9 @@ def _run(
             progress,
         )
         result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
+        # "off" where M was hard (the rule off, or never calibrated)
+        result.row["marginal_rule"] = "verify" if fixed_step_bytes is not None else "off"
+        result.row["fixed_step_bytes"] = fixed_step_bytes
         if ranks is not None:
             ranks.annotate(result.row)
         if verify_step_s is not None:

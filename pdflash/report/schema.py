@@ -133,6 +133,7 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "batch_missing_bytes_2d",
     "batch_missing_bytes_token_only",
     "byte_budget_verify_compute_s",
+    "fixed_step_bytes",
     # the hybrid miss service's books (null with a reason when it is off)
     *HOST_METRIC_FIELDS,
     "eta_phys",
@@ -350,6 +351,13 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("mean_tau", None),
     RunSetting("eviction", "auto", _recorded("eviction_policy")),
     RunSetting("byte_budget_from", "floor"),
+    # rows recorded before the marginal rule ran with M hard
+    RunSetting(
+        "marginal_rule",
+        "verify",
+        _recorded("marginal_rule"),
+        omitted=lambda row: row.get("marginal_rule") or "off",
+    ),
     RunSetting("max_running", None),
     RunSetting("token_budget", None),
     RunSetting("prompt_len_max", None),
