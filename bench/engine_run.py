@@ -929,6 +929,7 @@ def _run(
 
     try:
         verify_step_s: float | None = None
+        step_compute_s: float | None = None
         fixed_step_bytes: int | None = None
         calibrate = spec.byte_budget_from == "verify" or (
             spec.byte_budget is not None and spec.marginal_rule == "verify"
@@ -943,7 +944,9 @@ def _run(
                 if warm_only
                 else config.max_running
             )
-            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter, calib_requests)
+            verify_step_s, step_compute_s = _verify_compute_s(
+                spec, config, make_engine, adapter, calib_requests
+            )
             link_verify_bytes = max(1, int(link_gbps * 1e9 * verify_step_s))
             if ranks is not None:
                 link_verify_bytes = ranks.agree(link_verify_bytes * spec.gpus)
@@ -951,9 +954,12 @@ def _run(
                 byte_budget = link_verify_bytes
             if spec.marginal_rule == "verify":
                 # F: the step's fixed time as the bytes the link moves in it,
-                # estimated by the verify's compute (the per-token compute
-                # cancels from the rule; drafting and host work are not in it)
-                fixed_step_bytes = link_verify_bytes
+                # estimated by the calibration's compute per step (drafting
+                # included; it also holds the calibration batch's per-token
+                # compute, so it errs towards keeping batches whole)
+                fixed_step_bytes = max(0, int(link_gbps * 1e9 * step_compute_s))
+                if ranks is not None:
+                    fixed_step_bytes = ranks.agree(fixed_step_bytes * spec.gpus)
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
             assert byte_budget is not None
@@ -990,9 +996,12 @@ def _run(
         # "off" where M was hard (the rule off, or never calibrated)
         result.row["marginal_rule"] = "verify" if fixed_step_bytes is not None else "off"
         result.row["fixed_step_bytes"] = fixed_step_bytes
+        result.row["fixed_step_compute_s"] = (
+            step_compute_s if fixed_step_bytes is not None else None
+        )
         if ranks is not None:
             ranks.annotate(result.row)
-        if verify_step_s is not None:
+        if verify_step_s is not None and spec.byte_budget is None:
             result.row["byte_budget_verify_compute_s"] = verify_step_s
         return result
     finally:
@@ -1013,11 +1022,12 @@ def _verify_compute_s(
     make_engine: Callable[[EngineConfig, Any], Engine],
     adapter: Any,
     requests: int,
-) -> float:
-    """Mean compute time of one full verify forward, from a calibration run
-    (FCFS, no prefetch machinery) of ``requests`` short requests. The
-    compute-stream stalls on copies are subtracted in proportion to the
-    verify forwards' share of all forward time (the timer keeps one stall
+) -> tuple[float, float]:
+    """Mean compute time of one full verify forward, and of one engine step
+    (every forward of the step), from a calibration run (FCFS, no prefetch
+    machinery) of ``requests`` short requests. The compute-stream stalls on
+    copies are subtracted (from the verify's time in proportion to the
+    verify forwards' share of all forward time: the timer keeps one stall
     total)."""
     calib_cfg = config.replace(
         batching="fcfs",
@@ -1042,7 +1052,7 @@ def _verify_compute_s(
             runtime.host_service = service
 
 
-def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> float:
+def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> tuple[float, float]:
     rng = np.random.default_rng(spec.seed * 104729 + 17)
     ids = []
     block = engine.config.block_size
@@ -1057,7 +1067,11 @@ def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> floa
     if forwards == 0 or total <= 0:
         raise RuntimeError("the verify calibration ran no verify forward")
     verify_share = timer.kind_s("verify") / total
-    return max(1e-6, timer.compute_busy_s() * verify_share / forwards)
+    verify_s = max(1e-6, timer.compute_busy_s() * verify_share / forwards)
+    # a step's compute (drafting, predicting and verifying, copy stalls
+    # excluded): the marginal rule's fixed step time
+    step_s = max(verify_s, timer.compute_busy_s() / max(1, engine.steps))
+    return verify_s, step_s
 
 
 def _workload(

@@ -524,10 +524,13 @@ cdef class DeficitCore:
                     bytes_used += marginal
                 progressed = True
                 if bounded and marginal > M:
-                    # the documented oversize exception: it runs alone
+                    # the documented oversize exception: it runs alone, or
+                    # under the marginal rule with only the items that rule
+                    # admits (the bytes left are now negative)
                     self.oversize = True
-                    stopped = True
-                    break
+                    if not marginal_rule:
+                        stopped = True
+                        break
             if stopped:
                 break
             if progressed:

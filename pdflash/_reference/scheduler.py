@@ -215,8 +215,12 @@ class ReferenceScheduler:
                     bytes_left -= marginal
                 progressed = True
                 if self.M is not None and marginal > self.M:
-                    oversize = stopped = True
-                    break
+                    # the oversize exception: it runs alone, or under the
+                    # marginal rule with only the items that rule admits
+                    oversize = True
+                    if self.F is None:
+                        stopped = True
+                        break
             if stopped:
                 break
             if progressed:

@@ -19,7 +19,8 @@ reading, it is stated here (and in :mod:`pdflash.scheduler`):
 * 2 (bytes) under the marginal rule (``fixed_step_bytes`` ``F`` set): every
   item that passed the bytes left was normal (``mb <= M``) and raised the
   modelled rate of the batch before it (``g * (F + B) > tokens * mb``), and
-  the batch's missing bytes stay below ``T * (F + M) - F`` (2b).
+  the batch's missing bytes stay below ``T * (F + max(M, mb_1)) - F``
+  (2c; ``mb_1`` the first item's, above ``M`` only when it is oversize).
 * 9 (work conservation) reads "fits" as "is admissible": fits the residual
   tokens and either the residual bytes or the marginal rule.
 * 7 (no starvation): a request with pending demand is served within
@@ -225,19 +226,21 @@ class InvariantTracker:
         assert (r.union_mask.reshape(-1) == mask).all(), "union mask differs"
         total = self._bytes(union)
         assert total == r.missing_bytes
-        oversize = M is not None and len(ids) == 1 and total > M
-        assert r.oversize == oversize, "oversize flag wrong"
         F = self.fixed_step_bytes
+        first_mb = int(r.marginal_bytes[0]) if ids else 0
+        oversize = M is not None and first_mb > M
+        assert r.oversize == oversize, "oversize flag wrong"
+        assert not oversize or F is not None or len(ids) == 1, "oversize item not alone"
         assert M is None or total <= M or oversize or F is not None, "byte budget exceeded"
-        if M is not None and F is not None and not oversize:
-            # 2b. (F + B) / tokens only falls under marginal admissions and is
-            # at most F + M after any other admission, so B <= T (F + M) - F
-            assert total <= T * (F + M) - F, f"{total} B > T (F + M) - F"
+        if M is not None and F is not None and ids:
+            # 2c. (F + B) / tokens only falls under marginal admissions and is
+            # at most F + max(M, mb of the first item) after any other
+            assert total <= T * (F + max(M, first_mb)) - F, f"{total} B > T (F + M') - F"
         cap = cfg.max_requests_per_step
         assert cap is None or len(ids) <= cap
         # 9. work conservation: nothing left is admissible (fits the residual
         # tokens and the residual bytes or the marginal rule)
-        if not r.oversize and not r.cap_reached:
+        if not (r.oversize and F is None) and not r.cap_reached:
             bytes_left = None if M is None else M - total
             for rid, q in pending.items():
                 if rid in charged or tokens_left < 1:

@@ -134,6 +134,7 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "batch_missing_bytes_token_only",
     "byte_budget_verify_compute_s",
     "fixed_step_bytes",
+    "fixed_step_compute_s",
     # the hybrid miss service's books (null with a reason when it is off)
     *HOST_METRIC_FIELDS,
     "eta_phys",

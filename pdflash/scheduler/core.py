@@ -58,7 +58,7 @@ class StepResult:
     live_request_ids: npt.NDArray[np.int64]
     deficits: npt.NDArray[np.float64]  # after the step
     quanta: npt.NDArray[np.float64]  # credit granted during the step
-    oversize: bool  # the batch is the single-item oversize exception
+    oversize: bool  # the first item alone exceeds M (alone in the batch unless the marginal rule admitted others)
     cap_reached: bool  # closed by max_requests_per_step with candidates left
     lap: int  # DRR lap counter after the step
 

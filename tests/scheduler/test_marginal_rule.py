@@ -303,3 +303,22 @@ def test_periodic_shared_demand_keeps_every_invariant(run: dict[str, Any]) -> No
         d.step()
     target(d.tracker.max_wait_ratio, label="longest wait / proved bound")
     target(float(d.tracker.marginal_admissions), label="marginal admissions")
+
+
+def test_an_oversize_head_takes_the_requests_that_share_its_experts() -> None:
+    """``M`` below one request's own missing bytes (54-60 KB here): a hard
+    ``M`` runs every head alone (the oversize exception), one request a
+    step; under the marginal rule the others join it (each adds at most one
+    expert for 7 tokens), so the step is the token-only one."""
+    small_m = 50_000
+    hard = _run_probe(None, small_m, 12)
+    assert all(len(b) == 1 for b in hard)
+    marginal = _run_probe(F_PROBE, small_m, 12)
+    assert marginal == _run_probe(None, None, 12)
+    d = Driver(_probe_config(F_PROBE, small_m))
+    for rid in range(8):
+        d.add(rid)
+        d.demand(rid, 6, _shared_demand(rid))
+    result = d.step()
+    assert result.oversize and len(result) == 8
+    assert result.marginal_bytes[0] > small_m
