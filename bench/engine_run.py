@@ -999,6 +999,16 @@ def _run(
         result.row["fixed_step_compute_s"] = (
             step_compute_s if fixed_step_bytes is not None else None
         )
+        if fixed_step_bytes is None:
+            if byte_budget is None:
+                why = "no byte budget (this baseline does not run the 2-D scheduler)"
+            elif spec.marginal_rule == "off":
+                why = "marginal rule off (RunSpec.marginal_rule): M hard"
+            else:
+                why = "M sized from every expert's bytes (byte_budget_from floor): not calibrated"
+            result.row.setdefault("not_measured", {}).update(
+                dict.fromkeys(("fixed_step_bytes", "fixed_step_compute_s"), why)
+            )
         if ranks is not None:
             ranks.annotate(result.row)
         if verify_step_s is not None and spec.byte_budget is None:
