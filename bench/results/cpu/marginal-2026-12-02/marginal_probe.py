@@ -13,7 +13,7 @@ granted, drafts trimmed, predicted-missing bytes) and its host microseconds
 (the 2-D scheduler and its token-only shadow timed apart). Usage (from the
 repository root, the package installed):
 
-    python bench/results/cpu/marginal-2026-12-02/sched_steps_probe.py OUT \
+    python bench/results/cpu/marginal-2026-12-02/marginal_probe.py OUT \
         [--baselines PD,PD-all-on,PD-token-sched] [--repeats 3] [--concurrency 1,4] \
         [--verify-width auto] [--byte-budget BYTES] [--rate-of verified] \
         [--marginal-rule verify|off]
