@@ -993,8 +993,8 @@ def _run(
             progress,
         )
         result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
-        # "off" where M was hard (the rule off, or never calibrated)
-        result.row["marginal_rule"] = "verify" if fixed_step_bytes is not None else "off"
+        # the setting (the resume key); fixed_step_bytes says whether it applied
+        result.row["marginal_rule"] = spec.marginal_rule
         result.row["fixed_step_bytes"] = fixed_step_bytes
         result.row["fixed_step_compute_s"] = (
             step_compute_s if fixed_step_bytes is not None else None

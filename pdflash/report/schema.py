@@ -352,7 +352,8 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("mean_tau", None),
     RunSetting("eviction", "auto", _recorded("eviction_policy")),
     RunSetting("byte_budget_from", "floor"),
-    # rows recorded before the marginal rule ran with M hard
+    # the marginal rule's setting (rows say whether it applied in
+    # fixed_step_bytes); rows recorded before it existed ran with M hard
     RunSetting(
         "marginal_rule",
         "verify",

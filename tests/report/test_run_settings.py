@@ -36,6 +36,8 @@ RECORDED = {
     "compressed_gemm": ("compressed_gemm", "fused"),
     "route_ahead_source": ("route_ahead_source", "router"),
     "routing_source": ("routing_source", "trace"),
+    # rows recorded before the marginal rule existed (no field) ran with M hard
+    "marginal_rule": ("marginal_rule", "verify"),
 }
 
 
@@ -104,6 +106,7 @@ def test_a_row_with_a_spec_is_keyed_by_its_spec(make_row: Callable[..., Row]) ->
         "compressed_gemm": "dequant",
     }
     a["spec"] = spec
+    a["marginal_rule"] = "verify"  # as run_spec records it (the spec names only non-defaults)
     by_name = dict(zip([s.name for s in RUN_SETTINGS], row_settings(a), strict=True))
     in_spec = [by_name[s.name] for s in RUN_SETTINGS if s.in_spec]
     assert tuple(in_spec) == spec_settings(spec)
@@ -115,6 +118,20 @@ def test_a_row_with_a_spec_is_keyed_by_its_spec(make_row: Callable[..., Row]) ->
         dict(zip([s.name for s in RUN_SETTINGS], row_settings(a), strict=True))["compressed_gemm"]
         == "fused"
     )
+
+
+def test_rows_before_the_marginal_rule_are_keyed_as_m_hard(make_row: Callable[..., Row]) -> None:
+    """The matrix names the marginal rule in a spec only where it differs from
+    the default ``verify``; a row whose spec does not name it is keyed by what
+    the row records, and a row recorded before the rule existed (no field)
+    ran with M hard."""
+    (setting,) = [s for s in RUN_SETTINGS if s.name == "marginal_rule"]
+    old, new = make_row(baseline="PD"), make_row(baseline="PD")
+    old["spec"] = new["spec"] = {"baseline": "PD"}
+    new["marginal_rule"] = "verify"
+    assert setting.of_row(old) == "off" and setting.of_row(new) == "verify"
+    assert setting.of_row(new) == setting.of_spec(new["spec"])  # resumes as the default
+    assert row_key(old) != row_key(new)
 
 
 def test_the_report_shows_each_setting_as_its_own_series(

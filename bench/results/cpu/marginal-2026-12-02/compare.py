@@ -23,6 +23,11 @@ def _fmt(xs: list[Any], nd: int = 0) -> str:
     return ", ".join("—" if x is None else f"{x:.{nd}f}" for x in xs)
 
 
+def _rule(row: dict[str, Any]) -> str:
+    """The marginal rule as it applied: ``verify`` with F set, else ``off``."""
+    return "verify" if row.get("fixed_step_bytes") is not None else "off"
+
+
 def main() -> int:
     for folder in map(Path, sys.argv[1:]):
         runs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
@@ -43,7 +48,7 @@ def main() -> int:
                 base = median(r["output_tokens_per_s"] for r in ref)
                 ratio = f"{median(r['output_tokens_per_s'] for r in rows) / base:.2f}"
             print(
-                f"| {label} | {c} | {rows[0].get('marginal_rule') or '—'} "
+                f"| {label} | {c} | {_rule(rows[0])} "
                 f"| {_fmt([r['steps'] for r in rows])} "
                 f"| {_fmt([r['bytes_per_token'] for r in rows])} "
                 f"| {_fmt([r['output_tokens_per_s'] for r in rows])} "
