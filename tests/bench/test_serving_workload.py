@@ -154,7 +154,7 @@ def test_an_explicit_m_with_and_without_the_marginal_rule(
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     with pytest.raises(ValueError, match="marginal_rule must be off or verify"):
-        RunSpec(arch="tiny", baseline="PD", marginal_rule="on")
+        RunSpec(arch="tiny", baseline="PD", marginal_rule="on").validate()
     row = run_spec(
         RunSpec(
             arch="tiny",
