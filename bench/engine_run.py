@@ -131,6 +131,11 @@ class RunSpec:
     # "verify" = link x the mean verify-forward time of a warm-up with
     # max_running requests (the bytes the link moves while a verify computes)
     byte_budget_from: str = "floor"
+    # PD's marginal rule (docs/scheduler.md rule 4.4: M soft against shared
+    # experts): "verify" = on, F = link x the same verify calibration's
+    # compute time, wherever the run calibrates one (byte_budget_from
+    # "verify", or an explicit byte_budget); "off" = M hard (the rule before)
+    marginal_rule: str = "verify"
     # hybrid miss service (pdflash.hybrid): "off" or "auto" (PD+host is
     # always "auto"); the host pool's workers and torch intra-op threads
     # (None: one worker, all cores but two on CUDA / torch's setting on CPU)
@@ -278,6 +283,8 @@ class RunSpec:
             raise ValueError(
                 f"byte_budget_from must be floor or verify, got {self.byte_budget_from!r}"
             )
+        if self.marginal_rule not in ("off", "verify"):
+            raise ValueError(f"marginal_rule must be off or verify, got {self.marginal_rule!r}")
         if self.host_experts not in ("off", "auto"):
             raise ValueError(f"host_experts must be off or auto, got {self.host_experts!r}")
         if not self.host_max_ratio > 0:
@@ -922,7 +929,12 @@ def _run(
 
     try:
         verify_step_s: float | None = None
-        if spec.byte_budget_from == "verify" and isinstance(batcher, ShadowComparison):
+        step_compute_s: float | None = None
+        fixed_step_bytes: int | None = None
+        calibrate = spec.byte_budget_from == "verify" or (
+            spec.byte_budget is not None and spec.marginal_rule == "verify"
+        )
+        if calibrate and isinstance(batcher, ShadowComparison):
             # the shared warm-up's pass calibrates with one verify batch of
             # requests: it sets up the calibration's shapes (batch sizes up to
             # a full verify, the same key lengths) for the measured run's own
@@ -932,13 +944,26 @@ def _run(
                 if warm_only
                 else config.max_running
             )
-            verify_step_s = _verify_compute_s(spec, config, make_engine, adapter, calib_requests)
-            byte_budget = max(1, int(link_gbps * 1e9 * verify_step_s))
+            verify_step_s, step_compute_s = _verify_compute_s(
+                spec, config, make_engine, adapter, calib_requests
+            )
+            link_verify_bytes = max(1, int(link_gbps * 1e9 * verify_step_s))
             if ranks is not None:
-                byte_budget = ranks.agree(byte_budget * spec.gpus)
+                link_verify_bytes = ranks.agree(link_verify_bytes * spec.gpus)
+            if spec.byte_budget is None:
+                byte_budget = link_verify_bytes
+            if spec.marginal_rule == "verify":
+                # F: the step's fixed time as the bytes the link moves in it,
+                # estimated by the calibration's compute per step (drafting
+                # included; it also holds the calibration batch's per-token
+                # compute, so it errs towards keeping batches whole)
+                fixed_step_bytes = max(0, int(link_gbps * 1e9 * step_compute_s))
+                if ranks is not None:
+                    fixed_step_bytes = ranks.agree(fixed_step_bytes * spec.gpus)
             primary = batcher.primary
             assert isinstance(primary, DeficitBatcher)
-            primary.set_byte_budget(byte_budget)
+            assert byte_budget is not None
+            primary.set_byte_budget(byte_budget, fixed_step_bytes)
             config = config.replace(byte_budget=byte_budget)
         engine = make_engine(config, batcher)
         if spec.breakdown:
@@ -968,9 +993,25 @@ def _run(
             progress,
         )
         result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
+        # the setting (the resume key); fixed_step_bytes says whether it applied
+        result.row["marginal_rule"] = spec.marginal_rule
+        result.row["fixed_step_bytes"] = fixed_step_bytes
+        result.row["fixed_step_compute_s"] = (
+            step_compute_s if fixed_step_bytes is not None else None
+        )
+        if fixed_step_bytes is None:
+            if byte_budget is None:
+                why = "no byte budget (this baseline does not run the 2-D scheduler)"
+            elif spec.marginal_rule == "off":
+                why = "marginal rule off (RunSpec.marginal_rule): M hard"
+            else:
+                why = "M sized from every expert's bytes (byte_budget_from floor): not calibrated"
+            result.row.setdefault("not_measured", {}).update(
+                dict.fromkeys(("fixed_step_bytes", "fixed_step_compute_s"), why)
+            )
         if ranks is not None:
             ranks.annotate(result.row)
-        if verify_step_s is not None:
+        if verify_step_s is not None and spec.byte_budget is None:
             result.row["byte_budget_verify_compute_s"] = verify_step_s
         return result
     finally:
@@ -991,11 +1032,12 @@ def _verify_compute_s(
     make_engine: Callable[[EngineConfig, Any], Engine],
     adapter: Any,
     requests: int,
-) -> float:
-    """Mean compute time of one full verify forward, from a calibration run
-    (FCFS, no prefetch machinery) of ``requests`` short requests. The
-    compute-stream stalls on copies are subtracted in proportion to the
-    verify forwards' share of all forward time (the timer keeps one stall
+) -> tuple[float, float]:
+    """Mean compute time of one full verify forward, and of one engine step
+    (every forward of the step), from a calibration run (FCFS, no prefetch
+    machinery) of ``requests`` short requests. The compute-stream stalls on
+    copies are subtracted (from the verify's time in proportion to the
+    verify forwards' share of all forward time: the timer keeps one stall
     total)."""
     calib_cfg = config.replace(
         batching="fcfs",
@@ -1020,7 +1062,7 @@ def _verify_compute_s(
             runtime.host_service = service
 
 
-def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> float:
+def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> tuple[float, float]:
     rng = np.random.default_rng(spec.seed * 104729 + 17)
     ids = []
     block = engine.config.block_size
@@ -1035,7 +1077,11 @@ def _calibrate(spec: RunSpec, requests: int, engine: Engine, vocab: int) -> floa
     if forwards == 0 or total <= 0:
         raise RuntimeError("the verify calibration ran no verify forward")
     verify_share = timer.kind_s("verify") / total
-    return max(1e-6, timer.compute_busy_s() * verify_share / forwards)
+    verify_s = max(1e-6, timer.compute_busy_s() * verify_share / forwards)
+    # a step's compute (drafting, predicting and verifying, copy stalls
+    # excluded): the marginal rule's fixed step time
+    step_s = max(verify_s, timer.compute_busy_s() / max(1, engine.steps))
+    return verify_s, step_s
 
 
 def _workload(

@@ -11,6 +11,7 @@ cdef class DeficitCore:
     cdef readonly int64_t token_budget
     cdef readonly int64_t byte_budget  # < 0: unbounded (token-only mode)
     cdef readonly int64_t max_requests  # 0: no cap
+    cdef readonly int64_t fixed_bytes  # F of the marginal rule; < 0: M is hard
     cdef readonly double quantum
     cdef readonly int64_t lap
     cdef readonly int64_t cursor_seq

@@ -37,7 +37,7 @@ VIOLATIONS = {
     2: "request cap exceeded",
     3: "a grant outside [1, requested tokens]",
     4: "token budget exceeded",
-    5: "byte budget exceeded outside the single-item oversize exception",
+    5: "byte budget exceeded outside the single-item oversize exception and the marginal rule",
     6: "negative deficit",
     7: "a request was scheduled twice",
 }
@@ -114,9 +114,11 @@ cdef class DeficitCore:
         double quantum,
         int64_t max_requests,
         Py_ssize_t initial_capacity=16,
+        int64_t fixed_bytes=-1,
     ):
         if num_flat <= 0 or token_budget <= 0 or not (quantum > 0) or max_requests < 0:
             raise ValueError("DeficitCore: invalid sizes or budgets")
+        self.fixed_bytes = fixed_bytes if byte_budget >= 0 else -1
         self.num_flat = num_flat
         self.num_words = (num_flat + 63) // 64
         self.token_budget = token_budget
@@ -300,6 +302,14 @@ cdef class DeficitCore:
                 self.word_uniform = False
                 break
 
+    def set_fixed_bytes(self, int64_t fixed_bytes):
+        """``F`` of the marginal rule (bytes the link moves in a step's fixed
+        time); ``< 0`` makes ``M`` hard. Ignored in token-only mode. The
+        wrapper bounds ``T * (F + every expert's bytes)`` so the rule's
+        products stay exact."""
+        self._check_idle()
+        self.fixed_bytes = fixed_bytes if self.byte_budget >= 0 else -1
+
     def size_path(self):
         """Which marginal-bytes kernel the current sizes select:
         ``"uniform"`` (popcount), ``"per_word"`` (weighted popcount) or
@@ -354,7 +364,9 @@ cdef class DeficitCore:
         cdef int64_t tokens_left = T
         cdef int64_t bytes_left = M
         cdef int64_t lap = self.lap
-        cdef int64_t grant, marginal
+        cdef int64_t grant, marginal, limit, soft_max, worth
+        cdef int64_t F = self.fixed_bytes
+        cdef bint marginal_rule = bounded and F >= 0
         cdef double cost, byte_cost, q, head_cost = 0.0
         cdef bint progressed, credit_limited_fit, continuing, stopped = False
         cdef const uint64_t* x
@@ -440,17 +452,36 @@ cdef class DeficitCore:
                 # needs its exact cost; one that cannot fit may stop counting
                 # as soon as its bytes exceed the residual budget.
                 if bounded and batch > 0:
+                    # the largest marginal bytes the item may have and join:
+                    # the bytes left, or under the marginal rule the most that
+                    # still raises the step's modelled rate,
+                    # g * (F + B) > tokens * mb  <=>  mb <= (g * (F + B) - 1) // tokens
+                    # (normal items only, mb <= M)
+                    limit = bytes_left
+                    worth = 0
+                    if marginal_rule:
+                        worth = grant * (F + bytes_used)
+                        soft_max = (worth - 1) // (T - tokens_left) if worth > 0 else -1
+                        if soft_max > M:
+                            soft_max = M
+                        if soft_max > limit:
+                            limit = soft_max
+                    if limit < 0:
+                        continue  # even mb = 0 would neither fit nor raise the rate
                     # NOTE: cheap exact skip. Within a step a candidate's
                     # marginal bytes can only fall by the bytes the batch has
                     # covered since it was last measured, so if a lower bound
-                    # minus that still exceeds the residual, it cannot fit now
+                    # minus that still exceeds the limit, it cannot join now
                     # (the reference measures it and reaches the same verdict).
-                    if lower[c] >= 0 and lower[c] - (bytes_used - used_at[c]) > bytes_left:
+                    if lower[c] >= 0 and lower[c] - (bytes_used - used_at[c]) > limit:
                         continue
-                    marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, bytes_left)
+                    marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, limit)
                     lower[c] = marginal
                     used_at[c] = bytes_used
-                    if marginal > bytes_left:
+                    if marginal > bytes_left and not (
+                        marginal_rule and marginal <= M
+                        and worth > (T - tokens_left) * marginal
+                    ):
                         continue
                 else:
                     marginal = _marginal_bytes(x, cov, W, eb, uniform, wbytes, word_uniform, -1)
@@ -493,10 +524,13 @@ cdef class DeficitCore:
                     bytes_used += marginal
                 progressed = True
                 if bounded and marginal > M:
-                    # the documented oversize exception: it runs alone
+                    # the documented oversize exception: it runs alone, or
+                    # under the marginal rule with only the items that rule
+                    # admits (the bytes left are now negative)
                     self.oversize = True
-                    stopped = True
-                    break
+                    if not marginal_rule:
+                        stopped = True
+                        break
             if stopped:
                 break
             if progressed:
@@ -559,7 +593,21 @@ cdef class DeficitCore:
         if tokens > self.token_budget:
             return 4
         if self.byte_budget >= 0 and nbytes > self.byte_budget and not (self.oversize and k == 1):
-            return 5
+            # only the marginal rule may pass M: every item beyond the bytes
+            # left is normal and raised the modelled rate of the batch before it
+            if self.fixed_bytes < 0:
+                return 5
+            tokens = 0
+            nbytes = 0
+            for j in range(k):
+                g = self.out_marginal[j]
+                if j > 0 and nbytes + g > self.byte_budget and not (
+                    g <= self.byte_budget
+                    and self.out_grant[j] * (self.fixed_bytes + nbytes) > tokens * g
+                ):
+                    return 5
+                tokens += self.out_grant[j]
+                nbytes += g
         for j in range(self.size):
             if self.deficit[j] < 0:
                 return 6

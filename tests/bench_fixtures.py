@@ -177,6 +177,7 @@ class FakeRunSpec:
     max_running: int | None = None
     token_budget: int | None = None
     byte_budget_from: str = "floor"
+    marginal_rule: str = "verify"
     verify_width: str = "auto"
     compressed_gemm: str | None = None
 
@@ -233,6 +234,7 @@ class FakeEngine:
             bytes_per_token=h2d / committed,
             goodput_rps=None if spec.slo_s is None else 1.0,
         )
+        row["marginal_rule"] = spec.marginal_rule  # as run_spec records the setting
         if spec.arrivals != "burst":
             row["workload"] = {
                 "arrivals": spec.arrivals,

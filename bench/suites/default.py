@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"host-backend link rate on CPU (default {CPU_EMULATED_LINK_GBPS} GB/s)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--marginal-rule",
+        default="verify",
+        choices=["off", "verify"],
+        help="PD's marginal rule (M soft against shared experts; off: M hard, the rule before)",
+    )
 
 
 def _cuda_present(device: str) -> bool:
@@ -113,7 +119,20 @@ def default_specs(args: argparse.Namespace, on_gpu: bool) -> list[dict[str, Any]
         # and M from the step (see the module docstring)
         spec["max_running"] = LIVE_PER_CONCURRENCY * conc
         spec["byte_budget_from"] = "verify"
+        marginal_rule = getattr(args, "marginal_rule", "verify")
+        if marginal_rule != "verify":
+            spec["marginal_rule"] = marginal_rule
     return specs
+
+
+def _marginal(row: dict[str, Any]) -> str:
+    """How hard M was: the marginal rule's F, or M hard."""
+    from pdflash.report.writers import fmt
+
+    fixed = row.get("fixed_step_bytes")
+    if fixed is None:
+        return "M hard"
+    return f"M soft against shared experts (marginal rule, F = {fmt(fixed)} B)"
 
 
 def scheduler_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -134,7 +153,9 @@ def scheduler_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"PD c={r.get('concurrency')}: {r.get('max_running')} live requests, a step takes "
             f"{r.get('token_budget')} tokens (blocks of {r.get('block_size')}); M = "
             f"{fmt(r.get('byte_budget'))} B (link x verify compute "
-            f"{fmt(r.get('byte_budget_verify_compute_s'), 3)} s): the 2-D batch differed from "
+            f"{fmt(r.get('byte_budget_verify_compute_s'), 3)} s), "
+            + _marginal(r)
+            + ": the 2-D batch differed from "
             f"the token-only one in {100 * frac:.0f}% of {r.get('steps')} steps (predicted "
             f"missing bytes {fmt(r.get('batch_missing_bytes_2d'))} vs "
             f"{fmt(r.get('batch_missing_bytes_token_only'))})" + _executed(r)

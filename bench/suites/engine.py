@@ -93,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["floor", "verify"],
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
     )
+    parser.add_argument(
+        "--marginal-rule",
+        default="verify",
+        choices=["off", "verify"],
+        help="PD's marginal rule (M soft against shared experts, F = link x verify time) "
+        "where M is calibrated or given; off: M hard",
+    )
     add_host_arguments(parser)
     parser.add_argument(
         "--warmup",
@@ -372,6 +379,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     max_running=args.max_running,
                     token_budget=args.token_budget,
                     byte_budget_from=args.byte_budget_from,
+                    marginal_rule=args.marginal_rule,
                     host_experts=args.host_experts,
                     host_workers=args.host_workers,
                     host_threads=args.host_threads,

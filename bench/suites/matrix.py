@@ -63,6 +63,7 @@ SERVING_DEFAULTS: dict[str, Any] = {
     "max_running": None,
     "token_budget": None,
     "byte_budget_from": "floor",
+    "marginal_rule": "verify",
 }
 
 # The engine: RunSpec class and run_spec function (pdflash.bench.engine_run).
@@ -256,6 +257,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         default="floor",
         choices=["floor", "verify"],
         help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
+    )
+    g.add_argument(
+        "--marginal-rule",
+        default="verify",
+        choices=["off", "verify"],
+        help="PD's marginal rule (M soft against shared experts, F = link x verify time) "
+        "where M is calibrated or given; off: M hard",
     )
     g.add_argument(
         "--expert-dtype",

@@ -59,11 +59,14 @@ class ReferenceScheduler:
         quantum: float,
         max_requests_per_step: int | None,
         num_flat: int,
+        fixed_step_bytes: int | None = None,
     ) -> None:
         self.T = token_budget
         self.M = missing_byte_budget  # None: token-only mode (B2)
         self.Q = quantum
         self.cap = max_requests_per_step
+        # F: the link's bytes in a step's fixed time; None: M is hard
+        self.F = fixed_step_bytes if missing_byte_budget is not None else None
         self.num_flat = num_flat
         self.expert_bytes: list[int] = [0] * num_flat
         self.resident: frozenset[int] = frozenset()
@@ -108,6 +111,20 @@ class ReferenceScheduler:
 
     def set_expert_bytes(self, sizes: Iterable[int]) -> None:
         self.expert_bytes = [int(b) for b in sizes]
+
+    def set_fixed_step_bytes(self, fixed_step_bytes: int | None) -> None:
+        self.F = fixed_step_bytes if self.M is not None else None
+
+    def raises_rate(self, grant: int, marginal: int, tokens: int, missing: int) -> bool:
+        """The marginal rule: adding ``(grant, marginal)`` to a batch of
+        ``tokens`` tokens and ``missing`` bytes raises its modelled tokens
+        per second, ``tokens / (t_fixed + t_tok * tokens + bytes / link)``.
+        With ``F = t_fixed * link`` that is ``grant * (F + missing) > tokens
+        * marginal`` (the per-token compute cancels); only normal items
+        (``marginal <= M``), only with ``F`` set."""
+        if self.F is None or self.M is None or marginal > self.M:
+            return False
+        return grant * (self.F + missing) > tokens * marginal
 
     # ------------------------------------------------------------ step
     def _bytes(self, experts: Iterable[int]) -> int:
@@ -165,8 +182,15 @@ class ReferenceScheduler:
                 missing = req.experts - covered
                 marginal = self._bytes(missing)
                 batch_empty = not served
-                if bytes_left is not None and marginal > bytes_left and not batch_empty:
-                    continue  # does not fit the residual bytes: no credit decision
+                if (
+                    bytes_left is not None
+                    and marginal > bytes_left
+                    and not batch_empty
+                    and not self.raises_rate(grant, marginal, self.T - tokens_left, sum(marginals))
+                ):
+                    # neither fits the residual bytes nor raises the step's
+                    # modelled rate: no credit decision
+                    continue
                 cost = self._cost(grant, marginal)
                 # one quantum, for the current lap, if it cannot pay and was
                 # not credited in this lap yet (earlier laps are not banked)
@@ -191,8 +215,12 @@ class ReferenceScheduler:
                     bytes_left -= marginal
                 progressed = True
                 if self.M is not None and marginal > self.M:
-                    oversize = stopped = True
-                    break
+                    # the oversize exception: it runs alone, or under the
+                    # marginal rule with only the items that rule admits
+                    oversize = True
+                    if self.F is None:
+                        stopped = True
+                        break
             if stopped:
                 break
             if progressed:

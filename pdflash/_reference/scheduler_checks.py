@@ -16,6 +16,13 @@ reading, it is stated here (and in :mod:`pdflash.scheduler`):
   several items share a step, an item that does not fit the *residual*
   budget waits for the head position while smaller items are packed around
   it (work conservation wins there), and that wait is bounded by 7.
+* 2 (bytes) under the marginal rule (``fixed_step_bytes`` ``F`` set): every
+  item that passed the bytes left was normal (``mb <= M``) and raised the
+  modelled rate of the batch before it (``g * (F + B) > tokens * mb``), and
+  the batch's missing bytes stay below ``T * (F + max(M, mb_1)) - F``
+  (2c; ``mb_1`` the first item's, above ``M`` only when it is oversize).
+* 9 (work conservation) reads "fits" as "is admissible": fits the residual
+  tokens and either the residual bytes or the marginal rule.
 * 7 (no starvation): a request with pending demand is served within
   :func:`pdflash.scheduler.bounds.liveness_bound` steps (proof in
   ``docs/scheduler.md``), evaluated from the config, the number of requests
@@ -66,10 +73,21 @@ class InvariantTracker:
     max_wait_ratio: float = 0.0  # largest wait / its bound seen
     w_min: float = math.inf  # smallest weight any request has had
     q_ever: float = 0.0  # largest w * Q any request has had
+    fixed_step_bytes: int | None = None  # F of the marginal rule now in force
+    marginal_admissions: int = 0  # items admitted past M by the marginal rule
 
     def __post_init__(self) -> None:
         if not self.sizes:
             self.sizes = [0] * self.config.num_flat
+        if self.config.marginal_rule:
+            self.fixed_step_bytes = self.config.fixed_step_bytes
+
+    def _raises_rate(self, grant: int, mb: int, tokens: int, missing: int) -> bool:
+        M = self.config.byte_budget
+        F = self.fixed_step_bytes
+        if F is None or M is None or mb > M:
+            return False
+        return grant * (F + missing) > tokens * mb
 
     # ------------------------------------------------------------ events
     def add(self, rid: int, weight: float = 1.0) -> None:
@@ -114,6 +132,9 @@ class InvariantTracker:
 
     def set_resident(self, experts: Iterable[int]) -> None:
         self.resident = frozenset(int(g) for g in experts)
+
+    def set_fixed_step_bytes(self, fixed_step_bytes: int | None) -> None:
+        self.fixed_step_bytes = fixed_step_bytes if self.config.byte_budget is not None else None
 
     def set_sizes(self, sizes: Iterable[int]) -> None:
         self.sizes = [int(b) for b in sizes]
@@ -173,6 +194,7 @@ class InvariantTracker:
         covered = set(self.resident)
         union: set[int] = set()
         charged: dict[int, float] = {}
+        batch_bytes = 0
         for k, rid in enumerate(ids):
             q = pending[rid]
             assert q.tokens is not None
@@ -185,6 +207,13 @@ class InvariantTracker:
             missing = q.experts - covered
             mb = self._bytes(missing)
             assert int(r.marginal_bytes[k]) == mb, f"marginal bytes {r.marginal_bytes[k]} != {mb}"
+            if M is not None and k > 0 and batch_bytes + mb > M:
+                # 2a. past the bytes left only by the marginal rule
+                assert self._raises_rate(g, mb, T - tokens_left - g, batch_bytes), (
+                    f"item {rid} ({g} tokens, {mb} B) passed M without raising the rate"
+                )
+                self.marginal_admissions += 1
+            batch_bytes += mb
             c = self._cost(g, mb)
             assert float(r.costs[k]) == c, f"cost {r.costs[k]} != {c}"
             charged[rid] = c
@@ -197,20 +226,32 @@ class InvariantTracker:
         assert (r.union_mask.reshape(-1) == mask).all(), "union mask differs"
         total = self._bytes(union)
         assert total == r.missing_bytes
-        oversize = M is not None and len(ids) == 1 and total > M
+        F = self.fixed_step_bytes
+        first_mb = int(r.marginal_bytes[0]) if ids else 0
+        oversize = M is not None and first_mb > M
         assert r.oversize == oversize, "oversize flag wrong"
-        assert M is None or total <= M or oversize, "byte budget exceeded"
+        assert not oversize or F is not None or len(ids) == 1, "oversize item not alone"
+        assert M is None or total <= M or oversize or F is not None, "byte budget exceeded"
+        if M is not None and F is not None and ids:
+            # 2c. (F + B) / tokens only falls under marginal admissions and is
+            # at most F + max(M, mb of the first item) after any other
+            assert total <= T * (F + max(M, first_mb)) - F, f"{total} B > T (F + M') - F"
         cap = cfg.max_requests_per_step
         assert cap is None or len(ids) <= cap
-        # 9. work conservation: nothing left fits both residual budgets
-        if not r.oversize and not r.cap_reached:
+        # 9. work conservation: nothing left is admissible (fits the residual
+        # tokens and the residual bytes or the marginal rule)
+        if not (r.oversize and F is None) and not r.cap_reached:
             bytes_left = None if M is None else M - total
             for rid, q in pending.items():
                 if rid in charged or tokens_left < 1:
                     continue
                 mb = self._bytes(q.experts - covered)
+                g = min(q.tokens or 0, tokens_left)
                 assert bytes_left is not None and mb > bytes_left, (
                     f"request {rid} fits the residual budgets but was not scheduled"
+                )
+                assert not ids or not self._raises_rate(g, mb, T - tokens_left, total), (
+                    f"request {rid} raises the step's modelled rate but was not scheduled"
                 )
         if r.cap_reached:
             assert cap is not None and len(ids) == cap

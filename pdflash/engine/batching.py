@@ -87,7 +87,8 @@ class DeficitBatcher:
 
     ``byte_budget=None`` is token-only mode (baseline B2); an int is the 2-D
     mode (PD), charging each item the marginal bytes of its predicted experts
-    that are not resident. The scheduler's union of the batch's missing
+    that are not resident; ``fixed_step_bytes`` turns on the marginal rule
+    (docs/scheduler.md rule 4.4). The scheduler's union of the batch's missing
     experts comes back in :attr:`BatchDecision.missing` so the engine
     prefetches exactly that.
     """
@@ -101,14 +102,17 @@ class DeficitBatcher:
         num_experts: int,
         expert_nbytes: int,
         max_tokens_per_item: int | None = None,
+        fixed_step_bytes: int | None = None,
     ) -> None:
         self.name = "deficit_tokens" if byte_budget is None else "deficit_2d"
         self._shape = (token_budget, num_layers, num_experts, expert_nbytes, max_tokens_per_item)
-        self.scheduler = self._build(byte_budget)
+        self.scheduler = self._build(byte_budget, fixed_step_bytes)
         self._empty = np.zeros(0, dtype=np.int64)
         self._live: set[int] = set()
 
-    def _build(self, byte_budget: int | None) -> VerifyScheduler:
+    def _build(
+        self, byte_budget: int | None, fixed_step_bytes: int | None = None
+    ) -> VerifyScheduler:
         from pdflash.scheduler import SchedulerConfig, VerifyScheduler
 
         token_budget, num_layers, num_experts, expert_nbytes, max_tokens_per_item = self._shape
@@ -119,6 +123,7 @@ class DeficitBatcher:
                 num_layers=num_layers,
                 num_experts=num_experts,
                 max_tokens_per_item=max_tokens_per_item,
+                fixed_step_bytes=fixed_step_bytes,
             )
         )
         scheduler.set_expert_bytes(
@@ -130,17 +135,19 @@ class DeficitBatcher:
     def byte_budget(self) -> int | None:
         return self.scheduler.config.byte_budget
 
-    def set_byte_budget(self, byte_budget: int) -> None:
-        """Start over with a new missing-byte budget ``M`` (2-D mode only).
-        Only between workloads: with no live request there is no deficit or
-        round-robin position to lose."""
+    def set_byte_budget(self, byte_budget: int, fixed_step_bytes: int | None = None) -> None:
+        """Start over with a new missing-byte budget ``M`` (2-D mode only)
+        and ``F``, the bytes the link moves in a step's fixed time (set: the
+        marginal rule makes ``M`` soft against shared experts; ``None``: ``M``
+        is hard). Only between workloads: with no live request there is no
+        deficit or round-robin position to lose."""
         if self.name != "deficit_2d":
             raise ValueError("a token-only batcher has no byte budget to set")
         if self._live:
             raise RuntimeError(
                 f"set_byte_budget with {len(self._live)} live requests would drop their credit"
             )
-        self.scheduler = self._build(byte_budget)
+        self.scheduler = self._build(byte_budget, fixed_step_bytes)
 
     def add(self, request_id: int, weight: float = 1.0) -> None:
         if request_id not in self._live:

@@ -133,6 +133,8 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "batch_missing_bytes_2d",
     "batch_missing_bytes_token_only",
     "byte_budget_verify_compute_s",
+    "fixed_step_bytes",
+    "fixed_step_compute_s",
     # the hybrid miss service's books (null with a reason when it is off)
     *HOST_METRIC_FIELDS,
     "eta_phys",
@@ -316,6 +318,38 @@ def _omitted_width(row: Mapping[str, Any]) -> Any:
     return "full" if value is None else value
 
 
+def _marginal_applies(settings: Mapping[str, Any]) -> bool:
+    """Whether a run can apply PD's marginal rule: a label that runs the 2-D
+    scheduler (not B0-B3, not PD-token-sched) with M calibrated or given (the
+    engine calibrates ``F`` only then; at the floor sizing M never binds)."""
+    baseline = str(settings.get("baseline", ""))
+    if baseline.startswith("B") or baseline == "PD-token-sched":
+        return False
+    return settings.get("byte_budget_from") == "verify" or settings.get("byte_budget") is not None
+
+
+def _spec_marginal(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's marginal rule as the run runs it: ``off`` and ``verify`` are
+    one run where the rule cannot apply."""
+    if value == "off" and not _marginal_applies(spec):
+        return "verify"
+    return value
+
+
+def _omitted_marginal(row: Mapping[str, Any]) -> Any:
+    """The marginal rule of a row whose spec names none: what the row records,
+    else ``off`` where the rule could apply (recorded before it existed: M
+    hard), resolved as a spec's would be."""
+    spec = row.get("spec")
+    settings: Mapping[str, Any] = (
+        spec
+        if isinstance(spec, Mapping)
+        else {"baseline": row.get("baseline"), "byte_budget_from": row.get("byte_budget_from")}
+    )
+    value = row.get("marginal_rule") or "off"
+    return _spec_marginal(value, settings)
+
+
 def _omitted_gemm(row: Mapping[str, Any]) -> Any:
     """The compressed-GEMM mode of a row whose spec names none (no spec, or
     recorded before the matrix named the mode): the mode the row records its
@@ -350,6 +384,15 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("mean_tau", None),
     RunSetting("eviction", "auto", _recorded("eviction_policy")),
     RunSetting("byte_budget_from", "floor"),
+    # the marginal rule: one setting where the run cannot apply it; rows
+    # recorded before it existed ran with M hard
+    RunSetting(
+        "marginal_rule",
+        "verify",
+        _recorded("marginal_rule"),
+        resolve=_spec_marginal,
+        omitted=_omitted_marginal,
+    ),
     RunSetting("max_running", None),
     RunSetting("token_budget", None),
     RunSetting("prompt_len_max", None),

@@ -52,8 +52,13 @@ with the invariants and the proofs of the liveness and fairness bounds):
       already in the batch)``: charged in scan order, so a batch pays for the
       union of its missing experts, not the sum;
    d. if the batch is not empty and ``mb`` exceeds the bytes left, the item
-      does not fit: skip it, no credit change (an empty batch takes anything:
-      that is how an oversize item runs);
+      does not fit. Under the *marginal rule* (``fixed_step_bytes`` ``F``
+      set) it is still admitted when it is normal (``mb <= M``) and raises
+      the step's modelled tokens per second, ``g * (F + B) > tokens * mb``
+      (``B``, ``tokens``: the batch's missing bytes and tokens so far; the
+      step time ``t_fixed + t_tok * tokens + bytes / link`` with ``F =
+      t_fixed * link``). Otherwise skip it, no credit change (an empty batch
+      takes anything: that is how an oversize item runs);
    e. cost ``c = max(g / T, mb / M)`` (token-only mode: ``g / T``), the
       dominant share of the step's budgets;
    f. credit: if ``D < c`` and the request was not credited in the current
@@ -62,13 +67,14 @@ with the invariants and the proofs of the liveness and fairness bounds):
       banked);
    g. if still ``D < c`` the request is credit-limited: skip it;
    h. serve it: ``D -= c``, record ``(g, mb, c)``; if ``mb > M`` it is the
-      oversize exception and the step closes with it alone.
+      oversize exception and the step closes with it alone (under the
+      marginal rule only items that rule admits join it).
 
    A pass that served something is followed by another (marginal costs only
    fall as the union grows). A pass that served nothing while some fitting
    candidate was credit-limited starts a new lap (``lap += 1``) and passes
-   again (work conservation: no live item that fits both residual budgets is
-   left out). Otherwise the step closes. A step with live work therefore
+   again (work conservation: no live item that fits both residual budgets,
+   or the tokens and the marginal rule, is left out). Otherwise the step closes. A step with live work therefore
    never comes back empty: with an empty batch everything fits, and laps
    are opened until someone can pay.
 5. **Cursor (the head's turn).**

@@ -22,6 +22,25 @@ def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+#: ``T * (F + every expert's bytes)`` must stay below this, so the marginal
+#: rule's products ``g * (F + B)`` and ``tokens * mb`` are exact in int64.
+MARGINAL_PRODUCT_MAX = 2**62
+
+
+def check_fixed_step_bytes(value: object, token_budget: int, total_bytes: int = 0) -> int:
+    """``F`` as an int, or ValueError: an int ``>= 0`` with
+    ``T * (F + total_bytes) <= 2**62``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 0:
+        raise ValueError(f"fixed_step_bytes must be None or an int >= 0, got {value!r}")
+    f = int(value)
+    if token_budget * (f + total_bytes) > MARGINAL_PRODUCT_MAX:
+        raise ValueError(
+            f"token_budget * (fixed_step_bytes + every expert's bytes) = "
+            f"{token_budget} * ({f} + {total_bytes}) exceeds 2**62 (int64 products)"
+        )
+    return f
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Budgets and shape of a :class:`~pdflash.scheduler.VerifyScheduler`.
@@ -41,6 +60,14 @@ class SchedulerConfig:
             ``g = layer * num_experts + expert``.
         max_tokens_per_item: optional bound on ``1 + drafted_tokens``;
             demands above it are rejected.
+        fixed_step_bytes: ``F``, the bytes the link moves during a step's
+            fixed time (``t_fixed * link rate``: drafting, the forward's
+            fixed cost, host work). Set, ``M`` is soft against shared
+            experts (the marginal rule, docs/scheduler.md rule 4.4): an
+            item whose marginal bytes do not fit the bytes left is still
+            admitted when it raises the step's modelled tokens per second,
+            ``g * (F + B) > tokens * mb``. ``None`` keeps ``M`` hard.
+            Ignored in token-only mode.
     """
 
     token_budget: int
@@ -50,6 +77,7 @@ class SchedulerConfig:
     num_layers: int = 48
     num_experts: int = 128
     max_tokens_per_item: int | None = None
+    fixed_step_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.token_budget) or self.token_budget < 1:
@@ -75,6 +103,9 @@ class SchedulerConfig:
         mt = self.max_tokens_per_item
         if mt is not None and (not _is_int(mt) or mt < 1):
             raise ValueError(f"max_tokens_per_item must be None or an int >= 1, got {mt!r}")
+        f = self.fixed_step_bytes
+        if f is not None:
+            check_fixed_step_bytes(f, self.token_budget)
         q = self.quantum
         if isinstance(q, bool) or not isinstance(q, numbers.Real) or not math.isfinite(q):
             raise ValueError(f"quantum must be a finite number, got {q!r}")
@@ -97,6 +128,11 @@ class SchedulerConfig:
         if self.token_only:
             return None
         return int(self.missing_byte_budget)  # type: ignore[arg-type]
+
+    @property
+    def marginal_rule(self) -> bool:
+        """True when ``M`` is soft against shared experts (``F`` set, 2-D mode)."""
+        return self.fixed_step_bytes is not None and not self.token_only
 
     @property
     def num_flat(self) -> int:

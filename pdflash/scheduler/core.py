@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pdflash._native import load_native
-from pdflash.scheduler.config import MIN_WEIGHT, SchedulerConfig
+from pdflash.scheduler.config import MIN_WEIGHT, SchedulerConfig, check_fixed_step_bytes
 from pdflash.scheduler.policies import PolicyInput, WeightPolicy
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class StepResult:
     live_request_ids: npt.NDArray[np.int64]
     deficits: npt.NDArray[np.float64]  # after the step
     quanta: npt.NDArray[np.float64]  # credit granted during the step
-    oversize: bool  # the batch is the single-item oversize exception
+    oversize: bool  # the first item alone exceeds M (alone in the batch unless the marginal rule admitted others)
     cap_reached: bool  # closed by max_requests_per_step with candidates left
     lap: int  # DRR lap counter after the step
 
@@ -136,7 +136,10 @@ class VerifyScheduler:
             -1 if budget is None else budget,
             float(config.quantum),
             config.max_requests_per_step or 0,
+            fixed_bytes=-1 if config.fixed_step_bytes is None else config.fixed_step_bytes,
         )
+        self._fixed_step_bytes = config.fixed_step_bytes if config.marginal_rule else None
+        self._total_bytes = 0
         self._num_words = int(self._core.num_words)
         self._grid = (config.num_layers, config.num_experts)
         self._rids = np.zeros(0, dtype=np.int64)  # ring order
@@ -278,10 +281,36 @@ class VerifyScheduler:
             g = int(np.flatnonzero(flat < 0)[0])
             raise ValueError(f"expert size must be >= 0, got {int(flat[g])} for flat id {g}")
         # NOTE: byte sums are int64 in the hot loop; bound the grid's total.
-        if int(flat.max(initial=0)) * cfg.num_flat > 2**62 and sum(map(int, flat)) > 2**62:
-            raise ValueError("the expert sizes add up to more than 2**62 bytes")
+        if int(flat.max(initial=0)) * cfg.num_flat > 2**62:
+            total = sum(map(int, flat))
+            if total > 2**62:
+                raise ValueError("the expert sizes add up to more than 2**62 bytes")
+        else:
+            total = int(flat.sum())
+        if self._fixed_step_bytes is not None:
+            check_fixed_step_bytes(self._fixed_step_bytes, cfg.token_budget, total)
         self._core.set_expert_bytes(flat)
+        self._total_bytes = total
         self._sizes_given = True
+
+    @property
+    def fixed_step_bytes(self) -> int | None:
+        """``F`` of the marginal rule now in force (``None``: ``M`` is hard)."""
+        return self._fixed_step_bytes
+
+    def set_fixed_step_bytes(self, fixed_step_bytes: int | None) -> None:
+        """Change ``F``, the bytes the link moves in a step's fixed time
+        (the engine's step-time model may re-estimate it between steps);
+        ``None`` makes ``M`` hard. Takes effect at the next ``step()``; no
+        credit or ring position changes."""
+        if fixed_step_bytes is not None and self.config.token_only:
+            raise ValueError("a token-only scheduler has no byte budget to make soft")
+        if fixed_step_bytes is not None:
+            fixed_step_bytes = check_fixed_step_bytes(
+                fixed_step_bytes, self.config.token_budget, self._total_bytes
+            )
+        self._core.set_fixed_bytes(-1 if fixed_step_bytes is None else fixed_step_bytes)
+        self._fixed_step_bytes = fixed_step_bytes
 
     def _to_words(self, experts: npt.ArrayLike, what: str) -> npt.NDArray[np.uint64]:
         cfg = self.config

@@ -29,6 +29,9 @@ def test_scheduler_line_reports_what_the_controller_executed() -> None:
     }
     (line,) = scheduler_lines([row, {**row, "baseline": "B2"}])
     assert "differed from the token-only one in 78% of 80 steps" in line
+    assert "M hard" in line
+    marginal = scheduler_lines([{**row, "fixed_step_bytes": 180000}])[0]
+    assert "marginal rule, F = " in marginal and "M hard" not in marginal
     assert line.endswith(
         "the PD controller executed the 2-D batch in 25% of steps "
         "(switched: scheduler_2d off at step 14)"

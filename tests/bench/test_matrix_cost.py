@@ -192,7 +192,7 @@ def test_the_shared_pass_calibrates_m_with_one_verify_batch_and_the_run_with_all
     calls: list[int] = []
     real = engine_run._calibrate
 
-    def recording(spec: RunSpec, requests: int, engine: Any, vocab: int) -> float:
+    def recording(spec: RunSpec, requests: int, engine: Any, vocab: int) -> tuple[float, float]:
         calls.append(requests)
         return real(spec, requests, engine, vocab)
 

@@ -46,6 +46,12 @@ def test_poisson_run_admits_by_arrival_and_reports_serving_latency(
     verify_s = row["byte_budget_verify_compute_s"]
     assert verify_s > 0 and row["byte_budget_from"] == "verify"
     assert row["byte_budget"] == max(1, int(row["link_gbps_measured"] * 1e9 * verify_s))
+    # the marginal rule (on by default): F = link bytes/s x the calibration's
+    # compute per step, at least the verify's
+    assert row["marginal_rule"] == "verify"
+    step_s = row["fixed_step_compute_s"]
+    assert step_s >= verify_s
+    assert row["fixed_step_bytes"] == int(row["link_gbps_measured"] * 1e9 * step_s)
     # every request finished with its planned length, admitted after arriving
     outs = [r["output_tokens"] for r in result.requests]
     assert len(outs) == 10 and all(6 <= n <= 20 for n in outs)
@@ -140,3 +146,37 @@ def test_set_byte_budget_only_between_workloads() -> None:
     assert b.byte_budget == 300
     with pytest.raises(ValueError, match="token-only"):
         _deficit(None).set_byte_budget(10)
+
+
+@pytest.mark.parametrize("marginal_rule", ["off", "verify"])
+def test_an_explicit_m_with_and_without_the_marginal_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marginal_rule: str
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    with pytest.raises(ValueError, match="marginal_rule must be off or verify"):
+        RunSpec(arch="tiny", baseline="PD", marginal_rule="on").validate()
+    row = run_spec(
+        RunSpec(
+            arch="tiny",
+            layers=2,
+            baseline="PD",
+            concurrency=2,
+            num_requests=3,
+            prompt_len=6,
+            max_new_tokens=4,
+            byte_budget=40_000,
+            marginal_rule=marginal_rule,
+            emulated_link_gbps=0.05,
+        )
+    ).row
+    assert validate_row(row) == []
+    assert row["byte_budget"] == 40_000  # an explicit M stays as given
+    assert row["marginal_rule"] == marginal_rule
+    if marginal_rule == "off":
+        assert row["fixed_step_bytes"] is None
+        assert row["not_measured"]["fixed_step_bytes"].startswith("marginal rule off")
+    else:  # F calibrated even though M is given
+        assert row["fixed_step_bytes"] > 0 and row["fixed_step_compute_s"] > 0
+        assert "byte_budget_verify_compute_s" not in row or (
+            row["byte_budget_verify_compute_s"] is None
+        )

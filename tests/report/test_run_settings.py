@@ -117,6 +117,35 @@ def test_a_row_with_a_spec_is_keyed_by_its_spec(make_row: Callable[..., Row]) ->
     )
 
 
+def test_rows_before_the_marginal_rule_are_keyed_as_m_hard(make_row: Callable[..., Row]) -> None:
+    """The matrix names the marginal rule in a spec only where it differs from
+    the default ``verify``; a row whose spec does not name it is keyed by what
+    the row records, a row recorded before the rule existed (no field) as M
+    hard where the rule could apply, and ``off`` and ``verify`` are one run
+    where it cannot (no calibrated or given M, or no 2-D scheduler)."""
+    (setting,) = [s for s in RUN_SETTINGS if s.name == "marginal_rule"]
+    binding = {"baseline": "PD", "byte_budget_from": "verify"}
+    old, new = make_row(baseline="PD"), make_row(baseline="PD")
+    old["spec"] = new["spec"] = binding
+    new["marginal_rule"] = "verify"
+    assert setting.of_row(old) == "off" and setting.of_row(new) == "verify"
+    assert setting.of_row(new) == setting.of_spec(binding)  # resumes as the default
+    assert row_key(old) != row_key(new)
+    point = {"arch": "tiny", "block_size": 16, "concurrency": 4, "cache_fraction": 0.2}
+    planned = {**point, **binding, "repeat": 0}
+    assert matrix.spec_key(planned) != matrix.spec_key({**planned, "marginal_rule": "off"})
+    for spec in (
+        {"baseline": "PD"},  # M from every expert's bytes: never binds
+        {"baseline": "B2", "byte_budget_from": "verify"},  # token-only
+        {"baseline": "PD-token-sched", "byte_budget": 60000},
+    ):
+        assert setting.of_spec({**spec, "marginal_rule": "off"}) == setting.of_spec(spec)
+        old["spec"] = spec
+        assert setting.of_row(old) == setting.of_spec(spec)
+    given = {"baseline": "PD-all-on", "byte_budget": 60000}  # an explicit M: F is calibrated
+    assert setting.of_spec({**given, "marginal_rule": "off"}) != setting.of_spec(given)
+
+
 def test_the_report_shows_each_setting_as_its_own_series(
     matrix_rows: Callable[..., list[Row]],
 ) -> None:

@@ -31,7 +31,11 @@ def run_differential(
     quantum: float,
     sizes_mode: str,
     cap: int | None = None,
-) -> int:
+    fixed: int | None = None,
+    shared: bool = False,
+) -> tuple[int, int]:
+    """Drive both schedulers with the same random events; returns the items
+    served and the steps whose batch passed M by the marginal rule."""
     rng = np.random.default_rng(seed)
     cfg = SchedulerConfig(
         token_budget=T,
@@ -40,10 +44,14 @@ def run_differential(
         max_requests_per_step=cap,
         num_layers=layers,
         num_experts=experts,
+        fixed_step_bytes=fixed,
     )
     n_flat = cfg.num_flat
     native = VerifyScheduler(cfg)
-    ref = ReferenceScheduler(T, cfg.byte_budget, quantum, cap, n_flat)
+    ref = ReferenceScheduler(T, cfg.byte_budget, quantum, cap, n_flat, fixed)
+    # shared demand: every request draws most of its experts from one common
+    # pool (the concave union that makes splitting a batch costly)
+    pool = rng.choice(n_flat, size=max(1, n_flat // 4), replace=False)
     if sizes_mode == "uniform":
         sizes = np.full(n_flat, 7, dtype=np.int64)
     elif sizes_mode == "per_word":  # one size per layer
@@ -56,6 +64,7 @@ def run_differential(
     ref.set_expert_bytes(sizes.tolist())
     next_rid = 0
     served = 0
+    over_budget_steps = 0
     for step in range(steps):
         # arrivals and departures
         while len(native) < n_requests and rng.random() < 0.7:
@@ -77,6 +86,11 @@ def run_differential(
                 drafted = int(rng.integers(0, 16))
                 k = int(rng.integers(0, min(n_flat, 64) + 1))
                 ids = rng.choice(n_flat, size=k, replace=False)
+                if shared:
+                    common = rng.choice(
+                        pool, size=int(rng.integers(0, len(pool) + 1)), replace=False
+                    )
+                    ids = np.union1d(common, ids[: k // 4]).astype(np.int64)
                 native.update_demand(rid, drafted, ids)
                 ref.update_demand(rid, drafted, ids.tolist())
         a = native.step()
@@ -92,14 +106,16 @@ def run_differential(
         assert int(native._core.cursor_seq) == b.next_cursor_seq
         assert bool(native._core.visit_open) == b.next_visit_open
         served += len(a)
-    return served
+        if M is not None and a.missing_bytes > M and not a.oversize:
+            over_budget_steps += 1
+    return served, over_budget_steps
 
 
 @pytest.mark.parametrize("sizes_mode", ["uniform", "per_word", "per_expert"])
 @pytest.mark.parametrize("M", [None, 150, 600])
 def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None) -> None:
     experts = 64 if sizes_mode == "per_word" else 16
-    served = run_differential(
+    served, over = run_differential(
         11,
         layers=6,
         experts=experts,
@@ -111,6 +127,7 @@ def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None)
         sizes_mode=sizes_mode,
     )
     assert served > 150  # the trace actually schedules work
+    assert over == 0  # M is hard without F
 
 
 @settings(max_examples=scaled(25))
@@ -196,3 +213,67 @@ def test_portable_kernels_match_reference_too() -> None:
     finally:
         deficit._set_popcnt_instruction(True)
     assert deficit.uses_popcnt_instruction() == detected
+
+
+@pytest.mark.parametrize("sizes_mode", ["uniform", "per_word", "per_expert"])
+@pytest.mark.parametrize(("M", "fixed"), [(150, 0), (150, 400), (300, 2000)])
+def test_marginal_rule_native_matches_reference(sizes_mode: str, M: int, fixed: int) -> None:
+    """The marginal rule (F set) on shared demand: same schedules, and the
+    rule is exercised (some batches pass M by it)."""
+    experts = 64 if sizes_mode == "per_word" else 16
+    served, over = run_differential(
+        13,
+        layers=6,
+        experts=experts,
+        n_requests=40,
+        steps=150,
+        T=96,
+        M=M if sizes_mode != "per_word" else 20 * 150,
+        quantum=1.0,
+        sizes_mode=sizes_mode,
+        fixed=fixed if sizes_mode != "per_word" else 20 * fixed,
+        shared=True,
+    )
+    assert served > 150
+    assert over > 0, "the marginal rule never admitted an item beyond M"
+
+
+@settings(max_examples=scaled(25))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    layers=st.integers(1, 4),
+    experts=st.sampled_from([3, 8, 32, 64, 65]),
+    T=st.integers(1, 64),
+    M=st.integers(1, 500),
+    fixed=st.integers(0, 3000),
+    quantum=st.sampled_from([1.0, 2.5]),
+    sizes_mode=st.sampled_from(["uniform", "per_word", "per_expert"]),
+    cap=st.one_of(st.none(), st.integers(1, 5)),
+    shared=st.booleans(),
+)
+def test_marginal_rule_native_matches_reference_random_shapes(
+    seed: int,
+    layers: int,
+    experts: int,
+    T: int,
+    M: int,
+    fixed: int,
+    quantum: float,
+    sizes_mode: str,
+    cap: int | None,
+    shared: bool,
+) -> None:
+    run_differential(
+        seed,
+        layers=layers,
+        experts=experts,
+        n_requests=20,
+        steps=40,
+        T=T,
+        M=M,
+        quantum=quantum,
+        sizes_mode=sizes_mode,
+        cap=cap,
+        fixed=fixed,
+        shared=shared,
+    )

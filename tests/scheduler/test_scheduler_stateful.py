@@ -9,7 +9,11 @@ agree exactly on every step (10).
 Besides random events, the traces carry adversarial demand: periodic
 programs (period 1..4 alternations of empty and non-empty drafts, of expert
 sets and of byte costs), demand chosen to make the head's item as costly as
-possible, and bursts of small items that form large batches.
+possible, and bursts of small items that form large batches. Under the
+marginal rule (``fixed_step_bytes`` set: ``M`` soft against shared experts)
+they add demand where shared experts make splitting a batch costly (every
+request routes to a common set plus a little of its own) beside a request
+with unique heavy experts that the rule must not starve.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ def configs(draw: Any) -> SchedulerConfig:
         max_requests_per_step=draw(st.one_of(st.none(), st.integers(1, 4))),
         num_layers=layers,
         num_experts=experts,
+        fixed_step_bytes=draw(st.one_of(st.none(), st.integers(0, 600))),
     )
 
 
@@ -67,12 +72,17 @@ def demand_programs(draw: Any, num_flat: int, token_budget: int) -> list[Demand]
     shapes: drafts alternating between empty and non-empty, alternating
     expert sets, alternating byte cost (none / everything), or free form."""
     period = draw(st.integers(1, 4))
-    kind = draw(st.sampled_from(["drafts", "experts", "bytes", "free"]))
+    kind = draw(st.sampled_from(["drafts", "experts", "bytes", "shared", "free"]))
     experts = st.lists(st.integers(0, num_flat - 1), max_size=num_flat, unique=True)
     big = max(0, token_budget - 1)
     base = tuple(sorted(draw(experts)))
     program: list[Demand] = []
     for k in range(period):
+        if kind == "shared":  # the common set (the first half) plus one expert of its own
+            common = tuple(range(max(1, num_flat // 2)))
+            own = draw(st.integers(0, num_flat - 1))
+            program.append((draw(st.integers(0, big)), tuple(sorted({*common, own}))))
+            continue
         if kind == "drafts":  # empty, non-empty, empty, ...
             program.append((0 if k % 2 == 0 else draw(st.integers(1, big + 8)), base))
         elif kind == "experts":
@@ -119,6 +129,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             cfg.quantum,
             cfg.max_requests_per_step,
             cfg.num_flat,
+            cfg.fixed_step_bytes,
         )
         self.tracker = InvariantTracker(cfg)
         self.programs: dict[int, list[Demand]] = {}
@@ -270,6 +281,56 @@ class SchedulerMachine(RuleBasedStateMachine):
                     self._set_demand(rid, 0, [])
             self.step()
 
+    @precondition(lambda self: len(self.sched) > 1)
+    @rule(steps=st.integers(1, 8), heavy=st.booleans())
+    def shared_experts(self, steps: int, heavy: bool) -> None:
+        """Every request with no demand routes to the common set (the
+        first half of the grid) plus one expert of its own (the concave
+        union: a split re-copies the common set); with ``heavy`` the first
+        live request instead asks for every expert outside the common set
+        (unique and heavy: the marginal rule must not let the others
+        starve it, nor it them)."""
+        n = self.cfg.num_flat
+        M = self.cfg.byte_budget
+        # the common set: missing experts in id order while their bytes fit M
+        # (so a batch of it plus a few own experts passes M by little)
+        common: list[int] = []
+        nbytes = 0
+        for g in range(n):
+            size = 0 if g in self.tracker.resident else self.tracker.sizes[g]
+            if M is not None and common and nbytes + size > M:
+                break
+            common.append(g)
+            nbytes += size
+            if M is None and len(common) >= max(1, n // 2):
+                break
+        rest = [g for g in range(n) if g not in common] or common
+        for step in range(steps):
+            live = self.sched.request_ids.tolist()
+            for k, rid in enumerate(live):
+                if self.sched.pending_tokens(rid) != 0:
+                    continue
+                if heavy and k == 0:
+                    self._set_demand(rid, self.cfg.token_budget // 2, rest)
+                else:
+                    own = rest[(k + step) % len(rest)]
+                    self._set_demand(rid, 1 + k % 3, sorted({*common, own}))
+            self.step()
+
+    @rule(fixed=st.one_of(st.none(), st.integers(0, 600)))
+    def change_fixed_step_bytes(self, fixed: int | None) -> None:
+        """The engine may re-estimate ``F`` between steps; a token-only
+        scheduler refuses one (state unchanged)."""
+        if self.cfg.token_only and fixed is not None:
+            before = self._snapshot()
+            with pytest.raises(ValueError, match="token-only"):
+                self.sched.set_fixed_step_bytes(fixed)
+            assert self._snapshot() == before
+            return
+        self.sched.set_fixed_step_bytes(fixed)
+        self.ref.set_fixed_step_bytes(fixed)
+        self.tracker.set_fixed_step_bytes(fixed)
+
     @rule(count=st.integers(3, 7))
     def burst(self, count: int) -> None:
         """Requests arrive together and every live one poses a one-token item
@@ -379,6 +440,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             event("trimmed grant")
         if result.cap_reached:
             event("cap reached")
+        M = self.cfg.byte_budget
+        if M is not None and result.missing_bytes > M and not result.oversize:
+            event("batch past M by the marginal rule")
 
     def teardown(self) -> None:
         if hasattr(self, "tracker"):
@@ -426,6 +490,7 @@ def backlogged_runs(draw: Any) -> dict[str, Any]:
         quantum=draw(st.sampled_from([1.0, 1.5, 2.0])),
         num_layers=layers,
         num_experts=experts,
+        fixed_step_bytes=draw(st.one_of(st.none(), st.integers(0, 600))),
     )
     n_req = draw(st.integers(2, 6))
     weights = draw(st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=n_req, max_size=n_req))
@@ -518,6 +583,8 @@ def adversarial_one_item_runs(draw: Any) -> dict[str, Any]:
         max_requests_per_step=1 if by_cap else None,
         num_layers=layers,
         num_experts=experts,
+        # one item per step: the marginal rule never applies, the bound holds with it
+        fixed_step_bytes=draw(st.one_of(st.none(), st.integers(0, 600))),
     )
     n_req = draw(st.integers(2, 5))
     requests = []
@@ -579,7 +646,12 @@ def test_fairness_any_interval_adversarial(run: dict[str, Any]) -> None:
     cfg: SchedulerConfig = run["cfg"]
     sched = VerifyScheduler(cfg)
     ref = ReferenceScheduler(
-        cfg.token_budget, cfg.byte_budget, cfg.quantum, cfg.max_requests_per_step, cfg.num_flat
+        cfg.token_budget,
+        cfg.byte_budget,
+        cfg.quantum,
+        cfg.max_requests_per_step,
+        cfg.num_flat,
+        cfg.fixed_step_bytes,
     )
     tracker = InvariantTracker(cfg)
     sched.set_expert_bytes(np.array(run["sizes"], dtype=np.int64))
@@ -643,6 +715,7 @@ def periodic_runs(draw: Any) -> dict[str, Any]:
         max_requests_per_step=draw(st.sampled_from([None, None, 2, 3])),
         num_layers=1,
         num_experts=experts,
+        fixed_step_bytes=draw(st.one_of(st.none(), st.integers(0, 200))),
     )
     n_req = draw(st.integers(2, 4))
     weights = draw(st.lists(WEIGHTS, min_size=n_req, max_size=n_req))
@@ -683,7 +756,12 @@ def test_liveness_periodic_demand(run: dict[str, Any]) -> None:
     cfg: SchedulerConfig = run["cfg"]
     sched = VerifyScheduler(cfg)
     ref = ReferenceScheduler(
-        cfg.token_budget, cfg.byte_budget, cfg.quantum, cfg.max_requests_per_step, cfg.num_flat
+        cfg.token_budget,
+        cfg.byte_budget,
+        cfg.quantum,
+        cfg.max_requests_per_step,
+        cfg.num_flat,
+        cfg.fixed_step_bytes,
     )
     tracker = InvariantTracker(cfg)
     sizes = [run["size"]] * cfg.num_flat
