@@ -51,6 +51,7 @@ from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import BASELINES, CUDA_GRAPHS, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
 from pdflash.engine.engine import Engine
+from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
 from pdflash.engine.sampling import SamplingParams
 from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKENS
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
@@ -966,6 +967,14 @@ def _run(
             primary.set_byte_budget(byte_budget, fixed_step_bytes)
             config = config.replace(byte_budget=byte_budget)
         engine = make_engine(config, batcher)
+        # F follows the engine's online step-time fit (its fixed time, not the
+        # calibration's per-token compute) once the fit is identified; not
+        # across ranks: each rank's fit differs and the schedule must agree
+        fixed_feed: FixedStepFeed | None = None
+        if fixed_step_bytes is not None and ranks is None:
+            assert isinstance(batcher, ShadowComparison)
+            assert isinstance(batcher.primary, DeficitBatcher)
+            fixed_feed = follow_step_time_fit(engine, batcher.primary, link_gbps * 1e9)
         if spec.breakdown:
             engine.runner.region_timer = engine.timer
         if warm_only:
@@ -999,6 +1008,7 @@ def _run(
         result.row["fixed_step_compute_s"] = (
             step_compute_s if fixed_step_bytes is not None else None
         )
+        result.row.update(_fixed_step_fields(fixed_step_bytes, fixed_feed, ranks is not None))
         if fixed_step_bytes is None:
             if byte_budget is None:
                 why = "no byte budget (this baseline does not run the 2-D scheduler)"
@@ -1007,7 +1017,9 @@ def _run(
             else:
                 why = "M sized from every expert's bytes (byte_budget_from floor): not calibrated"
             result.row.setdefault("not_measured", {}).update(
-                dict.fromkeys(("fixed_step_bytes", "fixed_step_compute_s"), why)
+                dict.fromkeys(
+                    ("fixed_step_bytes", "fixed_step_compute_s", "fixed_step_bytes_final"), why
+                )
             )
         if ranks is not None:
             ranks.annotate(result.row)
@@ -1024,6 +1036,33 @@ def _run(
         if host_service is not None:
             host_service.close()
             runtime.host_service = None
+
+
+def _fixed_step_fields(
+    calibrated: int | None, feed: FixedStepFeed | None, ranked: bool
+) -> dict[str, Any]:
+    """The row's record of the marginal rule's ``F``: where the value in
+    force at the end came from (the calibration, or the online step-time
+    fit), that value, and the fit's books (None with the reason it was not
+    followed)."""
+    if calibrated is None:
+        return {
+            "fixed_step_bytes_source": None,
+            "fixed_step_bytes_final": None,
+            "fixed_step_fit": None,
+        }
+    if feed is not None:
+        return feed.fields()
+    why = (
+        "not followed across ranks (each rank's fit differs; the schedule must agree)"
+        if ranked
+        else "the verify width keeps no step-time fit (full/fixed:K)"
+    )
+    return {
+        "fixed_step_bytes_source": "calibration",
+        "fixed_step_bytes_final": calibrated,
+        "fixed_step_fit": {"followed": False, "why": why},
+    }
 
 
 def _verify_compute_s(

@@ -149,6 +149,20 @@ class DeficitBatcher:
             )
         self.scheduler = self._build(byte_budget, fixed_step_bytes)
 
+    @property
+    def fixed_step_bytes(self) -> int | None:
+        """``F`` of the marginal rule in force (``None``: ``M`` is hard)."""
+        return self.scheduler.fixed_step_bytes
+
+    def set_fixed_step_bytes(self, fixed_step_bytes: int) -> None:
+        """Change ``F`` between steps (:class:`pdflash.engine.fixed_step.FixedStepFeed`
+        follows the engine's step-time fit); credit and ring order are kept.
+        Raises ValueError (``F`` unchanged) where the rule is off or ``F`` is
+        out of the scheduler's range."""
+        if self.scheduler.fixed_step_bytes is None:
+            raise ValueError("the marginal rule is off (set_byte_budget without F): no F to change")
+        self.scheduler.set_fixed_step_bytes(fixed_step_bytes)
+
     def add(self, request_id: int, weight: float = 1.0) -> None:
         if request_id not in self._live:
             self.scheduler.add_request(request_id, weight)

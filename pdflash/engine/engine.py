@@ -77,6 +77,7 @@ from pdflash.engine.batching import (
 )
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
+from pdflash.engine.fixed_step import FixedStepFeed
 from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.predict import TokenRoutingRecorder
@@ -403,6 +404,9 @@ class Engine:
                 expert_bytes=int(getattr(expert_cache, "expert_nbytes", 0) or 0),
             )
         self.width = WidthHook(self, width) if width is not None and self.drafter else None
+        #: the marginal rule's F following the width policy's step-time fit
+        #: (pdflash.engine.fixed_step; attached by the caller that set F)
+        self.fixed_step: FixedStepFeed | None = None
 
     # ------------------------------------------------- owners' state, by name
     @property
@@ -752,6 +756,8 @@ class Engine:
         self.requests.check()
         if self.width is not None:  # verify width hook: the step's cost
             self.width.end_step(report)
+        if self.fixed_step is not None:  # marginal rule's F from the step-time fit
+            self.fixed_step.after_step()
         if self.parts is not None:  # PD controller hook: the step's measurement
             pd_controller.after_step(self.parts, report)
 

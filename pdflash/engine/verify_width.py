@@ -87,6 +87,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pdflash.engine.fixed_step import StepTimeFit
+
 if TYPE_CHECKING:
     from pdflash.engine.engine import Engine, StepReport
     from pdflash.engine.requests import Request
@@ -592,6 +594,16 @@ class AdaptiveWidth:
         :meth:`exposed_share`: link time hidden behind compute costs
         nothing. Otherwise ``t_row`` is the slope of ``wall - ℓ(rows)`` on
         the rows (every modeled link second counted as exposed)."""
+        fit = self.step_time_fit()
+        if fit is None:
+            return None
+        floor = self.FIXED_FLOOR * fit.mean_step_s
+        return max(fit.t_fixed_s, floor, 1e-9), fit.t_row_s
+
+    def step_time_fit(self) -> StepTimeFit | None:
+        """The fit behind :meth:`time_fit` with its intercept not floored,
+        the steps it is made of and whether their row counts differ (for
+        :class:`pdflash.engine.fixed_step.FixedStepFeed`)."""
         if self._m > 0:
             m = self._m
             mx, my = self._vx / m, self._vy / m
@@ -599,8 +611,7 @@ class AdaptiveWidth:
             t_row = max(0.0, (self._vxy / m - mx * my) / var) if var > 1e-9 else 0.0
             beta = self.exposed_share()
             t_fixed = (self._m_wall - t_row * self._vx - beta * self._m_link) / m
-            floor = self.FIXED_FLOOR * self._m_wall / m
-            return max(t_fixed, floor, 1e-9), t_row
+            return StepTimeFit(t_fixed, t_row, m, var > 1e-9, self._m_wall / m)
         if self._n == 0:
             return None
         mx, my = self._sx / self._n, self._sy / self._n
@@ -609,8 +620,7 @@ class AdaptiveWidth:
         if var > 1e-9:
             t_row = max(0.0, (self._sxy / self._n - mx * my) / var)
         t_fixed = my - t_row * mx
-        floor = self.FIXED_FLOOR * self._wall / self._n
-        return max(t_fixed, floor, 1e-9), t_row
+        return StepTimeFit(t_fixed, t_row, self._n, var > 1e-9, self._wall / self._n)
 
     def step_time(self, anchors: int, drafted: int) -> float:
         """``T(R)`` of a step with ``anchors`` requests and ``drafted`` rows."""

@@ -135,6 +135,7 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "byte_budget_verify_compute_s",
     "fixed_step_bytes",
     "fixed_step_compute_s",
+    "fixed_step_bytes_final",
     # the hybrid miss service's books (null with a reason when it is off)
     *HOST_METRIC_FIELDS,
     "eta_phys",
