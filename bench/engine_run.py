@@ -135,7 +135,9 @@ class RunSpec:
     # PD's marginal rule (docs/scheduler.md rule 4.4: M soft against shared
     # experts): "verify" = on, F = link x the same verify calibration's
     # compute time, wherever the run calibrates one (byte_budget_from
-    # "verify", or an explicit byte_budget); "off" = M hard (the rule before)
+    # "verify", or an explicit byte_budget), then link x the fixed time of
+    # the adaptive width's online step-time fit once that is identified
+    # (pdflash.engine.fixed_step; one rank only); "off" = M hard (the rule before)
     marginal_rule: str = "verify"
     # hybrid miss service (pdflash.hybrid): "off" or "auto" (PD+host is
     # always "auto"); the host pool's workers and torch intra-op threads

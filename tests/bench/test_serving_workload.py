@@ -52,6 +52,17 @@ def test_poisson_run_admits_by_arrival_and_reports_serving_latency(
     step_s = row["fixed_step_compute_s"]
     assert step_s >= verify_s
     assert row["fixed_step_bytes"] == int(row["link_gbps_measured"] * 1e9 * step_s)
+    # then F follows the adaptive width's step-time fit once it is identified
+    book = row["fixed_step_fit"]
+    assert book["followed"] and book["calibration_bytes"] == row["fixed_step_bytes"]
+    if row["fixed_step_bytes_source"] == "online_fit":
+        assert book["fitted_steps"] > 0 and book["t_fixed_s"] > 0
+        fitted = int(row["link_gbps_measured"] * 1e9 * book["t_fixed_s"])
+        assert 0 <= row["fixed_step_bytes_final"] <= fitted
+    else:
+        assert row["fixed_step_bytes_source"] == "calibration"
+        assert book["fitted_steps"] == 0 and sum(book["kept"].values()) > 0
+        assert row["fixed_step_bytes_final"] == row["fixed_step_bytes"]
     # every request finished with its planned length, admitted after arriving
     outs = [r["output_tokens"] for r in result.requests]
     assert len(outs) == 10 and all(6 <= n <= 20 for n in outs)
@@ -175,6 +186,7 @@ def test_an_explicit_m_with_and_without_the_marginal_rule(
     if marginal_rule == "off":
         assert row["fixed_step_bytes"] is None
         assert row["not_measured"]["fixed_step_bytes"].startswith("marginal rule off")
+        assert row["fixed_step_bytes_final"] is None and row["fixed_step_bytes_source"] is None
     else:  # F calibrated even though M is given
         assert row["fixed_step_bytes"] > 0 and row["fixed_step_compute_s"] > 0
         assert "byte_budget_verify_compute_s" not in row or (
