@@ -15,9 +15,10 @@ the host (the block's one host sync):
   other experts on the device;
 * :meth:`HostExpertService.finish` — the block's last step before its
   weighted sum: the host's output, copied back on the compute stream; the
-  job's measured compute goes to the planner's ``observe`` where it has one
-  (:class:`~pdflash.hybrid.planner.CostModelPlanner` corrects its host cost
-  from it).
+  job's measured compute goes to the planner's ``observe`` where it is an
+  :class:`~pdflash.hybrid.planner.ObservingMissPlanner` (checked once, when
+  the planner is set; :class:`~pdflash.hybrid.planner.CostModelPlanner`
+  corrects its host cost from it).
 
 Before a verify, :meth:`HostExpertService.plan_ahead` turns the route-ahead
 prediction into the experts expected to be HOST; the engine then leaves them
