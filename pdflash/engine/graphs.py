@@ -118,6 +118,7 @@ import numpy as np
 import torch
 
 from pdflash.engine.attention import KEY_ALIGN, AttentionBatch
+from pdflash.models.offload import shared_routing_reads
 
 if TYPE_CHECKING:
     from pdflash.engine.drafter import DFlashDrafter, DraftPlan
@@ -1251,13 +1252,18 @@ class GraphRunner:
                 ids_r, x_r = ids.index_select(0, real), x_mid.index_select(0, real)
                 for hook in runner.before_moe_hooks:
                     hook(layer)
-                for rhook in runner.routed_hooks:
-                    rhook(layer, ids_r, x_r)
-                with runner._region("experts"):
-                    moe = ad.moe_routed(  # type: ignore[attr-defined]
-                        layer, normed.index_select(0, real), ids_r, weights.index_select(0, real)
-                    )
-                    x_next = x_r + moe
+                # the routed hooks and the MoE block share one read of ids_r
+                with shared_routing_reads():
+                    for rhook in runner.routed_hooks:
+                        rhook(layer, ids_r, x_r)
+                    with runner._region("experts"):
+                        moe = ad.moe_routed(  # type: ignore[attr-defined]
+                            layer,
+                            normed.index_select(0, real),
+                            ids_r,
+                            weights.index_select(0, real),
+                        )
+                        x_next = x_r + moe
                 for obs in runner.observers:
                     obs.after_layer(layer, x_next, ids_r)
                 if last in runner.capture_layers:

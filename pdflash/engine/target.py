@@ -28,7 +28,9 @@ CUDA, and why each remains:
   resident (every layer under B3) reads nothing. A routed hook that reads
   the routing first (the streaming prefetcher, PD) reads it through
   :func:`~pdflash.models.offload.routed_ids_on_host`, which the block's
-  read shares: one sync for both;
+  read shares (within the layer's
+  :func:`~pdflash.models.offload.shared_routing_reads` block): one sync for
+  both;
 - in a layer observer running the next-layer gate lookahead (B2, PD), one
   per MoE layer but the last: its E scores, ranked on the host;
 - with a trace routing source (:class:`~pdflash.engine.replay.TraceRouting`),
@@ -63,6 +65,7 @@ import torch
 from pdflash.engine.attention import AttentionBatch, HostStaging, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
+from pdflash.models.offload import shared_routing_reads
 from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
 
 if TYPE_CHECKING:
@@ -369,20 +372,22 @@ class TargetRunner:
                     hook(layer)
             if clock is not None:
                 clock.sync(time.perf_counter())  # a routed hook may read the routing
-            for rhook in self.routed_hooks:
-                rhook(layer, topk_ids, x)
-            with self._region("experts"):
-                # adapters that take the routing avoid a second router pass
-                moe_routed = getattr(ad, "moe_routed", None)
-                if moe_routed is not None:
-                    x = x + moe_routed(layer, normed, topk_ids, topk_weights)
-                elif self.routing is not None:
-                    raise RuntimeError(
-                        "a routing source needs an adapter with moe_routed (moe() routes "
-                        "with its own router)"
-                    )
-                else:
-                    x = x + ad.moe(layer, normed)
+            # the routed hooks and the MoE block share one read of this routing
+            with shared_routing_reads():
+                for rhook in self.routed_hooks:
+                    rhook(layer, topk_ids, x)
+                with self._region("experts"):
+                    # adapters that take the routing avoid a second router pass
+                    moe_routed = getattr(ad, "moe_routed", None)
+                    if moe_routed is not None:
+                        x = x + moe_routed(layer, normed, topk_ids, topk_weights)
+                    elif self.routing is not None:
+                        raise RuntimeError(
+                            "a routing source needs an adapter with moe_routed (moe() routes "
+                            "with its own router)"
+                        )
+                    else:
+                        x = x + ad.moe(layer, normed)
             if clock is not None and self.observers:
                 clock.sync(time.perf_counter())  # a lookahead reads its scores
             for obs in self.observers:

@@ -138,6 +138,22 @@ class HostKernel(Protocol):
         ...
 
 
+@runtime_checkable
+class DescribedHostKernel(Protocol):
+    """The optional part of a :class:`HostKernel` with its own account for result rows (the
+    native kernel: the ISA its last batch ran, its threads)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class ClosableHostKernel(Protocol):
+    """The optional part of a :class:`HostKernel` that owns threads to join when its weights are
+    released (the native kernel's team)."""
+
+    def close(self) -> None: ...
+
+
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``t`` contiguous in ``dtype`` — the tensor itself when it already is."""
     if t.dtype == dtype and t.is_contiguous():
@@ -441,10 +457,8 @@ def unavailable_reason(adapter: Any, fmt: str) -> str:
 def kernel_detail(kernel: HostKernel) -> dict[str, Any]:
     """What a row records about the kernel that ran: its name, and for the
     native kernel the ISA it ran and its threads."""
-    describe = getattr(kernel, "describe", None)
-    if callable(describe):
-        detail: dict[str, Any] = describe()
-        return detail
+    if isinstance(kernel, DescribedHostKernel):
+        return kernel.describe()
     return {"kernel": kernel.name}
 
 

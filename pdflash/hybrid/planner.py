@@ -84,7 +84,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -182,6 +182,40 @@ class MissPlanner(Protocol):
         """``(layers, experts)`` mask of the experts expected to be served on
         the host in the coming verify; ``expected_tokens`` is ``(layers,
         experts)`` (0: not predicted), ``resident`` the cache's residency."""
+        ...
+
+
+@runtime_checkable
+class ObservingMissPlanner(MissPlanner, Protocol):
+    """A :class:`MissPlanner` that corrects its host cost from the run's own
+    HOST jobs (the service reports each finished job; a planner without
+    ``observe`` is simply not told)."""
+
+    def observe(self, tokens: Sequence[int], seconds: float) -> None:
+        """A HOST job of experts with ``tokens`` rows each took ``seconds``
+        of compute."""
+        ...
+
+
+@runtime_checkable
+class ReportingMissPlanner(MissPlanner, Protocol):
+    """A :class:`MissPlanner` whose settings a result row records."""
+
+    def params(self) -> dict[str, Any]:
+        """The planner's name and settings (JSON-ready)."""
+        ...
+
+
+@runtime_checkable
+class AccountingMissPlanner(MissPlanner, Protocol):
+    """A :class:`MissPlanner` that counts its decisions and reports the host
+    cost it ended with (rows record both)."""
+
+    #: decisions by kind (e.g. layers planned, layers split, probes)
+    decisions: dict[str, int]
+
+    def online_cost(self) -> dict[str, Any] | None:
+        """The host cost the planner plans with now (None: not corrected online)."""
         ...
 
 
@@ -445,3 +479,15 @@ class ForcedHostPlanner:
             "every": self.every,
             "ids": None if self.ids is None else list(self.ids),
         }
+
+
+if TYPE_CHECKING:
+    # the type checker holds the planners to the optional parts they claim
+
+    def _cost_model_parts(
+        p: CostModelPlanner,
+    ) -> tuple[ObservingMissPlanner, ReportingMissPlanner, AccountingMissPlanner]:
+        return p, p, p
+
+    def _forced_parts(p: ForcedHostPlanner) -> ReportingMissPlanner:
+        return p

@@ -39,6 +39,7 @@ from pdflash.hybrid.cost import calibrate_host
 from pdflash.hybrid.executor import HostExpertExecutor
 from pdflash.hybrid.kernels import (
     HOST_FORMATS,
+    ClosableHostKernel,
     HostKernel,
     PreparedWeights,
     host_kernel_for,
@@ -130,9 +131,8 @@ class HostWeights:
 
 
 def _close_kernel(kernel: HostKernel) -> None:
-    close = getattr(kernel, "close", None)
-    if callable(close):
-        close()
+    if isinstance(kernel, ClosableHostKernel):
+        kernel.close()
 
 
 #: the store attribute that keeps its prepared weights (an attribute, not a

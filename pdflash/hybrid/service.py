@@ -15,9 +15,10 @@ the host (the block's one host sync):
   other experts on the device;
 * :meth:`HostExpertService.finish` — the block's last step before its
   weighted sum: the host's output, copied back on the compute stream; the
-  job's measured compute goes to the planner's ``observe`` where it has one
-  (:class:`~pdflash.hybrid.planner.CostModelPlanner` corrects its host cost
-  from it).
+  job's measured compute goes to the planner's ``observe`` where it is an
+  :class:`~pdflash.hybrid.planner.ObservingMissPlanner` (checked once, when
+  the planner is set; :class:`~pdflash.hybrid.planner.CostModelPlanner`
+  corrects its host cost from it).
 
 Before a verify, :meth:`HostExpertService.plan_ahead` turns the route-ahead
 prediction into the experts expected to be HOST; the engine then leaves them
@@ -35,8 +36,9 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -44,9 +46,23 @@ import torch
 
 from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob
-from pdflash.hybrid.planner import LinkState, MissPlanner
+from pdflash.hybrid.planner import (
+    AccountingMissPlanner,
+    LinkState,
+    MissPlanner,
+    ObservingMissPlanner,
+    ReportingMissPlanner,
+)
 
 IdArray = npt.NDArray[np.int64]
+
+
+class HostWaitTimer(Protocol):
+    """What the service needs of the engine's timer
+    (:class:`~pdflash.engine.timing.ComputeTimer`): a context that times the
+    forward's wait for the host's results."""
+
+    def host_wait(self) -> AbstractContextManager[Any]: ...
 
 
 def busy_union_s(intervals: list[tuple[float, float]]) -> float:
@@ -281,7 +297,7 @@ class HostExpertService:
         self.cost = cost
         self.books = HostBooks()
         #: the engine's ComputeTimer (``host_wait()`` context), when attached
-        self.timer: Any = None
+        self.timer: HostWaitTimer | None = None
         #: the host weight format and its prepared copy (HostWeights.describe())
         self.host_weights: dict[str, Any] | None = None
         #: the kernel's own account (which kernel, and for the native one the
@@ -295,6 +311,21 @@ class HostExpertService:
         #: False: every miss is copied and nothing is planned ahead (the PD
         #: controller switches the service off where it does not pay)
         self.enabled = True
+
+    @property
+    def planner(self) -> MissPlanner:
+        """The planner; setting it checks its optional parts once (typed
+        references, not looked up per call)."""
+        return self._planner
+
+    @planner.setter
+    def planner(self, planner: MissPlanner) -> None:
+        if not isinstance(planner, MissPlanner):
+            raise TypeError(f"not a MissPlanner (needs name, plan, plan_ahead): {planner!r}")
+        self._planner = planner
+        self._observer = planner if isinstance(planner, ObservingMissPlanner) else None
+        self._reporter = planner if isinstance(planner, ReportingMissPlanner) else None
+        self._accounting = planner if isinstance(planner, AccountingMissPlanner) else None
 
     # -- per layer -------------------------------------------------------------
 
@@ -370,13 +401,12 @@ class HostExpertService:
         self.books.wait_s += job.wait_s
         self.books.compute_s += sum(b - a for a, b in job.intervals)
         self.books.busy_s += busy_union_s(job.intervals)
-        observe = getattr(self.planner, "observe", None)
         tokens = [t for run in job.run_tokens for t in run]
-        if observe is not None and tokens and job.intervals:
+        if self._observer is not None and tokens and job.intervals:
             # the planner corrects its host cost from what the host measured:
             # the job's compute span, as the calibration timed its batches
             span = max(b for _, b in job.intervals) - min(a for a, _ in job.intervals)
-            observe(tokens, span)
+            self._observer.observe(tokens, span)
         if job.started_at is not None:
             own = time.perf_counter() - asked - job.wait_s
             self.clock.collected(asked - job.started_at, job.wait_s, own)
@@ -384,11 +414,10 @@ class HostExpertService:
 
     @contextlib.contextmanager
     def _host_wait(self) -> Iterator[None]:
-        wait = getattr(self.timer, "host_wait", None)
-        if wait is None:
+        if self.timer is None:
             yield
             return
-        with wait():
+        with self.timer.host_wait():
             yield
 
     # -- before a verify -----------------------------------------------------------
@@ -405,15 +434,15 @@ class HostExpertService:
 
     def describe(self) -> dict[str, Any]:
         """What a result row records about the service."""
-        params = getattr(self.planner, "params", None)
-        online = getattr(self.planner, "online_cost", None)
-        decisions = getattr(self.planner, "decisions", None)
+        reporter, accounting = self._reporter, self._accounting
         return {
-            "planner": params() if callable(params) else {"planner": self.planner.name},
-            "planner_decisions": dict(decisions) if isinstance(decisions, dict) else None,
+            "planner": (
+                reporter.params() if reporter is not None else {"planner": self.planner.name}
+            ),
+            "planner_decisions": None if accounting is None else dict(accounting.decisions),
             "calibration": None if self.cost is None else self.cost.to_json(),
             # the host cost the planner ended the run with (None: not online)
-            "online_cost": online() if callable(online) else None,
+            "online_cost": None if accounting is None else accounting.online_cost(),
             "host_weights": self._host_weights(),
             "workers": self.executor.workers,
             "intra_op_threads": self.executor.intra_op_threads,

@@ -26,7 +26,8 @@ resident (checked on the host from the cache's residency, so the routing is
 never read; tested under ``torch.cuda.set_sync_debug_mode("error")``). A layer
 with non-resident experts reads its routing once (one small D2H, counted on
 the host), because the host must choose and submit the copies; a routed hook
-that read the same routing tensor just before costs no second read
+that read the same routing tensor just before, in the same
+:func:`shared_routing_reads` block, costs no second read
 (:func:`routed_ids_on_host`). Elsewhere: the
 cache reads deferred routings back once when the host needs them (counters,
 an eviction choice), and an eviction waits on the event of the last kernels
@@ -58,6 +59,7 @@ refuses a block holding a part it does not know (never drops one).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -174,7 +176,7 @@ def _gmm_readable(t: torch.Tensor) -> bool:
 
 class _HostRouting:
     """One routing tensor's host copy, kept while that tensor is the last
-    one read (see :func:`routed_ids_on_host`)."""
+    one read in a :func:`shared_routing_reads` block."""
 
     __slots__ = ("host", "tensor", "version")
 
@@ -184,7 +186,35 @@ class _HostRouting:
         self.host = host
 
 
-_LAST_HOST_ROUTING: list[_HostRouting] = []
+class _RoutingReads(threading.local):
+    """This thread's :func:`shared_routing_reads` nesting and its memo."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.last: _HostRouting | None = None
+
+
+_ROUTING_READS = _RoutingReads()
+
+
+@contextmanager
+def shared_routing_reads() -> Iterator[None]:
+    """Within this block (on this thread) the readers of one routing tensor
+    share one device read through :func:`routed_ids_on_host`; nested blocks
+    join the outermost, whose exit drops the kept copy.
+
+    The block must span one layer's readers only (the runner opens it around
+    a layer's routed hooks and MoE block): a CUDA graph replay rewrites its
+    static outputs in place without bumping their version counter, so a copy
+    kept across a replay could be stale; none is kept outside a block."""
+    state = _ROUTING_READS
+    state.depth += 1
+    try:
+        yield
+    finally:
+        state.depth -= 1
+        if state.depth == 0:
+            state.last = None
 
 
 def routed_ids_on_host(topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
@@ -193,25 +223,28 @@ def routed_ids_on_host(topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
 
     A layer's routing is needed on the host by more than one reader (a routed
     hook such as the streaming prefetcher, then the offloaded block choosing
-    its copies); each read of a device tensor is a host sync. The last tensor
-    read is kept with its host copy: a second call with that very tensor
-    object, unmodified since (same version counter), returns the same array
-    without reading the device again. Holding the tensor keeps its identity
-    from being reused by another tensor; an in-place change bumps its version
-    and is read anew; a tensor without a version counter (an inference-mode
-    tensor) is read every time. Threads sharing the one-entry memo can only
-    cost each other a read: a hit needs the very tensor object."""
+    its copies); each read of a device tensor is a host sync. Inside a
+    :func:`shared_routing_reads` block the last tensor read is kept with its
+    host copy: a second call with that very tensor object, unmodified since
+    (same version counter), returns the same array without reading the
+    device again. Holding the tensor keeps its identity from being reused by
+    another tensor; an in-place change bumps its version and is read anew; a
+    tensor without a version counter (an inference-mode tensor) is read every
+    time. Outside a block every call reads the device (an in-place write that
+    bumps no version, such as a graph replay's, cannot be seen)."""
     try:
         version = int(topk_ids._version)
     except RuntimeError:  # inference tensors track no version
         version = -1
-    memo = _LAST_HOST_ROUTING[0] if _LAST_HOST_ROUTING else None
+    state = _ROUTING_READS
+    memo = state.last
     if memo is not None and version >= 0 and memo.tensor is topk_ids and memo.version == version:
         return memo.host
     # a copy: never a view of a CPU tensor's memory
     host = np.array(topk_ids.detach().reshape(-1).cpu().numpy(), dtype=np.int64, copy=True)
     host.flags.writeable = False
-    _LAST_HOST_ROUTING[:] = [_HostRouting(topk_ids, version, host)] if version >= 0 else []
+    keep = state.depth > 0 and version >= 0
+    state.last = _HostRouting(topk_ids, version, host) if keep else None
     return host
 
 
@@ -425,14 +458,16 @@ class OffloadedMoE:
         # the routing read's start on the forward thread (a routed hook may
         # read it first), for the host service's clock
         self._routing_began = time.perf_counter()
-        for hook in self.route_hooks:
-            hook(layer, topk_ids)
-        num_tokens = topk_ids.shape[0]
-        if num_tokens == 0:
-            return torch.zeros_like(x)
-        if self.grouped is not None:
-            return self._forward_grouped(layer, x, topk_ids, topk_weights)
-        return self._forward_loop(layer, x, topk_ids, topk_weights)
+        # the route hooks and this block read the one routing: one device read
+        with shared_routing_reads():
+            for hook in self.route_hooks:
+                hook(layer, topk_ids)
+            num_tokens = topk_ids.shape[0]
+            if num_tokens == 0:
+                return torch.zeros_like(x)
+            if self.grouped is not None:
+                return self._forward_grouped(layer, x, topk_ids, topk_weights)
+            return self._forward_loop(layer, x, topk_ids, topk_weights)
 
     def _forward_loop(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor

@@ -375,3 +375,33 @@ def test_executor_batch_path_equals_its_loop_path(
             torch.testing.assert_close(job.result(), outs[-1], rtol=0, atol=0)
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
     assert outs[0].abs().max() > 0
+
+
+def test_a_kernel_s_optional_describe_and_close_are_used_where_present() -> None:
+    from pdflash.hybrid.kernels import (
+        ClosableHostKernel,
+        DescribedHostKernel,
+        PackedKernel,
+        kernel_detail,
+    )
+    from pdflash.hybrid.prepare import _close_kernel
+
+    plain = PackedKernel(lambda x, w: x, torch.float32)
+    assert not isinstance(plain, DescribedHostKernel | ClosableHostKernel)
+    assert kernel_detail(plain) == {"kernel": "packed"}
+    _close_kernel(plain)  # nothing to join: no error
+
+    closed: list[int] = []
+
+    class Owned(PackedKernel):
+        def describe(self) -> dict[str, object]:
+            return {"kernel": "owned", "threads": 3}
+
+        def close(self) -> None:
+            closed.append(1)
+
+    owned = Owned(lambda x, w: x, torch.float32)
+    assert isinstance(owned, DescribedHostKernel) and isinstance(owned, ClosableHostKernel)
+    assert kernel_detail(owned) == {"kernel": "owned", "threads": 3}
+    _close_kernel(owned)
+    assert closed == [1]

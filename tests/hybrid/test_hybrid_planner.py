@@ -488,3 +488,118 @@ def test_pool_workers_use_the_executors_openmp_threads() -> None:
     # the check can fail: a bare thread's default differs from a set count
     # wherever the default is not already 1
     assert bare[0] is not None and bare[0] >= 1
+
+
+class _BarePlanner:
+    """A MissPlanner with none of the optional parts: hosts every miss."""
+
+    name = "bare"
+
+    def plan(self, layer, missed, tokens, link):  # type: ignore[no-untyped-def]
+        from pdflash.hybrid import MissPlan
+
+        return MissPlan(np.zeros(0, np.int64), np.asarray(missed, np.int64))
+
+    def plan_ahead(self, expected_tokens, resident, link):  # type: ignore[no-untyped-def]
+        return np.zeros(np.asarray(resident).shape, dtype=np.bool_)
+
+
+class _ObservingPlanner(_BarePlanner):
+    name = "observing"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[list[int], float]] = []
+
+    def observe(self, tokens, seconds):  # type: ignore[no-untyped-def]
+        self.seen.append((list(tokens), seconds))
+
+
+def test_planner_optional_parts_are_typed_protocols() -> None:
+    from pdflash.hybrid import AccountingMissPlanner, ObservingMissPlanner, ReportingMissPlanner
+
+    cost = CostModelPlanner(HostCostModel(1e-4, 0.0), expert_nbytes=10)
+    for proto in (MissPlanner, ObservingMissPlanner, ReportingMissPlanner, AccountingMissPlanner):
+        assert isinstance(cost, proto)
+    forced = ForcedHostPlanner(every=1)
+    assert isinstance(forced, ReportingMissPlanner)
+    assert not isinstance(forced, ObservingMissPlanner | AccountingMissPlanner)
+    bare, observing = _BarePlanner(), _ObservingPlanner()
+    assert isinstance(bare, MissPlanner) and not isinstance(bare, ObservingMissPlanner)
+    assert isinstance(observing, ObservingMissPlanner)
+    assert not isinstance(observing, ReportingMissPlanner)
+
+
+def _one_host_layer(svc: HostExpertService) -> torch.Tensor:
+    cache = _Cache([-1, -1, -1, 0], ticket=[-1])
+    mask = svc.split(0, np.array([0, 2, 3]), np.array([1, 4, 2]), cache)
+    assert mask.tolist() == [True, True, False]
+    x = torch.ones(5, 2)
+    out = svc.finish(svc.start(np.array([0, 2]), x, [1, 4]))
+    torch.testing.assert_close(out, torch.cat([x[:1] * 1, x[1:] * 3]))
+    return out
+
+
+def test_service_serves_a_planner_without_observe_or_reports() -> None:
+    with _linear_executor() as ex:
+        svc = HostExpertService(
+            ex, _BarePlanner(), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
+        )
+        _one_host_layer(svc)
+        assert svc.books.experts == 2
+        d = svc.describe()
+        assert d["planner"] == {"planner": "bare"}
+        assert d["planner_decisions"] is None and d["online_cost"] is None
+
+
+def test_service_reports_each_host_job_to_an_observing_planner() -> None:
+    planner = _ObservingPlanner()
+    with _linear_executor() as ex:
+        svc = HostExpertService(ex, planner, num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3)
+        _one_host_layer(svc)
+        _one_host_layer(svc)
+    assert [tokens for tokens, _ in planner.seen] == [[1, 4], [1, 4]]
+    assert all(s > 0 for _, s in planner.seen)
+    # each job's compute span covers the time its workers were busy
+    assert sum(s for _, s in planner.seen) >= svc.books.busy_s - 1e-9
+
+
+def test_replacing_the_planner_rechecks_its_parts_and_refuses_a_non_planner() -> None:
+    observing = _ObservingPlanner()
+    with _linear_executor() as ex:
+        svc = HostExpertService(
+            ex, _BarePlanner(), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
+        )
+        svc.planner = observing
+        _one_host_layer(svc)
+        assert len(observing.seen) == 1
+        with pytest.raises(TypeError, match="MissPlanner"):
+            svc.planner = object()  # type: ignore[assignment]
+        assert svc.planner is observing  # unchanged
+        cost = CostModelPlanner(HostCostModel(1e-4, 0.0), expert_nbytes=100)
+        svc.planner = cost
+        d = svc.describe()
+        assert d["planner"]["planner"] == "cost_model"
+        assert d["planner_decisions"] == cost.decisions and d["online_cost"] is not None
+
+
+def test_service_times_its_host_wait_through_the_attached_timer() -> None:
+    import contextlib
+    from collections.abc import Iterator
+
+    entered: list[int] = []
+
+    class Timer:
+        @contextlib.contextmanager
+        def host_wait(self) -> Iterator[None]:
+            entered.append(1)
+            yield
+
+    with _linear_executor() as ex:
+        svc = HostExpertService(
+            ex, _BarePlanner(), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
+        )
+        _one_host_layer(svc)
+        assert entered == []
+        svc.timer = Timer()
+        _one_host_layer(svc)
+        assert entered == [1]
