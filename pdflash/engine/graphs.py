@@ -118,6 +118,7 @@ import numpy as np
 import torch
 
 from pdflash.engine.attention import KEY_ALIGN, AttentionBatch
+from pdflash.engine.target import step_logits
 from pdflash.models.offload import shared_routing_reads
 
 if TYPE_CHECKING:
@@ -1166,7 +1167,7 @@ class GraphRunner:
         ad = runner.adapter
         # every row of a graphed step wants its logits (prefills run eagerly:
         # GraphRunner.blocker), so no gather of wanted rows is needed
-        logits_all = ad.lm_head(ad.final_norm(x.index_select(0, real))).float()
+        logits_all = step_logits(ad, x.index_select(0, real))
         features: list[torch.Tensor] = []
         if captured:
             feat = torch.cat(captured, dim=-1).index_select(0, real)
@@ -1282,7 +1283,7 @@ class GraphRunner:
             stats.fallbacks[_failure_reason(self._failed.get(failed, ""))] += 1
         # every row of a graphed step wants its logits (prefills run eagerly:
         # GraphRunner.blocker), so no gather of wanted rows is needed
-        logits_all = ad.lm_head(ad.final_norm(x_final)).float()
+        logits_all = step_logits(ad, x_final)
         features: list[torch.Tensor] = []
         if runner.capture_layers:
             feat = torch.cat([captured[d] for d in runner.capture_layers], dim=-1)

@@ -125,9 +125,22 @@ class StepPlan:
     indexed: bool = False
 
 
+def step_logits(adapter: MoEModelAdapter, hidden: torch.Tensor) -> torch.Tensor:
+    """The final norm and ``lm_head`` over the wanted rows' hidden states,
+    in ``lm_head``'s dtype. No fp32 copy of every row's logits: greedy
+    acceptance's argmax is exact on these values (an upcast keeps their
+    order and ties, and ``torch.argmax`` takes the first maximum either
+    way), and :func:`~pdflash.engine.sampling.target_probs` casts to fp32
+    itself, so the tokens are those of fp32 logits; the copy was one
+    read and one fp32 write of ``rows x vocab`` on the device per step."""
+    out: torch.Tensor = adapter.lm_head(adapter.final_norm(hidden))
+    return out
+
+
 @dataclass
 class ForwardOutput:
-    logits: list[torch.Tensor]  # per chunk: [n, V] or [1, V]
+    #: per chunk: [n, V] or [1, V], in ``lm_head``'s dtype (:func:`step_logits`)
+    logits: list[torch.Tensor]
     features: list[torch.Tensor]  # per chunk: [n, len(capture) * hidden] (empty if no capture)
     routed: npt.NDArray[np.bool_]  # [chunks, layers, experts]
     needed_flat: list[npt.NDArray[np.int64]]  # per layer: flat ids the forward routed to
@@ -319,7 +332,7 @@ class TargetRunner:
             (len(chunks), ad.num_layers, ad.num_experts), dtype=torch.bool, device=dev
         )
         x, captured = self.run_layers(ids, pos_t, slots_t, batch, row_chunk_t, routed)
-        logits_all = ad.lm_head(ad.final_norm(x[want_t])).float()
+        logits_all = step_logits(ad, x[want_t])
         features: list[torch.Tensor] = []
         if self.capture_layers:
             feat = torch.cat([captured[i] for i in self.capture_layers], dim=-1)
