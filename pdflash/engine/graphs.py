@@ -718,7 +718,11 @@ class GraphRunner:
         real_rows[:] = 0
         real_rows[:total] = rows
         _upload(entry)
-        tokens = torch.cat([c.tokens.to(entry.ids.device) for c in chunks])
+        dev = entry.ids.device
+        if all(c.tokens.device == dev for c in chunks):  # a verify's: one cat, no copies
+            tokens = torch.cat([c.tokens for c in chunks])
+        else:
+            tokens = torch.cat([c.tokens.to(dev) for c in chunks])
         if total == key.rows:
             entry.ids.copy_(tokens)
         else:

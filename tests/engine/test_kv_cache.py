@@ -203,3 +203,34 @@ def test_slot_matrix_equals_slot_list_per_sequence() -> None:
             m = min(kv.length(s), width)
             assert out[i, :m].tolist() == kv.slot_list(s, 0, m)
             assert (out[i, m:] == -9).all()
+
+
+def test_slot_matrix_uniform_pages_and_empty() -> None:
+    """Every sequence holding the pages the width spans (one conversion for
+    all rows) gives the per-sequence lists too; no sequences: an empty matrix."""
+    import numpy as np
+
+    kv = PagedKVCache(
+        num_layers=1,
+        num_kv_heads=1,
+        head_dim=2,
+        page_size=4,
+        num_pages=40,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    for s in range(3):
+        kv.add_sequence(s)
+    for _ in range(9):  # interleaved growth: scattered pages
+        for s in range(3):
+            kv.grow(s, 1 + s)
+    seqs = [2, 0, 1]
+    for width in (4, 8, 9):  # every sequence has at least 3 pages
+        out = kv.slot_matrix(seqs, width, fill=-1)
+        assert out.shape == (3, width) and out.dtype == np.int64
+        for i, s in enumerate(seqs):
+            m = min(kv.length(s), width)
+            assert out[i, :m].tolist() == kv.slot_list(s, 0, m)
+            assert (out[i, m:] == -1).all()
+    empty = kv.slot_matrix([], 8, fill=-1)
+    assert empty.shape == (0, 8) and empty.dtype == np.int64
