@@ -176,16 +176,13 @@ class PagedKVCache:
         ``fill`` (:meth:`slot_list` for many sequences at once, vectorised)."""
         ps = self.page_size
         pages = -(-width // ps)
-        n = len(seq_ids)
-        heads = [self._tables[seq_id][:pages] for seq_id in seq_ids]
-        lengths = np.fromiter((self._lengths[s] for s in seq_ids), dtype=np.int64, count=n)
-        if all(len(table) == pages for table in heads):  # one conversion for all rows
-            tables = np.array(heads, dtype=np.int64).reshape(n, pages)
-        else:
-            tables = np.zeros((n, pages), dtype=np.int64)
-            for i, table in enumerate(heads):
-                tables[i, : len(table)] = table
-        out = (tables[:, :, None] * ps + np.arange(ps)).reshape(n, pages * ps)[:, :width]
+        tables = np.zeros((len(seq_ids), pages), dtype=np.int64)
+        lengths = np.empty(len(seq_ids), dtype=np.int64)
+        for i, seq_id in enumerate(seq_ids):
+            table = self._tables[seq_id][:pages]
+            tables[i, : len(table)] = table
+            lengths[i] = self._lengths[seq_id]
+        out = (tables[:, :, None] * ps + np.arange(ps)).reshape(len(seq_ids), pages * ps)[:, :width]
         out[np.arange(width)[None, :] >= lengths[:, None]] = fill
         return out
 

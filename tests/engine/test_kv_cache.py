@@ -206,8 +206,8 @@ def test_slot_matrix_equals_slot_list_per_sequence() -> None:
 
 
 def test_slot_matrix_uniform_pages_and_empty() -> None:
-    """Every sequence holding the pages the width spans (one conversion for
-    all rows) gives the per-sequence lists too; no sequences: an empty matrix."""
+    """Every sequence holding every page the width spans gives the
+    per-sequence lists too; no sequences: an empty matrix (not a reshape error)."""
     import numpy as np
 
     kv = PagedKVCache(
