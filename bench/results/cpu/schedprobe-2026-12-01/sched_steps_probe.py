@@ -15,7 +15,12 @@ repository root, the package installed):
 
     python bench/results/cpu/schedprobe-2026-12-01/sched_steps_probe.py OUT \
         [--baselines PD,PD-all-on,PD-token-sched] [--repeats 3] [--concurrency 1,4] \
-        [--verify-width auto] [--byte-budget BYTES] [--rate-of verified]
+        [--verify-width auto] [--byte-budget BYTES] [--rate-of verified] \
+        [--marginal-rule verify|off]
+
+(``--marginal-rule``, added for ../marginal-2026-12-02: ``off`` runs the
+2-D scheduler with M hard, as when this folder's rows were recorded;
+``verify`` with the marginal rule; left out, RunSpec's default.)
 """
 
 from __future__ import annotations
@@ -152,6 +157,12 @@ def main() -> int:
         default=None,
         help="the PD controller's rate (PDController rate_of; default: its own default)",
     )
+    ap.add_argument(
+        "--marginal-rule",
+        default=None,
+        choices=["off", "verify"],
+        help="PD's marginal rule (RunSpec.marginal_rule; default: RunSpec's)",
+    )
     args = ap.parse_args()
     _install()
     if args.rate_of is not None:
@@ -187,6 +198,8 @@ def main() -> int:
             spec["byte_budget_from"] = "verify"
         else:
             spec["byte_budget"] = args.byte_budget
+        if args.marginal_rule is not None:
+            spec["marginal_rule"] = args.marginal_rule
     spec_cls, run_fn = load_engine()
 
     def run(spec: Any, progress: Any = None) -> Any:
