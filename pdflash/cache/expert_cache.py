@@ -769,7 +769,7 @@ class ExpertCache:
     def abort(self, flat_ids: npt.ArrayLike) -> None:
         """Undo :meth:`acquire` after a failure: unpin the experts and drop
         those whose copy has not completed (their bytes are not valid)."""
-        ids = np.unique(self._ids(flat_ids))
+        ids = sorted_unique(self._ids(flat_ids))
         slots = self.slot_of[ids]
         slots = slots[slots >= 0]
         self.pins[slots] = np.maximum(self.pins[slots] - 1, 0)
