@@ -144,7 +144,9 @@ class ExclusiveTimer:
 def count_syncs(fn: Callable[[], Any], device: torch.device | None = None) -> int:
     """How many host syncs torch sees in ``fn`` (its sync debug mode's
     warnings: device-to-host reads, ``nonzero``, ``item``...; not the native
-    issuer's own waits nor CUDA event waits)."""
+    issuer's own waits nor CUDA event waits). Only the per-operation
+    warnings count: the one-time notice that the debug mode is a prototype
+    (its first use in a process) also mentions synchronization."""
     import warnings
 
     torch.cuda.synchronize(device)
@@ -155,7 +157,7 @@ def count_syncs(fn: Callable[[], Any], device: torch.device | None = None) -> in
             fn()
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    return sum("synchroniz" in str(w.message) for w in seen)
+    return sum("called a synchronizing" in str(w.message) for w in seen)
 
 
 def _checkpoint(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from pdflash.bench.eager_host import PARTS, ExclusiveTimer, measure
+from pdflash.bench.eager_host import PARTS, ExclusiveTimer, count_syncs, measure
 
 
 def test_exclusive_timer_charges_callees_to_their_own_part() -> None:
@@ -24,6 +24,27 @@ def test_exclusive_timer_charges_callees_to_their_own_part() -> None:
     look()
     assert timer.calls["inner"] == 2 and timer.calls["lookahead"] == 1
     assert timer.calls["lookahead_router"] == 1
+
+
+def test_count_syncs_counts_sync_warnings_not_the_debug_modes_notice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import warnings
+
+    def set_mode(mode: Any) -> None:
+        # torch warns once per process, on the mode's first use, that it is a prototype
+        if mode == "warn":
+            warnings.warn("Synchronization debug mode is a prototype feature", UserWarning)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
+
+    def two_reads() -> None:
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation", UserWarning)
+
+    assert count_syncs(two_reads) == 2
+    assert count_syncs(lambda: None) == 0
 
 
 def test_eager_host_times_the_parts_of_an_offloaded_verify(tmp_path: Path) -> None:
