@@ -151,6 +151,9 @@ class RunSpec:
     # how the host holds the experts it computes (pdflash.hybrid.kernels):
     # "auto" times the formats and keeps the fastest that fits the budget
     host_format: str = "auto"
+    # HostExpertService.critical_path: the planner judges the forward's
+    # critical path instead of the link's makespan
+    host_critical_path: bool = False
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -903,6 +906,7 @@ def _run(
             max_host_ratio=spec.host_max_ratio,
             max_host_tokens=spec.host_max_tokens or None,
             host_format=spec.host_format,
+            critical_path=spec.host_critical_path,
         )
 
     def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:

@@ -207,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-max-ratio", type=float, default=1.5)
     ap.add_argument("--host-max-tokens", type=int, default=16, help="0: no cap")
     ap.add_argument("--host-format", default="auto")
+    ap.add_argument(
+        "--host-critical-path",
+        action="store_true",
+        help="the planner judges the forward's critical path (RunSpec.host_critical_path)",
+    )
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")
@@ -267,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         host_max_ratio=args.host_max_ratio,
                         host_max_tokens=args.host_max_tokens,
                         host_format=args.host_format,
+                        host_critical_path=args.host_critical_path,
                         synthetic_format=args.synthetic_format,
                         expert_dtype=args.expert_dtype,
                     )
@@ -342,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_max_ratio": args.host_max_ratio,
         "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
+        "host_critical_path": args.host_critical_path,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
         "layers": args.layers,

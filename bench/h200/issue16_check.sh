@@ -20,14 +20,15 @@
 # at c=1, so these points judge the planner).
 # Usage (repository root): OUT=/path/to/out bash bench/h200/issue16_check.sh
 # SMOKE=1: the same on the tiny CPU shapes (a local check of the script).
-# REPEATS / BUDGET_S / MAX_NEW / POINTS override the defaults.
+# REPEATS / BUDGET_S / HARD_S (the step's kill time) / MAX_NEW / POINTS / EXTRA (more
+# issue16.py options, e.g. --host-critical-path) override the defaults.
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 work="$OUT/issue16_check"
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 here=$(cd "$(dirname "$0")" && pwd)
-arch=gpt-oss-20b layers=8 threads=${HOST_THREADS:-14} budget=${BUDGET_S:-160} hard=200
+arch=gpt-oss-20b layers=8 threads=${HOST_THREADS:-14} budget=${BUDGET_S:-160} hard=${HARD_S:-200}
 points=${POINTS:-0.5:1,0.2:4,0.2:1}
 if [ "${SMOKE:-0}" = 1 ]; then
   arch=tiny-gpt_oss layers=0 threads=${HOST_THREADS:-2} budget=${BUDGET_S:-60} hard=240
@@ -35,7 +36,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 py="python3 bench/h200/issue16.py --archs $arch --layers $layers --points $points"
 py="$py --repeats ${REPEATS:-8} --max-new-tokens ${MAX_NEW:-24} --host-threads $threads"
-py="$py --host-workers 1 --host-format auto --budget-s $budget --out \"$work/check\""
+py="$py --host-workers 1 --host-format auto --budget-s $budget ${EXTRA:-} --out \"$work/check\""
 OUT="$work" bash "$here/run.sh" "check=timeout -k 5 $hard $py"
 rc=$?
 python3 - "$work/check" >"$work/table.txt" 2>&1 <<'PY'

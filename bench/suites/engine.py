@@ -249,6 +249,13 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         help="how the host holds the experts it computes (pdflash.hybrid.kernels); auto "
         "(default) times the formats at start-up and keeps the fastest that fits in memory",
     )
+    parser.add_argument(
+        "--host-critical-path",
+        action="store_true",
+        help="the host planner judges the forward's critical path (copies hidden behind the "
+        "launching thread cost nothing, a HOST part's dispatch is charged) instead of the "
+        "link's makespan (default; see HostExpertService.critical_path)",
+    )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -386,6 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_max_ratio=args.host_max_ratio,
                     host_max_tokens=args.host_max_tokens,
                     host_format=args.host_format,
+                    host_critical_path=getattr(args, "host_critical_path", False),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

@@ -84,6 +84,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_threads",
         "host_max_ratio",
         "host_max_tokens",
+        "host_critical_path",
     )
 }
 
@@ -836,6 +837,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
     tokens = getattr(args, "host_max_tokens", HOST_DEFAULTS["host_max_tokens"])
     if tokens != HOST_DEFAULTS["host_max_tokens"]:
         parts.append(f"--host-max-tokens {tokens}")
+    if getattr(args, "host_critical_path", False):
+        parts.append("--host-critical-path")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

@@ -117,6 +117,7 @@ def build_host_service(
     weight_budget_bytes: int | None = None,
     online: bool = True,
     probe_every: int | None = DEFAULT_PROBE_EVERY,
+    critical_path: bool = False,
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -146,6 +147,8 @@ def build_host_service(
     ``probe_every`` go to the default :class:`CostModelPlanner` (see
     :mod:`pdflash.hybrid.planner` for when HOST pays, why the caps, and how
     it corrects the calibration from the run's own HOST jobs).
+    ``critical_path`` sets :attr:`HostExpertService.critical_path` (off by
+    default: the planner judges the link's makespan).
     """
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
@@ -206,6 +209,7 @@ def build_host_service(
             link_bytes_per_s=link_bytes_per_s,
             cost=cost,
         )
+        service.critical_path = bool(critical_path)
         service.host_weights = weights.describe()
         service.kernel_detail = functools.partial(kernel_detail, weights.kernel)
         service.intra_op_threads_before = threads_before

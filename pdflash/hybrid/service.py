@@ -306,8 +306,15 @@ class HostExpertService:
         #: torch's intra-op thread count before this service set its own
         #: (process-wide): given back by :meth:`close`; None: nothing to give back
         self.intra_op_threads_before: int | None = None
-        #: the forward thread's measured times (the planner's critical-path terms)
+        #: the forward thread's measured times (the planner's critical-path
+        #: terms); measured and reported always, given to the planner only
+        #: where :attr:`critical_path` is set
         self.clock = ForwardClock()
+        #: False (default): the planner sees the plain link makespan (the
+        #: clock's terms are 0 in its LinkState) and no hosting layer is
+        #: copied to sample the clock (why off: the H200 ablation in
+        #: bench/results/h200/session9-2026-12-02/README.md)
+        self.critical_path = False
         #: False: every miss is copied and nothing is planned ahead (the PD
         #: controller switches the service off where it does not pay)
         self.enabled = True
@@ -330,7 +337,10 @@ class HostExpertService:
     # -- per layer -------------------------------------------------------------
 
     def link_state(self, ahead_bytes: int = 0) -> LinkState:
-        """The link and the forward's measured terms as the planner sees them."""
+        """The link and, with :attr:`critical_path`, the forward's measured
+        terms as the planner sees them."""
+        if not self.critical_path:
+            return LinkState(self.link_bytes_per_s, ahead_bytes)
         clock = self.clock
         return LinkState(
             self.link_bytes_per_s,
@@ -369,7 +379,7 @@ class HostExpertService:
         inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
         link = self.link_state(inflight * self.expert_nbytes)
         plan = self.planner.plan(layer, ids[missed], tok[missed], link)
-        if plan.host.size and self.clock.wants_copy_sample():
+        if plan.host.size and self.critical_path and self.clock.wants_copy_sample():
             self.books.copy_sampled += 1  # copied to measure the dispatch without a HOST part
             return out
         if plan.host.size:
@@ -449,6 +459,8 @@ class HostExpertService:
             "link_bytes_per_s": self.link_bytes_per_s,
             # the forward's measured terms the planner ended the run with
             "critical_path": self.clock.to_json(),
+            # whether the planner was given those terms (else the makespan)
+            "critical_path_planned": self.critical_path,
             # layers the planner split that were copied to sample the dispatch
             "copy_sampled_layers": self.books.copy_sampled,
             "enabled_at_end": self.enabled,

@@ -360,6 +360,19 @@ def _omitted_gemm(row: Mapping[str, Any]) -> Any:
     return "dequant" if value is None else value
 
 
+def _recorded_critical_path(row: Mapping[str, Any]) -> Any:
+    """Whether a row's host planner was given the forward's critical-path
+    terms: as its host service records, else True for a service that
+    measured them before the switch existed (they were always planned
+    with), else the default (no host service, or one older than the terms)."""
+    service = row.get("host_service")
+    if not isinstance(service, Mapping):
+        return False
+    if "critical_path_planned" in service:
+        return bool(service["critical_path_planned"])
+    return "critical_path" in service
+
+
 #: Every setting that, beside the point (arch with its depth and GPUs,
 #: baseline, block, concurrency, cache fraction, workload) and the repeat,
 #: defines a run: the matrix's resume key (:func:`spec_settings`) and the
@@ -372,6 +385,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_threads", None),
     RunSetting("host_max_ratio", 1.5),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO
     RunSetting("host_max_tokens", 16),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS
+    RunSetting("host_critical_path", False, _recorded_critical_path),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

@@ -214,6 +214,7 @@ def test_service_passes_the_clock_to_the_planner_and_can_be_switched_off() -> No
             ex, Spy(every=1), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
         )
         svc.clock = ForwardClock(min_samples=1)
+        svc.critical_path = True
         cache = _Cache(12)
         ids, tok = np.array([4, 5]), np.array([1, 1])
         assert svc.split(1, ids, tok, cache, routed=(0.0, 1.0)).all()
@@ -270,6 +271,36 @@ def test_the_service_copies_a_hosting_layer_to_sample_the_dispatch() -> None:
         svc.clock = ForwardClock(min_samples=1, sample_every=2)
         cache = _Cache(8)
         ids, tok = np.array([4, 5]), np.array([1, 1])
+        # the default plans the makespan: no layer is copied to sample the clock
+        assert all(bool(svc.split(1, ids, tok, cache).any()) for _ in range(4))
+        assert svc.books.copy_sampled == 0
+        svc.critical_path = True
         hosted = [bool(svc.split(1, ids, tok, cache).any()) for _ in range(4)]
         assert hosted == [True, False, True, False]
         assert svc.books.copy_sampled == 2
+
+
+def test_the_planner_sees_the_makespan_unless_the_critical_path_is_on() -> None:
+    seen: list[LinkState] = []
+
+    class Spy(ForcedHostPlanner):
+        def plan(self, layer, missed, tokens, link):  # type: ignore[no-untyped-def]
+            seen.append(link)
+            return super().plan(layer, missed, tokens, link)
+
+    with _linear_executor() as ex:
+        svc = HostExpertService(
+            ex, Spy(every=1), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
+        )
+        svc.clock = ForwardClock(min_samples=1)
+        cache = _Cache(16)
+        ids, tok = np.array([4, 5]), np.array([1, 1])
+        svc.split(1, ids, tok, cache, routed=(0.0, 1.0))
+        svc.split(2, ids + 4, tok, cache, routed=(3.0, 3.0))
+        assert svc.clock.hidden_s > 0.0  # measured ...
+        assert seen[-1].hidden_s == 0.0 and seen[-1].host_overhead_s == 0.0  # ... not planned
+        assert svc.describe()["critical_path_planned"] is False
+        svc.critical_path = True
+        svc.split(3, ids + 8, tok, cache, routed=(5.0, 5.0))
+        assert seen[-1].hidden_s == svc.clock.hidden_s > 0.0
+        assert svc.describe()["critical_path_planned"] is True
