@@ -34,14 +34,16 @@ def test_count_syncs_counts_sync_warnings_not_the_debug_modes_notice(
     def set_mode(mode: Any) -> None:
         # torch warns once per process, on the mode's first use, that it is a prototype
         if mode == "warn":
-            warnings.warn("Synchronization debug mode is a prototype feature", UserWarning)
+            warnings.warn(
+                "Synchronization debug mode is a prototype feature", UserWarning, stacklevel=2
+            )
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
 
     def two_reads() -> None:
         for _ in range(2):
-            warnings.warn("called a synchronizing CUDA operation", UserWarning)
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=2)
 
     assert count_syncs(two_reads) == 2
     assert count_syncs(lambda: None) == 0
