@@ -576,7 +576,7 @@ class PDController:
             rule) and its probes are not extended.
         earn_level: the one-sided level at which a must-earn part's gain
             must be shown at its probe's last look to keep (or turn) it on;
-            at most 0.5 (a level of 0.5: the mean gain only need be > 0).
+            at most 0.5 (at 0.5 the mean gain need only be > 0).
     """
 
     name = "paired-steps"
