@@ -15,8 +15,10 @@ configuration (arm A) and the configuration with that part flipped (arm B),
 in pairs ordered AB, BA, AB, ... (a trend over the probe, such as requests
 finishing, cancels), with ``settle`` unmeasured steps after every change.
 After ``min_pairs`` pairs and after each further one, up to ``max_pairs``
-(then every ``min_pairs`` pairs of an extension, below), it tests two
-per-pair statistics, one-sided, by Student's t:
+(then every ``min_pairs`` pairs of an extension, below), it tests
+per-pair statistics, one-sided, by Student's t, by the part's **stance**
+(below: PD's own parts are ``default_on``, the host service
+``must_earn``). A default-on part is judged by two:
 
 * the **rate**: ``log(rate_B / rate_A)``, the tokens per second of the
   flipped step over the configured one: by default the tokens the step is
@@ -32,7 +34,7 @@ per-pair statistics, one-sided, by Student's t:
   upper bound below ``-margin``); and the rate does not flip a prefetching
   part whose books point the other way (their mean below ``-margin``).
 
-A vote flips the part at once. The levels are Bonferroni shares of
+For a default-on part a vote flips the part at once. The levels are Bonferroni shares of
 ``alpha`` over the looks and the rules, so a part that changes nothing is
 switched by a probe with probability at most ``alpha`` (0.05 by default,
 for Gaussian per-step noise; the tests measure it under the heavy-tailed
@@ -51,6 +53,41 @@ workload shifts; switching a part back needs another significant probe
 the other way. Steps that prefilled new requests and the ``settle`` steps
 after each change are not measured (their wall time is not the parts').
 Every decision carries its numbers (``why``).
+
+**Stances.** The rule above puts the burden of proof on switching a part
+off: a ``default_on`` part stays as it is unless a probe shows the flip
+better, so a part that changes nothing keeps its state (switched with
+probability at most ``alpha`` a probe). That suits PD's own parts, which
+are the design and cost little where they do not pay. A costly optional
+part is ``must_earn`` (:data:`DEFAULT_STANCES`: the host service): the
+burden of proof is on the part, which runs only while its probes show it
+better. Its statistic is the rate's, as the part's gain ``g = log(rate
+with it / rate without it)`` per pair (the same pairs, AB/BA, settle steps
+and hold; no books rule, no extension), tested after ``min_pairs`` ..
+``max_pairs`` pairs (:func:`must_earn_verdict`):
+
+* before the last look the probe ends once either direction is shown at a
+  Bonferroni share of ``alpha`` over those looks (a clear gain: on; a clear
+  loss: off; no margin);
+* at the last look (``max_pairs``) the part is **on only if its gain is
+  shown at** ``earn_level`` (0.2 by default: the one-sided t test's p below
+  0.2, i.e. the mean gain above about 0.92 standard errors at 6 pairs);
+  otherwise off, whatever its state before.
+
+The verdict is the same whether the probe started with the part on or off
+(a switch either way needs only that probe). Its error rates, for Gaussian
+per-pair noise: a must-earn part that changes nothing, or costs, is left
+(or switched) on by a probe with probability at most ``earn_level +
+alpha`` (0.25 by default: the last look's test at ``earn_level`` plus the
+early looks' shares of ``alpha``) and is switched off otherwise — a part
+that changes nothing is switched off with probability at least ``1 -
+earn_level - alpha``, **the intended bias**: costly machinery that shows no
+gain does not run. A must-earn part that pays is switched off early (a
+loss shown) with probability at most ``alpha``; at the last look it stays
+on with the test's power, which needs its gain to stand out of the
+per-pair noise (about 0.92 standard errors at 6 pairs); a gain that does
+not is left off until a later probe shows it (the part then runs only in
+the re-probes' steps that carry it).
 
 The rate is the user-visible one, committed tokens per second, but
 without the acceptance draw's noise: a step's **expected committed tokens**
@@ -92,12 +129,14 @@ batcher whose shadow is the token-only scheduler, a hybrid miss service);
 parts it lacks stay off and are never probed.
 
 The hybrid miss service (``PD+host``, :mod:`pdflash.hybrid`) is a part too,
-``host_experts`` (:data:`HOST_PART`): probed before PD's own parts and
-judged by the rate alone (where hosting costs, it costs the forward thread's
-time, which no part's books separate); switched off, every miss is copied
-and nothing is planned for the host (``HostExpertService.enabled``). Its
-planner already copies where the copies hide behind the forward; the part
-is the net for what the planner's model does not see.
+``host_experts`` (:data:`HOST_PART`): probed before PD's own parts, must
+earn its place (its stance, above) and is judged by the rate alone (where
+hosting costs, it costs the forward thread's time, which no part's books
+separate); switched off, every miss is copied and nothing is planned for
+the host (``HostExpertService.enabled``). Its planner already copies where
+the copies hide behind the forward; the part is the net for what the
+planner's model does not see. ``summary()["settings"]`` lists each part's
+stance and ``earn_level``, so every row says which rule judged it.
 """
 
 from __future__ import annotations
@@ -106,6 +145,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -130,13 +170,27 @@ RATES = ("expected_committed", "committed", "verified")
 PARTS: tuple[str, ...] = ("scheduler_2d", "stream", "route_ahead")
 
 #: the hybrid miss service (``PD+host``'s part, :mod:`pdflash.hybrid`):
-#: switchable where the engine has one, judged by the rate alone (its cost
-#: is the forward thread's time, which no part's books separate), and
-#: probed first: where the host does not pay it costs the most
+#: switchable where the engine has one, must earn its place
+#: (:data:`DEFAULT_STANCES`), judged by the rate alone (its cost is the
+#: forward thread's time, which no part's books separate), and probed
+#: first: where the host does not pay it costs the most
 HOST_PART = "host_experts"
 
 #: every switchable part, in probe order
 ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
+
+#: a part's stance, how its probes judge it (module docstring):
+#: ``default_on``, it runs unless a probe shows it worse (the burden of proof
+#: on switching it off); ``must_earn``, it runs only while its probes show it
+#: better (the burden of proof on the part)
+STANCES = ("default_on", "must_earn")
+
+#: the stance of each part unless :class:`PDController` is told otherwise:
+#: PD's parts are its design and run by default; the host service is a
+#: costly option (the forward thread's time) that must earn its place
+DEFAULT_STANCES: Mapping[str, str] = MappingProxyType(
+    {**dict.fromkeys(PARTS, "default_on"), HOST_PART: "must_earn"}
+)
 
 
 @dataclass(frozen=True)
@@ -420,6 +474,23 @@ class Test:
     def text(self) -> str:
         return f"mean {self.mean:+.3g} (se {self.se:.3g}, n {self.n}, p {self.p:.3g})"
 
+    @classmethod
+    def of(cls, n: int, mean: float, se: float) -> Test:
+        """The test from its summary statistics (``n`` >= 2 values, their
+        ``mean`` and its standard error ``se``; ``se`` 0: p 0 or 1 by the
+        mean's sign, 0 counting as no gain)."""
+        if n < 2:
+            raise ValueError(f"a paired test needs 2 or more pairs, got {n}")
+        if se < 0.0:
+            raise ValueError(f"se must be >= 0, got {se}")
+        if se <= 1e-15 * max(1.0, abs(mean)):
+            return cls(n, mean, 0.0, 0.0 if mean > 0 else 1.0)
+        return cls(n, mean, se, t_sf(mean / se, n - 1))
+
+    def negated(self) -> Test:
+        """The one-sided test of ``mean < 0`` on the same values."""
+        return Test.of(self.n, -self.mean, self.se)
+
 
 def paired_test(values: Sequence[float]) -> Test:
     """One-sided t test of ``mean(values) > 0`` (needs 2 or more values;
@@ -429,11 +500,32 @@ def paired_test(values: Sequence[float]) -> Test:
         raise ValueError(f"a paired test needs 2 or more pairs, got {n}")
     mean = float(np.mean(values))
     sd = float(np.std(values, ddof=1))
-    se = sd / math.sqrt(n)
-    if se <= 1e-15 * max(1.0, abs(mean)):
-        p = 0.0 if mean > 0 else 1.0
-        return Test(n, mean, 0.0, p)
-    return Test(n, mean, se, t_sf(mean / se, n - 1))
+    return Test.of(n, mean, sd / math.sqrt(n))
+
+
+def must_earn_verdict(
+    gain: Test | None, *, last: bool, early_level: float, earn_level: float
+) -> bool | None:
+    """A must-earn part's state after a look of its probe: True (on), False
+    (off), or None (look again).
+
+    ``gain`` is the paired test of ``log(rate with the part / rate
+    without)`` (None: fewer than 2 pairs to compare). Before the last look
+    the probe ends once either direction is shown at ``early_level`` (a
+    Bonferroni share of alpha over the looks): on for a gain, off for a loss.
+    At the last look the part is on only if its gain is shown at
+    ``earn_level`` (one-sided t test, no margin): anything short of that,
+    a part that changes nothing included, leaves it off.
+    """
+    if gain is None:
+        return None if not last else False
+    if gain.mean > 0 and gain.p < early_level:
+        return True
+    if gain.mean < 0 and gain.negated().p < early_level:
+        return False
+    if not last:
+        return None
+    return gain.mean > 0 and gain.p < earn_level
 
 
 @dataclass(frozen=True)
@@ -477,6 +569,14 @@ class PDController:
             (tokens the verify forward took: biased against a part that
             trims grants, whose dropped drafts are the least likely to be
             accepted).
+        stances: each part's stance (``default_on`` or ``must_earn``, module
+            docstring), over :data:`DEFAULT_STANCES` (the host service must
+            earn its place, PD's parts run by default). A must-earn part is
+            judged by the rate alone (a prefetcher given it loses its books'
+            rule) and its probes are not extended.
+        earn_level: the one-sided level at which a must-earn part's gain
+            must be shown at its probe's last look to keep (or turn) it on;
+            at most 0.5 (at 0.5 the mean gain need only be > 0).
     """
 
     name = "paired-steps"
@@ -496,6 +596,8 @@ class PDController:
         initial: PartsState | None = None,
         keep_decisions: int = 16,
         rate_of: str = "expected_committed",
+        stances: Mapping[str, str] | None = None,
+        earn_level: float = 0.2,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -519,12 +621,24 @@ class PDController:
             raise ValueError(f"margin must be >= 0, got {margin}")
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if not 0.0 < earn_level <= 0.5:
+            raise ValueError(f"earn_level must be in (0, 0.5], got {earn_level}")
+        given = dict(stances or {})
+        for part, stance in given.items():
+            if part not in ALL_PARTS:
+                raise ValueError(f"unknown part {part!r} in stances; choose from {ALL_PARTS}")
+            if stance not in STANCES:
+                raise ValueError(f"unknown stance {stance!r} for {part!r}; choose one of {STANCES}")
+        self.stances: Mapping[str, str] = MappingProxyType({**DEFAULT_STANCES, **given})
+        self.earn_level = float(earn_level)
         self.margin = float(margin)
         self.alpha = float(alpha)
         self.min_pairs = min_pairs
         self.max_pairs = max_pairs
         self.extend_pairs = extend_pairs
         self.looks = _looks(min_pairs, max_pairs, extend_pairs)
+        #: a must-earn part's looks: no extension (its last look decides)
+        self.earn_looks = tuple(range(min_pairs, max_pairs + 1))
         self.warmup = warmup
         self.hold = hold
         self.max_hold = max_hold
@@ -573,11 +687,17 @@ class PDController:
             "max_hold": self.max_hold,
             "settle": self.settle,
             "rate_of": self.rate_of,
+            # which rule judged each part the row lists
+            "stances": {p: self.stances[p] for p in self._books.listed()},
+            "earn_level": self.earn_level,
         }
         return out
 
     def alpha_per_look(self, part: str) -> float:
-        """The level of each (look, rule) test of a probe of ``part``."""
+        """The level of each (look, rule) test of a probe of ``part`` (a
+        must-earn part: of each early look's test, either direction)."""
+        if self.stances[part] == "must_earn":
+            return self.alpha / len(self.earn_looks)
         rules = 2 if part in COST_BENEFIT_PARTS else 1
         return self.alpha / (rules * len(self.looks))
 
@@ -601,7 +721,7 @@ class PDController:
             # pairs alternate AB, BA, AB, ...: a trend over the probe cancels
             a_first = len(self._pairs) % 2 == 0
             self._pairs.append(_Pair(first, second) if a_first else _Pair(second, first))
-            if len(self._pairs) in self.looks and self._judge():
+            if self._look_now() and self._judge():
                 return self._parts
         self._set(self._arm_parts(self._next_arm()))
         return self._parts
@@ -671,19 +791,74 @@ class PDController:
             tokens = m.committed_tokens
         return tokens / m.wall_s if m.wall_s > 0 else 0.0
 
+    def _look_now(self) -> bool:
+        assert self._part is not None
+        looks = self.earn_looks if self.stances[self._part] == "must_earn" else self.looks
+        return len(self._pairs) in looks
+
+    def _flip_gains(self) -> list[float]:
+        """Per pair, ``log(rate flipped / rate configured)``; pairs without
+        tokens on either side are left out. A difference of logs: the ratio
+        of two extreme rates can underflow to 0 (or overflow) where each
+        rate's log is finite."""
+        return [
+            math.log(rb) - math.log(ra)
+            for ra, rb in ((self._rate(p.a), self._rate(p.b)) for p in self._pairs)
+            if 0 < ra < math.inf and 0 < rb < math.inf
+        ]
+
+    def _judge_must_earn(self, part: str, now: bool) -> bool:
+        """A must-earn part's look (:func:`must_earn_verdict`); True when
+        the probe ended."""
+        flip = self._flip_gains()
+        # the part's gain: with it over without it, whichever arm it is
+        gains = flip if not now else [-g for g in flip]
+        gain = paired_test(gains) if len(gains) >= 2 else None
+        early = self.alpha_per_look(part)
+        last = len(self._pairs) >= self.max_pairs
+        verdict = must_earn_verdict(gain, last=last, early_level=early, earn_level=self.earn_level)
+        if verdict is None:
+            return False
+        nums = (
+            f"log {self.rate_of.replace('_', ' ')} tokens/s on over off: "
+            + (gain.text() if gain is not None else "too few pairs with tokens to compare")
+            + f"; must earn: on only if its gain is shown at p < {self.earn_level:.3g} "
+            f"by the last look (n {self.max_pairs}), or either way at p < {early:.3g} "
+            f"before (alpha {self.alpha:.3g} over {len(self.earn_looks)} looks)"
+        )
+        step = self._books.steps
+        if verdict == now:
+            kept = "kept on (pays)" if now else "kept off (not shown to pay)"
+            self._log(Decision(step, part, now, False, f"{kept}: {nums}"))
+            self._end_probe()
+            return True
+        self._books.switches += 1
+        self._round_switched = True
+        self._base = self._base.with_part(part, verdict)
+        self._set(self._base)
+        if verdict:
+            why = "pays again"
+        elif gain is not None and gain.mean < 0:
+            why = "costs more than it saves"
+        else:
+            why = "not shown to pay"
+        self._log(
+            Decision(
+                step, part, verdict, True, f"switched {_word(verdict)} ({why}) by must-earn: {nums}"
+            )
+        )
+        self._next_probe()
+        return True
+
     def _judge(self) -> bool:
         """Test the probe's pairs; True when the probe ended (decided)."""
         part = self._part
         assert part is not None
         now = self._base.on(part)
+        if self.stances[part] == "must_earn":
+            return self._judge_must_earn(part, now)
         a_level = self.alpha_per_look(part)
-        # a difference of logs: the ratio of two extreme rates can underflow
-        # to 0 (or overflow) where each rate's log is finite
-        gains = [
-            math.log(rb) - math.log(ra)
-            for ra, rb in ((self._rate(p.a), self._rate(p.b)) for p in self._pairs)
-            if 0 < ra < math.inf and 0 < rb < math.inf
-        ]
+        gains = self._flip_gains()
         if len(gains) < 2:
             return self._end_if_last(part, now, "too few pairs with tokens to compare", False)
         rate = paired_test(gains)

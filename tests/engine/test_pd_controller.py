@@ -609,14 +609,15 @@ measurements = st.lists(
     min_pairs=st.integers(2, 4),
     extra_pairs=st.integers(0, 3),
     settle=st.integers(0, 2),
-    available=st.tuples(st.booleans(), st.booleans(), st.booleans()),
+    # route-ahead, the 2-D scheduler, the stream and the (must-earn) host service
+    available=st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans()),
 )
 def test_switch_rate_is_bounded_and_decisions_are_deterministic(
     seq: list[tuple[float, int, int, bool, float, float]],
     min_pairs: int,
     extra_pairs: int,
     settle: int,
-    available: tuple[bool, bool, bool],
+    available: tuple[bool, bool, bool, bool],
 ) -> None:
     avail = PartsState(*available)
 
