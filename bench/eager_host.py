@@ -186,22 +186,31 @@ def count_syncs(fn: Callable[[], Any], device: torch.device | None = None) -> in
 
 
 def _checkpoint(
-    root: Path, arch: str, layers: int, experts: int, top_k: int, dtype: torch.dtype
+    root: Path,
+    arch: str,
+    layers: int,
+    experts: int,
+    top_k: int,
+    dtype: torch.dtype,
+    preset: str = "tiny",
 ) -> Path:
+    """The synthetic target; a preset other than ``tiny`` (a published
+    shape) writes its config only (weights generated when loaded)."""
     from pdflash.models import write_synthetic_checkpoint
 
-    name = f"{arch}-tiny-{layers}-e{experts}-k{top_k}-{str(dtype).split('.')[-1]}"
+    name = f"{arch}-{preset}-{layers}-e{experts}-k{top_k}-{str(dtype).split('.')[-1]}"
     ckpt = root / name
     if not (ckpt / "config.json").is_file():
         overrides = {_EXPERT_KEYS[arch]: experts, "num_experts_per_tok": top_k}
         write_synthetic_checkpoint(
             ckpt,
             arch,
-            "tiny",
+            preset,
             num_layers=layers,
             dtype=dtype,
             seed=3,
             config_overrides=overrides,
+            weights="files" if preset == "tiny" else "generated",
         )
     return ckpt
 
@@ -227,6 +236,8 @@ def measure(
     expert_bytes_as: str | None = None,
     host_every: int | None = None,
     host_threads: int | None = None,
+    host_format: str = "packed",
+    preset: str = "tiny",
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
@@ -245,7 +256,12 @@ def measure(
     each of :data:`HOST_PARTS` per hosting layer (the median over steps of
     a step's seconds over its hosting layers), the forward thread's block
     for the workers (``wait``) and the forward less that block.
-    ``host_threads``: the service's intra-op threads (default: torch's)."""
+    ``host_threads``: the service's intra-op threads (default: torch's on
+    a CPU, all cores but two on CUDA); ``host_format``: how the host holds
+    its experts (:data:`pdflash.hybrid.HOST_FORMAT_CHOICES`; ``auto`` is
+    ``packed`` here: nothing is calibrated). ``preset``: the synthetic
+    shape (``tiny``, or a published one such as ``gpt-oss-20b``, truncated
+    to ``layers``; its weights are generated at load)."""
     from pdflash.engine.prefetch import GateLookahead
     from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
     from pdflash.h2d import H2DIssuer
@@ -264,7 +280,7 @@ def measure(
     k = k_default if top_k is None else top_k
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     root = Path(tmp.name) if tmp is not None else Path(workdir)  # type: ignore[arg-type]
-    ckpt = _checkpoint(root, arch, layers, num_experts, k, dtype)
+    ckpt = _checkpoint(root, arch, layers, num_experts, k, dtype, preset)
     issuer = H2DIssuer(backend="cuda" if dev.type == "cuda" else "host")
     timer = ExclusiveTimer()
     service: Any = None
@@ -308,6 +324,7 @@ def measure(
                 calibrate=False,
                 workers=1,
                 intra_op_threads=host_threads,
+                host_format=host_format,
             )
         runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
         runner.before_moe_hooks.append(cache.policy.before_layer)
@@ -461,7 +478,9 @@ def measure(
     glue = [f - sum(per_step[p][i] for p in PARTS + HOST_PARTS) for i, f in enumerate(step_s)]
     host: dict[str, Any] | None = None
     if service is not None:
-        host = _host_summary(per_step, step_s, wait_s, hosting, host_every, host_threads)
+        host = _host_summary(
+            per_step, step_s, wait_s, hosting, host_every, host_threads, host_format
+        )
     detail_us = {
         name: 1e6 * sum(v) / len(step_s) for name, v in sorted(per_step.items()) if "." in name
     }
@@ -471,6 +490,7 @@ def measure(
         "device": dev.type,
         "dtype": str(dtype).split(".")[-1],
         "arch": arch,
+        "preset": preset,
         "weights": "synthetic",
         "experts": num_experts,
         "expert_nbytes": expert_nbytes,
@@ -508,6 +528,7 @@ def _host_summary(
     hosting: list[int],
     host_every: int | None,
     host_threads: int | None,
+    host_format: str,
 ) -> dict[str, Any]:
     """The HOST pieces per hosting layer (see :func:`measure`)."""
     n = len(step_s)
@@ -522,9 +543,11 @@ def _host_summary(
     own = [sum(per_step[p][i] for p in HOST_PARTS) - wait_s[i] for i in range(n)]
     collect = [per_step["host_result"][i] - wait_s[i] for i in range(n)]
     return {
+        "forced": True,
         "planner": "forced",
         "host_every": host_every,
         "host_threads": host_threads,
+        "host_format": host_format,
         "hosting_layers_per_step": statistics.median(hosting),
         "steps_with_host": len(with_host),
         # None: no step hosted a layer (nothing measured)
@@ -565,6 +588,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="forced HOST split: every N-th missed expert of a layer on the host (0: none)",
     )
     ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
+    ap.add_argument("--host-format", default="packed", help="the host's expert format")
+    ap.add_argument(
+        "--preset", default="tiny", help="synthetic shape: tiny or a published one (gpt-oss-20b)"
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     out = measure(
@@ -584,6 +611,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         expert_bytes_as=a.expert_bytes_as,
         host_every=a.host_every,
         host_threads=a.host_threads,
+        host_format=a.host_format,
+        preset=a.preset,
     )
     print(json.dumps(out))
     return 0
