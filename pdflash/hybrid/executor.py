@@ -201,8 +201,10 @@ class HostExpertExecutor:
             ready()
         t0 = time.perf_counter()
         # the rows crossed in the model's dtype: converted here, off the
-        # forward thread (exact either side: a widening or the same rounding)
-        x = x.to(self.dtype)
+        # forward thread (exact either side: a widening or the same rounding);
+        # no call when they match (each torch call hands the GIL back and forth)
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
         # NOTE: grad and inference modes are per thread; the forward that
         # submitted this may run under inference_mode (its tensors are then
         # inference tensors, writable only in inference mode)
