@@ -4,6 +4,7 @@
 # parts' times with every miss HOST vs every miss copied, forced planner
 # (pdflash.bench.eager_host --host-every; rows say "forced": true). Steps
 # (bench/h200/run.sh style):
+#   cpuinfo    the host's CPU topology (are the cores hyperthread siblings?)
 #   gputests   a hosting layer syncs the host once (the routing read); the
 #              forced-host forward equals the all-copy one on CUDA
 #   tiny_copy  tiny gpt_oss, 8 layers, cache 0.2, c=1 x 2 tokens, every miss
@@ -35,6 +36,7 @@ HOST="python3 -P -m pdflash.bench.eager_host --device cuda --cache-fraction 0.2 
 TINY="$HOST --layers 8 --steps 20 --detail"
 BIG="$HOST --preset gpt-oss-20b --layers 4 --experts 16 --top-k 4 --steps 10 --host-format native"
 bash "$(dirname "$0")/run.sh" \
+  "cpuinfo=lscpu; grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | head -32" \
   "gputests=timeout 60 python3 -P -m pytest -q -p no:cacheprovider tests/hybrid/test_hybrid_gpu.py -k 'syncs_the_host_once or forward_with_host_misses'" \
   "tiny_copy=timeout 45 $TINY --host-every 0" \
   "tiny_host=timeout 45 $TINY --host-every 1" \
