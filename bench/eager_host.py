@@ -84,6 +84,31 @@ PARTS = (
     "finish",
 )
 
+#: the HOST part's pieces on the forward thread (with ``host_every``):
+#: ``host_split`` the service's split (planner, books); ``host_rows`` the
+#: HOST rows' selection and gather (:func:`pdflash.hybrid.block.host_rows`);
+#: ``host_d2h`` the rows' copy to the host and its event
+#: (:meth:`HostExpertExecutor.to_host`); ``host_launch`` the pool submits
+#: (``_launch``); ``host_submit`` the rest of ``submit`` (the output buffer);
+#: ``host_start`` the rest of the service's ``start`` (books);
+#: ``host_part`` the rest of ``start_host_part``; ``host_result``
+#: :meth:`HostJob.result` (the wait for the workers, then the result's
+#: copy to the device); ``host_finish`` the rest of the service's
+#: ``finish`` (books, the planner's observation, the clock);
+#: ``host_write`` the rows' write into the block's output
+HOST_PARTS = (
+    "host_split",
+    "host_rows",
+    "host_d2h",
+    "host_launch",
+    "host_submit",
+    "host_start",
+    "host_part",
+    "host_result",
+    "host_finish",
+    "host_write",
+)
+
 #: the published experts / top-k ratio each arch's synthetic target gets by
 #: default (gpt-oss-20b: 32 experts top-4; Qwen3-30B-A3B: 128 top-8)
 DEFAULT_EXPERTS = {"gpt_oss": (32, 4), "qwen3_moe": (128, 8)}
@@ -161,22 +186,31 @@ def count_syncs(fn: Callable[[], Any], device: torch.device | None = None) -> in
 
 
 def _checkpoint(
-    root: Path, arch: str, layers: int, experts: int, top_k: int, dtype: torch.dtype
+    root: Path,
+    arch: str,
+    layers: int,
+    experts: int,
+    top_k: int,
+    dtype: torch.dtype,
+    preset: str = "tiny",
 ) -> Path:
+    """The synthetic target; a preset other than ``tiny`` (a published
+    shape) writes its config only (weights generated when loaded)."""
     from pdflash.models import write_synthetic_checkpoint
 
-    name = f"{arch}-tiny-{layers}-e{experts}-k{top_k}-{str(dtype).split('.')[-1]}"
+    name = f"{arch}-{preset}-{layers}-e{experts}-k{top_k}-{str(dtype).split('.')[-1]}"
     ckpt = root / name
     if not (ckpt / "config.json").is_file():
         overrides = {_EXPERT_KEYS[arch]: experts, "num_experts_per_tok": top_k}
         write_synthetic_checkpoint(
             ckpt,
             arch,
-            "tiny",
+            preset,
             num_layers=layers,
             dtype=dtype,
             seed=3,
             config_overrides=overrides,
+            weights="files" if preset == "tiny" else "generated",
         )
     return ckpt
 
@@ -200,6 +234,10 @@ def measure(
     seed: int = 0,
     detail: bool = False,
     expert_bytes_as: str | None = None,
+    host_every: int | None = None,
+    host_threads: int | None = None,
+    host_format: str = "packed",
+    preset: str = "tiny",
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
@@ -209,10 +247,26 @@ def measure(
     expert to a published expert's size or a byte count
     (:func:`pdflash.bench.realtext.published_expert_nbytes`): copies, slots
     and waits move that many bytes while the compute stays the tiny
-    model's (rows say ``expert_bytes_source: padded``)."""
+    model's (rows say ``expert_bytes_source: padded``).
+
+    ``host_every``: attach a hybrid host service with a forced planner
+    (:class:`~pdflash.hybrid.ForcedHostPlanner`): every ``host_every``-th
+    missed expert of a layer is HOST; 0 runs the same hook with nothing
+    HOST (every miss copied: the baseline). The ``host`` entry then gives
+    each of :data:`HOST_PARTS` per hosting layer (the median over steps of
+    a step's seconds over its hosting layers), the forward thread's block
+    for the workers (``wait``) and the forward less that block.
+    ``host_threads``: the service's intra-op threads (default: torch's on
+    a CPU, all cores but two on CUDA); ``host_format``: how the host holds
+    its experts (:data:`pdflash.hybrid.HOST_FORMAT_CHOICES`; ``auto`` is
+    ``packed`` here: nothing is calibrated). ``preset``: the synthetic
+    shape (``tiny``, or a published one such as ``gpt-oss-20b``, truncated
+    to ``layers``; its weights are generated at load)."""
     from pdflash.engine.prefetch import GateLookahead
     from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
     from pdflash.h2d import H2DIssuer
+    from pdflash.hybrid import block as host_block
+    from pdflash.hybrid.executor import HostJob
     from pdflash.models import load_adapter
 
     if arch not in DEFAULT_EXPERTS:
@@ -226,10 +280,14 @@ def measure(
     k = k_default if top_k is None else top_k
     tmp = tempfile.TemporaryDirectory() if workdir is None else None
     root = Path(tmp.name) if tmp is not None else Path(workdir)  # type: ignore[arg-type]
-    ckpt = _checkpoint(root, arch, layers, num_experts, k, dtype)
+    ckpt = _checkpoint(root, arch, layers, num_experts, k, dtype, preset)
     issuer = H2DIssuer(backend="cuda" if dev.type == "cuda" else "host")
     timer = ExclusiveTimer()
+    service: Any = None
+    class_patches: list[tuple[Any, str, Any]] = []
     step_s: list[float] = []
+    wait_s: list[float] = []
+    hosting: list[int] = []
     per_step: dict[str, list[float]] = defaultdict(list)
     try:
         pad: dict[str, Any] = {}
@@ -249,6 +307,25 @@ def measure(
         kv = kv_cache_for(
             adapter, page_size=16, num_pages=pages, dtype=dtype, device=dev, scratch=False
         )
+        if host_every is not None:
+            from pdflash.hybrid import ForcedHostPlanner, build_host_service
+
+            if host_every < 0:
+                raise ValueError(f"host_every must be >= 0, got {host_every}")
+            planner = (
+                ForcedHostPlanner(every=host_every)
+                if host_every > 0
+                else ForcedHostPlanner(every=None, ids=())
+            )
+            service = build_host_service(
+                adapter,
+                link_bytes_per_s=50e9,
+                planner=planner,
+                calibrate=False,
+                workers=1,
+                intra_op_threads=host_threads,
+                host_format=host_format,
+            )
         runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
         runner.before_moe_hooks.append(cache.policy.before_layer)
         if lookahead:
@@ -296,6 +373,32 @@ def measure(
         ):
             for name in names:
                 timer.patch(obj, name, f"{part}.{name}" if detail else part)
+        if service is not None:
+            ex = service.executor
+            for obj, names, part in (
+                (service, ("split",), "host_split"),
+                (service, ("start",), "host_start"),
+                (service, ("finish",), "host_finish"),
+                (ex, ("to_host",), "host_d2h"),
+                (ex, ("_launch",), "host_launch"),
+                (ex, ("submit",), "host_submit"),
+            ):
+                for name in names:
+                    timer.patch(obj, name, part)
+            # module functions and per-call objects: patched on the class/module
+            from pdflash.hybrid.block import HostPart
+
+            for owner, name, part in (
+                (host_block, "host_rows", "host_rows"),
+                (host_block, "start_host_part", "host_part"),
+                (HostJob, "result", "host_result"),
+                (HostPart, "write_into", "host_write"),
+            ):
+                real = getattr(owner, name, None)
+                if real is None:  # an older block without this piece: timed in its caller
+                    continue
+                class_patches.append((owner, name, real))
+                setattr(owner, name, timer.wrap(part, real))
         runner.before_moe_hooks = [timer.wrap("policy_hook", h) for h in runner.before_moe_hooks]
         for obs in runner.observers:
             timer.patch(obs, "after_layer", "lookahead")
@@ -325,6 +428,8 @@ def measure(
                 if n == warm_steps:
                     step_s.clear()
                     per_step.clear()
+                    wait_s.clear()
+                    hosting.clear()
                     counts0 = (cache.misses, cache.copies)
                 timer.reset()
                 chunks = [
@@ -337,15 +442,20 @@ def measure(
                 ]
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
+                if service is not None:
+                    service.books.reset()
                 t0 = time.perf_counter()
                 runner.forward(chunks)
                 step_s.append(time.perf_counter() - t0)
+                if service is not None:
+                    wait_s.append(service.books.wait_s)
+                    hosting.append(service.books.layers)
                 by_part: dict[str, float] = defaultdict(float)
                 for name, sec in timer.seconds.items():
                     by_part[name.split(".")[0]] += sec
                     if detail and "." in name:
                         per_step[name].append(sec)
-                for part in PARTS:
+                for part in PARTS + HOST_PARTS:
                     per_step[part].append(by_part.get(part, 0.0))
                 for i in range(requests):
                     kv.truncate(i, kv.length(i) - tokens)
@@ -356,12 +466,21 @@ def measure(
         if dev.type == "cuda":
             syncs = {"torch_syncs_per_step": count_syncs(lambda: step(runner), dev)}
     finally:
+        for owner, name, real in class_patches:
+            setattr(owner, name, real)
+        if service is not None:
+            service.close()
         issuer.close()
         if tmp is not None:
             tmp.cleanup()
     us = {p: 1e6 * statistics.median(per_step[p]) for p in PARTS}
     forward = 1e6 * statistics.median(step_s)
-    glue = [f - sum(per_step[p][i] for p in PARTS) for i, f in enumerate(step_s)]
+    glue = [f - sum(per_step[p][i] for p in PARTS + HOST_PARTS) for i, f in enumerate(step_s)]
+    host: dict[str, Any] | None = None
+    if service is not None:
+        host = _host_summary(
+            per_step, step_s, wait_s, hosting, host_every, host_threads, host_format
+        )
     detail_us = {
         name: 1e6 * sum(v) / len(step_s) for name, v in sorted(per_step.items()) if "." in name
     }
@@ -371,6 +490,7 @@ def measure(
         "device": dev.type,
         "dtype": str(dtype).split(".")[-1],
         "arch": arch,
+        "preset": preset,
         "weights": "synthetic",
         "experts": num_experts,
         "expert_nbytes": expert_nbytes,
@@ -396,7 +516,47 @@ def measure(
         "glue_us": 1e6 * statistics.median(glue),
         "forward_us": forward,
         "forward_us_per_layer": forward / layers,
+        **({"host": host} if host is not None else {}),
         **({"detail_us_mean": detail_us} if detail else {}),
+    }
+
+
+def _host_summary(
+    per_step: dict[str, list[float]],
+    step_s: list[float],
+    wait_s: list[float],
+    hosting: list[int],
+    host_every: int | None,
+    host_threads: int | None,
+    host_format: str,
+) -> dict[str, Any]:
+    """The HOST pieces per hosting layer (see :func:`measure`)."""
+    n = len(step_s)
+    with_host = [i for i in range(n) if hosting[i] > 0]
+
+    def per_layer(values: Sequence[float]) -> float | None:
+        if not with_host:
+            return None
+        return 1e6 * statistics.median(values[i] / hosting[i] for i in with_host)
+
+    pieces = {p: per_layer(per_step[p]) for p in HOST_PARTS}
+    own = [sum(per_step[p][i] for p in HOST_PARTS) - wait_s[i] for i in range(n)]
+    collect = [per_step["host_result"][i] - wait_s[i] for i in range(n)]
+    return {
+        "forced": True,
+        "planner": "forced",
+        "host_every": host_every,
+        "host_threads": host_threads,
+        "host_format": host_format,
+        "hosting_layers_per_step": statistics.median(hosting),
+        "steps_with_host": len(with_host),
+        # None: no step hosted a layer (nothing measured)
+        "pieces_us_per_hosting_layer": pieces,
+        "wait_us_per_hosting_layer": per_layer(wait_s),
+        "collect_us_per_hosting_layer": per_layer(collect),
+        "own_us_per_hosting_layer": per_layer(own),
+        "forward_less_wait_us": 1e6
+        * statistics.median(f - w for f, w in zip(step_s, wait_s, strict=True)),
     }
 
 
@@ -421,6 +581,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="pad each stored expert to this published arch's expert size or byte count",
     )
+    ap.add_argument(
+        "--host-every",
+        type=int,
+        default=None,
+        help="forced HOST split: every N-th missed expert of a layer on the host (0: none)",
+    )
+    ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
+    ap.add_argument("--host-format", default="packed", help="the host's expert format")
+    ap.add_argument(
+        "--preset", default="tiny", help="synthetic shape: tiny or a published one (gpt-oss-20b)"
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     out = measure(
@@ -438,6 +609,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=a.device,
         detail=a.detail,
         expert_bytes_as=a.expert_bytes_as,
+        host_every=a.host_every,
+        host_threads=a.host_threads,
+        host_format=a.host_format,
+        preset=a.preset,
     )
     print(json.dumps(out))
     return 0

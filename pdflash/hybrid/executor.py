@@ -8,8 +8,9 @@ pool: an expert's output is the same function whichever side computes it.
 One HOST batch (:meth:`HostExpertExecutor.submit`) is the rows of a layer's
 HOST experts, sorted by expert:
 
-1. the rows go device -> host into pinned memory (``non_blocking``; an
-   event marks their arrival);
+1. the rows go device -> host into pinned memory in the model's dtype
+   (``non_blocking``; an event marks their arrival; a worker converts them
+   to the weights' dtype);
 2. pool workers wait for that event, compute their share of the experts
    (experts split into contiguous runs of about equal token counts, one run
    per worker) and write into one pinned output buffer. With a ``batch_fn``
@@ -199,6 +200,11 @@ class HostExpertExecutor:
         if ready is not None:
             ready()
         t0 = time.perf_counter()
+        # the rows crossed in the model's dtype: converted here, off the
+        # forward thread (exact either side: a widening or the same rounding);
+        # no call when they match (each torch call hands the GIL back and forth)
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
         # NOTE: grad and inference modes are per thread; the forward that
         # submitted this may run under inference_mode (its tensors are then
         # inference tensors, writable only in inference mode)
@@ -247,7 +253,10 @@ class HostExpertExecutor:
             raise ValueError("every expert needs >= 1 token")
         if sum(cnt) != x.shape[0]:
             raise ValueError(f"token counts sum to {sum(cnt)} but x has {x.shape[0]} rows")
-        bounds = np.concatenate([[0], np.cumsum(cnt)]).astype(np.int64).tolist()
+        bounds = [0, *itertools.accumulate(cnt)]
+        if cnt and (self.workers == 1 or len(cnt) == 1):  # one run: no split, no slices
+            fut = self._pool.submit(self._run, ids.tolist(), x, bounds, out, ready)
+            return [fut], [cnt]
         futures = []
         run_tokens = []
         for a, b in self._runs(cnt, self.workers):
@@ -280,9 +289,9 @@ class HostExpertExecutor:
         return out
 
     def to_host(self, x: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
-        """``x`` (device rows) -> (host copy, a callable that blocks until it
-        has arrived; None when it already has)."""
-        x = x.to(self.dtype)
+        """``x`` (device rows) -> (host copy in ``x``'s dtype, a callable that
+        blocks until it has arrived; None when it already has). The workers
+        convert to :attr:`dtype` (no device kernel on the forward's stream)."""
         if x.device.type == "cpu":
             return x.contiguous(), None
         host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)

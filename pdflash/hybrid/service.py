@@ -383,7 +383,7 @@ class HostExpertService:
             self.books.copy_sampled += 1  # copied to measure the dispatch without a HOST part
             return out
         if plan.host.size:
-            host = np.isin(ids, plan.host)
+            host = self._members(layer, ids, plan.host)
             if (host & held).any():
                 raise RuntimeError(
                     f"planner {self.planner.name!r} chose a resident expert for the host"
@@ -391,15 +391,29 @@ class HostExpertService:
             out = host
         return out
 
+    def _members(self, layer: int, ids: IdArray, chosen: IdArray) -> npt.NDArray[np.bool_]:
+        """``np.isin(ids, chosen)``: through a table over the layer's experts
+        where both are the layer's flat ids (they are: :meth:`split`'s
+        contract), else ``np.isin`` itself."""
+        base = layer * self.num_experts
+        local, pick = ids - base, np.asarray(chosen, dtype=np.int64).reshape(-1) - base
+        n = self.num_experts
+        if local.min() < 0 or local.max() >= n or pick.min() < 0 or pick.max() >= n:
+            return np.isin(ids, chosen)
+        table = np.zeros(n, dtype=np.bool_)
+        table[pick] = True
+        return table[local]
+
     def start(self, ids: IdArray, x_rows: torch.Tensor, counts: list[int]) -> HostJob:
         """Start the host on ``ids`` over ``x_rows`` (rows sorted by expert,
         ``counts`` rows each, on the compute device)."""
         job = self.executor.submit(ids, x_rows, counts, device=x_rows.device)
         job.started_at = time.perf_counter()
-        self.books.experts += int(np.asarray(ids).size)
+        n = int(np.asarray(ids).size)
+        self.books.experts += n
         self.books.tokens += int(x_rows.shape[0])
         self.books.layers += 1
-        self.books.bytes_saved += int(np.asarray(ids).size) * self.expert_nbytes
+        self.books.bytes_saved += n * self.expert_nbytes
         return job
 
     def finish(self, job: HostJob) -> torch.Tensor:
@@ -411,12 +425,13 @@ class HostExpertService:
         self.books.wait_s += job.wait_s
         self.books.compute_s += sum(b - a for a, b in job.intervals)
         self.books.busy_s += busy_union_s(job.intervals)
-        tokens = [t for run in job.run_tokens for t in run]
-        if self._observer is not None and tokens and job.intervals:
+        observer = self._observer
+        tokens = [t for run in job.run_tokens for t in run] if observer is not None else []
+        if observer is not None and tokens and job.intervals:
             # the planner corrects its host cost from what the host measured:
             # the job's compute span, as the calibration timed its batches
             span = max(b for _, b in job.intervals) - min(a for a, _ in job.intervals)
-            self._observer.observe(tokens, span)
+            observer.observe(tokens, span)
         if job.started_at is not None:
             own = time.perf_counter() - asked - job.wait_s
             self.clock.collected(asked - job.started_at, job.wait_s, own)

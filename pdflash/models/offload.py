@@ -42,7 +42,8 @@ the eager path does per layer (pins, access records, the slots' event).
 Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
 that one read of a layer's counts, the service picks the misses the host CPU
 computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
-slot, their rows go to the host without a sync, and the block writes the
+slot, their rows (chosen on the host from that same read) go to the host
+without a sync, and the block writes the
 host's rows into its output just before the weighted sum. The host thread
 waits there for the CPU (not for the device); on the stream, only that write
 and its copy wait for the host.
@@ -297,6 +298,10 @@ class OffloadedMoE:
         self.host_service: HostExpertService | None = None
         #: perf_counter seconds the current layer's routing read began
         self._routing_began = 0.0
+        #: the last routing :meth:`_routed_counts` read and its host ids,
+        #: for the layer's HOST part (an inference tensor is not memoised
+        #: by :func:`routed_ids_on_host`, so asking again would read again)
+        self._routed_read: tuple[torch.Tensor, npt.NDArray[np.int64]] | None = None
         # NOTE: views per slot are built once; a slot's bytes change, its views do not.
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
@@ -487,7 +492,7 @@ class OffloadedMoE:
         # reduction in the routing weights' precision, rounded to x's dtype once.
         x_parts = torch.split(x[order // k], counts_host[experts].tolist())
         y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
-        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host, routed)
+        host_part = self._start_host_part(layer, x, topk_ids, k, experts, counts_host, routed)
         todo = np.arange(experts.size)  # positions in `experts` computed here
         if host_part is not None:
             todo = np.flatnonzero(~host_part.mask)
@@ -505,7 +510,7 @@ class OffloadedMoE:
         y = torch.empty_like(y_sorted)
         y[order] = y_sorted
         if host_part is not None:
-            y[host_part.rows] = host_part.result().to(y.dtype)
+            host_part.write_into(y)
         weighted = y.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
         return weighted.sum(dim=1).to(x.dtype)
 
@@ -513,20 +518,34 @@ class OffloadedMoE:
         self,
         layer: int,
         x: torch.Tensor,
-        flat: torch.Tensor,
+        topk_ids: torch.Tensor,
         k: int,
         experts: np.ndarray,
         counts_host: np.ndarray,
         routed: tuple[float, float] | None = None,
     ) -> HostPart | None:
         """The hybrid hook: start the host on the misses the service picks
-        (``routed``: the span of the layer's routing read)."""
+        (``routed``: the span of the layer's routing read). The HOST rows are
+        chosen from the routing :meth:`_routed_counts` read (no second read)."""
+        read, self._routed_read = self._routed_read, None
         if self.host_service is None:
             return None
         from pdflash.hybrid.block import start_host_part
 
+        if read is not None and read[0] is topk_ids:
+            flat_host = read[1]
+        else:  # _routed_counts was replaced: the shared read (or a read)
+            flat_host = routed_ids_on_host(topk_ids)
         return start_host_part(
-            self.host_service, self.cache, layer, x, flat, k, experts, counts_host, routed=routed
+            self.host_service,
+            self.cache,
+            layer,
+            x,
+            flat_host,
+            k,
+            experts,
+            counts_host,
+            routed=routed,
         )
 
     def _compute_on_device(
@@ -645,7 +664,7 @@ class OffloadedMoE:
         counts_host = self._routed_counts(topk_ids)
         routed = (self._routing_began, time.perf_counter())
         experts = np.flatnonzero(counts_host)
-        host_part = self._start_host_part(layer, x, flat, k, experts, counts_host, routed)
+        host_part = self._start_host_part(layer, x, topk_ids, k, experts, counts_host, routed)
         if host_part is not None:
             # NOTE: HOST experts get no slot, so their rows map to slot -1 in
             # the device slot table and every grouped call below skips them
@@ -659,7 +678,7 @@ class OffloadedMoE:
                 host_part.cancel()
             raise
         if host_part is not None:
-            y_flat[host_part.rows] = host_part.result().to(y_flat.dtype)
+            host_part.write_into(y_flat)
 
     def _routed_counts(self, topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
         """The layer's per-expert routed counts on the host. NOTE: the one
@@ -668,9 +687,11 @@ class OffloadedMoE:
         through :func:`routed_ids_on_host`, so a routed hook that read this
         layer's routing already (the streaming prefetcher) costs no second
         sync, and the counting is a host bincount (no device kernels)."""
-        counts: npt.NDArray[np.int64] = np.bincount(
-            routed_ids_on_host(topk_ids), minlength=self.num_experts
-        ).astype(np.int64, copy=False)
+        ids = routed_ids_on_host(topk_ids)
+        self._routed_read = (topk_ids, ids)  # for the layer's HOST part
+        counts: npt.NDArray[np.int64] = np.bincount(ids, minlength=self.num_experts).astype(
+            np.int64, copy=False
+        )
         return counts
 
     def _grouped_misses_on_device(

@@ -147,3 +147,42 @@ def test_a_routed_hook_and_the_offloaded_block_share_one_routing_read(
         assert counted and all(n == 0 for n, _ in counted)
     finally:
         issuer.close()
+
+
+def test_eager_host_times_the_host_parts_pieces_per_hosting_layer(tmp_path: Path) -> None:
+    from pdflash.bench.eager_host import HOST_PARTS
+
+    from pdflash.hybrid import block
+    from pdflash.hybrid.executor import HostJob
+
+    real = (block.host_rows, block.start_host_part, HostJob.result, block.HostPart.write_into)
+    common: dict[str, Any] = {
+        "layers": 4,
+        "requests": 1,
+        "tokens": 2,
+        "prompt_len": 8,
+        "steps": 3,
+        "warm_steps": 1,
+        "workdir": tmp_path,
+    }
+    hosted = measure(host_every=1, **common)["host"]
+    assert hosted["hosting_layers_per_step"] > 0 and hosted["steps_with_host"] == 3
+    pieces = hosted["pieces_us_per_hosting_layer"]
+    assert list(pieces) == list(HOST_PARTS)
+    for part in ("host_split", "host_rows", "host_launch", "host_result", "host_write"):
+        assert pieces[part] > 0, part
+    assert hosted["own_us_per_hosting_layer"] > 0 and hosted["wait_us_per_hosting_layer"] >= 0
+    copied = measure(host_every=0, **common)["host"]
+    # nothing hosted: nothing measured per hosting layer (absent, not 0)
+    assert copied["hosting_layers_per_step"] == 0 and copied["steps_with_host"] == 0
+    assert all(v is None for v in copied["pieces_us_per_hosting_layer"].values())
+    assert copied["own_us_per_hosting_layer"] is None
+    # the class and module patches are undone
+    assert real == (
+        block.host_rows,
+        block.start_host_part,
+        HostJob.result,
+        block.HostPart.write_into,
+    )
+    with pytest.raises(ValueError, match="host_every"):
+        measure(host_every=-1, **common)

@@ -185,3 +185,36 @@ def test_mxfp4_experts_prepared_on_the_gpu_equal_the_cpu_preparation(
     for a, b in zip(cpu.experts, gpu.experts, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in a)
     ad.close()
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_a_hosting_layer_syncs_the_host_once_on_cuda(
+    every: int, tmp_path: Path, cuda_issuer: Any
+) -> None:
+    """A layer with HOST experts reads its routing (the one sync a layer
+    with misses has) and nothing else: the HOST rows are chosen from that
+    read, their copy down and the result's copy up wait on no sync."""
+    from pdflash.bench.eager_host import count_syncs
+
+    path = write_synthetic_checkpoint(tmp_path / "g", "gpt_oss", dtype=torch.bfloat16)
+    ad = load_adapter(path, device="cuda", issuer=cuda_issuer, cache_slots=8, max_batch_tokens=4)
+    svc = build_host_service(
+        ad, link_bytes_per_s=50e9, planner=ForcedHostPlanner(every=every), calibrate=False
+    )
+    try:
+        rt = ad.runtime
+        assert rt is not None
+        g = torch.Generator().manual_seed(1)
+        tokens, k = 4, ad.top_k
+        topk = torch.stack([torch.randperm(ad.num_experts, generator=g)[:k] for _ in range(tokens)])
+        x = torch.randn(tokens, ad.hidden_size, generator=g).to("cuda", ad.dtype)
+        ids, w = topk.cuda(), torch.full((tokens, k), 1.0 / k, device="cuda")
+        out: list[torch.Tensor] = []
+        assert count_syncs(lambda: out.append(rt.forward_routed(0, x, ids, w))) == 1
+        assert svc.books.layers == 1 and svc.books.experts > 0
+        svc.enabled = False  # the same layer, every miss copied
+        want = rt.forward_routed(0, x, ids, w)
+        torch.testing.assert_close(out[0], want, atol=3e-2, rtol=3e-2)
+    finally:
+        svc.close()
+        ad.close()
