@@ -222,6 +222,9 @@ class ExpertCache:
         self.clock = 0
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
         self.owned: npt.NDArray[np.bool_] | None = None
+        #: :meth:`_layers_ids` per layer sequence (read-only arrays; cleared
+        #: when :attr:`owned` changes)
+        self._layers_ids_memo: dict[tuple[int, ...], tuple[list[IdArray], IdArray]] = {}
         self._guard = BusyGuard("ExpertCache")
         #: when set (:meth:`settled`), every refresh of the copies' states first
         #: waits for each copy in flight: no choice (victims, free capacity)
@@ -248,6 +251,7 @@ class ExpertCache:
         if (~flat[held]).any():
             raise ValueError("the cache already holds experts outside the owned set")
         self.owned = flat
+        self._layers_ids_memo.clear()
 
     def _check_owned(self, ids: IdArray) -> None:
         if self.owned is not None and ids.size and not self.owned[ids].all():
@@ -262,6 +266,21 @@ class ExpertCache:
         base = int(layer) * self.num_experts
         ids = np.arange(base, base + self.num_experts, dtype=np.int64)
         return ids if self.owned is None else ids[self.owned[ids]]
+
+    def _layers_ids(self, layers: Sequence[int]) -> tuple[list[IdArray], IdArray]:
+        """:meth:`_layer_ids` of each of ``layers`` and all of them end to
+        end, made once per layer sequence (a replayed step pins and unpins
+        the same layers every step); the arrays are read-only."""
+        key = tuple(int(layer) for layer in layers)
+        got = self._layers_ids_memo.get(key)
+        if got is None:
+            per_layer = [self._layer_ids(layer) for layer in key]
+            ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
+            for a in (*per_layer, ids):
+                a.flags.writeable = False
+            got = (per_layer, ids)
+            self._layers_ids_memo[key] = got
+        return got
 
     # -- counters --------------------------------------------------------------
 
@@ -410,8 +429,7 @@ class ExpertCache:
         pins every layer at once. Raises ``ValueError`` with nothing pinned
         if a layer is not fully resident."""
         self._refresh_inflight()
-        per_layer = [self._layer_ids(layer) for layer in layers]
-        ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
+        per_layer, ids = self._layers_ids(layers)
         slots = self.slot_of[ids]
         if (slots < 0).any():
             bad = int(ids[np.flatnonzero(slots < 0)[0]]) // self.num_experts
@@ -434,10 +452,10 @@ class ExpertCache:
     def unpin_layers(self, layers: Sequence[int]) -> None:
         """:meth:`unpin_layer` of each of ``layers`` in one pass, with one
         event on the compute stream guarding all their slots."""
-        per_layer = [self._layer_ids(layer) for layer in layers]
+        per_layer, ids = self._layers_ids(layers)
         if not per_layer:
             return
-        slots = self.slot_of[np.concatenate(per_layer)]
+        slots = self.slot_of[ids]
         if (slots < 0).any() or (self.pins[np.maximum(slots, 0)] <= 0).any():
             raise ValueError(f"layers {list(layers)} are not all pinned")
         self.pins[slots] -= 1
