@@ -217,7 +217,9 @@ class ExpertCache:
         self._table: torch.Tensor | None = None
         self._table_dirty = True
         # accesses of layers run without a host sync (see :meth:`defer_access`)
-        self._deferred: list[tuple[int, torch.Tensor, int, npt.NDArray[np.bool_]]] = []
+        # (layers, routed [len(layers), n], the first layer's clock, in-flight
+        # [len(layers), experts]): one entry per call, of one layer or several
+        self._deferred: list[tuple[tuple[int, ...], torch.Tensor, int, npt.NDArray[np.bool_]]] = []
         self._next_key = 0
         self.clock = 0
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
@@ -490,7 +492,29 @@ class ExpertCache:
         slots = self.slot_of[base : base + self.num_experts]
         inflight = self.ticket[np.maximum(slots, 0)] >= 0
         self.clock += 1
-        self._deferred.append((int(layer), routed.detach().reshape(-1), self.clock, inflight))
+        self._deferred.append(
+            ((int(layer),), routed.detach().reshape(1, -1), self.clock, inflight[None])
+        )
+
+    @exclusive
+    def defer_accesses(self, layers: Sequence[int], routed: torch.Tensor) -> None:
+        """:meth:`defer_access` of each of ``layers`` in one record:
+        ``routed[j]`` (any shape after the first axis) is layer
+        ``layers[j]``'s, and each layer gets its own clock tick, in order,
+        as separate calls would."""
+        key = tuple(int(layer) for layer in layers)
+        if int(routed.shape[0]) != len(key):
+            raise ValueError(f"{int(routed.shape[0])} routings for {len(key)} layers")
+        if not key:
+            return
+        ids = np.asarray(key, dtype=np.int64)[:, None] * self.num_experts + np.arange(
+            self.num_experts
+        )
+        inflight = self.ticket[np.maximum(self.slot_of[ids], 0)] >= 0
+        first = self.clock + 1
+        self.clock += len(key)
+        per_layer = int(routed[0].numel())
+        self._deferred.append((key, routed.detach().reshape(len(key), per_layer), first, inflight))
 
     def _flush_deferred(self) -> None:
         if not self._deferred:
@@ -499,21 +523,33 @@ class ExpertCache:
         # NOTE: the one host sync of layers run without one; it happens only
         # when the host must decide something from these accesses.
         lengths = [int(r.numel()) for _, r, _, _ in pending]
-        routed_all = torch.cat([r for _, r, _, _ in pending]).cpu().numpy()
+        routed_all = torch.cat([r.reshape(-1) for _, r, _, _ in pending]).cpu().numpy()
         parts = np.split(routed_all, np.cumsum(lengths)[:-1])
-        for (layer, _, clock, inflight), r in zip(pending, parts, strict=True):
-            c = np.bincount(r, minlength=self.num_experts)
-            routed = np.flatnonzero(c)
-            ids = routed.astype(np.int64) + layer * self.num_experts
-            slots = self.slot_of[ids]
-            held = slots >= 0  # an expert dropped since (failed copy) is not counted
-            ids, slots = ids[held], slots[held]
-            self._hits += int(ids.size)
-            self._inflight_hits += int(inflight[routed[held]].sum())
-            fresh = slots[~self.used[slots] & self.counted[slots]]
-            self._bytes_used += int(fresh.size) * self.expert_nbytes
-            self.used[slots] = True
-            self.policy.on_access(ids, clock)
+        for (layers, _, first, inflight_all), rows in zip(pending, parts, strict=True):
+            per_layer = rows.reshape(len(layers), rows.size // len(layers))
+            for j, layer in enumerate(layers):
+                self._apply_access(layer, per_layer[j], first + j, inflight_all[j])
+
+    def _apply_access(
+        self,
+        layer: int,
+        r: npt.NDArray[np.int64],
+        clock: int,
+        inflight: npt.NDArray[np.bool_],
+    ) -> None:
+        """One deferred access of ``layer`` (expert indices ``r``), applied."""
+        c = np.bincount(r, minlength=self.num_experts)
+        routed = np.flatnonzero(c)
+        ids = routed.astype(np.int64) + layer * self.num_experts
+        slots = self.slot_of[ids]
+        held = slots >= 0  # an expert dropped since (failed copy) is not counted
+        ids, slots = ids[held], slots[held]
+        self._hits += int(ids.size)
+        self._inflight_hits += int(inflight[routed[held]].sum())
+        fresh = slots[~self.used[slots] & self.counted[slots]]
+        self._bytes_used += int(fresh.size) * self.expert_nbytes
+        self.used[slots] = True
+        self.policy.on_access(ids, clock)
 
     @exclusive
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:

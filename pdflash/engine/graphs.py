@@ -1234,7 +1234,7 @@ class GraphRunner:
             feat = torch.cat(captured, dim=-1).index_select(0, real)
             features = list(torch.split(feat, plan.lens))
         # host work, while the device runs what was launched above
-        moe.book_resident(list(topk_real.unbind(0)))
+        moe.book_resident(topk_real)
         self.stats.replays += 1
         return runner.finish(chunks, plan, logits_all, features, routed_read.result())
 
