@@ -97,6 +97,14 @@ class CacheTooSmallError(ValueError):
     """The cache cannot hold the experts one layer's forward needs at once."""
 
 
+def _layer_key(layers: Sequence[int]) -> tuple[int, ...]:
+    """``layers`` as a tuple of ints (a ``range``, a replayed step's usual
+    argument, without a conversion per element)."""
+    if isinstance(layers, range):
+        return tuple(layers)
+    return tuple(int(layer) for layer in layers)
+
+
 class ExpertCache:
     """Expert slots on ``device``, filled through ``issuer``.
 
@@ -273,7 +281,7 @@ class ExpertCache:
         """:meth:`_layer_ids` of each of ``layers`` and all of them end to
         end, made once per layer sequence (a replayed step pins and unpins
         the same layers every step); the arrays are read-only."""
-        key = tuple(int(layer) for layer in layers)
+        key = _layer_key(layers)
         got = self._layers_ids_memo.get(key)
         if got is None:
             per_layer = [self._layer_ids(layer) for layer in key]
@@ -502,15 +510,17 @@ class ExpertCache:
         ``routed[j]`` (any shape after the first axis) is layer
         ``layers[j]``'s, and each layer gets its own clock tick, in order,
         as separate calls would."""
-        key = tuple(int(layer) for layer in layers)
+        key = _layer_key(layers)
         if int(routed.shape[0]) != len(key):
             raise ValueError(f"{int(routed.shape[0])} routings for {len(key)} layers")
         if not key:
             return
-        ids = np.asarray(key, dtype=np.int64)[:, None] * self.num_experts + np.arange(
-            self.num_experts
-        )
-        inflight = self.ticket[np.maximum(self.slot_of[ids], 0)] >= 0
+        if key == tuple(range(self.num_layers)):
+            slots = self.slot_of.reshape(self.num_layers, self.num_experts)
+        else:
+            rows = np.asarray(key, dtype=np.int64)[:, None] * self.num_experts
+            slots = self.slot_of[rows + np.arange(self.num_experts)]
+        inflight = self.ticket[np.maximum(slots, 0)] >= 0
         first = self.clock + 1
         self.clock += len(key)
         per_layer = int(routed[0].numel())

@@ -436,12 +436,15 @@ def test_defer_accesses_equals_defer_access_per_layer(fake_issuer_cls: Any) -> N
         cache.drain_inflight()
         cache.prefetch(range(8, 12), Band.BACKGROUND)  # still in flight when booked
     one.defer_accesses(range(3), routing)
+    one.defer_accesses([2, 0], routing[1:])  # some layers, in any order
     for layer in range(3):
         loop.defer_access(layer, routing[layer].reshape(-1))
+    for layer, r in zip([2, 0], routing[1:], strict=True):
+        loop.defer_access(layer, r.reshape(-1))
     assert one.clock == loop.clock
     with pytest.raises(ValueError, match="2 routings for 3 layers"):
         one.defer_accesses(range(3), routing[:2])
-    assert one.clock == loop.clock and len(one._deferred) == 1
+    assert one.clock == loop.clock and len(one._deferred) == 2
     assert one.stats() == loop.stats()
     assert one.stats()["hits"] > 0 and one.stats()["inflight_hits"] > 0
     np.testing.assert_array_equal(one.used, loop.used)
