@@ -438,6 +438,19 @@ class ExpertCache:
         the copies' states, one pin update, one promotion): a replayed step
         pins every layer at once. Raises ``ValueError`` with nothing pinned
         if a layer is not fully resident."""
+        per_layer, tickets = self.pin_layers_joined(layers)
+        out: list[tuple[IdArray, IdArray]] = []
+        at = 0
+        for layer_ids in per_layer:  # slices (np.split costs several times more)
+            out.append((layer_ids, tickets[at : at + len(layer_ids)]))
+            at += len(layer_ids)
+        return out
+
+    @exclusive
+    def pin_layers_joined(self, layers: Sequence[int]) -> tuple[list[IdArray], IdArray]:
+        """:meth:`pin_layers` returning each layer's ids (read-only) and the
+        tickets of all of them end to end, in that order, without a slice
+        per layer (a replayed step's pins read the tickets together)."""
         self._refresh_inflight()
         per_layer, ids = self._layers_ids(layers)
         slots = self.slot_of[ids]
@@ -450,13 +463,7 @@ class ExpertCache:
         except BaseException:
             self.pins[slots] -= 1
             raise
-        tickets = self.ticket[slots]
-        out: list[tuple[IdArray, IdArray]] = []
-        at = 0
-        for layer_ids in per_layer:  # slices (np.split costs several times more)
-            out.append((layer_ids, tickets[at : at + len(layer_ids)]))
-            at += len(layer_ids)
-        return out
+        return per_layer, self.ticket[slots]
 
     @exclusive
     def unpin_layers(self, layers: Sequence[int]) -> None:

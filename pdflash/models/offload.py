@@ -388,8 +388,18 @@ class OffloadedMoE:
         layer's pinned ids (for :meth:`book_resident` or :meth:`abort_pins`).
         Raises with nothing pinned if a layer is not resident."""
         cache = self.cache
+        pin_joined = getattr(cache, "pin_layers_joined", None)
+        if pin_joined is not None:  # every layer in one pass (raises with nothing pinned)
+            per_layer, tickets_all = pin_joined(range(cache.num_layers))
+            if (tickets_all >= 0).any():
+                try:
+                    cache.wait_ready(tickets_all)
+                except BaseException:
+                    self.abort_pins(per_layer)
+                    raise
+            return list(per_layer)
         pin_layers = getattr(cache, "pin_layers", None)
-        if pin_layers is not None:  # every layer in one pass (raises with nothing pinned)
+        if pin_layers is not None:
             both = pin_layers(range(cache.num_layers))
             tickets_all = np.concatenate([t for _, t in both])
             if (tickets_all >= 0).any():

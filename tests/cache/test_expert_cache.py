@@ -462,6 +462,11 @@ def test_pin_layers_ids_are_made_once_and_follow_the_owned_set(fake_issuer_cls: 
     cache.unpin_layers(range(3))
     assert all(a is b for (a, _), (b, _) in zip(first, again, strict=True))
     assert not first[0][0].flags.writeable
+    per_layer, tickets = cache.pin_layers_joined(range(3))  # the same pins, joined tickets
+    assert [a is b for a, (b, _) in zip(per_layer, first, strict=True)] == [True] * 3
+    assert tickets.tolist() == np.concatenate([t for _, t in again]).tolist()
+    assert int(cache.pins.sum()) == 12
+    cache.unpin_layers(range(3))
     owned = np.zeros((3, 4), dtype=np.bool_)
     owned[:, :2] = True
     share = _cache(fake_issuer_cls(), slots=12)
