@@ -8,9 +8,10 @@ steps of ``requests`` x ``block`` tokens through a
 ``time.perf_counter`` around it: the KV growth (``plan``), the graph
 checks (``blocker``, ``bucket``), the static-buffer fill and its copy
 (``fill``), the expert cache's books (``pin``, ``book``), the replay
-itself, the routing grid's read-back and the split of the logits
+itself, the split of the logits and the routed union's flat ids
 (``finish``); ``rest`` is the forward's time outside those (the gathers of
-the real rows, the final norm and ``lm_head``, the token copy). The
+the real rows, the final norm and ``lm_head``, the routing grid's
+read-back, the token copy). The
 replay backend is the eager stand-in's (``eager``: the replay reruns the
 step) or ``noop`` (the replay does nothing: its outputs stay those of the
 capture, so only the host's parts are timed). On a CPU every tensor op is

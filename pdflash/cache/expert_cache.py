@@ -97,6 +97,14 @@ class CacheTooSmallError(ValueError):
     """The cache cannot hold the experts one layer's forward needs at once."""
 
 
+def _layer_key(layers: Sequence[int]) -> tuple[int, ...]:
+    """``layers`` as a tuple of ints (a ``range``, a replayed step's usual
+    argument, without a conversion per element)."""
+    if isinstance(layers, range):
+        return tuple(layers)
+    return tuple(int(layer) for layer in layers)
+
+
 class ExpertCache:
     """Expert slots on ``device``, filled through ``issuer``.
 
@@ -217,11 +225,16 @@ class ExpertCache:
         self._table: torch.Tensor | None = None
         self._table_dirty = True
         # accesses of layers run without a host sync (see :meth:`defer_access`)
-        self._deferred: list[tuple[int, torch.Tensor, int, npt.NDArray[np.bool_]]] = []
+        # (layers, routed [len(layers), n], the first layer's clock, in-flight
+        # [len(layers), experts]): one entry per call, of one layer or several
+        self._deferred: list[tuple[tuple[int, ...], torch.Tensor, int, npt.NDArray[np.bool_]]] = []
         self._next_key = 0
         self.clock = 0
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
         self.owned: npt.NDArray[np.bool_] | None = None
+        #: :meth:`_layers_ids` per layer sequence (read-only arrays; cleared
+        #: when :attr:`owned` changes)
+        self._layers_ids_memo: dict[tuple[int, ...], tuple[list[IdArray], IdArray]] = {}
         self._guard = BusyGuard("ExpertCache")
         #: when set (:meth:`settled`), every refresh of the copies' states first
         #: waits for each copy in flight: no choice (victims, free capacity)
@@ -248,6 +261,7 @@ class ExpertCache:
         if (~flat[held]).any():
             raise ValueError("the cache already holds experts outside the owned set")
         self.owned = flat
+        self._layers_ids_memo.clear()
 
     def _check_owned(self, ids: IdArray) -> None:
         if self.owned is not None and ids.size and not self.owned[ids].all():
@@ -262,6 +276,21 @@ class ExpertCache:
         base = int(layer) * self.num_experts
         ids = np.arange(base, base + self.num_experts, dtype=np.int64)
         return ids if self.owned is None else ids[self.owned[ids]]
+
+    def _layers_ids(self, layers: Sequence[int]) -> tuple[list[IdArray], IdArray]:
+        """:meth:`_layer_ids` of each of ``layers`` and all of them end to
+        end, made once per layer sequence (a replayed step pins and unpins
+        the same layers every step); the arrays are read-only."""
+        key = _layer_key(layers)
+        got = self._layers_ids_memo.get(key)
+        if got is None:
+            per_layer = [self._layer_ids(layer) for layer in key]
+            ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
+            for a in (*per_layer, ids):
+                a.flags.writeable = False
+            got = (per_layer, ids)
+            self._layers_ids_memo[key] = got
+        return got
 
     # -- counters --------------------------------------------------------------
 
@@ -409,9 +438,21 @@ class ExpertCache:
         the copies' states, one pin update, one promotion): a replayed step
         pins every layer at once. Raises ``ValueError`` with nothing pinned
         if a layer is not fully resident."""
+        per_layer, tickets = self.pin_layers_joined(layers)
+        out: list[tuple[IdArray, IdArray]] = []
+        at = 0
+        for layer_ids in per_layer:  # slices (np.split costs several times more)
+            out.append((layer_ids, tickets[at : at + len(layer_ids)]))
+            at += len(layer_ids)
+        return out
+
+    @exclusive
+    def pin_layers_joined(self, layers: Sequence[int]) -> tuple[list[IdArray], IdArray]:
+        """:meth:`pin_layers` returning each layer's ids (read-only) and the
+        tickets of all of them end to end, in that order, without a slice
+        per layer (a replayed step's pins read the tickets together)."""
         self._refresh_inflight()
-        per_layer = [self._layer_ids(layer) for layer in layers]
-        ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
+        per_layer, ids = self._layers_ids(layers)
         slots = self.slot_of[ids]
         if (slots < 0).any():
             bad = int(ids[np.flatnonzero(slots < 0)[0]]) // self.num_experts
@@ -422,22 +463,16 @@ class ExpertCache:
         except BaseException:
             self.pins[slots] -= 1
             raise
-        tickets = self.ticket[slots]
-        out: list[tuple[IdArray, IdArray]] = []
-        at = 0
-        for layer_ids in per_layer:  # slices (np.split costs several times more)
-            out.append((layer_ids, tickets[at : at + len(layer_ids)]))
-            at += len(layer_ids)
-        return out
+        return per_layer, self.ticket[slots]
 
     @exclusive
     def unpin_layers(self, layers: Sequence[int]) -> None:
         """:meth:`unpin_layer` of each of ``layers`` in one pass, with one
         event on the compute stream guarding all their slots."""
-        per_layer = [self._layer_ids(layer) for layer in layers]
+        per_layer, ids = self._layers_ids(layers)
         if not per_layer:
             return
-        slots = self.slot_of[np.concatenate(per_layer)]
+        slots = self.slot_of[ids]
         if (slots < 0).any() or (self.pins[np.maximum(slots, 0)] <= 0).any():
             raise ValueError(f"layers {list(layers)} are not all pinned")
         self.pins[slots] -= 1
@@ -472,7 +507,31 @@ class ExpertCache:
         slots = self.slot_of[base : base + self.num_experts]
         inflight = self.ticket[np.maximum(slots, 0)] >= 0
         self.clock += 1
-        self._deferred.append((int(layer), routed.detach().reshape(-1), self.clock, inflight))
+        self._deferred.append(
+            ((int(layer),), routed.detach().reshape(1, -1), self.clock, inflight[None])
+        )
+
+    @exclusive
+    def defer_accesses(self, layers: Sequence[int], routed: torch.Tensor) -> None:
+        """:meth:`defer_access` of each of ``layers`` in one record:
+        ``routed[j]`` (any shape after the first axis) is layer
+        ``layers[j]``'s, and each layer gets its own clock tick, in order,
+        as separate calls would."""
+        key = _layer_key(layers)
+        if int(routed.shape[0]) != len(key):
+            raise ValueError(f"{int(routed.shape[0])} routings for {len(key)} layers")
+        if not key:
+            return
+        if key == tuple(range(self.num_layers)):
+            slots = self.slot_of.reshape(self.num_layers, self.num_experts)
+        else:
+            rows = np.asarray(key, dtype=np.int64)[:, None] * self.num_experts
+            slots = self.slot_of[rows + np.arange(self.num_experts)]
+        inflight = self.ticket[np.maximum(slots, 0)] >= 0
+        first = self.clock + 1
+        self.clock += len(key)
+        per_layer = int(routed[0].numel())
+        self._deferred.append((key, routed.detach().reshape(len(key), per_layer), first, inflight))
 
     def _flush_deferred(self) -> None:
         if not self._deferred:
@@ -481,21 +540,33 @@ class ExpertCache:
         # NOTE: the one host sync of layers run without one; it happens only
         # when the host must decide something from these accesses.
         lengths = [int(r.numel()) for _, r, _, _ in pending]
-        routed_all = torch.cat([r for _, r, _, _ in pending]).cpu().numpy()
+        routed_all = torch.cat([r.reshape(-1) for _, r, _, _ in pending]).cpu().numpy()
         parts = np.split(routed_all, np.cumsum(lengths)[:-1])
-        for (layer, _, clock, inflight), r in zip(pending, parts, strict=True):
-            c = np.bincount(r, minlength=self.num_experts)
-            routed = np.flatnonzero(c)
-            ids = routed.astype(np.int64) + layer * self.num_experts
-            slots = self.slot_of[ids]
-            held = slots >= 0  # an expert dropped since (failed copy) is not counted
-            ids, slots = ids[held], slots[held]
-            self._hits += int(ids.size)
-            self._inflight_hits += int(inflight[routed[held]].sum())
-            fresh = slots[~self.used[slots] & self.counted[slots]]
-            self._bytes_used += int(fresh.size) * self.expert_nbytes
-            self.used[slots] = True
-            self.policy.on_access(ids, clock)
+        for (layers, _, first, inflight_all), rows in zip(pending, parts, strict=True):
+            per_layer = rows.reshape(len(layers), rows.size // len(layers))
+            for j, layer in enumerate(layers):
+                self._apply_access(layer, per_layer[j], first + j, inflight_all[j])
+
+    def _apply_access(
+        self,
+        layer: int,
+        r: npt.NDArray[np.int64],
+        clock: int,
+        inflight: npt.NDArray[np.bool_],
+    ) -> None:
+        """One deferred access of ``layer`` (expert indices ``r``), applied."""
+        c = np.bincount(r, minlength=self.num_experts)
+        routed = np.flatnonzero(c)
+        ids = routed.astype(np.int64) + layer * self.num_experts
+        slots = self.slot_of[ids]
+        held = slots >= 0  # an expert dropped since (failed copy) is not counted
+        ids, slots = ids[held], slots[held]
+        self._hits += int(ids.size)
+        self._inflight_hits += int(inflight[routed[held]].sum())
+        fresh = slots[~self.used[slots] & self.counted[slots]]
+        self._bytes_used += int(fresh.size) * self.expert_nbytes
+        self.used[slots] = True
+        self.policy.on_access(ids, clock)
 
     @exclusive
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:

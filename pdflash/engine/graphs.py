@@ -38,10 +38,13 @@ and runs each as one replay of a recorded graph:
   the pins, access records and one slot event, for every layer in one
   pass), and all sampling and randomness.
 * **Host syncs of a replayed step**, and why each remains: the routing
-  grid's read-back at the end (``routed.cpu()``: the scheduler, the
-  caches' books and the Belady trace need the routed union on the host;
-  the engine then reads the logits it accepts with, outside this module);
-  that is the only one in steady state. Before a bucket's next fill the
+  grid's read-back (the scheduler, the caches' books and the Belady trace
+  need the routed union on the host; the engine then reads the logits it
+  accepts with, outside this module); that is the only one in steady
+  state. Its copy is queued right behind the replay, before the gathers,
+  the final norm and ``lm_head``, and the host waits for that copy only
+  (an event): the expert cache's books and the split of the outputs run
+  on the host while the device still runs ``lm_head``. Before a bucket's next fill the
   host waits for the event after its last index copy, which that
   read-back has already passed (it waits only after a step that failed
   between the two). A new graph's capture and its first-replay check
@@ -344,6 +347,12 @@ class _Staging:
         self.tensor = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.array: np.ndarray = self.tensor.numpy()
         self.copied: Any = None  # torch.cuda.Event after the last copy, on CUDA
+        #: the token counts per request whose row layout :attr:`array`
+        #: holds (the fields that depend on them alone, and the padding),
+        #: with that layout's per-row request, index within it and flat row
+        #: (None: nothing held; set only by a fill that completed)
+        self.lens: tuple[int, ...] | None = None
+        self.row_layout: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def _writable(entry: _Entry | _PieceEntry | _DraftEntry) -> np.ndarray:
@@ -418,6 +427,40 @@ class _Entry:
     slot_table: torch.Tensor | None = None
     #: the first replay was checked against an eager run (or need not be)
     checked: bool = False
+    #: the routing grid's host copy (page-locked on CUDA), made at the first
+    #: replay and reused (:class:`_RoutedRead`)
+    routed_host: torch.Tensor | None = None
+
+
+class _RoutedRead:
+    """The real requests' rows of a replay's routing grid, copied to the
+    host as soon as it is launched (on CUDA asynchronously, into the entry's
+    page-locked buffer, with an event behind the copy), so that the
+    stream's later work (the gathers, the final norm, ``lm_head``) is not
+    waited for. :meth:`result` waits for that copy only and returns an
+    array of its own (the buffer and the grid are overwritten by later
+    steps)."""
+
+    def __init__(self, entry: _Entry, routed: torch.Tensor, requests: int) -> None:
+        rows = routed[:requests]
+        self.event: Any = None
+        if not rows.is_cuda:
+            self.host = rows
+            return
+        buf = entry.routed_host
+        if buf is None or buf.shape != routed.shape:
+            buf = torch.empty(routed.shape, dtype=routed.dtype, pin_memory=True)
+            entry.routed_host = buf
+        self.host = buf[:requests]
+        self.host.copy_(rows, non_blocking=True)
+        self.event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self.event.record(torch.cuda.current_stream(rows.device))
+
+    def result(self) -> np.ndarray:
+        """The rows on the host (the step's one sync on CUDA)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return np.array(self.host.numpy(), copy=True)
 
 
 @dataclass
@@ -672,6 +715,7 @@ class GraphRunner:
         start_i + n_i``; vectorised over the requests."""
         key, lay = entry.key, entry.layout
         host = _writable(entry)
+        staging = entry.host
         kv = runner.kv
         assert kv.scratch_slot is not None
 
@@ -680,43 +724,54 @@ class GraphRunner:
             return host[lo:hi]
 
         r = len(plan.lens)
-        lens = np.asarray(plan.lens, dtype=np.int64)
+        lens_key = tuple(plan.lens)
+        same_rows = staging.lens == lens_key and staging.row_layout is not None
+        staging.lens = None  # until this fill completes
         starts = np.asarray(plan.starts, dtype=np.int64)
         total = plan.total
         # every real key's slot, request by request (the keys include the new rows)
         keys = kv.slot_matrix([c.seq_id for c in chunks], key.keys, kv.null_slot)
-        req = np.repeat(np.arange(r, dtype=np.int64), lens)  # each real row's request
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-        rows = req * key.queries + within
+        lens = np.asarray(plan.lens, dtype=np.int64)
+        if same_rows:
+            assert staging.row_layout is not None
+            req, within, rows = staging.row_layout
+        else:
+            req = np.repeat(np.arange(r, dtype=np.int64), lens)  # each real row's request
+            within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+            rows = req * key.queries + within
         pos = starts[req] + within
-        positions, slots, row_chunk = (
-            field_of("positions"),
-            field_of("slots"),
-            field_of("row_chunk"),
-        )
-        q_pos, q_valid, real_rows = field_of("q_pos"), field_of("q_valid"), field_of("real_rows")
+        positions, slots, q_pos = field_of("positions"), field_of("slots"), field_of("q_pos")
         kv_slots = field_of("kv_slots").reshape(key.requests, key.key_width)
         k_pos = field_of("k_pos").reshape(key.requests, key.keys)
         k_valid = field_of("k_valid").reshape(key.requests, key.keys)
-        positions[:] = 0
+        if not same_rows:
+            # the padding and the fields of the row layout alone; a fill of
+            # the same token counts leaves them as they are and rewrites the
+            # real rows' and real requests' values only
+            row_chunk, q_valid = field_of("row_chunk"), field_of("q_valid")
+            real_rows = field_of("real_rows")
+            positions[:] = 0
+            slots[:] = kv.scratch_slot
+            row_chunk[:] = key.requests  # the dummy chunk
+            row_chunk[rows] = req
+            q_pos[:] = 0
+            q_valid[:] = 0
+            q_valid[rows] = 1
+            kv_slots[:] = kv.null_slot
+            k_valid[:] = 0
+            k_pos[:] = 0
+            real_rows[:] = 0
+            real_rows[:total] = rows
         positions[rows] = pos
-        slots[:] = kv.scratch_slot
         slots[rows] = keys[req, pos]
-        row_chunk[:] = key.requests  # the dummy chunk
-        row_chunk[rows] = req
-        q_pos[:] = 0
         q_pos[rows] = pos
-        q_valid[:] = 0
-        q_valid[rows] = 1
-        kv_slots[:] = kv.null_slot
         kv_slots[:r, : key.keys] = keys
-        valid = np.arange(key.keys)[None, :] < (starts + lens)[:, None]
-        k_valid[:] = 0
+        key_index = np.arange(key.keys)[None, :]
+        valid = key_index < (starts + lens)[:, None]
         k_valid[:r] = valid
-        k_pos[:] = 0
-        k_pos[:r] = np.where(valid, np.arange(key.keys)[None, :], 0)
-        real_rows[:] = 0
-        real_rows[:total] = rows
+        np.multiply(key_index, valid, out=k_pos[:r])
+        staging.row_layout = (req, within, rows)
+        staging.lens = lens_key
         _upload(entry)
         dev = entry.ids.device
         if all(c.tokens.device == dev for c in chunks):  # a verify's: one cat, no copies
@@ -1164,10 +1219,12 @@ class GraphRunner:
                 entry, self.stats, lambda: self._step_fn(runner, moe, entry), self._entries
             )
         x, routed, topk, *captured = outputs
+        # the routing grid's copy back goes first, right behind the replay:
+        # the one sync below then waits for the replay only, and the host's
+        # books and finish run while the device gathers and runs lm_head
+        routed_read = _RoutedRead(entry, routed, len(chunks))
         real = entry.layout.view(entry.packed, "real_rows")[: plan.total]
         topk_real = topk.index_select(1, real) if topk.numel() else topk
-        moe.book_resident(list(topk_real.unbind(0)))
-        self.stats.replays += 1
         ad = runner.adapter
         # every row of a graphed step wants its logits (prefills run eagerly:
         # GraphRunner.blocker), so no gather of wanted rows is needed
@@ -1176,8 +1233,10 @@ class GraphRunner:
         if captured:
             feat = torch.cat(captured, dim=-1).index_select(0, real)
             features = list(torch.split(feat, plan.lens))
-        routed_np = routed[: len(chunks)].cpu().numpy()
-        return runner.finish(chunks, plan, logits_all, features, routed_np)
+        # host work, while the device runs what was launched above
+        moe.book_resident(topk_real)
+        self.stats.replays += 1
+        return runner.finish(chunks, plan, logits_all, features, routed_read.result())
 
     def _check(
         self,

@@ -89,17 +89,24 @@ class Verifier:
         outcome's ``error``. On a ``BaseException`` (e.g.
         ``KeyboardInterrupt``) after the forward, every request's KV is
         rolled back to its start before it propagates."""
-        chunks: list[Chunk] = []
         starts: list[int] = []
         # NOTE: one host->device copy for every anchor of the batch (a tensor
-        # built from a list per request is one blocking copy each on CUDA)
+        # built from a list per request is one blocking copy each on CUDA),
+        # and every request's anchor and drafts in one concatenation (one
+        # launch, not one per request): the chunks' tokens are its slices
         anchors = anchor_tensor([req for req, _ in batch], self.device)
+        parts: list[torch.Tensor] = []
+        sizes: list[int] = []
         for i, (req, grant) in enumerate(batch):
             assert req.anchor is not None and req.drafts is not None
             drafts = req.drafts[: grant - 1]
-            toks = torch.cat([anchors[i : i + 1], drafts])
-            chunks.append(Chunk(req.request_id, toks, True))
+            parts += [anchors[i : i + 1], drafts]
+            sizes.append(1 + int(drafts.shape[0]))
             starts.append(self.kv.length(req.request_id))
+        tokens = torch.split(torch.cat(parts), sizes) if parts else ()
+        chunks = [
+            Chunk(req.request_id, toks, True) for (req, _), toks in zip(batch, tokens, strict=True)
+        ]
         with self.timer.forward("verify"):
             out = self.runner.forward(chunks)
         try:

@@ -393,8 +393,18 @@ class OffloadedMoE:
         layer's pinned ids (for :meth:`book_resident` or :meth:`abort_pins`).
         Raises with nothing pinned if a layer is not resident."""
         cache = self.cache
+        pin_joined = getattr(cache, "pin_layers_joined", None)
+        if pin_joined is not None:  # every layer in one pass (raises with nothing pinned)
+            per_layer, tickets_all = pin_joined(range(cache.num_layers))
+            if (tickets_all >= 0).any():
+                try:
+                    cache.wait_ready(tickets_all)
+                except BaseException:
+                    self.abort_pins(per_layer)
+                    raise
+            return list(per_layer)
         pin_layers = getattr(cache, "pin_layers", None)
-        if pin_layers is not None:  # every layer in one pass (raises with nothing pinned)
+        if pin_layers is not None:
             both = pin_layers(range(cache.num_layers))
             tickets_all = np.concatenate([t for _, t in both])
             if (tickets_all >= 0).any():
@@ -431,14 +441,26 @@ class OffloadedMoE:
         for ids in pinned:
             self.cache.abort(ids)
 
-    def book_resident(self, topk_ids: Sequence[torch.Tensor]) -> None:
+    def book_resident(self, topk_ids: Sequence[torch.Tensor] | torch.Tensor) -> None:
         """After a replay: each layer's routing (``[T, k]`` device ids of the
-        real rows, owned by the caller) recorded as a deferred access, and
-        the layer unpinned (one event guards its slots), as the eager path."""
+        real rows, owned by the caller; or all of them as one ``[layers, T,
+        k]`` tensor) recorded as a deferred access, and the layer unpinned
+        (one event guards its slots), as the eager path. A cache with
+        ``unpin_layers`` and ``defer_accesses`` books every layer in one call
+        of each."""
         cache = self.cache
         if len(topk_ids) != cache.num_layers:
             raise ValueError(f"{len(topk_ids)} routings for {cache.num_layers} layers")
         unpin_layers = getattr(cache, "unpin_layers", None)
+        defer_accesses = getattr(cache, "defer_accesses", None)
+        if (
+            isinstance(topk_ids, torch.Tensor)
+            and unpin_layers is not None
+            and defer_accesses is not None
+        ):
+            defer_accesses(range(cache.num_layers), topk_ids.long())
+            unpin_layers(range(cache.num_layers))
+            return
         for layer, ids in enumerate(topk_ids):
             cache.defer_access(layer, ids.reshape(-1).long())
             if unpin_layers is None:

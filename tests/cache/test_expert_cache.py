@@ -417,3 +417,63 @@ def test_pin_layers_equals_pin_layer_per_layer(fake_issuer_cls: Any) -> None:
     with pytest.raises(ValueError, match="layer 1 is not fully resident"):
         partial.pin_layers(range(3))
     assert int(partial.pins.sum()) == 0
+
+
+def test_defer_accesses_equals_defer_access_per_layer(fake_issuer_cls: Any) -> None:
+    """One record of every layer's routing (a replayed step's books) against
+    the per-layer calls it replaces: the same clock, counters (in-flight
+    hits included) and policy records once flushed; a routing count that
+    is not the layer count is refused with nothing recorded."""
+    gen = torch.Generator().manual_seed(5)
+    routing = torch.randint(0, 4, (3, 6, 2), generator=gen)
+    caches = []
+    for _ in range(2):
+        cache = _cache(fake_issuer_cls(), slots=12, policy=LRUPolicy())
+        cache.prefetch(range(8), Band.BACKGROUND)  # layers 0-1 in flight, layer 2 later
+        caches.append(cache)
+    one, loop = caches
+    for cache in caches:
+        cache.drain_inflight()
+        cache.prefetch(range(8, 12), Band.BACKGROUND)  # still in flight when booked
+    one.defer_accesses(range(3), routing)
+    one.defer_accesses([2, 0], routing[1:])  # some layers, in any order
+    for layer in range(3):
+        loop.defer_access(layer, routing[layer].reshape(-1))
+    for layer, r in zip([2, 0], routing[1:], strict=True):
+        loop.defer_access(layer, r.reshape(-1))
+    assert one.clock == loop.clock
+    with pytest.raises(ValueError, match="2 routings for 3 layers"):
+        one.defer_accesses(range(3), routing[:2])
+    assert one.clock == loop.clock and len(one._deferred) == 2
+    assert one.stats() == loop.stats()
+    assert one.stats()["hits"] > 0 and one.stats()["inflight_hits"] > 0
+    np.testing.assert_array_equal(one.used, loop.used)
+    np.testing.assert_array_equal(one.policy.last_use, loop.policy.last_use)  # type: ignore[attr-defined]
+
+
+def test_pin_layers_ids_are_made_once_and_follow_the_owned_set(fake_issuer_cls: Any) -> None:
+    """The layer ids a replayed step pins every step are read-only and
+    reused; restricting the cache to a share makes them again."""
+    cache = _cache(fake_issuer_cls(), slots=12)
+    cache.prefetch(range(12), Band.BACKGROUND)
+    first = cache.pin_layers(range(3))
+    cache.unpin_layers(range(3))
+    again = cache.pin_layers(range(3))
+    cache.unpin_layers(range(3))
+    assert all(a is b for (a, _), (b, _) in zip(first, again, strict=True))
+    assert not first[0][0].flags.writeable
+    per_layer, tickets = cache.pin_layers_joined(range(3))  # the same pins, joined tickets
+    assert [a is b for a, (b, _) in zip(per_layer, first, strict=True)] == [True] * 3
+    assert tickets.tolist() == np.concatenate([t for _, t in again]).tolist()
+    assert int(cache.pins.sum()) == 12
+    cache.unpin_layers(range(3))
+    owned = np.zeros((3, 4), dtype=np.bool_)
+    owned[:, :2] = True
+    share = _cache(fake_issuer_cls(), slots=12)
+    share.pin_layers([])  # nothing pinned, memo of the empty sequence
+    share.restrict_to(owned)
+    share.prefetch([0, 1, 4, 5, 8, 9], Band.BACKGROUND)
+    got = share.pin_layers(range(3))
+    assert [ids.tolist() for ids, _ in got] == [[0, 1], [4, 5], [8, 9]]
+    share.unpin_layers(range(3))
+    assert int(share.pins.sum()) == 0

@@ -742,3 +742,57 @@ def test_prepare_stops_where_no_whole_step_graph_runs(stack: Callable[..., Any])
     report = graphs.prepare(runner, keys)
     assert report["blocker"] == "experts_not_resident" and report["prepared"] == 0
     assert graphs.num_graphs == 0 and runner.kv.num_sequences == 0
+
+
+def test_fill_of_the_same_token_counts_rewrites_only_the_real_rows(stack: Any) -> None:
+    """A bucket's fill keeps the padding and the fields of its row layout
+    when the token counts are those of its last fill: every step's host
+    index values equal a fill into a fresh buffer, whatever the order of
+    layouts (same counts twice, other counts, then back)."""
+    adapter = stack()
+    graphs = GraphRunner(EagerBackend())
+    runner = _runner(adapter, graphs)
+    _prefill(runner, _prompts([5, 9, 3], adapter.vocab_size, seed=11))
+    kv = runner.kv
+    gen = torch.Generator().manual_seed(12)
+    held = None
+    for lens in ([4, 4, 4], [4, 4, 4], [3, 4, 2], [4, 4, 4], [1, 4, 4], [1, 4, 4]):
+        chunks = [
+            Chunk(i, torch.randint(0, adapter.vocab_size, (n,), generator=gen), True)
+            for i, n in enumerate(lens)
+        ]
+        plan = runner.plan(chunks, lists=False)
+        key = graphs.bucket(plan)
+        assert isinstance(key, BucketKey)
+        if held is None:
+            held = graphs._new_entry(runner, key)
+        assert held.key == key
+        graphs._fill(runner, held, chunks, plan)
+        fresh = graphs._new_entry(runner, key)
+        fresh.host.array[:] = -7  # whatever a new buffer holds
+        graphs._fill(runner, fresh, chunks, plan)
+        np.testing.assert_array_equal(held.host.array, fresh.host.array)
+        assert torch.equal(held.packed, fresh.packed)
+        # padded rows' token ids are whatever an earlier step left (dropped rows)
+        real = held.layout.view(held.packed, "real_rows")[: plan.total]
+        assert torch.equal(held.ids[real], fresh.ids[real])
+        graphs._entries[key] = held
+        for c, n in zip(chunks, lens, strict=True):
+            kv.truncate(c.seq_id, kv.length(c.seq_id) - n)
+
+
+def test_replayed_routing_is_the_callers_own(stack: Any) -> None:
+    """A replayed step's routing grid on the host is a copy: the next replay
+    of the bucket (which overwrites the static grid) leaves it unchanged."""
+    adapter = stack()
+    graphs = GraphRunner(EagerBackend())
+    runner = _runner(adapter, graphs)
+    _prefill(runner, _prompts([6, 6], adapter.vocab_size, seed=13))
+    first = _verify(runner, _prompts([4, 4], adapter.vocab_size, seed=14))
+    kept = first.routed.copy()
+    for i in range(2):
+        runner.kv.truncate(i, runner.kv.length(i) - 4)
+    second = _verify(runner, _prompts([4, 4], adapter.vocab_size, seed=15))
+    assert graphs.stats.replays == 2
+    assert not np.shares_memory(first.routed, second.routed)
+    np.testing.assert_array_equal(first.routed, kept)

@@ -148,6 +148,35 @@ def test_replayed_steps_bf16_within_tolerance(make_adapter: Any, arch: str) -> N
     assert graphs.stats.replays == 5
 
 
+def test_replayed_step_reads_its_routing_without_an_implicit_sync(
+    make_adapter: Any, arch: str
+) -> None:
+    """A replayed whole step (bf16: the grouped GEMM is capturable) makes
+    no implicit host sync: its routing grid comes back through an
+    asynchronous copy into page-locked memory queued right behind the
+    replay, waited for on an event (not counted by torch's sync debug
+    mode); the grid equals the eager forward's."""
+    from pdflash.bench.eager_host import count_syncs
+
+    eager_ad, graph_ad = make_adapter(arch, torch.bfloat16), make_adapter(arch, torch.bfloat16)
+    graphs = GraphRunner(CudaGraphBackend("cuda"))
+    eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
+    prompts = _tokens([20, 20], eager_ad.vocab_size, seed=1)
+    for runner in (eager, graphed):
+        for i, p in enumerate(prompts):
+            runner.kv.add_sequence(i)
+            runner.forward([Chunk(i, p, False)])
+    outs: list[Any] = []
+    for step in range(2):  # the first step captures and checks the bucket's graph
+        blocks = _tokens([4, 4], eager_ad.vocab_size, seed=10 + step)
+        ref = eager.forward([Chunk(i, b, True) for i, b in enumerate(blocks)])
+        chunks = [Chunk(i, b, True) for i, b in enumerate(blocks)]
+        syncs = count_syncs(lambda c=chunks: outs.append(graphed.forward(c)))
+        np.testing.assert_array_equal(outs[-1].routed, ref.routed)
+    assert graphs.stats.replays == 2 and graphs.stats.captures == 1, graphs.failures
+    assert syncs == 0
+
+
 def test_engine_greedy_tokens_equal_with_graphs(tmp_path: Path, arch: str) -> None:
     from transformers import AutoModelForCausalLM
 
