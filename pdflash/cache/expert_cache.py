@@ -105,6 +105,13 @@ def _layer_key(layers: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(layer) for layer in layers)
 
 
+#: deferred accesses (:meth:`ExpertCache.defer_access`) hold their routed ids
+#: on the device until the host next needs them; past this many ids (32 MB of
+#: int64) they are applied at once, so a run that never needs them (every
+#: expert resident, no stats read) does not grow device memory step by step
+MAX_DEFERRED_IDS = 1 << 22
+
+
 class ExpertCache:
     """Expert slots on ``device``, filled through ``issuer``.
 
@@ -228,6 +235,7 @@ class ExpertCache:
         # (layers, routed [len(layers), n], the first layer's clock, in-flight
         # [len(layers), experts]): one entry per call, of one layer or several
         self._deferred: list[tuple[tuple[int, ...], torch.Tensor, int, npt.NDArray[np.bool_]]] = []
+        self._deferred_ids = 0  # routed ids held on the device by those entries
         self._next_key = 0
         self.clock = 0
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
@@ -507,9 +515,9 @@ class ExpertCache:
         slots = self.slot_of[base : base + self.num_experts]
         inflight = self.ticket[np.maximum(slots, 0)] >= 0
         self.clock += 1
-        self._deferred.append(
-            ((int(layer),), routed.detach().reshape(1, -1), self.clock, inflight[None])
-        )
+        rows = routed.detach().reshape(1, -1)
+        self._deferred.append(((int(layer),), rows, self.clock, inflight[None]))
+        self._bound_deferred(int(rows.numel()))
 
     @exclusive
     def defer_accesses(self, layers: Sequence[int], routed: torch.Tensor) -> None:
@@ -532,11 +540,20 @@ class ExpertCache:
         self.clock += len(key)
         per_layer = int(routed[0].numel())
         self._deferred.append((key, routed.detach().reshape(len(key), per_layer), first, inflight))
+        self._bound_deferred(len(key) * per_layer)
+
+    def _bound_deferred(self, added: int) -> None:
+        """Count ``added`` deferred ids; past :data:`MAX_DEFERRED_IDS`, apply
+        them now (one host sync, amortised over the steps that queued them)."""
+        self._deferred_ids += added
+        if self._deferred_ids > MAX_DEFERRED_IDS:
+            self._flush_deferred()
 
     def _flush_deferred(self) -> None:
         if not self._deferred:
             return
         pending, self._deferred = self._deferred, []
+        self._deferred_ids = 0
         # NOTE: the one host sync of layers run without one; it happens only
         # when the host must decide something from these accesses.
         lengths = [int(r.numel()) for _, r, _, _ in pending]

@@ -451,6 +451,39 @@ def test_defer_accesses_equals_defer_access_per_layer(fake_issuer_cls: Any) -> N
     np.testing.assert_array_equal(one.policy.last_use, loop.policy.last_use)  # type: ignore[attr-defined]
 
 
+def test_deferred_accesses_are_applied_once_they_hold_too_many_ids(
+    fake_issuer_cls: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that never asks for its books (every expert resident, no stats
+    read) must not keep every step's routing on the device: past
+    MAX_DEFERRED_IDS the deferred records are applied, with the same books
+    as applying them at the end."""
+    import pdflash.cache.expert_cache as ec
+
+    monkeypatch.setattr(ec, "MAX_DEFERRED_IDS", 20)
+    gen = torch.Generator().manual_seed(7)
+    routing = torch.randint(0, 4, (3, 4, 2), generator=gen)  # 8 ids per layer
+    bounded = _cache(fake_issuer_cls(), slots=12, policy=LRUPolicy())
+    bounded.prefetch(range(12), Band.BACKGROUND)
+    bounded.drain_inflight()
+    bounded.defer_accesses(range(2), routing[:2])  # 16 ids: kept
+    assert len(bounded._deferred) == 1
+    bounded.defer_access(2, routing[2].reshape(-1))  # 24 > 20: applied now
+    assert bounded._deferred == [] and bounded._deferred_ids == 0
+    bounded.defer_access(0, routing[0].reshape(-1))
+    assert len(bounded._deferred) == 1
+    monkeypatch.setattr(ec, "MAX_DEFERRED_IDS", 1 << 22)
+    plain = _cache(fake_issuer_cls(), slots=12, policy=LRUPolicy())
+    plain.prefetch(range(12), Band.BACKGROUND)
+    plain.drain_inflight()
+    plain.defer_accesses(range(2), routing[:2])
+    plain.defer_access(2, routing[2].reshape(-1))
+    plain.defer_access(0, routing[0].reshape(-1))
+    assert len(plain._deferred) == 3
+    assert bounded.stats() == plain.stats() and bounded.stats()["hits"] > 0
+    np.testing.assert_array_equal(bounded.policy.last_use, plain.policy.last_use)  # type: ignore[attr-defined]
+
+
 def test_pin_layers_ids_are_made_once_and_follow_the_owned_set(fake_issuer_cls: Any) -> None:
     """The layer ids a replayed step pins every step are read-only and
     reused; restricting the cache to a share makes them again."""
