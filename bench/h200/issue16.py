@@ -94,13 +94,17 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         a, b = tps.get("PD", {}), tps.get("PD+host", {})
         if a.get("n") and b.get("n"):
             entry["speedup_median"] = b["median"] / a["median"]
-            lo_a, hi_a = a.get("mean_ci95", [a["min"], a["max"]])
-            lo_b, hi_b = b.get("mean_ci95", [b["min"], b["max"]])
+        if "mean_ci95" in a and "mean_ci95" in b:
+            lo_a, hi_a = a["mean_ci95"]
+            lo_b, hi_b = b["mean_ci95"]
             entry["verdict"] = (
                 "PD+host faster"
                 if lo_b > hi_a
                 else ("PD+host slower" if hi_b < lo_a else "within noise")
             )
+        elif a.get("n") and b.get("n"):
+            # one run on a side has no interval: no verdict either way
+            entry["verdict"] = "too few runs"
         bpt_pd, bpt_host = _median(pd, "bytes_per_token"), _median(host, "bytes_per_token")
         entry["bytes_per_token"] = {"PD": bpt_pd, "PD+host": bpt_host}
         if bpt_pd and bpt_host is not None:

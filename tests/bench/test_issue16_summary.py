@@ -60,3 +60,14 @@ def test_summary_verdicts_and_the_binding_resource() -> None:
         _row("PD+host", t, **host) for t in (12.0, 16.0, 21.0)
     ]
     assert issue16.summarise(rows)[0]["verdict"] == "within noise"
+
+
+def test_one_run_on_a_side_gives_no_verdict() -> None:
+    """A single run has no interval: its ratio is reported, not judged (a
+    one-run point once read "PD+host slower" from two bare values)."""
+    rows = [_row("PD", 35.0), _row("PD+host", 30.0, host_served_experts=3.0, h2d_bytes=700.0)]
+    (point,) = issue16.summarise(rows)
+    assert point["speedup_median"] == pytest.approx(30 / 35)
+    assert point["verdict"] == "too few runs"
+    rows += [_row("PD", 35.2), _row("PD+host", 30.2, host_served_experts=3.0, h2d_bytes=700.0)]
+    assert issue16.summarise(rows)[0]["verdict"] == "PD+host slower"
