@@ -20,8 +20,9 @@ acceptance models) live beside their concept: ``pdflash.cache``,
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -195,6 +196,89 @@ class ExpertCacheView(Protocol):
     def set_predicted(self, flat_ids: npt.ArrayLike) -> None:
         """Tell a prediction-aware eviction policy what the next verify needs."""
         ...
+
+
+def offers(obj: object, capability: type) -> bool:
+    """Whether ``obj`` has every member the runtime-checkable Protocol
+    ``capability`` declares, looked up as attribute access looks it up, a
+    method member not None (``isinstance`` as of Python 3.11).
+
+    Unlike ``isinstance`` from Python 3.12 (which looks members up
+    statically), a delegating wrapper's ``__getattr__`` counts: the engine
+    wraps the offloaded block's cache in one
+    (:class:`pdflash.engine.timing.StallTimedCache`), and the wrapped cache's
+    optional capabilities must still be found through it. Meant to run once,
+    where a collaborator is attached, not per call."""
+    members = vars(capability)
+    names = [n for n in members if not n.startswith("_")]
+    names += [n for n in members.get("__annotations__", {}) if n not in members]
+    for name in names:
+        if not hasattr(obj, name):
+            return False
+        if callable(members.get(name)) and getattr(obj, name) is None:
+            return False
+    return True
+
+
+@runtime_checkable
+class LayerBookingCache(Protocol):
+    """An expert cache that books every layer of a replayed (all-resident)
+    step in one call each (:class:`pdflash.cache.ExpertCache`): what the
+    offloaded block's CUDA-graph seam
+    (:meth:`pdflash.models.offload.OffloadedMoE.pin_resident`,
+    :meth:`~pdflash.models.offload.OffloadedMoE.book_resident`) uses where
+    the cache has it, instead of one call per layer."""
+
+    def all_resident(self) -> bool:
+        """Every layer's experts hold a slot (landed or in flight)."""
+        ...
+
+    def pin_layers_joined(
+        self, layers: Sequence[int]
+    ) -> tuple[list[npt.NDArray[np.int64]], npt.NDArray[np.int64]]:
+        """Pin every expert of ``layers`` in one pass: each layer's ids and
+        all their tickets end to end. Raises with nothing pinned if a layer
+        is not resident."""
+        ...
+
+    def unpin_layers(self, layers: Sequence[int]) -> None:
+        """Unpin ``layers`` in one pass, one slot event for all of them."""
+        ...
+
+    def defer_accesses(self, layers: Sequence[int], routed: torch.Tensor) -> None:
+        """Record each layer's routing (``[layers, T, k]`` device ids) as a
+        deferred access, read back when the host needs it."""
+        ...
+
+
+@runtime_checkable
+class SlotTableCache(Protocol):
+    """An expert cache whose host slot table is readable
+    (:class:`pdflash.cache.ExpertCache`): ``slot_of[g]`` is flat expert
+    ``g``'s slot, -1 when it has none."""
+
+    slot_of: npt.NDArray[np.int64]
+
+
+@runtime_checkable
+class SlabCache(Protocol):
+    """An expert cache whose slots are rows of one device tensor
+    (:class:`pdflash.cache.ExpertCache`): ``slab[s]`` is slot ``s``'s bytes,
+    ``[num_slots, expert_nbytes]`` uint8."""
+
+    slab: torch.Tensor
+
+
+def layer_booking(cache: object) -> LayerBookingCache | None:
+    """``cache`` as a :class:`LayerBookingCache` where it is one (see
+    :func:`offers`), else None."""
+    return cast(LayerBookingCache, cache) if offers(cache, LayerBookingCache) else None
+
+
+def slot_table(cache: object) -> SlotTableCache | None:
+    """``cache`` as a :class:`SlotTableCache` where it is one (see
+    :func:`offers`), else None."""
+    return cast(SlotTableCache, cache) if offers(cache, SlotTableCache) else None
 
 
 @runtime_checkable
@@ -392,6 +476,25 @@ class DenseLayerAdapter(Protocol):
     def dense_mlp(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
         """Dense decoder layer ``layer``'s MLP output ``[T, hidden]`` for the
         residual ``hidden`` after its attention (its norm applied inside)."""
+        ...
+
+
+@runtime_checkable
+class RoutedMoEAdapter(Protocol):
+    """An adapter whose MoE layer takes a routing computed outside it (the
+    target runner's, or a replayed trace's), so the router does not run
+    twice (:meth:`pdflash.models.MoEAdapterBase.moe_routed`)."""
+
+    def moe_routed(
+        self,
+        layer: int,
+        normed: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        /,
+    ) -> torch.Tensor:
+        """MoE layer ``layer``'s output ``[T, hidden]`` under the routing
+        ``ids`` / ``weights`` ``[T, k]``."""
         ...
 
 

@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -74,10 +74,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
+from pdflash.protocols import (
+    LayerBookingCache,
+    SlabCache,
+    SlotTableCache,
+    layer_booking,
+    slot_table,
+)
 
 if TYPE_CHECKING:
     from pdflash.hybrid.block import HostPart
     from pdflash.hybrid.service import HostExpertService
+    from pdflash.models.compressed_gemm import FusedSlabMLP
     from pdflash.models.store import ExpertStore
 
 #: ``hook(layer, topk_ids)``: called with each layer's exact routing
@@ -118,10 +126,10 @@ class GroupedExperts(Protocol):
     ends, ``group_of_row [n]`` each row's group (for per-expert biases) ->
     ``[n, H]``. An MLP that never reads ``group_of_row`` may say so with an
     attribute ``uses_row_groups = False``: it then gets the rows' groups in
-    row order, not sorted order (no kernel spent sorting them). Optionally, an attribute ``fused`` that is not None (a
-    :class:`~pdflash.models.compressed_gemm.FusedSlabMLP`): its
-    ``forward_slab`` then runs instead, over the compressed slab in place
-    (no gather, no dequantized copy).
+    row order, not sorted order (no kernel spent sorting them). Optionally,
+    it is a :class:`FusableGroupedExperts`: while its ``fused`` is not None,
+    that MLP's ``forward_slab`` runs instead, over the compressed slab in
+    place (no gather, no dequantized copy).
     """
 
     compressed: bool
@@ -135,6 +143,17 @@ class GroupedExperts(Protocol):
         offs: torch.Tensor,
         group_of_row: torch.Tensor,
     ) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class FusableGroupedExperts(Protocol):
+    """A :class:`GroupedExperts` that may run as fused dequantize-GEMM
+    launches over the compressed slab
+    (:class:`pdflash.models.adapters.base.SlabExperts`). ``fused`` may be
+    switched (None: the dequant path) between forwards; the block reads it
+    at each call."""
+
+    fused: FusedSlabMLP | None
 
 
 _GMM_WORKS: dict[tuple[str, torch.dtype], bool] = {}
@@ -249,6 +268,17 @@ def routed_ids_on_host(topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
     return host
 
 
+@runtime_checkable
+class OffloadedAdapter(Protocol):
+    """An adapter whose MoE layers may run offloaded
+    (:class:`pdflash.models.MoEAdapterBase`): ``runtime`` is the
+    :class:`OffloadedMoE` its blocks run while a cache is attached, None
+    otherwise (it changes with ``attach_cache`` / ``detach_cache``, so
+    read it where it is used)."""
+
+    runtime: OffloadedMoE | None
+
+
 def _room(cache: ExpertCache, layer: int) -> int:
     """Slots a layer may pin now (> 0). When every slot is pinned or still
     being filled by a copy, wait for in-flight copies to land (they settle or
@@ -288,6 +318,9 @@ class OffloadedMoE:
                 f"{store.expert_nbytes} bytes per expert"
             )
         self.store = store
+        #: the cache's optional capabilities (typed once, see :attr:`cache`)
+        self._layer_books: LayerBookingCache | None = None
+        self._slot_table: SlotTableCache | None = None
         self.cache = cache
         self.expert_fn = expert_fn
         self.num_experts = store.num_experts
@@ -311,16 +344,48 @@ class OffloadedMoE:
         self._unbooked = False
         self._window_cache: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self._key_tables: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
-        self.grouped: GroupedExperts | None = None
+        self._fusable: FusableGroupedExperts | None = None
+        self.grouped = None
         self._gmm_capturable = True
-        if grouped is not None and _grouped_mm is not None:
-            slab = getattr(cache, "slab", None)
+        if grouped is not None and _grouped_mm is not None and isinstance(cache, SlabCache):
+            slab = cache.slab
             if isinstance(slab, torch.Tensor) and grouped_mm_works(slab.device, store.layout.dtype):
                 views = store.layout.slab_views(slab)
                 if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
                     self._slab_views = views
                     self.grouped = grouped
                     self._gmm_capturable = grouped_mm_capturable(slab.device, store.layout.dtype)
+
+    @property
+    def cache(self) -> ExpertCache:
+        """The device expert cache. Setting it (the engine wraps it in a
+        stall timer) checks its optional capabilities once: whether it books
+        every layer in one call (:class:`~pdflash.protocols.LayerBookingCache`)
+        and has a readable host slot table
+        (:class:`~pdflash.protocols.SlotTableCache`)."""
+        return self._cache
+
+    @cache.setter
+    def cache(self, cache: ExpertCache) -> None:
+        self._cache = cache
+        self._layer_books = layer_booking(cache)
+        self._slot_table = slot_table(cache)
+
+    @property
+    def grouped(self) -> GroupedExperts | None:
+        """The grouped expert MLP (None: the loop path). Setting it checks
+        once whether it may run fused
+        (:class:`FusableGroupedExperts`)."""
+        return self._grouped
+
+    @grouped.setter
+    def grouped(self, grouped: GroupedExperts | None) -> None:
+        self._grouped = grouped
+        self._fusable = grouped if isinstance(grouped, FusableGroupedExperts) else None
+
+    def _fused(self) -> FusedSlabMLP | None:
+        """The grouped MLP's fused slab MLP now, or None."""
+        return None if self._fusable is None else self._fusable.fused
 
     @property
     def path(self) -> str:
@@ -334,7 +399,7 @@ class OffloadedMoE:
         then grouped_mm), or None (dense slab, or the loop path)."""
         if self.grouped is None or not self.grouped.compressed:
             return None
-        return "fused" if getattr(self.grouped, "fused", None) is not None else "dequant"
+        return "fused" if self._fused() is not None else "dequant"
 
     @property
     def compressed_gemm_reason(self) -> str | None:
@@ -360,15 +425,15 @@ class OffloadedMoE:
         if self.host_service is not None and self.host_service.enabled:
             return "host_experts"
         cache = self.cache
-        all_resident = getattr(cache, "all_resident", None)
+        books = self._layer_books
         resident = (
-            all_resident()
-            if all_resident is not None
+            books.all_resident()
+            if books is not None
             else all(cache.layer_resident(layer) for layer in range(cache.num_layers))
         )
         if not resident:
             return "experts_not_resident"
-        if not self._gmm_capturable and getattr(self.grouped, "fused", None) is None:
+        if not self._gmm_capturable and self._fused() is None:
             return "grouped_mm_fallback"
         return None
 
@@ -393,9 +458,9 @@ class OffloadedMoE:
         layer's pinned ids (for :meth:`book_resident` or :meth:`abort_pins`).
         Raises with nothing pinned if a layer is not resident."""
         cache = self.cache
-        pin_joined = getattr(cache, "pin_layers_joined", None)
-        if pin_joined is not None:  # every layer in one pass (raises with nothing pinned)
-            per_layer, tickets_all = pin_joined(range(cache.num_layers))
+        books = self._layer_books
+        if books is not None:  # every layer in one pass (raises with nothing pinned)
+            per_layer, tickets_all = books.pin_layers_joined(range(cache.num_layers))
             if (tickets_all >= 0).any():
                 try:
                     cache.wait_ready(tickets_all)
@@ -403,17 +468,6 @@ class OffloadedMoE:
                     self.abort_pins(per_layer)
                     raise
             return list(per_layer)
-        pin_layers = getattr(cache, "pin_layers", None)
-        if pin_layers is not None:
-            both = pin_layers(range(cache.num_layers))
-            tickets_all = np.concatenate([t for _, t in both])
-            if (tickets_all >= 0).any():
-                try:
-                    cache.wait_ready(tickets_all)
-                except BaseException:
-                    self.abort_pins([i for i, _ in both])
-                    raise
-            return [i for i, _ in both]
         pinned: list[npt.NDArray[np.int64]] = []
         try:
             for layer in range(cache.num_layers):
@@ -428,9 +482,8 @@ class OffloadedMoE:
 
     def unpin_resident(self) -> None:
         """Undo :meth:`pin_resident` when no step ran (no access to record)."""
-        unpin_layers = getattr(self.cache, "unpin_layers", None)
-        if unpin_layers is not None:
-            unpin_layers(range(self.cache.num_layers))
+        if self._layer_books is not None:
+            self._layer_books.unpin_layers(range(self.cache.num_layers))
             return
         for layer in range(self.cache.num_layers):
             self.cache.unpin_layer(layer)
@@ -445,28 +498,23 @@ class OffloadedMoE:
         """After a replay: each layer's routing (``[T, k]`` device ids of the
         real rows, owned by the caller; or all of them as one ``[layers, T,
         k]`` tensor) recorded as a deferred access, and the layer unpinned
-        (one event guards its slots), as the eager path. A cache with
-        ``unpin_layers`` and ``defer_accesses`` books every layer in one call
-        of each."""
+        (one event guards its slots), as the eager path. A
+        :class:`~pdflash.protocols.LayerBookingCache` books every layer in
+        one call of each."""
         cache = self.cache
         if len(topk_ids) != cache.num_layers:
             raise ValueError(f"{len(topk_ids)} routings for {cache.num_layers} layers")
-        unpin_layers = getattr(cache, "unpin_layers", None)
-        defer_accesses = getattr(cache, "defer_accesses", None)
-        if (
-            isinstance(topk_ids, torch.Tensor)
-            and unpin_layers is not None
-            and defer_accesses is not None
-        ):
-            defer_accesses(range(cache.num_layers), topk_ids.long())
-            unpin_layers(range(cache.num_layers))
+        books = self._layer_books
+        if isinstance(topk_ids, torch.Tensor) and books is not None:
+            books.defer_accesses(range(cache.num_layers), topk_ids.long())
+            books.unpin_layers(range(cache.num_layers))
             return
         for layer, ids in enumerate(topk_ids):
             cache.defer_access(layer, ids.reshape(-1).long())
-            if unpin_layers is None:
+            if books is None:
                 cache.unpin_layer(layer)
-        if unpin_layers is not None:  # one pass, one slot event for every layer
-            unpin_layers(range(cache.num_layers))
+        if books is not None:  # one pass, one slot event for every layer
+            books.unpin_layers(range(cache.num_layers))
 
     def add_route_hook(self, hook: RouteHook) -> Callable[[], None]:
         """Register ``hook(layer, topk_ids)``; returns a function that removes it."""
@@ -782,11 +830,10 @@ class OffloadedMoE:
         sync), when all of them hold a slot and the span fits one grouped
         call; None otherwise. A resident layer's rows then run as one
         unmasked call over that span of the slab, whatever the slab's size."""
-        slot_of = getattr(self.cache, "slot_of", None)
-        if slot_of is None:
+        if self._slot_table is None:
             return None
         base = layer * self.num_experts
-        slots = slot_of[base : base + self.num_experts]
+        slots = self._slot_table.slot_of[base : base + self.num_experts]
         lo = int(slots.min())
         if lo < 0:
             return None
@@ -849,7 +896,7 @@ class OffloadedMoE:
         grouped = self.grouped
         assert grouped is not None
         rows = sort_rows(key, width, k)
-        fused = getattr(grouped, "fused", None)
+        fused = self._fused()
         if fused is not None:
             out = fused.forward_slab(
                 x, rows.token, rows.key_sorted(), width, views, self.num_experts
@@ -877,7 +924,7 @@ class OffloadedMoE:
         are ``key_sorted`` (``width``: masked out, its row of ``y_flat`` kept)."""
         grouped = self.grouped
         assert grouped is not None
-        fused = getattr(grouped, "fused", None)
+        fused = self._fused()
         if fused is not None:
             # compressed slab read in place: no gather of the used slots, no
             # dequantized copy, x rows gathered inside the kernel
