@@ -59,7 +59,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -101,6 +101,7 @@ from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.engine.verify import Verifier, VerifyOutcome, VerifyResult, anchor_tensor
 from pdflash.engine.verify_width import VerifyWidthPolicy, WidthHook, build_policy
+from pdflash.models.offload import OffloadedAdapter
 from pdflash.protocols import (
     Band,
     DraftedBlock,
@@ -113,6 +114,9 @@ from pdflash.protocols import (
     flat_expert_ids,
 )
 from pdflash.routeahead.predictors import token_learners
+
+if TYPE_CHECKING:
+    from pdflash.cache.expert_cache import ExpertCache
 
 __all__ = [
     "STALL_STEPS",
@@ -268,7 +272,7 @@ class Engine:
                 "(pdflash.hybrid.build_host_service)"
             )
         if expert_cache is not None:
-            single = getattr(expert_cache, "single_band", None)
+            single = expert_cache.single_band
             if not config.bands and single is None:
                 raise ValueError(
                     "config.bands is False (one FIFO band) but the expert cache issues copies in "
@@ -294,12 +298,13 @@ class Engine:
         self.clock = clock
         self.timer = ComputeTimer(self.device)
         self.host_service = host_service if config.host_experts != "off" else None
-        runtime = getattr(adapter, "runtime", None)
+        # the offloaded block the adapter runs now, if any
+        runtime = adapter.runtime if isinstance(adapter, OffloadedAdapter) else None
         if self.host_service is not None:
             self.host_service.timer = self.timer
             if runtime is not None:
                 runtime.host_service = self.host_service  # the block's hook
-        elif getattr(runtime, "host_service", None) is not None:
+        elif runtime is not None and runtime.host_service is not None:
             raise ValueError(
                 "the adapter's offloaded runtime has a host_service but config.host_experts is "
                 "'off' (its books would be missing from the engine's): detach it "
@@ -364,12 +369,12 @@ class Engine:
         )
         # NOTE: time the compute stream's waits on copies by wrapping the cache
         # the offloaded MoE runtime calls (``adapter.runtime.cache``) if it has one.
-        runtime = getattr(adapter, "runtime", None)
-        if runtime is not None and getattr(runtime, "cache", None) is not None:
-            base = runtime.cache
+        if runtime is not None:
+            base: Any = runtime.cache
             while isinstance(base, StallTimedCache):  # an earlier engine's wrapper
                 base = base.wrapped
-            runtime.cache = StallTimedCache(base, self.timer)
+            # the wrapper passes every other call through to the cache
+            runtime.cache = cast("ExpertCache", StallTimedCache(base, self.timer))
 
         if config.all_resident and expert_cache is not None:
             self.prefetch.load_every_expert()
@@ -401,7 +406,7 @@ class Engine:
                 num_layers=adapter.num_layers,
                 num_experts=adapter.num_experts,
                 top_k=adapter.top_k,
-                expert_bytes=int(getattr(expert_cache, "expert_nbytes", 0) or 0),
+                expert_bytes=0 if expert_cache is None else int(expert_cache.expert_nbytes),
             )
         self.width = WidthHook(self, width) if width is not None and self.drafter else None
         #: the marginal rule's F following the width policy's step-time fit

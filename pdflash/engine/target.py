@@ -66,8 +66,13 @@ import torch
 from pdflash.engine.attention import AttentionBatch, HostStaging, device_int64, paged_attention
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.replay import RoutingSource
-from pdflash.models.offload import shared_routing_reads
-from pdflash.protocols import DenseLayerAdapter, MoEModelAdapter, decoder_layer_plan
+from pdflash.models.offload import OffloadedAdapter, shared_routing_reads
+from pdflash.protocols import (
+    DenseLayerAdapter,
+    MoEModelAdapter,
+    RoutedMoEAdapter,
+    decoder_layer_plan,
+)
 
 if TYPE_CHECKING:
     from pdflash.engine.graphs import GraphRunner
@@ -199,6 +204,9 @@ class TargetRunner:
         bad = [i for i in capture_layers if not 0 <= i < n]
         if bad:
             raise ValueError(f"capture layer {bad[0]} out of range for {n} layers")
+        #: the adapter's optional parts (typed once, see :attr:`adapter`)
+        self._routed_moe: RoutedMoEAdapter | None = None
+        self._offloaded: OffloadedAdapter | None = None
         self.adapter = adapter
         self.kv = kv
         self.capture_layers = tuple(capture_layers)
@@ -231,6 +239,21 @@ class TargetRunner:
         #: when set, steps it can take run as replayed CUDA graphs
         #: (:class:`pdflash.engine.graphs.GraphRunner`); the rest run eagerly
         self.graphs: GraphRunner | None = None
+
+    @property
+    def adapter(self) -> MoEModelAdapter:
+        """The target model. Setting it checks its optional parts once:
+        whether its MoE takes a routing from outside
+        (:class:`~pdflash.protocols.RoutedMoEAdapter`) and whether it may run
+        offloaded (:class:`~pdflash.models.offload.OffloadedAdapter`: the
+        hybrid miss service's clock is read from its runtime per forward)."""
+        return self._adapter
+
+    @adapter.setter
+    def adapter(self, adapter: MoEModelAdapter) -> None:
+        self._adapter = adapter
+        self._routed_moe = adapter if isinstance(adapter, RoutedMoEAdapter) else None
+        self._offloaded = adapter if isinstance(adapter, OffloadedAdapter) else None
 
     def _region(self, name: str) -> AbstractContextManager[None]:
         timer = self.region_timer
@@ -364,8 +387,9 @@ class TargetRunner:
         x = ad.embed(ids)
         captured: dict[int, torch.Tensor] = {}
         # the hybrid miss service's clock: where the thread may wait on the device
-        service = getattr(getattr(ad, "runtime", None), "host_service", None)
-        clock = getattr(service, "clock", None)
+        runtime = None if self._offloaded is None else self._offloaded.runtime
+        service = None if runtime is None else runtime.host_service
+        clock = None if service is None else service.clock
         #: each top-k choice's chunk (the same for every layer)
         chunk_of_choice: list[torch.Tensor] = []
         for decoder_layer, moe_layer in enumerate(self.plan_layers):
@@ -392,9 +416,8 @@ class TargetRunner:
                     rhook(layer, topk_ids, x)
                 with self._region("experts"):
                     # adapters that take the routing avoid a second router pass
-                    moe_routed = getattr(ad, "moe_routed", None)
-                    if moe_routed is not None:
-                        x = x + moe_routed(layer, normed, topk_ids, topk_weights)
+                    if self._routed_moe is not None:
+                        x = x + self._routed_moe.moe_routed(layer, normed, topk_ids, topk_weights)
                     elif self.routing is not None:
                         raise RuntimeError(
                             "a routing source needs an adapter with moe_routed (moe() routes "
