@@ -65,7 +65,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +79,7 @@ from pdflash.protocols import (
     SlabCache,
     SlotTableCache,
     layer_booking,
+    offers,
     slot_table,
 )
 
@@ -347,8 +348,8 @@ class OffloadedMoE:
         self._fusable: FusableGroupedExperts | None = None
         self.grouped = None
         self._gmm_capturable = True
-        if grouped is not None and _grouped_mm is not None and isinstance(cache, SlabCache):
-            slab = cache.slab
+        if grouped is not None and _grouped_mm is not None and offers(cache, SlabCache):
+            slab = cast(SlabCache, cache).slab
             if isinstance(slab, torch.Tensor) and grouped_mm_works(slab.device, store.layout.dtype):
                 views = store.layout.slab_views(slab)
                 if grouped.compressed or all(_gmm_readable(v) for v in views.values()):
