@@ -106,7 +106,6 @@ def measure(
     verify steps of the same bucket (the KV rolled back after each, so the
     shape stays), after 5 untimed ones (the capture among them)."""
     from pdflash.cache import ExpertCache
-    from pdflash.engine.graphs import _offloaded_runtime
     from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
     from pdflash.h2d import H2DIssuer
     from pdflash.models import load_adapter, write_synthetic_checkpoint
@@ -146,7 +145,7 @@ def measure(
                 kv.add_sequence(i)
                 prompt = torch.randint(0, adapter.vocab_size, (prompt_len,), generator=gen)
                 runner.forward([Chunk(i, prompt, False)])
-        moe = _offloaded_runtime(runner)
+        moe = runner.offloaded_runtime
         assert moe is not None
         for name, obj, attr in (
             ("plan", runner, "plan"),

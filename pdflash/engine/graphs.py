@@ -635,7 +635,7 @@ class GraphRunner:
         hooked = runner.hooked
         if hooked is not None:
             return hooked
-        moe = _offloaded_runtime(runner)
+        moe = runner.offloaded_runtime
         if moe is None:
             return "adapter_without_offloaded_runtime"
         return moe.graph_blocker()
@@ -658,7 +658,7 @@ class GraphRunner:
         if key in self._failed:
             self.stats.fallbacks[_failure_reason(self._failed[key])] += 1
             return None
-        moe = _offloaded_runtime(runner)
+        moe = runner.offloaded_runtime
         assert moe is not None
         entry = _recent(self._entries, key)
         table = moe.cache.device_slot_table()
@@ -936,7 +936,7 @@ class GraphRunner:
         # bytes per padded row, the estimate of a bucket not yet recorded
         per_row = max((_entry_bytes(e) / e.key.rows for e in held), default=0.0)
         used = sum(_entry_bytes(e) for e in held)
-        moe = _offloaded_runtime(runner)
+        moe = runner.offloaded_runtime
         table = moe.cache.device_slot_table() if moe is not None else None
         timer, runner.region_timer = runner.region_timer, None  # not a measured step
         try:
@@ -1161,7 +1161,7 @@ class GraphRunner:
                 return reason
             plan = runner.plan(chunks, lists=False)
             assert self.bucket(plan) == key, (self.bucket(plan), key)
-            moe = _offloaded_runtime(runner)
+            moe = runner.offloaded_runtime
             assert moe is not None
             self._entries.pop(key, None)  # a graph over a replaced slot table, if any
             entry = self._new_entry(runner, key)
@@ -1277,7 +1277,7 @@ class GraphRunner:
         if runner.routing is not None:
             stats.fallbacks["routing_source"] += 1
             return None
-        if getattr(runner.adapter, "moe_routed", None) is None:
+        if not runner.takes_routing:
             stats.fallbacks["adapter_without_moe_routed"] += 1
             return None
         key = self.bucket(plan)
@@ -1672,13 +1672,6 @@ def _entry_bytes(entry: _Entry) -> int:
     """A bucket's static buffers and captured outputs, in bytes."""
     tensors = [entry.packed, entry.ids, *entry.outputs]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def _offloaded_runtime(runner: TargetRunner) -> OffloadedMoE | None:
-    from pdflash.models.offload import OffloadedMoE
-
-    runtime = getattr(runner.adapter, "runtime", None)
-    return runtime if isinstance(runtime, OffloadedMoE) else None
 
 
 def outputs_agree(replayed: Outputs, eager: Outputs) -> bool:

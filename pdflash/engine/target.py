@@ -76,6 +76,7 @@ from pdflash.protocols import (
 
 if TYPE_CHECKING:
     from pdflash.engine.graphs import GraphRunner
+    from pdflash.models.offload import OffloadedMoE
 
 
 class RegionTimer(Protocol):
@@ -255,6 +256,20 @@ class TargetRunner:
         self._routed_moe = adapter if isinstance(adapter, RoutedMoEAdapter) else None
         self._offloaded = adapter if isinstance(adapter, OffloadedAdapter) else None
 
+    @property
+    def takes_routing(self) -> bool:
+        """Whether the adapter's MoE takes a routing from outside
+        (:class:`~pdflash.protocols.RoutedMoEAdapter`; checked when the
+        adapter was set)."""
+        return self._routed_moe is not None
+
+    @property
+    def offloaded_runtime(self) -> OffloadedMoE | None:
+        """The offloaded block the adapter runs now (None: none attached, or
+        an adapter that cannot run offloaded); read per call, since
+        ``attach_cache`` / ``detach_cache`` change it."""
+        return None if self._offloaded is None else self._offloaded.runtime
+
     def _region(self, name: str) -> AbstractContextManager[None]:
         timer = self.region_timer
         return _untimed() if timer is None else timer.region(name)
@@ -387,7 +402,7 @@ class TargetRunner:
         x = ad.embed(ids)
         captured: dict[int, torch.Tensor] = {}
         # the hybrid miss service's clock: where the thread may wait on the device
-        runtime = None if self._offloaded is None else self._offloaded.runtime
+        runtime = self.offloaded_runtime
         service = None if runtime is None else runtime.host_service
         clock = None if service is None else service.clock
         #: each top-k choice's chunk (the same for every layer)

@@ -93,6 +93,7 @@ def test_an_adapter_without_moe_routed_runs_its_own_moe(hf_target: Any) -> None:
     assert not isinstance(adapter, RoutedMoEAdapter)
     assert not isinstance(adapter, OffloadedAdapter)
     runner = _runner(adapter)
+    assert not runner.takes_routing and runner.offloaded_runtime is None
     _forward(runner, 0)
     assert adapter.moe_calls == adapter.num_layers
     # a routing source needs the routed MoE: refused with a clear error
@@ -107,11 +108,13 @@ def test_an_adapter_with_moe_routed_gets_the_runners_routing(hf_target: Any) -> 
     adapter = RoutedAdapter(hf_target)
     assert isinstance(adapter, RoutedMoEAdapter) and isinstance(adapter, OffloadedAdapter)
     runner = _runner(adapter)
+    assert runner.takes_routing
     got = _forward(runner, 0)
     assert adapter.routed_calls == adapter.num_layers and adapter.moe_calls == 0
     torch.testing.assert_close(got, want)
     # setting another adapter checks it again: the plain one runs its moe()
     runner.adapter = plain
+    assert not runner.takes_routing
     before = plain.moe_calls
     _forward(runner, 1)
     assert plain.moe_calls == before + plain.num_layers
@@ -124,6 +127,7 @@ def test_the_host_services_clock_is_read_from_the_runtime_per_forward(hf_target:
     _forward(runner, 0)  # no runtime: no clock
     clock = Clock()
     adapter.runtime = SimpleNamespace(host_service=SimpleNamespace(clock=clock))
+    assert runner.offloaded_runtime is adapter.runtime  # read per call, not kept
     _forward(runner, 1)
     assert len(clock.marks) == adapter.num_layers  # one mark per layer's routing read
     adapter.runtime.host_service = None  # the service detached between forwards
