@@ -24,13 +24,14 @@ default on CUDA) runs each shape's workload warm-up once per process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,48 @@ class RunResult:
 # ----------------------------------------------------------------------------
 
 
+class SetupClock:
+    """Seconds a run spent before its clock started, by phase (the row's
+    ``setup_s``). A phase that ran more than once (the shared warm-up's pass
+    and the measured run's own) adds up; a phase served from the process's
+    caches (a target or drafter loaded by an earlier run) is timed too, as
+    the lookup it was. ``parts`` records a phase's own split under
+    ``<phase>.<part>``."""
+
+    def __init__(self) -> None:
+        self._s: dict[str, float] = {}
+        self._t0 = time.perf_counter()
+        self._before_clock: float | None = None
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._s[name] = self._s.get(name, 0.0) + time.perf_counter() - t0
+
+    def parts(self, phase: str, parts: dict[str, float]) -> None:
+        for name, seconds in parts.items():
+            key = f"{phase}.{name}"
+            self._s[key] = self._s.get(key, 0.0) + float(seconds)
+
+    def clock_started(self) -> None:
+        """Mark the measured run's start: the end of the setup."""
+        self._before_clock = time.perf_counter() - self._t0
+
+    def row(self) -> dict[str, float]:
+        """The phases, ``before_clock`` (from the start of :func:`run_spec`
+        to the measured run's start) and ``other`` (its part no phase
+        names: prompts, config, the row's bookkeeping)."""
+        out = dict(self._s)
+        if self._before_clock is not None:
+            named = sum(v for k, v in self._s.items() if "." not in k)
+            out["before_clock"] = self._before_clock
+            out["other"] = self._before_clock - named
+        return out
+
+
 def cache_root() -> Path:
     return Path(os.environ.get("PDFLASH_CACHE", Path.home() / ".cache" / "pdflash"))
 
@@ -603,8 +646,10 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
     device = resolve_device(spec.device) if group is None else group.device
     synthetic_weights = spec.weights == "synthetic"
     synthetic_draft = spec.draft == "synthetic"
+    setup = SetupClock()
     if synthetic_weights:
-        target_path, synth_draft_path, dtype = synthetic_paths(spec, device)
+        with setup.phase("synthetic_checkpoint"):
+            target_path, synth_draft_path, dtype = synthetic_paths(spec, device)
     else:
         target_path = Path(spec.weights)
         synth_draft_path = None
@@ -619,23 +664,25 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         from .distributed_run import rank_owned_experts
 
         owned = rank_owned_experts(spec, group)
-    adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes, owned)
+    with setup.phase("target_load"):
+        adapter = load_target(target_path, device, dtype, spec.expert_dtype, padded_nbytes, owned)
     model_dtype = adapter.dtype
     drafter: DFlashDrafter | None = None
-    if spec.baseline != "B0":
-        if synthetic_draft:
-            if synth_draft_path is None:
-                synth_draft_path = (
-                    cache_root() / "synthetic-drafters" / f"{target_path.name}-s{spec.seed}"
-                )
-                if not (synth_draft_path / "model.safetensors").is_file():
-                    cfg = json.loads((target_path / "config.json").read_text())
-                    write_synthetic_drafter(
-                        synth_draft_path, cfg, "full", seed=spec.seed + 1, dtype=model_dtype
+    with setup.phase("drafter_load"):
+        if spec.baseline != "B0":
+            if synthetic_draft:
+                if synth_draft_path is None:
+                    synth_draft_path = (
+                        cache_root() / "synthetic-drafters" / f"{target_path.name}-s{spec.seed}"
                     )
-            drafter = _load_drafter(synth_draft_path, device, model_dtype)
-        else:
-            drafter = _load_drafter(Path(spec.draft), device, model_dtype)
+                    if not (synth_draft_path / "model.safetensors").is_file():
+                        cfg = json.loads((target_path / "config.json").read_text())
+                        write_synthetic_drafter(
+                            synth_draft_path, cfg, "full", seed=spec.seed + 1, dtype=model_dtype
+                        )
+                drafter = _load_drafter(synth_draft_path, device, model_dtype)
+            else:
+                drafter = _load_drafter(Path(spec.draft), device, model_dtype)
 
     def new_issuer() -> Any:
         return H2DIssuer(
@@ -646,17 +693,28 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
     mode = warmup_mode(spec, device)
     shared: dict[str, Any] | None = None
     if mode == "shared":
-        shared = _shared_warm_up(
-            spec, device, adapter, drafter, new_issuer, synthetic_weights, synthetic_draft
-        )
-    issuer = new_issuer()
+        with setup.phase("shared_warmup"):
+            shared = _shared_warm_up(
+                spec, device, adapter, drafter, new_issuer, synthetic_weights, synthetic_draft
+            )
+    with setup.phase("issuer"):
+        issuer = new_issuer()
     try:
         result = _run(
-            spec, device, adapter, drafter, issuer, synthetic_weights, synthetic_draft, progress
+            spec,
+            device,
+            adapter,
+            drafter,
+            issuer,
+            synthetic_weights,
+            synthetic_draft,
+            progress,
+            setup=setup,
         )
     finally:
         issuer.close()
     assert result is not None
+    result.row["setup_s"] = setup.row()
     # how warm the process was: a first-use cost shows as a trend over this
     result.row["process_runs_before"] = _PROCESS_RUNS["measured"]
     if shared is not None:
@@ -779,21 +837,26 @@ def _run(
     progress: Callable[[int, int], None] | None,
     *,
     warm_only: bool = False,
+    setup: SetupClock | None = None,
 ) -> RunResult | None:
     """Build the run's cache, scheduler and engine on ``issuer`` and run its
     workload; ``warm_only``: run the workload warm-up only (the shared
-    warm-up's pass) and return None."""
+    warm-up's pass) and return None. ``setup``: where the phases before the
+    clock are timed (a throwaway clock when None)."""
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import route_ahead_predictor
     from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
 
-    link_gbps = measure_link_gbps(issuer, device)
+    setup = SetupClock() if setup is None else setup
+    with setup.phase("link_probe"):
+        link_gbps = measure_link_gbps(issuer, device)
     # the HBM copy probe of the rows' verify roofline, once per process, here
     # while the device is quiet and before this run's slab is allocated
     from pdflash.engine.roofline import measure_hbm_gbps
 
     if spec.gpus == 1:
-        measure_hbm_gbps(device)
+        with setup.phase("hbm_probe"):
+            measure_hbm_gbps(device)
     all_resident = spec.baseline == "B3"
     fraction = 1.0 if all_resident else spec.cache_fraction
     eviction = spec.eviction
@@ -802,13 +865,14 @@ def _run(
         # layers cyclically, which LRU thrashes; a fair comparison gives the
         # baselines the same policy PD uses
         eviction = "layer_cyclic"
-    cache = adapter.attach_new_cache(
-        issuer,
-        fraction=fraction,
-        policy=eviction,
-        # without bands (the PD-one-band ablation) every copy goes in one FIFO band
-        single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
-    )
+    with setup.phase("expert_cache"):
+        cache = adapter.attach_new_cache(
+            issuer,
+            fraction=fraction,
+            policy=eviction,
+            # without bands (the PD-one-band ablation) every copy goes in one FIFO band
+            single_band=None if EngineConfig.preset(spec.baseline).bands else Band.ON_DEMAND,
+        )
     ranks = None
     if spec.gpus > 1:
         from pdflash.distributed import current_group
@@ -898,16 +962,24 @@ def _run(
     if config.host_experts != "off":
         from pdflash.hybrid import build_host_service
 
-        host_service = build_host_service(
-            adapter,
-            link_bytes_per_s=link_gbps * 1e9,
-            workers=spec.host_workers,
-            intra_op_threads=spec.host_threads,
-            max_host_ratio=spec.host_max_ratio,
-            max_host_tokens=spec.host_max_tokens or None,
-            host_format=spec.host_format,
-            critical_path=spec.host_critical_path,
-        )
+        with setup.phase("host_service"):
+            host_service = build_host_service(
+                adapter,
+                link_bytes_per_s=link_gbps * 1e9,
+                workers=spec.host_workers,
+                intra_op_threads=spec.host_threads,
+                max_host_ratio=spec.host_max_ratio,
+                max_host_tokens=spec.host_max_tokens or None,
+                host_format=spec.host_format,
+                critical_path=spec.host_critical_path,
+            )
+        setup.parts("host_service", host_service.setup_s)
+        hw = host_service.host_weights
+        if hw is not None and not hw["reused"]:
+            parts = {"prepare": hw["prepare_s"]}
+            if hw["format_select_s"] is not None:
+                parts["format_select"] = hw["format_select_s"]
+            setup.parts("host_service.host_weights", parts)
 
     def make_engine(cfg: EngineConfig, chosen: VerifyBatcher | None) -> Engine:
         from pdflash.engine.pd_controller import FixedParts, PartsPolicy
@@ -951,9 +1023,10 @@ def _run(
                 if warm_only
                 else config.max_running
             )
-            verify_step_s, step_compute_s = _verify_compute_s(
-                spec, config, make_engine, adapter, calib_requests
-            )
+            with setup.phase("verify_calibration"):
+                verify_step_s, step_compute_s = _verify_compute_s(
+                    spec, config, make_engine, adapter, calib_requests
+                )
             link_verify_bytes = max(1, int(link_gbps * 1e9 * verify_step_s))
             if ranks is not None:
                 link_verify_bytes = ranks.agree(link_verify_bytes * spec.gpus)
@@ -972,7 +1045,8 @@ def _run(
             assert byte_budget is not None
             primary.set_byte_budget(byte_budget, fixed_step_bytes)
             config = config.replace(byte_budget=byte_budget)
-        engine = make_engine(config, batcher)
+        with setup.phase("engine_build"):
+            engine = make_engine(config, batcher)
         # F follows the engine's online step-time fit (its fixed time, not the
         # calibration's per-token compute) once the fit is identified; not
         # across ranks: each rank's fit differs and the schedule must agree
@@ -990,7 +1064,15 @@ def _run(
             workload = _serving_workload(spec)
             with cache.settled():
                 _warm_up(
-                    spec, device, engine, acceptance, workload, adapter.vocab_size, sampling, []
+                    spec,
+                    device,
+                    engine,
+                    acceptance,
+                    workload,
+                    adapter.vocab_size,
+                    sampling,
+                    [],
+                    setup,
                 )
             cache.drain_inflight()
             return None
@@ -1006,6 +1088,7 @@ def _run(
             link_gbps,
             synthetic_weights,
             progress,
+            setup,
         )
         result.row["byte_budget_from"] = spec.byte_budget_from if byte_budget is not None else None
         # the setting (the resume key); fixed_step_bytes says whether it applied
@@ -1141,6 +1224,7 @@ def _workload(
     link_gbps: float,
     synthetic_weights: bool,
     progress: Callable[[int, int], None] | None,
+    setup: SetupClock,
 ) -> RunResult:
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat)
     workload = _serving_workload(spec)
@@ -1165,7 +1249,11 @@ def _workload(
     # resident set it leaves (this run's starting state, and the Belady
     # replay's) does not depend on how fast the copy thread ran
     with cache.settled():
-        warmup = _warm_up(spec, device, engine, acceptance, workload, vocab, sampling, prompts[0])
+        warmup = _warm_up(
+            spec, device, engine, acceptance, workload, vocab, sampling, prompts[0], setup
+        )
+    with setup.phase("warmup_settle"):
+        cache.drain_inflight()
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
     # the experts resident now are exactly what this run got for free; the
     # Belady replay starts from the same set (else the optimum pays
@@ -1182,6 +1270,7 @@ def _workload(
     kv_peak = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    setup.clock_started()
     t0 = time.perf_counter()
     done_tokens = 0
     while pending or engine.has_work:
@@ -1291,6 +1380,7 @@ def _warm_up(
     vocab: int,
     sampling: SamplingParams | None,
     first_prompt: list[int],
+    setup: SetupClock,
 ) -> dict[str, Any]:
     """Run the warm-up outside the clock (``RunSpec.warmup``) and describe it
     for the row. The short warm-up is the first prompt's first few tokens; the
@@ -1314,11 +1404,16 @@ def _warm_up(
         if mode == "workload":
             _assign_trace_request(engine, acceptance, rid, i, None)
         ids.append(rid)
-    engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
+    with setup.phase("warmup"):
+        engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
     _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
     # after the warm-up's requests: the buckets they met are held (most
     # recently used), the pre-capture adds the others up to its bound
-    graphs = _prepare_graphs(spec, engine)
+    if engine.runner.graphs is not None:
+        with setup.phase("graph_precapture"):
+            graphs = _prepare_graphs(spec, engine)
+    else:
+        graphs = None
     out: dict[str, Any] = {
         "mode": mode,
         "requested": spec.warmup,

@@ -21,6 +21,7 @@ copies others (issue 16).
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any
 
 import torch
@@ -168,7 +169,10 @@ def build_host_service(
     executor: HostExpertExecutor | None = None
     try:
         fmt = "packed" if host_format == "auto" and not calibrate and cost is None else host_format
+        t0 = time.perf_counter()
         weights = host_weights_for(adapter, fmt, workers=pool, budget_bytes=weight_budget_bytes)
+        weights_s = time.perf_counter() - t0
+        calibrate_s: float | None = None
         executor = HostExpertExecutor(
             weights.weights_of,
             weights.kernel.forward,
@@ -180,6 +184,7 @@ def build_host_service(
             batch_fn=weights.kernel.forward_many,
         )
         if cost is None and calibrate:
+            t0 = time.perf_counter()
             _link_idle(adapter)
             cost = calibrate_host(
                 executor,
@@ -189,6 +194,7 @@ def build_host_service(
                 device=device,
                 host_format=weights.format,
             )
+            calibrate_s = time.perf_counter() - t0
         if planner is None:
             if cost is None:
                 raise ValueError("no planner given and no cost model to build one from")
@@ -211,6 +217,11 @@ def build_host_service(
         )
         service.critical_path = bool(critical_path)
         service.host_weights = weights.describe()
+        # what building it cost: getting the weights (format selection and
+        # preparation, or a lookup when reused) and the calibration
+        service.setup_s = {"host_weights": weights_s}
+        if calibrate_s is not None:
+            service.setup_s["calibrate"] = calibrate_s
         service.kernel_detail = functools.partial(kernel_detail, weights.kernel)
         service.intra_op_threads_before = threads_before
     except BaseException:

@@ -300,6 +300,8 @@ class HostExpertService:
         self.timer: HostWaitTimer | None = None
         #: the host weight format and its prepared copy (HostWeights.describe())
         self.host_weights: dict[str, Any] | None = None
+        #: seconds building it took, by phase (build_host_service fills it)
+        self.setup_s: dict[str, float] = {}
         #: the kernel's own account (which kernel, and for the native one the
         #: ISA its last batch ran), read when a row is written
         self.kernel_detail: Callable[[], dict[str, Any]] | None = None

@@ -61,6 +61,44 @@ def test_run_spec_row_has_every_contract_field(
     assert result.routing_trace and len(result.routing_trace) == len(result.trace_kinds)
     assert all(t.dtype == np.int64 for t in result.routing_trace)
     assert len(result.routing_trace) % row["layers"] == 0
+    # the setup before the clock, by phase: each timed, and together no more
+    # than the time to the clock's start (the rest is "other")
+    setup = row["setup_s"]
+    for phase in (
+        "synthetic_checkpoint",
+        "target_load",
+        "drafter_load",
+        "expert_cache",
+        "link_probe",
+        "engine_build",
+        "warmup",
+    ):
+        assert setup[phase] >= 0, phase
+    assert "host_service" not in setup  # no hybrid service: no phase
+    top = sum(v for k, v in setup.items() if "." not in k and k not in ("before_clock", "other"))
+    assert setup["other"] >= -1e-6
+    assert setup["before_clock"] == pytest.approx(top + setup["other"])
+
+
+def test_pd_host_rows_split_the_host_services_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    kw = dict(arch="tiny", concurrency=2, max_new_tokens=4, prompt_len=4, host_format="auto")
+    first = run_spec(RunSpec(baseline="PD+host", **kw)).row  # type: ignore[arg-type]
+    setup = first["setup_s"]
+    parts = [setup["host_service.host_weights"], setup["host_service.calibrate"]]
+    assert all(p > 0 for p in parts)
+    assert sum(parts) <= setup["host_service"]
+    weights = first["host_service"]["host_weights"]
+    assert not weights["reused"]
+    assert setup["host_service.host_weights.format_select"] == weights["format_select_s"]
+    assert setup["host_service.host_weights.prepare"] == weights["prepare_s"]
+    # the next run reuses the prepared weights: no preparation or selection spent
+    again = run_spec(RunSpec(baseline="PD+host", repeat=1, **kw)).row  # type: ignore[arg-type]
+    assert again["host_service"]["host_weights"]["reused"]
+    assert "host_service.host_weights.prepare" not in again["setup_s"]
+    assert "host_service.host_weights.format_select" not in again["setup_s"]
 
 
 def test_run_spec_rejects_bad_specs() -> None:
