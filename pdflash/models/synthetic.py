@@ -315,15 +315,17 @@ def _fill(
             ).cpu()
         return torch.randint(0, 256, shape, generator=gen, device=device, dtype=torch.uint8).cpu()
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    # in place: the same elementwise ops (bit-identical values) without a
+    # second full-size float32 buffer
     base = name.rsplit(".", 1)[-1]
     if name.endswith("norm.weight"):
-        x = 1.0 + 0.1 * x
+        x.mul_(0.1).add_(1.0)
     elif name.endswith("embed_tokens.weight"):
         pass
     elif base.endswith("bias") or base == "sinks":
-        x = 0.1 * x
+        x.mul_(0.1)
     else:
-        x = x / math.sqrt(max(fan_in, 1))
+        x.div_(math.sqrt(max(fan_in, 1)))
     return x.to(dtype).cpu()
 
 
