@@ -24,8 +24,7 @@ from pdflash.engine.pd_controller import (
 
 from .conftest import greedy_cases, write_target_and_drafter
 from .test_engine_offloaded import MAX_NEW, _stack
-
-WITH_HOST = ALL_ON.with_part(HOST_PART, True)
+from .test_pd_controller_stances import WITH_HOST, host_step
 
 
 def _run(host_factor: float, seed: int, steps: int = 60) -> PDController:
@@ -38,14 +37,7 @@ def _run(host_factor: float, seed: int, steps: int = 60) -> PDController:
         parts = ctl.parts
         wall = 0.05 * (host_factor if parts.host_experts else 1.0)
         wall *= 1.0 + float(rng.uniform(-0.1, 0.1))
-        ctl.observe(
-            StepMeasurement(
-                wall_s=wall,
-                committed_tokens=8,
-                verified_tokens=16,
-                part_host_s=dict.fromkeys(PARTS, 0.0),
-            )
-        )
+        ctl.observe(host_step(wall))
     return ctl
 
 

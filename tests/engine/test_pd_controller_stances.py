@@ -30,6 +30,20 @@ from pdflash.engine.pd_controller import (
 from pdflash.engine.pd_controller import Test as PairedT  # not a pytest class
 
 WITH_HOST = ALL_ON.with_part(HOST_PART, True)
+
+
+def host_step(wall_s: float, admitted: int = 0) -> StepMeasurement:
+    """A verify step of ``wall_s`` (8 tokens committed of 16) whose parts'
+    books are all zero: only the rate can judge it."""
+    return StepMeasurement(
+        wall_s=wall_s,
+        committed_tokens=8,
+        verified_tokens=16,
+        admitted=admitted,
+        part_host_s=dict.fromkeys(PARTS, 0.0),
+    )
+
+
 #: a step's wall with every part's effect 1.0
 WALL = 0.05
 #: the loaded CPU's per-step noise (test_pd_controller.LOADED_CPU): log-normal
@@ -120,14 +134,7 @@ def _replay(
         k = (s - ctl.warmup) // 2
         # off over on = wall on / wall off = exp(d): the off step's wall
         wall = WALL if ctl.parts.host_experts or k < 0 or k >= n else WALL * math.exp(-d[k])
-        ctl.observe(
-            StepMeasurement(
-                wall_s=wall,
-                committed_tokens=8,
-                verified_tokens=16,
-                part_host_s=dict.fromkeys(PARTS, 0.0),
-            )
-        )
+        ctl.observe(host_step(wall))
         decided = [x for x in ctl.summary()["decisions"] if x["part"] == HOST_PART]
         if decided:
             return ctl, decided[0]
@@ -162,14 +169,7 @@ def _run(host_factor: float, seed: int, steps: int = 300, **kwargs: Any) -> PDCo
         if rng.random() < 0.05:
             jitter *= 1.8
         on = ctl.parts.host_experts
-        ctl.observe(
-            StepMeasurement(
-                wall_s=WALL * (host_factor if on else 1.0) * jitter,
-                committed_tokens=8,
-                verified_tokens=16,
-                part_host_s=dict.fromkeys(PARTS, 0.0),
-            )
-        )
+        ctl.observe(host_step(WALL * (host_factor if on else 1.0) * jitter))
     return ctl
 
 
@@ -267,15 +267,7 @@ def test_a_clear_gain_is_never_left_off_and_a_clear_loss_never_left_on(
         parts = ctl.parts
         seen.append(parts)
         wall = WALL * noise * (math.exp(-gain_sign * effect) if parts.host_experts else 1.0)
-        ctl.observe(
-            StepMeasurement(
-                wall_s=wall,
-                committed_tokens=8,
-                verified_tokens=16,
-                admitted=0 if measured else 1,
-                part_host_s=dict.fromkeys(PARTS, 0.0),
-            )
-        )
+        ctl.observe(host_step(wall, admitted=0 if measured else 1))
     want = gain_sign > 0
     probes = _host_probes(ctl)
     for d in probes:
@@ -335,14 +327,7 @@ def test_any_part_can_be_made_to_earn_its_place() -> None:
         ctl.bind(ALL_ON)
         rng = np.random.default_rng(3)
         for _ in range(120):
-            ctl.observe(
-                StepMeasurement(
-                    wall_s=WALL * (1.0 + float(rng.uniform(-0.02, 0.02))),
-                    committed_tokens=8,
-                    verified_tokens=16,
-                    part_host_s=dict.fromkeys(PARTS, 0.0),
-                )
-            )
+            ctl.observe(host_step(WALL * (1.0 + float(rng.uniform(-0.02, 0.02)))))
         first = next(d for d in ctl.summary()["decisions"] if d["part"] == "stream")
         assert first["on"] is want_on, first
         if not want_on:

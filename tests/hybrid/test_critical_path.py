@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 import pytest
 import torch
@@ -201,19 +203,29 @@ class _Cache:
         self.ticket = np.zeros(0, dtype=np.int64)
 
 
+@dataclass
+class _SpyPlanner(ForcedHostPlanner):
+    """Every missed expert HOST; keeps the LinkState each plan was given."""
+
+    seen: list[LinkState] = field(default_factory=list)
+
+    def plan(self, layer, missed, tokens, link):  # type: ignore[no-untyped-def]
+        self.seen.append(link)
+        return super().plan(layer, missed, tokens, link)
+
+
+def _spied_service(ex: HostExpertExecutor) -> tuple[HostExpertService, list[LinkState]]:
+    """A service over ``ex`` whose planner records its LinkStates (the
+    returned list), with a clock that reports after one sample."""
+    spy = _SpyPlanner(every=1)
+    svc = HostExpertService(ex, spy, num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3)
+    svc.clock = ForwardClock(min_samples=1)
+    return svc, spy.seen
+
+
 def test_service_passes_the_clock_to_the_planner_and_can_be_switched_off() -> None:
-    seen: list[LinkState] = []
-
-    class Spy(ForcedHostPlanner):
-        def plan(self, layer, missed, tokens, link):  # type: ignore[no-untyped-def]
-            seen.append(link)
-            return super().plan(layer, missed, tokens, link)
-
     with _linear_executor() as ex:
-        svc = HostExpertService(
-            ex, Spy(every=1), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
-        )
-        svc.clock = ForwardClock(min_samples=1)
+        svc, seen = _spied_service(ex)
         svc.critical_path = True
         cache = _Cache(12)
         ids, tok = np.array([4, 5]), np.array([1, 1])
@@ -281,18 +293,8 @@ def test_the_service_copies_a_hosting_layer_to_sample_the_dispatch() -> None:
 
 
 def test_the_planner_sees_the_makespan_unless_the_critical_path_is_on() -> None:
-    seen: list[LinkState] = []
-
-    class Spy(ForcedHostPlanner):
-        def plan(self, layer, missed, tokens, link):  # type: ignore[no-untyped-def]
-            seen.append(link)
-            return super().plan(layer, missed, tokens, link)
-
     with _linear_executor() as ex:
-        svc = HostExpertService(
-            ex, Spy(every=1), num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3
-        )
-        svc.clock = ForwardClock(min_samples=1)
+        svc, seen = _spied_service(ex)
         cache = _Cache(16)
         ids, tok = np.array([4, 5]), np.array([1, 1])
         svc.split(1, ids, tok, cache, routed=(0.0, 1.0))
