@@ -24,7 +24,7 @@ parts and ``glue`` add up to the forward:
   replayed ids and weights per layer) and ``trace_begin`` (per forward);
 - ``policy_hook``: the eviction policy's ``before_layer``;
 - ``readback``: the routed counts' device-to-host read of a layer with
-  misses (:meth:`OffloadedMoE._routed_counts`; the one sync it keeps);
+  misses (:meth:`OffloadedMoE._routing_on_host`; the one sync it keeps);
 - ``books``: the expert cache's host books (``acquire``, ``release``,
   ``pin_layer``, ``unpin_layer``, ``defer_access``, ``free_capacity``,
   ``device_slot_table``) and the row selection of a partial group
@@ -352,7 +352,7 @@ def measure(
             (runner, ("attention_block",), "attention"),
             (runner, ("route_block",), "router"),
             (runner, ("finish",), "finish"),
-            (runtime, ("_routed_counts",), "readback"),
+            (runtime, ("_routing_on_host",), "readback"),
             (runtime, ("_grouped_rows", "_compute_on_device"), "gemm"),
             (runtime, ("_phase_rows",), "books"),
             (adapter, ("moe_routed",), "moe_rest"),

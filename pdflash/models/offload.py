@@ -332,10 +332,6 @@ class OffloadedMoE:
         self.host_service: HostExpertService | None = None
         #: perf_counter seconds the current layer's routing read began
         self._routing_began = 0.0
-        #: the last routing :meth:`_routed_counts` read and its host ids,
-        #: for the layer's HOST part (an inference tensor is not memoised
-        #: by :func:`routed_ids_on_host`, so asking again would read again)
-        self._routed_read: tuple[torch.Tensor, npt.NDArray[np.int64]] | None = None
         # NOTE: views per slot are built once; a slot's bytes change, its views do not.
         self._slot_views = [
             store.layout.views(cache.slot_tensor(s)) for s in range(cache.num_slots)
@@ -551,7 +547,8 @@ class OffloadedMoE:
         num_tokens, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts_host = self._routed_counts(topk_ids)  # the one host sync: routing decides the copies
+        # the one host sync: routing decides the copies
+        flat_host, counts_host = self._routing_on_host(topk_ids)
         routed = (self._routing_began, time.perf_counter())
         experts = np.flatnonzero(counts_host)
         # NOTE: per-expert work is kept to the expert's own MLP: the tokens are
@@ -563,7 +560,7 @@ class OffloadedMoE:
         # reduction in the routing weights' precision, rounded to x's dtype once.
         x_parts = torch.split(x[order // k], counts_host[experts].tolist())
         y_parts: list[torch.Tensor | None] = [None] * int(experts.size)
-        host_part = self._start_host_part(layer, x, topk_ids, k, experts, counts_host, routed)
+        host_part = self._start_host_part(layer, x, flat_host, k, experts, counts_host, routed)
         todo = np.arange(experts.size)  # positions in `experts` computed here
         if host_part is not None:
             todo = np.flatnonzero(~host_part.mask)
@@ -589,7 +586,7 @@ class OffloadedMoE:
         self,
         layer: int,
         x: torch.Tensor,
-        topk_ids: torch.Tensor,
+        flat_host: npt.NDArray[np.int64],
         k: int,
         experts: np.ndarray,
         counts_host: np.ndarray,
@@ -597,16 +594,12 @@ class OffloadedMoE:
     ) -> HostPart | None:
         """The hybrid hook: start the host on the misses the service picks
         (``routed``: the span of the layer's routing read). The HOST rows are
-        chosen from the routing :meth:`_routed_counts` read (no second read)."""
-        read, self._routed_read = self._routed_read, None
+        chosen from ``flat_host``, the routing :meth:`_routing_on_host` read
+        (no second read)."""
         if self.host_service is None:
             return None
         from pdflash.hybrid.block import start_host_part
 
-        if read is not None and read[0] is topk_ids:
-            flat_host = read[1]
-        else:  # _routed_counts was replaced: the shared read (or a read)
-            flat_host = routed_ids_on_host(topk_ids)
         return start_host_part(
             self.host_service,
             self.cache,
@@ -732,10 +725,10 @@ class OffloadedMoE:
         y_flat: torch.Tensor,
         topk_ids: torch.Tensor,
     ) -> None:
-        counts_host = self._routed_counts(topk_ids)
+        flat_host, counts_host = self._routing_on_host(topk_ids)
         routed = (self._routing_began, time.perf_counter())
         experts = np.flatnonzero(counts_host)
-        host_part = self._start_host_part(layer, x, topk_ids, k, experts, counts_host, routed)
+        host_part = self._start_host_part(layer, x, flat_host, k, experts, counts_host, routed)
         if host_part is not None:
             # NOTE: HOST experts get no slot, so their rows map to slot -1 in
             # the device slot table and every grouped call below skips them
@@ -751,19 +744,22 @@ class OffloadedMoE:
         if host_part is not None:
             host_part.write_into(y_flat)
 
-    def _routed_counts(self, topk_ids: torch.Tensor) -> npt.NDArray[np.int64]:
-        """The layer's per-expert routed counts on the host. NOTE: the one
-        host sync of a layer with non-resident experts: the host must learn
-        the routed set to choose (and submit) the copies. The routing is read
-        through :func:`routed_ids_on_host`, so a routed hook that read this
-        layer's routing already (the streaming prefetcher) costs no second
-        sync, and the counting is a host bincount (no device kernels)."""
+    def _routing_on_host(
+        self, topk_ids: torch.Tensor
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """The layer's routing on the host, ``(ids [T * k], per-expert
+        counts)`` (the ids also choose the rows of a HOST part). NOTE: the
+        one host sync of a layer with non-resident experts: the host must
+        learn the routed set to choose (and submit) the copies. The routing
+        is read through :func:`routed_ids_on_host`, so a routed hook that
+        read this layer's routing already (the streaming prefetcher) costs
+        no second sync, and the counting is a host bincount (no device
+        kernels)."""
         ids = routed_ids_on_host(topk_ids)
-        self._routed_read = (topk_ids, ids)  # for the layer's HOST part
         counts: npt.NDArray[np.int64] = np.bincount(ids, minlength=self.num_experts).astype(
             np.int64, copy=False
         )
-        return counts
+        return ids, counts
 
     def _grouped_misses_on_device(
         self,

@@ -119,7 +119,7 @@ def test_a_routed_hook_and_the_offloaded_block_share_one_routing_read(
         )
         runtime = adapter.runtime
         counted: list[tuple[int, list[int]]] = []
-        real_counts = runtime._routed_counts
+        real_read = runtime._routing_on_host
         real_cpu = torch.Tensor.cpu
 
         def counts(topk: torch.Tensor) -> Any:
@@ -131,16 +131,16 @@ def test_a_routed_hook_and_the_offloaded_block_share_one_routing_read(
 
             monkeypatch.setattr(torch.Tensor, "cpu", cpu)
             try:
-                out = real_counts(topk)
+                ids, out = real_read(topk)
             finally:
                 monkeypatch.setattr(torch.Tensor, "cpu", real_cpu)
             assert topk is seen[-1]
             counted.append((len(reads), out.tolist()))
             ref = torch.bincount(topk.reshape(-1), minlength=adapter.num_experts)
             assert out.tolist() == ref.tolist()
-            return out
+            return ids, out
 
-        runtime._routed_counts = counts
+        runtime._routing_on_host = counts
         kv.add_sequence(0)
         with torch.no_grad():
             runner.forward([Chunk(0, torch.arange(4), True)])

@@ -147,7 +147,8 @@ def test_routed_counts_equal_the_device_bincount() -> None:
     runtime = SimpleNamespace(num_experts=16)
     for rows, k in ((1, 1), (2, 4), (33, 8)):
         topk = torch.stack([torch.randperm(16, generator=gen)[:k] for _ in range(rows)])
-        counts = OffloadedMoE._routed_counts(runtime, topk)  # type: ignore[arg-type]
+        ids, counts = OffloadedMoE._routing_on_host(runtime, topk)  # type: ignore[arg-type]
         ref = torch.bincount(topk.reshape(-1), minlength=16).numpy()
+        np.testing.assert_array_equal(ids, topk.reshape(-1).numpy())
         assert counts.dtype == np.int64
         np.testing.assert_array_equal(counts, ref)
