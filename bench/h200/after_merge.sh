@@ -24,14 +24,13 @@ export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 # the modules holding gpu tests: collecting the whole tree would need every
 # test extra (openai for the server tests), which the image lacks
 GPU_MODULES=$(cd "$HERE/../.." && grep -rl 'pytest.mark.gpu' tests --include='test_*.py' | sort | tr '\n' ' ')
-PACK="tar czf /tmp/after_merge.tgz -C $OUT --exclude after_merge.tgz . && mv /tmp/after_merge.tgz $OUT/"
 ENG="pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32"
 HOST="python3 $HERE/issue16.py --cache 0.2 --repeats 3 --host-threads 14 --host-workers 1 --layers 8"
 PAYS="pdflash-bench matrix --weights synthetic --draft synthetic --block-sizes 16 --concurrency 16 --num-requests 64 --max-new-tokens 128 --baselines B1,B2,PD,PD-all-on --repeats 3 --device cuda --no-progress --json"
-exec bash "$HERE/run.sh" \
-  "gputests=timeout 90 python3 -P -m pytest -q -p no:cacheprovider -m gpu $GPU_MODULES -rs --timeout 60; rc=\$?; $PACK; exit \$rc" \
-  "b3_gptoss=timeout 55 $ENG --arch gpt-oss-20b --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_gptoss; rc=\$?; $PACK; exit \$rc" \
-  "b3_qwen3=timeout 50 $ENG --arch qwen3-30b-a3b --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_qwen3; rc=\$?; $PACK; exit \$rc" \
-  "host_gptoss=timeout -k 5 130 $HOST --archs gpt-oss-20b --concurrency 1,4,16 --diag --diag-experts 8 --budget-s 100 --out $OUT/host_gptoss; rc=\$?; $PACK; exit \$rc" \
-  "pays_qwen=timeout 95 $PAYS --arch qwen3-30b-a3b --layers 2 --cache-fraction 0.8 --budget-s 70 --out $OUT/pays_qwen; rc=\$?; $PACK; exit \$rc" \
-  "link=timeout 80 python3 $HERE/issue13b_link.py --out $OUT/link --budget-s 55 --arch gpt-oss-20b --layers 8; rc=\$?; $PACK; exit \$rc"
+PACK=$OUT/after_merge.tgz exec bash "$HERE/run.sh" \
+  "gputests=timeout 90 python3 -P -m pytest -q -p no:cacheprovider -m gpu $GPU_MODULES -rs --timeout 60" \
+  "b3_gptoss=timeout 55 $ENG --arch gpt-oss-20b --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_gptoss" \
+  "b3_qwen3=timeout 50 $ENG --arch qwen3-30b-a3b --baselines B3 --concurrency 16 --breakdown --out $OUT/b3_qwen3" \
+  "host_gptoss=timeout -k 5 130 $HOST --archs gpt-oss-20b --concurrency 1,4,16 --diag --diag-experts 8 --budget-s 100 --out $OUT/host_gptoss" \
+  "pays_qwen=timeout 95 $PAYS --arch qwen3-30b-a3b --layers 2 --cache-fraction 0.8 --budget-s 70 --out $OUT/pays_qwen" \
+  "link=timeout 80 python3 $HERE/issue13b_link.py --out $OUT/link --budget-s 55 --arch gpt-oss-20b --layers 8"

@@ -30,7 +30,6 @@ rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT"
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 TAR="$OUT/b3_check.tgz"
-PACK="tar czf /tmp/b3_check.tgz -C $WORK . && mv /tmp/b3_check.tgz $TAR"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 conc=16 repeats=3 t=100
 GPUTESTS="timeout -k 5 90 python3 -P -m pytest -q -m gpu -p no:cacheprovider tests/models/test_row_sort.py tests/models/test_fewer_kernel_norms.py tests/models/test_models_gpu.py tests/engine/test_graphs_gpu.py > $WORK/gputests.txt 2>&1"
 if [ "${SMOKE:-0}" = 1 ]; then
@@ -39,11 +38,10 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 ENG="pdflash-bench engine --json --layers $layers --max-new-tokens 32 --prompt-len 32 --baselines B3 --concurrency $conc --breakdown --cuda-graphs auto --repeats $repeats"
 steps=(
-  "gputests=$GPUTESTS; rc=\$?; tail -3 $WORK/gputests.txt 2>/dev/null; $PACK; exit \$rc"
-  "b3_gptoss=timeout -k 5 $t $ENG --arch $gpt --out $WORK/b3_gptoss; rc=\$?; $PACK; exit \$rc"
-  "b3_qwen3=timeout -k 5 $t $ENG --arch $qwen --out $WORK/b3_qwen3; rc=\$?; $PACK; exit \$rc"
-  "summary=python3 $HERE/graphs_summary.py $WORK/b3_gptoss $WORK/b3_qwen3 --out $WORK/b3_summary.json; rc=\$?; $PACK; exit \$rc"
-  "pack=$PACK"
+  "gputests=$GPUTESTS; rc=\$?; tail -3 $WORK/gputests.txt 2>/dev/null; exit \$rc"
+  "b3_gptoss=timeout -k 5 $t $ENG --arch $gpt --out $WORK/b3_gptoss"
+  "b3_qwen3=timeout -k 5 $t $ENG --arch $qwen --out $WORK/b3_qwen3"
+  "summary=python3 $HERE/graphs_summary.py $WORK/b3_gptoss $WORK/b3_qwen3 --out $WORK/b3_summary.json"
 )
 # run.sh writes its log and results.jsonl under its own OUT: the work folder
-OUT=$WORK exec bash "$HERE/run.sh" "${steps[@]}"
+PACK=$TAR OUT=$WORK exec bash "$HERE/run.sh" "${steps[@]}"

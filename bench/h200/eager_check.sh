@@ -12,24 +12,22 @@
 # Compare parts_us (trace_begin, trace_route, books, lookahead_router,
 # lookahead), forward_us and syncs.torch_syncs_per_step with the session-8
 # rows (c1: forward 35.1 ms, 28 syncs per step).
-# Everything under $OUT is packed into ONE file, $OUT/eager_check.tar.gz.
+# Every result and the log are packed into ONE file, $OUT/eager_check.tar.gz.
 # Expected: build ~30-60 s, gputests ~15 s, each host step ~20 s: about
 # 1.5 minutes.
 #   OUT=/path bash bench/h200/eager_check.sh
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
-export OUT
 mkdir -p "$OUT"
+# the steps write under WORK; run.sh packs it into ONE file in $OUT after each step
+WORK=$(mktemp -d)
 TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
 HOST="python3 -P -m pdflash.bench.eager_host --device cuda --layers 8 --cache-fraction 0.2 --steps 30 --trace $TRACE --arch gpt_oss"
-bash "$(dirname "$0")/run.sh" \
+PACK="$OUT/eager_check.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider tests/models/test_routed_readback_gpu.py tests/engine/test_replay_vectorised.py" \
   "host_c1=timeout 90 $HOST --requests 1 --tokens 2 --detail" \
   "host_c16=timeout 90 $HOST --requests 16 --tokens 16"
 rc=$?
-# one file back: every result and the log
-PACK=$(mktemp -d)/eager_check.tar.gz
-tar -C "$OUT" -czf "$PACK" . && rm -rf "${OUT:?}"/* && mv "$PACK" "$OUT/"
 ls -la "$OUT"
 exit $rc

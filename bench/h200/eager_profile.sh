@@ -21,7 +21,7 @@
 #            each run's unprofiled row (warm_row: compute_busy_s, verify_s,
 #            exposed_fetch_s, ...) and gzipped timelines (Perfetto) where the
 #            compute stream's idle gaps between kernels show.
-# Everything under $OUT is packed into ONE file, $OUT/eager_profile.tar.gz
+# Every result, log, table and timeline is packed into ONE file, $OUT/eager_profile.tar.gz
 # (the device tool returns at most 8 files).
 # Expected: build ~30-60 s, gputests ~15 s, host steps ~10 s each (the
 # padded one ~30 s: a 12.7 GB host store), profile ~90-120 s (two engine
@@ -30,22 +30,20 @@
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
-export OUT
 mkdir -p "$OUT"
+# the steps write under WORK; run.sh packs it into ONE file in $OUT after each step
+WORK=$(mktemp -d)
 TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
 HOST="python3 -P -m pdflash.bench.eager_host --device cuda --layers 8 --cache-fraction 0.2 --steps 30 --trace $TRACE"
 RUN="arch=gpt-oss-20b,layers=8,weights=synthetic,draft=synthetic,routing_source=trace,acceptance=trace,trace=$TRACE,block_size=16,concurrency=1,cache_fraction=0.2,prompt_len=64,max_new_tokens=32,device=cuda,cuda_graphs=off"
-bash "$(dirname "$0")/run.sh" \
+PACK="$OUT/eager_profile.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider tests/models/test_routed_readback_gpu.py" \
   "host_gptoss_c1_t2=timeout 60 $HOST --arch gpt_oss --requests 1 --tokens 2 --detail" \
   "host_gptoss_c1_t2_padded=timeout 120 $HOST --arch gpt_oss --requests 1 --tokens 2 --detail --expert-bytes-as gpt-oss-20b" \
   "host_gptoss_c16_t2=timeout 60 $HOST --arch gpt_oss --requests 16 --tokens 2" \
   "host_gptoss_c16_t16=timeout 60 $HOST --arch gpt_oss --requests 16 --tokens 16" \
   "host_qwen3_c1_t2=timeout 60 $HOST --arch qwen3_moe --requests 1 --tokens 2 --detail" \
-  "profile=timeout 200 python3 -P bench/h200/profile_verify.py --out $OUT/profile.json --chrome-dir $OUT/timelines --run baseline=B2,verify_width=fixed:1,$RUN --run baseline=PD,$RUN"
+  "profile=timeout 200 python3 -P bench/h200/profile_verify.py --out $WORK/profile.json --chrome-dir $WORK/timelines --run baseline=B2,verify_width=fixed:1,$RUN --run baseline=PD,$RUN"
 rc=$?
-# one file back: every result, log, table and timeline
-PACK=$(mktemp -d)/eager_profile.tar.gz
-tar -C "$OUT" -czf "$PACK" . && rm -rf "${OUT:?}"/* && mv "$PACK" "$OUT/"
 ls -la "$OUT"
 exit $rc

@@ -37,16 +37,15 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$PWD/out}
 export OUT
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-PACK="tar czf /tmp/graphs_check.tgz -C $OUT --exclude graphs_check.tgz . && mv /tmp/graphs_check.tgz $OUT/"
 ENG="pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32 --baselines B3 --concurrency 16 --breakdown --cuda-graphs off,auto --repeats 2"
 EXTRA=()
 if [ "${PIECEWISE:-0}" = 1 ]; then
-  EXTRA+=("b1_qwen3=timeout 130 pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32 --baselines B1 --cache-fraction 0.8 --concurrency 16 --breakdown --cuda-graphs off,auto,piecewise --arch qwen3-30b-a3b --out $OUT/b1_qwen3; rc=\$?; $PACK; exit \$rc")
+  EXTRA+=("b1_qwen3=timeout 130 pdflash-bench engine --json --layers 8 --max-new-tokens 32 --prompt-len 32 --baselines B1 --cache-fraction 0.8 --concurrency 16 --breakdown --cuda-graphs off,auto,piecewise --arch qwen3-30b-a3b --out $OUT/b1_qwen3")
 fi
-exec bash "$HERE/run.sh" \
-  "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_graphs_gpu.py -rs --timeout 90; rc=\$?; $PACK; exit \$rc" \
-  "b3_gptoss=timeout 170 $ENG --arch gpt-oss-20b --out $OUT/b3_gptoss; rc=\$?; $PACK; exit \$rc" \
-  "b3_qwen3=timeout 140 $ENG --arch qwen3-30b-a3b --out $OUT/b3_qwen3; rc=\$?; $PACK; exit \$rc" \
-  "host=timeout 60 python3 -P -m pdflash.bench.graph_host --steps 300 > $OUT/graph_host.json; rc=\$?; $PACK; exit \$rc" \
+PACK=$OUT/graphs_check.tgz exec bash "$HERE/run.sh" \
+  "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_graphs_gpu.py -rs --timeout 90" \
+  "b3_gptoss=timeout 170 $ENG --arch gpt-oss-20b --out $OUT/b3_gptoss" \
+  "b3_qwen3=timeout 140 $ENG --arch qwen3-30b-a3b --out $OUT/b3_qwen3" \
+  "host=timeout 60 python3 -P -m pdflash.bench.graph_host --steps 300 > $OUT/graph_host.json" \
   ${EXTRA[@]+"${EXTRA[@]}"} \
-  "summary=python3 $HERE/graphs_summary.py $OUT/b3_gptoss $OUT/b3_qwen3 $OUT/b1_qwen3 --out $OUT/graphs_summary.json; rc=\$?; $PACK; exit \$rc"
+  "summary=python3 $HERE/graphs_summary.py $OUT/b3_gptoss $OUT/b3_qwen3 $OUT/b1_qwen3 --out $OUT/graphs_summary.json"

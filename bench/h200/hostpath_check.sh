@@ -22,7 +22,7 @@
 # (attention, router, books, gemm, moe_rest, lookahead, glue_us): a part
 # slower with the host computing at once is the interference of the host's
 # compute with the forward's thread (big_*: expert-sized weights streamed by
-# the host's cores). Everything under $OUT is packed into ONE file,
+# the host's cores). Every result and the log are packed into ONE file,
 # $OUT/hostpath_check.tar.gz. Expected: build ~30-60 s, gputests ~20 s,
 # tiny steps ~10 s each, big steps ~20-30 s each (mostly generating and
 # packing 3.2 GB of experts): about 2 minutes (each step is capped).
@@ -30,12 +30,13 @@
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
-export OUT
 mkdir -p "$OUT"
+# the steps write under WORK; run.sh packs it into ONE file in $OUT after each step
+WORK=$(mktemp -d)
 HOST="python3 -P -m pdflash.bench.eager_host --device cuda --cache-fraction 0.2 --arch gpt_oss --requests 1 --tokens 2"
 TINY="$HOST --layers 8 --steps 20 --detail"
 BIG="$HOST --preset gpt-oss-20b --layers 4 --experts 16 --top-k 4 --steps 10 --host-format native"
-bash "$(dirname "$0")/run.sh" \
+PACK="$OUT/hostpath_check.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "cpuinfo=lscpu; grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list | head -32" \
   "gputests=timeout 60 python3 -P -m pytest -q -p no:cacheprovider tests/hybrid/test_hybrid_gpu.py -k 'syncs_the_host_once or forward_with_host_misses'" \
   "tiny_copy=timeout 45 $TINY --host-every 0" \
@@ -44,8 +45,5 @@ bash "$(dirname "$0")/run.sh" \
   "big_host=timeout 50 $BIG --host-every 1" \
   "big_host4=timeout 50 $BIG --host-every 1 --host-threads 4"
 rc=$?
-# one file back: every result and the log
-PACK=$(mktemp -d)/hostpath_check.tar.gz
-tar -C "$OUT" -czf "$PACK" . && rm -rf "${OUT:?}"/* && mv "$PACK" "$OUT/"
 ls -la "$OUT"
 exit $rc

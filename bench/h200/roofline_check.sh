@@ -32,25 +32,23 @@ rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT"
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 TAR="$OUT/roofline_check.tgz"
-PACK="tar czf /tmp/roofline_check.tgz -C $WORK . && mv /tmp/roofline_check.tgz $TAR"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 conc=16 repeats=3 t1=115 t2=95 t3=75
 if [ "${SMOKE:-0}" = 1 ]; then
   gpt=tiny-gpt_oss qwen=tiny-qwen3_moe layers=2 conc=4 repeats=1 t1=300 t2=300 t3=300
 fi
 ENG="pdflash-bench engine --json --layers $layers --max-new-tokens 32 --prompt-len 32 --baselines B3 --concurrency $conc --breakdown --cuda-graphs off,auto --repeats $repeats"
 steps=(
-  "b3_gptoss=timeout -k 5 $t1 $ENG --arch $gpt --out $WORK/b3_gptoss; rc=\$?; $PACK; exit \$rc"
-  "b3_qwen3=timeout -k 5 $t2 $ENG --arch $qwen --out $WORK/b3_qwen3; rc=\$?; $PACK; exit \$rc"
+  "b3_gptoss=timeout -k 5 $t1 $ENG --arch $gpt --out $WORK/b3_gptoss"
+  "b3_qwen3=timeout -k 5 $t2 $ENG --arch $qwen --out $WORK/b3_qwen3"
 )
 dirs="$WORK/b3_gptoss $WORK/b3_qwen3"
 if [ "${MXFP4:-0}" = 1 ]; then
   MX="${ENG/--cuda-graphs off,auto --repeats $repeats/--cuda-graphs auto --repeats 2} --synthetic-format mxfp4"
-  steps+=("b3_gptoss_mxfp4=timeout -k 5 $t3 $MX --arch $gpt --out $WORK/b3_gptoss_mxfp4; rc=\$?; $PACK; exit \$rc")
+  steps+=("b3_gptoss_mxfp4=timeout -k 5 $t3 $MX --arch $gpt --out $WORK/b3_gptoss_mxfp4")
   dirs="$dirs $WORK/b3_gptoss_mxfp4"
 fi
 steps+=(
-  "summary=python3 $HERE/graphs_summary.py $dirs --out $WORK/roofline_summary.json; rc=\$?; $PACK; exit \$rc"
-  "pack=$PACK"
+  "summary=python3 $HERE/graphs_summary.py $dirs --out $WORK/roofline_summary.json"
 )
 # run.sh writes its log and results.jsonl under its own OUT: the work folder
-OUT=$WORK exec bash "$HERE/run.sh" "${steps[@]}"
+PACK=$TAR OUT=$WORK exec bash "$HERE/run.sh" "${steps[@]}"

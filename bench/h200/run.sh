@@ -4,12 +4,24 @@
 # per step) and the whole log to $OUT/log.txt. Usage:
 #   bash bench/h200/run.sh 'gputests=pytest -m gpu -q $(grep -rl pytest.mark.gpu tests)' 'h2d=pdflash-bench h2d --json'
 # (the gpu tests' modules only: the image lacks some test extras, e.g. openai)
+# PACK=/path/name.tgz: after the build and after every step, everything under
+# $OUT (log, results, what the steps wrote there) is packed into that one
+# file (the device tool returns only a few files, and a call cut by its
+# limit still returns the steps that finished). PACK may lie directly in
+# $OUT (it is left out of itself) or anywhere outside it.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 REPO=$PWD
 LOG="$OUT/log.txt"
+PACK=${PACK:-}
+pack() {
+  [ -n "$PACK" ] || return 0
+  local tmp
+  tmp=$(mktemp "${TMPDIR:-/tmp}/pack.XXXXXX")
+  tar czf "$tmp" -C "$OUT" --exclude "./$(basename "$PACK")" . && chmod a+r "$tmp" && mv "$tmp" "$PACK"
+}
 {
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>&1)"
   python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda)'
@@ -17,6 +29,7 @@ LOG="$OUT/log.txt"
   python3 -m pip install -q --no-build-isolation --no-deps "$REPO" 2>&1 | tail -20
   echo "== build rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s"
 } >>"$LOG" 2>&1
+pack
 for spec in "$@"; do
   name=${spec%%=*}; cmd=${spec#*=}
   echo "== step $name: $cmd" >>"$LOG"
@@ -35,6 +48,7 @@ except (ValueError, IndexError):
     result = None
 print(json.dumps({"step": name, "cmd": cmd, "rc": int(rc), "result": result}))
 PY
+  rm -f "$OUT/.stdout"
+  pack
 done
-rm -f "$OUT/.stdout"
 tail -c 6000 "$LOG"
