@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash.hybrid.affinity import HostPlacement, PlacedThreads
 from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob
 from pdflash.hybrid.planner import (
@@ -320,6 +321,9 @@ class HostExpertService:
         #: False: every miss is copied and nothing is planned ahead (the PD
         #: controller switches the service off where it does not pay)
         self.enabled = True
+        #: where its threads were placed (build_host_service sets it; None:
+        #: no placement, as ``off``); :meth:`close` gives the masks back
+        self.placement: PlacedThreads | None = None
 
     @property
     def planner(self) -> MissPlanner:
@@ -481,6 +485,10 @@ class HostExpertService:
             # layers the planner split that were copied to sample the dispatch
             "copy_sampled_layers": self.books.copy_sampled,
             "enabled_at_end": self.enabled,
+            # the host-affinity setting and the threads it placed
+            "affinity": (self.placement or PlacedThreads(HostPlacement("off"))).describe(
+                len(self.executor.thread_ids)
+            ),
         }
 
     def _host_weights(self) -> dict[str, Any] | None:
@@ -489,9 +497,12 @@ class HostExpertService:
         return {**self.host_weights, "host_kernel": self.kernel_detail()}
 
     def close(self) -> None:
-        """Stop the executor's pool and give torch back the intra-op thread
-        count it had before the service (idempotent)."""
+        """Stop the executor's pool, give the threads it placed their CPU
+        masks back and torch the intra-op thread count it had before the
+        service (idempotent)."""
         self.executor.close()
+        if self.placement is not None:
+            self.placement.restore()
         before, self.intra_op_threads_before = self.intra_op_threads_before, None
         if before is not None:
             torch.set_num_threads(before)
