@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from pdflash.hybrid import ForcedHostPlanner, HostExpertExecutor, HostExpertService
 from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.planner import CostModelPlanner, LinkState
 
@@ -68,3 +70,61 @@ def test_the_caps_do_not_set_the_host_share_at_c4(model: str, verify_tokens: int
     # and the experts it hosts are all below where either cap starts
     first_over_ratio = next((t for t in range(1, 65) if cost.expert_s(t) > 1.5 * per_copy), None)
     assert largest <= 16 and (first_over_ratio is None or largest < first_over_ratio)
+
+
+class _AheadPlanner(ForcedHostPlanner):
+    """Hosts every other missed expert at the layer; ahead, plans ``mask``."""
+
+    def __init__(self, mask: np.ndarray) -> None:
+        super().__init__(every=2)
+        self.mask = mask
+
+    def plan_ahead(self, expected_tokens, resident, link):  # type: ignore[no-untyped-def]
+        return self.mask.copy()
+
+
+class _Cache:
+    def __init__(self, n: int, resident: list[int]) -> None:
+        self.slot_of = np.full(n, -1, dtype=np.int64)
+        self.slot_of[resident] = np.arange(len(resident))
+        self.ticket = np.full(len(resident), -1, dtype=np.int64)
+
+
+def test_the_service_counts_what_became_of_the_ahead_plan() -> None:
+    """Rows record how many of the ahead plan's HOST experts the forward
+    routed and how many of those the layer then hosted: the measurement
+    that tells a planned share from a served one."""
+    layers, experts = 2, 8
+    mask = np.zeros((layers, experts), dtype=np.bool_)
+    mask[0, [1, 2, 3]] = True  # layer 0: three planned, two of them routed
+    mask[1, [5]] = True  # layer 1: one planned, not routed
+    with HostExpertExecutor(
+        lambda g: {"w": torch.tensor(float(g + 1))},
+        lambda x, w: x * w["w"],
+        dtype=torch.float32,
+        workers=1,
+    ) as ex:
+        svc = HostExpertService(
+            ex, _AheadPlanner(mask), num_experts=experts, expert_nbytes=100, link_bytes_per_s=1e3
+        )
+        cache = _Cache(layers * experts, resident=[0])
+        resident = np.zeros((layers, experts), dtype=np.bool_)
+        resident[0, 0] = True
+        got = svc.plan_ahead(np.ones((layers, experts)), resident)
+        assert np.array_equal(got, mask)
+        # layer 0 routes experts 0 (resident), 1, 3, 4: missed 1, 3, 4; every other HOST: 1, 4
+        host0 = svc.split(0, np.array([0, 1, 3, 4]), np.array([1, 1, 1, 1]), cache)
+        assert host0.tolist() == [False, True, False, True]
+        svc.split(1, np.array([8 + 6]), np.array([2]), cache)  # layer 1 routes only expert 6
+        # a second forward before the next ahead plan: the plan was this verify's only
+        svc.split(0, np.array([1, 2]), np.array([1, 1]), cache)
+        out = svc.describe()["ahead_outcome"]
+        assert out == {"seen": 4, "routed": 2, "hosted": 1}
+        assert svc.books.to_json()["ahead_routed"] == 2
+        svc.books.reset()
+        assert svc.describe()["ahead_outcome"] == {"seen": 0, "routed": 0, "hosted": 0}
+        # with the service off nothing is planned ahead and nothing counted
+        svc.enabled = False
+        assert not svc.plan_ahead(np.ones((layers, experts)), resident).any()
+        svc.split(0, np.array([1, 2]), np.array([1, 1]), cache)
+        assert svc.describe()["ahead_outcome"] == {"seen": 0, "routed": 0, "hosted": 0}
