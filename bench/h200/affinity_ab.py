@@ -97,6 +97,14 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     )
                 },
                 "affinity": (rs[0].get("host_service") or {}).get("affinity"),
+                # the ahead plans' HOST experts over the setting's runs
+                "ahead_outcome": {
+                    k: sum(
+                        int(((r.get("host_service") or {}).get("ahead_outcome") or {}).get(k, 0))
+                        for r in rs
+                    )
+                    for k in ("seen", "routed", "hosted")
+                },
             }
             for s, rs in by.items()
         }

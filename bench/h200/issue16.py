@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 "planner_decisions": hs.get("planner_decisions"),
                 "critical_path": hs.get("critical_path"),
                 "copy_sampled": hs.get("copy_sampled_layers"),
+                # the ahead plans' HOST experts: seen by their layers, routed, hosted
+                "ahead_outcome": hs.get("ahead_outcome"),
                 "host_part_on_fraction": ((r.get("pd_parts") or {}).get("on_fraction") or {}).get(
                     "host_experts"
                 ),
