@@ -155,6 +155,9 @@ class RunSpec:
     # HostExpertService.critical_path: the planner judges the forward's
     # critical path instead of the link's makespan
     host_critical_path: bool = False
+    # where the host pool's threads and the engine's run (pdflash.hybrid.affinity):
+    # "off" (no affinity call) or "auto" (separate core sets, on CUDA)
+    host_affinity: str = "off"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -300,13 +303,17 @@ class RunSpec:
             raise ValueError(
                 f"host_max_tokens must be >= 0 (0: no cap), got {self.host_max_tokens}"
             )
-        from pdflash.hybrid import HOST_FORMAT_CHOICES
+        from pdflash.hybrid import HOST_AFFINITY_CHOICES, HOST_FORMAT_CHOICES
 
         if self.warmup not in WARMUP_CHOICES:
             raise ValueError(f"warmup must be one of {WARMUP_CHOICES}, got {self.warmup!r}")
         if self.host_format not in HOST_FORMAT_CHOICES:
             raise ValueError(
                 f"host_format must be one of {HOST_FORMAT_CHOICES}, got {self.host_format!r}"
+            )
+        if self.host_affinity not in HOST_AFFINITY_CHOICES:
+            raise ValueError(
+                f"host_affinity must be one of {HOST_AFFINITY_CHOICES}, got {self.host_affinity!r}"
             )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
@@ -972,6 +979,7 @@ def _run(
                 max_host_tokens=spec.host_max_tokens or None,
                 host_format=spec.host_format,
                 critical_path=spec.host_critical_path,
+                host_affinity=spec.host_affinity,
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

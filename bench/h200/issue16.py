@@ -216,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the planner judges the forward's critical path (RunSpec.host_critical_path)",
     )
+    ap.add_argument(
+        "--host-affinity",
+        default="off",
+        choices=("off", "auto"),
+        help="where the host pool's threads run (RunSpec.host_affinity)",
+    )
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")
@@ -277,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                         host_max_tokens=args.host_max_tokens,
                         host_format=args.host_format,
                         host_critical_path=args.host_critical_path,
+                        host_affinity=args.host_affinity,
                         synthetic_format=args.synthetic_format,
                         expert_dtype=args.expert_dtype,
                     )
@@ -336,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 "planner_decisions": hs.get("planner_decisions"),
                 "critical_path": hs.get("critical_path"),
                 "copy_sampled": hs.get("copy_sampled_layers"),
+                # the ahead plans' HOST experts: seen by their layers, routed, hosted
+                "ahead_outcome": hs.get("ahead_outcome"),
                 "host_part_on_fraction": ((r.get("pd_parts") or {}).get("on_fraction") or {}).get(
                     "host_experts"
                 ),
@@ -353,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
         "host_critical_path": args.host_critical_path,
+        "host_affinity": args.host_affinity,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
         "layers": args.layers,

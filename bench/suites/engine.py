@@ -256,6 +256,14 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "launching thread cost nothing, a HOST part's dispatch is charged) instead of the "
         "link's makespan (default; see HostExpertService.critical_path)",
     )
+    parser.add_argument(
+        "--host-affinity",
+        choices=("off", "auto"),
+        default="off",
+        help="where the host pool's threads run (pdflash.hybrid.affinity): auto keeps the "
+        "engine's forward and issuer threads on two cores the host's compute threads never "
+        "use (CUDA, Linux); off (default) makes no affinity call",
+    )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -394,6 +402,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_max_tokens=args.host_max_tokens,
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
+                    host_affinity=getattr(args, "host_affinity", "off"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,
