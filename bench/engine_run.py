@@ -155,6 +155,10 @@ class RunSpec:
     # HostExpertService.critical_path: the planner judges the forward's
     # critical path instead of the link's makespan
     host_critical_path: bool = False
+    # how HOST outputs reach the device stream (pdflash.hybrid.handoff):
+    # "thread" (the forward's thread waits for the host) or "stream" (a
+    # device-side wait; falls back to "thread" with a recorded reason)
+    host_handoff: str = "thread"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -300,8 +304,12 @@ class RunSpec:
             raise ValueError(
                 f"host_max_tokens must be >= 0 (0: no cap), got {self.host_max_tokens}"
             )
-        from pdflash.hybrid import HOST_FORMAT_CHOICES
+        from pdflash.hybrid import HANDOFF_CHOICES, HOST_FORMAT_CHOICES
 
+        if self.host_handoff not in HANDOFF_CHOICES:
+            raise ValueError(
+                f"host_handoff must be one of {HANDOFF_CHOICES}, got {self.host_handoff!r}"
+            )
         if self.warmup not in WARMUP_CHOICES:
             raise ValueError(f"warmup must be one of {WARMUP_CHOICES}, got {self.warmup!r}")
         if self.host_format not in HOST_FORMAT_CHOICES:
@@ -972,6 +980,7 @@ def _run(
                 max_host_tokens=spec.host_max_tokens or None,
                 host_format=spec.host_format,
                 critical_path=spec.host_critical_path,
+                handoff=spec.host_handoff,
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

@@ -216,6 +216,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the planner judges the forward's critical path (RunSpec.host_critical_path)",
     )
+    ap.add_argument(
+        "--host-handoff",
+        default="thread",
+        choices=("thread", "stream"),
+        help="how HOST outputs reach the device stream (RunSpec.host_handoff)",
+    )
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")
@@ -277,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                         host_max_tokens=args.host_max_tokens,
                         host_format=args.host_format,
                         host_critical_path=args.host_critical_path,
+                        host_handoff=args.host_handoff,
                         synthetic_format=args.synthetic_format,
                         expert_dtype=args.expert_dtype,
                     )
@@ -353,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
         "host_critical_path": args.host_critical_path,
+        "host_handoff": args.host_handoff,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
         "layers": args.layers,
