@@ -116,6 +116,7 @@ class StreamSignals:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
+        self_test = ring_factory is None
         if ring_factory is None:
             why = stream_unavailable(device)
             if why is not None:
@@ -138,6 +139,24 @@ class StreamSignals:
         self.waits = 0
         #: rings replaced after an error (:meth:`renew`)
         self.renewed = 0
+        if self_test:
+            self._self_test()
+
+    def _self_test(self) -> None:
+        """One device wait for a flag already stored, on the current stream,
+        synchronized: loads the kernel once (not in a forward) and proves the
+        mapped words work both ways (the flag read, the ack written)."""
+        ring = self._ring()
+        slot, seq = ring.acquire(int(self.timeout_s * 1e9))
+        ring.signal(slot, seq, False)
+        ring.enqueue_wait(slot, seq, self.current_stream(), int(self.timeout_s * 1e9))
+        torch.cuda.current_stream(self.device).synchronize()
+        ack = getattr(ring, "ack", None)
+        if ring.error_code != 0 or (ack is not None and ack(slot) != seq):
+            raise RuntimeError(
+                f"the device wait's self-test failed (error {ring.error_code}, "
+                f"ack {None if ack is None else ack(slot)} for seq {seq})"
+            )
 
     def renew(self) -> None:
         """Replace the ring by a fresh one (after an error: the old one's

@@ -475,7 +475,10 @@ class HostExpertService:
         if mode == "stream" and signals is None:
             reason = stream_unavailable(dev)
             if reason is None:
-                signals = StreamSignals(dev, timeout_s=timeout_s)
+                try:
+                    signals = StreamSignals(dev, timeout_s=timeout_s)
+                except RuntimeError as exc:
+                    reason = f"the device wait could not be set up: {exc}"
         self.settle()
         if self._signals is not None:
             self._signals.close()
