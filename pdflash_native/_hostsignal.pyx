@@ -62,10 +62,20 @@ cdef class SignalRing:
     cdef readonly int capacity
     cdef readonly bint mapped
 
-    def __cinit__(self, int capacity, bint mapped=False, int device=0):
+    def __cinit__(self):
+        self.ring = NULL
+
+    def __init__(self, int capacity, bint mapped=False, int device=0):
+        if self.ring != NULL:
+            raise RuntimeError("SignalRing is already initialised")
         self.ring = new HostSignalRing(capacity, mapped, device)
         self.capacity = capacity
         self.mapped = mapped
+
+    cdef HostSignalRing* _r(self) except NULL:
+        if self.ring == NULL:
+            raise RuntimeError("SignalRing was not initialised")
+        return self.ring
 
     def __dealloc__(self):
         if self.ring != NULL:
@@ -75,42 +85,45 @@ cdef class SignalRing:
     def acquire(self, uint64_t reuse_wait_ns=1_000_000_000):
         """``(slot, seq)`` for the next job (RuntimeError: the sticky error is
         set, or the slot's previous wait has not run within ``reuse_wait_ns``)."""
-        cdef SignalTicket t = self.ring.acquire(reuse_wait_ns)
+        cdef SignalTicket t = self._r().acquire(reuse_wait_ns)
         return t.slot, t.seq
 
     def signal(self, int slot, uint32_t seq, bint failed):
         """Store the job's outcome (release ordering; no GIL held)."""
+        cdef HostSignalRing* r = self._r()
         with nogil:
-            self.ring.signal(slot, seq, failed)
+            r.signal(slot, seq, failed)
 
     def enqueue_wait(self, int slot, uint32_t seq, uintptr_t stream, uint64_t timeout_ns):
         """Enqueue the device wait for ``(slot, seq)`` on ``stream``."""
+        cdef HostSignalRing* r = self._r()
         with nogil:
-            self.ring.enqueue_wait(slot, seq, stream, timeout_ns)
+            r.enqueue_wait(slot, seq, stream, timeout_ns)
 
     def wait_host(self, int slot, uint32_t seq, uint64_t timeout_ns):
         """The device wait's loop on this thread (the host stand-in): an
         ``OUTCOME_*`` code."""
         cdef WaitOutcome o
+        cdef HostSignalRing* r = self._r()
         with nogil:
-            o = self.ring.wait_host(slot, seq, timeout_ns)
+            o = r.wait_host(slot, seq, timeout_ns)
         return <int>o
 
     @property
     def error_code(self):
         """``OUTCOME_NONE``, or the first failed / timed-out wait's outcome."""
-        return <int>self.ring.error_code()
+        return <int>self._r().error_code()
 
     @property
     def error_seq(self):
-        return self.ring.error_seq()
+        return self._r().error_seq()
 
     @property
     def launches(self):
-        return self.ring.launches()
+        return self._r().launches()
 
     def flag(self, int slot):
-        return self.ring.flag(slot)
+        return self._r().flag(slot)
 
     def ack(self, int slot):
-        return self.ring.ack(slot)
+        return self._r().ack(slot)

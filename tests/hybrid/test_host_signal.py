@@ -149,6 +149,8 @@ def test_mapped_ring_and_device_wait_need_cuda() -> None:
         ring.signal(4, 1, False)
     with pytest.raises(ValueError):
         hs.SignalRing(0)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        hs.SignalRing.__new__(hs.SignalRing).acquire(0)
     assert stream_unavailable(torch.device("cpu")) == "the device is cpu, not cuda"
 
 
