@@ -39,8 +39,6 @@ def test_device_wait_orders_the_upload_after_the_hosts_write() -> None:
     for _ in range(6):  # slots reused once acknowledged
         host = torch.zeros(1 << 20, dtype=torch.float32, pin_memory=True)
         slot, seq = ring.acquire(10**9)
-        ring.enqueue_wait(slot, seq, stream.cuda_stream, 10 * 10**9)
-        dev = host.to("cuda", non_blocking=True)  # waits on the device for the flag
 
         def write(h: torch.Tensor = host, s: int = slot, q: int = seq) -> None:
             time.sleep(0.05)
@@ -48,12 +46,14 @@ def test_device_wait_orders_the_upload_after_the_hosts_write() -> None:
             ring.signal(s, q, False)
 
         t = threading.Thread(target=write)
+        t.start()  # first: a blocking enqueue would then end, not hang
         t0 = time.perf_counter()
-        t.start()
+        ring.enqueue_wait(slot, seq, stream.cuda_stream, 10 * 10**9)
+        dev = host.to("cuda", non_blocking=True)  # waits on the device for the flag
         assert time.perf_counter() - t0 < 0.04  # the launching thread did not wait
         torch.cuda.synchronize()
         t.join()
-        assert bool((dev == 7.0).all())  # the copy read the host's write
+        assert bool((dev == 7.0).all())  # the copy read the host's write, not the zeros
         assert ring.ack(slot) == seq and ring.error_code == hs.OUTCOME_NONE
     # a failure value ends the wait at once and sets the sticky error
     slot, seq = ring.acquire(10**9)
@@ -118,7 +118,11 @@ def test_stream_layer_output_equals_thread_and_does_not_block(
         assert svc.books.layers == 1 and svc.handoff == "thread"
         svc.set_handoff("stream", "cuda")
         assert svc.handoff == "stream", svc.handoff_reason
-        for _ in range(3):
+        from pdflash.bench.eager_host import count_syncs
+
+        # the routing read is still the layer's one sync: the device wait is none
+        assert count_syncs(layer) == 1
+        for _ in range(2):
             got = layer()
             torch.cuda.synchronize()
             svc.settle()
