@@ -205,9 +205,14 @@ void HostSignalRing::enqueue_wait(int slot, std::uint32_t seq, std::uintptr_t st
   if (!mapped_) throw std::runtime_error("enqueue_wait needs a mapped ring");
 #if defined(PDFLASH_WITH_CUDA) && PDFLASH_WITH_CUDA
   DeviceGuard guard(device_);
-  check(launch_host_signal_wait(dev_words_, capacity_, slot, seq, timeout_ns,
-                                reinterpret_cast<cudaStream_t>(stream)),
-        "the host signal wait's launch");
+  cudaError_t e = launch_host_signal_wait(dev_words_, capacity_, slot, seq, timeout_ns,
+                                          reinterpret_cast<cudaStream_t>(stream));
+  if (e != cudaSuccess) {
+    // no wait will run for this ticket: acknowledge it here, so the slot is
+    // not held forever
+    store_release(words_ + capacity_ + slot, seq);
+    check(e, "the host signal wait's launch");
+  }
   ++launches_;
 #else
   (void)seq;
