@@ -15,6 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_budget import scaled
 
 from pdflash._native import load_native
 from pdflash._reference import hostsignal as ref
@@ -69,7 +70,7 @@ def _call(fn: Any, *args: Any) -> tuple[str, Any]:
         return type(exc).__name__, None
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=scaled(150), deadline=None)
 @given(capacity=st.integers(1, 4), ops=_OPS)
 def test_native_ring_equals_the_reference(capacity: int, ops: list[tuple[Any, ...]]) -> None:
     """Op by op: tickets (with a reuse wait of 0), stores, the host
