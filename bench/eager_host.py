@@ -237,6 +237,7 @@ def measure(
     host_every: int | None = None,
     host_threads: int | None = None,
     host_format: str = "packed",
+    host_affinity: str = "off",
     preset: str = "tiny",
     host_handoff: str = "thread",
 ) -> dict[str, Any]:
@@ -260,7 +261,9 @@ def measure(
     ``host_threads``: the service's intra-op threads (default: torch's on
     a CPU, all cores but two on CUDA); ``host_format``: how the host holds
     its experts (:data:`pdflash.hybrid.HOST_FORMAT_CHOICES`; ``auto`` is
-    ``packed`` here: nothing is calibrated). ``preset``: the synthetic
+    ``packed`` here: nothing is calibrated); ``host_affinity``: where the
+    service's threads run (:mod:`pdflash.hybrid.affinity`; the host entry
+    records the placement). ``preset``: the synthetic
     shape (``tiny``, or a published one such as ``gpt-oss-20b``, truncated
     to ``layers``; its weights are generated at load). ``host_handoff``:
     the service's hand-off (:mod:`pdflash.hybrid.handoff`); on CUDA
@@ -334,6 +337,7 @@ def measure(
                 intra_op_threads=host_threads,
                 host_format=host_format,
                 handoff=host_handoff,
+                host_affinity=host_affinity,
             )
         runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
         runner.before_moe_hooks.append(cache.policy.before_layer)
@@ -498,6 +502,7 @@ def measure(
             per_step, step_s, wait_s, hosting, host_every, host_threads, host_format
         )
         host["handoff"] = handoff
+        host["affinity"] = service.describe()["affinity"]
     detail_us = {
         name: 1e6 * sum(v) / len(step_s) for name, v in sorted(per_step.items()) if "." in name
     }
@@ -615,6 +620,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="how HOST outputs reach the device stream (pdflash.hybrid.handoff)",
     )
     ap.add_argument(
+        "--host-affinity",
+        default="off",
+        choices=("off", "auto"),
+        help="where the host service's threads run (pdflash.hybrid.affinity)",
+    )
+    ap.add_argument(
         "--preset", default="tiny", help="synthetic shape: tiny or a published one (gpt-oss-20b)"
     )
     a = ap.parse_args(argv)
@@ -637,6 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_every=a.host_every,
         host_threads=a.host_threads,
         host_format=a.host_format,
+        host_affinity=a.host_affinity,
         preset=a.preset,
         host_handoff=a.host_handoff,
     )

@@ -159,6 +159,9 @@ class RunSpec:
     # "thread" (the forward's thread waits for the host) or "stream" (a
     # device-side wait; falls back to "thread" with a recorded reason)
     host_handoff: str = "thread"
+    # where the host pool's threads and the engine's run (pdflash.hybrid.affinity):
+    # "off" (no affinity call) or "auto" (separate core sets, on CUDA)
+    host_affinity: str = "off"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -304,7 +307,7 @@ class RunSpec:
             raise ValueError(
                 f"host_max_tokens must be >= 0 (0: no cap), got {self.host_max_tokens}"
             )
-        from pdflash.hybrid import HANDOFF_CHOICES, HOST_FORMAT_CHOICES
+        from pdflash.hybrid import HANDOFF_CHOICES, HOST_AFFINITY_CHOICES, HOST_FORMAT_CHOICES
 
         if self.host_handoff not in HANDOFF_CHOICES:
             raise ValueError(
@@ -315,6 +318,10 @@ class RunSpec:
         if self.host_format not in HOST_FORMAT_CHOICES:
             raise ValueError(
                 f"host_format must be one of {HOST_FORMAT_CHOICES}, got {self.host_format!r}"
+            )
+        if self.host_affinity not in HOST_AFFINITY_CHOICES:
+            raise ValueError(
+                f"host_affinity must be one of {HOST_AFFINITY_CHOICES}, got {self.host_affinity!r}"
             )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
@@ -981,6 +988,7 @@ def _run(
                 host_format=spec.host_format,
                 critical_path=spec.host_critical_path,
                 handoff=spec.host_handoff,
+                host_affinity=spec.host_affinity,
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

@@ -251,6 +251,12 @@ class H2DIssuer:
         return self._device
 
     @property
+    def worker_tid(self) -> int:
+        """The native worker thread's kernel id (Linux, once it has started;
+        else 0): where :mod:`pdflash.hybrid.affinity` places it."""
+        return int(self._native.worker_tid)
+
+    @property
     def closed(self) -> bool:
         return bool(self._native.closed)
 

@@ -113,6 +113,12 @@ cdef class HostMlp:
         return self._runner == NULL
 
     @property
+    def worker_tids(self):
+        """The ``threads - 1`` workers' kernel thread ids (Linux; empty
+        elsewhere and once closed), for ``os.sched_setaffinity``."""
+        return [] if self._runner == NULL else list(self._runner.worker_tids())
+
+    @property
     def calls(self):
         """Batches computed so far."""
         return 0 if self._runner == NULL else self._runner.calls()

@@ -1,5 +1,6 @@
 # cdef extern declarations of the host expert MLP (cuda/include/pdflash/host_mlp.h).
 from libc.stdint cimport int32_t, int64_t, uint16_t
+from libcpp.vector cimport vector
 
 
 cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
@@ -42,5 +43,6 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
                  FloatType out_type, int64_t out_stride, int64_t rows, MlpIsa isa,
                  int64_t amx_min_rows) except +
         int threads()
+        vector[int64_t] worker_tids()
         int64_t calls()
         MlpIsa last_isa()

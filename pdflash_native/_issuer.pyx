@@ -259,6 +259,12 @@ cdef class NativeIssuer:
         return self._live().backend_name().decode()
 
     @property
+    def worker_tid(self):
+        """The worker thread's kernel id (Linux, once it has started;
+        else 0), for ``os.sched_setaffinity``."""
+        return self._live().worker_tid()
+
+    @property
     def closed(self):
         return bool(self._live().closed())
 

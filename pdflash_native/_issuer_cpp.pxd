@@ -81,6 +81,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
     cdef cppclass Issuer:
         Issuer(const IssuerConfig& config) except +
         const char* backend_name()
+        int64_t worker_tid()
         void submit(const int64_t* src, const int64_t* dst, const int64_t* nbytes,
                     size_t nbytes_stride, const uint64_t* keys, size_t n, int band,
                     int64_t* tickets_out) except +

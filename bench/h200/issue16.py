@@ -222,6 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("thread", "stream"),
         help="how HOST outputs reach the device stream (RunSpec.host_handoff)",
     )
+    ap.add_argument(
+        "--host-affinity",
+        default="off",
+        choices=("off", "auto"),
+        help="where the host pool's threads run (RunSpec.host_affinity)",
+    )
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")
@@ -284,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                         host_format=args.host_format,
                         host_critical_path=args.host_critical_path,
                         host_handoff=args.host_handoff,
+                        host_affinity=args.host_affinity,
                         synthetic_format=args.synthetic_format,
                         expert_dtype=args.expert_dtype,
                     )
@@ -343,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
                 "planner_decisions": hs.get("planner_decisions"),
                 "critical_path": hs.get("critical_path"),
                 "copy_sampled": hs.get("copy_sampled_layers"),
+                # the ahead plans' HOST experts: seen by their layers, routed, hosted
+                "ahead_outcome": hs.get("ahead_outcome"),
                 "host_part_on_fraction": ((r.get("pd_parts") or {}).get("on_fraction") or {}).get(
                     "host_experts"
                 ),
@@ -361,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_format": args.host_format,
         "host_critical_path": args.host_critical_path,
         "host_handoff": args.host_handoff,
+        "host_affinity": args.host_affinity,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
         "layers": args.layers,

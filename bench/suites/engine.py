@@ -265,6 +265,14 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "on a host-set flag; the thread goes on; falls back to thread, reason recorded, "
         "where it cannot run)",
     )
+    parser.add_argument(
+        "--host-affinity",
+        choices=("off", "auto"),
+        default="off",
+        help="where the host pool's threads run (pdflash.hybrid.affinity): auto keeps the "
+        "engine's forward and issuer threads on two cores the host's compute threads never "
+        "use (CUDA, Linux); off (default) makes no affinity call",
+    )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -404,6 +412,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
                     host_handoff=getattr(args, "host_handoff", "thread"),
+                    host_affinity=getattr(args, "host_affinity", "off"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

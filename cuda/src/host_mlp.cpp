@@ -484,6 +484,9 @@ struct HostMlpRunner::Impl {
   int threads = 1;
   std::chrono::microseconds spin{0};
   std::vector<std::thread> workers;
+  // Each worker's kernel thread id (Linux; 0 until it has started), so the
+  // caller can place the team on cores (sched_setaffinity takes a thread id).
+  std::unique_ptr<std::atomic<int64_t>[]> tids;
   std::mutex call_mutex;  // one call at a time
   // Workers wait for the epoch to change: spin, then park. On Linux they
   // park on a futex on the epoch itself, all woken by one call with no mutex
@@ -557,7 +560,12 @@ struct HostMlpRunner::Impl {
 #endif
   }
 
-  void worker() {
+  void worker(int index) {
+#if defined(__linux__)
+    tids[index].store(static_cast<int64_t>(syscall(SYS_gettid)), std::memory_order_release);
+#else
+    (void)index;
+#endif
     uint32_t seen = 0;
     for (;;) {
       const auto until = std::chrono::steady_clock::now() + spin;
@@ -588,12 +596,20 @@ HostMlpRunner::HostMlpRunner(int threads, int spin_us) : impl_(new Impl) {
   if (spin_us < 0) throw std::invalid_argument("spin_us must be >= 0");
   impl_->threads = threads;
   impl_->spin = std::chrono::microseconds(spin_us);
+  impl_->tids.reset(new std::atomic<int64_t>[threads > 1 ? threads - 1 : 1]);
+  for (int t = 0; t < threads - 1; ++t) impl_->tids[t].store(0);
   try {
-    for (int t = 1; t < threads; ++t) impl_->workers.emplace_back(&Impl::worker, impl_.get());
+    for (int t = 1; t < threads; ++t)
+      impl_->workers.emplace_back(&Impl::worker, impl_.get(), t - 1);
   } catch (...) {
     impl_->stop_workers();
     throw;
   }
+#if defined(__linux__)
+  // every worker's id is known once the team exists (each stores it first thing)
+  for (int t = 0; t < threads - 1; ++t)
+    while (impl_->tids[t].load(std::memory_order_acquire) == 0) std::this_thread::yield();
+#endif
 }
 
 HostMlpRunner::~HostMlpRunner() {
@@ -602,6 +618,13 @@ HostMlpRunner::~HostMlpRunner() {
 }
 
 int HostMlpRunner::threads() const { return impl_->threads; }
+std::vector<int64_t> HostMlpRunner::worker_tids() const {
+  std::vector<int64_t> out;
+#if defined(__linux__)
+  for (int t = 0; t < impl_->threads - 1; ++t) out.push_back(impl_->tids[t].load());
+#endif
+  return out;
+}
 int64_t HostMlpRunner::calls() const { return impl_->calls.load(); }
 MlpIsa HostMlpRunner::last_isa() const { return static_cast<MlpIsa>(impl_->last_isa.load()); }
 

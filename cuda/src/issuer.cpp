@@ -19,6 +19,11 @@
 
 #include "pdflash/copy_backend.h"
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #if defined(PDFLASH_WITH_CUDA) && PDFLASH_WITH_CUDA && defined(__has_include)
 #if __has_include(<nvtx3/nvToolsExt.h>)
 #include <nvtx3/nvToolsExt.h>
@@ -425,6 +430,8 @@ struct Issuer::Impl {
   std::atomic<bool> stop{false};
   alignas(64) bool closed = false;
   std::thread worker;
+  // the worker's kernel thread id (Linux; 0 until it has started)
+  std::atomic<std::int64_t> worker_tid{0};
 
   // NOTE: records are taken by a cursor that walks the array (skipping live
   // ones) rather than from a LIFO free list: a batch's records then lie side
@@ -784,6 +791,9 @@ struct Issuer::Impl {
   }
 
   void run() {
+#if defined(__linux__)
+    worker_tid.store(static_cast<std::int64_t>(syscall(SYS_gettid)), std::memory_order_release);
+#endif
     detail::count_thread(+1);
     std::unique_lock<std::mutex> lk(mu, std::defer_lock);
     while (true) {
@@ -965,6 +975,7 @@ Issuer::~Issuer() {
 }
 
 const char* Issuer::backend_name() const { return impl_->backend_name.c_str(); }
+std::int64_t Issuer::worker_tid() const { return impl_->worker_tid.load(std::memory_order_acquire); }
 const IssuerConfig& Issuer::config() const { return impl_->cfg; }
 
 void Issuer::submit(const std::int64_t* src, const std::int64_t* dst, const std::int64_t* nbytes,

@@ -24,11 +24,19 @@ copies others (issue 16).
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from typing import Any
 
 import torch
 
+from pdflash.hybrid.affinity import (
+    HOST_AFFINITY_CHOICES,
+    HostPlacement,
+    PlacedThreads,
+    ThreadedKernel,
+    plan_placement,
+)
 from pdflash.hybrid.cost import (
     HostCostModel,
     OnlineHostCost,
@@ -75,6 +83,7 @@ __all__ = [
     "DEFAULT_MAX_HOST_TOKENS",
     "DEFAULT_PROBE_EVERY",
     "HANDOFF_CHOICES",
+    "HOST_AFFINITY_CHOICES",
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
     "HOST_FORMAT_CHOICES",
@@ -88,6 +97,7 @@ __all__ = [
     "HostHandoffError",
     "HostJob",
     "HostKernel",
+    "HostPlacement",
     "HostWeights",
     "LinkState",
     "MissPlan",
@@ -105,6 +115,7 @@ __all__ = [
     "fit_robust",
     "host_kernel_for",
     "host_weights_for",
+    "plan_placement",
     "release_host_weights",
 ]
 
@@ -126,6 +137,7 @@ def build_host_service(
     online: bool = True,
     probe_every: int | None = DEFAULT_PROBE_EVERY,
     critical_path: bool = False,
+    host_affinity: str | HostPlacement = "off",
     handoff: str = "thread",
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
@@ -162,11 +174,28 @@ def build_host_service(
     reach the device stream (:meth:`HostExpertService.set_handoff`;
     ``stream`` falls back to ``thread`` where it cannot run, with the reason
     recorded).
+
+    ``host_affinity`` (:data:`HOST_AFFINITY_CHOICES`, or a
+    :class:`HostPlacement` already planned): ``auto`` places the host pool's
+    threads (its workers and the native kernel's team) on one set of cores
+    and the engine's (the thread calling this, which runs the forward, and
+    the cache's issuer thread) on another, on CUDA only (on a CPU model the
+    host is the device itself); ``off`` (default) makes no affinity call.
+    The service's :meth:`~HostExpertService.close` gives every thread it
+    placed its mask back (see :mod:`pdflash.hybrid.affinity`).
     """
     if handoff not in HANDOFF_CHOICES:
         raise ValueError(f"handoff must be one of {HANDOFF_CHOICES}, got {handoff!r}")
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
+    if isinstance(host_affinity, HostPlacement):
+        placement = host_affinity
+    elif host_affinity == "auto" and device.type != "cuda":
+        placement = HostPlacement(
+            "auto", reason=f"the model computes on {device.type}: the host is the device"
+        )
+    else:
+        placement = plan_placement(host_affinity)  # raises on an unknown mode
     auto_workers, auto_threads = default_host_threads()
     if intra_op_threads is None and device.type == "cuda":
         intra_op_threads = auto_threads
@@ -181,6 +210,7 @@ def build_host_service(
     if intra_op_threads is not None:
         torch.set_num_threads(int(intra_op_threads))  # before any format is timed
     executor: HostExpertExecutor | None = None
+    placed = PlacedThreads(placement)
     try:
         fmt = "packed" if host_format == "auto" and not calibrate and cost is None else host_format
         t0 = time.perf_counter()
@@ -196,7 +226,11 @@ def build_host_service(
             workers=pool,
             intra_op_threads=intra_op_threads,
             batch_fn=weights.kernel.forward_many,
+            host_cpus=placement.host_cpus if placement.applied else None,
         )
+        if placement.applied and isinstance(weights.kernel, ThreadedKernel):
+            # placed before the calibration, so it times the host as it will run
+            placed.pin_host(weights.kernel.thread_ids())
         if cost is None and calibrate:
             t0 = time.perf_counter()
             _link_idle(adapter)
@@ -239,15 +273,29 @@ def build_host_service(
             service.setup_s["calibrate"] = calibrate_s
         service.kernel_detail = functools.partial(kernel_detail, weights.kernel)
         service.intra_op_threads_before = threads_before
+        placed.pin_engine(_engine_thread_ids(adapter))
+        service.placement = placed
     except BaseException:
         if executor is not None:
             executor.close()
+        placed.restore()
         torch.set_num_threads(threads_before)
         raise
     runtime = getattr(adapter, "runtime", None)
     if runtime is not None:
         runtime.host_service = service
     return service
+
+
+def _engine_thread_ids(adapter: Any) -> list[int]:
+    """The calling (forward) thread's id and the cache's issuer thread's,
+    where it reports one."""
+    tids = [threading.get_native_id()]
+    issuer = getattr(getattr(adapter, "cache", None), "issuer", None)
+    tid = int(getattr(issuer, "worker_tid", 0) or 0)
+    if tid > 0:
+        tids.append(tid)
+    return tids
 
 
 def _link_idle(adapter: Any) -> None:

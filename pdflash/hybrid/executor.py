@@ -42,6 +42,12 @@ So each pool worker applies the executor's thread count to itself when it
 starts (:func:`_init_worker`; through ``torch.set_num_threads``, the one
 API for it, which also re-sets torch's process-wide count to the value the
 executor recorded at construction).
+
+Placement: given ``host_cpus`` (:mod:`pdflash.hybrid.affinity`), each pool
+worker places itself on those CPUs when it starts, before its first torch
+call, so the OpenMP team it makes later starts there too (a new thread
+inherits its creator's mask). :attr:`HostExpertExecutor.thread_ids` lists
+the workers' kernel thread ids.
 """
 
 from __future__ import annotations
@@ -178,6 +184,8 @@ class HostExpertExecutor:
         batch_fn: computes a run of experts in one call (a host kernel's
             ``forward_many``: the same function as ``expert_fn`` per
             expert); None: ``expert_fn`` per expert.
+        host_cpus: the CPUs each pool worker places itself on when it
+            starts (Linux; None: no affinity call).
     """
 
     def __init__(
@@ -191,11 +199,19 @@ class HostExpertExecutor:
         workers: int | None = None,
         intra_op_threads: int | None = None,
         batch_fn: BatchFn | None = None,
+        host_cpus: Sequence[int] | None = None,
     ) -> None:
         auto_workers, _ = default_host_threads()
         workers = auto_workers if workers is None else int(workers)
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        cpus: tuple[int, ...] | None = None
+        if host_cpus is not None:
+            cpus = tuple(sorted({int(c) for c in host_cpus}))
+            if not cpus or cpus[0] < 0:
+                raise ValueError(f"host_cpus must be CPU numbers >= 0, got {list(host_cpus)}")
+            if not hasattr(os, "sched_setaffinity"):
+                raise ValueError("host_cpus given but this OS has no sched_setaffinity")
         #: torch's count before this executor set its own: given back by close()
         self._threads_before: int | None = None
         if intra_op_threads is not None:
@@ -211,11 +227,14 @@ class HostExpertExecutor:
         self.expert_nbytes = int(expert_nbytes)
         self.workers = workers
         self.intra_op_threads = int(torch.get_num_threads())
+        self.host_cpus = cpus
+        #: the pool workers' kernel thread ids (each adds its own on start)
+        self.thread_ids: list[int] = []
         self._pool = ThreadPoolExecutor(
             max_workers=workers,
             thread_name_prefix="pdflash-host",
             initializer=_init_worker,
-            initargs=(self.intra_op_threads,),
+            initargs=(self.intra_op_threads, cpus, self.thread_ids),
         )
         self._lock = threading.Lock()
         self.closed = False
@@ -393,8 +412,12 @@ class _Completion:
             self._callback(self._failed)
 
 
-def _init_worker(threads: int) -> None:
-    """Give this pool thread's OpenMP team ``threads`` threads (module doc)."""
+def _init_worker(threads: int, cpus: tuple[int, ...] | None, thread_ids: list[int]) -> None:
+    """Place this pool thread on ``cpus`` (if given), then give its OpenMP
+    team ``threads`` threads (module doc); note its id in ``thread_ids``."""
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)  # 0: this thread (Linux masks are per thread)
+    thread_ids.append(threading.get_native_id())
     torch.set_num_threads(threads)
 
 

@@ -62,6 +62,9 @@ class MlpBackend(Protocol):
     @property
     def last_isa(self) -> int: ...
 
+    @property
+    def worker_tids(self) -> list[int]: ...
+
     def run(
         self,
         act: int,
@@ -281,6 +284,13 @@ class NativeHostKernel:
             if self._team is None:
                 self._team = self._backend_factory(self.threads, self.spin_us)
             return self._team
+
+    def thread_ids(self) -> list[int]:
+        """The team's worker threads' kernel ids (the team is made if there
+        is none yet; Linux, else empty): where a placement pins them
+        (:mod:`pdflash.hybrid.affinity`). The caller of a batch is the
+        team's other member and is placed on its own."""
+        return [int(t) for t in self.team().worker_tids]
 
     def last_isa(self) -> str | None:
         """The ISA the last batch ran (None before the first)."""

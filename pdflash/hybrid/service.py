@@ -50,6 +50,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash.hybrid.affinity import HostPlacement, PlacedThreads
 from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob
 from pdflash.hybrid.handoff import (
@@ -251,7 +252,11 @@ class HostBooks:
     ``planned_ahead``: experts the ahead plan kept out of route-ahead copies;
     ``planned_layers``: layer forwards the planner saw misses in;
     ``copy_sampled``: layers the planner split that were copied to measure
-    the forward's dispatch without a HOST part (:class:`ForwardClock`).
+    the forward's dispatch without a HOST part (:class:`ForwardClock`);
+    ``ahead_seen``: experts of the ahead plans' HOST sets whose layer then
+    ran, ``ahead_routed``: those the forward routed to, ``ahead_hosted``:
+    those the layer's own plan hosted (the rest of the routed ones were
+    copied on demand).
     """
 
     experts: int = 0
@@ -264,6 +269,9 @@ class HostBooks:
     planned_ahead: int = 0
     planned_layers: int = 0
     copy_sampled: int = 0
+    ahead_seen: int = 0
+    ahead_routed: int = 0
+    ahead_hosted: int = 0
 
     def reset(self) -> None:
         for name, value in asdict(HostBooks()).items():
@@ -341,6 +349,12 @@ class HostExpertService:
         self._signals: StreamSignals | None = None
         #: stream hand-off jobs whose books are not yet taken, oldest first
         self._pending: deque[HostJob] = deque()
+        #: where its threads were placed (build_host_service sets it; None:
+        #: no placement, as ``off``); :meth:`close` gives the masks back
+        self.placement: PlacedThreads | None = None
+        #: the last ahead plan's HOST experts no layer has seen yet (a
+        #: layer's row is cleared once that layer splits; HostBooks.ahead_*)
+        self._ahead: npt.NDArray[np.bool_] | None = None
 
     @property
     def planner(self) -> MissPlanner:
@@ -391,8 +405,33 @@ class HostExpertService:
         ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
         tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
         out = np.zeros(ids.size, dtype=np.bool_)
-        if ids.size == 0 or not self.enabled:
-            return out
+        planned = self._take_ahead(layer, ids)
+        if ids.size and self.enabled:
+            out = self._split(layer, ids, tok, cache)
+        if planned is not None:
+            self.books.ahead_hosted += int((planned & out).sum())
+        return out
+
+    def _take_ahead(self, layer: int, ids: IdArray) -> npt.NDArray[np.bool_] | None:
+        """Mask over ``ids`` of the ahead plan's HOST experts of ``layer``
+        (None: none planned), counting them as seen and routed."""
+        ahead = self._ahead
+        if ahead is None or not 0 <= layer < ahead.shape[0] or not ahead[layer].any():
+            return None
+        row = ahead[layer].copy()
+        ahead[layer] = False  # seen: a later forward's layer is not this verify's
+        self.books.ahead_seen += int(row.sum())
+        local = ids - layer * self.num_experts
+        inside = (local >= 0) & (local < row.size)
+        planned = np.zeros(ids.size, dtype=np.bool_)
+        planned[inside] = row[local[inside]]
+        self.books.ahead_routed += int(planned.sum())
+        return planned
+
+    def _split(
+        self, layer: int, ids: IdArray, tok: npt.NDArray[np.int64], cache: Any
+    ) -> npt.NDArray[np.bool_]:
+        out = np.zeros(ids.size, dtype=np.bool_)
         slots = np.asarray(cache.slot_of)[ids]
         held = slots >= 0
         missed = ~held
@@ -573,9 +612,13 @@ class HostExpertService:
         """``(layers, experts)`` experts expected to be HOST in the coming
         verify (see :meth:`MissPlanner.plan_ahead`)."""
         if not self.enabled:
+            self._ahead = None
             return np.zeros(np.asarray(resident).shape, dtype=np.bool_)
-        mask = self.planner.plan_ahead(expected_tokens, resident, self.link_state())
-        return np.asarray(mask, dtype=np.bool_)
+        mask = np.asarray(
+            self.planner.plan_ahead(expected_tokens, resident, self.link_state()), dtype=np.bool_
+        )
+        self._ahead = mask.copy() if mask.ndim == 2 and mask.any() else None
+        return mask
 
     def describe(self) -> dict[str, Any]:
         """What a result row records about the service."""
@@ -609,6 +652,18 @@ class HostExpertService:
                 # rings replaced after a failed or timed-out job
                 "renewed": None if self._signals is None else self._signals.renewed,
             },
+            # the ahead plans' HOST experts: how many the layers saw, how many
+            # of those the forward routed, and how many of those the layer's
+            # own plan then hosted (the rest were copied on demand)
+            "ahead_outcome": {
+                "seen": self.books.ahead_seen,
+                "routed": self.books.ahead_routed,
+                "hosted": self.books.ahead_hosted,
+            },
+            # the host-affinity setting and the threads it placed
+            "affinity": (self.placement or PlacedThreads(HostPlacement("off"))).describe(
+                len(self.executor.thread_ids)
+            ),
         }
 
     def _host_weights(self) -> dict[str, Any] | None:
@@ -617,8 +672,10 @@ class HostExpertService:
         return {**self.host_weights, "host_kernel": self.kernel_detail()}
 
     def close(self) -> None:
-        """Stop the executor's pool and give torch back the intra-op thread
-        count it had before the service (idempotent)."""
+        """Stop the executor's pool, give the threads it placed their CPU
+        masks back and torch the intra-op thread count it had before the
+        service (idempotent). Stream hand-off jobs still pending are settled
+        first (their errors raised after everything is closed)."""
         try:
             self.settle()
         finally:
@@ -626,6 +683,8 @@ class HostExpertService:
             if signals is not None:
                 signals.close()
             self.executor.close()
+            if self.placement is not None:
+                self.placement.restore()
             before, self.intra_op_threads_before = self.intra_op_threads_before, None
             if before is not None:
                 torch.set_num_threads(before)

@@ -386,6 +386,15 @@ def _recorded_handoff(row: Mapping[str, Any]) -> Any:
     return "thread"
 
 
+def _recorded_affinity(row: Mapping[str, Any]) -> Any:
+    """Where a row's host threads were placed (``--host-affinity``): as its
+    host service records, else ``off`` (no host service, or one older than
+    the setting: nothing was placed)."""
+    service = row.get("host_service")
+    placed = service.get("affinity") if isinstance(service, Mapping) else None
+    return placed.get("mode", "off") if isinstance(placed, Mapping) else "off"
+
+
 #: Every setting that, beside the point (arch with its depth and GPUs,
 #: baseline, block, concurrency, cache fraction, workload) and the repeat,
 #: defines a run: the matrix's resume key (:func:`spec_settings`) and the
@@ -400,6 +409,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_max_tokens", 16),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS
     RunSetting("host_critical_path", False, _recorded_critical_path),
     RunSetting("host_handoff", "thread", _recorded_handoff),
+    RunSetting("host_affinity", "off", _recorded_affinity),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace pdflash {
 
@@ -102,6 +103,9 @@ class HostMlpRunner {
            int64_t out_stride, int64_t rows, MlpIsa isa, int64_t amx_min_rows = 1);
 
   int threads() const;
+  // The workers' kernel thread ids (Linux: one per worker, set before the
+  // constructor returns; elsewhere empty), for placing them on cores.
+  std::vector<int64_t> worker_tids() const;
   // Calls served, and the ISA the last call ran (kAuto before any call).
   int64_t calls() const;
   MlpIsa last_isa() const;

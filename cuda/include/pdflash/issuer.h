@@ -132,6 +132,9 @@ class Issuer {
   Issuer& operator=(const Issuer&) = delete;
 
   const char* backend_name() const;
+  // The worker thread's kernel id (Linux, once it has started; else 0), for
+  // placing it on cores.
+  std::int64_t worker_tid() const;
   const IssuerConfig& config() const;
 
   // Queue n copies in `band`. A key already live (queued or running) is not
