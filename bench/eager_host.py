@@ -239,6 +239,7 @@ def measure(
     host_format: str = "packed",
     host_affinity: str = "off",
     preset: str = "tiny",
+    host_handoff: str = "thread",
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
@@ -264,7 +265,12 @@ def measure(
     service's threads run (:mod:`pdflash.hybrid.affinity`; the host entry
     records the placement). ``preset``: the synthetic
     shape (``tiny``, or a published one such as ``gpt-oss-20b``, truncated
-    to ``layers``; its weights are generated at load)."""
+    to ``layers``; its weights are generated at load). ``host_handoff``:
+    the service's hand-off (:mod:`pdflash.hybrid.handoff`); on CUDA
+    ``forward_synced_us`` times each step to the device's end (then the
+    service's :meth:`~pdflash.hybrid.service.HostExpertService.settle`),
+    which compares the hand-offs: with ``stream`` the forward's thread
+    returns before the device is done."""
     from pdflash.engine.prefetch import GateLookahead
     from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
     from pdflash.h2d import H2DIssuer
@@ -289,6 +295,8 @@ def measure(
     service: Any = None
     class_patches: list[tuple[Any, str, Any]] = []
     step_s: list[float] = []
+    synced_s: list[float] = []  # each step to the device's end (CUDA)
+    handoff: dict[str, Any] | None = None
     wait_s: list[float] = []
     hosting: list[int] = []
     per_step: dict[str, list[float]] = defaultdict(list)
@@ -328,6 +336,7 @@ def measure(
                 workers=1,
                 intra_op_threads=host_threads,
                 host_format=host_format,
+                handoff=host_handoff,
                 host_affinity=host_affinity,
             )
         runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
@@ -431,6 +440,7 @@ def measure(
             for n in range(warm_steps + steps):
                 if n == warm_steps:
                     step_s.clear()
+                    synced_s.clear()
                     per_step.clear()
                     wait_s.clear()
                     hosting.clear()
@@ -451,6 +461,11 @@ def measure(
                 t0 = time.perf_counter()
                 runner.forward(chunks)
                 step_s.append(time.perf_counter() - t0)
+                if dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+                    if service is not None:
+                        service.settle()
+                    synced_s.append(time.perf_counter() - t0)
                 if service is not None:
                     wait_s.append(service.books.wait_s)
                     hosting.append(service.books.layers)
@@ -473,6 +488,7 @@ def measure(
         for owner, name, real in class_patches:
             setattr(owner, name, real)
         if service is not None:
+            handoff = service.describe()["host_handoff"]
             service.close()
         issuer.close()
         if tmp is not None:
@@ -485,6 +501,7 @@ def measure(
         host = _host_summary(
             per_step, step_s, wait_s, hosting, host_every, host_threads, host_format
         )
+        host["handoff"] = handoff
         host["affinity"] = service.describe()["affinity"]
     detail_us = {
         name: 1e6 * sum(v) / len(step_s) for name, v in sorted(per_step.items()) if "." in name
@@ -520,6 +537,8 @@ def measure(
         "parts_us": us,
         "glue_us": 1e6 * statistics.median(glue),
         "forward_us": forward,
+        # to the device's end (CUDA only: on the CPU the forward is synchronous)
+        "forward_synced_us": 1e6 * statistics.median(synced_s) if synced_s else None,
         "forward_us_per_layer": forward / layers,
         **({"host": host} if host is not None else {}),
         **({"detail_us_mean": detail_us} if detail else {}),
@@ -595,6 +614,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
     ap.add_argument("--host-format", default="packed", help="the host's expert format")
     ap.add_argument(
+        "--host-handoff",
+        default="thread",
+        choices=("thread", "stream"),
+        help="how HOST outputs reach the device stream (pdflash.hybrid.handoff)",
+    )
+    ap.add_argument(
         "--host-affinity",
         default="off",
         choices=("off", "auto"),
@@ -625,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_format=a.host_format,
         host_affinity=a.host_affinity,
         preset=a.preset,
+        host_handoff=a.host_handoff,
     )
     print(json.dumps(out))
     return 0

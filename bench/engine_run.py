@@ -155,6 +155,10 @@ class RunSpec:
     # HostExpertService.critical_path: the planner judges the forward's
     # critical path instead of the link's makespan
     host_critical_path: bool = False
+    # how HOST outputs reach the device stream (pdflash.hybrid.handoff):
+    # "thread" (the forward's thread waits for the host) or "stream" (a
+    # device-side wait; falls back to "thread" with a recorded reason)
+    host_handoff: str = "thread"
     # where the host pool's threads and the engine's run (pdflash.hybrid.affinity):
     # "off" (no affinity call) or "auto" (separate core sets, on CUDA)
     host_affinity: str = "off"
@@ -303,8 +307,12 @@ class RunSpec:
             raise ValueError(
                 f"host_max_tokens must be >= 0 (0: no cap), got {self.host_max_tokens}"
             )
-        from pdflash.hybrid import HOST_AFFINITY_CHOICES, HOST_FORMAT_CHOICES
+        from pdflash.hybrid import HANDOFF_CHOICES, HOST_AFFINITY_CHOICES, HOST_FORMAT_CHOICES
 
+        if self.host_handoff not in HANDOFF_CHOICES:
+            raise ValueError(
+                f"host_handoff must be one of {HANDOFF_CHOICES}, got {self.host_handoff!r}"
+            )
         if self.warmup not in WARMUP_CHOICES:
             raise ValueError(f"warmup must be one of {WARMUP_CHOICES}, got {self.warmup!r}")
         if self.host_format not in HOST_FORMAT_CHOICES:
@@ -979,6 +987,7 @@ def _run(
                 max_host_tokens=spec.host_max_tokens or None,
                 host_format=spec.host_format,
                 critical_path=spec.host_critical_path,
+                handoff=spec.host_handoff,
                 host_affinity=spec.host_affinity,
             )
         setup.parts("host_service", host_service.setup_s)

@@ -11,7 +11,14 @@ import importlib
 from types import ModuleType
 
 #: Every extension module a complete build produces.
-NATIVE_MODULES: tuple[str, ...] = ("_build_info", "_deficit", "_hostmlp", "_issuer", "_routeahead")
+NATIVE_MODULES: tuple[str, ...] = (
+    "_build_info",
+    "_deficit",
+    "_hostmlp",
+    "_hostsignal",
+    "_issuer",
+    "_routeahead",
+)
 
 
 class NativeExtensionError(ImportError):

@@ -217,6 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the planner judges the forward's critical path (RunSpec.host_critical_path)",
     )
     ap.add_argument(
+        "--host-handoff",
+        default="thread",
+        choices=("thread", "stream"),
+        help="how HOST outputs reach the device stream (RunSpec.host_handoff)",
+    )
+    ap.add_argument(
         "--host-affinity",
         default="off",
         choices=("off", "auto"),
@@ -283,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
                         host_max_tokens=args.host_max_tokens,
                         host_format=args.host_format,
                         host_critical_path=args.host_critical_path,
+                        host_handoff=args.host_handoff,
                         host_affinity=args.host_affinity,
                         synthetic_format=args.synthetic_format,
                         expert_dtype=args.expert_dtype,
@@ -362,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
         "host_critical_path": args.host_critical_path,
+        "host_handoff": args.host_handoff,
         "host_affinity": args.host_affinity,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,

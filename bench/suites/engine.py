@@ -257,6 +257,15 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "link's makespan (default; see HostExpertService.critical_path)",
     )
     parser.add_argument(
+        "--host-handoff",
+        default="thread",
+        choices=("thread", "stream"),
+        help="how HOST outputs reach the device stream (pdflash.hybrid.handoff): thread "
+        "(default: the forward's thread waits for the host) or stream (a device-side wait "
+        "on a host-set flag; the thread goes on; falls back to thread, reason recorded, "
+        "where it cannot run)",
+    )
+    parser.add_argument(
         "--host-affinity",
         choices=("off", "auto"),
         default="off",
@@ -402,6 +411,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_max_tokens=args.host_max_tokens,
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
+                    host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", "off"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,

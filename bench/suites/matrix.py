@@ -85,6 +85,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_max_ratio",
         "host_max_tokens",
         "host_critical_path",
+        "host_handoff",
         "host_affinity",
     )
 }
@@ -840,6 +841,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--host-max-tokens {tokens}")
     if getattr(args, "host_critical_path", False):
         parts.append("--host-critical-path")
+    if getattr(args, "host_handoff", "thread") != "thread":
+        parts.append(f"--host-handoff {args.host_handoff}")
     if getattr(args, "host_affinity", "off") != "off":
         parts.append(f"--host-affinity {args.host_affinity}")
     parts.append(f"--out {shlex.quote(str(out))}")

@@ -967,6 +967,7 @@ class Engine:
         self.prefetch.begin_forward()
         with self.timer.forward("prefill"):
             out = self.runner.forward(chunks)
+        self._settle_host()
         self._record_trace(out.needed_flat, "prefill")
         self.prefetch.observe_routing(np.asarray(out.routed.any(axis=0), dtype=np.bool_))
         if self._token_recorder is not None:
@@ -1130,7 +1131,16 @@ class Engine:
     def _verify(self, batch: list[tuple[Request, int]]) -> VerifyResult:
         """The verify forward and every request's acceptance (commits nothing)."""
         self.prefetch.begin_forward()
-        return self.verifier.run(batch)
+        result = self.verifier.run(batch)
+        self._settle_host()
+        return result
+
+    def _settle_host(self) -> None:
+        """The stream hand-off's check after a forward (its outputs read):
+        raises if a HOST job the forward added failed (see
+        :meth:`pdflash.hybrid.service.HostExpertService.settle`)."""
+        if self.host_service is not None:
+            self.host_service.settle()
 
     def _record_verify(
         self,

@@ -13,7 +13,10 @@ copies others (issue 16).
 * :mod:`pdflash.hybrid.prepare` — choosing the format (timed) and preparing
   a store's experts in it, within a host-memory budget;
 * :mod:`pdflash.hybrid.service` — :class:`HostExpertService`, the hook the
-  offloaded MoE block calls, and :class:`HostBooks`.
+  offloaded MoE block calls, and :class:`HostBooks`;
+* :mod:`pdflash.hybrid.handoff` — how HOST outputs reach the device stream
+  (``thread``: the forward's thread waits; ``stream``: a device-side wait
+  on a host-set flag, :class:`StreamSignals`).
 
 :func:`build_host_service` wires them for an adapter with an attached cache.
 """
@@ -42,6 +45,7 @@ from pdflash.hybrid.cost import (
     fit_robust,
 )
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob, default_host_threads
+from pdflash.hybrid.handoff import HANDOFF_CHOICES, HostHandoffError, StreamSignals
 from pdflash.hybrid.kernels import (
     HOST_FORMATS,
     HostKernel,
@@ -78,6 +82,7 @@ __all__ = [
     "DEFAULT_MAX_HOST_RATIO",
     "DEFAULT_MAX_HOST_TOKENS",
     "DEFAULT_PROBE_EVERY",
+    "HANDOFF_CHOICES",
     "HOST_AFFINITY_CHOICES",
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
@@ -89,6 +94,7 @@ __all__ = [
     "HostCostModel",
     "HostExpertExecutor",
     "HostExpertService",
+    "HostHandoffError",
     "HostJob",
     "HostKernel",
     "HostPlacement",
@@ -100,6 +106,7 @@ __all__ = [
     "OnlineHostCost",
     "PreparedWeights",
     "ReportingMissPlanner",
+    "StreamSignals",
     "build_host_service",
     "calibrate_host",
     "default_host_threads",
@@ -131,6 +138,7 @@ def build_host_service(
     probe_every: int | None = DEFAULT_PROBE_EVERY,
     critical_path: bool = False,
     host_affinity: str | HostPlacement = "off",
+    handoff: str = "thread",
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -161,7 +169,11 @@ def build_host_service(
     :mod:`pdflash.hybrid.planner` for when HOST pays, why the caps, and how
     it corrects the calibration from the run's own HOST jobs).
     ``critical_path`` sets :attr:`HostExpertService.critical_path` (off by
-    default: the planner judges the link's makespan).
+    default: the planner judges the link's makespan). ``handoff``
+    (:data:`~pdflash.hybrid.handoff.HANDOFF_CHOICES`): how HOST outputs
+    reach the device stream (:meth:`HostExpertService.set_handoff`;
+    ``stream`` falls back to ``thread`` where it cannot run, with the reason
+    recorded).
 
     ``host_affinity`` (:data:`HOST_AFFINITY_CHOICES`, or a
     :class:`HostPlacement` already planned): ``auto`` places the host pool's
@@ -172,6 +184,8 @@ def build_host_service(
     The service's :meth:`~HostExpertService.close` gives every thread it
     placed its mask back (see :mod:`pdflash.hybrid.affinity`).
     """
+    if handoff not in HANDOFF_CHOICES:
+        raise ValueError(f"handoff must be one of {HANDOFF_CHOICES}, got {handoff!r}")
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
     if isinstance(host_affinity, HostPlacement):
@@ -250,6 +264,7 @@ def build_host_service(
             cost=cost,
         )
         service.critical_path = bool(critical_path)
+        service.set_handoff(handoff, device)
         service.host_weights = weights.describe()
         # what building it cost: getting the weights (format selection and
         # preparation, or a lookup when reused) and the calibration

@@ -12,7 +12,9 @@ host once for the routed counts, ``[T * k]``) and those counts:
 * :meth:`HostPart.write_into` as the block's last step before the weighted
   sum: the host's rows into their rows of ``y`` (one output row per routed
   row). On CUDA that copy and write are the only GPU work that waits for the
-  host.
+  host. With the service's ``thread`` hand-off the forward's thread waits
+  for the host there; with ``stream`` it only enqueues a device wait before
+  them (:mod:`pdflash.hybrid.handoff`) and goes on.
 
 The block skips the HOST experts (``part.mask`` over its distinct routed
 experts) when it pins, copies and computes.
@@ -54,8 +56,14 @@ class HostPart:
 
     def write_into(self, y: torch.Tensor) -> None:
         """``y[rows] = result()`` (in ``y``'s dtype): one indexed copy on the
-        device, ordered after the result's upload on the same stream."""
-        y.index_copy_(0, self.rows, self.result().to(y.dtype))
+        device, ordered after the result's upload on the same stream. With
+        the ``stream`` hand-off the upload follows a device wait for the job
+        instead of the thread's (the same operations otherwise)."""
+        if self.service.handoff == "stream" and y.is_cuda:
+            out = self.service.finish_on_stream(self.job)
+        else:
+            out = self.result()
+        y.index_copy_(0, self.rows, out.to(y.dtype))
 
     def cancel(self) -> None:
         self.job.cancel()

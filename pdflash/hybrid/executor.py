@@ -107,6 +107,39 @@ class HostJob:
     def done(self) -> bool:
         return all(f.done() for f in self._futures)
 
+    def on_done(self, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(failed)`` once, in the thread that completes the
+        job's last future (this one if it is already done), after every
+        worker wrote its share of the output; ``failed``: a worker raised or
+        was cancelled. The ``stream`` hand-off stores the job's flag here."""
+        completion = _Completion(len(self._futures), callback)
+        for f in self._futures:
+            f.add_done_callback(completion.one_done)
+
+    def wait(self) -> None:
+        """Block until every worker is done (raises nothing: see :meth:`collect`)."""
+        for f in self._futures:
+            with contextlib.suppress(Exception):
+                f.exception()
+
+    def collect(self) -> None:
+        """Take the workers' intervals from a finished job without blocking
+        (the ``stream`` hand-off's books); raises the first worker's error."""
+        if not self.done():
+            raise RuntimeError("the job is still running")
+        self.intervals = [f.result() for f in self._futures]
+
+    def output(self) -> torch.Tensor:
+        """The output on the job's device WITHOUT waiting for the host: a
+        ``non_blocking`` copy from the pinned buffer on the current stream,
+        correct only behind a device wait for the job (the ``stream``
+        hand-off, :class:`pdflash.hybrid.handoff.StreamSignals`). On the
+        CPU (no stream to order it behind) the output buffer itself, valid
+        once the job is done."""
+        if self.device.type == "cpu":
+            return self._out
+        return self._out.to(self.device, non_blocking=True)
+
     def result(self) -> torch.Tensor:
         """Block until the CPU finished; the ``[rows, hidden]`` output on the
         job's device (a ``non_blocking`` copy on the current stream)."""
@@ -358,6 +391,25 @@ class HostExpertExecutor:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+class _Completion:
+    """Calls ``callback(failed)`` once every one of ``count`` futures is done."""
+
+    def __init__(self, count: int, callback: Callable[[bool], None]) -> None:
+        self._left = count
+        self._failed = False
+        self._callback = callback
+        self._lock = threading.Lock()
+
+    def one_done(self, future: Future[tuple[float, float]]) -> None:
+        failed = future.cancelled() or future.exception() is not None
+        with self._lock:
+            self._failed = self._failed or failed
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._callback(self._failed)
 
 
 def _init_worker(threads: int, cpus: tuple[int, ...] | None, thread_ids: list[int]) -> None:

@@ -18,7 +18,13 @@ the host (the block's one host sync):
   job's measured compute goes to the planner's ``observe`` where it is an
   :class:`~pdflash.hybrid.planner.ObservingMissPlanner` (checked once, when
   the planner is set; :class:`~pdflash.hybrid.planner.CostModelPlanner`
-  corrects its host cost from it).
+  corrects its host cost from it). With the ``stream`` hand-off
+  (:mod:`pdflash.hybrid.handoff`, :meth:`HostExpertService.set_handoff`)
+  :meth:`HostExpertService.finish_on_stream` instead: the forward's thread
+  enqueues a device wait for the job, the upload and the add, and goes on;
+  the job's books are taken once it is done (at a later layer, or
+  :meth:`HostExpertService.settle`, which the engine calls after each
+  forward and which raises if a job failed).
 
 Before a verify, :meth:`HostExpertService.plan_ahead` turns the route-ahead
 prediction into the experts expected to be HOST; the engine then leaves them
@@ -47,6 +53,13 @@ import torch
 from pdflash.hybrid.affinity import HostPlacement, PlacedThreads
 from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.executor import HostExpertExecutor, HostJob
+from pdflash.hybrid.handoff import (
+    DEFAULT_TIMEOUT_S,
+    HANDOFF_CHOICES,
+    HostHandoffError,
+    StreamSignals,
+    stream_unavailable,
+)
 from pdflash.hybrid.planner import (
     AccountingMissPlanner,
     LinkState,
@@ -328,6 +341,14 @@ class HostExpertService:
         #: False: every miss is copied and nothing is planned ahead (the PD
         #: controller switches the service off where it does not pay)
         self.enabled = True
+        #: the hand-off that runs ("thread" or "stream", see
+        #: pdflash.hybrid.handoff), the one asked for, and why they differ
+        self.handoff = "thread"
+        self.handoff_requested = "thread"
+        self.handoff_reason: str | None = None
+        self._signals: StreamSignals | None = None
+        #: stream hand-off jobs whose books are not yet taken, oldest first
+        self._pending: deque[HostJob] = deque()
         #: where its threads were placed (build_host_service sets it; None:
         #: no placement, as ``off``); :meth:`close` gives the masks back
         self.placement: PlacedThreads | None = None
@@ -463,6 +484,107 @@ class HostExpertService:
         asked = time.perf_counter()
         with self._host_wait():
             out = job.result()
+        self._book(job)
+        if job.started_at is not None:
+            own = time.perf_counter() - asked - job.wait_s
+            self.clock.collected(asked - job.started_at, job.wait_s, own)
+        return out
+
+    # -- the stream hand-off -------------------------------------------------------
+
+    def set_handoff(
+        self,
+        mode: str,
+        device: torch.device | str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        signals: StreamSignals | None = None,
+    ) -> None:
+        """Run the ``mode`` hand-off (:data:`~pdflash.hybrid.handoff.HANDOFF_CHOICES`)
+        on ``device``. ``stream`` where it cannot run (no CUDA build or
+        device) runs ``thread``, the reason in :attr:`handoff_reason`.
+        ``signals``: the device waits to use with ``stream`` (tests: a ring
+        whose waits run on the host), instead of a mapped ring on ``device``."""
+        if mode not in HANDOFF_CHOICES:
+            raise ValueError(f"host handoff must be one of {HANDOFF_CHOICES}, got {mode!r}")
+        if signals is not None and mode != "stream":
+            raise ValueError("signals are for the stream hand-off only")
+        dev = torch.device(device)
+        reason: str | None = None
+        if mode == "stream" and signals is None:
+            reason = stream_unavailable(dev)
+            if reason is None:
+                try:
+                    signals = StreamSignals(dev, timeout_s=timeout_s)
+                except RuntimeError as exc:
+                    reason = f"the device wait could not be set up: {exc}"
+        self.settle()
+        if self._signals is not None:
+            self._signals.close()
+        self._signals = signals
+        self.handoff_requested = mode
+        self.handoff = "stream" if signals is not None else "thread"
+        self.handoff_reason = reason
+
+    def finish_on_stream(self, job: HostJob) -> torch.Tensor:
+        """The job's output on its device, the forward's thread not waiting:
+        the current stream waits for the job on the device, then uploads the
+        output (``stream`` hand-off; the books follow once the job is done)."""
+        signals = self._signals
+        if signals is None:
+            raise RuntimeError("the stream hand-off is not set (set_handoff)")
+        asked = time.perf_counter()
+        self._take_done()
+        signals.arm(job, signals.current_stream())
+        out = job.output()
+        self._pending.append(job)
+        if job.started_at is not None:
+            self.clock.collected(asked - job.started_at, 0.0, time.perf_counter() - asked)
+        return out
+
+    def _take_done(self) -> None:
+        """The books of the finished stream hand-off jobs, oldest first (no
+        waiting); raises :class:`HostHandoffError` for a failed one."""
+        while self._pending and self._pending[0].done():
+            self._collect(self._pending.popleft())
+
+    def _collect(self, job: HostJob) -> None:
+        try:
+            job.collect()
+        except Exception as exc:
+            raise HostHandoffError(f"a HOST job failed: {type(exc).__name__}: {exc}") from exc
+        self._book(job)
+
+    def settle(self) -> None:
+        """Wait for every stream hand-off job still running, take their books
+        and raise :class:`HostHandoffError` if one failed or a device wait
+        saw a failure or timed out. After an error the device is synchronized
+        and the flag ring replaced, so the next forward starts clean. The
+        engine calls this after each forward (its outputs read); a no-op for
+        the ``thread`` hand-off."""
+        error: BaseException | None = None
+        while self._pending:
+            job = self._pending.popleft()
+            try:
+                job.wait()
+                self._collect(job)
+            except Exception as exc:
+                error = error or exc
+        signals = self._signals
+        if signals is None:
+            if error is not None:
+                raise error
+            return
+        try:
+            signals.check()
+        except HostHandoffError as exc:
+            error = error or exc
+        if error is not None:
+            signals.renew()  # synchronizes first: no wait still reads the old ring
+            raise error
+
+    def _book(self, job: HostJob) -> None:
+        """A finished job's books and the planner's observation."""
         self.books.wait_s += job.wait_s
         self.books.compute_s += sum(b - a for a, b in job.intervals)
         self.books.busy_s += busy_union_s(job.intervals)
@@ -473,10 +595,6 @@ class HostExpertService:
             # the job's compute span, as the calibration timed its batches
             span = max(b for _, b in job.intervals) - min(a for a, _ in job.intervals)
             observer.observe(tokens, span)
-        if job.started_at is not None:
-            own = time.perf_counter() - asked - job.wait_s
-            self.clock.collected(asked - job.started_at, job.wait_s, own)
-        return out
 
     @contextlib.contextmanager
     def _host_wait(self) -> Iterator[None]:
@@ -524,6 +642,16 @@ class HostExpertService:
             # layers the planner split that were copied to sample the dispatch
             "copy_sampled_layers": self.books.copy_sampled,
             "enabled_at_end": self.enabled,
+            # how HOST outputs reached the stream (pdflash.hybrid.handoff)
+            "host_handoff": {
+                "requested": self.handoff_requested,
+                "mode": self.handoff,
+                "reason": self.handoff_reason,
+                "device_waits": None if self._signals is None else self._signals.waits,
+                "timeout_s": None if self._signals is None else self._signals.timeout_s,
+                # rings replaced after a failed or timed-out job
+                "renewed": None if self._signals is None else self._signals.renewed,
+            },
             # the ahead plans' HOST experts: how many the layers saw, how many
             # of those the forward routed, and how many of those the layer's
             # own plan then hosted (the rest were copied on demand)
@@ -546,10 +674,17 @@ class HostExpertService:
     def close(self) -> None:
         """Stop the executor's pool, give the threads it placed their CPU
         masks back and torch the intra-op thread count it had before the
-        service (idempotent)."""
-        self.executor.close()
-        if self.placement is not None:
-            self.placement.restore()
-        before, self.intra_op_threads_before = self.intra_op_threads_before, None
-        if before is not None:
-            torch.set_num_threads(before)
+        service (idempotent). Stream hand-off jobs still pending are settled
+        first (their errors raised after everything is closed)."""
+        try:
+            self.settle()
+        finally:
+            signals, self._signals = self._signals, None
+            if signals is not None:
+                signals.close()
+            self.executor.close()
+            if self.placement is not None:
+                self.placement.restore()
+            before, self.intra_op_threads_before = self.intra_op_threads_before, None
+            if before is not None:
+                torch.set_num_threads(before)

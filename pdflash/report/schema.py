@@ -373,6 +373,19 @@ def _recorded_critical_path(row: Mapping[str, Any]) -> Any:
     return "critical_path" in service
 
 
+def _recorded_handoff(row: Mapping[str, Any]) -> Any:
+    """The HOST hand-off a row's run asked for: as its host service records,
+    else ``thread`` (no host service, or one from before the switch, which
+    always ran the thread hand-off)."""
+    service = row.get("host_service")
+    if not isinstance(service, Mapping):
+        return "thread"
+    handoff = service.get("host_handoff")
+    if isinstance(handoff, Mapping) and handoff.get("requested") is not None:
+        return handoff["requested"]
+    return "thread"
+
+
 def _recorded_affinity(row: Mapping[str, Any]) -> Any:
     """Where a row's host threads were placed (``--host-affinity``): as its
     host service records, else ``off`` (no host service, or one older than
@@ -395,6 +408,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_max_ratio", 1.5),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_RATIO
     RunSetting("host_max_tokens", 16),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS
     RunSetting("host_critical_path", False, _recorded_critical_path),
+    RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "off", _recorded_affinity),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),

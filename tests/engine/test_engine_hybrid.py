@@ -241,7 +241,10 @@ def test_run_spec_rows_carry_the_host_books(
     # a slow emulated link (one tiny expert: 0.64 ms) and no break-even cap, so
     # the calibrated planner hosts misses even when a loaded 2-core CI box
     # measured the CPU slower than one copy (the makespan still pays)
-    host = run_spec(_spec("PD+host", emulated_link_gbps=0.02, host_max_ratio=50.0)).row
+    # stream asked for on the CPU: the thread hand-off runs, the reason recorded
+    host = run_spec(
+        _spec("PD+host", emulated_link_gbps=0.02, host_max_ratio=50.0, host_handoff="stream")
+    ).row
     off = run_spec(_spec("PD", emulated_link_gbps=0.02)).row
     for row in (host, off):
         assert validate_row(row) == [], validate_row(row)
@@ -250,6 +253,13 @@ def test_run_spec_rows_carry_the_host_books(
     assert host["host_experts"] == "auto" and off["host_experts"] == "off"
     assert host["host_service"]["planner"]["max_host_ratio"] == 50.0
     assert host["host_service"]["planner"]["max_host_tokens"] == 16
+    handoff = host["host_service"]["host_handoff"]
+    assert (handoff["requested"], handoff["mode"]) == ("stream", "thread")
+    assert handoff["reason"] == "the device is cpu, not cuda"
+    from pdflash.report.schema import RUN_SETTINGS
+
+    setting = next(s for s in RUN_SETTINGS if s.name == "host_handoff")
+    assert (setting.of_row(host), setting.of_row(off)) == ("stream", "thread")
     cal = host["host_service"]["calibration"]
     assert cal["source"] == "calibrated" and len(cal["points"]) == 4
     assert cal["intercept_s"] >= 0 and cal["per_token_s"] >= 0
@@ -328,6 +338,42 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_max_tokens=-1))
     with pytest.raises(ValueError, match="host_format"):
         run_spec(_spec("PD+host", host_format="fp16"))
+    with pytest.raises(ValueError, match="host_handoff"):
+        run_spec(_spec("PD+host", host_handoff="fast"))
+
+
+def test_the_engine_settles_the_host_after_each_forward(
+    gpt_oss_case: tuple[Path, list[Any]],
+) -> None:
+    """The stream hand-off's check runs after every verify (and prefill)
+    forward: a failed HOST job ends the batch's requests with the error
+    instead of committing what the forward computed."""
+    from pdflash.hybrid import ForcedHostPlanner, HostHandoffError
+
+    tmp, cases = gpt_oss_case
+    eng, _adapter, issuer = _stack(tmp, "s", "PD+host", cache_slots=6, block_size=5)
+    svc = eng.host_service
+    assert svc is not None
+    svc.planner = ForcedHostPlanner(every=1)
+    calls: list[int] = []
+    settle = svc.settle
+
+    def failing_settle() -> None:
+        settle()
+        calls.append(1)
+        if len(calls) == 3:  # prefill, verify, then a verify whose host job "failed"
+            raise HostHandoffError("a HOST job failed: injected")
+
+    svc.settle = failing_settle  # type: ignore[method-assign]
+    try:
+        rid = eng.add_request(cases[0][0], max_new_tokens=MAX_NEW)
+        done = eng.run_until_done(max_steps=400)
+        assert len(calls) >= 3
+        assert done[rid].metrics.finish_reason == "error"
+        assert "HostHandoffError" in (done[rid].error or "")
+    finally:
+        svc.close()
+        issuer.close()
 
 
 def test_a_pd_host_run_gives_torch_its_thread_count_back(
