@@ -23,6 +23,20 @@ the active experts / ``hbm_gbps``, a device-to-device copy measured in the
 same run, counted as bytes read + written). The targets of issue 13
 (``<= 1.25x`` grouped_mm, ``<= 2x`` roofline) are evaluated on each row.
 
+Both sides are timed the same way (:func:`_timed`; the row's
+``all_hit_timing`` says so in words), in ``--all-hit-rounds`` interleaved
+rounds (offloaded, plain, offloaded, ...; medians, the rounds kept): ``*_us``
+is CUDA events around ``--all-hit-iters`` back-to-back calls (what an eager
+caller gets: a side whose host issues its calls slower than the device runs
+them is timed at the host's pace), ``*_host_us`` the host's time to issue
+one call (``perf_counter`` around the same loop) and ``*_device_us`` the
+device's time per call with every call queued behind a spin kernel first
+(``torch.cuda._sleep``), so no host time shows; null with the reason where
+the host could not queue them all in time (or on CPU). Neither side times
+the router (top-k) or the weighted sum's inputs; the offloaded side also
+times its cache books, slot lookup, row sort, gathers and un-permute, which
+plain grouped_mm leaves out (the target counts them as the block's overhead).
+
 Output: one JSON object (see ``run``).
 """
 
@@ -89,6 +103,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="token counts of the per-layer all-hit comparison (empty: skip it)",
     )
     p.add_argument("--all-hit-iters", type=int, default=20, help="timed calls per all-hit point")
+    p.add_argument(
+        "--all-hit-rounds",
+        type=int,
+        default=3,
+        help="interleaved timing rounds per all-hit point (offloaded, plain, ...; medians)",
+    )
     p.add_argument(
         "--synthetic-format",
         default=None,
@@ -250,12 +270,130 @@ def _time_us(fn: Any, iters: int, device: Any) -> float:
     return (time.perf_counter() - t0) * 1e6 / iters
 
 
+#: what each side of an all-hit row times (stated in every run's row)
+ALL_HIT_TIMING = {
+    "method": "the same for both sides: see *_us, *_host_us, *_device_us",
+    "us": "CUDA events around --all-hit-iters back-to-back calls, per call (CPU: perf_counter); "
+    "a side whose host issues slower than its device runs is timed at the host's pace",
+    "host_us": "perf_counter around the same loop, per call: the host's time to issue one call",
+    "device_us": "CUDA events around the calls queued behind a torch.cuda._sleep spin (every call "
+    "issued before the device reaches the first): the device's time alone",
+    "offloaded_all_hit": "OffloadedMoE.forward_routed(layer, x, ids, weights) with every expert "
+    "of the layer resident: cache books (pin, deferred access, unpin), slot lookup, row sort, "
+    "x gather, the grouped MLP over the slab, un-permute, weighted k-way sum",
+    "grouped_mm_active": "the arch's grouped MLP alone (GroupedExperts.forward) on rows already "
+    "sorted by expert and gathered, over the active experts' dense weights stacked contiguously",
+    "neither": "router / top-k, the norm, building the inputs",
+}
+
+
 def _dense_stacked(ad: Any, flat_ids: list[int], device: Any) -> dict[str, Any]:
-    """The given experts' dense compute weights stacked ``[G, ...]`` on ``device``."""
+    """The given experts' dense compute weights stacked ``[G, ...]`` on
+    ``device``: the stored (packed) bytes are stacked and moved first and
+    dequantized there (an MXFP4 expert dequantized on the host costs ~0.1 s
+    of CPU; the dequantizers give the same bits on either device)."""
     import torch
 
-    per = [ad.dense_expert_weights(ad.store.views(g)) for g in flat_ids]
-    return {n: torch.stack([w[n] for w in per]).to(device).contiguous() for n in per[0]}
+    per = [ad.store.views(g) for g in flat_ids]
+    packed = {n: torch.stack([w[n] for w in per]).to(device) for n in per[0]}
+    return {n: w.contiguous() for n, w in ad.dense_expert_weights(packed).items()}
+
+
+_CYCLES_PER_US: dict[str, float] = {}
+
+
+def _spin_cycles_per_us(device: Any) -> float:
+    """``torch.cuda._sleep`` cycles per µs on ``device`` (measured once)."""
+    import torch
+
+    key = str(device)
+    if key not in _CYCLES_PER_US:
+        cycles = 20_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        _sync(device)
+        _CYCLES_PER_US[key] = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+    return _CYCLES_PER_US[key]
+
+
+def _timed(fn: Any, iters: int, device: Any) -> dict[str, Any]:
+    """One timing of ``fn`` (see :data:`ALL_HIT_TIMING`): ``us`` per call of
+    back-to-back calls, ``host_us`` the host's issue time per call in that
+    loop, and ``device_us`` per call with every call queued behind a spin
+    kernel (NotMeasured where it could not be)."""
+    import torch
+
+    from pdflash.metrics import NotMeasured
+
+    for _ in range(3):
+        fn()
+    _sync(device)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        us = (time.perf_counter() - t0) * 1e6 / iters
+        return {"us": us, "host_us": us, "device_us": NotMeasured("CPU: no separate device queue")}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    host_us = (time.perf_counter() - t0) * 1e6 / iters
+    end.record()
+    _sync(device)
+    out: dict[str, Any] = {"us": float(start.elapsed_time(end)) * 1e3 / iters, "host_us": host_us}
+    if getattr(torch.cuda, "_sleep", None) is None:
+        out["device_us"] = NotMeasured("this torch has no torch.cuda._sleep")
+        return out
+    # the spin lasts twice the host's issue time of all calls (at least 2 ms)
+    cycles = int(_spin_cycles_per_us(device) * max(2000.0, 2.0 * host_us * iters))
+    torch.cuda._sleep(cycles)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    queued = not start.query()  # the device is still spinning: every call was queued
+    _sync(device)
+    out["device_us"] = (
+        float(start.elapsed_time(end)) * 1e3 / iters
+        if queued
+        else NotMeasured("the device reached the calls before the host had issued them all")
+    )
+    return out
+
+
+def _ratio_or(a: Any, b: Any) -> Any:
+    """``a / b``, or the first NotMeasured of the two."""
+    from pdflash.metrics import NotMeasured
+
+    for v in (a, b):
+        if isinstance(v, NotMeasured):
+            return v
+    return a / b
+
+
+def _host_bound(t: dict[str, Any]) -> Any:
+    """Whether a side's host issue time per call exceeds its device time."""
+    from pdflash.metrics import NotMeasured
+
+    dev = t["device_us"]
+    return dev if isinstance(dev, NotMeasured) else bool(t["host_us"] > dev)
+
+
+def _timing_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over rounds of :func:`_timed` (a NotMeasured round makes the
+    value NotMeasured) and the rounds' back-to-back ``us``."""
+    from pdflash.metrics import NotMeasured
+
+    out: dict[str, Any] = {"rounds_us": [r["us"] for r in rounds]}
+    for key in ("us", "host_us", "device_us"):
+        vals = [r[key] for r in rounds]
+        bad = [v for v in vals if isinstance(v, NotMeasured)]
+        out[key] = bad[0] if bad else _median(vals)
+    return out
 
 
 def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[dict[str, Any]]:
@@ -338,7 +476,6 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                         by_mode_us[mode].append(_time_us(block, args.all_hit_iters, device))
                 if modes:
                     grouped.fused = None
-                block_us = _time_us(block, args.all_hit_iters, device)
                 # plain grouped GEMMs over the active experts' stacked dense weights
                 w = _dense_stacked(ad, [base + g for g in active], device)
                 k = ids.shape[1]
@@ -365,7 +502,13 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     return mlp.forward(xs, w, offs, g)
 
                 ref_sorted = plain()
-                plain_us = _time_us(plain, args.all_hit_iters, device)
+                # both sides timed the same way, interleaved round by round
+                block_rounds, plain_rounds = [], []
+                for _round in range(max(1, args.all_hit_rounds)):
+                    block_rounds.append(_timed(block, args.all_hit_iters, device))
+                    plain_rounds.append(_timed(plain, args.all_hit_iters, device))
+                block_t, plain_t = _timing_summary(block_rounds), _timing_summary(plain_rounds)
+                block_us, plain_us = block_t["us"], plain_t["us"]
                 y = torch.empty_like(ref_sorted)
                 y[order] = ref_sorted
                 want = (y.view(tokens, k, -1) * weights.unsqueeze(-1)).sum(1).to(x.dtype)
@@ -408,6 +551,18 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "offloaded_all_hit_us": block_us,
                     "grouped_mm_active_us": plain_us,
                     "hbm_roofline_us": roofline,
+                    "offloaded_all_hit_host_us": block_t["host_us"],
+                    "grouped_mm_active_host_us": plain_t["host_us"],
+                    "offloaded_all_hit_device_us": block_t["device_us"],
+                    "grouped_mm_active_device_us": plain_t["device_us"],
+                    "offloaded_all_hit_rounds_us": block_t["rounds_us"],
+                    "grouped_mm_active_rounds_us": plain_t["rounds_us"],
+                    "offloaded_over_grouped_mm_device": _ratio_or(
+                        block_t["device_us"], plain_t["device_us"]
+                    ),
+                    # the host issues a call slower than its device runs it
+                    "offloaded_host_bound": _host_bound(block_t),
+                    "grouped_mm_host_bound": _host_bound(plain_t),
                     "offloaded_over_grouped_mm": over_gmm,
                     "offloaded_over_roofline": over_roof,
                     "meets_1p25x_grouped_mm": over_gmm <= 1.25,
@@ -795,6 +950,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["mxfp4_dequantizer"] = None  # experts are not MXFP4: nothing to dequantize
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
+            row["all_hit_timing"] = {
+                **ALL_HIT_TIMING,
+                "iters": args.all_hit_iters,
+                "rounds": max(1, args.all_hit_rounds),
+            }
             row["compressed_gemm"] = ad.runtime.compressed_gemm if ad.runtime else None
             row["compressed_gemm_reason"] = (
                 ad.runtime.compressed_gemm_reason if ad.runtime else None

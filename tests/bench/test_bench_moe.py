@@ -44,8 +44,15 @@ def test_bench_moe_cpu_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert row["bytes_moved"] == row["copies"] * row["expert_nbytes"]
         assert row["expert_format"] == "dense" and row["moe_path"] == "grouped"
         assert [(r["layer"], r["tokens"]) for r in row["all_hit"]] == [(0, 4), (1, 4)]
+        assert row["all_hit_timing"]["rounds"] == 3 and row["all_hit_timing"]["iters"] == 2
         for r in row["all_hit"]:
             assert r["offloaded_all_hit_us"] > 0 and r["grouped_mm_active_us"] > 0
+            # both sides timed alike: rounds interleaved, the host's issue time beside
+            for side in ("offloaded_all_hit", "grouped_mm_active"):
+                assert len(r[f"{side}_rounds_us"]) == 3 and r[f"{side}_host_us"] > 0
+                assert r[f"{side}_device_us"] is None
+                assert "CPU" in r["not_measured"][f"{side}_device_us"]
+            assert r["offloaded_host_bound"] is None and r["offloaded_over_grouped_mm_device"] is None
             assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
             assert r["weight_bytes_touched"] == r["active_experts"] * row["expert_nbytes"]
             assert r["hbm_roofline_us"] is None and "hbm_roofline_us" in r["not_measured"]
@@ -110,6 +117,8 @@ def test_bench_moe_compressed_gemm_both_on_cpu_says_why_fused_is_absent(
         assert row["compressed_gemm"] == "dequant"
         for r in row["all_hit"]:
             assert r["compressed_gemm"] == "dequant" and r["by_compressed_gemm"] is None
+            # the plain baseline's experts are dequantized from the stored MXFP4 bytes
+            assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
             assert "CUDA devices, not cpu" in r["by_compressed_gemm_not_measured"]["fused"]
         with pytest.raises(SystemExit, match=r"--compressed-gemm fused: .*CUDA"):
             main([*argv, "--compressed-gemm", "fused"])
