@@ -52,7 +52,9 @@ def test_bench_moe_cpu_json(capsys: pytest.CaptureFixture[str]) -> None:
                 assert len(r[f"{side}_rounds_us"]) == 3 and r[f"{side}_host_us"] > 0
                 assert r[f"{side}_device_us"] is None
                 assert "CPU" in r["not_measured"][f"{side}_device_us"]
-            assert r["offloaded_host_bound"] is None and r["offloaded_over_grouped_mm_device"] is None
+            assert (
+                r["offloaded_host_bound"] is None and r["offloaded_over_grouped_mm_device"] is None
+            )
             assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
             assert r["weight_bytes_touched"] == r["active_experts"] * row["expert_nbytes"]
             assert r["hbm_roofline_us"] is None and "hbm_roofline_us" in r["not_measured"]
