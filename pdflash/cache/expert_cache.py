@@ -515,7 +515,9 @@ class ExpertCache:
         slots = self.slot_of[base : base + self.num_experts]
         inflight = self.ticket[np.maximum(slots, 0)] >= 0
         self.clock += 1
-        rows = routed.detach().reshape(1, -1)
+        # NOTE: detached only when it tracks gradients (a forward in
+        # inference mode then costs no extra dispatch)
+        rows = (routed.detach() if routed.requires_grad else routed).reshape(1, -1)
         self._deferred.append(((int(layer),), rows, self.clock, inflight[None]))
         self._bound_deferred(int(rows.numel()))
 

@@ -530,16 +530,22 @@ class OffloadedMoE:
         # the routing read's start on the forward thread (a routed hook may
         # read it first), for the host service's clock
         self._routing_began = time.perf_counter()
+        if not self.route_hooks:  # this block is the routing's only reader
+            return self._forward_block(layer, x, topk_ids, topk_weights)
         # the route hooks and this block read the one routing: one device read
         with shared_routing_reads():
             for hook in self.route_hooks:
                 hook(layer, topk_ids)
-            num_tokens = topk_ids.shape[0]
-            if num_tokens == 0:
-                return torch.zeros_like(x)
-            if self.grouped is not None:
-                return self._forward_grouped(layer, x, topk_ids, topk_weights)
-            return self._forward_loop(layer, x, topk_ids, topk_weights)
+            return self._forward_block(layer, x, topk_ids, topk_weights)
+
+    def _forward_block(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        if topk_ids.shape[0] == 0:
+            return torch.zeros_like(x)
+        if self.grouped is not None:
+            return self._forward_grouped(layer, x, topk_ids, topk_weights)
+        return self._forward_loop(layer, x, topk_ids, topk_weights)
 
     def _forward_loop(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -652,7 +658,9 @@ class OffloadedMoE:
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         num_tokens, k = topk_ids.shape
-        flat = topk_ids.reshape(-1).long()
+        flat = topk_ids.reshape(-1)
+        if flat.dtype != torch.int64:  # NOTE: each skipped no-op call is a dispatch saved
+            flat = flat.long()
         cache = self.cache
         y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
         if self._unbooked:
@@ -680,7 +688,8 @@ class OffloadedMoE:
         # each token's k rows are distinct: one weighted reduction in the
         # routing weights' precision, rounded to x's dtype once
         weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
-        return weighted.sum(dim=1).to(x.dtype)
+        out = weighted.sum(dim=1)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def _resident_rows(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
@@ -976,14 +985,15 @@ def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
     n = int(key.numel())
     device = key.device
     if width * n <= COUNTING_SORT_MAX_CELLS:
-        onehot = key.unsqueeze(0) == _group_ids(width, device).unsqueeze(1)  # [width, n]
+        key_row = key.unsqueeze(0)  # [1, n]: the one-hot's and the gather's index
+        onehot = key_row == _group_column(width, device)  # [width, n]
         # one scan over the one-hot laid out key by key: at (g, r) it counts
         # the rows of keys < g plus the rows of key g up to r, so at a row's
         # own key it is the row's 1-based place, and at (g, n-1) the end of
         # group g
         running = onehot.view(-1).cumsum(0).view(width, n)
         offs = running[:, -1].to(torch.int32)
-        position = running.gather(0, key.unsqueeze(0)).squeeze(0).sub_(1)
+        position = running.gather(0, key_row).squeeze(0).sub_(1)
     else:
         key_sorted, order = torch.sort(key, stable=True)
         offs = torch.searchsorted(key_sorted, _group_ids(width, device), right=True, out_int32=True)
@@ -1014,6 +1024,18 @@ def _group_ids(n: int, device: torch.device) -> torch.Tensor:
     if ids is None:
         ids = _GROUP_IDS[key] = torch.arange(n, device=device)
     return ids
+
+
+_GROUP_COLUMNS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _group_column(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)[:, None]`` on ``device`` (cached, as :func:`_group_ids`)."""
+    key = (n, str(device))
+    col = _GROUP_COLUMNS.get(key)
+    if col is None:
+        col = _GROUP_COLUMNS[key] = _group_ids(n, device).unsqueeze(1)
+    return col
 
 
 def _compact(
