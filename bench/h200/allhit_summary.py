@@ -33,6 +33,10 @@ FIELDS = (
     "grouped_mm_active_rounds_us",
     "compressed_gemm",
     "max_abs_err_vs_grouped_mm",
+    "offloaded_all_hit_dispatches",
+    "grouped_mm_active_dispatches",
+    "offloaded_all_hit_syncs",
+    "grouped_mm_active_syncs",
 )
 
 
@@ -82,6 +86,16 @@ def main() -> None:
                     f"x{_fmt(r['offloaded_over_grouped_mm'])} dev x{_fmt(r['offloaded_over_grouped_mm_device'])} "
                     f"roof x{_fmt(r['offloaded_over_roofline'])} | rounds {_fmt(r['offloaded_all_hit_rounds_us'])}"
                 )
+                ops, plain_ops = (
+                    r["offloaded_all_hit_dispatches"],
+                    r["grouped_mm_active_dispatches"],
+                )
+                if ops and plain_ops:
+                    print(
+                        f"    torch ops/call offl {ops['all']} ({ops['kernel_ops']} kernel ops) "
+                        f"gmm {plain_ops['all']} ({plain_ops['kernel_ops']}) | syncs offl "
+                        f"{r['offloaded_all_hit_syncs']} gmm {r['grouped_mm_active_syncs']}"
+                    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

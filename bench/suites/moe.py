@@ -367,6 +367,72 @@ def _timed(fn: Any, iters: int, device: Any) -> dict[str, Any]:
     return out
 
 
+#: torch ops that launch no kernel (views, metadata, allocation, no-op casts)
+_NO_KERNEL_OPS = frozenset(
+    {
+        "alias",
+        "as_strided",
+        "chunk",
+        "detach",
+        "empty",
+        "empty_like",
+        "expand",
+        "reshape",
+        "select",
+        "slice",
+        "split",
+        "squeeze",
+        "t",
+        "transpose",
+        "unbind",
+        "unsqueeze",
+        "view",
+        "_reshape_alias",
+        "_unsafe_view",
+    }
+)
+
+
+def _dispatches(fn: Any) -> dict[str, Any]:
+    """The torch ops one call of ``fn`` dispatches (each is host time on a
+    GPU host): all of them, and those that may launch a kernel (not a view,
+    an allocation or a metadata op; ``to`` counts though it may be a no-op).
+    Triton launches are not torch ops and are not counted."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            self.ops[str(func.overloadpacket.__name__)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as c:
+        fn()
+    return {
+        "all": sum(c.ops.values()),
+        "kernel_ops": sum(n for op, n in c.ops.items() if op not in _NO_KERNEL_OPS),
+        "by_op": dict(sorted(c.ops.items())),
+    }
+
+
+def _syncs(fn: Any, device: Any) -> Any:
+    """Host syncs torch sees in one call of ``fn`` (CUDA; NotMeasured on CPU)."""
+    from pdflash.metrics import NotMeasured
+
+    if device.type != "cuda":
+        return NotMeasured("CPU: no device syncs")
+    from pdflash.bench.eager_host import count_syncs
+
+    return count_syncs(fn, device)
+
+
 def _ratio_or(a: Any, b: Any) -> Any:
     """``a / b``, or the first NotMeasured of the two."""
     from pdflash.metrics import NotMeasured
@@ -505,6 +571,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     return mlp.forward(xs, w, offs, g)
 
                 ref_sorted = plain()
+                # one untimed call of each side: its torch dispatches and host syncs
+                cache.stats()  # (the deferred accesses applied first: not this call's sync)
+                block_ops, plain_ops = _dispatches(block), _dispatches(plain)
+                block_syncs, plain_syncs = _syncs(block, device), _syncs(plain, device)
                 # both sides timed the same way, interleaved round by round
                 block_rounds, plain_rounds = [], []
                 for _round in range(max(1, args.all_hit_rounds)):
@@ -566,6 +636,11 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "offloaded_over_grouped_mm_device": _ratio_or(
                         block_t["device_us"], plain_t["device_us"]
                     ),
+                    # torch ops per call (kernel_ops: those that may launch one)
+                    "offloaded_all_hit_dispatches": block_ops,
+                    "grouped_mm_active_dispatches": plain_ops,
+                    "offloaded_all_hit_syncs": block_syncs,
+                    "grouped_mm_active_syncs": plain_syncs,
                     # the host issues a call slower than its device runs it
                     "offloaded_host_bound": _host_bound(block_t),
                     "grouped_mm_host_bound": _host_bound(plain_t),

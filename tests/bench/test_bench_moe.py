@@ -55,6 +55,13 @@ def test_bench_moe_cpu_json(capsys: pytest.CaptureFixture[str]) -> None:
             assert (
                 r["offloaded_host_bound"] is None and r["offloaded_over_grouped_mm_device"] is None
             )
+            # torch dispatches per call: the block's sort, gathers and sum on top of the MLP's
+            ops, plain_ops = r["offloaded_all_hit_dispatches"], r["grouped_mm_active_dispatches"]
+            assert ops["by_op"]["_grouped_mm"] == plain_ops["by_op"]["_grouped_mm"] == 2
+            assert ops["all"] > plain_ops["all"] and ops["kernel_ops"] > plain_ops["kernel_ops"]
+            assert ops["all"] == sum(ops["by_op"].values())
+            assert r["offloaded_all_hit_syncs"] is None
+            assert "CPU" in r["not_measured"]["offloaded_all_hit_syncs"]
             assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
             assert r["weight_bytes_touched"] == r["active_experts"] * row["expert_nbytes"]
             assert r["hbm_roofline_us"] is None and "hbm_roofline_us" in r["not_measured"]
