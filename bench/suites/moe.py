@@ -277,9 +277,11 @@ ALL_HIT_TIMING = {
     "method": "the same for both sides: see *_us, *_host_us, *_device_us",
     "us": "CUDA events around --all-hit-iters back-to-back calls, per call (CPU: perf_counter); "
     "a side whose host issues slower than its device runs is timed at the host's pace",
-    "host_us": "perf_counter around the same loop, per call: the host's time to issue one call",
+    "host_us": "perf_counter around the same loop, per call: the host's time to issue one call "
+    "(with any wait for a full launch queue)",
     "device_us": "CUDA events around the calls queued behind a torch.cuda._sleep spin (every call "
-    "issued before the device reaches the first): the device's time alone",
+    "issued before the device reaches the first): the device's time alone, over *_device_iters "
+    "calls (fewer than iters where the launch queue would fill)",
     "offloaded_all_hit": "OffloadedMoE.forward_routed(layer, x, ids, weights) with every expert "
     "of the layer resident: cache books (pin, deferred access, unpin), slot lookup, row sort, "
     "x gather, the grouped MLP over the slab, un-permute, weighted k-way sum",
@@ -320,11 +322,20 @@ def _spin_cycles_per_us(device: Any) -> float:
     return _CYCLES_PER_US[key]
 
 
-def _timed(fn: Any, iters: int, device: Any) -> dict[str, Any]:
+#: launches queued behind the spin at most (CUDA's launch queue holds ~1024;
+#: a full queue blocks the host until the device drains it)
+MAX_QUEUED_LAUNCHES = 600
+
+
+def _timed(
+    fn: Any, iters: int, device: Any, launches_per_call: int | None = None
+) -> dict[str, Any]:
     """One timing of ``fn`` (see :data:`ALL_HIT_TIMING`): ``us`` per call of
     back-to-back calls, ``host_us`` the host's issue time per call in that
     loop, and ``device_us`` per call with every call queued behind a spin
-    kernel (NotMeasured where it could not be)."""
+    kernel (NotMeasured where it could not be), over ``device_iters`` calls:
+    ``iters``, fewer where ``launches_per_call`` says they would overfill the
+    launch queue (:data:`MAX_QUEUED_LAUNCHES`)."""
     import torch
 
     from pdflash.metrics import NotMeasured
@@ -350,17 +361,21 @@ def _timed(fn: Any, iters: int, device: Any) -> dict[str, Any]:
     if getattr(torch.cuda, "_sleep", None) is None:
         out["device_us"] = NotMeasured("this torch has no torch.cuda._sleep")
         return out
-    # the spin lasts twice the host's issue time of all calls (at least 2 ms)
-    cycles = int(_spin_cycles_per_us(device) * max(2000.0, 2.0 * host_us * iters))
+    dev_iters = iters
+    if launches_per_call:
+        dev_iters = max(1, min(iters, MAX_QUEUED_LAUNCHES // launches_per_call))
+    out["device_iters"] = dev_iters
+    # the spin lasts twice the host's issue time of those calls (at least 2 ms)
+    cycles = int(_spin_cycles_per_us(device) * max(2000.0, 2.0 * host_us * dev_iters))
     torch.cuda._sleep(cycles)
     start.record()
-    for _ in range(iters):
+    for _ in range(dev_iters):
         fn()
     end.record()
     queued = not start.query()  # the device is still spinning: every call was queued
     _sync(device)
     out["device_us"] = (
-        float(start.elapsed_time(end)) * 1e3 / iters
+        float(start.elapsed_time(end)) * 1e3 / dev_iters
         if queued
         else NotMeasured("the device reached the calls before the host had issued them all")
     )
@@ -458,6 +473,7 @@ def _timing_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     from pdflash.metrics import NotMeasured
 
     out: dict[str, Any] = {"rounds_us": [r["us"] for r in rounds]}
+    out["device_iters"] = rounds[0].get("device_iters")
     for key in ("us", "host_us", "device_us"):
         vals = [r[key] for r in rounds]
         good = [v for v in vals if not isinstance(v, NotMeasured)]
@@ -581,8 +597,12 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     # the accesses deferred so far applied now, not inside a timed
                     # window (the cache applies them every ~4M routed ids, a sync)
                     cache.stats()
-                    block_rounds.append(_timed(block, args.all_hit_iters, device))
-                    plain_rounds.append(_timed(plain, args.all_hit_iters, device))
+                    block_rounds.append(
+                        _timed(block, args.all_hit_iters, device, block_ops["kernel_ops"])
+                    )
+                    plain_rounds.append(
+                        _timed(plain, args.all_hit_iters, device, plain_ops["kernel_ops"])
+                    )
                 block_t, plain_t = _timing_summary(block_rounds), _timing_summary(plain_rounds)
                 block_us, plain_us = block_t["us"], plain_t["us"]
                 y = torch.empty_like(ref_sorted)
@@ -631,6 +651,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "grouped_mm_active_host_us": plain_t["host_us"],
                     "offloaded_all_hit_device_us": block_t["device_us"],
                     "grouped_mm_active_device_us": plain_t["device_us"],
+                    # calls per device-only timing (fewer than --all-hit-iters where
+                    # they would overfill the launch queue; None on CPU)
+                    "offloaded_all_hit_device_iters": block_t["device_iters"],
+                    "grouped_mm_active_device_iters": plain_t["device_iters"],
                     "offloaded_all_hit_rounds_us": block_t["rounds_us"],
                     "grouped_mm_active_rounds_us": plain_t["rounds_us"],
                     "offloaded_over_grouped_mm_device": _ratio_or(
