@@ -39,7 +39,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   gpt=gpt_oss qwen=qwen3_moe dev="--device cpu" t=120 tm=120
   GPUTESTS="true"
 fi
-MOE="pdflash-bench moe --json --layers 2 --tokens 16 --repeats 1 --cache-fraction 0.5 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 $dev"
+MOE="pdflash-bench moe --json --layers 2 --tokens 16 --repeats 1 --cache-fraction 0.5 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 --row-sort both $dev"
 steps=(
   "gputests=$GPUTESTS; rc=\$?; tail -3 $WORK/gputests.txt 2>/dev/null; $PACK; exit \$rc"
   "moe_qwen3=timeout -k 5 $t $MOE --arch $qwen; rc=\$?; $PACK; exit \$rc"

@@ -37,6 +37,8 @@ FIELDS = (
     "grouped_mm_active_dispatches",
     "offloaded_all_hit_syncs",
     "grouped_mm_active_syncs",
+    "row_sort",
+    "by_row_sort",
 )
 
 
@@ -95,6 +97,15 @@ def main() -> None:
                         f"    torch ops/call offl {ops['all']} ({ops['kernel_ops']} kernel ops) "
                         f"gmm {plain_ops['all']} ({plain_ops['kernel_ops']}) | syncs offl "
                         f"{r['offloaded_all_hit_syncs']} gmm {r['grouped_mm_active_syncs']}"
+                    )
+                for mode, o in (r.get("by_row_sort") or {}).items():
+                    print(
+                        f"    row sort {mode} (main: {r['row_sort']}): offl "
+                        f"{_fmt(o['offloaded_all_hit_us'])} (host {_fmt(o['offloaded_all_hit_host_us'])}, "
+                        f"dev {_fmt(o['offloaded_all_hit_device_us'])}) x{_fmt(o['offloaded_over_grouped_mm'])} "
+                        f"dev x{_fmt(o['offloaded_over_grouped_mm_device'])} | torch ops/call "
+                        f"{o['offloaded_all_hit_dispatches']['all']} | syncs {o['offloaded_all_hit_syncs']} "
+                        f"| diff {o['max_abs_diff_vs_main']}"
                     )
     if args.out:
         with open(args.out, "w") as f:

@@ -48,6 +48,8 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +136,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "launch per projection over the slab; auto = fused where it runs (CUDA, triton), "
         "else dequant; both = build dequant, and time both on every all-hit point, "
         "interleaved (rows: by_compressed_gemm). Default: PDFLASH_COMPRESSED_GEMM, else auto",
+    )
+    p.add_argument(
+        "--row-sort",
+        default=None,
+        choices=["counting", "sort", "both"],
+        help="how the offloaded block orders its routed rows (pdflash.models.offload."
+        "set_row_sort): counting (default; PDFLASH_ROW_SORT) or sort; both = counting in the "
+        "main fields, sort timed in the same all-hit rounds (rows: by_row_sort)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -448,6 +458,19 @@ def _syncs(fn: Any, device: Any) -> Any:
     return count_syncs(fn, device)
 
 
+@contextmanager
+def _row_sort(mode: str) -> Iterator[None]:
+    """Within: the offloaded block orders its rows by ``mode``."""
+    from pdflash.models.offload import row_sort_mode, set_row_sort
+
+    before = row_sort_mode()
+    set_row_sort(mode)
+    try:
+        yield
+    finally:
+        set_row_sort(before)
+
+
 def _ratio_or(a: Any, b: Any) -> Any:
     """``a / b``, or the first NotMeasured of the two."""
     from pdflash.metrics import NotMeasured
@@ -530,6 +553,9 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 )
             else:
                 modes_not_measured["fused_dot_scaled"] = reason or "tl.dot_scaled takes bf16"
+    from pdflash.models.offload import row_sort_mode
+
+    other_sorts = ("sort",) if args.row_sort == "both" else ()
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)
@@ -591,6 +617,17 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 cache.stats()  # (the deferred accesses applied first: not this call's sync)
                 block_ops, plain_ops = _dispatches(block), _dispatches(plain)
                 block_syncs, plain_syncs = _syncs(block, device), _syncs(plain, device)
+                # --row-sort both: the block with the other row sort, timed in the
+                # same rounds (its output, dispatches and syncs from one call)
+                other: dict[str, dict[str, Any]] = {}
+                for mode in other_sorts:
+                    with _row_sort(mode):
+                        other[mode] = {
+                            "out": block(),
+                            "ops": _dispatches(block),
+                            "syncs": _syncs(block, device),
+                            "rounds": [],
+                        }
                 # both sides timed the same way, interleaved round by round
                 block_rounds, plain_rounds = [], []
                 for _round in range(max(1, args.all_hit_rounds)):
@@ -600,10 +637,32 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     block_rounds.append(
                         _timed(block, args.all_hit_iters, device, block_ops["kernel_ops"])
                     )
+                    for mode, o in other.items():
+                        cache.stats()
+                        with _row_sort(mode):
+                            o["rounds"].append(
+                                _timed(block, args.all_hit_iters, device, o["ops"]["kernel_ops"])
+                            )
                     plain_rounds.append(
                         _timed(plain, args.all_hit_iters, device, plain_ops["kernel_ops"])
                     )
                 block_t, plain_t = _timing_summary(block_rounds), _timing_summary(plain_rounds)
+                by_row_sort: dict[str, Any] = {}
+                for mode, o in other.items():
+                    t = _timing_summary(o["rounds"])
+                    by_row_sort[mode] = {
+                        "offloaded_all_hit_us": t["us"],
+                        "offloaded_all_hit_host_us": t["host_us"],
+                        "offloaded_all_hit_device_us": t["device_us"],
+                        "offloaded_all_hit_rounds_us": t["rounds_us"],
+                        "offloaded_over_grouped_mm": t["us"] / plain_t["us"],
+                        "offloaded_over_grouped_mm_device": _ratio_or(
+                            t["device_us"], plain_t["device_us"]
+                        ),
+                        "offloaded_all_hit_dispatches": o["ops"],
+                        "offloaded_all_hit_syncs": o["syncs"],
+                        "max_abs_diff_vs_main": float((o["out"].float() - got.float()).abs().max()),
+                    }
                 block_us, plain_us = block_t["us"], plain_t["us"]
                 y = torch.empty_like(ref_sorted)
                 y[order] = ref_sorted
@@ -681,6 +740,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     # --compressed-gemm both: each mode, timed interleaved on this point
                     "by_compressed_gemm": by_mode or None,
                     "by_compressed_gemm_not_measured": modes_not_measured or None,
+                    # which row sort the main fields' block ran; --row-sort both: the
+                    # other one, timed in the same rounds
+                    "row_sort": row_sort_mode(),
+                    "by_row_sort": by_row_sort or None,
                 }
             )
     if device.type == "cuda":
@@ -952,6 +1015,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if reason is not None:
                 raise SystemExit(f"--compressed-gemm fused: {reason}")
         set_compressed_gemm("dequant" if args.compressed_gemm == "both" else args.compressed_gemm)
+    if args.row_sort is not None:
+        from pdflash.models.offload import set_row_sort
+
+        set_row_sort("counting" if args.row_sort == "both" else args.row_sort)
     if args.mxfp4_dequantizer is not None:
         try:
             set_mxfp4_dequantizer(args.mxfp4_dequantizer)
@@ -1103,3 +1170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         issuer.close()
         if tmp is not None:
             tmp.cleanup()
+        if args.row_sort is not None:
+            from pdflash.models.offload import set_row_sort
+
+            set_row_sort(None)  # this run's setting ends with it

@@ -60,6 +60,7 @@ refuses a block holding a part it does not know (never drops one).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -952,6 +953,36 @@ class OffloadedMoE:
 #: cells and sorts past it (the one-hot grows with both)
 COUNTING_SORT_MAX_CELLS = 1 << 22
 
+#: how :func:`sort_rows` orders rows (:func:`set_row_sort`)
+ROW_SORT_MODES = ("counting", "sort")
+_row_sort: str | None = None  # None: read PDFLASH_ROW_SORT on first use
+
+
+def set_row_sort(mode: str | None) -> None:
+    """How :func:`sort_rows` orders the routed rows from now on:
+    ``counting`` (the default: a counting sort of a handful of small kernels,
+    the least device time, what a captured graph replays) or ``sort``
+    (``torch.sort`` + ``searchsorted``: 5 torch calls instead of 12, so less
+    host time for an eager call whose host is the limit, one radix-sort
+    kernel more device time). Both give the same values. None: back to the
+    environment's ``PDFLASH_ROW_SORT``."""
+    if mode is not None and mode not in ROW_SORT_MODES:
+        raise ValueError(f"row sort must be one of {ROW_SORT_MODES}, got {mode!r}")
+    global _row_sort
+    _row_sort = mode
+
+
+def row_sort_mode() -> str:
+    """The :func:`set_row_sort` setting now (else ``PDFLASH_ROW_SORT``, else
+    ``counting``)."""
+    global _row_sort
+    if _row_sort is None:
+        mode = os.environ.get("PDFLASH_ROW_SORT", "counting") or "counting"
+        if mode not in ROW_SORT_MODES:
+            raise ValueError(f"PDFLASH_ROW_SORT must be one of {ROW_SORT_MODES}, got {mode!r}")
+        _row_sort = mode
+    return _row_sort
+
 
 class RowSort:
     """Rows ordered by key, stably (see :func:`sort_rows`): ``position[r]``
@@ -960,18 +991,26 @@ class RowSort:
     ends of keys ``0 .. width-1`` (grouped_mm's group offsets);
     :meth:`key_sorted` the keys in that order."""
 
-    __slots__ = ("key", "offs", "position", "token")
+    __slots__ = ("_key_sorted", "key", "offs", "position", "token")
 
     def __init__(
-        self, key: torch.Tensor, position: torch.Tensor, token: torch.Tensor, offs: torch.Tensor
+        self,
+        key: torch.Tensor,
+        position: torch.Tensor,
+        token: torch.Tensor,
+        offs: torch.Tensor,
+        key_sorted: torch.Tensor | None = None,
     ) -> None:
         self.key = key
         self.position = position
         self.token = token
         self.offs = offs
+        self._key_sorted = key_sorted  # given by a sort; else scattered on demand
 
     def key_sorted(self) -> torch.Tensor:
-        return torch.empty_like(self.key).scatter_(0, self.position, self.key)
+        if self._key_sorted is None:
+            self._key_sorted = torch.empty_like(self.key).scatter_(0, self.position, self.key)
+        return self._key_sorted
 
 
 def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
@@ -981,10 +1020,11 @@ def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
     exactly. Up to :data:`COUNTING_SORT_MAX_CELLS` it is a counting sort of
     a handful of small elementwise/scan kernels (a row's place is its key's
     start plus its rank among earlier rows of that key), not a radix sort;
-    no host sync either way."""
+    past it, or when :func:`row_sort_mode` is ``sort``, ``torch.sort`` (fewer
+    torch calls, more device time). No host sync either way."""
     n = int(key.numel())
     device = key.device
-    if width * n <= COUNTING_SORT_MAX_CELLS:
+    if width * n <= COUNTING_SORT_MAX_CELLS and row_sort_mode() == "counting":
         key_row = key.unsqueeze(0)  # [1, n]: the one-hot's and the gather's index
         onehot = key_row == _group_column(width, device)  # [width, n]
         # one scan over the one-hot laid out key by key: at (g, r) it counts
@@ -998,6 +1038,8 @@ def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
         key_sorted, order = torch.sort(key, stable=True)
         offs = torch.searchsorted(key_sorted, _group_ids(width, device), right=True, out_int32=True)
         position = torch.empty_like(order).scatter_(0, order, _group_ids(n, device))
+        # the row at place p is order[p]: its token order[p] // k, no scatter
+        return RowSort(key, position, order // k, offs, key_sorted)
     token = torch.empty_like(position).scatter_(0, position, _row_tokens(n, k, device))
     return RowSort(key, position, token, offs)
 
