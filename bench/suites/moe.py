@@ -303,13 +303,15 @@ ALL_HIT_TIMING = {
 
 def _dense_stacked(ad: Any, flat_ids: list[int], device: Any) -> dict[str, Any]:
     """The given experts' dense compute weights stacked ``[G, ...]`` on
-    ``device``: the stored (packed) bytes are stacked and moved first and
-    dequantized there (an MXFP4 expert dequantized on the host costs ~0.1 s
-    of CPU; the dequantizers give the same bits on either device)."""
+    ``device``: the stored (packed) bytes are moved and stacked there first
+    and dequantized there (an MXFP4 expert dequantized on the host costs
+    ~0.1 s of CPU; the dequantizers give the same bits on either device)."""
     import torch
 
     per = [ad.store.views(g) for g in flat_ids]
-    packed = {n: torch.stack([w[n] for w in per]).to(device) for n in per[0]}
+    # each expert copied from the (pinned) store and stacked on the device:
+    # no host-side stack of the layer's bytes
+    packed = {n: torch.stack([w[n].to(device) for w in per]) for n in per[0]}
     return {n: w.contiguous() for n, w in ad.dense_expert_weights(packed).items()}
 
 
