@@ -8,7 +8,8 @@ Two execution paths compute the same thing:
   projection per layer with the cache slab itself as the weight tensor, one
   group per slot (empty groups cost nothing); routing becomes slot ids
   through the cache's device slot table, the rows are ordered by slot once
-  (:func:`sort_rows`: a counting sort that also gives the group offsets),
+  (:func:`sort_rows`: a counting sort that also gives the group offsets, or
+  ``torch.sort``, fewer host dispatches, as :func:`set_row_sort` says),
   and the weighted sum over the k routed experts follows one deterministic
   un-permute (a gather). A layer whose experts are all resident runs as one
   unmasked call over the span of slots holding them, however large the
