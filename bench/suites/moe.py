@@ -23,6 +23,22 @@ the active experts / ``hbm_gbps``, a device-to-device copy measured in the
 same run, counted as bytes read + written). The targets of issue 13
 (``<= 1.25x`` grouped_mm, ``<= 2x`` roofline) are evaluated on each row.
 
+Both sides are timed the same way (:func:`_timed`; the row's
+``all_hit_timing`` says so in words), in ``--all-hit-rounds`` interleaved
+rounds (offloaded, plain, offloaded, ...; medians, the rounds kept): ``*_us``
+is CUDA events around ``--all-hit-iters`` back-to-back calls (what an eager
+caller gets: a side whose host issues its calls slower than the device runs
+them is timed at the host's pace), ``*_host_us`` the host's time to issue
+one call (``perf_counter`` around the same loop) and ``*_device_us`` the
+device's time per call with every call queued behind a spin kernel first
+(``torch.cuda._sleep``), so no host time shows; null with the reason where
+the host could not queue them all in time (or on CPU). The cache's deferred
+accesses are applied before each round (a sync it otherwise makes every ~4M
+routed ids), so no timed window holds one. Neither side times
+the router (top-k) or the weighted sum's inputs; the offloaded side also
+times its cache books, slot lookup, row sort, gathers and un-permute, which
+plain grouped_mm leaves out (the target counts them as the block's overhead).
+
 Output: one JSON object (see ``run``).
 """
 
@@ -32,6 +48,8 @@ import argparse
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +108,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--all-hit-iters", type=int, default=20, help="timed calls per all-hit point")
     p.add_argument(
+        "--all-hit-rounds",
+        type=int,
+        default=3,
+        help="interleaved timing rounds per all-hit point (offloaded, plain, ...; medians)",
+    )
+    p.add_argument(
         "--synthetic-format",
         default=None,
         choices=["mxfp4"],
@@ -112,6 +136,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "launch per projection over the slab; auto = fused where it runs (CUDA, triton), "
         "else dequant; both = build dequant, and time both on every all-hit point, "
         "interleaved (rows: by_compressed_gemm). Default: PDFLASH_COMPRESSED_GEMM, else auto",
+    )
+    p.add_argument(
+        "--row-sort",
+        default=None,
+        choices=["counting", "sort", "both"],
+        help="how the offloaded block orders its routed rows (pdflash.models.offload."
+        "set_row_sort): counting (default; PDFLASH_ROW_SORT) or sort; both = counting in the "
+        "main fields, sort timed in the same all-hit rounds (rows: by_row_sort)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -250,12 +282,228 @@ def _time_us(fn: Any, iters: int, device: Any) -> float:
     return (time.perf_counter() - t0) * 1e6 / iters
 
 
+#: what each side of an all-hit row times (stated in every run's row)
+ALL_HIT_TIMING = {
+    "method": "the same for both sides: see *_us, *_host_us, *_device_us",
+    "us": "CUDA events around --all-hit-iters back-to-back calls, per call (CPU: perf_counter); "
+    "a side whose host issues slower than its device runs is timed at the host's pace",
+    "host_us": "perf_counter around the same loop, per call: the host's time to issue one call "
+    "(with any wait for a full launch queue)",
+    "device_us": "CUDA events around the calls queued behind a torch.cuda._sleep spin (every call "
+    "issued before the device reaches the first): the device's time alone, over *_device_iters "
+    "calls (fewer than iters where the launch queue would fill)",
+    "offloaded_all_hit": "OffloadedMoE.forward_routed(layer, x, ids, weights) with every expert "
+    "of the layer resident: cache books (pin, deferred access, unpin), slot lookup, row sort, "
+    "x gather, the grouped MLP over the slab, un-permute, weighted k-way sum",
+    "grouped_mm_active": "the arch's grouped MLP alone (GroupedExperts.forward) on rows already "
+    "sorted by expert and gathered, over the active experts' dense weights stacked contiguously",
+    "neither": "router / top-k, the norm, building the inputs",
+}
+
+
 def _dense_stacked(ad: Any, flat_ids: list[int], device: Any) -> dict[str, Any]:
-    """The given experts' dense compute weights stacked ``[G, ...]`` on ``device``."""
+    """The given experts' dense compute weights stacked ``[G, ...]`` on
+    ``device``: the stored (packed) bytes are moved and stacked there first
+    and dequantized there (an MXFP4 expert dequantized on the host costs
+    ~0.1 s of CPU; the dequantizers give the same bits on either device)."""
     import torch
 
-    per = [ad.dense_expert_weights(ad.store.views(g)) for g in flat_ids]
-    return {n: torch.stack([w[n] for w in per]).to(device).contiguous() for n in per[0]}
+    per = [ad.store.views(g) for g in flat_ids]
+    # each expert copied from the (pinned) store and stacked on the device:
+    # no host-side stack of the layer's bytes
+    packed = {n: torch.stack([w[n].to(device) for w in per]) for n in per[0]}
+    return {n: w.contiguous() for n, w in ad.dense_expert_weights(packed).items()}
+
+
+_CYCLES_PER_US: dict[str, float] = {}
+
+
+def _spin_cycles_per_us(device: Any) -> float:
+    """``torch.cuda._sleep`` cycles per µs on ``device`` (measured once)."""
+    import torch
+
+    key = str(device)
+    if key not in _CYCLES_PER_US:
+        cycles = 20_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        _sync(device)
+        _CYCLES_PER_US[key] = cycles / max(start.elapsed_time(end) * 1e3, 1.0)
+    return _CYCLES_PER_US[key]
+
+
+#: launches queued behind the spin at most (CUDA's launch queue holds ~1024;
+#: a full queue blocks the host until the device drains it)
+MAX_QUEUED_LAUNCHES = 600
+
+
+def _timed(
+    fn: Any, iters: int, device: Any, launches_per_call: int | None = None
+) -> dict[str, Any]:
+    """One timing of ``fn`` (see :data:`ALL_HIT_TIMING`): ``us`` per call of
+    back-to-back calls, ``host_us`` the host's issue time per call in that
+    loop, and ``device_us`` per call with every call queued behind a spin
+    kernel (NotMeasured where it could not be), over ``device_iters`` calls:
+    ``iters``, fewer where ``launches_per_call`` says they would overfill the
+    launch queue (:data:`MAX_QUEUED_LAUNCHES`)."""
+    import torch
+
+    from pdflash.metrics import NotMeasured
+
+    for _ in range(3):
+        fn()
+    _sync(device)
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        us = (time.perf_counter() - t0) * 1e6 / iters
+        return {"us": us, "host_us": us, "device_us": NotMeasured("CPU: no separate device queue")}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    host_us = (time.perf_counter() - t0) * 1e6 / iters
+    end.record()
+    _sync(device)
+    out: dict[str, Any] = {"us": float(start.elapsed_time(end)) * 1e3 / iters, "host_us": host_us}
+    if getattr(torch.cuda, "_sleep", None) is None:
+        out["device_us"] = NotMeasured("this torch has no torch.cuda._sleep")
+        return out
+    dev_iters = iters
+    if launches_per_call:
+        dev_iters = max(1, min(iters, MAX_QUEUED_LAUNCHES // launches_per_call))
+    out["device_iters"] = dev_iters
+    # the spin lasts twice the host's issue time of those calls (at least 2 ms)
+    cycles = int(_spin_cycles_per_us(device) * max(2000.0, 2.0 * host_us * dev_iters))
+    torch.cuda._sleep(cycles)
+    start.record()
+    for _ in range(dev_iters):
+        fn()
+    end.record()
+    queued = not start.query()  # the device is still spinning: every call was queued
+    _sync(device)
+    out["device_us"] = (
+        float(start.elapsed_time(end)) * 1e3 / dev_iters
+        if queued
+        else NotMeasured("the device reached the calls before the host had issued them all")
+    )
+    return out
+
+
+#: torch ops that launch no kernel (views, metadata, allocation, no-op casts)
+_NO_KERNEL_OPS = frozenset(
+    {
+        "alias",
+        "as_strided",
+        "chunk",
+        "detach",
+        "empty",
+        "empty_like",
+        "expand",
+        "reshape",
+        "select",
+        "slice",
+        "split",
+        "squeeze",
+        "t",
+        "transpose",
+        "unbind",
+        "unsqueeze",
+        "view",
+        "_reshape_alias",
+        "_unsafe_view",
+    }
+)
+
+
+def _dispatches(fn: Any) -> dict[str, Any]:
+    """The torch ops one call of ``fn`` dispatches (each is host time on a
+    GPU host): all of them, and those that may launch a kernel (not a view,
+    an allocation or a metadata op; ``to`` counts though it may be a no-op).
+    Triton launches are not torch ops and are not counted."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: Counter[str] = Counter()
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            self.ops[str(func.overloadpacket.__name__)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count() as c:
+        fn()
+    return {
+        "all": sum(c.ops.values()),
+        "kernel_ops": sum(n for op, n in c.ops.items() if op not in _NO_KERNEL_OPS),
+        "by_op": dict(sorted(c.ops.items())),
+    }
+
+
+def _syncs(fn: Any, device: Any) -> Any:
+    """Host syncs torch sees in one call of ``fn`` (CUDA; NotMeasured on CPU)."""
+    from pdflash.metrics import NotMeasured
+
+    if device.type != "cuda":
+        return NotMeasured("CPU: no device syncs")
+    from pdflash.bench.eager_host import count_syncs
+
+    return count_syncs(fn, device)
+
+
+@contextmanager
+def _row_sort(mode: str) -> Iterator[None]:
+    """Within: the offloaded block orders its rows by ``mode``."""
+    from pdflash.models.offload import row_sort_mode, set_row_sort
+
+    before = row_sort_mode()
+    set_row_sort(mode)
+    try:
+        yield
+    finally:
+        set_row_sort(before)
+
+
+def _ratio_or(a: Any, b: Any) -> Any:
+    """``a / b``, or the first NotMeasured of the two."""
+    from pdflash.metrics import NotMeasured
+
+    for v in (a, b):
+        if isinstance(v, NotMeasured):
+            return v
+    return a / b
+
+
+def _host_bound(t: dict[str, Any]) -> Any:
+    """Whether a side's host issue time per call exceeds its device time."""
+    from pdflash.metrics import NotMeasured
+
+    dev = t["device_us"]
+    return dev if isinstance(dev, NotMeasured) else bool(t["host_us"] > dev)
+
+
+def _timing_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the rounds of :func:`_timed` that measured a value
+    (NotMeasured, with its reason, when none did) and the rounds'
+    back-to-back ``us``."""
+    from pdflash.metrics import NotMeasured
+
+    out: dict[str, Any] = {"rounds_us": [r["us"] for r in rounds]}
+    out["device_iters"] = rounds[0].get("device_iters")
+    for key in ("us", "host_us", "device_us"):
+        vals = [r[key] for r in rounds]
+        good = [v for v in vals if not isinstance(v, NotMeasured)]
+        out[key] = _median(good) if good else vals[0]
+    return out
 
 
 def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[dict[str, Any]]:
@@ -307,6 +555,9 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 )
             else:
                 modes_not_measured["fused_dot_scaled"] = reason or "tl.dot_scaled takes bf16"
+    from pdflash.models.offload import row_sort_mode
+
+    other_sorts = ("sort",) if args.row_sort == "both" else ()
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)
@@ -338,7 +589,6 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                         by_mode_us[mode].append(_time_us(block, args.all_hit_iters, device))
                 if modes:
                     grouped.fused = None
-                block_us = _time_us(block, args.all_hit_iters, device)
                 # plain grouped GEMMs over the active experts' stacked dense weights
                 w = _dense_stacked(ad, [base + g for g in active], device)
                 k = ids.shape[1]
@@ -365,7 +615,57 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     return mlp.forward(xs, w, offs, g)
 
                 ref_sorted = plain()
-                plain_us = _time_us(plain, args.all_hit_iters, device)
+                # one untimed call of each side: its torch dispatches and host syncs
+                cache.stats()  # (the deferred accesses applied first: not this call's sync)
+                block_ops, plain_ops = _dispatches(block), _dispatches(plain)
+                block_syncs, plain_syncs = _syncs(block, device), _syncs(plain, device)
+                # --row-sort both: the block with the other row sort, timed in the
+                # same rounds (its output, dispatches and syncs from one call)
+                other: dict[str, dict[str, Any]] = {}
+                for mode in other_sorts:
+                    with _row_sort(mode):
+                        other[mode] = {
+                            "out": block(),
+                            "ops": _dispatches(block),
+                            "syncs": _syncs(block, device),
+                            "rounds": [],
+                        }
+                # both sides timed the same way, interleaved round by round
+                block_rounds, plain_rounds = [], []
+                for _round in range(max(1, args.all_hit_rounds)):
+                    # the accesses deferred so far applied now, not inside a timed
+                    # window (the cache applies them every ~4M routed ids, a sync)
+                    cache.stats()
+                    block_rounds.append(
+                        _timed(block, args.all_hit_iters, device, block_ops["kernel_ops"])
+                    )
+                    for mode, o in other.items():
+                        cache.stats()
+                        with _row_sort(mode):
+                            o["rounds"].append(
+                                _timed(block, args.all_hit_iters, device, o["ops"]["kernel_ops"])
+                            )
+                    plain_rounds.append(
+                        _timed(plain, args.all_hit_iters, device, plain_ops["kernel_ops"])
+                    )
+                block_t, plain_t = _timing_summary(block_rounds), _timing_summary(plain_rounds)
+                by_row_sort: dict[str, Any] = {}
+                for mode, o in other.items():
+                    t = _timing_summary(o["rounds"])
+                    by_row_sort[mode] = {
+                        "offloaded_all_hit_us": t["us"],
+                        "offloaded_all_hit_host_us": t["host_us"],
+                        "offloaded_all_hit_device_us": t["device_us"],
+                        "offloaded_all_hit_rounds_us": t["rounds_us"],
+                        "offloaded_over_grouped_mm": t["us"] / plain_t["us"],
+                        "offloaded_over_grouped_mm_device": _ratio_or(
+                            t["device_us"], plain_t["device_us"]
+                        ),
+                        "offloaded_all_hit_dispatches": o["ops"],
+                        "offloaded_all_hit_syncs": o["syncs"],
+                        "max_abs_diff_vs_main": float((o["out"].float() - got.float()).abs().max()),
+                    }
+                block_us, plain_us = block_t["us"], plain_t["us"]
                 y = torch.empty_like(ref_sorted)
                 y[order] = ref_sorted
                 want = (y.view(tokens, k, -1) * weights.unsqueeze(-1)).sum(1).to(x.dtype)
@@ -408,6 +708,27 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "offloaded_all_hit_us": block_us,
                     "grouped_mm_active_us": plain_us,
                     "hbm_roofline_us": roofline,
+                    "offloaded_all_hit_host_us": block_t["host_us"],
+                    "grouped_mm_active_host_us": plain_t["host_us"],
+                    "offloaded_all_hit_device_us": block_t["device_us"],
+                    "grouped_mm_active_device_us": plain_t["device_us"],
+                    # calls per device-only timing (fewer than --all-hit-iters where
+                    # they would overfill the launch queue; None on CPU)
+                    "offloaded_all_hit_device_iters": block_t["device_iters"],
+                    "grouped_mm_active_device_iters": plain_t["device_iters"],
+                    "offloaded_all_hit_rounds_us": block_t["rounds_us"],
+                    "grouped_mm_active_rounds_us": plain_t["rounds_us"],
+                    "offloaded_over_grouped_mm_device": _ratio_or(
+                        block_t["device_us"], plain_t["device_us"]
+                    ),
+                    # torch ops per call (kernel_ops: those that may launch one)
+                    "offloaded_all_hit_dispatches": block_ops,
+                    "grouped_mm_active_dispatches": plain_ops,
+                    "offloaded_all_hit_syncs": block_syncs,
+                    "grouped_mm_active_syncs": plain_syncs,
+                    # the host issues a call slower than its device runs it
+                    "offloaded_host_bound": _host_bound(block_t),
+                    "grouped_mm_host_bound": _host_bound(plain_t),
                     "offloaded_over_grouped_mm": over_gmm,
                     "offloaded_over_roofline": over_roof,
                     "meets_1p25x_grouped_mm": over_gmm <= 1.25,
@@ -421,6 +742,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     # --compressed-gemm both: each mode, timed interleaved on this point
                     "by_compressed_gemm": by_mode or None,
                     "by_compressed_gemm_not_measured": modes_not_measured or None,
+                    # which row sort the main fields' block ran; --row-sort both: the
+                    # other one, timed in the same rounds
+                    "row_sort": row_sort_mode(),
+                    "by_row_sort": by_row_sort or None,
                 }
             )
     if device.type == "cuda":
@@ -692,6 +1017,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if reason is not None:
                 raise SystemExit(f"--compressed-gemm fused: {reason}")
         set_compressed_gemm("dequant" if args.compressed_gemm == "both" else args.compressed_gemm)
+    if args.row_sort is not None:
+        from pdflash.models.offload import set_row_sort
+
+        set_row_sort("counting" if args.row_sort == "both" else args.row_sort)
     if args.mxfp4_dequantizer is not None:
         try:
             set_mxfp4_dequantizer(args.mxfp4_dequantizer)
@@ -780,8 +1109,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     policy=args.policy,
                 )
             calls_before = mxfp4_dequant_calls()
+            t_phase = time.perf_counter()
             row = _measure(ad, issuer, resident, args, device)
+            measure_s = time.perf_counter() - t_phase
+            t_phase = time.perf_counter()
             all_hit = _all_hit(ad, args, device, hbm)
+            all_hit_s = time.perf_counter() - t_phase
             calls = mxfp4_dequant_calls()
             if ad.layout.format == "mxfp4":
                 # which dequantizer the dispatcher picks here, and which ran (calls in this run)
@@ -795,6 +1128,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["mxfp4_dequantizer"] = None  # experts are not MXFP4: nothing to dequantize
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
+            # wall seconds of this run's parts (write_s, load_s: the setup)
+            row["measure_s"], row["all_hit_s"] = measure_s, all_hit_s
+            row["all_hit_timing"] = {
+                **ALL_HIT_TIMING,
+                "iters": args.all_hit_iters,
+                "rounds": max(1, args.all_hit_rounds),
+            }
             row["compressed_gemm"] = ad.runtime.compressed_gemm if ad.runtime else None
             row["compressed_gemm_reason"] = (
                 ad.runtime.compressed_gemm_reason if ad.runtime else None
@@ -832,3 +1172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         issuer.close()
         if tmp is not None:
             tmp.cleanup()
+        if args.row_sort is not None:
+            from pdflash.models.offload import set_row_sort
+
+            set_row_sort(None)  # this run's setting ends with it

@@ -280,7 +280,14 @@ class ExpertCache:
             )
 
     def _layer_ids(self, layer: int) -> IdArray:
-        """The flat ids of ``layer`` this cache may hold."""
+        """The flat ids of ``layer`` this cache may hold (read-only,
+        memoised with :meth:`_layers_ids`: an eager resident layer pins,
+        checks and unpins the same ids every call)."""
+        key = (int(layer),)
+        got = self._layers_ids_memo.get(key)
+        return got[1] if got is not None else self._layers_ids(key)[1]
+
+    def _layer_ids_of(self, layer: int) -> IdArray:
         base = int(layer) * self.num_experts
         ids = np.arange(base, base + self.num_experts, dtype=np.int64)
         return ids if self.owned is None else ids[self.owned[ids]]
@@ -292,7 +299,7 @@ class ExpertCache:
         key = _layer_key(layers)
         got = self._layers_ids_memo.get(key)
         if got is None:
-            per_layer = [self._layer_ids(layer) for layer in key]
+            per_layer = [self._layer_ids_of(layer) for layer in key]
             ids = np.concatenate(per_layer) if per_layer else np.zeros(0, dtype=np.int64)
             for a in (*per_layer, ids):
                 a.flags.writeable = False
@@ -515,7 +522,9 @@ class ExpertCache:
         slots = self.slot_of[base : base + self.num_experts]
         inflight = self.ticket[np.maximum(slots, 0)] >= 0
         self.clock += 1
-        rows = routed.detach().reshape(1, -1)
+        # NOTE: kept in the caller's shape (flattened when applied) and
+        # detached only when it tracks gradients: no dispatch per call
+        rows = routed.detach() if routed.requires_grad else routed
         self._deferred.append(((int(layer),), rows, self.clock, inflight[None]))
         self._bound_deferred(int(rows.numel()))
 

@@ -8,7 +8,8 @@ Two execution paths compute the same thing:
   projection per layer with the cache slab itself as the weight tensor, one
   group per slot (empty groups cost nothing); routing becomes slot ids
   through the cache's device slot table, the rows are ordered by slot once
-  (:func:`sort_rows`: a counting sort that also gives the group offsets),
+  (:func:`sort_rows`: a counting sort that also gives the group offsets, or
+  ``torch.sort``, fewer host dispatches, as :func:`set_row_sort` says),
   and the weighted sum over the k routed experts follows one deterministic
   un-permute (a gather). A layer whose experts are all resident runs as one
   unmasked call over the span of slots holding them, however large the
@@ -60,6 +61,7 @@ refuses a block holding a part it does not know (never drops one).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -530,16 +532,22 @@ class OffloadedMoE:
         # the routing read's start on the forward thread (a routed hook may
         # read it first), for the host service's clock
         self._routing_began = time.perf_counter()
+        if not self.route_hooks:  # this block is the routing's only reader
+            return self._forward_block(layer, x, topk_ids, topk_weights)
         # the route hooks and this block read the one routing: one device read
         with shared_routing_reads():
             for hook in self.route_hooks:
                 hook(layer, topk_ids)
-            num_tokens = topk_ids.shape[0]
-            if num_tokens == 0:
-                return torch.zeros_like(x)
-            if self.grouped is not None:
-                return self._forward_grouped(layer, x, topk_ids, topk_weights)
-            return self._forward_loop(layer, x, topk_ids, topk_weights)
+            return self._forward_block(layer, x, topk_ids, topk_weights)
+
+    def _forward_block(
+        self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        if topk_ids.shape[0] == 0:
+            return torch.zeros_like(x)
+        if self.grouped is not None:
+            return self._forward_grouped(layer, x, topk_ids, topk_weights)
+        return self._forward_loop(layer, x, topk_ids, topk_weights)
 
     def _forward_loop(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
@@ -652,7 +660,9 @@ class OffloadedMoE:
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
         num_tokens, k = topk_ids.shape
-        flat = topk_ids.reshape(-1).long()
+        flat = topk_ids.reshape(-1)
+        if flat.dtype != torch.int64:  # NOTE: each skipped no-op call is a dispatch saved
+            flat = flat.long()
         cache = self.cache
         y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
         if self._unbooked:
@@ -680,7 +690,8 @@ class OffloadedMoE:
         # each token's k rows are distinct: one weighted reduction in the
         # routing weights' precision, rounded to x's dtype once
         weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
-        return weighted.sum(dim=1).to(x.dtype)
+        out = weighted.sum(dim=1)
+        return out if out.dtype == x.dtype else out.to(x.dtype)
 
     def _resident_rows(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
@@ -943,6 +954,36 @@ class OffloadedMoE:
 #: cells and sorts past it (the one-hot grows with both)
 COUNTING_SORT_MAX_CELLS = 1 << 22
 
+#: how :func:`sort_rows` orders rows (:func:`set_row_sort`)
+ROW_SORT_MODES = ("counting", "sort")
+_row_sort: str | None = None  # None: read PDFLASH_ROW_SORT on first use
+
+
+def set_row_sort(mode: str | None) -> None:
+    """How :func:`sort_rows` orders the routed rows from now on:
+    ``counting`` (the default: a counting sort of a handful of small kernels,
+    the least device time, what a captured graph replays) or ``sort``
+    (``torch.sort`` + ``searchsorted``: 5 torch calls instead of 12, so less
+    host time for an eager call whose host is the limit, one radix-sort
+    kernel more device time). Both give the same values. None: back to the
+    environment's ``PDFLASH_ROW_SORT``."""
+    if mode is not None and mode not in ROW_SORT_MODES:
+        raise ValueError(f"row sort must be one of {ROW_SORT_MODES}, got {mode!r}")
+    global _row_sort
+    _row_sort = mode
+
+
+def row_sort_mode() -> str:
+    """The :func:`set_row_sort` setting now (else ``PDFLASH_ROW_SORT``, else
+    ``counting``)."""
+    global _row_sort
+    if _row_sort is None:
+        mode = os.environ.get("PDFLASH_ROW_SORT", "counting") or "counting"
+        if mode not in ROW_SORT_MODES:
+            raise ValueError(f"PDFLASH_ROW_SORT must be one of {ROW_SORT_MODES}, got {mode!r}")
+        _row_sort = mode
+    return _row_sort
+
 
 class RowSort:
     """Rows ordered by key, stably (see :func:`sort_rows`): ``position[r]``
@@ -951,18 +992,26 @@ class RowSort:
     ends of keys ``0 .. width-1`` (grouped_mm's group offsets);
     :meth:`key_sorted` the keys in that order."""
 
-    __slots__ = ("key", "offs", "position", "token")
+    __slots__ = ("_key_sorted", "key", "offs", "position", "token")
 
     def __init__(
-        self, key: torch.Tensor, position: torch.Tensor, token: torch.Tensor, offs: torch.Tensor
+        self,
+        key: torch.Tensor,
+        position: torch.Tensor,
+        token: torch.Tensor,
+        offs: torch.Tensor,
+        key_sorted: torch.Tensor | None = None,
     ) -> None:
         self.key = key
         self.position = position
         self.token = token
         self.offs = offs
+        self._key_sorted = key_sorted  # given by a sort; else scattered on demand
 
     def key_sorted(self) -> torch.Tensor:
-        return torch.empty_like(self.key).scatter_(0, self.position, self.key)
+        if self._key_sorted is None:
+            self._key_sorted = torch.empty_like(self.key).scatter_(0, self.position, self.key)
+        return self._key_sorted
 
 
 def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
@@ -972,22 +1021,26 @@ def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
     exactly. Up to :data:`COUNTING_SORT_MAX_CELLS` it is a counting sort of
     a handful of small elementwise/scan kernels (a row's place is its key's
     start plus its rank among earlier rows of that key), not a radix sort;
-    no host sync either way."""
+    past it, or when :func:`row_sort_mode` is ``sort``, ``torch.sort`` (fewer
+    torch calls, more device time). No host sync either way."""
     n = int(key.numel())
     device = key.device
-    if width * n <= COUNTING_SORT_MAX_CELLS:
-        onehot = key.unsqueeze(0) == _group_ids(width, device).unsqueeze(1)  # [width, n]
+    if width * n <= COUNTING_SORT_MAX_CELLS and row_sort_mode() == "counting":
+        key_row = key.unsqueeze(0)  # [1, n]: the one-hot's and the gather's index
+        onehot = key_row == _group_column(width, device)  # [width, n]
         # one scan over the one-hot laid out key by key: at (g, r) it counts
         # the rows of keys < g plus the rows of key g up to r, so at a row's
         # own key it is the row's 1-based place, and at (g, n-1) the end of
         # group g
         running = onehot.view(-1).cumsum(0).view(width, n)
         offs = running[:, -1].to(torch.int32)
-        position = running.gather(0, key.unsqueeze(0)).squeeze(0).sub_(1)
+        position = running.gather(0, key_row).squeeze(0).sub_(1)
     else:
         key_sorted, order = torch.sort(key, stable=True)
         offs = torch.searchsorted(key_sorted, _group_ids(width, device), right=True, out_int32=True)
         position = torch.empty_like(order).scatter_(0, order, _group_ids(n, device))
+        # the row at place p is order[p]: its token order[p] // k, no scatter
+        return RowSort(key, position, order // k, offs, key_sorted)
     token = torch.empty_like(position).scatter_(0, position, _row_tokens(n, k, device))
     return RowSort(key, position, token, offs)
 
@@ -1014,6 +1067,18 @@ def _group_ids(n: int, device: torch.device) -> torch.Tensor:
     if ids is None:
         ids = _GROUP_IDS[key] = torch.arange(n, device=device)
     return ids
+
+
+_GROUP_COLUMNS: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _group_column(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)[:, None]`` on ``device`` (cached, as :func:`_group_ids`)."""
+    key = (n, str(device))
+    col = _GROUP_COLUMNS.get(key)
+    if col is None:
+        col = _GROUP_COLUMNS[key] = _group_ids(n, device).unsqueeze(1)
+    return col
 
 
 def _compact(

@@ -44,8 +44,24 @@ def test_bench_moe_cpu_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert row["bytes_moved"] == row["copies"] * row["expert_nbytes"]
         assert row["expert_format"] == "dense" and row["moe_path"] == "grouped"
         assert [(r["layer"], r["tokens"]) for r in row["all_hit"]] == [(0, 4), (1, 4)]
+        assert row["all_hit_timing"]["rounds"] == 3 and row["all_hit_timing"]["iters"] == 2
         for r in row["all_hit"]:
             assert r["offloaded_all_hit_us"] > 0 and r["grouped_mm_active_us"] > 0
+            # both sides timed alike: rounds interleaved, the host's issue time beside
+            for side in ("offloaded_all_hit", "grouped_mm_active"):
+                assert len(r[f"{side}_rounds_us"]) == 3 and r[f"{side}_host_us"] > 0
+                assert r[f"{side}_device_us"] is None
+                assert "CPU" in r["not_measured"][f"{side}_device_us"]
+            assert (
+                r["offloaded_host_bound"] is None and r["offloaded_over_grouped_mm_device"] is None
+            )
+            # torch dispatches per call: the block's sort, gathers and sum on top of the MLP's
+            ops, plain_ops = r["offloaded_all_hit_dispatches"], r["grouped_mm_active_dispatches"]
+            assert ops["by_op"]["_grouped_mm"] == plain_ops["by_op"]["_grouped_mm"] == 2
+            assert ops["all"] > plain_ops["all"] and ops["kernel_ops"] > plain_ops["kernel_ops"]
+            assert ops["all"] == sum(ops["by_op"].values())
+            assert r["offloaded_all_hit_syncs"] is None
+            assert "CPU" in r["not_measured"]["offloaded_all_hit_syncs"]
             assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
             assert r["weight_bytes_touched"] == r["active_experts"] * row["expert_nbytes"]
             assert r["hbm_roofline_us"] is None and "hbm_roofline_us" in r["not_measured"]
@@ -110,6 +126,8 @@ def test_bench_moe_compressed_gemm_both_on_cpu_says_why_fused_is_absent(
         assert row["compressed_gemm"] == "dequant"
         for r in row["all_hit"]:
             assert r["compressed_gemm"] == "dequant" and r["by_compressed_gemm"] is None
+            # the plain baseline's experts are dequantized from the stored MXFP4 bytes
+            assert r["max_abs_err_vs_grouped_mm"] <= 1e-5
             assert "CUDA devices, not cpu" in r["by_compressed_gemm_not_measured"]["fused"]
         with pytest.raises(SystemExit, match=r"--compressed-gemm fused: .*CUDA"):
             main([*argv, "--compressed-gemm", "fused"])
@@ -117,3 +135,25 @@ def test_bench_moe_compressed_gemm_both_on_cpu_says_why_fused_is_absent(
         from pdflash.models.compressed_gemm import set_compressed_gemm
 
         set_compressed_gemm(None)
+
+
+def test_bench_moe_row_sort_both_times_the_sort_beside_the_counting_sort(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pdflash.models.offload import row_sort_mode
+
+    argv = ["moe", "--json", "--arch", "qwen3_moe", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--all-hit-tokens", "5", "--all-hit-iters", "2"]
+    argv += ["--all-hit-rounds", "2", "--cache-fraction", "1.0", "--row-sort", "both"]
+    assert main(argv) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row_sort_mode() == "counting"  # the run's setting ended with it
+    for r in row["all_hit"]:
+        assert r["row_sort"] == "counting"
+        other = r["by_row_sort"]["sort"]
+        assert other["max_abs_diff_vs_main"] == 0.0  # the same bits
+        assert len(other["offloaded_all_hit_rounds_us"]) == 2
+        assert other["offloaded_all_hit_us"] > 0 and other["offloaded_all_hit_host_us"] > 0
+        ops, main_ops = other["offloaded_all_hit_dispatches"], r["offloaded_all_hit_dispatches"]
+        assert ops["by_op"]["sort"] == 1 and "sort" not in main_ops["by_op"]
+        assert main_ops["all"] - ops["all"] == 7
