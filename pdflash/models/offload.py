@@ -45,9 +45,11 @@ that one read of a layer's counts, the service picks the misses the host CPU
 computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
 slot, their rows (chosen on the host from that same read) go to the host
 without a sync, and the block writes the
-host's rows into its output just before the weighted sum. The host thread
-waits there for the CPU (not for the device); on the stream, only that write
-and its copy wait for the host.
+host's rows into its output just before the weighted sum. With the
+service's ``thread`` hand-off (the default) the host thread waits there for
+the CPU (not for the device); with ``stream`` it only enqueues a device wait
+for the job (:mod:`pdflash.hybrid.handoff`) and goes on. On the stream, only
+that write and its copy wait for the host.
 
 :class:`OffloadedMoE` runs any layer of one model given its routing;
 :class:`OffloadedMoEBlock` is an ``nn.Module`` that replaces a Hugging Face
