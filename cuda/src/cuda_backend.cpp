@@ -18,6 +18,8 @@
 
 #if defined(PDFLASH_WITH_CUDA) && PDFLASH_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "cuda_check.h"
 #endif
 
 namespace pdflash {
@@ -26,33 +28,9 @@ namespace pdflash {
 
 namespace {
 
-std::string cuda_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear a non-sticky error so later calls work
-    throw std::runtime_error(std::string(what) + " failed: " + cuda_text(e));
-  }
-}
-
-// Restores the calling thread's current device (shared with torch through the
-// driver's context stack).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-    if (prev_ != device) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() {
-    int cur = -1;
-    if (prev_ >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev_) cudaSetDevice(prev_);
-  }
-
- private:
-  int prev_ = -1;
-};
+using cuda_detail::check;
+using cuda_detail::cuda_text;
+using cuda_detail::DeviceGuard;
 
 class CudaBackend final : public CopyBackend {
  public:
