@@ -89,8 +89,8 @@ expert the plan hosts is then routed, measured in the run
 over those their layers saw, from a prior of ``p = 1`` worth
 ``prior_weight`` experts, never below ``floor``). Per predicted expert:
 
-* tokens if routed: ``t = max(1, ceil(expected / p))`` (the expectation
-  spread over the verifies that route it);
+* tokens if routed: ``t = max(1, ceil(expected / p))`` (the expected
+  count given that the verify routes it);
 * expected host time: ``p x host(t)`` (nothing is computed where it is not
   routed); the layer's round trip is charged in full;
 * copy: a predicted expert the plan does not host is copied ahead whether
@@ -104,7 +104,10 @@ over those their layers saw, from a prior of ``p = 1`` worth
 So a low ``p`` makes hosting a predicted expert cheaper in expectation and
 the plan hosts more of the experts it would otherwise copy (and waste a
 copy on where they are not routed). With ``p = 1`` the rule is exactly
-``certain``. The link's queue ahead of a layer's copies (earlier layers'
+``certain``. The caps read ``t``, which grows as ``p`` falls: with wide
+verifies (many tokens per predicted expert) and a low ``p`` an expert
+``certain`` would host can exceed ``max_host_tokens`` or ``max_host_ratio``
+at its routed count, and ``weighted`` then hosts fewer. The link's queue ahead of a layer's copies (earlier layers'
 route-ahead copies still in flight when the forward reaches it) is not
 known to the planner before the verify; both rules plan each layer with
 the link idle.

@@ -140,6 +140,24 @@ def test_routed_fraction_one_is_exactly_certain(model: str, tokens_per_request: 
     )
 
 
+def test_at_the_floor_wide_verifies_cross_the_caps() -> None:
+    """The caps read the tokens if routed, ``expected / p``: at 13 tokens per
+    request (12 drafts) and ``p`` at the floor, the noisy calibration's
+    per-token cost puts every predicted expert past ``max_host_ratio`` and
+    the weighted plan hosts none, where ``certain`` hosts ~9 a layer (the
+    module doc's caveat)."""
+    cost = RECORDED["noisy_calibration"]
+    expected, resident = _ahead_case(13, 60, seed=13)
+    link = LinkState(LINK_BYTES_PER_S)
+    floor = RoutedFraction()
+    floor.observe(10_000, 0)
+    assert floor.value == DEFAULT_ROUTED_FLOOR
+    certain = _planner(cost, "certain", floor).plan_ahead(expected, resident, link)
+    weighted = _planner(cost, "weighted", floor).plan_ahead(expected, resident, link)
+    assert certain.sum(axis=1).mean() > 5
+    assert weighted.sum() == 0
+
+
 @given(
     expected=st.lists(st.floats(0.05, 40.0), min_size=1, max_size=24),
     a_us=st.floats(50.0, 2000.0),
