@@ -162,6 +162,10 @@ class RunSpec:
     # where the host pool's threads and the engine's run (pdflash.hybrid.affinity):
     # "off" (no affinity call) or "auto" (separate core sets, on CUDA)
     host_affinity: str = "off"
+    # how the host planner's pre-verify (route-ahead) plan treats a predicted
+    # expert (pdflash.hybrid.planner, "The ahead plan"): "certain" (as routed)
+    # or "weighted" (routed with the run's measured probability)
+    host_ahead: str = "certain"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -307,7 +311,12 @@ class RunSpec:
             raise ValueError(
                 f"host_max_tokens must be >= 0 (0: no cap), got {self.host_max_tokens}"
             )
-        from pdflash.hybrid import HANDOFF_CHOICES, HOST_AFFINITY_CHOICES, HOST_FORMAT_CHOICES
+        from pdflash.hybrid import (
+            HANDOFF_CHOICES,
+            HOST_AFFINITY_CHOICES,
+            HOST_AHEAD_CHOICES,
+            HOST_FORMAT_CHOICES,
+        )
 
         if self.host_handoff not in HANDOFF_CHOICES:
             raise ValueError(
@@ -322,6 +331,10 @@ class RunSpec:
         if self.host_affinity not in HOST_AFFINITY_CHOICES:
             raise ValueError(
                 f"host_affinity must be one of {HOST_AFFINITY_CHOICES}, got {self.host_affinity!r}"
+            )
+        if self.host_ahead not in HOST_AHEAD_CHOICES:
+            raise ValueError(
+                f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {self.host_ahead!r}"
             )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
@@ -989,6 +1002,7 @@ def _run(
                 critical_path=spec.host_critical_path,
                 handoff=spec.host_handoff,
                 host_affinity=spec.host_affinity,
+                host_ahead=spec.host_ahead,
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

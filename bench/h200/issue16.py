@@ -228,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("off", "auto"),
         help="where the host pool's threads run (RunSpec.host_affinity)",
     )
+    ap.add_argument(
+        "--host-ahead",
+        default="certain",
+        choices=("certain", "weighted"),
+        help="how the pre-verify host plan treats a predicted expert (RunSpec.host_ahead)",
+    )
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")
@@ -291,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                         host_critical_path=args.host_critical_path,
                         host_handoff=args.host_handoff,
                         host_affinity=args.host_affinity,
+                        host_ahead=args.host_ahead,
                         synthetic_format=args.synthetic_format,
                         expert_dtype=args.expert_dtype,
                     )
@@ -352,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
                 "copy_sampled": hs.get("copy_sampled_layers"),
                 # the ahead plans' HOST experts: seen by their layers, routed, hosted
                 "ahead_outcome": hs.get("ahead_outcome"),
+                # the planner's routed fraction of those over the run
+                "ahead_fraction": hs.get("ahead_fraction"),
                 "host_part_on_fraction": ((r.get("pd_parts") or {}).get("on_fraction") or {}).get(
                     "host_experts"
                 ),
@@ -371,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_critical_path": args.host_critical_path,
         "host_handoff": args.host_handoff,
         "host_affinity": args.host_affinity,
+        "host_ahead": args.host_ahead,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
         "layers": args.layers,

@@ -273,6 +273,14 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "engine's forward and issuer threads on two cores the host's compute threads never "
         "use (CUDA, Linux); off (default) makes no affinity call",
     )
+    parser.add_argument(
+        "--host-ahead",
+        choices=("certain", "weighted"),
+        default="certain",
+        help="how the host planner's pre-verify plan treats a route-ahead predicted expert "
+        "(pdflash.hybrid.planner, 'The ahead plan'): certain (default) as routed; weighted "
+        "routed with the run's measured probability (its host time weighted by it)",
+    )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -413,6 +421,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_critical_path=getattr(args, "host_critical_path", False),
                     host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", "off"),
+                    host_ahead=getattr(args, "host_ahead", "certain"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

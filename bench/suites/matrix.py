@@ -87,6 +87,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_critical_path",
         "host_handoff",
         "host_affinity",
+        "host_ahead",
     )
 }
 
@@ -845,6 +846,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--host-handoff {args.host_handoff}")
     if getattr(args, "host_affinity", "off") != "off":
         parts.append(f"--host-affinity {args.host_affinity}")
+    if getattr(args, "host_ahead", "certain") != "certain":
+        parts.append(f"--host-ahead {args.host_ahead}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

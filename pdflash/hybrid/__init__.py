@@ -57,7 +57,9 @@ from pdflash.hybrid.planner import (
     DEFAULT_MAX_HOST_RATIO,
     DEFAULT_MAX_HOST_TOKENS,
     DEFAULT_PROBE_EVERY,
+    HOST_AHEAD_CHOICES,
     AccountingMissPlanner,
+    AheadObservingMissPlanner,
     CostModelPlanner,
     ForcedHostPlanner,
     LinkState,
@@ -65,6 +67,7 @@ from pdflash.hybrid.planner import (
     MissPlanner,
     ObservingMissPlanner,
     ReportingMissPlanner,
+    RoutedFraction,
 )
 from pdflash.hybrid.prepare import (
     HostWeights,
@@ -84,10 +87,12 @@ __all__ = [
     "DEFAULT_PROBE_EVERY",
     "HANDOFF_CHOICES",
     "HOST_AFFINITY_CHOICES",
+    "HOST_AHEAD_CHOICES",
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
     "HOST_FORMAT_CHOICES",
     "AccountingMissPlanner",
+    "AheadObservingMissPlanner",
     "CostModelPlanner",
     "ForcedHostPlanner",
     "HostBooks",
@@ -106,6 +111,7 @@ __all__ = [
     "OnlineHostCost",
     "PreparedWeights",
     "ReportingMissPlanner",
+    "RoutedFraction",
     "StreamSignals",
     "build_host_service",
     "calibrate_host",
@@ -139,6 +145,7 @@ def build_host_service(
     critical_path: bool = False,
     host_affinity: str | HostPlacement = "off",
     handoff: str = "thread",
+    host_ahead: str = "certain",
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -175,6 +182,13 @@ def build_host_service(
     ``stream`` falls back to ``thread`` where it cannot run, with the reason
     recorded).
 
+    ``host_ahead`` (:data:`HOST_AHEAD_CHOICES`) goes to the default
+    :class:`CostModelPlanner` as its ``ahead`` rule: how the plan made
+    before a verify from the route-ahead prediction treats a predicted
+    expert (``certain``, the default: as routed; ``weighted``: routed with
+    the run's measured probability; see :mod:`pdflash.hybrid.planner`, "The
+    ahead plan"). A given ``planner`` keeps its own.
+
     ``host_affinity`` (:data:`HOST_AFFINITY_CHOICES`, or a
     :class:`HostPlacement` already planned): ``auto`` places the host pool's
     threads (its workers and the native kernel's team) on one set of cores
@@ -186,6 +200,8 @@ def build_host_service(
     """
     if handoff not in HANDOFF_CHOICES:
         raise ValueError(f"handoff must be one of {HANDOFF_CHOICES}, got {handoff!r}")
+    if host_ahead not in HOST_AHEAD_CHOICES:
+        raise ValueError(f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {host_ahead!r}")
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
     if isinstance(host_affinity, HostPlacement):
@@ -254,6 +270,7 @@ def build_host_service(
                 max_host_tokens=max_host_tokens,
                 online=online,
                 probe_every=probe_every,
+                ahead=host_ahead,
             )
         service = HostExpertService(
             executor,

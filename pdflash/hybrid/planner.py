@@ -76,6 +76,41 @@ and the planner copies; where the link is (small cache, many misses per
 layer) the makespan rule comes back. With nothing measured yet the three
 terms are 0 and the cost is the makespan. A probe (below) is skipped where
 no host could pay (the copies' exposure below the overhead).
+
+The ahead plan. Before a verify the planner sees the route-ahead
+prediction: per layer the predicted experts and an expected token count
+each (``expected_tokens``, the requests' spread shares). ``certain`` (the
+default) plans as if every predicted expert were routed: its tokens are
+rounded up to at least one, and the layer's split is the makespan rule
+above with the link idle (no copy of the layer is queued ahead of the
+verify). ``weighted`` plans with the probability ``p`` that a predicted
+expert the plan hosts is then routed, measured in the run
+(:class:`RoutedFraction`: the ahead plans' HOST experts the forwards routed
+over those their layers saw, from a prior of ``p = 1`` worth
+``prior_weight`` experts, never below ``floor``). Per predicted expert:
+
+* tokens if routed: ``t = max(1, ceil(expected / p))`` (the expected
+  count given that the verify routes it);
+* expected host time: ``p x host(t)`` (nothing is computed where it is not
+  routed); the layer's round trip is charged in full;
+* copy: a predicted expert the plan does not host is copied ahead whether
+  the verify routes it or not, so the link side of the makespan counts
+  every such copy in full; the copy's *value* (what it saves the layer) is
+  ``p x copy time``, and the ``max_host_ratio`` cap compares the expected
+  host time to it (``p host(t) <= max_host_ratio p copy``, i.e. the cap on
+  ``host(t) / copy`` at the routed token count), as ``max_host_tokens``
+  caps ``t``.
+
+So a low ``p`` makes hosting a predicted expert cheaper in expectation and
+the plan hosts more of the experts it would otherwise copy (and waste a
+copy on where they are not routed). With ``p = 1`` the rule is exactly
+``certain``. The caps read ``t``, which grows as ``p`` falls: with wide
+verifies (many tokens per predicted expert) and a low ``p`` an expert
+``certain`` would host can exceed ``max_host_tokens`` or ``max_host_ratio``
+at its routed count, and ``weighted`` then hosts fewer. The link's queue ahead of a layer's copies (earlier layers'
+route-ahead copies still in flight when the forward reaches it) is not
+known to the planner before the verify; both rules plan each layer with
+the link idle.
 """
 
 from __future__ import annotations
@@ -101,6 +136,81 @@ DEFAULT_MAX_HOST_TOKENS = 16
 DEFAULT_PROBE_EVERY = 8
 #: a probe's modeled host time may be at most this times the layer's other copies
 DEFAULT_PROBE_MAX_RATIO = 4.0
+#: how the ahead plan treats a predicted expert (module doc, "The ahead plan")
+HOST_AHEAD_CHOICES = ("certain", "weighted")
+#: RoutedFraction's defaults: the prior (today's plan assumes every predicted
+#: expert is routed), what it weighs in experts (about one verify's ahead
+#: plan of a few layers), and the floor (at most doubles a token count)
+DEFAULT_ROUTED_PRIOR = 1.0
+DEFAULT_ROUTED_PRIOR_WEIGHT = 64.0
+DEFAULT_ROUTED_FLOOR = 0.5
+
+
+@dataclass
+class RoutedFraction:
+    """The measured probability that an expert the ahead plan hosts is then
+    routed by the verify: ``(routed + prior x prior_weight) / (seen +
+    prior_weight)``, at least ``floor`` (an early run, or one unlucky verify,
+    does not swing the plan).
+
+    Args:
+        prior: the fraction before anything is measured, in ``[floor, 1]``.
+        prior_weight: how many observed experts the prior counts as (>= 0;
+            0: the raw fraction once anything is seen).
+        floor: the estimate never goes below this, in ``(0, 1]``.
+    """
+
+    prior: float = DEFAULT_ROUTED_PRIOR
+    prior_weight: float = DEFAULT_ROUTED_PRIOR_WEIGHT
+    floor: float = DEFAULT_ROUTED_FLOOR
+    seen: int = 0
+    routed: int = 0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.floor, (int, float)) and 0.0 < self.floor <= 1.0):
+            raise ValueError(f"floor must be in (0, 1], got {self.floor!r}")
+        if not (isinstance(self.prior, (int, float)) and self.floor <= self.prior <= 1.0):
+            raise ValueError(f"prior must be in [floor, 1], got {self.prior!r}")
+        if not (
+            isinstance(self.prior_weight, (int, float))
+            and math.isfinite(self.prior_weight)
+            and self.prior_weight >= 0
+        ):
+            raise ValueError(
+                f"prior_weight must be a finite number >= 0, got {self.prior_weight!r}"
+            )
+        self._check_counts(self.seen, self.routed)
+
+    @staticmethod
+    def _check_counts(seen: int, routed: int) -> None:
+        if seen < 0 or routed < 0 or routed > seen:
+            raise ValueError(f"need 0 <= routed <= seen, got seen={seen}, routed={routed}")
+
+    def observe(self, seen: int, routed: int) -> None:
+        """``seen`` experts of an ahead plan's HOST set reached their layer,
+        ``routed`` of them were routed there."""
+        self._check_counts(int(seen), int(routed))
+        self.seen += int(seen)
+        self.routed += int(routed)
+
+    @property
+    def value(self) -> float:
+        """The fraction the weighted ahead plan uses now."""
+        total = self.seen + self.prior_weight
+        if total <= 0:
+            return float(self.prior)
+        raw = (self.routed + self.prior * self.prior_weight) / total
+        return float(min(1.0, max(self.floor, raw)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "seen": self.seen,
+            "routed": self.routed,
+            "prior": self.prior,
+            "prior_weight": self.prior_weight,
+            "floor": self.floor,
+        }
 
 
 @dataclass(frozen=True)
@@ -198,6 +308,23 @@ class ObservingMissPlanner(MissPlanner, Protocol):
 
 
 @runtime_checkable
+class AheadObservingMissPlanner(MissPlanner, Protocol):
+    """A :class:`MissPlanner` told what became of its ahead plans (the
+    service reports, per layer, how many of the plan's HOST experts the
+    layer saw and how many of those the forward routed)."""
+
+    def observe_ahead(self, seen: int, routed: int) -> None:
+        """``seen`` planned HOST experts reached their layer, ``routed`` of
+        them were routed."""
+        ...
+
+    def ahead_fraction(self) -> dict[str, Any] | None:
+        """The routed fraction the ahead plan works with now (None: not
+        estimated)."""
+        ...
+
+
+@runtime_checkable
 class ReportingMissPlanner(MissPlanner, Protocol):
     """A :class:`MissPlanner` whose settings a result row records."""
 
@@ -250,6 +377,12 @@ class CostModelPlanner:
             with misses and no HOST work (None: never probe).
         probe_max_ratio: a probe's modeled host time at most this times the
             copy time of the layer's other misses.
+        ahead: how :meth:`plan_ahead` treats a predicted expert
+            (:data:`HOST_AHEAD_CHOICES`; module doc, "The ahead plan"):
+            ``certain`` (default) as routed, ``weighted`` routed with the
+            measured probability ``routed_fraction.value``.
+        routed_fraction: the measured fraction (:meth:`observe_ahead`);
+            kept under either rule, used by ``weighted`` only.
     """
 
     cost: HostCostModel
@@ -261,6 +394,8 @@ class CostModelPlanner:
     online: bool = True
     probe_every: int | None = DEFAULT_PROBE_EVERY
     probe_max_ratio: float = DEFAULT_PROBE_MAX_RATIO
+    ahead: str = "certain"
+    routed_fraction: RoutedFraction = field(default_factory=RoutedFraction)
     name: str = "cost_model"
     decisions: dict[str, int] = field(
         default_factory=lambda: {"layers": 0, "split": 0, "probes": 0}
@@ -281,6 +416,8 @@ class CostModelPlanner:
             raise ValueError(f"probe_every must be >= 1, got {self.probe_every}")
         if not self.probe_max_ratio > 0:
             raise ValueError(f"probe_max_ratio must be positive, got {self.probe_max_ratio}")
+        if self.ahead not in HOST_AHEAD_CHOICES:
+            raise ValueError(f"ahead must be one of {HOST_AHEAD_CHOICES}, got {self.ahead!r}")
         #: the host cost the plans use: the calibration, corrected online
         self.model: HostCostModel | OnlineHostCost = (
             OnlineHostCost(self.cost) if self.online else self.cost
@@ -293,12 +430,26 @@ class CostModelPlanner:
         if isinstance(self.model, OnlineHostCost):
             self.model.observe(tokens, seconds)
 
+    def observe_ahead(self, seen: int, routed: int) -> None:
+        """``seen`` HOST experts of an ahead plan reached their layer,
+        ``routed`` of them were routed (the service reports each layer)."""
+        self.routed_fraction.observe(seen, routed)
+
+    def ahead_fraction(self) -> dict[str, Any] | None:
+        """The measured routed fraction and its prior (rows record it under
+        either rule; ``weighted`` plans with ``value``)."""
+        return self.routed_fraction.to_json()
+
     def _split(
-        self, tokens: npt.NDArray[np.float64], link: LinkState
+        self, tokens: npt.NDArray[np.float64], link: LinkState, routed_p: float = 1.0
     ) -> tuple[npt.NDArray[np.int64], float, float]:
         """(indices to serve on the host, all-COPY cost, chosen cost): a
         cost is what the layer's misses add to the forward's critical path
-        (module doc, "The critical path")."""
+        (module doc, "The critical path"). ``routed_p``: the probability
+        that each expert is routed at all (``tokens`` then count its tokens
+        if it is): its host time is weighted by it, as is its copy's value
+        in the ``max_host_ratio`` cap (module doc, "The ahead plan"); 1 at
+        the layer's own plan."""
         n = int(tokens.size)
         per_copy = self.expert_nbytes / link.bytes_per_s
         ahead = link.ahead_bytes / link.bytes_per_s
@@ -308,11 +459,12 @@ class CostModelPlanner:
         if n == 0:
             return none, copy_only, copy_only
         order = np.argsort(tokens, kind="stable")
-        host_each = np.asarray(self.model.expert_s(tokens[order]), dtype=np.float64)
+        host_if_routed = np.asarray(self.model.expert_s(tokens[order]), dtype=np.float64)
+        host_each = routed_p * host_if_routed
         host_cum = np.cumsum(host_each)
         # host cost rises with tokens (and so does the token cap), so the
         # eligible experts are a prefix of `order`
-        ok = host_each <= self.max_host_ratio * per_copy
+        ok = host_each <= self.max_host_ratio * (routed_p * per_copy)
         if self.max_host_tokens is not None:
             ok &= tokens[order] <= self.max_host_tokens
         eligible = int(ok.sum())
@@ -401,14 +553,17 @@ class CostModelPlanner:
                 f"expected_tokens {exp.shape} and resident {res.shape} must be (layers, experts)"
             )
         out = np.zeros(exp.shape, dtype=np.bool_)
+        # certain: every predicted expert routed (p = 1); weighted: with the
+        # measured probability (module doc, "The ahead plan")
+        p = self.routed_fraction.value if self.ahead == "weighted" else 1.0
         for layer in range(exp.shape[0]):
             cand = np.flatnonzero((exp[layer] > 0) & ~res[layer])
             if cand.size == 0:
                 continue
             # NOTE: ahead of the verify no copy of this layer is queued yet;
             # fractional expectations are rounded up (an expert gets >= 1 token)
-            tok = np.maximum(1.0, np.ceil(exp[layer, cand]))
-            pick, _, _ = self._split(tok, dataclasses.replace(link, ahead_bytes=0))
+            tok = np.maximum(1.0, np.ceil(exp[layer, cand] / p))
+            pick, _, _ = self._split(tok, dataclasses.replace(link, ahead_bytes=0), p)
             out[layer, cand[pick]] = True
         return out
 
@@ -422,6 +577,7 @@ class CostModelPlanner:
             "online": self.online,
             "probe_every": self.probe_every if self.online else None,
             "probe_max_ratio": self.probe_max_ratio if self.online else None,
+            "ahead": self.ahead,
         }
 
     def online_cost(self) -> dict[str, Any] | None:
@@ -486,8 +642,13 @@ if TYPE_CHECKING:
 
     def _cost_model_parts(
         p: CostModelPlanner,
-    ) -> tuple[ObservingMissPlanner, ReportingMissPlanner, AccountingMissPlanner]:
-        return p, p, p
+    ) -> tuple[
+        ObservingMissPlanner,
+        ReportingMissPlanner,
+        AccountingMissPlanner,
+        AheadObservingMissPlanner,
+    ]:
+        return p, p, p, p
 
     def _forced_parts(p: ForcedHostPlanner) -> ReportingMissPlanner:
         return p

@@ -62,6 +62,7 @@ from pdflash.hybrid.handoff import (
 )
 from pdflash.hybrid.planner import (
     AccountingMissPlanner,
+    AheadObservingMissPlanner,
     LinkState,
     MissPlanner,
     ObservingMissPlanner,
@@ -370,6 +371,7 @@ class HostExpertService:
         self._observer = planner if isinstance(planner, ObservingMissPlanner) else None
         self._reporter = planner if isinstance(planner, ReportingMissPlanner) else None
         self._accounting = planner if isinstance(planner, AccountingMissPlanner) else None
+        self._ahead_observer = planner if isinstance(planner, AheadObservingMissPlanner) else None
 
     # -- per layer -------------------------------------------------------------
 
@@ -414,7 +416,9 @@ class HostExpertService:
 
     def _take_ahead(self, layer: int, ids: IdArray) -> npt.NDArray[np.bool_] | None:
         """Mask over ``ids`` of the ahead plan's HOST experts of ``layer``
-        (None: none planned), counting them as seen and routed."""
+        (None: none planned), counting them as seen and routed (in the
+        books, and for an :class:`AheadObservingMissPlanner`, in its
+        routed fraction)."""
         ahead = self._ahead
         if ahead is None or not 0 <= layer < ahead.shape[0] or not ahead[layer].any():
             return None
@@ -426,6 +430,8 @@ class HostExpertService:
         planned = np.zeros(ids.size, dtype=np.bool_)
         planned[inside] = row[local[inside]]
         self.books.ahead_routed += int(planned.sum())
+        if self._ahead_observer is not None:
+            self._ahead_observer.observe_ahead(int(row.sum()), int(planned.sum()))
         return planned
 
     def _split(
@@ -660,6 +666,12 @@ class HostExpertService:
                 "routed": self.books.ahead_routed,
                 "hosted": self.books.ahead_hosted,
             },
+            # the planner's routed fraction of its ahead plans' HOST experts
+            # over the whole run (the weighted ahead plan's p; None: the
+            # planner keeps none)
+            "ahead_fraction": (
+                None if self._ahead_observer is None else self._ahead_observer.ahead_fraction()
+            ),
             # the host-affinity setting and the threads it placed
             "affinity": (self.placement or PlacedThreads(HostPlacement("off"))).describe(
                 len(self.executor.thread_ids)

@@ -395,6 +395,17 @@ def _recorded_affinity(row: Mapping[str, Any]) -> Any:
     return placed.get("mode", "off") if isinstance(placed, Mapping) else "off"
 
 
+def _recorded_ahead(row: Mapping[str, Any]) -> Any:
+    """How a row's pre-verify host plan treated a predicted expert
+    (``--host-ahead``): as its planner records, else ``certain`` (no host
+    service, a planner that records none, or one older than the setting:
+    the ahead plan was ``certain``)."""
+    service = row.get("host_service")
+    planner = service.get("planner") if isinstance(service, Mapping) else None
+    ahead = planner.get("ahead") if isinstance(planner, Mapping) else None
+    return "certain" if ahead is None else ahead
+
+
 #: Every setting that, beside the point (arch with its depth and GPUs,
 #: baseline, block, concurrency, cache fraction, workload) and the repeat,
 #: defines a run: the matrix's resume key (:func:`spec_settings`) and the
@@ -410,6 +421,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_critical_path", False, _recorded_critical_path),
     RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "off", _recorded_affinity),
+    RunSetting("host_ahead", "certain", _recorded_ahead),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

@@ -98,6 +98,48 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
         issuer.close()
 
 
+def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
+    gpt_oss_case: tuple[Path, list[Any]],
+) -> None:
+    """``host_ahead="weighted"`` in the engine: the same greedy output, the
+    ahead plans made, and the planner told what became of them (its routed
+    fraction counts what the service's books count)."""
+    from pdflash.engine.pd_controller import FixedParts
+    from pdflash.hybrid import CostModelPlanner, HostCostModel
+
+    tmp, cases = gpt_oss_case
+    eng, adapter, issuer = _stack(
+        tmp,
+        "x",
+        "PD+host",
+        cache_slots=6,
+        controller=FixedParts(),
+        block_size=5,
+        max_running=2,
+        token_budget=8,
+    )
+    svc = eng.host_service
+    assert svc is not None
+    planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead="weighted")
+    svc.planner = planner
+    svc.link_bytes_per_s = 1e6
+    eng.HOST_AHEAD_EXPOSED = 0.0
+    try:
+        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        done = eng.run_until_done(max_steps=400)
+        for rid, (_, ref) in zip(ids, cases, strict=True):
+            assert done[rid].output == ref
+        b = svc.books
+        assert b.planned_ahead > 0 and b.ahead_seen > 0
+        frac = svc.describe()["ahead_fraction"]
+        assert (frac["seen"], frac["routed"]) == (b.ahead_seen, b.ahead_routed)
+        assert svc.describe()["planner"]["ahead"] == "weighted"
+        assert int(np.asarray(adapter.cache.pins).sum()) == 0
+    finally:
+        svc.close()
+        issuer.close()
+
+
 def test_nothing_is_planned_ahead_while_the_link_keeps_up(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
@@ -260,6 +302,11 @@ def test_run_spec_rows_carry_the_host_books(
 
     setting = next(s for s in RUN_SETTINGS if s.name == "host_handoff")
     assert (setting.of_row(host), setting.of_row(off)) == ("stream", "thread")
+    # the ahead rule (default certain) and the routed fraction it measured
+    assert host["host_service"]["planner"]["ahead"] == "certain"
+    assert host["host_service"]["ahead_fraction"]["prior"] == 1.0
+    ahead = next(s for s in RUN_SETTINGS if s.name == "host_ahead")
+    assert (ahead.of_row(host), ahead.of_row(off)) == ("certain", "certain")
     cal = host["host_service"]["calibration"]
     assert cal["source"] == "calibrated" and len(cal["points"]) == 4
     assert cal["intercept_s"] >= 0 and cal["per_token_s"] >= 0
