@@ -1,43 +1,74 @@
-"""Issue 16 on the H200: tokens/s of PD+host (hybrid miss service) vs PD.
+"""Issue 16 on the H200: tokens/s of PD+host (hybrid miss service) vs PD,
+and the one runner of every interleaved A/B of run settings (``--arms``).
 
 Runs :func:`pdflash.bench.engine_run.run_spec` in one process for every
-(arch, cache fraction, concurrency, baseline, repeat): gpt-oss-20b and
-Qwen3-30B-A3B shapes truncated to ``--layers`` (8 by default) MoE layers,
-synthetic bf16 weights (``--synthetic-format mxfp4``: gpt-oss MXFP4 experts,
-kept MXFP4 in host memory and over the link unless ``--expert-dtype
-dense``), forced acceptance, block 16. The host computes from the weight
-format ``--host-format`` (default ``auto``: timed at start-up; the chosen
-format and every candidate's time are in each PD+host row and the summary).
+(arch, repeat, point, arm): gpt-oss-20b and Qwen3-30B-A3B shapes truncated
+to ``--layers`` (8 by default) MoE layers, synthetic bf16 weights
+(``--synthetic-format mxfp4``: gpt-oss MXFP4 experts, kept MXFP4 in host
+memory and over the link unless ``--expert-dtype dense``), forced
+acceptance, block 16. The host computes from the weight format
+``--host-format`` (default ``auto``: timed at start-up; the chosen format
+and every candidate's time are in each PD+host row and the summary).
+
+Arms (``--arms``, default ``PD,PD+host``): a comma-separated list of
+``NAME=BASELINE[:SETTING=VALUE[:SETTING=VALUE...]]``; a bare ``BASELINE``
+is an arm of that name with no overrides. SETTING is a run setting of
+:class:`~pdflash.bench.engine_run.RunSpec` (``pdflash.report.schema``'s
+RUN_SETTINGS, the settings a row's key records), VALUE as RunSpec takes it
+(``true``/``false`` for a flag, ``none`` for an unset optional; a value may
+hold ``:`` where what follows is not ``SETTING=``, e.g.
+``verify_width=fixed:4``). An override beats the command line's option of
+the same setting for that arm only. Example::
+
+    --arms "PD,host=PD+host,stream=PD+host:host_handoff=stream,
+            affinity=PD+host:host_affinity=auto,weighted=PD+host:host_ahead=weighted"
+
+Names, baselines, settings and values are checked (every arm's RunSpec
+validated for every arch) before anything runs; two arms of one name or of
+the same settings, and a ``host_*`` setting on an arm that runs no host
+service, are refused. Within one repeat of one point every arm runs once,
+their order rotated by one each repeat and point, so no arm always runs
+first or after the same neighbour; repeats are repeat-major, one arch after
+the other (the packed host experts of one arch are reused across its runs).
+Every row carries ``arm`` and ``arm_settings``.
 
 ``--diag`` first times the host executor against the memory-bound floor and
 the bare MLP on the first arch's own experts (``bench/h200/diag_host_experts.py``,
 sections ``--diag-sections``, default ``paths``: the executor's paths, cold,
 over ``--diag-bytes`` of experts, and on CUDA under a concurrent H2D copy;
-its summary is in the summary's ``diag``). Repeats are interleaved
-(repeat-major; PD and PD+host alternate which goes first), one arch after the
-other (the packed host experts of one arch are reused across its runs).
+its summary is in the summary's ``diag``).
 
 torch's intra-op threads are process-wide: they are set once to
-``--host-threads`` before the first run, so PD and PD+host run with the same
+``--host-threads`` before the first run, so every arm runs with the same
 setting; the host pool has ``--host-workers`` threads. Both are recorded.
 
-Writes ``OUT/rows.jsonl`` (every row as it finishes) and ``OUT/summary.json``
-(per point: median tokens/s and 95% intervals of each baseline, the speedup,
-bytes per token before/after the split, the host's share of the misses, the
-busy fractions of the three resources and which one binds); the summary is
-also the last line on stdout. ``--budget-s`` stops starting runs; the summary
-says how many repeats each point got.
+Writes ``OUT/rows.jsonl`` (every row as it finishes) and ``OUT/summary.json``;
+the summary is also the last line on stdout and a compact table goes to
+stderr. Per point: each arm's tokens/s (median, 95% interval), per-repeat
+ratios with their median and a verdict from the intervals for every arm vs
+the reference arm (``--reference``, default the first PD+host arm) and for
+every arm vs the first PD arm (``comparisons``, keyed ``ARM/OTHER``), and
+per arm the mechanism (``by_arm``: host served and planned-ahead experts,
+link bytes per token, busy fractions, the ahead plans' outcome and routed
+fraction, the hand-off that ran and why it fell back, the affinity that was
+applied). The fields ``speedup_median``, ``verdict``, ``bytes_per_token``,
+``pd_host`` and ``pd`` read the reference arm as "PD+host" and the PD arm
+as "PD" (with the default arms: exactly those baselines). ``--budget-s``
+stops starting runs; the summary says how many repeats each point got.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,40 +102,331 @@ def _median(rows: list[dict[str, Any]], name: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+DEFAULT_ARMS = "PD,PD+host"
+#: an arm's name: what rows, ratios (``ARM/OTHER``) and the table show
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+#: splits an arm's overrides: a ``:`` followed by ``SETTING=``
+_OVERRIDE_SPLIT = re.compile(r":(?=[a-z_][a-z0-9_]*=)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One arm of an A/B: a baseline and the run settings it overrides."""
+
+    name: str
+    baseline: str
+    settings: tuple[tuple[str, Any], ...] = ()
+
+    def overrides(self) -> dict[str, Any]:
+        return dict(self.settings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "baseline": self.baseline, "settings": self.overrides()}
+
+
+def settable_settings() -> dict[str, str]:
+    """The run settings an arm may override: RunSpec's fields that a row's
+    key records (``pdflash.report.schema.RUN_SETTINGS``), with their
+    annotations."""
+    from pdflash.bench.engine_run import RunSpec
+
+    from pdflash.report.schema import RUN_SETTINGS
+
+    fields = {f.name: str(f.type) for f in dataclasses.fields(RunSpec)}
+    return {s.name: fields[s.name] for s in RUN_SETTINGS if s.name in fields}
+
+
+def _coerce(arm: str, name: str, text: str, annotation: str) -> Any:
+    """``text`` as the RunSpec field ``name`` (annotated ``annotation``) takes it."""
+    kinds = {k.strip() for k in annotation.split("|")}
+    if "None" in kinds and text.lower() == "none":
+        return None
+    try:
+        if "bool" in kinds:
+            if text.lower() not in ("true", "false"):
+                raise ValueError("a flag is true or false")
+            return text.lower() == "true"
+        if "int" in kinds:
+            return int(text)
+        if "float" in kinds:
+            return float(text)
+    except ValueError as exc:
+        raise ValueError(
+            f"arm {arm!r}: {name}={text!r} is not of type {annotation} ({exc})"
+        ) from None
+    return text
+
+
+def parse_arms(text: str, settable: dict[str, str] | None = None) -> list[Arm]:
+    """The arms ``text`` names (the module doc's syntax), or ValueError
+    saying what is wrong. Checks the syntax, names, baselines and setting
+    names and types; :func:`check_arms` then validates each arm's RunSpec."""
+    from pdflash.engine.config import BASELINES
+
+    settable = settable_settings() if settable is None else settable
+    arms: list[Arm] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        head, *tail = _OVERRIDE_SPLIT.split(item)
+        name, eq, baseline = head.partition("=")
+        name, baseline = name.strip(), (baseline.strip() if eq else name.strip())
+        if not ARM_NAME.fullmatch(name):
+            raise ValueError(
+                f"arm name {name!r} (in {item!r}) must be letters, digits, '_', '.', '+' or '-'"
+            )
+        if baseline not in BASELINES:
+            raise ValueError(f"arm {name!r}: baseline must be one of {BASELINES}, got {baseline!r}")
+        if any(a.name == name for a in arms):
+            raise ValueError(f"two arms are named {name!r}")
+        settings: dict[str, Any] = {}
+        for override in tail:
+            key, _, value = override.partition("=")
+            if key not in settable:
+                raise ValueError(
+                    f"arm {name!r}: {key!r} is not a run setting; one of {sorted(settable)}"
+                )
+            if key in settings:
+                raise ValueError(f"arm {name!r} sets {key} twice")
+            settings[key] = _coerce(name, key, value, settable[key])
+        arms.append(Arm(name, baseline, tuple(settings.items())))
+    if not arms:
+        raise ValueError(f"no arms in {text!r}")
+    return arms
+
+
+def arm_spec_kwargs(base: dict[str, Any], arm: Arm) -> dict[str, Any]:
+    """RunSpec's keywords for ``arm``: ``base`` (the command line's
+    settings), its baseline, its overrides."""
+    return {**base, "baseline": arm.baseline, **arm.overrides()}
+
+
+def check_arms(arms: Sequence[Arm], base: dict[str, Any], archs: Sequence[str]) -> None:
+    """Validate every arm's RunSpec for every arch (``base`` holds what the
+    arms share, point fields included), before anything runs; ValueError
+    names the arm. Refuses a ``host_*`` override on an arm that runs no host
+    service and two arms that run the same settings."""
+    from pdflash.bench.engine_run import RunSpec
+
+    for arch in archs:
+        seen: dict[tuple[tuple[str, str], ...], str] = {}
+        for arm in arms:
+            try:
+                spec = RunSpec(**arm_spec_kwargs({**base, "arch": arch}, arm))
+                spec.validate()
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"arm {arm.name!r} ({arch}): {exc}") from None
+            idle = [
+                k
+                for k, _ in arm.settings
+                if k.startswith("host_") and k != "host_experts" and spec.host_mode == "off"
+            ]
+            if idle:
+                raise ValueError(
+                    f"arm {arm.name!r}: {', '.join(idle)} cannot apply to baseline "
+                    f"{arm.baseline} (no host service; use PD+host or host_experts=auto)"
+                )
+            key = tuple(sorted((k, repr(v)) for k, v in dataclasses.asdict(spec).items()))
+            if key in seen:
+                raise ValueError(f"arms {seen[key]!r} and {arm.name!r} run the same settings")
+            seen[key] = arm.name
+
+
+def arm_order(arms: Sequence[Arm], repeat: int, point_index: int) -> list[Arm]:
+    """The arms in the order one repeat of one point runs them: rotated by
+    one each repeat and each point."""
+    shift = (repeat + point_index) % len(arms)
+    return [*arms[shift:], *arms[:shift]]
+
+
+def _arm_of(row: dict[str, Any]) -> str:
+    # rows from before --arms: their baseline was their arm
+    return str(row.get("arm") or row["baseline"])
+
+
+def _service(row: dict[str, Any]) -> dict[str, Any]:
+    hs = row.get("host_service")
+    return hs if isinstance(hs, dict) else {}
+
+
+def _verdict(a: dict[str, Any], b: dict[str, Any], name_a: str) -> str:
+    """``name_a`` faster / slower than the other where the 95% intervals do
+    not overlap; a side with one run has no interval, so no verdict."""
+    if "mean_ci95" not in a or "mean_ci95" not in b:
+        return "too few runs"
+    lo_a, hi_a = a["mean_ci95"]
+    lo_b, hi_b = b["mean_ci95"]
+    if lo_a > hi_b:
+        return f"{name_a} faster"
+    if hi_a < lo_b:
+        return f"{name_a} slower"
+    return "within noise"
+
+
+def _median_of(rows: list[dict[str, Any]], read: Callable[[dict[str, Any]], Any]) -> float | None:
+    vals = [v for v in (_num(read(r)) for r in rows) if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _busy(row: dict[str, Any], key: str) -> float | None:
+    busy, wall = _num(row.get(key)), _num(row.get("wall_s"))
+    return busy / wall if busy is not None and wall else None
+
+
+def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per arm: medians over its runs of what the host service did, and what
+    each run recorded it ran (host fields None where no run had a host
+    service: not measured, not zero)."""
+    hosted = [r for r in rows if _service(r)]
+    out: dict[str, Any] = {
+        "runs": len(rows),
+        "host_service_runs": len(hosted),
+        "bytes_per_token": _median_of(rows, lambda r: r.get("bytes_per_token")),
+        "h2d_bytes": _median_of(rows, lambda r: r.get("h2d_bytes")),
+        "wasted_prefetch_bytes": _median_of(rows, lambda r: r.get("wasted_prefetch_bytes")),
+        # each resource's busy seconds over the run's wall, per run, then the median
+        "busy_fraction": {
+            res: _median_of(rows, lambda r, key=key: _busy(r, key))
+            for res, key in (
+                ("compute", "compute_busy_s"),
+                ("link", "link_busy_s"),
+                ("host_cpu", "host_busy_s"),
+            )
+        },
+        "host_served_experts": _median_of(rows, lambda r: r.get("host_served_experts")),
+        "host_planned_ahead_experts": _median_of(
+            rows, lambda r: r.get("host_planned_ahead_experts")
+        ),
+        "host_wait_s": _median_of(rows, lambda r: r.get("host_wait_s")),
+    }
+    if not hosted:
+        for k in ("ahead_outcome", "ahead_fraction_end", "host_ahead", "handoff", "affinity"):
+            out[k] = None
+        return out
+    # the ahead plans' HOST experts over the arm's runs: seen by their
+    # layers, routed, hosted by the layer's own plan
+    out["ahead_outcome"] = {
+        k: sum(int((_service(r).get("ahead_outcome") or {}).get(k, 0)) for r in hosted)
+        for k in ("seen", "routed", "hosted")
+    }
+    # the routed fraction each run's planner ended with (weighted's p)
+    out["ahead_fraction_end"] = [
+        (_service(r).get("ahead_fraction") or {}).get("value") for r in hosted
+    ]
+    out["host_ahead"] = sorted(
+        {str((_service(r).get("planner") or {}).get("ahead")) for r in hosted}
+    )
+    handoffs = [_service(r).get("host_handoff") or {} for r in hosted]
+    ran: dict[str, int] = {}
+    for h in handoffs:
+        ran[str(h.get("mode"))] = ran.get(str(h.get("mode")), 0) + 1
+    out["handoff"] = {
+        "requested": sorted({str(h.get("requested")) for h in handoffs}),
+        # runs per mode that actually ran, and why a run fell back
+        "ran": ran,
+        "fallback_reasons": sorted({str(h["reason"]) for h in handoffs if h.get("reason")}),
+    }
+    placed = [_service(r).get("affinity") or {} for r in hosted]
+    out["affinity"] = {
+        "mode": sorted({str(a.get("mode")) for a in placed}),
+        "applied_runs": sum(1 for a in placed if a.get("applied")),
+        "reasons": sorted({str(a["reason"]) for a in placed if a.get("reason")}),
+    }
+    return out
+
+
+def comparisons(
+    names: Sequence[str], reference: str | None, pd_arm: str | None
+) -> list[tuple[str, str]]:
+    """The (arm, other) pairs a point is judged on: every arm vs the
+    reference arm, then every arm vs the PD arm, each pair once and in one
+    direction (the reference vs PD, not PD vs the reference)."""
+    pairs: list[tuple[str, str]] = []
+    for other in (reference, pd_arm):
+        if other is None:
+            continue
+        pairs += [
+            (a, other)
+            for a in names
+            if a != other and (a, other) not in pairs and not (other == reference and a == pd_arm)
+        ]
+    return pairs
+
+
+def summarise(
+    rows: list[dict[str, Any]],
+    arms: Sequence[Arm] | None = None,
+    reference: str | None = None,
+) -> list[dict[str, Any]]:
+    """Per (arch, cache fraction, concurrency): see the module doc.
+    ``arms``: the run's arms (default: from the rows, in order of first
+    appearance); ``reference``: the arm the others are compared with
+    (default: the first PD+host arm)."""
+    if arms is None:
+        found: dict[str, str] = {}
+        for r in rows:
+            found.setdefault(_arm_of(r), r["baseline"])
+        arms = [Arm(n, b) for n, b in found.items()]
+    names = [a.name for a in arms]
+    pd_arm = next((a.name for a in arms if a.baseline == "PD"), None)
+    if reference is None:
+        reference = next((a.name for a in arms if a.baseline == "PD+host"), None)
     points: dict[tuple[Any, ...], dict[str, list[dict[str, Any]]]] = {}
     for r in rows:
         key = (r["arch"], r["cache_fraction"], r["concurrency"])
-        points.setdefault(key, {}).setdefault(r["baseline"], []).append(r)
+        points.setdefault(key, {}).setdefault(_arm_of(r), []).append(r)
     out = []
     for (arch, cf, conc), by in sorted(points.items()):
-        pd, host = by.get("PD", []), by.get("PD+host", [])
+        pd, host = by.get(pd_arm or "", []), by.get(reference or "", [])
         tps = {
-            b: interval(
-                [v for v in (_num(r.get("output_tokens_per_s")) for r in rs) if v is not None]
+            arm: interval(
+                [v for v in (_num(r.get("output_tokens_per_s")) for r in by[arm]) if v is not None]
             )
-            for b, rs in by.items()
+            for arm in [*[n for n in names if n in by], *[n for n in by if n not in names]]
         }
         entry: dict[str, Any] = {
             "arch": arch,
             "cache_fraction": cf,
             "concurrency": conc,
             "tokens_per_s": tps,
+            "reference_arm": reference,
+            "pd_arm": pd_arm,
         }
-        a, b = tps.get("PD", {}), tps.get("PD+host", {})
+        a, b = tps.get(pd_arm or "", {}), tps.get(reference or "", {})
         if a.get("n") and b.get("n"):
             entry["speedup_median"] = b["median"] / a["median"]
         if "mean_ci95" in a and "mean_ci95" in b:
-            lo_a, hi_a = a["mean_ci95"]
-            lo_b, hi_b = b["mean_ci95"]
-            entry["verdict"] = (
-                "PD+host faster"
-                if lo_b > hi_a
-                else ("PD+host slower" if hi_b < lo_a else "within noise")
-            )
+            entry["verdict"] = _verdict(b, a, "PD+host")
         elif a.get("n") and b.get("n"):
             # one run on a side has no interval: no verdict either way
             entry["verdict"] = "too few runs"
+        per_rep = {
+            (arm, r["repeat"]): _num(r.get("output_tokens_per_s"))
+            for arm, rs in by.items()
+            for r in rs
+            if r.get("repeat") is not None
+        }
+        reps = sorted({rep for _, rep in per_rep})
+        cmp: dict[str, Any] = {}
+        for num, den in comparisons(list(tps), reference, pd_arm):
+            if num not in tps or den not in tps:
+                continue
+            ratios = [
+                n / d
+                for rep in reps
+                if (d := per_rep.get((den, rep))) and (n := per_rep.get((num, rep))) is not None
+            ]
+            ta, tb = tps[num], tps[den]
+            cmp[f"{num}/{den}"] = {
+                "pair_ratios": ratios,
+                "pair_ratio_median": statistics.median(ratios) if ratios else None,
+                "median_ratio": (
+                    ta["median"] / tb["median"] if ta.get("n") and tb.get("n") else None
+                ),
+                "verdict": _verdict(ta, tb, num),
+            }
+        entry["comparisons"] = cmp
+        entry["by_arm"] = {arm: arm_mechanism(by[arm]) for arm in tps}
         bpt_pd, bpt_host = _median(pd, "bytes_per_token"), _median(host, "bytes_per_token")
         entry["bytes_per_token"] = {"PD": bpt_pd, "PD+host": bpt_host}
         if bpt_pd and bpt_host is not None:
@@ -145,6 +467,48 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         out.append(entry)
     return out
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "-" if _num(x) is None else format(x, spec)
+
+
+def table(summary: dict[str, Any]) -> list[str]:
+    """The compact table (the log's last lines): per point each arm's median
+    tokens/s (runs), every comparison's per-repeat ratio median and verdict,
+    and per arm with a host service its mechanism."""
+    lines = [
+        f"issue16 arms: {summary.get('device')}, runs {summary.get('runs')}, not started "
+        f"(budget) {summary.get('runs_not_started_budget')}, errors {len(summary.get('errors', []))}"
+    ]
+    for p in summary.get("points", []):
+        tps = p.get("tokens_per_s", {})
+        head = " | ".join(
+            f"{arm} {_fmt(t.get('median'), '.1f')} ({t.get('n', 0)})" for arm, t in tps.items()
+        )
+        lines.append(f"{p['arch']} cache {p['cache_fraction']} c={p['concurrency']}: {head}")
+        for pair, c in (p.get("comparisons") or {}).items():
+            lines.append(
+                f"  {pair}: median {_fmt(c.get('pair_ratio_median'))} ({c.get('verdict')})"
+            )
+        for arm, m in (p.get("by_arm") or {}).items():
+            if not m.get("host_service_runs"):
+                continue
+            busy = m.get("busy_fraction") or {}
+            bpt = _num(m.get("bytes_per_token"))
+            fr = [f for f in m.get("ahead_fraction_end") or [] if _num(f) is not None]
+            lines.append(
+                f"  {arm}: host {_fmt(m.get('host_served_experts'), '.0f')} "
+                f"planned-ahead {_fmt(m.get('host_planned_ahead_experts'), '.0f')} "
+                f"MB/tok {_fmt(None if bpt is None else bpt / 1e6, '.1f')} "
+                f"link {_fmt(busy.get('link'))} host {_fmt(busy.get('host_cpu'))} "
+                f"ahead {m.get('ahead_outcome')} p_end {_fmt(statistics.median(fr) if fr else None)} "
+                f"handoff {m.get('handoff', {}).get('ran')} {m.get('handoff', {}).get('fallback_reasons')} "
+                f"affinity {m.get('affinity', {}).get('mode')} "
+                f"applied {m.get('affinity', {}).get('applied_runs')}/{m.get('host_service_runs')}"
+                f" {m.get('affinity', {}).get('reasons') or ''}"
+            )
+    return lines
 
 
 def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
@@ -241,15 +605,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diag-bytes", type=float, default=1.6e9, help="expert bytes walked cold")
     ap.add_argument("--diag-sections", default="paths", help="diag_host_experts.py --sections")
     ap.add_argument("--budget-s", type=float, default=250.0)
+    ap.add_argument(
+        "--arms",
+        default=DEFAULT_ARMS,
+        help="NAME=BASELINE[:SETTING=VALUE...],... (module doc); default: PD,PD+host",
+    )
+    ap.add_argument(
+        "--reference",
+        default=None,
+        help="the arm every other arm is compared with (default: the first PD+host arm)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
-    import torch
-    from pdflash.bench.engine_run import RunSpec, release_targets, run_spec
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    rows_path = args.out / "rows.jsonl"
-    torch.set_num_threads(args.host_threads)
     archs = [a for a in args.archs.split(",") if a]
     caches = [float(c) for c in args.cache.split(",")]
     concs = [int(c) for c in args.concurrency.split(",")]
@@ -258,6 +626,42 @@ def main(argv: list[str] | None = None) -> int:
         points = [
             (float(p.split(":")[0]), int(p.split(":")[1])) for p in args.points.split(",") if p
         ]
+    # what every arm shares (an arm's overrides beat these)
+    base: dict[str, Any] = {
+        "block_size": 16,
+        "layers": args.layers or None,
+        "max_new_tokens": args.max_new_tokens,
+        "prompt_len": args.prompt_len,
+        "host_threads": args.host_threads,
+        "host_workers": args.host_workers,
+        "host_max_ratio": args.host_max_ratio,
+        "host_max_tokens": args.host_max_tokens,
+        "host_format": args.host_format,
+        "host_critical_path": args.host_critical_path,
+        "host_handoff": args.host_handoff,
+        "host_affinity": args.host_affinity,
+        "host_ahead": args.host_ahead,
+        "synthetic_format": args.synthetic_format,
+        "expert_dtype": args.expert_dtype,
+    }
+    # every arm checked before anything runs (or loads)
+    try:
+        arms = parse_arms(args.arms)
+        for cf, conc in points:
+            check_arms(arms, {**base, "cache_fraction": cf, "concurrency": conc}, archs)
+        if args.reference is not None and args.reference not in {a.name for a in arms}:
+            raise ValueError(
+                f"--reference {args.reference!r} is not an arm; one of {[a.name for a in arms]}"
+            )
+    except ValueError as exc:
+        ap.error(str(exc))
+
+    import torch
+    from pdflash.bench.engine_run import RunSpec, release_targets, run_spec
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows_path = args.out / "rows.jsonl"
+    torch.set_num_threads(args.host_threads)
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
@@ -273,51 +677,48 @@ def main(argv: list[str] | None = None) -> int:
         # each arch may use its share of what is left of the budget
         arch_deadline = started + args.budget_s * (ai + 1) / len(archs)
         for rep in range(args.repeats):
-            for cf, conc in points:
-                order = ["PD", "PD+host"] if (rep + conc) % 2 == 0 else ["PD+host", "PD"]
-                for baseline in order:
+            for pi, (cf, conc) in enumerate(points):
+                for arm in arm_order(arms, rep, pi):
                     if time.perf_counter() > arch_deadline:
                         cut += 1
                         continue
                     spec = RunSpec(
-                        arch=arch,
-                        baseline=baseline,
-                        block_size=16,
-                        concurrency=conc,
-                        cache_fraction=cf,
-                        repeat=rep,
-                        layers=args.layers or None,
-                        max_new_tokens=args.max_new_tokens,
-                        prompt_len=args.prompt_len,
-                        host_threads=args.host_threads,
-                        host_workers=args.host_workers,
-                        host_max_ratio=args.host_max_ratio,
-                        host_max_tokens=args.host_max_tokens,
-                        host_format=args.host_format,
-                        host_critical_path=args.host_critical_path,
-                        host_handoff=args.host_handoff,
-                        host_affinity=args.host_affinity,
-                        host_ahead=args.host_ahead,
-                        synthetic_format=args.synthetic_format,
-                        expert_dtype=args.expert_dtype,
+                        **arm_spec_kwargs(
+                            {
+                                **base,
+                                "arch": arch,
+                                "concurrency": conc,
+                                "cache_fraction": cf,
+                                "repeat": rep,
+                            },
+                            arm,
+                        )
                     )
                     t0 = time.perf_counter()
                     try:
                         row = run_spec(spec).row
                     except Exception as exc:  # one failure must not lose the rest
-                        errors.append({"spec": vars(spec), "error": f"{type(exc).__name__}: {exc}"})
+                        errors.append(
+                            {
+                                "arm": arm.name,
+                                "spec": vars(spec),
+                                "error": f"{type(exc).__name__}: {exc}",
+                            }
+                        )
                         print(
-                            f"[issue16] FAILED {arch} {baseline} cf{cf} c{conc} r{rep}: {exc}",
+                            f"[issue16] FAILED {arch} {arm.name} cf{cf} c{conc} r{rep}: {exc}",
                             file=sys.stderr,
                             flush=True,
                         )
                         continue
+                    row["arm"] = arm.name
+                    row["arm_settings"] = arm.overrides()
                     row["run_elapsed_s"] = time.perf_counter() - t0
                     rows.append(row)
                     with rows_path.open("a") as f:
                         f.write(json.dumps(row, default=str) + "\n")
                     print(
-                        f"[issue16] {arch} {baseline} cf{cf} c{conc} r{rep}: "
+                        f"[issue16] {arch} {arm.name} cf{cf} c{conc} r{rep}: "
                         f"tok/s={row['output_tokens_per_s']:.1f} "
                         f"B/tok={row.get('bytes_per_token') or 0:.3g} "
                         f"host={row.get('host_served_experts')} "
@@ -327,25 +728,22 @@ def main(argv: list[str] | None = None) -> int:
                     )
         release_targets()
     calibrations = {
-        r["arch"]: (r.get("host_service") or {}).get("calibration")
-        for r in rows
-        if r["baseline"] == "PD+host"
+        r["arch"]: (r.get("host_service") or {}).get("calibration") for r in rows if _service(r)
     }
     host_weights = {
-        r["arch"]: (r.get("host_service") or {}).get("host_weights")
-        for r in rows
-        if r["baseline"] == "PD+host"
+        r["arch"]: (r.get("host_service") or {}).get("host_weights") for r in rows if _service(r)
     }
-    # per PD+host run: what the planner started from and ended with
+    # per run with a host service: what the planner started from and ended with
     host_runs = []
     for r in rows:
         hs = r.get("host_service") or {}
-        if r["baseline"] != "PD+host" or not hs:
+        if not hs:
             continue
         cal = hs.get("calibration") or {}
         hw = hs.get("host_weights") or {}
         host_runs.append(
             {
+                "arm": _arm_of(r),
                 "concurrency": r["concurrency"],
                 "cache_fraction": r["cache_fraction"],
                 "repeat": r["repeat"],
@@ -383,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_ahead": args.host_ahead,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
+        "arms": [a.to_json() for a in arms],
         "layers": args.layers,
         "max_new_tokens": args.max_new_tokens,
         "prompt_len": args.prompt_len,
@@ -395,9 +794,11 @@ def main(argv: list[str] | None = None) -> int:
         "host_weights": host_weights,
         "host_runs": host_runs,
         "diag": diag,
-        "points": summarise(rows),
+        "points": summarise(rows, arms, args.reference),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    for line in table(summary):
+        print(line, file=sys.stderr)
     print(json.dumps(summary, default=str))
     return 1 if errors or not rows else 0
 

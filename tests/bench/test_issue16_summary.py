@@ -1,8 +1,12 @@
-"""bench/h200/issue16.py's summary: intervals and verdicts (hand-checked)."""
+"""bench/h200/issue16.py: its arms (parsing, checks, order), its summary's
+intervals, ratios and verdicts (hand-checked), and a run of every arm on the
+tiny CPU shape."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +15,11 @@ import pytest
 # A GPU helper script of the repository, not package code (the wheel leaves
 # bench/h200/ out), so it is loaded from the source tree by path.
 _SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "issue16.py"
+sys.path.insert(0, str(_SCRIPT.parent))  # diag_host_experts beside it
 _spec = importlib.util.spec_from_file_location("_bench_h200_issue16", _SCRIPT)
 assert _spec is not None and _spec.loader is not None
 issue16 = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = issue16  # its dataclass looks its module up
 _spec.loader.exec_module(issue16)
 
 
@@ -71,3 +77,284 @@ def test_one_run_on_a_side_gives_no_verdict() -> None:
     assert point["verdict"] == "too few runs"
     rows += [_row("PD", 35.2), _row("PD+host", 30.2, host_served_experts=3.0, h2d_bytes=700.0)]
     assert issue16.summarise(rows)[0]["verdict"] == "PD+host slower"
+
+
+# --- --arms: named arms, each a baseline plus run-setting overrides --------
+
+_FIVE = (
+    "PD,host=PD+host,stream=PD+host:host_handoff=stream,"
+    "affinity=PD+host:host_affinity=auto,weighted=PD+host:host_ahead=weighted"
+)
+
+
+def test_parse_arms_names_baselines_and_typed_overrides() -> None:
+    arms = issue16.parse_arms(_FIVE)
+    assert [(a.name, a.baseline, a.overrides()) for a in arms] == [
+        ("PD", "PD", {}),
+        ("host", "PD+host", {}),
+        ("stream", "PD+host", {"host_handoff": "stream"}),
+        ("affinity", "PD+host", {"host_affinity": "auto"}),
+        ("weighted", "PD+host", {"host_ahead": "weighted"}),
+    ]
+    # the default is today's pair; a value may hold ':' (not followed by SETTING=)
+    assert [(a.name, a.baseline) for a in issue16.parse_arms(issue16.DEFAULT_ARMS)] == [
+        ("PD", "PD"),
+        ("PD+host", "PD+host"),
+    ]
+    (arm,) = issue16.parse_arms(
+        "w=PD+host:verify_width=fixed:4:host_critical_path=true:host_max_tokens=0"
+        ":host_threads=none:host_max_ratio=2"
+    )
+    assert arm.overrides() == {
+        "verify_width": "fixed:4",
+        "host_critical_path": True,
+        "host_max_tokens": 0,
+        "host_threads": None,
+        "host_max_ratio": 2.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a b=PD", "arm name 'a b'"),
+        ("x/y=PD", "arm name 'x/y'"),
+        ("a=PDX", "baseline must be one of"),
+        ("a=PD,a=PD+host", "two arms are named 'a'"),
+        ("PD,PD", "two arms are named 'PD'"),
+        ("a=PD+host:foo=1", "'foo' is not a run setting"),
+        # a point field is not an arm's setting
+        ("a=PD+host:concurrency=4", "'concurrency' is not a run setting"),
+        ("a=PD+host:host_max_tokens=x", "host_max_tokens='x' is not of type int"),
+        ("a=PD+host:host_critical_path=yes", "is not of type bool"),
+        ("a=PD+host:host_ahead=certain:host_ahead=weighted", "sets host_ahead twice"),
+        (" , ", "no arms"),
+    ],
+)
+def test_parse_arms_refuses(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        issue16.parse_arms(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # RunSpec's own validation, named by arm and arch
+        ("a=PD+host:host_handoff=bogus", r"arm 'a' \(tiny-gpt_oss\): host_handoff must be one of"),
+        ("a=PD+host:host_affinity=on", r"arm 'a' \(tiny-gpt_oss\): host_affinity"),
+        # a host setting where no host service runs does nothing: refused
+        ("x=PD:host_handoff=stream", "host_handoff cannot apply to baseline PD"),
+        # two arms running the same settings (the second names the default)
+        ("a=PD+host,b=PD+host:host_handoff=thread", "arms 'a' and 'b' run the same settings"),
+    ],
+)
+def test_check_arms_refuses(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        issue16.check_arms(issue16.parse_arms(text), {"layers": None}, ["tiny-gpt_oss"])
+
+
+def test_check_arms_accepts_the_five_and_host_settings_with_host_experts() -> None:
+    issue16.check_arms(issue16.parse_arms(_FIVE), {"layers": None}, ["tiny-gpt_oss"])
+    arms = issue16.parse_arms("PD,hx=PD:host_experts=auto:host_handoff=stream")
+    issue16.check_arms(arms, {"layers": None}, ["tiny-gpt_oss"])
+    with pytest.raises(ValueError, match="unknown arch"):
+        issue16.check_arms(arms, {}, ["no-such-arch"])
+
+
+def test_main_refuses_bad_arms_before_running(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        issue16.main(
+            [
+                "--archs",
+                "tiny-gpt_oss",
+                "--arms",
+                "a=PD+host:host_ahead=maybe",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+    assert exc.value.code == 2
+    assert not (tmp_path / "rows.jsonl").exists()
+    with pytest.raises(SystemExit):
+        issue16.main(["--archs", "tiny-gpt_oss", "--reference", "nope", "--out", str(tmp_path)])
+
+
+def test_arm_order_rotates_per_repeat_and_point() -> None:
+    arms = issue16.parse_arms("a=PD,b=PD+host,c=PD+host:host_ahead=weighted")
+
+    def names(rep: int, point: int) -> str:
+        return "".join(a.name for a in issue16.arm_order(arms, rep, point))
+
+    assert [names(r, 0) for r in range(4)] == ["abc", "bca", "cab", "abc"]
+    assert [names(0, p) for p in range(3)] == ["abc", "bca", "cab"]
+    # over len(arms) repeats each arm runs in each position once
+    for point in range(3):
+        orders = [names(r, point) for r in range(3)]
+        for pos in range(3):
+            assert sorted(o[pos] for o in orders) == ["a", "b", "c"]
+    # two arms: they alternate which goes first
+    two = issue16.parse_arms(issue16.DEFAULT_ARMS)
+    assert [issue16.arm_order(two, r, 0)[0].name for r in range(3)] == ["PD", "PD+host", "PD"]
+
+
+def _arm_row(arm: str, rep: int, tps: float, **kw: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "arch": "a",
+        "cache_fraction": 0.2,
+        "concurrency": 4,
+        "repeat": rep,
+        "arm": arm,
+        "baseline": "PD" if arm == "PD" else "PD+host",
+        "output_tokens_per_s": tps,
+        "expert_nbytes": 100,
+        "bytes_per_token": 1000.0 if arm == "PD" else 600.0,
+        "wall_s": 10.0,
+        "compute_busy_s": 2.0,
+        "link_busy_s": 7.0,
+    }
+    if arm != "PD":
+        row["host_busy_s"] = 2.0
+        row["host_served_experts"] = 30.0
+        row["h2d_bytes"] = 7000.0
+        row["host_service"] = {
+            "planner": {"ahead": "weighted" if arm == "weighted" else "certain"},
+            "ahead_outcome": {"seen": 10, "routed": 7, "hosted": 5},
+            "ahead_fraction": {"value": 0.75 if arm == "weighted" else 0.7},
+            "host_handoff": {"requested": "thread", "mode": "thread", "reason": None},
+            "affinity": {"mode": "off", "applied": False, "reason": None},
+        }
+    row.update(kw)
+    return row
+
+
+def test_arms_summary_ratios_verdicts_and_books() -> None:
+    """Three arms, hand-checked: weighted is 1.2x host each repeat, host is
+    1.3, 1.32 and 131/101 = 1.297x PD."""
+    rows = []
+    for rep, (pd, host) in enumerate(((100.0, 130.0), (100.0, 132.0), (101.0, 131.0))):
+        rows += [_arm_row("PD", rep, pd), _arm_row("host", rep, host)]
+        rows.append(_arm_row("weighted", rep, host * 1.2))
+    arms = issue16.parse_arms("PD,host=PD+host,weighted=PD+host:host_ahead=weighted")
+    (p,) = issue16.summarise(rows, arms)
+    assert (p["reference_arm"], p["pd_arm"]) == ("host", "PD")
+    assert list(p["tokens_per_s"]) == ["PD", "host", "weighted"]
+    # every arm vs the reference, then vs PD; PD vs the reference is host/PD reversed
+    assert list(p["comparisons"]) == ["weighted/host", "host/PD", "weighted/PD"]
+    c = p["comparisons"]
+    assert c["weighted/host"]["pair_ratios"] == pytest.approx([1.2, 1.2, 1.2])
+    assert c["weighted/host"]["verdict"] == "weighted faster"
+    assert c["host/PD"]["pair_ratio_median"] == pytest.approx(1.3)
+    assert c["host/PD"]["median_ratio"] == pytest.approx(131 / 100)
+    assert c["host/PD"]["verdict"] == "host faster"
+    assert c["weighted/PD"]["pair_ratios"] == pytest.approx([1.56, 1.584, 157.2 / 101])
+    # the legacy fields read the reference arm as PD+host
+    assert p["speedup_median"] == pytest.approx(131 / 100)
+    assert p["verdict"] == "PD+host faster"
+    assert p["bytes_per_token_ratio"] == pytest.approx(0.6)
+    assert p["pd_host"]["host_share_of_misses"] == pytest.approx(30 / (30 + 70))
+    w = p["by_arm"]["weighted"]
+    assert w["ahead_outcome"] == {"seen": 30, "routed": 21, "hosted": 15}
+    assert w["ahead_fraction_end"] == [0.75, 0.75, 0.75]
+    assert w["host_ahead"] == ["weighted"]
+    assert w["busy_fraction"]["link"] == pytest.approx(0.7)
+    assert w["busy_fraction"]["host_cpu"] == pytest.approx(0.2)
+    assert w["handoff"] == {"requested": ["thread"], "ran": {"thread": 3}, "fallback_reasons": []}
+    assert w["affinity"] == {"mode": ["off"], "applied_runs": 0, "reasons": []}
+    # PD has no host service: its host books are absent, not 0
+    pd = p["by_arm"]["PD"]
+    assert pd["busy_fraction"]["host_cpu"] is None
+    assert pd["host_service_runs"] == 0
+    assert pd["ahead_outcome"] is None and pd["handoff"] is None
+    lines = issue16.table({"device": "x", "runs": 9, "runs_not_started_budget": 0, "points": [p]})
+    assert any("weighted/host: median 1.20 (weighted faster)" in line for line in lines)
+
+
+def test_arms_summary_reference_handoff_fallback_and_affinity() -> None:
+    svc = {
+        "host_handoff": {"requested": "stream", "mode": "thread", "reason": "no cuda"},
+        "affinity": {"mode": "auto", "applied": True, "reason": None},
+    }
+    rows = [
+        _arm_row("host", 0, 100.0),
+        _arm_row("stream", 0, 90.0, host_service=svc),
+        _arm_row("host", 1, 100.0),
+        _arm_row(
+            "stream",
+            1,
+            99.0,
+            host_service={**svc, "host_handoff": {"requested": "stream", "mode": "stream"}},
+        ),
+    ]
+    arms = issue16.parse_arms("host=PD+host,stream=PD+host:host_handoff=stream")
+    (p,) = issue16.summarise(rows, arms, reference="stream")
+    # no PD arm: only the comparison with the reference, no legacy verdict
+    assert list(p["comparisons"]) == ["host/stream"]
+    assert p["comparisons"]["host/stream"]["pair_ratios"] == pytest.approx([100 / 90, 100 / 99])
+    assert "verdict" not in p and "speedup_median" not in p
+    s = p["by_arm"]["stream"]
+    assert s["handoff"] == {
+        "requested": ["stream"],
+        "ran": {"thread": 1, "stream": 1},
+        "fallback_reasons": ["no cuda"],
+    }
+    assert s["affinity"] == {"mode": ["auto"], "applied_runs": 2, "reasons": []}
+    # one run per arm: a ratio, no verdict
+    (q,) = issue16.summarise(rows[:2], arms)
+    assert q["comparisons"]["stream/host"]["verdict"] == "too few runs"
+    assert q["comparisons"]["stream/host"]["pair_ratios"] == pytest.approx([0.9])
+
+
+def test_rows_without_arm_group_by_baseline() -> None:
+    """Rows written before --arms (no ``arm``) are their baseline's arm: the
+    default summary is today's."""
+    rows = [_row("PD", t, repeat=i) for i, t in enumerate((10.0, 11.0, 12.0))]
+    rows += [_row("PD+host", t, repeat=i) for i, t in enumerate((20.0, 21.0, 22.0))]
+    (p,) = issue16.summarise(rows)
+    assert list(p["tokens_per_s"]) == ["PD", "PD+host"]
+    assert list(p["comparisons"]) == ["PD+host/PD"]
+    c = p["comparisons"]["PD+host/PD"]
+    assert c["pair_ratios"] == pytest.approx([2.0, 21 / 11, 22 / 12])
+    assert c["verdict"] == "PD+host faster" == p["verdict"]
+    # rows that record no repeat: intervals and verdicts, no pairs
+    for r in rows:
+        del r["repeat"]
+    (q,) = issue16.summarise(rows)
+    assert q["comparisons"]["PD+host/PD"]["pair_ratios"] == []
+    assert q["comparisons"]["PD+host/PD"]["pair_ratio_median"] is None
+    assert q["verdict"] == "PD+host faster"
+
+
+def test_smoke_five_arms_on_the_tiny_cpu_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One process, every arm interleaved, on the tiny gpt-oss shape (CPU):
+    rows carry their arm, the stream arm records its fallback to the
+    thread hand-off, the summary judges every arm."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    argv = ["--archs", "tiny-gpt_oss", "--layers", "0", "--points", "0.5:2", "--repeats", "2"]
+    argv += ["--max-new-tokens", "4", "--host-threads", "1", "--budget-s", "300"]
+    rc = issue16.main([*argv, "--arms", _FIVE, "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert [r["arm"] for r in rows] == [
+        "PD", "host", "stream", "affinity", "weighted",
+        "host", "stream", "affinity", "weighted", "PD",
+    ]  # fmt: skip
+    assert {r["arm"]: r["arm_settings"] for r in rows}["stream"] == {"host_handoff": "stream"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert [a["name"] for a in summary["arms"]] == ["PD", "host", "stream", "affinity", "weighted"]
+    (p,) = summary["points"]
+    assert {k: v["n"] for k, v in p["tokens_per_s"].items()} == dict.fromkeys(
+        ["PD", "host", "stream", "affinity", "weighted"], 2
+    )
+    assert len(p["comparisons"]) == 7
+    stream = p["by_arm"]["stream"]
+    # a CPU run cannot wait on the device: it ran the thread hand-off, saying why
+    assert stream["handoff"]["requested"] == ["stream"]
+    assert stream["handoff"]["ran"] == {"thread": 2}
+    assert stream["handoff"]["fallback_reasons"]
+    assert p["by_arm"]["affinity"]["affinity"]["mode"] == ["auto"]
+    assert p["by_arm"]["weighted"]["host_ahead"] == ["weighted"]
+    assert p["by_arm"]["host"]["host_ahead"] == ["certain"]
+    assert "issue16 arms: cpu" in capsys.readouterr().err
