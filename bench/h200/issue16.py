@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -286,7 +287,7 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "wasted_prefetch_bytes": _median_of(rows, lambda r: r.get("wasted_prefetch_bytes")),
         # each resource's busy seconds over the run's wall, per run, then the median
         "busy_fraction": {
-            res: _median_of(rows, lambda r, key=key: _busy(r, key))
+            res: _median_of(rows, functools.partial(_busy, key=key))
             for res, key in (
                 ("compute", "compute_busy_s"),
                 ("link", "link_busy_s"),
