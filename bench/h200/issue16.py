@@ -772,16 +772,12 @@ def main(argv: list[str] | None = None) -> int:
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "cpu_count": os.cpu_count(),
         "torch_intra_op_threads": torch.get_num_threads(),
-        "host_workers": args.host_workers,
-        "host_max_ratio": args.host_max_ratio,
-        "host_max_tokens": args.host_max_tokens,
-        "host_format": args.host_format,
-        "host_critical_path": args.host_critical_path,
-        "host_handoff": args.host_handoff,
-        "host_affinity": args.host_affinity,
-        "host_ahead": args.host_ahead,
-        "synthetic_format": args.synthetic_format,
-        "expert_dtype": args.expert_dtype,
+        # the settings every arm shares (host_*, synthetic_format, expert_dtype)
+        **{
+            k: v
+            for k, v in base.items()
+            if k.startswith("host_") or k.endswith(("_format", "_dtype"))
+        },
         "arms": [a.to_json() for a in arms],
         "layers": args.layers,
         "max_new_tokens": args.max_new_tokens,

@@ -344,6 +344,12 @@ def test_smoke_five_arms_on_the_tiny_cpu_shape(
     assert {r["arm"]: r["arm_settings"] for r in rows}["stream"] == {"host_handoff": "stream"}
     summary = json.loads((out / "summary.json").read_text())
     assert [a["name"] for a in summary["arms"]] == ["PD", "host", "stream", "affinity", "weighted"]
+    # the settings every arm shares, as the command line gave them
+    assert (summary["host_handoff"], summary["host_ahead"], summary["host_threads"]) == (
+        "thread",
+        "certain",
+        1,
+    )
     (p,) = summary["points"]
     assert {k: v["n"] for k, v in p["tokens_per_s"].items()} == dict.fromkeys(
         ["PD", "host", "stream", "affinity", "weighted"], 2
