@@ -67,6 +67,8 @@ from typing import Any
 
 import torch
 
+from .suites.engine import add_host_switch_arguments
+
 #: the timed parts, in the order a layer meets them
 PARTS = (
     "attention",
@@ -613,18 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
     ap.add_argument("--host-format", default="packed", help="the host's expert format")
-    ap.add_argument(
-        "--host-handoff",
-        default="thread",
-        choices=("thread", "stream"),
-        help="how HOST outputs reach the device stream (pdflash.hybrid.handoff)",
-    )
-    ap.add_argument(
-        "--host-affinity",
-        default="off",
-        choices=("off", "auto"),
-        help="where the host service's threads run (pdflash.hybrid.affinity)",
-    )
+    add_host_switch_arguments(ap, ahead=False)  # no pre-verify plan here
     ap.add_argument(
         "--preset", default="tiny", help="synthetic shape: tiny or a published one (gpt-oss-20b)"
     )

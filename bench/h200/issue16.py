@@ -558,6 +558,8 @@ def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pdflash.bench.suites.engine import add_host_switch_arguments
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default="gpt-oss-20b,qwen3-30b-a3b")
     ap.add_argument("--layers", type=int, default=8, help="MoE layers (0: the shape's own)")
@@ -581,24 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the planner judges the forward's critical path (RunSpec.host_critical_path)",
     )
-    ap.add_argument(
-        "--host-handoff",
-        default="thread",
-        choices=("thread", "stream"),
-        help="how HOST outputs reach the device stream (RunSpec.host_handoff)",
-    )
-    ap.add_argument(
-        "--host-affinity",
-        default="off",
-        choices=("off", "auto"),
-        help="where the host pool's threads run (RunSpec.host_affinity)",
-    )
-    ap.add_argument(
-        "--host-ahead",
-        default="certain",
-        choices=("certain", "weighted"),
-        help="how the pre-verify host plan treats a predicted expert (RunSpec.host_ahead)",
-    )
+    add_host_switch_arguments(ap)
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
     ap.add_argument("--diag", action="store_true", help="time the executor first")

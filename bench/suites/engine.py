@@ -256,6 +256,14 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "launching thread cost nothing, a HOST part's dispatch is charged) instead of the "
         "link's makespan (default; see HostExpertService.critical_path)",
     )
+    add_host_switch_arguments(parser)
+
+
+def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool = True) -> None:
+    """The PD+host switches each measured against its default (shared with
+    the matrix, ``eager_host`` and ``bench/h200/issue16.py``); ``ahead``:
+    also ``--host-ahead`` (a runner that makes no pre-verify plan leaves it
+    out)."""
     parser.add_argument(
         "--host-handoff",
         default="thread",
@@ -273,14 +281,15 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "engine's forward and issuer threads on two cores the host's compute threads never "
         "use (CUDA, Linux); off (default) makes no affinity call",
     )
-    parser.add_argument(
-        "--host-ahead",
-        choices=("certain", "weighted"),
-        default="certain",
-        help="how the host planner's pre-verify plan treats a route-ahead predicted expert "
-        "(pdflash.hybrid.planner, 'The ahead plan'): certain (default) as routed; weighted "
-        "routed with the run's measured probability (its host time weighted by it)",
-    )
+    if ahead:
+        parser.add_argument(
+            "--host-ahead",
+            choices=("certain", "weighted"),
+            default="certain",
+            help="how the host planner's pre-verify plan treats a route-ahead predicted expert "
+            "(pdflash.hybrid.planner, 'The ahead plan'): certain (default) as routed; weighted "
+            "routed with the run's measured probability (its host time weighted by it)",
+        )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
