@@ -405,3 +405,32 @@ def test_a_kernel_s_optional_describe_and_close_are_used_where_present() -> None
     assert kernel_detail(owned) == {"kernel": "owned", "threads": 3}
     _close_kernel(owned)
     assert closed == [1]
+
+
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_auto_keeps_the_chosen_formats_timed_sample_unchanged(
+    fmt: str,
+    tiny_checkpoints: dict[str, Path],
+    host_issuer: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one candidate, so the choice is known: the copy `auto` builds from the
+    # timed sample plus the rest equals one prepared in a single pass
+    from pdflash.hybrid import prepare
+
+    monkeypatch.setattr(prepare, "AUTO_CANDIDATES", (fmt,))
+    monkeypatch.setattr(prepare, "SAMPLE_BYTES", 1)  # a sample of 2 x workers experts
+    ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    hw = host_weights_for(ad, "auto", workers=2, budget_bytes=1 << 34)
+    assert hw.format == fmt and hw.sample_reused == 4
+    assert hw.describe()["sample_reused"] == 4
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    ids = ad.store.packed_ids().tolist()
+    assert len(ids) > hw.sample_reused  # some experts were prepared after the choice
+    whole = prepare_all(kernel, ad.store.views, ids)
+    assert whole is not None and hw.nbytes == whole.nbytes
+    for g, want in zip(ids, whole.experts, strict=True):
+        got = hw.weights_of(g)
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want)
