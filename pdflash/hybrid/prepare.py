@@ -31,6 +31,7 @@ A store that packs only some experts (an expert-parallel rank's,
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -72,6 +73,9 @@ AUTO_CANDIDATES: tuple[str, ...] = (
 SAMPLE_BYTES = 1 << 30
 MAX_SAMPLE_EXPERTS = 64
 SELECT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16)
+#: threads preparing a store's experts (:func:`prepare_all`'s ``threads``):
+#: this many at most, and no more than the CPU has
+PREPARE_MAX_THREADS = 8
 #: default budget for prepared copies: this share of MemAvailable
 DEFAULT_BUDGET_SHARE = 0.4
 
@@ -86,6 +90,11 @@ def mem_available_bytes() -> int | None:
     except OSError:
         return None
     return None
+
+
+def prepare_threads() -> int:
+    """Threads :func:`host_weights_for` prepares experts with."""
+    return max(1, min(PREPARE_MAX_THREADS, os.cpu_count() or 1))
 
 
 def default_weight_budget() -> int:
@@ -229,7 +238,9 @@ def _time_format(
     k = min(packed.size, MAX_SAMPLE_EXPERTS, max(2 * workers, math.ceil(SAMPLE_BYTES / size)))
     # the sample's experts by position (0..k-1): the calibration times those;
     # the first is the one prepared above
-    rest = prepare_all(kernel, store.views, packed[1:k].tolist(), device=dev)
+    rest = prepare_all(
+        kernel, store.views, packed[1:k].tolist(), device=dev, threads=prepare_threads()
+    )
     assert rest is not None
     sample = _joined(one, rest)
     try:
@@ -321,6 +332,7 @@ def host_weights_for(
             packed[done:].tolist(),
             budget_bytes=budget - (0 if kept is None else kept.nbytes),
             device=prepare_device(adapter, kernel),
+            threads=prepare_threads(),
         )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")

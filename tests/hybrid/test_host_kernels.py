@@ -434,3 +434,29 @@ def test_auto_keeps_the_chosen_formats_timed_sample_unchanged(
         got = hw.weights_of(g)
         assert got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_preparing_with_threads_gives_the_same_weights(
+    fmt: str, device: str | None, mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    ad = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    ids = list(range(ad.store.num_ids))[::-1]  # any order: index = position
+    one = prepare_all(kernel, ad.store.views, ids, device=device)
+    many = prepare_all(kernel, ad.store.views, ids, device=device, threads=3)
+    assert one is not None and many is not None
+    assert many.nbytes == one.nbytes and len(many.experts) == len(ids)
+    for a, b in zip(one.experts, many.experts, strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # the budget is still checked after the first expert
+    over = one.nbytes - 1
+    assert (
+        prepare_all(kernel, ad.store.views, ids, budget_bytes=over, device=device, threads=3)
+        is None
+    )
+    with pytest.raises(ValueError, match="threads"):
+        prepare_all(kernel, ad.store.views, ids, threads=0)
