@@ -1,8 +1,9 @@
 """Time host weight preparation (``host_weights_for``) for one format on a
 synthetic gpt-oss checkpoint, in a fresh process; prints one JSON line.
 
-Usage: python -P -m pdflash.bench... (or by path) --preset tiny|gpt-oss-20b
---layers N --experts E --fmt native|auto|... [--profile]
+Usage: python -P bench/prepfast/prep_time.py --preset tiny|gpt-oss-20b
+--layers N --experts E --fmt native|auto|... [--device cuda] [--digest]
+[--prepare-threads N] [--profile]
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--digest", action="store_true", help="hash of every prepared tensor")
     p.add_argument("--dir", default=None, help="checkpoint directory (reused)")
+    p.add_argument("--device", default="cpu", help="the adapter's device (cuda: prepare there)")
+    p.add_argument(
+        "--prepare-threads", type=int, default=None, help="PREPARE_MAX_THREADS (default: as is)"
+    )
     a = p.parse_args()
     from pdflash.h2d import H2DIssuer
-    from pdflash.hybrid import host_weights_for
+    from pdflash.hybrid import host_weights_for, prepare
     from pdflash.models import load_adapter, write_synthetic_checkpoint
 
     ckpt = Path(a.dir or tempfile.mkdtemp()) / f"{a.preset}-l{a.layers}-e{a.experts}"
@@ -45,8 +50,11 @@ def main() -> None:
             config_overrides=over,
             weights="generated",
         )
-    issuer = H2DIssuer(backend="host")
-    ad = load_adapter(ckpt, issuer=issuer, cache_slots=4, max_batch_tokens=1)
+    if a.prepare_threads is not None and hasattr(prepare, "PREPARE_MAX_THREADS"):
+        prepare.PREPARE_MAX_THREADS = a.prepare_threads
+    cuda = a.device.startswith("cuda")
+    issuer = H2DIssuer(backend="cuda" if cuda else "host")
+    ad = load_adapter(ckpt, device=a.device, issuer=issuer, cache_slots=4, max_batch_tokens=1)
     prof = cProfile.Profile() if a.profile else None
     t0 = time.perf_counter()
     if prof:
@@ -67,12 +75,17 @@ def main() -> None:
         "select_s": hw.select_s,
         "nbytes": hw.nbytes,
         "candidates": hw.candidates,
+        "device": a.device,
+        "prepare_threads": getattr(prepare, "PREPARE_MAX_THREADS", None),
+        "sample_reused": getattr(hw, "sample_reused", None),
     }
     if a.digest:
         h = hashlib.sha256()
         for g in ad.store.packed_ids().tolist():
             for k, t in sorted(hw.weights_of(int(g)).items()):
                 h.update(k.encode())
+                if t.is_mkldnn:  # oneDNN's opaque prepacked tensors: their values
+                    t = t.to_dense()
                 h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
         row["digest"] = h.hexdigest()
     print(json.dumps(row))

@@ -516,6 +516,10 @@ def prepared_nbytes(prepared: Weights, views: Weights) -> int:
     )
 
 
+#: bytes of experts left after the first below which prepare_all uses no pool
+THREADED_PREPARE_BYTES = 64 << 20
+
+
 def prepare_all(
     kernel: HostKernel,
     views_of: Callable[[int], Weights],
@@ -535,7 +539,8 @@ def prepare_all(
     back to host memory; every prepared tensor is then new memory.
 
     ``threads`` > 1: the experts after the first are prepared by that many
-    threads (each its own CUDA stream on a CUDA ``device``), which overlaps
+    threads (each its own CUDA stream on a CUDA ``device``; only when the
+    rest takes at least :data:`THREADED_PREPARE_BYTES`), which overlaps
     one expert's copy back to the host, and the first touch of its new host
     pages, with another's; each expert's tensors are made by the same
     operations as with one thread, so they are the same."""
@@ -572,7 +577,8 @@ def prepare_all(
         if budget_bytes is not None and total * len(order) > budget_bytes:
             return None
     rest = order[1:]
-    if threads > 1 and len(rest) > 1:
+    # a pool costs more than it saves on a few small experts
+    if threads > 1 and len(rest) > 1 and total * len(rest) >= THREADED_PREPARE_BYTES:
         with concurrent.futures.ThreadPoolExecutor(
             min(threads, len(rest)), thread_name_prefix="pdflash-prepare"
         ) as pool:

@@ -439,8 +439,13 @@ def test_auto_keeps_the_chosen_formats_timed_sample_unchanged(
 @pytest.mark.parametrize("device", [None, "cpu"])
 @pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
 def test_preparing_with_threads_gives_the_same_weights(
-    fmt: str, device: str | None, mxfp4_checkpoint: Path, host_issuer: object
+    fmt: str,
+    device: str | None,
+    mxfp4_checkpoint: Path,
+    host_issuer: object,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(kernels, "THREADED_PREPARE_BYTES", 0)  # tiny experts: threaded too
     ad = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
     kernel = host_kernel_for(ad, fmt)
     assert kernel is not None
