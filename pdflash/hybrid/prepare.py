@@ -221,13 +221,18 @@ def _joined(first: PreparedWeights, rest: PreparedWeights) -> PreparedWeights:
 
 
 def _time_format(
-    adapter: Any, kernel: HostKernel, workers: int, budget: int, repeats: int
+    adapter: Any,
+    kernel: HostKernel,
+    dev: torch.device | None,
+    workers: int,
+    budget: int,
+    repeats: int,
 ) -> tuple[float, PreparedWeights] | tuple[str, None]:
-    """Mean seconds per expert of ``kernel`` over a cold sample and that
-    sample (the store's first packed experts, in order), or why not."""
+    """Mean seconds per expert of ``kernel`` over a cold sample prepared on
+    ``dev`` and that sample (the store's first packed experts, in order), or
+    why not."""
     store = adapter.store
     packed = store.packed_ids()  # a rank's store holds only its own experts
-    dev = None if kernel.name == "packed" else prepare_device(adapter, kernel)
     one = prepare_all(kernel, store.views, packed[:1].tolist(), device=dev)
     assert one is not None
     first = one.experts[0]
@@ -300,6 +305,7 @@ def host_weights_for(
     # the fastest candidate so far and its timed sample (the first minimum
     # in candidate order wins a tie)
     best: tuple[str, float, PreparedWeights] | None = None
+    devices: dict[str, torch.device | None] = {}  # where each candidate was prepared
     if fmt == "auto":
         t0 = time.perf_counter()
         for name in AUTO_CANDIDATES:
@@ -307,7 +313,8 @@ def host_weights_for(
             if kernel is None:
                 candidates[name] = unavailable_reason(adapter, name)
                 continue
-            outcome = _time_format(adapter, kernel, workers, budget, repeats)
+            devices[name] = None if name == "packed" else prepare_device(adapter, kernel)
+            outcome = _time_format(adapter, kernel, devices[name], workers, budget, repeats)
             candidates[name] = outcome[0]
             if outcome[1] is not None and (best is None or outcome[0] < best[1]):
                 best = (name, outcome[0], outcome[1])
@@ -331,7 +338,7 @@ def host_weights_for(
             store.views,
             packed[done:].tolist(),
             budget_bytes=budget - (0 if kept is None else kept.nbytes),
-            device=prepare_device(adapter, kernel),
+            device=devices[chosen] if chosen in devices else prepare_device(adapter, kernel),
             threads=prepare_threads(),
         )
         if prepared is None:
