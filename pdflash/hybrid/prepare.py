@@ -76,6 +76,9 @@ SELECT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16)
 #: threads preparing a store's experts (:func:`prepare_all`'s ``threads``):
 #: this many at most, and no more than the CPU has
 PREPARE_MAX_THREADS = 8
+#: the same where experts are prepared on a GPU (copied there, packed, copied
+#: back): 1 until bench/h200/prepfast.sh measures the threaded device path
+PREPARE_MAX_DEVICE_THREADS = 1
 #: default budget for prepared copies: this share of MemAvailable
 DEFAULT_BUDGET_SHARE = 0.4
 
@@ -92,9 +95,12 @@ def mem_available_bytes() -> int | None:
     return None
 
 
-def prepare_threads() -> int:
-    """Threads :func:`host_weights_for` prepares experts with."""
-    return max(1, min(PREPARE_MAX_THREADS, os.cpu_count() or 1))
+def prepare_threads(device: torch.device | str | None = None) -> int:
+    """Threads :func:`host_weights_for` prepares experts with on ``device``
+    (None or CPU: prepared by the CPU; else on that device)."""
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    cap = PREPARE_MAX_THREADS if on_cpu else PREPARE_MAX_DEVICE_THREADS
+    return max(1, min(cap, os.cpu_count() or 1))
 
 
 def default_weight_budget() -> int:
@@ -244,7 +250,7 @@ def _time_format(
     # the sample's experts by position (0..k-1): the calibration times those;
     # the first is the one prepared above
     rest = prepare_all(
-        kernel, store.views, packed[1:k].tolist(), device=dev, threads=prepare_threads()
+        kernel, store.views, packed[1:k].tolist(), device=dev, threads=prepare_threads(dev)
     )
     assert rest is not None
     sample = _joined(one, rest)
@@ -333,13 +339,14 @@ def host_weights_for(
         done = 0 if kept is None else len(kept.experts)
         # the sample's per-expert size passed the budget check for all
         # experts, so the rest fits what the sample left of the budget
+        on = devices[chosen] if chosen in devices else prepare_device(adapter, kernel)
         prepared = prepare_all(
             kernel,
             store.views,
             packed[done:].tolist(),
             budget_bytes=budget - (0 if kept is None else kept.nbytes),
-            device=devices[chosen] if chosen in devices else prepare_device(adapter, kernel),
-            threads=prepare_threads(),
+            device=on,
+            threads=prepare_threads(on),
         )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")

@@ -1,7 +1,7 @@
 """Time host weight preparation (``host_weights_for``) for one format on a
 synthetic gpt-oss checkpoint, in a fresh process; prints one JSON line.
 
-Usage: python -P bench/prepfast/prep_time.py --preset tiny|gpt-oss-20b
+Usage: python -P bench/h200/prep_time.py --preset tiny|gpt-oss-20b
 --layers N --experts E --fmt native|auto|... [--device cuda] [--digest]
 [--prepare-threads N] [--profile]
 """
@@ -32,7 +32,10 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="checkpoint directory (reused)")
     p.add_argument("--device", default="cpu", help="the adapter's device (cuda: prepare there)")
     p.add_argument(
-        "--prepare-threads", type=int, default=None, help="PREPARE_MAX_THREADS (default: as is)"
+        "--prepare-threads",
+        type=int,
+        default=None,
+        help="PREPARE_MAX_THREADS and PREPARE_MAX_DEVICE_THREADS (default: as is)",
     )
     a = p.parse_args()
     from pdflash.h2d import H2DIssuer
@@ -52,6 +55,7 @@ def main() -> None:
         )
     if a.prepare_threads is not None and hasattr(prepare, "PREPARE_MAX_THREADS"):
         prepare.PREPARE_MAX_THREADS = a.prepare_threads
+        prepare.PREPARE_MAX_DEVICE_THREADS = a.prepare_threads
     cuda = a.device.startswith("cuda")
     issuer = H2DIssuer(backend="cuda" if cuda else "host")
     ad = load_adapter(ckpt, device=a.device, issuer=issuer, cache_slots=4, max_batch_tokens=1)
