@@ -1,4 +1,4 @@
-"""Before/after table from measure.sh's rows: python summarize.py BEFORE AFTER."""
+"""Before/after table from measure.sh's rows: python prepfast_summary.py BEFORE AFTER."""
 
 from __future__ import annotations
 
