@@ -401,7 +401,8 @@ class SetupClock:
     and the measured run's own) adds up; a phase served from the process's
     caches (a target or drafter loaded by an earlier run) is timed too, as
     the lookup it was. ``parts`` records a phase's own split under
-    ``<phase>.<part>``."""
+    ``<phase>.<part>`` (the shared warm-up's pass: its own phases under
+    ``shared_warmup.<phase>``)."""
 
     def __init__(self) -> None:
         self._s: dict[str, float] = {}
@@ -725,6 +726,9 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
             shared = _shared_warm_up(
                 spec, device, adapter, drafter, new_issuer, synthetic_weights, synthetic_draft
             )
+        # the pass's own phases (its host weights' format selection and
+        # preparation among them) as shared_warmup.<phase>
+        setup.parts("shared_warmup", shared.pop("setup_s", {}))
     with setup.phase("issuer"):
         issuer = new_issuer()
     try:
@@ -813,6 +817,7 @@ def _shared_warm_up(
         }
     warm_spec = dataclasses.replace(spec, warmup="workload")
     issuer = new_issuer()
+    warm_setup = SetupClock()
     t0 = time.perf_counter()
     try:
         _run(
@@ -825,6 +830,7 @@ def _shared_warm_up(
             synthetic_draft,
             None,
             warm_only=True,
+            setup=warm_setup,
         )
     finally:
         issuer.close()
@@ -851,6 +857,8 @@ def _shared_warm_up(
         "requests": done["requests"],
         "new_tokens": done["new_tokens"],
         "s": done["s"],
+        # its phases (run_spec moves them into the row's setup_s)
+        "setup_s": warm_setup.row(),
     }
 
 

@@ -58,7 +58,10 @@ the product too.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -513,6 +516,10 @@ def prepared_nbytes(prepared: Weights, views: Weights) -> int:
     )
 
 
+#: bytes of experts left after the first below which prepare_all uses no pool
+THREADED_PREPARE_BYTES = 64 << 20
+
+
 def prepare_all(
     kernel: HostKernel,
     views_of: Callable[[int], Weights],
@@ -520,6 +527,7 @@ def prepare_all(
     *,
     budget_bytes: int | None = None,
     device: torch.device | str | None = None,
+    threads: int = 1,
 ) -> PreparedWeights | None:
     """Prepare experts ``ids`` (in order; index = position). Returns None,
     having dropped what it prepared, when they would exceed
@@ -528,22 +536,56 @@ def prepare_all(
     ``device`` (e.g. the CUDA device of a compressed store): each expert's
     packed views are copied there, prepared there (the device's dequantizer:
     bit-identical to the CPU's, many times faster) and the result copied
-    back to host memory; every prepared tensor is then new memory."""
+    back to host memory; every prepared tensor is then new memory.
+
+    ``threads`` > 1: the experts after the first are prepared by that many
+    threads (each its own CUDA stream on a CUDA ``device``; only when the
+    rest takes at least :data:`THREADED_PREPARE_BYTES`), which overlaps
+    one expert's copy back to the host, and the first touch of its new host
+    pages, with another's; each expert's tensors are made by the same
+    operations as with one thread, so they are the same."""
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
     t0 = time.perf_counter()
     dev = None if device is None else torch.device(device)
-    experts: list[Weights] = []
-    total = 0
-    with torch.inference_mode():
-        for n, g in enumerate(ids):
-            views = views_of(int(g))
+    order = [int(g) for g in ids]
+    streams = threading.local()
+    main = threading.current_thread()  # prepares on the caller's stream
+
+    def prepare_one(g: int) -> tuple[Weights, int]:
+        with torch.inference_mode():  # thread-local: entered by each worker
+            views = views_of(g)
             if dev is None:
                 w = kernel.prepare(views)
-                total += prepared_nbytes(w, views)
+                return w, prepared_nbytes(w, views)
+            if dev.type == "cuda" and threading.current_thread() is not main:
+                if not hasattr(streams, "s"):
+                    streams.s = torch.cuda.Stream(device=dev)  # type: ignore[no-untyped-call]
+                ctx: Any = torch.cuda.stream(streams.s)
             else:
+                ctx = contextlib.nullcontext()
+            with ctx:
                 on_dev = kernel.prepare({k: v.to(dev) for k, v in views.items()})
                 w = {k: t.to("cpu").contiguous() for k, t in on_dev.items()}
-                total += sum(t.numel() * t.element_size() for t in w.values())
-            experts.append(w)
-            if n == 0 and budget_bytes is not None and total * len(ids) > budget_bytes:
-                return None
+            return w, sum(t.numel() * t.element_size() for t in w.values())
+
+    experts: list[Weights] = []
+    total = 0
+    if order:
+        first, total = prepare_one(order[0])
+        experts.append(first)
+        if budget_bytes is not None and total * len(order) > budget_bytes:
+            return None
+    rest = order[1:]
+    # a pool costs more than it saves on a few small experts
+    if threads > 1 and len(rest) > 1 and total * len(rest) >= THREADED_PREPARE_BYTES:
+        with concurrent.futures.ThreadPoolExecutor(
+            min(threads, len(rest)), thread_name_prefix="pdflash-prepare"
+        ) as pool:
+            done = list(pool.map(prepare_one, rest))
+    else:
+        done = [prepare_one(g) for g in rest]
+    for w, n in done:
+        experts.append(w)
+        total += n
     return PreparedWeights(kernel.name, experts, total, time.perf_counter() - t0)

@@ -124,6 +124,24 @@ def pack_w1(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     ip = _native().inter_pad(inter)
     hp = 2 * int(_native().hidden_pairs(hidden))
     tiles = ip // 16
+    if inter % 16 or hidden % 2:
+        return _pack_w1_two_pass(gate, up, ip, hp)
+    # one strided copy per matrix straight into the packed layout (no zeroed
+    # [2, ip, hp] staging copy): out[t, p, g, c, e] = (gate, up)[g][16t + c, 2p + e]
+    padded = (ip, hp) != (inter, hidden)
+    out = (torch.zeros if padded else torch.empty)(
+        tiles, hp // 2, 2, 16, 2, dtype=torch.bfloat16, device=gate.device
+    )
+    dest = out.permute(2, 0, 3, 1, 4)  # [g, T, 16, P, 2]
+    for g, m in enumerate((gate, up)):
+        dest[g, : inter // 16, :, : hidden // 2].copy_(m.view(inter // 16, 16, hidden // 2, 2))
+    return out.view(-1)
+
+
+def _pack_w1_two_pass(gate: torch.Tensor, up: torch.Tensor, ip: int, hp: int) -> torch.Tensor:
+    """:func:`pack_w1` for the shapes whose padding splits a tile or a pair."""
+    inter, hidden = gate.shape
+    tiles = ip // 16
     both = torch.zeros(2, ip, hp, dtype=torch.bfloat16, device=gate.device)
     both[0, :inter, :hidden] = gate
     both[1, :inter, :hidden] = up
@@ -137,9 +155,16 @@ def pack_w2(down: torch.Tensor) -> torch.Tensor:
     hidden, inter = down.shape
     ip = _native().inter_pad(inter)
     tiles = -(-hidden // 32)
-    w = torch.zeros(tiles * 32, ip, dtype=torch.bfloat16, device=down.device)
-    w[:hidden, :inter] = down
-    return w.view(tiles, 32, ip // 2, 2).permute(0, 2, 1, 3).contiguous().view(-1)
+    if hidden % 32 or inter % 2:
+        w = torch.zeros(tiles * 32, ip, dtype=torch.bfloat16, device=down.device)
+        w[:hidden, :inter] = down
+        return w.view(tiles, 32, ip // 2, 2).permute(0, 2, 1, 3).contiguous().view(-1)
+    # out[t, p, c, e] = down[32t + c, 2p + e], one strided copy
+    out = (torch.zeros if ip != inter else torch.empty)(
+        tiles, ip // 2, 32, 2, dtype=torch.bfloat16, device=down.device
+    )
+    out.permute(0, 2, 1, 3)[:, :, : inter // 2].copy_(down.view(tiles, 32, inter // 2, 2))
+    return out.view(-1)
 
 
 def pack_b1(gate_bias: torch.Tensor, up_bias: torch.Tensor) -> torch.Tensor:

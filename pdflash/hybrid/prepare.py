@@ -10,6 +10,11 @@ them, and keeps the one with the lowest mean seconds per expert over
 :data:`SELECT_TOKEN_POINTS`. The result (format, prepared experts, every
 candidate's measured time) is kept with the store, so the runs of one
 process reuse it; one entry per store, so at most one prepared copy lives.
+The chosen format's timed sample (its first experts, prepared as the final
+copy prepares them) becomes the start of that copy: only the rest is
+prepared after the choice (:attr:`HostWeights.sample_reused`). While the
+later candidates are timed the best one's sample is kept, so the selection
+holds at most one sample (about :data:`SAMPLE_BYTES`) beyond the one it times.
 
 The store owns that entry: it is reused by a later request with the same
 format, budget, pool workers and torch thread count (the native kernel's
@@ -26,6 +31,7 @@ A store that packs only some experts (an expert-parallel rank's,
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -67,6 +73,12 @@ AUTO_CANDIDATES: tuple[str, ...] = (
 SAMPLE_BYTES = 1 << 30
 MAX_SAMPLE_EXPERTS = 64
 SELECT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16)
+#: threads preparing a store's experts (:func:`prepare_all`'s ``threads``):
+#: this many at most, and no more than the CPU has
+PREPARE_MAX_THREADS = 8
+#: the same where experts are prepared on a GPU (copied there, packed, copied
+#: back): 1 until bench/h200/prepfast.sh measures the threaded device path
+PREPARE_MAX_DEVICE_THREADS = 1
 #: default budget for prepared copies: this share of MemAvailable
 DEFAULT_BUDGET_SHARE = 0.4
 
@@ -81,6 +93,14 @@ def mem_available_bytes() -> int | None:
     except OSError:
         return None
     return None
+
+
+def prepare_threads(device: torch.device | str | None = None) -> int:
+    """Threads :func:`host_weights_for` prepares experts with on ``device``
+    (None or CPU: prepared by the CPU; else on that device)."""
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    cap = PREPARE_MAX_THREADS if on_cpu else PREPARE_MAX_DEVICE_THREADS
+    return max(1, min(cap, os.cpu_count() or 1))
 
 
 def default_weight_budget() -> int:
@@ -106,6 +126,9 @@ class HostWeights:
     #: or the reason a candidate was not timed
     candidates: dict[str, Any] = field(default_factory=dict)
     select_s: float | None = None
+    #: experts of the copy that ``auto`` timed the format on and kept (their
+    #: preparation is in ``select_s``; ``prepare_s`` covers the rest)
+    sample_reused: int = 0
     #: requests this entry served (1: prepared for the first; more: reused)
     uses: int = 1
 
@@ -123,6 +146,7 @@ class HostWeights:
             "weight_budget_bytes": self.budget_bytes,
             "format_candidates": self.candidates,
             "format_select_s": self.select_s,
+            "sample_reused": self.sample_reused,
         }
 
     def close(self) -> None:
@@ -192,24 +216,44 @@ def prepare_device(adapter: Any, kernel: HostKernel | None = None) -> torch.devi
     return device if prepared_nbytes(w, views) >= 0.99 * total else None
 
 
+def _joined(first: PreparedWeights, rest: PreparedWeights) -> PreparedWeights:
+    """``first``'s experts then ``rest``'s (one format, positions in order)."""
+    return PreparedWeights(
+        first.format,
+        first.experts + rest.experts,
+        first.nbytes + rest.nbytes,
+        first.prepare_s + rest.prepare_s,
+    )
+
+
 def _time_format(
-    adapter: Any, kernel: HostKernel, workers: int, budget: int, repeats: int
-) -> float | str:
-    """Mean seconds per expert of ``kernel`` over a cold sample, or why not."""
+    adapter: Any,
+    kernel: HostKernel,
+    dev: torch.device | None,
+    workers: int,
+    budget: int,
+    repeats: int,
+) -> tuple[float, PreparedWeights] | tuple[str, None]:
+    """Mean seconds per expert of ``kernel`` over a cold sample prepared on
+    ``dev`` and that sample (the store's first packed experts, in order), or
+    why not."""
     store = adapter.store
     packed = store.packed_ids()  # a rank's store holds only its own experts
-    dev = None if kernel.name == "packed" else prepare_device(adapter, kernel)
     one = prepare_all(kernel, store.views, packed[:1].tolist(), device=dev)
     assert one is not None
     first = one.experts[0]
     per_expert = one.nbytes
     if per_expert * packed.size > budget:
-        return f"prepared copy {per_expert * packed.size} B over the budget {budget} B"
+        return f"prepared copy {per_expert * packed.size} B over the budget {budget} B", None
     size = sum(t.numel() * t.element_size() for t in first.values())
     k = min(packed.size, MAX_SAMPLE_EXPERTS, max(2 * workers, math.ceil(SAMPLE_BYTES / size)))
-    # the sample's experts by position (0..k-1): the calibration times those
-    sample = prepare_all(kernel, store.views, packed[:k].tolist(), device=dev)
-    assert sample is not None
+    # the sample's experts by position (0..k-1): the calibration times those;
+    # the first is the one prepared above
+    rest = prepare_all(
+        kernel, store.views, packed[1:k].tolist(), device=dev, threads=prepare_threads(dev)
+    )
+    assert rest is not None
+    sample = _joined(one, rest)
     try:
         with _executor(adapter, kernel, sample.of, workers) as ex:
             cost = calibrate_host(
@@ -222,7 +266,8 @@ def _time_format(
             )
     finally:
         _close_kernel(kernel)  # the chosen format gets a kernel of its own
-    return float(statistics.fmean(cost.expert_s(np.asarray(SELECT_TOKEN_POINTS)).tolist()))
+    mean_s = float(statistics.fmean(cost.expert_s(np.asarray(SELECT_TOKEN_POINTS)).tolist()))
+    return mean_s, sample
 
 
 def host_weights_for(
@@ -263,6 +308,10 @@ def host_weights_for(
     candidates: dict[str, Any] = {}
     select_s = None
     chosen = fmt
+    # the fastest candidate so far and its timed sample (the first minimum
+    # in candidate order wins a tie)
+    best: tuple[str, float, PreparedWeights] | None = None
+    devices: dict[str, torch.device | None] = {}  # where each candidate was prepared
     if fmt == "auto":
         t0 = time.perf_counter()
         for name in AUTO_CANDIDATES:
@@ -270,9 +319,13 @@ def host_weights_for(
             if kernel is None:
                 candidates[name] = unavailable_reason(adapter, name)
                 continue
-            candidates[name] = _time_format(adapter, kernel, workers, budget, repeats)
-        timed = {n: v for n, v in candidates.items() if isinstance(v, float)}
-        chosen = min(timed, key=lambda n: timed[n]) if timed else "packed"
+            devices[name] = None if name == "packed" else prepare_device(adapter, kernel)
+            outcome = _time_format(adapter, kernel, devices[name], workers, budget, repeats)
+            candidates[name] = outcome[0]
+            if outcome[1] is not None and (best is None or outcome[0] < best[1]):
+                best = (name, outcome[0], outcome[1])
+            del outcome  # a losing candidate's sample is freed before the next is timed
+        chosen = best[0] if best is not None else "packed"
         select_s = time.perf_counter() - t0
     kernel = host_kernel_for(adapter, chosen)
     if kernel is None:
@@ -281,15 +334,26 @@ def host_weights_for(
         hw = HostWeights(chosen, kernel, store.views, 0, 0.0, budget, candidates, select_s)
     else:
         packed = store.packed_ids()  # a rank's store: only its own experts
+        kept = best[2] if best is not None else None
+        best = None
+        done = 0 if kept is None else len(kept.experts)
+        # the sample's per-expert size passed the budget check for all
+        # experts, so the rest fits what the sample left of the budget
+        on = devices[chosen] if chosen in devices else prepare_device(adapter, kernel)
         prepared = prepare_all(
             kernel,
             store.views,
-            packed.tolist(),
-            budget_bytes=budget,
-            device=prepare_device(adapter, kernel),
+            packed[done:].tolist(),
+            budget_bytes=budget - (0 if kept is None else kept.nbytes),
+            device=on,
+            threads=prepare_threads(on),
         )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")
+        if kept is not None:
+            prepare_s = prepared.prepare_s  # the sample's preparation is in select_s
+            prepared = _joined(kept, prepared)
+            prepared.prepare_s = prepare_s
         if packed.size != store.num_ids:
             position = np.full(store.num_ids, -1, dtype=np.int64)
             position[packed] = np.arange(packed.size, dtype=np.int64)
@@ -303,6 +367,7 @@ def host_weights_for(
             budget,
             candidates,
             select_s,
+            sample_reused=done,
         )
     setattr(store, _ATTR, (key, hw))
     return hw

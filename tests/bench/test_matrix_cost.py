@@ -237,3 +237,23 @@ def test_one_serving_matrix_over_every_label_holds_the_ablations_runs() -> None:
     )
     assert len(merged) == 11 * 2 * 3 and len(abl) == 8 * 2 * 3
     assert {matrix.spec_key(s) for s in abl} <= {matrix.spec_key(s) for s in merged}
+
+
+@pytest.mark.usefixtures("fresh_process")
+def test_the_shared_warm_ups_phases_split_its_host_weights_setup() -> None:
+    row = run_spec(_spec(warmup="shared", baseline="PD+host", host_format="auto")).row
+    setup = row["setup_s"]
+    assert row["warmup"]["shared"]["ran_now"] is True
+    assert "setup_s" not in row["warmup"]["shared"]  # moved into the row's setup_s
+    # the pass prepared the host weights (format selection, then preparation) ...
+    select = setup["shared_warmup.host_service.host_weights.format_select"]
+    prepare = setup["shared_warmup.host_service.host_weights.prepare"]
+    assert select > 0 and prepare >= 0
+    assert select + prepare <= setup["shared_warmup.host_service"] <= setup["shared_warmup"]
+    assert setup["shared_warmup.link_probe"] >= 0
+    # ... and the measured run reused them
+    assert row["host_service"]["host_weights"]["reused"]
+    assert "host_service.host_weights.prepare" not in setup
+    top = sum(v for k, v in setup.items() if "." not in k and k not in ("before_clock", "other"))
+    assert setup["before_clock"] == pytest.approx(top + setup["other"])
+    assert validate_row(row) == []

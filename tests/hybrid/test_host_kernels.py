@@ -405,3 +405,63 @@ def test_a_kernel_s_optional_describe_and_close_are_used_where_present() -> None
     assert kernel_detail(owned) == {"kernel": "owned", "threads": 3}
     _close_kernel(owned)
     assert closed == [1]
+
+
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_auto_keeps_the_chosen_formats_timed_sample_unchanged(
+    fmt: str,
+    tiny_checkpoints: dict[str, Path],
+    host_issuer: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # one candidate, so the choice is known: the copy `auto` builds from the
+    # timed sample plus the rest equals one prepared in a single pass
+    from pdflash.hybrid import prepare
+
+    monkeypatch.setattr(prepare, "AUTO_CANDIDATES", (fmt,))
+    monkeypatch.setattr(prepare, "SAMPLE_BYTES", 1)  # a sample of 2 x workers experts
+    ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    hw = host_weights_for(ad, "auto", workers=2, budget_bytes=1 << 34)
+    assert hw.format == fmt and hw.sample_reused == 4
+    assert hw.describe()["sample_reused"] == 4
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    ids = ad.store.packed_ids().tolist()
+    assert len(ids) > hw.sample_reused  # some experts were prepared after the choice
+    whole = prepare_all(kernel, ad.store.views, ids)
+    assert whole is not None and hw.nbytes == whole.nbytes
+    for g, want in zip(ids, whole.experts, strict=True):
+        got = hw.weights_of(g)
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+@pytest.mark.parametrize("fmt", ["out_in", "fp32_in_out"])
+def test_preparing_with_threads_gives_the_same_weights(
+    fmt: str,
+    device: str | None,
+    mxfp4_checkpoint: Path,
+    host_issuer: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kernels, "THREADED_PREPARE_BYTES", 0)  # tiny experts: threaded too
+    ad = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
+    kernel = host_kernel_for(ad, fmt)
+    assert kernel is not None
+    ids = list(range(ad.store.num_ids))[::-1]  # any order: index = position
+    one = prepare_all(kernel, ad.store.views, ids, device=device)
+    many = prepare_all(kernel, ad.store.views, ids, device=device, threads=3)
+    assert one is not None and many is not None
+    assert many.nbytes == one.nbytes and len(many.experts) == len(ids)
+    for a, b in zip(one.experts, many.experts, strict=True):
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    # the budget is still checked after the first expert
+    over = one.nbytes - 1
+    assert (
+        prepare_all(kernel, ad.store.views, ids, budget_bytes=over, device=device, threads=3)
+        is None
+    )
+    with pytest.raises(ValueError, match="threads"):
+        prepare_all(kernel, ad.store.views, ids, threads=0)

@@ -429,3 +429,22 @@ def test_offloaded_forward_with_native_host_experts(
     err = (got - want).abs()
     scale = float(want.abs().max())
     assert float(err.max()) <= 5e-2 * scale and float(err.mean()) <= 1e-2 * scale
+
+
+@pytest.mark.parametrize("hidden,inter", [(64, 48), (64, 64), (32, 16), (37, 21), (96, 130)])
+def test_packing_strided_views_equals_the_reference_layout(hidden: int, inter: int) -> None:
+    # gpt-oss's split hands the packer strided, transposed views of the
+    # interleaved gate_up [H, 2I] and of down [I, H]; the one-copy packing
+    # (shapes whose padding splits no tile or pair) and the two-pass one
+    # must both give the reference layout from those
+    g = torch.Generator().manual_seed(hidden * inter)
+    gu = torch.randn(hidden, 2 * inter, generator=g).to(torch.bfloat16)
+    gate, up = gu[:, 0::2].t(), gu[:, 1::2].t()
+    down = torch.randn(inter, hidden, generator=g).to(torch.bfloat16).t()
+    assert not gate.is_contiguous() and not down.is_contiguous()
+    w1, w2 = native.pack_w1(gate, up), native.pack_w2(down)
+    assert np.array_equal(_bits(w1), ref.pack_w1(gate, up))
+    assert np.array_equal(_bits(w2), ref.pack_w2(down))
+    mod = native._native()
+    ip, hp = mod.inter_pad(inter), 2 * mod.hidden_pairs(hidden)
+    assert torch.equal(native._pack_w1_two_pass(gate, up, ip, hp), w1)
