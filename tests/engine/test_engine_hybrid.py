@@ -42,16 +42,16 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
     return tmp, greedy_cases(tmp / "target", (5, 8), MAX_NEW, seed=1)
 
 
-def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
-    gpt_oss_case: tuple[Path, list[Any]],
-) -> None:
+def _cost_model_stack(tmp: Path, ahead: str = "certain") -> tuple[Any, Any, Any, Any]:
+    """A PD+host engine with PD's parts pinned on (with the unthrottled host
+    link here the PD controller may rightly switch the stream off, and these
+    tests are about the stream's plan-ahead skips), a configured cost model
+    and a slow assumed link (1 MB/s: one copy of a tiny expert ~13 ms vs the
+    host's 0.1 ms), so the planner gives the host most misses, ahead of the
+    verify as well: (engine, adapter, issuer, host service)."""
     from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
-    tmp, cases = gpt_oss_case
-    # PD's parts pinned on: with the unthrottled host link here the PD
-    # controller may rightly switch the stream off, and this test is about
-    # the stream's plan-ahead skips
     eng, adapter, issuer = _stack(
         tmp,
         "x",
@@ -64,11 +64,16 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
     )
     svc = eng.host_service
     assert svc is not None
-    # a configured cost model and a slow assumed link (1 MB/s: one copy of a
-    # tiny expert ~13 ms vs the host's 0.1 ms): the planner gives the host
-    # most misses, ahead of the verify as well
-    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
+    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead=ahead)
     svc.link_bytes_per_s = 1e6
+    return eng, adapter, issuer, svc
+
+
+def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
+    gpt_oss_case: tuple[Path, list[Any]],
+) -> None:
+    tmp, cases = gpt_oss_case
+    eng, adapter, issuer, svc = _cost_model_stack(tmp)
     # the host issuer here is an unthrottled memcpy: plan ahead whatever
     # share of the time forwards waited for misses
     eng.HOST_AHEAD_EXPOSED = 0.0
@@ -104,25 +109,8 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
     """``host_ahead="weighted"`` in the engine: the same greedy output, the
     ahead plans made, and the planner told what became of them (its routed
     fraction counts what the service's books count)."""
-    from pdflash.engine.pd_controller import FixedParts
-    from pdflash.hybrid import CostModelPlanner, HostCostModel
-
     tmp, cases = gpt_oss_case
-    eng, adapter, issuer = _stack(
-        tmp,
-        "x",
-        "PD+host",
-        cache_slots=6,
-        controller=FixedParts(),
-        block_size=5,
-        max_running=2,
-        token_budget=8,
-    )
-    svc = eng.host_service
-    assert svc is not None
-    planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead="weighted")
-    svc.planner = planner
-    svc.link_bytes_per_s = 1e6
+    eng, adapter, issuer, svc = _cost_model_stack(tmp, ahead="weighted")
     eng.HOST_AHEAD_EXPOSED = 0.0
     try:
         ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
@@ -143,27 +131,8 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
 def test_nothing_is_planned_ahead_while_the_link_keeps_up(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
-    from pdflash.engine.pd_controller import FixedParts
-    from pdflash.hybrid import CostModelPlanner, HostCostModel
-
     tmp, cases = gpt_oss_case
-    # PD's parts pinned on: with the unthrottled host link here the PD
-    # controller may rightly switch the stream off, and this test is about
-    # the stream's plan-ahead skips
-    eng, adapter, issuer = _stack(
-        tmp,
-        "x",
-        "PD+host",
-        cache_slots=6,
-        controller=FixedParts(),
-        block_size=5,
-        max_running=2,
-        token_budget=8,
-    )
-    svc = eng.host_service
-    assert svc is not None
-    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
-    svc.link_bytes_per_s = 1e6
+    eng, _, issuer, svc = _cost_model_stack(tmp)
     eng.HOST_AHEAD_EXPOSED = 2.0  # a waiting share no run reaches
     plans: list[int] = []
     plan_ahead = svc.plan_ahead
