@@ -92,6 +92,18 @@ class FakeIssuer:
         pass
 
 
+def resident_adapter(path: Path, issuer: object) -> Any:
+    """The checkpoint at ``path`` loaded with every expert resident (cache
+    fraction 1.0, each copied and waited for)."""
+    from pdflash.models import load_adapter
+
+    ad = load_adapter(path, issuer=issuer, cache_fraction=1.0)
+    cache = ad.cache
+    cache.wait_ready(cache.prefetch(np.arange(cache.num_ids)))
+    assert cache.all_resident()
+    return ad
+
+
 @pytest.fixture
 def fake_issuer() -> FakeIssuer:
     return FakeIssuer()

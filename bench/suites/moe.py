@@ -425,22 +425,9 @@ def _dispatches(fn: Any) -> dict[str, Any]:
     GPU host): all of them, and those that may launch a kernel (not a view,
     an allocation or a metadata op; ``to`` counts though it may be a no-op).
     Triton launches are not torch ops and are not counted."""
-    from collections import Counter
+    from ..op_count import DispatchCounter
 
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: Counter[str] = Counter()
-
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            self.ops[str(func.overloadpacket.__name__)] += 1
-            return func(*args, **(kwargs or {}))
-
-    with _Count() as c:
+    with DispatchCounter() as c:
         fn()
     return {
         "all": sum(c.ops.values()),

@@ -6,16 +6,15 @@ same-dtype call exactly (fp32, CPU)."""
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from issuer_fixtures import resident_adapter
+from pdflash.bench.op_count import DispatchCounter
 
-from pdflash.models import load_adapter, offload
+from pdflash.models import offload
 
 needs_grouped = pytest.mark.skipif(
     not offload.grouped_mm_works(torch.device("cpu"), torch.float32),
@@ -27,30 +26,12 @@ needs_grouped = pytest.mark.skipif(
 MAX_DISPATCHES = {"qwen3_moe": 28, "gpt_oss": 38}
 
 
-class _Dispatches(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops[str(func.overloadpacket.__name__)] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def _resident(path: Path, issuer: object) -> Any:
-    ad = load_adapter(path, issuer=issuer, cache_fraction=1.0)
-    cache = ad.cache
-    cache.wait_ready(cache.prefetch(np.arange(cache.num_ids)))
-    assert cache.all_resident()
-    return ad
-
-
 @needs_grouped
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 def test_all_hit_call_without_hooks_equals_the_hooked_call_in_bounded_dispatches(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    ad = _resident(tiny_checkpoints[arch], host_issuer)
+    ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
     runtime = ad.runtime
     assert runtime.path == "grouped"
     gen = torch.Generator().manual_seed(3)
@@ -61,7 +42,7 @@ def test_all_hit_call_without_hooks_equals_the_hooked_call_in_bounded_dispatches
             x = ad.moe_norm(layer, h)  # the MoE block's input
             ids, weights = ad.route(layer, x)
             runtime.forward_routed(layer, x, ids, weights)  # the window's views, memoised
-            with _Dispatches() as d:
+            with DispatchCounter() as d:
                 plain = runtime.forward_routed(layer, x, ids, weights)
             assert sum(d.ops.values()) <= MAX_DISPATCHES[arch], dict(d.ops)
             # no cast of the int64 ids, no cast of an fp32 sum to fp32
@@ -83,7 +64,7 @@ def test_all_hit_call_without_hooks_equals_the_hooked_call_in_bounded_dispatches
 def test_all_hit_call_casts_only_what_needs_casting(
     tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    ad = _resident(tiny_checkpoints["qwen3_moe"], host_issuer)
+    ad = resident_adapter(tiny_checkpoints["qwen3_moe"], host_issuer)
     runtime = ad.runtime
     x = torch.randn(6, ad.hidden_size, generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
@@ -108,7 +89,7 @@ def row_sort_reset() -> Any:
 def test_row_sort_modes_give_the_same_bits_and_sort_dispatches_fewer(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object, row_sort_reset: Any
 ) -> None:
-    ad = _resident(tiny_checkpoints[arch], host_issuer)
+    ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
     runtime = ad.runtime
     h = torch.randn(21, ad.hidden_size, generator=torch.Generator().manual_seed(8))
     with torch.inference_mode():
@@ -120,7 +101,7 @@ def test_row_sort_modes_give_the_same_bits_and_sort_dispatches_fewer(
                 offload.set_row_sort(mode)
                 assert offload.row_sort_mode() == mode
                 runtime.forward_routed(layer, x, ids, weights)  # memoised views
-                with _Dispatches() as d:
+                with DispatchCounter() as d:
                     got[mode] = runtime.forward_routed(layer, x, ids, weights)
                 ops[mode] = d.ops
             assert torch.equal(got["counting"], got["sort"])

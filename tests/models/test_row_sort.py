@@ -8,11 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
+from issuer_fixtures import resident_adapter
 
-from pdflash.models import load_adapter, offload
+from pdflash.models import offload
 
 needs_grouped = pytest.mark.skipif(
     not offload.grouped_mm_works(torch.device("cpu"), torch.float32),
@@ -90,14 +90,6 @@ def _old_run_sorted(
     y_flat[order] = grouped.forward(x[order // k], grouped.weights(views), offs, key_sorted)
 
 
-def _resident_adapter(path: Path, issuer: object) -> Any:
-    ad = load_adapter(path, issuer=issuer, cache_fraction=1.0)
-    cache = ad.cache
-    cache.wait_ready(cache.prefetch(np.arange(cache.num_ids)))
-    assert cache.all_resident()
-    return ad
-
-
 @needs_grouped
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 def test_resident_layers_run_one_call_over_their_slots_and_match_the_split_calls(
@@ -110,7 +102,7 @@ def test_resident_layers_run_one_call_over_their_slots_and_match_the_split_calls
     # window each layer is two masked calls over slots 0-9 and 10-15; with it
     # one unmasked call over the 8 slots holding the layer
     monkeypatch.setattr(offload, "MAX_GROUPS_PER_CALL", 10)
-    ad = _resident_adapter(tiny_checkpoints[arch], host_issuer)
+    ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
     runtime = ad.runtime
     windows = [runtime._resident_window(layer) for layer in range(ad.num_layers)]
     assert all(w is not None and w[1] == ad.num_experts for w in windows)
@@ -144,7 +136,7 @@ def test_counting_sort_and_gather_equal_the_sort_and_indexed_write(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    ad = _resident_adapter(tiny_checkpoints[arch], host_issuer)
+    ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
     ids = torch.randint(0, 128, (11,), generator=torch.Generator().manual_seed(6))
     ref = AutoModelForCausalLM.from_pretrained(
         tiny_checkpoints[arch], dtype=torch.float32, attn_implementation="eager"
