@@ -67,6 +67,8 @@ from typing import Any
 
 import torch
 
+from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
+
 from .suites.engine import add_host_switch_arguments
 
 #: the timed parts, in the order a layer meets them
@@ -239,7 +241,7 @@ def measure(
     host_every: int | None = None,
     host_threads: int | None = None,
     host_format: str = "packed",
-    host_affinity: str = "off",
+    host_affinity: str = DEFAULT_HOST_AFFINITY,
     preset: str = "tiny",
     host_handoff: str = "thread",
 ) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_
 from pdflash.engine.engine import Engine
 from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
 from pdflash.engine.sampling import SamplingParams
+from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKENS
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
@@ -160,8 +161,8 @@ class RunSpec:
     # device-side wait; falls back to "thread" with a recorded reason)
     host_handoff: str = "thread"
     # where the host pool's threads and the engine's run (pdflash.hybrid.affinity):
-    # "off" (no affinity call) or "auto" (separate core sets, on CUDA)
-    host_affinity: str = "off"
+    # "auto" (default: separate core sets, on CUDA) or "off" (no affinity call)
+    host_affinity: str = DEFAULT_HOST_AFFINITY
     # how the host planner's pre-verify (route-ahead) plan treats a predicted
     # expert (pdflash.hybrid.planner, "The ahead plan"): "certain" (as routed)
     # or "weighted" (routed with the run's measured probability)

@@ -21,7 +21,7 @@ hold ``:`` where what follows is not ``SETTING=``, e.g.
 the same setting for that arm only. Example::
 
     --arms "PD,host=PD+host,stream=PD+host:host_handoff=stream,
-            affinity=PD+host:host_affinity=auto,weighted=PD+host:host_ahead=weighted"
+            noaffinity=PD+host:host_affinity=off,weighted=PD+host:host_ahead=weighted"
 
 Names, baselines, settings and values are checked (every arm's RunSpec
 validated for every arch) before anything runs; two arms of one name or of

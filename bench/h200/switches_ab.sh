@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 16's three PD+host switches on the H200, each off by default and
-# each A/B'd against the same PD+host in ONE process (one model load, one
-# host-weight preparation for all of them): bench/h200/issue16.py --arms
+# Issue 16's PD+host switches on the H200, each A/B'd against the same
+# PD+host in ONE process (one model load, one host-weight preparation for
+# all of them): bench/h200/issue16.py --arms
 #   PD        the PD baseline
-#   host      PD+host as it is by default (the reference arm)
+#   host      PD+host as it is by default (the reference arm; its
+#             --host-affinity is auto, the default since session 11)
 #   stream    PD+host --host-handoff stream (a device-side wait on the
 #             host's flag instead of the forward's thread blocking)
-#   affinity  PD+host --host-affinity auto (engine and host pool on
-#             separate cores)
+#   noaffinity  PD+host --host-affinity off (no thread placement: the
+#             default before session 11)
 #   weighted  PD+host --host-ahead weighted (the pre-verify plan weights a
 #             predicted expert by its measured routed probability)
 # gpt-oss-20b shape, 8 MoE layers, synthetic bf16 weights, forced
@@ -21,9 +22,9 @@
 #                  within noise and never slower; by_arm.stream.handoff.ran
 #                  must say "stream" for every run: else the fallback
 #                  reason says why it did not run)
-#   affinity/host  whether --host-affinity auto earns the default
-#                  (by_arm.affinity.affinity.applied_runs = runs, i.e. the
-#                  placement was applied)
+#   noaffinity/host  whether --host-affinity auto keeps its default
+#                  (host's by_arm.host.affinity.applied_runs = runs, i.e.
+#                  the placement was applied; noaffinity not faster)
 #   weighted/host  whether --host-ahead weighted earns the default; its rows
 #                  should show more host served and planned-ahead experts,
 #                  fewer bytes per token and lower link busy than host's,
@@ -52,7 +53,7 @@ arch=gpt-oss-20b layers=8 threads=${HOST_THREADS:-14} points=${POINTS:-0.2:1,0.2
 if [ "${SMOKE:-0}" = 1 ]; then
   arch=tiny-gpt_oss layers=0 threads=${HOST_THREADS:-2} points=${POINTS:-0.5:1,0.5:4}
 fi
-arms=${ARMS:-PD,host=PD+host,stream=PD+host:host_handoff=stream,affinity=PD+host:host_affinity=auto,weighted=PD+host:host_ahead=weighted}
+arms=${ARMS:-PD,host=PD+host,stream=PD+host:host_handoff=stream,noaffinity=PD+host:host_affinity=off,weighted=PD+host:host_ahead=weighted}
 ENGINE="python3 bench/h200/issue16.py --archs $arch --layers $layers --points $points"
 ENGINE="$ENGINE --repeats ${REPEATS:-8} --max-new-tokens ${MAX_NEW:-24} --host-threads $threads"
 ENGINE="$ENGINE --host-workers 1 --host-format auto --budget-s $budget --arms '$arms' ${EXTRA:-}"

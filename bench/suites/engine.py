@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
+
 from ..workload import WARMUP_CHOICES
 from . import _common as common
 
@@ -275,11 +277,12 @@ def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool
     )
     parser.add_argument(
         "--host-affinity",
-        choices=("off", "auto"),
-        default="off",
-        help="where the host pool's threads run (pdflash.hybrid.affinity): auto keeps the "
-        "engine's forward and issuer threads on two cores the host's compute threads never "
-        "use (CUDA, Linux); off (default) makes no affinity call",
+        choices=HOST_AFFINITY_CHOICES,
+        default=DEFAULT_HOST_AFFINITY,
+        help="where the host pool's threads run (pdflash.hybrid.affinity): auto (default) "
+        "keeps the engine's forward and issuer threads on two cores the host's compute "
+        "threads never use (CUDA, Linux; elsewhere it records why it placed nothing); off "
+        "makes no affinity call",
     )
     if ahead:
         parser.add_argument(
@@ -429,7 +432,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
                     host_handoff=getattr(args, "host_handoff", "thread"),
-                    host_affinity=getattr(args, "host_affinity", "off"),
+                    host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,

@@ -844,7 +844,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append("--host-critical-path")
     if getattr(args, "host_handoff", "thread") != "thread":
         parts.append(f"--host-handoff {args.host_handoff}")
-    if getattr(args, "host_affinity", "off") != "off":
+    affinity = HOST_DEFAULTS["host_affinity"]
+    if getattr(args, "host_affinity", affinity) != affinity:
         parts.append(f"--host-affinity {args.host_affinity}")
     if getattr(args, "host_ahead", "certain") != "certain":
         parts.append(f"--host-ahead {args.host_ahead}")

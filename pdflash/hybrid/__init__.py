@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from pdflash.hybrid.affinity import (
+    DEFAULT_HOST_AFFINITY,
     HOST_AFFINITY_CHOICES,
     HostPlacement,
     PlacedThreads,
@@ -82,6 +83,7 @@ HOST_EXPERT_MODES = ("off", "auto")
 HOST_FORMAT_CHOICES = ("auto", *HOST_FORMATS)
 
 __all__ = [
+    "DEFAULT_HOST_AFFINITY",
     "DEFAULT_MAX_HOST_RATIO",
     "DEFAULT_MAX_HOST_TOKENS",
     "DEFAULT_PROBE_EVERY",
@@ -143,7 +145,7 @@ def build_host_service(
     online: bool = True,
     probe_every: int | None = DEFAULT_PROBE_EVERY,
     critical_path: bool = False,
-    host_affinity: str | HostPlacement = "off",
+    host_affinity: str | HostPlacement = DEFAULT_HOST_AFFINITY,
     handoff: str = "thread",
     host_ahead: str = "certain",
 ) -> HostExpertService:
@@ -194,7 +196,8 @@ def build_host_service(
     threads (its workers and the native kernel's team) on one set of cores
     and the engine's (the thread calling this, which runs the forward, and
     the cache's issuer thread) on another, on CUDA only (on a CPU model the
-    host is the device itself); ``off`` (default) makes no affinity call.
+    host is the device itself), and is the default
+    (:data:`DEFAULT_HOST_AFFINITY`); ``off`` makes no affinity call.
     The service's :meth:`~HostExpertService.close` gives every thread it
     placed its mask back (see :mod:`pdflash.hybrid.affinity`).
     """

@@ -13,8 +13,9 @@ shows them) for the engine (the thread that builds the host service, the
 one that runs the forward, and the issuer's thread), the rest for the host
 pool. It applies only where it can keep both sets non-empty (at least
 ``ENGINE_CORES + 1`` cores) and the OS has ``sched_setaffinity`` (Linux);
-elsewhere it records why it did nothing. ``off`` (the default) makes no
-affinity call at all.
+elsewhere it records why it did nothing. ``off`` makes no affinity call at
+all. ``auto`` is the default (:data:`DEFAULT_HOST_AFFINITY`; the GPU
+measurement behind it is in the README's H200 results).
 
 What it cannot do: on a virtual machine whose vCPUs are hyperthreads of the
 host but shown as one thread per core, two "cores" may share one physical
@@ -36,6 +37,8 @@ from typing import Any, Protocol, runtime_checkable
 
 #: ``--host-affinity`` values
 HOST_AFFINITY_CHOICES: tuple[str, ...] = ("off", "auto")
+#: the setting a host service uses unless told otherwise
+DEFAULT_HOST_AFFINITY = "auto"
 #: physical cores ``auto`` keeps for the engine: its forward thread and the issuer's
 ENGINE_CORES = 2
 
@@ -221,6 +224,7 @@ class PlacedThreads:
 
 
 __all__ = [
+    "DEFAULT_HOST_AFFINITY",
     "ENGINE_CORES",
     "HOST_AFFINITY_CHOICES",
     "HostPlacement",

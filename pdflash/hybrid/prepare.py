@@ -77,8 +77,8 @@ SELECT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16)
 #: this many at most, and no more than the CPU has
 PREPARE_MAX_THREADS = 8
 #: the same where experts are prepared on a GPU (copied there, packed, copied
-#: back): 1 until bench/h200/prepfast.sh measures the threaded device path
-PREPARE_MAX_DEVICE_THREADS = 1
+#: back; bench/h200/prepfast.sh times 1 thread against this, same bits)
+PREPARE_MAX_DEVICE_THREADS = 8
 #: default budget for prepared copies: this share of MemAvailable
 DEFAULT_BUDGET_SHARE = 0.4
 

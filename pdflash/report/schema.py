@@ -388,10 +388,13 @@ def _recorded_handoff(row: Mapping[str, Any]) -> Any:
 
 def _recorded_affinity(row: Mapping[str, Any]) -> Any:
     """Where a row's host threads were placed (``--host-affinity``): as its
-    host service records, else ``off`` (no host service, or one older than
-    the setting: nothing was placed)."""
+    host service records; a host service older than the setting placed
+    nothing (``off``); a row without one has no host threads, so it keeps
+    the default (its key equals a default run's)."""
     service = row.get("host_service")
-    placed = service.get("affinity") if isinstance(service, Mapping) else None
+    if not isinstance(service, Mapping):
+        return "auto"
+    placed = service.get("affinity")
     return placed.get("mode", "off") if isinstance(placed, Mapping) else "off"
 
 
@@ -420,7 +423,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_max_tokens", 16),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS
     RunSetting("host_critical_path", False, _recorded_critical_path),
     RunSetting("host_handoff", "thread", _recorded_handoff),
-    RunSetting("host_affinity", "off", _recorded_affinity),
+    RunSetting("host_affinity", "auto", _recorded_affinity),  # pdflash.hybrid.DEFAULT_HOST_AFFINITY
     RunSetting("host_ahead", "certain", _recorded_ahead),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),

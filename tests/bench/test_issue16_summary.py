@@ -83,7 +83,7 @@ def test_one_run_on_a_side_gives_no_verdict() -> None:
 
 _FIVE = (
     "PD,host=PD+host,stream=PD+host:host_handoff=stream,"
-    "affinity=PD+host:host_affinity=auto,weighted=PD+host:host_ahead=weighted"
+    "noaffinity=PD+host:host_affinity=off,weighted=PD+host:host_ahead=weighted"
 )
 
 
@@ -93,7 +93,7 @@ def test_parse_arms_names_baselines_and_typed_overrides() -> None:
         ("PD", "PD", {}),
         ("host", "PD+host", {}),
         ("stream", "PD+host", {"host_handoff": "stream"}),
-        ("affinity", "PD+host", {"host_affinity": "auto"}),
+        ("noaffinity", "PD+host", {"host_affinity": "off"}),
         ("weighted", "PD+host", {"host_ahead": "weighted"}),
     ]
     # the default is today's pair; a value may hold ':' (not followed by SETTING=)
@@ -338,12 +338,12 @@ def test_smoke_five_arms_on_the_tiny_cpu_shape(
     assert rc == 0
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
     assert [r["arm"] for r in rows] == [
-        "PD", "host", "stream", "affinity", "weighted",
-        "host", "stream", "affinity", "weighted", "PD",
+        "PD", "host", "stream", "noaffinity", "weighted",
+        "host", "stream", "noaffinity", "weighted", "PD",
     ]  # fmt: skip
     assert {r["arm"]: r["arm_settings"] for r in rows}["stream"] == {"host_handoff": "stream"}
     summary = json.loads((out / "summary.json").read_text())
-    assert [a["name"] for a in summary["arms"]] == ["PD", "host", "stream", "affinity", "weighted"]
+    assert [a["name"] for a in summary["arms"]] == ["PD", "host", "stream", "noaffinity", "weighted"]
     # the settings every arm shares, as the command line gave them
     assert (summary["host_handoff"], summary["host_ahead"], summary["host_threads"]) == (
         "thread",
@@ -352,7 +352,7 @@ def test_smoke_five_arms_on_the_tiny_cpu_shape(
     )
     (p,) = summary["points"]
     assert {k: v["n"] for k, v in p["tokens_per_s"].items()} == dict.fromkeys(
-        ["PD", "host", "stream", "affinity", "weighted"], 2
+        ["PD", "host", "stream", "noaffinity", "weighted"], 2
     )
     assert len(p["comparisons"]) == 7
     stream = p["by_arm"]["stream"]
@@ -360,7 +360,9 @@ def test_smoke_five_arms_on_the_tiny_cpu_shape(
     assert stream["handoff"]["requested"] == ["stream"]
     assert stream["handoff"]["ran"] == {"thread": 2}
     assert stream["handoff"]["fallback_reasons"]
-    assert p["by_arm"]["affinity"]["affinity"]["mode"] == ["auto"]
+    # auto is the default: the reference arm asked for it, the override for off
+    assert p["by_arm"]["host"]["affinity"]["mode"] == ["auto"]
+    assert p["by_arm"]["noaffinity"]["affinity"]["mode"] == ["off"]
     assert p["by_arm"]["weighted"]["host_ahead"] == ["weighted"]
     assert p["by_arm"]["host"]["host_ahead"] == ["certain"]
     assert "issue16 arms: cpu" in capsys.readouterr().err

@@ -310,21 +310,27 @@ def test_the_run_setting_is_validated_keyed_and_spelled_by_the_clis() -> None:
     from pdflash.bench.engine_run import RunSpec, run_spec
     from pdflash.bench.suites import engine, matrix
 
+    from pdflash.hybrid import DEFAULT_HOST_AFFINITY
     from pdflash.report.schema import RUN_SETTINGS
 
-    assert RunSpec(arch="tiny-qwen3_moe", baseline="PD+host").host_affinity == "off"
+    # auto is the default everywhere a host service is built
+    assert DEFAULT_HOST_AFFINITY == "auto"
+    assert RunSpec(arch="tiny-qwen3_moe", baseline="PD+host").host_affinity == "auto"
     with pytest.raises(ValueError, match="host_affinity"):
         run_spec(RunSpec(arch="tiny-gpt_oss", baseline="PD+host", host_affinity="on"))
     ap = argparse.ArgumentParser()
     engine.add_arguments(ap)
-    assert ap.parse_args([]).host_affinity == "off"
-    assert ap.parse_args(["--host-affinity", "auto"]).host_affinity == "auto"
+    assert ap.parse_args([]).host_affinity == "auto"
+    assert ap.parse_args(["--host-affinity", "off"]).host_affinity == "off"
     with pytest.raises(SystemExit):
         ap.parse_args(["--host-affinity", "on"])
-    assert matrix.HOST_DEFAULTS["host_affinity"] == "off"
+    assert matrix.HOST_DEFAULTS["host_affinity"] == "auto"
     (setting,) = [s for s in RUN_SETTINGS if s.name == "host_affinity"]
+    assert setting.default == DEFAULT_HOST_AFFINITY
     assert setting.recorded is not None
-    # a row records the mode its service ran with; no service (or an older one): off
+    # a row records the mode its service ran with; an older service placed
+    # nothing (off); a row without a service keys like a default run
+    assert setting.recorded({"host_service": {"affinity": {"mode": "off"}}}) == "off"
     assert setting.recorded({"host_service": {"affinity": {"mode": "auto"}}}) == "auto"
     assert setting.recorded({"host_service": {"planner": {}}}) == "off"
-    assert setting.recorded({}) == "off"
+    assert setting.recorded({}) == "auto"
