@@ -343,7 +343,13 @@ def test_smoke_five_arms_on_the_tiny_cpu_shape(
     ]  # fmt: skip
     assert {r["arm"]: r["arm_settings"] for r in rows}["stream"] == {"host_handoff": "stream"}
     summary = json.loads((out / "summary.json").read_text())
-    assert [a["name"] for a in summary["arms"]] == ["PD", "host", "stream", "noaffinity", "weighted"]
+    assert [a["name"] for a in summary["arms"]] == [
+        "PD",
+        "host",
+        "stream",
+        "noaffinity",
+        "weighted",
+    ]
     # the settings every arm shares, as the command line gave them
     assert (summary["host_handoff"], summary["host_ahead"], summary["host_threads"]) == (
         "thread",
