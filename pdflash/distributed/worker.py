@@ -153,6 +153,9 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
                 calibrate=not forced,
                 host_format="packed" if forced else "auto",
                 workers=1,
+                # auto places per process: every rank on one host would put
+                # its engine threads on the same two cores
+                host_affinity="off",
             )
         engine = Engine(
             adapter,
