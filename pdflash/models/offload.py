@@ -692,9 +692,7 @@ class OffloadedMoE:
                 # books above and below stay per call), else eagerly
                 replayed = self._resident_replay(layer, x, flat, topk_weights)
                 if replayed is None:
-                    y_flat = torch.empty(
-                        (flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device
-                    )
+                    y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
                     self._resident_rows(layer, x, k, flat, y_flat)
             except BaseException:
                 cache.abort(ids)

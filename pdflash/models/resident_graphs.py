@@ -208,9 +208,13 @@ class ResidentGraphs:
         self.stats = ResidentGraphStats()
 
     def eager(self, reason: str) -> None:
-        """Note an eager call and why; returns None (the caller runs eagerly)."""
+        """Note an eager call and why (the caller runs it eagerly)."""
         self.stats.eager[reason] += 1
         self.last, self.last_reason = "eager", reason
+
+    def _eager(self, reason: str) -> torch.Tensor | None:
+        self.eager(reason)
+        return None
 
     def backend_blocker(self, device: torch.device) -> str | None:
         """Why no recording can be made on ``device``, or None."""
@@ -236,7 +240,7 @@ class ResidentGraphs:
         ``[T * k]``) and ``weights``; ``make_fn()`` gives the step over given
         buffers and the tensors it reads (kept alive with the recording)."""
         if key in self._failed:
-            return self.eager("capture_failed")
+            return self._eager("capture_failed")
         rec = self._recorded.get(key)
         if rec is not None and not np.array_equal(rec.slots, slots):
             self.stats.stale += 1
@@ -248,10 +252,10 @@ class ResidentGraphs:
             if self._uses[key] < self.min_uses:
                 if len(self._uses) > 8 * self.max_graphs:  # one-off keys: forget them
                     self._uses.clear()
-                return self.eager("warming")
+                return self._eager("warming")
             rec = self._record(key, bucket_key, slots, x, ids, weights, make_fn)
             if rec is None:
-                return self.eager("capture_failed")
+                return self._eager("capture_failed")
             self.last, self.last_reason = "graph", None
             return rec.out.clone()
         self._recorded.move_to_end(key)
