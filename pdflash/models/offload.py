@@ -40,6 +40,15 @@ only its kernels are recorded; :meth:`OffloadedMoE.pin_resident` and
 :meth:`OffloadedMoE.book_resident` do, around each replay, the cache's books
 the eager path does per layer (pins, access records, the slots' event).
 
+Recorded resident calls (:mod:`pdflash.models.resident_graphs`, switch
+``PDFLASH_RESIDENT_GRAPHS=on`` / :func:`~pdflash.models.resident_graphs.set_resident_graphs`,
+off by default): an eager all-resident layer call (CUDA, no autograd, not
+itself inside a capture, the layer's experts in one slab window) replays a
+CUDA graph of its kernels per ``(layer, token count)`` over static inputs:
+four torch calls (three input copies and the output's clone) and one graph
+launch instead of ~28-38 torch calls, the same bits. The cache's books
+around it are the eager path's, per call.
+
 Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
 that one read of a layer's counts, the service picks the misses the host CPU
 computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
@@ -714,7 +723,7 @@ class OffloadedMoE:
         runs eagerly rather than from a recording
         (:mod:`pdflash.models.resident_graphs`), or None: the switch is on,
         the call is not itself being recorded (inside :meth:`unbooked` or a
-        capture), the recorder runs on ``x``'s device, the grouped GEMM can
+        capture), autograd is off, the recorder runs on ``x``'s device, the grouped GEMM can
         be recorded, ``tokens`` is within the bound and the layer's experts
         sit in one window of the slab (:meth:`_resident_window`)."""
         plan = self._resident_graph_plan(layer, x, tokens)
@@ -729,6 +738,8 @@ class OffloadedMoE:
             return "off"
         if self._unbooked:
             return "unbooked"
+        if torch.is_grad_enabled():  # a replay records no autograd history
+            return "grad_enabled"
         blocker = graphs.backend_blocker(x.device)
         if blocker is not None:
             return blocker
@@ -759,7 +770,9 @@ class OffloadedMoE:
         base = layer * self.num_experts
         slots = self._slot_table.slot_of[base : base + self.num_experts]
         grouped, fused = self.grouped, self._fused()
-        sig = (tuple(x.shape), x.dtype, topk_weights.dtype, str(x.device), k)
+        # static buffers made under inference mode take no in-place write outside it
+        inference = torch.is_inference_mode_enabled()
+        sig = (tuple(x.shape), x.dtype, topk_weights.dtype, str(x.device), k, inference)
         key = (layer, *sig, row_sort_mode(), id(grouped), id(fused))
 
         def make_fn() -> tuple[StepFn, tuple[Any, ...]]:

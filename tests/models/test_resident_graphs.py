@@ -88,9 +88,9 @@ def test_off_by_default_and_not_cuda_without_a_recorder(
     assert runtime.resident_graph_blocker(0, x, 8) == "off"
     set_resident_graphs("on")
     try:
-        # the default recorder is CUDA graphs: a CPU call runs eagerly
-        assert runtime.resident_graph_blocker(0, x, 8) == "not_cuda"
         with torch.inference_mode():
+            # the default recorder is CUDA graphs: a CPU call runs eagerly
+            assert runtime.resident_graph_blocker(0, x, 8) == "not_cuda"
             runtime.forward_routed(0, x, ids, weights)
         assert runtime.resident_graphs.last_reason == "not_cuda"
         assert runtime.resident_graphs.num_graphs == 0
@@ -141,9 +141,9 @@ def test_eager_where_a_recording_cannot_serve(
     runtime = ad.runtime
     graphs = runtime.resident_graphs = _eager_graphs(max_tokens=8, min_uses=1)
     x, ids, weights = _routing(ad, 0, 9, 3)
-    assert runtime.resident_graph_blocker(0, x, 9) == "tokens_over_max"
-    assert runtime.resident_graph_blocker(0, x[:8], 8) is None
     with torch.inference_mode():
+        assert runtime.resident_graph_blocker(0, x, 9) == "tokens_over_max"
+        assert runtime.resident_graph_blocker(0, x[:8], 8) is None
         runtime.forward_routed(0, x, ids, weights)
         assert graphs.last_reason == "tokens_over_max"
         # inside unbooked (an outer capture records the kernels): eager
@@ -282,4 +282,27 @@ def test_adapter_close_and_a_new_cache_free_the_recordings(
     assert graphs.last == "graph" and graphs.num_graphs == 1
     ad.detach_cache()
     assert graphs.num_graphs == 0
+    ad.close()
+
+
+@needs_grouped
+def test_autograd_runs_eagerly_and_inference_mode_has_its_own_buffers(
+    tiny_checkpoints: dict[str, Path], host_issuer: object, graphs_on: None
+) -> None:
+    ad = resident_adapter(tiny_checkpoints["qwen3_moe"], host_issuer)
+    runtime = ad.runtime
+    graphs = runtime.resident_graphs = _eager_graphs(min_uses=1)
+    with torch.no_grad():
+        x, ids, weights = _routing(ad, 0, 4, 6)
+    assert runtime.resident_graph_blocker(0, x, 4) == "grad_enabled"
+    runtime.forward_routed(0, x, ids, weights)
+    assert graphs.last_reason == "grad_enabled" and graphs.num_graphs == 0
+    outs = []
+    for ctx in (torch.inference_mode, torch.no_grad, torch.inference_mode, torch.no_grad):
+        with ctx():
+            outs.append(runtime.forward_routed(0, x, ids, weights))
+            assert graphs.last == "graph"
+    # a buffer made under inference mode would refuse the no_grad call's copy
+    assert graphs.num_graphs == 2 and graphs.num_buckets == 2
+    assert all(torch.equal(o, outs[0]) for o in outs)
     ad.close()
