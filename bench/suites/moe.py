@@ -22,6 +22,13 @@ routing, sort, lookup or scatter) and ``hbm_roofline_us`` (stored bytes of
 the active experts / ``hbm_gbps``, a device-to-device copy measured in the
 same run, counted as bytes read + written). The targets of issue 13
 (``<= 1.25x`` grouped_mm, ``<= 2x`` roofline) are evaluated on each row.
+``resident_execution`` says whether the timed block replayed a recording of
+the layer's kernels (``graph``, :mod:`pdflash.models.resident_graphs`,
+``--resident-graphs on``) or ran eagerly (``eager``, the reason in
+``resident_execution_reason``); ``--resident-graphs both`` times the eager
+block in the main fields and the recorded one in the same interleaved rounds
+(``by_resident_graphs.on``: its µs, host and device µs, ratios, whether its
+output equals the eager block's bit for bit).
 
 Both sides are timed the same way (:func:`_timed`; the row's
 ``all_hit_timing`` says so in words), in ``--all-hit-rounds`` interleaved
@@ -144,6 +151,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how the offloaded block orders its routed rows (pdflash.models.offload."
         "set_row_sort): counting (default; PDFLASH_ROW_SORT) or sort; both = counting in the "
         "main fields, sort timed in the same all-hit rounds (rows: by_row_sort)",
+    )
+    p.add_argument(
+        "--resident-graphs",
+        default=None,
+        choices=["off", "on", "both"],
+        help="whether the offloaded block replays a recording (CUDA graph) of an all-resident "
+        "layer's device work (pdflash.models.resident_graphs.set_resident_graphs): off "
+        "(default; PDFLASH_RESIDENT_GRAPHS) or on; both = off (eager) in the main fields, on "
+        "timed in the same all-hit rounds (rows: by_resident_graphs)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -448,6 +464,20 @@ def _syncs(fn: Any, device: Any) -> Any:
 
 
 @contextmanager
+def _resident_graphs(mode: str) -> Iterator[None]:
+    """Within: the offloaded block's all-resident calls replay recordings
+    (``on``) or run eagerly (``off``)."""
+    from pdflash.models.resident_graphs import resident_graphs_mode, set_resident_graphs
+
+    before = resident_graphs_mode()
+    set_resident_graphs(mode)
+    try:
+        yield
+    finally:
+        set_resident_graphs(before)
+
+
+@contextmanager
 def _row_sort(mode: str) -> Iterator[None]:
     """Within: the offloaded block orders its rows by ``mode``."""
     from pdflash.models.offload import row_sort_mode, set_row_sort
@@ -543,8 +573,16 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
             else:
                 modes_not_measured["fused_dot_scaled"] = reason or "tl.dot_scaled takes bf16"
     from pdflash.models.offload import row_sort_mode
+    from pdflash.models.resident_graphs import resident_graphs_mode
 
-    other_sorts = ("sort",) if args.row_sort == "both" else ()
+    # other settings of the block timed in the same rounds as the main one:
+    # (field of the row, setting, context that applies it)
+    variants: list[tuple[str, str, Any]] = []
+    if args.row_sort == "both":
+        variants.append(("by_row_sort", "sort", _row_sort))
+    if args.resident_graphs == "both":
+        variants.append(("by_resident_graphs", "on", _resident_graphs))
+    recorded = runtime.resident_graphs
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)
@@ -567,6 +605,11 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     return runtime.forward_routed(layer, x, ids, weights)
 
                 got = block()
+                # warm-ups: with recordings on, the key is recorded by now (its
+                # capture and check are not in a counted or timed call)
+                for _ in range(recorded.min_uses):
+                    block()
+                execution, execution_reason = recorded.last, recorded.last_reason
                 by_mode_us: dict[str, list[float]] = {m: [] for m in modes}
                 by_mode_out: dict[str, Any] = {}
                 for _round in range(2 if modes else 0):  # interleaved: A B A B
@@ -606,13 +649,20 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 cache.stats()  # (the deferred accesses applied first: not this call's sync)
                 block_ops, plain_ops = _dispatches(block), _dispatches(plain)
                 block_syncs, plain_syncs = _syncs(block, device), _syncs(plain, device)
-                # --row-sort both: the block with the other row sort, timed in the
-                # same rounds (its output, dispatches and syncs from one call)
-                other: dict[str, dict[str, Any]] = {}
-                for mode in other_sorts:
-                    with _row_sort(mode):
-                        other[mode] = {
-                            "out": block(),
+                # --row-sort / --resident-graphs both: the block with the other
+                # setting, timed in the same rounds (its output, how it ran, its
+                # dispatches and syncs from one call after the warm-ups)
+                other: dict[tuple[str, str], dict[str, Any]] = {}
+                for field, mode, setting in variants:
+                    with setting(mode):
+                        for _ in range(1 + recorded.min_uses):
+                            block()
+                        out_v = block()
+                        other[field, mode] = {
+                            "setting": setting,
+                            "out": out_v,
+                            "execution": recorded.last,
+                            "execution_reason": recorded.last_reason,
                             "ops": _dispatches(block),
                             "syncs": _syncs(block, device),
                             "rounds": [],
@@ -626,9 +676,9 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     block_rounds.append(
                         _timed(block, args.all_hit_iters, device, block_ops["kernel_ops"])
                     )
-                    for mode, o in other.items():
+                    for (_field, mode), o in other.items():
                         cache.stats()
-                        with _row_sort(mode):
+                        with o["setting"](mode):
                             o["rounds"].append(
                                 _timed(block, args.all_hit_iters, device, o["ops"]["kernel_ops"])
                             )
@@ -636,10 +686,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                         _timed(plain, args.all_hit_iters, device, plain_ops["kernel_ops"])
                     )
                 block_t, plain_t = _timing_summary(block_rounds), _timing_summary(plain_rounds)
-                by_row_sort: dict[str, Any] = {}
-                for mode, o in other.items():
+                by_variant: dict[str, dict[str, Any]] = {f: {} for f, _, _ in variants}
+                for (field, mode), o in other.items():
                     t = _timing_summary(o["rounds"])
-                    by_row_sort[mode] = {
+                    by_variant[field][mode] = {
                         "offloaded_all_hit_us": t["us"],
                         "offloaded_all_hit_host_us": t["host_us"],
                         "offloaded_all_hit_device_us": t["device_us"],
@@ -651,6 +701,12 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                         "offloaded_all_hit_dispatches": o["ops"],
                         "offloaded_all_hit_syncs": o["syncs"],
                         "max_abs_diff_vs_main": float((o["out"].float() - got.float()).abs().max()),
+                        "bit_equal_vs_main": bool(torch.equal(o["out"], got)),
+                        "offloaded_over_roofline": t["us"],  # divided by the roofline below
+                        "offloaded_over_roofline_device": t["device_us"],
+                        "offloaded_host_bound": _host_bound(t),
+                        "resident_execution": o["execution"],
+                        "resident_execution_reason": o["execution_reason"],
                     }
                 block_us, plain_us = block_t["us"], plain_t["us"]
                 y = torch.empty_like(ref_sorted)
@@ -660,6 +716,13 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 del w
             touched = len(active) * ad.expert_nbytes
             roofline: Any = touched / (hbm * 1e9) * 1e6 if not isinstance(hbm, NotMeasured) else hbm
+            for variant in by_variant.values():
+                for v in variant.values():
+                    for name in ("offloaded_over_roofline", "offloaded_over_roofline_device"):
+                        v[name] = _ratio_or(v[name], roofline)
+                    over = v["offloaded_over_roofline"]
+                    v["meets_1p25x_grouped_mm"] = v["offloaded_over_grouped_mm"] <= 1.25
+                    v["meets_2x_roofline"] = over if isinstance(over, NotMeasured) else over <= 2.0
             by_mode: dict[str, Any] = {}
             for mode, times in by_mode_us.items():
                 us = _median(times)
@@ -718,6 +781,7 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "grouped_mm_host_bound": _host_bound(plain_t),
                     "offloaded_over_grouped_mm": over_gmm,
                     "offloaded_over_roofline": over_roof,
+                    "offloaded_over_roofline_device": _ratio_or(block_t["device_us"], roofline),
                     "meets_1p25x_grouped_mm": over_gmm <= 1.25,
                     "meets_2x_roofline": over_roof <= 2.0
                     if not isinstance(over_roof, NotMeasured)
@@ -732,7 +796,14 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     # which row sort the main fields' block ran; --row-sort both: the
                     # other one, timed in the same rounds
                     "row_sort": row_sort_mode(),
-                    "by_row_sort": by_row_sort or None,
+                    "by_row_sort": by_variant.get("by_row_sort") or None,
+                    # whether the main fields' block replayed a recording of the
+                    # layer's kernels (graph) or ran eagerly (why: the reason);
+                    # --resident-graphs both: the recorded block in the same rounds
+                    "resident_graphs": resident_graphs_mode(),
+                    "resident_execution": execution,
+                    "resident_execution_reason": execution_reason,
+                    "by_resident_graphs": by_variant.get("by_resident_graphs") or None,
                 }
             )
     if device.type == "cuda":
@@ -1008,6 +1079,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from pdflash.models.offload import set_row_sort
 
         set_row_sort("counting" if args.row_sort == "both" else args.row_sort)
+    if args.resident_graphs is not None:
+        from pdflash.models.resident_graphs import set_resident_graphs
+
+        set_resident_graphs("off" if args.resident_graphs == "both" else args.resident_graphs)
     if args.mxfp4_dequantizer is not None:
         try:
             set_mxfp4_dequantizer(args.mxfp4_dequantizer)
@@ -1127,6 +1202,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ad.runtime.compressed_gemm_reason if ad.runtime else None
             )
             row["fp8_error"] = fp8_error  # None unless --expert-dtype fp8
+            # recorded all-resident calls over the whole run (replays, captures,
+            # eager calls by reason; see pdflash.models.resident_graphs)
+            row["resident_graph_stats"] = (
+                ad.runtime.resident_graphs.stats.as_dict() if ad.runtime else None
+            )
             row["all_hit_targets"] = {
                 "rows": len(checked),
                 "meets_1p25x_grouped_mm": sum(bool(r["meets_1p25x_grouped_mm"]) for r in checked),
@@ -1163,3 +1243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             from pdflash.models.offload import set_row_sort
 
             set_row_sort(None)  # this run's setting ends with it
+        if args.resident_graphs is not None:
+            from pdflash.models.resident_graphs import set_resident_graphs
+
+            set_resident_graphs(None)

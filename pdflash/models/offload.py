@@ -40,6 +40,15 @@ only its kernels are recorded; :meth:`OffloadedMoE.pin_resident` and
 :meth:`OffloadedMoE.book_resident` do, around each replay, the cache's books
 the eager path does per layer (pins, access records, the slots' event).
 
+Recorded resident calls (:mod:`pdflash.models.resident_graphs`, switch
+``PDFLASH_RESIDENT_GRAPHS=on`` / :func:`~pdflash.models.resident_graphs.set_resident_graphs`,
+off by default): an eager all-resident layer call (CUDA, no autograd, not
+itself inside a capture, the layer's experts in one slab window) replays a
+CUDA graph of its kernels per ``(layer, token count)`` over static inputs:
+four torch calls (three input copies and the output's clone) and one graph
+launch instead of ~28-38 torch calls, the same bits. The cache's books
+around it are the eager path's, per call.
+
 Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
 that one read of a layer's counts, the service picks the misses the host CPU
 computes (:func:`pdflash.hybrid.block.start_host_part`); those experts get no
@@ -78,6 +87,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
+from pdflash.models.resident_graphs import ResidentGraphs, StepFn, resident_graphs_mode
 from pdflash.protocols import (
     LayerBookingCache,
     SlabCache,
@@ -346,6 +356,8 @@ class OffloadedMoE:
         self._window_cache: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self._key_tables: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
         self._fusable: FusableGroupedExperts | None = None
+        #: recorded all-resident layer calls (:mod:`pdflash.models.resident_graphs`)
+        self.resident_graphs = ResidentGraphs()
         self.grouped = None
         self._gmm_capturable = True
         if grouped is not None and _grouped_mm is not None and offers(cache, SlabCache):
@@ -369,6 +381,9 @@ class OffloadedMoE:
     @cache.setter
     def cache(self, cache: ExpertCache) -> None:
         self._cache = cache
+        recorded = getattr(self, "resident_graphs", None)
+        if recorded is not None:  # recordings read the slot keys of the cache they saw
+            recorded.clear()
         self._layer_books = layer_booking(cache)
         self._slot_table = slot_table(cache)
 
@@ -666,10 +681,10 @@ class OffloadedMoE:
         if flat.dtype != torch.int64:  # NOTE: each skipped no-op call is a dispatch saved
             flat = flat.long()
         cache = self.cache
-        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
         if self._unbooked:
             if not cache.layer_resident(layer):
                 raise RuntimeError(f"layer {layer} is not resident: it cannot run unbooked")
+            y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
             self._resident_rows(layer, x, k, flat, y_flat)
         elif cache.layer_resident(layer):
             # Every expert of the layer holds a slot: nothing to copy whatever
@@ -682,18 +697,104 @@ class OffloadedMoE:
                 if (tickets >= 0).any():  # copies still in flight (e.g. prefetched)
                     cache.wait_ready(tickets)  # CUDA: the stream waits, no host sync
                 cache.defer_access(layer, flat)
-                self._resident_rows(layer, x, k, flat, y_flat)
+                # a replay of the layer's recorded kernels where it can (the
+                # books above and below stay per call), else eagerly
+                replayed = self._resident_replay(layer, x, flat, topk_weights)
+                if replayed is None:
+                    y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+                    self._resident_rows(layer, x, k, flat, y_flat)
             except BaseException:
                 cache.abort(ids)
                 raise
             cache.unpin_layer(layer)
+            if replayed is not None:
+                return replayed
         else:
+            y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
             self._grouped_with_misses(layer, x, k, flat, y_flat, topk_ids)
         # each token's k rows are distinct: one weighted reduction in the
         # routing weights' precision, rounded to x's dtype once
         weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
         out = weighted.sum(dim=1)
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def resident_graph_blocker(self, layer: int, x: torch.Tensor, tokens: int) -> str | None:
+        """Why an all-resident call of ``layer`` over ``x`` (``tokens`` rows)
+        runs eagerly rather than from a recording
+        (:mod:`pdflash.models.resident_graphs`), or None: the switch is on,
+        the call is not itself being recorded (inside :meth:`unbooked` or a
+        capture), autograd is off, the recorder runs on ``x``'s device, the grouped GEMM can
+        be recorded, ``tokens`` is within the bound and the layer's experts
+        sit in one window of the slab (:meth:`_resident_window`)."""
+        plan = self._resident_graph_plan(layer, x, tokens)
+        return plan if isinstance(plan, str) else None
+
+    def _resident_graph_plan(
+        self, layer: int, x: torch.Tensor, tokens: int
+    ) -> str | tuple[int, int]:
+        """:meth:`resident_graph_blocker`'s reason, or the layer's window."""
+        graphs = self.resident_graphs
+        if resident_graphs_mode() == "off":
+            return "off"
+        if self._unbooked:
+            return "unbooked"
+        if torch.is_grad_enabled():  # a replay records no autograd history
+            return "grad_enabled"
+        blocker = graphs.backend_blocker(x.device)
+        if blocker is not None:
+            return blocker
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return "capturing"
+        if not self._gmm_capturable and self._fused() is None:
+            return "grouped_mm_fallback"
+        if tokens > graphs.max_tokens:
+            return "tokens_over_max"
+        window = self._resident_window(layer)
+        return "no_resident_window" if window is None else window
+
+    def _resident_replay(
+        self, layer: int, x: torch.Tensor, flat: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor | None:
+        """The call's output from a replay of the layer's recorded kernels
+        (:class:`~pdflash.models.resident_graphs.ResidentGraphs`; the same
+        kernels as :meth:`_resident_rows` and the weighted sum, so the same
+        bits), or None where it runs eagerly (the reason noted there)."""
+        graphs = self.resident_graphs
+        tokens, k = topk_weights.shape
+        plan = self._resident_graph_plan(layer, x, tokens)
+        if isinstance(plan, str):
+            graphs.eager(plan)
+            return None
+        lo, width = plan
+        assert self._slot_table is not None  # a window was read from it
+        base = layer * self.num_experts
+        slots = self._slot_table.slot_of[base : base + self.num_experts]
+        grouped, fused = self.grouped, self._fused()
+        # static buffers made under inference mode take no in-place write outside it
+        inference = torch.is_inference_mode_enabled()
+        sig = (tuple(x.shape), x.dtype, topk_weights.dtype, str(x.device), k, inference)
+        key = (layer, *sig, row_sort_mode(), id(grouped), id(fused))
+
+        def make_fn() -> tuple[StepFn, tuple[Any, ...]]:
+            keys = self._layer_keys(layer, lo)
+            views = self._window_views(lo, width)
+
+            def step(
+                xs: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+            ) -> tuple[torch.Tensor, ...]:
+                y_flat = torch.empty((ids.numel(), xs.shape[1]), dtype=xs.dtype, device=xs.device)
+                self._run_sorted(xs, k, keys[ids], width, views, y_flat)
+                out = (y_flat.view(tokens, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+                return (out if out.dtype == xs.dtype else out.to(xs.dtype),)
+
+            # the recording reads these (and the MLP objects its key names)
+            return step, (keys, views, grouped, fused)
+
+        return graphs.run(key, sig, slots, x, flat, topk_weights, make_fn)
+
+    def close(self) -> None:
+        """Free the recorded resident calls (their pools and buffers)."""
+        self.resident_graphs.close()
 
     def _resident_rows(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor

@@ -157,3 +157,46 @@ def test_bench_moe_row_sort_both_times_the_sort_beside_the_counting_sort(
         ops, main_ops = other["offloaded_all_hit_dispatches"], r["offloaded_all_hit_dispatches"]
         assert ops["by_op"]["sort"] == 1 and "sort" not in main_ops["by_op"]
         assert main_ops["all"] - ops["all"] == 7
+
+
+@pytest.mark.parametrize("recorder", ["eager_backend", "default"])
+def test_bench_moe_resident_graphs_both_times_the_recorded_block_beside_the_eager_one(
+    recorder: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from functools import partial
+
+    from pdflash.engine.graphs import EagerBackend
+    from pdflash.models import offload
+    from pdflash.models.resident_graphs import ResidentGraphs, resident_graphs_mode
+
+    monkeypatch.delenv("PDFLASH_RESIDENT_GRAPHS", raising=False)
+    if recorder == "eager_backend":  # the engine's CPU stand-in for CUDA graphs
+        monkeypatch.setattr(
+            offload, "ResidentGraphs", partial(ResidentGraphs, lambda _d: EagerBackend())
+        )
+    argv = ["moe", "--json", "--arch", "qwen3_moe", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--all-hit-tokens", "5,7", "--all-hit-iters", "2"]
+    argv += ["--all-hit-rounds", "2", "--cache-fraction", "1.0", "--resident-graphs", "both"]
+    assert main(argv) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resident_graphs_mode() == "off"  # the run's setting ended with it
+    rows = row["all_hit"]
+    for r in rows:
+        assert r["resident_graphs"] == "off" and r["by_row_sort"] is None
+        assert (r["resident_execution"], r["resident_execution_reason"]) == ("eager", "off")
+        other = r["by_resident_graphs"]["on"]
+        assert other["bit_equal_vs_main"] is True and other["max_abs_diff_vs_main"] == 0.0
+        assert len(other["offloaded_all_hit_rounds_us"]) == 2
+        assert other["offloaded_all_hit_us"] > 0 and other["offloaded_all_hit_host_us"] > 0
+        if recorder == "default":  # CUDA graphs only: the CPU block ran eagerly, and says why
+            assert other["resident_execution"] == "eager"
+            assert other["resident_execution_reason"] == "not_cuda"
+        else:
+            assert other["resident_execution"] == "graph"
+            assert other["resident_execution_reason"] is None
+    stats = row["resident_graph_stats"]
+    if recorder == "default":
+        assert stats["captures"] == 0 and stats["eager"]["not_cuda"] > 0
+    else:  # one recording per (layer, token count), checked once, then replayed
+        assert stats["captures"] == stats["validated"] == len(rows)
+        assert stats["mismatches"] == 0 and stats["replays"] > 0

@@ -501,6 +501,8 @@ class MoEAdapterBase:
         copies first). A no-op without one."""
         for block in self.blocks:
             block.runtime = None
+        if self.runtime is not None:
+            self.runtime.close()  # its recorded calls read the old cache's slab
         self.cache = None
         self.runtime = None
 
@@ -512,6 +514,8 @@ class MoEAdapterBase:
                 f"model has {self.num_layers}x{self.num_experts}"
             )
         self.store.register_with(cache.issuer)
+        if self.runtime is not None:
+            self.runtime.close()  # its recorded calls read the old cache's slab
         self.cache = cache
         self.runtime = OffloadedMoE(self.store, cache, self.expert_forward, self.grouped_experts())
         for block in self.blocks:
@@ -834,4 +838,6 @@ class MoEAdapterBase:
         return logits
 
     def close(self) -> None:
+        if self.runtime is not None:
+            self.runtime.close()
         self.store.close()
