@@ -152,12 +152,14 @@ still owes (``backlog_bytes``), so layer ``i``'s copies land after the
 bytes of layers ``< i`` the plan copies, and the forward reaches layer
 ``i`` after ``i`` layers of its own work: a layer whose copies land by then
 is copied whole (the *predicted early enough* case), one the link falls
-behind on is split as at its plan. Unmeasured terms (the first layers of a
-run) are 0, and with ``hidden_s`` unknown the ahead plan is the makespan
-rule's. Every plan's reason is counted in ``decisions`` (rows record it):
-``split`` (hosted), ``copy_hidden``, ``copy_ineligible`` (no miss within
-the caps), ``copy_margin`` (the best split saves less than ``margin``), and
-the same with ``ahead_`` for the ahead plan's layers.
+behind on is split as at its plan. Unmeasured terms are 0; with the
+forward's per-layer work (``hidden_s``) not measured yet (the first layers
+of a run) the backlog is not judged, the ahead plan is the makespan rule's
+and a layer's plan differs from it only by the pool's queue and the
+margin's base. Every plan's reason is counted in ``decisions`` (rows
+record it): ``split`` (hosted), ``copy_hidden``, ``copy_ineligible`` (no
+miss within the caps), ``copy_margin`` (the best split saves less than
+``margin``), and the same with ``ahead_`` for the ahead plan's layers.
 """
 
 from __future__ import annotations
@@ -565,9 +567,10 @@ class CostModelPlanner:
             ahead = ahead_s
         else:
             ahead = link.ahead_bytes / link.bytes_per_s
-            if queue:
+            if queue and link.hidden_s > 0:
                 # the backlog that cannot drain behind the forward's later work
-                # is waited for whatever this layer does (module doc)
+                # is waited for whatever this layer does (module doc); with the
+                # forward's work not measured yet, not judged (the makespan's)
                 ahead += max(0.0, link.backlog_bytes / link.bytes_per_s - link.later_s)
         copy_link = ahead + n * per_copy
         copy_only = max(0.0, copy_link - link.hidden_s)

@@ -195,6 +195,32 @@ def test_host_count_is_monotone_in_the_link_queue(
     assert counts == sorted(counts)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    tokens=st.lists(st.integers(1, 24), min_size=1, max_size=16),
+    backlog_ms=st.floats(0.0, 80.0),
+    lead_ms=st.floats(0.0, 2.0),
+    overhead_ms=st.floats(0.0, 2.0),
+)
+def test_unmeasured_forward_plans_as_the_makespan_rule(
+    tokens: list[int], backlog_ms: float, lead_ms: float, overhead_ms: float
+) -> None:
+    # the forward's per-layer work not measured yet (hidden_s 0), no copy of
+    # the layer in flight, the pool idle: the backlog is not judged, and the
+    # queue rule chooses what the makespan rule does
+    tok = np.asarray(tokens, dtype=np.int64)
+    link = LinkState(
+        RATE,
+        host_lead_s=lead_ms * MS,
+        host_overhead_s=overhead_ms * MS,
+        backlog_bytes=int(backlog_ms * MS * RATE),
+        later_s=3 * MS,
+    )
+    new = _planner("queue").plan(0, _ids(tok.size), tok, link)
+    old = _planner("makespan").plan(0, _ids(tok.size), tok, link)
+    assert np.array_equal(new.host, old.host)
+
+
 def test_a_longer_queue_moves_the_choice_to_the_host() -> None:
     # the same layer hosts nothing with the link idle and more the longer
     # the backlog (the makespan rule does not see it: the same at any length)
