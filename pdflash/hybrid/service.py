@@ -9,7 +9,10 @@ the host (the block's one host sync):
   host computes: the planner sees the non-resident ones (an expert with a
   slot, its copy landed or in flight, is never HOST: its bytes are paid),
   their token counts, and the link's state (this layer's own in-flight
-  copies, the run's link rate);
+  copies, the run's link rate; for a planner that plans with the link's
+  queue, :class:`~pdflash.hybrid.planner.QueueAwareMissPlanner`, also the
+  other layers' copies still on the link, the forward's measured terms of
+  :class:`ForwardClock` and the pool's queue of stream hand-off jobs);
 * :meth:`HostExpertService.start` — those experts' rows go to the host and
   the pool starts on them; the block then pins, copies and computes the
   other experts on the device;

@@ -181,10 +181,11 @@ def test_host_count_is_monotone_in_the_link_queue(
 ) -> None:
     tok = np.asarray(tokens, dtype=np.int64)
     counts = []
-    for q in sorted(queue_ms):
+    for i, q in enumerate(sorted(queue_ms)):
         link = LinkState(
             RATE,
-            ahead_bytes=own_inflight * NBYTES,
+            # the layer's own copies in flight are queue too: grown with it
+            ahead_bytes=(own_inflight + i) * NBYTES,
             hidden_s=hidden_ms * MS,
             host_lead_s=lead_ms * MS,
             host_overhead_s=overhead_ms * MS,
@@ -193,6 +194,26 @@ def test_host_count_is_monotone_in_the_link_queue(
         )
         counts.append(_planner("queue").plan(0, _ids(tok.size), tok, link).host.size)
     assert counts == sorted(counts)
+
+
+def test_more_copies_in_flight_never_take_a_host_expert_back() -> None:
+    # one eligible miss (3 tokens; 17 and 19 are over the token cap): hosting
+    # it saves one copy however long the queue. The makespan rule takes its
+    # margin of the whole queue's time, so with 7 of the layer's copies in
+    # flight the same saving no longer counts; the queue rule takes it of
+    # the layer's own copies and keeps the expert on the host
+    tokens = np.array([3, 17, 19], dtype=np.int64)
+
+    def hosted(rule: str) -> list[int]:
+        return [
+            _planner(rule)
+            .plan(0, _ids(3), tokens, LinkState(RATE, ahead_bytes=k * NBYTES))
+            .host.size
+            for k in range(8)
+        ]
+
+    assert hosted("queue") == [1] * 8
+    assert hosted("makespan")[-1] == 0 < hosted("makespan")[0]
 
 
 @settings(max_examples=40, deadline=None)
