@@ -617,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
     ap.add_argument("--host-format", default="packed", help="the host's expert format")
-    add_host_switch_arguments(ap, ahead=False)  # no pre-verify plan here
+    # no pre-verify plan here, and the planner is forced
+    add_host_switch_arguments(ap, ahead=False, plan=False)
     ap.add_argument(
         "--preset", default="tiny", help="synthetic shape: tiny or a published one (gpt-oss-20b)"
     )

@@ -167,6 +167,10 @@ class RunSpec:
     # expert (pdflash.hybrid.planner, "The ahead plan"): "certain" (as routed)
     # or "weighted" (routed with the run's measured probability)
     host_ahead: str = "certain"
+    # how the host planner judges a split (pdflash.hybrid.planner, "The link's
+    # queue"): "makespan" (each layer's own copies, the link otherwise idle)
+    # or "queue" (the link's measured backlog and the forward's measured work)
+    host_plan: str = "makespan"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -317,6 +321,7 @@ class RunSpec:
             HOST_AFFINITY_CHOICES,
             HOST_AHEAD_CHOICES,
             HOST_FORMAT_CHOICES,
+            HOST_PLAN_CHOICES,
         )
 
         if self.host_handoff not in HANDOFF_CHOICES:
@@ -336,6 +341,10 @@ class RunSpec:
         if self.host_ahead not in HOST_AHEAD_CHOICES:
             raise ValueError(
                 f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {self.host_ahead!r}"
+            )
+        if self.host_plan not in HOST_PLAN_CHOICES:
+            raise ValueError(
+                f"host_plan must be one of {HOST_PLAN_CHOICES}, got {self.host_plan!r}"
             )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
@@ -1012,6 +1021,7 @@ def _run(
                 handoff=spec.host_handoff,
                 host_affinity=spec.host_affinity,
                 host_ahead=spec.host_ahead,
+                host_plan=spec.host_plan,
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

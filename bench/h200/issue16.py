@@ -301,7 +301,15 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "host_wait_s": _median_of(rows, lambda r: r.get("host_wait_s")),
     }
     if not hosted:
-        for k in ("ahead_outcome", "ahead_fraction_end", "host_ahead", "handoff", "affinity"):
+        for k in (
+            "ahead_outcome",
+            "ahead_fraction_end",
+            "host_ahead",
+            "host_plan",
+            "plan_reasons",
+            "handoff",
+            "affinity",
+        ):
             out[k] = None
         return out
     # the ahead plans' HOST experts over the arm's runs: seen by their
@@ -317,6 +325,19 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["host_ahead"] = sorted(
         {str((_service(r).get("planner") or {}).get("ahead")) for r in hosted}
     )
+    # the planner's rule, and why it chose what it chose: its decisions
+    # (layers planned, by reason; pdflash.hybrid.planner.PLAN_REASONS, and
+    # ahead_* for the pre-verify plan's layers) summed over the arm's runs
+    # (a planner that counts none: absent from the sum, "runs" says how many did)
+    out["host_plan"] = sorted(
+        {str((_service(r).get("planner") or {}).get("rule", "makespan")) for r in hosted}
+    )
+    counted = [d for d in (_service(r).get("planner_decisions") for r in hosted) if d]
+    reasons: dict[str, int] = {}
+    for d in counted:
+        for k, v in d.items():
+            reasons[k] = reasons.get(k, 0) + int(v)
+    out["plan_reasons"] = {"runs": len(counted), **reasons} if counted else None
     handoffs = [_service(r).get("host_handoff") or {} for r in hosted]
     ran: dict[str, int] = {}
     for h in handoffs:
@@ -474,6 +495,27 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if _num(x) is None else format(x, spec)
 
 
+def _reasons(counts: dict[str, Any] | None) -> str:
+    """The planner's decisions by reason, compactly: per layer plan and per
+    ahead-plan layer, ``reason=count`` (module doc of pdflash.hybrid.planner)."""
+    if not counts:
+        return "not counted"
+    layer = " ".join(
+        f"{k}={counts[k]}"
+        for k in ("split", "copy_hidden", "copy_ineligible", "copy_margin", "probes")
+        if k in counts
+    )
+    ahead = " ".join(
+        f"{k.removeprefix('ahead_')}={v}"
+        for k, v in counts.items()
+        if k.startswith("ahead_") and k != "ahead_layers"
+    )
+    return (
+        f"layers {counts.get('layers')} [{layer}] ahead layers {counts.get('ahead_layers')} "
+        f"[{ahead}] ({counts.get('runs')} runs)"
+    )
+
+
 def table(summary: dict[str, Any]) -> list[str]:
     """The compact table (the log's last lines): per point each arm's median
     tokens/s (runs), every comparison's per-repeat ratio median and verdict,
@@ -509,6 +551,7 @@ def table(summary: dict[str, Any]) -> list[str]:
                 f"applied {m.get('affinity', {}).get('applied_runs')}/{m.get('host_service_runs')}"
                 f" {m.get('affinity', {}).get('reasons') or ''}"
             )
+            lines.append(f"    plan {m.get('host_plan')}: {_reasons(m.get('plan_reasons'))}")
     return lines
 
 
@@ -627,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_handoff": args.host_handoff,
         "host_affinity": args.host_affinity,
         "host_ahead": args.host_ahead,
+        "host_plan": args.host_plan,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
     }

@@ -261,11 +261,14 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
     add_host_switch_arguments(parser)
 
 
-def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool = True) -> None:
+def add_host_switch_arguments(
+    parser: argparse._ActionsContainer, *, ahead: bool = True, plan: bool = True
+) -> None:
     """The PD+host switches each measured against its default (shared with
     the matrix, ``eager_host`` and ``bench/h200/issue16.py``); ``ahead``:
     also ``--host-ahead`` (a runner that makes no pre-verify plan leaves it
-    out)."""
+    out); ``plan``: also ``--host-plan`` (a runner whose planner is forced
+    leaves it out)."""
     parser.add_argument(
         "--host-handoff",
         default="thread",
@@ -293,6 +296,17 @@ def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool
             "(pdflash.hybrid.planner, 'The ahead plan'): certain (default) as routed; weighted "
             "routed with the run's measured probability (its host time weighted by it)",
         )
+    if not plan:
+        return
+    parser.add_argument(
+        "--host-plan",
+        choices=("makespan", "queue"),
+        default="makespan",
+        help="how the host planner judges a split (pdflash.hybrid.planner, 'The link's "
+        "queue'): makespan (default) each layer's own copies, the link otherwise idle; queue "
+        "against the link's measured backlog, the forward's measured work and the host pool's "
+        "queue",
+    )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -434,6 +448,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),
+                    host_plan=getattr(args, "host_plan", "makespan"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

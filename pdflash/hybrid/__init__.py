@@ -59,6 +59,7 @@ from pdflash.hybrid.planner import (
     DEFAULT_MAX_HOST_TOKENS,
     DEFAULT_PROBE_EVERY,
     HOST_AHEAD_CHOICES,
+    HOST_PLAN_CHOICES,
     AccountingMissPlanner,
     AheadObservingMissPlanner,
     CostModelPlanner,
@@ -67,6 +68,7 @@ from pdflash.hybrid.planner import (
     MissPlan,
     MissPlanner,
     ObservingMissPlanner,
+    QueueAwareMissPlanner,
     ReportingMissPlanner,
     RoutedFraction,
 )
@@ -93,6 +95,7 @@ __all__ = [
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
     "HOST_FORMAT_CHOICES",
+    "HOST_PLAN_CHOICES",
     "AccountingMissPlanner",
     "AheadObservingMissPlanner",
     "CostModelPlanner",
@@ -112,6 +115,7 @@ __all__ = [
     "ObservingMissPlanner",
     "OnlineHostCost",
     "PreparedWeights",
+    "QueueAwareMissPlanner",
     "ReportingMissPlanner",
     "RoutedFraction",
     "StreamSignals",
@@ -148,6 +152,7 @@ def build_host_service(
     host_affinity: str | HostPlacement = DEFAULT_HOST_AFFINITY,
     handoff: str = "thread",
     host_ahead: str = "certain",
+    host_plan: str = "makespan",
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -191,6 +196,13 @@ def build_host_service(
     the run's measured probability; see :mod:`pdflash.hybrid.planner`, "The
     ahead plan"). A given ``planner`` keeps its own.
 
+    ``host_plan`` (:data:`HOST_PLAN_CHOICES`) goes to the default
+    :class:`CostModelPlanner` as its ``rule``: ``makespan`` (the default:
+    each layer's own copies against its HOST part, the link otherwise idle)
+    or ``queue`` (against the link's measured backlog, the forward's
+    measured per-layer work and the host pool's queue, which the service
+    measures for it; :mod:`pdflash.hybrid.planner`, "The link's queue").
+
     ``host_affinity`` (:data:`HOST_AFFINITY_CHOICES`, or a
     :class:`HostPlacement` already planned): ``auto`` places the host pool's
     threads (its workers and the native kernel's team) on one set of cores
@@ -205,6 +217,8 @@ def build_host_service(
         raise ValueError(f"handoff must be one of {HANDOFF_CHOICES}, got {handoff!r}")
     if host_ahead not in HOST_AHEAD_CHOICES:
         raise ValueError(f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {host_ahead!r}")
+    if host_plan not in HOST_PLAN_CHOICES:
+        raise ValueError(f"host_plan must be one of {HOST_PLAN_CHOICES}, got {host_plan!r}")
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
     if isinstance(host_affinity, HostPlacement):
@@ -274,6 +288,7 @@ def build_host_service(
                 online=online,
                 probe_every=probe_every,
                 ahead=host_ahead,
+                rule=host_plan,
             )
         service = HostExpertService(
             executor,

@@ -103,6 +103,8 @@ class HostJob:
         self.wait_s = 0.0  # time the caller blocked in result()
         #: perf_counter seconds the caller had it submitted (None: not noted)
         self.started_at: float | None = None
+        #: the planner's modeled pool seconds for it (None: not modeled)
+        self.modeled_s: float | None = None
 
     def done(self) -> bool:
         return all(f.done() for f in self._futures)

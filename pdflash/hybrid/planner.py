@@ -111,6 +111,55 @@ at its routed count, and ``weighted`` then hosts fewer. The link's queue ahead o
 route-ahead copies still in flight when the forward reaches it) is not
 known to the planner before the verify; both rules plan each layer with
 the link idle.
+
+The link's queue (``rule="queue"``; the default ``makespan`` is the rule
+above). The makespan rule judges each layer alone: its own copies against
+its own HOST part, the link otherwise idle. That is wrong both ways. Where
+the link has slack (a compute-bound step: route-ahead copies land while
+earlier layers compute, a mispredicted miss lands while the forward's
+thread still launches the layer's work) a COPY costs the forward nothing
+and a HOST part costs it the wait for the CPU; where the link is the
+binding resource every byte it carries delays everything queued behind it,
+also the copies of later layers, which the makespan rule never sees. The
+``queue`` rule costs both with measured inputs (:class:`LinkState`):
+
+* at the layer's plan, the link's *backlog* (``backlog_bytes``: other
+  layers' copies in flight or queued, any band) drains behind the forward's
+  own work after this layer (``later_s``: the measured per-layer dispatch
+  times the layers left); only its excess ``max(0, backlog - later)`` is
+  time the forward will wait for the link whatever this layer does, and is
+  added ahead of the layer's copies: a layer of a link-bound step hosts
+  until its HOST part's finish meets the link's, a layer of a step whose
+  link keeps up does not;
+* the HOST part finishes after the CPU pool's queue (``host_queue_s``:
+  earlier HOST jobs still running, modeled; 0 with the ``thread``
+  hand-off, whose forward collects each job before the next layer), and
+  the forward's thread waits only for what outlasts the layer's own GPU
+  dispatch it does meanwhile (``host_lead_s``); its own dispatch of the
+  HOST part (``host_overhead_s``) is paid in any case;
+* a COPY is hidden while it lands within the thread's own work until its
+  next wait (``hidden_s``): a layer whose copies all land by then hosts
+  nothing (reason ``copy_hidden``);
+* the ``margin`` is taken of the layer's own copy time (not of the
+  backlog's): the model's error is in the layer's own experts, and so a
+  longer queue never makes a split less likely (the choice is monotone in
+  the queue).
+
+Before the verify (:meth:`CostModelPlanner.plan_ahead`), with the
+per-layer dispatch measured, the rule follows the route-ahead copies down
+the layers: they are queued at once, in layer order, behind what the link
+still owes (``backlog_bytes``), so layer ``i``'s copies land after the
+bytes of layers ``< i`` the plan copies, and the forward reaches layer
+``i`` after ``i`` layers of its own work: a layer whose copies land by then
+is copied whole (the *predicted early enough* case), one the link falls
+behind on is split as at its plan. Unmeasured terms are 0; with the
+forward's per-layer work (``hidden_s``) not measured yet (the first layers
+of a run) the backlog is not judged, the ahead plan is the makespan rule's
+and a layer's plan differs from it only by the pool's queue and the
+margin's base. Every plan's reason is counted in ``decisions`` (rows
+record it): ``split`` (hosted), ``copy_hidden``, ``copy_ineligible`` (no
+miss within the caps), ``copy_margin`` (the best split saves less than
+``margin``), and the same with ``ahead_`` for the ahead plan's layers.
 """
 
 from __future__ import annotations
@@ -138,6 +187,11 @@ DEFAULT_PROBE_EVERY = 8
 DEFAULT_PROBE_MAX_RATIO = 4.0
 #: how the ahead plan treats a predicted expert (module doc, "The ahead plan")
 HOST_AHEAD_CHOICES = ("certain", "weighted")
+#: how a split is judged (module doc): the layer's own makespan, or against
+#: the link's measured queue and the forward's measured work ("queue")
+HOST_PLAN_CHOICES = ("makespan", "queue")
+#: why a plan chose what it chose (CostModelPlanner.decisions' keys)
+PLAN_REASONS = ("split", "copy_hidden", "copy_ineligible", "copy_margin")
 #: RoutedFraction's defaults: the prior (today's plan assumes every predicted
 #: expert is routed), what it weighs in experts (about one verify's ahead
 #: plan of a few layers), and the floor (at most doubles a token count)
@@ -233,6 +287,15 @@ class LinkState:
             thread (its own dispatch: the rows' gather, the submit and the
             result's collection, and the measured extra time of hosting
             layers): paid on the critical path by any split. 0: unknown.
+        backlog_bytes: bytes the link owes besides ``ahead_bytes``: other
+            layers' copies in flight or queued, any band (the ``queue``
+            rule; at the ahead plan, everything still in flight). 0: none
+            or not measured.
+        later_s: the forward thread's own work after this layer (the
+            measured per-layer dispatch times the layers left): the backlog
+            drains hidden within it (the ``queue`` rule). 0: unknown.
+        host_queue_s: modeled seconds of earlier HOST jobs the pool is still
+            running, ahead of a new one (the ``queue`` rule). 0: none.
     """
 
     bytes_per_s: float
@@ -240,13 +303,18 @@ class LinkState:
     hidden_s: float = 0.0
     host_lead_s: float = 0.0
     host_overhead_s: float = 0.0
+    backlog_bytes: int = 0
+    later_s: float = 0.0
+    host_queue_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.bytes_per_s > 0:
             raise ValueError(f"bytes_per_s must be positive, got {self.bytes_per_s!r}")
         if self.ahead_bytes < 0:
             raise ValueError(f"ahead_bytes must be >= 0, got {self.ahead_bytes}")
-        for name in ("hidden_s", "host_lead_s", "host_overhead_s"):
+        if self.backlog_bytes < 0:
+            raise ValueError(f"backlog_bytes must be >= 0, got {self.backlog_bytes}")
+        for name in ("hidden_s", "host_lead_s", "host_overhead_s", "later_s", "host_queue_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -262,6 +330,9 @@ class MissPlan:
     #: with no critical-path terms known, the all-COPY makespan
     modeled_copy_only_s: float | None = None
     modeled_s: float | None = None  # the same for the chosen split
+    #: the HOST part's modeled seconds on the pool (round trip and experts;
+    #: None: no model, or nothing hosted)
+    modeled_host_s: float | None = None
 
 
 @runtime_checkable
@@ -325,6 +396,19 @@ class AheadObservingMissPlanner(MissPlanner, Protocol):
 
 
 @runtime_checkable
+class QueueAwareMissPlanner(MissPlanner, Protocol):
+    """A :class:`MissPlanner` that may plan with the link's queue and the
+    forward's measured work (:class:`LinkState`'s ``backlog_bytes``,
+    ``later_s``, ``host_queue_s`` and the clock's terms); the service
+    measures them only where :attr:`wants_link_queue` says so."""
+
+    @property
+    def wants_link_queue(self) -> bool:
+        """Measure the queue and the forward's terms for this planner now."""
+        ...
+
+
+@runtime_checkable
 class ReportingMissPlanner(MissPlanner, Protocol):
     """A :class:`MissPlanner` whose settings a result row records."""
 
@@ -383,6 +467,9 @@ class CostModelPlanner:
             measured probability ``routed_fraction.value``.
         routed_fraction: the measured fraction (:meth:`observe_ahead`);
             kept under either rule, used by ``weighted`` only.
+        rule: how a split is judged (:data:`HOST_PLAN_CHOICES`; module doc):
+            ``makespan`` (default) the layer's own link makespan,
+            ``queue`` with the link's queue and the forward's measured work.
     """
 
     cost: HostCostModel
@@ -396,9 +483,16 @@ class CostModelPlanner:
     probe_max_ratio: float = DEFAULT_PROBE_MAX_RATIO
     ahead: str = "certain"
     routed_fraction: RoutedFraction = field(default_factory=RoutedFraction)
+    rule: str = "makespan"
     name: str = "cost_model"
     decisions: dict[str, int] = field(
-        default_factory=lambda: {"layers": 0, "split": 0, "probes": 0}
+        default_factory=lambda: {
+            "layers": 0,
+            "probes": 0,
+            **dict.fromkeys(PLAN_REASONS, 0),
+            "ahead_layers": 0,
+            **{f"ahead_{r}": 0 for r in PLAN_REASONS},
+        }
     )
 
     def __post_init__(self) -> None:
@@ -418,6 +512,8 @@ class CostModelPlanner:
             raise ValueError(f"probe_max_ratio must be positive, got {self.probe_max_ratio}")
         if self.ahead not in HOST_AHEAD_CHOICES:
             raise ValueError(f"ahead must be one of {HOST_AHEAD_CHOICES}, got {self.ahead!r}")
+        if self.rule not in HOST_PLAN_CHOICES:
+            raise ValueError(f"rule must be one of {HOST_PLAN_CHOICES}, got {self.rule!r}")
         #: the host cost the plans use: the calibration, corrected online
         self.model: HostCostModel | OnlineHostCost = (
             OnlineHostCost(self.cost) if self.online else self.cost
@@ -440,24 +536,49 @@ class CostModelPlanner:
         either rule; ``weighted`` plans with ``value``)."""
         return self.routed_fraction.to_json()
 
+    @property
+    def wants_link_queue(self) -> bool:
+        """The ``queue`` rule plans with the link's queue and the forward's
+        measured terms (the service measures them for it)."""
+        return self.rule == "queue"
+
     def _split(
-        self, tokens: npt.NDArray[np.float64], link: LinkState, routed_p: float = 1.0
-    ) -> tuple[npt.NDArray[np.int64], float, float]:
-        """(indices to serve on the host, all-COPY cost, chosen cost): a
-        cost is what the layer's misses add to the forward's critical path
-        (module doc, "The critical path"). ``routed_p``: the probability
-        that each expert is routed at all (``tokens`` then count its tokens
-        if it is): its host time is weighted by it, as is its copy's value
-        in the ``max_host_ratio`` cap (module doc, "The ahead plan"); 1 at
-        the layer's own plan."""
+        self,
+        tokens: npt.NDArray[np.float64],
+        link: LinkState,
+        routed_p: float = 1.0,
+        ahead_s: float | None = None,
+    ) -> tuple[npt.NDArray[np.int64], float, float, str, float | None]:
+        """(indices to serve on the host, all-COPY cost, chosen cost, the
+        reason (:data:`PLAN_REASONS`), the HOST part's modeled pool
+        seconds): a cost is what the layer's misses add to the forward's
+        critical path (module doc, "The critical path"). ``routed_p``: the
+        probability that each expert is routed at all (``tokens`` then count
+        its tokens if it is): its host time is weighted by it, as is its
+        copy's value in the ``max_host_ratio`` cap (module doc, "The ahead
+        plan"); 1 at the layer's own plan. ``ahead_s``: seconds the link
+        owes before the layer's copies (may be < 0: the link is there
+        first), instead of what ``link`` says (the ``queue`` rule's ahead
+        plan)."""
         n = int(tokens.size)
         per_copy = self.expert_nbytes / link.bytes_per_s
-        ahead = link.ahead_bytes / link.bytes_per_s
+        queue = self.rule == "queue"
+        if ahead_s is not None:
+            ahead = ahead_s
+        else:
+            ahead = link.ahead_bytes / link.bytes_per_s
+            if queue and link.hidden_s > 0:
+                # the backlog that cannot drain behind the forward's later work
+                # is waited for whatever this layer does (module doc); with the
+                # forward's work not measured yet, not judged (the makespan's)
+                ahead += max(0.0, link.backlog_bytes / link.bytes_per_s - link.later_s)
         copy_link = ahead + n * per_copy
         copy_only = max(0.0, copy_link - link.hidden_s)
         none = np.zeros(0, dtype=np.int64)
         if n == 0:
-            return none, copy_only, copy_only
+            return none, copy_only, copy_only, "copy_ineligible", None
+        if queue and copy_only <= 0.0:
+            return none, copy_only, copy_only, "copy_hidden", None
         order = np.argsort(tokens, kind="stable")
         host_if_routed = np.asarray(self.model.expert_s(tokens[order]), dtype=np.float64)
         host_each = routed_p * host_if_routed
@@ -472,13 +593,17 @@ class CostModelPlanner:
         if self.max_host_per_layer is not None:
             m = m[m <= self.max_host_per_layer]
         if m.size == 0:
-            return none, copy_only, copy_only
+            return none, copy_only, copy_only, "copy_ineligible", None
         cost = self._cost(m, n, per_copy, ahead, host_cum, link)
         best = int(np.argmin(cost))
-        # the saving must be worth `margin` of the layer's copy time
-        if copy_only - cost[best] > self.margin * copy_link:
-            return order[: int(m[best])].astype(np.int64), copy_only, float(cost[best])
-        return none, copy_only, copy_only
+        # the saving must be worth `margin` of the layer's copy time; the
+        # queue rule: of its own copies' (module doc, "The link's queue")
+        margin_of = n * per_copy if queue else copy_link
+        if copy_only - cost[best] > self.margin * margin_of:
+            k = int(m[best])
+            host_s = self.model.roundtrip_s + float(host_cum[k - 1])
+            return order[:k].astype(np.int64), copy_only, float(cost[best]), "split", host_s
+        return none, copy_only, copy_only, "copy_margin", None
 
     def _cost(
         self,
@@ -493,9 +618,12 @@ class CostModelPlanner:
         the forward thread does its own work (``hidden_s``), the HOST part's
         dispatch (``host_overhead_s``) and waits for the host beyond its
         lead; the layer's next wait on the device ends once the copies have
-        landed (module doc)."""
+        landed (module doc). The ``queue`` rule starts the HOST part after
+        the pool's queue (``host_queue_s``)."""
         link_s = ahead + (n - m) * per_copy
         host_s = self.model.roundtrip_s + host_cum[m - 1]
+        if self.rule == "queue":
+            host_s = host_s + link.host_queue_s
         wait_host = np.maximum(0.0, host_s - link.host_lead_s)
         thread_s = link.hidden_s + link.host_overhead_s + wait_host
         cost: npt.NDArray[np.float64] = np.maximum(thread_s, link_s) - link.hidden_s
@@ -505,21 +633,23 @@ class CostModelPlanner:
         self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
     ) -> MissPlan:
         ids, tok = _check_aligned(missed, tokens)
-        pick, copy_only, chosen = self._split(tok.astype(np.float64), link)
+        pick, copy_only, chosen, reason, host_s = self._split(tok.astype(np.float64), link)
         self.decisions["layers"] += 1
+        if ids.size:
+            self.decisions[reason] += 1
         if pick.size:
-            self.decisions["split"] += 1
             self._since_host = 0
         elif ids.size:
             self._since_host += 1
             probe = self._probe(tok.astype(np.float64), link)
             if probe is not None:
                 pick = np.asarray([probe], dtype=np.int64)
+                host_s = self.model.roundtrip_s + float(self.model.expert_s(tok[probe]))
                 self.decisions["probes"] += 1
                 self._since_host = 0
         host_mask = np.zeros(ids.size, dtype=np.bool_)
         host_mask[pick] = True
-        return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen)
+        return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen, host_s)
 
     def _probe(self, tokens: npt.NDArray[np.float64], link: LinkState) -> int | None:
         """Index of the expert to serve on the host as a probe, if one is due
@@ -556,14 +686,31 @@ class CostModelPlanner:
         # certain: every predicted expert routed (p = 1); weighted: with the
         # measured probability (module doc, "The ahead plan")
         p = self.routed_fraction.value if self.ahead == "weighted" else 1.0
+        # the queue rule with the per-layer dispatch measured follows the
+        # route-ahead copies down the layers (module doc, "The link's queue")
+        follow = self.rule == "queue" and link.hidden_s > 0
+        per_copy = self.expert_nbytes / link.bytes_per_s
+        owed = (link.ahead_bytes + link.backlog_bytes) / link.bytes_per_s
+        idle = dataclasses.replace(link, ahead_bytes=0, backlog_bytes=0, later_s=0.0)
         for layer in range(exp.shape[0]):
             cand = np.flatnonzero((exp[layer] > 0) & ~res[layer])
             if cand.size == 0:
                 continue
-            # NOTE: ahead of the verify no copy of this layer is queued yet;
             # fractional expectations are rounded up (an expert gets >= 1 token)
             tok = np.maximum(1.0, np.ceil(exp[layer, cand] / p))
-            pick, _, _ = self._split(tok, dataclasses.replace(link, ahead_bytes=0), p)
+            if follow:
+                # this layer's copies queue behind `owed`; the forward reaches
+                # the layer after `layer` layers of its own work
+                pick, _, _, reason, _ = self._split(
+                    tok, idle, p, ahead_s=owed - layer * link.hidden_s
+                )
+                owed += (cand.size - pick.size) * per_copy
+            else:
+                # NOTE: the makespan rule plans each layer with the link idle
+                # (no copy of this layer is queued ahead of the verify yet)
+                pick, _, _, reason, _ = self._split(tok, idle, p)
+            self.decisions["ahead_layers"] += 1
+            self.decisions[f"ahead_{reason}"] += 1
             out[layer, cand[pick]] = True
         return out
 
@@ -578,6 +725,7 @@ class CostModelPlanner:
             "probe_every": self.probe_every if self.online else None,
             "probe_max_ratio": self.probe_max_ratio if self.online else None,
             "ahead": self.ahead,
+            "rule": self.rule,
         }
 
     def online_cost(self) -> dict[str, Any] | None:
@@ -647,8 +795,9 @@ if TYPE_CHECKING:
         ReportingMissPlanner,
         AccountingMissPlanner,
         AheadObservingMissPlanner,
+        QueueAwareMissPlanner,
     ]:
-        return p, p, p, p
+        return p, p, p, p, p
 
     def _forced_parts(p: ForcedHostPlanner) -> ReportingMissPlanner:
         return p

@@ -9,7 +9,10 @@ the host (the block's one host sync):
   host computes: the planner sees the non-resident ones (an expert with a
   slot, its copy landed or in flight, is never HOST: its bytes are paid),
   their token counts, and the link's state (this layer's own in-flight
-  copies, the run's link rate);
+  copies, the run's link rate; for a planner that plans with the link's
+  queue, :class:`~pdflash.hybrid.planner.QueueAwareMissPlanner`, also the
+  other layers' copies still on the link, the forward's measured terms of
+  :class:`ForwardClock` and the pool's queue of stream hand-off jobs);
 * :meth:`HostExpertService.start` — those experts' rows go to the host and
   the pool starts on them; the block then pins, copies and computes the
   other experts on the device;
@@ -66,6 +69,7 @@ from pdflash.hybrid.planner import (
     LinkState,
     MissPlanner,
     ObservingMissPlanner,
+    QueueAwareMissPlanner,
     ReportingMissPlanner,
 )
 
@@ -356,6 +360,11 @@ class HostExpertService:
         #: the last ahead plan's HOST experts no layer has seen yet (a
         #: layer's row is cleared once that layer splits; HostBooks.ahead_*)
         self._ahead: npt.NDArray[np.bool_] | None = None
+        #: the last plan's modeled HOST seconds, for the job start() makes of it
+        self._planned_host_s: float | None = None
+        #: the cache the layers split against (the ahead plan reads its copies
+        #: in flight); set by the first split
+        self._cache: Any = None
 
     @property
     def planner(self) -> MissPlanner:
@@ -372,22 +381,67 @@ class HostExpertService:
         self._reporter = planner if isinstance(planner, ReportingMissPlanner) else None
         self._accounting = planner if isinstance(planner, AccountingMissPlanner) else None
         self._ahead_observer = planner if isinstance(planner, AheadObservingMissPlanner) else None
+        self._queue_aware = planner if isinstance(planner, QueueAwareMissPlanner) else None
+
+    def _wants_queue(self) -> bool:
+        """Does the planner plan with the link's queue now
+        (:class:`QueueAwareMissPlanner`)?"""
+        return self._queue_aware is not None and bool(self._queue_aware.wants_link_queue)
 
     # -- per layer -------------------------------------------------------------
 
-    def link_state(self, ahead_bytes: int = 0) -> LinkState:
-        """The link and, with :attr:`critical_path`, the forward's measured
-        terms as the planner sees them."""
-        if not self.critical_path:
+    def link_state(
+        self, ahead_bytes: int = 0, *, backlog_bytes: int = 0, layers_after: int = 0
+    ) -> LinkState:
+        """The link and, with :attr:`critical_path` or a planner that plans
+        with the link's queue, the forward's measured terms as the planner
+        sees them; for the latter also the link's backlog, the forward's
+        work after this layer (``layers_after`` times the measured
+        per-layer dispatch) and the host pool's queue."""
+        queue = self._wants_queue()
+        if not (self.critical_path or queue):
             return LinkState(self.link_bytes_per_s, ahead_bytes)
         clock = self.clock
+        hidden = clock.hidden_s
         return LinkState(
             self.link_bytes_per_s,
             ahead_bytes,
-            hidden_s=clock.hidden_s,
+            hidden_s=hidden,
             host_lead_s=clock.host_lead_s,
             host_overhead_s=clock.host_overhead_s,
+            backlog_bytes=backlog_bytes if queue else 0,
+            later_s=hidden * max(0, layers_after) if queue else 0.0,
+            host_queue_s=self._host_queue_s() if queue else 0.0,
         )
+
+    def _host_queue_s(self) -> float:
+        """Modeled seconds the pool still owes the stream hand-off's jobs
+        now (each job's modeled time less what it has run; 0 with the
+        ``thread`` hand-off, whose jobs are collected within their layer)."""
+        now = time.perf_counter()
+        owed = 0.0
+        for job in self._pending:
+            if job.modeled_s is None or job.started_at is None or job.done():
+                continue
+            owed += max(0.0, job.modeled_s - (now - job.started_at))
+        return owed
+
+    def _link_backlog(self, cache: Any, layer: int | None) -> int:
+        """Bytes of the cache's copies still on the link (in flight or
+        queued, any band), less ``layer``'s own (None: all of them). The
+        cache's tickets are as of its last refresh, so they are polled
+        here (a copy counts whole until it has landed)."""
+        ticket = np.asarray(getattr(cache, "ticket", np.zeros(0, dtype=np.int64)))
+        busy = np.flatnonzero(ticket >= 0)
+        if busy.size == 0:
+            return 0
+        poll = getattr(getattr(cache, "issuer", None), "poll", None)
+        if callable(poll):
+            busy = busy[~np.asarray(poll(ticket[busy]), dtype=np.bool_)]
+        expert_of = getattr(cache, "expert_of", None)
+        if layer is not None and expert_of is not None and busy.size:
+            busy = busy[np.asarray(expert_of)[busy] // self.num_experts != layer]
+        return int(busy.size) * self.expert_nbytes
 
     def split(
         self,
@@ -404,6 +458,7 @@ class HostExpertService:
         routing read on the forward thread (for :class:`ForwardClock`)."""
         if routed is not None:
             self.clock.routed(layer, *routed)
+        self._cache = cache
         ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
         tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
         out = np.zeros(ids.size, dtype=np.bool_)
@@ -445,8 +500,18 @@ class HostExpertService:
             return out
         self.books.planned_layers += 1
         inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
-        link = self.link_state(inflight * self.expert_nbytes)
+        if self._wants_queue():
+            layers = int(getattr(cache, "num_layers", layer + 1))
+            link = self.link_state(
+                inflight * self.expert_nbytes,
+                backlog_bytes=self._link_backlog(cache, layer),
+                layers_after=layers - 1 - layer,
+            )
+        else:
+            link = self.link_state(inflight * self.expert_nbytes)
         plan = self.planner.plan(layer, ids[missed], tok[missed], link)
+        # the HOST job's modeled time (the pool's queue for the next plans)
+        self._planned_host_s = plan.modeled_host_s
         if plan.host.size and self.critical_path and self.clock.wants_copy_sample():
             self.books.copy_sampled += 1  # copied to measure the dispatch without a HOST part
             return out
@@ -477,6 +542,7 @@ class HostExpertService:
         ``counts`` rows each, on the compute device)."""
         job = self.executor.submit(ids, x_rows, counts, device=x_rows.device)
         job.started_at = time.perf_counter()
+        job.modeled_s, self._planned_host_s = self._planned_host_s, None
         n = int(np.asarray(ids).size)
         self.books.experts += n
         self.books.tokens += int(x_rows.shape[0])
@@ -620,9 +686,14 @@ class HostExpertService:
         if not self.enabled:
             self._ahead = None
             return np.zeros(np.asarray(resident).shape, dtype=np.bool_)
-        mask = np.asarray(
-            self.planner.plan_ahead(expected_tokens, resident, self.link_state()), dtype=np.bool_
+        # the queue rule follows the route-ahead copies behind what the link
+        # still owes (every layer's copies in flight)
+        link = (
+            self.link_state(backlog_bytes=self._link_backlog(self._cache, None))
+            if self._wants_queue() and self._cache is not None
+            else self.link_state()
         )
+        mask = np.asarray(self.planner.plan_ahead(expected_tokens, resident, link), dtype=np.bool_)
         self._ahead = mask.copy() if mask.ndim == 2 and mask.any() else None
         return mask
 

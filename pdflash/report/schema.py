@@ -409,6 +409,16 @@ def _recorded_ahead(row: Mapping[str, Any]) -> Any:
     return "certain" if ahead is None else ahead
 
 
+def _recorded_plan(row: Mapping[str, Any]) -> Any:
+    """How a row's host planner judged a split (``--host-plan``): as its
+    planner records, else ``makespan`` (no host service, a planner that
+    records none, or one older than the setting: the only rule there was)."""
+    service = row.get("host_service")
+    planner = service.get("planner") if isinstance(service, Mapping) else None
+    rule = planner.get("rule") if isinstance(planner, Mapping) else None
+    return "makespan" if rule is None else rule
+
+
 #: Every setting that, beside the point (arch with its depth and GPUs,
 #: baseline, block, concurrency, cache fraction, workload) and the repeat,
 #: defines a run: the matrix's resume key (:func:`spec_settings`) and the
@@ -425,6 +435,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "auto", _recorded_affinity),  # pdflash.hybrid.DEFAULT_HOST_AFFINITY
     RunSetting("host_ahead", "certain", _recorded_ahead),
+    RunSetting("host_plan", "makespan", _recorded_plan),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

@@ -304,6 +304,33 @@ def test_arms_summary_reference_handoff_fallback_and_affinity() -> None:
     assert q["comparisons"]["stream/host"]["pair_ratios"] == pytest.approx([0.9])
 
 
+def test_arms_summary_counts_the_planners_reasons() -> None:
+    """Each arm's planner rule and its decisions by reason, summed over the
+    arm's runs; a run whose planner counts none adds nothing (absent, not 0)."""
+    counts = {"layers": 10, "probes": 1, "split": 4, "copy_hidden": 5, "copy_margin": 1}
+    counts |= {"ahead_layers": 8, "ahead_split": 2, "ahead_copy_hidden": 6}
+    queue = {"planner": {"ahead": "certain", "rule": "queue"}, "planner_decisions": counts}
+    rows = [
+        _arm_row("host", 0, 100.0),  # a planner that records no rule: makespan
+        _arm_row("queue", 0, 110.0, host_service=queue),
+        _arm_row("host", 1, 100.0),
+        _arm_row("queue", 1, 111.0, host_service=queue),
+    ]
+    arms = issue16.parse_arms("host=PD+host,queue=PD+host:host_plan=queue")
+    (p,) = issue16.summarise(rows, arms)
+    q, h = p["by_arm"]["queue"], p["by_arm"]["host"]
+    assert q["host_plan"] == ["queue"] and h["host_plan"] == ["makespan"]
+    assert q["plan_reasons"] == {"runs": 2, **{k: 2 * v for k, v in counts.items()}}
+    assert h["plan_reasons"] is None
+    lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
+    assert any(
+        "plan ['queue']: layers 20 [split=8 copy_hidden=10 copy_margin=2 probes=2] "
+        "ahead layers 16 [split=4 copy_hidden=12] (2 runs)" in line
+        for line in lines
+    )
+    assert any("plan ['makespan']: not counted" in line for line in lines)
+
+
 def test_rows_without_arm_group_by_baseline() -> None:
     """Rows written before --arms (no ``arm``) are their baseline's arm: the
     default summary is today's."""

@@ -42,7 +42,9 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
     return tmp, greedy_cases(tmp / "target", (5, 8), MAX_NEW, seed=1)
 
 
-def _cost_model_stack(tmp: Path, ahead: str = "certain") -> tuple[Any, Any, Any, Any]:
+def _cost_model_stack(
+    tmp: Path, ahead: str = "certain", rule: str = "makespan"
+) -> tuple[Any, Any, Any, Any]:
     """A PD+host engine with PD's parts pinned on (with the unthrottled host
     link here the PD controller may rightly switch the stream off, and these
     tests are about the stream's plan-ahead skips), a configured cost model
@@ -64,7 +66,9 @@ def _cost_model_stack(tmp: Path, ahead: str = "certain") -> tuple[Any, Any, Any,
     )
     svc = eng.host_service
     assert svc is not None
-    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead=ahead)
+    svc.planner = CostModelPlanner(
+        HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead=ahead, rule=rule
+    )
     svc.link_bytes_per_s = 1e6
     return eng, adapter, issuer, svc
 
@@ -122,6 +126,50 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
         frac = svc.describe()["ahead_fraction"]
         assert (frac["seen"], frac["routed"]) == (b.ahead_seen, b.ahead_routed)
         assert svc.describe()["planner"]["ahead"] == "weighted"
+        assert int(np.asarray(adapter.cache.pins).sum()) == 0
+    finally:
+        svc.close()
+        issuer.close()
+
+
+def test_queue_rule_keeps_greedy_output_and_counts_its_reasons(
+    gpt_oss_case: tuple[Path, list[Any]],
+) -> None:
+    """``rule="queue"`` in the engine: the same greedy output, the service
+    measuring the link's queue and the forward for it (the planner's
+    LinkStates carry the clock's terms once measured), and every plan of a
+    layer with misses counted under one reason."""
+    from pdflash.hybrid.planner import PLAN_REASONS
+
+    tmp, cases = gpt_oss_case
+    eng, adapter, issuer, svc = _cost_model_stack(tmp, rule="queue")
+    eng.HOST_AHEAD_EXPOSED = 0.0
+    seen: list[Any] = []
+    plan = svc.planner.plan
+
+    def spy(layer: int, missed: Any, tokens: Any, link: Any) -> Any:
+        seen.append(link)
+        return plan(layer, missed, tokens, link)
+
+    svc.planner.plan = spy  # type: ignore[method-assign]
+    try:
+        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        done = eng.run_until_done(max_steps=400)
+        for rid, (_, ref) in zip(ids, cases, strict=True):
+            assert done[rid].output == ref
+        d = svc.describe()
+        assert d["planner"]["rule"] == "queue"
+        decisions = d["planner_decisions"]
+        assert decisions["layers"] == sum(decisions[r] for r in PLAN_REASONS) >= 1
+        # the assumed link is slow (a copy ~13 ms against the host's 0.1 ms):
+        # the copies are exposed however the forward runs, and it hosts
+        assert decisions["split"] > 0 and svc.books.experts > 0
+        assert decisions["ahead_layers"] == sum(decisions[f"ahead_{r}"] for r in PLAN_REASONS)
+        # the clock's terms reach the planner once measured (not only with
+        # critical_path, which stays off)
+        assert not svc.critical_path
+        assert any(link.hidden_s > 0 for link in seen)
+        assert all(link.backlog_bytes % adapter.expert_nbytes == 0 for link in seen)
         assert int(np.asarray(adapter.cache.pins).sum()) == 0
     finally:
         svc.close()
@@ -356,6 +404,8 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_format="fp16"))
     with pytest.raises(ValueError, match="host_handoff"):
         run_spec(_spec("PD+host", host_handoff="fast"))
+    with pytest.raises(ValueError, match="host_plan"):
+        run_spec(_spec("PD+host", host_plan="fastest"))
 
 
 def test_the_engine_settles_the_host_after_each_forward(
