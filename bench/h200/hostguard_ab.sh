@@ -39,29 +39,7 @@
 # BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
 # issue16.py options) override (e.g. POINTS=0.2:1,0.2:4,0.5:1 for the c=1
 # target too, with BUDGET_S no higher); SMOKE=1: the tiny CPU shape (a local
-# check of the script).
-set -uo pipefail
-export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
-budget=${BUDGET_S:-250}
-hard=$((${budget%.*} + 50))
-arch=gpt-oss-20b layers=8 threads=${HOST_THREADS:-14} points=${POINTS:-0.2:4,0.5:1}
-if [ "${SMOKE:-0}" = 1 ]; then
-  arch=tiny-gpt_oss layers=0 threads=${HOST_THREADS:-2} points=${POINTS:-0.5:1,0.5:4}
-fi
-arms=${ARMS:-PD,host=PD+host,queue=PD+host:host_plan=queue}
-ENGINE="python3 bench/h200/issue16.py --archs $arch --layers $layers --points $points"
-ENGINE="$ENGINE --repeats ${REPEATS:-8} --max-new-tokens ${MAX_NEW:-24} --host-threads $threads"
-ENGINE="$ENGINE --host-workers 1 --host-format auto --budget-s $budget --arms '$arms' ${EXTRA:-}"
-ENGINE="$ENGINE --out \"\$OUT/engine\""
-PACK="$OUT/hostguard_ab.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" "engine=timeout -k 5 $hard $ENGINE"
-rc=$?
-# the step's rc (run.sh's own is its log tail's); then the compact table
-rc=$(python3 -c 'import json,sys; print(max([json.loads(l)["rc"] for l in open(sys.argv[1])] or [1]))' "$WORK/results.jsonl" 2>/dev/null || echo 1)
-echo "== hostguard_ab: engine rc=$rc"
-sed -n '/^issue16 arms:/,/^{/p' "$WORK/log.txt" | grep -v '^{'
-rm -rf "$WORK"
-ls -la "$OUT"
-exit "$rc"
+# check of the script). The run itself is bench/h200/switches_ab.sh's.
+export ARMS=${ARMS:-PD,host=PD+host,queue=PD+host:host_plan=queue} NAME=hostguard_ab
+[ "${SMOKE:-0}" = 1 ] || export POINTS=${POINTS:-0.2:4,0.5:1}
+exec bash "$(dirname "$0")/switches_ab.sh"

@@ -40,8 +40,10 @@
 # killed at BUDGET_S + 50 s: under 6 minutes in all.
 #   OUT=/path bash bench/h200/switches_ab.sh
 # BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
-# issue16.py options) override; SMOKE=1: the tiny CPU shape (a local check
-# of the script).
+# issue16.py options) override; NAME names the tar and the table's heading
+# (default switches_ab; bench/h200/hostguard_ab.sh is this with its own
+# arms, points and name); SMOKE=1: the tiny CPU shape (a local check of the
+# script).
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
@@ -58,11 +60,12 @@ ENGINE="python3 bench/h200/issue16.py --archs $arch --layers $layers --points $p
 ENGINE="$ENGINE --repeats ${REPEATS:-8} --max-new-tokens ${MAX_NEW:-24} --host-threads $threads"
 ENGINE="$ENGINE --host-workers 1 --host-format auto --budget-s $budget --arms '$arms' ${EXTRA:-}"
 ENGINE="$ENGINE --out \"\$OUT/engine\""
-PACK="$OUT/switches_ab.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" "engine=timeout -k 5 $hard $ENGINE"
+name=${NAME:-switches_ab}
+PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" "engine=timeout -k 5 $hard $ENGINE"
 rc=$?
 # the step's rc (run.sh's own is its log tail's); then the compact table
 rc=$(python3 -c 'import json,sys; print(max([json.loads(l)["rc"] for l in open(sys.argv[1])] or [1]))' "$WORK/results.jsonl" 2>/dev/null || echo 1)
-echo "== switches_ab: engine rc=$rc"
+echo "== $name: engine rc=$rc"
 sed -n '/^issue16 arms:/,/^{/p' "$WORK/log.txt" | grep -v '^{'
 rm -rf "$WORK"
 ls -la "$OUT"
