@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 
@@ -126,23 +127,42 @@ _INCLUSIVE: dict[str, frozenset[str]] = {"lookahead": frozenset({"lookahead_rout
 class _Frame:
     """A timed call in progress: its part, start and its timed callees' seconds."""
 
-    __slots__ = ("callees", "part", "start")
+    __slots__ = ("callee_ops", "callees", "ops", "part", "start")
 
-    def __init__(self, part: str, start: float) -> None:
+    def __init__(self, part: str, start: float, ops: int) -> None:
         self.part, self.start, self.callees = part, start, 0.0
+        self.ops, self.callee_ops = ops, 0
+
+
+class TorchCallCounter(TorchDispatchMode):
+    """Counts every torch dispatch (views and metadata included: each is
+    host time on a GPU host) in :attr:`total`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.total += 1
+        return func(*args, **(kwargs or {}))
 
 
 class ExclusiveTimer:
-    """Per-part exclusive host seconds of nested timed calls."""
+    """Per-part exclusive host seconds of nested timed calls; while
+    :attr:`counter` is set, also each part's exclusive torch calls
+    (:attr:`torch_calls`)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.torch_calls: dict[str, int] = defaultdict(int)
+        self.counter: TorchCallCounter | None = None
         self._stack: list[_Frame] = []
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
+        self.torch_calls.clear()
 
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kw: Any) -> Any:
@@ -151,7 +171,8 @@ class ExclusiveTimer:
                 split = _INCLUSIVE.get(stack[-1].part)
                 if split is not None and part not in split:
                     return fn(*args, **kw)
-            frame = _Frame(part, time.perf_counter())
+            counter = self.counter
+            frame = _Frame(part, time.perf_counter(), 0 if counter is None else counter.total)
             stack.append(frame)
             try:
                 return fn(*args, **kw)
@@ -160,8 +181,11 @@ class ExclusiveTimer:
                 spent = time.perf_counter() - frame.start
                 self.seconds[part] += spent - frame.callees
                 self.calls[part] += 1
+                ops = 0 if counter is None else counter.total - frame.ops
+                self.torch_calls[part] += ops - frame.callee_ops
                 if stack:
                     stack[-1].callees += spent
+                    stack[-1].callee_ops += ops
 
         return timed
 
@@ -244,6 +268,7 @@ def measure(
     host_affinity: str = DEFAULT_HOST_AFFINITY,
     preset: str = "tiny",
     host_handoff: str = "thread",
+    count_steps: int = 3,
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
@@ -299,6 +324,7 @@ def measure(
     service: Any = None
     class_patches: list[tuple[Any, str, Any]] = []
     step_s: list[float] = []
+    calls_per_step: dict[str, list[int]] = defaultdict(list)
     synced_s: list[float] = []  # each step to the device's end (CUDA)
     handoff: dict[str, Any] | None = None
     wait_s: list[float] = []
@@ -488,6 +514,23 @@ def measure(
         syncs: dict[str, Any] = {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
         if dev.type == "cuda":
             syncs = {"torch_syncs_per_step": count_syncs(lambda: step(runner), dev)}
+        # torch calls per part: untimed steps under a dispatch counter (its
+        # own host cost would skew the timed ones)
+        for _ in range(count_steps):
+            timer.reset()
+            timer.counter = TorchCallCounter()
+            try:
+                with timer.counter:
+                    step(runner)
+            finally:
+                total = timer.counter.total
+                timer.counter = None
+            by_part_calls: dict[str, int] = defaultdict(int)
+            for name, n in timer.torch_calls.items():
+                by_part_calls[name.split(".")[0]] += n
+            for part in PARTS + HOST_PARTS:
+                calls_per_step[part].append(by_part_calls.get(part, 0))
+            calls_per_step["total"].append(total)
     finally:
         for owner, name, real in class_patches:
             setattr(owner, name, real)
@@ -539,6 +582,9 @@ def measure(
         "syncs": syncs,
         "copies_per_step": copies / steps,
         "parts_us": us,
+        "torch_calls_per_step": {
+            p: statistics.median(v) for p, v in sorted(calls_per_step.items())
+        },
         "glue_us": 1e6 * statistics.median(glue),
         "forward_us": forward,
         # to the device's end (CUDA only: on the CPU the forward is synchronous)
@@ -605,6 +651,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--detail", action="store_true", help="also split parts per method")
     ap.add_argument(
+        "--count-steps", type=int, default=3, help="untimed steps counting torch calls per part"
+    )
+    ap.add_argument(
         "--expert-bytes-as",
         default=None,
         help="pad each stored expert to this published arch's expert size or byte count",
@@ -645,6 +694,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_affinity=a.host_affinity,
         preset=a.preset,
         host_handoff=a.host_handoff,
+        count_steps=a.count_steps,
     )
     print(json.dumps(out))
     return 0

@@ -404,7 +404,9 @@ class NextLayerLookahead:
             host = scores.cpu().numpy()
         order = np.argsort(-host, kind="stable")
         order = order[host[order] > 0]
-        return (order + nxt * E).astype(np.int64), host[order].astype(np.float32)
+        # argsort's ids are int64 and the scores float32 already: no copies
+        ids_out = (order + nxt * E).astype(np.int64, copy=False)
+        return ids_out, host[order].astype(np.float32, copy=False)
 
 
 def select_under_budget(
