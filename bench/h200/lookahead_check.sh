@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The lookahead branch on the H200: the eager offloaded verify step's parts
+# with the router logits taken without the router's own routing (the
+# branch) and through the router's whole forward (the old path, switched
+# back for the run by replacing pdflash.models.adapters.base.router_logits_only
+# with a function that declines), on the issue-14/16 command; plus the
+# lookahead's GPU tests. Steps (bench/h200/run.sh style):
+#   gputests   tests/routeahead/test_lookahead_host_gpu.py (bf16 logits and
+#              predictions equal the old path's) and the route-ahead and
+#              routed read-back GPU tests
+#   old_c1     eager_host, old router path (gpt-oss-20b preset, 4 layers,
+#              16 experts top-4, cache 0.2, c=1 x 2 tokens)
+#   new_c1     the same, the branch's path
+# Compare parts_us.lookahead_router (and forward_us) and
+# torch_calls_per_step.lookahead_router between old_c1 and new_c1 (CPU:
+# 18 -> 16 torch calls per lookahead layer on gpt-oss); every other part's
+# torch calls should be equal.
+# Every result and the log are packed into ONE file, $OUT/lookahead_check.tar.gz.
+# Expected: build ~30-60 s, gputests ~15 s, each host step ~20 s: under
+# 2 minutes.
+#   OUT=/path bash bench/h200/lookahead_check.sh
+set -uo pipefail
+export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+ARGS="--device cuda --cache-fraction 0.2 --arch gpt_oss --requests 1 --tokens 2 --preset gpt-oss-20b --layers 4 --experts 16 --top-k 4 --steps 20 --count-steps 2"
+OLD="import sys; import pdflash.models.adapters.base as b; b.router_logits_only = lambda router, x: None; from pdflash.bench.eager_host import main; sys.exit(main())"
+PACK="$OUT/lookahead_check.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
+  "gputests=timeout 100 python3 -P -m pytest -q -p no:cacheprovider tests/routeahead/test_lookahead_host_gpu.py tests/routeahead/test_routeahead_gpu.py tests/models/test_routed_readback_gpu.py" \
+  "old_c1=timeout 60 python3 -P -c '$OLD' $ARGS" \
+  "new_c1=timeout 60 python3 -P -m pdflash.bench.eager_host $ARGS"
+rc=$?
+ls -la "$OUT"
+exit $rc
