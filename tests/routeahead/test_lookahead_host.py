@@ -216,3 +216,90 @@ def test_lookahead_torch_calls_per_layer_are_bounded(
     assert calls_per_layer() <= LOOKAHEAD_CALLS
     with _old_router_path(monkeypatch):
         assert calls_per_layer() > LOOKAHEAD_CALLS
+
+
+def _reference_predict_batch(predictor: Any, blocks: list[Any]) -> npt.NDArray[np.float32]:
+    """The route-ahead proxy's step as it was: the router's whole forward
+    for the logits and the flat index and flat view made per layer (the
+    embedding and block-attention proxies)."""
+    from pdflash.routeahead.predictors import _horizon_rows, _topk_gate_scores
+
+    adapter = predictor.adapter
+    L, E = adapter.num_layers, adapter.num_experts
+    counts = [_horizon_rows(b) for b in blocks]
+    segments, start = [], 0
+    for b, rows in zip(blocks, counts, strict=True):
+        segments.append((start, b.positions[:rows]))
+        start += rows
+    hidden = adapter.embed(torch.cat([b.token_ids[:n] for b, n in zip(blocks, counts)]))
+    owners = torch.repeat_interleave(torch.arange(len(blocks)), torch.tensor(counts))
+    out = torch.zeros(len(blocks), L, E, dtype=torch.float32)
+    plan = (
+        predictor._attention_plan(segments, hidden.device)
+        if predictor.proxy == "block_attention"
+        else None
+    )
+    with torch.inference_mode():
+        for layer in range(L):
+            if plan is not None:
+                hidden = predictor._attention_residual(layer, hidden, plan)
+            normed = adapter.moe_norm(layer, hidden)
+            logits = adapter._block(layer).route(normed)[0]
+            ids, probs = _topk_gate_scores(logits, predictor.experts_per_token, E)
+            flat = (owners[:, None] * (L * E) + layer * E + ids).reshape(-1)
+            out.view(-1).index_add_(0, flat, probs.reshape(-1))
+    return out.numpy()
+
+
+def _drafted(count: int, seed: int, length: int = 16) -> list[Any]:
+    from pdflash.protocols import DraftedBlock
+
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        DraftedBlock(i, torch.randint(3, 128, (length,), generator=gen), torch.arange(length))
+        for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("proxy", ["embed", "block_attention"])
+def test_route_ahead_step_equals_the_old_path(tiny: Any, proxy: str) -> None:
+    from pdflash.routeahead import ApproxRouterPredictor, predict_batch
+
+    predictor = ApproxRouterPredictor(tiny.adapter, proxy=proxy)
+    for count, seed in ((1, 4), (3, 5), (8, 6)):
+        blocks = _drafted(count, seed)
+        got = predict_batch(predictor, blocks)
+        want = _reference_predict_batch(predictor, blocks)
+        assert got.shape == want.shape == (count, tiny.layers, tiny.experts)
+        assert (got > 0).any()
+        np.testing.assert_array_equal(got, want)
+
+
+#: torch calls of one route-ahead step (embedding proxy, 3 blocks) on the
+#: 4-layer tiny targets: 17 per layer (norm 7, logits 2, softmax, top-k, the
+#: flat index's two adds and view, the scores' view and ``index_add_``) and
+#: 17 per step; the old path made the flat index and flat view per layer
+#: (3 more per layer) and called the whole router
+ROUTE_AHEAD_STEP_CALLS = 85
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "qwen3_moe"])
+def test_route_ahead_step_torch_calls_are_bounded(
+    arch: str, tiny_moes: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.routeahead import ApproxRouterPredictor, predict_batch
+
+    tiny = tiny_moes(arch)
+    predictor = ApproxRouterPredictor(tiny.adapter, proxy="embed")
+    blocks = _drafted(3, 7)
+
+    def calls(fn: Callable[[], Any]) -> int:
+        counter = _Calls()
+        with counter:
+            fn()
+        return counter.n
+
+    assert calls(lambda: predict_batch(predictor, blocks)) <= ROUTE_AHEAD_STEP_CALLS
+    with _old_router_path(monkeypatch):
+        old = calls(lambda: _reference_predict_batch(predictor, blocks))
+    assert old > ROUTE_AHEAD_STEP_CALLS + 3 * tiny.layers
