@@ -231,7 +231,9 @@ def _reference_predict_batch(predictor: Any, blocks: list[Any]) -> npt.NDArray[n
     for b, rows in zip(blocks, counts, strict=True):
         segments.append((start, b.positions[:rows]))
         start += rows
-    hidden = adapter.embed(torch.cat([b.token_ids[:n] for b, n in zip(blocks, counts)]))
+    hidden = adapter.embed(
+        torch.cat([b.token_ids[:n] for b, n in zip(blocks, counts, strict=True)])
+    )
     owners = torch.repeat_interleave(torch.arange(len(blocks)), torch.tensor(counts))
     out = torch.zeros(len(blocks), L, E, dtype=torch.float32)
     plan = (

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from pdflash.bench.op_count import DispatchCounter
+
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 from pdflash.protocols import DraftedBlock
 from pdflash.routeahead import ApproxRouterPredictor, predict_batch
@@ -41,7 +41,7 @@ with tempfile.TemporaryDirectory() as tmp:
         config_overrides={key: 32, "num_experts_per_tok": 4},
     )
     adapter = load_adapter(path, dtype=torch.float32)
-    predictor = ApproxRouterPredictor(adapter, proxy=proxy)
+    predictor = ApproxRouterPredictor(adapter, proxy=proxy)  # type: ignore[arg-type]
     gen = torch.Generator().manual_seed(0)
     blocks = [
         DraftedBlock(i, torch.randint(3, 128, (16,), generator=gen), torch.arange(16))
