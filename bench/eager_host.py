@@ -34,10 +34,15 @@ parts and ``glue`` add up to the forward:
 - ``gemm``: the grouped GEMM dispatch (sort by slot, offsets, the grouped
   calls, the scatter; the loop path's per-expert calls);
 - ``moe_rest``: the rest of the MoE call (the weighted k-way sum, buffers);
+- ``stream_routed`` (``--stream``: PD's
+  :class:`~pdflash.engine.prefetch.StreamingPrefetcher` instead of the gate
+  lookahead): its routed hook (``on_routed``: the layer's exact plan, the
+  ``ahead`` copies of the next layers; books and submissions inclusive);
 - ``lookahead_router``: the gate lookahead's next-layer router pass and its
   read-back (:meth:`~pdflash.routeahead.NextLayerLookahead.predict_next`);
 - ``lookahead``: the rest of the gate lookahead observer (its prefetch
-  books and copy submissions, inclusive);
+  books and copy submissions, inclusive; with ``stream`` the stream's
+  layer-release hook and its pump);
 - ``finish``: the logits' split and the routed union;
 - ``glue``: the forward outside those (index tensors, embedding, the
   loop over layers, ``lm_head``, the routing grid's read-back).
@@ -65,7 +70,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 
@@ -83,6 +90,7 @@ PARTS = (
     "waits",
     "gemm",
     "moe_rest",
+    "stream_routed",
     "lookahead_router",
     "lookahead",
     "finish",
@@ -120,29 +128,51 @@ _EXPERT_KEYS = {"gpt_oss": "num_local_experts", "qwen3_moe": "num_experts"}
 
 #: parts whose callees are not split out (their time is theirs, inclusive),
 #: except the parts named here
-_INCLUSIVE: dict[str, frozenset[str]] = {"lookahead": frozenset({"lookahead_router"})}
+_INCLUSIVE: dict[str, frozenset[str]] = {
+    "lookahead": frozenset({"lookahead_router"}),
+    "stream_routed": frozenset({"lookahead_router"}),
+}
 
 
 class _Frame:
     """A timed call in progress: its part, start and its timed callees' seconds."""
 
-    __slots__ = ("callees", "part", "start")
+    __slots__ = ("callee_ops", "callees", "ops", "part", "start")
 
-    def __init__(self, part: str, start: float) -> None:
+    def __init__(self, part: str, start: float, ops: int) -> None:
         self.part, self.start, self.callees = part, start, 0.0
+        self.ops, self.callee_ops = ops, 0
+
+
+class TorchCallCounter(TorchDispatchMode):
+    """Counts every torch dispatch (views and metadata included: each is
+    host time on a GPU host) in :attr:`total`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.total += 1
+        return func(*args, **(kwargs or {}))
 
 
 class ExclusiveTimer:
-    """Per-part exclusive host seconds of nested timed calls."""
+    """Per-part exclusive host seconds of nested timed calls; while
+    :attr:`counter` is set, also each part's exclusive torch calls
+    (:attr:`torch_calls`)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
+        self.torch_calls: dict[str, int] = defaultdict(int)
+        self.counter: TorchCallCounter | None = None
         self._stack: list[_Frame] = []
 
     def reset(self) -> None:
         self.seconds.clear()
         self.calls.clear()
+        self.torch_calls.clear()
 
     def wrap(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kw: Any) -> Any:
@@ -151,7 +181,8 @@ class ExclusiveTimer:
                 split = _INCLUSIVE.get(stack[-1].part)
                 if split is not None and part not in split:
                     return fn(*args, **kw)
-            frame = _Frame(part, time.perf_counter())
+            counter = self.counter
+            frame = _Frame(part, time.perf_counter(), 0 if counter is None else counter.total)
             stack.append(frame)
             try:
                 return fn(*args, **kw)
@@ -160,8 +191,11 @@ class ExclusiveTimer:
                 spent = time.perf_counter() - frame.start
                 self.seconds[part] += spent - frame.callees
                 self.calls[part] += 1
+                ops = 0 if counter is None else counter.total - frame.ops
+                self.torch_calls[part] += ops - frame.callee_ops
                 if stack:
                     stack[-1].callees += spent
+                    stack[-1].callee_ops += ops
 
         return timed
 
@@ -230,6 +264,7 @@ def measure(
     warm_steps: int = 5,
     cache_fraction: float = 0.2,
     lookahead: bool = True,
+    stream: bool = False,
     trace: str | None = None,
     experts: int | None = None,
     top_k: int | None = None,
@@ -244,6 +279,7 @@ def measure(
     host_affinity: str = DEFAULT_HOST_AFFINITY,
     preset: str = "tiny",
     host_handoff: str = "thread",
+    count_steps: int = 3,
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
@@ -299,6 +335,8 @@ def measure(
     service: Any = None
     class_patches: list[tuple[Any, str, Any]] = []
     step_s: list[float] = []
+    calls_per_step: dict[str, list[int]] = defaultdict(list)
+    plan_s: list[float] = []  # the stream's books between forwards (``stream``)
     synced_s: list[float] = []  # each step to the device's end (CUDA)
     handoff: dict[str, Any] | None = None
     wait_s: list[float] = []
@@ -345,7 +383,15 @@ def measure(
             )
         runner = TargetRunner(adapter, kv, capture_layers=(0, layers // 2, layers - 1), device=dev)
         runner.before_moe_hooks.append(cache.policy.before_layer)
-        if lookahead:
+        streamer: Any = None
+        if stream:
+            from pdflash.engine.prefetch import StreamingPrefetcher
+
+            # PD's prefetch in a forward (it replaces the gate lookahead)
+            streamer = StreamingPrefetcher(adapter, cache)
+            runner.routed_hooks.append(streamer.on_routed)
+            runner.observers.append(streamer)
+        elif lookahead:
             runner.observers.append(GateLookahead(adapter, cache))
         routing = None
         if trace is not None:
@@ -417,9 +463,10 @@ def measure(
                 class_patches.append((owner, name, real))
                 setattr(owner, name, timer.wrap(part, real))
         runner.before_moe_hooks = [timer.wrap("policy_hook", h) for h in runner.before_moe_hooks]
+        runner.routed_hooks = [timer.wrap("stream_routed", h) for h in runner.routed_hooks]
         for obs in runner.observers:
             timer.patch(obs, "after_layer", "lookahead")
-            predictor = getattr(obs, "predictor", None)
+            predictor = getattr(obs, "predictor", None) or getattr(obs, "_lookahead", None)
             if predictor is not None:
                 timer.patch(predictor, "predict_next", "lookahead_router")
         if routing is not None:
@@ -435,9 +482,20 @@ def measure(
                 for i in range(requests)
             ]
             with torch.no_grad():
-                runner.forward(chunks)
+                if streamer is not None:
+                    streamer.begin_forward()
+                out = runner.forward(chunks)
+                between_forwards(out)
             for i in range(requests):
                 kv.truncate(i, kv.length(i) - tokens)
+
+        def between_forwards(out: Any) -> None:
+            """The stream's books after a verify, as the engine keeps them:
+            the routed union scores the plan and is the next forward's
+            ``prev_round`` plan (its first layers' copies start now)."""
+            if streamer is not None:
+                routed = np.asarray(out.routed).any(axis=0)
+                streamer.end_forward(routed=routed, next_plan=routed)
 
         counts0 = (cache.misses, cache.copies)
         with torch.no_grad():
@@ -448,6 +506,7 @@ def measure(
                     per_step.clear()
                     wait_s.clear()
                     hosting.clear()
+                    plan_s.clear()
                     counts0 = (cache.misses, cache.copies)
                 timer.reset()
                 chunks = [
@@ -462,8 +521,10 @@ def measure(
                     torch.cuda.synchronize(dev)
                 if service is not None:
                     service.books.reset()
+                if streamer is not None:
+                    streamer.begin_forward()
                 t0 = time.perf_counter()
-                runner.forward(chunks)
+                out = runner.forward(chunks)
                 step_s.append(time.perf_counter() - t0)
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)
@@ -480,6 +541,9 @@ def measure(
                         per_step[name].append(sec)
                 for part in PARTS + HOST_PARTS:
                     per_step[part].append(by_part.get(part, 0.0))
+                t1 = time.perf_counter()
+                between_forwards(out)
+                plan_s.append(time.perf_counter() - t1)
                 for i in range(requests):
                     kv.truncate(i, kv.length(i) - tokens)
         misses = cache.misses - counts0[0]
@@ -488,6 +552,23 @@ def measure(
         syncs: dict[str, Any] = {"torch_syncs_per_step": None, "why": "cpu: no device syncs"}
         if dev.type == "cuda":
             syncs = {"torch_syncs_per_step": count_syncs(lambda: step(runner), dev)}
+        # torch calls per part: untimed steps under a dispatch counter (its
+        # own host cost would skew the timed ones)
+        for _ in range(count_steps):
+            timer.reset()
+            timer.counter = TorchCallCounter()
+            try:
+                with timer.counter:
+                    step(runner)
+            finally:
+                total = timer.counter.total
+                timer.counter = None
+            by_part_calls: dict[str, int] = defaultdict(int)
+            for name, n in timer.torch_calls.items():
+                by_part_calls[name.split(".")[0]] += n
+            for part in PARTS + HOST_PARTS:
+                calls_per_step[part].append(by_part_calls.get(part, 0))
+            calls_per_step["total"].append(total)
     finally:
         for owner, name, real in class_patches:
             setattr(owner, name, real)
@@ -529,7 +610,11 @@ def measure(
         "prompt_len": prompt_len,
         "cache_fraction": cache_fraction,
         "eviction": "layer_cyclic",
-        "lookahead": lookahead,
+        "lookahead": lookahead and not stream,
+        "prefetch": "stream" if stream else "gate_lookahead" if lookahead else "none",
+        # PD's stream between forwards (scoring, the next plan, its first
+        # copies): outside the forward, as in the engine; None without it
+        "stream_plan_us": 1e6 * statistics.median(plan_s) if stream else None,
         "routing_source": "trace" if trace is not None else "router",
         "trace": None if trace is None else Path(trace).name,
         "moe_path": runtime.path,
@@ -539,6 +624,9 @@ def measure(
         "syncs": syncs,
         "copies_per_step": copies / steps,
         "parts_us": us,
+        "torch_calls_per_step": {
+            p: statistics.median(v) for p, v in sorted(calls_per_step.items())
+        },
         "glue_us": 1e6 * statistics.median(glue),
         "forward_us": forward,
         # to the device's end (CUDA only: on the CPU the forward is synchronous)
@@ -598,12 +686,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--cache-fraction", type=float, default=0.2)
     ap.add_argument("--no-lookahead", action="store_true", help="without B2's gate lookahead")
+    ap.add_argument(
+        "--stream",
+        action="store_true",
+        help="PD's streaming prefetcher (its gate lookahead inside) instead of B2's gate lookahead",
+    )
     ap.add_argument("--trace", default=None, help="replay the routing of this proxy trace")
     ap.add_argument("--experts", type=int, default=None)
     ap.add_argument("--top-k", type=int, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     ap.add_argument("--detail", action="store_true", help="also split parts per method")
+    ap.add_argument(
+        "--count-steps", type=int, default=3, help="untimed steps counting torch calls per part"
+    )
     ap.add_argument(
         "--expert-bytes-as",
         default=None,
@@ -633,6 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps=a.steps,
         cache_fraction=a.cache_fraction,
         lookahead=not a.no_lookahead,
+        stream=a.stream,
         trace=a.trace,
         experts=a.experts,
         top_k=a.top_k,
@@ -645,6 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         host_affinity=a.host_affinity,
         preset=a.preset,
         host_handoff=a.host_handoff,
+        count_steps=a.count_steps,
     )
     print(json.dumps(out))
     return 0

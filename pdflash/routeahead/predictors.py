@@ -277,14 +277,19 @@ class ApproxRouterPredictor:
         # (a dense layer in between is skipped, as the proxy skips the context)
         decoder = getattr(self.adapter, "moe_layers", None) or range(L)
         with torch.inference_mode():
+            # NOTE: the layer-invariant parts of the flat index and the flat
+            # view of the scores, made once per step instead of per layer
+            # (integer sums: the same index in any order)
+            row_base = owners[:, None] * (L * E)
+            out_flat = out.view(-1)
             for layer in range(L):
                 if plan is not None:
                     hidden = self._attention_residual(decoder[layer], hidden, plan)
                 normed = self.adapter.moe_norm(layer, hidden)
                 logits = self.adapter.router_logits(layer, normed)
                 ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
-                flat = (owners[:, None] * (L * E) + layer * E + ids).reshape(-1)
-                out.view(-1).index_add_(0, flat, probs.reshape(-1))
+                flat = (row_base + layer * E + ids).reshape(-1)
+                out_flat.index_add_(0, flat, probs.reshape(-1))
         return out.cpu().numpy()
 
     def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
@@ -404,7 +409,9 @@ class NextLayerLookahead:
             host = scores.cpu().numpy()
         order = np.argsort(-host, kind="stable")
         order = order[host[order] > 0]
-        return (order + nxt * E).astype(np.int64), host[order].astype(np.float32)
+        # argsort's ids are int64 and the scores float32 already: no copies
+        ids_out = (order + nxt * E).astype(np.int64, copy=False)
+        return ids_out, host[order].astype(np.float32, copy=False)
 
 
 def select_under_budget(

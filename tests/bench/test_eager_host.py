@@ -186,3 +186,37 @@ def test_eager_host_times_the_host_parts_pieces_per_hosting_layer(tmp_path: Path
     )
     with pytest.raises(ValueError, match="host_every"):
         measure(host_every=-1, **common)
+
+
+def test_eager_host_times_pds_stream_and_counts_torch_calls(tmp_path: Path) -> None:
+    """``stream``: PD's streaming prefetcher in the forward instead of the
+    gate lookahead (its routed hook, its lookahead and pump), its books
+    between forwards timed apart; every run counts torch calls per part."""
+    common: dict[str, Any] = {
+        "layers": 4,
+        "requests": 1,
+        "tokens": 2,
+        "prompt_len": 8,
+        "steps": 3,
+        "warm_steps": 1,
+        "workdir": tmp_path,
+        "count_steps": 2,
+    }
+    pd = measure(stream=True, **common)
+    assert pd["prefetch"] == "stream" and pd["lookahead"] is False
+    parts, calls = pd["parts_us"], pd["torch_calls_per_step"]
+    assert parts["stream_routed"] > 0 and parts["lookahead"] > 0
+    assert parts["lookahead_router"] > 0  # the stream's gate lookahead
+    assert pd["stream_plan_us"] is not None and pd["stream_plan_us"] > 0
+    # the stream's routed hook reads the routing the block then reuses
+    assert calls["stream_routed"] > 0 and calls["readback"] == 0
+    assert calls["lookahead_router"] > 0 and calls["attention"] > 0
+    assert calls["total"] >= sum(v for k, v in calls.items() if k != "total")
+    b2 = measure(**common)
+    assert b2["prefetch"] == "gate_lookahead" and b2["stream_plan_us"] is None
+    assert b2["parts_us"]["stream_routed"] == 0 == b2["torch_calls_per_step"]["stream_routed"]
+    assert b2["torch_calls_per_step"]["lookahead_router"] == calls["lookahead_router"]
+    none = measure(
+        lookahead=False, count_steps=0, **{k: v for k, v in common.items() if k != "count_steps"}
+    )
+    assert none["prefetch"] == "none" and none["torch_calls_per_step"] == {}

@@ -33,6 +33,7 @@ from torch import nn
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
 from pdflash.models.adapters._norms import rms_norm
+from pdflash.models.adapters._routers import router_logits_only
 from pdflash.models.compressed_gemm import FusedSlabMLP, fused_mlp_for
 from pdflash.models.config_check import check_model_config, check_raw_keys, read_config_json
 from pdflash.models.layout import (
@@ -704,7 +705,16 @@ class MoEAdapterBase:
         return rms_norm(self._layers[self.moe_layers[layer]].post_attention_layernorm, hidden)
 
     def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
-        return self._block(layer).route(normed)[0]
+        """MoE layer ``layer``'s router logits ``[T, E]`` for ``normed``
+        (:meth:`moe_norm`'s output): the first of :meth:`route_tokens`'s
+        triple. A known HF router under the default routing gives them
+        without the routing it would compute next (the same values)."""
+        block = self._block(layer)
+        if block.route_fn is None or _default_routing(block.route_fn):
+            logits = router_logits_only(block.router_module, normed)
+            if logits is not None:
+                return logits
+        return block.route(normed)[0]
 
     def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _, weights, ids = self._block(layer).route(normed)
@@ -841,3 +851,9 @@ class MoEAdapterBase:
         if self.runtime is not None:
             self.runtime.close()
         self.store.close()
+
+
+def _default_routing(route_fn: Callable[..., Any]) -> bool:
+    """``route_fn`` is an adapter's :meth:`MoEAdapterBase.route_tokens` as
+    the base defines it (the HF router's own forward), not an override."""
+    return getattr(route_fn, "__func__", None) is MoEAdapterBase.route_tokens
