@@ -80,6 +80,27 @@ def _configs() -> list[Any]:
 #: (BLOCK_N, BLOCK_K, num_warps, num_stages) without autotuning
 DEFAULT_CONFIG = (64, 64, 8, 3)
 
+#: below this many weights per slot (output columns x inputs), a shape gets
+#: :data:`DEFAULT_CONFIG` alone: its run is too short for the candidates'
+#: timings to matter, and each candidate costs a compile and a benchmark (the
+#: first-use probe's small case; tiny test models)
+TUNE_MIN_WEIGHTS = 1 << 16
+
+
+def _config_shape(config: Any) -> tuple[int, int, int, int]:
+    kw = config.kwargs
+    return (kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages)
+
+
+def _prune_configs(configs: list[Any], named_args: dict[str, Any], **kwargs: Any) -> list[Any]:
+    """The autotuner's candidates for one call: all of them, or for a shape
+    of fewer than :data:`TUNE_MIN_WEIGHTS` weights per slot only
+    :data:`DEFAULT_CONFIG` (the first candidate where it is not one)."""
+    if int(named_args["N"]) * int(kwargs["K"]) >= TUNE_MIN_WEIGHTS:
+        return configs
+    default = [c for c in configs if _config_shape(c) == DEFAULT_CONFIG]
+    return default or configs[:1]
+
 
 def _config(block_n: int, block_k: int, warps: int, stages: int) -> Any:
     return triton.Config(
@@ -291,7 +312,11 @@ def _scales_in_range(
     return tl.reduce(tl.reduce(bad, 1, _max_combine), 0, _max_combine) == 0
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "WFMT", "ACT", "MXFP4_DOT_SCALED"])
+@triton.autotune(
+    configs=_configs(),
+    key=["N", "K", "BLOCK_M", "WFMT", "ACT", "MXFP4_DOT_SCALED"],
+    prune_configs_by={"early_config_prune": _prune_configs},
+)
 @triton.jit
 def _grouped_qgemm_kernel(
     x_ptr, x_rows_ptr, stride_xm, stride_xk,
