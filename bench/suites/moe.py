@@ -165,6 +165,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--checkpoint-only",
+        action="store_true",
+        help="write (or find) the synthetic checkpoint in --synthetic-cache and stop: "
+        "prints {checkpoint, path, setup_s} (a set-up step before a timed run)",
+    )
+    p.add_argument(
         "--synthetic-cache",
         default=None,
         help="directory where the synthetic checkpoint is written once and reused while its "
@@ -1019,7 +1025,9 @@ def _measure(
     moe_err = 0.0
     moe_ref = 0.0
     busy0 = 0.0
+    warmup_s = 0.0
     for rep in range(args.repeats + 1):
+        t_rep = time.perf_counter()
         ids = torch.randint(0, ad.vocab_size, (args.tokens,), generator=gen)
         if rep == 1:
             ad.cache.reset_stats()  # the warm-up repeat is not counted
@@ -1039,6 +1047,7 @@ def _measure(
             ms = timer.collect_ms()
             outs[mode] = logits.float()
             if rep == 0:
+                warmup_s = time.perf_counter() - t_rep
                 continue
             fwd[mode].append(elapsed)
             for k, v in ms.items():
@@ -1095,6 +1104,9 @@ def _measure(
         "experts_implementation_resident": getattr(cfg, "_experts_implementation", None),
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "forward_ms": {m: _median(v) for m, v in fwd.items()},
+        # wall seconds of the uncounted warm-up repeat (both forwards): on CUDA
+        # it holds the first-use compiles and autotuning at --tokens
+        "warmup_repeat_s": warmup_s,
         "per_layer": per_layer,
         "hits": st["hits"],
         "misses": st["misses"],
@@ -1127,6 +1139,18 @@ def _measure(
             "moe_rel_err": ratio(moe_err, moe_ref, "resident MoE outputs are all zero"),
         },
     }
+
+
+def _end_settings(args: argparse.Namespace) -> None:
+    """This run's --row-sort / --resident-graphs settings end with it."""
+    if args.row_sort is not None:
+        from pdflash.models.offload import set_row_sort
+
+        set_row_sort(None)
+    if args.resident_graphs is not None:
+        from pdflash.models.resident_graphs import set_resident_graphs
+
+        set_resident_graphs(None)
 
 
 def _synthetic_cache_dir(args: argparse.Namespace) -> Path | None:
@@ -1214,6 +1238,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     tmp: tempfile.TemporaryDirectory[str] | None = None
     cache_dir = _synthetic_cache_dir(args)
+    if args.checkpoint_only and not args.weights and cache_dir is None:
+        raise SystemExit("--checkpoint-only needs a cache: --synthetic-cache DIR or PDFLASH_CACHE")
     with phases.phase("checkpoint"):
         if args.weights:
             path = Path(args.weights)
@@ -1238,6 +1264,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 checkpoint = "temporary"
             weights = "synthetic"
     write_s = phases.s["checkpoint"]
+    if args.checkpoint_only:
+        _end_settings(args)
+        return dict(
+            _jsonable(
+                {
+                    "suite": "moe",
+                    "checkpoint": checkpoint,
+                    "path": str(path),
+                    "setup_s": {"before_run": before_run, **phases.s},
+                }
+            )
+        )
 
     fractions = [float(f) for f in str(args.cache_fraction).split(",") if f.strip()]
     if not fractions:
@@ -1303,7 +1341,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with phases.phase(f"all_hit (cache {fraction})"):
                 all_hit = _all_hit(ad, args, device, hbm, phases)
             all_hit_s = phases.s.pop(f"all_hit (cache {fraction})")
-            run_phases: dict[str, Any] = {"measure": measure_s, "all_hit": all_hit_s}
+            run_phases: dict[str, Any] = {
+                "measure": measure_s,
+                "measure_warmup_repeat": row["warmup_repeat_s"],
+                "all_hit": all_hit_s,
+            }
             calls = mxfp4_dequant_calls()
             if ad.layout.format == "mxfp4":
                 # which dequantizer the dispatcher picks here, and which ran (calls in this run)
@@ -1376,11 +1418,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         issuer.close()
         if tmp is not None:
             tmp.cleanup()
-        if args.row_sort is not None:
-            from pdflash.models.offload import set_row_sort
-
-            set_row_sort(None)  # this run's setting ends with it
-        if args.resident_graphs is not None:
-            from pdflash.models.resident_graphs import set_resident_graphs
-
-            set_resident_graphs(None)
+        _end_settings(args)

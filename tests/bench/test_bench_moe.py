@@ -234,7 +234,13 @@ def test_bench_moe_times_its_phases_and_reuses_a_cached_checkpoint(
         assert set(setup) >= {"before_run", "checkpoint", "issuer", "load", "resident_blocks"}
         assert set(setup) >= {"link_probe", "hbm_probe"}
         assert "mxfp4_kernel_probes" not in setup  # CUDA only
-        assert set(run_phases) == {"measure", "all_hit", "mxfp4_dequant_speed"}
+        assert set(run_phases) == {
+            "measure",
+            "measure_warmup_repeat",
+            "all_hit",
+            "mxfp4_dequant_speed",
+        }
+        assert 0 < run_phases["measure_warmup_repeat"] < run_phases["measure"]
         assert all(v >= 0 for v in [*setup.values(), *run_phases.values()])
         assert setup["load"] == row["load_s"] and setup["checkpoint"] == row["write_s"]
         assert run_phases["measure"] == row["measure_s"] > 0
@@ -243,3 +249,27 @@ def test_bench_moe_times_its_phases_and_reuses_a_cached_checkpoint(
             parts = point["setup_s"]
             assert 0 < parts["first_call"] < parts["point"]
             assert 0 < parts["dense_stack"] < parts["point"]
+
+
+def test_bench_moe_checkpoint_only_prepares_the_checkpoint_a_run_reuses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PDFLASH_CACHE", raising=False)
+    argv = ["moe", "--json", "--arch", "gpt_oss", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--synthetic-format", "mxfp4", "--all-hit-tokens", ""]
+    with pytest.raises(SystemExit, match="needs a cache"):
+        main([*argv, "--checkpoint-only"])
+    argv += ["--synthetic-cache", str(tmp_path)]
+    outs = []
+    for extra in (["--checkpoint-only"], ["--checkpoint-only"], []):
+        assert main(argv + extra) == 0
+        outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    prepared, again, row = outs
+    assert (prepared["checkpoint"], again["checkpoint"], row["checkpoint"]) == (
+        "written",
+        "reused",
+        "reused",
+    )
+    assert prepared["path"] == again["path"] and Path(prepared["path"]).parent == tmp_path
+    assert set(prepared["setup_s"]) == {"before_run", "checkpoint"}
+    assert "per_layer" not in prepared and row["per_layer"]
