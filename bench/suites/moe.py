@@ -1410,12 +1410,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             row.update(metrics_to_json({**row.pop("_metrics"), "link_gbps": link, "hbm_gbps": hbm}))
             runs.append(row)
-        ad.close()
+        with phases.phase("close_adapter"):
+            ad.close()
+        for row in runs:
+            # after run_s: the adapter's close (its store, slab and pinned memory)
+            row["close_adapter_s"] = phases.s["close_adapter"]
         if len(runs) == 1:
             return dict(_jsonable(runs[0]))
         return {"suite": "moe", "runs": _jsonable(runs)}
     finally:
-        issuer.close()
+        with phases.phase("close_issuer"):
+            issuer.close()
         if tmp is not None:
-            tmp.cleanup()
+            with phases.phase("remove_temporary_checkpoint"):
+                tmp.cleanup()
         _end_settings(args)

@@ -244,6 +244,7 @@ def test_bench_moe_times_its_phases_and_reuses_a_cached_checkpoint(
         assert all(v >= 0 for v in [*setup.values(), *run_phases.values()])
         assert setup["load"] == row["load_s"] and setup["checkpoint"] == row["write_s"]
         assert run_phases["measure"] == row["measure_s"] > 0
+        assert row["close_adapter_s"] >= 0
         assert row["run_s"] >= sum(v for k, v in setup.items() if k != "before_run")
         for point in row["all_hit"]:
             parts = point["setup_s"]
