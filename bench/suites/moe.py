@@ -46,6 +46,24 @@ the router (top-k) or the weighted sum's inputs; the offloaded side also
 times its cache books, slot lookup, row sort, gathers and un-permute, which
 plain grouped_mm leaves out (the target counts them as the block's overhead).
 
+Wall time by phase: ``setup_s`` (``before_run``: the process's start-up,
+imports and CLI; ``checkpoint``: the synthetic checkpoint written, reused or
+temporary, as ``checkpoint`` says; on CUDA with MXFP4 experts
+``mxfp4_kernel_probes``: the Triton kernels' first-use compiles and the
+fused GEMM's probe; ``load``, ``resident_blocks``, ``link_probe``,
+``hbm_probe``), ``phases_s`` per run (``measure`` with its
+``measure_warmup_repeat``, where first-use compiles at ``--tokens`` land;
+``all_hit``; ``mxfp4_dequant_speed``), each all-hit point's ``setup_s``
+(``first_call``: compiles and autotuning new to that token count; ``point``)
+and ``run_s``, ``close_adapter_s``. Each phase also prints a line to stderr
+as it starts and ends, so a run cut by a timeout says where it was.
+
+``--synthetic-cache`` (default ``$PDFLASH_CACHE/synthetic-moe`` when
+``PDFLASH_CACHE`` is set) keeps the synthetic checkpoint between runs, keyed
+by its arguments (:func:`pdflash.models.synthetic.cached_synthetic_checkpoint`);
+``--checkpoint-only`` writes (or finds) it and stops, so a timed run after it
+does not write one.
+
 Output: one JSON object (see ``run``).
 """
 

@@ -68,7 +68,8 @@ def _configs() -> list[Any]:
     through tl.dot_scaled, FP8; BLOCK_M 16 to 64) from spilling (ptxas, sm_90a;
     wider tiles spill). The interpreter (tests) runs one config;
     ``PDFLASH_FUSED_AUTOTUNE=0`` (read at import) runs :data:`DEFAULT_CONFIG`
-    without tuning (no tuning compiles, e.g. in GPU tests)."""
+    without tuning (no tuning compiles, e.g. in GPU tests); shapes under
+    :data:`TUNE_MIN_WEIGHTS` tune only that one (:func:`_prune_configs`)."""
     if _INTERPRETING:
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
     if os.environ.get("PDFLASH_FUSED_AUTOTUNE", "1") == "0":
