@@ -46,13 +46,33 @@ the router (top-k) or the weighted sum's inputs; the offloaded side also
 times its cache books, slot lookup, row sort, gathers and un-permute, which
 plain grouped_mm leaves out (the target counts them as the block's overhead).
 
+Wall time by phase: ``setup_s`` (``before_run``: the process's start-up,
+imports and CLI; ``checkpoint``: the synthetic checkpoint written, reused or
+temporary, as ``checkpoint`` says; on CUDA with MXFP4 experts
+``mxfp4_kernel_probes``: the Triton kernels' first-use compiles and the
+fused GEMM's probe; ``load``, ``resident_blocks``, ``link_probe``,
+``hbm_probe``), ``phases_s`` per run (``measure`` with its
+``measure_warmup_repeat``, where first-use compiles at ``--tokens`` land;
+``all_hit``; ``mxfp4_dequant_speed``), each all-hit point's ``setup_s``
+(``first_call``: compiles and autotuning new to that token count; ``point``)
+and ``run_s``, ``close_adapter_s``. Each phase also prints a line to stderr
+as it starts and ends, so a run cut by a timeout says where it was.
+
+``--synthetic-cache`` (default ``$PDFLASH_CACHE/synthetic-moe`` when
+``PDFLASH_CACHE`` is set) keeps the synthetic checkpoint between runs, keyed
+by its arguments (:func:`pdflash.models.synthetic.cached_synthetic_checkpoint`);
+``--checkpoint-only`` writes (or finds) it and stops, so a timed run after it
+does not write one.
+
 Output: one JSON object (see ``run``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -163,6 +183,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--checkpoint-only",
+        action="store_true",
+        help="write (or find) the synthetic checkpoint in --synthetic-cache and stop: "
+        "prints {checkpoint, path, setup_s} (a set-up step before a timed run)",
+    )
+    p.add_argument(
+        "--synthetic-cache",
+        default=None,
+        help="directory where the synthetic checkpoint is written once and reused while its "
+        "arguments (and the writer, torch, transformers) are unchanged; 'off': a temporary "
+        "checkpoint per run. Default: $PDFLASH_CACHE/synthetic-moe when PDFLASH_CACHE is set, "
+        "else off",
+    )
+    p.add_argument(
         "--resident-experts",
         default=None,
         help="transformers experts implementation for the resident baseline "
@@ -175,6 +209,49 @@ def _sync(device: Any) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _process_age_s() -> Any:
+    """Seconds since this process started (Linux /proc; NotMeasured elsewhere):
+    at :func:`run`'s start, the interpreter's start-up, imports and CLI."""
+    from pdflash.metrics import NotMeasured
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return NotMeasured("no /proc/self/stat: the process's start time is unknown")
+
+
+class _Phases:
+    """Wall seconds of a run's phases (the row's ``setup_s`` and
+    ``phases_s``). Each phase prints a line to stderr when it starts and when
+    it ends, so a run cut short by a timeout says in its log where it was."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+        self.s: dict[str, float] = {}
+
+    def note(self, text: str) -> None:
+        print(f"moe [{time.perf_counter() - self.t0:7.2f} s] {text}", file=sys.stderr, flush=True)
+
+    @contextmanager
+    def phase(self, name: str, device: Any = None) -> Iterator[None]:
+        """Time the block as ``name`` (added to an earlier one of that name);
+        with ``device``: synchronized at both ends (its queued work counts)."""
+        self.note(f"{name} ...")
+        if device is not None:
+            _sync(device)
+        t = time.perf_counter()
+        yield
+        if device is not None:
+            _sync(device)
+        dt = time.perf_counter() - t
+        self.s[name] = self.s.get(name, 0.0) + dt
+        self.note(f"{name} done in {dt:.2f} s")
 
 
 class _Timer:
@@ -523,9 +600,16 @@ def _timing_summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[dict[str, Any]]:
+def _all_hit(
+    ad: Any, args: argparse.Namespace, device: Any, hbm: Any, phases: _Phases | None = None
+) -> list[dict[str, Any]]:
     """Per layer and token count: the offloaded block with every routed expert
-    resident vs plain grouped_mm on the same active experts vs the roofline."""
+    resident vs plain grouped_mm on the same active experts vs the roofline.
+    Each row's ``setup_s``: wall seconds of the point's parts (``first_call``:
+    the block's first call at this token count, synchronized: on CUDA it
+    holds the compiles and autotuning of kernels new to this shape;
+    ``dense_stack``: the plain side's weights stacked and dequantized;
+    ``point``: the whole point); ``phases`` also notes each point on stderr."""
     import torch
 
     from pdflash.metrics import NotMeasured, ratio
@@ -588,6 +672,7 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
     gen = torch.Generator().manual_seed(args.seed + 17)
     for layer in range(ad.num_layers):
         for tokens in counts:
+            t_point = time.perf_counter()
             x = (torch.randn(tokens, ad.hidden_size, generator=gen) * 0.5).to(device, ad.dtype)
             with torch.inference_mode():
                 ids, weights = ad.route(layer, ad.moe_norm(layer, x))
@@ -604,7 +689,11 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 ) -> Any:
                     return runtime.forward_routed(layer, x, ids, weights)
 
+                _sync(device)
+                t_first = time.perf_counter()
                 got = block()
+                _sync(device)
+                first_call_s = time.perf_counter() - t_first
                 # warm-ups: with recordings on, the key is recorded by now (its
                 # capture and check are not in a counted or timed call)
                 for _ in range(recorded.min_uses):
@@ -620,7 +709,10 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                 if modes:
                     grouped.fused = None
                 # plain grouped GEMMs over the active experts' stacked dense weights
+                t_stack = time.perf_counter()
                 w = _dense_stacked(ad, [base + g for g in active], device)
+                _sync(device)
+                dense_stack_s = time.perf_counter() - t_stack
                 k = ids.shape[1]
                 flat = ids.reshape(-1)
                 order = torch.argsort(flat, stable=True)
@@ -745,6 +837,12 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     ),
                 }
             over_gmm = block_us / plain_us
+            point_s = time.perf_counter() - t_point
+            if phases is not None:
+                phases.note(
+                    f"all_hit layer {layer} tokens {tokens}: {point_s:.2f} s (first call "
+                    f"{first_call_s:.2f} s, dense stack {dense_stack_s:.2f} s)"
+                )
             over_roof: Any = (
                 roofline if isinstance(roofline, NotMeasured) else ratio(block_us, roofline, "")
             )
@@ -804,6 +902,12 @@ def _all_hit(ad: Any, args: argparse.Namespace, device: Any, hbm: Any) -> list[d
                     "resident_execution": execution,
                     "resident_execution_reason": execution_reason,
                     "by_resident_graphs": by_variant.get("by_resident_graphs") or None,
+                    # wall seconds of this point's parts (see the docstring)
+                    "setup_s": {
+                        "first_call": first_call_s,
+                        "dense_stack": dense_stack_s,
+                        "point": point_s,
+                    },
                 }
             )
     if device.type == "cuda":
@@ -939,7 +1043,9 @@ def _measure(
     moe_err = 0.0
     moe_ref = 0.0
     busy0 = 0.0
+    warmup_s = 0.0
     for rep in range(args.repeats + 1):
+        t_rep = time.perf_counter()
         ids = torch.randint(0, ad.vocab_size, (args.tokens,), generator=gen)
         if rep == 1:
             ad.cache.reset_stats()  # the warm-up repeat is not counted
@@ -959,6 +1065,7 @@ def _measure(
             ms = timer.collect_ms()
             outs[mode] = logits.float()
             if rep == 0:
+                warmup_s = time.perf_counter() - t_rep
                 continue
             fwd[mode].append(elapsed)
             for k, v in ms.items():
@@ -1015,6 +1122,9 @@ def _measure(
         "experts_implementation_resident": getattr(cfg, "_experts_implementation", None),
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "forward_ms": {m: _median(v) for m, v in fwd.items()},
+        # wall seconds of the uncounted warm-up repeat (both forwards): on CUDA
+        # it holds the first-use compiles and autotuning at --tokens
+        "warmup_repeat_s": warmup_s,
         "per_layer": per_layer,
         "hits": st["hits"],
         "misses": st["misses"],
@@ -1049,7 +1159,43 @@ def _measure(
     }
 
 
+def _end_settings(args: argparse.Namespace) -> None:
+    """This run's --row-sort / --resident-graphs settings end with it."""
+    if args.row_sort is not None:
+        from pdflash.models.offload import set_row_sort
+
+        set_row_sort(None)
+    if args.resident_graphs is not None:
+        from pdflash.models.resident_graphs import set_resident_graphs
+
+        set_resident_graphs(None)
+
+
+def _synthetic_cache_dir(args: argparse.Namespace) -> Path | None:
+    """Where the synthetic checkpoint is cached (None: a temporary one)."""
+    if args.synthetic_cache is not None:
+        return None if args.synthetic_cache == "off" else Path(args.synthetic_cache)
+    root = os.environ.get("PDFLASH_CACHE")
+    return Path(root) / "synthetic-moe" if root else None
+
+
+def _stores_mxfp4(path: Path, args: argparse.Namespace) -> bool:
+    """Whether the checkpoint's experts stay MXFP4 in the store (so the
+    adapter probes the MXFP4 kernels when it is built)."""
+    import json
+
+    if args.expert_dtype is not None:
+        return False
+    try:
+        quant = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return False
+    return isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    before_run = _process_age_s()
+    phases = _Phases()
     import torch
 
     from pdflash.h2d import H2DIssuer
@@ -1061,6 +1207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         mxfp4_triton_unavailable,
         set_mxfp4_dequantizer,
     )
+    from pdflash.models.synthetic import cached_synthetic_checkpoint
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.compressed_gemm is not None:
@@ -1108,56 +1255,90 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("--repeats and --tokens must be >= 1")
 
     tmp: tempfile.TemporaryDirectory[str] | None = None
-    t0 = time.perf_counter()
-    if args.weights:
-        path = Path(args.weights)
-        weights = "checkpoint"
-    else:
-        tmp = tempfile.TemporaryDirectory(prefix="pdflash-moe-")
-        path = write_synthetic_checkpoint(
-            Path(tmp.name) / arch,
-            arch,
-            preset,
-            # NOTE: published shapes default to 8 layers (a full qwen3-30b-a3b is ~58 GB of
-            # experts); 8 keeps a 0.2 cache >= one layer's routed experts for 16 tokens
-            num_layers=args.layers if args.layers is not None or preset == "tiny" else 8,
-            dtype=dtype,
-            seed=args.seed,
-            device=device.type,
-            shard_bytes=4 << 30,
-            expert_format=args.synthetic_format,
+    cache_dir = _synthetic_cache_dir(args)
+    if args.checkpoint_only and not args.weights and cache_dir is None:
+        raise SystemExit("--checkpoint-only needs a cache: --synthetic-cache DIR or PDFLASH_CACHE")
+    with phases.phase("checkpoint"):
+        if args.weights:
+            path = Path(args.weights)
+            weights, checkpoint = "checkpoint", "given"
+        else:
+            synth: dict[str, Any] = dict(
+                # NOTE: published shapes default to 8 layers (a full qwen3-30b-a3b is ~58 GB
+                # of experts); 8 keeps a 0.2 cache >= one layer's routed experts for 16 tokens
+                num_layers=args.layers if args.layers is not None or preset == "tiny" else 8,
+                dtype=dtype,
+                seed=args.seed,
+                device=device.type,
+                shard_bytes=4 << 30,
+                expert_format=args.synthetic_format,
+            )
+            if cache_dir is not None:
+                path, reused = cached_synthetic_checkpoint(cache_dir, arch, preset, **synth)
+                checkpoint = "reused" if reused else "written"
+            else:
+                tmp = tempfile.TemporaryDirectory(prefix="pdflash-moe-")
+                path = write_synthetic_checkpoint(Path(tmp.name) / arch, arch, preset, **synth)
+                checkpoint = "temporary"
+            weights = "synthetic"
+    write_s = phases.s["checkpoint"]
+    if args.checkpoint_only:
+        _end_settings(args)
+        return dict(
+            _jsonable(
+                {
+                    "suite": "moe",
+                    "checkpoint": checkpoint,
+                    "path": str(path),
+                    "setup_s": {"before_run": before_run, **phases.s},
+                }
+            )
         )
-        weights = "synthetic"
-    write_s = time.perf_counter() - t0
 
     fractions = [float(f) for f in str(args.cache_fraction).split(",") if f.strip()]
     if not fractions:
         raise SystemExit("--cache-fraction needs at least one value")
-    issuer = H2DIssuer(
-        backend="cuda" if device.type == "cuda" else "host",
-        device=(device.index or 0) if device.type == "cuda" else 0,
-    )
-    try:
-        t0 = time.perf_counter()
-        ad = load_adapter(
-            path,
-            device=device,
-            dtype=dtype,
-            issuer=issuer,
-            cache_fraction=fractions[0],
-            max_batch_tokens=min(args.tokens, 16),
-            policy=args.policy,
-            expert_dtype=args.expert_dtype,
+    with phases.phase("issuer"):
+        issuer = H2DIssuer(
+            backend="cuda" if device.type == "cuda" else "host",
+            device=(device.index or 0) if device.type == "cuda" else 0,
         )
-        load_s = time.perf_counter() - t0
+    try:
+        if device.type == "cuda" and _stores_mxfp4(path, args):
+            # the MXFP4 kernels' first-use probes (Triton compiles and, for the
+            # fused GEMM, autotuning on a small case): cached per device, so
+            # building the adapter below reuses them
+            from pdflash.models.compressed_gemm import choose_compressed_gemm
+
+            with phases.phase("mxfp4_kernel_probes", device):
+                mxfp4_dequantizer(device)
+                choose_compressed_gemm(device, "mxfp4")
+        with phases.phase("load", device):
+            ad = load_adapter(
+                path,
+                device=device,
+                dtype=dtype,
+                issuer=issuer,
+                cache_fraction=fractions[0],
+                max_batch_tokens=min(args.tokens, 16),
+                policy=args.policy,
+                expert_dtype=args.expert_dtype,
+            )
+        load_s = phases.s["load"]
         if args.resident_experts:
             ad.hf_model.config._experts_implementation = args.resident_experts
-        resident = [ad.resident_block(i) for i in range(ad.num_layers)]
-        fp8_error = (
-            _fp8_error(ad, path, issuer, args, device) if args.expert_dtype == "fp8" else None
-        )
-        link = _link_gbps(device)
-        hbm = _hbm_gbps(device)
+        with phases.phase("resident_blocks", device):
+            resident = [ad.resident_block(i) for i in range(ad.num_layers)]
+        fp8_error = None
+        if args.expert_dtype == "fp8":
+            with phases.phase("fp8_error", device):
+                fp8_error = _fp8_error(ad, path, issuer, args, device)
+        with phases.phase("link_probe"):
+            link = _link_gbps(device)
+        with phases.phase("hbm_probe"):
+            hbm = _hbm_gbps(device)
+        # the setup's phases (the runs' own are in each row's phases_s)
+        setup_s: dict[str, Any] = {"before_run": before_run, **phases.s}
         runs = []
         for k, fraction in enumerate(fractions):
             if k > 0:  # same weights and store, a fresh cache of another size
@@ -1171,27 +1352,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     policy=args.policy,
                 )
             calls_before = mxfp4_dequant_calls()
-            t_phase = time.perf_counter()
-            row = _measure(ad, issuer, resident, args, device)
-            measure_s = time.perf_counter() - t_phase
-            t_phase = time.perf_counter()
-            all_hit = _all_hit(ad, args, device, hbm)
-            all_hit_s = time.perf_counter() - t_phase
+            phases.s = {}
+            with phases.phase(f"measure (cache {fraction})"):
+                row = _measure(ad, issuer, resident, args, device)
+            measure_s = phases.s.pop(f"measure (cache {fraction})")
+            with phases.phase(f"all_hit (cache {fraction})"):
+                all_hit = _all_hit(ad, args, device, hbm, phases)
+            all_hit_s = phases.s.pop(f"all_hit (cache {fraction})")
+            run_phases: dict[str, Any] = {
+                "measure": measure_s,
+                "measure_warmup_repeat": row["warmup_repeat_s"],
+                "all_hit": all_hit_s,
+            }
             calls = mxfp4_dequant_calls()
             if ad.layout.format == "mxfp4":
                 # which dequantizer the dispatcher picks here, and which ran (calls in this run)
                 row["mxfp4_dequantizer"] = mxfp4_dequantizer(device)
                 row["mxfp4_triton_unavailable"] = mxfp4_triton_unavailable(device)
                 row["mxfp4_dequant_calls"] = {n: calls[n] - calls_before[n] for n in calls}
-                row["mxfp4_dequant_speed"] = (
-                    _mxfp4_dequant_speed(ad, args, device, hbm) if k == 0 else None
-                )
+                row["mxfp4_dequant_speed"] = None
+                if k == 0:
+                    with phases.phase("mxfp4_dequant_speed"):
+                        row["mxfp4_dequant_speed"] = _mxfp4_dequant_speed(ad, args, device, hbm)
+                    run_phases["mxfp4_dequant_speed"] = phases.s.pop("mxfp4_dequant_speed")
             else:
                 row["mxfp4_dequantizer"] = None  # experts are not MXFP4: nothing to dequantize
             checked = [r for r in all_hit if "meets_1p25x_grouped_mm" in r]
             row["all_hit"] = all_hit
             # wall seconds of this run's parts (write_s, load_s: the setup)
             row["measure_s"], row["all_hit_s"] = measure_s, all_hit_s
+            # wall seconds by phase: the setup's (before_run: the process's start-up,
+            # imports and CLI before the suite ran; checkpoint: written, reused or
+            # temporary, see "checkpoint") and this run's; run_s: from the suite's
+            # start to this row
+            row["setup_s"], row["phases_s"] = setup_s, run_phases
+            row["run_s"] = time.perf_counter() - phases.t0
+            row["checkpoint"] = checkpoint
+            row["checkpoint_cache_dir"] = str(cache_dir) if cache_dir is not None else None
             row["all_hit_timing"] = {
                 **ALL_HIT_TIMING,
                 "iters": args.all_hit_iters,
@@ -1231,19 +1428,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             row.update(metrics_to_json({**row.pop("_metrics"), "link_gbps": link, "hbm_gbps": hbm}))
             runs.append(row)
-        ad.close()
+        with phases.phase("close_adapter"):
+            ad.close()
+        for row in runs:
+            # after run_s: the adapter's close (its store, slab and pinned memory)
+            row["close_adapter_s"] = phases.s["close_adapter"]
         if len(runs) == 1:
             return dict(_jsonable(runs[0]))
         return {"suite": "moe", "runs": _jsonable(runs)}
     finally:
-        issuer.close()
+        with phases.phase("close_issuer"):
+            issuer.close()
         if tmp is not None:
-            tmp.cleanup()
-        if args.row_sort is not None:
-            from pdflash.models.offload import set_row_sort
-
-            set_row_sort(None)  # this run's setting ends with it
-        if args.resident_graphs is not None:
-            from pdflash.models.resident_graphs import set_resident_graphs
-
-            set_resident_graphs(None)
+            with phases.phase("remove_temporary_checkpoint"):
+                tmp.cleanup()
+        _end_settings(args)

@@ -68,7 +68,8 @@ def _configs() -> list[Any]:
     through tl.dot_scaled, FP8; BLOCK_M 16 to 64) from spilling (ptxas, sm_90a;
     wider tiles spill). The interpreter (tests) runs one config;
     ``PDFLASH_FUSED_AUTOTUNE=0`` (read at import) runs :data:`DEFAULT_CONFIG`
-    without tuning (no tuning compiles, e.g. in GPU tests)."""
+    without tuning (no tuning compiles, e.g. in GPU tests); shapes under
+    :data:`TUNE_MIN_WEIGHTS` tune only that one (:func:`_prune_configs`)."""
     if _INTERPRETING:
         return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
     if os.environ.get("PDFLASH_FUSED_AUTOTUNE", "1") == "0":
@@ -79,6 +80,27 @@ def _configs() -> list[Any]:
 
 #: (BLOCK_N, BLOCK_K, num_warps, num_stages) without autotuning
 DEFAULT_CONFIG = (64, 64, 8, 3)
+
+#: below this many weights per slot (output columns x inputs), a shape gets
+#: :data:`DEFAULT_CONFIG` alone: its run is too short for the candidates'
+#: timings to matter, and each candidate costs a compile and a benchmark (the
+#: first-use probe's small case; tiny test models)
+TUNE_MIN_WEIGHTS = 1 << 16
+
+
+def _config_shape(config: Any) -> tuple[int, int, int, int]:
+    kw = config.kwargs
+    return (kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages)
+
+
+def _prune_configs(configs: list[Any], named_args: dict[str, Any], **kwargs: Any) -> list[Any]:
+    """The autotuner's candidates for one call: all of them, or for a shape
+    of fewer than :data:`TUNE_MIN_WEIGHTS` weights per slot only
+    :data:`DEFAULT_CONFIG` (the first candidate where it is not one)."""
+    if int(named_args["N"]) * int(kwargs["K"]) >= TUNE_MIN_WEIGHTS:
+        return configs
+    default = [c for c in configs if _config_shape(c) == DEFAULT_CONFIG]
+    return default or configs[:1]
 
 
 def _config(block_n: int, block_k: int, warps: int, stages: int) -> Any:
@@ -291,7 +313,11 @@ def _scales_in_range(
     return tl.reduce(tl.reduce(bad, 1, _max_combine), 0, _max_combine) == 0
 
 
-@triton.autotune(configs=_configs(), key=["N", "K", "BLOCK_M", "WFMT", "ACT", "MXFP4_DOT_SCALED"])
+@triton.autotune(
+    configs=_configs(),
+    key=["N", "K", "BLOCK_M", "WFMT", "ACT", "MXFP4_DOT_SCALED"],
+    prune_configs_by={"early_config_prune": _prune_configs},
+)
 @triton.jit
 def _grouped_qgemm_kernel(
     x_ptr, x_rows_ptr, stride_xm, stride_xk,

@@ -26,6 +26,10 @@ and ``"cuda"`` generation).
 Hook: ``on_written(path, config)`` runs after the checkpoint is complete;
 the engine's synthetic DFlash drafter writer can use it to add its files.
 
+:func:`cached_synthetic_checkpoint` writes a checkpoint once under a cache
+directory (named by the digest of the writer's arguments, this module's
+source and the torch/transformers versions) and reuses it afterwards.
+
 ``weights="generated"`` writes only ``config.json`` (and the tokenizer): its
 ``pdflash_synthetic`` block says the tensors are generated when read, and
 :func:`pdflash.models.store.open_checkpoint` then opens it as a
@@ -37,9 +41,12 @@ do not test the loading path; transformers cannot load such a directory).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
+import shutil
+import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -487,6 +494,97 @@ def write_synthetic_checkpoint(
     if on_written is not None:
         on_written(out, config)
     return out
+
+
+#: the marker a complete cached checkpoint carries (its text: the key)
+CACHE_MARKER = "PDFLASH_SYNTHETIC_COMPLETE"
+
+
+def synthetic_cache_key(
+    arch: str,
+    preset: str = "tiny",
+    *,
+    num_layers: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    shard_bytes: int = 1 << 30,
+    expert_format: str | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """What a written synthetic checkpoint depends on: the writer's arguments,
+    this module's source (the presets, the generators, the writer), and the
+    torch and transformers versions (random streams and the configs' files
+    may change between them)."""
+    import inspect
+    import sys
+
+    import transformers
+
+    source = inspect.getsource(sys.modules[__name__])
+    return {
+        "arch": arch,
+        "preset": preset,
+        "num_layers": num_layers,
+        "dtype": str(dtype).removeprefix("torch."),
+        "seed": int(seed),
+        "shard_bytes": int(shard_bytes),
+        "expert_format": expert_format,
+        "device": device,
+        "writer": hashlib.sha256(source.encode()).hexdigest()[:16],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def cached_synthetic_checkpoint(
+    root: str | os.PathLike[str],
+    arch: str,
+    preset: str = "tiny",
+    *,
+    num_layers: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    shard_bytes: int = 1 << 30,
+    expert_format: str | None = None,
+    device: str = "cpu",
+) -> tuple[Path, bool]:
+    """The synthetic checkpoint of these arguments under ``root``, written
+    there once (:func:`write_synthetic_checkpoint`) and reused while its key
+    (:func:`synthetic_cache_key`) is unchanged; returns ``(path, reused)``.
+    The directory is named by the key's digest, so a changed argument, writer
+    or library version writes a new one. A checkpoint is written into a
+    temporary sibling and renamed into place once complete, so an
+    interrupted write is never reused."""
+    key = synthetic_cache_key(
+        arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
+        shard_bytes=shard_bytes, expert_format=expert_format, device=device,
+    )  # fmt: skip
+    text = json.dumps(key, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    name = (
+        f"{arch}-{preset}-L{num_layers if num_layers is not None else 'all'}-{key['dtype']}"
+        f"-s{seed}-{expert_format or 'hub'}-{device}-{digest}"
+    )
+    base = Path(root)
+    final = base / name
+    marker = final / CACHE_MARKER
+    if marker.is_file() and marker.read_text() == text:
+        return final, True
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=base))
+    try:
+        write_synthetic_checkpoint(
+            tmp, arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
+            shard_bytes=shard_bytes, expert_format=expert_format, device=device,
+        )  # fmt: skip
+        (tmp / CACHE_MARKER).write_text(text)
+        if final.exists():  # an incomplete (or stale) copy: replaced by this one
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final, False
 
 
 def is_generated(path: str | os.PathLike[str]) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from pdflash.bench.cli import main
@@ -200,3 +201,76 @@ def test_bench_moe_resident_graphs_both_times_the_recorded_block_beside_the_eage
     else:  # one recording per (layer, token count), checked once, then replayed
         assert stats["captures"] == stats["validated"] == len(rows)
         assert stats["mismatches"] == 0 and stats["replays"] > 0
+
+
+def test_bench_moe_times_its_phases_and_reuses_a_cached_checkpoint(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path / "env-cache"))
+    argv = ["moe", "--json", "--arch", "gpt_oss", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--synthetic-format", "mxfp4", "--all-hit-tokens", "4"]
+    argv += ["--all-hit-iters", "1", "--all-hit-rounds", "1"]
+    rows = []
+    for extra in ([], [], ["--seed", "1"], ["--synthetic-cache", "off"]):
+        assert main(argv + extra) == 0
+        captured = capsys.readouterr()
+        rows.append(json.loads(captured.out.strip().splitlines()[-1]))
+        # every phase is noted on stderr as it starts and ends (a timeout's log says where)
+        assert "moe [" in captured.err and "checkpoint done in" in captured.err
+        assert "all_hit layer 0 tokens 4" in captured.err
+    written, reused, _reseeded, temporary = rows
+    assert [r["checkpoint"] for r in rows] == ["written", "reused", "written", "temporary"]
+    cache = str(tmp_path / "env-cache" / "synthetic-moe")
+    assert [r["checkpoint_cache_dir"] for r in rows] == [cache, cache, cache, None]
+    assert len(list(Path(cache).iterdir())) == 2  # one per seed
+    # the reused checkpoint gives the written one's results
+    for key in ("max_abs_err", "moe_max_abs_err", "bytes_moved", "hits", "misses"):
+        assert reused[key] == written[key] == temporary[key]
+    assert [r["max_abs_err_vs_grouped_mm"] for r in reused["all_hit"]] == [
+        r["max_abs_err_vs_grouped_mm"] for r in written["all_hit"]
+    ]
+    for row in rows:
+        setup, run_phases = row["setup_s"], row["phases_s"]
+        assert set(setup) >= {"before_run", "checkpoint", "issuer", "load", "resident_blocks"}
+        assert set(setup) >= {"link_probe", "hbm_probe"}
+        assert "mxfp4_kernel_probes" not in setup  # CUDA only
+        assert set(run_phases) == {
+            "measure",
+            "measure_warmup_repeat",
+            "all_hit",
+            "mxfp4_dequant_speed",
+        }
+        assert 0 < run_phases["measure_warmup_repeat"] < run_phases["measure"]
+        assert all(v >= 0 for v in [*setup.values(), *run_phases.values()])
+        assert setup["load"] == row["load_s"] and setup["checkpoint"] == row["write_s"]
+        assert run_phases["measure"] == row["measure_s"] > 0
+        assert row["close_adapter_s"] >= 0
+        assert row["run_s"] >= sum(v for k, v in setup.items() if k != "before_run")
+        for point in row["all_hit"]:
+            parts = point["setup_s"]
+            assert 0 < parts["first_call"] < parts["point"]
+            assert 0 < parts["dense_stack"] < parts["point"]
+
+
+def test_bench_moe_checkpoint_only_prepares_the_checkpoint_a_run_reuses(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PDFLASH_CACHE", raising=False)
+    argv = ["moe", "--json", "--arch", "gpt_oss", "--device", "cpu", "--tokens", "3"]
+    argv += ["--repeats", "1", "--synthetic-format", "mxfp4", "--all-hit-tokens", ""]
+    with pytest.raises(SystemExit, match="needs a cache"):
+        main([*argv, "--checkpoint-only"])
+    argv += ["--synthetic-cache", str(tmp_path)]
+    outs = []
+    for extra in (["--checkpoint-only"], ["--checkpoint-only"], []):
+        assert main(argv + extra) == 0
+        outs.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    prepared, again, row = outs
+    assert (prepared["checkpoint"], again["checkpoint"], row["checkpoint"]) == (
+        "written",
+        "reused",
+        "reused",
+    )
+    assert prepared["path"] == again["path"] and Path(prepared["path"]).parent == tmp_path
+    assert set(prepared["setup_s"]) == {"before_run", "checkpoint"}
+    assert "per_layer" not in prepared and row["per_layer"]
