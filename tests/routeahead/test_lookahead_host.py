@@ -305,3 +305,35 @@ def test_route_ahead_step_torch_calls_are_bounded(
     with _old_router_path(monkeypatch):
         old = calls(lambda: _reference_predict_batch(predictor, blocks))
     assert old > ROUTE_AHEAD_STEP_CALLS + 3 * tiny.layers
+
+
+def test_a_router_class_whose_shortcut_differs_is_called_as_it_is(
+    tiny: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first call per router class checks the shortcut against the
+    router (another transformers release may compute its logits otherwise);
+    a class that differs is called from then on."""
+    from pdflash.models.adapters import _routers
+
+    adapter = tiny.adapter
+    router = adapter._block(0).router_module
+    x = torch.randn(3, int(adapter.config.hidden_size))
+    monkeypatch.setattr(_routers, "_CHECKED", {})
+    real = _routers._shortcut
+    monkeypatch.setattr(_routers, "_shortcut", lambda r, t: real(r, t) + 1.0)
+    with torch.no_grad():
+        assert _routers.router_logits_only(router, x) is None
+        assert _routers._CHECKED == {type(router): False}
+        assert _routers.router_logits_only(router, x) is None  # no second check
+        assert torch.equal(adapter.router_logits(0, x), adapter._block(0).route(x)[0])
+    # a class that agrees is checked once, then served by the shortcut alone
+    monkeypatch.setattr(_routers, "_CHECKED", {})
+    monkeypatch.setattr(_routers, "_shortcut", real)
+    with torch.no_grad():
+        first = _routers.router_logits_only(router, x)
+        assert first is not None and _routers._CHECKED == {type(router): True}
+        calls = _Calls()
+        with calls:
+            again = _routers.router_logits_only(router, x)
+        assert again is not None and torch.equal(first, again)
+        assert calls.n <= 2, calls.n
