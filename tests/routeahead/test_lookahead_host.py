@@ -323,7 +323,8 @@ def test_a_router_class_whose_shortcut_differs_is_called_as_it_is(
     monkeypatch.setattr(_routers, "_shortcut", lambda r, t: real(r, t) + 1.0)
     with torch.no_grad():
         assert _routers.router_logits_only(router, x) is None
-        assert _routers._CHECKED == {type(router): False}
+        checked = _routers._CHECKED
+        assert checked == {type(router): False}
         assert _routers.router_logits_only(router, x) is None  # no second check
         assert torch.equal(adapter.router_logits(0, x), adapter._block(0).route(x)[0])
     # a class that agrees is checked once, then served by the shortcut alone
@@ -331,7 +332,8 @@ def test_a_router_class_whose_shortcut_differs_is_called_as_it_is(
     monkeypatch.setattr(_routers, "_shortcut", real)
     with torch.no_grad():
         first = _routers.router_logits_only(router, x)
-        assert first is not None and _routers._CHECKED == {type(router): True}
+        checked = _routers._CHECKED
+        assert first is not None and checked == {type(router): True}
         calls = _Calls()
         with calls:
             again = _routers.router_logits_only(router, x)
