@@ -12,8 +12,11 @@ from the verify step, see :mod:`pdflash.bench.workload`) and returns a :class:`R
 ``routed_expert_bytes`` and the Belady replay from the run's starting cache
 contents and capacity), the routing trace and the starting cache contents.
 
-Synthetic checkpoints are written once per (arch, layers, dtype, seed) under
-``$PDFLASH_CACHE`` (default ``~/.cache/pdflash``) and reused; by default
+Synthetic checkpoints (a target and its drafter) are written once under
+``$PDFLASH_CACHE`` (default ``~/.cache/pdflash``) and reused while their key
+(arch, preset, layers, dtype, seed, format, weights mode, generating device,
+the writers' sources, the torch/transformers versions) is unchanged
+(:func:`synthetic_paths`); by default
 (``RunSpec.synthetic_weights="generated"``) only their config is written and
 the loader draws the seeded tensors straight into the host store (the same
 values as written files would hold). Within one process the loaded target
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -50,7 +54,12 @@ from pdflash.engine.acceptance import (
 from pdflash.engine.attention import sdpa_backends
 from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import BASELINES, CUDA_GRAPHS, EngineConfig
-from pdflash.engine.drafter import DFlashDrafter, load_drafter, write_synthetic_drafter
+from pdflash.engine.drafter import (
+    DFlashDrafter,
+    load_drafter,
+    synthetic_drafter_key,
+    write_synthetic_drafter,
+)
 from pdflash.engine.engine import Engine
 from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
 from pdflash.engine.sampling import SamplingParams
@@ -462,44 +471,71 @@ def resolve_device(device: str) -> torch.device:
 
 
 def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, torch.dtype]:
-    """Write (once) and return the synthetic target and drafter directories."""
+    """Write (once) and return the synthetic target and drafter directories.
+
+    Both live in one cached directory (``target/`` and ``drafter/``, see
+    :func:`pdflash.models.synthetic.cached_directory`) keyed by the target's
+    key (its writer's arguments, the generating device, the writer's source,
+    the torch/transformers versions) and the drafter's (its writer's
+    arguments and source): the drafter's config is derived from the
+    target's, so they are written and reused together."""
     from pdflash.models import write_synthetic_checkpoint
+    from pdflash.models.synthetic import (
+        cached_directory,
+        synthetic_cache_key,
+        synthetic_cache_name,
+    )
 
     arch, preset = ARCHS[spec.arch]
     if spec.dtype is not None:
         dtype = getattr(torch, spec.dtype)
     else:
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    tag = (
-        f"{arch}-{preset}-L{spec.layers or 'all'}-{str(dtype).removeprefix('torch.')}-s{spec.seed}"
+    target_args: dict[str, Any] = dict(
+        num_layers=spec.layers,
+        dtype=dtype,
+        seed=spec.seed,
+        device="cuda" if device.type == "cuda" else "cpu",
+        expert_format=spec.synthetic_format,
+        weights=spec.synthetic_weights,
     )
-    if spec.synthetic_format is not None:
-        tag += f"-{spec.synthetic_format}"
-    if spec.synthetic_weights != "files":
-        tag += f"-{spec.synthetic_weights}"
-    root = cache_root() / "synthetic" / tag
-    target = root / "target"
-    draft = root / "drafter"
-    done = root / "COMPLETE"
-    if not done.is_file():
-        gen_device = "cuda" if device.type == "cuda" else "cpu"
-        write_synthetic_checkpoint(
-            target,
-            arch,
-            preset,
-            num_layers=spec.layers,
-            dtype=dtype,
-            seed=spec.seed,
-            device=gen_device,
-            expert_format=spec.synthetic_format,
-            weights=spec.synthetic_weights,
-        )
+    drafter_preset = "tiny" if preset == "tiny" else "full"
+    drafter_seed = spec.seed + 1
+    key = {
+        "target": synthetic_cache_key(arch, preset, **target_args),
+        "drafter": synthetic_drafter_key(drafter_preset, seed=drafter_seed, dtype=dtype),
+    }
+
+    def write(root: Path) -> None:
+        target = write_synthetic_checkpoint(root / "target", arch, preset, **target_args)
         cfg = json.loads((target / "config.json").read_text())
         write_synthetic_drafter(
-            draft, cfg, "tiny" if preset == "tiny" else "full", seed=spec.seed + 1, dtype=dtype
+            root / "drafter", cfg, drafter_preset, seed=drafter_seed, dtype=dtype
         )
-        done.write_text("ok\n")
-    return target, draft, dtype
+
+    name = synthetic_cache_name(arch, preset, **target_args)
+    root, _reused = cached_directory(cache_root() / "synthetic", name, key, write)
+    return root / "target", root / "drafter", dtype
+
+
+def synthetic_drafter_for(target: Path, seed: int, dtype: torch.dtype) -> Path:
+    """Write (once) and return a synthetic ``full`` drafter for a real target
+    checkpoint, keyed by the target's config and the drafter's own key
+    (:func:`~pdflash.engine.drafter.synthetic_drafter_key`)."""
+    from pdflash.models.synthetic import cached_directory
+
+    config_text = (target / "config.json").read_text()
+    key = {
+        "target_config": hashlib.sha256(config_text.encode()).hexdigest(),
+        "drafter": synthetic_drafter_key("full", seed=seed, dtype=dtype),
+    }
+
+    def write(root: Path) -> None:
+        write_synthetic_drafter(root, json.loads(config_text), "full", seed=seed, dtype=dtype)
+
+    name = f"{target.name}-s{seed - 1}-{str(dtype).removeprefix('torch.')}"
+    path, _reused = cached_directory(cache_root() / "synthetic-drafters", name, key, write)
+    return path
 
 
 _TARGETS: dict[tuple[str, ...], Any] = {}
@@ -711,14 +747,9 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         if spec.baseline != "B0":
             if synthetic_draft:
                 if synth_draft_path is None:
-                    synth_draft_path = (
-                        cache_root() / "synthetic-drafters" / f"{target_path.name}-s{spec.seed}"
+                    synth_draft_path = synthetic_drafter_for(
+                        target_path, spec.seed + 1, model_dtype
                     )
-                    if not (synth_draft_path / "model.safetensors").is_file():
-                        cfg = json.loads((target_path / "config.json").read_text())
-                        write_synthetic_drafter(
-                            synth_draft_path, cfg, "full", seed=spec.seed + 1, dtype=model_dtype
-                        )
                 drafter = _load_drafter(synth_draft_path, device, model_dtype)
             else:
                 drafter = _load_drafter(Path(spec.draft), device, model_dtype)

@@ -708,6 +708,25 @@ def write_synthetic_drafter(
     return root
 
 
+def synthetic_drafter_key(
+    preset: str = "tiny", *, seed: int = 0, dtype: torch.dtype | None = None
+) -> dict[str, Any]:
+    """What a drafter :func:`write_synthetic_drafter` writes depends on,
+    besides its target's config: its arguments, this module's source (the
+    drafter's shapes, the writer) and the torch version (the random stream);
+    a cache of written drafters keys them by it
+    (:func:`pdflash.models.synthetic.cached_directory`)."""
+    from pdflash.models.synthetic import source_digest
+
+    return {
+        "preset": preset,
+        "seed": int(seed),
+        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "writer": source_digest(__name__),
+        "torch": torch.__version__,
+    }
+
+
 def drafter_writer(
     preset: str | None = None, *, subdir: str = "dflash-drafter", seed: int = 0
 ) -> Callable[[Path, Any], None]:

@@ -27,8 +27,10 @@ Hook: ``on_written(path, config)`` runs after the checkpoint is complete;
 the engine's synthetic DFlash drafter writer can use it to add its files.
 
 :func:`cached_synthetic_checkpoint` writes a checkpoint once under a cache
-directory (named by the digest of the writer's arguments, this module's
-source and the torch/transformers versions) and reuses it afterwards.
+directory (named by the digest of the writer's arguments, the generating
+device, this module's source and the torch/transformers versions) and reuses
+it afterwards; :func:`cached_directory` is its keyed, atomic mechanism, which
+the engine's benchmark harness also uses for a target and its drafter.
 
 ``weights="generated"`` writes only ``config.json`` (and the tokenizer): its
 ``pdflash_synthetic`` block says the tensors are generated when read, and
@@ -48,7 +50,7 @@ import os
 import shutil
 import tempfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -496,8 +498,62 @@ def write_synthetic_checkpoint(
     return out
 
 
-#: the marker a complete cached checkpoint carries (its text: the key)
+#: the marker a complete cached directory carries (its text: the key)
 CACHE_MARKER = "PDFLASH_SYNTHETIC_COMPLETE"
+
+
+def source_digest(module_name: str) -> str:
+    """A short digest of a module's source: the part of a cache key that
+    stands for the code writing what is cached (an edited writer writes anew)."""
+    import importlib
+    import inspect
+
+    source = inspect.getsource(importlib.import_module(module_name))
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def cached_directory(
+    root: str | os.PathLike[str],
+    name: str,
+    key: Mapping[str, Any],
+    write: Callable[[Path], object],
+) -> tuple[Path, bool]:
+    """The directory ``root / f"{name}-{digest}"`` written once by
+    ``write(directory)`` and reused while ``key`` (JSON-ready: everything the
+    contents depend on) is unchanged; returns ``(path, reused)``. The digest
+    is the key's, so a changed key names another directory; the key's text
+    is the completion marker (:data:`CACHE_MARKER`), so a directory whose
+    marker is missing or differs is written again. ``write`` fills a
+    temporary sibling, renamed into place once complete: an interrupted or
+    failed write is never reused and leaves nothing behind."""
+    text = json.dumps(dict(key), sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    base = Path(root)
+    final = base / f"{name}-{digest}"
+    marker = final / CACHE_MARKER
+
+    def complete() -> bool:
+        return marker.is_file() and marker.read_text() == text
+
+    if complete():
+        return final, True
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=base))
+    try:
+        write(tmp)
+        (tmp / CACHE_MARKER).write_text(text)
+        if not complete():  # another process may have completed it meanwhile
+            if final.exists():  # an incomplete (or stale) copy: replaced by this one
+                shutil.rmtree(final)
+            try:
+                tmp.rename(final)
+            except OSError:
+                if not complete():
+                    raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final, False
 
 
 def synthetic_cache_key(
@@ -510,17 +566,15 @@ def synthetic_cache_key(
     shard_bytes: int = 1 << 30,
     expert_format: str | None = None,
     device: str = "cpu",
+    weights: str = "files",
 ) -> dict[str, Any]:
-    """What a written synthetic checkpoint depends on: the writer's arguments,
+    """What a written synthetic checkpoint depends on: the writer's arguments
+    (the generating device among them: CPU and CUDA random streams differ),
     this module's source (the presets, the generators, the writer), and the
     torch and transformers versions (random streams and the configs' files
     may change between them)."""
-    import inspect
-    import sys
-
     import transformers
 
-    source = inspect.getsource(sys.modules[__name__])
     return {
         "arch": arch,
         "preset": preset,
@@ -530,10 +584,31 @@ def synthetic_cache_key(
         "shard_bytes": int(shard_bytes),
         "expert_format": expert_format,
         "device": device,
-        "writer": hashlib.sha256(source.encode()).hexdigest()[:16],
+        "weights": weights,
+        "writer": source_digest(__name__),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
     }
+
+
+def synthetic_cache_name(
+    arch: str,
+    preset: str,
+    *,
+    num_layers: int | None,
+    dtype: torch.dtype,
+    seed: int,
+    expert_format: str | None,
+    device: str,
+    weights: str = "files",
+) -> str:
+    """A readable directory name for a cached synthetic checkpoint (the key's
+    digest follows it)."""
+    name = (
+        f"{arch}-{preset}-L{num_layers if num_layers is not None else 'all'}"
+        f"-{str(dtype).removeprefix('torch.')}-s{seed}-{expert_format or 'hub'}-{device}"
+    )
+    return name if weights == "files" else f"{name}-{weights}"
 
 
 def cached_synthetic_checkpoint(
@@ -547,44 +622,34 @@ def cached_synthetic_checkpoint(
     shard_bytes: int = 1 << 30,
     expert_format: str | None = None,
     device: str = "cpu",
+    weights: str = "files",
 ) -> tuple[Path, bool]:
     """The synthetic checkpoint of these arguments under ``root``, written
     there once (:func:`write_synthetic_checkpoint`) and reused while its key
     (:func:`synthetic_cache_key`) is unchanged; returns ``(path, reused)``.
     The directory is named by the key's digest, so a changed argument, writer
-    or library version writes a new one. A checkpoint is written into a
-    temporary sibling and renamed into place once complete, so an
-    interrupted write is never reused."""
+    or library version writes a new one; it is written into a temporary
+    sibling and renamed into place once complete (:func:`cached_directory`),
+    so an interrupted write is never reused."""
+    if weights not in WEIGHTS_CHOICES:
+        raise ValueError(f"weights must be one of {WEIGHTS_CHOICES}, got {weights!r}")
     key = synthetic_cache_key(
         arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
-        shard_bytes=shard_bytes, expert_format=expert_format, device=device,
+        shard_bytes=shard_bytes, expert_format=expert_format, device=device, weights=weights,
     )  # fmt: skip
-    text = json.dumps(key, sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    name = (
-        f"{arch}-{preset}-L{num_layers if num_layers is not None else 'all'}-{key['dtype']}"
-        f"-s{seed}-{expert_format or 'hub'}-{device}-{digest}"
-    )
-    base = Path(root)
-    final = base / name
-    marker = final / CACHE_MARKER
-    if marker.is_file() and marker.read_text() == text:
-        return final, True
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=base))
-    try:
+    name = synthetic_cache_name(
+        arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
+        expert_format=expert_format, device=device, weights=weights,
+    )  # fmt: skip
+
+    def write(tmp: Path) -> None:
         write_synthetic_checkpoint(
             tmp, arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
             shard_bytes=shard_bytes, expert_format=expert_format, device=device,
+            weights=weights,
         )  # fmt: skip
-        (tmp / CACHE_MARKER).write_text(text)
-        if final.exists():  # an incomplete (or stale) copy: replaced by this one
-            shutil.rmtree(final)
-        tmp.rename(final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return final, False
+
+    return cached_directory(root, name, key, write)
 
 
 def is_generated(path: str | os.PathLike[str]) -> bool:
