@@ -43,11 +43,13 @@ do not test the loading path; transformers cannot load such a directory).
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import math
 import os
 import shutil
+import socket
 import tempfile
 import zlib
 from collections.abc import Callable, Mapping
@@ -512,6 +514,29 @@ def source_digest(module_name: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
+def _host_tag() -> str:
+    """This host, in a temporary directory's name (a process id means
+    something on its own host only: a cache may be on a shared disk)."""
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def _remove_abandoned_writes(base: Path, name: str) -> None:
+    """Remove the temporary siblings of ``name`` whose writer (a process of
+    this host, named in the sibling's name) is gone: a killed write leaves
+    its partial directory, possibly tens of GB, behind."""
+    host = _host_tag()
+    for tmp in base.glob(f".{glob.escape(name)}.{host}.*"):
+        pid_text = tmp.name[len(name) + len(host) + 3 :].split(".", 1)[0]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # alive, another user's
+            pass
+
+
 def cached_directory(
     root: str | os.PathLike[str],
     name: str,
@@ -525,7 +550,9 @@ def cached_directory(
     is the completion marker (:data:`CACHE_MARKER`), so a directory whose
     marker is missing or differs is written again. ``write`` fills a
     temporary sibling, renamed into place once complete: an interrupted or
-    failed write is never reused and leaves nothing behind."""
+    failed write is never reused and leaves nothing behind (a killed
+    writer's sibling is removed by the next write of the same name on its
+    host)."""
     text = json.dumps(dict(key), sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     base = Path(root)
@@ -538,7 +565,8 @@ def cached_directory(
     if complete():
         return final, True
     base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=base))
+    _remove_abandoned_writes(base, final.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.{_host_tag()}.{os.getpid()}.", dir=base))
     try:
         write(tmp)
         (tmp / CACHE_MARKER).write_text(text)

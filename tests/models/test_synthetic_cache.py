@@ -127,3 +127,35 @@ def test_a_failed_write_leaves_nothing_behind(
     with pytest.raises(OSError, match="disk full"):
         cached_synthetic_checkpoint(tmp_path, "gpt_oss", "tiny", **ARGS)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_writers_temporary_directory_is_removed_by_the_next_write(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    key = {"what": "a directory"}
+    final, reused = synthetic.cached_directory(tmp_path, "d", key, lambda p: None)
+    assert not reused and final.name.startswith("d-")
+    # what a killed writer leaves: its temporary sibling, named by host and pid
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = synthetic._host_tag()
+    dead = tmp_path / f".{final.name}.{host}.{gone.pid}.abc"
+    alive = tmp_path / f".{final.name}.{host}.{os.getpid()}.abc"
+    other_host = (
+        tmp_path / f".{final.name}.{'0' * 8 if host != '0' * 8 else '1' * 8}.{gone.pid}.abc"
+    )
+    for d in (dead, alive, other_host):
+        (d / "part").mkdir(parents=True)
+    # a reuse touches nothing; the next write removes only the dead writer's
+    assert synthetic.cached_directory(tmp_path, "d", key, lambda p: None) == (final, True)
+    assert dead.exists()
+    (final / CACHE_MARKER).unlink()
+    written: list[Path] = []
+    again, reused = synthetic.cached_directory(tmp_path, "d", key, written.append)
+    assert not reused and again == final and (final / CACHE_MARKER).is_file()
+    assert written and written[0].parent == tmp_path and not written[0].exists()
+    assert not dead.exists() and alive.exists() and other_host.exists()
