@@ -519,8 +519,8 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
 
 
 def synthetic_drafter_for(target: Path, seed: int, dtype: torch.dtype) -> Path:
-    """Write (once) and return a synthetic ``full`` drafter for a real target
-    checkpoint, keyed by the target's config and the drafter's own key
+    """Write (once) and return a synthetic ``full`` drafter (drawn with
+    ``seed``) for a real target checkpoint, keyed by the target's config and the drafter's own key
     (:func:`~pdflash.engine.drafter.synthetic_drafter_key`)."""
     from pdflash.models.synthetic import cached_directory
 
@@ -533,7 +533,7 @@ def synthetic_drafter_for(target: Path, seed: int, dtype: torch.dtype) -> Path:
     def write(root: Path) -> None:
         write_synthetic_drafter(root, json.loads(config_text), "full", seed=seed, dtype=dtype)
 
-    name = f"{target.name}-s{seed - 1}-{str(dtype).removeprefix('torch.')}"
+    name = f"{target.name}-drafter-s{seed}-{str(dtype).removeprefix('torch.')}"
     path, _reused = cached_directory(cache_root() / "synthetic-drafters", name, key, write)
     return path
 

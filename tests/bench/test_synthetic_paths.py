@@ -61,9 +61,25 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "synthetic"
 
 
+def _digest(file: Path) -> str:
+    """A file's content digest; a safetensors file's by its tensors and
+    metadata (its header's metadata order varies between writes)."""
+    if file.suffix != ".safetensors":
+        return hashlib.sha256(file.read_bytes()).hexdigest()
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    with safe_open(str(file), "pt") as f:
+        h.update(json.dumps(f.metadata(), sort_keys=True).encode())
+        for name in sorted(f.keys()):
+            h.update(name.encode())
+            h.update(f.get_tensor(name).contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def _digests(path: Path) -> dict[str, str]:
     return {
-        str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+        str(f.relative_to(path)): _digest(f)
         for f in sorted(path.rglob("*"))
         if f.is_file() and f.name != CACHE_MARKER
     }
