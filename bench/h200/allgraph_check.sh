@@ -29,34 +29,9 @@
 # SMOKE=1: the same steps on the tiny CPU shapes, no GPU tests (a local
 # check of the script: the recorded side then runs eagerly, reason
 # not_cuda; device times and the roofline are null with the reason).
-set -uo pipefail
-HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-$PWD/out}
-WORK=${WORK:-/tmp/allgraph_check}
-rm -rf "$WORK"
-mkdir -p "$WORK" "$OUT"
-export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-TAR="$OUT/allgraph_check.tgz"
-PACK="tar czf /tmp/allgraph_check.tgz -C $WORK . && mv /tmp/allgraph_check.tgz $TAR"
-gpt=gpt-oss-20b qwen=qwen3-30b-a3b dev="" tq=40 tg=45 tm=35
-TESTS="tests/models/test_resident_graphs_gpu.py tests/models/test_resident_graphs.py tests/models/test_models_gpu.py::test_all_resident_layer_runs_grouped_without_a_host_sync"
-GPUTESTS="timeout -k 5 35 python3 -P -m pytest -q -p no:cacheprovider -rs $TESTS > $WORK/gputests.txt 2>&1"
-if [ "${SMOKE:-0}" = 1 ]; then
-  gpt=gpt_oss qwen=qwen3_moe dev="--device cpu" tq=120 tg=120 tm=120
-  GPUTESTS="true"
-fi
-MOE="pdflash-bench moe --json --layers 2 --tokens 16 --repeats 1 --cache-fraction 0.5 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 --resident-graphs both $dev"
-steps=(
-  "gputests=$GPUTESTS; rc=\$?; tail -3 $WORK/gputests.txt 2>/dev/null; $PACK; exit \$rc"
-  "moe_qwen3=timeout -k 5 $tq $MOE --arch $qwen; rc=\$?; $PACK; exit \$rc"
-  "moe_gptoss=timeout -k 5 $tg $MOE --arch $gpt; rc=\$?; $PACK; exit \$rc"
-)
-if [ "${MXFP4:-0}" = 1 ]; then
-  steps+=("moe_gptoss_mxfp4=timeout -k 5 $tm $MOE --arch $gpt --synthetic-format mxfp4 --layers 1 --cache-fraction 1.0; rc=\$?; $PACK; exit \$rc")
-fi
-steps+=(
-  "summary=python3 $HERE/allgraph_summary.py $WORK/results.jsonl --out $WORK/allgraph_summary.json; rc=\$?; $PACK; exit \$rc"
-  "pack=$PACK"
-)
-# run.sh writes its log and results.jsonl under its own OUT: the work folder
-OUT=$WORK exec bash "$HERE/run.sh" "${steps[@]}"
+# The steps are bench/h200/allhit_check.sh's, with these tests, side and
+# summary.
+export NAME=allgraph_check SIDE="--resident-graphs both" SUMMARY=allgraph_summary.py
+export TESTS="tests/models/test_resident_graphs_gpu.py tests/models/test_resident_graphs.py tests/models/test_models_gpu.py::test_all_resident_layer_runs_grouped_without_a_host_sync"
+export TT=${TT:-35} TQ=${TQ:-40} TG=${TG:-45} TM=${TM:-35}
+exec bash "$(dirname "$0")/allhit_check.sh"

@@ -33,20 +33,27 @@
 # reason).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
+# what bench/h200/allgraph_check.sh (this script with other tests, side and
+# summary) overrides: the name, the GPU tests, the moe side flag, the
+# summary script and the timeouts
+NAME=${NAME:-allhit_check}
+TESTS=${TESTS:-tests/bench/test_bench_moe_timing_gpu.py tests/models/test_allhit_fast_path.py tests/models/test_row_sort.py::test_sort_rows_on_cuda_equals_a_stable_sort_without_a_host_sync tests/models/test_models_gpu.py::test_all_resident_layer_runs_grouped_without_a_host_sync}
+SIDE=${SIDE:---row-sort both}
+SUMMARY=${SUMMARY:-allhit_summary.py}
 OUT=${OUT:-$PWD/out}
-WORK=${WORK:-/tmp/allhit_check}
+WORK=${WORK:-/tmp/$NAME}
 rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT"
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-TAR="$OUT/allhit_check.tgz"
-PACK="tar czf /tmp/allhit_check.tgz -C $WORK . && mv /tmp/allhit_check.tgz $TAR"
-gpt=gpt-oss-20b qwen=qwen3-30b-a3b dev="" tq=35 tg=40 tm=30
-GPUTESTS="timeout -k 5 20 python3 -P -m pytest -q -p no:cacheprovider tests/bench/test_bench_moe_timing_gpu.py tests/models/test_allhit_fast_path.py tests/models/test_row_sort.py::test_sort_rows_on_cuda_equals_a_stable_sort_without_a_host_sync tests/models/test_models_gpu.py::test_all_resident_layer_runs_grouped_without_a_host_sync > $WORK/gputests.txt 2>&1"
+TAR="$OUT/$NAME.tgz"
+PACK="tar czf /tmp/$NAME.tgz -C $WORK . && mv /tmp/$NAME.tgz $TAR"
+gpt=gpt-oss-20b qwen=qwen3-30b-a3b dev="" tt=${TT:-20} tq=${TQ:-35} tg=${TG:-40} tm=${TM:-30}
+GPUTESTS="timeout -k 5 $tt python3 -P -m pytest -q -p no:cacheprovider -rs $TESTS > $WORK/gputests.txt 2>&1"
 if [ "${SMOKE:-0}" = 1 ]; then
   gpt=gpt_oss qwen=qwen3_moe dev="--device cpu" tq=120 tg=120 tm=120
   GPUTESTS="true"
 fi
-MOE="pdflash-bench moe --json --layers 2 --tokens 16 --repeats 1 --cache-fraction 0.5 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 --row-sort both $dev"
+MOE="pdflash-bench moe --json --layers 2 --tokens 16 --repeats 1 --cache-fraction 0.5 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 $SIDE $dev"
 steps=(
   "gputests=$GPUTESTS; rc=\$?; tail -3 $WORK/gputests.txt 2>/dev/null; $PACK; exit \$rc"
   "moe_qwen3=timeout -k 5 $tq $MOE --arch $qwen; rc=\$?; $PACK; exit \$rc"
@@ -56,7 +63,7 @@ if [ "${MXFP4:-0}" = 1 ]; then
   steps+=("moe_gptoss_mxfp4=timeout -k 5 $tm $MOE --arch $gpt --synthetic-format mxfp4 --layers 1 --cache-fraction 1.0; rc=\$?; $PACK; exit \$rc")
 fi
 steps+=(
-  "summary=python3 $HERE/allhit_summary.py $WORK/results.jsonl --out $WORK/allhit_summary.json; rc=\$?; $PACK; exit \$rc"
+  "summary=python3 $HERE/$SUMMARY $WORK/results.jsonl --out $WORK/${SUMMARY%.py}.json; rc=\$?; $PACK; exit \$rc"
   "pack=$PACK"
 )
 # run.sh writes its log and results.jsonl under its own OUT: the work folder
