@@ -72,10 +72,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 
+from .op_count import DispatchCounter
 from .suites.engine import add_host_switch_arguments
 
 #: the timed parts, in the order a layer meets them
@@ -144,19 +144,6 @@ class _Frame:
         self.ops, self.callee_ops = ops, 0
 
 
-class TorchCallCounter(TorchDispatchMode):
-    """Counts every torch dispatch (views and metadata included: each is
-    host time on a GPU host) in :attr:`total`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.total = 0
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.total += 1
-        return func(*args, **(kwargs or {}))
-
-
 class ExclusiveTimer:
     """Per-part exclusive host seconds of nested timed calls; while
     :attr:`counter` is set, also each part's exclusive torch calls
@@ -166,7 +153,7 @@ class ExclusiveTimer:
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.torch_calls: dict[str, int] = defaultdict(int)
-        self.counter: TorchCallCounter | None = None
+        self.counter: DispatchCounter | None = None
         self._stack: list[_Frame] = []
 
     def reset(self) -> None:
@@ -556,7 +543,7 @@ def measure(
         # own host cost would skew the timed ones)
         for _ in range(count_steps):
             timer.reset()
-            timer.counter = TorchCallCounter()
+            timer.counter = DispatchCounter()
             try:
                 with timer.counter:
                     step(runner)

@@ -95,14 +95,17 @@ SMALL_BY_ARCH: dict[str, dict[str, Any]] = {
 
 class DispatchCounter(TorchDispatchMode):
     """Counts every torch dispatch by op name (views included) in
-    :attr:`ops`: each is host time on a GPU host."""
+    :attr:`ops`, and all of them in :attr:`total`: each is host time on a
+    GPU host."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.total = 0
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops[str(func.overloadpacket.__name__)] += 1
+        self.total += 1
         return func(*args, **(kwargs or {}))
 
 
