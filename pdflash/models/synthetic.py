@@ -510,8 +510,12 @@ def source_digest(module_name: str) -> str:
     import importlib
     import inspect
 
-    source = inspect.getsource(importlib.import_module(module_name))
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+    module = importlib.import_module(module_name)
+    try:
+        source = inspect.getsource(module).encode()
+    except (OSError, TypeError):  # installed without its .py: the compiled file
+        source = Path(str(module.__file__)).read_bytes()
+    return hashlib.sha256(source).hexdigest()[:16]
 
 
 def _host_tag() -> str:

@@ -159,3 +159,26 @@ def test_a_killed_writers_temporary_directory_is_removed_by_the_next_write(
     assert not reused and again == final and (final / CACHE_MARKER).is_file()
     assert written and written[0].parent == tmp_path and not written[0].exists()
     assert not dead.exists() and alive.exists() and other_host.exists()
+
+
+def test_source_digest_without_the_source_digests_the_module_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module installed without its .py (inspect finds no source) is
+    keyed by its compiled file's bytes instead of failing the cache."""
+    import inspect
+    from pathlib import Path
+
+    import pdflash.models.synthetic as synthetic
+
+    with_source = synthetic.source_digest("pdflash.models.synthetic")
+
+    def no_source(obj: object) -> str:
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    got = synthetic.source_digest("pdflash.models.synthetic")
+    want = hashlib.sha256(Path(str(synthetic.__file__)).read_bytes()).hexdigest()[:16]
+    assert got == want and len(got) == 16
+    # the file here is the .py itself: the same bytes as its source
+    assert got == with_source
