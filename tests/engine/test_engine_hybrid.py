@@ -73,6 +73,14 @@ def _cost_model_stack(
     return eng, adapter, issuer, svc
 
 
+def _assert_greedy_outputs(eng: Any, cases: list[Any]) -> None:
+    """Run every case's prompt to the end; each output equals its greedy reference."""
+    ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+    done = eng.run_until_done(max_steps=400)
+    for rid, (_, ref) in zip(ids, cases, strict=True):
+        assert done[rid].output == ref
+
+
 def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
@@ -90,10 +98,7 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
 
     eng.batcher.select = spy  # type: ignore[method-assign]
     try:
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        done = eng.run_until_done(max_steps=400)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
+        _assert_greedy_outputs(eng, cases)
         b = svc.books
         assert b.experts > 0 and b.planned_ahead > 0
         assert eng.stream is not None and eng.stream.skip.any()
@@ -117,10 +122,7 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
     eng, adapter, issuer, svc = _cost_model_stack(tmp, ahead="weighted")
     eng.HOST_AHEAD_EXPOSED = 0.0
     try:
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        done = eng.run_until_done(max_steps=400)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
+        _assert_greedy_outputs(eng, cases)
         b = svc.books
         assert b.planned_ahead > 0 and b.ahead_seen > 0
         frac = svc.describe()["ahead_fraction"]
@@ -153,10 +155,7 @@ def test_queue_rule_keeps_greedy_output_and_counts_its_reasons(
 
     svc.planner.plan = spy  # type: ignore[method-assign]
     try:
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        done = eng.run_until_done(max_steps=400)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
+        _assert_greedy_outputs(eng, cases)
         d = svc.describe()
         assert d["planner"]["rule"] == "queue"
         decisions = d["planner_decisions"]
@@ -262,10 +261,7 @@ def test_prepared_host_format_keeps_greedy_output(
     svc.timer = eng.timer
     try:
         assert adapter.runtime.host_service is svc
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        done = eng.run_until_done(max_steps=400)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
+        _assert_greedy_outputs(eng, cases)
         assert svc.books.experts > 0
         assert svc.describe()["host_weights"]["host_format"] == fmt
     finally:
