@@ -513,7 +513,7 @@ def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, to
             root / "drafter", cfg, drafter_preset, seed=drafter_seed, dtype=dtype
         )
 
-    name = synthetic_cache_name(arch, preset, **target_args)
+    name = synthetic_cache_name(key["target"])
     root, _reused = cached_directory(cache_root() / "synthetic", name, key, write)
     return root / "target", root / "drafter", dtype
 

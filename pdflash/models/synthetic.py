@@ -623,24 +623,15 @@ def synthetic_cache_key(
     }
 
 
-def synthetic_cache_name(
-    arch: str,
-    preset: str,
-    *,
-    num_layers: int | None,
-    dtype: torch.dtype,
-    seed: int,
-    expert_format: str | None,
-    device: str,
-    weights: str = "files",
-) -> str:
-    """A readable directory name for a cached synthetic checkpoint (the key's
-    digest follows it)."""
+def synthetic_cache_name(key: Mapping[str, Any]) -> str:
+    """A readable directory name for a cached synthetic checkpoint, from its
+    :func:`synthetic_cache_key` (the key's digest follows it)."""
+    layers = key["num_layers"]
     name = (
-        f"{arch}-{preset}-L{num_layers if num_layers is not None else 'all'}"
-        f"-{str(dtype).removeprefix('torch.')}-s{seed}-{expert_format or 'hub'}-{device}"
+        f"{key['arch']}-{key['preset']}-L{layers if layers is not None else 'all'}"
+        f"-{key['dtype']}-s{key['seed']}-{key['expert_format'] or 'hub'}-{key['device']}"
     )
-    return name if weights == "files" else f"{name}-{weights}"
+    return name if key["weights"] == "files" else f"{name}-{key['weights']}"
 
 
 def cached_synthetic_checkpoint(
@@ -669,10 +660,7 @@ def cached_synthetic_checkpoint(
         arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
         shard_bytes=shard_bytes, expert_format=expert_format, device=device, weights=weights,
     )  # fmt: skip
-    name = synthetic_cache_name(
-        arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
-        expert_format=expert_format, device=device, weights=weights,
-    )  # fmt: skip
+    name = synthetic_cache_name(key)
 
     def write(tmp: Path) -> None:
         write_synthetic_checkpoint(
