@@ -13,6 +13,7 @@ from types import ModuleType
 #: Every extension module a complete build produces.
 NATIVE_MODULES: tuple[str, ...] = (
     "_build_info",
+    "_cachebooks",
     "_deficit",
     "_hostmlp",
     "_hostsignal",

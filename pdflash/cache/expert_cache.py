@@ -15,6 +15,13 @@ touch in a forward of ``max_batch_tokens`` tokens. A forward with more tokens
 still runs: the offloaded block then processes the layer's experts in groups
 that fit (see :mod:`pdflash.models.offload`).
 
+Books: every step of the bookkeeping over those arrays (a lookup, a pin
+update, an eviction's or a load's writes, a capacity count) is one call into
+the native :class:`pdflash_native._cachebooks.CacheBooks` (its pure-Python
+reference, :class:`pdflash._reference.cachebooks.CacheBooks`, is driven
+against it by the differential tests); the decisions (victims, bands,
+errors) stay here and in the eviction policy.
+
 NOTE (CUDA): releasing a pin only means the kernels that read the slot were
 *enqueued*. The cache records an event on the compute stream at release and,
 before a slot is overwritten by a new copy, waits for that event on the host
@@ -44,14 +51,79 @@ import numpy.typing as npt
 import torch
 
 from pdflash._guard import BusyGuard, exclusive
+from pdflash._native import load_native
 from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
 from pdflash.metrics import Metric, ratio
-from pdflash.protocols import Band, CopyIssuer, TicketState, checked_flat_ids
+from pdflash.protocols import Band, CopyIssuer, TicketState
 
 if TYPE_CHECKING:
     from pdflash.protocols import ExpertCacheView
+    from pdflash_native import _cachebooks
+else:
+    _cachebooks = load_native("_cachebooks")
 
 IdArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_NO_IDS: IdArray = np.zeros(0, dtype=np.int64)
+_NO_IDS.flags.writeable = False
+_DONE = int(TicketState.DONE)
+_RUNNING = int(TicketState.RUNNING)
+
+
+class CacheBooksCore(Protocol):
+    """The books over a cache's arrays: each method is one bookkeeping step
+    (see :mod:`pdflash_native._cachebooks` for what each one does). Ids or
+    slots given to one call are distinct; a call that raises changes
+    nothing."""
+
+    def first_bad_id(self, ids: IdArray) -> int: ...
+    def strictly_increasing(self, ids: IdArray) -> bool: ...
+    def inflight(self) -> tuple[IdArray, IdArray]: ...
+    def settle(self, busy: IdArray, states: npt.NDArray[np.uint8], done_code: int) -> IdArray: ...
+    def available(self, exclude: IdArray) -> int: ...
+    def evictable(self, exclude: IdArray) -> IdArray: ...
+    def free_slots(self, n: int) -> IdArray: ...
+    def all_held(self, ids: IdArray) -> bool: ...
+    def split_present(self, ids: IdArray) -> tuple[IdArray, IdArray]: ...
+    def pin_present(self, slots: IdArray, delta: int) -> None: ...
+    def commit_access(self, ids: IdArray, slots_before: IdArray) -> tuple[int, int]: ...
+    def out_tickets(self, ids: IdArray) -> tuple[IdArray, IdArray]: ...
+    def pin_checked(self, ids: IdArray) -> tuple[int, IdArray]: ...
+    def unpin_checked(self, ids: IdArray) -> tuple[int, IdArray]: ...
+    def promotable(self, slots: IdArray, band: int) -> IdArray: ...
+    def evict(self, slots: IdArray) -> tuple[IdArray, int, int]: ...
+    def load(
+        self,
+        ids: IdArray,
+        slots: IdArray,
+        tickets: IdArray,
+        keys: IdArray,
+        band: int,
+        prefetched: bool,
+    ) -> None: ...
+    def inflight_row(self, layer: int) -> BoolArray: ...
+    def apply_access(
+        self, layer: int, routed: IdArray, inflight: BoolArray
+    ) -> tuple[IdArray, int, int]: ...
+
+
+class CacheBooksFactory(Protocol):
+    """Builds the books over a cache's arrays (the native class by default)."""
+
+    def __call__(
+        self,
+        slot_of: IdArray,
+        expert_of: IdArray,
+        pins: npt.NDArray[np.int32],
+        ticket: IdArray,
+        key: IdArray,
+        band: IdArray,
+        used: BoolArray,
+        counted: BoolArray,
+        by_prefetch: BoolArray,
+        num_experts: int,
+    ) -> CacheBooksCore: ...
 
 
 class ExpertSource(Protocol):
@@ -135,6 +207,9 @@ class ExpertCache:
             ablation: an on-demand miss waits behind every copy queued before
             it). The cache still records each copy's requested band in
             :attr:`band` (its books: prefetched vs on-demand bytes).
+        books: builds the books over the cache's arrays (default: the
+            native :class:`pdflash_native._cachebooks.CacheBooks`; the
+            differential tests pass the pure-Python reference).
     """
 
     def __init__(
@@ -151,6 +226,7 @@ class ExpertCache:
         policy: EvictionPolicy | str | None = None,
         wait_timeout_s: float | None = None,
         single_band: Band | None = None,
+        books: CacheBooksFactory | None = None,
     ) -> None:
         if single_band is not None and not isinstance(single_band, Band):
             raise TypeError(f"single_band must be a Band or None, got {single_band!r}")
@@ -228,6 +304,21 @@ class ExpertCache:
         self.by_prefetch = np.zeros(slots, dtype=np.bool_)
         # one CUDA event per release call, shared by the slots it released
         self._events: npt.NDArray[np.object_] = np.full(slots, None, dtype=object)
+        # the slab never moves: its address once, not a torch call per copy
+        self._slab_ptr = int(self.slab.data_ptr())
+        factory: CacheBooksFactory = _cachebooks.CacheBooks if books is None else books
+        self._books: CacheBooksCore = factory(
+            self.slot_of,
+            self.expert_of,
+            self.pins,
+            self.ticket,
+            self.key,
+            self.band,
+            self.used,
+            self.counted,
+            self.by_prefetch,
+            self.num_experts,
+        )
         # the device copy of ``slot_of`` (see :meth:`device_slot_table`)
         self._table: torch.Tensor | None = None
         self._table_dirty = True
@@ -385,7 +476,20 @@ class ExpertCache:
     # -- queries ---------------------------------------------------------------
 
     def _ids(self, flat_ids: npt.ArrayLike) -> IdArray:
-        return checked_flat_ids(flat_ids, self.num_ids)
+        """``flat_ids`` as a 1-D int64 array; ``ValueError`` naming the first
+        id out of range (the message of :func:`pdflash.protocols.checked_flat_ids`)."""
+        ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
+        bad = self._books.first_bad_id(ids)
+        if bad >= 0:
+            raise ValueError(f"expert id {int(ids[bad])} out of range [0, {self.num_ids})")
+        return ids
+
+    def _sorted_unique(self, ids: IdArray) -> IdArray:
+        """:func:`sorted_unique` with the order check in one native call."""
+        if self._books.strictly_increasing(ids):
+            return ids
+        out: IdArray = np.unique(ids)
+        return out
 
     def is_resident(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Has a slot (its copy may still be in flight)."""
@@ -420,7 +524,7 @@ class ExpertCache:
         """Every expert of ``layer`` (every owned one, after
         :meth:`restrict_to`) holds a slot (copies may be in flight): a
         forward of that layer needs no copy, whatever its routing."""
-        return bool((self.slot_of[self._layer_ids(layer)] >= 0).all())
+        return self._books.all_held(self._layer_ids(layer))
 
     @exclusive
     def pin_layer(self, layer: int) -> tuple[IdArray, IdArray]:
@@ -431,16 +535,16 @@ class ExpertCache:
         :meth:`wait_ready`, unpin with :meth:`release`."""
         ids = self._layer_ids(layer)
         self._refresh_inflight()  # may drop a failed copy: check residency after it
-        slots = self.slot_of[ids]
-        if (slots < 0).any():
+        bad, slots = self._books.pin_checked(ids)
+        if bad >= 0:
             raise ValueError(f"layer {layer} is not fully resident")
-        self.pins[slots] += 1
         try:
             self._promote(slots, Band.ON_DEMAND)
         except BaseException:
-            self.pins[slots] -= 1
+            self._books.pin_present(slots, -1)
             raise
-        return ids, self.ticket[slots].copy()
+        tickets: IdArray = self.ticket[slots]  # an index array: a copy
+        return ids, tickets
 
     def all_resident(self) -> bool:
         """:meth:`layer_resident` of every layer, in one pass."""
@@ -468,17 +572,16 @@ class ExpertCache:
         per layer (a replayed step's pins read the tickets together)."""
         self._refresh_inflight()
         per_layer, ids = self._layers_ids(layers)
-        slots = self.slot_of[ids]
-        if (slots < 0).any():
-            bad = int(ids[np.flatnonzero(slots < 0)[0]]) // self.num_experts
-            raise ValueError(f"layer {bad} is not fully resident")
-        self.pins[slots] += 1  # distinct experts hold distinct slots
+        bad, slots = self._books.pin_checked(ids)  # distinct experts hold distinct slots
+        if bad >= 0:
+            raise ValueError(f"layer {int(ids[bad]) // self.num_experts} is not fully resident")
         try:
             self._promote(slots, Band.ON_DEMAND)
         except BaseException:
-            self.pins[slots] -= 1
+            self._books.pin_present(slots, -1)
             raise
-        return per_layer, self.ticket[slots]
+        tickets: IdArray = self.ticket[slots]
+        return per_layer, tickets
 
     @exclusive
     def unpin_layers(self, layers: Sequence[int]) -> None:
@@ -487,20 +590,18 @@ class ExpertCache:
         per_layer, ids = self._layers_ids(layers)
         if not per_layer:
             return
-        slots = self.slot_of[ids]
-        if (slots < 0).any() or (self.pins[np.maximum(slots, 0)] <= 0).any():
+        bad, slots = self._books.unpin_checked(ids)
+        if bad >= 0:
             raise ValueError(f"layers {list(layers)} are not all pinned")
-        self.pins[slots] -= 1
         self._record_slot_event(slots)
 
     @exclusive
     def unpin_layer(self, layer: int) -> None:
         """Undo :meth:`pin_layer` (the layer's experts cannot have moved
         while pinned): one event on the compute stream guards their slots."""
-        slots = self.slot_of[self._layer_ids(layer)]
-        if (slots < 0).any() or (self.pins[slots] <= 0).any():
+        bad, slots = self._books.unpin_checked(self._layer_ids(layer))
+        if bad >= 0:
             raise ValueError(f"layer {layer} is not pinned")
-        self.pins[slots] -= 1
         self._record_slot_event(slots)
 
     def _record_slot_event(self, slots: npt.NDArray[np.int64]) -> None:
@@ -518,14 +619,15 @@ class ExpertCache:
         without a host sync: hits, bytes used and the policy's access
         records are applied when the host next needs them (an eviction
         choice, :meth:`stats`, a counter read)."""
-        base = int(layer) * self.num_experts
-        slots = self.slot_of[base : base + self.num_experts]
-        inflight = self.ticket[np.maximum(slots, 0)] >= 0
+        layer = int(layer)
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} out of range [0, {self.num_layers})")
+        inflight = self._books.inflight_row(layer)
         self.clock += 1
         # NOTE: kept in the caller's shape (flattened when applied) and
         # detached only when it tracks gradients: no dispatch per call
         rows = routed.detach() if routed.requires_grad else routed
-        self._deferred.append(((int(layer),), rows, self.clock, inflight[None]))
+        self._deferred.append(((layer,), rows, self.clock, inflight[None]))
         self._bound_deferred(int(rows.numel()))
 
     @exclusive
@@ -567,6 +669,7 @@ class ExpertCache:
         # when the host must decide something from these accesses.
         lengths = [int(r.numel()) for _, r, _, _ in pending]
         routed_all = torch.cat([r.reshape(-1) for _, r, _, _ in pending]).cpu().numpy()
+        routed_all = routed_all.astype(np.int64, copy=False)
         parts = np.split(routed_all, np.cumsum(lengths)[:-1])
         for (layers, _, first, inflight_all), rows in zip(pending, parts, strict=True):
             per_layer = rows.reshape(len(layers), rows.size // len(layers))
@@ -580,18 +683,13 @@ class ExpertCache:
         clock: int,
         inflight: npt.NDArray[np.bool_],
     ) -> None:
-        """One deferred access of ``layer`` (expert indices ``r``), applied."""
-        c = np.bincount(r, minlength=self.num_experts)
-        routed = np.flatnonzero(c)
-        ids = routed.astype(np.int64) + layer * self.num_experts
-        slots = self.slot_of[ids]
-        held = slots >= 0  # an expert dropped since (failed copy) is not counted
-        ids, slots = ids[held], slots[held]
+        """One deferred access of ``layer`` (expert indices ``r``), applied:
+        the distinct routed experts still holding a slot (one dropped since,
+        by a failed copy, is not counted) are hits and used."""
+        ids, inflight_hits, fresh = self._books.apply_access(layer, r, inflight)
         self._hits += int(ids.size)
-        self._inflight_hits += int(inflight[routed[held]].sum())
-        fresh = slots[~self.used[slots] & self.counted[slots]]
-        self._bytes_used += int(fresh.size) * self.expert_nbytes
-        self.used[slots] = True
+        self._inflight_hits += inflight_hits
+        self._bytes_used += fresh * self.expert_nbytes
         self.policy.on_access(ids, clock)
 
     @exclusive
@@ -608,16 +706,14 @@ class ExpertCache:
         """Clear finished copies; forget unpinned slots whose copy failed or
         was cancelled (e.g. ``issuer.cancel(Band.ROUTE_AHEAD)``), so the
         expert is fetched again instead of being read as garbage."""
-        busy = np.flatnonzero(self.ticket >= 0)
+        busy, tickets = self._books.inflight()
         if busy.size == 0:
             return
         if self.settle_copies:
             # NOTE: failed/cancelled copies raise here; they are dropped below
             with contextlib.suppress(Exception):
-                self.issuer.wait(self.ticket[busy], self.wait_timeout_s)
-        done, failed = self._copy_outcomes(busy)
-        self.ticket[busy[done]] = -1
-        bad = busy[failed & (self.pins[busy] == 0)]
+                self.issuer.wait(tickets, self.wait_timeout_s)
+        bad = self._books.settle(busy, self._copy_states(tickets), _DONE)
         if bad.size:
             self.failed_copies += int(bad.size)
             self._drop(bad)
@@ -633,39 +729,36 @@ class ExpertCache:
         or cancelled). An issuer
         without ``states`` is trusted to complete what it accepted.
         """
-        tickets = self.ticket[slots]
+        states = self._copy_states(self.ticket[slots])
+        return states == _DONE, states > _DONE
+
+    def _copy_states(self, tickets: IdArray) -> npt.NDArray[np.uint8]:
+        """:class:`~pdflash.protocols.TicketState` codes of ``tickets`` (an
+        issuer without ``states``: ``DONE`` where ``poll`` says finished,
+        else ``RUNNING``)."""
         states_fn = getattr(self.issuer, "states", None)
         if states_fn is None:
             done = np.asarray(self.issuer.poll(tickets), dtype=np.bool_)
-            return done, np.zeros_like(done)
-        states = np.asarray(states_fn(tickets))
-        done_code = int(TicketState.DONE)
-        return states == done_code, states > done_code
+            return np.where(done, _DONE, _RUNNING).astype(np.uint8)
+        return np.asarray(states_fn(tickets), dtype=np.uint8)
 
     def _evictable_slots(self, exclude: IdArray) -> npt.NDArray[np.int64]:
-        ok = (self.expert_of >= 0) & (self.pins == 0) & (self.ticket < 0)
-        if exclude.size:
-            held = self.slot_of[exclude]
-            ok[held[held >= 0]] = False
-        return np.flatnonzero(ok)
+        """Held, unpinned slots with no copy in flight, not holding an
+        ``exclude`` id (ascending)."""
+        return self._books.evictable(exclude)
 
     def _available(self, exclude: IdArray) -> int:
         """Free slots plus evictable ones (:meth:`_evictable_slots`), counted
         without listing them."""
-        held = self.expert_of >= 0
-        ok = held & (self.pins == 0) & (self.ticket < 0)
-        if exclude.size:
-            slots = self.slot_of[exclude]
-            ok[slots[slots >= 0]] = False
-        return self.num_slots - int(np.count_nonzero(held)) + int(np.count_nonzero(ok))
+        return self._books.available(exclude)
 
     def _reserve(self, n: int, exclude: IdArray) -> npt.NDArray[np.int64]:
         """Up to ``n`` free slots, evicting through the policy; never evicts
         ``exclude`` ids."""
-        free = np.flatnonzero(self.expert_of < 0)[:n]
+        free = self._books.free_slots(n)
         if free.size >= n:
             return free
-        cand_slots = self._evictable_slots(exclude)
+        cand_slots = self._books.evictable(exclude)
         need = min(n - free.size, cand_slots.size)
         if need == 0:
             return free
@@ -676,17 +769,13 @@ class ExpertCache:
         return np.concatenate([free, vslots])
 
     def _evict(self, slots: npt.NDArray[np.int64]) -> None:
-        ids = self.expert_of[slots]
-        for ev in {id(e): e for e in self._events[slots] if e is not None}.values():
-            ev.synchronize()  # see the module NOTE: kernels still reading these slots
-        self._events[slots] = None
-        unused = self.counted[slots] & ~self.used[slots]
-        self.bytes_evicted_unused += int(unused.sum()) * self.expert_nbytes
-        self.prefetch_bytes_evicted_unused += (
-            int((unused & self.by_prefetch[slots]).sum()) * self.expert_nbytes
-        )
-        self.slot_of[ids] = -1
-        self.expert_of[slots] = -1
+        if self._is_cuda:  # (events are recorded on CUDA only)
+            for ev in {id(e): e for e in self._events[slots] if e is not None}.values():
+                ev.synchronize()  # see the module NOTE: kernels still reading these slots
+            self._events[slots] = None
+        ids, unused, unused_prefetch = self._books.evict(slots)
+        self.bytes_evicted_unused += unused * self.expert_nbytes
+        self.prefetch_bytes_evicted_unused += unused_prefetch * self.expert_nbytes
         self._table_dirty = True
         self.evictions += int(slots.size)
         self.policy.on_evict(ids)
@@ -694,20 +783,13 @@ class ExpertCache:
     def _load(self, ids: IdArray, slots: npt.NDArray[np.int64], band: Band) -> IdArray:
         keys = np.arange(self._next_key, self._next_key + ids.size, dtype=np.int64)
         src = self.source.host_ptrs(ids)
-        dst = self.slab.data_ptr() + slots * self.expert_nbytes
+        dst = self._slab_ptr + slots * self.expert_nbytes
         nbytes = np.full(ids.size, self.expert_nbytes, dtype=np.int64)
         issue_band = band if self.single_band is None else self.single_band
         tickets = np.asarray(self.issuer.submit(src, dst, nbytes, keys, issue_band), dtype=np.int64)
         self._next_key += ids.size
-        self.slot_of[ids] = slots
-        self.expert_of[slots] = ids
+        self._books.load(ids, slots, tickets, keys, int(band), band != Band.ON_DEMAND)
         self._table_dirty = True
-        self.ticket[slots] = tickets
-        self.key[slots] = keys
-        self.band[slots] = int(band)
-        self.used[slots] = False
-        self.counted[slots] = True
-        self.by_prefetch[slots] = band != Band.ON_DEMAND
         self.copies += int(ids.size)
         self.bytes_in += int(ids.size) * self.expert_nbytes
         if band != Band.ON_DEMAND:
@@ -718,7 +800,7 @@ class ExpertCache:
     def _promote(self, slots: npt.NDArray[np.int64], band: Band) -> None:
         """Resubmit in-flight copies of a lower band at ``band`` (same keys:
         the issuer promotes them instead of copying twice)."""
-        low = slots[(self.ticket[slots] >= 0) & (self.band[slots] > int(band))]
+        low = self._books.promotable(slots, int(band))  # (slots < 0 skipped)
         if low.size == 0:
             return
         if self.single_band is not None:
@@ -727,7 +809,7 @@ class ExpertCache:
             return
         ids = self.expert_of[low]
         src = self.source.host_ptrs(ids)
-        dst = self.slab.data_ptr() + low * self.expert_nbytes
+        dst = self._slab_ptr + low * self.expert_nbytes
         nbytes = np.full(low.size, self.expert_nbytes, dtype=np.int64)
         tickets = np.asarray(
             self.issuer.submit(src, dst, nbytes, self.key[low], band), dtype=np.int64
@@ -761,10 +843,8 @@ class ExpertCache:
         ids = first_occurrences(ids_in)  # keep the caller's priority order
         self.clock += 1
         self._refresh_inflight()
-        slots = self.slot_of[ids]
-        present = slots >= 0
-        self._promote(slots[present], band)
-        missing = ids[~present]
+        slots, missing = self._books.split_present(ids)
+        self._promote(slots, band)
         if missing.size:
             exclude = np.concatenate([ids, keep]) if keep.size else ids
             new_slots = self._reserve(int(missing.size), exclude=exclude)
@@ -786,45 +866,44 @@ class ExpertCache:
         """
         ids_in = self._ids(flat_ids)
         self._check_owned(ids_in)
-        ids = sorted_unique(ids_in)
+        ids = self._sorted_unique(ids_in)
         # NOTE: earlier deferred accesses go to the policy before this one (no
         # extra wait in practice: the caller has just read this layer's routing)
         self._flush_deferred()
         self._refresh_inflight()
-        slots = self.slot_of[ids]
-        present = slots >= 0
-        missing = ids[~present]
-        if missing.size > self._available(exclude=ids):
-            raise CacheTooSmallError(
-                f"{ids.size} distinct experts requested but only {self._available(ids)} of "
-                f"{self.num_slots} slots are free or evictable (the rest are pinned or in flight)"
-            )
-        self.pins[slots[present]] += 1  # so they cannot be chosen as victims below
+        books = self._books
+        slots, missing = books.split_present(ids)  # slots: -1 for the missing ids
+        if missing.size:  # (nothing missing always fits)
+            room = books.available(ids)
+            if missing.size > room:
+                raise CacheTooSmallError(
+                    f"{ids.size} distinct experts requested but only {room} of "
+                    f"{self.num_slots} slots are free or evictable (the rest are pinned or "
+                    "in flight)"
+                )
+        books.pin_present(slots, 1)  # so they cannot be chosen as victims below
         try:
             if missing.size:
                 new_slots = self._reserve(int(missing.size), exclude=ids)
                 assert new_slots.size == missing.size
                 self._load(missing, new_slots, Band.ON_DEMAND)
-                self.pins[new_slots] += 1
-            self._promote(slots[present], Band.ON_DEMAND)
+                books.pin_present(new_slots, 1)
+            self._promote(slots, Band.ON_DEMAND)
         except BaseException:
             # e.g. the issuer refused the copies: nothing stays pinned; the
             # slots freed for them stay free (their experts were evicted)
-            self.pins[slots[present]] -= 1
+            books.pin_present(slots, -1)
             loaded = self.slot_of[missing]
             self.pins[loaded[loaded >= 0]] = 0
             raise
         self.clock += 1
-        self._hits += int(present.sum())
+        self._hits += int(ids.size - missing.size)
         self.misses += int(missing.size)
-        self._inflight_hits += int((self.ticket[slots[present]] >= 0).sum())
-        all_slots = self.slot_of[ids]
-        fresh = all_slots[~self.used[all_slots] & self.counted[all_slots]]
-        self._bytes_used += int(fresh.size) * self.expert_nbytes
-        self.used[all_slots] = True
+        inflight_hits, fresh = books.commit_access(ids, slots)
+        self._inflight_hits += inflight_hits
+        self._bytes_used += fresh * self.expert_nbytes
         self.policy.on_access(ids, self.clock)
-        out_slots = self.slot_of[ids_in]
-        return out_slots, self.ticket[out_slots].copy()
+        return books.out_tickets(ids_in)
 
     @exclusive
     def wait_ready(self, tickets: npt.ArrayLike) -> None:
@@ -866,7 +945,7 @@ class ExpertCache:
     def abort(self, flat_ids: npt.ArrayLike) -> None:
         """Undo :meth:`acquire` after a failure: unpin the experts and drop
         those whose copy has not completed (their bytes are not valid)."""
-        ids = sorted_unique(self._ids(flat_ids))
+        ids = self._sorted_unique(self._ids(flat_ids))
         slots = self.slot_of[ids]
         slots = slots[slots >= 0]
         self.pins[slots] = np.maximum(self.pins[slots] - 1, 0)
@@ -892,12 +971,10 @@ class ExpertCache:
     @exclusive
     def release(self, flat_ids: npt.ArrayLike) -> None:
         """Unpin experts pinned by :meth:`ensure_resident`."""
-        ids = sorted_unique(self._ids(flat_ids))
-        slots = self.slot_of[ids]
-        if (slots < 0).any() or (self.pins[slots] <= 0).any():
-            bad = ids[(slots < 0) | (self.pins[np.maximum(slots, 0)] <= 0)][0]
-            raise ValueError(f"expert {int(bad)} is not pinned")
-        self.pins[slots] -= 1
+        ids = self._sorted_unique(self._ids(flat_ids))
+        bad, slots = self._books.unpin_checked(ids)
+        if bad >= 0:
+            raise ValueError(f"expert {int(ids[bad])} is not pinned")
         self._record_slot_event(slots)
 
     @contextmanager
@@ -942,8 +1019,8 @@ class ExpertCache:
         """Slots a forward could pin now (free or evictable), not counting
         the slots of ``protect`` ids."""
         self._refresh_inflight()
-        keep = self._ids(protect) if protect is not None else np.zeros(0, dtype=np.int64)
-        return self._available(keep)
+        keep = self._ids(protect) if protect is not None else _NO_IDS
+        return self._books.available(keep)
 
     def inflight_mask(self) -> npt.NDArray[np.bool_]:
         """``(num_layers, num_experts)``: experts whose copy is still in flight
