@@ -48,3 +48,13 @@ class CacheBooks:
     ) -> None: ...
     def inflight_row(self, layer: int) -> _Bools: ...
     def apply_access(self, layer: int, routed: _I64, inflight: _Bools) -> tuple[_I64, int, int]: ...
+
+def layer_cyclic_lru_victims(
+    candidates: _I64,
+    last_use: _I64,
+    predicted: _Bools,
+    num_layers: int,
+    num_experts: int,
+    current_layer: int,
+    n: int,
+) -> _I64: ...

@@ -17,6 +17,7 @@ Not thread-safe: the cache is single-threaded (its BusyGuard).
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdlib cimport free, malloc, qsort
 
 import numpy as np
 
@@ -438,3 +439,74 @@ cdef class CacheBooks:
                 fresh += 1
             self.used[s] = 1
         return ids, n_inflight, fresh
+
+
+# -- the layer-cyclic policy's victims over an LRU base -----------------------
+
+cdef struct _Rank:
+    int64_t far  # minus the layers until the expert's layer runs again
+    int64_t predicted
+    int64_t last_use
+    int64_t expert
+
+
+cdef int _by_rank(const void* a, const void* b) noexcept nogil:
+    cdef const _Rank* x = <const _Rank*>a
+    cdef const _Rank* y = <const _Rank*>b
+    if x.far != y.far:
+        return -1 if x.far < y.far else 1
+    if x.predicted != y.predicted:
+        return -1 if x.predicted < y.predicted else 1
+    if x.last_use != y.last_use:
+        return -1 if x.last_use < y.last_use else 1
+    if x.expert != y.expert:
+        return -1 if x.expert < y.expert else 1
+    return 0
+
+
+def layer_cyclic_lru_victims(
+    const int64_t[:] candidates, const int64_t[:] last_use, predicted,
+    int64_t num_layers, int64_t num_experts, int64_t current_layer, Py_ssize_t n,
+):
+    """:class:`pdflash.cache.eviction.LayerCyclicPolicy`'s victims over its
+    LRU base: the ``n`` candidates (distinct flat ids) whose layer runs again
+    farthest from ``current_layer``, then unpredicted before predicted
+    (``predicted``: bool per flat id, or empty: none), then least recently
+    used (``last_use`` per flat id), then the smaller id, in that order."""
+    cdef Py_ssize_t i, m = candidates.shape[0]
+    cdef int64_t g, layer, num_ids = last_use.shape[0]
+    cdef int64_t[::1] ov
+    if n <= 0 or m == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not isinstance(predicted, np.ndarray) or predicted.dtype != np.bool_:
+        raise TypeError("predicted must be a bool numpy array")
+    cdef const uint8_t[:] pred = predicted.view(np.uint8)
+    if pred.shape[0] != 0 and pred.shape[0] != num_ids:
+        raise ValueError(f"{pred.shape[0]} predicted flags for {num_ids} ids")
+    for i in range(m):
+        g = candidates[i]
+        if g < 0 or g >= num_ids or g >= num_layers * num_experts:
+            raise IndexError(f"expert {g} out of range [0, {num_ids})")
+    cdef _Rank* ranks = <_Rank*>malloc(m * sizeof(_Rank))
+    if ranks == NULL:
+        raise MemoryError()
+    try:
+        for i in range(m):
+            g = candidates[i]
+            layer = g // num_experts
+            ranks[i].far = -(layer - current_layer if layer > current_layer
+                             else num_layers - current_layer + layer)
+            ranks[i].predicted = pred[g] if pred.shape[0] else 0
+            ranks[i].last_use = last_use[g]
+            ranks[i].expert = g
+        with nogil:
+            qsort(ranks, m, sizeof(_Rank), _by_rank)
+        if n > m:
+            n = m
+        out = np.empty(n, dtype=np.int64)
+        ov = out
+        for i in range(n):
+            ov[i] = ranks[i].expert
+        return out
+    finally:
+        free(ranks)

@@ -240,3 +240,29 @@ class CacheBooks:
         fresh = int((~self.used[slots] & self.counted[slots]).sum())
         self.used[slots] = True
         return ids, n_inflight, fresh
+
+
+def layer_cyclic_lru_victims(
+    candidates: I64,
+    last_use: I64,
+    predicted: Bools,
+    num_layers: int,
+    num_experts: int,
+    current_layer: int,
+    n: int,
+) -> I64:
+    """:class:`pdflash.cache.eviction.LayerCyclicPolicy`'s victims over its
+    LRU base (the numpy ranking the policy ran before its native fast
+    path): the ``n`` candidates whose layer runs again farthest from
+    ``current_layer``, then unpredicted first (``predicted``: bool per flat
+    id, or empty), then least recently used, then the smaller id."""
+    cand = np.asarray(candidates, dtype=np.int64)
+    if n <= 0 or cand.size == 0:
+        return cand[:0]
+    layer = cand // num_experts
+    cur = current_layer
+    dist = np.where(layer > cur, layer - cur, num_layers - cur + layer)
+    pred = predicted[cand] if predicted.size else np.zeros(cand.size, dtype=np.bool_)
+    order = np.lexsort((cand, last_use[cand], pred, -dist))
+    out: I64 = cand[order[:n]]
+    return out

@@ -8,12 +8,18 @@ tick per cache call), never wall time, so runs are deterministic.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
+from pdflash._native import load_native
 from pdflash.protocols import checked_flat_ids
+
+if TYPE_CHECKING:
+    from pdflash_native import _cachebooks
+else:
+    _cachebooks = load_native("_cachebooks")
 
 IdArray = npt.NDArray[np.int64]
 
@@ -235,17 +241,25 @@ class LayerCyclicPolicy:
 
     def victims(self, candidates: IdArray, n: int) -> IdArray:
         cand = np.asarray(candidates, dtype=np.int64)
+        base = self.base
+        if type(base) is LRUPolicy:
+            # the LRU order is (last use, id): ranked by those keys directly
+            # in one native call (the same order as the rank within
+            # base.victims below; reference:
+            # pdflash._reference.cachebooks.layer_cyclic_lru_victims)
+            return _cachebooks.layer_cyclic_lru_victims(
+                cand,
+                base.last_use,
+                self.predicted,
+                self.num_layers,
+                self.num_experts,
+                self.current_layer,
+                n,
+            )
         if n <= 0 or cand.size == 0:
             return cand[:0]
         dist = self.next_use_distance(cand)
         pred = self.predicted[cand] if self.predicted.size else np.zeros(cand.size, dtype=np.bool_)
-        base = self.base
-        if type(base) is LRUPolicy:
-            # the LRU order is (last use, id): ranked by those keys directly,
-            # the same order as the rank within base.victims below, without
-            # its sort, the rank's sort and the search
-            order = np.lexsort((cand, base.last_use[cand], pred, -dist))
-            return cand[order[:n]]
         base_order = np.asarray(base.victims(cand, cand.size), dtype=np.int64)
         # rank[i] = position of cand[i] in the base order (vectorised: this
         # runs on every eviction, over every evictable slot)

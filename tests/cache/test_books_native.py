@@ -15,16 +15,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from hypothesis_budget import scaled
 
 from pdflash._reference.cachebooks import CacheBooks as ReferenceBooks
+from pdflash._reference.cachebooks import layer_cyclic_lru_victims as reference_victims
 from pdflash.cache import ExpertCache
 from pdflash.cache.eviction import LayerCyclicPolicy, make_policy
 from pdflash.protocols import Band, TicketState
 from pdflash_native._cachebooks import CacheBooks as NativeBooks
+from pdflash_native._cachebooks import layer_cyclic_lru_victims as native_victims
 
 LAYERS, EXPERTS, NBYTES = 3, 5, 16
 NUM_IDS = LAYERS * EXPERTS
@@ -450,3 +452,24 @@ def test_the_cache_fails_loudly_without_its_native_books(monkeypatch: pytest.Mon
     monkeypatch.delitem(sys.modules, "pdflash.cache.expert_cache")
     with pytest.raises(NativeExtensionError, match="_cachebooks"):
         importlib.import_module("pdflash.cache.expert_cache")
+
+
+@given(
+    layers=st.integers(1, 5),
+    experts=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+    n=st.integers(-1, 40),
+    with_predictions=st.booleans(),
+)
+def test_native_layer_cyclic_victims_equal_the_reference(
+    layers: int, experts: int, seed: int, n: int, with_predictions: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    num_ids = layers * experts
+    last_use = rng.integers(-1, 4, num_ids).astype(np.int64)  # few clocks: many ties
+    predicted = rng.random(num_ids) < 0.3 if with_predictions else np.zeros(0, dtype=np.bool_)
+    cand = rng.choice(num_ids, int(rng.integers(0, num_ids + 1)), replace=False).astype(np.int64)
+    cur = int(rng.integers(0, layers))
+    got = native_victims(cand, last_use, predicted, layers, experts, cur, n)
+    want = reference_victims(cand, last_use, predicted, layers, experts, cur, n)
+    assert got.dtype == np.int64 and got.tolist() == want.tolist()
