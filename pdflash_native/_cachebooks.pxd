@@ -20,4 +20,5 @@ cdef class CacheBooks:
     cdef uint8_t[::1] mark  # the capacity queries' scratch, one per slot, kept all 0
 
     cdef bint _evictable(self, Py_ssize_t s) noexcept nogil
+    cdef void _add_pins(self, const int64_t[:] slots, int32_t delta) noexcept nogil
     cdef Py_ssize_t _mark_excluded(self, const int64_t[:] exclude, uint8_t value) except -1

@@ -9,13 +9,21 @@ and its eviction policy; this only reads and writes the arrays. The
 pure-Python reference is :class:`pdflash._reference.cachebooks.CacheBooks`
 (same methods, same results; a differential test drives both).
 
-Contracts: the ids or slots given to one call are distinct (the cache
-passes sorted distinct ids or one layer's ids); a method that raises
-changes nothing. Every index that comes from a caller is range-checked.
+Contracts: a method that raises changes nothing; every index that comes
+from a caller is range-checked; an id or slot listed twice in one call is
+handled as numpy's fancy indexing handles it (a pin added once, counts
+taken before any write), so the reference's numpy code is the spec.
 
 Not thread-safe: the cache is single-threaded (its BusyGuard).
 """
 
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_FORMAT,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.stdlib cimport free, malloc, qsort
 
@@ -27,6 +35,16 @@ cdef inline int _check(const int64_t[:] values, int64_t limit, str what) except 
     for i in range(values.shape[0]):
         if values[i] < 0 or values[i] >= limit:
             raise IndexError(f"{what} {values[i]} out of range [0, {limit})")
+    return 0
+
+
+cdef int _bool_buffer(object arr, Py_buffer* view, int flags, str name) except -1:
+    """``view`` of a C-contiguous numpy bool array (typed memoryviews do not
+    take numpy's '?' format; this costs no ``.view`` call). Release it."""
+    PyObject_GetBuffer(arr, view, flags | PyBUF_FORMAT | PyBUF_C_CONTIGUOUS)
+    if view.itemsize != 1 or view.format == NULL or view.format[0] != 63 or view.format[1] != 0:
+        PyBuffer_Release(view)
+        raise TypeError(f"{name} must be a bool numpy array")
     return 0
 
 
@@ -221,15 +239,28 @@ cdef class CacheBooks:
                 nmiss += 1
         return slots, missing
 
+    cdef void _add_pins(self, const int64_t[:] slots, int32_t delta) noexcept nogil:
+        """``pins[slots[slots >= 0]] += delta`` as numpy does it: once per
+        distinct slot, however often it is listed."""
+        cdef Py_ssize_t i
+        cdef int64_t s
+        for i in range(slots.shape[0]):
+            s = slots[i]
+            if s >= 0 and not self.mark[s]:
+                self.mark[s] = 1
+                self.pins[s] += delta
+        for i in range(slots.shape[0]):
+            if slots[i] >= 0:
+                self.mark[slots[i]] = 0
+
     def pin_present(self, const int64_t[:] slots, int32_t delta):
-        """Add ``delta`` to the pins of the slots ``>= 0`` of ``slots``."""
+        """Add ``delta`` to the pins of the slots ``>= 0`` of ``slots``
+        (once per distinct slot)."""
         cdef Py_ssize_t i
         for i in range(slots.shape[0]):
             if slots[i] >= self.num_slots:
                 raise IndexError(f"slot {slots[i]} out of range [0, {self.num_slots})")
-        for i in range(slots.shape[0]):
-            if slots[i] >= 0:
-                self.pins[slots[i]] += delta
+        self._add_pins(slots, delta)
 
     def commit_access(self, const int64_t[:] ids, const int64_t[:] slots_before):
         """An acquire's access: ``(hits in flight, fresh slots)``; marks the
@@ -250,11 +281,12 @@ cdef class CacheBooks:
             s = slots_before[i]
             if s >= 0 and self.ticket[s] >= 0:
                 inflight += 1
-        for i in range(ids.shape[0]):
+        for i in range(ids.shape[0]):  # counted before any is marked, as numpy does
             s = self.slot_of[ids[i]]
             if not self.used[s] and self.counted[s]:
                 fresh += 1
-            self.used[s] = 1
+        for i in range(ids.shape[0]):
+            self.used[self.slot_of[ids[i]]] = 1
         return inflight, fresh
 
     def out_tickets(self, const int64_t[:] ids):
@@ -287,8 +319,7 @@ cdef class CacheBooks:
             if sv[i] < 0 and bad < 0:
                 bad = i
         if bad < 0:
-            for i in range(n):
-                self.pins[sv[i]] += 1
+            self._add_pins(sv, 1)
         return bad, slots
 
     def unpin_checked(self, const int64_t[:] ids):
@@ -303,8 +334,7 @@ cdef class CacheBooks:
             if bad < 0 and (sv[i] < 0 or self.pins[sv[i]] <= 0):
                 bad = i
         if bad < 0:
-            for i in range(n):
-                self.pins[sv[i]] -= 1
+            self._add_pins(sv, -1)
         return bad, slots
 
     def promotable(self, const int64_t[:] slots, int64_t band):
@@ -383,17 +413,22 @@ cdef class CacheBooks:
     # -- deferred accesses -------------------------------------------------
 
     def inflight_row(self, int64_t layer):
-        """Per expert of ``layer``: its copy is in flight (a non-resident
-        expert reads slot 0's state, as the numpy code always did)."""
+        """``[1, experts]``: per expert of ``layer``, its copy is in flight
+        (a non-resident expert reads slot 0's state, as the numpy code
+        always did)."""
         cdef Py_ssize_t e
         cdef int64_t s, base = layer * self.num_experts
+        cdef Py_buffer view
+        cdef uint8_t* o
         if layer < 0 or base >= self.num_ids:
             raise IndexError(f"layer {layer} out of range")
-        out = np.empty(self.num_experts, dtype=np.bool_)
-        cdef uint8_t[::1] o = out.view(np.uint8)
+        out = np.empty((1, self.num_experts), dtype=np.bool_)
+        _bool_buffer(out, &view, PyBUF_WRITABLE, "out")
+        o = <uint8_t*>view.buf
         for e in range(self.num_experts):
             s = self.slot_of[base + e]
             o[e] = self.ticket[s if s > 0 else 0] >= 0
+        PyBuffer_Release(&view)
         return out
 
     def apply_access(self, int64_t layer, const int64_t[:] routed, inflight):
@@ -404,17 +439,19 @@ cdef class CacheBooks:
         cdef Py_ssize_t i, e, n = 0
         cdef int64_t r, s, base = layer * self.num_experts, n_inflight = 0, fresh = 0
         cdef int64_t E = self.num_experts
+        cdef Py_buffer view
+        cdef const uint8_t* fl
         if layer < 0 or base >= self.num_ids:
             raise IndexError(f"layer {layer} out of range")
-        if not isinstance(inflight, np.ndarray) or inflight.dtype != np.bool_:
-            raise TypeError("inflight must be a bool numpy array")
-        cdef const uint8_t[:] fl = inflight.view(np.uint8)
-        if fl.shape[0] != E:
-            raise ValueError(f"{fl.shape[0]} in-flight flags for {E} experts")
         for i in range(routed.shape[0]):
             r = routed[i]
             if r < 0 or r >= E:
                 raise ValueError(f"routed expert {r} out of range [0, {E})")
+        _bool_buffer(inflight, &view, 0, "inflight")
+        fl = <const uint8_t*>view.buf
+        if view.len != E:
+            PyBuffer_Release(&view)
+            raise ValueError(f"{view.len} in-flight flags for {E} experts")
         cdef int64_t[::1] c = self.seen
         c[:] = 0
         for i in range(routed.shape[0]):
@@ -438,6 +475,7 @@ cdef class CacheBooks:
             if not self.used[s] and self.counted[s]:
                 fresh += 1
             self.used[s] = 1
+        PyBuffer_Release(&view)
         return ids, n_inflight, fresh
 
 
@@ -476,19 +514,25 @@ def layer_cyclic_lru_victims(
     cdef Py_ssize_t i, m = candidates.shape[0]
     cdef int64_t g, layer, num_ids = last_use.shape[0]
     cdef int64_t[::1] ov
+    cdef Py_buffer view
+    cdef const uint8_t* pred
+    cdef Py_ssize_t npred
+    cdef _Rank* ranks
     if n <= 0 or m == 0:
         return np.zeros(0, dtype=np.int64)
-    if not isinstance(predicted, np.ndarray) or predicted.dtype != np.bool_:
-        raise TypeError("predicted must be a bool numpy array")
-    cdef const uint8_t[:] pred = predicted.view(np.uint8)
-    if pred.shape[0] != 0 and pred.shape[0] != num_ids:
-        raise ValueError(f"{pred.shape[0]} predicted flags for {num_ids} ids")
     for i in range(m):
         g = candidates[i]
         if g < 0 or g >= num_ids or g >= num_layers * num_experts:
             raise IndexError(f"expert {g} out of range [0, {num_ids})")
-    cdef _Rank* ranks = <_Rank*>malloc(m * sizeof(_Rank))
+    _bool_buffer(predicted, &view, 0, "predicted")
+    pred = <const uint8_t*>view.buf
+    npred = view.len
+    if npred != 0 and npred != num_ids:
+        PyBuffer_Release(&view)
+        raise ValueError(f"{npred} predicted flags for {num_ids} ids")
+    ranks = <_Rank*>malloc(m * sizeof(_Rank))
     if ranks == NULL:
+        PyBuffer_Release(&view)
         raise MemoryError()
     try:
         for i in range(m):
@@ -496,7 +540,7 @@ def layer_cyclic_lru_victims(
             layer = g // num_experts
             ranks[i].far = -(layer - current_layer if layer > current_layer
                              else num_layers - current_layer + layer)
-            ranks[i].predicted = pred[g] if pred.shape[0] else 0
+            ranks[i].predicted = pred[g] if npred else 0
             ranks[i].last_use = last_use[g]
             ranks[i].expert = g
         with nogil:
@@ -510,3 +554,4 @@ def layer_cyclic_lru_victims(
         return out
     finally:
         free(ranks)
+        PyBuffer_Release(&view)

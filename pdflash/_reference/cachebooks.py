@@ -8,8 +8,9 @@ ran before the native core. Both work in place on the cache's own arrays.
 For the differential tests only (``ExpertCache(..., books=CacheBooks)``);
 never used at run time.
 
-Contracts both sides keep (the cache's callers keep them too): ids and
-slots given to one call are distinct; a method that raises changes nothing.
+Contracts both sides keep: a method that raises changes nothing; an id or
+slot listed twice in one call is handled as numpy's fancy indexing handles
+it (this module's code is the spec).
 """
 
 from __future__ import annotations
@@ -214,11 +215,14 @@ class CacheBooks:
     # -- deferred accesses -------------------------------------------------
 
     def inflight_row(self, layer: int) -> Bools:
-        """Per expert of ``layer``: its copy is in flight (a non-resident
-        expert reads slot 0's state, as the numpy code always did)."""
+        """``[1, experts]``: per expert of ``layer``, its copy is in flight
+        (a non-resident expert reads slot 0's state, as the numpy code
+        always did)."""
+        if not 0 <= layer < self.num_ids // self.num_experts:
+            raise IndexError(f"layer {layer} out of range")
         base = layer * self.num_experts
         slots = self.slot_of[base : base + self.num_experts]
-        out: Bools = self.ticket[np.maximum(slots, 0)] >= 0
+        out: Bools = (self.ticket[np.maximum(slots, 0)] >= 0)[None]
         return out
 
     def apply_access(self, layer: int, routed: I64, inflight: Bools) -> tuple[I64, int, int]:
@@ -226,6 +230,8 @@ class CacheBooks:
         order, repeats allowed): ``(the distinct routed ids still holding a
         slot, how many of them were in flight, fresh slots)``; marks their
         slots used."""
+        if not 0 <= layer < self.num_ids // self.num_experts:
+            raise IndexError(f"layer {layer} out of range")
         if routed.size and (int(routed.min()) < 0 or int(routed.max()) >= self.num_experts):
             bad = int(routed[(routed < 0) | (routed >= self.num_experts)][0])
             raise ValueError(f"routed expert {bad} out of range [0, {self.num_experts})")

@@ -73,9 +73,8 @@ _RUNNING = int(TicketState.RUNNING)
 
 class CacheBooksCore(Protocol):
     """The books over a cache's arrays: each method is one bookkeeping step
-    (see :mod:`pdflash_native._cachebooks` for what each one does). Ids or
-    slots given to one call are distinct; a call that raises changes
-    nothing."""
+    (see :mod:`pdflash_native._cachebooks` for what each one does); a call
+    that raises changes nothing."""
 
     def first_bad_id(self, ids: IdArray) -> int: ...
     def strictly_increasing(self, ids: IdArray) -> bool: ...
@@ -622,12 +621,12 @@ class ExpertCache:
         layer = int(layer)
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} out of range [0, {self.num_layers})")
-        inflight = self._books.inflight_row(layer)
+        inflight = self._books.inflight_row(layer)  # [1, experts]
         self.clock += 1
         # NOTE: kept in the caller's shape (flattened when applied) and
         # detached only when it tracks gradients: no dispatch per call
         rows = routed.detach() if routed.requires_grad else routed
-        self._deferred.append(((layer,), rows, self.clock, inflight[None]))
+        self._deferred.append(((layer,), rows, self.clock, inflight))
         self._bound_deferred(int(rows.numel()))
 
     @exclusive
