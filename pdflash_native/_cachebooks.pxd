@@ -18,7 +18,9 @@ cdef class CacheBooks:
     cdef readonly int64_t num_experts
     cdef int64_t[::1] seen  # apply_access's scratch, one per expert of a layer
     cdef uint8_t[::1] mark  # the capacity queries' scratch, one per slot, kept all 0
+    cdef object no_ids  # a read-only empty int64 array (nothing in flight)
 
     cdef bint _evictable(self, Py_ssize_t s) noexcept nogil
     cdef void _add_pins(self, const int64_t[:] slots, int32_t delta) noexcept nogil
+    cdef object _evictable_list(self, const int64_t[:] exclude, bint ids)
     cdef Py_ssize_t _mark_excluded(self, const int64_t[:] exclude, uint8_t value) except -1

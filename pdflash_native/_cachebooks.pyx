@@ -86,6 +86,8 @@ cdef class CacheBooks:
             raise ValueError(f"num_experts {num_experts} does not divide {self.num_ids} ids")
         self.num_experts = num_experts
         self.seen = np.zeros(num_experts, dtype=np.int64)
+        self.no_ids = np.zeros(0, dtype=np.int64)
+        self.no_ids.flags.writeable = False
         self.mark = np.zeros(self.num_slots, dtype=np.uint8)
 
     # -- ids ---------------------------------------------------------------
@@ -115,6 +117,8 @@ cdef class CacheBooks:
         for s in range(self.num_slots):
             if self.ticket[s] >= 0:
                 n += 1
+        if n == 0:  # the common case: no allocation
+            return self.no_ids, self.no_ids
         busy = np.empty(n, dtype=np.int64)
         tickets = np.empty(n, dtype=np.int64)
         cdef int64_t[::1] b = busy
@@ -178,6 +182,13 @@ cdef class CacheBooks:
 
     def evictable(self, const int64_t[:] exclude):
         """The evictable slots (see :meth:`available`), ascending."""
+        return self._evictable_list(exclude, False)
+
+    def evictable_ids(self, const int64_t[:] exclude):
+        """The experts of :meth:`evictable`'s slots, in that order."""
+        return self._evictable_list(exclude, True)
+
+    cdef object _evictable_list(self, const int64_t[:] exclude, bint ids):
         cdef Py_ssize_t s, n = 0
         _check(exclude, self.num_ids, "expert")
         self._mark_excluded(exclude, 1)
@@ -189,10 +200,27 @@ cdef class CacheBooks:
         n = 0
         for s in range(self.num_slots):
             if self._evictable(s) and not self.mark[s]:
-                o[n] = s
+                o[n] = self.expert_of[s] if ids else s
                 n += 1
         self._mark_excluded(exclude, 0)
         return out
+
+    def copy_args(self, const int64_t[:] slots, int64_t first_key, int64_t base, int64_t nbytes):
+        """The issuer's arguments for copies into ``slots`` (range-checked):
+        ``(keys first_key.., destinations base + slot * nbytes, sizes)``."""
+        cdef Py_ssize_t i, n = slots.shape[0]
+        _check(slots, self.num_slots, "slot")
+        keys = np.empty(n, dtype=np.int64)
+        dst = np.empty(n, dtype=np.int64)
+        sizes = np.empty(n, dtype=np.int64)
+        cdef int64_t[::1] kv = keys
+        cdef int64_t[::1] dv = dst
+        cdef int64_t[::1] sv = sizes
+        for i in range(n):
+            kv[i] = first_key + i
+            dv[i] = base + slots[i] * nbytes
+            sv[i] = nbytes
+        return keys, dst, sizes
 
     def free_slots(self, Py_ssize_t n):
         """Up to ``n`` free slots, ascending."""

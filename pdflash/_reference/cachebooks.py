@@ -106,6 +106,20 @@ class CacheBooks:
         out: I64 = np.flatnonzero(self._evictable_mask(exclude))
         return out
 
+    def evictable_ids(self, exclude: I64) -> I64:
+        """The experts of :meth:`evictable`'s slots, in that order."""
+        out: I64 = self.expert_of[self.evictable(exclude)]
+        return out
+
+    def copy_args(self, slots: I64, first_key: int, base: int, nbytes: int) -> tuple[I64, I64, I64]:
+        """The issuer's arguments for copies into ``slots`` (range-checked):
+        ``(keys first_key.., destinations base + slot * nbytes, sizes)``."""
+        _check_slots(slots, self.num_slots, "slot")
+        keys = np.arange(first_key, first_key + slots.size, dtype=np.int64)
+        dst: I64 = base + slots * nbytes
+        sizes = np.full(slots.size, nbytes, dtype=np.int64)
+        return keys, dst, sizes
+
     def free_slots(self, n: int) -> I64:
         """Up to ``n`` free slots, ascending."""
         out: I64 = np.flatnonzero(self.expert_of < 0)[:n]

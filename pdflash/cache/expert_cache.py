@@ -82,6 +82,10 @@ class CacheBooksCore(Protocol):
     def settle(self, busy: IdArray, states: npt.NDArray[np.uint8], done_code: int) -> IdArray: ...
     def available(self, exclude: IdArray) -> int: ...
     def evictable(self, exclude: IdArray) -> IdArray: ...
+    def evictable_ids(self, exclude: IdArray) -> IdArray: ...
+    def copy_args(
+        self, slots: IdArray, first_key: int, base: int, nbytes: int
+    ) -> tuple[IdArray, IdArray, IdArray]: ...
     def free_slots(self, n: int) -> IdArray: ...
     def all_held(self, ids: IdArray) -> bool: ...
     def split_present(self, ids: IdArray) -> tuple[IdArray, IdArray]: ...
@@ -757,12 +761,12 @@ class ExpertCache:
         free = self._books.free_slots(n)
         if free.size >= n:
             return free
-        cand_slots = self._books.evictable(exclude)
-        need = min(n - free.size, cand_slots.size)
+        candidates = self._books.evictable_ids(exclude)
+        need = min(n - free.size, candidates.size)
         if need == 0:
             return free
         self._flush_deferred()  # the policy must have seen every access first
-        victims = self.policy.victims(self.expert_of[cand_slots], need)
+        victims = self.policy.victims(candidates, need)
         vslots = self.slot_of[victims]
         self._evict(vslots)
         return np.concatenate([free, vslots])
@@ -780,10 +784,10 @@ class ExpertCache:
         self.policy.on_evict(ids)
 
     def _load(self, ids: IdArray, slots: npt.NDArray[np.int64], band: Band) -> IdArray:
-        keys = np.arange(self._next_key, self._next_key + ids.size, dtype=np.int64)
+        keys, dst, nbytes = self._books.copy_args(
+            slots, self._next_key, self._slab_ptr, self.expert_nbytes
+        )
         src = self.source.host_ptrs(ids)
-        dst = self._slab_ptr + slots * self.expert_nbytes
-        nbytes = np.full(ids.size, self.expert_nbytes, dtype=np.int64)
         issue_band = band if self.single_band is None else self.single_band
         tickets = np.asarray(self.issuer.submit(src, dst, nbytes, keys, issue_band), dtype=np.int64)
         self._next_key += ids.size
@@ -808,8 +812,7 @@ class ExpertCache:
             return
         ids = self.expert_of[low]
         src = self.source.host_ptrs(ids)
-        dst = self._slab_ptr + low * self.expert_nbytes
-        nbytes = np.full(low.size, self.expert_nbytes, dtype=np.int64)
+        _, dst, nbytes = self._books.copy_args(low, 0, self._slab_ptr, self.expert_nbytes)
         tickets = np.asarray(
             self.issuer.submit(src, dst, nbytes, self.key[low], band), dtype=np.int64
         )

@@ -416,6 +416,9 @@ def test_books_write_into_the_cache_arrays_and_refuse_bad_indices(cls: Any) -> N
         1,
         3,
     ]
+    keys, dst, sizes = books.copy_args(np.asarray([2, 0], dtype=np.int64), 5, 1000, 16)
+    assert (keys.tolist(), dst.tolist(), sizes.tolist()) == ([5, 6], [1032, 1000], [16, 16])
+    assert books.evictable_ids(np.zeros(0, dtype=np.int64)).tolist() == []  # all in flight
     twice = np.asarray([7, 7], dtype=np.int64)  # as numpy's pins[slots] += 1: once
     assert books.pin_checked(twice)[0] == -1 and arrays["pins"][2] == 1
     assert books.unpin_checked(twice)[0] == -1 and arrays["pins"][2] == 0
