@@ -193,6 +193,14 @@ def layer_cyclic_offload(target: Path, num_slots: int) -> tuple[Any, Any, Any]:
     return adapter, issuer, cache
 
 
+def random_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
+    """``n`` prompts of 3 to 11 random token ids (lengths and ids drawn from
+    one generator seeded ``seed``)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 12, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
+
+
 def greedy_cases(
     target: Path, lengths: Sequence[int], max_new_tokens: int, *, seed: int
 ) -> list[tuple[list[int], list[int]]]:
