@@ -227,10 +227,17 @@ class FakeEngine:
 
 
 @pytest.fixture
-def fake_engine() -> Callable[..., tuple[Any, FakeEngine]]:
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, FakeEngine]]:
+    """``make(fail_on=None)``: a :class:`FakeEngine`, installed as the bench
+    matrix's engine (``matrix.load_engine``) for the test; returns
+    ``(RunSpec, engine)``."""
+
     def make(fail_on: str | None = None) -> tuple[Any, FakeEngine]:
         from pdflash.bench.engine_run import RunSpec
+        from pdflash.bench.suites import matrix
 
-        return RunSpec, FakeEngine(fail_on)
+        engine = FakeEngine(fail_on)
+        monkeypatch.setattr(matrix, "load_engine", lambda: (RunSpec, engine))
+        return RunSpec, engine
 
     return make
