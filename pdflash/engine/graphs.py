@@ -817,18 +817,41 @@ class GraphRunner:
         the backend raised."""
         timer, runner.region_timer = runner.region_timer, None  # no events in a recording
         try:
-            graph, outputs = self.backend.capture(lambda: self._step_fn(runner, moe, entry))
-        except Exception as exc:  # any capture failure: the bucket runs eagerly
-            self._failed[entry.key] = f"{type(exc).__name__}: {exc}"
-            self._entries.pop(entry.key, None)
-            self.stats.capture_failures += 1
-            return False
+            recorded = self._record(
+                lambda: self._step_fn(runner, moe, entry),
+                entry.key,
+                self._entries,
+                entry.key,
+                self.stats,
+            )
         finally:
             runner.region_timer = timer
-        entry.graph, entry.outputs = graph, outputs
+        if recorded is None:
+            return False
+        entry.graph, entry.outputs = recorded
         entry.slot_table = moe.cache.device_slot_table()
-        self.stats.captures += 1
         return True
+
+    def _record(
+        self,
+        step: Callable[[], Outputs],
+        failed: Any,
+        entries: dict[Any, Any],
+        key: Any,
+        stats: GraphStats,
+    ) -> tuple[Replayable, Outputs] | None:
+        """``step`` recorded by the backend; None if the backend raised: the
+        bucket is then marked ``failed`` (never retried: it runs eagerly)
+        and its entry ``key`` dropped from ``entries``."""
+        try:
+            recorded = self.backend.capture(step)
+        except Exception as exc:  # any capture failure: the bucket runs eagerly
+            self._failed[failed] = f"{type(exc).__name__}: {exc}"
+            entries.pop(key, None)
+            stats.capture_failures += 1
+            return None
+        stats.captures += 1
+        return recorded
 
     # -- pre-capture --------------------------------------------------------------
 
@@ -1399,15 +1422,16 @@ class GraphRunner:
             if not graphed:
                 return self._piece_fn(runner, entry, m)
             if entry.pieces[m] is None:
-                try:
-                    graph, outputs = self.backend.capture(lambda: self._piece_fn(runner, entry, m))
-                except Exception as exc:  # any capture failure: the bucket runs eagerly
-                    self._failed[failed] = f"{type(exc).__name__}: {exc}"
-                    self._piece_entries.pop(key, None)
-                    self.stats.capture_failures += 1
+                recorded = self._record(
+                    lambda: self._piece_fn(runner, entry, m),
+                    failed,
+                    self._piece_entries,
+                    key,
+                    self.stats,
+                )
+                if recorded is None:
                     return self._piece_fn(runner, entry, m)
-                entry.pieces[m], entry.outputs[m] = graph, outputs
-                self.stats.captures += 1
+                entry.pieces[m], entry.outputs[m] = recorded
             piece = entry.pieces[m]
             assert piece is not None
             if timer is None:
@@ -1507,21 +1531,20 @@ class GraphRunner:
             self._draft_entries[key] = entry
         self._fill_draft(kv, entry, plan, context_features, block_embeddings)
         if entry.graph is None:
-            try:
-                graph, outputs = self.backend.capture(
-                    lambda: self._draft_step_fn(drafter, kv, entry)
-                )
-            except Exception as exc:  # any capture failure: the bucket runs eagerly
-                self._failed[key] = f"{type(exc).__name__}: {exc}"
-                self._draft_entries.pop(key, None)
-                stats.capture_failures += 1
+            recorded = self._record(
+                lambda: self._draft_step_fn(drafter, kv, entry),
+                key,
+                self._draft_entries,
+                key,
+                stats,
+            )
+            if recorded is None:
                 stats.fallbacks["capture_failed"] += 1
                 return None
-            entry.graph, entry.outputs = graph, outputs
-            stats.captures += 1
+            entry.graph, entry.outputs = recorded
         entry.graph.replay()
         stats.replays += 1
-        outputs = entry.outputs
+        outputs: Outputs = entry.outputs
         if not entry.checked:
             outputs = self._check(
                 entry, stats, lambda: self._draft_step_fn(drafter, kv, entry), self._draft_entries
