@@ -818,11 +818,7 @@ class GraphRunner:
         timer, runner.region_timer = runner.region_timer, None  # no events in a recording
         try:
             recorded = self._record(
-                lambda: self._step_fn(runner, moe, entry),
-                entry.key,
-                self._entries,
-                entry.key,
-                self.stats,
+                lambda: self._step_fn(runner, moe, entry), self._entries, entry.key, self.stats
             )
         finally:
             runner.region_timer = timer
@@ -835,18 +831,19 @@ class GraphRunner:
     def _record(
         self,
         step: Callable[[], Outputs],
-        failed: Any,
         entries: dict[Any, Any],
         key: Any,
         stats: GraphStats,
+        failed_as: Any = None,
     ) -> tuple[Replayable, Outputs] | None:
         """``step`` recorded by the backend; None if the backend raised: the
-        bucket is then marked ``failed`` (never retried: it runs eagerly)
-        and its entry ``key`` dropped from ``entries``."""
+        entry ``key`` is then dropped from ``entries`` and its bucket marked
+        failed (as ``failed_as``, default ``key``; never retried: it runs
+        eagerly)."""
         try:
             recorded = self.backend.capture(step)
         except Exception as exc:  # any capture failure: the bucket runs eagerly
-            self._failed[failed] = f"{type(exc).__name__}: {exc}"
+            self._failed[key if failed_as is None else failed_as] = f"{type(exc).__name__}: {exc}"
             entries.pop(key, None)
             stats.capture_failures += 1
             return None
@@ -1424,10 +1421,10 @@ class GraphRunner:
             if entry.pieces[m] is None:
                 recorded = self._record(
                     lambda: self._piece_fn(runner, entry, m),
-                    failed,
                     self._piece_entries,
                     key,
                     self.stats,
+                    failed_as=failed,
                 )
                 if recorded is None:
                     return self._piece_fn(runner, entry, m)
@@ -1532,11 +1529,7 @@ class GraphRunner:
         self._fill_draft(kv, entry, plan, context_features, block_embeddings)
         if entry.graph is None:
             recorded = self._record(
-                lambda: self._draft_step_fn(drafter, kv, entry),
-                key,
-                self._draft_entries,
-                key,
-                stats,
+                lambda: self._draft_step_fn(drafter, kv, entry), self._draft_entries, key, stats
             )
             if recorded is None:
                 stats.fallbacks["capture_failed"] += 1
