@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
 from pdflash.report.belady import belady
+
+if TYPE_CHECKING:  # imported where used: it pulls in the engine
+    from pdflash.bench.engine_run import RunSpec
 
 # Tokens/s of the fake engine, per baseline at concurrency 1 (scaled by
 # concurrency): the expected order B0 < B1 < B2 < PD <= B3.
@@ -145,44 +148,6 @@ def matrix_rows() -> Callable[..., list[dict[str, Any]]]:
 
 
 @dataclasses.dataclass
-class FakeRunSpec:
-    """Mirror of pdflash.bench.engine_run.RunSpec (the documented fields)."""
-
-    arch: str
-    baseline: str
-    block_size: int = 16
-    concurrency: int = 4
-    cache_fraction: float = 0.2
-    repeat: int = 0
-    seed: int = 0
-    weights: str = "synthetic"
-    draft: str = "synthetic"
-    device: str = "auto"
-    num_requests: int | None = None
-    prompt_len: int = 32
-    max_new_tokens: int = 64
-    slo_s: float | None = None
-    emulated_link_gbps: float | None = None
-    layers: int | None = None
-    acceptance: str = "auto"
-    mean_tau: float | None = None
-    eviction: str = "auto"
-    # serving workload (pdflash.bench.engine_run.RunSpec's names)
-    arrivals: str = "burst"
-    rate_per_s: float | None = None
-    users: int | None = None
-    think_s: float = 0.0
-    prompt_len_max: int | None = None
-    max_new_tokens_max: int | None = None
-    max_running: int | None = None
-    token_budget: int | None = None
-    byte_budget_from: str = "floor"
-    marginal_rule: str = "verify"
-    verify_width: str = "auto"
-    compressed_gemm: str | None = None
-
-
-@dataclasses.dataclass
 class FakeRunResult:
     row: dict[str, Any]
     routing_trace: list[np.ndarray]
@@ -196,10 +161,10 @@ class FakeEngine:
     layers, experts, top_k = 2, 8, 2
 
     def __init__(self, fail_on: str | None = None) -> None:
-        self.specs: list[FakeRunSpec] = []
+        self.specs: list[RunSpec] = []
         self.fail_on = fail_on
 
-    def __call__(self, spec: FakeRunSpec, progress: Any = None) -> FakeRunResult:
+    def __call__(self, spec: RunSpec, progress: Any = None) -> FakeRunResult:
         self.specs.append(spec)
         if self.fail_on is not None and spec.baseline == self.fail_on:
             raise RuntimeError(f"planted failure for {spec.baseline}")
@@ -262,8 +227,17 @@ class FakeEngine:
 
 
 @pytest.fixture
-def fake_engine() -> Callable[..., tuple[Any, FakeEngine]]:
+def fake_engine(monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[Any, FakeEngine]]:
+    """``make(fail_on=None)``: a :class:`FakeEngine`, installed as the bench
+    matrix's engine (``matrix.load_engine``) for the test; returns
+    ``(RunSpec, engine)``."""
+
     def make(fail_on: str | None = None) -> tuple[Any, FakeEngine]:
-        return FakeRunSpec, FakeEngine(fail_on)
+        from pdflash.bench.engine_run import RunSpec
+        from pdflash.bench.suites import matrix
+
+        engine = FakeEngine(fail_on)
+        monkeypatch.setattr(matrix, "load_engine", lambda: (RunSpec, engine))
+        return RunSpec, engine
 
     return make

@@ -1,6 +1,9 @@
 """Fixtures for the models/cache tests: a tiny checkpoint per arch, the real
-host-backend issuer, and a fake issuer for failure injection and for holding
-copies in flight deterministically."""
+issuer (host backend; CUDA backend for GPU tests), and a fake issuer for
+failure injection and for holding copies in flight deterministically; and
+helpers test modules import (``from issuer_fixtures import ...``): the
+transformers reference model, seeded token ids, and adapters with the
+smallest legal cache or every expert resident."""
 
 from __future__ import annotations
 
@@ -92,6 +95,36 @@ class FakeIssuer:
         pass
 
 
+def reference_model(path: Path) -> Any:
+    """The checkpoint at ``path`` as transformers runs it, the reference:
+    float32, eager attention and experts, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    )
+    return model.eval()
+
+
+def token_ids(n: int, seed: int = 0) -> torch.Tensor:
+    """``n`` seeded random token ids of the tiny presets' vocabulary (128)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 128, (n,), generator=g)
+
+
+def evicting_adapter(path: Path, issuer: object, **kw: Any) -> Any:
+    """The checkpoint at ``path`` with the smallest legal expert cache of the
+    tiny shapes: min(E=8, top_k=2 x max_batch_tokens=2) = 4 slots, so a
+    forward of more tokens routes more experts than it holds and evicts
+    within a layer; eager attention, as :func:`reference_model`. ``kw``: more
+    :func:`~pdflash.models.load_adapter` arguments."""
+    from pdflash.models import load_adapter
+
+    return load_adapter(
+        path, issuer=issuer, cache_slots=4, max_batch_tokens=2, attn_implementation="eager", **kw
+    )
+
+
 def resident_adapter(path: Path, issuer: object) -> Any:
     """The checkpoint at ``path`` loaded with every expert resident (cache
     fraction 1.0, each copied and waited for)."""
@@ -107,6 +140,16 @@ def resident_adapter(path: Path, issuer: object) -> Any:
 @pytest.fixture
 def fake_issuer() -> FakeIssuer:
     return FakeIssuer()
+
+
+@pytest.fixture(scope="module")
+def cuda_issuer() -> Iterator[Any]:
+    """The real issuer on its CUDA backend, one per test module (GPU tests)."""
+    from pdflash.h2d import H2DIssuer
+
+    issuer = H2DIssuer(backend="cuda")
+    yield issuer
+    issuer.close()
 
 
 @pytest.fixture

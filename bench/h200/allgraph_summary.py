@@ -16,9 +16,9 @@ with the reason) and bits (its output equal to the eager block's).
 
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
+
+import moe_summary  # type: ignore[import-not-found]  # bench/h200/, next to this script
 
 
 def _num(v: Any) -> float | None:
@@ -67,75 +67,63 @@ def side(r: dict[str, Any], g: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("results")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    summary: dict[str, Any] = {}
-    with open(args.results) as f:
-        for line in f:
-            step = json.loads(line)
-            row = step.get("result")
-            if not isinstance(row, dict) or row.get("suite") != "moe":
-                print(f"{step['step']}: rc {step['rc']}, no moe row")
-                continue
-            rows = [
-                side(r, (r.get("by_resident_graphs") or {}).get("on"))
-                for r in row.get("all_hit", [])
-                if "layer" in r
-            ]
-            summary[step["step"]] = {
-                "arch": row.get("arch"),
-                "preset": row.get("preset"),
-                "expert_format": row.get("expert_format"),
-                "compressed_gemm": row.get("compressed_gemm"),
-                "resident_graph_stats": row.get("resident_graph_stats"),
-                "rows": rows,
-            }
-            print(f"== {step['step']}: {row.get('preset')} {row.get('expert_format')}")
-            print(f"   stats {row.get('resident_graph_stats')}")
-            print(
-                "   L tok | eager us host dev | graph us host dev | gmm roof | "
-                "x_gmm x_roof dev/roof | ran bits"
-            )
-            for s in rows:
-                e, g = s["eager"], s["graph"]
-                ran = g["resident_execution"]
-                if ran != "graph":
-                    ran = f"{ran}:{g['resident_execution_reason']}"
-                print(
-                    "   "
-                    + " ".join(
-                        _fmt(v)
-                        for v in (
-                            s["layer"],
-                            s["tokens"],
-                            "|",
-                            e["us"],
-                            e["host_us"],
-                            e["device_us"],
-                            "|",
-                            g["us"],
-                            g["host_us"],
-                            g["device_us"],
-                            "|",
-                            s["grouped_mm_us"],
-                            s["hbm_roofline_us"],
-                            "|",
-                            g["over_grouped_mm"],
-                            g["over_roofline"],
-                            g["device_over_roofline"],
-                            "|",
-                            ran,
-                            g["bit_equal_vs_eager"],
-                        )
-                    )
+def summarise(step: str, row: dict[str, Any]) -> dict[str, Any]:
+    """One step's moe row: each all-hit point's two sides (:func:`side`),
+    printed as the table of the module docstring too."""
+    rows = [
+        side(r, (r.get("by_resident_graphs") or {}).get("on"))
+        for r in row.get("all_hit", [])
+        if "layer" in r
+    ]
+    summary = {
+        "arch": row.get("arch"),
+        "preset": row.get("preset"),
+        "expert_format": row.get("expert_format"),
+        "compressed_gemm": row.get("compressed_gemm"),
+        "resident_graph_stats": row.get("resident_graph_stats"),
+        "rows": rows,
+    }
+    print(f"== {step}: {row.get('preset')} {row.get('expert_format')}")
+    print(f"   stats {row.get('resident_graph_stats')}")
+    print(
+        "   L tok | eager us host dev | graph us host dev | gmm roof | "
+        "x_gmm x_roof dev/roof | ran bits"
+    )
+    for s in rows:
+        e, g = s["eager"], s["graph"]
+        ran = g["resident_execution"]
+        if ran != "graph":
+            ran = f"{ran}:{g['resident_execution_reason']}"
+        print(
+            "   "
+            + " ".join(
+                _fmt(v)
+                for v in (
+                    s["layer"],
+                    s["tokens"],
+                    "|",
+                    e["us"],
+                    e["host_us"],
+                    e["device_us"],
+                    "|",
+                    g["us"],
+                    g["host_us"],
+                    g["device_us"],
+                    "|",
+                    s["grouped_mm_us"],
+                    s["hbm_roofline_us"],
+                    "|",
+                    g["over_grouped_mm"],
+                    g["over_roofline"],
+                    g["device_over_roofline"],
+                    "|",
+                    ran,
+                    g["bit_equal_vs_eager"],
                 )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(summary, f, indent=1)
+            )
+        )
+    return summary
 
 
 if __name__ == "__main__":
-    main()
+    moe_summary.main(summarise)

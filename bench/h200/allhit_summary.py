@@ -7,9 +7,9 @@ back-to-back, host-issue and device-only µs, the ratios and the targets.
 
 from __future__ import annotations
 
-import argparse
-import json
 from typing import Any
+
+import moe_summary  # type: ignore[import-not-found]  # bench/h200/, next to this script
 
 FIELDS = (
     "layer",
@@ -50,67 +50,52 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("results")
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    out: dict[str, Any] = {}
-    with open(args.results) as f:
-        for line in f:
-            step = json.loads(line)
-            row = step.get("result")
-            if not isinstance(row, dict) or row.get("suite") != "moe":
-                print(f"{step['step']}: rc {step['rc']}, no moe row")
-                continue
-            rows = [{k: r.get(k) for k in FIELDS} for r in row.get("all_hit", [])]
-            out[step["step"]] = {
-                "arch": row.get("arch"),
-                "preset": row.get("preset"),
-                "expert_format": row.get("expert_format"),
-                "compressed_gemm": row.get("compressed_gemm"),
-                "load_s": row.get("load_s"),
-                "write_s": row.get("write_s"),
-                "all_hit_targets": row.get("all_hit_targets"),
-                "all_hit": rows,
-            }
+def summarise(step: str, row: dict[str, Any]) -> dict[str, Any]:
+    """One step's moe row: its all-hit points' :data:`FIELDS`, printed too."""
+    rows = [{k: r.get(k) for k in FIELDS} for r in row.get("all_hit", [])]
+    print(
+        f"{step}: {row.get('preset')} {row.get('expert_format')} targets {row.get('all_hit_targets')}"
+    )
+    for r in rows:
+        print(
+            f"  L{r['layer']} t={r['tokens']} E={r['active_experts']} | "
+            f"offl {_fmt(r['offloaded_all_hit_us'])} (host {_fmt(r['offloaded_all_hit_host_us'])}, "
+            f"dev {_fmt(r['offloaded_all_hit_device_us'])}) | "
+            f"gmm {_fmt(r['grouped_mm_active_us'])} (host {_fmt(r['grouped_mm_active_host_us'])}, "
+            f"dev {_fmt(r['grouped_mm_active_device_us'])}) | roof {_fmt(r['hbm_roofline_us'])} | "
+            f"x{_fmt(r['offloaded_over_grouped_mm'])} dev x{_fmt(r['offloaded_over_grouped_mm_device'])} "
+            f"roof x{_fmt(r['offloaded_over_roofline'])} | rounds {_fmt(r['offloaded_all_hit_rounds_us'])}"
+        )
+        ops, plain_ops = (
+            r["offloaded_all_hit_dispatches"],
+            r["grouped_mm_active_dispatches"],
+        )
+        if ops and plain_ops:
             print(
-                f"{step['step']}: {row.get('preset')} {row.get('expert_format')} "
-                f"targets {row.get('all_hit_targets')}"
+                f"    torch ops/call offl {ops['all']} ({ops['kernel_ops']} kernel ops) "
+                f"gmm {plain_ops['all']} ({plain_ops['kernel_ops']}) | syncs offl "
+                f"{r['offloaded_all_hit_syncs']} gmm {r['grouped_mm_active_syncs']}"
             )
-            for r in rows:
-                print(
-                    f"  L{r['layer']} t={r['tokens']} E={r['active_experts']} | "
-                    f"offl {_fmt(r['offloaded_all_hit_us'])} (host {_fmt(r['offloaded_all_hit_host_us'])}, "
-                    f"dev {_fmt(r['offloaded_all_hit_device_us'])}) | "
-                    f"gmm {_fmt(r['grouped_mm_active_us'])} (host {_fmt(r['grouped_mm_active_host_us'])}, "
-                    f"dev {_fmt(r['grouped_mm_active_device_us'])}) | roof {_fmt(r['hbm_roofline_us'])} | "
-                    f"x{_fmt(r['offloaded_over_grouped_mm'])} dev x{_fmt(r['offloaded_over_grouped_mm_device'])} "
-                    f"roof x{_fmt(r['offloaded_over_roofline'])} | rounds {_fmt(r['offloaded_all_hit_rounds_us'])}"
-                )
-                ops, plain_ops = (
-                    r["offloaded_all_hit_dispatches"],
-                    r["grouped_mm_active_dispatches"],
-                )
-                if ops and plain_ops:
-                    print(
-                        f"    torch ops/call offl {ops['all']} ({ops['kernel_ops']} kernel ops) "
-                        f"gmm {plain_ops['all']} ({plain_ops['kernel_ops']}) | syncs offl "
-                        f"{r['offloaded_all_hit_syncs']} gmm {r['grouped_mm_active_syncs']}"
-                    )
-                for mode, o in (r.get("by_row_sort") or {}).items():
-                    print(
-                        f"    row sort {mode} (main: {r['row_sort']}): offl "
-                        f"{_fmt(o['offloaded_all_hit_us'])} (host {_fmt(o['offloaded_all_hit_host_us'])}, "
-                        f"dev {_fmt(o['offloaded_all_hit_device_us'])}) x{_fmt(o['offloaded_over_grouped_mm'])} "
-                        f"dev x{_fmt(o['offloaded_over_grouped_mm_device'])} | torch ops/call "
-                        f"{o['offloaded_all_hit_dispatches']['all']} | syncs {o['offloaded_all_hit_syncs']} "
-                        f"| diff {o['max_abs_diff_vs_main']}"
-                    )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        for mode, o in (r.get("by_row_sort") or {}).items():
+            print(
+                f"    row sort {mode} (main: {r['row_sort']}): offl "
+                f"{_fmt(o['offloaded_all_hit_us'])} (host {_fmt(o['offloaded_all_hit_host_us'])}, "
+                f"dev {_fmt(o['offloaded_all_hit_device_us'])}) x{_fmt(o['offloaded_over_grouped_mm'])} "
+                f"dev x{_fmt(o['offloaded_over_grouped_mm_device'])} | torch ops/call "
+                f"{o['offloaded_all_hit_dispatches']['all']} | syncs {o['offloaded_all_hit_syncs']} "
+                f"| diff {o['max_abs_diff_vs_main']}"
+            )
+    return {
+        "arch": row.get("arch"),
+        "preset": row.get("preset"),
+        "expert_format": row.get("expert_format"),
+        "compressed_gemm": row.get("compressed_gemm"),
+        "load_s": row.get("load_s"),
+        "write_s": row.get("write_s"),
+        "all_hit_targets": row.get("all_hit_targets"),
+        "all_hit": rows,
+    }
 
 
 if __name__ == "__main__":
-    main()
+    moe_summary.main(summarise)

@@ -434,6 +434,8 @@ def train_drafter(
         _device_name,
         lr_at,
         resolve_device,
+        run_fraction,
+        set_lr,
         weights_sha256,
     )
 
@@ -469,15 +471,11 @@ def train_drafter(
     curve: list[dict[str, Any]] = []
     try:
         while True:
-            elapsed = time.perf_counter() - t_start
-            frac = elapsed / budget
-            if max_steps is not None:
-                frac = max(frac, step / max_steps)
+            frac = run_fraction(t_start, budget, step, max_steps)
             if frac >= 1.0:
                 break
             lr = lr_at(frac, preset.lr, preset.warmup_frac, 0.1)
-            for g in opt.param_groups:
-                g["lr"] = lr
+            set_lr(opt, lr)
             rows = rng.integers(0, data.shape[0], size=preset.batch_size)
             tokens = data[torch.from_numpy(rows).to(dev)]
             anchors = torch.from_numpy(

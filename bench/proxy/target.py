@@ -169,6 +169,22 @@ def lr_at(frac: float, preset_lr: float, warmup_frac: float, min_lr_frac: float)
     return preset_lr * (min_lr_frac + (1.0 - min_lr_frac) * cos)
 
 
+def run_fraction(t_start: float, budget_s: float, step: int, max_steps: int | None) -> float:
+    """How far a training run is: the share of its wall-clock budget spent
+    since ``t_start`` (``time.perf_counter``), or of ``max_steps`` where that
+    is further; 1.0 or more: done."""
+    frac = (time.perf_counter() - t_start) / budget_s
+    if max_steps is not None:
+        frac = max(frac, step / max_steps)
+    return frac
+
+
+def set_lr(opt: Any, lr: float) -> None:
+    """Every parameter group of ``opt`` at learning rate ``lr``."""
+    for g in opt.param_groups:
+        g["lr"] = lr
+
+
 def switch_load_balance_loss(router_logits: Sequence[Any], num_experts: int, top_k: int) -> Any:
     """The Switch load-balance loss of each MoE layer, averaged over layers:
     ``E * sum_e f_e * P_e`` with ``f_e`` the tokens routed to expert ``e``
@@ -350,15 +366,11 @@ def train_target(
     t_start = time.perf_counter()
     try:
         while True:
-            elapsed = time.perf_counter() - t_start
-            frac = elapsed / budget
-            if max_steps is not None:
-                frac = max(frac, step / max_steps)
+            frac = run_fraction(t_start, budget, step, max_steps)
             if frac >= 1.0:
                 break
             lr = lr_at(frac, preset.lr, preset.warmup_frac, preset.min_lr_frac)
-            for g in opt.param_groups:
-                g["lr"] = lr
+            set_lr(opt, lr)
             starts = rng.integers(0, data.train.size - L - 1, size=preset.batch_size)
             batch = np.stack([data.train[s : s + L + 1] for s in starts]).astype(np.int64)
             ids = torch.from_numpy(batch).to(dev, non_blocking=True)

@@ -70,38 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "lru", "lfu", "route_ahead", "layer_cyclic"],
         help="expert-cache eviction (auto: layer_cyclic for every offloaded baseline)",
     )
-    g = parser.add_argument_group(
-        "serving workload",
-        "open-loop (poisson) or closed-loop arrivals, length ranges and engine limits; "
-        "--max-running above --token-budget / --block-size makes the scheduler choose",
-    )
-    g.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
-    g.add_argument(
-        "--rate", type=common.rates, default=None, help="poisson requests/s; a list sweeps rates"
-    )
-    g.add_argument("--users", type=int, default=None, help="closed-loop clients")
-    g.add_argument("--think-s", type=float, default=0.0, help="closed-loop mean think time")
-    g.add_argument("--prompt-len-max", type=int, default=None, help="prompts uniform in [len, max]")
-    g.add_argument(
-        "--max-new-tokens-max", type=int, default=None, help="outputs uniform in [len, max]"
-    )
-    g.add_argument("--max-running", type=int, default=None, help="default: = concurrency")
-    g.add_argument(
-        "--token-budget", type=int, default=None, help="default: concurrency x block size"
-    )
-    g.add_argument(
-        "--byte-budget-from",
-        default="floor",
-        choices=["floor", "verify"],
-        help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
-    )
-    parser.add_argument(
-        "--marginal-rule",
-        default="verify",
-        choices=["off", "verify"],
-        help="PD's marginal rule (M soft against shared experts, F = link x verify time) "
-        "where M is calibrated or given; off: M hard",
-    )
+    add_workload_arguments(parser)
     add_host_arguments(parser)
     parser.add_argument(
         "--warmup",
@@ -114,28 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_gpu_arguments(parser)
     add_realtext_arguments(parser)
-    parser.add_argument(
-        "--synthetic-format",
-        default=None,
-        choices=["mxfp4"],
-        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
-    )
-    parser.add_argument(
-        "--synthetic-weights",
-        default="generated",
-        choices=["generated", "files"],
-        help="synthetic weights: generated (default: config only, the loader draws the seeded "
-        "tensors straight into the host store) or files (written as safetensors and read "
-        "back through the checkpoint reader; the same values, slower)",
-    )
-    parser.add_argument(
-        "--expert-dtype",
-        default=None,
-        choices=["dense", "fp8"],
-        help="experts in host memory, over the link and in the slab: default as the checkpoint "
-        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time; "
-        "fp8 = e4m3 with per-output-channel scales (dense checkpoints; lossy, never the default)",
-    )
+    add_expert_storage_arguments(parser)
     parser.add_argument(
         "--breakdown",
         action="store_true",
@@ -182,6 +130,73 @@ def _graph_settings(text: str) -> list[str]:
             f"use {', '.join(common.CUDA_GRAPHS)} or a comma list of them, got {text!r}"
         )
     return settings
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The serving workload's options, as a group: arrivals, length ranges,
+    engine limits and PD's M (shared with the matrix)."""
+    g = parser.add_argument_group(
+        "serving workload",
+        "open-loop (poisson) or closed-loop arrivals, length ranges and engine limits; "
+        "--max-running above --token-budget / block size makes the scheduler choose",
+    )
+    g.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
+    g.add_argument(
+        "--rate",
+        type=common.rates,
+        default=None,
+        help="poisson requests/s; a comma list sweeps rates (each rate its own point)",
+    )
+    g.add_argument("--users", type=int, default=None, help="closed-loop clients")
+    g.add_argument("--think-s", type=float, default=0.0, help="closed-loop mean think time")
+    g.add_argument("--prompt-len-max", type=int, default=None, help="prompts uniform in [len, max]")
+    g.add_argument(
+        "--max-new-tokens-max", type=int, default=None, help="outputs uniform in [len, max]"
+    )
+    g.add_argument("--max-running", type=int, default=None, help="default: = concurrency")
+    g.add_argument(
+        "--token-budget", type=int, default=None, help="default: concurrency x block size"
+    )
+    g.add_argument(
+        "--byte-budget-from",
+        default="floor",
+        choices=["floor", "verify"],
+        help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
+    )
+    g.add_argument(
+        "--marginal-rule",
+        default="verify",
+        choices=["off", "verify"],
+        help="PD's marginal rule (M soft against shared experts, F = link x verify time) "
+        "where M is calibrated or given; off: M hard",
+    )
+
+
+def add_expert_storage_arguments(parser: argparse._ActionsContainer) -> None:
+    """How synthetic weights are written and how the experts are held
+    (shared with the matrix)."""
+    parser.add_argument(
+        "--synthetic-format",
+        default=None,
+        choices=["mxfp4"],
+        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
+    )
+    parser.add_argument(
+        "--synthetic-weights",
+        default="generated",
+        choices=["generated", "files"],
+        help="synthetic weights: generated (default: config only, the loader draws the seeded "
+        "tensors straight into the host store) or files (written as safetensors and read "
+        "back through the checkpoint reader; the same values, slower)",
+    )
+    parser.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["dense", "fp8"],
+        help="experts in host memory, over the link and in the slab: default as the checkpoint "
+        "stores them (MXFP4 stays MXFP4); dense = dequantized to the compute dtype at pack time; "
+        "fp8 = e4m3 with per-output-channel scales (dense checkpoints; lossy, never the default)",
+    )
 
 
 def add_gpu_arguments(parser: argparse._ActionsContainer) -> None:

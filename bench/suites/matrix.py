@@ -181,7 +181,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="torch intra-op threads for CPU runs (default 1; 0 leaves torch's default)",
     )
     g.add_argument("--mean-tau", type=float, default=None, help="mean accepted length when forced")
-    from .engine import add_gpu_arguments, add_host_arguments, add_realtext_arguments
+    from .engine import (
+        add_expert_storage_arguments,
+        add_gpu_arguments,
+        add_host_arguments,
+        add_realtext_arguments,
+        add_workload_arguments,
+    )
 
     add_host_arguments(g)
     add_gpu_arguments(g)
@@ -221,62 +227,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "records and the resume key keys. The report shows a label run at several widths as "
         "one series per width",
     )
-    g.add_argument(
-        "--synthetic-format",
-        default=None,
-        choices=["mxfp4"],
-        help="write synthetic gpt-oss experts as MXFP4 blocks/scales (as released checkpoints are)",
-    )
-    g.add_argument(
-        "--synthetic-weights",
-        default="generated",
-        choices=["generated", "files"],
-        help="synthetic weights: generated (default: config only, the loader draws the seeded "
-        "tensors straight into the host store) or files (written as safetensors and read "
-        "back through the checkpoint reader; the same values, slower)",
-    )
-    s = parser.add_argument_group(
-        "serving workload",
-        "open-loop (poisson) or closed-loop arrivals, length ranges and engine limits; "
-        "--max-running above --token-budget / block makes the scheduler choose",
-    )
-    s.add_argument("--arrivals", default="burst", choices=["burst", "poisson", "closed"])
-    s.add_argument(
-        "--rate",
-        type=common.rates,
-        default=None,
-        help="poisson requests/s; a comma list sweeps rates (each rate its own point)",
-    )
-    s.add_argument("--users", type=int, default=None, help="closed-loop clients")
-    s.add_argument("--think-s", type=float, default=0.0, help="closed-loop mean think time")
-    s.add_argument("--prompt-len-max", type=int, default=None, help="prompts uniform in [len, max]")
-    s.add_argument(
-        "--max-new-tokens-max", type=int, default=None, help="outputs uniform in [len, max]"
-    )
-    s.add_argument("--max-running", type=int, default=None, help="default: = concurrency")
-    s.add_argument(
-        "--token-budget", type=int, default=None, help="default: concurrency x block size"
-    )
-    s.add_argument(
-        "--byte-budget-from",
-        default="floor",
-        choices=["floor", "verify"],
-        help="PD's M: floor (every expert's bytes or more) or verify (link x verify time)",
-    )
-    g.add_argument(
-        "--marginal-rule",
-        default="verify",
-        choices=["off", "verify"],
-        help="PD's marginal rule (M soft against shared experts, F = link x verify time) "
-        "where M is calibrated or given; off: M hard",
-    )
-    g.add_argument(
-        "--expert-dtype",
-        default=None,
-        choices=["dense", "fp8"],
-        help="default: experts as the checkpoint stores them; dense: dequantized at pack time; "
-        "fp8: e4m3 per-output-channel (dense checkpoints; lossy)",
-    )
+    add_expert_storage_arguments(g)
+    add_workload_arguments(parser)
 
 
 def default_repeats(device: str) -> int:

@@ -111,9 +111,10 @@ books and fallbacks run (and are tested) on a CPU.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -816,18 +817,38 @@ class GraphRunner:
         the backend raised."""
         timer, runner.region_timer = runner.region_timer, None  # no events in a recording
         try:
-            graph, outputs = self.backend.capture(lambda: self._step_fn(runner, moe, entry))
-        except Exception as exc:  # any capture failure: the bucket runs eagerly
-            self._failed[entry.key] = f"{type(exc).__name__}: {exc}"
-            self._entries.pop(entry.key, None)
-            self.stats.capture_failures += 1
-            return False
+            recorded = self._record(
+                lambda: self._step_fn(runner, moe, entry), self._entries, entry.key, self.stats
+            )
         finally:
             runner.region_timer = timer
-        entry.graph, entry.outputs = graph, outputs
+        if recorded is None:
+            return False
+        entry.graph, entry.outputs = recorded
         entry.slot_table = moe.cache.device_slot_table()
-        self.stats.captures += 1
         return True
+
+    def _record(
+        self,
+        step: Callable[[], Outputs],
+        entries: dict[Any, Any],
+        key: Any,
+        stats: GraphStats,
+        failed_as: Any = None,
+    ) -> tuple[Replayable, Outputs] | None:
+        """``step`` recorded by the backend; None if the backend raised: the
+        entry ``key`` is then dropped from ``entries`` and its bucket marked
+        failed (as ``failed_as``, default ``key``; never retried: it runs
+        eagerly)."""
+        try:
+            recorded = self.backend.capture(step)
+        except Exception as exc:  # any capture failure: the bucket runs eagerly
+            self._failed[key if failed_as is None else failed_as] = f"{type(exc).__name__}: {exc}"
+            entries.pop(key, None)
+            stats.capture_failures += 1
+            return None
+        stats.captures += 1
+        return recorded
 
     # -- pre-capture --------------------------------------------------------------
 
@@ -1012,8 +1033,7 @@ class GraphRunner:
         first_in_tail = not full_width or min_seq_len - max_prompt_len - 1 < max_tokens
         per_tail_request = per_request if first_in_tail else max_tokens
         for key in target:
-            i = self.request_buckets.index(key.requests)
-            fewest = self.request_buckets[i - 1] + 1 if i else 1
+            fewest = self._fewest_requests(key.requests)
             lo = max(16, 1 << (fewest - 1).bit_length())
             rows = per_request if key.queries == full_q else per_tail_request
             hi = min(
@@ -1071,6 +1091,18 @@ class GraphRunner:
                 break
         return _finish_report(report, self.num_draft_graphs, t0)
 
+    def _fewest_requests(self, bucket: int) -> int:
+        """The fewest requests a step in request bucket ``bucket`` has (one
+        more than the bucket below it)."""
+        i = self.request_buckets.index(bucket)
+        return self.request_buckets[i - 1] + 1 if i else 1
+
+    def _narrower_width(self, width: int) -> int:
+        """The key width below ``width`` (1 below the narrowest): a step in
+        the bucket of ``width`` has more keys than it."""
+        j = self.key_widths.index(width)
+        return self.key_widths[j - 1] if j else 1
+
     def _prepare_draft_bucket(
         self,
         drafter: DFlashDrafter,
@@ -1085,29 +1117,19 @@ class GraphRunner:
 
         if kv.scratch_slot is None:
             return "kv_without_scratch_slot"
-        i = self.request_buckets.index(key.requests)
-        requests = self.request_buckets[i - 1] + 1 if i else 1
+        requests = self._fewest_requests(key.requests)
         # the fewest context rows of the bucket, spread over the requests
         context = max(requests, key.context // 2 + 1 if key.context > 16 else 1)
         if context > key.context:
             return "shape"
         per = [context // requests + (1 if r < context % requests else 0) for r in range(requests)]
-        j = self.key_widths.index(key.key_width)
-        fewest_keys = max(self.key_widths[j - 1] if j else 1, max(per) + key.queries)
+        fewest_keys = max(self._narrower_width(key.key_width), max(per) + key.queries)
         keys = min(key.keys, kv.free_pages // requests * kv.page_size)
         if keys < fewest_keys:
             return "kv_pages"
         dtype = getattr(torch, key.dtype.removeprefix("torch."))
         dev = drafter.norm.weight.device
-        seq_ids: list[int] = []
-        sid = -1
-        try:
-            while len(seq_ids) < requests:
-                if not kv.has(sid):
-                    kv.add_sequence(sid)
-                    kv.grow(sid, keys - per[len(seq_ids)] - key.queries)
-                    seq_ids.append(sid)
-                sid -= 1
+        with _scratch_sequences(kv, [keys - c - key.queries for c in per]) as seq_ids:
             items = [DraftItem(s, c, key.queries) for s, c in zip(seq_ids, per, strict=True)]
             ctx = torch.randn(context, key.features, generator=gen).to(dev, dtype)
             emb = torch.randn(requests * key.queries, embed_dim, generator=gen).to(dev, dtype)
@@ -1120,9 +1142,6 @@ class GraphRunner:
             if entry.packed.is_cuda:
                 torch.cuda.current_stream(entry.packed.device).synchronize()
             return "prepared"
-        finally:
-            for s in seq_ids:
-                kv.free(s)
 
     def _prepare_bucket(self, runner: TargetRunner, key: BucketKey, gen: torch.Generator) -> str:
         """One bucket of :meth:`prepare`: ``prepared``, ``failed``, the
@@ -1130,23 +1149,13 @@ class GraphRunner:
         from pdflash.engine.target import Chunk
 
         kv = runner.kv
-        i = self.request_buckets.index(key.requests)
         # the fewest requests of the bucket, the most keys of its width
-        requests = self.request_buckets[i - 1] + 1 if i else 1
-        j = self.key_widths.index(key.key_width)
-        fewest_keys = max(self.key_widths[j - 1] if j else 1, key.queries)
+        requests = self._fewest_requests(key.requests)
+        fewest_keys = max(self._narrower_width(key.key_width), key.queries)
         keys = min(key.keys, kv.free_pages // requests * kv.page_size)
         if keys < fewest_keys:
             return "kv_pages"
-        seq_ids: list[int] = []
-        sid = -1
-        try:
-            while len(seq_ids) < requests:
-                if not kv.has(sid):
-                    kv.add_sequence(sid)
-                    seq_ids.append(sid)
-                    kv.grow(sid, keys - key.queries)
-                sid -= 1
+        with _scratch_sequences(kv, [keys - key.queries] * requests) as seq_ids:
             vocab = runner.adapter.vocab_size
             chunks = [
                 Chunk(
@@ -1184,9 +1193,6 @@ class GraphRunner:
                     torch.cuda.current_stream(entry.packed.device).synchronize()
                 moe.unpin_resident()
             return "prepared"
-        finally:
-            for s in seq_ids:
-                kv.free(s)
 
     @property
     def failures(self) -> dict[str, str]:
@@ -1413,15 +1419,16 @@ class GraphRunner:
             if not graphed:
                 return self._piece_fn(runner, entry, m)
             if entry.pieces[m] is None:
-                try:
-                    graph, outputs = self.backend.capture(lambda: self._piece_fn(runner, entry, m))
-                except Exception as exc:  # any capture failure: the bucket runs eagerly
-                    self._failed[failed] = f"{type(exc).__name__}: {exc}"
-                    self._piece_entries.pop(key, None)
-                    self.stats.capture_failures += 1
+                recorded = self._record(
+                    lambda: self._piece_fn(runner, entry, m),
+                    self._piece_entries,
+                    key,
+                    self.stats,
+                    failed_as=failed,
+                )
+                if recorded is None:
                     return self._piece_fn(runner, entry, m)
-                entry.pieces[m], entry.outputs[m] = graph, outputs
-                self.stats.captures += 1
+                entry.pieces[m], entry.outputs[m] = recorded
             piece = entry.pieces[m]
             assert piece is not None
             if timer is None:
@@ -1521,21 +1528,16 @@ class GraphRunner:
             self._draft_entries[key] = entry
         self._fill_draft(kv, entry, plan, context_features, block_embeddings)
         if entry.graph is None:
-            try:
-                graph, outputs = self.backend.capture(
-                    lambda: self._draft_step_fn(drafter, kv, entry)
-                )
-            except Exception as exc:  # any capture failure: the bucket runs eagerly
-                self._failed[key] = f"{type(exc).__name__}: {exc}"
-                self._draft_entries.pop(key, None)
-                stats.capture_failures += 1
+            recorded = self._record(
+                lambda: self._draft_step_fn(drafter, kv, entry), self._draft_entries, key, stats
+            )
+            if recorded is None:
                 stats.fallbacks["capture_failed"] += 1
                 return None
-            entry.graph, entry.outputs = graph, outputs
-            stats.captures += 1
+            entry.graph, entry.outputs = recorded
         entry.graph.replay()
         stats.replays += 1
-        outputs = entry.outputs
+        outputs: Outputs = entry.outputs
         if not entry.checked:
             outputs = self._check(
                 entry, stats, lambda: self._draft_step_fn(drafter, kv, entry), self._draft_entries
@@ -1629,6 +1631,26 @@ PREPARE_BLOCKERS = frozenset(
 
 #: a :meth:`GraphRunner.prepare_drafts` outcome that holds for every bucket
 DRAFT_PREPARE_BLOCKERS = frozenset({"kv_without_scratch_slot"})
+
+
+@contextlib.contextmanager
+def _scratch_sequences(kv: PagedKVCache, lengths: Sequence[int]) -> Iterator[list[int]]:
+    """Temporary KV sequences for a synthetic step (negative ids not in use),
+    grown to ``lengths`` tokens each and freed on exit."""
+    seq_ids: list[int] = []
+    sid = -1
+    try:
+        for length in lengths:
+            while kv.has(sid):
+                sid -= 1
+            kv.add_sequence(sid)
+            seq_ids.append(sid)
+            kv.grow(sid, length)
+            sid -= 1
+        yield seq_ids
+    finally:
+        for s in seq_ids:
+            kv.free(s)
 
 
 def _prepare_report(buckets: int) -> dict[str, Any]:

@@ -343,7 +343,9 @@ def _fill(
 def _tensor_specs(
     arch: str, config: Any, dtype: torch.dtype, expert_format: str | None
 ) -> list[tuple[str, tuple[int, ...], torch.dtype, int]]:
-    """(checkpoint name, shape, dtype, fan_in) of every tensor, in write order."""
+    """(checkpoint name, shape, dtype, fan_in) of every tensor the checkpoint
+    holds (no ``lm_head.weight`` where it is tied to the embeddings), in
+    write order."""
     from transformers import AutoModelForCausalLM
 
     from pdflash.models.adapters import get_adapter_class
@@ -386,12 +388,19 @@ def _tensor_specs(
                 else:
                     fan_in = p.shape[fan_in_dim] if len(p.shape) > 1 else 1
                     specs.append((p.key, (*lead, *p.shape), dtype, fan_in))
+    if bool(getattr(config, "tie_word_embeddings", False)):
+        specs = [s for s in specs if s[0] != "lm_head.weight"]
     return specs
 
 
 #: ``pdflash_synthetic["weights"]`` of a checkpoint without tensor files
 GENERATED = "generated"
 WEIGHTS_CHOICES = ("files", GENERATED)
+
+
+def _check_weights(weights: str) -> None:
+    if weights not in WEIGHTS_CHOICES:
+        raise ValueError(f"weights must be one of {WEIGHTS_CHOICES}, got {weights!r}")
 
 
 def write_synthetic_checkpoint(
@@ -418,8 +427,7 @@ def write_synthetic_checkpoint(
     files: pdflash generates the same tensors when it loads the directory,
     see :class:`GeneratedCheckpoint`).
     """
-    if weights not in WEIGHTS_CHOICES:
-        raise ValueError(f"weights must be one of {WEIGHTS_CHOICES}, got {weights!r}")
+    _check_weights(weights)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     config = synthetic_config(arch, preset, num_layers=num_layers, **(config_overrides or {}))
@@ -435,10 +443,6 @@ def write_synthetic_checkpoint(
             ],
         }
     specs = _tensor_specs(arch, config, dtype, expert_format)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    if tied:
-        specs = [s for s in specs if s[0] != "lm_head.weight"]
-
     if weights == GENERATED:
         specs = []  # nothing to write: the loader draws every tensor
     from safetensors.torch import save_file
@@ -654,22 +658,18 @@ def cached_synthetic_checkpoint(
     or library version writes a new one; it is written into a temporary
     sibling and renamed into place once complete (:func:`cached_directory`),
     so an interrupted write is never reused."""
-    if weights not in WEIGHTS_CHOICES:
-        raise ValueError(f"weights must be one of {WEIGHTS_CHOICES}, got {weights!r}")
-    key = synthetic_cache_key(
-        arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
-        shard_bytes=shard_bytes, expert_format=expert_format, device=device, weights=weights,
+    _check_weights(weights)
+    # the writer's arguments, once: the key and the write take the same ones
+    writer_args: dict[str, Any] = dict(
+        num_layers=num_layers, dtype=dtype, seed=seed, shard_bytes=shard_bytes,
+        expert_format=expert_format, device=device, weights=weights,
     )  # fmt: skip
-    name = synthetic_cache_name(key)
+    key = synthetic_cache_key(arch, preset, **writer_args)
 
     def write(tmp: Path) -> None:
-        write_synthetic_checkpoint(
-            tmp, arch, preset, num_layers=num_layers, dtype=dtype, seed=seed,
-            shard_bytes=shard_bytes, expert_format=expert_format, device=device,
-            weights=weights,
-        )  # fmt: skip
+        write_synthetic_checkpoint(tmp, arch, preset, **writer_args)
 
-    return cached_directory(root, name, key, write)
+    return cached_directory(root, name=synthetic_cache_name(key), key=key, write=write)
 
 
 def is_generated(path: str | os.PathLike[str]) -> bool:
@@ -736,8 +736,6 @@ class GeneratedCheckpoint(SafetensorsCheckpoint):
         specs = _tensor_specs(
             str(config.model_type), config, dtype, None if fmt in (None, "hub") else str(fmt)
         )
-        if bool(getattr(config, "tie_word_embeddings", False)):
-            specs = [sp for sp in specs if sp[0] != "lm_head.weight"]
         self.seed = int(meta["seed"])
         self.device = str(meta.get("generated_on", "cpu"))
         if self.device.startswith("cuda") and not torch.cuda.is_available():
@@ -770,13 +768,3 @@ class GeneratedCheckpoint(SafetensorsCheckpoint):
         """The tensor ``key`` as the writer draws it."""
         shape, dt, fan_in = self._specs[key]
         return _fill(key, shape, dt, self.seed, self.device, fan_in)
-
-    def read(self, key: str, index: int | None = None, handle: Any = None) -> torch.Tensor:
-        if handle is None:
-            with self._open(key) as h:
-                return self.read(key, index, handle=h)
-        if index is None:
-            result: torch.Tensor = handle.get_tensor(key)
-            return result
-        sliced: torch.Tensor = handle.get_slice(key)[index]
-        return sliced

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 import torch
-from bench_fixtures import FAKE_TPS, FakeEngine, FakeRunResult, FakeRunSpec, base_row, full_matrix
+from bench_fixtures import FAKE_TPS, FakeEngine, FakeRunResult, base_row, full_matrix
 
-__all__ = ["FAKE_TPS", "FakeEngine", "FakeRunResult", "FakeRunSpec", "base_row", "full_matrix"]
+__all__ = ["FAKE_TPS", "FakeEngine", "FakeRunResult", "base_row", "full_matrix"]
 
 
 @pytest.fixture(autouse=True)

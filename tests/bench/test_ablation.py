@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pdflash.bench import cli
+from pdflash.bench.engine_run import RunSpec
 from pdflash.bench.suites import matrix
 
 from pdflash.report.ablation import ablation_table
@@ -22,7 +23,7 @@ from pdflash.report.schema import (
     workload_label,
 )
 
-from .conftest import FakeEngine, FakeRunSpec
+from .conftest import FakeEngine
 
 Row = dict[str, Any]
 
@@ -51,7 +52,7 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     engine = JitterEngine()
-    monkeypatch.setattr(matrix, "load_engine", lambda: (FakeRunSpec, engine))
+    monkeypatch.setattr(matrix, "load_engine", lambda: (RunSpec, engine))
     out = tmp_path / "abl"
     argv = ["ablation", "--concurrency", "4", "--out", str(out), "--no-progress", "--json"]
     assert cli.main(argv) == 0
@@ -106,7 +107,7 @@ def test_ablation_rate_sweep_rows_are_distinct_points(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     engine = JitterEngine()
-    monkeypatch.setattr(matrix, "load_engine", lambda: (FakeRunSpec, engine))
+    monkeypatch.setattr(matrix, "load_engine", lambda: (RunSpec, engine))
     out = tmp_path / "sweep"
     argv = ["ablation", "--concurrency", "4", "--variants", "PD-one-band", "--with-host"]
     argv += ["--arrivals", "poisson", "--rate", "2,8", "--max-running", "8"]

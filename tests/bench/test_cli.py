@@ -32,12 +32,10 @@ def _write_rows(folder: Path, rows: list[Row]) -> None:
 
 def test_matrix_with_fake_engine_appends_and_resumes(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     fake_engine: Callable[..., Any],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     spec_cls, engine = fake_engine()
-    monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
     out = tmp_path / "m"
     argv = ["matrix", "--arch", "tiny", "--concurrency", "1,2", "--cache-fraction", "0.2,0.5"]
     argv += ["--slo", "2", "--out", str(out), "--no-progress", "--json", "--repeats", "3"]
@@ -86,10 +84,9 @@ def test_matrix_with_fake_engine_appends_and_resumes(
 
 
 def test_matrix_failure_is_recorded_and_fails_the_command(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_engine: Callable[..., Any]
+    tmp_path: Path, fake_engine: Callable[..., Any]
 ) -> None:
-    spec_cls, engine = fake_engine(fail_on="B2")
-    monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
+    fake_engine(fail_on="B2")
     out = tmp_path / "m"
     code = cli.main(
         [
@@ -112,11 +109,8 @@ def test_matrix_failure_is_recorded_and_fails_the_command(
     assert report["verdict"]["label"] == "NO-GO"
 
 
-def test_matrix_budget_stops_and_resumes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_engine: Callable[..., Any]
-) -> None:
-    spec_cls, engine = fake_engine()
-    monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
+def test_matrix_budget_stops_and_resumes(tmp_path: Path, fake_engine: Callable[..., Any]) -> None:
+    fake_engine()
     specs = [
         {
             "arch": "tiny",
@@ -157,8 +151,7 @@ def test_default_quick_with_fake_engine(
     fake_engine: Callable[..., Any],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec_cls, engine = fake_engine()
-    monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
+    _, engine = fake_engine()
     monkeypatch.setattr(cli, "DEFAULT_SUITE", "default")
     monkeypatch.chdir(tmp_path)
     # no arguments at all: the default suite, into a folder it names
@@ -284,7 +277,6 @@ def test_report_combines_rows_files_and_skips_errors(
 
 def test_matrix_dry_run_counts_what_is_left(
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     fake_engine: Callable[..., Any],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -294,8 +286,7 @@ def test_matrix_dry_run_counts_what_is_left(
     assert (plan["planned"], plan["to_run"]) == (10, 10)
     assert plan["command"].startswith("pdflash-bench matrix --arch tiny ")
     assert not (tmp_path / "rows.jsonl").exists()  # nothing ran
-    spec_cls, engine = fake_engine()
-    monkeypatch.setattr(matrix, "load_engine", lambda: (spec_cls, engine))
+    fake_engine()
     assert cli.main([*argv, "--baselines", "B0,B1", "--no-progress", "--no-report"]) == 0
     capsys.readouterr()
     assert cli.main([*argv, "--dry-run", "--json"]) == 0

@@ -168,6 +168,39 @@ def write_target_and_drafter(
     write_synthetic_drafter(tmp / "drafter", cfg, "tiny", seed=drafter_seed, dtype=torch.float32)
 
 
+def layer_cyclic_offload(target: Path, num_slots: int) -> tuple[Any, Any, Any]:
+    """The ``target`` checkpoint offloaded on the CPU: ``(adapter, issuer,
+    cache)``, the issuer on its host backend, the cache ``num_slots`` slots
+    for one token per forward with the layer-cyclic eviction policy (the
+    bench's ``auto`` for every offloaded baseline)."""
+    from pdflash.cache import ExpertCache
+    from pdflash.cache.eviction import LayerCyclicPolicy
+    from pdflash.h2d import H2DIssuer
+    from pdflash.models import load_adapter
+
+    issuer = H2DIssuer(backend="host")
+    adapter = load_adapter(target, device="cpu")
+    cache = ExpertCache(
+        adapter.store,
+        issuer,
+        device="cpu",
+        num_slots=num_slots,
+        top_k=adapter.top_k,
+        max_batch_tokens=1,
+        policy=LayerCyclicPolicy(adapter.num_layers, adapter.num_experts),
+    )
+    adapter.attach_cache(cache)
+    return adapter, issuer, cache
+
+
+def random_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
+    """``n`` prompts of 3 to 11 random token ids (lengths and ids drawn from
+    one generator seeded ``seed``)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(3, 12, (n,), generator=g).tolist()
+    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
+
+
 def greedy_cases(
     target: Path, lengths: Sequence[int], max_new_tokens: int, *, seed: int
 ) -> list[tuple[list[int], list[int]]]:

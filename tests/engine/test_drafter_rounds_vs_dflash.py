@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from dflash_reference import dflash_twin
 
 from pdflash.engine.config import EngineConfig
 from pdflash.engine.drafter import load_drafter, write_synthetic_drafter
@@ -21,32 +22,12 @@ dflash_model = pytest.importorskip("dflash.model")
 
 
 def test_draft_tokens_match_dflash_generate(tmp_path: Path, hf_target: Any, adapter: Any) -> None:
-    from transformers import Qwen3Config
-
     write_synthetic_drafter(tmp_path, TINY, "tiny", seed=11, dtype=torch.float32)
     ours = load_drafter(tmp_path, dtype=torch.float32)
-    import json
-
-    cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "pdflash_synthetic")}
-    qcfg = Qwen3Config(**cfg)
-    qcfg.num_target_layers = cfg["num_target_layers"]
-    qcfg.dflash_config = cfg["dflash_config"]
-    ref = dflash_model.DFlashDraftModel(qcfg).eval()
-    missing, unexpected = ref.load_state_dict(ours.state_dict(), strict=False)
-    assert not unexpected and all("rotary" in m for m in missing)
+    ref, ref_drafts = dflash_twin(tmp_path, ours)
     block = ref.block_size
     assert block == ours.cfg.block_size == 16
 
-    ref_drafts: list[list[int]] = []
-    original = ref.compute_logits
-
-    def record(hidden: torch.Tensor, head: Any) -> torch.Tensor:
-        logits = original(hidden, head)
-        ref_drafts.append(torch.argmax(logits, dim=-1)[0].tolist())
-        return logits
-
-    ref.compute_logits = record  # type: ignore[method-assign]
     prompt = [7, 3, 55, 21, 90, 14, 2, 61, 33]
     max_new = 60
     with torch.no_grad():

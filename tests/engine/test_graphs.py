@@ -420,6 +420,35 @@ def test_piecewise_capture_failure_finishes_the_step_eagerly(stack: Callable[...
 # -- the drafter --------------------------------------------------------------------------
 
 
+def test_draft_capture_failure_runs_eagerly_and_is_not_retried(checkpoint: Path) -> None:
+    from pdflash.engine.drafter import DraftItem
+
+    eager_d = load_drafter(checkpoint / "drafter")
+    graph_d = load_drafter(checkpoint / "drafter")
+    backend = _FailingBackend()
+    graphs = GraphRunner(backend)
+    kvs = [
+        d.new_kv_cache(num_pages=16, page_size=4, device="cpu", dtype=torch.float32, scratch=True)
+        for d in (eager_d, graph_d)
+    ]
+    for kv in kvs:
+        kv.add_sequence(0)
+    feat = len(eager_d.target_layer_ids) * eager_d.cfg.hidden_size
+    gen = torch.Generator().manual_seed(31)
+    for _ in range(2):
+        items = [DraftItem(0, 3, 4)]
+        ctx = torch.randn(3, feat, generator=gen)
+        emb = torch.randn(4, eager_d.cfg.hidden_size, generator=gen)
+        ref = eager_d.forward_blocks(ctx, emb, items, kvs[0])
+        out = graph_d.forward_blocks(ctx, emb, items, kvs[1], graphs=graphs)
+        assert torch.equal(out, ref)  # the eager path itself
+    ds = graphs.draft_stats
+    assert backend.tries == 1 and ds.capture_failures == 1 and ds.captures == 0
+    assert ds.fallbacks["capture_failed"] == 2  # the failed step, then the bucket's next
+    assert ds.replays == 0 and graphs.num_draft_graphs == 0
+    assert "stream is capturing" in next(iter(graphs.failures.values()))
+
+
 def test_graphed_draft_forward_equals_eager(checkpoint: Path) -> None:
     from pdflash.engine.drafter import DraftItem
 

@@ -9,12 +9,13 @@ from pdflash.engine.attention import AttentionBatch, masked_attention
 from pdflash.engine.kv_cache import KVCacheFull, PagedKVCache
 
 
-def _kv(pages: int = 6) -> PagedKVCache:
+def _kv(pages: int = 6, *, layers: int = 2, head_dim: int = 4, page_size: int = 4) -> PagedKVCache:
+    """A float32 CPU cache with one KV head."""
     return PagedKVCache(
-        num_layers=2,
+        num_layers=layers,
         num_kv_heads=1,
-        head_dim=4,
-        page_size=4,
+        head_dim=head_dim,
+        page_size=page_size,
         num_pages=pages,
         dtype=torch.float32,
         device="cpu",
@@ -51,15 +52,7 @@ def test_full_cache_raises_and_changes_nothing() -> None:
     with pytest.raises(ValueError, match="already in the KV cache"):
         kv.add_sequence(0)
     with pytest.raises(ValueError, match="num_pages must be positive"):
-        PagedKVCache(
-            num_layers=1,
-            num_kv_heads=1,
-            head_dim=1,
-            page_size=1,
-            num_pages=0,
-            dtype=torch.float32,
-            device="cpu",
-        )
+        _kv(0, layers=1, head_dim=1, page_size=1)
 
 
 def test_masked_attention_with_sinks_matches_direct_softmax() -> None:
@@ -154,15 +147,7 @@ def test_fused_paged_attention_equals_the_padded_softmax(
 
 
 def test_null_slot_stays_zero_and_belongs_to_no_page() -> None:
-    kv = PagedKVCache(
-        num_layers=1,
-        num_kv_heads=1,
-        head_dim=2,
-        page_size=2,
-        num_pages=3,
-        dtype=torch.float32,
-        device="cpu",
-    )
+    kv = _kv(3, layers=1, head_dim=2, page_size=2)
     assert kv.null_slot == 6 and kv.k[0].shape[0] == 7
     kv.add_sequence(0)
     kv.grow(0, 6)  # every page
@@ -179,15 +164,7 @@ def test_slot_matrix_equals_slot_list_per_sequence() -> None:
     pages interleave."""
     import numpy as np
 
-    kv = PagedKVCache(
-        num_layers=1,
-        num_kv_heads=1,
-        head_dim=2,
-        page_size=4,
-        num_pages=40,
-        dtype=torch.float32,
-        device="cpu",
-    )
+    kv = _kv(40, layers=1, head_dim=2, page_size=4)
     rng = np.random.default_rng(5)
     for s in range(5):
         kv.add_sequence(s)
@@ -210,15 +187,7 @@ def test_slot_matrix_uniform_pages_and_empty() -> None:
     per-sequence lists too; no sequences: an empty matrix (not a reshape error)."""
     import numpy as np
 
-    kv = PagedKVCache(
-        num_layers=1,
-        num_kv_heads=1,
-        head_dim=2,
-        page_size=4,
-        num_pages=40,
-        dtype=torch.float32,
-        device="cpu",
-    )
+    kv = _kv(40, layers=1, head_dim=2, page_size=4)
     for s in range(3):
         kv.add_sequence(s)
     for _ in range(9):  # interleaved growth: scattered pages

@@ -33,7 +33,7 @@ from pdflash.engine.pd_controller import (
 from pdflash.engine.verify_width import SurvivalEstimator
 from pdflash.report.stats import t_quantile_975
 
-from .conftest import greedy_cases, write_target_and_drafter
+from .conftest import greedy_cases, layer_cyclic_offload, write_target_and_drafter
 
 #: wall seconds of one step with every part's effect 1.0
 BASE_WALL = 0.1
@@ -703,29 +703,14 @@ def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]
 
 
 def _engine(tmp: Any, baseline: str, controller: PartsPolicy | None) -> tuple[Any, Any]:
-    from pdflash.cache import ExpertCache
-    from pdflash.cache.eviction import LayerCyclicPolicy
     from pdflash.engine.batching import DeficitBatcher, ShadowComparison
     from pdflash.engine.config import EngineConfig
     from pdflash.engine.drafter import load_drafter
     from pdflash.engine.engine import Engine
     from pdflash.engine.predict import BatchedUnionPredictor
-    from pdflash.h2d import H2DIssuer
-    from pdflash.models import load_adapter
     from pdflash.routeahead import ApproxRouterPredictor, PreviousRoundPredictor
 
-    issuer = H2DIssuer(backend="host")
-    adapter = load_adapter(tmp / "target", device="cpu")
-    cache = ExpertCache(
-        adapter.store,
-        issuer,
-        device="cpu",
-        num_slots=6,
-        top_k=adapter.top_k,
-        max_batch_tokens=1,
-        policy=LayerCyclicPolicy(adapter.num_layers, adapter.num_experts),
-    )
-    adapter.attach_cache(cache)
+    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
     config = EngineConfig.preset(baseline, block_size=5, max_running=4, token_budget=12)
 
     def deficit(budget: int | None) -> DeficitBatcher:

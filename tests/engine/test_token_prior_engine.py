@@ -22,7 +22,7 @@ from pdflash.engine.predict import (
 )
 from pdflash.routeahead import TokenPriorPredictor
 
-from .conftest import greedy_cases, oracle_drafts, write_target_and_drafter
+from .conftest import greedy_cases, layer_cyclic_offload, oracle_drafts, write_target_and_drafter
 
 MAX_NEW = 12
 
@@ -76,25 +76,10 @@ def test_recorder_keeps_one_whole_forward() -> None:
 def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
     pair: tuple[Path, list[Any]],
 ) -> None:
-    from pdflash.cache import ExpertCache
-    from pdflash.cache.eviction import LayerCyclicPolicy
-    from pdflash.h2d import H2DIssuer
-    from pdflash.models import load_adapter
     from pdflash.routeahead import RouteAheadStats
 
     tmp, cases = pair
-    issuer = H2DIssuer(backend="host")
-    adapter = load_adapter(tmp / "target", device="cpu")
-    cache = ExpertCache(
-        adapter.store,
-        issuer,
-        device="cpu",
-        num_slots=6,
-        top_k=adapter.top_k,
-        max_batch_tokens=1,
-        policy=LayerCyclicPolicy(adapter.num_layers, adapter.num_experts),
-    )
-    adapter.attach_cache(cache)
+    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
     spy = _Spy(adapter.num_layers, adapter.num_experts, min_calibration=0)
     config = EngineConfig.preset(
         "PD-all-on", block_size=5, max_running=3, token_budget=15, batching="fcfs"

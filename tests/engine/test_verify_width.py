@@ -29,22 +29,21 @@ from pdflash.engine.verify_width import (
     parse_width,
 )
 
-from .conftest import greedy_reference, make_batcher_and_predictor, oracle_drafts
+from .conftest import (
+    greedy_reference,
+    make_batcher_and_predictor,
+    oracle_drafts,
+    random_prompts,
+)
 
 MAX_NEW = 20
 BLOCK = 6
 
 
-def _prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(3, 12, (n,), generator=g).tolist()
-    return [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lens]
-
-
 @pytest.fixture(scope="module")
 def cases(hf_target: Any) -> list[tuple[list[int], list[int]]]:
     torch.set_num_threads(1)
-    prompts = _prompts(4, 3, hf_target.config.vocab_size)
+    prompts = random_prompts(4, 3, hf_target.config.vocab_size)
     return [(p, greedy_reference(hf_target, p, MAX_NEW)) for p in prompts]
 
 

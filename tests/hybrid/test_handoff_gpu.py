@@ -8,27 +8,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from issuer_fixtures import evicting_adapter, token_ids
 
 from pdflash._native import load_native
 from pdflash.hybrid import ForcedHostPlanner, HostHandoffError, build_host_service
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cuda_issuer() -> Iterator[Any]:
-    from pdflash.h2d import H2DIssuer
-
-    issuer = H2DIssuer(backend="cuda")
-    yield issuer
-    issuer.close()
 
 
 def test_device_wait_orders_the_upload_after_the_hosts_write() -> None:
@@ -195,16 +187,8 @@ def test_engine_style_forward_with_stream_handoff_equals_plain(
     tmp_path: Path, cuda_issuer: Any
 ) -> None:
     path = write_synthetic_checkpoint(tmp_path / "q", "qwen3_moe", dtype=torch.float32)
-    ad = load_adapter(
-        path,
-        device="cuda",
-        dtype=torch.float32,
-        issuer=cuda_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(0))
+    ad = evicting_adapter(path, cuda_issuer, device="cuda", dtype=torch.float32)
+    ids = token_ids(9, 0)
     want = ad.forward_logits(ids)
     svc = build_host_service(
         ad,

@@ -10,26 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import ARCHS, evicting_adapter, reference_model, token_ids
 
 from pdflash.hybrid import ForcedHostPlanner, HostExpertExecutor, build_host_service
 from pdflash.models import load_adapter
 
-ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 ATOL = 1e-5
-
-
-def _tokens(n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 128, (n,), generator=g)
-
-
-def _resident(path: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
-    )
-    return model.eval()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,20 +50,14 @@ def test_host_expert_equals_device_expert(
 def test_offloaded_forward_with_host_misses_equals_resident(
     arch: str, path: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    ad = load_adapter(
-        tiny_checkpoints[arch],
-        issuer=host_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
+    ad = evicting_adapter(tiny_checkpoints[arch], host_issuer)
     assert ad.cache is not None and ad.runtime is not None
     if path == "loop":
         ad.runtime.grouped = None
     if ad.runtime.path != path:
         pytest.skip(f"{arch} has no {path} path here")
-    ref = _resident(tiny_checkpoints[arch])
-    ids = _tokens(9, 3)
+    ref = reference_model(tiny_checkpoints[arch])
+    ids = token_ids(9, 3)
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
     copied = {}
@@ -113,13 +93,13 @@ def test_calibrated_cost_model_service_keeps_the_output(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
-    ref = _resident(tiny_checkpoints[arch])
+    ref = reference_model(tiny_checkpoints[arch])
     # a slow "link" so the calibrated planner gives the host some misses
     svc = build_host_service(ad, link_bytes_per_s=1e6)
     try:
         assert svc.cost is not None and svc.cost.source == "calibrated"
         assert svc.cost.expert_nbytes == ad.expert_nbytes
-        ids = _tokens(7, 5)
+        ids = token_ids(7, 5)
         with torch.no_grad():
             want = ref(input_ids=ids[None]).logits[0]
         torch.testing.assert_close(ad.forward_logits(ids), want, atol=ATOL, rtol=0)
@@ -170,7 +150,7 @@ def test_mxfp4_experts_are_dequantized_on_the_host(
         ad, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=every), calibrate=False
     )
     try:
-        tokens = _tokens(9, 4)
+        tokens = token_ids(9, 4)
         with torch.no_grad():
             want = ref(input_ids=tokens[None]).logits[0]
         torch.testing.assert_close(ad.forward_logits(tokens), want, atol=ATOL, rtol=0)
@@ -196,16 +176,9 @@ def _resident_mxfp4(path: Path, quantization_config: object) -> torch.nn.Module:
 def test_fp8_experts_are_dequantized_on_the_host(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    ad = load_adapter(
-        tiny_checkpoints[arch],
-        issuer=host_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        expert_dtype="fp8",
-        attn_implementation="eager",
-    )
+    ad = evicting_adapter(tiny_checkpoints[arch], host_issuer, expert_dtype="fp8")
     assert ad.layout.format == "fp8" and ad.runtime is not None
-    tokens = _tokens(9, 6)
+    tokens = token_ids(9, 6)
     want = ad.forward_logits(tokens)  # every miss copied (fp8 over the link)
     for every in (1, 2):
         svc = build_host_service(

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import ARCHS, evicting_adapter, reference_model, token_ids
 
 from pdflash.hybrid import (
     HOST_FORMATS,
@@ -31,7 +32,6 @@ from pdflash.hybrid.kernels import (
 from pdflash.hybrid.native import native_unavailable_reason
 from pdflash.models import load_adapter
 
-ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 PREPARED = tuple(f for f in HOST_FORMATS if f != "packed")
 
 
@@ -171,22 +171,9 @@ def test_auto_times_the_candidates_and_keeps_its_choice(
 def test_offloaded_forward_with_prepared_host_experts_equals_resident(
     arch: str, fmt: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
-    ad = load_adapter(
-        tiny_checkpoints[arch],
-        issuer=host_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
-    ref = AutoModelForCausalLM.from_pretrained(
-        tiny_checkpoints[arch],
-        dtype=torch.float32,
-        attn_implementation="eager",
-        experts_implementation="eager",
-    ).eval()
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(3))
+    ad = evicting_adapter(tiny_checkpoints[arch], host_issuer)
+    ref = reference_model(tiny_checkpoints[arch])
+    ids = token_ids(9, 3)
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
     svc = build_host_service(

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import evicting_adapter, token_ids
 
 from pdflash.hybrid import ForcedHostPlanner, HostExpertExecutor, build_host_service
 from pdflash.hybrid.block import host_rows
@@ -71,19 +72,13 @@ def test_a_hosting_layer_reads_its_routing_once_in_inference_mode(
 ) -> None:
     """Inference tensors are not memoised by the shared routing read: the
     HOST rows must come from the counts' read, not from a second one."""
-    ad = load_adapter(
-        tiny_checkpoints["gpt_oss"],
-        issuer=host_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
+    ad = evicting_adapter(tiny_checkpoints["gpt_oss"], host_issuer)
     assert ad.runtime is not None
     if path == "loop":
         ad.runtime.grouped = None
     if ad.runtime.path != path:
         pytest.skip(f"no {path} path here")
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(4))
+    ids = token_ids(9, 4)
     want = ad.forward_logits(ids)  # every miss copied
     svc = build_host_service(
         ad, link_bytes_per_s=1e9, planner=ForcedHostPlanner(every=1), calibrate=False

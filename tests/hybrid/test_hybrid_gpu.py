@@ -4,31 +4,21 @@ forwards with misses served on the host equal those without."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import ARCHS, evicting_adapter, token_ids
 
 from pdflash.hybrid import ForcedHostPlanner, HostExpertExecutor, build_host_service
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 # bf16 accumulation order differs between the CPU's GEMM and the GPU's
 TOL = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (3e-2, 3e-2)}
-
-
-@pytest.fixture(scope="module")
-def cuda_issuer() -> Iterator[Any]:
-    from pdflash.h2d import H2DIssuer
-
-    issuer = H2DIssuer(backend="cuda")
-    yield issuer
-    issuer.close()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -105,16 +95,8 @@ def test_prepared_host_expert_equals_gpu_expert(
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 def test_forward_with_host_misses_on_cuda(arch: str, tmp_path: Path, cuda_issuer: Any) -> None:
     path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=torch.float32)
-    ad = load_adapter(
-        path,
-        device="cuda",
-        dtype=torch.float32,
-        issuer=cuda_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(0))
+    ad = evicting_adapter(path, cuda_issuer, device="cuda", dtype=torch.float32)
+    ids = token_ids(9, 0)
     want = ad.forward_logits(ids)
     svc = build_host_service(
         ad, link_bytes_per_s=50e9, planner=ForcedHostPlanner(every=2), calibrate=False

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import evicting_adapter, token_ids
 
 from pdflash._reference import hostmlp as ref
 from pdflash.hybrid import HostExpertExecutor, host_kernel_for, host_weights_for, kernels, native
@@ -395,17 +396,9 @@ def test_offloaded_forward_with_native_host_experts(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     from pdflash.hybrid import ForcedHostPlanner, build_host_service
-    from pdflash.models import load_adapter
 
-    ad = load_adapter(
-        tiny_checkpoints[arch],
-        issuer=host_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-        dtype=torch.bfloat16,
-    )
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(3))
+    ad = evicting_adapter(tiny_checkpoints[arch], host_issuer, dtype=torch.bfloat16)
+    ids = token_ids(9, 3)
     want = ad.forward_logits(ids).float()  # every miss copied, the device's experts
     svc = build_host_service(
         ad,

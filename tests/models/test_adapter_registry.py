@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from issuer_fixtures import token_ids
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM, modeling_qwen3_moe
 
@@ -113,7 +114,7 @@ def _engine_greedy(adapter: Any, prompt: list[int], n: int) -> list[int]:
 def _check_end_to_end(path: Path, model: Any, adapter_cls: type, issuer: Any) -> None:
     ad = load_adapter(path, issuer=issuer, cache_slots=4, max_batch_tokens=2)
     assert type(ad) is adapter_cls
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(1))
+    ids = token_ids(9, 1)
     with torch.no_grad():
         want = model(input_ids=ids[None]).logits[0]
         torch.testing.assert_close(ad.forward_logits(ids), want, atol=ATOL, rtol=0)

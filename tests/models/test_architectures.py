@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import evicting_adapter, reference_model, token_ids
 
 from pdflash.models import MoEBlockSpec, UnknownMoEPartError, load_adapter
 from pdflash.models.attention import reference_attention
@@ -45,40 +46,23 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def _resident(path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
-    )
-    return model.eval()
-
-
-def _tokens(n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 128, (n,), generator=g)
-
-
 @pytest.mark.parametrize("path", ["grouped", "loop"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_offloaded_forward_equals_resident_with_eviction(
     name: str, path: str, ckpts: dict[str, Path], host_issuer: object
 ) -> None:
     # 4 slots for 8 experts x >= 2 MoE layers: a 9-token forward evicts within a layer
-    ad = load_adapter(
-        ckpts[name], issuer=host_issuer, cache_slots=4, max_batch_tokens=2,
-        attn_implementation="eager",
-    )  # fmt: skip
+    ad = evicting_adapter(ckpts[name], host_issuer)
     assert ad.cache is not None and ad.runtime is not None and ad.cache.num_slots == 4
     if path == "grouped" and not grouped_mm_works(torch.device("cpu"), torch.float32):
         pytest.skip("this torch has no CPU grouped_mm")
     if path == "loop":
         ad.runtime.grouped = None
     assert ad.runtime.path == path
-    ref = _resident(ckpts[name])
+    ref = reference_model(ckpts[name])
     with torch.no_grad():
         for seed in range(3):
-            ids = _tokens(9, seed)
+            ids = token_ids(9, seed)
             torch.testing.assert_close(
                 ad.forward_logits(ids), ref(input_ids=ids[None]).logits[0], atol=ATOL, rtol=0
             )
@@ -121,12 +105,12 @@ def test_adapter_pieces_reproduce_the_hf_forward(
     shared expert) by MoE layer, composed by hand, give transformers' logits;
     the routing equals what the HF router computes inside the HF forward."""
     ad = load_adapter(ckpts[name], issuer=host_issuer, cache_fraction=0.5, max_batch_tokens=4)
-    ref = _resident(ckpts[name])
+    ref = reference_model(ckpts[name])
     seen: dict[int, Any] = {}
     for m, d in enumerate(ad.moe_layers):
         router = ref.model.layers[d].mlp.gate
         router.register_forward_hook(lambda mod, a, out, m=m: seen.__setitem__(m, (a[0], out)))
-    ids = _tokens(11, 3)
+    ids = token_ids(11, 3)
     pos = torch.arange(ids.numel())
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
@@ -179,11 +163,11 @@ def test_install_offloaded_on_a_from_pretrained_model(
     name: str, ckpts: dict[str, Path], host_issuer: object
 ) -> None:
     ad = load_adapter(ckpts[name], issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
-    ref = _resident(ckpts[name])
-    ids = _tokens(6, 7)
+    ref = reference_model(ckpts[name])
+    ids = token_ids(6, 7)
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
-        off = _resident(ckpts[name])
+        off = reference_model(ckpts[name])
         blocks = ad.install_offloaded(off)
         assert [b.layer for b in blocks] == list(range(ad.num_layers))
         assert not any(".experts." in n for n, _ in off.named_parameters())
@@ -199,7 +183,7 @@ def test_resident_blocks_with_shared_experts_reproduce_the_forward(
 ) -> None:
     for name in ("qwen2_moe", "glm4_moe"):
         ad = load_adapter(ckpts[name], issuer=host_issuer, cache_fraction=1.0)
-        ids = _tokens(7, 2)
+        ids = token_ids(7, 2)
         with torch.no_grad():
             offloaded = ad.forward_logits(ids)
             with ad.swapped_blocks([ad.resident_block(m) for m in range(ad.num_layers)]):
@@ -210,7 +194,7 @@ def test_resident_blocks_with_shared_experts_reproduce_the_forward(
 def test_unknown_moe_block_part_is_refused_with_its_name(ckpts: dict[str, Path]) -> None:
     """A spec without the shared expert (how an all-routed adapter would see
     qwen2_moe) is refused naming it, and the model is left unchanged."""
-    model = _resident(ckpts["qwen2_moe"])
+    model = reference_model(ckpts["qwen2_moe"])
     before = [type(layer.mlp) for layer in model.model.layers]
     with pytest.raises(UnknownMoEPartError, match=r"'shared_expert'"):
         install_offloaded_blocks(model, None, spec=MoEBlockSpec(router_attr="gate"))
@@ -220,7 +204,7 @@ def test_unknown_moe_block_part_is_refused_with_its_name(ckpts: dict[str, Path])
         )
     assert [type(layer.mlp) for layer in model.model.layers] == before
     # a direct parameter or buffer of the block is a part too
-    glm = _resident(ckpts["glm4_moe"])
+    glm = reference_model(ckpts["glm4_moe"])
     glm.model.layers[2].mlp.register_buffer("extra_scale", torch.ones(1))
     spec = MoEBlockSpec(router_attr="gate", shared_expert_attr="shared_experts", moe_layers=(1, 2))
     with pytest.raises(UnknownMoEPartError, match=r"layer 2: .*'extra_scale'"):
@@ -229,7 +213,7 @@ def test_unknown_moe_block_part_is_refused_with_its_name(ckpts: dict[str, Path])
     # a declared part the block lacks is an error too
     with pytest.raises(TypeError, match="no shared expert gate 'shared_expert_gate'"):
         install_offloaded_blocks(
-            _resident(ckpts["glm4_moe"]),
+            reference_model(ckpts["glm4_moe"]),
             None,
             spec=MoEBlockSpec(
                 shared_expert_attr="shared_experts",

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import token_ids
 
 from pdflash.models import load_adapter, offload, write_synthetic_checkpoint
 from pdflash.models.layout import ComponentSpec, ExpertLayout
@@ -22,18 +23,13 @@ needs_grouped = pytest.mark.skipif(
 )
 
 
-def _resident(path: Path, **kw: Any) -> torch.nn.Module:
+def reference_model(path: Path, **kw: Any) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager", **kw
     )
     return model.eval()
-
-
-def _tokens(n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 128, (n,), generator=g)
 
 
 def test_slab_views_are_strided_views_of_each_slot() -> None:
@@ -72,8 +68,8 @@ def test_slab_split_into_calls_of_max_groups(
     # each call's slots; the result must not change
     monkeypatch.setattr(offload, "MAX_GROUPS_PER_CALL", 3)
     ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_fraction=1.0)
-    ref = _resident(tiny_checkpoints[arch], experts_implementation="eager")
-    ids = _tokens(7, 2)
+    ref = reference_model(tiny_checkpoints[arch], experts_implementation="eager")
+    ids = token_ids(7, 2)
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
         for _ in range(2):  # cold (copies), then all resident
@@ -87,8 +83,8 @@ def test_all_resident_layers_never_read_the_routing_on_the_host(
     ad = load_adapter(tiny_checkpoints["qwen3_moe"], issuer=host_issuer, cache_fraction=1.0)
     cache = ad.cache
     assert cache is not None
-    ref = _resident(tiny_checkpoints["qwen3_moe"], experts_implementation="eager")
-    ids = _tokens(5, 4)
+    ref = reference_model(tiny_checkpoints["qwen3_moe"], experts_implementation="eager")
+    ids = token_ids(5, 4)
     with torch.no_grad():
         ad.forward_logits(ids)  # cold: copies everything the routing needs
         cache.prefetch(np.arange(cache.num_ids))  # now every expert is resident
@@ -185,11 +181,11 @@ def test_mxfp4_experts_stay_compressed_and_equal_transformers(
     if path == "loop":
         ad.runtime.grouped = None
     assert ad.runtime.path == path
-    ref = _resident(mxfp4_checkpoint, quantization_config=Mxfp4Config(dequantize=True))
+    ref = reference_model(mxfp4_checkpoint, quantization_config=Mxfp4Config(dequantize=True))
     ref_dtype = ref.model.layers[0].mlp.experts.gate_up_proj.dtype
     with torch.no_grad():
         for seed in range(2):
-            ids = _tokens(9, seed)
+            ids = token_ids(9, seed)
             got = ad.forward_logits(ids)
             # the MXFP4 slab and the pack-time dequantization agree exactly
             torch.testing.assert_close(got, dense.forward_logits(ids), atol=0, rtol=0)
@@ -230,7 +226,7 @@ def test_fp8_experts_equal_the_dequantized_weights_and_halve_the_bytes(
         w = dense.store.views(g)["gate_up"]
         step = w.abs().amax(dim=1 - axis, keepdim=True) / 448 * 32  # e4m3: 3 mantissa bits
         assert ((w_q - w).abs() <= step).all() and not torch.equal(w_q, w)
-    ids = _tokens(9, 1)
+    ids = token_ids(9, 1)
     with torch.no_grad():
         resident = [ad.resident_block(i) for i in range(ad.num_layers)]
         with ad.swapped_blocks(resident):

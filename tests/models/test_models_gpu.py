@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import evicting_adapter
 
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 from pdflash.protocols import Band
@@ -16,15 +16,6 @@ from pdflash.protocols import Band
 pytestmark = pytest.mark.gpu
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "glm4_moe")
-
-
-@pytest.fixture(scope="module")
-def cuda_issuer() -> Iterator[Any]:
-    from pdflash.h2d import H2DIssuer
-
-    issuer = H2DIssuer(backend="cuda")
-    yield issuer
-    issuer.close()
 
 
 def _ids(n: int, seed: int, vocab: int = 128) -> torch.Tensor:
@@ -36,15 +27,7 @@ def test_offloaded_equals_resident_fp32_smallest_cache(
     arch: str, tmp_path: Path, cuda_issuer: Any
 ) -> None:
     path = write_synthetic_checkpoint(tmp_path / arch, arch, dtype=torch.float32)
-    ad = load_adapter(
-        path,
-        device="cuda",
-        dtype=torch.float32,
-        issuer=cuda_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
+    ad = evicting_adapter(path, cuda_issuer, device="cuda", dtype=torch.float32)
     assert ad.store.pinned and ad.cache is not None and ad.cache.slab.is_cuda
     resident = [ad.resident_block(i) for i in range(ad.num_layers)]
     # NOTE: many forwards with 4 slots: slots are overwritten while earlier

@@ -44,15 +44,6 @@ def restore_mode() -> Iterator[None]:
     layout._dequant_mode = mode
 
 
-@pytest.fixture(scope="module")
-def cuda_issuer() -> Iterator[Any]:
-    from pdflash.h2d import H2DIssuer
-
-    issuer = H2DIssuer(backend="cuda")
-    yield issuer
-    issuer.close()
-
-
 def _assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype
     nan = want.isnan()  # fp16 0 * inf scale, e8m0 255: same places, payloads may differ

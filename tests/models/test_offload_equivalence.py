@@ -6,27 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from issuer_fixtures import ARCHS, evicting_adapter, reference_model, token_ids
 
 from pdflash.models import load_adapter
 from pdflash.models.attention import reference_attention
 from pdflash.models.offload import grouped_mm_works
 
-ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 ATOL = 1e-5
-
-
-def _resident(path: Path) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
-    )
-    return model.eval()
-
-
-def _tokens(n: int, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 128, (n,), generator=g)
 
 
 @pytest.mark.parametrize("path", ["grouped", "loop"])
@@ -37,13 +23,7 @@ def test_offloaded_forward_equals_resident_with_eviction(
     # The smallest legal cache: min(E=8, top_k=2 x max_batch_tokens=2) = 4 slots
     # of 16 experts; a 9-token forward routes more experts than that per
     # layer, so the block works in groups and evicts within one layer.
-    ad = load_adapter(
-        tiny_checkpoints[arch],
-        issuer=host_issuer,
-        cache_slots=4,
-        max_batch_tokens=2,
-        attn_implementation="eager",
-    )
+    ad = evicting_adapter(tiny_checkpoints[arch], host_issuer)
     assert ad.cache is not None and ad.cache.num_slots == ad.cache.min_slots == 4
     assert ad.runtime is not None
     if path == "grouped" and not grouped_mm_works(torch.device("cpu"), torch.float32):
@@ -51,16 +31,16 @@ def test_offloaded_forward_equals_resident_with_eviction(
     if path == "loop":  # the per-expert path, kept for expert_fn-only runtimes
         ad.runtime.grouped = None
     assert ad.runtime.path == path
-    ref = _resident(tiny_checkpoints[arch])
+    ref = reference_model(tiny_checkpoints[arch])
     with torch.no_grad():
         for seed in range(3):
-            ids = _tokens(9, seed)
+            ids = token_ids(9, seed)
             want = ref(input_ids=ids[None]).logits[0]
             got = ad.forward_logits(ids)
             assert got.shape == want.shape
             torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
         # one token: 2 layers x top-2 = 4 experts fit, so a repeat is all hits
-        one = _tokens(1, 9)
+        one = token_ids(1, 9)
         ad.forward_logits(one)
         hits = ad.cache.hits
         torch.testing.assert_close(
@@ -78,11 +58,11 @@ def test_install_offloaded_on_a_from_pretrained_model(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     ad = load_adapter(tiny_checkpoints[arch], issuer=host_issuer, cache_slots=4, max_batch_tokens=2)
-    ref = _resident(tiny_checkpoints[arch])
-    ids = _tokens(6, 7)
+    ref = reference_model(tiny_checkpoints[arch])
+    ids = token_ids(6, 7)
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
-        off = _resident(tiny_checkpoints[arch])
+        off = reference_model(tiny_checkpoints[arch])
         blocks = ad.install_offloaded(off)
         assert len(blocks) == ad.num_layers
         assert not any(".experts." in n for n, _ in off.named_parameters())
@@ -101,13 +81,13 @@ def test_adapter_pieces_reproduce_the_hf_forward(
     ad = load_adapter(
         tiny_checkpoints[arch], issuer=host_issuer, cache_fraction=0.5, max_batch_tokens=4
     )
-    ref = _resident(tiny_checkpoints[arch])
+    ref = reference_model(tiny_checkpoints[arch])
     seen: dict[int, tuple[torch.Tensor, ...]] = {}
     router_name = ad.router_attr
     for i, layer in enumerate(ref.model.layers):
         router = getattr(layer.mlp, router_name)
         router.register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, (a[0], *out)))
-    ids = _tokens(11, 3)
+    ids = token_ids(11, 3)
     pos = torch.arange(ids.numel())
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
@@ -154,7 +134,7 @@ def test_route_hook_sees_every_layer_and_can_prefetch(
             ad.cache.prefetch(nxt, Band.ROUTE_AHEAD)
 
     remove = ad.add_route_hook(prefetch_next)
-    ids = _tokens(5)
+    ids = token_ids(5)
     with torch.no_grad():
         ad.forward_logits(ids)
     assert [c[0] for c in calls] == list(range(ad.num_layers))
@@ -209,10 +189,10 @@ def test_layer_output_hook_enables_next_layer_prefetch(
 
     remove = ad.add_layer_output_hook(lookahead)
     with torch.no_grad():
-        ad.forward_logits(_tokens(4))
+        ad.forward_logits(token_ids(4))
     remove()
     with torch.no_grad():
-        ad.forward_logits(_tokens(4))
+        ad.forward_logits(token_ids(4))
     assert seen == [0, 1]
     assert ad.cache.prefetch_bytes_in > 0
 
@@ -232,7 +212,7 @@ def test_fp16_keeps_gpt_oss_norms_in_fp32_like_transformers(
     ours = {n: p.dtype for n, p in ad.hf_model.named_parameters()}
     theirs = {n: p.dtype for n, p in ref.named_parameters() if ".experts." not in n}
     assert ours == theirs and ours["model.norm.weight"] == torch.float32
-    ids = _tokens(6, 5)
+    ids = token_ids(6, 5)
     with torch.no_grad():
         torch.testing.assert_close(
             ad.forward_logits(ids), ref(input_ids=ids[None]).logits[0], atol=2e-3, rtol=0

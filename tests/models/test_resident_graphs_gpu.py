@@ -26,15 +26,6 @@ pytestmark = pytest.mark.gpu
 MAX_REPLAY_DISPATCHES = 6
 
 
-@pytest.fixture(scope="module")
-def cuda_issuer() -> Iterator[Any]:
-    from pdflash.h2d import H2DIssuer
-
-    issuer = H2DIssuer(backend="cuda")
-    yield issuer
-    issuer.close()
-
-
 @pytest.fixture
 def graphs_reset() -> Iterator[None]:
     yield

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from issuer_fixtures import resident_adapter
+from issuer_fixtures import resident_adapter, token_ids
 
 from pdflash.models import offload
 
@@ -114,7 +114,7 @@ def test_resident_layers_run_one_call_over_their_slots_and_match_the_split_calls
         return real_gmm(*a, **kw)
 
     monkeypatch.setattr(offload, "_grouped_mm", counted)
-    ids = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(5))
+    ids = token_ids(9, 5)
     with torch.no_grad():
         got = ad.forward_logits(ids)
         one_call = len(calls)
@@ -137,7 +137,7 @@ def test_counting_sort_and_gather_equal_the_sort_and_indexed_write(
     from transformers import AutoModelForCausalLM
 
     ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
-    ids = torch.randint(0, 128, (11,), generator=torch.Generator().manual_seed(6))
+    ids = token_ids(11, 6)
     ref = AutoModelForCausalLM.from_pretrained(
         tiny_checkpoints[arch], dtype=torch.float32, attn_implementation="eager"
     ).eval()

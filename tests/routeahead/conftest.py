@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 import torch
+from issuer_fixtures import reference_model
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
 LAYERS = 4
@@ -67,14 +68,7 @@ class TinyMoE:
         copy a test may modify)."""
         if self._resident is not None and not fresh:
             return self._resident
-        from transformers import AutoModelForCausalLM
-
-        model = AutoModelForCausalLM.from_pretrained(
-            self.path,
-            dtype=torch.float32,
-            attn_implementation="eager",
-            experts_implementation="eager",
-        ).eval()
+        model = reference_model(self.path)
         if not fresh:
             self._resident = model
         return model

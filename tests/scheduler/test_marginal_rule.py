@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, target
 from hypothesis_budget import scaled
+from scheduler_helpers import reference_for
 
 from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._reference.scheduler import ReferenceScheduler, ReferenceStep
@@ -62,14 +63,7 @@ class Driver:
     def __init__(self, cfg: SchedulerConfig, expert_bytes: int = EXPERT_BYTES) -> None:
         self.cfg = cfg
         self.sched = VerifyScheduler(cfg)
-        self.ref = ReferenceScheduler(
-            cfg.token_budget,
-            cfg.byte_budget,
-            cfg.quantum,
-            cfg.max_requests_per_step,
-            cfg.num_flat,
-            cfg.fixed_step_bytes,
-        )
+        self.ref = reference_for(cfg)
         self.tracker = InvariantTracker(cfg)
         sizes = [expert_bytes] * cfg.num_flat
         self.sched.set_expert_bytes(np.array(sizes, dtype=np.int64))

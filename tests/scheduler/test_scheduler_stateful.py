@@ -35,6 +35,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from hypothesis_budget import scaled
+from scheduler_helpers import reference_for
 
 from pdflash import SchedulerConfig, VerifyScheduler
 from pdflash._reference.scheduler import ReferenceScheduler, ReferenceStep
@@ -123,14 +124,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def setup(self, cfg: SchedulerConfig, data: st.DataObject) -> None:
         self.cfg = cfg
         self.sched = VerifyScheduler(cfg)
-        self.ref = ReferenceScheduler(
-            cfg.token_budget,
-            cfg.byte_budget,
-            cfg.quantum,
-            cfg.max_requests_per_step,
-            cfg.num_flat,
-            cfg.fixed_step_bytes,
-        )
+        self.ref = reference_for(cfg)
         self.tracker = InvariantTracker(cfg)
         self.programs: dict[int, list[Demand]] = {}
         self.phase = 0
@@ -645,14 +639,7 @@ def _check_intervals(
 def test_fairness_any_interval_adversarial(run: dict[str, Any]) -> None:
     cfg: SchedulerConfig = run["cfg"]
     sched = VerifyScheduler(cfg)
-    ref = ReferenceScheduler(
-        cfg.token_budget,
-        cfg.byte_budget,
-        cfg.quantum,
-        cfg.max_requests_per_step,
-        cfg.num_flat,
-        cfg.fixed_step_bytes,
-    )
+    ref = reference_for(cfg)
     tracker = InvariantTracker(cfg)
     sched.set_expert_bytes(np.array(run["sizes"], dtype=np.int64))
     ref.set_expert_bytes(run["sizes"])
@@ -755,14 +742,7 @@ REPRO = {  # tests/scheduler/test_scheduler_liveness.py: starved request 1 befor
 def test_liveness_periodic_demand(run: dict[str, Any]) -> None:
     cfg: SchedulerConfig = run["cfg"]
     sched = VerifyScheduler(cfg)
-    ref = ReferenceScheduler(
-        cfg.token_budget,
-        cfg.byte_budget,
-        cfg.quantum,
-        cfg.max_requests_per_step,
-        cfg.num_flat,
-        cfg.fixed_step_bytes,
-    )
+    ref = reference_for(cfg)
     tracker = InvariantTracker(cfg)
     sizes = [run["size"]] * cfg.num_flat
     sched.set_expert_bytes(np.array(sizes, dtype=np.int64))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from dflash_reference import dflash_twin
 from pdflash.bench.proxy import drafter as dt
 from pdflash.bench.proxy.decode import (
     anchor_tau,
@@ -205,26 +206,8 @@ def test_reference_dflash_loop_accepts_the_same_rounds(
     models: tuple[Any, Any],
 ) -> None:
     dflash_model = pytest.importorskip("dflash.model")
-    from transformers import Qwen3Config
-
     target, drafter = models
-    cfg = json.loads((trained_drafter[0] / "config.json").read_text())
-    cfg = {k: v for k, v in cfg.items() if k not in ("architectures", "pdflash_proxy")}
-    qcfg = Qwen3Config(**cfg)
-    qcfg.num_target_layers = cfg["num_target_layers"]
-    qcfg.dflash_config = cfg["dflash_config"]
-    ref = dflash_model.DFlashDraftModel(qcfg).eval()
-    missing, unexpected = ref.load_state_dict(drafter.state_dict(), strict=False)
-    assert not unexpected and all("rotary" in m for m in missing)
-    ref_drafts: list[list[int]] = []
-    original = ref.compute_logits
-
-    def record(hidden: torch.Tensor, head: Any) -> torch.Tensor:
-        logits = original(hidden, head)
-        ref_drafts.append(torch.argmax(logits, dim=-1)[0].tolist())
-        return logits
-
-    ref.compute_logits = record  # type: ignore[method-assign]
+    ref, ref_drafts = dflash_twin(trained_drafter[0], drafter)
     prompt = heldout_prompts(trained_target[0], "eval", 1, 20, 0)[0][0]
     max_new = 40
     with torch.no_grad():

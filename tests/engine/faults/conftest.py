@@ -171,14 +171,9 @@ def _engine_conftest() -> Any:
 HELPERS = _engine_conftest()
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
+# NOTE: tests/engine/conftest.py's autouse _one_torch_thread applies here
+# too; its session target, adapter and drafter are made again instead (the
+# fault injections patch the drafter they run with)
 @pytest.fixture(scope="session")
 def hf_target() -> Any:
     return HELPERS.make_hf_target()
