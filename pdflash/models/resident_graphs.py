@@ -273,10 +273,7 @@ class ResidentGraphs:
                 f"max_graphs, max_tokens and min_uses must be >= 1, got "
                 f"{max_graphs}, {max_tokens}, {min_uses}"
             )
-        buckets = tuple(token_buckets or ())
-        if any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
-            raise ValueError(f"token_buckets must be increasing and >= 1, got {token_buckets!r}")
-        self.token_buckets = buckets
+        self.token_buckets = token_buckets
         self._factory = backend_factory
         self.max_graphs = max_graphs
         self.max_tokens = max_tokens
@@ -304,6 +301,20 @@ class ResidentGraphs:
     @property
     def failures(self) -> dict[Hashable, str]:
         return dict(self._failed)
+
+    @property
+    def token_buckets(self) -> tuple[int, ...]:
+        """The token counts a call is padded up to (``()``: exact counts).
+        Setting them checks them (a bad value raises and changes nothing);
+        recordings already made stay under their own keys."""
+        return self._token_buckets
+
+    @token_buckets.setter
+    def token_buckets(self, token_buckets: tuple[int, ...] | None) -> None:
+        buckets = tuple(token_buckets or ())
+        if any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"token_buckets must be increasing and >= 1, got {token_buckets!r}")
+        self._token_buckets = buckets
 
     def padded_tokens(self, tokens: int) -> int:
         """The token count a recorded call of ``tokens`` rows runs at: the

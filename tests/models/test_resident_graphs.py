@@ -319,6 +319,11 @@ def test_token_buckets() -> None:
     for bad in ((4, 2), (0, 4), (4, 4)):
         with pytest.raises(ValueError, match="token_buckets"):
             _eager_graphs(token_buckets=bad)
+        with pytest.raises(ValueError, match="token_buckets"):
+            graphs.token_buckets = bad
+    assert graphs.token_buckets == (4, 16, 64)  # unchanged by the refused values
+    graphs.token_buckets = None
+    assert graphs.padded_tokens(5) == 5
     with pytest.raises(ValueError, match="tokens 2 < the call's 3 rows"):
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(3, 4, generator=gen)
