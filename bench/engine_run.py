@@ -236,6 +236,11 @@ class RunSpec:
     # process has; the matrix names the mode it planned under, and a spec
     # naming another mode is refused (a resumed matrix never mixes modes)
     compressed_gemm: str | None = None
+    # recorded all-resident layer calls (pdflash.models.resident_graphs): the
+    # process-wide switch set to this for the run (warm-ups included) and
+    # put back after; "on" replays a recording of an all-resident layer's
+    # device work where it can, "off" (default) always runs it eagerly
+    resident_graphs: str = "off"
 
     @property
     def width_setting(self) -> str:
@@ -387,6 +392,13 @@ class RunSpec:
                     f"experts in {mode!r} (PDFLASH_COMPRESSED_GEMM); run the spec in a process "
                     "of its mode"
                 )
+        from pdflash.models.resident_graphs import RESIDENT_GRAPH_MODES
+
+        if self.resident_graphs not in RESIDENT_GRAPH_MODES:
+            raise ValueError(
+                f"resident_graphs must be one of {RESIDENT_GRAPH_MODES}, "
+                f"got {self.resident_graphs!r}"
+            )
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         from .distributed_run import check_spec
@@ -919,7 +931,41 @@ def _run(
     """Build the run's cache, scheduler and engine on ``issuer`` and run its
     workload; ``warm_only``: run the workload warm-up only (the shared
     warm-up's pass) and return None. ``setup``: where the phases before the
-    clock are timed (a throwaway clock when None)."""
+    clock are timed (a throwaway clock when None). The whole build and run
+    happen with the process-wide resident-graph switch at the spec's
+    ``resident_graphs``; the setting before is put back after, also on
+    failure."""
+    from pdflash.models.resident_graphs import resident_graphs_as
+
+    with resident_graphs_as(spec.resident_graphs):
+        return _run_as_set(
+            spec,
+            device,
+            adapter,
+            drafter,
+            issuer,
+            synthetic_weights,
+            synthetic_draft,
+            progress,
+            warm_only=warm_only,
+            setup=setup,
+        )
+
+
+def _run_as_set(
+    spec: RunSpec,
+    device: torch.device,
+    adapter: Any,
+    drafter: DFlashDrafter | None,
+    issuer: Any,
+    synthetic_weights: bool,
+    synthetic_draft: bool,
+    progress: Callable[[int, int], None] | None,
+    *,
+    warm_only: bool = False,
+    setup: SetupClock | None = None,
+) -> RunResult | None:
+    """:func:`_run` with the resident-graph switch set."""
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import route_ahead_predictor
     from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
@@ -1342,6 +1388,9 @@ def _workload(
     cache.drain_inflight()
     initial_resident = np.flatnonzero(np.asarray(cache.slot_of) >= 0).astype(np.int64)
     _reset_measurements(engine)
+    recorder = _resident_recorder(adapter)
+    if recorder is not None:  # the row counts the measured run's calls only
+        recorder.reset_stats()
     issuer_before = _issuer_totals(issuer.stats())
     closed = ClosedLoop(workload) if workload.arrivals == "closed" else None
     pending = closed.start() if closed is not None else open_loop(workload)
@@ -1822,6 +1871,7 @@ def _result(
     row.setdefault("not_measured", {}).update(roofline.pop("not_measured", {}))
     row.update(roofline)
     row["cuda_graphs"] = _graph_fields(engine, spec)
+    row["resident_graphs"] = _resident_graph_fields(adapter, spec)
     row["verify_width"] = _width_fields(engine, spec)
     row["slo_s"] = spec.slo_s
     if spec.slo_s is None:
@@ -1976,6 +2026,43 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}
     if graphs.failures:
         out["capture_errors"] = graphs.failures
+    return out
+
+
+def _resident_recorder(adapter: Any) -> Any:
+    """The target's recorder of all-resident layer calls
+    (:class:`~pdflash.models.resident_graphs.ResidentGraphs`), or None
+    (a target without an offloaded MoE runtime)."""
+    return getattr(getattr(adapter, "runtime", None), "resident_graphs", None)
+
+
+def _resident_graph_fields(adapter: Any, spec: RunSpec) -> dict[str, Any]:
+    """The row's ``resident_graphs``: the setting and what the recorder of
+    all-resident layer calls (one for every layer of the target) did over
+    the measured run: recordings made (``captures``, with ``capture_s``,
+    the host seconds they took, their first replay and the eager check
+    included), replays, ``distinct_keys`` (layer x exact token count x
+    shapes asked for), eager calls by reason (``off`` where the setting is
+    off: the all-resident calls there were), mismatches with the eager
+    check, recordings dropped (``evictions``, ``stale``) and ``graphs_held``
+    at the end. ``state``: ``off``, ``on`` (replays ran) or
+    ``on_no_replay``."""
+    recorder = _resident_recorder(adapter)
+    if recorder is None:
+        return {
+            "setting": spec.resident_graphs,
+            "state": "off",
+            "why_off": "the target has no offloaded MoE layer to record",
+        }
+    out: dict[str, Any] = {"setting": spec.resident_graphs}
+    out.update(recorder.stats.as_dict())
+    out["graphs_held"] = recorder.num_graphs
+    if spec.resident_graphs == "off":
+        out["state"] = "off"
+    else:
+        out["state"] = "on" if recorder.stats.replays else "on_no_replay"
+    if recorder.failures:
+        out["capture_errors"] = {str(k): v for k, v in recorder.failures.items()}
     return out
 
 

@@ -102,6 +102,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--breakdown then times the replayed parts as one region, graphed_ms",
     )
     parser.add_argument(
+        "--resident-graphs",
+        default="off",
+        choices=("off", "on"),
+        help="recorded all-resident layer calls (pdflash.models.resident_graphs) for the "
+        "runs: on replays a CUDA-graph recording of an all-resident offloaded layer's device "
+        "work where it can, off (default) runs it eagerly; set for each run and put back "
+        "after; rows record resident_graphs (captures, capture_s, replays, eager calls by "
+        "reason, mismatches)",
+    )
+    parser.add_argument(
         "--verify-width",
         type=common.verify_widths,
         default=["auto"],
@@ -470,6 +480,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     expert_dtype=args.expert_dtype,
                     breakdown=args.breakdown,
                     cuda_graphs=graphs,
+                    resident_graphs=getattr(args, "resident_graphs", "off"),
                     verify_width=width,
                     gpus=args.gpus,
                     placement=args.placement,
@@ -499,6 +510,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"exposed={_fmt(row['exposed_fetch_s'])}s eta={_fmt(row['eta'])} "
                     f"host={_fmt(row.get('host_served_experts'))} "
                     f"graphs={row['cuda_graphs']['state']} "
+                    f"resident_graphs={row['resident_graphs']['state']} "
                     f"{gpus_txt}"
                     f"wall={_fmt(row['wall_s'])}s",
                     file=sys.stderr,

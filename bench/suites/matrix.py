@@ -215,6 +215,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs`); off (default) runs everything eagerly; part of each run's resume key",
     )
     g.add_argument(
+        "--resident-graphs",
+        default="off",
+        choices=("off", "on"),
+        help="recorded all-resident layer calls for every run (see `engine "
+        "--resident-graphs`); off (default) runs them eagerly; part of each run's resume key",
+    )
+    g.add_argument(
         "--verify-width",
         type=common.verify_widths,
         default=["auto"],
@@ -300,6 +307,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         common_kw["warmup"] = args.warmup
     if getattr(args, "cuda_graphs", "off") != "off":
         common_kw["cuda_graphs"] = args.cuda_graphs
+    if getattr(args, "resident_graphs", "off") != "off":
+        common_kw["resident_graphs"] = args.resident_graphs
     # expert-parallel ranks, only when asked for (plain specs unchanged)
     if getattr(args, "gpus", 1) != 1:
         common_kw["gpus"] = args.gpus
@@ -761,6 +770,10 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         (
             "--cuda-graphs",
             None if getattr(args, "cuda_graphs", "off") == "off" else args.cuda_graphs,
+        ),
+        (
+            "--resident-graphs",
+            None if getattr(args, "resident_graphs", "off") == "off" else args.resident_graphs,
         ),
         (
             "--verify-width",

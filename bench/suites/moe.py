@@ -667,6 +667,9 @@ def _all_hit(
     if args.resident_graphs == "both":
         variants.append(("by_resident_graphs", "on", _resident_graphs))
     recorded = runtime.resident_graphs
+    # each point times one exact token count: recorded at that count (no
+    # padding to a bucket), the eager block's kernels and bits
+    recorded.token_buckets = ()
     rows = []
     e = ad.num_experts
     gen = torch.Generator().manual_seed(args.seed + 17)

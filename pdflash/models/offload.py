@@ -44,10 +44,12 @@ Recorded resident calls (:mod:`pdflash.models.resident_graphs`, switch
 ``PDFLASH_RESIDENT_GRAPHS=on`` / :func:`~pdflash.models.resident_graphs.set_resident_graphs`,
 off by default): an eager all-resident layer call (CUDA, no autograd, not
 itself inside a capture, the layer's experts in one slab window) replays a
-CUDA graph of its kernels per ``(layer, token count)`` over static inputs:
-four torch calls (three input copies and the output's clone) and one graph
-launch instead of ~28-38 torch calls, the same bits. The cache's books
-around it are the eager path's, per call.
+CUDA graph of its kernels per ``(layer, token bucket)`` over static inputs:
+four torch calls (three input copies and the output's clone; two more and
+a view's where the count is padded up to its bucket) and one graph launch
+instead of ~28-38 torch calls, the bits of an eager run of the same
+(padded) inputs. The cache's books around it are the eager path's, per
+call, over the call's own routing only.
 
 Hybrid miss service (``host_service``, :mod:`pdflash.hybrid`): right after
 that one read of a layer's counts, the service picks the misses the host CPU
@@ -772,7 +774,11 @@ class OffloadedMoE:
         grouped, fused = self.grouped, self._fused()
         # static buffers made under inference mode take no in-place write outside it
         inference = torch.is_inference_mode_enabled()
-        sig = (tuple(x.shape), x.dtype, topk_weights.dtype, str(x.device), k, inference)
+        # the recording runs over the padded count (its padding rows routed to
+        # the call's own first token's experts with zero weight; dropped)
+        padded = graphs.padded_tokens(tokens)
+        shape = (padded, *x.shape[1:])
+        sig = (shape, x.dtype, topk_weights.dtype, str(x.device), k, inference)
         key = (layer, *sig, row_sort_mode(), id(grouped), id(fused))
 
         def make_fn() -> tuple[StepFn, tuple[Any, ...]]:
@@ -784,13 +790,13 @@ class OffloadedMoE:
             ) -> tuple[torch.Tensor, ...]:
                 y_flat = torch.empty((ids.numel(), xs.shape[1]), dtype=xs.dtype, device=xs.device)
                 self._run_sorted(xs, k, keys[ids], width, views, y_flat)
-                out = (y_flat.view(tokens, k, -1) * weights.unsqueeze(-1)).sum(dim=1)
+                out = (y_flat.view(xs.shape[0], k, -1) * weights.unsqueeze(-1)).sum(dim=1)
                 return (out if out.dtype == xs.dtype else out.to(xs.dtype),)
 
             # the recording reads these (and the MLP objects its key names)
             return step, (keys, views, grouped, fused)
 
-        return graphs.run(key, sig, slots, x, flat, topk_weights, make_fn)
+        return graphs.run(key, sig, slots, x, flat, topk_weights, make_fn, padded)
 
     def close(self) -> None:
         """Free the recorded resident calls (their pools and buffers)."""

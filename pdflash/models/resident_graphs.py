@@ -12,9 +12,19 @@ The cache's books (pins, the deferred access record, the slots' event) stay
 outside the recording, done by :class:`~pdflash.models.offload.OffloadedMoE`
 on every call exactly as the eager path does.
 
-One recording per ``(layer, tokens, k, dtypes, device, row sort, MLP)``: the
-token count is exact (no padding), so a replay launches the same kernels on
-the same shapes as the eager call and gives the same bits. A recording is
+One recording per ``(layer, token bucket, k, dtypes, device, row sort,
+MLP)``: a call's token count ``T`` is padded up to the first of
+:attr:`~ResidentGraphs.token_buckets` that holds it (an engine's verify
+meets nearly every count from 1 to its token budget, and a recording per
+exact count is rarely used twice). The padding rows read zero input and
+zero weight and are routed to the experts of the call's first token (so
+they read no expert the call does not, and the cache's books, kept outside
+the recording over the call's own routing, never see them); their output
+rows are dropped. A replay gives the bits of an eager run of the padded
+inputs; its real rows equal the unpadded eager call's where the kernels are
+row-independent (CPU fp32), else within the dtype's rounding (a grouped
+GEMM may tile a longer group differently). ``token_buckets=()``: every
+count exact, the same kernels and bits as the eager call. A recording is
 made on the :attr:`~ResidentGraphs.min_uses`-th call with its key (one-off
 token counts stay eager), checked once against an eager run of the same
 inputs (``validate``: one that differs is dropped and its key runs eagerly
@@ -31,16 +41,19 @@ tests pass :class:`~pdflash.engine.graphs.EagerBackend` to run the same
 selection, buffers and books on a CPU).
 
 The switch: :func:`set_resident_graphs` or ``PDFLASH_RESIDENT_GRAPHS``
-(``off``, the default, or ``on``). :attr:`ResidentGraphs.last` says how the
+(``off``, the default, or ``on``); :func:`resident_graphs_as` sets it for a
+block (the engine bench's ``resident_graphs`` run setting). :attr:`ResidentGraphs.last` says how the
 last all-resident call ran (``graph`` or ``eager``) and
 :attr:`ResidentGraphs.last_reason` why it ran eagerly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,9 +94,33 @@ def resident_graphs_mode() -> str:
     return _mode
 
 
+@contextlib.contextmanager
+def resident_graphs_as(mode: str) -> Iterator[None]:
+    """Run the block with the switch at ``mode`` (checked first: a bad one
+    raises and changes nothing), then put back the setting as it was
+    before (an unset one, which reads ``PDFLASH_RESIDENT_GRAPHS``, stays
+    unset), also when the block raises."""
+    if mode not in RESIDENT_GRAPH_MODES:
+        raise ValueError(f"resident graphs must be one of {RESIDENT_GRAPH_MODES}, got {mode!r}")
+    global _mode
+    before = _mode
+    _mode = mode
+    try:
+        yield
+    finally:
+        _mode = before
+
+
 #: ``fn(x, ids, weights) -> (out,)``: a layer's device work over the static
 #: buffers it is given (the same tensors on every call)
 StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "Outputs"]
+
+
+#: token counts a recorded call is padded up to (:meth:`ResidentGraphs.padded_tokens`)
+DEFAULT_TOKEN_BUCKETS: tuple[int, ...] = (
+    *(1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128),
+    *(160, 192, 256, 320, 384, 448, 512),
+)
 
 
 @dataclass
@@ -96,6 +133,42 @@ class _Bucket:
     weights: torch.Tensor
     backend: GraphBackend
     graphs: int = 0
+    #: rows of ``x`` and ``weights`` from the first that may be nonzero past
+    #: the last call's real rows (the padding rows must read zeros)
+    dirty: int = 0
+    #: per real token count: the views a call of that many tokens writes
+    views: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+
+    def load(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """Copy a call's inputs in. Rows past its ``T`` tokens are padding:
+        zero input, zero weight, each routed to the experts of the call's
+        first token (resident: the layer is all-resident; no expert beyond
+        the call's own is read)."""
+        tokens, size = x.shape[0], self.x.shape[0]
+        if tokens == size:
+            self.x.copy_(x)
+            self.ids.copy_(ids)
+            self.weights.copy_(weights)
+            self.dirty = size
+            return
+        v = self.views.get(tokens)
+        if v is None:
+            k = self.ids.numel() // size
+            v = self.views[tokens] = (
+                self.x[:tokens],
+                self.ids[: tokens * k],
+                self.weights[:tokens],
+                self.ids[tokens * k :].view(size - tokens, k),
+            )
+        x_head, ids_head, w_head, ids_tail = v
+        x_head.copy_(x)
+        ids_head.copy_(ids)
+        w_head.copy_(weights)
+        ids_tail.copy_(ids[: ids_tail.shape[1]])  # broadcast over the padding rows
+        if self.dirty > tokens:  # an earlier call's real rows lie in this call's padding
+            self.x[tokens : self.dirty].zero_()
+            self.weights[tokens : self.dirty].zero_()
+        self.dirty = tokens
 
 
 @dataclass
@@ -109,6 +182,18 @@ class _Recorded:
     slots: npt.NDArray[np.int64]
     #: tensors the recording reads, kept alive with it
     keep: tuple[Any, ...] = ()
+    #: per real token count below the bucket's: the output rows it keeps
+    heads: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def output(self, tokens: int) -> torch.Tensor:
+        """A copy of the last replay's output rows of the call's ``tokens``
+        real tokens (the padding rows' are dropped)."""
+        if tokens == self.out.shape[0]:
+            return self.out.clone()
+        head = self.heads.get(tokens)
+        if head is None:
+            head = self.heads[tokens] = self.out[:tokens]
+        return head.clone()
 
 
 @dataclass
@@ -124,13 +209,20 @@ class ResidentGraphStats:
     evictions: int = 0
     #: recordings dropped because the layer's experts moved to other slots
     stale: int = 0
+    #: host seconds spent recording (capture, first replay and the eager
+    #: check), failed recordings included
+    capture_s: float = 0.0
     #: eager calls by reason
     eager: Counter[str] = field(default_factory=Counter)
+    #: the distinct recording keys the calls asked for
+    keys: set[Hashable] = field(default_factory=set)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "replays": self.replays,
             "captures": self.captures,
+            "capture_s": self.capture_s,
+            "distinct_keys": len(self.keys),
             "capture_failures": self.capture_failures,
             "validated": self.validated,
             "mismatches": self.mismatches,
@@ -158,6 +250,10 @@ class ResidentGraphs:
         max_tokens: larger calls run eagerly (``tokens_over_max``).
         min_uses: a key is recorded on its ``min_uses``-th call (earlier
             calls run eagerly, reason ``warming``).
+        token_buckets: a call's token count is padded up to the first of
+            these it fits (:meth:`padded_tokens`; past the last one it stays
+            exact), so counts that differ a little share one recording; None
+            or ``()``: every count exact.
         validate: check each new recording's first replay against an eager
             run of the same inputs, bit for bit.
     """
@@ -170,12 +266,14 @@ class ResidentGraphs:
         max_tokens: int = 512,
         min_uses: int = 2,
         validate: bool = True,
+        token_buckets: tuple[int, ...] | None = DEFAULT_TOKEN_BUCKETS,
     ) -> None:
         if max_graphs < 1 or max_tokens < 1 or min_uses < 1:
             raise ValueError(
                 f"max_graphs, max_tokens and min_uses must be >= 1, got "
                 f"{max_graphs}, {max_tokens}, {min_uses}"
             )
+        self.token_buckets = token_buckets
         self._factory = backend_factory
         self.max_graphs = max_graphs
         self.max_tokens = max_tokens
@@ -204,6 +302,29 @@ class ResidentGraphs:
     def failures(self) -> dict[Hashable, str]:
         return dict(self._failed)
 
+    @property
+    def token_buckets(self) -> tuple[int, ...]:
+        """The token counts a call is padded up to (``()``: exact counts).
+        Setting them checks them (a bad value raises and changes nothing);
+        recordings already made stay under their own keys."""
+        return self._token_buckets
+
+    @token_buckets.setter
+    def token_buckets(self, token_buckets: tuple[int, ...] | None) -> None:
+        buckets = tuple(token_buckets or ())
+        if any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"token_buckets must be increasing and >= 1, got {token_buckets!r}")
+        self._token_buckets = buckets
+
+    def padded_tokens(self, tokens: int) -> int:
+        """The token count a recorded call of ``tokens`` rows runs at: the
+        first bucket that holds them (capped at ``max_tokens``), else
+        ``tokens``."""
+        for bucket in self.token_buckets:
+            if bucket >= tokens:
+                return bucket if bucket <= self.max_tokens else tokens
+        return tokens
+
     def reset_stats(self) -> None:
         self.stats = ResidentGraphStats()
 
@@ -231,14 +352,23 @@ class ResidentGraphs:
         ids: torch.Tensor,
         weights: torch.Tensor,
         make_fn: Callable[[], tuple[StepFn, tuple[Any, ...]]],
+        tokens: int | None = None,
     ) -> torch.Tensor | None:
         """The call's output from a replay of ``key``'s recording (made now
         if this is the key's ``min_uses``-th call), or None (noted, with the
         reason) where it runs eagerly. ``slots``: the layer's expert slots
         now (a recording made with others is dropped); ``bucket_key`` names
-        the static buffers (shapes, dtypes, device) of ``x``, ``ids`` (int64
-        ``[T * k]``) and ``weights``; ``make_fn()`` gives the step over given
-        buffers and the tensors it reads (kept alive with the recording)."""
+        the static buffers (shapes, dtypes, device, ``tokens`` rows) of
+        ``x``, ``ids`` (int64 ``[T * k]``) and ``weights``; ``tokens``: the
+        rows the recording runs over (default ``x``'s ``T``; more: the
+        call is padded, see :meth:`_Bucket.load`, and the output keeps its
+        ``T`` rows); ``make_fn()`` gives the step over given buffers and the
+        tensors it reads (kept alive with the recording)."""
+        if tokens is None:
+            tokens = x.shape[0]
+        elif tokens < x.shape[0]:
+            raise ValueError(f"tokens {tokens} < the call's {x.shape[0]} rows")
+        self.stats.keys.add(key)
         if key in self._failed:
             return self._eager("capture_failed")
         rec = self._recorded.get(key)
@@ -253,31 +383,41 @@ class ResidentGraphs:
                 if len(self._uses) > 8 * self.max_graphs:  # one-off keys: forget them
                     self._uses.clear()
                 return self._eager("warming")
-            rec = self._record(key, bucket_key, slots, x, ids, weights, make_fn)
+            began = time.perf_counter()
+            try:
+                rec = self._record(key, bucket_key, slots, x, ids, weights, make_fn, tokens)
+            finally:
+                self.stats.capture_s += time.perf_counter() - began
             if rec is None:
                 return self._eager("capture_failed")
             self.last, self.last_reason = "graph", None
-            return rec.out.clone()
+            return rec.output(x.shape[0])
         self._recorded.move_to_end(key)
-        b = rec.bucket
-        b.x.copy_(x)
-        b.ids.copy_(ids)
-        b.weights.copy_(weights)
+        rec.bucket.load(x, ids, weights)
         rec.graph.replay()
         self.stats.replays += 1
         self.last, self.last_reason = "graph", None
-        return rec.out.clone()
+        return rec.output(x.shape[0])
 
     def _bucket(
-        self, bucket_key: Hashable, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+        self,
+        bucket_key: Hashable,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        tokens: int,
     ) -> _Bucket:
+        """The static buffers of ``bucket_key``: ``tokens`` rows (the
+        padded count) of ``x``'s and ``weights``' kind, zeros (padding
+        rows read zeros)."""
         b = self._buckets.get(bucket_key)
         if b is None:
             factory = self._factory or _cuda_backend
+            k = ids.numel() // x.shape[0]
             b = _Bucket(
-                x=torch.empty_like(x, memory_format=torch.contiguous_format),
-                ids=torch.empty(ids.shape, dtype=torch.int64, device=ids.device),
-                weights=torch.empty_like(weights, memory_format=torch.contiguous_format),
+                x=x.new_zeros((tokens, *x.shape[1:])),
+                ids=torch.zeros(tokens * k, dtype=torch.int64, device=ids.device),
+                weights=weights.new_zeros((tokens, *weights.shape[1:])),
                 backend=factory(x.device),
             )
             self._buckets[bucket_key] = b
@@ -292,14 +432,13 @@ class ResidentGraphs:
         ids: torch.Tensor,
         weights: torch.Tensor,
         make_fn: Callable[[], tuple[StepFn, tuple[Any, ...]]],
+        tokens: int,
     ) -> _Recorded | None:
         while len(self._recorded) >= self.max_graphs:
             self._drop(next(iter(self._recorded)))
             self.stats.evictions += 1
-        b = self._bucket(bucket_key, x, ids, weights)
-        b.x.copy_(x)
-        b.ids.copy_(ids)
-        b.weights.copy_(weights)
+        b = self._bucket(bucket_key, x, ids, weights, tokens)
+        b.load(x, ids, weights)
         fn, keep = make_fn()
         try:
             graph, outs = b.backend.capture(lambda: fn(b.x, b.ids, b.weights))

@@ -465,6 +465,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("placement", "round_robin"),
     RunSetting("warmup", "auto", _recorded("warmup", "requested")),
     RunSetting("cuda_graphs", "off", _recorded("cuda_graphs", "setting")),
+    # recorded all-resident layer calls; rows from before the setting ran
+    # with the switch off (its default; no engine run set it)
+    RunSetting("resident_graphs", "off", _recorded("resident_graphs", "setting")),
     # the width the run verifies at: a spec's ``auto`` (RunSpec's default)
     # resolved for its label, as RunSpec resolves it; rows whose spec names
     # no width: what they recorded running at, else full

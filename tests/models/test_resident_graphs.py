@@ -23,6 +23,7 @@ from pdflash.engine.graphs import EagerBackend
 from pdflash.models import offload
 from pdflash.models.resident_graphs import (
     ResidentGraphs,
+    resident_graphs_as,
     resident_graphs_mode,
     set_resident_graphs,
 )
@@ -106,7 +107,8 @@ def test_replayed_calls_equal_eager_over_routings_and_token_counts(
 ) -> None:
     ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
     runtime = ad.runtime
-    graphs = runtime.resident_graphs = _eager_graphs()
+    # exact token counts: the eager call's kernels on its own shapes
+    graphs = runtime.resident_graphs = _eager_graphs(token_buckets=())
     with torch.inference_mode():
         for layer in range(ad.num_layers):
             for tokens in (1, 5, 16):
@@ -306,3 +308,113 @@ def test_autograd_runs_eagerly_and_inference_mode_has_its_own_buffers(
     assert graphs.num_graphs == 2 and graphs.num_buckets == 2
     assert all(torch.equal(o, outs[0]) for o in outs)
     ad.close()
+
+
+def test_token_buckets() -> None:
+    graphs = _eager_graphs(token_buckets=(4, 16, 64), max_tokens=32)
+    assert [graphs.padded_tokens(t) for t in (1, 4, 5, 16, 17, 40)] == [4, 4, 16, 16, 17, 40]
+    exact = _eager_graphs(token_buckets=())
+    assert [exact.padded_tokens(t) for t in (1, 5, 17)] == [1, 5, 17]
+    assert _eager_graphs().padded_tokens(37) == 40  # the defaults
+    for bad in ((4, 2), (0, 4), (4, 4)):
+        with pytest.raises(ValueError, match="token_buckets"):
+            _eager_graphs(token_buckets=bad)
+        with pytest.raises(ValueError, match="token_buckets"):
+            graphs.token_buckets = bad
+    assert graphs.token_buckets == (4, 16, 64)  # unchanged by the refused values
+    graphs.token_buckets = None
+    assert graphs.padded_tokens(5) == 5
+    with pytest.raises(ValueError, match="tokens 2 < the call's 3 rows"):
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(3, 4, generator=gen)
+        exact.run(
+            "k",
+            (2,),
+            np.arange(4),
+            x,
+            torch.zeros(6, dtype=torch.int64),
+            x[:, :1],
+            lambda: (_step, ()),
+            2,
+        )
+
+
+def _padded(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, size: int) -> tuple[Any, ...]:
+    """A call's inputs padded as the recorder pads them: zero rows of input
+    and weight, each routed to the first token's experts."""
+    pad = size - x.shape[0]
+    return (
+        torch.cat([x, x.new_zeros(pad, x.shape[1])]),
+        torch.cat([ids, ids[:1].expand(pad, -1)]),
+        torch.cat([w, w.new_zeros(pad, w.shape[1])]),
+    )
+
+
+@needs_grouped
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_padded_calls_share_a_recording_and_keep_their_real_rows(
+    arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object, graphs_on: None
+) -> None:
+    """5, 6, 7 and 8 tokens run one recording of 8: each replay equals the
+    eager call over the padded inputs bit for bit and its real rows the
+    unpadded eager call's within fp32 rounding (the CPU's grouped MLP is not
+    row-independent: a longer group may round differently); the padding
+    rows read zeros after a call with more real rows, and the cache's books
+    count the real rows only."""
+    ad = resident_adapter(tiny_checkpoints[arch], host_issuer)
+    runtime = ad.runtime
+    graphs = runtime.resident_graphs = _eager_graphs()
+    with torch.inference_mode():
+        for i, tokens in enumerate((7, 5, 8, 6, 7, 5)):
+            x, ids, weights = _routing(ad, 1, tokens, 40 + i)
+            set_resident_graphs("off")
+            hits = ad.cache.stats()["hits"]
+            want = runtime.forward_routed(1, x, ids, weights)
+            eager_hits = ad.cache.stats()["hits"] - hits
+            want_padded = runtime.forward_routed(1, *_padded(x, ids, weights, 8))
+            hits = ad.cache.stats()["hits"]
+            set_resident_graphs("on")
+            got = runtime.forward_routed(1, x, ids, weights)
+            assert ad.cache.stats()["hits"] - hits == eager_hits  # the books: the call's own
+            assert graphs.last == ("eager" if i == 0 else "graph"), graphs.last_reason
+            assert got.shape == want.shape
+            assert torch.equal(got, want_padded[:tokens]), (tokens, i)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+            if i > 0:  # the bucket's static inputs: the call's rows, then padding
+                (rec,) = graphs._recorded.values()
+                b, k = rec.bucket, ids.shape[1]
+                assert torch.equal(b.x[:tokens], x) and not b.x[tokens:].any()
+                assert not b.weights[tokens:].any()
+                assert torch.equal(b.ids[tokens * k :].view(-1, k), ids[:1].expand(8 - tokens, k))
+    assert graphs.num_graphs == 1 and graphs.num_buckets == 1
+    st = graphs.stats
+    assert st.captures == 1 and st.replays == 4 and st.eager["warming"] == 1
+    assert st.mismatches == 0 and len(st.keys) == 1
+    assert int(ad.cache.pins.sum()) == 0
+    ad.close()
+
+
+def test_resident_graphs_as_sets_the_switch_and_puts_it_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PDFLASH_RESIDENT_GRAPHS", "on")
+    set_resident_graphs(None)
+    try:
+        with resident_graphs_as("off"):
+            assert resident_graphs_mode() == "off"
+        # back to unset: the environment's setting again
+        monkeypatch.setenv("PDFLASH_RESIDENT_GRAPHS", "off")
+        assert resident_graphs_mode() == "off"
+        set_resident_graphs("on")
+        with pytest.raises(RuntimeError, match="boom"), resident_graphs_as("off"):
+            assert resident_graphs_mode() == "off"
+            raise RuntimeError("boom")
+        assert resident_graphs_mode() == "on"
+        with (
+            pytest.raises(ValueError, match="resident graphs must be one of"),
+            resident_graphs_as("auto"),
+        ):
+            pass
+        assert resident_graphs_mode() == "on"
+    finally:
+        set_resident_graphs(None)

@@ -17,7 +17,7 @@ import torch
 from pdflash.bench.op_count import DispatchCounter
 
 from pdflash.models import load_adapter, write_synthetic_checkpoint
-from pdflash.models.resident_graphs import set_resident_graphs
+from pdflash.models.resident_graphs import ResidentGraphs, set_resident_graphs
 
 pytestmark = pytest.mark.gpu
 
@@ -67,7 +67,8 @@ def test_replays_equal_eager_bit_for_bit_and_follow_each_routing(
     arch: str, tmp_path: Path, cuda_issuer: Any, graphs_reset: None
 ) -> None:
     ad = _adapter(arch, tmp_path, cuda_issuer)
-    graphs = ad.runtime.resident_graphs
+    # exact token counts: the eager call's kernels on its own shapes
+    graphs = ad.runtime.resident_graphs = ResidentGraphs(token_buckets=())
     with torch.inference_mode():
         for layer in range(ad.num_layers):
             for tokens in (16, 37, 64, 256):
@@ -111,6 +112,64 @@ def test_a_replay_makes_no_host_sync_in_a_handful_of_torch_calls(
     assert ad.runtime.resident_graphs.last == "graph"
     assert sum(d.ops.values()) <= MAX_REPLAY_DISPATCHES, dict(d.ops)
     assert torch.equal(got, want)
+    ad.close()
+
+
+def _padded(x: Any, ids: Any, weights: Any, size: int) -> tuple[torch.Tensor, ...]:
+    """A call's inputs padded as the recorder pads them: zero rows of input
+    and weight, each routed to the first token's experts."""
+    pad = size - x.shape[0]
+    return (
+        torch.cat([x, x.new_zeros(pad, x.shape[1])]),
+        torch.cat([ids, ids[:1].expand(pad, -1)]),
+        torch.cat([weights, weights.new_zeros(pad, weights.shape[1])]),
+    )
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+def test_padded_replays_keep_the_real_rows_in_a_few_torch_calls(
+    arch: str, tmp_path: Path, cuda_issuer: Any, graphs_reset: None
+) -> None:
+    """Token counts padded up to their bucket: one recording serves 37..40
+    tokens; each replay equals, bit for bit, the eager call over the padded
+    inputs, and its real rows the unpadded eager call's within bf16
+    rounding; the cache's books count the real rows only; a padded replay
+    makes no host sync in a few more torch calls than an exact one."""
+    ad = _adapter(arch, tmp_path, cuda_issuer)
+    graphs = ad.runtime.resident_graphs
+    assert graphs.padded_tokens(37) == 40
+    with torch.inference_mode():
+        for i, tokens in enumerate((38, 37, 40, 39, 37)):  # 38: warming; then one recording
+            x, ids, weights = _inputs(ad, 1, tokens, 50 + i)
+            hits = ad.cache.stats()["hits"]
+            want = _call(ad, "off", 1, x, ids, weights)
+            eager_hits = ad.cache.stats()["hits"] - hits
+            want_padded = _call(ad, "off", 1, *_padded(x, ids, weights, 40))
+            hits = ad.cache.stats()["hits"]
+            got = _call(ad, "on", 1, x, ids, weights)
+            assert graphs.last == ("eager" if i == 0 else "graph"), graphs.last_reason
+            assert ad.cache.stats()["hits"] - hits == eager_hits  # the books: the call's own
+            assert got.shape == want.shape
+            assert torch.equal(got, want_padded[:tokens]), (tokens, i)
+            err = float((got.float() - want.float()).abs().max())
+            assert err <= 2e-2 * float(want.float().abs().max()), (tokens, err)
+        x, ids, weights = _inputs(ad, 1, 37, 99)
+        want = _call(ad, "off", 1, *_padded(x, ids, weights, 40))
+        set_resident_graphs("on")
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with DispatchCounter() as d:
+                got = ad.runtime.forward_routed(1, x, ids, weights)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert graphs.last == "graph"
+    # + the first token's ids and their copy over the padding rows (the
+    # padding rows' zeroing only where the last call had more real rows)
+    assert sum(d.ops.values()) <= MAX_REPLAY_DISPATCHES + 2, dict(d.ops)
+    assert torch.equal(got, want[:37])
+    assert graphs.stats.captures == 1 and graphs.stats.mismatches == 0
+    assert int(ad.cache.pins.sum()) == 0
     ad.close()
 
 
