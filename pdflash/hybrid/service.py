@@ -361,8 +361,10 @@ class HostExpertService:
         #: copied to sample the clock (why off: the H200 ablation in
         #: bench/results/h200/session9-2026-12-02/README.md)
         self.critical_path = False
-        #: False: every miss is copied and nothing is planned ahead (the PD
-        #: controller switches the service off where it does not pay)
+        #: False: every miss is copied and nothing is planned ahead; a
+        #: layer's split returns before reading the cache or asking the
+        #: planner (the PD controller switches the service off where it does
+        #: not pay, and off costs the forward nothing)
         self.enabled = True
         #: the hand-off that runs ("thread" or "stream", see
         #: pdflash.hybrid.handoff), the one asked for, and why they differ

@@ -1,4 +1,4 @@
-"""Summarize ab.sh rows: ``python summarize.py DIR TAG...``."""
+"""Summarize ab.sh rows: ``python hostidle_summarize.py DIR TAG...``."""
 
 import glob
 import json
