@@ -6,7 +6,7 @@
 #   none      no host service (PD)
 #   forced0   the service present, a forced planner that hosts nothing
 #   makespan  the service present, the cost-model planner (makespan rule)
-#             with a configured costly host (1 ms per expert): every plan COPY
+#             with a configured costly host (1 s per expert): every plan COPY
 #   queue     the same under the queue rule (the link's backlog polled)
 #   affoff    forced0 with --host-affinity off (the service's thread
 #             placement not applied: does pinning the forward thread cost?)
@@ -18,7 +18,7 @@
 # against none (the CPU figures are in
 # bench/results/cpu/hostidle-2026-12-02/README.md). Every result and the log
 # are packed into ONE file, $OUT/hostidle_check.tar.gz. Expected: build
-# ~30-60 s, each eager step ~15-20 s (15 steps), gputests ~40 s: about 3
+# ~30-60 s, each eager step ~15 s (10 steps), gputests ~40-60 s: about 3
 # minutes.
 #   OUT=/path bash bench/h200/hostidle_check.sh
 # SMOKE=1: the same steps on this machine's CPU (tiny preset, 5 steps, no
@@ -35,7 +35,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   TESTS=""
   LIMIT=300
 else
-  ARGS="$COMMON --device cuda --preset gpt-oss-20b --steps 15 --count-steps 1"
+  ARGS="$COMMON --device cuda --preset gpt-oss-20b --steps 10 --count-steps 1"
   TESTS="gputests=timeout 100 $PY -P -m pytest -q -p no:cacheprovider tests/hybrid/test_hybrid_gpu.py tests/engine/test_host_idle.py"
   LIMIT=45
 fi
@@ -43,8 +43,8 @@ EAGER="timeout $LIMIT $PY -P -m pdflash.bench.eager_host $ARGS"
 steps=(
   "none=$EAGER"
   "forced0=$EAGER --host-every 0"
-  "makespan=$EAGER --host-every 0 --host-planner makespan --host-expert-s 1e-3"
-  "queue=$EAGER --host-every 0 --host-planner queue --host-expert-s 1e-3"
+  "makespan=$EAGER --host-every 0 --host-planner makespan --host-expert-s 1.0"
+  "queue=$EAGER --host-every 0 --host-planner queue --host-expert-s 1.0"
   "affoff=$EAGER --host-every 0 --host-affinity off"
 )
 [ -n "$TESTS" ] && steps+=("$TESTS")
@@ -69,7 +69,7 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     d = r["result"] or {}
     host = d.get("host") or {}
-    print(r["step"], "rc", r["rc"], "forward_us", round(d.get("forward_us", float("nan"))),
+    print(r["step"], "rc", r["rc"], "hosting_layers/step", (host.get("hosting_layers_per_step")), "forward_us", round(d.get("forward_us", float("nan"))),
           "host_split_us/step", round((host.get("per_step_us") or {}).get("host_split", 0.0), 1),
           "torch_calls/step", (d.get("torch_calls_per_step") or {}).get("total"))
 PYEOF
