@@ -121,6 +121,9 @@ HOST_PARTS = (
     "host_write",
 )
 
+#: the host service's planners ``--host-planner`` picks (:func:`measure`)
+HOST_PLANNERS = ("forced", "makespan", "queue")
+
 #: the published experts / top-k ratio each arch's synthetic target gets by
 #: default (gpt-oss-20b: 32 experts top-4; Qwen3-30B-A3B: 128 top-8)
 DEFAULT_EXPERTS = {"gpt_oss": (32, 4), "qwen3_moe": (128, 8)}
@@ -267,6 +270,8 @@ def measure(
     preset: str = "tiny",
     host_handoff: str = "thread",
     count_steps: int = 3,
+    host_planner: str = "forced",
+    host_expert_s: float = 1e-3,
 ) -> dict[str, Any]:
     """Median host µs per eager verify step of each part (:data:`PARTS`,
     ``glue`` and ``forward``), over ``steps`` steps after ``warm_steps``
@@ -277,6 +282,16 @@ def measure(
     (:func:`pdflash.bench.realtext.published_expert_nbytes`): copies, slots
     and waits move that many bytes while the compute stays the tiny
     model's (rows say ``expert_bytes_source: padded``).
+
+    ``host_planner`` (:data:`HOST_PLANNERS`): ``forced`` (the default, with
+    ``host_every``) or the cost-model planner under its ``makespan`` or
+    ``queue`` rule with a configured host cost of ``host_expert_s`` per
+    expert (``host_every`` then only attaches the service: give 0): a
+    costly host makes every plan COPY, the service present but hosting
+    nothing, as at a compute-bound point (rows say ``planner`` and
+    ``host_cost_source: configured``). ``host.per_step_us`` gives each of
+    :data:`HOST_PARTS` per step whether or not a layer hosted (the cost of
+    the service's presence).
 
     ``host_every``: attach a hybrid host service with a forced planner
     (:class:`~pdflash.hybrid.ForcedHostPlanner`): every ``host_every``-th
@@ -352,11 +367,23 @@ def measure(
 
             if host_every < 0:
                 raise ValueError(f"host_every must be >= 0, got {host_every}")
-            planner = (
+            if host_planner not in HOST_PLANNERS:
+                raise ValueError(
+                    f"host_planner must be one of {HOST_PLANNERS}, got {host_planner!r}"
+                )
+            planner: Any = (
                 ForcedHostPlanner(every=host_every)
                 if host_every > 0
                 else ForcedHostPlanner(every=None, ids=())
             )
+            if host_planner != "forced":
+                from pdflash.hybrid import CostModelPlanner, HostCostModel
+
+                planner = CostModelPlanner(
+                    HostCostModel(float(host_expert_s), 0.0),
+                    int(cache.expert_nbytes),
+                    rule=host_planner,
+                )
             service = build_host_service(
                 adapter,
                 link_bytes_per_s=50e9,
@@ -573,6 +600,11 @@ def measure(
         host = _host_summary(
             per_step, step_s, wait_s, hosting, host_every, host_threads, host_format
         )
+        host["planner"] = host_planner
+        host["forced"] = host_planner == "forced"
+        if host_planner != "forced":
+            host["host_cost_source"] = "configured"
+            host["host_expert_s"] = host_expert_s
         host["handoff"] = handoff
         host["affinity"] = service.describe()["affinity"]
     detail_us = {
@@ -658,6 +690,8 @@ def _host_summary(
         "wait_us_per_hosting_layer": per_layer(wait_s),
         "collect_us_per_hosting_layer": per_layer(collect),
         "own_us_per_hosting_layer": per_layer(own),
+        # every HOST piece per step, hosting or not (the service's presence)
+        "per_step_us": {p: 1e6 * statistics.median(per_step[p]) for p in HOST_PARTS},
         "forward_less_wait_us": 1e6
         * statistics.median(f - w for f, w in zip(step_s, wait_s, strict=True)),
     }
@@ -698,6 +732,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="forced HOST split: every N-th missed expert of a layer on the host (0: none)",
     )
+    ap.add_argument(
+        "--host-planner",
+        choices=HOST_PLANNERS,
+        default="forced",
+        help="forced (with --host-every) or the cost-model planner's makespan/queue rule with "
+        "a configured host cost (--host-expert-s; with --host-every 0)",
+    )
+    ap.add_argument(
+        "--host-expert-s",
+        type=float,
+        default=1e-3,
+        help="the cost-model planner's configured host seconds per expert",
+    )
     ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
     ap.add_argument("--host-format", default="packed", help="the host's expert format")
     # no pre-verify plan here, and the planner is forced
@@ -730,6 +777,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         preset=a.preset,
         host_handoff=a.host_handoff,
         count_steps=a.count_steps,
+        host_planner=a.host_planner,
+        host_expert_s=a.host_expert_s,
     )
     print(json.dumps(out))
     return 0

@@ -396,7 +396,7 @@ class Engine:
         self.last_step_s: float | None = None
         # ---- PD controller hook (pdflash.engine.pd_controller) ----
         if controller is None and config.parts_controller:
-            controller = pd_controller.PDController()
+            controller = pd_controller.PDController(host_gate=pd_controller.HOST_GATE_EXPOSED)
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
         # ---- verify width hook (pdflash.engine.verify_width) ----
         if width is None and self.drafter is not None:
@@ -1276,6 +1276,12 @@ class Engine:
         while forwards wait for misses (see :meth:`_misses_exposed`).
         """
         assert self.host_service is not None and self.expert_cache is not None
+        if not self.host_service.enabled:
+            # switched off (PD controller): every miss is copied, and the
+            # waiting share is not read (nothing to plan)
+            self.host_ahead = None
+            self.prefetch.set_host_planned(None)
+            return
         if not self._misses_exposed():
             # NOTE: the link keeps up: route-ahead copies are hidden behind
             # compute, while a HOST expert is computed on the forward's
@@ -1316,10 +1322,11 @@ class Engine:
         :attr:`HOST_AHEAD_EXPOSED` of the time since the last call? True
         before a measurement (a cold cache misses everything) or after the
         timer was reset."""
-        # NOTE: on CUDA this reads the timer's events (a device sync); it runs
-        # right after the route-ahead scores were read back, so the stream
-        # has nothing left to wait for
-        waited = self.timer.stall_s() + self.timer.host_wait_s()
+        # NOTE: the spans whose end events have completed only: a device
+        # synchronize here would also wait for the prefetch copies in flight
+        # (the issuer's streams), which PD without the host never waits for;
+        # spans still running count at a later call
+        waited = self.timer.stall_s_ready() + self.timer.host_wait_s_ready()
         now = time.perf_counter()
         last, self._wait_sample = self._wait_sample, (waited, now)
         if last is None or now <= last[1] or waited < last[0]:

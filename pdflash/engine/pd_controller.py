@@ -137,12 +137,29 @@ the host (``HostExpertService.enabled``). Its planner already copies where
 the copies hide behind the forward; the part is the net for what the
 planner's model does not see. ``summary()["settings"]`` lists each part's
 stance and ``earn_level``, so every row says which rule judged it.
+
+**The host gate** (``host_gate``; the engine's controller sets
+:data:`HOST_GATE_EXPOSED`): the host can only save what the forwards wait
+for expert copies. The controller keeps the share of each measured step's
+wall that the forwards waited for copies (``exposed_fetch_s / wall_s``)
+over the steps that ran with the host part off. A probe of the host part
+while it runs ends after its first pair, the part switched off, where the
+median share over the probe's host-off steps is below the gate (a
+compute-bound step: the copies hide behind the forward; a must-earn probe
+would need 3-6 pairs, more steps than a short run has, and half of them
+with the host on). Where the host part's probe is due while it is off, the
+median over the latest host-off steps decides first: below the gate the
+part stays off with no probe (no host-on step at all); at or above it the
+part is switched on (the link binds: the host may pay) and its must-earn
+probes judge it from the next round on. Without samples the probe runs as
+without the gate.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -175,6 +192,16 @@ PARTS: tuple[str, ...] = ("scheduler_2d", "stream", "route_ahead")
 #: forward thread's time, which no part's books separate), and probed
 #: first: where the host does not pay it costs the most
 HOST_PART = "host_experts"
+
+#: the host gate the engine's PD controller uses (:class:`PDController`'s
+#: ``host_gate``, module docstring): the least median share of a step's wall
+#: the forwards waited for expert copies (host part off) for the host part
+#: to run. (On the H200, PD's exposed-fetch share was 0.29-0.48 at the
+#: link-bound points and at most 0.17 at the compute-bound ones.)
+HOST_GATE_EXPOSED = 0.2
+
+#: steps with the host part off whose waiting share the gate keeps (the latest)
+HOST_GATE_WINDOW = 8
 
 #: every switchable part, in probe order
 ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
@@ -577,6 +604,10 @@ class PDController:
         earn_level: the one-sided level at which a must-earn part's gain
             must be shown at its probe's last look to keep (or turn) it on;
             at most 0.5 (at 0.5 the mean gain need only be > 0).
+        host_gate: the host gate (module docstring): the least median
+            share of a step's wall the forwards waited for expert copies,
+            with the host part off, for the host part to run or be probed.
+            None (default): no gate.
     """
 
     name = "paired-steps"
@@ -598,6 +629,7 @@ class PDController:
         rate_of: str = "expected_committed",
         stances: Mapping[str, str] | None = None,
         earn_level: float = 0.2,
+        host_gate: float | None = None,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -623,6 +655,8 @@ class PDController:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
         if not 0.0 < earn_level <= 0.5:
             raise ValueError(f"earn_level must be in (0, 0.5], got {earn_level}")
+        if host_gate is not None and not 0.0 <= host_gate < 1.0:
+            raise ValueError(f"host_gate must be in [0, 1) or None, got {host_gate}")
         given = dict(stances or {})
         for part, stance in given.items():
             if part not in ALL_PARTS:
@@ -645,6 +679,9 @@ class PDController:
         self.settle = settle
         self.keep_decisions = keep_decisions
         self.rate_of = rate_of
+        self.host_gate = None if host_gate is None else float(host_gate)
+        #: the waiting shares of the latest measured steps with the host part off
+        self._exposed_off: deque[float] = deque(maxlen=HOST_GATE_WINDOW)
         self._initial = initial
         self._parts = initial if initial is not None else ALL_ON
         self._books = _Books()
@@ -690,6 +727,7 @@ class PDController:
             # which rule judged each part the row lists
             "stances": {p: self.stances[p] for p in self._books.listed()},
             "earn_level": self.earn_level,
+            "host_gate": self.host_gate,
         }
         return out
 
@@ -708,6 +746,8 @@ class PDController:
             return self._parts
         if not m.verified or m.admitted > 0 or m.wall_s <= 0.0:
             return self._parts  # not the parts' time: not measured
+        if not self._parts.host_experts:
+            self._exposed_off.append(m.exposed_fetch_s / m.wall_s)
         if not self._probing:
             self._countdown -= 1
             if self._countdown <= 0:
@@ -721,7 +761,7 @@ class PDController:
             # pairs alternate AB, BA, AB, ...: a trend over the probe cancels
             a_first = len(self._pairs) % 2 == 0
             self._pairs.append(_Pair(first, second) if a_first else _Pair(second, first))
-            if self._look_now() and self._judge():
+            if self._gate_probe() or (self._look_now() and self._judge()):
                 return self._parts
         self._set(self._arm_parts(self._next_arm()))
         return self._parts
@@ -762,6 +802,8 @@ class PDController:
     def _next_probe(self) -> None:
         while self._queue:
             part = self._queue.pop(0)
+            if part == HOST_PART and self._gated():
+                continue
             if part in self._probeable():
                 self._part = part
                 self._probing = True
@@ -780,6 +822,71 @@ class PDController:
         self._countdown = max(1, self._hold_now)
         if not self._round_switched:
             self._hold_now = min(self.max_hold, 2 * self._hold_now)
+
+    def _gate_probe(self) -> bool:
+        """The host gate during a probe of the host part while it runs
+        (module docstring): once its off arm has a step, a median waiting
+        share below the gate ends the probe with the part switched off.
+        True when it did."""
+        gate = self.host_gate
+        if gate is None or self._part != HOST_PART or not self._base.host_experts:
+            return False
+        off = [p.b for p in self._pairs]  # arm B: the part flipped off
+        share = float(np.median([m.exposed_fetch_s / m.wall_s for m in off]))
+        if share >= gate:
+            return False
+        self._books.switches += 1
+        self._round_switched = True
+        self._base = self._base.with_part(HOST_PART, False)
+        self._set(self._base)
+        self._log(
+            Decision(
+                self._books.steps,
+                HOST_PART,
+                False,
+                True,
+                "switched off (gated: nothing to save): median share of the step the forwards "
+                f"waited for copies, host part off: {share:.3g} over {len(off)} steps of its "
+                f"probe; gate {gate:.3g}",
+            )
+        )
+        self._next_probe()
+        return True
+
+    def _gated(self) -> bool:
+        """The host gate at the host part's turn (module docstring): True
+        when it decided (the part kept off, or switched on, without a
+        probe); False: probe as usual (no gate, the part on, or no step
+        measured with it off)."""
+        gate = self.host_gate
+        if gate is None or self._parts.host_experts or not self._exposed_off:
+            return False
+        share = float(np.median(self._exposed_off))
+        nums = (
+            f"median share of the step the forwards waited for copies, host part off: "
+            f"{share:.3g} over {len(self._exposed_off)} steps; gate {gate:.3g}"
+        )
+        step = self._books.steps
+        if share < gate:
+            self._log(
+                Decision(
+                    step, HOST_PART, False, False, f"kept off (gated: nothing to save): {nums}"
+                )
+            )
+            return True
+        self._books.switches += 1
+        self._round_switched = True
+        self._set(self._parts.with_part(HOST_PART, True))
+        self._log(
+            Decision(
+                step,
+                HOST_PART,
+                True,
+                True,
+                f"switched on (gate: the link binds; probed from the next round): {nums}",
+            )
+        )
+        return True
 
     def _rate(self, m: StepMeasurement) -> float:
         tokens: float

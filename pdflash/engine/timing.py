@@ -147,6 +147,11 @@ class ComputeTimer:
     def host_wait_s(self) -> float:
         return self._host_wait.total_s()
 
+    def host_wait_s_ready(self) -> float:
+        """:meth:`host_wait_s` without a device synchronize (as
+        :meth:`stall_s_ready`)."""
+        return self._host_wait.ready_s()
+
     def forward_s(self) -> float:
         return self._forward.total_s()
 

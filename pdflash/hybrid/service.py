@@ -149,6 +149,9 @@ class ForwardClock:
     _lead: deque[float] = field(default_factory=deque, repr=False)
     _last: _LayerMark | None = field(default=None, repr=False)
     _since_sample: int = field(default=0, repr=False)
+    #: the terms as last computed, until a sample changes (a planner reads
+    #: them on every layer with misses; they change at most once a layer)
+    _terms: tuple[float, float, float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.min_samples < 1 or self.sample_every < 1:
@@ -175,6 +178,7 @@ class ForwardClock:
         if last is not None and layer > last.layer and last.first_sync is not None:
             own = last.first_sync - last.resumed_at - last.host_wait_s - last.overhead_s
             self._dispatch.append((max(0.0, own), last.hosted))
+            self._terms = None
         self._last = _LayerMark(layer, ended)
 
     def hosted(self, overhead_s: float) -> None:
@@ -183,11 +187,13 @@ class ForwardClock:
             self._last.hosted = True
             self._last.overhead_s += max(0.0, overhead_s)
         self._overhead.append(max(0.0, overhead_s))
+        self._terms = None
 
     def collected(self, lead_s: float, wait_s: float, overhead_s: float) -> None:
         """The current layer's HOST result was asked for ``lead_s`` after
         its start, blocked ``wait_s`` and took ``overhead_s`` besides."""
         self._lead.append(max(0.0, lead_s))
+        self._terms = None
         if self._last is not None:
             self._last.host_wait_s += max(0.0, wait_s)
             self._last.overhead_s += max(0.0, overhead_s)
@@ -209,25 +215,37 @@ class ForwardClock:
     def _median(self, values: Sequence[float]) -> float:
         return float(statistics.median(values)) if len(values) >= self.min_samples else 0.0
 
+    def terms(self) -> tuple[float, float, float]:
+        """``(hidden_s, host_lead_s, host_overhead_s)``, computed once per
+        change of the samples (:meth:`_compute_terms`)."""
+        if self._terms is None:
+            self._terms = self._compute_terms()
+        return self._terms
+
+    def _compute_terms(self) -> tuple[float, float, float]:
+        after_copy = [d for d, h in self._dispatch if not h]
+        after_host = [d for d, h in self._dispatch if h]
+        if len(after_copy) >= self.min_samples:
+            hidden = self._median(after_copy)
+        else:
+            hidden = self._median([d for d, _ in self._dispatch])
+        lead = self._median(self._lead)
+        overhead = self._median(self._overhead)
+        if len(after_host) >= self.min_samples and len(after_copy) >= self.min_samples:
+            overhead += max(0.0, self._median(after_host) - self._median(after_copy))
+        return hidden, lead, overhead
+
     @property
     def hidden_s(self) -> float:
-        after_copy = [d for d, h in self._dispatch if not h]
-        if len(after_copy) >= self.min_samples:
-            return self._median(after_copy)
-        return self._median([d for d, _ in self._dispatch])
+        return self.terms()[0]
 
     @property
     def host_lead_s(self) -> float:
-        return self._median(self._lead)
+        return self.terms()[1]
 
     @property
     def host_overhead_s(self) -> float:
-        own = self._median(self._overhead)
-        after_host = [d for d, h in self._dispatch if h]
-        after_copy = [d for d, h in self._dispatch if not h]
-        if len(after_host) < self.min_samples or len(after_copy) < self.min_samples:
-            return own
-        return own + max(0.0, self._median(after_host) - self._median(after_copy))
+        return self.terms()[2]
 
     def to_json(self) -> dict[str, Any]:
         """The terms as the planner sees them now, and their sample counts."""
@@ -343,8 +361,10 @@ class HostExpertService:
         #: copied to sample the clock (why off: the H200 ablation in
         #: bench/results/h200/session9-2026-12-02/README.md)
         self.critical_path = False
-        #: False: every miss is copied and nothing is planned ahead (the PD
-        #: controller switches the service off where it does not pay)
+        #: False: every miss is copied and nothing is planned ahead; a
+        #: layer's split returns before reading the cache or asking the
+        #: planner (the PD controller switches the service off where it does
+        #: not pay, and off costs the forward nothing)
         self.enabled = True
         #: the hand-off that runs ("thread" or "stream", see
         #: pdflash.hybrid.handoff), the one asked for, and why they differ
@@ -401,14 +421,13 @@ class HostExpertService:
         queue = self._wants_queue()
         if not (self.critical_path or queue):
             return LinkState(self.link_bytes_per_s, ahead_bytes)
-        clock = self.clock
-        hidden = clock.hidden_s
+        hidden, lead, overhead = self.clock.terms()
         return LinkState(
             self.link_bytes_per_s,
             ahead_bytes,
             hidden_s=hidden,
-            host_lead_s=clock.host_lead_s,
-            host_overhead_s=clock.host_overhead_s,
+            host_lead_s=lead,
+            host_overhead_s=overhead,
             backlog_bytes=backlog_bytes if queue else 0,
             later_s=hidden * max(0, layers_after) if queue else 0.0,
             host_queue_s=self._host_queue_s() if queue else 0.0,
@@ -459,6 +478,10 @@ class HostExpertService:
         if routed is not None:
             self.clock.routed(layer, *routed)
         self._cache = cache
+        if not self.enabled and self._ahead is None:
+            # switched off: every miss copied, nothing to count (no arrays
+            # read, no planner)
+            return np.zeros(np.size(flat_ids), dtype=np.bool_)
         ids = np.asarray(flat_ids, dtype=np.int64).reshape(-1)
         tok = np.asarray(tokens, dtype=np.int64).reshape(-1)
         out = np.zeros(ids.size, dtype=np.bool_)

@@ -220,3 +220,35 @@ def test_eager_host_times_pds_stream_and_counts_torch_calls(tmp_path: Path) -> N
         lookahead=False, count_steps=0, **{k: v for k, v in common.items() if k != "count_steps"}
     )
     assert none["prefetch"] == "none" and none["torch_calls_per_step"] == {}
+
+
+@pytest.mark.parametrize("rule", ["makespan", "queue"])
+def test_eager_host_times_an_idle_cost_model_service_per_step(tmp_path: Path, rule: str) -> None:
+    """The cost-model planner with a costly configured host: the service is
+    present, plans every layer with misses, hosts nothing; its split is
+    timed per step and adds no torch call."""
+    from pdflash.bench.eager_host import HOST_PARTS
+
+    common: dict[str, Any] = {
+        "layers": 4,
+        "requests": 1,
+        "tokens": 4,
+        "prompt_len": 8,
+        "steps": 3,
+        "warm_steps": 1,
+        "cache_fraction": 0.5,
+        "count_steps": 1,
+        "workdir": tmp_path,
+    }
+    out = measure(host_every=0, host_planner=rule, host_expert_s=1.0, **common)
+    host = out["host"]
+    assert host["planner"] == rule and host["forced"] is False
+    assert host["host_cost_source"] == "configured" and host["host_expert_s"] == 1.0
+    assert host["hosting_layers_per_step"] == 0 and out["misses_per_step"] > 0
+    assert list(host["per_step_us"]) == list(HOST_PARTS)
+    assert host["per_step_us"]["host_split"] > 0
+    assert host["per_step_us"]["host_result"] == 0.0
+    calls = out["torch_calls_per_step"]
+    assert sum(calls[p] for p in HOST_PARTS) == 0
+    with pytest.raises(ValueError, match="host_planner"):
+        measure(host_every=0, host_planner="greedy", **common)

@@ -1,0 +1,128 @@
+"""The PD controller's host gate (``host_gate``): where the forwards barely
+wait for expert copies (a compute-bound step) the host part's first probe
+pair switches it off and later rounds keep it off with no probe; where they
+wait (the link binds) its must-earn probes judge it as without the gate, and
+a part off is switched back on once the link binds (simulated steps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdflash.engine.pd_controller import (
+    HOST_GATE_EXPOSED,
+    HOST_PART,
+    PARTS,
+    PDController,
+    StepMeasurement,
+)
+
+from .test_pd_controller_stances import WITH_HOST
+
+
+def _step(wall_s: float, exposed_s: float) -> StepMeasurement:
+    return StepMeasurement(
+        wall_s=wall_s,
+        committed_tokens=8,
+        verified_tokens=16,
+        part_host_s=dict.fromkeys(PARTS, 0.0),
+        exposed_fetch_s=exposed_s,
+    )
+
+
+def _run(
+    ctl: PDController, *, exposed: float, host_factor: float, steps: int, seed: int = 0
+) -> list[bool]:
+    """Steps of 50 ms (x ``host_factor`` with the host on) whose forwards
+    waited ``exposed`` of the wall for copies with the host off (none with
+    it on); 5% noise. Returns the host part's state per step."""
+    rng = np.random.default_rng(seed)
+    ctl.bind(WITH_HOST)
+    on_steps = []
+    for _ in range(steps):
+        on = ctl.parts.host_experts
+        on_steps.append(on)
+        wall = 0.05 * (host_factor if on else 1.0) * (1.0 + float(rng.uniform(-0.05, 0.05)))
+        ctl.observe(_step(wall, 0.0 if on else exposed * wall))
+    return on_steps
+
+
+def _host_decisions(ctl: PDController) -> list[dict[str, object]]:
+    return [d for d in ctl.summary()["decisions"] if d["part"] == HOST_PART]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_compute_bound_run_never_runs_the_host(seed: int) -> None:
+    """The forwards wait 5% of the step for copies: the host part's probe
+    ends after its first pair (off), and every later round keeps it off
+    with no probe: on only in the warm-up and that pair's on step."""
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED)
+    on = _run(ctl, exposed=0.05, host_factor=1.15, steps=120, seed=seed)
+    # the warm-up (2), the settle step, the pair's on step
+    assert sum(on) <= ctl.warmup + ctl.settle + 1 and not any(on[8:])
+    first, *later = _host_decisions(ctl)
+    assert first["switched"] and first["on"] is False
+    assert "gated" in str(first["why"]) and "0.05" in str(first["why"])
+    assert later and all(not d["switched"] and d["on"] is False for d in later)
+    assert all("gated" in str(d["why"]) for d in later)
+    s = ctl.summary()
+    assert s["on_fraction"][HOST_PART] < 0.05 and s["settings"]["host_gate"] == HOST_GATE_EXPOSED
+    # PD's own parts are still probed
+    assert any(d["part"] != HOST_PART for d in s["decisions"])
+
+
+def test_without_the_gate_the_same_run_probes_the_host() -> None:
+    """The same compute-bound steps, no gate: the probe's host-on steps run
+    on (what the gate saves in a short run)."""
+    gated = _run(
+        PDController(host_gate=HOST_GATE_EXPOSED), exposed=0.05, host_factor=1.15, steps=20
+    )
+    plain = _run(PDController(), exposed=0.05, host_factor=1.15, steps=20)
+    assert sum(gated) <= 4 and sum(plain) >= 2 * sum(gated)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_link_bound_run_switches_the_host_on_and_keeps_it_where_it_pays(seed: int) -> None:
+    """The forwards wait 40% of the step for copies with the host off and
+    the host makes the step 25% shorter: the gate lets its probes run, and
+    they keep it."""
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED)
+    on = _run(ctl, exposed=0.4, host_factor=0.75, steps=80, seed=seed)
+    assert _host_decisions(ctl)
+    # on from the start (a probe's host-off steps aside), never switched off
+    assert not any(d["switched"] and d["on"] is False for d in _host_decisions(ctl))
+    assert sum(on) > 0.75 * len(on)
+
+
+def test_a_link_bound_host_that_costs_is_still_switched_off_by_its_probe() -> None:
+    """The link binds but the host makes the step 40% longer: its must-earn
+    probe switches it off, and the next round's gate switches it back on
+    (the link binds) for the probe after to judge again."""
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED, hold=4, max_hold=8)
+    _run(ctl, exposed=0.4, host_factor=1.4, steps=120)
+    decisions = _host_decisions(ctl)
+    assert decisions[0]["switched"] and decisions[0]["on"] is False
+    assert "must-earn" in str(decisions[0]["why"])
+    ons = [d for d in decisions if d["switched"] and d["on"] is True]
+    assert ons and "the link binds" in str(ons[0]["why"])
+
+
+def test_a_host_part_started_off_is_gated_without_a_probe() -> None:
+    """Started off (``initial``): compute-bound, it never runs; link-bound,
+    the gate switches it on right after the warm-up."""
+    from pdflash.engine.pd_controller import ALL_ON
+
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED, initial=ALL_ON)
+    assert not any(_run(ctl, exposed=0.05, host_factor=1.15, steps=60))
+    assert all(not d["switched"] for d in _host_decisions(ctl))
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED, initial=ALL_ON)
+    on = _run(ctl, exposed=0.4, host_factor=0.75, steps=60)
+    first = _host_decisions(ctl)[0]
+    assert first["switched"] and first["on"] is True and "the link binds" in str(first["why"])
+    assert on.index(True) <= ctl.warmup + ctl.settle
+
+
+def test_the_gate_checks_its_value() -> None:
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="host_gate"):
+            PDController(host_gate=bad)
