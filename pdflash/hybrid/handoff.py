@@ -176,12 +176,17 @@ class StreamSignals:
     def renew(self) -> None:
         """Replace the ring by a fresh one (after an error: the old one's
         sticky error stays set) once the device is done with the old one;
-        the new one passes the same self-test as the first."""
+        the new one passes the same self-test as the first (else it is
+        closed too, and the error raised)."""
         self.close()
         self.ring = self._factory()
         self.renewed += 1
         if self.self_tests:
-            self._self_test()
+            try:
+                self._self_test()
+            except BaseException:
+                self.close()  # no forward arms a ring that failed it
+                raise
 
     def _ring(self) -> SignalRing:
         if self.ring is None:
