@@ -60,7 +60,6 @@ cdef class SignalRing:
 
     cdef HostSignalRing* ring
     cdef readonly int capacity
-    cdef readonly bint mapped
 
     def __cinit__(self):
         self.ring = NULL
@@ -70,7 +69,6 @@ cdef class SignalRing:
             raise RuntimeError("SignalRing is already initialised")
         self.ring = new HostSignalRing(capacity, mapped, device)
         self.capacity = capacity
-        self.mapped = mapped
 
     cdef HostSignalRing* _r(self) except NULL:
         if self.ring == NULL:
@@ -78,9 +76,14 @@ cdef class SignalRing:
         return self.ring
 
     def __dealloc__(self):
-        if self.ring != NULL:
-            del self.ring
-            self.ring = NULL
+        # NOTE: without the GIL: a still mapped ring's free synchronizes the
+        # device, whose pending waits may need a thread that needs the GIL
+        # (owners unmap() first: then this makes no CUDA call)
+        cdef HostSignalRing* r = self.ring
+        self.ring = NULL
+        if r != NULL:
+            with nogil:
+                del r
 
     def acquire(self, uint64_t reuse_wait_ns=1_000_000_000):
         """``(slot, seq)`` for the next job (RuntimeError: the sticky error is
@@ -93,6 +96,21 @@ cdef class SignalRing:
         cdef HostSignalRing* r = self._r()
         with nogil:
             r.signal(slot, seq, failed)
+
+    def unmap(self):
+        """Free the page-locked words now, once no device wait runs (the
+        values move to plain host memory: every reader still works, stores
+        still land; :meth:`enqueue_wait` raises from then on). Freeing
+        page-locked memory synchronizes the device, so the owner does it at
+        a known point instead of whichever thread drops the last reference."""
+        cdef HostSignalRing* r = self._r()
+        with nogil:
+            r.unmap()
+
+    @property
+    def mapped(self):
+        """True while the words are page-locked and mapped into the device."""
+        return bool(self._r().mapped())
 
     def enqueue_wait(self, int slot, uint32_t seq, uintptr_t stream, uint64_t timeout_ns):
         """Enqueue the device wait for ``(slot, seq)`` on ``stream``."""

@@ -18,6 +18,7 @@ cdef extern from "pdflash/host_signal.h" namespace "pdflash" nogil:
         HostSignalRing(int capacity, bint mapped, int device) except +
         SignalTicket acquire(uint64_t reuse_wait_ns) except +
         void signal(int slot, uint32_t seq, bint failed) except +
+        void unmap() except +
         void enqueue_wait(int slot, uint32_t seq, uintptr_t stream, uint64_t timeout_ns) except +
         WaitOutcome wait_host(int slot, uint32_t seq, uint64_t timeout_ns) except +
         WaitOutcome error_code()

@@ -46,6 +46,18 @@ struct HostEnv {
   void pause() const { std::this_thread::yield(); }
 };
 
+// Free `words` as allocated: page-locked (synchronizes the device) or plain.
+void free_words(std::uint32_t* words, bool mapped) {
+  if (words == nullptr) return;
+  if (mapped) {
+#if defined(PDFLASH_WITH_CUDA) && PDFLASH_WITH_CUDA
+    cudaFreeHost(words);
+#endif
+  } else {
+    delete[] words;
+  }
+}
+
 const char* outcome_name(WaitOutcome o) {
   switch (o) {
     case WaitOutcome::kDone:
@@ -98,7 +110,7 @@ std::string host_signal_unavailable(int device) {
 HostSignalRing::HostSignalRing(int capacity, bool mapped, int device)
     : capacity_(capacity), mapped_(mapped), device_(device) {
   if (capacity < 1) throw std::invalid_argument("capacity must be >= 1");
-  const std::size_t n = 2 * std::size_t(capacity) + 2;
+  const std::size_t n = word_count();
   if (mapped) {
 #if defined(PDFLASH_WITH_CUDA) && PDFLASH_WITH_CUDA
     std::string why = host_signal_unavailable(device);
@@ -127,17 +139,28 @@ HostSignalRing::HostSignalRing(int capacity, bool mapped, int device)
 }
 
 HostSignalRing::~HostSignalRing() {
-  if (words_ == nullptr) return;
-  if (mapped_) {
-#if defined(PDFLASH_WITH_CUDA) && PDFLASH_WITH_CUDA
-    // NOTE: the owner synchronizes the device before it drops the ring
-    // (pdflash.hybrid.handoff), so no wait kernel still reads these words.
-    cudaFreeHost(words_);
-#endif
-  } else {
-    delete[] words_;
-  }
+  // NOTE: a still mapped ring frees its page-locked words here, which
+  // synchronizes the device: owners unmap() first (class comment)
+  free_words(words_, mapped_);
   words_ = nullptr;
+}
+
+void HostSignalRing::unmap() {
+  const std::size_t n = word_count();
+  std::uint32_t* plain = new std::uint32_t[n];
+  std::uint32_t* old = nullptr;
+  bool old_mapped = false;
+  {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    for (std::size_t i = 0; i < n; ++i) plain[i] = load_acquire(words_ + i);
+    old = words_;
+    old_mapped = mapped_;
+    words_ = plain;
+    dev_words_ = nullptr;
+    mapped_ = false;
+  }
+  // outside the lock: a signal() waiting on it stores into the plain copy
+  free_words(old, old_mapped);
 }
 
 void HostSignalRing::check_slot(int slot) const {
@@ -174,6 +197,7 @@ SignalTicket HostSignalRing::acquire(std::uint64_t reuse_wait_ns) {
 
 void HostSignalRing::signal(int slot, std::uint32_t seq, bool failed) {
   check_slot(slot);
+  std::lock_guard<std::mutex> lock(store_mu_);
   store_release(words_ + slot, signal_value(seq, failed));
 }
 

@@ -96,6 +96,10 @@ class SignalRingRef:
         self._check(slot)
         self.flags[slot] = signal_value(seq, failed)
 
+    def unmap(self) -> None:
+        """The native ring moves its words out of page-locked memory: no
+        word changes (nothing to model but that)."""
+
     def wait(self, slot: int, seq: int, timeout_ns: int, clock: Callable[[], int]) -> int:
         """The wait's loop on ``clock``, then its ack and error writes."""
         self._check(slot)

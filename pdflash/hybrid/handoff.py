@@ -30,6 +30,19 @@ Safety of the ``stream`` path:
 * the output's pinned buffer is torch's (``pin_memory=True``), one per job:
   torch's caching host allocator records an event on the stream after the
   upload and gives the block to no one before that event completes.
+* the ring's page-locked words are freed at a known point: freeing
+  page-locked memory synchronizes the whole device, so freed while a device
+  wait is pending it blocks until that wait ends, and if the freeing thread
+  is the worker that would store the wait's flag, or holds the GIL that
+  worker needs, the wait runs into its timeout. A ring outlives
+  :meth:`StreamSignals.close` (a finished job's callback holds it; after
+  an error its exception's traceback holds that job, a cycle the garbage
+  collector frees later, in whichever thread it runs), so
+  :meth:`StreamSignals.close` unmaps it right after synchronizing the
+  device (``SignalRing.unmap``) and its last reference, dropped anywhere,
+  makes no CUDA call;
+* a renewed ring runs the same self-test as the first one (a device wait
+  for a flag already stored, synchronized) before any forward uses it.
 
 :func:`stream_unavailable` says why ``stream`` cannot run (no CUDA in the
 build, no device, a CPU device); the service then runs ``thread`` and
@@ -74,6 +87,7 @@ class SignalRing(Protocol):
     def acquire(self, reuse_wait_ns: int = ...) -> tuple[int, int]: ...
     def signal(self, slot: int, seq: int, failed: bool) -> None: ...
     def enqueue_wait(self, slot: int, seq: int, stream: int, timeout_ns: int) -> None: ...
+    def unmap(self) -> None: ...
 
 
 def stream_unavailable(device: torch.device) -> str | None:
@@ -116,7 +130,8 @@ class StreamSignals:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
-        self_test = ring_factory is None
+        #: each new ring runs :meth:`_self_test` (the native mapped ring)
+        self.self_tests = ring_factory is None
         if ring_factory is None:
             why = stream_unavailable(device)
             if why is not None:
@@ -139,7 +154,7 @@ class StreamSignals:
         self.waits = 0
         #: rings replaced after an error (:meth:`renew`)
         self.renewed = 0
-        if self_test:
+        if self.self_tests:
             self._self_test()
 
     def _self_test(self) -> None:
@@ -160,10 +175,18 @@ class StreamSignals:
 
     def renew(self) -> None:
         """Replace the ring by a fresh one (after an error: the old one's
-        sticky error stays set) once the device is done with the old one."""
+        sticky error stays set) once the device is done with the old one;
+        the new one passes the same self-test as the first (else it is
+        closed too, and the error raised)."""
         self.close()
         self.ring = self._factory()
         self.renewed += 1
+        if self.self_tests:
+            try:
+                self._self_test()
+            except BaseException:
+                self.close()  # no forward arms a ring that failed it
+                raise
 
     def _ring(self) -> SignalRing:
         if self.ring is None:
@@ -208,8 +231,14 @@ class StreamSignals:
         )
 
     def close(self) -> None:
-        """Drop the ring once the device is done with it (idempotent)."""
+        """Drop the ring once the device is done with it, its page-locked
+        words freed now (module doc); idempotent."""
         ring, self.ring = self.ring, None
-        if ring is not None and self.device.type == "cuda":
+        if ring is None:
+            return
+        if self.device.type == "cuda":
             # the wait kernels read the ring's words: none may still run
             torch.cuda.synchronize(self.device)
+        # NOTE: here, not when the last reference goes (a job's callback may
+        # hold the ring, and drop it in a worker while a new wait is pending)
+        ring.unmap()

@@ -6,6 +6,8 @@ device wait times out instead of hanging)."""
 
 from __future__ import annotations
 
+import gc
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +65,48 @@ def test_device_wait_orders_the_upload_after_the_hosts_write() -> None:
     assert ring2.error_code == hs.OUTCOME_TIMED_OUT and ring2.ack(slot) == seq
 
 
+def test_dropping_a_ring_while_a_device_wait_is_pending_does_not_stall_it() -> None:
+    """Freeing page-locked memory synchronizes the device. A still mapped
+    ring dropped while another ring's wait is pending frees it without the
+    GIL, so the thread that stores that wait's flag (through Python) goes
+    on; an unmapped ring's drop makes no CUDA call at all."""
+    hs = load_native("_hostsignal")
+    stream = torch.cuda.current_stream()
+    ring = hs.SignalRing(2, True, 0)
+
+    def pending_wait(delay_s: float) -> tuple[int, int, threading.Thread]:
+        slot, seq = ring.acquire(10**9)
+        ring.enqueue_wait(slot, seq, stream.cuda_stream, 5 * 10**9)
+
+        def store() -> None:
+            time.sleep(delay_s)
+            ring.signal(slot, seq, False)
+
+        t = threading.Thread(target=store)
+        t.start()
+        return slot, seq, t
+
+    mapped = hs.SignalRing(2, True, 0)
+    slot, seq, t = pending_wait(0.2)
+    t0 = time.perf_counter()
+    del mapped  # (its free waits for the device, the device for the store)
+    torch.cuda.synchronize()
+    t.join()
+    assert time.perf_counter() - t0 < 2.0  # not the wait's 5 s timeout
+    assert ring.error_code == hs.OUTCOME_NONE and ring.ack(slot) == seq
+    unmapped = hs.SignalRing(2, True, 0)
+    unmapped.unmap()
+    assert not unmapped.mapped
+    slot, seq, t = pending_wait(0.3)
+    t0 = time.perf_counter()
+    del unmapped
+    dropped_s = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    t.join()
+    assert dropped_s < 0.1, dropped_s  # did not wait for the pending wait
+    assert ring.error_code == hs.OUTCOME_NONE and ring.ack(slot) == seq
+
+
 def _layer_setup(tmp_path: Path, issuer: Any) -> tuple[Any, Any, Callable[[], torch.Tensor]]:
     path = write_synthetic_checkpoint(tmp_path / "g", "gpt_oss", dtype=torch.bfloat16)
     ad = load_adapter(path, device="cuda", issuer=issuer, cache_slots=8, max_batch_tokens=4)
@@ -77,6 +121,12 @@ def _layer_setup(tmp_path: Path, issuer: Any) -> tuple[Any, Any, Callable[[], to
     x = torch.randn(tokens, ad.hidden_size, generator=g).to("cuda", ad.dtype)
     ids, w = topk.cuda(), torch.full((tokens, k), 1.0 / k, device="cuda")
     return ad, svc, lambda: rt.forward_routed(0, x, ids, w)
+
+
+def _ring(svc: Any) -> Any:
+    """The service's current flag ring (the native SignalRing)."""
+    assert svc._signals is not None and svc._signals.ring is not None
+    return svc._signals.ring
 
 
 def _slowed(svc: Any, delay_s: float, fail: bool = False) -> Callable[[], None]:
@@ -159,6 +209,103 @@ def test_a_failed_host_job_raises_and_the_next_layer_is_clean(
         torch.cuda.synchronize()
         svc.settle()
         assert torch.equal(got, want)
+    finally:
+        svc.close()
+        ad.close()
+
+
+def test_the_old_ring_dropped_by_a_worker_while_a_wait_is_pending(
+    tmp_path: Path, cuda_issuer: Any
+) -> None:
+    """After a failed job the ring is renewed, but the old ring lives on:
+    the failed job's callback holds it, and the job's error (a reference
+    cycle through its traceback) holds the job until the garbage collector
+    runs, in whichever thread, maybe while the next layer's device wait is
+    pending. Here the next layer's worker drops the old ring's last
+    reference before it computes: a still mapped ring's free would
+    synchronize the device, whose wait needs this worker's own flag (the
+    wait then times out: 3 s here, 30 s by default). Renew unmapped it."""
+    ad, svc, layer = _layer_setup(tmp_path, cuda_issuer)
+    try:
+        want = layer()
+        svc.set_handoff("stream", "cuda", timeout_s=3.0)
+        assert svc.handoff == "stream", svc.handoff_reason
+        old = [_ring(svc)]
+        undo = _slowed(svc, 0.05, fail=True)
+        layer()
+        torch.cuda.synchronize()
+        with pytest.raises(HostHandoffError, match="injected host failure"):
+            svc.settle()
+        undo()
+        new = _ring(svc)
+        assert new is not old[0] and not old[0].mapped and new.mapped
+        assert new.launches == 1 and new.ack(0) == 1  # the renewed ring's self-test
+        gc.collect()  # the failed job's cycle: from now on only `old` holds the old ring
+        assert sys.getrefcount(old[0]) == 2
+        ex = svc.executor
+        real = ex.batch_fn
+        assert real is not None
+
+        def dropping(*args: Any) -> None:
+            time.sleep(0.1)  # the forward's thread enqueues the device wait meanwhile
+            old.clear()  # the old ring's last reference, dropped in this worker
+            real(*args)
+
+        ex.batch_fn = dropping
+        t0 = time.perf_counter()
+        got = layer()
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        ex.batch_fn = real
+        svc.settle()  # raises if the wait timed out
+        assert not old and torch.equal(got, want)
+        assert elapsed < 2.0, elapsed
+    finally:
+        svc.close()
+        ad.close()
+
+
+def test_many_renews_in_a_row_each_leave_a_clean_ring(tmp_path: Path, cuda_issuer: Any) -> None:
+    """Fail, renew and run a clean layer at once, over and over, with the
+    garbage collector run at a different point each round (before the clean
+    layer, while its wait is pending, after it): every clean layer's wait
+    sees its flag."""
+    ad, svc, layer = _layer_setup(tmp_path, cuda_issuer)
+    try:
+        want = layer()
+        svc.set_handoff("stream", "cuda", timeout_s=2.0)
+        assert svc.handoff == "stream", svc.handoff_reason
+        ex = svc.executor
+        real = ex.batch_fn
+        assert real is not None
+        for round_ in range(12):
+            undo = _slowed(svc, 0.0, fail=True)
+            layer()
+            with pytest.raises(HostHandoffError, match="injected host failure"):
+                svc.settle()
+            undo()
+            when = round_ % 3
+            if when == 0:
+                gc.collect()
+
+            def collecting(*args: Any, when: int = when) -> None:
+                if when == 1:
+                    time.sleep(0.02)
+                    gc.collect()
+                real(*args)
+
+            ex.batch_fn = collecting
+            t0 = time.perf_counter()
+            got = layer()
+            torch.cuda.synchronize()
+            elapsed = time.perf_counter() - t0
+            ex.batch_fn = real
+            if when == 2:
+                gc.collect()
+            svc.settle()
+            assert torch.equal(got, want), round_
+            assert elapsed < 1.5, (round_, elapsed)
+        assert svc.describe()["host_handoff"]["renewed"] == 12
     finally:
         svc.close()
         ad.close()

@@ -58,6 +58,7 @@ _OPS = st.lists(
         st.tuples(st.just("acquire")),
         st.tuples(st.just("signal"), st.integers(-1, 4), st.integers(0, 3), st.booleans()),
         st.tuples(st.just("wait"), st.integers(-1, 4), st.integers(0, 3)),
+        st.tuples(st.just("unmap")),
     ),
     max_size=40,
 )
@@ -75,7 +76,8 @@ def _call(fn: Any, *args: Any) -> tuple[str, Any]:
 def test_native_ring_equals_the_reference(capacity: int, ops: list[tuple[Any, ...]]) -> None:
     """Op by op: tickets (with a reuse wait of 0), stores, the host
     stand-in's wait (timeout 0: a pending flag times out at once), acks,
-    the sticky error, and the errors raised."""
+    the sticky error, the errors raised, and unmap (the words move, no
+    value changes)."""
     native, model = hs.SignalRing(capacity), ref.SignalRingRef(capacity)
     issued: list[int] = [0]  # seqs given out (0: never a job's)
     for op in ops:
@@ -83,6 +85,8 @@ def test_native_ring_equals_the_reference(capacity: int, ops: list[tuple[Any, ..
             got, want = _call(native.acquire, 0), _call(model.acquire)
             if want[0] == "ok":
                 issued.append(want[1][1])
+        elif op[0] == "unmap":
+            got, want = _call(native.unmap), _call(model.unmap)
         elif op[0] == "signal":
             _, slot, pick, failed = op
             seq = issued[min(pick, len(issued) - 1)]
@@ -133,6 +137,32 @@ def test_host_stand_in_waits_across_threads_and_records_a_failure() -> None:
     assert (ring.error_code, ring.error_seq) == (hs.OUTCOME_FAILED, tickets[5][1])
     with pytest.raises(RuntimeError, match="failed"):
         ring.acquire(0)  # sticky: the ring is unusable
+
+
+def test_stores_from_other_threads_survive_unmap() -> None:
+    """signal() from workers races unmap() moving the words: every store
+    lands (in the old words before the move, in the new ones after)."""
+    ring = hs.SignalRing(64)
+    tickets = [ring.acquire(0) for _ in range(64)]
+    start = threading.Barrier(5)
+
+    def store(part: int) -> None:
+        start.wait()
+        for slot, seq in tickets[part::4]:
+            ring.signal(slot, seq, slot % 3 == 0)
+
+    workers = [threading.Thread(target=store, args=(p,)) for p in range(4)]
+    for w in workers:
+        w.start()
+    start.wait()
+    for _ in range(200):
+        ring.unmap()
+    for w in workers:
+        w.join(timeout=10)
+    assert [ring.flag(s) for s, _ in tickets] == [hs.encode(q, s % 3 == 0) for s, q in tickets]
+    assert not ring.mapped
+    with pytest.raises(RuntimeError, match="mapped"):
+        ring.enqueue_wait(0, tickets[0][1], 0, 10**6)
 
 
 def test_mapped_ring_and_device_wait_need_cuda() -> None:
@@ -216,6 +246,15 @@ class _HostWaitRing:
         t = threading.Thread(target=self.native.wait_host, args=(slot, seq, timeout_ns))
         t.start()
         self.waiters.append(t)
+
+    def unmap(self) -> None:
+        # the emulated device waits must be done first, as the device's are
+        for w in self.waiters:
+            w.join()
+        self.native.unmap()
+        self.unmaps += 1
+
+    unmaps = 0
 
 
 def _stream_service(ex: Any, timeout_s: float = 10.0) -> tuple[HostExpertService, list[Any]]:
@@ -314,6 +353,34 @@ def test_a_failed_host_job_raises_at_settle_and_the_ring_is_renewed() -> None:
         svc.settle()
         assert torch.equal(out, torch.full((1, 2), 2.0))
         svc.close()
+
+
+def test_close_and_renew_unmap_the_ring_a_job_still_holds() -> None:
+    """A ring outlives its StreamSignals (the failed job's callback holds
+    it, and the job's error holds the job): renew and close free its
+    page-locked words themselves, once the device is done, instead of
+    whichever thread drops the last reference later (freeing page-locked
+    memory synchronizes the device: in a worker that owes a pending wait
+    its flag, that wait times out)."""
+    with _executor(fail_on=2) as ex:
+        svc, rings = _stream_service(ex)
+        failed_job = svc.start(np.array([2]), torch.ones(1, 2), [1])
+        svc.finish_on_stream(failed_job)
+        with pytest.raises(HostHandoffError, match="HOST job failed"):
+            svc.settle()
+        assert rings[0].unmaps == 1  # at the renew, not when the job goes
+        assert rings[0].error_code == hs.OUTCOME_FAILED  # still readable after the move
+        # a callback that fires after the renew stores into the moved words, harmlessly
+        rings[0].native.signal(0, 1, False)
+        assert rings[0].native.flag(0) == hs.encode(1, False)
+        job = svc.start(np.array([1]), torch.ones(1, 2), [1])
+        svc.finish_on_stream(job)
+        svc.settle()
+        assert rings[1].unmaps == 0
+        svc.close()
+        assert rings[1].unmaps == 1 and rings[0].unmaps == 1
+        svc.close()  # idempotent: nothing unmapped twice
+        assert rings[1].unmaps == 1
 
 
 def test_a_timed_out_device_wait_raises_at_settle() -> None:

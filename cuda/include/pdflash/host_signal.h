@@ -76,8 +76,17 @@ struct SignalTicket {
   std::uint32_t seq = 0;
 };
 
-// The ring (one per host service). acquire() and enqueue_wait() come from one
-// thread at a time (the forward's); signal() from any thread.
+// The ring (one per host service). acquire(), enqueue_wait() and unmap() come
+// from one thread at a time (the forward's); signal() from any thread.
+//
+// Lifetime: freeing page-locked memory (cudaFreeHost) synchronizes the whole
+// device. Freed while a device wait is pending (on this ring or another),
+// it blocks until that wait ends; if the blocked thread is the one that
+// would store the wait's flag (a host worker that dropped the ring's last
+// reference), or holds a lock that one needs (Python's GIL), the wait runs
+// into its timeout. So the owner calls unmap() at a known point, once no
+// device wait runs (after synchronizing the device), and the destructor of
+// an unmapped ring makes no CUDA call.
 class HostSignalRing {
  public:
   // capacity >= 1 slots. mapped: page-locked and mapped into `device`
@@ -95,6 +104,12 @@ class HostSignalRing {
   // Store the job's outcome (release: the output written before is visible
   // to whoever sees the flag). Throws std::out_of_range on a bad slot.
   void signal(int slot, std::uint32_t seq, bool failed);
+  // Move the words into plain host memory and free the page-locked ones now
+  // (no device wait may still run). Every word keeps its value; later
+  // stores land in the plain copy, where no device wait sees them;
+  // enqueue_wait() throws from then on. Idempotent in effect (an unmapped
+  // ring's words move to a fresh plain allocation).
+  void unmap();
   // Enqueue the device wait for (slot, seq) on `stream` (a cudaStream_t of
   // `device`'s primary context). Throws std::runtime_error when not mapped
   // or the launch fails.
@@ -115,6 +130,7 @@ class HostSignalRing {
 
  private:
   void check_slot(int slot) const;
+  std::size_t word_count() const { return 2 * std::size_t(capacity_) + 2; }
 
   int capacity_;
   bool mapped_;
@@ -127,6 +143,8 @@ class HostSignalRing {
   int next_slot_ = 0;
   std::uint64_t launches_ = 0;
   std::mutex mu_;
+  // signal() (any thread) against unmap() swapping words_
+  std::mutex store_mu_;
 };
 
 // True when this build has the device wait (PDFLASH_WITH_CUDA).
