@@ -31,7 +31,7 @@ class StagingEvent(Protocol):
 
 
 def _cuda_event() -> StagingEvent:
-    return torch.cuda.Event()  # type: ignore[no-untyped-call,no-any-return]
+    return torch.cuda.Event()  # type: ignore[no-untyped-call]
 
 
 class StagingRing:
