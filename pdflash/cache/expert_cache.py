@@ -615,7 +615,9 @@ class ExpertCache:
 
     def _record_slot_event(self, slots: npt.NDArray[np.int64]) -> None:
         """CUDA: record one event on the compute stream after the kernels
-        that read ``slots``; an eviction of any of them waits for it."""
+        that read ``slots``; an eviction of any of them waits for it. The
+        event comes from a pool (:class:`~pdflash.cache.slot_events.SlotEvents`):
+        one no slot holds any more, so nothing waits on its last record."""
         if self._is_cuda:
             self._slot_events.record(slots, torch.cuda.current_stream(self.device))
 

@@ -3,13 +3,14 @@
 A non-blocking upload needs its source in page-locked memory, and the
 source must not change until the copy has run. A fresh pinned tensor per
 upload satisfies both but costs an allocation through torch's caching host
-allocator every call. :class:`StagingRing` keeps ``depth`` buffers of one
+allocator every call. :class:`StagingRing` keeps a few buffers of one
 shape and dtype and uses them in turn; each upload records an event on the
 stream after its copy, and a buffer is refilled only after the event of the
-copy that last read it has completed (the ring's only waiter: nothing else
-holds these events, so re-recording one is safe once it was waited on).
-With ``depth`` uploads between two uses of a buffer that wait is normally
-already over.
+copy that last read it has completed (the ring is its only waiter: nothing
+else holds these events, so re-recording one once it completed is safe).
+When the next buffer's copy has not run yet (the host far ahead of the
+stream) the ring grows by one buffer instead of waiting, up to
+``max_depth``; only then does the host wait.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class StagingEvent(Protocol):
 
     def record(self, stream: Any = None) -> None: ...
 
+    def query(self) -> bool: ...
+
     def synchronize(self) -> None: ...
 
 
@@ -35,12 +38,14 @@ def _cuda_event() -> StagingEvent:
 
 
 class StagingRing:
-    """``depth`` page-locked host buffers of ``shape``/``dtype`` for uploads
-    to one CUDA ``device`` (see the module doc).
+    """Page-locked host buffers of ``shape``/``dtype`` for uploads to one
+    CUDA ``device``, ``depth`` at first, at most ``max_depth`` (see the
+    module doc).
 
     Books: :attr:`uploads` (every :meth:`upload`), :attr:`allocations`
-    (buffers made: at most ``depth``), :attr:`waits` (refills that first
-    waited on the buffer's previous copy's event, completed or not)."""
+    (buffers made), :attr:`grown` (buffers added because the next one's copy
+    was pending), :attr:`waits` (refills that had to wait for a pending copy:
+    the ring was at ``max_depth``)."""
 
     def __init__(
         self,
@@ -48,17 +53,18 @@ class StagingRing:
         dtype: torch.dtype,
         device: torch.device,
         *,
-        depth: int = 4,
+        depth: int = 2,
+        max_depth: int = 16,
         pin_memory: bool = True,
         new_event: Callable[[], StagingEvent] = _cuda_event,
         current_stream: Callable[[torch.device], Any] | None = None,
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
+        if not 1 <= depth <= max_depth:
+            raise ValueError(f"need 1 <= depth <= max_depth, got {depth}, {max_depth}")
         self.shape = tuple(int(n) for n in shape)
         self.dtype = dtype
         self.device = torch.device(device)
-        self.depth = depth
+        self.max_depth = max_depth
         self._pin = pin_memory
         self._new_event = new_event
         self._stream = torch.cuda.current_stream if current_stream is None else current_stream
@@ -69,17 +75,30 @@ class StagingRing:
         self._next = 0
         self.uploads = 0
         self.allocations = 0
+        self.grown = 0
         self.waits = 0
+
+    @property
+    def depth(self) -> int:
+        """Buffers in the ring now."""
+        return len(self._buffers)
 
     def stage(self) -> tuple[int, npt.NDArray[Any]]:
         """The next buffer, once the copy that last read it has run:
         ``(index, writable numpy view)``. Hand the index to :meth:`submit`."""
         i = self._next
-        self._next = (i + 1) % self.depth
         ev = self._events[i]
-        if ev is not None:
-            self.waits += 1
-            ev.synchronize()
+        if ev is not None and not ev.query():
+            if len(self._buffers) < self.max_depth:
+                # a new buffer before the busy one, which stays next in turn
+                self._buffers.insert(i, None)
+                self._host.insert(i, None)
+                self._events.insert(i, None)
+                self.grown += 1
+            else:
+                self.waits += 1
+                ev.synchronize()
+        self._next = (i + 1) % len(self._buffers)
         host = self._host[i]
         if host is None:
             buf = torch.empty(self.shape, dtype=self.dtype, pin_memory=self._pin)
