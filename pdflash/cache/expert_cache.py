@@ -310,7 +310,6 @@ class ExpertCache:
         # one CUDA event per release call, shared by the slots it released,
         # from a pool (an event is reused once no slot holds it)
         self._slot_events = SlotEvents(slots)
-        self._events: npt.NDArray[np.object_] = self._slot_events.events  # per slot, read-only
         # the slab never moves: its address once, not a torch call per copy
         self._slab_ptr = int(self.slab.data_ptr())
         factory: CacheBooksFactory = _cachebooks.CacheBooks if books is None else books
@@ -612,6 +611,11 @@ class ExpertCache:
         if bad >= 0:
             raise ValueError(f"layer {layer} is not pinned")
         self._record_slot_event(slots)
+
+    @property
+    def _events(self) -> npt.NDArray[np.object_]:
+        """Per slot, the event an eviction would wait for, or None (a copy)."""
+        return self._slot_events.events
 
     def _record_slot_event(self, slots: npt.NDArray[np.int64]) -> None:
         """CUDA: record one event on the compute stream after the kernels

@@ -89,18 +89,27 @@ def _old_device_slot_table(self: ExpertCache) -> torch.Tensor:
     return self._table
 
 
+def _old_events(self: ExpertCache) -> npt.NDArray[np.object_]:
+    """The old per-slot event array (the cache's own is the new pool's)."""
+    events: npt.NDArray[np.object_] | None = self.__dict__.get("_old_events")
+    if events is None:
+        events = self.__dict__["_old_events"] = np.full(self.num_slots, None, dtype=object)
+    return events
+
+
 def _old_record_slot_event(self: ExpertCache, slots: npt.NDArray[np.int64]) -> None:
     if self._is_cuda:
         ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
         ev.record(torch.cuda.current_stream(self.device))
-        self._events[slots] = ev
+        _old_events(self)[slots] = ev
 
 
 def _old_evict(self: ExpertCache, slots: npt.NDArray[np.int64]) -> None:
     if self._is_cuda:
-        for ev in {id(e): e for e in self._events[slots] if e is not None}.values():
+        events = _old_events(self)
+        for ev in {id(e): e for e in events[slots] if e is not None}.values():
             ev.synchronize()
-        self._events[slots] = None
+        events[slots] = None
     ids, unused, unused_prefetch = self._books.evict(slots)
     self.bytes_evicted_unused += unused * self.expert_nbytes
     self.prefetch_bytes_evicted_unused += unused_prefetch * self.expert_nbytes
