@@ -8,7 +8,7 @@ every torch dispatch (views included) made while it is the innermost
 counted method: ``dispatches``; the dispatches asking for page-locked
 memory (a ``pin_memory=True`` factory, ``pin_memory``/``_pin_memory``):
 ``pinned_allocs``. ``torch.cuda.Event`` is replaced by a subclass counting
-``events_created``, ``event_records`` and ``event_syncs`` (CUDA only; a CPU
+``events_created``, ``event_records``, ``event_queries`` and ``event_syncs`` (CUDA only; a CPU
 run makes none). Counted from the first timed step on (warm-up and timed
 verify steps, not the prompt's prefill); per layer = total / MoE layer
 calls."""
@@ -101,6 +101,12 @@ def _count_events() -> None:
             if where is not None:
                 counts[where]["event_syncs"] += 1
             super().synchronize()
+
+        def query(self) -> bool:
+            where = _where()
+            if where is not None:
+                counts[where]["event_queries"] += 1
+            return bool(super().query())
 
     torch.cuda.Event = CountingEvent  # type: ignore[misc]
 
