@@ -53,6 +53,8 @@ import torch
 from pdflash._guard import BusyGuard, exclusive
 from pdflash._native import load_native
 from pdflash.cache.eviction import EvictionPolicy, LRUPolicy, make_policy
+from pdflash.cache.slot_events import SlotEvents
+from pdflash.cache.staging import StagingRing
 from pdflash.metrics import Metric, ratio
 from pdflash.protocols import Band, CopyIssuer, TicketState
 
@@ -305,8 +307,9 @@ class ExpertCache:
         # loaded since the last reset_stats(): only these count in the byte books
         self.counted = np.zeros(slots, dtype=np.bool_)
         self.by_prefetch = np.zeros(slots, dtype=np.bool_)
-        # one CUDA event per release call, shared by the slots it released
-        self._events: npt.NDArray[np.object_] = np.full(slots, None, dtype=object)
+        # one CUDA event per release call, shared by the slots it released,
+        # from a pool (an event is reused once no slot holds it)
+        self._slot_events = SlotEvents(slots)
         # the slab never moves: its address once, not a torch call per copy
         self._slab_ptr = int(self.slab.data_ptr())
         factory: CacheBooksFactory = _cachebooks.CacheBooks if books is None else books
@@ -324,6 +327,7 @@ class ExpertCache:
         )
         # the device copy of ``slot_of`` (see :meth:`device_slot_table`)
         self._table: torch.Tensor | None = None
+        self._table_ring: StagingRing | None = None  # CUDA: its upload's staging
         self._table_dirty = True
         # accesses of layers run without a host sync (see :meth:`defer_access`)
         # (layers, routed [len(layers), n], the first layer's clock, in-flight
@@ -509,15 +513,16 @@ class ExpertCache:
     def device_slot_table(self) -> torch.Tensor:
         """``slot_of`` on the cache's device (int64, ``-1``: not resident), for
         routing -> slot lookups in device code. Re-uploaded only after a
-        load, eviction or drop changed it; on CUDA from a fresh page-locked
-        copy with a non-blocking copy on the current stream (no host sync;
-        the pinned allocator keeps that copy alive until the transfer ran)."""
+        load, eviction or drop changed it, always as a new tensor (callers
+        key memos on its identity); on CUDA with a non-blocking copy on the
+        current stream (no host sync) out of a reused page-locked buffer
+        (:class:`~pdflash.cache.staging.StagingRing`: no pinned allocation
+        per upload, a buffer refilled only once its last copy ran)."""
         if self._table is None or self._table_dirty:
             if self._is_cuda:
-                # filled in page-locked memory: one host copy, no staging
-                host = torch.empty(self.num_ids, dtype=torch.int64, pin_memory=True)
-                host.numpy()[:] = self.slot_of
-                self._table = host.to(self.device, non_blocking=True)
+                if self._table_ring is None:
+                    self._table_ring = StagingRing((self.num_ids,), torch.int64, self.device)
+                self._table = self._table_ring.upload(self.slot_of)
             else:
                 self._table = torch.from_numpy(self.slot_of.copy())
             self._table_dirty = False
@@ -607,13 +612,18 @@ class ExpertCache:
             raise ValueError(f"layer {layer} is not pinned")
         self._record_slot_event(slots)
 
+    @property
+    def _events(self) -> npt.NDArray[np.object_]:
+        """Per slot, the event an eviction would wait for, or None (a copy)."""
+        return self._slot_events.events
+
     def _record_slot_event(self, slots: npt.NDArray[np.int64]) -> None:
         """CUDA: record one event on the compute stream after the kernels
-        that read ``slots``; an eviction of any of them waits for it."""
+        that read ``slots``; an eviction of any of them waits for it. The
+        event comes from a pool (:class:`~pdflash.cache.slot_events.SlotEvents`):
+        one no slot holds any more, so nothing waits on its last record."""
         if self._is_cuda:
-            ev = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            ev.record(torch.cuda.current_stream(self.device))
-            self._events[slots] = ev
+            self._slot_events.record(slots, torch.cuda.current_stream(self.device))
 
     @exclusive
     def defer_access(self, layer: int, routed: torch.Tensor) -> None:
@@ -773,9 +783,8 @@ class ExpertCache:
 
     def _evict(self, slots: npt.NDArray[np.int64]) -> None:
         if self._is_cuda:  # (events are recorded on CUDA only)
-            for ev in {id(e): e for e in self._events[slots] if e is not None}.values():
+            for ev in self._slot_events.take(slots):
                 ev.synchronize()  # see the module NOTE: kernels still reading these slots
-            self._events[slots] = None
         ids, unused, unused_prefetch = self._books.evict(slots)
         self.bytes_evicted_unused += unused * self.expert_nbytes
         self.prefetch_bytes_evicted_unused += unused_prefetch * self.expert_nbytes

@@ -89,6 +89,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
+from pdflash.cache.staging import StagingRing, upload_from_ring
 from pdflash.models.resident_graphs import ResidentGraphs, StepFn, resident_graphs_mode
 from pdflash.protocols import (
     LayerBookingCache,
@@ -357,6 +358,8 @@ class OffloadedMoE:
         self._unbooked = False
         self._window_cache: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self._key_tables: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
+        #: CUDA: page-locked staging of :meth:`_phase_rows`' uploads, per shape
+        self._row_rings: dict[tuple[int, ...], StagingRing] = {}
         self._fusable: FusableGroupedExperts | None = None
         #: recorded all-resident layer calls (:mod:`pdflash.models.resident_graphs`)
         self.resident_graphs = ResidentGraphs()
@@ -855,7 +858,14 @@ class OffloadedMoE:
             experts = experts[~host_part.mask]
         try:
             self._grouped_misses_on_device(
-                layer, x, k, flat, y_flat, experts, partial=host_part is not None
+                layer,
+                x,
+                k,
+                flat,
+                y_flat,
+                experts,
+                partial=host_part is not None,
+                flat_host=flat_host,
             )
         except BaseException:
             if host_part is not None:
@@ -891,11 +901,13 @@ class OffloadedMoE:
         experts: npt.NDArray[np.int64],
         *,
         partial: bool = False,
+        flat_host: npt.NDArray[np.int64] | None = None,
     ) -> None:
         """Pin/copy/compute ``experts`` from the cache into their rows of
         ``y_flat``; ``partial``: other routed experts (HOST) hold no slot, so
         every grouped call must select its rows (an unmasked call assumes
-        every row's expert has a slot)."""
+        every row's expert has a slot). ``flat_host``: ``flat`` on the host
+        when already read (else read here, once, if a group needs it)."""
         cache = self.cache
         base = layer * self.num_experts
         i = 0
@@ -908,6 +920,8 @@ class OffloadedMoE:
                 # the ready experts' rows first; the misses' copies land meanwhile
                 ready = tickets < 0
                 phase_rows: torch.Tensor | None = None  # one upload serves both phases
+                # the slot table holds still while the group is pinned: one gather
+                row_slot: torch.Tensor | None = None
                 for phase, waits in ((ready, False), (~ready, True)):
                     if not phase.any():
                         continue
@@ -917,9 +931,13 @@ class OffloadedMoE:
                     row_in = None
                     if not whole:
                         if phase_rows is None:
-                            phase_rows = self._phase_rows(flat, group, ready)
+                            if flat_host is None:
+                                flat_host = routed_ids_on_host(flat)
+                            phase_rows = self._phase_rows(flat_host, group, ready, flat.device)
                         row_in = phase_rows[int(waits)]
-                    self._grouped_rows(x, k, self._layer_slots(layer)[flat], row_in, y_flat)
+                    if row_slot is None:
+                        row_slot = self._layer_slots(layer)[flat]
+                    self._grouped_rows(x, k, row_slot, row_in, y_flat)
             except BaseException:
                 cache.abort(flat_ids)
                 raise
@@ -927,19 +945,29 @@ class OffloadedMoE:
             i += group.size
 
     def _phase_rows(
-        self, flat: torch.Tensor, group: npt.NDArray[np.int64], ready: npt.NDArray[np.bool_]
+        self,
+        flat_host: npt.NDArray[np.int64],
+        group: npt.NDArray[np.int64],
+        ready: npt.NDArray[np.bool_],
+        device: torch.device,
     ) -> torch.Tensor:
-        """Bool ``[2, rows]``: row 0 selects the routed rows whose expert is a
-        ready one of ``group``, row 1 those whose expert is a missing one
-        (one small host-to-device copy and one gather per group, shared by
-        both phases)."""
-        # built in page-locked memory on CUDA, so the copy does not wait for the stream
-        table = torch.zeros((2, self.num_experts), dtype=torch.bool, pin_memory=flat.is_cuda)
-        host = table.numpy()
+        """Bool ``[2, rows]`` on ``device``: row 0 selects the routed rows
+        (``flat_host``: the routing on the host) whose expert is a ready one
+        of ``group``, row 1 those whose expert is a missing one. Chosen on
+        the host, where the routing already is, and sent in one small copy
+        per group shared by both phases; on CUDA out of a reused
+        page-locked buffer (:class:`~pdflash.cache.staging.StagingRing`),
+        so no pinned allocation and no device gather per group."""
+        phase = np.zeros(self.num_experts, dtype=np.int8)  # 0: not in group
         group = np.asarray(group, dtype=np.int64)
-        host[0, group[ready]] = True
-        host[1, group[~ready]] = True
-        return table.to(flat.device, non_blocking=True)[:, flat]
+        phase[group[ready]] = 1
+        phase[group[~ready]] = 2
+        code = phase[flat_host]
+        rows = np.stack((code == 1, code == 2))
+        if device.type == "cuda":
+            return upload_from_ring(self._row_rings, rows, torch.bool, device)
+        out = torch.from_numpy(rows)
+        return out if device.type == "cpu" else out.to(device)
 
     def _resident_window(self, layer: int) -> tuple[int, int] | None:
         """``(lo, width)``: the slab slots ``lo .. lo + width`` hold every

@@ -1,0 +1,170 @@
+"""Torch calls, page-locked allocations and CUDA events per MoE layer in the
+parts of the eager offloaded call that hostpath2 changed, on eager_host's
+verify step (``python -P hostpath2_count.py [--old] [eager_host options]``;
+``--old``: the path before the branch, :mod:`hostpath2_old_path`).
+
+Each counted method (below) runs under a ``TorchDispatchMode`` that counts
+every torch dispatch (views included) made while it is the innermost
+counted method: ``dispatches``; the dispatches asking for page-locked
+memory (a ``pin_memory=True`` factory, ``pin_memory``/``_pin_memory``):
+``pinned_allocs``. ``torch.cuda.Event`` is replaced by a subclass counting
+``events_created``, ``event_records``, ``event_queries`` and ``event_syncs`` (CUDA only; a CPU
+run makes none). Counted from the first timed step on (warm-up and timed
+verify steps, not the prompt's prefill); per layer = total / MoE layer
+calls."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+METHODS = (
+    ("OffloadedMoE", "_grouped_misses_on_device"),
+    ("OffloadedMoE", "_phase_rows"),
+    ("OffloadedMoE", "_grouped_rows"),
+    ("ExpertCache", "device_slot_table"),
+    ("ExpertCache", "acquire"),
+    ("ExpertCache", "release"),
+    ("ExpertCache", "pin_layer"),
+    ("ExpertCache", "unpin_layer"),
+    ("ExpertCache", "_evict"),
+)
+
+state: dict[str, Any] = {"on": False, "stack": [], "layers": 0}
+counts: dict[str, Counter[str]] = defaultdict(Counter)
+
+
+def _where() -> str | None:
+    return state["stack"][-1] if state["on"] and state["stack"] else None
+
+
+class _Dispatches(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        where = _where()
+        if where is not None:
+            counts[where]["dispatches"] += 1
+            name = func.overloadpacket.__name__
+            if kwargs.get("pin_memory") or name in ("pin_memory", "_pin_memory"):
+                counts[where]["pinned_allocs"] += 1
+        return func(*args, **kwargs)
+
+
+def _wrap(cls: Any, name: str) -> None:
+    real = getattr(cls, name)
+    label = f"{cls.__name__}.{name}"
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state["stack"].append(label)
+        mode = _Dispatches() if len(state["stack"]) == 1 else None
+        try:
+            if mode is None:
+                return real(self, *args, **kwargs)
+            with mode:
+                return real(self, *args, **kwargs)
+        finally:
+            state["stack"].pop()
+
+    wrapper.__name__ = name
+    setattr(cls, name, wrapper)
+
+
+def _count_events() -> None:
+    base = torch.cuda.Event
+
+    class CountingEvent(base):  # type: ignore[misc,valid-type]
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            where = _where()
+            if where is not None:
+                counts[where]["events_created"] += 1
+            return super().__new__(cls, *args, **kwargs)
+
+        def record(self, stream: Any = None) -> None:
+            where = _where()
+            if where is not None:
+                counts[where]["event_records"] += 1
+            super().record(stream)
+
+        def synchronize(self) -> None:
+            where = _where()
+            if where is not None:
+                counts[where]["event_syncs"] += 1
+            super().synchronize()
+
+        def query(self) -> bool:
+            where = _where()
+            if where is not None:
+                counts[where]["event_queries"] += 1
+            return bool(super().query())
+
+    torch.cuda.Event = CountingEvent  # type: ignore[misc]
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    old = "--old" in argv
+    argv = [a for a in argv if a != "--old"]
+    if old:
+        import hostpath2_old_path
+
+        hostpath2_old_path.install()
+    from pdflash.bench import eager_host
+
+    from pdflash.cache.expert_cache import ExpertCache
+    from pdflash.models.offload import OffloadedMoE
+
+    classes = {"OffloadedMoE": OffloadedMoE, "ExpertCache": ExpertCache}
+    for cls_name, name in METHODS:
+        _wrap(classes[cls_name], name)
+    _count_events()
+    real_layer = OffloadedMoE._forward_grouped
+
+    def layer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if state["on"]:
+            state["layers"] += 1
+        return real_layer(self, *args, **kwargs)
+
+    OffloadedMoE._forward_grouped = layer  # type: ignore[method-assign]
+    patch = eager_host.ExclusiveTimer.patch
+
+    def start_counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state["on"] = True
+        return patch(self, *args, **kwargs)
+
+    eager_host.ExclusiveTimer.patch = start_counting  # type: ignore[method-assign]
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        eager_host.main([*argv, "--count-steps", "1"])
+    n = max(state["layers"], 1)
+    print(
+        json.dumps(
+            {
+                "what": "torch dispatches / pinned allocations / CUDA events per MoE layer, per method (innermost counted)",
+                "side": "before" if old else "after",
+                "args": argv,
+                "moe_layers": state["layers"],
+                "per_layer": {
+                    where: {k: round(v / n, 3) for k, v in sorted(c.items())}
+                    for where, c in sorted(counts.items())
+                },
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
