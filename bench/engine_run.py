@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +71,9 @@ from pdflash.protocols import Band
 from pdflash.report.schema import HOST_METRIC_FIELDS
 
 from .workload import WARMUP_CHOICES, ClosedLoop, LengthDist, Workload, open_loop
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 #: bench arch name -> (model_type, synthetic preset)
 ARCHS: dict[str, tuple[str, str]] = {
@@ -915,6 +919,24 @@ def _shared_warm_up(
     }
 
 
+def _under_resident_graphs(
+    fn: Callable[Concatenate[RunSpec, P], R],
+) -> Callable[Concatenate[RunSpec, P], R]:
+    """``fn`` run with the process-wide resident-graph switch at the spec's
+    ``resident_graphs``; the setting before is put back after, also on
+    failure."""
+
+    @functools.wraps(fn)
+    def run(spec: RunSpec, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        from pdflash.models.resident_graphs import resident_graphs_as
+
+        with resident_graphs_as(spec.resident_graphs):
+            return fn(spec, *args, **kwargs)
+
+    return run
+
+
+@_under_resident_graphs
 def _run(
     spec: RunSpec,
     device: torch.device,
@@ -933,39 +955,7 @@ def _run(
     warm-up's pass) and return None. ``setup``: where the phases before the
     clock are timed (a throwaway clock when None). The whole build and run
     happen with the process-wide resident-graph switch at the spec's
-    ``resident_graphs``; the setting before is put back after, also on
-    failure."""
-    from pdflash.models.resident_graphs import resident_graphs_as
-
-    with resident_graphs_as(spec.resident_graphs):
-        return _run_as_set(
-            spec,
-            device,
-            adapter,
-            drafter,
-            issuer,
-            synthetic_weights,
-            synthetic_draft,
-            progress,
-            warm_only=warm_only,
-            setup=setup,
-        )
-
-
-def _run_as_set(
-    spec: RunSpec,
-    device: torch.device,
-    adapter: Any,
-    drafter: DFlashDrafter | None,
-    issuer: Any,
-    synthetic_weights: bool,
-    synthetic_draft: bool,
-    progress: Callable[[int, int], None] | None,
-    *,
-    warm_only: bool = False,
-    setup: SetupClock | None = None,
-) -> RunResult | None:
-    """:func:`_run` with the resident-graph switch set."""
+    ``resident_graphs`` (:func:`_under_resident_graphs`)."""
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import route_ahead_predictor
     from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
