@@ -156,10 +156,17 @@ def _old_evict(self: ExpertCache, slots: npt.NDArray[np.int64]) -> None:
     self.policy.on_evict(ids)
 
 
+#: the old path's methods: (class, attribute, the old function)
+OLD_PATH: tuple[tuple[type, str, Any], ...] = (
+    (OffloadedMoE, "_grouped_misses_on_device", _old_grouped_misses_on_device),
+    (OffloadedMoE, "_phase_rows", _old_phase_rows),
+    (ExpertCache, "device_slot_table", _old_device_slot_table),
+    (ExpertCache, "_record_slot_event", _old_record_slot_event),
+    (ExpertCache, "_evict", _old_evict),
+)
+
+
 def install_old_path(m: pytest.MonkeyPatch) -> None:
     """Patch the old host path into the classes (undone with ``m``)."""
-    m.setattr(OffloadedMoE, "_grouped_misses_on_device", _old_grouped_misses_on_device)
-    m.setattr(OffloadedMoE, "_phase_rows", _old_phase_rows)
-    m.setattr(ExpertCache, "device_slot_table", _old_device_slot_table)
-    m.setattr(ExpertCache, "_record_slot_event", _old_record_slot_event)
-    m.setattr(ExpertCache, "_evict", _old_evict)
+    for cls, name, fn in OLD_PATH:
+        m.setattr(cls, name, fn)
