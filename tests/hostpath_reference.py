@@ -18,6 +18,7 @@ from issuer_fixtures import token_ids
 
 from pdflash._guard import exclusive
 from pdflash.cache.expert_cache import ExpertCache
+from pdflash.cache.staging import StagingRing
 from pdflash.models import load_adapter
 from pdflash.models.offload import OffloadedMoE, _room
 
@@ -154,6 +155,19 @@ def _old_evict(self: ExpertCache, slots: npt.NDArray[np.int64]) -> None:
     self._table_dirty = True
     self.evictions += int(slots.size)
     self.policy.on_evict(ids)
+
+
+class NoWaitRing(StagingRing):
+    """The bug the ring exists to prevent: refill without waiting."""
+
+    def stage(self) -> tuple[int, Any]:
+        i = self._next
+        saved = self._events[i]
+        self._events[i] = None
+        try:
+            return super().stage()
+        finally:
+            self._events[i] = saved
 
 
 #: the old path's methods: (class, attribute, the old function)

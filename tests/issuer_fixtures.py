@@ -112,6 +112,17 @@ def token_ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 128, (n,), generator=g)
 
 
+def small_gpu_overrides(arch: str) -> dict[str, Any]:
+    """Config overrides of a small ``qwen3_moe`` / ``gpt_oss`` checkpoint for
+    the GPU tests: hidden 256, 32 experts of width 512, top-4."""
+    overrides: dict[str, Any] = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
+    if arch == "qwen3_moe":
+        overrides.update(moe_intermediate_size=512, num_experts=32, num_experts_per_tok=4)
+    else:
+        overrides.update(intermediate_size=512, num_local_experts=32, num_experts_per_tok=4)
+    return overrides
+
+
 def evicting_adapter(path: Path, issuer: object, **kw: Any) -> Any:
     """The checkpoint at ``path`` with the smallest legal expert cache of the
     tiny shapes: min(E=8, top_k=2 x max_batch_tokens=2) = 4 slots, so a

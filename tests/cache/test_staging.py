@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hostpath_reference import NoWaitRing
 
 from pdflash.cache.staging import StagingRing
 
@@ -48,19 +49,6 @@ class _Event:
     def synchronize(self) -> None:
         assert self.stream is not None
         self.stream.run_through(self)
-
-
-class _NoWaitRing(StagingRing):
-    """The bug the ring exists to prevent: refill without waiting."""
-
-    def stage(self) -> tuple[int, Any]:
-        i = self._next
-        saved = self._events[i]
-        self._events[i] = None
-        try:
-            return super().stage()
-        finally:
-            self._events[i] = saved
 
 
 def _drive(
@@ -107,7 +95,7 @@ def test_ring_refills_a_buffer_only_after_its_copy_ran(depth: int, max_depth: in
 
 @pytest.mark.parametrize(("depth", "max_depth"), SIZES)
 def test_the_check_catches_a_premature_refill(depth: int, max_depth: int) -> None:
-    _, stream = _drive(_NoWaitRing, depth, max_depth, 60, seed=max_depth)
+    _, stream = _drive(NoWaitRing, depth, max_depth, 60, seed=max_depth)
     assert stream.ran == 60 and stream.bad > 0
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hostpath_reference import drive, install_old_path
+from hostpath_reference import NoWaitRing, drive, install_old_path
+from issuer_fixtures import small_gpu_overrides
 
 from pdflash.cache.staging import StagingRing
 from pdflash.models import write_synthetic_checkpoint
@@ -26,19 +27,6 @@ pytestmark = pytest.mark.gpu
 #: about 50 ms of a ~2 GHz GPU's clock: the stream stays busy while the host
 #: submits every upload of a test
 SLOW = 100_000_000
-
-
-class _NoWaitRing(StagingRing):
-    """The bug the ring exists to prevent: refill without waiting."""
-
-    def stage(self) -> tuple[int, Any]:
-        i = self._next
-        saved = self._events[i]
-        self._events[i] = None
-        try:
-            return super().stage()
-        finally:
-            self._events[i] = saved
 
 
 def _uploads(cls: type[StagingRing]) -> tuple[StagingRing, int]:
@@ -63,7 +51,7 @@ def test_slowed_stream_reads_each_upload_own_values() -> None:
 
 
 def test_slowed_stream_catches_a_refill_without_wait() -> None:
-    _, bad = _uploads(_NoWaitRing)
+    _, bad = _uploads(NoWaitRing)
     assert bad > 0
 
 
@@ -91,22 +79,17 @@ def test_phase_rows_on_cuda_equal_the_gathered_table() -> None:
     assert sum(r.uploads for r in moe._row_rings.values()) == 40
 
 
-def _small(arch: str) -> dict[str, Any]:
-    overrides: dict[str, Any] = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
-    if arch == "qwen3_moe":
-        overrides.update(moe_intermediate_size=512, num_experts=32, num_experts_per_tok=4)
-    else:
-        overrides.update(intermediate_size=512, num_local_experts=32, num_experts_per_tok=4)
-    return overrides
-
-
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 @pytest.mark.parametrize("slots", [8, 12])
 def test_miss_path_equals_the_old_one_on_cuda(
     arch: str, slots: int, tmp_path: Path, cuda_issuer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = write_synthetic_checkpoint(
-        tmp_path / arch, arch, num_layers=2, dtype=torch.bfloat16, config_overrides=_small(arch)
+        tmp_path / arch,
+        arch,
+        num_layers=2,
+        dtype=torch.bfloat16,
+        config_overrides=small_gpu_overrides(arch),
     )
     kw: dict[str, Any] = {"device": "cuda", "slow_cycles": SLOW}
     for seed in (1, 2):

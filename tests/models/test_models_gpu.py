@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from issuer_fixtures import evicting_adapter
+from issuer_fixtures import evicting_adapter, small_gpu_overrides
 
 from pdflash.models import load_adapter, write_synthetic_checkpoint
 from pdflash.protocols import Band
@@ -104,21 +104,16 @@ def test_route_ahead_prefetch_is_hit_by_the_forward(tmp_path: Path, cuda_issuer:
     assert st["prefetch_bytes_in"] == st["bytes_in"] > 0
 
 
-def _small(arch: str) -> dict[str, Any]:
-    overrides: dict[str, Any] = {"hidden_size": 256, "num_attention_heads": 4, "head_dim": 64}
-    if arch == "qwen3_moe":
-        overrides.update(moe_intermediate_size=512, num_experts=32, num_experts_per_tok=4)
-    else:
-        overrides.update(intermediate_size=512, num_local_experts=32, num_experts_per_tok=4)
-    return overrides
-
-
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 def test_all_resident_layer_runs_grouped_without_a_host_sync(
     arch: str, tmp_path: Path, cuda_issuer: Any
 ) -> None:
     path = write_synthetic_checkpoint(
-        tmp_path / arch, arch, num_layers=2, dtype=torch.bfloat16, config_overrides=_small(arch)
+        tmp_path / arch,
+        arch,
+        num_layers=2,
+        dtype=torch.bfloat16,
+        config_overrides=small_gpu_overrides(arch),
     )
     ad = load_adapter(path, device="cuda", issuer=cuda_issuer, cache_fraction=1.0)
     assert ad.runtime is not None and ad.runtime.path == "grouped" and ad.cache is not None
@@ -153,7 +148,7 @@ def test_mxfp4_experts_cross_the_link_compressed_bf16(tmp_path: Path, cuda_issue
         num_layers=3,
         device="cuda",
         expert_format="mxfp4",
-        config_overrides=_small("gpt_oss"),
+        config_overrides=small_gpu_overrides("gpt_oss"),
     )
     ad = load_adapter(
         path, device="cuda", issuer=cuda_issuer, cache_fraction=0.3, max_batch_tokens=4
