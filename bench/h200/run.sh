@@ -4,6 +4,8 @@
 # per step) and the whole log to $OUT/log.txt. Usage:
 #   bash bench/h200/run.sh 'gputests=pytest -m gpu -q $(grep -rl pytest.mark.gpu tests)' 'h2d=pdflash-bench h2d --json'
 # (the gpu tests' modules only: the image lacks some test extras, e.g. openai)
+# SKIP_BUILD=1: skip the install (a script earlier in the same call built
+# this tree already).
 # PACK=/path/name.tgz: after the build and after every step, everything under
 # $OUT (log, results, what the steps wrote there) is packed into that one
 # file (the device tool returns only a few files, and a call cut by its
@@ -26,8 +28,12 @@ pack() {
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>&1)"
   python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda)'
   t0=$(date +%s)
-  python3 -m pip install -q --no-build-isolation --no-deps "$REPO" 2>&1 | tail -20
-  echo "== build rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s"
+  if [ "${SKIP_BUILD:-0}" = 1 ]; then
+    echo "== build skipped (SKIP_BUILD=1: an earlier script in this call installed this tree)"
+  else
+    python3 -m pip install -q --no-build-isolation --no-deps "$REPO" 2>&1 | tail -20
+    echo "== build rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s"
+  fi
 } >>"$LOG" 2>&1
 pack
 for spec in "$@"; do
