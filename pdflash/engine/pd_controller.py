@@ -142,17 +142,33 @@ stance and ``earn_level``, so every row says which rule judged it.
 :data:`HOST_GATE_EXPOSED`): the host can only save what the forwards wait
 for expert copies. The controller keeps the share of each measured step's
 wall that the forwards waited for copies (``exposed_fetch_s / wall_s``)
-over the steps that ran with the host part off. A probe of the host part
-while it runs ends after its first pair, the part switched off, where the
-median share over the probe's host-off steps is below the gate (a
-compute-bound step: the copies hide behind the forward; a must-earn probe
-would need 3-6 pairs, more steps than a short run has, and half of them
-with the host on). Where the host part's probe is due while it is off, the
-median over the latest host-off steps decides first: below the gate the
-part stays off with no probe (no host-on step at all); at or above it the
-part is switched on (the link binds: the host may pay) and its must-earn
-probes judge it from the next round on. Without samples the probe runs as
-without the gate.
+over the steps that ran with the host part off.
+
+With a gate, the host part **starts off** (unless ``initial`` says
+otherwise) and only the gate's rule switches it on: once
+``host_gate_steps`` measured steps ran with it off
+(:data:`HOST_GATE_FIRST_STEPS`, 2, by default), the median share over them
+decides, at or above the gate switched on (the link binds: the host may
+pay), below it kept off. No host-on step runs before that decision, so a
+compute-bound run never runs the host, not even for a probe, and a
+link-bound one runs it from its third measured step (the settle step after
+the switch runs it too). Steps that are not measured (those that prefilled
+new requests, settle steps) run with the part as it stands and add no
+sample; a run with fewer measured steps than ``host_gate_steps`` never runs
+the host. The first round of probes waits for this decision (a warm-up
+shorter than ``host_gate_steps`` delays PD's first probes that much), skips
+the host part (decided) and probes PD's parts as usual.
+
+From the next round on the host part is judged as follows. While it runs,
+by its must-earn probe, which ends after its first pair, the part switched
+off, where the median share over the probe's host-off steps is below the
+gate (a compute-bound step: the copies hide behind the forward; a
+must-earn probe would need 3-6 pairs, more steps than a short run has, and
+half of them with the host on). While it is off, at its turn, by the gate's
+rule over the latest :data:`HOST_GATE_WINDOW` host-off steps: below the
+gate kept off with no probe; at or above, switched on and probed from the
+next round. Without a gate the host part starts on (where the engine has
+it) and its must-earn probes judge it from the first round.
 """
 
 from __future__ import annotations
@@ -203,6 +219,12 @@ HOST_GATE_EXPOSED = 0.2
 #: steps with the host part off whose waiting share the gate keeps (the latest)
 HOST_GATE_WINDOW = 8
 
+#: measured host-off steps the gate's first decision needs (:class:`PDController`'s
+#: ``host_gate_steps``): a median of two, so one step's noise does not
+#: switch the host on, while a link-bound run still gets it from its third
+#: measured step
+HOST_GATE_FIRST_STEPS = 2
+
 #: every switchable part, in probe order
 ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
 
@@ -226,7 +248,8 @@ class PartsState:
     copies the predictor's plan): with route-ahead off it does not run.
     ``host_experts``: the hybrid miss service runs (off by default: only an
     engine built with one has it; a policy left without an explicit
-    ``initial`` state starts with every part the engine has on)."""
+    ``initial`` state starts with every part the engine has on, except a
+    :class:`PDController` with a host gate, whose host part starts off)."""
 
     route_ahead: bool = True
     scheduler_2d: bool = True
@@ -607,7 +630,10 @@ class PDController:
         host_gate: the host gate (module docstring): the least median
             share of a step's wall the forwards waited for expert copies,
             with the host part off, for the host part to run or be probed.
-            None (default): no gate.
+            With a gate the host part starts off (``initial`` None) and is
+            switched on only by the gate. None (default): no gate.
+        host_gate_steps: measured host-off steps the gate's first decision
+            needs (module docstring); at most :data:`HOST_GATE_WINDOW`.
     """
 
     name = "paired-steps"
@@ -630,6 +656,7 @@ class PDController:
         stances: Mapping[str, str] | None = None,
         earn_level: float = 0.2,
         host_gate: float | None = None,
+        host_gate_steps: int = HOST_GATE_FIRST_STEPS,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -640,6 +667,7 @@ class PDController:
             ("max_hold", max_hold, 0),
             ("settle", settle, 0),
             ("keep_decisions", keep_decisions, 0),
+            ("host_gate_steps", host_gate_steps, 1),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -657,6 +685,10 @@ class PDController:
             raise ValueError(f"earn_level must be in (0, 0.5], got {earn_level}")
         if host_gate is not None and not 0.0 <= host_gate < 1.0:
             raise ValueError(f"host_gate must be in [0, 1) or None, got {host_gate}")
+        if host_gate_steps > HOST_GATE_WINDOW:
+            raise ValueError(
+                f"host_gate_steps must be <= {HOST_GATE_WINDOW} (the window), got {host_gate_steps}"
+            )
         given = dict(stances or {})
         for part, stance in given.items():
             if part not in ALL_PARTS:
@@ -680,8 +712,14 @@ class PDController:
         self.keep_decisions = keep_decisions
         self.rate_of = rate_of
         self.host_gate = None if host_gate is None else float(host_gate)
+        self.host_gate_steps = host_gate_steps
         #: the waiting shares of the latest measured steps with the host part off
         self._exposed_off: deque[float] = deque(maxlen=HOST_GATE_WINDOW)
+        #: the gate's first decision is still to be made (set by bind: a
+        #: gate, an engine with the host part and the part starting off)
+        self._gate_first = False
+        #: the first round skips the host part (its first decision was made)
+        self._skip_host_turn = False
         self._initial = initial
         self._parts = initial if initial is not None else ALL_ON
         self._books = _Books()
@@ -706,7 +744,18 @@ class PDController:
     def bind(self, available: PartsState) -> None:
         self._available = available
         self._books.available = available
-        self._parts = available if self._initial is None else self._initial.masked(available)
+        if self._initial is not None:
+            self._parts = self._initial.masked(available)
+        elif self.host_gate is not None:
+            # the gate switches the host part on once host-off steps show
+            # the forwards waiting for copies (module docstring)
+            self._parts = available.with_part(HOST_PART, False)
+        else:
+            self._parts = available
+        self._gate_first = (
+            self.host_gate is not None and available.host_experts and not self._parts.host_experts
+        )
+        self._skip_host_turn = False
 
     def reset_stats(self) -> None:
         self._books.reset()
@@ -728,6 +777,7 @@ class PDController:
             "stances": {p: self.stances[p] for p in self._books.listed()},
             "earn_level": self.earn_level,
             "host_gate": self.host_gate,
+            "host_gate_steps": self.host_gate_steps,
         }
         return out
 
@@ -749,8 +799,11 @@ class PDController:
         if not self._parts.host_experts:
             self._exposed_off.append(m.exposed_fetch_s / m.wall_s)
         if not self._probing:
+            if self._gate_first:
+                self._gate_first_decision()
             self._countdown -= 1
-            if self._countdown <= 0:
+            # the first round waits for the gate's first decision
+            if self._countdown <= 0 and not self._gate_first:
                 self._start_round()
             return self._parts
         if self._half is None:
@@ -802,7 +855,7 @@ class PDController:
     def _next_probe(self) -> None:
         while self._queue:
             part = self._queue.pop(0)
-            if part == HOST_PART and self._gated():
+            if part == HOST_PART and (self._host_turn_skipped() or self._gated()):
                 continue
             if part in self._probeable():
                 self._part = part
@@ -822,6 +875,53 @@ class PDController:
         self._countdown = max(1, self._hold_now)
         if not self._round_switched:
             self._hold_now = min(self.max_hold, 2 * self._hold_now)
+
+    def _gate_first_decision(self) -> None:
+        """The gate's first decision (module docstring), once
+        ``host_gate_steps`` measured steps ran with the host part off: the
+        part switched on where their median waiting share is at or above
+        the gate, else kept off; either way the first round skips it."""
+        n = len(self._exposed_off)
+        if n < self.host_gate_steps:
+            return
+        gate = self.host_gate
+        assert gate is not None
+        self._gate_first = False
+        self._skip_host_turn = True  # the first round's turn: decided here
+        shares = list(self._exposed_off)
+        share = float(np.median(shares))
+        nums = (
+            f"median share of the step the forwards waited for copies, host part off: "
+            f"{share:.3g} over the first {n} measured steps "
+            f"({', '.join(f'{x:.3g}' for x in shares)}); gate {gate:.3g}"
+        )
+        step = self._books.steps
+        if share < gate:
+            self._log(
+                Decision(
+                    step, HOST_PART, False, False, f"kept off (gated: nothing to save): {nums}"
+                )
+            )
+            return
+        self._books.switches += 1
+        self._set(self._parts.with_part(HOST_PART, True))
+        self._log(
+            Decision(
+                step,
+                HOST_PART,
+                True,
+                True,
+                f"switched on (gate: the link binds; probed from the next round): {nums}",
+            )
+        )
+
+    def _host_turn_skipped(self) -> bool:
+        """True where the host part's turn in this round is skipped (the
+        first round, after the gate's first decision)."""
+        if self._skip_host_turn:
+            self._skip_host_turn = False
+            return True
+        return False
 
     def _gate_probe(self) -> bool:
         """The host gate during a probe of the host part while it runs

@@ -363,8 +363,10 @@ class HostExpertService:
         self.critical_path = False
         #: False: every miss is copied and nothing is planned ahead; a
         #: layer's split returns before reading the cache or asking the
-        #: planner (the PD controller switches the service off where it does
-        #: not pay, and off costs the forward nothing)
+        #: planner (the PD controller switches the service: the engine's
+        #: starts it off until the forwards wait for copies, and off it
+        #: plans nothing; what building it set, torch's intra-op thread
+        #: count and the threads' placement, stays until :meth:`close`)
         self.enabled = True
         #: the hand-off that runs ("thread" or "stream", see
         #: pdflash.hybrid.handoff), the one asked for, and why they differ

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from .conftest import oracle_drafts
-from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
+from .test_engine_offloaded import MAX_NEW, _stack, host_started_on, offloaded_checkpoint
 
 
 @pytest.fixture(scope="module", params=["qwen2_moe", "glm4_moe"])
@@ -29,7 +29,14 @@ def test_engine_greedy_equals_plain_greedy(
 ) -> None:
     tmp, cases = checkpoint
     eng, adapter, issuer = _stack(
-        tmp, "x", baseline, cache_slots=6, block_size=5, max_running=2, token_budget=8
+        tmp,
+        "x",
+        baseline,
+        cache_slots=6,
+        controller=host_started_on(baseline),
+        block_size=5,
+        max_running=2,
+        token_budget=8,
     )
     try:
         assert eng.kv.num_layers == adapter.num_decoder_layers

@@ -277,29 +277,35 @@ def test_miss_floor_hand_checked() -> None:
 
 
 def _spec(baseline: str, **kw: Any) -> RunSpec:
-    return RunSpec(
-        arch="tiny-gpt_oss",
-        baseline=baseline,
-        concurrency=2,
-        block_size=6,
-        max_new_tokens=10,
-        prompt_len=6,
-        device="cpu",
-        **kw,
-    )
+    fields: dict[str, Any] = {
+        "arch": "tiny-gpt_oss",
+        "baseline": baseline,
+        "concurrency": 2,
+        "block_size": 6,
+        "max_new_tokens": 10,
+        "prompt_len": 6,
+        "device": "cpu",
+    }
+    return RunSpec(**{**fields, **kw})
+
+
+#: a PD+host run whose host serves misses under the engine's own controller:
+#: a link slow enough that the forwards wait well above the host gate (the
+#: host part starts off and the gate switches it on after two measured
+#: steps), and a run long enough to have steps after that
+HOSTING = {"emulated_link_gbps": 0.002, "max_new_tokens": 24}
 
 
 def test_run_spec_rows_carry_the_host_books(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    # a slow emulated link (one tiny expert: 0.64 ms) and no break-even cap, so
-    # the calibrated planner hosts misses even when a loaded 2-core CI box
-    # measured the CPU slower than one copy (the makespan still pays)
+    # a slow emulated link (one tiny expert: 6.4 ms, HOSTING) and no
+    # break-even cap, so the calibrated planner hosts misses even when a
+    # loaded 2-core CI box measured the CPU slower than one copy (the
+    # makespan still pays)
     # stream asked for on the CPU: the thread hand-off runs, the reason recorded
-    host = run_spec(
-        _spec("PD+host", emulated_link_gbps=0.02, host_max_ratio=50.0, host_handoff="stream")
-    ).row
+    host = run_spec(_spec("PD+host", **HOSTING, host_max_ratio=50.0, host_handoff="stream")).row
     off = run_spec(_spec("PD", emulated_link_gbps=0.02)).row
     for row in (host, off):
         assert validate_row(row) == [], validate_row(row)
@@ -362,7 +368,7 @@ def test_run_spec_reuses_host_weights_and_leaves_no_threads(
         return n
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    spec = _spec("PD+host", emulated_link_gbps=0.02, host_max_ratio=50.0)
+    spec = _spec("PD+host", **HOSTING, host_max_ratio=50.0)
     try:
         rows = [run_spec(spec).row]
         after_first = threads()

@@ -21,6 +21,19 @@ from .conftest import greedy_cases, oracle_drafts, write_target_and_drafter
 MAX_NEW = 14
 
 
+def host_started_on(baseline: str) -> Any:
+    """PD+host's PD controller with the host part started on (None for the
+    other baselines: the engine's own). The engine's gated controller starts
+    it off until the forwards wait for copies, which the unthrottled CPU
+    copies never make them do: a test that needs the host to serve misses
+    starts it on (the gate's probe may then switch it off)."""
+    if baseline != "PD+host":
+        return None
+    from pdflash.engine.pd_controller import ALL_ON, HOST_GATE_EXPOSED, HOST_PART, PDController
+
+    return PDController(host_gate=HOST_GATE_EXPOSED, initial=ALL_ON.with_part(HOST_PART, True))
+
+
 def _stack(
     tmp: Path, arch: str, baseline: str, cache_slots: int, controller: Any = None, **cfg: Any
 ) -> tuple[Engine, Any, Any]:
@@ -129,7 +142,14 @@ def test_lossless_offloaded_every_baseline(
     tmp, cases = checkpoint
     # 6 slots: fewer than the 2 layers x 8 experts two consecutive layers route to
     eng, adapter, issuer = _stack(
-        tmp, "x", baseline, cache_slots=6, block_size=5, max_running=2, token_budget=8
+        tmp,
+        "x",
+        baseline,
+        cache_slots=6,
+        controller=host_started_on(baseline),
+        block_size=5,
+        max_running=2,
+        token_budget=8,
     )
     try:
         ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]

@@ -196,16 +196,23 @@ def test_a_pd_host_run_plans_ahead_without_a_device_sync(
 
     monkeypatch.setattr(torch.cuda, "synchronize", counting_sync)
     monkeypatch.setattr(Engine, "_plan_host_ahead", plan)
+    # the gated host part starts off and a compute-bound tiny run may never
+    # switch it on (then no plan runs): gate 0 switches it on after two
+    # measured steps, so the later verifies plan with the service on
+    from pdflash.engine import pd_controller
+
+    monkeypatch.setattr(pd_controller, "HOST_GATE_EXPOSED", 0.0)
     row = run_spec(
         RunSpec(
             arch="tiny",
             baseline="PD+host",
             concurrency=1,
             block_size=8,
-            max_new_tokens=24,
+            max_new_tokens=40,
             prompt_len=8,
             cache_fraction=0.5,
         )
     ).row
     assert row["output_tokens_per_s"] > 0
+    assert row["pd_parts"]["on_fraction"]["host_experts"] > 0
     assert plans[0] > 0 and syncs[0] == 0
