@@ -187,8 +187,13 @@ def test_mxfp4_experts_stay_compressed_and_equal_transformers(
         for seed in range(2):
             ids = token_ids(9, seed)
             got = ad.forward_logits(ids)
-            # the MXFP4 slab and the pack-time dequantization agree exactly
-            torch.testing.assert_close(got, dense.forward_logits(ids), atol=0, rtol=0)
+            # the MXFP4 slab and the pack-time dequantization: the same weights
+            # (dequantize_mxfp4 is checked bit for bit against transformers'
+            # convert_moe_packed_tensors), but the slab's GEMMs read them as
+            # transposed views and the dense slab's contiguously, and some CPUs'
+            # GEMM kernels round the two layouts differently (AMD EPYC, torch
+            # 2.13: up to 4.8e-7 absolute on these logits)
+            torch.testing.assert_close(got, dense.forward_logits(ids), atol=2e-6, rtol=1e-5)
             if ref_dtype != torch.float32:
                 continue  # this transformers keeps dequantized experts in bf16: checked on GPU
             want = ref(input_ids=ids[None]).logits[0]
