@@ -167,31 +167,30 @@ The link's lag (``rule="lag"``). A layer's plan sees as misses only the
 routed experts with no slot: every copy already issued for the layer (the
 stream's copies between forwards, its gate lookahead's copies of the next
 layer, the ahead plan's own) is sunk by then, whatever it costs the layer.
-Where the link binds, those copies are most of its bytes (issue 16's
-gpt-oss-20b cache 0.2 c=4 point: ~80% of them route-ahead copies, the
-layer plans hosting most of what they saw and the host busy under 0.2),
-so the split that sets the host's share is the ahead plan's, and the
-ahead plan judges each layer with the link idle: its HOST part against the
-copies *it* leaves the layer, none of the others. The ``lag`` rule
-measures what the link really owes each layer: at a layer's plan after an
-ahead plan, its routed experts' copies still in flight (``ahead_bytes``)
-less the copies that ahead plan left the layer is one sample of the
-layer's *lag* (at least 0: where copies had a head start the makespan's
-own view stands); a layer's lag is the median of its last ``lag_window``
-samples. The next ahead plan owes the lag ahead of the layer's copies
-(``max(host(m), lag + (n - m) copy)``), so a layer whose forward found
-its copies still on the link hosts until its HOST part's modeled finish
-meets the link's, and a layer whose copies landed in time is planned as
-by ``makespan`` (a lag of 0: compute-bound steps keep their plans). The
-caps, the margin (of the layer's own copies, as ``queue``'s, so a longer
-lag never takes a HOST expert back) and the modeled host time bound it as
-everywhere: no plan hosts more than the calibrated model says finishes by
-the link's. The lag is what the link owes beyond the plan's own copies, so
-hosting more of a layer does not by itself erase it (the plan settles
-instead of swinging); it falls as the other copies, and the backlog of
-earlier layers, fall. The layer plans are the makespan rule's (they
-already count their in-flight copies). Rows record the lags the run ended
-with (``planner.link_lag_s``).
+Where the link binds, those copies are most of its bytes
+(``bench/results/cpu/hostshare-2026-12-02/README.md``), so the split that
+sets the host's share is the ahead plan's, and the ahead plan judges each
+layer with the link idle: its HOST part against the copies *it* leaves the
+layer, none of the others. The ``lag`` rule measures what the link really
+owes each layer: at a layer's plan after an ahead plan, its routed experts'
+copies still in flight (``ahead_bytes``) less the copies that ahead plan
+left the layer is one sample of the layer's *lag* (at least 0: where copies
+had a head start the makespan's own view stands; the plan's copies the
+forward then does not route count against it too, so it errs low); a
+layer's lag is the median of its last ``lag_window`` samples. The next ahead plan owes the lag
+ahead of the layer's copies (``max(host(m), lag + (n - m) copy)``), so a
+layer whose forward found its copies still on the link hosts until its HOST
+part's modeled finish meets the link's, and a layer whose copies landed in
+time is planned as by ``makespan`` (a lag of 0: compute-bound steps keep
+their plans). The caps, the margin (of the layer's own copies, as
+``queue``'s, so a longer lag never takes a HOST expert back) and the
+modeled host time bound it as everywhere: no plan hosts more than the
+calibrated model says finishes by the link's. The lag is what the link owes
+beyond the plan's own copies, so hosting more of a layer does not by itself
+erase it (the plan settles instead of swinging); it falls as the other
+copies, and the backlog of earlier layers, fall. The layer plans are the
+makespan rule's (they already count their in-flight copies). Rows record
+the lags the run ended with (``planner.link_lag_s``).
 """
 
 from __future__ import annotations
