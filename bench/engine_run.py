@@ -181,8 +181,9 @@ class RunSpec:
     # or "weighted" (routed with the run's measured probability)
     host_ahead: str = "certain"
     # how the host planner judges a split (pdflash.hybrid.planner, "The link's
-    # queue"): "makespan" (each layer's own copies, the link otherwise idle)
-    # or "queue" (the link's measured backlog and the forward's measured work)
+    # queue", "The link's lag"): "makespan" (each layer's own copies, the link
+    # otherwise idle), "queue" (the link's measured backlog and the forward's
+    # measured work) or "lag" (the makespan with each layer's measured link lag)
     host_plan: str = "makespan"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
+from pdflash.hybrid.planner import HOST_PLAN_CHOICES
 
 from ..workload import WARMUP_CHOICES
 from . import _common as common
@@ -325,12 +326,13 @@ def add_host_switch_arguments(
         return
     parser.add_argument(
         "--host-plan",
-        choices=("makespan", "queue"),
+        choices=HOST_PLAN_CHOICES,
         default="makespan",
         help="how the host planner judges a split (pdflash.hybrid.planner, 'The link's "
-        "queue'): makespan (default) each layer's own copies, the link otherwise idle; queue "
-        "against the link's measured backlog, the forward's measured work and the host pool's "
-        "queue",
+        "queue', 'The link's lag'): makespan (default) each layer's own copies, the link "
+        "otherwise idle; queue against the link's measured backlog, the forward's measured "
+        "work and the host pool's queue; lag the makespan, with each layer's measured link "
+        "lag owed ahead of its copies in the pre-verify plan",
     )
 
 

@@ -198,10 +198,12 @@ def build_host_service(
 
     ``host_plan`` (:data:`HOST_PLAN_CHOICES`) goes to the default
     :class:`CostModelPlanner` as its ``rule``: ``makespan`` (the default:
-    each layer's own copies against its HOST part, the link otherwise idle)
-    or ``queue`` (against the link's measured backlog, the forward's
-    measured per-layer work and the host pool's queue, which the service
-    measures for it; :mod:`pdflash.hybrid.planner`, "The link's queue").
+    each layer's own copies against its HOST part, the link otherwise idle),
+    ``queue`` (against the link's measured backlog, the forward's measured
+    per-layer work and the host pool's queue, which the service measures
+    for it; :mod:`pdflash.hybrid.planner`, "The link's queue") or ``lag``
+    (the makespan, with each layer's measured link lag owed ahead of its
+    copies in the pre-verify plan; "The link's lag").
 
     ``host_affinity`` (:data:`HOST_AFFINITY_CHOICES`, or a
     :class:`HostPlacement` already planned): ``auto`` places the host pool's

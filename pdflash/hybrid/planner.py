@@ -107,21 +107,23 @@ copy on where they are not routed). With ``p = 1`` the rule is exactly
 ``certain``. The caps read ``t``, which grows as ``p`` falls: with wide
 verifies (many tokens per predicted expert) and a low ``p`` an expert
 ``certain`` would host can exceed ``max_host_tokens`` or ``max_host_ratio``
-at its routed count, and ``weighted`` then hosts fewer. The link's queue ahead of a layer's copies (earlier layers'
-route-ahead copies still in flight when the forward reaches it) is not
-known to the planner before the verify; both rules plan each layer with
-the link idle.
+at its routed count, and ``weighted`` then hosts fewer. The link's queue
+ahead of a layer's copies (earlier layers' route-ahead copies still in
+flight when the forward reaches it) is not known to the planner before the
+verify; both plan each layer with the link idle, unless the ``lag`` rule
+(below) has measured it.
 
 The link's queue (``rule="queue"``; the default ``makespan`` is the rule
-above). The makespan rule judges each layer alone: its own copies against
-its own HOST part, the link otherwise idle. That is wrong both ways. Where
-the link has slack (a compute-bound step: route-ahead copies land while
-earlier layers compute, a mispredicted miss lands while the forward's
-thread still launches the layer's work) a COPY costs the forward nothing
-and a HOST part costs it the wait for the CPU; where the link is the
-binding resource every byte it carries delays everything queued behind it,
-also the copies of later layers, which the makespan rule never sees. The
-``queue`` rule costs both with measured inputs (:class:`LinkState`):
+above; ``lag``, last, is the makespan with the link's measured lag). The
+makespan rule judges each layer alone: its own copies against its own HOST
+part, the link otherwise idle. That is wrong both ways. Where the link has
+slack (a compute-bound step: route-ahead copies land while earlier layers
+compute, a mispredicted miss lands while the forward's thread still
+launches the layer's work) a COPY costs the forward nothing and a HOST part
+costs it the wait for the CPU; where the link is the binding resource every
+byte it carries delays everything queued behind it, also the copies of
+later layers, which the makespan rule never sees. The ``queue`` rule costs
+both with measured inputs (:class:`LinkState`):
 
 * at the layer's plan, the link's *backlog* (``backlog_bytes``: other
   layers' copies in flight or queued, any band) drains behind the forward's
@@ -160,12 +162,43 @@ margin's base. Every plan's reason is counted in ``decisions`` (rows
 record it): ``split`` (hosted), ``copy_hidden``, ``copy_ineligible`` (no
 miss within the caps), ``copy_margin`` (the best split saves less than
 ``margin``), and the same with ``ahead_`` for the ahead plan's layers.
+
+The link's lag (``rule="lag"``). A layer's plan sees as misses only the
+routed experts with no slot: every copy already issued for the layer (the
+stream's copies between forwards, its gate lookahead's copies of the next
+layer, the ahead plan's own) is sunk by then, whatever it costs the layer.
+Where the link binds, those copies are most of its bytes
+(``bench/results/cpu/hostshare-2026-12-02/README.md``), so the split that
+sets the host's share is the ahead plan's, and the ahead plan judges each
+layer with the link idle: its HOST part against the copies *it* leaves the
+layer, none of the others. The ``lag`` rule measures what the link really
+owes each layer: at a layer's plan after an ahead plan, its routed experts'
+copies still in flight (``ahead_bytes``) less the copies that ahead plan
+left the layer is one sample of the layer's *lag* (at least 0: where copies
+had a head start the makespan's own view stands; the plan's copies the
+forward then does not route count against it too, so it errs low); a
+layer's lag is the median of its last ``lag_window`` samples. The next ahead plan owes the lag
+ahead of the layer's copies (``max(host(m), lag + (n - m) copy)``), so a
+layer whose forward found its copies still on the link hosts until its HOST
+part's modeled finish meets the link's, and a layer whose copies landed in
+time is planned as by ``makespan`` (a lag of 0: compute-bound steps keep
+their plans). The caps, the margin (of the layer's own copies, as
+``queue``'s, so a longer lag never takes a HOST expert back) and the
+modeled host time bound it as everywhere: no plan hosts more than the
+calibrated model says finishes by the link's. The lag is what the link owes
+beyond the plan's own copies, so hosting more of a layer does not by itself
+erase it (the plan settles instead of swinging); it falls as the other
+copies, and the backlog of earlier layers, fall. The layer plans are the
+makespan rule's (they already count their in-flight copies). Rows record
+the lags the run ended with (``planner.link_lag_s``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -187,9 +220,10 @@ DEFAULT_PROBE_EVERY = 8
 DEFAULT_PROBE_MAX_RATIO = 4.0
 #: how the ahead plan treats a predicted expert (module doc, "The ahead plan")
 HOST_AHEAD_CHOICES = ("certain", "weighted")
-#: how a split is judged (module doc): the layer's own makespan, or against
-#: the link's measured queue and the forward's measured work ("queue")
-HOST_PLAN_CHOICES = ("makespan", "queue")
+#: how a split is judged (module doc): the layer's own makespan; against
+#: the link's measured queue and the forward's measured work ("queue"); or
+#: the makespan with each layer's measured link lag in the ahead plan ("lag")
+HOST_PLAN_CHOICES = ("makespan", "queue", "lag")
 #: why a plan chose what it chose (CostModelPlanner.decisions' keys)
 PLAN_REASONS = ("split", "copy_hidden", "copy_ineligible", "copy_margin")
 #: RoutedFraction's defaults: the prior (today's plan assumes every predicted
@@ -198,6 +232,9 @@ PLAN_REASONS = ("split", "copy_hidden", "copy_ineligible", "copy_margin")
 DEFAULT_ROUTED_PRIOR = 1.0
 DEFAULT_ROUTED_PRIOR_WEIGHT = 64.0
 DEFAULT_ROUTED_FLOOR = 0.5
+#: the ``lag`` rule's memory: a layer's link lag is the median of its last
+#: this many samples (one per verify that planned ahead; module doc)
+DEFAULT_LAG_WINDOW = 8
 
 
 @dataclass
@@ -469,7 +506,10 @@ class CostModelPlanner:
             kept under either rule, used by ``weighted`` only.
         rule: how a split is judged (:data:`HOST_PLAN_CHOICES`; module doc):
             ``makespan`` (default) the layer's own link makespan,
-            ``queue`` with the link's queue and the forward's measured work.
+            ``queue`` with the link's queue and the forward's measured work,
+            ``lag`` the makespan with each layer's measured link lag in the
+            ahead plan ("The link's lag").
+        lag_window: the ``lag`` rule's samples kept per layer (>= 1).
     """
 
     cost: HostCostModel
@@ -484,6 +524,7 @@ class CostModelPlanner:
     ahead: str = "certain"
     routed_fraction: RoutedFraction = field(default_factory=RoutedFraction)
     rule: str = "makespan"
+    lag_window: int = DEFAULT_LAG_WINDOW
     name: str = "cost_model"
     decisions: dict[str, int] = field(
         default_factory=lambda: {
@@ -514,11 +555,17 @@ class CostModelPlanner:
             raise ValueError(f"ahead must be one of {HOST_AHEAD_CHOICES}, got {self.ahead!r}")
         if self.rule not in HOST_PLAN_CHOICES:
             raise ValueError(f"rule must be one of {HOST_PLAN_CHOICES}, got {self.rule!r}")
+        if self.lag_window < 1:
+            raise ValueError(f"lag_window must be >= 1, got {self.lag_window}")
         #: the host cost the plans use: the calibration, corrected online
         self.model: HostCostModel | OnlineHostCost = (
             OnlineHostCost(self.cost) if self.online else self.cost
         )
         self._since_host = 0  # layers with misses since the last HOST work
+        # the lag rule: per layer, the last ahead plan's copy seconds (NaN:
+        # no plan, or already sampled) and the recent lag samples
+        self._ahead_copy_s: npt.NDArray[np.float64] | None = None
+        self._lag: dict[int, deque[float]] = {}
 
     def observe(self, tokens: Sequence[int], seconds: float) -> None:
         """A HOST job of experts with ``tokens`` rows each took ``seconds``
@@ -597,8 +644,9 @@ class CostModelPlanner:
         cost = self._cost(m, n, per_copy, ahead, host_cum, link)
         best = int(np.argmin(cost))
         # the saving must be worth `margin` of the layer's copy time; the
-        # queue rule: of its own copies' (module doc, "The link's queue")
-        margin_of = n * per_copy if queue else copy_link
+        # queue and lag rules: of its own copies' (module doc, "The link's
+        # queue"), so a longer queue or lag never takes a HOST expert back
+        margin_of = n * per_copy if queue or self.rule == "lag" else copy_link
         if copy_only - cost[best] > self.margin * margin_of:
             k = int(m[best])
             host_s = self.model.roundtrip_s + float(host_cum[k - 1])
@@ -633,6 +681,8 @@ class CostModelPlanner:
         self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
     ) -> MissPlan:
         ids, tok = _check_aligned(missed, tokens)
+        if self.rule == "lag":
+            self._sample_lag(layer, link)
         pick, copy_only, chosen, reason, host_s = self._split(tok.astype(np.float64), link)
         self.decisions["layers"] += 1
         if ids.size:
@@ -650,6 +700,23 @@ class CostModelPlanner:
         host_mask = np.zeros(ids.size, dtype=np.bool_)
         host_mask[pick] = True
         return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen, host_s)
+
+    def _sample_lag(self, layer: int, link: LinkState) -> None:
+        """The ``lag`` rule: at ``layer``'s plan, the seconds its copies still
+        in flight owe beyond the copies the last ahead plan left the layer
+        (module doc, "The link's lag"); once per layer per ahead plan."""
+        planned = self._ahead_copy_s
+        if planned is None or not 0 <= layer < planned.size or math.isnan(planned[layer]):
+            return
+        lag = max(0.0, link.ahead_bytes / link.bytes_per_s - float(planned[layer]))
+        planned[layer] = math.nan  # a later forward's layer is not this plan's
+        self._lag.setdefault(layer, deque(maxlen=self.lag_window)).append(lag)
+
+    def link_lag_s(self, layer: int) -> float:
+        """The ``lag`` rule's measured lag of ``layer``: the median of its
+        recent samples (0 before any)."""
+        samples = self._lag.get(layer)
+        return float(statistics.median(samples)) if samples else 0.0
 
     def _probe(self, tokens: npt.NDArray[np.float64], link: LinkState) -> int | None:
         """Index of the expert to serve on the host as a probe, if one is due
@@ -689,9 +756,13 @@ class CostModelPlanner:
         # the queue rule with the per-layer dispatch measured follows the
         # route-ahead copies down the layers (module doc, "The link's queue")
         follow = self.rule == "queue" and link.hidden_s > 0
+        lagged = self.rule == "lag"
         per_copy = self.expert_nbytes / link.bytes_per_s
         owed = (link.ahead_bytes + link.backlog_bytes) / link.bytes_per_s
         idle = dataclasses.replace(link, ahead_bytes=0, backlog_bytes=0, later_s=0.0)
+        if lagged:
+            # every layer is planned: one with no candidate leaves no copy
+            self._ahead_copy_s = np.zeros(exp.shape[0], dtype=np.float64)
         for layer in range(exp.shape[0]):
             cand = np.flatnonzero((exp[layer] > 0) & ~res[layer])
             if cand.size == 0:
@@ -705,6 +776,12 @@ class CostModelPlanner:
                     tok, idle, p, ahead_s=owed - layer * link.hidden_s
                 )
                 owed += (cand.size - pick.size) * per_copy
+            elif lagged:
+                # the layer's measured lag is owed ahead of its copies
+                # (module doc, "The link's lag")
+                pick, _, _, reason, _ = self._split(tok, idle, p, ahead_s=self.link_lag_s(layer))
+                assert self._ahead_copy_s is not None
+                self._ahead_copy_s[layer] = (cand.size - pick.size) * per_copy
             else:
                 # NOTE: the makespan rule plans each layer with the link idle
                 # (no copy of this layer is queued ahead of the verify yet)
@@ -726,6 +803,14 @@ class CostModelPlanner:
             "probe_max_ratio": self.probe_max_ratio if self.online else None,
             "ahead": self.ahead,
             "rule": self.rule,
+            "lag_window": self.lag_window if self.rule == "lag" else None,
+            # the lag rule's measured lag per layer at this point (seconds;
+            # None: another rule)
+            "link_lag_s": (
+                [self.link_lag_s(i) for i in range(max(self._lag, default=-1) + 1)]
+                if self.rule == "lag"
+                else None
+            ),
         }
 
     def online_cost(self) -> dict[str, Any] | None:
