@@ -1740,7 +1740,11 @@ def _result(
         metrics["routeahead_batch_coverage"] = snap.batch.coverage
         metrics["routeahead_batch_precision"] = snap.batch.precision
     else:
-        reason = f"baseline {spec.baseline} runs no route-ahead predictor"
+        reason = (
+            f"route-ahead off: {off}"
+            if (off := engine.full_cache_state().get("switched_off", {}).get("route_ahead"))
+            else f"baseline {spec.baseline} runs no route-ahead predictor"
+        )
         for name in ("coverage", "precision", "batch_coverage", "batch_precision"):
             metrics[f"routeahead_{name}"] = NotMeasured(reason)
     metrics["scheduler_us_per_step"] = (

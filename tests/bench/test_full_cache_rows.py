@@ -36,6 +36,7 @@ def test_full_cache_rows_start_filled_and_copy_nothing(
     assert row["parts_controller"] is False and row["pd_parts"] is None
     assert row["route_ahead_bytes_submitted"] == 0 and row["background_bytes_submitted"] == 0
     if baseline == "PD":  # no shadow token-only scheduler where nothing can miss
+        assert "every expert resident" in row["not_measured"]["routeahead_coverage"]
         why = row["not_measured"]["token_only_differing_step_fraction"]
         assert "every expert resident" in why
 
