@@ -54,14 +54,14 @@ from pdflash.engine.acceptance import (
 )
 from pdflash.engine.attention import sdpa_backends
 from pdflash.engine.batching import ShadowComparison
-from pdflash.engine.config import BASELINES, CUDA_GRAPHS, EngineConfig
+from pdflash.engine.config import BASELINES, CUDA_GRAPHS, FULL_CACHE, EngineConfig
 from pdflash.engine.drafter import (
     DFlashDrafter,
     load_drafter,
     synthetic_drafter_key,
     write_synthetic_drafter,
 )
-from pdflash.engine.engine import Engine
+from pdflash.engine.engine import Engine, holds_every_expert
 from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
 from pdflash.engine.sampling import SamplingParams
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
@@ -246,6 +246,11 @@ class RunSpec:
     # put back after; "on" replays a recording of an all-resident layer's
     # device work where it can, "off" (default) always runs it eagerly
     resident_graphs: str = "off"
+    # a cache with a slot for every expert (pdflash.engine.config.EngineConfig.full_cache):
+    # "auto" fills it before the clock (as B3's) and runs none of the parts
+    # that only serve a miss; "off" runs the label as configured, the cache
+    # filling on demand (the A/B arm of what that machinery costs)
+    full_cache: str = "auto"
 
     @property
     def width_setting(self) -> str:
@@ -404,6 +409,8 @@ class RunSpec:
                 f"resident_graphs must be one of {RESIDENT_GRAPH_MODES}, "
                 f"got {self.resident_graphs!r}"
             )
+        if self.full_cache not in FULL_CACHE:
+            raise ValueError(f"full_cache must be one of {FULL_CACHE}, got {self.full_cache!r}")
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         from .distributed_run import check_spec
@@ -1009,6 +1016,7 @@ def _run(
         host_experts=spec.host_mode,
         cuda_graphs=spec.cuda_graphs,
         verify_width=spec.width_setting,
+        full_cache=spec.full_cache,
     )
     if spec.gpus > 1:
         from pdflash.distributed import replicated_config
@@ -1049,7 +1057,13 @@ def _run(
             )
 
         batcher = deficit(byte_budget)
-        if byte_budget is not None:
+        # NOTE: where the engine fills a cache that holds every expert
+        # (full_cache), no request misses a byte: the 2-D choice is the
+        # token-only one, and a shadow would only add its own select per step
+        fills = spec.full_cache == "auto" and holds_every_expert(
+            adapter, cache if ranks is None else ranks.view
+        )
+        if byte_budget is not None and not fills:
             # record what the token-only scheduler would have chosen each step
             batcher = ShadowComparison(batcher, deficit(None), cache.expert_nbytes)
     if byte_budget is not None:
@@ -1691,11 +1705,12 @@ def _result(
     metrics["queue_delay_p99_s"] = _percentile(queue, 99, "admitted request")
     shadow = engine.batcher if isinstance(engine.batcher, ShadowComparison) else None
     if shadow is None or shadow.steps == 0:
-        reason = (
-            f"baseline {spec.baseline} runs no 2-D scheduler"
-            if shadow is None
-            else "no verify step was scheduled"
-        )
+        if shadow is not None:
+            reason = "no verify step was scheduled"
+        elif _built(engine).batching == "deficit_2d":
+            reason = "every expert resident (full_cache): the 2-D choice is the token-only one"
+        else:
+            reason = f"baseline {spec.baseline} runs no 2-D scheduler"
         for name in (
             "token_only_differing_step_fraction",
             "batch_missing_bytes_2d",
@@ -1726,7 +1741,11 @@ def _result(
         metrics["routeahead_batch_coverage"] = snap.batch.coverage
         metrics["routeahead_batch_precision"] = snap.batch.precision
     else:
-        reason = f"baseline {spec.baseline} runs no route-ahead predictor"
+        reason = (
+            f"route-ahead off: {off}"
+            if (off := engine.full_cache_state().get("switched_off", {}).get("route_ahead"))
+            else f"baseline {spec.baseline} runs no route-ahead predictor"
+        )
         for name in ("coverage", "precision", "batch_coverage", "batch_precision"):
             metrics[f"routeahead_{name}"] = NotMeasured(reason)
     metrics["scheduler_us_per_step"] = (
@@ -1863,6 +1882,8 @@ def _result(
     row.update(roofline)
     row["cuda_graphs"] = _graph_fields(engine, spec)
     row["resident_graphs"] = _resident_graph_fields(adapter, spec)
+    # filled before the clock (and what was switched off, why), or why not
+    row["full_cache"] = engine.full_cache_state()
     row["verify_width"] = _width_fields(engine, spec)
     row["slo_s"] = spec.slo_s
     if spec.slo_s is None:

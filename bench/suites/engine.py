@@ -113,6 +113,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "reason, mismatches)",
     )
     parser.add_argument(
+        "--full-cache",
+        default="auto",
+        choices=("auto", "off"),
+        help="where the expert cache has a slot for every expert (cache fraction 1.0): auto "
+        "(default) fills it before the clock, as B3's, and runs none of the parts that only "
+        "serve a miss (route-ahead, the stream, lookahead, background prefetch, the PD "
+        "controller); off runs each label as configured, the cache filling on demand; rows "
+        "record full_cache (state, what was switched off and why)",
+    )
+    parser.add_argument(
         "--verify-width",
         type=common.verify_widths,
         default=["auto"],
@@ -483,6 +493,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     breakdown=args.breakdown,
                     cuda_graphs=graphs,
                     resident_graphs=getattr(args, "resident_graphs", "off"),
+                    full_cache=getattr(args, "full_cache", "auto"),
                     verify_width=width,
                     gpus=args.gpus,
                     placement=args.placement,

@@ -42,6 +42,13 @@ cost more than they save, and probed again later. ``PD-all-on`` is PD with every
 forced on (the controller's own ablation row); ``PD+host`` is PD (with the
 controller) plus the hybrid miss service. The ablations above run their
 parts as configured.
+
+Where the expert cache has a slot for every expert (cache fraction 1.0),
+every offloaded configuration fills it before the first request, as B3
+does, and runs none of the parts that only serve a miss (``full_cache``):
+B1 then runs as B3, B2 as B3 under the token-only scheduler, PD as B3 under
+the 2-D scheduler (whose byte term is zero for every request) at its verify
+width.
 """
 
 from __future__ import annotations
@@ -63,6 +70,17 @@ BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
 CUDA_GRAPHS = ("off", "auto", "piecewise")
+FULL_CACHE = ("auto", "off")
+#: the parts that only serve a miss: off where the expert cache holds every
+#: expert (``full_cache="auto"``), with the reason each was off
+NOTHING_TO_MISS = {
+    "route_ahead": "every expert resident: no miss to predict (no predictor or router pass)",
+    "streaming_prefetch": "every expert resident: no copy to stream",
+    "lookahead": "every expert resident: no next-layer copy to start",
+    "background_prefetch": "every expert resident: no empty slot to fill",
+    "parts_controller": "every expert resident: route-ahead and the stream are off, "
+    "and the 2-D scheduler's byte term is zero for every request",
+}
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,15 @@ class EngineConfig:
             one band, which the issuer serves FIFO; the expert cache must be
             built with ``single_band`` set (the engine checks).
         all_resident: size the expert cache to hold every expert (B3).
+        full_cache: where the expert cache has a slot for every expert of
+            the model (any baseline, e.g. at cache fraction 1.0): ``auto``
+            (default) fills it before the first request, as B3's, and runs
+            none of the parts that only serve a miss
+            (:data:`NOTHING_TO_MISS`: route-ahead and its predictor, the
+            streaming prefetcher, gate lookahead, background prefetch, the
+            PD controller): nothing can miss. ``off`` runs the configuration
+            as given, the cache filling on demand (the A/B arm of what that
+            machinery costs where nothing can miss).
         parts_controller: switch route-ahead, the 2-D scheduler and the
             streaming prefetcher on and off online
             (:class:`~pdflash.engine.pd_controller.PDController`); the parts
@@ -144,6 +171,7 @@ class EngineConfig:
     bands: bool = True
     parts_controller: bool = False
     all_resident: bool = False
+    full_cache: str = "auto"
     host_experts: str = "off"
     cuda_graphs: str = "auto"
     verify_width: str = "full"
@@ -175,6 +203,8 @@ class EngineConfig:
             raise ValueError(
                 f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"
             )
+        if self.full_cache not in FULL_CACHE:
+            raise ValueError(f"full_cache must be one of {FULL_CACHE}, got {self.full_cache!r}")
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPHS}, got {self.cuda_graphs!r}")
         if self.host_experts != "off" and self.all_resident:
@@ -236,3 +266,9 @@ class EngineConfig:
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
+
+    def without_miss_parts(self) -> tuple[EngineConfig, dict[str, str]]:
+        """This configuration with the parts that only serve a miss off
+        (:data:`NOTHING_TO_MISS`), and why each part it had on is off."""
+        off = {part: why for part, why in NOTHING_TO_MISS.items() if getattr(self, part)}
+        return self.replace(**dict.fromkeys(off, False)), off

@@ -39,6 +39,12 @@ re-plans if the batcher deferred some requests); during the verify each layer's 
 release advance the stream to the next layer (gate lookahead), never
 evicting an expert the forward needs earlier.
 
+Where the expert cache has a slot for every expert (cache fraction 1.0), the
+engine fills it when built, as B3's, and (``config.full_cache`` auto) runs
+none of the parts that only serve a miss: no prediction in step 3, no
+route-ahead copies, stream, lookahead or background prefetch, no PD
+controller (:meth:`Engine.full_cache_state` says what was switched off).
+
 At the end of every step the request table's invariants are asserted.
 
 Failure semantics (README "Failure semantics"): an exception in a stage of
@@ -75,7 +81,7 @@ from pdflash.engine.batching import (
     VerifyBatcher,
     VerifyDemand,
 )
-from pdflash.engine.config import EngineConfig
+from pdflash.engine.config import NOTHING_TO_MISS, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
 from pdflash.engine.fixed_step import FixedStepFeed
 from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
@@ -186,7 +192,11 @@ class Engine:
             target's router; :class:`pdflash.engine.replay.TraceRouting`
             replays a trace's).
         expert_cache: the adapter's expert cache, if experts are offloaded
-            (``resident_mask()``, ``prefetch(ids, band)``, ``stats()``).
+            (``resident_mask()``, ``prefetch(ids, band)``, ``stats()``). One
+            with a slot for every expert is filled here, before the first
+            request, and (``config.full_cache`` auto) the parts that only
+            serve a miss are off (:meth:`full_cache_state`); ``config`` is
+            then that configuration.
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
             resident)`` over ``(layers, experts)`` masks (optional).
         host_service: the hybrid miss service
@@ -206,7 +216,8 @@ class Engine:
             prefetcher) on and off each step; default: a
             :class:`~pdflash.engine.pd_controller.PDController` when
             ``config.parts_controller`` is set, else none (the parts run as
-            configured).
+            configured). None where the cache holds every expert
+            (``config.full_cache`` auto): nothing to switch.
         graphs: a :class:`~pdflash.engine.graphs.GraphRunner` the target
             forward and the drafter replay their steps through (any device; e.g. with the
             :class:`~pdflash.engine.graphs.EagerBackend` in tests). Default:
@@ -258,6 +269,20 @@ class Engine:
                     f"drafter target_layer_ids {list(drafter.target_layer_ids)} out of range for "
                     f"a {n_decoder}-layer target"
                 )
+        #: the full-cache decision (:meth:`full_cache_state`): with a slot
+        #: for every expert, the cache is filled before the first request and
+        #: the parts that only serve a miss are off (``config.full_cache``)
+        self._full_cache_off: dict[str, str] | None = None
+        if (
+            config.full_cache == "auto"
+            and not config.all_resident
+            and holds_every_expert(adapter, expert_cache)
+        ):
+            config, off = config.without_miss_parts()
+            if controller is not None:  # e.g. PD-all-on's fixed books: no part to switch
+                off.setdefault("parts_controller", NOTHING_TO_MISS["parts_controller"])
+                controller = None
+            self._full_cache_off = off
         if config.batching != "fcfs" and batcher is None:
             raise ValueError(
                 f"batching {config.batching!r} needs a batcher (the deficit scheduler)"
@@ -376,7 +401,7 @@ class Engine:
             # the wrapper passes every other call through to the cache
             runtime.cache = cast("ExpertCache", StallTimedCache(base, self.timer))
 
-        if config.all_resident and expert_cache is not None:
+        if expert_cache is not None and (config.all_resident or self._full_cache_off is not None):
             self.prefetch.load_every_expert()
 
         #: every request and where it stands (queue, running, finished, KV ledger)
@@ -412,6 +437,33 @@ class Engine:
         #: the marginal rule's F following the width policy's step-time fit
         #: (pdflash.engine.fixed_step; attached by the caller that set F)
         self.fixed_step: FixedStepFeed | None = None
+
+    def full_cache_state(self) -> dict[str, Any]:
+        """Whether the expert cache holds every expert, for the books:
+        ``state`` ``filled`` (filled before the first request; B3's
+        ``all_resident`` or ``config.full_cache`` auto with a slot for every
+        expert) with ``switched_off`` (each part the configuration had on
+        that only serves a miss, and why it is off), or ``off`` with
+        ``why_off``."""
+        setting = self.config.full_cache
+        cache = self.expert_cache
+        if cache is None:
+            return {"setting": setting, "state": "off", "why_off": "no expert cache"}
+        if self.config.all_resident:
+            return {"setting": setting, "state": "filled", "by": "all_resident", "switched_off": {}}
+        if self._full_cache_off is not None:
+            return {
+                "setting": setting,
+                "state": "filled",
+                "by": "full_cache",
+                "switched_off": dict(self._full_cache_off),
+            }
+        total = self.adapter.num_layers * self.adapter.num_experts
+        if int(cache.num_slots) < total:
+            why = f"the expert cache has {int(cache.num_slots)} slots for {total} experts"
+        else:
+            why = "full_cache off: the configuration runs as given, the cache fills on demand"
+        return {"setting": setting, "state": "off", "why_off": why}
 
     # ------------------------------------------------- owners' state, by name
     @property
@@ -1337,6 +1389,14 @@ class Engine:
         """Missing expert bytes per step (``M``): the configured value, else
         half the expert cache (so a batch's copies never thrash the cache)."""
         return self.prefetch.byte_budget()
+
+
+def holds_every_expert(adapter: MoEModelAdapter, cache: ExpertCacheView | None) -> bool:
+    """Does ``cache`` have a slot for every expert of ``adapter`` (so that,
+    filled, no forward can miss)?"""
+    if cache is None:
+        return False
+    return int(cache.num_slots) >= adapter.num_layers * adapter.num_experts
 
 
 def _param_dtype(adapter: MoEModelAdapter) -> torch.dtype:

@@ -319,6 +319,19 @@ def _omitted_width(row: Mapping[str, Any]) -> Any:
     return "full" if value is None else value
 
 
+def _omitted_full_cache(row: Mapping[str, Any]) -> Any:
+    """The full-cache setting of a row whose spec names none: what the row
+    records, else (rows recorded before the setting) ``off`` where the
+    cache could hold every expert (an offloaded label at cache fraction 1.0:
+    it filled on demand, its prefetch parts on) and ``auto`` elsewhere (the
+    setting changes nothing there)."""
+    value = _recorded("full_cache", "setting")(row)
+    if value is not None:
+        return value
+    full = row.get("cache_fraction") == 1.0 and row.get("baseline") != "B3"
+    return "off" if full else "auto"
+
+
 def _marginal_applies(settings: Mapping[str, Any]) -> bool:
     """Whether a run can apply PD's marginal rule: a label that runs the 2-D
     scheduler (not B0-B3, not PD-token-sched) with M calibrated or given (the
@@ -468,6 +481,14 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # recorded all-resident layer calls; rows from before the setting ran
     # with the switch off (its default; no engine run set it)
     RunSetting("resident_graphs", "off", _recorded("resident_graphs", "setting")),
+    # a cache with a slot for every expert filled before the clock, the
+    # prefetch parts off (pdflash.engine.config.EngineConfig.full_cache)
+    RunSetting(
+        "full_cache",
+        "auto",
+        _recorded("full_cache", "setting"),
+        omitted=_omitted_full_cache,
+    ),
     # the width the run verifies at: a spec's ``auto`` (RunSpec's default)
     # resolved for its label, as RunSpec resolves it; rows whose spec names
     # no width: what they recorded running at, else full

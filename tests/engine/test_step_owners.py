@@ -236,14 +236,16 @@ def offloaded_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp
 
 
-def _offloaded_pd(tmp: Path, issuer: Any, slots: int = 12) -> Engine:
+def _offloaded_pd(tmp: Path, issuer: Any, slots: int = 12, full_cache: str = "auto") -> Engine:
     from pdflash.engine.drafter import load_drafter
     from pdflash.models import load_adapter
     from pdflash.routeahead import RouteAheadStats
 
     adapter = load_adapter(tmp / "target", device="cpu")
     cache = adapter.attach_new_cache(issuer, num_slots=slots, policy="layer_cyclic")
-    config = EngineConfig.preset("PD", block_size=4, max_running=3, token_budget=12)
+    config = EngineConfig.preset(
+        "PD", block_size=4, max_running=3, token_budget=12, full_cache=full_cache
+    )
     batcher, predictor = make_batcher_and_predictor(config, adapter)
     return Engine(
         adapter,
@@ -305,7 +307,9 @@ def test_the_streams_predicted_plan_is_set_once_per_step(offloaded_checkpoint: P
 
     issuer = H2DIssuer(backend="host")
     try:
-        eng = _offloaded_pd(offloaded_checkpoint, issuer, slots=30)
+        # room for every expert, filled on demand (full_cache off: else the
+        # engine fills it and runs no stream, nothing being able to miss)
+        eng = _offloaded_pd(offloaded_checkpoint, issuer, slots=30, full_cache="off")
         stream = eng.stream
         assert stream is not None
         sets: list[tuple[int, str]] = []

@@ -1,0 +1,61 @@
+"""Rows at a cache with a slot for every expert (RunSpec.full_cache): the
+offloaded labels start the clock with every expert resident, as B3, copy
+nothing, run no predictor, and say what was switched off and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pdflash.bench.engine_run import RunSpec, run_spec
+
+from pdflash.engine.config import NOTHING_TO_MISS
+from pdflash.report.schema import row_settings, validate_row
+
+KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
+
+
+@pytest.mark.parametrize("baseline", ["PD", "B1"])
+def test_full_cache_rows_start_filled_and_copy_nothing(
+    baseline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    row = run_spec(RunSpec(baseline=baseline, cache_fraction=1.0, **KW)).row  # type: ignore[arg-type]
+    assert validate_row(row) == []
+    every = row["layers"] * row["num_experts"]
+    assert row["cache_slots"] == every
+    assert row["initial_resident_experts"] == every
+    assert row["h2d_bytes"] == 0 and row["expert_cache_hit_rate"] == 1.0
+    full = row["full_cache"]
+    assert full["setting"] == "auto" and full["state"] == "filled"
+    assert set(full["switched_off"]) == (
+        set(NOTHING_TO_MISS) if baseline == "PD" else {"lookahead"}
+    )
+    assert row["predict_s"] == 0 and row["router_pass_s"] == 0
+    assert row["route_ahead"] is False and row["streaming_prefetch"] is False
+    assert row["parts_controller"] is False and row["pd_parts"] is None
+    assert row["route_ahead_bytes_submitted"] == 0 and row["background_bytes_submitted"] == 0
+    if baseline == "PD":  # no shadow token-only scheduler where nothing can miss
+        assert "every expert resident" in row["not_measured"]["routeahead_coverage"]
+        why = row["not_measured"]["token_only_differing_step_fraction"]
+        assert "every expert resident" in why
+
+
+def test_full_cache_off_and_half_cache_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    off = run_spec(RunSpec(baseline="PD", cache_fraction=1.0, full_cache="off", **KW)).row  # type: ignore[arg-type]
+    assert off["full_cache"]["state"] == "off" and off["full_cache"]["setting"] == "off"
+    assert off["initial_resident_experts"] < off["layers"] * off["num_experts"]
+    assert off["route_ahead"] is True and off["h2d_bytes"] > 0
+    half = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
+    assert half["full_cache"]["state"] == "off"
+    assert "slots for" in half["full_cache"]["why_off"]
+    assert half["route_ahead"] is True and half["streaming_prefetch"] is True
+    # the two settings of one label are two runs in the reports' keys
+    auto = dict(off, full_cache={**off["full_cache"], "setting": "auto"})
+    assert row_settings(off) != row_settings(auto)
+    # a row from before the setting: at cache 1.0 it filled on demand
+    old = {k: v for k, v in off.items() if k != "full_cache"}
+    assert row_settings(old) == row_settings(off)
