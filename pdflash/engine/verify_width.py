@@ -636,26 +636,35 @@ class AdaptiveWidth:
         measured step).
 
         ``t_row`` is the lower confidence bound ``max(0, b - z·se(b))`` of
-        the least-squares slope ``b`` of :meth:`step_time_fit` (``z =``
-        :attr:`ROW_COST_Z`; ``se`` from the fit's residuals, 0 where fewer
-        than three steps or one row count were measured): a row is charged
-        only the compute the steps show it costs. ``t_fixed`` is the mean of
+        the slope ``b`` of :meth:`row_cost_fit` (``z =``
+        :attr:`ROW_COST_Z`): a row is charged only the compute the steps
+        show it costs. ``t_fixed`` is the mean of
         ``wall - t_row · rows - β · ℓ(rows)`` (``β`` the measured
         :meth:`exposed_share`; 1 where the engine timed neither the verify
         nor the waits), floored at :attr:`FIXED_FLOOR` of the mean step."""
         fit = self.step_time_fit()
         if fit is None:
             return None
-        r = self._recent
-        w, n_eff = r[0], r[0] * r[0] / r[1]
-        slope, se = (
-            (0.0, 0.0) if fit.steps < 3 else _slope_and_error(n_eff, *(v / w for v in r[2:7]))
-        )
+        slope, se = self.row_cost_fit()
         t_row = max(0.0, slope - self.ROW_COST_Z * se)
+        r = self._recent
         # (the wall fit: beta 1, and its y is wall less the modeled link)
         beta = self.exposed_share() if self._m > 0 else 1.0
-        t_fixed = (r[7] - t_row * r[2] - beta * r[8]) / w
+        t_fixed = (r[7] - t_row * r[2] - beta * r[8]) / r[0]
         return max(t_fixed, self.FIXED_FLOOR * fit.mean_step_s, 1e-9), t_row
+
+    def row_cost_fit(self) -> tuple[float, float]:
+        """``(b, se(b))``: the weighted least-squares slope of the verify's
+        compute (where the engine times it, else of ``wall - ℓ(rows)``) on
+        the verified rows, each step weighted :attr:`FIT_MEMORY` per later
+        step, and its standard error (from the residuals, with the weights'
+        effective number of steps); ``(0, 0)`` until three steps are
+        measured and their row counts differ."""
+        r = self._recent
+        if r[0] <= 0.0 or (self._m if self._m > 0 else self._n) < 3:
+            return 0.0, 0.0
+        w = r[0]
+        return _slope_and_error(w * w / r[1], *(v / w for v in r[2:7]))
 
     def step_time_fit(self) -> StepTimeFit | None:
         """The least-squares fit of the step time on its rows (slope not
@@ -818,7 +827,7 @@ class AdaptiveWidth:
         # decisions that verified every draft to measure the deep positions
         out["exploration_decisions"] = self._explored
         fit = self.time_fit()
-        ls = self.step_time_fit()
+        slope, se = self.row_cost_fit()
         surv = np.cumprod(self.survival.global_continuation())
         out["estimates"] = {
             "survival_global": [round(float(s), 4) for s in surv[:8]],
@@ -828,8 +837,10 @@ class AdaptiveWidth:
             "link_bytes_per_s": self.link_bytes_per_s,
             "t_fixed_s": None if fit is None else fit[0],
             "t_row_s": None if fit is None else fit[1],
-            # the least-squares slope t_row_s is the lower confidence bound of
-            "t_row_fit_s": None if ls is None else ls.t_row_s,
+            # the recent steps' slope and its standard error (t_row_s is
+            # max(0, slope - ROW_COST_Z se))
+            "t_row_fit_s": None if fit is None else slope,
+            "t_row_se_s": None if fit is None else se,
             # "measured": t_row from the verify's compute, link time scaled by
             # the measured exposed share; "wall": from the step's wall time
             "time_fit": "measured" if self._m else "wall" if self._n else None,
