@@ -23,9 +23,9 @@
 #   steps            verify steps for the 256 tokens (B3/PDfull: 18)
 #   width/avail      PD's mean verified drafts of the mean available (cache
 #                    1.0: near 1; cache 0.2: well under 1)
-#   explore          PD's exploration decisions (every 16th verifies all)
+#   explore          PD's exploration decisions (every 17th verifies all)
 #   t_row / t_row_fit  PD's charged per-row compute (the lower confidence
-#                    bound) and the least-squares slope it is the bound of
+#                    bound) and the recent steps' slope it is the bound of
 #   S(1..8)          PD's survival estimate (the forced draws' realized
 #                    survival, not alpha^j: the seeded draws of 4 requests
 #                    are a small sample)

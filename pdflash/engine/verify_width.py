@@ -86,15 +86,19 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   Exploration: a position past the chosen width is never at risk, so an
   estimate that came out low early (a short run of rejections, or the
   inherited rate of the position before) would never be corrected, and the
-  width it justified would stay (the exploration trap). Every 16th decision
+  width it justified would stay (the exploration trap). Every 17th decision
   (``explore_every``; the decisions counted from the first measured step)
   therefore verifies that request's every draft: each depth keeps being
   measured at a known rate, so the survival estimate converges at every
-  depth, while the cost stays bounded (one request-round in 16 at full
+  depth, while the cost stays bounded (one request-round in 17 at full
   width; the other requests of that step are chosen with it, so they widen
   where its rows make theirs cheaper). A fixed schedule rather than an
   optimistic estimate: it is deterministic, costs the same whatever the
-  estimates, and measures the deep positions without censoring.
+  estimates, and measures the deep positions without censoring. 17, a
+  prime, so that with a steady batch of ``c`` requests the exploring steps
+  do not fall into a fixed step pattern (the PD controller's paired probes
+  alternate AB, BA: a period of 16 decisions would put every exploring
+  step of a 4-request batch in the same arm).
 
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
@@ -548,7 +552,7 @@ class AdaptiveWidth:
         prior_weight: float = 2.0,
         shrink_weight: float = 4.0,
         ema: float = 0.2,
-        explore_every: int = 16,
+        explore_every: int = 17,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")

@@ -605,7 +605,7 @@ def test_a_strong_drafter_on_a_compute_bound_step_keeps_every_draft() -> None:
     # same steps would cut the block
     pol, seen = _run_widths(plant(False))
     assert pol.stats()["estimates"]["time_fit"] == "wall"
-    assert max(seen[-1]) < 15
+    assert min(seen[-1]) < 15  # (an exploring request keeps its 15)
 
 
 @pytest.mark.parametrize("exposed", [1.0, 0.7])
@@ -617,9 +617,9 @@ def test_a_link_bound_step_makes_a_weak_drafter_verify_one_draft(exposed: float)
         accept=0.35, t_draft=0.02, t_row=0.0002, link_s_per_expert=0.004, exposed=exposed
     )
     pol, seen = _run_widths(plant)
-    # one decision in 16 verifies every draft (exploration), the others one
+    # one decision in 17 verifies every draft (exploration), the others one
     last = [k for ks in seen[-6:] for k in ks]
-    assert set(last) <= {1, 15} and last.count(15) <= -(-len(last) // 16)
+    assert set(last) <= {1, 15} and last.count(15) <= -(-len(last) // 17)
     assert pol.stats()["estimates"]["link_exposed_share"] == 1.0
 
 
@@ -753,21 +753,21 @@ def test_free_rows_verify_every_draft_despite_timing_noise_and_warm_up(seed: int
 def test_link_bound_still_narrows_and_explores_the_depths_it_skips(seed: int) -> None:
     """Link-bound (256 experts, 1 ms of link per copied expert: a full-width
     step's copies take ~20x its compute): the width stays narrow (mean under
-    3 of 15 drafts, exploration rounds included), yet the survival estimate
-    at depths it no longer verifies stays within 0.1 of ``alpha^j`` (1..8):
-    every 16th decision verifies the whole block. Without it the depths past
-    the width kept their first low estimates (off by up to 0.27 here)."""
+    3 of 15 drafts, exploration rounds included), yet after 400 steps the
+    survival estimate at depths it no longer verifies is within 0.08 of
+    ``alpha^j`` (1..8): every 17th decision verifies the whole block.
+    Without it the depths past the width kept their first low estimates
+    (off by 0.25 and 0.28 at these seeds)."""
     pol = _gpt_oss_policy(256)
-    _forced_run(pol, seed=seed, steps=200, experts=256, link_s_per_expert=0.001)
+    _forced_run(pol, seed=seed, steps=400, experts=256, link_s_per_expert=0.001)
     stats = pol.stats()
     assert stats["mean_width_drafts"] < 3.0
     assert stats["estimates"]["link_exposed_share"] == 1.0
-    assert _survival_error(pol) <= 0.1
-    # one in 16 of the decisions after the first measured step (less the
-    # requests with one draft left)
-    assert (
-        stats["decisions"] // 16 - 4 <= stats["exploration_decisions"] <= stats["decisions"] // 16
-    )
+    assert _survival_error(pol) <= 0.08
+    # one in 17 of the decisions after the first measured step (less the
+    # requests with one draft left, near their end)
+    explored, decisions = stats["exploration_decisions"], stats["decisions"]
+    assert 0.9 * decisions / 17 <= explored <= decisions / 17
 
 
 def test_the_row_cost_is_the_lower_confidence_bound_of_the_slope() -> None:
@@ -811,22 +811,22 @@ def test_the_row_cost_is_the_lower_confidence_bound_of_the_slope() -> None:
     assert got == pytest.approx((b, math.sqrt(cov[0, 0])), rel=1e-9)
 
 
-def test_exploration_rounds_are_deterministic_and_every_sixteenth() -> None:
-    """The same observations give the same widths; every 16th decision
+def test_exploration_rounds_are_deterministic_and_every_seventeenth() -> None:
+    """The same observations give the same widths; every 17th decision
     (counted from the first measured step) verifies the request's every
     draft; ``explore_every=0`` never does."""
 
-    def widths(every: int) -> list[list[int]]:
+    def widths(every: int | None = None) -> list[list[int]]:
         pol = AdaptiveWidth(
             block_size=16,
             num_layers=2,
             num_experts=64,
             top_k=2,
             expert_bytes=1000,
-            explore_every=every,
+            **({} if every is None else {"explore_every": every}),
         )
         seen = []
-        for step in range(12):
+        for step in range(13):
             ks = pol.widths([WidthRequest(r, 15) for r in range(3)])
             seen.append(ks)
             outs = tuple(
@@ -845,8 +845,8 @@ def test_exploration_rounds_are_deterministic_and_every_sixteenth() -> None:
             )
         return seen
 
-    seen = widths(16)
-    assert seen == widths(16)
+    seen = widths()
+    assert seen == widths()
     flat = [k for ks in seen[1:] for k in ks]  # the first step: nothing measured yet
-    assert [i for i, k in enumerate(flat) if k == 15] == [15, 31]
+    assert [i for i, k in enumerate(flat) if k == 15] == [16, 33]
     assert 15 not in [k for ks in widths(0)[1:] for k in ks]
