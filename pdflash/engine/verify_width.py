@@ -709,7 +709,8 @@ class AdaptiveWidth:
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
-        if self.time_fit() is None:
+        fit = self.time_fit()
+        if fit is None:
             # nothing measured yet: verify every draft
             for r in requests:
                 self._expected.pop(r.request_id, None)
@@ -727,9 +728,13 @@ class AdaptiveWidth:
             if explore and r.available > 1:
                 self._explored += 1
             mins.append(r.available if explore else 1)
-        out = best_batch_widths(
-            [s.tolist() for s in survs], lambda rows: self.step_time(c, rows), k_min=mins
-        )
+        t_fixed, t_row = fit
+        beta = self.exposed_share()
+
+        def step_s(drafted: int) -> float:  # step_time(c, drafted), the fit read once
+            return t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
+
+        out = best_batch_widths([s.tolist() for s in survs], step_s, k_min=mins)
         for r, s, k in zip(requests, survs, out, strict=True):
             self._expected[r.request_id] = s
             self._books.decided(r.available, k)
