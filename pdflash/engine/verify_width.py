@@ -54,15 +54,27 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     their modeled ``ℓ``, at most 1): copies hidden behind compute or by
     prefetching cost nothing, so a compute-bound step keeps every draft its
     acceptance pays for.
-  - ``t_row`` (compute per verified row, anchors included): the slope of
-    the verify forward's compute time (its time less its waits on copies)
-    on its rows ``c + R``, so the drafter's cost, which does not depend on
-    the width, is not charged to the rows; 0 until the steps' row counts
-    differ. ``t_fixed`` (drafting, the forward's fixed cost, host work):
-    the mean of ``wall - t_row · (c + R) - β · ℓ(c + R)`` over the steps
-    (wall after the prefill), floored at a tenth of the mean step. Where
-    the engine does not time the verify or the waits, ``β = 1`` and
-    ``t_row`` is the slope of ``wall - ℓ(c + R)`` on the rows.
+  - ``t_row`` (compute per verified row, anchors included): the lower
+    confidence bound ``max(0, b - 2·se(b))`` of the slope ``b`` of the
+    verify forward's compute time (its time less its waits on copies) on
+    its rows ``c + R``, so the drafter's cost, which does not depend on the
+    width, is not charged to the rows. The fit weights a step by
+    ``0.9`` per later step (:attr:`AdaptiveWidth.FIT_MEMORY`: it follows
+    the current cost and forgets the warm-up). Why a bound, not the
+    estimate: a step's timing is noisy (a few ms on a GPU, more on a shared
+    host) and the first steps verify every draft while they are also the
+    slowest (warm-up), so where rows cost nothing the raw slope is
+    positive by chance or by that confound, and charged as a row cost it
+    cuts drafts that are free; a row is charged only the compute the steps
+    show it costs. An unproven slope is 0, the width widens, the row counts
+    spread and the bound tightens toward a real cost where there is one.
+    0 until three steps are measured and their row counts differ.
+    ``t_fixed`` (drafting, the forward's fixed cost, host work): the
+    (weighted) mean of ``wall - t_row · (c + R) - β · ℓ(c + R)`` over the
+    steps (wall after the prefill), floored at a tenth of the mean step.
+    Where the engine does not time the verify or the waits, ``β = 1`` and
+    ``t_row`` is the same bound on the slope of ``wall - ℓ(c + R)`` on the
+    rows.
 
   The objective counts committed tokens (accepted drafts + the bonus), so
   a narrower verify is chosen only where the time it saves is worth more
@@ -70,6 +82,23 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   Before any step is measured, every draft is verified (the estimators learn
   from uncensored rounds first). ``k_min = 1`` where a draft exists, so the
   first position's acceptance keeps being measured.
+
+  Exploration: a position past the chosen width is never at risk, so an
+  estimate that came out low early (a short run of rejections, or the
+  inherited rate of the position before) would never be corrected, and the
+  width it justified would stay (the exploration trap). Every 17th decision
+  (``explore_every``; the decisions counted from the first measured step)
+  therefore verifies that request's every draft: each depth keeps being
+  measured at a known rate, so the survival estimate converges at every
+  depth, while the cost stays bounded (one request-round in 17 at full
+  width; the other requests of that step are chosen with it, so they widen
+  where its rows make theirs cheaper). A fixed schedule rather than an
+  optimistic estimate: it is deterministic, costs the same whatever the
+  estimates, and measures the deep positions without censoring. 17, a
+  prime, so that with a steady batch of ``c`` requests the exploring steps
+  do not fall into a fixed step pattern (the PD controller's paired probes
+  alternate AB, BA: a period of 16 decisions would put every exploring
+  step of a 4-request batch in the same arm).
 
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
@@ -448,16 +477,20 @@ def best_width(
 def best_batch_widths(
     survivals: Sequence[Sequence[float]],
     step_time: Callable[[int], float],
-    k_min: int = 1,
+    k_min: int | Sequence[int] = 1,
 ) -> list[int]:
     """The widths ``k_i`` maximizing ``Σ_i (1 + Σ_{j<=k_i} S_i(j)) / T(Σ_i k_i)``
-    with ``min(k_min, n_i) <= k_i <= n_i = len(survivals[i])``;
+    with ``min(k_min_i, n_i) <= k_i <= n_i = len(survivals[i])`` (``k_min``
+    one bound for every request, or one per request);
     ``survivals[i][j-1] = S_i(j)`` (nonincreasing in ``j``), ``step_time(R)``
     the step's time with ``R`` drafted rows in all (> 0). Exact for a
     ``T`` that depends on ``R`` only: for each ``R`` the ``R`` largest
     ``S_i(j)`` win (ties: lower request index, then position), and every
     ``R`` is scanned (ties: the smaller ``R``)."""
-    base = [min(max(0, k_min), len(s)) for s in survivals]
+    mins = [k_min] * len(survivals) if isinstance(k_min, int) else list(k_min)
+    if len(mins) != len(survivals):
+        raise ValueError(f"k_min has {len(mins)} bounds for {len(survivals)} requests")
+    base = [min(max(0, m), len(s)) for s, m in zip(survivals, mins, strict=True)]
     gain = float(len(survivals)) + sum(
         float(sum(s[:b])) for s, b in zip(survivals, base, strict=True)
     )
@@ -491,12 +524,21 @@ class AdaptiveWidth:
         expert_bytes: bytes of one expert copy (0: nothing is copied).
         prior_accept, prior_weight, shrink_weight: see :class:`SurvivalEstimator`.
         ema: weight of the newest step in the miss-rate and link-rate averages.
+        explore_every: every this many decisions (requests' rounds, counted
+            from the first measured step) verifies the request's every draft
+            (0: never).
     """
 
     name = "adaptive"
 
     #: ``t_fixed`` is at least this share of the mean measured step
     FIXED_FLOOR = 0.1
+    #: standard errors taken off the fitted per-row compute (its lower
+    #: confidence bound is what a row is charged)
+    ROW_COST_Z = 2.0
+    #: weight a step keeps in the charged fit per later step (half-life
+    #: about 7 steps: the fit follows the current cost, warm-up forgotten)
+    FIT_MEMORY = 0.9
 
     def __init__(
         self,
@@ -510,6 +552,7 @@ class AdaptiveWidth:
         prior_weight: float = 2.0,
         shrink_weight: float = 4.0,
         ema: float = 0.2,
+        explore_every: int = 17,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -519,6 +562,11 @@ class AdaptiveWidth:
             raise ValueError(f"expert_bytes must be >= 0, got {expert_bytes}")
         if not 0.0 < ema <= 1.0:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
+        if explore_every < 0:
+            raise ValueError(f"explore_every must be >= 0, got {explore_every}")
+        self.explore_every = explore_every
+        self._decision_count = 0  # decisions since the first measured step
+        self._explored = 0  # of them, exploration rounds (books: reset_stats)
         self.block_drafts = block_size - 1
         self.num_layers = num_layers
         self.expert_bytes = expert_bytes
@@ -534,14 +582,18 @@ class AdaptiveWidth:
         self.link_bytes_per_s: float | None = None
         # least squares of y = wall - modeled link s of the rows on x = verified rows
         self._n = 0
-        self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
         self._wall = 0.0
         # the measured fit (steps that timed the verify's compute and the
         # exposed fetch): verify compute on verified rows, and the sums of
         # wall, exposed fetch and modeled link time
         self._m = 0
-        self._vx = self._vy = self._vxx = self._vxy = 0.0
+        self._vx = self._vy = self._vxx = self._vxy = self._vyy = 0.0
         self._m_wall = self._m_exposed = self._m_link = 0.0
+        # the fit the width charges: recent steps' weighted sums of 1, the
+        # squared weights, x, y, x², xy, y², wall and modeled link s (the
+        # measured fit's where steps are timed, else the wall fit's)
+        self._recent = [0.0] * 9
         # request -> its survival when its width was chosen (the expectation's basis)
         self._expected: dict[int, np.ndarray] = {}
         self._why: str | None = None  # the last decision's numbers
@@ -584,26 +636,51 @@ class AdaptiveWidth:
         return self.link_s_per_expert() * self.num_layers * grown
 
     def time_fit(self) -> tuple[float, float] | None:
-        """``(t_fixed, t_row)`` from the measured steps (None before any).
+        """``(t_fixed, t_row)`` the width is chosen with (None before any
+        measured step).
 
-        Where steps timed the verify's compute and the exposed fetch
-        (:attr:`WidthStep.verify_compute_s`), ``t_row`` is the slope of the
-        verify's compute on its rows (the drafter's cost does not depend on
-        the width, so it does not leak into ``t_row``) and ``t_fixed`` the
-        mean of ``wall - t_row · rows - β · ℓ(rows)``, ``β`` the measured
-        :meth:`exposed_share`: link time hidden behind compute costs
-        nothing. Otherwise ``t_row`` is the slope of ``wall - ℓ(rows)`` on
-        the rows (every modeled link second counted as exposed)."""
+        ``t_row`` is the lower confidence bound ``max(0, b - z·se(b))`` of
+        the slope ``b`` of :meth:`row_cost_fit` (``z =``
+        :attr:`ROW_COST_Z`): a row is charged only the compute the steps
+        show it costs. ``t_fixed`` is the mean of
+        ``wall - t_row · rows - β · ℓ(rows)`` (``β`` the measured
+        :meth:`exposed_share`; 1 where the engine timed neither the verify
+        nor the waits), floored at :attr:`FIXED_FLOOR` of the mean step."""
         fit = self.step_time_fit()
         if fit is None:
             return None
-        floor = self.FIXED_FLOOR * fit.mean_step_s
-        return max(fit.t_fixed_s, floor, 1e-9), fit.t_row_s
+        slope, se = self.row_cost_fit()
+        t_row = max(0.0, slope - self.ROW_COST_Z * se)
+        r = self._recent
+        # (the wall fit: beta 1, and its y is wall less the modeled link)
+        beta = self.exposed_share() if self._m > 0 else 1.0
+        t_fixed = (r[7] - t_row * r[2] - beta * r[8]) / r[0]
+        return max(t_fixed, self.FIXED_FLOOR * fit.mean_step_s, 1e-9), t_row
+
+    def row_cost_fit(self) -> tuple[float, float]:
+        """``(b, se(b))``: the weighted least-squares slope of the verify's
+        compute (where the engine times it, else of ``wall - ℓ(rows)``) on
+        the verified rows, each step weighted :attr:`FIT_MEMORY` per later
+        step, and its standard error (from the residuals, with the weights'
+        effective number of steps); ``(0, 0)`` until three steps are
+        measured and their row counts differ."""
+        r = self._recent
+        if r[0] <= 0.0 or (self._m if self._m > 0 else self._n) < 3:
+            return 0.0, 0.0
+        w = r[0]
+        return _slope_and_error(w * w / r[1], *(v / w for v in r[2:7]))
 
     def step_time_fit(self) -> StepTimeFit | None:
-        """The fit behind :meth:`time_fit` with its intercept not floored,
-        the steps it is made of and whether their row counts differ (for
-        :class:`pdflash.engine.fixed_step.FixedStepFeed`)."""
+        """The least-squares fit of the step time on its rows (slope not
+        lowered to its confidence bound, intercept not floored), the steps
+        it is made of and whether their row counts differ (for
+        :class:`pdflash.engine.fixed_step.FixedStepFeed`). Where steps timed
+        the verify's compute and the exposed fetch
+        (:attr:`WidthStep.verify_compute_s`), the slope is that of the
+        verify's compute on its rows (the drafter's cost does not depend on
+        the width, so it does not leak into it) and the intercept the mean
+        of ``wall - t_row · rows - β · ℓ(rows)``; otherwise the slope and
+        intercept of ``wall - ℓ(rows)`` on the rows."""
         if self._m > 0:
             m = self._m
             mx, my = self._vx / m, self._vy / m
@@ -632,7 +709,8 @@ class AdaptiveWidth:
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
-        if self.time_fit() is None:
+        fit = self.time_fit()
+        if fit is None:
             # nothing measured yet: verify every draft
             for r in requests:
                 self._expected.pop(r.request_id, None)
@@ -643,9 +721,20 @@ class AdaptiveWidth:
             self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
             for r in requests
         ]
-        out = best_batch_widths(
-            [s.tolist() for s in survs], lambda rows: self.step_time(c, rows), k_min=1
-        )
+        mins = []
+        for r in requests:
+            self._decision_count += 1
+            explore = self.explore_every > 0 and self._decision_count % self.explore_every == 0
+            if explore and r.available > 1:
+                self._explored += 1
+            mins.append(r.available if explore else 1)
+        t_fixed, t_row = fit
+        beta = self.exposed_share()
+
+        def step_s(drafted: int) -> float:  # step_time(c, drafted), the fit read once
+            return t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
+
+        out = best_batch_widths([s.tolist() for s in survs], step_s, k_min=mins)
         for r, s, k in zip(requests, survs, out, strict=True):
             self._expected[r.request_id] = s
             self._books.decided(r.available, k)
@@ -711,10 +800,23 @@ class AdaptiveWidth:
             self._vy += y
             self._vxx += x * x
             self._vxy += x * y
+            self._vyy += y * y
             self._m_wall += step.wall_s
             self._m_exposed += max(0.0, step.exposed_fetch_s)
             self._m_link += self.link_s(anchors + drafted)
         if step.wall_s is not None:
+            timed = step.verify_compute_s is not None and step.exposed_fetch_s is not None
+            if timed or self._m == 0:
+                x = float(anchors + drafted)
+                link = self.link_s(anchors + drafted)
+                y = max(0.0, step.verify_compute_s or 0.0) if timed else step.wall_s - link
+                if timed and self._m == 1:
+                    self._recent = [0.0] * 9  # the measured fit replaces the wall one
+                r = self._recent
+                for i in range(9):
+                    r[i] *= self.FIT_MEMORY**2 if i == 1 else self.FIT_MEMORY
+                for i, v in enumerate((1.0, 1.0, x, y, x * x, x * y, y * y, step.wall_s, link)):
+                    r[i] += v
             x = float(anchors + drafted)
             y = step.wall_s - self.link_s(anchors + drafted)
             self._n += 1
@@ -723,6 +825,7 @@ class AdaptiveWidth:
             self._sy += y
             self._sxx += x * x
             self._sxy += x * y
+            self._syy += y * y
 
     def forget(self, request_id: int) -> None:
         self.survival.forget(request_id)
@@ -730,7 +833,10 @@ class AdaptiveWidth:
 
     def stats(self) -> dict[str, Any]:
         out = self._books.summary(self.name)
+        # decisions that verified every draft to measure the deep positions
+        out["exploration_decisions"] = self._explored
         fit = self.time_fit()
+        slope, se = self.row_cost_fit()
         surv = np.cumprod(self.survival.global_continuation())
         out["estimates"] = {
             "survival_global": [round(float(s), 4) for s in surv[:8]],
@@ -740,6 +846,10 @@ class AdaptiveWidth:
             "link_bytes_per_s": self.link_bytes_per_s,
             "t_fixed_s": None if fit is None else fit[0],
             "t_row_s": None if fit is None else fit[1],
+            # the recent steps' slope and its standard error (t_row_s is
+            # max(0, slope - ROW_COST_Z se))
+            "t_row_fit_s": None if fit is None else slope,
+            "t_row_se_s": None if fit is None else se,
             # "measured": t_row from the verify's compute, link time scaled by
             # the measured exposed share; "wall": from the step's wall time
             "time_fit": "measured" if self._m else "wall" if self._n else None,
@@ -756,6 +866,22 @@ class AdaptiveWidth:
 
     def reset_stats(self) -> None:
         self._books.reset()
+        self._explored = 0
+
+
+def _slope_and_error(
+    n: float, mx: float, my: float, mxx: float, mxy: float, myy: float
+) -> tuple[float, float]:
+    """The least-squares slope of ``n`` (effective, > 2) points from their
+    (weighted) means of ``x, y, x², xy, y²`` and its standard error;
+    ``(0, 0)`` where the slope is not identified (one ``x``)."""
+    var_x = mxx - mx * mx
+    if n <= 2.0 or var_x <= 1e-9:
+        return 0.0, 0.0
+    cov = mxy - mx * my
+    slope = cov / var_x
+    residual = max(0.0, (myy - my * my) - slope * cov)  # per point
+    return slope, math.sqrt(residual / (n - 2.0) / var_x)
 
 
 def _mix(old: float, new: float, w: float) -> float:

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The adaptive verify width (pdflash.engine.verify_width) against every
+# draft, on the H200 in ONE process (one model load for every arm):
+# bench/h200/issue16.py --arms
+#   PD      the PD baseline, verify_width adaptive (its preset)
+#   PDfull  PD with verify_width=full: every draft verified
+#   B3      every expert resident (cache fraction 1.0 whatever the point's),
+#           every draft verified (its preset)
+# gpt-oss-20b shape, 8 MoE layers, synthetic bf16 weights, forced
+# acceptance (truncated geometric, mean tau 4.68, block 16), MAX_NEW
+# (default 64) new tokens, points cache 1.0 c=4 (rows cost next to nothing:
+# the width should verify nearly every draft, as PDfull does) and cache 0.2
+# c=4 (link-bound: the width should still cut the block); every repeat runs
+# each arm once per point, the order rotated each repeat and point, until
+# BUDGET_S.
+# Read: the table printed last (also in the tar's width_summary.json), per
+# point and arm, medians over the repeats:
+#   tok/s            output tokens/s (PD vs PDfull vs B3)
+#   tau              committed tokens per verify round (acceptance_length_mean:
+#                    accepted drafts + the bonus); at cache 1.0 PD's should be
+#                    within noise of PDfull's and B3's (before this branch:
+#                    3.0-3.7 vs 4.34)
+#   steps            verify steps for the 256 tokens (B3/PDfull: 18)
+#   width/avail      PD's mean verified drafts of the mean available (cache
+#                    1.0: near 1; cache 0.2: well under 1)
+#   explore          PD's exploration decisions (every 17th verifies all)
+#   t_row / t_row_fit  PD's charged per-row compute (the lower confidence
+#                    bound) and the recent steps' slope it is the bound of
+#   S(1..8)          PD's survival estimate (the forced draws' realized
+#                    survival, not alpha^j: the seeded draws of 4 requests
+#                    are a small sample)
+# and the PD/PDfull tokens/s ratio per repeat (issue16's
+# engine/summary.json points[].comparisons, reference arm PD): at cache 1.0
+# within noise of 1 or above; at cache 0.2 above 1 if the narrow width pays.
+# Everything is packed into ONE file, $OUT/width_ab.tgz (after the build,
+# after the step, then again with the summary added).
+# Expected: build ~30 s; the step's first run loads the model (~40-55 s),
+# then 6 runs (3 arms x 2 points) per repeat at ~2-10 s each until BUDGET_S
+# (default 250: about 5-8 repeats); the step is killed at BUDGET_S + 50 s:
+# under 6 minutes in all.
+#   OUT=/path bash bench/h200/width_ab.sh
+# BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
+# issue16.py options; default --reference PD) override; SMOKE=1: the tiny
+# CPU shape (a local check of the script). The run itself is
+# bench/h200/switches_ab.sh's.
+set -uo pipefail
+export ARMS=${ARMS:-PD,PDfull=PD:verify_width=full,B3}
+export NAME=width_ab MAX_NEW=${MAX_NEW:-64}
+export EXTRA=${EXTRA:---reference PD}
+[ "${SMOKE:-0}" = 1 ] || export POINTS=${POINTS:-1.0:4,0.2:4}
+export OUT=${OUT:-$PWD/out}
+bash "$(dirname "$0")/switches_ab.sh"
+rc=$?
+tgz="$OUT/width_ab.tgz"
+[ -f "$tgz" ] || exit "$rc"
+SUM=$(mktemp -d)
+tar xzf "$tgz" -C "$SUM"
+python3 - "$SUM" <<'PY'
+import json, statistics, sys
+from collections import defaultdict
+from pathlib import Path
+
+root = Path(sys.argv[1])
+rows_file = root / "engine" / "rows.jsonl"
+rows = [json.loads(line) for line in rows_file.open()] if rows_file.is_file() else []
+points: dict = defaultdict(lambda: defaultdict(list))
+for r in rows:
+    points[(r.get("arch"), r.get("cache_fraction"), r.get("concurrency"))][r.get("arm")].append(r)
+
+
+def med(values):
+    vs = [float(v) for v in values if isinstance(v, (int, float))]
+    return statistics.median(vs) if vs else None
+
+
+def fmt(v, spec=".3g"):
+    return "-" if v is None else format(v, spec)
+
+
+out = []
+print("== width_ab: adaptive verify width vs every draft (medians over repeats)")
+for (arch, cf, conc), by_arm in sorted(points.items(), key=lambda kv: str(kv[0])):
+    entry = {"arch": arch, "cache_fraction": cf, "concurrency": conc, "arms": {}}
+    for arm, rs in by_arm.items():
+        vws = [r.get("verify_width") or {} for r in rs]
+        est = [vw.get("estimates") or {} for vw in vws]
+        surv = [e.get("survival_global") for e in est if e.get("survival_global")]
+        arm_out = {
+            "runs": len(rs),
+            "setting": sorted({str(vw.get("setting")) for vw in vws}),
+            "tokens_per_s_median": med(r.get("output_tokens_per_s") for r in rs),
+            "tau_median": med(r.get("acceptance_length_mean") for r in rs),
+            "steps_median": med(r.get("steps") for r in rs),
+            "mean_width_median": med(vw.get("mean_width_drafts") for vw in vws),
+            "mean_available_median": med(vw.get("mean_available_drafts") for vw in vws),
+            "exploration_decisions_median": med(vw.get("exploration_decisions") for vw in vws),
+            "t_row_s_median": med(e.get("t_row_s") for e in est),
+            "t_row_fit_s_median": med(e.get("t_row_fit_s") for e in est),
+            "survival_median": [statistics.median(s[j] for s in surv) for j in range(8)]
+            if surv and all(len(s) >= 8 for s in surv) else None,
+            "width_histogram_sum": [sum(h) for h in zip(*(vw["width_histogram"] for vw in vws if vw.get("width_histogram")))] or None,
+        }
+        entry["arms"][arm] = arm_out
+        w, a = arm_out["mean_width_median"], arm_out["mean_available_median"]
+        print(
+            f"{arch} cf{cf} c{conc} {arm:>6}: runs {arm_out['runs']} tok/s {fmt(arm_out['tokens_per_s_median'], '.1f')} "
+            f"tau {fmt(arm_out['tau_median'], '.2f')} steps {fmt(arm_out['steps_median'], '.0f')} "
+            f"width/avail {fmt(w, '.2f')}/{fmt(a, '.2f')} explore {fmt(arm_out['exploration_decisions_median'], '.0f')} "
+            f"t_row {fmt(arm_out['t_row_s_median'])} t_row_fit {fmt(arm_out['t_row_fit_s_median'])} "
+            f"S {arm_out['survival_median']}"
+        )
+    pd, full = entry["arms"].get("PD"), entry["arms"].get("PDfull")
+    if pd and full and pd["tokens_per_s_median"] and full["tokens_per_s_median"]:
+        entry["pd_over_full_median"] = pd["tokens_per_s_median"] / full["tokens_per_s_median"]
+        print(f"{arch} cf{cf} c{conc} PD/PDfull (medians): {entry['pd_over_full_median']:.3f}")
+    out.append(entry)
+(root / "width_summary.json").write_text(json.dumps({"points": out}, indent=1))
+PY
+tar czf "$tgz.tmp" -C "$SUM" . && mv "$tgz.tmp" "$tgz"
+rm -rf "$SUM"
+exit "$rc"
