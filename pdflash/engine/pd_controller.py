@@ -895,8 +895,13 @@ class PDController:
             f"{share:.3g} over the first {n} measured steps "
             f"({', '.join(f'{x:.3g}' for x in shares)}); gate {gate:.3g}"
         )
+        self._gate_decides(share >= gate, nums)
+
+    def _gate_decides(self, switch_on: bool, nums: str) -> None:
+        """Log the gate's decision for the host part while it is off (``nums``:
+        the shares it read) and switch the part on where ``switch_on``."""
         step = self._books.steps
-        if share < gate:
+        if not switch_on:
             self._log(
                 Decision(
                     step, HOST_PART, False, False, f"kept off (gated: nothing to save): {nums}"
@@ -966,26 +971,8 @@ class PDController:
             f"median share of the step the forwards waited for copies, host part off: "
             f"{share:.3g} over {len(self._exposed_off)} steps; gate {gate:.3g}"
         )
-        step = self._books.steps
-        if share < gate:
-            self._log(
-                Decision(
-                    step, HOST_PART, False, False, f"kept off (gated: nothing to save): {nums}"
-                )
-            )
-            return True
-        self._books.switches += 1
-        self._round_switched = True
-        self._set(self._parts.with_part(HOST_PART, True))
-        self._log(
-            Decision(
-                step,
-                HOST_PART,
-                True,
-                True,
-                f"switched on (gate: the link binds; probed from the next round): {nums}",
-            )
-        )
+        self._gate_decides(share >= gate, nums)
+        self._round_switched = self._round_switched or share >= gate
         return True
 
     def _rate(self, m: StepMeasurement) -> float:
