@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdflash.engine.config import FULL_CACHE
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
 from pdflash.hybrid.planner import HOST_PLAN_CHOICES
 
@@ -115,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--full-cache",
         default="auto",
-        choices=("auto", "off"),
+        choices=FULL_CACHE,
         help="where the expert cache has a slot for every expert (cache fraction 1.0): auto "
         "(default) fills it before the clock, as B3's, and runs none of the parts that only "
         "serve a miss (route-ahead, the stream, lookahead, background prefetch, the PD "
