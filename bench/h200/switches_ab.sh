@@ -42,7 +42,9 @@
 # BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
 # issue16.py options) override; NAME names the tar and the table's heading
 # (default switches_ab; bench/h200/hostguard_ab.sh is this with its own
-# arms, points and name); SMOKE=1: the tiny CPU shape (a local check of the
+# arms, points and name); SUMMARY=script.py runs `python3 script.py DIR` on
+# the unpacked results (DIR/engine/rows.jsonl) and packs what it writes
+# there into the tar too (bench/h200/width_summary.py and its kin); SMOKE=1: the tiny CPU shape (a local check of the
 # script).
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
@@ -67,6 +69,11 @@ rc=$?
 rc=$(python3 -c 'import json,sys; print(max([json.loads(l)["rc"] for l in open(sys.argv[1])] or [1]))' "$WORK/results.jsonl" 2>/dev/null || echo 1)
 echo "== $name: engine rc=$rc"
 sed -n '/^issue16 arms:/,/^{/p' "$WORK/log.txt" | grep -v '^{'
+if [ -n "${SUMMARY:-}" ]; then
+  # the caller's summary of the rows, written beside them, then packed again
+  python3 "$SUMMARY" "$WORK"
+  tar czf "$OUT/$name.tgz.tmp" -C "$WORK" . && mv "$OUT/$name.tgz.tmp" "$OUT/$name.tgz"
+fi
 rm -rf "$WORK"
 ls -la "$OUT"
 exit "$rc"

@@ -1,0 +1,38 @@
+"""The rows of a ``bench/h200/issue16.py`` A/B run, grouped for the A/B
+scripts' summaries (``enginegraphs_summary.py``, ``width_summary.py``,
+``fullcache_summary.py``; ``switches_ab.sh`` runs them with ``SUMMARY=``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+#: a point: (arch, cache fraction, concurrency), as the rows record them
+Point = tuple[Any, Any, Any]
+Row = dict[str, Any]
+
+
+def load_rows(root: Path) -> list[Row]:
+    """The run's rows (``root/engine/rows.jsonl``; none where it is absent)."""
+    rows_file = root / "engine" / "rows.jsonl"
+    return [json.loads(line) for line in rows_file.open()] if rows_file.is_file() else []
+
+
+def by_point_and_arm(rows: list[Row]) -> dict[Point, dict[Any, list[Row]]]:
+    """``rows`` grouped by point, then by arm, in the rows' order."""
+    points: dict[Point, dict[Any, list[Row]]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        points[(r.get("arch"), r.get("cache_fraction"), r.get("concurrency"))][r.get("arm")].append(
+            r
+        )
+    return points
+
+
+def sorted_points(
+    points: dict[Point, dict[Any, list[Row]]],
+) -> list[tuple[Point, dict[Any, list[Row]]]]:
+    """The points in the summaries' print order."""
+    return sorted(points.items(), key=lambda kv: str(kv[0]))
