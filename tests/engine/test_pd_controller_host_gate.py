@@ -9,28 +9,16 @@ where a test says so (``initial=WITH_HOST``)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from pdflash.engine.pd_controller import (
     HOST_GATE_EXPOSED,
     HOST_PART,
-    PARTS,
     PDController,
-    StepMeasurement,
 )
 
+from .test_pd_controller_host_start import simulate
 from .test_pd_controller_stances import WITH_HOST
-
-
-def _step(wall_s: float, exposed_s: float) -> StepMeasurement:
-    return StepMeasurement(
-        wall_s=wall_s,
-        committed_tokens=8,
-        verified_tokens=16,
-        part_host_s=dict.fromkeys(PARTS, 0.0),
-        exposed_fetch_s=exposed_s,
-    )
 
 
 def _run(
@@ -38,16 +26,10 @@ def _run(
 ) -> list[bool]:
     """Steps of 50 ms (x ``host_factor`` with the host on) whose forwards
     waited ``exposed`` of the wall for copies with the host off (none with
-    it on); 5% noise. Returns the host part's state per step."""
-    rng = np.random.default_rng(seed)
-    ctl.bind(WITH_HOST)
-    on_steps = []
-    for _ in range(steps):
-        on = ctl.parts.host_experts
-        on_steps.append(on)
-        wall = 0.05 * (host_factor if on else 1.0) * (1.0 + float(rng.uniform(-0.05, 0.05)))
-        ctl.observe(_step(wall, 0.0 if on else exposed * wall))
-    return on_steps
+    it on); 5% noise on the wall. Returns the host part's state per step."""
+    return simulate(
+        ctl, exposed=exposed, host_factor=host_factor, steps=steps, seed=seed, share_noise=0.0
+    )
 
 
 def _host_decisions(ctl: PDController) -> list[dict[str, object]]:

@@ -51,12 +51,14 @@ def simulate(
     steps: int,
     seed: int = 0,
     prefill_steps: int = 0,
+    share_noise: float = 0.05,
 ) -> list[bool]:
     """``steps`` engine steps, the first ``prefill_steps`` of them admitting
     a request (not measured): 50 ms each (x ``host_factor`` with the host
     on), whose forwards wait ``exposed`` of the wall for copies with the
-    host off (none with it on), with 5% noise on both. Returns the host
-    part's state in each step (as the step ran)."""
+    host off (none with it on), with 5% noise on the wall and
+    ``share_noise`` on the share (0: none, and no draw for it). Returns the
+    host part's state in each step (as the step ran)."""
     rng = np.random.default_rng(seed)
     ctl.bind(WITH_HOST)
     states = []
@@ -64,7 +66,9 @@ def simulate(
         on = ctl.parts.host_experts
         states.append(on)
         wall = 0.05 * (host_factor if on else 1.0) * (1.0 + float(rng.uniform(-0.05, 0.05)))
-        share = exposed * (1.0 + float(rng.uniform(-0.05, 0.05)))
+        share = exposed
+        if share_noise:
+            share *= 1.0 + float(rng.uniform(-share_noise, share_noise))
         admitted = 1 if i < prefill_steps else 0
         ctl.observe(_step(wall, 0.0 if on else share * wall, admitted))
     return states
