@@ -19,8 +19,7 @@ from pdflash.engine.config import EngineConfig
 from pdflash.hybrid.kernels import onednn_available
 from pdflash.report.schema import validate_row
 
-from .conftest import greedy_cases, write_target_and_drafter
-from .test_engine_offloaded import MAX_NEW, _stack
+from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
 
 
 def test_pd_host_preset_and_config_checks() -> None:
@@ -36,10 +35,7 @@ def test_pd_host_preset_and_config_checks() -> None:
 
 @pytest.fixture(scope="module")
 def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("hybrid")
-    write_target_and_drafter(tmp, "gpt_oss", 4)
-    return tmp, greedy_cases(tmp / "target", (5, 8), MAX_NEW, seed=1)
+    return offloaded_checkpoint(tmp_path_factory, "gpt_oss", (5, 8), seed=1)
 
 
 def _cost_model_stack(

@@ -116,16 +116,19 @@ def _stack(
 
 
 def offloaded_checkpoint(
-    tmp_path_factory: pytest.TempPathFactory, arch: str
+    tmp_path_factory: pytest.TempPathFactory,
+    arch: str,
+    prompt_lens: tuple[int, ...] = (3, 9, 6),
+    seed: int = 0,
 ) -> tuple[Path, list[Any]]:
     """A tiny 4-layer ``arch`` target and drafter under a fresh folder, and
-    three prompts with their plain greedy continuations (the test modules'
-    checkpoint fixtures)."""
+    prompts of ``prompt_lens`` tokens with their plain greedy continuations
+    (the test modules' checkpoint fixtures)."""
     torch.set_num_threads(1)
     tmp = tmp_path_factory.mktemp(arch)
     write_target_and_drafter(tmp, arch, 4)
-    # prompts longer than gpt-oss tiny's sliding window of 4
-    return tmp, greedy_cases(tmp / "target", (3, 9, 6), MAX_NEW, seed=0)
+    # default prompts longer than gpt-oss tiny's sliding window of 4
+    return tmp, greedy_cases(tmp / "target", prompt_lens, MAX_NEW, seed=seed)
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss"])

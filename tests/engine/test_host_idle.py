@@ -19,16 +19,12 @@ from pdflash.engine.pd_controller import HOST_PART, PDController
 from pdflash.hybrid import ForcedHostPlanner
 from pdflash.hybrid.planner import LinkState, MissPlan
 
-from .conftest import greedy_cases, write_target_and_drafter
-from .test_engine_offloaded import MAX_NEW, _stack
+from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
 
 
 @pytest.fixture(scope="module")
 def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("hostidle")
-    write_target_and_drafter(tmp, "gpt_oss", 4)
-    return tmp, greedy_cases(tmp / "target", (5, 8), MAX_NEW, seed=1)
+    return offloaded_checkpoint(tmp_path_factory, "gpt_oss", (5, 8), seed=1)
 
 
 class IdleCostlyPlanner(ForcedHostPlanner):

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from pdflash.engine.pd_controller import (
     ALL_ON,
@@ -27,8 +26,7 @@ from pdflash.engine.pd_controller import (
     StepMeasurement,
 )
 
-from .conftest import greedy_cases, write_target_and_drafter
-from .test_engine_offloaded import MAX_NEW, _stack
+from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
 from .test_pd_controller_stances import WITH_HOST
 
 
@@ -244,10 +242,7 @@ class ScriptedExposure:
 
 @pytest.fixture(scope="module")
 def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("hoststart")
-    write_target_and_drafter(tmp, "gpt_oss", 4)
-    return tmp, greedy_cases(tmp / "target", (5, 8), MAX_NEW, seed=1)
+    return offloaded_checkpoint(tmp_path_factory, "gpt_oss", (5, 8), seed=1)
 
 
 def test_the_engines_controller_starts_with_the_service_off(
