@@ -251,7 +251,7 @@ def test_the_old_ring_dropped_by_a_worker_while_a_wait_is_pending(
 
         def dropping(*args: Any) -> None:
             time.sleep(0.1)  # the forward's thread enqueues the device wait meanwhile
-            old.clear()  # the old ring's last reference, dropped in this worker
+            old.clear()  # this reference to the old ring, dropped in this worker
             real(*args)
 
         ex.batch_fn = dropping
