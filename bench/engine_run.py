@@ -61,7 +61,7 @@ from pdflash.engine.drafter import (
     synthetic_drafter_key,
     write_synthetic_drafter,
 )
-from pdflash.engine.engine import Engine, holds_every_expert
+from pdflash.engine.engine import Engine, fills_full_cache
 from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
 from pdflash.engine.sampling import SamplingParams
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
@@ -1060,9 +1060,7 @@ def _run(
         # NOTE: where the engine fills a cache that holds every expert
         # (full_cache), no request misses a byte: the 2-D choice is the
         # token-only one, and a shadow would only add its own select per step
-        fills = spec.full_cache == "auto" and holds_every_expert(
-            adapter, cache if ranks is None else ranks.view
-        )
+        fills = fills_full_cache(config, adapter, cache if ranks is None else ranks.view)
         if byte_budget is not None and not fills:
             # record what the token-only scheduler would have chosen each step
             batcher = ShadowComparison(batcher, deficit(None), cache.expert_nbytes)

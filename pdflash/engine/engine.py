@@ -273,11 +273,7 @@ class Engine:
         #: for every expert, the cache is filled before the first request and
         #: the parts that only serve a miss are off (``config.full_cache``)
         self._full_cache_off: dict[str, str] | None = None
-        if (
-            config.full_cache == "auto"
-            and not config.all_resident
-            and holds_every_expert(adapter, expert_cache)
-        ):
+        if fills_full_cache(config, adapter, expert_cache):
             config, off = config.without_miss_parts()
             if controller is not None:  # e.g. PD-all-on's fixed books: no part to switch
                 off.setdefault("parts_controller", NOTHING_TO_MISS["parts_controller"])
@@ -1397,6 +1393,20 @@ def holds_every_expert(adapter: MoEModelAdapter, cache: ExpertCacheView | None) 
     if cache is None:
         return False
     return int(cache.num_slots) >= adapter.num_layers * adapter.num_experts
+
+
+def fills_full_cache(
+    config: EngineConfig, adapter: MoEModelAdapter, cache: ExpertCacheView | None
+) -> bool:
+    """Does an engine built with ``config`` over ``cache`` fill it before the
+    first request and run none of the parts that only serve a miss
+    (``config.full_cache`` auto, not B3's ``all_resident``, and a slot for
+    every expert)?"""
+    return (
+        config.full_cache == "auto"
+        and not config.all_resident
+        and holds_every_expert(adapter, cache)
+    )
 
 
 def _param_dtype(adapter: MoEModelAdapter) -> torch.dtype:
