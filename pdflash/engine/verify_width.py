@@ -38,12 +38,13 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     risk for ``j <= min(A + 1, v)`` and counts it as passed for ``j <= A``;
     a round that accepted all ``v`` says only ``A >= v``.
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
-    a batch of ``N`` verified rows, with ``U(N) = E - (E - top_k)(1 - a)^(N - 1)``
+    a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
-    novelty rate ``a`` fitted online to the routed unions of the verifies:
-    rows of one request and of different requests alike; i.i.d. routing is
-    ``a = top_k / E``), ``m`` the bytes the cache actually copied per routed
-    expert of the batch (residency, eviction within the forward and
+    novelty rate ``a`` and the saturation ``S <= E`` fitted online to the
+    routed unions of the verifies: rows of one request and of different
+    requests alike; i.i.d. routing is ``a = top_k / E``, ``S = E``; skewed
+    routing levels off below ``E``), ``m`` the bytes the cache actually
+    copied per routed expert of the batch (residency, eviction within the forward and
     prefetching included), ``L`` the MoE layers; a row's link time is the
     experts it adds to the batch's union, so requests that route alike share
     their copies.
@@ -402,52 +403,130 @@ class SurvivalEstimator:
 
 
 class UnionGrowth:
-    """The per-layer routed union of ``r`` rows of one request,
-    ``U(r) = E - (E - top_k)(1 - a)^(r - 1)``, with the novelty rate ``a``
-    fitted to observed unions (pooled: ``1 - a = exp(Σ log((1 - u/E) /
-    (1 - top_k/E)) / Σ (r - 1))`` over observations of ``r >= 2`` rows and
-    mean per-layer union ``u``), shrunk toward i.i.d. routing
-    (``a = top_k / E``) by ``prior_rows`` pseudo-rows."""
+    """The per-layer routed union of a verify's ``r`` rows,
+    ``U(r) = S - (S - top_k)(1 - a)^(r - 1)``: the first row routes to
+    ``top_k`` experts, each further row to a share ``a`` (the novelty rate)
+    of the experts of the layer's reachable set ``S`` (the saturation,
+    ``top_k <= S <= E``) it has not yet routed to.
 
-    def __init__(self, num_experts: int, top_k: int, *, prior_rows: float = 8.0) -> None:
+    Both parameters are fitted to the observed unions, so the curve follows
+    a union that rises fast and then levels off below ``E`` (skewed routing:
+    some experts are rarely or never routed). With ``S`` fixed at ``E``,
+    one rate cannot: fitted to such unions it comes out small, and the curve
+    still climbs where the measured union has stopped, charging rows for
+    experts they do not add.
+
+    The fit: weighted least squares of the mean per-layer union ``u`` on
+    the rows ``r`` over every observation (``r >= 2``), pooled per row count
+    (exact up to :attr:`EXACT_ROWS` rows, beyond in geometric classes of
+    ``2^(1/8)``, each at its observations' mean row count: the fit's cost
+    stays bounded whatever the batch), with ``prior_weight``
+    pseudo-observations of i.i.d. routing's second row
+    (``U(2) = top_k + (E - top_k) top_k / E``), which pins the early slope
+    until rows are observed near it. For each novelty rate of a geometric
+    grid (:attr:`GRID` rates from :attr:`MIN_NOVELTY` to 1, then
+    :attr:`GRID` more between the best one's neighbours) the best ``S`` is
+    closed-form (clipped to ``[top_k, E]``); the least squared error wins
+    (ties: the smaller ``a``). Deterministic given the observations. Past
+    the largest observed row count the curve extrapolates its own form (it
+    keeps levelling off toward ``S``); a later observation there corrects
+    it (the adaptive width's exploration rounds verify every draft, the
+    largest row counts of the run).
+    """
+
+    #: novelty rates per stage of the fit's grid search
+    GRID = 32
+    MIN_NOVELTY = 1e-3
+    #: row counts pooled exactly; larger ones in geometric classes
+    EXACT_ROWS = 32
+
+    def __init__(self, num_experts: int, top_k: int, *, prior_weight: float = 1.0) -> None:
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"need 1 <= top_k <= num_experts, got {top_k}, {num_experts}")
+        if not prior_weight > 0.0:
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
         self.num_experts = num_experts
         self.top_k = top_k
-        iid = top_k / num_experts
-        self._log_keep = prior_rows * math.log1p(-iid) if iid < 1.0 else 0.0
-        self._rows = prior_rows
+        self.prior_weight = prior_weight
         self.observations = 0
+        # row class -> [observations, sum of their rows, sum of their mean
+        # per-layer unions]
+        self._bins: dict[int, list[float]] = {}
+        self._fit: tuple[float, float] | None = None  # (a, S), None: refit
 
     def observe(self, rows: int, mean_union: float) -> None:
+        """A verify of ``rows`` rows routed to ``mean_union`` experts per
+        layer (a single row says nothing about growth)."""
         if rows < 2 or self.top_k >= self.num_experts:
             return
-        e, k = float(self.num_experts), float(self.top_k)
-        u = min(max(mean_union, k), e - 0.5)
-        self._log_keep += math.log((1.0 - u / e) / (1.0 - k / e))
-        self._rows += rows - 1
+        u = min(max(float(mean_union), float(self.top_k)), float(self.num_experts))
+        key = rows if rows <= self.EXACT_ROWS else -round(8.0 * math.log2(rows))
+        b = self._bins.setdefault(key, [0.0, 0.0, 0.0])
+        b[0] += 1.0
+        b[1] += rows
+        b[2] += u
         self.observations += 1
+        self._fit = None
+
+    def fitted(self) -> tuple[float, float]:
+        """``(a, S)``: the novelty rate and the saturation."""
+        if self._fit is None:
+            self._fit = self._refit()
+        return self._fit
+
+    def _refit(self) -> tuple[float, float]:
+        e, k = float(self.num_experts), float(self.top_k)
+        if k >= e:
+            return 1.0, e
+        if not self._bins:
+            return k / e, e  # nothing observed: i.i.d. routing
+        bins = list(self._bins.values())
+        w = np.asarray([self.prior_weight] + [b[0] for b in bins])
+        n = np.asarray([1.0] + [b[1] / b[0] - 1.0 for b in bins])  # rows - 1
+        u = np.asarray([k + (e - k) * k / e] + [b[2] / b[0] for b in bins])
+
+        def best(rates: np.ndarray) -> tuple[int, float]:
+            log_keep = np.log1p(-np.minimum(rates, 1.0 - 1e-12))
+            keep = np.exp(log_keep[:, None] * n[None, :])  # (1 - a)^(r - 1)
+            grown = 1.0 - keep
+            # U = S·grown + k·keep: the least-squares S of each rate, clipped
+            den = (w * grown * grown).sum(axis=1)
+            num = (w * (u - k * keep) * grown).sum(axis=1)
+            sat = np.clip(num / np.maximum(den, 1e-300), k, e)
+            err = (w * (sat[:, None] * grown + k * keep - u) ** 2).sum(axis=1)
+            i = int(np.argmin(err))  # the first (smallest a) of equal errors
+            return i, float(sat[i])
+
+        coarse = np.geomspace(self.MIN_NOVELTY, 1.0, self.GRID)
+        i, _ = best(coarse)
+        fine = np.geomspace(coarse[max(i - 1, 0)], coarse[min(i + 1, self.GRID - 1)], self.GRID)
+        j, sat = best(fine)
+        return float(fine[j]), sat
 
     @property
     def novelty(self) -> float:
-        """``a``: the share of the not-yet-routed experts a new row routes to."""
-        if self._rows <= 0:
-            return self.top_k / self.num_experts
-        return float(1.0 - math.exp(self._log_keep / self._rows))
+        """``a``: the share of the not-yet-routed experts of ``S`` a further
+        row routes to."""
+        return self.fitted()[0]
+
+    @property
+    def saturation(self) -> float:
+        """``S``: the experts per layer a batch's union levels off at."""
+        return self.fitted()[1]
 
     def union(self, rows: int) -> float:
         """``U(rows)``: expected routed experts per layer of ``rows`` rows."""
         if rows <= 0:
             return 0.0
-        keep = (1.0 - self.novelty) ** (rows - 1)
-        return self.num_experts - (self.num_experts - self.top_k) * keep
+        a, sat = self.fitted()
+        return sat - (sat - self.top_k) * (1.0 - a) ** (rows - 1)
 
     def added(self, row: int) -> float:
         """``g(row)``: experts per layer row ``row`` (2 = first draft) adds."""
         if row < 2:
             return float(self.top_k)
-        a = self.novelty
-        return (self.num_experts - self.top_k) * a * (1.0 - a) ** (row - 2)
+        a, sat = self.fitted()
+        return (sat - self.top_k) * a * (1.0 - a) ** (row - 2)
 
 
 def best_width(
@@ -610,7 +689,10 @@ class AdaptiveWidth:
     def link_s(self, rows: int) -> float:
         """``ℓ(rows)``: modeled link time of a verify of ``rows`` rows (all
         of it, exposed or hidden behind compute)."""
-        return self.link_s_per_expert() * self.num_layers * self.union.union(rows)
+        per_expert = self.link_s_per_expert()
+        if per_expert == 0.0:
+            return 0.0  # nothing copied: no union fit needed
+        return per_expert * self.num_layers * self.union.union(rows)
 
     def exposed_share(self) -> float:
         """``β``: the share of a further modeled link second the step waits
@@ -630,10 +712,11 @@ class AdaptiveWidth:
     def draft_link_s(self, anchors: int, drafted: int) -> float:
         """``ℓ(c + R) - ℓ(c)``: link time of ``drafted`` rows added to a batch
         of ``anchors`` anchor rows."""
-        if drafted <= 0 or anchors <= 0:
+        per_expert = self.link_s_per_expert()
+        if drafted <= 0 or anchors <= 0 or per_expert == 0.0:
             return 0.0
         grown = self.union.union(anchors + drafted) - self.union.union(anchors)
-        return self.link_s_per_expert() * self.num_layers * grown
+        return per_expert * self.num_layers * grown
 
     def time_fit(self) -> tuple[float, float] | None:
         """``(t_fixed, t_row)`` the width is chosen with (None before any
@@ -841,6 +924,7 @@ class AdaptiveWidth:
         out["estimates"] = {
             "survival_global": [round(float(s), 4) for s in surv[:8]],
             "union_novelty": self.union.novelty,
+            "union_saturation": self.union.saturation,
             "union_observations": self.union.observations,
             "miss_rate": self.miss_rate,
             "link_bytes_per_s": self.link_bytes_per_s,
