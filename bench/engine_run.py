@@ -152,7 +152,9 @@ class RunSpec:
     # compute time, wherever the run calibrates one (byte_budget_from
     # "verify", or an explicit byte_budget), then link x the fixed time of
     # the adaptive width's online step-time fit once that is identified
-    # (pdflash.engine.fixed_step; one rank only); "off" = M hard (the rule before)
+    # (pdflash.engine.fixed_step; one rank only; under a full or fixed:K
+    # width, PD's default, F stays the calibration's); "off" = M hard (the
+    # rule before)
     marginal_rule: str = "verify"
     # hybrid miss service (pdflash.hybrid): "off" or "auto" (PD+host is
     # always "auto"); the host pool's workers and torch intra-op threads
@@ -233,8 +235,8 @@ class RunSpec:
     gpus: int = 1
     placement: str = "round_robin"
     # drafts each verify checks (pdflash.engine.verify_width): "auto" (the
-    # label's preset: adaptive for PD and its ablations, full for the rest and
-    # PD-full-width), "full", "fixed:K" or "adaptive" for any label
+    # label's preset: full, adaptive for PD-adaptive-width), "full",
+    # "fixed:K" or "adaptive" for any label
     verify_width: str = "auto"
     # the process-wide compressed-GEMM mode (pdflash.models.compressed_gemm,
     # PDFLASH_COMPRESSED_GEMM) the run must run in: None runs in whichever the
@@ -1024,7 +1026,12 @@ def _run(
         config = replicated_config(config)
     batcher: VerifyBatcher | None = None
     byte_budget: int | None = None
-    if config.batching != "fcfs":
+    # NOTE: where the engine fills a cache that holds every expert
+    # (full_cache), no request misses a byte: the engine chooses the batch as
+    # B3's (FCFS) instead of a 2-D scheduler, so none is built here (no M, no
+    # shadow token-only scheduler, no calibration)
+    fills = fills_full_cache(config, adapter, cache if ranks is None else ranks.view)
+    if config.batching != "fcfs" and not (fills and config.batching == "deficit_2d"):
         if config.batching == "deficit_2d":
             # NOTE: M is one step's worth of PCIe time at the bandwidth measured
             # in this run (issue 2's sizing), floored at the bytes of every
@@ -1057,11 +1064,7 @@ def _run(
             )
 
         batcher = deficit(byte_budget)
-        # NOTE: where the engine fills a cache that holds every expert
-        # (full_cache), no request misses a byte: the 2-D choice is the
-        # token-only one, and a shadow would only add its own select per step
-        fills = fills_full_cache(config, adapter, cache if ranks is None else ranks.view)
-        if byte_budget is not None and not fills:
+        if byte_budget is not None:
             # record what the token-only scheduler would have chosen each step
             batcher = ShadowComparison(batcher, deficit(None), cache.expert_nbytes)
     if byte_budget is not None:
@@ -1085,7 +1088,8 @@ def _run(
         + 1
     )
     host_service = None
-    if config.host_experts != "off":
+    # a full cache runs no hybrid service (nothing can miss): none is built
+    if config.host_experts != "off" and not fills:
         from pdflash.hybrid import build_host_service
 
         with setup.phase("host_service"):
@@ -1229,7 +1233,9 @@ def _run(
         )
         result.row.update(_fixed_step_fields(fixed_step_bytes, fixed_feed, ranks is not None))
         if fixed_step_bytes is None:
-            if byte_budget is None:
+            if fills and config.batching == "deficit_2d":
+                why = "every expert resident (full_cache): no 2-D scheduler, B3's FCFS"
+            elif byte_budget is None:
                 why = "no byte budget (this baseline does not run the 2-D scheduler)"
             elif spec.marginal_rule == "off":
                 why = "marginal rule off (RunSpec.marginal_rule): M hard"
@@ -1705,8 +1711,8 @@ def _result(
     if shadow is None or shadow.steps == 0:
         if shadow is not None:
             reason = "no verify step was scheduled"
-        elif _built(engine).batching == "deficit_2d":
-            reason = "every expert resident (full_cache): the 2-D choice is the token-only one"
+        elif "scheduler_2d" in engine.full_cache_state().get("switched_off", {}):
+            reason = "every expert resident (full_cache): no 2-D scheduler, B3's FCFS"
         else:
             reason = f"baseline {spec.baseline} runs no 2-D scheduler"
         for name in (
@@ -1867,7 +1873,8 @@ def _result(
             "service) counts as a miss"
         ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
-        "host_experts": engine.config.host_experts,
+        # the run's setting (full_cache may have switched the service off)
+        "host_experts": spec.host_mode,
         "host_service": host.describe() if host is not None else None,
         "torch_intra_op_threads": torch.get_num_threads(),
     }
@@ -1922,7 +1929,12 @@ def _host_metrics(engine: Engine, wall: float, committed: int) -> dict[str, Metr
     """The hybrid miss service's books: what the host served and what it cost."""
     host = engine.host_service
     if host is None:
-        why = NotMeasured("host expert service off (host_experts=off)")
+        off = engine.full_cache_state().get("switched_off", {}).get("host_experts")
+        why = NotMeasured(
+            f"host expert service off ({off})"
+            if off
+            else "host expert service off (host_experts=off)"
+        )
         return dict.fromkeys(HOST_METRIC_FIELDS, why)
     b = host.books
     return {

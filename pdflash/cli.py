@@ -53,7 +53,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--verify-width",
         default=None,
         help="drafts each verify checks: full, fixed:K or adaptive "
-        "(default: the baseline's preset; PD adaptive, the others full)",
+        "(default: the baseline's preset: full, adaptive for PD-adaptive-width)",
     )
     p.add_argument(
         "--prepare-graphs",

@@ -43,7 +43,7 @@ PACK="$OUT/eager_profile.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "host_gptoss_c16_t2=timeout 60 $HOST --arch gpt_oss --requests 16 --tokens 2" \
   "host_gptoss_c16_t16=timeout 60 $HOST --arch gpt_oss --requests 16 --tokens 16" \
   "host_qwen3_c1_t2=timeout 60 $HOST --arch qwen3_moe --requests 1 --tokens 2 --detail" \
-  "profile=timeout 200 python3 -P bench/h200/profile_verify.py --out $WORK/profile.json --chrome-dir $WORK/timelines --run baseline=B2,verify_width=fixed:1,$RUN --run baseline=PD,$RUN"
+  "profile=timeout 200 python3 -P bench/h200/profile_verify.py --out $WORK/profile.json --chrome-dir $WORK/timelines --run baseline=B2,verify_width=fixed:1,$RUN --run baseline=PD,verify_width=adaptive,$RUN"
 rc=$?
 ls -la "$OUT"
 exit $rc

@@ -28,9 +28,10 @@
 #            ratio reads them)
 # Expected at cache 1.0: PD, B1, B2 start with 256 of 256 experts resident,
 #   h2d_bytes 0, router_pass_s 0, prefill_s near B3's (~0.025 s); B1/B3 and
-#   B2/B3 within noise of 1; PD/B3 within noise of 1 or below it only by
-#   what the adaptive verify width (helper `width`'s) and the 2-D
-#   scheduler's select (scheduler_us_per_step) cost; PDoff reproduces the
+#   B2/B3 within noise of 1; PD/B3 within noise of 1 (PD verifies every
+#   draft and, at a full cache, chooses its batch as B3's, FCFS: its
+#   scheduler_us_per_step near B3's; session 14's rows, before both, read
+#   PD 157 vs B3 17 us and PD/B3 0.81); PDoff reproduces the
 #   ~0.45 of session 13 (115-124 of 256 resident at the start, ~7 GB copied,
 #   router_pass_s ~0.07). At 0.75: PD's full_cache state "off" (why_off:
 #   the slots), PD/PDoff within noise of 1 (unchanged), PD/B3 the offload

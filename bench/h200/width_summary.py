@@ -1,6 +1,8 @@
 """``width_ab.sh``'s summary: per point and arm, the verify width's
 decisions and estimates (rows' ``verify_width``), tau, steps and tokens/s
-(medians over repeats), and PD over PDfull; printed, and written to
+(medians over repeats), and the adaptive arm over the full-width one
+(``PDadaptive`` over ``PD``; in tars recorded while PD's preset was
+adaptive, ``PD`` over ``PDfull``); printed, and written to
 ``ROOT/width_summary.json``.
 
     python3 bench/h200/width_summary.py ROOT   # ROOT/engine/rows.jsonl
@@ -75,10 +77,14 @@ def main(root: Path) -> None:
                 f"t_row_fit {fmt(arm_out['t_row_fit_s_median'])} "
                 f"S {arm_out['survival_median']}"
             )
-        pd, full = entry["arms"].get("PD"), entry["arms"].get("PDfull")
-        if pd and full and pd["tokens_per_s_median"] and full["tokens_per_s_median"]:
-            entry["pd_over_full_median"] = pd["tokens_per_s_median"] / full["tokens_per_s_median"]
-            print(f"{arch} cf{cf} c{conc} PD/PDfull (medians): {entry['pd_over_full_median']:.3f}")
+        # (adaptive arm, full-width arm): today's arms, else an older tar's
+        pair = ("PDadaptive", "PD") if "PDadaptive" in entry["arms"] else ("PD", "PDfull")
+        adaptive, full = (entry["arms"].get(arm) for arm in pair)
+        if adaptive and full and adaptive["tokens_per_s_median"] and full["tokens_per_s_median"]:
+            ratio = adaptive["tokens_per_s_median"] / full["tokens_per_s_median"]
+            entry["adaptive_over_full_median"] = ratio
+            entry["adaptive_over_full_arms"] = list(pair)
+            print(f"{arch} cf{cf} c{conc} {pair[0]}/{pair[1]} (medians): {ratio:.3f}")
         out.append(entry)
     (root / "width_summary.json").write_text(json.dumps({"points": out}, indent=1))
 

@@ -31,9 +31,24 @@ PD-one-band            bands: every copy in one FIFO band (``bands=False``), so 
 PD-token-sched         the 2-D scheduler: the token-only deficit scheduler (B2's)
 PD-no-stream           the streaming prefetcher: one route-ahead batch copy before
                        each verify plus next-layer lookahead
-PD-full-width          the adaptive verify width: every draft verified (PD with its
-                       controller and ``verify_width="full"``)
 =====================  ==============================================================
+
+and one that runs PD with a part switched *on* that PD leaves off:
+
+=====================  ==============================================================
+label                  PD with
+=====================  ==============================================================
+PD-adaptive-width      the adaptive verify width (``verify_width="adaptive"``, with
+                       PD's controller) instead of verifying every draft
+=====================  ==============================================================
+
+PD and its ablations verify every draft (``verify_width="full"``): on the
+H200 the adaptive width lost to every draft at each point measured (rows
+under ``bench/results/h200/session14-2026-12-02``), so it is an opt-in
+setting and the ``PD-adaptive-width`` arm. Rows recorded under the retired
+label ``PD-full-width`` (PD at ``full`` while PD's preset was ``adaptive``)
+are PD's configuration of today; the report still reads them under their
+own label.
 
 ``PD`` runs its parts under the PD controller (``parts_controller``,
 :mod:`pdflash.engine.pd_controller`): route-ahead, the 2-D scheduler and the
@@ -46,9 +61,10 @@ parts as configured.
 Where the expert cache has a slot for every expert (cache fraction 1.0),
 every offloaded configuration fills it before the first request, as B3
 does, and runs none of the parts that only serve a miss (``full_cache``):
-B1 then runs as B3, B2 as B3 under the token-only scheduler, PD as B3 under
-the 2-D scheduler (whose byte term is zero for every request) at its verify
-width.
+B1 then runs as B3, B2 as B3 under the token-only scheduler, and PD and
+PD+host as B3: the 2-D scheduler's byte term would be zero for every
+request, so PD's batch is chosen as B3's (FCFS under the token budget), and
+the host has no miss to compute (no hybrid service), at its verify width.
 """
 
 from __future__ import annotations
@@ -64,7 +80,7 @@ ABLATIONS = (
     "PD-one-band",
     "PD-token-sched",
     "PD-no-stream",
-    "PD-full-width",
+    "PD-adaptive-width",
 )
 BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
@@ -78,8 +94,16 @@ NOTHING_TO_MISS = {
     "streaming_prefetch": "every expert resident: no copy to stream",
     "lookahead": "every expert resident: no next-layer copy to start",
     "background_prefetch": "every expert resident: no empty slot to fill",
-    "parts_controller": "every expert resident: route-ahead and the stream are off, "
-    "and the 2-D scheduler's byte term is zero for every request",
+    "parts_controller": "every expert resident: route-ahead, the stream and the 2-D "
+    "scheduler are off",
+    # not flags (without_miss_parts): batching "deficit_2d" becomes B3's
+    # "fcfs", host_experts "auto" becomes "off"
+    "scheduler_2d": "every expert resident: no byte can be missing, so the 2-D scheduler's "
+    "byte term is zero for every request; the batch is chosen as B3's (FCFS under the "
+    "token budget)",
+    "host_experts": "every expert resident: no miss for the host CPU to compute (an attached "
+    "service would still read each layer's routing on the host and keep the verify off "
+    "B3's CUDA graph)",
 }
 
 
@@ -123,7 +147,8 @@ class EngineConfig:
             none of the parts that only serve a miss
             (:data:`NOTHING_TO_MISS`: route-ahead and its predictor, the
             streaming prefetcher, gate lookahead, background prefetch, the
-            PD controller): nothing can miss. ``off`` runs the configuration
+            PD controller, the 2-D scheduler, which becomes B3's FCFS, the
+            hybrid miss service): nothing can miss. ``off`` runs the configuration
             as given, the cache filling on demand (the A/B arm of what that
             machinery costs where nothing can miss).
         parts_controller: switch route-ahead, the 2-D scheduler and the
@@ -149,8 +174,9 @@ class EngineConfig:
             width that maximizes expected tokens per second from the learned
             acceptance and the link time of the experts each row adds).
             Lossless: the target's token after the last verified draft is
-            the bonus. Default ``full``; the PD presets use ``adaptive``
-            (``PD-full-width``: PD with ``full``).
+            the bonus. Default ``full``, every preset's too
+            (``PD-adaptive-width``: PD with ``adaptive``; see the module
+            docstring for why PD does not default to it).
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
     """
@@ -236,7 +262,6 @@ class EngineConfig:
                 "lookahead": True,
                 "background_prefetch": True,
                 "streaming_prefetch": True,
-                "verify_width": "adaptive",
             },
         }
         fixed = {**table["PD"]}
@@ -252,7 +277,7 @@ class EngineConfig:
         table["PD-one-band"] = {**fixed, "bands": False}
         table["PD-token-sched"] = {**fixed, "batching": "deficit_tokens"}
         table["PD-no-stream"] = {**fixed, "streaming_prefetch": False}
-        table["PD-full-width"] = {**table["PD"], "verify_width": "full"}
+        table["PD-adaptive-width"] = {**table["PD"], "verify_width": "adaptive"}
         if baseline not in table:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         fields = {"baseline": baseline, **table[baseline]}
@@ -269,6 +294,21 @@ class EngineConfig:
 
     def without_miss_parts(self) -> tuple[EngineConfig, dict[str, str]]:
         """This configuration with the parts that only serve a miss off
-        (:data:`NOTHING_TO_MISS`), and why each part it had on is off."""
-        off = {part: why for part, why in NOTHING_TO_MISS.items() if getattr(self, part)}
-        return self.replace(**dict.fromkeys(off, False)), off
+        (:data:`NOTHING_TO_MISS`), and why each part it had on is off: the
+        flags set False, ``deficit_2d`` batching B3's ``fcfs`` (no byte
+        budget) and ``host_experts`` ``off``."""
+        off: dict[str, str] = {}
+        changes: dict[str, Any] = {}
+        for part, why in NOTHING_TO_MISS.items():
+            if part == "scheduler_2d":
+                if self.batching == "deficit_2d":
+                    off[part] = why
+                    changes.update(batching="fcfs", byte_budget=None)
+            elif part == "host_experts":
+                if self.host_experts != "off":
+                    off[part] = why
+                    changes[part] = "off"
+            elif getattr(self, part):
+                off[part] = why
+                changes[part] = False
+        return self.replace(**changes), off

@@ -43,7 +43,9 @@ Where the expert cache has a slot for every expert (cache fraction 1.0), the
 engine fills it when built, as B3's, and (``config.full_cache`` auto) runs
 none of the parts that only serve a miss: no prediction in step 3, no
 route-ahead copies, stream, lookahead or background prefetch, no PD
-controller (:meth:`Engine.full_cache_state` says what was switched off).
+controller, no hybrid miss service, and a 2-D scheduler's batch chosen as
+B3's, FCFS under the token budget (:meth:`Engine.full_cache_state` says
+what was switched off).
 
 At the end of every step the request table's invariants are asserted.
 
@@ -77,6 +79,7 @@ from pdflash.engine.acceptance import AcceptanceModel, ModelAcceptance
 from pdflash.engine.attention import device_int64
 from pdflash.engine.batching import (
     BatchDecision,
+    DeficitBatcher,
     FCFSBatcher,
     VerifyBatcher,
     VerifyDemand,
@@ -196,7 +199,9 @@ class Engine:
             with a slot for every expert is filled here, before the first
             request, and (``config.full_cache`` auto) the parts that only
             serve a miss are off (:meth:`full_cache_state`); ``config`` is
-            then that configuration.
+            then that configuration, a 2-D deficit ``batcher`` is
+            replaced by FCFS (an expert-parallel wrapper's inner one) and a
+            ``host_service`` is detached from the runtime and not used.
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
             resident)`` over ``(layers, experts)`` masks (optional).
         host_service: the hybrid miss service
@@ -279,6 +284,15 @@ class Engine:
                 off.setdefault("parts_controller", NOTHING_TO_MISS["parts_controller"])
                 controller = None
             self._full_cache_off = off
+            if "scheduler_2d" in off:
+                batcher = _without_2d_scheduler(batcher, config.token_budget)
+            if "host_experts" in off and host_service is not None:
+                # the caller's service (attached to the runtime when built)
+                # stays unused: detached, so no layer reads its routing for it
+                runtime_now = adapter.runtime if isinstance(adapter, OffloadedAdapter) else None
+                if runtime_now is not None and runtime_now.host_service is host_service:
+                    runtime_now.host_service = None
+                host_service = None
         if config.batching != "fcfs" and batcher is None:
             raise ValueError(
                 f"batching {config.batching!r} needs a batcher (the deficit scheduler)"
@@ -1407,6 +1421,29 @@ def fills_full_cache(
         and not config.all_resident
         and holds_every_expert(adapter, cache)
     )
+
+
+def _without_2d_scheduler(batcher: VerifyBatcher | None, token_budget: int) -> VerifyBatcher | None:
+    """The batcher of a full cache whose configuration chose ``deficit_2d``:
+    nothing can miss, so the 2-D deficit scheduler (whose byte term would be
+    zero for every request) gives way to B3's FCFS under the token budget
+    (None: the engine builds it); a wrapper that hands the choice to an
+    ``inner`` batcher (expert-parallel ranks) keeps wrapping, FCFS inside.
+    Raises ValueError for any other batcher that would still run the 2-D
+    scheduler."""
+    if batcher is None or (isinstance(batcher, DeficitBatcher) and batcher.name == "deficit_2d"):
+        return None
+    wrapper: Any = batcher
+    inner = getattr(wrapper, "inner", None)
+    if inner is not None and inner.name == "deficit_2d":
+        wrapper.inner = _without_2d_scheduler(inner, token_budget) or FCFSBatcher(token_budget)
+        wrapper.name = wrapper.inner.name
+    if batcher.name == "deficit_2d":
+        raise ValueError(
+            f"every expert is resident (full_cache auto), but the batcher {type(batcher).__name__} "
+            "still runs the 2-D deficit scheduler: pass none (B3's FCFS is used)"
+        )
+    return batcher
 
 
 def _param_dtype(adapter: MoEModelAdapter) -> torch.dtype:

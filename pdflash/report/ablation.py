@@ -3,7 +3,9 @@
 :func:`ablation_table` compares, per comparison point, PD (its parts under
 the PD controller) with each ablation (``PD-all-on``: every part forced on,
 i.e. what the controller buys; ``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
-``PD-no-stream``; and ``PD+host``, PD with a part added) on tokens/s,
+``PD-no-stream``; ``PD-adaptive-width`` and ``PD+host``, PD with a part
+added; and rows of the retired ``PD-full-width``, PD verifying every draft
+when PD's own width was adaptive) on tokens/s,
 bytes per committed token and exposed fetch seconds: each a median with the
 95% t interval over repeats, and a verdict from
 :func:`pdflash.report.stats.compare`: which is better where the intervals
@@ -22,6 +24,7 @@ from typing import Any
 from pdflash.report import stats
 from pdflash.report.schema import (
     ABLATIONS,
+    RETIRED_LABELS,
     comparison_points,
     point_label,
     series_labels,
@@ -35,8 +38,10 @@ PART: dict[str, str] = {
     "PD-one-band": "priority bands",
     "PD-token-sched": "2-D scheduler",
     "PD-no-stream": "streaming prefetcher",
-    "PD-full-width": "adaptive verify width (every draft verified)",
+    "PD-adaptive-width": "adaptive verify width (added to PD, which verifies every draft)",
     "PD+host": "hybrid miss service (added to PD)",
+    # rows recorded while PD's preset width was adaptive
+    "PD-full-width": "adaptive verify width (every draft verified; PD's then)",
 }
 
 #: (row field, True when larger is better)
@@ -82,7 +87,9 @@ def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     rows = [r for r in rows if isinstance(r, Mapping)]
     series = _series(rows)
     variants = [
-        (b, s, members) for b in (*ABLATIONS, "PD+host") for s, members in series.get(b, {}).items()
+        (b, s, members)
+        for b in (*ABLATIONS, "PD+host", *RETIRED_LABELS)
+        for s, members in series.get(b, {}).items()
     ]
     out = []
     for point, (pd, pd_all) in itertools.product(

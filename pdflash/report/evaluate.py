@@ -46,8 +46,8 @@ from typing import Any
 from pdflash.report import stats
 from pdflash.report.ablation import ablation_table, controller_table
 from pdflash.report.schema import (
-    BASELINES,
     REQUIRED_BASELINES,
+    ROW_LABELS,
     arch_label,
     comparison_points,
     point_label,
@@ -178,7 +178,7 @@ class _Table:
         """The required baselines' series, then any optional one's the set has rows of."""
         return [
             s
-            for b in BASELINES
+            for b in ROW_LABELS
             if b in REQUIRED_BASELINES or self.series_of.get(b)
             for s in self.series(b)
         ]
@@ -832,7 +832,7 @@ def evaluate(
         r
         for r in rows
         if isinstance(r, Mapping)
-        and r.get("baseline") in BASELINES
+        and r.get("baseline") in ROW_LABELS
         and all(k in r for k in ("arch", "block_size", "concurrency", "cache_fraction", "repeat"))
     ]
     table = _Table(usable)

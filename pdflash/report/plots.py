@@ -27,7 +27,8 @@ PLOT_ORDER = (
     "PD-one-band",
     "PD-token-sched",
     "PD-no-stream",
-    "PD-full-width",
+    "PD-adaptive-width",
+    "PD-full-width",  # a retired label (schema.RETIRED_LABELS): older rows
     "B3",
 )
 COLORS = {
@@ -42,7 +43,8 @@ COLORS = {
     "PD-one-band": "#e377c2",
     "PD-token-sched": "#bcbd22",
     "PD-no-stream": "#17becf",
-    "PD-full-width": "#aec7e8",
+    "PD-adaptive-width": "#aec7e8",
+    "PD-full-width": "#c5b0d5",
 }
 
 # (arch, block, cache fraction, workload, concurrency, series: the baseline,

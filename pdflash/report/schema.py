@@ -23,21 +23,31 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 
-#: PD with every part forced on (no controller) and PD with one part switched
-#: off (issue 15's ablation; see :mod:`pdflash.engine.config`): labels of
-#: their own, so their rows never count as PD's.
+#: PD with every part forced on (no controller), PD with one part switched
+#: off (issue 15's ablation) and PD with the adaptive verify width (see
+#: :mod:`pdflash.engine.config`): labels of their own, so their rows never
+#: count as PD's.
 ABLATIONS: tuple[str, ...] = (
     "PD-all-on",
     "PD-no-route-ahead",
     "PD-one-band",
     "PD-token-sched",
     "PD-no-stream",
-    "PD-full-width",
+    "PD-adaptive-width",
 )
 
 #: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is
 #: PD with the hybrid miss service (issue 16), then PD's ablations.
 BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
+
+#: Labels no run records any more whose rows a result set may still hold:
+#: ``PD-full-width`` is PD verifying every draft, recorded while PD's
+#: preset width was ``adaptive`` (PD's configuration of today). Rows of
+#: them validate and are reported under their own label.
+RETIRED_LABELS: tuple[str, ...] = ("PD-full-width",)
+
+#: Every label a row may carry: :data:`BASELINES`, then :data:`RETIRED_LABELS`.
+ROW_LABELS: tuple[str, ...] = (*BASELINES, *RETIRED_LABELS)
 
 #: Labels that predict nothing (route-ahead coverage from them is vacuous).
 NO_ROUTE_AHEAD: frozenset[str] = frozenset({"B0", "B1", "B2", "B3", "PD-no-route-ahead"})
@@ -224,19 +234,20 @@ def _recorded(field: str, key: str | None = None) -> Callable[[Mapping[str, Any]
     return read
 
 
-#: Labels whose ``auto`` verify width is ``adaptive``: PD and its ablations
-#: except ``PD-full-width`` (mirrors :meth:`pdflash.engine.config.EngineConfig.preset`,
-#: checked by a test, without importing the engine).
-ADAPTIVE_WIDTH_LABELS: frozenset[str] = frozenset(
-    b for b in BASELINES if b.startswith("PD") and b != "PD-full-width"
-)
+#: Labels whose ``auto`` verify width is ``adaptive`` (mirrors
+#: :meth:`pdflash.engine.config.EngineConfig.preset`, checked by a test,
+#: without importing the engine); every other label verifies every draft.
+#: Rows of PD recorded while its preset was ``adaptive`` name the width in
+#: their spec or record it (``verify_width.setting``), so they are read as
+#: ``adaptive`` still (:data:`RUN_SETTINGS`).
+ADAPTIVE_WIDTH_LABELS: frozenset[str] = frozenset({"PD-adaptive-width"})
 
 
 def resolved_width(width: str, baseline: str) -> str:
     """The verify width a label runs at for a requested ``width``: ``auto``
     is the label's preset (``adaptive`` for :data:`ADAPTIVE_WIDTH_LABELS`,
-    ``full`` for the rest); B0 drafts nothing, so it is always ``full``;
-    any other width is itself."""
+    ``full`` for the rest, PD's included); B0 drafts nothing, so it is
+    always ``full``; any other width is itself."""
     if baseline == "B0":
         return "full"
     if width != "auto":
@@ -669,8 +680,8 @@ def validate_row(row: Mapping[str, Any]) -> list[str]:
         if isinstance(value, str) and not value:
             problems.append(f"{label}: identity field {name} is empty")
     baseline = row.get("baseline")
-    if isinstance(baseline, str) and baseline not in BASELINES:
-        problems.append(f"{label}: unknown baseline {baseline!r} (expected one of {BASELINES})")
+    if isinstance(baseline, str) and baseline not in ROW_LABELS:
+        problems.append(f"{label}: unknown baseline {baseline!r} (expected one of {ROW_LABELS})")
     for name in ("block_size", "concurrency"):
         value = row.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
@@ -817,7 +828,9 @@ def comparison_points(rows: Iterable[Mapping[str, Any]]) -> list[tuple[Any, ...]
     it has none, of every row)."""
     rows = [r for r in rows if isinstance(r, Mapping)]
     specific = {
-        group_key(r) for r in rows if r.get("baseline") in ("B1", "B2", "PD", "PD+host", *ABLATIONS)
+        group_key(r)
+        for r in rows
+        if r.get("baseline") in ("B1", "B2", "PD", "PD+host", *ABLATIONS, *RETIRED_LABELS)
     }
     points = specific or {group_key(r) for r in rows}
     return sorted(points, key=lambda p: tuple(str(x) for x in p))

@@ -29,8 +29,10 @@ def test_full_cache_rows_start_filled_and_copy_nothing(
     full = row["full_cache"]
     assert full["setting"] == "auto" and full["state"] == "filled"
     assert set(full["switched_off"]) == (
-        set(NOTHING_TO_MISS) if baseline == "PD" else {"lookahead"}
+        set(NOTHING_TO_MISS) - {"host_experts"} if baseline == "PD" else {"lookahead"}
     )
+    # PD's batch is chosen as B3's: FCFS, no 2-D scheduler
+    assert row["batching"] == "fcfs" and row["byte_budget"] is None
     assert row["predict_s"] == 0 and row["router_pass_s"] == 0
     assert row["route_ahead"] is False and row["streaming_prefetch"] is False
     assert row["parts_controller"] is False and row["pd_parts"] is None
@@ -59,3 +61,17 @@ def test_full_cache_off_and_half_cache_rows(
     # a row from before the setting: at cache 1.0 it filled on demand
     old = {k: v for k, v in off.items() if k != "full_cache"}
     assert row_settings(old) == row_settings(off)
+
+
+def test_pd_host_row_at_full_cache_builds_no_host_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    row = run_spec(RunSpec(baseline="PD+host", cache_fraction=1.0, **KW)).row  # type: ignore[arg-type]
+    assert validate_row(row) == []
+    assert set(row["full_cache"]["switched_off"]) == set(NOTHING_TO_MISS)
+    # the row keeps the run's setting; the service was neither built nor run
+    assert row["host_experts"] == "auto" and row["host_service"] is None
+    assert row["host_served_experts"] is None
+    assert "no miss for the host" in row["not_measured"]["host_served_experts"]
+    assert row["batching"] == "fcfs" and row["h2d_bytes"] == 0

@@ -50,12 +50,12 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 def test_cpu_matrix_runs_each_label_at_the_width_it_is_labelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_mode: None
 ) -> None:
-    """The real engine: B2 and PD at auto, fixed:1 and full. Each row
-    verifies at its spec's width, records it as requested and as run, and
-    the report labels it by that width (PD's full run was adaptive before)."""
+    """The real engine: B2 and PD at auto (full for both), fixed:1 and
+    adaptive. Each row verifies at its spec's width, records it as requested
+    and as run, and the report labels it by that width."""
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "m"
-    argv = "matrix --arch tiny --baselines B2,PD --verify-width auto,fixed:1,full"
+    argv = "matrix --arch tiny --baselines B2,PD --verify-width auto,fixed:1,adaptive"
     argv += " --concurrency 2 --cache-fraction 0.5 --block-sizes 6 --repeats 1 --device cpu"
     argv += " --prompt-len 6 --max-new-tokens 8 --acceptance forced --mean-tau 3"
     argv += " --emulated-link-gbps 0.5 --no-progress --no-report --json --out " + str(out)
@@ -63,6 +63,7 @@ def test_cpu_matrix_runs_each_label_at_the_width_it_is_labelled(
     rows = _rows(out / "rows.jsonl")
     ran = sorted((r["baseline"], r["verify_width"]["setting"]) for r in rows)
     assert ran == [
+        ("B2", "adaptive"),
         ("B2", "fixed:1"),
         ("B2", "full"),
         ("PD", "adaptive"),
@@ -78,32 +79,36 @@ def test_cpu_matrix_runs_each_label_at_the_width_it_is_labelled(
             assert vw["policy"] == vw["setting"]
     labels = series_labels(rows)
     assert sorted(labels[id(r)] for r in rows) == [
+        "B2 [verify_width=adaptive]",
         "B2 [verify_width=fixed:1]",
         "B2 [verify_width=full]",
         "PD [verify_width=adaptive]",
         "PD [verify_width=fixed:1]",
         "PD [verify_width=full]",
     ]
-    assert len({row_key(r) for r in rows}) == 5
+    assert len({row_key(r) for r in rows}) == 6
     # the same command again: every run is recorded already
     assert cli.main(argv.split()) == 0
-    assert len(_rows(out / "rows.jsonl")) == 5
+    assert len(_rows(out / "rows.jsonl")) == 6
 
 
-def test_an_explicit_full_and_an_auto_that_is_adaptive_are_keyed_apart() -> None:
-    pd = {**POINT, "baseline": "PD"}
-
+def test_an_explicit_width_and_an_auto_that_is_another_are_keyed_apart() -> None:
     def key(spec: dict[str, Any], **width: str) -> tuple[Any, ...]:
         return matrix.spec_key({**spec, **width})
 
-    assert key(pd, verify_width="full") != key(pd, verify_width="auto")
-    # a spec without a width runs RunSpec's default, auto: PD's preset
-    assert RunSpec(arch="tiny", baseline="PD").width_setting == "adaptive"
-    assert key(pd) == key(pd, verify_width="auto") == key(pd, verify_width="adaptive")
-    # a full-width label: no width, auto and full are one run, fixed:1 another
-    b2 = {**POINT, "baseline": "B2"}
-    assert key(b2) == key(b2, verify_width="auto") == key(b2, verify_width="full")
-    assert key(b2, verify_width="fixed:1") != key(b2)
+    # the adaptive-width arm: auto is adaptive, full another run
+    arm = {**POINT, "baseline": "PD-adaptive-width"}
+    assert key(arm, verify_width="full") != key(arm, verify_width="auto")
+    assert RunSpec(arch="tiny", baseline="PD-adaptive-width").width_setting == "adaptive"
+    assert key(arm) == key(arm, verify_width="auto") == key(arm, verify_width="adaptive")
+    # full-width labels, PD's included: no width, auto and full are one run,
+    # fixed:1 and adaptive others
+    for label in ("B2", "PD", "PD+host"):
+        spec = {**POINT, "baseline": label}
+        assert RunSpec(arch="tiny", baseline=label).width_setting == "full"
+        assert key(spec) == key(spec, verify_width="auto") == key(spec, verify_width="full")
+        assert key(spec, verify_width="fixed:1") != key(spec)
+        assert key(spec, verify_width="adaptive") != key(spec)
     # B0 drafts nothing: every width is full
     b0 = {**POINT, "baseline": "B0"}
     assert key(b0, verify_width="fixed:1") == key(b0, verify_width="full") == key(b0)
@@ -112,12 +117,18 @@ def test_an_explicit_full_and_an_auto_that_is_adaptive_are_keyed_apart() -> None
 
 
 def test_a_recorded_row_is_keyed_by_the_width_it_ran_at(tmp_path: Path) -> None:
-    """A row recorded before every spec named its width: PD's "full" rows of
-    that code ran adaptive (their row says so), and a resume must not count
-    them as PD at full; rows recorded before widths existed ran full."""
-    specs = _plan("--arch tiny --baselines B2,PD --verify-width full,auto --repeats 1")
+    """A row recorded before every spec named its width: PD's rows of that
+    code ran adaptive (PD's preset then; their row says so), and a resume
+    must not count them as PD at full, today's preset; rows recorded before
+    widths existed ran full."""
+    specs = _plan("--arch tiny --baselines B2,PD --verify-width full,adaptive --repeats 1")
     planned = {(s["baseline"], s["verify_width"]): s for s in specs}
-    assert sorted(planned) == [("B2", "full"), ("PD", "adaptive"), ("PD", "full")]
+    assert sorted(planned) == [
+        ("B2", "adaptive"),
+        ("B2", "full"),
+        ("PD", "adaptive"),
+        ("PD", "full"),
+    ]
 
     def recorded(spec: dict[str, Any], **row: Any) -> dict[str, Any]:
         return {"spec": {k: v for k, v in spec.items() if k != "verify_width"}, **row}
@@ -187,13 +198,20 @@ def test_the_compressed_gemm_mode_is_part_of_every_runs_key(
 def test_the_engine_suite_runs_each_label_once_per_width_it_resolves_to() -> None:
     from pdflash.bench.suites.engine import label_runs
 
-    runs = label_runs(["B2", "PD"], ["off"], ["auto", "adaptive", "full", "fixed:1"])
-    # B2's auto is full; PD's auto is adaptive: each (label, width) once, as first asked
+    labels = ["B2", "PD-adaptive-width"]
+    runs = label_runs(labels, ["off"], ["auto", "adaptive", "full", "fixed:1"])
+    # B2's auto is full; PD-adaptive-width's is adaptive: each (label, width)
+    # once, as first asked
     assert runs == [
         ("B2", "off", "auto"),
         ("B2", "off", "adaptive"),
         ("B2", "off", "fixed:1"),
-        ("PD", "off", "auto"),
-        ("PD", "off", "full"),
-        ("PD", "off", "fixed:1"),
+        ("PD-adaptive-width", "off", "auto"),
+        ("PD-adaptive-width", "off", "full"),
+        ("PD-adaptive-width", "off", "fixed:1"),
+    ]
+    # PD's auto is full, as B2's
+    assert [w for _, _, w in label_runs(["PD"], ["off"], ["auto", "full", "adaptive"])] == [
+        "auto",
+        "adaptive",
     ]

@@ -1,19 +1,28 @@
 """A cache with a slot for every expert (``EngineConfig.full_cache``): every
 offloaded engine fills it when built, as B3's, and runs none of the parts
 that only serve a miss (no predictor, no stream, no lookahead, no background
-copies, no PD controller); lossless; a smaller cache, or ``full_cache="off"``,
-runs as configured."""
+copies, no PD controller, no 2-D scheduler, no hybrid service), so PD does
+per step exactly what B3 does (counted: function calls and aten ops);
+lossless; a smaller cache, or ``full_cache="off"``, runs as configured."""
 
 from __future__ import annotations
 
+import functools
+import gc
+import sys
+from collections import Counter
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
 import pytest
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pdflash.engine import Engine, EngineConfig
+from pdflash.engine.batching import DeficitBatcher, FCFSBatcher, ShadowComparison
 from pdflash.engine.config import NOTHING_TO_MISS
+from pdflash.engine.engine import _without_2d_scheduler
 
 from .conftest import oracle_drafts
 from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
@@ -22,7 +31,8 @@ from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
 FULL = 1 << 20
 #: the parts each preset has on that only serve a miss
 MISS_PARTS = {
-    "PD": set(NOTHING_TO_MISS),
+    "PD": set(NOTHING_TO_MISS) - {"host_experts"},
+    "PD+host": set(NOTHING_TO_MISS),
     "B1": {"lookahead"},
     "B2": {"lookahead"},
 }
@@ -44,7 +54,7 @@ def _every_expert(adapter: Any) -> int:
     return int(adapter.num_layers * adapter.num_experts)
 
 
-@pytest.mark.parametrize("baseline", ["PD", "B1", "B2"])
+@pytest.mark.parametrize("baseline", ["PD", "PD+host", "B1", "B2"])
 def test_full_cache_is_filled_when_built_and_runs_no_miss_machinery(
     baseline: str, checkpoint: tuple[Path, list[Any]]
 ) -> None:
@@ -68,6 +78,12 @@ def test_full_cache_is_filled_when_built_and_runs_no_miss_machinery(
         assert eng.prefetch.built_stream is None and eng.prefetch.lookahead is None
         runtime = adapter.runtime
         assert not eng.runner.routed_hooks and not runtime.route_hooks
+        # PD's 2-D scheduler gives way to B3's FCFS; B2 keeps its token-only one
+        want = "deficit_tokens" if baseline == "B2" else "fcfs"
+        assert eng.config.batching == eng.batcher.name == want
+        # PD+host's service (attached to the runtime when built) is detached
+        assert eng.host_service is None and runtime.host_service is None
+        assert eng.config.host_experts == "off"
         # filled in layer order: each layer's experts in one span of the slab,
         # so every layer call runs B3's all-resident path over its own window
         assert runtime.path == "grouped"
@@ -109,6 +125,144 @@ def test_pd_at_full_cache_equals_b3_and_plain_greedy(
         finally:
             issuer.close()
     assert got["PD"] == got["B3"] == [ref for _, ref in cases]
+
+
+class _StepWork:
+    """Each step's work, counted: calls of pdflash's functions (by file and
+    name: ``sys.setprofile``) and aten ops (by name: every op that reaches
+    the dispatcher, device syncs such as ``item()`` included)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[Counter[tuple[str, str]], Counter[str]]] = []
+
+    def run(self, eng: Engine, cases: list[Any]) -> None:
+        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=5)
+        # no collection inside a counted step: an earlier engine's finalizers
+        # (its cache's, its store's) would count as this step's calls
+        gc.collect()
+        gc.disable()
+        try:
+            self._count_steps(eng)
+        finally:
+            gc.enable()
+
+    def _count_steps(self, eng: Engine) -> None:
+        while eng.has_work:
+            calls: Counter[tuple[str, str]] = Counter()
+            ops: Counter[str] = Counter()
+            sys.setprofile(functools.partial(_count_call, calls))
+            try:
+                with _OpCounter(ops):
+                    eng.step()
+            finally:
+                sys.setprofile(None)
+            self.steps.append((calls, ops))
+            assert len(self.steps) < 400
+
+
+def _count_call(calls: Counter[tuple[str, str]], frame: FrameType, event: str, arg: Any) -> None:
+    code = frame.f_code
+    if event == "call" and "pdflash" in code.co_filename:
+        calls[(code.co_filename.rsplit("pdflash", 1)[-1], code.co_name)] += 1
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self, ops: Counter[str]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        self.ops[str(func.overloadpacket.__name__)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("baseline", ["PD", "PD+host", "B1"])
+def test_at_full_cache_each_step_does_what_b3_does(
+    baseline: str, checkpoint: tuple[Path, list[Any]]
+) -> None:
+    """Per step, the same calls of pdflash's functions and the same aten ops
+    as B3 (so the same host syncs): nothing but B3's work, no scheduler,
+    hook, timing or host-service call of its own."""
+    tmp, cases = checkpoint
+
+    def work(label: str) -> _StepWork:
+        eng, _, issuer = _stack(
+            tmp, "x", label, cache_slots=FULL, block_size=5, max_running=3, token_budget=15
+        )
+        counted = _StepWork()
+        try:
+            counted.run(eng, cases)
+        finally:
+            issuer.close()
+        return counted
+
+    work("B3")  # first calls in the process (lazy imports, memoized lookups) land here
+    label, b3 = work(baseline), work("B3")
+    assert len(label.steps) == len(b3.steps) > 2
+    for i, ((calls, ops), (b3_calls, b3_ops)) in enumerate(zip(label.steps, b3.steps, strict=True)):
+        assert calls == b3_calls, (i, _diff(calls, b3_calls))
+        assert ops == b3_ops, (i, _diff(ops, b3_ops))
+    # PD at full cache without the switch-over would differ: its 2-D scheduler
+    # is counted (the check sees the difference it guards against)
+    if baseline == "PD":
+        eng, _, issuer = _stack(
+            tmp, "x", "PD", cache_slots=FULL, block_size=5, max_running=3, token_budget=15
+        )
+        try:
+            eng.batcher = DeficitBatcher(
+                token_budget=15,
+                byte_budget=1 << 30,
+                num_layers=eng.adapter.num_layers,
+                num_experts=eng.adapter.num_experts,
+                expert_nbytes=1,
+            )
+            with_2d = _StepWork()
+            with_2d.run(eng, cases)
+        finally:
+            issuer.close()
+        scheduler_calls = sum(
+            n for (path, _), n in with_2d.steps[-1][0].items() if "scheduler" in path
+        )
+        assert scheduler_calls > 0
+
+
+def _diff(a: Counter[Any], b: Counter[Any]) -> dict[Any, tuple[int, int]]:
+    return {k: (a[k], b[k]) for k in set(a) | set(b) if a[k] != b[k]}
+
+
+def test_a_2d_batcher_gives_way_to_fcfs_and_a_wrapper_keeps_wrapping() -> None:
+    def deficit(byte_budget: int | None) -> DeficitBatcher:
+        return DeficitBatcher(
+            token_budget=8, byte_budget=byte_budget, num_layers=2, num_experts=4, expert_nbytes=1
+        )
+
+    assert _without_2d_scheduler(None, 8) is None
+    assert _without_2d_scheduler(deficit(100), 8) is None  # the engine builds FCFS
+    token_only = deficit(None)
+    assert _without_2d_scheduler(token_only, 8) is token_only
+    fcfs = FCFSBatcher(8)
+    assert _without_2d_scheduler(fcfs, 8) is fcfs
+
+    class Wrapper:  # e.g. expert-parallel ranks' ExpertParallelBatcher
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.name = inner.name
+
+    wrapped = Wrapper(deficit(100))
+    kept: Any = _without_2d_scheduler(wrapped, 8)  # type: ignore[arg-type]
+    assert kept is wrapped and isinstance(kept.inner, FCFSBatcher) and kept.name == "fcfs"
+    assert kept.inner.token_budget == 8
+    # anything else that would still run the 2-D scheduler is refused
+    shadow = ShadowComparison(deficit(100), deficit(None), 1)
+    with pytest.raises(ValueError, match="2-D deficit scheduler"):
+        _without_2d_scheduler(shadow, 8)
 
 
 def test_full_cache_off_runs_pd_as_configured(checkpoint: tuple[Path, list[Any]]) -> None:
@@ -168,9 +322,22 @@ def test_half_cache_runs_pd_unchanged(checkpoint: tuple[Path, list[Any]]) -> Non
 def test_b3_state_and_config_validation() -> None:
     with pytest.raises(ValueError, match="full_cache"):
         EngineConfig(full_cache="on")
-    cfg, off = EngineConfig.preset("PD").without_miss_parts()
+    pd = EngineConfig.preset("PD+host", byte_budget=1 << 20)
+    cfg, off = pd.without_miss_parts()
     assert set(off) == set(NOTHING_TO_MISS)
-    assert not any(getattr(cfg, part) for part in NOTHING_TO_MISS)
-    assert cfg.batching == "deficit_2d" and cfg.verify_width == "adaptive"
-    b3, none = EngineConfig.preset("B3").without_miss_parts()
-    assert none == {} and b3 == EngineConfig.preset("B3")
+    flags = set(NOTHING_TO_MISS) - {"scheduler_2d", "host_experts"}
+    assert not any(getattr(cfg, part) for part in flags)
+    # the 2-D scheduler gives way to B3's FCFS, the host service is off; the
+    # width is PD's (every draft)
+    assert cfg.batching == "fcfs" and cfg.byte_budget is None
+    assert cfg.host_experts == "off" and cfg.verify_width == "full"
+    # what differs from B3's configuration is the label and B3's own switch
+    b3 = EngineConfig.preset("B3")
+    assert cfg.replace(baseline="B3", all_resident=True) == b3
+    _, pd_off = EngineConfig.preset("PD").without_miss_parts()
+    assert set(pd_off) == set(NOTHING_TO_MISS) - {"host_experts"}
+    b3_cfg, none = b3.without_miss_parts()
+    assert none == {} and b3_cfg == b3
+    # B2's token-only scheduler is its own part: kept
+    b2, b2_off = EngineConfig.preset("B2").without_miss_parts()
+    assert b2.batching == "deficit_tokens" and set(b2_off) == {"lookahead"}

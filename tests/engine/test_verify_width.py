@@ -500,10 +500,15 @@ def test_bad_settings_raise_clear_errors(bad: object, match: str) -> None:
 
 
 def test_presets_defaults() -> None:
-    assert EngineConfig.preset("PD").verify_width == "adaptive"
-    assert EngineConfig.preset("PD-all-on").verify_width == "adaptive"
-    assert EngineConfig.preset("PD-full-width").verify_width == "full"
-    assert EngineConfig.preset("PD-full-width").parts_controller
+    # every draft verified by every preset but the adaptive-width arm
+    for label in ("PD", "PD+host", "PD-all-on", "PD-token-sched"):
+        assert EngineConfig.preset(label).verify_width == "full"
+    adaptive = EngineConfig.preset("PD-adaptive-width")
+    assert adaptive.verify_width == "adaptive"
+    # PD, controller included, with only the width changed
+    assert adaptive.replace(baseline="PD", verify_width="full") == EngineConfig.preset("PD")
+    with pytest.raises(ValueError, match="unknown baseline"):
+        EngineConfig.preset("PD-full-width")  # retired: PD is that configuration now
     for label in ("B1", "B2", "B3"):
         assert EngineConfig.preset(label).verify_width == "full"
         assert EngineConfig.preset(label, verify_width="fixed:3").verify_width == "fixed:3"

@@ -141,3 +141,27 @@ def test_exposed_fetch_consistent_with_issuer_wait_is_fine(make_row: Callable[..
         )
         == []
     )
+
+
+def test_rows_of_the_retired_full_width_label_are_still_read(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    """``PD-full-width`` rows (PD verifying every draft, recorded while PD's
+    preset width was adaptive) validate, and the report and its ablation
+    table show them under their own label beside PD."""
+    from pdflash.report.ablation import ablation_table
+    from pdflash.report.evaluate import evaluate
+    from pdflash.report.schema import BASELINES, RETIRED_LABELS, resolved_width
+
+    assert "PD-full-width" in RETIRED_LABELS and "PD-full-width" not in BASELINES
+    assert resolved_width("auto", "PD-full-width") == "full"
+    rows = matrix_rows()
+    old = [
+        dict(r, baseline="PD-full-width", verify_width={"setting": "full"})
+        for r in rows
+        if r["baseline"] == "PD"
+    ]
+    assert old and validate_rows(rows + old) == []
+    variants = {e["variant"] for e in ablation_table(rows + old)}
+    assert variants == {"PD-full-width"}
+    assert "PD-full-width" in evaluate(rows + old)["ordering"][0]["tokens_per_s"]

@@ -162,7 +162,7 @@ def test_verify_width_reaches_the_engine_and_bad_values_are_refused(
         bundle.close()
     preset = build_engine(ServeModelConfig(**base))  # type: ignore[arg-type]
     try:
-        assert preset.engine.config.verify_width == "adaptive"  # PD's preset
+        assert preset.engine.config.verify_width == "full"  # PD's preset: every draft
     finally:
         preset.close()
     with pytest.raises(ValueError, match="exceeds the 3 drafts"):

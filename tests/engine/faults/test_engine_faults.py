@@ -588,7 +588,7 @@ def test_sampled_requests_are_isolated_from_a_failing_neighbour(
     def run(fail: bool) -> dict[int, list[int]]:
         from pdflash.engine.verify_width import FixedWidth
 
-        # every draft verified: PD's adaptive width decides from measured step
+        # every draft verified: an adaptive width decides from measured step
         # times, so a sampled request's draws (a lossless sample either way)
         # repeat per seed only at a width that does not depend on timing
         eng = make_engine(adapter, drafter, width=FixedWidth(None, 4))
