@@ -86,8 +86,9 @@ def _rank_main(group: RankGroup, spec: RunSpec) -> Any:
 def run_ranks(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run ``spec`` on ``spec.gpus`` local ranks; rank 0's result."""
     from pdflash.distributed import launch
+    from pdflash.serve.build import resolve_device
 
-    from .engine_run import resolve_device, synthetic_paths
+    from .engine_run import synthetic_paths
 
     check_spec(spec)
     device = "cuda" if resolve_device(spec.device).type == "cuda" else "cpu"

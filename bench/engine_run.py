@@ -69,6 +69,7 @@ from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKE
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
 from pdflash.report.schema import HOST_METRIC_FIELDS
+from pdflash.serve.build import resolve_device
 
 from .workload import WARMUP_CHOICES, ClosedLoop, LengthDist, Workload, open_loop
 
@@ -485,15 +486,6 @@ class SetupClock:
 
 def cache_root() -> Path:
     return Path(os.environ.get("PDFLASH_CACHE", Path.home() / ".cache" / "pdflash"))
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} requested but CUDA is not available")
-    return dev
 
 
 def synthetic_paths(spec: RunSpec, device: torch.device) -> tuple[Path, Path, torch.dtype]:

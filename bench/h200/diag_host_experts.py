@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clock", default="wall", choices=("wall", "cpu"), help="paths' clock")
     args = ap.parse_args(argv)
 
-    from pdflash.bench.engine_run import RunSpec, load_target, resolve_device, synthetic_paths
+    from pdflash.bench.engine_run import RunSpec, load_target, synthetic_paths
+
+    from pdflash.serve.build import resolve_device
 
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

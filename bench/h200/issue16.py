@@ -558,12 +558,9 @@ def table(summary: dict[str, Any]) -> list[str]:
 def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
     """The executor diagnostic on ``arch``'s target, loaded as the runs load
     it (so they reuse it)."""
-    from pdflash.bench.engine_run import (
-        RunSpec,
-        load_target,
-        resolve_device,
-        synthetic_paths,
-    )
+    from pdflash.bench.engine_run import RunSpec, load_target, synthetic_paths
+
+    from pdflash.serve.build import resolve_device
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from diag_host_experts import diagnose  # type: ignore[import-not-found]

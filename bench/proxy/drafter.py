@@ -297,7 +297,7 @@ def build_dataset(
 ) -> tuple[Any, list[str]]:
     """``[N, P + Cn]`` sequences: held-out ``draft`` prompts continued by the target."""
     import torch
-    from pdflash.bench.proxy.target import _autocast, heldout_prompts
+    from pdflash.bench.proxy.target import bf16_autocast, heldout_prompts
 
     prompts = heldout_prompts(target_dir, "draft", preset.data_prompts, preset.prompt_len, 0)
     if not prompts:
@@ -314,7 +314,7 @@ def build_dataset(
                 preset.continuation_len,
                 temperature=preset.data_temperature,
                 generator=gen,
-                autocast=_autocast(device),
+                autocast=bf16_autocast(device),
             )
         )
     data = torch.cat(parts)
@@ -430,8 +430,8 @@ def train_drafter(
     import torch
     import transformers
     from pdflash.bench.proxy.target import (
-        _autocast,
-        _device_name,
+        bf16_autocast,
+        device_description,
         lr_at,
         resolve_device,
         run_fraction,
@@ -481,7 +481,7 @@ def train_drafter(
             anchors = torch.from_numpy(
                 sample_anchors(rng, len(rows), P, L - B, preset.anchors_per_seq)
             ).to(dev)
-            with _autocast(dev):
+            with bf16_autocast(dev):
                 loss, acc = drafter_loss(drafter, target, tokens, anchors, weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -533,7 +533,7 @@ def train_drafter(
         "final_loss": final_loss,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "device": _device_name(dev),
+        "device": device_description(dev),
     }
     cfg_dict["pdflash_proxy"] = provenance
     save_drafter(drafter, cfg_dict, out, "float32" if dev.type == "cpu" else "bfloat16")

@@ -234,7 +234,7 @@ def evaluate_loss(model: Any, windows: npt.NDArray[np.int64], device: Any, batch
 
     total, count = 0.0, 0
     model.eval()
-    with torch.no_grad(), _autocast(device):
+    with torch.no_grad(), bf16_autocast(device):
         for i in range(0, len(windows), batch):
             w = torch.from_numpy(windows[i : i + batch]).to(device)
             logits = model(input_ids=w[:, :-1], use_cache=False).logits
@@ -255,7 +255,7 @@ def collect_topk(
 
     model.eval()
     parts: list[npt.NDArray[np.int64]] = []
-    with torch.no_grad(), _autocast(device):
+    with torch.no_grad(), bf16_autocast(device):
         for i in range(0, len(windows), batch):
             w = torch.from_numpy(windows[i : i + batch, :-1]).to(device)
             with routing_stats.capture_routing(model) as calls:
@@ -265,7 +265,9 @@ def collect_topk(
     return np.concatenate(parts, axis=0)
 
 
-def _autocast(device: Any) -> Any:
+def bf16_autocast(device: Any) -> Any:
+    """bf16 autocast on a CUDA ``device``, no autocast elsewhere (the proxy
+    target's and drafter's training and generation)."""
     import contextlib
 
     import torch
@@ -376,7 +378,7 @@ def train_target(
             ids = torch.from_numpy(batch).to(dev, non_blocking=True)
 
             def forward_backward(ids: Any = ids) -> tuple[Any, Any, Any]:
-                with _autocast(dev):
+                with bf16_autocast(dev):
                     outp = model(input_ids=ids[:, :-1], use_cache=False, output_router_logits=True)
                     ce = F.cross_entropy(
                         outp.logits.float().reshape(-1, preset.vocab_size), ids[:, 1:].reshape(-1)
@@ -503,7 +505,7 @@ def train_target(
         "params_active": preset.active_params(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "device": _device_name(dev),
+        "device": device_description(dev),
         "host": platform.node(),
         "autocast": "bf16" if dev.type == "cuda" else "none (fp32)",
         "experts_implementation": experts_impl,
@@ -519,7 +521,8 @@ def train_target(
     return provenance
 
 
-def _device_name(dev: Any) -> str:
+def device_description(dev: Any) -> str:
+    """The device a proxy model was trained on, for its provenance record."""
     import torch
 
     if dev.type == "cuda":

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pdflash.cache.staging import StagingEvent, _cuda_event
+from pdflash.cache.staging import StagingEvent, new_cuda_event
 
 
 class SlotEvents:
@@ -28,7 +28,7 @@ class SlotEvents:
 
     Books: :attr:`created` (events made), :attr:`recorded` (records)."""
 
-    def __init__(self, slots: int, new_event: Callable[[], StagingEvent] = _cuda_event) -> None:
+    def __init__(self, slots: int, new_event: Callable[[], StagingEvent] = new_cuda_event) -> None:
         self._new_event = new_event
         self._index = np.full(slots, -1, dtype=np.int64)  # per slot: its pooled event
         self._pool: list[StagingEvent] = []

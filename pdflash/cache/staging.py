@@ -33,7 +33,10 @@ class StagingEvent(Protocol):
     def synchronize(self) -> None: ...
 
 
-def _cuda_event() -> StagingEvent:
+def new_cuda_event() -> StagingEvent:
+    """A new ``torch.cuda.Event``: the default event maker of
+    :class:`StagingRing` and :class:`~pdflash.cache.slot_events.SlotEvents`
+    (tests pass a fake one instead)."""
     return torch.cuda.Event()  # type: ignore[no-untyped-call]
 
 
@@ -56,7 +59,7 @@ class StagingRing:
         depth: int = 2,
         max_depth: int = 16,
         pin_memory: bool = True,
-        new_event: Callable[[], StagingEvent] = _cuda_event,
+        new_event: Callable[[], StagingEvent] = new_cuda_event,
         current_stream: Callable[[torch.device], Any] | None = None,
     ) -> None:
         if not 1 <= depth <= max_depth:

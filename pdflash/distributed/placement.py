@@ -101,7 +101,23 @@ def _check_ranks(num_ranks: int) -> int:
     return int(num_ranks)
 
 
-class RoundRobinPlacement:
+class _TablePlacement:
+    """A placement held as its ``[layers, experts]`` owner table over
+    :attr:`num_ranks` ranks (each placement below computes ``_table`` once)."""
+
+    _n: int
+    _table: npt.NDArray[np.int64]
+
+    @property
+    def num_ranks(self) -> int:
+        return self._n
+
+    def owner_table(self) -> npt.NDArray[np.int64]:
+        result: npt.NDArray[np.int64] = self._table.copy()
+        return result
+
+
+class RoundRobinPlacement(_TablePlacement):
     """Expert ``e`` of layer ``l`` on rank ``(e + l) % N`` (uniform)."""
 
     name = "round_robin"
@@ -114,16 +130,8 @@ class RoundRobinPlacement:
         experts = np.arange(num_experts, dtype=np.int64)[None, :]
         self._table = (experts + layers) % self._n
 
-    @property
-    def num_ranks(self) -> int:
-        return self._n
 
-    def owner_table(self) -> npt.NDArray[np.int64]:
-        result: npt.NDArray[np.int64] = self._table.copy()
-        return result
-
-
-class FrequencyBalancedPlacement:
+class FrequencyBalancedPlacement(_TablePlacement):
     """Static placement balanced by measured routing frequency (module doc).
 
     ``frequency``: ``[layers, experts]`` non-negative routed counts or rates
@@ -156,14 +164,6 @@ class FrequencyBalancedPlacement:
                 count[r] += 1
         self._table = table
         self.frequency = freq
-
-    @property
-    def num_ranks(self) -> int:
-        return self._n
-
-    def owner_table(self) -> npt.NDArray[np.int64]:
-        result: npt.NDArray[np.int64] = self._table.copy()
-        return result
 
     def rank_load(self) -> npt.NDArray[np.float64]:
         """``[ranks]``: the measured frequency each rank owns (all layers)."""

@@ -17,8 +17,8 @@ by columns ``n`` of its slot's weights, read straight from the slab:
   even/odd columns of the activation tile, so no interleave is needed. The
   values have the bits of :func:`pdflash.models.layout.dequantize_mxfp4_torch`:
   by adding exponents when every scale byte of the program's rows is in
-  2..252 (checked once, before the K loop), else built from bits as
-  :mod:`pdflash.models.mxfp4_triton` builds them. ``scaled``:
+  2..252 (checked once, before the K loop), else built from bits by
+  :func:`pdflash.models.mxfp4_triton.e2m1_to_f32`. ``scaled``:
   ``tl.dot_scaled`` (bf16 x e2m1 with the e8m0 scales; Triton upcasts before
   the MMA on sm_90; GPU only).
 * FP8 (``--expert-dtype fp8``): e4m3 ``[S, N, K]`` or ``[S, K, N]`` (any
@@ -44,6 +44,8 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+
+from pdflash.models.mxfp4_triton import e2m1_to_f32
 
 WFMT_MXFP4 = 0
 WFMT_FP8 = 1
@@ -110,15 +112,6 @@ def _config(block_n: int, block_k: int, warps: int, stages: int) -> Any:
 
 
 @triton.jit
-def _e2m1_to_f32(code):
-    mag = code & 7
-    exp_field = tl.where(mag >= 2, (mag >> 1) + 126, tl.where(mag == 1, 126, 0))
-    mant_bit = tl.where(mag >= 2, mag & 1, 0)
-    bits = ((code >> 3) << 31) | (exp_field << 23) | (mant_bit << 22)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _to_dot(values, DOT_DTYPE: tl.constexpr):
     # one return per path: triton compiles the code after a static branch's
     # return too, and two return types would not compile
@@ -171,8 +164,8 @@ def _mxfp4_tiles(
         hi = _e2m1_scaled_bits(packed >> 4, scale_m1).to(tl.float32, bitcast=True)
     else:
         scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
-        lo = _e2m1_to_f32(packed & 0x0F) * scale
-        hi = _e2m1_to_f32(packed >> 4) * scale
+        lo = e2m1_to_f32(packed & 0x0F) * scale
+        hi = e2m1_to_f32(packed >> 4) * scale
     return _to_dot(lo, DOT_DTYPE), _to_dot(hi, DOT_DTYPE)
 
 

@@ -43,7 +43,9 @@ _TL_DTYPES: dict[torch.dtype, Any] = {
 
 
 @triton.jit
-def _e2m1_to_f32(code):
+def e2m1_to_f32(code):
+    """e2m1 codes (int32, low 4 bits) as fp32 values, built from bits (module
+    doc); :mod:`pdflash.models.fused_moe_triton` dequantizes with it too."""
     mag = code & 7
     exp_field = tl.where(mag >= 2, (mag >> 1) + 126, tl.where(mag == 1, 126, 0))
     mant_bit = tl.where(mag >= 2, mag & 1, 0)
@@ -73,8 +75,8 @@ def _dequantize_mxfp4_kernel(
     scale = scale_bits.to(tl.float32, bitcast=True)
     if OUT_DTYPE == tl.float16:  # noqa: SIM300 (constexpr first: triton unwraps it)
         scale = scale.to(tl.float16).to(tl.float32)  # over/underflows, as in the torch path
-    lo = _e2m1_to_f32(packed & 0x0F) * scale[:, None]
-    hi = _e2m1_to_f32(packed >> 4) * scale[:, None]
+    lo = e2m1_to_f32(packed & 0x0F) * scale[:, None]
+    hi = e2m1_to_f32(packed >> 4) * scale[:, None]
     # low nibble first: [BLOCK_GROUPS, 16, 2] -> [BLOCK_GROUPS, 32] (tl.interleave, spelled
     # with builtins so the kernel also runs under an interpreter enabled after triton imported)
     values = tl.reshape(tl.join(lo, hi), (BLOCK_GROUPS, 32))

@@ -130,7 +130,9 @@ class EngineBundle:
         self.adapter.close()
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """The torch device a ``--device`` value names: ``"auto"`` is CUDA where
+    it is available, else the CPU; a CUDA device without CUDA is an error."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
@@ -164,7 +166,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
                 f"--gpus {cfg.gpus}: join a {cfg.gpus}-rank group first "
                 "(pdflash serve starts the ranks; pdflash.distributed.init_from_env under torchrun)"
             )
-    device = _device(cfg.device) if group is None else group.device
+    device = resolve_device(cfg.device) if group is None else group.device
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     baseline = cfg.baseline or ("PD" if cfg.draft else "B0")
     if baseline != "B0" and cfg.draft is None:

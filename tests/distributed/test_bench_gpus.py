@@ -86,9 +86,10 @@ def test_host_experts_on_a_rank_without_experts_is_refused_before_any_rank_start
     and the experts, before a rank starts (it was an IndexError in a rank's
     host-expert preparation); without host experts the check does not apply."""
     from pdflash.bench.distributed_run import expert_grid, run_ranks
-    from pdflash.bench.engine_run import resolve_device, synthetic_paths
+    from pdflash.bench.engine_run import synthetic_paths
 
     import pdflash.distributed as dist
+    from pdflash.serve.build import resolve_device
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     started: list[int] = []

@@ -43,20 +43,29 @@ ALPHA, LIMIT = 1.702, 7.0
 def kernels() -> ModuleType:
     """A fresh copy of the kernel module decorated under ``TRITON_INTERPRET=1``
     (triton picks the interpreter at decoration time), so it runs on CPU
-    tensors."""
+    tensors. The MXFP4 kernel module it imports its e2m1 decoder from is
+    loaded fresh too, under the interpreter, while it imports (an interpreted
+    kernel cannot call a compiled helper)."""
     pytest.importorskip("triton")
     mp = pytest.MonkeyPatch()
     mp.setenv("TRITON_INTERPRET", "1")
     try:
-        spec = importlib.util.find_spec("pdflash.models.fused_moe_triton")
-        assert spec is not None and spec.origin is not None
-        fresh = importlib.util.spec_from_file_location("_fused_moe_interpreted", spec.origin)
-        assert fresh is not None and fresh.loader is not None
-        module = importlib.util.module_from_spec(fresh)
-        sys.modules[fresh.name] = module  # its dataclass looks its module up by name
-        fresh.loader.exec_module(module)
+        mxfp4 = _fresh_module("pdflash.models.mxfp4_triton", "_mxfp4_triton_interpreted")
+        mp.setitem(sys.modules, "pdflash.models.mxfp4_triton", mxfp4)
+        module = _fresh_module("pdflash.models.fused_moe_triton", "_fused_moe_interpreted")
     finally:
         mp.undo()
+    return module
+
+
+def _fresh_module(name: str, fresh_name: str) -> ModuleType:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin is not None
+    fresh = importlib.util.spec_from_file_location(fresh_name, spec.origin)
+    assert fresh is not None and fresh.loader is not None
+    module = importlib.util.module_from_spec(fresh)
+    sys.modules[fresh.name] = module  # a dataclass looks its module up by name
+    fresh.loader.exec_module(module)
     return module
 
 

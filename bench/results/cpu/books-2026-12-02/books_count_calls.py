@@ -20,7 +20,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from pdflash.bench import eager_host
+from pdflash.bench.eager_count import HARNESS_FILE, EagerCount
 
 from pdflash.cache.expert_cache import ExpertCache
 from pdflash.models.offload import OffloadedMoE
@@ -37,7 +37,7 @@ BOOKS = (
     (OffloadedMoE, "_phase_rows"),
 )
 
-state: dict[str, Any] = {"depth": 0, "on": False, "layers": 0}
+count = EagerCount()
 calls: Counter[str] = Counter()
 
 
@@ -47,6 +47,8 @@ def _home(event: str, arg: Any, frame: Any) -> str | None:
         mod = getattr(arg, "__module__", None) or type(owner).__module__ or ""
     else:  # a Python function: where its code lives
         mod = frame.f_code.co_filename
+        if mod == HARNESS_FILE:  # the harness's wrappers: not pdflash's code
+            return "other"
     if "numpy" in mod:
         return "numpy"
     if "torch" in mod:
@@ -59,10 +61,12 @@ def _home(event: str, arg: Any, frame: Any) -> str | None:
 
 
 def _profile(frame: Any, event: str, arg: Any) -> None:
-    if not state["on"] or state["depth"] == 0 or event not in ("call", "c_call"):
+    if not count.on or not count.stack or event not in ("call", "c_call"):
         return
     caller = frame if event == "c_call" else frame.f_back
     if caller is None or "pdflash" not in caller.f_code.co_filename:
+        return
+    if caller.f_code.co_filename == HARNESS_FILE:
         return
     if "numpy" in caller.f_code.co_filename or "/torch/" in caller.f_code.co_filename:
         return
@@ -71,52 +75,20 @@ def _profile(frame: Any, event: str, arg: Any) -> None:
         calls[home] += 1
 
 
-def _wrap(cls: Any, name: str) -> None:
-    real = getattr(cls, name)
-
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state["depth"] += 1
-        try:
-            return real(self, *args, **kwargs)
-        finally:
-            state["depth"] -= 1
-
-    wrapper.__name__ = name
-    setattr(cls, name, wrapper)
-
-
 def main() -> int:
     for cls, name in BOOKS:
-        _wrap(cls, name)
-    real_layer = OffloadedMoE._forward_grouped
-
-    def layer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if state["on"]:
-            state["layers"] += 1
-        return real_layer(self, *args, **kwargs)
-
-    OffloadedMoE._forward_grouped = layer  # type: ignore[method-assign]
-    # the prompt's prefill runs before eager_host patches its timers; count
-    # from the first patch on (the warm-up and timed verify steps)
-    patch = eager_host.ExclusiveTimer.patch
-
-    def start_counting(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state["on"] = True
-        return patch(self, *args, **kwargs)
-
-    eager_host.ExclusiveTimer.patch = start_counting  # type: ignore[method-assign]
+        count.wrap(cls, name)
     sys.setprofile(_profile)
     try:
-        eager_host.main([*sys.argv[1:], "--count-steps", "1"])
+        count.run(sys.argv[1:])
     finally:
         sys.setprofile(None)
-    n = max(state["layers"], 1)
     print(
         json.dumps(
             {
                 "what": "function calls per MoE layer inside the books (operators/indexing not counted)",
-                "moe_layers": state["layers"],
-                "per_layer": {k: round(v / n, 2) for k, v in sorted(calls.items())},
+                "moe_layers": count.layers,
+                "per_layer": {k: round(v / count.moe_layers, 2) for k, v in sorted(calls.items())},
             }
         )
     )

@@ -15,33 +15,18 @@ import json
 from collections import Counter
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
-
 # the installed package's modules, patched in place (untyped here: a
 # results script, not part of the package's checked API)
 engine_run: Any = importlib.import_module("pdflash.bench.engine_run")
+op_count: Any = importlib.import_module("pdflash.bench.op_count")
 prefetch: Any = importlib.import_module("pdflash.engine.prefetch")
 offload: Any = importlib.import_module("pdflash.models.offload")
-VIEW_OPS: frozenset[str] = importlib.import_module("pdflash.bench.op_count").VIEW_OPS
-_Mode: Any = TorchDispatchMode
-
-
-class _Ops(_Mode):  # type: ignore[misc]
-    def __init__(self, counter: Counter[str]) -> None:
-        super().__init__()
-        self.counter = counter
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = func.overloadpacket.__name__
-        if name not in VIEW_OPS:
-            self.counter[name] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def count(label: str, arch: str, fraction: float, max_new: int) -> dict[str, Any]:
     baseline, _, setting = label.partition(":")
     state = {"measuring": False, "routing_reads": 0}
-    ops: Counter[str] = Counter()
+    counter = op_count.OpCounter()  # one region ("other"): counts by op name
     reset, step = engine_run._reset_measurements, engine_run.Engine.step
     read = offload.routed_ids_on_host
 
@@ -52,7 +37,7 @@ def count(label: str, arch: str, fraction: float, max_new: int) -> dict[str, Any
     def counted_step(self: Any) -> Any:
         if not state["measuring"]:
             return step(self)
-        with _Ops(ops):
+        with counter:
             return step(self)
 
     def counted_read(topk: Any) -> Any:
@@ -81,6 +66,9 @@ def count(label: str, arch: str, fraction: float, max_new: int) -> dict[str, Any
         engine_run._reset_measurements = reset
         engine_run.Engine.step = step
         offload.routed_ids_on_host = prefetch.routed_ids_on_host = read
+    ops: Counter[str] = Counter()
+    for (_, name), n in counter.counts.items():
+        ops[name] += n
     steps = max(1, int(row["steps"]))
     forwards = int(row["verify_forwards"]) + 1  # the prefill
     return {

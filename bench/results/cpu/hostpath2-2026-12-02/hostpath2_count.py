@@ -15,6 +15,8 @@ calls."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from collections import Counter, defaultdict
@@ -38,21 +40,17 @@ METHODS = (
     ("ExpertCache", "_evict"),
 )
 
-state: dict[str, Any] = {"on": False, "stack": [], "layers": 0}
 counts: dict[str, Counter[str]] = defaultdict(Counter)
 
 
-def _where() -> str | None:
-    return state["stack"][-1] if state["on"] and state["stack"] else None
-
-
 class _Dispatches(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    def __init__(self) -> None:
+    def __init__(self, count: Any) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
+        self.count = count
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        where = _where()
+        where = self.count.inside
         if where is not None:
             counts[where]["dispatches"] += 1
             name = func.overloadpacket.__name__
@@ -61,49 +59,30 @@ class _Dispatches(TorchDispatchMode):  # type: ignore[no-untyped-call]
         return func(*args, **kwargs)
 
 
-def _wrap(cls: Any, name: str) -> None:
-    real = getattr(cls, name)
-    label = f"{cls.__name__}.{name}"
-
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state["stack"].append(label)
-        mode = _Dispatches() if len(state["stack"]) == 1 else None
-        try:
-            if mode is None:
-                return real(self, *args, **kwargs)
-            with mode:
-                return real(self, *args, **kwargs)
-        finally:
-            state["stack"].pop()
-
-    wrapper.__name__ = name
-    setattr(cls, name, wrapper)
-
-
-def _count_events() -> None:
+def _count_events(count: Any) -> None:
     base = torch.cuda.Event
 
     class CountingEvent(base):  # type: ignore[misc,valid-type]
         def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-            where = _where()
+            where = count.inside
             if where is not None:
                 counts[where]["events_created"] += 1
             return super().__new__(cls, *args, **kwargs)
 
         def record(self, stream: Any = None) -> None:
-            where = _where()
+            where = count.inside
             if where is not None:
                 counts[where]["event_records"] += 1
             super().record(stream)
 
         def synchronize(self) -> None:
-            where = _where()
+            where = count.inside
             if where is not None:
                 counts[where]["event_syncs"] += 1
             super().synchronize()
 
         def query(self) -> bool:
-            where = _where()
+            where = count.inside
             if where is not None:
                 counts[where]["event_queries"] += 1
             return bool(super().query())
@@ -119,43 +98,26 @@ def main() -> int:
         import hostpath2_old_path
 
         hostpath2_old_path.install()
-    from pdflash.bench import eager_host
+    from pdflash.bench.eager_count import EagerCount
 
     from pdflash.cache.expert_cache import ExpertCache
     from pdflash.models.offload import OffloadedMoE
 
+    count = EagerCount()
     classes = {"OffloadedMoE": OffloadedMoE, "ExpertCache": ExpertCache}
     for cls_name, name in METHODS:
-        _wrap(classes[cls_name], name)
-    _count_events()
-    real_layer = OffloadedMoE._forward_grouped
-
-    def layer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if state["on"]:
-            state["layers"] += 1
-        return real_layer(self, *args, **kwargs)
-
-    OffloadedMoE._forward_grouped = layer  # type: ignore[method-assign]
-    patch = eager_host.ExclusiveTimer.patch
-
-    def start_counting(self: Any, *args: Any, **kwargs: Any) -> Any:
-        state["on"] = True
-        return patch(self, *args, **kwargs)
-
-    eager_host.ExclusiveTimer.patch = start_counting  # type: ignore[method-assign]
-    import contextlib
-    import io
-
+        count.wrap(classes[cls_name], name, outermost=lambda: _Dispatches(count))
+    _count_events(count)
     with contextlib.redirect_stdout(io.StringIO()):
-        eager_host.main([*argv, "--count-steps", "1"])
-    n = max(state["layers"], 1)
+        count.run(argv)
+    n = count.moe_layers
     print(
         json.dumps(
             {
                 "what": "torch dispatches / pinned allocations / CUDA events per MoE layer, per method (innermost counted)",
                 "side": "before" if old else "after",
                 "args": argv,
-                "moe_layers": state["layers"],
+                "moe_layers": count.layers,
                 "per_layer": {
                     where: {k: round(v / n, 3) for k, v in sorted(c.items())}
                     for where, c in sorted(counts.items())
