@@ -54,6 +54,10 @@ With ``stream`` the candidates of each layer are what the stream would copy:
   that one layer) and replaces that layer's HOST set;
 * the stream copies only the COPY part (its ``skip``).
 
+Only where the pre-verify plan runs (the engine plans ahead while forwards
+wait for misses) and the streaming prefetcher is on; otherwise ``stream``
+plans as ``predicted``.
+
 Correct by construction either way: a HOST-planned expert is only not
 copied ahead; the layer's own plan, at its routing, still decides every
 routed expert with no slot (an expert planned HOST but not routed costs the
