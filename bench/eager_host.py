@@ -122,7 +122,7 @@ HOST_PARTS = (
 )
 
 #: the host service's planners ``--host-planner`` picks (:func:`measure`)
-HOST_PLANNERS = ("forced", "makespan", "queue")
+HOST_PLANNERS = ("forced", "makespan")
 
 #: the published experts / top-k ratio each arch's synthetic target gets by
 #: default (gpt-oss-20b: 32 experts top-4; Qwen3-30B-A3B: 128 top-8)
@@ -284,8 +284,8 @@ def measure(
     model's (rows say ``expert_bytes_source: padded``).
 
     ``host_planner`` (:data:`HOST_PLANNERS`): ``forced`` (the default, with
-    ``host_every``) or the cost-model planner under its ``makespan`` or
-    ``queue`` rule with a configured host cost of ``host_expert_s`` per
+    ``host_every``) or the cost-model planner (``makespan``) with a
+    configured host cost of ``host_expert_s`` per
     expert (``host_every`` then only attaches the service: give 0): a
     costly host makes every plan COPY, the service present but hosting
     nothing, as at a compute-bound point (rows say ``planner`` and
@@ -382,7 +382,6 @@ def measure(
                 planner = CostModelPlanner(
                     HostCostModel(float(host_expert_s), 0.0),
                     int(cache.expert_nbytes),
-                    rule=host_planner,
                 )
             service = build_host_service(
                 adapter,
@@ -736,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--host-planner",
         choices=HOST_PLANNERS,
         default="forced",
-        help="forced (with --host-every) or the cost-model planner's makespan/queue rule with "
+        help="forced (with --host-every) or the cost-model planner (makespan) with "
         "a configured host cost (--host-expert-s; with --host-every 0)",
     )
     ap.add_argument(
@@ -748,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--host-threads", type=int, default=None, help="the host service's threads")
     ap.add_argument("--host-format", default="packed", help="the host's expert format")
     # no pre-verify plan here, and the planner is forced
-    add_host_switch_arguments(ap, ahead=False, plan=False)
+    add_host_switch_arguments(ap, ahead=False)
     ap.add_argument(
         "--preset", default="tiny", help="synthetic shape: tiny or a published one (gpt-oss-20b)"
     )

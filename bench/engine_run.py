@@ -183,11 +183,10 @@ class RunSpec:
     # expert (pdflash.hybrid.planner, "The ahead plan"): "certain" (as routed)
     # or "weighted" (routed with the run's measured probability)
     host_ahead: str = "certain"
-    # how the host planner judges a split (pdflash.hybrid.planner, "The link's
-    # queue", "The link's lag"): "makespan" (each layer's own copies, the link
-    # otherwise idle), "queue" (the link's measured backlog and the forward's
-    # measured work) or "lag" (the makespan with each layer's measured link lag)
-    host_plan: str = "makespan"
+    # which copies the host's pre-verify plan splits (pdflash.hybrid.service,
+    # "Splitting the stream's copies"): "predicted" (the route-ahead
+    # prediction only) or "stream" (also the streaming prefetcher's own copies)
+    host_ahead_from: str = "predicted"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -347,8 +346,8 @@ class RunSpec:
             HANDOFF_CHOICES,
             HOST_AFFINITY_CHOICES,
             HOST_AHEAD_CHOICES,
+            HOST_AHEAD_FROM_CHOICES,
             HOST_FORMAT_CHOICES,
-            HOST_PLAN_CHOICES,
         )
 
         if self.host_handoff not in HANDOFF_CHOICES:
@@ -369,9 +368,10 @@ class RunSpec:
             raise ValueError(
                 f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {self.host_ahead!r}"
             )
-        if self.host_plan not in HOST_PLAN_CHOICES:
+        if self.host_ahead_from not in HOST_AHEAD_FROM_CHOICES:
             raise ValueError(
-                f"host_plan must be one of {HOST_PLAN_CHOICES}, got {self.host_plan!r}"
+                f"host_ahead_from must be one of {HOST_AHEAD_FROM_CHOICES}, "
+                f"got {self.host_ahead_from!r}"
             )
         for name in ("host_workers", "host_threads"):
             value = getattr(self, name)
@@ -1097,7 +1097,7 @@ def _run(
                 handoff=spec.host_handoff,
                 host_affinity=spec.host_affinity,
                 host_ahead=spec.host_ahead,
-                host_plan=spec.host_plan,
+                host_ahead_from=spec.host_ahead_from,
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

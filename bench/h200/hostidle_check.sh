@@ -7,7 +7,6 @@
 #   forced0   the service present, a forced planner that hosts nothing
 #   makespan  the service present, the cost-model planner (makespan rule)
 #             with a configured costly host (1 s per expert): every plan COPY
-#   queue     the same under the queue rule (the link's backlog polled)
 #   affoff    forced0 with --host-affinity off (the service's thread
 #             placement not applied: does pinning the forward thread cost?)
 # plus gputests: the hybrid GPU tests and tests/engine/test_host_idle.py
@@ -44,7 +43,6 @@ steps=(
   "none=$EAGER"
   "forced0=$EAGER --host-every 0"
   "makespan=$EAGER --host-every 0 --host-planner makespan --host-expert-s 1.0"
-  "queue=$EAGER --host-every 0 --host-planner queue --host-expert-s 1.0"
   "affoff=$EAGER --host-every 0 --host-affinity off"
 )
 [ -n "$TESTS" ] && steps+=("$TESTS")

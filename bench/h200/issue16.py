@@ -306,6 +306,8 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "ahead_fraction_end",
             "host_ahead",
             "host_plan",
+            "host_ahead_from",
+            "lookahead_split",
             "plan_reasons",
             "handoff",
             "affinity",
@@ -325,13 +327,23 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out["host_ahead"] = sorted(
         {str((_service(r).get("planner") or {}).get("ahead")) for r in hosted}
     )
-    # the planner's rule, and why it chose what it chose: its decisions
-    # (layers planned, by reason; pdflash.hybrid.planner.PLAN_REASONS, and
-    # ahead_* for the pre-verify plan's layers) summed over the arm's runs
+    # the planner's rule (rows recorded before the queue and lag rules were
+    # removed carry theirs; every later row ran makespan), which copies its
+    # ahead plans split and the lookahead layers it split in the forwards
+    # (summed over the arm's runs), and why it chose what it chose: its
+    # decisions (layers planned, by reason; pdflash.hybrid.planner.PLAN_REASONS,
+    # and ahead_* for the pre-verify plan's layers) summed over the arm's runs
     # (a planner that counts none: absent from the sum, "runs" says how many did)
     out["host_plan"] = sorted(
         {str((_service(r).get("planner") or {}).get("rule", "makespan")) for r in hosted}
     )
+    out["host_ahead_from"] = sorted(
+        {str(_service(r).get("ahead_from", "predicted")) for r in hosted}
+    )
+    out["lookahead_split"] = {
+        k: sum(int((_service(r).get("lookahead_split") or {}).get(k, 0)) for r in hosted)
+        for k in ("layers", "planned")
+    }
     counted = [d for d in (_service(r).get("planner_decisions") for r in hosted) if d]
     reasons: dict[str, int] = {}
     for d in counted:
@@ -502,6 +514,7 @@ def _reasons(counts: dict[str, Any] | None) -> str:
         return "not counted"
     layer = " ".join(
         f"{k}={counts[k]}"
+        # copy_hidden: rows of the removed queue rule
         for k in ("split", "copy_hidden", "copy_ineligible", "copy_margin", "probes")
         if k in counts
     )
@@ -551,7 +564,10 @@ def table(summary: dict[str, Any]) -> list[str]:
                 f"applied {m.get('affinity', {}).get('applied_runs')}/{m.get('host_service_runs')}"
                 f" {m.get('affinity', {}).get('reasons') or ''}"
             )
-            lines.append(f"    plan {m.get('host_plan')}: {_reasons(m.get('plan_reasons'))}")
+            lines.append(
+                f"    plan {m.get('host_plan')} from {m.get('host_ahead_from')} "
+                f"lookahead-split {m.get('lookahead_split')}: {_reasons(m.get('plan_reasons'))}"
+            )
     return lines
 
 
@@ -667,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_handoff": args.host_handoff,
         "host_affinity": args.host_affinity,
         "host_ahead": args.host_ahead,
-        "host_plan": args.host_plan,
+        "host_ahead_from": args.host_ahead_from,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
     }

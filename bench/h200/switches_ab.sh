@@ -41,7 +41,7 @@
 #   OUT=/path bash bench/h200/switches_ab.sh
 # BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
 # issue16.py options) override; NAME names the tar and the table's heading
-# (default switches_ab; bench/h200/hostguard_ab.sh is this with its own
+# (default switches_ab; bench/h200/aheadsplit_ab.sh is this with its own
 # arms, points and name); SUMMARY=script.py runs `python3 script.py DIR` on
 # the unpacked results (DIR/engine/rows.jsonl) and packs what it writes
 # there into the tar too (bench/h200/width_summary.py and its kin); SMOKE=1: the tiny CPU shape (a local check of the

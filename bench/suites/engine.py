@@ -22,7 +22,7 @@ from typing import Any
 
 from pdflash.engine.config import FULL_CACHE
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
-from pdflash.hybrid.planner import HOST_PLAN_CHOICES
+from pdflash.hybrid.planner import HOST_AHEAD_FROM_CHOICES
 
 from ..workload import WARMUP_CHOICES
 from . import _common as common
@@ -298,14 +298,11 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
     add_host_switch_arguments(parser)
 
 
-def add_host_switch_arguments(
-    parser: argparse._ActionsContainer, *, ahead: bool = True, plan: bool = True
-) -> None:
+def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool = True) -> None:
     """The PD+host switches each measured against its default (shared with
     the matrix, ``eager_host`` and ``bench/h200/issue16.py``); ``ahead``:
-    also ``--host-ahead`` (a runner that makes no pre-verify plan leaves it
-    out); ``plan``: also ``--host-plan`` (a runner whose planner is forced
-    leaves it out)."""
+    also ``--host-ahead`` and ``--host-ahead-from`` (a runner that makes no
+    pre-verify plan leaves them out)."""
     parser.add_argument(
         "--host-handoff",
         default="thread",
@@ -333,18 +330,16 @@ def add_host_switch_arguments(
             "(pdflash.hybrid.planner, 'The ahead plan'): certain (default) as routed; weighted "
             "routed with the run's measured probability (its host time weighted by it)",
         )
-    if not plan:
-        return
-    parser.add_argument(
-        "--host-plan",
-        choices=HOST_PLAN_CHOICES,
-        default="makespan",
-        help="how the host planner judges a split (pdflash.hybrid.planner, 'The link's "
-        "queue', 'The link's lag'): makespan (default) each layer's own copies, the link "
-        "otherwise idle; queue against the link's measured backlog, the forward's measured "
-        "work and the host pool's queue; lag the makespan, with each layer's measured link "
-        "lag owed ahead of its copies in the pre-verify plan",
-    )
+        parser.add_argument(
+            "--host-ahead-from",
+            choices=HOST_AHEAD_FROM_CHOICES,
+            default="predicted",
+            help="which copies the host's pre-verify plan splits (pdflash.hybrid.service, "
+            "'Splitting the stream's copies'): predicted (default) the route-ahead prediction "
+            "only; stream also the streaming prefetcher's own copies (its fetch set before "
+            "the verify, its gate lookahead's next layer in the forward), so the stream "
+            "copies only what the plan leaves COPY",
+        )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -486,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),
-                    host_plan=getattr(args, "host_plan", "makespan"),
+                    host_ahead_from=getattr(args, "host_ahead_from", "predicted"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

@@ -88,7 +88,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_handoff",
         "host_affinity",
         "host_ahead",
-        "host_plan",
+        "host_ahead_from",
     )
 }
 
@@ -815,8 +815,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--host-affinity {args.host_affinity}")
     if getattr(args, "host_ahead", "certain") != "certain":
         parts.append(f"--host-ahead {args.host_ahead}")
-    if getattr(args, "host_plan", "makespan") != "makespan":
-        parts.append(f"--host-plan {args.host_plan}")
+    if getattr(args, "host_ahead_from", "predicted") != "predicted":
+        parts.append(f"--host-ahead-from {args.host_ahead_from}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

@@ -1336,6 +1336,14 @@ class Engine:
         planner's split of the non-resident ones (link idle ahead of the
         verify) is :attr:`host_ahead`; the stream skips copying them. Only
         while forwards wait for misses (see :meth:`_misses_exposed`).
+
+        With the service's ``ahead_from == "stream"`` the stream's own copies
+        are split too (:mod:`pdflash.hybrid.service`, "Splitting the stream's
+        copies"): the candidates include what the stream would copy for the
+        coming forward (an expert only there expects the mean share of its
+        layer's predicted experts, at least one token), and during the
+        forward the stream's gate lookahead splits each next layer's copies
+        through :meth:`_split_lookahead`.
         """
         assert self.host_service is not None and self.expert_cache is not None
         if not self.host_service.enabled:
@@ -1354,14 +1362,20 @@ class Engine:
             return
         L, E = self.adapter.num_layers, self.adapter.num_experts
         expected = np.zeros(L * E, dtype=np.float64)
+        predicted: list[npt.NDArray[np.int64]] = []
         for req in self.requests.live.values():
             if req.state != RequestState.VERIFY or req.predicted is None or not req.predicted.size:
                 continue
+            predicted.append(req.predicted)
             tokens = 1 + (0 if req.drafts is None else int(req.drafts.numel()))
             layers = req.predicted // E
             per_layer = np.bincount(layers, minlength=L).astype(np.float64)
             share = tokens * self.adapter.top_k / per_layer[layers]
             expected[req.predicted] += np.minimum(share, tokens)
+        from_stream = self.host_service.ahead_from == "stream"
+        fetch = self.prefetch.stream_fetch_if(predicted) if from_stream else None
+        if fetch is not None:
+            expected = _with_stream_candidates(expected.reshape(L, E), fetch).reshape(-1)
         owned = getattr(self.expert_cache, "owned", None)
         if owned is not None:
             # an expert-parallel rank's host computes only its own experts
@@ -1370,7 +1384,26 @@ class Engine:
         mask = self.host_service.plan_ahead(expected.reshape(L, E), resident)
         self.host_ahead = mask
         self.host_service.books.planned_ahead += int(mask.sum())
-        self.prefetch.set_host_planned(mask)
+        self.prefetch.set_host_planned(mask, self._split_lookahead if fetch is not None else None)
+
+    def _split_lookahead(
+        self, layer: int, local_ids: npt.NDArray[np.int64], expected: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.bool_]:
+        """The stream's gate lookahead's copies of ``layer`` (experts with no
+        slot, their expected tokens) through the host service's split: the
+        mask of those the host is expected to compute (an expert-parallel
+        rank's host computes only its own experts)."""
+        assert self.host_service is not None
+        ids = np.asarray(local_ids, dtype=np.int64)
+        keep = np.ones(ids.size, dtype=np.bool_)
+        owned = getattr(self.expert_cache, "owned", None)
+        if owned is not None:
+            keep = np.asarray(owned, dtype=np.bool_).reshape(self.adapter.num_layers, -1)[
+                layer, ids
+            ]
+        out = np.zeros(ids.size, dtype=np.bool_)
+        out[keep] = self.host_service.plan_lookahead(layer, ids[keep], expected[keep])
+        return out
 
     #: plan HOST experts ahead while forwards waited for misses (copies or the
     #: host) at least this share of the time since the previous plan. (On the
@@ -1399,6 +1432,25 @@ class Engine:
         """Missing expert bytes per step (``M``): the configured value, else
         half the expert cache (so a batch's copies never thrash the cache)."""
         return self.prefetch.byte_budget()
+
+
+def _with_stream_candidates(
+    expected: npt.NDArray[np.float64], fetch: npt.NDArray[np.bool_]
+) -> npt.NDArray[np.float64]:
+    """``expected`` tokens per expert ``(layers, experts)`` with the stream's
+    fetch experts no prediction named added: each expects the mean share of
+    its layer's predicted experts (at least one token; one where the layer
+    has none)."""
+    out: npt.NDArray[np.float64] = np.array(expected, dtype=np.float64)
+    extra = fetch & (out <= 0)
+    if not extra.any():
+        return out
+    named = out > 0
+    count = named.sum(axis=1)
+    mean = np.where(count > 0, out.sum(axis=1) / np.maximum(count, 1), 1.0)
+    fill = np.maximum(1.0, mean)
+    out[extra] = np.broadcast_to(fill[:, None], out.shape)[extra]
+    return out
 
 
 def holds_every_expert(adapter: MoEModelAdapter, cache: ExpertCacheView | None) -> bool:

@@ -50,6 +50,12 @@ summed gate probability over the batch is at least ``lookahead_min_score``).
 When a prediction is superseded, queued ROUTE_AHEAD copies of experts the
 new plan no longer wants are cancelled (``issuer.cancel(Band.ROUTE_AHEAD)``;
 the cache frees their slots) and the stream is re-issued in layer order.
+
+With the hybrid miss service, experts it plans to compute on the host are
+never copied ahead (``skip``). Where it splits the stream's own copies
+(``host_split``, :mod:`pdflash.hybrid.service`, "Splitting the stream's
+copies"), the gate lookahead's set for the next layer goes through that
+split before any of it is copied: only its COPY part is.
 """
 
 from __future__ import annotations
@@ -145,6 +151,17 @@ class StreamingPrefetcher:
         #: experts never copied ahead (the hybrid miss service plans to
         #: compute them on the host); they stay protected if planned
         self.skip = np.zeros(shape, dtype=np.bool_)
+        #: the host split of a layer's gate-lookahead copies (None: no split,
+        #: every lookahead expert worth a copy is copied): called with the
+        #: layer, its non-resident fetch experts (local ids) and their
+        #: expected tokens, it returns the mask of those the host computes
+        self.host_split: (
+            Callable[[int, IdArray, npt.NDArray[np.float64]], npt.NDArray[np.bool_]] | None
+        ) = None
+        #: lookahead layers that went through ``host_split``, and the experts
+        #: it took from the copies
+        self.host_split_layers = 0
+        self.host_split_experts = 0
         self._source_plans: dict[str, npt.NDArray[np.bool_]] = {}
         #: running precision per plan source (None until measured)
         self.precision: dict[str, float | None] = dict.fromkeys(self.SOURCES)
@@ -187,21 +204,31 @@ class StreamingPrefetcher:
         for m in self._source_plans.values():
             plan |= m
         self.plan = plan
-        best = self._best_source()
-        self.fetch = (
-            self._source_plans[best].copy() if best is not None else np.zeros_like(self.plan)
-        )
+        self.fetch = self._fetch_of(self._source_plans)
         self._set_policy_prediction()
         if cancel_stale:
             self._cancel_stale()
         self.pump()
 
-    def _best_source(self) -> str | None:
-        """The given source with the best measured precision (an unmeasured
-        source counts as ``min_precision``), if it reaches ``min_precision``."""
+    def fetch_if(self, flat_ids: npt.ArrayLike, source: str = "predicted") -> npt.NDArray[np.bool_]:
+        """The fetch set :meth:`set_plan` would give ``source``'s plan
+        ``flat_ids`` (``(layers, experts)``), nothing set or issued: what the
+        stream would copy for the coming forward."""
+        if source not in self.SOURCES:
+            raise ValueError(f"source must be one of {self.SOURCES}, got {source!r}")
+        return self._fetch_of({**self._source_plans, source: self._mask(flat_ids)})
+
+    def _fetch_of(self, plans: dict[str, npt.NDArray[np.bool_]]) -> npt.NDArray[np.bool_]:
+        best = self._best_source(plans)
+        return plans[best].copy() if best is not None else np.zeros_like(self.plan)
+
+    def _best_source(self, plans: dict[str, npt.NDArray[np.bool_]]) -> str | None:
+        """The source of ``plans`` with the best measured precision (an
+        unmeasured source counts as ``min_precision``), if it reaches
+        ``min_precision``."""
         best, best_p = None, -1.0
         for name in self.SOURCES:
-            if name not in self._source_plans:
+            if name not in plans:
                 continue
             p = self.precision[name]
             p = self.min_precision if p is None else p
@@ -389,7 +416,29 @@ class StreamingPrefetcher:
             self.plan[nxt] = False
             self.plan[nxt, local] = True
             self.fetch[nxt] = False
-            self.fetch[nxt, local[scores >= self.lookahead_min_score]] = True
+            confident = scores >= self.lookahead_min_score
+            self.fetch[nxt, local[confident]] = True
+            if self.host_split is not None:
+                self._split_lookahead(nxt, ids[confident], scores[confident])
+
+    def _split_lookahead(self, layer: int, ids: IdArray, scores: npt.NDArray[np.float32]) -> None:
+        """Layer ``layer``'s lookahead copies through the host split: its
+        non-resident fetch experts, each expected to get ``score x top_k``
+        tokens (a score sums the gate probabilities of the top-k choices
+        over the forward's tokens, ~1/top_k a token that picks the expert);
+        the split's HOST part is skipped, the rest copied."""
+        assert self.host_split is not None
+        self.skip[layer] = False
+        missing = ~np.asarray(self.cache.is_resident(ids), dtype=np.bool_)
+        if not missing.any():
+            return
+        local = ids[missing] - layer * self.num_experts
+        top_k = max(1, int(getattr(self.adapter, "top_k", 1)))
+        expected = np.asarray(scores[missing], dtype=np.float64) * top_k
+        host = np.asarray(self.host_split(layer, local, expected), dtype=np.bool_)
+        self.skip[layer, local[host]] = True
+        self.host_split_layers += 1
+        self.host_split_experts += int(host.sum())
 
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
         """Layer ``layer`` is released: refine layer+1's plan with next-layer
@@ -444,6 +493,10 @@ class StreamingPrefetcher:
             "stream_bytes": self.bytes_submitted,
             "stream_cancelled": self.cancelled,
             "stream_precision": dict(self.precision),
+            # the lookahead's layers split for the host, and the experts the
+            # host took from their copies
+            "stream_host_split_layers": self.host_split_layers,
+            "stream_host_split_experts": self.host_split_experts,
         }
 
 
@@ -612,6 +665,7 @@ class ExpertPrefetcher:
         if stream is not None:
             stream.copies_submitted = stream.bytes_submitted = 0
             stream.cancelled = 0
+            stream.host_split_layers = stream.host_split_experts = 0
 
     def _best_effort(self, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -659,16 +713,35 @@ class ExpertPrefetcher:
             runner.routed_hooks.append(hooks.on_routed)
             runner.observers.append(hooks)
 
-    def set_host_planned(self, mask: npt.NDArray[np.bool_] | None) -> None:
+    def set_host_planned(
+        self,
+        mask: npt.NDArray[np.bool_] | None,
+        split: Callable[[int, IdArray, npt.NDArray[np.float64]], npt.NDArray[np.bool_]]
+        | None = None,
+    ) -> None:
         """Experts the hybrid miss service plans to compute on the host in
-        the coming verify (``(layers, experts)``, None: none): never copied ahead."""
+        the coming verify (``(layers, experts)``, None: none): never copied
+        ahead. ``split``: the stream's gate lookahead splits each next
+        layer's copies through it (:attr:`StreamingPrefetcher.host_split`;
+        None: it copies them all)."""
         stream = self.built_stream
         if stream is None:
             return
+        stream.host_split = split
         if mask is None:
             stream.skip[:] = False
         else:
-            stream.skip = mask
+            # its own copy: the lookahead's splits rewrite its rows
+            stream.skip = np.array(mask, dtype=np.bool_)
+
+    def stream_fetch_if(self, predicted: list[IdArray]) -> npt.NDArray[np.bool_] | None:
+        """What the running stream would copy for the coming forward once
+        ``predicted`` (the requests' route-ahead predictions) is its
+        ``predicted`` plan (:meth:`StreamingPrefetcher.fetch_if`); None: no
+        stream runs."""
+        if self.stream is None:
+            return None
+        return self.stream.fetch_if(_union(predicted))
 
     def load_every_expert(self) -> None:
         """B3 (``all_resident``): every expert resident before the first

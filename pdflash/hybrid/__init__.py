@@ -59,7 +59,7 @@ from pdflash.hybrid.planner import (
     DEFAULT_MAX_HOST_TOKENS,
     DEFAULT_PROBE_EVERY,
     HOST_AHEAD_CHOICES,
-    HOST_PLAN_CHOICES,
+    HOST_AHEAD_FROM_CHOICES,
     AccountingMissPlanner,
     AheadObservingMissPlanner,
     CostModelPlanner,
@@ -68,7 +68,6 @@ from pdflash.hybrid.planner import (
     MissPlan,
     MissPlanner,
     ObservingMissPlanner,
-    QueueAwareMissPlanner,
     ReportingMissPlanner,
     RoutedFraction,
 )
@@ -92,10 +91,10 @@ __all__ = [
     "HANDOFF_CHOICES",
     "HOST_AFFINITY_CHOICES",
     "HOST_AHEAD_CHOICES",
+    "HOST_AHEAD_FROM_CHOICES",
     "HOST_EXPERT_MODES",
     "HOST_FORMATS",
     "HOST_FORMAT_CHOICES",
-    "HOST_PLAN_CHOICES",
     "AccountingMissPlanner",
     "AheadObservingMissPlanner",
     "CostModelPlanner",
@@ -115,7 +114,6 @@ __all__ = [
     "ObservingMissPlanner",
     "OnlineHostCost",
     "PreparedWeights",
-    "QueueAwareMissPlanner",
     "ReportingMissPlanner",
     "RoutedFraction",
     "StreamSignals",
@@ -152,7 +150,7 @@ def build_host_service(
     host_affinity: str | HostPlacement = DEFAULT_HOST_AFFINITY,
     handoff: str = "thread",
     host_ahead: str = "certain",
-    host_plan: str = "makespan",
+    host_ahead_from: str = "predicted",
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -196,14 +194,12 @@ def build_host_service(
     the run's measured probability; see :mod:`pdflash.hybrid.planner`, "The
     ahead plan"). A given ``planner`` keeps its own.
 
-    ``host_plan`` (:data:`HOST_PLAN_CHOICES`) goes to the default
-    :class:`CostModelPlanner` as its ``rule``: ``makespan`` (the default:
-    each layer's own copies against its HOST part, the link otherwise idle),
-    ``queue`` (against the link's measured backlog, the forward's measured
-    per-layer work and the host pool's queue, which the service measures
-    for it; :mod:`pdflash.hybrid.planner`, "The link's queue") or ``lag``
-    (the makespan, with each layer's measured link lag owed ahead of its
-    copies in the pre-verify plan; "The link's lag").
+    ``host_ahead_from`` (:data:`HOST_AHEAD_FROM_CHOICES`) sets
+    :attr:`HostExpertService.ahead_from`: which copies the ahead plans split
+    (``predicted``, the default: the route-ahead prediction only;
+    ``stream``: also the streaming prefetcher's own copies, its fetch set
+    before the verify and its gate lookahead's next layer during the
+    forward; :mod:`pdflash.hybrid.service`, "Splitting the stream's copies").
 
     ``host_affinity`` (:data:`HOST_AFFINITY_CHOICES`, or a
     :class:`HostPlacement` already planned): ``auto`` places the host pool's
@@ -219,8 +215,10 @@ def build_host_service(
         raise ValueError(f"handoff must be one of {HANDOFF_CHOICES}, got {handoff!r}")
     if host_ahead not in HOST_AHEAD_CHOICES:
         raise ValueError(f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {host_ahead!r}")
-    if host_plan not in HOST_PLAN_CHOICES:
-        raise ValueError(f"host_plan must be one of {HOST_PLAN_CHOICES}, got {host_plan!r}")
+    if host_ahead_from not in HOST_AHEAD_FROM_CHOICES:
+        raise ValueError(
+            f"host_ahead_from must be one of {HOST_AHEAD_FROM_CHOICES}, got {host_ahead_from!r}"
+        )
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
     if isinstance(host_affinity, HostPlacement):
@@ -290,7 +288,6 @@ def build_host_service(
                 online=online,
                 probe_every=probe_every,
                 ahead=host_ahead,
-                rule=host_plan,
             )
         service = HostExpertService(
             executor,
@@ -301,6 +298,7 @@ def build_host_service(
             cost=cost,
         )
         service.critical_path = bool(critical_path)
+        service.ahead_from = host_ahead_from
         service.set_handoff(handoff, device)
         service.host_weights = weights.describe()
         # what building it cost: getting the weights (format selection and

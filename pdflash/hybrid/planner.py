@@ -110,95 +110,13 @@ verifies (many tokens per predicted expert) and a low ``p`` an expert
 at its routed count, and ``weighted`` then hosts fewer. The link's queue
 ahead of a layer's copies (earlier layers' route-ahead copies still in
 flight when the forward reaches it) is not known to the planner before the
-verify; both plan each layer with the link idle, unless the ``lag`` rule
-(below) has measured it.
-
-The link's queue (``rule="queue"``; the default ``makespan`` is the rule
-above; ``lag``, last, is the makespan with the link's measured lag). The
-makespan rule judges each layer alone: its own copies against its own HOST
-part, the link otherwise idle. That is wrong both ways. Where the link has
-slack (a compute-bound step: route-ahead copies land while earlier layers
-compute, a mispredicted miss lands while the forward's thread still
-launches the layer's work) a COPY costs the forward nothing and a HOST part
-costs it the wait for the CPU; where the link is the binding resource every
-byte it carries delays everything queued behind it, also the copies of
-later layers, which the makespan rule never sees. The ``queue`` rule costs
-both with measured inputs (:class:`LinkState`):
-
-* at the layer's plan, the link's *backlog* (``backlog_bytes``: other
-  layers' copies in flight or queued, any band) drains behind the forward's
-  own work after this layer (``later_s``: the measured per-layer dispatch
-  times the layers left); only its excess ``max(0, backlog - later)`` is
-  time the forward will wait for the link whatever this layer does, and is
-  added ahead of the layer's copies: a layer of a link-bound step hosts
-  until its HOST part's finish meets the link's, a layer of a step whose
-  link keeps up does not;
-* the HOST part finishes after the CPU pool's queue (``host_queue_s``:
-  earlier HOST jobs still running, modeled; 0 with the ``thread``
-  hand-off, whose forward collects each job before the next layer), and
-  the forward's thread waits only for what outlasts the layer's own GPU
-  dispatch it does meanwhile (``host_lead_s``); its own dispatch of the
-  HOST part (``host_overhead_s``) is paid in any case;
-* a COPY is hidden while it lands within the thread's own work until its
-  next wait (``hidden_s``): a layer whose copies all land by then hosts
-  nothing (reason ``copy_hidden``);
-* the ``margin`` is taken of the layer's own copy time (not of the
-  backlog's): the model's error is in the layer's own experts, and so a
-  longer queue never makes a split less likely (the choice is monotone in
-  the queue).
-
-Before the verify (:meth:`CostModelPlanner.plan_ahead`), with the
-per-layer dispatch measured, the rule follows the route-ahead copies down
-the layers: they are queued at once, in layer order, behind what the link
-still owes (``backlog_bytes``), so layer ``i``'s copies land after the
-bytes of layers ``< i`` the plan copies, and the forward reaches layer
-``i`` after ``i`` layers of its own work: a layer whose copies land by then
-is copied whole (the *predicted early enough* case), one the link falls
-behind on is split as at its plan. Unmeasured terms are 0; with the
-forward's per-layer work (``hidden_s``) not measured yet (the first layers
-of a run) the backlog is not judged, the ahead plan is the makespan rule's
-and a layer's plan differs from it only by the pool's queue and the
-margin's base. Every plan's reason is counted in ``decisions`` (rows
-record it): ``split`` (hosted), ``copy_hidden``, ``copy_ineligible`` (no
-miss within the caps), ``copy_margin`` (the best split saves less than
-``margin``), and the same with ``ahead_`` for the ahead plan's layers.
-
-The link's lag (``rule="lag"``). A layer's plan sees as misses only the
-routed experts with no slot: every copy already issued for the layer (the
-stream's copies between forwards, its gate lookahead's copies of the next
-layer, the ahead plan's own) is sunk by then, whatever it costs the layer.
-Where the link binds, those copies are most of its bytes
-(``bench/results/cpu/hostshare-2026-12-02/README.md``), so the split that
-sets the host's share is the ahead plan's, and the ahead plan judges each
-layer with the link idle: its HOST part against the copies *it* leaves the
-layer, none of the others. The ``lag`` rule measures what the link really
-owes each layer: at a layer's plan after an ahead plan, its routed experts'
-copies still in flight (``ahead_bytes``) less the copies that ahead plan
-left the layer is one sample of the layer's *lag* (at least 0: where copies
-had a head start the makespan's own view stands; the plan's copies the
-forward then does not route count against it too, so it errs low); a
-layer's lag is the median of its last ``lag_window`` samples. The next ahead plan owes the lag
-ahead of the layer's copies (``max(host(m), lag + (n - m) copy)``), so a
-layer whose forward found its copies still on the link hosts until its HOST
-part's modeled finish meets the link's, and a layer whose copies landed in
-time is planned as by ``makespan`` (a lag of 0: compute-bound steps keep
-their plans). The caps, the margin (of the layer's own copies, as
-``queue``'s, so a longer lag never takes a HOST expert back) and the
-modeled host time bound it as everywhere: no plan hosts more than the
-calibrated model says finishes by the link's. The lag is what the link owes
-beyond the plan's own copies, so hosting more of a layer does not by itself
-erase it (the plan settles instead of swinging); it falls as the other
-copies, and the backlog of earlier layers, fall. The layer plans are the
-makespan rule's (they already count their in-flight copies). Rows record
-the lags the run ended with (``planner.link_lag_s``).
+verify; both plan each layer with the link idle.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -220,21 +138,19 @@ DEFAULT_PROBE_EVERY = 8
 DEFAULT_PROBE_MAX_RATIO = 4.0
 #: how the ahead plan treats a predicted expert (module doc, "The ahead plan")
 HOST_AHEAD_CHOICES = ("certain", "weighted")
-#: how a split is judged (module doc): the layer's own makespan; against
-#: the link's measured queue and the forward's measured work ("queue"); or
-#: the makespan with each layer's measured link lag in the ahead plan ("lag")
-HOST_PLAN_CHOICES = ("makespan", "queue", "lag")
+#: which copies the ahead plan splits (pdflash.hybrid.service, "Splitting the
+#: stream's copies"): the route-ahead prediction only, or also the streaming
+#: prefetcher's own copies (its fetch set before a verify, its gate
+#: lookahead's set for the next layer during the forward)
+HOST_AHEAD_FROM_CHOICES = ("predicted", "stream")
 #: why a plan chose what it chose (CostModelPlanner.decisions' keys)
-PLAN_REASONS = ("split", "copy_hidden", "copy_ineligible", "copy_margin")
+PLAN_REASONS = ("split", "copy_ineligible", "copy_margin")
 #: RoutedFraction's defaults: the prior (today's plan assumes every predicted
 #: expert is routed), what it weighs in experts (about one verify's ahead
 #: plan of a few layers), and the floor (at most doubles a token count)
 DEFAULT_ROUTED_PRIOR = 1.0
 DEFAULT_ROUTED_PRIOR_WEIGHT = 64.0
 DEFAULT_ROUTED_FLOOR = 0.5
-#: the ``lag`` rule's memory: a layer's link lag is the median of its last
-#: this many samples (one per verify that planned ahead; module doc)
-DEFAULT_LAG_WINDOW = 8
 
 
 @dataclass
@@ -324,15 +240,6 @@ class LinkState:
             thread (its own dispatch: the rows' gather, the submit and the
             result's collection, and the measured extra time of hosting
             layers): paid on the critical path by any split. 0: unknown.
-        backlog_bytes: bytes the link owes besides ``ahead_bytes``: other
-            layers' copies in flight or queued, any band (the ``queue``
-            rule; at the ahead plan, everything still in flight). 0: none
-            or not measured.
-        later_s: the forward thread's own work after this layer (the
-            measured per-layer dispatch times the layers left): the backlog
-            drains hidden within it (the ``queue`` rule). 0: unknown.
-        host_queue_s: modeled seconds of earlier HOST jobs the pool is still
-            running, ahead of a new one (the ``queue`` rule). 0: none.
     """
 
     bytes_per_s: float
@@ -340,18 +247,13 @@ class LinkState:
     hidden_s: float = 0.0
     host_lead_s: float = 0.0
     host_overhead_s: float = 0.0
-    backlog_bytes: int = 0
-    later_s: float = 0.0
-    host_queue_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.bytes_per_s > 0:
             raise ValueError(f"bytes_per_s must be positive, got {self.bytes_per_s!r}")
         if self.ahead_bytes < 0:
             raise ValueError(f"ahead_bytes must be >= 0, got {self.ahead_bytes}")
-        if self.backlog_bytes < 0:
-            raise ValueError(f"backlog_bytes must be >= 0, got {self.backlog_bytes}")
-        for name in ("hidden_s", "host_lead_s", "host_overhead_s", "later_s", "host_queue_s"):
+        for name in ("hidden_s", "host_lead_s", "host_overhead_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -433,19 +335,6 @@ class AheadObservingMissPlanner(MissPlanner, Protocol):
 
 
 @runtime_checkable
-class QueueAwareMissPlanner(MissPlanner, Protocol):
-    """A :class:`MissPlanner` that may plan with the link's queue and the
-    forward's measured work (:class:`LinkState`'s ``backlog_bytes``,
-    ``later_s``, ``host_queue_s`` and the clock's terms); the service
-    measures them only where :attr:`wants_link_queue` says so."""
-
-    @property
-    def wants_link_queue(self) -> bool:
-        """Measure the queue and the forward's terms for this planner now."""
-        ...
-
-
-@runtime_checkable
 class ReportingMissPlanner(MissPlanner, Protocol):
     """A :class:`MissPlanner` whose settings a result row records."""
 
@@ -504,12 +393,6 @@ class CostModelPlanner:
             measured probability ``routed_fraction.value``.
         routed_fraction: the measured fraction (:meth:`observe_ahead`);
             kept under either rule, used by ``weighted`` only.
-        rule: how a split is judged (:data:`HOST_PLAN_CHOICES`; module doc):
-            ``makespan`` (default) the layer's own link makespan,
-            ``queue`` with the link's queue and the forward's measured work,
-            ``lag`` the makespan with each layer's measured link lag in the
-            ahead plan ("The link's lag").
-        lag_window: the ``lag`` rule's samples kept per layer (>= 1).
     """
 
     cost: HostCostModel
@@ -523,8 +406,6 @@ class CostModelPlanner:
     probe_max_ratio: float = DEFAULT_PROBE_MAX_RATIO
     ahead: str = "certain"
     routed_fraction: RoutedFraction = field(default_factory=RoutedFraction)
-    rule: str = "makespan"
-    lag_window: int = DEFAULT_LAG_WINDOW
     name: str = "cost_model"
     decisions: dict[str, int] = field(
         default_factory=lambda: {
@@ -553,19 +434,11 @@ class CostModelPlanner:
             raise ValueError(f"probe_max_ratio must be positive, got {self.probe_max_ratio}")
         if self.ahead not in HOST_AHEAD_CHOICES:
             raise ValueError(f"ahead must be one of {HOST_AHEAD_CHOICES}, got {self.ahead!r}")
-        if self.rule not in HOST_PLAN_CHOICES:
-            raise ValueError(f"rule must be one of {HOST_PLAN_CHOICES}, got {self.rule!r}")
-        if self.lag_window < 1:
-            raise ValueError(f"lag_window must be >= 1, got {self.lag_window}")
         #: the host cost the plans use: the calibration, corrected online
         self.model: HostCostModel | OnlineHostCost = (
             OnlineHostCost(self.cost) if self.online else self.cost
         )
         self._since_host = 0  # layers with misses since the last HOST work
-        # the lag rule: per layer, the last ahead plan's copy seconds (NaN:
-        # no plan, or already sampled) and the recent lag samples
-        self._ahead_copy_s: npt.NDArray[np.float64] | None = None
-        self._lag: dict[int, deque[float]] = {}
 
     def observe(self, tokens: Sequence[int], seconds: float) -> None:
         """A HOST job of experts with ``tokens`` rows each took ``seconds``
@@ -583,18 +456,11 @@ class CostModelPlanner:
         either rule; ``weighted`` plans with ``value``)."""
         return self.routed_fraction.to_json()
 
-    @property
-    def wants_link_queue(self) -> bool:
-        """The ``queue`` rule plans with the link's queue and the forward's
-        measured terms (the service measures them for it)."""
-        return self.rule == "queue"
-
     def _split(
         self,
         tokens: npt.NDArray[np.float64],
         link: LinkState,
         routed_p: float = 1.0,
-        ahead_s: float | None = None,
     ) -> tuple[npt.NDArray[np.int64], float, float, str, float | None]:
         """(indices to serve on the host, all-COPY cost, chosen cost, the
         reason (:data:`PLAN_REASONS`), the HOST part's modeled pool
@@ -603,29 +469,15 @@ class CostModelPlanner:
         probability that each expert is routed at all (``tokens`` then count
         its tokens if it is): its host time is weighted by it, as is its
         copy's value in the ``max_host_ratio`` cap (module doc, "The ahead
-        plan"); 1 at the layer's own plan. ``ahead_s``: seconds the link
-        owes before the layer's copies (may be < 0: the link is there
-        first), instead of what ``link`` says (the ``queue`` rule's ahead
-        plan)."""
+        plan"); 1 at the layer's own plan."""
         n = int(tokens.size)
         per_copy = self.expert_nbytes / link.bytes_per_s
-        queue = self.rule == "queue"
-        if ahead_s is not None:
-            ahead = ahead_s
-        else:
-            ahead = link.ahead_bytes / link.bytes_per_s
-            if queue and link.hidden_s > 0:
-                # the backlog that cannot drain behind the forward's later work
-                # is waited for whatever this layer does (module doc); with the
-                # forward's work not measured yet, not judged (the makespan's)
-                ahead += max(0.0, link.backlog_bytes / link.bytes_per_s - link.later_s)
+        ahead = link.ahead_bytes / link.bytes_per_s
         copy_link = ahead + n * per_copy
         copy_only = max(0.0, copy_link - link.hidden_s)
         none = np.zeros(0, dtype=np.int64)
         if n == 0:
             return none, copy_only, copy_only, "copy_ineligible", None
-        if queue and copy_only <= 0.0:
-            return none, copy_only, copy_only, "copy_hidden", None
         order = np.argsort(tokens, kind="stable")
         host_if_routed = np.asarray(self.model.expert_s(tokens[order]), dtype=np.float64)
         host_each = routed_p * host_if_routed
@@ -643,11 +495,8 @@ class CostModelPlanner:
             return none, copy_only, copy_only, "copy_ineligible", None
         cost = self._cost(m, n, per_copy, ahead, host_cum, link)
         best = int(np.argmin(cost))
-        # the saving must be worth `margin` of the layer's copy time; the
-        # queue and lag rules: of its own copies' (module doc, "The link's
-        # queue"), so a longer queue or lag never takes a HOST expert back
-        margin_of = n * per_copy if queue or self.rule == "lag" else copy_link
-        if copy_only - cost[best] > self.margin * margin_of:
+        # the saving must be worth `margin` of the layer's copy time
+        if copy_only - cost[best] > self.margin * copy_link:
             k = int(m[best])
             host_s = self.model.roundtrip_s + float(host_cum[k - 1])
             return order[:k].astype(np.int64), copy_only, float(cost[best]), "split", host_s
@@ -666,12 +515,9 @@ class CostModelPlanner:
         the forward thread does its own work (``hidden_s``), the HOST part's
         dispatch (``host_overhead_s``) and waits for the host beyond its
         lead; the layer's next wait on the device ends once the copies have
-        landed (module doc). The ``queue`` rule starts the HOST part after
-        the pool's queue (``host_queue_s``)."""
+        landed (module doc)."""
         link_s = ahead + (n - m) * per_copy
         host_s = self.model.roundtrip_s + host_cum[m - 1]
-        if self.rule == "queue":
-            host_s = host_s + link.host_queue_s
         wait_host = np.maximum(0.0, host_s - link.host_lead_s)
         thread_s = link.hidden_s + link.host_overhead_s + wait_host
         cost: npt.NDArray[np.float64] = np.maximum(thread_s, link_s) - link.hidden_s
@@ -681,8 +527,6 @@ class CostModelPlanner:
         self, layer: int, missed: IdArray, tokens: npt.NDArray[np.int64], link: LinkState
     ) -> MissPlan:
         ids, tok = _check_aligned(missed, tokens)
-        if self.rule == "lag":
-            self._sample_lag(layer, link)
         pick, copy_only, chosen, reason, host_s = self._split(tok.astype(np.float64), link)
         self.decisions["layers"] += 1
         if ids.size:
@@ -700,23 +544,6 @@ class CostModelPlanner:
         host_mask = np.zeros(ids.size, dtype=np.bool_)
         host_mask[pick] = True
         return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen, host_s)
-
-    def _sample_lag(self, layer: int, link: LinkState) -> None:
-        """The ``lag`` rule: at ``layer``'s plan, the seconds its copies still
-        in flight owe beyond the copies the last ahead plan left the layer
-        (module doc, "The link's lag"); once per layer per ahead plan."""
-        planned = self._ahead_copy_s
-        if planned is None or not 0 <= layer < planned.size or math.isnan(planned[layer]):
-            return
-        lag = max(0.0, link.ahead_bytes / link.bytes_per_s - float(planned[layer]))
-        planned[layer] = math.nan  # a later forward's layer is not this plan's
-        self._lag.setdefault(layer, deque(maxlen=self.lag_window)).append(lag)
-
-    def link_lag_s(self, layer: int) -> float:
-        """The ``lag`` rule's measured lag of ``layer``: the median of its
-        recent samples (0 before any)."""
-        samples = self._lag.get(layer)
-        return float(statistics.median(samples)) if samples else 0.0
 
     def _probe(self, tokens: npt.NDArray[np.float64], link: LinkState) -> int | None:
         """Index of the expert to serve on the host as a probe, if one is due
@@ -753,39 +580,16 @@ class CostModelPlanner:
         # certain: every predicted expert routed (p = 1); weighted: with the
         # measured probability (module doc, "The ahead plan")
         p = self.routed_fraction.value if self.ahead == "weighted" else 1.0
-        # the queue rule with the per-layer dispatch measured follows the
-        # route-ahead copies down the layers (module doc, "The link's queue")
-        follow = self.rule == "queue" and link.hidden_s > 0
-        lagged = self.rule == "lag"
-        per_copy = self.expert_nbytes / link.bytes_per_s
-        owed = (link.ahead_bytes + link.backlog_bytes) / link.bytes_per_s
-        idle = dataclasses.replace(link, ahead_bytes=0, backlog_bytes=0, later_s=0.0)
-        if lagged:
-            # every layer is planned: one with no candidate leaves no copy
-            self._ahead_copy_s = np.zeros(exp.shape[0], dtype=np.float64)
+        # NOTE: each layer is planned with the link idle (no copy of this
+        # layer is queued ahead of the verify yet)
+        idle = dataclasses.replace(link, ahead_bytes=0)
         for layer in range(exp.shape[0]):
             cand = np.flatnonzero((exp[layer] > 0) & ~res[layer])
             if cand.size == 0:
                 continue
             # fractional expectations are rounded up (an expert gets >= 1 token)
             tok = np.maximum(1.0, np.ceil(exp[layer, cand] / p))
-            if follow:
-                # this layer's copies queue behind `owed`; the forward reaches
-                # the layer after `layer` layers of its own work
-                pick, _, _, reason, _ = self._split(
-                    tok, idle, p, ahead_s=owed - layer * link.hidden_s
-                )
-                owed += (cand.size - pick.size) * per_copy
-            elif lagged:
-                # the layer's measured lag is owed ahead of its copies
-                # (module doc, "The link's lag")
-                pick, _, _, reason, _ = self._split(tok, idle, p, ahead_s=self.link_lag_s(layer))
-                assert self._ahead_copy_s is not None
-                self._ahead_copy_s[layer] = (cand.size - pick.size) * per_copy
-            else:
-                # NOTE: the makespan rule plans each layer with the link idle
-                # (no copy of this layer is queued ahead of the verify yet)
-                pick, _, _, reason, _ = self._split(tok, idle, p)
+            pick, _, _, reason, _ = self._split(tok, idle, p)
             self.decisions["ahead_layers"] += 1
             self.decisions[f"ahead_{reason}"] += 1
             out[layer, cand[pick]] = True
@@ -802,15 +606,6 @@ class CostModelPlanner:
             "probe_every": self.probe_every if self.online else None,
             "probe_max_ratio": self.probe_max_ratio if self.online else None,
             "ahead": self.ahead,
-            "rule": self.rule,
-            "lag_window": self.lag_window if self.rule == "lag" else None,
-            # the lag rule's measured lag per layer at this point (seconds;
-            # None: another rule)
-            "link_lag_s": (
-                [self.link_lag_s(i) for i in range(max(self._lag, default=-1) + 1)]
-                if self.rule == "lag"
-                else None
-            ),
         }
 
     def online_cost(self) -> dict[str, Any] | None:
@@ -880,9 +675,8 @@ if TYPE_CHECKING:
         ReportingMissPlanner,
         AccountingMissPlanner,
         AheadObservingMissPlanner,
-        QueueAwareMissPlanner,
     ]:
-        return p, p, p, p, p
+        return p, p, p, p
 
     def _forced_parts(p: ForcedHostPlanner) -> ReportingMissPlanner:
         return p

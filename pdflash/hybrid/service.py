@@ -9,10 +9,8 @@ the host (the block's one host sync):
   host computes: the planner sees the non-resident ones (an expert with a
   slot, its copy landed or in flight, is never HOST: its bytes are paid),
   their token counts, and the link's state (this layer's own in-flight
-  copies, the run's link rate; for a planner that plans with the link's
-  queue, :class:`~pdflash.hybrid.planner.QueueAwareMissPlanner`, also the
-  other layers' copies still on the link, the forward's measured terms of
-  :class:`ForwardClock` and the pool's queue of stream hand-off jobs);
+  copies, the run's link rate; with :attr:`HostExpertService.critical_path`
+  also the forward's measured terms of :class:`ForwardClock`);
 * :meth:`HostExpertService.start` — those experts' rows go to the host and
   the pool starts on them; the block then pins, copies and computes the
   other experts on the device;
@@ -33,6 +31,37 @@ Before a verify, :meth:`HostExpertService.plan_ahead` turns the route-ahead
 prediction into the experts expected to be HOST; the engine then leaves them
 out of the stream's ROUTE_AHEAD copies and tells the verify scheduler they
 cost no link bytes (see :class:`pdflash.engine.Engine`).
+
+Splitting the stream's copies (:attr:`HostExpertService.ahead_from`). A
+layer's plan sees as misses only the routed experts that hold no slot: every
+copy the streaming prefetcher already issued for the layer is sunk by then.
+With ``predicted`` (the default) the ahead plan splits the route-ahead
+prediction only, while the stream copies from its most precise source (often
+the previous round's routed set) and, during the forward, the gate
+lookahead's set for the next layer: most of the link's bytes where it binds
+(``bench/results/cpu/hostshare-2026-12-02/README.md``) never reach a plan.
+With ``stream`` the candidates of each layer are what the stream would copy:
+
+* before the verify, the ahead plan's candidates are the prediction's
+  experts and the stream's fetch set for the coming forward
+  (:meth:`pdflash.engine.prefetch.StreamingPrefetcher.fetch_if`; an expert
+  only in the fetch set expects the mean share of the layer's predicted
+  experts, at least one token), split by the same makespan rule;
+* during the forward, when layer ``l`` is released the gate lookahead's
+  set for layer ``l + 1`` (its non-resident experts above the copy
+  threshold, each expecting ``score x top_k`` tokens) is split again
+  (:meth:`HostExpertService.plan_lookahead`, the planner's ahead rule over
+  that one layer) and replaces that layer's HOST set;
+* the stream copies only the COPY part (its ``skip``).
+
+Only where the pre-verify plan runs (the engine plans ahead while forwards
+wait for misses) and the streaming prefetcher is on; otherwise ``stream``
+plans as ``predicted``.
+
+Correct by construction either way: a HOST-planned expert is only not
+copied ahead; the layer's own plan, at its routing, still decides every
+routed expert with no slot (an expert planned HOST but not routed costs the
+plan only; one routed but not planned is today's miss).
 
 The books (:class:`HostBooks`): HOST-served experts cost CPU time, not link
 bytes.
@@ -69,7 +98,6 @@ from pdflash.hybrid.planner import (
     LinkState,
     MissPlanner,
     ObservingMissPlanner,
-    QueueAwareMissPlanner,
     ReportingMissPlanner,
 )
 
@@ -382,11 +410,15 @@ class HostExpertService:
         #: the last ahead plan's HOST experts no layer has seen yet (a
         #: layer's row is cleared once that layer splits; HostBooks.ahead_*)
         self._ahead: npt.NDArray[np.bool_] | None = None
+        #: which copies the ahead plans split (:data:`HOST_AHEAD_FROM_CHOICES`;
+        #: module doc, "Splitting the stream's copies"); the engine reads it
+        self.ahead_from = "predicted"
+        #: lookahead layers :meth:`plan_lookahead` split, and the experts it
+        #: planned HOST
+        self.lookahead_layers = 0
+        self.lookahead_planned = 0
         #: the last plan's modeled HOST seconds, for the job start() makes of it
         self._planned_host_s: float | None = None
-        #: the cache the layers split against (the ahead plan reads its copies
-        #: in flight); set by the first split
-        self._cache: Any = None
 
     @property
     def planner(self) -> MissPlanner:
@@ -403,25 +435,13 @@ class HostExpertService:
         self._reporter = planner if isinstance(planner, ReportingMissPlanner) else None
         self._accounting = planner if isinstance(planner, AccountingMissPlanner) else None
         self._ahead_observer = planner if isinstance(planner, AheadObservingMissPlanner) else None
-        self._queue_aware = planner if isinstance(planner, QueueAwareMissPlanner) else None
-
-    def _wants_queue(self) -> bool:
-        """Does the planner plan with the link's queue now
-        (:class:`QueueAwareMissPlanner`)?"""
-        return self._queue_aware is not None and bool(self._queue_aware.wants_link_queue)
 
     # -- per layer -------------------------------------------------------------
 
-    def link_state(
-        self, ahead_bytes: int = 0, *, backlog_bytes: int = 0, layers_after: int = 0
-    ) -> LinkState:
-        """The link and, with :attr:`critical_path` or a planner that plans
-        with the link's queue, the forward's measured terms as the planner
-        sees them; for the latter also the link's backlog, the forward's
-        work after this layer (``layers_after`` times the measured
-        per-layer dispatch) and the host pool's queue."""
-        queue = self._wants_queue()
-        if not (self.critical_path or queue):
+    def link_state(self, ahead_bytes: int = 0) -> LinkState:
+        """The link and, with :attr:`critical_path`, the forward's measured
+        terms as the planner sees them."""
+        if not self.critical_path:
             return LinkState(self.link_bytes_per_s, ahead_bytes)
         hidden, lead, overhead = self.clock.terms()
         return LinkState(
@@ -430,39 +450,7 @@ class HostExpertService:
             hidden_s=hidden,
             host_lead_s=lead,
             host_overhead_s=overhead,
-            backlog_bytes=backlog_bytes if queue else 0,
-            later_s=hidden * max(0, layers_after) if queue else 0.0,
-            host_queue_s=self._host_queue_s() if queue else 0.0,
         )
-
-    def _host_queue_s(self) -> float:
-        """Modeled seconds the pool still owes the stream hand-off's jobs
-        now (each job's modeled time less what it has run; 0 with the
-        ``thread`` hand-off, whose jobs are collected within their layer)."""
-        now = time.perf_counter()
-        owed = 0.0
-        for job in self._pending:
-            if job.modeled_s is None or job.started_at is None or job.done():
-                continue
-            owed += max(0.0, job.modeled_s - (now - job.started_at))
-        return owed
-
-    def _link_backlog(self, cache: Any, layer: int | None) -> int:
-        """Bytes of the cache's copies still on the link (in flight or
-        queued, any band), less ``layer``'s own (None: all of them). The
-        cache's tickets are as of its last refresh, so they are polled
-        here (a copy counts whole until it has landed)."""
-        ticket = np.asarray(getattr(cache, "ticket", np.zeros(0, dtype=np.int64)))
-        busy = np.flatnonzero(ticket >= 0)
-        if busy.size == 0:
-            return 0
-        poll = getattr(getattr(cache, "issuer", None), "poll", None)
-        if callable(poll):
-            busy = busy[~np.asarray(poll(ticket[busy]), dtype=np.bool_)]
-        expert_of = getattr(cache, "expert_of", None)
-        if layer is not None and expert_of is not None and busy.size:
-            busy = busy[np.asarray(expert_of)[busy] // self.num_experts != layer]
-        return int(busy.size) * self.expert_nbytes
 
     def split(
         self,
@@ -479,7 +467,6 @@ class HostExpertService:
         routing read on the forward thread (for :class:`ForwardClock`)."""
         if routed is not None:
             self.clock.routed(layer, *routed)
-        self._cache = cache
         if not self.enabled and self._ahead is None:
             # switched off: every miss copied, nothing to count (no arrays
             # read, no planner)
@@ -525,17 +512,9 @@ class HostExpertService:
             return out
         self.books.planned_layers += 1
         inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
-        if self._wants_queue():
-            layers = int(getattr(cache, "num_layers", layer + 1))
-            link = self.link_state(
-                inflight * self.expert_nbytes,
-                backlog_bytes=self._link_backlog(cache, layer),
-                layers_after=layers - 1 - layer,
-            )
-        else:
-            link = self.link_state(inflight * self.expert_nbytes)
+        link = self.link_state(inflight * self.expert_nbytes)
         plan = self.planner.plan(layer, ids[missed], tok[missed], link)
-        # the HOST job's modeled time (the pool's queue for the next plans)
+        # the HOST job's modeled time (the job records it)
         self._planned_host_s = plan.modeled_host_s
         if plan.host.size and self.critical_path and self.clock.wants_copy_sample():
             self.books.copy_sampled += 1  # copied to measure the dispatch without a HOST part
@@ -711,16 +690,44 @@ class HostExpertService:
         if not self.enabled:
             self._ahead = None
             return np.zeros(np.asarray(resident).shape, dtype=np.bool_)
-        # the queue rule follows the route-ahead copies behind what the link
-        # still owes (every layer's copies in flight)
-        link = (
-            self.link_state(backlog_bytes=self._link_backlog(self._cache, None))
-            if self._wants_queue() and self._cache is not None
-            else self.link_state()
+        mask = np.asarray(
+            self.planner.plan_ahead(expected_tokens, resident, self.link_state()), dtype=np.bool_
         )
-        mask = np.asarray(self.planner.plan_ahead(expected_tokens, resident, link), dtype=np.bool_)
         self._ahead = mask.copy() if mask.ndim == 2 and mask.any() else None
         return mask
+
+    def plan_lookahead(
+        self, layer: int, local_ids: IdArray, expected_tokens: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.bool_]:
+        """Mask over ``local_ids`` (experts of ``layer`` with no slot that the
+        gate lookahead would copy, expecting ``expected_tokens`` each) of the
+        ones the host is expected to compute: the planner's ahead rule over
+        this one layer (module doc, "Splitting the stream's copies"). The
+        result replaces the layer's row of the current ahead plan (its
+        books: what the layer then sees and routes of it)."""
+        ids = np.asarray(local_ids, dtype=np.int64).reshape(-1)
+        exp = np.asarray(expected_tokens, dtype=np.float64).reshape(-1)
+        if ids.shape != exp.shape:
+            raise ValueError(f"local_ids ({ids.size}) and expected_tokens ({exp.size}) differ")
+        if not self.enabled or ids.size == 0:
+            return np.zeros(ids.size, dtype=np.bool_)
+        row = np.zeros((1, self.num_experts), dtype=np.float64)
+        row[0, ids] = np.maximum(exp, 1e-9)  # every candidate counts, 0 expected included
+        held = np.zeros(row.shape, dtype=np.bool_)
+        mask = np.asarray(self.planner.plan_ahead(row, held, self.link_state()), dtype=np.bool_)
+        host: npt.NDArray[np.bool_] = mask[0, ids]
+        self.lookahead_layers += 1
+        self.lookahead_planned += int(host.sum())
+        ahead = self._ahead
+        if ahead is None or ahead.shape[0] <= layer:
+            # no ahead plan hosted anything (or not this far): rows up to this layer
+            grown = np.zeros((int(layer) + 1, self.num_experts), dtype=np.bool_)
+            if ahead is not None:
+                grown[: ahead.shape[0]] = ahead
+            ahead = self._ahead = grown
+        ahead[layer] = False
+        ahead[layer, ids[host]] = True
+        return host
 
     def describe(self) -> dict[str, Any]:
         """What a result row records about the service."""
@@ -768,6 +775,14 @@ class HostExpertService:
             "ahead_fraction": (
                 None if self._ahead_observer is None else self._ahead_observer.ahead_fraction()
             ),
+            # which copies the ahead plans split, and the lookahead layers
+            # split during the forwards (module doc, "Splitting the stream's
+            # copies")
+            "ahead_from": self.ahead_from,
+            "lookahead_split": {
+                "layers": self.lookahead_layers,
+                "planned": self.lookahead_planned,
+            },
             # the host-affinity setting and the threads it placed
             "affinity": (self.placement or PlacedThreads(HostPlacement("off"))).describe(
                 len(self.executor.thread_ids)

@@ -434,13 +434,24 @@ def _recorded_ahead(row: Mapping[str, Any]) -> Any:
 
 
 def _recorded_plan(row: Mapping[str, Any]) -> Any:
-    """How a row's host planner judged a split (``--host-plan``): as its
-    planner records, else ``makespan`` (no host service, a planner that
-    records none, or one older than the setting: the only rule there was)."""
+    """How a row's host planner judged a split (the retired ``--host-plan``:
+    ``queue`` and ``lag`` rows were recorded before the rules were removed):
+    as its planner records, else ``makespan`` (no host service, a planner
+    that records none, one older than the setting, or one newer: the only
+    rule there is)."""
     service = row.get("host_service")
     planner = service.get("planner") if isinstance(service, Mapping) else None
     rule = planner.get("rule") if isinstance(planner, Mapping) else None
     return "makespan" if rule is None else rule
+
+
+def _recorded_ahead_from(row: Mapping[str, Any]) -> Any:
+    """Which copies a row's host pre-verify plan split (``--host-ahead-from``):
+    as its host service records, else ``predicted`` (no host service, or one
+    older than the setting: the only choice there was)."""
+    service = row.get("host_service")
+    value = service.get("ahead_from") if isinstance(service, Mapping) else None
+    return "predicted" if value is None else value
 
 
 #: Every setting that, beside the point (arch with its depth and GPUs,
@@ -459,7 +470,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "auto", _recorded_affinity),  # pdflash.hybrid.DEFAULT_HOST_AFFINITY
     RunSetting("host_ahead", "certain", _recorded_ahead),
-    RunSetting("host_plan", "makespan", _recorded_plan),
+    # retired: no spec carries it any more, old rows still tell their rule
+    RunSetting("host_plan", "makespan", _recorded_plan, in_spec=False),
+    RunSetting("host_ahead_from", "predicted", _recorded_ahead_from),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

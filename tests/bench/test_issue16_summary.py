@@ -305,30 +305,43 @@ def test_arms_summary_reference_handoff_fallback_and_affinity() -> None:
 
 
 def test_arms_summary_counts_the_planners_reasons() -> None:
-    """Each arm's planner rule and its decisions by reason, summed over the
-    arm's runs; a run whose planner counts none adds nothing (absent, not 0)."""
+    """Each arm's planner rule, which copies its ahead plans split, the
+    lookahead layers split and its decisions by reason, summed over the arm's
+    runs; a run whose planner counts none adds nothing (absent, not 0). A row
+    recorded under a removed rule (``queue``) still reads as that rule."""
     counts = {"layers": 10, "probes": 1, "split": 4, "copy_hidden": 5, "copy_margin": 1}
     counts |= {"ahead_layers": 8, "ahead_split": 2, "ahead_copy_hidden": 6}
-    queue = {"planner": {"ahead": "certain", "rule": "queue"}, "planner_decisions": counts}
+    split = {
+        "planner": {"ahead": "certain"},
+        "planner_decisions": counts,
+        "ahead_from": "stream",
+        "lookahead_split": {"layers": 3, "planned": 5},
+    }
+    old = {"planner": {"ahead": "certain", "rule": "queue"}}
     rows = [
         _arm_row("host", 0, 100.0),  # a planner that records no rule: makespan
-        _arm_row("queue", 0, 110.0, host_service=queue),
-        _arm_row("host", 1, 100.0),
-        _arm_row("queue", 1, 111.0, host_service=queue),
+        _arm_row("split", 0, 110.0, host_service=split),
+        _arm_row("host", 1, 100.0, host_service=old),
+        _arm_row("split", 1, 111.0, host_service=split),
     ]
-    arms = issue16.parse_arms("host=PD+host,queue=PD+host:host_plan=queue")
+    arms = issue16.parse_arms("host=PD+host,split=PD+host:host_ahead_from=stream")
     (p,) = issue16.summarise(rows, arms)
-    q, h = p["by_arm"]["queue"], p["by_arm"]["host"]
-    assert q["host_plan"] == ["queue"] and h["host_plan"] == ["makespan"]
+    q, h = p["by_arm"]["split"], p["by_arm"]["host"]
+    assert q["host_plan"] == ["makespan"] and h["host_plan"] == ["makespan", "queue"]
+    assert q["host_ahead_from"] == ["stream"] and h["host_ahead_from"] == ["predicted"]
+    assert q["lookahead_split"] == {"layers": 6, "planned": 10}
+    assert h["lookahead_split"] == {"layers": 0, "planned": 0}
     assert q["plan_reasons"] == {"runs": 2, **{k: 2 * v for k, v in counts.items()}}
     assert h["plan_reasons"] is None
     lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
     assert any(
-        "plan ['queue']: layers 20 [split=8 copy_hidden=10 copy_margin=2 probes=2] "
+        "plan ['makespan'] from ['stream'] lookahead-split {'layers': 6, 'planned': 10}: "
+        "layers 20 [split=8 copy_hidden=10 copy_margin=2 probes=2] "
         "ahead layers 16 [split=4 copy_hidden=12] (2 runs)" in line
         for line in lines
     )
-    assert any("plan ['makespan']: not counted" in line for line in lines)
+    assert any("plan ['makespan', 'queue'] from ['predicted']" in line for line in lines)
+    assert any("not counted" in line for line in lines)
 
 
 def test_rows_without_arm_group_by_baseline() -> None:

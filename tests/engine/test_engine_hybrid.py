@@ -39,7 +39,7 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
 
 
 def _cost_model_stack(
-    tmp: Path, ahead: str = "certain", rule: str = "makespan"
+    tmp: Path, ahead: str = "certain", ahead_from: str = "predicted"
 ) -> tuple[Any, Any, Any, Any]:
     """A PD+host engine with PD's parts pinned on (with the unthrottled host
     link here the PD controller may rightly switch the stream off, and these
@@ -62,9 +62,8 @@ def _cost_model_stack(
     )
     svc = eng.host_service
     assert svc is not None
-    svc.planner = CostModelPlanner(
-        HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead=ahead, rule=rule
-    )
+    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes, ahead=ahead)
+    svc.ahead_from = ahead_from
     svc.link_bytes_per_s = 1e6
     return eng, adapter, issuer, svc
 
@@ -130,41 +129,49 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
         issuer.close()
 
 
-def test_queue_rule_keeps_greedy_output_and_counts_its_reasons(
+def test_splitting_the_streams_copies_keeps_greedy_output(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
-    """``rule="queue"`` in the engine: the same greedy output, the service
-    measuring the link's queue and the forward for it (the planner's
-    LinkStates carry the clock's terms once measured), and every plan of a
-    layer with misses counted under one reason."""
+    """``ahead_from="stream"`` in the engine: the same greedy output; the
+    ahead plans' candidates hold the stream's fetch set, its gate lookahead
+    splits next layers' copies through the planner during the forwards
+    (the service books them as planned ahead), and every plan of a layer
+    with misses is counted under one reason."""
     from pdflash.hybrid.planner import PLAN_REASONS
 
     tmp, cases = gpt_oss_case
-    eng, adapter, issuer, svc = _cost_model_stack(tmp, rule="queue")
+    eng, adapter, issuer, svc = _cost_model_stack(tmp, ahead_from="stream")
     eng.HOST_AHEAD_EXPOSED = 0.0
-    seen: list[Any] = []
-    plan = svc.planner.plan
+    candidates: list[tuple[np.ndarray, np.ndarray]] = []
+    plan_ahead = svc.plan_ahead
 
-    def spy(layer: int, missed: Any, tokens: Any, link: Any) -> Any:
-        seen.append(link)
-        return plan(layer, missed, tokens, link)
+    def spy(expected: Any, resident: Any) -> Any:
+        stream = eng.prefetch.stream
+        assert stream is not None
+        fetch = stream.fetch_if(
+            np.concatenate(
+                [r.predicted for r in eng.requests.live.values() if r.predicted is not None]
+            )
+        )
+        candidates.append((np.asarray(expected) > 0, fetch & ~np.asarray(resident)))
+        return plan_ahead(expected, resident)
 
-    svc.planner.plan = spy  # type: ignore[method-assign]
+    svc.plan_ahead = spy  # type: ignore[method-assign]
     try:
         _assert_greedy_outputs(eng, cases)
         d = svc.describe()
-        assert d["planner"]["rule"] == "queue"
+        assert d["ahead_from"] == "stream"
+        # every non-resident expert the stream would copy was a candidate
+        assert candidates and all((fetch & ~cand).sum() == 0 for cand, fetch in candidates)
+        stream = eng.prefetch.built_stream
+        assert stream is not None and stream.host_split_layers > 0
+        split = d["lookahead_split"]
+        assert split["layers"] == stream.host_split_layers
+        assert split["planned"] == stream.host_split_experts > 0
         decisions = d["planner_decisions"]
         assert decisions["layers"] == sum(decisions[r] for r in PLAN_REASONS) >= 1
-        # the assumed link is slow (a copy ~13 ms against the host's 0.1 ms):
-        # the copies are exposed however the forward runs, and it hosts
-        assert decisions["split"] > 0 and svc.books.experts > 0
         assert decisions["ahead_layers"] == sum(decisions[f"ahead_{r}"] for r in PLAN_REASONS)
-        # the clock's terms reach the planner once measured (not only with
-        # critical_path, which stays off)
-        assert not svc.critical_path
-        assert any(link.hidden_s > 0 for link in seen)
-        assert all(link.backlog_bytes % adapter.expert_nbytes == 0 for link in seen)
+        assert decisions["split"] > 0 and svc.books.experts > 0
         assert int(np.asarray(adapter.cache.pins).sum()) == 0
     finally:
         svc.close()
@@ -402,8 +409,8 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_format="fp16"))
     with pytest.raises(ValueError, match="host_handoff"):
         run_spec(_spec("PD+host", host_handoff="fast"))
-    with pytest.raises(ValueError, match="host_plan"):
-        run_spec(_spec("PD+host", host_plan="fastest"))
+    with pytest.raises(ValueError, match="host_ahead_from"):
+        run_spec(_spec("PD+host", host_ahead_from="lookahead"))
 
 
 def test_the_engine_settles_the_host_after_each_forward(

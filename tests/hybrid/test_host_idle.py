@@ -162,18 +162,3 @@ def test_clock_terms_equal_the_terms_recomputed_on_every_read(
         assert (clock.hidden_s, clock.host_lead_s, clock.host_overhead_s) == want
         link = _service(ForcedHostPlanner(every=1)).link_state()
         assert link.hidden_s == 0.0  # the makespan planner sees no clock terms
-
-
-def test_the_queue_planners_link_state_carries_the_clock_terms() -> None:
-    from pdflash.hybrid import CostModelPlanner, HostCostModel
-
-    svc = _service(CostModelPlanner(HostCostModel(1e-3, 0.0), 1024, rule="queue"))
-    clock = svc.clock
-    t = 0.0
-    for layer in range(2 * clock.min_samples + 2):
-        clock.routed(layer, t, t + 1e-5)
-        clock.sync(t + 3e-4)
-        t += 1e-3
-    link = svc.link_state(2048)
-    assert (link.hidden_s, link.host_lead_s, link.host_overhead_s) == _reference_terms(clock)
-    assert link.hidden_s > 0

@@ -294,48 +294,6 @@ def test_stream_handoff_does_not_block_and_books_the_job_later() -> None:
         svc.close()
 
 
-class _NoCopies:
-    """A cache with nothing resident and no copy in flight."""
-
-    def __init__(self, n: int) -> None:
-        self.slot_of = np.full(n, -1, dtype=np.int64)
-        self.ticket = np.zeros(0, dtype=np.int64)
-
-
-def test_the_queue_rule_sees_the_pools_queue_of_stream_jobs() -> None:
-    """With the stream hand-off a HOST job may still run when the next layer
-    plans: the queue rule's LinkState carries its modeled seconds left (the
-    plan's modeled HOST time less what it has run), 0 once it is settled."""
-    from pdflash.hybrid import CostModelPlanner, HostCostModel, LinkState
-
-    seen: list[LinkState] = []
-
-    class Spy(CostModelPlanner):
-        def plan(self, layer, missed, tokens, link):  # type: ignore[no-untyped-def]
-            seen.append(link)
-            return super().plan(layer, missed, tokens, link)
-
-    # a copy takes 10 s on this link, the host 0.3 s an expert: both hosted
-    planner = Spy(HostCostModel(0.3, 0.0), 100, online=False, rule="queue")
-    with _executor(delay_s=0.2) as ex:
-        svc, _ = _stream_service(ex)
-        svc.planner = planner
-        svc.link_bytes_per_s = 10.0
-        cache = _NoCopies(16)
-        ids, tok = np.array([4, 5]), np.array([1, 1])
-        assert svc.split(1, ids, tok, cache).all()
-        job = svc.start(ids, torch.ones(2, 2), [1, 1])
-        assert job.modeled_s == pytest.approx(0.6)
-        svc.finish_on_stream(job)
-        svc.split(2, ids + 4, tok, cache)
-        assert seen[0].host_queue_s == 0.0
-        assert 0.0 < seen[1].host_queue_s <= 0.6
-        svc.settle()
-        svc.split(3, ids + 8, tok, cache)
-        assert seen[2].host_queue_s == 0.0
-        svc.close()
-
-
 def test_a_failed_host_job_raises_at_settle_and_the_ring_is_renewed() -> None:
     with _executor(fail_on=2) as ex:
         svc, rings = _stream_service(ex)

@@ -34,7 +34,6 @@ def main() -> None:
     planners: tuple[tuple[str, Any], ...] = (
         ("forced", ForcedHostPlanner(every=None, ids=())),
         ("makespan", CostModelPlanner(HostCostModel(1e-3, 0.0), 1024)),
-        ("queue", CostModelPlanner(HostCostModel(1e-3, 0.0), 1024, rule="queue")),
     )
     for name, planner in planners:
         # the split never reaches the executor here (nothing is hosted)
