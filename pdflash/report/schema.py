@@ -21,24 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# the labels a run may record (BASELINES) and PD's ablations among them
+# (labels of their own, so their rows never count as PD's)
+from pdflash.labels import ABLATIONS as ABLATIONS
+from pdflash.labels import BASELINES as BASELINES
+
 SCHEMA_VERSION = 1
-
-#: PD with every part forced on (no controller), PD with one part switched
-#: off (issue 15's ablation) and PD with the adaptive verify width (see
-#: :mod:`pdflash.engine.config`): labels of their own, so their rows never
-#: count as PD's.
-ABLATIONS: tuple[str, ...] = (
-    "PD-all-on",
-    "PD-no-route-ahead",
-    "PD-one-band",
-    "PD-token-sched",
-    "PD-no-stream",
-    "PD-adaptive-width",
-)
-
-#: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is
-#: PD with the hybrid miss service (issue 16), then PD's ablations.
-BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 
 #: Labels no run records any more whose rows a result set may still hold:
 #: ``PD-full-width`` is PD verifying every draft, recorded while PD's
