@@ -98,7 +98,7 @@ ARCHS: dict[str, tuple[str, str]] = {
 @dataclass
 class RunSpec:
     arch: str
-    baseline: str  # one of pdflash.engine.config.BASELINES (B0..B3, PD, PD+host, PD ablations)
+    baseline: str  # one of pdflash.labels.BASELINES (B0..B3, PD, PD+host, PD ablations)
     block_size: int = 16
     concurrency: int = 4
     cache_fraction: float = 0.2
