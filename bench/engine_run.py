@@ -36,7 +36,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -98,7 +98,7 @@ ARCHS: dict[str, tuple[str, str]] = {
 @dataclass
 class RunSpec:
     arch: str
-    baseline: str  # one of pdflash.engine.config.BASELINES (B0..B3, PD, PD+host, PD ablations)
+    baseline: str  # one of pdflash.labels.BASELINES (B0..B3, PD, PD+host, PD ablations)
     block_size: int = 16
     concurrency: int = 4
     cache_fraction: float = 0.2
@@ -268,9 +268,21 @@ class RunSpec:
             return "off"
         return "auto" if self.baseline == "PD+host" else self.host_experts
 
+    def _check_one_of(self, name: str, choices: Collection[str]) -> None:
+        """The field ``name`` holds one of ``choices``."""
+        value = getattr(self, name)
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+    def _check_at_least_one(self, *names: str) -> None:
+        """Each of ``names`` is None (the default) or >= 1."""
+        for name in names:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
     def validate(self) -> None:
-        if self.baseline not in BASELINES:
-            raise ValueError(f"baseline must be one of {BASELINES}, got {self.baseline!r}")
+        self._check_one_of("baseline", BASELINES)
         if self.weights == "synthetic" and self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}; choose one of {sorted(ARCHS)}")
         if self.acceptance not in ("auto", "model", "forced", "trace"):
@@ -281,11 +293,7 @@ class RunSpec:
             raise ValueError(f"routing_source must be model or trace, got {self.routing_source!r}")
         from pdflash.engine.predict import ROUTE_AHEAD_SOURCES
 
-        if self.route_ahead_source not in ROUTE_AHEAD_SOURCES:
-            raise ValueError(
-                f"route_ahead_source must be one of {ROUTE_AHEAD_SOURCES}, "
-                f"got {self.route_ahead_source!r}"
-            )
+        self._check_one_of("route_ahead_source", ROUTE_AHEAD_SOURCES)
         if (self.acceptance == "trace" or self.routing_source == "trace") and not self.trace:
             raise ValueError("acceptance or routing_source 'trace' needs a trace file (trace=)")
         if self.trace is not None and not Path(self.trace).is_file():
@@ -301,8 +309,7 @@ class RunSpec:
         for name in ("block_size", "concurrency", "prompt_len", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_requests is not None and self.num_requests < 1:
-            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        self._check_at_least_one("num_requests")
         if self.eviction not in ("auto", "lru", "lfu", "route_ahead", "layer_cyclic"):
             raise ValueError(
                 f"eviction must be auto, lru, lfu, route_ahead or layer_cyclic, got {self.eviction!r}"
@@ -324,10 +331,7 @@ class RunSpec:
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-        for name in ("max_running", "token_budget"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        self._check_at_least_one("max_running", "token_budget")
         if self.byte_budget_from not in ("floor", "verify"):
             raise ValueError(
                 f"byte_budget_from must be floor or verify, got {self.byte_budget_from!r}"
@@ -350,33 +354,13 @@ class RunSpec:
             HOST_FORMAT_CHOICES,
         )
 
-        if self.host_handoff not in HANDOFF_CHOICES:
-            raise ValueError(
-                f"host_handoff must be one of {HANDOFF_CHOICES}, got {self.host_handoff!r}"
-            )
-        if self.warmup not in WARMUP_CHOICES:
-            raise ValueError(f"warmup must be one of {WARMUP_CHOICES}, got {self.warmup!r}")
-        if self.host_format not in HOST_FORMAT_CHOICES:
-            raise ValueError(
-                f"host_format must be one of {HOST_FORMAT_CHOICES}, got {self.host_format!r}"
-            )
-        if self.host_affinity not in HOST_AFFINITY_CHOICES:
-            raise ValueError(
-                f"host_affinity must be one of {HOST_AFFINITY_CHOICES}, got {self.host_affinity!r}"
-            )
-        if self.host_ahead not in HOST_AHEAD_CHOICES:
-            raise ValueError(
-                f"host_ahead must be one of {HOST_AHEAD_CHOICES}, got {self.host_ahead!r}"
-            )
-        if self.host_ahead_from not in HOST_AHEAD_FROM_CHOICES:
-            raise ValueError(
-                f"host_ahead_from must be one of {HOST_AHEAD_FROM_CHOICES}, "
-                f"got {self.host_ahead_from!r}"
-            )
-        for name in ("host_workers", "host_threads"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        self._check_one_of("host_handoff", HANDOFF_CHOICES)
+        self._check_one_of("warmup", WARMUP_CHOICES)
+        self._check_one_of("host_format", HOST_FORMAT_CHOICES)
+        self._check_one_of("host_affinity", HOST_AFFINITY_CHOICES)
+        self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
+        self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
+        self._check_at_least_one("host_workers", "host_threads")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.synthetic_format not in (None, "mxfp4"):
@@ -389,8 +373,7 @@ class RunSpec:
             )
         if self.synthetic_format == "mxfp4" and ARCHS.get(self.arch, ("",))[0] != "gpt_oss":
             raise ValueError(f"synthetic_format mxfp4 is for gpt-oss, not {self.arch!r}")
-        if self.cuda_graphs not in CUDA_GRAPHS:
-            raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPHS}, got {self.cuda_graphs!r}")
+        self._check_one_of("cuda_graphs", CUDA_GRAPHS)
         if self.verify_width != "auto":
             from pdflash.engine.verify_width import parse_width
 
@@ -407,13 +390,8 @@ class RunSpec:
                 )
         from pdflash.models.resident_graphs import RESIDENT_GRAPH_MODES
 
-        if self.resident_graphs not in RESIDENT_GRAPH_MODES:
-            raise ValueError(
-                f"resident_graphs must be one of {RESIDENT_GRAPH_MODES}, "
-                f"got {self.resident_graphs!r}"
-            )
-        if self.full_cache not in FULL_CACHE:
-            raise ValueError(f"full_cache must be one of {FULL_CACHE}, got {self.full_cache!r}")
+        self._check_one_of("resident_graphs", RESIDENT_GRAPH_MODES)
+        self._check_one_of("full_cache", FULL_CACHE)
         if self.expert_dtype not in (None, "dense", "fp8"):
             raise ValueError(f"expert_dtype must be None, dense or fp8, got {self.expert_dtype!r}")
         from .distributed_run import check_spec

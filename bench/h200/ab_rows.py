@@ -1,12 +1,16 @@
 """The rows of a ``bench/h200/issue16.py`` A/B run, grouped for the A/B
 scripts' summaries (``enginegraphs_summary.py``, ``width_summary.py``,
-``fullcache_summary.py``; ``switches_ab.sh`` runs them with ``SUMMARY=``).
+``fullcache_summary.py``; ``switches_ab.sh`` runs them with ``SUMMARY=``),
+and what those summaries build their output with: each point's entry, the
+medians, the JSON file.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +40,21 @@ def sorted_points(
 ) -> list[tuple[Point, dict[Any, list[Row]]]]:
     """The points in the summaries' print order."""
     return sorted(points.items(), key=lambda kv: str(kv[0]))
+
+
+def point_entry(point: Point) -> dict[str, Any]:
+    """A summary's entry for ``point``, its ``arms`` for the summary to fill."""
+    arch, cf, conc = point
+    return {"arch": arch, "cache_fraction": cf, "concurrency": conc, "arms": {}}
+
+
+def median(values: Iterable[Any], as_float: bool = False) -> Any:
+    """The median of the numbers among ``values`` (each made a float first
+    with ``as_float``); None where there is none."""
+    numbers = [float(v) if as_float else v for v in values if isinstance(v, (int, float))]
+    return statistics.median(numbers) if numbers else None
+
+
+def write_summary(root: Path, name: str, points: list[dict[str, Any]]) -> None:
+    """The summary's entries as ``root/<name>_summary.json``."""
+    (root / f"{name}_summary.json").write_text(json.dumps({"points": points}, indent=1))

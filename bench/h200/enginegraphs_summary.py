@@ -8,8 +8,6 @@ and written to ``ROOT/enginegraphs_summary.json``.
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,21 +21,10 @@ COUNTS = ("replays", "captures", "capture_failures", "mismatches", "evictions", 
 def main(root: Path) -> None:
     out = []
     print("== enginegraphs_ab: recorded all-resident layer calls per arm (rows' resident_graphs)")
-    for (arch, cf, conc), by_arm in ab_rows.sorted_points(
-        ab_rows.by_point_and_arm(ab_rows.load_rows(root))
-    ):
-        entry: dict[str, Any] = {
-            "arch": arch,
-            "cache_fraction": cf,
-            "concurrency": conc,
-            "arms": {},
-        }
+    for point, by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(ab_rows.load_rows(root))):
+        arch, cf, conc = point
+        entry = ab_rows.point_entry(point)
         for arm, rs in by_arm.items():
-            tps = [
-                r["output_tokens_per_s"]
-                for r in rs
-                if isinstance(r.get("output_tokens_per_s"), (int, float))
-            ]
             rec = [r.get("resident_graphs") or {} for r in rs]
             sums = {k: sum(int(g.get(k) or 0) for g in rec) for k in COUNTS}
             eager: Counter[str] = Counter()
@@ -47,7 +34,7 @@ def main(root: Path) -> None:
                 "runs": len(rs),
                 "setting": sorted({str(g.get("setting")) for g in rec}),
                 "states": dict(Counter(str(g.get("state")) for g in rec)),
-                "tokens_per_s_median": statistics.median(tps) if tps else None,
+                "tokens_per_s_median": ab_rows.median(r.get("output_tokens_per_s") for r in rs),
                 "wall_s_sum": sum(float(r.get("wall_s") or 0.0) for r in rs),
                 "capture_s_sum": sum(float(g.get("capture_s") or 0.0) for g in rec),
                 "distinct_keys_sum": sum(int(g.get("distinct_keys") or 0) for g in rec),
@@ -85,7 +72,7 @@ def main(root: Path) -> None:
                 entry.setdefault("on_over_off_median", {})[f"{arm}/{base}"] = a / b
                 print(f"{arch} cf{cf} c{conc} {arm}/{base} (medians): {a / b:.3f}")
         out.append(entry)
-    (root / "enginegraphs_summary.json").write_text(json.dumps({"points": out}, indent=1))
+    ab_rows.write_summary(root, "enginegraphs", out)
 
 
 if __name__ == "__main__":

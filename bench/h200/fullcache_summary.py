@@ -8,11 +8,8 @@ repeats), and each arm over B3; printed, and written to
 
 from __future__ import annotations
 
-import json
-import statistics
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +28,6 @@ MEDIANS = (
 )
 
 
-def med(values: Iterable[Any]) -> Any:
-    vals = [v for v in values if isinstance(v, (int, float))]
-    return statistics.median(vals) if vals else None
-
-
 def main(root: Path) -> None:
     rows = ab_rows.load_rows(root)
     # NOTE: B3 rows record cache fraction 1.0 whatever the point's (B3 is one
@@ -47,13 +39,9 @@ def main(root: Path) -> None:
             b3_tps[(r.get("arch"), r.get("concurrency"))].append(r.get("output_tokens_per_s"))
     out = []
     print("== fullcache_ab: per arm and point (medians over repeats)")
-    for (arch, cf, conc), by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(rows)):
-        entry: dict[str, Any] = {
-            "arch": arch,
-            "cache_fraction": cf,
-            "concurrency": conc,
-            "arms": {},
-        }
+    for point, by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(rows)):
+        arch, cf, conc = point
+        entry = ab_rows.point_entry(point)
         for arm, rs in by_arm.items():
             full = [r.get("full_cache") or {} for r in rs]
             verify_ms = [
@@ -63,12 +51,12 @@ def main(root: Path) -> None:
             ]
             a: dict[str, Any] = {
                 "runs": len(rs),
-                "tokens_per_s_median": med(r.get("output_tokens_per_s") for r in rs),
+                "tokens_per_s_median": ab_rows.median(r.get("output_tokens_per_s") for r in rs),
                 "full_cache_states": dict(Counter(str(f.get("state")) for f in full)),
                 "switched_off": sorted({p for f in full for p in (f.get("switched_off") or {})}),
                 "why_off": sorted({str(f["why_off"]) for f in full if f.get("why_off")}),
-                "verify_ms_per_forward_median": med(verify_ms),
-                **{k + "_median": med(r.get(k) for r in rs) for k in MEDIANS},
+                "verify_ms_per_forward_median": ab_rows.median(verify_ms),
+                **{k + "_median": ab_rows.median(r.get(k) for r in rs) for k in MEDIANS},
             }
             entry["arms"][arm] = a
             m = a["tokens_per_s_median"]
@@ -82,14 +70,14 @@ def main(root: Path) -> None:
                 f"sched us {a['scheduler_us_per_step_median']} exposed {a['exposed_fetch_s_median']} "
                 f"tau {a['acceptance_length_mean_median']}"
             )
-        b3 = med(b3_tps[(arch, conc)])
+        b3 = ab_rows.median(b3_tps[(arch, conc)])
         for arm, a in entry["arms"].items():
             m = a["tokens_per_s_median"]
             if arm != "B3" and m and b3:
                 entry.setdefault("over_b3_median", {})[arm] = m / b3
                 print(f"{arch} cf{cf} c{conc} {arm}/B3 (medians): {m / b3:.3f}")
         out.append(entry)
-    (root / "fullcache_summary.json").write_text(json.dumps({"points": out}, indent=1))
+    ab_rows.write_summary(root, "fullcache", out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ adaptive, ``PD`` over ``PDfull``); printed, and written to
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 from collections.abc import Iterable
@@ -21,8 +20,8 @@ import ab_rows  # type: ignore[import-not-found]  # bench/h200/, next to this sc
 
 
 def med(values: Iterable[Any]) -> float | None:
-    vs = [float(v) for v in values if isinstance(v, (int, float))]
-    return statistics.median(vs) if vs else None
+    """The median of the numbers among ``values``, as floats."""
+    return ab_rows.median(values, as_float=True)
 
 
 def fmt(v: float | None, spec: str = ".3g") -> str:
@@ -32,15 +31,9 @@ def fmt(v: float | None, spec: str = ".3g") -> str:
 def main(root: Path) -> None:
     out = []
     print("== width_ab: adaptive verify width vs every draft (medians over repeats)")
-    for (arch, cf, conc), by_arm in ab_rows.sorted_points(
-        ab_rows.by_point_and_arm(ab_rows.load_rows(root))
-    ):
-        entry: dict[str, Any] = {
-            "arch": arch,
-            "cache_fraction": cf,
-            "concurrency": conc,
-            "arms": {},
-        }
+    for point, by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(ab_rows.load_rows(root))):
+        arch, cf, conc = point
+        entry = ab_rows.point_entry(point)
         for arm, rs in by_arm.items():
             vws = [r.get("verify_width") or {} for r in rs]
             est = [vw.get("estimates") or {} for vw in vws]
@@ -86,7 +79,7 @@ def main(root: Path) -> None:
             entry["adaptive_over_full_arms"] = list(pair)
             print(f"{arch} cf{cf} c{conc} {pair[0]}/{pair[1]} (medians): {ratio:.3f}")
         out.append(entry)
-    (root / "width_summary.json").write_text(json.dumps({"points": out}, indent=1))
+    ab_rows.write_summary(root, "width", out)
 
 
 if __name__ == "__main__":

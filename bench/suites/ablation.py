@@ -28,6 +28,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from pdflash.labels import ABLATIONS
+
 from . import _common as common
 from . import matrix
 
@@ -37,14 +39,7 @@ HELP = (
 )
 
 #: The ablations, in the order they run within a repeat (after PD).
-VARIANTS = (
-    "PD-all-on",
-    "PD-no-route-ahead",
-    "PD-one-band",
-    "PD-token-sched",
-    "PD-no-stream",
-    "PD-adaptive-width",
-)
+VARIANTS = ABLATIONS
 DEFAULT_REPEATS = 3
 
 
@@ -59,15 +54,7 @@ def _variants(text: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     matrix.add_run_arguments(parser)
     g = parser.add_argument_group("ablation")
-    g.add_argument(
-        "--arch",
-        type=common.archs,
-        default=["tiny"],
-        help="comma list of " + ", ".join(common.ARCHS),
-    )
-    g.add_argument("--block-sizes", type=common.positive_ints("--block-sizes"), default=[16])
-    g.add_argument("--concurrency", type=common.positive_ints("--concurrency"), default=[4])
-    g.add_argument("--cache-fraction", type=common.fractions, default=[0.2])
+    matrix.add_point_arguments(g, concurrency=[4], cache_fraction=[0.2])
     g.add_argument(
         "--variants",
         type=_variants,
@@ -83,11 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_REPEATS,
         help=f"repeats per point, labels interleaved round-robin (default {DEFAULT_REPEATS})",
     )
-    g.add_argument("--out", type=Path, default=None, help="default bench-results/ablation-<UTC>")
-    g.add_argument("--budget-s", type=float, default=None, help="start no new run after this")
-    g.add_argument("--no-report", action="store_true", help="only rows and the ablation table")
-    g.add_argument("--dry-run", action="store_true", help="list the planned runs; run nothing")
-    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    matrix.add_output_arguments(g, "ablation", no_report="only rows and the ablation table")
 
 
 def labels(args: argparse.Namespace) -> list[str]:
@@ -145,30 +128,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("bench-results") / f"ablation-{common.utc_stamp()}")
     specs = plan(args)
     if args.dry_run:
-        done = matrix.recorded_keys(out / matrix.ROWS_FILE)
-        todo = [s for s in specs if matrix.spec_key(s) not in done]
+        todo = matrix.unrecorded(specs, out / matrix.ROWS_FILE)
         return {
             "planned": len(specs),
             "already_recorded": len(specs) - len(todo),
             "to_run": len(todo),
             "order": [f"{s['baseline']}/r{s['repeat']}" for s in todo[: 2 * len(labels(args))]],
         }
-    summary = matrix.run_matrix(
-        specs,
-        out,
-        budget_s=args.budget_s,
-        show_progress=not args.no_progress,
-        cpu_threads=args.cpu_threads,
-    )
-    summary["planned"] = len(specs)
-    summary["first_use"] = matrix.first_use_check(matrix.read_rows(out / matrix.ROWS_FILE))
+    summary = matrix.run_planned(specs, out, args)
     cmd = ablation_command(args, out)
-    with open(out / "commands.txt", "a", encoding="utf-8") as fh:
-        fh.write(f"{common.utc_stamp()} {cmd}\n")
+    matrix.log_command(out, cmd)
     summary["command"] = cmd
-    from pdflash.report import load_rows, write_report
+    from pdflash.report import write_report
 
-    rows = load_rows(out / matrix.ROWS_FILE) if (out / matrix.ROWS_FILE).exists() else []
+    rows = matrix.load_result_rows(out)
     written = write_table(rows, out)
     summary["ablation_table"] = written["markdown"]
     summary["verdicts"] = [

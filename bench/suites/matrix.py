@@ -103,15 +103,7 @@ def load_engine() -> Engine:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
     g = parser.add_argument_group("matrix")
-    g.add_argument(
-        "--arch",
-        type=common.archs,
-        default=["tiny"],
-        help="comma list of " + ", ".join(common.ARCHS),
-    )
-    g.add_argument("--block-sizes", type=common.positive_ints("--block-sizes"), default=[16])
-    g.add_argument("--concurrency", type=common.positive_ints("--concurrency"), default=[1, 4])
-    g.add_argument("--cache-fraction", type=common.fractions, default=[0.2, 0.5, 0.8])
+    add_point_arguments(g, concurrency=[1, 4], cache_fraction=[0.2, 0.5, 0.8])
     g.add_argument("--baselines", type=common.baselines, default=["B0", "B1", "B2", "B3", "PD"])
     g.add_argument(
         "--repeats",
@@ -120,8 +112,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"repeats per point, baselines interleaved round-robin (default {GPU_REPEATS} on a "
         f"GPU, {CPU_REPEATS} on the CPU)",
     )
+    add_output_arguments(g, "matrix", no_report="only write rows.jsonl")
+
+
+def add_point_arguments(
+    g: argparse._ActionsContainer, *, concurrency: list[int], cache_fraction: list[float]
+) -> None:
+    """The points a suite on the matrix's runner runs (arch x block size x
+    concurrency x cache fraction), with the suite's defaults."""
     g.add_argument(
-        "--out", type=Path, default=None, help="results folder (default bench-results/matrix-<UTC>)"
+        "--arch",
+        type=common.archs,
+        default=["tiny"],
+        help="comma list of " + ", ".join(common.ARCHS),
+    )
+    g.add_argument("--block-sizes", type=common.positive_ints("--block-sizes"), default=[16])
+    g.add_argument("--concurrency", type=common.positive_ints("--concurrency"), default=concurrency)
+    g.add_argument("--cache-fraction", type=common.fractions, default=cache_fraction)
+
+
+def add_output_arguments(g: argparse._ActionsContainer, suite: str, *, no_report: str) -> None:
+    """Where a suite on the matrix's runner writes, its time budget and the
+    dry run (``no_report``: what ``--no-report`` still writes)."""
+    g.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"results folder (default bench-results/{suite}-<UTC>)",
     )
     g.add_argument(
         "--budget-s",
@@ -129,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="start no new run after this many seconds; rerun the same command to resume",
     )
-    g.add_argument("--no-report", action="store_true", help="only write rows.jsonl")
+    g.add_argument("--no-report", action="store_true", help=no_report)
     g.add_argument("--dry-run", action="store_true", help="list the planned runs; run nothing")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -512,6 +529,13 @@ def recorded_keys(rows_path: Path) -> set[tuple[Any, ...]]:
     return keys
 
 
+def unrecorded(specs: Iterable[Mapping[str, Any]], rows_path: Path) -> list[Any]:
+    """The ``specs`` whose runs ``rows_path`` does not hold yet (what a rerun
+    runs), in order."""
+    done = recorded_keys(rows_path)
+    return [s for s in specs if spec_key(s) not in done]
+
+
 def read_rows(rows_path: Path) -> list[dict[str, Any]]:
     """The parseable rows of a rows file (none when it does not exist)."""
     rows: list[dict[str, Any]] = []
@@ -661,9 +685,8 @@ def run_matrix(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / ROWS_FILE
-    done = recorded_keys(rows_path)
     all_specs = [dict(s) for s in specs]
-    todo = [s for s in all_specs if spec_key(s) not in done]
+    todo = unrecorded(all_specs, rows_path)
     skipped = len(all_specs) - len(todo)
     spec_cls, run_fn = engine if engine is not None else load_engine()
     threads = set_cpu_threads(todo, cpu_threads)
@@ -825,12 +848,43 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
     return " ".join(parts)
 
 
+def run_planned(
+    specs: Sequence[Mapping[str, Any]], out: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    """:func:`run_matrix` over a suite's plan with its options (budget,
+    progress bars, CPU threads); the summary adds how many runs were planned
+    and the first-use check over every row in ``out``."""
+    summary = run_matrix(
+        specs,
+        out,
+        budget_s=args.budget_s,
+        show_progress=not args.no_progress,
+        cpu_threads=args.cpu_threads,
+    )
+    summary["planned"] = len(specs)
+    summary["first_use"] = first_use_check(read_rows(out / ROWS_FILE))
+    return summary
+
+
+def log_command(out: Path, command: str) -> None:
+    """Append ``command`` to ``out/commands.txt``, stamped (every invocation
+    of a results folder, resumes included)."""
+    with open(out / "commands.txt", "a", encoding="utf-8") as fh:
+        fh.write(f"{common.utc_stamp()} {command}\n")
+
+
+def load_result_rows(out: Path) -> list[dict[str, Any]]:
+    """The report's rows of ``out/rows.jsonl`` (none where it is absent)."""
+    from pdflash.report import load_rows
+
+    return load_rows(out / ROWS_FILE) if (out / ROWS_FILE).exists() else []
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    out = args.out or Path("bench-results") / f"matrix-{common.utc_stamp()}"
+    out = Path(args.out or Path("bench-results") / f"matrix-{common.utc_stamp()}")
     specs = plan(args)
     if args.dry_run:
-        done = recorded_keys(Path(out) / ROWS_FILE)
-        todo = [s for s in specs if spec_key(s) not in done]
+        todo = unrecorded(specs, out / ROWS_FILE)
         counts: dict[str, int] = {}
         for s in todo:
             counts[s["baseline"]] = counts.get(s["baseline"], 0) + 1
@@ -839,24 +893,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "already_recorded": len(specs) - len(todo),
             "to_run": len(todo),
             "to_run_per_baseline": counts,
-            "command": matrix_command(args, Path(out)),
+            "command": matrix_command(args, out),
         }
-    summary = run_matrix(
-        specs,
-        Path(out),
-        budget_s=args.budget_s,
-        show_progress=not args.no_progress,
-        cpu_threads=args.cpu_threads,
-    )
-    cmd = matrix_command(args, Path(out))
-    with open(Path(out) / "commands.txt", "a", encoding="utf-8") as fh:
-        fh.write(f"{common.utc_stamp()} {cmd}\n")
-    summary["planned"] = len(specs)
-    summary["first_use"] = first_use_check(read_rows(Path(out) / ROWS_FILE))
+    summary = run_planned(specs, out, args)
+    cmd = matrix_command(args, out)
+    log_command(out, cmd)
     if not args.no_report:
-        from pdflash.report import load_rows, write_report
+        from pdflash.report import write_report
 
-        rows = load_rows(Path(out) / ROWS_FILE) if (Path(out) / ROWS_FILE).exists() else []
+        rows = load_result_rows(out)
         evaluation = write_report(rows, out, required_baselines=args.baselines, command=cmd)
         summary["verdict"] = evaluation["verdict"]["label"]
         summary["valid"] = evaluation["valid"]

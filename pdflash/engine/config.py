@@ -73,16 +73,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-#: PD with one part switched off (see the module docstring).
-ABLATIONS = (
-    "PD-all-on",
-    "PD-no-route-ahead",
-    "PD-one-band",
-    "PD-token-sched",
-    "PD-no-stream",
-    "PD-adaptive-width",
-)
-BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
+# the labels are pdflash.labels' (the report reads them without the engine)
+from pdflash.labels import ABLATIONS as ABLATIONS
+from pdflash.labels import BASELINES as BASELINES
+
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
 CUDA_GRAPHS = ("off", "auto", "piecewise")

@@ -537,17 +537,21 @@ class CostModelPlanner:
             self._since_host += 1
             probe = self._probe(tok.astype(np.float64), link)
             if probe is not None:
-                pick = np.asarray([probe], dtype=np.int64)
-                host_s = self.model.roundtrip_s + float(self.model.expert_s(tok[probe]))
+                j, host_s = probe
+                pick = np.asarray([j], dtype=np.int64)
                 self.decisions["probes"] += 1
                 self._since_host = 0
         host_mask = np.zeros(ids.size, dtype=np.bool_)
         host_mask[pick] = True
         return MissPlan(ids[~host_mask], ids[host_mask], copy_only, chosen, host_s)
 
-    def _probe(self, tokens: npt.NDArray[np.float64], link: LinkState) -> int | None:
+    def _link_s(self, link: LinkState, copies: int) -> float:
+        """Seconds until ``copies`` new copies land behind the bytes ahead."""
+        return (link.ahead_bytes + copies * self.expert_nbytes) / link.bytes_per_s
+
+    def _probe(self, tokens: npt.NDArray[np.float64], link: LinkState) -> tuple[int, float] | None:
         """Index of the expert to serve on the host as a probe, if one is due
-        (module doc)."""
+        (module doc), and its modeled pool seconds (round trip and expert)."""
         if not isinstance(self.model, OnlineHostCost) or self.probe_every is None:
             return None
         if self._since_host < self.probe_every or tokens.size < 2:
@@ -557,12 +561,12 @@ class CostModelPlanner:
         j = int(np.argmin(tokens))
         if self.max_host_tokens is not None and tokens[j] > self.max_host_tokens:
             return None
-        exposed = (link.ahead_bytes + tokens.size * self.expert_nbytes) / link.bytes_per_s
+        exposed = self._link_s(link, tokens.size)
         if exposed - link.hidden_s <= link.host_overhead_s:
             return None  # the copies hide behind the forward: no host could pay
-        rest_s = (link.ahead_bytes + (tokens.size - 1) * self.expert_nbytes) / link.bytes_per_s
+        rest_s = self._link_s(link, tokens.size - 1)
         host_s = self.model.roundtrip_s + float(self.model.expert_s(tokens[j]))
-        return j if host_s <= self.probe_max_ratio * rest_s else None
+        return (j, host_s) if host_s <= self.probe_max_ratio * rest_s else None
 
     def plan_ahead(
         self,

@@ -103,6 +103,25 @@ def _check(slots: int, expert_nbytes: int) -> None:
         raise ValueError(f"expert_nbytes must be >= 0, got {expert_nbytes}")
 
 
+def _result(
+    policy: str,
+    steps: list[npt.NDArray[np.int64]],
+    loads: int,
+    slots: int,
+    expert_nbytes: int,
+) -> ReplayResult:
+    """What a replay of ``steps`` under ``policy`` that loaded ``loads``
+    experts moved."""
+    return ReplayResult(
+        policy=policy,
+        loads=loads,
+        bytes_moved=loads * int(expert_nbytes),
+        accesses=sum(int(s.size) for s in steps),
+        distinct_experts=len({g for s in steps for g in s.tolist()}),
+        slots=int(slots),
+    )
+
+
 def belady(
     trace: Sequence[npt.ArrayLike],
     slots: int,
@@ -118,12 +137,9 @@ def belady(
     resident: dict[int, int] = {g: first_use.get(g, _NEVER) for g in _initial(initial, slots)}
     heap: list[tuple[int, int]] = [(-nu, g) for g, nu in resident.items()]
     heapq.heapify(heap)
-    loads = accesses = 0
-    seen: set[int] = set()
+    loads = 0
     for t, ids_arr in enumerate(steps):
         ids = ids_arr.tolist()
-        accesses += len(ids)
-        seen.update(ids)
         missing = [g for g in ids if g not in resident]
         loads += len(missing)
         if len(ids) > slots:
@@ -151,14 +167,7 @@ def belady(
         if len(heap) > 4 * slots + 64:  # drop stale entries now and then
             heap = [(-nu, g) for g, nu in resident.items()]
             heapq.heapify(heap)
-    return ReplayResult(
-        policy="belady",
-        loads=loads,
-        bytes_moved=loads * int(expert_nbytes),
-        accesses=accesses,
-        distinct_experts=len(seen),
-        slots=int(slots),
-    )
+    return _result("belady", steps, loads, slots, expert_nbytes)
 
 
 def lru(
@@ -173,13 +182,9 @@ def lru(
     steps = _steps(trace)
     # expert -> last step used; dict order is the LRU order
     order: dict[int, int] = dict.fromkeys(_initial(initial, slots), -1)
-    loads = accesses = 0
-    seen: set[int] = set()
+    loads = 0
     for t, ids_arr in enumerate(steps):
-        ids = ids_arr.tolist()
-        accesses += len(ids)
-        seen.update(ids)
-        for g in ids:
+        for g in ids_arr.tolist():
             if g not in order:
                 loads += 1
             else:
@@ -191,14 +196,7 @@ def lru(
             # experts are the most recent and go last
             for g in list(order)[:excess]:
                 del order[g]
-    return ReplayResult(
-        policy="lru",
-        loads=loads,
-        bytes_moved=loads * int(expert_nbytes),
-        accesses=accesses,
-        distinct_experts=len(seen),
-        slots=int(slots),
-    )
+    return _result("lru", steps, loads, slots, expert_nbytes)
 
 
 def free_start_loads(result: ReplayResult) -> int:

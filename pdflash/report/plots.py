@@ -14,23 +14,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pdflash.labels import ABLATIONS
+from pdflash.report.schema import RETIRED_LABELS
+
 #: Plot order: PD beside B3, the all-resident bound it is judged against;
-#: PD+host and PD's ablations only where a result set has them.
-PLOT_ORDER = (
-    "B0",
-    "B1",
-    "B2",
-    "PD",
-    "PD+host",
-    "PD-all-on",
-    "PD-no-route-ahead",
-    "PD-one-band",
-    "PD-token-sched",
-    "PD-no-stream",
-    "PD-adaptive-width",
-    "PD-full-width",  # a retired label (schema.RETIRED_LABELS): older rows
-    "B3",
-)
+#: PD+host, PD's ablations and retired labels (older rows) only where a
+#: result set has them.
+PLOT_ORDER = ("B0", "B1", "B2", "PD", "PD+host", *ABLATIONS, *RETIRED_LABELS, "B3")
 COLORS = {
     "B0": "#9e9e9e",
     "B1": "#1f77b4",

@@ -21,24 +21,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# the labels a run may record (BASELINES) and PD's ablations among them
+# (labels of their own, so their rows never count as PD's)
+from pdflash.labels import ABLATIONS as ABLATIONS
+from pdflash.labels import BASELINES as BASELINES
+
 SCHEMA_VERSION = 1
-
-#: PD with every part forced on (no controller), PD with one part switched
-#: off (issue 15's ablation) and PD with the adaptive verify width (see
-#: :mod:`pdflash.engine.config`): labels of their own, so their rows never
-#: count as PD's.
-ABLATIONS: tuple[str, ...] = (
-    "PD-all-on",
-    "PD-no-route-ahead",
-    "PD-one-band",
-    "PD-token-sched",
-    "PD-no-stream",
-    "PD-adaptive-width",
-)
-
-#: Baselines in the order the report lists them (docs/design.md §6); ``PD+host`` is
-#: PD with the hybrid miss service (issue 16), then PD's ablations.
-BASELINES: tuple[str, ...] = ("B0", "B1", "B2", "B3", "PD", "PD+host", *ABLATIONS)
 
 #: Labels no run records any more whose rows a result set may still hold:
 #: ``PD-full-width`` is PD verifying every draft, recorded while PD's
@@ -422,15 +410,22 @@ def _recorded_affinity(row: Mapping[str, Any]) -> Any:
     return placed.get("mode", "off") if isinstance(placed, Mapping) else "off"
 
 
+def _planner_records(row: Mapping[str, Any], key: str, default: Any) -> Any:
+    """What a row's host planner records under ``key`` (its host service's
+    ``planner``), else ``default`` (no host service, no planner, or none
+    recorded)."""
+    service = row.get("host_service")
+    planner = service.get("planner") if isinstance(service, Mapping) else None
+    value = planner.get(key) if isinstance(planner, Mapping) else None
+    return default if value is None else value
+
+
 def _recorded_ahead(row: Mapping[str, Any]) -> Any:
     """How a row's pre-verify host plan treated a predicted expert
     (``--host-ahead``): as its planner records, else ``certain`` (no host
     service, a planner that records none, or one older than the setting:
     the ahead plan was ``certain``)."""
-    service = row.get("host_service")
-    planner = service.get("planner") if isinstance(service, Mapping) else None
-    ahead = planner.get("ahead") if isinstance(planner, Mapping) else None
-    return "certain" if ahead is None else ahead
+    return _planner_records(row, "ahead", "certain")
 
 
 def _recorded_plan(row: Mapping[str, Any]) -> Any:
@@ -439,10 +434,7 @@ def _recorded_plan(row: Mapping[str, Any]) -> Any:
     as its planner records, else ``makespan`` (no host service, a planner
     that records none, one older than the setting, or one newer: the only
     rule there is)."""
-    service = row.get("host_service")
-    planner = service.get("planner") if isinstance(service, Mapping) else None
-    rule = planner.get("rule") if isinstance(planner, Mapping) else None
-    return "makespan" if rule is None else rule
+    return _planner_records(row, "rule", "makespan")
 
 
 def _recorded_ahead_from(row: Mapping[str, Any]) -> Any:

@@ -381,3 +381,69 @@ def test_controller_table_reports_the_pd_controllers_decisions() -> None:
     assert "| PD | ab-windows | 3 | 0.60 | 0.90 | 0.90 | 1,0,0 |" in md
     # and the report carries it
     assert evaluate(rows, required_baselines=["PD"])["controller"] == table
+
+
+def test_ablation_reads_the_matrixs_point_and_output_options(tmp_path: Path) -> None:
+    """The ablation suite takes the matrix's point and output options (its
+    own defaults), its dry run counts what the matrix would not rerun, and
+    its labels are pdflash.labels' (one list for the engine, the schema, the
+    plots and the suite)."""
+    import argparse
+
+    from pdflash.bench.suites import ablation
+
+    from pdflash import labels
+    from pdflash.engine import config
+    from pdflash.report import plots, schema
+
+    parsers = {}
+    for name, suite in (("matrix", matrix), ("ablation", ablation)):
+        parsers[name] = argparse.ArgumentParser()
+        suite.add_arguments(parsers[name])
+    m = parsers["matrix"].parse_args([])
+    a = parsers["ablation"].parse_args([])
+    assert (m.concurrency, m.cache_fraction) == ([1, 4], [0.2, 0.5, 0.8])
+    assert (a.concurrency, a.cache_fraction) == ([4], [0.2])
+    for ns in (m, a):
+        assert (ns.arch, ns.block_sizes, ns.out, ns.budget_s) == (["tiny"], [16], None, None)
+        assert not (ns.no_report or ns.dry_run or ns.no_progress)
+    argv = ["--arch", "tiny-mixtral", "--block-sizes", "8", "--concurrency", "2,3"]
+    argv += ["--cache-fraction", "0.5", "--out", str(tmp_path), "--budget-s", "9"]
+    argv += ["--no-report", "--dry-run", "--no-progress"]
+    for name in ("matrix", "ablation"):
+        ns = parsers[name].parse_args(argv)
+        assert (ns.arch, ns.block_sizes, ns.concurrency, ns.cache_fraction) == (
+            ["tiny-mixtral"],
+            [8],
+            [2, 3],
+            [0.5],
+        )
+        assert (ns.out, ns.budget_s, ns.no_report, ns.dry_run, ns.no_progress) == (
+            tmp_path,
+            9.0,
+            True,
+            True,
+            True,
+        )
+
+    # the dry run: specs whose rows are recorded are not run again
+    a = parsers["ablation"].parse_args(["--out", str(tmp_path), "--dry-run", "--repeats", "1"])
+    specs = ablation.plan(a)
+    assert matrix.unrecorded(specs, tmp_path / matrix.ROWS_FILE) == specs
+    assert matrix.load_result_rows(tmp_path) == []
+    recorded = {"spec": specs[0], "baseline": specs[0]["baseline"]}
+    (tmp_path / matrix.ROWS_FILE).write_text(json.dumps(recorded) + "\n")
+    assert matrix.unrecorded(specs, tmp_path / matrix.ROWS_FILE) == specs[1:]
+    dry = ablation.run(a)
+    assert (dry["planned"], dry["already_recorded"], dry["to_run"]) == (7, 1, 6)
+
+    # every invocation is appended to commands.txt, stamped
+    matrix.log_command(tmp_path, "first")
+    matrix.log_command(tmp_path, "second")
+    lines = (tmp_path / "commands.txt").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == ["first", "second"]
+
+    assert ablation.VARIANTS is config.ABLATIONS is schema.ABLATIONS is labels.ABLATIONS
+    assert config.BASELINES is schema.BASELINES is labels.BASELINES
+    assert sorted(plots.PLOT_ORDER) == sorted(schema.ROW_LABELS)
+    assert (plots.PLOT_ORDER[0], plots.PLOT_ORDER[-1]) == ("B0", "B3")

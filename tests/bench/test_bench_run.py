@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -489,3 +490,32 @@ def test_engine_suite_takes_a_list_of_widths() -> None:
     assert parser.parse_args([]).verify_width == ["auto"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--verify-width", "full,sometimes"])
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "message"),
+    [
+        ("baseline", "B7", "baseline must be one of {choices}, got 'B7'"),
+        ("host_handoff", "bogus", "host_handoff must be one of {choices}, got 'bogus'"),
+        ("full_cache", "on", "full_cache must be one of {choices}, got 'on'"),
+        ("num_requests", 0, "num_requests must be >= 1, got 0"),
+        ("token_budget", 0, "token_budget must be >= 1, got 0"),
+        ("host_threads", -1, "host_threads must be >= 1, got -1"),
+    ],
+)
+def test_run_spec_checks_name_the_field_its_choices_and_the_value(
+    field: str, bad: Any, message: str
+) -> None:
+    """RunSpec's choice and >= 1 checks share one message shape: the field,
+    the choices where it has some, the value given."""
+    from pdflash.engine.config import BASELINES, FULL_CACHE
+    from pdflash.hybrid import HANDOFF_CHOICES
+
+    choices = {"baseline": BASELINES, "host_handoff": HANDOFF_CHOICES, "full_cache": FULL_CACHE}
+    spec = RunSpec(arch="tiny", baseline="B1")
+    setattr(spec, field, bad)
+    with pytest.raises(ValueError) as err:
+        spec.validate()
+    assert str(err.value) == message.format(choices=choices.get(field))
+    # the unset optional counts are valid
+    RunSpec(arch="tiny", baseline="B1").validate()

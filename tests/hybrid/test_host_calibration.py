@@ -377,3 +377,16 @@ def test_services_with_host_experts_leave_no_threads_behind(
     # auto may have chosen a torch format, which has no team of its own
     team_workers = 1 if hw0["host_format"] == "native" else 0
     assert _settled_threads(kept - team_workers) <= kept - team_workers  # the team joined
+
+
+def test_a_probe_records_its_modeled_host_seconds() -> None:
+    """A probed expert's plan carries the pool seconds the probe was judged
+    by (round trip and the expert at its token count), and no split costs."""
+    p = CostModelPlanner(HostCostModel(5 * MS, 0.1 * MS), 1_000_000, probe_every=1)
+    plan = p.plan(0, np.array([3, 4, 5]), np.array([2, 1, 2]), LinkState(1e9))
+    assert plan.host.tolist() == [4] and p.decisions["probes"] == 1
+    expected = p.model.roundtrip_s + float(p.model.expert_s(1))
+    assert plan.modeled_host_s == expected
+    assert expected == pytest.approx(p.model.roundtrip_s + 5.1 * MS)
+    # the copies it replaces: 3 MB at 1 GB/s ahead of nothing, all exposed
+    assert plan.modeled_copy_only_s == plan.modeled_s == pytest.approx(3 * MS)

@@ -207,3 +207,24 @@ def test_trace_metrics_without_steps_or_tokens_report_why() -> None:
     assert bytes_per_token_vs_belady(30.0, 20.0) == (1.5, None)
     assert bytes_per_token_vs_belady(30.0, 0.0) == (None, "Belady moves no bytes for this trace")
     assert bytes_per_token_vs_belady(None, 20.0) == (None, "bytes_per_token not measured")
+
+
+def test_belady_and_lru_count_the_trace_alike() -> None:
+    """Both replays report the trace's accesses (distinct per step), its
+    distinct experts, the slots and loads x bytes through one accounting;
+    only the loads differ by policy. Hand-computed: steps {0,1}, {1,2}, {3}
+    (the repeated 1 counts once) are 5 accesses of 4 experts."""
+    trace = [[0, 1], [1, 1, 2], [3]]
+    for start in (None, [2]):
+        opt = belady(trace, 2, 10, initial=start)
+        ref = lru(trace, 2, 10, initial=start)
+        for r in (opt, ref):
+            assert (r.accesses, r.distinct_experts, r.slots) == (5, 4, 2)
+            assert r.bytes_moved == 10 * r.loads
+        assert (opt.policy, ref.policy) == ("belady", "lru")
+    # empty cache: 0,1 | 2 replaces 0 | 3 replaces one: 4 loads under either
+    assert belady(trace, 2, 10).loads == lru(trace, 2, 10).loads == 4
+    # 3 slots holding 2 at the start: it stays for step 1, so 0, 1 and 3 load
+    assert belady(trace, 3, 10, initial=[2]).loads == lru(trace, 3, 10, initial=[2]).loads == 3
+    empty = lru([], 3, 10)
+    assert (empty.accesses, empty.distinct_experts, empty.loads) == (0, 0, 0)

@@ -165,3 +165,24 @@ def test_rows_of_the_retired_full_width_label_are_still_read(
     variants = {e["variant"] for e in ablation_table(rows + old)}
     assert variants == {"PD-full-width"}
     assert "PD-full-width" in evaluate(rows + old)["ordering"][0]["tokens_per_s"]
+
+
+def test_host_planner_settings_read_what_the_planner_records() -> None:
+    """``host_ahead`` and the retired ``host_plan`` read a row's host
+    planner through one reader: its recorded value, else the default where
+    the row has no host service, no planner or no such entry."""
+    from pdflash.report.schema import RUN_SETTINGS
+
+    settings = {s.name: s for s in RUN_SETTINGS}
+    ahead, plan = settings["host_ahead"], settings["host_plan"]
+    assert ahead.recorded is not None and plan.recorded is not None
+    recorded = {"host_service": {"planner": {"ahead": "weighted", "rule": "queue"}}}
+    assert (ahead.recorded(recorded), plan.recorded(recorded)) == ("weighted", "queue")
+    for row in (
+        {},
+        {"host_service": None},
+        {"host_service": {}},
+        {"host_service": {"planner": None}},
+        {"host_service": {"planner": {"ahead": None}}},
+    ):
+        assert (ahead.recorded(row), plan.recorded(row)) == ("certain", "makespan")

@@ -1,0 +1,53 @@
+"""bench/h200/ab_rows.py: what the A/B summaries (enginegraphs, width,
+fullcache) build each point's entry, medians and JSON file with."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+# A GPU helper script of the repository, not package code (the wheel leaves
+# bench/h200/ out), so it is loaded from the source tree by path.
+_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "ab_rows.py"
+_spec = importlib.util.spec_from_file_location("_bench_h200_ab_rows", _SCRIPT)
+assert _spec is not None and _spec.loader is not None
+ab_rows = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ab_rows)
+
+
+def test_points_entries_medians_and_the_summary_file(tmp_path: Path) -> None:
+    rows = [
+        {"arch": "a", "cache_fraction": 0.2, "concurrency": 4, "arm": "PD", "x": 1},
+        {"arch": "a", "cache_fraction": 0.2, "concurrency": 1, "arm": "PD", "x": 2},
+        {"arch": "a", "cache_fraction": 0.2, "concurrency": 4, "arm": "B3", "x": 3},
+        {"arch": "a", "cache_fraction": 0.2, "concurrency": 4, "arm": "PD", "x": 5},
+    ]
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ab_rows.load_rows(tmp_path) == rows
+    assert ab_rows.load_rows(tmp_path / "absent") == []
+    points = ab_rows.sorted_points(ab_rows.by_point_and_arm(rows))
+    assert [p for p, _ in points] == [("a", 0.2, 1), ("a", 0.2, 4)]
+    assert {arm: [r["x"] for r in rs] for arm, rs in points[1][1].items()} == {
+        "PD": [1, 5],
+        "B3": [3],
+    }
+    assert ab_rows.point_entry(("a", 0.2, 4)) == {
+        "arch": "a",
+        "cache_fraction": 0.2,
+        "concurrency": 4,
+        "arms": {},
+    }
+    # the numbers only (None and strings left out); as they are, or as floats
+    values = [3, None, 1, "x", 2]
+    assert ab_rows.median(values) == 2 and isinstance(ab_rows.median(values), int)
+    assert ab_rows.median(values, as_float=True) == 2.0
+    assert isinstance(ab_rows.median(values, as_float=True), float)
+    assert ab_rows.median([1, 2]) == 1.5
+    assert ab_rows.median([None, "x"]) is None and ab_rows.median([]) is None
+    ab_rows.write_summary(tmp_path, "demo", [{"arch": "a"}])
+    assert json.loads((tmp_path / "demo_summary.json").read_text()) == {"points": [{"arch": "a"}]}
+    assert (
+        tmp_path / "demo_summary.json"
+    ).read_text() == '{\n "points": [\n  {\n   "arch": "a"\n  }\n ]\n}'
