@@ -80,6 +80,7 @@ from pdflash.engine.attention import device_int64
 from pdflash.engine.batching import (
     BatchDecision,
     DeficitBatcher,
+    DelegatingBatcher,
     FCFSBatcher,
     VerifyBatcher,
     VerifyDemand,
@@ -200,7 +201,8 @@ class Engine:
             request, and (``config.full_cache`` auto) the parts that only
             serve a miss are off (:meth:`full_cache_state`); ``config`` is
             then that configuration, a 2-D deficit ``batcher`` is
-            replaced by FCFS (an expert-parallel wrapper's inner one) and a
+            replaced by FCFS (a :class:`~pdflash.engine.batching.DelegatingBatcher`'s
+            inner one, e.g. expert-parallel ranks') and a
             ``host_service`` is detached from the runtime and not used.
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
             resident)`` over ``(layers, experts)`` masks (optional).
@@ -1479,17 +1481,15 @@ def _without_2d_scheduler(batcher: VerifyBatcher | None, token_budget: int) -> V
     """The batcher of a full cache whose configuration chose ``deficit_2d``:
     nothing can miss, so the 2-D deficit scheduler (whose byte term would be
     zero for every request) gives way to B3's FCFS under the token budget
-    (None: the engine builds it); a wrapper that hands the choice to an
-    ``inner`` batcher (expert-parallel ranks) keeps wrapping, FCFS inside.
-    Raises ValueError for any other batcher that would still run the 2-D
-    scheduler."""
+    (None: the engine builds it); a :class:`DelegatingBatcher` (expert-parallel
+    ranks) keeps delegating, to FCFS (or its inner batcher's own
+    replacement). Raises ValueError for any other batcher that would still
+    run the 2-D scheduler."""
     if batcher is None or (isinstance(batcher, DeficitBatcher) and batcher.name == "deficit_2d"):
         return None
-    wrapper: Any = batcher
-    inner = getattr(wrapper, "inner", None)
-    if inner is not None and inner.name == "deficit_2d":
-        wrapper.inner = _without_2d_scheduler(inner, token_budget) or FCFSBatcher(token_budget)
-        wrapper.name = wrapper.inner.name
+    if isinstance(batcher, DelegatingBatcher) and batcher.inner.name == "deficit_2d":
+        inner = _without_2d_scheduler(batcher.inner, token_budget) or FCFSBatcher(token_budget)
+        batcher = batcher.with_inner(inner)
     if batcher.name == "deficit_2d":
         raise ValueError(
             f"every expert is resident (full_cache auto), but the batcher {type(batcher).__name__} "
