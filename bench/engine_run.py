@@ -54,7 +54,14 @@ from pdflash.engine.acceptance import (
 )
 from pdflash.engine.attention import sdpa_backends
 from pdflash.engine.batching import ShadowComparison
-from pdflash.engine.config import BASELINES, CUDA_GRAPHS, FULL_CACHE, EngineConfig
+from pdflash.engine.config import (
+    BASELINES,
+    CUDA_GRAPHS,
+    DEFAULT_HOST_AHEAD_MIN_EXPOSED,
+    FULL_CACHE,
+    EngineConfig,
+    check_host_ahead_min_exposed,
+)
 from pdflash.engine.drafter import (
     DFlashDrafter,
     load_drafter,
@@ -187,6 +194,10 @@ class RunSpec:
     # "Splitting the stream's copies"): "predicted" (the route-ahead
     # prediction only) or "stream" (also the streaming prefetcher's own copies)
     host_ahead_from: str = "predicted"
+    # the pre-verify host plan runs only where forwards waited for misses at
+    # least this share of the time since the previous plan (0: before every
+    # verify; EngineConfig.host_ahead_min_exposed)
+    host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -260,6 +271,23 @@ class RunSpec:
         if self.verify_width == "auto":
             return EngineConfig.preset(self.baseline).verify_width
         return "full" if self.baseline == "B0" else self.verify_width
+
+    def engine_config(self) -> EngineConfig:
+        """The engine configuration this run builds from its label's preset
+        and its settings (before the run's measured byte budget and, on
+        several GPUs, the ranks' replication)."""
+        return EngineConfig.preset(
+            self.baseline,
+            block_size=self.block_size,
+            max_running=self.max_running or self.concurrency,
+            token_budget=self.token_budget or self.concurrency * self.block_size,
+            seed=self.seed,
+            host_experts=self.host_mode,
+            host_ahead_min_exposed=self.host_ahead_min_exposed,
+            cuda_graphs=self.cuda_graphs,
+            verify_width=self.width_setting,
+            full_cache=self.full_cache,
+        )
 
     @property
     def host_mode(self) -> str:
@@ -360,6 +388,7 @@ class RunSpec:
         self._check_one_of("host_affinity", HOST_AFFINITY_CHOICES)
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
+        check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         self._check_at_least_one("host_workers", "host_threads")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
@@ -979,17 +1008,7 @@ def _run(
     else:
         runtime = adapter.runtime
 
-    config = EngineConfig.preset(
-        spec.baseline,
-        block_size=spec.block_size,
-        max_running=spec.max_running or spec.concurrency,
-        token_budget=spec.token_budget or spec.concurrency * spec.block_size,
-        seed=spec.seed,
-        host_experts=spec.host_mode,
-        cuda_graphs=spec.cuda_graphs,
-        verify_width=spec.width_setting,
-        full_cache=spec.full_cache,
-    )
+    config = spec.engine_config()
     if spec.gpus > 1:
         from pdflash.distributed import replicated_config
 
@@ -1846,6 +1865,8 @@ def _result(
         # the run's setting (full_cache may have switched the service off)
         "host_experts": spec.host_mode,
         "host_service": host.describe() if host is not None else None,
+        # the pre-verify host plan's gate: its setting and how often it opened
+        "host_ahead_gate": engine.host_ahead_gate(),
         "torch_intra_op_threads": torch.get_num_threads(),
     }
     row.update(metrics_to_json(metrics))

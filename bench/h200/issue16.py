@@ -24,11 +24,14 @@ the same setting for that arm only. Example::
             noaffinity=PD+host:host_affinity=off,weighted=PD+host:host_ahead=weighted"
 
 Names, baselines, settings and values are checked (every arm's RunSpec
-validated for every arch) before anything runs; two arms of one name or of
-the same settings, and a ``host_*`` setting on an arm that runs no host
-service, are refused. Within one repeat of one point every arm runs once,
-their order rotated by one each repeat and point, so no arm always runs
-first or after the same neighbour; repeats are repeat-major, one arch after
+validated for every arch) before anything runs; two arms of one name, two
+that run one configuration (the same engine configuration, from the label's
+preset and the overrides, and the same other settings, at some point: e.g.
+``PD`` and ``PDfull=PD:verify_width=full``, PD's width being ``full``), and
+a ``host_*`` setting on an arm that runs no host service, are refused.
+Within one repeat of one point every arm runs once, their order rotated by
+one each repeat and point, so no arm always runs first or after the same
+neighbour; repeats are repeat-major, one arch after
 the other (the packed host experts of one arch are reused across its runs).
 Every row carries ``arm`` and ``arm_settings``.
 
@@ -202,15 +205,41 @@ def arm_spec_kwargs(base: dict[str, Any], arm: Arm) -> dict[str, Any]:
     return {**base, "baseline": arm.baseline, **arm.overrides()}
 
 
+#: RunSpec fields a run reads only through its engine configuration, where
+#: :meth:`~pdflash.bench.engine_run.RunSpec.engine_config` resolves them (an
+#: ``auto`` width to the label's, PD+host's host mode, the default limits)
+_IN_ENGINE_CONFIG = ("verify_width", "host_experts", "max_running", "token_budget")
+
+
+def resolved_run(spec: Any) -> tuple[Any, ...]:
+    """What a run of ``spec`` (a RunSpec) runs: the engine configuration its
+    label's preset and settings build, and its other fields, each run setting
+    resolved as the report keys rows (``pdflash.report.schema.RUN_SETTINGS``:
+    e.g. the marginal rule where it cannot apply, an int or a float share).
+    Two specs with one resolved run run one configuration."""
+    from pdflash.report.schema import RUN_SETTINGS
+
+    fields = dataclasses.asdict(spec)
+    resolved = {s.name: s.of_spec(fields) for s in RUN_SETTINGS if s.in_spec and s.name in fields}
+    rest = {k: resolved.get(k, v) for k, v in fields.items() if k not in _IN_ENGINE_CONFIG}
+    return (spec.engine_config(), tuple(sorted((k, repr(v)) for k, v in rest.items())))
+
+
+def _as_written(arm: Arm) -> str:
+    settings = ":".join(f"{k}={v}" for k, v in arm.settings)
+    return arm.baseline + (f":{settings}" if settings else "")
+
+
 def check_arms(arms: Sequence[Arm], base: dict[str, Any], archs: Sequence[str]) -> None:
     """Validate every arm's RunSpec for every arch (``base`` holds what the
     arms share, point fields included), before anything runs; ValueError
     names the arm. Refuses a ``host_*`` override on an arm that runs no host
-    service and two arms that run the same settings."""
+    service and two arms that run one configuration (:func:`resolved_run`:
+    e.g. ``PD`` and ``PD:verify_width=full``, PD's width being ``full``)."""
     from pdflash.bench.engine_run import RunSpec
 
     for arch in archs:
-        seen: dict[tuple[tuple[str, str], ...], str] = {}
+        seen: dict[tuple[Any, ...], Arm] = {}
         for arm in arms:
             try:
                 spec = RunSpec(**arm_spec_kwargs({**base, "arch": arch}, arm))
@@ -227,10 +256,18 @@ def check_arms(arms: Sequence[Arm], base: dict[str, Any], archs: Sequence[str]) 
                     f"arm {arm.name!r}: {', '.join(idle)} cannot apply to baseline "
                     f"{arm.baseline} (no host service; use PD+host or host_experts=auto)"
                 )
-            key = tuple(sorted((k, repr(v)) for k, v in dataclasses.asdict(spec).items()))
+            key = resolved_run(spec)
             if key in seen:
-                raise ValueError(f"arms {seen[key]!r} and {arm.name!r} run the same settings")
-            seen[key] = arm.name
+                other = seen[key]
+                raise ValueError(
+                    f"arms {other.name!r} ({_as_written(other)}) and {arm.name!r} "
+                    f"({_as_written(arm)}) run one configuration ({arch}, cache "
+                    f"{spec.cache_fraction}, c={spec.concurrency}): their overrides resolve to "
+                    "the same engine configuration and run settings (an override equal to "
+                    "what the label's preset or the command line already sets changes "
+                    "nothing); drop one arm or change its settings"
+                )
+            seen[key] = arm
 
 
 def arm_order(arms: Sequence[Arm], repeat: int, point_index: int) -> list[Arm]:
@@ -307,6 +344,7 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "host_ahead",
             "host_plan",
             "host_ahead_from",
+            "ahead_gate",
             "lookahead_split",
             "plan_reasons",
             "handoff",
@@ -339,6 +377,20 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
     )
     out["host_ahead_from"] = sorted(
         {str(_service(r).get("ahead_from", "predicted")) for r in hosted}
+    )
+    # the pre-verify plan's gate (--host-ahead-min-exposed): the settings
+    # the arm's runs recorded and the verifies it opened / closed, summed
+    # (rows older than the gate's record: absent from the sums, "runs" says
+    # how many recorded it)
+    gates = [g for g in (r.get("host_ahead_gate") for r in hosted) if isinstance(g, dict)]
+    out["ahead_gate"] = (
+        {
+            "runs": len(gates),
+            "min_exposed": sorted({float(g["min_exposed"]) for g in gates}),
+            **{k: sum(int(g.get(k, 0)) for g in gates) for k in ("open", "closed")},
+        }
+        if gates
+        else None
     )
     out["lookahead_split"] = {
         k: sum(int((_service(r).get("lookahead_split") or {}).get(k, 0)) for r in hosted)
@@ -566,9 +618,18 @@ def table(summary: dict[str, Any]) -> list[str]:
             )
             lines.append(
                 f"    plan {m.get('host_plan')} from {m.get('host_ahead_from')} "
+                f"gate {_gate(m.get('ahead_gate'))} "
                 f"lookahead-split {m.get('lookahead_split')}: {_reasons(m.get('plan_reasons'))}"
             )
     return lines
+
+
+def _gate(gate: Any) -> str:
+    """An arm's pre-verify gate for the table: ``>=SHARE open/closed``."""
+    if not isinstance(gate, dict):
+        return "-"
+    shares = ",".join(f"{v:g}" for v in gate.get("min_exposed", []))
+    return f">={shares} {gate.get('open')}/{gate.get('closed')}"
 
 
 def run_diag(args: argparse.Namespace, arch: str) -> dict[str, Any]:
@@ -684,6 +745,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_affinity": args.host_affinity,
         "host_ahead": args.host_ahead,
         "host_ahead_from": args.host_ahead_from,
+        "host_ahead_min_exposed": args.host_ahead_min_exposed,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
     }

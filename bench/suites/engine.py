@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.engine.config import FULL_CACHE
+from pdflash.engine.config import DEFAULT_HOST_AHEAD_MIN_EXPOSED, FULL_CACHE
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
 from pdflash.hybrid.planner import HOST_AHEAD_FROM_CHOICES
 
@@ -340,6 +340,15 @@ def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool
             "the verify, its gate lookahead's next layer in the forward), so the stream "
             "copies only what the plan leaves COPY",
         )
+        parser.add_argument(
+            "--host-ahead-min-exposed",
+            type=float,
+            default=DEFAULT_HOST_AHEAD_MIN_EXPOSED,
+            help="the pre-verify host plan (and with it --host-ahead-from stream's split) runs "
+            "only where forwards waited for expert copies or host results at least this share "
+            f"of the time since the previous plan (default {DEFAULT_HOST_AHEAD_MIN_EXPOSED}; "
+            "0: before every verify; EngineConfig.host_ahead_min_exposed)",
+        )
 
 
 def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
@@ -482,6 +491,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),
                     host_ahead_from=getattr(args, "host_ahead_from", "predicted"),
+                    host_ahead_min_exposed=getattr(
+                        args, "host_ahead_min_exposed", DEFAULT_HOST_AHEAD_MIN_EXPOSED
+                    ),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

@@ -89,6 +89,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_affinity",
         "host_ahead",
         "host_ahead_from",
+        "host_ahead_min_exposed",
     )
 }
 
@@ -840,6 +841,9 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--host-ahead {args.host_ahead}")
     if getattr(args, "host_ahead_from", "predicted") != "predicted":
         parts.append(f"--host-ahead-from {args.host_ahead_from}")
+    gate = HOST_DEFAULTS["host_ahead_min_exposed"]
+    if getattr(args, "host_ahead_min_exposed", gate) != gate:
+        parts.append(f"--host-ahead-min-exposed {args.host_ahead_min_exposed}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

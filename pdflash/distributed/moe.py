@@ -50,6 +50,7 @@ from .placement import ExpertPlacement, owned_mask
 from .rank_budget import repair_rank_budget
 
 if TYPE_CHECKING:
+    from pdflash.engine.batching import DelegatingBatcher
     from pdflash.models.store import ExpertStore
     from pdflash.protocols import ExpertCacheView
 
@@ -461,6 +462,18 @@ class ExpertParallelBatcher:
         total = getattr(executed, "byte_budget", None)
         return None if total is None else int(total) // self.cost.num_ranks
 
+    def with_inner(self, inner: VerifyBatcher) -> ExpertParallelBatcher:
+        """This batcher (the same object: its books stay where its caller
+        reads them) handing each step's choice to ``inner`` from now on,
+        named as ``inner`` (:class:`~pdflash.engine.batching.DelegatingBatcher`).
+        Before its first step: raises RuntimeError once it has carried a
+        request (the old inner batcher charged it)."""
+        if self._carried or self.batch_sizes:
+            raise RuntimeError("with_inner after a step: the inner batcher's books would split")
+        self.inner = inner
+        self.name = inner.name
+        return self
+
     @property
     def carried(self) -> list[tuple[int, int]]:
         """Deferred ``(request_id, tokens)`` waiting for a carry step."""
@@ -595,5 +608,5 @@ if TYPE_CHECKING:
     def _is_cache_view(view: ShardedCacheView) -> ExpertCacheView:
         return view
 
-    def _is_batcher(batcher: ExpertParallelBatcher) -> VerifyBatcher:
+    def _is_batcher(batcher: ExpertParallelBatcher) -> DelegatingBatcher:
         return batcher

@@ -3,13 +3,16 @@
 :class:`VerifyBatcher` is the seam: FCFS under a token budget (B0, B1, B3)
 is built in; the deficit scheduler of :mod:`pdflash.scheduler` (B2 in
 token-only mode, PD in 2-D mode) plugs in through :class:`DeficitBatcher`.
+A batcher that hands each step's choice to another (expert-parallel ranks'
+:class:`~pdflash.distributed.ExpertParallelBatcher`) is a
+:class:`DelegatingBatcher`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +47,22 @@ class VerifyBatcher(Protocol):
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
     ) -> BatchDecision: ...
+
+
+@runtime_checkable
+class DelegatingBatcher(VerifyBatcher, Protocol):
+    """A :class:`VerifyBatcher` that hands each step's choice to an
+    ``inner`` batcher (and may cut or book what it chooses), e.g.
+    expert-parallel ranks' :class:`~pdflash.distributed.ExpertParallelBatcher`.
+    Its :attr:`name` is its inner batcher's."""
+
+    @property
+    def inner(self) -> VerifyBatcher: ...
+
+    def with_inner(self, inner: VerifyBatcher) -> DelegatingBatcher:
+        """This batcher handing its choice to ``inner`` from now on (its
+        :attr:`name` becomes ``inner``'s). Before its first step only."""
+        ...
 
 
 class FCFSBatcher:

@@ -70,6 +70,7 @@ the host has no miss to compute (no hybrid service), at its verify width.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +82,10 @@ BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
 CUDA_GRAPHS = ("off", "auto", "piecewise")
 FULL_CACHE = ("auto", "off")
+#: :attr:`EngineConfig.host_ahead_min_exposed`'s default. On the H200, PD's
+#: exposed-fetch share was 0.29-0.48 at the link-bound points and at most 0.17
+#: at the compute-bound ones; the link's busy share did not separate them.
+DEFAULT_HOST_AHEAD_MIN_EXPOSED = 0.2
 #: the parts that only serve a miss: off where the expert cache holds every
 #: expert (``full_cache="auto"``), with the reason each was off
 NOTHING_TO_MISS = {
@@ -153,6 +158,13 @@ class EngineConfig:
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
             Default off until measured on the GPU.
+        host_ahead_min_exposed: with ``host_experts`` on, the engine plans
+            the host's experts before each verify (the pre-verify plan, and
+            with it the service's split of the stream's copies) only where
+            forwards waited for expert copies or host results at least this
+            share of the time since the previous plan (a share in [0, 1];
+            ``0``: before every verify). Default
+            :data:`DEFAULT_HOST_AHEAD_MIN_EXPOSED`.
         cuda_graphs: ``off``, ``auto`` or ``piecewise``: on CUDA, steps
             replay recorded CUDA graphs per shape bucket
             (:mod:`pdflash.engine.graphs`). ``auto`` (default): a verify whose
@@ -193,6 +205,7 @@ class EngineConfig:
     all_resident: bool = False
     full_cache: str = "auto"
     host_experts: str = "off"
+    host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
     verify_width: str = "full"
     kv_page_size: int = 16
@@ -225,6 +238,7 @@ class EngineConfig:
             )
         if self.full_cache not in FULL_CACHE:
             raise ValueError(f"full_cache must be one of {FULL_CACHE}, got {self.full_cache!r}")
+        check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         if self.cuda_graphs not in CUDA_GRAPHS:
             raise ValueError(f"cuda_graphs must be one of {CUDA_GRAPHS}, got {self.cuda_graphs!r}")
         if self.host_experts != "off" and self.all_resident:
@@ -306,3 +320,15 @@ class EngineConfig:
                 off[part] = why
                 changes[part] = False
         return self.replace(**changes), off
+
+
+def check_host_ahead_min_exposed(value: Any) -> None:
+    """Raise ValueError unless ``value`` is a share in [0, 1]
+    (:attr:`EngineConfig.host_ahead_min_exposed`)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0.0 <= value <= 1.0
+    ):
+        raise ValueError(f"host_ahead_min_exposed must be a share in [0, 1], got {value!r}")

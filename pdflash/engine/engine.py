@@ -80,6 +80,7 @@ from pdflash.engine.attention import device_int64
 from pdflash.engine.batching import (
     BatchDecision,
     DeficitBatcher,
+    DelegatingBatcher,
     FCFSBatcher,
     VerifyBatcher,
     VerifyDemand,
@@ -200,7 +201,8 @@ class Engine:
             request, and (``config.full_cache`` auto) the parts that only
             serve a miss are off (:meth:`full_cache_state`); ``config`` is
             then that configuration, a 2-D deficit ``batcher`` is
-            replaced by FCFS (an expert-parallel wrapper's inner one) and a
+            replaced by FCFS (a :class:`~pdflash.engine.batching.DelegatingBatcher`'s
+            inner one, e.g. expert-parallel ranks') and a
             ``host_service`` is detached from the runtime and not used.
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
             resident)`` over ``(layers, experts)`` masks (optional).
@@ -348,6 +350,9 @@ class Engine:
         #: (layers, experts) experts planned for the host in the coming verify
         self.host_ahead: npt.NDArray[np.bool_] | None = None
         self._wait_sample: tuple[float, float] | None = None  # (waited s, clock s)
+        #: pre-verify host plans the exposed-miss gate let run (``open``) and
+        #: skipped (``closed``): see :meth:`host_ahead_gate`
+        self._gate_counts = {"open": 0, "closed": 0}
 
         ps = config.kv_page_size
         self._pages_per_seq = -(-(max_seq_len + config.block_size) // ps)
@@ -649,6 +654,7 @@ class Engine:
                 self.route_stats.reset()
             if self.host_service is not None:
                 self.host_service.books.reset()
+            self._gate_counts = dict.fromkeys(self._gate_counts, 0)
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()
             if self.width is not None:
@@ -1335,7 +1341,8 @@ class Engine:
         predicted to use in a layer; the requests' shares add up. The
         planner's split of the non-resident ones (link idle ahead of the
         verify) is :attr:`host_ahead`; the stream skips copying them. Only
-        while forwards wait for misses (see :meth:`_misses_exposed`).
+        while forwards wait for misses (``config.host_ahead_min_exposed``,
+        see :meth:`_misses_exposed`).
 
         With the service's ``ahead_from == "stream"`` the stream's own copies
         are split too (:mod:`pdflash.hybrid.service`, "Splitting the stream's
@@ -1357,9 +1364,11 @@ class Engine:
             # compute, while a HOST expert is computed on the forward's
             # critical path. Plan nothing ahead (layers still split their
             # on-demand misses, which are on the critical path either way).
+            self._gate_counts["closed"] += 1
             self.host_ahead = None
             self.prefetch.set_host_planned(None)
             return
+        self._gate_counts["open"] += 1
         L, E = self.adapter.num_layers, self.adapter.num_experts
         expected = np.zeros(L * E, dtype=np.float64)
         predicted: list[npt.NDArray[np.int64]] = []
@@ -1405,18 +1414,14 @@ class Engine:
         out[keep] = self.host_service.plan_lookahead(layer, ids[keep], expected[keep])
         return out
 
-    #: plan HOST experts ahead while forwards waited for misses (copies or the
-    #: host) at least this share of the time since the previous plan. (On the
-    #: H200, PD's exposed-fetch share was 0.29-0.48 at the link-bound points
-    #: and at most 0.17 at the compute-bound ones; the link's busy share does
-    #: not separate them: 0.67 at gpt-oss-20b c=1 cache 0.2 and at c=16 cache 0.5.)
-    HOST_AHEAD_EXPOSED = 0.2
-
     def _misses_exposed(self) -> bool:
         """Did forwards wait for expert copies or host results for at least
-        :attr:`HOST_AHEAD_EXPOSED` of the time since the last call? True
-        before a measurement (a cold cache misses everything) or after the
-        timer was reset."""
+        ``config.host_ahead_min_exposed`` of the time since the last call?
+        True where that share is 0, before a measurement (a cold cache
+        misses everything) or after the timer was reset."""
+        gate = self.config.host_ahead_min_exposed
+        if gate <= 0.0:
+            return True
         # NOTE: the spans whose end events have completed only: a device
         # synchronize here would also wait for the prefetch copies in flight
         # (the issuer's streams), which PD without the host never waits for;
@@ -1426,7 +1431,17 @@ class Engine:
         last, self._wait_sample = self._wait_sample, (waited, now)
         if last is None or now <= last[1] or waited < last[0]:
             return True
-        return (waited - last[0]) / (now - last[1]) >= self.HOST_AHEAD_EXPOSED
+        return (waited - last[0]) / (now - last[1]) >= gate
+
+    def host_ahead_gate(self) -> dict[str, Any] | None:
+        """The pre-verify host plan's gate, for a row: the setting
+        (``min_exposed``, ``config.host_ahead_min_exposed``) and the verifies
+        whose plan it let run (``open``) or skipped (``closed``) since the
+        last :meth:`reset_stats` (a verify while the host service is
+        switched off counts in neither). None without a host service."""
+        if self.host_service is None:
+            return None
+        return {"min_exposed": self.config.host_ahead_min_exposed, **self._gate_counts}
 
     def byte_budget(self) -> int:
         """Missing expert bytes per step (``M``): the configured value, else
@@ -1479,17 +1494,15 @@ def _without_2d_scheduler(batcher: VerifyBatcher | None, token_budget: int) -> V
     """The batcher of a full cache whose configuration chose ``deficit_2d``:
     nothing can miss, so the 2-D deficit scheduler (whose byte term would be
     zero for every request) gives way to B3's FCFS under the token budget
-    (None: the engine builds it); a wrapper that hands the choice to an
-    ``inner`` batcher (expert-parallel ranks) keeps wrapping, FCFS inside.
-    Raises ValueError for any other batcher that would still run the 2-D
-    scheduler."""
+    (None: the engine builds it); a :class:`DelegatingBatcher` (expert-parallel
+    ranks) keeps delegating, to FCFS (or its inner batcher's own
+    replacement). Raises ValueError for any other batcher that would still
+    run the 2-D scheduler."""
     if batcher is None or (isinstance(batcher, DeficitBatcher) and batcher.name == "deficit_2d"):
         return None
-    wrapper: Any = batcher
-    inner = getattr(wrapper, "inner", None)
-    if inner is not None and inner.name == "deficit_2d":
-        wrapper.inner = _without_2d_scheduler(inner, token_budget) or FCFSBatcher(token_budget)
-        wrapper.name = wrapper.inner.name
+    if isinstance(batcher, DelegatingBatcher) and batcher.inner.name == "deficit_2d":
+        inner = _without_2d_scheduler(batcher.inner, token_budget) or FCFSBatcher(token_budget)
+        batcher = batcher.with_inner(inner)
     if batcher.name == "deficit_2d":
         raise ValueError(
             f"every expert is resident (full_cache auto), but the batcher {type(batcher).__name__} "

@@ -446,6 +446,16 @@ def _recorded_ahead_from(row: Mapping[str, Any]) -> Any:
     return "predicted" if value is None else value
 
 
+def _recorded_gate(row: Mapping[str, Any]) -> Any:
+    """The exposed-miss share a row's pre-verify host plan needed
+    (``--host-ahead-min-exposed``): as the row's gate records, else the
+    default (no host service, or a row older than the setting: the engine's
+    constant was the default)."""
+    gate = row.get("host_ahead_gate")
+    value = gate.get("min_exposed") if isinstance(gate, Mapping) else None
+    return 0.2 if value is None else value
+
+
 #: Every setting that, beside the point (arch with its depth and GPUs,
 #: baseline, block, concurrency, cache fraction, workload) and the repeat,
 #: defines a run: the matrix's resume key (:func:`spec_settings`) and the
@@ -465,6 +475,8 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # retired: no spec carries it any more, old rows still tell their rule
     RunSetting("host_plan", "makespan", _recorded_plan, in_spec=False),
     RunSetting("host_ahead_from", "predicted", _recorded_ahead_from),
+    # pdflash.engine.config.DEFAULT_HOST_AHEAD_MIN_EXPOSED
+    RunSetting("host_ahead_min_exposed", 0.2, _recorded_gate),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

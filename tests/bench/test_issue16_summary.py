@@ -144,8 +144,31 @@ def test_parse_arms_refuses(text: str, message: str) -> None:
         ("a=PD+host:host_affinity=on", r"arm 'a' \(tiny-gpt_oss\): host_affinity"),
         # a host setting where no host service runs does nothing: refused
         ("x=PD:host_handoff=stream", "host_handoff cannot apply to baseline PD"),
-        # two arms running the same settings (the second names the default)
-        ("a=PD+host,b=PD+host:host_handoff=thread", "arms 'a' and 'b' run the same settings"),
+        # two arms running one configuration (the second names the default)
+        (
+            "a=PD+host,b=PD+host:host_handoff=thread",
+            r"arms 'a' \(PD\+host\) and 'b' \(PD\+host:host_handoff=thread\) run one "
+            r"configuration \(tiny-gpt_oss, cache 0.2, c=4\)",
+        ),
+        # PD's width is full: the override resolves to PD's own configuration
+        ("PD,PDfull=PD:verify_width=full", "arms 'PD' \\(PD\\) and 'PDfull'"),
+        # the limits RunSpec derives from the point, given as written
+        ("PD,m=PD:max_running=4:token_budget=64", "arms 'PD' \\(PD\\) and 'm'"),
+        # PD+host always runs the host service
+        ("h=PD+host,hx=PD+host:host_experts=auto", "arms 'h' \\(PD\\+host\\) and 'hx'"),
+        # a gate of 0 given as an int or a float is one setting
+        (
+            "o=PD+host:host_ahead_min_exposed=0,o2=PD+host:host_ahead_min_exposed=0.0",
+            "arms 'o' .* and 'o2'",
+        ),
+        # B0 verifies no draft: a width changes nothing
+        ("B0,w=B0:verify_width=fixed:4", "arms 'B0' \\(B0\\) and 'w'"),
+        # the gate's share is checked before anything loads
+        (
+            "a=PD+host:host_ahead_min_exposed=1.5",
+            r"arm 'a' \(tiny-gpt_oss\): host_ahead_min_exposed must be a share in \[0, 1\]",
+        ),
+        ("x=PD:host_ahead_min_exposed=0", "host_ahead_min_exposed cannot apply to baseline PD"),
     ],
 )
 def test_check_arms_refuses(text: str, message: str) -> None:
@@ -155,8 +178,21 @@ def test_check_arms_refuses(text: str, message: str) -> None:
 
 def test_check_arms_accepts_the_five_and_host_settings_with_host_experts() -> None:
     issue16.check_arms(issue16.parse_arms(_FIVE), {"layers": None}, ["tiny-gpt_oss"])
+    # configurations that differ from the label's preset are distinct arms
+    distinct = (
+        "PD,ad=PD:verify_width=adaptive,PD+host,open=PD+host:host_ahead_min_exposed=0,"
+        "split=PD+host:host_ahead_from=stream,m=PD:max_running=8"
+    )
+    issue16.check_arms(issue16.parse_arms(distinct), {"layers": None}, ["tiny-gpt_oss"])
     arms = issue16.parse_arms("PD,hx=PD:host_experts=auto:host_handoff=stream")
     issue16.check_arms(arms, {"layers": None}, ["tiny-gpt_oss"])
+    # a limit equal to what the point derives is one run at that point only
+    limited = issue16.parse_arms("PD,m=PD:max_running=4")
+    issue16.check_arms(limited, {"layers": None, "concurrency": 8}, ["tiny-gpt_oss"])
+    with pytest.raises(ValueError, match=r"run one configuration \(tiny-gpt_oss, cache 0.5, c=4\)"):
+        issue16.check_arms(
+            limited, {"layers": None, "concurrency": 4, "cache_fraction": 0.5}, ["tiny-gpt_oss"]
+        )
     with pytest.raises(ValueError, match="unknown arch"):
         issue16.check_arms(arms, {}, ["no-such-arch"])
 
@@ -177,6 +213,21 @@ def test_main_refuses_bad_arms_before_running(tmp_path: Path) -> None:
     assert not (tmp_path / "rows.jsonl").exists()
     with pytest.raises(SystemExit):
         issue16.main(["--archs", "tiny-gpt_oss", "--reference", "nope", "--out", str(tmp_path)])
+
+
+def test_main_refuses_two_arms_of_one_configuration_before_loading(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """PD's width is ``full``: ``PDfull`` would run PD's configuration again
+    (argparse's error, before torch or a model is touched)."""
+    argv = ["--archs", "tiny-gpt_oss", "--points", "0.2:1,0.2:4", "--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exc:
+        issue16.main([*argv, "--arms", "PD,PDfull=PD:verify_width=full"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "arms 'PD' (PD) and 'PDfull' (PD:verify_width=full) run one configuration" in err
+    assert "(tiny-gpt_oss, cache 0.2, c=1)" in err
+    assert not (tmp_path / "rows.jsonl").exists()
 
 
 def test_arm_order_rotates_per_repeat_and_point() -> None:
@@ -335,13 +386,36 @@ def test_arms_summary_counts_the_planners_reasons() -> None:
     assert h["plan_reasons"] is None
     lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
     assert any(
-        "plan ['makespan'] from ['stream'] lookahead-split {'layers': 6, 'planned': 10}: "
+        "plan ['makespan'] from ['stream'] gate - lookahead-split {'layers': 6, 'planned': 10}: "
         "layers 20 [split=8 copy_hidden=10 copy_margin=2 probes=2] "
         "ahead layers 16 [split=4 copy_hidden=12] (2 runs)" in line
         for line in lines
     )
     assert any("plan ['makespan', 'queue'] from ['predicted']" in line for line in lines)
     assert any("not counted" in line for line in lines)
+
+
+def test_arms_summary_sums_the_pre_verify_gate() -> None:
+    """Each host arm's pre-verify gate: the settings its runs recorded and
+    the verifies the gate opened / closed, summed; a row older than the
+    record adds nothing (``runs`` counts those that recorded it); an arm
+    with no host service has none."""
+    rows = [
+        _arm_row("PD", 0, 90.0),
+        _arm_row("host", 0, 100.0, host_ahead_gate={"min_exposed": 0.2, "open": 2, "closed": 9}),
+        _arm_row("host", 1, 100.0),  # recorded before the gate was
+        _arm_row("open", 0, 104.0, host_ahead_gate={"min_exposed": 0.0, "open": 11, "closed": 0}),
+        _arm_row("open", 1, 105.0, host_ahead_gate={"min_exposed": 0.0, "open": 12, "closed": 0}),
+    ]
+    arms = issue16.parse_arms("PD,host=PD+host,open=PD+host:host_ahead_min_exposed=0")
+    (p,) = issue16.summarise(rows, arms)
+    assert p["by_arm"]["PD"]["ahead_gate"] is None
+    host, gate_open = p["by_arm"]["host"]["ahead_gate"], p["by_arm"]["open"]["ahead_gate"]
+    assert host == {"runs": 1, "min_exposed": [0.2], "open": 2, "closed": 9}
+    assert gate_open == {"runs": 2, "min_exposed": [0.0], "open": 23, "closed": 0}
+    lines = issue16.table({"device": "x", "runs": 5, "runs_not_started_budget": 0, "points": [p]})
+    assert any("from ['predicted'] gate >=0.2 2/9 " in line for line in lines)
+    assert any("from ['predicted'] gate >=0 23/0 " in line for line in lines)
 
 
 def test_rows_without_arm_group_by_baseline() -> None:

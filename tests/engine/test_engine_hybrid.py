@@ -33,20 +33,61 @@ def test_pd_host_preset_and_config_checks() -> None:
         EngineConfig(host_experts="auto", all_resident=True)
 
 
+def test_host_ahead_min_exposed_is_a_checked_share() -> None:
+    from pdflash.engine.config import DEFAULT_HOST_AHEAD_MIN_EXPOSED
+
+    assert EngineConfig.preset("PD+host").host_ahead_min_exposed == 0.2
+    assert DEFAULT_HOST_AHEAD_MIN_EXPOSED == 0.2
+    for share in (0, 0.0, 0.5, 1.0):
+        assert (
+            EngineConfig.preset("PD+host", host_ahead_min_exposed=share).host_ahead_min_exposed
+            == share
+        )
+    for bad in (-0.1, 1.01, float("nan"), float("inf"), True, "0.2", None):
+        with pytest.raises(ValueError, match="host_ahead_min_exposed must be a share"):
+            EngineConfig(host_ahead_min_exposed=bad)  # type: ignore[arg-type]
+
+
+def test_run_spec_builds_its_engine_config() -> None:
+    """RunSpec.engine_config: the label's preset with the spec's settings
+    resolved (PD+host's host mode, the ``auto`` width, the point's limits,
+    the gate)."""
+    spec = _spec("PD+host", host_ahead_min_exposed=0.0)
+    assert spec.engine_config() == EngineConfig.preset(
+        "PD+host",
+        block_size=6,
+        max_running=2,
+        token_budget=12,
+        host_experts="auto",
+        host_ahead_min_exposed=0.0,
+        cuda_graphs="off",
+        verify_width="full",
+    )
+    assert _spec("PD-adaptive-width").engine_config().verify_width == "adaptive"
+    assert _spec("B3", host_experts="auto").engine_config().host_experts == "off"
+    limited = _spec("PD", max_running=1, token_budget=7).engine_config()
+    assert (limited.max_running, limited.token_budget) == (1, 7)
+
+
 @pytest.fixture(scope="module")
 def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
     return offloaded_checkpoint(tmp_path_factory, "gpt_oss", (5, 8), seed=1)
 
 
 def _cost_model_stack(
-    tmp: Path, ahead: str = "certain", ahead_from: str = "predicted"
+    tmp: Path,
+    ahead: str = "certain",
+    ahead_from: str = "predicted",
+    min_exposed: float = 0.0,
 ) -> tuple[Any, Any, Any, Any]:
     """A PD+host engine with PD's parts pinned on (with the unthrottled host
     link here the PD controller may rightly switch the stream off, and these
     tests are about the stream's plan-ahead skips), a configured cost model
     and a slow assumed link (1 MB/s: one copy of a tiny expert ~13 ms vs the
     host's 0.1 ms), so the planner gives the host most misses, ahead of the
-    verify as well: (engine, adapter, issuer, host service)."""
+    verify as well: (engine, adapter, issuer, host service). The host issuer
+    here is an unthrottled memcpy: by default (``min_exposed`` 0) the engine
+    plans ahead whatever share of the time forwards waited for misses."""
     from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
@@ -59,6 +100,7 @@ def _cost_model_stack(
         block_size=5,
         max_running=2,
         token_budget=8,
+        host_ahead_min_exposed=min_exposed,
     )
     svc = eng.host_service
     assert svc is not None
@@ -81,9 +123,6 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
 ) -> None:
     tmp, cases = gpt_oss_case
     eng, adapter, issuer, svc = _cost_model_stack(tmp)
-    # the host issuer here is an unthrottled memcpy: plan ahead whatever
-    # share of the time forwards waited for misses
-    eng.HOST_AHEAD_EXPOSED = 0.0
     scheduled_resident: list[np.ndarray] = []
     select = eng.batcher.select
 
@@ -96,6 +135,10 @@ def test_cost_model_service_keeps_greedy_output_and_plans_ahead(
         _assert_greedy_outputs(eng, cases)
         b = svc.books
         assert b.experts > 0 and b.planned_ahead > 0
+        # the gate (0) never closes: the plan ran before every verify
+        gate = eng.host_ahead_gate()
+        assert gate is not None and gate["min_exposed"] == 0.0
+        assert gate["open"] > 1 and gate["closed"] == 0
         assert eng.stream is not None and eng.stream.skip.any()
         # the scheduler saw the host-planned experts as resident (no link bytes)
         assert eng.host_ahead is not None
@@ -115,7 +158,6 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
     fraction counts what the service's books count)."""
     tmp, cases = gpt_oss_case
     eng, adapter, issuer, svc = _cost_model_stack(tmp, ahead="weighted")
-    eng.HOST_AHEAD_EXPOSED = 0.0
     try:
         _assert_greedy_outputs(eng, cases)
         b = svc.books
@@ -141,7 +183,6 @@ def test_splitting_the_streams_copies_keeps_greedy_output(
 
     tmp, cases = gpt_oss_case
     eng, adapter, issuer, svc = _cost_model_stack(tmp, ahead_from="stream")
-    eng.HOST_AHEAD_EXPOSED = 0.0
     candidates: list[tuple[np.ndarray, np.ndarray]] = []
     plan_ahead = svc.plan_ahead
 
@@ -182,8 +223,8 @@ def test_nothing_is_planned_ahead_while_the_link_keeps_up(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
     tmp, cases = gpt_oss_case
-    eng, _, issuer, svc = _cost_model_stack(tmp)
-    eng.HOST_AHEAD_EXPOSED = 2.0  # a waiting share no run reaches
+    # forwards never wait for the whole time between two plans
+    eng, _, issuer, svc = _cost_model_stack(tmp, min_exposed=1.0)
     plans: list[int] = []
     plan_ahead = svc.plan_ahead
 
@@ -199,6 +240,9 @@ def test_nothing_is_planned_ahead_while_the_link_keeps_up(
         eng.run_until_done(max_steps=400)
         # only the first verify (no link measurement yet: a cold cache) plans ahead
         assert len(plans) == 1 and svc.books.planned_ahead == plans[0]
+        gate = eng.host_ahead_gate()
+        assert gate is not None and gate["min_exposed"] == 1.0
+        assert gate["open"] == 1 and gate["closed"] > 0
         assert eng.host_ahead is None
         assert eng.stream is not None and not eng.stream.skip.any()
         assert svc.books.experts > 0  # the layers' own misses still go to the host
@@ -315,6 +359,11 @@ def test_run_spec_rows_carry_the_host_books(
         assert row["eta_phys"] is not None and row["eta_phys_definition"]
         assert row["torch_intra_op_threads"] >= 1
     assert host["host_experts"] == "auto" and off["host_experts"] == "off"
+    # the pre-verify plan's gate: its default, and every measured verify
+    # whose host part was on counted as opened or closed; none without a service
+    gate = host["host_ahead_gate"]
+    assert gate["min_exposed"] == 0.2 and gate["open"] + gate["closed"] >= 1
+    assert off["host_ahead_gate"] is None
     assert host["host_service"]["planner"]["max_host_ratio"] == 50.0
     assert host["host_service"]["planner"]["max_host_tokens"] == 16
     handoff = host["host_service"]["host_handoff"]
@@ -329,6 +378,8 @@ def test_run_spec_rows_carry_the_host_books(
     assert host["host_service"]["ahead_fraction"]["prior"] == 1.0
     ahead = next(s for s in RUN_SETTINGS if s.name == "host_ahead")
     assert (ahead.of_row(host), ahead.of_row(off)) == ("certain", "certain")
+    min_exposed = next(s for s in RUN_SETTINGS if s.name == "host_ahead_min_exposed")
+    assert (min_exposed.of_row(host), min_exposed.of_row(off)) == (0.2, 0.2)
     cal = host["host_service"]["calibration"]
     assert cal["source"] == "calibrated" and len(cal["points"]) == 4
     assert cal["intercept_s"] >= 0 and cal["per_token_s"] >= 0
@@ -411,6 +462,9 @@ def test_run_spec_rejects_bad_host_settings() -> None:
         run_spec(_spec("PD+host", host_handoff="fast"))
     with pytest.raises(ValueError, match="host_ahead_from"):
         run_spec(_spec("PD+host", host_ahead_from="lookahead"))
+    for bad in (-0.5, 2.0, float("nan")):
+        with pytest.raises(ValueError, match="host_ahead_min_exposed must be a share"):
+            run_spec(_spec("PD+host", host_ahead_min_exposed=bad))
 
 
 def test_the_engine_settles_the_host_after_each_forward(

@@ -20,7 +20,13 @@ import pytest
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from pdflash.engine import Engine, EngineConfig
-from pdflash.engine.batching import DeficitBatcher, FCFSBatcher, ShadowComparison
+from pdflash.engine.batching import (
+    DeficitBatcher,
+    DelegatingBatcher,
+    FCFSBatcher,
+    ShadowComparison,
+    VerifyDemand,
+)
 from pdflash.engine.config import NOTHING_TO_MISS
 from pdflash.engine.engine import _without_2d_scheduler
 
@@ -250,19 +256,85 @@ def test_a_2d_batcher_gives_way_to_fcfs_and_a_wrapper_keeps_wrapping() -> None:
     fcfs = FCFSBatcher(8)
     assert _without_2d_scheduler(fcfs, 8) is fcfs
 
-    class Wrapper:  # e.g. expert-parallel ranks' ExpertParallelBatcher
+    class Wrapper:  # a DelegatingBatcher, e.g. expert-parallel ranks' ExpertParallelBatcher
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+            self.name = inner.name
+            self.swaps = 0
+
+        def with_inner(self, inner: Any) -> Wrapper:
+            self.inner, self.name = inner, inner.name
+            self.swaps += 1
+            return self
+
+        def add(self, request_id: int, weight: float = 1.0) -> None: ...
+
+        def remove(self, request_id: int) -> None: ...
+
+        def select(self, demands: Any, resident: Any) -> Any: ...
+
+    wrapped = Wrapper(deficit(100))
+    assert isinstance(wrapped, DelegatingBatcher)
+    kept: Any = _without_2d_scheduler(wrapped, 8)
+    assert kept is wrapped and isinstance(kept.inner, FCFSBatcher) and kept.name == "fcfs"
+    assert kept.inner.token_budget == 8 and wrapped.swaps == 1
+    # one delegating to a batcher that runs no 2-D scheduler is kept as it is
+    plain = Wrapper(token_only)
+    assert _without_2d_scheduler(plain, 8) is plain and plain.swaps == 0
+    # nested: the inner one delegates too, FCFS innermost
+    nested = Wrapper(Wrapper(deficit(100)))
+    assert _without_2d_scheduler(nested, 8) is nested and nested.name == "fcfs"
+    assert isinstance(nested.inner.inner, FCFSBatcher)
+
+    class Opaque:  # an ``inner`` without the seam: never changed behind its back
         def __init__(self, inner: Any) -> None:
             self.inner = inner
             self.name = inner.name
 
-    wrapped = Wrapper(deficit(100))
-    kept: Any = _without_2d_scheduler(wrapped, 8)  # type: ignore[arg-type]
-    assert kept is wrapped and isinstance(kept.inner, FCFSBatcher) and kept.name == "fcfs"
-    assert kept.inner.token_budget == 8
+        def add(self, request_id: int, weight: float = 1.0) -> None: ...
+
+        def remove(self, request_id: int) -> None: ...
+
+        def select(self, demands: Any, resident: Any) -> Any: ...
+
+    opaque = Opaque(deficit(100))
+    with pytest.raises(ValueError, match="Opaque still runs the 2-D deficit scheduler"):
+        _without_2d_scheduler(opaque, 8)
+    assert opaque.inner.name == "deficit_2d"
     # anything else that would still run the 2-D scheduler is refused
     shadow = ShadowComparison(deficit(100), deficit(None), 1)
     with pytest.raises(ValueError, match="2-D deficit scheduler"):
         _without_2d_scheduler(shadow, 8)
+
+
+def test_expert_parallel_batcher_delegates_through_the_seam() -> None:
+    """ExpertParallelBatcher is a DelegatingBatcher: at a full cache it keeps
+    wrapping (the same object: the caller keeps reading its books), FCFS
+    inside; once it has run a step its inner batcher stays."""
+    from pdflash.distributed import (
+        BusiestRankByteCost,
+        ExpertParallelBatcher,
+        RoundRobinPlacement,
+    )
+
+    class View:
+        def sync_residency(self) -> Any:
+            return np.ones((2, 4), dtype=np.bool_)
+
+    inner = DeficitBatcher(
+        token_budget=8, byte_budget=100, num_layers=2, num_experts=4, expert_nbytes=1
+    )
+    cost = BusiestRankByteCost(RoundRobinPlacement(2, 4, 2), 1)
+    ep = ExpertParallelBatcher(inner, View(), cost)  # type: ignore[arg-type]
+    assert isinstance(ep, DelegatingBatcher) and ep.name == "deficit_2d"
+    assert _without_2d_scheduler(ep, 8) is ep
+    assert isinstance(ep.inner, FCFSBatcher) and ep.name == "fcfs"
+    assert ep.inner.token_budget == 8
+    ep.add(1)
+    ep.select([VerifyDemand(1, 3)], None)
+    with pytest.raises(RuntimeError, match="after a step"):
+        ep.with_inner(FCFSBatcher(4))
+    assert ep.inner.token_budget == 8
 
 
 def test_full_cache_off_runs_pd_as_configured(checkpoint: tuple[Path, list[Any]]) -> None:

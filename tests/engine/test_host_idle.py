@@ -60,7 +60,13 @@ def test_the_waiting_share_is_read_without_a_device_sync(
     from pdflash.engine.pd_controller import FixedParts
 
     eng, _, issuer = _stack(
-        tmp, "x", "PD+host", cache_slots=6, controller=FixedParts(), block_size=5
+        tmp,
+        "x",
+        "PD+host",
+        cache_slots=6,
+        controller=FixedParts(),
+        block_size=5,
+        host_ahead_min_exposed=0.0,
     )
     svc = eng.host_service
     assert svc is not None
@@ -68,7 +74,6 @@ def test_the_waiting_share_is_read_without_a_device_sync(
     svc.planner = planner
     eng.timer.stall_s = _no_sync  # type: ignore[method-assign]
     eng.timer.host_wait_s = _no_sync  # type: ignore[method-assign]
-    eng.HOST_AHEAD_EXPOSED = 0.0
     try:
         ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
         done = eng.run_until_done(max_steps=400)
@@ -99,12 +104,12 @@ def test_a_costly_idle_service_is_switched_off_and_then_costs_nothing(
         block_size=5,
         max_running=2,
         token_budget=8,
+        host_ahead_min_exposed=0.0,  # plan ahead on every verify while on
     )
     svc = eng.host_service
     assert svc is not None and eng.parts is not None and eng.parts.available.host_experts
     planner = IdleCostlyPlanner(0.015)
     svc.planner = planner
-    eng.HOST_AHEAD_EXPOSED = 0.0  # plan ahead on every verify while on
     # on or off, no verify waits for the device to read the waiting share
     eng.timer.stall_s = _no_sync  # type: ignore[method-assign]
     eng.timer.host_wait_s = _no_sync  # type: ignore[method-assign]

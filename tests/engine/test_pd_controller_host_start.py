@@ -286,6 +286,7 @@ def test_a_compute_bound_engine_run_never_hosts_and_a_link_bound_one_does(
         block_size=5,
         max_running=2,
         token_budget=8,
+        host_ahead_min_exposed=0.0,  # plan ahead on every verify while on
     )
     policy.engine = eng
     svc = eng.host_service
@@ -293,7 +294,6 @@ def test_a_compute_bound_engine_run_never_hosts_and_a_link_bound_one_does(
     # a slow assumed link: the host serves misses whenever it runs
     svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
     svc.link_bytes_per_s = 1e6
-    eng.HOST_AHEAD_EXPOSED = 0.0  # plan ahead on every verify while on
     try:
         ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
         done = eng.run_until_done(max_steps=400)

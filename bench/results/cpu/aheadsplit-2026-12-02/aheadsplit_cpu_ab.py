@@ -13,7 +13,7 @@ link-busy and host-busy shares of the wall, and the lookahead layers split.
         [--max-new-tokens 24] [--ahead-exposed F]
 
 ``--ahead-exposed`` sets the engine's gate on planning ahead
-(``Engine.HOST_AHEAD_EXPOSED``, default 0.2: plan ahead only while forwards
+(``RunSpec.host_ahead_min_exposed``, default 0.2: plan ahead only while forwards
 waited for misses at least that share of the time) for every arm; 0 plans
 ahead before every verify (the split's mechanism without the gate).
 """
@@ -29,8 +29,6 @@ from typing import Any
 
 import torch
 from pdflash.bench.engine_run import RunSpec, run_spec
-
-from pdflash.engine.engine import Engine
 
 ARMS: list[tuple[str, str, dict[str, Any]]] = [
     ("PD", "PD", {}),
@@ -73,8 +71,9 @@ def main() -> None:
     ap.add_argument("--host-threads", type=int, default=1)
     ap.add_argument("--ahead-exposed", type=float, default=None)
     a = ap.parse_args()
-    if a.ahead_exposed is not None:
-        Engine.HOST_AHEAD_EXPOSED = a.ahead_exposed
+    gate: dict[str, Any] = (
+        {} if a.ahead_exposed is None else {"host_ahead_min_exposed": a.ahead_exposed}
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(a.host_threads)
     rows: list[dict[str, Any]] = []
@@ -93,6 +92,7 @@ def main() -> None:
                     emulated_link_gbps=a.link_gbps,
                     host_threads=a.host_threads,
                     host_workers=1,
+                    **gate,
                     **extra,
                 )
                 t0 = time.perf_counter()
