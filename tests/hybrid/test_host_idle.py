@@ -18,8 +18,9 @@ from pdflash.hybrid.planner import LinkState, MissPlan
 from pdflash.hybrid.service import ForwardClock, HostExpertService
 
 
-class _Executor:
-    """An executor that must never be asked for anything here."""
+class IdleExecutor:
+    """An executor that must never be asked for anything (also the stream
+    split tests')."""
 
     workers = 1
     intra_op_threads = 1
@@ -65,7 +66,7 @@ class _CountingPlanner(ForcedHostPlanner):
 
 def _service(planner: Any, num_experts: int = 8) -> HostExpertService:
     return HostExpertService(
-        _Executor(),  # type: ignore[arg-type]
+        IdleExecutor(),  # type: ignore[arg-type]
         planner,
         num_experts=num_experts,
         expert_nbytes=1024,

@@ -18,27 +18,15 @@ from pdflash.engine.engine import _with_stream_candidates
 from pdflash.hybrid import CostModelPlanner, HostCostModel
 from pdflash.hybrid.service import HostExpertService
 
+from .test_host_idle import IdleExecutor
+
 COPY_S = 1e-3  # one expert copy on the link below (1000 bytes at 1 MB/s)
-
-
-class _Executor:
-    """An executor that must never be asked for anything here."""
-
-    workers = 1
-    intra_op_threads = 1
-    thread_ids: tuple[int, ...] = ()
-
-    def submit(self, *args: Any, **kw: Any) -> Any:
-        raise AssertionError("nothing is hosted")
-
-    def close(self) -> None:
-        pass
 
 
 def _service(cost: HostCostModel, num_experts: int = 16) -> HostExpertService:
     planner = CostModelPlanner(cost, 1000, margin=0.0, online=False, max_host_tokens=None)
     return HostExpertService(
-        _Executor(),  # type: ignore[arg-type]
+        IdleExecutor(),  # type: ignore[arg-type]
         planner,
         num_experts=num_experts,
         expert_nbytes=1000,
