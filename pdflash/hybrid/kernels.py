@@ -218,9 +218,13 @@ def _loop_many(
         out[lo:hi] = forward(x[lo:hi], w)
 
 
-def _check_many(
+def check_forward_many(
     x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
 ) -> list[int]:
+    """The row bounds of a ``forward_many`` call as ints, after checking that
+    they split ``x``'s rows into one ascending range per expert of ``ws`` and
+    that ``out`` is ``x``'s shape (every host kernel's ``forward_many``
+    checks its arguments through this); ValueError otherwise."""
     b = [int(v) for v in bounds]
     if len(b) != len(ws) + 1 or (b and (b[0] != 0 or b[-1] != x.shape[0])):
         raise ValueError(f"bounds {b} do not split {x.shape[0]} rows into {len(ws)} experts")
@@ -317,7 +321,7 @@ class GptOssHostKernel:
     def forward_many(
         self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
     ) -> None:
-        b = _check_many(x, ws, bounds, out)
+        b = check_forward_many(x, ws, bounds, out)
         scripted = batched_kernels()
         if scripted is None or not ws:
             _loop_many(self.forward, x, ws, b, out)
@@ -370,7 +374,7 @@ class SwiGLUHostKernel:
     def forward_many(
         self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
     ) -> None:
-        b = _check_many(x, ws, bounds, out)
+        b = check_forward_many(x, ws, bounds, out)
         # NOTE: only SiLU is scripted (every shipped SwiGLU config); another
         # activation loops in Python
         scripted = batched_kernels() if self.act is F.silu else None
@@ -407,7 +411,7 @@ class PackedKernel:
     def forward_many(
         self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
     ) -> None:
-        _loop_many(self.forward, x, ws, _check_many(x, ws, bounds, out), out)
+        _loop_many(self.forward, x, ws, check_forward_many(x, ws, bounds, out), out)
 
 
 def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:

@@ -343,9 +343,9 @@ class NativeHostKernel:
     def forward_many(
         self, x: torch.Tensor, ws: Sequence[Weights], bounds: Sequence[int], out: torch.Tensor
     ) -> None:
-        from pdflash.hybrid.kernels import _check_many
+        from pdflash.hybrid.kernels import check_forward_many
 
-        b = _check_many(x, ws, bounds, out)
+        b = check_forward_many(x, ws, bounds, out)
         if x.dim() != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"x {tuple(x.shape)} is not [rows, {self.hidden}]")
         if x.device.type != "cpu" or out.device.type != "cpu":
