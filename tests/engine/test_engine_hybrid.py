@@ -79,6 +79,7 @@ def _cost_model_stack(
     ahead: str = "certain",
     ahead_from: str = "predicted",
     min_exposed: float = 0.0,
+    controller: Any = None,
 ) -> tuple[Any, Any, Any, Any]:
     """A PD+host engine with PD's parts pinned on (with the unthrottled host
     link here the PD controller may rightly switch the stream off, and these
@@ -87,7 +88,9 @@ def _cost_model_stack(
     host's 0.1 ms), so the planner gives the host most misses, ahead of the
     verify as well: (engine, adapter, issuer, host service). The host issuer
     here is an unthrottled memcpy: by default (``min_exposed`` 0) the engine
-    plans ahead whatever share of the time forwards waited for misses."""
+    plans ahead whatever share of the time forwards waited for misses.
+    ``controller``: the engine's parts controller instead of PD's parts
+    pinned on (the PD controller tests' scripted policies)."""
     from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
@@ -96,7 +99,7 @@ def _cost_model_stack(
         "x",
         "PD+host",
         cache_slots=6,
-        controller=FixedParts(),
+        controller=FixedParts() if controller is None else controller,
         block_size=5,
         max_running=2,
         token_budget=8,

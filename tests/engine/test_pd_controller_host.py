@@ -21,7 +21,8 @@ from pdflash.engine.pd_controller import (
     StepMeasurement,
 )
 
-from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
+from .test_engine_hybrid import _assert_greedy_outputs, _cost_model_stack
+from .test_engine_offloaded import offloaded_checkpoint
 from .test_pd_controller_stances import WITH_HOST, host_step
 
 
@@ -125,32 +126,16 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
 def test_the_engine_switches_its_host_service_and_keeps_greedy_output(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
-    from pdflash.hybrid import CostModelPlanner, HostCostModel
-
     tmp, cases = gpt_oss_case
     policy = ToggleHost()
-    eng, adapter, issuer = _stack(
-        tmp,
-        "x",
-        "PD+host",
-        cache_slots=6,
-        controller=policy,
-        block_size=5,
-        max_running=2,
-        token_budget=8,
-    )
-    svc = eng.host_service
-    assert svc is not None and eng.parts is not None
+    # a slow assumed link: the host serves misses whenever it runs; the
+    # engine's default gate for planning ahead
+    eng, adapter, issuer, svc = _cost_model_stack(tmp, min_exposed=0.2, controller=policy)
+    assert eng.parts is not None
     assert eng.parts.available.host_experts
     policy.engine = eng
-    # a slow assumed link: the host serves misses whenever it runs
-    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
-    svc.link_bytes_per_s = 1e6
     try:
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        done = eng.run_until_done(max_steps=400)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
+        _assert_greedy_outputs(eng, cases)
         # the service followed the policy, step by step
         assert policy.enabled_seen[:4] == [True, False, True, False]
         assert svc.books.experts > 0

@@ -26,7 +26,8 @@ from pdflash.engine.pd_controller import (
     StepMeasurement,
 )
 
-from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
+from .test_engine_hybrid import _assert_greedy_outputs, _cost_model_stack
+from .test_engine_offloaded import _stack, offloaded_checkpoint
 from .test_pd_controller_stances import WITH_HOST
 
 
@@ -273,32 +274,14 @@ def test_a_compute_bound_engine_run_never_hosts_and_a_link_bound_one_does(
     waiting): the service runs in no step, plans no layer and nothing
     ahead, hosts nothing. Link-bound (50%): it runs from the third measured
     step on and hosts. Greedy outputs are the target's either way."""
-    from pdflash.hybrid import CostModelPlanner, HostCostModel
-
     tmp, cases = gpt_oss_case
     policy = ScriptedExposure(share)
-    eng, adapter, issuer = _stack(
-        tmp,
-        "x",
-        "PD+host",
-        cache_slots=6,
-        controller=policy,
-        block_size=5,
-        max_running=2,
-        token_budget=8,
-        host_ahead_min_exposed=0.0,  # plan ahead on every verify while on
-    )
+    # a slow assumed link: the host serves misses whenever it runs; plan
+    # ahead on every verify while on
+    eng, adapter, issuer, svc = _cost_model_stack(tmp, min_exposed=0.0, controller=policy)
     policy.engine = eng
-    svc = eng.host_service
-    assert svc is not None
-    # a slow assumed link: the host serves misses whenever it runs
-    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
-    svc.link_bytes_per_s = 1e6
     try:
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        done = eng.run_until_done(max_steps=400)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
+        _assert_greedy_outputs(eng, cases)
         host = [d for d in policy.summary()["decisions"] if d["part"] == HOST_PART]
         assert host and "first 2 measured steps" in str(host[0]["why"])
         if share < HOST_GATE_EXPOSED:
