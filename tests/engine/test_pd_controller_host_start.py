@@ -20,7 +20,6 @@ from pdflash.engine.pd_controller import (
     HOST_GATE_FIRST_STEPS,
     HOST_GATE_WINDOW,
     HOST_PART,
-    PARTS,
     PartsState,
     PDController,
     StepMeasurement,
@@ -28,18 +27,7 @@ from pdflash.engine.pd_controller import (
 
 from .test_engine_hybrid import _assert_greedy_outputs, _cost_model_stack
 from .test_engine_offloaded import _stack, offloaded_checkpoint
-from .test_pd_controller_stances import WITH_HOST
-
-
-def _step(wall_s: float, exposed_s: float, admitted: int = 0) -> StepMeasurement:
-    return StepMeasurement(
-        wall_s=wall_s,
-        committed_tokens=8,
-        verified_tokens=16,
-        admitted=admitted,
-        part_host_s=dict.fromkeys(PARTS, 0.0),
-        exposed_fetch_s=exposed_s,
-    )
+from .test_pd_controller_stances import WITH_HOST, host_step
 
 
 def simulate(
@@ -69,7 +57,7 @@ def simulate(
         if share_noise:
             share *= 1.0 + float(rng.uniform(-share_noise, share_noise))
         admitted = 1 if i < prefill_steps else 0
-        ctl.observe(_step(wall, 0.0 if on else share * wall, admitted))
+        ctl.observe(host_step(wall, admitted, exposed_s=0.0 if on else share * wall))
     return states
 
 
@@ -144,7 +132,7 @@ def test_the_first_decision_takes_the_median_of_its_steps() -> None:
         ctl = PDController(host_gate=HOST_GATE_EXPOSED)
         ctl.bind(WITH_HOST)
         for share in shares:
-            ctl.observe(_step(0.05, share * 0.05))
+            ctl.observe(host_step(0.05, exposed_s=share * 0.05))
         assert ctl.parts.host_experts is on
         assert f"{shares[0]:.3g}, {shares[1]:.3g}" in str(_host_decisions(ctl)[0]["why"])
 

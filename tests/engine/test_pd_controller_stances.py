@@ -32,15 +32,17 @@ from pdflash.engine.pd_controller import Test as PairedT  # not a pytest class
 WITH_HOST = ALL_ON.with_part(HOST_PART, True)
 
 
-def host_step(wall_s: float, admitted: int = 0) -> StepMeasurement:
+def host_step(wall_s: float, admitted: int = 0, exposed_s: float = 0.0) -> StepMeasurement:
     """A verify step of ``wall_s`` (8 tokens committed of 16) whose parts'
-    books are all zero: only the rate can judge it."""
+    books are all zero: only the rate can judge it (and the host gate, the
+    ``exposed_s`` its forwards waited for copies)."""
     return StepMeasurement(
         wall_s=wall_s,
         committed_tokens=8,
         verified_tokens=16,
         admitted=admitted,
         part_host_s=dict.fromkeys(PARTS, 0.0),
+        exposed_fetch_s=exposed_s,
     )
 
 
