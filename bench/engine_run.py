@@ -59,6 +59,7 @@ from pdflash.engine.config import (
     CUDA_GRAPHS,
     DEFAULT_HOST_AHEAD_MIN_EXPOSED,
     FULL_CACHE,
+    HOST_CONTROLS,
     EngineConfig,
     check_host_ahead_min_exposed,
 )
@@ -198,6 +199,11 @@ class RunSpec:
     # least this share of the time since the previous plan (0: before every
     # verify; EngineConfig.host_ahead_min_exposed)
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
+    # who decides whether the host part runs (EngineConfig.host_control):
+    # "controller" (PD's controller: its host gate and must-earn probes) or
+    # "always" (on in every step, never probed nor gated); a run without a
+    # host service runs "controller" (nothing to run; the report keys it so)
+    host_control: str = "controller"
     # synthetic weights: write the experts in this checkpoint format (None:
     # the dtype above; "mxfp4": gpt-oss MXFP4 blocks/scales, as released)
     synthetic_format: str | None = None
@@ -284,6 +290,7 @@ class RunSpec:
             seed=self.seed,
             host_experts=self.host_mode,
             host_ahead_min_exposed=self.host_ahead_min_exposed,
+            host_control=self.host_control if self.host_mode != "off" else "controller",
             cuda_graphs=self.cuda_graphs,
             verify_width=self.width_setting,
             full_cache=self.full_cache,
@@ -388,6 +395,7 @@ class RunSpec:
         self._check_one_of("host_affinity", HOST_AFFINITY_CHOICES)
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
+        self._check_one_of("host_control", HOST_CONTROLS)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         self._check_at_least_one("host_workers", "host_threads")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
@@ -1867,6 +1875,9 @@ def _result(
         "host_service": host.describe() if host is not None else None,
         # the pre-verify host plan's gate: its setting and how often it opened
         "host_ahead_gate": engine.host_ahead_gate(),
+        # who decided whether the host part ran (EngineConfig.host_control);
+        # pd_parts' on_fraction says in how many steps it did
+        "host_control": _built(engine).host_control,
         "torch_intra_op_threads": torch.get_num_threads(),
     }
     row.update(metrics_to_json(metrics))

@@ -54,7 +54,8 @@ every arm vs the first PD arm (``comparisons``, keyed ``ARM/OTHER``), and
 per arm the mechanism (``by_arm``: host served and planned-ahead experts,
 link bytes per token, busy fractions, the ahead plans' outcome and routed
 fraction, the hand-off that ran and why it fell back, the affinity that was
-applied). The fields ``speedup_median``, ``verdict``, ``bytes_per_token``,
+applied, who decided whether the host part ran (``--host-control``) and the
+share of the measured steps it ran in). The fields ``speedup_median``, ``verdict``, ``bytes_per_token``,
 ``pd_host`` and ``pd`` read the reference arm as "PD+host" and the PD arm
 as "PD" (with the default arms: exactly those baselines). ``--budget-s``
 stops starting runs; the summary says how many repeats each point got.
@@ -345,6 +346,8 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "host_plan",
             "host_ahead_from",
             "ahead_gate",
+            "host_control",
+            "host_part_on_fraction",
             "lookahead_split",
             "plan_reasons",
             "handoff",
@@ -391,6 +394,13 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
         if gates
         else None
+    )
+    # who decided whether the host part ran (--host-control; rows older than
+    # the setting: the controller) and the share of the measured steps it
+    # ran in (the PD controller's books; None without a controller)
+    out["host_control"] = sorted({str(r.get("host_control") or "controller") for r in hosted})
+    out["host_part_on_fraction"] = _median_of(
+        hosted, lambda r: ((r.get("pd_parts") or {}).get("on_fraction") or {}).get("host_experts")
     )
     out["lookahead_split"] = {
         k: sum(int((_service(r).get("lookahead_split") or {}).get(k, 0)) for r in hosted)
@@ -619,6 +629,7 @@ def table(summary: dict[str, Any]) -> list[str]:
             lines.append(
                 f"    plan {m.get('host_plan')} from {m.get('host_ahead_from')} "
                 f"gate {_gate(m.get('ahead_gate'))} "
+                f"host-part {m.get('host_control')} on {_fmt(m.get('host_part_on_fraction'))} "
                 f"lookahead-split {m.get('lookahead_split')}: {_reasons(m.get('plan_reasons'))}"
             )
     return lines
@@ -746,6 +757,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_ahead": args.host_ahead,
         "host_ahead_from": args.host_ahead_from,
         "host_ahead_min_exposed": args.host_ahead_min_exposed,
+        "host_control": args.host_control,
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
     }

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.engine.config import DEFAULT_HOST_AHEAD_MIN_EXPOSED, FULL_CACHE
+from pdflash.engine.config import DEFAULT_HOST_AHEAD_MIN_EXPOSED, FULL_CACHE, HOST_CONTROLS
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
 from pdflash.hybrid.planner import HOST_AHEAD_FROM_CHOICES
 
@@ -301,8 +301,9 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
 def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool = True) -> None:
     """The PD+host switches each measured against its default (shared with
     the matrix, ``eager_host`` and ``bench/h200/issue16.py``); ``ahead``:
-    also ``--host-ahead`` and ``--host-ahead-from`` (a runner that makes no
-    pre-verify plan leaves them out)."""
+    also ``--host-ahead``, ``--host-ahead-from``, ``--host-ahead-min-exposed``
+    and ``--host-control`` (a runner that makes no pre-verify plan and runs
+    no PD controller leaves them out)."""
     parser.add_argument(
         "--host-handoff",
         default="thread",
@@ -348,6 +349,16 @@ def add_host_switch_arguments(parser: argparse._ActionsContainer, *, ahead: bool
             "only where forwards waited for expert copies or host results at least this share "
             f"of the time since the previous plan (default {DEFAULT_HOST_AHEAD_MIN_EXPOSED}; "
             "0: before every verify; EngineConfig.host_ahead_min_exposed)",
+        )
+        parser.add_argument(
+            "--host-control",
+            choices=HOST_CONTROLS,
+            default="controller",
+            help="who decides whether PD+host's host part runs in a step "
+            "(EngineConfig.host_control): controller (default: PD's controller, its host gate "
+            "and must-earn probes) or always (on in every step from the first, never probed "
+            "nor gated; PD's other parts are probed as usual); no effect on a run without a "
+            "host service",
         )
 
 
@@ -494,6 +505,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_ahead_min_exposed=getattr(
                         args, "host_ahead_min_exposed", DEFAULT_HOST_AHEAD_MIN_EXPOSED
                     ),
+                    host_control=getattr(args, "host_control", "controller"),
                     warmup=args.warmup,
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,

@@ -90,6 +90,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_ahead",
         "host_ahead_from",
         "host_ahead_min_exposed",
+        "host_control",
     )
 }
 
@@ -844,6 +845,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
     gate = HOST_DEFAULTS["host_ahead_min_exposed"]
     if getattr(args, "host_ahead_min_exposed", gate) != gate:
         parts.append(f"--host-ahead-min-exposed {args.host_ahead_min_exposed}")
+    if getattr(args, "host_control", "controller") != "controller":
+        parts.append(f"--host-control {args.host_control}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

@@ -80,6 +80,10 @@ from pdflash.labels import BASELINES as BASELINES
 
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
+#: :attr:`EngineConfig.host_control`'s choices, the PD controller's too
+#: (:class:`~pdflash.engine.pd_controller.PDController`): ``controller`` (its
+#: host gate and must-earn probes) or ``always`` (on, never probed nor gated)
+HOST_CONTROLS = ("controller", "always")
 CUDA_GRAPHS = ("off", "auto", "piecewise")
 FULL_CACHE = ("auto", "off")
 #: :attr:`EngineConfig.host_ahead_min_exposed`'s default. On the H200, PD's
@@ -158,6 +162,15 @@ class EngineConfig:
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
             Default off until measured on the GPU.
+        host_control: who decides whether the hybrid miss service runs in
+            a step, with ``host_experts`` on and the PD controller on
+            (``parts_controller``): ``controller`` (default: its host gate and
+            must-earn probes, :mod:`~pdflash.engine.pd_controller`) or
+            ``always`` (on in every step from the first, never probed nor
+            gated; the controller still probes PD's other parts). Without
+            the controller the service runs in every step either way.
+            ``always`` needs ``host_experts`` ``auto`` (ValueError otherwise).
+            Opt-in, not yet measured on a GPU.
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
@@ -205,6 +218,7 @@ class EngineConfig:
     all_resident: bool = False
     full_cache: str = "auto"
     host_experts: str = "off"
+    host_control: str = "controller"
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
     verify_width: str = "full"
@@ -235,6 +249,15 @@ class EngineConfig:
         if self.host_experts not in HOST_EXPERTS:
             raise ValueError(
                 f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"
+            )
+        if self.host_control not in HOST_CONTROLS:
+            raise ValueError(
+                f"host_control must be one of {HOST_CONTROLS}, got {self.host_control!r}"
+            )
+        if self.host_control == "always" and self.host_experts == "off":
+            raise ValueError(
+                "host_control 'always' needs host_experts 'auto' (with host_experts off there "
+                "is no host part to run)"
             )
         if self.full_cache not in FULL_CACHE:
             raise ValueError(f"full_cache must be one of {FULL_CACHE}, got {self.full_cache!r}")
@@ -304,7 +327,8 @@ class EngineConfig:
         """This configuration with the parts that only serve a miss off
         (:data:`NOTHING_TO_MISS`), and why each part it had on is off: the
         flags set False, ``deficit_2d`` batching B3's ``fcfs`` (no byte
-        budget) and ``host_experts`` ``off``."""
+        budget) and ``host_experts`` ``off`` (``host_control`` back to
+        ``controller``: there is no host part to run)."""
         off: dict[str, str] = {}
         changes: dict[str, Any] = {}
         for part, why in NOTHING_TO_MISS.items():
@@ -316,6 +340,7 @@ class EngineConfig:
                 if self.host_experts != "off":
                     off[part] = why
                     changes[part] = "off"
+                    changes["host_control"] = "controller"
             elif getattr(self, part):
                 off[part] = why
                 changes[part] = False

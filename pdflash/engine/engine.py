@@ -436,7 +436,9 @@ class Engine:
         self.last_step_s: float | None = None
         # ---- PD controller hook (pdflash.engine.pd_controller) ----
         if controller is None and config.parts_controller:
-            controller = pd_controller.PDController(host_gate=pd_controller.HOST_GATE_EXPOSED)
+            controller = pd_controller.PDController(
+                host_gate=pd_controller.HOST_GATE_EXPOSED, host_control=config.host_control
+            )
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
         # ---- verify width hook (pdflash.engine.verify_width) ----
         if width is None and self.drafter is not None:

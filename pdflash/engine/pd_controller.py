@@ -144,8 +144,8 @@ for expert copies. The controller keeps the share of each measured step's
 wall that the forwards waited for copies (``exposed_fetch_s / wall_s``)
 over the steps that ran with the host part off.
 
-With a gate, the host part **starts off** (unless ``initial`` says
-otherwise) and only the gate's rule switches it on: once
+With a gate, the host part **starts off** (unless ``initial`` or
+``host_control``, below, says otherwise) and only the gate's rule switches it on: once
 ``host_gate_steps`` measured steps ran with it off
 (:data:`HOST_GATE_FIRST_STEPS`, 2, by default), the median share over them
 decides, at or above the gate switched on (the link binds: the host may
@@ -169,6 +169,15 @@ rule over the latest :data:`HOST_GATE_WINDOW` host-off steps: below the
 gate kept off with no probe; at or above, switched on and probed from the
 next round. Without a gate the host part starts on (where the engine has
 it) and its must-earn probes judge it from the first round.
+
+**Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
+controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
+``controller`` (default) judges the host part as above; ``always`` runs it
+in every step where the engine has it, from the first: it is never probed
+nor gated (no host-off step for a probe or the gate to measure), and the
+controller probes PD's other parts as usual. ``summary()["settings"]``
+records which (the A/B arm of what the gate and the must-earn probes cost
+where the host pays).
 """
 
 from __future__ import annotations
@@ -183,6 +192,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+# who decides whether the host part runs (PDController's host_control):
+# ``controller`` (its gate and must-earn probes) or ``always``
+from pdflash.engine.config import HOST_CONTROLS as HOST_CONTROLS
 from pdflash.engine.verify_width import SurvivalEstimator
 
 if TYPE_CHECKING:
@@ -249,7 +261,8 @@ class PartsState:
     ``host_experts``: the hybrid miss service runs (off by default: only an
     engine built with one has it; a policy left without an explicit
     ``initial`` state starts with every part the engine has on, except a
-    :class:`PDController` with a host gate, whose host part starts off)."""
+    :class:`PDController` with a host gate, whose host part starts off
+    unless its ``host_control`` is ``always``)."""
 
     route_ahead: bool = True
     scheduler_2d: bool = True
@@ -634,6 +647,10 @@ class PDController:
             switched on only by the gate. None (default): no gate.
         host_gate_steps: measured host-off steps the gate's first decision
             needs (module docstring); at most :data:`HOST_GATE_WINDOW`.
+        host_control: ``controller`` (default: the gate and the must-earn
+            probes judge the host part) or ``always`` (the host part runs in
+            every step where the engine has it, whatever ``initial`` and
+            ``host_gate`` say, and is never probed; module docstring).
     """
 
     name = "paired-steps"
@@ -657,6 +674,7 @@ class PDController:
         earn_level: float = 0.2,
         host_gate: float | None = None,
         host_gate_steps: int = HOST_GATE_FIRST_STEPS,
+        host_control: str = "controller",
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -689,6 +707,9 @@ class PDController:
             raise ValueError(
                 f"host_gate_steps must be <= {HOST_GATE_WINDOW} (the window), got {host_gate_steps}"
             )
+        if host_control not in HOST_CONTROLS:
+            raise ValueError(f"host_control must be one of {HOST_CONTROLS}, got {host_control!r}")
+        self.host_control = host_control
         given = dict(stances or {})
         for part, stance in given.items():
             if part not in ALL_PARTS:
@@ -752,6 +773,10 @@ class PDController:
             self._parts = available.with_part(HOST_PART, False)
         else:
             self._parts = available
+        if self.host_control == "always":
+            # on from the first step wherever the engine has it; never
+            # probed (_probeable) nor gated (no gate decision pending)
+            self._parts = self._parts.with_part(HOST_PART, available.host_experts)
         self._gate_first = (
             self.host_gate is not None and available.host_experts and not self._parts.host_experts
         )
@@ -778,6 +803,7 @@ class PDController:
             "earn_level": self.earn_level,
             "host_gate": self.host_gate,
             "host_gate_steps": self.host_gate_steps,
+            "host_control": self.host_control,
         }
         return out
 
@@ -840,11 +866,14 @@ class PDController:
             self._settling = self.settle
 
     def _probeable(self) -> list[str]:
-        # the stream runs only with route-ahead: probing it without is moot
+        # the stream runs only with route-ahead: probing it without is moot;
+        # a host part under host_control "always" is not the controller's
         return [
             p
             for p in ALL_PARTS
-            if self._available.on(p) and (p != "stream" or self._parts.route_ahead)
+            if self._available.on(p)
+            and (p != "stream" or self._parts.route_ahead)
+            and (p != HOST_PART or self.host_control == "controller")
         ]
 
     def _start_round(self) -> None:

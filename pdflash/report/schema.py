@@ -456,6 +456,18 @@ def _recorded_gate(row: Mapping[str, Any]) -> Any:
     return 0.2 if value is None else value
 
 
+def _spec_host_control(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's host control as its run runs it: a run without a host
+    service (B3, or a label other than PD+host with ``host_experts`` off)
+    has no host part, so ``always`` runs as ``controller`` there
+    (``RunSpec.engine_config``)."""
+    baseline = spec.get("baseline")
+    hosted = baseline == "PD+host" or (
+        baseline != "B3" and spec.get("host_experts", "off") != "off"
+    )
+    return "controller" if value == "always" and not hosted else value
+
+
 #: Every setting that, beside the point (arch with its depth and GPUs,
 #: baseline, block, concurrency, cache fraction, workload) and the repeat,
 #: defines a run: the matrix's resume key (:func:`spec_settings`) and the
@@ -477,6 +489,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_ahead_from", "predicted", _recorded_ahead_from),
     # pdflash.engine.config.DEFAULT_HOST_AHEAD_MIN_EXPOSED
     RunSetting("host_ahead_min_exposed", 0.2, _recorded_gate),
+    # pdflash.engine.config.EngineConfig.host_control; rows older than the
+    # setting record none: the controller decided
+    RunSetting("host_control", "controller", _recorded("host_control"), resolve=_spec_host_control),
     RunSetting("expert_bytes_as", None),
     RunSetting("expert_dtype", None, _recorded("expert_format")),
     RunSetting("synthetic_format", None),

@@ -386,7 +386,9 @@ def test_arms_summary_counts_the_planners_reasons() -> None:
     assert h["plan_reasons"] is None
     lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
     assert any(
-        "plan ['makespan'] from ['stream'] gate - lookahead-split {'layers': 6, 'planned': 10}: "
+        # rows older than host_control and without the controller's books
+        "plan ['makespan'] from ['stream'] gate - host-part ['controller'] on - "
+        "lookahead-split {'layers': 6, 'planned': 10}: "
         "layers 20 [split=8 copy_hidden=10 copy_margin=2 probes=2] "
         "ahead layers 16 [split=4 copy_hidden=12] (2 runs)" in line
         for line in lines
@@ -416,6 +418,45 @@ def test_arms_summary_sums_the_pre_verify_gate() -> None:
     lines = issue16.table({"device": "x", "runs": 5, "runs_not_started_budget": 0, "points": [p]})
     assert any("from ['predicted'] gate >=0.2 2/9 " in line for line in lines)
     assert any("from ['predicted'] gate >=0 23/0 " in line for line in lines)
+
+
+def test_the_host_on_arm_is_checked_and_its_host_part_summarised() -> None:
+    """The hoston A/B's arms (bench/h200/hoston_ab.sh): accepted, a host
+    control on an arm without a host service refused; per host arm the host
+    control its runs recorded (rows older than the setting: the controller)
+    and the median share of measured steps its host part ran in."""
+    text = "PD,host=PD+host,hoston=PD+host:host_control=always"
+    arms = issue16.parse_arms(text)
+    assert arms[2].overrides() == {"host_control": "always"}
+    issue16.check_arms(arms, {"layers": None}, ["tiny-gpt_oss"])
+    with pytest.raises(ValueError, match="host_control cannot apply to baseline PD"):
+        issue16.check_arms(
+            issue16.parse_arms("PD,x=PD:host_control=always"), {"layers": None}, ["tiny-gpt_oss"]
+        )
+
+    def parts(on: float) -> dict[str, Any]:
+        return {"on_fraction": {"host_experts": on, "stream": 1.0}}
+
+    rows = [
+        _arm_row("PD", 0, 90.0),
+        _arm_row("host", 0, 100.0, pd_parts=parts(0.4)),  # recorded before the setting
+        _arm_row("host", 1, 101.0, pd_parts=parts(0.6), host_control="controller"),
+        _arm_row("hoston", 0, 120.0, pd_parts=parts(1.0), host_control="always"),
+        _arm_row("hoston", 1, 121.0, pd_parts=parts(1.0), host_control="always"),
+    ]
+    (p,) = issue16.summarise(rows, arms)
+    by = p["by_arm"]
+    assert (by["PD"]["host_control"], by["PD"]["host_part_on_fraction"]) == (None, None)
+    assert by["host"]["host_control"] == ["controller"]
+    assert by["host"]["host_part_on_fraction"] == pytest.approx(0.5)
+    assert (by["hoston"]["host_control"], by["hoston"]["host_part_on_fraction"]) == (
+        ["always"],
+        1.0,
+    )
+    assert list(p["comparisons"]) == ["hoston/host", "host/PD", "hoston/PD"]
+    lines = issue16.table({"device": "x", "runs": 5, "runs_not_started_budget": 0, "points": [p]})
+    assert any("host-part ['always'] on 1.00 " in line for line in lines)
+    assert any("host-part ['controller'] on 0.50 " in line for line in lines)
 
 
 def test_rows_without_arm_group_by_baseline() -> None:

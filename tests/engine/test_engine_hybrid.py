@@ -80,6 +80,8 @@ def _cost_model_stack(
     ahead_from: str = "predicted",
     min_exposed: float = 0.0,
     controller: Any = None,
+    own_controller: bool = False,
+    host_control: str = "controller",
 ) -> tuple[Any, Any, Any, Any]:
     """A PD+host engine with PD's parts pinned on (with the unthrottled host
     link here the PD controller may rightly switch the stream off, and these
@@ -90,7 +92,9 @@ def _cost_model_stack(
     here is an unthrottled memcpy: by default (``min_exposed`` 0) the engine
     plans ahead whatever share of the time forwards waited for misses.
     ``controller``: the engine's parts controller instead of PD's parts
-    pinned on (the PD controller tests' scripted policies)."""
+    pinned on (the PD controller tests' scripted policies);
+    ``own_controller``: the one the engine builds from its configuration
+    (PD+host's PD controller, with ``host_control``)."""
     from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
@@ -99,11 +103,12 @@ def _cost_model_stack(
         "x",
         "PD+host",
         cache_slots=6,
-        controller=FixedParts() if controller is None else controller,
+        controller=None if own_controller else (FixedParts() if controller is None else controller),
         block_size=5,
         max_running=2,
         token_budget=8,
         host_ahead_min_exposed=min_exposed,
+        host_control=host_control,
     )
     svc = eng.host_service
     assert svc is not None

@@ -32,6 +32,7 @@ RECORDED = {
     "warmup": ("warmup", {"mode": "shared", "requested": "workload"}),
     "eviction": ("eviction_policy", "lru"),
     "host_experts": ("host_experts", "auto"),
+    "host_control": ("host_control", "always"),
     "expert_dtype": ("expert_format", "fp8"),
     "compressed_gemm": ("compressed_gemm", "fused"),
     "route_ahead_source": ("route_ahead_source", "router"),
