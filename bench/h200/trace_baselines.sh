@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# PD against the best of B1/B2 (issue 14's "PD never slower than the best
+# baseline") on the proxy's learned routing and acceptance, replayed: the
+# proxy's T=1 trace (bench/results/h200/proxy-balanced-2026-12-01/
+# trace_gpu_t1.npz, tau ~1.2-1.7) on a published shape with synthetic bf16
+# weights (routing_source and acceptance_source say "trace" in every row).
+# `pdflash-bench matrix` runs every label at every width in WIDTHS, the
+# labels interleaved round-robin within each repeat, so each baseline is
+# read at its best width (session 7: B2 at fixed:1 beat B2 at full) in the
+# same process as PD. The matrix plans point-major (per concurrency, then
+# per repeat): give each call the points its budget can finish.
+# Read the rows (trace/rows.jsonl): tokens/s per (label, width, c); PD at
+# its default width against the best (label, width) of B1/B2 per repeat.
+# Defaults: gpt-oss-20b, 8 MoE layers, cache 0.2, c=1,4, labels PD,B1,B2,
+# widths adaptive,fixed:1, 32 new tokens, 4 repeats, BUDGET_S 400 (no new
+# run after it; killed at BUDGET_S + 80 s). About 8 s per run on the H200
+# at c=1 and c=4. Tar: $OUT/$NAME.tgz (NAME default trace_baselines).
+#   OUT=/path bash bench/h200/trace_baselines.sh
+#   CONC=16 REPEATS=3 OUT=/path bash bench/h200/trace_baselines.sh
+# ARCH / CACHE / CONC / LABELS / WIDTHS / REPEATS / MAX_NEW / BUDGET_S /
+# NAME override; SKIP_BUILD=1 as bench/h200/run.sh takes it.
+set -uo pipefail
+export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
+OUT=${OUT:-$PWD/out}
+name=${NAME:-trace_baselines}
+WORK=$(mktemp -d)
+mkdir -p "$OUT"
+budget=${BUDGET_S:-400}
+TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
+ARGS="--arch ${ARCH:-gpt-oss-20b} --layers 8 --weights synthetic --draft synthetic"
+ARGS="$ARGS --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16"
+ARGS="$ARGS --concurrency ${CONC:-1,4} --cache-fraction ${CACHE:-0.2} --prompt-len 64"
+ARGS="$ARGS --max-new-tokens ${MAX_NEW:-32} --repeats ${REPEATS:-4} --device cuda --no-progress"
+ARGS="$ARGS --json --budget-s $budget --baselines ${LABELS:-PD,B1,B2}"
+ARGS="$ARGS --verify-width ${WIDTHS:-adaptive,fixed:1}"
+PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
+  "trace=timeout -k 5 $((${budget%.*} + 80)) pdflash-bench matrix $ARGS --out $WORK/trace"
+rc=$?
+tar czf "$OUT/$name.tgz" -C "$WORK" .
+rm -rf "$WORK"
+exit $rc
