@@ -162,8 +162,7 @@ class RunSpec:
     # "verify", or an explicit byte_budget), then link x the fixed time of
     # the adaptive width's online step-time fit once that is identified
     # (pdflash.engine.fixed_step; one rank only; under a full or fixed:K
-    # width, PD's default, F stays the calibration's); "off" = M hard (the
-    # rule before)
+    # width F stays the calibration's); "off" = M hard (the rule before)
     marginal_rule: str = "verify"
     # hybrid miss service (pdflash.hybrid): "off" or "auto" (PD+host is
     # always "auto"); the host pool's workers and torch intra-op threads
@@ -252,8 +251,9 @@ class RunSpec:
     gpus: int = 1
     placement: str = "round_robin"
     # drafts each verify checks (pdflash.engine.verify_width): "auto" (the
-    # label's preset: full, adaptive for PD-adaptive-width), "full",
-    # "fixed:K" or "adaptive" for any label
+    # label's preset: adaptive for PD, PD+host and PD's ablations but
+    # PD-full-width, full for the rest), "full", "fixed:K" or "adaptive" for
+    # any label (at a full cache an adaptive width runs full)
     verify_width: str = "auto"
     # the process-wide compressed-GEMM mode (pdflash.models.compressed_gemm,
     # PDFLASH_COMPRESSED_GEMM) the run must run in: None runs in whichever the
@@ -2092,17 +2092,26 @@ def _resident_graph_fields(adapter: Any, spec: RunSpec) -> dict[str, Any]:
 
 def _width_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     """The row's ``verify_width``: the setting (``auto`` resolved for the
-    label) and, where a policy ran, what it decided: mean width, width
-    histogram, expected vs realized accepted drafts, its estimates."""
-    out: dict[str, Any] = {"setting": spec.width_setting, "requested": spec.verify_width}
+    label; the run's key), the width the engine ran (``ran``: ``full`` where
+    a full cache switched an ``adaptive`` setting off) and, where a policy
+    ran, what it decided: mean width, width histogram, expected vs realized
+    accepted drafts, its estimates."""
     hook = getattr(engine, "width", None)
+    out: dict[str, Any] = {
+        "setting": spec.width_setting,
+        "requested": spec.verify_width,
+        # no policy: every draft verified (or none drafted)
+        "ran": "full" if hook is None else hook.policy.name,
+    }
     if hook is None:
         out["policy"] = None
-        out["why_no_policy"] = (
-            "full width: every draft verified, no policy consulted"
-            if engine.drafter is not None
-            else "no drafter (autoregressive)"
-        )
+        switched = engine.full_cache_state().get("switched_off", {}).get("verify_width")
+        if engine.drafter is None:
+            out["why_no_policy"] = "no drafter (autoregressive)"
+        elif switched:
+            out["why_no_policy"] = f"{spec.width_setting} switched to full: {switched}"
+        else:
+            out["why_no_policy"] = "full width: every draft verified, no policy consulted"
         return out
     out.update(hook.policy.stats())
     return out

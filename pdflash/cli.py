@@ -53,7 +53,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--verify-width",
         default=None,
         help="drafts each verify checks: full, fixed:K or adaptive "
-        "(default: the baseline's preset: full, adaptive for PD-adaptive-width)",
+        "(default: the baseline's preset: adaptive for PD and PD+host, full for the "
+        "others; with every expert resident adaptive verifies every draft)",
     )
     p.add_argument(
         "--prepare-graphs",

@@ -9,17 +9,18 @@ imports nothing, so the report has them without importing the engine.
 
 from __future__ import annotations
 
-#: PD with every part forced on (no controller), PD with one part switched
-#: off (issue 15's ablation) and PD with the adaptive verify width: labels of
-#: their own, so their rows never count as PD's; in the order the ablation
-#: suite runs them within a repeat (after PD).
+#: PD with every part forced on (no controller) and PD with one part switched
+#: off (issue 15's ablation; ``PD-full-width``: every draft verified instead
+#: of the adaptive verify width): labels of their own, so their rows never
+#: count as PD's; in the order the ablation suite runs them within a repeat
+#: (after PD).
 ABLATIONS: tuple[str, ...] = (
     "PD-all-on",
     "PD-no-route-ahead",
     "PD-one-band",
     "PD-token-sched",
     "PD-no-stream",
-    "PD-adaptive-width",
+    "PD-full-width",
 )
 
 #: Every label a run may record, in the order the report lists them;

@@ -29,7 +29,7 @@ FAKE_TPS = {
     "PD-one-band": 34.0,
     "PD-token-sched": 37.0,
     "PD-no-stream": 33.0,
-    "PD-adaptive-width": 32.0,
+    "PD-full-width": 32.0,
     "PD+host": 39.0,
 }
 

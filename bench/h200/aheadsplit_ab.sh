@@ -18,7 +18,8 @@
 #             the time)
 #   splitopen split with the gate open (the split runs only where the
 #             pre-verify plan runs, so this is the split everywhere)
-# every arm at PD's verify width (full). gpt-oss-20b shape, 8 MoE layers,
+# every arm at PD's verify width (adaptive, its preset; session 15 ran this
+# script while PD's preset was full). gpt-oss-20b shape, 8 MoE layers,
 # synthetic bf16 weights, forced acceptance, 24 new tokens, 14 host
 # threads, 1 worker, host format auto, points cache 0.2 c=1, c=4 and c=16
 # (session 14 measured hostfull/PDfull 1.13x, 1.16x and 1.16x there); every

@@ -4,9 +4,11 @@
 #   PD      PD at full_cache=auto (default): at cache 1.0 the engine fills
 #           the cache before the clock, as B3's, and runs no predictor /
 #           router pass, stream, lookahead, background copies, PD
-#           controller, nor the bench's shadow token-only scheduler
+#           controller, nor the bench's shadow token-only scheduler, and
+#           its adaptive verify width verifies every draft
 #   PDoff   PD with full_cache=off: as before the change (cache filled on
-#           demand from what the short warm-up left, every part on): the
+#           demand from what the short warm-up left, every part on, the
+#           adaptive verify width, PD's preset, included): the
 #           gap session 13 measured (call3-enginegraphs: PD 189 vs B3 414
 #           tok/s at cache 1.0 c=4)
 #   B1, B2  the offloaded baselines, full_cache=auto (at cache 1.0: filled,
@@ -28,10 +30,12 @@
 #            ratio reads them)
 # Expected at cache 1.0: PD, B1, B2 start with 256 of 256 experts resident,
 #   h2d_bytes 0, router_pass_s 0, prefill_s near B3's (~0.025 s); B1/B3 and
-#   B2/B3 within noise of 1; PD/B3 within noise of 1 (PD verifies every
-#   draft and, at a full cache, chooses its batch as B3's, FCFS: its
-#   scheduler_us_per_step near B3's; session 14's rows, before both, read
-#   PD 157 vs B3 17 us and PD/B3 0.81); PDoff reproduces the
+#   B2/B3 within noise of 1; PD/B3 within noise of 1 (at a full cache PD
+#   verifies every draft, its rows' full_cache.switched_off naming
+#   verify_width and verify_width.ran "full", and chooses its batch as
+#   B3's, FCFS: its scheduler_us_per_step near B3's; session 14's rows,
+#   before both, read PD 157 vs B3 17 us and PD/B3 0.81; session 15's, PD
+#   verifying every draft by its preset then, B3/PD 0.99); PDoff reproduces the
 #   ~0.45 of session 13 (115-124 of 256 resident at the start, ~7 GB copied,
 #   router_pass_s ~0.07). At 0.75: PD's full_cache state "off" (why_off:
 #   the slots), PD/PDoff within noise of 1 (unchanged), PD/B3 the offload

@@ -74,7 +74,7 @@
 #   qwen-burst       as gptoss24-burst at QWEN_LAYERS                         ~71 min, 8 calls
 #   qwen-b0          as gptoss24-b0                                           ~9 min, 1 call
 #   gptoss24-serve   B1, B2, B3, PD, PD-all-on, PD-no-route-ahead, PD-one-band,
-#                    PD-token-sched, PD-no-stream, PD-adaptive-width, PD+host on one serving
+#                    PD-token-sched, PD-no-stream, PD-full-width, PD+host on one serving
 #                    workload: Poisson at $RATES req/s, $SERVE_REQUESTS requests
 #                    with prompts 64-256 and outputs 128-192 tokens,
 #                    max_running $MAX_RUNNING over a $TOKEN_BUDGET-token budget,
@@ -126,7 +126,7 @@ QWEN="--arch qwen3-30b-a3b --layers $QWEN_LAYERS"
 QWEN8="--arch qwen3-30b-a3b --layers 8"
 MATRIX="pdflash-bench matrix"
 # the serving step's labels: the baselines and every ablation label, one matrix
-SERVE_LABELS="B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,PD-adaptive-width,PD+host"
+SERVE_LABELS="B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,PD-full-width,PD+host"
 
 drop() { # delete the other model's synthetic checkpoints (both do not fit the disk)
   rm -rf "$PDFLASH_CACHE"/synthetic/"$1"-* "$PDFLASH_CACHE"/synthetic-drafters 2>/dev/null

@@ -27,7 +27,8 @@ Names, baselines, settings and values are checked (every arm's RunSpec
 validated for every arch) before anything runs; two arms of one name, two
 that run one configuration (the same engine configuration, from the label's
 preset and the overrides, and the same other settings, at some point: e.g.
-``PD`` and ``PDfull=PD:verify_width=full``, PD's width being ``full``), and
+``PD`` and ``PDadaptive=PD:verify_width=adaptive``, PD's width being
+``adaptive``), and
 a ``host_*`` setting on an arm that runs no host service, are refused.
 Within one repeat of one point every arm runs once, their order rotated by
 one each repeat and point, so no arm always runs first or after the same
@@ -236,7 +237,8 @@ def check_arms(arms: Sequence[Arm], base: dict[str, Any], archs: Sequence[str]) 
     arms share, point fields included), before anything runs; ValueError
     names the arm. Refuses a ``host_*`` override on an arm that runs no host
     service and two arms that run one configuration (:func:`resolved_run`:
-    e.g. ``PD`` and ``PD:verify_width=full``, PD's width being ``full``)."""
+    e.g. ``PD`` and ``PD:verify_width=adaptive``, PD's width being
+    ``adaptive``)."""
     from pdflash.bench.engine_run import RunSpec
 
     for arch in archs:

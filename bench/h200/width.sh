@@ -7,17 +7,17 @@
 # experts map 4:1 onto 32), cache 0.2, c = 1, 4, 16, 3 interleaved repeats,
 # 32 new tokens per request. Two steps, each resumable (rerun with the same
 # WORK; no new run starts after --budget-s):
-#   pd     B2, PD (every draft verified, its preset) and PD-adaptive-width
-#          (PD at the adaptive width) -> $WORK/width-pd/       (27 runs)
+#   pd     B2, PD (adaptive width, its preset) and PD-full-width (PD
+#          verifying every draft) -> $WORK/width-pd/       (27 runs)
 #   fixed  B2 and PD at fixed:$FIXED_K (the best fixed width a baseline can
 #          use on the CPU replay) -> $WORK/width-fixed/   (18 runs)
-#   all    B2 and PD at full and fixed:$FIXED_K, all interleaved in one
-#          process (so each baseline at its best width is compared within
-#          one call: the pd and fixed steps ran in different calls in
+#   all    B2 at full and fixed:$FIXED_K, PD at adaptive (its preset, auto),
+#          fixed:$FIXED_K and full, all interleaved in one process (so each
+#          baseline at its best width is compared within one call: the pd
+#          and fixed steps ran in different calls in
 #          bench/results/h200/session6-2026-12-01, whose drift was as large
-#          as the differences) -> $WORK/width-all/ (36 runs; session 7 ran
-#          PD at adaptive too, its preset then: 45 runs, 398 s in one call
-#          of BUDGET_S=430; PD-adaptive-width is in STEP=pd)
+#          as the differences) -> $WORK/width-all/ (45 runs: 398 s in one
+#          call of BUDGET_S=430 on the H200, session 7)
 # Expected: about 15-20 s per run with the model's setup at c=1..16 on the
 # H200 (the proxy's padded runs took 6-14 s each, bench/results/h200/
 # proxy-balanced-2026-12-01), so each step needs one call of its budget and
@@ -37,7 +37,7 @@ BUDGET_S=${BUDGET_S:-480}
 TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
 COMMON="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16 --concurrency 1,4,16 --cache-fraction 0.2 --prompt-len 64 --max-new-tokens 32 --repeats 3 --device cuda --no-progress --json --budget-s $BUDGET_S"
 case "${STEP:-pd}" in
-  pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-adaptive-width --out $WORK/width-pd" ;;
+  pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-full-width --out $WORK/width-pd" ;;
   fixed) SPEC="fixed=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width fixed:$FIXED_K --out $WORK/width-fixed" ;;
   all) SPEC="all=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width auto,fixed:$FIXED_K,full --out $WORK/width-all" ;;
   *) echo "STEP must be pd, fixed or all" >&2; exit 2 ;;

@@ -1,8 +1,9 @@
 """``width_ab.sh``'s summary: per point and arm, the verify width's
 decisions and estimates (rows' ``verify_width``), tau, steps and tokens/s
 (medians over repeats), and the adaptive arm over the full-width one
-(``PDadaptive`` over ``PD``; in tars recorded while PD's preset was
-adaptive, ``PD`` over ``PDfull``); printed, and written to
+(``PD`` over ``PDfull``, PD's preset being adaptive; in tars recorded
+while PD's preset was full, ``PDadaptive`` over ``PD``); printed, and
+written to
 ``ROOT/width_summary.json``.
 
     python3 bench/h200/width_summary.py ROOT   # ROOT/engine/rows.jsonl
@@ -44,6 +45,9 @@ def main(root: Path) -> None:
             arm_out: dict[str, Any] = {
                 "runs": len(rs),
                 "setting": sorted({str(vw.get("setting")) for vw in vws}),
+                # the width the engine ran (full where a full cache switched
+                # adaptive off); rows recorded before it was kept: None
+                "ran": sorted({str(vw["ran"]) for vw in vws if "ran" in vw}) or None,
                 "tokens_per_s_median": med(r.get("output_tokens_per_s") for r in rs),
                 "tau_median": med(r.get("acceptance_length_mean") for r in rs),
                 "steps_median": med(r.get("steps") for r in rs),
@@ -64,13 +68,15 @@ def main(root: Path) -> None:
                 f"tok/s {fmt(arm_out['tokens_per_s_median'], '.1f')} "
                 f"tau {fmt(arm_out['tau_median'], '.2f')} "
                 f"steps {fmt(arm_out['steps_median'], '.0f')} "
+                f"ran {arm_out['ran']} "
                 f"width/avail {fmt(w, '.2f')}/{fmt(a, '.2f')} "
                 f"explore {fmt(arm_out['exploration_decisions_median'], '.0f')} "
                 f"t_row {fmt(arm_out['t_row_s_median'])} "
                 f"t_row_fit {fmt(arm_out['t_row_fit_s_median'])} "
                 f"S {arm_out['survival_median']}"
             )
-        # (adaptive arm, full-width arm): today's arms, else an older tar's
+        # (adaptive arm, full-width arm): a tar of while PD's preset was full
+        # has PDadaptive; today's, and older ones, PD (adaptive) and PDfull
         pair = ("PDadaptive", "PD") if "PDadaptive" in entry["arms"] else ("PD", "PDfull")
         adaptive, full = (entry["arms"].get(arm) for arm in pair)
         if adaptive and full and adaptive["tokens_per_s_median"] and full["tokens_per_s_median"]:

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
-# Every draft (PD's default verify width) against the adaptive width with
-# the fitted-saturation union model (pdflash.engine.verify_width.UnionGrowth),
+# Every draft (PD-full-width's verify width) against the adaptive width (PD's
+# default) with the fitted-saturation union model
+# (pdflash.engine.verify_width.UnionGrowth),
 # on the H200, in two calls (one tar each):
 #
 # STEP=forced (default): bench/h200/issue16.py --arms through switches_ab.sh
 # in ONE process (one model load for every arm):
-#   PD        PD with verify_width=full: every draft verified
-#   adaptive  PD with verify_width=adaptive
+#   PDfull    PD with verify_width=full: every draft verified
+#   PD        PD at its preset, verify_width=adaptive
+# (session 15 ran this with PD's preset full: arms PD=PD:verify_width=full
+# and adaptive=PD:verify_width=adaptive, reference PD)
 # gpt-oss-20b shape, 8 MoE layers, synthetic bf16 weights, forced acceptance
 # (truncated geometric, mean tau 4.68, block 16), MAX_NEW (default 64) new
 # tokens, points cache 0.2 c=4, 0.5 c=1, 0.5 c=4 (where the old union model
 # lost: 1.16x, 1.48x, 1.28x for every draft); arms interleaved, the order
 # rotated each repeat and point, until BUDGET_S (default 280).
 # Read: issue16's engine/summary.json points[].comparisons (reference arm
-# PD): adaptive/PD tokens/s should now be within noise of 1 at every point
-# (it was 0.68-0.86); and each adaptive row's verify_width: mean_width_drafts
+# PDfull): PD/PDfull tokens/s should be within noise of 1 at every point
+# (0.68-0.86 before the fitted saturation; 0.82-0.98 in session 15); and
+# each PD row's verify_width: mean_width_drafts
 # near mean_available_drafts at cache 0.2 c=4 (was 4.5-6.1 of 13.1-13.8),
 # estimates.union_saturation below 32 (the realized unions levelled off at
 # ~22-26 experts per layer) with row_link_s well under the old 6-13 ms, and
-# acceptance_length_mean near PD's 4.34 (was 3.2-3.7).
+# acceptance_length_mean near PDfull's 4.34 (was 3.2-3.7).
 # Expected: build ~30 s, model load ~40-55 s, then 6 runs (2 arms x 3
 # points) per repeat at ~2-8 s each; killed at BUDGET_S + 50 s: under 6
 # minutes in all. Tar: $OUT/widthmodel_ab.tgz.
@@ -42,9 +46,9 @@ set -uo pipefail
 export OUT=${OUT:-$PWD/out}
 case "${STEP:-forced}" in
   forced)
-    export ARMS=${ARMS:-PD=PD:verify_width=full,adaptive=PD:verify_width=adaptive}
+    export ARMS=${ARMS:-PDfull=PD:verify_width=full,PD}
     export NAME=widthmodel_ab MAX_NEW=${MAX_NEW:-64} BUDGET_S=${BUDGET_S:-280}
-    export EXTRA=${EXTRA:---reference PD}
+    export EXTRA=${EXTRA:---reference PDfull}
     [ "${SMOKE:-0}" = 1 ] || export POINTS=${POINTS:-0.2:4,0.5:1,0.5:4}
     exec bash "$(dirname "$0")/switches_ab.sh"
     ;;

@@ -4,9 +4,9 @@ Runs PD (its parts under the PD controller), ``PD-all-on`` (every part
 forced on: what the controller buys), PD with one part switched off
 (``PD-no-route-ahead``, ``PD-one-band``: every copy in one FIFO band,
 ``PD-token-sched``: the token-only scheduler, ``PD-no-stream``: no streaming
-prefetcher), ``PD-adaptive-width`` (PD with the adaptive verify width,
-:mod:`pdflash.engine.verify_width`, instead of verifying every draft) and,
-with ``--with-host``, PD+host, side by side at every point, interleaved
+prefetcher, ``PD-full-width``: every draft verified instead of the adaptive
+verify width, :mod:`pdflash.engine.verify_width`) and, with
+``--with-host``, PD+host, side by side at every point, interleaved
 round-robin over the repeats (>= 3 by default: each repeat runs every label
 once, starting one label later than the last). Rows go to ``OUT/rows.jsonl``
 (the matrix's runner: a rerun resumes, failures go to ``errors.jsonl``);
@@ -34,8 +34,8 @@ from . import _common as common
 from . import matrix
 
 HELP = (
-    "PD vs PD-all-on, PD without route-ahead / bands / the 2-D scheduler / streaming and "
-    "PD with the adaptive verify width: what each part (and the controller) buys"
+    "PD vs PD-all-on and PD without route-ahead / bands / the 2-D scheduler / streaming / "
+    "the adaptive verify width: what each part (and the controller) buys"
 )
 
 #: The ablations, in the order they run within a repeat (after PD).

@@ -128,7 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=common.verify_widths,
         default=["auto"],
         help="drafts each verify checks (pdflash.engine.verify_width), for every label: auto "
-        "(default: the label's preset: full, adaptive for PD-adaptive-width), "
+        "(default: the label's preset: adaptive for PD, PD+host and PD's ablations but "
+        "PD-full-width, full for the rest), "
         "full, fixed:K or adaptive; a comma list runs each in turn within every repeat "
         "(interleaved); rows record verify_width (setting, mean width, expected vs realized "
         "accepted drafts)",
@@ -431,7 +432,7 @@ def label_runs(
 ) -> list[tuple[str, str, str]]:
     """``(label, cuda graphs, width)`` of each run in a repeat: every label at
     each graphs setting and each width it resolves to, once (PD's ``auto`` is
-    ``full``, so ``auto,full`` is one run, as in the matrix), the
+    ``adaptive``, so ``auto,adaptive`` is one run, as in the matrix), the
     width as asked where first listed (its row records it as requested)."""
     unique: dict[tuple[str, str, str], tuple[str, str, str]] = {}
     for b, g, w in itertools.product(baselines, graphs, widths):

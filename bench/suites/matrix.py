@@ -245,7 +245,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=common.verify_widths,
         default=["auto"],
         help="drafts each verify checks, for every label: auto (default: the label's preset: "
-        "full, adaptive for PD-adaptive-width), full, fixed:K or "
+        "adaptive for PD, PD+host and PD's ablations but PD-full-width, full for the rest), "
+        "full, fixed:K or "
         "adaptive (pdflash.engine.verify_width), or a comma list of them: every label runs at "
         "each (a width that resolves to one already listed is dropped), interleaved with the "
         "labels within every repeat, so each baseline can be compared at its best width in one "

@@ -31,24 +31,18 @@ PD-one-band            bands: every copy in one FIFO band (``bands=False``), so 
 PD-token-sched         the 2-D scheduler: the token-only deficit scheduler (B2's)
 PD-no-stream           the streaming prefetcher: one route-ahead batch copy before
                        each verify plus next-layer lookahead
+PD-full-width          the adaptive verify width: every draft verified (PD with its
+                       controller and ``verify_width="full"``)
 =====================  ==============================================================
 
-and one that runs PD with a part switched *on* that PD leaves off:
-
-=====================  ==============================================================
-label                  PD with
-=====================  ==============================================================
-PD-adaptive-width      the adaptive verify width (``verify_width="adaptive"``, with
-                       PD's controller) instead of verifying every draft
-=====================  ==============================================================
-
-PD and its ablations verify every draft (``verify_width="full"``): on the
-H200 the adaptive width lost to every draft at each point measured (rows
-under ``bench/results/h200/session14-2026-12-02``), so it is an opt-in
-setting and the ``PD-adaptive-width`` arm. Rows recorded under the retired
-label ``PD-full-width`` (PD at ``full`` while PD's preset was ``adaptive``)
-are PD's configuration of today; the report still reads them under their
-own label.
+PD, PD+host and PD's ablations but ``PD-full-width`` verify an adaptive
+prefix of each request's drafts (``verify_width="adaptive"``: on the H200
+within noise of every draft at forced acceptance and ahead of it on a
+learned trace replayed, ``bench/results/h200/session15-2026-12-02``); every
+other preset, and a hand-made :class:`EngineConfig`, verifies every draft.
+Rows recorded under the retired label ``PD-adaptive-width`` (PD at
+``adaptive`` while PD's preset verified every draft) are PD's configuration
+of today; the report still reads them under their own label.
 
 ``PD`` runs its parts under the PD controller (``parts_controller``,
 :mod:`pdflash.engine.pd_controller`): route-ahead, the 2-D scheduler and the
@@ -63,8 +57,10 @@ every offloaded configuration fills it before the first request, as B3
 does, and runs none of the parts that only serve a miss (``full_cache``):
 B1 then runs as B3, B2 as B3 under the token-only scheduler, and PD and
 PD+host as B3: the 2-D scheduler's byte term would be zero for every
-request, so PD's batch is chosen as B3's (FCFS under the token budget), and
-the host has no miss to compute (no hybrid service), at its verify width.
+request, so PD's batch is chosen as B3's (FCFS under the token budget), the
+host has no miss to compute (no hybrid service), and an ``adaptive`` width
+verifies every draft (no copy for a narrower verify to save; a ``fixed:K``
+width is kept, as asked).
 """
 
 from __future__ import annotations
@@ -100,13 +96,16 @@ NOTHING_TO_MISS = {
     "parts_controller": "every expert resident: route-ahead, the stream and the 2-D "
     "scheduler are off",
     # not flags (without_miss_parts): batching "deficit_2d" becomes B3's
-    # "fcfs", host_experts "auto" becomes "off"
+    # "fcfs", host_experts "auto" becomes "off", verify_width below
     "scheduler_2d": "every expert resident: no byte can be missing, so the 2-D scheduler's "
     "byte term is zero for every request; the batch is chosen as B3's (FCFS under the "
     "token budget)",
     "host_experts": "every expert resident: no miss for the host CPU to compute (an attached "
     "service would still read each layer's routing on the host and keep the verify off "
     "B3's CUDA graph)",
+    # not a flag: verify_width "adaptive" becomes "full" ("fixed:K" is kept)
+    "verify_width": "every expert resident: no copy for a narrower verify to save, so the "
+    "adaptive width verifies every draft (full), as B3 does",
 }
 
 
@@ -151,7 +150,8 @@ class EngineConfig:
             (:data:`NOTHING_TO_MISS`: route-ahead and its predictor, the
             streaming prefetcher, gate lookahead, background prefetch, the
             PD controller, the 2-D scheduler, which becomes B3's FCFS, the
-            hybrid miss service): nothing can miss. ``off`` runs the configuration
+            hybrid miss service, the ``adaptive`` verify width, which becomes
+            ``full``): nothing can miss. ``off`` runs the configuration
             as given, the cache filling on demand (the A/B arm of what that
             machinery costs where nothing can miss).
         parts_controller: switch route-ahead, the 2-D scheduler and the
@@ -193,9 +193,9 @@ class EngineConfig:
             width that maximizes expected tokens per second from the learned
             acceptance and the link time of the experts each row adds).
             Lossless: the target's token after the last verified draft is
-            the bonus. Default ``full``, every preset's too
-            (``PD-adaptive-width``: PD with ``adaptive``; see the module
-            docstring for why PD does not default to it).
+            the bonus. Default ``full`` (B0-B3 and ``PD-full-width`` too);
+            PD, PD+host and PD's other ablations use ``adaptive`` (the module
+            docstring says why).
         kv_page_size: tokens per KV page.
         seed: seeds sampling, forced acceptance and workloads.
     """
@@ -293,6 +293,7 @@ class EngineConfig:
                 "lookahead": True,
                 "background_prefetch": True,
                 "streaming_prefetch": True,
+                "verify_width": "adaptive",
             },
         }
         fixed = {**table["PD"]}
@@ -308,7 +309,7 @@ class EngineConfig:
         table["PD-one-band"] = {**fixed, "bands": False}
         table["PD-token-sched"] = {**fixed, "batching": "deficit_tokens"}
         table["PD-no-stream"] = {**fixed, "streaming_prefetch": False}
-        table["PD-adaptive-width"] = {**table["PD"], "verify_width": "adaptive"}
+        table["PD-full-width"] = {**table["PD"], "verify_width": "full"}
         if baseline not in table:
             raise ValueError(f"unknown baseline {baseline!r}; choose one of {BASELINES}")
         fields = {"baseline": baseline, **table[baseline]}
@@ -327,8 +328,9 @@ class EngineConfig:
         """This configuration with the parts that only serve a miss off
         (:data:`NOTHING_TO_MISS`), and why each part it had on is off: the
         flags set False, ``deficit_2d`` batching B3's ``fcfs`` (no byte
-        budget) and ``host_experts`` ``off`` (``host_control`` back to
-        ``controller``: there is no host part to run)."""
+        budget), ``host_experts`` ``off`` (``host_control`` back to
+        ``controller``: there is no host part to run) and an ``adaptive``
+        verify width ``full`` (a ``fixed:K`` width is kept: it was asked for)."""
         off: dict[str, str] = {}
         changes: dict[str, Any] = {}
         for part, why in NOTHING_TO_MISS.items():
@@ -341,6 +343,10 @@ class EngineConfig:
                     off[part] = why
                     changes[part] = "off"
                     changes["host_control"] = "controller"
+            elif part == "verify_width":
+                if self.verify_width == "adaptive":
+                    off[part] = why
+                    changes[part] = "full"
             elif getattr(self, part):
                 off[part] = why
                 changes[part] = False

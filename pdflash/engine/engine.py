@@ -43,9 +43,10 @@ Where the expert cache has a slot for every expert (cache fraction 1.0), the
 engine fills it when built, as B3's, and (``config.full_cache`` auto) runs
 none of the parts that only serve a miss: no prediction in step 3, no
 route-ahead copies, stream, lookahead or background prefetch, no PD
-controller, no hybrid miss service, and a 2-D scheduler's batch chosen as
-B3's, FCFS under the token budget (:meth:`Engine.full_cache_state` says
-what was switched off).
+controller, no hybrid miss service, a 2-D scheduler's batch chosen as
+B3's, FCFS under the token budget, and every draft verified where the
+width was ``adaptive`` (a ``fixed:K`` width is kept;
+:meth:`Engine.full_cache_state` says what was switched off).
 
 At the end of every step the request table's invariants are asserted.
 
@@ -110,7 +111,12 @@ from pdflash.engine.sampling import (
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
 from pdflash.engine.timing import ComputeTimer, StallTimedCache
 from pdflash.engine.verify import Verifier, VerifyOutcome, VerifyResult, anchor_tensor
-from pdflash.engine.verify_width import VerifyWidthPolicy, WidthHook, build_policy
+from pdflash.engine.verify_width import (
+    VerifyWidthPolicy,
+    WidthHook,
+    build_policy,
+    follows_setting_alone,
+)
 from pdflash.models.offload import OffloadedAdapter
 from pdflash.protocols import (
     Band,
@@ -202,8 +208,10 @@ class Engine:
             serve a miss are off (:meth:`full_cache_state`); ``config`` is
             then that configuration, a 2-D deficit ``batcher`` is
             replaced by FCFS (a :class:`~pdflash.engine.batching.DelegatingBatcher`'s
-            inner one, e.g. expert-parallel ranks') and a
-            ``host_service`` is detached from the runtime and not used.
+            inner one, e.g. expert-parallel ranks'), a
+            ``host_service`` is detached from the runtime and not used, and
+            a ``width`` policy that decides from measured timing (anything
+            but ``fixed:K``) is not used: every draft is verified.
         route_stats: route-ahead bookkeeping with ``update(predicted, routed,
             resident)`` over ``(layers, experts)`` masks (optional).
         host_service: the hybrid miss service
@@ -233,7 +241,9 @@ class Engine:
         width: a :class:`~pdflash.engine.verify_width.VerifyWidthPolicy`
             (how many of each request's drafts a verify checks); default:
             the one ``config.verify_width`` names (none for ``full``: every
-            draft is verified).
+            draft is verified). None where the cache holds every expert
+            (``config.full_cache`` auto) and the width is ``adaptive``:
+            nothing to save by narrowing.
     """
 
     def __init__(
@@ -295,6 +305,14 @@ class Engine:
                 if runtime_now is not None and runtime_now.host_service is host_service:
                     runtime_now.host_service = None
                 host_service = None
+            if width is not None and follows_setting_alone(width):
+                # the caller's fixed:K policy runs, whatever the configuration's width
+                off.pop("verify_width", None)
+            elif width is not None:
+                # e.g. an adaptive policy: it narrows a verify to save
+                # copies, and there is none to save
+                off.setdefault("verify_width", NOTHING_TO_MISS["verify_width"])
+                width = None
         if config.batching != "fcfs" and batcher is None:
             raise ValueError(
                 f"batching {config.batching!r} needs a batcher (the deficit scheduler)"

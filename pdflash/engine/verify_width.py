@@ -11,10 +11,12 @@ link time than the tokens it is expected to add are worth.
 Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
 
 * ``full``: every draft (the engine does not consult a policy at all); the
-  default of every preset, PD's included (``docs/design.md`` says why).
+  default of B0-B3, of a hand-made configuration and of the
+  ``PD-full-width`` ablation arm.
 * ``fixed:K``: the first ``K`` drafts (fewer when fewer were drafted).
-* ``adaptive`` (:class:`AdaptiveWidth`; opt-in, and the ``PD-adaptive-width``
-  ablation arm): the widths ``k_i`` (drafts per
+* ``adaptive`` (:class:`AdaptiveWidth`; PD's and PD+host's default,
+  ``docs/design.md`` says why; where the expert cache holds every expert the
+  engine verifies every draft instead): the widths ``k_i`` (drafts per
   request ``i`` of the ``c`` waiting) that maximize the expected committed
   tokens (accepted drafts + the bonus) per second of the step,
 

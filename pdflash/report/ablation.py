@@ -3,9 +3,10 @@
 :func:`ablation_table` compares, per comparison point, PD (its parts under
 the PD controller) with each ablation (``PD-all-on``: every part forced on,
 i.e. what the controller buys; ``PD-no-route-ahead``, ``PD-one-band``, ``PD-token-sched``,
-``PD-no-stream``; ``PD-adaptive-width`` and ``PD+host``, PD with a part
-added; and rows of the retired ``PD-full-width``, PD verifying every draft
-when PD's own width was adaptive) on tokens/s,
+``PD-no-stream``, ``PD-full-width``: every draft verified instead of the
+adaptive width; ``PD+host``, PD with a part added; and rows of the retired
+``PD-adaptive-width``, PD at the adaptive width when PD's own verified every
+draft) on tokens/s,
 bytes per committed token and exposed fetch seconds: each a median with the
 95% t interval over repeats, and a verdict from
 :func:`pdflash.report.stats.compare`: which is better where the intervals
@@ -38,10 +39,10 @@ PART: dict[str, str] = {
     "PD-one-band": "priority bands",
     "PD-token-sched": "2-D scheduler",
     "PD-no-stream": "streaming prefetcher",
-    "PD-adaptive-width": "adaptive verify width (added to PD, which verifies every draft)",
+    "PD-full-width": "adaptive verify width (every draft verified)",
     "PD+host": "hybrid miss service (added to PD)",
-    # rows recorded while PD's preset width was adaptive
-    "PD-full-width": "adaptive verify width (every draft verified; PD's then)",
+    # rows recorded while PD's preset verified every draft
+    "PD-adaptive-width": "adaptive verify width (added to PD, which verified every draft then)",
 }
 
 #: (row field, True when larger is better)

@@ -33,8 +33,8 @@ COLORS = {
     "PD-one-band": "#e377c2",
     "PD-token-sched": "#bcbd22",
     "PD-no-stream": "#17becf",
-    "PD-adaptive-width": "#aec7e8",
-    "PD-full-width": "#c5b0d5",
+    "PD-full-width": "#aec7e8",
+    "PD-adaptive-width": "#c5b0d5",
 }
 
 # (arch, block, cache fraction, workload, concurrency, series: the baseline,

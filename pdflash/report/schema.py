@@ -29,10 +29,10 @@ from pdflash.labels import BASELINES as BASELINES
 SCHEMA_VERSION = 1
 
 #: Labels no run records any more whose rows a result set may still hold:
-#: ``PD-full-width`` is PD verifying every draft, recorded while PD's
-#: preset width was ``adaptive`` (PD's configuration of today). Rows of
+#: ``PD-adaptive-width`` is PD at the adaptive verify width, recorded while
+#: PD's preset verified every draft (PD's configuration of today). Rows of
 #: them validate and are reported under their own label.
-RETIRED_LABELS: tuple[str, ...] = ("PD-full-width",)
+RETIRED_LABELS: tuple[str, ...] = ("PD-adaptive-width",)
 
 #: Every label a row may carry: :data:`BASELINES`, then :data:`RETIRED_LABELS`.
 ROW_LABELS: tuple[str, ...] = (*BASELINES, *RETIRED_LABELS)
@@ -222,19 +222,22 @@ def _recorded(field: str, key: str | None = None) -> Callable[[Mapping[str, Any]
     return read
 
 
-#: Labels whose ``auto`` verify width is ``adaptive`` (mirrors
-#: :meth:`pdflash.engine.config.EngineConfig.preset`, checked by a test,
-#: without importing the engine); every other label verifies every draft.
-#: Rows of PD recorded while its preset was ``adaptive`` name the width in
-#: their spec or record it (``verify_width.setting``), so they are read as
-#: ``adaptive`` still (:data:`RUN_SETTINGS`).
-ADAPTIVE_WIDTH_LABELS: frozenset[str] = frozenset({"PD-adaptive-width"})
+#: Labels whose ``auto`` verify width is ``adaptive``: PD, PD+host and PD's
+#: ablations but ``PD-full-width``, and the retired ``PD-adaptive-width``
+#: (mirrors :meth:`pdflash.engine.config.EngineConfig.preset`, checked by a
+#: test, without importing the engine); every other label verifies every
+#: draft. Rows of PD recorded while its preset was ``full`` name the width
+#: in their spec or record it (``verify_width.setting``), so they are read
+#: as ``full`` still (:data:`RUN_SETTINGS`).
+ADAPTIVE_WIDTH_LABELS: frozenset[str] = frozenset(
+    b for b in ROW_LABELS if b.startswith("PD") and b != "PD-full-width"
+)
 
 
 def resolved_width(width: str, baseline: str) -> str:
     """The verify width a label runs at for a requested ``width``: ``auto``
     is the label's preset (``adaptive`` for :data:`ADAPTIVE_WIDTH_LABELS`,
-    ``full`` for the rest, PD's included); B0 drafts nothing, so it is
+    PD's included, ``full`` for the rest); B0 drafts nothing, so it is
     always ``full``; any other width is itself."""
     if baseline == "B0":
         return "full"

@@ -64,7 +64,7 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
         "PD-one-band",
         "PD-token-sched",
         "PD-no-stream",
-        "PD-adaptive-width",
+        "PD-full-width",
     ]
     assert summary["ran"] == 21 and summary["valid"] and summary["failed"] == 0
     # round-robin: each repeat runs every label once, starting one later
@@ -98,7 +98,7 @@ def test_ablation_suite_interleaves_and_writes_what_each_part_buys(
     assert summary["command"].startswith("pdflash-bench ablation --arch tiny")
     assert (
         "--variants PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,"
-        "PD-adaptive-width" in (summary["command"])
+        "PD-full-width" in (summary["command"])
     )
     assert "--repeats 3" in summary["command"] and summary["command"] in report
 

@@ -365,16 +365,15 @@ def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -
 
     parser = argparse.ArgumentParser()
     matrix.add_arguments(parser)
-    base = "--arch tiny --baselines B1,B2,PD-adaptive-width --concurrency 4 --cache-fraction 0.5"
-    base += " --repeats 1"
+    base = "--arch tiny --baselines B1,B2,PD --concurrency 4 --cache-fraction 0.5 --repeats 1"
     auto = matrix.plan(parser.parse_args(base.split()))
-    # auto: every spec names the width its label runs at (PD-adaptive-width's
-    # preset is adaptive); a full-width label's key is the key of its spec
-    # without a width (recorded before widths existed)
+    # auto: every spec names the width its label runs at (PD's preset is
+    # adaptive); a full-width label's key is the key of its spec without a
+    # width (recorded before widths existed)
     assert {s["baseline"]: s.get("verify_width") for s in auto} == {
         "B1": "full",
         "B2": "full",
-        "PD-adaptive-width": "adaptive",
+        "PD": "adaptive",
     }
     b1 = next(s for s in auto if s["baseline"] == "B1")
     assert matrix.spec_key(b1) == matrix.spec_key(
@@ -386,8 +385,7 @@ def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -
     full = matrix.plan(parser.parse_args([*base.split(), "--verify-width", "full"]))
     keys = {s["baseline"]: matrix.spec_key(s) for s in auto}
     full_keys = {s["baseline"]: matrix.spec_key(s) for s in full}
-    arm = "PD-adaptive-width"
-    assert keys["B1"] == full_keys["B1"] and keys[arm] != full_keys[arm]
+    assert keys["B1"] == full_keys["B1"] and keys["PD"] != full_keys["PD"]
     assert {matrix.spec_key(s) for s in fixed}.isdisjoint(keys.values())
     assert "--verify-width fixed:3" in matrix.matrix_command(fixed_args, tmp_path)
     assert "--verify-width" not in matrix.matrix_command(parser.parse_args(base.split()), tmp_path)
@@ -407,29 +405,27 @@ def test_matrix_runs_every_label_at_each_listed_width_interleaved(tmp_path: Path
     parser = argparse.ArgumentParser()
     matrix.add_arguments(parser)
     base = "--arch tiny --baselines B2,PD --concurrency 4 --cache-fraction 0.5 --repeats 2"
-    args = parser.parse_args([*base.split(), "--verify-width", "auto,fixed:1,adaptive"])
+    args = parser.parse_args([*base.split(), "--verify-width", "auto,fixed:1,full"])
     specs = matrix.plan(args)
     runs = [(s["baseline"], s.get("verify_width", "full"), s["repeat"]) for s in specs]
-    # B2 and PD alike: auto is full, then fixed:1 and adaptive
-    assert runs[:6] == [
+    # B2: auto is full (listed once); PD: adaptive, fixed:1 and full
+    assert runs[:5] == [
         ("B2", "full", 0),
         ("B2", "fixed:1", 0),
-        ("B2", "adaptive", 0),
-        ("PD", "full", 0),
-        ("PD", "fixed:1", 0),
         ("PD", "adaptive", 0),
+        ("PD", "fixed:1", 0),
+        ("PD", "full", 0),
     ]
     # the next repeat starts one run later (round-robin over label x width)
-    assert runs[6:] == [
+    assert runs[5:] == [
         ("B2", "fixed:1", 1),
-        ("B2", "adaptive", 1),
-        ("PD", "full", 1),
-        ("PD", "fixed:1", 1),
         ("PD", "adaptive", 1),
+        ("PD", "fixed:1", 1),
+        ("PD", "full", 1),
         ("B2", "full", 1),
     ]
-    assert len({matrix.spec_key(s) for s in specs}) == len(specs) == 12
-    assert "--verify-width auto,fixed:1,adaptive" in matrix.matrix_command(args, tmp_path)
+    assert len({matrix.spec_key(s) for s in specs}) == len(specs) == 10
+    assert "--verify-width auto,fixed:1,full" in matrix.matrix_command(args, tmp_path)
 
 
 def test_resolved_width_mirrors_the_presets() -> None:
@@ -464,13 +460,15 @@ def test_run_spec_records_the_width_and_what_it_decided(
     assert vw["setting"] == "fixed:2" and vw["policy"] == "fixed:2"
     assert vw["mean_verified_drafts"] <= 2 and vw["rounds"] > 0
     assert row["acceptance_length_mean"] <= 3  # 2 drafts + the bonus at most
-    pd = run_spec(RunSpec(baseline="PD", verify_width="adaptive", **base)).row  # type: ignore[arg-type]
+    pd = run_spec(RunSpec(baseline="PD", **base)).row  # type: ignore[arg-type]
     assert pd["verify_width"]["setting"] == "adaptive" and pd["verify_width"]["decisions"] > 0
+    assert pd["verify_width"]["ran"] == "adaptive"
     assert pd["verify_width"]["estimates"]["link_bytes_per_s"] is not None
     b1 = run_spec(RunSpec(baseline="B1", **base)).row  # type: ignore[arg-type]
     assert b1["verify_width"] == {
         "setting": "full",
         "requested": "auto",
+        "ran": "full",
         "policy": None,
         "why_no_policy": "full width: every draft verified, no policy consulted",
     }

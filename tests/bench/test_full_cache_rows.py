@@ -37,6 +37,13 @@ def test_full_cache_rows_start_filled_and_copy_nothing(
     assert row["route_ahead"] is False and row["streaming_prefetch"] is False
     assert row["parts_controller"] is False and row["pd_parts"] is None
     assert row["route_ahead_bytes_submitted"] == 0 and row["background_bytes_submitted"] == 0
+    vw = row["verify_width"]
+    if baseline == "PD":
+        # PD's adaptive width, switched off: every draft verified, as B3
+        assert vw["setting"] == "adaptive" and vw["ran"] == "full" and vw["policy"] is None
+        assert full["switched_off"]["verify_width"] in vw["why_no_policy"]
+    else:
+        assert vw["setting"] == vw["ran"] == "full" and vw["policy"] is None
     if baseline == "PD":  # no shadow token-only scheduler where nothing can miss
         assert "every expert resident" in row["not_measured"]["routeahead_coverage"]
         why = row["not_measured"]["token_only_differing_step_fraction"]
@@ -53,6 +60,10 @@ def test_full_cache_off_and_half_cache_rows(
     assert off["route_ahead"] is True and off["h2d_bytes"] > 0
     half = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
     assert half["full_cache"]["state"] == "off"
+    # the adaptive width runs where a copy can be saved, or where asked to
+    for row in (off, half):
+        assert row["verify_width"]["setting"] == row["verify_width"]["ran"] == "adaptive"
+        assert row["verify_width"]["policy"] == "adaptive"
     assert "slots for" in half["full_cache"]["why_off"]
     assert half["route_ahead"] is True and half["streaming_prefetch"] is True
     # the two settings of one label are two runs in the reports' keys
@@ -75,3 +86,17 @@ def test_pd_host_row_at_full_cache_builds_no_host_service(
     assert row["host_served_experts"] is None
     assert "no miss for the host" in row["not_measured"]["host_served_experts"]
     assert row["batching"] == "fcfs" and row["h2d_bytes"] == 0
+
+
+def test_a_fixed_width_row_at_full_cache_keeps_its_width(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(baseline="PD", cache_fraction=1.0, verify_width="fixed:2", **KW)  # type: ignore[arg-type]
+    row = run_spec(spec).row
+    assert validate_row(row) == []
+    assert row["full_cache"]["state"] == "filled"
+    assert "verify_width" not in row["full_cache"]["switched_off"]
+    vw = row["verify_width"]
+    assert vw["setting"] == vw["ran"] == vw["policy"] == "fixed:2"
+    assert vw["mean_verified_drafts"] <= 2

@@ -150,8 +150,8 @@ def test_parse_arms_refuses(text: str, message: str) -> None:
             r"arms 'a' \(PD\+host\) and 'b' \(PD\+host:host_handoff=thread\) run one "
             r"configuration \(tiny-gpt_oss, cache 0.2, c=4\)",
         ),
-        # PD's width is full: the override resolves to PD's own configuration
-        ("PD,PDfull=PD:verify_width=full", "arms 'PD' \\(PD\\) and 'PDfull'"),
+        # PD's width is adaptive: the override resolves to PD's own configuration
+        ("PD,PDa=PD:verify_width=adaptive", "arms 'PD' \\(PD\\) and 'PDa'"),
         # the limits RunSpec derives from the point, given as written
         ("PD,m=PD:max_running=4:token_budget=64", "arms 'PD' \\(PD\\) and 'm'"),
         # PD+host always runs the host service
@@ -180,10 +180,13 @@ def test_check_arms_accepts_the_five_and_host_settings_with_host_experts() -> No
     issue16.check_arms(issue16.parse_arms(_FIVE), {"layers": None}, ["tiny-gpt_oss"])
     # configurations that differ from the label's preset are distinct arms
     distinct = (
-        "PD,ad=PD:verify_width=adaptive,PD+host,open=PD+host:host_ahead_min_exposed=0,"
+        "PD,full=PD:verify_width=full,PD+host,open=PD+host:host_ahead_min_exposed=0,"
         "split=PD+host:host_ahead_from=stream,m=PD:max_running=8"
     )
     issue16.check_arms(issue16.parse_arms(distinct), {"layers": None}, ["tiny-gpt_oss"])
+    # the width scripts' default arms (width_ab.sh, widthmodel_ab.sh)
+    for text in ("PD,PDfull=PD:verify_width=full,B3", "PDfull=PD:verify_width=full,PD"):
+        issue16.check_arms(issue16.parse_arms(text), {"layers": None}, ["tiny-gpt_oss"])
     arms = issue16.parse_arms("PD,hx=PD:host_experts=auto:host_handoff=stream")
     issue16.check_arms(arms, {"layers": None}, ["tiny-gpt_oss"])
     # a limit equal to what the point derives is one run at that point only
@@ -218,14 +221,16 @@ def test_main_refuses_bad_arms_before_running(tmp_path: Path) -> None:
 def test_main_refuses_two_arms_of_one_configuration_before_loading(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """PD's width is ``full``: ``PDfull`` would run PD's configuration again
-    (argparse's error, before torch or a model is touched)."""
+    """PD's width is ``adaptive``: ``PDadaptive`` would run PD's
+    configuration again (argparse's error, before torch or a model is
+    touched)."""
     argv = ["--archs", "tiny-gpt_oss", "--points", "0.2:1,0.2:4", "--out", str(tmp_path)]
     with pytest.raises(SystemExit) as exc:
-        issue16.main([*argv, "--arms", "PD,PDfull=PD:verify_width=full"])
+        issue16.main([*argv, "--arms", "PD,PDadaptive=PD:verify_width=adaptive"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "arms 'PD' (PD) and 'PDfull' (PD:verify_width=full) run one configuration" in err
+    want = "arms 'PD' (PD) and 'PDadaptive' (PD:verify_width=adaptive) run one configuration"
+    assert want in err
     assert "(tiny-gpt_oss, cache 0.2, c=1)" in err
     assert not (tmp_path / "rows.jsonl").exists()
 

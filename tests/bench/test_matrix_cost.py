@@ -224,7 +224,7 @@ def test_one_serving_matrix_over_every_label_holds_the_ablations_runs() -> None:
     host = " --host-threads 14 --host-workers 1"
     labels = (
         "B1,B2,B3,PD,PD-all-on,PD-no-route-ahead,PD-one-band,PD-token-sched,PD-no-stream,"
-        "PD-adaptive-width,PD+host"
+        "PD-full-width,PD+host"
     )
     mp = argparse.ArgumentParser()
     matrix.add_arguments(mp)

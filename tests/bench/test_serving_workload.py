@@ -35,7 +35,7 @@ def test_poisson_run_admits_by_arrival_and_reports_serving_latency(
         block_size=16,
         byte_budget_from="verify",
         emulated_link_gbps=0.05,
-        verify_width="adaptive",  # F follows its step-time fit (PD's full keeps none)
+        verify_width="adaptive",  # F follows its step-time fit (a full width keeps none)
     )
     result = run_spec(spec)
     row = result.row

@@ -50,12 +50,13 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 def test_cpu_matrix_runs_each_label_at_the_width_it_is_labelled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process_mode: None
 ) -> None:
-    """The real engine: B2 and PD at auto (full for both), fixed:1 and
-    adaptive. Each row verifies at its spec's width, records it as requested
-    and as run, and the report labels it by that width."""
+    """The real engine: B2 and PD at auto (B2's full, PD's adaptive),
+    fixed:1, adaptive and full. Each row verifies at its spec's width,
+    records it as requested and as run, and the report labels it by that
+    width."""
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "m"
-    argv = "matrix --arch tiny --baselines B2,PD --verify-width auto,fixed:1,adaptive"
+    argv = "matrix --arch tiny --baselines B2,PD --verify-width auto,fixed:1,adaptive,full"
     argv += " --concurrency 2 --cache-fraction 0.5 --block-sizes 6 --repeats 1 --device cpu"
     argv += " --prompt-len 6 --max-new-tokens 8 --acceptance forced --mean-tau 3"
     argv += " --emulated-link-gbps 0.5 --no-progress --no-report --json --out " + str(out)
@@ -73,6 +74,7 @@ def test_cpu_matrix_runs_each_label_at_the_width_it_is_labelled(
     for r in rows:
         vw = r["verify_width"]
         assert vw["requested"] == vw["setting"] == r["spec"]["verify_width"], r["baseline"]
+        assert vw["ran"] == vw["setting"]  # cache 0.5: nothing switched
         if vw["setting"] == "full":
             assert vw["policy"] is None  # every draft verified, no policy consulted
         else:
@@ -96,14 +98,15 @@ def test_an_explicit_width_and_an_auto_that_is_another_are_keyed_apart() -> None
     def key(spec: dict[str, Any], **width: str) -> tuple[Any, ...]:
         return matrix.spec_key({**spec, **width})
 
-    # the adaptive-width arm: auto is adaptive, full another run
-    arm = {**POINT, "baseline": "PD-adaptive-width"}
-    assert key(arm, verify_width="full") != key(arm, verify_width="auto")
-    assert RunSpec(arch="tiny", baseline="PD-adaptive-width").width_setting == "adaptive"
-    assert key(arm) == key(arm, verify_width="auto") == key(arm, verify_width="adaptive")
-    # full-width labels, PD's included: no width, auto and full are one run,
-    # fixed:1 and adaptive others
-    for label in ("B2", "PD", "PD+host"):
+    # PD and PD+host: auto is adaptive, full another run
+    for label in ("PD", "PD+host"):
+        spec = {**POINT, "baseline": label}
+        assert RunSpec(arch="tiny", baseline=label).width_setting == "adaptive"
+        assert key(spec, verify_width="full") != key(spec, verify_width="auto")
+        assert key(spec) == key(spec, verify_width="auto") == key(spec, verify_width="adaptive")
+    # full-width labels, the full-width arm's included: no width, auto and
+    # full are one run, fixed:1 and adaptive others
+    for label in ("B2", "PD-full-width"):
         spec = {**POINT, "baseline": label}
         assert RunSpec(arch="tiny", baseline=label).width_setting == "full"
         assert key(spec) == key(spec, verify_width="auto") == key(spec, verify_width="full")
@@ -118,9 +121,10 @@ def test_an_explicit_width_and_an_auto_that_is_another_are_keyed_apart() -> None
 
 def test_a_recorded_row_is_keyed_by_the_width_it_ran_at(tmp_path: Path) -> None:
     """A row recorded before every spec named its width: PD's rows of that
-    code ran adaptive (PD's preset then; their row says so), and a resume
-    must not count them as PD at full, today's preset; rows recorded before
-    widths existed ran full."""
+    code ran adaptive (PD's preset then, and today's; their row says so),
+    and a resume must not count them as PD at full; a PD row recorded at
+    full (PD's preset for one session) is not today's auto either; rows
+    recorded before widths existed ran full."""
     specs = _plan("--arch tiny --baselines B2,PD --verify-width full,adaptive --repeats 1")
     planned = {(s["baseline"], s["verify_width"]): s for s in specs}
     assert sorted(planned) == [
@@ -143,6 +147,10 @@ def test_a_recorded_row_is_keyed_by_the_width_it_ran_at(tmp_path: Path) -> None:
     assert matrix.spec_key(planned[("PD", "adaptive")]) in done
     assert matrix.spec_key(planned[("PD", "full")]) not in done
     assert matrix.spec_key(planned[("B2", "full")]) in done
+    # recorded at full while PD's preset was full: keyed full
+    full_then = recorded(planned[("PD", "full")], verify_width={"setting": "full"})
+    path.write_text(json.dumps(full_then) + "\n")
+    assert matrix.recorded_keys(path) == {matrix.spec_key(planned[("PD", "full")])}
     # the report labels them by what they ran at, too
     pd_full = {**planned[("PD", "full")]}
     rows = [
@@ -198,20 +206,16 @@ def test_the_compressed_gemm_mode_is_part_of_every_runs_key(
 def test_the_engine_suite_runs_each_label_once_per_width_it_resolves_to() -> None:
     from pdflash.bench.suites.engine import label_runs
 
-    labels = ["B2", "PD-adaptive-width"]
-    runs = label_runs(labels, ["off"], ["auto", "adaptive", "full", "fixed:1"])
-    # B2's auto is full; PD-adaptive-width's is adaptive: each (label, width)
-    # once, as first asked
+    runs = label_runs(["B2", "PD"], ["off"], ["auto", "adaptive", "full", "fixed:1"])
+    # B2's auto is full; PD's is adaptive: each (label, width) once, as first asked
     assert runs == [
         ("B2", "off", "auto"),
         ("B2", "off", "adaptive"),
         ("B2", "off", "fixed:1"),
-        ("PD-adaptive-width", "off", "auto"),
-        ("PD-adaptive-width", "off", "full"),
-        ("PD-adaptive-width", "off", "fixed:1"),
+        ("PD", "off", "auto"),
+        ("PD", "off", "full"),
+        ("PD", "off", "fixed:1"),
     ]
-    # PD's auto is full, as B2's
-    assert [w for _, _, w in label_runs(["PD"], ["off"], ["auto", "full", "adaptive"])] == [
-        "auto",
-        "adaptive",
-    ]
+    # the full-width arm's auto is full, as B2's
+    arm = label_runs(["PD-full-width"], ["off"], ["auto", "full", "adaptive"])
+    assert [w for _, _, w in arm] == ["auto", "adaptive"]

@@ -125,8 +125,8 @@ def test_ablation_presets_switch_one_part_each() -> None:
         "PD-one-band": {"bands", off},
         "PD-token-sched": {"batching", off},
         "PD-no-stream": {"streaming_prefetch", off},
-        # PD, controller included, at the adaptive width
-        "PD-adaptive-width": {"verify_width"},
+        # PD, controller included, verifying every draft
+        "PD-full-width": {"verify_width"},
     }
     assert EngineConfig.preset("PD-token-sched").batching == "deficit_tokens"
     assert pd.bands and not EngineConfig.preset("PD-one-band").bands
@@ -160,7 +160,7 @@ def test_each_ablation_runs_end_to_end_and_its_row_says_what_is_off(
         "PD-one-band": ("bands", False),
         "PD-token-sched": ("batching", "deficit_tokens"),
         "PD-no-stream": ("streaming_prefetch", False),
-        "PD-adaptive-width": ("verify_width", "adaptive"),
+        "PD-full-width": ("verify_width", "full"),
     }[label]
     got = row[expect[0]]
     assert (got["setting"] if expect[0] == "verify_width" else got) == expect[1]
@@ -171,15 +171,17 @@ def test_each_ablation_runs_end_to_end_and_its_row_says_what_is_off(
         parts = row["pd_parts"]
         assert parts["policy"] == "fixed" and parts["switches"] == 0
         assert parts["on_fraction"] == {"stream": 1.0, "route_ahead": 1.0, "scheduler_2d": 1.0}
-    elif label == "PD-adaptive-width":
-        # PD's controller runs as in PD; only the width differs
+    elif label == "PD-full-width":
+        # PD's controller runs as in PD; only the width differs: every
+        # draft verified, no width policy consulted
         assert row["pd_parts"]["policy"] == "paired-steps"
-        assert row["verify_width"]["policy"] == "adaptive"
+        assert row["verify_width"]["policy"] is None
+        assert row["verify_width"]["ran"] == "full"
     else:
         assert row["pd_parts"] is None
-        # every draft verified, as PD does: no width policy consulted
-        assert row["verify_width"]["setting"] == "full"
-        assert row["verify_width"]["policy"] is None
+        # the adaptive width, as PD's
+        assert row["verify_width"]["setting"] == row["verify_width"]["ran"] == "adaptive"
+        assert row["verify_width"]["policy"] == "adaptive"
 
 
 def test_engine_refuses_a_cache_whose_bands_disagree_with_its_config() -> None:

@@ -61,9 +61,10 @@ def test_run_spec_builds_its_engine_config() -> None:
         host_experts="auto",
         host_ahead_min_exposed=0.0,
         cuda_graphs="off",
-        verify_width="full",
+        verify_width="adaptive",
     )
-    assert _spec("PD-adaptive-width").engine_config().verify_width == "adaptive"
+    assert _spec("PD").engine_config().verify_width == "adaptive"
+    assert _spec("PD-full-width").engine_config().verify_width == "full"
     assert _spec("B3", host_experts="auto").engine_config().host_experts == "off"
     limited = _spec("PD", max_running=1, token_budget=7).engine_config()
     assert (limited.max_running, limited.token_budget) == (1, 7)

@@ -35,7 +35,13 @@ def host_started_on(baseline: str) -> Any:
 
 
 def _stack(
-    tmp: Path, arch: str, baseline: str, cache_slots: int, controller: Any = None, **cfg: Any
+    tmp: Path,
+    arch: str,
+    baseline: str,
+    cache_slots: int,
+    controller: Any = None,
+    width: Any = None,
+    **cfg: Any,
 ) -> tuple[Engine, Any, Any]:
     from pdflash.engine.batching import DeficitBatcher
     from pdflash.engine.predict import BatchedUnionPredictor
@@ -111,6 +117,7 @@ def _stack(
         host_service=host_service,
         max_seq_len=64,
         controller=controller,
+        width=width,
     )
     return eng, adapter, issuer
 

@@ -157,7 +157,7 @@ def test_the_adaptive_width_fit_recovers_the_fixed_time_unfloored() -> None:
 
 
 def test_an_engine_run_follows_its_width_fit(adapter: Any, drafter: Any) -> None:
-    cfg = EngineConfig.preset("PD-adaptive-width", block_size=6, max_running=3, token_budget=11)
+    cfg = EngineConfig.preset("PD", block_size=6, max_running=3, token_budget=11)
     assert cfg.verify_width == "adaptive"
     batcher, predictor = make_batcher_and_predictor(cfg, adapter)
     assert isinstance(batcher, DeficitBatcher)
@@ -184,8 +184,8 @@ def test_an_engine_run_follows_its_width_fit(adapter: Any, drafter: Any) -> None
 
 
 def test_no_fit_no_feed(adapter: Any, drafter: Any) -> None:
-    # PD's preset: every draft verified, no width policy, so no fit
-    cfg = EngineConfig.preset("PD", block_size=6, max_running=3, token_budget=11)
+    # every draft verified: no width policy, so no fit
+    cfg = EngineConfig.preset("PD-full-width", block_size=6, max_running=3, token_budget=11)
     assert cfg.verify_width == "full"
     batcher, predictor = make_batcher_and_predictor(cfg, adapter)
     eng = Engine(

@@ -1,9 +1,10 @@
 """A cache with a slot for every expert (``EngineConfig.full_cache``): every
 offloaded engine fills it when built, as B3's, and runs none of the parts
 that only serve a miss (no predictor, no stream, no lookahead, no background
-copies, no PD controller, no 2-D scheduler, no hybrid service), so PD does
-per step exactly what B3 does (counted: function calls and aten ops);
-lossless; a smaller cache, or ``full_cache="off"``, runs as configured."""
+copies, no PD controller, no 2-D scheduler, no hybrid service, no adaptive
+verify width: every draft verified), so PD does per step exactly what B3
+does (counted: function calls and aten ops); lossless; a ``fixed:K`` width
+is kept; a smaller cache, or ``full_cache="off"``, runs as configured."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pdflash.engine.batching import (
 )
 from pdflash.engine.config import NOTHING_TO_MISS
 from pdflash.engine.engine import _without_2d_scheduler
+from pdflash.engine.verify_width import AdaptiveWidth, FixedWidth
 
 from .conftest import oracle_drafts
 from .test_engine_offloaded import MAX_NEW, _stack, offloaded_checkpoint
@@ -397,10 +399,11 @@ def test_b3_state_and_config_validation() -> None:
     pd = EngineConfig.preset("PD+host", byte_budget=1 << 20)
     cfg, off = pd.without_miss_parts()
     assert set(off) == set(NOTHING_TO_MISS)
-    flags = set(NOTHING_TO_MISS) - {"scheduler_2d", "host_experts"}
+    flags = set(NOTHING_TO_MISS) - {"scheduler_2d", "host_experts", "verify_width"}
     assert not any(getattr(cfg, part) for part in flags)
-    # the 2-D scheduler gives way to B3's FCFS, the host service is off; the
-    # width is PD's (every draft)
+    # the 2-D scheduler gives way to B3's FCFS, the host service is off, and
+    # PD's adaptive width verifies every draft
+    assert pd.verify_width == "adaptive"
     assert cfg.batching == "fcfs" and cfg.byte_budget is None
     assert cfg.host_experts == "off" and cfg.verify_width == "full"
     # what differs from B3's configuration is the label and B3's own switch
@@ -410,6 +413,84 @@ def test_b3_state_and_config_validation() -> None:
     assert set(pd_off) == set(NOTHING_TO_MISS) - {"host_experts"}
     b3_cfg, none = b3.without_miss_parts()
     assert none == {} and b3_cfg == b3
+    # a width asked for, fixed:K, is kept; full stays full
+    for width in ("fixed:2", "full"):
+        kept, kept_off = EngineConfig.preset("PD", verify_width=width).without_miss_parts()
+        assert kept.verify_width == width and "verify_width" not in kept_off
+    # the full-width arm differs from PD only by its label there
+    full_arm, full_arm_off = EngineConfig.preset("PD-full-width").without_miss_parts()
+    assert full_arm == cfg.replace(baseline="PD-full-width", host_experts="off")
+    assert set(full_arm_off) == set(pd_off) - {"verify_width"}
     # B2's token-only scheduler is its own part: kept
     b2, b2_off = EngineConfig.preset("B2").without_miss_parts()
     assert b2.batching == "deficit_tokens" and set(b2_off) == {"lookahead"}
+
+
+def test_an_adaptive_width_verifies_every_draft_at_a_full_cache(
+    checkpoint: tuple[Path, list[Any]],
+) -> None:
+    """PD's adaptive width narrows a verify only to save copies; where every
+    expert is resident there is none to save: no width policy runs (every
+    draft verified, as B3's), and the state says why. ``fixed:K`` was asked
+    for: kept. A smaller cache, or ``full_cache="off"``, keeps the adaptive
+    width."""
+    tmp, cases = checkpoint
+    sizes = {"block_size": 5, "max_running": 2, "token_budget": 8}
+    assert EngineConfig.preset("PD").verify_width == "adaptive"
+    eng, adapter, issuer = _stack(tmp, "x", "PD", cache_slots=FULL, **sizes)
+    try:
+        assert eng.config.verify_width == "full" and eng.width is None
+        why = eng.full_cache_state()["switched_off"]["verify_width"]
+        assert why == NOTHING_TO_MISS["verify_width"] and "every draft" in why
+        assert _outputs(eng, cases) == [ref for _, ref in cases]
+    finally:
+        issuer.close()
+    half = _every_expert(adapter) // 2
+    for slots, full_cache in ((FULL, "off"), (half, "auto")):
+        eng, _, issuer = _stack(tmp, "x", "PD", cache_slots=slots, full_cache=full_cache, **sizes)
+        try:
+            assert eng.config.verify_width == "adaptive"
+            assert eng.width is not None and isinstance(eng.width.policy, AdaptiveWidth)
+            assert "verify_width" not in eng.full_cache_state().get("switched_off", {})
+        finally:
+            issuer.close()
+    # fixed:K: the engine keeps the width it was asked for
+    eng, _, issuer = _stack(tmp, "x", "PD", cache_slots=FULL, verify_width="fixed:2", **sizes)
+    try:
+        assert eng.config.verify_width == "fixed:2"
+        assert "verify_width" not in eng.full_cache_state()["switched_off"]
+        assert eng.width is not None and isinstance(eng.width.policy, FixedWidth)
+        assert _outputs(eng, cases) == [ref for _, ref in cases]
+        stats = eng.width.policy.stats()
+        assert stats["decisions"] > 0 and stats["mean_width_drafts"] <= 2
+    finally:
+        issuer.close()
+
+
+def test_a_passed_timing_driven_width_policy_is_dropped_at_a_full_cache(
+    checkpoint: tuple[Path, list[Any]],
+) -> None:
+    """A width policy handed to the engine (as a controller is): one that
+    decides from measured timing is not used where nothing can miss (the
+    reason recorded even where the configuration said ``full``); a
+    ``fixed:K`` one is kept."""
+    tmp, cases = checkpoint
+    sizes = {"block_size": 5, "max_running": 2, "token_budget": 8}
+    adaptive = AdaptiveWidth(block_size=5, num_layers=4, num_experts=8, top_k=2, expert_bytes=1)
+    eng, _, issuer = _stack(tmp, "x", "PD-full-width", cache_slots=FULL, width=adaptive, **sizes)
+    try:
+        assert eng.width is None
+        assert "verify_width" in eng.full_cache_state()["switched_off"]
+    finally:
+        issuer.close()
+    fixed = FixedWidth(1, 5)
+    eng, _, issuer = _stack(tmp, "x", "PD", cache_slots=FULL, width=fixed, **sizes)
+    try:
+        # the passed fixed policy is what the caller asked for: it runs,
+        # and nothing says the width was switched off
+        assert eng.width is not None and eng.width.policy is fixed
+        assert "verify_width" not in eng.full_cache_state()["switched_off"]
+        assert _outputs(eng, cases) == [ref for _, ref in cases]
+        assert fixed.stats()["mean_width_drafts"] <= 1
+    finally:
+        issuer.close()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pdflash.engine.config import EngineConfig
+from pdflash.engine.config import ABLATIONS, EngineConfig
 from pdflash.engine.engine import Engine, RequestState
 from pdflash.engine.sampling import SamplingParams
 from pdflash.engine.verify_width import (
@@ -500,15 +500,19 @@ def test_bad_settings_raise_clear_errors(bad: object, match: str) -> None:
 
 
 def test_presets_defaults() -> None:
-    # every draft verified by every preset but the adaptive-width arm
-    for label in ("PD", "PD+host", "PD-all-on", "PD-token-sched"):
-        assert EngineConfig.preset(label).verify_width == "full"
-    adaptive = EngineConfig.preset("PD-adaptive-width")
-    assert adaptive.verify_width == "adaptive"
+    # PD, PD+host and PD's ablations (PD with one part off) at the
+    # adaptive width; the full-width arm is PD verifying every draft
+    for label in ("PD", "PD+host", *ABLATIONS):
+        want = "full" if label == "PD-full-width" else "adaptive"
+        assert EngineConfig.preset(label).verify_width == want, label
+    full = EngineConfig.preset("PD-full-width")
     # PD, controller included, with only the width changed
-    assert adaptive.replace(baseline="PD", verify_width="full") == EngineConfig.preset("PD")
+    assert full.parts_controller
+    assert full.replace(baseline="PD", verify_width="adaptive") == EngineConfig.preset("PD")
     with pytest.raises(ValueError, match="unknown baseline"):
-        EngineConfig.preset("PD-full-width")  # retired: PD is that configuration now
+        EngineConfig.preset("PD-adaptive-width")  # retired: PD is that configuration now
+    # a hand-made configuration verifies every draft
+    assert EngineConfig().verify_width == "full"
     for label in ("B1", "B2", "B3"):
         assert EngineConfig.preset(label).verify_width == "full"
         assert EngineConfig.preset(label, verify_width="fixed:3").verify_width == "fixed:3"

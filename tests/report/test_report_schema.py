@@ -143,28 +143,37 @@ def test_exposed_fetch_consistent_with_issuer_wait_is_fine(make_row: Callable[..
     )
 
 
-def test_rows_of_the_retired_full_width_label_are_still_read(
-    matrix_rows: Callable[..., list[Row]],
+@pytest.mark.parametrize(
+    ("label", "width"),
+    # retired: PD at the adaptive width, recorded while PD's preset verified
+    # every draft; live: PD verifying every draft (the full-width arm)
+    [("PD-adaptive-width", "adaptive"), ("PD-full-width", "full")],
+)
+def test_rows_of_the_width_arms_are_read_under_their_own_label(
+    label: str, width: str, matrix_rows: Callable[..., list[Row]]
 ) -> None:
-    """``PD-full-width`` rows (PD verifying every draft, recorded while PD's
-    preset width was adaptive) validate, and the report and its ablation
-    table show them under their own label beside PD."""
+    """Rows of the retired ``PD-adaptive-width`` and of the live
+    ``PD-full-width`` validate, resolve ``auto`` to the width they ran at,
+    and the report and its ablation table show them under their own label
+    beside PD."""
     from pdflash.report.ablation import ablation_table
     from pdflash.report.evaluate import evaluate
-    from pdflash.report.schema import BASELINES, RETIRED_LABELS, resolved_width
+    from pdflash.report.schema import BASELINES, RETIRED_LABELS, ROW_LABELS, resolved_width
 
-    assert "PD-full-width" in RETIRED_LABELS and "PD-full-width" not in BASELINES
-    assert resolved_width("auto", "PD-full-width") == "full"
+    assert RETIRED_LABELS == ("PD-adaptive-width",) and label in ROW_LABELS
+    assert (label in BASELINES) == (label not in RETIRED_LABELS)
+    assert resolved_width("auto", label) == width
+    assert resolved_width("auto", "PD") == resolved_width("auto", "PD+host") == "adaptive"
     rows = matrix_rows()
-    old = [
-        dict(r, baseline="PD-full-width", verify_width={"setting": "full"})
+    arm = [
+        dict(r, baseline=label, verify_width={"setting": width})
         for r in rows
         if r["baseline"] == "PD"
     ]
-    assert old and validate_rows(rows + old) == []
-    variants = {e["variant"] for e in ablation_table(rows + old)}
-    assert variants == {"PD-full-width"}
-    assert "PD-full-width" in evaluate(rows + old)["ordering"][0]["tokens_per_s"]
+    assert arm and validate_rows(rows + arm) == []
+    variants = {e["variant"] for e in ablation_table(rows + arm)}
+    assert variants == {label}
+    assert label in evaluate(rows + arm)["ordering"][0]["tokens_per_s"]
 
 
 def test_host_planner_settings_read_what_the_planner_records() -> None:

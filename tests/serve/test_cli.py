@@ -160,11 +160,20 @@ def test_verify_width_reaches_the_engine_and_bad_values_are_refused(
         assert bundle.engine.config.verify_width == "fixed:2"
     finally:
         bundle.close()
-    preset = build_engine(ServeModelConfig(**base))  # type: ignore[arg-type]
+    # PD's preset: adaptive where a copy can be saved; on the CPU the cache
+    # holds every expert by default, and there every draft is verified
+    preset = build_engine(ServeModelConfig(**base, cache_fraction=0.5))  # type: ignore[arg-type]
     try:
-        assert preset.engine.config.verify_width == "full"  # PD's preset: every draft
+        assert preset.engine.config.verify_width == "adaptive"
+        assert preset.engine.width is not None
     finally:
         preset.close()
+    full = build_engine(ServeModelConfig(**base))  # type: ignore[arg-type]
+    try:
+        assert full.engine.config.verify_width == "full" and full.engine.width is None
+        assert "verify_width" in full.engine.full_cache_state()["switched_off"]
+    finally:
+        full.close()
     with pytest.raises(ValueError, match="exceeds the 3 drafts"):
         ServeModelConfig(**base, verify_width="fixed:5").validate()  # type: ignore[arg-type]
     rc = main(["generate", "--model", str(target), "--prompt", "x", "--verify-width", "wide"])
