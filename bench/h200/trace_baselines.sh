@@ -9,8 +9,9 @@
 # read at its best width (session 7: B2 at fixed:1 beat B2 at full) in the
 # same process as PD. The matrix plans point-major (per concurrency, then
 # per repeat): give each call the points its budget can finish.
-# Read the rows (trace/rows.jsonl): tokens/s per (label, width, c); PD at
-# its default width against the best (label, width) of B1/B2 per repeat.
+# Read the table bench/h200/trace_baselines_summary.py prints (also
+# trace_baselines_summary.json in the tar): tokens/s per (label, width, c);
+# PD at its default width against the best (label, width) of B1/B2 per repeat.
 # Defaults: gpt-oss-20b, 8 MoE layers, cache 0.2, c=1,4, labels PD,B1,B2,
 # widths adaptive,fixed:1, 32 new tokens, 4 repeats, BUDGET_S 400 (no new
 # run after it; killed at BUDGET_S + 80 s). About 8 s per run on the H200
@@ -36,6 +37,8 @@ ARGS="$ARGS --verify-width ${WIDTHS:-adaptive,fixed:1}"
 PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "trace=timeout -k 5 $((${budget%.*} + 80)) pdflash-bench matrix $ARGS --out $WORK/trace"
 rc=$?
+# the per-point table (PD at its width against the best B1/B2 configuration)
+python3 "$(dirname "$0")/trace_baselines_summary.py" "$WORK" || true
 tar czf "$OUT/$name.tgz" -C "$WORK" .
 rm -rf "$WORK"
 exit $rc

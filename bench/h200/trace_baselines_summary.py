@@ -1,0 +1,133 @@
+"""``trace_baselines.sh``'s summary: per point (arch, cache fraction,
+concurrency), every (label, verify width) configuration's tokens/s (median,
+t-based 95% interval of the mean over repeats), drafts verified, tau and MB
+per token; then PD at its preset width against the best B1/B2
+configuration (the one with the highest median): the per-repeat ratios,
+their median and the verdict from the two intervals ("within noise" where
+they overlap). Printed, and written to ``ROOT/trace_baselines_summary.json``.
+
+    python3 bench/h200/trace_baselines_summary.py ROOT   # ROOT/trace/rows.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+#: two-sided 97.5% quantiles of Student's t by degrees of freedom
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+#: the labels PD is held against (issue 14: never slower than their best)
+BASELINES = ("B1", "B2")
+
+
+def interval(values: list[float]) -> dict[str, Any]:
+    """n, median and (with two or more values) a t-based 95% interval of the mean."""
+    out: dict[str, Any] = {"n": len(values), "median": statistics.median(values)}
+    if len(values) >= 2:
+        mean = statistics.fmean(values)
+        half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+        out["mean_ci95"] = [mean - half, mean + half]
+    return out
+
+
+def verdict(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """``faster``/``slower`` (a against b) where the intervals do not overlap."""
+    if "mean_ci95" not in a or "mean_ci95" not in b:
+        return "too few repeats"
+    if a["mean_ci95"][0] > b["mean_ci95"][1]:
+        return "faster"
+    if a["mean_ci95"][1] < b["mean_ci95"][0]:
+        return "slower"
+    return "within noise"
+
+
+def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[dict[str, Any]]:
+    """The summary's points from the matrix ``rows`` (module docstring)."""
+    points: dict[tuple[Any, ...], dict[tuple[str, str], list[dict[str, Any]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for r in rows:
+        key = (r["arch"], r["cache_fraction"], r["concurrency"])
+        points[key][(r["baseline"], r["verify_width"]["setting"])].append(r)
+    out = []
+    for (arch, cache, conc), configs in sorted(points.items(), key=lambda kv: str(kv[0])):
+        entry: dict[str, Any] = {
+            "arch": arch,
+            "cache_fraction": cache,
+            "concurrency": conc,
+            "configs": {},
+        }
+        by_repeat: dict[tuple[str, str], dict[int, float]] = {}
+        for (label, width), runs in sorted(configs.items()):
+            tps = [float(r["output_tokens_per_s"]) for r in runs]
+            widths = [
+                r["verify_width"]["mean_width_drafts"]
+                for r in runs
+                if r["verify_width"].get("mean_width_drafts") is not None
+            ]
+            entry["configs"][f"{label} [{width}]"] = {
+                "tokens_per_s": interval(tps),
+                "drafts_verified_mean": statistics.fmean(widths) if widths else None,
+                "tau_mean": statistics.fmean(float(r["acceptance_length_mean"]) for r in runs),
+                "mb_per_token_median": statistics.median(
+                    float(r["bytes_per_token"]) / 1e6 for r in runs
+                ),
+                "sources": sorted(
+                    {f"{r['routing_source']}/{r['acceptance_source']}" for r in runs}
+                ),
+            }
+            by_repeat[(label, width)] = {
+                int(r["repeat"]): float(r["output_tokens_per_s"]) for r in runs
+            }
+        pd = by_repeat.get(("PD", pd_width))
+        bases = [c for c in by_repeat if c[0] in BASELINES]
+        if pd and bases:
+            best = max(bases, key=lambda c: statistics.median(by_repeat[c].values()))
+            repeats = sorted(set(pd) & set(by_repeat[best]))
+            ratios = [pd[k] / by_repeat[best][k] for k in repeats]
+            entry["pd_vs_best_baseline"] = {
+                "pd": f"PD [{pd_width}]",
+                "best": f"{best[0]} [{best[1]}]",
+                "pair_ratios": ratios,
+                "pair_ratio_median": statistics.median(ratios) if ratios else None,
+                "verdict": verdict(
+                    entry["configs"][f"PD [{pd_width}]"]["tokens_per_s"],
+                    entry["configs"][f"{best[0]} [{best[1]}]"]["tokens_per_s"],
+                ),
+            }
+        out.append(entry)
+    return out
+
+
+def main(root: Path) -> None:
+    rows = [json.loads(line) for line in (root / "trace" / "rows.jsonl").open()]
+    points = summarize(rows)
+    for p in points:
+        print(f"{p['arch']} cache {p['cache_fraction']} c={p['concurrency']}")
+        for name, c in p["configs"].items():
+            t = c["tokens_per_s"]
+            ci = t.get("mean_ci95")
+            ci_text = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "[one repeat]"
+            drafts = c["drafts_verified_mean"]
+            print(
+                f"  {name:16s} {t['median']:7.1f} {ci_text} n={t['n']} drafts "
+                f"{'-' if drafts is None else f'{drafts:.1f}'} tau {c['tau_mean']:.2f} "
+                f"MB/tok {c['mb_per_token_median']:.0f} ({', '.join(c['sources'])})"
+            )
+        cmp_ = p.get("pd_vs_best_baseline")
+        if cmp_:
+            print(
+                f"  {cmp_['pd']} / {cmp_['best']}: median of pairs "
+                f"{cmp_['pair_ratio_median']:.2f} "
+                f"({', '.join(f'{x:.2f}' for x in cmp_['pair_ratios'])}), {cmp_['verdict']}"
+            )
+    (root / "trace_baselines_summary.json").write_text(json.dumps({"points": points}, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

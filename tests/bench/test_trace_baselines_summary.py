@@ -1,0 +1,74 @@
+"""bench/h200/trace_baselines_summary.py: PD at its preset width against the
+best B1/B2 configuration per point, with per-repeat ratios and a verdict."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "trace_baselines_summary.py"
+
+
+def _module() -> Any:
+    spec = importlib.util.spec_from_file_location("trace_baselines_summary", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(label: str, width: str, repeat: int, tps: float, conc: int = 4) -> dict[str, Any]:
+    return {
+        "arch": "gpt-oss-20b",
+        "cache_fraction": 0.2,
+        "concurrency": conc,
+        "baseline": label,
+        "repeat": repeat,
+        "output_tokens_per_s": tps,
+        "verify_width": {"setting": width, "mean_width_drafts": 1.0},
+        "acceptance_length_mean": 1.5,
+        "bytes_per_token": 2e9,
+        "routing_source": "trace",
+        "acceptance_source": "trace",
+    }
+
+
+def _rows(pd: list[float], b1: list[float], b2: list[float]) -> list[dict[str, Any]]:
+    out = []
+    for k in range(len(pd)):
+        out += [
+            _row("PD", "adaptive", k, pd[k]),
+            _row("B1", "fixed:1", k, b1[k]),
+            _row("B2", "fixed:1", k, b2[k]),
+        ]
+    return out
+
+
+def test_pd_is_held_against_the_best_baseline_configuration_per_repeat() -> None:
+    mod = _module()
+    (point,) = mod.summarize(_rows([10, 11, 12], [9, 10, 11], [20, 22, 24]))
+    cmp_ = point["pd_vs_best_baseline"]
+    assert cmp_["best"] == "B2 [fixed:1]"
+    assert cmp_["pair_ratios"] == [0.5, 0.5, 0.5]
+    assert cmp_["verdict"] == "slower"
+    assert point["configs"]["PD [adaptive]"]["tokens_per_s"]["median"] == 11
+
+
+def test_overlapping_intervals_read_within_noise_and_one_repeat_has_no_verdict() -> None:
+    mod = _module()
+    (point,) = mod.summarize(_rows([10, 14, 12], [11, 13, 12], [9, 10, 11]))
+    assert point["pd_vs_best_baseline"]["verdict"] == "within noise"
+    (single,) = mod.summarize(_rows([10], [11], [9]))
+    assert single["pd_vs_best_baseline"]["verdict"] == "too few repeats"
+
+
+def test_main_writes_the_summary_beside_the_rows(tmp_path: Path) -> None:
+    mod = _module()
+    (tmp_path / "trace").mkdir()
+    rows = _rows([30, 31, 32], [10, 11, 12], [9, 10, 11])
+    (tmp_path / "trace" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mod.main(tmp_path)
+    written = json.loads((tmp_path / "trace_baselines_summary.json").read_text())
+    assert written["points"][0]["pd_vs_best_baseline"]["verdict"] == "faster"
