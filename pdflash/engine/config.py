@@ -170,7 +170,8 @@ class EngineConfig:
             gated; the controller still probes PD's other parts). Without
             the controller the service runs in every step either way.
             ``always`` needs ``host_experts`` ``auto`` (ValueError otherwise).
-            Opt-in, not yet measured on a GPU.
+            Opt-in: measured on the H200 at cache 0.2 only (README, "Hybrid
+            miss service").
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
