@@ -45,15 +45,16 @@
 # Everything is packed into ONE file, $OUT/hoston_ab.tgz (after the build
 # and after the step: a call cut by its limit still returns what finished).
 # Expected: build ~30 s; the step's first run loads the model and prepares
-# the host weights (~50 s), then 9 runs (3 arms x 3 points) per repeat,
-# longer than at 24 tokens (an estimate from session 15's 3-5 s at c=1/4 and
-# ~10 s at c=16: ~2.5x that, about 3 repeats), until BUDGET_S (default 430);
-# the step is killed at BUDGET_S + 50 s: under 9.5 minutes in all.
+# the host weights (~50 s), then 9 runs (3 arms x 3 points) per repeat at
+# ~5.5 s each on the H200 (sixteenth session: 8 repeats in BUDGET_S=400),
+# until BUDGET_S (default 430); the step is killed at BUDGET_S + 50 s:
+# under 9.5 minutes in all. The arms run at PD's preset verify width
+# (adaptive since the sixteenth session; that session's call ran at full).
 #   OUT=/path bash bench/h200/hoston_ab.sh
-# BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
+# BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / NAME / EXTRA (more
 # issue16.py options) override; SMOKE=1: the tiny CPU shape (a local check
 # of the script). The run itself is bench/h200/switches_ab.sh's.
 export ARMS=${ARMS:-PD,host=PD+host,hoston=PD+host:host_control=always}
-export NAME=hoston_ab BUDGET_S=${BUDGET_S:-430} MAX_NEW=${MAX_NEW:-64}
+export NAME=${NAME:-hoston_ab} BUDGET_S=${BUDGET_S:-430} MAX_NEW=${MAX_NEW:-64}
 [ "${SMOKE:-0}" = 1 ] || export POINTS=${POINTS:-0.2:1,0.2:4,0.2:16}
 exec bash "$(dirname "$0")/switches_ab.sh"
