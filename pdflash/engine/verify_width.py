@@ -105,9 +105,9 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   further out inherit the deepest measured rate. Not the whole block (the
   rule before): on a link-bound step every explored row routes to experts
   that must be copied, and on the H200's replayed proxy trace (τ ~1.5,
-  cache 0.2, c=4) the whole-block rounds were about a quarter of the
-  verified drafts and a fifth of their modeled link time for ~0.37
-  expected tokens each, ~8x the run's seconds per token
+  cache 0.2, c=4) the whole-block rounds were up to a quarter of the
+  verified drafts and a fifth of their modeled link time, for ~0.37
+  expected tokens each at ~8x the run's seconds per token
   (``bench/results/cpu/explore-2026-12-03``). Where rows are cheap the
   width already verifies them, so exploring is needed, and bounded, only
   where rows cost. A fixed schedule rather than an optimistic estimate: it
