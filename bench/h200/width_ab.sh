@@ -29,7 +29,7 @@
 #   width/avail      PD's mean verified drafts of the mean available
 #                    (cache 1.0: no policy ran, every draft verified;
 #                    cache 0.2: under 1 where narrowing pays)
-#   explore          PD's exploration decisions (every 17th verifies all)
+#   explore          PD's exploration decisions (every 17th verifies past its width)
 #   t_row / t_row_fit  PD's charged per-row compute (the lower confidence
 #                    bound) and the recent steps' slope it is the bound of
 #   S(1..8)          PD's survival estimate (the forced draws' realized

@@ -93,17 +93,30 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   inherited rate of the position before) would never be corrected, and the
   width it justified would stay (the exploration trap). Every 17th decision
   (``explore_every``; the decisions counted from the first measured step)
-  therefore verifies that request's every draft: each depth keeps being
-  measured at a known rate, so the survival estimate converges at every
-  depth, while the cost stays bounded (one request-round in 17 at full
-  width; the other requests of that step are chosen with it, so they widen
-  where its rows make theirs cheaper). A fixed schedule rather than an
-  optimistic estimate: it is deterministic, costs the same whatever the
-  estimates, and measures the deep positions without censoring. 17, a
-  prime, so that with a steady batch of ``c`` requests the exploring steps
-  do not fall into a fixed step pattern (the PD controller's paired probes
-  alternate AB, BA: a period of 16 decisions would put every exploring
-  step of a 4-request batch in the same arm).
+  therefore verifies that request past the width it would otherwise get,
+  ``w``: to ``min(n, max(w + 2, 2w))`` drafts (:func:`explore_widths`; the
+  other requests of that step are chosen again with it, so they widen where
+  its rows make theirs cheaper). The positions just past the width are what
+  decides whether widening pays (``S`` falls with depth, so a row deeper
+  than one not worth verifying is rarely worth it); measured there, an
+  estimate that was low is corrected, the width grows, and the next
+  exploration reaches past the new width: the width climbs to where the
+  acceptance pays for it, doubling at most per exploration. Positions
+  further out inherit the deepest measured rate. Not the whole block (the
+  rule before): on a link-bound step every explored row routes to experts
+  that must be copied, and on the H200's replayed proxy trace (τ ~1.5,
+  cache 0.2, c=4) the whole-block rounds were up to a quarter of the
+  verified drafts and a fifth of their modeled link time, for ~0.37
+  expected tokens each at ~8x the run's seconds per token
+  (``bench/results/cpu/explore-2026-12-03``). Where rows are cheap the
+  width already verifies them, so exploring is needed, and bounded, only
+  where rows cost. A fixed schedule rather than an optimistic estimate: it
+  is deterministic, its cost is bounded whatever the estimates, and it
+  measures the positions past the width without censoring them at the
+  width. 17, a prime, so that with a steady batch of ``c`` requests the
+  exploring steps do not fall into a fixed step pattern (the PD
+  controller's paired probes alternate AB, BA: a period of 16 decisions
+  would put every exploring step of a 4-request batch in the same arm).
 
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
@@ -434,8 +447,8 @@ class UnionGrowth:
     (ties: the smaller ``a``). Deterministic given the observations. Past
     the largest observed row count the curve extrapolates its own form (it
     keeps levelling off toward ``S``); a later observation there corrects
-    it (the adaptive width's exploration rounds verify every draft, the
-    largest row counts of the run).
+    it (the adaptive width's exploration rounds verify past the width, up
+    to twice it, so the row counts observed climb with the width).
     """
 
     #: novelty rates per stage of the fit's grid search
@@ -598,6 +611,40 @@ def best_batch_widths(
     return out
 
 
+def explored_width(width: int, available: int, reach: int = 2) -> int:
+    """The drafts an exploring decision verifies: ``min(available,
+    max(width + reach, 2 width))`` (past the width the request would
+    otherwise get, doubling it at most; module docstring)."""
+    return min(available, max(width + reach, 2 * width))
+
+
+def explore_widths(
+    survivals: Sequence[Sequence[float]],
+    step_time: Callable[[int], float],
+    exploring: Sequence[bool],
+    reach: int = 2,
+) -> tuple[list[int], list[int]]:
+    """``(chosen, unexplored)``: the widths of :func:`best_batch_widths`
+    (``k_min`` 1) without exploration, and with every ``exploring`` request
+    verifying exactly :func:`explored_width` of its unexplored width (the
+    others chosen again with those rows in the step)."""
+    if len(exploring) != len(survivals):
+        raise ValueError(f"exploring has {len(exploring)} flags for {len(survivals)} requests")
+    base = best_batch_widths(survivals, step_time, k_min=1)
+    if not any(exploring):
+        return base, base
+    cut, mins = [], []
+    for s, k, e in zip(survivals, base, exploring, strict=True):
+        if e:
+            k = explored_width(k, len(s), reach)
+            cut.append(s[:k])
+            mins.append(k)
+        else:
+            cut.append(s)
+            mins.append(1)
+    return best_batch_widths(cut, step_time, k_min=mins), base
+
+
 class AdaptiveWidth:
     """Acceptance- and expert-byte-aware width (module docstring).
 
@@ -608,8 +655,8 @@ class AdaptiveWidth:
         prior_accept, prior_weight, shrink_weight: see :class:`SurvivalEstimator`.
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
-            from the first measured step) verifies the request's every draft
-            (0: never).
+            from the first measured step) verifies the request past its
+            width, to :func:`explored_width` (0: never).
     """
 
     name = "adaptive"
@@ -622,6 +669,8 @@ class AdaptiveWidth:
     #: weight a step keeps in the charged fit per later step (half-life
     #: about 7 steps: the fit follows the current cost, warm-up forgotten)
     FIT_MEMORY = 0.9
+    #: an exploring decision verifies at least this many drafts past its width
+    EXPLORE_REACH = 2
 
     def __init__(
         self,
@@ -650,6 +699,8 @@ class AdaptiveWidth:
         self.explore_every = explore_every
         self._decision_count = 0  # decisions since the first measured step
         self._explored = 0  # of them, exploration rounds (books: reset_stats)
+        self._explored_drafts = 0  # drafts the exploring decisions verified
+        self._explore_added = 0  # drafts the exploring steps added, all their requests
         self.block_drafts = block_size - 1
         self.num_layers = num_layers
         self.expert_bytes = expert_bytes
@@ -808,20 +859,25 @@ class AdaptiveWidth:
             self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
             for r in requests
         ]
-        mins = []
+        exploring = []
         for r in requests:
             self._decision_count += 1
-            explore = self.explore_every > 0 and self._decision_count % self.explore_every == 0
-            if explore and r.available > 1:
-                self._explored += 1
-            mins.append(r.available if explore else 1)
+            due = self.explore_every > 0 and self._decision_count % self.explore_every == 0
+            exploring.append(due and r.available > 1)
         t_fixed, t_row = fit
         beta = self.exposed_share()
 
         def step_s(drafted: int) -> float:  # step_time(c, drafted), the fit read once
             return t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
 
-        out = best_batch_widths([s.tolist() for s in survs], step_s, k_min=mins)
+        lists = [s.tolist() for s in survs]
+        out, base = explore_widths(lists, step_s, exploring, self.EXPLORE_REACH)
+        for e, k, b in zip(exploring, out, base, strict=True):
+            if e and k > b:  # a request already at its every draft has nothing to explore
+                self._explored += 1
+                self._explored_drafts += k
+        if any(exploring):
+            self._explore_added += sum(out) - sum(base)
         for r, s, k in zip(requests, survs, out, strict=True):
             self._expected[r.request_id] = s
             self._books.decided(r.available, k)
@@ -920,8 +976,12 @@ class AdaptiveWidth:
 
     def stats(self) -> dict[str, Any]:
         out = self._books.summary(self.name)
-        # decisions that verified every draft to measure the deep positions
+        # decisions that verified past their width to measure the positions
+        # there, the drafts they verified, and the drafts their steps verified
+        # beyond the unexplored widths (every request of those steps)
         out["exploration_decisions"] = self._explored
+        out["exploration_drafts"] = self._explored_drafts
+        out["exploration_added_drafts"] = self._explore_added
         fit = self.time_fit()
         slope, se = self.row_cost_fit()
         surv = np.cumprod(self.survival.global_continuation())
@@ -955,6 +1015,8 @@ class AdaptiveWidth:
     def reset_stats(self) -> None:
         self._books.reset()
         self._explored = 0
+        self._explored_drafts = 0
+        self._explore_added = 0
 
 
 def _slope_and_error(

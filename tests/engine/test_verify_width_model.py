@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pdflash.engine.verify_width import UnionGrowth, best_batch_widths
+from pdflash.engine.verify_width import UnionGrowth, best_batch_widths, explore_widths
 
 from .test_verify_width import WidthPlant
 
@@ -257,3 +257,48 @@ def test_recorded_proxy_runs_still_narrow_with_the_fitted_union(c: int) -> None:
     old, _ = _recorded_widths(PROXY[c], c, 11, fitted=False)
     new, gain = _recorded_widths(PROXY[c], c, 11, fitted=True)
     assert old == [1] * c and new == [1] * c and gain > 1.1
+
+
+# bench/results/h200/session16-2026-12-03/call3-trace-qwen3-c1c4, PD adaptive,
+# Qwen3-30B-A3B shape (8 layers, top-8 of 128, 9437184-byte experts), the
+# proxy trace replayed, cache 0.2, c=4, repeat 0: its end-of-run estimates
+# (link exposed share 0.58: not link-bound by the rule, copies partly hidden).
+QWEN_C4 = {
+    "miss_rate": 1.3240,
+    "link_bytes_per_s": 51.68e9,
+    "t_fixed_s": 0.06736,
+    "link_exposed_share": 0.5844,
+    "union_novelty": 0.06148,
+    "union_saturation": 114.61,
+    "survival": [0.443, 0.2187, 0.0817, 0.0305, 0.0114, 0.0043, 0.0016, 0.0006],
+}
+
+
+def test_recorded_qwen_run_explores_for_a_fifth_of_the_whole_blocks_cost() -> None:
+    # the recorded estimates choose 2 drafts a request; an exploring
+    # decision now verifies 4 (the step +5% modeled time, -3% modeled
+    # tokens/s), where the whole block (the rule the run used) verified 15
+    # and widened the others to 3 (+28%, -17%)
+    rec, c = QWEN_C4, 4
+    s = list(rec["survival"])
+    while len(s) < 15:
+        s.append(s[-1] * s[-1] / s[-2])
+    survs = [s] * c
+    per_expert = rec["miss_rate"] * 9437184 / rec["link_bytes_per_s"] * 8
+    a, sat = rec["union_novelty"], rec["union_saturation"]
+
+    def step_s(drafted: int) -> float:
+        union = sat - (sat - 8) * (1 - a) ** (c + drafted - 1)
+        return rec["t_fixed_s"] + rec["link_exposed_share"] * per_expert * union
+
+    def rate(widths: list[int]) -> float:
+        tokens = c + sum(sum(sv[:k]) for sv, k in zip(survs, widths, strict=True))
+        return tokens / step_s(sum(widths))
+
+    chosen, base = explore_widths(survs, step_s, [True, False, False, False])
+    whole = best_batch_widths(survs, step_s, k_min=[15, 1, 1, 1])
+    assert base == [2] * 4 and chosen == [4, 2, 2, 2] and whole == [15, 3, 3, 3]
+    extra_now = step_s(sum(chosen)) - step_s(sum(base))
+    extra_before = step_s(sum(whole)) - step_s(sum(base))
+    assert 0.0 < extra_now < extra_before / 5
+    assert rate(chosen) > 0.95 * rate(base) and rate(whole) < 0.85 * rate(base)
