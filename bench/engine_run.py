@@ -278,6 +278,14 @@ class RunSpec:
             return EngineConfig.preset(self.baseline).verify_width
         return "full" if self.baseline == "B0" else self.verify_width
 
+    def resolved_eviction(self) -> str:
+        """The eviction policy the run uses: ``auto`` is ``layer_cyclic`` for
+        every baseline."""
+        # NOTE: Belady at layer granularity for every baseline: the forward
+        # visits layers cyclically, which LRU thrashes; a fair comparison gives
+        # the baselines the same policy PD uses
+        return "layer_cyclic" if self.eviction == "auto" else self.eviction
+
     def engine_config(self) -> EngineConfig:
         """The engine configuration this run builds from its label's preset
         and its settings (before the run's measured byte budget and, on
@@ -989,12 +997,7 @@ def _run(
             measure_hbm_gbps(device)
     all_resident = spec.baseline == "B3"
     fraction = 1.0 if all_resident else spec.cache_fraction
-    eviction = spec.eviction
-    if eviction == "auto":
-        # Belady at layer granularity for every baseline: the forward visits
-        # layers cyclically, which LRU thrashes; a fair comparison gives the
-        # baselines the same policy PD uses
-        eviction = "layer_cyclic"
+    eviction = spec.resolved_eviction()
     with setup.phase("expert_cache"):
         cache = adapter.attach_new_cache(
             issuer,

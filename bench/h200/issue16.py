@@ -217,12 +217,14 @@ def resolved_run(spec: Any) -> tuple[Any, ...]:
     """What a run of ``spec`` (a RunSpec) runs: the engine configuration its
     label's preset and settings build, and its other fields, each run setting
     resolved as the report keys rows (``pdflash.report.schema.RUN_SETTINGS``:
-    e.g. the marginal rule where it cannot apply, an int or a float share).
+    e.g. the marginal rule where it cannot apply, an int or a float share) and
+    the eviction policy as the run resolves it (``auto`` is ``layer_cyclic``).
     Two specs with one resolved run run one configuration."""
     from pdflash.report.schema import RUN_SETTINGS
 
     fields = dataclasses.asdict(spec)
     resolved = {s.name: s.of_spec(fields) for s in RUN_SETTINGS if s.in_spec and s.name in fields}
+    resolved["eviction"] = spec.resolved_eviction()
     rest = {k: resolved.get(k, v) for k, v in fields.items() if k not in _IN_ENGINE_CONFIG}
     return (spec.engine_config(), tuple(sorted((k, repr(v)) for k, v in rest.items())))
 

@@ -113,9 +113,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         import torch
         from pdflash.bench.proxy.decode import evaluate
         from pdflash.bench.proxy.drafter import load_target
-        from pdflash.bench.proxy.target import heldout_prompts, resolve_device
+        from pdflash.bench.proxy.target import heldout_prompts
 
         from pdflash.engine.drafter import load_drafter
+        from pdflash.serve.build import resolve_device
 
         dev = resolve_device(args.device)
         target = load_target(args.target, dev, torch.float32)

@@ -433,11 +433,12 @@ def train_drafter(
         bf16_autocast,
         device_description,
         lr_at,
-        resolve_device,
         run_fraction,
         set_lr,
         weights_sha256,
     )
+
+    from pdflash.serve.build import resolve_device
 
     wall0 = time.perf_counter()
     budget = float(preset.time_budget_s if time_budget_s is None else time_budget_s)

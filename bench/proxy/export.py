@@ -32,10 +32,11 @@ def export_trace(
     from pdflash.bench.proxy.decode import speculative_decode
     from pdflash.bench.proxy.drafter import load_target
     from pdflash.bench.proxy.routing_stats import capture_routing
-    from pdflash.bench.proxy.target import heldout_prompts, resolve_device, weights_sha256
+    from pdflash.bench.proxy.target import heldout_prompts, weights_sha256
 
     from pdflash.engine.drafter import load_drafter
     from pdflash.engine.sampling import SamplingParams
+    from pdflash.serve.build import resolve_device
 
     dev = resolve_device(device)
     # NOTE: fp32 on every device: the trace's routing must not depend on

@@ -150,14 +150,6 @@ def prepare_data(
     )
 
 
-def resolve_device(device: str) -> Any:
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def lr_at(frac: float, preset_lr: float, warmup_frac: float, min_lr_frac: float) -> float:
     """Linear warmup over ``warmup_frac``, then cosine to ``min_lr_frac``."""
     frac = min(max(frac, 0.0), 1.0)
@@ -314,6 +306,8 @@ def train_target(
     from torch.nn import functional as F
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+    from pdflash.serve.build import resolve_device
+
     wall0 = time.perf_counter()
     budget = float(preset.time_budget_s if time_budget_s is None else time_budget_s)
     if budget <= 0:
@@ -333,7 +327,10 @@ def train_target(
 
     torch.manual_seed(seed)
     config = Qwen3MoeConfig(**preset.model_config())
-    model = Qwen3MoeForCausalLM(config).to(dev)
+    model = Qwen3MoeForCausalLM(config)
+    # NOTE: nn.Module.to, not model.to: transformers' typed wrapper of .to
+    # does not type-check as a bound method.
+    torch.nn.Module.to(model, dev)
     model.train()
     experts_impl = str(getattr(model.config, "_experts_implementation", "default"))
     if dev.type == "cuda" and use_autocast_grouped_mm(model):
@@ -471,7 +468,7 @@ def train_target(
     log(routing_stats.format_table(rows))
 
     save_dtype = getattr(torch, preset.save_dtype)
-    model = model.to(dtype=save_dtype).cpu()
+    torch.nn.Module.to(model, device="cpu", dtype=save_dtype)
     model.config.dtype = save_dtype
     if experts_impl == NAME:
         model.set_experts_implementation("grouped_mm")  # a name every reader knows

@@ -196,6 +196,13 @@ def test_check_arms_accepts_the_five_and_host_settings_with_host_experts() -> No
         issue16.check_arms(
             limited, {"layers": None, "concurrency": 4, "cache_fraction": 0.5}, ["tiny-gpt_oss"]
         )
+    # eviction=auto is layer_cyclic for every baseline: one run
+    cyclic = issue16.parse_arms("PD,cyc=PD:eviction=layer_cyclic")
+    with pytest.raises(ValueError, match=r"'PD' \(PD\) and 'cyc' .* run one configuration"):
+        issue16.check_arms(cyclic, {"layers": None}, ["tiny-gpt_oss"])
+    issue16.check_arms(
+        issue16.parse_arms("PD,lru=PD:eviction=lru"), {"layers": None}, ["tiny-gpt_oss"]
+    )
     with pytest.raises(ValueError, match="unknown arch"):
         issue16.check_arms(arms, {}, ["no-such-arch"])
 

@@ -233,3 +233,15 @@ def test_distinct_ratio_and_harmonic_mean() -> None:
     assert harmonic_mean([1.0, 4.0]) == pytest.approx(1.6)
     with pytest.raises(ValueError):
         harmonic_mean([])
+
+
+def test_asking_for_cuda_without_cuda_fails_with_the_librarys_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The proxy resolves devices through pdflash.serve.build.resolve_device, so
+    # a missing GPU is a clear error up front rather than a late torch failure.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="requested but CUDA is not available"):
+        dt.train_drafter(
+            tmp_path / "no-target", tmp_path / "out", drafter_preset("cpu-tiny"), device="cuda"
+        )
