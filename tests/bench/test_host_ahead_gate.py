@@ -33,7 +33,9 @@ class _Stop(Exception):
     pass
 
 
-def test_the_engine_suite_passes_it_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def spec_the_engine_suite_runs(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> RunSpec:
+    """The RunSpec ``pdflash-bench engine ARGV`` hands to its first run (the
+    run itself stopped before it starts)."""
     seen: list[RunSpec] = []
 
     def recording(spec: RunSpec, *_: Any, **__: Any) -> Any:
@@ -43,27 +45,51 @@ def test_the_engine_suite_passes_it_to_the_run(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(engine_run, "run_spec", recording)
     ap = argparse.ArgumentParser()
     engine.add_arguments(ap)
-    assert ap.parse_args([]).host_ahead_min_exposed == DEFAULT_HOST_AHEAD_MIN_EXPOSED
-    args = ap.parse_args(["--baselines", "PD+host", "--host-ahead-min-exposed", "0"])
     with pytest.raises(_Stop):
-        engine.run(args)
-    assert seen[0].host_ahead_min_exposed == 0.0
-    with pytest.raises(SystemExit):
-        ap.parse_args(["--host-ahead-min-exposed", "never"])
+        engine.run(ap.parse_args(argv))
+    return seen[0]
 
 
-def test_the_matrix_plans_spells_and_keys_it() -> None:
+def engine_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser()
+    engine.add_arguments(ap)
+    return ap
+
+
+def check_the_matrix_plans_spells_and_keys(
+    name: str, argv: list[str], value: Any, spelled: str
+) -> None:
+    """A matrix planned with ``argv`` (a run setting's flag and value) gives
+    every spec ``name`` = ``value`` and its command ``spelled``; one planned
+    without it names no ``name`` (its specs, so its resume keys, as before)
+    and is keyed apart."""
     ap = argparse.ArgumentParser()
     matrix.add_arguments(ap)
     plain_args = ap.parse_args(["--baselines", "PD+host"])
-    open_args = ap.parse_args(["--baselines", "PD+host", "--host-ahead-min-exposed", "0"])
-    plain, gate_open = matrix.plan(plain_args), matrix.plan(open_args)
-    # a plan without it is as before (its specs, so its resume keys, unchanged)
-    assert plain and all("host_ahead_min_exposed" not in s for s in plain)
-    assert gate_open and all(s["host_ahead_min_exposed"] == 0.0 for s in gate_open)
-    assert {matrix.spec_key(s) for s in plain}.isdisjoint(matrix.spec_key(s) for s in gate_open)
-    assert "--host-ahead-min-exposed" not in matrix.matrix_command(plain_args, Path("/tmp/x"))
-    assert "--host-ahead-min-exposed 0.0" in matrix.matrix_command(open_args, Path("/tmp/x"))
+    set_args = ap.parse_args(["--baselines", "PD+host", *argv])
+    plain, with_setting = matrix.plan(plain_args), matrix.plan(set_args)
+    assert plain and all(name not in s for s in plain)
+    assert with_setting and all(s[name] == value for s in with_setting)
+    assert {matrix.spec_key(s) for s in plain}.isdisjoint(matrix.spec_key(s) for s in with_setting)
+    assert argv[0] not in matrix.matrix_command(plain_args, Path("/tmp/x"))
+    assert spelled in matrix.matrix_command(set_args, Path("/tmp/x"))
+
+
+def test_the_engine_suite_passes_it_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert engine_parser().parse_args([]).host_ahead_min_exposed == DEFAULT_HOST_AHEAD_MIN_EXPOSED
+    argv = ["--baselines", "PD+host", "--host-ahead-min-exposed", "0"]
+    assert spec_the_engine_suite_runs(monkeypatch, argv).host_ahead_min_exposed == 0.0
+    with pytest.raises(SystemExit):
+        engine_parser().parse_args(["--host-ahead-min-exposed", "never"])
+
+
+def test_the_matrix_plans_spells_and_keys_it() -> None:
+    check_the_matrix_plans_spells_and_keys(
+        "host_ahead_min_exposed",
+        ["--host-ahead-min-exposed", "0"],
+        0.0,
+        "--host-ahead-min-exposed 0.0",
+    )
 
 
 def test_rows_are_keyed_by_the_gate_they_ran() -> None:

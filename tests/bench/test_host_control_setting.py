@@ -5,16 +5,20 @@ keyed by the report; rows older than the setting read as ``controller``."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pdflash.bench import engine_run
 from pdflash.bench.engine_run import RunSpec, run_spec
-from pdflash.bench.suites import engine, matrix
+from pdflash.bench.suites import matrix
 
 from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings, validate_row
+
+from .test_host_ahead_gate import (
+    check_the_matrix_plans_spells_and_keys,
+    engine_parser,
+    spec_the_engine_suite_runs,
+)
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "host_control"]
 
@@ -25,41 +29,18 @@ def test_the_default_is_the_engines_and_the_specs() -> None:
     assert matrix.HOST_DEFAULTS["host_control"] == "controller"
 
 
-class _Stop(Exception):
-    pass
-
-
 def test_the_engine_suite_passes_it_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[RunSpec] = []
-
-    def recording(spec: RunSpec, *_: Any, **__: Any) -> Any:
-        seen.append(spec)
-        raise _Stop
-
-    monkeypatch.setattr(engine_run, "run_spec", recording)
-    ap = argparse.ArgumentParser()
-    engine.add_arguments(ap)
-    assert ap.parse_args([]).host_control == "controller"
-    args = ap.parse_args(["--baselines", "PD+host", "--host-control", "always"])
-    with pytest.raises(_Stop):
-        engine.run(args)
-    assert seen[0].host_control == "always"
+    assert engine_parser().parse_args([]).host_control == "controller"
+    argv = ["--baselines", "PD+host", "--host-control", "always"]
+    assert spec_the_engine_suite_runs(monkeypatch, argv).host_control == "always"
     with pytest.raises(SystemExit):
-        ap.parse_args(["--host-control", "on"])
+        engine_parser().parse_args(["--host-control", "on"])
 
 
 def test_the_matrix_plans_spells_and_keys_it() -> None:
-    ap = argparse.ArgumentParser()
-    matrix.add_arguments(ap)
-    plain_args = ap.parse_args(["--baselines", "PD+host"])
-    on_args = ap.parse_args(["--baselines", "PD+host", "--host-control", "always"])
-    plain, always = matrix.plan(plain_args), matrix.plan(on_args)
-    # a plan without it is as before (its specs, so its resume keys, unchanged)
-    assert plain and all("host_control" not in s for s in plain)
-    assert always and all(s["host_control"] == "always" for s in always)
-    assert {matrix.spec_key(s) for s in plain}.isdisjoint(matrix.spec_key(s) for s in always)
-    assert "--host-control" not in matrix.matrix_command(plain_args, Path("/tmp/x"))
-    assert "--host-control always" in matrix.matrix_command(on_args, Path("/tmp/x"))
+    check_the_matrix_plans_spells_and_keys(
+        "host_control", ["--host-control", "always"], "always", "--host-control always"
+    )
 
 
 def test_specs_and_rows_are_keyed_by_it() -> None:
