@@ -171,12 +171,13 @@ class RankStack:
     """This rank's expert-parallel pieces inside one ``run_spec`` call."""
 
     def __init__(self, group: RankGroup, spec: RunSpec, adapter: Any, cache: Any) -> None:
-        from pdflash.distributed import BusiestRankByteCost, install_expert_parallel
+        from pdflash.distributed.worker import expert_parallel_stack
 
         self.group = group
         self.placement = placement_of(spec, adapter, group.world_size)
-        self.runtime, self.view = install_expert_parallel(adapter, cache, self.placement, group)
-        self.cost = BusiestRankByteCost(self.placement, int(cache.expert_nbytes))
+        self.runtime, self.view, self.cost = expert_parallel_stack(
+            adapter, cache, group, self.placement
+        )
         self.batchers: list[Any] = []
 
     def batcher(self, inner: Any, token_budget: int) -> Any:

@@ -51,6 +51,9 @@ class GreedyRunSpec:
     #: PD+host: the link rate the calibrated planner assumes (the host
     #: issuer backend has none)
     host_link_bytes_per_s: float = 1e9
+    #: every other :class:`~pdflash.engine.config.EngineConfig` setting
+    #: (e.g. ``host_ahead_min_exposed``), passed to the preset on every rank
+    engine_settings: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -88,6 +91,7 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             block_size=spec.block_size,
             max_running=spec.max_running,
             token_budget=spec.token_budget,
+            **spec.engine_settings,
         )
     )
     if config.all_resident:
@@ -187,6 +191,7 @@ def run_greedy(group: RankGroup | None, spec: GreedyRunSpec) -> dict[str, Any]:
             "host_packed_experts": int(adapter.store.num_packed),
             "host_model_bytes": int(adapter.store.total_nbytes),
             "host_books": None if host_service is None else host_service.books.to_json(),
+            "config": engine.config,
         }
         if group is not None:
             assert isinstance(batcher, ExpertParallelBatcher)

@@ -130,3 +130,19 @@ def test_two_gloo_ranks_match_single_process(checkpoint: Path) -> None:
                 # a host-served miss is not copied: fewer bytes than PD's on this rank
                 assert got["bytes_in"] < pd["bytes_in"]
     assert deferrals > 0  # the per-rank budget bound (and the greedy tokens held)
+
+
+def test_every_engine_setting_reaches_each_rank(checkpoint: Path) -> None:
+    """A non-default setting the run spec has no field of its own for
+    (``host_ahead_min_exposed``, default 0.2) reaches every rank's engine."""
+    spec = dataclasses.replace(
+        _spec(checkpoint, "PD+host", cache_slots=6),
+        host_every=2,
+        max_new_tokens=2,
+        engine_settings={"host_ahead_min_exposed": 0.5},
+    )
+    single = run_greedy_all(None, [spec])[0]
+    per_rank = launch(run_greedy_all, 2, [spec], device="cpu")
+    assert single["config"].host_ahead_min_exposed == 0.5
+    assert [got[0]["config"].host_ahead_min_exposed for got in per_rank] == [0.5, 0.5]
+    assert all(got[0]["outputs"] == single["outputs"] for got in per_rank)
