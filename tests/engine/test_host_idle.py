@@ -27,19 +27,38 @@ def gpt_oss_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[A
     return offloaded_checkpoint(tmp_path_factory, "gpt_oss", (5, 8), seed=1)
 
 
+class ManualClock:
+    """An engine clock that moves only when told: step times the controller
+    reads are exactly what the test charges, whatever the box's load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class IdleCostlyPlanner(ForcedHostPlanner):
     """Hosts nothing, but each layer's plan costs ``cost_s`` of the forward
-    thread (an idle service that costs); counts its plans."""
+    thread (an idle service that costs): slept, or charged to ``clock``
+    where one is given; counts its plans."""
 
-    def __init__(self, cost_s: float) -> None:
+    def __init__(self, cost_s: float, clock: ManualClock | None = None) -> None:
         super().__init__(every=None, ids=())
         self.cost_s = cost_s
+        self.clock = clock
         self.plans = 0
         self.ahead_plans = 0
 
     def plan(self, layer: int, missed: Any, tokens: Any, link: LinkState) -> MissPlan:
         self.plans += 1
-        time.sleep(self.cost_s)
+        if self.clock is None:
+            time.sleep(self.cost_s)
+        else:
+            self.clock.advance(self.cost_s)
         return super().plan(layer, missed, tokens, link)
 
     def plan_ahead(self, expected_tokens: Any, resident: Any, link: LinkState) -> Any:
@@ -90,7 +109,7 @@ def test_a_costly_idle_service_is_switched_off_and_then_costs_nothing(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:
     """An engine run whose service hosts nothing but costs each layer with
-    misses 15 ms of the forward thread: the PD controller's host probe
+    misses 15 ms of the (manual) engine clock: the PD controller's host probe
     switches it off (must earn, a loss shown), and from then on no layer
     plans and no verify plans ahead (an off service is off)."""
     tmp, cases = gpt_oss_case
@@ -108,7 +127,19 @@ def test_a_costly_idle_service_is_switched_off_and_then_costs_nothing(
     )
     svc = eng.host_service
     assert svc is not None and eng.parts is not None and eng.parts.available.host_experts
-    planner = IdleCostlyPlanner(0.015)
+    # the engine's clock is charged 10 ms a forward (each embeds once) plus
+    # 15 ms a layer plan: the controller's step times do not depend on the
+    # box's load
+    clock = ManualClock()
+    eng.clock = clock
+    embed = adapter.embed
+
+    def charged_embed(*args: Any, **kwargs: Any) -> Any:
+        clock.advance(0.010)
+        return embed(*args, **kwargs)
+
+    adapter.embed = charged_embed
+    planner = IdleCostlyPlanner(0.015, clock)
     svc.planner = planner
     # on or off, no verify waits for the device to read the waiting share
     eng.timer.stall_s = _no_sync  # type: ignore[method-assign]
