@@ -81,30 +81,25 @@ class LRUPolicy:
         return _rank_take((self.last_use[candidates],), candidates, n)
 
 
-class LFUPolicy:
+class LFUPolicy(LRUPolicy):
     """Least frequently used: accesses counted over the whole run (an expert
     keeps its count across evictions, so a popular expert that was evicted
-    once is not treated as new); ties go to the least recently used."""
+    once is not treated as new); ties go to the least recently used (LRU's
+    books, kept as LRU keeps them)."""
 
     name = "lfu"
 
     def __init__(self) -> None:
+        super().__init__()
         self.count = np.zeros(0, dtype=np.int64)
-        self.last_use = np.zeros(0, dtype=np.int64)
 
     def reset(self, num_ids: int) -> None:
+        super().reset(num_ids)
         self.count = np.zeros(num_ids, dtype=np.int64)
-        self.last_use = np.full(num_ids, -1, dtype=np.int64)
 
     def on_access(self, flat_ids: IdArray, clock: int) -> None:
         np.add.at(self.count, flat_ids, 1)
-        self.last_use[flat_ids] = clock
-
-    def on_insert(self, flat_ids: IdArray, clock: int) -> None:
-        self.last_use[flat_ids] = clock
-
-    def on_evict(self, flat_ids: IdArray) -> None:
-        pass
+        super().on_access(flat_ids, clock)
 
     def victims(self, candidates: IdArray, n: int) -> IdArray:
         # lexsort: primary key is the last one (count), then last use, then id
