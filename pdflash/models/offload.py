@@ -1182,40 +1182,35 @@ def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
     return RowSort(key, position, token, offs)
 
 
-_ROW_TOKENS: dict[tuple[int, int, str], torch.Tensor] = {}
+_ARANGES: dict[tuple[int, int, bool, str], torch.Tensor] = {}
+
+
+def _cached_arange(
+    n: int, device: torch.device, div: int = 1, column: bool = False
+) -> torch.Tensor:
+    """``arange(n) // div`` on ``device``, as a column where ``column``
+    (cached: built once per shape, not on every layer call)."""
+    key = (n, div, column, str(device))
+    out = _ARANGES.get(key)
+    if out is None:
+        out = torch.arange(n, device=device)
+        if div != 1:
+            out = out // div
+        out = _ARANGES[key] = out.unsqueeze(1) if column else out
+    return out
 
 
 def _row_tokens(n: int, k: int, device: torch.device) -> torch.Tensor:
-    """``arange(n) // k`` on ``device`` (cached: each routed row's token)."""
-    key = (n, k, str(device))
-    tokens = _ROW_TOKENS.get(key)
-    if tokens is None:
-        tokens = _ROW_TOKENS[key] = torch.arange(n, device=device) // k
-    return tokens
-
-
-_GROUP_IDS: dict[tuple[int, str], torch.Tensor] = {}
+    """Each of ``n`` routed rows' token (``k`` rows a token)."""
+    return _cached_arange(n, device, div=k)
 
 
 def _group_ids(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device`` (cached: built once per size)."""
-    key = (n, str(device))
-    ids = _GROUP_IDS.get(key)
-    if ids is None:
-        ids = _GROUP_IDS[key] = torch.arange(n, device=device)
-    return ids
-
-
-_GROUP_COLUMNS: dict[tuple[int, str], torch.Tensor] = {}
+    return _cached_arange(n, device)
 
 
 def _group_column(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)[:, None]`` on ``device`` (cached, as :func:`_group_ids`)."""
-    key = (n, str(device))
-    col = _GROUP_COLUMNS.get(key)
-    if col is None:
-        col = _GROUP_COLUMNS[key] = _group_ids(n, device).unsqueeze(1)
-    return col
+    return _cached_arange(n, device, column=True)
 
 
 def _compact(
