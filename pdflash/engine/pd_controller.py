@@ -762,6 +762,14 @@ class PDController:
     def parts(self) -> PartsState:
         return self._parts
 
+    @property
+    def configured(self) -> PartsState:
+        """The configuration the controller's decisions hold: :attr:`parts`
+        outside a probe; during one, the configuration it started from (its
+        arm A; :attr:`parts` may be the flipped arm B, which no decision
+        chose)."""
+        return self._base if self._probing else self._parts
+
     def bind(self, available: PartsState) -> None:
         self._available = available
         self._books.available = available

@@ -881,3 +881,23 @@ def test_a_step_whose_rate_overflows_is_left_out_of_the_test() -> None:
             )
         )
     assert ctl.summary()["probes"] >= 1
+
+
+def test_configured_is_the_decided_configuration_while_a_probe_flips_a_part() -> None:
+    """Outside a probe ``configured`` is ``parts``; inside one, ``parts``
+    is arm A or the flipped arm B by turns, and ``configured`` stays the
+    configuration the probe started from (no decision chose arm B)."""
+    ctl = PDController()
+    ctl.bind(PartsState(host_experts=False))
+    plant = Plant({})  # no part changes anything: no probe switches
+    flipped = False
+    for _ in range(200):
+        if ctl.parts != ctl.configured:
+            flipped = True
+            assert ctl.configured == PartsState(host_experts=False)
+            assert sum(ctl.parts.on(p) != ctl.configured.on(p) for p in PARTS) == 1
+        else:
+            assert ctl.configured == ctl.parts
+        ctl.observe(plant.step(ctl.parts))
+    assert flipped, "no probe ran"
+    assert switches(ctl) == []
