@@ -251,10 +251,7 @@ class EngineConfig:
             raise ValueError(
                 f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"
             )
-        if self.host_control not in HOST_CONTROLS:
-            raise ValueError(
-                f"host_control must be one of {HOST_CONTROLS}, got {self.host_control!r}"
-            )
+        check_host_control(self.host_control)
         if self.host_control == "always" and self.host_experts == "off":
             raise ValueError(
                 "host_control 'always' needs host_experts 'auto' (with host_experts off there "
@@ -352,6 +349,13 @@ class EngineConfig:
                 off[part] = why
                 changes[part] = False
         return self.replace(**changes), off
+
+
+def check_host_control(value: Any) -> None:
+    """Raise ValueError unless ``value`` is one of :data:`HOST_CONTROLS`
+    (:attr:`EngineConfig.host_control`, the PD controller's too)."""
+    if value not in HOST_CONTROLS:
+        raise ValueError(f"host_control must be one of {HOST_CONTROLS}, got {value!r}")
 
 
 def check_host_ahead_min_exposed(value: Any) -> None:

@@ -195,6 +195,7 @@ import numpy as np
 # who decides whether the host part runs (PDController's host_control):
 # ``controller`` (its gate and must-earn probes) or ``always``
 from pdflash.engine.config import HOST_CONTROLS as HOST_CONTROLS
+from pdflash.engine.config import check_host_control
 from pdflash.engine.verify_width import SurvivalEstimator
 
 if TYPE_CHECKING:
@@ -707,8 +708,7 @@ class PDController:
             raise ValueError(
                 f"host_gate_steps must be <= {HOST_GATE_WINDOW} (the window), got {host_gate_steps}"
             )
-        if host_control not in HOST_CONTROLS:
-            raise ValueError(f"host_control must be one of {HOST_CONTROLS}, got {host_control!r}")
+        check_host_control(host_control)
         self.host_control = host_control
         given = dict(stances or {})
         for part, stance in given.items():
