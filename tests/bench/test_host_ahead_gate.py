@@ -18,6 +18,16 @@ from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "host_ahead_min_exposed"]
 
+#: a PD+host row with no host setting recorded (and no spec naming one)
+PD_HOST_ROW: dict[str, Any] = {
+    "arch": "tiny",
+    "baseline": "PD+host",
+    "block_size": 16,
+    "concurrency": 4,
+    "cache_fraction": 0.2,
+    "repeat": 0,
+}
+
 
 def test_the_default_is_the_engines_and_the_specs() -> None:
     assert DEFAULT_HOST_AHEAD_MIN_EXPOSED == 0.2
@@ -107,13 +117,6 @@ def test_rows_are_keyed_by_the_gate_they_ran() -> None:
     assert SETTING.recorded(recorded) == 0.0
     assert SETTING.recorded({"host_ahead_gate": None}) == 0.2
     assert SETTING.recorded({}) == 0.2
-    row: dict[str, Any] = {
-        "arch": "tiny",
-        "baseline": "PD+host",
-        "block_size": 16,
-        "concurrency": 4,
-        "cache_fraction": 0.2,
-        "repeat": 0,
-    }
+    row = dict(PD_HOST_ROW)
     assert row_key(row) != row_key({**row, **recorded})
     assert row_key(row) == row_key({**row, "host_ahead_gate": {"min_exposed": 0.2}})

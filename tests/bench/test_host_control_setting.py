@@ -6,7 +6,6 @@ keyed by the report; rows older than the setting read as ``controller``."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pdflash.bench.engine_run import RunSpec, run_spec
@@ -15,6 +14,7 @@ from pdflash.bench.suites import matrix
 from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings, validate_row
 
 from .test_host_ahead_gate import (
+    PD_HOST_ROW,
     check_the_matrix_plans_spells_and_keys,
     engine_parser,
     spec_the_engine_suite_runs,
@@ -52,14 +52,7 @@ def test_specs_and_rows_are_keyed_by_it() -> None:
         assert spec_settings(plain) == spec_settings({**plain, "host_control": "always"})
     hosted = {**base, "baseline": "PD", "host_experts": "auto"}
     assert spec_settings(hosted) != spec_settings({**hosted, "host_control": "always"})
-    row: dict[str, Any] = {
-        "arch": "tiny",
-        "baseline": "PD+host",
-        "block_size": 16,
-        "concurrency": 4,
-        "cache_fraction": 0.2,
-        "repeat": 0,
-    }
+    row = dict(PD_HOST_ROW)
     # a row older than the setting (no record, no spec naming it): the controller
     assert SETTING.of_row(row) == "controller"
     assert SETTING.of_row({**row, "spec": dict(base)}) == "controller"
