@@ -12,38 +12,34 @@ they overlap). Printed, and written to ``ROOT/trace_baselines_summary.json``.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-#: two-sided 97.5% quantiles of Student's t by degrees of freedom
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+from pdflash.report.stats import compare, t_interval
+
 #: the labels PD is held against (issue 14: never slower than their best)
 BASELINES = ("B1", "B2")
 
 
 def interval(values: list[float]) -> dict[str, Any]:
-    """n, median and (with two or more values) a t-based 95% interval of the mean."""
+    """n, median and (with two or more values) the t-based 95% interval of
+    the mean (:func:`pdflash.report.stats.t_interval`)."""
     out: dict[str, Any] = {"n": len(values), "median": statistics.median(values)}
     if len(values) >= 2:
-        mean = statistics.fmean(values)
-        half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-        out["mean_ci95"] = [mean - half, mean + half]
+        iv = t_interval(values)
+        out["mean_ci95"] = [iv.low, iv.high]
     return out
 
 
-def verdict(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """``faster``/``slower`` (a against b) where the intervals do not overlap."""
-    if "mean_ci95" not in a or "mean_ci95" not in b:
+def verdict(a: list[float], b: list[float]) -> str:
+    """``faster``/``slower`` (tokens/s ``a`` against ``b``) where their t
+    intervals do not overlap (:func:`pdflash.report.stats.compare`)."""
+    if len(a) < 2 or len(b) < 2:
         return "too few repeats"
-    if a["mean_ci95"][0] > b["mean_ci95"][1]:
-        return "faster"
-    if a["mean_ci95"][1] < b["mean_ci95"][0]:
-        return "slower"
-    return "within noise"
+    return {"a": "faster", "b": "slower"}.get(compare(t_interval(a), t_interval(b)), "within noise")
 
 
 def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[dict[str, Any]]:
@@ -95,10 +91,7 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
                 "best": f"{best[0]} [{best[1]}]",
                 "pair_ratios": ratios,
                 "pair_ratio_median": statistics.median(ratios) if ratios else None,
-                "verdict": verdict(
-                    entry["configs"][f"PD [{pd_width}]"]["tokens_per_s"],
-                    entry["configs"][f"{best[0]} [{best[1]}]"]["tokens_per_s"],
-                ),
+                "verdict": verdict(list(pd.values()), list(by_repeat[best].values())),
             }
         out.append(entry)
     return out
