@@ -37,12 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-
-def union(rows: int, novelty: float, saturation: float, top_k: int) -> float:
-    """``U(rows) = S - (S - top_k)(1 - a)^(rows - 1)`` (UnionGrowth's form)."""
-    if rows <= 0:
-        return 0.0
-    return saturation - (saturation - top_k) * (1.0 - novelty) ** (rows - 1)
+from pdflash.engine.verify_width import union_curve
 
 
 def survival(est: dict[str, Any], depth: int) -> list[float]:
@@ -72,7 +67,11 @@ def analyze_row(row: dict[str, Any]) -> dict[str, Any] | None:
     a, sat = float(est["union_novelty"]), float(est["union_saturation"])
 
     def link_s(k: int) -> float:  # a lone request's k drafted rows
-        return per_expert * layers * (union(1 + k, a, sat, top_k) - union(1, a, sat, top_k))
+        return (
+            per_expert
+            * layers
+            * (union_curve(1 + k, a, sat, top_k) - union_curve(1, a, sat, top_k))
+        )
 
     beta = est.get("link_exposed_share")
     beta = 1.0 if beta is None else float(beta)

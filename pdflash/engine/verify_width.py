@@ -419,6 +419,15 @@ class SurvivalEstimator:
         return np.cumprod(self.continuation(request_id))
 
 
+def union_curve(rows: int, novelty: float, saturation: float, top_k: int) -> float:
+    """``U(rows) = S - (S - top_k)(1 - a)^(rows - 1)`` (0 for no rows): the
+    expected routed experts per layer of ``rows`` rows under
+    :class:`UnionGrowth`'s form, for a novelty rate ``a`` and saturation ``S``."""
+    if rows <= 0:
+        return 0.0
+    return saturation - (saturation - top_k) * (1.0 - novelty) ** (rows - 1)
+
+
 class UnionGrowth:
     """The per-layer routed union of a verify's ``r`` rows,
     ``U(r) = S - (S - top_k)(1 - a)^(r - 1)``: the first row routes to
@@ -533,10 +542,8 @@ class UnionGrowth:
 
     def union(self, rows: int) -> float:
         """``U(rows)``: expected routed experts per layer of ``rows`` rows."""
-        if rows <= 0:
-            return 0.0
         a, sat = self.fitted()
-        return sat - (sat - self.top_k) * (1.0 - a) ** (rows - 1)
+        return union_curve(rows, a, sat, self.top_k)
 
     def added(self, row: int) -> float:
         """``g(row)``: experts per layer row ``row`` (2 = first draft) adds."""
