@@ -774,6 +774,19 @@ def _gpt_oss_policy(experts: int = 32) -> AdaptiveWidth:
     )
 
 
+def _two_layer_policy(explore_every: int | None = None) -> AdaptiveWidth:
+    """A 16-token block over 2 layers of 64 top-2 experts, exploring every
+    ``explore_every`` decisions (None: the policy's default)."""
+    return AdaptiveWidth(
+        block_size=16,
+        num_layers=2,
+        num_experts=64,
+        top_k=2,
+        expert_bytes=1000,
+        **({} if explore_every is None else {"explore_every": explore_every}),
+    )
+
+
 def _survival_error(policy: AdaptiveWidth) -> float:
     est = np.array(policy.stats()["estimates"]["survival_global"])
     return float(np.max(np.abs(est - ALPHA ** np.arange(1, 9))))
@@ -869,14 +882,7 @@ def test_exploration_rounds_are_deterministic_and_every_seventeenth() -> None:
     never does."""
 
     def widths(every: int | None = None) -> list[list[int]]:
-        pol = AdaptiveWidth(
-            block_size=16,
-            num_layers=2,
-            num_experts=64,
-            top_k=2,
-            expert_bytes=1000,
-            **({} if every is None else {"explore_every": every}),
-        )
+        pol = _two_layer_policy(every)
         seen = []
         for step in range(13):
             ks = pol.widths([WidthRequest(r, 15) for r in range(3)])
@@ -972,14 +978,7 @@ def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate() 
     verifies the whole block by step 100, the survival estimate near 1."""
 
     def run(every: int) -> tuple[AdaptiveWidth, list[list[int]]]:
-        pol = AdaptiveWidth(
-            block_size=16,
-            num_layers=2,
-            num_experts=64,
-            top_k=2,
-            expert_bytes=1000,
-            explore_every=every,
-        )
+        pol = _two_layer_policy(every)
         seen = []
         for step in range(160):
             ks = pol.widths([WidthRequest(r, 15) for r in range(2)])
