@@ -14,12 +14,13 @@
 # PD at its default width against the best (label, width) of B1/B2 per repeat.
 # Defaults: gpt-oss-20b, 8 MoE layers, cache 0.2, c=1,4, labels PD,B1,B2,
 # widths adaptive,fixed:1, 32 new tokens, 4 repeats, BUDGET_S 400 (no new
-# run after it; killed at BUDGET_S + 80 s). About 8 s per run on the H200
+# run after it; killed at BUDGET_S + MARGIN_S, default 80 s). About 8 s per run on the H200
 # at c=1 and c=4. Tar: $OUT/$NAME.tgz (NAME default trace_baselines).
 #   OUT=/path bash bench/h200/trace_baselines.sh
 #   CONC=16 REPEATS=3 OUT=/path bash bench/h200/trace_baselines.sh
 # ARCH / CACHE / CONC / LABELS / WIDTHS / REPEATS / MAX_NEW / BUDGET_S /
-# NAME override; SKIP_BUILD=1 as bench/h200/run.sh takes it.
+# MARGIN_S / NAME override (bench/h200/widthmodel_ab.sh STEP=trace is this
+# with PD alone at three widths); SKIP_BUILD=1 as bench/h200/run.sh takes it.
 set -uo pipefail
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
@@ -35,7 +36,7 @@ ARGS="$ARGS --max-new-tokens ${MAX_NEW:-32} --repeats ${REPEATS:-4} --device cud
 ARGS="$ARGS --json --budget-s $budget --baselines ${LABELS:-PD,B1,B2}"
 ARGS="$ARGS --verify-width ${WIDTHS:-adaptive,fixed:1}"
 PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
-  "trace=timeout -k 5 $((${budget%.*} + 80)) pdflash-bench matrix $ARGS --out $WORK/trace"
+  "trace=timeout -k 5 $((${budget%.*} + ${MARGIN_S:-80})) pdflash-bench matrix $ARGS --out $WORK/trace"
 rc=$?
 # the per-point table (PD at its width against the best B1/B2 configuration)
 python3 "$(dirname "$0")/trace_baselines_summary.py" "$WORK" || true

@@ -36,7 +36,8 @@
 # should still narrow here (width ~1 at c=1 and c=4, as in the sixth
 # session's 1.0 and 1.2-1.7) and read within noise of fixed:1 and above
 # full (1.5-1.8x full at c=1 then). Killed at BUDGET_S (default 420) + 120 s:
-# under 10 minutes. Tar: $OUT/widthmodel_trace.tgz.
+# under 10 minutes. Tar: $OUT/widthmodel_trace.tgz (bench/h200/trace_baselines.sh's
+# run, which also writes its summary table).
 #
 #   OUT=/path bash bench/h200/widthmodel_ab.sh
 #   STEP=trace OUT=/path bash bench/h200/widthmodel_ab.sh
@@ -53,16 +54,10 @@ case "${STEP:-forced}" in
     exec bash "$(dirname "$0")/switches_ab.sh"
     ;;
   trace)
-    export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-    WORK=${WORK:-/tmp/widthmodel-trace}
-    mkdir -p "$OUT" "$WORK"
-    BUDGET_S=${BUDGET_S:-420}
-    TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
-    ARGS="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16 --concurrency 1,4,16 --cache-fraction 0.2 --prompt-len 64 --max-new-tokens 32 --repeats 3 --device cuda --no-progress --json --budget-s $BUDGET_S --baselines PD --verify-width full,adaptive,fixed:1"
-    OUT=$WORK bash "$(dirname "$0")/run.sh" "trace=timeout $((BUDGET_S + 120)) pdflash-bench matrix $ARGS --out $WORK/trace"
-    rc=$?
-    tar czf "$OUT/widthmodel_trace.tgz" -C "$WORK" .
-    exit $rc
+    # the PD-vs-baselines trace script with PD alone at three widths
+    export LABELS=PD WIDTHS=full,adaptive,fixed:1 CONC=1,4,16 REPEATS=3
+    export BUDGET_S=${BUDGET_S:-420} MARGIN_S=120 NAME=widthmodel_trace
+    exec bash "$(dirname "$0")/trace_baselines.sh"
     ;;
   *) echo "STEP must be forced or trace" >&2; exit 2 ;;
 esac
