@@ -44,3 +44,13 @@ def test_small_shapes_run_the_default_config_alone(n: int, k: int) -> None:
 def test_the_kernel_autotunes_through_the_pruning() -> None:
     tuner = kernels._grouped_qgemm_kernel
     assert tuner.early_config_prune is kernels._prune_configs
+
+
+def test_configs_from_the_environment_are_parsed_or_refused() -> None:
+    assert kernels.parse_configs("64:64:8:3,128:64:8:3:1:2") == [
+        (64, 64, 8, 3),
+        (128, 64, 8, 3, 1, 2),
+    ]
+    for bad in ("64:64:8", "64:64:8:3:2", "64:64:8:3:1:3", "a:b:c:d", "64:64:8:3,"):
+        with pytest.raises(ValueError, match="PDFLASH_FUSED_CONFIGS"):
+            kernels.parse_configs(bad)
