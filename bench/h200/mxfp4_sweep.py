@@ -28,6 +28,7 @@ check of this script. One JSON object on stdout's last line (``--json``)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -107,6 +108,25 @@ def _active_bytes(key: torch.Tensor, slab: dict[str, torch.Tensor]) -> int:
     return per_expert * int(key.unique().numel())
 
 
+def _mlp(
+    k: Any,
+    gate_up: Any,
+    down: Any,
+    x: torch.Tensor,
+    x_rows: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    block_m: int,
+    rows: torch.Tensor,
+    dot: str,
+) -> torch.Tensor:
+    h = k.grouped_qgemm(
+        x, x_rows, tiles, block_m, gate_up, act=k.ACT_GPTOSS, gate_up=(0, 1, 2), alpha=ALPHA,
+        limit=LIMIT, mxfp4_dot=dot,
+    )  # fmt: skip
+    out: torch.Tensor = k.grouped_qgemm(h, rows, tiles, block_m, down, mxfp4_dot=dot)
+    return out
+
+
 def _timed(fn: Any, iters: int, rounds: int) -> float:
     for _ in range(3):
         fn()
@@ -175,12 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             tuner.configs = [k._config(*config)]
             tuner.cache.clear()
 
-            def mlp(x=x, x_rows=x_rows, tiles=tiles, block_m=block_m, rows=rows, dot=dot):
-                h = k.grouped_qgemm(
-                    x, x_rows, tiles, block_m, gate_up, act=k.ACT_GPTOSS, gate_up=(0, 1, 2),
-                    alpha=ALPHA, limit=LIMIT, mxfp4_dot=dot,
-                )  # fmt: skip
-                return k.grouped_qgemm(h, rows, tiles, block_m, down, mxfp4_dot=dot)
+            mlp = functools.partial(_mlp, k, gate_up, down, x, x_rows, tiles, block_m, rows, dot)
 
             point: dict[str, Any] = {
                 "variant": variant, "config": [bn, bk, warps, stages], "tokens": tokens,
