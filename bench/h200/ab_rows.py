@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +35,13 @@ def by_point_and_arm(rows: list[Row]) -> dict[Point, dict[Any, list[Row]]]:
     return points
 
 
-def sorted_points(
-    points: dict[Point, dict[Any, list[Row]]],
-) -> list[tuple[Point, dict[Any, list[Row]]]]:
-    """The points in the summaries' print order."""
-    return sorted(points.items(), key=lambda kv: str(kv[0]))
-
-
-def point_entry(point: Point) -> dict[str, Any]:
-    """A summary's entry for ``point``, its ``arms`` for the summary to fill."""
-    arch, cf, conc = point
-    return {"arch": arch, "cache_fraction": cf, "concurrency": conc, "arms": {}}
+def point_entries(rows: list[Row]) -> Iterator[tuple[Point, dict[str, Any], dict[Any, list[Row]]]]:
+    """Each point of ``rows`` in the summaries' print order, with the
+    summary's entry for it (its ``arms`` for the summary to fill) and its
+    rows by arm (:func:`by_point_and_arm`)."""
+    for point, by_arm in sorted(by_point_and_arm(rows).items(), key=lambda kv: str(kv[0])):
+        arch, cf, conc = point
+        yield point, {"arch": arch, "cache_fraction": cf, "concurrency": conc, "arms": {}}, by_arm
 
 
 def median(values: Iterable[Any], as_float: bool = False) -> Any:

@@ -22,7 +22,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 # the steps write under WORK; run.sh packs it into ONE file in $OUT after each step
 WORK=$(mktemp -d)
-TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
+. "$(dirname "$0")/trace_args.sh"
 HOST="python3 -P -m pdflash.bench.eager_host --device cuda --layers 8 --cache-fraction 0.2 --steps 30 --trace $TRACE --arch gpt_oss"
 PACK="$OUT/eager_check.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "gputests=timeout 120 python3 -P -m pytest -q -p no:cacheprovider tests/models/test_routed_readback_gpu.py tests/engine/test_replay_vectorised.py" \

@@ -33,7 +33,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 # the steps write under WORK; run.sh packs it into ONE file in $OUT after each step
 WORK=$(mktemp -d)
-TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
+. "$(dirname "$0")/trace_args.sh"
 HOST="python3 -P -m pdflash.bench.eager_host --device cuda --layers 8 --cache-fraction 0.2 --steps 30 --trace $TRACE"
 RUN="arch=gpt-oss-20b,layers=8,weights=synthetic,draft=synthetic,routing_source=trace,acceptance=trace,trace=$TRACE,block_size=16,concurrency=1,cache_fraction=0.2,prompt_len=64,max_new_tokens=32,device=cuda,cuda_graphs=off"
 PACK="$OUT/eager_profile.tar.gz" OUT=$WORK bash "$(dirname "$0")/run.sh" \

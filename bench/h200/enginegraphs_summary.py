@@ -21,9 +21,7 @@ COUNTS = ("replays", "captures", "capture_failures", "mismatches", "evictions", 
 def main(root: Path) -> None:
     out = []
     print("== enginegraphs_ab: recorded all-resident layer calls per arm (rows' resident_graphs)")
-    for point, by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(ab_rows.load_rows(root))):
-        arch, cf, conc = point
-        entry = ab_rows.point_entry(point)
+    for (arch, cf, conc), entry, by_arm in ab_rows.point_entries(ab_rows.load_rows(root)):
         for arm, rs in by_arm.items():
             rec = [r.get("resident_graphs") or {} for r in rs]
             sums = {k: sum(int(g.get(k) or 0) for g in rec) for k in COUNTS}

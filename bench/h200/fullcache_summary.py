@@ -39,9 +39,7 @@ def main(root: Path) -> None:
             b3_tps[(r.get("arch"), r.get("concurrency"))].append(r.get("output_tokens_per_s"))
     out = []
     print("== fullcache_ab: per arm and point (medians over repeats)")
-    for point, by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(rows)):
-        arch, cf, conc = point
-        entry = ab_rows.point_entry(point)
+    for (arch, cf, conc), entry, by_arm in ab_rows.point_entries(rows):
         for arm, rs in by_arm.items():
             full = [r.get("full_cache") or {} for r in rs]
             verify_ms = [

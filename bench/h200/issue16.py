@@ -78,11 +78,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306}
+from pdflash.report.stats import compare, t_interval
 
 
 def interval(values: list[float]) -> dict[str, Any]:
-    """Median, min/max and a t-based 95% interval of the mean."""
+    """Median, min/max and (with two or more values) the t-based 95%
+    interval of the mean (:func:`pdflash.report.stats.t_interval`)."""
     if not values:
         return {"n": 0}
     out: dict[str, Any] = {
@@ -93,9 +94,8 @@ def interval(values: list[float]) -> dict[str, Any]:
         "values": values,
     }
     if len(values) >= 2:
-        mean = statistics.fmean(values)
-        half = T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
-        out["mean_ci95"] = [mean - half, mean + half]
+        iv = t_interval(values)
+        out["mean_ci95"] = [iv.low, iv.high]
     return out
 
 
@@ -293,17 +293,14 @@ def _service(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _verdict(a: dict[str, Any], b: dict[str, Any], name_a: str) -> str:
-    """``name_a`` faster / slower than the other where the 95% intervals do
-    not overlap; a side with one run has no interval, so no verdict."""
+    """``name_a`` faster / slower than the other (two :func:`interval`
+    summaries) where their 95% intervals do not overlap
+    (:func:`pdflash.report.stats.compare`); a side with one run has no
+    interval, so no verdict."""
     if "mean_ci95" not in a or "mean_ci95" not in b:
         return "too few runs"
-    lo_a, hi_a = a["mean_ci95"]
-    lo_b, hi_b = b["mean_ci95"]
-    if lo_a > hi_b:
-        return f"{name_a} faster"
-    if hi_a < lo_b:
-        return f"{name_a} slower"
-    return "within noise"
+    called = compare(t_interval(a["values"]), t_interval(b["values"]))
+    return {"a": f"{name_a} faster", "b": f"{name_a} slower"}.get(called, "within noise")
 
 
 def _median_of(rows: list[dict[str, Any]], read: Callable[[dict[str, Any]], Any]) -> float | None:

@@ -28,13 +28,10 @@ name=${NAME:-trace_baselines}
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 budget=${BUDGET_S:-400}
-TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
-ARGS="--arch ${ARCH:-gpt-oss-20b} --layers 8 --weights synthetic --draft synthetic"
-ARGS="$ARGS --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16"
-ARGS="$ARGS --concurrency ${CONC:-1,4} --cache-fraction ${CACHE:-0.2} --prompt-len 64"
-ARGS="$ARGS --max-new-tokens ${MAX_NEW:-32} --repeats ${REPEATS:-4} --device cuda --no-progress"
-ARGS="$ARGS --json --budget-s $budget --baselines ${LABELS:-PD,B1,B2}"
-ARGS="$ARGS --verify-width ${WIDTHS:-adaptive,fixed:1}"
+. "$(dirname "$0")/trace_args.sh"
+ARGS=$(trace_matrix_args "${ARCH:-gpt-oss-20b}" "${CONC:-1,4}" "${CACHE:-0.2}" \
+  "${MAX_NEW:-32}" "${REPEATS:-4}" "$budget")
+ARGS="$ARGS --baselines ${LABELS:-PD,B1,B2} --verify-width ${WIDTHS:-adaptive,fixed:1}"
 PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "trace=timeout -k 5 $((${budget%.*} + ${MARGIN_S:-80})) pdflash-bench matrix $ARGS --out $WORK/trace"
 rc=$?

@@ -34,8 +34,8 @@ WORK=${WORK:-/tmp/width-work}
 mkdir -p "$OUT" "$WORK"
 FIXED_K=${FIXED_K:-1}
 BUDGET_S=${BUDGET_S:-480}
-TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
-COMMON="--arch gpt-oss-20b --layers 8 --weights synthetic --draft synthetic --routing-source trace --acceptance trace --trace $TRACE --block-sizes 16 --concurrency 1,4,16 --cache-fraction 0.2 --prompt-len 64 --max-new-tokens 32 --repeats 3 --device cuda --no-progress --json --budget-s $BUDGET_S"
+. "$(dirname "$0")/trace_args.sh"
+COMMON=$(trace_matrix_args gpt-oss-20b 1,4,16 0.2 32 3 "$BUDGET_S")
 case "${STEP:-pd}" in
   pd) SPEC="pd=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD,PD-full-width --out $WORK/width-pd" ;;
   fixed) SPEC="fixed=timeout $((BUDGET_S + 120)) pdflash-bench matrix $COMMON --baselines B2,PD --verify-width fixed:$FIXED_K --out $WORK/width-fixed" ;;

@@ -32,9 +32,7 @@ def fmt(v: float | None, spec: str = ".3g") -> str:
 def main(root: Path) -> None:
     out = []
     print("== width_ab: adaptive verify width vs every draft (medians over repeats)")
-    for point, by_arm in ab_rows.sorted_points(ab_rows.by_point_and_arm(ab_rows.load_rows(root))):
-        arch, cf, conc = point
-        entry = ab_rows.point_entry(point)
+    for (arch, cf, conc), entry, by_arm in ab_rows.point_entries(ab_rows.load_rows(root)):
         for arm, rs in by_arm.items():
             vws = [r.get("verify_width") or {} for r in rs]
             est = [vw.get("estimates") or {} for vw in vws]

@@ -755,6 +755,11 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
     def csv(values: Sequence[Any]) -> str:
         return ",".join(str(v) for v in values)
 
+    def host_changed(name: str) -> Any:
+        """The host setting ``name`` where it differs from HOST_DEFAULTS, else None."""
+        value = getattr(args, name, HOST_DEFAULTS[name])
+        return None if value == HOST_DEFAULTS[name] else value
+
     parts = [
         "pdflash-bench matrix",
         f"--arch {csv(args.arch)}",
@@ -779,8 +784,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--emulated-link-gbps", args.emulated_link_gbps),
         ("--mean-tau", args.mean_tau),
         ("--budget-s", args.budget_s),
-        ("--host-workers", getattr(args, "host_workers", None)),
-        ("--host-threads", getattr(args, "host_threads", None)),
+        ("--host-workers", host_changed("host_workers")),
+        ("--host-threads", host_changed("host_threads")),
         ("--synthetic-format", getattr(args, "synthetic_format", None)),
         (
             "--synthetic-weights",
@@ -810,8 +815,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
     ):
         if value is not None:
             parts.append(f"{flag} {value}")
-    if getattr(args, "host_experts", "off") != "off":
-        parts.append(f"--host-experts {args.host_experts}")
+    if (experts := host_changed("host_experts")) is not None:
+        parts.append(f"--host-experts {experts}")
     if getattr(args, "temperature", 0.0):
         parts.append(f"--temperature {args.temperature}")
     if getattr(args, "routing_source", "model") != "model":
@@ -824,30 +829,14 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
             parts.append(f"--{name.replace('_', '-')} {value}")
     if getattr(args, "rate", None):
         parts.append(f"--rate {csv(args.rate)}")
-    if (
-        getattr(args, "host_max_ratio", HOST_DEFAULTS["host_max_ratio"])
-        != HOST_DEFAULTS["host_max_ratio"]
-    ):
-        parts.append(f"--host-max-ratio {args.host_max_ratio}")
-    tokens = getattr(args, "host_max_tokens", HOST_DEFAULTS["host_max_tokens"])
-    if tokens != HOST_DEFAULTS["host_max_tokens"]:
-        parts.append(f"--host-max-tokens {tokens}")
-    if getattr(args, "host_critical_path", False):
-        parts.append("--host-critical-path")
-    if getattr(args, "host_handoff", "thread") != "thread":
-        parts.append(f"--host-handoff {args.host_handoff}")
-    affinity = HOST_DEFAULTS["host_affinity"]
-    if getattr(args, "host_affinity", affinity) != affinity:
-        parts.append(f"--host-affinity {args.host_affinity}")
-    if getattr(args, "host_ahead", "certain") != "certain":
-        parts.append(f"--host-ahead {args.host_ahead}")
-    if getattr(args, "host_ahead_from", "predicted") != "predicted":
-        parts.append(f"--host-ahead-from {args.host_ahead_from}")
-    gate = HOST_DEFAULTS["host_ahead_min_exposed"]
-    if getattr(args, "host_ahead_min_exposed", gate) != gate:
-        parts.append(f"--host-ahead-min-exposed {args.host_ahead_min_exposed}")
-    if getattr(args, "host_control", "controller") != "controller":
-        parts.append(f"--host-control {args.host_control}")
+    # the other host settings, in HOST_DEFAULTS' order (a switch is spelled bare)
+    spelled_above = ("host_experts", "host_workers", "host_threads")
+    for name in HOST_DEFAULTS:
+        value = host_changed(name)
+        if name in spelled_above or value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        parts.append(flag if value is True else f"{flag} {value}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

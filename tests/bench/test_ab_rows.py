@@ -1,5 +1,6 @@
 """bench/h200/ab_rows.py: what the A/B summaries (enginegraphs, width,
-fullcache) build each point's entry, medians and JSON file with."""
+fullcache) walk their points and build each point's entry, medians and JSON
+file with."""
 
 from __future__ import annotations
 
@@ -27,18 +28,16 @@ def test_points_entries_medians_and_the_summary_file(tmp_path: Path) -> None:
     (tmp_path / "engine" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert ab_rows.load_rows(tmp_path) == rows
     assert ab_rows.load_rows(tmp_path / "absent") == []
-    points = ab_rows.sorted_points(ab_rows.by_point_and_arm(rows))
-    assert [p for p, _ in points] == [("a", 0.2, 1), ("a", 0.2, 4)]
-    assert {arm: [r["x"] for r in rs] for arm, rs in points[1][1].items()} == {
+    points = list(ab_rows.point_entries(rows))
+    assert [p for p, _, _ in points] == [("a", 0.2, 1), ("a", 0.2, 4)]
+    _, entry, by_arm = points[1]
+    assert {arm: [r["x"] for r in rs] for arm, rs in by_arm.items()} == {
         "PD": [1, 5],
         "B3": [3],
     }
-    assert ab_rows.point_entry(("a", 0.2, 4)) == {
-        "arch": "a",
-        "cache_fraction": 0.2,
-        "concurrency": 4,
-        "arms": {},
-    }
+    assert entry == {"arch": "a", "cache_fraction": 0.2, "concurrency": 4, "arms": {}}
+    # each point's entry is its own (a summary fills its arms)
+    assert points[0][1]["arms"] is not entry["arms"]
     # the numbers only (None and strings left out); as they are, or as floats
     values = [3, None, 1, "x", 2]
     assert ab_rows.median(values) == 2 and isinstance(ab_rows.median(values), int)

@@ -394,6 +394,50 @@ def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -
             parser.parse_args([*base.split(), "--verify-width", bad])
 
 
+def test_matrix_command_spells_a_host_setting_only_off_its_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each of HOST_DEFAULTS' settings is spelled where it differs from the
+    owner's default and left out at it (so plain commands stay as before)."""
+    import argparse
+
+    from pdflash.bench.suites import matrix
+
+    parser = argparse.ArgumentParser()
+    matrix.add_arguments(parser)
+    off_default = {
+        "host_experts": "--host-experts auto",
+        "host_workers": "--host-workers 2",
+        "host_threads": "--host-threads 3",
+        "host_max_ratio": "--host-max-ratio 2.0",
+        "host_max_tokens": "--host-max-tokens 0",
+        "host_critical_path": "--host-critical-path",
+        "host_handoff": "--host-handoff stream",
+        "host_affinity": "--host-affinity off",
+        "host_ahead": "--host-ahead weighted",
+        "host_ahead_from": "--host-ahead-from stream",
+        "host_ahead_min_exposed": "--host-ahead-min-exposed 0.5",
+        "host_control": "--host-control always",
+    }
+    # a new host setting needs its case here
+    assert set(off_default) == set(matrix.HOST_DEFAULTS)
+    plain = matrix.matrix_command(parser.parse_args([]), tmp_path)
+    for name, spelled in off_default.items():
+        args = parser.parse_args(spelled.split())
+        assert getattr(args, name) != matrix.HOST_DEFAULTS[name], name
+        assert spelled.split()[0] not in plain, name
+        assert f" {spelled} " in matrix.matrix_command(args, tmp_path), name
+    # the default given explicitly is not spelled either
+    at_default = parser.parse_args(
+        ["--host-max-ratio", str(matrix.HOST_DEFAULTS["host_max_ratio"])]
+    )
+    assert "--host-max-ratio" not in matrix.matrix_command(at_default, tmp_path)
+    # the owner decides: with stream as the default handoff, stream is not spelled
+    stream = parser.parse_args(["--host-handoff", "stream"])
+    monkeypatch.setitem(matrix.HOST_DEFAULTS, "host_handoff", "stream")
+    assert "--host-handoff" not in matrix.matrix_command(stream, tmp_path)
+
+
 def test_matrix_runs_every_label_at_each_listed_width_interleaved(tmp_path: Path) -> None:
     """A width list: each label at each width (a width that resolves to one
     already planned is dropped), the (label, width) runs rotated per repeat

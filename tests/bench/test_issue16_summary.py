@@ -26,9 +26,13 @@ _spec.loader.exec_module(issue16)
 def test_interval_hand_checked() -> None:
     out = issue16.interval([1.0, 2.0, 3.0])
     assert (out["n"], out["median"], out["min"], out["max"]) == (3, 2.0, 1.0, 3.0)
-    # mean 2, s = 1, t(0.975, 2) = 4.303: 2 -/+ 4.303 / sqrt(3)
+    # mean 2, s = 1, t(0.975, 2) = 4.3026527: 2 -/+ 4.3026527 / sqrt(3)
     lo, hi = out["mean_ci95"]
-    assert lo == pytest.approx(2 - 4.303 / 3**0.5) and hi == pytest.approx(2 + 4.303 / 3**0.5)
+    half = 4.3026527 / 3**0.5
+    assert (lo, hi) == pytest.approx((2 - half, 2 + half))
+    # ten values (9 degrees of freedom): t(0.975, 9) = 2.2621572, not the normal 1.96
+    lo, hi = issue16.interval([float(v) for v in range(10)])["mean_ci95"]
+    assert hi - lo == pytest.approx(2 * 2.2621572 * (55 / 6) ** 0.5 / 10**0.5)
     assert "mean_ci95" not in issue16.interval([5.0])
     assert issue16.interval([]) == {"n": 0}
 
