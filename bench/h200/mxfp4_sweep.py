@@ -5,10 +5,7 @@ which orientation and tiles read the MXFP4 bytes fastest (issue 13's
 "<= 2x the roofline" for the compressed slab).
 
 Variants: ``registers`` / ``scaled`` (MXFP4 values built in registers then
-``tl.dot``, or ``tl.dot_scaled``), each with the weights as the MMA's right
-operand (as the kernel has run so far) or, ``-swap``, as its left operand,
-and with the next 1 or 2 K blocks' weight bytes loaded ahead (``-pf1``,
-``-pf2``) or not.
+``tl.dot``, or ``tl.dot_scaled``).
 Each (variant, config) runs alone (the autotuner handed one config), every
 point checked against a dequantized fp32 reference of the same routed rows.
 
@@ -39,20 +36,8 @@ import torch
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2880, 2880, 32, 4
 ALPHA, LIMIT = 1.702, 7.0
-VARIANTS = tuple(
-    f"{dot}{swap}{pf}"
-    for dot in ("registers", "scaled")
-    for swap in ("", "-swap")
-    for pf in ("", "-pf1", "-pf2")
-)
-CONFIGS = "64:64:8:3,128:64:8:3,64:128:8:3,32:64:4:3,64:64:4:3"
-
-
-def _variant_config(variant: str, config: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
-    """(mxfp4_dot, the kernel config tuple) of a variant name."""
-    dot = "scaled" if variant.startswith("scaled") else "registers"
-    prefetch = int(variant.split("-pf")[1]) if "-pf" in variant else 0
-    return dot, (*config, int("-swap" in variant), prefetch)
+VARIANTS = ("registers", "scaled")
+CONFIGS = "32:64:2:3,64:64:2:3,32:128:2:3,32:64:4:3,64:64:4:3,128:64:4:3,64:64:8:3,64:128:8:3"
 
 
 def _slab(g: torch.Generator, dev: torch.device) -> dict[str, torch.Tensor]:
@@ -175,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     down = k.SlabWeight("mxfp4", slab["down_blocks"], slab["down_scales"], slab["down_bias"])
     configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
     grid = [(v, c) for v in args.variants.split(",") for c in configs]
+    unknown = {v for v, _ in grid} - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"--variants: {sorted(unknown)} not among {VARIANTS}")
     shard, shards = (int(v) for v in args.shard.split("/"))
     grid = grid[shard::shards]
     hbm = None if args.compile_only or args.smoke else measure_hbm_gbps(dev)
@@ -190,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         for variant, (bn, bk, warps, stages) in grid:
             if time.monotonic() - t_start > args.budget_s:
                 break
-            dot, config = _variant_config(variant, (bn, bk, warps, stages))
+            dot = variant
             tuner = k._grouped_qgemm_kernel
-            tuner.configs = [k._config(*config)]
+            tuner.configs = [k._config(bn, bk, warps, stages)]
             tuner.cache.clear()
 
             mlp = functools.partial(_mlp, k, gate_up, down, x, x_rows, tiles, block_m, rows, dot)

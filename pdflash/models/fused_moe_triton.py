@@ -65,49 +65,52 @@ _INTERPRETING = _interpreting()  # at import, as triton decides (decoration time
 
 def _configs() -> list[Any]:
     """sm_90 candidates for small M (few rows per group, many groups):
-    narrow N tiles for many programs, each with the weights as the MMA's
-    right operand (``SWAP_AB`` 0) or its left one (1: the token rows are the
-    narrow side). Dequantizing in registers is register hungry: 8 warps per
-    program keep every variant (MXFP4 in registers or through tl.dot_scaled,
-    FP8; BLOCK_M 16 to 64) from spilling (ptxas, sm_90a; wider tiles spill).
-    The interpreter (tests) runs one config; ``PDFLASH_FUSED_AUTOTUNE=0``
-    (read at import) runs :data:`DEFAULT_CONFIG` without tuning (no tuning
-    compiles, e.g. in GPU tests); ``PDFLASH_FUSED_CONFIGS`` (read at import)
-    replaces the candidates (:func:`parse_configs`); shapes under
-    :data:`TUNE_MIN_WEIGHTS` tune only the default (:func:`_prune_configs`)."""
+    narrow N tiles for many programs, and few warps per program: the loads
+    of the weight bytes are not software-pipelined (they feed arithmetic,
+    not the dot), so latency is hidden by many small programs per SM
+    (2-4 warps) rather than by stages. The set is the H200 sweep's leaders
+    at 16-256 tokens (``bench/h200/mxfp4_sweep.py``) plus an 8-warp tile for
+    the register-hungry variants. The interpreter (tests) runs one config;
+    ``PDFLASH_FUSED_AUTOTUNE=0`` (read at import) runs :data:`DEFAULT_CONFIG`
+    without tuning (no tuning compiles, e.g. in GPU tests);
+    ``PDFLASH_FUSED_CONFIGS`` (read at import) replaces the candidates
+    (:func:`parse_configs`); shapes under :data:`TUNE_MIN_WEIGHTS` tune only
+    the default (:func:`_prune_configs`)."""
     if _INTERPRETING:
-        return [_config(32, 64, 4, 1)]
+        return [triton.Config({"BLOCK_N": 32, "BLOCK_K": 64}, num_warps=4, num_stages=1)]
     if os.environ.get("PDFLASH_FUSED_AUTOTUNE", "1") == "0":
         return [_config(*DEFAULT_CONFIG)]
     if os.environ.get("PDFLASH_FUSED_CONFIGS"):
         return [_config(*c) for c in parse_configs(os.environ["PDFLASH_FUSED_CONFIGS"])]
-    shapes = [(32, 64, 4, 3), (32, 64, 8, 3), (64, 64, 8, 3), (32, 128, 8, 3), (64, 128, 8, 3)]
-    swapped = [(64, 64, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3), (64, 256, 8, 2)]
-    return [_config(*shape) for shape in shapes] + [_config(*shape, 1) for shape in swapped]
+    shapes = [
+        (32, 64, 2, 3), (64, 64, 2, 3), (32, 128, 2, 3), (32, 64, 4, 3), (64, 64, 4, 3),
+        (128, 64, 4, 3), (64, 64, 8, 3),
+    ]  # fmt: skip
+    return [_config(*shape) for shape in shapes]
 
 
-def parse_configs(text: str) -> list[tuple[int, ...]]:
-    """``BLOCK_N:BLOCK_K:warps:stages[:SWAP_AB[:PREFETCH]],...`` as config
-    tuples (``PDFLASH_FUSED_CONFIGS``); a clear error on anything else."""
+def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
+    """``BLOCK_N:BLOCK_K:warps:stages,...`` as config tuples
+    (``PDFLASH_FUSED_CONFIGS``); a clear error on anything else."""
     out = []
     for item in text.split(","):
         try:
             fields = tuple(int(v) for v in item.split(":"))
         except ValueError:
             fields = ()
-        if not 4 <= len(fields) <= 6 or any(v < 0 for v in fields):
+        if len(fields) != 4 or any(v < 1 for v in fields):
             raise ValueError(
-                f"PDFLASH_FUSED_CONFIGS: {item!r} is not BLOCK_N:BLOCK_K:warps:stages"
-                "[:SWAP_AB[:PREFETCH]] (non-negative integers)"
+                f"PDFLASH_FUSED_CONFIGS: {item!r} is not BLOCK_N:BLOCK_K:warps:stages "
+                "(positive integers)"
             )
-        if (len(fields) > 4 and fields[4] not in (0, 1)) or (len(fields) > 5 and fields[5] > 2):
-            raise ValueError(f"PDFLASH_FUSED_CONFIGS: {item!r}: SWAP_AB is 0/1, PREFETCH 0..2")
-        out.append(fields)
+        out.append((fields[0], fields[1], fields[2], fields[3]))
     return out
 
 
-#: (BLOCK_N, BLOCK_K, num_warps, num_stages, SWAP_AB, PREFETCH) without autotuning
-DEFAULT_CONFIG = (64, 64, 8, 3, 0, 0)
+#: (BLOCK_N, BLOCK_K, num_warps, num_stages) without autotuning: 8 warps keep
+#: every variant (MXFP4 in registers or through tl.dot_scaled, FP8; BLOCK_M
+#: 16 to 64) from spilling (ptxas, sm_90a)
+DEFAULT_CONFIG = (64, 64, 8, 3)
 
 #: below this many weights per slot (output columns x inputs), a shape gets
 #: :data:`DEFAULT_CONFIG` alone: its run is too short for the candidates'
@@ -116,12 +119,9 @@ DEFAULT_CONFIG = (64, 64, 8, 3, 0, 0)
 TUNE_MIN_WEIGHTS = 1 << 16
 
 
-def _config_shape(config: Any) -> tuple[int, int, int, int, int, int]:
+def _config_shape(config: Any) -> tuple[int, int, int, int]:
     kw = config.kwargs
-    return (
-        kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages, kw["SWAP_AB"],
-        kw["PREFETCH"],
-    )  # fmt: skip
+    return (kw["BLOCK_N"], kw["BLOCK_K"], config.num_warps, config.num_stages)
 
 
 def _prune_configs(configs: list[Any], named_args: dict[str, Any], **kwargs: Any) -> list[Any]:
@@ -134,13 +134,9 @@ def _prune_configs(configs: list[Any], named_args: dict[str, Any], **kwargs: Any
     return default or configs[:1]
 
 
-def _config(
-    block_n: int, block_k: int, warps: int, stages: int, swap_ab: int = 0, prefetch: int = 0
-) -> Any:
+def _config(block_n: int, block_k: int, warps: int, stages: int) -> Any:
     return triton.Config(
-        {"BLOCK_N": block_n, "BLOCK_K": block_k, "SWAP_AB": swap_ab, "PREFETCH": prefetch},
-        num_warps=warps,
-        num_stages=stages,
+        {"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps=warps, num_stages=stages
     )
 
 
@@ -249,60 +245,19 @@ def _mxfp4_dot_scaled(
 
 
 @triton.jit
-def _mxfp4_dot_scaled_swapped(
-    xt, w_base, s_base, cols, col_live, k0, KB, stride_wn, stride_sn, stride_sk, acc_t,
-    BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """``acc_t + W[cols] @ xt^T`` (``[BLOCK_N, BLOCK_M]``) through
-    ``tl.dot_scaled`` with the weights on the left: their byte tile is read
-    as stored (each row's bytes contiguous) and the small token tile is the
-    right operand."""
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    packed = tl.load(
-        w_base + cols[:, None] * stride_wn + kb[None, :],
-        mask=col_live[:, None] & (kb[None, :] < KB),
-        other=0,
-    )  # [BLOCK_N, BLOCK_K / 2], two codes per byte along K, low nibble first
-    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    scales = tl.load(
-        s_base + cols[:, None] * stride_sn + groups[None, :] * stride_sk,
-        mask=col_live[:, None] & (groups[None, :] < KB // 16),
-        other=127,
-    )  # [BLOCK_N, BLOCK_K / 32]
-    return tl.dot_scaled(packed, scales, "e2m1", tl.trans(xt), None, "bf16", acc_t, fast_math=True)
-
-
-@triton.jit
-def _wdot(x, w_nk, acc, DOT_DTYPE: tl.constexpr, UPCAST: tl.constexpr, SWAP_AB: tl.constexpr):
-    """``acc + x @ w_nk^T`` (``[BLOCK_M, BLOCK_N]``), or with ``SWAP_AB``
-    ``acc + w_nk @ x^T`` (``[BLOCK_N, BLOCK_M]``: the weight tile is the
-    MMA's left operand, the few token rows its narrow right one)."""
-    if SWAP_AB:
-        out = _dot(w_nk, x, acc, DOT_DTYPE, UPCAST)
-    else:
-        out = _dot(x, w_nk, acc, DOT_DTYPE, UPCAST)
-    return out
-
-
-@triton.jit
 def _k_loop(
     x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn, stride_sk,
     gate_cols, up_cols, j_live,
     K: tl.constexpr, WFMT: tl.constexpr, ACT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     UPCAST_DOT: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, FAST: tl.constexpr,
-    SWAP_AB: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """The gate (and up, when ``ACT``) accumulators over all of K:
-    ``[BLOCK_M, BLOCK_N]``, or ``[BLOCK_N, BLOCK_M]`` with ``SWAP_AB``.
+    """The gate (and up, when ``ACT``) accumulators over all of K.
     ``FAST``: MXFP4 values by exponent add (scale bytes checked)."""
     # builtins only (tl.full, not tl.zeros; no tl.sigmoid): the kernel also
     # runs under an interpreter enabled after triton was imported
-    if SWAP_AB:
-        acc_g = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
-        acc_u = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
-    else:
-        acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-        acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     HALF_K: tl.constexpr = BLOCK_K // 2
     for k0 in range(0, K, BLOCK_K):
         if MXFP4_DOT_SCALED:  # MXFP4 through tl.dot_scaled (bf16 activations)
@@ -310,26 +265,15 @@ def _k_loop(
             x_live = row_live[:, None] & (ks[None, :] < K)
             xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0)
             xt = xt.to(tl.bfloat16)
-            if SWAP_AB:
-                acc_g = _mxfp4_dot_scaled_swapped(
-                    xt, w_base, s_base, gate_cols, j_live, k0, K // 2,
-                    stride_wn, stride_sn, stride_sk, acc_g, BLOCK_K,
+            acc_g = _mxfp4_dot_scaled(
+                xt, w_base, s_base, gate_cols, j_live, k0, K // 2,
+                stride_wn, stride_sn, stride_sk, acc_g, BLOCK_K,
+            )  # fmt: skip
+            if ACT != 0:
+                acc_u = _mxfp4_dot_scaled(
+                    xt, w_base, s_base, up_cols, j_live, k0, K // 2,
+                    stride_wn, stride_sn, stride_sk, acc_u, BLOCK_K,
                 )  # fmt: skip
-                if ACT != 0:
-                    acc_u = _mxfp4_dot_scaled_swapped(
-                        xt, w_base, s_base, up_cols, j_live, k0, K // 2,
-                        stride_wn, stride_sn, stride_sk, acc_u, BLOCK_K,
-                    )  # fmt: skip
-            else:
-                acc_g = _mxfp4_dot_scaled(
-                    xt, w_base, s_base, gate_cols, j_live, k0, K // 2,
-                    stride_wn, stride_sn, stride_sk, acc_g, BLOCK_K,
-                )  # fmt: skip
-                if ACT != 0:
-                    acc_u = _mxfp4_dot_scaled(
-                        xt, w_base, s_base, up_cols, j_live, k0, K // 2,
-                        stride_wn, stride_sn, stride_sk, acc_u, BLOCK_K,
-                    )  # fmt: skip
         elif WFMT == 0:  # MXFP4, dequantized in registers
             half = tl.arange(0, HALF_K)
             k_even = k0 + 2 * half
@@ -342,180 +286,25 @@ def _k_loop(
                 w_base, s_base, gate_cols, j_live, k0, K // 2,
                 stride_wn, stride_sn, stride_sk, BLOCK_K, DOT_DTYPE, FAST,
             )  # fmt: skip
-            acc_g = _wdot(x_even, lo, acc_g, DOT_DTYPE, UPCAST_DOT, SWAP_AB)
-            acc_g = _wdot(x_odd, hi, acc_g, DOT_DTYPE, UPCAST_DOT, SWAP_AB)
+            acc_g = _dot(x_even, lo, acc_g, DOT_DTYPE, UPCAST_DOT)
+            acc_g = _dot(x_odd, hi, acc_g, DOT_DTYPE, UPCAST_DOT)
             if ACT != 0:
                 lo, hi = _mxfp4_tiles(
                     w_base, s_base, up_cols, j_live, k0, K // 2,
                     stride_wn, stride_sn, stride_sk, BLOCK_K, DOT_DTYPE, FAST,
                 )  # fmt: skip
-                acc_u = _wdot(x_even, lo, acc_u, DOT_DTYPE, UPCAST_DOT, SWAP_AB)
-                acc_u = _wdot(x_odd, hi, acc_u, DOT_DTYPE, UPCAST_DOT, SWAP_AB)
+                acc_u = _dot(x_even, lo, acc_u, DOT_DTYPE, UPCAST_DOT)
+                acc_u = _dot(x_odd, hi, acc_u, DOT_DTYPE, UPCAST_DOT)
         else:  # FP8, per-output-channel scales applied after the loop
             ks = k0 + tl.arange(0, BLOCK_K)
             x_live = row_live[:, None] & (ks[None, :] < K)
             xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0).to(DOT_DTYPE)
             wt = _fp8_tile(w_base, gate_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
-            acc_g = _wdot(xt, wt, acc_g, DOT_DTYPE, UPCAST_DOT, SWAP_AB)
+            acc_g = _dot(xt, wt, acc_g, DOT_DTYPE, UPCAST_DOT)
             if ACT != 0:
                 wt = _fp8_tile(w_base, up_cols, j_live, ks, K, stride_wn, stride_wk, DOT_DTYPE)
-                acc_u = _wdot(xt, wt, acc_u, DOT_DTYPE, UPCAST_DOT, SWAP_AB)
+                acc_u = _dot(xt, wt, acc_u, DOT_DTYPE, UPCAST_DOT)
 
-    return acc_g, acc_u
-
-
-@triton.jit
-def _mxfp4_raw(
-    w_base, s_base, cols, col_live, k0, KB, stride_wn, stride_sn, stride_sk,
-    BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """The stored bytes of rows ``cols`` for values ``k0 .. k0 + BLOCK_K``:
-    codes ``[BLOCK_N, BLOCK_K/2]`` (two per byte along K, low nibble first;
-    zero past K) and scale bytes ``[BLOCK_N, BLOCK_K/32]``."""
-    kb = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    packed = tl.load(
-        w_base + cols[:, None] * stride_wn + kb[None, :],
-        mask=col_live[:, None] & (kb[None, :] < KB),
-        other=0,
-    )
-    groups = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    scales = tl.load(
-        s_base + cols[:, None] * stride_sn + groups[None, :] * stride_sk,
-        mask=col_live[:, None] & (groups[None, :] < KB // 16),
-        other=127,
-    )
-    return packed, scales
-
-
-@triton.jit
-def _mxfp4_raw_values(
-    packed, scales, DOT_DTYPE: tl.constexpr, FAST: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """:func:`_mxfp4_tiles`' low- and high-nibble value tiles from bytes
-    :func:`_mxfp4_raw` read (each scale byte widened over its 16 code bytes)."""
-    s = tl.reshape(
-        tl.broadcast_to(scales[:, :, None], (BLOCK_N, BLOCK_K // 32, 16)), (BLOCK_N, BLOCK_K // 2)
-    ).to(tl.int32)
-    codes = packed.to(tl.int32)
-    if FAST:  # every scale byte of the program's rows is in 2..252
-        scale_m1 = (s - 1) << 23
-        lo = _e2m1_scaled_bits(codes & 0x0F, scale_m1).to(tl.float32, bitcast=True)
-        hi = _e2m1_scaled_bits(codes >> 4, scale_m1).to(tl.float32, bitcast=True)
-    else:
-        scale = tl.where(s == 0, 0x00400000, s << 23).to(tl.float32, bitcast=True)
-        lo = e2m1_to_f32(codes & 0x0F) * scale
-        hi = e2m1_to_f32(codes >> 4) * scale
-    return _to_dot(lo, DOT_DTYPE), _to_dot(hi, DOT_DTYPE)
-
-
-@triton.jit
-def _mxfp4_raw_dot(
-    x_even, x_odd, xt, packed, scales, acc,
-    DOT_DTYPE: tl.constexpr, UPCAST: tl.constexpr, SCALED: tl.constexpr, FAST: tl.constexpr,
-    SWAP_AB: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """``acc`` plus one K block of one projection from its stored bytes:
-    ``tl.dot_scaled`` on ``xt`` (``SCALED``), else values built in registers
-    and two ``tl.dot`` on the even / odd activation columns."""
-    if SCALED:
-        if SWAP_AB:
-            out = tl.dot_scaled(
-                packed, scales, "e2m1", tl.trans(xt), None, "bf16", acc, fast_math=True
-            )
-        else:
-            out = tl.dot_scaled(
-                xt, None, "bf16", tl.trans(packed), scales, "e2m1", acc, fast_math=True
-            )
-    else:
-        lo, hi = _mxfp4_raw_values(packed, scales, DOT_DTYPE, FAST, BLOCK_N, BLOCK_K)
-        out = _wdot(x_even, lo, acc, DOT_DTYPE, UPCAST, SWAP_AB)
-        out = _wdot(x_odd, hi, out, DOT_DTYPE, UPCAST, SWAP_AB)
-    return out
-
-
-@triton.jit
-def _mxfp4_prefetch_loop(
-    x_base, stride_xk, row_live, w_base, stride_wn, s_base, stride_sn, stride_sk,
-    gate_cols, up_cols, j_live,
-    K: tl.constexpr, ACT: tl.constexpr, DOT_DTYPE: tl.constexpr, UPCAST_DOT: tl.constexpr,
-    SCALED: tl.constexpr, FAST: tl.constexpr, SWAP_AB: tl.constexpr, PREFETCH: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """:func:`_k_loop` for MXFP4 with the weight bytes of the next
-    ``PREFETCH`` (1 or 2) K blocks loaded before this block's arithmetic:
-    Triton does not software-pipeline loads whose values are not a dot's
-    operands as loaded (no cp.async for them on sm_90), so without it each
-    program waits out one load's latency per K block."""
-    if SWAP_AB:
-        acc_g = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
-        acc_u = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
-    else:
-        acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-        acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    KB = K // 2
-    g_a, gs_a = _mxfp4_raw(
-        w_base, s_base, gate_cols, j_live, 0, KB, stride_wn, stride_sn, stride_sk, BLOCK_K
-    )
-    u_a, us_a = g_a, gs_a
-    if ACT != 0:
-        u_a, us_a = _mxfp4_raw(
-            w_base, s_base, up_cols, j_live, 0, KB, stride_wn, stride_sn, stride_sk, BLOCK_K
-        )
-    g_b, gs_b, u_b, us_b = g_a, gs_a, u_a, us_a
-    if PREFETCH >= 2:
-        g_b, gs_b = _mxfp4_raw(
-            w_base, s_base, gate_cols, j_live, BLOCK_K, KB, stride_wn, stride_sn, stride_sk,
-            BLOCK_K,
-        )  # fmt: skip
-        if ACT != 0:
-            u_b, us_b = _mxfp4_raw(
-                w_base, s_base, up_cols, j_live, BLOCK_K, KB, stride_wn, stride_sn,
-                stride_sk, BLOCK_K,
-            )  # fmt: skip
-    HALF_K: tl.constexpr = BLOCK_K // 2
-    for k0 in range(0, K, BLOCK_K):
-        g_cur, gs_cur, u_cur, us_cur = g_a, gs_a, u_a, us_a
-        ahead = k0 + PREFETCH * BLOCK_K  # past K: masked, zero codes
-        if PREFETCH >= 2:
-            g_a, gs_a, u_a, us_a = g_b, gs_b, u_b, us_b
-            g_b, gs_b = _mxfp4_raw(
-                w_base, s_base, gate_cols, j_live, ahead, KB, stride_wn, stride_sn,
-                stride_sk, BLOCK_K,
-            )  # fmt: skip
-            if ACT != 0:
-                u_b, us_b = _mxfp4_raw(
-                    w_base, s_base, up_cols, j_live, ahead, KB, stride_wn, stride_sn,
-                    stride_sk, BLOCK_K,
-                )  # fmt: skip
-        else:
-            g_a, gs_a = _mxfp4_raw(
-                w_base, s_base, gate_cols, j_live, ahead, KB, stride_wn, stride_sn,
-                stride_sk, BLOCK_K,
-            )  # fmt: skip
-            if ACT != 0:
-                u_a, us_a = _mxfp4_raw(
-                    w_base, s_base, up_cols, j_live, ahead, KB, stride_wn, stride_sn,
-                    stride_sk, BLOCK_K,
-                )  # fmt: skip
-        ks = k0 + tl.arange(0, BLOCK_K)
-        x_live = row_live[:, None] & (ks[None, :] < K)
-        xt = tl.load(x_base + ks[None, :] * stride_xk, mask=x_live, other=0.0).to(tl.bfloat16)
-        k_even = k0 + 2 * tl.arange(0, HALF_K)
-        xe_live = row_live[:, None] & (k_even[None, :] < K)
-        x_even = tl.load(x_base + k_even[None, :] * stride_xk, mask=xe_live, other=0.0)
-        x_odd = tl.load(x_base + (k_even[None, :] + 1) * stride_xk, mask=xe_live, other=0.0)
-        x_even = x_even.to(DOT_DTYPE)
-        x_odd = x_odd.to(DOT_DTYPE)
-        acc_g = _mxfp4_raw_dot(
-            x_even, x_odd, xt, g_cur, gs_cur, acc_g, DOT_DTYPE, UPCAST_DOT, SCALED, FAST,
-            SWAP_AB, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
-        if ACT != 0:
-            acc_u = _mxfp4_raw_dot(
-                x_even, x_odd, xt, u_cur, us_cur, acc_u, DOT_DTYPE, UPCAST_DOT, SCALED, FAST,
-                SWAP_AB, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
     return acc_g, acc_u
 
 
@@ -561,8 +350,8 @@ def _grouped_qgemm_kernel(
     tile_slot_ptr, tile_start_ptr, tile_end_ptr,
     N, gate_col0, up_col0, col_step, alpha, limit,
     K: tl.constexpr, WFMT: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    UPCAST_DOT: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr, SWAP_AB: tl.constexpr,
-    PREFETCH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST_DOT: tl.constexpr, MXFP4_DOT_SCALED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid_t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -584,28 +373,7 @@ def _grouped_qgemm_kernel(
     w_base = w_ptr + slot64 * stride_ws
     s_base = sc_ptr + slot64 * stride_ss
 
-    if WFMT == 0 and PREFETCH > 0:
-        if MXFP4_DOT_SCALED:
-            acc_g, acc_u = _mxfp4_prefetch_loop(
-                x_base, stride_xk, row_live, w_base, stride_wn, s_base, stride_sn, stride_sk,
-                gate_cols, up_cols, j_live, K, ACT, DOT_DTYPE, UPCAST_DOT, True, True, SWAP_AB,
-                PREFETCH, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-        elif _scales_in_range(
-            s_base, gate_cols, up_cols, j_live, stride_sn, stride_sk, K, ACT, BLOCK_K
-        ):
-            acc_g, acc_u = _mxfp4_prefetch_loop(
-                x_base, stride_xk, row_live, w_base, stride_wn, s_base, stride_sn, stride_sk,
-                gate_cols, up_cols, j_live, K, ACT, DOT_DTYPE, UPCAST_DOT, False, True, SWAP_AB,
-                PREFETCH, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-        else:
-            acc_g, acc_u = _mxfp4_prefetch_loop(
-                x_base, stride_xk, row_live, w_base, stride_wn, s_base, stride_sn, stride_sk,
-                gate_cols, up_cols, j_live, K, ACT, DOT_DTYPE, UPCAST_DOT, False, False,
-                SWAP_AB, PREFETCH, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-    elif WFMT == 0 and not MXFP4_DOT_SCALED:
+    if WFMT == 0 and not MXFP4_DOT_SCALED:
         # one check of the program's scale bytes picks the loop: no branch inside it
         if _scales_in_range(
             s_base, gate_cols, up_cols, j_live, stride_sn, stride_sk, K, ACT, BLOCK_K
@@ -613,24 +381,21 @@ def _grouped_qgemm_kernel(
             acc_g, acc_u = _k_loop(
                 x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn,
                 stride_sk, gate_cols, up_cols, j_live, K, WFMT, ACT, DOT_DTYPE, UPCAST_DOT,
-                MXFP4_DOT_SCALED, True, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K,
+                MXFP4_DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
         else:
             acc_g, acc_u = _k_loop(
                 x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn,
                 stride_sk, gate_cols, up_cols, j_live, K, WFMT, ACT, DOT_DTYPE, UPCAST_DOT,
-                MXFP4_DOT_SCALED, False, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K,
+                MXFP4_DOT_SCALED, False, BLOCK_M, BLOCK_N, BLOCK_K,
             )  # fmt: skip
     else:
         acc_g, acc_u = _k_loop(
             x_base, stride_xk, row_live, w_base, stride_wn, stride_wk, s_base, stride_sn,
             stride_sk, gate_cols, up_cols, j_live, K, WFMT, ACT, DOT_DTYPE, UPCAST_DOT,
-            MXFP4_DOT_SCALED, True, SWAP_AB, BLOCK_M, BLOCK_N, BLOCK_K,
+            MXFP4_DOT_SCALED, True, BLOCK_M, BLOCK_N, BLOCK_K,
         )  # fmt: skip
 
-    if SWAP_AB:
-        acc_g = tl.trans(acc_g)
-        acc_u = tl.trans(acc_u)
     if WFMT == 1:
         sg = tl.load(s_base + gate_cols * stride_sn, mask=j_live, other=0.0)
         acc_g = acc_g * sg[None, :]
@@ -827,8 +592,7 @@ def grouped_qgemm(
     output is ``[n, N_out]`` with ``N_out = (N - max(gate_col0, up_col0)) //
     col_step`` rounded up. ``mxfp4_dot``: ``registers`` (MXFP4 built from
     bits in registers, then ``tl.dot``) or ``scaled`` (``tl.dot_scaled``;
-    bf16 activations on a GPU only). The orientation (``SWAP_AB``) is part
-    of the tile config the autotuner picks. The tensors must live where Triton runs (a CUDA
+    bf16 activations on a GPU only). The tensors must live where Triton runs (a CUDA
     device, or the CPU under ``TRITON_INTERPRET=1``)."""
     w.check()
     if x.dim() != 2 or x.shape[1] != w.k:

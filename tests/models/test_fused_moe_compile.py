@@ -42,12 +42,10 @@ def _signature(wfmt: int, dot: Any, act: int, dot_scaled: bool, block_m: int) ->
         tile_slot_ptr="*i32", tile_start_ptr="*i32", tile_end_ptr="*i32",
         N="i32", gate_col0="i32", up_col0="i32", col_step="i32", alpha="fp32", limit="fp32",
     )  # fmt: skip
-    block_n, block_k, _, _, swap_ab, prefetch = kernels.DEFAULT_CONFIG
+    block_n, block_k, _, _ = kernels.DEFAULT_CONFIG
     constants = dict(
         K=2880, WFMT=wfmt, ACT=act, HAS_BIAS=True, DOT_DTYPE=dot, UPCAST_DOT=False,
-        MXFP4_DOT_SCALED=dot_scaled, SWAP_AB=swap_ab, PREFETCH=prefetch, BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        MXFP4_DOT_SCALED=dot_scaled, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )  # fmt: skip
     sig.update(dict.fromkeys(constants, "constexpr"))
     return sig, constants
@@ -70,7 +68,7 @@ def test_default_config_compiles_for_sm90_without_spills(
 ) -> None:
     wfmt, dot, act, dot_scaled = variant
     sig, constants = _signature(wfmt, dot, act, dot_scaled, block_m)
-    _, _, warps, stages, _, _ = kernels.DEFAULT_CONFIG
+    _, _, warps, stages = kernels.DEFAULT_CONFIG
     fn = kernels._grouped_qgemm_kernel.fn  # under the autotuner
     compiled = triton.compile(
         ASTSource(fn, sig, constants),

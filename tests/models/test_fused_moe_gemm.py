@@ -69,23 +69,6 @@ def _fresh_module(name: str, fresh_name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(
-    params=[(0, 0), (1, 0), (0, 1), (1, 2)],
-    ids=["weights-right", "weights-left", "right-prefetch1", "left-prefetch2"],
-)
-def variant(request: pytest.FixtureRequest, kernels: ModuleType) -> Any:
-    """The interpreter's one tile config with the weights as the MMA's right
-    (``SWAP_AB`` 0) or left (1) operand, loading the next ``PREFETCH`` K
-    blocks' bytes ahead or not (0); the kernel's config restored after."""
-    tuner = kernels._grouped_qgemm_kernel
-    saved = tuner.configs
-    tuner.configs = [kernels._config(32, 64, 4, 1, *request.param)]
-    tuner.cache.clear()
-    yield request.param
-    tuner.configs = saved
-    tuner.cache.clear()
-
-
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.shape == want.shape
     scale = max(1.0, float(want.abs().max()))
@@ -140,9 +123,7 @@ def _mxfp4(g: torch.Generator, slots: int, n: int, k: int) -> tuple[torch.Tensor
 
 @pytest.mark.parametrize("k", [32, 96, 160])  # BLOCK_K 64 (interpreter): 0.5, 1.5, 2.5 blocks
 @pytest.mark.parametrize("act", ["none", "gptoss"])
-def test_mxfp4_fused_equals_dequantize_then_matmul(
-    kernels: ModuleType, k: int, act: str, variant: tuple[int, int]
-) -> None:
+def test_mxfp4_fused_equals_dequantize_then_matmul(kernels: ModuleType, k: int, act: str) -> None:
     g = torch.Generator().manual_seed(k)
     n = 72  # 2.25 BLOCK_N tiles (36 after the gate/up pairing)
     blocks, scales = _mxfp4(g, WIDTH, n, k)
@@ -166,9 +147,7 @@ def test_mxfp4_fused_equals_dequantize_then_matmul(
             _close(got[live], _gptoss(want))
 
 
-def test_mxfp4_fused_values_equal_transformers(
-    kernels: ModuleType, variant: tuple[int, int]
-) -> None:
+def test_mxfp4_fused_values_equal_transformers(kernels: ModuleType) -> None:
     """A one-hot activation reads each weight alone: the kernel's weights are
     transformers' dequantized experts exactly (every scale class a checkpoint
     holds, and both signs of every code)."""
@@ -193,9 +172,7 @@ def test_mxfp4_fused_values_equal_transformers(
     assert torch.equal(got.view(slots, k, n), want_bf16)
 
 
-def test_mxfp4_edge_scales_take_the_general_path_exactly(
-    kernels: ModuleType, variant: tuple[int, int]
-) -> None:
+def test_mxfp4_edge_scales_take_the_general_path_exactly(kernels: ModuleType) -> None:
     """Scale bytes outside 2..252 (subnormal products, 2^-127) switch a tile
     to the general dequantization; the one-hot product still reads the
     reference's exact values (finite scales only: an inf weight times a zero
@@ -220,7 +197,7 @@ def test_mxfp4_edge_scales_take_the_general_path_exactly(
 @pytest.mark.parametrize("n_axis", [1, 2])  # [S, N, K] (SwiGLU archs) / [S, K, N] (gpt-oss)
 @pytest.mark.parametrize("act", ["none", "silu", "gptoss"])
 def test_fp8_fused_equals_dequantize_then_matmul(
-    kernels: ModuleType, n_axis: int, act: str, variant: tuple[int, int]
+    kernels: ModuleType, n_axis: int, act: str
 ) -> None:
     g = torch.Generator().manual_seed(n_axis * 10 + len(act))
     n, k = 48, 80  # K: 1.25 BLOCK_K
