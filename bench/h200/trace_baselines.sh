@@ -21,7 +21,16 @@
 # ARCH / CACHE / CONC / LABELS / WIDTHS / REPEATS / MAX_NEW / BUDGET_S /
 # MARGIN_S / NAME override (bench/h200/widthmodel_ab.sh STEP=trace is this
 # with PD alone at three widths); SKIP_BUILD=1 as bench/h200/run.sh takes it.
+# CLOSED=N: a closed loop instead of the burst, CONC clients (one value)
+# each sending its next request when its last finished, N x CONC requests
+# in all: tokens/s then reads throughput with the slots refilled. In the
+# burst every run lasts as long as its slowest request (on this trace 27
+# verify steps at every width and concurrency, sessions 16-17), so drafts a
+# wider verify accepts for the other requests shorten nothing.
 set -uo pipefail
+case "${CLOSED:-}/${CONC:-1,4}" in
+  ?*/*,*) echo "CLOSED needs one CONC value (the clients), got ${CONC:-1,4}" >&2; exit 2 ;;
+esac
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 OUT=${OUT:-$PWD/out}
 name=${NAME:-trace_baselines}
@@ -32,6 +41,7 @@ budget=${BUDGET_S:-400}
 ARGS=$(trace_matrix_args "${ARCH:-gpt-oss-20b}" "${CONC:-1,4}" "${CACHE:-0.2}" \
   "${MAX_NEW:-32}" "${REPEATS:-4}" "$budget")
 ARGS="$ARGS --baselines ${LABELS:-PD,B1,B2} --verify-width ${WIDTHS:-adaptive,fixed:1}"
+[ -z "${CLOSED:-}" ] || ARGS="$ARGS --arrivals closed --users $CONC --num-requests $((CLOSED * CONC))"
 PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "trace=timeout -k 5 $((${budget%.*} + ${MARGIN_S:-80})) pdflash-bench matrix $ARGS --out $WORK/trace"
 rc=$?

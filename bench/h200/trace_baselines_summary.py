@@ -1,7 +1,8 @@
 """``trace_baselines.sh``'s summary: per point (arch, cache fraction,
-concurrency), every (label, verify width) configuration's tokens/s (median,
-t-based 95% interval of the mean over repeats), drafts verified, tau and MB
-per token; then PD at its preset width against the best B1/B2
+concurrency, arrivals), every (label, verify width) configuration's tokens/s
+(median, t-based 95% interval of the mean over repeats), drafts verified,
+tau, MB per token and verify steps per run (in a burst the slowest request
+sets them); then PD at its preset width against the best B1/B2
 configuration (the one with the highest median): the per-repeat ratios,
 their median and the verdict from the two intervals ("within noise" where
 they overlap). Printed, and written to ``ROOT/trace_baselines_summary.json``.
@@ -48,14 +49,25 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
         lambda: defaultdict(list)
     )
     for r in rows:
-        key = (r["arch"], r["cache_fraction"], r["concurrency"])
+        workload = r.get("workload") or {}
+        key = (
+            r["arch"],
+            r["cache_fraction"],
+            r["concurrency"],
+            workload.get("arrivals", "burst"),
+            workload.get("num_requests"),
+        )
         points[key][(r["baseline"], r["verify_width"]["setting"])].append(r)
     out = []
-    for (arch, cache, conc), configs in sorted(points.items(), key=lambda kv: str(kv[0])):
+    for (arch, cache, conc, arrivals, requests), configs in sorted(
+        points.items(), key=lambda kv: str(kv[0])
+    ):
         entry: dict[str, Any] = {
             "arch": arch,
             "cache_fraction": cache,
             "concurrency": conc,
+            "arrivals": arrivals,
+            "num_requests": requests,
             "configs": {},
         }
         by_repeat: dict[tuple[str, str], dict[int, float]] = {}
@@ -72,6 +84,11 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
                 "tau_mean": statistics.fmean(float(r["acceptance_length_mean"]) for r in runs),
                 "mb_per_token_median": statistics.median(
                     float(r["bytes_per_token"]) / 1e6 for r in runs
+                ),
+                "steps_median": (
+                    statistics.median(int(r["steps"]) for r in runs)
+                    if all("steps" in r for r in runs)
+                    else None
                 ),
                 "sources": sorted(
                     {f"{r['routing_source']}/{r['acceptance_source']}" for r in runs}
@@ -101,16 +118,21 @@ def main(root: Path) -> None:
     rows = [json.loads(line) for line in (root / "trace" / "rows.jsonl").open()]
     points = summarize(rows)
     for p in points:
-        print(f"{p['arch']} cache {p['cache_fraction']} c={p['concurrency']}")
+        requests = "" if p["num_requests"] is None else f", {p['num_requests']} requests"
+        print(
+            f"{p['arch']} cache {p['cache_fraction']} c={p['concurrency']} "
+            f"({p['arrivals']}{requests})"
+        )
         for name, c in p["configs"].items():
             t = c["tokens_per_s"]
             ci = t.get("mean_ci95")
             ci_text = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "[one repeat]"
-            drafts = c["drafts_verified_mean"]
+            drafts, steps = c["drafts_verified_mean"], c["steps_median"]
             print(
                 f"  {name:16s} {t['median']:7.1f} {ci_text} n={t['n']} drafts "
                 f"{'-' if drafts is None else f'{drafts:.1f}'} tau {c['tau_mean']:.2f} "
-                f"MB/tok {c['mb_per_token_median']:.0f} ({', '.join(c['sources'])})"
+                f"MB/tok {c['mb_per_token_median']:.0f} steps "
+                f"{'-' if steps is None else f'{steps:g}'} ({', '.join(c['sources'])})"
             )
         cmp_ = p.get("pd_vs_best_baseline")
         if cmp_:

@@ -41,3 +41,18 @@ def test_the_replay_arguments_parse_as_a_matrix_on_the_committed_trace() -> None
     assert (args.concurrency, args.cache_fraction, args.block_sizes) == ([1, 4, 16], [0.2], [16])
     assert (args.max_new_tokens, args.repeats, args.budget_s) == (32, 3, 480.0)
     assert (args.prompt_len, args.device, args.json, args.no_progress) == (64, "cuda", True, True)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_closed_loop_needs_one_concurrency(tmp_path: Path) -> None:
+    """CLOSED=N with a list of concurrencies is refused before anything runs
+    (the closed loop's clients are one number)."""
+    out = subprocess.run(
+        ["bash", "bench/h200/trace_baselines.sh"],
+        cwd=_REPO,
+        env={"PATH": "/usr/bin:/bin", "CLOSED": "4", "CONC": "1,4", "OUT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "CLOSED needs one CONC value" in out.stderr

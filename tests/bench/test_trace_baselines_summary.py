@@ -72,3 +72,23 @@ def test_main_writes_the_summary_beside_the_rows(tmp_path: Path) -> None:
     mod.main(tmp_path)
     written = json.loads((tmp_path / "trace_baselines_summary.json").read_text())
     assert written["points"][0]["pd_vs_best_baseline"]["verdict"] == "faster"
+
+
+def test_points_are_kept_apart_by_workload_and_carry_the_steps() -> None:
+    mod = _module()
+    burst = _rows([10, 11, 12], [9, 10, 11], [8, 9, 10])
+    closed = _rows([20, 21, 22], [19, 20, 21], [18, 19, 20])
+    for r in burst:
+        r["steps"] = 27
+    for r in closed:
+        r["workload"] = {"arrivals": "closed", "num_requests": 16}
+        r["steps"] = 83 if r["baseline"] == "PD" else 91
+    points = mod.summarize(burst + closed)
+    assert [(p["arrivals"], p["num_requests"]) for p in points] == [("burst", None), ("closed", 16)]
+    assert points[0]["configs"]["PD [adaptive]"]["steps_median"] == 27
+    assert points[1]["configs"]["PD [adaptive]"]["steps_median"] == 83
+    assert points[1]["configs"]["B1 [fixed:1]"]["steps_median"] == 91
+    assert points[1]["pd_vs_best_baseline"]["pair_ratios"] == [20 / 19, 21 / 20, 22 / 21]
+    # rows without a step count (older ones) leave it absent, not 0
+    (old,) = mod.summarize(_rows([10, 11], [9, 10], [8, 9]))
+    assert old["configs"]["PD [adaptive]"]["steps_median"] is None
