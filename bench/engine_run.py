@@ -1423,12 +1423,15 @@ def _workload(
                 slo_s=spec.slo_s,
             )
             # a replayed trace: request i replays the trace request its prompt
-            # came from (trace prompts), else trace request i mod R
+            # came from (trace prompts), else trace request (i + repeat x
+            # requests) mod R: each repeat replays the trace's next requests,
+            # as its prompts and lengths are drawn anew (every label of one
+            # repeat replays the same ones: the matrix's pairs stay paired)
             _assign_trace_request(
                 engine,
                 acceptance,
                 rid,
-                plan.index,
+                plan.index + spec.repeat * workload.num_requests,
                 None if trace_requests is None else trace_requests[plan.index],
             )
             ids.append(rid)
@@ -1502,7 +1505,9 @@ def _assign_trace_request(
 ) -> None:
     """Point the replayed acceptance and routing policies (those that replay a
     trace) at the trace request engine request ``rid`` replays:
-    ``trace_request`` when given, else ``index`` mod the trace's requests."""
+    ``trace_request`` when given, else ``index`` mod the trace's requests
+    (the measured run passes its request's index plus ``repeat x`` its
+    request count)."""
     for policy in (acceptance, engine.routing):
         assign = getattr(policy, "assign", None)
         count = getattr(policy, "num_trace_requests", 0)

@@ -101,6 +101,7 @@ class TraceAcceptance:
         self.wraps = 0
         self.rounds = 0
         self.capped = 0
+        self.replayed: set[int] = set()  # trace requests assigned since reset_stats
 
     @property
     def source(self) -> str:
@@ -112,9 +113,11 @@ class TraceAcceptance:
 
     def assign(self, request_id: int, trace_request: int) -> None:
         self.requests.assign(request_id, trace_request)
+        self.replayed.add(int(trace_request))
 
     def reset_stats(self) -> None:
         self.wraps = self.rounds = self.capped = 0
+        self.replayed = set()
 
     def params(self) -> dict[str, object]:
         prov = self.trace.provenance
@@ -126,6 +129,7 @@ class TraceAcceptance:
             "trace_temperature": prov.get("temperature"),
             "trace_target_preset": prov.get("target_preset"),
             "trace_tau_mean": float(acc.mean()) if acc.size else None,
+            "trace_requests_replayed": sorted(self.replayed),
             "rounds_replayed": self.rounds,
             "rounds_capped_by_drafts": self.capped,
             "wraps": self.wraps,

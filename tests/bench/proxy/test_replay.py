@@ -524,6 +524,35 @@ def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -
         assert got[:-1] == rounds[: len(got) - 1]  # the last round may be cut by the length cap
 
 
+def test_each_repeat_replays_the_next_trace_requests(trace_path: Path) -> None:
+    """Without trace prompts, request i of repeat r replays trace request
+    (i + r x requests) mod R: a one-request run does not replay trace request
+    0 at every repeat."""
+    from pdflash.bench.engine_run import RunSpec, run_spec
+
+    t = tf.load_trace(trace_path)
+    assert t.num_requests == 2
+    for repeat, want in ((0, 0), (1, 1), (2, 0)):
+        spec = RunSpec(
+            arch="tiny-gpt_oss",
+            baseline="B1",
+            device="cpu",
+            concurrency=1,
+            prompt_len=8,
+            max_new_tokens=12,
+            block_size=int(t.provenance["block_size"]),
+            routing_source="trace",
+            acceptance="trace",
+            trace=str(trace_path),
+            repeat=repeat,
+        )
+        res = run_spec(spec)
+        assert res.row["acceptance_params"]["trace_requests_replayed"] == [want]
+        (req,) = res.requests
+        got = req["acceptance_lengths"]
+        assert got[:-1] == t.acceptance(want).tolist()[: len(got) - 1]
+
+
 def test_trace_acceptance_streams_per_request() -> None:
     from pdflash.engine.replay import TraceAcceptance
 
