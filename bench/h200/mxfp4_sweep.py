@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "mxfp4", slab["gate_up_blocks"], slab["gate_up_scales"], slab["gate_up_bias"]
     )
     down = k.SlabWeight("mxfp4", slab["down_blocks"], slab["down_scales"], slab["down_bias"])
-    configs = [tuple(int(v) for v in c.split(":")) for c in args.configs.split(",")]
+    configs = k.parse_configs(args.configs)
     grid = [(v, c) for v in args.variants.split(",") for c in configs]
     unknown = {v for v, _ in grid} - set(VARIANTS)
     if unknown:

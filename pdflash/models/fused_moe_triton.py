@@ -91,19 +91,29 @@ def _configs() -> list[Any]:
 
 def parse_configs(text: str) -> list[tuple[int, int, int, int]]:
     """``BLOCK_N:BLOCK_K:warps:stages,...`` as config tuples
-    (``PDFLASH_FUSED_CONFIGS``); a clear error on anything else."""
+    (``PDFLASH_FUSED_CONFIGS``); a clear error on anything else: tile sizes
+    and warps are powers of two, ``BLOCK_N >= 16`` (``tl.dot``'s smallest),
+    ``BLOCK_K >= 32`` (one MXFP4 scale group), stages ``>= 1``."""
     out = []
     for item in text.split(","):
         try:
             fields = tuple(int(v) for v in item.split(":"))
         except ValueError:
             fields = ()
-        if len(fields) != 4 or any(v < 1 for v in fields):
+        if len(fields) != 4 or fields[3] < 1:
             raise ValueError(
                 f"PDFLASH_FUSED_CONFIGS: {item!r} is not BLOCK_N:BLOCK_K:warps:stages "
                 "(positive integers)"
             )
-        out.append((fields[0], fields[1], fields[2], fields[3]))
+        block_n, block_k, warps, stages = fields
+        if not all(v > 0 and v & (v - 1) == 0 for v in (block_n, block_k, warps)) or (
+            block_n < 16 or block_k < 32
+        ):
+            raise ValueError(
+                f"PDFLASH_FUSED_CONFIGS: {item!r}: BLOCK_N (>= 16), BLOCK_K (>= 32) and "
+                "warps must be powers of two"
+            )
+        out.append((block_n, block_k, warps, stages))
     return out
 
 

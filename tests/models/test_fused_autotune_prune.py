@@ -48,6 +48,8 @@ def test_the_kernel_autotunes_through_the_pruning() -> None:
 
 def test_configs_from_the_environment_are_parsed_or_refused() -> None:
     assert kernels.parse_configs("64:64:8:3,128:64:2:1") == [(64, 64, 8, 3), (128, 64, 2, 1)]
-    for bad in ("64:64:8", "64:64:8:3:1", "64:64:0:3", "a:b:c:d", "64:64:8:3,"):
+    bad_items = ("64:64:8", "64:64:8:3:1", "64:64:0:3", "a:b:c:d", "64:64:8:3,", "64:64:8:0")
+    bad_items += ("48:64:8:3", "64:16:8:3", "8:64:4:3", "64:64:3:3")
+    for bad in bad_items:
         with pytest.raises(ValueError, match="PDFLASH_FUSED_CONFIGS"):
             kernels.parse_configs(bad)
