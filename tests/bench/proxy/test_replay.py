@@ -493,22 +493,31 @@ def test_replayed_weights_are_the_routers_softmax_over_the_replayed_ids(
         rt.route(1, torch.zeros(5, 4), torch.zeros(5, k, dtype=torch.int64), torch.rand(5, k))
 
 
-def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -> None:
-    from pdflash.bench.engine_run import RunSpec, run_spec
+def _tiny_replay_spec(trace_path: Path, **kw: Any) -> Any:
+    """The trace replayed on the tiny gpt-oss preset (synthetic: 2 layers,
+    8 experts top-2; the trace: 16 top-4), routing from the trace."""
+    from pdflash.bench.engine_run import RunSpec
 
     t = tf.load_trace(trace_path)
-    spec = RunSpec(
-        arch="tiny-gpt_oss",  # synthetic: 2 layers, 8 experts top-2 (the trace: 16 top-4)
-        baseline="PD",
+    base: dict[str, Any] = dict(
+        arch="tiny-gpt_oss",
         device="cpu",
-        concurrency=2,
         prompt_len=8,
         max_new_tokens=12,
         block_size=int(t.provenance["block_size"]),
         routing_source="trace",
-        acceptance="auto",  # synthetic drafter + a trace: the trace's acceptance
         trace=str(trace_path),
     )
+    base.update(kw)
+    return RunSpec(**base)
+
+
+def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -> None:
+    from pdflash.bench.engine_run import run_spec
+
+    t = tf.load_trace(trace_path)
+    # acceptance auto: a synthetic drafter + a trace replays the trace's acceptance
+    spec = _tiny_replay_spec(trace_path, baseline="PD", concurrency=2, acceptance="auto")
     res = run_spec(spec)
     row = res.row
     assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
@@ -528,23 +537,13 @@ def test_each_repeat_replays_the_next_trace_requests(trace_path: Path) -> None:
     """Without trace prompts, request i of repeat r replays trace request
     (i + r x requests) mod R: a one-request run does not replay trace request
     0 at every repeat."""
-    from pdflash.bench.engine_run import RunSpec, run_spec
+    from pdflash.bench.engine_run import run_spec
 
     t = tf.load_trace(trace_path)
     assert t.num_requests == 2
     for repeat, want in ((0, 0), (1, 1), (2, 0)):
-        spec = RunSpec(
-            arch="tiny-gpt_oss",
-            baseline="B1",
-            device="cpu",
-            concurrency=1,
-            prompt_len=8,
-            max_new_tokens=12,
-            block_size=int(t.provenance["block_size"]),
-            routing_source="trace",
-            acceptance="trace",
-            trace=str(trace_path),
-            repeat=repeat,
+        spec = _tiny_replay_spec(
+            trace_path, baseline="B1", concurrency=1, acceptance="trace", repeat=repeat
         )
         res = run_spec(spec)
         assert res.row["acceptance_params"]["trace_requests_replayed"] == [want]
