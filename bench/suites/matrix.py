@@ -80,6 +80,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     name: SETTING_DEFAULTS[name]
     for name in (
         "host_experts",
+        "host_format",
         "host_workers",
         "host_threads",
         "host_max_ratio",

@@ -407,6 +407,7 @@ def test_matrix_command_spells_a_host_setting_only_off_its_default(
     matrix.add_arguments(parser)
     off_default = {
         "host_experts": "--host-experts auto",
+        "host_format": "--host-format packed",
         "host_workers": "--host-workers 2",
         "host_threads": "--host-threads 3",
         "host_max_ratio": "--host-max-ratio 2.0",
@@ -427,6 +428,9 @@ def test_matrix_command_spells_a_host_setting_only_off_its_default(
         assert getattr(args, name) != matrix.HOST_DEFAULTS[name], name
         assert spelled.split()[0] not in plain, name
         assert f" {spelled} " in matrix.matrix_command(args, tmp_path), name
+        # and the plan hands it to every run (host_format was parsed, then dropped)
+        for spec in matrix.plan(parser.parse_args(["--arch", "tiny", *spelled.split()])):
+            assert spec[name] == getattr(args, name), name
     # the default given explicitly is not spelled either
     at_default = parser.parse_args(
         ["--host-max-ratio", str(matrix.HOST_DEFAULTS["host_max_ratio"])]
