@@ -128,11 +128,10 @@ def _timed(fn: Any, iters: int, rounds: int) -> float:
     return statistics.median(per_call)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options a grid run shares with ``mxfp4_tma_probe.py`` (each adds
+    its own ``--variants`` and ``--configs``)."""
     ap.add_argument("--tokens", default="16,64,256")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--configs", default=CONFIGS, help="BLOCK_N:BLOCK_K:warps:stages,...")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compile-only", action="store_true")
@@ -140,6 +139,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=300.0, help="no new point after this")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--smoke", action="store_true")
+
+
+def slab_weights(k: Any, slab: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """The slab's gate_up and down projections as ``k.SlabWeight`` (``k``
+    the fused kernel module)."""
+    return tuple(
+        k.SlabWeight("mxfp4", slab[f"{n}_blocks"], slab[f"{n}_scales"], slab[f"{n}_bias"])
+        for n in ("gate_up", "down")
+    )
+
+
+def shard_of(grid: list[Any], shard: str) -> list[Any]:
+    """Shard ``I/N``'s share of ``grid`` (every N-th point from the I-th)."""
+    i, n = (int(v) for v in shard.split("/"))
+    return grid[i::n]
+
+
+def measure(
+    point: dict[str, Any],
+    mlp: Any,
+    want: torch.Tensor | None,
+    timed: bool,
+    args: argparse.Namespace,
+    hbm: object,
+    nbytes: int,
+) -> None:
+    """Run ``mlp`` once, put its error against ``want`` (relative to the
+    largest output) into ``point``, and where ``timed`` its µs per call and
+    roofline ratio; a config that does not compile or fit records its error
+    instead (the grid goes on)."""
+    try:
+        got = mlp()
+        if want is not None:
+            scale = max(1.0, float(want.abs().max()))
+            point["max_rel_err"] = float((got.float() - want).abs().max()) / scale
+        if want is not None and timed:
+            us = _timed(mlp, args.iters, args.rounds)
+            roof = nbytes / (float(hbm) * 1e9) * 1e6 if isinstance(hbm, float) else None
+            point.update(us=us, roofline_us=roof, over_roofline=us / roof if roof else None)
+    except Exception as exc:  # a config that does not compile or fit: say so, go on
+        point["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    print(json.dumps(point), file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_arguments(ap)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--configs", default=CONFIGS, help="BLOCK_N:BLOCK_K:warps:stages,...")
     args = ap.parse_args(argv)
     if args.smoke:
         global HIDDEN, INTER, EXPERTS, TOP_K
@@ -154,17 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     g = torch.Generator().manual_seed(0)
     slab = _slab(g, dev)
-    gate_up = k.SlabWeight(
-        "mxfp4", slab["gate_up_blocks"], slab["gate_up_scales"], slab["gate_up_bias"]
-    )
-    down = k.SlabWeight("mxfp4", slab["down_blocks"], slab["down_scales"], slab["down_bias"])
+    gate_up, down = slab_weights(k, slab)
     configs = k.parse_configs(args.configs)
     grid = [(v, c) for v in args.variants.split(",") for c in configs]
     unknown = {v for v, _ in grid} - set(VARIANTS)
     if unknown:
         raise SystemExit(f"--variants: {sorted(unknown)} not among {VARIANTS}")
-    shard, shards = (int(v) for v in args.shard.split("/"))
-    grid = grid[shard::shards]
+    grid = shard_of(grid, args.shard)
     hbm = None if args.compile_only or args.smoke else measure_hbm_gbps(dev)
     points = []
     for tokens in (int(t) for t in args.tokens.split(",")):
@@ -189,19 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 "variant": variant, "config": [bn, bk, warps, stages], "tokens": tokens,
                 "block_m": block_m,
             }  # fmt: skip
-            try:
-                got = mlp()
-                if want is not None:
-                    scale = max(1.0, float(want.abs().max()))
-                    point["max_rel_err"] = float((got.float() - want).abs().max()) / scale
-                if want is not None and not args.smoke:
-                    us = _timed(mlp, args.iters, args.rounds)
-                    roof = nbytes / (float(hbm) * 1e9) * 1e6 if isinstance(hbm, float) else None
-                    point.update(us=us, roofline_us=roof, over_roofline=us / roof if roof else None)
-            except Exception as exc:  # a config that does not compile or fit: say so, go on
-                point["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            measure(point, mlp, want, not args.smoke, args, hbm, nbytes)
             points.append(point)
-            print(json.dumps(point), file=sys.stderr, flush=True)
     result = {
         "kind": "mxfp4_sweep",
         "synthetic": True,

@@ -341,17 +341,10 @@ def _probe_mlp(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokens", default="16,64,256")
+    sweep.add_run_arguments(ap)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--configs", default=CONFIGS, help="probe BLOCK_N:BLOCK_K:warps:stages,...")
     ap.add_argument("--lib-configs", default=LIB_CONFIGS, help="the library kernel's, same form")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--compile-only", action="store_true")
-    ap.add_argument("--shard", default="0/1", help="I/N: this process's share of the grid")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="no new point after this")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
         if not _interpreting():
@@ -368,10 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     g = torch.Generator().manual_seed(0)
     slab = sweep._slab(g, dev)
-    gate_up = SlabWeight(
-        "mxfp4", slab["gate_up_blocks"], slab["gate_up_scales"], slab["gate_up_bias"]
-    )
-    down = SlabWeight("mxfp4", slab["down_blocks"], slab["down_scales"], slab["down_bias"])
+    gate_up, down = sweep.slab_weights(k, slab)
     scales_t = (relayout_scales(gate_up.scale, 2), relayout_scales(down.scale, 1))
 
     def parse(text: str) -> list[tuple[int, int, int, int]]:
@@ -384,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = [
         (v, c) for v in variants for c in parse(args.lib_configs if v == "lib" else args.configs)
     ]
-    shard, shards = (int(v) for v in args.shard.split("/"))
-    grid = grid[shard::shards]
+    grid = sweep.shard_of(grid, args.shard)
     hbm = None if args.compile_only or args.smoke else measure_hbm_gbps(dev)
     points = []
     for tokens in (int(t) for t in args.tokens.split(",")):
@@ -416,19 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                     _probe_mlp, gate_up, down, gu_t, dn_t, config, "x" in variant[4:], x, x_rows,
                     tiles, block_m,
                 )  # fmt: skip
-            try:
-                got = mlp()
-                if want is not None:
-                    scale = max(1.0, float(want.abs().max()))
-                    point["max_rel_err"] = float((got.float() - want).abs().max()) / scale
-                if want is not None and not args.smoke:
-                    us = sweep._timed(mlp, args.iters, args.rounds)
-                    roof = nbytes / (float(hbm) * 1e9) * 1e6 if isinstance(hbm, float) else None
-                    point.update(us=us, roofline_us=roof, over_roofline=us / roof if roof else None)
-            except Exception as exc:  # a config that does not compile or fit: say so, go on
-                point["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            sweep.measure(point, mlp, want, not args.smoke, args, hbm, nbytes)
             points.append(point)
-            print(json.dumps(point), file=sys.stderr, flush=True)
     result: dict[str, Any] = {
         "kind": "mxfp4_tma_probe",
         "synthetic": True,
