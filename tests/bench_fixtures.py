@@ -4,7 +4,11 @@ honours the ``pdflash.bench.engine_run`` contract (RunSpec -> RunResult)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -14,6 +18,33 @@ from pdflash.report.belady import belady
 
 if TYPE_CHECKING:  # imported where used: it pulls in the engine
     from pdflash.bench.engine_run import RunSpec
+
+BENCH_H200 = Path(__file__).resolve().parents[1] / "bench" / "h200"
+
+
+def load_bench_script(filename: str) -> ModuleType:
+    """A GPU helper script of bench/h200/, loaded from the source tree by path
+    (it is not package code: the wheel leaves bench/ out). Loaded once per
+    session and registered in ``sys.modules`` (a dataclass looks its module up
+    there); bench/h200/ goes on ``sys.path`` for the scripts that import a
+    sibling (issue16.py imports diag_host_experts)."""
+    path = BENCH_H200 / filename
+    name = f"_bench_h200_{path.stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    if str(BENCH_H200) not in sys.path:
+        sys.path.insert(0, str(BENCH_H200))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
 
 # Tokens/s of the fake engine, per baseline at concurrency 1 (scaled by
 # concurrency): the expected order B0 < B1 < B2 < PD <= B3.

@@ -4,17 +4,12 @@ file with."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-# A GPU helper script of the repository, not package code (the wheel leaves
-# bench/h200/ out), so it is loaded from the source tree by path.
-_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "ab_rows.py"
-_spec = importlib.util.spec_from_file_location("_bench_h200_ab_rows", _SCRIPT)
-assert _spec is not None and _spec.loader is not None
-ab_rows = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ab_rows)
+from bench_fixtures import load_bench_script
+
+ab_rows = load_bench_script("ab_rows.py")
 
 
 def test_points_entries_medians_and_the_summary_file(tmp_path: Path) -> None:

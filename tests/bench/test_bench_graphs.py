@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from bench_fixtures import load_bench_script
 from pdflash.bench.engine_run import RunSpec, _graph_fields, _verify_breakdown
 
 from pdflash.engine.graphs import EagerBackend, GraphRunner
@@ -136,14 +137,7 @@ def test_graph_host_times_every_part_of_a_replayed_step() -> None:
 
 
 def test_graphs_summary_reports_captures_in_the_run_and_the_pre_capture() -> None:
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "bench" / "h200" / "graphs_summary.py"
-    spec = importlib.util.spec_from_file_location("_bench_h200_graphs_summary", script)
-    assert spec is not None and spec.loader is not None
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
+    summary = load_bench_script("graphs_summary.py")
 
     def row(setting: str, captures: int, prepared: int, s: float) -> dict[str, Any]:
         graphs: dict[str, Any] = {"setting": setting}
@@ -171,14 +165,7 @@ def test_graphs_summary_reports_captures_in_the_run_and_the_pre_capture() -> Non
 
 
 def test_graphs_summary_keys_by_baseline_and_reports_the_roofline() -> None:
-    import importlib.util
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[2] / "bench" / "h200" / "graphs_summary.py"
-    spec = importlib.util.spec_from_file_location("_bench_h200_graphs_summary_roof", script)
-    assert spec is not None and spec.loader is not None
-    summary = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summary)
+    summary = load_bench_script("graphs_summary.py")
 
     def row(baseline: str, verify_ms: float, roof_ms: float | None) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -7,13 +7,13 @@ The recorder runs over the eager stand-in backend (the CUDA one on a GPU)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_fixtures import load_bench_script
 from pdflash.bench import engine_run
 from pdflash.bench.engine_run import RunSpec, run_spec
 
@@ -123,14 +123,7 @@ def test_the_setting_is_checked_and_is_a_run_setting() -> None:
 
 
 def test_issue16_arms_and_the_clis_take_it() -> None:
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[2] / "bench" / "h200" / "issue16.py"
-    spec = importlib.util.spec_from_file_location("_bench_h200_issue16_rg", script)
-    assert spec is not None and spec.loader is not None
-    issue16 = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = issue16  # its dataclass looks its module up
-    spec.loader.exec_module(issue16)
+    issue16 = load_bench_script("issue16.py")
     arms = issue16.parse_arms("PD,graphs=PD:resident_graphs=on")
     assert arms[1].overrides() == {"resident_graphs": "on"}
     base = {"arch": "tiny", "cache_fraction": 0.5, "concurrency": 1}

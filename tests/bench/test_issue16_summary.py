@@ -4,23 +4,14 @@ tiny CPU shape."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_fixtures import load_bench_script
 
-# A GPU helper script of the repository, not package code (the wheel leaves
-# bench/h200/ out), so it is loaded from the source tree by path.
-_SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "issue16.py"
-sys.path.insert(0, str(_SCRIPT.parent))  # diag_host_experts beside it
-_spec = importlib.util.spec_from_file_location("_bench_h200_issue16", _SCRIPT)
-assert _spec is not None and _spec.loader is not None
-issue16 = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = issue16  # its dataclass looks its module up
-_spec.loader.exec_module(issue16)
+issue16 = load_bench_script("issue16.py")
 
 
 def test_interval_hand_checked() -> None:

@@ -3,19 +3,13 @@ from run.sh's results.jsonl and log, and where a cut step was."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from typing import Any
+from types import ModuleType
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "mxfp4moe_summary.py"
+from bench_fixtures import load_bench_script
 
 
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("mxfp4moe_summary", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _module() -> ModuleType:
+    return load_bench_script("mxfp4moe_summary.py")
 
 
 LOG = """== step row: timeout 60 pdflash-bench moe ...

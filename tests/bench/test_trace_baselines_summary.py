@@ -3,20 +3,16 @@ best B1/B2 configuration per point, with per-repeat ratios and a verdict."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "trace_baselines_summary.py"
+from bench_fixtures import load_bench_script
 
 
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("trace_baselines_summary", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _module() -> ModuleType:
+    return load_bench_script("trace_baselines_summary.py")
 
 
 def _row(label: str, width: str, repeat: int, tps: float, conc: int = 4) -> dict[str, Any]:

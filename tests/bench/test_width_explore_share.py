@@ -3,21 +3,15 @@ verified drafts and of the modeled link time, from a row's histogram."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
+from bench_fixtures import load_bench_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "h200" / "width_explore_share.py"
 
-
-def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("width_explore_share", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _module() -> ModuleType:
+    return load_bench_script("width_explore_share.py")
 
 
 def _row(hist: list[int], explored: int, policy: str = "adaptive") -> dict[str, Any]:
