@@ -16,8 +16,10 @@
 
   Each prompt has the length the workload draws for it.
 * :func:`published_expert_nbytes`: the bytes of one expert of a published
-  architecture as the synthetic presets define it (bf16, dense), or a byte
-  count, for ``RunSpec.expert_bytes_as`` (experts padded to that size).
+  architecture as the synthetic presets define it (bf16, dense; or, with a
+  ``-FORMAT`` suffix, in a compressed format pdflash stores it in, e.g.
+  ``gpt-oss-20b-mxfp4``, the checkpoint's own format), or a byte count, for
+  ``RunSpec.expert_bytes_as`` (experts padded to that size).
 """
 
 from __future__ import annotations
@@ -36,11 +38,20 @@ PUBLISHED_SHAPES: dict[str, tuple[str, str]] = {
     "olmoe-1b-7b": ("olmoe", "olmoe-1b-7b"),
 }
 
+#: ``expert_bytes_as`` names of a published expert in a stored compressed
+#: format -> (``PUBLISHED_SHAPES`` name, expert format): the bytes pdflash
+#: moves for that checkpoint by default (gpt-oss ships MXFP4 experts)
+STORED_FORMAT_SHAPES: dict[str, tuple[str, str]] = {
+    "gpt-oss-20b-mxfp4": ("gpt-oss-20b", "mxfp4"),
+}
+
 
 def published_expert_nbytes(spec: str) -> tuple[int, str]:
     """``(bytes, source)`` for an ``expert_bytes_as`` value: a published
-    architecture name (its synthetic preset's bf16 dense expert layout) or a
-    positive byte count. Raises ``ValueError`` on anything else."""
+    architecture name (its synthetic preset's bf16 dense expert layout), one
+    of :data:`STORED_FORMAT_SHAPES` (the preset's experts as stored in that
+    format: packed blocks, scales and bf16 biases) or a positive byte count.
+    Raises ``ValueError`` on anything else."""
     import torch
 
     from pdflash.models import synthetic_config
@@ -52,11 +63,19 @@ def published_expert_nbytes(spec: str) -> tuple[int, str]:
         if n < 1:
             raise ValueError(f"expert_bytes_as must be a positive byte count, got {spec!r}")
         return n, f"{n} bytes (configured)"
-    if text not in PUBLISHED_SHAPES:
-        raise ValueError(
-            f"expert_bytes_as must be a byte count or one of {sorted(PUBLISHED_SHAPES)}, "
-            f"got {spec!r}"
+    if text in STORED_FORMAT_SHAPES:
+        name, fmt_name = STORED_FORMAT_SHAPES[text]
+        arch, preset = PUBLISHED_SHAPES[name]
+        config = synthetic_config(arch, preset)
+        adapter = get_adapter_class(arch)
+        (fmt,) = [f for f in adapter.expert_formats(config) if f.name == fmt_name]
+        layout, _ = adapter.stored_layout(config, torch.bfloat16, fmt, None)
+        return int(layout.nbytes), (
+            f"{text} (synthetic preset {preset!r}, {fmt_name} stored expert layout)"
         )
+    if text not in PUBLISHED_SHAPES:
+        names = sorted([*PUBLISHED_SHAPES, *STORED_FORMAT_SHAPES])
+        raise ValueError(f"expert_bytes_as must be a byte count or one of {names}, got {spec!r}")
     arch, preset = PUBLISHED_SHAPES[text]
     config = synthetic_config(arch, preset)
     nbytes = int(get_adapter_class(arch).expert_layout(config, torch.bfloat16).nbytes)

@@ -6,7 +6,8 @@
 # Each phase runs bench/h200/run.sh steps (log.txt, results.jsonl under $OUT) and
 # copies the small artefacts (training logs, routing stats, provenance, tokenizer,
 # eval JSON, traces) to $OUT/proxy/. PROXY_PRESET=cpu-tiny, TARGET_BUDGET_S and
-# DRAFT_BUDGET_S shrink a rehearsal. Then, on the same machine, the benchmarks on
+# DRAFT_BUDGET_S shrink a rehearsal; TRACES=0 skips the draft phase's two trace
+# exports (the committed traces stand; the benchmarks do not need them). Then, on the same machine, the benchmarks on
 # the trained pair: bench/h200/issue14_bench.sh routeahead|gptoss|qwen3|replay.
 set -uo pipefail
 PHASE=${1:?usage: issue14.sh target|draft}
@@ -23,12 +24,18 @@ case "$PHASE" in
     ;;
   draft)
     test -f "$P/target/config.json" || { echo "no target in $P/target: run the target phase first" >&2; exit 2; }
-    bash "$HERE/run.sh" \
-      "proxy_draft=pdflash-bench proxy --json draft --preset ${PROXY_PRESET:-gpu} --target $P/target --out $P/drafter --time-budget-s ${DRAFT_BUDGET_S:-140}" \
-      "proxy_eval=pdflash-bench proxy --json eval --target $P/target --drafter $P/drafter --num-prompts 8 --prompt-len 128 --max-new-tokens 160 --out $OUT/proxy/eval.json" \
-      "proxy_trace_greedy=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --out $OUT/proxy/trace_gpu_greedy.npz" \
-      "proxy_trace_t1=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --temperature 1.0 --out $OUT/proxy/trace_gpu_t1.npz" \
-      "collect_draft=cp $P/drafter/config.json $OUT/proxy/drafter_config.json && cp $P/drafter/provenance.json $OUT/proxy/drafter_provenance.json && cp $P/drafter/draft_log.jsonl $OUT/proxy/ && python3 -c 'import json;print(json.dumps({\"copied\": 3}))'"
+    steps=(
+      "proxy_draft=pdflash-bench proxy --json draft --preset ${PROXY_PRESET:-gpu} --target $P/target --out $P/drafter --time-budget-s ${DRAFT_BUDGET_S:-140}"
+      "proxy_eval=pdflash-bench proxy --json eval --target $P/target --drafter $P/drafter --num-prompts 8 --prompt-len 128 --max-new-tokens 160 --out $OUT/proxy/eval.json"
+    )
+    if [ "${TRACES:-1}" = 1 ]; then
+      steps+=(
+        "proxy_trace_greedy=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --out $OUT/proxy/trace_gpu_greedy.npz"
+        "proxy_trace_t1=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --temperature 1.0 --out $OUT/proxy/trace_gpu_t1.npz"
+      )
+    fi
+    steps+=("collect_draft=cp $P/drafter/config.json $OUT/proxy/drafter_config.json && cp $P/drafter/provenance.json $OUT/proxy/drafter_provenance.json && cp $P/drafter/draft_log.jsonl $OUT/proxy/ && python3 -c 'import json;print(json.dumps({\"copied\": 3}))'")
+    bash "$HERE/run.sh" "${steps[@]}"
     ;;
   *)
     echo "usage: issue14.sh target|draft" >&2

@@ -5,22 +5,23 @@
 # bench/h200/run.sh's step style ($OUT/log.txt, $OUT/results.jsonl):
 #   bash bench/h200/issue14_bench.sh routeahead  # predictors on learned routing, cold and
 #                                                # after PRIOR_WARMUP (512) warm-up texts (~3-5 min)
-#   bash bench/h200/issue14_bench.sh gptoss      # B1/B2/PD/B3, experts padded to gpt-oss-20b
+#   bash bench/h200/issue14_bench.sh gptoss      # B1/B2/PD/B3, experts padded to gpt-oss-20b (bf16)
+#   bash bench/h200/issue14_bench.sh gptoss_mxfp4  # the same, padded to gpt-oss-20b's MXFP4 experts
 #   bash bench/h200/issue14_bench.sh qwen3       # the same, padded to qwen3-30b-a3b
 #   bash bench/h200/issue14_bench.sh replay      # routing + acceptance replayed from a proxy
 #                                                # trace on the synthetic published shapes
-# The engine phases run `pdflash-bench matrix` (cache 0.2 and 0.5, c = 1, 4, 16,
+# The engine phases run `pdflash-bench matrix` (cache CACHE, default 0.2,0.5; c = CONC, default 1,4,16;
 # $REPEATS interleaved repeats, prompts from the proxy's held-out text (or PROMPTS), model
 # acceptance from the trained drafter, greedy unless TEMPERATURE is set) with a
 # time budget; their rows live in $PROXY_DIR/bench/<phase> on the machine, so
 # calling a phase again on the same machine resumes where the budget stopped it
 # (the step's result says not_started_budget). Every call copies the rows to
-# $OUT/<phase>/. Knobs: REPEATS (3), BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
+# $OUT/<phase>/. Knobs: REPEATS (3), CONC, CACHE, BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
 # token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
 set -uo pipefail
-PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|qwen3|replay}
+PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay}
 OUT=${OUT:-$PWD/out}
 export OUT
 P=${PROXY_DIR:-/tmp/pdflash-proxy}
@@ -34,7 +35,9 @@ TEMPERATURE=${TEMPERATURE:-0}
 PROMPTS=${PROMPTS:-heldout}
 PRIOR_WARMUP=${PRIOR_WARMUP:-512}
 BASELINES=${BASELINES:-B1,B2,PD,B3}
-MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency 1,4,16 --cache-fraction 0.2,0.5 --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE"
+CONC=${CONC:-1,4,16}
+CACHE=${CACHE:-0.2,0.5}
+MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency $CONC --cache-fraction $CACHE --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE"
 need_drafter() {
   test -f "$P/drafter/config.json" || { echo "no drafter in $P/drafter: run bench/h200/issue14.sh draft" >&2; exit 2; }
 }
@@ -47,9 +50,13 @@ case "$PHASE" in
       "routeahead_learned=timeout 420 pdflash-bench routeahead --json --weights $P/target --prompts $PROMPTS --sequences 32 --blocks-per-sequence 8 --native-reps 5 --reference-reps 1 > $OUT/routeahead_learned.json; rc=\$?; cat $OUT/routeahead_learned.json; exit \$rc" \
       "routeahead_warm=timeout 420 pdflash-bench routeahead --json --weights $P/target --prompts $PROMPTS --sequences 32 --blocks-per-sequence 8 --prior-warmup-sequences $PRIOR_WARMUP --native-reps 5 --reference-reps 1 > $OUT/routeahead_warm.json; rc=\$?; cat $OUT/routeahead_warm.json; exit \$rc"
     ;;
-  gptoss | qwen3)
+  gptoss | gptoss_mxfp4 | qwen3)
     need_drafter
-    size=$([ "$PHASE" = gptoss ] && echo gpt-oss-20b || echo qwen3-30b-a3b)
+    case "$PHASE" in
+      gptoss) size=gpt-oss-20b ;;
+      gptoss_mxfp4) size=gpt-oss-20b-mxfp4 ;;
+      *) size=qwen3-30b-a3b ;;
+    esac
     # ROUTE_AHEAD_SOURCE=token_prior: PD predicts with the token prior; its rows go to their
     # own folder (<phase>_token_prior) so a report never mixes the two sources' PD rows
     RA=${ROUTE_AHEAD_SOURCE:-union}
@@ -77,7 +84,7 @@ case "$PHASE" in
     exec bash "$HERE/run.sh" "${steps[@]}"
     ;;
   *)
-    echo "usage: issue14_bench.sh routeahead|gptoss|qwen3|replay" >&2
+    echo "usage: issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay" >&2
     exit 2
     ;;
 esac

@@ -379,7 +379,8 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         "--expert-bytes-as",
         default=None,
         help="pad every stored expert to a published size (gpt-oss-20b, qwen3-30b-a3b, "
-        "mixtral-8x7b, olmoe-1b-7b: their bf16 dense expert bytes) or a byte count; copies, "
+        "mixtral-8x7b, olmoe-1b-7b: their bf16 dense expert bytes; gpt-oss-20b-mxfp4: its "
+        "MXFP4 stored bytes) or a byte count; copies, "
         "slots and Belady move the padded size, routing and tau stay the model's",
     )
     parser.add_argument(
