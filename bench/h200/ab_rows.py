@@ -20,9 +20,12 @@ Row = dict[str, Any]
 
 
 def load_rows(root: Path) -> list[Row]:
-    """The run's rows (``root/engine/rows.jsonl``; none where it is absent)."""
-    rows_file = root / "engine" / "rows.jsonl"
-    return [json.loads(line) for line in rows_file.open()] if rows_file.is_file() else []
+    """The run's rows (``root/engine/rows.jsonl``, or its committed ``.gz``;
+    none where it is absent)."""
+    from pdflash.report.writers import read_jsonl, results_path
+
+    rows_file = results_path(root / "engine" / "rows.jsonl")
+    return read_jsonl(rows_file) if rows_file.is_file() else []
 
 
 def by_point_and_arm(rows: list[Row]) -> dict[Point, dict[Any, list[Row]]]:

@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pdflash.report.writers import read_jsonl, results_path
+
 PARTS = (
     "verify_ms",
     "graphed_ms",
@@ -43,9 +45,9 @@ ROOFLINE_COLUMNS = (
 def _rows(dirs: list[Path]) -> list[dict[str, Any]]:
     rows = []
     for d in dirs:
-        path = d / "rows.jsonl"
+        path = results_path(d / "rows.jsonl")
         if path.exists():
-            rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            rows += read_jsonl(path)
     return rows
 
 

@@ -11,33 +11,33 @@ import json
 import sys
 from typing import Any
 
+from pdflash.report.writers import read_jsonl
+
 
 def main(path: str) -> int:
     steps: dict[str, Any] = {}
-    with open(path) as f:
-        for line in f:
-            rec = json.loads(line)
-            res = rec.get("result")
-            if not rec["step"].startswith("big_") or not isinstance(res, dict):
-                continue
-            host = res.get("host") or {}
-            handoff = host.get("handoff") or {}
-            parts = res.get("parts_us") or {}
-            steps[rec["step"]] = {
-                "rc": rec["rc"],
-                "handoff_mode": handoff.get("mode"),
-                "handoff_reason": handoff.get("reason"),
-                "forward_us": res.get("forward_us"),
-                "forward_synced_us": res.get("forward_synced_us"),
-                "wait_us_per_hosting_layer": host.get("wait_us_per_hosting_layer"),
-                "hosting_layers_per_step": host.get("hosting_layers_per_step"),
-                "host_write_us_per_hosting_layer": (
-                    host.get("pieces_us_per_hosting_layer") or {}
-                ).get("host_write"),
-                "attention_us": parts.get("attention"),
-                "router_us": parts.get("router"),
-                "readback_us": parts.get("readback"),
-            }
+    for rec in read_jsonl(path):
+        res = rec.get("result")
+        if not rec["step"].startswith("big_") or not isinstance(res, dict):
+            continue
+        host = res.get("host") or {}
+        handoff = host.get("handoff") or {}
+        parts = res.get("parts_us") or {}
+        steps[rec["step"]] = {
+            "rc": rec["rc"],
+            "handoff_mode": handoff.get("mode"),
+            "handoff_reason": handoff.get("reason"),
+            "forward_us": res.get("forward_us"),
+            "forward_synced_us": res.get("forward_synced_us"),
+            "wait_us_per_hosting_layer": host.get("wait_us_per_hosting_layer"),
+            "hosting_layers_per_step": host.get("hosting_layers_per_step"),
+            "host_write_us_per_hosting_layer": (host.get("pieces_us_per_hosting_layer") or {}).get(
+                "host_write"
+            ),
+            "attention_us": parts.get("attention"),
+            "router_us": parts.get("router"),
+            "readback_us": parts.get("readback"),
+        }
     verdict: dict[str, Any] = {}
     for suffix in ("", "4"):
         t, s = steps.get(f"big_thread{suffix}"), steps.get(f"big_stream{suffix}")

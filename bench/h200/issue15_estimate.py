@@ -31,6 +31,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from pdflash.report.writers import read_jsonl, rows_files
+
 HERE = Path(__file__).resolve().parent
 ROWS = HERE.parent / "results" / "h200-matrix"
 
@@ -77,9 +79,10 @@ CALIBRATED = {"PD", "PD-all-on", "PD-no-route-ahead", "PD-one-band", "PD-no-stre
 def tok_s_table() -> dict[tuple[str, str, int, float], float]:
     """(arch, baseline, concurrency, cache fraction) -> 8-layer tokens/s."""
     out: dict[tuple[str, str, int, float], float] = {}
-    for path in sorted(ROWS.glob("rows-*.jsonl")):
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
+    for path in rows_files(ROWS):
+        if not path.name.startswith("rows-"):
+            continue
+        for r in read_jsonl(path):
             key = (r["arch"], r["baseline"], int(r["concurrency"]), float(r["cache_fraction"]))
             out[key] = float(r["output_tokens_per_s"])
     return out

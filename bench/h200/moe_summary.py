@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from pdflash.report.writers import read_jsonl
+
 
 def main(summarise: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
     """Run ``summarise(step, row)`` over every moe row of the results file
@@ -22,14 +24,12 @@ def main(summarise: Callable[[str, dict[str, Any]], dict[str, Any]]) -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     summary: dict[str, Any] = {}
-    with open(args.results) as f:
-        for line in f:
-            step = json.loads(line)
-            row = step.get("result")
-            if not isinstance(row, dict) or row.get("suite") != "moe":
-                print(f"{step['step']}: rc {step['rc']}, no moe row")
-                continue
-            summary[step["step"]] = summarise(step["step"], row)
+    for step in read_jsonl(args.results):
+        row = step.get("result")
+        if not isinstance(row, dict) or row.get("suite") != "moe":
+            print(f"{step['step']}: rc {step['rc']}, no moe row")
+            continue
+        summary[step["step"]] = summarise(step["step"], row)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(summary, f, indent=1)

@@ -15,6 +15,8 @@ import json
 import re
 from typing import Any
 
+from pdflash.report.writers import read_jsonl, read_results_text
+
 STEP_END = re.compile(r"^== step (\S+) rc=(-?\d+) in (\d+) s$")
 STEP_START = re.compile(r"^== step (\S+): ")
 AUTOTUNE_DONE = re.compile(r"finished after ([0-9.]+)s")
@@ -106,10 +108,8 @@ def main() -> None:
     ap.add_argument("log")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    with open(args.results) as f:
-        results = [json.loads(line) for line in f if line.strip()]
-    with open(args.log) as f:
-        log = f.read()
+    results = read_jsonl(args.results)
+    log = read_results_text(args.log)
     summary = summarize(results, log)
     for name, e in summary.items():
         print(f"{name}: rc {e['rc']}, {e['wall_s']} s wall", end="")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pdflash.report.stats import compare, t_interval
+from pdflash.report.writers import read_jsonl
 
 #: the labels PD is held against (issue 14: never slower than their best)
 BASELINES = ("B1", "B2")
@@ -115,7 +116,7 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
 
 
 def main(root: Path) -> None:
-    rows = [json.loads(line) for line in (root / "trace" / "rows.jsonl").open()]
+    rows = read_jsonl(root / "trace" / "rows.jsonl")
     points = summarize(rows)
     for p in points:
         requests = "" if p["num_requests"] is None else f", {p['num_requests']} requests"

@@ -40,12 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _rows(paths: list[Path]) -> list[dict[str, Any]]:
-    rows = []
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+    from pdflash.report.writers import read_jsonl
+
+    return [row for path in paths for row in read_jsonl(path)]
 
 
 def _table(sim: list[dict[str, Any]]) -> str:

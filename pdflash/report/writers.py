@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -25,36 +26,76 @@ class RowFileError(ValueError):
     """A rows file that cannot be parsed; the message names file and line."""
 
 
+def results_path(path: str | Path) -> Path:
+    """``path``, or ``path.gz`` where only that exists: committed results are
+    gzipped (``bench/compact_results.py``) while runs write plain files."""
+    p = Path(path)
+    if not p.exists() and p.suffix != ".gz":
+        gz = p.with_name(p.name + ".gz")
+        if gz.is_file():
+            return gz
+    return p
+
+
+def read_results_text(path: str | Path) -> str:
+    """A results file's text, gunzipped where it ends in ``.gz`` (see
+    :func:`results_path` for the name)."""
+    p = results_path(path)
+    if p.suffix == ".gz":
+        with gzip.open(p, "rt", encoding="utf-8") as fh:
+            return fh.read()
+    return p.read_text(encoding="utf-8")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of one ``.jsonl`` (or ``.jsonl.gz``) file, one a line;
+    blank lines are skipped, anything else that is not an object raises
+    :class:`RowFileError` naming file and line."""
+    p = results_path(path)
+    if not p.is_file():
+        raise RowFileError(f"{p} does not exist")
+    rows: list[dict[str, Any]] = []
+    for lineno, line in enumerate(read_results_text(p).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RowFileError(f"{p}:{lineno}: not JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise RowFileError(f"{p}:{lineno}: a row must be a JSON object")
+        rows.append(row)
+    return rows
+
+
+def rows_files(folder: Path) -> list[Path]:
+    """``rows*.jsonl`` and ``rows*.jsonl.gz`` directly in ``folder``, by name;
+    a ``.gz`` whose plain file is also there is left out (same rows)."""
+    plain = set(folder.glob("rows*.jsonl"))
+    gz = {f for f in folder.glob("rows*.jsonl.gz") if f.with_suffix("") not in plain}
+    return sorted(plain | gz, key=lambda f: f.name.removesuffix(".gz"))
+
+
 def load_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows from a rows file, or from every ``rows*.jsonl`` directly in a folder
     (so results of several matrix runs can be combined: ``rows-gpt-oss.jsonl``,
-    ``rows-qwen.jsonl``; ``errors.jsonl`` is not rows).
+    ``rows-qwen.jsonl``; ``errors.jsonl`` is not rows). Gzipped files
+    (``.jsonl.gz``, as committed results are) read the same; a missing
+    ``rows.jsonl`` falls back to ``rows.jsonl.gz``.
 
     Non-finite numbers (``NaN``, ``Infinity``) parse, so that validation can
     name them; a line that is not JSON raises :class:`RowFileError`.
     """
-    p = Path(path)
+    p = results_path(path)
     if p.is_dir():
-        files = sorted(p.glob("rows*.jsonl"))
+        files = rows_files(p)
         if not files:
             raise RowFileError(f"no rows*.jsonl file in {p}")
     elif p.is_file():
         files = [p]
     else:
         raise RowFileError(f"{p} does not exist")
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        for lineno, line in enumerate(f.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RowFileError(f"{f}:{lineno}: not JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise RowFileError(f"{f}:{lineno}: a row must be a JSON object")
-            rows.append(row)
-    return rows
+    return [row for f in files for row in read_jsonl(f)]
 
 
 def append_row(path: str | Path, row: Mapping[str, Any]) -> None:

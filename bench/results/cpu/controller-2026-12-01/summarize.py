@@ -19,13 +19,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pdflash.report.writers import read_jsonl
+
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("rows", type=Path)
     ap.add_argument("--best", default="B1,B2")
     args = ap.parse_args()
-    rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(args.rows)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         width = (r.get("verify_width") or {}).get("setting", "full")

@@ -18,6 +18,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from pdflash.report.writers import read_jsonl
+
 
 def _fmt(xs: list[Any], nd: int = 0) -> str:
     return ", ".join("—" if x is None else f"{x:.{nd}f}" for x in xs)
@@ -31,8 +33,7 @@ def _rule(row: dict[str, Any]) -> str:
 def main() -> int:
     for folder in map(Path, sys.argv[1:]):
         runs: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-        for line in (folder / "rows.jsonl").read_text().splitlines():
-            row = json.loads(line)
+        for row in read_jsonl(folder / "rows.jsonl"):
             runs[(row["baseline"], row["concurrency"])].append(row)
         print(f"\n{folder}")
         print(

@@ -22,6 +22,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from pdflash.report.writers import read_jsonl
+
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("nan")
@@ -94,8 +96,7 @@ def noise(steps: list[dict[str, Any]]) -> dict[str, float]:
 def main() -> int:
     out = Path(sys.argv[1])
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for line in (out / "steps.jsonl").read_text().splitlines():
-        s = json.loads(line)
+    for s in read_jsonl(out / "steps.jsonl"):
         runs[s["run"]].append(s)
     cols = [
         "steps",
