@@ -16,7 +16,7 @@
 # time budget; their rows live in $PROXY_DIR/bench/<phase> on the machine, so
 # calling a phase again on the same machine resumes where the budget stopped it
 # (the step's result says not_started_budget). Every call copies the rows to
-# $OUT/<phase>/. Knobs: REPEATS (3), CONC, CACHE, BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
+# $OUT/<phase>/. Knobs: REPEATS (3), CONC, CACHE, WIDTHS (adaptive,fixed:1), CLOSED, BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
 # token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
@@ -36,8 +36,20 @@ PROMPTS=${PROMPTS:-heldout}
 PRIOR_WARMUP=${PRIOR_WARMUP:-512}
 BASELINES=${BASELINES:-B1,B2,PD,B3}
 CONC=${CONC:-1,4,16}
+# every label at each width, so each baseline is read at its best width (a
+# baseline at its default full width verifies every draft and moves the
+# experts of rows that are rarely accepted); WIDTHS=default: each label's own
+WIDTHS=${WIDTHS:-adaptive,fixed:1}
+[ "$WIDTHS" = default ] && WIDTH_ARG="" || WIDTH_ARG="--verify-width $WIDTHS"
 CACHE=${CACHE:-0.2,0.5}
-MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency $CONC --cache-fraction $CACHE --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE"
+MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency $CONC --cache-fraction $CACHE --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE $WIDTH_ARG"
+# CLOSED=N: a closed loop of CONC clients (one value) and N x CONC requests
+# instead of the burst, where every run lasts as long as its slowest request
+# and a label's accepted drafts for the others shorten nothing
+if [ -n "${CLOSED:-}" ]; then
+  case "$CONC" in *,*) echo "CLOSED needs one CONC value (the clients), got $CONC" >&2; exit 2 ;; esac
+  MATRIX="$MATRIX --arrivals closed --users $CONC --num-requests $((CLOSED * CONC))"
+fi
 need_drafter() {
   test -f "$P/drafter/config.json" || { echo "no drafter in $P/drafter: run bench/h200/issue14.sh draft" >&2; exit 2; }
 }
