@@ -9,7 +9,13 @@ the policy charged for the first row past the anchors (``row_link_s[0]``),
 and the drafts it added that were accepted (realized) against the policy's
 own expectation. No GPU: the numbers are read from the rows as committed.
 
-Usage: python bench/width_row_diagnosis.py ROWS.jsonl [ROWS.jsonl ...]
+With ``--trace TRACE.npz`` it also prints a CPU model of the closed loop's
+step count (replayed trace, idealized: each request needs 32 tokens, a round
+commits ``min(A, k) + 1`` of its trace round's ``A`` accepted drafts, 4
+clients take requests 0..11 from one queue in order, a step is one round of
+every running request): total rounds and makespan at fixed widths ``k``.
+
+Usage: python bench/width_row_diagnosis.py [--trace TRACE.npz] ROWS.jsonl [...]
 """
 
 from __future__ import annotations
@@ -57,7 +63,44 @@ def pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def makespan(trace_path: str, widths: tuple[int, ...] = (1, 2, 3, 15)) -> None:
+    """CPU model, replayed trace: rounds and closed-loop steps per fixed width."""
+    import numpy as np
+
+    z = np.load(trace_path)
+    rr, ra = z["round_request"], z["round_accepted"]
+
+    def rounds(r: int, k: int, new_tokens: int = 32) -> int:
+        drafts = ra[rr == r] - 1  # round_accepted counts the bonus token
+        need, i = new_tokens, 0
+        while need > 0:
+            need -= min(int(drafts[i % len(drafts)]), k) + 1
+            i += 1
+        return i
+
+    for k in widths:
+        per = [rounds(r, k) for r in range(12)]
+        free = [0] * 4
+        for n in per:
+            c = min(range(4), key=lambda j: free[j])
+            free[c] += n
+        print(
+            json.dumps(
+                {
+                    "cpu_model_replayed_trace": True,
+                    "width": k,
+                    "rounds_per_request": per,
+                    "total_rounds": sum(per),
+                    "makespan_steps": max(free),
+                }
+            )
+        )
+
+
 def main(paths: list[str]) -> None:
+    if paths[:1] == ["--trace"]:
+        makespan(paths[1])
+        paths = paths[2:]
     for p in paths:
         with open(p) as fh:
             rows = [json.loads(line) for line in fh]
