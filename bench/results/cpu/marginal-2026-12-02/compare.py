@@ -11,7 +11,6 @@ median of the same folder.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path

@@ -14,7 +14,6 @@ pair's statistic carries from the step noise alone.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import sys
 from collections import defaultdict
