@@ -25,6 +25,8 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from pdflash.report.writers import read_jsonl
+
 
 def pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -102,8 +104,7 @@ def main(paths: list[str]) -> None:
         makespan(paths[1])
         paths = paths[2:]
     for p in paths:
-        with open(p) as fh:
-            rows = [json.loads(line) for line in fh]
+        rows = read_jsonl(p)
         print(f"# {p}")
         for d in pairs(rows):
             print(
