@@ -674,6 +674,20 @@ class _TokenBar:
             self.bar = None
 
 
+def check_resumable(out_dir: Path) -> None:
+    """Raise ``ValueError`` where ``out_dir`` holds gzipped rows only: committed
+    results are gzipped (``bench/compact_results.py``), and a plain
+    ``rows.jsonl`` appended beside them would rerun every recorded spec while
+    readers take the plain file over the ``.gz``."""
+    rows_path = out_dir / ROWS_FILE
+    gzipped = rows_path.with_name(ROWS_FILE + ".gz")
+    if gzipped.exists() and not rows_path.exists():
+        raise ValueError(
+            f"{out_dir} holds gzipped rows ({gzipped.name}); run `gunzip -k {gzipped}` "
+            "to resume into it, or pass another --out"
+        )
+
+
 def run_matrix(
     specs: Iterable[Mapping[str, Any]],
     out_dir: Path,
@@ -689,6 +703,7 @@ def run_matrix(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_path = out_dir / ROWS_FILE
+    check_resumable(out_dir)
     all_specs = [dict(s) for s in specs]
     todo = unrecorded(all_specs, rows_path)
     skipped = len(all_specs) - len(todo)
@@ -880,6 +895,10 @@ def load_result_rows(out: Path) -> list[dict[str, Any]]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out or Path("bench-results") / f"matrix-{common.utc_stamp()}")
+    try:
+        check_resumable(out)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     specs = plan(args)
     if args.dry_run:
         todo = unrecorded(specs, out / ROWS_FILE)

@@ -340,3 +340,29 @@ def test_matrix_plans_pd_host_and_the_host_switch(
     off = matrix.plan(cli.build_parser().parse_args([*argv, "--baselines", "B1,PD"]))
     assert "host_experts" not in off[0]
     assert matrix.spec_key(specs[0]) != matrix.spec_key(off[0])
+
+
+def test_matrix_refuses_to_resume_into_gzipped_rows(
+    tmp_path: Path, fake_engine: Callable[..., Any]
+) -> None:
+    import gzip
+
+    fake_engine()
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "rows.jsonl.gz").write_bytes(gzip.compress(b""))
+    with pytest.raises(ValueError, match="gunzip -k"):
+        matrix.run_matrix([], out, show_progress=False)
+    assert not (out / "rows.jsonl").exists()
+
+
+def test_matrix_cli_names_gzipped_rows(tmp_path: Path, fake_engine: Callable[..., Any]) -> None:
+    import gzip
+
+    fake_engine()
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "rows.jsonl.gz").write_bytes(gzip.compress(b""))
+    argv = ["matrix", "--arch", "tiny", "--out", str(out), "--no-progress", "--json"]
+    with pytest.raises(SystemExit, match="gunzip -k"):
+        cli.main(argv)
