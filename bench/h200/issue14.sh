@@ -7,8 +7,8 @@
 # copies the small artefacts (training logs, routing stats, provenance, tokenizer,
 # eval JSON, traces) to $OUT/proxy/. PROXY_PRESET=cpu-tiny, TARGET_BUDGET_S and
 # DRAFT_BUDGET_S shrink a rehearsal; TRACES=0 skips the draft phase's two trace
-# exports (the committed traces stand; the benchmarks do not need them). Then, on the same machine, the benchmarks on
-# the trained pair: bench/h200/issue14_bench.sh routeahead|gptoss|qwen3|replay.
+# exports (the committed traces stand; the benchmarks do not need them). Then, on
+# the same machine, the benchmarks on the trained pair: bench/h200/issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay.
 set -uo pipefail
 PHASE=${1:?usage: issue14.sh target|draft}
 OUT=${OUT:-$PWD/out}
