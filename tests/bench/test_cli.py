@@ -4,6 +4,7 @@ bad rows."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from collections.abc import Callable
@@ -345,8 +346,6 @@ def test_matrix_plans_pd_host_and_the_host_switch(
 def test_matrix_refuses_to_resume_into_gzipped_rows(
     tmp_path: Path, fake_engine: Callable[..., Any]
 ) -> None:
-    import gzip
-
     fake_engine()
     out = tmp_path / "m"
     out.mkdir()
@@ -357,8 +356,6 @@ def test_matrix_refuses_to_resume_into_gzipped_rows(
 
 
 def test_matrix_cli_names_gzipped_rows(tmp_path: Path, fake_engine: Callable[..., Any]) -> None:
-    import gzip
-
     fake_engine()
     out = tmp_path / "m"
     out.mkdir()
