@@ -18,7 +18,7 @@
 # (the step's result says not_started_budget). Every call copies the rows to
 # $OUT/<phase>/. Knobs: REPEATS (3), CONC, CACHE, WIDTHS (adaptive,fixed:1), CLOSED, BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
-# token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), TRACE (replay: a trace .npz; default: exported once into
+# token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), NAME (the rows' folder of an engine phase; default the phase), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
 set -uo pipefail
 PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay}
@@ -74,6 +74,9 @@ case "$PHASE" in
     RA=${ROUTE_AHEAD_SOURCE:-union}
     name=$PHASE
     [ "$RA" = union ] || name=${PHASE}_$RA
+    # NAME: the rows' folder, so a second matrix of the same phase (another
+    # CONC or CLOSED) does not resume into the first one's
+    name=${NAME:-$name}
     exec bash "$HERE/run.sh" \
       "matrix_$name=timeout 470 $MATRIX --arch proxy --weights $P/target --draft $P/drafter --baselines $BASELINES --acceptance model --prompts $PROMPTS --expert-bytes-as $size --route-ahead-source $RA --out $P/bench/$name" \
       "collect_$name=$(collect "$name")"
