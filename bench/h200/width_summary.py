@@ -17,7 +17,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import ab_rows  # type: ignore[import-not-found]  # bench/h200/, next to this script
+# ab_rows.py sits next to this script; `python -P` (or a run from another
+# folder's interpreter path) leaves this folder off sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ab_rows  # type: ignore[import-not-found]
 
 
 def med(values: Iterable[Any]) -> float | None:
