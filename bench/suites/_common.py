@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -81,7 +82,10 @@ def baselines(text: str) -> list[str]:
     return values
 
 
-WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive"
+WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive[:shrink=W][:z=Z]"
+#: adaptive with its estimator options (their ranges are checked when each
+#: run is built, by pdflash.engine.verify_width.parse_width)
+ADAPTIVE_OPTIONS = re.compile(r"adaptive(:(shrink|z)=[0-9.eE+-]+)+")
 
 #: ``--cuda-graphs`` values: pdflash.engine.config.CUDA_GRAPHS (importing the
 #: engine here would load torch for every CLI call; a test keeps them equal)
@@ -98,6 +102,8 @@ def verify_width(text: str) -> str:
     when each run is built)."""
     s = text.strip()
     if s in ("auto", "full", "adaptive"):
+        return s
+    if ADAPTIVE_OPTIONS.fullmatch(s):
         return s
     if s.startswith("fixed:") and s[len("fixed:") :].isdigit():
         return f"fixed:{int(s[len('fixed:') :])}"

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from pdflash.engine.verify_width import is_adaptive
+
 from .group import RankGroup
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ def replicated_config(config: EngineConfig) -> EngineConfig:
     adaptive width decide from each rank's own timings, so ranks could switch
     parts (the scheduler) or cut drafts differently at the same step and their
     batches would diverge (``fixed:K`` is the same on every rank and stays)."""
-    width = "full" if config.verify_width == "adaptive" else config.verify_width
+    width = "full" if is_adaptive(config.verify_width) else config.verify_width
     return config.replace(parts_controller=False, verify_width=width)
 
 

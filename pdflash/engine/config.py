@@ -342,7 +342,9 @@ class EngineConfig:
                     changes[part] = "off"
                     changes["host_control"] = "controller"
             elif part == "verify_width":
-                if self.verify_width == "adaptive":
+                from pdflash.engine.verify_width import is_adaptive
+
+                if is_adaptive(self.verify_width):
                     off[part] = why
                     changes[part] = "full"
             elif getattr(self, part):

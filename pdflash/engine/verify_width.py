@@ -41,6 +41,17 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     that verified ``v`` drafts and accepted ``A`` puts position ``j`` at
     risk for ``j <= min(A + 1, v)`` and counts it as passed for ``j <= A``;
     a round that accepted all ``v`` says only ``A >= v``.
+    ``adaptive:z=Z`` chooses the widths by the lower bounds
+    ``max(0, c_j - Z·se(c_j))`` instead (``se``: the request's own rounds'
+    binomial noise and the global estimate's, in the shares the shrinkage
+    gives them), and ``adaptive:shrink=W`` sets the shrinkage's
+    pseudo-rounds: the argmax widens where an estimate made from a few
+    rounds came out high (the winner's curse; on the H200's replayed proxy
+    trace the drafts it added were accepted at a third to a half of the
+    rate it expected, ``bench/results/cpu/width-diagnosis-2026-12-03``),
+    and both options discount such estimates. A lower bound also discounts
+    estimates that are not selected, so it is pessimistic where acceptance
+    is uniform; they are options, measured against the default.
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
     a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
@@ -141,30 +152,73 @@ if TYPE_CHECKING:
     from pdflash.engine.requests import Request
     from pdflash.engine.verify import VerifyResult
 
-WIDTH_KINDS = ("full", "fixed:K", "adaptive")
+WIDTH_KINDS = ("full", "fixed:K", "adaptive[:shrink=W][:z=Z]")
 
 
 @dataclass(frozen=True)
 class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
-    or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``."""
+    or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``
+    and ``survival_z`` override :class:`AdaptiveWidth`'s (None: its
+    defaults), so a benchmark can measure the estimator's settings side by
+    side under their own names."""
 
     kind: str
     drafts: int | None = None
+    shrink_weight: float | None = None
+    survival_z: float | None = None
 
     def __str__(self) -> str:
-        return f"fixed:{self.drafts}" if self.kind == "fixed" else self.kind
+        if self.kind == "fixed":
+            return f"fixed:{self.drafts}"
+        if self.kind != "adaptive":
+            return self.kind
+        parts = ["adaptive"]
+        if self.shrink_weight is not None:
+            parts.append(f"shrink={self.shrink_weight:g}")
+        if self.survival_z is not None:
+            parts.append(f"z={self.survival_z:g}")
+        return ":".join(parts)
+
+
+def is_adaptive(setting: str) -> bool:
+    """Whether a ``verify_width`` setting is ``adaptive`` (with or without
+    options)."""
+    return setting == "adaptive" or setting.startswith("adaptive:")
+
+
+def _adaptive_options(text: str, tail: str) -> WidthSetting:
+    """``adaptive:`` options: ``shrink=W`` (W > 0) and ``z=Z`` (Z >= 0),
+    each at most once, ``:``-separated (a benchmark's width list is
+    ``,``-separated)."""
+    opts: dict[str, float] = {}
+    for part in tail.split(":"):
+        key, eq, value = part.partition("=")
+        if not eq or key not in ("shrink", "z") or key in opts:
+            raise ValueError(f"verify_width {text!r}: adaptive takes :shrink=W and :z=Z, each once")
+        try:
+            v = float(value)
+        except ValueError:
+            raise ValueError(f"verify_width {text!r}: {key} must be a number") from None
+        if not math.isfinite(v) or (v <= 0.0 if key == "shrink" else v < 0.0):
+            raise ValueError(
+                f"verify_width {text!r}: shrink must be > 0 and z >= 0, got {key}={value}"
+            )
+        opts[key] = v
+    return WidthSetting("adaptive", shrink_weight=opts.get("shrink"), survival_z=opts.get("z"))
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
-    """Parse ``full`` | ``fixed:K`` | ``adaptive``; ``K`` is an integer in
-    ``[0, block_size - 1]`` (the drafts a block holds). Raises ``ValueError``
-    with the accepted forms on anything else."""
+    """Parse ``full`` | ``fixed:K`` | ``adaptive[:shrink=W][:z=Z]``; ``K``
+    is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
+    Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
         raise ValueError(f"verify_width must be a string ({' | '.join(WIDTH_KINDS)}), got {text!r}")
     s = text.strip()
     if s in ("full", "adaptive"):
         return WidthSetting(s)
+    if s.startswith("adaptive:"):
+        return _adaptive_options(text, s[len("adaptive:") :])
     if s.startswith("fixed:"):
         tail = s[len("fixed:") :]
         if not tail.isdigit():
@@ -418,6 +472,37 @@ class SurvivalEstimator:
         """``[S(1), ..., S(max_drafts)]`` of one request."""
         return np.cumprod(self.continuation(request_id))
 
+    def global_variance(self) -> np.ndarray:
+        """The sampling variance of each global ``c_j``: ``c(1 - c) / (n +
+        prior_weight + 1)``, ``n`` its rounds at risk (a position no round
+        reached has only the prior's pseudo-rounds)."""
+        g = self.global_continuation()
+        return g * (1.0 - g) / (self.at_risk + self.prior_weight + 1.0)
+
+    def continuation_error(self, request_id: int) -> np.ndarray:
+        """The standard error of one request's ``c_j``: its own ``n`` rounds'
+        binomial noise and the global estimate's, in the shares the
+        shrinkage gives them, ``sqrt(n c(1 - c) + w² var(g)) / (n + w)``."""
+        var_g = self.global_variance()
+        req = self._req.get(request_id)
+        if req is None:
+            return np.asarray(np.sqrt(var_g), dtype=np.float64)
+        at_risk = req[0].astype(np.float64)
+        c = self.continuation(request_id)
+        w = self.shrink_weight
+        se = np.sqrt(at_risk * c * (1.0 - c) + w * w * var_g) / (at_risk + w)
+        return np.asarray(se, dtype=np.float64)
+
+    def survival_lower(self, request_id: int, z: float) -> np.ndarray:
+        """``S(j)`` from the lower bounds ``max(0, c_j - z se(c_j))`` of the
+        continuations (``z = 0``: :meth:`survival`)."""
+        if z < 0.0:
+            raise ValueError(f"z must be >= 0, got {z}")
+        c = self.continuation(request_id)
+        if z > 0.0:
+            c = np.clip(c - z * self.continuation_error(request_id), 0.0, 1.0)
+        return np.cumprod(c)
+
 
 def union_curve(rows: int, novelty: float, saturation: float, top_k: int) -> float:
     """``U(rows) = S - (S - top_k)(1 - a)^(rows - 1)`` (0 for no rows): the
@@ -660,6 +745,9 @@ class AdaptiveWidth:
         num_layers, num_experts, top_k: the MoE shape (``L``, ``E``).
         expert_bytes: bytes of one expert copy (0: nothing is copied).
         prior_accept, prior_weight, shrink_weight: see :class:`SurvivalEstimator`.
+        survival_z: standard errors taken off each continuation estimate in
+            the survival the widths are chosen by (module docstring; 0: the
+            estimates).
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
             from the first measured step) verifies the request past its
@@ -678,6 +766,10 @@ class AdaptiveWidth:
     FIT_MEMORY = 0.9
     #: an exploring decision verifies at least this many drafts past its width
     EXPLORE_REACH = 2
+    #: the defaults of ``shrink_weight`` and ``survival_z`` (``adaptive``
+    #: with no options)
+    SHRINK_WEIGHT = 4.0
+    SURVIVAL_Z = 0.0
 
     def __init__(
         self,
@@ -689,7 +781,8 @@ class AdaptiveWidth:
         expert_bytes: int,
         prior_accept: float = 0.5,
         prior_weight: float = 2.0,
-        shrink_weight: float = 4.0,
+        shrink_weight: float = SHRINK_WEIGHT,
+        survival_z: float = SURVIVAL_Z,
         ema: float = 0.2,
         explore_every: int = 17,
     ) -> None:
@@ -703,6 +796,9 @@ class AdaptiveWidth:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         if explore_every < 0:
             raise ValueError(f"explore_every must be >= 0, got {explore_every}")
+        if not survival_z >= 0.0:
+            raise ValueError(f"survival_z must be >= 0, got {survival_z}")
+        self.survival_z = survival_z
         self.explore_every = explore_every
         self._decision_count = 0  # decisions since the first measured step
         self._explored = 0  # of them, exploration rounds (books: reset_stats)
@@ -866,6 +962,13 @@ class AdaptiveWidth:
             self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
             for r in requests
         ]
+        # chosen by the lower bounds; the books' expectation keeps the estimates
+        chosen_by = [
+            self.survival.survival_lower(r.request_id, self.survival_z)[: len(s)]
+            if self.survival_z > 0.0
+            else s
+            for r, s in zip(requests, survs, strict=True)
+        ]
         exploring = []
         for r in requests:
             self._decision_count += 1
@@ -877,7 +980,7 @@ class AdaptiveWidth:
         def step_s(drafted: int) -> float:  # step_time(c, drafted), the fit read once
             return t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
 
-        lists = [s.tolist() for s in survs]
+        lists = [s.tolist() for s in chosen_by]
         out, base = explore_widths(lists, step_s, exploring, self.EXPLORE_REACH)
         for e, k, b in zip(exploring, out, base, strict=True):
             if e and k > b:  # a request already at its every draft has nothing to explore
@@ -994,6 +1097,8 @@ class AdaptiveWidth:
         surv = np.cumprod(self.survival.global_continuation())
         out["estimates"] = {
             "survival_global": [round(float(s), 4) for s in surv[:8]],
+            "shrink_weight": self.survival.shrink_weight,
+            "survival_z": self.survival_z,
             "union_novelty": self.union.novelty,
             "union_saturation": self.union.saturation,
             "union_observations": self.union.observations,
@@ -1067,6 +1172,8 @@ def build_policy(
         num_experts=num_experts,
         top_k=top_k,
         expert_bytes=expert_bytes,
+        shrink_weight=(AdaptiveWidth.SHRINK_WEIGHT if w.shrink_weight is None else w.shrink_weight),
+        survival_z=AdaptiveWidth.SURVIVAL_Z if w.survival_z is None else w.survival_z,
     )
 
 

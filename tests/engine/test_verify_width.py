@@ -27,8 +27,10 @@ from pdflash.engine.verify_width import (
     WidthStep,
     best_batch_widths,
     best_width,
+    build_policy,
     explore_widths,
     explored_width,
+    is_adaptive,
     parse_width,
 )
 
@@ -1012,3 +1014,108 @@ def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate() 
     # it climbed through bounded explorations, none of the whole block
     stats = pol.stats()
     assert stats["exploration_decisions"] >= 3 and max(max(ks) for ks in seen[11:40]) < 15
+
+
+# ------------------------------------------- the estimator's options (winner's curse)
+def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
+    for text, shrink, z in [
+        ("adaptive", None, None),
+        ("adaptive:z=1", None, 1.0),
+        ("adaptive:shrink=16", 16.0, None),
+        ("adaptive:shrink=16:z=0.5", 16.0, 0.5),
+        (" adaptive:z=0.5:shrink=8 ", 8.0, 0.5),
+    ]:
+        w = parse_width(text, 16)
+        assert (w.kind, w.shrink_weight, w.survival_z) == ("adaptive", shrink, z)
+        assert parse_width(str(w), 16) == w and is_adaptive(str(w))
+        pol = build_policy(
+            text, block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1000
+        )
+        assert isinstance(pol, AdaptiveWidth)
+        assert pol.survival.shrink_weight == (4.0 if shrink is None else shrink)
+        assert pol.survival_z == (0.0 if z is None else z)
+    assert str(parse_width("adaptive:shrink=16:z=1")) == "adaptive:shrink=16:z=1"
+    assert not is_adaptive("full") and not is_adaptive("fixed:1")
+    for bad in (
+        "adaptive:",
+        "adaptive:z",
+        "adaptive:z=-1",
+        "adaptive:shrink=0",
+        "adaptive:z=1:z=2",
+        "adaptive:beta=1",
+        "adaptive:z=nan",
+        "adaptive:z=x",
+    ):
+        with pytest.raises(ValueError, match="verify_width"):
+            parse_width(bad, 16)
+
+
+def test_survival_lower_bound_is_the_estimate_at_z0_and_meets_it_as_rounds_grow() -> None:
+    est = SurvivalEstimator(15)
+    est.observe(0, 15, 15)  # one lucky round: every draft accepted
+    point = est.survival(0)
+    assert np.array_equal(est.survival_lower(0, 0.0), point)
+    low = est.survival_lower(0, 1.0)
+    assert np.all(low <= point) and low[1] < 0.8 * point[1]
+    with pytest.raises(ValueError):
+        est.survival_lower(0, -1.0)
+    # 400 rounds of the same request at continuation 0.9: the bound is within
+    # 0.03 of the estimate at position 2 (its standard error ~ 0.015)
+    rng = np.random.default_rng(0)
+    many = SurvivalEstimator(15)
+    for _ in range(400):
+        many.observe(1, 15, int(min(15, rng.geometric(0.1) - 1)))
+    c = many.continuation(1)
+    assert abs(c[1] - 0.9) < 0.05
+    gap = many.survival(1)[1] - many.survival_lower(1, 1.0)[1]
+    assert 0.0 < gap < 0.03
+
+
+def _lucky_request_widths(z: float) -> list[int]:
+    """Request 0's widths after its first four rounds accepted every draft
+    it verified, while every round of three other requests accepted none
+    (32 steps; 0.2 ms of link a routed expert on 2 layers of 64, a 20 ms
+    compute step). Returns the widths of the next decision."""
+    pol = AdaptiveWidth(
+        block_size=16,
+        num_layers=2,
+        num_experts=64,
+        top_k=2,
+        expert_bytes=1000,
+        explore_every=0,
+        survival_z=z,
+    )
+    for step in range(32):
+        ks = pol.widths([WidthRequest(r, 15) for r in range(4)])
+        outs = tuple(
+            WidthOutcome(r, k, k if (r == 0 and step < 4) else 0, 4 * (1 + k))
+            for r, k in zip(range(4), ks, strict=True)
+        )
+        rows = 4 + sum(ks)
+        union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
+        link = union * 0.0002
+        pol.observe(
+            WidthStep(
+                outs,
+                wall_s=0.02 + link,
+                union_experts=round(union),
+                copied_bytes=round(union) * 1000,
+                link_bytes_per_s=1000 / 0.0002,
+                verify_compute_s=0.02,
+                exposed_fetch_s=link,
+            )
+        )
+    return pol.widths([WidthRequest(r, 15) for r in range(4)])
+
+
+def test_a_lower_bound_does_not_widen_on_a_few_lucky_rounds() -> None:
+    """Request 0's deep positions were measured on its few early rounds
+    (every draft accepted) and on no later one, since its width fell to one
+    draft: their point estimates stay near 1 while its first position's is
+    ~0.1, and the point estimate widens it to the whole block (~0.09
+    expected tokens a row, cheap rows). At z = 1 the bounds of positions
+    measured on four rounds are low enough that it stays at one draft."""
+    point = _lucky_request_widths(0.0)
+    bound = _lucky_request_widths(1.0)
+    assert point == [15, 1, 1, 1]
+    assert bound == [1, 1, 1, 1]
