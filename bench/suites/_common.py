@@ -97,7 +97,7 @@ HOST_FORMATS = ("packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "one
 
 
 def verify_width(text: str) -> str:
-    """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive``
+    """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive[:shrink=W][:z=Z]``
     (checked here without importing the engine; K against the block size
     when each run is built)."""
     s = text.strip()

@@ -1119,3 +1119,16 @@ def test_a_lower_bound_does_not_widen_on_a_few_lucky_rounds() -> None:
     bound = _lucky_request_widths(1.0)
     assert point == [15, 1, 1, 1]
     assert bound == [1, 1, 1, 1]
+
+
+def test_an_adaptive_width_with_options_is_switched_like_adaptive() -> None:
+    """At a full cache an ``adaptive`` width verifies every draft, and the
+    expert-parallel ranks replicate ``full`` for it: with options too."""
+    from pdflash.distributed.lockstep import replicated_config
+
+    cfg = EngineConfig.preset("PD").replace(verify_width="adaptive:shrink=16:z=1")
+    off_cfg, off = cfg.without_miss_parts()
+    assert off_cfg.verify_width == "full" and "verify_width" in off
+    assert replicated_config(cfg).verify_width == "full"
+    kept = EngineConfig.preset("PD").replace(verify_width="fixed:2")
+    assert kept.without_miss_parts()[0].verify_width == "fixed:2"
