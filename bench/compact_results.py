@@ -1,7 +1,8 @@
 """Gzip the committed raw results under ``bench/results/`` so the tracked tree
 stays small (the device tool copies every tracked file, 64 MiB at most).
 
-Every ``.jsonl``, ``.txt`` and ``.log`` over 64 KiB becomes ``NAME.gz``
+Every ``.jsonl``, ``.txt``, ``.log`` and ``.csv`` over 64 KiB, and every
+``tokenizer.json`` (a trained proxy's, kept as provenance), becomes ``NAME.gz``
 (deterministic: no name, mtime 0, like ``gzip -n``); the gzip is read back and
 compared byte for byte before the original goes. ``pdflash-bench report`` and
 the summaries read ``.jsonl.gz`` as they are (``pdflash.report.writers``).
@@ -17,18 +18,19 @@ import io
 import sys
 from pathlib import Path
 
-SUFFIXES = (".jsonl", ".txt", ".log")
+SUFFIXES = (".jsonl", ".txt", ".log", ".csv")
+#: files gzipped by name whatever their suffix (no code reads the committed ones)
+NAMES = ("tokenizer.json",)
 MIN_BYTES = 64 * 1024
 
 
 def candidates(root: Path) -> list[Path]:
-    """Files this tool gzips: the suffixes above, over ``MIN_BYTES``."""
+    """Files this tool gzips: the suffixes and names above, over ``MIN_BYTES``."""
     return sorted(
         p
         for p in root.rglob("*")
         if p.is_file()
-        and p.suffix in SUFFIXES
-        and p.name != "README.md"
+        and (p.suffix in SUFFIXES or p.name in NAMES)
         and p.stat().st_size > MIN_BYTES
     )
 

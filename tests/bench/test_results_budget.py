@@ -53,7 +53,14 @@ def test_compact_round_trips_and_is_deterministic(tmp_path: Path) -> None:
     big.write_bytes(data)
     small.write_bytes(b"short\n")
     md.write_bytes(data)
-    assert mod.candidates(tmp_path) == [big]
+    # a trained tokenizer and a big csv go too; other .json (summaries that
+    # scripts read back) stay plain
+    tok, csv, summary = tmp_path / "tokenizer.json", tmp_path / "rows.csv", tmp_path / "s.json"
+    for p in (tok, csv, summary):
+        p.write_bytes(data)
+    assert mod.candidates(tmp_path) == sorted([big, tok, csv])
+    tok.unlink()
+    csv.unlink()
     out = mod.compact(big)
     assert out == tmp_path / "rows.jsonl.gz" and not big.exists()
     assert gzip.decompress(out.read_bytes()) == data
