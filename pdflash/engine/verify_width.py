@@ -46,12 +46,12 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     binomial noise and the global estimate's, in the shares the shrinkage
     gives them), and ``adaptive:shrink=W`` sets the shrinkage's
     pseudo-rounds: the argmax widens where an estimate made from a few
-    rounds came out high (the winner's curse; on the H200's replayed proxy
-    trace the drafts it added were accepted at a third to a half of the
-    rate it expected, ``bench/results/cpu/width-diagnosis-2026-12-03``),
-    and both options discount such estimates. A lower bound also discounts
-    estimates that are not selected, so it is pessimistic where acceptance
-    is uniform; they are options, measured against the default.
+    rounds came out high (the winner's curse,
+    ``bench/results/cpu/width-diagnosis-2026-12-03``), and both options
+    discount such estimates. A lower bound also discounts estimates that
+    are not selected, so it is pessimistic where acceptance is uniform.
+    Neither is the default: measured against it, neither was faster, and
+    ``z`` lost at high acceptance (``bench/results/h200/session20-2026-12-04``).
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
     a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
