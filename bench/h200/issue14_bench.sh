@@ -18,7 +18,7 @@
 # (the step's result says not_started_budget). Every call copies the rows to
 # $OUT/<phase>/. Knobs: REPEATS (3), CONC, CACHE, WIDTHS (adaptive,fixed:1), CLOSED, BUDGET_S (400), MAX_NEW (32), PROMPT_LEN (64),
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
-# token_prior), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), NAME (the rows' folder of an engine phase; default the phase), TRACE (replay: a trace .npz; default: exported once into
+# token_prior or previous_round), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), NAME (the rows' folder of an engine phase; default the phase), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair).
 set -uo pipefail
 PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay}

@@ -402,8 +402,9 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         "--route-ahead-source",
         default="union",
         choices=list(ROUTE_AHEAD_SOURCES),
-        help="what PD predicts before a verify: union (approximate router + previous round) "
-        "or token_prior (token id -> experts learned online, calibrated to a precision floor)",
+        help="what PD predicts before a verify: union (approximate router + previous round), "
+        "token_prior (token id -> experts learned online, calibrated to a precision floor) "
+        "or previous_round (the experts the request's last verify routed to)",
     )
 
 

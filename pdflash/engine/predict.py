@@ -44,7 +44,7 @@ class BatchedUnionPredictor(CombinedPredictor):
 
 
 #: the route-ahead sources PD's engine can predict with before a verify
-ROUTE_AHEAD_SOURCES = ("union", "token_prior")
+ROUTE_AHEAD_SOURCES = ("union", "token_prior", "previous_round")
 
 
 def route_ahead_predictor(adapter: Any, source: str = "union") -> ExpertPredictor:
@@ -57,6 +57,11 @@ def route_ahead_predictor(adapter: Any, source: str = "union") -> ExpertPredicto
       token id -> experts learned from every routed row, selection
       calibrated to a precision floor (the engine feeds it each prefill's and
       verify's per-row routing).
+    * ``"previous_round"``: :class:`~pdflash.routeahead.PreviousRoundPredictor`
+      alone, the experts the request's last verify routed to: no router pass
+      before the verify, and on learned routing the best coverage/precision
+      trade-off ``pdflash-bench routeahead`` found (the union's approximate
+      router adds experts at little above the routed share's precision).
     """
     from pdflash.routeahead import (
         ApproxRouterPredictor,
@@ -68,6 +73,8 @@ def route_ahead_predictor(adapter: Any, source: str = "union") -> ExpertPredicto
         raise ValueError(f"route-ahead source must be one of {ROUTE_AHEAD_SOURCES}, got {source!r}")
     if source == "token_prior":
         return TokenPriorPredictor(adapter.num_layers, adapter.num_experts)
+    if source == "previous_round":
+        return PreviousRoundPredictor(adapter.num_layers, adapter.num_experts)
     return BatchedUnionPredictor(
         [
             (ApproxRouterPredictor(adapter, proxy="auto"), 1.0),

@@ -20,7 +20,7 @@ from pdflash.engine.predict import (
     TokenRoutingRecorder,
     route_ahead_predictor,
 )
-from pdflash.routeahead import TokenPriorPredictor
+from pdflash.routeahead import PreviousRoundPredictor, TokenPriorPredictor
 
 from .conftest import greedy_cases, layer_cyclic_offload, oracle_drafts, write_target_and_drafter
 
@@ -55,8 +55,9 @@ def test_route_ahead_sources() -> None:
     class _Shape:
         num_layers, num_experts, top_k = 2, 8, 2
 
-    assert ROUTE_AHEAD_SOURCES == ("union", "token_prior")
+    assert ROUTE_AHEAD_SOURCES == ("union", "token_prior", "previous_round")
     assert isinstance(route_ahead_predictor(_Shape(), "token_prior"), TokenPriorPredictor)
+    assert isinstance(route_ahead_predictor(_Shape(), "previous_round"), PreviousRoundPredictor)
     assert isinstance(route_ahead_predictor(_Shape()), BatchedUnionPredictor)
     with pytest.raises(ValueError, match="route-ahead source"):
         route_ahead_predictor(_Shape(), "oracle")
@@ -126,3 +127,38 @@ def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
     assert int(spy._occurrences.sum()) == rows  # no halving at this size: every row counted
     assert eng.route_stats is not None
     assert eng.route_stats.snapshot().request.predicted > 0  # it did predict before verifies
+
+
+def test_pd_with_previous_round_is_lossless_and_predicts_after_the_first_round(
+    pair: tuple[Path, list[Any]],
+) -> None:
+    """The ``previous_round`` source: greedy output unchanged, and once a
+    request has verified it predicts that verify's experts for the next."""
+    from pdflash.routeahead import RouteAheadStats
+
+    tmp, cases = pair
+    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
+    predictor = route_ahead_predictor(adapter, "previous_round")
+    config = EngineConfig.preset(
+        "PD-all-on", block_size=5, max_running=3, token_budget=15, batching="fcfs"
+    )
+    eng = Engine(
+        adapter,
+        config,
+        drafter=load_drafter(tmp / "drafter"),
+        predictor=predictor,
+        expert_cache=cache,
+        route_stats=RouteAheadStats.for_adapter(adapter),
+        max_seq_len=64,
+    )
+    try:
+        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
+        oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=2)
+        done = eng.run_until_done(max_steps=200)
+        for rid, (_, ref) in zip(ids, cases, strict=True):
+            assert done[rid].output == ref
+    finally:
+        issuer.close()
+    assert eng.route_stats is not None
+    snap = eng.route_stats.snapshot().request
+    assert snap.predicted > 0 and snap.hits > 0
