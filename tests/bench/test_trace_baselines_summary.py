@@ -88,3 +88,17 @@ def test_points_are_kept_apart_by_workload_and_carry_the_steps() -> None:
     # rows without a step count (older ones) leave it absent, not 0
     (old,) = mod.summarize(_rows([10, 11], [9, 10], [8, 9]))
     assert old["configs"]["PD [adaptive]"]["steps_median"] is None
+
+
+def test_pd_at_its_fastest_width_is_also_held_against_the_best_baseline() -> None:
+    mod = _module()
+    rows = _rows([10, 11, 12], [11, 12, 13], [9, 10, 11])
+    rows += [_row("PD", "fixed:1", k, tps) for k, tps in enumerate([13, 14.3, 15.6])]
+    (point,) = mod.summarize(rows)
+    assert point["pd_vs_best_baseline"]["pd"] == "PD [adaptive]"
+    best = point["pd_best_vs_best_baseline"]
+    assert best["pd"] == "PD [fixed:1]" and best["best"] == "B1 [fixed:1]"
+    assert best["pair_ratios"] == [13 / 11, 14.3 / 12, 15.6 / 13]
+    # where the preset is PD's fastest width, the second comparison is absent
+    (preset_best,) = mod.summarize(_rows([20, 21, 22], [11, 12, 13], [9, 10, 11]))
+    assert "pd_best_vs_best_baseline" not in preset_best
