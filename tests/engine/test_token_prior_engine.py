@@ -3,6 +3,7 @@ the token prior learns exactly the rows each prefill and verify routed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from pdflash.engine.predict import (
     TokenRoutingRecorder,
     route_ahead_predictor,
 )
+from pdflash.protocols import ExpertPredictor
 from pdflash.routeahead import PreviousRoundPredictor, TokenPriorPredictor
 
 from .conftest import greedy_cases, layer_cyclic_offload, oracle_drafts, write_target_and_drafter
@@ -74,14 +76,16 @@ def test_recorder_keeps_one_whole_forward() -> None:
     np.testing.assert_array_equal(got[:, 1], np.ones((3, 2)))
 
 
-def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
-    pair: tuple[Path, list[Any]],
-) -> None:
+def _run_pd_lossless(
+    pair: tuple[Path, list[Any]], make_predictor: Callable[[Any], ExpertPredictor]
+) -> tuple[Engine, Any]:
+    """PD-all-on over the pair's greedy cases with the predictor
+    ``make_predictor(adapter)`` returns; asserts every output equals plain
+    greedy decoding. Returns the finished engine and its adapter."""
     from pdflash.routeahead import RouteAheadStats
 
     tmp, cases = pair
     adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
-    spy = _Spy(adapter.num_layers, adapter.num_experts, min_calibration=0)
     config = EngineConfig.preset(
         "PD-all-on", block_size=5, max_running=3, token_budget=15, batching="fcfs"
     )
@@ -89,7 +93,7 @@ def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
         adapter,
         config,
         drafter=load_drafter(tmp / "drafter"),
-        predictor=spy,
+        predictor=make_predictor(adapter),
         expert_cache=cache,
         route_stats=RouteAheadStats.for_adapter(adapter),
         max_seq_len=64,
@@ -102,6 +106,18 @@ def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
             assert done[rid].output == ref
     finally:
         issuer.close()
+    return eng, adapter
+
+
+def test_pd_with_token_prior_is_lossless_and_learns_every_routed_row(
+    pair: tuple[Path, list[Any]],
+) -> None:
+    _, cases = pair
+    eng, adapter = _run_pd_lossless(
+        pair, lambda adapter: _Spy(adapter.num_layers, adapter.num_experts, min_calibration=0)
+    )
+    spy = eng.predictor
+    assert isinstance(spy, _Spy)
     kinds = [k for k, _ in spy.calls]
     # the prefill's rows first: the prompts, one call
     first_tokens = spy.calls[kinds.index("tokens")][1][0]
@@ -134,31 +150,9 @@ def test_pd_with_previous_round_is_lossless_and_predicts_after_the_first_round(
 ) -> None:
     """The ``previous_round`` source: greedy output unchanged, and once a
     request has verified it predicts that verify's experts for the next."""
-    from pdflash.routeahead import RouteAheadStats
-
-    tmp, cases = pair
-    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
-    predictor = route_ahead_predictor(adapter, "previous_round")
-    config = EngineConfig.preset(
-        "PD-all-on", block_size=5, max_running=3, token_budget=15, batching="fcfs"
+    eng, _ = _run_pd_lossless(
+        pair, lambda adapter: route_ahead_predictor(adapter, "previous_round")
     )
-    eng = Engine(
-        adapter,
-        config,
-        drafter=load_drafter(tmp / "drafter"),
-        predictor=predictor,
-        expert_cache=cache,
-        route_stats=RouteAheadStats.for_adapter(adapter),
-        max_seq_len=64,
-    )
-    try:
-        ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
-        oracle_drafts(eng, {rid: ref for rid, (_, ref) in zip(ids, cases, strict=True)}, seed=2)
-        done = eng.run_until_done(max_steps=200)
-        for rid, (_, ref) in zip(ids, cases, strict=True):
-            assert done[rid].output == ref
-    finally:
-        issuer.close()
     assert eng.route_stats is not None
     snap = eng.route_stats.snapshot().request
     assert snap.predicted > 0 and snap.hits > 0
