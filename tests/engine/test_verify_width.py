@@ -776,15 +776,19 @@ def _gpt_oss_policy(experts: int = 32) -> AdaptiveWidth:
     )
 
 
-def _two_layer_policy(explore_every: int | None = None) -> AdaptiveWidth:
+def _two_layer_policy(
+    explore_every: int | None = None, survival_z: float = AdaptiveWidth.SURVIVAL_Z
+) -> AdaptiveWidth:
     """A 16-token block over 2 layers of 64 top-2 experts, exploring every
-    ``explore_every`` decisions (None: the policy's default)."""
+    ``explore_every`` decisions (None: the policy's default), widths chosen
+    at ``survival_z``."""
     return AdaptiveWidth(
         block_size=16,
         num_layers=2,
         num_experts=64,
         top_k=2,
         expert_bytes=1000,
+        survival_z=survival_z,
         **({} if explore_every is None else {"explore_every": explore_every}),
     )
 
@@ -1076,15 +1080,7 @@ def _lucky_request_widths(z: float) -> list[int]:
     it verified, while every round of three other requests accepted none
     (32 steps; 0.2 ms of link a routed expert on 2 layers of 64, a 20 ms
     compute step). Returns the widths of the next decision."""
-    pol = AdaptiveWidth(
-        block_size=16,
-        num_layers=2,
-        num_experts=64,
-        top_k=2,
-        expert_bytes=1000,
-        explore_every=0,
-        survival_z=z,
-    )
+    pol = _two_layer_policy(0, survival_z=z)
     for step in range(32):
         ks = pol.widths([WidthRequest(r, 15) for r in range(4)])
         outs = tuple(
