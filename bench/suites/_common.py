@@ -82,7 +82,7 @@ def baselines(text: str) -> list[str]:
     return values
 
 
-WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive[:shrink=W][:z=Z]"
+WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive[:shrink=W][:z=Z][:cal=0|1]"
 #: adaptive with its estimator options (their ranges are checked when each
 #: run is built, by pdflash.engine.verify_width.parse_width)
 ADAPTIVE_OPTIONS = re.compile(r"adaptive(:(shrink|z)=[0-9.eE+-]+)+")
@@ -97,7 +97,7 @@ HOST_FORMATS = ("packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "one
 
 
 def verify_width(text: str) -> str:
-    """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive[:shrink=W][:z=Z]``
+    """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or ``adaptive[:shrink=W][:z=Z][:cal=0|1]``
     (checked here without importing the engine; K against the block size
     when each run is built)."""
     s = text.strip()

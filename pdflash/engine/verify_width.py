@@ -52,6 +52,23 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     are not selected, so it is pessimistic where acceptance is uniform.
     Neither is the default: measured against it, neither was faster, and
     ``z`` lost at high acceptance (``bench/results/h200/session20-2026-12-04``).
+  - ``adaptive:cal=1`` scales every ``S_i(j)`` past the first draft
+    (``j >= 2``) by the acceptance calibration ``κ`` before choosing:
+    the accepted drafts past the first over the drafts past the first the
+    uncalibrated estimates expected, in the rounds that verified two or more
+    drafts (each round weighted :attr:`AdaptiveWidth.CALIBRATION_MEMORY`
+    per later round, with :attr:`AdaptiveWidth.CALIBRATION_PRIOR` expected
+    drafts of a calibrated prior), clipped to ``[CALIBRATION_MIN, 1]``. The
+    first draft is always verified (``k_min``), so its estimate is never
+    selected by the argmax; deeper positions are, and where per-request
+    estimates come out high by chance the chosen drafts are accepted less
+    often than expected. ``κ`` measures that shortfall directly (on the
+    H200's c=1 closed loop the drafts adaptive added were accepted at
+    about half the rate it expected,
+    ``bench/results/h200/session21-2026-12-04``). ``κ`` is computed and
+    reported (``estimates.acceptance_calibration``) under every adaptive
+    setting; only ``cal=1`` applies it. Not the default: it has not been
+    measured on the GPU yet.
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
     a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
@@ -152,21 +169,22 @@ if TYPE_CHECKING:
     from pdflash.engine.requests import Request
     from pdflash.engine.verify import VerifyResult
 
-WIDTH_KINDS = ("full", "fixed:K", "adaptive[:shrink=W][:z=Z]")
+WIDTH_KINDS = ("full", "fixed:K", "adaptive[:shrink=W][:z=Z][:cal=0|1]")
 
 
 @dataclass(frozen=True)
 class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
-    or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``
-    and ``survival_z`` override :class:`AdaptiveWidth`'s (None: its
-    defaults), so a benchmark can measure the estimator's settings side by
-    side under their own names."""
+    or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
+    ``survival_z`` and ``calibrate`` override :class:`AdaptiveWidth`'s
+    (None: its defaults), so a benchmark can measure the estimator's
+    settings side by side under their own names."""
 
     kind: str
     drafts: int | None = None
     shrink_weight: float | None = None
     survival_z: float | None = None
+    calibrate: bool | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -178,6 +196,8 @@ class WidthSetting:
             parts.append(f"shrink={self.shrink_weight:g}")
         if self.survival_z is not None:
             parts.append(f"z={self.survival_z:g}")
+        if self.calibrate is not None:
+            parts.append(f"cal={int(self.calibrate)}")
         return ":".join(parts)
 
 
@@ -188,14 +208,21 @@ def is_adaptive(setting: str) -> bool:
 
 
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
-    """``adaptive:`` options: ``shrink=W`` (W > 0) and ``z=Z`` (Z >= 0),
-    each at most once, ``:``-separated (a benchmark's width list is
-    ``,``-separated)."""
+    """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0) and
+    ``cal=0|1``, each at most once, ``:``-separated (a benchmark's width
+    list is ``,``-separated)."""
     opts: dict[str, float] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("shrink", "z") or key in opts:
-            raise ValueError(f"verify_width {text!r}: adaptive takes :shrink=W and :z=Z, each once")
+        if not eq or key not in ("shrink", "z", "cal") or key in opts:
+            raise ValueError(
+                f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z and :cal=0|1, each once"
+            )
+        if key == "cal":
+            if value not in ("0", "1"):
+                raise ValueError(f"verify_width {text!r}: cal must be 0 or 1, got {value!r}")
+            opts[key] = float(value)
+            continue
         try:
             v = float(value)
         except ValueError:
@@ -205,11 +232,17 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
                 f"verify_width {text!r}: shrink must be > 0 and z >= 0, got {key}={value}"
             )
         opts[key] = v
-    return WidthSetting("adaptive", shrink_weight=opts.get("shrink"), survival_z=opts.get("z"))
+    cal = opts.get("cal")
+    return WidthSetting(
+        "adaptive",
+        shrink_weight=opts.get("shrink"),
+        survival_z=opts.get("z"),
+        calibrate=None if cal is None else cal == 1.0,
+    )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
-    """Parse ``full`` | ``fixed:K`` | ``adaptive[:shrink=W][:z=Z]``; ``K``
+    """Parse ``full`` | ``fixed:K`` | ``adaptive[:shrink=W][:z=Z][:cal=0|1]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -737,6 +770,16 @@ def explore_widths(
     return best_batch_widths(cut, step_time, k_min=mins), base
 
 
+def calibrated_survival(survival: np.ndarray, kappa: float) -> np.ndarray:
+    """``survival`` with every position past the first scaled by ``kappa``
+    (``0 < kappa <= 1``: still nonincreasing)."""
+    if not 0.0 < kappa <= 1.0:
+        raise ValueError(f"kappa must be in (0, 1], got {kappa}")
+    out = np.array(survival, dtype=np.float64, copy=True)
+    out[1:] *= kappa
+    return out
+
+
 class AdaptiveWidth:
     """Acceptance- and expert-byte-aware width (module docstring).
 
@@ -748,6 +791,9 @@ class AdaptiveWidth:
         survival_z: standard errors taken off each continuation estimate in
             the survival the widths are chosen by (module docstring; 0: the
             estimates).
+        calibrate: choose the widths by the survival scaled by the
+            acceptance calibration past the first draft (module docstring,
+            ``cal=1``); the calibration is measured either way.
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
             from the first measured step) verifies the request past its
@@ -770,6 +816,14 @@ class AdaptiveWidth:
     #: with no options)
     SHRINK_WEIGHT = 4.0
     SURVIVAL_Z = 0.0
+    #: the default of ``calibrate`` (``adaptive`` with no options)
+    CALIBRATE = False
+    #: weight a round keeps in the acceptance calibration per later round
+    CALIBRATION_MEMORY = 0.98
+    #: expected drafts of a calibrated prior (``κ = 1``) in the calibration
+    CALIBRATION_PRIOR = 4.0
+    #: the calibration's floor
+    CALIBRATION_MIN = 0.1
 
     def __init__(
         self,
@@ -783,6 +837,7 @@ class AdaptiveWidth:
         prior_weight: float = 2.0,
         shrink_weight: float = SHRINK_WEIGHT,
         survival_z: float = SURVIVAL_Z,
+        calibrate: bool = CALIBRATE,
         ema: float = 0.2,
         explore_every: int = 17,
     ) -> None:
@@ -799,6 +854,11 @@ class AdaptiveWidth:
         if not survival_z >= 0.0:
             raise ValueError(f"survival_z must be >= 0, got {survival_z}")
         self.survival_z = survival_z
+        self.calibrate = calibrate
+        # the calibration's decayed sums over rounds that verified >= 2
+        # drafts: drafts past the first accepted, and expected
+        self._cal_accepted = 0.0
+        self._cal_expected = 0.0
         self.explore_every = explore_every
         self._decision_count = 0  # decisions since the first measured step
         self._explored = 0  # of them, exploration rounds (books: reset_stats)
@@ -969,6 +1029,9 @@ class AdaptiveWidth:
             else s
             for r, s in zip(requests, survs, strict=True)
         ]
+        if self.calibrate:
+            kappa = self.calibration()
+            chosen_by = [calibrated_survival(s, kappa) for s in chosen_by]
         exploring = []
         for r in requests:
             self._decision_count += 1
@@ -991,7 +1054,9 @@ class AdaptiveWidth:
         for r, s, k in zip(requests, survs, out, strict=True):
             self._expected[r.request_id] = s
             self._books.decided(r.available, k)
-        self._why = self._explain(survs, out)
+        # explained by the survival the widths were chosen by where it is the
+        # calibrated one (the lower bounds keep their explanation by the estimates)
+        self._why = self._explain(chosen_by if self.calibrate else survs, out)
         return out
 
     def _explain(self, survs: Sequence[np.ndarray], ks: Sequence[int]) -> str:
@@ -1012,7 +1077,8 @@ class AdaptiveWidth:
             f"{chosen[0]:.3g} in {chosen[1]:.3g} s = {chosen[2]:.4g}/s vs every draft "
             f"{full[0]:.3g} in {full[1]:.3g} s = {full[2]:.4g}/s (t_fixed {fit[0]:.3g} s, "
             f"t_row {fit[1]:.3g} s, link s/expert {self.link_s_per_expert():.3g} x exposed "
-            f"share {self.exposed_share():.3g})"
+            f"share {self.exposed_share():.3g}"
+            + (f", calibration {self.calibration():.3g} applied)" if self.calibrate else ")")
         )
 
     def observe(self, step: WidthStep) -> None:
@@ -1023,6 +1089,14 @@ class AdaptiveWidth:
                 # from the estimate the choice was made with
                 self._books.expected += float(surv[: o.verified].sum())
                 self._books.expected_rounds += 1
+                if o.verified >= 2:
+                    mem = self.CALIBRATION_MEMORY
+                    self._cal_expected = mem * self._cal_expected + float(
+                        surv[1 : o.verified].sum()
+                    )
+                    self._cal_accepted = mem * self._cal_accepted + max(
+                        0, min(o.accepted, o.verified) - 1
+                    )
             self.survival.observe(o.request_id, o.verified, o.accepted)
             self._books.rounds += 1
             self._books.verified += o.verified
@@ -1080,6 +1154,13 @@ class AdaptiveWidth:
             self._sxy += x * y
             self._syy += y * y
 
+    def calibration(self) -> float:
+        """``κ``: the acceptance calibration past the first draft (module
+        docstring, ``cal=1``); 1 until rounds past the first draft are seen."""
+        prior = self.CALIBRATION_PRIOR
+        kappa = (self._cal_accepted + prior) / (self._cal_expected + prior)
+        return min(1.0, max(self.CALIBRATION_MIN, kappa))
+
     def forget(self, request_id: int) -> None:
         self.survival.forget(request_id)
         self._expected.pop(request_id, None)
@@ -1099,6 +1180,9 @@ class AdaptiveWidth:
             "survival_global": [round(float(s), 4) for s in surv[:8]],
             "shrink_weight": self.survival.shrink_weight,
             "survival_z": self.survival_z,
+            "calibrate": self.calibrate,
+            # measured under every setting, applied only with calibrate
+            "acceptance_calibration": self.calibration(),
             "union_novelty": self.union.novelty,
             "union_saturation": self.union.saturation,
             "union_observations": self.union.observations,
@@ -1174,6 +1258,7 @@ def build_policy(
         expert_bytes=expert_bytes,
         shrink_weight=(AdaptiveWidth.SHRINK_WEIGHT if w.shrink_weight is None else w.shrink_weight),
         survival_z=AdaptiveWidth.SURVIVAL_Z if w.survival_z is None else w.survival_z,
+        calibrate=AdaptiveWidth.CALIBRATE if w.calibrate is None else w.calibrate,
     )
 
 

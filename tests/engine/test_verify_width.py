@@ -28,6 +28,7 @@ from pdflash.engine.verify_width import (
     best_batch_widths,
     best_width,
     build_policy,
+    calibrated_survival,
     explore_widths,
     explored_width,
     is_adaptive,
@@ -777,11 +778,13 @@ def _gpt_oss_policy(experts: int = 32) -> AdaptiveWidth:
 
 
 def _two_layer_policy(
-    explore_every: int | None = None, survival_z: float = AdaptiveWidth.SURVIVAL_Z
+    explore_every: int | None = None,
+    survival_z: float = AdaptiveWidth.SURVIVAL_Z,
+    calibrate: bool = AdaptiveWidth.CALIBRATE,
 ) -> AdaptiveWidth:
     """A 16-token block over 2 layers of 64 top-2 experts, exploring every
     ``explore_every`` decisions (None: the policy's default), widths chosen
-    at ``survival_z``."""
+    at ``survival_z``, with the acceptance calibration applied or not."""
     return AdaptiveWidth(
         block_size=16,
         num_layers=2,
@@ -789,6 +792,7 @@ def _two_layer_policy(
         top_k=2,
         expert_bytes=1000,
         survival_z=survival_z,
+        calibrate=calibrate,
         **({} if explore_every is None else {"explore_every": explore_every}),
     )
 
@@ -1040,6 +1044,15 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         assert pol.survival_z == (0.0 if z is None else z)
     assert str(parse_width("adaptive:shrink=16:z=1")) == "adaptive:shrink=16:z=1"
     assert not is_adaptive("full") and not is_adaptive("fixed:1")
+    for text, cal in [("adaptive", None), ("adaptive:cal=1", True), ("adaptive:z=1:cal=0", False)]:
+        w = parse_width(text, 16)
+        assert w.calibrate is cal and parse_width(str(w), 16) == w
+        pol = build_policy(
+            text, block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1000
+        )
+        assert isinstance(pol, AdaptiveWidth)
+        assert pol.calibrate is (AdaptiveWidth.CALIBRATE if cal is None else cal)
+    assert str(parse_width("adaptive:cal=1:shrink=8", 16)) == "adaptive:shrink=8:cal=1"
     for bad in (
         "adaptive:",
         "adaptive:z",
@@ -1049,6 +1062,9 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:beta=1",
         "adaptive:z=nan",
         "adaptive:z=x",
+        "adaptive:cal=2",
+        "adaptive:cal=yes",
+        "adaptive:cal=1:cal=0",
     ):
         with pytest.raises(ValueError, match="verify_width"):
             parse_width(bad, 16)
@@ -1075,12 +1091,12 @@ def test_survival_lower_bound_is_the_estimate_at_z0_and_meets_it_as_rounds_grow(
     assert 0.0 < gap < 0.03
 
 
-def _lucky_request_widths(z: float) -> list[int]:
+def _lucky_request_widths(z: float, calibrate: bool = False) -> list[int]:
     """Request 0's widths after its first four rounds accepted every draft
     it verified, while every round of three other requests accepted none
     (32 steps; 0.2 ms of link a routed expert on 2 layers of 64, a 20 ms
     compute step). Returns the widths of the next decision."""
-    pol = _two_layer_policy(0, survival_z=z)
+    pol = _two_layer_policy(0, survival_z=z, calibrate=calibrate)
     for step in range(32):
         ks = pol.widths([WidthRequest(r, 15) for r in range(4)])
         outs = tuple(
@@ -1115,6 +1131,67 @@ def test_a_lower_bound_does_not_widen_on_a_few_lucky_rounds() -> None:
     bound = _lucky_request_widths(1.0)
     assert point == [15, 1, 1, 1]
     assert bound == [1, 1, 1, 1]
+
+
+def test_calibrated_survival_scales_the_positions_past_the_first() -> None:
+    s = np.array([0.5, 0.25, 0.1])
+    out = calibrated_survival(s, 0.5)
+    assert np.allclose(out, [0.5, 0.125, 0.05]) and np.array_equal(s, [0.5, 0.25, 0.1])
+    assert np.array_equal(calibrated_survival(s, 1.0), s)
+    for bad in (0.0, -0.5, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="kappa"):
+            calibrated_survival(s, bad)
+
+
+def _calibration_after(accept: Callable[[int, int], int], steps: int = 40) -> AdaptiveWidth:
+    """A policy (calibration measured, not applied) after ``steps`` steps of
+    two requests; ``accept(request, verified)`` is a round's accepted drafts."""
+    pol = _two_layer_policy(0)
+    for _ in range(steps):
+        ks = pol.widths([WidthRequest(r, 15) for r in range(2)])
+        outs = tuple(
+            WidthOutcome(r, k, accept(r, k), 2 * (1 + k)) for r, k in zip(range(2), ks, strict=True)
+        )
+        pol.observe(
+            WidthStep(
+                outs,
+                wall_s=0.02,
+                union_experts=8,
+                copied_bytes=0,
+                link_bytes_per_s=1e6,
+                verify_compute_s=0.02,
+                exposed_fetch_s=0.0,
+            )
+        )
+    return pol
+
+
+def test_the_calibration_measures_the_shortfall_past_the_first_draft() -> None:
+    """Nothing is copied, so every draft is verified. Rounds that accept
+    every draft are accepted as often as the estimates (which learn that)
+    expect past the first draft: the calibration stays at 1. Rounds that
+    accept exactly the first draft contradict the prior's deeper positions
+    until the estimates learn it; the shortfall is measured (< 1, and
+    floored), and reported in the estimates."""
+    every = _calibration_after(lambda r, k: k)
+    assert every.calibration() == 1.0
+    first = _calibration_after(lambda r, k: min(k, 1))
+    kappa = first.calibration()
+    assert AdaptiveWidth.CALIBRATION_MIN <= kappa < 0.9
+    est = first.stats()["estimates"]
+    assert est["acceptance_calibration"] == kappa and est["calibrate"] is False
+    # a fresh policy has seen no round past the first draft
+    assert _two_layer_policy(0).calibration() == 1.0
+
+
+def test_the_calibration_keeps_a_few_lucky_rounds_from_widening() -> None:
+    """The lucky-rounds case (:func:`_lucky_request_widths`): three
+    requests' full-width early rounds accepted nothing the estimates
+    expected past the first draft, so the calibration is low and, applied,
+    it keeps the lucky request at one draft where the point estimate
+    widens it to the whole block."""
+    assert _lucky_request_widths(0.0) == [15, 1, 1, 1]
+    assert _lucky_request_widths(0.0, calibrate=True) == [1, 1, 1, 1]
 
 
 def test_an_adaptive_width_with_options_is_switched_like_adaptive() -> None:
