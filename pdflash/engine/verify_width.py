@@ -69,6 +69,13 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     reported (``estimates.acceptance_calibration``) under every adaptive
     setting; only ``cal=1`` applies it. Not the default: it has not been
     measured on the GPU yet.
+  - ``adaptive:union=hyperbolic`` fits the union with
+    :class:`UnionGrowth`'s hyperbolic form instead of the geometric one:
+    on learned routing the geometric curve, fitted to narrow verifies,
+    levels off too early and charges rows 10-16 0.08-0.47x of the experts
+    they add (the hyperbolic one 0.60-0.83x), so deep drafts look cheap
+    (:class:`UnionGrowth`; not the default: not measured on the GPU, and
+    on i.i.d. routing the hyperbolic form is the one that undercharges).
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
     a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
@@ -158,7 +165,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -169,22 +176,25 @@ if TYPE_CHECKING:
     from pdflash.engine.requests import Request
     from pdflash.engine.verify import VerifyResult
 
-WIDTH_KINDS = ("full", "fixed:K", "adaptive[:shrink=W][:z=Z][:cal=0|1]")
+#: :class:`UnionGrowth`'s curve forms
+UNION_FORMS = ("geometric", "hyperbolic")
+WIDTH_KINDS = ("full", "fixed:K", "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM]")
 
 
 @dataclass(frozen=True)
 class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
     or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
-    ``survival_z`` and ``calibrate`` override :class:`AdaptiveWidth`'s
-    (None: its defaults), so a benchmark can measure the estimator's
-    settings side by side under their own names."""
+    ``survival_z``, ``calibrate`` and ``union_form`` override
+    :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark can
+    measure the estimator's settings side by side under their own names."""
 
     kind: str
     drafts: int | None = None
     shrink_weight: float | None = None
     survival_z: float | None = None
     calibrate: bool | None = None
+    union_form: str | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -198,6 +208,8 @@ class WidthSetting:
             parts.append(f"z={self.survival_z:g}")
         if self.calibrate is not None:
             parts.append(f"cal={int(self.calibrate)}")
+        if self.union_form is not None:
+            parts.append(f"union={self.union_form}")
         return ":".join(parts)
 
 
@@ -208,41 +220,51 @@ def is_adaptive(setting: str) -> bool:
 
 
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
-    """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0) and
-    ``cal=0|1``, each at most once, ``:``-separated (a benchmark's width
-    list is ``,``-separated)."""
-    opts: dict[str, float] = {}
+    """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
+    ``cal=0|1`` and ``union=geometric|hyperbolic``, each at most once,
+    ``:``-separated (a benchmark's width list is ``,``-separated)."""
+    values: dict[str, str] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("shrink", "z", "cal") or key in opts:
+        if not eq or key not in ("shrink", "z", "cal", "union") or key in values:
             raise ValueError(
-                f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z and :cal=0|1, each once"
+                f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1 and "
+                f":union={'|'.join(UNION_FORMS)}, each once"
             )
-        if key == "cal":
-            if value not in ("0", "1"):
-                raise ValueError(f"verify_width {text!r}: cal must be 0 or 1, got {value!r}")
-            opts[key] = float(value)
+        values[key] = value
+    numbers: dict[str, float] = {}
+    for key in ("shrink", "z"):
+        if key not in values:
             continue
         try:
-            v = float(value)
+            v = float(values[key])
         except ValueError:
             raise ValueError(f"verify_width {text!r}: {key} must be a number") from None
         if not math.isfinite(v) or (v <= 0.0 if key == "shrink" else v < 0.0):
             raise ValueError(
-                f"verify_width {text!r}: shrink must be > 0 and z >= 0, got {key}={value}"
+                f"verify_width {text!r}: shrink must be > 0 and z >= 0, got {key}={values[key]}"
             )
-        opts[key] = v
-    cal = opts.get("cal")
+        numbers[key] = v
+    cal = values.get("cal")
+    if cal is not None and cal not in ("0", "1"):
+        raise ValueError(f"verify_width {text!r}: cal must be 0 or 1, got {cal!r}")
+    union = values.get("union")
+    if union is not None and union not in UNION_FORMS:
+        raise ValueError(
+            f"verify_width {text!r}: union must be one of {UNION_FORMS}, got {union!r}"
+        )
     return WidthSetting(
         "adaptive",
-        shrink_weight=opts.get("shrink"),
-        survival_z=opts.get("z"),
-        calibrate=None if cal is None else cal == 1.0,
+        shrink_weight=numbers.get("shrink"),
+        survival_z=numbers.get("z"),
+        calibrate=None if cal is None else cal == "1",
+        union_form=union,
     )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
-    """Parse ``full`` | ``fixed:K`` | ``adaptive[:shrink=W][:z=Z][:cal=0|1]``; ``K``
+    """Parse ``full`` | ``fixed:K`` |
+    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -537,13 +559,27 @@ class SurvivalEstimator:
         return np.cumprod(c)
 
 
-def union_curve(rows: int, novelty: float, saturation: float, top_k: int) -> float:
-    """``U(rows) = S - (S - top_k)(1 - a)^(rows - 1)`` (0 for no rows): the
+def union_keep(rows_after_first: float, novelty: float, form: str = "geometric") -> float:
+    """The share of ``S - top_k`` a union of ``1 + rows_after_first`` rows
+    has not reached: ``(1 - a)^n`` (``geometric``) or ``1 / (1 + a n)``
+    (``hyperbolic``)."""
+    if form == "geometric":
+        return float((1.0 - novelty) ** rows_after_first)
+    if form == "hyperbolic":
+        return 1.0 / (1.0 + novelty * rows_after_first)
+    raise ValueError(f"union form must be one of {UNION_FORMS}, got {form!r}")
+
+
+def union_curve(
+    rows: int, novelty: float, saturation: float, top_k: int, form: str = "geometric"
+) -> float:
+    """``U(rows) = S - (S - top_k) keep(rows - 1)`` (0 for no rows): the
     expected routed experts per layer of ``rows`` rows under
-    :class:`UnionGrowth`'s form, for a novelty rate ``a`` and saturation ``S``."""
+    :class:`UnionGrowth`'s ``form`` (:func:`union_keep`), for a novelty rate
+    ``a`` and saturation ``S``."""
     if rows <= 0:
         return 0.0
-    return saturation - (saturation - top_k) * (1.0 - novelty) ** (rows - 1)
+    return saturation - (saturation - top_k) * union_keep(rows - 1, novelty, form)
 
 
 class UnionGrowth:
@@ -559,6 +595,19 @@ class UnionGrowth:
     one rate cannot: fitted to such unions it comes out small, and the curve
     still climbs where the measured union has stopped, charging rows for
     experts they do not add.
+
+    ``form="hyperbolic"`` replaces ``(1 - a)^(r - 1)`` by ``1 / (1 + a(r -
+    1))`` (:func:`union_keep`): each further row adds experts at a rate that
+    falls like ``1 / r^2`` rather than geometrically, so the curve keeps
+    climbing past the rows observed. On the H200 proxies' learned routing
+    (four committed traces' whole 16-row verify blocks), fitted to rows 2-4
+    of a block (what a width of 1-3 drafts observes), the geometric curve
+    put 0.08-0.47x the experts rows 10-16 actually add, the hyperbolic one
+    0.60-0.83x; on i.i.d. routing, where the geometric form is exact, the
+    hyperbolic one (``S <= E``) puts 0.70x
+    (``bench/results/cpu/union-fit-2026-12-04``). Under the geometric form
+    a verify width fitted to narrow verifies finds deep rows cheaper than
+    they are on learned routing, and widens where they do not pay.
 
     The fit: weighted least squares of the mean per-layer union ``u`` on
     the rows ``r`` over every observation (``r >= 2``), pooled per row count
@@ -581,14 +630,27 @@ class UnionGrowth:
     #: novelty rates per stage of the fit's grid search
     GRID = 32
     MIN_NOVELTY = 1e-3
+    #: the largest novelty rate of each form's grid (a hyperbolic rate may
+    #: exceed 1: a union that levels off within a few rows)
+    MAX_NOVELTY: ClassVar[dict[str, float]] = {"geometric": 1.0, "hyperbolic": 100.0}
     #: row counts pooled exactly; larger ones in geometric classes
     EXACT_ROWS = 32
 
-    def __init__(self, num_experts: int, top_k: int, *, prior_weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        *,
+        prior_weight: float = 1.0,
+        form: str = "geometric",
+    ) -> None:
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"need 1 <= top_k <= num_experts, got {top_k}, {num_experts}")
         if not prior_weight > 0.0:
             raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
+        if form not in UNION_FORMS:
+            raise ValueError(f"union form must be one of {UNION_FORMS}, got {form!r}")
+        self.form = form
         self.num_experts = num_experts
         self.top_k = top_k
         self.prior_weight = prior_weight
@@ -630,8 +692,11 @@ class UnionGrowth:
         u = np.asarray([k + (e - k) * k / e] + [b[2] / b[0] for b in bins])
 
         def best(rates: np.ndarray) -> tuple[int, float]:
-            log_keep = np.log1p(-np.minimum(rates, 1.0 - 1e-12))
-            keep = np.exp(log_keep[:, None] * n[None, :])  # (1 - a)^(r - 1)
+            if self.form == "geometric":
+                log_keep = np.log1p(-np.minimum(rates, 1.0 - 1e-12))
+                keep = np.exp(log_keep[:, None] * n[None, :])  # (1 - a)^(r - 1)
+            else:
+                keep = 1.0 / (1.0 + rates[:, None] * n[None, :])  # 1 / (1 + a(r - 1))
             grown = 1.0 - keep
             # U = S·grown + k·keep: the least-squares S of each rate, clipped
             den = (w * grown * grown).sum(axis=1)
@@ -641,7 +706,7 @@ class UnionGrowth:
             i = int(np.argmin(err))  # the first (smallest a) of equal errors
             return i, float(sat[i])
 
-        coarse = np.geomspace(self.MIN_NOVELTY, 1.0, self.GRID)
+        coarse = np.geomspace(self.MIN_NOVELTY, self.MAX_NOVELTY[self.form], self.GRID)
         i, _ = best(coarse)
         fine = np.geomspace(coarse[max(i - 1, 0)], coarse[min(i + 1, self.GRID - 1)], self.GRID)
         j, sat = best(fine)
@@ -661,12 +726,14 @@ class UnionGrowth:
     def union(self, rows: int) -> float:
         """``U(rows)``: expected routed experts per layer of ``rows`` rows."""
         a, sat = self.fitted()
-        return union_curve(rows, a, sat, self.top_k)
+        return union_curve(rows, a, sat, self.top_k, self.form)
 
     def added(self, row: int) -> float:
         """``g(row)``: experts per layer row ``row`` (2 = first draft) adds."""
         if row < 2:
             return float(self.top_k)
+        if self.form == "hyperbolic":
+            return self.union(row) - self.union(row - 1)
         a, sat = self.fitted()
         return (sat - self.top_k) * a * (1.0 - a) ** (row - 2)
 
@@ -794,6 +861,7 @@ class AdaptiveWidth:
         calibrate: choose the widths by the survival scaled by the
             acceptance calibration past the first draft (module docstring,
             ``cal=1``); the calibration is measured either way.
+        union_form: :class:`UnionGrowth`'s curve (``union=FORM``).
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
             from the first measured step) verifies the request past its
@@ -816,8 +884,10 @@ class AdaptiveWidth:
     #: with no options)
     SHRINK_WEIGHT = 4.0
     SURVIVAL_Z = 0.0
-    #: the default of ``calibrate`` (``adaptive`` with no options)
+    #: the defaults of ``calibrate`` and ``union_form`` (``adaptive`` with
+    #: no options)
     CALIBRATE = False
+    UNION_FORM = "geometric"
     #: weight a round keeps in the acceptance calibration per later round
     CALIBRATION_MEMORY = 0.98
     #: expected drafts of a calibrated prior (``κ = 1``) in the calibration
@@ -838,6 +908,7 @@ class AdaptiveWidth:
         shrink_weight: float = SHRINK_WEIGHT,
         survival_z: float = SURVIVAL_Z,
         calibrate: bool = CALIBRATE,
+        union_form: str = UNION_FORM,
         ema: float = 0.2,
         explore_every: int = 17,
     ) -> None:
@@ -874,7 +945,7 @@ class AdaptiveWidth:
             prior_weight=prior_weight,
             shrink_weight=shrink_weight,
         )
-        self.union = UnionGrowth(num_experts, top_k)
+        self.union = UnionGrowth(num_experts, top_k, form=union_form)
         self.miss_rate: float | None = None  # copied bytes per routed batch expert's bytes
         self.link_bytes_per_s: float | None = None
         # least squares of y = wall - modeled link s of the rows on x = verified rows
@@ -1183,6 +1254,7 @@ class AdaptiveWidth:
             "calibrate": self.calibrate,
             # measured under every setting, applied only with calibrate
             "acceptance_calibration": self.calibration(),
+            "union_form": self.union.form,
             "union_novelty": self.union.novelty,
             "union_saturation": self.union.saturation,
             "union_observations": self.union.observations,
@@ -1259,6 +1331,7 @@ def build_policy(
         shrink_weight=(AdaptiveWidth.SHRINK_WEIGHT if w.shrink_weight is None else w.shrink_weight),
         survival_z=AdaptiveWidth.SURVIVAL_Z if w.survival_z is None else w.survival_z,
         calibrate=AdaptiveWidth.CALIBRATE if w.calibrate is None else w.calibrate,
+        union_form=AdaptiveWidth.UNION_FORM if w.union_form is None else w.union_form,
     )
 
 

@@ -4,6 +4,7 @@ bad rows."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import math
@@ -363,3 +364,30 @@ def test_matrix_cli_names_gzipped_rows(tmp_path: Path, fake_engine: Callable[...
     argv = ["matrix", "--arch", "tiny", "--out", str(out), "--no-progress", "--json"]
     with pytest.raises(SystemExit, match="gunzip -k"):
         cli.main(argv)
+
+
+def test_verify_width_takes_every_adaptive_option_the_engine_parses() -> None:
+    """``--verify-width`` checks the form without the engine; every option
+    :func:`pdflash.engine.verify_width.parse_width` takes passes it, and the
+    engine's parser then checks the values."""
+    from pdflash.bench.suites._common import verify_width, verify_widths
+
+    from pdflash.engine.verify_width import parse_width
+
+    for text in (
+        "adaptive:shrink=16",
+        "adaptive:z=1",
+        "adaptive:cal=1",
+        "adaptive:union=hyperbolic",
+        "adaptive:cal=1:union=hyperbolic:shrink=8:z=0.5",
+    ):
+        assert verify_width(text) == text
+        assert str(parse_width(text, 16)) == str(parse_width(verify_width(text), 16))
+    assert verify_widths("adaptive,adaptive:cal=1,fixed:1") == [
+        "adaptive",
+        "adaptive:cal=1",
+        "fixed:1",
+    ]
+    for bad in ("adaptive:", "adaptive:beta", "wide"):
+        with pytest.raises(argparse.ArgumentTypeError, match="verify-width"):
+            verify_width(bad)

@@ -451,6 +451,81 @@ def test_union_growth_follows_a_union_that_saturates_below_e() -> None:
         UnionGrowth(num_experts=32, top_k=4, prior_weight=0.0)
 
 
+def test_union_growth_hyperbolic_recovers_its_form() -> None:
+    # U(r) = 60 - 52 / (1 + 0.3 (r - 1)), top-8 of 128, observed ten times
+    # at each of rows 2..16 (the i.i.d. prior's one pseudo-observation is
+    # outweighed): the hyperbolic fit recovers a and S; each row's addition
+    # is the difference of the union
+    rows = [r for r in range(2, 17) for _ in range(10)]
+    ug = UnionGrowth(num_experts=128, top_k=8, form="hyperbolic")
+    for r in rows:
+        ug.observe(r, 60 - 52 / (1 + 0.3 * (r - 1)))
+    a, sat = ug.fitted()
+    assert a == pytest.approx(0.3, rel=0.03) and sat == pytest.approx(60, rel=0.02)
+    assert ug.union(40) == pytest.approx(60 - 52 / (1 + 0.3 * 39), abs=0.5)
+    assert ug.added(5) == pytest.approx(ug.union(5) - ug.union(4), rel=1e-12)
+    assert 8 + sum(ug.added(r) for r in range(2, 17)) == pytest.approx(ug.union(16))
+    with pytest.raises(ValueError, match="union form"):
+        UnionGrowth(num_experts=128, top_k=8, form="linear")
+
+
+#: the mean per-layer union of the first r = 1..16 rows of the whole-block
+#: verify rounds of the committed proxy trace
+#: ``bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz`` (128
+#: experts top-8; ``bench/union_fit_study.py``)
+LEARNED_UNION = [
+    8.0,
+    14.56,
+    20.02,
+    24.92,
+    29.31,
+    33.36,
+    37.02,
+    40.4,
+    43.58,
+    46.52,
+    49.31,
+    51.91,
+    54.36,
+    56.65,
+    58.82,
+    60.89,
+]
+
+
+def _deep_rows_share(form: str, curve: list[float]) -> float:
+    """Experts rows 10-16 add under ``form`` fitted to rows 2-4 of ``curve``
+    (a narrow width's observations), over those ``curve`` adds."""
+    ug = UnionGrowth(num_experts=128, top_k=8, form=form)
+    for r in [2] * 60 + [3] * 30 + [4] * 10:
+        ug.observe(r, curve[r - 1])
+    return sum(ug.added(r) for r in range(10, 17)) / (curve[15] - curve[8])
+
+
+def test_union_forms_extrapolate_from_narrow_verifies_as_measured() -> None:
+    """On learned routing the geometric curve, fitted to narrow verifies,
+    levels off too early (it charges rows 10-16 under half the experts they
+    add); the hyperbolic one comes closer. On i.i.d. routing the geometric
+    form is exact and the hyperbolic one undercharges."""
+    geo, hyp = (
+        _deep_rows_share("geometric", LEARNED_UNION),
+        _deep_rows_share("hyperbolic", LEARNED_UNION),
+    )
+    assert geo < 0.5 and 0.6 < hyp < 1.0
+    iid = [128 - 120 * (1 - 8 / 128) ** (r - 1) for r in range(1, 17)]
+    assert _deep_rows_share("geometric", iid) == pytest.approx(1.0, abs=0.03)
+    assert _deep_rows_share("hyperbolic", iid) < 0.8
+
+
+def test_the_union_form_reaches_the_policy_and_its_estimates() -> None:
+    for text, form in [("adaptive", "geometric"), ("adaptive:union=hyperbolic", "hyperbolic")]:
+        pol = build_policy(
+            text, block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1000
+        )
+        assert isinstance(pol, AdaptiveWidth) and pol.union.form == form
+        assert pol.stats()["estimates"]["union_form"] == form
+
+
 def test_adaptive_learns_from_steps() -> None:
     """Observing steps fills every estimate; the expectation is reported."""
     pol = AdaptiveWidth(block_size=8, num_layers=2, num_experts=16, top_k=2, expert_bytes=1000)
@@ -1053,6 +1128,8 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         assert isinstance(pol, AdaptiveWidth)
         assert pol.calibrate is (AdaptiveWidth.CALIBRATE if cal is None else cal)
     assert str(parse_width("adaptive:cal=1:shrink=8", 16)) == "adaptive:shrink=8:cal=1"
+    hyper = parse_width("adaptive:union=hyperbolic:cal=1", 16)
+    assert hyper.union_form == "hyperbolic" and parse_width(str(hyper), 16) == hyper
     for bad in (
         "adaptive:",
         "adaptive:z",
@@ -1065,6 +1142,8 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:cal=2",
         "adaptive:cal=yes",
         "adaptive:cal=1:cal=0",
+        "adaptive:union=linear",
+        "adaptive:union=hyperbolic:union=geometric",
     ):
         with pytest.raises(ValueError, match="verify_width"):
             parse_width(bad, 16)
