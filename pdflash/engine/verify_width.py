@@ -69,6 +69,12 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     reported (``estimates.acceptance_calibration``) under every adaptive
     setting; only ``cal=1`` applies it. Not the default: it has not been
     measured on the GPU yet.
+  - ``adaptive:beta=marginal`` charges a further modeled link second at
+    least the slope of the steps' exposed fetch on their modeled link time
+    (:meth:`AdaptiveWidth.exposed_share`), not only the average share: on
+    the H200's c=1 closed loop each added draft cost 3.1-3.6 ms of exposed
+    copies where the average share charged ~1.5 ms (not the default: not
+    measured on the GPU).
   - ``adaptive:union=hyperbolic`` fits the union with
     :class:`UnionGrowth`'s hyperbolic form instead of the geometric one:
     on learned routing the geometric curve, fitted to narrow verifies,
@@ -178,16 +184,23 @@ if TYPE_CHECKING:
 
 #: :class:`UnionGrowth`'s curve forms
 UNION_FORMS = ("geometric", "hyperbolic")
-WIDTH_KINDS = ("full", "fixed:K", "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM]")
+#: how the adaptive width charges a further modeled link second (``beta=``)
+BETA_MODES = ("average", "marginal")
+WIDTH_KINDS = (
+    "full",
+    "fixed:K",
+    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal]",
+)
 
 
 @dataclass(frozen=True)
 class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
     or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
-    ``survival_z``, ``calibrate`` and ``union_form`` override
-    :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark can
-    measure the estimator's settings side by side under their own names."""
+    ``survival_z``, ``calibrate``, ``union_form`` and ``beta_mode``
+    override :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark
+    can measure the estimator's settings side by side under their own
+    names."""
 
     kind: str
     drafts: int | None = None
@@ -195,6 +208,7 @@ class WidthSetting:
     survival_z: float | None = None
     calibrate: bool | None = None
     union_form: str | None = None
+    beta_mode: str | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -210,6 +224,8 @@ class WidthSetting:
             parts.append(f"cal={int(self.calibrate)}")
         if self.union_form is not None:
             parts.append(f"union={self.union_form}")
+        if self.beta_mode is not None:
+            parts.append(f"beta={self.beta_mode}")
         return ":".join(parts)
 
 
@@ -221,15 +237,16 @@ def is_adaptive(setting: str) -> bool:
 
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
-    ``cal=0|1`` and ``union=geometric|hyperbolic``, each at most once,
-    ``:``-separated (a benchmark's width list is ``,``-separated)."""
+    ``cal=0|1``, ``union=geometric|hyperbolic`` and
+    ``beta=average|marginal``, each at most once, ``:``-separated (a
+    benchmark's width list is ``,``-separated)."""
     values: dict[str, str] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("shrink", "z", "cal", "union") or key in values:
+        if not eq or key not in ("shrink", "z", "cal", "union", "beta") or key in values:
             raise ValueError(
-                f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1 and "
-                f":union={'|'.join(UNION_FORMS)}, each once"
+                f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1, "
+                f":union={'|'.join(UNION_FORMS)} and :beta={'|'.join(BETA_MODES)}, each once"
             )
         values[key] = value
     numbers: dict[str, float] = {}
@@ -253,18 +270,22 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
         raise ValueError(
             f"verify_width {text!r}: union must be one of {UNION_FORMS}, got {union!r}"
         )
+    beta = values.get("beta")
+    if beta is not None and beta not in BETA_MODES:
+        raise ValueError(f"verify_width {text!r}: beta must be one of {BETA_MODES}, got {beta!r}")
     return WidthSetting(
         "adaptive",
         shrink_weight=numbers.get("shrink"),
         survival_z=numbers.get("z"),
         calibrate=None if cal is None else cal == "1",
         union_form=union,
+        beta_mode=beta,
     )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
     """Parse ``full`` | ``fixed:K`` |
-    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM]``; ``K``
+    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -862,6 +883,9 @@ class AdaptiveWidth:
             acceptance calibration past the first draft (module docstring,
             ``cal=1``); the calibration is measured either way.
         union_form: :class:`UnionGrowth`'s curve (``union=FORM``).
+        beta_mode: ``average`` (the measured exposed share) or ``marginal``
+            (never below the slope of the steps' exposed fetch on their
+            modeled link time; :meth:`exposed_share`).
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
             from the first measured step) verifies the request past its
@@ -888,6 +912,7 @@ class AdaptiveWidth:
     #: no options)
     CALIBRATE = False
     UNION_FORM = "geometric"
+    BETA_MODE = "average"
     #: weight a round keeps in the acceptance calibration per later round
     CALIBRATION_MEMORY = 0.98
     #: expected drafts of a calibrated prior (``κ = 1``) in the calibration
@@ -909,6 +934,7 @@ class AdaptiveWidth:
         survival_z: float = SURVIVAL_Z,
         calibrate: bool = CALIBRATE,
         union_form: str = UNION_FORM,
+        beta_mode: str = BETA_MODE,
         ema: float = 0.2,
         explore_every: int = 17,
     ) -> None:
@@ -924,7 +950,10 @@ class AdaptiveWidth:
             raise ValueError(f"explore_every must be >= 0, got {explore_every}")
         if not survival_z >= 0.0:
             raise ValueError(f"survival_z must be >= 0, got {survival_z}")
+        if beta_mode not in BETA_MODES:
+            raise ValueError(f"beta_mode must be one of {BETA_MODES}, got {beta_mode!r}")
         self.survival_z = survival_z
+        self.beta_mode = beta_mode
         self.calibrate = calibrate
         # the calibration's decayed sums over rounds that verified >= 2
         # drafts: drafts past the first accepted, and expected
@@ -958,6 +987,9 @@ class AdaptiveWidth:
         self._m = 0
         self._vx = self._vy = self._vxx = self._vxy = self._vyy = 0.0
         self._m_wall = self._m_exposed = self._m_link = 0.0
+        # the exposed fetch on the modeled link time, per timed step: sums of
+        # x, y, x², xy, y² (the marginal exposed share's slope)
+        self._e = [0.0] * 5
         # the fit the width charges: recent steps' weighted sums of 1, the
         # squared weights, x, y, x², xy, y², wall and modeled link s (the
         # measured fit's where steps are timed, else the wall fit's)
@@ -989,7 +1021,39 @@ class AdaptiveWidth:
         time at least their time outside the waits: every further copy
         lengthens the step) and until measured; otherwise the share of the
         modeled link time the compute waited for (measured exposed fetch
-        over modeled link time of the same steps, at most 1)."""
+        over modeled link time of the same steps, at most 1).
+
+        ``beta_mode="marginal"``: at least the least-squares slope of the
+        steps' exposed fetch on their modeled link time, where three steps
+        are timed and their link times differ, capped at ``1 / m`` (``m``
+        the miss rate: a further expert costs at most its whole copy). An
+        average share understates a further second where the first copies
+        of a step hide behind its compute and the rest do not, and where the
+        experts a further row adds are colder than the step's average (the
+        model charges them the average miss rate)."""
+        average = self._average_exposed_share()
+        if self.beta_mode == "average":
+            return average
+        fit = self.exposed_slope()
+        if fit is None:
+            return average
+        cap = max(1.0, 1.0 / self.miss_rate) if self.miss_rate else 1.0
+        return min(cap, max(average, fit[0]))
+
+    def exposed_slope(self) -> tuple[float, float] | None:
+        """``(b, se(b))``: the least-squares slope of the timed steps'
+        exposed fetch on their modeled link time; None until three steps are
+        timed and their link times differ."""
+        n = float(self._m)
+        if n < 3:
+            return None
+        e = self._e
+        mx = e[0] / n
+        if e[2] / n - mx * mx <= 1e-12:
+            return None
+        return _slope_and_error(n, mx, e[1] / n, e[2] / n, e[3] / n, e[4] / n)
+
+    def _average_exposed_share(self) -> float:
         if self._m == 0:
             return 1.0
         if self._m_link <= 0.0:
@@ -1201,7 +1265,13 @@ class AdaptiveWidth:
             self._vyy += y * y
             self._m_wall += step.wall_s
             self._m_exposed += max(0.0, step.exposed_fetch_s)
-            self._m_link += self.link_s(anchors + drafted)
+            link_x = self.link_s(anchors + drafted)
+            self._m_link += link_x
+            exposed_y = max(0.0, step.exposed_fetch_s)
+            for i, v in enumerate(
+                (link_x, exposed_y, link_x * link_x, link_x * exposed_y, exposed_y * exposed_y)
+            ):
+                self._e[i] += v
         if step.wall_s is not None:
             timed = step.verify_compute_s is not None and step.exposed_fetch_s is not None
             if timed or self._m == 0:
@@ -1246,6 +1316,7 @@ class AdaptiveWidth:
         out["exploration_added_drafts"] = self._explore_added
         fit = self.time_fit()
         slope, se = self.row_cost_fit()
+        slope_fit = self.exposed_slope()
         surv = np.cumprod(self.survival.global_continuation())
         out["estimates"] = {
             "survival_global": [round(float(s), 4) for s in surv[:8]],
@@ -1270,6 +1341,10 @@ class AdaptiveWidth:
             # the measured exposed share; "wall": from the step's wall time
             "time_fit": "measured" if self._m else "wall" if self._n else None,
             "link_exposed_share": self.exposed_share() if self._m else None,
+            "beta_mode": self.beta_mode,
+            # measured under either mode: the average share and the slope
+            "link_exposed_share_average": self._average_exposed_share() if self._m else None,
+            "link_exposed_slope": None if slope_fit is None else slope_fit[0],
             # modeled link s of drafted rows 1..8 of a lone request
             "row_link_s": [
                 round(self.draft_link_s(1, j) - self.draft_link_s(1, j - 1), 6)
@@ -1332,6 +1407,7 @@ def build_policy(
         survival_z=AdaptiveWidth.SURVIVAL_Z if w.survival_z is None else w.survival_z,
         calibrate=AdaptiveWidth.CALIBRATE if w.calibrate is None else w.calibrate,
         union_form=AdaptiveWidth.UNION_FORM if w.union_form is None else w.union_form,
+        beta_mode=AdaptiveWidth.BETA_MODE if w.beta_mode is None else w.beta_mode,
     )
 
 

@@ -380,6 +380,7 @@ def test_verify_width_takes_every_adaptive_option_the_engine_parses() -> None:
         "adaptive:cal=1",
         "adaptive:union=hyperbolic",
         "adaptive:cal=1:union=hyperbolic:shrink=8:z=0.5",
+        "adaptive:beta=marginal:cal=1",
     ):
         assert verify_width(text) == text
         assert str(parse_width(text, 16)) == str(parse_width(verify_width(text), 16))

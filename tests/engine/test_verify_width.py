@@ -517,6 +517,56 @@ def test_union_forms_extrapolate_from_narrow_verifies_as_measured() -> None:
     assert _deep_rows_share("hyperbolic", iid) < 0.8
 
 
+def _policy_after_exposure(beta_mode: str, exposed: Callable[[float], float]) -> AdaptiveWidth:
+    """A policy after 30 timed steps of one request at widths cycling 1..15
+    (0.2 ms of link a routed expert on 2 layers of 64, a 20 ms compute step),
+    each step's exposed fetch ``exposed(modeled link s)``."""
+    pol = _two_layer_policy(0, beta_mode=beta_mode)
+    for step in range(30):
+        k = 1 + step % 15
+        rows = 1 + k
+        union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
+        link = pol.link_s(rows) if pol.miss_rate else union * 0.0002
+        wait = exposed(link)
+        pol.observe(
+            WidthStep(
+                (WidthOutcome(0, k, 0, 2 * rows),),
+                wall_s=0.02 + wait,
+                union_experts=round(union),
+                copied_bytes=round(union) * 1000,
+                link_bytes_per_s=1000 / 0.0002,
+                verify_compute_s=0.02,
+                exposed_fetch_s=wait,
+            )
+        )
+    return pol
+
+
+def test_a_marginal_beta_charges_the_copies_a_step_does_not_hide() -> None:
+    """Each step hides its first 2 ms of copies behind compute and waits
+    for the rest (its copies take 1.6-10 ms): the average exposed share is
+    well below 1, a further second costs a whole one. ``marginal`` charges
+    the slope (near 1), ``average`` the average share; where every step
+    waits for the same share of its copies the two agree."""
+    hidden = lambda link: max(0.0, link - 0.002)  # noqa: E731
+    avg = _policy_after_exposure("average", hidden)
+    marg = _policy_after_exposure("marginal", hidden)
+    assert avg.exposed_share() < 0.75
+    assert 0.9 < marg.exposed_share() <= 1.0
+    est = marg.stats()["estimates"]
+    assert est["beta_mode"] == "marginal" and est["link_exposed_share"] == marg.exposed_share()
+    assert est["link_exposed_share_average"] == pytest.approx(avg.exposed_share())
+    share = lambda link: 0.4 * link  # noqa: E731
+    assert _policy_after_exposure("marginal", share).exposed_share() == pytest.approx(
+        _policy_after_exposure("average", share).exposed_share(), rel=0.05
+    )
+    # too few steps to fit a slope: the average
+    fresh = _two_layer_policy(0, beta_mode="marginal")
+    assert fresh.exposed_slope() is None and fresh.exposed_share() == 1.0
+    with pytest.raises(ValueError, match="beta_mode"):
+        _two_layer_policy(0, beta_mode="median")
+
+
 def test_the_union_form_reaches_the_policy_and_its_estimates() -> None:
     for text, form in [("adaptive", "geometric"), ("adaptive:union=hyperbolic", "hyperbolic")]:
         pol = build_policy(
@@ -856,6 +906,7 @@ def _two_layer_policy(
     explore_every: int | None = None,
     survival_z: float = AdaptiveWidth.SURVIVAL_Z,
     calibrate: bool = AdaptiveWidth.CALIBRATE,
+    beta_mode: str = AdaptiveWidth.BETA_MODE,
 ) -> AdaptiveWidth:
     """A 16-token block over 2 layers of 64 top-2 experts, exploring every
     ``explore_every`` decisions (None: the policy's default), widths chosen
@@ -868,6 +919,7 @@ def _two_layer_policy(
         expert_bytes=1000,
         survival_z=survival_z,
         calibrate=calibrate,
+        beta_mode=beta_mode,
         **({} if explore_every is None else {"explore_every": explore_every}),
     )
 
@@ -1130,6 +1182,17 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
     assert str(parse_width("adaptive:cal=1:shrink=8", 16)) == "adaptive:shrink=8:cal=1"
     hyper = parse_width("adaptive:union=hyperbolic:cal=1", 16)
     assert hyper.union_form == "hyperbolic" and parse_width(str(hyper), 16) == hyper
+    marginal = parse_width("adaptive:beta=marginal", 16)
+    assert marginal.beta_mode == "marginal" and parse_width(str(marginal), 16) == marginal
+    pol = build_policy(
+        "adaptive:beta=marginal",
+        block_size=16,
+        num_layers=2,
+        num_experts=64,
+        top_k=2,
+        expert_bytes=1000,
+    )
+    assert isinstance(pol, AdaptiveWidth) and pol.beta_mode == "marginal"
     for bad in (
         "adaptive:",
         "adaptive:z",
@@ -1144,6 +1207,7 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:cal=1:cal=0",
         "adaptive:union=linear",
         "adaptive:union=hyperbolic:union=geometric",
+        "adaptive:beta=median",
     ):
         with pytest.raises(ValueError, match="verify_width"):
             parse_width(bad, 16)
