@@ -3,30 +3,21 @@ replays of pdflash.report.belady, and its closed loop on a small trace."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from bench_fixtures import BENCH, load_bench_script
 
 from pdflash.cache.eviction import LayerCyclicPolicy, LFUPolicy, LRUPolicy
 from pdflash.report.belady import belady, lru
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "eviction_replay_study.py"
 H200 = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200"
 
 
 def _study() -> ModuleType:
-    name = "_bench_eviction_replay_study"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_bench_script("eviction_replay_study.py", BENCH)
 
 
 def _random_accesses(seed: int, layers: int = 3, experts: int = 16, steps: int = 60):

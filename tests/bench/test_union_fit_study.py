@@ -4,30 +4,21 @@ i.i.d. curve, where the geometric form is exact."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from bench_fixtures import BENCH, load_bench_script
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "union_fit_study.py"
 TRACE = "bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz"
 RESULT = ROOT / "bench" / "results" / "cpu" / "union-fit-2026-12-04" / "union_fit.json"
 
 
 def _study() -> ModuleType:
-    name = "_bench_union_fit_study"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_bench_script("union_fit_study.py", BENCH)
 
 
 def test_the_measured_curve_reproduces_the_committed_result() -> None:

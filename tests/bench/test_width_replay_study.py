@@ -3,28 +3,19 @@ proxy trace, its fixed widths' books and the adaptive settings' reports."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
+from bench_fixtures import BENCH, load_bench_script
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "width_replay_study.py"
 TRACE = ROOT / "bench" / "results" / "h200" / "proxy-balanced-2026-12-01" / "trace_gpu_greedy.npz"
 
 
 def _study() -> ModuleType:
-    name = "_bench_width_replay_study"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    return load_bench_script("width_replay_study.py", BENCH)
 
 
 @pytest.fixture(scope="module")
