@@ -1250,12 +1250,15 @@ class AdaptiveWidth:
             self.link_bytes_per_s = (
                 lr if self.link_bytes_per_s is None else _mix(self.link_bytes_per_s, lr, self.ema)
             )
+        x = float(anchors + drafted)
+        # the modeled link time of the step's rows, from the estimates just updated
+        link = self.link_s(anchors + drafted)
+        timed = step.verify_compute_s is not None and step.exposed_fetch_s is not None
         if (
             step.wall_s is not None
             and step.verify_compute_s is not None
             and step.exposed_fetch_s is not None
         ):
-            x = float(anchors + drafted)
             y = max(0.0, step.verify_compute_s)
             self._m += 1
             self._vx += x
@@ -1263,20 +1266,14 @@ class AdaptiveWidth:
             self._vxx += x * x
             self._vxy += x * y
             self._vyy += y * y
+            exposed = max(0.0, step.exposed_fetch_s)
             self._m_wall += step.wall_s
-            self._m_exposed += max(0.0, step.exposed_fetch_s)
-            link_x = self.link_s(anchors + drafted)
-            self._m_link += link_x
-            exposed_y = max(0.0, step.exposed_fetch_s)
-            for i, v in enumerate(
-                (link_x, exposed_y, link_x * link_x, link_x * exposed_y, exposed_y * exposed_y)
-            ):
+            self._m_exposed += exposed
+            self._m_link += link
+            for i, v in enumerate((link, exposed, link * link, link * exposed, exposed * exposed)):
                 self._e[i] += v
         if step.wall_s is not None:
-            timed = step.verify_compute_s is not None and step.exposed_fetch_s is not None
             if timed or self._m == 0:
-                x = float(anchors + drafted)
-                link = self.link_s(anchors + drafted)
                 y = max(0.0, step.verify_compute_s or 0.0) if timed else step.wall_s - link
                 if timed and self._m == 1:
                     self._recent = [0.0] * 9  # the measured fit replaces the wall one
@@ -1285,8 +1282,7 @@ class AdaptiveWidth:
                     r[i] *= self.FIT_MEMORY**2 if i == 1 else self.FIT_MEMORY
                 for i, v in enumerate((1.0, 1.0, x, y, x * x, x * y, y * y, step.wall_s, link)):
                     r[i] += v
-            x = float(anchors + drafted)
-            y = step.wall_s - self.link_s(anchors + drafted)
+            y = step.wall_s - link
             self._n += 1
             self._wall += step.wall_s
             self._sx += x
