@@ -19,22 +19,20 @@ from pdflash.report.belady import belady
 if TYPE_CHECKING:  # imported where used: it pulls in the engine
     from pdflash.bench.engine_run import RunSpec
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-BENCH_H200 = BENCH / "h200"
+BENCH_H200 = Path(__file__).resolve().parents[1] / "bench" / "h200"
 
 
-def load_bench_script(filename: str, folder: Path = BENCH_H200) -> ModuleType:
-    """A script of ``folder`` (bench/h200/'s GPU helpers by default, or
-    bench/'s studies), loaded from the source tree by path (it is not
-    package code: the wheel leaves bench/ out). Loaded once per session and
-    registered in ``sys.modules`` (a dataclass looks its module up there);
-    bench/h200/ goes on ``sys.path`` for the scripts that import a sibling
-    (issue16.py imports diag_host_experts)."""
-    path = folder / filename
-    name = f"_bench_{folder.name}_{path.stem}"
+def load_bench_script(filename: str) -> ModuleType:
+    """A GPU helper script of bench/h200/, loaded from the source tree by path
+    (it is not package code: the wheel leaves bench/ out). Loaded once per
+    session and registered in ``sys.modules`` (a dataclass looks its module up
+    there); bench/h200/ goes on ``sys.path`` for the scripts that import a
+    sibling (issue16.py imports diag_host_experts)."""
+    path = BENCH_H200 / filename
+    name = f"_bench_h200_{path.stem}"
     if name in sys.modules:
         return sys.modules[name]
-    if folder == BENCH_H200 and str(BENCH_H200) not in sys.path:
+    if str(BENCH_H200) not in sys.path:
         sys.path.insert(0, str(BENCH_H200))
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None, path

@@ -4,20 +4,15 @@ replays of pdflash.report.belady, and its closed loop on a small trace."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
-from bench_fixtures import BENCH, load_bench_script
+from pdflash.bench import eviction_replay_study as study
 
 from pdflash.cache.eviction import LayerCyclicPolicy, LFUPolicy, LRUPolicy
 from pdflash.report.belady import belady, lru
 
 H200 = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200"
-
-
-def _study() -> ModuleType:
-    return load_bench_script("eviction_replay_study.py", BENCH)
 
 
 def _random_accesses(seed: int, layers: int = 3, experts: int = 16, steps: int = 60):
@@ -31,7 +26,6 @@ def _random_accesses(seed: int, layers: int = 3, experts: int = 16, steps: int =
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_replay_matches_the_reference_lru_and_never_beats_belady(seed: int) -> None:
-    study = _study()
     acc = _random_accesses(seed)
     ids = [a for _, a in acc]
     for slots in (8, 13, 29):
@@ -53,7 +47,6 @@ def test_the_closed_loop_on_the_committed_trace() -> None:
     step, and a step's layer accesses are its rows' unions."""
     from pdflash.traces import load_trace
 
-    study = _study()
     trace = load_trace(H200 / "proxy-balanced-2026-12-01" / "trace_gpu_t1.npz")
     steps = study.closed_loop_steps(trace, 4, 15)
     layers, experts = int(trace.provenance["num_layers"]), int(trace.provenance["num_experts"])

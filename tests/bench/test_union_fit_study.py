@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
-from bench_fixtures import BENCH, load_bench_script
+from pdflash.bench import union_fit_study as study
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = "bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz"
 RESULT = ROOT / "bench" / "results" / "cpu" / "union-fit-2026-12-04" / "union_fit.json"
 
 
-def _study() -> ModuleType:
-    return load_bench_script("union_fit_study.py", BENCH)
-
-
 def test_the_measured_curve_reproduces_the_committed_result() -> None:
-    study = _study()
     u, num_experts, k, block = study.measured_curve(str(ROOT / TRACE))
     assert (num_experts, k, block) == (128, 8, 16)
     assert u[1] == k and np.all(np.diff(u[1:]) > 0) and u[block] <= num_experts
@@ -34,7 +28,6 @@ def test_the_measured_curve_reproduces_the_committed_result() -> None:
 
 
 def test_on_iid_routing_the_geometric_fit_is_exact() -> None:
-    study = _study()
     u = study.iid_curve(128, 8, 16)
     fits = study.compare(u, 128, 8, 16)["fits"]
     for name in study.OBSERVATION_SETS:

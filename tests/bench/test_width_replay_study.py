@@ -4,25 +4,20 @@ proxy trace, its fixed widths' books and the adaptive settings' reports."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
-from bench_fixtures import BENCH, load_bench_script
+from pdflash.bench import width_replay_study as study
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE = ROOT / "bench" / "results" / "h200" / "proxy-balanced-2026-12-01" / "trace_gpu_greedy.npz"
-
-
-def _study() -> ModuleType:
-    return load_bench_script("width_replay_study.py", BENCH)
 
 
 @pytest.fixture(scope="module")
 def rounds() -> list[list[tuple[int, np.ndarray]]]:
     from pdflash.traces import load_trace
 
-    return _study().request_rounds(load_trace(TRACE))
+    return study.request_rounds(load_trace(TRACE))
 
 
 def _loop(setting: str, rounds: list[list[tuple[int, np.ndarray]]], **kw: object) -> dict:
@@ -39,7 +34,7 @@ def _loop(setting: str, rounds: list[list[tuple[int, np.ndarray]]], **kw: object
         expert_bytes=13_236_736,
     )
     args.update(kw)
-    return _study().run_loop(setting, rounds, [0, 1, 2, 3], **args)
+    return study.run_loop(setting, rounds, [0, 1, 2, 3], **args)
 
 
 def test_the_rounds_are_the_traces_whole_blocks(rounds: list) -> None:
