@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 import numpy as np
+from pdflash.bench.width_replay_study import request_rounds
 
 from pdflash.engine.verify_width import UNION_FORMS, UnionGrowth
 from pdflash.traces import load_trace
@@ -43,16 +44,11 @@ def measured_curve(path: str) -> tuple[np.ndarray, int, int, int]:
     _, layers, k = t.verify_topk.shape
     block = int(t.round_rows.max())
     num_experts = int(t.provenance.get("num_experts") or int(t.verify_topk.max()) + 1)
-    starts = np.concatenate([[0], np.cumsum(t.round_rows.astype(np.int64))])
-    whole = np.flatnonzero(t.round_rows == block)
-    if whole.size == 0:
+    # every whole-block round's summed per-layer prefix unions, of every request
+    unions = [u for rounds in request_rounds(t) for _, u in rounds]
+    if not unions:
         raise SystemExit(f"{path}: no round verified a whole block of {block} rows")
-    u = np.zeros(block + 1)
-    for i in whole:
-        rows = t.verify_topk[starts[i] : starts[i] + block]
-        for r in range(1, block + 1):
-            u[r] += np.mean([np.unique(rows[:r, layer, :]).size for layer in range(layers)])
-    return u / whole.size, num_experts, k, block
+    return np.concatenate([[0.0], np.mean(unions, axis=0) / layers]), num_experts, k, block
 
 
 def iid_curve(num_experts: int, k: int, block: int) -> np.ndarray:
