@@ -199,10 +199,10 @@ def main() -> int:
     usable = [r for r in range(trace.num_requests) if rounds[r]]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     per: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
+    longest = max(len(r) for r in rounds)  # a request's rounds, at most
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
         order = [int(x) for x in rng.permutation(usable)[: args.requests]]
-        longest = max(len(r) for r in rounds)
         full = None
         if args.inject_full > 0.0:
             draws = rng.random((trace.num_requests, longest))
