@@ -67,21 +67,35 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     about half the rate it expected,
     ``bench/results/h200/session21-2026-12-04``). ``κ`` is computed and
     reported (``estimates.acceptance_calibration``) under every adaptive
-    setting; only ``cal=1`` applies it. Not the default: it has not been
-    measured on the GPU yet.
+    setting; only ``cal=1`` applies it. Not the default: on the H200's
+    learned closed loops (``bench/results/h200/session22-2026-12-04``) it
+    narrowed the width a little (c=1: 3.7 to 3.1 drafts a round) and moved
+    tokens/s within noise at c=1 and c=4.
   - ``adaptive:beta=marginal`` charges a further modeled link second at
     least the slope of the steps' exposed fetch on their modeled link time
     (:meth:`AdaptiveWidth.exposed_share`), not only the average share: on
     the H200's c=1 closed loop each added draft cost 3.1-3.6 ms of exposed
-    copies where the average share charged ~1.5 ms (not the default: not
+    copies where the average share charged ~1.5 ms (not the default:
+    measured only as ``adaptive:cal=1:union=hyperbolic:beta=marginal``,
+    session 22: 1.5-2.2 drafts a round at c=1, tokens/s between
+    ``adaptive``'s and ``fixed:1``'s and within noise of both).
+  - ``adaptive:row=wall`` charges a verified row at least the lower
+    confidence bound of the slope of the steps' wall time less their
+    charged link time (``β · ℓ``) on their rows
+    (:meth:`AdaptiveWidth.wall_row_fit`), not only the slope of the
+    verify's compute: whatever a further row lengthens the step by beyond
+    its charged copies. On the H200's c=1 closed loop a further verified
+    draft lengthened the step by ~6 ms where the model charged about half
+    (``bench/results/h200/session22-2026-12-04``; not the default: not
     measured on the GPU).
   - ``adaptive:union=hyperbolic`` fits the union with
     :class:`UnionGrowth`'s hyperbolic form instead of the geometric one:
     on learned routing the geometric curve, fitted to narrow verifies,
     levels off too early and charges rows 10-16 0.08-0.47x of the experts
     they add (the hyperbolic one 0.60-0.83x), so deep drafts look cheap
-    (:class:`UnionGrowth`; not the default: not measured on the GPU, and
-    on i.i.d. routing the hyperbolic form is the one that undercharges).
+    (:class:`UnionGrowth`; not the default: measured on the GPU only with
+    ``cal=1`` and ``beta=marginal``, above, and on i.i.d. routing the
+    hyperbolic form is the one that undercharges).
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
     a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
@@ -186,10 +200,13 @@ if TYPE_CHECKING:
 UNION_FORMS = ("geometric", "hyperbolic")
 #: how the adaptive width charges a further modeled link second (``beta=``)
 BETA_MODES = ("average", "marginal")
+#: what the adaptive width charges a verified row beyond its modeled link
+#: time (``row=``)
+ROW_MODES = ("compute", "wall")
 WIDTH_KINDS = (
     "full",
     "fixed:K",
-    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal]",
+    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal][:row=compute|wall]",
 )
 
 
@@ -197,8 +214,8 @@ WIDTH_KINDS = (
 class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
     or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
-    ``survival_z``, ``calibrate``, ``union_form`` and ``beta_mode``
-    override :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark
+    ``survival_z``, ``calibrate``, ``union_form``, ``beta_mode`` and
+    ``row_mode`` override :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark
     can measure the estimator's settings side by side under their own
     names."""
 
@@ -209,6 +226,7 @@ class WidthSetting:
     calibrate: bool | None = None
     union_form: str | None = None
     beta_mode: str | None = None
+    row_mode: str | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -226,6 +244,8 @@ class WidthSetting:
             parts.append(f"union={self.union_form}")
         if self.beta_mode is not None:
             parts.append(f"beta={self.beta_mode}")
+        if self.row_mode is not None:
+            parts.append(f"row={self.row_mode}")
         return ":".join(parts)
 
 
@@ -237,16 +257,17 @@ def is_adaptive(setting: str) -> bool:
 
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
-    ``cal=0|1``, ``union=geometric|hyperbolic`` and
-    ``beta=average|marginal``, each at most once, ``:``-separated (a
+    ``cal=0|1``, ``union=geometric|hyperbolic``,
+    ``beta=average|marginal`` and ``row=compute|wall``, each at most once, ``:``-separated (a
     benchmark's width list is ``,``-separated)."""
     values: dict[str, str] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("shrink", "z", "cal", "union", "beta") or key in values:
+        if not eq or key not in ("shrink", "z", "cal", "union", "beta", "row") or key in values:
             raise ValueError(
                 f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1, "
-                f":union={'|'.join(UNION_FORMS)} and :beta={'|'.join(BETA_MODES)}, each once"
+                f":union={'|'.join(UNION_FORMS)}, :beta={'|'.join(BETA_MODES)} and "
+                f":row={'|'.join(ROW_MODES)}, each once"
             )
         values[key] = value
     numbers: dict[str, float] = {}
@@ -273,6 +294,9 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
     beta = values.get("beta")
     if beta is not None and beta not in BETA_MODES:
         raise ValueError(f"verify_width {text!r}: beta must be one of {BETA_MODES}, got {beta!r}")
+    row = values.get("row")
+    if row is not None and row not in ROW_MODES:
+        raise ValueError(f"verify_width {text!r}: row must be one of {ROW_MODES}, got {row!r}")
     return WidthSetting(
         "adaptive",
         shrink_weight=numbers.get("shrink"),
@@ -280,12 +304,13 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
         calibrate=None if cal is None else cal == "1",
         union_form=union,
         beta_mode=beta,
+        row_mode=row,
     )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
     """Parse ``full`` | ``fixed:K`` |
-    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE]``; ``K``
+    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -886,6 +911,10 @@ class AdaptiveWidth:
         beta_mode: ``average`` (the measured exposed share) or ``marginal``
             (never below the slope of the steps' exposed fetch on their
             modeled link time; :meth:`exposed_share`).
+        row_mode: ``compute`` (a row is charged the verify compute the steps
+            show it costs) or ``wall`` (at least what the steps' wall time
+            shows it costs beyond its charged link time;
+            :meth:`wall_row_fit`).
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
             from the first measured step) verifies the request past its
@@ -913,6 +942,7 @@ class AdaptiveWidth:
     CALIBRATE = False
     UNION_FORM = "geometric"
     BETA_MODE = "average"
+    ROW_MODE = "compute"
     #: weight a round keeps in the acceptance calibration per later round
     CALIBRATION_MEMORY = 0.98
     #: expected drafts of a calibrated prior (``κ = 1``) in the calibration
@@ -935,6 +965,7 @@ class AdaptiveWidth:
         calibrate: bool = CALIBRATE,
         union_form: str = UNION_FORM,
         beta_mode: str = BETA_MODE,
+        row_mode: str = ROW_MODE,
         ema: float = 0.2,
         explore_every: int = 17,
     ) -> None:
@@ -952,8 +983,11 @@ class AdaptiveWidth:
             raise ValueError(f"survival_z must be >= 0, got {survival_z}")
         if beta_mode not in BETA_MODES:
             raise ValueError(f"beta_mode must be one of {BETA_MODES}, got {beta_mode!r}")
+        if row_mode not in ROW_MODES:
+            raise ValueError(f"row_mode must be one of {ROW_MODES}, got {row_mode!r}")
         self.survival_z = survival_z
         self.beta_mode = beta_mode
+        self.row_mode = row_mode
         self.calibrate = calibrate
         # the calibration's decayed sums over rounds that verified >= 2
         # drafts: drafts past the first accepted, and expected
@@ -994,6 +1028,10 @@ class AdaptiveWidth:
         # squared weights, x, y, x², xy, y², wall and modeled link s (the
         # measured fit's where steps are timed, else the wall fit's)
         self._recent = [0.0] * 9
+        # the wall fit (every step with a wall time, weighted as _recent):
+        # sums of 1, the squared weights, x, wall W, modeled link L, x², xW,
+        # xL, W², WL, L² (row=wall: the slope of W - beta L on x, any beta)
+        self._wall_recent = [0.0] * 11
         # request -> its survival when its width was chosen (the expectation's basis)
         self._expected: dict[int, np.ndarray] = {}
         self._why: str | None = None  # the last decision's numbers
@@ -1087,6 +1125,9 @@ class AdaptiveWidth:
             return None
         slope, se = self.row_cost_fit()
         t_row = max(0.0, slope - self.ROW_COST_Z * se)
+        if self.row_mode == "wall":
+            wall_slope, wall_se = self.wall_row_fit()
+            t_row = max(t_row, wall_slope - self.ROW_COST_Z * wall_se)
         r = self._recent
         # (the wall fit: beta 1, and its y is wall less the modeled link)
         beta = self.exposed_share() if self._m > 0 else 1.0
@@ -1105,6 +1146,32 @@ class AdaptiveWidth:
             return 0.0, 0.0
         w = r[0]
         return _slope_and_error(w * w / r[1], *(v / w for v in r[2:7]))
+
+    def wall_row_fit(self) -> tuple[float, float]:
+        """``(b, se(b))``: the weighted least-squares slope of the steps'
+        wall time less their charged link time (``β · ℓ(rows)``, ``β`` the
+        current :meth:`exposed_share`; 1 where no step timed its waits) on
+        their verified rows, weighted as :meth:`row_cost_fit`; ``(0, 0)``
+        until three steps are measured and their row counts differ.
+
+        ``row=wall`` charges a row at least this slope's lower confidence
+        bound: what a further row lengthens the step by beyond the link
+        time the model charges it, whatever the cause (compute the verify's
+        timer splits off as waits, host work that grows with the experts a
+        row routes to, copies exposed beyond ``β``). On the H200's c=1
+        closed loop a further verified draft lengthened the step by ~6 ms
+        where ``t_row`` (0) and ``β · ℓ`` (~2-3.5 ms) charged it about half
+        (``bench/results/h200/session22-2026-12-04``)."""
+        w = self._wall_recent
+        if w[0] <= 0.0 or self._n < 3:
+            return 0.0, 0.0
+        beta = self.exposed_share() if self._m > 0 else 1.0
+        n = w[0]
+        mx, mw, ml, mxx, mxw, mxl, mww, mwl, mll = (v / n for v in w[2:])
+        my = mw - beta * ml
+        mxy = mxw - beta * mxl
+        myy = mww - 2.0 * beta * mwl + beta * beta * mll
+        return _slope_and_error(n * n / w[1], mx, my, mxx, mxy, myy)
 
     def step_time_fit(self) -> StepTimeFit | None:
         """The least-squares fit of the step time on its rows (slope not
@@ -1282,6 +1349,13 @@ class AdaptiveWidth:
                     r[i] *= self.FIT_MEMORY**2 if i == 1 else self.FIT_MEMORY
                 for i, v in enumerate((1.0, 1.0, x, y, x * x, x * y, y * y, step.wall_s, link)):
                     r[i] += v
+            wr = self._wall_recent
+            for i in range(11):
+                wr[i] *= self.FIT_MEMORY**2 if i == 1 else self.FIT_MEMORY
+            wall = step.wall_s
+            squares = (x * x, x * wall, x * link, wall * wall, wall * link, link * link)
+            for i, v in enumerate((1.0, 1.0, x, wall, link, *squares)):
+                wr[i] += v
             y = step.wall_s - link
             self._n += 1
             self._wall += step.wall_s
@@ -1312,6 +1386,7 @@ class AdaptiveWidth:
         out["exploration_added_drafts"] = self._explore_added
         fit = self.time_fit()
         slope, se = self.row_cost_fit()
+        wall_slope, wall_se = self.wall_row_fit()
         slope_fit = self.exposed_slope()
         surv = np.cumprod(self.survival.global_continuation())
         out["estimates"] = {
@@ -1333,6 +1408,10 @@ class AdaptiveWidth:
             # max(0, slope - ROW_COST_Z se))
             "t_row_fit_s": None if fit is None else slope,
             "t_row_se_s": None if fit is None else se,
+            "row_mode": self.row_mode,
+            # measured under either mode, charged (its lower bound) with row=wall
+            "t_row_wall_fit_s": None if fit is None else wall_slope,
+            "t_row_wall_se_s": None if fit is None else wall_se,
             # "measured": t_row from the verify's compute, link time scaled by
             # the measured exposed share; "wall": from the step's wall time
             "time_fit": "measured" if self._m else "wall" if self._n else None,
@@ -1404,6 +1483,7 @@ def build_policy(
         calibrate=AdaptiveWidth.CALIBRATE if w.calibrate is None else w.calibrate,
         union_form=AdaptiveWidth.UNION_FORM if w.union_form is None else w.union_form,
         beta_mode=AdaptiveWidth.BETA_MODE if w.beta_mode is None else w.beta_mode,
+        row_mode=AdaptiveWidth.ROW_MODE if w.row_mode is None else w.row_mode,
     )
 
 

@@ -567,6 +567,74 @@ def test_a_marginal_beta_charges_the_copies_a_step_does_not_hide() -> None:
         _two_layer_policy(0, beta_mode="median")
 
 
+def _policy_after_wall(row_mode: str, extra_per_row: float) -> AdaptiveWidth:
+    """A policy after 45 timed steps of one request at widths cycling 1..15
+    (0.2 ms of link a routed expert on 2 layers of 64, 40% of it exposed, a
+    20 ms verify compute whatever the rows), each step's wall 20 ms + its
+    exposed fetch + ``extra_per_row`` a verified row: time that neither the
+    verify's compute nor its waits on copies show. Rounds accept 0-3 drafts."""
+    pol = AdaptiveWidth(
+        block_size=16,
+        num_layers=2,
+        num_experts=64,
+        top_k=2,
+        expert_bytes=1000,
+        explore_every=0,
+        row_mode=row_mode,
+    )
+    for step in range(45):
+        k = 1 + step % 15
+        rows = 1 + k
+        union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
+        link = pol.link_s(rows) if pol.miss_rate else union * 0.0002
+        wait = 0.4 * link
+        pol.observe(
+            WidthStep(
+                (WidthOutcome(0, k, min(k, step % 4), 2 * rows),),
+                wall_s=0.02 + wait + extra_per_row * rows,
+                union_experts=round(union),
+                copied_bytes=round(union) * 1000,
+                link_bytes_per_s=1000 / 0.0002,
+                verify_compute_s=0.02,
+                exposed_fetch_s=wait,
+            )
+        )
+    return pol
+
+
+def test_a_wall_row_charge_sees_the_cost_the_timers_split_off() -> None:
+    """Each verified row lengthens the step by 6 ms that neither the
+    verify's compute (flat) nor its exposed copies show. ``row=compute``
+    (the default) charges a row nothing beyond its link time, ``row=wall``
+    charges the wall's slope (its lower bound), and chooses narrower widths;
+    where the wall grows only by the charged copies, ``row=wall`` adds
+    nothing (no copy is charged twice)."""
+    compute = _policy_after_wall("compute", 0.006)
+    wall = _policy_after_wall("wall", 0.006)
+    for pol in (compute, wall):  # measured under either mode
+        slope, se = pol.wall_row_fit()
+        assert slope == pytest.approx(0.006, rel=0.05) and se < 0.001
+    fit_c, fit_w = compute.time_fit(), wall.time_fit()
+    assert fit_c is not None and fit_w is not None
+    assert fit_c[1] == 0.0 and 0.0045 < fit_w[1] <= 0.006
+    request = [WidthRequest(0, 15)]
+    assert wall.widths(request)[0] < compute.widths(request)[0]
+    est = wall.stats()["estimates"]
+    assert est["row_mode"] == "wall" and est["t_row_s"] == fit_w[1]
+    assert est["t_row_wall_fit_s"] == pytest.approx(0.006, rel=0.05)
+    assert compute.stats()["estimates"]["row_mode"] == "compute"
+    only_copies = _policy_after_wall("wall", 0.0)
+    assert abs(only_copies.wall_row_fit()[0]) < 1e-4
+    fit = only_copies.time_fit()
+    assert fit is not None and fit[1] < 1e-4
+    fresh = _two_layer_policy(0)
+    assert fresh.wall_row_fit() == (0.0, 0.0)
+    with pytest.raises(ValueError, match="row_mode"):
+        AdaptiveWidth(
+            block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1, row_mode="gpu"
+        )
+
+
 def test_the_union_form_reaches_the_policy_and_its_estimates() -> None:
     for text, form in [("adaptive", "geometric"), ("adaptive:union=hyperbolic", "hyperbolic")]:
         pol = build_policy(
@@ -1193,6 +1261,13 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         expert_bytes=1000,
     )
     assert isinstance(pol, AdaptiveWidth) and pol.beta_mode == "marginal"
+    row = parse_width("adaptive:row=wall:cal=1", 16)
+    assert row.row_mode == "wall" and parse_width(str(row), 16) == row
+    assert str(row) == "adaptive:cal=1:row=wall"
+    pol = build_policy(
+        "adaptive:row=wall", block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1
+    )
+    assert isinstance(pol, AdaptiveWidth) and pol.row_mode == "wall"
     for bad in (
         "adaptive:",
         "adaptive:z",
@@ -1208,6 +1283,8 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:union=linear",
         "adaptive:union=hyperbolic:union=geometric",
         "adaptive:beta=median",
+        "adaptive:row=gpu",
+        "adaptive:row=wall:row=compute",
     ):
         with pytest.raises(ValueError, match="verify_width"):
             parse_width(bad, 16)
