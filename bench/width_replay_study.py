@@ -16,7 +16,11 @@ A step's time is modeled on the H200's one-client closed loop
 ``t_fixed + exposed · miss · L · U · bytes / link``. Here ``U`` is the
 round's measured per-layer union, ``miss`` the share of routed experts the
 cache copied, and ``exposed`` the share of that link time the step waited
-for. The policy (:class:`pdflash.engine.verify_width.AdaptiveWidth`, as
+for. ``--marginal-exposed`` sets a different share for the link time of the
+experts the drafts past the first add (the H200's c=1 loop waited for nearly
+all of it, ``bench/results/h200/session22-2026-12-04``), and
+``--row-compute-s`` adds compute per verified draft to the step. The policy
+(:class:`pdflash.engine.verify_width.AdaptiveWidth`, as
 :func:`~pdflash.engine.verify_width.build_policy` builds it) observes
 exactly that step and the round's union, as the engine would report them.
 Fixed widths run the same loop.
@@ -98,7 +102,15 @@ def run_loop(
     miss: float,
     expert_bytes: int,
     full_accepts: np.ndarray | None = None,
+    marginal_exposed: float | None = None,
+    row_compute_s: float = 0.0,
 ) -> dict[str, Any]:
+    """One seed's loop under ``setting`` (module docstring). A step waits for
+    ``exposed`` of the link time of the union of its first two rows (the
+    anchor and the first draft) and ``marginal_exposed`` (None: ``exposed``)
+    of what the further drafts add; its compute is ``t_fixed`` plus
+    ``row_compute_s`` per verified draft."""
+    marginal = exposed if marginal_exposed is None else marginal_exposed
     policy = build_policy(
         setting,
         block_size=block,
@@ -126,8 +138,12 @@ def run_loop(
                 k = policy.widths([WidthRequest(req, available)])[0]
             acc = min(a, k)
             union = int(unions[k])  # the first 1 + k rows
-            link = link_s_per_expert * union
-            step = t_fixed + exposed * link
+            wait = exposed * (link_s_per_expert * union)
+            if marginal_exposed is not None:
+                base = int(unions[min(k, 1)])  # the anchor and the first draft
+                wait = link_s_per_expert * (exposed * base + marginal * (union - base))
+            compute = t_fixed + row_compute_s * k
+            step = compute + wait
             if policy is not None and k > 0:
                 policy.observe(
                     WidthStep(
@@ -136,8 +152,8 @@ def run_loop(
                         union_experts=union,
                         copied_bytes=int(miss * union * expert_bytes),
                         link_bytes_per_s=miss * expert_bytes / link_s_per_expert,
-                        verify_compute_s=t_fixed,
-                        exposed_fetch_s=exposed * link,
+                        verify_compute_s=compute,
+                        exposed_fetch_s=wait,
                     )
                 )
             wall += step
@@ -176,6 +192,16 @@ def main() -> int:
     parser.add_argument("--exposed", type=float, default=0.58)
     parser.add_argument("--miss", type=float, default=0.53)
     parser.add_argument("--expert-bytes", type=int, default=13_236_736)
+    parser.add_argument(
+        "--marginal-exposed",
+        type=float,
+        default=None,
+        help="share of the link time of the experts the drafts past the first add that a step "
+        "waits for (default: --exposed)",
+    )
+    parser.add_argument(
+        "--row-compute-s", type=float, default=0.0, help="compute per verified draft (s)"
+    )
     parser.add_argument(
         "--inject-full",
         type=float,
@@ -227,6 +253,8 @@ def main() -> int:
                     miss=args.miss,
                     expert_bytes=args.expert_bytes,
                     full_accepts=full,
+                    marginal_exposed=args.marginal_exposed,
+                    row_compute_s=args.row_compute_s,
                 )
             )
     base = per[settings[0]]

@@ -9,6 +9,11 @@ the policy charged for the first row past the anchors (``row_link_s[0]``),
 and the drafts it added that were accepted (realized) against the policy's
 own expectation. No GPU: the numbers are read from the rows as committed.
 
+Then, per baseline, across every width's runs (:func:`step_cost_per_draft`):
+the least-squares slope of a run's wall time per step on its mean verified
+drafts a round, i.e. what a further verified draft a round lengthened a step
+by, whatever the cause.
+
 With ``--trace TRACE.npz`` it also prints a CPU model of the closed loop's
 step count (replayed trace, idealized: each request needs 32 tokens, a round
 commits ``min(A, k) + 1`` of its trace round's ``A`` accepted drafts, 4
@@ -51,7 +56,10 @@ def pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "repeat": rep,
                     "extra_drafts": round(extra),
                     "steps": [a["steps"], f["steps"]],
-                    "tok_s": [round(384 / a["wall_s"], 1), round(384 / f["wall_s"], 1)],
+                    "tok_s": [
+                        round(a["output_tokens_per_s"], 1),
+                        round(f["output_tokens_per_s"], 1),
+                    ],
                     "wall_s_per_extra": (a["wall_s"] - f["wall_s"]) / extra,
                     "link_busy_s_per_extra": (a["link_busy_s"] - f["link_busy_s"]) / extra,
                     "exposed_s_per_extra": (a["exposed_fetch_s"] - f["exposed_fetch_s"]) / extra,
@@ -62,6 +70,39 @@ def pairs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "survival_global_1_3": est["survival_global"][:3],
                 }
             )
+    return out
+
+
+def step_cost_per_draft(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per baseline: the least-squares line of a run's wall seconds per step
+    on its mean verified drafts a round, over every row of that baseline
+    (every width and repeat); rows without a width policy's books are left
+    out. ``slope_ms_per_draft`` is what one further draft a round added to a
+    step."""
+    import numpy as np
+
+    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        width = r.get("verify_width") or {}
+        if "mean_verified_drafts" not in width or not r.get("steps"):
+            continue
+        by[r["baseline"]].append((width["mean_verified_drafts"], r["wall_s"] / r["steps"]))
+    out = []
+    for base, points in sorted(by.items()):
+        x = np.array([p[0] for p in points])
+        y = np.array([p[1] for p in points]) * 1e3
+        if len(points) < 3 or float(np.ptp(x)) == 0.0:
+            continue  # no slope from fewer than three runs or one width
+        slope, intercept = np.polyfit(x, y, 1)
+        out.append(
+            {
+                "baseline": base,
+                "runs": len(points),
+                "drafts_a_round": [round(float(x.min()), 2), round(float(x.max()), 2)],
+                "slope_ms_per_draft": float(slope),
+                "intercept_ms_per_step": float(intercept),
+            }
+        )
     return out
 
 
@@ -106,7 +147,7 @@ def main(paths: list[str]) -> None:
     for p in paths:
         rows = read_jsonl(p)
         print(f"# {p}")
-        for d in pairs(rows):
+        for d in pairs(rows) + step_cost_per_draft(rows):
             print(
                 json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in d.items()})
             )

@@ -70,3 +70,25 @@ def test_free_copies_make_every_draft_worth_verifying(rounds: list) -> None:
     full = _loop("full", rounds, exposed=0.0, link_s_per_expert=1e-7)
     assert free["verified_per_round"] >= 0.9 * full["verified_per_round"]
     assert free["tokens_per_s"] == pytest.approx(full["tokens_per_s"], rel=0.05)
+
+
+def test_the_marginal_share_and_row_compute_charge_only_the_drafts_past_the_first(
+    rounds: list,
+) -> None:
+    """``marginal_exposed`` applies to the experts the drafts past the first
+    add: a width of one draft costs the same whatever it is, a wider one
+    more; ``row_compute_s`` adds compute per verified draft."""
+    plain = _loop("fixed:1", rounds, exposed=0.5)
+    assert _loop("fixed:1", rounds, exposed=0.5, marginal_exposed=1.0) == plain
+    wide, wide_marginal = (
+        _loop("fixed:3", rounds, exposed=0.5),
+        _loop("fixed:3", rounds, exposed=0.5, marginal_exposed=1.0),
+    )
+    assert wide_marginal["steps"] == wide["steps"]
+    assert wide_marginal["tokens_per_s"] < wide["tokens_per_s"]
+    slower = _loop("fixed:1", rounds, exposed=0.5, row_compute_s=0.01)
+    assert slower["steps"] == plain["steps"] and slower["tokens_per_s"] < plain["tokens_per_s"]
+    # the charged costs reach the policy: it verifies fewer drafts
+    cheap = _loop("adaptive", rounds, exposed=0.5)
+    dear = _loop("adaptive", rounds, exposed=0.5, marginal_exposed=1.0, row_compute_s=0.01)
+    assert dear["verified_per_round"] < cheap["verified_per_round"]

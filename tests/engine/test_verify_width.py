@@ -616,7 +616,7 @@ def test_a_wall_row_charge_sees_the_cost_the_timers_split_off() -> None:
         assert slope == pytest.approx(0.006, rel=0.05) and se < 0.001
     fit_c, fit_w = compute.time_fit(), wall.time_fit()
     assert fit_c is not None and fit_w is not None
-    assert fit_c[1] == 0.0 and 0.0045 < fit_w[1] <= 0.006
+    assert fit_c[1] < 1e-9 and 0.0045 < fit_w[1] <= 0.006
     request = [WidthRequest(0, 15)]
     assert wall.widths(request)[0] < compute.widths(request)[0]
     est = wall.stats()["estimates"]
