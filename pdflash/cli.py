@@ -52,7 +52,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-width",
         default=None,
-        help="drafts each verify checks: full, fixed:K or adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE] "
+        help="drafts each verify checks: full, fixed:K or adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE] "
         "(default: the baseline's preset: adaptive for PD and PD+host, full for the "
         "others; with every expert resident adaptive verifies every draft)",
     )

@@ -82,10 +82,13 @@ def baselines(text: str) -> list[str]:
     return values
 
 
-WIDTH_FORMS = "auto, full, fixed:K (K >= 0 drafts) or adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE]"
+WIDTH_FORMS = (
+    "auto, full, fixed:K (K >= 0 drafts) or "
+    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]"
+)
 #: adaptive with its estimator options (their ranges are checked when each
 #: run is built, by pdflash.engine.verify_width.parse_width)
-ADAPTIVE_OPTIONS = re.compile(r"adaptive(:(shrink|z|cal|union|beta)=[0-9A-Za-z.+-]+)+")
+ADAPTIVE_OPTIONS = re.compile(r"adaptive(:(shrink|z|cal|union|beta|row)=[0-9A-Za-z.+-]+)+")
 
 #: ``--cuda-graphs`` values: pdflash.engine.config.CUDA_GRAPHS (importing the
 #: engine here would load torch for every CLI call; a test keeps them equal)
@@ -98,7 +101,7 @@ HOST_FORMATS = ("packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "one
 
 def verify_width(text: str) -> str:
     """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or
-    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE]`` (the form checked
+    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]`` (the form checked
     here without importing the engine; K against the block size and the
     options' values when each run is built)."""
     s = text.strip()

@@ -203,6 +203,8 @@ BETA_MODES = ("average", "marginal")
 #: what the adaptive width charges a verified row beyond its modeled link
 #: time (``row=``)
 ROW_MODES = ("compute", "wall")
+#: the ``adaptive:`` options, in the order :class:`WidthSetting` writes them
+ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row")
 WIDTH_KINDS = (
     "full",
     "fixed:K",
@@ -263,7 +265,7 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
     values: dict[str, str] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
-        if not eq or key not in ("shrink", "z", "cal", "union", "beta", "row") or key in values:
+        if not eq or key not in ADAPTIVE_OPTION_KEYS or key in values:
             raise ValueError(
                 f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1, "
                 f":union={'|'.join(UNION_FORMS)}, :beta={'|'.join(BETA_MODES)} and "

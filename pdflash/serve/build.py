@@ -45,7 +45,7 @@ class ServeModelConfig:
     gpus: int = 1  # expert-parallel ranks (pdflash.distributed); rank r on cuda:r
     # drafts each verify checks (pdflash.engine.verify_width): None the
     # baseline's preset (adaptive for PD and PD+host, full for B0-B3), or
-    # full | fixed:K | adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE]
+    # full | fixed:K | adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
     verify_width: str | None = None
     # CUDA graphs of the verify forward (and as many of the drafter's)
     # recorded at start-up, at most this many each (Engine.prepare_graphs:

@@ -372,8 +372,16 @@ def test_verify_width_takes_every_adaptive_option_the_engine_parses() -> None:
     engine's parser then checks the values."""
     from pdflash.bench.suites._common import verify_width, verify_widths
 
-    from pdflash.engine.verify_width import parse_width
+    from pdflash.engine.verify_width import ADAPTIVE_OPTION_KEYS, parse_width
 
+    # one valid value per option: an option the engine gains fails here
+    # until the bench's form (ADAPTIVE_OPTIONS) takes it too
+    valid = {"shrink": "8", "z": "1", "cal": "1", "union": "hyperbolic", "beta": "marginal"}
+    valid["row"] = "wall"
+    assert set(valid) == set(ADAPTIVE_OPTION_KEYS)
+    for key, value in valid.items():
+        text = f"adaptive:{key}={value}"
+        assert verify_width(text) == text and str(parse_width(text, 16)) == text
     for text in (
         "adaptive:shrink=16",
         "adaptive:z=1",
@@ -381,6 +389,7 @@ def test_verify_width_takes_every_adaptive_option_the_engine_parses() -> None:
         "adaptive:union=hyperbolic",
         "adaptive:cal=1:union=hyperbolic:shrink=8:z=0.5",
         "adaptive:beta=marginal:cal=1",
+        "adaptive:row=wall:beta=marginal",
     ):
         assert verify_width(text) == text
         assert str(parse_width(text, 16)) == str(parse_width(verify_width(text), 16))
