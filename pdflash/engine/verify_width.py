@@ -79,6 +79,12 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     measured only as ``adaptive:cal=1:union=hyperbolic:beta=marginal``,
     session 22: 1.5-2.2 drafts a round at c=1, tokens/s between
     ``adaptive``'s and ``fixed:1``'s and within noise of both).
+  - ``adaptive:beta=one`` charges every further modeled link second in
+    full: across the H200's c=1 runs the exposed fetch rose by the whole
+    link time of the experts further drafts added, while the average share
+    was 0.41-0.63 and the within-run slope (``marginal``, a slope on a noisy
+    regressor, pulled toward 0) 0.67-0.86 (not the default: not measured
+    on the GPU; where copies hide behind compute it charges them anyway).
   - ``adaptive:row=wall`` charges a verified row at least the lower
     confidence bound of the slope of the steps' wall time less their
     charged link time (``β · ℓ``) on their rows
@@ -199,7 +205,7 @@ if TYPE_CHECKING:
 #: :class:`UnionGrowth`'s curve forms
 UNION_FORMS = ("geometric", "hyperbolic")
 #: how the adaptive width charges a further modeled link second (``beta=``)
-BETA_MODES = ("average", "marginal")
+BETA_MODES = ("average", "marginal", "one")
 #: what the adaptive width charges a verified row beyond its modeled link
 #: time (``row=``)
 ROW_MODES = ("compute", "wall")
@@ -208,7 +214,8 @@ ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row")
 WIDTH_KINDS = (
     "full",
     "fixed:K",
-    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal][:row=compute|wall]",
+    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal|one]"
+    "[:row=compute|wall]",
 )
 
 
@@ -260,7 +267,7 @@ def is_adaptive(setting: str) -> bool:
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
     ``cal=0|1``, ``union=geometric|hyperbolic``,
-    ``beta=average|marginal`` and ``row=compute|wall``, each at most once, ``:``-separated (a
+    ``beta=average|marginal|one`` and ``row=compute|wall``, each at most once, ``:``-separated (a
     benchmark's width list is ``,``-separated)."""
     values: dict[str, str] = {}
     for part in tail.split(":"):
@@ -910,9 +917,9 @@ class AdaptiveWidth:
             acceptance calibration past the first draft (module docstring,
             ``cal=1``); the calibration is measured either way.
         union_form: :class:`UnionGrowth`'s curve (``union=FORM``).
-        beta_mode: ``average`` (the measured exposed share) or ``marginal``
+        beta_mode: ``average`` (the measured exposed share), ``marginal``
             (never below the slope of the steps' exposed fetch on their
-            modeled link time; :meth:`exposed_share`).
+            modeled link time) or ``one`` (1); :meth:`exposed_share`.
         row_mode: ``compute`` (a row is charged the verify compute the steps
             show it costs) or ``wall`` (at least what the steps' wall time
             shows it costs beyond its charged link time;
@@ -1070,7 +1077,17 @@ class AdaptiveWidth:
         average share understates a further second where the first copies
         of a step hide behind its compute and the rest do not, and where the
         experts a further row adds are colder than the step's average (the
-        model charges them the average miss rate)."""
+        model charges them the average miss rate).
+
+        ``beta_mode="one"``: 1 always: every further modeled link second is
+        charged in full (``t_fixed``, the mean of ``wall - t_row · rows -
+        ℓ(rows)``, keeps the step's level). On the H200's c=1 closed loop the
+        exposed fetch rose by the whole modeled link time of the experts
+        further drafts added, across runs, where the average share was
+        0.41-0.63 and the within-run slope 0.67-0.86
+        (``bench/results/h200/session22-2026-12-04``)."""
+        if self.beta_mode == "one":
+            return 1.0
         average = self._average_exposed_share()
         if self.beta_mode == "average":
             return average

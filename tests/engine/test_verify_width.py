@@ -560,6 +560,13 @@ def test_a_marginal_beta_charges_the_copies_a_step_does_not_hide() -> None:
     assert _policy_after_exposure("marginal", share).exposed_share() == pytest.approx(
         _policy_after_exposure("average", share).exposed_share(), rel=0.05
     )
+    # one: every further second in full, whatever the steps showed; t_fixed
+    # keeps the step's level (the mean wall less the modeled link time)
+    one = _policy_after_exposure("one", hidden)
+    assert one.exposed_share() == 1.0
+    fit, avg_fit = one.time_fit(), avg.time_fit()
+    assert fit is not None and avg_fit is not None and fit[0] < avg_fit[0]
+    assert one.stats()["estimates"]["link_exposed_share"] == 1.0
     # too few steps to fit a slope: the average
     fresh = _two_layer_policy(0, beta_mode="marginal")
     assert fresh.exposed_slope() is None and fresh.exposed_share() == 1.0
@@ -1250,6 +1257,7 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
     assert str(parse_width("adaptive:cal=1:shrink=8", 16)) == "adaptive:shrink=8:cal=1"
     hyper = parse_width("adaptive:union=hyperbolic:cal=1", 16)
     assert hyper.union_form == "hyperbolic" and parse_width(str(hyper), 16) == hyper
+    assert parse_width("adaptive:beta=one", 16).beta_mode == "one"
     marginal = parse_width("adaptive:beta=marginal", 16)
     assert marginal.beta_mode == "marginal" and parse_width(str(marginal), 16) == marginal
     pol = build_policy(
