@@ -238,13 +238,15 @@ def check_arms(arms: Sequence[Arm], base: dict[str, Any], archs: Sequence[str]) 
     """Validate every arm's RunSpec for every arch (``base`` holds what the
     arms share, point fields included), before anything runs; ValueError
     names the arm. Refuses a ``host_*`` override on an arm that runs no host
-    service and two arms that run one configuration (:func:`resolved_run`:
+    service, two arms that run one configuration (:func:`resolved_run`:
     e.g. ``PD`` and ``PD:verify_width=adaptive``, PD's width being
-    ``adaptive``)."""
+    ``adaptive``) and arms that would warm up differently on CUDA
+    (:func:`check_warm_ups`)."""
     from pdflash.bench.engine_run import RunSpec
 
     for arch in archs:
         seen: dict[tuple[Any, ...], Arm] = {}
+        specs: list[tuple[Arm, Any]] = []
         for arm in arms:
             try:
                 spec = RunSpec(**arm_spec_kwargs({**base, "arch": arch}, arm))
@@ -273,6 +275,35 @@ def check_arms(arms: Sequence[Arm], base: dict[str, Any], archs: Sequence[str]) 
                     "nothing); drop one arm or change its settings"
                 )
             seen[key] = arm
+            specs.append((arm, spec))
+        check_warm_ups(specs)
+
+
+def check_warm_ups(specs: Sequence[tuple[Arm, Any]]) -> None:
+    """Refuse arms (with their RunSpecs) whose warm-ups differ on CUDA
+    (:func:`pdflash.bench.engine_run.warmup_mode`; ``warmup=auto`` is
+    ``workload`` with CUDA graphs on, ``shared`` without). A run warmed on
+    its own workload starts from an engine that kept what it learned (the PD
+    controller past its warm-up, the width's estimates), a run after the
+    shared warm-up from a nearly fresh one, so the comparison would mix the
+    warm-up with the setting (session 22's graph arms probed a part off
+    inside nearly every measured run, the eager arms almost never). Checked
+    for CUDA whatever the device, so a CPU rehearsal refuses it too."""
+    import torch
+    from pdflash.bench.engine_run import warmup_mode
+
+    cuda = torch.device("cuda")
+    modes = [(arm, warmup_mode(spec, cuda)) for arm, spec in specs]
+    first, first_mode = modes[0]
+    for arm, mode in modes[1:]:
+        if mode != first_mode:
+            raise ValueError(
+                f"arms {first.name!r} ({_as_written(first)}) and {arm.name!r} "
+                f"({_as_written(arm)}) warm up differently on CUDA ({first_mode} vs {mode}; "
+                "warmup=auto is workload with cuda_graphs on, shared with it off): a run warmed "
+                "on its own workload keeps what its engine learned, so the comparison would mix "
+                "the warm-up with the setting; set one warmup (e.g. warmup=workload) on every arm"
+            )
 
 
 def arm_order(arms: Sequence[Arm], repeat: int, point_index: int) -> list[Arm]:

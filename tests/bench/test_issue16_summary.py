@@ -164,6 +164,16 @@ def test_parse_arms_refuses(text: str, message: str) -> None:
             r"arm 'a' \(tiny-gpt_oss\): host_ahead_min_exposed must be a share in \[0, 1\]",
         ),
         ("x=PD:host_ahead_min_exposed=0", "host_ahead_min_exposed cannot apply to baseline PD"),
+        # graphs on warm up on the run's own workload, off after the shared one
+        (
+            "PD,PDauto=PD:cuda_graphs=auto",
+            r"arms 'PD' \(PD\) and 'PDauto' \(PD:cuda_graphs=auto\) warm up differently on "
+            r"CUDA \(shared vs workload",
+        ),
+        (
+            "a=PD:warmup=workload,b=PD:cuda_graphs=piecewise:warmup=shared",
+            "warm up differently on CUDA \\(workload vs shared",
+        ),
     ],
 )
 def test_check_arms_refuses(text: str, message: str) -> None:
@@ -182,6 +192,9 @@ def test_check_arms_accepts_the_five_and_host_settings_with_host_experts() -> No
     # the width scripts' default arms (width_ab.sh, widthmodel_ab.sh)
     for text in ("PD,PDfull=PD:verify_width=full,B3", "PDfull=PD:verify_width=full,PD"):
         issue16.check_arms(issue16.parse_arms(text), {"layers": None}, ["tiny-gpt_oss"])
+    # graph arms against eager ones with the same warm-up (session 22's confound, removed)
+    same = "PDw=PD:warmup=workload,PDauto=PD:cuda_graphs=auto,PDpw=PD:cuda_graphs=piecewise"
+    issue16.check_arms(issue16.parse_arms(same), {"layers": None}, ["tiny-gpt_oss"])
     arms = issue16.parse_arms("PD,hx=PD:host_experts=auto:host_handoff=stream")
     issue16.check_arms(arms, {"layers": None}, ["tiny-gpt_oss"])
     # a limit equal to what the point derives is one run at that point only
