@@ -642,6 +642,49 @@ def test_a_wall_row_charge_sees_the_cost_the_timers_split_off() -> None:
         )
 
 
+def test_the_wall_row_fit_is_the_weighted_least_squares_of_its_steps() -> None:
+    """:meth:`AdaptiveWidth.wall_row_fit` from its running sums equals a
+    direct weighted least squares of ``wall - β · ℓ(rows)`` on the rows
+    (weights ``FIT_MEMORY`` per later step, ``β`` the current exposed
+    share, ``ℓ`` as modeled at each step), slope and standard error."""
+    rng = np.random.default_rng(7)
+    pol = _two_layer_policy(0)
+    xs, walls, links = [], [], []
+    for _ in range(40):
+        k = int(rng.integers(1, 16))
+        rows = 1 + k
+        union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
+        wait = float(rng.uniform(0.0, 0.004))
+        wall = 0.02 + wait + 0.003 * rows + float(rng.normal(0.0, 0.002))
+        pol.observe(
+            WidthStep(
+                (WidthOutcome(0, k, int(rng.integers(0, k + 1)), 2 * rows),),
+                wall_s=wall,
+                union_experts=round(union),
+                copied_bytes=round(union) * 1000,
+                link_bytes_per_s=1000 / 0.0002,
+                verify_compute_s=0.02,
+                exposed_fetch_s=wait,
+            )
+        )
+        xs.append(rows)
+        walls.append(wall)
+        links.append(pol.link_s(rows))  # the link time the step was observed with
+    beta = pol.exposed_share()
+    x = np.array(xs, dtype=float)
+    y = np.array(walls) - beta * np.array(links)
+    w = AdaptiveWidth.FIT_MEMORY ** np.arange(len(x) - 1, -1, -1, dtype=float)
+    mx, my = np.average(x, weights=w), np.average(y, weights=w)
+    sxx = np.average((x - mx) ** 2, weights=w)
+    slope = np.average((x - mx) * (y - my), weights=w) / sxx
+    resid = np.average((y - my - slope * (x - mx)) ** 2, weights=w)
+    n_eff = w.sum() ** 2 / (w**2).sum()
+    se = np.sqrt(resid / (n_eff - 2.0) / sxx)
+    got_slope, got_se = pol.wall_row_fit()
+    assert got_slope == pytest.approx(slope, rel=1e-6)
+    assert got_se == pytest.approx(se, rel=1e-6)
+
+
 def test_the_union_form_reaches_the_policy_and_its_estimates() -> None:
     for text, form in [("adaptive", "geometric"), ("adaptive:union=hyperbolic", "hyperbolic")]:
         pol = build_policy(
