@@ -110,7 +110,6 @@ def run_loop(
     anchor and the first draft) and ``marginal_exposed`` (None: ``exposed``)
     of what the further drafts add; its compute is ``t_fixed`` plus
     ``row_compute_s`` per verified draft."""
-    marginal = exposed if marginal_exposed is None else marginal_exposed
     policy = build_policy(
         setting,
         block_size=block,
@@ -141,7 +140,7 @@ def run_loop(
             wait = exposed * (link_s_per_expert * union)
             if marginal_exposed is not None:
                 base = int(unions[min(k, 1)])  # the anchor and the first draft
-                wait = link_s_per_expert * (exposed * base + marginal * (union - base))
+                wait = link_s_per_expert * (exposed * base + marginal_exposed * (union - base))
             compute = t_fixed + row_compute_s * k
             step = compute + wait
             if policy is not None and k > 0:

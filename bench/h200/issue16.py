@@ -286,8 +286,8 @@ def check_warm_ups(specs: Sequence[tuple[Arm, Any]]) -> None:
     its own workload starts from an engine that kept what it learned (the PD
     controller past its warm-up, the width's estimates), a run after the
     shared warm-up from a nearly fresh one, so the comparison would mix the
-    warm-up with the setting (session 22's graph arms probed a part off
-    inside nearly every measured run, the eager arms almost never). Checked
+    warm-up with the setting (in session 22's graph A/B the PD controller's
+    parts ran differently in every graph run from the eager ones). Checked
     for CUDA whatever the device, so a CPU rehearsal refuses it too."""
     import torch
     from pdflash.bench.engine_run import warmup_mode
