@@ -2042,7 +2042,10 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     verify forward and (``draft``) the drafter's (captures made during the
     warm-up, its pre-capture included, are not in ``captures``, which
     ``captures_in_run`` repeats; ``graphs_held`` counts them; the warm-up's
-    are the row's ``warmup.graphs``)."""
+    are the row's ``warmup.graphs``). ``captures`` counts piecewise pieces
+    too (one per MoE layer of a bucket); ``replays`` counts whole-step
+    graphs only, ``piecewise_steps`` the steps run as replayed pieces, and
+    ``state`` is ``on`` where either ran."""
     graphs = engine.runner.graphs
     if graphs is None:
         why = "cuda_graphs off" if spec.cuda_graphs == "off" else "not a CUDA device"
@@ -2053,8 +2056,12 @@ def _graph_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
     # covered every bucket it met); the warm-up's are in warmup.graphs
     out["captures_in_run"] = graphs.stats.captures
     out["draft_captures_in_run"] = graphs.draft_stats.captures
-    out["state"] = "on" if graphs.stats.replays else "on_no_replay"
+    # piecewise steps replay their pieces (not counted in `replays`, which
+    # counts whole-step graphs)
+    replayed = graphs.stats.replays or graphs.stats.piecewise_steps
+    out["state"] = "on" if replayed else "on_no_replay"
     out["graphs_held"] = graphs.num_graphs
+    out["piecewise_buckets_held"] = graphs.num_piecewise_buckets
     out["draft"] = {**graphs.draft_stats.as_dict(), "graphs_held": graphs.num_draft_graphs}
     if graphs.failures:
         out["capture_errors"] = graphs.failures

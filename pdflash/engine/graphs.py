@@ -592,6 +592,12 @@ class GraphRunner:
         return sum(1 for e in self._entries.values() if e.graph is not None)
 
     @property
+    def num_piecewise_buckets(self) -> int:
+        """Piecewise buckets held (each holds one recorded piece per MoE
+        layer, recorded as its steps reach them)."""
+        return len(self._piece_entries)
+
+    @property
     def num_draft_graphs(self) -> int:
         """Drafter graphs held."""
         return sum(1 for e in self._draft_entries.values() if e.graph is not None)

@@ -55,6 +55,15 @@ def test_graph_fields_off_and_on() -> None:
     assert row["replays"] == 7 and row["captures"] == 2 and row["eager_fallbacks"] == 3
     assert row["eager_fallback_reasons"] == {"prefill": 3}
     assert row["draft"]["replays"] == 5 and row["graphs_held"] == 0
+    assert row["piecewise_buckets_held"] == 0
+    # a piecewise run replays pieces only: it is on, not "on_no_replay"
+    pieces = GraphRunner(EagerBackend())
+    pieces.stats.piecewise_steps, pieces.stats.captures = 15, 8
+    row = _graph_fields(SimpleNamespace(runner=SimpleNamespace(graphs=pieces)), spec)  # type: ignore[arg-type]
+    assert row["state"] == "on" and row["replays"] == 0 and row["piecewise_steps"] == 15
+    idle = GraphRunner(EagerBackend())
+    row = _graph_fields(SimpleNamespace(runner=SimpleNamespace(graphs=idle)), spec)  # type: ignore[arg-type]
+    assert row["state"] == "on_no_replay"
     with pytest.raises(ValueError, match="cuda_graphs"):
         RunSpec(arch="tiny", baseline="B3", cuda_graphs="on").validate()
 
