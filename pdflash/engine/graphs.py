@@ -83,7 +83,11 @@ every whole-step bucket a run can meet (:meth:`GraphRunner.verify_buckets`:
 its request counts, row counts and key widths from the prompt and output
 lengths) is recorded and checked on a synthetic step over temporary KV
 sequences, within a bound on graphs held and bytes, so no later step pays
-a capture or a first-replay check; the drafter's likewise
+a capture or a first-replay check. Where a step can only run as pieces
+(``piecewise`` on, a :data:`PIECEWISE_REASONS` blocker), the bucket's
+pieces are recorded and checked the same way instead (the MoE blocks, which
+run eagerly between them, are not run: no copy, no cache book), up to
+``max_piecewise_buckets``; the drafter's likewise
 (:meth:`GraphRunner.draft_buckets`, :meth:`GraphRunner.prepare_drafts`:
 every new-context bucket a draft of so many requests can have).
 
@@ -949,7 +953,12 @@ class GraphRunner:
         reason, failed (capture error or replay mismatch: those buckets then
         run eagerly), the bytes the prepared ones took, the graphs held and
         the seconds taken; ``blocker`` when
-        no whole-step graph can run at all (nothing is prepared)."""
+        no whole-step graph can run at all (nothing is prepared). With
+        :attr:`piecewise` on, a bucket whose steps can only run as pieces
+        has its pieces recorded instead (:meth:`_prepare_pieces`; counted in
+        ``prepared_piecewise``, held in ``piecewise_buckets_held``; never
+        evicting: past :attr:`max_piecewise_buckets` a bucket is skipped,
+        ``piecewise_limit``)."""
         t0 = time.perf_counter()
         cap = self.max_graphs if limit is None else min(int(limit), self.max_graphs)
         if cap < 0:
@@ -958,6 +967,7 @@ class GraphRunner:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         report = _prepare_report(len(keys))
         report["bytes"] = 0
+        report["prepared_piecewise"] = 0
         gen = torch.Generator().manual_seed(seed)
         held = [e for e in self._entries.values() if e.graph is not None]
         # bytes per padded row, the estimate of a bucket not yet recorded
@@ -972,8 +982,12 @@ class GraphRunner:
                 if entry is not None and entry.graph is not None and entry.slot_table is table:
                     report["already_held"] += 1
                     continue
-                if key in self._failed:
+                if key in self._failed or ("piecewise", key) in self._failed:
                     report["skipped"]["failed_before"] += 1
+                    continue
+                pieces = self._piece_entries.get(key)
+                if pieces is not None and all(p is not None for p in pieces.pieces):
+                    report["already_held"] += 1
                     continue
                 if self.num_graphs >= cap:
                     report["skipped"]["graph_limit"] += 1
@@ -983,6 +997,9 @@ class GraphRunner:
                     continue
                 before = _reserved_bytes(runner.device)
                 outcome = self._prepare_bucket(runner, key, gen)
+                if outcome == "prepared_piecewise":
+                    report["prepared_piecewise"] += 1
+                    continue
                 if outcome == "prepared":
                     made = self._entries[key]
                     nbytes = max(_entry_bytes(made), _reserved_bytes(runner.device) - before)
@@ -995,6 +1012,7 @@ class GraphRunner:
                     break
         finally:
             runner.region_timer = timer
+        report["piecewise_buckets_held"] = self.num_piecewise_buckets
         return _finish_report(report, self.num_graphs, t0)
 
     def draft_buckets(
@@ -1172,6 +1190,8 @@ class GraphRunner:
                 for s in seq_ids
             ]
             reason = self.blocker(runner, chunks)
+            if reason in PIECEWISE_REASONS and self.piecewise:
+                return self._prepare_pieces(runner, key, chunks)
             if reason is not None:
                 return reason
             plan = runner.plan(chunks, lists=False)
@@ -1199,6 +1219,38 @@ class GraphRunner:
                     torch.cuda.current_stream(entry.packed.device).synchronize()
                 moe.unpin_resident()
             return "prepared"
+
+    def _prepare_pieces(self, runner: TargetRunner, key: BucketKey, chunks: Sequence[Chunk]) -> str:
+        """One piecewise bucket of :meth:`prepare`, over ``chunks`` (the
+        synthetic step on temporary KV sequences): every piece recorded and
+        its first replay checked as :meth:`piecewise_forward` does, the
+        pieces' inputs the bucket's static buffers (the residual entering a
+        later piece is whatever they hold: a piece's check compares its
+        replay with an eager run on the same inputs). The MoE blocks between
+        the pieces are not run, so nothing is copied or booked.
+        ``prepared_piecewise``, ``failed``, or why not."""
+        if runner.routing is not None:
+            return "routing_source"
+        if not runner.takes_routing:
+            return "adapter_without_moe_routed"
+        if len(self._piece_entries) >= self.max_piecewise_buckets:
+            return "piecewise_limit"
+        plan = runner.plan(chunks, lists=False)
+        assert self.bucket(plan) == key, (self.bucket(plan), key)
+        failed = ("piecewise", key)
+        entry = self._new_piece_entry(runner, key)
+        self._fill(runner, entry, chunks, plan)
+        try:
+            for m in range(len(entry.pieces)):
+                self._run_piece(runner, entry, m, True)
+                if failed in self._failed:
+                    self._piece_entries.pop(key, None)
+                    return "failed"
+        finally:
+            entry.routed.zero_()
+            if entry.packed.is_cuda:  # the KV the pieces wrote is freed next
+                torch.cuda.current_stream(entry.packed.device).synchronize()
+        return "prepared_piecewise"
 
     @property
     def failures(self) -> dict[str, str]:
@@ -1628,6 +1680,7 @@ PREPARE_BLOCKERS = frozenset(
     {
         "kv_without_scratch_slot",
         "routing_source",
+        "adapter_without_moe_routed",
         "layer_hooks",
         "adapter_without_offloaded_runtime",
         *PIECEWISE_REASONS,

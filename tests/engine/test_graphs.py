@@ -763,14 +763,58 @@ def test_prepare_graphs_bounds_and_refusals(checkpoint: Path) -> None:
 
 def test_prepare_stops_where_no_whole_step_graph_runs(stack: Callable[..., Any]) -> None:
     adapter = stack(slots=10)  # offloaded: not every expert resident
-    graphs = GraphRunner(EagerBackend())
+    graphs = GraphRunner(EagerBackend(), piecewise=False)
     runner = _runner(adapter, graphs)
     keys = graphs.verify_buckets(
         max_requests=2, max_tokens=4, min_prompt_len=3, min_seq_len=8, max_seq_len=20
     )
     report = graphs.prepare(runner, keys)
     assert report["blocker"] == "experts_not_resident" and report["prepared"] == 0
+    assert report["prepared_piecewise"] == 0
     assert graphs.num_graphs == 0 and runner.kv.num_sequences == 0
+
+
+def test_prepared_pieces_leave_no_capture_to_the_steps_and_book_nothing(
+    stack: Callable[..., Any],
+) -> None:
+    """With piecewise on, an offloaded bucket's pieces are recorded and
+    checked before any request (no copy, no cache book, no KV left); the
+    steps that fall in a prepared bucket replay them with no capture or
+    check of their own, and give the eager forward's outputs."""
+    eager_ad, graph_ad = stack(slots=10), stack(slots=10)
+    graphs = GraphRunner(EagerBackend(), max_piecewise_buckets=4)
+    eager, graphed = _runner(eager_ad, None), _runner(graph_ad, graphs)
+    keys = graphs.verify_buckets(
+        max_requests=2, max_tokens=4, min_prompt_len=3, min_seq_len=8, max_seq_len=20
+    )
+    before = graph_ad.cache.stats()
+    report = graphs.prepare(graphed, keys)
+    assert "blocker" not in report and report["prepared"] == 0 and report["failed"] == 0
+    assert report["prepared_piecewise"] == 4 == report["piecewise_buckets_held"]
+    assert report["skipped"]["piecewise_limit"] == len(keys) - 4
+    from pdflash.engine.graphs import layer_spans
+
+    pieces = len(layer_spans(graphed.plan_layers))
+    assert graphs.stats.captures == graphs.stats.validated == 4 * pieces
+    assert graphed.kv.num_sequences == 0 and graphed.kv.used_pages == 0
+    after = graph_ad.cache.stats()
+    for name in ("hits", "misses", "evictions"):
+        assert after[name] == before[name], name
+    assert int(np.asarray(graph_ad.cache.pins).sum()) == 0
+    again = graphs.prepare(graphed, keys[:4])
+    assert again["already_held"] == 4 and again["prepared_piecewise"] == 0
+    # steps in the prepared buckets: replayed pieces, nothing recorded or checked
+    graphs.reset_stats()
+    prompts = _prompts([3, 3], eager_ad.vocab_size, seed=90)
+    _prefill(eager, prompts)
+    _prefill(graphed, prompts)
+    # two requests of 2 rows over fewer than 64 keys: the bucket (2, 2, 64)
+    assert BucketKey(2, 2, 64) in keys[:4]
+    for step in range(2):
+        blocks = _prompts([2, 2], eager_ad.vocab_size, seed=91 + step)
+        _assert_same_forward(_verify(eager, blocks), _verify(graphed, blocks))
+    s = graphs.stats
+    assert s.piecewise_steps == 2 and s.captures == 0 and s.validated == 0
 
 
 def test_fill_of_the_same_token_counts_rewrites_only_the_real_rows(stack: Any) -> None:

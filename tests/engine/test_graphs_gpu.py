@@ -304,6 +304,33 @@ def test_offloaded_experts_piecewise_or_eager(make_adapter: Any, piecewise: bool
     assert int(np.asarray(offloaded.cache.pins).sum()) == 0
 
 
+def test_prepared_pieces_on_cuda_leave_no_capture_to_the_steps(make_adapter: Any) -> None:
+    """Offloaded experts, piecewise on: GraphRunner.prepare records and
+    checks the pieces of every bucket the steps below meet (CUDA graphs,
+    synthetic steps, nothing copied), so the steps replay them with no
+    capture of their own and give the eager forward's outputs."""
+    eager_ad = make_adapter("qwen3_moe", torch.float32, resident=False)
+    offloaded = make_adapter("qwen3_moe", torch.float32, resident=False)
+    graphs = GraphRunner(CudaGraphBackend("cuda"), max_piecewise_buckets=32)
+    eager, graphed = _runner(eager_ad, None), _runner(offloaded, graphs)
+    keys = graphs.verify_buckets(
+        max_requests=3, max_tokens=16, min_prompt_len=9, min_seq_len=9 + 16, max_seq_len=58 + 80
+    )
+    misses = offloaded.cache.stats()["misses"]
+    report = graphs.prepare(graphed, keys)
+    assert report["failed"] == 0 and report["prepared_piecewise"] > 0, (report, graphs.failures)
+    assert offloaded.cache.stats()["misses"] == misses and graphed.kv.num_sequences == 0
+    graphs.reset_stats()
+    for ref, out in _steps(eager, graphed, eager_ad.vocab_size):
+        for a, b in zip(ref.logits, out.logits, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        np.testing.assert_array_equal(out.routed, ref.routed)
+    s = graphs.stats
+    assert s.piecewise_steps == 5 and s.captures == 0 and s.validated == 0, s
+    assert int(np.asarray(offloaded.cache.pins).sum()) == 0
+
+
 def test_failed_capture_falls_back_and_cuda_stays_usable(
     make_adapter: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
