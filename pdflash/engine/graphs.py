@@ -1229,10 +1229,9 @@ class GraphRunner:
         replay with an eager run on the same inputs). The MoE blocks between
         the pieces are not run, so nothing is copied or booked.
         ``prepared_piecewise``, ``failed``, or why not."""
-        if runner.routing is not None:
-            return "routing_source"
-        if not runner.takes_routing:
-            return "adapter_without_moe_routed"
+        why = _pieces_blocker(runner)
+        if why is not None:
+            return why
         if len(self._piece_entries) >= self.max_piecewise_buckets:
             return "piecewise_limit"
         plan = runner.plan(chunks, lists=False)
@@ -1338,11 +1337,9 @@ class GraphRunner:
         block (with its own cache books, copies and host syncs), the
         residual and the observers. None (counted) when it cannot."""
         stats = self.stats
-        if runner.routing is not None:
-            stats.fallbacks["routing_source"] += 1
-            return None
-        if not runner.takes_routing:
-            stats.fallbacks["adapter_without_moe_routed"] += 1
+        why = _pieces_blocker(runner)
+        if why is not None:
+            stats.fallbacks[why] += 1
             return None
         key = self.bucket(plan)
         if isinstance(key, str):
@@ -1805,6 +1802,17 @@ def _static_batch(
         unpad_index=rows,
         zero_padding=True,
     )
+
+
+def _pieces_blocker(runner: TargetRunner) -> str | None:
+    """Why ``runner``'s steps cannot run as pieces at all, or None: a
+    routing source replaces the router a piece records, or the adapter takes
+    no routing from outside its MoE block."""
+    if runner.routing is not None:
+        return "routing_source"
+    if not runner.takes_routing:
+        return "adapter_without_moe_routed"
+    return None
 
 
 def layer_spans(plan_layers: Sequence[int | None]) -> list[tuple[int, int, int | None]]:

@@ -1363,18 +1363,14 @@ class AdaptiveWidth:
                 y = max(0.0, step.verify_compute_s or 0.0) if timed else step.wall_s - link
                 if timed and self._m == 1:
                     self._recent = [0.0] * 9  # the measured fit replaces the wall one
-                r = self._recent
-                for i in range(9):
-                    r[i] *= self.FIT_MEMORY**2 if i == 1 else self.FIT_MEMORY
-                for i, v in enumerate((1.0, 1.0, x, y, x * x, x * y, y * y, step.wall_s, link)):
-                    r[i] += v
-            wr = self._wall_recent
-            for i in range(11):
-                wr[i] *= self.FIT_MEMORY**2 if i == 1 else self.FIT_MEMORY
+                _add_weighted(
+                    self._recent,
+                    (x, y, x * x, x * y, y * y, step.wall_s, link),
+                    self.FIT_MEMORY,
+                )
             wall = step.wall_s
             squares = (x * x, x * wall, x * link, wall * wall, wall * link, link * link)
-            for i, v in enumerate((1.0, 1.0, x, wall, link, *squares)):
-                wr[i] += v
+            _add_weighted(self._wall_recent, (x, wall, link, *squares), self.FIT_MEMORY)
             y = step.wall_s - link
             self._n += 1
             self._wall += step.wall_s
@@ -1469,6 +1465,16 @@ def _slope_and_error(
     slope = cov / var_x
     residual = max(0.0, (myy - my * my) - slope * cov)  # per point
     return slope, math.sqrt(residual / (n - 2.0) / var_x)
+
+
+def _add_weighted(sums: list[float], values: Sequence[float], memory: float) -> None:
+    """One step into decayed weighted sums ``[Σw, Σw², Σw·v_0, ...]``: every
+    earlier step's weight times ``memory`` (its squared weight times
+    ``memory²``), then this step's at weight 1."""
+    sums[0] = sums[0] * memory + 1.0
+    sums[1] = sums[1] * memory**2 + 1.0
+    for i, v in enumerate(values, start=2):
+        sums[i] = sums[i] * memory + v
 
 
 def _mix(old: float, new: float, w: float) -> float:

@@ -517,12 +517,20 @@ def test_union_forms_extrapolate_from_narrow_verifies_as_measured() -> None:
     assert _deep_rows_share("hyperbolic", iid) < 0.8
 
 
-def _policy_after_exposure(beta_mode: str, exposed: Callable[[float], float]) -> AdaptiveWidth:
-    """A policy after 30 timed steps of one request at widths cycling 1..15
-    (0.2 ms of link a routed expert on 2 layers of 64, a 20 ms compute step),
-    each step's exposed fetch ``exposed(modeled link s)``."""
-    pol = _two_layer_policy(0, beta_mode=beta_mode)
-    for step in range(30):
+def _feed_cycling_widths(
+    pol: AdaptiveWidth,
+    steps: int,
+    exposed: Callable[[float], float],
+    extra_per_row: float = 0.0,
+    accepted: Callable[[int, int], int] = lambda k, step: 0,
+) -> AdaptiveWidth:
+    """``pol`` after ``steps`` timed steps of one request at widths cycling
+    1..15 (0.2 ms of link a routed expert on 2 layers of 64, a 20 ms verify
+    compute whatever the rows), each step's exposed fetch ``exposed(modeled
+    link s)``, its wall 20 ms + that fetch + ``extra_per_row`` a verified row
+    (time neither the verify's compute nor its waits show), and
+    ``accepted(k, step)`` of its ``k`` drafts accepted."""
+    for step in range(steps):
         k = 1 + step % 15
         rows = 1 + k
         union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
@@ -530,8 +538,8 @@ def _policy_after_exposure(beta_mode: str, exposed: Callable[[float], float]) ->
         wait = exposed(link)
         pol.observe(
             WidthStep(
-                (WidthOutcome(0, k, 0, 2 * rows),),
-                wall_s=0.02 + wait,
+                (WidthOutcome(0, k, accepted(k, step), 2 * rows),),
+                wall_s=0.02 + wait + extra_per_row * rows,
                 union_experts=round(union),
                 copied_bytes=round(union) * 1000,
                 link_bytes_per_s=1000 / 0.0002,
@@ -540,6 +548,12 @@ def _policy_after_exposure(beta_mode: str, exposed: Callable[[float], float]) ->
             )
         )
     return pol
+
+
+def _policy_after_exposure(beta_mode: str, exposed: Callable[[float], float]) -> AdaptiveWidth:
+    """A policy after 30 cycling-width steps (:func:`_feed_cycling_widths`)
+    that accepted nothing, each step's exposed fetch ``exposed(modeled link s)``."""
+    return _feed_cycling_widths(_two_layer_policy(0, beta_mode=beta_mode), 30, exposed)
 
 
 def test_a_marginal_beta_charges_the_copies_a_step_does_not_hide() -> None:
@@ -575,38 +589,17 @@ def test_a_marginal_beta_charges_the_copies_a_step_does_not_hide() -> None:
 
 
 def _policy_after_wall(row_mode: str, extra_per_row: float) -> AdaptiveWidth:
-    """A policy after 45 timed steps of one request at widths cycling 1..15
-    (0.2 ms of link a routed expert on 2 layers of 64, 40% of it exposed, a
-    20 ms verify compute whatever the rows), each step's wall 20 ms + its
-    exposed fetch + ``extra_per_row`` a verified row: time that neither the
-    verify's compute nor its waits on copies show. Rounds accept 0-3 drafts."""
-    pol = AdaptiveWidth(
-        block_size=16,
-        num_layers=2,
-        num_experts=64,
-        top_k=2,
-        expert_bytes=1000,
-        explore_every=0,
-        row_mode=row_mode,
+    """A policy after 45 cycling-width steps (:func:`_feed_cycling_widths`),
+    40% of each step's modeled link time exposed, ``extra_per_row`` a
+    verified row that neither the verify's compute nor its waits on copies
+    show; rounds accept 0-3 drafts."""
+    return _feed_cycling_widths(
+        _two_layer_policy(0, row_mode=row_mode),
+        45,
+        lambda link: 0.4 * link,
+        extra_per_row,
+        accepted=lambda k, step: min(k, step % 4),
     )
-    for step in range(45):
-        k = 1 + step % 15
-        rows = 1 + k
-        union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
-        link = pol.link_s(rows) if pol.miss_rate else union * 0.0002
-        wait = 0.4 * link
-        pol.observe(
-            WidthStep(
-                (WidthOutcome(0, k, min(k, step % 4), 2 * rows),),
-                wall_s=0.02 + wait + extra_per_row * rows,
-                union_experts=round(union),
-                copied_bytes=round(union) * 1000,
-                link_bytes_per_s=1000 / 0.0002,
-                verify_compute_s=0.02,
-                exposed_fetch_s=wait,
-            )
-        )
-    return pol
 
 
 def test_a_wall_row_charge_sees_the_cost_the_timers_split_off() -> None:
@@ -1025,6 +1018,7 @@ def _two_layer_policy(
     survival_z: float = AdaptiveWidth.SURVIVAL_Z,
     calibrate: bool = AdaptiveWidth.CALIBRATE,
     beta_mode: str = AdaptiveWidth.BETA_MODE,
+    row_mode: str = AdaptiveWidth.ROW_MODE,
 ) -> AdaptiveWidth:
     """A 16-token block over 2 layers of 64 top-2 experts, exploring every
     ``explore_every`` decisions (None: the policy's default), widths chosen
@@ -1038,6 +1032,7 @@ def _two_layer_policy(
         survival_z=survival_z,
         calibrate=calibrate,
         beta_mode=beta_mode,
+        row_mode=row_mode,
         **({} if explore_every is None else {"explore_every": explore_every}),
     )
 
