@@ -185,8 +185,9 @@ class EngineConfig:
             every expert is resident (B3) as one graph and the drafter's
             forward as one graph; other verifies run eagerly. ``piecewise``:
             also those verifies, as pieces (attention and router replayed,
-            the experts eager between them), which measured slower than
-            eager on the H200 so far. Prefills, and every step on the CPU,
+            the experts eager between them): on the H200 slower than eager
+            at c=16 before the pre-capture recorded pieces, faster at c=1
+            after (README, "CUDA graphs"). Prefills, and every step on the CPU,
             run eagerly; ``off`` runs everything eagerly.
         verify_width: how many of each request's drafts a verify checks
             (:mod:`pdflash.engine.verify_width`): ``full`` (every draft),

@@ -1,0 +1,97 @@
+"""Per-repeat tokens/s ratios between two configurations of one rows file.
+
+A configuration is a row's ``arm`` (issue16.py's A/Bs) or, where rows have
+none, its ``baseline`` with its verify width setting (``B1[fixed:1]``; the
+matrix's rows). For each ``NUM/DEN`` pair it prints the ratio of NUM's
+tokens/s to DEN's in every repeat both ran (the interleaved pairs), their
+median, and the t-based 95% interval of the ratios
+(:func:`pdflash.report.stats.interval`): an interval that excludes 1 is a
+difference outside the pairs' noise. Points (arch, cache fraction,
+concurrency) are kept apart. No GPU: the rows are read as committed.
+
+Usage: python bench/pair_ratios.py ROWS.jsonl[.gz] NUM/DEN [NUM/DEN ...]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from typing import Any
+
+from pdflash.report.stats import interval
+from pdflash.report.writers import read_jsonl
+
+
+def config_of(row: dict[str, Any]) -> str:
+    """The row's arm, else its baseline with its verify width setting."""
+    if row.get("arm"):
+        return str(row["arm"])
+    width = row.get("verify_width")
+    setting = width.get("setting") if isinstance(width, dict) else None
+    return f"{row['baseline']}[{setting}]" if setting else str(row["baseline"])
+
+
+def point_of(row: dict[str, Any]) -> tuple[str, float, int]:
+    return (str(row["arch"]), float(row["cache_fraction"]), int(row["concurrency"]))
+
+
+def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:
+    """Per point where both ran: the repeats paired, NUM/DEN tokens/s in
+    each, their median and interval (``None`` with fewer than two pairs)."""
+    tok_s: dict[tuple[tuple[str, float, int], str], dict[int, float]] = {}
+    for r in rows:
+        value = r.get("output_tokens_per_s")
+        if value is None or r.get("repeat") is None:
+            continue
+        tok_s.setdefault((point_of(r), config_of(r)), {})[int(r["repeat"])] = float(value)
+    out = []
+    for point in sorted({p for p, _ in tok_s}):
+        a, b = tok_s.get((point, num)), tok_s.get((point, den))
+        if not a or not b:
+            continue
+        repeats = sorted(set(a) & set(b))
+        ratios = [a[k] / b[k] for k in repeats if b[k] > 0]
+        if not ratios:
+            continue
+        iv = interval(ratios) if len(ratios) > 1 else None
+        out.append(
+            {
+                "point": point,
+                "num": num,
+                "den": den,
+                "repeats": repeats,
+                "ratios": ratios,
+                "median": statistics.median(ratios),
+                "interval": None if iv is None else (iv.low, iv.high),
+            }
+        )
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2 or any("/" not in a for a in argv[1:]):
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    rows = read_jsonl(argv[0])
+    known = sorted({config_of(r) for r in rows})
+    status = 0
+    for spec in argv[1:]:
+        num, den = spec.split("/", 1)
+        missing = [c for c in (num, den) if c not in known]
+        if missing:
+            print(f"{spec}: no rows for {', '.join(missing)} (configurations: {known})")
+            status = 1
+            continue
+        for p in pair_ratios(rows, num, den):
+            iv = p["interval"]
+            iv_text = "one pair: no interval" if iv is None else f"[{iv[0]:.2f}, {iv[1]:.2f}]"
+            arch, cache, conc = p["point"]
+            print(
+                f"{arch} cache {cache:g} c={conc}: {num}/{den} median {p['median']:.3f} "
+                f"{iv_text} pairs ({', '.join(f'{x:.2f}' for x in p['ratios'])})"
+            )
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

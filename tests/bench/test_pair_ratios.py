@@ -1,0 +1,78 @@
+"""bench/pair_ratios.py: per-repeat ratios between two configurations, on
+hand-made rows and on the committed H200 rows the session-23 README quotes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pdflash.bench import pair_ratios as pr
+
+ROOT = Path(__file__).resolve().parents[2]
+SESSION23 = ROOT / "bench" / "results" / "h200" / "session23-2026-12-04"
+
+
+def _row(config: dict[str, Any], repeat: int, tok_s: float, concurrency: int = 1) -> Any:
+    return {
+        "arch": "tiny",
+        "cache_fraction": 0.2,
+        "concurrency": concurrency,
+        "repeat": repeat,
+        "output_tokens_per_s": tok_s,
+        **config,
+    }
+
+
+def test_ratios_pair_repeats_and_keep_points_apart() -> None:
+    a, b = {"arm": "a", "baseline": "PD"}, {"arm": "b", "baseline": "PD"}
+    rows = [
+        _row(a, 0, 20.0),
+        _row(b, 0, 10.0),
+        _row(a, 1, 30.0),
+        _row(b, 1, 20.0),
+        _row(a, 2, 99.0),  # no partner in repeat 2: left out
+        _row(a, 0, 8.0, concurrency=4),
+        _row(b, 0, 10.0, concurrency=4),
+    ]
+    c1, c4 = pr.pair_ratios(rows, "a", "b")
+    assert c1["point"] == ("tiny", 0.2, 1) and c1["repeats"] == [0, 1]
+    assert c1["ratios"] == [2.0, 1.5] and c1["median"] == 1.75
+    low, high = c1["interval"]
+    assert low < 1.5 < 2.0 < high
+    # one pair has no interval
+    assert c4["ratios"] == [0.8] and c4["interval"] is None
+
+
+def test_a_matrix_row_is_its_baseline_at_its_width() -> None:
+    row = _row({"baseline": "PD", "verify_width": {"setting": "adaptive:beta=one"}}, 0, 1.0)
+    assert pr.config_of(row) == "PD[adaptive:beta=one]"
+    assert pr.config_of(_row({"baseline": "B3", "verify_width": None}, 0, 1.0)) == "B3"
+
+
+def test_an_unknown_configuration_is_named_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(_row({"arm": "a", "baseline": "PD"}, 0, 1.0)) + "\n")
+    assert pr.main([str(rows), "a/zzz"]) == 1
+    assert "no rows for zzz" in capsys.readouterr().out
+    assert pr.main([str(rows)]) == 2
+
+
+def test_the_committed_session23_pairs_read_as_its_readme_says() -> None:
+    from pdflash.report.writers import read_jsonl
+
+    c1 = read_jsonl(SESSION23 / "call1-graphs_c1w" / "engine" / "rows.jsonl.gz")
+    (best,) = pr.pair_ratios(c1, "hostonpw", "PDpw")
+    assert round(best["median"], 2) == 1.42 and len(best["ratios"]) == 10
+    assert [round(x, 2) for x in best["interval"]] == [1.32, 1.52]
+    (pieces,) = pr.pair_ratios(c1, "PDpw", "PDw")
+    assert round(pieces["median"], 2) == 1.11 and pieces["interval"][0] > 1.0
+    width = read_jsonl(SESSION23 / "call3-width_c1" / "trace" / "rows.jsonl.gz")
+    (preset,) = pr.pair_ratios(width, "PD[adaptive]", "B1[adaptive:row=wall]")
+    assert [round(x, 2) for x in preset["ratios"]] == [0.85, 0.87, 0.87]
+    (one,) = pr.pair_ratios(width, "PD[adaptive:beta=one]", "PD[adaptive]")
+    assert one["interval"][0] > 1.0
