@@ -20,7 +20,9 @@
 # TEMPERATURE (0), PROMPTS (heldout; or a text file), ROUTE_AHEAD_SOURCE (union; or
 # token_prior or previous_round), BASELINES (B1,B2,PD,B3; e.g. B1,B2,PD with ROUTE_AHEAD_SOURCE), PRIOR_WARMUP (512), NAME (the rows' folder of an engine phase; default the phase), TRACE (replay: a trace .npz; default: exported once into
 # $PROXY_DIR/trace_replay.npz from the trained pair), CUDA_GRAPHS (off; auto or
-# piecewise: matrix --cuda-graphs for every label, part of each run's key).
+# piecewise: matrix --cuda-graphs for every label, part of each run's key),
+# BREAKDOWN (0; 1: matrix --breakdown, each verify's attention / router /
+# experts timed, part of each run's key).
 set -uo pipefail
 PHASE=${1:?usage: issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay}
 OUT=${OUT:-$PWD/out}
@@ -45,6 +47,7 @@ WIDTHS=${WIDTHS:-adaptive,fixed:1}
 CACHE=${CACHE:-0.2,0.5}
 CUDA_GRAPHS=${CUDA_GRAPHS:-off}
 MATRIX="pdflash-bench matrix --json --no-progress --no-report --concurrency $CONC --cache-fraction $CACHE --repeats $REPEATS --budget-s $BUDGET_S --max-new-tokens $MAX_NEW --prompt-len $PROMPT_LEN --temperature $TEMPERATURE --cuda-graphs $CUDA_GRAPHS $WIDTH_ARG"
+[ "${BREAKDOWN:-0}" = 1 ] && MATRIX="$MATRIX --breakdown"
 # CLOSED=N: a closed loop of CONC clients (one value) and N x CONC requests
 # instead of the burst, where every run lasts as long as its slowest request
 # and a label's accepted drafts for the others shorten nothing

@@ -235,6 +235,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs`); off (default) runs everything eagerly; part of each run's resume key",
     )
     g.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="time each verify's attention / router / experts (the rest: other and host gaps) "
+        "in every run (row field verify_breakdown_ms, as `engine --breakdown`); the timed "
+        "regions are part of each run's resume key",
+    )
+    g.add_argument(
         "--resident-graphs",
         default="off",
         choices=("off", "on"),
@@ -330,6 +337,9 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         common_kw["cuda_graphs"] = args.cuda_graphs
     if getattr(args, "resident_graphs", "off") != "off":
         common_kw["resident_graphs"] = args.resident_graphs
+    # the timed verify regions sync the device: their runs are rows of their own
+    if getattr(args, "breakdown", False):
+        common_kw["breakdown"] = True
     # expert-parallel ranks, only when asked for (plain specs unchanged)
     if getattr(args, "gpus", 1) != 1:
         common_kw["gpus"] = args.gpus
@@ -845,6 +855,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
             parts.append(f"--{name.replace('_', '-')} {value}")
     if getattr(args, "rate", None):
         parts.append(f"--rate {csv(args.rate)}")
+    if getattr(args, "breakdown", False):
+        parts.append("--breakdown")
     # the other host settings, in HOST_DEFAULTS' order (a switch is spelled bare)
     spelled_above = ("host_experts", "host_workers", "host_threads")
     for name in HOST_DEFAULTS:

@@ -459,6 +459,12 @@ def _recorded_gate(row: Mapping[str, Any]) -> Any:
     return 0.2 if value is None else value
 
 
+def _recorded_breakdown(row: Mapping[str, Any]) -> bool:
+    """Whether a row's run timed its verify's regions (``--breakdown``):
+    its ``verify_breakdown_ms`` is an object exactly then."""
+    return isinstance(row.get("verify_breakdown_ms"), Mapping)
+
+
 def _spec_host_control(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's host control as its run runs it: a run without a host
     service (B3, or a label other than PD+host with ``host_experts`` off)
@@ -527,6 +533,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # recorded all-resident layer calls; rows from before the setting ran
     # with the switch off (its default; no engine run set it)
     RunSetting("resident_graphs", "off", _recorded("resident_graphs", "setting")),
+    # the verify's timed regions (CUDA events on the compute stream); rows
+    # carry verify_breakdown_ms exactly when their run timed them
+    RunSetting("breakdown", False, _recorded_breakdown),
     # a cache with a slot for every expert filled before the clock, the
     # prefetch parts off (pdflash.engine.config.EngineConfig.full_cache)
     RunSetting(

@@ -394,6 +394,24 @@ def test_matrix_takes_verify_width_into_specs_keys_and_command(tmp_path: Path) -
             parser.parse_args([*base.split(), "--verify-width", bad])
 
 
+def test_matrix_breakdown_is_in_specs_keys_and_command_only_when_asked(tmp_path: Path) -> None:
+    import argparse
+
+    from pdflash.bench.suites import matrix
+
+    parser = argparse.ArgumentParser()
+    matrix.add_arguments(parser)
+    base = "--arch tiny --baselines B1,PD --concurrency 1 --cache-fraction 0.2 --repeats 1"
+    plain_args = parser.parse_args(base.split())
+    timed_args = parser.parse_args([*base.split(), "--breakdown"])
+    plain, timed = matrix.plan(plain_args), matrix.plan(timed_args)
+    assert all("breakdown" not in s for s in plain)
+    assert [s["breakdown"] for s in timed] == [True, True]
+    assert {matrix.spec_key(s) for s in timed}.isdisjoint(matrix.spec_key(s) for s in plain)
+    assert "--breakdown" in matrix.matrix_command(timed_args, tmp_path)
+    assert "--breakdown" not in matrix.matrix_command(plain_args, tmp_path)
+
+
 def test_matrix_command_spells_a_host_setting_only_off_its_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
