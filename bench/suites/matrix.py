@@ -337,7 +337,7 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         common_kw["cuda_graphs"] = args.cuda_graphs
     if getattr(args, "resident_graphs", "off") != "off":
         common_kw["resident_graphs"] = args.resident_graphs
-    # the timed verify regions sync the device: their runs are rows of their own
+    # runs that time their verify's regions (CUDA events in every layer) are rows of their own
     if getattr(args, "breakdown", False):
         common_kw["breakdown"] = True
     # expert-parallel ranks, only when asked for (plain specs unchanged)
