@@ -51,7 +51,10 @@ the summary is also the last line on stdout and a compact table goes to
 stderr. Per point: each arm's tokens/s (median, 95% interval), per-repeat
 ratios with their median and a verdict from the intervals for every arm vs
 the reference arm (``--reference``, default the first PD+host arm) and for
-every arm vs the first PD arm (``comparisons``, keyed ``ARM/OTHER``), and
+every arm vs the first PD arm (``comparisons``, keyed ``ARM/OTHER``; each
+with the pairs' own 95% interval, ``pair_ratio_ci95``), the fastest PD+host
+arm against the fastest PD arm (``best_vs_best``: the issue's target reads
+each label at its best setting), and
 per arm the mechanism (``by_arm``: host served and planned-ahead experts,
 link bytes per token, busy fractions, the ahead plans' outcome and routed
 fraction, the hand-off that ran and why it fell back, the affinity that was
@@ -481,6 +484,43 @@ def comparisons(
     return pairs
 
 
+def _compared(
+    tps: dict[str, Any], per_rep: dict[tuple[str, Any], float | None], num: str, den: str
+) -> dict[str, Any]:
+    """Arm ``num`` against arm ``den`` at one point: the per-repeat ratios
+    of the repeats both ran, their median and their own 95% interval, the
+    ratio of the medians and the verdict from the arms' intervals."""
+    reps = sorted({rep for _, rep in per_rep})
+    ratios = [
+        n / d
+        for rep in reps
+        if (d := per_rep.get((den, rep))) and (n := per_rep.get((num, rep))) is not None
+    ]
+    ta, tb = tps[num], tps[den]
+    pairs_iv = t_interval(ratios) if len(ratios) > 1 else None
+    return {
+        "pair_ratios": ratios,
+        "pair_ratio_median": statistics.median(ratios) if ratios else None,
+        # the interleaved pairs' own interval: tighter than the arms' where
+        # the repeats drift together
+        "pair_ratio_ci95": None if pairs_iv is None else [pairs_iv.low, pairs_iv.high],
+        "median_ratio": ta["median"] / tb["median"] if ta.get("n") and tb.get("n") else None,
+        "verdict": _verdict(ta, tb, num),
+    }
+
+
+def best_arms(tps: dict[str, Any], baseline_of: dict[str, str]) -> tuple[str, str] | None:
+    """The fastest PD+host arm and the fastest PD arm of a point (by median
+    tokens/s), or None where either label has no arm with runs."""
+
+    def fastest(label: str) -> str | None:
+        ran = [a for a, t in tps.items() if baseline_of.get(a) == label and t.get("n")]
+        return max(ran, key=lambda a: tps[a]["median"]) if ran else None
+
+    host, pd = fastest("PD+host"), fastest("PD")
+    return None if host is None or pd is None else (host, pd)
+
+
 def summarise(
     rows: list[dict[str, Any]],
     arms: Sequence[Arm] | None = None,
@@ -534,26 +574,15 @@ def summarise(
             for r in rs
             if r.get("repeat") is not None
         }
-        reps = sorted({rep for _, rep in per_rep})
-        cmp: dict[str, Any] = {}
-        for num, den in comparisons(list(tps), reference, pd_arm):
-            if num not in tps or den not in tps:
-                continue
-            ratios = [
-                n / d
-                for rep in reps
-                if (d := per_rep.get((den, rep))) and (n := per_rep.get((num, rep))) is not None
-            ]
-            ta, tb = tps[num], tps[den]
-            cmp[f"{num}/{den}"] = {
-                "pair_ratios": ratios,
-                "pair_ratio_median": statistics.median(ratios) if ratios else None,
-                "median_ratio": (
-                    ta["median"] / tb["median"] if ta.get("n") and tb.get("n") else None
-                ),
-                "verdict": _verdict(ta, tb, num),
-            }
-        entry["comparisons"] = cmp
+        entry["comparisons"] = {
+            f"{num}/{den}": _compared(tps, per_rep, num, den)
+            for num, den in comparisons(list(tps), reference, pd_arm)
+            if num in tps and den in tps
+        }
+        best = best_arms(tps, {arm: rs[0]["baseline"] for arm, rs in by.items()})
+        if best is not None:
+            # the issue's target reads each label at its best setting
+            entry["best_vs_best"] = {"pair": "/".join(best), **_compared(tps, per_rep, *best)}
         entry["by_arm"] = {arm: arm_mechanism(by[arm]) for arm in tps}
         bpt_pd, bpt_host = _median(pd, "bytes_per_token"), _median(host, "bytes_per_token")
         entry["bytes_per_token"] = {"PD": bpt_pd, "PD+host": bpt_host}
@@ -640,6 +669,15 @@ def table(summary: dict[str, Any]) -> list[str]:
         for pair, c in (p.get("comparisons") or {}).items():
             lines.append(
                 f"  {pair}: median {_fmt(c.get('pair_ratio_median'))} ({c.get('verdict')})"
+            )
+        best = p.get("best_vs_best")
+        if best:
+            ci = best.get("pair_ratio_ci95")
+            ci_text = "no interval" if ci is None else f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+            lines.append(
+                f"  best PD+host / best PD ({best['pair']}): median "
+                f"{_fmt(best.get('pair_ratio_median'))}, pairs' interval {ci_text} "
+                f"({best.get('verdict')})"
             )
         for arm, m in (p.get("by_arm") or {}).items():
             if not m.get("host_service_runs"):

@@ -318,6 +318,17 @@ def test_arms_summary_ratios_verdicts_and_books() -> None:
     assert c["host/PD"]["median_ratio"] == pytest.approx(131 / 100)
     assert c["host/PD"]["verdict"] == "host faster"
     assert c["weighted/PD"]["pair_ratios"] == pytest.approx([1.56, 1.584, 157.2 / 101])
+    # the pairs' own interval: a constant 1.2 has none wider than itself
+    assert c["weighted/host"]["pair_ratio_ci95"] == pytest.approx([1.2, 1.2])
+    lo, hi = c["host/PD"]["pair_ratio_ci95"]
+    assert lo < 1.297 < 1.3 < 1.32 < hi
+    # the fastest arm of each label: weighted (PD+host) over PD, whatever the reference
+    best = p["best_vs_best"]
+    assert best["pair"] == "weighted/PD"
+    assert best["pair_ratios"] == c["weighted/PD"]["pair_ratios"]
+    assert "best PD+host / best PD (weighted/PD): median 1.56" in "\n".join(
+        issue16.table({"points": [p]})
+    )
     # the legacy fields read the reference arm as PD+host
     assert p["speedup_median"] == pytest.approx(131 / 100)
     assert p["verdict"] == "PD+host faster"
