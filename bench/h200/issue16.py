@@ -347,6 +347,13 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
     return busy / wall if busy is not None and wall else None
 
 
+def _host_ms_per_expert(row: dict[str, Any]) -> float | None:
+    """A run's host busy milliseconds per expert the host served (None
+    where it served none)."""
+    served, busy = _num(row.get("host_served_experts")), _num(row.get("host_busy_s"))
+    return 1e3 * busy / served if served and busy is not None else None
+
+
 def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per arm: medians over its runs of what the host service did, and what
     each run recorded it ran (host fields None where no run had a host
@@ -372,6 +379,15 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             rows, lambda r: r.get("host_planned_ahead_experts")
         ),
         "host_wait_s": _median_of(rows, lambda r: r.get("host_wait_s")),
+        # the host CPU's speed as the runs met it: its busy time per expert it
+        # served, per run in repeat order (it drifts over a call as the host
+        # slows), and the median
+        "host_busy_ms_per_expert": _median_of(rows, _host_ms_per_expert),
+        "host_busy_ms_per_expert_by_repeat": [
+            x
+            for r in sorted(rows, key=lambda r: r.get("repeat") or 0)
+            if (x := _host_ms_per_expert(r)) is not None
+        ],
     }
     if not hosted:
         for k in (
@@ -695,6 +711,11 @@ def table(summary: dict[str, Any]) -> list[str]:
                 f"affinity {m.get('affinity', {}).get('mode')} "
                 f"applied {m.get('affinity', {}).get('applied_runs')}/{m.get('host_service_runs')}"
                 f" {m.get('affinity', {}).get('reasons') or ''}"
+            )
+            by_rep = m.get("host_busy_ms_per_expert_by_repeat") or []
+            lines.append(
+                f"    host busy ms/expert {_fmt(m.get('host_busy_ms_per_expert'))} by repeat "
+                f"[{', '.join(_fmt(x) for x in by_rep)}]"
             )
             lines.append(
                 f"    plan {m.get('host_plan')} from {m.get('host_ahead_from')} "

@@ -335,6 +335,13 @@ def test_arms_summary_ratios_verdicts_and_books() -> None:
     assert p["bytes_per_token_ratio"] == pytest.approx(0.6)
     assert p["pd_host"]["host_share_of_misses"] == pytest.approx(30 / (30 + 70))
     w = p["by_arm"]["weighted"]
+    # host busy 2 s over 30 served experts in each run
+    assert w["host_busy_ms_per_expert"] == pytest.approx(2000 / 30)
+    assert w["host_busy_ms_per_expert_by_repeat"] == pytest.approx([2000 / 30] * 3)
+    assert p["by_arm"]["PD"]["host_busy_ms_per_expert"] is None
+    assert "host busy ms/expert 66.67 by repeat [66.67, 66.67, 66.67]" in "\n".join(
+        issue16.table({"points": [p]})
+    )
     assert w["ahead_outcome"] == {"seen": 30, "routed": 21, "hosted": 15}
     assert w["ahead_fraction_end"] == [0.75, 0.75, 0.75]
     assert w["host_ahead"] == ["weighted"]
