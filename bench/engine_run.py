@@ -36,7 +36,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -896,6 +896,7 @@ def _shared_warm_up(
             "warmed_by_repeat": done["repeat"],
             "requests": done["requests"],
             "new_tokens": done["new_tokens"],
+            "prompts": done["prompts"],
         }
     warm_spec = dataclasses.replace(spec, warmup="workload")
     issuer = new_issuer()
@@ -923,11 +924,13 @@ def _shared_warm_up(
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    plans = _warm_up_plans(warm_spec, "workload", _serving_workload(warm_spec))
+    workload = _serving_workload(warm_spec)
+    plans = _warm_up_plans(warm_spec, "workload", workload)
     done = {
         "repeat": spec.repeat,
         "requests": len(plans),
         "new_tokens": sum(t for _, t in plans),
+        "prompts": _warm_up_prompts_source(warm_spec, len(plans), len(workload.lengths()[0])),
         "s": time.perf_counter() - t0,
         "runs_after": 1,
     }
@@ -938,6 +941,7 @@ def _shared_warm_up(
         "warmed_by_repeat": spec.repeat,
         "requests": done["requests"],
         "new_tokens": done["new_tokens"],
+        "prompts": done["prompts"],
         "s": done["s"],
         # its phases (run_spec moves them into the row's setup_s)
         "setup_s": warm_setup.row(),
@@ -1207,6 +1211,7 @@ def _run(
                     sampling,
                     [],
                     setup,
+                    None if synthetic_weights else spec.weights,
                 )
             cache.drain_inflight()
             return None
@@ -1386,7 +1391,16 @@ def _workload(
     # replay's) does not depend on how fast the copy thread ran
     with cache.settled():
         warmup = _warm_up(
-            spec, device, engine, acceptance, workload, vocab, sampling, prompts[0], setup
+            spec,
+            device,
+            engine,
+            acceptance,
+            workload,
+            vocab,
+            sampling,
+            prompts[0],
+            setup,
+            None if synthetic_weights else spec.weights,
         )
     with setup.phase("warmup_settle"):
         cache.drain_inflight()
@@ -1515,6 +1529,38 @@ def _assign_trace_request(
             assign(rid, trace_request if trace_request is not None else index % count)
 
 
+def warm_up_prompts(
+    spec: RunSpec, workload: Workload, warm_lengths: Sequence[int], vocab: int, weights: str | None
+) -> tuple[list[list[int]] | None, str]:
+    """The workload warm-up's prompts and where they came from. From real
+    text (``RunSpec.prompts``: held-out documents or a text file), the
+    windows the source gives after the run's own prompts (the measured
+    prompts stay unseen unless the source wraps around), so the warm-up's
+    drafts are accepted as the run's are and it meets the verify widths and
+    lengths the run will; None (random ids) otherwise, and for trace
+    prompts, whose runs replay acceptance and routing from the trace."""
+    run_lengths = [int(n) for n in workload.lengths()[0]]
+    source = _warm_up_prompts_source(spec, len(warm_lengths), len(run_lengths))
+    if spec.prompts is None or source == RANDOM_WARM_UP_PROMPTS:
+        return None, source
+    from .realtext import load_prompts
+
+    loaded = load_prompts(spec.prompts, [*run_lengths, *warm_lengths], vocab, weights)
+    return loaded.prompts[len(run_lengths) :], source
+
+
+#: the workload warm-up's prompts where the run has no real text
+RANDOM_WARM_UP_PROMPTS = "random token ids"
+
+
+def _warm_up_prompts_source(spec: RunSpec, warm: int, run: int) -> str:
+    """Where :func:`warm_up_prompts` takes ``warm`` prompts from, for a run of
+    ``run`` requests (the row's ``warmup.prompts``)."""
+    if spec.prompts is None or spec.prompts.endswith(".npz") or warm == 0:
+        return RANDOM_WARM_UP_PROMPTS
+    return f"prompts {spec.prompts!r}: the {warm} after the run's {run}"
+
+
 def _warm_up(
     spec: RunSpec,
     device: torch.device,
@@ -1525,21 +1571,30 @@ def _warm_up(
     sampling: SamplingParams | None,
     first_prompt: list[int],
     setup: SetupClock,
+    weights: str | None,
 ) -> dict[str, Any]:
     """Run the warm-up outside the clock (``RunSpec.warmup``) and describe it
     for the row. The short warm-up is the first prompt's first few tokens; the
-    workload warm-up sends random ids (it sets up shapes, not content: the
-    measured prompts stay unseen) in one burst."""
+    workload warm-up sets up shapes, not content, in one burst: prompts from
+    the run's real text after its own (:func:`warm_up_prompts`), else random
+    ids (``weights``: the checkpoint a text source is tokenized with)."""
     mode = warmup_mode(spec, device)
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 104_729)
     plans = _warm_up_plans(spec, mode, workload)
+    texts: list[list[int]] | None = None
+    prompts_source = "the run's first prompt"
+    if mode == "workload":
+        texts, prompts_source = warm_up_prompts(
+            spec, workload, [n for n, _ in plans], vocab, weights
+        )
     ids = []
     for i, (prompt_len, new_tokens) in enumerate(plans):
-        prompt = (
-            first_prompt[:prompt_len]
-            if mode != "workload"
-            else rng.integers(0, vocab, size=prompt_len).tolist()
-        )
+        if mode != "workload":
+            prompt = first_prompt[:prompt_len]
+        elif texts is not None:
+            prompt = texts[i]
+        else:
+            prompt = rng.integers(0, vocab, size=prompt_len).tolist()
         rid = engine.add_request(
             prompt, sampling if mode == "workload" else None, max_new_tokens=new_tokens
         )
@@ -1563,6 +1618,7 @@ def _warm_up(
         "requested": spec.warmup,
         "requests": len(plans),
         "new_tokens": sum(t for _, t in plans),
+        "prompts": prompts_source,
     }
     if graphs is not None:
         runner = engine.runner.graphs

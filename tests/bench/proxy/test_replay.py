@@ -120,6 +120,50 @@ def test_run_on_text_prompts_at_temperature_one(
     assert row["committed_tokens"] == 2 * MAX_NEW
 
 
+def test_workload_warm_up_takes_real_text_after_the_runs_prompts(
+    trained_target: tuple[Path, dict[str, Any]],
+    trained_drafter: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    """A run on real text warms up on the same source's next windows (its
+    drafts accepted as the run's are, the measured prompts unseen); a run
+    on random ids or a trace keeps random ids."""
+    from pdflash.bench.engine_run import (
+        RANDOM_WARM_UP_PROMPTS,
+        _serving_workload,
+        run_spec,
+        warm_up_prompts,
+    )
+    from pdflash.bench.realtext import load_prompts
+
+    target = str(trained_target[0])
+    spec = _spec(trained_target[0], trained_drafter[0], prompts="heldout", warmup="workload")
+    workload = _serving_workload(spec)
+    got, source = warm_up_prompts(spec, workload, [PROMPT_LEN, PROMPT_LEN], 512, target)
+    every = load_prompts("heldout", [PROMPT_LEN] * 4, 512, target).prompts
+    run = load_prompts("heldout", [PROMPT_LEN] * 2, 512, target).prompts
+    assert got == every[2:] and run == every[:2]
+    assert not any(p in run for p in got)
+    assert source == "prompts 'heldout': the 2 after the run's 2"
+    for other in (
+        dataclasses.replace(spec, prompts=None),
+        dataclasses.replace(spec, prompts="t.npz"),
+    ):
+        assert warm_up_prompts(other, workload, [PROMPT_LEN], 512, target) == (
+            None,
+            RANDOM_WARM_UP_PROMPTS,
+        )
+    row = run_spec(spec).row
+    assert row["warmup"]["mode"] == "workload" and row["warmup"]["requests"] == 2
+    assert row["warmup"]["prompts"] == source
+    assert row["committed_tokens"] == 2 * MAX_NEW
+    short = run_spec(dataclasses.replace(spec, warmup="short")).row
+    assert short["warmup"]["prompts"] == "the run's first prompt"
+    # the shared warm-up's pass takes them too, and its record says so
+    shared = run_spec(dataclasses.replace(spec, warmup="shared", seed=11)).row["warmup"]
+    assert shared["shared"]["ran_now"] and shared["shared"]["prompts"] == source
+
+
 # ---------------------------------------------------------------- padding
 
 
