@@ -1546,7 +1546,11 @@ def warm_up_prompts(
     from .realtext import load_prompts
 
     loaded = load_prompts(spec.prompts, [*run_lengths, *warm_lengths], vocab, weights)
-    return loaded.prompts[len(run_lengths) :], source
+    run, warm = loaded.prompts[: len(run_lengths)], loaded.prompts[len(run_lengths) :]
+    if any(p == q[: len(p)] or q == p[: len(q)] for p in warm for q in run):
+        # a source shorter than run + warm-up wraps around to the run's own
+        source += " (the source wrapped: some are the run's)"
+    return warm, source
 
 
 #: the workload warm-up's prompts where the run has no real text

@@ -122,14 +122,22 @@ def test_the_workload_warm_up_runs_the_runs_shape_outside_the_clock(
     kw = {"arch": "tiny", "baseline": "PD", "concurrency": 3, "num_requests": 5}
     kw |= {"block_size": 6, "max_new_tokens": 7, "prompt_len": 5}
     short = run_spec(RunSpec(**kw)).row  # auto on CPU: the short warm-up
-    assert short["warmup"] == {"mode": "short", "requested": "auto", "requests": 1, "new_tokens": 2}
+    assert short["warmup"] == {
+        "mode": "short",
+        "requested": "auto",
+        "requests": 1,
+        "new_tokens": 2,
+        "prompts": "the run's first prompt",
+    }
     row = run_spec(RunSpec(**kw, warmup="workload")).row
-    # one request per running slot, each with the run's prompt and output lengths
+    # one request per running slot, each with the run's prompt and output
+    # lengths (random ids: the run's prompts are random ids too)
     assert row["warmup"] == {
         "mode": "workload",
         "requested": "workload",
         "requests": 3,
         "new_tokens": 21,
+        "prompts": "random token ids",
     }
     # nothing of the warm-up is measured: the run's own tokens and requests only
     assert row["committed_tokens"] == short["committed_tokens"] == 5 * 7

@@ -145,6 +145,17 @@ def test_workload_warm_up_takes_real_text_after_the_runs_prompts(
     assert got == every[2:] and run == every[:2]
     assert not any(p in run for p in got)
     assert source == "prompts 'heldout': the 2 after the run's 2"
+    # a text file that holds the run's two windows but not the warm-up's: its
+    # windows wrap to the run's own, and the source says so
+    text = tmp_path / "short.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 4)
+    size = load_prompts(str(text), [1], 512, target).details["tokens_in_file"]
+    short = dataclasses.replace(spec, prompts=str(text), prompt_len=size // 2)
+    got_short, source_short = warm_up_prompts(
+        short, _serving_workload(short), [size // 2], 512, target
+    )
+    assert got_short == load_prompts(str(text), [size // 2], 512, target).prompts
+    assert source_short.endswith("(the source wrapped: some are the run's)")
     for other in (
         dataclasses.replace(spec, prompts=None),
         dataclasses.replace(spec, prompts="t.npz"),
