@@ -4,9 +4,10 @@ concurrency, arrivals), every (label, verify width) configuration's tokens/s
 tau, MB per token and verify steps per run (in a burst the slowest request
 sets them); then PD at its preset width against the best B1/B2
 configuration (the one with the highest median): the per-repeat ratios,
-their median and the verdict from the two intervals ("within noise" where
-they overlap); and, where another width of PD ran faster than its preset,
-that configuration against the same baseline. Printed, and written to
+their median and their own t-based interval, and the verdict from the two
+configurations' intervals ("within noise" where they overlap); and, where
+another width of PD ran faster than its preset, that configuration against
+the same baseline. Printed, and written to
 ``ROOT/trace_baselines_summary.json``.
 
     python3 bench/h200/trace_baselines_summary.py ROOT   # ROOT/trace/rows.jsonl
@@ -52,14 +53,17 @@ def _pair(
     b: tuple[str, str],
 ) -> dict[str, Any]:
     """Configuration ``a`` against ``b``: per-repeat ratios of tokens/s, their
-    median and the verdict of the two intervals."""
+    median and t-based 95% interval (the pairs' own, where two or more) and
+    the verdict of the two configurations' intervals."""
     ra, rb = by_repeat[a], by_repeat[b]
     ratios = [ra[k] / rb[k] for k in sorted(set(ra) & set(rb))]
+    pairs_iv = t_interval(ratios) if len(ratios) >= 2 else None
     return {
         "pd": f"{a[0]} [{a[1]}]",
         "best": f"{b[0]} [{b[1]}]",
         "pair_ratios": ratios,
         "pair_ratio_median": statistics.median(ratios) if ratios else None,
+        "pair_ratio_ci95": None if pairs_iv is None else [pairs_iv.low, pairs_iv.high],
         "verdict": verdict(list(ra.values()), list(rb.values())),
     }
 
@@ -158,10 +162,13 @@ def main(root: Path) -> None:
             cmp_ = p.get(key)
             if cmp_:
                 median = cmp_["pair_ratio_median"]
+                ci = cmp_["pair_ratio_ci95"]
+                ci_text = "" if ci is None else f", pairs' interval [{ci[0]:.2f}, {ci[1]:.2f}]"
                 print(
                     f"  {cmp_['pd']} / {cmp_['best']}: median of pairs "
                     f"{'-' if median is None else f'{median:.2f}'} "
-                    f"({', '.join(f'{x:.2f}' for x in cmp_['pair_ratios'])}), {cmp_['verdict']}"
+                    f"({', '.join(f'{x:.2f}' for x in cmp_['pair_ratios'])}){ci_text}, "
+                    f"{cmp_['verdict']}"
                 )
     (root / "trace_baselines_summary.json").write_text(json.dumps({"points": points}, indent=1))
 

@@ -48,6 +48,8 @@ def test_pd_is_held_against_the_best_baseline_configuration_per_repeat() -> None
     cmp_ = point["pd_vs_best_baseline"]
     assert cmp_["best"] == "B2 [fixed:1]"
     assert cmp_["pair_ratios"] == [0.5, 0.5, 0.5]
+    # three equal ratios: an interval of no width
+    assert cmp_["pair_ratio_ci95"] == [0.5, 0.5]
     assert cmp_["verdict"] == "slower"
     assert point["configs"]["PD [adaptive]"]["tokens_per_s"]["median"] == 11
 
@@ -58,6 +60,7 @@ def test_overlapping_intervals_read_within_noise_and_one_repeat_has_no_verdict()
     assert point["pd_vs_best_baseline"]["verdict"] == "within noise"
     (single,) = mod.summarize(_rows([10], [11], [9]))
     assert single["pd_vs_best_baseline"]["verdict"] == "too few repeats"
+    assert single["pd_vs_best_baseline"]["pair_ratio_ci95"] is None
 
 
 def test_main_writes_the_summary_beside_the_rows(tmp_path: Path) -> None:
