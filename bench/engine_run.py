@@ -52,7 +52,7 @@ from pdflash.engine.acceptance import (
     ModelAcceptance,
     default_mean_tau,
 )
-from pdflash.engine.attention import sdpa_backends
+from pdflash.engine.attention import sdpa_backends, sdpa_shapes_met
 from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import (
     BASELINES,
@@ -1423,6 +1423,7 @@ def _workload(
     kv_peak = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    shapes_before = sdpa_shapes_met()
     setup.clock_started()
     t0 = time.perf_counter()
     done_tokens = 0
@@ -1494,6 +1495,13 @@ def _workload(
     )
     result.row["prompts_source"] = prompts_source
     result.row["warmup"] = warmup
+    # attention shapes first met inside the clock: each pays a per-shape
+    # setup where the backend has one (cuDNN), which a warm-up is meant to take
+    shapes_after = sdpa_shapes_met()
+    result.row["sdpa_shapes"] = {
+        "new_in_run": shapes_after - shapes_before,
+        "process_total": shapes_after,
+    }
     return result
 
 

@@ -321,6 +321,18 @@ def masked_attention(
 
 _GQA_NATIVE: dict[tuple[str, torch.dtype, torch.dtype, str], bool] = {}
 
+#: every distinct SDPA call of this process by shape: query, key and mask
+#: shapes, dtypes, device and allowed backends. A backend that builds a plan
+#: per shape (cuDNN) pays its setup once for each.
+_SDPA_SHAPES: set[tuple[object, ...]] = set()
+
+
+def sdpa_shapes_met() -> int:
+    """How many distinct SDPA call shapes this process has run (it only
+    grows; the bench reads it around a run's clock)."""
+    return len(_SDPA_SHAPES)
+
+
 #: ``PDFLASH_SDPA_BACKENDS`` names -> torch's SDPA backends
 _BACKEND_NAMES = ("cudnn", "efficient", "flash", "math")
 
@@ -400,6 +412,7 @@ def _sdpa(
     if heads % kv_heads:
         raise ValueError(f"{heads} query heads not a multiple of {kv_heads} kv heads")
     backends = sdpa_backends()
+    _SDPA_SHAPES.add((q.shape, k.shape, mask.shape, q.dtype, mask.dtype, q.device.type, backends))
     with _allowed(backends):
         if heads != kv_heads:
             if _native_gqa(q, k, mask, backends):

@@ -145,6 +145,25 @@ def test_the_workload_warm_up_runs_the_runs_shape_outside_the_clock(
     assert validate_row(row) == []
 
 
+def test_rows_count_the_attention_shapes_first_met_inside_the_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sdpa_shapes.new_in_run``: the SDPA call shapes a run met for the
+    first time in the process inside its clock (each pays a per-shape setup
+    where the backend has one); the same run again meets none."""
+    from pdflash.engine.attention import sdpa_shapes_met
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    # a shape no other test runs: block 5, prompts of 13 tokens
+    kw = {"arch": "tiny", "baseline": "PD", "concurrency": 2, "num_requests": 3}
+    kw |= {"block_size": 5, "max_new_tokens": 9, "prompt_len": 13}
+    before = sdpa_shapes_met()
+    first = run_spec(RunSpec(**kw)).row["sdpa_shapes"]
+    again = run_spec(RunSpec(**kw)).row["sdpa_shapes"]
+    assert first["new_in_run"] > 0 and again["new_in_run"] == 0
+    assert before + first["new_in_run"] <= first["process_total"] == again["process_total"]
+
+
 def test_matrix_keys_runs_by_their_warm_up() -> None:
     from pdflash.bench.suites.matrix import spec_key
 
