@@ -547,7 +547,9 @@ class GraphRunner:
             before it) replayed, its experts and hooks eager in between, on
             the real rows only (:meth:`piecewise_forward`).
         max_piecewise_buckets: piecewise buckets kept at most (each holds
-            one graph per MoE layer; likewise).
+            one graph per MoE layer; likewise). As many as ``max_graphs``:
+            where the pre-capture stops short, the steps of the buckets past
+            it record their pieces inside the clock.
     """
 
     def __init__(
@@ -562,7 +564,7 @@ class GraphRunner:
         max_draft_context: int = 4096,
         validate: bool = True,
         piecewise: bool = True,
-        max_piecewise_buckets: int = 12,
+        max_piecewise_buckets: int = 48,
     ) -> None:
         buckets = tuple(int(b) for b in request_buckets)
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):

@@ -774,6 +774,23 @@ def test_prepare_stops_where_no_whole_step_graph_runs(stack: Callable[..., Any])
     assert graphs.num_graphs == 0 and runner.kv.num_sequences == 0
 
 
+def test_the_default_piecewise_bound_covers_a_four_request_run() -> None:
+    """The buckets a c=4 run of 16-token blocks, 16-token prompts and 64 new
+    tokens can meet at any verify width (session 23's c=4 point: 30) all fit
+    the default bound, so its pre-capture leaves no piece to the clock."""
+    graphs = GraphRunner(EagerBackend())
+    keys = graphs.verify_buckets(
+        max_requests=4,
+        max_tokens=16,
+        min_prompt_len=16,
+        min_seq_len=80,
+        max_seq_len=80,
+        full_width=False,
+    )
+    assert len(keys) == 30
+    assert len(keys) <= graphs.max_piecewise_buckets
+
+
 def test_prepared_pieces_leave_no_capture_to_the_steps_and_book_nothing(
     stack: Callable[..., Any],
 ) -> None:
