@@ -347,6 +347,15 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
     return busy / wall if busy is not None and wall else None
 
 
+def _captures_in_run(row: dict[str, Any]) -> int:
+    """The CUDA-graph captures a run recorded inside its clock (target and
+    drafter; 0 without graphs)."""
+    graphs = row.get("cuda_graphs")
+    if not isinstance(graphs, dict):
+        return 0
+    return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
+
+
 def _host_ms_per_expert(row: dict[str, Any]) -> float | None:
     """A run's host busy milliseconds per expert the host served (None
     where it served none)."""
@@ -383,6 +392,9 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # served, per run in repeat order (it drifts over a call as the host
         # slows), and the median
         "host_busy_ms_per_expert": _median_of(rows, _host_ms_per_expert),
+        # runs whose clock holds CUDA-graph captures (target pieces or whole
+        # steps, or the drafter's): a pre-capture that did not cover them
+        "runs_with_captures_in_run": sum(1 for r in rows if _captures_in_run(r)),
         "host_busy_ms_per_expert_by_repeat": [
             x
             for r in sorted(rows, key=lambda r: r.get("repeat") or 0)
@@ -694,6 +706,17 @@ def table(summary: dict[str, Any]) -> list[str]:
                 f"  best PD+host / best PD ({best['pair']}): median "
                 f"{_fmt(best.get('pair_ratio_median'))}, pairs' interval {ci_text} "
                 f"({best.get('verdict')})"
+            )
+        captured = {
+            arm: (m.get("runs_with_captures_in_run"), m.get("runs"))
+            for arm, m in (p.get("by_arm") or {}).items()
+            if m.get("runs_with_captures_in_run")
+        }
+        if captured:
+            # those runs' clocks hold graph captures: their comparisons are confounded
+            lines.append(
+                "  runs with CUDA-graph captures in their clock: "
+                + ", ".join(f"{arm} {n}/{runs}" for arm, (n, runs) in captured.items())
             )
         for arm, m in (p.get("by_arm") or {}).items():
             if not m.get("host_service_runs"):

@@ -339,6 +339,17 @@ def test_arms_summary_ratios_verdicts_and_books() -> None:
     assert w["host_busy_ms_per_expert"] == pytest.approx(2000 / 30)
     assert w["host_busy_ms_per_expert_by_repeat"] == pytest.approx([2000 / 30] * 3)
     assert p["by_arm"]["PD"]["host_busy_ms_per_expert"] is None
+    # no graphs: no run's clock holds a capture, and the table says nothing of it
+    assert w["runs_with_captures_in_run"] == 0
+    assert "captures in their clock" not in "\n".join(issue16.table({"points": [p]}))
+    # a PD run that recorded pieces (16) and drafter graphs (2) inside its clock
+    captured = [dict(r) for r in rows]
+    captured[0]["cuda_graphs"] = {"captures_in_run": 16, "draft_captures_in_run": 2}
+    (q,) = issue16.summarise(captured, arms)
+    assert q["by_arm"]["PD"]["runs_with_captures_in_run"] == 1
+    assert "runs with CUDA-graph captures in their clock: PD 1/3" in "\n".join(
+        issue16.table({"points": [q]})
+    )
     assert "host busy ms/expert 66.67 by repeat [66.67, 66.67, 66.67]" in "\n".join(
         issue16.table({"points": [p]})
     )
