@@ -173,6 +173,11 @@ def test_workload_warm_up_takes_real_text_after_the_runs_prompts(
     # the shared warm-up's pass takes them too, and its record says so
     shared = run_spec(dataclasses.replace(spec, warmup="shared", seed=11)).row["warmup"]
     assert shared["shared"]["ran_now"] and shared["shared"]["prompts"] == source
+    # a closed loop of one client (issue 14's width loops): one warm-up request
+    closed = dataclasses.replace(spec, arrivals="closed", users=1, concurrency=1)
+    looped = run_spec(closed).row
+    assert looped["warmup"]["prompts"] == "prompts 'heldout': the 1 after the run's 2"
+    assert looped["committed_tokens"] == 2 * MAX_NEW
 
 
 # ---------------------------------------------------------------- padding
