@@ -7,7 +7,9 @@ tokens/s to DEN's in every repeat both ran (the interleaved pairs), their
 median, and the t-based 95% interval of the ratios
 (:func:`pdflash.report.stats.interval`): an interval that excludes 1 is a
 difference outside the pairs' noise. Points (arch, cache fraction,
-concurrency) are kept apart. No GPU: the rows are read as committed.
+concurrency) are kept apart, and a pair where either run's clock held
+CUDA-graph captures is named (it is confounded). No GPU: the rows are
+read as committed.
 
 Usage: python bench/pair_ratios.py ROWS.jsonl[.gz] NUM/DEN [NUM/DEN ...]
 """
@@ -35,15 +37,30 @@ def point_of(row: dict[str, Any]) -> tuple[str, float, int]:
     return (str(row["arch"]), float(row["cache_fraction"]), int(row["concurrency"]))
 
 
+def captures_in_clock(row: dict[str, Any]) -> int:
+    """CUDA-graph captures (target and drafter) a run recorded inside its
+    clock: 0 without graphs."""
+    graphs = row.get("cuda_graphs")
+    if not isinstance(graphs, dict):
+        return 0
+    return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
+
+
 def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:
     """Per point where both ran: the repeats paired, NUM/DEN tokens/s in
-    each, their median and interval (``None`` with fewer than two pairs)."""
+    each, their median and interval (``None`` with fewer than two pairs),
+    and the paired repeats in which either side's clock held CUDA-graph
+    captures (``captured_repeats``: those pairs are confounded)."""
     tok_s: dict[tuple[tuple[str, float, int], str], dict[int, float]] = {}
+    captured: set[tuple[tuple[str, float, int], str, int]] = set()
     for r in rows:
         value = r.get("output_tokens_per_s")
         if value is None or r.get("repeat") is None:
             continue
-        tok_s.setdefault((point_of(r), config_of(r)), {})[int(r["repeat"])] = float(value)
+        key = (point_of(r), config_of(r))
+        tok_s.setdefault(key, {})[int(r["repeat"])] = float(value)
+        if captures_in_clock(r):
+            captured.add((*key, int(r["repeat"])))
     out = []
     for point in sorted({p for p, _ in tok_s}):
         a, b = tok_s.get((point, num)), tok_s.get((point, den))
@@ -63,6 +80,9 @@ def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str
                 "ratios": ratios,
                 "median": statistics.median(ratios),
                 "interval": None if iv is None else (iv.low, iv.high),
+                "captured_repeats": [
+                    k for k in repeats if (point, num, k) in captured or (point, den, k) in captured
+                ],
             }
         )
     return out
@@ -86,9 +106,11 @@ def main(argv: list[str]) -> int:
             iv = p["interval"]
             iv_text = "one pair: no interval" if iv is None else f"[{iv[0]:.2f}, {iv[1]:.2f}]"
             arch, cache, conc = p["point"]
+            captured = p["captured_repeats"]
             print(
                 f"{arch} cache {cache:g} c={conc}: {num}/{den} median {p['median']:.3f} "
                 f"{iv_text} pairs ({', '.join(f'{x:.2f}' for x in p['ratios'])})"
+                + (f"; graph captures in the clock in repeats {captured}" if captured else "")
             )
     return status
 

@@ -71,6 +71,16 @@ def test_the_committed_session23_pairs_read_as_its_readme_says() -> None:
     assert [round(x, 2) for x in best["interval"]] == [1.32, 1.52]
     (pieces,) = pr.pair_ratios(c1, "PDpw", "PDw")
     assert round(pieces["median"], 2) == 1.11 and pieces["interval"][0] > 1.0
+    assert best["captured_repeats"] == []
+    # at c=4 the pre-capture stopped short: the pairs whose clocks held captures are named
+    c4 = read_jsonl(SESSION23 / "call4-pw_c4" / "engine" / "rows.jsonl.gz")
+    (four,) = pr.pair_ratios(c4, "hostonpw", "PDpw")
+    clean = [
+        r
+        for k, r in zip(four["repeats"], four["ratios"], strict=True)
+        if k not in four["captured_repeats"]
+    ]
+    assert four["captured_repeats"] == [1, 2, 3, 5] and [round(r, 2) for r in clean] == [1.34, 1.36]
     width = read_jsonl(SESSION23 / "call3-width_c1" / "trace" / "rows.jsonl.gz")
     (preset,) = pr.pair_ratios(width, "PD[adaptive]", "B1[adaptive:row=wall]")
     assert [round(x, 2) for x in preset["ratios"]] == [0.85, 0.87, 0.87]
