@@ -39,6 +39,13 @@ def interval(values: list[float]) -> dict[str, Any]:
     return out
 
 
+def _captures_in_run(row: dict[str, Any]) -> int:
+    graphs = row.get("cuda_graphs")
+    if not isinstance(graphs, dict):
+        return 0
+    return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
+
+
 def verdict(a: list[float], b: list[float]) -> str:
     """``faster``/``slower`` (tokens/s ``a`` against ``b``) where their t
     intervals do not overlap (:func:`pdflash.report.stats.compare`)."""
@@ -118,6 +125,9 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
                 "sources": sorted(
                     {f"{r['routing_source']}/{r['acceptance_source']}" for r in runs}
                 ),
+                # runs whose clock held CUDA-graph captures (a pre-capture that
+                # did not cover them): their tokens/s are confounded
+                "runs_with_captures_in_run": sum(1 for r in runs if _captures_in_run(r)),
             }
             by_repeat[(label, width)] = {
                 int(r["repeat"]): float(r["output_tokens_per_s"]) for r in runs
@@ -152,11 +162,13 @@ def main(root: Path) -> None:
             ci = t.get("mean_ci95")
             ci_text = f"[{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "[one repeat]"
             drafts, steps = c["drafts_verified_mean"], c["steps_median"]
+            captured = c["runs_with_captures_in_run"]
             print(
                 f"  {name:16s} {t['median']:7.1f} {ci_text} n={t['n']} drafts "
                 f"{'-' if drafts is None else f'{drafts:.1f}'} tau {c['tau_mean']:.2f} "
                 f"MB/tok {c['mb_per_token_median']:.0f} steps "
                 f"{'-' if steps is None else f'{steps:g}'} ({', '.join(c['sources'])})"
+                + (f" graph captures in the clock: {captured}/{t['n']} runs" if captured else "")
             )
         for key in ("pd_vs_best_baseline", "pd_best_vs_best_baseline"):
             cmp_ = p.get(key)

@@ -52,6 +52,11 @@ def test_pd_is_held_against_the_best_baseline_configuration_per_repeat() -> None
     assert cmp_["pair_ratio_ci95"] == [0.5, 0.5]
     assert cmp_["verdict"] == "slower"
     assert point["configs"]["PD [adaptive]"]["tokens_per_s"]["median"] == 11
+    assert point["configs"]["PD [adaptive]"]["runs_with_captures_in_run"] == 0
+    rows = _rows([10, 11, 12], [9, 10, 11], [20, 22, 24])
+    rows[0]["cuda_graphs"] = {"captures_in_run": 8, "draft_captures_in_run": 0}
+    (captured,) = mod.summarize(rows)
+    assert captured["configs"]["PD [adaptive]"]["runs_with_captures_in_run"] == 1
 
 
 def test_overlapping_intervals_read_within_noise_and_one_repeat_has_no_verdict() -> None:
