@@ -81,6 +81,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pdflash.bench.pair_ratios import captures_in_clock
+
 from pdflash.report.stats import compare, t_interval
 
 
@@ -347,15 +349,6 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
     return busy / wall if busy is not None and wall else None
 
 
-def _captures_in_run(row: dict[str, Any]) -> int:
-    """The CUDA-graph captures a run recorded inside its clock (target and
-    drafter; 0 without graphs)."""
-    graphs = row.get("cuda_graphs")
-    if not isinstance(graphs, dict):
-        return 0
-    return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
-
-
 def _host_ms_per_expert(row: dict[str, Any]) -> float | None:
     """A run's host busy milliseconds per expert the host served (None
     where it served none)."""
@@ -394,7 +387,7 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "host_busy_ms_per_expert": _median_of(rows, _host_ms_per_expert),
         # runs whose clock holds CUDA-graph captures (target pieces or whole
         # steps, or the drafter's): a pre-capture that did not cover them
-        "runs_with_captures_in_run": sum(1 for r in rows if _captures_in_run(r)),
+        "runs_with_captures_in_run": sum(1 for r in rows if captures_in_clock(r)),
         "host_busy_ms_per_expert_by_repeat": [
             x
             for r in sorted(rows, key=lambda r: r.get("repeat") or 0)

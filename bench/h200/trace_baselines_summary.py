@@ -22,6 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from pdflash.bench.pair_ratios import captures_in_clock
+
 from pdflash.report.stats import compare, t_interval
 from pdflash.report.writers import read_jsonl
 
@@ -37,13 +39,6 @@ def interval(values: list[float]) -> dict[str, Any]:
         iv = t_interval(values)
         out["mean_ci95"] = [iv.low, iv.high]
     return out
-
-
-def _captures_in_run(row: dict[str, Any]) -> int:
-    graphs = row.get("cuda_graphs")
-    if not isinstance(graphs, dict):
-        return 0
-    return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
 
 
 def verdict(a: list[float], b: list[float]) -> str:
@@ -127,7 +122,7 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
                 ),
                 # runs whose clock held CUDA-graph captures (a pre-capture that
                 # did not cover them): their tokens/s are confounded
-                "runs_with_captures_in_run": sum(1 for r in runs if _captures_in_run(r)),
+                "runs_with_captures_in_run": sum(1 for r in runs if captures_in_clock(r)),
             }
             by_repeat[(label, width)] = {
                 int(r["repeat"]): float(r["output_tokens_per_s"]) for r in runs
