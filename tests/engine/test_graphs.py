@@ -775,9 +775,9 @@ def test_prepare_stops_where_no_whole_step_graph_runs(stack: Callable[..., Any])
 
 
 def test_the_default_piecewise_bound_covers_a_four_request_run() -> None:
-    """The buckets a c=4 run of 16-token blocks, 16-token prompts and 64 new
-    tokens can meet at any verify width (session 23's c=4 point: 30) all fit
-    the default bound, so its pre-capture leaves no piece to the clock."""
+    """The 30 buckets a c=4 run of 16-token blocks, 16-token prompts and 64
+    new tokens can meet at any verify width all fit the default bound, so
+    its pre-capture leaves no piece to the clock."""
     graphs = GraphRunner(EagerBackend())
     keys = graphs.verify_buckets(
         max_requests=4,
