@@ -127,13 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--verify-width",
         type=common.verify_widths,
         default=["auto"],
-        help="drafts each verify checks (pdflash.engine.verify_width), for every label: auto "
-        "(default: the label's preset: adaptive for PD, PD+host and PD's ablations but "
-        "PD-full-width, full for the rest), "
-        "full, fixed:K or adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]; a comma list runs each in turn within "
-        "every repeat "
-        "(interleaved); rows record verify_width (setting, mean width, expected vs realized "
-        "accepted drafts)",
+        help=f"drafts each verify checks (pdflash.engine.verify_width), for every label: "
+        f"{common.WIDTH_FORMS}; auto (default) is the label's preset: adaptive for PD, "
+        "PD+host and PD's ablations but PD-full-width, full for the rest; a comma list runs "
+        "each in turn within every repeat (interleaved); rows record verify_width (setting, "
+        "mean width, expected vs realized accepted drafts)",
     )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)

@@ -252,12 +252,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--verify-width",
         type=common.verify_widths,
         default=["auto"],
-        help="drafts each verify checks, for every label: auto (default: the label's preset: "
-        "adaptive for PD, PD+host and PD's ablations but PD-full-width, full for the rest), "
-        "full, fixed:K or "
-        "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE] (pdflash.engine.verify_width), or a comma list of them: every label runs at "
-        "each (a width that resolves to one already listed is dropped), interleaved with the "
-        "labels within every repeat, so each baseline can be compared at its best width in one "
+        help=f"drafts each verify checks (pdflash.engine.verify_width), for every label: "
+        f"{common.WIDTH_FORMS}; auto (default) is the label's preset: adaptive for PD, "
+        "PD+host and PD's ablations but PD-full-width, full for the rest; or a comma list of "
+        "them: every label runs at each (a width that resolves to one already listed is "
+        "dropped), interleaved with the labels within every repeat, so each baseline can be "
+        "compared at its best width in one "
         "process. Each spec names the width its run verifies at (auto resolved), which the row "
         "records and the resume key keys. The report shows a label run at several widths as "
         "one series per width",
