@@ -83,8 +83,10 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     full: across the H200's c=1 runs the exposed fetch rose by the whole
     link time of the experts further drafts added, while the average share
     was 0.41-0.63 and the within-run slope (``marginal``, a slope on a noisy
-    regressor, pulled toward 0) 0.67-0.86 (not the default: not measured
-    on the GPU; where copies hide behind compute it charges them anyway).
+    regressor, pulled toward 0) 0.67-0.86 (not the default: measured only
+    on the H200's c=1 learned loop, where it beat ``adaptive`` within PD,
+    ``bench/results/h200/session23-2026-12-04``; where copies hide behind
+    compute it charges them anyway).
   - ``adaptive:row=wall`` charges a verified row at least the lower
     confidence bound of the slope of the steps' wall time less their
     charged link time (``β · ℓ``) on their rows
@@ -92,8 +94,9 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     verify's compute: whatever a further row lengthens the step by beyond
     its charged copies. On the H200's c=1 closed loop a further verified
     draft lengthened the step by ~6 ms where the model charged about half
-    (``bench/results/h200/session22-2026-12-04``; not the default: not
-    measured on the GPU).
+    (``bench/results/h200/session22-2026-12-04``; not the default:
+    measured only on the H200's c=1 learned loop, where it beat
+    ``adaptive`` within PD, ``bench/results/h200/session23-2026-12-04``).
   - ``adaptive:union=hyperbolic`` fits the union with
     :class:`UnionGrowth`'s hyperbolic form instead of the geometric one:
     on learned routing the geometric curve, fitted to narrow verifies,
