@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from pdflash.report.stats import interval
@@ -46,6 +47,19 @@ def captures_in_clock(row: dict[str, Any]) -> int:
     return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
 
 
+def paired(
+    num: Mapping[int, float | None], den: Mapping[int, float | None]
+) -> list[tuple[int, float]]:
+    """``(repeat, num / den)`` for every repeat both sides ran, in repeat
+    order (a repeat with no or a zero denominator, or no numerator, is
+    left out)."""
+    return [
+        (k, n / d)
+        for k in sorted(set(num) & set(den))
+        if (d := den[k]) and (n := num[k]) is not None
+    ]
+
+
 def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:
     """Per point where both ran: the repeats paired, NUM/DEN tokens/s in
     each, their median and interval (``None`` with fewer than two pairs),
@@ -66,10 +80,11 @@ def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str
         a, b = tok_s.get((point, num)), tok_s.get((point, den))
         if not a or not b:
             continue
-        repeats = sorted(set(a) & set(b))
-        ratios = [a[k] / b[k] for k in repeats if b[k] > 0]
-        if not ratios:
+        pairs = paired(a, b)
+        if not pairs:
             continue
+        repeats = [k for k, _ in pairs]
+        ratios = [x for _, x in pairs]
         iv = interval(ratios) if len(ratios) > 1 else None
         out.append(
             {

@@ -81,7 +81,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import captures_in_clock
+from pdflash.bench.pair_ratios import captures_in_clock, paired
 
 from pdflash.report.stats import compare, t_interval
 
@@ -511,11 +511,12 @@ def _compared(
     """Arm ``num`` against arm ``den`` at one point: the per-repeat ratios
     of the repeats both ran, their median and their own 95% interval, the
     ratio of the medians and the verdict from the arms' intervals."""
-    reps = sorted({rep for _, rep in per_rep})
     ratios = [
-        n / d
-        for rep in reps
-        if (d := per_rep.get((den, rep))) and (n := per_rep.get((num, rep))) is not None
+        x
+        for _, x in paired(
+            {rep: v for (arm, rep), v in per_rep.items() if arm == num},
+            {rep: v for (arm, rep), v in per_rep.items() if arm == den},
+        )
     ]
     ta, tb = tps[num], tps[den]
     pairs_iv = t_interval(ratios) if len(ratios) > 1 else None
