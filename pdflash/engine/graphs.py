@@ -116,6 +116,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -188,6 +189,28 @@ class GraphBackend(Protocol):
     def capture(self, fn: Callable[[], Outputs]) -> tuple[Replayable, Outputs]: ...
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, as it was after.
+
+    A capture must not run into a collection: torch (since it stopped
+    collecting before each capture) lets cyclic garbage be freed whenever
+    an allocation triggers the collector, and garbage holding an earlier
+    run's graphs then destroys them mid-capture, which CUDA forbids: the
+    capture is invalidated, and a pinned tensor freed with it can abort the
+    process from its destructor (seen on the H200 with piecewise graphs,
+    one engine run after another in one process). Deferred, that garbage is
+    collected after the capture.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class CudaGraphBackend:
     """``torch.cuda.CUDAGraph`` per bucket, all in one memory pool.
 
@@ -195,9 +218,10 @@ class CudaGraphBackend:
     (lazy initialisation: cuBLAS/cuDNN plans, Triton compiles, cached index
     tensors), then the capture into the shared pool. Capture errors mode
     ``thread_local``: the copy issuer's thread keeps issuing its own copies
-    meanwhile. Graphs sharing the pool never run concurrently (one stream)
-    and keep their outputs alive, so no graph's outputs are another's
-    scratch.
+    meanwhile. The garbage collector is paused during the capture
+    (:func:`gc_paused`). Graphs sharing the pool never run concurrently (one
+    stream) and keep their outputs alive, so no graph's outputs are
+    another's scratch.
     """
 
     name = "cuda"
@@ -222,7 +246,10 @@ class CudaGraphBackend:
             current.wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                with (
+                    gc_paused(),
+                    torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+                ):
                     out = fn()
             except BaseException:
                 # a capture that failed leaves its pool unusable for the next

@@ -5,6 +5,7 @@ forward must give the eager forward's tokens and (fp32) logits."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from pdflash.engine.graphs import (
     GraphRunner,
     Outputs,
     Replayable,
+    gc_paused,
     key_buckets,
 )
 from pdflash.engine.target import Chunk, TargetRunner, kv_cache_for
@@ -119,6 +121,21 @@ def test_key_buckets_are_aligned_growing_and_bounded() -> None:
     assert widths[-1] == 4096
     assert all(w % 16 == 0 for w in widths)
     assert all(b / a <= 2 for a, b in itertools.pairwise(widths))
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_gc_paused_turns_the_collector_off_and_back_as_it_was(enabled_before: bool) -> None:
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled_before else gc.disable)()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled_before
+        with pytest.raises(RuntimeError, match="inside"), gc_paused():
+            raise RuntimeError("inside")
+        assert gc.isenabled() is enabled_before
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 def test_bucket_pads_requests_rows_and_keys() -> None:

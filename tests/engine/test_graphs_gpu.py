@@ -7,7 +7,9 @@ the engine's greedy output with graphs on and off, and the eager fallbacks
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -410,3 +412,45 @@ def test_prepared_graphs_leave_no_capture_to_the_run(tmp_path: Path, arch: str) 
         finally:
             torch.cuda.synchronize()
             issuer.close()
+
+
+class _Holder:
+    """Garbage in a reference cycle: only the collector frees it."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self.me = self
+
+
+def test_capture_defers_collecting_dead_graphs_until_it_ends() -> None:
+    """An earlier graph left in cyclic garbage is not destroyed mid-capture
+    (CUDA forbids it: the capture is invalidated) though the capture's own
+    allocations would trigger the collector; it is collected afterwards,
+    and the new graph replays."""
+    backend = CudaGraphBackend("cuda")
+    x = torch.arange(16.0, device="cuda")
+    old, _ = backend.capture(lambda: (x * 2,))
+    holder = _Holder(old)
+    dead = weakref.ref(holder)
+    del old, holder
+    collector_on: list[bool] = []
+
+    def step() -> tuple[torch.Tensor, ...]:
+        collector_on.append(gc.isenabled())
+        _ = [[i] for i in range(1000)]  # allocations the collector would act on
+        return (x + 1,)
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        graph, (out,) = backend.capture(step)
+    finally:
+        gc.set_threshold(*threshold)
+    assert collector_on == [True, False]  # the warm-up run, then the capture
+    assert gc.isenabled()
+    gc.collect()
+    assert dead() is None
+    x.fill_(1.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.full_like(x, 2.0))
