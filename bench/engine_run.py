@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import math
@@ -640,8 +641,6 @@ def release_targets() -> None:
     """Drop the cached target and drafter (host experts, device weights,
     the hybrid service's prepared host weights and their kernel's threads)
     and the shared warm-ups made with them."""
-    import gc
-
     from pdflash.hybrid import release_host_weights
 
     for adapter in _TARGETS.values():
@@ -827,6 +826,10 @@ def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) 
         )
     finally:
         issuer.close()
+        # the run's engine lives in reference cycles: freed here (its graphs,
+        # cache slab, pinned buffers), not by a collection that would fall in
+        # the next run's clock or in one of its graph captures
+        gc.collect()
     assert result is not None
     result.row["setup_s"] = setup.row()
     # how warm the process was: a first-use cost shows as a trend over this
@@ -919,8 +922,6 @@ def _shared_warm_up(
         issuer.close()
     # the pass's cache (a full slab for B3) must be freed before the measured
     # run allocates its own: collect the engine's reference cycles now
-    import gc
-
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,27 @@ def test_pd_host_rows_split_the_host_services_setup(
     assert again["host_service"]["host_weights"]["reused"]
     assert "host_service.host_weights.prepare" not in again["setup_s"]
     assert "host_service.host_weights.format_select" not in again["setup_s"]
+
+
+def test_run_spec_frees_its_engine_before_returning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's engine sits in reference cycles; with the collector off,
+    only run_spec's own collection frees it (not one that would fall in the
+    next run's clock or graph captures)."""
+    from pdflash.engine.engine import Engine
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        run_spec(RunSpec(arch="tiny", baseline="PD", concurrency=2, max_new_tokens=4, prompt_len=4))
+        alive = sum(isinstance(o, Engine) for o in gc.get_objects())
+    finally:
+        if was:
+            gc.enable()
+    assert alive == 0
 
 
 def test_run_spec_rejects_bad_specs() -> None:
