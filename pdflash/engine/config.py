@@ -186,9 +186,10 @@ class EngineConfig:
             forward as one graph; other verifies run eagerly. ``piecewise``:
             also those verifies, as pieces (attention and router replayed,
             the experts eager between them): on the H200 slower than eager
-            at c=16 before the pre-capture recorded pieces, faster at c=1
-            after (README, "CUDA graphs"). Prefills, and every step on the CPU,
-            run eagerly; ``off`` runs everything eagerly.
+            at c=16 before the pre-capture recorded pieces; since, faster at
+            c=1, at c=16 faster for PD and within noise for PD+host, c=4 not
+            compared (README, "CUDA graphs"). Prefills, and every step on the
+            CPU, run eagerly; ``off`` runs everything eagerly.
         verify_width: how many of each request's drafts a verify checks
             (:mod:`pdflash.engine.verify_width`): ``full`` (every draft),
             ``fixed:K`` (the first ``K``) or ``adaptive`` (per request, the
