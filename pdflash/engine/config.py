@@ -36,10 +36,9 @@ PD-full-width          the adaptive verify width: every draft verified (PD with 
 =====================  ==============================================================
 
 PD, PD+host and PD's ablations but ``PD-full-width`` verify an adaptive
-prefix of each request's drafts (``verify_width="adaptive"``: on the H200
-within noise of every draft at forced acceptance and ahead of it on a
-learned trace replayed, ``bench/results/h200/session15-2026-12-02``); every
-other preset, and a hand-made :class:`EngineConfig`, verifies every draft.
+prefix of each request's drafts (``verify_width="adaptive"``; README,
+"Verify width", has its measurements against every draft); every other
+preset, and a hand-made :class:`EngineConfig`, verifies every draft.
 Rows recorded under the retired label ``PD-adaptive-width`` (PD at
 ``adaptive`` while PD's preset verified every draft) are PD's configuration
 of today; the report still reads them under their own label.
@@ -170,8 +169,7 @@ class EngineConfig:
             gated; the controller still probes PD's other parts). Without
             the controller the service runs in every step either way.
             ``always`` needs ``host_experts`` ``auto`` (ValueError otherwise).
-            Opt-in: measured on the H200 at cache 0.2 only (README, "Hybrid
-            miss service").
+            Opt-in (README, "Hybrid miss service", has its measurements).
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
@@ -185,11 +183,10 @@ class EngineConfig:
             every expert is resident (B3) as one graph and the drafter's
             forward as one graph; other verifies run eagerly. ``piecewise``:
             also those verifies, as pieces (attention and router replayed,
-            the experts eager between them): on the H200 slower than eager
-            at c=16 before the pre-capture recorded pieces; since, faster at
-            c=1, at c=16 faster for PD and within noise for PD+host, c=4 not
-            compared (README, "CUDA graphs"). Prefills, and every step on the
-            CPU, run eagerly; ``off`` runs everything eagerly.
+            the experts eager between them; not ``auto``'s until measured
+            never slower than eager: README, "CUDA graphs"). Prefills, and
+            every step on the CPU, run eagerly; ``off`` runs everything
+            eagerly.
         verify_width: how many of each request's drafts a verify checks
             (:mod:`pdflash.engine.verify_width`): ``full`` (every draft),
             ``fixed:K`` (the first ``K``) or ``adaptive`` (per request, the

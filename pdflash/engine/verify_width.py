@@ -50,8 +50,6 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     ``bench/results/cpu/width-diagnosis-2026-12-03``), and both options
     discount such estimates. A lower bound also discounts estimates that
     are not selected, so it is pessimistic where acceptance is uniform.
-    Neither is the default: measured against it, neither was faster, and
-    ``z`` lost at high acceptance (``bench/results/h200/session20-2026-12-04``).
   - ``adaptive:cal=1`` scales every ``S_i(j)`` past the first draft
     (``j >= 2``) by the acceptance calibration ``κ`` before choosing:
     the accepted drafts past the first over the drafts past the first the
@@ -62,49 +60,36 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     first draft is always verified (``k_min``), so its estimate is never
     selected by the argmax; deeper positions are, and where per-request
     estimates come out high by chance the chosen drafts are accepted less
-    often than expected. ``κ`` measures that shortfall directly (on the
-    H200's c=1 closed loop the drafts adaptive added were accepted at
-    about half the rate it expected,
-    ``bench/results/h200/session21-2026-12-04``). ``κ`` is computed and
-    reported (``estimates.acceptance_calibration``) under every adaptive
-    setting; only ``cal=1`` applies it. Not the default: on the H200's
-    learned closed loops (``bench/results/h200/session22-2026-12-04``) it
-    narrowed the width a little (c=1: 3.7 to 3.1 drafts a round) and moved
-    tokens/s within noise at c=1 and c=4.
+    often than expected. ``κ`` measures that shortfall directly (on a
+    learned closed loop the drafts adaptive added were accepted at about
+    half the rate it expected). ``κ`` is computed and reported
+    (``estimates.acceptance_calibration``) under every adaptive setting;
+    only ``cal=1`` applies it.
   - ``adaptive:beta=marginal`` charges a further modeled link second at
     least the slope of the steps' exposed fetch on their modeled link time
-    (:meth:`AdaptiveWidth.exposed_share`), not only the average share: on
-    the H200's c=1 closed loop each added draft cost 3.1-3.6 ms of exposed
-    copies where the average share charged ~1.5 ms (not the default:
-    measured only as ``adaptive:cal=1:union=hyperbolic:beta=marginal``,
-    session 22: 1.5-2.2 drafts a round at c=1, tokens/s between
-    ``adaptive``'s and ``fixed:1``'s and within noise of both).
+    (:meth:`AdaptiveWidth.exposed_share`), not only the average share: at
+    c=1 an added draft's exposed copies cost about twice what the average
+    share charged.
   - ``adaptive:beta=one`` charges every further modeled link second in
-    full: across the H200's c=1 runs the exposed fetch rose by the whole
-    link time of the experts further drafts added, while the average share
-    was 0.41-0.63 and the within-run slope (``marginal``, a slope on a noisy
-    regressor, pulled toward 0) 0.67-0.86 (not the default: measured only
-    on the H200's c=1 learned loop, where it beat ``adaptive`` within PD,
-    ``bench/results/h200/session23-2026-12-04``; where copies hide behind
-    compute it charges them anyway).
+    full: at c=1 the exposed fetch rose by the whole link time of the
+    experts further drafts added, while the average share and the
+    within-run slope (``marginal``, a slope on a noisy regressor, pulled
+    toward 0) both read below 1. Where copies hide behind compute it
+    charges them anyway.
   - ``adaptive:row=wall`` charges a verified row at least the lower
     confidence bound of the slope of the steps' wall time less their
     charged link time (``β · ℓ``) on their rows
     (:meth:`AdaptiveWidth.wall_row_fit`), not only the slope of the
     verify's compute: whatever a further row lengthens the step by beyond
-    its charged copies. On the H200's c=1 closed loop a further verified
-    draft lengthened the step by ~6 ms where the model charged about half
-    (``bench/results/h200/session22-2026-12-04``; not the default:
-    measured only on the H200's c=1 learned loop, where it beat
-    ``adaptive`` within PD, ``bench/results/h200/session23-2026-12-04``).
+    its charged copies: at c=1 a further verified draft lengthened the
+    step by about twice what the model charged.
   - ``adaptive:union=hyperbolic`` fits the union with
     :class:`UnionGrowth`'s hyperbolic form instead of the geometric one:
     on learned routing the geometric curve, fitted to narrow verifies,
     levels off too early and charges rows 10-16 0.08-0.47x of the experts
     they add (the hyperbolic one 0.60-0.83x), so deep drafts look cheap
-    (:class:`UnionGrowth`; not the default: measured on the GPU only with
-    ``cal=1`` and ``beta=marginal``, above, and on i.i.d. routing the
-    hyperbolic form is the one that undercharges).
+    (:class:`UnionGrowth`; on i.i.d. routing the hyperbolic form is the
+    one that undercharges).
   - ``ℓ(N) = m · L · U(N) · bytes_per_expert / link_Bps``: the link time of
     a batch of ``N`` verified rows, with ``U(N) = S - (S - top_k)(1 - a)^(N - 1)``
     the batch's routed experts per MoE layer (:class:`UnionGrowth`; the
@@ -1084,11 +1069,10 @@ class AdaptiveWidth:
 
         ``beta_mode="one"``: 1 always: every further modeled link second is
         charged in full (``t_fixed``, the mean of ``wall - t_row · rows -
-        ℓ(rows)``, keeps the step's level). On the H200's c=1 closed loop the
-        exposed fetch rose by the whole modeled link time of the experts
-        further drafts added, across runs, where the average share was
-        0.41-0.63 and the within-run slope 0.67-0.86
-        (``bench/results/h200/session22-2026-12-04``)."""
+        ℓ(rows)``, keeps the step's level): at c=1 the exposed fetch rose by
+        the whole modeled link time of the experts further drafts added,
+        across runs, where the average share and the within-run slope read
+        below 1."""
         if self.beta_mode == "one":
             return 1.0
         average = self._average_exposed_share()
@@ -1180,10 +1164,9 @@ class AdaptiveWidth:
         bound: what a further row lengthens the step by beyond the link
         time the model charges it, whatever the cause (compute the verify's
         timer splits off as waits, host work that grows with the experts a
-        row routes to, copies exposed beyond ``β``). On the H200's c=1
-        closed loop a further verified draft lengthened the step by ~6 ms
-        where ``t_row`` (0) and ``β · ℓ`` (~2-3.5 ms) charged it about half
-        (``bench/results/h200/session22-2026-12-04``)."""
+        row routes to, copies exposed beyond ``β``): at c=1 a further
+        verified draft lengthened the step by about twice what ``t_row`` and
+        ``β · ℓ`` charged it."""
         w = self._wall_recent
         if w[0] <= 0.0 or self._n < 3:
             return 0.0, 0.0
