@@ -271,6 +271,10 @@ class RunSpec:
     # that only serve a miss; "off" runs the label as configured, the cache
     # filling on demand (the A/B arm of what that machinery costs)
     full_cache: str = "auto"
+    # experts PD's route-ahead stream copies beyond the next layer's set
+    # (pdflash.engine.config.EngineConfig.stream_ahead; a run without the
+    # stream ignores it)
+    stream_ahead: int = 2
 
     @property
     def width_setting(self) -> str:
@@ -303,6 +307,7 @@ class RunSpec:
             cuda_graphs=self.cuda_graphs,
             verify_width=self.width_setting,
             full_cache=self.full_cache,
+            stream_ahead=self.stream_ahead,
         )
 
     @property
@@ -406,6 +411,10 @@ class RunSpec:
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
+        if isinstance(self.stream_ahead, bool) or not (
+            isinstance(self.stream_ahead, int) and self.stream_ahead >= 0
+        ):
+            raise ValueError(f"stream_ahead must be an int >= 0, got {self.stream_ahead!r}")
         self._check_at_least_one("host_workers", "host_threads")
         if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")

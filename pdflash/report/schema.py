@@ -234,6 +234,15 @@ ADAPTIVE_WIDTH_LABELS: frozenset[str] = frozenset(
 )
 
 
+#: Labels whose preset runs PD's route-ahead stream (mirrors
+#: :meth:`pdflash.engine.config.EngineConfig.preset`'s ``streaming_prefetch``,
+#: checked by a test, without importing the engine): only their runs read
+#: the ``stream_ahead`` setting.
+STREAM_LABELS: frozenset[str] = frozenset(
+    {"PD", "PD+host", "PD-all-on", "PD-one-band", "PD-token-sched", "PD-full-width"}
+)
+
+
 def resolved_width(width: str, baseline: str) -> str:
     """The verify width a label runs at for a requested ``width``: ``auto``
     is the label's preset (``adaptive`` for :data:`ADAPTIVE_WIDTH_LABELS`,
@@ -459,6 +468,23 @@ def _recorded_gate(row: Mapping[str, Any]) -> Any:
     return 0.2 if value is None else value
 
 
+def _spec_stream_ahead(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's stream depth as its run runs it: a label without the stream
+    (:data:`STREAM_LABELS`), or a full cache that runs none of the parts
+    that serve a miss, copies nothing ahead, so any depth runs as the
+    default there."""
+    full = spec.get("cache_fraction", 0.0) >= 1.0 and spec.get("full_cache", "auto") == "auto"
+    return value if spec.get("baseline") in STREAM_LABELS and not full else 2
+
+
+def _recorded_stream_ahead(row: Mapping[str, Any]) -> Any:
+    """How deep a row's route-ahead stream copied beyond the next layer
+    (``stream_ahead``): as the row records, else the default (a run without
+    the stream, which the setting does not change, or a row older than it)."""
+    value = row.get("stream_ahead")
+    return 2 if value is None else value
+
+
 def _recorded_breakdown(row: Mapping[str, Any]) -> bool:
     """Whether a row's run timed its verify's regions (``--breakdown``):
     its ``verify_breakdown_ms`` is an object exactly then."""
@@ -536,6 +562,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # the verify's timed regions (CUDA events on the compute stream); rows
     # carry verify_breakdown_ms exactly when their run timed them
     RunSetting("breakdown", False, _recorded_breakdown),
+    # pdflash.engine.config.EngineConfig.stream_ahead (a test keeps the
+    # defaults equal)
+    RunSetting("stream_ahead", 2, _recorded_stream_ahead, resolve=_spec_stream_ahead),
     # a cache with a slot for every expert filled before the clock, the
     # prefetch parts off (pdflash.engine.config.EngineConfig.full_cache)
     RunSetting(
