@@ -423,30 +423,33 @@ class _Holder:
 
 
 def test_capture_defers_collecting_dead_graphs_until_it_ends() -> None:
-    """An earlier graph left in cyclic garbage is not destroyed mid-capture
-    (CUDA forbids it: the capture is invalidated) though the capture's own
-    allocations would trigger the collector; it is collected afterwards,
-    and the new graph replays."""
+    """An earlier graph that becomes cyclic garbage during a capture is not
+    destroyed there (CUDA forbids it: the capture is invalidated) though the
+    capture's allocations, at a collector threshold of 1, would collect it:
+    the collector is paused for the capture; the garbage is collected
+    afterwards and the new graph replays."""
     backend = CudaGraphBackend("cuda")
     x = torch.arange(16.0, device="cuda")
     old, _ = backend.capture(lambda: (x * 2,))
-    holder = _Holder(old)
-    dead = weakref.ref(holder)
-    del old, holder
+    keep = [_Holder(old)]
+    dead = weakref.ref(keep[0])
+    del old
     collector_on: list[bool] = []
+    threshold = gc.get_threshold()
 
     def step() -> tuple[torch.Tensor, ...]:
         collector_on.append(gc.isenabled())
-        _ = [[i] for i in range(1000)]  # allocations the collector would act on
+        if len(collector_on) == 2:  # the capture (the first call is the warm-up)
+            keep.clear()  # the earlier graph's holder is cyclic garbage from here
+            gc.set_threshold(1)
+            _ = [[i] for i in range(1000)]  # allocations the collector would act on
         return (x + 1,)
 
-    threshold = gc.get_threshold()
-    gc.set_threshold(1)
     try:
         graph, (out,) = backend.capture(step)
     finally:
         gc.set_threshold(*threshold)
-    assert collector_on == [True, False]  # the warm-up run, then the capture
+    assert collector_on == [True, False]
     assert gc.isenabled()
     gc.collect()
     assert dead() is None
