@@ -54,7 +54,8 @@ the reference arm (``--reference``, default the first PD+host arm) and for
 every arm vs the first PD arm (``comparisons``, keyed ``ARM/OTHER``; each
 with the pairs' own 95% interval, ``pair_ratio_ci95``), the fastest PD+host
 arm against the fastest PD arm (``best_vs_best``: the issue's target reads
-each label at its best setting), and
+each label at its best setting; a PD-all-on or ablation arm is a setting of
+PD, and with ``host_experts=auto`` of PD+host: :func:`label_side`), and
 per arm the mechanism (``by_arm``: host served and planned-ahead experts,
 link bytes per token, busy fractions, the ahead plans' outcome and routed
 fraction, the hand-off that ran and why it fell back, the affinity that was
@@ -531,12 +532,28 @@ def _compared(
     }
 
 
-def best_arms(tps: dict[str, Any], baseline_of: dict[str, str]) -> tuple[str, str] | None:
+def label_side(row: dict[str, Any]) -> str | None:
+    """Which side of the issue's comparison a run is on: ``PD+host`` where
+    it ran the host service on PD's machinery (the PD+host label, or PD,
+    PD-all-on or one of PD's ablations with ``host_experts`` on), ``PD``
+    where it ran PD's machinery without it (PD, PD-all-on, an ablation: a
+    setting of PD), None for the other baselines."""
+    baseline = str(row.get("baseline"))
+    hosted = row.get("host_experts") not in (None, "off")
+    if baseline == "PD+host" or (baseline.startswith("PD") and hosted):
+        return "PD+host"
+    if baseline == "PD" or baseline.startswith("PD-"):
+        return "PD"
+    return None
+
+
+def best_arms(tps: dict[str, Any], side_of: dict[str, str | None]) -> tuple[str, str] | None:
     """The fastest PD+host arm and the fastest PD arm of a point (by median
-    tokens/s), or None where either label has no arm with runs."""
+    tokens/s; ``side_of``: each arm's :func:`label_side`), or None where
+    either side has no arm with runs."""
 
     def fastest(label: str) -> str | None:
-        ran = [a for a, t in tps.items() if baseline_of.get(a) == label and t.get("n")]
+        ran = [a for a, t in tps.items() if side_of.get(a) == label and t.get("n")]
         return max(ran, key=lambda a: tps[a]["median"]) if ran else None
 
     host, pd = fastest("PD+host"), fastest("PD")
@@ -601,7 +618,7 @@ def summarise(
             for num, den in comparisons(list(tps), reference, pd_arm)
             if num in tps and den in tps
         }
-        best = best_arms(tps, {arm: rs[0]["baseline"] for arm, rs in by.items()})
+        best = best_arms(tps, {arm: label_side(rs[0]) for arm, rs in by.items()})
         if best is not None:
             # the issue's target reads each label at its best setting
             entry["best_vs_best"] = {"pair": "/".join(best), **_compared(tps, per_rep, *best)}

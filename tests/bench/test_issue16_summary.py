@@ -250,6 +250,29 @@ def test_main_refuses_two_arms_of_one_configuration_before_loading(
     assert not (tmp_path / "rows.jsonl").exists()
 
 
+def test_best_vs_best_counts_pd_settings_on_either_side() -> None:
+    """A PD-all-on arm is a setting of PD, and with host_experts on of
+    PD+host: the fastest of each side is compared, whatever its label."""
+    rows = []
+    for rep in range(3):
+        rows += [
+            _arm_row("PD", rep, 100.0),
+            _arm_row("allon", rep, 110.0, baseline="PD-all-on", host_experts="off"),
+            _arm_row("host", rep, 140.0),
+            _arm_row("hostall", rep, 150.0, baseline="PD-all-on", host_experts="auto"),
+            _arm_row("B1", rep, 120.0, baseline="B1", host_experts="off"),
+        ]
+    arms = issue16.parse_arms(
+        "PD,allon=PD-all-on,host=PD+host,hostall=PD-all-on:host_experts=auto,B1=B1"
+    )
+    (p,) = issue16.summarise(rows, arms)
+    best = p["best_vs_best"]
+    assert best["pair"] == "hostall/allon"
+    assert best["pair_ratio_median"] == pytest.approx(150 / 110)
+    assert issue16.label_side({"baseline": "B1"}) is None
+    assert issue16.label_side({"baseline": "PD-no-stream", "host_experts": "off"}) == "PD"
+
+
 def test_arm_order_rotates_per_repeat_and_point() -> None:
     arms = issue16.parse_arms("a=PD,b=PD+host,c=PD+host:host_ahead=weighted")
 
