@@ -117,6 +117,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import gc
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -201,14 +202,36 @@ def gc_paused() -> Iterator[None]:
     process from its destructor (seen on the H200 with piecewise graphs,
     one engine run after another in one process). Deferred, that garbage is
     collected after the capture.
+
+    Pauses may overlap (captures in several threads): the collector comes
+    back, if it was on before the first, when the last one ends.
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
+    books = _GC_PAUSES
+    with books.lock:
+        if books.active == 0:
+            books.was_enabled = gc.isenabled()
+            gc.disable()
+        books.active += 1
     try:
         yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with books.lock:
+            books.active -= 1
+            if books.active == 0 and books.was_enabled:
+                gc.enable()
+
+
+class _CollectorPauses:
+    """:func:`gc_paused`'s books: the pauses active and whether the
+    collector was on before the first of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0
+        self.was_enabled = False
+
+
+_GC_PAUSES = _CollectorPauses()
 
 
 class CudaGraphBackend:

@@ -138,6 +138,21 @@ def test_gc_paused_turns_the_collector_off_and_back_as_it_was(enabled_before: bo
         (gc.enable if was else gc.disable)()
 
 
+def test_overlapping_gc_pauses_keep_the_collector_off_until_the_last_ends() -> None:
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        first, second = gc_paused(), gc_paused()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)  # the first ends while the second runs
+        assert not gc.isenabled()
+        second.__exit__(None, None, None)
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_bucket_pads_requests_rows_and_keys() -> None:
     from pdflash.engine.target import StepPlan
 
