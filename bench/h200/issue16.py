@@ -350,6 +350,17 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
     return busy / wall if busy is not None and wall else None
 
 
+#: PD's parts its controller probes (``pd_parts.on_fraction``'s keys beside
+#: the host part, reported on its own)
+PD_PARTS = ("route_ahead", "stream", "scheduler_2d")
+
+
+def _part_on(row: dict[str, Any], part: str) -> Any:
+    """The share of a run's measured steps ``part`` ran in (None where the
+    run had no PD controller books)."""
+    return ((row.get("pd_parts") or {}).get("on_fraction") or {}).get(part)
+
+
 def _host_ms_per_expert(row: dict[str, Any]) -> float | None:
     """A run's host busy milliseconds per expert the host served (None
     where it served none)."""
@@ -394,6 +405,13 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for r in sorted(rows, key=lambda r: r.get("repeat") or 0)
             if (x := _host_ms_per_expert(r)) is not None
         ],
+        # PD's controller probes its parts inside short runs (each probe
+        # turns a part off in half its steps): the share of measured steps
+        # each ran in, and the switches it made (None without a controller)
+        "parts_on_fraction": {
+            part: _median_of(rows, functools.partial(_part_on, part=part)) for part in PD_PARTS
+        },
+        "parts_switches": _median_of(rows, lambda r: (r.get("pd_parts") or {}).get("switches")),
     }
     if not hosted:
         for k in (
@@ -728,6 +746,24 @@ def table(summary: dict[str, Any]) -> list[str]:
             lines.append(
                 "  runs with CUDA-graph captures in their clock: "
                 + ", ".join(f"{arm} {n}/{runs}" for arm, (n, runs) in captured.items())
+            )
+        probed = {
+            arm: m
+            for arm, m in (p.get("by_arm") or {}).items()
+            if any(v is not None for v in (m.get("parts_on_fraction") or {}).values())
+        }
+        if probed:
+            # below 1: the controller ran the part in only that share of the steps
+            lines.append(
+                "  PD's parts on (share of steps; switches): "
+                + "; ".join(
+                    f"{arm} "
+                    + " ".join(
+                        f"{part} {_fmt(m['parts_on_fraction'].get(part))}" for part in PD_PARTS
+                    )
+                    + f" ({_fmt(m.get('parts_switches'), '.0f')})"
+                    for arm, m in probed.items()
+                )
             )
         for arm, m in (p.get("by_arm") or {}).items():
             if not m.get("host_service_runs"):

@@ -273,6 +273,36 @@ def test_best_vs_best_counts_pd_settings_on_either_side() -> None:
     assert issue16.label_side({"baseline": "PD-no-stream", "host_experts": "off"}) == "PD"
 
 
+def test_each_arm_reports_the_share_of_steps_pd_parts_ran_in() -> None:
+    """Medians over an arm's runs of pd_parts.on_fraction per part and of
+    its switches; None for an arm whose runs had no controller books."""
+
+    def parts(stream: float, switches: int) -> dict[str, Any]:
+        on = {"route_ahead": 1.0, "stream": stream, "scheduler_2d": 0.9}
+        return {"on_fraction": on, "switches": switches}
+
+    rows = [
+        _arm_row("PD", 0, 90.0, pd_parts=parts(0.55, 0)),
+        _arm_row("PD", 1, 91.0, pd_parts=parts(0.61, 0)),
+        _arm_row("PD", 2, 92.0, pd_parts=parts(0.45, 1)),
+        _arm_row("host", 0, 100.0),
+        _arm_row("host", 1, 101.0),
+        _arm_row("host", 2, 102.0),
+    ]
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    pd, host = p["by_arm"]["PD"], p["by_arm"]["host"]
+    assert pd["parts_on_fraction"] == pytest.approx(
+        {"route_ahead": 1.0, "stream": 0.55, "scheduler_2d": 0.9}
+    )
+    assert pd["parts_switches"] == 0
+    assert host["parts_on_fraction"] == dict.fromkeys(issue16.PD_PARTS)
+    assert host["parts_switches"] is None
+    lines = issue16.table({"device": "x", "runs": 6, "runs_not_started_budget": 0, "points": [p]})
+    (line,) = [x for x in lines if "PD's parts on" in x]
+    assert "PD route_ahead 1.00 stream 0.55 scheduler_2d 0.90 (0)" in line
+    assert "host" not in line
+
+
 def test_arm_order_rotates_per_repeat_and_point() -> None:
     arms = issue16.parse_arms("a=PD,b=PD+host,c=PD+host:host_ahead=weighted")
 
