@@ -60,7 +60,8 @@ per arm the mechanism (``by_arm``: host served and planned-ahead experts,
 link bytes per token, busy fractions, the ahead plans' outcome and routed
 fraction, the hand-off that ran and why it fell back, the affinity that was
 applied, who decided whether the host part ran (``--host-control``) and the
-share of the measured steps it ran in). The fields ``speedup_median``, ``verdict``, ``bytes_per_token``,
+share of the measured steps it ran in, and the share each of PD's other parts
+ran in with the controller's switches). The fields ``speedup_median``, ``verdict``, ``bytes_per_token``,
 ``pd_host`` and ``pd`` read the reference arm as "PD+host" and the PD arm
 as "PD" (with the default arms: exactly those baselines). ``--budget-s``
 stops starting runs; the summary says how many repeats each point got.
