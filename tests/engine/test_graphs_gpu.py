@@ -281,6 +281,16 @@ def test_replayed_draft_steps_equal_eager(tmp_path: Path, dtype: torch.dtype) ->
     assert ds.replays == len(rounds) and ds.captures < len(rounds)
 
 
+def _assert_offloaded_steps_agree(eager: TargetRunner, graphed: TargetRunner, vocab: int) -> None:
+    """fp32 steps of an offloaded model: the graphed runner's logits within
+    1e-4 of eager's, the same greedy tokens and the same routing."""
+    for ref, out in _steps(eager, graphed, vocab):
+        for a, b in zip(ref.logits, out.logits, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+        np.testing.assert_array_equal(out.routed, ref.routed)
+
+
 @pytest.mark.parametrize("piecewise", [False, True])
 def test_offloaded_experts_piecewise_or_eager(make_adapter: Any, piecewise: bool) -> None:
     """Fewer slots than experts: without pieces every step runs eagerly;
@@ -290,11 +300,7 @@ def test_offloaded_experts_piecewise_or_eager(make_adapter: Any, piecewise: bool
     offloaded = make_adapter("qwen3_moe", torch.float32, resident=False)
     graphs = GraphRunner(CudaGraphBackend("cuda"), piecewise=piecewise)
     eager, graphed = _runner(eager_ad, None), _runner(offloaded, graphs)
-    for ref, out in _steps(eager, graphed, eager_ad.vocab_size):
-        for a, b in zip(ref.logits, out.logits, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
-        np.testing.assert_array_equal(out.routed, ref.routed)
+    _assert_offloaded_steps_agree(eager, graphed, eager_ad.vocab_size)
     s = graphs.stats
     assert s.replays == 0
     if piecewise:
@@ -323,11 +329,7 @@ def test_prepared_pieces_on_cuda_leave_no_capture_to_the_steps(make_adapter: Any
     assert report["failed"] == 0 and report["prepared_piecewise"] > 0, (report, graphs.failures)
     assert offloaded.cache.stats()["misses"] == misses and graphed.kv.num_sequences == 0
     graphs.reset_stats()
-    for ref, out in _steps(eager, graphed, eager_ad.vocab_size):
-        for a, b in zip(ref.logits, out.logits, strict=True):
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
-            assert torch.equal(a.argmax(-1), b.argmax(-1))
-        np.testing.assert_array_equal(out.routed, ref.routed)
+    _assert_offloaded_steps_agree(eager, graphed, eager_ad.vocab_size)
     s = graphs.stats
     assert s.piecewise_steps == 5 and s.captures == 0 and s.validated == 0, s
     assert int(np.asarray(offloaded.cache.pins).sum()) == 0
