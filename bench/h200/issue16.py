@@ -352,13 +352,14 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
 
 
 #: PD's parts its controller probes (``pd_parts.on_fraction``'s keys beside
-#: the host part, reported on its own)
+#: the host part, ``host_experts``, reported on its own)
 PD_PARTS = ("route_ahead", "stream", "scheduler_2d")
 
 
 def _part_on(row: dict[str, Any], part: str) -> Any:
-    """The share of a run's measured steps ``part`` ran in (None where the
-    run had no PD controller books)."""
+    """The share of a run's measured steps ``part`` (one of
+    :data:`PD_PARTS` or ``host_experts``) ran in (None where the run had no
+    PD controller books)."""
     return ((row.get("pd_parts") or {}).get("on_fraction") or {}).get(part)
 
 
@@ -476,7 +477,7 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
     # ran in (the PD controller's books; None without a controller)
     out["host_control"] = sorted({str(r.get("host_control") or "controller") for r in hosted})
     out["host_part_on_fraction"] = _median_of(
-        hosted, lambda r: ((r.get("pd_parts") or {}).get("on_fraction") or {}).get("host_experts")
+        hosted, functools.partial(_part_on, part="host_experts")
     )
     out["lookahead_split"] = {
         k: sum(int((_service(r).get("lookahead_split") or {}).get(k, 0)) for r in hosted)
@@ -1038,9 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ahead_outcome": hs.get("ahead_outcome"),
                 # the planner's routed fraction of those over the run
                 "ahead_fraction": hs.get("ahead_fraction"),
-                "host_part_on_fraction": ((r.get("pd_parts") or {}).get("on_fraction") or {}).get(
-                    "host_experts"
-                ),
+                "host_part_on_fraction": _part_on(r, "host_experts"),
                 "host_weights_reused": hw.get("reused"),
             }
         )
