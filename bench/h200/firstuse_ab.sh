@@ -31,7 +31,7 @@ layers_arg=""
 [ "$LAYERS" != 0 ] && layers_arg="--layers $LAYERS"
 steps=()
 for setting in auto efficient,flash,math; do
-  dir=${setting//,/+}
+  dir=${setting//,/_}  # "+" or "," in a name does not come back from the device
   MATRIX="pdflash-bench matrix --json --no-progress --no-report --arch $ARCH $layers_arg --device $DEVICE --baselines PD --cache-fraction 0.2 --concurrency $CONC --acceptance forced --verify-width $WIDTHS --repeats $REPEATS --max-new-tokens $MAX_NEW --budget-s $BUDGET_S --out $OUT/$dir"
   steps+=("firstuse_$dir=PDFLASH_SDPA_BACKENDS=$setting timeout $((BUDGET_S + 60)) $MATRIX > /dev/null; python3 bench/firstuse_summary.py --json $OUT/$dir/rows.jsonl")
 done

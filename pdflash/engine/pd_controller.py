@@ -54,6 +54,22 @@ the other way. Steps that prefilled new requests and the ``settle`` steps
 after each change are not measured (their wall time is not the parts').
 Every decision carries its numbers (``why``).
 
+**The probe budget.** A probe's flipped arm loses time where the part
+pays, and that loss is the controller's own cost. After a round that
+switched nothing (after a switch the normal hold re-checks soon, so a
+false switch does not last) the hold is at least long enough, ``max_hold``
+notwithstanding, that the round's estimated loss is at most
+``probe_budget`` (0.05) of the round's steps and the hold's. A probe's
+loss is its steps in its flipped arm (settle steps too) times the extra
+time a flipped step took for its tokens,
+``rate configured / rate flipped - 1``, at one standard error above its
+pairs' mean gain (noise alone charges little), 0 where the flip did not
+lose. A part that clearly pays is thus re-probed rarely (a round whose probes lost 10 steps' worth waits
+about 200 steps); parts that change nothing charge little and keep the
+doubling hold. The summary's ``probe_loss_steps`` adds the charges up.
+The budget bounds the probes' cost in long runs only: a fresh
+controller's first round runs in full whatever it costs.
+
 **Stances.** The rule above puts the burden of proof on switching a part
 off: a ``default_on`` part stays as it is unless a probe shows the flip
 better, so a part that changes nothing keeps its state (switched with
@@ -622,6 +638,11 @@ class PDController:
             back to ``hold`` after a switch.
         max_hold: the longest hold.
         settle: steps not measured after every change of the parts.
+        probe_budget: the share of the run's steps the probes may lose:
+            after a round, the hold is lengthened so that the round's
+            estimated loss (each probe's steps in its flipped arm times the
+            extra time a flipped step took) is at most this share of the
+            round and its hold (module docstring); 1: no lengthening.
         initial: the parts at the start (masked by what the engine has);
             None: every part the engine has.
         keep_decisions: probe outcomes other than switches kept in
@@ -668,6 +689,7 @@ class PDController:
         hold: int = 24,
         max_hold: int = 96,
         settle: int = 1,
+        probe_budget: float = 0.05,
         initial: PartsState | None = None,
         keep_decisions: int = 16,
         rate_of: str = "expected_committed",
@@ -700,6 +722,8 @@ class PDController:
             raise ValueError(f"margin must be >= 0, got {margin}")
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        if not 0.0 < probe_budget <= 1.0:
+            raise ValueError(f"probe_budget must be in (0, 1], got {probe_budget}")
         if not 0.0 < earn_level <= 0.5:
             raise ValueError(f"earn_level must be in (0, 0.5], got {earn_level}")
         if host_gate is not None and not 0.0 <= host_gate < 1.0:
@@ -730,6 +754,7 @@ class PDController:
         self.hold = hold
         self.max_hold = max_hold
         self.settle = settle
+        self.probe_budget = float(probe_budget)
         self.keep_decisions = keep_decisions
         self.rate_of = rate_of
         self.host_gate = None if host_gate is None else float(host_gate)
@@ -756,6 +781,10 @@ class PDController:
         self._pairs: list[_Pair] = []
         self._half: StepMeasurement | None = None  # the pair's first step
         self._extended = False  # the probe runs on past max_pairs
+        self._probe_b_steps = 0  # steps of this probe in its flipped arm (settles too)
+        self._round_steps = 0  # steps since this round's first probe began
+        self._round_loss = 0.0  # step-equivalents this round's probes lost
+        self._probe_loss = 0.0  # the same since reset_stats (the summary's)
 
     # ------------------------------------------------------------ protocol
     @property
@@ -792,9 +821,12 @@ class PDController:
 
     def reset_stats(self) -> None:
         self._books.reset()
+        self._probe_loss = 0.0
 
     def summary(self) -> dict[str, Any]:
         out = self._books.summary(self.name, self._parts, keep=self.keep_decisions)
+        # estimated: each ended probe's flipped-arm steps times its rate loss
+        out["probe_loss_steps"] = self._probe_loss
         out["settings"] = {
             "margin": self.margin,
             "alpha": self.alpha,
@@ -805,6 +837,7 @@ class PDController:
             "hold": self.hold,
             "max_hold": self.max_hold,
             "settle": self.settle,
+            "probe_budget": self.probe_budget,
             "rate_of": self.rate_of,
             # which rule judged each part the row lists
             "stances": {p: self.stances[p] for p in self._books.listed()},
@@ -825,6 +858,9 @@ class PDController:
 
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
+        if self._probing:
+            self._round_steps += 1
+            self._probe_b_steps += int(self._parts != self._base)
         if self._settling > 0:
             self._settling -= 1
             return self._parts
@@ -887,9 +923,27 @@ class PDController:
     def _start_round(self) -> None:
         self._queue = self._probeable()
         self._round_switched = False
+        self._round_steps = 0
+        self._round_loss = 0.0
         self._next_probe()
 
+    def _charge_probe(self) -> None:
+        """Add the probe that just ended to the round's loss: its steps in
+        the flipped arm times the extra time a flipped step took for its
+        tokens, ``rate configured / rate flipped - 1`` at one standard error
+        above its pairs' mean gain (so noise alone charges little; 0 where
+        the flip did not lose, or with fewer than 2 pairs)."""
+        gains = self._flip_gains()
+        if len(gains) >= 2 and self._probe_b_steps:
+            test = paired_test(gains)
+            loss = max(0.0, math.exp(-(test.mean + test.se)) - 1.0) * self._probe_b_steps
+            self._round_loss += loss
+            self._probe_loss += loss
+        self._probe_b_steps = 0
+
     def _next_probe(self) -> None:
+        if self._part is not None:
+            self._charge_probe()
         while self._queue:
             part = self._queue.pop(0)
             if part == HOST_PART and (self._host_turn_skipped() or self._gated()):
@@ -909,7 +963,14 @@ class PDController:
         # probes' costs and false switches on a steady workload)
         if self._round_switched:
             self._hold_now = self.hold
-        self._countdown = max(1, self._hold_now)
+        # the probe budget: probes that lost much (parts that pay) wait
+        # longer, so the round's loss stays within budget of round and hold;
+        # not after a switch (its configuration is re-checked soon: a false
+        # switch does not last a long hold)
+        budget_hold = 0
+        if not self._round_switched:
+            budget_hold = math.ceil(self._round_loss / self.probe_budget) - self._round_steps
+        self._countdown = max(1, self._hold_now, budget_hold)
         if not self._round_switched:
             self._hold_now = min(self.max_hold, 2 * self._hold_now)
 
