@@ -64,11 +64,12 @@ loss is its steps in its flipped arm (settle steps too) times the extra
 time a flipped step took for its tokens,
 ``rate configured / rate flipped - 1``, at one standard error above its
 pairs' mean gain (noise alone charges little), 0 where the flip did not
-lose. A part that clearly pays is thus re-probed rarely (a round whose probes lost 10 steps' worth waits
-about 200 steps); parts that change nothing charge little and keep the
-doubling hold. The summary's ``probe_loss_steps`` adds the charges up.
-The budget bounds the probes' cost in long runs only: a fresh
-controller's first round runs in full whatever it costs.
+lose. A part that clearly pays is thus re-probed rarely (a round whose
+probes lost 10 steps' worth waits about 200 steps); parts that change
+nothing charge little and keep the doubling hold. The summary's
+``probe_loss_steps`` adds the charges up. The budget bounds the probes'
+cost in long runs only: a fresh controller's first round runs in full
+whatever it costs.
 
 **Stances.** The rule above puts the burden of proof on switching a part
 off: a ``default_on`` part stays as it is unless a probe shows the flip
