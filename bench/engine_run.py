@@ -72,12 +72,13 @@ from pdflash.engine.drafter import (
 )
 from pdflash.engine.engine import Engine, fills_full_cache
 from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
+from pdflash.engine.pd_controller import PDController
 from pdflash.engine.sampling import SamplingParams
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKENS
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
-from pdflash.report.schema import HOST_METRIC_FIELDS
+from pdflash.report.schema import CONTROLLER_WARMUPS, HOST_METRIC_FIELDS
 from pdflash.serve.build import resolve_device
 
 from .workload import WARMUP_CHOICES, ClosedLoop, LengthDist, Workload, open_loop
@@ -275,6 +276,11 @@ class RunSpec:
     # (pdflash.engine.config.EngineConfig.stream_ahead; a run without the
     # stream ignores it)
     stream_ahead: int = 2
+    # "first_round": after the warm-up, workload bursts outside the clock
+    # until PD's controller has ended its first round of probes (the state a
+    # server's engine is in after its first steps); "off": the warm-up alone.
+    # Labels without the controller run "off" (pdflash.report.schema)
+    controller_warmup: str = "off"
 
     @property
     def width_setting(self) -> str:
@@ -405,6 +411,7 @@ class RunSpec:
 
         self._check_one_of("host_handoff", HANDOFF_CHOICES)
         self._check_one_of("warmup", WARMUP_CHOICES)
+        self._check_one_of("controller_warmup", CONTROLLER_WARMUPS)
         self._check_one_of("host_format", HOST_FORMAT_CHOICES)
         self._check_one_of("host_affinity", HOST_AFFINITY_CHOICES)
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
@@ -1412,6 +1419,17 @@ def _workload(
             setup,
             None if synthetic_weights else spec.weights,
         )
+        if spec.controller_warmup == "first_round":
+            warmup["controller"] = _settle_controller(
+                spec,
+                engine,
+                acceptance,
+                workload,
+                vocab,
+                sampling,
+                setup,
+                None if synthetic_weights else spec.weights,
+            )
     with setup.phase("warmup_settle"):
         cache.drain_inflight()
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
@@ -1603,31 +1621,11 @@ def _warm_up(
     mode = warmup_mode(spec, device)
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 104_729)
     plans = _warm_up_plans(spec, mode, workload)
-    texts: list[list[int]] | None = None
-    prompts_source = "the run's first prompt"
-    if mode == "workload":
-        texts, prompts_source = warm_up_prompts(
-            spec, workload, [n for n, _ in plans], vocab, weights
-        )
-    ids = []
-    for i, (prompt_len, new_tokens) in enumerate(plans):
-        if mode != "workload":
-            prompt = first_prompt[:prompt_len]
-        elif texts is not None:
-            prompt = texts[i]
-        else:
-            prompt = rng.integers(0, vocab, size=prompt_len).tolist()
-        rid = engine.add_request(
-            prompt, sampling if mode == "workload" else None, max_new_tokens=new_tokens
-        )
-        # replayed acceptance/routing: a workload warm-up request i replays
-        # trace request i mod R (the short one takes the policies' default)
-        if mode == "workload":
-            _assign_trace_request(engine, acceptance, rid, i, None)
-        ids.append(rid)
+    ids, prompts_source = _add_warm_up_requests(
+        spec, mode, plans, engine, acceptance, workload, vocab, sampling, first_prompt, weights, rng
+    )
     with setup.phase("warmup"):
-        engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
-    _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
+        _run_warm_up_requests(engine, ids, plans)
     # after the warm-up's requests: the buckets they met are held (most
     # recently used), the pre-capture adds the others up to its bound
     if engine.runner.graphs is not None:
@@ -1651,6 +1649,110 @@ def _warm_up(
         graphs["draft_captures"] = runner.draft_stats.captures
         out["graphs"] = graphs
     return out
+
+
+def _add_warm_up_requests(
+    spec: RunSpec,
+    mode: str,
+    plans: list[tuple[int, int]],
+    engine: Engine,
+    acceptance: AcceptanceModel,
+    workload: Workload,
+    vocab: int,
+    sampling: SamplingParams | None,
+    first_prompt: list[int],
+    weights: str | None,
+    rng: np.random.Generator,
+) -> tuple[list[int], str]:
+    """Add one warm-up burst's requests (``plans``) to the engine, not run;
+    returns their ids and where their prompts came from."""
+    texts: list[list[int]] | None = None
+    prompts_source = "the run's first prompt"
+    if mode == "workload":
+        texts, prompts_source = warm_up_prompts(
+            spec, workload, [n for n, _ in plans], vocab, weights
+        )
+    ids = []
+    for i, (prompt_len, new_tokens) in enumerate(plans):
+        if mode != "workload":
+            prompt = first_prompt[:prompt_len]
+        elif texts is not None:
+            prompt = texts[i]
+        else:
+            prompt = rng.integers(0, vocab, size=prompt_len).tolist()
+        rid = engine.add_request(
+            prompt, sampling if mode == "workload" else None, max_new_tokens=new_tokens
+        )
+        # replayed acceptance/routing: a workload warm-up request i replays
+        # trace request i mod R (the short one takes the policies' default)
+        if mode == "workload":
+            _assign_trace_request(engine, acceptance, rid, i, None)
+        ids.append(rid)
+    return ids, prompts_source
+
+
+def _run_warm_up_requests(engine: Engine, ids: list[int], plans: list[tuple[int, int]]) -> None:
+    engine.run_until_done(max_steps=100 + 10 * sum(t for _, t in plans))
+    _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
+
+
+def _has_pd_controller(engine: Engine) -> bool:
+    return engine.parts is not None and isinstance(engine.parts.policy, PDController)
+
+
+#: ``controller_warmup="first_round"`` starts no burst past this many engine
+#: steps (a first round takes some 30-60 measured steps; a burst's prefill
+#: steps are not measured)
+MAX_CONTROLLER_WARM_STEPS = 400
+
+
+def _settle_controller(
+    spec: RunSpec,
+    engine: Engine,
+    acceptance: AcceptanceModel,
+    workload: Workload,
+    vocab: int,
+    sampling: SamplingParams | None,
+    setup: SetupClock,
+    weights: str | None,
+) -> dict[str, Any]:
+    """``controller_warmup="first_round"``: workload bursts outside the clock
+    until PD's controller has ended its first round of probes, none started
+    past :data:`MAX_CONTROLLER_WARM_STEPS` steps (the row's
+    ``warmup.controller`` says how many ran and whether the round ended). An engine without the
+    controller (its label or a full cache) runs none."""
+    if not _has_pd_controller(engine):
+        return {"bursts": 0, "steps": 0, "first_round_done": None, "why": "no PD controller"}
+    assert engine.parts is not None
+    policy = engine.parts.policy
+    assert isinstance(policy, PDController)
+    rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 2 * 104_729)
+    plans = _warm_up_plans(spec, "workload", workload)
+    steps_before = engine.steps
+    bursts = 0
+    with setup.phase("controller_warmup"):
+        while policy.rounds_done < 1 and engine.steps - steps_before < MAX_CONTROLLER_WARM_STEPS:
+            ids, _ = _add_warm_up_requests(
+                spec,
+                "workload",
+                plans,
+                engine,
+                acceptance,
+                workload,
+                vocab,
+                sampling,
+                [],
+                weights,
+                rng,
+            )
+            _run_warm_up_requests(engine, ids, plans)
+            bursts += 1
+    return {
+        "bursts": bursts,
+        "steps": engine.steps - steps_before,
+        "first_round_done": policy.rounds_done >= 1,
+        "why": None,
+    }
 
 
 def _prepare_graphs(spec: RunSpec, engine: Engine) -> dict[str, Any] | None:
@@ -1930,6 +2032,9 @@ def _result(
         # the stream PD was built with (also while its controller has it off)
         "streaming_prefetch": stream is not None,
         "stream_ahead": engine.config.stream_ahead if stream is not None else None,
+        # "first_round": the warm-up ran PD's controller past its first round
+        # of probes (warmup.controller says how); "off" for labels without it
+        "controller_warmup": spec.controller_warmup if _has_pd_controller(engine) else "off",
         "route_ahead_cancelled_copies": stream.cancelled if stream is not None else None,
         # the stream's running precision per plan source at the end of the
         # run (it copies before a forward only from the best one >= 0.7)

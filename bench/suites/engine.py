@@ -23,6 +23,7 @@ from typing import Any
 from pdflash.engine.config import DEFAULT_HOST_AHEAD_MIN_EXPOSED, FULL_CACHE, HOST_CONTROLS
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
 from pdflash.hybrid.planner import HOST_AHEAD_FROM_CHOICES
+from pdflash.report.schema import CONTROLLER_WARMUPS
 
 from ..workload import WARMUP_CHOICES
 from . import _common as common
@@ -82,6 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shape once: every batch size and key length it meets), shared (that workload "
         "warm-up once per process for the runs that differ only in repeat and rate, then a "
         "short one per run), auto (default: shared on CUDA, short on CPU)",
+    )
+    parser.add_argument(
+        "--controller-warmup",
+        default="off",
+        choices=list(CONTROLLER_WARMUPS),
+        help="first_round: after the warm-up, workload bursts outside the clock until PD's "
+        "controller has ended its first round of probes (a server's engine after its first "
+        "steps; labels without the controller ignore it); off (default)",
     )
     add_gpu_arguments(parser)
     add_realtext_arguments(parser)
@@ -509,6 +518,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     ),
                     host_control=getattr(args, "host_control", "controller"),
                     warmup=args.warmup,
+                    controller_warmup=getattr(args, "controller_warmup", "off"),
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,
                     expert_dtype=args.expert_dtype,

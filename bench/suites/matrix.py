@@ -36,7 +36,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pdflash.report.schema import SETTING_DEFAULTS, recorded_spec_settings, spec_settings
+from pdflash.report.schema import (
+    CONTROLLER_WARMUPS,
+    SETTING_DEFAULTS,
+    recorded_spec_settings,
+    spec_settings,
+)
 
 from ..workload import WARMUP_CHOICES
 from . import _common as common
@@ -228,6 +233,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "auto (default: shared on CUDA, short on CPU)",
     )
     g.add_argument(
+        "--controller-warmup",
+        default="off",
+        choices=list(CONTROLLER_WARMUPS),
+        help="first_round: after each run's warm-up, workload bursts outside the clock until "
+        "PD's controller has ended its first round of probes (the state of a server's engine "
+        "after its first steps; labels without the controller ignore it); off (default)",
+    )
+    g.add_argument(
         "--cuda-graphs",
         default="off",
         choices=list(common.CUDA_GRAPHS),
@@ -333,6 +346,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     # only when given, so plans (and their rows' specs and keys) stay as before
     if getattr(args, "warmup", "auto") != "auto":
         common_kw["warmup"] = args.warmup
+    if getattr(args, "controller_warmup", "off") != "off":
+        common_kw["controller_warmup"] = args.controller_warmup
     if getattr(args, "cuda_graphs", "off") != "off":
         common_kw["cuda_graphs"] = args.cuda_graphs
     if getattr(args, "resident_graphs", "off") != "off":
@@ -824,6 +839,10 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         ("--expert-bytes-as", getattr(args, "expert_bytes_as", None)),
         ("--trace", getattr(args, "trace", None)),
         ("--warmup", None if getattr(args, "warmup", "auto") == "auto" else args.warmup),
+        (
+            "--controller-warmup",
+            None if getattr(args, "controller_warmup", "off") == "off" else args.controller_warmup,
+        ),
         (
             "--cuda-graphs",
             None if getattr(args, "cuda_graphs", "off") == "off" else args.cuda_graphs,

@@ -786,11 +786,19 @@ class PDController:
         self._round_steps = 0  # steps since this round's first probe began
         self._round_loss = 0.0  # step-equivalents this round's probes lost
         self._probe_loss = 0.0  # the same since reset_stats (the summary's)
+        self._rounds_done = 0
 
     # ------------------------------------------------------------ protocol
     @property
     def parts(self) -> PartsState:
         return self._parts
+
+    @property
+    def rounds_done(self) -> int:
+        """Rounds of probes ended so far (kept by :meth:`reset_stats`): from
+        1 on, every part the controller may switch has had its first probe
+        (or its gate's decision) and the configuration is in its hold."""
+        return self._rounds_done
 
     @property
     def configured(self) -> PartsState:
@@ -960,6 +968,7 @@ class PDController:
                 return
         self._part = None
         self._probing = False
+        self._rounds_done += 1
         # a round that found nothing to switch: probe less often (fewer
         # probes' costs and false switches on a steady workload)
         if self._round_switched:

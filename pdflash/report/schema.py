@@ -243,6 +243,18 @@ STREAM_LABELS: frozenset[str] = frozenset(
 )
 
 
+#: Labels whose preset runs PD's parts under the PD controller (mirrors
+#: :meth:`pdflash.engine.config.EngineConfig.preset`'s ``parts_controller``,
+#: checked by a test): only their runs read the ``controller_warmup`` setting.
+CONTROLLER_LABELS: frozenset[str] = frozenset({"PD", "PD+host", "PD-full-width"})
+
+#: ``controller_warmup`` values: ``off`` (the warm-up as the ``warmup``
+#: setting runs it) or ``first_round`` (after it, more workload bursts
+#: outside the clock until the PD controller has ended its first round of
+#: probes, as a server's engine has after its first steps).
+CONTROLLER_WARMUPS: tuple[str, ...] = ("off", "first_round")
+
+
 def resolved_width(width: str, baseline: str) -> str:
     """The verify width a label runs at for a requested ``width``: ``auto``
     is the label's preset (``adaptive`` for :data:`ADAPTIVE_WIDTH_LABELS`,
@@ -485,6 +497,21 @@ def _recorded_stream_ahead(row: Mapping[str, Any]) -> Any:
     return 2 if value is None else value
 
 
+def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's controller warm-up as its run runs it: a label without the
+    controller (:data:`CONTROLLER_LABELS`), or a full cache that runs none
+    of PD's switchable parts, has no probes to settle, so it runs ``off``."""
+    full = spec.get("cache_fraction", 0.0) >= 1.0 and spec.get("full_cache", "auto") == "auto"
+    return value if spec.get("baseline") in CONTROLLER_LABELS and not full else "off"
+
+
+def _recorded_controller_warmup(row: Mapping[str, Any]) -> Any:
+    """A row's controller warm-up: as recorded, else ``off`` (a row older
+    than the setting, whose warm-up left the controller where it was)."""
+    value = row.get("controller_warmup")
+    return "off" if value is None else value
+
+
 def _recorded_breakdown(row: Mapping[str, Any]) -> bool:
     """Whether a row's run timed its verify's regions (``--breakdown``):
     its ``verify_breakdown_ms`` is an object exactly then."""
@@ -565,6 +592,13 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # pdflash.engine.config.EngineConfig.stream_ahead (a test keeps the
     # defaults equal)
     RunSetting("stream_ahead", 2, _recorded_stream_ahead, resolve=_spec_stream_ahead),
+    # warm-up bursts until the PD controller ended its first probe round
+    RunSetting(
+        "controller_warmup",
+        "off",
+        _recorded_controller_warmup,
+        resolve=_spec_controller_warmup,
+    ),
     # a cache with a slot for every expert filled before the clock, the
     # prefetch parts off (pdflash.engine.config.EngineConfig.full_cache)
     RunSetting(

@@ -1,0 +1,130 @@
+"""The controller warm-up (``controller_warmup``) as a run setting: workload
+bursts outside the clock until PD's controller has ended its first round of
+probes, so a short run starts where a server's engine is after its first
+steps. Spelled by the engine and matrix CLIs, checked, keyed by the report
+only for labels that run the controller, recorded in rows (how many bursts
+ran, whether the round ended), and settable on an issue-16 arm."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pdflash.bench.engine_run import RunSpec, run_spec
+
+from pdflash.engine.config import EngineConfig
+from pdflash.labels import BASELINES
+from pdflash.report.schema import (
+    CONTROLLER_LABELS,
+    RUN_SETTINGS,
+    row_key,
+    spec_settings,
+    validate_row,
+)
+
+from .test_host_ahead_gate import (
+    check_the_matrix_plans_spells_and_keys,
+    engine_parser,
+    spec_the_engine_suite_runs,
+)
+
+(SETTING,) = [s for s in RUN_SETTINGS if s.name == "controller_warmup"]
+ROOT = Path(__file__).resolve().parents[2]
+KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
+
+
+def _issue16() -> Any:
+    path = ROOT / "bench" / "h200" / "issue16.py"
+    spec = importlib.util.spec_from_file_location("issue16_controller_warmup", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_default_is_off_and_a_bad_value_is_refused() -> None:
+    assert SETTING.default == RunSpec(arch="tiny", baseline="PD").controller_warmup == "off"
+    with pytest.raises(ValueError, match="controller_warmup"):
+        RunSpec(arch="tiny", baseline="PD", controller_warmup="forever").validate()
+
+
+def test_the_controller_labels_mirror_the_presets() -> None:
+    assert {b for b in BASELINES if EngineConfig.preset(b).parts_controller} == CONTROLLER_LABELS
+
+
+def test_the_suites_pass_it_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert engine_parser().parse_args([]).controller_warmup == "off"
+    argv = ["--baselines", "PD", "--controller-warmup", "first_round"]
+    assert spec_the_engine_suite_runs(monkeypatch, argv).controller_warmup == "first_round"
+    with pytest.raises(SystemExit):
+        engine_parser().parse_args(["--controller-warmup", "always"])
+    check_the_matrix_plans_spells_and_keys(
+        "controller_warmup",
+        ["--controller-warmup", "first_round"],
+        "first_round",
+        "--controller-warmup first_round",
+    )
+
+
+def test_specs_and_rows_are_keyed_by_it_where_the_controller_runs() -> None:
+    base = {"arch": "tiny", "baseline": "PD", "concurrency": 4, "cache_fraction": 0.2}
+    assert spec_settings(base) == spec_settings({**base, "controller_warmup": "off"})
+    assert spec_settings(base) != spec_settings({**base, "controller_warmup": "first_round"})
+    # no controller (its label, or a full cache that runs none of PD's parts)
+    for plain in (
+        {**base, "baseline": "B1"},
+        {**base, "baseline": "PD-all-on"},
+        {**base, "cache_fraction": 1.0},
+    ):
+        assert spec_settings(plain) == spec_settings({**plain, "controller_warmup": "first_round"})
+    row = {"arch": "tiny", "baseline": "PD", "concurrency": 4, "cache_fraction": 0.2}
+    assert SETTING.of_row(row) == "off"  # older rows
+    assert SETTING.of_row({**row, "controller_warmup": "first_round"}) == "first_round"
+    assert row_key(row) == row_key({**row, "controller_warmup": "off"})
+    assert row_key(row) != row_key({**row, "controller_warmup": "first_round"})
+
+
+def test_an_issue16_arm_sets_it() -> None:
+    issue16 = _issue16()
+    arms = issue16.parse_arms("PD,settled=PD:controller_warmup=first_round")
+    assert arms[1].overrides() == {"controller_warmup": "first_round"}
+    base = {"arch": "tiny", "concurrency": 1, "cache_fraction": 0.2, "device": "cpu"}
+    issue16.check_arms(arms, base, ["tiny"])
+
+
+def test_a_pd_run_starts_its_clock_past_the_controllers_first_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    plain = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
+    settled = run_spec(
+        RunSpec(baseline="PD", cache_fraction=0.5, controller_warmup="first_round", **KW)  # type: ignore[arg-type]
+    ).row
+    assert validate_row(settled) == []
+    assert plain["controller_warmup"] == "off" and "controller" not in plain["warmup"]
+    assert settled["controller_warmup"] == "first_round"
+    warm = settled["warmup"]["controller"]
+    assert warm["first_round_done"] is True and warm["bursts"] >= 1 and warm["steps"] > 0
+    # the controller's books start at the clock: none of the warm-up's decisions
+    assert all(d["step"] <= settled["steps"] for d in settled["pd_parts"]["decisions"])
+    assert settled["setup_s"]["controller_warmup"] > 0
+
+
+def test_a_label_without_the_controller_runs_no_burst(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    row = run_spec(
+        RunSpec(baseline="B1", cache_fraction=0.5, controller_warmup="first_round", **KW)  # type: ignore[arg-type]
+    ).row
+    assert row["controller_warmup"] == "off"
+    assert row["warmup"]["controller"] == {
+        "bursts": 0,
+        "steps": 0,
+        "first_round_done": None,
+        "why": "no PD controller",
+    }
