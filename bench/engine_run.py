@@ -53,7 +53,12 @@ from pdflash.engine.acceptance import (
     ModelAcceptance,
     default_mean_tau,
 )
-from pdflash.engine.attention import sdpa_backends, sdpa_shapes_met
+from pdflash.engine.attention import (
+    SDPA_BACKENDS_ENV,
+    canonical_sdpa_backends,
+    sdpa_backends,
+    sdpa_shapes_met,
+)
 from pdflash.engine.batching import ShadowComparison
 from pdflash.engine.config import (
     BASELINES,
@@ -281,6 +286,10 @@ class RunSpec:
     # server's engine is in after its first steps); "off": the warm-up alone.
     # Labels without the controller run "off" (pdflash.report.schema)
     controller_warmup: str = "off"
+    # the SDPA backends attention may use during this run (the syntax of
+    # PDFLASH_SDPA_BACKENDS, "+" allowed for ","); None: the process's
+    # setting. Rows record what ran (sdpa_backends)
+    sdpa_backends: str | None = None
 
     @property
     def width_setting(self) -> str:
@@ -412,6 +421,10 @@ class RunSpec:
         self._check_one_of("host_handoff", HANDOFF_CHOICES)
         self._check_one_of("warmup", WARMUP_CHOICES)
         self._check_one_of("controller_warmup", CONTROLLER_WARMUPS)
+        if self.sdpa_backends is not None:
+            if not isinstance(self.sdpa_backends, str):
+                raise ValueError(f"sdpa_backends must be a string, got {self.sdpa_backends!r}")
+            canonical_sdpa_backends(self.sdpa_backends)
         self._check_one_of("host_format", HOST_FORMAT_CHOICES)
         self._check_one_of("host_affinity", HOST_AFFINITY_CHOICES)
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
@@ -765,6 +778,29 @@ def _issuer_totals(stats: dict[str, Any]) -> dict[str, float]:
 
 def run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run one (arch, baseline, block, concurrency, repeat) point; see the module doc."""
+    with _sdpa_backends_set(spec.sdpa_backends):
+        return _run_spec(spec, progress)
+
+
+@contextlib.contextmanager
+def _sdpa_backends_set(value: str | None) -> Iterator[None]:
+    """``PDFLASH_SDPA_BACKENDS`` set to ``value`` for the run (and the rank
+    processes it starts), then restored; None leaves the process's setting."""
+    if value is None:
+        yield
+        return
+    before = os.environ.get(SDPA_BACKENDS_ENV)
+    os.environ[SDPA_BACKENDS_ENV] = canonical_sdpa_backends(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SDPA_BACKENDS_ENV, None)
+        else:
+            os.environ[SDPA_BACKENDS_ENV] = before
+
+
+def _run_spec(spec: RunSpec, progress: Callable[[int, int], None] | None) -> RunResult:
     from pdflash.distributed import current_group
     from pdflash.h2d import H2DIssuer
 

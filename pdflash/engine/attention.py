@@ -337,26 +337,34 @@ def sdpa_shapes_met() -> int:
 _BACKEND_NAMES = ("cudnn", "efficient", "flash", "math")
 
 
+#: the environment variable :func:`sdpa_backends` reads
+SDPA_BACKENDS_ENV = "PDFLASH_SDPA_BACKENDS"
+
+
 def sdpa_backends() -> str:
     """The SDPA backends attention may use: ``PDFLASH_SDPA_BACKENDS``, either
-    ``auto`` (torch's choice, the default) or a comma list of ``cudnn``,
-    ``efficient``, ``flash``, ``math`` (e.g. ``efficient,flash,math`` keeps
-    torch off cuDNN, whose attention is set up once per new shape). Raises
-    ``ValueError`` on an unknown name."""
-    return _parse_backends(os.environ.get("PDFLASH_SDPA_BACKENDS", "auto"))
+    ``auto`` (torch's choice, the default) or a list of ``cudnn``,
+    ``efficient``, ``flash``, ``math`` joined by ``,`` or ``+`` (e.g.
+    ``efficient,flash,math`` keeps torch off cuDNN, whose attention is set up
+    once per new shape), as :func:`canonical_sdpa_backends` spells it.
+    Raises ``ValueError`` on an unknown name."""
+    return canonical_sdpa_backends(os.environ.get(SDPA_BACKENDS_ENV, "auto"))
 
 
 @functools.lru_cache(maxsize=8)
-def _parse_backends(raw: str) -> str:
-    """:func:`sdpa_backends` for one raw setting (every attention call reads
-    the setting; the parse runs once per distinct value)."""
+def canonical_sdpa_backends(raw: str) -> str:
+    """A backends setting in one spelling: ``auto``, or the names in the
+    given order joined by ``,`` (every attention call reads the setting; the
+    parse runs once per distinct value). Raises ``ValueError`` on an
+    unknown name or an empty list."""
     value = raw.strip().lower() or "auto"
     if value != "auto":
-        names = [n.strip() for n in value.split(",") if n.strip()]
+        names = [n.strip() for n in value.replace("+", ",").split(",") if n.strip()]
         bad = [n for n in names if n not in _BACKEND_NAMES]
         if bad or not names:
             raise ValueError(
-                f"PDFLASH_SDPA_BACKENDS={value!r}: use 'auto' or a comma list of "
+                f"SDPA backends {value!r} (PDFLASH_SDPA_BACKENDS or a run's sdpa_backends): "
+                "use 'auto' or a list joined by ',' or '+' of "
                 f"{', '.join(_BACKEND_NAMES)} (unknown: {', '.join(bad) or 'none given'})"
             )
         value = ",".join(names)

@@ -512,6 +512,14 @@ def _recorded_controller_warmup(row: Mapping[str, Any]) -> Any:
     return "off" if value is None else value
 
 
+def _spec_sdpa_backends(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's SDPA backends in one spelling (``+`` or ``,``, any case)."""
+    if not isinstance(value, str):
+        return value
+    names = [n.strip() for n in value.lower().replace("+", ",").split(",") if n.strip()]
+    return ",".join(names) or "auto"
+
+
 def _recorded_breakdown(row: Mapping[str, Any]) -> bool:
     """Whether a row's run timed its verify's regions (``--breakdown``):
     its ``verify_breakdown_ms`` is an object exactly then."""
@@ -592,6 +600,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # pdflash.engine.config.EngineConfig.stream_ahead (a test keeps the
     # defaults equal)
     RunSetting("stream_ahead", 2, _recorded_stream_ahead, resolve=_spec_stream_ahead),
+    # the SDPA backends a run's attention may use (None: the process's
+    # PDFLASH_SDPA_BACKENDS, as before the setting); one spelling per set
+    RunSetting("sdpa_backends", None, resolve=_spec_sdpa_backends),
     # warm-up bursts until the PD controller ended its first probe round
     RunSetting(
         "controller_warmup",
