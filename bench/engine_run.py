@@ -1755,13 +1755,11 @@ def _settle_controller(
     """``controller_warmup="first_round"``: workload bursts outside the clock
     until PD's controller has ended its first round of probes, none started
     past :data:`MAX_CONTROLLER_WARM_STEPS` steps (the row's
-    ``warmup.controller`` says how many ran and whether the round ended). An engine without the
-    controller (its label or a full cache) runs none."""
-    if not _has_pd_controller(engine):
+    ``warmup.controller`` says how many ran and whether the round ended).
+    An engine without the controller (its label or a full cache) runs none."""
+    policy = engine.parts.policy if engine.parts is not None else None
+    if not isinstance(policy, PDController):
         return {"bursts": 0, "steps": 0, "first_round_done": None, "why": "no PD controller"}
-    assert engine.parts is not None
-    policy = engine.parts.policy
-    assert isinstance(policy, PDController)
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 2 * 104_729)
     plans = _warm_up_plans(spec, "workload", workload)
     steps_before = engine.steps

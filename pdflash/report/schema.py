@@ -513,7 +513,9 @@ def _recorded_controller_warmup(row: Mapping[str, Any]) -> Any:
 
 
 def _spec_sdpa_backends(value: Any, spec: Mapping[str, Any]) -> Any:
-    """A spec's SDPA backends in one spelling (``+`` or ``,``, any case)."""
+    """A spec's SDPA backends in one spelling (``+`` or ``,``, any case), as
+    :func:`pdflash.engine.attention.canonical_sdpa_backends` spells a valid
+    one (a test keeps them equal) without importing the engine."""
     if not isinstance(value, str):
         return value
     names = [n.strip() for n in value.lower().replace("+", ",").split(",") if n.strip()]

@@ -73,6 +73,8 @@ def test_specs_are_keyed_in_one_spelling() -> None:
     assert plus != spec_settings(base)
     assert spec_settings(base) == spec_settings({**base, "sdpa_backends": None})
     assert spec_settings({**base, "sdpa_backends": "auto"}) != spec_settings(base)
+    for raw in ("auto", "Math", "efficient+flash+math", " cudnn, flash ", "flash+cudnn"):
+        assert SETTING.of_spec({**base, "sdpa_backends": raw}) == canonical_sdpa_backends(raw)
 
 
 def test_an_issue16_arm_sets_it() -> None:
