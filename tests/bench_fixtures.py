@@ -46,6 +46,18 @@ def load_bench_script(filename: str) -> ModuleType:
     return module
 
 
+def check_an_issue16_arm_sets(name: str, text: str, value: Any) -> ModuleType:
+    """An issue-16 arm ``PD:<name>=<text>`` overrides the run setting
+    ``name`` with ``value`` and passes ``check_arms`` beside plain PD on the
+    tiny CPU shape; returns the loaded issue16 module."""
+    issue16 = load_bench_script("issue16.py")
+    arms = issue16.parse_arms(f"PD,other=PD:{name}={text}")
+    assert arms[1].overrides() == {name: value}
+    base = {"arch": "tiny", "concurrency": 1, "cache_fraction": 0.2, "device": "cpu"}
+    issue16.check_arms(arms, base, ["tiny"])
+    return issue16
+
+
 # Tokens/s of the fake engine, per baseline at concurrency 1 (scaled by
 # concurrency): the expected order B0 < B1 < B2 < PD <= B3.
 FAKE_TPS = {

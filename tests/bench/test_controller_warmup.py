@@ -7,12 +7,10 @@ ran, whether the round ended), and settable on an issue-16 arm."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from bench_fixtures import check_an_issue16_arm_sets
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.config import EngineConfig
@@ -32,18 +30,7 @@ from .test_host_ahead_gate import (
 )
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "controller_warmup"]
-ROOT = Path(__file__).resolve().parents[2]
 KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
-
-
-def _issue16() -> Any:
-    path = ROOT / "bench" / "h200" / "issue16.py"
-    spec = importlib.util.spec_from_file_location("issue16_controller_warmup", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_default_is_off_and_a_bad_value_is_refused() -> None:
@@ -89,11 +76,7 @@ def test_specs_and_rows_are_keyed_by_it_where_the_controller_runs() -> None:
 
 
 def test_an_issue16_arm_sets_it() -> None:
-    issue16 = _issue16()
-    arms = issue16.parse_arms("PD,settled=PD:controller_warmup=first_round")
-    assert arms[1].overrides() == {"controller_warmup": "first_round"}
-    base = {"arch": "tiny", "concurrency": 1, "cache_fraction": 0.2, "device": "cpu"}
-    issue16.check_arms(arms, base, ["tiny"])
+    check_an_issue16_arm_sets("controller_warmup", "first_round", "first_round")
 
 
 def test_a_pd_run_starts_its_clock_past_the_controllers_first_round(

@@ -6,13 +6,12 @@ rows, settable on an issue-16 arm."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_fixtures import check_an_issue16_arm_sets
 from pdflash.bench import engine_run
 from pdflash.bench.engine_run import RunSpec, run_spec
 
@@ -20,18 +19,7 @@ from pdflash.engine.attention import SDPA_BACKENDS_ENV, canonical_sdpa_backends
 from pdflash.report.schema import RUN_SETTINGS, spec_settings
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "sdpa_backends"]
-ROOT = Path(__file__).resolve().parents[2]
 KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 8, "prompt_len": 6}
-
-
-def _issue16() -> Any:
-    path = ROOT / "bench" / "h200" / "issue16.py"
-    spec = importlib.util.spec_from_file_location("issue16_sdpa_backends", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_default_leaves_the_process_setting_and_bad_values_are_refused() -> None:
@@ -78,11 +66,7 @@ def test_specs_are_keyed_in_one_spelling() -> None:
 
 
 def test_an_issue16_arm_sets_it() -> None:
-    issue16 = _issue16()
-    arms = issue16.parse_arms("PD,nocudnn=PD:sdpa_backends=efficient+flash+math")
-    assert arms[1].overrides() == {"sdpa_backends": "efficient+flash+math"}
-    base = {"arch": "tiny", "concurrency": 1, "cache_fraction": 0.2, "device": "cpu"}
-    issue16.check_arms(arms, base, ["tiny"])
+    check_an_issue16_arm_sets("sdpa_backends", "efficient+flash+math", "efficient+flash+math")
 
 
 def test_a_run_records_the_backends_it_ran_with(

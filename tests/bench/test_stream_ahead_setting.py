@@ -5,12 +5,10 @@ where the label runs the stream, and settable on an issue-16 arm."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from bench_fixtures import check_an_issue16_arm_sets
 from pdflash.bench.engine_run import RunSpec
 
 from pdflash.engine.config import EngineConfig
@@ -18,17 +16,6 @@ from pdflash.labels import BASELINES
 from pdflash.report.schema import RUN_SETTINGS, STREAM_LABELS, row_key, spec_settings
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "stream_ahead"]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _issue16() -> Any:
-    path = ROOT / "bench" / "h200" / "issue16.py"
-    spec = importlib.util.spec_from_file_location("issue16_stream_ahead", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
@@ -71,10 +58,7 @@ def test_specs_and_rows_are_keyed_by_it_where_the_stream_runs() -> None:
 
 
 def test_an_issue16_arm_sets_it() -> None:
-    issue16 = _issue16()
-    arms = issue16.parse_arms("PD,deep=PD:stream_ahead=4")
-    assert arms[1].overrides() == {"stream_ahead": 4}
+    issue16 = check_an_issue16_arm_sets("stream_ahead", "4", 4)
     base = {"arch": "tiny", "concurrency": 1, "cache_fraction": 0.2, "device": "cpu"}
-    issue16.check_arms(arms, base, ["tiny"])
     with pytest.raises(ValueError, match="run one configuration"):
         issue16.check_arms(issue16.parse_arms("PD,same=PD:stream_ahead=2"), base, ["tiny"])
