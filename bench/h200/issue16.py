@@ -356,6 +356,23 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
 PD_PARTS = ("route_ahead", "stream", "scheduler_2d")
 
 
+def _controller_warmup(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    warmed = [
+        w
+        for r in rows
+        if isinstance(w := (r.get("warmup") or {}).get("controller"), dict)
+        and w.get("first_round_done") is not None
+    ]
+    if not warmed:
+        return None
+    return {
+        "runs": len(warmed),
+        "first_round_done": sum(1 for w in warmed if w["first_round_done"]),
+        "bursts_median": statistics.median(w["bursts"] for w in warmed),
+        "steps_median": statistics.median(w["steps"] for w in warmed),
+    }
+
+
 def _part_on(row: dict[str, Any], part: str) -> Any:
     """The share of a run's measured steps ``part`` (one of
     :data:`PD_PARTS` or ``host_experts``) ran in (None where the run had no
@@ -414,6 +431,10 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             part: _median_of(rows, functools.partial(_part_on, part=part)) for part in PD_PARTS
         },
         "parts_switches": _median_of(rows, lambda r: (r.get("pd_parts") or {}).get("switches")),
+        # controller_warmup="first_round": the warm-up bursts each run ran
+        # and how many runs' controllers ended their first round before the
+        # clock (None where no run of the arm warmed its controller)
+        "controller_warmup": _controller_warmup(rows),
     }
     if not hosted:
         for k in (
@@ -765,6 +786,22 @@ def table(summary: dict[str, Any]) -> list[str]:
                     )
                     + f" ({_fmt(m.get('parts_switches'), '.0f')})"
                     for arm, m in probed.items()
+                )
+            )
+        warmed = {
+            arm: w
+            for arm, m in (p.get("by_arm") or {}).items()
+            if (w := m.get("controller_warmup"))
+        }
+        if warmed:
+            # the runs' clocks started past the controller's first round
+            # (or the warm-up's step cap came first: fewer ended than runs)
+            lines.append(
+                "  controller warmed past its first round: "
+                + "; ".join(
+                    f"{arm} {w['first_round_done']}/{w['runs']} runs, bursts "
+                    f"{_fmt(w['bursts_median'], '.0f')}, steps {_fmt(w['steps_median'], '.0f')}"
+                    for arm, w in warmed.items()
                 )
             )
         for arm, m in (p.get("by_arm") or {}).items():

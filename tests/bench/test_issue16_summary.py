@@ -303,6 +303,36 @@ def test_each_arm_reports_the_share_of_steps_pd_parts_ran_in() -> None:
     assert "host" not in line
 
 
+def test_each_arm_reports_its_controller_warmup() -> None:
+    """Runs warmed past the controller's first round (controller_warmup
+    first_round): per arm, how many runs' rounds ended, and the median
+    bursts and steps; None for an arm whose runs did not warm it (absent, or
+    a label without the controller, whose record says None)."""
+
+    def warm(done: bool | None, bursts: int, steps: int) -> dict[str, Any]:
+        controller = {"bursts": bursts, "steps": steps, "first_round_done": done, "why": None}
+        return {"mode": "workload", "controller": controller}
+
+    rows = [
+        _arm_row("PD", 0, 90.0, warmup=warm(True, 2, 40)),
+        _arm_row("PD", 1, 91.0, warmup=warm(True, 3, 52)),
+        _arm_row("PD", 2, 92.0, warmup=warm(False, 20, 401)),
+        _arm_row("host", 0, 100.0, warmup=warm(None, 0, 0)),
+        _arm_row("host", 1, 101.0),
+    ]
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    assert p["by_arm"]["PD"]["controller_warmup"] == {
+        "runs": 3,
+        "first_round_done": 2,
+        "bursts_median": 3,
+        "steps_median": 52,
+    }
+    assert p["by_arm"]["host"]["controller_warmup"] is None
+    lines = issue16.table({"device": "x", "runs": 5, "runs_not_started_budget": 0, "points": [p]})
+    (line,) = [x for x in lines if "controller warmed" in x]
+    assert "PD 2/3 runs, bursts 3, steps 52" in line and "host" not in line
+
+
 def test_arm_order_rotates_per_repeat_and_point() -> None:
     arms = issue16.parse_arms("a=PD,b=PD+host,c=PD+host:host_ahead=weighted")
 
