@@ -499,10 +499,13 @@ def _recorded_stream_ahead(row: Mapping[str, Any]) -> Any:
 
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's controller warm-up as its run runs it: a label without the
-    controller (:data:`CONTROLLER_LABELS`), or a full cache that runs none
-    of PD's switchable parts, has no probes to settle, so it runs ``off``."""
+    controller (:data:`CONTROLLER_LABELS`), a full cache that runs none of
+    PD's switchable parts, or expert-parallel ranks (their engines run PD's
+    parts fixed: ``pdflash.distributed.lockstep.replicated_config``) have no
+    probes to settle, so they run ``off``."""
     full = spec.get("cache_fraction", 0.0) >= 1.0 and spec.get("full_cache", "auto") == "auto"
-    return value if spec.get("baseline") in CONTROLLER_LABELS and not full else "off"
+    ranks = (spec.get("gpus") or 1) > 1
+    return value if spec.get("baseline") in CONTROLLER_LABELS and not full and not ranks else "off"
 
 
 def _recorded_controller_warmup(row: Mapping[str, Any]) -> Any:

@@ -61,11 +61,13 @@ def test_specs_and_rows_are_keyed_by_it_where_the_controller_runs() -> None:
     base = {"arch": "tiny", "baseline": "PD", "concurrency": 4, "cache_fraction": 0.2}
     assert spec_settings(base) == spec_settings({**base, "controller_warmup": "off"})
     assert spec_settings(base) != spec_settings({**base, "controller_warmup": "first_round"})
-    # no controller (its label, or a full cache that runs none of PD's parts)
+    # no controller (its label, a full cache that runs none of PD's parts, or
+    # expert-parallel ranks, which run PD's parts fixed)
     for plain in (
         {**base, "baseline": "B1"},
         {**base, "baseline": "PD-all-on"},
         {**base, "cache_fraction": 1.0},
+        {**base, "gpus": 2},
     ):
         assert spec_settings(plain) == spec_settings({**plain, "controller_warmup": "first_round"})
     row = {"arch": "tiny", "baseline": "PD", "concurrency": 4, "cache_fraction": 0.2}
