@@ -1657,8 +1657,14 @@ def _warm_up(
     mode = warmup_mode(spec, device)
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 104_729)
     plans = _warm_up_plans(spec, mode, workload)
-    ids, prompts_source = _add_warm_up_requests(
-        spec, mode, plans, engine, acceptance, workload, vocab, sampling, first_prompt, weights, rng
+    texts: list[list[int]] | None = None
+    prompts_source = "the run's first prompt"
+    if mode == "workload":
+        texts, prompts_source = warm_up_prompts(
+            spec, workload, [n for n, _ in plans], vocab, weights
+        )
+    ids = _add_warm_up_requests(
+        mode, plans, engine, acceptance, vocab, sampling, first_prompt, texts, rng
     )
     with setup.phase("warmup"):
         _run_warm_up_requests(engine, ids, plans)
@@ -1688,26 +1694,19 @@ def _warm_up(
 
 
 def _add_warm_up_requests(
-    spec: RunSpec,
     mode: str,
     plans: list[tuple[int, int]],
     engine: Engine,
     acceptance: AcceptanceModel,
-    workload: Workload,
     vocab: int,
     sampling: SamplingParams | None,
     first_prompt: list[int],
-    weights: str | None,
+    texts: list[list[int]] | None,
     rng: np.random.Generator,
-) -> tuple[list[int], str]:
+) -> list[int]:
     """Add one warm-up burst's requests (``plans``) to the engine, not run;
-    returns their ids and where their prompts came from."""
-    texts: list[list[int]] | None = None
-    prompts_source = "the run's first prompt"
-    if mode == "workload":
-        texts, prompts_source = warm_up_prompts(
-            spec, workload, [n for n, _ in plans], vocab, weights
-        )
+    returns their ids. Prompts: the first prompt's head (``short``), else
+    ``texts`` (:func:`warm_up_prompts`), else random ids drawn from ``rng``."""
     ids = []
     for i, (prompt_len, new_tokens) in enumerate(plans):
         if mode != "workload":
@@ -1724,7 +1723,7 @@ def _add_warm_up_requests(
         if mode == "workload":
             _assign_trace_request(engine, acceptance, rid, i, None)
         ids.append(rid)
-    return ids, prompts_source
+    return ids
 
 
 def _run_warm_up_requests(engine: Engine, ids: list[int], plans: list[tuple[int, int]]) -> None:
@@ -1765,19 +1764,11 @@ def _settle_controller(
     steps_before = engine.steps
     bursts = 0
     with setup.phase("controller_warmup"):
+        # the same texts every burst (loaded once); random ids are drawn anew
+        texts, _ = warm_up_prompts(spec, workload, [n for n, _ in plans], vocab, weights)
         while policy.rounds_done < 1 and engine.steps - steps_before < MAX_CONTROLLER_WARM_STEPS:
-            ids, _ = _add_warm_up_requests(
-                spec,
-                "workload",
-                plans,
-                engine,
-                acceptance,
-                workload,
-                vocab,
-                sampling,
-                [],
-                weights,
-                rng,
+            ids = _add_warm_up_requests(
+                "workload", plans, engine, acceptance, vocab, sampling, [], texts, rng
             )
             _run_warm_up_requests(engine, ids, plans)
             bursts += 1
