@@ -8,10 +8,11 @@ Every row records ``sdpa_shapes.new_in_run``: the distinct SDPA call shapes
 the process ran for the first time inside that run's clock. Where a backend
 sets itself up once per shape (cuDNN builds a plan), the excess should rise
 with them: the pooled least-squares slope (seconds per new shape) and the
-correlation over every run of a rows file say how much. One rows file is one
-process, so one ``PDFLASH_SDPA_BACKENDS`` setting (the rows record it):
-comparing two files taken with different settings is the A/B
-(``bench/h200/firstuse_ab.sh``).
+correlation over every run of one SDPA backends setting say how much. The
+rows record the setting (``sdpa_backends``): a file taken under one
+``PDFLASH_SDPA_BACKENDS`` (``bench/h200/firstuse_ab.sh`` runs one process
+per setting) is one summary; a file whose runs set ``sdpa_backends`` per
+run is split, one summary per setting (:func:`by_backends`).
 
 Usage: python bench/firstuse_summary.py [--json] ROWS.jsonl[.gz] [...]
 """
@@ -91,9 +92,16 @@ def runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Per point the first repeat's ratio and shapes; pooled, the slope of
     excess seconds on new shapes and their correlation (None with fewer than
-    three counted runs or no spread in the shapes)."""
-    every = runs(rows)
+    three counted runs or no spread in the shapes). The rows must share one
+    SDPA backends setting (:func:`by_backends` splits them); ValueError
+    otherwise."""
     backends = sorted({str(r.get("sdpa_backends")) for r in rows if "sdpa_backends" in r})
+    if len(backends) > 1:
+        raise ValueError(
+            f"rows of {len(backends)} SDPA backends settings ({', '.join(backends)}): "
+            "summarise each apart (by_backends)"
+        )
+    every = runs(rows)
     points = []
     for r in every:
         if not r["first"]:
@@ -133,32 +141,46 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def by_backends(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One :func:`summary` per SDPA backends setting the rows record, in
+    the order of the settings' names (rows without the field count as one
+    setting of their own)."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[str(row.get("sdpa_backends"))].append(row)
+    return [summary(groups[key]) for key in sorted(groups)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("rows", nargs="+", type=Path)
-    ap.add_argument("--json", action="store_true", help="print one JSON object per file")
+    ap.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object per file and SDPA backends setting",
+    )
     args = ap.parse_args(argv)
     for path in args.rows:
-        s = summary(read_jsonl(path))
-        if args.json:
-            print(json.dumps({"rows": str(path), **s}))
-            continue
-        print(f"{path}: sdpa_backends {s['sdpa_backends']}, {s['runs']} runs")
-        for p in s["points"]:
-            later = p["later_new_shapes_median"]
-            print(
-                f"  {'/'.join(str(v) for v in p['point'])}: first repeat "
-                f"{p['first_ratio']:.2f}x its later median, {p['first_excess_s']:+.3f} s, "
-                f"new SDPA shapes {p['first_new_shapes']} (later median {later})"
-            )
-        if s["excess_s_per_new_shape"] is None:
-            print(f"  slope: not computed ({s['counted_runs']} runs with a shape count)")
-        else:
-            corr = "n/a" if s["correlation"] is None else f"{s['correlation']:.2f}"
-            print(
-                f"  excess per new shape {1000 * s['excess_s_per_new_shape']:.1f} ms "
-                f"(correlation {corr}, {s['counted_runs']} runs)"
-            )
+        for s in by_backends(read_jsonl(path)):
+            if args.json:
+                print(json.dumps({"rows": str(path), **s}))
+                continue
+            print(f"{path}: sdpa_backends {s['sdpa_backends']}, {s['runs']} runs")
+            for p in s["points"]:
+                later = p["later_new_shapes_median"]
+                print(
+                    f"  {'/'.join(str(v) for v in p['point'])}: first repeat "
+                    f"{p['first_ratio']:.2f}x its later median, {p['first_excess_s']:+.3f} s, "
+                    f"new SDPA shapes {p['first_new_shapes']} (later median {later})"
+                )
+            if s["excess_s_per_new_shape"] is None:
+                print(f"  slope: not computed ({s['counted_runs']} runs with a shape count)")
+            else:
+                corr = "n/a" if s["correlation"] is None else f"{s['correlation']:.2f}"
+                print(
+                    f"  excess per new shape {1000 * s['excess_s_per_new_shape']:.1f} ms "
+                    f"(correlation {corr}, {s['counted_runs']} runs)"
+                )
     return 0
 
 

@@ -4,6 +4,7 @@ the committed session-24 forced-width rows its README quotes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,29 @@ def test_rows_without_a_shape_count_or_a_later_repeat_are_left_out() -> None:
     assert s["runs"] == 2 and s["counted_runs"] == 0
     assert s["excess_s_per_new_shape"] is None and s["correlation"] is None
     assert [p["point"][-1] for p in s["points"]] == ["adaptive"]
+
+
+def test_runs_under_different_backends_are_summarised_apart(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Runs that set sdpa_backends per run (one process, interleaved): one
+    summary per setting; summary() refuses the mix, whose slope would pool
+    two backends' setup costs."""
+    auto = [_row("adaptive", i, ms, 10, n) for i, (ms, n) in enumerate([(100, 10), (70, 0)])]
+    math_only = [
+        {**_row("adaptive", i, ms, 10, n), "sdpa_backends": "math"}
+        for i, (ms, n) in enumerate([(75, 10), (70, 0)])
+    ]
+    with pytest.raises(ValueError, match="2 SDPA backends settings"):
+        fu.summary(auto + math_only)
+    split = fu.by_backends(math_only + auto)
+    assert [s["sdpa_backends"] for s in split] == [["auto"], ["math"]]
+    assert [s["points"][0]["first_ratio"] for s in split] == pytest.approx([100 / 70, 75 / 70])
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in auto + math_only))
+    assert fu.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "sdpa_backends ['auto'], 2 runs" in out and "sdpa_backends ['math'], 2 runs" in out
 
 
 def test_committed_forced_width_rows_match_the_matrix_first_use_and_the_readme() -> None:
