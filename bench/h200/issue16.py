@@ -352,7 +352,9 @@ def _busy(row: dict[str, Any], key: str) -> float | None:
 
 
 #: PD's parts its controller probes (``pd_parts.on_fraction``'s keys beside
-#: the host part, ``host_experts``, reported on its own)
+#: the host part, ``host_experts``, reported on its own): those of
+#: pdflash.engine.pd_controller.PARTS, in the table's order, kept here so the
+#: summary loads without the engine (a test keeps the two equal)
 PD_PARTS = ("route_ahead", "stream", "scheduler_2d")
 
 

@@ -303,6 +303,12 @@ def test_each_arm_reports_the_share_of_steps_pd_parts_ran_in() -> None:
     assert "host" not in line
 
 
+def test_the_summarys_parts_are_the_controllers() -> None:
+    from pdflash.engine.pd_controller import PARTS
+
+    assert sorted(issue16.PD_PARTS) == sorted(PARTS)
+
+
 def test_each_arm_reports_its_controller_warmup() -> None:
     """Runs warmed past the controller's first round (controller_warmup
     first_round): per arm, how many runs' rounds ended, and the median
