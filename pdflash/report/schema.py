@@ -480,12 +480,19 @@ def _recorded_gate(row: Mapping[str, Any]) -> Any:
     return 0.2 if value is None else value
 
 
+def _spec_fills_full_cache(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run starts with every expert resident and runs none
+    of PD's parts that serve a miss (``full_cache`` ``auto`` at cache 1;
+    :func:`pdflash.engine.engine.fills_full_cache` for a built config)."""
+    return bool(spec.get("cache_fraction", 0.0) >= 1.0) and spec.get("full_cache", "auto") == "auto"
+
+
 def _spec_stream_ahead(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's stream depth as its run runs it: a label without the stream
     (:data:`STREAM_LABELS`), or a full cache that runs none of the parts
     that serve a miss, copies nothing ahead, so any depth runs as the
     default there."""
-    full = spec.get("cache_fraction", 0.0) >= 1.0 and spec.get("full_cache", "auto") == "auto"
+    full = _spec_fills_full_cache(spec)
     return value if spec.get("baseline") in STREAM_LABELS and not full else 2
 
 
@@ -503,7 +510,7 @@ def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     PD's switchable parts, or expert-parallel ranks (their engines run PD's
     parts fixed: ``pdflash.distributed.lockstep.replicated_config``) have no
     probes to settle, so they run ``off``."""
-    full = spec.get("cache_fraction", 0.0) >= 1.0 and spec.get("full_cache", "auto") == "auto"
+    full = _spec_fills_full_cache(spec)
     ranks = (spec.get("gpus") or 1) > 1
     return value if spec.get("baseline") in CONTROLLER_LABELS and not full and not ranks else "off"
 
