@@ -1758,7 +1758,14 @@ def _settle_controller(
     An engine without the controller (its label or a full cache) runs none."""
     policy = engine.parts.policy if engine.parts is not None else None
     if not isinstance(policy, PDController):
-        return {"bursts": 0, "steps": 0, "first_round_done": None, "why": "no PD controller"}
+        return {
+            "bursts": 0,
+            "steps": 0,
+            "first_round_done": None,
+            "why": "no PD controller",
+            "at_end": None,
+            "decisions": [],
+        }
     rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 2 * 104_729)
     plans = _warm_up_plans(spec, "workload", workload)
     steps_before = engine.steps
@@ -1772,11 +1779,16 @@ def _settle_controller(
             )
             _run_warm_up_requests(engine, ids, plans)
             bursts += 1
+    # the warm-up's decisions: the clock's reset_stats clears the
+    # controller's books, so the measured row's pd_parts lists none of them
+    settled = policy.summary()
     return {
         "bursts": bursts,
         "steps": engine.steps - steps_before,
         "first_round_done": policy.rounds_done >= 1,
         "why": None,
+        "at_end": settled["at_end"],
+        "decisions": settled["decisions"],
     }
 
 

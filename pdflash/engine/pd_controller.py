@@ -30,9 +30,12 @@ per-pair statistics, one-sided, by Student's t, by the part's **stance**
   cost as a share of the step; the host seconds are measured, not modeled,
   so this is far less noisy than the wall); it votes to switch the part off
   when that share exceeds ``margin`` (on, when it falls below ``-margin``)
-  at the look's level, unless the rate shows the opposite (its one-sided
-  upper bound below ``-margin``); and the rate does not flip a prefetching
-  part whose books point the other way (their mean below ``-margin``).
+  at the look's level, unless the rate points the other way (its mean
+  below ``-margin``: the books are a proxy, and a wait the device's events
+  do not see, such as the forward's thread blocked on a copy, is no exposed
+  fetch in them; on the H200 they voted the stream off in probes whose rate
+  read it 26-31% faster); and the rate does not flip a prefetching part
+  whose books point the other way (their mean below ``-margin``).
 
 For a default-on part a vote flips the part at once. The levels are Bonferroni shares of
 ``alpha`` over the looks and the rules, so a part that changes nothing is
@@ -186,6 +189,16 @@ rule over the latest :data:`HOST_GATE_WINDOW` host-off steps: below the
 gate kept off with no probe; at or above, switched on and probed from the
 next round. Without a gate the host part starts on (where the engine has
 it) and its must-earn probes judge it from the first round.
+
+**The gate's watch.** A share read early can mislead (at c=4 on the H200
+the first measured steps after a prefill waited 0.06-0.08 of their wall,
+the steps after them 0.8: the prefill had just copied the requests'
+experts in). So while the host part is off by the gate's reading (its
+first decision, its turn or its probe's, not a must-earn verdict), the
+gate re-reads the latest :data:`HOST_GATE_WINDOW` host-off steps outside
+probes (between two probes, and at every measured step of a hold) and
+switches the part on at or above the gate; a must-earn probe's verdict
+ends the watch (the part is then judged by its probes, as above).
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
@@ -767,6 +780,9 @@ class PDController:
         self._gate_first = False
         #: the first round skips the host part (its first decision was made)
         self._skip_host_turn = False
+        #: the host part is off by the gate's reading (not by a must-earn
+        #: probe): the gate re-reads its window outside probes
+        self._gate_watch = False
         self._initial = initial
         self._parts = initial if initial is not None else ALL_ON
         self._books = _Books()
@@ -827,6 +843,7 @@ class PDController:
             self.host_gate is not None and available.host_experts and not self._parts.host_experts
         )
         self._skip_host_turn = False
+        self._gate_watch = False
 
     def reset_stats(self) -> None:
         self._books.reset()
@@ -880,6 +897,8 @@ class PDController:
         if not self._probing:
             if self._gate_first:
                 self._gate_first_decision()
+            else:
+                self._gate_reread()
             self._countdown -= 1
             # the first round waits for the gate's first decision
             if self._countdown <= 0 and not self._gate_first:
@@ -953,6 +972,8 @@ class PDController:
     def _next_probe(self) -> None:
         if self._part is not None:
             self._charge_probe()
+        # between probes: the part's arms are not under way
+        self._gate_reread()
         while self._queue:
             part = self._queue.pop(0)
             if part == HOST_PART and (self._host_turn_skipped() or self._gated()):
@@ -1005,10 +1026,29 @@ class PDController:
         )
         self._gate_decides(share >= gate, nums)
 
+    def _gate_reread(self) -> None:
+        """The gate's watch (module docstring): while the host part is off by
+        the gate's reading, outside a probe, the latest host-off steps'
+        median waiting share at or above the gate switches it on."""
+        gate = self.host_gate
+        n = len(self._exposed_off)
+        if not self._gate_watch or gate is None or n < self.host_gate_steps:
+            return
+        share = float(np.median(self._exposed_off))
+        if share < gate:
+            return
+        self._round_switched = True
+        self._gate_decides(
+            True,
+            f"re-read: median share of the step the forwards waited for copies, host part "
+            f"off: {share:.3g} over the latest {n} measured steps; gate {gate:.3g}",
+        )
+
     def _gate_decides(self, switch_on: bool, nums: str) -> None:
         """Log the gate's decision for the host part while it is off (``nums``:
         the shares it read) and switch the part on where ``switch_on``."""
         step = self._books.steps
+        self._gate_watch = not switch_on
         if not switch_on:
             self._log(
                 Decision(
@@ -1050,6 +1090,7 @@ class PDController:
             return False
         self._books.switches += 1
         self._round_switched = True
+        self._gate_watch = True
         self._base = self._base.with_part(HOST_PART, False)
         self._set(self._base)
         self._log(
@@ -1129,6 +1170,7 @@ class PDController:
             f"before (alpha {self.alpha:.3g} over {len(self.earn_looks)} looks)"
         )
         step = self._books.steps
+        self._gate_watch = False  # the part's own probe judged it
         if verdict == now:
             kept = "kept on (pays)" if now else "kept off (not shown to pay)"
             self._log(Decision(step, part, now, False, f"{kept}: {nums}"))
@@ -1188,17 +1230,14 @@ class PDController:
                 exp_on.append(on_m.exposed_fetch_s)
                 exp_off.append(off_m.exposed_fetch_s)
             books = paired_test(nets)
-            # the books are far less noisy than the rate: they flip the part
-            # unless the rate shows the opposite (its upper bound below
-            # -margin); the rate flips it only where the books do not point
-            # the other way (their mean below -margin)
-            cb_vote = (
-                books.mean > self.margin
-                and books.p < a_level
-                and not rate.upper(a_level) < -self.margin
-            )
+            # the books are far less noisy than the rate, but a proxy (a
+            # wait the device's events do not see is no exposed fetch): each
+            # flips the part only where the other does not point the other
+            # way (its mean below -margin)
+            rate_against = rate.mean < -self.margin
+            cb_vote = books.mean > self.margin and books.p < a_level and not rate_against
             cb_futile = books.upper(a_level) < self.margin
-            cb_hint = books.mean > self.margin and books.p < self.alpha
+            cb_hint = books.mean > self.margin and books.p < self.alpha and not rate_against
             rate_vote = rate_vote and books.mean >= -self.margin
             rate_hint = rate_hint and books.mean >= -self.margin
             nums += (

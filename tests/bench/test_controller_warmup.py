@@ -94,6 +94,10 @@ def test_a_pd_run_starts_its_clock_past_the_controllers_first_round(
     assert settled["controller_warmup"] == "first_round"
     warm = settled["warmup"]["controller"]
     assert warm["first_round_done"] is True and warm["bursts"] >= 1 and warm["steps"] > 0
+    # the first round's outcome is the row's: every part it judged, where it left it
+    assert set(warm["at_end"]) == set(settled["pd_parts"]["at_end"])
+    assert warm["decisions"]
+    assert {d["part"] for d in warm["decisions"]} <= set(warm["at_end"])
     # the controller's books start at the clock: none of the warm-up's decisions
     assert all(d["step"] <= settled["steps"] for d in settled["pd_parts"]["decisions"])
     assert settled["setup_s"]["controller_warmup"] > 0
@@ -112,4 +116,6 @@ def test_a_label_without_the_controller_runs_no_burst(
         "steps": 0,
         "first_round_done": None,
         "why": "no PD controller",
+        "at_end": None,
+        "decisions": [],
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -400,23 +401,60 @@ def test_a_probe_that_points_to_a_flip_is_extended() -> None:
     assert with_extension > without, (with_extension, without)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides(seed: int) -> None:
-    # route-ahead's host work (12 ms/step) removes 2 ms/step of exposed fetch:
-    # a 9% loss the loaded CPU's wall noise hides from the rate, not from its books
-    ctl = PDController()
-    plant = Plant(
-        {},
-        lognormal=LOADED_CPU,
-        seed=seed,
-        host={"route_ahead": 0.012},
-        saves={"route_ahead": 0.002},
-        exposed=0.003,
-    )
-    drive(ctl, plant, 80)
-    assert ("route_ahead", False) in switches(ctl)[:2]
-    first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
-    assert first["switched"] and "cost/benefit" in first["why"]
+def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides() -> None:
+    """Route-ahead's host work (12 ms/step) removes 2 ms/step of exposed
+    fetch: a 9% loss the loaded CPU's wall noise hides from the rate, not
+    from its books. Over 12 runs the books switch it off in the first
+    round of at least 10 (the rate's veto stops a few whose noisy rate
+    happened to read the part more than the margin faster)."""
+    switched = 0
+    for seed in range(12):
+        ctl = PDController()
+        plant = Plant(
+            {},
+            lognormal=LOADED_CPU,
+            seed=seed,
+            host={"route_ahead": 0.012},
+            saves={"route_ahead": 0.002},
+            exposed=0.003,
+        )
+        drive(ctl, plant, 80)
+        first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
+        if first["switched"]:
+            assert first["on"] is False and "cost/benefit" in first["why"]
+            switched += 1
+    assert switched >= 10
+
+
+def test_the_rate_vetoes_books_that_miss_a_wait() -> None:
+    """The books a proxy gets wrong (the H200's stream, session 26): the
+    stream's plan takes 16 ms/step of host time and its forwards wait 25 ms
+    on copies, against 5 ms with it off, so its books charge it some +0.35
+    of the step; but its steps are about 20% faster (off, the forward's
+    thread blocks on copies where no device event sees it: here the wall
+    factor). The books alone would switch it off in every run (their p is
+    below 1e-3 by the third pair); the rate's veto keeps it on in at least
+    9 of 12 runs (the rest: 3-4 pairs whose noisy rate read it no faster)."""
+    switched = 0
+    for seed in range(12):
+        ctl = PDController()
+        plant = Plant(
+            {"stream": 0.45},
+            lognormal=0.1,
+            seed=seed,
+            host={"stream": 0.016},
+            saves={"stream": -0.02},
+            exposed=0.005,
+        )
+        drive(ctl, plant, 120)
+        first = next(d for d in ctl.summary()["decisions"] if d["part"] == "stream")
+        books = re.search(
+            r"on sign: mean ([-+][0-9.]+) \(se [0-9.e-]+, n \d+, p ([0-9.e-]+)\)", first["why"]
+        )
+        assert books is not None and float(books.group(1)) > 0.25, first["why"]
+        assert float(books.group(2)) < 1e-3, first["why"]
+        switched += int(("stream", False) in switches(ctl))
+    assert switched <= 3
 
 
 def test_cost_benefit_keeps_a_prefetcher_that_saves_more_than_it_costs() -> None:

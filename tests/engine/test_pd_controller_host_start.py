@@ -137,6 +137,43 @@ def test_the_first_decision_takes_the_median_of_its_steps() -> None:
         assert f"{shares[0]:.3g}, {shares[1]:.3g}" in str(_host_decisions(ctl)[0]["why"])
 
 
+def test_the_gates_watch_rereads_a_closed_first_decision() -> None:
+    """The first measured steps after a prefill wait little for copies (it
+    just copied the requests' experts in: 0.06-0.08 of the step on the H200
+    at c=4), the later ones much (0.8): the first decision keeps the host
+    part off, and the gate's watch switches it on as the first probe ends,
+    not a round and a hold later; it pays (the step 40% shorter) and runs
+    from there but in its probes' off steps."""
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED)
+    ctl.bind(WITH_HOST)
+    states = []
+    for i in range(100):
+        on = ctl.parts.host_experts
+        states.append(on)
+        wall = 0.05 * (0.6 if on else 1.0)
+        share = 0.07 if i < 4 else 0.8
+        ctl.observe(host_step(wall, exposed_s=0.0 if on else share * wall))
+    decisions = ctl.summary()["decisions"]
+    first, second, *_ = _host_decisions(ctl)
+    assert first["on"] is False and not first["switched"] and "0.07" in str(first["why"])
+    assert second["switched"] and second["on"] is True and "re-read" in str(second["why"])
+    first_probe = next(d for d in decisions if d["part"] != HOST_PART)
+    assert second["step"] == first_probe["step"] < 30
+    assert sum(states[second["step"] + 1 :]) >= 0.8 * len(states[second["step"] + 1 :])
+
+
+def test_a_must_earn_verdict_ends_the_gates_watch() -> None:
+    """Link-bound, but the host makes the step 40% longer: its must-earn
+    probe switches it off, and the gate does not switch it back on before
+    its next turn (no re-read in the hold after the verdict)."""
+    ctl = PDController(host_gate=HOST_GATE_EXPOSED, hold=40, max_hold=40)
+    simulate(ctl, exposed=0.4, host_factor=1.4, steps=200, share_noise=0.0)
+    host = _host_decisions(ctl)
+    verdict = next(i for i, d in enumerate(host) if "must-earn" in str(d["why"]))
+    assert host[verdict]["on"] is False
+    assert all("re-read" not in str(d["why"]) for d in host[verdict + 1 :])
+
+
 def test_the_first_decision_needs_host_gate_steps() -> None:
     ctl = PDController(host_gate=HOST_GATE_EXPOSED, host_gate_steps=1)
     assert simulate(ctl, exposed=0.4, host_factor=0.75, steps=4) == [False, True, True, True]
