@@ -286,6 +286,10 @@ class RunSpec:
     # server's engine is in after its first steps); "off": the warm-up alone.
     # Labels without the controller run "off" (pdflash.report.schema)
     controller_warmup: str = "off"
+    # workload bursts after the warm-up, outside the clock, for any label
+    # (before controller_warmup's): the warm-up a settled controller arm got,
+    # given to an arm without the controller so an A/B of the two is fair
+    warm_bursts: int = 0
     # the SDPA backends attention may use during this run (the syntax of
     # PDFLASH_SDPA_BACKENDS, "+" allowed for ","); None: the process's
     # setting. Rows record what ran (sdpa_backends)
@@ -421,6 +425,12 @@ class RunSpec:
         self._check_one_of("host_handoff", HANDOFF_CHOICES)
         self._check_one_of("warmup", WARMUP_CHOICES)
         self._check_one_of("controller_warmup", CONTROLLER_WARMUPS)
+        if isinstance(self.warm_bursts, bool) or not (
+            isinstance(self.warm_bursts, int) and 0 <= self.warm_bursts <= MAX_WARM_BURSTS
+        ):
+            raise ValueError(
+                f"warm_bursts must be an int in [0, {MAX_WARM_BURSTS}], got {self.warm_bursts!r}"
+            )
         if self.sdpa_backends is not None:
             if not isinstance(self.sdpa_backends, str):
                 raise ValueError(f"sdpa_backends must be a string, got {self.sdpa_backends!r}")
@@ -1455,6 +1465,17 @@ def _workload(
             setup,
             None if synthetic_weights else spec.weights,
         )
+        if spec.warm_bursts > 0:
+            warmup["bursts"] = _warm_bursts(
+                spec,
+                engine,
+                acceptance,
+                workload,
+                vocab,
+                sampling,
+                setup,
+                None if synthetic_weights else spec.weights,
+            )
         if spec.controller_warmup == "first_round":
             warmup["controller"] = _settle_controller(
                 spec,
@@ -1741,6 +1762,65 @@ def _has_pd_controller(engine: Engine) -> bool:
 MAX_CONTROLLER_WARM_STEPS = 400
 
 
+#: ``warm_bursts`` at most (a burst is one warm-up's workload)
+MAX_WARM_BURSTS = 32
+
+
+def _run_bursts(
+    spec: RunSpec,
+    engine: Engine,
+    acceptance: AcceptanceModel,
+    workload: Workload,
+    vocab: int,
+    sampling: SamplingParams | None,
+    weights: str | None,
+    stream: int,
+    done: Callable[[int], bool],
+) -> int:
+    """Workload bursts (the warm-up's requests, random ids drawn anew from
+    the seed's ``stream``) until ``done(bursts so far)``; returns how many ran."""
+    rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + stream)
+    plans = _warm_up_plans(spec, "workload", workload)
+    # the same texts every burst (loaded once)
+    texts, _ = warm_up_prompts(spec, workload, [n for n, _ in plans], vocab, weights)
+    bursts = 0
+    while not done(bursts):
+        ids = _add_warm_up_requests(
+            "workload", plans, engine, acceptance, vocab, sampling, [], texts, rng
+        )
+        _run_warm_up_requests(engine, ids, plans)
+        bursts += 1
+    return bursts
+
+
+def _warm_bursts(
+    spec: RunSpec,
+    engine: Engine,
+    acceptance: AcceptanceModel,
+    workload: Workload,
+    vocab: int,
+    sampling: SamplingParams | None,
+    setup: SetupClock,
+    weights: str | None,
+) -> dict[str, int]:
+    """``warm_bursts``: that many workload bursts outside the clock, for any
+    label (the row's ``warmup.bursts`` says how many steps they took)."""
+    steps_before = engine.steps
+    with setup.phase("warm_bursts"):
+        bursts = _run_bursts(
+            spec,
+            engine,
+            acceptance,
+            workload,
+            vocab,
+            sampling,
+            weights,
+            3 * 104_729,
+            lambda n: n >= spec.warm_bursts,
+        )
+    return {"bursts": bursts, "steps": engine.steps - steps_before}
+
+
 def _settle_controller(
     spec: RunSpec,
     engine: Engine,
@@ -1766,19 +1846,21 @@ def _settle_controller(
             "at_end": None,
             "decisions": [],
         }
-    rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + 2 * 104_729)
-    plans = _warm_up_plans(spec, "workload", workload)
     steps_before = engine.steps
-    bursts = 0
     with setup.phase("controller_warmup"):
-        # the same texts every burst (loaded once); random ids are drawn anew
-        texts, _ = warm_up_prompts(spec, workload, [n for n, _ in plans], vocab, weights)
-        while policy.rounds_done < 1 and engine.steps - steps_before < MAX_CONTROLLER_WARM_STEPS:
-            ids = _add_warm_up_requests(
-                "workload", plans, engine, acceptance, vocab, sampling, [], texts, rng
-            )
-            _run_warm_up_requests(engine, ids, plans)
-            bursts += 1
+        bursts = _run_bursts(
+            spec,
+            engine,
+            acceptance,
+            workload,
+            vocab,
+            sampling,
+            weights,
+            2 * 104_729,
+            lambda n: (
+                policy.rounds_done >= 1 or engine.steps - steps_before >= MAX_CONTROLLER_WARM_STEPS
+            ),
+        )
     # the warm-up's decisions: the clock's reset_stats clears the
     # controller's books, so the measured row's pd_parts lists none of them
     settled = policy.summary()
@@ -2072,6 +2154,8 @@ def _result(
         # "first_round": the warm-up ran PD's controller past its first round
         # of probes (warmup.controller says how); "off" for labels without it
         "controller_warmup": spec.controller_warmup if _has_pd_controller(engine) else "off",
+        # extra workload bursts after the warm-up (warmup.bursts: their steps)
+        "warm_bursts": spec.warm_bursts,
         "route_ahead_cancelled_copies": stream.cancelled if stream is not None else None,
         # the stream's running precision per plan source at the end of the
         # run (it copies before a forward only from the best one >= 0.7)

@@ -195,10 +195,11 @@ the first measured steps after a prefill waited 0.06-0.08 of their wall,
 the steps after them 0.8: the prefill had just copied the requests'
 experts in). So while the host part is off by the gate's reading (its
 first decision, its turn or its probe's, not a must-earn verdict), the
-gate re-reads the latest :data:`HOST_GATE_WINDOW` host-off steps outside
-probes (between two probes, and at every measured step of a hold) and
-switches the part on at or above the gate; a must-earn probe's verdict
-ends the watch (the part is then judged by its probes, as above).
+gate re-reads the latest ``host_gate_steps`` host-off steps, as its first
+decision does, outside probes (between two probes, and at every measured
+step of a hold) and switches the part on where their median is at or
+above the gate; a must-earn probe's verdict ends the watch (the part is
+then judged by its probes, as above).
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
@@ -1028,20 +1029,23 @@ class PDController:
 
     def _gate_reread(self) -> None:
         """The gate's watch (module docstring): while the host part is off by
-        the gate's reading, outside a probe, the latest host-off steps'
-        median waiting share at or above the gate switches it on."""
+        the gate's reading, outside a probe, the latest ``host_gate_steps``
+        host-off steps' median waiting share at or above the gate switches
+        it on."""
         gate = self.host_gate
-        n = len(self._exposed_off)
-        if not self._gate_watch or gate is None or n < self.host_gate_steps:
+        n = self.host_gate_steps
+        if not self._gate_watch or gate is None or len(self._exposed_off) < n:
             return
-        share = float(np.median(self._exposed_off))
+        latest = list(self._exposed_off)[-n:]
+        share = float(np.median(latest))
         if share < gate:
             return
         self._round_switched = True
         self._gate_decides(
             True,
             f"re-read: median share of the step the forwards waited for copies, host part "
-            f"off: {share:.3g} over the latest {n} measured steps; gate {gate:.3g}",
+            f"off: {share:.3g} over the latest {n} measured steps "
+            f"({', '.join(f'{x:.3g}' for x in latest)}); gate {gate:.3g}",
         )
 
     def _gate_decides(self, switch_on: bool, nums: str) -> None:

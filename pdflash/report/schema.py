@@ -622,6 +622,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         _recorded_controller_warmup,
         resolve=_spec_controller_warmup,
     ),
+    # workload bursts after the warm-up, outside the clock (rows older than
+    # the setting ran none)
+    RunSetting("warm_bursts", 0, _recorded("warm_bursts")),
     # a cache with a slot for every expert filled before the clock, the
     # prefetch parts off (pdflash.engine.config.EngineConfig.full_cache)
     RunSetting(

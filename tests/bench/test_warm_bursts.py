@@ -1,0 +1,56 @@
+"""Extra warm-up bursts (``warm_bursts``) as a run setting: workload bursts
+after the warm-up, outside the clock, for any label, so an arm without the
+PD controller can be given the warm-up a settled controller arm ran
+(``controller_warmup=first_round``) and an A/B of the two is fair. Checked,
+keyed, recorded in rows, settable on an issue-16 arm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from bench_fixtures import check_an_issue16_arm_sets
+from pdflash.bench.engine_run import MAX_WARM_BURSTS, RunSpec, run_spec
+
+from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings, validate_row
+
+(SETTING,) = [s for s in RUN_SETTINGS if s.name == "warm_bursts"]
+KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
+
+
+def test_the_default_is_zero_and_bad_values_are_refused() -> None:
+    assert SETTING.default == RunSpec(arch="tiny", baseline="PD").warm_bursts == 0
+    for bad in (-1, MAX_WARM_BURSTS + 1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="warm_bursts"):
+            RunSpec(arch="tiny", baseline="B1", warm_bursts=bad).validate()  # type: ignore[arg-type]
+
+
+def test_it_is_keyed_for_every_label() -> None:
+    spec = {"arch": "tiny", "baseline": "PD-all-on", "concurrency": 1, "cache_fraction": 0.2}
+    assert SETTING.of_spec(spec) == 0 and SETTING.of_spec({**spec, "warm_bursts": 3}) == 3
+    assert spec_settings(spec) == spec_settings({**spec, "warm_bursts": 0})
+    assert spec_settings(spec) != spec_settings({**spec, "warm_bursts": 3})
+    # a row older than the setting ran none
+    assert SETTING.of_row({}) == 0 and SETTING.of_row({"warm_bursts": 2}) == 2
+
+
+def test_an_issue16_arm_sets_it() -> None:
+    check_an_issue16_arm_sets("warm_bursts", "3", 3)
+
+
+def test_a_run_without_the_controller_runs_its_bursts_outside_the_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    plain = run_spec(RunSpec(baseline="PD-all-on", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
+    burst = run_spec(
+        RunSpec(baseline="PD-all-on", cache_fraction=0.5, warm_bursts=2, **KW)  # type: ignore[arg-type]
+    ).row
+    assert validate_row(burst) == []
+    assert plain["warm_bursts"] == 0 and "bursts" not in plain["warmup"]
+    assert burst["warm_bursts"] == 2
+    assert burst["warmup"]["bursts"]["bursts"] == 2 and burst["warmup"]["bursts"]["steps"] > 0
+    assert burst["setup_s"]["warm_bursts"] > 0
+    # the clock's steps are the run's alone: the same workload, the same count
+    assert burst["committed_tokens"] == plain["committed_tokens"]
+    assert row_key(burst) != row_key(plain)
