@@ -1534,6 +1534,11 @@ def _workload(
                 plan.index + spec.repeat * workload.num_requests,
                 None if trace_requests is None else trace_requests[plan.index],
             )
+            if isinstance(acceptance, ForcedAcceptance):
+                # the forced draws follow the request's place in the workload
+                # and the repeat, not its id (warm-ups of different lengths
+                # ran before it): every label of one repeat draws alike
+                acceptance.assign_stream(rid, plan.index + spec.repeat * workload.num_requests)
             ids.append(rid)
             if plan.user is not None:
                 user_of[rid] = plan.user
@@ -1845,6 +1850,7 @@ def _settle_controller(
             "why": "no PD controller",
             "at_end": None,
             "decisions": [],
+            "gate_window": None,
         }
     steps_before = engine.steps
     with setup.phase("controller_warmup"):
@@ -1871,6 +1877,7 @@ def _settle_controller(
         "why": None,
         "at_end": settled["at_end"],
         "decisions": settled["decisions"],
+        "gate_window": settled["gate_window"],
     }
 
 

@@ -375,6 +375,16 @@ def _controller_warmup(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def _books_exposed_share(row: dict[str, Any]) -> float | None:
+    """The exposed fetch PD's books summed over a run's steps (the per-step
+    reads its probes judge by) over the row's own total (read after a device
+    synchronize): below 1 where the per-step reads miss waits (None without
+    books, or a run that waited for no copy)."""
+    sums = (row.get("pd_parts") or {}).get("step_sums") or {}
+    books, total = _num(sums.get("exposed_fetch_s")), _num(row.get("exposed_fetch_s"))
+    return books / total if books is not None and total else None
+
+
 def _part_on(row: dict[str, Any], part: str) -> Any:
     """The share of a run's measured steps ``part`` (one of
     :data:`PD_PARTS` or ``host_experts``) ran in (None where the run had no
@@ -433,6 +443,8 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             part: _median_of(rows, functools.partial(_part_on, part=part)) for part in PD_PARTS
         },
         "parts_switches": _median_of(rows, lambda r: (r.get("pd_parts") or {}).get("switches")),
+        # the books' per-step exposed fetch over the row's total (median)
+        "books_exposed_share": _median_of(rows, _books_exposed_share),
         # controller_warmup="first_round": the warm-up bursts each run ran
         # and how many runs' controllers ended their first round before the
         # clock (None where no run of the arm warmed its controller)
@@ -789,6 +801,16 @@ def table(summary: dict[str, Any]) -> list[str]:
                     + f" ({_fmt(m.get('parts_switches'), '.0f')})"
                     for arm, m in probed.items()
                 )
+            )
+        books = {
+            arm: share
+            for arm, m in (p.get("by_arm") or {}).items()
+            if (share := _num(m.get("books_exposed_share"))) is not None
+        }
+        if books:
+            lines.append(
+                "  exposed fetch the books' per-step reads saw / the run's total: "
+                + "; ".join(f"{arm} {_fmt(share)}" for arm, share in books.items())
             )
         warmed = {
             arm: w

@@ -110,12 +110,15 @@ def solve_alpha(mean_tau: float, block_size: int) -> float:
 class ForcedAcceptance:
     """Truncated-geometric forced acceptance with a configurable mean tau.
 
-    NOTE: every request has its own random stream (seeded by ``seed`` and the
-    request id) and each round uses exactly one draw, the uncapped geometric
-    ``k`` (successes before the first failure, by inversion of one uniform),
-    then accepts ``min(k, num_drafts)``. So a request sees the same sequence
-    of draws whatever batch it lands in or however its grant is trimmed,
-    and baselines compared on one workload get the same acceptance.
+    NOTE: every request has its own random stream (seeded by ``seed`` and
+    the request's stream key: its id, or the key :meth:`assign_stream` gave
+    it) and each round uses exactly one draw, the uncapped geometric ``k``
+    (successes before the first failure, by inversion of one uniform), then
+    accepts ``min(k, num_drafts)``. So a request sees the same sequence of
+    draws whatever batch it lands in or however its grant is trimmed, and
+    baselines compared on one workload get the same acceptance: keyed by
+    the request's place in the workload where warm-ups of different lengths
+    ran before it (an id counts every request the engine ever took).
     """
 
     mean_tau: float
@@ -124,10 +127,12 @@ class ForcedAcceptance:
     tau_source: str = "configured"
     alpha: float = field(init=False)
     _rngs: dict[int, np.random.Generator] = field(init=False, repr=False)
+    _keys: dict[int, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.alpha = solve_alpha(self.mean_tau, self.block_size)
         self._rngs = {}
+        self._keys = {}
 
     @property
     def source(self) -> str:
@@ -141,7 +146,7 @@ class ForcedAcceptance:
             "block_size": self.block_size,
             "seed": self.seed,
             "tau_source": self.tau_source,
-            "stream": "per request (seed, request_id), one draw per round",
+            "stream": "per request (seed, stream key: its id or assigned), one draw per round",
         }
 
     def forced_accepts(self, request_id: int, num_drafts: int) -> int | None:
@@ -149,7 +154,7 @@ class ForcedAcceptance:
             raise ValueError(f"num_drafts must be >= 0, got {num_drafts}")
         rng = self._rngs.get(request_id)
         if rng is None:
-            rng = np.random.default_rng([self.seed, request_id])
+            rng = np.random.default_rng([self.seed, self._keys.get(request_id, request_id)])
             self._rngs[request_id] = rng
         u = 1.0 - rng.random()  # (0, 1]
         if self.alpha <= 0.0:
@@ -161,6 +166,16 @@ class ForcedAcceptance:
             k = int(np.floor(np.log(u) / np.log(self.alpha)))
         return min(k, num_drafts)
 
+    def assign_stream(self, request_id: int, key: int) -> None:
+        """Seed request ``request_id``'s stream by ``key`` (>= 0) instead of
+        its id; refused once the request has drawn."""
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or key < 0:
+            raise ValueError(f"a stream key must be an int >= 0, got {key!r}")
+        if request_id in self._rngs:
+            raise ValueError(f"request {request_id} has drawn already: its stream is set")
+        self._keys[request_id] = int(key)
+
     def forget(self, request_id: int) -> None:
         """Drop a finished request's stream."""
         self._rngs.pop(request_id, None)
+        self._keys.pop(request_id, None)

@@ -429,6 +429,15 @@ class _Books:
         self.on_steps = dict.fromkeys(ALL_PARTS, 0)
         self.switches = 0
         self.decisions: list[Decision] = []
+        # every step's measured wall and exposed fetch, summed (all steps,
+        # prefill and settle steps too): set beside the row's own totals,
+        # they show whether the per-step reads lose waits
+        self.wall_s = 0.0
+        self.exposed_fetch_s = 0.0
+
+    def add_times(self, m: StepMeasurement) -> None:
+        self.wall_s += m.wall_s
+        self.exposed_fetch_s += m.exposed_fetch_s
 
     def count(self, parts: PartsState) -> None:
         self.steps += 1
@@ -453,6 +462,7 @@ class _Books:
             "switches": self.switches,
             "at_end": {p: parts.runs(p) for p in listed},
             "probes": len(self.decisions),
+            "step_sums": {"wall_s": self.wall_s, "exposed_fetch_s": self.exposed_fetch_s},
             # every switch (up to MAX_SWITCHES_KEPT), and the first and last
             # of the other probes' outcomes
             "decisions": [d.as_dict() for d in _kept(self.decisions, keep)],
@@ -494,6 +504,7 @@ class FixedParts:
 
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
+        self._books.add_times(m)
         return self._parts
 
     def reset_stats(self) -> None:
@@ -854,6 +865,11 @@ class PDController:
         out = self._books.summary(self.name, self._parts, keep=self.keep_decisions)
         # estimated: each ended probe's flipped-arm steps times its rate loss
         out["probe_loss_steps"] = self._probe_loss
+        # the waiting shares the gate reads (the latest host-off steps, oldest
+        # first): what its next re-read or turn would see
+        out["gate_window"] = (
+            [round(x, 4) for x in self._exposed_off] if self.host_gate is not None else None
+        )
         out["settings"] = {
             "margin": self.margin,
             "alpha": self.alpha,
@@ -885,6 +901,7 @@ class PDController:
 
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
+        self._books.add_times(m)
         if self._probing:
             self._round_steps += 1
             self._probe_b_steps += int(self._parts != self._base)

@@ -118,4 +118,5 @@ def test_a_label_without_the_controller_runs_no_burst(
         "why": "no PD controller",
         "at_end": None,
         "decisions": [],
+        "gate_window": None,
     }

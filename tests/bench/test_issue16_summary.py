@@ -339,6 +339,28 @@ def test_each_arm_reports_its_controller_warmup() -> None:
     assert "PD 2/3 runs, bursts 3, steps 52" in line and "host" not in line
 
 
+def test_each_arm_reports_what_its_books_per_step_reads_saw() -> None:
+    """The exposed fetch PD's books summed over a run's steps over the run's
+    own total, per arm (median over runs; None without books or waits)."""
+
+    def books(exposed: float) -> dict[str, Any]:
+        return {"step_sums": {"wall_s": 9.0, "exposed_fetch_s": exposed}}
+
+    rows = [
+        _arm_row("PD", 0, 90.0, exposed_fetch_s=2.0, pd_parts=books(0.4)),
+        _arm_row("PD", 1, 91.0, exposed_fetch_s=2.0, pd_parts=books(0.6)),
+        _arm_row("PD", 2, 92.0, exposed_fetch_s=0.0, pd_parts=books(0.0)),
+        _arm_row("host", 0, 100.0, exposed_fetch_s=1.0),
+        _arm_row("host", 1, 101.0, exposed_fetch_s=1.0),
+    ]
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    assert p["by_arm"]["PD"]["books_exposed_share"] == pytest.approx(0.25)
+    assert p["by_arm"]["host"]["books_exposed_share"] is None
+    lines = issue16.table({"device": "x", "runs": 5, "runs_not_started_budget": 0, "points": [p]})
+    (line,) = [x for x in lines if "per-step reads saw" in x]
+    assert "PD 0.25" in line and "host" not in line
+
+
 def test_arm_order_rotates_per_repeat_and_point() -> None:
     arms = issue16.parse_arms("a=PD,b=PD+host,c=PD+host:host_ahead=weighted")
 

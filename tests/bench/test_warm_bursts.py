@@ -54,3 +54,30 @@ def test_a_run_without_the_controller_runs_its_bursts_outside_the_clock(
     # the clock's steps are the run's alone: the same workload, the same count
     assert burst["committed_tokens"] == plain["committed_tokens"]
     assert row_key(burst) != row_key(plain)
+    # the books' per-step sums cover the clock's steps: on the CPU (no
+    # device events, nothing read late) exactly the row's exposed fetch
+    sums = burst["pd_parts"]["step_sums"]
+    assert sums["exposed_fetch_s"] == pytest.approx(burst["exposed_fetch_s"], rel=1e-9, abs=1e-12)
+    assert 0 < sums["wall_s"] <= burst["wall_s"]
+
+
+def test_the_forced_draws_follow_the_workload_not_the_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B1 verifies every draft: with the measured requests' forced streams
+    keyed by their place in the workload and the repeat, bursts before them
+    (which take request ids) change none of its draws; another repeat draws
+    anew."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    kw = {**KW, "max_new_tokens": 24}
+    rows = [
+        run_spec(
+            RunSpec(baseline="B1", cache_fraction=0.5, warm_bursts=b, repeat=r, **kw)  # type: ignore[arg-type]
+        ).row
+        for b, r in ((0, 0), (3, 0), (0, 1))
+    ]
+    plain, burst, other = rows
+    assert plain["acceptance_source"] == "forced"
+    assert burst["steps"] == plain["steps"]
+    assert burst["acceptance_length_mean"] == plain["acceptance_length_mean"]
+    assert other["acceptance_length_mean"] != plain["acceptance_length_mean"]

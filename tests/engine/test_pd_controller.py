@@ -426,6 +426,23 @@ def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides() -> Non
     assert switched >= 10
 
 
+def test_the_books_sum_every_steps_wall_and_exposed_fetch() -> None:
+    ctl = PDController()
+    plant = Plant({}, noise=0.1, seed=2, host={"stream": 0.002}, exposed=0.01)
+    walls, exposed = [], []
+    for _ in range(40):
+        m = plant.step(ctl.parts)
+        walls.append(m.wall_s)
+        exposed.append(m.exposed_fetch_s)
+        ctl.observe(m)
+    sums = ctl.summary()["step_sums"]
+    assert sums["wall_s"] == pytest.approx(sum(walls)) and sums["exposed_fetch_s"] == pytest.approx(
+        sum(exposed)
+    )
+    ctl.reset_stats()
+    assert ctl.summary()["step_sums"] == {"wall_s": 0.0, "exposed_fetch_s": 0.0}
+
+
 def test_the_rate_vetoes_books_that_miss_a_wait() -> None:
     """The books a proxy gets wrong (the H200's stream, session 26): the
     stream's plan takes 16 ms/step of host time and its forwards wait 25 ms

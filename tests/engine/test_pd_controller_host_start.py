@@ -159,6 +159,10 @@ def test_the_gates_watch_rereads_a_closed_first_decision() -> None:
     assert second["switched"] and second["on"] is True and "re-read" in str(second["why"])
     first_probe = next(d for d in decisions if d["part"] != HOST_PART)
     assert second["step"] == first_probe["step"] < 30
+    # the summary shows the shares the gate reads: host-off steps, 0.8 each by now
+    window = ctl.summary()["gate_window"]
+    assert 2 <= len(window) <= HOST_GATE_WINDOW and window[-1] == 0.8
+    assert PDController().summary()["gate_window"] is None
     assert sum(states[second["step"] + 1 :]) >= 0.8 * len(states[second["step"] + 1 :])
 
 

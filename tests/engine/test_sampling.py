@@ -117,3 +117,23 @@ def test_forced_acceptance_is_per_request_and_cap_independent() -> None:
     assert seq_a == seq_b  # same draws whatever the interleaving
     assert capped == [min(x, 3) for x in seq_a[1]]  # trimming only caps the same draw
     assert seq_a[1] != seq_a[2]
+
+
+def test_an_assigned_stream_key_draws_as_that_id_would() -> None:
+    """A request keyed by its place in a workload draws what the request with
+    that id draws, whatever its own id (warm-ups of different lengths shift
+    the ids; the bench keys the measured requests by place and repeat)."""
+    plain = ForcedAcceptance(mean_tau=5.0, block_size=16, seed=9)
+    keyed = ForcedAcceptance(mean_tau=5.0, block_size=16, seed=9)
+    keyed.assign_stream(40, 1)
+    want = [plain.forced_accepts(1, 15) for _ in range(30)]
+    assert [keyed.forced_accepts(40, 15) for _ in range(30)] == want
+    other = ForcedAcceptance(mean_tau=5.0, block_size=16, seed=9)
+    assert [other.forced_accepts(40, 15) for _ in range(30)] != want
+    with pytest.raises(ValueError, match="drawn already"):
+        keyed.assign_stream(40, 2)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="stream key"):
+            keyed.assign_stream(41, bad)  # type: ignore[arg-type]
+    keyed.forget(40)
+    assert [keyed.forced_accepts(40, 15) for _ in range(30)] != want  # its own id again
