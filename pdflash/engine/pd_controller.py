@@ -33,8 +33,9 @@ per-pair statistics, one-sided, by Student's t, by the part's **stance**
   at the look's level, unless the rate points the other way (its mean
   below ``-margin``: the books are a proxy, and a wait the device's events
   do not see, such as the forward's thread blocked on a copy, is no exposed
-  fetch in them; on the H200 they voted the stream off in probes whose rate
-  read it 26-31% faster); and the rate does not flip a prefetching part
+  fetch in them; on the H200, in a benchmark warm-up whose settled cache
+  waited for copies on the host, they voted the stream off in probes whose
+  rate read it 26-31% faster); and the rate does not flip a prefetching part
   whose books point the other way (their mean below ``-margin``).
 
 For a default-on part a vote flips the part at once. The levels are Bonferroni shares of
@@ -190,10 +191,11 @@ gate kept off with no probe; at or above, switched on and probed from the
 next round. Without a gate the host part starts on (where the engine has
 it) and its must-earn probes judge it from the first round.
 
-**The gate's watch.** A share read early can mislead (at c=4 on the H200
-the first measured steps after a prefill waited 0.06-0.08 of their wall,
-the steps after them 0.8: the prefill had just copied the requests'
-experts in). So while the host part is off by the gate's reading (its
+**The gate's watch.** A share read early can mislead: a prefill that just
+copied the requests' experts in leaves the next steps little to wait for
+(on the H200 at c=4 a run's first reading was 0.05-0.08 of the step, its
+later steps 0.2-0.8; that reading was also taken in a benchmark warm-up
+whose settled cache hid the waits). So while the host part is off by the gate's reading (its
 first decision, its turn or its probe's, not a must-earn verdict), the
 gate re-reads the latest ``host_gate_steps`` host-off steps, as its first
 decision does, outside probes (between two probes, and at every measured

@@ -7,6 +7,7 @@ keyed, recorded in rows, settable on an issue-16 arm."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bench_fixtures import check_an_issue16_arm_sets
@@ -81,3 +82,26 @@ def test_the_forced_draws_follow_the_workload_not_the_warm_up(
     assert burst["steps"] == plain["steps"]
     assert burst["acceptance_length_mean"] == plain["acceptance_length_mean"]
     assert other["acceptance_length_mean"] != plain["acceptance_length_mean"]
+
+
+def test_the_bursts_run_unsettled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workload warm-up runs with a settled cache (copies waited for on
+    the host, so its resident set does not depend on the copy thread); the
+    bursts after it run as the measured run does, or the controller's first
+    round would judge the stream where it cannot run ahead."""
+    import pdflash.bench.engine_run as engine_run
+
+    settled: list[bool] = []
+    real = engine_run._run_bursts
+
+    def spy(spec: RunSpec, engine: Any, *args: Any) -> int:
+        settled.append(bool(engine.expert_cache.settle_copies))
+        return real(spec, engine, *args)
+
+    monkeypatch.setattr(engine_run, "_run_bursts", spy)
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(
+        baseline="PD", cache_fraction=0.5, warm_bursts=1, controller_warmup="first_round", **KW
+    )  # type: ignore[arg-type]
+    run_spec(spec)
+    assert settled == [False, False]
