@@ -83,7 +83,7 @@ from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKENS
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
-from pdflash.report.schema import CONTROLLER_WARMUPS, HOST_METRIC_FIELDS
+from pdflash.report.schema import CONTROLLER_WARMUPS, HOST_METRIC_FIELDS, MAX_WARM_BURSTS
 from pdflash.serve.build import resolve_device
 
 from .workload import WARMUP_CHOICES, ClosedLoop, LengthDist, Workload, open_loop
@@ -1772,10 +1772,6 @@ def _has_pd_controller(engine: Engine) -> bool:
 #: steps (a first round takes some 30-60 measured steps; a burst's prefill
 #: steps are not measured)
 MAX_CONTROLLER_WARM_STEPS = 400
-
-
-#: ``warm_bursts`` at most (a burst is one warm-up's workload)
-MAX_WARM_BURSTS = 32
 
 
 def _run_bursts(

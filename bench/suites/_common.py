@@ -138,6 +138,21 @@ def archs(text: str) -> list[str]:
     return values
 
 
+def warm_bursts_arg(text: str) -> int:
+    """``--warm-bursts``: an int in [0, MAX_WARM_BURSTS]."""
+    from pdflash.report.schema import MAX_WARM_BURSTS
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--warm-bursts takes an int, got {text!r}") from None
+    if not 0 <= n <= MAX_WARM_BURSTS:
+        raise argparse.ArgumentTypeError(
+            f"--warm-bursts must be in [0, {MAX_WARM_BURSTS}], got {n}"
+        )
+    return n
+
+
 def source_arg(text: str) -> str:
     """``synthetic`` or an existing checkpoint path."""
     if text == "synthetic":

@@ -92,6 +92,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "controller has ended its first round of probes (a server's engine after its first "
         "steps; labels without the controller ignore it); off (default)",
     )
+    parser.add_argument(
+        "--warm-bursts",
+        type=common.warm_bursts_arg,
+        default=0,
+        help="workload bursts after the warm-up, outside the clock, for every label (before "
+        "--controller-warmup's): give labels without the controller the warm-up a settled "
+        "controller got; default 0",
+    )
     add_gpu_arguments(parser)
     add_realtext_arguments(parser)
     add_expert_storage_arguments(parser)
@@ -519,6 +527,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_control=getattr(args, "host_control", "controller"),
                     warmup=args.warmup,
                     controller_warmup=getattr(args, "controller_warmup", "off"),
+                    warm_bursts=getattr(args, "warm_bursts", 0),
                     synthetic_format=args.synthetic_format,
                     synthetic_weights=args.synthetic_weights,
                     expert_dtype=args.expert_dtype,

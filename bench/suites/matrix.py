@@ -241,6 +241,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "after its first steps; labels without the controller ignore it); off (default)",
     )
     g.add_argument(
+        "--warm-bursts",
+        type=common.warm_bursts_arg,
+        default=0,
+        help="workload bursts after each run's warm-up, outside the clock, for every label "
+        "(before --controller-warmup's): give labels without the controller the warm-up a "
+        "settled controller got; default 0",
+    )
+    g.add_argument(
         "--cuda-graphs",
         default="off",
         choices=list(common.CUDA_GRAPHS),
@@ -348,6 +356,8 @@ def plan(args: argparse.Namespace) -> list[dict[str, Any]]:
         common_kw["warmup"] = args.warmup
     if getattr(args, "controller_warmup", "off") != "off":
         common_kw["controller_warmup"] = args.controller_warmup
+    if getattr(args, "warm_bursts", 0):
+        common_kw["warm_bursts"] = args.warm_bursts
     if getattr(args, "cuda_graphs", "off") != "off":
         common_kw["cuda_graphs"] = args.cuda_graphs
     if getattr(args, "resident_graphs", "off") != "off":
@@ -843,6 +853,7 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
             "--controller-warmup",
             None if getattr(args, "controller_warmup", "off") == "off" else args.controller_warmup,
         ),
+        ("--warm-bursts", str(args.warm_bursts) if getattr(args, "warm_bursts", 0) else None),
         (
             "--cuda-graphs",
             None if getattr(args, "cuda_graphs", "off") == "off" else args.cuda_graphs,

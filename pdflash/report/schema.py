@@ -254,6 +254,10 @@ CONTROLLER_LABELS: frozenset[str] = frozenset({"PD", "PD+host", "PD-full-width"}
 #: probes, as a server's engine has after its first steps).
 CONTROLLER_WARMUPS: tuple[str, ...] = ("off", "first_round")
 
+#: ``warm_bursts`` at most (workload bursts after the warm-up, any label; a
+#: burst is one warm-up's workload)
+MAX_WARM_BURSTS = 32
+
 
 def resolved_width(width: str, baseline: str) -> str:
     """The verify width a label runs at for a requested ``width``: ``auto``

@@ -11,9 +11,21 @@ from typing import Any
 
 import pytest
 from bench_fixtures import check_an_issue16_arm_sets
-from pdflash.bench.engine_run import MAX_WARM_BURSTS, RunSpec, run_spec
+from pdflash.bench.engine_run import RunSpec, run_spec
 
-from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings, validate_row
+from pdflash.report.schema import (
+    MAX_WARM_BURSTS,
+    RUN_SETTINGS,
+    row_key,
+    spec_settings,
+    validate_row,
+)
+
+from .test_host_ahead_gate import (
+    check_the_matrix_plans_spells_and_keys,
+    engine_parser,
+    spec_the_engine_suite_runs,
+)
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "warm_bursts"]
 KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
@@ -33,6 +45,18 @@ def test_it_is_keyed_for_every_label() -> None:
     assert spec_settings(spec) != spec_settings({**spec, "warm_bursts": 3})
     # a row older than the setting ran none
     assert SETTING.of_row({}) == 0 and SETTING.of_row({"warm_bursts": 2}) == 2
+
+
+def test_the_suites_pass_it_to_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert engine_parser().parse_args([]).warm_bursts == 0
+    argv = ["--baselines", "PD-all-on", "--warm-bursts", "3"]
+    assert spec_the_engine_suite_runs(monkeypatch, argv).warm_bursts == 3
+    for bad in ("-1", str(MAX_WARM_BURSTS + 1), "two"):
+        with pytest.raises(SystemExit):
+            engine_parser().parse_args(["--warm-bursts", bad])
+    check_the_matrix_plans_spells_and_keys(
+        "warm_bursts", ["--warm-bursts", "3"], 3, "--warm-bursts 3"
+    )
 
 
 def test_an_issue16_arm_sets_it() -> None:
