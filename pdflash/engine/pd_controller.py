@@ -195,13 +195,13 @@ it) and its must-earn probes judge it from the first round.
 copied the requests' experts in leaves the next steps little to wait for
 (on the H200 at c=4 a run's first reading was 0.05-0.08 of the step, its
 later steps 0.2-0.8; that reading was also taken in a benchmark warm-up
-whose settled cache hid the waits). So while the host part is off by the gate's reading (its
-first decision, its turn or its probe's, not a must-earn verdict), the
-gate re-reads the latest ``host_gate_steps`` host-off steps, as its first
-decision does, outside probes (between two probes, and at every measured
-step of a hold) and switches the part on where their median is at or
-above the gate; a must-earn probe's verdict ends the watch (the part is
-then judged by its probes, as above).
+whose settled cache hid the waits). So while the host part is off by the
+gate's reading (its first decision, its turn or its probe's, not a
+must-earn verdict), the gate re-reads the latest ``host_gate_steps``
+host-off steps, as its first decision does, outside probes (between two
+probes, and at every measured step of a hold) and switches the part on
+where their median is at or above the gate; a must-earn probe's verdict
+ends the watch (the part is then judged by its probes, as above).
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
