@@ -1472,28 +1472,19 @@ def _workload(
     # the host part off on the H200). Their resident set at the clock's
     # start may then depend on the copy thread's speed; the row records it
     # (initial_resident_experts) and the Belady replay starts from it.
+    bursts = _Bursts(
+        spec,
+        engine,
+        acceptance,
+        workload,
+        vocab,
+        sampling,
+        None if synthetic_weights else spec.weights,
+    )
     if spec.warm_bursts > 0:
-        warmup["bursts"] = _warm_bursts(
-            spec,
-            engine,
-            acceptance,
-            workload,
-            vocab,
-            sampling,
-            setup,
-            None if synthetic_weights else spec.weights,
-        )
+        warmup["bursts"] = _warm_bursts(bursts, setup)
     if spec.controller_warmup == "first_round":
-        warmup["controller"] = _settle_controller(
-            spec,
-            engine,
-            acceptance,
-            workload,
-            vocab,
-            sampling,
-            setup,
-            None if synthetic_weights else spec.weights,
-        )
+        warmup["controller"] = _settle_controller(bursts, setup)
     with setup.phase("warmup_settle"):
         cache.drain_inflight()
     # NOTE: the clock starts with a settled cache (warm-up copies landed), so
@@ -1774,76 +1765,63 @@ def _has_pd_controller(engine: Engine) -> bool:
 MAX_CONTROLLER_WARM_STEPS = 400
 
 
-def _run_bursts(
-    spec: RunSpec,
-    engine: Engine,
-    acceptance: AcceptanceModel,
-    workload: Workload,
-    vocab: int,
-    sampling: SamplingParams | None,
-    weights: str | None,
-    stream: int,
-    done: Callable[[int], bool],
-) -> int:
-    """Workload bursts (the warm-up's requests, random ids drawn anew from
-    the seed's ``stream``) until ``done(bursts so far)``; returns how many ran."""
-    rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + stream)
-    plans = _warm_up_plans(spec, "workload", workload)
-    # the same texts every burst (loaded once)
-    texts, _ = warm_up_prompts(spec, workload, [n for n, _ in plans], vocab, weights)
-    bursts = 0
-    while not done(bursts):
-        ids = _add_warm_up_requests(
-            "workload", plans, engine, acceptance, vocab, sampling, [], texts, rng
+@dataclass(frozen=True)
+class _Bursts:
+    """Workload bursts after the warm-up: the warm-up's requests again, their
+    prompts (texts loaded once, or random ids drawn anew each burst)."""
+
+    spec: RunSpec
+    engine: Engine
+    acceptance: AcceptanceModel
+    workload: Workload
+    vocab: int
+    sampling: SamplingParams | None
+    weights: str | None
+
+    def run(self, stream: int, done: Callable[[int], bool]) -> int:
+        """Bursts until ``done(bursts so far)``, random ids from the seed's
+        ``stream``; returns how many ran."""
+        spec, engine = self.spec, self.engine
+        rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + stream)
+        plans = _warm_up_plans(spec, "workload", self.workload)
+        texts, _ = warm_up_prompts(
+            spec, self.workload, [n for n, _ in plans], self.vocab, self.weights
         )
-        _run_warm_up_requests(engine, ids, plans)
-        bursts += 1
-    return bursts
+        bursts = 0
+        while not done(bursts):
+            ids = _add_warm_up_requests(
+                "workload",
+                plans,
+                engine,
+                self.acceptance,
+                self.vocab,
+                self.sampling,
+                [],
+                texts,
+                rng,
+            )
+            _run_warm_up_requests(engine, ids, plans)
+            bursts += 1
+        return bursts
 
 
-def _warm_bursts(
-    spec: RunSpec,
-    engine: Engine,
-    acceptance: AcceptanceModel,
-    workload: Workload,
-    vocab: int,
-    sampling: SamplingParams | None,
-    setup: SetupClock,
-    weights: str | None,
-) -> dict[str, int]:
+def _warm_bursts(bursts: _Bursts, setup: SetupClock) -> dict[str, int]:
     """``warm_bursts``: that many workload bursts outside the clock, for any
     label (the row's ``warmup.bursts`` says how many steps they took)."""
+    engine, want = bursts.engine, bursts.spec.warm_bursts
     steps_before = engine.steps
     with setup.phase("warm_bursts"):
-        bursts = _run_bursts(
-            spec,
-            engine,
-            acceptance,
-            workload,
-            vocab,
-            sampling,
-            weights,
-            3 * 104_729,
-            lambda n: n >= spec.warm_bursts,
-        )
-    return {"bursts": bursts, "steps": engine.steps - steps_before}
+        ran = bursts.run(3 * 104_729, lambda n: n >= want)
+    return {"bursts": ran, "steps": engine.steps - steps_before}
 
 
-def _settle_controller(
-    spec: RunSpec,
-    engine: Engine,
-    acceptance: AcceptanceModel,
-    workload: Workload,
-    vocab: int,
-    sampling: SamplingParams | None,
-    setup: SetupClock,
-    weights: str | None,
-) -> dict[str, Any]:
+def _settle_controller(bursts: _Bursts, setup: SetupClock) -> dict[str, Any]:
     """``controller_warmup="first_round"``: workload bursts outside the clock
     until PD's controller has ended its first round of probes, none started
     past :data:`MAX_CONTROLLER_WARM_STEPS` steps (the row's
     ``warmup.controller`` says how many ran and whether the round ended).
     An engine without the controller (its label or a full cache) runs none."""
+    engine = bursts.engine
     policy = engine.parts.policy if engine.parts is not None else None
     if not isinstance(policy, PDController):
         return {
@@ -1857,14 +1835,7 @@ def _settle_controller(
         }
     steps_before = engine.steps
     with setup.phase("controller_warmup"):
-        bursts = _run_bursts(
-            spec,
-            engine,
-            acceptance,
-            workload,
-            vocab,
-            sampling,
-            weights,
+        ran = bursts.run(
             2 * 104_729,
             lambda n: (
                 policy.rounds_done >= 1 or engine.steps - steps_before >= MAX_CONTROLLER_WARM_STEPS
@@ -1874,7 +1845,7 @@ def _settle_controller(
     # controller's books, so the measured row's pd_parts lists none of them
     settled = policy.summary()
     return {
-        "bursts": bursts,
+        "bursts": ran,
         "steps": engine.steps - steps_before,
         "first_round_done": policy.rounds_done >= 1,
         "why": None,

@@ -116,13 +116,13 @@ def test_the_bursts_run_unsettled(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     import pdflash.bench.engine_run as engine_run
 
     settled: list[bool] = []
-    real = engine_run._run_bursts
+    real = engine_run._Bursts.run
 
-    def spy(spec: RunSpec, engine: Any, *args: Any) -> int:
-        settled.append(bool(engine.expert_cache.settle_copies))
-        return real(spec, engine, *args)
+    def spy(self: Any, *args: Any) -> int:
+        settled.append(bool(self.engine.expert_cache.settle_copies))
+        return real(self, *args)
 
-    monkeypatch.setattr(engine_run, "_run_bursts", spy)
+    monkeypatch.setattr(engine_run._Bursts, "run", spy)
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     spec = RunSpec(
         baseline="PD", cache_fraction=0.5, warm_bursts=1, controller_warmup="first_round", **KW
