@@ -1465,6 +1465,12 @@ def _workload(
             setup,
             None if synthetic_weights else spec.weights,
         )
+    policy = engine.parts.policy if engine.parts is not None else None
+    if isinstance(policy, PDController):
+        # its decisions start here (in the bursts, else in the measured run):
+        # the settled warm-up's steps waited for copies on the host, where no
+        # later step does, so what they showed of PD's parts is no evidence
+        policy.restart()
     # NOTE: the bursts run unsettled, as the measured run and a server do: a
     # settled cache waits on the host for every copy, so the stream could
     # not run ahead and the forwards' waits were no stalls the timer sees

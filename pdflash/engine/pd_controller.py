@@ -787,6 +787,13 @@ class PDController:
         self.rate_of = rate_of
         self.host_gate = None if host_gate is None else float(host_gate)
         self.host_gate_steps = host_gate_steps
+        self._initial = initial
+        self._available = ALL_ON
+        self._fresh_state()
+
+    def _fresh_state(self) -> None:
+        """Every decision's and measurement's state as a new controller has
+        it (the settings stay)."""
         #: the waiting shares of the latest measured steps with the host part off
         self._exposed_off: deque[float] = deque(maxlen=HOST_GATE_WINDOW)
         #: the gate's first decision is still to be made (set by bind: a
@@ -797,13 +804,11 @@ class PDController:
         #: the host part is off by the gate's reading (not by a must-earn
         #: probe): the gate re-reads its window outside probes
         self._gate_watch = False
-        self._initial = initial
-        self._parts = initial if initial is not None else ALL_ON
+        self._parts = self._initial if self._initial is not None else ALL_ON
         self._books = _Books()
-        self._available = ALL_ON
         self._probing = False
-        self._countdown = warmup
-        self._hold_now = hold  # the hold after this round
+        self._countdown = self.warmup
+        self._hold_now = self.hold  # the hold after this round
         self._round_switched = False
         self._settling = 0
         self._queue: list[str] = []
@@ -817,6 +822,14 @@ class PDController:
         self._round_loss = 0.0  # step-equivalents this round's probes lost
         self._probe_loss = 0.0  # the same since reset_stats (the summary's)
         self._rounds_done = 0
+
+    def restart(self) -> None:
+        """Forget every decision and measurement: the controller as just
+        built and bound to the same engine (its settings kept). For steps
+        that ran where no later step will, such as a benchmark warm-up's
+        settled cache, whose copies are waited for on the host."""
+        self._fresh_state()
+        self.bind(self._available)
 
     # ------------------------------------------------------------ protocol
     @property

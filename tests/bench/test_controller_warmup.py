@@ -7,6 +7,7 @@ ran, whether the round ended), and settable on an issue-16 arm."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,3 +121,41 @@ def test_a_label_without_the_controller_runs_no_burst(
         "decisions": [],
         "gate_window": None,
     }
+
+
+def test_the_controller_starts_over_after_the_settled_warm_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workload warm-up runs with a settled cache (copies waited for on
+    the host): PD's controller forgets what it decided there, once, after
+    the warm-up's steps and outside the settled cache."""
+    from contextlib import contextmanager
+
+    from pdflash.cache.expert_cache import ExpertCache
+    from pdflash.engine.pd_controller import PDController
+
+    inside: list[bool] = [False]
+    real_settled = ExpertCache.settled
+
+    @contextmanager
+    def settled(self: ExpertCache) -> Iterator[None]:
+        inside[0] = True
+        try:
+            with real_settled(self):
+                yield
+        finally:
+            inside[0] = False
+
+    calls: list[tuple[int, bool]] = []
+    real_restart = PDController.restart
+
+    def restart(self: PDController) -> None:
+        calls.append((self.summary()["steps"], inside[0]))
+        real_restart(self)
+
+    monkeypatch.setattr(ExpertCache, "settled", settled)
+    monkeypatch.setattr(PDController, "restart", restart)
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    run_spec(RunSpec(baseline="PD", cache_fraction=0.5, warmup="workload", **KW))  # type: ignore[arg-type]
+    ((steps_before, settled_then),) = calls
+    assert steps_before > 0 and not settled_then

@@ -426,6 +426,23 @@ def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides() -> Non
     assert switched >= 10
 
 
+def test_a_restarted_controller_decides_as_a_new_one() -> None:
+    """After 80 steps of probes and switches, ``restart`` leaves the
+    controller as a new one bound to the same parts: the same state, and the
+    same decisions on the same steps."""
+    used = PDController()
+    drive(used, Plant({"scheduler_2d": 1.4}, noise=0.05, seed=1), 80)
+    assert switches(used) and used.rounds_done >= 1
+    used.restart()
+    fresh = PDController()
+    fresh.bind(ALL_ON)
+    assert used.parts == fresh.parts and used.rounds_done == 0
+    assert used.summary() == fresh.summary()
+    seen_used = drive(used, Plant({"stream": 1.3}, noise=0.05, seed=7), 120)
+    seen_fresh = drive(fresh, Plant({"stream": 1.3}, noise=0.05, seed=7), 120)
+    assert seen_used == seen_fresh and used.summary() == fresh.summary()
+
+
 def test_the_books_sum_every_steps_wall_and_exposed_fetch() -> None:
     ctl = PDController()
     plant = Plant({}, noise=0.1, seed=2, host={"stream": 0.002}, exposed=0.01)
