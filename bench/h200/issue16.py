@@ -375,6 +375,14 @@ def _controller_warmup(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def _spread(rows: list[dict[str, Any]], key: str) -> dict[str, float] | None:
+    """Median, min and max of the runs' ``key`` (None where no run has it)."""
+    vals = [v for v in (_num(r.get(key)) for r in rows) if v is not None]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+
 def _books_exposed_share(row: dict[str, Any]) -> float | None:
     """The exposed fetch PD's books summed over a run's steps (the per-step
     reads its probes judge by) over the row's own total (read after a device
@@ -445,6 +453,9 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "parts_switches": _median_of(rows, lambda r: (r.get("pd_parts") or {}).get("switches")),
         # the books' per-step exposed fetch over the row's total (median)
         "books_exposed_share": _median_of(rows, _books_exposed_share),
+        # tokens committed per request round, per run: arms whose draws or
+        # widths differ commit differently per step (the tokens/s follow)
+        "acceptance_length": _spread(rows, "acceptance_length_mean"),
         # controller_warmup="first_round": the warm-up bursts each run ran
         # and how many runs' controllers ended their first round before the
         # clock (None where no run of the arm warmed its controller)
@@ -800,6 +811,19 @@ def table(summary: dict[str, Any]) -> list[str]:
                     )
                     + f" ({_fmt(m.get('parts_switches'), '.0f')})"
                     for arm, m in probed.items()
+                )
+            )
+        accepted = {
+            arm: a
+            for arm, m in (p.get("by_arm") or {}).items()
+            if (a := m.get("acceptance_length"))
+        }
+        if accepted:
+            lines.append(
+                "  committed per request round: "
+                + "; ".join(
+                    f"{arm} {_fmt(a['median'])} [{_fmt(a['min'])}, {_fmt(a['max'])}]"
+                    for arm, a in accepted.items()
                 )
             )
         books = {

@@ -361,6 +361,23 @@ def test_each_arm_reports_what_its_books_per_step_reads_saw() -> None:
     assert "PD 0.25" in line and "host" not in line
 
 
+def test_each_arm_reports_its_runs_committed_per_round() -> None:
+    """The spread of the runs' acceptance length per arm, so arms that drew
+    or verified differently show it beside their tokens/s."""
+    rows = [
+        _arm_row("PD", 0, 90.0, acceptance_length_mean=4.0),
+        _arm_row("PD", 1, 91.0, acceptance_length_mean=5.0),
+        _arm_row("PD", 2, 92.0, acceptance_length_mean=4.5),
+        _arm_row("host", 0, 100.0),
+    ]
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    assert p["by_arm"]["PD"]["acceptance_length"] == {"median": 4.5, "min": 4.0, "max": 5.0}
+    assert p["by_arm"]["host"]["acceptance_length"] is None
+    lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
+    (line,) = [x for x in lines if "committed per request round" in x]
+    assert "PD 4.50 [4.00, 5.00]" in line and "host" not in line
+
+
 def test_arm_order_rotates_per_repeat_and_point() -> None:
     arms = issue16.parse_arms("a=PD,b=PD+host,c=PD+host:host_ahead=weighted")
 
