@@ -191,11 +191,11 @@ gate kept off with no probe; at or above, switched on and probed from the
 next round. Without a gate the host part starts on (where the engine has
 it) and its must-earn probes judge it from the first round.
 
-**The gate's watch.** A share read early can mislead: a prefill that just
-copied the requests' experts in leaves the next steps little to wait for
-(on the H200 at c=4 a run's first reading was 0.05-0.08 of the step, its
-later steps 0.2-0.8; that reading was also taken in a benchmark warm-up
-whose settled cache hid the waits). So while the host part is off by the
+**The gate's watch.** A share read early can mislead: the first steps can
+be unlike the run's later ones (on the H200 at c=4, 0.05-0.08 of the step
+in a benchmark warm-up whose settled cache hid the waits, against 0.2-0.8
+in the measured runs; a prefill that just copied the requests' experts in
+may also leave the next steps little to wait for). So while the host part is off by the
 gate's reading (its first decision, its turn or its probe's, not a
 must-earn verdict), the gate re-reads the latest ``host_gate_steps``
 host-off steps, as its first decision does, outside probes (between two
