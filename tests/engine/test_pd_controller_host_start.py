@@ -140,10 +140,10 @@ def test_the_first_decision_takes_the_median_of_its_steps() -> None:
 def test_the_gates_watch_rereads_a_closed_first_decision() -> None:
     """The first measured steps wait little for copies (0.05-0.08 of the
     step in the H200's settled c=4 warm-ups), the later ones much (0.8):
-    the first decision keeps the host
-    part off, and the gate's watch switches it on as the first probe ends,
-    not a round and a hold later; it pays (the step 40% shorter) and runs
-    from there but in its probes' off steps."""
+    the first decision keeps the host part off, and the gate's watch
+    switches it on as the first probe ends, not a round and a hold later;
+    it pays (the step 40% shorter) and runs from there but in its probes'
+    off steps."""
     ctl = PDController(host_gate=HOST_GATE_EXPOSED)
     ctl.bind(WITH_HOST)
     states = []
