@@ -1531,18 +1531,19 @@ def _workload(
             # requests) mod R: each repeat replays the trace's next requests,
             # as its prompts and lengths are drawn anew (every label of one
             # repeat replays the same ones: the matrix's pairs stay paired)
+            place = plan.index + spec.repeat * workload.num_requests
             _assign_trace_request(
                 engine,
                 acceptance,
                 rid,
-                plan.index + spec.repeat * workload.num_requests,
+                place,
                 None if trace_requests is None else trace_requests[plan.index],
             )
             if isinstance(acceptance, ForcedAcceptance):
                 # the forced draws follow the request's place in the workload
                 # and the repeat, not its id (warm-ups of different lengths
                 # ran before it): every label of one repeat draws alike
-                acceptance.assign_stream(rid, plan.index + spec.repeat * workload.num_requests)
+                acceptance.assign_stream(rid, place)
             ids.append(rid)
             if plan.user is not None:
                 user_of[rid] = plan.user

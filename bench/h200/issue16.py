@@ -376,11 +376,13 @@ def _controller_warmup(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _spread(rows: list[dict[str, Any]], key: str) -> dict[str, float] | None:
-    """Median, min and max of the runs' ``key`` (None where no run has it)."""
+    """Median, min and max (:func:`interval`'s) of the runs' ``key`` (None
+    where no run has it)."""
     vals = [v for v in (_num(r.get(key)) for r in rows) if v is not None]
     if not vals:
         return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+    summary = interval(vals)
+    return {k: summary[k] for k in ("median", "min", "max")}
 
 
 def _books_exposed_share(row: dict[str, Any]) -> float | None:
@@ -731,6 +733,15 @@ def summarise(
     return out
 
 
+def _per_arm_line(
+    by_arm: dict[str, Any], heading: str, key: str, show: Callable[[Any], str]
+) -> list[str]:
+    """One table line, ``heading: arm shown; ...``, over the arms whose
+    summary has ``key`` (none where no arm has it)."""
+    shown = [f"{arm} {show(m[key])}" for arm, m in by_arm.items() if m.get(key) is not None]
+    return [f"  {heading}: " + "; ".join(shown)] if shown else []
+
+
 def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if _num(x) is None else format(x, spec)
 
@@ -813,45 +824,30 @@ def table(summary: dict[str, Any]) -> list[str]:
                     for arm, m in probed.items()
                 )
             )
-        accepted = {
-            arm: a
-            for arm, m in (p.get("by_arm") or {}).items()
-            if (a := m.get("acceptance_length"))
-        }
-        if accepted:
-            lines.append(
-                "  committed per request round: "
-                + "; ".join(
-                    f"{arm} {_fmt(a['median'])} [{_fmt(a['min'])}, {_fmt(a['max'])}]"
-                    for arm, a in accepted.items()
-                )
-            )
-        books = {
-            arm: share
-            for arm, m in (p.get("by_arm") or {}).items()
-            if (share := _num(m.get("books_exposed_share"))) is not None
-        }
-        if books:
-            lines.append(
-                "  exposed fetch the books' per-step reads saw / the run's total: "
-                + "; ".join(f"{arm} {_fmt(share)}" for arm, share in books.items())
-            )
-        warmed = {
-            arm: w
-            for arm, m in (p.get("by_arm") or {}).items()
-            if (w := m.get("controller_warmup"))
-        }
-        if warmed:
-            # the runs' clocks started past the controller's first round
-            # (or the warm-up's step cap came first: fewer ended than runs)
-            lines.append(
-                "  controller warmed past its first round: "
-                + "; ".join(
-                    f"{arm} {w['first_round_done']}/{w['runs']} runs, bursts "
-                    f"{_fmt(w['bursts_median'], '.0f')}, steps {_fmt(w['steps_median'], '.0f')}"
-                    for arm, w in warmed.items()
-                )
-            )
+        by_arm = p.get("by_arm") or {}
+        lines += _per_arm_line(
+            by_arm,
+            "committed per request round",
+            "acceptance_length",
+            lambda a: f"{_fmt(a['median'])} [{_fmt(a['min'])}, {_fmt(a['max'])}]",
+        )
+        lines += _per_arm_line(
+            by_arm,
+            "exposed fetch the books' per-step reads saw / the run's total",
+            "books_exposed_share",
+            _fmt,
+        )
+        # the runs' clocks started past the controller's first round (or the
+        # warm-up's step cap came first: fewer ended than runs)
+        lines += _per_arm_line(
+            by_arm,
+            "controller warmed past its first round",
+            "controller_warmup",
+            lambda w: (
+                f"{w['first_round_done']}/{w['runs']} runs, bursts "
+                f"{_fmt(w['bursts_median'], '.0f')}, steps {_fmt(w['steps_median'], '.0f')}"
+            ),
+        )
         for arm, m in (p.get("by_arm") or {}).items():
             if not m.get("host_service_runs"):
                 continue
