@@ -11,7 +11,11 @@ concurrency) are kept apart, and a pair where either run's clock held
 CUDA-graph captures is named (it is confounded). No GPU: the rows are
 read as committed.
 
-Usage: python bench/pair_ratios.py ROWS.jsonl[.gz] NUM/DEN [NUM/DEN ...]
+Several rows files pool their pairs (the same arms run in several calls):
+a pair stays within its file, and each file's repeats are numbered on after
+the previous file's (the printed repeats are those pooled numbers).
+
+Usage: python bench/pair_ratios.py ROWS.jsonl[.gz] [ROWS ...] NUM/DEN [NUM/DEN ...]
 """
 
 from __future__ import annotations
@@ -103,14 +107,36 @@ def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str
     return out
 
 
+def pooled(files: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several files as one, each file's repeats renumbered on
+    after the previous file's so that pairs never cross files (copies: the
+    given rows are not changed)."""
+    out: list[dict[str, Any]] = []
+    start = 0
+    for rows in files:
+        repeats = [int(r["repeat"]) for r in rows if r.get("repeat") is not None]
+        out.extend(
+            r if r.get("repeat") is None else {**r, "repeat": start + int(r["repeat"])}
+            for r in rows
+        )
+        start += max(repeats) + 1 if repeats else 0
+    return out
+
+
+def _is_rows_file(arg: str) -> bool:
+    return arg.endswith((".jsonl", ".jsonl.gz"))
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2 or any("/" not in a for a in argv[1:]):
+    paths = [a for a in argv if _is_rows_file(a)]
+    specs = [a for a in argv if not _is_rows_file(a)]
+    if not paths or not specs or any("/" not in a for a in specs):
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
-    rows = read_jsonl(argv[0])
+    rows = pooled([read_jsonl(path) for path in paths])
     known = sorted({config_of(r) for r in rows})
     status = 0
-    for spec in argv[1:]:
+    for spec in specs:
         num, den = spec.split("/", 1)
         missing = [c for c in (num, den) if c not in known]
         if missing:

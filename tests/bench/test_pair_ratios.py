@@ -86,3 +86,27 @@ def test_the_committed_session23_pairs_read_as_its_readme_says() -> None:
     assert [round(x, 2) for x in preset["ratios"]] == [0.85, 0.87, 0.87]
     (one,) = pr.pair_ratios(width, "PD[adaptive:beta=one]", "PD[adaptive]")
     assert one["interval"][0] > 1.0
+
+
+def test_pooled_files_keep_pairs_within_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    a, b = {"arm": "a", "baseline": "PD"}, {"arm": "b", "baseline": "PD"}
+    first = [_row(a, 0, 20.0), _row(b, 0, 10.0), _row(a, 1, 30.0), _row(b, 1, 20.0)]
+    # the second call's repeat 0 must not pair with the first call's repeat 0
+    second = [_row(a, 0, 12.0), _row(b, 0, 10.0), _row(b, 1, 99.0)]
+    rows = pr.pooled([first, second])
+    assert [r["repeat"] for r in rows] == [0, 0, 1, 1, 2, 2, 3]
+    assert first[0]["repeat"] == 0 and second[0]["repeat"] == 0  # copies, not edits
+    (c1,) = pr.pair_ratios(rows, "a", "b")
+    assert c1["repeats"] == [0, 1, 2] and c1["ratios"] == [2.0, 1.5, 1.2]
+    paths = []
+    for i, part in enumerate((first, second)):
+        path = tmp_path / f"rows{i}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))
+        paths.append(str(path))
+    assert pr.main([*paths, "a/b"]) == 0
+    out = capsys.readouterr().out
+    assert "a/b median 1.500" in out and "pairs (2.00, 1.50, 1.20)" in out
