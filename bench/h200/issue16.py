@@ -10,7 +10,8 @@ acceptance, block 16. The host computes from the weight format
 ``--host-format`` (default ``auto``: timed at start-up; the chosen format
 and every candidate's time are in each PD+host row and the summary).
 
-Arms (``--arms``, default ``PD,PD+host``): a comma-separated list of
+Arms (``--arms``, default :data:`DEFAULT_ARMS`: each label at the best
+setting measured for it, below): a comma-separated list of
 ``NAME=BASELINE[:SETTING=VALUE[:SETTING=VALUE...]]``; a bare ``BASELINE``
 is an arm of that name with no overrides. SETTING is a run setting of
 :class:`~pdflash.bench.engine_run.RunSpec` (``pdflash.report.schema``'s
@@ -63,7 +64,8 @@ applied, who decided whether the host part ran (``--host-control``) and the
 share of the measured steps it ran in, and the share each of PD's other parts
 ran in with the controller's switches). The fields ``speedup_median``, ``verdict``, ``bytes_per_token``,
 ``pd_host`` and ``pd`` read the reference arm as "PD+host" and the PD arm
-as "PD" (with the default arms: exactly those baselines). ``--budget-s``
+as "PD" (with the default arms: those presets, warmed past their
+controller's first round). ``--budget-s``
 stops starting runs; the summary says how many repeats each point got.
 """
 
@@ -115,7 +117,17 @@ def _median(rows: list[dict[str, Any]], name: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-DEFAULT_ARMS = "PD,PD+host"
+#: each side at its best measured setting, warmed alike: the presets past
+#: their controller's first round, PD's parts all on (without and with the
+#: host part) given as many workload bursts, CUDA graph pieces on all
+#: (bench/results/h200/session27-2026-12-04/: the settled presets and the
+#: all-on arms within noise of each other at c=1, 4 and 16)
+DEFAULT_ARMS = (
+    "PD=PD:cuda_graphs=piecewise:controller_warmup=first_round,"
+    "PD-all-on=PD-all-on:cuda_graphs=piecewise:warm_bursts=3,"
+    "PD+host=PD+host:cuda_graphs=piecewise:controller_warmup=first_round,"
+    "PD-all-on+host=PD-all-on:host_experts=auto:cuda_graphs=piecewise:warm_bursts=3"
+)
 #: an arm's name: what rows, ratios (``ARM/OTHER``) and the table show
 ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 #: splits an arm's overrides: a ``:`` followed by ``SETTING=``
@@ -966,7 +978,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--arms",
         default=DEFAULT_ARMS,
-        help="NAME=BASELINE[:SETTING=VALUE...],... (module doc); default: PD,PD+host",
+        help="NAME=BASELINE[:SETTING=VALUE...],... (module doc); default: the presets and "
+        "PD-all-on without and with the host part, each warmed and with CUDA graph pieces",
     )
     ap.add_argument(
         "--reference",

@@ -91,11 +91,22 @@ def test_parse_arms_names_baselines_and_typed_overrides() -> None:
         ("noaffinity", "PD+host", {"host_affinity": "off"}),
         ("weighted", "PD+host", {"host_ahead": "weighted"}),
     ]
-    # the default is today's pair; a value may hold ':' (not followed by SETTING=)
-    assert [(a.name, a.baseline) for a in issue16.parse_arms(issue16.DEFAULT_ARMS)] == [
+    # the default: both presets warmed past their controller's first round and
+    # PD-all-on without and with the host part given bursts, pieces on all
+    default = issue16.parse_arms(issue16.DEFAULT_ARMS)
+    assert [(a.name, a.baseline) for a in default] == [
         ("PD", "PD"),
+        ("PD-all-on", "PD-all-on"),
         ("PD+host", "PD+host"),
+        ("PD-all-on+host", "PD-all-on"),
     ]
+    assert [a.overrides() for a in default] == [
+        {"cuda_graphs": "piecewise", "controller_warmup": "first_round"},
+        {"cuda_graphs": "piecewise", "warm_bursts": 3},
+        {"cuda_graphs": "piecewise", "controller_warmup": "first_round"},
+        {"host_experts": "auto", "cuda_graphs": "piecewise", "warm_bursts": 3},
+    ]
+    # a value may hold ':' (not followed by SETTING=)
     (arm,) = issue16.parse_arms(
         "w=PD+host:verify_width=fixed:4:host_critical_path=true:host_max_tokens=0"
         ":host_threads=none:host_max_ratio=2"
@@ -183,6 +194,12 @@ def test_check_arms_refuses(text: str, message: str) -> None:
 
 def test_check_arms_accepts_the_five_and_host_settings_with_host_experts() -> None:
     issue16.check_arms(issue16.parse_arms(_FIVE), {"layers": None}, ["tiny-gpt_oss"])
+    # the default arms are valid and distinct runs on both archs
+    issue16.check_arms(
+        issue16.parse_arms(issue16.DEFAULT_ARMS),
+        {"layers": None},
+        ["tiny-gpt_oss", "tiny-qwen3_moe"],
+    )
     # configurations that differ from the label's preset are distinct arms
     distinct = (
         "PD,full=PD:verify_width=full,PD+host,open=PD+host:host_ahead_min_exposed=0,"
@@ -392,7 +409,7 @@ def test_arm_order_rotates_per_repeat_and_point() -> None:
         for pos in range(3):
             assert sorted(o[pos] for o in orders) == ["a", "b", "c"]
     # two arms: they alternate which goes first
-    two = issue16.parse_arms(issue16.DEFAULT_ARMS)
+    two = issue16.parse_arms("PD,PD+host")
     assert [issue16.arm_order(two, r, 0)[0].name for r in range(3)] == ["PD", "PD+host", "PD"]
 
 
