@@ -692,45 +692,6 @@ def release_targets() -> None:
         torch.cuda.empty_cache()
 
 
-#: Seconds one pass of the link probe takes on an emulated (throttled) link.
-PROBE_S = 0.25
-
-
-def measure_link_gbps(issuer: Any, device: torch.device, nbytes: int = 256 << 20) -> float:
-    """Host->device bandwidth through the issuer in this run (one bulk transfer
-    of pinned memory split into the issuer's chunks), in GB/s (1e9 B/s)."""
-    if device.type != "cuda":
-        nbytes = min(nbytes, 32 << 20)
-        emulated = getattr(issuer, "emulated_link_gbps", None)
-        if emulated:
-            # about a quarter second per pass on a slow emulated link
-            nbytes = min(nbytes, max(1 << 20, int(emulated * 1e9 * PROBE_S)))
-    src = issuer.pinned_array(nbytes, np.uint8)
-    src[:] = 1
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    issuer.register_destination(dst.data_ptr(), nbytes)
-    piece = 16 << 20
-    n = -(-nbytes // piece)
-    offsets = np.arange(n, dtype=np.int64) * piece
-    sizes = np.minimum(piece, nbytes - offsets).astype(np.int64)
-    keys = np.arange(n, dtype=np.int64) + (1 << 60)
-    # warm-up copy (first-touch, stream creation) then the timed one
-    for attempt in range(2):
-        t0 = time.perf_counter()
-        tickets = issuer.submit(
-            src.ctypes.data + offsets,
-            dst.data_ptr() + offsets,
-            sizes,
-            keys + attempt * n,
-            Band.BACKGROUND,
-        )
-        issuer.wait(tickets)
-        elapsed = time.perf_counter() - t0
-    issuer.unregister_destination(dst.data_ptr())
-    del dst
-    return nbytes / elapsed / 1e9
-
-
 def _percentile(values: list[float], q: float, what: str) -> Metric:
     if not values:
         return NotMeasured(f"no {what} observed")
@@ -1053,6 +1014,8 @@ def _run(
     from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
 
     setup = SetupClock() if setup is None else setup
+    from pdflash.h2d import measure_link_gbps
+
     with setup.phase("link_probe"):
         link_gbps = measure_link_gbps(issuer, device)
     # the HBM copy probe of the rows' verify roofline, once per process, here

@@ -14,7 +14,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pdflash.serve.build import ServeModelConfig
+from pdflash.engine.config import HOST_CONTROLS
+from pdflash.serve.build import SERVE_BASELINES, ServeModelConfig
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -38,8 +39,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--baseline",
         default=None,
-        choices=["B0", "B1", "B2", "B3", "PD"],
-        help="engine configuration (default: PD with --draft, B0 without)",
+        choices=list(SERVE_BASELINES),
+        help="engine configuration (default: PD with --draft, B0 without; PD+host adds the "
+        "hybrid miss service: the host CPU computes some missed experts while the link copies "
+        "others; PD-all-on runs PD's parts without its controller)",
     )
     p.add_argument("--block-size", type=int, default=8, help="DFlash block size")
     p.add_argument("--max-running", type=int, default=8, help="requests decoding at once")
@@ -63,6 +66,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="record up to N CUDA graphs of the verify forward and N of the drafter's at "
         "start-up (the likeliest shape buckets first) instead of at each bucket's first "
         "step; 0: none",
+    )
+    p.add_argument(
+        "--host-control",
+        default="controller",
+        choices=list(HOST_CONTROLS),
+        help="with --baseline PD+host: who decides whether the host computes missed experts "
+        "(controller: PD's controller probes it and its gate switches it on where the step "
+        "waits on the link; always: every step)",
     )
     p.add_argument(
         "--seed",
@@ -89,6 +100,7 @@ def _model_config(a: argparse.Namespace) -> ServeModelConfig:
         seed=a.seed,
         verify_width=a.verify_width,
         prepare_graphs=a.prepare_graphs,
+        host_control=a.host_control,
     )
 
 

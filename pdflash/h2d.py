@@ -65,6 +65,8 @@ from pdflash.metrics import NotMeasured
 from pdflash.protocols import Band
 
 if TYPE_CHECKING:
+    import torch
+
     # mypy types every call against the checked stub (_issuer.pyi)
     from pdflash_native import _issuer as _native
 else:
@@ -490,6 +492,52 @@ class H2DIssuer:
             f"H2DIssuer(backend={self._backend!r}, chunk_bytes={self.chunk_bytes}, "
             f"window_bytes={self.window_bytes}, {state})"
         )
+
+
+#: Seconds one pass of the link probe takes on an emulated (throttled) link.
+LINK_PROBE_S = 0.25
+
+
+def measure_link_gbps(issuer: H2DIssuer, device: torch.device, nbytes: int = 256 << 20) -> float:
+    """Host->device bandwidth through ``issuer`` now (one bulk transfer of
+    pinned memory split into 16 MiB copies in the BACKGROUND band, after an
+    untimed first pass), in GB/s (1e9 B/s). Off CUDA the probe is at most
+    32 MiB, and on an emulated link about :data:`LINK_PROBE_S` long."""
+    import time
+
+    import torch
+
+    if device.type != "cuda":
+        nbytes = min(nbytes, 32 << 20)
+        emulated = issuer.emulated_link_gbps
+        if emulated:
+            nbytes = min(nbytes, max(1 << 20, int(emulated * 1e9 * LINK_PROBE_S)))
+    src = issuer.pinned_array(nbytes, np.uint8)
+    src[:] = 1
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    issuer.register_destination(dst.data_ptr(), nbytes)
+    try:
+        piece = 16 << 20
+        n = -(-nbytes // piece)
+        offsets = np.arange(n, dtype=np.int64) * piece
+        sizes = np.minimum(piece, nbytes - offsets).astype(np.int64)
+        keys = np.arange(n, dtype=np.int64) + (1 << 60)
+        # the first pass pays first touch and stream creation; the second is timed
+        elapsed = 0.0
+        for attempt in range(2):
+            t0 = time.perf_counter()
+            tickets = issuer.submit(
+                src.ctypes.data + offsets,
+                dst.data_ptr() + offsets,
+                sizes,
+                keys + attempt * n,
+                Band.BACKGROUND,
+            )
+            issuer.wait(tickets)
+            elapsed = time.perf_counter() - t0
+    finally:
+        issuer.unregister_destination(dst.data_ptr())
+    return nbytes / elapsed / 1e9
 
 
 def _timeout(timeout_s: float | None) -> float:

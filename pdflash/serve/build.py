@@ -5,7 +5,11 @@ from a device :class:`ExpertCache` of ``cache_fraction`` of the experts (or
 ``cache_gb`` GB) filled by the H2D issuer. With a DFlash draft checkpoint the
 engine runs the ``PD`` configuration (DFlash, 2-D deficit verify scheduler,
 route-ahead in bands); without one, ``B0`` (autoregressive, on-demand copies
-with next-layer gate lookahead). Everything here is built on the calling
+with next-layer gate lookahead). ``PD+host`` adds the hybrid miss service
+(:mod:`pdflash.hybrid`: the host CPU computes some missed experts while the
+link copies others; its cost model is calibrated at start-up against the
+link rate measured then), ``PD-all-on`` runs PD's parts without the
+controller that switches them. Everything here is built on the calling
 thread: the serving loop calls :func:`build_engine` from its engine thread.
 """
 
@@ -15,15 +19,24 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from pdflash.cache.expert_cache import quiesce
 from pdflash.distributed.lockstep import LockstepEngine, replicated_config
-from pdflash.engine.config import EngineConfig
-from pdflash.engine.engine import Engine
+from pdflash.engine.config import EngineConfig, check_host_control
+from pdflash.engine.engine import Engine, fills_full_cache
+from pdflash.engine.pd_controller import FixedParts
+
+if TYPE_CHECKING:
+    from pdflash.hybrid.service import HostExpertService
+
+
+#: the engine configurations ``pdflash serve`` and ``generate`` run (labels
+#: of :meth:`EngineConfig.preset`)
+SERVE_BASELINES = ("B0", "B1", "B2", "B3", "PD", "PD+host", "PD-all-on")
 
 
 @dataclass
@@ -52,6 +65,9 @@ class ServeModelConfig:
     # the likeliest buckets first); 0: none,
     # each bucket is recorded by the first step that meets it
     prepare_graphs: int = 0
+    # who decides whether PD+host's hybrid miss service runs (EngineConfig.host_control):
+    # "controller" (probed and gated by the PD controller) or "always" (every step)
+    host_control: str = "controller"
 
     def validate(self) -> None:
         if self.cache_fraction is not None and self.cache_gb is not None:
@@ -74,10 +90,25 @@ class ServeModelConfig:
             from pdflash.engine.verify_width import parse_width
 
             parse_width(self.verify_width, self.block_size)
+        if self.baseline is not None and self.baseline not in SERVE_BASELINES:
+            raise ValueError(
+                f"baseline must be one of {', '.join(SERVE_BASELINES)}, got {self.baseline!r}"
+            )
         if self.gpus > 1 and (self.baseline == "B3" or self.device.startswith("cuda:")):
             raise ValueError(
                 "--gpus > 1 partitions the experts over ranks (rank r on cuda:r): "
                 "not with B3 or --device cuda:N"
+            )
+        check_host_control(self.host_control)
+        if self.host_control != "controller" and self.baseline != "PD+host":
+            raise ValueError(
+                f"host_control {self.host_control!r} needs --baseline PD+host (the only "
+                "configuration with a hybrid miss service)"
+            )
+        if self.gpus > 1 and self.baseline == "PD+host":
+            raise ValueError(
+                "--baseline PD+host serves on one GPU: its hybrid miss service is not built "
+                "for expert-parallel ranks here (pdflash-bench engine --gpus N runs it)"
             )
         for name, p in (("model", self.model), ("draft", self.draft)):
             if p is not None and not (Path(p) / "config.json").is_file():
@@ -182,6 +213,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         backend="cuda" if device.type == "cuda" else "host",
         emulated_link_gbps=cfg.emulated_link_gbps if device.type != "cuda" else None,
     )
+    host_service: HostExpertService | None = None
     try:
         fraction = cfg.cache_fraction
         capacity = None if cfg.cache_gb is None else int(cfg.cache_gb * 1e9)
@@ -225,6 +257,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             token_budget=cfg.max_running * cfg.block_size,
             seed=cfg.seed,
             **({} if cfg.verify_width is None else {"verify_width": cfg.verify_width}),
+            **({} if cfg.host_control == "controller" else {"host_control": cfg.host_control}),
         )
         if group is not None:
             config = replicated_config(config)
@@ -259,6 +292,14 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         max_len = cfg.max_model_len or min(
             int(getattr(adapter.config, "max_position_embeddings", 4096) or 4096), 4096
         )
+        if config.host_experts != "off" and not fills_full_cache(config, adapter, view):
+            # a full cache switches the service off in the engine: none is built
+            from pdflash.h2d import measure_link_gbps
+            from pdflash.hybrid import build_host_service
+
+            host_service = build_host_service(
+                adapter, link_bytes_per_s=measure_link_gbps(issuer, device) * 1e9
+            )
         engine = Engine(
             adapter,
             config,
@@ -268,8 +309,11 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             horizon=horizon,
             expert_cache=view,
             route_stats=route_stats,
+            host_service=host_service,
             max_seq_len=max_len,
             device=device,
+            # PD-all-on keeps every part on: fixed books, nothing switched
+            controller=FixedParts() if baseline == "PD-all-on" else None,
         )
         prepared = None
         if cfg.prepare_graphs and group is None:
@@ -277,13 +321,20 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
                 limit=cfg.prepare_graphs, draft_limit=cfg.prepare_graphs
             )
     except BaseException:
+        if host_service is not None:
+            host_service.close()
         issuer.close()
         adapter.close()
         raise
+    closers: list[Any] = [] if host_service is None else [host_service.close]
     if group is not None and group.is_main:
         lockstep = LockstepEngine(engine, group)
-        return EngineBundle(lockstep, adapter, cache, issuer, max_len, closers=[lockstep.stop])
-    return EngineBundle(engine, adapter, cache, issuer, max_len, graphs_prepared=prepared)
+        return EngineBundle(
+            lockstep, adapter, cache, issuer, max_len, closers=[lockstep.stop, *closers]
+        )
+    return EngineBundle(
+        engine, adapter, cache, issuer, max_len, closers=closers, graphs_prepared=prepared
+    )
 
 
 def write_synthetic_model(

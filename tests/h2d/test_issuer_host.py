@@ -760,3 +760,16 @@ def test_an_uninitialised_native_issuer_raises_instead_of_crashing() -> None:
         _ = bare.closed
     with pytest.raises(RuntimeError, match="not initialised"):
         bare.submit(np.array([1]), np.array([1]), 8, np.array([-1]), 2)
+
+
+def test_link_probe_reads_the_emulated_link() -> None:
+    import torch
+
+    from pdflash.h2d import measure_link_gbps
+
+    with H2DIssuer(backend="host", emulated_link_gbps=0.05) as issuer:
+        gbps = measure_link_gbps(issuer, torch.device("cpu"))
+        # a throttled link cannot be read faster than its throttle
+        assert 0 < gbps <= 0.05 * 1.1
+        # and about a quarter second's worth of bytes moved: not a 0 s pass
+        assert gbps > 0.05 / 10

@@ -1,0 +1,114 @@
+"""``pdflash serve`` / ``generate`` with ``--baseline PD+host`` (the hybrid
+miss service) and ``PD-all-on``: built, served, greedy-equal to PD, closed
+without leaks; refused where it cannot run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdflash.cli import build_parser, main
+from pdflash.engine import SamplingParams
+from pdflash.engine.pd_controller import FixedParts, PDController
+from pdflash.serve.build import EngineBundle, ServeModelConfig, build_engine
+from pdflash.text import load_tokenizer
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _greedy(bundle: EngineBundle, prompt_ids: list[int], n: int) -> list[int]:
+    engine = bundle.engine
+    rid = engine.add_request(prompt_ids, SamplingParams(), max_new_tokens=n, stop_ids=[])
+    engine.run_until_done()
+    return list(engine.request(rid).output)
+
+
+def _config(tiny_model: tuple[Path, Path], baseline: str, **kw: object) -> ServeModelConfig:
+    target, draft = tiny_model
+    return ServeModelConfig(
+        model=str(target),
+        draft=str(draft),
+        device="cpu",
+        block_size=4,
+        baseline=baseline,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_pd_host_serves_misses_on_the_host_and_decodes_as_pd(
+    tiny_model: tuple[Path, Path],
+) -> None:
+    tok = load_tokenizer(tiny_model[0])
+    prompt = tok("The hybrid miss service")["input_ids"]
+    # a slow emulated link (the tiny experts are a few KB): copying a miss
+    # costs more than computing it on the host, so the planner hosts some
+    slow = {"cache_fraction": 0.5, "emulated_link_gbps": 0.01}
+    pd = build_engine(_config(tiny_model, "PD", **slow))
+    try:
+        assert pd.engine.host_service is None
+        want = _greedy(pd, prompt, 16)
+    finally:
+        pd.close()
+    # under the controller (the default) its probes and gate decide whether
+    # the host part runs in this short run; "always" runs it in every step
+    for control in ("controller", "always"):
+        host = build_engine(_config(tiny_model, "PD+host", host_control=control, **slow))
+        service = host.engine.host_service
+        try:
+            assert service is not None and host.engine.config.host_experts == "auto"
+            assert host.engine.config.host_control == control
+            assert isinstance(host.engine.parts.policy, PDController)  # type: ignore[union-attr]
+            got = _greedy(host, prompt, 16)
+            if control == "always":
+                assert service.books.experts > 0, "no miss was served on the host"
+        finally:
+            host.close()
+        # the same greedy tokens whichever side computed an expert (fp32 CPU)
+        assert got == want, control
+        # closing the bundle closed the service's host pool
+        assert service.executor.closed
+
+
+def test_pd_host_with_every_expert_resident_builds_no_service(
+    tiny_model: tuple[Path, Path],
+) -> None:
+    bundle = build_engine(_config(tiny_model, "PD+host", cache_fraction=1.0))
+    try:
+        assert bundle.engine.host_service is None
+        assert "host_experts" in bundle.engine.full_cache_state()["switched_off"]
+    finally:
+        bundle.close()
+
+
+def test_pd_all_on_runs_every_part_under_fixed_books(tiny_model: tuple[Path, Path]) -> None:
+    bundle = build_engine(_config(tiny_model, "PD-all-on", cache_fraction=0.5))
+    try:
+        assert bundle.engine.config.baseline == "PD-all-on"
+        assert bundle.engine.host_service is None
+        assert isinstance(bundle.engine.parts.policy, FixedParts)  # type: ignore[union-attr]
+        assert len(_greedy(bundle, [1, 2, 3, 4], 6)) == 6
+    finally:
+        bundle.close()
+
+
+def test_bad_baselines_are_refused(
+    tiny_model: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ValueError, match="baseline must be one of"):
+        _config(tiny_model, "PD+cpu").validate()
+    with pytest.raises(ValueError, match="needs --baseline PD\\+host"):
+        _config(tiny_model, "PD", host_control="always").validate()
+    with pytest.raises(ValueError, match="host_control must be one of"):
+        _config(tiny_model, "PD+host", host_control="sometimes").validate()
+    with pytest.raises(ValueError, match="PD\\+host serves on one GPU"):
+        _config(tiny_model, "PD+host", gpus=2).validate()
+    target = str(tiny_model[0])
+    # speculative without a draft: named before anything loads
+    rc = main(["generate", "--model", target, "--prompt", "x", "--baseline", "PD+host"])
+    assert rc == 2
+    assert "give --draft" in capsys.readouterr().err
+    args = build_parser().parse_args(["serve", "--model", "m", "--baseline", "PD+host"])
+    assert args.baseline == "PD+host" and args.host_control == "controller"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model", "m", "--baseline", "PD+cpu"])
