@@ -16,9 +16,11 @@
 # in the row; summary "host_runs" lists both per run). Each step runs under
 # a hard timeout (its runs stop starting at --budget-s; rows are written as
 # they finish, so a step cut by its timeout keeps what it ran).
-#   1. gpt_oss_c02 (<= 400 s): the above;
+#   1. points (<= 400 s): the above;
 # STEPS=all adds 2. qwen3_c02 (<= 110 s): Qwen3-30B-A3B's shape, c = 1, 4
-# (the call then takes up to ~9 minutes).
+# (the call then takes up to ~9 minutes). The issue's other points, one call
+# each: POINTS=0.5:1,0.5:4,0.5:16 (cache 0.5) and ARCH=qwen3-30b-a3b
+# POINTS=... replace step 1's arch and cache:concurrency points.
 # Built and run through bench/h200/run.sh; everything it writes (log.txt,
 # results.jsonl: one summary per step, <step>/rows.jsonl + summary.json) is
 # packed into ONE file, $OUT/issue16.tar.gz (the device tool returns only a
@@ -40,13 +42,15 @@ extra="--host-max-ratio ${HOST_MAX_RATIO:-1.5} --host-max-tokens ${HOST_MAX_TOKE
 extra="$extra --host-format ${HOST_FORMAT:-auto}"
 common="--cache 0.2 --repeats ${REPEATS:-8} --host-threads ${HOST_THREADS:-14} --host-workers 1 $extra"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 t1=400 t2=110 b1=330 b2=80
+points=${POINTS:-0.2:1,0.2:4,0.2:16}
 if [ "${SMOKE:-0}" = 1 ]; then
   gpt=tiny-gpt_oss qwen=tiny-qwen3_moe layers=0 t1=300 t2=300 b1=60 b2=30
   common="--cache 0.5 --repeats 1 --host-threads ${HOST_THREADS:-2} --host-workers 1 $extra"
+  points=${POINTS:-0.5:1,0.5:4,0.5:16}
 fi
 py="python3 bench/h200/issue16.py $common --layers $layers"
 steps=(
-  "gpt_oss_c02=timeout -k 5 $t1 $py --archs $gpt --concurrency 1,4,16 --budget-s $b1 --out \"$work/gpt_oss_c02\""
+  "points=timeout -k 5 $t1 $py --archs ${ARCH:-$gpt} --points $points --budget-s $b1 --out \"$work/points\""
 )
 if [ "${STEPS:-}" = all ]; then
   steps+=("qwen3_c02=timeout -k 5 $t2 $py --archs $qwen --concurrency 1,4 --budget-s $b2 --out \"$work/qwen3_c02\"")
