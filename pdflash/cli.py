@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdflash.engine.config import HOST_CONTROLS
+from pdflash.engine.verify_width import WIDTH_KINDS
 from pdflash.serve.build import SERVE_BASELINES, ServeModelConfig
 
 
@@ -55,7 +56,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--verify-width",
         default=None,
-        help="drafts each verify checks: full, fixed:K or adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE] "
+        help=f"drafts each verify checks: {' or '.join(WIDTH_KINDS)} "
         "(default: the baseline's preset: adaptive for PD and PD+host, full for the "
         "others; with every expert resident adaptive verifies every draft)",
     )

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import captures_in_clock
+from pdflash.bench.pair_ratios import captures_in_clock, paired
 
 from pdflash.report.stats import compare, t_interval
 from pdflash.report.writers import read_jsonl
@@ -58,7 +58,7 @@ def _pair(
     median and t-based 95% interval (the pairs' own, where two or more) and
     the verdict of the two configurations' intervals."""
     ra, rb = by_repeat[a], by_repeat[b]
-    ratios = [ra[k] / rb[k] for k in sorted(set(ra) & set(rb))]
+    ratios = [x for _, x in paired(ra, rb)]
     pairs_iv = t_interval(ratios) if len(ratios) >= 2 else None
     return {
         "pd": f"{a[0]} [{a[1]}]",

@@ -57,8 +57,8 @@ class ServeModelConfig:
     emulated_link_gbps: float | None = None  # host backend only (CPU tests)
     gpus: int = 1  # expert-parallel ranks (pdflash.distributed); rank r on cuda:r
     # drafts each verify checks (pdflash.engine.verify_width): None the
-    # baseline's preset (adaptive for PD and PD+host, full for B0-B3), or
-    # full | fixed:K | adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
+    # baseline's preset (adaptive for PD and PD+host, full for B0-B3), or one
+    # of pdflash.engine.verify_width.WIDTH_KINDS
     verify_width: str | None = None
     # CUDA graphs of the verify forward (and as many of the drafter's)
     # recorded at start-up, at most this many each (Engine.prepare_graphs:
