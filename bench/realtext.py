@@ -24,11 +24,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 #: ``expert_bytes_as`` names -> (model_type, synthetic preset)
 PUBLISHED_SHAPES: dict[str, tuple[str, str]] = {
@@ -156,11 +158,25 @@ def _from_trace(source: str, lengths: list[int]) -> Prompts:
     )
 
 
-def _from_text(source: str, lengths: list[int], weights: str | None) -> Prompts:
+@functools.lru_cache(maxsize=4)
+def _text_tokens(
+    path: str, tok_file: str, mtime_ns: int, size: int
+) -> tuple[str, npt.NDArray[np.int64]]:
+    """The file's sha256 and its token ids (read-only), once per file
+    version: a run and its warm-up take their prompts from the same file."""
     import hashlib
 
     from tokenizers import Tokenizer
 
+    data = Path(path).read_bytes()
+    text = data.decode("utf-8", errors="replace")
+    ids = Tokenizer.from_file(tok_file).encode(text, add_special_tokens=False).ids
+    stream = np.asarray(ids, dtype=np.int64)
+    stream.flags.writeable = False
+    return hashlib.sha256(data).hexdigest(), stream
+
+
+def _from_text(source: str, lengths: list[int], weights: str | None) -> Prompts:
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"prompts file {source!r} does not exist")
@@ -169,10 +185,10 @@ def _from_text(source: str, lengths: list[int], weights: str | None) -> Prompts:
         raise ValueError(
             f"prompts from a text file need the checkpoint's tokenizer ({tok_file} is missing)"
         )
-    data = path.read_bytes()
-    text = data.decode("utf-8", errors="replace")
-    ids = Tokenizer.from_file(str(tok_file)).encode(text, add_special_tokens=False).ids
-    stream = np.asarray(ids, dtype=np.int64)
+    stat = path.stat()
+    digest, stream = _text_tokens(
+        str(path.resolve()), str(tok_file), stat.st_mtime_ns, stat.st_size
+    )
     if stream.size < max(lengths):
         raise ValueError(
             f"{source}: {stream.size} tokens, fewer than the longest prompt ({max(lengths)})"
@@ -186,7 +202,6 @@ def _from_text(source: str, lengths: list[int], weights: str | None) -> Prompts:
         pos += n
     return Prompts(
         prompts,
-        f"text file {path.name} (sha256 {hashlib.sha256(data).hexdigest()[:16]}), "
-        "consecutive windows",
+        f"text file {path.name} (sha256 {digest[:16]}), consecutive windows",
         details={"tokens_in_file": int(stream.size)},
     )

@@ -80,6 +80,19 @@ def test_prompts_from_a_text_file_and_the_heldout_split(
     ids = Tokenizer.from_file(str(target / "tokenizer.json")).encode(text * 4).ids
     assert got.prompts == [ids[:8], ids[8:20]]
     assert "p.txt" in got.source and got.trace_requests is None
+    # a run and its warm-up read one file version: it is tokenized once,
+    # and again once the file changes
+    from pdflash.bench import realtext
+
+    misses = realtext._text_tokens.cache_info().misses
+    again = load_prompts(str(tmp_path / "p.txt"), [8, 12], 512, str(target))
+    assert again.prompts == got.prompts and again.source == got.source
+    assert realtext._text_tokens.cache_info().misses == misses
+    (tmp_path / "p.txt").write_text("x = 1\n" * 40)
+    changed = load_prompts(str(tmp_path / "p.txt"), [8], 512, str(target))
+    assert realtext._text_tokens.cache_info().misses == misses + 1
+    assert changed.prompts[0] != got.prompts[0] and changed.source != got.source
+    (tmp_path / "p.txt").write_text(text * 4)
 
     held = load_prompts("heldout", [10, 6, 10], 512, str(target))
     ref = heldout_prompts(target, "eval", 3, 10, 0)
