@@ -1011,11 +1011,10 @@ def _run(
     ``resident_graphs`` (:func:`_under_resident_graphs`)."""
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import route_ahead_predictor
+    from pdflash.h2d import measure_link_gbps
     from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
 
     setup = SetupClock() if setup is None else setup
-    from pdflash.h2d import measure_link_gbps
-
     with setup.phase("link_probe"):
         link_gbps = measure_link_gbps(issuer, device)
     # the HBM copy probe of the rows' verify roofline, once per process, here

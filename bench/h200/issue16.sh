@@ -8,10 +8,11 @@
 # best_vs_best line is the target). 8 repeats are asked; the first
 # run of the process loads the model and prepares the host weights (~60 s),
 # every later run takes ~3-8 s with its warm-up bursts, so the step's 330 s
-# budget stops the repeats early (the summary says how many ran). The host weights and --host-format auto's choice
-# are prepared once and reused by every later PD+host run (the rows say
-# host_weights.reused); each PD+host run calibrates the host at start
-# (warmed, median of 5 per point, spread in the row) and its planner
+# budget stops the repeats early (the summary says how many ran). The host
+# weights and --host-format auto's choice are prepared once and reused by
+# every later PD+host run (the rows say host_weights.reused); each PD+host
+# run calibrates the host at start (warmed, median of 5 per point, spread
+# in the row) and its planner
 # corrects that model from the run's own HOST jobs (host_service.online_cost
 # in the row; summary "host_runs" lists both per run). Each step runs under
 # a hard timeout (its runs stop starting at --budget-s; rows are written as
