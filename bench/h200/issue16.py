@@ -182,6 +182,26 @@ def _coerce(arm: str, name: str, text: str, annotation: str) -> Any:
     return text
 
 
+#: run settings whose value may hold ``:NAME=`` options of its own
+#: (``verify_width=adaptive:beta=one``)
+_OPTIONED_SETTINGS = ("verify_width",)
+
+
+def _width_options_joined(overrides: list[str], settable: dict[str, str]) -> list[str]:
+    """``overrides`` with each ``NAME=VALUE`` piece whose NAME is no run
+    setting joined back onto a preceding setting that takes options (an
+    adaptive width's ``:beta=one``); any other unknown NAME stays its own
+    piece, for :func:`parse_arms` to refuse."""
+    out: list[str] = []
+    for piece in overrides:
+        key = piece.partition("=")[0]
+        if key not in settable and out and out[-1].partition("=")[0] in _OPTIONED_SETTINGS:
+            out[-1] += ":" + piece
+        else:
+            out.append(piece)
+    return out
+
+
 def parse_arms(text: str, settable: dict[str, str] | None = None) -> list[Arm]:
     """The arms ``text`` names (the module doc's syntax), or ValueError
     saying what is wrong. Checks the syntax, names, baselines and setting
@@ -205,7 +225,7 @@ def parse_arms(text: str, settable: dict[str, str] | None = None) -> list[Arm]:
         if any(a.name == name for a in arms):
             raise ValueError(f"two arms are named {name!r}")
         settings: dict[str, Any] = {}
-        for override in tail:
+        for override in _width_options_joined(tail, settable):
             key, _, value = override.partition("=")
             if key not in settable:
                 raise ValueError(

@@ -106,6 +106,14 @@ def test_parse_arms_names_baselines_and_typed_overrides() -> None:
         {"cuda_graphs": "piecewise", "controller_warmup": "first_round"},
         {"host_experts": "auto", "cuda_graphs": "piecewise", "warm_bursts": 3},
     ]
+    # an adaptive width's own options stay in its value; other unknown names are refused
+    (one,) = issue16.parse_arms("one=PD:verify_width=adaptive:beta=one:z=1.5:cuda_graphs=piecewise")
+    assert one.overrides() == {
+        "verify_width": "adaptive:beta=one:z=1.5",
+        "cuda_graphs": "piecewise",
+    }
+    with pytest.raises(ValueError, match="'beta' is not a run setting"):
+        issue16.parse_arms("bad=PD:cuda_graphs=piecewise:beta=one")
     # a value may hold ':' (not followed by SETTING=)
     (arm,) = issue16.parse_arms(
         "w=PD+host:verify_width=fixed:4:host_critical_path=true:host_max_tokens=0"
