@@ -138,6 +138,18 @@ class ServeMetrics:
                 for band, b in bands.items()
                 for q in ("p50", "p99")
             }
+        host = getattr(engine, "host_service", None)
+        if host is not None:  # PD+host: what the hybrid miss service did since start
+            books = host.books
+            snap["host"] = {
+                "experts": books.experts,
+                "bytes_saved": books.bytes_saved,
+                "busy_s": books.busy_s,
+                "wait_s": books.wait_s,
+            }
+            parts = getattr(engine, "parts", None)
+            on = getattr(getattr(parts, "policy", None), "parts", None)
+            snap["host_part_on"] = None if on is None else bool(on.host_experts)
         with self.lock:
             self.speculative = bool(getattr(engine.config, "speculative", False))
             self.snapshot = snap
@@ -243,6 +255,36 @@ class ServeMetrics:
                     "gauge",
                     "Expert bytes copied per generated token, since start.",
                     [f"pdflash_h2d_bytes_per_token {_num(h2d / gen)}"],
+                )
+        host = snap.get("host")
+        if host is not None:
+            for key, name, help_ in (
+                (
+                    "experts",
+                    "pdflash_host_experts_total",
+                    "Missed experts computed on the host CPU (one per expert per layer per "
+                    "forward) instead of copied.",
+                ),
+                (
+                    "bytes_saved",
+                    "pdflash_host_link_bytes_saved_total",
+                    "Expert bytes the host-computed experts did not copy.",
+                ),
+                ("busy_s", "pdflash_host_busy_seconds_total", "Host pool time on expert work."),
+                (
+                    "wait_s",
+                    "pdflash_host_wait_seconds_total",
+                    "Forward time spent waiting for host-computed outputs.",
+                ),
+            ):
+                metric(name, "counter", help_, [f"{name} {_num(float(host[key]))}"])
+            on = snap.get("host_part_on")
+            if on is not None:
+                metric(
+                    "pdflash_host_part_on",
+                    "gauge",
+                    "1 while PD's controller runs the hybrid miss service, else 0.",
+                    [f"pdflash_host_part_on {int(on)}"],
                 )
         delays = [
             f'pdflash_h2d_queue_delay_seconds{{band="{band}",quantile="0.{q[1:]}"}} {_num(v)}'

@@ -112,3 +112,40 @@ def test_bad_baselines_are_refused(
     assert args.baseline == "PD+host" and args.host_control == "controller"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--model", "m", "--baseline", "PD+cpu"])
+
+
+def test_metrics_report_the_host_service(tiny_model: tuple[Path, Path]) -> None:
+    import time
+
+    import httpx
+
+    from .conftest import start_server
+    from .test_server import client
+
+    target, draft = tiny_model
+    srv, loop = start_server(
+        target,
+        draft,
+        block_size=4,
+        baseline="PD+host",
+        host_control="always",
+        cache_fraction=0.5,
+        emulated_link_gbps=0.01,
+    )
+    try:
+        client(srv).completions.create(model="target", prompt="host", max_tokens=12, temperature=0)
+        time.sleep(0.3)  # the engine thread snapshots its statistics when idle
+        text = httpx.get(srv.url + "/metrics").text
+        samples = {
+            line.split(" ")[0]: float(line.split(" ")[1])
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
+        experts = samples["pdflash_host_experts_total"]
+        assert experts > 0
+        nbytes = int(loop.bundle.cache.expert_nbytes)
+        assert samples["pdflash_host_link_bytes_saved_total"] == experts * nbytes
+        assert samples["pdflash_host_busy_seconds_total"] > 0
+        assert samples["pdflash_host_part_on"] == 1
+    finally:
+        srv.stop()

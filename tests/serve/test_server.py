@@ -256,6 +256,8 @@ def test_metrics_prometheus_text(server: tuple[BackgroundServer, EngineLoop]) ->
     ):
         assert name in text, name
     assert "nan" not in text.lower()
+    # PD has no hybrid miss service: no host figure is exported, not even a 0
+    assert "pdflash_host_" not in text
     samples = {
         line.split(" ")[0]: float(line.split(" ")[1])
         for line in text.splitlines()
