@@ -166,6 +166,9 @@ class ServeMetrics:
             if body:
                 lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", *body])
 
+        def scalar(name: str, kind: str, help_: str, value: float) -> None:
+            metric(name, kind, help_, [f"{name} {_num(value)}"])
+
         with self.lock:
             now = self.clock()
             self._trim(now)
@@ -179,26 +182,26 @@ class ServeMetrics:
                     for r, n in sorted(self.requests.items())
                 ],
             )
-            metric(
+            scalar(
                 "pdflash_prompt_tokens_total",
                 "counter",
                 "Prompt tokens of admitted requests.",
-                [f"pdflash_prompt_tokens_total {self.prompt_tokens}"],
+                self.prompt_tokens,
             )
-            metric(
+            scalar(
                 "pdflash_generation_tokens_total",
                 "counter",
                 "Tokens generated.",
-                [f"pdflash_generation_tokens_total {self.generation_tokens}"],
+                self.generation_tokens,
             )
             window = min(RATE_WINDOW_S, now - self.started)
             if self._recent and window > 0:
                 tps = sum(n for _, n in self._recent) / window
-                metric(
+                scalar(
                     "pdflash_generation_tokens_per_second",
                     "gauge",
                     f"Tokens generated per second over the last {RATE_WINDOW_S:g} s.",
-                    [f"pdflash_generation_tokens_per_second {_num(tps)}"],
+                    tps,
                 )
             for name, hist, help_ in (
                 ("pdflash_time_to_first_token_seconds", self.ttft, "Time to first token."),
@@ -240,21 +243,16 @@ class ServeMetrics:
         ):
             v = snap.get(key)
             if v is not None:
-                metric(name, "gauge", help_, [f"{name} {_num(float(v))}"])
+                scalar(name, "gauge", help_, float(v))
         h2d = snap.get("h2d_bytes")
         if h2d is not None:
-            metric(
-                "pdflash_h2d_bytes_total",
-                "counter",
-                "Expert bytes copied host-to-device.",
-                [f"pdflash_h2d_bytes_total {_num(h2d)}"],
-            )
+            scalar("pdflash_h2d_bytes_total", "counter", "Expert bytes copied host-to-device.", h2d)
             if gen > 0:
-                metric(
+                scalar(
                     "pdflash_h2d_bytes_per_token",
                     "gauge",
                     "Expert bytes copied per generated token, since start.",
-                    [f"pdflash_h2d_bytes_per_token {_num(h2d / gen)}"],
+                    h2d / gen,
                 )
         host = snap.get("host")
         if host is not None:
@@ -277,14 +275,14 @@ class ServeMetrics:
                     "Forward time spent waiting for host-computed outputs.",
                 ),
             ):
-                metric(name, "counter", help_, [f"{name} {_num(float(host[key]))}"])
+                scalar(name, "counter", help_, float(host[key]))
             on = snap.get("host_part_on")
             if on is not None:
-                metric(
+                scalar(
                     "pdflash_host_part_on",
                     "gauge",
                     "1 while PD's controller runs the hybrid miss service, else 0.",
-                    [f"pdflash_host_part_on {int(on)}"],
+                    int(on),
                 )
         delays = [
             f'pdflash_h2d_queue_delay_seconds{{band="{band}",quantile="0.{q[1:]}"}} {_num(v)}'
