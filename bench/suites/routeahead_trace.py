@@ -182,8 +182,10 @@ def score_trace(
         out[name] = {
             "coverage": row["coverage"],
             "precision": row["precision"],
-            "predicted_per_block_layer": snap.request.predicted / max(snap.steps, 1) / L,
-            "routed_per_block_layer": snap.request.routed / max(snap.steps, 1) / L,
+            # per scored block: an interleaved step scores several blocks in
+            # one update, so the divisor is the blocks (requests), not the steps
+            "predicted_per_block_layer": snap.request.predicted / max(snap.requests, 1) / L,
+            "routed_per_block_layer": snap.request.routed / max(snap.requests, 1) / L,
             "predict_us_per_step": statistics.median(times[name]),
             "per_layer": [
                 {"layer": i, "coverage": c["coverage"], "precision": c["precision"]}

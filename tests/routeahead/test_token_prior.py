@@ -318,6 +318,29 @@ def test_trace_replay_scores_the_history_predictors(tmp_path: Any) -> None:
         assert rows[rec["trust"]]["coverage"] >= token["coverage"]
 
 
+def test_trace_replay_sizes_are_per_scored_block_in_either_order() -> None:
+    """``predicted/routed_per_block_layer`` are per scored block: an
+    interleaved step scores every live request's block in one update, so
+    dividing by the steps overstated them by the blocks per step."""
+    from pdflash.bench.suites.routeahead_trace import score_trace
+
+    trace = _synthetic_trace(requests=4, rounds=12)
+    offsets = np.concatenate([[0], np.cumsum(trace.round_rows.astype(np.int64))])
+    first = {int(np.flatnonzero(trace.round_request == r)[0]) for r in range(4)}
+    sizes = [
+        _union(trace.verify_topk[offsets[i] : offsets[i + 1]].astype(np.int64)).sum() / L
+        for i in range(trace.round_request.size)
+        if i not in first  # a request's first round is not scored
+    ]
+    for order in ("interleaved", "sequential"):
+        rows = score_trace(trace, order=order)["predictors"]
+        assert rows["previous_round"]["routed_per_block_layer"] == pytest.approx(
+            float(np.mean(sizes))
+        ), order
+        for name, row in rows.items():
+            assert row["predicted_per_block_layer"] <= E, (order, name)
+
+
 COMMITTED = Path(__file__).resolve().parents[2] / "bench" / "results" / "h200"
 #: (proxy folder, trace, order) -> predictor -> (coverage, precision), as
 #: bench/results/cpu/tokenprior-2026-12-01/README.md states them
