@@ -66,6 +66,7 @@ from pdflash.engine.config import (
     DEFAULT_HOST_AHEAD_MIN_EXPOSED,
     FULL_CACHE,
     HOST_CONTROLS,
+    ROUTE_AHEAD_HORIZONS,
     EngineConfig,
     check_host_ahead_min_exposed,
 )
@@ -281,6 +282,11 @@ class RunSpec:
     # (pdflash.engine.config.EngineConfig.stream_ahead; a run without the
     # stream ignores it)
     stream_ahead: int = 2
+    # which rows of a drafted block route-ahead predicts for
+    # (pdflash.engine.config.EngineConfig.route_ahead_horizon): "acceptance"
+    # (the acceptance horizon's first rows) or "verified" (every row the
+    # verify routes); a run without route-ahead ignores it
+    route_ahead_horizon: str = "acceptance"
     # "first_round": after the warm-up, workload bursts outside the clock
     # until PD's controller has ended its first round of probes (the state a
     # server's engine is in after its first steps); "off": the warm-up alone.
@@ -327,6 +333,7 @@ class RunSpec:
             verify_width=self.width_setting,
             full_cache=self.full_cache,
             stream_ahead=self.stream_ahead,
+            route_ahead_horizon=self.route_ahead_horizon,
         )
 
     @property
@@ -425,6 +432,7 @@ class RunSpec:
         self._check_one_of("host_handoff", HANDOFF_CHOICES)
         self._check_one_of("warmup", WARMUP_CHOICES)
         self._check_one_of("controller_warmup", CONTROLLER_WARMUPS)
+        self._check_one_of("route_ahead_horizon", ROUTE_AHEAD_HORIZONS)
         if isinstance(self.warm_bursts, bool) or not (
             isinstance(self.warm_bursts, int) and 0 <= self.warm_bursts <= MAX_WARM_BURSTS
         ):
@@ -2101,6 +2109,9 @@ def _result(
         # the stream PD was built with (also while its controller has it off)
         "streaming_prefetch": stream is not None,
         "stream_ahead": engine.config.stream_ahead if stream is not None else None,
+        "route_ahead_horizon": (
+            engine.config.route_ahead_horizon if engine.predictor is not None else None
+        ),
         # "first_round": the warm-up ran PD's controller past its first round
         # of probes (warmup.controller says how); "off" for labels without it
         "controller_warmup": spec.controller_warmup if _has_pd_controller(engine) else "off",

@@ -80,6 +80,9 @@ HOST_EXPERTS = ("off", "auto")
 #: host gate and must-earn probes) or ``always`` (on, never probed nor gated)
 HOST_CONTROLS = ("controller", "always")
 CUDA_GRAPHS = ("off", "auto", "piecewise")
+#: :attr:`EngineConfig.route_ahead_horizon`'s choices: predict for the rows
+#: the acceptance horizon keeps, or for every row the verify routes
+ROUTE_AHEAD_HORIZONS = ("acceptance", "verified")
 FULL_CACHE = ("auto", "off")
 #: :attr:`EngineConfig.host_ahead_min_exposed`'s default. On the H200, PD's
 #: exposed-fetch share was 0.29-0.48 at the link-bound points and at most 0.17
@@ -137,6 +140,11 @@ class EngineConfig:
             expert the forward needs earlier. Needs ``route_ahead``; replaces
             the one-shot route-ahead batch copy and the plain lookahead.
         stream_ahead: experts the stream copies beyond the next layer's set.
+        route_ahead_horizon: which rows of a drafted block route-ahead
+            predicts for: ``acceptance`` (the default: the first rows up to
+            the request's recent acceptance lengths' 0.9 quantile, the
+            caller's ``horizon``) or ``verified`` (every row the verify will
+            route: the block as the verify width left it).
         bands: copies in priority bands (ON_DEMAND before ROUTE_AHEAD before
             BACKGROUND). False (the ``PD-one-band`` ablation): every copy in
             one band, which the issuer serves FIFO; the expert cache must be
@@ -213,6 +221,7 @@ class EngineConfig:
     background_prefetch: bool = False
     streaming_prefetch: bool = False
     stream_ahead: int = 2
+    route_ahead_horizon: str = "acceptance"
     bands: bool = True
     parts_controller: bool = False
     all_resident: bool = False
@@ -246,6 +255,11 @@ class EngineConfig:
             raise ValueError("streaming_prefetch needs route_ahead")
         if self.stream_ahead < 0:
             raise ValueError(f"stream_ahead must be >= 0, got {self.stream_ahead}")
+        if self.route_ahead_horizon not in ROUTE_AHEAD_HORIZONS:
+            raise ValueError(
+                f"route_ahead_horizon must be one of {ROUTE_AHEAD_HORIZONS}, "
+                f"got {self.route_ahead_horizon!r}"
+            )
         if self.host_experts not in HOST_EXPERTS:
             raise ValueError(
                 f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"

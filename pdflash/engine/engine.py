@@ -344,7 +344,10 @@ class Engine:
         self.drafter = drafter if config.speculative else None
         self.batcher: VerifyBatcher = batcher or FCFSBatcher(config.token_budget)
         self.predictor = predictor if config.route_ahead else None
-        self.horizon = horizon if config.route_ahead else None
+        # "verified": predict for every row the verify routes (no horizon)
+        self.horizon = (
+            horizon if config.route_ahead and config.route_ahead_horizon == "acceptance" else None
+        )
         self.predict_s = 0.0
         self.acceptance: AcceptanceModel = acceptance or ModelAcceptance()
         self.expert_cache = expert_cache

@@ -243,6 +243,12 @@ STREAM_LABELS: frozenset[str] = frozenset(
 )
 
 
+#: Labels whose preset predicts a verify's experts (mirrors
+#: :meth:`pdflash.engine.config.EngineConfig.preset`'s ``route_ahead``,
+#: checked by a test): only their runs read the ``route_ahead_horizon`` setting.
+ROUTE_AHEAD_LABELS: frozenset[str] = STREAM_LABELS | {"PD-no-stream"}
+
+
 #: Labels whose preset runs PD's parts under the PD controller (mirrors
 #: :meth:`pdflash.engine.config.EngineConfig.preset`'s ``parts_controller``,
 #: checked by a test): only their runs read the ``controller_warmup`` setting.
@@ -508,6 +514,22 @@ def _recorded_stream_ahead(row: Mapping[str, Any]) -> Any:
     return 2 if value is None else value
 
 
+def _spec_route_ahead_horizon(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's route-ahead horizon as its run runs it: a label without
+    route-ahead (:data:`ROUTE_AHEAD_LABELS`), or a full cache that predicts
+    nothing, runs as the default."""
+    full = _spec_fills_full_cache(spec)
+    return value if spec.get("baseline") in ROUTE_AHEAD_LABELS and not full else "acceptance"
+
+
+def _recorded_route_ahead_horizon(row: Mapping[str, Any]) -> Any:
+    """Which rows a row's route-ahead predicted for: as recorded, else the
+    default (a run without route-ahead, or a row older than the setting,
+    which predicted for the acceptance horizon's rows)."""
+    value = row.get("route_ahead_horizon")
+    return "acceptance" if value is None else value
+
+
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's controller warm-up as its run runs it: a label without the
     controller (:data:`CONTROLLER_LABELS`), a full cache that runs none of
@@ -616,6 +638,14 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # pdflash.engine.config.EngineConfig.stream_ahead (a test keeps the
     # defaults equal)
     RunSetting("stream_ahead", 2, _recorded_stream_ahead, resolve=_spec_stream_ahead),
+    # pdflash.engine.config.EngineConfig.route_ahead_horizon (a test keeps
+    # the defaults equal)
+    RunSetting(
+        "route_ahead_horizon",
+        "acceptance",
+        _recorded_route_ahead_horizon,
+        resolve=_spec_route_ahead_horizon,
+    ),
     # the SDPA backends a run's attention may use (None: the process's
     # PDFLASH_SDPA_BACKENDS, as before the setting); one spelling per set
     RunSetting("sdpa_backends", None, resolve=_spec_sdpa_backends),
