@@ -42,11 +42,14 @@ def _run(loop: EngineLoop, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [s.tokens for s in sinks]
 
 
-def test_engine_loop_on_cuda_pd_equals_b0(tmp_path: Path) -> None:
+def test_engine_loop_on_cuda_pd_and_pd_host_equal_b0(tmp_path: Path) -> None:
     target, draft = write_synthetic_model(tmp_path, "qwen3_moe", "tiny", dtype=torch.float32)
     prompts = [[5, 9, 33, 17], [1, 2, 3], [60, 61, 62, 63, 64]]
     outs = {}
-    for baseline, d in (("B0", None), ("PD", draft)):
+    # PD+host on CUDA: the start-up link probe and the host service's build and
+    # close on the CUDA issuer (whether the planner hosts a tiny expert is its
+    # cost model's call; the CPU tests force hosting on a slow emulated link)
+    for baseline, d in (("B0", None), ("PD", draft), ("PD+host", draft), ("PD-all-on", draft)):
         cfg = ServeModelConfig(
             model=str(target),
             draft=None if d is None else str(d),
@@ -61,9 +64,11 @@ def test_engine_loop_on_cuda_pd_equals_b0(tmp_path: Path) -> None:
             outs[baseline] = _run(loop, prompts, 16)
             counts = loop.call(lambda b: b.resource_counts())
             assert counts["kv_pages"] == counts["expert_pins"] == counts["running"] == 0
+            has_service = loop.call(lambda b: b.engine.host_service is not None)
+            assert has_service is (baseline == "PD+host")
         finally:
             loop.stop()
-    assert outs["PD"] == outs["B0"]
+    assert outs["PD"] == outs["B0"] == outs["PD+host"] == outs["PD-all-on"]
 
 
 def test_transformers_offload_on_cuda_equals_resident(tmp_path: Path) -> None:
