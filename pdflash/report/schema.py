@@ -506,28 +506,12 @@ def _spec_stream_ahead(value: Any, spec: Mapping[str, Any]) -> Any:
     return value if spec.get("baseline") in STREAM_LABELS and not full else 2
 
 
-def _recorded_stream_ahead(row: Mapping[str, Any]) -> Any:
-    """How deep a row's route-ahead stream copied beyond the next layer
-    (``stream_ahead``): as the row records, else the default (a run without
-    the stream, which the setting does not change, or a row older than it)."""
-    value = row.get("stream_ahead")
-    return 2 if value is None else value
-
-
 def _spec_route_ahead_horizon(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's route-ahead horizon as its run runs it: a label without
     route-ahead (:data:`ROUTE_AHEAD_LABELS`), or a full cache that predicts
     nothing, runs as the default."""
     full = _spec_fills_full_cache(spec)
     return value if spec.get("baseline") in ROUTE_AHEAD_LABELS and not full else "acceptance"
-
-
-def _recorded_route_ahead_horizon(row: Mapping[str, Any]) -> Any:
-    """Which rows a row's route-ahead predicted for: as recorded, else the
-    default (a run without route-ahead, or a row older than the setting,
-    which predicted for the acceptance horizon's rows)."""
-    value = row.get("route_ahead_horizon")
-    return "acceptance" if value is None else value
 
 
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
@@ -539,13 +523,6 @@ def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     full = _spec_fills_full_cache(spec)
     ranks = (spec.get("gpus") or 1) > 1
     return value if spec.get("baseline") in CONTROLLER_LABELS and not full and not ranks else "off"
-
-
-def _recorded_controller_warmup(row: Mapping[str, Any]) -> Any:
-    """A row's controller warm-up: as recorded, else ``off`` (a row older
-    than the setting, whose warm-up left the controller where it was)."""
-    value = row.get("controller_warmup")
-    return "off" if value is None else value
 
 
 def _spec_sdpa_backends(value: Any, spec: Mapping[str, Any]) -> Any:
@@ -636,24 +613,28 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # carry verify_breakdown_ms exactly when their run timed them
     RunSetting("breakdown", False, _recorded_breakdown),
     # pdflash.engine.config.EngineConfig.stream_ahead (a test keeps the
-    # defaults equal)
-    RunSetting("stream_ahead", 2, _recorded_stream_ahead, resolve=_spec_stream_ahead),
+    # defaults equal); a row without the stream, or older than the setting,
+    # records none and reads as the default
+    RunSetting("stream_ahead", 2, _recorded("stream_ahead"), resolve=_spec_stream_ahead),
     # pdflash.engine.config.EngineConfig.route_ahead_horizon (a test keeps
-    # the defaults equal)
+    # the defaults equal); a row without route-ahead, or older than the
+    # setting, records none and reads as the default
     RunSetting(
         "route_ahead_horizon",
         "acceptance",
-        _recorded_route_ahead_horizon,
+        _recorded("route_ahead_horizon"),
         resolve=_spec_route_ahead_horizon,
     ),
     # the SDPA backends a run's attention may use (None: the process's
     # PDFLASH_SDPA_BACKENDS, as before the setting); one spelling per set
     RunSetting("sdpa_backends", None, resolve=_spec_sdpa_backends),
     # warm-up bursts until the PD controller ended its first probe round
+    # (rows older than the setting record none: their warm-up left the
+    # controller where it was, "off")
     RunSetting(
         "controller_warmup",
         "off",
-        _recorded_controller_warmup,
+        _recorded("controller_warmup"),
         resolve=_spec_controller_warmup,
     ),
     # workload bursts after the warm-up, outside the clock (rows older than
