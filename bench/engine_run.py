@@ -1435,8 +1435,8 @@ def _workload(
             setup,
             None if synthetic_weights else spec.weights,
         )
-    policy = engine.parts.policy if engine.parts is not None else None
-    if isinstance(policy, PDController):
+    policy = _pd_controller(engine)
+    if policy is not None:
         # its decisions start here (in the bursts, else in the measured run):
         # the settled warm-up's steps waited for copies on the host, where no
         # later step does, so what they showed of PD's parts is no evidence
@@ -1732,8 +1732,11 @@ def _run_warm_up_requests(engine: Engine, ids: list[int], plans: list[tuple[int,
     _raise_on_errors({rid: err for rid in ids if (err := engine.request(rid).error) is not None})
 
 
-def _has_pd_controller(engine: Engine) -> bool:
-    return engine.parts is not None and isinstance(engine.parts.policy, PDController)
+def _pd_controller(engine: Engine) -> PDController | None:
+    """The engine's PD controller (None: its label or a full cache runs none,
+    or its parts are fixed)."""
+    policy = engine.parts.policy if engine.parts is not None else None
+    return policy if isinstance(policy, PDController) else None
 
 
 #: ``controller_warmup="first_round"`` starts no burst past this many engine
@@ -1755,15 +1758,23 @@ class _Bursts:
     sampling: SamplingParams | None
     weights: str | None
 
+    @functools.cached_property
+    def _plans(self) -> list[tuple[int, int]]:
+        return _warm_up_plans(self.spec, "workload", self.workload)
+
+    @functools.cached_property
+    def _texts(self) -> list[list[int]] | None:
+        texts, _ = warm_up_prompts(
+            self.spec, self.workload, [n for n, _ in self._plans], self.vocab, self.weights
+        )
+        return texts
+
     def run(self, stream: int, done: Callable[[int], bool]) -> int:
         """Bursts until ``done(bursts so far)``, random ids from the seed's
         ``stream``; returns how many ran."""
         spec, engine = self.spec, self.engine
         rng = np.random.default_rng(spec.seed * 7919 + spec.repeat + stream)
-        plans = _warm_up_plans(spec, "workload", self.workload)
-        texts, _ = warm_up_prompts(
-            spec, self.workload, [n for n, _ in plans], self.vocab, self.weights
-        )
+        plans, texts = self._plans, self._texts
         bursts = 0
         while not done(bursts):
             ids = _add_warm_up_requests(
@@ -1799,8 +1810,8 @@ def _settle_controller(bursts: _Bursts, setup: SetupClock) -> dict[str, Any]:
     ``warmup.controller`` says how many ran and whether the round ended).
     An engine without the controller (its label or a full cache) runs none."""
     engine = bursts.engine
-    policy = engine.parts.policy if engine.parts is not None else None
-    if not isinstance(policy, PDController):
+    policy = _pd_controller(engine)
+    if policy is None:
         return {
             "bursts": 0,
             "steps": 0,
@@ -2114,7 +2125,7 @@ def _result(
         ),
         # "first_round": the warm-up ran PD's controller past its first round
         # of probes (warmup.controller says how); "off" for labels without it
-        "controller_warmup": spec.controller_warmup if _has_pd_controller(engine) else "off",
+        "controller_warmup": spec.controller_warmup if _pd_controller(engine) else "off",
         # extra workload bursts after the warm-up (warmup.bursts: their steps)
         "warm_bursts": spec.warm_bursts,
         "route_ahead_cancelled_copies": stream.cancelled if stream is not None else None,
