@@ -810,6 +810,7 @@ def table(summary: dict[str, Any]) -> list[str]:
     ]
     for p in summary.get("points", []):
         tps = p.get("tokens_per_s", {})
+        by_arm = p.get("by_arm") or {}
         head = " | ".join(
             f"{arm} {_fmt(t.get('median'), '.1f')} ({t.get('n', 0)})" for arm, t in tps.items()
         )
@@ -829,7 +830,7 @@ def table(summary: dict[str, Any]) -> list[str]:
             )
         captured = {
             arm: (m.get("runs_with_captures_in_run"), m.get("runs"))
-            for arm, m in (p.get("by_arm") or {}).items()
+            for arm, m in by_arm.items()
             if m.get("runs_with_captures_in_run")
         }
         if captured:
@@ -840,7 +841,7 @@ def table(summary: dict[str, Any]) -> list[str]:
             )
         probed = {
             arm: m
-            for arm, m in (p.get("by_arm") or {}).items()
+            for arm, m in by_arm.items()
             if any(v is not None for v in (m.get("parts_on_fraction") or {}).values())
         }
         if probed:
@@ -856,7 +857,6 @@ def table(summary: dict[str, Any]) -> list[str]:
                     for arm, m in probed.items()
                 )
             )
-        by_arm = p.get("by_arm") or {}
         lines += _per_arm_line(
             by_arm,
             "committed per request round",
@@ -880,7 +880,7 @@ def table(summary: dict[str, Any]) -> list[str]:
                 f"{_fmt(w['bursts_median'], '.0f')}, steps {_fmt(w['steps_median'], '.0f')}"
             ),
         )
-        for arm, m in (p.get("by_arm") or {}).items():
+        for arm, m in by_arm.items():
             if not m.get("host_service_runs"):
                 continue
             busy = m.get("busy_fraction") or {}
