@@ -21,6 +21,16 @@ if TYPE_CHECKING:  # imported where used: it pulls in the engine
 
 BENCH_H200 = Path(__file__).resolve().parents[1] / "bench" / "h200"
 
+#: a short CPU run of the tiny shape (RunSpec keywords besides the label and
+#: the cache): the engine-run tests of the run settings share it
+TINY_RUN: dict[str, Any] = {
+    "arch": "tiny",
+    "concurrency": 2,
+    "block_size": 6,
+    "max_new_tokens": 10,
+    "prompt_len": 6,
+}
+
 
 def load_bench_script(filename: str) -> ModuleType:
     """A GPU helper script of bench/h200/, loaded from the source tree by path

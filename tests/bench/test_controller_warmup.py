@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bench_fixtures import check_an_issue16_arm_sets
+from bench_fixtures import TINY_RUN, check_an_issue16_arm_sets
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.config import EngineConfig
@@ -31,7 +31,6 @@ from .test_host_ahead_gate import (
 )
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "controller_warmup"]
-KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
 
 
 def test_the_default_is_off_and_a_bad_value_is_refused() -> None:
@@ -86,9 +85,9 @@ def test_a_pd_run_starts_its_clock_past_the_controllers_first_round(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    plain = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
+    plain = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **TINY_RUN)).row  # type: ignore[arg-type]
     settled = run_spec(
-        RunSpec(baseline="PD", cache_fraction=0.5, controller_warmup="first_round", **KW)  # type: ignore[arg-type]
+        RunSpec(baseline="PD", cache_fraction=0.5, controller_warmup="first_round", **TINY_RUN)  # type: ignore[arg-type]
     ).row
     assert validate_row(settled) == []
     assert plain["controller_warmup"] == "off" and "controller" not in plain["warmup"]
@@ -109,7 +108,7 @@ def test_a_label_without_the_controller_runs_no_burst(
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     row = run_spec(
-        RunSpec(baseline="B1", cache_fraction=0.5, controller_warmup="first_round", **KW)  # type: ignore[arg-type]
+        RunSpec(baseline="B1", cache_fraction=0.5, controller_warmup="first_round", **TINY_RUN)  # type: ignore[arg-type]
     ).row
     assert row["controller_warmup"] == "off"
     assert row["warmup"]["controller"] == {
@@ -156,6 +155,6 @@ def test_the_controller_starts_over_after_the_settled_warm_up(
     monkeypatch.setattr(ExpertCache, "settled", settled)
     monkeypatch.setattr(PDController, "restart", restart)
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    run_spec(RunSpec(baseline="PD", cache_fraction=0.5, warmup="workload", **KW))  # type: ignore[arg-type]
+    run_spec(RunSpec(baseline="PD", cache_fraction=0.5, warmup="workload", **TINY_RUN))  # type: ignore[arg-type]
     ((steps_before, settled_then),) = calls
     assert steps_before > 0 and not settled_then

@@ -7,12 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bench_fixtures import TINY_RUN
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.config import NOTHING_TO_MISS
 from pdflash.report.schema import row_settings, validate_row
-
-KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
 
 
 @pytest.mark.parametrize("baseline", ["PD", "B1"])
@@ -20,7 +19,7 @@ def test_full_cache_rows_start_filled_and_copy_nothing(
     baseline: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    row = run_spec(RunSpec(baseline=baseline, cache_fraction=1.0, **KW)).row  # type: ignore[arg-type]
+    row = run_spec(RunSpec(baseline=baseline, cache_fraction=1.0, **TINY_RUN)).row  # type: ignore[arg-type]
     assert validate_row(row) == []
     every = row["layers"] * row["num_experts"]
     assert row["cache_slots"] == every
@@ -54,11 +53,11 @@ def test_full_cache_off_and_half_cache_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    off = run_spec(RunSpec(baseline="PD", cache_fraction=1.0, full_cache="off", **KW)).row  # type: ignore[arg-type]
+    off = run_spec(RunSpec(baseline="PD", cache_fraction=1.0, full_cache="off", **TINY_RUN)).row  # type: ignore[arg-type]
     assert off["full_cache"]["state"] == "off" and off["full_cache"]["setting"] == "off"
     assert off["initial_resident_experts"] < off["layers"] * off["num_experts"]
     assert off["route_ahead"] is True and off["h2d_bytes"] > 0
-    half = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
+    half = run_spec(RunSpec(baseline="PD", cache_fraction=0.5, **TINY_RUN)).row  # type: ignore[arg-type]
     assert half["full_cache"]["state"] == "off"
     # the adaptive width runs where a copy can be saved, or where asked to
     for row in (off, half):
@@ -78,7 +77,7 @@ def test_pd_host_row_at_full_cache_builds_no_host_service(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    row = run_spec(RunSpec(baseline="PD+host", cache_fraction=1.0, **KW)).row  # type: ignore[arg-type]
+    row = run_spec(RunSpec(baseline="PD+host", cache_fraction=1.0, **TINY_RUN)).row  # type: ignore[arg-type]
     assert validate_row(row) == []
     assert set(row["full_cache"]["switched_off"]) == set(NOTHING_TO_MISS)
     # the row keeps the run's setting; the service was neither built nor run
@@ -92,7 +91,7 @@ def test_a_fixed_width_row_at_full_cache_keeps_its_width(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    spec = RunSpec(baseline="PD", cache_fraction=1.0, verify_width="fixed:2", **KW)  # type: ignore[arg-type]
+    spec = RunSpec(baseline="PD", cache_fraction=1.0, verify_width="fixed:2", **TINY_RUN)  # type: ignore[arg-type]
     row = run_spec(spec).row
     assert validate_row(row) == []
     assert row["full_cache"]["state"] == "filled"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_fixtures import check_an_issue16_arm_sets
+from bench_fixtures import TINY_RUN, check_an_issue16_arm_sets
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.report.schema import (
@@ -28,7 +28,6 @@ from .test_host_ahead_gate import (
 )
 
 (SETTING,) = [s for s in RUN_SETTINGS if s.name == "warm_bursts"]
-KW = {"arch": "tiny", "concurrency": 2, "block_size": 6, "max_new_tokens": 10, "prompt_len": 6}
 
 
 def test_the_default_is_zero_and_bad_values_are_refused() -> None:
@@ -67,9 +66,9 @@ def test_a_run_without_the_controller_runs_its_bursts_outside_the_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    plain = run_spec(RunSpec(baseline="PD-all-on", cache_fraction=0.5, **KW)).row  # type: ignore[arg-type]
+    plain = run_spec(RunSpec(baseline="PD-all-on", cache_fraction=0.5, **TINY_RUN)).row  # type: ignore[arg-type]
     burst = run_spec(
-        RunSpec(baseline="PD-all-on", cache_fraction=0.5, warm_bursts=2, **KW)  # type: ignore[arg-type]
+        RunSpec(baseline="PD-all-on", cache_fraction=0.5, warm_bursts=2, **TINY_RUN)  # type: ignore[arg-type]
     ).row
     assert validate_row(burst) == []
     assert plain["warm_bursts"] == 0 and "bursts" not in plain["warmup"]
@@ -94,7 +93,7 @@ def test_the_forced_draws_follow_the_workload_not_the_warm_up(
     (which take request ids) change none of its draws; another repeat draws
     anew."""
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
-    kw = {**KW, "max_new_tokens": 24}
+    kw = {**TINY_RUN, "max_new_tokens": 24}
     rows = [
         run_spec(
             RunSpec(baseline="B1", cache_fraction=0.5, warm_bursts=b, repeat=r, **kw)  # type: ignore[arg-type]
@@ -125,7 +124,11 @@ def test_the_bursts_run_unsettled(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(engine_run._Bursts, "run", spy)
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     spec = RunSpec(
-        baseline="PD", cache_fraction=0.5, warm_bursts=1, controller_warmup="first_round", **KW
+        baseline="PD",
+        cache_fraction=0.5,
+        warm_bursts=1,
+        controller_warmup="first_round",
+        **TINY_RUN,
     )  # type: ignore[arg-type]
     run_spec(spec)
     assert settled == [False, False]
