@@ -7,16 +7,14 @@
 # then times every point in one process. Tar: $OUT/mxfp4_sweep.tgz (sweep.json,
 # the timing run's log with a table sorted per token count, compile logs).
 #   OUT=/path bash bench/h200/mxfp4_sweep.sh
-# SKIP_BUILD=1 as bench/h200/run.sh; SHARDS (14), COMPILE_S (150), TIME_S (150);
+# SKIP_BUILD=1 as bench/h200/run.sh (bench/h200/build_tree.sh); SHARDS (14), COMPILE_S (150), TIME_S (150);
 # ARGS: more mxfp4_sweep.py options for both runs (e.g. --variants scaled --configs 64:128:4:3).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 WORK=$(mktemp -d)
 mkdir -p "$OUT"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/mxfp4_sweep.triton}
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  python3 -m pip install -q --no-build-isolation --no-deps . >"$WORK/build.txt" 2>&1
-fi
+bash "$(dirname "$0")/build_tree.sh" "$PWD" >"$WORK/build.txt" 2>&1
 shards=${SHARDS:-14}
 t0=$(date +%s)
 for i in $(seq 0 $((shards - 1))); do

@@ -5,8 +5,9 @@
 #   bash bench/h200/run.sh 'gputests=pytest -m gpu -q $(grep -rl pytest.mark.gpu tests)' 'h2d=pdflash-bench h2d --json'
 # (the gpu tests' modules only: the image lacks some test extras, e.g. openai)
 # SKIP_BUILD=1: skip the install where this machine last built this very
-# tree (a marker in /tmp holds the hash of the tree's sources); on a fresh
-# machine, or after the tree changed, it builds anyway and says why.
+# tree (bench/h200/build_tree.sh: a marker in /tmp holds the hash of the
+# tree's sources); on a fresh machine, or after the tree changed, it builds
+# anyway and says why.
 # PACK=/path/name.tgz: after the build and after every step, everything under
 # $OUT (log, results, what the steps wrote there) is packed into that one
 # file (the device tool returns only a few files, and a call cut by its
@@ -19,13 +20,6 @@ mkdir -p "$OUT"
 REPO=$PWD
 LOG="$OUT/log.txt"
 PACK=${PACK:-}
-# the sources a build installs (not the recorded results): what the marker holds
-tree_hash() {
-  (cd "$REPO" && find pdflash pdflash_native cuda bench cmake CMakeLists.txt pyproject.toml \
-      \( -path bench/results -o -name __pycache__ \) -prune -o -type f -not -name '*.pyc' \
-      -print 2>/dev/null | LC_ALL=C sort \
-      | xargs -d '\n' sha256sum | sha256sum | cut -c1-16)
-}
 pack() {
   [ -n "$PACK" ] || return 0
   local tmp
@@ -35,21 +29,7 @@ pack() {
 {
   echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader 2>&1)"
   python3 -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, torch.version.cuda)'
-  t0=$(date +%s)
-  built_mark=/tmp/pdflash-built-tree
-  tree=$(tree_hash)
-  if [ "${SKIP_BUILD:-0}" = 1 ] && [ "$(cat "$built_mark" 2>/dev/null)" = "$tree" ]; then
-    echo "== build skipped (SKIP_BUILD=1: this machine built this tree, $tree)"
-  else
-    if [ "${SKIP_BUILD:-0}" = 1 ]; then
-      echo "== SKIP_BUILD=1, but this machine has not built this tree ($tree): building"
-    fi
-    rm -f "$built_mark"
-    python3 -m pip install -q --no-build-isolation --no-deps "$REPO" 2>&1 | tail -20
-    rc=${PIPESTATUS[0]}
-    echo "== build rc=$rc in $(( $(date +%s) - t0 )) s"
-    if [ "$rc" = 0 ]; then echo "$tree" >"$built_mark"; fi
-  fi
+  bash "$(dirname "$0")/build_tree.sh" "$REPO"
 } >>"$LOG" 2>&1
 pack
 for spec in "$@"; do
