@@ -30,7 +30,9 @@
 # SMOKE=1 runs the same steps on the tiny CPU shapes (a local typo check).
 # HOST_MAX_RATIO / HOST_MAX_TOKENS / HOST_FORMAT / REPEATS override PD+host's
 # max_host_ratio and max_host_tokens (default: the planner's, 1.5 and 16; 0
-# tokens: no cap), the host weight format (default auto) and the repeats.
+# tokens: no cap), the host weight format (default auto) and the repeats;
+# MAX_NEW the new tokens a request (issue16.py's default 24; 64 is what
+# switches_ab.sh's A/Bs ran: longer runs, fewer repeats in the budget).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
@@ -41,6 +43,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # Python thread, one for the H2D issuer's thread), one worker
 extra="--host-max-ratio ${HOST_MAX_RATIO:-1.5} --host-max-tokens ${HOST_MAX_TOKENS:-16}"
 extra="$extra --host-format ${HOST_FORMAT:-auto}"
+if [ -n "${MAX_NEW:-}" ]; then extra="$extra --max-new-tokens $MAX_NEW"; fi
 common="--cache 0.2 --repeats ${REPEATS:-8} --host-threads ${HOST_THREADS:-14} --host-workers 1 $extra"
 gpt=gpt-oss-20b qwen=qwen3-30b-a3b layers=8 t1=400 t2=110 b1=330 b2=80
 points=${POINTS:-0.2:1,0.2:4,0.2:16}
