@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 #: row fields that describe rank 0's cache and link, not the group's
 RANK_LOCAL_FIELDS = (
     "expert_cache_hit_rate",
+    "expert_cache_landed_hit_rate",
+    "expert_cache_inflight_hits",
     "h2d_bytes",
     "link_busy_s",
     "link_busy_fraction",
@@ -210,6 +212,7 @@ class RankStack:
             "link_busy_s": row.get("link_busy_s"),
             "h2d_bytes": row.get("h2d_bytes"),
             "expert_cache_hit_rate": row.get("expert_cache_hit_rate"),
+            "expert_cache_landed_hit_rate": row.get("expert_cache_landed_hit_rate"),
             "owned_experts": int(self.view.owned.sum()),
             # host memory this rank packed (and pinned on CUDA): its own experts
             "host_packed_bytes": int(self.runtime.store.packed_nbytes),

@@ -1939,6 +1939,9 @@ def _result(
     exposed = engine.timer.stall_s()
     link_busy = issuer_after["link_busy_s"] - issuer_before["link_busy_s"]
     h2d_bytes = int(cstats["bytes_in"])
+    # NOTE: a HOST-served expert is a cache miss served by the CPU: it counts
+    # as a miss here, so hit rates compare across PD and PD+host
+    requested = cstats["hits"] + cstats["misses"] + (host.books.experts if host else 0)
     metrics: dict[str, Metric] = {
         "output_tokens_per_s": ratio(committed, wall, "zero wall time"),
         "acceptance_length_mean": ratio(sum(rounds), len(rounds), "no verify round observed"),
@@ -1946,17 +1949,11 @@ def _result(
         "ttft_p99_s": _percentile(ttfts, 99, "first token"),
         "round_latency_p50_s": _percentile(round_lat, 50, "verify round"),
         "round_latency_p99_s": _percentile(round_lat, 99, "verify round"),
-        # NOTE: a HOST-served expert is a cache miss served by the CPU: it
-        # counts as a miss here, so hit rates compare across PD and PD+host
-        "expert_cache_hit_rate": (
-            cstats["hit_rate"]
-            if host is None
-            else ratio(
-                cstats["hits"],
-                cstats["hits"] + cstats["misses"] + host.books.experts,
-                "no expert requested",
-            )
+        "expert_cache_hit_rate": ratio(cstats["hits"], requested, "no expert requested"),
+        "expert_cache_landed_hit_rate": ratio(
+            cstats["hits"] - cstats["inflight_hits"], requested, "no expert requested"
         ),
+        "expert_cache_inflight_hits": float(cstats["inflight_hits"]),
         "wasted_prefetch_bytes": float(cstats["prefetch_bytes_evicted_unused"]),
         "exposed_fetch_s": exposed,
         "h2d_bytes": float(h2d_bytes),
@@ -2151,7 +2148,11 @@ def _result(
         ),
         "expert_cache_hit_rate_definition": (
             "cache hits / experts requested; an expert computed on the host (hybrid miss "
-            "service) counts as a miss"
+            "service) counts as a miss; a hit on a copy still in flight counts as a hit"
+        ),
+        "expert_cache_landed_hit_rate_definition": (
+            "cache hits whose copy had landed when the forward asked / experts requested "
+            "(expert_cache_hit_rate less expert_cache_inflight_hits)"
         ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
         # the run's setting (full_cache may have switched the service off)

@@ -558,6 +558,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"tau={_fmt(row['acceptance_length_mean'])} ({row['acceptance_source']}) "
                     f"ttft p50/p99={_fmt(row['ttft_p50_s'])}/{_fmt(row['ttft_p99_s'])}s "
                     f"hit={_fmt(row['expert_cache_hit_rate'])} "
+                    f"(landed {_fmt(row.get('expert_cache_landed_hit_rate'))}) "
                     f"cov={_fmt(row['routeahead_coverage'])} "
                     f"tpot p50/p99={_fmt(row.get('tpot_p50_s'))}/{_fmt(row.get('tpot_p99_s'))}s "
                     f"queue p99={_fmt(row.get('queue_delay_p99_s'))}s "

@@ -138,12 +138,17 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     *HOST_METRIC_FIELDS,
     "eta_phys",
     "miss_floor_s",
+    # the part of expert_cache_hit_rate whose copy had landed before the
+    # forward asked (a hit on a copy still in flight waits for it)
+    "expert_cache_landed_hit_rate",
+    "expert_cache_inflight_hits",
 )
 
 #: Metrics that are fractions and must lie in [0, 1].
 FRACTION_FIELDS: frozenset[str] = frozenset(
     {
         "expert_cache_hit_rate",
+        "expert_cache_landed_hit_rate",
         "routeahead_coverage",
         "routeahead_precision",
         "h2d_overlap_fraction",
@@ -166,6 +171,7 @@ INTEGER_FIELDS: frozenset[str] = frozenset(
         "host_served_experts",
         "host_tokens",
         "host_planned_ahead_experts",
+        "expert_cache_inflight_hits",
     }
 )
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from bench_fixtures import TINY_RUN
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.report.belady import belady
@@ -80,6 +81,25 @@ def test_run_spec_row_has_every_contract_field(
     top = sum(v for k, v in setup.items() if "." not in k and k not in ("before_clock", "other"))
     assert setup["other"] >= -1e-6
     assert setup["before_clock"] == pytest.approx(top + setup["other"])
+
+
+def test_rows_split_hits_on_landed_copies_from_hits_on_copies_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B1's lookahead copies the next layer's experts; over a slow emulated
+    link some are still in flight when the layer asks for them. They count as
+    hits in ``expert_cache_hit_rate`` and not in the landed-only rate."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    spec = RunSpec(baseline="B1", cache_fraction=0.5, emulated_link_gbps=0.01, **TINY_RUN)
+    result = run_spec(spec)
+    row = result.row
+    assert validate_row(row) == []
+    # every forward-layer's distinct routed experts, as the cache counted them
+    requested = sum(np.unique(ids).size for ids in result.routing_trace)
+    hit, landed = row["expert_cache_hit_rate"], row["expert_cache_landed_hit_rate"]
+    inflight = row["expert_cache_inflight_hits"]
+    assert inflight > 0 and 0 <= landed < hit
+    assert (hit - landed) * requested == pytest.approx(inflight)
 
 
 def test_pd_host_rows_split_the_host_services_setup(
