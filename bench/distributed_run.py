@@ -182,6 +182,13 @@ class RankStack:
         )
         self.batchers: list[Any] = []
 
+    def host_cpus(self) -> tuple[int, ...]:
+        """This rank's share of its host's cores: its hybrid host service
+        plans its threads there, apart from the other local ranks' pools."""
+        from pdflash.hybrid import rank_cpus
+
+        return rank_cpus(self.group.local_rank, self.group.ranks_on_host)
+
     def batcher(self, inner: Any, token_budget: int) -> Any:
         """``inner`` (FCFS when None) behind the group's residency sync."""
         from pdflash.distributed import ExpertParallelBatcher

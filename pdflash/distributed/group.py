@@ -1,7 +1,8 @@
 """Process groups for expert-parallel offload: one process per rank.
 
 A rank reads the torchrun environment (``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and joins the default
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, and ``LOCAL_WORLD_SIZE``
+where set) and joins the default
 process group: NCCL on CUDA, gloo on CPU. :func:`launch` starts ``N`` local
 processes with the same environment (what ``torchrun --nproc-per-node N``
 does), so a script runs the same way under either.
@@ -36,12 +37,26 @@ class RankGroup:
     local_rank: int
     device: torch.device
     backend: str
+    #: ranks on this rank's host (torchrun's ``LOCAL_WORLD_SIZE``); None: all of them
+    local_world_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} out of range for world_size {self.world_size}")
+        if self.local_world_size is not None and not (
+            0 <= self.local_rank < self.local_world_size <= self.world_size
+        ):
+            raise ValueError(
+                f"local_rank {self.local_rank} and local_world_size {self.local_world_size} "
+                f"do not fit world_size {self.world_size}"
+            )
+
+    @property
+    def ranks_on_host(self) -> int:
+        """How many ranks share this rank's host (its cores, its memory)."""
+        return self.world_size if self.local_world_size is None else self.local_world_size
 
     @property
     def is_main(self) -> bool:
@@ -93,7 +108,15 @@ def init_from_env(device: str = "auto", timeout_s: float = 600.0) -> RankGroup:
         dist.init_process_group(
             backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
         )
-    group = RankGroup(rank=rank, world_size=world, local_rank=local, device=dev, backend=backend)
+    local_world = os.environ.get("LOCAL_WORLD_SIZE")
+    group = RankGroup(
+        rank=rank,
+        world_size=world,
+        local_rank=local,
+        device=dev,
+        backend=backend,
+        local_world_size=None if local_world is None else _env_int("LOCAL_WORLD_SIZE"),
+    )
     _CURRENT[:] = [group]
     return group
 
@@ -130,6 +153,7 @@ def _rank_main(
         RANK=str(local_rank),
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(world),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )

@@ -32,6 +32,7 @@ def _follower_main(cfg: ServeModelConfig, rank: int, port: int) -> None:
         RANK=str(rank),
         WORLD_SIZE=str(cfg.gpus),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(cfg.gpus),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
@@ -57,6 +58,7 @@ def start_followers(cfg: ServeModelConfig) -> list[Any]:
         RANK="0",
         WORLD_SIZE=str(cfg.gpus),
         LOCAL_RANK="0",
+        LOCAL_WORLD_SIZE=str(cfg.gpus),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )

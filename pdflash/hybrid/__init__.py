@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from pdflash.hybrid.affinity import (
     PlacedThreads,
     ThreadedKernel,
     plan_placement,
+    rank_cpus,
 )
 from pdflash.hybrid.cost import (
     HostCostModel,
@@ -125,9 +127,32 @@ __all__ = [
     "fit_robust",
     "host_kernel_for",
     "host_weights_for",
+    "plan_host_threads",
     "plan_placement",
+    "rank_cpus",
     "release_host_weights",
 ]
+
+
+def plan_host_threads(
+    host_affinity: str | HostPlacement, device: torch.device, cpus: Iterable[int] | None = None
+) -> tuple[HostPlacement, int]:
+    """Where a host service on ``device`` places its threads, and its
+    default intra-op thread count (CUDA), within ``cpus`` (default: all of
+    this process's): see :func:`build_host_service`."""
+    share = None if cpus is None else tuple(sorted({int(c) for c in cpus}))
+    if share is not None and not share:
+        raise ValueError("cpus is empty: give the service at least one CPU")
+    if isinstance(host_affinity, HostPlacement):
+        placement = host_affinity
+    elif host_affinity == "auto" and device.type != "cuda":
+        placement = HostPlacement(
+            "auto", reason=f"the model computes on {device.type}: the host is the device"
+        )
+    else:
+        placement = plan_placement(host_affinity, allowed=share)  # raises on an unknown mode
+    threads = default_host_threads()[1] if share is None else max(1, len(share) - 2)
+    return placement, threads
 
 
 def build_host_service(
@@ -151,6 +176,7 @@ def build_host_service(
     handoff: str = "thread",
     host_ahead: str = "certain",
     host_ahead_from: str = "predicted",
+    cpus: Iterable[int] | None = None,
 ) -> HostExpertService:
     """A :class:`HostExpertService` for ``adapter`` (its ``store`` and
     ``expert_forward``), attached to its offloaded runtime.
@@ -158,8 +184,8 @@ def build_host_service(
     The CPU is calibrated here on the adapter's own experts (unless ``cost``
     is given or ``calibrate`` is False, which needs a ``planner``).
     ``intra_op_threads`` defaults to all cores but two on CUDA and to torch's
-    current setting on CPU (where the "host" is the device itself). It is
-    process-wide: the service's :meth:`~HostExpertService.close` gives torch
+    current setting on CPU (where the "host" is the device itself); with
+    ``cpus`` given, to all of those but two. It is process-wide: the service's :meth:`~HostExpertService.close` gives torch
     back the count it had before (as does a build that fails).
 
     ``host_format`` (:data:`HOST_FORMAT_CHOICES`): how the host holds the
@@ -210,6 +236,11 @@ def build_host_service(
     (:data:`DEFAULT_HOST_AFFINITY`); ``off`` makes no affinity call.
     The service's :meth:`~HostExpertService.close` gives every thread it
     placed its mask back (see :mod:`pdflash.hybrid.affinity`).
+
+    ``cpus``: the CPUs this service may plan its threads on (default: all
+    of this process's). An expert-parallel rank of several on one host
+    passes its share (:func:`~pdflash.hybrid.affinity.rank_cpus`), so the
+    ranks' pools do not all spin on the same cores.
     """
     if handoff not in HANDOFF_CHOICES:
         raise ValueError(f"handoff must be one of {HANDOFF_CHOICES}, got {handoff!r}")
@@ -221,15 +252,8 @@ def build_host_service(
         )
     store = adapter.store
     device = torch.device(getattr(adapter, "device", "cpu"))
-    if isinstance(host_affinity, HostPlacement):
-        placement = host_affinity
-    elif host_affinity == "auto" and device.type != "cuda":
-        placement = HostPlacement(
-            "auto", reason=f"the model computes on {device.type}: the host is the device"
-        )
-    else:
-        placement = plan_placement(host_affinity)  # raises on an unknown mode
-    auto_workers, auto_threads = default_host_threads()
+    placement, auto_threads = plan_host_threads(host_affinity, device, cpus)
+    auto_workers, _ = default_host_threads()
     if intra_op_threads is None and device.type == "cuda":
         intra_op_threads = auto_threads
     if intra_op_threads is not None and intra_op_threads < 1:

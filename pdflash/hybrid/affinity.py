@@ -102,8 +102,8 @@ def plan_placement(
 ) -> HostPlacement:
     """The placement ``mode`` gives on this machine.
 
-    ``allowed``: the CPUs this process may use (default: the calling
-    thread's mask); ``siblings``: a CPU's SMT siblings (default: what the
+    ``allowed``: the CPUs the placement may use (default: the calling
+    thread's mask; one of several ranks on a host: its :func:`rank_cpus`); ``siblings``: a CPU's SMT siblings (default: what the
     OS shows). The engine gets the ``engine_cores`` lowest-numbered
     physical cores, the host pool the rest."""
     if mode not in HOST_AFFINITY_CHOICES:
@@ -112,21 +112,11 @@ def plan_placement(
         raise ValueError(f"engine_cores must be >= 1, got {engine_cores}")
     if mode == "off":
         return HostPlacement("off")
+    if not affinity_supported():
+        return HostPlacement(mode, reason="this OS has no sched_setaffinity")
     if allowed is None:
-        if not affinity_supported():
-            return HostPlacement(mode, reason="this OS has no sched_setaffinity")
         allowed = os.sched_getaffinity(0)
-    cpus = sorted({int(c) for c in allowed})
-    if any(c < 0 for c in cpus):
-        raise ValueError(f"CPU numbers must be >= 0, got {cpus}")
-    cores: list[tuple[int, ...]] = []
-    seen: set[int] = set()
-    for cpu in cpus:
-        if cpu in seen:
-            continue
-        group = tuple(sorted(set(siblings(cpu)) & set(cpus) | {cpu}))
-        seen.update(group)
-        cores.append(group)
+    cores = physical_cores(allowed, siblings)
     if len(cores) <= engine_cores:
         return HostPlacement(
             mode,
@@ -136,6 +126,55 @@ def plan_placement(
     engine = tuple(sorted(c for group in cores[:engine_cores] for c in group))
     host = tuple(sorted(c for group in cores[engine_cores:] for c in group))
     return HostPlacement(mode, engine_cpus=engine, host_cpus=host)
+
+
+def physical_cores(
+    cpus: Iterable[int], siblings: Callable[[int], frozenset[int]] = smt_siblings
+) -> list[tuple[int, ...]]:
+    """``cpus`` grouped by physical core (each group the core's SMT siblings
+    among ``cpus``), in order of their lowest CPU."""
+    wanted = sorted({int(c) for c in cpus})
+    if any(c < 0 for c in wanted):
+        raise ValueError(f"CPU numbers must be >= 0, got {wanted}")
+    cores: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for cpu in wanted:
+        if cpu in seen:
+            continue
+        group = tuple(sorted(set(siblings(cpu)) & set(wanted) | {cpu}))
+        seen.update(group)
+        cores.append(group)
+    return cores
+
+
+def rank_cpus(
+    rank: int,
+    world: int,
+    *,
+    allowed: Iterable[int] | None = None,
+    siblings: Callable[[int], frozenset[int]] = smt_siblings,
+) -> tuple[int, ...]:
+    """Rank ``rank``'s share of ``allowed`` (default: this process's CPUs)
+    when ``world`` processes of one host split it: whole physical cores, in
+    contiguous blocks whose sizes differ by at most one core, rank 0 first.
+    With fewer cores than ranks, rank ``r`` gets core ``r mod cores`` (ranks
+    then share cores). Each rank's hybrid host service plans its threads
+    inside its share, so N ranks' pools do not all land on the same cores."""
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, {world}), got {rank}")
+    if allowed is None:
+        allowed = os.sched_getaffinity(0) if affinity_supported() else range(os.cpu_count() or 1)
+    cores = physical_cores(allowed, siblings)
+    if not cores:
+        raise ValueError("no CPUs to share")
+    if len(cores) < world:
+        return tuple(sorted(cores[rank % len(cores)]))
+    base, extra = divmod(len(cores), world)
+    start = rank * base + min(rank, extra)
+    mine = cores[start : start + base + (1 if rank < extra else 0)]
+    return tuple(sorted(c for core in mine for c in core))
 
 
 class ThreadPinner:
@@ -232,6 +271,8 @@ __all__ = [
     "ThreadPinner",
     "ThreadedKernel",
     "affinity_supported",
+    "physical_cores",
     "plan_placement",
+    "rank_cpus",
     "smt_siblings",
 ]

@@ -8,8 +8,9 @@ route-ahead in bands); without one, ``B0`` (autoregressive, on-demand copies
 with next-layer gate lookahead). ``PD+host`` adds the hybrid miss service
 (:mod:`pdflash.hybrid`: the host CPU computes some missed experts while the
 link copies others; its cost model is calibrated at start-up against the
-link rate measured then), ``PD-all-on`` runs PD's parts without the
-controller that switches them. Everything here is built on the calling
+link rate measured then; under ``gpus`` > 1 each rank's service computes
+only its own experts, on its share of the host's cores), ``PD-all-on`` runs
+PD's parts without the controller that switches them. Everything here is built on the calling
 thread: the serving loop calls :func:`build_engine` from its engine thread.
 """
 
@@ -104,11 +105,6 @@ class ServeModelConfig:
             raise ValueError(
                 f"host_control {self.host_control!r} needs --baseline PD+host (the only "
                 "configuration with a hybrid miss service)"
-            )
-        if self.gpus > 1 and self.baseline == "PD+host":
-            raise ValueError(
-                "--baseline PD+host serves on one GPU: its hybrid miss service is not built "
-                "for expert-parallel ranks here (pdflash-bench engine --gpus N runs it)"
             )
         for name, p in (("model", self.model), ("draft", self.draft)):
             if p is not None and not (Path(p) / "config.json").is_file():
@@ -237,6 +233,12 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             )
 
             placement = RoundRobinPlacement(adapter.num_layers, adapter.num_experts, cfg.gpus)
+            if baseline == "PD+host":
+                from pdflash.distributed import check_every_rank_owns_experts
+
+                # a rank's host computes only its own experts (every rank
+                # raises alike: the placement is the same everywhere)
+                check_every_rank_owns_experts(placement, f"PD+host on {cfg.gpus} ranks")
             runtime, view = install_expert_parallel(adapter, cache, placement, group)
 
             def ep_batcher(inner: VerifyBatcher | None, token_budget: int) -> VerifyBatcher:
@@ -295,10 +297,13 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         if config.host_experts != "off" and not fills_full_cache(config, adapter, view):
             # a full cache switches the service off in the engine: none is built
             from pdflash.h2d import measure_link_gbps
-            from pdflash.hybrid import build_host_service
+            from pdflash.hybrid import build_host_service, rank_cpus
 
+            # each rank: its own link measured, its own experts, its share of the cores
             host_service = build_host_service(
-                adapter, link_bytes_per_s=measure_link_gbps(issuer, device) * 1e9
+                adapter,
+                link_bytes_per_s=measure_link_gbps(issuer, device) * 1e9,
+                cpus=None if group is None else rank_cpus(group.local_rank, group.ranks_on_host),
             )
         engine = Engine(
             adapter,

@@ -35,8 +35,9 @@ class _Sink:
         self.done.set()
 
 
-def _serve(cfg: Any) -> list[tuple[list[int], str]]:
-    """Rank 0 (or a single process): the real serving loop over the engine."""
+def _serve(cfg: Any, probe: Any = None) -> Any:
+    """Rank 0 (or a single process): the real serving loop over the engine;
+    with ``probe``, also what ``probe(bundle)`` reads after the requests."""
     from pdflash.engine.sampling import SamplingParams
     from pdflash.serve.build import build_engine
     from pdflash.serve.loop import EngineLoop, GenerationRequest
@@ -50,7 +51,8 @@ def _serve(cfg: Any) -> list[tuple[list[int], str]]:
             loop.submit(GenerationRequest(prompt, SamplingParams(), 8, (), sink))
         for sink in sinks:
             assert sink.done.wait(120)
-        return [(s.tokens, s.finish.reason) for s in sinks]
+        out = [(s.tokens, s.finish.reason) for s in sinks]
+        return out if probe is None else (out, loop.call(probe))
     finally:
         loop.stop()
 
@@ -65,6 +67,27 @@ def _rank(group: RankGroup, cfg: Any) -> Any:
     bundle = build_engine(cfg)
     try:
         return follow(bundle.engine, group)
+    finally:
+        bundle.close()
+
+
+def _host_books(bundle: Any) -> dict[str, Any]:
+    service = bundle.engine.host_service
+    return {"experts": service.books.experts, "owned": int(bundle.cache.owned.sum())}
+
+
+def _host_rank(group: RankGroup, cfg: Any) -> Any:
+    """:func:`_rank` for PD+host: each rank also reports its host's books."""
+    if group.is_main:
+        return _serve(cfg, probe=_host_books)
+    from pdflash.distributed.lockstep import follow
+    from pdflash.serve.build import build_engine
+
+    torch.set_num_threads(1)
+    bundle = build_engine(cfg)
+    try:
+        steps = follow(bundle.engine, group)
+        return steps, _host_books(bundle)
     finally:
         bundle.close()
 
@@ -92,6 +115,34 @@ def test_serve_two_ranks_streams_the_single_process_tokens(model: tuple[Path, Pa
     assert [reason for _, reason in single] == ["length"] * len(PROMPTS)
     assert results[0] == single
     assert results[1] > 0  # the follower stepped with rank 0 and was stopped by it
+
+
+def test_serve_two_ranks_with_the_host_service_streams_pd_tokens(model: tuple[Path, Path]) -> None:
+    """``--baseline PD+host --gpus 2``: each rank's host computes misses of
+    its own experts (a slow emulated link makes hosting pay); the streamed
+    tokens equal a single process's PD, whichever side computed an expert."""
+    from pdflash.serve.build import ServeModelConfig
+
+    target, draft = model
+    slow = {"cache_fraction": 0.3, "emulated_link_gbps": 0.01}
+    base = dict(model=str(target), draft=str(draft), device="cpu", **slow)
+    single = _serve(ServeModelConfig(**base, baseline="PD", verify_width="full"))  # type: ignore[arg-type]
+    cfg = ServeModelConfig(**base, baseline="PD+host", gpus=2)  # type: ignore[arg-type]
+    (tokens, main_books), (steps, follower_books) = launch(_host_rank, 2, cfg, device="cpu")
+    assert tokens == single
+    assert steps > 0
+    for books in (main_books, follower_books):
+        assert books["experts"] > 0, "a rank's host served no miss"
+    # the ranks' stores hold disjoint halves of the experts
+    assert main_books["owned"] + follower_books["owned"] == _expert_count(target)
+
+
+def _expert_count(target: Path) -> int:
+    """Layers x experts of the checkpoint (every layer of it is MoE)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(target)
+    return int(c.num_hidden_layers) * int(c.num_experts)
 
 
 def test_gpus_config_is_checked() -> None:

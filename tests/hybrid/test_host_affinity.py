@@ -20,7 +20,10 @@ from pdflash.hybrid import (
     HostExpertExecutor,
     HostPlacement,
     build_host_service,
+    default_host_threads,
+    plan_host_threads,
     plan_placement,
+    rank_cpus,
 )
 from pdflash.hybrid.affinity import ThreadPinner, _parse_cpu_list, affinity_supported
 from pdflash.hybrid.native import NativeHostKernel, native_unavailable_reason
@@ -89,6 +92,53 @@ def test_plan_rejects_bad_input() -> None:
         plan_placement("auto", allowed=range(4), engine_cores=0)
     with pytest.raises(ValueError, match=">= 0"):
         plan_placement("auto", allowed=[-1, 0, 1, 2])
+
+
+def _one(cpu: int) -> frozenset[int]:
+    return frozenset({cpu})
+
+
+def test_ranks_on_one_host_split_its_cores_into_contiguous_shares() -> None:
+    shares = [rank_cpus(r, 3, allowed=range(16), siblings=_one) for r in range(3)]
+    assert shares == [tuple(range(0, 6)), tuple(range(6, 11)), tuple(range(11, 16))]
+    # SMT siblings stay in one share (core i is cpus i and i + 8)
+    smt = lambda c: frozenset({c % 8, c % 8 + 8})  # noqa: E731
+    low, high = (rank_cpus(r, 2, allowed=range(16), siblings=smt) for r in range(2))
+    assert low == (0, 1, 2, 3, 8, 9, 10, 11) and high == (4, 5, 6, 7, 12, 13, 14, 15)
+    # fewer cores than ranks: the ranks take the cores in turn and share them
+    assert [rank_cpus(r, 3, allowed=[4, 5], siblings=_one) for r in range(3)] == [(4,), (5,), (4,)]
+    assert rank_cpus(0, 1, allowed=[7, 2], siblings=_one) == (2, 7)
+    mine = rank_cpus(0, 1)  # this process's own CPUs, all of them for one rank
+    assert mine and (not affinity_supported() or set(mine) == set(ALLOWED))
+
+
+def test_rank_shares_reject_bad_input() -> None:
+    with pytest.raises(ValueError, match="world must be >= 1"):
+        rank_cpus(0, 0, allowed=range(4))
+    with pytest.raises(ValueError, match="rank must be in"):
+        rank_cpus(2, 2, allowed=range(4))
+    with pytest.raises(ValueError, match="no CPUs"):
+        rank_cpus(0, 1, allowed=[])
+    with pytest.raises(ValueError, match=">= 0"):
+        rank_cpus(0, 1, allowed=[-1, 3])
+
+
+@linux
+def test_a_rank_plans_its_host_threads_inside_its_share() -> None:
+    share = rank_cpus(1, 2, allowed=range(16), siblings=_one)
+    assert share == tuple(range(8, 16))
+    placement, threads = plan_host_threads("auto", torch.device("cuda"), share)
+    # the engine's two cores and the host pool's, all inside the share
+    assert placement == plan_placement("auto", allowed=share) and placement.applied
+    assert set(placement.engine_cpus) | set(placement.host_cpus) == set(share)
+    assert threads == len(share) - 2
+    # without a share: the machine's default; on a CPU model nothing is placed
+    assert plan_host_threads("auto", torch.device("cuda"))[1] == default_host_threads()[1]
+    on_cpu, _ = plan_host_threads("auto", torch.device("cpu"), share)
+    assert not on_cpu.applied and on_cpu.reason is not None and "device" in on_cpu.reason
+    assert plan_host_threads("off", torch.device("cuda"), [3])[1] == 1
+    with pytest.raises(ValueError, match="cpus is empty"):
+        plan_host_threads("auto", torch.device("cuda"), [])
 
 
 def test_cpu_lists_parse_as_the_kernel_writes_them() -> None:

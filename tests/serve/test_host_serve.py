@@ -101,8 +101,7 @@ def test_bad_baselines_are_refused(
         _config(tiny_model, "PD", host_control="always").validate()
     with pytest.raises(ValueError, match="host_control must be one of"):
         _config(tiny_model, "PD+host", host_control="sometimes").validate()
-    with pytest.raises(ValueError, match="PD\\+host serves on one GPU"):
-        _config(tiny_model, "PD+host", gpus=2).validate()
+    _config(tiny_model, "PD+host", gpus=2).validate()  # each rank's host its own experts
     target = str(tiny_model[0])
     # speculative without a draft: named before anything loads
     rc = main(["generate", "--model", target, "--prompt", "x", "--baseline", "PD+host"])
