@@ -182,12 +182,12 @@ class RankStack:
         )
         self.batchers: list[Any] = []
 
-    def host_cpus(self) -> tuple[int, ...]:
-        """This rank's share of its host's cores: its hybrid host service
-        plans its threads there, apart from the other local ranks' pools."""
-        from pdflash.hybrid import rank_cpus
+    def host_share(self) -> dict[str, Any]:
+        """This rank's hybrid host service's share of its host
+        (:func:`pdflash.hybrid.rank_host_share`)."""
+        from pdflash.hybrid import rank_host_share
 
-        return rank_cpus(self.group.local_rank, self.group.ranks_on_host)
+        return rank_host_share(self.group.local_rank, self.group.ranks_on_host)
 
     def batcher(self, inner: Any, token_budget: int) -> Any:
         """``inner`` (FCFS when None) behind the group's residency sync."""

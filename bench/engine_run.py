@@ -1143,8 +1143,8 @@ def _run(
                 host_affinity=spec.host_affinity,
                 host_ahead=spec.host_ahead,
                 host_ahead_from=spec.host_ahead_from,
-                # expert-parallel ranks on one host: each plans on its share of the cores
-                cpus=None if ranks is None else ranks.host_cpus(),
+                # expert-parallel ranks on one host: each its share of the cores and memory
+                **({} if ranks is None else ranks.host_share()),
             )
         setup.parts("host_service", host_service.setup_s)
         hw = host_service.host_weights

@@ -130,8 +130,21 @@ __all__ = [
     "plan_host_threads",
     "plan_placement",
     "rank_cpus",
+    "rank_host_share",
     "release_host_weights",
 ]
+
+
+def rank_host_share(local_rank: int, ranks_on_host: int) -> dict[str, Any]:
+    """:func:`build_host_service` keywords for one of ``ranks_on_host``
+    expert-parallel ranks on one host: its share of the cores
+    (:func:`~pdflash.hybrid.affinity.rank_cpus`: its threads are planned
+    there) and of the memory prepared weights may take (the default budget
+    split evenly), so the ranks' services do not each claim the whole host."""
+    return {
+        "cpus": rank_cpus(local_rank, ranks_on_host),
+        "weight_budget_bytes": default_weight_budget() // ranks_on_host,
+    }
 
 
 def plan_host_threads(

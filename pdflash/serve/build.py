@@ -297,13 +297,14 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
         if config.host_experts != "off" and not fills_full_cache(config, adapter, view):
             # a full cache switches the service off in the engine: none is built
             from pdflash.h2d import measure_link_gbps
-            from pdflash.hybrid import build_host_service, rank_cpus
+            from pdflash.hybrid import build_host_service, rank_host_share
 
-            # each rank: its own link measured, its own experts, its share of the cores
+            # each rank: its own link measured, its own experts, its share of
+            # the host's cores and of the memory for prepared weights
             host_service = build_host_service(
                 adapter,
                 link_bytes_per_s=measure_link_gbps(issuer, device) * 1e9,
-                cpus=None if group is None else rank_cpus(group.local_rank, group.ranks_on_host),
+                **({} if group is None else rank_host_share(group.local_rank, group.ranks_on_host)),
             )
         engine = Engine(
             adapter,

@@ -24,6 +24,7 @@ from pdflash.hybrid import (
     plan_host_threads,
     plan_placement,
     rank_cpus,
+    rank_host_share,
 )
 from pdflash.hybrid.affinity import ThreadPinner, _parse_cpu_list, affinity_supported
 from pdflash.hybrid.native import NativeHostKernel, native_unavailable_reason
@@ -139,6 +140,17 @@ def test_a_rank_plans_its_host_threads_inside_its_share() -> None:
     assert plan_host_threads("off", torch.device("cuda"), [3])[1] == 1
     with pytest.raises(ValueError, match="cpus is empty"):
         plan_host_threads("auto", torch.device("cuda"), [])
+
+
+def test_a_rank_gets_its_share_of_the_cores_and_the_weight_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pdflash.hybrid as hybrid
+
+    monkeypatch.setattr(hybrid, "default_weight_budget", lambda: 1000)
+    share = rank_host_share(1, 3)
+    assert share == {"cpus": rank_cpus(1, 3), "weight_budget_bytes": 333}
+    assert rank_host_share(0, 1)["weight_budget_bytes"] == 1000
 
 
 def test_cpu_lists_parse_as_the_kernel_writes_them() -> None:
