@@ -1958,6 +1958,7 @@ def _result(
         "expert_cache_inflight_hits": float(cstats["inflight_hits"]),
         "wasted_prefetch_bytes": float(cstats["prefetch_bytes_evicted_unused"]),
         "exposed_fetch_s": exposed,
+        **_exposed_by_kind(engine.timer),
         "h2d_bytes": float(h2d_bytes),
         "expert_occupancy_bytes": float(cache.num_slots * cache.expert_nbytes),
         "kv_occupancy_bytes": float(kv_peak),
@@ -2157,6 +2158,11 @@ def _result(
             "(expert_cache_hit_rate less expert_cache_inflight_hits)"
         ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
+        "exposed_fetch_by_kind_definition": (
+            "exposed_fetch_miss_s: waits that included a copy issued on demand for a missing "
+            "expert; exposed_fetch_inflight_s: waits only on copies issued ahead of any access "
+            "(prefetches); they add up to exposed_fetch_s"
+        ),
         # the run's setting (full_cache may have switched the service off)
         "host_experts": spec.host_mode,
         "host_service": host.describe() if host is not None else None,
@@ -2409,6 +2415,19 @@ def _width_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
         return out
     out.update(hook.policy.stats())
     return out
+
+
+def _exposed_by_kind(timer: Any) -> dict[str, Metric]:
+    """The exposed fetch split by what the waits waited for
+    (:data:`pdflash.engine.timing.STALL_KINDS`), or absent with a reason
+    where some wait could not be classified."""
+    if timer.stall_kind_s("unclassified") > 0:
+        why = NotMeasured("some copy waits ran on a cache that cannot tell misses from prefetches")
+        return {"exposed_fetch_miss_s": why, "exposed_fetch_inflight_s": why}
+    return {
+        "exposed_fetch_miss_s": timer.stall_kind_s("miss"),
+        "exposed_fetch_inflight_s": timer.stall_kind_s("inflight"),
+    }
 
 
 def _verify_breakdown(timer: Any, enabled: bool) -> dict[str, Any]:

@@ -487,6 +487,12 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "parts_switches": _median_of(rows, lambda r: (r.get("pd_parts") or {}).get("switches")),
         # the books' per-step exposed fetch over the row's total (median)
         "books_exposed_share": _median_of(rows, _books_exposed_share),
+        # the exposed fetch's share of the wall by what the waits waited
+        # for (a miss copy among them / prefetches in flight only), and the
+        # hit rate counting only copies landed before the access (medians)
+        "exposed_miss_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_miss_s")),
+        "exposed_inflight_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_inflight_s")),
+        "landed_hit_rate": _median_of(rows, lambda r: r.get("expert_cache_landed_hit_rate")),
         # tokens committed per request round, per run: arms whose draws or
         # widths differ commit differently per step (the tokens/s follow)
         "acceptance_length": _spread(rows, "acceptance_length_mean"),
@@ -774,6 +780,21 @@ def _per_arm_line(
     return [f"  {heading}: " + "; ".join(shown)] if shown else []
 
 
+def _exposed_split_line(by_arm: dict[str, Any]) -> list[str]:
+    """The wall's exposed-fetch shares on misses and on prefetches in flight,
+    and the landed-only hit rate, per arm (older rows carry none: no line)."""
+    if all(m.get("exposed_miss_share") is None for m in by_arm.values()):
+        return []
+    return [
+        "  exposed fetch / wall, on misses + on prefetches in flight (landed hit rate): "
+        + "; ".join(
+            f"{arm} {_fmt(m.get('exposed_miss_share'))} + {_fmt(m.get('exposed_inflight_share'))}"
+            f" ({_fmt(m.get('landed_hit_rate'))})"
+            for arm, m in by_arm.items()
+        )
+    ]
+
+
 def _fmt(x: Any, spec: str = ".2f") -> str:
     return "-" if _num(x) is None else format(x, spec)
 
@@ -869,6 +890,7 @@ def table(summary: dict[str, Any]) -> list[str]:
             "books_exposed_share",
             _fmt,
         )
+        lines += _exposed_split_line(by_arm)
         # the runs' clocks started past the controller's first round (or the
         # warm-up's step cap came first: fewer ended than runs)
         lines += _per_arm_line(

@@ -187,6 +187,8 @@ def _layer_key(layers: Sequence[int]) -> tuple[int, ...]:
 #: int64) they are applied at once, so a run that never needs them (every
 #: expert resident, no stats read) does not grow device memory step by step
 MAX_DEFERRED_IDS = 1 << 22
+#: miss copies' tickets :meth:`ExpertCache.waits_on_miss` remembers (at least)
+MISS_TICKETS_KEPT = 1 << 14
 
 
 class ExpertCache:
@@ -335,6 +337,7 @@ class ExpertCache:
         self._deferred: list[tuple[tuple[int, ...], torch.Tensor, int, npt.NDArray[np.bool_]]] = []
         self._deferred_ids = 0  # routed ids held on the device by those entries
         self._next_key = 0
+        self._miss_tickets: set[int] = set()  # copies acquire issued for misses
         self.clock = 0
         #: the experts this cache may hold (None: all); see :meth:`restrict_to`
         self.owned: npt.NDArray[np.bool_] | None = None
@@ -897,7 +900,7 @@ class ExpertCache:
             if missing.size:
                 new_slots = self._reserve(int(missing.size), exclude=ids)
                 assert new_slots.size == missing.size
-                self._load(missing, new_slots, Band.ON_DEMAND)
+                self._note_miss_copies(self._load(missing, new_slots, Band.ON_DEMAND))
                 books.pin_present(new_slots, 1)
             self._promote(slots, Band.ON_DEMAND)
         except BaseException:
@@ -915,6 +918,23 @@ class ExpertCache:
         self._bytes_used += fresh * self.expert_nbytes
         self.policy.on_access(ids, self.clock)
         return books.out_tickets(ids_in)
+
+    def _note_miss_copies(self, tickets: IdArray) -> None:
+        """Remember the tickets of copies :meth:`acquire` issued for missing
+        experts (for :meth:`waits_on_miss`); the oldest are forgotten past
+        :data:`MISS_TICKETS_KEPT`, long after any forward waits on them."""
+        self._miss_tickets.update(tickets.tolist())
+        if len(self._miss_tickets) > 2 * MISS_TICKETS_KEPT:
+            self._miss_tickets = set(sorted(self._miss_tickets)[-MISS_TICKETS_KEPT:])
+
+    @exclusive
+    def waits_on_miss(self, tickets: npt.ArrayLike) -> bool:
+        """Whether any of ``tickets`` is a copy :meth:`acquire` issued for a
+        missing expert (an on-demand miss, of this access or an earlier one),
+        not only copies issued ahead of any access (prefetches)."""
+        t = np.asarray(tickets, dtype=np.int64).reshape(-1)
+        kept = self._miss_tickets
+        return any(int(x) in kept for x in t.tolist() if x >= 0)
 
     @exclusive
     def wait_ready(self, tickets: npt.ArrayLike) -> None:

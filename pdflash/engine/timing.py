@@ -17,6 +17,12 @@ from typing import Any
 
 import torch
 
+#: what a forward's wait on expert copies waited for: ``miss`` (at least one
+#: copy a cache access issued on demand for a missing expert) or
+#: ``inflight`` (only copies issued ahead of any access: prefetches);
+#: ``unclassified`` where the cache cannot tell
+STALL_KINDS = ("miss", "inflight", "unclassified")
+
 
 class _Span:
     def __init__(self, cuda: bool) -> None:
@@ -76,7 +82,7 @@ class ComputeTimer:
     def reset(self) -> None:
         """Zero the accumulated times (e.g. after a warm-up)."""
         self._forward = _Span(self.cuda)
-        self._stall = _Span(self.cuda)
+        self._stalls: dict[str, _Span] = {}  # by STALL_KINDS
         self._host_wait = _Span(self.cuda)
         self._kinds: dict[str, _Span] = {}
         self._regions: dict[tuple[str, str], _Span] = {}
@@ -136,8 +142,17 @@ class ComputeTimer:
         span = self._kinds.get(kind)
         return 0.0 if span is None else span.ready_s()
 
-    def stall(self) -> Any:
-        return self._stall.measure()
+    def stall(self, kind: str) -> Any:
+        """Time a wait of the compute stream on expert copies, as ``kind``
+        (:data:`STALL_KINDS`)."""
+        if kind not in STALL_KINDS:
+            raise ValueError(f"stall kind must be one of {STALL_KINDS}, got {kind!r}")
+        return self._stalls.setdefault(kind, _Span(self.cuda)).measure()
+
+    def stall_kind_s(self, kind: str) -> float:
+        """:meth:`stall_s` of the waits timed as ``kind`` (0 where none was)."""
+        span = self._stalls.get(kind)
+        return 0.0 if span is None else span.total_s()
 
     def host_wait(self) -> Any:
         """Time a forward waits for the host CPU's expert outputs (hybrid
@@ -156,13 +171,13 @@ class ComputeTimer:
         return self._forward.total_s()
 
     def stall_s(self) -> float:
-        return self._stall.total_s()
+        return sum(span.total_s() for span in self._stalls.values())
 
     def stall_s_ready(self) -> float:
         """:meth:`stall_s` so far, without a device synchronize (which would
         also wait for the prefetch copies in flight): stalls still running
         on the device count at a later call."""
-        return self._stall.ready_s()
+        return sum(span.ready_s() for span in self._stalls.values())
 
     def compute_busy_s(self) -> float:
         return max(0.0, self.forward_s() - self.stall_s() - self.host_wait_s())
@@ -187,11 +202,16 @@ class StallTimedCache:
         return self._cache
 
     def wait_ready(self, tickets: Any) -> Any:
-        with self._timer.stall():
+        waits_on_miss = getattr(self._cache, "waits_on_miss", None)
+        if waits_on_miss is None:
+            kind = "unclassified"
+        else:
+            kind = "miss" if waits_on_miss(tickets) else "inflight"
+        with self._timer.stall(kind):
             return self._cache.wait_ready(tickets)
 
     def ensure_resident(self, flat_ids: Any) -> Any:
-        with self._timer.stall():
+        with self._timer.stall("unclassified"):
             return self._cache.ensure_resident(flat_ids)
 
     def __getattr__(self, name: str) -> Any:

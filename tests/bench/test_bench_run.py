@@ -100,6 +100,10 @@ def test_rows_split_hits_on_landed_copies_from_hits_on_copies_in_flight(
     inflight = row["expert_cache_inflight_hits"]
     assert inflight > 0 and 0 <= landed < hit
     assert (hit - landed) * requested == pytest.approx(inflight)
+    # the exposed fetch split: waits on lookahead copies alone, waits with a miss
+    miss, ahead = row["exposed_fetch_miss_s"], row["exposed_fetch_inflight_s"]
+    assert miss > 0 and ahead > 0
+    assert miss + ahead == pytest.approx(row["exposed_fetch_s"])
 
 
 def test_pd_host_rows_split_the_host_services_setup(

@@ -386,6 +386,29 @@ def test_each_arm_reports_what_its_books_per_step_reads_saw() -> None:
     assert "PD 0.25" in line and "host" not in line
 
 
+def test_each_arm_splits_its_exposed_fetch_and_reads_its_landed_hit_rate() -> None:
+    split = {"exposed_fetch_miss_s": 3.0, "exposed_fetch_inflight_s": 1.0}
+    rows = [
+        _arm_row("PD", 0, 90.0, **split, expert_cache_landed_hit_rate=0.5),
+        _arm_row("PD", 1, 91.0, **split, expert_cache_landed_hit_rate=0.7),
+        _arm_row("host", 0, 100.0),  # an older row: no split
+    ]
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    pd = p["by_arm"]["PD"]
+    assert pd["exposed_miss_share"] == pytest.approx(0.3)
+    assert pd["exposed_inflight_share"] == pytest.approx(0.1)
+    assert pd["landed_hit_rate"] == pytest.approx(0.6)
+    assert p["by_arm"]["host"]["exposed_miss_share"] is None
+    lines = issue16.table({"device": "x", "runs": 3, "runs_not_started_budget": 0, "points": [p]})
+    (line,) = [x for x in lines if "on prefetches in flight" in x]
+    assert "PD 0.30 + 0.10 (0.60)" in line and "host - + - (-)" in line
+    (old,) = issue16.summarise(rows[2:], issue16.parse_arms("host=PD+host"))
+    old_lines = issue16.table(
+        {"device": "x", "runs": 1, "runs_not_started_budget": 0, "points": [old]}
+    )
+    assert not any("on prefetches in flight" in x for x in old_lines)
+
+
 def test_each_arm_reports_its_runs_committed_per_round() -> None:
     """The spread of the runs' acceptance length per arm, so arms that drew
     or verified differently show it beside their tokens/s."""

@@ -163,6 +163,17 @@ def test_route_ahead_policy_protects_predicted(fake_issuer: Any) -> None:
         make_policy("mru")
 
 
+def test_a_wait_on_a_miss_copy_is_told_from_a_wait_on_prefetches(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    ahead = cache.prefetch([1, 2], Band.ROUTE_AHEAD)
+    _, tickets = cache.acquire([2, 3])  # 2 in flight from the prefetch, 3 missing
+    assert tickets[0] == ahead[1] and tickets[1] not in ahead
+    assert not cache.waits_on_miss(ahead) and not cache.waits_on_miss(tickets[:1])
+    assert cache.waits_on_miss(tickets) and cache.waits_on_miss(tickets[1:])
+    assert not cache.waits_on_miss([-1, -1])
+    cache.release([2, 3])
+
+
 def test_prefetch_then_on_demand_promotes_the_same_copy(fake_issuer: Any) -> None:
     cache = _cache(fake_issuer)
     tickets = cache.prefetch([1, 2], Band.ROUTE_AHEAD)

@@ -183,7 +183,7 @@ def test_the_timers_ready_reads_do_not_wait_for_the_device() -> None:
 
     timer = ComputeTimer(torch.device("cuda"))
     torch.cuda.synchronize()
-    with timer.stall():
+    with timer.stall("miss"):
         torch.cuda._sleep(int(2e9))  # about a second of device time (cycles)
     with timer.host_wait():
         pass
