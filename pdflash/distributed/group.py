@@ -2,8 +2,7 @@
 
 A rank reads the torchrun environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, and ``LOCAL_WORLD_SIZE``
-where set) and joins the default
-process group: NCCL on CUDA, gloo on CPU. :func:`launch` starts ``N`` local
+where set) and joins the default process group: NCCL on CUDA, gloo on CPU. :func:`launch` starts ``N`` local
 processes with the same environment (what ``torchrun --nproc-per-node N``
 does), so a script runs the same way under either.
 """

@@ -198,8 +198,9 @@ def build_host_service(
     is given or ``calibrate`` is False, which needs a ``planner``).
     ``intra_op_threads`` defaults to all cores but two on CUDA and to torch's
     current setting on CPU (where the "host" is the device itself); with
-    ``cpus`` given, to all of those but two. It is process-wide: the service's :meth:`~HostExpertService.close` gives torch
-    back the count it had before (as does a build that fails).
+    ``cpus`` given, to all of those but two. It is process-wide: the
+    service's :meth:`~HostExpertService.close` gives torch back the count it
+    had before (as does a build that fails).
 
     ``host_format`` (:data:`HOST_FORMAT_CHOICES`): how the host holds the
     experts it computes (:mod:`pdflash.hybrid.kernels`); ``auto`` times the

@@ -103,9 +103,10 @@ def plan_placement(
     """The placement ``mode`` gives on this machine.
 
     ``allowed``: the CPUs the placement may use (default: the calling
-    thread's mask; one of several ranks on a host: its :func:`rank_cpus`); ``siblings``: a CPU's SMT siblings (default: what the
-    OS shows). The engine gets the ``engine_cores`` lowest-numbered
-    physical cores, the host pool the rest."""
+    thread's mask; one of several ranks on a host: its :func:`rank_cpus`);
+    ``siblings``: a CPU's SMT siblings (default: what the OS shows). The
+    engine gets the ``engine_cores`` lowest-numbered physical cores, the
+    host pool the rest."""
     if mode not in HOST_AFFINITY_CHOICES:
         raise ValueError(f"host_affinity must be one of {HOST_AFFINITY_CHOICES}, got {mode!r}")
     if engine_cores < 1:
