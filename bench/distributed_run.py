@@ -40,6 +40,8 @@ RANK_LOCAL_FIELDS = (
     "wasted_prefetch_bytes",
     "expert_occupancy_bytes",
     "exposed_fetch_s",
+    "exposed_fetch_miss_s",
+    "exposed_fetch_inflight_s",
     # PD+host: each rank's host serves misses of its own experts only
     *HOST_METRIC_FIELDS,
     "host_service",
