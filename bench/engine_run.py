@@ -2159,9 +2159,10 @@ def _result(
         ),
         "exposed_fetch_definition": "time the compute stream waited for expert copies (ExpertCache.wait_ready)",
         "exposed_fetch_by_kind_definition": (
-            "exposed_fetch_miss_s: waits that included a copy issued on demand for a missing "
-            "expert; exposed_fetch_inflight_s: waits only on copies issued ahead of any access "
-            "(prefetches); they add up to exposed_fetch_s"
+            "each wait on expert copies waits first for the copies issued ahead of any access "
+            "(prefetches not landed yet: exposed_fetch_inflight_s), then for those issued on "
+            "demand for missing experts (the extra time: exposed_fetch_miss_s); they add up to "
+            "exposed_fetch_s"
         ),
         # the run's setting (full_cache may have switched the service off)
         "host_experts": spec.host_mode,

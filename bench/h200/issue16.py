@@ -488,8 +488,8 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # the books' per-step exposed fetch over the row's total (median)
         "books_exposed_share": _median_of(rows, _books_exposed_share),
         # the exposed fetch's share of the wall by what the waits waited
-        # for (a miss copy among them / prefetches in flight only), and the
-        # hit rate counting only copies landed before the access (medians)
+        # for (copies issued on demand for misses / prefetches not landed),
+        # and the hit rate counting only copies landed before the access
         "exposed_miss_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_miss_s")),
         "exposed_inflight_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_inflight_s")),
         "landed_hit_rate": _median_of(rows, lambda r: r.get("expert_cache_landed_hit_rate")),

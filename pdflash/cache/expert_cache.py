@@ -187,7 +187,7 @@ def _layer_key(layers: Sequence[int]) -> tuple[int, ...]:
 #: int64) they are applied at once, so a run that never needs them (every
 #: expert resident, no stats read) does not grow device memory step by step
 MAX_DEFERRED_IDS = 1 << 22
-#: miss copies' tickets :meth:`ExpertCache.waits_on_miss` remembers (at least)
+#: miss copies' tickets :meth:`ExpertCache.miss_copies` remembers (at least)
 MISS_TICKETS_KEPT = 1 << 14
 
 
@@ -921,20 +921,20 @@ class ExpertCache:
 
     def _note_miss_copies(self, tickets: IdArray) -> None:
         """Remember the tickets of copies :meth:`acquire` issued for missing
-        experts (for :meth:`waits_on_miss`); the oldest are forgotten past
+        experts (for :meth:`miss_copies`); the oldest are forgotten past
         :data:`MISS_TICKETS_KEPT`, long after any forward waits on them."""
         self._miss_tickets.update(tickets.tolist())
         if len(self._miss_tickets) > 2 * MISS_TICKETS_KEPT:
             self._miss_tickets = set(sorted(self._miss_tickets)[-MISS_TICKETS_KEPT:])
 
     @exclusive
-    def waits_on_miss(self, tickets: npt.ArrayLike) -> bool:
-        """Whether any of ``tickets`` is a copy :meth:`acquire` issued for a
-        missing expert (an on-demand miss, of this access or an earlier one),
-        not only copies issued ahead of any access (prefetches)."""
+    def miss_copies(self, tickets: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Which of ``tickets`` are copies :meth:`acquire` issued for a
+        missing expert (an on-demand miss, of this access or an earlier one);
+        the rest were issued ahead of any access (prefetches) or are -1."""
         t = np.asarray(tickets, dtype=np.int64).reshape(-1)
         kept = self._miss_tickets
-        return any(int(x) in kept for x in t.tolist() if x >= 0)
+        return np.fromiter((x in kept for x in t.tolist()), dtype=np.bool_, count=t.size)
 
     @exclusive
     def wait_ready(self, tickets: npt.ArrayLike) -> None:

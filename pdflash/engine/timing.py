@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
-#: what a forward's wait on expert copies waited for: ``miss`` (at least one
-#: copy a cache access issued on demand for a missing expert) or
-#: ``inflight`` (only copies issued ahead of any access: prefetches);
+#: what a forward's wait on expert copies waited for: ``inflight`` (copies
+#: issued ahead of any access: prefetches not landed yet) or ``miss`` (copies
+#: a cache access issued on demand for a missing expert: waited for after the
+#: prefetches, so only the extra time they took counts here);
 #: ``unclassified`` where the cache cannot tell
 STALL_KINDS = ("miss", "inflight", "unclassified")
 
@@ -201,14 +203,21 @@ class StallTimedCache:
     def wrapped(self) -> Any:
         return self._cache
 
-    def wait_ready(self, tickets: Any) -> Any:
-        waits_on_miss = getattr(self._cache, "waits_on_miss", None)
-        if waits_on_miss is None:
-            kind = "unclassified"
-        else:
-            kind = "miss" if waits_on_miss(tickets) else "inflight"
-        with self._timer.stall(kind):
-            return self._cache.wait_ready(tickets)
+    def wait_ready(self, tickets: Any) -> None:
+        miss_copies = getattr(self._cache, "miss_copies", None)
+        if miss_copies is None:
+            with self._timer.stall("unclassified"):
+                self._cache.wait_ready(tickets)
+            return
+        t = np.asarray(tickets, dtype=np.int64).reshape(-1)
+        t = t[t >= 0]
+        miss = miss_copies(t)
+        # NOTE: the prefetches first, then the misses: two waits in a row end
+        # when the later copy lands, as one wait would
+        for kind, part in (("inflight", t[~miss]), ("miss", t[miss])):
+            if part.size:
+                with self._timer.stall(kind):
+                    self._cache.wait_ready(part)
 
     def ensure_resident(self, flat_ids: Any) -> Any:
         with self._timer.stall("unclassified"):

@@ -142,8 +142,8 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     # forward asked (a hit on a copy still in flight waits for it)
     "expert_cache_landed_hit_rate",
     "expert_cache_inflight_hits",
-    # exposed_fetch_s split: waits that included an on-demand miss copy, and
-    # waits only on copies issued ahead (prefetches)
+    # exposed_fetch_s split: the waits for prefetches not landed yet, then
+    # the extra waits for copies issued on demand for misses
     "exposed_fetch_miss_s",
     "exposed_fetch_inflight_s",
 )

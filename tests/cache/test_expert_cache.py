@@ -168,9 +168,9 @@ def test_a_wait_on_a_miss_copy_is_told_from_a_wait_on_prefetches(fake_issuer: An
     ahead = cache.prefetch([1, 2], Band.ROUTE_AHEAD)
     _, tickets = cache.acquire([2, 3])  # 2 in flight from the prefetch, 3 missing
     assert tickets[0] == ahead[1] and tickets[1] not in ahead
-    assert not cache.waits_on_miss(ahead) and not cache.waits_on_miss(tickets[:1])
-    assert cache.waits_on_miss(tickets) and cache.waits_on_miss(tickets[1:])
-    assert not cache.waits_on_miss([-1, -1])
+    assert cache.miss_copies(tickets).tolist() == [False, True]
+    assert not cache.miss_copies(ahead).any()
+    assert cache.miss_copies([-1, tickets[1]]).tolist() == [False, True]
     cache.release([2, 3])
 
 
