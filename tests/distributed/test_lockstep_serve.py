@@ -145,6 +145,46 @@ def _expert_count(target: Path) -> int:
     return int(c.num_hidden_layers) * int(c.num_experts)
 
 
+def test_pd_host_on_more_ranks_than_the_experts_spread_over_is_refused(
+    model: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round robin leaves ranks past layers + experts - 1 without an expert;
+    with PD+host each rank's host computes its own experts, so the build
+    refuses (before any collective) and closes what it opened."""
+    import pdflash.distributed as distributed
+    from pdflash.h2d import H2DIssuer
+    from pdflash.serve.build import ServeModelConfig, build_engine
+
+    target, draft = model
+    ranks = _grid_span(target) + 1
+    group = RankGroup(
+        rank=0, world_size=ranks, local_rank=0, device=torch.device("cpu"), backend="gloo"
+    )
+    monkeypatch.setattr(distributed, "current_group", lambda: group)
+    closed: list[H2DIssuer] = []
+    close = H2DIssuer.close
+
+    def spy(issuer: H2DIssuer) -> None:
+        closed.append(issuer)
+        close(issuer)
+
+    monkeypatch.setattr(H2DIssuer, "close", spy)
+    cfg = ServeModelConfig(
+        model=str(target), draft=str(draft), device="cpu", baseline="PD+host", gpus=ranks
+    )
+    with pytest.raises(ValueError, match=r"PD\+host on \d+ ranks: rank \d+ of \d+ owns none"):
+        build_engine(cfg)
+    assert closed, "the issuer the failed build opened was not closed"
+
+
+def _grid_span(target: Path) -> int:
+    """layers + experts - 1: the most ranks round robin gives an expert each."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(target)
+    return int(c.num_hidden_layers) + int(c.num_experts) - 1
+
+
 def test_gpus_config_is_checked() -> None:
     from pdflash.serve.build import ServeModelConfig
 
