@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pdflash.bench.pair_ratios import paired
+
 from pdflash.report.stats import interval
 from pdflash.report.writers import read_jsonl
 
@@ -91,14 +93,16 @@ def pairs(found: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str, A
         base = _by_seed(by_n[1])
         for n in sorted(k for k in by_n if k > 1):
             for point, runs in sorted(_by_seed(by_n[n]).items()):
-                seeds = sorted(set(runs) & set(base.get(point, {})))
-                if not seeds:
+                bases = base.get(point, {})
+                matched = paired(
+                    {s: r["output_tokens_per_s"] for s, r in runs.items()},
+                    {s: r["output_tokens_per_s"] for s, r in bases.items()},
+                )
+                if not matched:
                     continue
-                ones = [base[point][s] for s in seeds]
-                ratios = [
-                    runs[s]["output_tokens_per_s"] / one["output_tokens_per_s"]
-                    for s, one in zip(seeds, ones, strict=True)
-                ]
+                seeds = [s for s, _ in matched]
+                ratios = [x for _, x in matched]
+                ones = [bases[s] for s in seeds]
                 iv = interval(ratios) if len(ratios) > 1 else None
                 exposed = [x for one in ones if (x := _share(one, "exposed_fetch_s")) is not None]
                 agg = [
