@@ -198,13 +198,15 @@ class StallTimedCache:
     def __init__(self, cache: Any, timer: ComputeTimer) -> None:
         object.__setattr__(self, "_cache", cache)
         object.__setattr__(self, "_timer", timer)
+        # looked up once: every forward layer's copy wait passes through here
+        object.__setattr__(self, "_miss_copies", getattr(cache, "miss_copies", None))
 
     @property
     def wrapped(self) -> Any:
         return self._cache
 
     def wait_ready(self, tickets: Any) -> None:
-        miss_copies = getattr(self._cache, "miss_copies", None)
+        miss_copies = self._miss_copies
         if miss_copies is None:
             with self._timer.stall("unclassified"):
                 self._cache.wait_ready(tickets)
