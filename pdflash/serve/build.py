@@ -10,8 +10,9 @@ with next-layer gate lookahead). ``PD+host`` adds the hybrid miss service
 link copies others; its cost model is calibrated at start-up against the
 link rate measured then; under ``gpus`` > 1 each rank's service computes
 only its own experts, on its share of the host's cores), ``PD-all-on`` runs
-PD's parts without the controller that switches them. Everything here is built on the calling
-thread: the serving loop calls :func:`build_engine` from its engine thread.
+PD's parts without the controller that switches them. Everything here is
+built on the calling thread: the serving loop calls :func:`build_engine`
+from its engine thread.
 """
 
 from __future__ import annotations
