@@ -39,7 +39,8 @@
 # at ~3-5 s each until BUDGET_S (default 250: about 5 repeats); the step is
 # killed at BUDGET_S + 50 s: under 6 minutes in all.
 #   OUT=/path bash bench/h200/switches_ab.sh
-# BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / EXTRA (more
+# BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / ARCH (default
+# gpt-oss-20b) / EXTRA (more
 # issue16.py options) override; NAME names the tar and the table's heading
 # (default switches_ab; bench/h200/aheadsplit_ab.sh is this with its own
 # arms, points and name); SUMMARY=script.py runs `python3 script.py DIR` on
@@ -53,7 +54,7 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d)
 budget=${BUDGET_S:-250}
 hard=$((${budget%.*} + 50))
-arch=gpt-oss-20b layers=8 threads=${HOST_THREADS:-14} points=${POINTS:-0.2:1,0.2:4}
+arch=${ARCH:-gpt-oss-20b} layers=8 threads=${HOST_THREADS:-14} points=${POINTS:-0.2:1,0.2:4}
 if [ "${SMOKE:-0}" = 1 ]; then
   arch=tiny-gpt_oss layers=0 threads=${HOST_THREADS:-2} points=${POINTS:-0.5:1,0.5:4}
 fi
