@@ -50,7 +50,8 @@ setting; the host pool has ``--host-workers`` threads. Both are recorded.
 Writes ``OUT/rows.jsonl`` (every row as it finishes) and ``OUT/summary.json``;
 the summary is also the last line on stdout and a compact table goes to
 stderr. Per point: each arm's tokens/s (median, 95% interval), per-repeat
-ratios with their median and a verdict from the intervals for every arm vs
+ratios with their median and a verdict (from the pairs' own interval where
+two or more repeats pair, else from the arms' intervals) for every arm vs
 the reference arm (``--reference``, default the first PD+host arm) and for
 every arm vs the first PD arm (``comparisons``, keyed ``ARM/OTHER``; each
 with the pairs' own 95% interval, ``pair_ratio_ci95``), the fastest PD+host
@@ -373,6 +374,16 @@ def _verdict(a: dict[str, Any], b: dict[str, Any], name_a: str) -> str:
     return {"a": f"{name_a} faster", "b": f"{name_a} slower"}.get(called, "within noise")
 
 
+def _pairs_verdict(low: float, high: float, name: str) -> str:
+    """``name`` faster / slower where the interleaved pairs' ratio interval
+    ``[low, high]`` excludes 1 (the rule the results READMEs state)."""
+    if low > 1:
+        return f"{name} faster"
+    if high < 1:
+        return f"{name} slower"
+    return "within noise"
+
+
 def _median_of(rows: list[dict[str, Any]], read: Callable[[dict[str, Any]], Any]) -> float | None:
     vals = [v for v in (_num(read(r)) for r in rows) if v is not None]
     return statistics.median(vals) if vals else None
@@ -617,7 +628,9 @@ def _compared(
 ) -> dict[str, Any]:
     """Arm ``num`` against arm ``den`` at one point: the per-repeat ratios
     of the repeats both ran, their median and their own 95% interval, the
-    ratio of the medians and the verdict from the arms' intervals."""
+    ratio of the medians and the verdict: from the pairs' interval (faster
+    or slower where it excludes 1) where two or more repeats pair, else from
+    the arms' intervals (``verdict_from`` says which)."""
     ratios = [
         x
         for _, x in paired(
@@ -627,6 +640,10 @@ def _compared(
     ]
     ta, tb = tps[num], tps[den]
     pairs_iv = t_interval(ratios) if len(ratios) > 1 else None
+    if pairs_iv is None:
+        verdict, verdict_from = _verdict(ta, tb, num), "arms"
+    else:
+        verdict, verdict_from = _pairs_verdict(pairs_iv.low, pairs_iv.high, num), "pairs"
     return {
         "pair_ratios": ratios,
         "pair_ratio_median": statistics.median(ratios) if ratios else None,
@@ -634,7 +651,8 @@ def _compared(
         # the repeats drift together
         "pair_ratio_ci95": None if pairs_iv is None else [pairs_iv.low, pairs_iv.high],
         "median_ratio": ta["median"] / tb["median"] if ta.get("n") and tb.get("n") else None,
-        "verdict": _verdict(ta, tb, num),
+        "verdict": verdict,
+        "verdict_from": verdict_from,
     }
 
 
@@ -724,6 +742,10 @@ def summarise(
             for num, den in comparisons(list(tps), reference, pd_arm)
             if num in tps and den in tps
         }
+        headline = entry["comparisons"].get(f"{reference}/{pd_arm}")
+        if headline is not None and headline["verdict_from"] == "pairs":
+            low, high = headline["pair_ratio_ci95"]
+            entry["verdict"] = _pairs_verdict(low, high, "PD+host")
         best = best_arms(tps, {arm: label_side(rs[0]) for arm, rs in by.items()})
         if best is not None:
             # the issue's target reads each label at its best setting

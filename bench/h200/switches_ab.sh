@@ -17,7 +17,7 @@
 # the order rotated each repeat and point, until BUDGET_S.
 # Read: the table printed last (also in log.txt) (and engine/summary.json
 # points[].comparisons, keyed ARM/OTHER: per-repeat ratios, their median,
-# the verdict from the 95% intervals; by_arm: the mechanism):
+# the verdict from the pairs' 95% interval; by_arm: the mechanism):
 #   stream/host    whether the stream hand-off earns the default (faster or
 #                  within noise and never slower; by_arm.stream.handoff.ran
 #                  must say "stream" for every run: else the fallback

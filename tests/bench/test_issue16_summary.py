@@ -704,6 +704,36 @@ def test_rows_without_arm_group_by_baseline() -> None:
     assert q["verdict"] == "PD+host faster"
 
 
+def test_verdicts_read_the_pairs_where_repeats_pair() -> None:
+    """Interleaved repeats that drift together: the arms' intervals overlap,
+    the pairs' ratios do not straddle 1, and the verdict reads the pairs
+    (the rule the results READMEs state); without repeats it reads the arms."""
+    pd = (10.0, 15.0, 20.0)
+    rows = [_row("PD", t, repeat=i) for i, t in enumerate(pd)]
+    rows += [
+        _row("PD+host", t * r, repeat=i)
+        for i, (t, r) in enumerate(zip(pd, (0.8, 0.82, 0.79), strict=True))
+    ]
+    (p,) = issue16.summarise(rows)
+    c = p["comparisons"]["PD+host/PD"]
+    assert c["pair_ratio_ci95"][1] < 1 and c["verdict_from"] == "pairs"
+    assert c["verdict"] == "PD+host slower" == p["verdict"]
+    # the same runs judged by the arms' intervals (no repeats to pair): within noise
+    for r in rows:
+        del r["repeat"]
+    (q,) = issue16.summarise(rows)
+    assert q["comparisons"]["PD+host/PD"]["verdict_from"] == "arms"
+    assert q["comparisons"]["PD+host/PD"]["verdict"] == "within noise" == q["verdict"]
+    # pairs that straddle 1: within noise whatever the medians say
+    rows = [_row("PD", t, repeat=i) for i, t in enumerate(pd)]
+    rows += [
+        _row("PD+host", t * r, repeat=i)
+        for i, (t, r) in enumerate(zip(pd, (0.7, 1.2, 0.9), strict=True))
+    ]
+    (s,) = issue16.summarise(rows)
+    assert s["comparisons"]["PD+host/PD"]["verdict"] == "within noise" == s["verdict"]
+
+
 def test_smoke_five_arms_on_the_tiny_cpu_shape(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
