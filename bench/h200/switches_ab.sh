@@ -40,8 +40,8 @@
 # killed at BUDGET_S + 50 s: under 6 minutes in all.
 #   OUT=/path bash bench/h200/switches_ab.sh
 # BUDGET_S / REPEATS (default 8) / MAX_NEW / POINTS / ARMS / ARCH (default
-# gpt-oss-20b) / EXTRA (more
-# issue16.py options) override; NAME names the tar and the table's heading
+# gpt-oss-20b) / EXTRA (more issue16.py options) override; NAME names the
+# tar and the table's heading
 # (default switches_ab; bench/h200/aheadsplit_ab.sh is this with its own
 # arms, points and name); SUMMARY=script.py runs `python3 script.py DIR` on
 # the unpacked results (DIR/engine/rows.jsonl) and packs what it writes
