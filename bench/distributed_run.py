@@ -42,6 +42,7 @@ RANK_LOCAL_FIELDS = (
     "exposed_fetch_s",
     "exposed_fetch_miss_s",
     "exposed_fetch_inflight_s",
+    "exposed_fetch_queued_s",
     # PD+host: each rank's host serves misses of its own experts only
     *HOST_METRIC_FIELDS,
     "host_service",

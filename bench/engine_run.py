@@ -2162,7 +2162,9 @@ def _result(
             "each wait on expert copies waits first for the copies issued ahead of any access "
             "(prefetches not landed yet: exposed_fetch_inflight_s), then for those issued on "
             "demand for missing experts (the extra time: exposed_fetch_miss_s); they add up to "
-            "exposed_fetch_s"
+            "exposed_fetch_s. exposed_fetch_queued_s is the part of exposed_fetch_inflight_s "
+            "spent on prefetches still queued (no chunk started) when the forward asked, "
+            "waited for after the started ones (the extra time)"
         ),
         # the run's setting (full_cache may have switched the service off)
         "host_experts": spec.host_mode,
@@ -2424,10 +2426,21 @@ def _exposed_by_kind(timer: Any) -> dict[str, Metric]:
     where some wait could not be classified."""
     if timer.stall_kind_s("unclassified") > 0:
         why = NotMeasured("some copy waits ran on a cache that cannot tell misses from prefetches")
-        return {"exposed_fetch_miss_s": why, "exposed_fetch_inflight_s": why}
+        return {
+            "exposed_fetch_miss_s": why,
+            "exposed_fetch_inflight_s": why,
+            "exposed_fetch_queued_s": why,
+        }
+    unsplit = timer.stall_kind_s("inflight_unsplit")
+    queued = timer.stall_kind_s("queued")
     return {
         "exposed_fetch_miss_s": timer.stall_kind_s("miss"),
-        "exposed_fetch_inflight_s": timer.stall_kind_s("inflight"),
+        "exposed_fetch_inflight_s": timer.stall_kind_s("inflight") + queued + unsplit,
+        "exposed_fetch_queued_s": (
+            NotMeasured("the copy issuer reports no ticket states: queued and started look alike")
+            if unsplit > 0
+            else queued
+        ),
     }
 
 

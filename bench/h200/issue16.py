@@ -503,6 +503,7 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # and the hit rate counting only copies landed before the access
         "exposed_miss_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_miss_s")),
         "exposed_inflight_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_inflight_s")),
+        "exposed_queued_share": _median_of(rows, lambda r: _busy(r, "exposed_fetch_queued_s")),
         "landed_hit_rate": _median_of(rows, lambda r: r.get("expert_cache_landed_hit_rate")),
         # tokens committed per request round, per run: arms whose draws or
         # widths differ commit differently per step (the tokens/s follow)
@@ -803,15 +804,17 @@ def _per_arm_line(
 
 
 def _exposed_split_line(by_arm: dict[str, Any]) -> list[str]:
-    """The wall's exposed-fetch shares on misses and on prefetches in flight,
-    and the landed-only hit rate, per arm (older rows carry none: no line)."""
+    """The wall's exposed-fetch shares on misses and on prefetches in flight
+    (of those, still queued when the forward asked), and the landed-only hit
+    rate, per arm (older rows carry none: no line)."""
     if all(m.get("exposed_miss_share") is None for m in by_arm.values()):
         return []
     return [
-        "  exposed fetch / wall, on misses + on prefetches in flight (landed hit rate): "
+        "  exposed fetch / wall, on misses + on prefetches in flight [of them queued]"
+        " (landed hit rate): "
         + "; ".join(
             f"{arm} {_fmt(m.get('exposed_miss_share'))} + {_fmt(m.get('exposed_inflight_share'))}"
-            f" ({_fmt(m.get('landed_hit_rate'))})"
+            f" [{_fmt(m.get('exposed_queued_share'))}] ({_fmt(m.get('landed_hit_rate'))})"
             for arm, m in by_arm.items()
         )
     ]

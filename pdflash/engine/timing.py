@@ -18,12 +18,20 @@ from typing import Any
 import numpy as np
 import torch
 
-#: what a forward's wait on expert copies waited for: ``inflight`` (copies
-#: issued ahead of any access: prefetches not landed yet) or ``miss`` (copies
-#: a cache access issued on demand for a missing expert: waited for after the
-#: prefetches, so only the extra time they took counts here);
-#: ``unclassified`` where the cache cannot tell
-STALL_KINDS = ("miss", "inflight", "unclassified")
+from pdflash.protocols import TicketState
+
+#: what a forward's wait on expert copies waited for, in the order it waits:
+#: ``inflight`` (copies issued ahead of any access, prefetches not landed yet,
+#: whose copy had started when the forward asked), ``queued`` (such copies
+#: still queued then, no chunk started: the ones another path could still
+#: have taken off the link; waited for next, so only the extra time counts),
+#: ``miss`` (copies a cache access issued on demand for a missing expert:
+#: waited for last, the extra time); ``inflight_unsplit`` (prefetches where
+#: the issuer cannot tell queued from started), ``unclassified`` where the
+#: cache cannot tell misses from prefetches
+STALL_KINDS = ("miss", "inflight", "queued", "inflight_unsplit", "unclassified")
+
+_QUEUED = int(TicketState.QUEUED)
 
 
 class _Span:
@@ -200,6 +208,8 @@ class StallTimedCache:
         object.__setattr__(self, "_timer", timer)
         # looked up once: every forward layer's copy wait passes through here
         object.__setattr__(self, "_miss_copies", getattr(cache, "miss_copies", None))
+        issuer = getattr(cache, "issuer", None)
+        object.__setattr__(self, "_states", getattr(issuer, "states", None))
 
     @property
     def wrapped(self) -> Any:
@@ -214,9 +224,17 @@ class StallTimedCache:
         t = np.asarray(tickets, dtype=np.int64).reshape(-1)
         t = t[t >= 0]
         miss = miss_copies(t)
-        # NOTE: the prefetches first, then the misses: two waits in a row end
-        # when the later copy lands, as one wait would
-        for kind, part in (("inflight", t[~miss]), ("miss", t[miss])):
+        ahead = t[~miss]
+        parts: tuple[tuple[str, Any], ...] = ()
+        if self._states is None:
+            parts = (("inflight_unsplit", ahead),)
+        elif ahead.size:
+            queued = np.asarray(self._states(ahead)) == _QUEUED
+            parts = (("inflight", ahead[~queued]), ("queued", ahead[queued]))
+        # NOTE: the started prefetches first, then the queued ones, then the
+        # misses: waits in a row end when the latest copy lands, as one wait
+        # would, and each later part times only its extra
+        for kind, part in (*parts, ("miss", t[miss])):
             if part.size:
                 with self._timer.stall(kind):
                     self._cache.wait_ready(part)

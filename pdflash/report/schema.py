@@ -146,6 +146,9 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     # the extra waits for copies issued on demand for misses
     "exposed_fetch_miss_s",
     "exposed_fetch_inflight_s",
+    # the part of exposed_fetch_inflight_s on prefetches still queued (no
+    # chunk started) when the forward asked
+    "exposed_fetch_queued_s",
 )
 
 #: Metrics that are fractions and must lie in [0, 1].

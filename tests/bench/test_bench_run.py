@@ -104,6 +104,8 @@ def test_rows_split_hits_on_landed_copies_from_hits_on_copies_in_flight(
     miss, ahead = row["exposed_fetch_miss_s"], row["exposed_fetch_inflight_s"]
     assert miss > 0 and ahead > 0
     assert miss + ahead == pytest.approx(row["exposed_fetch_s"])
+    # of the prefetch waits, the extra for those still queued when asked
+    assert 0 < row["exposed_fetch_queued_s"] <= ahead
 
 
 def test_pd_host_rows_split_the_host_services_setup(

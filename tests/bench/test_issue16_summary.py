@@ -389,19 +389,24 @@ def test_each_arm_reports_what_its_books_per_step_reads_saw() -> None:
 def test_each_arm_splits_its_exposed_fetch_and_reads_its_landed_hit_rate() -> None:
     split = {"exposed_fetch_miss_s": 3.0, "exposed_fetch_inflight_s": 1.0}
     rows = [
-        _arm_row("PD", 0, 90.0, **split, expert_cache_landed_hit_rate=0.5),
-        _arm_row("PD", 1, 91.0, **split, expert_cache_landed_hit_rate=0.7),
+        _arm_row(
+            "PD", 0, 90.0, **split, exposed_fetch_queued_s=0.2, expert_cache_landed_hit_rate=0.5
+        ),
+        _arm_row(
+            "PD", 1, 91.0, **split, exposed_fetch_queued_s=0.4, expert_cache_landed_hit_rate=0.7
+        ),
         _arm_row("host", 0, 100.0),  # an older row: no split
     ]
     (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
     pd = p["by_arm"]["PD"]
     assert pd["exposed_miss_share"] == pytest.approx(0.3)
     assert pd["exposed_inflight_share"] == pytest.approx(0.1)
+    assert pd["exposed_queued_share"] == pytest.approx(0.03)
     assert pd["landed_hit_rate"] == pytest.approx(0.6)
     assert p["by_arm"]["host"]["exposed_miss_share"] is None
     lines = issue16.table({"device": "x", "runs": 3, "runs_not_started_budget": 0, "points": [p]})
     (line,) = [x for x in lines if "on prefetches in flight" in x]
-    assert "PD 0.30 + 0.10 (0.60)" in line and "host - + - (-)" in line
+    assert "PD 0.30 + 0.10 [0.03] (0.60)" in line and "host - + - [-] (-)" in line
     (old,) = issue16.summarise(rows[2:], issue16.parse_arms("host=PD+host"))
     old_lines = issue16.table(
         {"device": "x", "runs": 1, "runs_not_started_budget": 0, "points": [old]}
