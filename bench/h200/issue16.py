@@ -508,6 +508,10 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         # tokens committed per request round, per run: arms whose draws or
         # widths differ commit differently per step (the tokens/s follow)
         "acceptance_length": _spread(rows, "acceptance_length_mean"),
+        # how much each run's clock measured: a run of a few steps (c=1 with
+        # few new tokens) gives a noisy rate
+        "measured_steps": _spread(rows, "steps"),
+        "measured_wall_s": _spread(rows, "wall_s"),
         # controller_warmup="first_round": the warm-up bursts each run ran
         # and how many runs' controllers ended their first round before the
         # clock (None where no run of the arm warmed its controller)
@@ -803,6 +807,20 @@ def _per_arm_line(
     return [f"  {heading}: " + "; ".join(shown)] if shown else []
 
 
+def _measured_line(by_arm: dict[str, Any]) -> list[str]:
+    """Per arm, the steps and wall seconds a run's clock measured (medians;
+    older summaries carry none: no line)."""
+    shown = [
+        f"{arm} {_fmt(m['measured_steps']['median'], '.0f')} steps "
+        f"[{_fmt(m['measured_steps']['min'], '.0f')}-{_fmt(m['measured_steps']['max'], '.0f')}]"
+        f" ({_fmt(m['measured_wall_s']['median'])} s)"
+        for arm, m in by_arm.items()
+        if (m.get("measured_steps") or {}).get("median") is not None
+        and (m.get("measured_wall_s") or {}).get("median") is not None
+    ]
+    return ["  measured a run (median): " + "; ".join(shown)] if shown else []
+
+
 def _exposed_split_line(by_arm: dict[str, Any]) -> list[str]:
     """The wall's exposed-fetch shares on misses and on prefetches in flight
     (of those, still queued when the forward asked), and the landed-only hit
@@ -909,6 +927,7 @@ def table(summary: dict[str, Any]) -> list[str]:
             "acceptance_length",
             lambda a: f"{_fmt(a['median'])} [{_fmt(a['min'])}, {_fmt(a['max'])}]",
         )
+        lines += _measured_line(by_arm)
         lines += _per_arm_line(
             by_arm,
             "exposed fetch the books' per-step reads saw / the run's total",

@@ -709,6 +709,29 @@ def test_rows_without_arm_group_by_baseline() -> None:
     assert q["verdict"] == "PD+host faster"
 
 
+def test_the_table_says_how_much_each_run_measured() -> None:
+    """A run of a few steps gives a noisy rate: the table prints each arm's
+    measured steps (median [min-max]) and wall; rows without steps, no line."""
+    rows = [
+        _arm_row("PD", 0, 90.0, steps=5, wall_s=0.2),
+        _arm_row("PD", 1, 91.0, steps=9, wall_s=0.5),
+        _arm_row("PD", 2, 92.0, steps=7, wall_s=0.3),
+        _arm_row("host", 0, 100.0, steps=7, wall_s=0.3),
+    ]
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    assert p["by_arm"]["PD"]["measured_steps"] == {"median": 7, "min": 5, "max": 9}
+    lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
+    (line,) = [x for x in lines if x.startswith("  measured a run")]
+    assert (
+        line == "  measured a run (median): PD 7 steps [5-9] (0.30 s); host 7 steps [7-7] (0.30 s)"
+    )
+    for r in rows:
+        del r["steps"]
+    (q,) = issue16.summarise(rows, issue16.parse_arms("PD,host=PD+host"))
+    lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [q]})
+    assert not any(x.startswith("  measured a run") for x in lines)
+
+
 def test_verdicts_read_the_pairs_where_repeats_pair() -> None:
     """Interleaved repeats that drift together: the arms' intervals overlap,
     the pairs' ratios do not straddle 1, and the verdict reads the pairs
