@@ -105,7 +105,9 @@ def test_rows_split_hits_on_landed_copies_from_hits_on_copies_in_flight(
     assert miss > 0 and ahead > 0
     assert miss + ahead == pytest.approx(row["exposed_fetch_s"])
     # of the prefetch waits, the extra for those still queued when asked
-    assert 0 < row["exposed_fetch_queued_s"] <= ahead
+    # (whether any was queued depends on the copy thread's pace here; the
+    # split itself: tests/engine/test_stall_split.py)
+    assert 0 <= row["exposed_fetch_queued_s"] <= ahead
 
 
 def test_pd_host_rows_split_the_host_services_setup(
