@@ -358,6 +358,13 @@ class H2DIssuer:
             raise ValueError(f"band must be a pdflash.protocols.Band or None, got {band!r}")
         return int(self._native.cancel(band_i))
 
+    def cancel_unstarted(self, tickets: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Cancel the copies of ``tickets`` none of whose chunks has started:
+        True where cancelled now; a started or finished copy runs on as
+        before. ValueError on an unknown ticket (none is cancelled then)."""
+        out: npt.NDArray[np.bool_] = self._native.cancel_unstarted(_as_i64("tickets", tickets))
+        return out
+
     def reset(self) -> int:
         """Cancel everything not yet started (non-terminal); returns how many."""
         return self.cancel(None)

@@ -356,6 +356,20 @@ cdef class NativeIssuer:
             n = self._issuer.cancel(band)
         return n
 
+    def cancel_unstarted(self, const int64_t[::1] tickets):
+        """Cancel each ticket's copy if none of its chunks started: a bool
+        array, True where cancelled now (a started or finished copy runs on
+        as before). ValueError on an unknown ticket, before any is cancelled."""
+        cdef Py_ssize_t n = tickets.shape[0]
+        out = np.zeros(n, dtype=np.uint8)
+        if n == 0:
+            return out.astype(np.bool_)
+        cdef uint8_t[::1] o = out
+        self._live()  # raises unless __init__ ran
+        with nogil:
+            self._issuer.cancel_unstarted(&tickets[0], <size_t>n, &o[0])
+        return out.astype(np.bool_)
+
     def stats(self):
         """Raw counters; quantiles are NaN when a band has no samples."""
         cdef IssuerStats s

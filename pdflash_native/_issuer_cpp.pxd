@@ -90,6 +90,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         WaitResult stream_wait(const int64_t* tickets, size_t n, uintptr_t stream,
                                double timeout_s) except +
         int64_t cancel(int band) except +
+        void cancel_unstarted(const int64_t* tickets, size_t n, uint8_t* out) except +
         IssuerStats stats()
         vector[LogEvent] debug_log()
         void add_source_region(uintptr_t begin, size_t n, bool check_pinned) except +

@@ -1294,6 +1294,26 @@ std::int64_t Issuer::cancel(int band) {
   return cancelled;
 }
 
+void Issuer::cancel_unstarted(const std::int64_t* tickets, std::size_t n, std::uint8_t* out) {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  for (std::size_t i = 0; i < n; ++i) s.state_of(tickets[i]);  // validate all first
+  bool any = false;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::int64_t seq = tickets[i] >> kRecBits;
+    std::size_t r = std::size_t(tickets[i] & kRecMask);
+    out[i] = 0;
+    if (r >= s.recs.size()) continue;
+    const CopyRec& c = s.recs[r];
+    // a live copy none of whose chunks was issued: its queue entry goes stale
+    if (c.seq != seq || c.failed() || c.chunks_issued > 0) continue;
+    s.cancel_unstarted(std::int32_t(r));
+    out[i] = 1;
+    any = true;
+  }
+  if (any) s.state_cv.notify_all();
+}
+
 IssuerStats Issuer::stats() const {
   const Impl& s = *impl_;
   // NOTE: the delay rings are copied under the lock and their quantiles

@@ -205,6 +205,32 @@ def test_cancel_band_and_reset_keep_the_issuer_usable(issuer: H2DIssuer) -> None
     _replay(issuer)
 
 
+def test_cancel_unstarted_cancels_only_the_named_copies_not_yet_started(
+    issuer: H2DIssuer,
+) -> None:
+    size = 2 * CHUNK
+    src, dst = _buffers(issuer, 6 * size)
+    s, d = _slots(src, 6, size), _slots(dst, 6, size)
+    issuer._native.test_hold_link(True)
+    ra = issuer.submit(s[:4], d[:4], size, np.arange(4), Band.ROUTE_AHEAD)
+    # the worker starts ra[0] (the window): it runs on
+    _wait_for(lambda: issuer.states(ra)[0] != STATE_QUEUED)
+    with pytest.raises(ValueError, match="unknown ticket"):
+        issuer.cancel_unstarted([int(ra[2]), 12345])
+    assert (issuer.states(ra[1:]) == STATE_QUEUED).all()  # the bad call cancelled nothing
+    assert issuer.cancel_unstarted(ra[[0, 2]]).tolist() == [False, True]
+    assert issuer.cancel_unstarted(ra[2:3]).tolist() == [False]  # already cancelled
+    assert issuer.cancel_unstarted(np.zeros(0, dtype=np.int64)).size == 0
+    # its key is free again: the expert can be copied anew
+    again = issuer.submit(s[2:3], d[2:3], size, [2], Band.ON_DEMAND)
+    issuer._native.test_hold_link(False)
+    issuer.wait(np.concatenate([ra[[0, 1, 3]], again]), timeout_s=30)
+    with pytest.raises(CopyCancelledError, match=f"ticket {ra[2]}"):
+        issuer.wait(ra[2:3], timeout_s=30)
+    assert np.array_equal(src[: 4 * size], dst[: 4 * size])
+    assert issuer.stats()["bands"]["ROUTE_AHEAD"]["cancellations"] == 1
+
+
 def test_failed_copy_fails_its_ticket_and_later_copies_work(issuer: H2DIssuer) -> None:
     size = 3 * CHUNK
     src, dst = _buffers(issuer, 4 * size)

@@ -165,6 +165,12 @@ class Issuer {
   // Returns how many. The issuer stays usable.
   std::int64_t cancel(int band);
 
+  // Cancel each ticket's copy if none of its chunks has started: out[i] = 1
+  // where it was cancelled now, 0 where it had started or finished (it then
+  // runs to its end as before). Throws std::invalid_argument on an unknown
+  // ticket, before cancelling any.
+  void cancel_unstarted(const std::int64_t* tickets, std::size_t n, std::uint8_t* out);
+
   IssuerStats stats() const;
   std::vector<LogEvent> debug_log() const;
 
