@@ -456,6 +456,7 @@ class ExpertCache:
         self.prefetch_bytes_evicted_unused = 0
         self.prefetch_dropped = 0  # prefetch ids that found no evictable slot
         self.failed_copies = 0  # copies found failed or cancelled; the slot was freed
+        self.given_back = 0  # unstarted copies cancelled by give_back_unstarted
 
     def stats(self) -> dict[str, Any]:
         """Counters and derived ratios (``NotMeasured`` when the denominator is 0)."""
@@ -480,6 +481,7 @@ class ExpertCache:
             "prefetch_bytes_evicted_unused": self.prefetch_bytes_evicted_unused,
             "prefetch_dropped": self.prefetch_dropped,
             "failed_copies": self.failed_copies,
+            "given_back": self.given_back,
             **ratios,
         }
 
@@ -986,6 +988,43 @@ class ExpertCache:
             done, _ = self._copy_outcomes(busy)
             self.ticket[busy[done]] = -1
             self._drop(busy[~done])
+
+    @exclusive
+    def give_back_unstarted(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Cancel the copies of the distinct experts ``flat_ids`` that are in
+        flight, unpinned and not started yet, and free their slots: those
+        experts are then absent, as before their copy was asked for (the
+        bytes never crossed the link and count nowhere). Returns True where
+        given back; a resident, absent or pinned expert, or one whose copy
+        started, is left as it is. An issuer without ``cancel_unstarted``
+        gives back nothing."""
+        ids = self._ids(flat_ids)
+        out = np.zeros(ids.size, dtype=np.bool_)
+        cancel = getattr(self.issuer, "cancel_unstarted", None)
+        if cancel is None or ids.size == 0:
+            return out
+        slots = self.slot_of[ids]
+        pick = np.flatnonzero(slots >= 0)
+        s = slots[pick]
+        keep = (self.ticket[s] >= 0) & (self.pins[s] == 0)
+        pick, s = pick[keep], s[keep]
+        if s.size == 0:
+            return out
+        gone = np.asarray(cancel(self.ticket[s]), dtype=np.bool_)
+        pick, s = pick[gone], s[gone]
+        if s.size == 0:
+            return out
+        out[pick] = True
+        # the byte books counted these copies when they were asked for
+        # (counted: since the last reset_stats); none of their bytes moved
+        booked = s[self.counted[s]]
+        self.copies -= int(booked.size)
+        self.bytes_in -= int(booked.size) * self.expert_nbytes
+        self.prefetch_bytes_in -= int(self.by_prefetch[booked].sum()) * self.expert_nbytes
+        self.counted[s] = False
+        self.given_back += int(s.size)
+        self._drop(s)
+        return out
 
     def _drop(self, slots: npt.NDArray[np.int64]) -> None:
         """Forget slots whose copy failed (their bytes are not valid)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import numpy as np
@@ -521,3 +522,59 @@ def test_pin_layers_ids_are_made_once_and_follow_the_owned_set(fake_issuer_cls: 
     assert [ids.tolist() for ids, _ in got] == [[0, 1], [4, 5], [8, 9]]
     share.unpin_layers(range(3))
     assert int(share.pins.sum()) == 0
+
+
+@pytest.fixture
+def one_copy_issuer() -> Any:
+    """The real issuer (host backend) whose window holds one expert's copy."""
+    from pdflash.h2d import H2DIssuer
+
+    issuer = H2DIssuer(backend="host", chunk_bytes=NBYTES, window_bytes=NBYTES)
+    yield issuer
+    issuer.close()
+
+
+def test_give_back_unstarted_frees_queued_copies_only(one_copy_issuer: Any) -> None:
+    """Copies in flight and not started are cancelled and their slots freed
+    (the experts absent again, their bytes in no book); a started copy, a
+    pinned expert, a resident one and an absent one are left as they are."""
+    from pdflash.h2d import STATE_QUEUED
+
+    host_issuer = one_copy_issuer
+    src = Source()
+    host_issuer.register_source(src.buffer.data_ptr(), src.buffer.numel())
+    cache = ExpertCache(src, host_issuer, num_slots=6, top_k=2, max_batch_tokens=1)
+    host_issuer._native.test_hold_link(True)
+    try:
+        ahead = cache.prefetch([1, 2, 3, 4], Band.ROUTE_AHEAD)
+        deadline = time.monotonic() + 10
+        while host_issuer.states(ahead[:1])[0] == STATE_QUEUED:  # the worker takes copy 1
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert (host_issuer.states(ahead[1:]) == STATE_QUEUED).all()
+        cache.acquire([4])  # pinned while in flight
+        copies, bytes_in, prefetch_in = cache.copies, cache.bytes_in, cache.prefetch_bytes_in
+        out = cache.give_back_unstarted([1, 2, 3, 4, 7])
+        assert out.tolist() == [False, True, True, False, False]
+        assert cache.is_resident([1, 4]).all() and not cache.is_resident([2, 3]).any()
+        assert cache.given_back == 2 and cache.stats()["given_back"] == 2
+        assert (cache.copies, cache.bytes_in) == (copies - 2, bytes_in - 2 * NBYTES)
+        assert cache.prefetch_bytes_in == prefetch_in - 2 * NBYTES
+        assert cache.give_back_unstarted([2]).tolist() == [False]  # absent now
+    finally:
+        host_issuer._native.test_hold_link(False)
+    # a given-back expert is copied anew when a forward asks for it
+    slots = cache.ensure_resident([3])
+    assert torch.all(cache.slot_tensor(int(slots[0])) == 3)
+    cache.release([3])
+    cache.release([4])
+    cache.drain_inflight()
+    assert cache.failed_copies == 0
+    assert not cache.give_back_unstarted([1, 3, 4]).any()  # resident: nothing to give back
+
+
+def test_give_back_unstarted_needs_a_per_ticket_cancel(fake_issuer: Any) -> None:
+    cache = _cache(fake_issuer)
+    cache.prefetch([1, 2], Band.ROUTE_AHEAD)
+    assert not cache.give_back_unstarted([1, 2]).any()
+    assert cache.is_resident([1, 2]).all()
