@@ -187,6 +187,9 @@ class RunSpec:
     # HostExpertService.critical_path: the planner judges the forward's
     # critical path instead of the link's makespan
     host_critical_path: bool = False
+    # the planner may host experts whose copy is still queued (giving the
+    # copy back): HostExpertService.host_queued
+    host_queued: bool = False
     # how HOST outputs reach the device stream (pdflash.hybrid.handoff):
     # "thread" (the forward's thread waits for the host) or "stream" (a
     # device-side wait; falls back to "thread" with a recorded reason)
@@ -1139,6 +1142,7 @@ def _run(
                 max_host_tokens=spec.host_max_tokens or None,
                 host_format=spec.host_format,
                 critical_path=spec.host_critical_path,
+                host_queued=spec.host_queued,
                 handoff=spec.host_handoff,
                 host_affinity=spec.host_affinity,
                 host_ahead=spec.host_ahead,

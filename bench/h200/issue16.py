@@ -1053,6 +1053,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the planner judges the forward's critical path (RunSpec.host_critical_path)",
     )
+    ap.add_argument(
+        "--host-queued",
+        action="store_true",
+        help="the planner may host experts whose copy is still queued (RunSpec.host_queued)",
+    )
     add_host_switch_arguments(ap)
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
@@ -1095,6 +1100,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_max_tokens": args.host_max_tokens,
         "host_format": args.host_format,
         "host_critical_path": args.host_critical_path,
+        "host_queued": args.host_queued,
         "host_handoff": args.host_handoff,
         "host_affinity": args.host_affinity,
         "host_ahead": args.host_ahead,

@@ -312,6 +312,12 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "launching thread cost nothing, a HOST part's dispatch is charged) instead of the "
         "link's makespan (default; see HostExpertService.critical_path)",
     )
+    parser.add_argument(
+        "--host-queued",
+        action="store_true",
+        help="the host planner may also host routed experts whose copy is still queued (not "
+        "started), cancelling the copy (HostExpertService.host_queued; off by default)",
+    )
     add_host_switch_arguments(parser)
 
 
@@ -517,6 +523,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_max_tokens=args.host_max_tokens,
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
+                    host_queued=getattr(args, "host_queued", False),
                     host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),

@@ -91,6 +91,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_max_ratio",
         "host_max_tokens",
         "host_critical_path",
+        "host_queued",
         "host_handoff",
         "host_affinity",
         "host_ahead",

@@ -185,6 +185,7 @@ def build_host_service(
     online: bool = True,
     probe_every: int | None = DEFAULT_PROBE_EVERY,
     critical_path: bool = False,
+    host_queued: bool = False,
     host_affinity: str | HostPlacement = DEFAULT_HOST_AFFINITY,
     handoff: str = "thread",
     host_ahead: str = "certain",
@@ -221,7 +222,9 @@ def build_host_service(
     :mod:`pdflash.hybrid.planner` for when HOST pays, why the caps, and how
     it corrects the calibration from the run's own HOST jobs).
     ``critical_path`` sets :attr:`HostExpertService.critical_path` (off by
-    default: the planner judges the link's makespan). ``handoff``
+    default: the planner judges the link's makespan), ``host_queued``
+    :attr:`HostExpertService.host_queued` (off by default: queued copies
+    stay copies). ``handoff``
     (:data:`~pdflash.hybrid.handoff.HANDOFF_CHOICES`): how HOST outputs
     reach the device stream (:meth:`HostExpertService.set_handoff`;
     ``stream`` falls back to ``thread`` where it cannot run, with the reason
@@ -336,6 +339,7 @@ def build_host_service(
             cost=cost,
         )
         service.critical_path = bool(critical_path)
+        service.host_queued = bool(host_queued)
         service.ahead_from = host_ahead_from
         service.set_handoff(handoff, device)
         service.host_weights = weights.describe()

@@ -7,10 +7,12 @@ the host (the block's one host sync):
 
 * :meth:`HostExpertService.split` — which of the layer's routed experts the
   host computes: the planner sees the non-resident ones (an expert with a
-  slot, its copy landed or in flight, is never HOST: its bytes are paid),
-  their token counts, and the link's state (this layer's own in-flight
-  copies, the run's link rate; with :attr:`HostExpertService.critical_path`
-  also the forward's measured terms of :class:`ForwardClock`);
+  slot, its copy landed or in flight, is never HOST: its bytes are paid;
+  with :attr:`HostExpertService.host_queued` also those whose copy is still
+  queued, given back where hosted), their token counts, and the link's
+  state (this layer's own in-flight copies, the run's link rate; with
+  :attr:`HostExpertService.critical_path` also the forward's measured terms
+  of :class:`ForwardClock`);
 * :meth:`HostExpertService.start` — those experts' rows go to the host and
   the pool starts on them; the block then pins, copies and computes the
   other experts on the device;
@@ -100,8 +102,11 @@ from pdflash.hybrid.planner import (
     ObservingMissPlanner,
     ReportingMissPlanner,
 )
+from pdflash.protocols import TicketState
 
 IdArray = npt.NDArray[np.int64]
+
+_QUEUED = int(TicketState.QUEUED)
 
 
 class HostWaitTimer(Protocol):
@@ -301,7 +306,10 @@ class HostBooks:
     forward's thread blocked for host results; ``bytes_saved``: link bytes
     the HOST experts did not move (``experts x expert_nbytes``);
     ``planned_ahead``: experts the ahead plan kept out of route-ahead copies;
-    ``planned_layers``: layer forwards the planner saw misses in;
+    ``planned_layers``: layer forwards the planner saw misses in (or, with
+    :attr:`HostExpertService.host_queued`, copies still queued);
+    ``queued_hosted``: HOST experts whose copy was still queued and was
+    given back (:attr:`HostExpertService.host_queued`);
     ``copy_sampled``: layers the planner split that were copied to measure
     the forward's dispatch without a HOST part (:class:`ForwardClock`);
     ``ahead_seen``: experts of the ahead plans' HOST sets whose layer then
@@ -320,6 +328,7 @@ class HostBooks:
     planned_ahead: int = 0
     planned_layers: int = 0
     copy_sampled: int = 0
+    queued_hosted: int = 0
     ahead_seen: int = 0
     ahead_routed: int = 0
     ahead_hosted: int = 0
@@ -389,6 +398,13 @@ class HostExpertService:
         #: copied to sample the clock (why off: the H200 ablation in
         #: bench/results/h200/session9-2026-12-02/README.md)
         self.critical_path = False
+        #: True: a layer's routed experts whose copy is in flight but not
+        #: started (a route-ahead or stream copy queued behind others) are
+        #: offered to the planner with the misses; one it hosts has its copy
+        #: cancelled and its slot given back (ExpertCache.give_back_unstarted;
+        #: a copy that started meanwhile stays a COPY). False (default): not
+        #: measured on a GPU yet
+        self.host_queued = False
         #: False: every miss is copied and nothing is planned ahead; a
         #: layer's split returns before reading the cache or asking the
         #: planner (the PD controller switches the service: the engine's
@@ -508,12 +524,18 @@ class HostExpertService:
         slots = np.asarray(cache.slot_of)[ids]
         held = slots >= 0
         missed = ~held
-        if not missed.any():
+        queued = self._queued(cache, slots, held) if self.host_queued else None
+        offered = missed if queued is None else missed | queued
+        if not offered.any():
             return out
         self.books.planned_layers += 1
         inflight = int((np.asarray(cache.ticket)[slots[held]] >= 0).sum())
+        if queued is not None:
+            # a queued copy offered to the planner is one of its copies, not
+            # bytes ahead of them
+            inflight -= int(queued.sum())
         link = self.link_state(inflight * self.expert_nbytes)
-        plan = self.planner.plan(layer, ids[missed], tok[missed], link)
+        plan = self.planner.plan(layer, ids[offered], tok[offered], link)
         # the HOST job's modeled time (the job records it)
         self._planned_host_s = plan.modeled_host_s
         if plan.host.size and self.critical_path and self.clock.wants_copy_sample():
@@ -521,11 +543,35 @@ class HostExpertService:
             return out
         if plan.host.size:
             host = self._members(layer, ids, plan.host)
+            if queued is not None and (host & queued).any():
+                take = np.flatnonzero(host & queued)
+                given = np.asarray(cache.give_back_unstarted(ids[take]), dtype=np.bool_)
+                host[take[~given]] = False  # started meanwhile: it stays a copy
+                self.books.queued_hosted += int(given.sum())
+                held = np.asarray(cache.slot_of)[ids] >= 0
             if (host & held).any():
                 raise RuntimeError(
                     f"planner {self.planner.name!r} chose a resident expert for the host"
                 )
             out = host
+        return out
+
+    @staticmethod
+    def _queued(
+        cache: Any, slots: npt.NDArray[np.int64], held: npt.NDArray[np.bool_]
+    ) -> npt.NDArray[np.bool_] | None:
+        """Mask over the layer's experts (``slots``: their cache slots) whose
+        copy is in flight, unpinned and not started; None where the cache
+        cannot give such a copy back or its issuer reports no ticket states."""
+        states = getattr(getattr(cache, "issuer", None), "states", None)
+        if states is None or getattr(cache, "give_back_unstarted", None) is None:
+            return None
+        out = np.zeros(slots.size, dtype=np.bool_)
+        at = np.flatnonzero(held)
+        tickets = np.asarray(cache.ticket)[slots[at]]
+        live = (tickets >= 0) & (np.asarray(cache.pins)[slots[at]] == 0)
+        if live.any():
+            out[at[live]] = np.asarray(states(tickets[live])) == _QUEUED
         return out
 
     def _members(self, layer: int, ids: IdArray, chosen: IdArray) -> npt.NDArray[np.bool_]:
@@ -748,6 +794,9 @@ class HostExpertService:
             "critical_path": self.clock.to_json(),
             # whether the planner was given those terms (else the makespan)
             "critical_path_planned": self.critical_path,
+            # queued copies offered to the planner, and how many it hosted
+            "host_queued": self.host_queued,
+            "queued_hosted": self.books.queued_hosted,
             # layers the planner split that were copied to sample the dispatch
             "copy_sampled_layers": self.books.copy_sampled,
             "enabled_at_end": self.enabled,

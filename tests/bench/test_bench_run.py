@@ -131,6 +131,26 @@ def test_pd_host_rows_split_the_host_services_setup(
     assert "host_service.host_weights.format_select" not in again["setup_s"]
 
 
+def test_pd_host_rows_record_the_host_queued_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RunSpec.host_queued reaches the host service; the row records it and
+    its count, and keys the run apart from the default."""
+    from pdflash.report.schema import RUN_SETTINGS, settings_label, spec_settings
+
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
+    kw = dict(arch="tiny", concurrency=2, max_new_tokens=4, prompt_len=4, emulated_link_gbps=0.01)
+    spec = RunSpec(baseline="PD+host", host_queued=True, **kw)  # type: ignore[arg-type]
+    row = run_spec(spec).row
+    assert validate_row(row) == []
+    service = row["host_service"]
+    assert service["host_queued"] is True and service["queued_hosted"] >= 0
+    assert settings_label(row, ["host_queued"]) == "host_queued=True"
+    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("host_queued")
+    assert spec_settings(vars(spec))[at] is True
+    assert spec_settings(vars(RunSpec(baseline="PD+host", **kw)))[at] is False  # type: ignore[arg-type]
+
+
 def test_run_spec_frees_its_engine_before_returning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -508,6 +528,7 @@ def test_matrix_command_spells_a_host_setting_only_off_its_default(
         "host_max_ratio": "--host-max-ratio 2.0",
         "host_max_tokens": "--host-max-tokens 0",
         "host_critical_path": "--host-critical-path",
+        "host_queued": "--host-queued",
         "host_handoff": "--host-handoff stream",
         "host_affinity": "--host-affinity off",
         "host_ahead": "--host-ahead weighted",

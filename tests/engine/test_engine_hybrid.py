@@ -180,6 +180,45 @@ def test_weighted_ahead_plan_keeps_greedy_output_and_learns_its_fraction(
         issuer.close()
 
 
+def test_hosting_queued_copies_keeps_greedy_output(
+    gpt_oss_case: tuple[Path, list[Any]],
+) -> None:
+    """``host_queued`` in the engine over a slow link whose window holds one
+    chunk (route-ahead copies queue behind each other): the planner hosts
+    experts whose copy was still queued, each such copy is given back to
+    the cache, and the greedy output is unchanged."""
+    from pdflash.engine.pd_controller import FixedParts
+    from pdflash.hybrid import CostModelPlanner, HostCostModel
+
+    tmp, cases = gpt_oss_case
+    eng, adapter, issuer = _stack(
+        tmp,
+        "x",
+        "PD+host",
+        cache_slots=6,
+        controller=FixedParts(),
+        block_size=5,
+        max_running=2,
+        token_budget=8,
+        host_ahead_min_exposed=0.0,
+        issuer_kw={"emulated_link_gbps": 0.002, "chunk_bytes": 4096, "window_bytes": 4096},
+    )
+    svc = eng.host_service
+    assert svc is not None
+    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
+    svc.link_bytes_per_s = 2e6
+    svc.host_queued = True
+    try:
+        _assert_greedy_outputs(eng, cases)
+        assert svc.books.queued_hosted > 0
+        assert adapter.cache.given_back == svc.books.queued_hosted
+        assert svc.describe()["queued_hosted"] == svc.books.queued_hosted
+        assert int(np.asarray(adapter.cache.pins).sum()) == 0
+    finally:
+        svc.close()
+        issuer.close()
+
+
 def test_splitting_the_streams_copies_keeps_greedy_output(
     gpt_oss_case: tuple[Path, list[Any]],
 ) -> None:

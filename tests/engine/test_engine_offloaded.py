@@ -41,6 +41,7 @@ def _stack(
     cache_slots: int,
     controller: Any = None,
     width: Any = None,
+    issuer_kw: dict[str, Any] | None = None,
     **cfg: Any,
 ) -> tuple[Engine, Any, Any]:
     from pdflash.engine.batching import DeficitBatcher
@@ -53,7 +54,7 @@ def _stack(
         RouteAheadStats,
     )
 
-    issuer = H2DIssuer(backend="host")
+    issuer = H2DIssuer(backend="host", **(issuer_kw or {}))
     if baseline == "B3":
         cache_slots = 1 << 20  # every expert (the cache clamps to the model's count)
     from pdflash.cache import ExpertCache
