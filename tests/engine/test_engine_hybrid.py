@@ -83,6 +83,7 @@ def _cost_model_stack(
     controller: Any = None,
     own_controller: bool = False,
     host_control: str = "controller",
+    issuer_kw: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """A PD+host engine with PD's parts pinned on (with the unthrottled host
     link here the PD controller may rightly switch the stream off, and these
@@ -95,7 +96,8 @@ def _cost_model_stack(
     ``controller``: the engine's parts controller instead of PD's parts
     pinned on (the PD controller tests' scripted policies);
     ``own_controller``: the one the engine builds from its configuration
-    (PD+host's PD controller, with ``host_control``)."""
+    (PD+host's PD controller, with ``host_control``); ``issuer_kw``: the
+    host issuer's settings (e.g. an emulated link)."""
     from pdflash.engine.pd_controller import FixedParts
     from pdflash.hybrid import CostModelPlanner, HostCostModel
 
@@ -110,6 +112,7 @@ def _cost_model_stack(
         token_budget=8,
         host_ahead_min_exposed=min_exposed,
         host_control=host_control,
+        issuer_kw=issuer_kw,
     )
     svc = eng.host_service
     assert svc is not None
@@ -187,26 +190,10 @@ def test_hosting_queued_copies_keeps_greedy_output(
     chunk (route-ahead copies queue behind each other): the planner hosts
     experts whose copy was still queued, each such copy is given back to
     the cache, and the greedy output is unchanged."""
-    from pdflash.engine.pd_controller import FixedParts
-    from pdflash.hybrid import CostModelPlanner, HostCostModel
-
     tmp, cases = gpt_oss_case
-    eng, adapter, issuer = _stack(
-        tmp,
-        "x",
-        "PD+host",
-        cache_slots=6,
-        controller=FixedParts(),
-        block_size=5,
-        max_running=2,
-        token_budget=8,
-        host_ahead_min_exposed=0.0,
-        issuer_kw={"emulated_link_gbps": 0.002, "chunk_bytes": 4096, "window_bytes": 4096},
+    eng, adapter, issuer, svc = _cost_model_stack(
+        tmp, issuer_kw={"emulated_link_gbps": 0.002, "chunk_bytes": 4096, "window_bytes": 4096}
     )
-    svc = eng.host_service
-    assert svc is not None
-    svc.planner = CostModelPlanner(HostCostModel(1e-4, 0.0), adapter.expert_nbytes)
-    svc.link_bytes_per_s = 2e6
     svc.host_queued = True
     try:
         _assert_greedy_outputs(eng, cases)
