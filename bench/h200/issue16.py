@@ -473,6 +473,8 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
             )
         },
         "host_served_experts": _median_of(rows, lambda r: r.get("host_served_experts")),
+        # experts hosted whose copy was still queued (given back; host_queued)
+        "queued_hosted": _median_of(rows, lambda r: _service(r).get("queued_hosted")),
         "host_planned_ahead_experts": _median_of(
             rows, lambda r: r.get("host_planned_ahead_experts")
         ),
@@ -964,9 +966,11 @@ def table(summary: dict[str, Any]) -> list[str]:
                 f" {m.get('affinity', {}).get('reasons') or ''}"
             )
             by_rep = m.get("host_busy_ms_per_expert_by_repeat") or []
+            queued = m.get("queued_hosted")
             lines.append(
                 f"    host busy ms/expert {_fmt(m.get('host_busy_ms_per_expert'))} by repeat "
                 f"[{', '.join(_fmt(x) for x in by_rep)}]"
+                + ("" if queued is None else f" queued-hosted {_fmt(queued, '.0f')}")
             )
             lines.append(
                 f"    plan {m.get('host_plan')} from {m.get('host_ahead_from')} "

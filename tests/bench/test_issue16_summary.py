@@ -709,6 +709,16 @@ def test_rows_without_arm_group_by_baseline() -> None:
     assert q["verdict"] == "PD+host faster"
 
 
+def test_the_table_counts_the_queued_copies_an_arm_hosted() -> None:
+    rows = [_arm_row("PD", 0, 90.0), _arm_row("q", 0, 100.0), _arm_row("q", 1, 101.0)]
+    for r, n in zip(rows[1:], (3, 5), strict=True):
+        r["host_service"] = {**r["host_service"], "queued_hosted": n}
+    (p,) = issue16.summarise(rows, issue16.parse_arms("PD,q=PD+host:host_queued=true"))
+    assert p["by_arm"]["q"]["queued_hosted"] == 4 and p["by_arm"]["PD"]["queued_hosted"] is None
+    lines = issue16.table({"device": "x", "runs": 3, "runs_not_started_budget": 0, "points": [p]})
+    assert any("host busy ms/expert" in x and x.endswith("queued-hosted 4") for x in lines)
+
+
 def test_the_table_says_how_much_each_run_measured() -> None:
     """A run of a few steps gives a noisy rate: the table prints each arm's
     measured steps (median [min-max]) and wall; rows without steps, no line."""
