@@ -71,6 +71,7 @@ _NO_IDS: IdArray = np.zeros(0, dtype=np.int64)
 _NO_IDS.flags.writeable = False
 _DONE = int(TicketState.DONE)
 _RUNNING = int(TicketState.RUNNING)
+_QUEUED = int(TicketState.QUEUED)
 
 
 class CacheBooksCore(Protocol):
@@ -989,6 +990,29 @@ class ExpertCache:
             self.ticket[busy[done]] = -1
             self._drop(busy[~done])
 
+    def _inflight_unpinned(self, ids: IdArray) -> tuple[IdArray, npt.NDArray[np.int64]]:
+        """``(positions in ids, slots)`` of the experts whose copy is in
+        flight into an unpinned slot."""
+        slots = self.slot_of[ids]
+        pick = np.flatnonzero(slots >= 0)
+        s = slots[pick]
+        keep = (self.ticket[s] >= 0) & (self.pins[s] == 0)
+        return pick[keep], s[keep]
+
+    @exclusive
+    def unstarted_copies(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
+        """Which of the experts ``flat_ids`` have a copy in flight into an
+        unpinned slot that has not started: what :meth:`give_back_unstarted`
+        could give back (none where the issuer cannot cancel one copy)."""
+        ids = self._ids(flat_ids)
+        out = np.zeros(ids.size, dtype=np.bool_)
+        if getattr(self.issuer, "cancel_unstarted", None) is None:
+            return out
+        pick, s = self._inflight_unpinned(ids)
+        if s.size:
+            out[pick] = self._copy_states(self.ticket[s]) == _QUEUED
+        return out
+
     @exclusive
     def give_back_unstarted(self, flat_ids: npt.ArrayLike) -> npt.NDArray[np.bool_]:
         """Cancel the copies of the distinct experts ``flat_ids`` that are in
@@ -1003,11 +1027,7 @@ class ExpertCache:
         cancel = getattr(self.issuer, "cancel_unstarted", None)
         if cancel is None or ids.size == 0:
             return out
-        slots = self.slot_of[ids]
-        pick = np.flatnonzero(slots >= 0)
-        s = slots[pick]
-        keep = (self.ticket[s] >= 0) & (self.pins[s] == 0)
-        pick, s = pick[keep], s[keep]
+        pick, s = self._inflight_unpinned(ids)
         if s.size == 0:
             return out
         gone = np.asarray(cancel(self.ticket[s]), dtype=np.bool_)

@@ -102,11 +102,8 @@ from pdflash.hybrid.planner import (
     ObservingMissPlanner,
     ReportingMissPlanner,
 )
-from pdflash.protocols import TicketState
 
 IdArray = npt.NDArray[np.int64]
-
-_QUEUED = int(TicketState.QUEUED)
 
 
 class HostWaitTimer(Protocol):
@@ -524,7 +521,7 @@ class HostExpertService:
         slots = np.asarray(cache.slot_of)[ids]
         held = slots >= 0
         missed = ~held
-        queued = self._queued(cache, slots, held) if self.host_queued else None
+        queued = self._queued(cache, ids) if self.host_queued else None
         offered = missed if queued is None else missed | queued
         if not offered.any():
             return out
@@ -557,22 +554,12 @@ class HostExpertService:
         return out
 
     @staticmethod
-    def _queued(
-        cache: Any, slots: npt.NDArray[np.int64], held: npt.NDArray[np.bool_]
-    ) -> npt.NDArray[np.bool_] | None:
-        """Mask over the layer's experts (``slots``: their cache slots) whose
-        copy is in flight, unpinned and not started; None where the cache
-        cannot give such a copy back or its issuer reports no ticket states."""
-        states = getattr(getattr(cache, "issuer", None), "states", None)
-        if states is None or getattr(cache, "give_back_unstarted", None) is None:
-            return None
-        out = np.zeros(slots.size, dtype=np.bool_)
-        at = np.flatnonzero(held)
-        tickets = np.asarray(cache.ticket)[slots[at]]
-        live = (tickets >= 0) & (np.asarray(cache.pins)[slots[at]] == 0)
-        if live.any():
-            out[at[live]] = np.asarray(states(tickets[live])) == _QUEUED
-        return out
+    def _queued(cache: Any, ids: IdArray) -> npt.NDArray[np.bool_] | None:
+        """Mask over the layer's experts ``ids`` whose copy the cache could
+        give back (:meth:`pdflash.cache.ExpertCache.unstarted_copies`); None
+        where the cache cannot tell."""
+        query = getattr(cache, "unstarted_copies", None)
+        return None if query is None else np.asarray(query(ids), dtype=np.bool_)
 
     def _members(self, layer: int, ids: IdArray, chosen: IdArray) -> npt.NDArray[np.bool_]:
         """``np.isin(ids, chosen)``: through a table over the layer's experts

@@ -554,6 +554,7 @@ def test_give_back_unstarted_frees_queued_copies_only(one_copy_issuer: Any) -> N
         assert (host_issuer.states(ahead[1:]) == STATE_QUEUED).all()
         cache.acquire([4])  # pinned while in flight
         copies, bytes_in, prefetch_in = cache.copies, cache.bytes_in, cache.prefetch_bytes_in
+        assert cache.unstarted_copies([1, 2, 3, 4, 7]).tolist() == [False, True, True, False, False]
         out = cache.give_back_unstarted([1, 2, 3, 4, 7])
         assert out.tolist() == [False, True, True, False, False]
         assert cache.is_resident([1, 4]).all() and not cache.is_resident([2, 3]).any()
@@ -576,5 +577,6 @@ def test_give_back_unstarted_frees_queued_copies_only(one_copy_issuer: Any) -> N
 def test_give_back_unstarted_needs_a_per_ticket_cancel(fake_issuer: Any) -> None:
     cache = _cache(fake_issuer)
     cache.prefetch([1, 2], Band.ROUTE_AHEAD)
+    assert not cache.unstarted_copies([1, 2]).any()
     assert not cache.give_back_unstarted([1, 2]).any()
     assert cache.is_resident([1, 2]).all()
