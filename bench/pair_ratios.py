@@ -64,6 +64,16 @@ def paired(
     ]
 
 
+def ratio_verdict(low: float, high: float) -> str:
+    """``faster`` / ``slower`` where a ratio's interval ``[low, high]``
+    excludes 1 (the rule the results READMEs state), else ``within noise``."""
+    if low > 1:
+        return "faster"
+    if high < 1:
+        return "slower"
+    return "within noise"
+
+
 def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:
     """Per point where both ran: the repeats paired, NUM/DEN tokens/s in
     each, their median and interval (``None`` with fewer than two pairs),

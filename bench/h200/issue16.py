@@ -86,7 +86,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import captures_in_clock, paired
+from pdflash.bench.pair_ratios import captures_in_clock, paired, ratio_verdict
 
 from pdflash.report.stats import compare, t_interval
 
@@ -376,12 +376,9 @@ def _verdict(a: dict[str, Any], b: dict[str, Any], name_a: str) -> str:
 
 def _pairs_verdict(low: float, high: float, name: str) -> str:
     """``name`` faster / slower where the interleaved pairs' ratio interval
-    ``[low, high]`` excludes 1 (the rule the results READMEs state)."""
-    if low > 1:
-        return f"{name} faster"
-    if high < 1:
-        return f"{name} slower"
-    return "within noise"
+    ``[low, high]`` excludes 1 (:func:`pdflash.bench.pair_ratios.ratio_verdict`)."""
+    verdict = ratio_verdict(low, high)
+    return verdict if verdict == "within noise" else f"{name} {verdict}"
 
 
 def _median_of(rows: list[dict[str, Any]], read: Callable[[dict[str, Any]], Any]) -> float | None:

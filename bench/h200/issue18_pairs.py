@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import paired
+from pdflash.bench.pair_ratios import paired, ratio_verdict
 
 from pdflash.report.stats import interval
 from pdflash.report.writers import read_jsonl
@@ -124,11 +124,7 @@ def pairs(found: dict[str, dict[int, list[dict[str, Any]]]]) -> list[dict[str, A
                         "ratios": ratios,
                         "median": statistics.median(ratios),
                         "interval": None if iv is None else [iv.low, iv.high],
-                        "verdict": None
-                        if iv is None
-                        else (
-                            "faster" if iv.low > 1 else "slower" if iv.high < 1 else "within noise"
-                        ),
+                        "verdict": None if iv is None else ratio_verdict(iv.low, iv.high),
                         "tokens_per_s_1gpu": _median([o["output_tokens_per_s"] for o in ones]),
                         "tokens_per_s_ngpu": _median(
                             [runs[s]["output_tokens_per_s"] for s in seeds]

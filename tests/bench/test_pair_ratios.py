@@ -110,3 +110,9 @@ def test_pooled_files_keep_pairs_within_a_file(
     assert pr.main([*paths, "a/b"]) == 0
     out = capsys.readouterr().out
     assert "a/b median 1.500" in out and "pairs (2.00, 1.50, 1.20)" in out
+
+
+def test_a_ratio_interval_is_judged_against_1() -> None:
+    assert pr.ratio_verdict(1.02, 1.3) == "faster"
+    assert pr.ratio_verdict(0.7, 0.97) == "slower"
+    assert pr.ratio_verdict(0.9, 1.1) == pr.ratio_verdict(1.0, 1.2) == "within noise"
