@@ -628,13 +628,18 @@ def comparisons(
 
 
 def _compared(
-    tps: dict[str, Any], per_rep: dict[tuple[str, Any], float | None], num: str, den: str
+    tps: dict[str, Any],
+    per_rep: dict[tuple[str, Any], float | None],
+    num: str,
+    den: str,
+    subject: str | None = None,
 ) -> dict[str, Any]:
     """Arm ``num`` against arm ``den`` at one point: the per-repeat ratios
     of the repeats both ran, their median and their own 95% interval, the
     ratio of the medians and the verdict: from the pairs' interval (faster
     or slower where it excludes 1) where two or more repeats pair, else from
-    the arms' intervals (``verdict_from`` says which)."""
+    the arms' intervals (``verdict_from`` says which); the verdict names
+    ``subject`` (default ``num``)."""
     ratios = [
         x
         for _, x in paired(
@@ -644,10 +649,11 @@ def _compared(
     ]
     ta, tb = tps[num], tps[den]
     pairs_iv = t_interval(ratios) if len(ratios) > 1 else None
+    name = num if subject is None else subject
     if pairs_iv is None:
-        verdict, verdict_from = _verdict(ta, tb, num), "arms"
+        verdict, verdict_from = _verdict(ta, tb, name), "arms"
     else:
-        verdict, verdict_from = _pairs_verdict(pairs_iv.low, pairs_iv.high, num), "pairs"
+        verdict, verdict_from = _pairs_verdict(pairs_iv.low, pairs_iv.high, name), "pairs"
     return {
         "pair_ratios": ratios,
         "pair_ratio_median": statistics.median(ratios) if ratios else None,
@@ -727,29 +733,24 @@ def summarise(
             "reference_arm": reference,
             "pd_arm": pd_arm,
         }
-        a, b = tps.get(pd_arm or "", {}), tps.get(reference or "", {})
-        if a.get("n") and b.get("n"):
-            entry["speedup_median"] = b["median"] / a["median"]
-        if "mean_ci95" in a and "mean_ci95" in b:
-            entry["verdict"] = _verdict(b, a, "PD+host")
-        elif a.get("n") and b.get("n"):
-            # one run on a side has no interval: no verdict either way
-            entry["verdict"] = "too few runs"
         per_rep = {
             (arm, r["repeat"]): _num(r.get("output_tokens_per_s"))
             for arm, rs in by.items()
             for r in rs
             if r.get("repeat") is not None
         }
+        a, b = tps.get(pd_arm or "", {}), tps.get(reference or "", {})
+        if a.get("n") and b.get("n"):
+            assert reference is not None and pd_arm is not None
+            entry["speedup_median"] = b["median"] / a["median"]
+            # the reference arm read as PD+host (one run on a side: too few runs)
+            headline = _compared(tps, per_rep, reference, pd_arm, subject="PD+host")
+            entry["verdict"] = headline["verdict"]
         entry["comparisons"] = {
             f"{num}/{den}": _compared(tps, per_rep, num, den)
             for num, den in comparisons(list(tps), reference, pd_arm)
             if num in tps and den in tps
         }
-        headline = entry["comparisons"].get(f"{reference}/{pd_arm}")
-        if headline is not None and headline["verdict_from"] == "pairs":
-            low, high = headline["pair_ratio_ci95"]
-            entry["verdict"] = _pairs_verdict(low, high, "PD+host")
         best = best_arms(tps, {arm: label_side(rs[0]) for arm, rs in by.items()})
         if best is not None:
             # the issue's target reads each label at its best setting
