@@ -2,9 +2,10 @@
 
 A rank reads the torchrun environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``, and ``LOCAL_WORLD_SIZE``
-where set) and joins the default process group: NCCL on CUDA, gloo on CPU. :func:`launch` starts ``N`` local
-processes with the same environment (what ``torchrun --nproc-per-node N``
-does), so a script runs the same way under either.
+where set) and joins the default process group: NCCL on CUDA, gloo on CPU.
+:func:`launch` starts ``N`` local processes with the same environment (what
+``torchrun --nproc-per-node N`` does), so a script runs the same way under
+either.
 """
 
 from __future__ import annotations
