@@ -77,6 +77,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "waits on the link; always: every step)",
     )
     p.add_argument(
+        "--host-queued",
+        action="store_true",
+        help="with --baseline PD+host: the host may also compute routed experts whose copy "
+        "has not started, cancelling the copy (off by default; not yet measured to pay on a "
+        "GPU)",
+    )
+    p.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -102,6 +109,7 @@ def _model_config(a: argparse.Namespace) -> ServeModelConfig:
         verify_width=a.verify_width,
         prepare_graphs=a.prepare_graphs,
         host_control=a.host_control,
+        host_queued=a.host_queued,
     )
 
 

@@ -70,6 +70,9 @@ class ServeModelConfig:
     # who decides whether PD+host's hybrid miss service runs (EngineConfig.host_control):
     # "controller" (probed and gated by the PD controller) or "always" (every step)
     host_control: str = "controller"
+    # PD+host: the host may also compute routed experts whose copy is still
+    # queued, giving the copy back (HostExpertService.host_queued; off by default)
+    host_queued: bool = False
 
     def validate(self) -> None:
         if self.cache_fraction is not None and self.cache_gb is not None:
@@ -106,6 +109,11 @@ class ServeModelConfig:
             raise ValueError(
                 f"host_control {self.host_control!r} needs --baseline PD+host (the only "
                 "configuration with a hybrid miss service)"
+            )
+        if self.host_queued and self.baseline != "PD+host":
+            raise ValueError(
+                "host_queued needs --baseline PD+host (the only configuration with a "
+                "hybrid miss service)"
             )
         for name, p in (("model", self.model), ("draft", self.draft)):
             if p is not None and not (Path(p) / "config.json").is_file():
@@ -305,6 +313,7 @@ def build_engine(cfg: ServeModelConfig) -> EngineBundle:
             host_service = build_host_service(
                 adapter,
                 link_bytes_per_s=measure_link_gbps(issuer, device) * 1e9,
+                host_queued=cfg.host_queued,
                 **({} if group is None else rank_host_share(group.local_rank, group.ranks_on_host)),
             )
         engine = Engine(

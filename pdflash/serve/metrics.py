@@ -146,6 +146,7 @@ class ServeMetrics:
                 "bytes_saved": books.bytes_saved,
                 "busy_s": books.busy_s,
                 "wait_s": books.wait_s,
+                "queued_hosted": books.queued_hosted,
             }
             parts = getattr(engine, "parts", None)
             on = getattr(getattr(parts, "policy", None), "parts", None)
@@ -273,6 +274,12 @@ class ServeMetrics:
                     "wait_s",
                     "pdflash_host_wait_seconds_total",
                     "Forward time spent waiting for host-computed outputs.",
+                ),
+                (
+                    "queued_hosted",
+                    "pdflash_host_queued_experts_total",
+                    "Host-computed experts whose copy was still queued and was given back "
+                    "(--host-queued).",
                 ),
             ):
                 scalar(name, "counter", help_, float(host[key]))

@@ -70,6 +70,44 @@ def test_pd_host_serves_misses_on_the_host_and_decodes_as_pd(
         assert service.executor.closed
 
 
+def test_pd_host_hosting_queued_copies_decodes_as_pd(
+    tiny_model: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--host-queued`` reaches the service, which then hosts experts whose
+    copy is still queued (given back): the tokens stay PD's, the cache's
+    given-back copies are the service's, and nothing stays pinned."""
+    import pdflash.h2d
+    from pdflash.h2d import H2DIssuer
+
+    def one_chunk_window(**kw: object) -> H2DIssuer:
+        # a slow link that runs one 4 KB chunk at a time: later copies queue
+        return H2DIssuer(**{**kw, "chunk_bytes": 4096, "window_bytes": 4096})  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pdflash.h2d, "H2DIssuer", one_chunk_window)  # build_engine's issuer
+    tok = load_tokenizer(tiny_model[0])
+    prompt = tok("Queued copies given back")["input_ids"]
+    slow = {"cache_fraction": 0.5, "emulated_link_gbps": 0.002}
+    pd = build_engine(_config(tiny_model, "PD", **slow))
+    try:
+        want = _greedy(pd, prompt, 16)
+    finally:
+        pd.close()
+    bundle = build_engine(
+        _config(tiny_model, "PD+host", host_control="always", host_queued=True, **slow)
+    )
+    service = bundle.engine.host_service
+    try:
+        assert service is not None and service.host_queued
+        got = _greedy(bundle, prompt, 16)
+        assert service.books.experts > 0, "no miss was served on the host"
+        assert service.books.queued_hosted > 0, "no queued copy was hosted"
+        assert bundle.cache.given_back == service.books.queued_hosted
+        assert int(bundle.cache.pins.sum()) == 0
+    finally:
+        bundle.close()
+    assert got == want
+
+
 def test_pd_host_with_every_expert_resident_builds_no_service(
     tiny_model: tuple[Path, Path],
 ) -> None:
@@ -101,6 +139,8 @@ def test_bad_baselines_are_refused(
         _config(tiny_model, "PD", host_control="always").validate()
     with pytest.raises(ValueError, match="host_control must be one of"):
         _config(tiny_model, "PD+host", host_control="sometimes").validate()
+    with pytest.raises(ValueError, match="host_queued needs --baseline PD\\+host"):
+        _config(tiny_model, "PD", host_queued=True).validate()
     _config(tiny_model, "PD+host", gpus=2).validate()  # each rank's host its own experts
     target = str(tiny_model[0])
     # speculative without a draft: named before anything loads
@@ -109,6 +149,9 @@ def test_bad_baselines_are_refused(
     assert "give --draft" in capsys.readouterr().err
     args = build_parser().parse_args(["serve", "--model", "m", "--baseline", "PD+host"])
     assert args.baseline == "PD+host" and args.host_control == "controller"
+    assert not args.host_queued
+    args = build_parser().parse_args(["generate", "--model", "m", "--prompt", "x", "--host-queued"])
+    assert args.host_queued
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--model", "m", "--baseline", "PD+cpu"])
 
@@ -146,5 +189,6 @@ def test_metrics_report_the_host_service(tiny_model: tuple[Path, Path]) -> None:
         assert samples["pdflash_host_link_bytes_saved_total"] == experts * nbytes
         assert samples["pdflash_host_busy_seconds_total"] > 0
         assert samples["pdflash_host_part_on"] == 1
+        assert samples["pdflash_host_queued_experts_total"] == 0  # --host-queued is off
     finally:
         srv.stop()
