@@ -81,6 +81,7 @@ from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
 from pdflash.engine.pd_controller import PDController
 from pdflash.engine.sampling import SamplingParams
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
+from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.planner import DEFAULT_MAX_HOST_RATIO, DEFAULT_MAX_HOST_TOKENS
 from pdflash.metrics import Metric, NotMeasured, metrics_to_json, ratio
 from pdflash.protocols import Band
@@ -2259,7 +2260,7 @@ def miss_floor_s(
     host expert cost) with the link and the host CPU working at once on a
     perfect split: ``n * t_link * t_host / (t_link + t_host)`` for ``n``
     missed experts, ``t_link`` per copy and ``t_host`` the host's cheapest
-    per-expert time (its calibrated intercept: one token)."""
+    per-expert time (its calibrated cost of one token)."""
     link_s = belady_bytes / link_bytes_per_s
     if host_expert_s is None or host_expert_s <= 0 or expert_nbytes <= 0:
         return link_s
@@ -2268,7 +2269,9 @@ def miss_floor_s(
     return n * t_link * host_expert_s / (t_link + host_expert_s)
 
 
-def _add_eta_phys(row: dict[str, Any], cost: Any, wall: float, compute_busy: float) -> None:
+def _add_eta_phys(
+    row: dict[str, Any], cost: HostCostModel | None, wall: float, compute_busy: float
+) -> None:
     """``eta_phys`` = max(miss floor, compute floor) / wall (docs/design.md §6), with
     the host CPU as a third resource when the hybrid service ran (see
     :func:`miss_floor_s`); the compute floor is this run's measured
@@ -2282,7 +2285,8 @@ def _add_eta_phys(row: dict[str, Any], cost: Any, wall: float, compute_busy: flo
     elif wall <= 0:
         reasons["eta_phys"] = "zero wall time"
     else:
-        host_s = float(cost.intercept_s) if cost is not None else None
+        # a routed expert has at least one token: intercept + one token's slope
+        host_s = float(cost.intercept_s + cost.per_token_s) if cost is not None else None
         floor = miss_floor_s(float(belady), int(row["expert_nbytes"]), link * 1e9, host_s)
         value = max(floor, compute_busy) / wall
         row["miss_floor_s"] = floor

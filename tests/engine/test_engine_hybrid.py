@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from pdflash.bench.engine_run import RunSpec, miss_floor_s, run_spec
+from pdflash.bench.engine_run import RunSpec, _add_eta_phys, miss_floor_s, run_spec
 
 from pdflash.engine.config import EngineConfig
+from pdflash.hybrid.cost import HostCostModel
 from pdflash.hybrid.kernels import onednn_available
 from pdflash.report.schema import validate_row
 
@@ -356,6 +357,18 @@ def test_miss_floor_hand_checked() -> None:
     assert miss_floor_s(1e7, 1_000_000, 1e9, None) == pytest.approx(0.01)
     # with a host at 1 ms per expert too: the two share the work, 5 ms
     assert miss_floor_s(1e7, 1_000_000, 1e9, 1e-3) == pytest.approx(0.005)
+
+
+def test_eta_phys_charges_the_host_its_one_token_cost() -> None:
+    """A routed expert has at least one token: the floor's host cost per
+    expert is the calibration's intercept plus one token's slope, not the
+    intercept alone (a zero-token expert)."""
+    row: dict[str, Any] = {"belady_bytes": 1e7, "link_gbps_measured": 1.0, "expert_nbytes": 10**6}
+    cost = HostCostModel(intercept_s=0.5e-3, per_token_s=0.5e-3)
+    _add_eta_phys(row, cost, wall=0.1, compute_busy=0.0)
+    # 10 misses, 1 ms a copy, 1 ms a one-token host expert: 5 ms
+    assert row["miss_floor_s"] == pytest.approx(0.005)
+    assert row["eta_phys"] == pytest.approx(0.05)
 
 
 def _spec(baseline: str, **kw: Any) -> RunSpec:
