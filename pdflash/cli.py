@@ -57,8 +57,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--verify-width",
         default=None,
         help=f"drafts each verify checks: {' or '.join(WIDTH_KINDS)} "
-        "(default: the baseline's preset: adaptive for PD and PD+host, full for the "
-        "others; with every expert resident adaptive verifies every draft)",
+        "(default: the baseline's preset: adaptive for PD, PD+host and PD-all-on, full for "
+        "B0-B3; with every expert resident adaptive verifies every draft)",
     )
     p.add_argument(
         "--prepare-graphs",

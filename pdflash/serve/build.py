@@ -59,7 +59,7 @@ class ServeModelConfig:
     emulated_link_gbps: float | None = None  # host backend only (CPU tests)
     gpus: int = 1  # expert-parallel ranks (pdflash.distributed); rank r on cuda:r
     # drafts each verify checks (pdflash.engine.verify_width): None the
-    # baseline's preset (adaptive for PD and PD+host, full for B0-B3), or one
+    # baseline's preset (adaptive for PD, PD+host, PD-all-on; full for B0-B3), or one
     # of pdflash.engine.verify_width.WIDTH_KINDS
     verify_width: str | None = None
     # CUDA graphs of the verify forward (and as many of the drafter's)
