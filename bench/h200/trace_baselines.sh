@@ -19,7 +19,8 @@
 #   OUT=/path bash bench/h200/trace_baselines.sh
 #   CONC=16 REPEATS=3 OUT=/path bash bench/h200/trace_baselines.sh
 # ARCH / CACHE / CONC / LABELS / WIDTHS / REPEATS / MAX_NEW / BUDGET_S /
-# MARGIN_S / NAME override (bench/h200/widthmodel_ab.sh STEP=trace is this
+# MARGIN_S / NAME override; EXTRA adds matrix options to every label (e.g.
+# EXTRA='--cuda-graphs piecewise --controller-warmup first_round') (bench/h200/widthmodel_ab.sh STEP=trace is this
 # with PD alone at three widths); SKIP_BUILD=1 as bench/h200/run.sh takes it.
 # CLOSED=N: a closed loop instead of the burst, CONC clients (one value)
 # each sending its next request when its last finished, N x CONC requests
@@ -40,7 +41,7 @@ budget=${BUDGET_S:-400}
 . "$(dirname "$0")/trace_args.sh"
 ARGS=$(trace_matrix_args "${ARCH:-gpt-oss-20b}" "${CONC:-1,4}" "${CACHE:-0.2}" \
   "${MAX_NEW:-32}" "${REPEATS:-4}" "$budget")
-ARGS="$ARGS --baselines ${LABELS:-PD,B1,B2} --verify-width ${WIDTHS:-adaptive,fixed:1}"
+ARGS="$ARGS --baselines ${LABELS:-PD,B1,B2} --verify-width ${WIDTHS:-adaptive,fixed:1} ${EXTRA:-}"
 [ -z "${CLOSED:-}" ] || ARGS="$ARGS --arrivals closed --users $CONC --num-requests $((CLOSED * CONC))"
 PACK="$OUT/$name.tgz" OUT=$WORK bash "$(dirname "$0")/run.sh" \
   "trace=timeout -k 5 $((${budget%.*} + ${MARGIN_S:-80})) pdflash-bench matrix $ARGS --out $WORK/trace"

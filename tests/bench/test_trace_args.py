@@ -41,6 +41,10 @@ def test_the_replay_arguments_parse_as_a_matrix_on_the_committed_trace() -> None
     assert (args.concurrency, args.cache_fraction, args.block_sizes) == ([1, 4, 16], [0.2], [16])
     assert (args.max_new_tokens, args.repeats, args.budget_s) == (32, 3, 480.0)
     assert (args.prompt_len, args.device, args.json, args.no_progress) == (64, "cuda", True, True)
+    # the EXTRA options trace_baselines.sh's header suggests are matrix options
+    extra = ["--cuda-graphs", "piecewise", "--controller-warmup", "first_round"]
+    args = build_parser().parse_args(["matrix", *replay.split(), "--baselines", "PD", *extra])
+    assert (args.cuda_graphs, args.controller_warmup) == ("piecewise", "first_round")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
