@@ -26,6 +26,7 @@ from pdflash._reference.issuer import (
     split_piece_bytes,
 )
 from pdflash.h2d import (
+    STATE_CANCELLED,
     STATE_DONE,
     CopyCancelledError,
     CopyFailedError,
@@ -77,10 +78,16 @@ op_submit = st.tuples(
     st.lists(st.integers(-1, N_KEYS - 1), min_size=1, max_size=6),
 )
 op_cancel = st.tuples(st.just("cancel"), st.sampled_from([None, *Band]), st.just([]))
+# cancel the named copies that have not started (indices into the tickets so far)
+op_cancel_unstarted = st.tuples(
+    st.just("cancel_unstarted"), st.none(), st.lists(st.integers(0, 63), min_size=1, max_size=4)
+)
 op_hold = st.tuples(st.just("hold"), st.booleans(), st.just([]))
 op_sleep = st.tuples(st.just("sleep"), st.integers(0, 3), st.just([]))
 op_fail = st.tuples(st.just("fail"), st.integers(1, 2), st.just([]))
-schedules = st.lists(st.one_of(op_submit, op_cancel, op_hold, op_sleep, op_fail), max_size=14)
+schedules = st.lists(
+    st.one_of(op_submit, op_cancel, op_cancel_unstarted, op_hold, op_sleep, op_fail), max_size=14
+)
 configs = st.tuples(
     # chunk bytes; 17 KiB aligns pieces to 1 KiB, so copies split equally
     st.sampled_from([16 << 10, 17 << 10, 32 << 10, 64 << 10]),
@@ -105,6 +112,7 @@ def test_chunk_order_matches_reference_rule(schedule: list, config: tuple) -> No
     try:
         pools = Pools(issuer)
         tickets: list[int] = []
+        unstarted_cancels: set[int] = set()
         for op, arg, keys in schedule:
             if op == "submit":
                 src, dst, nbytes, slots = [], [], [], []
@@ -126,6 +134,10 @@ def test_chunk_order_matches_reference_rule(schedule: list, config: tuple) -> No
                 tickets.extend(out.tolist())
             elif op == "cancel":
                 issuer.cancel(arg)
+            elif op == "cancel_unstarted" and tickets:
+                named = np.asarray([tickets[i % len(tickets)] for i in keys], dtype=np.int64)
+                done = issuer.cancel_unstarted(named)
+                unstarted_cancels.update(named[done].tolist())
             elif op == "hold":
                 issuer._native.test_hold_link(arg)
             elif op == "sleep":
@@ -141,6 +153,12 @@ def test_chunk_order_matches_reference_rule(schedule: list, config: tuple) -> No
         log = records_from_log(issuer.debug_log())
         model = BandOrderModel(chunk, chunk * window_chunks, max_inflight).replay(log)
         assert not model.copies  # every copy reached a terminal event
+        # a copy cancel_unstarted cancelled never started a chunk, and ended cancelled
+        started = {e.ticket for e in log if e.kind == LOG_START}
+        assert not (unstarted_cancels & started)
+        assert unstarted_cancels <= model.cancelled
+        if unstarted_cancels:
+            assert (issuer.states(sorted(unstarted_cancels)) == STATE_CANCELLED).all()
         assert not model.inflight
         stats = issuer.stats()
         assert stats["queued_copies"] == 0 and stats["queued_bytes"] == 0
