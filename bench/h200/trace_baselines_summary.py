@@ -4,11 +4,14 @@ concurrency, arrivals), every (label, verify width) configuration's tokens/s
 tau, MB per token and verify steps per run (in a burst the slowest request
 sets them); then PD at its preset width against the best B1/B2
 configuration (the one with the highest median): the per-repeat ratios,
-their median and their own t-based interval, and the verdict from the two
-configurations' intervals ("within noise" where they overlap); and, where
-another width of PD ran faster than its preset, that configuration against
-the same baseline. Printed, and written to
-``ROOT/trace_baselines_summary.json``.
+their median and their own t-based interval, and the verdict: from the
+pairs' interval where two or more repeats pair ("faster"/"slower" where it
+excludes 1, the rule the results READMEs state), else from the two
+configurations' intervals (``verdict_from`` says which); where another
+width of PD ran faster than its preset, that configuration against the
+same baseline; and where ``PD+host`` ran (``LABELS=PD,PD+host,B1,B2``), it
+at the preset width against the same baseline and against PD. Printed, and
+written to ``ROOT/trace_baselines_summary.json``.
 
     python3 bench/h200/trace_baselines_summary.py ROOT   # ROOT/trace/rows.jsonl
 """
@@ -22,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import captures_in_clock, paired
+from pdflash.bench.pair_ratios import captures_in_clock, paired, ratio_verdict
 
 from pdflash.report.stats import compare, t_interval
 from pdflash.report.writers import read_jsonl
@@ -56,17 +59,23 @@ def _pair(
 ) -> dict[str, Any]:
     """Configuration ``a`` against ``b``: per-repeat ratios of tokens/s, their
     median and t-based 95% interval (the pairs' own, where two or more) and
-    the verdict of the two configurations' intervals."""
+    the verdict: the pairs' where two or more repeats pair, else the two
+    configurations' intervals'."""
     ra, rb = by_repeat[a], by_repeat[b]
     ratios = [x for _, x in paired(ra, rb)]
     pairs_iv = t_interval(ratios) if len(ratios) >= 2 else None
+    if pairs_iv is not None:
+        judged, source = ratio_verdict(pairs_iv.low, pairs_iv.high), "pairs"
+    else:
+        judged, source = verdict(list(ra.values()), list(rb.values())), "configurations"
     return {
         "pd": f"{a[0]} [{a[1]}]",
         "best": f"{b[0]} [{b[1]}]",
         "pair_ratios": ratios,
         "pair_ratio_median": statistics.median(ratios) if ratios else None,
         "pair_ratio_ci95": None if pairs_iv is None else [pairs_iv.low, pairs_iv.high],
-        "verdict": verdict(list(ra.values()), list(rb.values())),
+        "verdict": judged,
+        "verdict_from": source,
     }
 
 
@@ -139,6 +148,11 @@ def summarize(rows: list[dict[str, Any]], pd_width: str = "adaptive") -> list[di
                 pd_best = max(pds, key=lambda c: statistics.median(by_repeat[c].values()))
                 if pd_best != ("PD", pd_width):
                     entry["pd_best_vs_best_baseline"] = _pair(by_repeat, pd_best, best)
+            host = ("PD+host", pd_width)
+            if host in by_repeat:
+                entry["pd_host_vs_best_baseline"] = _pair(by_repeat, host, best)
+        if ("PD+host", pd_width) in by_repeat and ("PD", pd_width) in by_repeat:
+            entry["pd_host_vs_pd"] = _pair(by_repeat, ("PD+host", pd_width), ("PD", pd_width))
         out.append(entry)
     return out
 
@@ -165,7 +179,12 @@ def main(root: Path) -> None:
                 f"{'-' if steps is None else f'{steps:g}'} ({', '.join(c['sources'])})"
                 + (f" graph captures in the clock: {captured}/{t['n']} runs" if captured else "")
             )
-        for key in ("pd_vs_best_baseline", "pd_best_vs_best_baseline"):
+        for key in (
+            "pd_vs_best_baseline",
+            "pd_best_vs_best_baseline",
+            "pd_host_vs_best_baseline",
+            "pd_host_vs_pd",
+        ):
             cmp_ = p.get(key)
             if cmp_:
                 median = cmp_["pair_ratio_median"]
@@ -175,7 +194,7 @@ def main(root: Path) -> None:
                     f"  {cmp_['pd']} / {cmp_['best']}: median of pairs "
                     f"{'-' if median is None else f'{median:.2f}'} "
                     f"({', '.join(f'{x:.2f}' for x in cmp_['pair_ratios'])}){ci_text}, "
-                    f"{cmp_['verdict']}"
+                    f"{cmp_['verdict']} (by the {cmp_['verdict_from']})"
                 )
     (root / "trace_baselines_summary.json").write_text(json.dumps({"points": points}, indent=1))
 

@@ -1,5 +1,6 @@
-"""bench/h200/trace_baselines_summary.py: PD at its preset width against the
-best B1/B2 configuration per point, with per-repeat ratios and a verdict."""
+"""bench/h200/trace_baselines_summary.py: PD (and PD+host) at the preset
+width against the best B1/B2 configuration per point, with per-repeat ratios
+and a verdict."""
 
 from __future__ import annotations
 
@@ -59,13 +60,42 @@ def test_pd_is_held_against_the_best_baseline_configuration_per_repeat() -> None
     assert captured["configs"]["PD [adaptive]"]["runs_with_captures_in_run"] == 1
 
 
-def test_overlapping_intervals_read_within_noise_and_one_repeat_has_no_verdict() -> None:
+def test_pairs_straddling_one_read_within_noise_and_one_repeat_has_no_verdict() -> None:
     mod = _module()
     (point,) = mod.summarize(_rows([10, 14, 12], [11, 13, 12], [9, 10, 11]))
     assert point["pd_vs_best_baseline"]["verdict"] == "within noise"
+    assert point["pd_vs_best_baseline"]["verdict_from"] == "pairs"
     (single,) = mod.summarize(_rows([10], [11], [9]))
     assert single["pd_vs_best_baseline"]["verdict"] == "too few repeats"
+    assert single["pd_vs_best_baseline"]["verdict_from"] == "configurations"
     assert single["pd_vs_best_baseline"]["pair_ratio_ci95"] is None
+
+
+def test_the_verdict_reads_the_pairs_where_repeats_pair() -> None:
+    """PD 5% faster in every repeat, while the repeats' spread makes the two
+    configurations' intervals overlap: the pairs say faster (the old rule,
+    overlap of the configurations' intervals, said within noise)."""
+    mod = _module()
+    (point,) = mod.summarize(_rows([10.5, 12.6, 14.7], [10, 12, 14], [5, 6, 7]))
+    cmp_ = point["pd_vs_best_baseline"]
+    assert cmp_["best"] == "B1 [fixed:1]"
+    assert cmp_["verdict"] == "faster" and cmp_["verdict_from"] == "pairs"
+    assert mod.verdict([10.5, 12.6, 14.7], [10, 12, 14]) == "within noise"
+
+
+def test_pd_host_is_held_against_the_best_baseline_and_against_pd() -> None:
+    mod = _module()
+    rows = _rows([10, 11, 12], [9, 10, 11], [8, 9, 10])
+    rows += [_row("PD+host", "adaptive", k, tps) for k, tps in enumerate([15, 16.5, 18])]
+    (point,) = mod.summarize(rows)
+    host = point["pd_host_vs_best_baseline"]
+    assert (host["pd"], host["best"]) == ("PD+host [adaptive]", "B1 [fixed:1]")
+    assert host["pair_ratios"] == [15 / 9, 16.5 / 10, 18 / 11]
+    assert host["verdict"] == "faster"
+    assert point["pd_host_vs_pd"]["pair_ratios"] == [1.5, 1.5, 1.5]
+    # without PD+host rows neither comparison is made
+    (plain,) = mod.summarize(_rows([10, 11, 12], [9, 10, 11], [8, 9, 10]))
+    assert "pd_host_vs_best_baseline" not in plain and "pd_host_vs_pd" not in plain
 
 
 def test_main_writes_the_summary_beside_the_rows(tmp_path: Path) -> None:
