@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import statistics
 import sys
-from collections.abc import Mapping
 from typing import Any
 
-from pdflash.report.stats import interval
+from pdflash.report.stats import interval, paired, ratio_verdict
 from pdflash.report.writers import read_jsonl
+
+# the pairing and its verdict are pdflash.report.stats'; the A/B scripts take them from here
+__all__ = ["captures_in_clock", "config_of", "pair_ratios", "paired", "point_of", "ratio_verdict"]
 
 
 def config_of(row: dict[str, Any]) -> str:
@@ -49,29 +51,6 @@ def captures_in_clock(row: dict[str, Any]) -> int:
     if not isinstance(graphs, dict):
         return 0
     return int(graphs.get("captures_in_run") or 0) + int(graphs.get("draft_captures_in_run") or 0)
-
-
-def paired(
-    num: Mapping[int, float | None], den: Mapping[int, float | None]
-) -> list[tuple[int, float]]:
-    """``(repeat, num / den)`` for every repeat both sides ran, in repeat
-    order (a repeat with no or a zero denominator, or no numerator, is
-    left out)."""
-    return [
-        (k, n / d)
-        for k in sorted(set(num) & set(den))
-        if (d := den[k]) and (n := num[k]) is not None
-    ]
-
-
-def ratio_verdict(low: float, high: float) -> str:
-    """``faster`` / ``slower`` where a ratio's interval ``[low, high]``
-    excludes 1 (the rule the results READMEs state), else ``within noise``."""
-    if low > 1:
-        return "faster"
-    if high < 1:
-        return "slower"
-    return "within noise"
 
 
 def pair_ratios(rows: list[dict[str, Any]], num: str, den: str) -> list[dict[str, Any]]:

@@ -11,6 +11,10 @@ the repeats at a point.
 * ``verdicts`` — PD against every other baseline on tokens/s: the faster
   one where the intervals separate, ``"within noise"`` where they do not
   (:func:`pdflash.report.stats.compare`); nothing is called from one repeat;
+  beside it ``pairs``, the same two divided repeat by repeat (the repeats
+  are interleaved) with the ratios' median and interval and the faster one
+  where that interval excludes 1 (:func:`pdflash.report.stats.ratio_verdict`):
+  a steady difference smaller than the repeats' spread shows there;
 * ``noise`` — the measured run-to-run noise: the relative half-width of the
   tokens/s intervals (median and max over points and baselines);
 * ``ablation`` — where the rows have PD's ablations: what each part buys
@@ -156,6 +160,19 @@ class _Table:
         values = (_num(r.get(name)) for r in self.rows(point, baseline))
         return [v for v in values if v is not None]
 
+    def by_repeat(self, point: Point, baseline: str, name: str) -> dict[int, float] | None:
+        """``{repeat: value}`` of ``name`` at ``point``; None where two rows
+        of the series share a repeat number there (they cannot pair)."""
+        out: dict[int, float] = {}
+        for r in self.rows(point, baseline):
+            value, repeat = _num(r.get(name)), r.get("repeat")
+            if value is None or not isinstance(repeat, int):
+                continue
+            if repeat in out:
+                return None
+            out[repeat] = value
+        return out
+
     def interval(self, point: Point, baseline: str, name: str) -> stats.Interval | None:
         """Median and 95% t interval over the repeats (None below two)."""
         values = self.samples(point, baseline, name)
@@ -234,9 +251,11 @@ def _judge(
 
     ``verdict``: ``a`` or ``b`` (the label of the larger), ``"within
     noise"``, or None with a ``reason`` (a baseline without rows, or one
-    repeat: no interval)."""
+    repeat: no interval); ``pairs``: the same judged on the repeats paired
+    (:func:`_pairs`)."""
     ia, ib = table.interval(point, a, name), table.interval(point, b, name)
     out: dict[str, Any] = {"a": a, "b": b, "metric": name, "verdict": None}
+    out["pairs"] = _pairs(table, point, a, b, name)
     if ia is None or ib is None:
         missing = [
             x for x, iv in ((a, ia), (b, ib)) if iv is None and not table.samples(point, x, name)
@@ -246,6 +265,31 @@ def _judge(
     verdict = stats.compare(ia, ib)
     out["verdict"] = a if verdict == "a" else b if verdict == "b" else "within noise"
     out["text"] = f"{a} {_fmt_iv(ia)} vs {b} {_fmt_iv(ib)}"
+    return out
+
+
+def _pairs(table: _Table, point: Point, a: str, b: str, name: str) -> dict[str, Any]:
+    """``a``'s ``name`` over ``b``'s in every repeat both ran at ``point``:
+    the ratios, their median and 95% t interval, and ``verdict`` ``a`` or
+    ``b`` (the larger) where that interval excludes 1, else ``"within
+    noise"``; None with a ``reason`` below two pairs."""
+    ra, rb = table.by_repeat(point, a, name), table.by_repeat(point, b, name)
+    if ra is None or rb is None:
+        return {"verdict": None, "reason": "two runs of one series share a repeat number here"}
+    pairs = stats.paired(ra, rb)
+    ratios = [x for _, x in pairs]
+    out: dict[str, Any] = {"repeats": [k for k, _ in pairs], "ratios": ratios, "n": len(ratios)}
+    if len(ratios) < 2:
+        out.update(verdict=None, reason=f"{len(ratios)} repeat(s) ran both: nothing to pair")
+        return out
+    iv = stats.t_interval(ratios)
+    called = stats.ratio_verdict(iv.low, iv.high)
+    out.update(
+        median=statistics.median(ratios),
+        low=iv.low,
+        high=iv.high,
+        verdict=a if called == "faster" else b if called == "slower" else "within noise",
+    )
     return out
 
 

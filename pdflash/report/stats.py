@@ -14,6 +14,13 @@ Two interval methods, both stated on every result:
 intervals do not overlap, and ``"within noise"`` otherwise. Non-overlap of
 two 95% intervals is stricter than a 5% test; a benchmark that claims a win
 should be the stricter side.
+
+Interleaved repeats pair: repeat ``k`` of two configurations ran on the same
+machine state, so :func:`paired` divides them repeat by repeat and
+:func:`ratio_verdict` calls a difference where the ratios' interval excludes
+1 (the rule the results READMEs state). It sees a steady few-percent
+difference that the repeats' own spread hides from :func:`compare`, a loss
+as well as a win.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -151,6 +158,29 @@ def interval(samples: Sequence[float], method: Method = "t", *, seed: int = 0) -
     if method == "bootstrap":
         return bootstrap_interval(samples, seed=seed)
     raise ValueError(f"method must be 't' or 'bootstrap', got {method!r}")
+
+
+def paired(
+    num: Mapping[int, float | None], den: Mapping[int, float | None]
+) -> list[tuple[int, float]]:
+    """``(repeat, num / den)`` for every repeat both sides ran, in repeat
+    order (a repeat with no or a zero denominator, or no numerator, is
+    left out)."""
+    return [
+        (k, n / d)
+        for k in sorted(set(num) & set(den))
+        if (d := den[k]) and (n := num[k]) is not None
+    ]
+
+
+def ratio_verdict(low: float, high: float) -> str:
+    """``faster`` / ``slower`` where a ratio's interval ``[low, high]``
+    excludes 1 (the rule the results READMEs state), else ``within noise``."""
+    if low > 1:
+        return "faster"
+    if high < 1:
+        return "slower"
+    return "within noise"
 
 
 def compare(a: Interval, b: Interval) -> Verdict:

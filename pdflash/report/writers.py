@@ -233,6 +233,21 @@ def _where(e: Mapping[str, Any]) -> list[Any]:
 WHERE = ("arch", "B", "conc", "cache", "workload")
 
 
+def _pairs_cells(v: Mapping[str, Any]) -> list[str]:
+    """A verdict's paired repeats (``pairs`` of
+    :func:`pdflash.report.evaluate.evaluate`'s verdicts): who is faster by
+    them, and the ratios' median [interval] (n)."""
+    pairs = v.get("pairs") or {}
+    called = pairs.get("verdict")
+    if called is None:
+        return ["not called: " + str(pairs.get("reason", "no pairs")), ""]
+    who = "within noise" if called == "within noise" else f"{called} faster"
+    return [
+        who,
+        f"{pairs['median']:.3g} [{pairs['low']:.3g}, {pairs['high']:.3g}] (n={pairs['n']})",
+    ]
+
+
 def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
     """The report's lead: eta_phys per point (eta beside it, the compute
     floor stated), the measured noise, and the per-point verdicts."""
@@ -300,12 +315,23 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
         "## Per point: PD against each baseline (tokens/s, 95% intervals)",
         "",
         "A difference is called only where the two intervals separate; otherwise "
-        '"within noise". One repeat measures no noise, so nothing is called from it.',
+        '"within noise". One repeat measures no noise, so nothing is called from it. '
+        "The repeats are interleaved, so they also pair: the last columns divide PD's "
+        "tokens/s by the other's repeat by repeat and call a difference where the ratios' "
+        "95% interval excludes 1 (a steady difference smaller than the repeats' spread "
+        "shows there, a loss as well as a win).",
         "",
     ]
     parts.append(
         _table(
-            (*WHERE, "vs", "verdict", "PD vs other: median [interval] (n)"),
+            (
+                *WHERE,
+                "vs",
+                "verdict",
+                "PD vs other: median [interval] (n)",
+                "by the pairs",
+                "PD / other per repeat: median [interval] (n)",
+            ),
             [
                 [
                     *_where(v),
@@ -318,6 +344,7 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
                         else (v["verdict"] or "not called: " + v.get("reason", ""))
                     ),
                     v.get("text", ""),
+                    *_pairs_cells(v),
                 ]
                 for v in evaluation.get("verdicts", [])
             ],

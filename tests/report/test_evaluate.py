@@ -145,6 +145,40 @@ def test_repeats_use_the_median(matrix_rows: Callable[..., list[Row]]) -> None:
     assert ev["gap"][0]["gap_closed"] == pytest.approx((34 - 20) / 20)
 
 
+def test_pairs_call_a_steady_loss_the_repeats_spread_hides(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    """PD 5% below B1 in each of three interleaved repeats whose levels
+    spread 20%: the two tokens/s intervals overlap ("within noise"), the
+    pairs' interval lies below 1, so by the pairs B1 is faster; the markdown
+    shows both."""
+    from pdflash.report.writers import lead_sections
+
+    rows = matrix_rows(concurrency=(1,))
+    pd = next(r for r in rows if r["baseline"] == "PD")
+    b1 = next(r for r in rows if r["baseline"] == "B1")
+    b1_tps = [30.0, 36.0, 33.0]
+    rows = [r for r in rows if r["baseline"] not in ("PD", "B1")]
+    for k, tps in enumerate(b1_tps):
+        rows += [
+            dict(b1, repeat=k, output_tokens_per_s=tps),
+            dict(pd, repeat=k, output_tokens_per_s=0.95 * tps),
+        ]
+    ev = evaluate(rows)
+    (v,) = [v for v in ev["verdicts"] if (v["a"], v["b"]) == ("PD", "B1")]
+    assert v["verdict"] == "within noise"
+    pairs = v["pairs"]
+    assert pairs["repeats"] == [0, 1, 2] and pairs["n"] == 3
+    assert pairs["ratios"] == pytest.approx([0.95] * 3)
+    assert pairs["verdict"] == "B1"
+    assert pairs["high"] < 1
+    md = "\n".join(lead_sections(ev))
+    assert "| B1 faster | 0.95 [0.95, 0.95] (n=3) |" in md
+    # one repeat pairs nothing: not called, with the reason
+    (single,) = [v for v in evaluate(matrix_rows(concurrency=(1,)))["verdicts"] if v["b"] == "B1"]
+    assert single["pairs"]["verdict"] is None and "nothing to pair" in single["pairs"]["reason"]
+
+
 def test_b3_is_shared_across_cache_fractions(matrix_rows: Callable[..., list[Row]]) -> None:
     rows = matrix_rows(concurrency=(4,), fractions=(0.2, 0.8))
     assert sum(r["baseline"] == "B3" for r in rows) == 1
