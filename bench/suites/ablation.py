@@ -115,7 +115,9 @@ def write_table(rows: list[dict[str, Any]], out: Path) -> dict[str, Any]:
         "and PD with one part switched off (PD+host: with the hybrid miss service "
         "added). Median [95% t interval] over repeats; the verdict names the better side "
         "only where the intervals separate (more tokens/s, fewer bytes/token, less exposed "
-        "fetch s), else 'within noise'.",
+        "fetch s), else 'within noise'. The last column pairs the interleaved repeats: PD's "
+        "tokens/s over the variant's, repeat by repeat, naming the better side where the "
+        "ratios' interval excludes 1.",
         "",
         ablation_markdown(table),
         "",

@@ -12,6 +12,10 @@ bytes per committed token and exposed fetch seconds: each a median with the
 :func:`pdflash.report.stats.compare`: which is better where the intervals
 separate (more tokens/s; fewer bytes per token; less exposed fetch time),
 ``"within noise"`` where they do not, and nothing from a single repeat.
+Beside it, ``pairs``: PD over the variant repeat by repeat (the repeats are
+interleaved), the ratios' median and 95% t interval, and the better one
+where that interval excludes 1 (:func:`pdflash.report.stats.ratio_verdict`),
+which sees a steady difference the repeats' spread hides.
 """
 
 from __future__ import annotations
@@ -82,6 +86,49 @@ def _verdict(pd: list[float], other: list[float], larger_better: bool, label: st
     return "PD" if pd_larger == larger_better else label
 
 
+def _by_repeat(rows: Sequence[Mapping[str, Any]], name: str) -> dict[int, float] | None:
+    """``{repeat: value}``; None where two rows share a repeat number."""
+    out: dict[int, float] = {}
+    for r in rows:
+        value, repeat = _num(r.get(name)), r.get("repeat")
+        if value is None or not isinstance(repeat, int):
+            continue
+        if repeat in out:
+            return None
+        out[repeat] = value
+    return out
+
+
+def _pairs(
+    pd_rows: Sequence[Mapping[str, Any]],
+    v_rows: Sequence[Mapping[str, Any]],
+    name: str,
+    larger_better: bool,
+    label: str,
+) -> dict[str, Any]:
+    """PD's ``name`` over the variant's in each repeat both ran: the ratios,
+    their median and t interval, and ``verdict`` ``"PD"`` or ``label`` (the
+    better) where the interval excludes 1, else ``"within noise"``; None
+    with a ``reason`` below two pairs."""
+    a, b = _by_repeat(pd_rows, name), _by_repeat(v_rows, name)
+    if a is None or b is None:
+        return {"verdict": None, "reason": "two runs of one side share a repeat number"}
+    pairs = stats.paired(a, b)
+    ratios = [x for _, x in pairs]
+    out: dict[str, Any] = {"repeats": [k for k, _ in pairs], "ratios": ratios, "n": len(ratios)}
+    if len(ratios) < 2:
+        out.update(verdict=None, reason=f"{len(ratios)} repeat(s) ran both: nothing to pair")
+        return out
+    iv = stats.t_interval(ratios)
+    called = stats.ratio_verdict(iv.low, iv.high)
+    if called == "within noise":
+        verdict = called
+    else:
+        verdict = "PD" if (called == "faster") == larger_better else label
+    out.update(median=statistics.median(ratios), low=iv.low, high=iv.high, verdict=verdict)
+    return out
+
+
 def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (point, variant) that has both PD rows and the
     variant's rows; see the module docstring."""
@@ -123,6 +170,7 @@ def ablation_table(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "PD": _cell(pd_vals),
                     label: _cell(o_vals),
                     "verdict": verdict,
+                    "pairs": _pairs(pd_rows, v_rows, name, larger_better, label),
                 }
                 if verdict is None:
                     entry[name]["not_measured"] = ONE_REPEAT
@@ -226,9 +274,26 @@ def _says(entry: Mapping[str, Any], name: str) -> str:
     return "PD better" if verdict == "PD" else f"{entry['variant']} better"
 
 
+def _says_pairs(entry: Mapping[str, Any], name: str) -> str:
+    pairs = entry[name].get("pairs") or {}
+    verdict = pairs.get("verdict")
+    if verdict is None:
+        return "not called: " + str(pairs.get("reason", "no pairs"))
+    who = (
+        "within noise"
+        if verdict == "within noise"
+        else "PD better"
+        if verdict == "PD"
+        else f"{entry['variant']} better"
+    )
+    return (
+        f"{pairs['median']:.3g} [{pairs['low']:.3g}, {pairs['high']:.3g}] (n={pairs['n']}): {who}"
+    )
+
+
 def ablation_markdown(table: Sequence[Mapping[str, Any]]) -> str:
     """The "what each part buys" table: PD and the variant, median [95%
-    interval], and the verdict per metric."""
+    interval], and the verdict per metric; then tokens/s paired by repeat."""
     header = (
         "point",
         "without",
@@ -241,6 +306,7 @@ def ablation_markdown(table: Sequence[Mapping[str, Any]]) -> str:
         "exposed fetch s PD",
         "exposed fetch s variant",
         "verdict",
+        "tokens/s PD / variant per repeat",
     )
     lines = [
         "| " + " | ".join(header) + " |",
@@ -252,5 +318,6 @@ def ablation_markdown(table: Sequence[Mapping[str, Any]]) -> str:
         cells = [point, f"{e['part']} ({e['variant']})"]
         for name, _ in METRICS:
             cells += [_fmt(e[name]["PD"]), _fmt(e[name][e["variant"]]), _says(e, name)]
+        cells.append(_says_pairs(e, "output_tokens_per_s"))
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)

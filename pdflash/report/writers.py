@@ -360,7 +360,9 @@ def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
             "PD runs its parts under the PD controller; PD-all-on is PD with every part "
             "forced on (what the controller buys). "
             "Median [95% t interval] over repeats; the verdict names the better side only "
-            "where the intervals separate (more tokens/s, fewer bytes/token, less exposed fetch).",
+            "where the intervals separate (more tokens/s, fewer bytes/token, less exposed fetch). "
+            "The last column pairs the interleaved repeats: PD's tokens/s over the variant's, "
+            "repeat by repeat, naming the better side where the ratios' interval excludes 1.",
             "",
             ablation_markdown(evaluation["ablation"]),
         ]

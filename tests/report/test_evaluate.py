@@ -179,6 +179,37 @@ def test_pairs_call_a_steady_loss_the_repeats_spread_hides(
     assert single["pairs"]["verdict"] is None and "nothing to pair" in single["pairs"]["reason"]
 
 
+def test_ablation_pairs_see_what_a_part_costs_inside_the_spread(
+    matrix_rows: Callable[..., list[Row]],
+) -> None:
+    """PD 4% faster than PD-no-stream in every repeat, bytes per token 10%
+    fewer: the intervals overlap, the pairs call PD better on both (fewer
+    bytes is better), and the markdown's last column says so."""
+    from pdflash.report.ablation import ablation_markdown, ablation_table
+
+    rows = matrix_rows(concurrency=(1,))
+    pd = next(r for r in rows if r["baseline"] == "PD")
+    rows = [r for r in rows if r["baseline"] != "PD"]
+    for k, tps in enumerate([30.0, 36.0, 33.0]):
+        rows += [
+            dict(pd, repeat=k, output_tokens_per_s=1.04 * tps, bytes_per_token=0.9e6 * (k + 1)),
+            dict(
+                pd,
+                baseline="PD-no-stream",
+                repeat=k,
+                output_tokens_per_s=tps,
+                bytes_per_token=1e6 * (k + 1),
+            ),
+        ]
+    (entry,) = ablation_table(rows)
+    tps = entry["output_tokens_per_s"]
+    assert tps["verdict"] == "within noise"
+    assert tps["pairs"]["ratios"] == pytest.approx([1.04] * 3)
+    assert tps["pairs"]["verdict"] == "PD"
+    assert entry["bytes_per_token"]["pairs"]["verdict"] == "PD"  # fewer bytes: PD better
+    assert "1.04 [1.04, 1.04] (n=3): PD better |" in ablation_markdown([entry])
+
+
 def test_b3_is_shared_across_cache_fractions(matrix_rows: Callable[..., list[Row]]) -> None:
     rows = matrix_rows(concurrency=(4,), fractions=(0.2, 0.8))
     assert sum(r["baseline"] == "B3" for r in rows) == 1
