@@ -86,19 +86,6 @@ def _verdict(pd: list[float], other: list[float], larger_better: bool, label: st
     return "PD" if pd_larger == larger_better else label
 
 
-def _by_repeat(rows: Sequence[Mapping[str, Any]], name: str) -> dict[int, float] | None:
-    """``{repeat: value}``; None where two rows share a repeat number."""
-    out: dict[int, float] = {}
-    for r in rows:
-        value, repeat = _num(r.get(name)), r.get("repeat")
-        if value is None or not isinstance(repeat, int):
-            continue
-        if repeat in out:
-            return None
-        out[repeat] = value
-    return out
-
-
 def _pairs(
     pd_rows: Sequence[Mapping[str, Any]],
     v_rows: Sequence[Mapping[str, Any]],
@@ -106,26 +93,16 @@ def _pairs(
     larger_better: bool,
     label: str,
 ) -> dict[str, Any]:
-    """PD's ``name`` over the variant's in each repeat both ran: the ratios,
-    their median and t interval, and ``verdict`` ``"PD"`` or ``label`` (the
-    better) where the interval excludes 1, else ``"within noise"``; None
-    with a ``reason`` below two pairs."""
-    a, b = _by_repeat(pd_rows, name), _by_repeat(v_rows, name)
-    if a is None or b is None:
-        return {"verdict": None, "reason": "two runs of one side share a repeat number"}
-    pairs = stats.paired(a, b)
-    ratios = [x for _, x in pairs]
-    out: dict[str, Any] = {"repeats": [k for k, _ in pairs], "ratios": ratios, "n": len(ratios)}
-    if len(ratios) < 2:
-        out.update(verdict=None, reason=f"{len(ratios)} repeat(s) ran both: nothing to pair")
-        return out
-    iv = stats.t_interval(ratios)
-    called = stats.ratio_verdict(iv.low, iv.high)
-    if called == "within noise":
-        verdict = called
+    """PD's ``name`` over the variant's in each repeat both ran
+    (:func:`pdflash.report.stats.pair_summary`), with ``verdict`` ``"PD"``
+    or ``label`` (the better) where the ratios' interval excludes 1, else
+    ``"within noise"``; None with a ``reason`` below two pairs."""
+    out = stats.pair_summary(stats.by_repeat(pd_rows, name), stats.by_repeat(v_rows, name))
+    called = out.pop("called")
+    if called is None or called == "within noise":
+        out["verdict"] = called
     else:
-        verdict = "PD" if (called == "faster") == larger_better else label
-    out.update(median=statistics.median(ratios), low=iv.low, high=iv.high, verdict=verdict)
+        out["verdict"] = "PD" if (called == "faster") == larger_better else label
     return out
 
 

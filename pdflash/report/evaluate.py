@@ -160,19 +160,6 @@ class _Table:
         values = (_num(r.get(name)) for r in self.rows(point, baseline))
         return [v for v in values if v is not None]
 
-    def by_repeat(self, point: Point, baseline: str, name: str) -> dict[int, float] | None:
-        """``{repeat: value}`` of ``name`` at ``point``; None where two rows
-        of the series share a repeat number there (they cannot pair)."""
-        out: dict[int, float] = {}
-        for r in self.rows(point, baseline):
-            value, repeat = _num(r.get(name)), r.get("repeat")
-            if value is None or not isinstance(repeat, int):
-                continue
-            if repeat in out:
-                return None
-            out[repeat] = value
-        return out
-
     def interval(self, point: Point, baseline: str, name: str) -> stats.Interval | None:
         """Median and 95% t interval over the repeats (None below two)."""
         values = self.samples(point, baseline, name)
@@ -269,26 +256,16 @@ def _judge(
 
 
 def _pairs(table: _Table, point: Point, a: str, b: str, name: str) -> dict[str, Any]:
-    """``a``'s ``name`` over ``b``'s in every repeat both ran at ``point``:
-    the ratios, their median and 95% t interval, and ``verdict`` ``a`` or
-    ``b`` (the larger) where that interval excludes 1, else ``"within
-    noise"``; None with a ``reason`` below two pairs."""
-    ra, rb = table.by_repeat(point, a, name), table.by_repeat(point, b, name)
-    if ra is None or rb is None:
-        return {"verdict": None, "reason": "two runs of one series share a repeat number here"}
-    pairs = stats.paired(ra, rb)
-    ratios = [x for _, x in pairs]
-    out: dict[str, Any] = {"repeats": [k for k, _ in pairs], "ratios": ratios, "n": len(ratios)}
-    if len(ratios) < 2:
-        out.update(verdict=None, reason=f"{len(ratios)} repeat(s) ran both: nothing to pair")
-        return out
-    iv = stats.t_interval(ratios)
-    called = stats.ratio_verdict(iv.low, iv.high)
-    out.update(
-        median=statistics.median(ratios),
-        low=iv.low,
-        high=iv.high,
-        verdict=a if called == "faster" else b if called == "slower" else "within noise",
+    """``a``'s ``name`` over ``b``'s in every repeat both ran at ``point``
+    (:func:`pdflash.report.stats.pair_summary`), with ``verdict`` ``a`` or
+    ``b`` (the larger) where the ratios' interval excludes 1, else
+    ``"within noise"``; None with a ``reason`` below two pairs."""
+    out = stats.pair_summary(
+        stats.by_repeat(table.rows(point, a), name), stats.by_repeat(table.rows(point, b), name)
+    )
+    called = out.pop("called")
+    out["verdict"] = (
+        None if called is None else a if called == "faster" else b if called == "slower" else called
     )
     return out
 

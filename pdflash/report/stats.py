@@ -28,9 +28,9 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Method = Literal["t", "bootstrap"]
 Verdict = Literal["a", "b", "within noise"]
@@ -171,6 +171,48 @@ def paired(
         for k in sorted(set(num) & set(den))
         if (d := den[k]) and (n := num[k]) is not None
     ]
+
+
+def by_repeat(rows: Iterable[Mapping[str, Any]], name: str) -> dict[int, float] | None:
+    """``{repeat: rows' name}`` over rows with both a finite number and an
+    integer ``repeat``; None where two rows share a repeat (they cannot pair)."""
+    out: dict[int, float] = {}
+    for row in rows:
+        value, repeat = row.get(name), row.get("repeat")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not math.isfinite(value) or not isinstance(repeat, int):
+            continue
+        if repeat in out:
+            return None
+        out[repeat] = float(value)
+    return out
+
+
+def pair_summary(
+    num: Mapping[int, float | None] | None, den: Mapping[int, float | None] | None
+) -> dict[str, Any]:
+    """``num`` over ``den`` repeat by repeat (:func:`paired`): ``repeats``,
+    ``ratios``, ``n``, and with two or more pairs their ``median``, t
+    interval ``low``/``high`` and ``called`` (:func:`ratio_verdict`); else
+    ``called`` None with a ``reason``. A None side (repeats that cannot
+    pair, :func:`by_repeat`) gives a reason."""
+    if num is None or den is None:
+        return {"called": None, "reason": "two runs of one side share a repeat number"}
+    pairs = paired(num, den)
+    ratios = [x for _, x in pairs]
+    out: dict[str, Any] = {"repeats": [k for k, _ in pairs], "ratios": ratios, "n": len(ratios)}
+    if len(ratios) < 2:
+        out.update(called=None, reason=f"{len(ratios)} repeat(s) ran both: nothing to pair")
+        return out
+    iv = t_interval(ratios)
+    out.update(
+        median=statistics.median(ratios),
+        low=iv.low,
+        high=iv.high,
+        called=ratio_verdict(iv.low, iv.high),
+    )
+    return out
 
 
 def ratio_verdict(low: float, high: float) -> str:

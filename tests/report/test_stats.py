@@ -9,8 +9,10 @@ import pytest
 from pdflash.report.stats import (
     Interval,
     bootstrap_interval,
+    by_repeat,
     compare,
     interval,
+    pair_summary,
     relative_spread,
     t_interval,
     t_quantile_975,
@@ -102,3 +104,24 @@ def test_relative_spread() -> None:
         "n": 3,
         "method": "t",
     }
+
+
+def test_repeats_pair_by_number_and_a_shared_number_cannot_pair() -> None:
+    a = by_repeat(
+        [
+            {"repeat": 0, "x": 10.0},
+            {"repeat": 2, "x": 12.0},
+            {"repeat": 1, "x": float("nan")},
+            {"repeat": 3, "x": True},  # a flag is not a measurement
+        ],
+        "x",
+    )
+    b = by_repeat([{"repeat": 0, "x": 8.0}, {"repeat": 2, "x": 10.0}, {"repeat": 4, "x": 1.0}], "x")
+    assert a == {0: 10.0, 2: 12.0} and b == {0: 8.0, 2: 10.0, 4: 1.0}
+    s = pair_summary(a, b)
+    assert s["repeats"] == [0, 2] and s["ratios"] == [1.25, 1.2] and s["called"] == "within noise"
+    assert s["low"] < 1 < s["high"]  # two pairs: a wide interval
+    assert pair_summary(a, {0: 8.0})["called"] is None  # one pair: nothing called
+    shared = by_repeat([{"repeat": 0, "x": 1.0}, {"repeat": 0, "x": 2.0}], "x")
+    assert shared is None
+    assert "share a repeat" in pair_summary(shared, b)["reason"]
