@@ -196,11 +196,12 @@ class ComputeTimer:
 class StallTimedCache:
     """Delegates to an expert cache and times the calls where a forward waits
     for copies (``wait_ready``; ``ensure_resident`` for callers that use it)
-    as compute stalls.
+    as compute stalls, split by what was waited for.
 
     NOTE: this wraps the object the offloaded MoE runtime holds; everything
-    else passes through unchanged. ``ensure_resident``'s own internal wait
-    runs on the wrapped cache, so nothing is counted twice.
+    else passes through unchanged. ``ensure_resident`` is the cache's
+    ``acquire`` then this ``wait_ready`` (so its wait is split too), with the
+    cache's undo on a failed wait.
     """
 
     def __init__(self, cache: Any, timer: ComputeTimer) -> None:
@@ -240,8 +241,17 @@ class StallTimedCache:
                     self._cache.wait_ready(part)
 
     def ensure_resident(self, flat_ids: Any) -> Any:
-        with self._timer.stall("unclassified"):
-            return self._cache.ensure_resident(flat_ids)
+        if self._miss_copies is None:
+            with self._timer.stall("unclassified"):
+                return self._cache.ensure_resident(flat_ids)
+        # as ExpertCache.ensure_resident: pin and copy, wait, undo on failure
+        slots, tickets = self._cache.acquire(flat_ids)
+        try:
+            self.wait_ready(tickets)
+        except BaseException:
+            self._cache.abort(flat_ids)
+            raise
+        return slots
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cache, name)
