@@ -2285,8 +2285,8 @@ def _add_eta_phys(
     elif wall <= 0:
         reasons["eta_phys"] = "zero wall time"
     else:
-        # a routed expert has at least one token: intercept + one token's slope
-        host_s = float(cost.intercept_s + cost.per_token_s) if cost is not None else None
+        # a routed expert has at least one token: the model's cost of one
+        host_s = float(cost.expert_s(1)) if cost is not None else None
         floor = miss_floor_s(float(belady), int(row["expert_nbytes"]), link * 1e9, host_s)
         value = max(floor, compute_busy) / wall
         row["miss_floor_s"] = floor
