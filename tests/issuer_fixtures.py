@@ -2,8 +2,9 @@
 issuer (host backend; CUDA backend for GPU tests), and a fake issuer for
 failure injection and for holding copies in flight deterministically; and
 helpers test modules import (``from issuer_fixtures import ...``): the
-transformers reference model, seeded token ids, and adapters with the
-smallest legal cache or every expert resident."""
+transformers reference model, seeded token ids, adapters with the
+smallest legal cache or every expert resident, and an expert source with
+recognisable bytes (:class:`PatternExperts`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,25 @@ import torch
 from pdflash.protocols import Band
 
 ARCHS = ("qwen3_moe", "gpt_oss", "mixtral", "olmoe")
+
+
+def expert_byte(g: int) -> int:
+    """The byte every one of expert ``g``'s bytes holds in :class:`PatternExperts`."""
+    return g % 251
+
+
+class PatternExperts:
+    """An expert source (``pdflash.cache.ExpertSource``) over one host
+    buffer: ``layers x experts`` experts of ``nbytes`` each, expert ``g``'s
+    bytes all :func:`expert_byte` ``(g)``, so a slot shows whose copy landed."""
+
+    def __init__(self, layers: int, experts: int, nbytes: int) -> None:
+        self.num_layers, self.num_experts, self.expert_nbytes = layers, experts, nbytes
+        ids = torch.arange(layers * experts) % 251
+        self.buffer = ids.to(torch.uint8).repeat_interleave(nbytes)
+
+    def host_ptrs(self, flat_ids: Any) -> npt.NDArray[np.int64]:
+        return self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * self.expert_nbytes
 
 
 class FakeIssuer:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from issuer_fixtures import PatternExperts
 
 from pdflash.cache import (
     CacheTooSmallError,
@@ -26,16 +27,11 @@ from pdflash.protocols import Band, CopyIssuer
 NBYTES = 64
 
 
-class Source:
+class Source(PatternExperts):
     """Experts with recognisable bytes: expert g is filled with g % 251."""
 
     def __init__(self, layers: int = 3, experts: int = 4) -> None:
-        self.num_layers, self.num_experts, self.expert_nbytes = layers, experts, NBYTES
-        ids = torch.arange(layers * experts) % 251
-        self.buffer = ids.to(torch.uint8).repeat_interleave(NBYTES)
-
-    def host_ptrs(self, flat_ids: Any) -> np.ndarray:
-        return self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * NBYTES
+        super().__init__(layers, experts, NBYTES)
 
 
 def _cache(issuer: Any, slots: int = 4, **kw: Any) -> ExpertCache:
@@ -280,19 +276,7 @@ def test_cache_invariants_under_random_traffic(
 def test_cancelled_prefetch_is_fetched_again_not_read_as_garbage() -> None:
     from pdflash.h2d import H2DIssuer
 
-    class BigSource(Source):
-        def __init__(self) -> None:
-            super().__init__()
-            self.expert_nbytes = 1 << 20
-            ids = torch.arange(self.num_layers * self.num_experts) % 251
-            self.buffer = ids.to(torch.uint8).repeat_interleave(self.expert_nbytes)
-
-        def host_ptrs(self, flat_ids: Any) -> np.ndarray:
-            return (
-                self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * self.expert_nbytes
-            )
-
-    src = BigSource()
+    src = PatternExperts(3, 4, 1 << 20)
     # an emulated 0.2 GB/s link keeps most of the 8 MiB of prefetches queued
     issuer = H2DIssuer(
         backend="host", chunk_bytes=1 << 20, window_bytes=1 << 20, emulated_link_gbps=0.2

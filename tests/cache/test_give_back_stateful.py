@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from hypothesis_budget import scaled
+from issuer_fixtures import PatternExperts, expert_byte
 
 from pdflash.cache import CacheTooSmallError, ExpertCache
 from pdflash.protocols import Band
@@ -32,23 +33,6 @@ LAYERS, EXPERTS, NBYTES, SLOTS = 3, 4, 64, 6
 NUM_IDS = LAYERS * EXPERTS
 
 
-def expert_byte(g: int) -> int:
-    return (7 * g + 3) % 251
-
-
-class PatternSource:
-    """Expert g's bytes are all ``expert_byte(g)``."""
-
-    num_layers, num_experts, expert_nbytes = LAYERS, EXPERTS, NBYTES
-
-    def __init__(self) -> None:
-        pattern = torch.tensor([expert_byte(g) for g in range(NUM_IDS)], dtype=torch.uint8)
-        self.buffer = pattern.repeat_interleave(NBYTES)
-
-    def host_ptrs(self, flat_ids: Any) -> np.ndarray:
-        return self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * NBYTES
-
-
 ids_st = st.lists(st.integers(0, NUM_IDS - 1), min_size=1, max_size=SLOTS)
 
 
@@ -57,7 +41,7 @@ class GiveBackMachine(RuleBasedStateMachine):
         super().__init__()
         from pdflash.h2d import H2DIssuer
 
-        self.src = PatternSource()
+        self.src = PatternExperts(LAYERS, EXPERTS, NBYTES)
         # one chunk in flight at a time: later copies stay queued while it is held
         self.issuer = H2DIssuer(backend="host", chunk_bytes=NBYTES, window_bytes=NBYTES)
         self.issuer.register_source(self.src.buffer.data_ptr(), self.src.buffer.numel())

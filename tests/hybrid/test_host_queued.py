@@ -8,11 +8,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import PatternExperts
 
 from pdflash.cache import ExpertCache
 from pdflash.h2d import STATE_QUEUED, H2DIssuer
@@ -21,16 +21,6 @@ from pdflash.protocols import Band
 
 NBYTES = 64
 EXPERTS = 8
-
-
-class _Source:
-    num_layers, num_experts, expert_nbytes = 2, EXPERTS, NBYTES
-
-    def __init__(self) -> None:
-        self.buffer = torch.zeros(2 * EXPERTS * NBYTES, dtype=torch.uint8)
-
-    def host_ptrs(self, flat_ids: Any) -> np.ndarray:
-        return self.buffer.data_ptr() + np.asarray(flat_ids, dtype=np.int64) * NBYTES
 
 
 @dataclass
@@ -52,7 +42,7 @@ def held() -> Iterator[tuple[ExpertCache, H2DIssuer]]:
     link held: of the route-ahead copies of experts 1, 2, 3 (layer 0) the
     first has started, the others are queued."""
     issuer = H2DIssuer(backend="host", chunk_bytes=NBYTES, window_bytes=NBYTES)
-    src = _Source()
+    src = PatternExperts(2, EXPERTS, NBYTES)
     issuer.register_source(src.buffer.data_ptr(), src.buffer.numel())
     cache = ExpertCache(src, issuer, num_slots=6, top_k=2, max_batch_tokens=1)
     issuer._native.test_hold_link(True)
