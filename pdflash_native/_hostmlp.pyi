@@ -12,6 +12,8 @@ ISA_AMX_BF16: int
 ISA_NAMES: dict[int, str]
 DTYPE_F32: int
 DTYPE_BF16: int
+WEIGHTS_BF16: int
+WEIGHTS_MXFP4: int
 TILE_COLS: int
 W1_TILE_INTER: int
 
@@ -21,6 +23,8 @@ def inter_pad(inter: int) -> int: ...
 def hidden_pairs(hidden: int) -> int: ...
 def w1_elems(hidden: int, inter: int) -> int: ...
 def w2_elems(hidden: int, inter: int) -> int: ...
+def mxfp4_code_bytes(elems: int) -> int: ...
+def mxfp4_scale_bytes(elems: int) -> int: ...
 
 @disjoint_base
 class HostMlp:
@@ -56,4 +60,9 @@ class HostMlp:
         out_stride: int,
         isa: int = 0,
         amx_min_rows: int = 1,
+        weights: int = 0,
+        q1: npt.NDArray[np.uint64] | None = None,
+        s1: npt.NDArray[np.uint64] | None = None,
+        q2: npt.NDArray[np.uint64] | None = None,
+        s2: npt.NDArray[np.uint64] | None = None,
     ) -> None: ...

@@ -9,7 +9,7 @@ are specified in host_mlp.h and, as runnable code, in
 ``pdflash._reference.hostmlp``.
 """
 
-from libc.stdint cimport int64_t, uint16_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 from libcpp.vector cimport vector
 
 from pdflash_native._hostmlp_cpp cimport (
@@ -18,10 +18,13 @@ from pdflash_native._hostmlp_cpp cimport (
     MlpExpert,
     MlpIsa,
     MlpShape,
+    WeightFormat,
     cpu_has_amx_bf16 as c_cpu_has_amx_bf16,
     cpu_has_avx512_bf16 as c_cpu_has_avx512_bf16,
     mlp_hidden_pairs,
     mlp_inter_pad,
+    mlp_mxfp4_code_bytes,
+    mlp_mxfp4_scale_bytes,
     mlp_w1_elems,
     mlp_w2_elems,
 )
@@ -42,6 +45,8 @@ ISA_NAMES = {
 }
 DTYPE_F32 = <int>FloatType.kF32
 DTYPE_BF16 = <int>FloatType.kBF16
+WEIGHTS_BF16 = <int>WeightFormat.kBf16
+WEIGHTS_MXFP4 = <int>WeightFormat.kMxfp4
 #: columns of a packed tile, and intermediate indices of a W1 tile
 TILE_COLS = 32
 W1_TILE_INTER = 16
@@ -76,6 +81,16 @@ def w1_elems(int64_t hidden, int64_t inter):
 def w2_elems(int64_t hidden, int64_t inter):
     """uint16 elements of one packed W2 (down)."""
     return mlp_w2_elems(hidden, inter)
+
+
+def mxfp4_code_bytes(int64_t elems):
+    """Bytes of the MXFP4 codes of a packed matrix of ``elems`` elements."""
+    return mlp_mxfp4_code_bytes(elems)
+
+
+def mxfp4_scale_bytes(int64_t elems):
+    """Bytes of its MXFP4 scales."""
+    return mlp_mxfp4_scale_bytes(elems)
 
 
 cdef class HostMlp:
@@ -157,13 +172,22 @@ cdef class HostMlp:
         int64_t out_stride,
         int isa=ISA_AUTO,
         int64_t amx_min_rows=1,
+        int weights=WEIGHTS_BF16,
+        const uint64_t[::1] q1=None,
+        const uint64_t[::1] s1=None,
+        const uint64_t[::1] q2=None,
+        const uint64_t[::1] s2=None,
     ):
         """Experts ``j`` (pointer arrays ``w1[j]`` ..., 0: no bias) on rows
         ``bounds[j]:bounds[j + 1]`` of ``x`` into ``out`` (row strides in
         elements; ``x_type``/``out_type`` ``DTYPE_*``; with AMX, row chunks
         of fewer than ``amx_min_rows`` rows run AVX-512). The caller keeps
         every buffer alive and sized (``w1_elems``/``w2_elems`` elements,
-        biases ``2 * inter_pad(inter)`` and ``hidden`` floats)."""
+        biases ``2 * inter_pad(inter)`` and ``hidden`` floats).
+        ``weights=WEIGHTS_MXFP4``: the matrices are MXFP4 codes and scales
+        (``q1``, ``s1``, ``q2``, ``s2``: ``mxfp4_code_bytes`` and
+        ``mxfp4_scale_bytes`` of ``w1_elems``/``w2_elems``; ``w1``/``w2``
+        are then not read)."""
         if self._runner == NULL:
             raise RuntimeError("HostMlp is closed")
         cdef Py_ssize_t n = w1.shape[0]
@@ -171,6 +195,14 @@ cdef class HostMlp:
             raise ValueError(
                 f"{n} experts need {n} pointers per array and {n + 1} bounds"
             )
+        if weights not in (WEIGHTS_BF16, WEIGHTS_MXFP4):
+            raise ValueError(f"unknown weight format {weights}")
+        cdef bint mx = weights == WEIGHTS_MXFP4
+        if mx and (
+            q1 is None or s1 is None or q2 is None or s2 is None
+            or q1.shape[0] != n or s1.shape[0] != n or q2.shape[0] != n or s2.shape[0] != n
+        ):
+            raise ValueError(f"MXFP4 weights need {n} pointers in each of q1, s1, q2, s2")
         if x_type not in (DTYPE_F32, DTYPE_BF16) or out_type not in (DTYPE_F32, DTYPE_BF16):
             raise ValueError(f"unknown dtype tags {x_type}, {out_type}")
         if isa not in ISA_NAMES:
@@ -181,6 +213,7 @@ cdef class HostMlp:
         shape.act = act
         shape.alpha = alpha
         shape.limit = limit
+        shape.weights = weights
         cdef vector[MlpExpert] experts
         experts.resize(n)
         cdef Py_ssize_t j
@@ -189,6 +222,11 @@ cdef class HostMlp:
             experts[j].b1 = <const float*><uintptr_t>b1[j]
             experts[j].w2 = <const uint16_t*><uintptr_t>w2[j]
             experts[j].b2 = <const float*><uintptr_t>b2[j]
+            if mx:
+                experts[j].q1 = <const uint8_t*><uintptr_t>q1[j]
+                experts[j].s1 = <const uint8_t*><uintptr_t>s1[j]
+                experts[j].q2 = <const uint8_t*><uintptr_t>q2[j]
+                experts[j].s2 = <const uint8_t*><uintptr_t>s2[j]
             experts[j].row_begin = bounds[j]
             experts[j].row_end = bounds[j + 1]
         cdef int64_t rows = bounds[n] if n else 0

@@ -1,5 +1,5 @@
 # cdef extern declarations of the host expert MLP (cuda/include/pdflash/host_mlp.h).
-from libc.stdint cimport int32_t, int64_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 from libcpp.vector cimport vector
 
 
@@ -14,18 +14,27 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
         kF32
         kBF16
 
+    cdef enum class WeightFormat(int32_t):
+        kBf16
+        kMxfp4
+
     cdef cppclass MlpShape:
         int64_t hidden
         int64_t inter
         int32_t act
         float alpha
         float limit
+        int32_t weights
 
     cdef cppclass MlpExpert:
         const uint16_t* w1
         const float* b1
         const uint16_t* w2
         const float* b2
+        const uint8_t* q1
+        const uint8_t* s1
+        const uint8_t* q2
+        const uint8_t* s2
         int64_t row_begin
         int64_t row_end
 
@@ -33,6 +42,8 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
     int64_t mlp_hidden_pairs(int64_t hidden)
     int64_t mlp_w1_elems(int64_t hidden, int64_t inter)
     int64_t mlp_w2_elems(int64_t hidden, int64_t inter)
+    int64_t mlp_mxfp4_code_bytes(int64_t elems)
+    int64_t mlp_mxfp4_scale_bytes(int64_t elems)
     bint cpu_has_avx512_bf16()
     bint cpu_has_amx_bf16()
 

@@ -17,11 +17,13 @@ weights the issue-16 runs use) and times, per expert, at each token count:
   GIL and CPU contention included), cold only.
 
 * ``paths[...]`` (``--sections paths``): where the executor's time goes, per
-  format (``out_in``, ``onednn``, ``native``: :data:`PATH_FORMATS`; and
+  format (``out_in``, ``onednn``, ``native``, ``native_mxfp4`` for MXFP4
+  stores: :data:`PATH_FORMATS`; and
   ``native_avx512``, the native kernel held to its AVX-512 BF16 loops, where
   it would run AMX), all in one shuffled round per repeat
   (``--repeats`` x 3 rounds, medians, cold): ``read_floor`` (the expert's
-  bytes streamed once by a reduction: the memory-bound floor),
+  bytes streamed once by a reduction: the memory-bound floor;
+  ``read_floor_mxfp4``: the same over ``native_mxfp4``'s codes and scales),
   ``raw_out_in`` (bare MLP), ``kernel:F`` (the kernel, this thread, one
   call per expert), ``executor_loop:F`` (the pool, ``forward`` per expert
   and a copy into the output: the executor before batching),
@@ -72,7 +74,7 @@ import torch.nn.functional as F
 #: the host formats the paths and interleaved sections compare (each where
 #: it exists here: oneDNN's where torch has it, the native kernel for bf16
 #: models on CPUs with AVX-512 BF16)
-PATH_FORMATS: tuple[str, ...] = ("out_in", "onednn", "native")
+PATH_FORMATS: tuple[str, ...] = ("out_in", "onednn", "native", "native_mxfp4")
 
 
 def _us(fn: Callable[[int], Any], ids: list[int], repeats: int) -> float:
@@ -495,6 +497,14 @@ def executor_paths(
                     raw(x, w)
 
             calls["read_floor"] = read_all
+            if "native_mxfp4" in prepared:
+
+                def read_mxfp4(ws: Any = prepared["native_mxfp4"][1]) -> None:
+                    for w in ws:
+                        for key in ("q1", "s1", "q2", "s2"):
+                            w[key].view(torch.int64).sum()
+
+                calls["read_floor_mxfp4"] = read_mxfp4
             calls["raw_out_in"] = raw_all
             for fmt, (kernel, ws) in prepared.items():
 

@@ -96,7 +96,16 @@ CUDA_GRAPHS = ("off", "auto", "piecewise")
 
 #: ``--host-format`` values besides ``auto``: pdflash.hybrid.kernels.HOST_FORMATS
 #: (kept free of torch like CUDA_GRAPHS; a test keeps them equal)
-HOST_FORMATS = ("packed", "out_in", "in_out", "fp32_out_in", "fp32_in_out", "onednn", "native")
+HOST_FORMATS = (
+    "packed",
+    "out_in",
+    "in_out",
+    "fp32_out_in",
+    "fp32_in_out",
+    "onednn",
+    "native",
+    "native_mxfp4",
+)
 
 
 def verify_width(text: str) -> str:

@@ -8,7 +8,9 @@
 // polynomial, so they agree up to denormal handling (VDPBF16PS treats
 // denormal inputs as zero); AMX sums each 16-pair step in its own order.
 // The epilogues (biases, activation, bf16 rounding) are AVX-512 wherever
-// AVX-512 or AMX runs.
+// AVX-512 or AMX runs. MXFP4 tiles are dequantized to the bf16 layout
+// (dequant_scalar / dequant_avx, bit-identical; or in registers inside the
+// AVX-512 and AMX loops) and then multiplied exactly as bf16 tiles are.
 #include "pdflash/host_mlp.h"
 
 #include <algorithm>
@@ -35,6 +37,8 @@
 #define PDFLASH_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #define PDFLASH_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
+#define PDFLASH_AMX_MXFP4 \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #else
 #define PDFLASH_MLP_X86 0
 #endif
@@ -136,6 +140,7 @@ struct Job {
   bool avx = false;
   bool amx = false;  // AMX for row chunks of >= amx_min_rows rows
   int64_t amx_min_rows = 1;
+  bool mxfp4 = false;  // the experts' weights are WeightFormat::kMxfp4
 };
 
 // ---- scalar -----------------------------------------------------------------
@@ -155,6 +160,24 @@ void dot_scalar(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
         float t = a[c] + bf16_to_f32(w[2 * c + 1]) * x1;
         a[c] = t + bf16_to_f32(w[2 * c]) * x0;
       }
+    }
+  }
+}
+
+// MXFP4 codes of `npairs` pairs (a multiple of 16) and their scales -> the
+// bf16 layout's pair rows in `out` (host_mlp.h); dequant_avx does the same.
+void dequant_scalar(const uint8_t* q, const uint8_t* s, int64_t npairs, uint16_t* out) {
+  static constexpr uint16_t kLut[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040,
+                                        0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0,
+                                        0xC000, 0xC040, 0xC080, 0xC0C0};
+  for (int64_t p = 0; p < npairs; ++p) {
+    const uint8_t* qp = q + p * kTileCols;
+    const uint8_t* sg = s + (p / kPairAlign) * kTileCols;
+    uint16_t* o = out + p * kTileCols * 2;
+    for (int64_t i = 0; i < 2 * kTileCols; ++i) {
+      const unsigned code = i < kTileCols ? qp[i] & 0xFu : qp[i - kTileCols] >> 4;
+      const int exp_add = (static_cast<int>(sg[i / 2]) - 127) * 128;
+      o[i] = (code & 7u) ? static_cast<uint16_t>(kLut[code] + exp_add) : kLut[code];
     }
   }
 }
@@ -210,11 +233,12 @@ PDFLASH_AVX512BF16 void dot_avx_group(const uint16_t* wt, const uint32_t* in,
 // Up to kRowChunk rows over all pairs: one pass in registers for <= 8 rows;
 // otherwise K-blocks (the block's weights stay in L1 while every row group
 // runs over them), accumulators in acc between blocks.
+// (init: acc starts at 0; else the products are added to it)
 PDFLASH_AVX512BF16 void dot_avx(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
-                                int64_t nr, int64_t npairs, float* acc) {
+                                int64_t nr, int64_t npairs, float* acc, bool init) {
   const uint32_t* in32 = reinterpret_cast<const uint32_t*>(in);
   if (nr <= kRegRows) {
-    dot_avx_group(wt, in32, in_stride_pairs, static_cast<int>(nr), 0, npairs, acc, true);
+    dot_avx_group(wt, in32, in_stride_pairs, static_cast<int>(nr), 0, npairs, acc, init);
     return;
   }
   for (int64_t p0 = 0; p0 < npairs; p0 += kKBlock) {
@@ -222,8 +246,115 @@ PDFLASH_AVX512BF16 void dot_avx(const uint16_t* wt, const uint16_t* in, int64_t 
     for (int64_t r0 = 0; r0 < nr; r0 += kRegRows) {
       const int g = static_cast<int>(std::min<int64_t>(kRegRows, nr - r0));
       dot_avx_group(wt, in32 + r0 * in_stride_pairs, in_stride_pairs, g, p0, p1,
-                    acc + r0 * kTileCols, p0 == 0);
+                    acc + r0 * kTileCols, init && p0 == 0);
     }
+  }
+}
+
+// MXFP4 codes -> the bf16 layout (host_mlp.h): e2m1 values as bf16 bits,
+// their exponent raised by scale - 127 (zeros kept).
+alignas(64) constexpr uint16_t kE2m1Bf16[32] = {
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+    0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0,
+    0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+    0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+
+// The constants of the e2m1 -> bf16 lookup.
+struct Mxfp4Avx {
+  __m512i lut, dup0, dup1, low, mag, bias;
+};
+
+PDFLASH_AVX512BF16 inline Mxfp4Avx mxfp4_avx_consts() {
+  alignas(64) uint16_t dup[2][32];
+  for (int i = 0; i < 32; ++i) {
+    dup[0][i] = static_cast<uint16_t>(i / 2);
+    dup[1][i] = static_cast<uint16_t>(16 + i / 2);
+  }
+  return {_mm512_load_si512(kE2m1Bf16), _mm512_load_si512(dup[0]), _mm512_load_si512(dup[1]),
+          _mm512_set1_epi16(0xF),       _mm512_set1_epi16(7),        _mm512_set1_epi16(127)};
+}
+
+// A group's 32 column scales -> the exponent offsets of a pair row's two
+// halves (e0: columns 0-15, e1: 16-31; each column's twice, as its pair).
+PDFLASH_AVX512BF16 inline void mxfp4_avx_scales(const Mxfp4Avx& k, const uint8_t* s, __m512i& e0,
+                                                __m512i& e1) {
+  const __m512i sc = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  const __m512i e = _mm512_slli_epi16(_mm512_sub_epi16(sc, k.bias), 7);
+  e0 = _mm512_permutexvar_epi16(k.dup0, e);
+  e1 = _mm512_permutexvar_epi16(k.dup1, e);
+}
+
+// One pair row's 32 code bytes -> its 64 bf16 weights (w0, w1: the layout's
+// two 64-byte halves).
+PDFLASH_AVX512BF16 inline void mxfp4_avx_pair(const Mxfp4Avx& k, const uint8_t* q, __m512i e0,
+                                              __m512i e1, __m512i& w0, __m512i& w1) {
+  const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m512i c0 = _mm512_and_si512(v, k.low), c1 = _mm512_srli_epi16(v, 4);
+  w0 = _mm512_permutexvar_epi16(c0, k.lut);
+  w1 = _mm512_permutexvar_epi16(c1, k.lut);
+  w0 = _mm512_mask_add_epi16(w0, _mm512_test_epi16_mask(c0, k.mag), w0, e0);
+  w1 = _mm512_mask_add_epi16(w1, _mm512_test_epi16_mask(c1, k.mag), w1, e1);
+}
+
+PDFLASH_AVX512BF16 void dequant_avx(const uint8_t* q, const uint8_t* s, int64_t npairs,
+                                    uint16_t* out) {
+  const Mxfp4Avx k = mxfp4_avx_consts();
+  for (int64_t g = 0; g < npairs; g += kPairAlign, s += kTileCols) {
+    __m512i e0, e1;
+    mxfp4_avx_scales(k, s, e0, e1);
+    for (int64_t p = g; p < g + kPairAlign; ++p) {
+      __m512i w0, w1;
+      mxfp4_avx_pair(k, q + p * kTileCols, e0, e1, w0, w1);
+      _mm512_store_si512(out + p * kTileCols * 2, w0);
+      _mm512_store_si512(out + p * kTileCols * 2 + 32, w1);
+    }
+  }
+}
+
+// dot_avx_rows for MXFP4 tiles, every pair of the tile, dequantized in
+// registers (R <= kRegRows rows: each weight is used by every row at once).
+template <int R>
+PDFLASH_AVX512BF16 void dot_avx_rows_mxfp4(const uint8_t* q, const uint8_t* s,
+                                           const uint32_t* in, int64_t in_stride_pairs,
+                                           int64_t npairs, float* acc) {
+  const Mxfp4Avx k = mxfp4_avx_consts();
+  __m512 a[R][2];
+  for (int r = 0; r < R; ++r) {
+    a[r][0] = _mm512_setzero_ps();
+    a[r][1] = _mm512_setzero_ps();
+  }
+  for (int64_t g = 0; g < npairs; g += kPairAlign, s += kTileCols) {
+    __m512i e0, e1;
+    mxfp4_avx_scales(k, s, e0, e1);
+    for (int64_t p = g; p < g + kPairAlign; ++p) {
+      __m512i w0, w1;
+      mxfp4_avx_pair(k, q + p * kTileCols, e0, e1, w0, w1);
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_set1_epi32(static_cast<int>(in[r * in_stride_pairs + p]));
+        a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
+        a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc + r * kTileCols, a[r][0]);
+    _mm512_storeu_ps(acc + r * kTileCols + 16, a[r][1]);
+  }
+}
+
+PDFLASH_AVX512BF16 void dot_avx_mxfp4(const uint8_t* q, const uint8_t* s, const uint16_t* in,
+                                      int64_t in_stride_pairs, int nr, int64_t npairs,
+                                      float* acc) {
+  const uint32_t* in32 = reinterpret_cast<const uint32_t*>(in);
+  switch (nr) {
+    case 1: dot_avx_rows_mxfp4<1>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    case 2: dot_avx_rows_mxfp4<2>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    case 3: dot_avx_rows_mxfp4<3>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    case 4: dot_avx_rows_mxfp4<4>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    case 5: dot_avx_rows_mxfp4<5>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    case 6: dot_avx_rows_mxfp4<6>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    case 7: dot_avx_rows_mxfp4<7>(q, s, in32, in_stride_pairs, npairs, acc); break;
+    default: dot_avx_rows_mxfp4<8>(q, s, in32, in_stride_pairs, npairs, acc); break;
   }
 }
 
@@ -301,6 +432,42 @@ PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stri
   _tile_stored(1, acc + 16, kTileCols * 4);
 }
 
+// dot_amx for MXFP4 tiles: each 16-pair step's B rows are dequantized into a
+// 2 KiB buffer (the bf16 layout) right before its tile loads, so the tile
+// products run exactly as dot_amx's on the dequantized weights.
+PDFLASH_AMX_MXFP4 void dot_amx_mxfp4(const uint8_t* q, const uint8_t* s, const uint16_t* in,
+                                     int64_t in_stride_pairs, int64_t nr, int64_t npairs,
+                                     float* acc) {
+  alignas(64) uint16_t step[kPairAlign * kTileCols * 2];
+  const Mxfp4Avx k = mxfp4_avx_consts();
+  TileConfig cfg;
+  for (int t = 0; t < 5; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = static_cast<uint8_t>(t < 3 ? nr : 16);
+  }
+  _tile_loadconfig(&cfg);
+  _tile_zero(0);
+  _tile_zero(1);
+  const long a_stride = static_cast<long>(in_stride_pairs * 4);
+  for (int64_t p = 0; p < npairs; p += kPairAlign, s += kTileCols) {
+    __m512i e0, e1;
+    mxfp4_avx_scales(k, s, e0, e1);
+    for (int64_t i = 0; i < kPairAlign; ++i) {
+      __m512i w0, w1;
+      mxfp4_avx_pair(k, q + (p + i) * kTileCols, e0, e1, w0, w1);
+      _mm512_store_si512(step + i * kTileCols * 2, w0);
+      _mm512_store_si512(step + i * kTileCols * 2 + 32, w1);
+    }
+    _tile_loadd(2, in + 2 * p, a_stride);
+    _tile_loadd(3, step, 128);
+    _tile_loadd(4, step + 32, 128);
+    _tile_dpbf16ps(0, 2, 3);
+    _tile_dpbf16ps(1, 2, 4);
+  }
+  _tile_stored(0, acc, kTileCols * 4);
+  _tile_stored(1, acc + 16, kTileCols * 4);
+}
+
 PDFLASH_AMX void amx_release() { _tile_release(); }
 
 // AMX needs the CPU's AMX-TILE and AMX-BF16, the OS's XSAVE support of the
@@ -343,6 +510,65 @@ PDFLASH_AVX512BF16 void w1_epilogue_avx(const Job& j, const MlpExpert& e, int64_
 }
 #endif  // PDFLASH_MLP_X86
 
+// ---- one tile's products, either format -------------------------------------
+
+// Rows [0, nr) of `in` times pairs [0, npairs) of bf16 tile rows `wt` into
+// acc (init: from 0), by the job's ISA for this many rows.
+void dot_bf16(const Job& j, const uint16_t* wt, const uint16_t* in, int64_t in_pairs,
+              int64_t nr, int64_t npairs, float* acc, bool init) {
+#if PDFLASH_MLP_X86
+  if (init && j.amx && nr >= j.amx_min_rows) {  // dot_amx starts from 0
+    dot_amx(wt, in, in_pairs, nr, npairs, acc);
+    return;
+  }
+  if (j.avx) {
+    dot_avx(wt, in, in_pairs, nr, npairs, acc, init);
+    return;
+  }
+#endif
+  dot_scalar(wt, in, in_pairs, nr, 0, npairs, acc, init);
+}
+
+// acc[r][c] = row r of `in` times the tile's column c over its `npairs`
+// pairs: the bf16 tile `wt`, or MXFP4 codes `q` and scales `s`, dequantized
+// per AMX step (AMX), in registers (AVX-512, up to kRegRows rows) or
+// kKBlock pairs at a time into an L1 buffer of this thread (more rows
+// with AVX-512, scalar).
+void dot_tile(const Job& j, const uint16_t* wt, const uint8_t* q, const uint8_t* s,
+              const uint16_t* in, int64_t in_pairs, int64_t nr, int64_t npairs, float* acc) {
+  if (q == nullptr) {
+    dot_bf16(j, wt, in, in_pairs, nr, npairs, acc, true);
+    return;
+  }
+#if PDFLASH_MLP_X86
+  if (j.amx && nr >= j.amx_min_rows) {
+    dot_amx_mxfp4(q, s, in, in_pairs, nr, npairs, acc);
+    return;
+  }
+  // up to kRegRows rows: dequantized in registers, no buffer
+  if (j.avx && nr <= kRegRows) {
+    dot_avx_mxfp4(q, s, in, in_pairs, static_cast<int>(nr), npairs, acc);
+    return;
+  }
+#endif
+  alignas(64) static thread_local uint16_t block[kKBlock * kTileCols * 2];
+  for (int64_t p0 = 0; p0 < npairs; p0 += kKBlock) {
+    const int64_t np = std::min(kKBlock, npairs - p0);
+    const uint8_t* qb = q + p0 * kTileCols;
+    const uint8_t* sb = s + (p0 / kPairAlign) * kTileCols;
+#if PDFLASH_MLP_X86
+    if (j.avx) {
+      dequant_avx(qb, sb, np, block);
+    } else {
+      dequant_scalar(qb, sb, np, block);
+    }
+#else
+    dequant_scalar(qb, sb, np, block);
+#endif
+    dot_bf16(j, block, in + 2 * p0, in_pairs, nr, np, acc, p0 == 0);
+  }
+}
+
 // ---- one tile of each phase ----------------------------------------------------
 
 // W1 tile t of expert e: the gate and up products of 16 intermediate
@@ -350,22 +576,20 @@ PDFLASH_AVX512BF16 void w1_epilogue_avx(const Job& j, const MlpExpert& e, int64_
 void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
   const MlpShape& s = j.shape;
   const int64_t in_pairs = j.hidden_pairs;
-  const uint16_t* wt = e.w1 + t * in_pairs * kTileCols * 2;
+  const bool mx = j.mxfp4;
+  const uint16_t* wt = mx ? nullptr : e.w1 + t * in_pairs * kTileCols * 2;
+  const uint8_t* q = mx ? e.q1 + t * in_pairs * kTileCols : nullptr;
+  const uint8_t* sc = mx ? e.s1 + t * (in_pairs / kPairAlign) * kTileCols : nullptr;
   for (int64_t r0 = e.row_begin; r0 < e.row_end; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, e.row_end - r0);
     const uint16_t* in = j.xb + r0 * 2 * in_pairs;
+    dot_tile(j, wt, q, sc, in, in_pairs, nr, in_pairs, acc);
 #if PDFLASH_MLP_X86
     if (j.avx) {
-      if (j.amx && nr >= j.amx_min_rows) {
-        dot_amx(wt, in, in_pairs, nr, in_pairs, acc);
-      } else {
-        dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
-      }
       w1_epilogue_avx(j, e, t, r0, nr, acc);
       continue;
     }
 #endif
-    dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
     for (int64_t r = 0; r < nr; ++r) {
       uint16_t* gr = j.g + (r0 + r) * j.inter_pad + t * kW1TileInter;
       for (int64_t c = 0; c < kW1TileInter; ++c) {
@@ -385,23 +609,16 @@ void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
 void w2_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
   const int64_t in_pairs = j.inter_pairs;
   const int64_t hidden = j.shape.hidden;
-  const uint16_t* wt = e.w2 + t * in_pairs * kTileCols * 2;
+  const bool mx = j.mxfp4;
+  const uint16_t* wt = mx ? nullptr : e.w2 + t * in_pairs * kTileCols * 2;
+  const uint8_t* q = mx ? e.q2 + t * in_pairs * kTileCols : nullptr;
+  const uint8_t* sc = mx ? e.s2 + t * (in_pairs / kPairAlign) * kTileCols : nullptr;
   const int64_t c0 = t * kTileCols;
   const int64_t ncols = std::min(kTileCols, hidden - c0);
   for (int64_t r0 = e.row_begin; r0 < e.row_end; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, e.row_end - r0);
     const uint16_t* in = j.g + r0 * j.inter_pad;
-#if PDFLASH_MLP_X86
-    if (j.amx && nr >= j.amx_min_rows) {
-      dot_amx(wt, in, in_pairs, nr, in_pairs, acc);
-    } else if (j.avx) {
-      dot_avx(wt, in, in_pairs, nr, in_pairs, acc);
-    } else {
-      dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
-    }
-#else
-    dot_scalar(wt, in, in_pairs, nr, 0, in_pairs, acc, true);
-#endif
+    dot_tile(j, wt, q, sc, in, in_pairs, nr, in_pairs, acc);
     // the epilogue is a few hundred elements: scalar for both variants
     for (int64_t r = 0; r < nr; ++r) {
       const float* a = acc + r * kTileCols;
@@ -459,6 +676,9 @@ int64_t mlp_w1_elems(int64_t hidden, int64_t inter) {
 int64_t mlp_w2_elems(int64_t hidden, int64_t inter) {
   return ((hidden + kTileCols - 1) / kTileCols) * (mlp_inter_pad(inter) / 2) * kTileCols * 2;
 }
+
+int64_t mlp_mxfp4_code_bytes(int64_t elems) { return elems / 2; }
+int64_t mlp_mxfp4_scale_bytes(int64_t elems) { return elems / (kPairAlign * 2); }
 
 bool cpu_has_amx_bf16() {
 #if PDFLASH_MLP_X86
@@ -643,6 +863,10 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   if (out_type != FloatType::kF32 && out_type != FloatType::kBF16)
     throw std::invalid_argument("out type");
   if (amx_min_rows < 1) throw std::invalid_argument("amx_min_rows must be >= 1");
+  if (shape.weights != static_cast<int32_t>(WeightFormat::kBf16) &&
+      shape.weights != static_cast<int32_t>(WeightFormat::kMxfp4))
+    throw std::invalid_argument("unknown weight format " + std::to_string(shape.weights));
+  const bool mxfp4 = shape.weights == static_cast<int32_t>(WeightFormat::kMxfp4);
   bool avx = false, amx = false;
   if (isa == MlpIsa::kAvx512Bf16) {
     if (!cpu_has_avx512_bf16())
@@ -667,8 +891,8 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
                                   std::to_string(ex.row_begin) + ", " + std::to_string(ex.row_end) +
                                   ") do not continue the previous expert's within " +
                                   std::to_string(rows) + " rows");
-    if (ex.w1 == nullptr || ex.w2 == nullptr)
-      throw std::invalid_argument("expert " + std::to_string(e) + " has no weights");
+    const bool has = mxfp4 ? (ex.q1 && ex.s1 && ex.q2 && ex.s2) : (ex.w1 && ex.w2);
+    if (!has) throw std::invalid_argument("expert " + std::to_string(e) + " has no weights");
     prev = ex.row_end;
   }
   if (prev != rows) throw std::invalid_argument("the experts' rows do not cover every row");
@@ -692,6 +916,7 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   j.avx = avx;
   j.amx = amx;
   j.amx_min_rows = amx_min_rows;
+  j.mxfp4 = mxfp4;
   // x as bf16 rows of whole pairs (an odd width gets a zero), and g: small
   const int64_t xw = 2 * j.hidden_pairs;
   im.xb.assign(static_cast<size_t>(rows * xw), 0);

@@ -7,6 +7,11 @@
   to these bit for bit);
 * :func:`unpack_w1` / :func:`unpack_w2`: the inverse (the tests check that
   packing round-trips);
+* :func:`pack_mxfp4_w1` / :func:`pack_mxfp4_w2`: the MXFP4 variant (codes
+  and block scales in the same tiles), and :func:`dequantize_packed_mxfp4`,
+  what the kernel makes of them: the bf16 layout's bits, from the header's
+  byte formula and the e2m1 table (the tests compare it with the bf16
+  packing of the library's own dequantizer);
 * :func:`mlp`: the expert MLP in float32 from the packed weights, with g
   rounded to bf16 before the second product as the kernel does
   (``round_g=False``: the plain float32 function, what the adapters
@@ -76,6 +81,88 @@ def pack_w2(down: torch.Tensor) -> npt.NDArray[np.uint16]:
     ok = (row < hidden) & (col < inter)
     out = np.zeros((tiles, pairs, TILE_COLS, 2), dtype=np.uint16)
     out[ok] = d[np.minimum(row, hidden - 1), np.minimum(col, inter - 1)][ok]
+    return out.reshape(-1)
+
+
+#: e2m1 code -> bf16 bits (0, 0.5, 1, 1.5, 2, 3, 4, 6, then the negatives)
+_E2M1_POSITIVE = [0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0]
+E2M1_BF16 = np.array([*_E2M1_POSITIVE, *(0x8000 | b for b in _E2M1_POSITIVE)], dtype=np.uint16)
+
+
+def _codes(blocks: torch.Tensor) -> npt.NDArray[np.uint8]:
+    """MXFP4 blocks ``[R, G, 16]`` -> codes ``[R, 32 G]``: value ``32 g + 2 m + n``
+    is nibble ``n`` (0: low) of byte ``m`` of block ``g``."""
+    b: npt.NDArray[np.uint8] = blocks.numpy()
+    rows, groups = b.shape[:2]
+    r, k = np.indices((rows, 32 * groups))
+    codes: npt.NDArray[np.uint8] = ((b[r, k // 32, (k % 32) // 2] >> (4 * (k % 2))) & 0xF).astype(
+        np.uint8
+    )
+    return codes
+
+
+def _nibble_pairs(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    """A packed matrix of codes (64 per pair row) -> its bytes: byte ``b`` of
+    a pair row holds element ``b``'s code low, element ``b + 32``'s high."""
+    rows = codes.reshape(-1, 64)
+    out = np.zeros((rows.shape[0], 32), dtype=np.uint8)
+    for b in range(32):
+        out[:, b] = rows[:, b] | (rows[:, b + 32] << 4)
+    return out.reshape(-1)
+
+
+def pack_mxfp4_w1(
+    gate_blocks: torch.Tensor,
+    up_blocks: torch.Tensor,
+    gate_scales: torch.Tensor,
+    up_scales: torch.Tensor,
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """MXFP4 gate/up (``[I, H / 32, 16]``, ``[I, H / 32]``) -> W1's codes
+    (the bf16 layout's element ``((t P + p) 32 + c) 2 + j`` in byte
+    ``(t P + p) 32 + (e mod 32)`` of its pair row, nibble ``e // 32``, ``e = 2 c + j``)
+    and scales (byte ``(t G + g) 32 + c``: column ``c``'s scale of group ``g``)."""
+    g, u = _codes(gate_blocks), _codes(up_blocks)
+    inter, hidden = g.shape
+    tiles, pairs = inter // W1_TILE_INTER, hidden // 2
+    t, p, c, j = np.indices((tiles, pairs, TILE_COLS, 2))
+    row = W1_TILE_INTER * t + c % W1_TILE_INTER
+    codes = np.where(c < W1_TILE_INTER, g[row, 2 * p + j], u[row, 2 * p + j]).astype(np.uint8)
+    gs, us = gate_scales.numpy(), up_scales.numpy()
+    t, gr, c = np.indices((tiles, hidden // 32, TILE_COLS))
+    row = W1_TILE_INTER * t + c % W1_TILE_INTER
+    scales = np.where(c < W1_TILE_INTER, gs[row, gr], us[row, gr]).astype(np.uint8)
+    return _nibble_pairs(codes.reshape(-1)), scales.reshape(-1)
+
+
+def pack_mxfp4_w2(
+    down_blocks: torch.Tensor, down_scales: torch.Tensor
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """MXFP4 down (``[H, I / 32, 16]``, ``[H, I / 32]``) -> W2's codes and scales."""
+    d = _codes(down_blocks)
+    hidden, inter = d.shape
+    tiles, pairs = hidden // TILE_COLS, inter // 2
+    t, p, c, j = np.indices((tiles, pairs, TILE_COLS, 2))
+    codes = d[TILE_COLS * t + c, 2 * p + j].astype(np.uint8)
+    ds = down_scales.numpy()
+    t, gr, c = np.indices((tiles, inter // 32, TILE_COLS))
+    return _nibble_pairs(codes.reshape(-1)), ds[TILE_COLS * t + c, gr].astype(np.uint8).reshape(-1)
+
+
+def dequantize_packed_mxfp4(
+    codes: npt.NDArray[np.uint8], scales: npt.NDArray[np.uint8]
+) -> npt.NDArray[np.uint16]:
+    """Packed MXFP4 codes and scales -> the bf16 layout's bits, as the kernel
+    dequantizes them: ``e2m1(code)`` with ``scale - 127`` added to its
+    exponent (zeros kept; exact for scales in [2, 252])."""
+    rows = codes.reshape(-1, 32)  # pair rows
+    out = np.zeros((rows.shape[0], 64), dtype=np.uint16)
+    # a tile's pair rows in groups of 16 share each column's scale
+    per_group = scales.reshape(-1, TILE_COLS)
+    for e in range(64):
+        code = (rows[:, e % 32] >> (4 * (e // 32))) & 0xF
+        scale = per_group[np.arange(rows.shape[0]) // 16, e // 2].astype(np.int64)
+        bits = E2M1_BF16[code].astype(np.int64)
+        out[:, e] = np.where(code & 7, (bits + (scale - 127) * 128) & 0xFFFF, bits)
     return out.reshape(-1)
 
 

@@ -35,6 +35,9 @@ only read. It exists where torch has oneDNN (:func:`onednn_available`).
 BF16 dot products, fused bias and activation, a team of threads over the
 output columns); it exists for bf16 models on CPUs with AVX-512 BF16
 (:func:`pdflash.hybrid.native.native_unavailable_reason` says why not).
+``native_mxfp4``: the same kernel on an MXFP4 store's own bytes (gpt-oss's
+released experts: codes and block scales, a quarter of ``native``'s bytes,
+dequantized in L1 inside the kernel; bit-identical outputs to ``native``).
 ``auto`` lets the calibration pick the fastest that fits the budget.
 
 Batches: :meth:`HostKernel.forward_many` computes a layer's HOST experts in
@@ -85,6 +88,7 @@ HOST_FORMATS: tuple[str, ...] = (
     "fp32_in_out",
     "onednn",
     "native",
+    "native_mxfp4",
 )
 
 
@@ -420,8 +424,8 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     dtype = format_dtype(fmt, adapter.store.layout.dtype)
     if fmt == "packed":
         return PackedKernel(adapter.expert_forward, dtype)
-    if fmt == "native":
-        return _native_kernel(adapter, dtype)
+    if fmt in ("native", "native_mxfp4"):
+        return _native_kernel(adapter, dtype, "mxfp4" if fmt == "native_mxfp4" else "bf16")
     if fmt == "onednn" and not onednn_available(dtype):
         return None
     layout = _layout(fmt)
@@ -434,12 +438,21 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     return None
 
 
-def _native_kernel(adapter: Any, dtype: torch.dtype) -> HostKernel | None:
+def _native_kernel(adapter: Any, dtype: torch.dtype, weights: str) -> HostKernel | None:
     from pdflash.hybrid.native import native_kernel_for, native_unavailable_reason
 
     if native_unavailable_reason(dtype) is not None:
         return None
-    if getattr(adapter, "arch", None) == "gpt_oss" and hasattr(adapter, "_swiglu_params"):
+    gpt_oss = getattr(adapter, "arch", None) == "gpt_oss" and hasattr(adapter, "_swiglu_params")
+    if weights == "mxfp4":
+        from pdflash.hybrid.native import mxfp4_scales_out_of_range
+
+        if not gpt_oss or adapter.store.layout.format != "mxfp4":
+            return None
+        if mxfp4_scales_out_of_range(adapter.store) is not None:
+            return None
+        return native_kernel_for(adapter, arch="gpt_oss", weights="mxfp4")
+    if gpt_oss:
         return native_kernel_for(adapter, arch="gpt_oss")
     if hasattr(adapter, "_activation") and _is_swiglu(adapter) and adapter._activation() is F.silu:
         return native_kernel_for(adapter, arch="swiglu_silu")
@@ -452,12 +465,20 @@ def unavailable_reason(adapter: Any, fmt: str) -> str:
     dtype = adapter.store.layout.dtype
     if fmt == "onednn" and not onednn_available(dtype):
         return "torch has no oneDNN matmul for this dtype here"
-    if fmt == "native":
+    if fmt in ("native", "native_mxfp4"):
         from pdflash.hybrid.native import native_unavailable_reason
 
         why = native_unavailable_reason(dtype)
         if why is not None:
             return why
+    if fmt == "native_mxfp4":
+        if adapter.store.layout.format != "mxfp4":
+            return "the store's experts are not MXFP4 (native_mxfp4 computes gpt-oss MXFP4 experts)"
+        from pdflash.hybrid.native import mxfp4_scales_out_of_range
+
+        why = mxfp4_scales_out_of_range(adapter.store)
+        if why is not None:
+            return why + ", where the native kernel's dequantization is exact"
     return "no kernel for this architecture"
 
 

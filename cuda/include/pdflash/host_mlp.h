@@ -33,6 +33,22 @@
 // One tile's weights are contiguous, so a thread's share (a run of tiles) is
 // one sequential stream, and a W1 tile holds a gate column and its up column
 // side by side: the activation runs on the accumulators before g is stored.
+//
+// MXFP4 weights (MlpShape::weights == kMxfp4; gpt-oss's released experts):
+// the same tiles, pairs and columns, each weight an e2m1 code with one e8m0
+// scale per column per 16 pairs (the 32 values along the reduction
+// dimension that share an MXFP4 block scale), a quarter of the bytes:
+//   q1 / q2: per tile, per pair, 32 bytes; byte b holds the code of element
+//       b of the bf16 layout's pair row (its 64 elements 2 c + j) in its low
+//       nibble and the code of element b + 32 in its high nibble;
+//   s1 / s2: per tile, per group of 16 pairs, 32 bytes: column c's scale.
+//   Element value = e2m1(code) * 2^(scale - 127). Codes are dequantized to
+//   the bf16 layout in blocks of 128 pairs right before the products
+//   (in L1), so every bf16 loop above runs unchanged and the results are
+//   bit-identical to the bf16 kernel's on the dequantized weights. The
+//   value is made by adding scale - 127 to the e2m1 value's bf16 exponent:
+//   exact for scales in [2, 252] (every bf16 result normal), which the
+//   packer (pdflash/hybrid/native.py) checks; padding codes are 0.
 #pragma once
 
 #include <cstddef>
@@ -47,6 +63,7 @@ enum class MlpAct : int32_t { kSwigluSilu = 0, kGptOssClamp = 1 };
 // for smaller ones (and every epilogue); kAuto: the best this CPU offers.
 enum class MlpIsa : int32_t { kAuto = 0, kScalar = 1, kAvx512Bf16 = 2, kAmxBf16 = 3 };
 enum class FloatType : int32_t { kF32 = 0, kBF16 = 1 };
+enum class WeightFormat : int32_t { kBf16 = 0, kMxfp4 = 1 };
 
 struct MlpShape {
   int64_t hidden = 0;  // H: the width of x and out
@@ -54,14 +71,20 @@ struct MlpShape {
   int32_t act = 0;     // MlpAct
   float alpha = 0.f;   // gpt-oss only
   float limit = 0.f;   // gpt-oss only
+  int32_t weights = 0;  // WeightFormat
 };
 
-// One expert of a batch: its packed weights and the rows it computes.
+// One expert of a batch: its packed weights (w1 / w2 for kBf16; q1, s1,
+// q2, s2 for kMxfp4) and the rows it computes.
 struct MlpExpert {
   const uint16_t* w1 = nullptr;
   const float* b1 = nullptr;
   const uint16_t* w2 = nullptr;
   const float* b2 = nullptr;
+  const uint8_t* q1 = nullptr;
+  const uint8_t* s1 = nullptr;
+  const uint8_t* q2 = nullptr;
+  const uint8_t* s2 = nullptr;
   int64_t row_begin = 0;
   int64_t row_end = 0;
 };
@@ -71,6 +94,10 @@ int64_t mlp_inter_pad(int64_t inter);        // round_up(I, 32)
 int64_t mlp_hidden_pairs(int64_t hidden);    // round_up(ceil(H / 2), 16)
 int64_t mlp_w1_elems(int64_t hidden, int64_t inter);
 int64_t mlp_w2_elems(int64_t hidden, int64_t inter);
+// MXFP4 bytes of a packed matrix of `elems` bf16 elements: codes (elems / 2)
+// and scales (elems / 32).
+int64_t mlp_mxfp4_code_bytes(int64_t elems);
+int64_t mlp_mxfp4_scale_bytes(int64_t elems);
 
 // Whether this CPU (and OS) runs the AVX-512 BF16 kernel.
 bool cpu_has_avx512_bf16();
