@@ -263,9 +263,7 @@ def _says_pairs(entry: Mapping[str, Any], name: str) -> str:
         if verdict == "PD"
         else f"{entry['variant']} better"
     )
-    return (
-        f"{pairs['median']:.3g} [{pairs['low']:.3g}, {pairs['high']:.3g}] (n={pairs['n']}): {who}"
-    )
+    return f"{stats.pairs_text(pairs)}: {who}"
 
 
 def ablation_markdown(table: Sequence[Mapping[str, Any]]) -> str:

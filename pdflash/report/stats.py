@@ -215,6 +215,12 @@ def pair_summary(
     return out
 
 
+def pairs_text(pairs: Mapping[str, Any]) -> str:
+    """A called pairing's numbers as the report prints them: the ratios'
+    median [t interval] (n=pairs)."""
+    return f"{pairs['median']:.3g} [{pairs['low']:.3g}, {pairs['high']:.3g}] (n={pairs['n']})"
+
+
 def ratio_verdict(low: float, high: float) -> str:
     """``faster`` / ``slower`` where a ratio's interval ``[low, high]``
     excludes 1 (the rule the results READMEs state), else ``within noise``."""

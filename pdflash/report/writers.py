@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pdflash.report import stats
 from pdflash.report.schema import (
     IDENTITY_FIELDS,
     METRIC_FIELDS,
@@ -242,10 +243,7 @@ def _pairs_cells(v: Mapping[str, Any]) -> list[str]:
     if called is None:
         return ["not called: " + str(pairs.get("reason", "no pairs")), ""]
     who = "within noise" if called == "within noise" else f"{called} faster"
-    return [
-        who,
-        f"{pairs['median']:.3g} [{pairs['low']:.3g}, {pairs['high']:.3g}] (n={pairs['n']})",
-    ]
+    return [who, stats.pairs_text(pairs)]
 
 
 def lead_sections(evaluation: Mapping[str, Any]) -> list[str]:
