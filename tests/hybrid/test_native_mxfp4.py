@@ -18,9 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from issuer_fixtures import evicting_adapter, token_ids
 
 from pdflash._reference import hostmlp as ref
-from pdflash.hybrid import host_kernel_for, host_weights_for, kernels, native
+from pdflash.hybrid import (
+    ForcedHostPlanner,
+    build_host_service,
+    host_kernel_for,
+    host_weights_for,
+    kernels,
+    native,
+)
 from pdflash.hybrid.native import NativeHostKernel, cpu_has_amx_bf16, cpu_has_avx512_bf16
 from pdflash.models.layout import dequantize_mxfp4
 
@@ -217,3 +225,32 @@ def test_native_mxfp4_format_on_an_mxfp4_store(
     )
     assert host_kernel_for(bf16, "native_mxfp4") is None
     assert "not MXFP4" in kernels.unavailable_reason(bf16, "native_mxfp4")
+
+
+@needs_avx
+def test_offloaded_forward_with_native_mxfp4_equals_native(
+    mxfp4_checkpoint: Path, host_issuer: object
+) -> None:
+    # the engine's path: an offloaded forward whose misses the host computes;
+    # the same experts' outputs bit for bit, so the same logits
+    ad = evicting_adapter(mxfp4_checkpoint, host_issuer, dtype=torch.bfloat16)
+    assert ad.layout.format == "mxfp4"
+    ids = token_ids(9, 3)
+    logits = {}
+    for fmt in ("native", "native_mxfp4"):
+        svc = build_host_service(
+            ad,
+            link_bytes_per_s=1e9,
+            planner=ForcedHostPlanner(every=1),
+            calibrate=False,
+            host_format=fmt,
+            weight_budget_bytes=1 << 34,
+        )
+        try:
+            logits[fmt] = ad.forward_logits(ids)
+            assert svc.describe()["host_weights"]["host_format"] == fmt
+        finally:
+            svc.close()
+            ad.runtime.host_service = None
+        assert svc.books.experts > 0
+    assert torch.equal(logits["native"], logits["native_mxfp4"])
