@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -967,13 +967,7 @@ class ExpertCache:
         If a copy fails, the experts are unpinned (failed copies dropped)
         and the error propagates: do not call :meth:`release` then.
         """
-        slots, tickets = self.acquire(flat_ids)
-        try:
-            self.wait_ready(tickets)
-        except BaseException:
-            self.abort(flat_ids)
-            raise
-        return slots
+        return acquire_and_wait(self, flat_ids, self.wait_ready)
 
     @exclusive
     def abort(self, flat_ids: npt.ArrayLike) -> None:
@@ -1143,6 +1137,27 @@ if TYPE_CHECKING:
     # mypy: an ExpertCache is the engine's and the prefetcher's cache view
     def _is_cache_view(cache: ExpertCache) -> ExpertCacheView:
         return cache
+
+
+class _Acquiring(Protocol):
+    def acquire(self, flat_ids: npt.ArrayLike) -> tuple[IdArray, IdArray]: ...
+
+    def abort(self, flat_ids: npt.ArrayLike) -> None: ...
+
+
+def acquire_and_wait(
+    cache: _Acquiring, flat_ids: npt.ArrayLike, wait: Callable[[IdArray], None]
+) -> IdArray:
+    """:meth:`ExpertCache.ensure_resident` with the wait given: ``cache``'s
+    ``acquire``, then ``wait(tickets)``, and ``cache.abort`` if the wait
+    fails (a wrapper that times the wait passes its own)."""
+    slots, tickets = cache.acquire(flat_ids)
+    try:
+        wait(tickets)
+    except BaseException:
+        cache.abort(flat_ids)
+        raise
+    return slots
 
 
 def quiesce(issuer: CopyIssuer, cache: ExpertCache) -> None:

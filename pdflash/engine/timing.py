@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pdflash.cache.expert_cache import acquire_and_wait
 from pdflash.protocols import TicketState
 
 #: what a forward's wait on expert copies waited for, in the order it waits:
@@ -244,14 +245,8 @@ class StallTimedCache:
         if self._miss_copies is None:
             with self._timer.stall("unclassified"):
                 return self._cache.ensure_resident(flat_ids)
-        # as ExpertCache.ensure_resident: pin and copy, wait, undo on failure
-        slots, tickets = self._cache.acquire(flat_ids)
-        try:
-            self.wait_ready(tickets)
-        except BaseException:
-            self._cache.abort(flat_ids)
-            raise
-        return slots
+        # as ExpertCache.ensure_resident, with this wait (split by kind)
+        return acquire_and_wait(self._cache, flat_ids, self.wait_ready)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._cache, name)
