@@ -254,3 +254,24 @@ def test_offloaded_forward_with_native_mxfp4_equals_native(
             ad.runtime.host_service = None
         assert svc.books.experts > 0
     assert torch.equal(logits["native"], logits["native_mxfp4"])
+
+
+@needs_avx
+def test_an_mxfp4_store_with_scales_outside_the_range_is_left_to_other_formats(
+    mxfp4_checkpoint: Path, host_issuer: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pdflash.models import load_adapter
+
+    ad = load_adapter(mxfp4_checkpoint, issuer=host_issuer, cache_slots=8, dtype=torch.bfloat16)
+    low = min(
+        int(ad.store.views(int(g))[k].min())
+        for g in ad.store.packed_ids()
+        for k in ("gate_up_scales", "down_scales")
+    )
+    # a range the synthetic store's scales leave (its lowest scale below it)
+    monkeypatch.setattr(native, "MXFP4_SCALE_RANGE", (low + 1, 252))
+    assert host_kernel_for(ad, "native_mxfp4") is None
+    why = kernels.unavailable_reason(ad, "native_mxfp4")
+    assert f"{low}.." in why and f"leave [{low + 1}, 252]" in why
+    hw = host_weights_for(ad, "auto", budget_bytes=1 << 34)
+    assert hw.candidates["native_mxfp4"] == why and hw.format != "native_mxfp4"
