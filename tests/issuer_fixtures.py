@@ -199,6 +199,17 @@ def fake_issuer_cls() -> type[FakeIssuer]:
 
 
 @pytest.fixture(scope="session")
+def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny gpt-oss checkpoint whose experts are MXFP4 (blocks and scales),
+    as the released gpt-oss checkpoints store them."""
+    from pdflash.models import write_synthetic_checkpoint
+
+    return write_synthetic_checkpoint(
+        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from pdflash.models import write_synthetic_checkpoint
 

@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -215,19 +216,28 @@ PDFLASH_AVX512BF16 void dot_avx_rows(const uint16_t* wt, const uint32_t* in,
   }
 }
 
+// f(std::integral_constant<int, R>{}) for R = nr rows, 1..kRegRows (the
+// register-resident row counts the AVX-512 loops are compiled for).
+template <typename F>
+inline void with_reg_rows(int nr, F&& f) {
+  switch (nr) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, kRegRows>{}); break;
+  }
+}
+
 PDFLASH_AVX512BF16 void dot_avx_group(const uint16_t* wt, const uint32_t* in,
                                       int64_t in_stride_pairs, int nr, int64_t p0, int64_t p1,
                                       float* acc, bool init) {
-  switch (nr) {
-    case 1: dot_avx_rows<1>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    case 2: dot_avx_rows<2>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    case 3: dot_avx_rows<3>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    case 4: dot_avx_rows<4>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    case 5: dot_avx_rows<5>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    case 6: dot_avx_rows<6>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    case 7: dot_avx_rows<7>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-    default: dot_avx_rows<8>(wt, in, in_stride_pairs, p0, p1, acc, init); break;
-  }
+  with_reg_rows(nr, [&](auto rows) {
+    dot_avx_rows<decltype(rows)::value>(wt, in, in_stride_pairs, p0, p1, acc, init);
+  });
 }
 
 // Up to kRowChunk rows over all pairs: one pass in registers for <= 8 rows;
@@ -346,16 +356,9 @@ PDFLASH_AVX512BF16 void dot_avx_mxfp4(const uint8_t* q, const uint8_t* s, const 
                                       int64_t in_stride_pairs, int nr, int64_t npairs,
                                       float* acc) {
   const uint32_t* in32 = reinterpret_cast<const uint32_t*>(in);
-  switch (nr) {
-    case 1: dot_avx_rows_mxfp4<1>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    case 2: dot_avx_rows_mxfp4<2>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    case 3: dot_avx_rows_mxfp4<3>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    case 4: dot_avx_rows_mxfp4<4>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    case 5: dot_avx_rows_mxfp4<5>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    case 6: dot_avx_rows_mxfp4<6>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    case 7: dot_avx_rows_mxfp4<7>(q, s, in32, in_stride_pairs, npairs, acc); break;
-    default: dot_avx_rows_mxfp4<8>(q, s, in32, in_stride_pairs, npairs, acc); break;
-  }
+  with_reg_rows(nr, [&](auto rows) {
+    dot_avx_rows_mxfp4<decltype(rows)::value>(q, s, in32, in_stride_pairs, npairs, acc);
+  });
 }
 
 PDFLASH_AVX512BF16 inline __m512 exp_avx(__m512 x) {

@@ -109,15 +109,6 @@ def test_calibrated_cost_model_service_keeps_the_output(
         svc.close()
 
 
-@pytest.fixture(scope="module")
-def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pdflash.models import write_synthetic_checkpoint
-
-    return write_synthetic_checkpoint(
-        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
-    )
-
-
 @pytest.mark.parametrize("every", [1, 2])
 def test_mxfp4_experts_are_dequantized_on_the_host(
     every: int, mxfp4_checkpoint: Path, host_issuer: object

@@ -198,15 +198,6 @@ def test_offloaded_forward_with_prepared_host_experts_equals_resident(
     assert svc.books.experts > 0 and ad.cache.copies == 0
 
 
-@pytest.fixture(scope="module")
-def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pdflash.models import write_synthetic_checkpoint
-
-    return write_synthetic_checkpoint(
-        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
-    )
-
-
 @pytest.mark.parametrize(
     "fmt", ["out_in", "fp32_in_out", *(["onednn"] if onednn_available() else [])]
 )

@@ -177,15 +177,6 @@ def test_mxfp4_kernel_refuses_other_prepared_weights_and_shapes() -> None:
         _kernels(96, 32, "scalar")[1].prepare(v)
 
 
-@pytest.fixture(scope="module")
-def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pdflash.models import write_synthetic_checkpoint
-
-    return write_synthetic_checkpoint(
-        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
-    )
-
-
 @needs_avx
 def test_native_mxfp4_format_on_an_mxfp4_store(
     mxfp4_checkpoint: Path, tiny_checkpoints: dict[str, Path], host_issuer: object

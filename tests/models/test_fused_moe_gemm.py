@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from pdflash.models import compressed_gemm, load_adapter, offload, write_synthetic_checkpoint
+from pdflash.models import compressed_gemm, load_adapter, offload
 from pdflash.models.compressed_gemm import (
     FusedGemmUnavailableError,
     FusedSlabMLP,
@@ -430,13 +430,6 @@ def test_cpu_adapter_records_dequant_and_why(mxfp4_checkpoint: Path, host_issuer
     assert runtime is not None and runtime.compressed_gemm == "dequant"
     reason = runtime.compressed_gemm_reason
     assert reason is not None and "auto: dequant" in reason and "not a CUDA device" in reason
-
-
-@pytest.fixture(scope="module")
-def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_synthetic_checkpoint(
-        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
-    )
 
 
 def test_fused_asked_for_on_cpu_is_refused(mxfp4_checkpoint: Path, host_issuer: object) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from issuer_fixtures import token_ids
 
-from pdflash.models import load_adapter, offload, write_synthetic_checkpoint
+from pdflash.models import load_adapter, offload
 from pdflash.models.layout import ComponentSpec, ExpertLayout
 
 ATOL = 1e-5
@@ -138,13 +138,6 @@ def test_deferred_accesses_reach_the_policy_before_an_eviction(
     cache.release(np.array([8, 9]))
     assert cache.is_resident([0, 1]).all()
     assert not cache._deferred
-
-
-@pytest.fixture(scope="module")
-def mxfp4_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_synthetic_checkpoint(
-        tmp_path_factory.mktemp("mx") / "g", "gpt_oss", "tiny", expert_format="mxfp4", seed=3
-    )
 
 
 @pytest.mark.parametrize("path", ["grouped", "loop"])
