@@ -186,34 +186,46 @@ void dequant_scalar(const uint8_t* q, const uint8_t* s, int64_t npairs, uint16_t
 // ---- AVX-512 BF16 -------------------------------------------------------------
 
 #if PDFLASH_MLP_X86
+// R rows' accumulators of a tile's 32 columns (two registers a row): from 0
+// or from acc, one pair row of weights (w0, w1: its two 64-byte halves)
+// added, and stored back.
+template <int R>
+PDFLASH_AVX512BF16 inline void acc_load(__m512 (&a)[R][2], const float* acc, bool init) {
+  for (int r = 0; r < R; ++r) {
+    a[r][0] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kTileCols);
+    a[r][1] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * kTileCols + 16);
+  }
+}
+
+template <int R>
+PDFLASH_AVX512BF16 inline void acc_pair(__m512 (&a)[R][2], __m512i w0, __m512i w1,
+                                        const uint32_t* in, int64_t in_stride_pairs, int64_t p) {
+  for (int r = 0; r < R; ++r) {
+    const __m512i xv = _mm512_set1_epi32(static_cast<int>(in[r * in_stride_pairs + p]));
+    a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
+    a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
+  }
+}
+
+template <int R>
+PDFLASH_AVX512BF16 inline void acc_store(__m512 (&a)[R][2], float* acc) {
+  for (int r = 0; r < R; ++r) {
+    _mm512_storeu_ps(acc + r * kTileCols, a[r][0]);
+    _mm512_storeu_ps(acc + r * kTileCols + 16, a[r][1]);
+  }
+}
+
 template <int R>
 PDFLASH_AVX512BF16 void dot_avx_rows(const uint16_t* wt, const uint32_t* in,
                                      int64_t in_stride_pairs, int64_t p0, int64_t p1,
                                      float* acc, bool init) {
   __m512 a[R][2];
-  for (int r = 0; r < R; ++r) {
-    if (init) {
-      a[r][0] = _mm512_setzero_ps();
-      a[r][1] = _mm512_setzero_ps();
-    } else {
-      a[r][0] = _mm512_loadu_ps(acc + r * kTileCols);
-      a[r][1] = _mm512_loadu_ps(acc + r * kTileCols + 16);
-    }
-  }
+  acc_load<R>(a, acc, init);
   const uint16_t* w = wt + p0 * kTileCols * 2;
   for (int64_t p = p0; p < p1; ++p, w += kTileCols * 2) {
-    const __m512i w0 = _mm512_loadu_si512(w);
-    const __m512i w1 = _mm512_loadu_si512(w + 32);
-    for (int r = 0; r < R; ++r) {
-      const __m512i xv = _mm512_set1_epi32(static_cast<int>(in[r * in_stride_pairs + p]));
-      a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
-      a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
-    }
+    acc_pair<R>(a, _mm512_loadu_si512(w), _mm512_loadu_si512(w + 32), in, in_stride_pairs, p);
   }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(acc + r * kTileCols, a[r][0]);
-    _mm512_storeu_ps(acc + r * kTileCols + 16, a[r][1]);
-  }
+  acc_store<R>(a, acc);
 }
 
 // f(std::integral_constant<int, R>{}) for R = nr rows, 1..kRegRows (the
@@ -329,27 +341,17 @@ PDFLASH_AVX512BF16 void dot_avx_rows_mxfp4(const uint8_t* q, const uint8_t* s,
                                            int64_t npairs, float* acc) {
   const Mxfp4Avx k = mxfp4_avx_consts();
   __m512 a[R][2];
-  for (int r = 0; r < R; ++r) {
-    a[r][0] = _mm512_setzero_ps();
-    a[r][1] = _mm512_setzero_ps();
-  }
+  acc_load<R>(a, acc, true);
   for (int64_t g = 0; g < npairs; g += kPairAlign, s += kTileCols) {
     __m512i e0, e1;
     mxfp4_avx_scales(k, s, e0, e1);
     for (int64_t p = g; p < g + kPairAlign; ++p) {
       __m512i w0, w1;
       mxfp4_avx_pair(k, q + p * kTileCols, e0, e1, w0, w1);
-      for (int r = 0; r < R; ++r) {
-        const __m512i xv = _mm512_set1_epi32(static_cast<int>(in[r * in_stride_pairs + p]));
-        a[r][0] = _mm512_dpbf16_ps(a[r][0], (__m512bh)w0, (__m512bh)xv);
-        a[r][1] = _mm512_dpbf16_ps(a[r][1], (__m512bh)w1, (__m512bh)xv);
-      }
+      acc_pair<R>(a, w0, w1, in, in_stride_pairs, p);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(acc + r * kTileCols, a[r][0]);
-    _mm512_storeu_ps(acc + r * kTileCols + 16, a[r][1]);
-  }
+  acc_store<R>(a, acc);
 }
 
 PDFLASH_AVX512BF16 void dot_avx_mxfp4(const uint8_t* q, const uint8_t* s, const uint16_t* in,
