@@ -415,8 +415,8 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
-                         int64_t nr, int64_t npairs, float* acc) {
+// The tiles configured for nr rows, the C tiles zeroed.
+PDFLASH_AMX inline void amx_begin(int64_t nr) {
   TileConfig cfg;
   for (int t = 0; t < 5; ++t) {
     cfg.colsb[t] = 64;
@@ -425,16 +425,31 @@ PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stri
   _tile_loadconfig(&cfg);
   _tile_zero(0);
   _tile_zero(1);
-  const long a_stride = static_cast<long>(in_stride_pairs * 4);
-  for (int64_t p = 0; p < npairs; p += kPairAlign) {
-    _tile_loadd(2, in + 2 * p, a_stride);
-    _tile_loadd(3, wt + p * kTileCols * 2, 128);
-    _tile_loadd(4, wt + p * kTileCols * 2 + 32, 128);
-    _tile_dpbf16ps(0, 2, 3);
-    _tile_dpbf16ps(1, 2, 4);
-  }
+}
+
+// One 16-pair step: A from `a` (rows `a_stride` bytes apart), B from 16
+// bf16 pair rows at `b` (128 bytes each: B0 their first 64 bytes, B1 the rest).
+PDFLASH_AMX inline void amx_step(const uint16_t* a, long a_stride, const uint16_t* b) {
+  _tile_loadd(2, a, a_stride);
+  _tile_loadd(3, b, 128);
+  _tile_loadd(4, b + 32, 128);
+  _tile_dpbf16ps(0, 2, 3);
+  _tile_dpbf16ps(1, 2, 4);
+}
+
+PDFLASH_AMX inline void amx_end(float* acc) {
   _tile_stored(0, acc, kTileCols * 4);
   _tile_stored(1, acc + 16, kTileCols * 4);
+}
+
+PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
+                         int64_t nr, int64_t npairs, float* acc) {
+  amx_begin(nr);
+  const long a_stride = static_cast<long>(in_stride_pairs * 4);
+  for (int64_t p = 0; p < npairs; p += kPairAlign) {
+    amx_step(in + 2 * p, a_stride, wt + p * kTileCols * 2);
+  }
+  amx_end(acc);
 }
 
 // dot_amx for MXFP4 tiles: each 16-pair step's B rows are dequantized into a
@@ -445,14 +460,7 @@ PDFLASH_AMX_MXFP4 void dot_amx_mxfp4(const uint8_t* q, const uint8_t* s, const u
                                      float* acc) {
   alignas(64) uint16_t step[kPairAlign * kTileCols * 2];
   const Mxfp4Avx k = mxfp4_avx_consts();
-  TileConfig cfg;
-  for (int t = 0; t < 5; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = static_cast<uint8_t>(t < 3 ? nr : 16);
-  }
-  _tile_loadconfig(&cfg);
-  _tile_zero(0);
-  _tile_zero(1);
+  amx_begin(nr);
   const long a_stride = static_cast<long>(in_stride_pairs * 4);
   for (int64_t p = 0; p < npairs; p += kPairAlign, s += kTileCols) {
     __m512i e0, e1;
@@ -463,14 +471,9 @@ PDFLASH_AMX_MXFP4 void dot_amx_mxfp4(const uint8_t* q, const uint8_t* s, const u
       _mm512_store_si512(step + i * kTileCols * 2, w0);
       _mm512_store_si512(step + i * kTileCols * 2 + 32, w1);
     }
-    _tile_loadd(2, in + 2 * p, a_stride);
-    _tile_loadd(3, step, 128);
-    _tile_loadd(4, step + 32, 128);
-    _tile_dpbf16ps(0, 2, 3);
-    _tile_dpbf16ps(1, 2, 4);
+    amx_step(in + 2 * p, a_stride, step);
   }
-  _tile_stored(0, acc, kTileCols * 4);
-  _tile_stored(1, acc + 16, kTileCols * 4);
+  amx_end(acc);
 }
 
 PDFLASH_AMX void amx_release() { _tile_release(); }
