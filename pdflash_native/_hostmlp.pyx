@@ -25,6 +25,8 @@ from pdflash_native._hostmlp_cpp cimport (
     mlp_inter_pad,
     mlp_mxfp4_code_bytes,
     mlp_mxfp4_scale_bytes,
+    mlp_w1_tiles,
+    mlp_w2_tiles,
     mlp_w1_elems,
     mlp_w2_elems,
 )
@@ -47,6 +49,7 @@ DTYPE_F32 = <int>FloatType.kF32
 DTYPE_BF16 = <int>FloatType.kBF16
 WEIGHTS_BF16 = <int>WeightFormat.kBf16
 WEIGHTS_MXFP4 = <int>WeightFormat.kMxfp4
+WEIGHTS_FP8 = <int>WeightFormat.kFp8
 #: columns of a packed tile, and intermediate indices of a W1 tile
 TILE_COLS = 32
 W1_TILE_INTER = 16
@@ -91,6 +94,16 @@ def mxfp4_code_bytes(int64_t elems):
 def mxfp4_scale_bytes(int64_t elems):
     """Bytes of its MXFP4 scales."""
     return mlp_mxfp4_scale_bytes(elems)
+
+
+def w1_tiles(int64_t inter):
+    """Tiles of a packed W1 (FP8: 32 column scales each)."""
+    return mlp_w1_tiles(inter)
+
+
+def w2_tiles(int64_t hidden):
+    """Tiles of a packed W2."""
+    return mlp_w2_tiles(hidden)
 
 
 cdef class HostMlp:
@@ -187,7 +200,9 @@ cdef class HostMlp:
         ``weights=WEIGHTS_MXFP4``: the matrices are MXFP4 codes and scales
         (``q1``, ``s1``, ``q2``, ``s2``: ``mxfp4_code_bytes`` and
         ``mxfp4_scale_bytes`` of ``w1_elems``/``w2_elems``; ``w1``/``w2``
-        are then not read)."""
+        are then not read). ``weights=WEIGHTS_FP8``: e4m3 codes (``q1``,
+        ``q2``: ``w1_elems``/``w2_elems`` bytes) and fp32 column scales
+        (``s1``, ``s2``: 32 floats per ``w1_tiles``/``w2_tiles`` tile)."""
         if self._runner == NULL:
             raise RuntimeError("HostMlp is closed")
         cdef Py_ssize_t n = w1.shape[0]
@@ -195,14 +210,15 @@ cdef class HostMlp:
             raise ValueError(
                 f"{n} experts need {n} pointers per array and {n + 1} bounds"
             )
-        if weights not in (WEIGHTS_BF16, WEIGHTS_MXFP4):
+        if weights not in (WEIGHTS_BF16, WEIGHTS_MXFP4, WEIGHTS_FP8):
             raise ValueError(f"unknown weight format {weights}")
         cdef bint mx = weights == WEIGHTS_MXFP4
-        if mx and (
+        cdef bint f8 = weights == WEIGHTS_FP8
+        if (mx or f8) and (
             q1 is None or s1 is None or q2 is None or s2 is None
             or q1.shape[0] != n or s1.shape[0] != n or q2.shape[0] != n or s2.shape[0] != n
         ):
-            raise ValueError(f"MXFP4 weights need {n} pointers in each of q1, s1, q2, s2")
+            raise ValueError(f"quantized weights need {n} pointers in each of q1, s1, q2, s2")
         if x_type not in (DTYPE_F32, DTYPE_BF16) or out_type not in (DTYPE_F32, DTYPE_BF16):
             raise ValueError(f"unknown dtype tags {x_type}, {out_type}")
         if isa not in ISA_NAMES:
@@ -227,6 +243,11 @@ cdef class HostMlp:
                 experts[j].s1 = <const uint8_t*><uintptr_t>s1[j]
                 experts[j].q2 = <const uint8_t*><uintptr_t>q2[j]
                 experts[j].s2 = <const uint8_t*><uintptr_t>s2[j]
+            elif f8:
+                experts[j].q1 = <const uint8_t*><uintptr_t>q1[j]
+                experts[j].c1 = <const float*><uintptr_t>s1[j]
+                experts[j].q2 = <const uint8_t*><uintptr_t>q2[j]
+                experts[j].c2 = <const float*><uintptr_t>s2[j]
             experts[j].row_begin = bounds[j]
             experts[j].row_end = bounds[j + 1]
         cdef int64_t rows = bounds[n] if n else 0

@@ -17,6 +17,7 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
     cdef enum class WeightFormat(int32_t):
         kBf16
         kMxfp4
+        kFp8
 
     cdef cppclass MlpShape:
         int64_t hidden
@@ -35,6 +36,8 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
         const uint8_t* s1
         const uint8_t* q2
         const uint8_t* s2
+        const float* c1
+        const float* c2
         int64_t row_begin
         int64_t row_end
 
@@ -44,6 +47,8 @@ cdef extern from "pdflash/host_mlp.h" namespace "pdflash" nogil:
     int64_t mlp_w2_elems(int64_t hidden, int64_t inter)
     int64_t mlp_mxfp4_code_bytes(int64_t elems)
     int64_t mlp_mxfp4_scale_bytes(int64_t elems)
+    int64_t mlp_w1_tiles(int64_t inter)
+    int64_t mlp_w2_tiles(int64_t hidden)
     bint cpu_has_avx512_bf16()
     bint cpu_has_amx_bf16()
 

@@ -18,12 +18,13 @@ weights the issue-16 runs use) and times, per expert, at each token count:
 
 * ``paths[...]`` (``--sections paths``): where the executor's time goes, per
   format (``out_in``, ``onednn``, ``native``, ``native_mxfp4`` for MXFP4
-  stores: :data:`PATH_FORMATS`; and
+  stores, ``native_fp8`` for FP8 ones: :data:`PATH_FORMATS`; and
   ``native_avx512``, the native kernel held to its AVX-512 BF16 loops, where
   it would run AMX), all in one shuffled round per repeat
   (``--repeats`` x 3 rounds, medians, cold): ``read_floor`` (the expert's
   bytes streamed once by a reduction: the memory-bound floor;
-  ``read_floor_mxfp4``: the same over ``native_mxfp4``'s codes and scales),
+  ``read_floor_mxfp4`` / ``read_floor_fp8``: the same over ``native_mxfp4``'s
+  / ``native_fp8``'s codes and scales),
   ``raw_out_in`` (bare MLP), ``kernel:F`` (the kernel, this thread, one
   call per expert), ``executor_loop:F`` (the pool, ``forward`` per expert
   and a copy into the output: the executor before batching),
@@ -74,7 +75,7 @@ import torch.nn.functional as F
 #: the host formats the paths and interleaved sections compare (each where
 #: it exists here: oneDNN's where torch has it, the native kernel for bf16
 #: models on CPUs with AVX-512 BF16)
-PATH_FORMATS: tuple[str, ...] = ("out_in", "onednn", "native", "native_mxfp4")
+PATH_FORMATS: tuple[str, ...] = ("out_in", "onednn", "native", "native_mxfp4", "native_fp8")
 
 
 def _us(fn: Callable[[int], Any], ids: list[int], repeats: int) -> float:
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--dtype", default=None, help="synthetic weights' dtype (default: run_spec's)")
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
-    ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
+    ap.add_argument("--expert-dtype", default=None, choices=(None, "dense", "fp8"))
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--tokens", default="1,4,16")
     ap.add_argument("--formats", default="packed,out_in,onednn,fp32_out_in,fp32_in_out")
@@ -497,14 +498,16 @@ def executor_paths(
                     raw(x, w)
 
             calls["read_floor"] = read_all
-            if "native_mxfp4" in prepared:
+            for stored in ("mxfp4", "fp8"):
+                if f"native_{stored}" not in prepared:
+                    continue
 
-                def read_mxfp4(ws: Any = prepared["native_mxfp4"][1]) -> None:
+                def read_stored(ws: Any = prepared[f"native_{stored}"][1]) -> None:
                     for w in ws:
                         for key in ("q1", "s1", "q2", "s2"):
                             w[key].view(torch.int64).sum()
 
-                calls["read_floor_mxfp4"] = read_mxfp4
+                calls[f"read_floor_{stored}"] = read_stored
             calls["raw_out_in"] = raw_all
             for fmt, (kernel, ws) in prepared.items():
 

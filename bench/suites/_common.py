@@ -105,6 +105,7 @@ HOST_FORMATS = (
     "onednn",
     "native",
     "native_mxfp4",
+    "native_fp8",
 )
 
 

@@ -8,9 +8,10 @@
 // polynomial, so they agree up to denormal handling (VDPBF16PS treats
 // denormal inputs as zero); AMX sums each 16-pair step in its own order.
 // The epilogues (biases, activation, bf16 rounding) are AVX-512 wherever
-// AVX-512 or AMX runs. MXFP4 tiles are dequantized to the bf16 layout
-// (dequant_scalar / dequant_avx, bit-identical; or in registers inside the
-// AVX-512 and AMX loops) and then multiplied exactly as bf16 tiles are.
+// AVX-512 or AMX runs. MXFP4 and FP8 tiles are decoded to the bf16 layout
+// (dequant_scalar_* / dequant_avx, bit-identical; or in registers inside
+// the AVX-512 and AMX loops) and then multiplied exactly as bf16 tiles are;
+// FP8's column scales multiply the accumulators in the epilogues.
 #include "pdflash/host_mlp.h"
 
 #include <algorithm>
@@ -38,7 +39,7 @@
 #define PDFLASH_AVX512BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #define PDFLASH_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
-#define PDFLASH_AMX_MXFP4 \
+#define PDFLASH_AMX_Q \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma")))
 #else
 #define PDFLASH_MLP_X86 0
@@ -63,6 +64,11 @@ constexpr int64_t kRowChunk = 16;   // rows computed per pass over a tile
 constexpr int kRegRows = 8;         // rows whose accumulators fit in registers
 constexpr int64_t kKBlock = 128;    // pairs per block when rows > kRegRows (16 KiB of W)
 constexpr int64_t kPairAlign = 16;  // pairs of a tile: a whole number of AMX K steps
+
+// Stored bytes of one pair row of a tile (64 weights) in each format.
+constexpr int64_t stored_pair_bytes(WeightFormat f) {
+  return f == WeightFormat::kMxfp4 ? 32 : f == WeightFormat::kFp8 ? 64 : 128;
+}
 
 inline float bf16_to_f32(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -141,7 +147,7 @@ struct Job {
   bool avx = false;
   bool amx = false;  // AMX for row chunks of >= amx_min_rows rows
   int64_t amx_min_rows = 1;
-  bool mxfp4 = false;  // the experts' weights are WeightFormat::kMxfp4
+  WeightFormat weights = WeightFormat::kBf16;  // the experts' stored weights
 };
 
 // ---- scalar -----------------------------------------------------------------
@@ -167,7 +173,7 @@ void dot_scalar(const uint16_t* wt, const uint16_t* in, int64_t in_stride_pairs,
 
 // MXFP4 codes of `npairs` pairs (a multiple of 16) and their scales -> the
 // bf16 layout's pair rows in `out` (host_mlp.h); dequant_avx does the same.
-void dequant_scalar(const uint8_t* q, const uint8_t* s, int64_t npairs, uint16_t* out) {
+void dequant_scalar_mxfp4(const uint8_t* q, const uint8_t* s, int64_t npairs, uint16_t* out) {
   static constexpr uint16_t kLut[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040,
                                         0x4080, 0x40C0, 0x8000, 0xBF00, 0xBF80, 0xBFC0,
                                         0xC000, 0xC040, 0xC080, 0xC0C0};
@@ -181,6 +187,30 @@ void dequant_scalar(const uint8_t* q, const uint8_t* s, int64_t npairs, uint16_t
       o[i] = (code & 7u) ? static_cast<uint16_t>(kLut[code] + exp_add) : kLut[code];
     }
   }
+}
+
+// e4m3fn subnormals (exponent 0: m * 2^-9, m = 0..7) as bf16 bits (twice:
+// the AVX-512 lookup takes 32 entries).
+alignas(64) constexpr uint16_t kE4m3SubnormalBf16[32] = {
+    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
+    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
+    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
+    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+
+// One e4m3fn byte -> its value's bf16 bits, exactly (every e4m3 value is a
+// bf16 value): a normal one's exponent rebiased (7 -> 127), the mantissa
+// moved; a subnormal one from the table. NaN codes are refused when packed.
+inline uint16_t e4m3_bf16(uint8_t b) {
+  const unsigned mag = b & 0x7Fu;
+  const unsigned bits = (mag >> 3) ? (mag << 4) + (120u << 7) : kE4m3SubnormalBf16[mag & 7u];
+  return static_cast<uint16_t>(bits | ((b & 0x80u) << 8));
+}
+
+// FP8 codes of `npairs` pairs -> the bf16 layout's pair rows in `out` (the
+// codes are stored in the layout's places, one byte each; their per-column
+// scales are applied to the accumulators, not here).
+void dequant_scalar_fp8(const uint8_t* q, int64_t npairs, uint16_t* out) {
+  for (int64_t i = 0; i < npairs * kTileCols * 2; ++i) out[i] = e4m3_bf16(q[i]);
 }
 
 // ---- AVX-512 BF16 -------------------------------------------------------------
@@ -318,48 +348,97 @@ PDFLASH_AVX512BF16 inline void mxfp4_avx_pair(const Mxfp4Avx& k, const uint8_t* 
   w1 = _mm512_mask_add_epi16(w1, _mm512_test_epi16_mask(c1, k.mag), w1, e1);
 }
 
+// FP8 (e4m3fn) codes -> bf16 bits, 32 lanes at a time (e4m3_bf16's rule).
+struct Fp8Avx {
+  __m512i subnormal, mag, low, bias, sign;
+};
+
+PDFLASH_AVX512BF16 inline Fp8Avx fp8_avx_consts() {
+  return {_mm512_load_si512(kE4m3SubnormalBf16), _mm512_set1_epi16(0x7F), _mm512_set1_epi16(7),
+          _mm512_set1_epi16(120 << 7), _mm512_set1_epi16(0x80)};
+}
+
+PDFLASH_AVX512BF16 inline __m512i fp8_avx_32(const Fp8Avx& k, const uint8_t* q) {
+  const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+  const __m512i mag = _mm512_and_si512(v, k.mag);
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), k.bias);
+  const __m512i sub = _mm512_permutexvar_epi16(_mm512_and_si512(mag, k.low), k.subnormal);
+  const __mmask32 is_sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
+  const __m512i w = _mm512_mask_blend_epi16(is_sub, normal, sub);
+  return _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(v, k.sign), 8));
+}
+
+// Decoders of a tile's stored pair rows to the bf16 layout's (w0, w1: its two
+// 64-byte halves), for the loops below: kPairBytes stored bytes a pair row;
+// kGroupScales: group() takes each 16-pair group's 32 column scales first.
+struct Mxfp4AvxDecoder {
+  static constexpr int64_t kPairBytes = kTileCols;
+  static constexpr bool kGroupScales = true;
+  Mxfp4Avx k;
+  __m512i e0, e1;
+  PDFLASH_AVX512BF16 void init() { k = mxfp4_avx_consts(); }
+  PDFLASH_AVX512BF16 void group(const uint8_t* s) { mxfp4_avx_scales(k, s, e0, e1); }
+  PDFLASH_AVX512BF16 void pair(const uint8_t* q, __m512i& w0, __m512i& w1) const {
+    mxfp4_avx_pair(k, q, e0, e1, w0, w1);
+  }
+};
+
+struct Fp8AvxDecoder {
+  static constexpr int64_t kPairBytes = 2 * kTileCols;
+  static constexpr bool kGroupScales = false;
+  Fp8Avx k;
+  PDFLASH_AVX512BF16 void init() { k = fp8_avx_consts(); }
+  PDFLASH_AVX512BF16 void group(const uint8_t*) {}
+  PDFLASH_AVX512BF16 void pair(const uint8_t* q, __m512i& w0, __m512i& w1) const {
+    w0 = fp8_avx_32(k, q);
+    w1 = fp8_avx_32(k, q + 32);
+  }
+};
+
+// Stored pair rows [0, npairs) (a multiple of 16) -> the bf16 layout in `out`.
+template <typename D>
 PDFLASH_AVX512BF16 void dequant_avx(const uint8_t* q, const uint8_t* s, int64_t npairs,
                                     uint16_t* out) {
-  const Mxfp4Avx k = mxfp4_avx_consts();
-  for (int64_t g = 0; g < npairs; g += kPairAlign, s += kTileCols) {
-    __m512i e0, e1;
-    mxfp4_avx_scales(k, s, e0, e1);
+  D d;
+  d.init();
+  for (int64_t g = 0; g < npairs; g += kPairAlign) {
+    if constexpr (D::kGroupScales) d.group(s + (g / kPairAlign) * kTileCols);
     for (int64_t p = g; p < g + kPairAlign; ++p) {
       __m512i w0, w1;
-      mxfp4_avx_pair(k, q + p * kTileCols, e0, e1, w0, w1);
+      d.pair(q + p * D::kPairBytes, w0, w1);
       _mm512_store_si512(out + p * kTileCols * 2, w0);
       _mm512_store_si512(out + p * kTileCols * 2 + 32, w1);
     }
   }
 }
 
-// dot_avx_rows for MXFP4 tiles, every pair of the tile, dequantized in
-// registers (R <= kRegRows rows: each weight is used by every row at once).
-template <int R>
-PDFLASH_AVX512BF16 void dot_avx_rows_mxfp4(const uint8_t* q, const uint8_t* s,
-                                           const uint32_t* in, int64_t in_stride_pairs,
-                                           int64_t npairs, float* acc) {
-  const Mxfp4Avx k = mxfp4_avx_consts();
+// dot_avx_rows for stored (quantized) tiles, every pair of the tile,
+// decoded in registers (R <= kRegRows rows: each weight is used by every
+// row at once).
+template <int R, typename D>
+PDFLASH_AVX512BF16 void dot_avx_rows_q(const uint8_t* q, const uint8_t* s, const uint32_t* in,
+                                       int64_t in_stride_pairs, int64_t npairs, float* acc) {
+  D d;
+  d.init();
   __m512 a[R][2];
   acc_load<R>(a, acc, true);
-  for (int64_t g = 0; g < npairs; g += kPairAlign, s += kTileCols) {
-    __m512i e0, e1;
-    mxfp4_avx_scales(k, s, e0, e1);
+  for (int64_t g = 0; g < npairs; g += kPairAlign) {
+    if constexpr (D::kGroupScales) d.group(s + (g / kPairAlign) * kTileCols);
     for (int64_t p = g; p < g + kPairAlign; ++p) {
       __m512i w0, w1;
-      mxfp4_avx_pair(k, q + p * kTileCols, e0, e1, w0, w1);
+      d.pair(q + p * D::kPairBytes, w0, w1);
       acc_pair<R>(a, w0, w1, in, in_stride_pairs, p);
     }
   }
   acc_store<R>(a, acc);
 }
 
-PDFLASH_AVX512BF16 void dot_avx_mxfp4(const uint8_t* q, const uint8_t* s, const uint16_t* in,
-                                      int64_t in_stride_pairs, int nr, int64_t npairs,
-                                      float* acc) {
+template <typename D>
+PDFLASH_AVX512BF16 void dot_avx_q(const uint8_t* q, const uint8_t* s, const uint16_t* in,
+                                  int64_t in_stride_pairs, int nr, int64_t npairs, float* acc) {
   const uint32_t* in32 = reinterpret_cast<const uint32_t*>(in);
   with_reg_rows(nr, [&](auto rows) {
-    dot_avx_rows_mxfp4<decltype(rows)::value>(q, s, in32, in_stride_pairs, npairs, acc);
+    dot_avx_rows_q<decltype(rows)::value, D>(q, s, in32, in_stride_pairs, npairs, acc);
   });
 }
 
@@ -452,22 +531,23 @@ PDFLASH_AMX void dot_amx(const uint16_t* wt, const uint16_t* in, int64_t in_stri
   amx_end(acc);
 }
 
-// dot_amx for MXFP4 tiles: each 16-pair step's B rows are dequantized into a
-// 2 KiB buffer (the bf16 layout) right before its tile loads, so the tile
-// products run exactly as dot_amx's on the dequantized weights.
-PDFLASH_AMX_MXFP4 void dot_amx_mxfp4(const uint8_t* q, const uint8_t* s, const uint16_t* in,
-                                     int64_t in_stride_pairs, int64_t nr, int64_t npairs,
-                                     float* acc) {
+// dot_amx for stored (quantized) tiles: each 16-pair step's B rows are
+// decoded into a 2 KiB buffer (the bf16 layout) right before its tile
+// loads, so the tile products run exactly as dot_amx's on the decoded
+// weights.
+template <typename D>
+PDFLASH_AMX_Q void dot_amx_q(const uint8_t* q, const uint8_t* s, const uint16_t* in,
+                             int64_t in_stride_pairs, int64_t nr, int64_t npairs, float* acc) {
   alignas(64) uint16_t step[kPairAlign * kTileCols * 2];
-  const Mxfp4Avx k = mxfp4_avx_consts();
+  D d;
+  d.init();
   amx_begin(nr);
   const long a_stride = static_cast<long>(in_stride_pairs * 4);
-  for (int64_t p = 0; p < npairs; p += kPairAlign, s += kTileCols) {
-    __m512i e0, e1;
-    mxfp4_avx_scales(k, s, e0, e1);
+  for (int64_t p = 0; p < npairs; p += kPairAlign) {
+    if constexpr (D::kGroupScales) d.group(s + (p / kPairAlign) * kTileCols);
     for (int64_t i = 0; i < kPairAlign; ++i) {
       __m512i w0, w1;
-      mxfp4_avx_pair(k, q + (p + i) * kTileCols, e0, e1, w0, w1);
+      d.pair(q + (p + i) * D::kPairBytes, w0, w1);
       _mm512_store_si512(step + i * kTileCols * 2, w0);
       _mm512_store_si512(step + i * kTileCols * 2 + 32, w1);
     }
@@ -504,13 +584,16 @@ bool amx_usable() {
 // W1's epilogue on the accumulators of rows [r0, r0 + nr): biases, the
 // activation, g as bf16.
 PDFLASH_AVX512BF16 void w1_epilogue_avx(const Job& j, const MlpExpert& e, int64_t t, int64_t r0,
-                                        int64_t nr, const float* acc) {
+                                        int64_t nr, const float* cs, const float* acc) {
   const __m512 bg = e.b1 ? _mm512_loadu_ps(e.b1 + t * kW1TileInter) : _mm512_setzero_ps();
   const __m512 bu =
       e.b1 ? _mm512_loadu_ps(e.b1 + j.inter_pad + t * kW1TileInter) : _mm512_setzero_ps();
+  // FP8's column scales (products then sums, as the scalar epilogue rounds)
+  const __m512 sg = cs ? _mm512_loadu_ps(cs) : _mm512_set1_ps(1.0f);
+  const __m512 su = cs ? _mm512_loadu_ps(cs + 16) : _mm512_set1_ps(1.0f);
   for (int64_t r = 0; r < nr; ++r) {
-    const __m512 gate = _mm512_add_ps(_mm512_loadu_ps(acc + r * kTileCols), bg);
-    const __m512 up = _mm512_add_ps(_mm512_loadu_ps(acc + r * kTileCols + 16), bu);
+    const __m512 gate = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(acc + r * kTileCols), sg), bg);
+    const __m512 up = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(acc + r * kTileCols + 16), su), bu);
     _mm256_storeu_si256(
         reinterpret_cast<__m256i*>(j.g + (r0 + r) * j.inter_pad + t * kW1TileInter),
         to_bf16_avx(act_avx(j.shape, gate, up)));
@@ -538,43 +621,86 @@ void dot_bf16(const Job& j, const uint16_t* wt, const uint16_t* in, int64_t in_p
 }
 
 // acc[r][c] = row r of `in` times the tile's column c over its `npairs`
-// pairs: the bf16 tile `wt`, or MXFP4 codes `q` and scales `s`, dequantized
-// per AMX step (AMX), in registers (AVX-512, up to kRegRows rows) or
-// kKBlock pairs at a time into an L1 buffer of this thread (more rows
-// with AVX-512, scalar).
+// pairs: the bf16 tile `wt`, or the stored codes `q` (and MXFP4's scales
+// `s`), decoded per AMX step (AMX), in registers (AVX-512, up to kRegRows
+// rows) or kKBlock pairs at a time into an L1 buffer of this thread (more
+// rows with AVX-512, scalar).
 void dot_tile(const Job& j, const uint16_t* wt, const uint8_t* q, const uint8_t* s,
               const uint16_t* in, int64_t in_pairs, int64_t nr, int64_t npairs, float* acc) {
   if (q == nullptr) {
     dot_bf16(j, wt, in, in_pairs, nr, npairs, acc, true);
     return;
   }
+  const bool mx = j.weights == WeightFormat::kMxfp4;
 #if PDFLASH_MLP_X86
   if (j.amx && nr >= j.amx_min_rows) {
-    dot_amx_mxfp4(q, s, in, in_pairs, nr, npairs, acc);
+    if (mx) {
+      dot_amx_q<Mxfp4AvxDecoder>(q, s, in, in_pairs, nr, npairs, acc);
+    } else {
+      dot_amx_q<Fp8AvxDecoder>(q, s, in, in_pairs, nr, npairs, acc);
+    }
     return;
   }
-  // up to kRegRows rows: dequantized in registers, no buffer
   if (j.avx && nr <= kRegRows) {
-    dot_avx_mxfp4(q, s, in, in_pairs, static_cast<int>(nr), npairs, acc);
+    const int n = static_cast<int>(nr);
+    if (mx) {
+      dot_avx_q<Mxfp4AvxDecoder>(q, s, in, in_pairs, n, npairs, acc);
+    } else {
+      dot_avx_q<Fp8AvxDecoder>(q, s, in, in_pairs, n, npairs, acc);
+    }
     return;
   }
 #endif
   alignas(64) static thread_local uint16_t block[kKBlock * kTileCols * 2];
+  const int64_t pair_bytes = stored_pair_bytes(j.weights);
   for (int64_t p0 = 0; p0 < npairs; p0 += kKBlock) {
     const int64_t np = std::min(kKBlock, npairs - p0);
-    const uint8_t* qb = q + p0 * kTileCols;
-    const uint8_t* sb = s + (p0 / kPairAlign) * kTileCols;
+    const uint8_t* qb = q + p0 * pair_bytes;
+    const uint8_t* sb = mx ? s + (p0 / kPairAlign) * kTileCols : nullptr;
 #if PDFLASH_MLP_X86
     if (j.avx) {
-      dequant_avx(qb, sb, np, block);
-    } else {
-      dequant_scalar(qb, sb, np, block);
+      if (mx) {
+        dequant_avx<Mxfp4AvxDecoder>(qb, sb, np, block);
+      } else {
+        dequant_avx<Fp8AvxDecoder>(qb, sb, np, block);
+      }
+      dot_bf16(j, block, in + 2 * p0, in_pairs, nr, np, acc, p0 == 0);
+      continue;
     }
-#else
-    dequant_scalar(qb, sb, np, block);
 #endif
+    if (mx) {
+      dequant_scalar_mxfp4(qb, sb, np, block);
+    } else {
+      dequant_scalar_fp8(qb, np, block);
+    }
     dot_bf16(j, block, in + 2 * p0, in_pairs, nr, np, acc, p0 == 0);
   }
+}
+
+// One tile's stored weights: bf16 values `wt`, or codes `q` with MXFP4's
+// group scales `s` or FP8's column scales `cs` (host_mlp.h).
+struct TileWeights {
+  const uint16_t* wt = nullptr;
+  const uint8_t* q = nullptr;
+  const uint8_t* s = nullptr;
+  const float* cs = nullptr;
+};
+
+TileWeights tile_weights(const Job& j, const uint16_t* w, const uint8_t* q, const uint8_t* s,
+                         const float* cs, int64_t t, int64_t in_pairs) {
+  TileWeights tw;
+  switch (j.weights) {
+    case WeightFormat::kBf16: tw.wt = w + t * in_pairs * kTileCols * 2; break;
+    case WeightFormat::kMxfp4:
+      tw.q = q + t * in_pairs * stored_pair_bytes(j.weights);
+      tw.s = s + t * (in_pairs / kPairAlign) * kTileCols;
+      break;
+    case WeightFormat::kFp8:
+      tw.q = q + t * in_pairs * stored_pair_bytes(j.weights);
+      tw.cs = cs + t * kTileCols;
+      break;
+  }
+  return tw;
 }
 
 // ---- one tile of each phase ----------------------------------------------------
@@ -584,17 +710,14 @@ void dot_tile(const Job& j, const uint16_t* wt, const uint8_t* q, const uint8_t*
 void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
   const MlpShape& s = j.shape;
   const int64_t in_pairs = j.hidden_pairs;
-  const bool mx = j.mxfp4;
-  const uint16_t* wt = mx ? nullptr : e.w1 + t * in_pairs * kTileCols * 2;
-  const uint8_t* q = mx ? e.q1 + t * in_pairs * kTileCols : nullptr;
-  const uint8_t* sc = mx ? e.s1 + t * (in_pairs / kPairAlign) * kTileCols : nullptr;
+  const TileWeights tw = tile_weights(j, e.w1, e.q1, e.s1, e.c1, t, in_pairs);
   for (int64_t r0 = e.row_begin; r0 < e.row_end; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, e.row_end - r0);
     const uint16_t* in = j.xb + r0 * 2 * in_pairs;
-    dot_tile(j, wt, q, sc, in, in_pairs, nr, in_pairs, acc);
+    dot_tile(j, tw.wt, tw.q, tw.s, in, in_pairs, nr, in_pairs, acc);
 #if PDFLASH_MLP_X86
     if (j.avx) {
-      w1_epilogue_avx(j, e, t, r0, nr, acc);
+      w1_epilogue_avx(j, e, t, r0, nr, tw.cs, acc);
       continue;
     }
 #endif
@@ -603,6 +726,10 @@ void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
       for (int64_t c = 0; c < kW1TileInter; ++c) {
         float gate = acc[r * kTileCols + c];
         float up = acc[r * kTileCols + 16 + c];
+        if (tw.cs) {
+          gate = gate * tw.cs[c];
+          up = up * tw.cs[16 + c];
+        }
         if (e.b1) {
           gate = gate + e.b1[t * kW1TileInter + c];
           up = up + e.b1[j.inter_pad + t * kW1TileInter + c];
@@ -617,20 +744,20 @@ void w1_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
 void w2_tile(const Job& j, const MlpExpert& e, int64_t t, float* acc) {
   const int64_t in_pairs = j.inter_pairs;
   const int64_t hidden = j.shape.hidden;
-  const bool mx = j.mxfp4;
-  const uint16_t* wt = mx ? nullptr : e.w2 + t * in_pairs * kTileCols * 2;
-  const uint8_t* q = mx ? e.q2 + t * in_pairs * kTileCols : nullptr;
-  const uint8_t* sc = mx ? e.s2 + t * (in_pairs / kPairAlign) * kTileCols : nullptr;
+  const TileWeights tw = tile_weights(j, e.w2, e.q2, e.s2, e.c2, t, in_pairs);
   const int64_t c0 = t * kTileCols;
   const int64_t ncols = std::min(kTileCols, hidden - c0);
   for (int64_t r0 = e.row_begin; r0 < e.row_end; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, e.row_end - r0);
     const uint16_t* in = j.g + r0 * j.inter_pad;
-    dot_tile(j, wt, q, sc, in, in_pairs, nr, in_pairs, acc);
+    dot_tile(j, tw.wt, tw.q, tw.s, in, in_pairs, nr, in_pairs, acc);
     // the epilogue is a few hundred elements: scalar for both variants
     for (int64_t r = 0; r < nr; ++r) {
-      const float* a = acc + r * kTileCols;
+      float* a = acc + r * kTileCols;
       const int64_t row = r0 + r;
+      if (tw.cs) {
+        for (int64_t c = 0; c < ncols; ++c) a[c] = a[c] * tw.cs[c];
+      }
       if (j.out_type == FloatType::kF32) {
         float* o = static_cast<float*>(j.out) + row * j.out_stride + c0;
         for (int64_t c = 0; c < ncols; ++c) o[c] = e.b2 ? a[c] + e.b2[c0 + c] : a[c];
@@ -687,6 +814,8 @@ int64_t mlp_w2_elems(int64_t hidden, int64_t inter) {
 
 int64_t mlp_mxfp4_code_bytes(int64_t elems) { return elems / 2; }
 int64_t mlp_mxfp4_scale_bytes(int64_t elems) { return elems / (kPairAlign * 2); }
+int64_t mlp_w1_tiles(int64_t inter) { return mlp_inter_pad(inter) / kW1TileInter; }
+int64_t mlp_w2_tiles(int64_t hidden) { return (hidden + kTileCols - 1) / kTileCols; }
 
 bool cpu_has_amx_bf16() {
 #if PDFLASH_MLP_X86
@@ -871,10 +1000,10 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   if (out_type != FloatType::kF32 && out_type != FloatType::kBF16)
     throw std::invalid_argument("out type");
   if (amx_min_rows < 1) throw std::invalid_argument("amx_min_rows must be >= 1");
-  if (shape.weights != static_cast<int32_t>(WeightFormat::kBf16) &&
-      shape.weights != static_cast<int32_t>(WeightFormat::kMxfp4))
+  if (shape.weights < static_cast<int32_t>(WeightFormat::kBf16) ||
+      shape.weights > static_cast<int32_t>(WeightFormat::kFp8))
     throw std::invalid_argument("unknown weight format " + std::to_string(shape.weights));
-  const bool mxfp4 = shape.weights == static_cast<int32_t>(WeightFormat::kMxfp4);
+  const auto weights = static_cast<WeightFormat>(shape.weights);
   bool avx = false, amx = false;
   if (isa == MlpIsa::kAvx512Bf16) {
     if (!cpu_has_avx512_bf16())
@@ -899,7 +1028,9 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
                                   std::to_string(ex.row_begin) + ", " + std::to_string(ex.row_end) +
                                   ") do not continue the previous expert's within " +
                                   std::to_string(rows) + " rows");
-    const bool has = mxfp4 ? (ex.q1 && ex.s1 && ex.q2 && ex.s2) : (ex.w1 && ex.w2);
+    const bool has = weights == WeightFormat::kMxfp4 ? (ex.q1 && ex.s1 && ex.q2 && ex.s2)
+                     : weights == WeightFormat::kFp8 ? (ex.q1 && ex.c1 && ex.q2 && ex.c2)
+                                                     : (ex.w1 && ex.w2);
     if (!has) throw std::invalid_argument("expert " + std::to_string(e) + " has no weights");
     prev = ex.row_end;
   }
@@ -924,7 +1055,7 @@ void HostMlpRunner::run(const MlpShape& shape, const MlpExpert* experts, int64_t
   j.avx = avx;
   j.amx = amx;
   j.amx_min_rows = amx_min_rows;
-  j.mxfp4 = mxfp4;
+  j.weights = weights;
   // x as bf16 rows of whole pairs (an odd width gets a zero), and g: small
   const int64_t xw = 2 * j.hidden_pairs;
   im.xb.assign(static_cast<size_t>(rows * xw), 0);

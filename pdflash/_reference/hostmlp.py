@@ -12,6 +12,9 @@
   what the kernel makes of them: the bf16 layout's bits, from the header's
   byte formula and the e2m1 table (the tests compare it with the bf16
   packing of the library's own dequantizer);
+* :func:`decode_fp8`: packed e4m3 codes (the FP8 variant keeps each code
+  in its bf16 element's place) -> the bf16 layout's bits, by torch's own
+  e4m3 -> bf16 conversion;
 * :func:`mlp`: the expert MLP in float32 from the packed weights, with g
   rounded to bf16 before the second product as the kernel does
   (``round_g=False``: the plain float32 function, what the adapters
@@ -166,6 +169,14 @@ def dequantize_packed_mxfp4(
     return out.reshape(-1)
 
 
+def decode_fp8(codes: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint16]:
+    """e4m3fn codes -> their values' bf16 bits (exact: every e4m3 value is a
+    bf16 value)."""
+    t = torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn)
+    bits: npt.NDArray[np.uint16] = t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return bits
+
+
 def _as_f32(bits: npt.NDArray[np.uint16]) -> torch.Tensor:
     return (
         torch.from_numpy(np.ascontiguousarray(bits).view(np.int16).copy())
@@ -206,14 +217,22 @@ def mlp(
     alpha: float = 0.0,
     limit: float = 0.0,
     round_g: bool = True,
+    scales1: torch.Tensor | None = None,
+    scales2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The expert MLP over ``x [n, H]`` (rounded to bf16 first, as the kernel
     reads it) from packed weights, in float32. ``b1``: float32
-    ``[2 * inter_pad(I)]`` (gate biases, then up biases), ``b2``: ``[H]``."""
+    ``[2 * inter_pad(I)]`` (gate biases, then up biases), ``b2``: ``[H]``;
+    ``scales1`` / ``scales2`` (FP8): column scales in ``b1``'s / ``b2``'s
+    layout, multiplying each product before its bias."""
     gate_w, up_w = unpack_w1(w1, hidden, inter)
     down = unpack_w2(w2, hidden, inter)
     xf = x.to(torch.bfloat16).float()
     gate, up = xf @ gate_w.t(), xf @ up_w.t()
+    if scales1 is not None:
+        ip = inter_pad(inter)
+        gate = gate * scales1[:inter].float()
+        up = up * scales1[ip : ip + inter].float()
     if b1 is not None:
         ip = inter_pad(inter)
         gate = gate + b1[:inter].float()
@@ -229,4 +248,6 @@ def mlp(
     if round_g:
         g = g.to(torch.bfloat16).float()
     out = g @ down.t()
+    if scales2 is not None:
+        out = out * scales2[:hidden].float()
     return out if b2 is None else out + b2.float()

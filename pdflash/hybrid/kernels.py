@@ -38,6 +38,8 @@ output columns); it exists for bf16 models on CPUs with AVX-512 BF16
 ``native_mxfp4``: the same kernel on an MXFP4 store's own bytes (gpt-oss's
 released experts: codes and block scales, a quarter of ``native``'s bytes,
 dequantized in L1 inside the kernel; bit-identical outputs to ``native``).
+``native_fp8``: the same kernel on an FP8 store's own bytes (e4m3 codes,
+half ``native``'s bytes, with their per-channel scales on the accumulators).
 ``auto`` lets the calibration pick the fastest that fits the budget.
 
 Batches: :meth:`HostKernel.forward_many` computes a layer's HOST experts in
@@ -89,6 +91,7 @@ HOST_FORMATS: tuple[str, ...] = (
     "onednn",
     "native",
     "native_mxfp4",
+    "native_fp8",
 )
 
 
@@ -424,8 +427,8 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     dtype = format_dtype(fmt, adapter.store.layout.dtype)
     if fmt == "packed":
         return PackedKernel(adapter.expert_forward, dtype)
-    if fmt in ("native", "native_mxfp4"):
-        return _native_kernel(adapter, dtype, "mxfp4" if fmt == "native_mxfp4" else "bf16")
+    if fmt in NATIVE_WEIGHTS:
+        return _native_kernel(adapter, dtype, NATIVE_WEIGHTS[fmt])
     if fmt == "onednn" and not onednn_available(dtype):
         return None
     layout = _layout(fmt)
@@ -436,6 +439,11 @@ def host_kernel_for(adapter: Any, fmt: str) -> HostKernel | None:
     if hasattr(adapter, "_activation") and _is_swiglu(adapter):
         return SwiGLUHostKernel(adapter._activation(), dense, dtype, layout, fmt)
     return None
+
+
+#: the native formats and the weights each packs (a store of that format's
+#: own bytes, or bf16 values for ``native``)
+NATIVE_WEIGHTS = {"native": "bf16", "native_mxfp4": "mxfp4", "native_fp8": "fp8"}
 
 
 def _native_kernel(adapter: Any, dtype: torch.dtype, weights: str) -> HostKernel | None:
@@ -452,10 +460,12 @@ def _native_kernel(adapter: Any, dtype: torch.dtype, weights: str) -> HostKernel
         if mxfp4_scales_out_of_range(adapter.store) is not None:
             return None
         return native_kernel_for(adapter, arch="gpt_oss", weights="mxfp4")
+    if weights == "fp8" and adapter.store.layout.format != "fp8":
+        return None
     if gpt_oss:
-        return native_kernel_for(adapter, arch="gpt_oss")
+        return native_kernel_for(adapter, arch="gpt_oss", weights=weights)
     if hasattr(adapter, "_activation") and _is_swiglu(adapter) and adapter._activation() is F.silu:
-        return native_kernel_for(adapter, arch="swiglu_silu")
+        return native_kernel_for(adapter, arch="swiglu_silu", weights=weights)
     return None
 
 
@@ -465,7 +475,7 @@ def unavailable_reason(adapter: Any, fmt: str) -> str:
     dtype = adapter.store.layout.dtype
     if fmt == "onednn" and not onednn_available(dtype):
         return "torch has no oneDNN matmul for this dtype here"
-    if fmt in ("native", "native_mxfp4"):
+    if fmt in NATIVE_WEIGHTS:
         from pdflash.hybrid.native import native_unavailable_reason
 
         why = native_unavailable_reason(dtype)
@@ -479,6 +489,8 @@ def unavailable_reason(adapter: Any, fmt: str) -> str:
         why = mxfp4_scales_out_of_range(adapter.store)
         if why is not None:
             return why + ", where the native kernel's dequantization is exact"
+    if fmt == "native_fp8" and adapter.store.layout.format != "fp8":
+        return "the store's experts are not FP8 (native_fp8 computes expert_dtype='fp8' stores)"
     return "no kernel for this architecture"
 
 

@@ -33,6 +33,14 @@ compare them). Packing refuses block scales outside [2, 252] (the
 kernel's exponent add is exact there; released checkpoints' scales sit far
 inside).
 
+**FP8 experts** (a store made with ``expert_dtype="fp8"``: e4m3fn with one
+fp32 scale per output channel; the ``native_fp8`` host format): the tiles
+hold each weight's e4m3 byte (``pack_fp8_w1``/``pack_fp8_w2``), half the
+bf16 bytes, decoded exactly to bf16 before the products; a column's scale
+multiplies its fp32 accumulator before the bias, as the fused GPU kernel
+applies them (the store's dense path rounds each scaled weight to bf16
+first, so the two agree within bf16 rounding, not bit for bit).
+
 Numerics (checked by ``tests/hybrid/test_native_mlp.py``): against the
 float32 function of the same bf16 weights and inputs, the only rounding
 beyond float32 accumulation order is g (the activation's output) to bf16
@@ -62,7 +70,7 @@ ISAS: tuple[str, ...] = ("auto", "scalar", "avx512_bf16", "amx_bf16")
 #: with AMX, row chunks of fewer rows run the AVX-512 loops
 DEFAULT_AMX_MIN_ROWS = 1
 #: what the kernel's packed weights hold: bf16 values or MXFP4 codes and scales
-WEIGHT_FORMATS: tuple[str, ...] = ("bf16", "mxfp4")
+WEIGHT_FORMATS: tuple[str, ...] = ("bf16", "mxfp4", "fp8")
 #: block scales (e8m0) the MXFP4 kernel computes exactly (host_mlp.h)
 MXFP4_SCALE_RANGE = (2, 252)
 
@@ -271,6 +279,39 @@ def pack_mxfp4_w2(
     return q, s
 
 
+def _fp8_codes(m: torch.Tensor) -> torch.Tensor:
+    """An e4m3fn matrix's bytes (uint8, same strides); NaN codes refused."""
+    codes = m.view(torch.uint8)
+    if bool(((codes & 0x7F) == 0x7F).any()):
+        raise ValueError("FP8 expert weights hold NaN codes")
+    return codes
+
+
+def pack_fp8_w1(
+    gate: torch.Tensor, up: torch.Tensor, gate_scale: torch.Tensor, up_scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 gate and up (e4m3fn ``[I, H]``, fp32 scales ``[I]``) -> W1's
+    packed codes (uint8, the bf16 layout's places) and column scales (fp32,
+    32 per tile: gate's 16, then up's; 1 where padded); host_mlp.h."""
+    inter = int(gate.shape[0])
+    ip = _native().inter_pad(inter)
+    q = pack_w1(_fp8_codes(gate), _fp8_codes(up))
+    c = torch.ones(2, ip, dtype=torch.float32, device=gate.device)
+    c[0, :inter] = gate_scale
+    c[1, :inter] = up_scale
+    return q, c.view(2, ip // 16, 16).permute(1, 0, 2).contiguous().view(-1)
+
+
+def pack_fp8_w2(down: torch.Tensor, down_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 down (e4m3fn ``[H, I]``, fp32 scales ``[H]``) -> W2's packed codes
+    and column scales (32 per tile, 1 where padded)."""
+    hidden = int(down.shape[0])
+    q = pack_w2(_fp8_codes(down))
+    c = torch.ones(int(_native().w2_tiles(hidden)) * 32, dtype=torch.float32, device=down.device)
+    c[:hidden] = down_scale
+    return q, c
+
+
 def pack_b1(gate_bias: torch.Tensor, up_bias: torch.Tensor) -> torch.Tensor:
     """Gate and up biases -> float32 ``[2 * inter_pad]`` (zero padded)."""
     inter = gate_bias.shape[0]
@@ -296,7 +337,9 @@ class NativeHostKernel:
             matrices, any strides; biases None when the arch has none);
             with ``weights="mxfp4"``: ``(gate, up, down blocks, gate, up,
             down scales, gate_bias, up_bias, down_bias)``, each matrix's
-            MXFP4 blocks ``[out, in / 32, 16]`` and scales ``[out, in / 32]``.
+            MXFP4 blocks ``[out, in / 32, 16]`` and scales ``[out, in / 32]``;
+            with ``weights="fp8"``: the same order, e4m3fn ``[out, in]``
+            matrices and fp32 ``[out]`` scales.
         hidden, inter: the expert's sizes.
         threads: the team's size (default: torch's intra-op thread count
             when the kernel is made, which the executor set).
@@ -308,8 +351,9 @@ class NativeHostKernel:
         spin_us: how long idle workers spin before they park.
         backend: makes the team (tests; default the native module's).
         weights: what :meth:`prepare` packs (:data:`WEIGHT_FORMATS`): bf16
-            values (the ``native`` format) or MXFP4 codes and scales
-            (``native_mxfp4``).
+            values (the ``native`` format), MXFP4 codes and scales
+            (``native_mxfp4``) or FP8 codes and column scales
+            (``native_fp8``).
     """
 
     dtype = torch.bfloat16
@@ -336,7 +380,9 @@ class NativeHostKernel:
             raise ValueError(f"unknown weights {weights!r}; choose one of {WEIGHT_FORMATS}")
         self.weights = weights
         self.name = "native" if weights == "bf16" else f"native_{weights}"
-        self._weights_code = int(mod.WEIGHTS_BF16 if weights == "bf16" else mod.WEIGHTS_MXFP4)
+        self._weights_code = int(
+            {"bf16": mod.WEIGHTS_BF16, "mxfp4": mod.WEIGHTS_MXFP4, "fp8": mod.WEIGHTS_FP8}[weights]
+        )
         acts = {"swiglu_silu": mod.ACT_SWIGLU_SILU, "gpt_oss": mod.ACT_GPT_OSS_CLAMP}
         if act not in acts:
             raise ValueError(f"unknown activation {act!r}; choose one of {tuple(acts)}")
@@ -386,6 +432,13 @@ class NativeHostKernel:
                 "q2": int(mod.mxfp4_code_bytes(self._w2_elems)),
                 "s2": int(mod.mxfp4_scale_bytes(self._w2_elems)),
             }
+        elif weights == "fp8":
+            self._sizes = {
+                "q1": self._w1_elems,
+                "s1": 32 * int(mod.w1_tiles(self.inter)),
+                "q2": self._w2_elems,
+                "s2": 32 * int(mod.w2_tiles(self.hidden)),
+            }
         else:
             self._sizes = {"w1": self._w1_elems, "w2": self._w2_elems}
 
@@ -411,6 +464,8 @@ class NativeHostKernel:
     def prepare(self, views: Weights) -> Weights:
         if self.weights == "mxfp4":
             return self._prepare_mxfp4(views)
+        if self.weights == "fp8":
+            return self._prepare_fp8(views)
         gate, up, down, bg, bu, bd = self.split(views)
         assert gate is not None and up is not None and down is not None
         want = ((self.inter, self.hidden), (self.inter, self.hidden), (self.hidden, self.inter))
@@ -441,6 +496,24 @@ class NativeHostKernel:
             raise ValueError(f"MXFP4 expert blocks {got} do not match (gate, up, down) {want}")
         q1, s1 = pack_mxfp4_w1(gq, uq, gs, us)
         q2, s2 = pack_mxfp4_w2(dq, ds)
+        w: Weights = {"q1": q1, "s1": s1, "q2": q2, "s2": s2}
+        if bg is not None and bu is not None:
+            w["b1"] = pack_b1(bg, bu)
+        if bd is not None:
+            w["b2"] = bd.to(torch.float32).contiguous()
+        return w
+
+    def _prepare_fp8(self, views: Weights) -> Weights:
+        gq, uq, dq, gs, us, ds, bg, bu, bd = self.split(views)
+        assert gq is not None and uq is not None and dq is not None
+        assert gs is not None and us is not None and ds is not None
+        h, i = self.hidden, self.inter
+        want = ((i, h), (i, h), (h, i), (i,), (i,), (h,))
+        got = tuple(tuple(t.shape) for t in (gq, uq, dq, gs, us, ds))
+        if got != want:
+            raise ValueError(f"FP8 expert matrices and scales {got} do not match {want}")
+        q1, s1 = pack_fp8_w1(gq, uq, gs, us)
+        q2, s2 = pack_fp8_w2(dq, ds)
         w: Weights = {"q1": q1, "s1": s1, "q2": q2, "s2": s2}
         if bg is not None and bu is not None:
             w["b1"] = pack_b1(bg, bu)
@@ -511,7 +584,7 @@ class NativeHostKernel:
         dst = out if out.dtype in _DTYPE_TAG and out.stride(1) == 1 else None
         target = dst if dst is not None else torch.empty(out.shape, dtype=torch.float32)
         n = len(ws)
-        mx = self.weights == "mxfp4"
+        mx = self.weights != "bf16"  # codes and scales
         ptrs = np.zeros((8 if mx else 4, n), dtype=np.uint64)
         for j, w in enumerate(ws):
             if mx:
@@ -594,6 +667,29 @@ def _split_gpt_oss_mxfp4(views: Weights) -> tuple[torch.Tensor | None, ...]:
     )
 
 
+def _split_gpt_oss_fp8(views: Weights) -> tuple[torch.Tensor | None, ...]:
+    # gate_up [H, 2I] (columns interleaved) and down [I, H]: [in, out]
+    gu, gs, b = views["gate_up"], views["gate_up_scale"], views["gate_up_bias"]
+    return (
+        gu[:, 0::2].t(),
+        gu[:, 1::2].t(),
+        views["down"].t(),
+        gs[0::2],
+        gs[1::2],
+        views["down_scale"],
+        b[0::2],
+        b[1::2],
+        views["down_bias"],
+    )
+
+
+def _split_swiglu_fp8(views: Weights) -> tuple[torch.Tensor | None, ...]:
+    # gate_up [2I, H] (gate rows first) and down [H, I]: [out, in]
+    gu, gs = views["gate_up"], views["gate_up_scale"]
+    i = gu.shape[0] // 2
+    return gu[:i], gu[i:], views["down"], gs[:i], gs[i:], views["down_scale"], None, None, None
+
+
 def _split_swiglu(
     dense: Callable[[Weights], Weights],
 ) -> Callable[[Weights], tuple[torch.Tensor | None, ...]]:
@@ -617,18 +713,23 @@ def native_kernel_for(
     """The native kernel for ``adapter``'s experts; ``arch``: ``gpt_oss`` or
     ``swiglu_silu`` (the caller, :func:`pdflash.hybrid.kernels.host_kernel_for`,
     decided which expert function the adapter computes); ``weights="mxfp4"``
-    (gpt-oss with an MXFP4 store only) computes from the store's MXFP4 bytes."""
+    (gpt-oss with an MXFP4 store only) or ``"fp8"`` (an FP8 store) computes
+    from the store's own bytes."""
     dense = adapter.dense_expert_weights
     hidden = int(adapter.hidden_size)
     w = dense(adapter.store.views(int(adapter.store.packed_ids()[0])))
-    if weights == "mxfp4" and (arch != "gpt_oss" or adapter.store.layout.format != "mxfp4"):
+    stored = adapter.store.layout.format
+    if weights == "mxfp4" and (arch != "gpt_oss" or stored != "mxfp4"):
         raise ValueError("weights='mxfp4' needs gpt-oss experts stored as MXFP4")
+    if weights == "fp8" and stored != "fp8":
+        raise ValueError("weights='fp8' needs experts stored as FP8 (expert_dtype='fp8')")
     if arch == "gpt_oss":
         alpha, limit = adapter._swiglu_params()
         inter = int(w["gate_up"].shape[1]) // 2
+        splits = {"mxfp4": _split_gpt_oss_mxfp4, "fp8": _split_gpt_oss_fp8}
         return NativeHostKernel(
             "gpt_oss",
-            _split_gpt_oss_mxfp4 if weights == "mxfp4" else _split_gpt_oss(dense),
+            splits.get(weights) or _split_gpt_oss(dense),
             hidden=hidden,
             inter=inter,
             alpha=alpha,
@@ -639,7 +740,13 @@ def native_kernel_for(
         )
     inter = int(w["gate_up"].shape[0]) // 2
     return NativeHostKernel(
-        "swiglu_silu", _split_swiglu(dense), hidden=hidden, inter=inter, threads=threads, isa=isa
+        "swiglu_silu",
+        _split_swiglu_fp8 if weights == "fp8" else _split_swiglu(dense),
+        hidden=hidden,
+        inter=inter,
+        threads=threads,
+        isa=isa,
+        weights=weights,
     )
 
 
@@ -655,6 +762,8 @@ __all__ = [
     "native_kernel_for",
     "native_unavailable_reason",
     "pack_b1",
+    "pack_fp8_w1",
+    "pack_fp8_w2",
     "pack_mxfp4_w1",
     "pack_mxfp4_w2",
     "pack_w1",

@@ -61,13 +61,14 @@ from pdflash.hybrid.kernels import (
 #: :func:`pdflash.hybrid.kernels.onednn_available`; ``native`` only for bf16
 #: models on CPUs with AVX-512 BF16, see
 #: :func:`pdflash.hybrid.native.native_unavailable_reason`; ``native_mxfp4``
-#: only for gpt-oss MXFP4 stores)
+#: only for gpt-oss MXFP4 stores, ``native_fp8`` only for FP8 stores)
 AUTO_CANDIDATES: tuple[str, ...] = (
     "packed",
     "out_in",
     "onednn",
     "native",
     "native_mxfp4",
+    "native_fp8",
     "fp32_out_in",
     "fp32_in_out",
 )

@@ -32,9 +32,9 @@ from pdflash.hybrid.kernels import (
 from pdflash.hybrid.native import native_unavailable_reason
 from pdflash.models import load_adapter
 
-# the formats of dense stores (native_mxfp4 computes MXFP4 stores only:
-# tests/hybrid/test_native_mxfp4.py)
-DENSE_FORMATS = tuple(f for f in HOST_FORMATS if f != "native_mxfp4")
+# the formats of dense stores (native_mxfp4 and native_fp8 compute MXFP4 and
+# FP8 stores only: tests/hybrid/test_native_mxfp4.py, test_native_fp8.py)
+DENSE_FORMATS = tuple(f for f in HOST_FORMATS if f not in ("native_mxfp4", "native_fp8"))
 PREPARED = tuple(f for f in DENSE_FORMATS if f != "packed")
 
 

@@ -172,7 +172,7 @@ def test_mxfp4_kernel_refuses_other_prepared_weights_and_shapes() -> None:
     with pytest.raises(ValueError, match="multiples of 32"):
         NativeHostKernel("gpt_oss", _dense_split, hidden=48, inter=32, weights="mxfp4")
     with pytest.raises(ValueError, match="unknown weights"):
-        NativeHostKernel("gpt_oss", _dense_split, hidden=64, inter=32, weights="fp8")
+        NativeHostKernel("gpt_oss", _dense_split, hidden=64, inter=32, weights="int4")
     with pytest.raises(ValueError, match="do not match"):
         _kernels(96, 32, "scalar")[1].prepare(v)
 

@@ -49,6 +49,15 @@
 //   value is made by adding scale - 127 to the e2m1 value's bf16 exponent:
 //   exact for scales in [2, 252] (every bf16 result normal), which the
 //   packer (pdflash/hybrid/native.py) checks; padding codes are 0.
+//
+// FP8 weights (kFp8; the store's --expert-dtype fp8: e4m3fn with one fp32
+// scale per output channel): q1 / q2 hold each weight's e4m3 byte in the
+// bf16 layout's place (one byte per element, half the bf16 bytes); c1 / c2:
+// per tile, the fp32 scales of its 32 columns (W1: gate's 16, then up's).
+// The codes are decoded exactly to bf16 (every e4m3 value is a bf16 value)
+// before the same products, and a column's scale multiplies its fp32
+// accumulator before the bias (as the fused GPU kernel applies them); NaN
+// codes are refused by the packer, padding codes are 0 and pad scales 1.
 #pragma once
 
 #include <cstddef>
@@ -63,7 +72,7 @@ enum class MlpAct : int32_t { kSwigluSilu = 0, kGptOssClamp = 1 };
 // for smaller ones (and every epilogue); kAuto: the best this CPU offers.
 enum class MlpIsa : int32_t { kAuto = 0, kScalar = 1, kAvx512Bf16 = 2, kAmxBf16 = 3 };
 enum class FloatType : int32_t { kF32 = 0, kBF16 = 1 };
-enum class WeightFormat : int32_t { kBf16 = 0, kMxfp4 = 1 };
+enum class WeightFormat : int32_t { kBf16 = 0, kMxfp4 = 1, kFp8 = 2 };
 
 struct MlpShape {
   int64_t hidden = 0;  // H: the width of x and out
@@ -75,7 +84,7 @@ struct MlpShape {
 };
 
 // One expert of a batch: its packed weights (w1 / w2 for kBf16; q1, s1,
-// q2, s2 for kMxfp4) and the rows it computes.
+// q2, s2 for kMxfp4; q1, c1, q2, c2 for kFp8) and the rows it computes.
 struct MlpExpert {
   const uint16_t* w1 = nullptr;
   const float* b1 = nullptr;
@@ -85,6 +94,8 @@ struct MlpExpert {
   const uint8_t* s1 = nullptr;
   const uint8_t* q2 = nullptr;
   const uint8_t* s2 = nullptr;
+  const float* c1 = nullptr;
+  const float* c2 = nullptr;
   int64_t row_begin = 0;
   int64_t row_end = 0;
 };
@@ -98,6 +109,10 @@ int64_t mlp_w2_elems(int64_t hidden, int64_t inter);
 // and scales (elems / 32).
 int64_t mlp_mxfp4_code_bytes(int64_t elems);
 int64_t mlp_mxfp4_scale_bytes(int64_t elems);
+// Tiles of a packed W1 (16 intermediate indices each) and W2 (32 output
+// columns each): FP8's column scales are 32 floats a tile.
+int64_t mlp_w1_tiles(int64_t inter);
+int64_t mlp_w2_tiles(int64_t hidden);
 
 // Whether this CPU (and OS) runs the AVX-512 BF16 kernel.
 bool cpu_has_avx512_bf16();
