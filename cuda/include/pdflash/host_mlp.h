@@ -43,9 +43,10 @@
 //       nibble and the code of element b + 32 in its high nibble;
 //   s1 / s2: per tile, per group of 16 pairs, 32 bytes: column c's scale.
 //   Element value = e2m1(code) * 2^(scale - 127). Codes are dequantized to
-//   the bf16 layout in blocks of 128 pairs right before the products
-//   (in L1), so every bf16 loop above runs unchanged and the results are
-//   bit-identical to the bf16 kernel's on the dequantized weights. The
+//   the bf16 layout right before the products (in registers, per AMX step,
+//   or in blocks of 128 pairs in L1), so the bf16 products run unchanged
+//   and the results are bit-identical to the bf16 kernel's on the
+//   dequantized weights. The
 //   value is made by adding scale - 127 to the e2m1 value's bf16 exponent:
 //   exact for scales in [2, 252] (every bf16 result normal), which the
 //   packer (pdflash/hybrid/native.py) checks; padding codes are 0.
