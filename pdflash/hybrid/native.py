@@ -31,7 +31,8 @@ call than ``native`` on the same experts dequantized at prepare time, and
 its outputs are bit-identical to ``native``'s on those experts (the tests
 compare them). Packing refuses block scales outside [2, 252] (the
 kernel's exponent add is exact there; a scale outside means a block whose
-weights are all below 2^-124 or above 2^125 in magnitude).
+weights are all below 2^-123, or where nonzero at least 2^125, in
+magnitude).
 
 **FP8 experts** (a store made with ``expert_dtype="fp8"``: e4m3fn with one
 fp32 scale per output channel; the ``native_fp8`` host format): the tiles
