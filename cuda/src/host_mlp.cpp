@@ -189,21 +189,31 @@ void dequant_scalar_mxfp4(const uint8_t* q, const uint8_t* s, int64_t npairs, ui
   }
 }
 
-// e4m3fn subnormals (exponent 0: m * 2^-9, m = 0..7) as bf16 bits (twice:
-// the AVX-512 lookup takes 32 entries).
-alignas(64) constexpr uint16_t kE4m3SubnormalBf16[32] = {
-    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
-    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
-    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60,
-    0x0000, 0x3B00, 0x3B80, 0x3BC0, 0x3C00, 0x3C20, 0x3C40, 0x3C60};
+// e4m3fn magnitudes (the code less its sign bit) -> their values' bf16 bits,
+// exactly (every e4m3 value is a bf16 value): a normal one's exponent
+// rebiased (7 -> 127) and mantissa moved, a subnormal one (exponent 0:
+// m * 2^-9) from its own entries. 127 is NaN, refused when packed.
+constexpr uint16_t e4m3_magnitude_bf16(unsigned mag) {
+  constexpr uint16_t kSubnormal[8] = {0x0000, 0x3B00, 0x3B80, 0x3BC0,
+                                      0x3C00, 0x3C20, 0x3C40, 0x3C60};
+  return static_cast<uint16_t>((mag >> 3) ? (mag << 4) + (120u << 7) : kSubnormal[mag & 7u]);
+}
 
-// One e4m3fn byte -> its value's bf16 bits, exactly (every e4m3 value is a
-// bf16 value): a normal one's exponent rebiased (7 -> 127), the mantissa
-// moved; a subnormal one from the table. NaN codes are refused when packed.
+struct E4m3Table {
+  alignas(64) uint16_t bits[128];
+};
+
+constexpr E4m3Table make_e4m3_table() {
+  E4m3Table t{};
+  for (unsigned m = 0; m < 128; ++m) t.bits[m] = e4m3_magnitude_bf16(m);
+  return t;
+}
+
+constexpr E4m3Table kE4m3Bf16 = make_e4m3_table();
+
+// One e4m3fn byte -> its value's bf16 bits.
 inline uint16_t e4m3_bf16(uint8_t b) {
-  const unsigned mag = b & 0x7Fu;
-  const unsigned bits = (mag >> 3) ? (mag << 4) + (120u << 7) : kE4m3SubnormalBf16[mag & 7u];
-  return static_cast<uint16_t>(bits | ((b & 0x80u) << 8));
+  return static_cast<uint16_t>(kE4m3Bf16.bits[b & 0x7Fu] | ((b & 0x80u) << 8));
 }
 
 // FP8 codes of `npairs` pairs -> the bf16 layout's pair rows in `out` (the
@@ -348,24 +358,27 @@ PDFLASH_AVX512BF16 inline void mxfp4_avx_pair(const Mxfp4Avx& k, const uint8_t* 
   w1 = _mm512_mask_add_epi16(w1, _mm512_test_epi16_mask(c1, k.mag), w1, e1);
 }
 
-// FP8 (e4m3fn) codes -> bf16 bits, 32 lanes at a time (e4m3_bf16's rule).
+// FP8 (e4m3fn) codes -> bf16 bits, 32 lanes at a time (e4m3_bf16's table:
+// its four quarters, two 64-entry lookups chosen by the magnitude's bit 6).
 struct Fp8Avx {
-  __m512i subnormal, mag, low, bias, sign;
+  __m512i t0, t1, t2, t3, bit6, sign;
 };
 
 PDFLASH_AVX512BF16 inline Fp8Avx fp8_avx_consts() {
-  return {_mm512_load_si512(kE4m3SubnormalBf16), _mm512_set1_epi16(0x7F), _mm512_set1_epi16(7),
-          _mm512_set1_epi16(120 << 7), _mm512_set1_epi16(0x80)};
+  return {_mm512_load_si512(kE4m3Bf16.bits), _mm512_load_si512(kE4m3Bf16.bits + 32),
+          _mm512_load_si512(kE4m3Bf16.bits + 64), _mm512_load_si512(kE4m3Bf16.bits + 96),
+          _mm512_set1_epi16(0x40), _mm512_set1_epi16(static_cast<int16_t>(0x8000))};
 }
 
 PDFLASH_AVX512BF16 inline __m512i fp8_avx_32(const Fp8Avx& k, const uint8_t* q) {
   const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
-  const __m512i mag = _mm512_and_si512(v, k.mag);
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), k.bias);
-  const __m512i sub = _mm512_permutexvar_epi16(_mm512_and_si512(mag, k.low), k.subnormal);
-  const __mmask32 is_sub = _mm512_cmplt_epu16_mask(mag, _mm512_set1_epi16(8));
-  const __m512i w = _mm512_mask_blend_epi16(is_sub, normal, sub);
-  return _mm512_or_si512(w, _mm512_slli_epi16(_mm512_and_si512(v, k.sign), 8));
+  // the lookups read index bits 5..0 (bit 5 picks the table): magnitudes
+  // 0-63 from t0/t1, 64-127 from t2/t3
+  const __m512i lo = _mm512_permutex2var_epi16(k.t0, v, k.t1);
+  const __m512i hi = _mm512_permutex2var_epi16(k.t2, v, k.t3);
+  const __m512i w = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(v, k.bit6), lo, hi);
+  // w | (v << 8 & 0x8000): the sign bit
+  return _mm512_ternarylogic_epi32(w, _mm512_slli_epi16(v, 8), k.sign, 0xF8);
 }
 
 // Decoders of a tile's stored pair rows to the bf16 layout's (w0, w1: its two
