@@ -11,7 +11,9 @@
 #   SMOKE=0 ARCHS=qwen3-30b-a3b bash bench/h200/issue18.sh       # Qwen3-30B-A3B
 # Steps, most important first:
 #  smoke_nccl   tiny model, 2 ranks over NCCL: the path works on the GPUs
-#  <arch>_g<N>  PD at cache 0.2 per GPU, c = 4, 16, 32, 8 layers, N GPUs
+#  <arch>_g<N>  PD (BASELINES, default PD; e.g. BASELINES=PD,PD+host adds
+#               the hybrid miss service, every rank's host part sharing the
+#               one host CPU) at cache 0.2 per GPU, c = 4, 16, 32, 8 layers, N GPUs
 #               (N = 1 is the baseline of the same build): rows carry gpus,
 #               ranks[] (each rank's link_busy_s, h2d_bytes, all_to_all_s,
 #               host_packed_bytes: each rank packs only its own experts),
@@ -20,7 +22,7 @@
 #               round append to <arch>_g<N>/rows.jsonl)
 #  scale_*      the SIMULATED scaling of this run's 1-GPU rows (pdflash-bench
 #               scale), to set beside the measured N-GPU rows
-#  pairs        bench/h200/issue18_pairs.py: N GPUs over 1 per concurrency,
+#  pairs        bench/h200/issue18_pairs.py: N GPUs over 1 per baseline and concurrency,
 #               one ratio per round (the interleaved pairs), their median
 #               and interval, g1's exposed fetch share (link-bound or not)
 # Target (issue 18): >= 1.8x tokens/s on 2 GPUs where the 1-GPU run is
@@ -42,7 +44,8 @@ CONC=${CONC:-4,16,32}
 T=${T:-150}
 REPEATS=${REPEATS:-2}
 EXTRA=${EXTRA:-}
-ENG="pdflash-bench engine --json --device $DEVICE --layers $LAYERS --prompt-len 32 --max-new-tokens 32 --baselines PD --cache-fraction 0.2 $EXTRA"
+BASELINES=${BASELINES:-PD}
+ENG="pdflash-bench engine --json --device $DEVICE --layers $LAYERS --prompt-len 32 --max-new-tokens 32 --baselines $BASELINES --cache-fraction 0.2 $EXTRA"
 steps=()
 if [ "$SMOKE" = 1 ]; then
   steps+=("smoke_nccl=timeout 90 pdflash-bench engine --json --device $DEVICE --arch tiny --baselines PD --concurrency 4 --gpus 2 --max-new-tokens 8 --out $OUT/smoke_nccl")

@@ -3,7 +3,7 @@
 bench/h200/issue18.sh runs every GPU count once per round (the order
 reversed every other round), each round with its own seed, and appends the
 rows of ``<tag>_g<N>`` to ``OUT/<tag>_g<N>/rows.jsonl``. A pair is the N-GPU
-row and the 1-GPU row of one point (arch, cache fraction per GPU,
+row and the 1-GPU row of one point (arch, baseline, cache fraction per GPU,
 concurrency) and one seed. Per point and N it prints the ratios, their
 median, the t-based 95% interval (two or more pairs), whether the 1-GPU runs
 were link-bound (their exposed fetch over wall, median) and what the N-GPU
@@ -30,7 +30,7 @@ from pdflash.report.writers import read_jsonl
 
 _STEP_DIR = re.compile(r"^(?P<tag>.+)_g(?P<n>[0-9]+)$")
 
-Point = tuple[str, float, int]
+Point = tuple[str, str, float, int]
 
 
 def _rows_file(d: Path) -> Path | None:
@@ -62,7 +62,7 @@ def _point(row: dict[str, Any]) -> Point:
     cache = (
         row["cache_fraction_per_gpu"] if "cache_fraction_per_gpu" in row else row["cache_fraction"]
     )
-    return (str(row["arch"]), float(cache), int(row["concurrency"]))
+    return (str(row["arch"]), str(row["baseline"]), float(cache), int(row["concurrency"]))
 
 
 def _by_seed(rows: list[dict[str, Any]]) -> dict[Point, dict[int, dict[str, Any]]]:
@@ -154,10 +154,11 @@ def main(argv: list[str]) -> int:
         )
         return 1
     for p in result:
-        arch, cache, conc = p["point"]
+        arch, baseline, cache, conc = p["point"]
         iv = p["interval"]
         print(
-            f"{arch} cache/GPU {cache:g} c={conc}: g{p['gpus']}/g1 median {p['median']:.3f} "
+            f"{arch} {baseline} cache/GPU {cache:g} c={conc}: "
+            f"g{p['gpus']}/g1 median {p['median']:.3f} "
             + (
                 "one pair: no interval"
                 if iv is None

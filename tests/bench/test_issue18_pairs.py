@@ -51,7 +51,7 @@ def test_pairs_by_point_and_seed(tmp_path: Path, capsys: pytest.CaptureFixture[s
     _write(tmp_path, "gpt_oss_20b_g2", twos)
     (tmp_path / "scale_gpt_oss_20b").mkdir()  # other step folders are ignored
     result = issue18_pairs.pairs(issue18_pairs.load(tmp_path))
-    assert [(p["point"][2], p["gpus"], p["seeds"]) for p in result] == [
+    assert [(p["point"][3], p["gpus"], p["seeds"]) for p in result] == [
         (4, 2, [1, 2]),
         (16, 2, [1]),
     ]
@@ -86,3 +86,22 @@ def test_no_pairs_is_an_error(tmp_path: Path) -> None:
     _write(tmp_path, "a_g2", [_row(1, 4, 60.0, 2)])  # no 1-GPU rows
     assert issue18_pairs.main([str(tmp_path)]) == 1
     assert issue18_pairs.main([str(tmp_path / "missing")]) == 2
+
+
+def test_baselines_pair_apart(tmp_path: Path) -> None:
+    # BASELINES=PD,PD+host: each label's N-GPU rows pair with its own 1-GPU rows
+    _write(
+        tmp_path,
+        "a_g1",
+        [_row(1, 4, 100.0, None), _row(1, 4, 150.0, None, baseline="PD+host")],
+    )
+    _write(
+        tmp_path,
+        "a_g2",
+        [_row(1, 4, 180.0, 2), _row(1, 4, 210.0, 2, baseline="PD+host")],
+    )
+    result = issue18_pairs.pairs(issue18_pairs.load(tmp_path))
+    assert {p["point"][1]: p["ratios"] for p in result} == {
+        "PD": pytest.approx([1.8]),
+        "PD+host": pytest.approx([1.4]),
+    }
