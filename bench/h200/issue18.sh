@@ -12,8 +12,8 @@
 # Steps, most important first:
 #  smoke_nccl   tiny model, 2 ranks over NCCL: the path works on the GPUs
 #  <arch>_g<N>  PD (BASELINES, default PD; e.g. BASELINES=PD,PD+host adds
-#               the hybrid miss service, every rank's host part sharing the
-#               one host CPU) at cache 0.2 per GPU, c = 4, 16, 32, 8 layers, N GPUs
+#               the hybrid miss service, each rank's host service on its own
+#               share of the host's cores) at cache 0.2 per GPU, c = 4, 16, 32, 8 layers, N GPUs
 #               (N = 1 is the baseline of the same build): rows carry gpus,
 #               ranks[] (each rank's link_busy_s, h2d_bytes, all_to_all_s,
 #               host_packed_bytes: each rank packs only its own experts),
