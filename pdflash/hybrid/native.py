@@ -65,6 +65,8 @@ import torch
 from pdflash._native import load_native
 
 Weights = dict[str, torch.Tensor]
+#: a packed matrix's codes and scales
+Packed = tuple[torch.Tensor, torch.Tensor]
 
 #: ISA requests (``pdflash_native._hostmlp.ISA_*`` by name)
 ISAS: tuple[str, ...] = ("auto", "scalar", "avx512_bf16", "amx_bf16")
@@ -463,64 +465,51 @@ class NativeHostKernel:
     # -- weights ---------------------------------------------------------------
 
     def prepare(self, views: Weights) -> Weights:
-        if self.weights == "mxfp4":
-            return self._prepare_mxfp4(views)
-        if self.weights == "fp8":
-            return self._prepare_fp8(views)
-        gate, up, down, bg, bu, bd = self.split(views)
-        assert gate is not None and up is not None and down is not None
-        want = ((self.inter, self.hidden), (self.inter, self.hidden), (self.hidden, self.inter))
-        got = (tuple(gate.shape), tuple(up.shape), tuple(down.shape))
-        if got != want:
-            raise ValueError(f"expert matrices {got} do not match (gate, up, down) {want}")
-        # packed where the views are (prepare_all brings a device's result
-        # to the host)
-        w: Weights = {"w1": pack_w1(gate, up), "w2": pack_w2(down)}
+        if self.weights == "bf16":
+            gate, up, down, bg, bu, bd = self.split(views)
+            assert gate is not None and up is not None and down is not None
+            h, i = self.hidden, self.inter
+            want = ((i, h), (i, h), (h, i))
+            got = (tuple(gate.shape), tuple(up.shape), tuple(down.shape))
+            if got != want:
+                raise ValueError(f"expert matrices {got} do not match (gate, up, down) {want}")
+            # packed where the views are (prepare_all brings a device's result
+            # to the host)
+            w: Weights = {"w1": pack_w1(gate, up), "w2": pack_w2(down)}
+        else:
+            w, (bg, bu, bd) = self._pack_codes(views)
         if bg is not None and bu is not None:
             w["b1"] = pack_b1(bg, bu)
         if bd is not None:
             w["b2"] = bd.to(torch.float32).contiguous()
         return w
 
-    def _prepare_mxfp4(self, views: Weights) -> Weights:
-        gq, uq, dq, gs, us, ds, bg, bu, bd = self.split(views)
-        assert gq is not None and uq is not None and dq is not None
-        assert gs is not None and us is not None and ds is not None
+    def _pack_codes(self, views: Weights) -> tuple[Weights, tuple[torch.Tensor | None, ...]]:
+        """MXFP4 or FP8: the (gate, up, down) codes and their scales packed
+        (``q1``, ``s1``, ``q2``, ``s2``), and the biases as the split gave them."""
+        parts = self.split(views)
+        codes = [t for t in parts[:6] if t is not None]
+        assert len(codes) == 6
+        gq, uq, dq, gs, us, ds = codes
         h, i = self.hidden, self.inter
-        want = ((i, h // 32, 16), (i, h // 32, 16), (h, i // 32, 16))
-        got = (tuple(gq.shape), tuple(uq.shape), tuple(dq.shape))
-        if got != want or (gs.shape, us.shape, ds.shape) != (
-            (i, h // 32),
-            (i, h // 32),
-            (h, i // 32),
-        ):
-            raise ValueError(f"MXFP4 expert blocks {got} do not match (gate, up, down) {want}")
-        q1, s1 = pack_mxfp4_w1(gq, uq, gs, us)
-        q2, s2 = pack_mxfp4_w2(dq, ds)
-        w: Weights = {"q1": q1, "s1": s1, "q2": q2, "s2": s2}
-        if bg is not None and bu is not None:
-            w["b1"] = pack_b1(bg, bu)
-        if bd is not None:
-            w["b2"] = bd.to(torch.float32).contiguous()
-        return w
-
-    def _prepare_fp8(self, views: Weights) -> Weights:
-        gq, uq, dq, gs, us, ds, bg, bu, bd = self.split(views)
-        assert gq is not None and uq is not None and dq is not None
-        assert gs is not None and us is not None and ds is not None
-        h, i = self.hidden, self.inter
-        want = ((i, h), (i, h), (h, i), (i,), (i,), (h,))
-        got = tuple(tuple(t.shape) for t in (gq, uq, dq, gs, us, ds))
+        want: tuple[tuple[int, ...], ...]
+        pack1: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Packed]
+        pack2: Callable[[torch.Tensor, torch.Tensor], Packed]
+        if self.weights == "mxfp4":  # blocks [out, in / 32, 16], scales [out, in / 32]
+            want = ((i, h // 32, 16), (i, h // 32, 16), (h, i // 32, 16))
+            want += ((i, h // 32), (i, h // 32), (h, i // 32))
+            pack1, pack2 = pack_mxfp4_w1, pack_mxfp4_w2
+        else:  # e4m3 [out, in], column scales [out]
+            want = ((i, h), (i, h), (h, i), (i,), (i,), (h,))
+            pack1, pack2 = pack_fp8_w1, pack_fp8_w2
+        got = tuple(tuple(t.shape) for t in codes)
         if got != want:
-            raise ValueError(f"FP8 expert matrices and scales {got} do not match {want}")
-        q1, s1 = pack_fp8_w1(gq, uq, gs, us)
-        q2, s2 = pack_fp8_w2(dq, ds)
-        w: Weights = {"q1": q1, "s1": s1, "q2": q2, "s2": s2}
-        if bg is not None and bu is not None:
-            w["b1"] = pack_b1(bg, bu)
-        if bd is not None:
-            w["b2"] = bd.to(torch.float32).contiguous()
-        return w
+            raise ValueError(
+                f"{self.weights.upper()} expert matrices and scales {got} do not match {want}"
+            )
+        q1, s1 = pack1(gq, uq, gs, us)
+        q2, s2 = pack2(dq, ds)
+        return {"q1": q1, "s1": s1, "q2": q2, "s2": s2}, tuple(parts[6:])
 
     def _check(self, w: Weights) -> None:
         if any(k not in w or w[k].numel() != n for k, n in self._sizes.items()):
