@@ -8,6 +8,7 @@ recognisable bytes (:class:`PatternExperts`)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,6 +155,28 @@ def evicting_adapter(path: Path, issuer: object, **kw: Any) -> Any:
     return load_adapter(
         path, issuer=issuer, cache_slots=4, max_batch_tokens=2, attn_implementation="eager", **kw
     )
+
+
+@contextlib.contextmanager
+def forced_host_service(ad: Any, host_format: str) -> Iterator[Any]:
+    """``ad``'s hybrid host service computing every miss on the host
+    (``ForcedHostPlanner(every=1)``, no calibration) in ``host_format``, for
+    the block; closed and detached from the adapter after it."""
+    from pdflash.hybrid import ForcedHostPlanner, build_host_service
+
+    svc = build_host_service(
+        ad,
+        link_bytes_per_s=1e9,
+        planner=ForcedHostPlanner(every=1),
+        calibrate=False,
+        host_format=host_format,
+        weight_budget_bytes=1 << 34,
+    )
+    try:
+        yield svc
+    finally:
+        svc.close()
+        ad.runtime.host_service = None
 
 
 def resident_adapter(path: Path, issuer: object) -> Any:

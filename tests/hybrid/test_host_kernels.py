@@ -11,13 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from issuer_fixtures import ARCHS, evicting_adapter, reference_model, token_ids
+from issuer_fixtures import ARCHS, evicting_adapter, forced_host_service, reference_model, token_ids
 
 from pdflash.hybrid import (
     HOST_FORMATS,
-    ForcedHostPlanner,
     HostExpertExecutor,
-    build_host_service,
     host_kernel_for,
     host_weights_for,
     kernels,
@@ -179,21 +177,10 @@ def test_offloaded_forward_with_prepared_host_experts_equals_resident(
     ids = token_ids(9, 3)
     with torch.no_grad():
         want = ref(input_ids=ids[None]).logits[0]
-    svc = build_host_service(
-        ad,
-        link_bytes_per_s=1e9,
-        planner=ForcedHostPlanner(every=1),
-        calibrate=False,
-        host_format=fmt,
-        weight_budget_bytes=1 << 34,
-    )
-    try:
+    with forced_host_service(ad, fmt) as svc:
         got = ad.forward_logits(ids)
         assert svc.host_weights is not None and svc.host_weights["host_format"] == fmt
         assert svc.describe()["host_weights"]["host_format"] == fmt
-    finally:
-        svc.close()
-        ad.runtime.host_service = None
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert svc.books.experts > 0 and ad.cache.copies == 0
 

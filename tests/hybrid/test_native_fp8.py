@@ -20,26 +20,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from issuer_fixtures import evicting_adapter, token_ids
+from issuer_fixtures import evicting_adapter, forced_host_service, token_ids
+from native_fixtures import ALPHA, ISAS, LIMIT, needs_avx
 
 from pdflash._reference import hostmlp as ref
-from pdflash.hybrid import (
-    ForcedHostPlanner,
-    build_host_service,
-    host_kernel_for,
-    host_weights_for,
-    kernels,
-    native,
-)
-from pdflash.hybrid.native import NativeHostKernel, cpu_has_amx_bf16, cpu_has_avx512_bf16
+from pdflash.hybrid import host_kernel_for, host_weights_for, kernels, native
+from pdflash.hybrid.native import NativeHostKernel
 
 pytestmark = pytest.mark.native
-
-ALPHA, LIMIT = 1.702, 7.0
-HAS_AVX = cpu_has_avx512_bf16()
-HAS_AMX = HAS_AVX and cpu_has_amx_bf16()
-ISAS = ["scalar", *(["avx512_bf16"] if HAS_AVX else []), *(["amx_bf16"] if HAS_AMX else [])]
-needs_avx = pytest.mark.skipif(not HAS_AVX, reason="this CPU has no AVX-512 BF16")
 
 Parts = tuple[torch.Tensor | None, ...]
 
@@ -258,20 +246,9 @@ def test_offloaded_forward_with_native_fp8_host_experts(
     )
     ids = token_ids(9, 3)
     want = ad.forward_logits(ids).float()  # every miss copied, the device's experts
-    svc = build_host_service(
-        ad,
-        link_bytes_per_s=1e9,
-        planner=ForcedHostPlanner(every=1),
-        calibrate=False,
-        host_format="native_fp8",
-        weight_budget_bytes=1 << 34,
-    )
-    try:
+    with forced_host_service(ad, "native_fp8") as svc:
         got = ad.forward_logits(ids).float()
         assert svc.describe()["host_weights"]["host_format"] == "native_fp8"
-    finally:
-        svc.close()
-        ad.runtime.host_service = None
     assert svc.books.experts > 0
     err = (got - want).abs()
     scale = float(want.abs().max())

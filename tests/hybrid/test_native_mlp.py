@@ -27,21 +27,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from issuer_fixtures import evicting_adapter, token_ids
+from issuer_fixtures import evicting_adapter, forced_host_service, token_ids
+from native_fixtures import ALPHA, HAS_AMX, HAS_AVX, ISAS, LIMIT, needs_amx, needs_avx
 
 from pdflash._reference import hostmlp as ref
 from pdflash.hybrid import HostExpertExecutor, host_kernel_for, host_weights_for, kernels, native
 from pdflash.hybrid.kernels import prepare_all
-from pdflash.hybrid.native import NativeHostKernel, cpu_has_amx_bf16, cpu_has_avx512_bf16
+from pdflash.hybrid.native import NativeHostKernel
 
 pytestmark = pytest.mark.native
-
-ALPHA, LIMIT = 1.702, 7.0
-HAS_AVX = cpu_has_avx512_bf16()
-HAS_AMX = HAS_AVX and cpu_has_amx_bf16()
-ISAS = ["scalar", *(["avx512_bf16"] if HAS_AVX else []), *(["amx_bf16"] if HAS_AMX else [])]
-needs_avx = pytest.mark.skipif(not HAS_AVX, reason="this CPU has no AVX-512 BF16")
-needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU (or OS) offers no AMX BF16")
 
 
 def _weights(hidden: int, inter: int, act: str, seed: int) -> tuple[torch.Tensor | None, ...]:
@@ -395,27 +389,14 @@ def test_auto_times_native_on_a_bf16_model(
 def test_offloaded_forward_with_native_host_experts(
     arch: str, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    from pdflash.hybrid import ForcedHostPlanner, build_host_service
-
     ad = evicting_adapter(tiny_checkpoints[arch], host_issuer, dtype=torch.bfloat16)
     ids = token_ids(9, 3)
     want = ad.forward_logits(ids).float()  # every miss copied, the device's experts
-    svc = build_host_service(
-        ad,
-        link_bytes_per_s=1e9,
-        planner=ForcedHostPlanner(every=1),
-        calibrate=False,
-        host_format="native",
-        weight_budget_bytes=1 << 34,
-    )
-    try:
+    with forced_host_service(ad, "native") as svc:
         got = ad.forward_logits(ids).float()
         described = svc.describe()["host_weights"]
         assert described["host_format"] == "native"
         assert described["host_kernel"]["isa_ran"] == ("amx_bf16" if HAS_AMX else "avx512_bf16")
-    finally:
-        svc.close()
-        ad.runtime.host_service = None
     assert svc.books.experts > 0
     # bf16 end to end: every layer's experts rounded differently (fp32 vs bf16
     # intermediates); bounded by the logits' scale
