@@ -507,6 +507,18 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// GCC's tile intrinsics are asm statements that name only their pointers
+// (ldtilecfg: the config's first 8 bytes; tileloadd: none of the rows), so
+// the compiler may sink, or drop as dead, the stores that fill the memory
+// they read: a stack buffer filled just before its tile load, or a config
+// whose stack slot it reuses. This empty statement reads the N bytes at p
+// and orders every memory access around it; call it between the stores
+// and the tile instruction that reads them.
+template <size_t N>
+inline void tile_reads(const void* p) {
+  __asm__ volatile("" : : "m"(*static_cast<const char (*)[N]>(p)) : "memory");
+}
+
 // The tiles configured for nr rows, the C tiles zeroed.
 PDFLASH_AMX inline void amx_begin(int64_t nr) {
   TileConfig cfg;
@@ -514,6 +526,7 @@ PDFLASH_AMX inline void amx_begin(int64_t nr) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = static_cast<uint8_t>(t < 3 ? nr : 16);
   }
+  tile_reads<sizeof(TileConfig)>(&cfg);
   _tile_loadconfig(&cfg);
   _tile_zero(0);
   _tile_zero(1);
@@ -564,6 +577,7 @@ PDFLASH_AMX_Q void dot_amx_q(const uint8_t* q, const uint8_t* s, const uint16_t*
       _mm512_store_si512(step + i * kTileCols * 2, w0);
       _mm512_store_si512(step + i * kTileCols * 2 + 32, w1);
     }
+    tile_reads<sizeof(step)>(step);
     amx_step(in + 2 * p, a_stride, step);
   }
   amx_end(acc);

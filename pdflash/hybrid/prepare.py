@@ -76,6 +76,12 @@ AUTO_CANDIDATES: tuple[str, ...] = (
 SAMPLE_BYTES = 1 << 30
 MAX_SAMPLE_EXPERTS = 64
 SELECT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16)
+#: a format whose outputs on the store's first packed expert differ from the
+#: adapter's own function (``packed``), at each of SELECT_TOKEN_POINTS rows,
+#: by more than this relative L2 norm is never used: correct formats differ
+#: by rounding only (bf16 products, another summation order: about 1e-3),
+#: a kernel that the CPU or the compiler runs wrongly by orders of magnitude
+AGREEMENT_RTOL = 0.05
 #: threads preparing a store's experts (:func:`prepare_all`'s ``threads``):
 #: this many at most, and no more than the CPU has
 PREPARE_MAX_THREADS = 8
@@ -229,6 +235,45 @@ def _joined(first: PreparedWeights, rest: PreparedWeights) -> PreparedWeights:
     )
 
 
+@dataclass
+class ReferenceOutputs:
+    """The adapter's own expert function (the ``packed`` format) on the
+    store's first packed expert, at each of SELECT_TOKEN_POINTS rows of
+    random hidden states (fp32; seeded, so every format gets the same)."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, adapter: Any) -> ReferenceOutputs:
+        store = adapter.store
+        kernel = host_kernel_for(adapter, "packed")
+        assert kernel is not None
+        views = store.views(int(store.packed_ids()[0]))
+        gen = torch.Generator().manual_seed(0)
+        inputs = [
+            torch.randn(n, int(adapter.hidden_size), generator=gen) for n in SELECT_TOKEN_POINTS
+        ]
+        with torch.inference_mode():
+            outputs = [kernel.forward(x.to(kernel.dtype), views).float() for x in inputs]
+        return cls(inputs, outputs)
+
+    def disagreement(self, kernel: HostKernel, first: dict[str, torch.Tensor]) -> str | None:
+        """Why ``kernel`` on ``first`` (the same expert, prepared by it) must
+        not be used, or None where it agrees within AGREEMENT_RTOL."""
+        with torch.inference_mode():
+            for x, want in zip(self.inputs, self.outputs, strict=True):
+                got = kernel.forward(x.to(kernel.dtype), first).float()
+                err = float((got - want).norm() / want.norm().clamp_min(1e-30))
+                if not err <= AGREEMENT_RTOL:  # NaN included
+                    return (
+                        f"its outputs differ from the adapter's expert function by {err:.3g} "
+                        f"(relative L2, {x.shape[0]} rows; at most {AGREEMENT_RTOL} expected): "
+                        "this CPU or build runs the kernel wrongly"
+                    )
+        return None
+
+
 def _time_format(
     adapter: Any,
     kernel: HostKernel,
@@ -236,15 +281,21 @@ def _time_format(
     workers: int,
     budget: int,
     repeats: int,
+    reference: ReferenceOutputs,
 ) -> tuple[float, PreparedWeights] | tuple[str, None]:
     """Mean seconds per expert of ``kernel`` over a cold sample prepared on
     ``dev`` and that sample (the store's first packed experts, in order), or
-    why not."""
+    why not (its outputs disagree with ``reference``, its copy exceeds
+    ``budget``)."""
     store = adapter.store
     packed = store.packed_ids()  # a rank's store holds only its own experts
     one = prepare_all(kernel, store.views, packed[:1].tolist(), device=dev)
     assert one is not None
     first = one.experts[0]
+    wrong = reference.disagreement(kernel, first)
+    if wrong is not None:
+        _close_kernel(kernel)
+        return wrong, None
     per_expert = one.nbytes
     if per_expert * packed.size > budget:
         return f"prepared copy {per_expert * packed.size} B over the budget {budget} B", None
@@ -315,7 +366,9 @@ def host_weights_for(
     # in candidate order wins a tie)
     best: tuple[str, float, PreparedWeights] | None = None
     devices: dict[str, torch.device | None] = {}  # where each candidate was prepared
+    reference = None if fmt == "packed" else ReferenceOutputs.of(adapter)
     if fmt == "auto":
+        assert reference is not None
         t0 = time.perf_counter()
         for name in AUTO_CANDIDATES:
             kernel = host_kernel_for(adapter, name)
@@ -323,7 +376,9 @@ def host_weights_for(
                 candidates[name] = unavailable_reason(adapter, name)
                 continue
             devices[name] = None if name == "packed" else prepare_device(adapter, kernel)
-            outcome = _time_format(adapter, kernel, devices[name], workers, budget, repeats)
+            outcome = _time_format(
+                adapter, kernel, devices[name], workers, budget, repeats, reference
+            )
             candidates[name] = outcome[0]
             if outcome[1] is not None and (best is None or outcome[0] < best[1]):
                 best = (name, outcome[0], outcome[1])
@@ -353,6 +408,11 @@ def host_weights_for(
         )
         if prepared is None:
             raise ValueError(f"host format {chosen!r}: the prepared copy exceeds {budget} bytes")
+        if kept is None and reference is not None:  # asked for by name, not checked yet
+            wrong = reference.disagreement(kernel, prepared.experts[0])
+            if wrong is not None:
+                _close_kernel(kernel)
+                raise ValueError(f"host format {chosen!r}: {wrong}")
         if kept is not None:
             prepare_s = prepared.prepare_s  # the sample's preparation is in select_s
             prepared = _joined(kept, prepared)

@@ -433,3 +433,51 @@ def test_preparing_with_threads_gives_the_same_weights(
     )
     with pytest.raises(ValueError, match="threads"):
         prepare_all(kernel, ad.store.views, ids, threads=0)
+
+
+class _Off:
+    """A host kernel whose outputs are ``factor`` times its inner kernel's
+    (a kernel that the CPU or the compiler runs wrongly)."""
+
+    def __init__(self, inner: kernels.HostKernel, factor: float) -> None:
+        self.inner, self.factor = inner, factor
+        self.name, self.dtype = inner.name, inner.dtype
+
+    def prepare(self, views: kernels.Weights) -> kernels.Weights:
+        return self.inner.prepare(views)
+
+    def forward(self, x: torch.Tensor, w: kernels.Weights) -> torch.Tensor:
+        return self.inner.forward(x, w) * self.factor
+
+    def forward_many(self, x, ws, bounds, out) -> None:  # type: ignore[no-untyped-def]
+        kernels._loop_many(self.forward, x, ws, kernels.check_forward_many(x, ws, bounds, out), out)
+
+
+@pytest.mark.parametrize("factor", [1.2, float("nan")])
+def test_a_format_whose_outputs_disagree_is_never_used(
+    factor: float,
+    tiny_checkpoints: dict[str, Path],
+    host_issuer: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pdflash.hybrid import prepare
+
+    real = prepare.host_kernel_for
+
+    def off_out_in(adapter: object, fmt: str) -> object:
+        k = real(adapter, fmt)
+        return _Off(k, factor) if fmt == "out_in" and k is not None else k
+
+    monkeypatch.setattr(prepare, "host_kernel_for", off_out_in)
+    monkeypatch.setattr(prepare, "AUTO_CANDIDATES", ("out_in", "fp32_out_in"))
+    ad = load_adapter(tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_slots=8)
+    hw = host_weights_for(ad, "auto", budget_bytes=1 << 34)
+    assert hw.format == "fp32_out_in"  # the only candidate that agrees
+    why = hw.candidates["out_in"]
+    assert isinstance(why, str) and "differ from the adapter's expert function" in why
+    assert isinstance(hw.candidates["fp32_out_in"], float)
+    with pytest.raises(ValueError, match="host format 'out_in': its outputs differ"):
+        host_weights_for(ad, "out_in", budget_bytes=1 << 34)
+    # a rounding-sized difference is within the bound: 1.01 passes by name
+    monkeypatch.setattr(prepare, "host_kernel_for", lambda a, f: _Off(real(a, f), 1.01))
+    assert host_weights_for(ad, "out_in", budget_bytes=1 << 34).format == "out_in"
