@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The native host kernel on quantized experts' own bytes (host formats
 # native_mxfp4 and native_fp8; issues 16 and 13) on the H200's host: their
-# first run on a CPU with AMX. Steps (bench/h200/run.sh style):
+# first run on a CPU with AMX (session 33: bench/results/h200/session33-2026-12-05/).
+# Steps (bench/h200/run.sh style):
 #   tests      tests/hybrid/test_native_mxfp4.py, test_native_fp8.py and
 #              test_native_mlp.py: the MXFP4 kernel bit for bit against the
 #              bf16 kernel on the dequantized experts, FP8's every code
