@@ -85,10 +85,13 @@ def baselines(text: str) -> list[str]:
 WIDTH_FORMS = (
     "auto, full, fixed:K (K >= 0 drafts) or "
     "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]"
+    "[:explore=N][:reach=R]"
 )
 #: adaptive with its estimator options (their ranges are checked when each
 #: run is built, by pdflash.engine.verify_width.parse_width)
-ADAPTIVE_OPTIONS = re.compile(r"adaptive(:(shrink|z|cal|union|beta|row)=[0-9A-Za-z.+-]+)+")
+ADAPTIVE_OPTIONS = re.compile(
+    r"adaptive(:(shrink|z|cal|union|beta|row|explore|reach)=[0-9A-Za-z.+-]+)+"
+)
 
 #: ``--cuda-graphs`` values: pdflash.engine.config.CUDA_GRAPHS (importing the
 #: engine here would load torch for every CLI call; a test keeps them equal)
@@ -111,9 +114,10 @@ HOST_FORMATS = (
 
 def verify_width(text: str) -> str:
     """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or
-    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]`` (the form checked
-    here without importing the engine; K against the block size and the
-    options' values when each run is built)."""
+    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
+    [:explore=N][:reach=R]`` (the form checked here without importing the
+    engine; K against the block size and the options' values when each run
+    is built)."""
     s = text.strip()
     if s in ("auto", "full", "adaptive"):
         return s

@@ -166,6 +166,11 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   exploring steps do not fall into a fixed step pattern (the PD
   controller's paired probes alternate AB, BA: a period of 16 decisions
   would put every exploring step of a 4-request batch in the same arm).
+  ``adaptive:explore=N`` sets the period (0: never explore: the ablation
+  that prices exploration) and ``adaptive:reach=R`` the drafts an
+  exploring decision verifies past the width at least (2 by default; at
+  width 1, ``reach=1`` explores position 2 only, the position that decides
+  whether width 2 pays, at half the rows).
 
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
@@ -198,12 +203,12 @@ BETA_MODES = ("average", "marginal", "one")
 #: time (``row=``)
 ROW_MODES = ("compute", "wall")
 #: the ``adaptive:`` options, in the order :class:`WidthSetting` writes them
-ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row")
+ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row", "explore", "reach")
 WIDTH_KINDS = (
     "full",
     "fixed:K",
     "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal|one]"
-    "[:row=compute|wall]",
+    "[:row=compute|wall][:explore=N][:reach=R]",
 )
 
 
@@ -211,10 +216,10 @@ WIDTH_KINDS = (
 class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
     or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
-    ``survival_z``, ``calibrate``, ``union_form``, ``beta_mode`` and
-    ``row_mode`` override :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark
-    can measure the estimator's settings side by side under their own
-    names."""
+    ``survival_z``, ``calibrate``, ``union_form``, ``beta_mode``,
+    ``row_mode``, ``explore_every`` and ``explore_reach`` override
+    :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark can measure
+    the estimator's settings side by side under their own names."""
 
     kind: str
     drafts: int | None = None
@@ -224,6 +229,8 @@ class WidthSetting:
     union_form: str | None = None
     beta_mode: str | None = None
     row_mode: str | None = None
+    explore_every: int | None = None
+    explore_reach: int | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -243,6 +250,10 @@ class WidthSetting:
             parts.append(f"beta={self.beta_mode}")
         if self.row_mode is not None:
             parts.append(f"row={self.row_mode}")
+        if self.explore_every is not None:
+            parts.append(f"explore={self.explore_every}")
+        if self.explore_reach is not None:
+            parts.append(f"reach={self.explore_reach}")
         return ":".join(parts)
 
 
@@ -255,16 +266,18 @@ def is_adaptive(setting: str) -> bool:
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
     ``cal=0|1``, ``union=geometric|hyperbolic``,
-    ``beta=average|marginal|one`` and ``row=compute|wall``, each at most once, ``:``-separated (a
-    benchmark's width list is ``,``-separated)."""
+    ``beta=average|marginal|one``, ``row=compute|wall``, ``explore=N`` (an
+    integer >= 0; 0: never explore) and ``reach=R`` (an integer >= 1), each
+    at most once, ``:``-separated (a benchmark's width list is
+    ``,``-separated)."""
     values: dict[str, str] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
         if not eq or key not in ADAPTIVE_OPTION_KEYS or key in values:
             raise ValueError(
                 f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1, "
-                f":union={'|'.join(UNION_FORMS)}, :beta={'|'.join(BETA_MODES)} and "
-                f":row={'|'.join(ROW_MODES)}, each once"
+                f":union={'|'.join(UNION_FORMS)}, :beta={'|'.join(BETA_MODES)}, "
+                f":row={'|'.join(ROW_MODES)}, :explore=N and :reach=R, each once"
             )
         values[key] = value
     numbers: dict[str, float] = {}
@@ -294,6 +307,15 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
     row = values.get("row")
     if row is not None and row not in ROW_MODES:
         raise ValueError(f"verify_width {text!r}: row must be one of {ROW_MODES}, got {row!r}")
+    counts: dict[str, int] = {}
+    for key, least in (("explore", 0), ("reach", 1)):
+        if key in values:
+            if not values[key].isdigit() or int(values[key]) < least:
+                raise ValueError(
+                    f"verify_width {text!r}: {key} must be an integer >= {least}, "
+                    f"got {values[key]!r}"
+                )
+            counts[key] = int(values[key])
     return WidthSetting(
         "adaptive",
         shrink_weight=numbers.get("shrink"),
@@ -302,12 +324,15 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
         union_form=union,
         beta_mode=beta,
         row_mode=row,
+        explore_every=counts.get("explore"),
+        explore_reach=counts.get("reach"),
     )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
     """Parse ``full`` | ``fixed:K`` |
-    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]``; ``K``
+    ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
+    [:explore=N][:reach=R]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -915,7 +940,9 @@ class AdaptiveWidth:
         ema: weight of the newest step in the miss-rate and link-rate averages.
         explore_every: every this many decisions (requests' rounds, counted
             from the first measured step) verifies the request past its
-            width, to :func:`explored_width` (0: never).
+            width, to :func:`explored_width` (0: never; ``explore=N``).
+        explore_reach: an exploring decision verifies at least this many
+            drafts past the width (``reach=R``; :func:`explored_width`).
     """
 
     name = "adaptive"
@@ -928,7 +955,9 @@ class AdaptiveWidth:
     #: weight a step keeps in the charged fit per later step (half-life
     #: about 7 steps: the fit follows the current cost, warm-up forgotten)
     FIT_MEMORY = 0.9
-    #: an exploring decision verifies at least this many drafts past its width
+    #: the defaults of ``explore_every`` and ``explore_reach``: every 17th
+    #: decision explores, at least 2 drafts past its width
+    EXPLORE_EVERY = 17
     EXPLORE_REACH = 2
     #: the defaults of ``shrink_weight`` and ``survival_z`` (``adaptive``
     #: with no options)
@@ -964,7 +993,8 @@ class AdaptiveWidth:
         beta_mode: str = BETA_MODE,
         row_mode: str = ROW_MODE,
         ema: float = 0.2,
-        explore_every: int = 17,
+        explore_every: int = EXPLORE_EVERY,
+        explore_reach: int = EXPLORE_REACH,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -976,6 +1006,8 @@ class AdaptiveWidth:
             raise ValueError(f"ema must be in (0, 1], got {ema}")
         if explore_every < 0:
             raise ValueError(f"explore_every must be >= 0, got {explore_every}")
+        if explore_reach < 1:
+            raise ValueError(f"explore_reach must be >= 1, got {explore_reach}")
         if not survival_z >= 0.0:
             raise ValueError(f"survival_z must be >= 0, got {survival_z}")
         if beta_mode not in BETA_MODES:
@@ -991,6 +1023,7 @@ class AdaptiveWidth:
         self._cal_accepted = 0.0
         self._cal_expected = 0.0
         self.explore_every = explore_every
+        self.explore_reach = explore_reach
         self._decision_count = 0  # decisions since the first measured step
         self._explored = 0  # of them, exploration rounds (books: reset_stats)
         self._explored_drafts = 0  # drafts the exploring decisions verified
@@ -1251,7 +1284,7 @@ class AdaptiveWidth:
             return t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
 
         lists = [s.tolist() for s in chosen_by]
-        out, base = explore_widths(lists, step_s, exploring, self.EXPLORE_REACH)
+        out, base = explore_widths(lists, step_s, exploring, self.explore_reach)
         for e, k, b in zip(exploring, out, base, strict=True):
             if e and k > b:  # a request already at its every draft has nothing to explore
                 self._explored += 1
@@ -1410,6 +1443,8 @@ class AdaptiveWidth:
             "t_row_fit_s": None if fit is None else slope,
             "t_row_se_s": None if fit is None else se,
             "row_mode": self.row_mode,
+            "explore_every": self.explore_every,
+            "explore_reach": self.explore_reach,
             # measured under either mode, charged (its lower bound) with row=wall
             "t_row_wall_fit_s": None if fit is None else wall_slope,
             "t_row_wall_se_s": None if fit is None else wall_se,
@@ -1495,6 +1530,8 @@ def build_policy(
         union_form=AdaptiveWidth.UNION_FORM if w.union_form is None else w.union_form,
         beta_mode=AdaptiveWidth.BETA_MODE if w.beta_mode is None else w.beta_mode,
         row_mode=AdaptiveWidth.ROW_MODE if w.row_mode is None else w.row_mode,
+        explore_every=AdaptiveWidth.EXPLORE_EVERY if w.explore_every is None else w.explore_every,
+        explore_reach=AdaptiveWidth.EXPLORE_REACH if w.explore_reach is None else w.explore_reach,
     )
 
 

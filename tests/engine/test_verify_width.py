@@ -1216,6 +1216,26 @@ def test_an_exploring_decision_verifies_just_past_its_width(c: int) -> None:
     assert widened == 0 or c > 1
 
 
+@pytest.mark.parametrize("reach", [1, 2, 3])
+def test_reach_sets_how_far_past_its_width_a_decision_explores(reach: int) -> None:
+    """Link-bound, so the width stays at 1: every 17th decision verifies
+    ``max(1 + reach, 2)`` drafts (``reach=1``: position 2 only, the one
+    that decides whether width 2 pays) and no other decision widens; the
+    policy refuses a reach below 1."""
+    plant = WidthPlant(accept=0.3, t_draft=0.02, t_row=0.0002, link_s_per_expert=0.01, exposed=1.0)
+    pol = plant.policy()
+    pol.explore_reach = reach
+    seen = [plant.step(pol, c=1)[0] for _ in range(120)]
+    measured = seen[1:]  # the first step: nothing measured yet, every draft
+    explored = [k for i, k in enumerate(measured, start=1) if i % 17 == 0]
+    assert explored and set(explored) == {max(1 + reach, 2)}
+    assert {k for i, k in enumerate(measured, start=1) if i % 17 != 0} == {1}
+    with pytest.raises(ValueError, match="explore_reach"):
+        AdaptiveWidth(
+            block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1, explore_reach=0
+        )
+
+
 def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate() -> None:
     """The exploration trap, and its way out with exploration bounded to
     just past the width: two requests' first ten rounds accept exactly one
@@ -1314,6 +1334,24 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:row=wall", block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1
     )
     assert isinstance(pol, AdaptiveWidth) and pol.row_mode == "wall"
+    ex = parse_width("adaptive:reach=1:explore=0:beta=one", 16)
+    assert (ex.explore_every, ex.explore_reach) == (0, 1) and parse_width(str(ex), 16) == ex
+    assert str(ex) == "adaptive:beta=one:explore=0:reach=1"
+    pol = build_policy(
+        "adaptive:explore=34:reach=1",
+        block_size=16,
+        num_layers=2,
+        num_experts=64,
+        top_k=2,
+        expert_bytes=1,
+    )
+    assert isinstance(pol, AdaptiveWidth) and (pol.explore_every, pol.explore_reach) == (34, 1)
+    assert pol.stats()["estimates"]["explore_reach"] == 1
+    default = build_policy(
+        "adaptive", block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1
+    )
+    assert isinstance(default, AdaptiveWidth)
+    assert (default.explore_every, default.explore_reach) == (17, 2)
     for bad in (
         "adaptive:",
         "adaptive:z",
@@ -1331,6 +1369,11 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:beta=median",
         "adaptive:row=gpu",
         "adaptive:row=wall:row=compute",
+        "adaptive:explore=-1",
+        "adaptive:explore=1.5",
+        "adaptive:reach=0",
+        "adaptive:reach=x",
+        "adaptive:explore=3:explore=4",
     ):
         with pytest.raises(ValueError, match="verify_width"):
             parse_width(bad, 16)
