@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -47,6 +47,15 @@ class RouterAccess(Protocol):
     def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor: ...
 
     def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class StackedRouterAccess(RouterAccess, Protocol):
+    """An adapter that also gives every layer's router logits for one hidden
+    state in one batched product (None where it cannot; see
+    :meth:`pdflash.models.adapters.base.MoEAdapterBase.router_logits_all`)."""
+
+    def router_logits_all(self, hidden: torch.Tensor) -> torch.Tensor | None: ...
 
 
 class BlockAttentionAccess(RouterAccess, Protocol):
@@ -88,7 +97,8 @@ def _horizon_rows(block: DraftedBlock) -> int:
 def _topk_gate_scores(
     logits: torch.Tensor, k: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k expert ids ``[T, k]`` by gate probability, and those probabilities."""
+    """Top-k expert ids ``[..., k]`` by gate probability over the last
+    dimension of ``logits [..., E]``, and those probabilities."""
     import torch
 
     probs = torch.softmax(logits.float(), dim=-1)
@@ -247,7 +257,11 @@ class ApproxRouterPredictor:
 
     def predict_batch(self, blocks: Sequence[DraftedBlock]) -> ScoreArray:
         """Scores ``(len(blocks), L, E)`` from one router pass over all the
-        blocks' positions (the engine's per-step call)."""
+        blocks' positions (the engine's per-step call). The proxies without
+        attention feed every layer the same residual, so where the adapter
+        gives every layer's logits in one batched product
+        (:class:`StackedRouterAccess`) the pass is a few kernels in all, not
+        a few per layer."""
         import torch
 
         L, E = self.adapter.num_layers, self.adapter.num_experts
@@ -282,6 +296,19 @@ class ApproxRouterPredictor:
             # (integer sums: the same index in any order)
             row_base = owners[:, None] * (L * E)
             out_flat = out.view(-1)
+            # every layer sees the same proxy residual: one batched router
+            # pass where the adapter has it (a few kernels, not a few per layer)
+            stacked = (
+                self.adapter.router_logits_all(hidden)
+                if plan is None and isinstance(self.adapter, StackedRouterAccess)
+                else None
+            )
+            if stacked is not None:
+                ids, probs = _topk_gate_scores(stacked, self.experts_per_token, E)  # [L, T, k]
+                layer_base = torch.arange(L, device=hidden.device)[:, None, None] * E
+                flat = (row_base[None] + layer_base + ids).reshape(-1)
+                out_flat.index_add_(0, flat, probs.reshape(-1))
+                return out.cpu().numpy()
             for layer in range(L):
                 if plan is not None:
                     hidden = self._attention_residual(decoder[layer], hidden, plan)

@@ -87,3 +87,93 @@ def router_logits_only(router: Any, x: torch.Tensor) -> torch.Tensor | None:
     same = logits is not None and logits.shape == expected.shape and torch.equal(logits, expected)
     _CHECKED[kind] = same
     return logits if same else None
+
+
+#: RMSNorm classes whose arithmetic :class:`StackedRouters` repeats: ``weight
+#: * normalized(x)`` (Qwen3-MoE's) and ``(weight * fp32 normalized).to(dtype)``
+#: (gpt-oss's), as :func:`pdflash.models.adapters._norms.rms_norm` computes them
+_STACKED_NORMS: frozenset[type] = _classes(
+    getattr(modeling_qwen3_moe, "Qwen3MoeRMSNorm", None),
+    getattr(modeling_gpt_oss, "GptOssRMSNorm", None),
+)
+
+
+class StackedRouters:
+    """Every MoE layer's (norm, router) pair over one hidden state in one
+    batched product: the route-ahead proxies that feed each layer the same
+    residual (the drafter's hidden states, the embeddings) would otherwise run
+    ``L`` norm and router calls, a few kernels each, per step.
+
+    The norms are applied exactly as :func:`rms_norm` applies them (the
+    normalization once, each layer's weight by broadcasting: the same values),
+    the routers as one ``[L, T, H] x [L, H, E]`` batched product (plus each
+    bias) instead of ``L`` linear calls: the same products summed in a
+    batched kernel's order, so equal to the per-layer logits up to float
+    rounding. :meth:`of` builds it only where every layer's norm is one class
+    of :data:`_STACKED_NORMS` with one epsilon and every router one known
+    linear router class (:data:`_LINEAR_AS_GIVEN`, :data:`_LINEAR_FLATTENED`)
+    without hooks, whose shortcut has been checked against the module in this
+    process (:func:`router_logits_only`'s first call); else None."""
+
+    def __init__(
+        self,
+        gpt_oss_norm: bool,
+        eps: float,
+        norm_weight: torch.Tensor,
+        router_weight: torch.Tensor,
+        router_bias: torch.Tensor | None,
+    ) -> None:
+        self.gpt_oss_norm = gpt_oss_norm
+        self.eps = eps
+        self.norm_weight = norm_weight[:, None, :]  # [L, 1, H]
+        self.router_weight_t = router_weight.transpose(1, 2)  # [L, H, E]
+        self.router_bias = None if router_bias is None else router_bias[:, None, :]  # [L, 1, E]
+
+    @classmethod
+    def of(cls, norms: list[Any], routers: list[Any]) -> StackedRouters | None:
+        kinds = {type(n) for n in norms}
+        if len(kinds) != 1 or next(iter(kinds)) not in _STACKED_NORMS:
+            return None
+        eps = {float(n.variance_epsilon) for n in norms}
+        router_kinds = {type(r) for r in routers}
+        if len(eps) != 1 or len(router_kinds) != 1:
+            return None
+        kind = next(iter(router_kinds))
+        if kind not in _LINEAR_AS_GIVEN and kind not in _LINEAR_FLATTENED:
+            return None
+        if _CHECKED.get(kind) is not True or any(_has_hooks(r) for r in routers):
+            return None
+        biases = [getattr(r, "bias", None) if kind in _LINEAR_AS_GIVEN else None for r in routers]
+        present = [b for b in biases if b is not None]
+        if present and len(present) != len(biases):
+            return None
+        with torch.no_grad():
+            return cls(
+                next(iter(kinds)) is getattr(modeling_gpt_oss, "GptOssRMSNorm", None),
+                eps.pop(),
+                torch.stack([n.weight.detach() for n in norms]),
+                torch.stack([r.weight.detach() for r in routers]),
+                torch.stack([b.detach() for b in present]) if present else None,
+            )
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[L, T, E]``: layer ``l``'s router logits of its norm of ``hidden [T, H]``."""
+        from pdflash.models.adapters._norms import normalized
+
+        layers, width = self.norm_weight.shape[0], hidden.shape[-1]
+        if self.gpt_oss_norm:
+            h = hidden.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            normed = torch.mul(
+                self.norm_weight,
+                h[None],
+                out=torch.empty(
+                    (layers, hidden.shape[0], width), dtype=hidden.dtype, device=hidden.device
+                ),
+            )
+        else:
+            normed = self.norm_weight * normalized(hidden, self.eps)[None]
+        if self.router_bias is None:
+            return torch.bmm(normed, self.router_weight_t)
+        bias = self.router_bias.expand(layers, hidden.shape[0], -1)
+        return torch.baddbmm(bias, normed, self.router_weight_t)

@@ -33,7 +33,7 @@ from torch import nn
 from pdflash.cache.eviction import EvictionPolicy
 from pdflash.cache.expert_cache import ExpertCache
 from pdflash.models.adapters._norms import rms_norm
-from pdflash.models.adapters._routers import router_logits_only
+from pdflash.models.adapters._routers import StackedRouters, router_logits_only
 from pdflash.models.compressed_gemm import FusedSlabMLP, fused_mlp_for
 from pdflash.models.config_check import check_model_config, check_raw_keys, read_config_json
 from pdflash.models.layout import (
@@ -406,6 +406,7 @@ class MoEAdapterBase:
                 config, attn_implementation=impl, dtype=self.dtype
             )
         self.blocks = install_offloaded_blocks(model, None, spec=self.block_spec())
+        self._stacked_routers: StackedRouters | None = None  # router_logits_all's, once built
         self._load_non_experts(model, checkpoint)
         model.eval()
         self.hf_model: Any = model
@@ -715,6 +716,27 @@ class MoEAdapterBase:
             if logits is not None:
                 return logits
         return block.route(normed)[0]
+
+    def router_logits_all(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Every MoE layer's router logits ``[L, T, E]`` for the same
+        ``hidden [T, H]`` entering each layer's :meth:`moe_norm` (what
+        :meth:`router_logits` gives per layer, up to float rounding), in one
+        batched product (:class:`StackedRouters`); None where a layer's norm,
+        router or routing is not one whose arithmetic is known, or its router
+        class is not yet checked (call per layer then)."""
+        stacked = self._stacked_routers
+        if stacked is None:
+            blocks = [self._block(m) for m in range(self.num_layers)]
+            if any(b.route_fn is not None and not _default_routing(b.route_fn) for b in blocks):
+                return None
+            stacked = StackedRouters.of(
+                [self._layers[d].post_attention_layernorm for d in self.moe_layers],
+                [b.router_module for b in blocks],
+            )
+            if stacked is None:
+                return None
+            self._stacked_routers = stacked
+        return stacked.logits(hidden)
 
     def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _, weights, ids = self._block(layer).route(normed)
