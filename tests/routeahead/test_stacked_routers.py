@@ -71,21 +71,38 @@ def test_a_router_with_a_hook_or_custom_routing_is_called_per_layer(
     hidden = _hidden(adapter, 3, seed=2)
     with torch.inference_mode():
         _per_layer(adapter, hidden)
-    saved = adapter._stacked_routers
-    adapter._stacked_routers = None  # built again below, under each condition
+    assert adapter.router_logits_all(hidden) is not None  # built: the conditions below undo it
     block = adapter.blocks[1]
+    handle = block.router_module.register_forward_hook(lambda *_: None)
     try:
-        handle = block.router_module.register_forward_hook(lambda *_: None)
-        try:
-            assert adapter.router_logits_all(hidden) is None
-        finally:
-            handle.remove()
-        route_fn = block.route_fn
-        block.route_fn = lambda normed: route_fn(normed)  # an override of the routing
-        try:
-            assert adapter.router_logits_all(hidden) is None
-        finally:
-            block.route_fn = route_fn
-        assert adapter.router_logits_all(hidden) is not None
+        assert adapter.router_logits_all(hidden) is None
     finally:
-        adapter._stacked_routers = saved
+        handle.remove()
+    route_fn = block.route_fn
+    block.route_fn = lambda normed: route_fn(normed)  # an override of the routing
+    try:
+        assert adapter.router_logits_all(hidden) is None
+    finally:
+        block.route_fn = route_fn
+    assert adapter.router_logits_all(hidden) is not None
+
+
+@pytest.mark.parametrize("arch", STACKED)
+def test_a_router_weight_changed_after_stacking_is_stacked_again(arch: str, tiny_moes: Any) -> None:
+    adapter = tiny_moes(arch).adapter
+    hidden = _hidden(adapter, 5, seed=3)
+    router = adapter.blocks[0].router_module
+    saved = router.weight.detach().clone()
+    with torch.inference_mode():
+        _per_layer(adapter, hidden)
+        assert adapter.router_logits_all(hidden) is not None
+    try:
+        with torch.no_grad():
+            router.weight.mul_(-1.0)  # in place: the stacked copy is stale
+        with torch.inference_mode():
+            torch.testing.assert_close(
+                adapter.router_logits_all(hidden), _per_layer(adapter, hidden)
+            )
+    finally:
+        with torch.no_grad():
+            router.weight.copy_(saved)

@@ -122,7 +122,12 @@ class StackedRouters:
         norm_weight: torch.Tensor,
         router_weight: torch.Tensor,
         router_bias: torch.Tensor | None,
+        sources: list[torch.Tensor] | None = None,
     ) -> None:
+        # the parameters stacked and their versions: a copy made from them is
+        # stale once one is replaced or changed in place (:meth:`stale`)
+        self._sources = list(sources or [])
+        self._versions = [t._version for t in self._sources]
         self.gpt_oss_norm = gpt_oss_norm
         self.eps = eps
         self.norm_weight = norm_weight[:, None, :]  # [L, 1, H]
@@ -154,7 +159,21 @@ class StackedRouters:
                 torch.stack([n.weight.detach() for n in norms]),
                 torch.stack([r.weight.detach() for r in routers]),
                 torch.stack([b.detach() for b in present]) if present else None,
+                sources=_parameters(norms, routers),
             )
+
+    def stale(self, norms: list[Any], routers: list[Any]) -> bool:
+        """Whether a stacked parameter was replaced or changed since, or a
+        router has gained hooks (then it must be called)."""
+        now = _parameters(norms, routers)
+        return (
+            len(now) != len(self._sources)
+            or any(
+                a is not b or a._version != v
+                for a, b, v in zip(now, self._sources, self._versions, strict=False)
+            )
+            or any(_has_hooks(r) for r in routers)
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[L, T, E]``: layer ``l``'s router logits of its norm of ``hidden [T, H]``."""
@@ -177,3 +196,9 @@ class StackedRouters:
             return torch.bmm(normed, self.router_weight_t)
         bias = self.router_bias.expand(layers, hidden.shape[0], -1)
         return torch.baddbmm(bias, normed, self.router_weight_t)
+
+
+def _parameters(norms: list[Any], routers: list[Any]) -> list[torch.Tensor]:
+    """The norms' weights and the routers' weights and biases, in order."""
+    out = [n.weight for n in norms] + [r.weight for r in routers]
+    return out + [r.bias for r in routers if getattr(r, "bias", None) is not None]

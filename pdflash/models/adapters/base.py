@@ -721,21 +721,20 @@ class MoEAdapterBase:
         """Every MoE layer's router logits ``[L, T, E]`` for the same
         ``hidden [T, H]`` entering each layer's :meth:`moe_norm` (what
         :meth:`router_logits` gives per layer, up to float rounding), in one
-        batched product (:class:`StackedRouters`); None where a layer's norm,
-        router or routing is not one whose arithmetic is known, or its router
-        class is not yet checked (call per layer then)."""
+        batched product (:class:`StackedRouters`, rebuilt when a parameter
+        changed); None where a layer's norm, router or routing is not one
+        whose arithmetic is known, or its router class is not yet checked
+        (call per layer then)."""
+        blocks = [self._block(m) for m in range(self.num_layers)]
+        if any(b.route_fn is not None and not _default_routing(b.route_fn) for b in blocks):
+            return None
+        norms = [self._layers[d].post_attention_layernorm for d in self.moe_layers]
+        routers = [b.router_module for b in blocks]
         stacked = self._stacked_routers
-        if stacked is None:
-            blocks = [self._block(m) for m in range(self.num_layers)]
-            if any(b.route_fn is not None and not _default_routing(b.route_fn) for b in blocks):
-                return None
-            stacked = StackedRouters.of(
-                [self._layers[d].post_attention_layernorm for d in self.moe_layers],
-                [b.router_module for b in blocks],
-            )
+        if stacked is None or stacked.stale(norms, routers):
+            stacked = self._stacked_routers = StackedRouters.of(norms, routers)
             if stacked is None:
                 return None
-            self._stacked_routers = stacked
         return stacked.logits(hidden)
 
     def route(self, layer: int, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
