@@ -178,6 +178,8 @@ class ApproxRouterPredictor:
         self.proxy = proxy
         self.experts_per_token = k
         self.name = name
+        # checked once: a runtime protocol check walks every member
+        self._stacks_routers = isinstance(adapter, StackedRouterAccess)
 
     def _uses_drafter(self, block: DraftedBlock) -> bool:
         return self.proxy == "drafter" or (
@@ -299,8 +301,8 @@ class ApproxRouterPredictor:
             # every layer sees the same proxy residual: one batched router
             # pass where the adapter has it (a few kernels, not a few per layer)
             stacked = (
-                self.adapter.router_logits_all(hidden)
-                if plan is None and isinstance(self.adapter, StackedRouterAccess)
+                cast(StackedRouterAccess, self.adapter).router_logits_all(hidden)
+                if plan is None and self._stacks_routers
                 else None
             )
             if stacked is not None:

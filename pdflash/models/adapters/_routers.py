@@ -122,12 +122,13 @@ class StackedRouters:
         norm_weight: torch.Tensor,
         router_weight: torch.Tensor,
         router_bias: torch.Tensor | None,
-        sources: list[torch.Tensor] | None = None,
+        sources: list[torch.Tensor],
     ) -> None:
         # the parameters stacked and their versions: a copy made from them is
         # stale once one is replaced or changed in place (:meth:`stale`)
-        self._sources = list(sources or [])
-        self._versions = [t._version for t in self._sources]
+        self._sources = sources
+        self._versions = [t._version for t in sources]
+        self._with_bias = router_bias is not None
         self.gpt_oss_norm = gpt_oss_norm
         self.eps = eps
         self.norm_weight = norm_weight[:, None, :]  # [L, 1, H]
@@ -148,9 +149,9 @@ class StackedRouters:
             return None
         if _CHECKED.get(kind) is not True or any(_has_hooks(r) for r in routers):
             return None
-        biases = [getattr(r, "bias", None) if kind in _LINEAR_AS_GIVEN else None for r in routers]
-        present = [b for b in biases if b is not None]
-        if present and len(present) != len(biases):
+        # only routers whose shortcut adds their bias (F.linear as given) stack one
+        present = [r.bias for r in routers if kind in _LINEAR_AS_GIVEN and r.bias is not None]
+        if present and len(present) != len(routers):
             return None
         with torch.no_grad():
             return cls(
@@ -159,13 +160,13 @@ class StackedRouters:
                 torch.stack([n.weight.detach() for n in norms]),
                 torch.stack([r.weight.detach() for r in routers]),
                 torch.stack([b.detach() for b in present]) if present else None,
-                sources=_parameters(norms, routers),
+                _parameters(norms, routers, bool(present)),
             )
 
     def stale(self, norms: list[Any], routers: list[Any]) -> bool:
         """Whether a stacked parameter was replaced or changed since, or a
         router has gained hooks (then it must be called)."""
-        now = _parameters(norms, routers)
+        now = _parameters(norms, routers, self._with_bias)
         return (
             len(now) != len(self._sources)
             or any(
@@ -198,7 +199,8 @@ class StackedRouters:
         return torch.baddbmm(bias, normed, self.router_weight_t)
 
 
-def _parameters(norms: list[Any], routers: list[Any]) -> list[torch.Tensor]:
-    """The norms' weights and the routers' weights and biases, in order."""
+def _parameters(norms: list[Any], routers: list[Any], with_bias: bool) -> list[torch.Tensor]:
+    """The parameters :class:`StackedRouters` stacks: the norms' weights, the
+    routers' weights and, ``with_bias``, their biases, in order."""
     out = [n.weight for n in norms] + [r.weight for r in routers]
-    return out + [r.bias for r in routers if getattr(r, "bias", None) is not None]
+    return out + [r.bias for r in routers] if with_bias else out
