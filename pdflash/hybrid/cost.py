@@ -3,7 +3,16 @@
 :func:`calibrate_host` times the :class:`~pdflash.hybrid.executor.HostExpertExecutor`
 exactly as a forward uses it (same pool, same threads, the store's packed
 host weights of real experts of the model) at a few token counts, and fits
-seconds per expert as ``a + b * tokens`` (both terms >= 0).
+seconds per expert as ``a + b * tokens`` (both terms >= 0), plus a fixed
+``job_s`` per HOST job (one layer's HOST experts).
+
+Why a job term: on some hosts a job of one expert costs several times its
+share of a bigger job (measured on an H100 machine's host, thirty-fourth
+session: a one-expert probe 1.3-2.5x the calibration's seconds per expert,
+the run's five-expert jobs 0.5x), so seconds per expert alone cannot price
+both. Each point times batches of one expert and of ``experts_per_batch``;
+the slope between them is the point's seconds per expert, the rest of the
+one-expert batch its job cost, and ``job_s`` the median over the points.
 (The fit is :func:`fit_robust`, medians, not least squares: one bad point
 of four cannot move it.) It also times the fixed per-layer round trip of a HOST batch (hidden states
 device -> host, an empty pool job, results host -> device), which the
@@ -51,6 +60,9 @@ if TYPE_CHECKING:
 DEFAULT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16, 64)
 #: timed batches per point (their median is the point)
 DEFAULT_REPEATS = 5
+#: at least this many experts per calibration batch (the job term's slope
+#: is read between one expert and this many)
+JOB_BATCH_EXPERTS = 4
 
 
 @dataclass(frozen=True)
@@ -58,12 +70,16 @@ class HostCostModel:
     """Seconds for the host pool to compute one expert over ``n`` tokens:
     ``intercept_s + per_token_s * n`` (measured with the pool full, so it is
     the pool's time per expert, not one thread's latency), plus a fixed
-    ``roundtrip_s`` per layer that uses the host at all.
+    ``job_s`` of pool time per HOST job (a layer's HOST experts, whatever
+    their number; :meth:`job_cost`) and a fixed ``roundtrip_s`` per layer
+    that uses the host at all.
 
     ``points`` are the measured ``(tokens, seconds per expert)`` pairs the
     fit came from (each the median of ``repeats`` timed batches), ``spread``
-    the ``(tokens, min, max)`` seconds per expert over those batches;
-    ``source`` says ``"calibrated"`` or ``"configured"``.
+    the ``(tokens, min, max)`` seconds per expert over those batches,
+    ``job_points`` the ``(tokens, job seconds)`` the median ``job_s`` came
+    from (empty where it was not measured); ``source`` says
+    ``"calibrated"`` or ``"configured"``.
     """
 
     intercept_s: float
@@ -80,9 +96,11 @@ class HostCostModel:
     host_format: str = "packed"
     spread: tuple[tuple[int, float, float], ...] = ()
     repeats: int | None = None  # timed batches per point (None: not calibrated)
+    job_s: float = 0.0
+    job_points: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("intercept_s", "per_token_s", "roundtrip_s"):
+        for name in ("intercept_s", "per_token_s", "roundtrip_s", "job_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and np.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
@@ -91,10 +109,19 @@ class HostCostModel:
         """Seconds per expert for ``tokens`` (scalar or array)."""
         return self.intercept_s + self.per_token_s * np.asarray(tokens, dtype=np.float64)
 
+    def job_cost(self, tokens: Sequence[float] | npt.NDArray[np.float64]) -> float:
+        """Pool seconds of one HOST job of experts with ``tokens`` rows each:
+        ``job_s`` plus their :meth:`expert_s` (0 for no expert)."""
+        tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
+        if tok.size == 0:
+            return 0.0
+        return self.job_s + float(np.sum(self.expert_s(tok)))
+
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["points"] = [list(p) for p in self.points]
         out["spread"] = [list(p) for p in self.spread]
+        out["job_points"] = [list(p) for p in self.job_points]
         return out
 
 
@@ -190,19 +217,26 @@ def calibrate_host(
     roundtrip: bool = True,
     host_format: str = "packed",
     ids: npt.ArrayLike | None = None,
+    job_term: bool = True,
 ) -> HostCostModel:
     """Measure the executor on real experts (flat ids ``0..num_ids-1`` of the
     store it reads, or ``ids``: e.g. the experts an expert-parallel rank's
     store packed) and fit :class:`HostCostModel`.
 
-    Each point times ``experts_per_batch`` experts (default: 2 per pool
-    worker, so every worker is busy) of ``n`` tokens each; seconds per expert
-    is the batch's compute span (first worker's start to last worker's end:
-    what :meth:`OnlineHostCost.observe` is given in the run too) over its
-    experts, the median of ``repeats``
-    batches after an untimed warm-up batch of the same token count (module
-    doc). ``roundtrip=False`` skips timing the per-layer round trip
-    (``roundtrip_s`` is then 0).
+    Each point times batches of ``experts_per_batch`` experts (default: 2
+    per pool worker and at least :data:`JOB_BATCH_EXPERTS`, so every worker
+    is busy) of ``n`` tokens each; a batch's time is its compute span (first
+    worker's start to last worker's end: what :meth:`OnlineHostCost.observe`
+    is given in the run too), each the median of ``repeats`` batches after
+    an untimed warm-up batch of the same token count (module doc). With
+    ``job_term`` (and batches of two or more experts) the point also times
+    batches of one expert, interleaved with the big ones: per repeat, its
+    seconds per expert is the slope between the two sizes and the
+    one-expert batch's remainder its job cost (the point and its job cost
+    are the medians over the repeats, ``job_s`` the median over the
+    points); without, seconds per expert is the big batch's
+    time over its experts and ``job_s`` is 0. ``roundtrip=False`` skips
+    timing the per-layer round trip (``roundtrip_s`` is then 0).
     """
     pool = (
         np.arange(num_ids, dtype=np.int64)
@@ -219,31 +253,48 @@ def calibrate_host(
     if not points_in or points_in[0] < 1:
         raise ValueError(f"token_points must be positive, got {list(token_points)}")
     started = time.perf_counter()
-    per_batch = experts_per_batch or 2 * executor.workers
+    per_batch = experts_per_batch or max(JOB_BATCH_EXPERTS, 2 * executor.workers)
     per_batch = max(1, min(per_batch, pool.size))
+    with_job = job_term and per_batch >= 2
     gen = torch.Generator().manual_seed(seed)
     dtype = executor.dtype
     cursor = 0
 
-    def next_ids() -> npt.NDArray[np.int64]:
+    def next_ids(size: int) -> npt.NDArray[np.int64]:
         nonlocal cursor
-        batch = pool[(np.arange(per_batch, dtype=np.int64) + cursor) % pool.size]
-        cursor = (cursor + per_batch) % pool.size
+        batch = pool[(np.arange(size, dtype=np.int64) + cursor) % pool.size]
+        cursor = (cursor + size) % pool.size
         return batch
 
     points: list[tuple[int, float]] = []
     spread: list[tuple[int, float, float]] = []
+    job_points: list[tuple[int, float]] = []
     with _gc_paused():
         for n in points_in:
             # untimed: the team's spin-up, this row count's code path
-            _time_batch(executor, next_ids(), n, hidden_size, dtype, gen)
-            times = [
-                _time_batch(executor, next_ids(), n, hidden_size, dtype, gen) / per_batch
-                for _ in range(repeats)
-            ]
-            points.append((n, float(statistics.median(times))))
-            spread.append((n, float(min(times)), float(max(times))))
+            _time_batch(executor, next_ids(per_batch), n, hidden_size, dtype, gen)
+            big: list[float] = []
+            one: list[float] = []
+            for _ in range(repeats):
+                # interleaved, so a drift of the host reaches both sizes alike
+                big.append(_time_batch(executor, next_ids(per_batch), n, hidden_size, dtype, gen))
+                if with_job:
+                    one.append(_time_batch(executor, next_ids(1), n, hidden_size, dtype, gen))
+            # per repeat: seconds per expert, and the job's remainder
+            per_expert = [b / per_batch for b in big]
+            if with_job:
+                for i, (b, o) in enumerate(zip(big, one, strict=True)):
+                    slope = (b - o) / (per_batch - 1)
+                    # a slope at or above the mean (one expert no dearer than
+                    # its share) or below zero is noise: no job term there
+                    if 0.0 < slope < per_expert[i]:
+                        per_expert[i] = slope
+                jobs = [max(0.0, o - e) for o, e in zip(one, per_expert, strict=True)]
+                job_points.append((n, float(statistics.median(jobs))))
+            points.append((n, float(statistics.median(per_expert))))
+            spread.append((n, min(per_expert), max(per_expert)))
     a, b = fit_robust(points)
+    job_s = float(statistics.median(p[1] for p in job_points)) if job_points else 0.0
     roundtrip_s = (
         measure_roundtrip(executor, hidden_size, device, repeats=max(3, repeats))
         if roundtrip
@@ -258,6 +309,8 @@ def calibrate_host(
         dtype=str(dtype).removeprefix("torch."),
         expert_nbytes=executor.expert_nbytes,
         points=tuple(points),
+        job_s=job_s,
+        job_points=tuple(job_points),
         source="calibrated",
         calibration_s=time.perf_counter() - started,
         host_format=host_format,
@@ -303,8 +356,10 @@ class OnlineHostCost:
     Every finished HOST job (a layer's HOST experts) gives ``ratio =
     measured seconds / modeled seconds``: its compute span (first worker's
     start to last worker's end, as the calibration timed its batches) over
-    the sum of the calibration's seconds per expert (the pool's time per
-    expert). Ratios are kept per token bucket (:data:`ONLINE_BUCKETS`, by
+    the calibration's :meth:`HostCostModel.job_cost` of the job (its job
+    term and its experts' seconds each: the pool's time). A probe's lone
+    expert is priced with the job term too, so a host whose jobs cost a
+    fixed amount each no longer reads as a slow host from its probes. Ratios are kept per token bucket (:data:`ONLINE_BUCKETS`, by
     the job's mean tokens per expert), each clamped to
     ``[1 / max_ratio, max_ratio]``, the last ``window`` of them; a bucket's
     correction is the median of its ratios together with ``prior`` ratios of
@@ -345,6 +400,14 @@ class OnlineHostCost:
     def roundtrip_s(self) -> float:
         return self.base.roundtrip_s
 
+    @property
+    def job_s(self) -> float:
+        """The calibration's job term times the correction of every bucket's
+        ratios together (the term does not depend on the tokens)."""
+        if not self.base.job_s:
+            return 0.0
+        return self.base.job_s * self._median([r for q in self._ratios.values() for r in q])
+
     @staticmethod
     def bucket(tokens: float) -> int:
         """Index of the token bucket ``tokens`` per expert falls in."""
@@ -378,6 +441,13 @@ class OnlineHostCost:
             )
         return base * self._scales[np.searchsorted(ONLINE_BUCKETS, tok, side="left")]
 
+    def job_cost(self, tokens: Sequence[float] | npt.NDArray[np.float64]) -> float:
+        """:meth:`HostCostModel.job_cost`, corrected."""
+        tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
+        if tok.size == 0:
+            return 0.0
+        return self.job_s + float(np.sum(self.expert_s(tok)))
+
     # -- measurements --------------------------------------------------------------
 
     def observe(self, tokens: Sequence[int], seconds: float) -> None:
@@ -385,7 +455,7 @@ class OnlineHostCost:
         tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
         if tok.size == 0 or not (math.isfinite(seconds) and seconds > 0):
             return
-        modeled = float(self.base.expert_s(tok).sum())
+        modeled = self.base.job_cost(tok)
         if modeled <= 0:
             return
         ratio = min(self.max_ratio, max(1.0 / self.max_ratio, seconds / modeled))

@@ -12,8 +12,9 @@ makespan under a two-resource model:
 * link: ``(ahead_bytes + copies * expert_nbytes) / bytes_per_s`` — the
   bytes already ahead of this layer's copies (its own in-flight copies,
   promoted to ON_DEMAND when the layer pins them) plus the new copies;
-* host CPU: ``roundtrip_s + sum(a + b * tokens_e)`` over the HOST experts,
-  from the start-up calibration (:class:`HostCostModel`).
+* host CPU: ``roundtrip_s + job_s + sum(a + b * tokens_e)`` over the HOST
+  experts, from the start-up calibration (:class:`HostCostModel`; ``job_s``
+  what a HOST job costs the pool beyond its experts' own seconds).
 
 The two run at once, so the layer waits ``max(link, host)``. Experts are
 moved to HOST cheapest (fewest tokens) first; for a fixed number of HOST
@@ -23,7 +24,7 @@ model's error is largest near break-even, and a COPY leaves the expert
 resident for later forwards while a HOST expert leaves nothing behind.
 
 When HOST pays. With ``n`` misses, a copy time ``L``, a host time ``H = r L``
-per expert and the round trip ``R``, the best split (both resources finish
+per expert and the round trip ``R`` (with the job term ``job_s``), the best split (both resources finish
 together) hosts ``m* = (nL - R) / (L + H)`` experts and the layer waits
 
     T* = (r + R / (nL)) / (1 + r) x nL
@@ -498,7 +499,7 @@ class CostModelPlanner:
         # the saving must be worth `margin` of the layer's copy time
         if copy_only - cost[best] > self.margin * copy_link:
             k = int(m[best])
-            host_s = self.model.roundtrip_s + float(host_cum[k - 1])
+            host_s = self.model.roundtrip_s + self.model.job_s + float(host_cum[k - 1])
             return order[:k].astype(np.int64), copy_only, float(cost[best]), "split", host_s
         return none, copy_only, copy_only, "copy_margin", None
 
@@ -517,7 +518,7 @@ class CostModelPlanner:
         lead; the layer's next wait on the device ends once the copies have
         landed (module doc)."""
         link_s = ahead + (n - m) * per_copy
-        host_s = self.model.roundtrip_s + host_cum[m - 1]
+        host_s = self.model.roundtrip_s + self.model.job_s + host_cum[m - 1]
         wait_host = np.maximum(0.0, host_s - link.host_lead_s)
         thread_s = link.hidden_s + link.host_overhead_s + wait_host
         cost: npt.NDArray[np.float64] = np.maximum(thread_s, link_s) - link.hidden_s
@@ -565,7 +566,7 @@ class CostModelPlanner:
         if exposed - link.hidden_s <= link.host_overhead_s:
             return None  # the copies hide behind the forward: no host could pay
         rest_s = self._link_s(link, tokens.size - 1)
-        host_s = self.model.roundtrip_s + float(self.model.expert_s(tokens[j]))
+        host_s = self.model.roundtrip_s + self.model.job_s + float(self.model.expert_s(tokens[j]))
         return (j, host_s) if host_s <= self.probe_max_ratio * rest_s else None
 
     def plan_ahead(

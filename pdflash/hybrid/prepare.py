@@ -319,6 +319,9 @@ def _time_format(
                 token_points=SELECT_TOKEN_POINTS,
                 repeats=repeats,
                 roundtrip=False,
+                # formats are ranked by their seconds per expert in full
+                # batches, as before the job term
+                job_term=False,
             )
     finally:
         _close_kernel(kernel)  # the chosen format gets a kernel of its own

@@ -96,6 +96,88 @@ def test_calibration_warms_every_point_and_records_the_spread() -> None:
     assert row["spread"] and row["repeats"] == 5
 
 
+class _JobCost:
+    """A ``batch_fn`` whose call (one job's experts on a worker) costs
+    ``job_s`` plus ``expert_s`` per expert."""
+
+    def __init__(self, job_s: float, expert_s: float) -> None:
+        self.job_s, self.expert_s = job_s, expert_s
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        weights: list[dict[str, torch.Tensor]],
+        bounds: list[int],
+        out: torch.Tensor,
+    ) -> None:
+        time.sleep(self.job_s + self.expert_s * len(weights))
+        out.copy_(x)
+
+
+def test_calibration_separates_a_fixed_cost_per_job() -> None:
+    """A host whose job costs 6 ms plus 2 ms an expert: the job term reads
+    the slope between one expert and four as seconds per expert and the
+    rest as ``job_s``; without it the four-expert batch's mean (3.5 ms) is
+    charged every expert, a lone expert's 8 ms priced at 3.5."""
+    weights = {"w": torch.zeros(1)}
+    fn = _JobCost(job_s=6 * MS, expert_s=2 * MS)
+    with HostExpertExecutor(
+        lambda g: weights, lambda x, w: x.clone(), dtype=torch.float32, workers=1, batch_fn=fn
+    ) as ex:
+        cost = calibrate_host(ex, num_ids=8, hidden_size=4, token_points=(1, 4), repeats=3)
+        flat = calibrate_host(
+            ex, num_ids=8, hidden_size=4, token_points=(1, 4), repeats=3, job_term=False
+        )
+        single = calibrate_host(
+            ex, num_ids=8, hidden_size=4, token_points=(1,), repeats=1, experts_per_batch=1
+        )
+    assert cost.job_s == pytest.approx(6 * MS, abs=1.5 * MS)
+    assert float(cost.expert_s(1)) == pytest.approx(2 * MS, abs=0.7 * MS)
+    assert [n for n, _ in cost.job_points] == [1, 4]
+    assert cost.job_cost([1]) == pytest.approx(8 * MS, abs=1.5 * MS)
+    assert cost.job_cost([1, 1, 1, 1]) == pytest.approx(14 * MS, abs=2.5 * MS)
+    assert cost.job_cost([]) == 0.0
+    assert cost.to_json()["job_points"] == [list(p) for p in cost.job_points]
+    assert flat.job_s == 0.0 and flat.job_points == ()
+    assert float(flat.expert_s(1)) == pytest.approx(3.5 * MS, abs=0.8 * MS)
+    # batches of one expert cannot tell the job from the expert
+    assert single.job_s == 0.0
+    with pytest.raises(ValueError, match="job_s"):
+        HostCostModel(1 * MS, 0.0, job_s=-1.0)
+
+
+def test_a_job_term_keeps_probes_from_locking_the_host_out() -> None:
+    """The H100 machine's host (thirty-fourth session) in miniature: a job
+    costs 4 ms plus 0.3 ms an expert, a copy 1 ms. Priced per expert from
+    two-expert batches (2.3 ms, over the 1.5x cap) the planner copies
+    everything, and its one-expert probes (4.3 ms) confirm it: the host
+    stays locked out although hosting two of six misses cuts the layer from
+    6 to 4.6 ms. With the job term the calibration prices it right, every
+    layer is split, and the jobs it then observes leave the correction at 1."""
+    rng = np.random.default_rng(0)
+
+    def drive(planner: CostModelPlanner, steps: int) -> list[int]:
+        hosted = []
+        for _ in range(steps):
+            tokens = rng.integers(1, 3, size=6)
+            plan = planner.plan(0, np.arange(6, dtype=np.int64), tokens, LinkState(1e9))
+            if plan.host.size:
+                planner.observe([1] * int(plan.host.size), 4 * MS + 0.3 * MS * plan.host.size)
+            hosted.append(int(plan.host.size))
+        return hosted
+
+    per_expert = CostModelPlanner(HostCostModel(2.3 * MS, 0.0), 1_000_000, probe_every=2)
+    hosted = drive(per_expert, 24)
+    assert per_expert.decisions["split"] == 0
+    assert max(hosted) == 1 and per_expert.decisions["probes"] == sum(hosted) > 0
+    assert per_expert.online_cost()["buckets"]["1-1"]["correction"] > 1.5
+    with_job = CostModelPlanner(HostCostModel(0.3 * MS, 0.0, job_s=4 * MS), 1_000_000)
+    hosted = drive(with_job, 24)
+    assert with_job.decisions["split"] == 24 and min(hosted) >= 2
+    assert with_job.online_cost()["buckets"]["1-1"]["correction"] == pytest.approx(1.0)
+    assert with_job.model.job_s == pytest.approx(4 * MS)
+
+
 def test_robust_fit_ignores_one_bad_point() -> None:
     """A calibration the H200 recorded (ms per expert at 1/4/16/64 tokens):
     the 16-token point is 5x its neighbours' trend. Least squares charges
