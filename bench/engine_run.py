@@ -191,6 +191,9 @@ class RunSpec:
     # the planner may host experts whose copy is still queued (giving the
     # copy back): HostExpertService.host_queued
     host_queued: bool = False
+    # the host calibration measures a fixed cost per HOST job beside the
+    # seconds per expert (pdflash.hybrid.cost.calibrate_host's job_term)
+    host_job_term: bool = True
     # how HOST outputs reach the device stream (pdflash.hybrid.handoff):
     # "thread" (the forward's thread waits for the host) or "stream" (a
     # device-side wait; falls back to "thread" with a recorded reason)
@@ -1144,6 +1147,7 @@ def _run(
                 host_format=spec.host_format,
                 critical_path=spec.host_critical_path,
                 host_queued=spec.host_queued,
+                host_job_term=spec.host_job_term,
                 handoff=spec.host_handoff,
                 host_affinity=spec.host_affinity,
                 host_ahead=spec.host_ahead,

@@ -1060,6 +1060,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the planner may host experts whose copy is still queued (RunSpec.host_queued)",
     )
+    ap.add_argument(
+        "--host-no-job-term",
+        dest="host_job_term",
+        action="store_false",
+        help="the host calibration prices seconds per expert alone (RunSpec.host_job_term)",
+    )
     add_host_switch_arguments(ap)
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))
     ap.add_argument("--expert-dtype", default=None, choices=(None, "dense"))
@@ -1103,6 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_format": args.host_format,
         "host_critical_path": args.host_critical_path,
         "host_queued": args.host_queued,
+        "host_job_term": args.host_job_term,
         "host_handoff": args.host_handoff,
         "host_affinity": args.host_affinity,
         "host_ahead": args.host_ahead,

@@ -318,6 +318,13 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         help="the host planner may also host routed experts whose copy is still queued (not "
         "started), cancelling the copy (HostExpertService.host_queued; off by default)",
     )
+    parser.add_argument(
+        "--host-no-job-term",
+        dest="host_job_term",
+        action="store_false",
+        help="the host calibration prices seconds per expert alone, as before the job term "
+        "(default: it also measures a fixed cost per HOST job; RunSpec.host_job_term)",
+    )
     add_host_switch_arguments(parser)
 
 
@@ -524,6 +531,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
                     host_queued=getattr(args, "host_queued", False),
+                    host_job_term=getattr(args, "host_job_term", True),
                     host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),

@@ -92,6 +92,7 @@ HOST_DEFAULTS: dict[str, Any] = {
         "host_max_tokens",
         "host_critical_path",
         "host_queued",
+        "host_job_term",
         "host_handoff",
         "host_affinity",
         "host_ahead",
@@ -888,14 +889,17 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--rate {csv(args.rate)}")
     if getattr(args, "breakdown", False):
         parts.append("--breakdown")
-    # the other host settings, in HOST_DEFAULTS' order (a switch is spelled bare)
+    # the other host settings, in HOST_DEFAULTS' order (a switch is spelled bare,
+    # one on by default as --host-no-…)
     spelled_above = ("host_experts", "host_workers", "host_threads")
     for name in HOST_DEFAULTS:
         value = host_changed(name)
         if name in spelled_above or value is None:
             continue
         flag = "--" + name.replace("_", "-")
-        parts.append(flag if value is True else f"{flag} {value}")
+        if value is False:  # a switch on by default is spelled by its negation
+            flag = "--" + name.replace("_", "-").replace("host-", "host-no-", 1)
+        parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

@@ -186,6 +186,7 @@ def build_host_service(
     probe_every: int | None = DEFAULT_PROBE_EVERY,
     critical_path: bool = False,
     host_queued: bool = False,
+    host_job_term: bool = True,
     host_affinity: str | HostPlacement = DEFAULT_HOST_AFFINITY,
     handoff: str = "thread",
     host_ahead: str = "certain",
@@ -224,7 +225,10 @@ def build_host_service(
     ``critical_path`` sets :attr:`HostExpertService.critical_path` (off by
     default: the planner judges the link's makespan), ``host_queued``
     :attr:`HostExpertService.host_queued` (off by default: queued copies
-    stay copies). ``handoff``
+    stay copies). ``host_job_term`` (on by default) has the calibration
+    measure a fixed cost per HOST job beside the seconds per expert
+    (:func:`calibrate_host`'s ``job_term``; off: seconds per expert alone,
+    as before the term). ``handoff``
     (:data:`~pdflash.hybrid.handoff.HANDOFF_CHOICES`): how HOST outputs
     reach the device stream (:meth:`HostExpertService.set_handoff`;
     ``stream`` falls back to ``thread`` where it cannot run, with the reason
@@ -315,6 +319,7 @@ def build_host_service(
                 hidden_size=int(adapter.hidden_size),
                 device=device,
                 host_format=weights.format,
+                job_term=host_job_term,
             )
             calibrate_s = time.perf_counter() - t0
         if planner is None:
@@ -340,6 +345,7 @@ def build_host_service(
         )
         service.critical_path = bool(critical_path)
         service.host_queued = bool(host_queued)
+        service.host_job_term = bool(host_job_term)
         service.ahead_from = host_ahead_from
         service.set_handoff(handoff, device)
         service.host_weights = weights.describe()

@@ -402,6 +402,9 @@ class HostExpertService:
         #: a copy that started meanwhile stays a COPY). False (default): not
         #: measured on a GPU yet
         self.host_queued = False
+        #: whether the calibration measured a fixed cost per HOST job
+        #: (build_host_service's host_job_term); recorded in the stats
+        self.host_job_term = True
         #: False: every miss is copied and nothing is planned ahead; a
         #: layer's split returns before reading the cache or asking the
         #: planner (the PD controller switches the service: the engine's
@@ -784,6 +787,7 @@ class HostExpertService:
             # queued copies offered to the planner, and how many it hosted
             "host_queued": self.host_queued,
             "queued_hosted": self.books.queued_hosted,
+            "host_job_term": self.host_job_term,
             # layers the planner split that were copied to sample the dispatch
             "copy_sampled_layers": self.books.copy_sampled,
             "enabled_at_end": self.enabled,

@@ -426,6 +426,16 @@ def _recorded_host_queued(row: Mapping[str, Any]) -> Any:
     return bool(service.get("host_queued", False)) if isinstance(service, Mapping) else False
 
 
+def _recorded_job_term(row: Mapping[str, Any]) -> Any:
+    """Whether a row's host calibration measured a job term: as its host
+    service records; False for a service older than the term (it priced
+    seconds per expert alone); the default where no host service ran."""
+    service = row.get("host_service")
+    if not isinstance(service, Mapping):
+        return True
+    return bool(service.get("host_job_term", False))
+
+
 def _recorded_critical_path(row: Mapping[str, Any]) -> Any:
     """Whether a row's host planner was given the forward's critical-path
     terms: as its host service records, else True for a service that
@@ -588,6 +598,8 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_critical_path", False, _recorded_critical_path),
     # rows older than the setting never hosted a queued copy
     RunSetting("host_queued", False, _recorded_host_queued),
+    # rows older than the setting calibrated without the job term
+    RunSetting("host_job_term", True, _recorded_job_term, omitted=_recorded_job_term),
     RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "auto", _recorded_affinity),  # pdflash.hybrid.DEFAULT_HOST_AFFINITY
     RunSetting("host_ahead", "certain", _recorded_ahead),
