@@ -86,9 +86,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import captures_in_clock, paired, ratio_verdict
+from pdflash.bench.pair_ratios import captures_in_clock, ratio_verdict
 
-from pdflash.report.stats import compare, t_interval
+from pdflash.report.stats import compare, pair_summary, t_interval
 
 
 def interval(values: list[float]) -> dict[str, Any]:
@@ -640,26 +640,24 @@ def _compared(
     or slower where it excludes 1) where two or more repeats pair, else from
     the arms' intervals (``verdict_from`` says which); the verdict names
     ``subject`` (default ``num``)."""
-    ratios = [
-        x
-        for _, x in paired(
-            {rep: v for (arm, rep), v in per_rep.items() if arm == num},
-            {rep: v for (arm, rep), v in per_rep.items() if arm == den},
-        )
-    ]
+    pairs = pair_summary(
+        {rep: v for (arm, rep), v in per_rep.items() if arm == num},
+        {rep: v for (arm, rep), v in per_rep.items() if arm == den},
+    )
+    ratios = pairs["ratios"]
     ta, tb = tps[num], tps[den]
-    pairs_iv = t_interval(ratios) if len(ratios) > 1 else None
     name = num if subject is None else subject
-    if pairs_iv is None:
+    if pairs["called"] is None:
         verdict, verdict_from = _verdict(ta, tb, name), "arms"
     else:
-        verdict, verdict_from = _pairs_verdict(pairs_iv.low, pairs_iv.high, name), "pairs"
+        verdict, verdict_from = _pairs_verdict(pairs["low"], pairs["high"], name), "pairs"
     return {
         "pair_ratios": ratios,
+        # one pair is its own median
         "pair_ratio_median": statistics.median(ratios) if ratios else None,
         # the interleaved pairs' own interval: tighter than the arms' where
         # the repeats drift together
-        "pair_ratio_ci95": None if pairs_iv is None else [pairs_iv.low, pairs_iv.high],
+        "pair_ratio_ci95": None if pairs["called"] is None else [pairs["low"], pairs["high"]],
         "median_ratio": ta["median"] / tb["median"] if ta.get("n") and tb.get("n") else None,
         "verdict": verdict,
         "verdict_from": verdict_from,

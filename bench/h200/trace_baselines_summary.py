@@ -25,9 +25,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.pair_ratios import captures_in_clock, paired, ratio_verdict
+from pdflash.bench.pair_ratios import captures_in_clock
 
-from pdflash.report.stats import compare, t_interval
+from pdflash.report.stats import compare, pair_summary, t_interval
 from pdflash.report.writers import read_jsonl
 
 #: the labels PD is held against (issue 14: never slower than their best)
@@ -62,18 +62,19 @@ def _pair(
     the verdict: the pairs' where two or more repeats pair, else the two
     configurations' intervals'."""
     ra, rb = by_repeat[a], by_repeat[b]
-    ratios = [x for _, x in paired(ra, rb)]
-    pairs_iv = t_interval(ratios) if len(ratios) >= 2 else None
-    if pairs_iv is not None:
-        judged, source = ratio_verdict(pairs_iv.low, pairs_iv.high), "pairs"
+    pairs = pair_summary(ra, rb)
+    ratios = pairs["ratios"]
+    if pairs["called"] is not None:
+        judged, source = pairs["called"], "pairs"
     else:
         judged, source = verdict(list(ra.values()), list(rb.values())), "configurations"
     return {
         "pd": f"{a[0]} [{a[1]}]",
         "best": f"{b[0]} [{b[1]}]",
         "pair_ratios": ratios,
+        # one pair is its own median
         "pair_ratio_median": statistics.median(ratios) if ratios else None,
-        "pair_ratio_ci95": None if pairs_iv is None else [pairs_iv.low, pairs_iv.high],
+        "pair_ratio_ci95": None if pairs["called"] is None else [pairs["low"], pairs["high"]],
         "verdict": judged,
         "verdict_from": source,
     }
