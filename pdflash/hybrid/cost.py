@@ -224,8 +224,8 @@ def calibrate_host(
     store packed) and fit :class:`HostCostModel`.
 
     Each point times batches of ``experts_per_batch`` experts (default: 2
-    per pool worker and at least :data:`JOB_BATCH_EXPERTS`, so every worker
-    is busy) of ``n`` tokens each; a batch's time is its compute span (first
+    per pool worker, so every worker is busy, and with ``job_term`` at least
+    :data:`JOB_BATCH_EXPERTS`) of ``n`` tokens each; a batch's time is its compute span (first
     worker's start to last worker's end: what :meth:`OnlineHostCost.observe`
     is given in the run too), each the median of ``repeats`` batches after
     an untimed warm-up batch of the same token count (module doc). With
@@ -253,7 +253,9 @@ def calibrate_host(
     if not points_in or points_in[0] < 1:
         raise ValueError(f"token_points must be positive, got {list(token_points)}")
     started = time.perf_counter()
-    per_batch = experts_per_batch or max(JOB_BATCH_EXPERTS, 2 * executor.workers)
+    # without the job term, batches as before it (two per worker)
+    least = JOB_BATCH_EXPERTS if job_term else 1
+    per_batch = experts_per_batch or max(least, 2 * executor.workers)
     per_batch = max(1, min(per_batch, pool.size))
     with_job = job_term and per_batch >= 2
     gen = torch.Generator().manual_seed(seed)

@@ -117,8 +117,9 @@ class _JobCost:
 def test_calibration_separates_a_fixed_cost_per_job() -> None:
     """A host whose job costs 6 ms plus 2 ms an expert: the job term reads
     the slope between one expert and four as seconds per expert and the
-    rest as ``job_s``; without it the four-expert batch's mean (3.5 ms) is
-    charged every expert, a lone expert's 8 ms priced at 3.5."""
+    rest as ``job_s``; without it the two-expert batch's mean (5 ms) is
+    charged every expert: a lone expert's 8 ms priced at 5, four experts'
+    14 ms at 20."""
     weights = {"w": torch.zeros(1)}
     fn = _JobCost(job_s=6 * MS, expert_s=2 * MS)
     with HostExpertExecutor(
@@ -139,7 +140,8 @@ def test_calibration_separates_a_fixed_cost_per_job() -> None:
     assert cost.job_cost([]) == 0.0
     assert cost.to_json()["job_points"] == [list(p) for p in cost.job_points]
     assert flat.job_s == 0.0 and flat.job_points == ()
-    assert float(flat.expert_s(1)) == pytest.approx(3.5 * MS, abs=0.8 * MS)
+    # without the term, two-expert batches (two per worker) as before it: (6 + 4) / 2
+    assert float(flat.expert_s(1)) == pytest.approx(5 * MS, abs=1.0 * MS)
     # batches of one expert cannot tell the job from the expert
     assert single.job_s == 0.0
     with pytest.raises(ValueError, match="job_s"):
