@@ -6,7 +6,9 @@ Runs :func:`pdflash.bench.engine_run.run_spec` in one process for every
 to ``--layers`` (8 by default) MoE layers, synthetic bf16 weights
 (``--synthetic-format mxfp4``: gpt-oss MXFP4 experts, kept MXFP4 in host
 memory and over the link unless ``--expert-dtype dense``), forced
-acceptance, block 16. The host computes from the weight format
+acceptance, block 16; ``--trace FILE`` replays a proxy trace's learned
+routing and acceptance instead (the rows say ``trace``), and ``--closed N``
+runs a closed loop of N requests per client instead of one burst. The host computes from the weight format
 ``--host-format`` (default ``auto``: timed at start-up; the chosen format
 and every candidate's time are in each PD+host row and the summary).
 
@@ -1043,6 +1045,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=24)
     ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="replay a proxy trace's learned routing and acceptance (RunSpec routing_source and "
+        "acceptance 'trace'; rows say so) instead of synthetic routing and forced acceptance",
+    )
+    ap.add_argument(
+        "--closed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a closed loop of N requests per client (the point's concurrency is the clients) "
+        "instead of one burst of as many requests as the concurrency",
+    )
     ap.add_argument("--host-threads", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--host-workers", type=int, default=1)
     ap.add_argument("--host-max-ratio", type=float, default=1.5)
@@ -1094,6 +1111,8 @@ def main(argv: list[str] | None = None) -> int:
         points = [
             (float(p.split(":")[0]), int(p.split(":")[1])) for p in args.points.split(",") if p
         ]
+    if args.closed is not None and args.closed < 1:
+        ap.error(f"--closed needs at least one request per client, got {args.closed}")
     # what every arm shares (an arm's overrides beat these)
     base: dict[str, Any] = {
         "block_size": 16,
@@ -1117,11 +1136,22 @@ def main(argv: list[str] | None = None) -> int:
         "synthetic_format": args.synthetic_format,
         "expert_dtype": args.expert_dtype,
     }
+    if args.trace is not None:
+        base.update(routing_source="trace", acceptance="trace", trace=str(args.trace))
+
+    def at_point(cf: float, conc: int) -> dict[str, Any]:
+        """A point's settings: the cache, and the clients (a closed loop's)
+        or the burst's requests."""
+        out: dict[str, Any] = {"cache_fraction": cf, "concurrency": conc}
+        if args.closed is not None:
+            out.update(arrivals="closed", users=conc, num_requests=args.closed * conc)
+        return out
+
     # every arm checked before anything runs (or loads)
     try:
         arms = parse_arms(args.arms)
         for cf, conc in points:
-            check_arms(arms, {**base, "cache_fraction": cf, "concurrency": conc}, archs)
+            check_arms(arms, {**base, **at_point(cf, conc)}, archs)
         if args.reference is not None and args.reference not in {a.name for a in arms}:
             raise ValueError(
                 f"--reference {args.reference!r} is not an arm; one of {[a.name for a in arms]}"
@@ -1157,13 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     spec = RunSpec(
                         **arm_spec_kwargs(
-                            {
-                                **base,
-                                "arch": arch,
-                                "concurrency": conc,
-                                "cache_fraction": cf,
-                                "repeat": rep,
-                            },
+                            {**base, "arch": arch, **at_point(cf, conc), "repeat": rep},
                             arm,
                         )
                     )

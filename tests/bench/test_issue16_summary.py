@@ -820,3 +820,29 @@ def test_smoke_five_arms_on_the_tiny_cpu_shape(
     assert p["by_arm"]["weighted"]["host_ahead"] == ["weighted"]
     assert p["by_arm"]["host"]["host_ahead"] == ["certain"]
     assert "issue16 arms: cpu" in capsys.readouterr().err
+
+
+def test_arms_replay_a_trace_in_a_closed_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--trace`` replays the committed proxy trace's learned routing and
+    acceptance under every arm (so a run setting is A/B'd on learned
+    routing, interleaved), and ``--closed N`` runs N requests per client."""
+    monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path / "cache"))
+    trace = (
+        Path(__file__).resolve().parents[2]
+        / "bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz"
+    )
+    out = tmp_path / "out"
+    argv = ["--archs", "tiny-gpt_oss", "--layers", "0", "--points", "0.5:1", "--repeats", "1"]
+    argv += ["--max-new-tokens", "4", "--host-threads", "1", "--budget-s", "300"]
+    argv += ["--trace", str(trace), "--closed", "2", "--arms", "PD,deep=PD:stream_ahead=8"]
+    assert issue16.main([*argv, "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert sorted(r["arm"] for r in rows) == ["PD", "deep"]
+    for row in rows:
+        assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
+        assert row["num_requests"] == 2 and row["concurrency"] == 1
+    assert {r["arm"]: r["stream_ahead"] for r in rows} == {"PD": 2, "deep": 8}
+    with pytest.raises(SystemExit):
+        issue16.main([*argv[:-4], "--closed", "0", "--out", str(out)])
