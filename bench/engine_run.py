@@ -192,8 +192,9 @@ class RunSpec:
     # copy back): HostExpertService.host_queued
     host_queued: bool = False
     # the host calibration measures a fixed cost per HOST job beside the
-    # seconds per expert (pdflash.hybrid.cost.calibrate_host's job_term)
-    host_job_term: bool = True
+    # seconds per expert (pdflash.hybrid.cost.calibrate_host's job_term;
+    # off by default until a GPU A/B)
+    host_job_term: bool = False
     # how HOST outputs reach the device stream (pdflash.hybrid.handoff):
     # "thread" (the forward's thread waits for the host) or "stream" (a
     # device-side wait; falls back to "thread" with a recorded reason)

@@ -1076,10 +1076,9 @@ def main(argv: list[str] | None = None) -> int:
         help="the planner may host experts whose copy is still queued (RunSpec.host_queued)",
     )
     ap.add_argument(
-        "--host-no-job-term",
-        dest="host_job_term",
-        action="store_false",
-        help="the host calibration prices seconds per expert alone (RunSpec.host_job_term)",
+        "--host-job-term",
+        action="store_true",
+        help="the host calibration's fixed cost per HOST job (RunSpec.host_job_term)",
     )
     add_host_switch_arguments(ap)
     ap.add_argument("--synthetic-format", default=None, choices=(None, "mxfp4"))

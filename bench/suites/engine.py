@@ -319,11 +319,10 @@ def add_host_arguments(parser: argparse._ActionsContainer) -> None:
         "started), cancelling the copy (HostExpertService.host_queued; off by default)",
     )
     parser.add_argument(
-        "--host-no-job-term",
-        dest="host_job_term",
-        action="store_false",
-        help="the host calibration prices seconds per expert alone, as before the job term "
-        "(default: it also measures a fixed cost per HOST job; RunSpec.host_job_term)",
+        "--host-job-term",
+        action="store_true",
+        help="the host calibration also measures a fixed cost per HOST job, beside the seconds "
+        "per expert (RunSpec.host_job_term; off by default: not yet measured on a GPU)",
     )
     add_host_switch_arguments(parser)
 
@@ -531,7 +530,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     host_format=args.host_format,
                     host_critical_path=getattr(args, "host_critical_path", False),
                     host_queued=getattr(args, "host_queued", False),
-                    host_job_term=getattr(args, "host_job_term", True),
+                    host_job_term=getattr(args, "host_job_term", False),
                     host_handoff=getattr(args, "host_handoff", "thread"),
                     host_affinity=getattr(args, "host_affinity", DEFAULT_HOST_AFFINITY),
                     host_ahead=getattr(args, "host_ahead", "certain"),

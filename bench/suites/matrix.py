@@ -889,17 +889,14 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--rate {csv(args.rate)}")
     if getattr(args, "breakdown", False):
         parts.append("--breakdown")
-    # the other host settings, in HOST_DEFAULTS' order (a switch is spelled bare,
-    # one on by default as --host-no-…)
+    # the other host settings, in HOST_DEFAULTS' order (a switch is spelled bare)
     spelled_above = ("host_experts", "host_workers", "host_threads")
     for name in HOST_DEFAULTS:
         value = host_changed(name)
         if name in spelled_above or value is None:
             continue
         flag = "--" + name.replace("_", "-")
-        if value is False:  # a switch on by default is spelled by its negation
-            flag = "--" + name.replace("_", "-").replace("host-", "host-no-", 1)
-        parts.append(flag if isinstance(value, bool) else f"{flag} {value}")
+        parts.append(flag if value is True else f"{flag} {value}")
     parts.append(f"--out {shlex.quote(str(out))}")
     # the process-wide compressed-GEMM mode is part of every run's key
     mode = os.environ.get("PDFLASH_COMPRESSED_GEMM")

@@ -186,7 +186,7 @@ def build_host_service(
     probe_every: int | None = DEFAULT_PROBE_EVERY,
     critical_path: bool = False,
     host_queued: bool = False,
-    host_job_term: bool = True,
+    host_job_term: bool = False,
     host_affinity: str | HostPlacement = DEFAULT_HOST_AFFINITY,
     handoff: str = "thread",
     host_ahead: str = "certain",
@@ -225,10 +225,10 @@ def build_host_service(
     ``critical_path`` sets :attr:`HostExpertService.critical_path` (off by
     default: the planner judges the link's makespan), ``host_queued``
     :attr:`HostExpertService.host_queued` (off by default: queued copies
-    stay copies). ``host_job_term`` (on by default) has the calibration
-    measure a fixed cost per HOST job beside the seconds per expert
-    (:func:`calibrate_host`'s ``job_term``; off: seconds per expert alone,
-    as before the term). ``handoff``
+    stay copies). ``host_job_term`` (off by default: not yet measured on a
+    GPU) has the calibration measure a fixed cost per HOST job beside the
+    seconds per expert (:func:`calibrate_host`'s ``job_term``; off: seconds
+    per expert alone). ``handoff``
     (:data:`~pdflash.hybrid.handoff.HANDOFF_CHOICES`): how HOST outputs
     reach the device stream (:meth:`HostExpertService.set_handoff`;
     ``stream`` falls back to ``thread`` where it cannot run, with the reason

@@ -3,16 +3,18 @@
 :func:`calibrate_host` times the :class:`~pdflash.hybrid.executor.HostExpertExecutor`
 exactly as a forward uses it (same pool, same threads, the store's packed
 host weights of real experts of the model) at a few token counts, and fits
-seconds per expert as ``a + b * tokens`` (both terms >= 0), plus a fixed
-``job_s`` per HOST job (one layer's HOST experts).
+seconds per expert as ``a + b * tokens`` (both terms >= 0), and with
+``job_term`` a fixed ``job_s`` per HOST job (one layer's HOST experts).
 
-Why a job term: on some hosts a job of one expert costs several times its
-share of a bigger job (measured on an H100 machine's host, thirty-fourth
-session: a one-expert probe 1.3-2.5x the calibration's seconds per expert,
-the run's five-expert jobs 0.5x), so seconds per expert alone cannot price
-both. Each point times batches of one expert and of ``experts_per_batch``;
-the slope between them is the point's seconds per expert, the rest of the
-one-expert batch its job cost, and ``job_s`` the median over the points.
+Why a job term: the planner's probes are one-expert jobs, while the
+calibration times batches of several; where a lone expert costs more than
+its share of a batch, seconds per expert alone price probes too high and
+can keep the host out (bench/results/h100/session34-2026-12-05). With the
+term each point also times batches of one expert: per repeat, the slope
+between the two sizes is the point's seconds per expert and the rest of
+the one-expert batch its job cost; ``job_s`` is the median over the
+points. Off by default until a GPU A/B.
+
 (The fit is :func:`fit_robust`, medians, not least squares: one bad point
 of four cannot move it.) It also times the fixed per-layer round trip of a HOST batch (hidden states
 device -> host, an empty pool job, results host -> device), which the
@@ -217,7 +219,7 @@ def calibrate_host(
     roundtrip: bool = True,
     host_format: str = "packed",
     ids: npt.ArrayLike | None = None,
-    job_term: bool = True,
+    job_term: bool = False,
 ) -> HostCostModel:
     """Measure the executor on real experts (flat ids ``0..num_ids-1`` of the
     store it reads, or ``ids``: e.g. the experts an expert-parallel rank's
@@ -253,7 +255,7 @@ def calibrate_host(
     if not points_in or points_in[0] < 1:
         raise ValueError(f"token_points must be positive, got {list(token_points)}")
     started = time.perf_counter()
-    # without the job term, batches as before it (two per worker)
+    # without the job term, two per worker
     least = JOB_BATCH_EXPERTS if job_term else 1
     per_batch = experts_per_batch or max(least, 2 * executor.workers)
     per_batch = max(1, min(per_batch, pool.size))
@@ -360,8 +362,9 @@ class OnlineHostCost:
     start to last worker's end, as the calibration timed its batches) over
     the calibration's :meth:`HostCostModel.job_cost` of the job (its job
     term and its experts' seconds each: the pool's time). A probe's lone
-    expert is priced with the job term too, so a host whose jobs cost a
-    fixed amount each no longer reads as a slow host from its probes. Ratios are kept per token bucket (:data:`ONLINE_BUCKETS`, by
+    expert is priced with the job term too (where the calibration measured
+    one), so a host whose jobs cost a fixed amount each does not read as a
+    slow host from its probes. Ratios are kept per token bucket (:data:`ONLINE_BUCKETS`, by
     the job's mean tokens per expert), each clamped to
     ``[1 / max_ratio, max_ratio]``, the last ``window`` of them; a bucket's
     correction is the median of its ratios together with ``prior`` ratios of

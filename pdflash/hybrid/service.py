@@ -404,7 +404,7 @@ class HostExpertService:
         self.host_queued = False
         #: whether the calibration measured a fixed cost per HOST job
         #: (build_host_service's host_job_term); recorded in the stats
-        self.host_job_term = True
+        self.host_job_term = False
         #: False: every miss is copied and nothing is planned ahead; a
         #: layer's split returns before reading the cache or asking the
         #: planner (the PD controller switches the service: the engine's

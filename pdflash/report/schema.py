@@ -428,12 +428,9 @@ def _recorded_host_queued(row: Mapping[str, Any]) -> Any:
 
 def _recorded_job_term(row: Mapping[str, Any]) -> Any:
     """Whether a row's host calibration measured a job term: as its host
-    service records; False for a service older than the term (it priced
-    seconds per expert alone); the default where no host service ran."""
+    service records, else the default (older services had none)."""
     service = row.get("host_service")
-    if not isinstance(service, Mapping):
-        return True
-    return bool(service.get("host_job_term", False))
+    return bool(service.get("host_job_term", False)) if isinstance(service, Mapping) else False
 
 
 def _recorded_critical_path(row: Mapping[str, Any]) -> Any:
@@ -599,7 +596,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # rows older than the setting never hosted a queued copy
     RunSetting("host_queued", False, _recorded_host_queued),
     # rows older than the setting calibrated without the job term
-    RunSetting("host_job_term", True, _recorded_job_term, omitted=_recorded_job_term),
+    RunSetting("host_job_term", False, _recorded_job_term),
     RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "auto", _recorded_affinity),  # pdflash.hybrid.DEFAULT_HOST_AFFINITY
     RunSetting("host_ahead", "certain", _recorded_ahead),

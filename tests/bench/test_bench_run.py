@@ -154,18 +154,17 @@ def test_pd_host_rows_record_the_host_queued_setting(
 def test_pd_host_rows_record_the_job_term_setting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """RunSpec.host_job_term reaches the calibration: on (the default) the
-    row's calibration has a job point per token count, off it has none and a
-    zero term; the row records the switch and keys the run apart; a row of a
-    service older than the switch reads as off, a row without one as the
-    default."""
+    """RunSpec.host_job_term reaches the calibration: off (the default) the
+    row's calibration has no job point and a zero term, on it has a job
+    point per token count; the row records the switch and keys the run
+    apart; a row of a service older than the switch reads as off."""
     from pdflash.report.schema import RUN_SETTINGS, settings_label, spec_settings
 
     monkeypatch.setenv("PDFLASH_CACHE", str(tmp_path))
     kw = dict(arch="tiny", concurrency=2, max_new_tokens=4, prompt_len=4, emulated_link_gbps=0.01)
-    on = run_spec(RunSpec(baseline="PD+host", **kw)).row  # type: ignore[arg-type]
-    off_spec = RunSpec(baseline="PD+host", host_job_term=False, repeat=1, **kw)  # type: ignore[arg-type]
-    off = run_spec(off_spec).row
+    off = run_spec(RunSpec(baseline="PD+host", **kw)).row  # type: ignore[arg-type]
+    on_spec = RunSpec(baseline="PD+host", host_job_term=True, repeat=1, **kw)  # type: ignore[arg-type]
+    on = run_spec(on_spec).row
     for row in (on, off):
         assert validate_row(row) == []
     cal_on, cal_off = on["host_service"]["calibration"], off["host_service"]["calibration"]
@@ -174,10 +173,10 @@ def test_pd_host_rows_record_the_job_term_setting(
     assert cal_on["job_s"] >= 0
     assert off["host_service"]["host_job_term"] is False
     assert cal_off["job_points"] == [] and cal_off["job_s"] == 0.0
-    assert settings_label(off, ["host_job_term"]) == "host_job_term=False"
+    assert settings_label(on, ["host_job_term"]) == "host_job_term=True"
     at = [s.name for s in RUN_SETTINGS if s.in_spec].index("host_job_term")
-    assert spec_settings(vars(off_spec))[at] is False
-    assert spec_settings(vars(RunSpec(baseline="PD+host", **kw)))[at] is True  # type: ignore[arg-type]
+    assert spec_settings(vars(on_spec))[at] is True
+    assert spec_settings(vars(RunSpec(baseline="PD+host", **kw)))[at] is False  # type: ignore[arg-type]
     setting = next(s for s in RUN_SETTINGS if s.name == "host_job_term")
     older = {
         **on,
@@ -185,8 +184,6 @@ def test_pd_host_rows_record_the_job_term_setting(
     }
     older.pop("spec", None)
     assert setting.of_row(older) is False
-    plain = {k: v for k, v in on.items() if k not in ("spec", "host_service")}
-    assert setting.of_row(plain) is True
 
 
 def test_run_spec_frees_its_engine_before_returning(
@@ -567,7 +564,7 @@ def test_matrix_command_spells_a_host_setting_only_off_its_default(
         "host_max_tokens": "--host-max-tokens 0",
         "host_critical_path": "--host-critical-path",
         "host_queued": "--host-queued",
-        "host_job_term": "--host-no-job-term",
+        "host_job_term": "--host-job-term",
         "host_handoff": "--host-handoff stream",
         "host_affinity": "--host-affinity off",
         "host_ahead": "--host-ahead weighted",

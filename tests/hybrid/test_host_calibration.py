@@ -125,12 +125,18 @@ def test_calibration_separates_a_fixed_cost_per_job() -> None:
     with HostExpertExecutor(
         lambda g: weights, lambda x, w: x.clone(), dtype=torch.float32, workers=1, batch_fn=fn
     ) as ex:
-        cost = calibrate_host(ex, num_ids=8, hidden_size=4, token_points=(1, 4), repeats=3)
-        flat = calibrate_host(
-            ex, num_ids=8, hidden_size=4, token_points=(1, 4), repeats=3, job_term=False
+        cost = calibrate_host(
+            ex, num_ids=8, hidden_size=4, token_points=(1, 4), repeats=3, job_term=True
         )
+        flat = calibrate_host(ex, num_ids=8, hidden_size=4, token_points=(1, 4), repeats=3)
         single = calibrate_host(
-            ex, num_ids=8, hidden_size=4, token_points=(1,), repeats=1, experts_per_batch=1
+            ex,
+            num_ids=8,
+            hidden_size=4,
+            token_points=(1,),
+            repeats=1,
+            experts_per_batch=1,
+            job_term=True,
         )
     assert cost.job_s == pytest.approx(6 * MS, abs=1.5 * MS)
     assert float(cost.expert_s(1)) == pytest.approx(2 * MS, abs=0.7 * MS)
@@ -140,7 +146,7 @@ def test_calibration_separates_a_fixed_cost_per_job() -> None:
     assert cost.job_cost([]) == 0.0
     assert cost.to_json()["job_points"] == [list(p) for p in cost.job_points]
     assert flat.job_s == 0.0 and flat.job_points == ()
-    # without the term, two-expert batches (two per worker) as before it: (6 + 4) / 2
+    # without the term (the default), two-expert batches (two per worker): (6 + 4) / 2
     assert float(flat.expert_s(1)) == pytest.approx(5 * MS, abs=1.0 * MS)
     # batches of one expert cannot tell the job from the expert
     assert single.job_s == 0.0
