@@ -8,9 +8,10 @@ to ``--layers`` (8 by default) MoE layers, synthetic bf16 weights
 memory and over the link unless ``--expert-dtype dense``), forced
 acceptance, block 16; ``--trace FILE`` replays a proxy trace's learned
 routing and acceptance instead (the rows say ``trace``), and ``--closed N``
-runs a closed loop of N requests per client instead of one burst. The host computes from the weight format
-``--host-format`` (default ``auto``: timed at start-up; the chosen format
-and every candidate's time are in each PD+host row and the summary).
+runs a closed loop of N requests per client instead of one burst. The host
+computes from the weight format ``--host-format`` (default ``auto``: timed
+at start-up; the chosen format and every candidate's time are in each
+PD+host row and the summary).
 
 Arms (``--arms``, default :data:`DEFAULT_ARMS`: each label at the best
 setting measured for it, below): a comma-separated list of
@@ -1275,6 +1276,9 @@ def main(argv: list[str] | None = None) -> int:
         "layers": args.layers,
         "max_new_tokens": args.max_new_tokens,
         "prompt_len": args.prompt_len,
+        # learned routing and acceptance replayed (None: synthetic, forced)
+        "trace": None if args.trace is None else str(args.trace),
+        "closed_requests_per_client": args.closed,
         "repeats_requested": args.repeats,
         "runs": len(rows),
         "runs_not_started_budget": cut,

@@ -62,8 +62,8 @@ if TYPE_CHECKING:
 DEFAULT_TOKEN_POINTS: tuple[int, ...] = (1, 4, 16, 64)
 #: timed batches per point (their median is the point)
 DEFAULT_REPEATS = 5
-#: at least this many experts per calibration batch (the job term's slope
-#: is read between one expert and this many)
+#: with the job term, at least this many experts per calibration batch (its
+#: slope is read between one expert and this many)
 JOB_BATCH_EXPERTS = 4
 
 
@@ -225,20 +225,20 @@ def calibrate_host(
     store it reads, or ``ids``: e.g. the experts an expert-parallel rank's
     store packed) and fit :class:`HostCostModel`.
 
-    Each point times batches of ``experts_per_batch`` experts (default: 2
-    per pool worker, so every worker is busy, and with ``job_term`` at least
-    :data:`JOB_BATCH_EXPERTS`) of ``n`` tokens each; a batch's time is its compute span (first
-    worker's start to last worker's end: what :meth:`OnlineHostCost.observe`
-    is given in the run too), each the median of ``repeats`` batches after
-    an untimed warm-up batch of the same token count (module doc). With
-    ``job_term`` (and batches of two or more experts) the point also times
-    batches of one expert, interleaved with the big ones: per repeat, its
-    seconds per expert is the slope between the two sizes and the
-    one-expert batch's remainder its job cost (the point and its job cost
-    are the medians over the repeats, ``job_s`` the median over the
-    points); without, seconds per expert is the big batch's
-    time over its experts and ``job_s`` is 0. ``roundtrip=False`` skips
-    timing the per-layer round trip (``roundtrip_s`` is then 0).
+    Each point times ``repeats`` batches of ``experts_per_batch`` experts
+    (default: 2 per pool worker, so every worker is busy, and with
+    ``job_term`` at least :data:`JOB_BATCH_EXPERTS`) of ``n`` tokens each,
+    after an untimed warm-up batch of the same token count (module doc); a
+    batch's time is its compute span (first worker's start to last
+    worker's end: what :meth:`OnlineHostCost.observe` is given in the run
+    too). Seconds per expert is a batch's time over its experts, the point
+    the median over the repeats, and ``job_s`` is 0. With ``job_term`` (and
+    batches of two or more experts) each repeat also times a batch of one
+    expert: its seconds per expert is then the slope between the two sizes
+    and the one-expert batch's remainder its job cost (the point's job cost
+    the median over the repeats, ``job_s`` the median over the points).
+    ``roundtrip=False`` skips timing the per-layer round trip
+    (``roundtrip_s`` is then 0).
     """
     pool = (
         np.arange(num_ids, dtype=np.int64)
@@ -364,8 +364,8 @@ class OnlineHostCost:
     term and its experts' seconds each: the pool's time). A probe's lone
     expert is priced with the job term too (where the calibration measured
     one), so a host whose jobs cost a fixed amount each does not read as a
-    slow host from its probes. Ratios are kept per token bucket (:data:`ONLINE_BUCKETS`, by
-    the job's mean tokens per expert), each clamped to
+    slow host from its probes. Ratios are kept per token bucket
+    (:data:`ONLINE_BUCKETS`, by the job's mean tokens per expert), each clamped to
     ``[1 / max_ratio, max_ratio]``, the last ``window`` of them; a bucket's
     correction is the median of its ratios together with ``prior`` ratios of
     1 (the calibration's own vote), and a bucket with no ratio yet uses all

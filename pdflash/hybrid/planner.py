@@ -24,8 +24,9 @@ model's error is largest near break-even, and a COPY leaves the expert
 resident for later forwards while a HOST expert leaves nothing behind.
 
 When HOST pays. With ``n`` misses, a copy time ``L``, a host time ``H = r L``
-per expert and the round trip ``R`` (with the job term ``job_s``), the best split (both resources finish
-together) hosts ``m* = (nL - R) / (L + H)`` experts and the layer waits
+per expert and the round trip ``R`` (with the job term ``job_s``), the
+best split (both resources finish together) hosts
+``m* = (nL - R) / (L + H)`` experts and the layer waits
 
     T* = (r + R / (nL)) / (1 + r) x nL
 

@@ -319,8 +319,7 @@ def _time_format(
                 token_points=SELECT_TOKEN_POINTS,
                 repeats=repeats,
                 roundtrip=False,
-                # formats are ranked by their seconds per expert in full
-                # batches, as before the job term
+                # formats are ranked by seconds per expert in full batches
                 job_term=False,
             )
     finally:

@@ -844,5 +844,7 @@ def test_arms_replay_a_trace_in_a_closed_loop(
         assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
         assert row["num_requests"] == 2 and row["concurrency"] == 1
     assert {r["arm"]: r["stream_ahead"] for r in rows} == {"PD": 2, "deep": 8}
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["trace"], summary["closed_requests_per_client"]) == (str(trace), 2)
     with pytest.raises(SystemExit):
         issue16.main([*argv[:-4], "--closed", "0", "--out", str(out)])
