@@ -446,13 +446,6 @@ class OnlineHostCost:
             )
         return base * self._scales[np.searchsorted(ONLINE_BUCKETS, tok, side="left")]
 
-    def job_cost(self, tokens: Sequence[float] | npt.NDArray[np.float64]) -> float:
-        """:meth:`HostCostModel.job_cost`, corrected."""
-        tok = np.asarray(tokens, dtype=np.float64).reshape(-1)
-        if tok.size == 0:
-            return 0.0
-        return self.job_s + float(np.sum(self.expert_s(tok)))
-
     # -- measurements --------------------------------------------------------------
 
     def observe(self, tokens: Sequence[int], seconds: float) -> None:

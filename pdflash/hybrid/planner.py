@@ -500,9 +500,14 @@ class CostModelPlanner:
         # the saving must be worth `margin` of the layer's copy time
         if copy_only - cost[best] > self.margin * copy_link:
             k = int(m[best])
-            host_s = self.model.roundtrip_s + self.model.job_s + float(host_cum[k - 1])
+            host_s = self._host_fixed_s() + float(host_cum[k - 1])
             return order[:k].astype(np.int64), copy_only, float(cost[best]), "split", host_s
         return none, copy_only, copy_only, "copy_margin", None
+
+    def _host_fixed_s(self) -> float:
+        """What a layer's HOST part costs before its experts' own seconds:
+        the round trip and the pool's job term."""
+        return self.model.roundtrip_s + self.model.job_s
 
     def _cost(
         self,
@@ -519,7 +524,7 @@ class CostModelPlanner:
         lead; the layer's next wait on the device ends once the copies have
         landed (module doc)."""
         link_s = ahead + (n - m) * per_copy
-        host_s = self.model.roundtrip_s + self.model.job_s + host_cum[m - 1]
+        host_s = self._host_fixed_s() + host_cum[m - 1]
         wait_host = np.maximum(0.0, host_s - link.host_lead_s)
         thread_s = link.hidden_s + link.host_overhead_s + wait_host
         cost: npt.NDArray[np.float64] = np.maximum(thread_s, link_s) - link.hidden_s
@@ -567,7 +572,7 @@ class CostModelPlanner:
         if exposed - link.hidden_s <= link.host_overhead_s:
             return None  # the copies hide behind the forward: no host could pay
         rest_s = self._link_s(link, tokens.size - 1)
-        host_s = self.model.roundtrip_s + self.model.job_s + float(self.model.expert_s(tokens[j]))
+        host_s = self._host_fixed_s() + float(self.model.expert_s(tokens[j]))
         return (j, host_s) if host_s <= self.probe_max_ratio * rest_s else None
 
     def plan_ahead(

@@ -419,20 +419,6 @@ def _omitted_gemm(row: Mapping[str, Any]) -> Any:
     return "dequant" if value is None else value
 
 
-def _recorded_host_queued(row: Mapping[str, Any]) -> Any:
-    """Whether a row's host planner was offered copies still queued: as its
-    host service records, else the default."""
-    service = row.get("host_service")
-    return bool(service.get("host_queued", False)) if isinstance(service, Mapping) else False
-
-
-def _recorded_job_term(row: Mapping[str, Any]) -> Any:
-    """Whether a row's host calibration measured a job term: as its host
-    service records, else the default (older services had none)."""
-    service = row.get("host_service")
-    return bool(service.get("host_job_term", False)) if isinstance(service, Mapping) else False
-
-
 def _recorded_critical_path(row: Mapping[str, Any]) -> Any:
     """Whether a row's host planner was given the forward's critical-path
     terms: as its host service records, else True for a service that
@@ -594,9 +580,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("host_max_tokens", 16),  # pdflash.hybrid.planner.DEFAULT_MAX_HOST_TOKENS
     RunSetting("host_critical_path", False, _recorded_critical_path),
     # rows older than the setting never hosted a queued copy
-    RunSetting("host_queued", False, _recorded_host_queued),
+    RunSetting("host_queued", False, _recorded("host_service", "host_queued")),
     # rows older than the setting calibrated without the job term
-    RunSetting("host_job_term", False, _recorded_job_term),
+    RunSetting("host_job_term", False, _recorded("host_service", "host_job_term")),
     RunSetting("host_handoff", "thread", _recorded_handoff),
     RunSetting("host_affinity", "auto", _recorded_affinity),  # pdflash.hybrid.DEFAULT_HOST_AFFINITY
     RunSetting("host_ahead", "certain", _recorded_ahead),

@@ -28,6 +28,13 @@ def normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.mul(h, torch.rsqrt(variance + eps), out=torch.empty_like(x))
 
 
+def normalized_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x.float() * rsqrt(mean(x.float()^2, -1) + eps)``, kept in fp32 (the
+    gpt-oss RMSNorm multiplies its weight in before the cast)."""
+    h = x.to(torch.float32)
+    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)``, equal value for value, for transformers'
     ``Qwen3MoeRMSNorm`` (``weight * normed.to(dtype)``) and ``GptOssRMSNorm``
@@ -41,9 +48,7 @@ def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
         weight: torch.Tensor = norm.weight
         return weight * normalized(x, norm.variance_epsilon)
     if kind is modeling_gpt_oss.GptOssRMSNorm:
-        h = x.to(torch.float32)
-        variance = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(variance + norm.variance_epsilon)
+        h = normalized_fp32(x, norm.variance_epsilon)
         return torch.mul(norm.weight, h, out=torch.empty_like(x))
     called: torch.Tensor = norm(x)
     return called

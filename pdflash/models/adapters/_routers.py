@@ -178,15 +178,13 @@ class StackedRouters:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[L, T, E]``: layer ``l``'s router logits of its norm of ``hidden [T, H]``."""
-        from pdflash.models.adapters._norms import normalized
+        from pdflash.models.adapters._norms import normalized, normalized_fp32
 
         layers, width = self.norm_weight.shape[0], hidden.shape[-1]
         if self.gpt_oss_norm:
-            h = hidden.to(torch.float32)
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
             normed = torch.mul(
                 self.norm_weight,
-                h[None],
+                normalized_fp32(hidden, self.eps)[None],
                 out=torch.empty(
                     (layers, hidden.shape[0], width), dtype=hidden.dtype, device=hidden.device
                 ),
