@@ -124,6 +124,10 @@ class HostCostModel:
         out["points"] = [list(p) for p in self.points]
         out["spread"] = [list(p) for p in self.spread]
         out["job_points"] = [list(p) for p in self.job_points]
+        if not self.job_points and not self.job_s:
+            # a term nobody measured or set is absent, not a measured 0
+            del out["job_s"]
+            out["job_s_absent"] = "no job term: calibrated or configured without one"
         return out
 
 

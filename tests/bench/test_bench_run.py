@@ -172,7 +172,7 @@ def test_pd_host_rows_record_the_job_term_setting(
     assert [p[0] for p in cal_on["job_points"]] == [p[0] for p in cal_on["points"]]
     assert cal_on["job_s"] >= 0
     assert off["host_service"]["host_job_term"] is False
-    assert cal_off["job_points"] == [] and cal_off["job_s"] == 0.0
+    assert cal_off["job_points"] == [] and "job_s" not in cal_off and cal_off["job_s_absent"]
     assert settings_label(on, ["host_job_term"]) == "host_job_term=True"
     at = [s.name for s in RUN_SETTINGS if s.in_spec].index("host_job_term")
     assert spec_settings(vars(on_spec))[at] is True

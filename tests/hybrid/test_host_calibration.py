@@ -145,7 +145,9 @@ def test_calibration_separates_a_fixed_cost_per_job() -> None:
     assert cost.job_cost([1, 1, 1, 1]) == pytest.approx(14 * MS, abs=2.5 * MS)
     assert cost.job_cost([]) == 0.0
     assert cost.to_json()["job_points"] == [list(p) for p in cost.job_points]
+    assert cost.to_json()["job_s"] == cost.job_s and "job_s_absent" not in cost.to_json()
     assert flat.job_s == 0.0 and flat.job_points == ()
+    assert "job_s" not in flat.to_json() and flat.to_json()["job_s_absent"]
     # without the term (the default), two-expert batches (two per worker): (6 + 4) / 2
     assert float(flat.expert_s(1)) == pytest.approx(5 * MS, abs=1.0 * MS)
     # batches of one expert cannot tell the job from the expert
