@@ -587,12 +587,23 @@ def arm_mechanism(rows: list[dict[str, Any]]) -> dict[str, Any]:
         k: sum(int((_service(r).get("lookahead_split") or {}).get(k, 0)) for r in hosted)
         for k in ("layers", "planned")
     }
-    counted = [d for d in (_service(r).get("planner_decisions") for r in hosted) if d]
+    # the measured part's decisions (the part host_served_experts counts);
+    # rows recorded before they were kept apart: the whole run's
+    counted, parts = [], set()
+    for r in hosted:
+        svc = _service(r)
+        measured = svc.get("planner_decisions_measured")
+        d = measured if measured is not None else svc.get("planner_decisions")
+        if d:
+            counted.append(d)
+            parts.add("measured" if measured is not None else "whole_run")
     reasons: dict[str, int] = {}
     for d in counted:
         for k, v in d.items():
             reasons[k] = reasons.get(k, 0) + int(v)
-    out["plan_reasons"] = {"runs": len(counted), **reasons} if counted else None
+    out["plan_reasons"] = (
+        {"runs": len(counted), "part": "+".join(sorted(parts)), **reasons} if counted else None
+    )
     handoffs = [_service(r).get("host_handoff") or {} for r in hosted]
     ran: dict[str, int] = {}
     for h in handoffs:
@@ -861,7 +872,7 @@ def _reasons(counts: dict[str, Any] | None) -> str:
     )
     return (
         f"layers {counts.get('layers')} [{layer}] ahead layers {counts.get('ahead_layers')} "
-        f"[{ahead}] ({counts.get('runs')} runs)"
+        f"[{ahead}] ({counts.get('runs')} runs, {counts.get('part', 'whole_run')})"
     )
 
 

@@ -676,7 +676,7 @@ class Engine:
             if self.route_stats is not None:
                 self.route_stats.reset()
             if self.host_service is not None:
-                self.host_service.books.reset()
+                self.host_service.reset_stats()
             self._gate_counts = dict.fromkeys(self._gate_counts, 0)
             if self.parts is not None:  # PD controller hook: its books too
                 self.parts.policy.reset_stats()

@@ -374,6 +374,9 @@ class HostExpertService:
         self.link_bytes_per_s = float(link_bytes_per_s)
         self.cost = cost
         self.books = HostBooks()
+        #: the planner's decision counts at the last :meth:`reset_stats`
+        #: (None: never reset; the run's measured part is then the whole run)
+        self._decisions_at_reset: dict[str, int] | None = None
         #: the engine's ComputeTimer (``host_wait()`` context), when attached
         self.timer: HostWaitTimer | None = None
         #: the host weight format and its prepared copy (HostWeights.describe())
@@ -765,6 +768,22 @@ class HostExpertService:
         ahead[layer, ids[host]] = True
         return host
 
+    def reset_stats(self) -> None:
+        """Start the measured part: empty the books and mark the planner's
+        decision counts, so a row can count the decisions of the measured
+        part (``planner_decisions_measured``) beside the whole run's
+        (``planner_decisions``, warm-up included)."""
+        self.books.reset()
+        accounting = self._accounting
+        self._decisions_at_reset = None if accounting is None else dict(accounting.decisions)
+
+    def _measured_decisions(self) -> dict[str, int] | None:
+        accounting = self._accounting
+        if accounting is None:
+            return None
+        start = self._decisions_at_reset or {}
+        return {k: int(v) - int(start.get(k, 0)) for k, v in accounting.decisions.items()}
+
     def describe(self) -> dict[str, Any]:
         """What a result row records about the service."""
         reporter, accounting = self._reporter, self._accounting
@@ -772,7 +791,10 @@ class HostExpertService:
             "planner": (
                 reporter.params() if reporter is not None else {"planner": self.planner.name}
             ),
+            # the whole run's decisions (warm-up included), and the measured
+            # part's: the part whose experts host_served_experts counts
             "planner_decisions": None if accounting is None else dict(accounting.decisions),
+            "planner_decisions_measured": self._measured_decisions(),
             "calibration": None if self.cost is None else self.cost.to_json(),
             # the host cost the planner ended the run with (None: not online)
             "online_cost": None if accounting is None else accounting.online_cost(),

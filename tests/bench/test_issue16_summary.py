@@ -612,15 +612,29 @@ def test_arms_summary_counts_the_planners_reasons() -> None:
     assert q["host_ahead_from"] == ["stream"] and h["host_ahead_from"] == ["predicted"]
     assert q["lookahead_split"] == {"layers": 6, "planned": 10}
     assert h["lookahead_split"] == {"layers": 0, "planned": 0}
-    assert q["plan_reasons"] == {"runs": 2, **{k: 2 * v for k, v in counts.items()}}
+    assert q["plan_reasons"] == {
+        "runs": 2,
+        "part": "whole_run",
+        **{k: 2 * v for k, v in counts.items()},
+    }
     assert h["plan_reasons"] is None
+    # rows that keep the measured part's decisions are counted by those
+    measured = {**split, "planner_decisions_measured": {"layers": 3, "split": 1}}
+    rows_m = [_arm_row("split", i, 110.0, host_service=measured) for i in range(2)]
+    (pm,) = issue16.summarise(rows_m, arms)
+    assert pm["by_arm"]["split"]["plan_reasons"] == {
+        "runs": 2,
+        "part": "measured",
+        "layers": 6,
+        "split": 2,
+    }
     lines = issue16.table({"device": "x", "runs": 4, "runs_not_started_budget": 0, "points": [p]})
     assert any(
         # rows older than host_control and without the controller's books
         "plan ['makespan'] from ['stream'] gate - host-part ['controller'] on - "
         "lookahead-split {'layers': 6, 'planned': 10}: "
         "layers 20 [split=8 copy_hidden=10 copy_margin=2 probes=2] "
-        "ahead layers 16 [split=4 copy_hidden=12] (2 runs)" in line
+        "ahead layers 16 [split=4 copy_hidden=12] (2 runs, whole_run)" in line
         for line in lines
     )
     assert any("plan ['makespan', 'queue'] from ['predicted']" in line for line in lines)

@@ -250,6 +250,12 @@ def test_splitting_the_streams_copies_keeps_greedy_output(
         assert decisions["ahead_layers"] == sum(decisions[f"ahead_{r}"] for r in PLAN_REASONS)
         assert decisions["split"] > 0 and svc.books.experts > 0
         assert int(np.asarray(adapter.cache.pins).sum()) == 0
+        # the engine's reset starts the service's measured part: its books and
+        # the planner's decisions since (the whole run's are kept)
+        eng.reset_stats()
+        after = svc.describe()
+        assert svc.books.experts == 0 and after["planner_decisions"] == decisions
+        assert set(after["planner_decisions_measured"].values()) == {0}
     finally:
         svc.close()
         issuer.close()
@@ -493,6 +499,12 @@ def test_run_spec_reuses_host_weights_and_leaves_no_threads(
         assert svc["online_cost"]["observations"] >= 1  # it served misses: it measured them
         decisions = svc["planner_decisions"]
         assert decisions["layers"] >= decisions["split"] + decisions["probes"] >= 1
+        # the measured part's decisions: a part of the whole run's (the
+        # engine marks them where it resets its books, after the warm-up)
+        measured = svc["planner_decisions_measured"]
+        assert measured.keys() == decisions.keys()
+        assert all(0 <= measured[k] <= decisions[k] for k in decisions)
+        assert measured["layers"] >= 1  # the measured part served misses
 
 
 def test_run_spec_rejects_bad_host_settings() -> None:

@@ -24,6 +24,7 @@ from pdflash.hybrid import (
     calibrate_host,
     fit_affine,
 )
+from pdflash.hybrid.planner import PLAN_REASONS
 from pdflash.hybrid.service import busy_union_s
 
 MS = 1e-3
@@ -580,6 +581,31 @@ def test_replacing_the_planner_rechecks_its_parts_and_refuses_a_non_planner() ->
         d = svc.describe()
         assert d["planner"]["planner"] == "cost_model"
         assert d["planner_decisions"] == cost.decisions and d["online_cost"] is not None
+
+
+def test_service_counts_the_measured_parts_decisions_apart_from_the_warm_up() -> None:
+    """``planner_decisions`` is the whole run's (warm-up included);
+    ``planner_decisions_measured`` only what the planner decided after the
+    engine's :meth:`HostExpertService.reset_stats` (the part whose experts the
+    books count); before any reset the two are the same."""
+    cost = CostModelPlanner(HostCostModel(1e-4, 0.0), expert_nbytes=100)
+    cache = _Cache([-1, -1, -1, 0], ticket=[-1])
+    with _linear_executor() as ex:
+        svc = HostExpertService(ex, cost, num_experts=4, expert_nbytes=100, link_bytes_per_s=1e3)
+        for _ in range(3):  # the warm-up's layers
+            svc.split(0, np.array([0, 2, 3]), np.array([1, 4, 2]), cache)
+        d = svc.describe()
+        assert d["planner_decisions_measured"] == d["planner_decisions"]
+        assert d["planner_decisions"]["layers"] == 3
+        svc.reset_stats()
+        assert svc.describe()["planner_decisions_measured"]["layers"] == 0
+        svc.split(0, np.array([0, 2, 3]), np.array([1, 4, 2]), cache)
+        d = svc.describe()
+    assert d["planner_decisions"]["layers"] == 4
+    measured = d["planner_decisions_measured"]
+    assert measured["layers"] == 1
+    assert sum(measured[r] for r in PLAN_REASONS) == 1
+    assert all(measured[k] <= d["planner_decisions"][k] for k in measured)
 
 
 def test_service_times_its_host_wait_through_the_attached_timer() -> None:
