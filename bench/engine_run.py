@@ -2061,6 +2061,13 @@ def _result(
         "acceptance_params": acceptance.params() if (forced or replayed_acceptance) else {},
         "routing_source": "model" if engine.routing is None else engine.routing.name,
         "route_ahead_source": spec.route_ahead_source if engine.predictor is not None else None,
+        # the gate lookahead's predictions: the target's router, or replayed
+        # from a trace that records the trained model's (None: no lookahead)
+        "lookahead_source": (
+            engine.prefetch.lookahead_source
+            if engine.expert_cache is not None and _built(engine).lookahead
+            else None
+        ),
         "routing_params": (
             engine.routing.describe()
             if engine.routing is not None

@@ -545,6 +545,23 @@ class ExpertPredictor(Protocol):
         ...
 
 
+@runtime_checkable
+class NextLayerPredictor(Protocol):
+    """Predicts layer ``l + 1``'s experts inside a forward, once layer ``l``
+    is done (the gate lookahead: :class:`pdflash.routeahead.NextLayerLookahead`
+    runs the next router; :class:`pdflash.engine.replay.TraceLookahead`
+    replays what a trained model's router predicted)."""
+
+    def predict_next(
+        self, layer: int, hidden: torch.Tensor
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Flat expert ids of layer ``layer + 1``, most confident first, and
+        their scores (summed gate probability over the forward's rows), from
+        the residual ``hidden`` ``[rows, hidden]`` after layer ``layer``;
+        empty arrays after the last layer."""
+        ...
+
+
 def flat_expert_ids(mask: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
     """Flat ids of a ``(layers, experts)`` expert set."""
     return np.flatnonzero(np.asarray(mask).reshape(-1)).astype(np.int64)

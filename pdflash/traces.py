@@ -24,6 +24,22 @@ requests, ``L`` = MoE layers, ``k`` = experts per token, ids stored as
                       ``drafter_weights_sha256``, ``target_preset``,
                       ``prompts_source`` and ``model_hash`` fields.
 
+Optional, all four or none (:data:`LOOKAHEAD_ARRAYS`): the next-layer gate
+lookahead the engine runs inside a verify (:class:`pdflash.routeahead.NextLayerLookahead`),
+as the trained model computes it, so a replay on synthetic weights can
+predict the replayed routing as the live model would instead of running a
+random router:
+
+``token_lookahead``         ``[T, L, k]``: per token and layer ``l``, the
+                            top-k of layer ``l``'s router over layer ``l``'s
+                            MoE norm of the residual stream *entering* layer
+                            ``l`` (layer ``l - 1``'s output; the embeddings for
+                            layer 0), layer ``l``'s attention skipped; ranked
+                            by gate probability (softmax over all experts).
+``token_lookahead_probs``   ``[T, L, k]`` float16: those gate probabilities.
+``verify_lookahead``        ``[sum round_rows, L, k]`` and
+``verify_lookahead_probs``  the same for every verified row.
+
 :func:`save_trace` validates before writing; :func:`load_trace` validates
 after reading, so a reader never sees an inconsistent trace.
 """
@@ -65,6 +81,13 @@ ARRAYS = (
     "verify_topk",
     "verify_tokens",
 )
+#: the optional next-layer lookahead arrays (module doc): all or none
+LOOKAHEAD_ARRAYS = (
+    "token_lookahead",
+    "token_lookahead_probs",
+    "verify_lookahead",
+    "verify_lookahead_probs",
+)
 
 
 class TraceFormatError(ValueError):
@@ -83,10 +106,19 @@ class ProxyTrace:
     verify_topk: npt.NDArray[Any]
     verify_tokens: npt.NDArray[Any]
     provenance: dict[str, Any]
+    token_lookahead: npt.NDArray[Any] | None = None
+    token_lookahead_probs: npt.NDArray[np.float16] | None = None
+    verify_lookahead: npt.NDArray[Any] | None = None
+    verify_lookahead_probs: npt.NDArray[np.float16] | None = None
 
     @property
     def num_requests(self) -> int:
         return int(self.prompt_len.size)
+
+    @property
+    def has_lookahead(self) -> bool:
+        """Whether the trace records the next-layer lookahead (module doc)."""
+        return self.token_lookahead is not None
 
     def request_tokens(self, r: int) -> npt.NDArray[Any]:
         return self.tokens[self.token_request[r] : self.token_request[r + 1]]
@@ -121,6 +153,7 @@ class ProxyTrace:
                 raise TraceFormatError(f"{name} holds an expert id outside [0, {n_exp})")
         if self.token_topk.shape[0] != T:
             raise TraceFormatError("token_topk must have one row per token")
+        self._validate_lookahead(n_layers, k, n_exp)
         N = self.round_request.size
         if self.round_accepted.shape != (N,) or self.round_rows.shape != (N,):
             raise TraceFormatError("round arrays must have equal lengths")
@@ -142,6 +175,31 @@ class ProxyTrace:
                     f"{int(self.acceptance(r).sum())} (+1 from prefill)"
                 )
 
+    def _validate_lookahead(self, n_layers: int, k: int, n_exp: int) -> None:
+        present = [n for n in LOOKAHEAD_ARRAYS if getattr(self, n) is not None]
+        if not present:
+            return
+        if len(present) != len(LOOKAHEAD_ARRAYS):
+            missing = sorted(set(LOOKAHEAD_ARRAYS) - set(present))
+            raise TraceFormatError(f"lookahead arrays come all four or none; missing {missing}")
+        for ids_name, rows_of in (
+            ("token_lookahead", self.token_topk),
+            ("verify_lookahead", self.verify_topk),
+        ):
+            ids, probs = getattr(self, ids_name), getattr(self, ids_name + "_probs")
+            want = (rows_of.shape[0], n_layers, k)
+            if ids.shape != want or probs.shape != want:
+                raise TraceFormatError(
+                    f"{ids_name} {ids.shape} / its probs {probs.shape} must be {list(want)}"
+                )
+            if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_exp):
+                raise TraceFormatError(f"{ids_name} holds an expert id outside [0, {n_exp})")
+            if probs.dtype != np.float16:
+                raise TraceFormatError(f"{ids_name}_probs must be float16, got {probs.dtype}")
+            p = probs.astype(np.float32)
+            if probs.size and not (np.isfinite(p).all() and p.min() >= 0.0 and p.max() <= 1.0):
+                raise TraceFormatError(f"{ids_name}_probs must be probabilities in [0, 1]")
+
 
 def expert_dtype(num_experts: int) -> type[np.integer[Any]]:
     return np.uint8 if num_experts <= 256 else np.int16
@@ -156,6 +214,8 @@ def save_trace(trace: ProxyTrace, path: str | os.PathLike[str]) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: getattr(trace, name) for name in ARRAYS}
+    if trace.has_lookahead:
+        arrays |= {name: getattr(trace, name) for name in LOOKAHEAD_ARRAYS}
     tmp = out.with_name(out.name + ".tmp.npz")
     np.savez_compressed(
         tmp, provenance=np.array(json.dumps(trace.provenance, sort_keys=True)), **arrays
@@ -171,6 +231,7 @@ def load_trace(path: str | os.PathLike[str]) -> ProxyTrace:
             if missing:
                 raise TraceFormatError(f"{path}: missing arrays {missing}")
             arrays = {n: z[n] for n in ARRAYS}
+            arrays |= {n: z[n] for n in LOOKAHEAD_ARRAYS if n in z.files}
             prov = json.loads(str(z["provenance"]))
     except (OSError, ValueError) as e:
         if isinstance(e, TraceFormatError):

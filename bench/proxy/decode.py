@@ -40,7 +40,7 @@ from pdflash.bench.proxy.drafter import (
     embed_blocks,
     features_of,
 )
-from pdflash.bench.proxy.routing_stats import capture_routing
+from pdflash.bench.proxy.routing_stats import capture_lookahead, capture_routing, stack_lookahead
 
 from pdflash.engine.drafter import DFlashDrafter
 from pdflash.engine.sampling import (
@@ -60,6 +60,11 @@ class DecodeResult:
     verify_rows: list[int] = field(default_factory=list)  # rows verified per round
     drafted: list[list[int]] = field(default_factory=list)  # the verified block per round
     verify_topk: list[npt.NDArray[np.int64]] = field(default_factory=list)  # [rows, L, k]
+    # the verified rows' next-layer lookahead (ids, probs), each [rows, L, k]
+    # (routing_stats.capture_lookahead; recorded with the routing)
+    verify_lookahead: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = field(
+        default_factory=list
+    )
     prefill_topk: npt.NDArray[np.int64] | None = None  # [P, L, k]
 
     @property
@@ -97,18 +102,21 @@ def speculative_decode(
     embed = target.model.embed_tokens
     res = DecodeResult(prompt=list(prompt), tokens=[], acceptance=[])
 
-    def forward(ids: list[int]) -> tuple[Any, Any, npt.NDArray[np.int64] | None]:
+    Lookahead = tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
+
+    def forward(ids: list[int]) -> tuple[Any, Any, npt.NDArray[np.int64] | None, Lookahead | None]:
         t = torch.tensor([ids], dtype=torch.long, device=dev)
+        topk: npt.NDArray[np.int64] | None = None
+        la: Lookahead | None = None
         with capture_features(target, ids_layers) as got:
             if record_routing:
-                with capture_routing(target) as calls:
+                with capture_routing(target) as calls, capture_lookahead(target) as ahead:
                     logits = target(input_ids=t, use_cache=True, **{kw: cache}).logits[0]
-                topk = _stack_routing(calls)
+                topk, la = _stack_routing(calls), stack_lookahead(ahead)
             else:
                 logits = target(input_ids=t, use_cache=True, **{kw: cache}).logits[0]
-                topk = None
             feats = features_of(got, ids_layers)[0]
-        return logits.float(), feats, topk
+        return logits.float(), feats, topk, la
 
     def pick(logits_row: Any) -> int:
         if params.greedy:
@@ -116,7 +124,7 @@ def speculative_decode(
         return int(sample_from(target_probs(logits_row[None], params), generator)[0])
 
     with torch.no_grad():
-        logits, ctx, topk = forward(list(prompt))
+        logits, ctx, topk, _ = forward(list(prompt))
         res.prefill_topk = topk
         committed = [*list(prompt), pick(logits[-1])]
         res.tokens.append(committed[-1])
@@ -137,7 +145,7 @@ def speculative_decode(
                 qprobs = target_probs(dlogits, params)
                 drafts = sample_from(qprobs, generator).to(dev)
             block = [committed[-1], *[int(t) for t in drafts]]
-            vlogits, vfeats, vtopk = forward(block)
+            vlogits, vfeats, vtopk, vla = forward(block)
             if params.greedy:
                 acc, bonus = greedy_accept(drafts.cpu(), vlogits.argmax(-1).cpu())
             else:
@@ -154,6 +162,8 @@ def speculative_decode(
             res.drafted.append(block)
             if vtopk is not None:
                 res.verify_topk.append(vtopk)
+            if vla is not None:
+                res.verify_lookahead.append(vla)
             ctx = torch.cat([ctx, vfeats[: acc + 1]], dim=0)
             extra = cache.get_seq_length() - (a + acc + 1)
             if extra > 0:

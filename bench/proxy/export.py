@@ -31,7 +31,11 @@ def export_trace(
     import torch
     from pdflash.bench.proxy.decode import speculative_decode
     from pdflash.bench.proxy.drafter import load_target
-    from pdflash.bench.proxy.routing_stats import capture_routing
+    from pdflash.bench.proxy.routing_stats import (
+        capture_lookahead,
+        capture_routing,
+        stack_lookahead,
+    )
     from pdflash.bench.proxy.target import heldout_prompts, weights_sha256
 
     from pdflash.engine.drafter import load_drafter
@@ -57,14 +61,19 @@ def export_trace(
     edt, tdt = tf.expert_dtype(n_exp), tf.token_dtype(vocab)
     tokens, offsets, plen, token_topk = [], [0], [], []
     r_req, r_acc, r_rows, v_topk, v_tok = [], [], [], [], []
+    # the next-layer lookahead (ids, probs) of token rows and verify rows
+    t_la: list[tuple[np.ndarray, np.ndarray]] = []
+    v_la: list[tuple[np.ndarray, np.ndarray]] = []
     for r, (prompt, _src) in enumerate(prompts):
         res = speculative_decode(
             target, drafter, prompt, max_new_tokens, params, generator=gen, record_routing=True
         )
         seq = prompt + res.tokens
-        with torch.no_grad(), capture_routing(target) as calls:
+        with torch.no_grad(), capture_routing(target) as calls, capture_lookahead(target) as ahead:
             target(input_ids=torch.tensor([seq], device=dev), use_cache=False)
         token_topk.append(np.stack([c[-1].numpy() for c in calls], axis=1).astype(edt))
+        t_la.append(stack_lookahead(ahead))
+        v_la += res.verify_lookahead
         tokens.append(np.asarray(seq, dtype=tdt))
         offsets.append(offsets[-1] + len(seq))
         plen.append(len(prompt))
@@ -118,6 +127,11 @@ def export_trace(
         "prompts": sources,
         "prompts_sha256": hashlib.sha256("\n".join(sources).encode()).hexdigest(),
         "routing_dtype": "fp32 target forward",
+        "lookahead": (
+            "next-layer gate lookahead: layer l's router over its post-attention norm of the "
+            "residual entering layer l (embeddings for layer 0), attention skipped; softmax "
+            "over all experts, top-k; probabilities stored as float16"
+        ),
         "max_new_tokens": max_new_tokens,
     }
     trace = tf.ProxyTrace(
@@ -131,6 +145,18 @@ def export_trace(
         verify_topk=np.concatenate(v_topk) if v_topk else np.zeros((0, n_layers, k), edt),
         verify_tokens=np.concatenate(v_tok) if v_tok else np.zeros((0,), tdt),
         provenance=provenance,
+        token_lookahead=np.concatenate([i for i, _ in t_la]).astype(edt),
+        token_lookahead_probs=np.concatenate([p for _, p in t_la]).astype(np.float16),
+        verify_lookahead=(
+            np.concatenate([i for i, _ in v_la]).astype(edt)
+            if v_la
+            else np.zeros((0, n_layers, k), edt)
+        ),
+        verify_lookahead_probs=(
+            np.concatenate([p for _, p in v_la]).astype(np.float16)
+            if v_la
+            else np.zeros((0, n_layers, k), np.float16)
+        ),
     )
     path = tf.save_trace(trace, out_path)
     size = path.stat().st_size

@@ -121,3 +121,49 @@ def capture_routing(model: Any) -> Iterator[list[list[Any]]]:
     finally:
         for h in handles:
             h.remove()
+
+
+@contextmanager
+def capture_lookahead(model: Any) -> Iterator[list[list[tuple[Any, Any]]]]:
+    """Record the next-layer gate lookahead of a transformers qwen3_moe model
+    (:mod:`pdflash.traces`, ``token_lookahead``): per layer ``l``, layer
+    ``l``'s router over its MoE norm of the residual stream entering layer
+    ``l`` (attention skipped), as :class:`pdflash.routeahead.NextLayerLookahead`
+    computes it in the engine (softmax over every expert, top-k by
+    probability).
+
+    Yields ``calls``: one list per layer of ``(ids [tokens, k] int64,
+    probs [tokens, k] float32)`` CPU tensor pairs, appended in forward order.
+    """
+    import torch
+
+    layers = model.model.layers
+    calls: list[list[tuple[Any, Any]]] = [[] for _ in layers]
+    handles = []
+    for i, layer in enumerate(layers):
+
+        def hook(m: Any, args: Any, kwargs: Any, i: int = i) -> None:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            with torch.no_grad():
+                gate = m.mlp.gate
+                normed = m.post_attention_layernorm(hidden).reshape(-1, gate.weight.shape[1])
+                probs = torch.softmax(torch.nn.functional.linear(normed, gate.weight).float(), -1)
+                top, ids = torch.topk(probs, int(gate.top_k), dim=-1)
+            calls[i].append((ids.detach().cpu().long(), top.detach().cpu()))
+
+        handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def stack_lookahead(
+    calls: list[list[tuple[Any, Any]]],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """``([rows, layers, k] ids, [rows, layers, k] probs)`` of the last
+    forward :func:`capture_lookahead` recorded."""
+    ids = np.stack([c[-1][0].numpy() for c in calls], axis=1)
+    probs = np.stack([c[-1][1].numpy() for c in calls], axis=1)
+    return ids, probs

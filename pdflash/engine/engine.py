@@ -93,7 +93,7 @@ from pdflash.engine.graphs import CudaGraphBackend, GraphRunner
 from pdflash.engine.kv_cache import PagedKVCache
 from pdflash.engine.predict import TokenRoutingRecorder
 from pdflash.engine.prefetch import ExpertPrefetcher, StreamingPrefetcher
-from pdflash.engine.replay import RoutingSource
+from pdflash.engine.replay import LookaheadRoutingSource, RoutingSource
 from pdflash.engine.requests import (
     DONE_STATES,
     Request,
@@ -410,7 +410,16 @@ class Engine:
             self.runner.before_moe_hooks.append(before_layer)
         #: the one owner of expert prefetching (route-ahead, the stream,
         #: lookahead, background) and of its counters
-        self.prefetch = ExpertPrefetcher(adapter, expert_cache, config)
+        self.prefetch = ExpertPrefetcher(
+            adapter,
+            expert_cache,
+            config,
+            lookahead_predictor=(
+                routing.next_layer_predictor()
+                if isinstance(routing, LookaheadRoutingSource)
+                else None
+            ),
+        )
         # after the policy's before_layer, so the stream's victims are ranked from this layer
         self.prefetch.install(self.runner)
         #: predictors that learn from every routed row (token id -> experts):

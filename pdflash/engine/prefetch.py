@@ -73,13 +73,13 @@ from pdflash.protocols import (
     Band,
     ExpertCacheView,
     MoEModelAdapter,
+    NextLayerPredictor,
     TicketState,
     expert_mask,
 )
 
 if TYPE_CHECKING:
     from pdflash.engine.config import EngineConfig
-    from pdflash.routeahead import NextLayerLookahead
 
 IdArray = npt.NDArray[np.int64]
 
@@ -110,6 +110,10 @@ class StreamingPrefetcher:
             Off by default: on the small gpt-oss shape (CPU, 1 GB/s emulated
             link, cache 0.2, c=1) it moved 534 MB / 624 MB vs 474 / 554 MB
             without it, with more of it wasted (a less precise guess).
+        lookahead_predictor: what predicts layer l+1 for ``lookahead``
+            (default: :class:`pdflash.routeahead.NextLayerLookahead`, the
+            target's router; a trace replay passes
+            :class:`pdflash.engine.replay.TraceLookahead`).
     """
 
     SOURCES = ("prev_round", "predicted")
@@ -125,6 +129,7 @@ class StreamingPrefetcher:
         min_precision: float = 0.7,
         on_submit: Callable[[int], None] | None = None,
         early_lookahead: bool = False,
+        lookahead_predictor: NextLayerPredictor | None = None,
     ) -> None:
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
@@ -170,11 +175,9 @@ class StreamingPrefetcher:
         self.first_needed = 0
         #: the layer whose experts are pinned or about to be (None: none)
         self.running: int | None = None
-        self._lookahead: NextLayerLookahead | None = None
+        self._lookahead: NextLayerPredictor | None = None
         if lookahead:
-            from pdflash.routeahead import NextLayerLookahead
-
-            self._lookahead = NextLayerLookahead(adapter)
+            self._lookahead = lookahead_predictor or _router_lookahead(adapter)
         # counters
         self.copies_submitted = 0
         self.bytes_submitted = 0
@@ -500,24 +503,30 @@ class StreamingPrefetcher:
         }
 
 
+def _router_lookahead(adapter: MoEModelAdapter) -> NextLayerPredictor:
+    from pdflash.routeahead import NextLayerLookahead
+
+    return NextLayerLookahead(adapter)
+
+
 class GateLookahead:
-    """Next-layer gate lookahead without the stream: layer l+1's router over
-    layer l's output (:class:`pdflash.routeahead.NextLayerLookahead`)
-    predicts l+1's experts; the missing ones are prefetched ROUTE_AHEAD while
-    layer l finishes. ``on_submit`` gets the bytes of every batch of copies."""
+    """Next-layer gate lookahead without the stream: ``predictor`` (default:
+    layer l+1's router over layer l's output,
+    :class:`pdflash.routeahead.NextLayerLookahead`) predicts l+1's experts;
+    the missing ones are prefetched ROUTE_AHEAD while layer l finishes.
+    ``on_submit`` gets the bytes of every batch of copies."""
 
     def __init__(
         self,
         adapter: MoEModelAdapter,
         cache: ExpertCacheView,
         on_submit: Callable[[int], None] | None = None,
+        predictor: NextLayerPredictor | None = None,
     ) -> None:
-        from pdflash.routeahead import NextLayerLookahead
-
         self.adapter = adapter
         self.cache = cache
         self.on_submit = on_submit
-        self.predictor = NextLayerLookahead(adapter)
+        self.predictor = predictor or _router_lookahead(adapter)
 
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
         cache = self.cache
@@ -598,6 +607,9 @@ class ExpertPrefetcher:
         adapter: the target (its shape; the router for lookahead).
         cache: the expert cache, or None.
         config: the engine's configuration.
+        lookahead_predictor: what predicts the next layer for the gate
+            lookahead (None: the target's router; a trace replay passes
+            :class:`pdflash.engine.replay.TraceLookahead`).
     """
 
     #: a short-memory prior: each forward's routing enters with weight 1 and
@@ -605,11 +617,17 @@ class ExpertPrefetcher:
     ROUTE_FREQ_DECAY = 0.9
 
     def __init__(
-        self, adapter: MoEModelAdapter, cache: ExpertCacheView | None, config: EngineConfig
+        self,
+        adapter: MoEModelAdapter,
+        cache: ExpertCacheView | None,
+        config: EngineConfig,
+        lookahead_predictor: NextLayerPredictor | None = None,
     ) -> None:
         self.adapter = adapter
         self.cache = cache
         self.config = config
+        #: where the gate lookahead's predictions come from (rows record it)
+        self.lookahead_source = "router" if lookahead_predictor is None else "trace"
         self.route_ahead = bool(config.route_ahead and cache is not None)
         self.background_enabled = bool(config.background_prefetch and cache is not None)
         self.stream: StreamingPrefetcher | None = None
@@ -621,9 +639,12 @@ class ExpertPrefetcher:
                 ahead=config.stream_ahead,
                 lookahead=config.lookahead,
                 on_submit=self._count_route_ahead,
+                lookahead_predictor=lookahead_predictor,
             )
         elif cache is not None and config.lookahead:
-            self.lookahead = GateLookahead(adapter, cache, on_submit=self._count_route_ahead)
+            self.lookahead = GateLookahead(
+                adapter, cache, on_submit=self._count_route_ahead, predictor=lookahead_predictor
+            )
         # the parts this planner was built with; set_parts switches within them
         self._built_route_ahead = self.route_ahead
         #: the streaming prefetcher it was built with (``stream`` is None while
@@ -634,7 +655,7 @@ class ExpertPrefetcher:
         self._fallback_lookahead: GateLookahead | None = None
         if cache is not None and self.stream is not None and config.lookahead:
             self._fallback_lookahead = GateLookahead(
-                adapter, cache, on_submit=self._count_route_ahead
+                adapter, cache, on_submit=self._count_route_ahead, predictor=lookahead_predictor
             )
         #: host seconds spent per prefetch stage ("route_ahead" before a
         #: verify, "stream_plan" after it, "background_prefetch")

@@ -41,6 +41,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from pdflash.protocols import NextLayerPredictor
+
 
 @runtime_checkable
 class RoutingSource(Protocol):
@@ -62,6 +64,17 @@ class RoutingSource(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready description for result rows."""
+        ...
+
+
+@runtime_checkable
+class LookaheadRoutingSource(RoutingSource, Protocol):
+    """A routing source that also says how the gate lookahead should predict
+    the routing it gives (:class:`TraceRouting`: replayed from the trace)."""
+
+    def next_layer_predictor(self) -> NextLayerPredictor | None:
+        """The predictor for the engine's gate lookahead (None: the target's
+        router)."""
         ...
 
 
@@ -225,6 +238,9 @@ class TraceRouting:
         self._same_total: torch.Tensor | None = None
         # [T, 2, L_target, k] (ids, sorted ids) for the current forward
         self._ids: torch.Tensor | None = None
+        #: the current forward's trace rows (:meth:`row_sources`' indices;
+        #: None between forwards): what :class:`TraceLookahead` replays
+        self.forward_rows: npt.NDArray[np.int64] | None = None
 
     @property
     def num_trace_requests(self) -> int:
@@ -397,6 +413,7 @@ class TraceRouting:
         self._fold_same()
         if not chunks:
             self._ids = None
+            self.forward_rows = None
             return
         device = chunks[-1][2].device
         # NOTE: the one host read (a sync on a device) of the forward: the
@@ -412,7 +429,8 @@ class TraceRouting:
             self.counts["token"] += by_token
             self.counts["positional"] += n - exact - by_token
             parts.append(idx)
-        host = torch.from_numpy(self._mapped_rows(np.concatenate(parts)))
+        self.forward_rows = np.concatenate(parts)
+        host = torch.from_numpy(self._mapped_rows(self.forward_rows))
         if device.type == "cuda":
             # one copy per forward, from page-locked memory: no wait for the stream
             self._ids = host.pin_memory().to(device, non_blocking=True)
@@ -437,6 +455,11 @@ class TraceRouting:
         keep = same.unsqueeze(1)
         return torch.where(keep, ids, replay), torch.where(keep, weights, w)
 
+    def next_layer_predictor(self) -> TraceLookahead | None:
+        """The gate lookahead replayed from the trace (None: the trace does
+        not record it; the engine's lookahead then runs the target's router)."""
+        return TraceLookahead(self) if self.trace.has_lookahead else None
+
     def describe(self) -> dict[str, Any]:
         prov = self.trace.provenance
         total = sum(self.counts.values())
@@ -458,9 +481,16 @@ class TraceRouting:
             "filled_slots": self.filled_slots,
             "weights": "router's own where the replayed set equals the router's, else softmax of "
             "the router logits over the replayed ids",
-            "predictors": "route-ahead predictors that run the target's router "
-            "(approx_router, next-layer lookahead) predict the router, not the trace; "
-            "previous_round observes the replayed routing",
+            "predictors": (
+                "route-ahead predictors that run the target's router (approx_router) predict "
+                "the router, not the trace; previous_round observes the replayed routing; "
+                + (
+                    "the next-layer lookahead is replayed from the trace (TraceLookahead)"
+                    if self.trace.has_lookahead
+                    else "the next-layer lookahead runs the target's router (the trace does "
+                    "not record the trained model's)"
+                )
+            ),
             "row_layers_with_router_weights": self.router_weight_rows,
             "row_layers_with_replayed_weights": self.replayed_weight_rows,
         }
@@ -471,3 +501,57 @@ def load_replay_trace(path: str | Path) -> Any:
     from pdflash.traces import load_trace
 
     return load_trace(path)
+
+
+class TraceLookahead:
+    """The next-layer gate lookahead replayed from a trace
+    (:data:`pdflash.traces.LOOKAHEAD_ARRAYS`; a
+    :class:`~pdflash.protocols.NextLayerPredictor`): for layer ``l + 1`` of
+    the current forward, each row's recorded lookahead of trace layer
+    ``layer_map[l + 1]`` (the trace row :class:`TraceRouting` replays for it:
+    an exact verify row, the token's, or the position's), its experts mapped
+    as the routing is (``e * E // E_trace``), scored by the recorded gate
+    probabilities summed over the rows (the first ``min(k, k_trace)`` of each
+    row), as :class:`pdflash.routeahead.NextLayerLookahead` scores the
+    router's. Host-side only: no router product and no device read.
+    """
+
+    source = "trace"
+
+    def __init__(self, routing: TraceRouting) -> None:
+        trace = routing.trace
+        if not trace.has_lookahead:
+            raise ValueError("the trace does not record the next-layer lookahead")
+        self.routing = routing
+        k = min(routing.top_k, routing.trace_k)
+        ids = np.concatenate([trace.token_lookahead, trace.verify_lookahead])[..., :k]
+        probs = np.concatenate([trace.token_lookahead_probs, trace.verify_lookahead_probs])
+        # rows in TraceRouting.row_sources' order: token rows, then verify rows
+        self._ids = ids.astype(np.int64) * routing.num_experts // routing.trace_experts
+        self._probs = probs[..., :k].astype(np.float32)
+
+    def predict_next(
+        self, layer: int, hidden: torch.Tensor
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        rt = self.routing
+        L, E = rt.num_layers, rt.num_experts
+        if not 0 <= layer < L:
+            raise ValueError(f"layer must be in [0, {L}), got {layer}")
+        if layer == L - 1 or hidden.shape[0] == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        rows = rt.forward_rows
+        if rows is None or rows.size != hidden.shape[0]:
+            raise RuntimeError(
+                "TraceLookahead.predict_next called without a matching begin_forward "
+                f"({None if rows is None else rows.size} trace rows, {hidden.shape[0]} hidden)"
+            )
+        nxt = layer + 1
+        m = rt.layer_map[nxt]
+        scores = np.bincount(
+            self._ids[rows, m].reshape(-1),
+            weights=self._probs[rows, m].reshape(-1),
+            minlength=E,
+        )
+        order = np.argsort(-scores, kind="stable")
+        order = order[scores[order] > 0]
+        return (order + nxt * E).astype(np.int64), scores[order].astype(np.float32)

@@ -402,6 +402,92 @@ class _FakeAdapter:
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
 
 
+class _HFRouters:
+    """The router access :class:`pdflash.routeahead.NextLayerLookahead` uses,
+    over a transformers qwen3_moe model (its post-attention norms and gates)."""
+
+    def __init__(self, model: Any) -> None:
+        cfg = model.config
+        self.model = model
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.num_experts = int(cfg.num_experts)
+        self.top_k = int(cfg.num_experts_per_tok)
+
+    def moe_norm(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model.model.layers[layer].post_attention_layernorm(hidden)
+        return out
+
+    def router_logits(self, layer: int, normed: torch.Tensor) -> torch.Tensor:
+        return normed @ self.model.model.layers[layer].mlp.gate.weight.T
+
+
+def test_trace_lookahead_predicts_what_the_trained_models_lookahead_does(
+    trace_path: Path, models: tuple[Any, Any]
+) -> None:
+    """Replayed on the trained model's own shape, the lookahead's predictions
+    are the live gate lookahead's (the target's router over the model's own
+    hidden states), row set for row set: ids equal, scores to float16."""
+    from pdflash.engine.replay import TraceLookahead, TraceRouting
+    from pdflash.routeahead import NextLayerLookahead
+
+    target, _ = models
+    t = tf.load_trace(trace_path)
+    routers = _HFRouters(target)
+    rt = TraceRouting(t, routers, trace_path)
+    predictor = rt.next_layer_predictor()
+    assert isinstance(predictor, TraceLookahead)
+    live = NextLayerLookahead(routers)  # type: ignore[arg-type]
+    seq = t.request_tokens(1).astype(np.int64)
+    with torch.no_grad():
+        hidden = target(input_ids=torch.from_numpy(seq)[None], output_hidden_states=True)
+    rt.assign(0, 1)
+    for lo, hi in ((0, 5), (7, 8), (3, seq.size)):  # row sets: a block, one row, a long run
+        rt.begin_forward([(0, lo, torch.from_numpy(seq[lo:hi]))])
+        for layer in range(routers.num_layers):
+            h = hidden.hidden_states[layer + 1][0, lo:hi]
+            want_ids, want_scores = live.predict_next(layer, h)
+            got_ids, got_scores = predictor.predict_next(layer, h)
+            assert sorted(got_ids.tolist()) == sorted(want_ids.tolist()), (lo, hi, layer)
+            by_id = dict(zip(want_ids.tolist(), want_scores.tolist(), strict=True))
+            np.testing.assert_allclose(
+                got_scores, [by_id[i] for i in got_ids.tolist()], rtol=2e-3, atol=2e-3
+            )
+            assert np.all(np.diff(got_scores) <= 0)  # most confident first
+
+
+def test_trace_lookahead_maps_layers_and_experts_and_checks_its_rows(trace_path: Path) -> None:
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    L = int(t.provenance["num_layers"])
+    rt = TraceRouting(t, _FakeAdapter(num_layers=2 * L, num_experts=4, top_k=3), None)
+    predictor = rt.next_layer_predictor()
+    assert predictor is not None
+    with pytest.raises(RuntimeError, match="begin_forward"):
+        predictor.predict_next(0, torch.zeros(2, 8))
+    seq = t.request_tokens(0).astype(np.int64)
+    rt.begin_forward([(0, 0, torch.from_numpy(seq[:2]))])
+    assert t.token_lookahead is not None and t.token_lookahead_probs is not None
+    for layer in range(2 * L - 1):
+        ids, scores = predictor.predict_next(layer, torch.zeros(2, 8))
+        nxt, m = layer + 1, rt.layer_map[layer + 1]
+        # the first 3 of each row's recorded 4, merged 16 -> 4, summed over the 2 rows
+        trace_ids = t.token_lookahead[:2, m, :3].astype(np.int64) * 4 // 16
+        trace_p = t.token_lookahead_probs[:2, m, :3].astype(np.float32)
+        want = np.bincount(trace_ids.reshape(-1), weights=trace_p.reshape(-1), minlength=4)
+        assert np.all(ids // 4 == nxt)
+        np.testing.assert_allclose(scores, want[ids - nxt * 4], rtol=1e-6)
+        assert set((ids - nxt * 4).tolist()) == set(np.flatnonzero(want > 0).tolist())
+    last = predictor.predict_next(2 * L - 1, torch.zeros(2, 8))
+    assert last[0].size == 0 and last[1].size == 0
+    with pytest.raises(RuntimeError, match="3 hidden"):
+        predictor.predict_next(0, torch.zeros(3, 8))
+    # a trace without the arrays: no replayed lookahead (the router predicts)
+    for name in tf.LOOKAHEAD_ARRAYS:
+        setattr(t, name, None)
+    assert TraceRouting(t, _FakeAdapter(L, 16, 4), None).next_layer_predictor() is None
+
+
 def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
     from pdflash.bench import cli
     from pdflash.bench.suites import matrix
@@ -594,6 +680,9 @@ def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -
     res = run_spec(spec)
     row = res.row
     assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
+    # the trace records the trained model's lookahead: the stream replays it
+    assert row["lookahead_source"] == "trace"
+    assert "replayed from the trace" in row["routing_params"]["predictors"]
     params = row["routing_params"]
     assert params["layer_map"] == [0, t.provenance["num_layers"] // 2]
     assert params["expert_map"].startswith("e * 8 // 16")
@@ -620,9 +709,29 @@ def test_each_repeat_replays_the_next_trace_requests(trace_path: Path) -> None:
         )
         res = run_spec(spec)
         assert res.row["acceptance_params"]["trace_requests_replayed"] == [want]
+        assert res.row["lookahead_source"] == "trace"  # B1's gate lookahead replays it too
         (req,) = res.requests
         got = req["acceptance_lengths"]
         assert got[:-1] == t.acceptance(want).tolist()[: len(got) - 1]
+
+
+def test_a_trace_without_the_lookahead_leaves_it_to_the_router(
+    trace_path: Path, tmp_path: Path
+) -> None:
+    """Traces written before the lookahead arrays (every committed GPU trace
+    of sessions 20-35) still replay; the gate lookahead then runs the
+    target's router, and rows say so."""
+    from pdflash.bench.engine_run import run_spec
+
+    t = tf.load_trace(trace_path)
+    for name in tf.LOOKAHEAD_ARRAYS:
+        setattr(t, name, None)
+    old = tf.save_trace(t, tmp_path / "old.npz")
+    res = run_spec(_tiny_replay_spec(old, baseline="B1", concurrency=1, acceptance="trace"))
+    assert res.row["lookahead_source"] == "router"
+    assert "runs the target's router" in res.row["routing_params"]["predictors"]
+    res = run_spec(_tiny_replay_spec(old, baseline="B3", concurrency=1, acceptance="trace"))
+    assert res.row["lookahead_source"] is None  # every expert resident: no lookahead
 
 
 def test_trace_acceptance_streams_per_request() -> None:

@@ -81,6 +81,54 @@ def test_invalid_traces_are_refused(tmp_path: Path, corrupt: Any) -> None:
     assert not (tmp_path / "bad.npz").exists()
 
 
+def _with_lookahead(t: tf.ProxyTrace) -> tf.ProxyTrace:
+    rng = np.random.default_rng(1)
+    for rows, name in ((t.token_topk, "token_lookahead"), (t.verify_topk, "verify_lookahead")):
+        setattr(t, name, rng.integers(0, 8, rows.shape).astype(np.uint8))
+        setattr(t, name + "_probs", rng.random(rows.shape).astype(np.float16))
+    return t
+
+
+def test_lookahead_arrays_round_trip_and_are_optional(tmp_path: Path) -> None:
+    t = _with_lookahead(_trace())
+    tf.save_trace(t, tmp_path / "t.npz")
+    back = tf.load_trace(tmp_path / "t.npz")
+    assert back.has_lookahead
+    for name in tf.LOOKAHEAD_ARRAYS:
+        a, b = getattr(t, name), getattr(back, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    # a trace written without them (every committed trace before) still loads
+    tf.save_trace(_trace(), tmp_path / "old.npz")
+    old = tf.load_trace(tmp_path / "old.npz")
+    assert not old.has_lookahead and old.verify_lookahead is None
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "match"),
+    [
+        (lambda t: setattr(t, "verify_lookahead_probs", None), "all four or none"),
+        (lambda t: setattr(t, "token_lookahead", t.token_lookahead[:-1]), "must be"),
+        (lambda t: setattr(t, "verify_lookahead", t.verify_lookahead + 8), "outside"),
+        (
+            lambda t: setattr(t, "token_lookahead_probs", t.token_lookahead_probs + 2),
+            "probabilities",
+        ),
+        (
+            lambda t: setattr(
+                t, "token_lookahead_probs", t.token_lookahead_probs.astype(np.float32)
+            ),
+            "float16",
+        ),
+    ],
+)
+def test_invalid_lookahead_arrays_are_refused(tmp_path: Path, corrupt: Any, match: str) -> None:
+    t = _with_lookahead(_trace())
+    corrupt(t)
+    with pytest.raises(tf.TraceFormatError, match=match):
+        tf.save_trace(t, tmp_path / "bad.npz")
+    assert not (tmp_path / "bad.npz").exists()
+
+
 def test_load_refuses_a_foreign_file(tmp_path: Path) -> None:
     np.savez(tmp_path / "x.npz", a=np.zeros(3))
     with pytest.raises(tf.TraceFormatError, match="missing"):
@@ -143,6 +191,37 @@ def test_export_from_the_trained_pair(
             total += 1
         vrow += rows
     assert agree / total > 0.95
+    _check_lookahead_against_the_models_own_hidden_states(t, target)
+
+
+def _check_lookahead_against_the_models_own_hidden_states(t: tf.ProxyTrace, target: Any) -> None:
+    """The trace's next-layer lookahead, computed independently: the model's
+    own hidden states entering each layer (``output_hidden_states``), that
+    layer's post-attention norm and router, softmax over every expert, top-k."""
+    import torch
+
+    assert t.has_lookahead
+    L, k = int(t.provenance["num_layers"]), int(t.provenance["top_k"])
+    assert t.token_lookahead is not None and t.token_lookahead_probs is not None
+    assert t.token_lookahead.shape == t.token_topk.shape == (t.tokens.size, L, k)
+    assert t.verify_lookahead is not None and t.verify_lookahead.shape == t.verify_topk.shape
+    for r in range(t.num_requests):
+        seq = torch.from_numpy(t.request_tokens(r).astype(np.int64))[None]
+        with torch.no_grad():
+            hidden = target(input_ids=seq, output_hidden_states=True).hidden_states
+        base = int(t.token_request[r])
+        for layer, block in enumerate(target.model.layers):
+            normed = block.post_attention_layernorm(hidden[layer])[0]
+            probs = torch.softmax(normed @ block.mlp.gate.weight.T, dim=-1)
+            top, ids = torch.topk(probs, k, dim=-1)
+            got_ids = t.token_lookahead[base : base + seq.shape[1], layer]
+            got_p = t.token_lookahead_probs[base : base + seq.shape[1], layer]
+            assert np.array_equal(got_ids.astype(np.int64), ids.numpy())
+            np.testing.assert_allclose(got_p.astype(np.float32), top.numpy(), atol=1e-3)
+    # the lookahead is a prediction, not the routing: it differs somewhere
+    # past layer 0 (a copy of token_topk would pass the checks above only if
+    # the model routed as its lookahead predicts, row for row)
+    assert not np.array_equal(t.token_lookahead[:, 1:], t.token_topk[:, 1:])
 
 
 def test_cli_parses_every_proxy_command() -> None:
