@@ -7,7 +7,13 @@
 # copies the small artefacts (training logs, routing stats, provenance, tokenizer,
 # eval JSON, traces) to $OUT/proxy/. PROXY_PRESET=cpu-tiny, TARGET_BUDGET_S and
 # DRAFT_BUDGET_S shrink a rehearsal; TRACES=0 skips the draft phase's two trace
-# exports (the committed traces stand; the benchmarks do not need them). Then, on
+# exports (the committed traces stand; the benchmarks do not need them), TRACES=t1
+# exports only the temperature-1 one; EVAL=0 skips the eval. Both phases in one
+# call (the weights never leave the machine, so a lost machine between two
+# calls loses the target):
+#   TARGET_BUDGET_S=120 bash bench/h200/issue14.sh target && SKIP_BUILD=1 \
+#     DRAFT_BUDGET_S=90 EVAL=0 TRACES=t1 bash bench/h200/issue14.sh draft
+# Then, on
 # the same machine, the benchmarks on the trained pair: bench/h200/issue14_bench.sh routeahead|gptoss|gptoss_mxfp4|qwen3|replay.
 set -uo pipefail
 PHASE=${1:?usage: issue14.sh target|draft}
@@ -26,14 +32,16 @@ case "$PHASE" in
     test -f "$P/target/config.json" || { echo "no target in $P/target: run the target phase first" >&2; exit 2; }
     steps=(
       "proxy_draft=pdflash-bench proxy --json draft --preset ${PROXY_PRESET:-gpu} --target $P/target --out $P/drafter --time-budget-s ${DRAFT_BUDGET_S:-140}"
-      "proxy_eval=pdflash-bench proxy --json eval --target $P/target --drafter $P/drafter --num-prompts 8 --prompt-len 128 --max-new-tokens 160 --out $OUT/proxy/eval.json"
     )
-    if [ "${TRACES:-1}" = 1 ]; then
-      steps+=(
-        "proxy_trace_greedy=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --out $OUT/proxy/trace_gpu_greedy.npz"
-        "proxy_trace_t1=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --temperature 1.0 --out $OUT/proxy/trace_gpu_t1.npz"
-      )
+    if [ "${EVAL:-1}" = 1 ]; then
+      steps+=("proxy_eval=pdflash-bench proxy --json eval --target $P/target --drafter $P/drafter --num-prompts 8 --prompt-len 128 --max-new-tokens 160 --out $OUT/proxy/eval.json")
     fi
+    greedy="proxy_trace_greedy=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --out $OUT/proxy/trace_gpu_greedy.npz"
+    t1="proxy_trace_t1=pdflash-bench proxy --json trace --target $P/target --drafter $P/drafter --num-prompts 12 --prompt-len 128 --max-new-tokens 192 --temperature 1.0 --out $OUT/proxy/trace_gpu_t1.npz"
+    case "${TRACES:-1}" in
+      1) steps+=("$greedy" "$t1") ;;
+      t1) steps+=("$t1") ;;
+    esac
     steps+=("collect_draft=cp $P/drafter/config.json $OUT/proxy/drafter_config.json && cp $P/drafter/provenance.json $OUT/proxy/drafter_provenance.json && cp $P/drafter/draft_log.jsonl $OUT/proxy/ && python3 -c 'import json;print(json.dumps({\"copied\": 3}))'")
     bash "$HERE/run.sh" "${steps[@]}"
     ;;
