@@ -4,8 +4,8 @@
 # acceptance, tau ~1.2-1.7; its 128 experts map 4:1 onto gpt-oss-20b's 32) on
 # a published shape with synthetic weights: trace_baselines.sh, width.sh,
 # eager_check.sh and eager_profile.sh. It owns the trace and the replay's
-# `pdflash-bench matrix` arguments.
-TRACE=bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz
+# `pdflash-bench matrix` arguments; TRACE=path replays another trace.
+TRACE=${TRACE:-bench/results/h200/proxy-balanced-2026-12-01/trace_gpu_t1.npz}
 
 # trace_matrix_args ARCH CONCURRENCY CACHE_FRACTION MAX_NEW REPEATS BUDGET_S:
 # the matrix arguments of the replay (8 MoE layers, synthetic weights and
