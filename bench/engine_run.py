@@ -66,6 +66,7 @@ from pdflash.engine.config import (
     DEFAULT_HOST_AHEAD_MIN_EXPOSED,
     FULL_CACHE,
     HOST_CONTROLS,
+    LOOKAHEAD_SCORES,
     ROUTE_AHEAD_HORIZONS,
     EngineConfig,
     check_host_ahead_min_exposed,
@@ -290,6 +291,10 @@ class RunSpec:
     # (pdflash.engine.config.EngineConfig.stream_ahead; a run without the
     # stream ignores it)
     stream_ahead: int = 2
+    # how the stream scores a gate-lookahead expert against its threshold
+    # (pdflash.engine.config.EngineConfig.lookahead_score: "prob" or "share";
+    # a run without the stream ignores it)
+    lookahead_score: str = "prob"
     # which rows of a drafted block route-ahead predicts for
     # (pdflash.engine.config.EngineConfig.route_ahead_horizon): "acceptance"
     # (the acceptance horizon's first rows) or "verified" (every row the
@@ -341,6 +346,7 @@ class RunSpec:
             verify_width=self.width_setting,
             full_cache=self.full_cache,
             stream_ahead=self.stream_ahead,
+            lookahead_score=self.lookahead_score,
             route_ahead_horizon=self.route_ahead_horizon,
         )
 
@@ -456,6 +462,7 @@ class RunSpec:
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
+        self._check_one_of("lookahead_score", LOOKAHEAD_SCORES)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         if isinstance(self.stream_ahead, bool) or not (
             isinstance(self.stream_ahead, int) and self.stream_ahead >= 0
@@ -2137,6 +2144,11 @@ def _result(
         # the stream PD was built with (also while its controller has it off)
         "streaming_prefetch": stream is not None,
         "stream_ahead": engine.config.stream_ahead if stream is not None else None,
+        "lookahead_score": (
+            engine.config.lookahead_score
+            if stream is not None and engine.config.lookahead
+            else None
+        ),
         "route_ahead_horizon": (
             engine.config.route_ahead_horizon if engine.predictor is not None else None
         ),

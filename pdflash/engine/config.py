@@ -72,6 +72,7 @@ from typing import Any
 # the labels are pdflash.labels' (the report reads them without the engine)
 from pdflash.labels import ABLATIONS as ABLATIONS
 from pdflash.labels import BASELINES as BASELINES
+from pdflash.routeahead.predictors import LOOKAHEAD_SCORES as LOOKAHEAD_SCORES
 
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
@@ -140,6 +141,14 @@ class EngineConfig:
             expert the forward needs earlier. Needs ``route_ahead``; replaces
             the one-shot route-ahead batch copy and the plain lookahead.
         stream_ahead: experts the stream copies beyond the next layer's set.
+        lookahead_score: how the stream scores a gate-lookahead expert
+            against its confidence threshold (:data:`LOOKAHEAD_SCORES`):
+            ``prob``, its gate probability (softmax over every expert)
+            summed over the forward's rows; ``share``, its share of each
+            row's top-k gate mass summed over the rows (the threshold's
+            ``0.6 / top_k`` is then 60% of an average top-k share whatever
+            the expert count; with 128 experts the top-8's probabilities sum
+            to ~0.3, so ``prob`` keeps about a third of what it was set for).
         route_ahead_horizon: which rows of a drafted block route-ahead
             predicts for: ``acceptance`` (the default: the first rows up to
             the request's recent acceptance lengths' 0.9 quantile, the
@@ -221,6 +230,7 @@ class EngineConfig:
     background_prefetch: bool = False
     streaming_prefetch: bool = False
     stream_ahead: int = 2
+    lookahead_score: str = "prob"
     route_ahead_horizon: str = "acceptance"
     bands: bool = True
     parts_controller: bool = False
@@ -255,6 +265,10 @@ class EngineConfig:
             raise ValueError("streaming_prefetch needs route_ahead")
         if self.stream_ahead < 0:
             raise ValueError(f"stream_ahead must be >= 0, got {self.stream_ahead}")
+        if self.lookahead_score not in LOOKAHEAD_SCORES:
+            raise ValueError(
+                f"lookahead_score must be one of {LOOKAHEAD_SCORES}, got {self.lookahead_score!r}"
+            )
         if self.route_ahead_horizon not in ROUTE_AHEAD_HORIZONS:
             raise ValueError(
                 f"route_ahead_horizon must be one of {ROUTE_AHEAD_HORIZONS}, "

@@ -503,10 +503,10 @@ class StreamingPrefetcher:
         }
 
 
-def _router_lookahead(adapter: MoEModelAdapter) -> NextLayerPredictor:
+def _router_lookahead(adapter: MoEModelAdapter, score: str = "prob") -> NextLayerPredictor:
     from pdflash.routeahead import NextLayerLookahead
 
-    return NextLayerLookahead(adapter)
+    return NextLayerLookahead(adapter, score=score)
 
 
 class GateLookahead:
@@ -639,7 +639,8 @@ class ExpertPrefetcher:
                 ahead=config.stream_ahead,
                 lookahead=config.lookahead,
                 on_submit=self._count_route_ahead,
-                lookahead_predictor=lookahead_predictor,
+                lookahead_predictor=lookahead_predictor
+                or _router_lookahead(adapter, config.lookahead_score),
             )
         elif cache is not None and config.lookahead:
             self.lookahead = GateLookahead(

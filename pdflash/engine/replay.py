@@ -72,9 +72,9 @@ class LookaheadRoutingSource(RoutingSource, Protocol):
     """A routing source that also says how the gate lookahead should predict
     the routing it gives (:class:`TraceRouting`: replayed from the trace)."""
 
-    def next_layer_predictor(self) -> NextLayerPredictor | None:
-        """The predictor for the engine's gate lookahead (None: the target's
-        router)."""
+    def next_layer_predictor(self, score: str = "prob") -> NextLayerPredictor | None:
+        """The predictor for the engine's gate lookahead, scoring as
+        ``EngineConfig.lookahead_score`` says (None: the target's router)."""
         ...
 
 
@@ -455,10 +455,10 @@ class TraceRouting:
         keep = same.unsqueeze(1)
         return torch.where(keep, ids, replay), torch.where(keep, weights, w)
 
-    def next_layer_predictor(self) -> TraceLookahead | None:
+    def next_layer_predictor(self, score: str = "prob") -> TraceLookahead | None:
         """The gate lookahead replayed from the trace (None: the trace does
         not record it; the engine's lookahead then runs the target's router)."""
-        return TraceLookahead(self) if self.trace.has_lookahead else None
+        return TraceLookahead(self, score=score) if self.trace.has_lookahead else None
 
     def describe(self) -> dict[str, Any]:
         prov = self.trace.provenance
@@ -512,13 +512,17 @@ class TraceLookahead:
     an exact verify row, the token's, or the position's), its experts mapped
     as the routing is (``e * E // E_trace``), scored by the recorded gate
     probabilities summed over the rows (the first ``min(k, k_trace)`` of each
-    row), as :class:`pdflash.routeahead.NextLayerLookahead` scores the
+    row; with ``score="share"`` each row's shares of its recorded top-k
+    mass), as :class:`pdflash.routeahead.NextLayerLookahead` scores the
     router's. Host-side only: no router product and no device read.
     """
 
     source = "trace"
 
-    def __init__(self, routing: TraceRouting) -> None:
+    def __init__(self, routing: TraceRouting, score: str = "prob") -> None:
+        from pdflash.routeahead.predictors import check_lookahead_score
+
+        self.score = check_lookahead_score(score)
         trace = routing.trace
         if not trace.has_lookahead:
             raise ValueError("the trace does not record the next-layer lookahead")
@@ -529,6 +533,10 @@ class TraceLookahead:
         # rows in TraceRouting.row_sources' order: token rows, then verify rows
         self._ids = ids.astype(np.int64) * routing.num_experts // routing.trace_experts
         self._probs = probs[..., :k].astype(np.float32)
+        if self.score == "share":
+            # the trace's full top-k mass, as the router's top-k is renormalised
+            mass = probs.astype(np.float32).sum(axis=-1, keepdims=True)
+            self._probs = self._probs / np.maximum(mass, np.float32(1e-12))
 
     def predict_next(
         self, layer: int, hidden: torch.Tensor

@@ -510,6 +510,13 @@ def _spec_fills_full_cache(spec: Mapping[str, Any]) -> bool:
     return bool(spec.get("cache_fraction", 0.0) >= 1.0) and spec.get("full_cache", "auto") == "auto"
 
 
+def _spec_lookahead_score(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's lookahead score as its run runs it: only the stream
+    thresholds the score (as :func:`_spec_stream_ahead`)."""
+    full = _spec_fills_full_cache(spec)
+    return value if spec.get("baseline") in STREAM_LABELS and not full else "prob"
+
+
 def _spec_stream_ahead(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's stream depth as its run runs it: a label without the stream
     (:data:`STREAM_LABELS`), or a full cache that runs none of the parts
@@ -633,6 +640,11 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # defaults equal); a row without the stream, or older than the setting,
     # records none and reads as the default
     RunSetting("stream_ahead", 2, _recorded("stream_ahead"), resolve=_spec_stream_ahead),
+    # pdflash.engine.config.EngineConfig.lookahead_score (a test keeps the
+    # defaults equal); read as stream_ahead is: only a stream's runs use it
+    RunSetting(
+        "lookahead_score", "prob", _recorded("lookahead_score"), resolve=_spec_lookahead_score
+    ),
     # pdflash.engine.config.EngineConfig.route_ahead_horizon (a test keeps
     # the defaults equal); a row without route-ahead, or older than the
     # setting, records none and reads as the default

@@ -94,6 +94,19 @@ def _horizon_rows(block: DraftedBlock) -> int:
     return min(block.horizon, total)
 
 
+#: how :class:`NextLayerLookahead` scores an expert over a forward's rows:
+#: its gate probability (softmax over every expert) summed over the rows
+#: (``prob``), or its share of each row's top-k gate mass summed over the
+#: rows (``share``); see ``EngineConfig.lookahead_score``
+LOOKAHEAD_SCORES = ("prob", "share")
+
+
+def check_lookahead_score(score: str) -> str:
+    if score not in LOOKAHEAD_SCORES:
+        raise ValueError(f"score must be one of {LOOKAHEAD_SCORES}, got {score!r}")
+    return score
+
+
 def _topk_gate_scores(
     logits: torch.Tensor, k: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -403,20 +416,29 @@ class NextLayerLookahead:
     skips layer l+1's attention (its input norm and attention residual).
     """
 
-    def __init__(self, adapter: RouterAccess, *, experts_per_token: int | None = None) -> None:
+    def __init__(
+        self,
+        adapter: RouterAccess,
+        *,
+        experts_per_token: int | None = None,
+        score: str = "prob",
+    ) -> None:
         k = adapter.top_k if experts_per_token is None else experts_per_token
         if not 1 <= k <= adapter.num_experts:
             raise ValueError(f"experts_per_token must be in [1, {adapter.num_experts}], got {k}")
         self.adapter = adapter
         self.experts_per_token = k
+        #: :data:`LOOKAHEAD_SCORES`
+        self.score = check_lookahead_score(score)
 
     def predict_next(
         self, layer: int, hidden: torch.Tensor
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """Flat expert ids of layer ``layer + 1`` predicted from the residual
         stream ``hidden`` ``[T, hidden]`` after layer ``layer``, most
-        confident first, with their scores (summed gate probability over the
-        T tokens). The last layer has no next layer: empty arrays."""
+        confident first, with their scores summed over the T tokens (gate
+        probability, or with ``score="share"`` the share of each token's
+        top-k gate mass). The last layer has no next layer: empty arrays."""
         import torch
 
         L, E = self.adapter.num_layers, self.adapter.num_experts
@@ -430,6 +452,8 @@ class NextLayerLookahead:
         with torch.inference_mode() if torch.is_grad_enabled() else contextlib.nullcontext():
             logits = self.adapter.router_logits(nxt, self.adapter.moe_norm(nxt, hidden))
             ids, probs = _topk_gate_scores(logits, self.experts_per_token, E)
+            if self.score == "share":
+                probs = probs / probs.sum(dim=-1, keepdim=True)
             scores = torch.zeros(E, dtype=torch.float32, device=hidden.device)
             scores.index_add_(0, ids.reshape(-1), probs.reshape(-1))
             # NOTE: one read of the E scores, ranked on the host (a stable

@@ -437,6 +437,9 @@ def test_trace_lookahead_predicts_what_the_trained_models_lookahead_does(
     predictor = rt.next_layer_predictor()
     assert isinstance(predictor, TraceLookahead)
     live = NextLayerLookahead(routers)  # type: ignore[arg-type]
+    live_share = NextLayerLookahead(routers, score="share")  # type: ignore[arg-type]
+    replay_share = rt.next_layer_predictor("share")
+    assert replay_share is not None
     seq = t.request_tokens(1).astype(np.int64)
     with torch.no_grad():
         hidden = target(input_ids=torch.from_numpy(seq)[None], output_hidden_states=True)
@@ -453,6 +456,13 @@ def test_trace_lookahead_predicts_what_the_trained_models_lookahead_does(
                 got_scores, [by_id[i] for i in got_ids.tolist()], rtol=2e-3, atol=2e-3
             )
             assert np.all(np.diff(got_scores) <= 0)  # most confident first
+            want_ids, want_scores = live_share.predict_next(layer, h)
+            got_ids, got_scores = replay_share.predict_next(layer, h)
+            assert sorted(got_ids.tolist()) == sorted(want_ids.tolist())
+            by_id = dict(zip(want_ids.tolist(), want_scores.tolist(), strict=True))
+            np.testing.assert_allclose(
+                got_scores, [by_id[i] for i in got_ids.tolist()], rtol=2e-3, atol=2e-3
+            )
 
 
 def test_trace_lookahead_maps_layers_and_experts_and_checks_its_rows(trace_path: Path) -> None:
@@ -478,6 +488,16 @@ def test_trace_lookahead_maps_layers_and_experts_and_checks_its_rows(trace_path:
         assert np.all(ids // 4 == nxt)
         np.testing.assert_allclose(scores, want[ids - nxt * 4], rtol=1e-6)
         assert set((ids - nxt * 4).tolist()) == set(np.flatnonzero(want > 0).tolist())
+    # share: each row's first 3 over its recorded top-k mass
+    by_share = rt.next_layer_predictor("share")
+    assert by_share is not None
+    ids, scores = by_share.predict_next(0, torch.zeros(2, 8))
+    m = rt.layer_map[1]
+    p_all = t.token_lookahead_probs[:2, m].astype(np.float32)
+    share = p_all[:, :3] / p_all.sum(axis=-1, keepdims=True)
+    trace_ids = t.token_lookahead[:2, m, :3].astype(np.int64) * 4 // 16
+    want = np.bincount(trace_ids.reshape(-1), weights=share.reshape(-1), minlength=4)
+    np.testing.assert_allclose(scores, want[ids - 4], rtol=1e-5)
     last = predictor.predict_next(2 * L - 1, torch.zeros(2, 8))
     assert last[0].size == 0 and last[1].size == 0
     with pytest.raises(RuntimeError, match="3 hidden"):
@@ -676,9 +696,12 @@ def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -
 
     t = tf.load_trace(trace_path)
     # acceptance auto: a synthetic drafter + a trace replays the trace's acceptance
-    spec = _tiny_replay_spec(trace_path, baseline="PD", concurrency=2, acceptance="auto")
+    spec = _tiny_replay_spec(
+        trace_path, baseline="PD", concurrency=2, acceptance="auto", lookahead_score="share"
+    )
     res = run_spec(spec)
     row = res.row
+    assert row["lookahead_score"] == "share"
     assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
     # the trace records the trained model's lookahead: the stream replays it
     assert row["lookahead_source"] == "trace"
