@@ -1,0 +1,88 @@
+"""CPU A/B on the replayed learned trace of ../../h200/proxy-lookahead-2026-12-05/
+(small-qwen3_moe, 4 MoE layers, synthetic fp32 weights, cache 0.2, c=1 closed
+loop of 4 requests, fixed:1 width, link emulated at 0.5 GB/s), arms
+interleaved and rotated per repeat. Run from the repository root:
+
+    python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py score REPEATS OUT.jsonl
+    python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py source REPEATS OUT.jsonl
+
+``score``: B1, PD (lookahead_score prob), PDshare (share); ``source``: B1 and
+PD replaying the trace's recorded lookahead, and B1router / PDrouter on the
+same trace with the lookahead arrays removed (the synthetic router predicts).
+"""
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pdflash.bench.engine_run import RunSpec, run_spec
+
+from pdflash import traces as tf
+
+TRACE = "bench/results/h200/proxy-lookahead-2026-12-05/trace_gpu_t1.npz"
+
+
+def without_lookahead() -> str:
+    t = tf.load_trace(TRACE)
+    for name in tf.LOOKAHEAD_ARRAYS:
+        setattr(t, name, None)
+    return str(tf.save_trace(t, Path(tempfile.mkdtemp()) / "trace_no_lookahead.npz"))
+
+
+mode, reps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if mode == "score":
+    arms = {
+        "B1": dict(baseline="B1"),
+        "PD": dict(baseline="PD"),
+        "PDshare": dict(baseline="PD", lookahead_score="share"),
+    }
+else:
+    plain = without_lookahead()
+    arms = {
+        "B1router": dict(baseline="B1", trace=plain),
+        "PDrouter": dict(baseline="PD", trace=plain),
+        "B1": dict(baseline="B1"),
+        "PD": dict(baseline="PD"),
+    }
+base = dict(
+    arch="small-qwen3_moe",
+    layers=4,
+    device="cpu",
+    cache_fraction=0.2,
+    concurrency=1,
+    arrivals="closed",
+    users=1,
+    num_requests=4,
+    prompt_len=32,
+    max_new_tokens=24,
+    block_size=16,
+    routing_source="trace",
+    acceptance="trace",
+    trace=TRACE,
+    emulated_link_gbps=0.5,
+    verify_width="fixed:1",
+)
+keys = (
+    "output_tokens_per_s",
+    "bytes_per_token",
+    "exposed_fetch_s",
+    "exposed_fetch_miss_s",
+    "link_busy_s",
+    "expert_cache_hit_rate",
+    "lookahead_source",
+    "lookahead_score",
+    "route_ahead_bytes_submitted",
+    "wasted_prefetch_bytes",
+    "wall_s",
+)
+with open(out, "a") as f:
+    names = list(arms)
+    for rep in range(reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            t0 = time.time()
+            row = run_spec(RunSpec(**{**base, **arms[name]}, repeat=rep)).row
+            rec = {"arm": name, "repeat": rep, "run_s": time.time() - t0}
+            f.write(json.dumps({**rec, **{k: row.get(k) for k in keys}}) + "\n")
+            f.flush()
