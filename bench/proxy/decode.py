@@ -51,6 +51,9 @@ from pdflash.engine.sampling import (
     target_probs,
 )
 
+#: one forward's next-layer lookahead: (ids, probs), each ``[rows, layers, k]``
+Lookahead = tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
+
 
 @dataclass
 class DecodeResult:
@@ -62,9 +65,7 @@ class DecodeResult:
     verify_topk: list[npt.NDArray[np.int64]] = field(default_factory=list)  # [rows, L, k]
     # the verified rows' next-layer lookahead (ids, probs), each [rows, L, k]
     # (routing_stats.capture_lookahead; recorded with the routing)
-    verify_lookahead: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]] = field(
-        default_factory=list
-    )
+    verify_lookahead: list[Lookahead] = field(default_factory=list)
     prefill_topk: npt.NDArray[np.int64] | None = None  # [P, L, k]
 
     @property
@@ -101,8 +102,6 @@ def speculative_decode(
     cache = DynamicCache(config=target.config)
     embed = target.model.embed_tokens
     res = DecodeResult(prompt=list(prompt), tokens=[], acceptance=[])
-
-    Lookahead = tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]
 
     def forward(ids: list[int]) -> tuple[Any, Any, npt.NDArray[np.int64] | None, Lookahead | None]:
         t = torch.tensor([ids], dtype=torch.long, device=dev)
