@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from pdflash.bench.engine_run import RunSpec, run_spec
 
@@ -32,6 +33,7 @@ def without_lookahead() -> str:
 
 
 mode, reps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+arms: dict[str, dict[str, Any]]
 if mode == "score":
     arms = {
         "B1": dict(baseline="B1"),
@@ -46,7 +48,7 @@ else:
         "B1": dict(baseline="B1"),
         "PD": dict(baseline="PD"),
     }
-base = dict(
+base: dict[str, Any] = dict(
     arch="small-qwen3_moe",
     layers=4,
     device="cpu",
