@@ -556,7 +556,8 @@ class NextLayerPredictor(Protocol):
         self, layer: int, hidden: torch.Tensor
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """Flat expert ids of layer ``layer + 1``, most confident first, and
-        their scores (summed gate probability over the forward's rows), from
+        their scores summed over the forward's rows (gate probabilities or
+        top-k shares: ``EngineConfig.lookahead_score``), from
         the residual ``hidden`` ``[rows, hidden]`` after layer ``layer``;
         empty arrays after the last layer."""
         ...

@@ -27,8 +27,8 @@ requests, ``L`` = MoE layers, ``k`` = experts per token, ids stored as
 Optional, all four or none (:data:`LOOKAHEAD_ARRAYS`): the next-layer gate
 lookahead the engine runs inside a verify (:class:`pdflash.routeahead.NextLayerLookahead`),
 as the trained model computes it, so a replay on synthetic weights can
-predict the replayed routing as the live model would instead of running a
-random router:
+predict the replayed routing as the live model would instead of running the
+synthetic router:
 
 ``token_lookahead``         ``[T, L, k]``: per token and layer ``l``, the
                             top-k of layer ``l``'s router over layer ``l``'s

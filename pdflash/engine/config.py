@@ -147,8 +147,9 @@ class EngineConfig:
             summed over the forward's rows; ``share``, its share of each
             row's top-k gate mass summed over the rows (the threshold's
             ``0.6 / top_k`` is then 60% of an average top-k share whatever
-            the expert count; with 128 experts the top-8's probabilities sum
-            to ~0.3, so ``prob`` keeps about a third of what it was set for).
+            the expert count; with 128 experts a row's top-8 probabilities
+            sum to ~0.3, so on ``prob`` the threshold is about three times
+            stricter than it was set to be).
         route_ahead_horizon: which rows of a drafted block route-ahead
             predicts for: ``acceptance`` (the default: the first rows up to
             the request's recent acceptance lengths' 0.9 quantile, the
