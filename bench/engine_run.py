@@ -2145,8 +2145,8 @@ def _result(
         "streaming_prefetch": stream is not None,
         "stream_ahead": engine.config.stream_ahead if stream is not None else None,
         "lookahead_score": (
-            engine.config.lookahead_score
-            if stream is not None and engine.config.lookahead
+            _built(engine).lookahead_score
+            if stream is not None and _built(engine).lookahead
             else None
         ),
         "route_ahead_horizon": (

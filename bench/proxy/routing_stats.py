@@ -137,6 +137,8 @@ def capture_lookahead(model: Any) -> Iterator[list[list[tuple[Any, Any]]]]:
     """
     import torch
 
+    from pdflash.routeahead.predictors import _topk_gate_scores
+
     layers = model.model.layers
     calls: list[list[tuple[Any, Any]]] = [[] for _ in layers]
     handles = []
@@ -147,8 +149,10 @@ def capture_lookahead(model: Any) -> Iterator[list[list[tuple[Any, Any]]]]:
             with torch.no_grad():
                 gate = m.mlp.gate
                 normed = m.post_attention_layernorm(hidden).reshape(-1, gate.weight.shape[1])
-                probs = torch.softmax(torch.nn.functional.linear(normed, gate.weight).float(), -1)
-                top, ids = torch.topk(probs, int(gate.top_k), dim=-1)
+                logits = torch.nn.functional.linear(normed, gate.weight)
+                # the engine's own scoring (NextLayerLookahead): softmax over
+                # every expert, top-k by probability
+                ids, top = _topk_gate_scores(logits, int(gate.top_k), gate.weight.shape[0])
             calls[i].append((ids.detach().cpu().long(), top.detach().cpu()))
 
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))

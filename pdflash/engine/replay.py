@@ -42,6 +42,7 @@ import numpy.typing as npt
 import torch
 
 from pdflash.protocols import NextLayerPredictor
+from pdflash.routeahead.predictors import check_lookahead_score, ranked_next_layer
 
 
 @runtime_checkable
@@ -517,11 +518,7 @@ class TraceLookahead:
     router's. Host-side only: no router product and no device read.
     """
 
-    source = "trace"
-
     def __init__(self, routing: TraceRouting, score: str = "prob") -> None:
-        from pdflash.routeahead.predictors import check_lookahead_score
-
         self.score = check_lookahead_score(score)
         trace = routing.trace
         if not trace.has_lookahead:
@@ -560,6 +557,4 @@ class TraceLookahead:
             weights=self._probs[rows, m].reshape(-1),
             minlength=E,
         )
-        order = np.argsort(-scores, kind="stable")
-        order = order[scores[order] > 0]
-        return (order + nxt * E).astype(np.int64), scores[order].astype(np.float32)
+        return ranked_next_layer(scores, nxt)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -105,6 +105,21 @@ def check_lookahead_score(score: str) -> str:
     if score not in LOOKAHEAD_SCORES:
         raise ValueError(f"score must be one of {LOOKAHEAD_SCORES}, got {score!r}")
     return score
+
+
+def ranked_next_layer(
+    scores: npt.NDArray[Any], next_layer: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """A next-layer prediction from its per-expert ``scores`` ``[E]``: the
+    flat ids (``next_layer * E + e``) of the positive-score experts, most
+    confident first (a stable descending sort: ties keep the lower id), and
+    their scores. The one ranking of :class:`NextLayerLookahead` and
+    :class:`pdflash.engine.replay.TraceLookahead`."""
+    order = np.argsort(-scores, kind="stable")
+    order = order[scores[order] > 0]
+    # argsort's ids are int64 already: no copy
+    ids = (order + next_layer * scores.shape[0]).astype(np.int64, copy=False)
+    return ids, scores[order].astype(np.float32, copy=False)
 
 
 def _topk_gate_scores(
@@ -460,11 +475,7 @@ class NextLayerLookahead:
             # descending sort, as torch's), instead of a device sort, a
             # boolean-mask index (a sync of its own) and two reads
             host = scores.cpu().numpy()
-        order = np.argsort(-host, kind="stable")
-        order = order[host[order] > 0]
-        # argsort's ids are int64 and the scores float32 already: no copies
-        ids_out = (order + nxt * E).astype(np.int64, copy=False)
-        return ids_out, host[order].astype(np.float32, copy=False)
+        return ranked_next_layer(host, nxt)
 
 
 def select_under_budget(
