@@ -76,6 +76,14 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
     within-run slope (``marginal``, a slope on a noisy regressor, pulled
     toward 0) both read below 1. Where copies hide behind compute it
     charges them anyway.
+  - ``adaptive:beta=hinge`` (the default: ``adaptive`` alone) charges a
+    further modeled link second in full once the steps show their copies
+    exposed (an average exposed share of at least
+    :attr:`AdaptiveWidth.HINGE_SHARE`), and the average share below that.
+    Why: the compute waits for ``max(0, ℓ - H)`` of the link time ``ℓ``,
+    ``H`` what hides behind it, so once any wait shows the step is past
+    the hinge and a further copy lengthens it by all of its time, while a
+    step whose copies all hide is charged (nearly) nothing for them.
   - ``adaptive:row=wall`` charges a verified row at least the lower
     confidence bound of the slope of the steps' wall time less their
     charged link time (``β · ℓ``) on their rows
@@ -198,7 +206,7 @@ if TYPE_CHECKING:
 #: :class:`UnionGrowth`'s curve forms
 UNION_FORMS = ("geometric", "hyperbolic")
 #: how the adaptive width charges a further modeled link second (``beta=``)
-BETA_MODES = ("average", "marginal", "one")
+BETA_MODES = ("average", "marginal", "one", "hinge")
 #: what the adaptive width charges a verified row beyond its modeled link
 #: time (``row=``)
 ROW_MODES = ("compute", "wall")
@@ -207,7 +215,7 @@ ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row", "explore",
 WIDTH_KINDS = (
     "full",
     "fixed:K",
-    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal|one]"
+    "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal|one|hinge]"
     "[:row=compute|wall][:explore=N][:reach=R]",
 )
 
@@ -266,7 +274,7 @@ def is_adaptive(setting: str) -> bool:
 def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
     ``cal=0|1``, ``union=geometric|hyperbolic``,
-    ``beta=average|marginal|one``, ``row=compute|wall``, ``explore=N`` (an
+    ``beta=average|marginal|one|hinge``, ``row=compute|wall``, ``explore=N`` (an
     integer >= 0; 0: never explore) and ``reach=R`` (an integer >= 1), each
     at most once, ``:``-separated (a benchmark's width list is
     ``,``-separated)."""
@@ -930,9 +938,11 @@ class AdaptiveWidth:
             acceptance calibration past the first draft (module docstring,
             ``cal=1``); the calibration is measured either way.
         union_form: :class:`UnionGrowth`'s curve (``union=FORM``).
-        beta_mode: ``average`` (the measured exposed share), ``marginal``
-            (never below the slope of the steps' exposed fetch on their
-            modeled link time) or ``one`` (1); :meth:`exposed_share`.
+        beta_mode: ``hinge`` (the default: 1 once the steps' average
+            exposed share reaches :attr:`HINGE_SHARE`, else that share),
+            ``average`` (the measured exposed share), ``marginal`` (never
+            below the slope of the steps' exposed fetch on their modeled
+            link time) or ``one`` (1); :meth:`exposed_share`.
         row_mode: ``compute`` (a row is charged the verify compute the steps
             show it costs) or ``wall`` (at least what the steps' wall time
             shows it costs beyond its charged link time;
@@ -967,7 +977,10 @@ class AdaptiveWidth:
     #: no options)
     CALIBRATE = False
     UNION_FORM = "geometric"
-    BETA_MODE = "average"
+    BETA_MODE = "hinge"
+    #: ``beta_mode="hinge"``: the average exposed share from which a step is
+    #: read as past the hinge (below it, waits are read as timer jitter)
+    HINGE_SHARE = 0.1
     ROW_MODE = "compute"
     #: weight a round keeps in the acceptance calibration per later round
     CALIBRATION_MEMORY = 0.98
@@ -1105,12 +1118,18 @@ class AdaptiveWidth:
         ℓ(rows)``, keeps the step's level): at c=1 the exposed fetch rose by
         the whole modeled link time of the experts further drafts added,
         across runs, where the average share and the within-run slope read
-        below 1."""
+        below 1.
+
+        ``beta_mode="hinge"``: 1 where the average share is at least
+        :attr:`HINGE_SHARE` (the step is past the hinge of
+        ``max(0, ℓ - H)``), else the average share."""
         if self.beta_mode == "one":
             return 1.0
         average = self._average_exposed_share()
         if self.beta_mode == "average":
             return average
+        if self.beta_mode == "hinge":
+            return 1.0 if average >= self.HINGE_SHARE else average
         fit = self.exposed_slope()
         if fit is None:
             return average

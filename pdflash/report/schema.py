@@ -303,7 +303,9 @@ class RunSetting:
     alike are one run and two that do not are two. ``omitted`` reads what a
     recorded row ran with where its spec does not say (no spec, or one
     recorded before specs named the setting, whose run did not necessarily
-    use today's default); None: ``recorded``, else the default.
+    use today's default); None: ``recorded``, else the default. ``refine``
+    maps the value :meth:`of_row` read to the value the run ran at where the
+    row says more than its setting (a default that has since changed).
     """
 
     name: str
@@ -312,6 +314,7 @@ class RunSetting:
     in_spec: bool = True
     resolve: Callable[[Any, Mapping[str, Any]], Any] | None = None
     omitted: Callable[[Mapping[str, Any]], Any] | None = None
+    refine: Callable[[Any, Mapping[str, Any]], Any] | None = None
 
     def of_spec(self, spec: Mapping[str, Any]) -> Any:
         """The setting of a run by its spec (the matrix's resume key)."""
@@ -332,7 +335,12 @@ class RunSetting:
         spec (the matrix's rows: the very value its resume key keyed, in the
         same terms whichever code version recorded the row), except that a
         setting with ``omitted`` the spec does not name reads ``omitted``;
-        else what the row records it ran as, else the default."""
+        else what the row records it ran as, else the default; then
+        ``refine``."""
+        value = self._row_value(row)
+        return value if self.refine is None else self.refine(value, row)
+
+    def _row_value(self, row: Mapping[str, Any]) -> Any:
         spec = row.get("spec")
         if (
             self.in_spec
@@ -354,6 +362,38 @@ def _spec_width(width: Any, spec: Mapping[str, Any]) -> Any:
     if not isinstance(width, str):
         return width
     return resolved_width(width, str(spec.get("baseline")))
+
+
+#: how an ``adaptive`` width without ``beta=`` charges a further modeled link
+#: second (mirrors :attr:`pdflash.engine.verify_width.AdaptiveWidth.BETA_MODE`,
+#: checked by a test, without importing the engine)
+ADAPTIVE_BETA_DEFAULT = "hinge"
+#: the ``adaptive:`` options written after ``beta=`` (mirrors the order of
+#: :data:`pdflash.engine.verify_width.ADAPTIVE_OPTION_KEYS`, checked by a test)
+_AFTER_BETA = ("row", "explore", "reach")
+
+
+def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
+    """An ``adaptive`` width that names no ``beta=``, of a row whose policy
+    charged a further link second otherwise than today's default (rows
+    recorded before ``hinge`` became it: ``estimates.beta_mode``, absent
+    where only ``average`` existed), as the width that charge is named by
+    today, e.g. ``adaptive:beta=average``: so such a run is not one with
+    today's ``adaptive``. Any other width is itself."""
+    if not isinstance(width, str) or not width.startswith("adaptive"):
+        return width
+    parts = width.split(":")
+    if parts[0] != "adaptive" or any(p.startswith("beta=") for p in parts[1:]):
+        return width
+    recorded = row.get("verify_width")
+    estimates = recorded.get("estimates") if isinstance(recorded, Mapping) else None
+    if not isinstance(estimates, Mapping):
+        return width  # no policy ran (e.g. switched to full): no charge to name
+    mode = estimates.get("beta_mode") or "average"
+    if mode == ADAPTIVE_BETA_DEFAULT:
+        return width
+    at = next((i for i, p in enumerate(parts) if i and p.split("=")[0] in _AFTER_BETA), len(parts))
+    return ":".join([*parts[:at], f"beta={mode}", *parts[at:]])
 
 
 def _omitted_width(row: Mapping[str, Any]) -> Any:
@@ -679,13 +719,15 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     ),
     # the width the run verifies at: a spec's ``auto`` (RunSpec's default)
     # resolved for its label, as RunSpec resolves it; rows whose spec names
-    # no width: what they recorded running at, else full
+    # no width: what they recorded running at, else full; an adaptive row's
+    # charge named where it differs from today's default
     RunSetting(
         "verify_width",
         "auto",
         _recorded("verify_width", "setting"),
         resolve=_spec_width,
         omitted=_omitted_width,
+        refine=_width_charge,
     ),
 )
 

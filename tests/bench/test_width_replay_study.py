@@ -88,7 +88,11 @@ def test_the_marginal_share_and_row_compute_charge_only_the_drafts_past_the_firs
     assert wide_marginal["tokens_per_s"] < wide["tokens_per_s"]
     slower = _loop("fixed:1", rounds, exposed=0.5, row_compute_s=0.01)
     assert slower["steps"] == plain["steps"] and slower["tokens_per_s"] < plain["tokens_per_s"]
-    # the charged costs reach the policy: it verifies fewer drafts
-    cheap = _loop("adaptive", rounds, exposed=0.5)
-    dear = _loop("adaptive", rounds, exposed=0.5, marginal_exposed=1.0, row_compute_s=0.01)
+    # the charged costs reach the policy (charging the steps' average exposed
+    # share: the default would charge the half-exposed copies in full either
+    # way): it verifies fewer drafts
+    cheap = _loop("adaptive:beta=average", rounds, exposed=0.5)
+    dear = _loop(
+        "adaptive:beta=average", rounds, exposed=0.5, marginal_exposed=1.0, row_compute_s=0.01
+    )
     assert dear["verified_per_round"] < cheap["verified_per_round"]

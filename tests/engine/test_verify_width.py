@@ -588,13 +588,45 @@ def test_a_marginal_beta_charges_the_copies_a_step_does_not_hide() -> None:
         _two_layer_policy(0, beta_mode="median")
 
 
+def test_the_default_hinge_beta_charges_in_full_once_copies_show_and_not_before() -> None:
+    """``hinge`` (``adaptive`` alone): past the hinge of ``max(0, ℓ - H)``
+    (the steps wait for some of their copies, the average share at least
+    ``HINGE_SHARE``) a further second costs a whole one, as under ``one``,
+    and the widths are ``one``'s; where the steps' waits stay under
+    ``HINGE_SHARE`` of their link time it charges the average share, as
+    under ``average``."""
+    assert AdaptiveWidth.BETA_MODE == "hinge"
+    assert parse_width("adaptive", 16).beta_mode is None  # the class default applies
+    assert parse_width("adaptive:beta=hinge", 16).beta_mode == "hinge"
+    hidden = lambda link: max(0.0, link - 0.002)  # noqa: E731
+    hinge = _policy_after_exposure("hinge", hidden)
+    one = _policy_after_exposure("one", hidden)
+    avg = _policy_after_exposure("average", hidden)
+    assert AdaptiveWidth.HINGE_SHARE <= avg.exposed_share() < 0.75
+    assert hinge.exposed_share() == 1.0
+    assert hinge.time_fit() == one.time_fit()
+    requests = [WidthRequest(rid, 15) for rid in range(2)]
+    assert hinge.widths(requests) == one.widths(requests)
+    assert hinge.stats()["estimates"]["beta_mode"] == "hinge"
+    jitter = lambda link: 0.05 * link  # noqa: E731
+    low = _policy_after_exposure("hinge", jitter)
+    low_avg = _policy_after_exposure("average", jitter)
+    assert low.exposed_share() == low_avg.exposed_share() == pytest.approx(0.05, rel=1e-3)
+    assert low.time_fit() == low_avg.time_fit()
+    assert _policy_after_exposure("hinge", lambda link: 0.0).exposed_share() == 0.0
+    # until measured: 1, as every mode
+    assert _two_layer_policy(0, beta_mode="hinge").exposed_share() == 1.0
+
+
 def _policy_after_wall(row_mode: str, extra_per_row: float) -> AdaptiveWidth:
     """A policy after 45 cycling-width steps (:func:`_feed_cycling_widths`),
     40% of each step's modeled link time exposed, ``extra_per_row`` a
     verified row that neither the verify's compute nor its waits on copies
-    show; rounds accept 0-3 drafts."""
+    show; rounds accept 0-3 drafts. Copies are charged at their measured
+    exposed share (``beta=average``), so the wall's row slope is what is
+    left beyond the exposed copies."""
     return _feed_cycling_widths(
-        _two_layer_policy(0, row_mode=row_mode),
+        _two_layer_policy(0, beta_mode="average", row_mode=row_mode),
         45,
         lambda link: 0.4 * link,
         extra_per_row,

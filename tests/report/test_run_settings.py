@@ -15,6 +15,7 @@ from pdflash.bench.suites import matrix
 from pdflash.report.evaluate import evaluate
 from pdflash.report.schema import (
     RUN_SETTINGS,
+    recorded_spec_settings,
     row_key,
     row_settings,
     series_labels,
@@ -272,3 +273,52 @@ def test_a_split_label_is_judged_only_where_its_setting_ran(
     assert [g["series"]["PD"] for g in ev["gap"] if g["concurrency"] == 4] == [
         "PD [verify_width=full]"
     ]
+
+
+def _adaptive_row(width: str, beta_mode: str | None, *, spec: bool = True) -> Row:
+    estimates = {} if beta_mode is None else {"beta_mode": beta_mode}
+    row: Row = {
+        "arch": "tiny",
+        "baseline": "PD",
+        "verify_width": {"setting": width, "requested": width, "estimates": estimates},
+    }
+    if spec:
+        row["spec"] = {"arch": "tiny", "baseline": "PD", "verify_width": width}
+    return row
+
+
+def _width_of(row: Row) -> Any:
+    names = [s.name for s in RUN_SETTINGS]
+    return row_settings(row)[names.index("verify_width")]
+
+
+def test_an_adaptive_row_of_an_earlier_default_charge_is_not_todays_adaptive() -> None:
+    """``adaptive`` changed its default charge (``beta=average`` to
+    ``beta=hinge``): a row whose policy recorded another charge, or none
+    (only ``average`` existed), keys and shows as the width naming that
+    charge, in the order the width's own parser writes it; today's rows,
+    explicit charges and widths without a policy keep their width."""
+    from pdflash.engine.verify_width import ADAPTIVE_OPTION_KEYS, AdaptiveWidth, parse_width
+    from pdflash.report import schema
+
+    assert schema.ADAPTIVE_BETA_DEFAULT == AdaptiveWidth.BETA_MODE
+    keys = list(ADAPTIVE_OPTION_KEYS)
+    assert tuple(keys[keys.index("beta") + 1 :]) == schema._AFTER_BETA
+    assert _width_of(_adaptive_row("adaptive", "hinge")) == "adaptive"
+    assert _width_of(_adaptive_row("adaptive", "average")) == "adaptive:beta=average"
+    assert _width_of(_adaptive_row("adaptive", None)) == "adaptive:beta=average"
+    assert _width_of(_adaptive_row("adaptive", "average", spec=False)) == "adaptive:beta=average"
+    named = _width_of(_adaptive_row("adaptive:z=1:row=wall:explore=0", "average"))
+    assert named == "adaptive:z=1:beta=average:row=wall:explore=0"
+    assert named == str(parse_width(named, 16))
+    assert _width_of(_adaptive_row("adaptive:beta=one", "one")) == "adaptive:beta=one"
+    assert _width_of(_adaptive_row("fixed:1", "average")) == "fixed:1"
+    no_policy = _adaptive_row("adaptive", None)
+    no_policy["verify_width"]["estimates"] = None
+    assert _width_of(no_policy) == "adaptive"
+    # the resume key: today's spec is not the earlier run
+    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
+    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
+    today = spec_settings(spec)[at]
+    assert recorded_spec_settings(_adaptive_row("adaptive", "average"))[at] != today
+    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
