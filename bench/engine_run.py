@@ -66,7 +66,7 @@ from pdflash.engine.config import (
     DEFAULT_HOST_AHEAD_MIN_EXPOSED,
     FULL_CACHE,
     HOST_CONTROLS,
-    LOOKAHEAD_SCORES,
+    LOOKAHEAD_SCORE_SETTINGS,
     ROUTE_AHEAD_HORIZONS,
     EngineConfig,
     check_host_ahead_min_exposed,
@@ -292,8 +292,8 @@ class RunSpec:
     # stream ignores it)
     stream_ahead: int = 2
     # how the stream scores a gate-lookahead expert against its threshold
-    # (pdflash.engine.config.EngineConfig.lookahead_score: "prob" or "share";
-    # a run without the stream ignores it)
+    # (pdflash.engine.config.EngineConfig.lookahead_score: "prob", "share" or
+    # "every"; a run without the stream ignores it)
     lookahead_score: str = "prob"
     # which rows of a drafted block route-ahead predicts for
     # (pdflash.engine.config.EngineConfig.route_ahead_horizon): "acceptance"
@@ -462,7 +462,7 @@ class RunSpec:
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
-        self._check_one_of("lookahead_score", LOOKAHEAD_SCORES)
+        self._check_one_of("lookahead_score", LOOKAHEAD_SCORE_SETTINGS)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         if isinstance(self.stream_ahead, bool) or not (
             isinstance(self.stream_ahead, int) and self.stream_ahead >= 0

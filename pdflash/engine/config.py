@@ -74,6 +74,12 @@ from pdflash.labels import ABLATIONS as ABLATIONS
 from pdflash.labels import BASELINES as BASELINES
 from pdflash.routeahead.predictors import LOOKAHEAD_SCORES as LOOKAHEAD_SCORES
 
+#: :attr:`EngineConfig.lookahead_score`'s choices: the lookahead's scores
+#: (:data:`LOOKAHEAD_SCORES`), and ``every``: no threshold, every expert the
+#: lookahead predicts is worth a copy, as the plain gate lookahead (B1's,
+#: and PD's while its stream is off) copies them
+LOOKAHEAD_SCORE_SETTINGS = (*LOOKAHEAD_SCORES, "every")
+
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
 #: :attr:`EngineConfig.host_control`'s choices, the PD controller's too
@@ -142,14 +148,16 @@ class EngineConfig:
             the one-shot route-ahead batch copy and the plain lookahead.
         stream_ahead: experts the stream copies beyond the next layer's set.
         lookahead_score: how the stream scores a gate-lookahead expert
-            against its confidence threshold (:data:`LOOKAHEAD_SCORES`):
+            against its confidence threshold:
             ``prob``, its gate probability (softmax over every expert)
             summed over the forward's rows; ``share``, its share of each
             row's top-k gate mass summed over the rows (the threshold's
             ``0.6 / top_k`` is then 60% of an average top-k share whatever
             the expert count; with 128 experts a row's top-8 probabilities
             sum to ~0.3, so on ``prob`` the threshold is about three times
-            stricter than it was set to be).
+            stricter than it was set to be); ``every``, no threshold (the
+            stream copies every predicted expert its capacity rules allow,
+            ranked by ``prob``) (:data:`LOOKAHEAD_SCORE_SETTINGS`).
         route_ahead_horizon: which rows of a drafted block route-ahead
             predicts for: ``acceptance`` (the default: the first rows up to
             the request's recent acceptance lengths' 0.9 quantile, the
@@ -266,9 +274,10 @@ class EngineConfig:
             raise ValueError("streaming_prefetch needs route_ahead")
         if self.stream_ahead < 0:
             raise ValueError(f"stream_ahead must be >= 0, got {self.stream_ahead}")
-        if self.lookahead_score not in LOOKAHEAD_SCORES:
+        if self.lookahead_score not in LOOKAHEAD_SCORE_SETTINGS:
             raise ValueError(
-                f"lookahead_score must be one of {LOOKAHEAD_SCORES}, got {self.lookahead_score!r}"
+                f"lookahead_score must be one of {LOOKAHEAD_SCORE_SETTINGS}, "
+                f"got {self.lookahead_score!r}"
             )
         if self.route_ahead_horizon not in ROUTE_AHEAD_HORIZONS:
             raise ValueError(
@@ -297,6 +306,18 @@ class EngineConfig:
         from pdflash.engine.verify_width import parse_width
 
         parse_width(self.verify_width, self.block_size)
+
+    @property
+    def lookahead_predictor_score(self) -> str:
+        """The score the gate lookahead computes (:data:`LOOKAHEAD_SCORES`):
+        ``lookahead_score``, with ``every`` ranked by ``prob``."""
+        return "prob" if self.lookahead_score == "every" else self.lookahead_score
+
+    @property
+    def stream_lookahead_min_score(self) -> float | None:
+        """The stream's lookahead threshold: 0 under ``every`` (every predicted
+        expert), else None (the stream's default, ``0.6 / top_k``)."""
+        return 0.0 if self.lookahead_score == "every" else None
 
     @staticmethod
     def preset(baseline: str, **overrides: Any) -> EngineConfig:

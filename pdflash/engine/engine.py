@@ -415,7 +415,7 @@ class Engine:
             expert_cache,
             config,
             lookahead_predictor=(
-                routing.next_layer_predictor(config.lookahead_score)
+                routing.next_layer_predictor(config.lookahead_predictor_score)
                 if isinstance(routing, LookaheadRoutingSource)
                 else None
             ),

@@ -638,9 +638,10 @@ class ExpertPrefetcher:
                 cache,
                 ahead=config.stream_ahead,
                 lookahead=config.lookahead,
+                lookahead_min_score=config.stream_lookahead_min_score,
                 on_submit=self._count_route_ahead,
                 lookahead_predictor=lookahead_predictor
-                or _router_lookahead(adapter, config.lookahead_score),
+                or _router_lookahead(adapter, config.lookahead_predictor_score),
             )
         elif cache is not None and config.lookahead:
             self.lookahead = GateLookahead(

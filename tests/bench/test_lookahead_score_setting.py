@@ -2,7 +2,8 @@
 threshold (``lookahead_score``) as a run setting: a RunSpec field with the
 engine's default that reaches the engine configuration, checked, keyed by
 the report where the label runs the stream, and settable on an issue-16
-arm; and the two scores themselves, from the router and from a trace."""
+arm; the two scores themselves, from the router and from a trace; and
+``every``, which lifts the stream's threshold."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from bench_fixtures import check_an_issue16_arm_sets
 from pdflash.bench.engine_run import RunSpec
 
-from pdflash.engine.config import LOOKAHEAD_SCORES, EngineConfig
+from pdflash.engine.config import LOOKAHEAD_SCORE_SETTINGS, LOOKAHEAD_SCORES, EngineConfig
+from pdflash.engine.prefetch import ExpertPrefetcher
 from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings
 from pdflash.routeahead import NextLayerLookahead
 
@@ -22,9 +24,20 @@ from pdflash.routeahead import NextLayerLookahead
 def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
     assert SETTING.default == EngineConfig().lookahead_score == "prob"
     assert LOOKAHEAD_SCORES == ("prob", "share")
+    assert LOOKAHEAD_SCORE_SETTINGS == ("prob", "share", "every")
     assert RunSpec(arch="tiny", baseline="PD").lookahead_score == "prob"
     spec = RunSpec(arch="tiny", baseline="PD", lookahead_score="share")
     assert spec.engine_config().lookahead_score == "share"
+    every = RunSpec(arch="tiny", baseline="PD", lookahead_score="every")
+    every.validate()
+    config = every.engine_config()
+    assert config.lookahead_score == "every"
+    # the lookahead ranks by probability; only the threshold goes
+    assert config.lookahead_predictor_score == "prob" and config.stream_lookahead_min_score == 0.0
+    for score in LOOKAHEAD_SCORES:
+        built = EngineConfig(lookahead_score=score)
+        assert built.lookahead_predictor_score == score
+        assert built.stream_lookahead_min_score is None
 
 
 def test_a_bad_score_is_refused() -> None:
@@ -84,3 +97,38 @@ def test_share_scores_each_rows_top_k_shares_prob_their_probabilities() -> None:
     assert scores.sum() == pytest.approx(2.0)  # one per row
     with pytest.raises(ValueError, match="score"):
         NextLayerLookahead(_Routers(logits), score="logit")  # type: ignore[arg-type]
+
+
+class _Shape:
+    num_layers, num_experts, top_k = 2, 4, 2
+
+
+class _FixedNext:
+    """A next-layer predictor: experts 0, 1 and 3 of the next layer at
+    summed probabilities 0.9, 0.2 and 0.05."""
+
+    def predict_next(self, layer: int, hidden: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        nxt = (layer + 1) * _Shape.num_experts
+        return np.array([nxt, nxt + 1, nxt + 3]), np.array([0.9, 0.2, 0.05], dtype=np.float32)
+
+
+@pytest.mark.parametrize(("score", "fetched"), [("prob", [0]), ("every", [0, 1, 3])])
+def test_every_makes_the_stream_copy_every_expert_the_lookahead_predicts(
+    score: str, fetched: list[int]
+) -> None:
+    """Under ``prob`` the stream copies the next layer's experts whose summed
+    probability reaches ``0.6 / top_k`` (0.3) and protects the rest; under
+    ``every`` it copies them all, as the plain gate lookahead does."""
+    config = EngineConfig.preset("PD", lookahead_score=score)
+    planner = ExpertPrefetcher(
+        _Shape(),  # type: ignore[arg-type]
+        object(),  # type: ignore[arg-type]
+        config,
+        lookahead_predictor=_FixedNext(),
+    )
+    stream = planner.built_stream
+    assert stream is not None
+    assert stream.lookahead_min_score == (0.0 if score == "every" else 0.3)
+    stream._apply_lookahead(0, torch.zeros(1, 4))
+    assert np.flatnonzero(stream.plan[1]).tolist() == [0, 1, 3]
+    assert np.flatnonzero(stream.fetch[1]).tolist() == fetched

@@ -691,17 +691,18 @@ def _tiny_replay_spec(trace_path: Path, **kw: Any) -> Any:
     return RunSpec(**base)
 
 
-def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path) -> None:
+@pytest.mark.parametrize("score", ["share", "every"])
+def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path, score: str) -> None:
     from pdflash.bench.engine_run import run_spec
 
     t = tf.load_trace(trace_path)
     # acceptance auto: a synthetic drafter + a trace replays the trace's acceptance
     spec = _tiny_replay_spec(
-        trace_path, baseline="PD", concurrency=2, acceptance="auto", lookahead_score="share"
+        trace_path, baseline="PD", concurrency=2, acceptance="auto", lookahead_score=score
     )
     res = run_spec(spec)
     row = res.row
-    assert row["lookahead_score"] == "share"
+    assert row["lookahead_score"] == score
     assert (row["routing_source"], row["acceptance_source"]) == ("trace", "trace")
     # the trace records the trained model's lookahead: the stream replays it
     assert row["lookahead_source"] == "trace"
