@@ -5,10 +5,12 @@ interleaved and rotated per repeat. Run from the repository root:
 
     python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py score REPEATS OUT.jsonl
     python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py source REPEATS OUT.jsonl
+    python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py every REPEATS OUT.jsonl
 
 ``score``: B1, PD (lookahead_score prob), PDshare (share); ``source``: B1 and
 PD replaying the trace's recorded lookahead, and B1router / PDrouter on the
-same trace with the lookahead arrays removed (the synthetic router predicts).
+same trace with the lookahead arrays removed (the synthetic router predicts);
+``every`` (thirty-seventh session): B1, PD and PDevery (lookahead_score every).
 """
 
 import json
@@ -39,6 +41,12 @@ if mode == "score":
         "B1": dict(baseline="B1"),
         "PD": dict(baseline="PD"),
         "PDshare": dict(baseline="PD", lookahead_score="share"),
+    }
+elif mode == "every":
+    arms = {
+        "B1": dict(baseline="B1"),
+        "PD": dict(baseline="PD"),
+        "PDevery": dict(baseline="PD", lookahead_score="every"),
     }
 else:
     plain = without_lookahead()
