@@ -6,11 +6,18 @@ interleaved and rotated per repeat. Run from the repository root:
     python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py score REPEATS OUT.jsonl
     python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py source REPEATS OUT.jsonl
     python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py every REPEATS OUT.jsonl
+    python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py parts REPEATS OUT.jsonl
+    python3 bench/results/cpu/lookahead-replay-2026-12-05/ab.py prev REPEATS OUT.jsonl
 
 ``score``: B1, PD (lookahead_score prob), PDshare (share); ``source``: B1 and
 PD replaying the trace's recorded lookahead, and B1router / PDrouter on the
 same trace with the lookahead arrays removed (the synthetic router predicts);
-``every`` (thirty-seventh session): B1, PD and PDevery (lookahead_score every).
+``every`` (thirty-seventh session): B1, PD and PDevery (lookahead_score every);
+``parts`` (same session): B1, PD (its parts controller), PD-all-on (the stream
+always on) and PD-no-stream (route-ahead's one batch + the plain lookahead);
+``prev`` (same session): B1, PD and PD-all-on, each PD label also with
+route_ahead_source previous_round (no router pass: under a replay the union's
+approximate router is the synthetic one).
 """
 
 import json
@@ -47,6 +54,21 @@ elif mode == "every":
         "B1": dict(baseline="B1"),
         "PD": dict(baseline="PD"),
         "PDevery": dict(baseline="PD", lookahead_score="every"),
+    }
+elif mode == "parts":
+    arms = {
+        "B1": dict(baseline="B1"),
+        "PD": dict(baseline="PD"),
+        "PDallon": dict(baseline="PD-all-on"),
+        "PDnostream": dict(baseline="PD-no-stream"),
+    }
+elif mode == "prev":
+    arms = {
+        "B1": dict(baseline="B1"),
+        "PD": dict(baseline="PD"),
+        "PDprev": dict(baseline="PD", route_ahead_source="previous_round"),
+        "PDallon": dict(baseline="PD-all-on"),
+        "PDallonprev": dict(baseline="PD-all-on", route_ahead_source="previous_round"),
     }
 else:
     plain = without_lookahead()
