@@ -380,7 +380,7 @@ def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
     where only ``average`` existed), as the width that charge is named by
     today, e.g. ``adaptive:beta=average``: so such a run is not one with
     today's ``adaptive``. Any other width is itself."""
-    if not isinstance(width, str) or not width.startswith("adaptive"):
+    if not isinstance(width, str):
         return width
     parts = width.split(":")
     if parts[0] != "adaptive" or any(p.startswith("beta=") for p in parts[1:]):
