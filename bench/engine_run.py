@@ -67,6 +67,7 @@ from pdflash.engine.config import (
     FULL_CACHE,
     HOST_CONTROLS,
     LOOKAHEAD_SCORE_SETTINGS,
+    LOOKAHEAD_TAILS,
     ROUTE_AHEAD_HORIZONS,
     EngineConfig,
     check_host_ahead_min_exposed,
@@ -295,6 +296,10 @@ class RunSpec:
     # (pdflash.engine.config.EngineConfig.lookahead_score: "prob", "share" or
     # "every"; a run without the stream ignores it)
     lookahead_score: str = "prob"
+    # what the stream does with a lookahead expert below that threshold
+    # (pdflash.engine.config.EngineConfig.lookahead_tail: "skip" or
+    # "background"; a run without the stream ignores it)
+    lookahead_tail: str = "skip"
     # which rows of a drafted block route-ahead predicts for
     # (pdflash.engine.config.EngineConfig.route_ahead_horizon): "acceptance"
     # (the acceptance horizon's first rows) or "verified" (every row the
@@ -347,6 +352,7 @@ class RunSpec:
             full_cache=self.full_cache,
             stream_ahead=self.stream_ahead,
             lookahead_score=self.lookahead_score,
+            lookahead_tail=self.lookahead_tail,
             route_ahead_horizon=self.route_ahead_horizon,
         )
 
@@ -463,6 +469,17 @@ class RunSpec:
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
         self._check_one_of("lookahead_score", LOOKAHEAD_SCORE_SETTINGS)
+        self._check_one_of("lookahead_tail", LOOKAHEAD_TAILS)
+        if self.lookahead_tail != "skip" and self.lookahead_score == "every":
+            raise ValueError(
+                f"lookahead_tail {self.lookahead_tail!r} needs a threshold: under "
+                "lookahead_score 'every' no lookahead expert is below it"
+            )
+        if self.lookahead_tail != "skip" and self.host_mode != "off":
+            raise ValueError(
+                f"lookahead_tail {self.lookahead_tail!r} is not combined with the hybrid "
+                "miss service (the host split plans only the confident copies)"
+            )
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         if isinstance(self.stream_ahead, bool) or not (
             isinstance(self.stream_ahead, int) and self.stream_ahead >= 0
@@ -2147,6 +2164,23 @@ def _result(
         "lookahead_score": (
             _built(engine).lookahead_score
             if stream is not None and _built(engine).lookahead
+            else None
+        ),
+        "lookahead_tail": (
+            _built(engine).lookahead_tail
+            if stream is not None and _built(engine).lookahead
+            else None
+        ),
+        # the lookahead tail's copies the stream asked for, those it gave back
+        # unstarted, and the bytes of the rest (None: the stream copies no tail)
+        "stream_tail": (
+            {
+                "copies": stream.tail_copies,
+                "given_back": stream.tail_given_back,
+                "copied_bytes": (stream.tail_copies - stream.tail_given_back)
+                * int(cache.expert_nbytes),
+            }
+            if stream is not None and stream.tail_band is not None
             else None
         ),
         "route_ahead_horizon": (

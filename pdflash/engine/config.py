@@ -79,6 +79,9 @@ from pdflash.routeahead.predictors import LOOKAHEAD_SCORES as LOOKAHEAD_SCORES
 #: lookahead predicts is worth a copy, as the plain gate lookahead (B1's,
 #: and PD's while its stream is off) copies them
 LOOKAHEAD_SCORE_SETTINGS = (*LOOKAHEAD_SCORES, "every")
+#: :attr:`EngineConfig.lookahead_tail`'s choices: what the stream does with
+#: the gate lookahead's experts below its score threshold
+LOOKAHEAD_TAILS = ("skip", "background")
 
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
@@ -158,6 +161,16 @@ class EngineConfig:
             stricter than it was set to be); ``every``, no threshold (the
             stream copies every predicted expert its capacity rules allow,
             ranked by ``prob``) (:data:`LOOKAHEAD_SCORE_SETTINGS`).
+        lookahead_tail: what the stream does with a gate-lookahead expert
+            below that threshold (:data:`LOOKAHEAD_TAILS`): ``skip`` (the
+            default) protects it but copies none; ``background`` copies it
+            in the BACKGROUND band, which the issuer serves only while no
+            miss and no confident copy waits, and gives back the copies not
+            started that the layer's routing does not use
+            (:class:`~pdflash.engine.prefetch.StreamingPrefetcher`). Not with
+            ``lookahead_score="every"`` (no expert is below a zero
+            threshold) nor with ``host_experts`` (the host split plans the
+            confident copies only).
         route_ahead_horizon: which rows of a drafted block route-ahead
             predicts for: ``acceptance`` (the default: the first rows up to
             the request's recent acceptance lengths' 0.9 quantile, the
@@ -240,6 +253,7 @@ class EngineConfig:
     streaming_prefetch: bool = False
     stream_ahead: int = 2
     lookahead_score: str = "prob"
+    lookahead_tail: str = "skip"
     route_ahead_horizon: str = "acceptance"
     bands: bool = True
     parts_controller: bool = False
@@ -278,6 +292,20 @@ class EngineConfig:
             raise ValueError(
                 f"lookahead_score must be one of {LOOKAHEAD_SCORE_SETTINGS}, "
                 f"got {self.lookahead_score!r}"
+            )
+        if self.lookahead_tail not in LOOKAHEAD_TAILS:
+            raise ValueError(
+                f"lookahead_tail must be one of {LOOKAHEAD_TAILS}, got {self.lookahead_tail!r}"
+            )
+        if self.lookahead_tail != "skip" and self.lookahead_score == "every":
+            raise ValueError(
+                f"lookahead_tail {self.lookahead_tail!r} needs a threshold: under "
+                "lookahead_score 'every' no lookahead expert is below it"
+            )
+        if self.lookahead_tail != "skip" and self.host_experts != "off":
+            raise ValueError(
+                f"lookahead_tail {self.lookahead_tail!r} is not combined with host_experts "
+                f"{self.host_experts!r} (the host split plans only the confident copies)"
             )
         if self.route_ahead_horizon not in ROUTE_AHEAD_HORIZONS:
             raise ValueError(

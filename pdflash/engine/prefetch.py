@@ -46,6 +46,13 @@ followed, and copies before a forward only from the source with the best
 running precision, and only while it is at least ``min_precision``. During the
 forward, the next layer's copies come from the gate lookahead (experts whose
 summed gate probability over the batch is at least ``lookahead_min_score``).
+The lookahead's experts below that score (its tail) are protected but not
+copied, unless ``tail_band`` is given: then they are copied in that band
+(BACKGROUND: the issuer serves it only when no miss and no confident copy is
+queued, so the tail takes link time nothing else wants; a tail expert the
+forward needs is promoted to ON_DEMAND by the cache), and a tail copy that
+has not started when its layer is routed and is not routed is given back
+(:meth:`pdflash.cache.ExpertCache.give_back_unstarted`).
 
 When a prediction is superseded, queued ROUTE_AHEAD copies of experts the
 new plan no longer wants are cancelled (``issuer.cancel(Band.ROUTE_AHEAD)``;
@@ -114,6 +121,9 @@ class StreamingPrefetcher:
             (default: :class:`pdflash.routeahead.NextLayerLookahead`, the
             target's router; a trace replay passes
             :class:`pdflash.engine.replay.TraceLookahead`).
+        tail_band: the band the lookahead's below-threshold experts are
+            copied in (None: they are not copied; see the module doc).
+        on_tail_submit: called with the bytes of every batch of tail copies.
     """
 
     SOURCES = ("prev_round", "predicted")
@@ -130,6 +140,8 @@ class StreamingPrefetcher:
         on_submit: Callable[[int], None] | None = None,
         early_lookahead: bool = False,
         lookahead_predictor: NextLayerPredictor | None = None,
+        tail_band: Band | None = None,
+        on_tail_submit: Callable[[int], None] | None = None,
     ) -> None:
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
@@ -148,11 +160,19 @@ class StreamingPrefetcher:
         self.min_precision = float(min_precision)
         self.on_submit = on_submit
         self.early_lookahead = bool(early_lookahead)
+        self.tail_band = None if tail_band is None else Band(tail_band)
+        self.on_tail_submit = on_tail_submit
         shape = (self.num_layers, self.num_experts)
         #: experts the forward is expected to need (protected from prefetch eviction)
         self.plan = np.zeros(shape, dtype=np.bool_)
         #: experts worth a copy (a subset of ``plan``)
         self.fetch = np.zeros(shape, dtype=np.bool_)
+        #: the lookahead's below-threshold experts, copied in ``tail_band``
+        #: (a subset of ``plan``, disjoint from ``fetch``; empty without one)
+        self.tail = np.zeros(shape, dtype=np.bool_)
+        #: per layer, the flat ids of the tail copies issued for it that its
+        #: routing has not settled yet (see :meth:`on_routed`)
+        self._tail_issued: dict[int, IdArray] = {}
         #: experts never copied ahead (the hybrid miss service plans to
         #: compute them on the host); they stay protected if planned
         self.skip = np.zeros(shape, dtype=np.bool_)
@@ -182,6 +202,8 @@ class StreamingPrefetcher:
         self.copies_submitted = 0
         self.bytes_submitted = 0
         self.cancelled = 0  # queued ROUTE_AHEAD copies cancelled as stale
+        self.tail_copies = 0  # tail copies submitted (tail_band)
+        self.tail_given_back = 0  # ... given back unstarted and unrouted
         self.submit_log: list[tuple[int, int]] = []  # (first needed layer, flat id), if logging
         self.log_submissions = False
         #: switched off by :meth:`pause`: the forward hooks do nothing
@@ -303,9 +325,12 @@ class StreamingPrefetcher:
             extra -= int(min(extra, ids.size))
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
-    def _issue(self, target: IdArray, limit: int | None = None) -> int:
+    def _issue(
+        self, target: IdArray, limit: int | None = None, band: Band = Band.ROUTE_AHEAD
+    ) -> int:
         """Copy the non-resident ids of ``target`` (layer order), at most
-        ``limit``, each only into a slot no earlier-needed expert holds."""
+        ``limit``, each only into a slot no earlier-needed expert holds, in
+        ``band`` (ROUTE_AHEAD, or ``tail_band`` for the lookahead's tail)."""
         cache = self.cache
         E = self.num_experts
         if target.size == 0:
@@ -333,13 +358,25 @@ class StreamingPrefetcher:
             if room <= 0:
                 break
             take = want[:room]
-            cache.prefetch(take, Band.ROUTE_AHEAD, protect=protect)
-            got = int(np.asarray(cache.is_resident(take), dtype=np.bool_).sum())
+            cache.prefetch(take, band, protect=protect)
+            has_slot = np.asarray(cache.is_resident(take), dtype=np.bool_)  # in flight or landed
+            got = int(has_slot.sum())
             submitted += got
-            self.copies_submitted += got
-            self.bytes_submitted += got * int(cache.expert_nbytes)
-            if self.on_submit is not None and got:
-                self.on_submit(got * int(cache.expert_nbytes))
+            nbytes = got * int(cache.expert_nbytes)
+            if band == Band.ROUTE_AHEAD:
+                self.copies_submitted += got
+                self.bytes_submitted += nbytes
+                if self.on_submit is not None and got:
+                    self.on_submit(nbytes)
+            else:
+                self.tail_copies += got
+                issued = self._tail_issued.get(layer)
+                new_ids = take[has_slot]
+                self._tail_issued[layer] = (
+                    new_ids if issued is None else np.concatenate([issued, new_ids])
+                )
+                if self.on_tail_submit is not None and got:
+                    self.on_tail_submit(nbytes)
             if self.log_submissions:
                 self.submit_log += [(lo, int(g)) for g in take[:got].tolist()]
             if got < want.size:
@@ -355,6 +392,8 @@ class StreamingPrefetcher:
         self._source_plans = {}
         self.plan[:] = False
         self.fetch[:] = False
+        self.tail[:] = False
+        self._tail_issued = {}
         self.first_needed = 0
         self.running = None
         self._set_policy_prediction()
@@ -388,6 +427,8 @@ class StreamingPrefetcher:
         self.plan[layer] = False
         self.plan[layer, ids] = True
         self.fetch[layer] = self.plan[layer]
+        self.tail[layer] = False
+        self._give_back_tail(layer, ids)
         nxt = layer + 1
         if nxt >= self.num_layers:
             return
@@ -405,6 +446,18 @@ class StreamingPrefetcher:
         if spare > 0:
             self._issue(self._target(nxt, whole_first=early), limit=spare)
 
+    def _give_back_tail(self, layer: int, routed: IdArray) -> None:
+        """Layer ``layer`` is routed (local ids ``routed``): give back its
+        tail copies that have not started and that it does not route (a
+        routed one stays: the forward's acquire promotes it)."""
+        issued = self._tail_issued.pop(layer, None)
+        if issued is None or issued.size == 0:
+            return
+        unused = issued[~np.isin(issued - layer * self.num_experts, routed)]
+        give_back = getattr(self.cache, "give_back_unstarted", None)
+        if unused.size and give_back is not None:
+            self.tail_given_back += int(np.asarray(give_back(unused), dtype=np.bool_).sum())
+
     def _apply_lookahead(self, layer: int, hidden: torch.Tensor) -> None:
         assert self._lookahead is not None
         nxt = layer + 1
@@ -413,14 +466,17 @@ class StreamingPrefetcher:
             # NOTE: the gate lookahead sees this forward's real hidden state:
             # it replaces the route-ahead guess for layer l+1 (a union of the
             # two moved more bytes that went unused); its low-score tail is
-            # protected but not copied (the on-demand path fetches it if it
-            # is routed)
+            # protected, and copied only in tail_band (else the on-demand
+            # path fetches it if it is routed)
             local = ids - nxt * self.num_experts
             self.plan[nxt] = False
             self.plan[nxt, local] = True
             self.fetch[nxt] = False
             confident = scores >= self.lookahead_min_score
             self.fetch[nxt, local[confident]] = True
+            self.tail[nxt] = False
+            if self.tail_band is not None:
+                self.tail[nxt, local[~confident]] = True
             if self.host_split is not None:
                 self._split_lookahead(nxt, ids[confident], scores[confident])
 
@@ -458,6 +514,10 @@ class StreamingPrefetcher:
         if self._lookahead is not None:
             self._apply_lookahead(layer, hidden)
         self.pump()
+        if self.tail_band is not None:
+            # after the confident copies: the tail gets only the slots they left
+            tail = np.flatnonzero(self.tail[nxt]).astype(np.int64) + nxt * self.num_experts
+            self._issue(tail, band=self.tail_band)
 
     def end_forward(
         self,
@@ -471,6 +531,8 @@ class StreamingPrefetcher:
         start now, before drafting (rule 3)."""
         self.first_needed = 0
         self.running = None
+        self.tail[:] = False
+        self._tail_issued = {}
         if routed is not None:
             r = np.asarray(routed, dtype=np.bool_).reshape(self.plan.shape)
             for name, m in self._source_plans.items():
@@ -495,6 +557,9 @@ class StreamingPrefetcher:
             "stream_copies": self.copies_submitted,
             "stream_bytes": self.bytes_submitted,
             "stream_cancelled": self.cancelled,
+            # the lookahead's tail copies (tail_band) and those given back
+            "stream_tail_copies": self.tail_copies,
+            "stream_tail_given_back": self.tail_given_back,
             "stream_precision": dict(self.precision),
             # the lookahead's layers split for the host, and the experts the
             # host took from their copies
@@ -642,6 +707,8 @@ class ExpertPrefetcher:
                 on_submit=self._count_route_ahead,
                 lookahead_predictor=lookahead_predictor
                 or _router_lookahead(adapter, config.lookahead_predictor_score),
+                tail_band=Band.BACKGROUND if config.lookahead_tail == "background" else None,
+                on_tail_submit=self._count_background,
             )
         elif cache is not None and config.lookahead:
             self.lookahead = GateLookahead(
@@ -680,6 +747,9 @@ class ExpertPrefetcher:
     def _count_route_ahead(self, nbytes: int) -> None:
         self._bytes[Band.ROUTE_AHEAD] += int(nbytes)
 
+    def _count_background(self, nbytes: int) -> None:
+        self._bytes[Band.BACKGROUND] += int(nbytes)
+
     def reset_stats(self) -> None:
         self._bytes = {Band.ROUTE_AHEAD: 0, Band.BACKGROUND: 0}
         self.failures = 0
@@ -688,6 +758,7 @@ class ExpertPrefetcher:
         if stream is not None:
             stream.copies_submitted = stream.bytes_submitted = 0
             stream.cancelled = 0
+            stream.tail_copies = stream.tail_given_back = 0
             stream.host_split_layers = stream.host_split_experts = 0
 
     def _best_effort(self, fn: Callable[..., None], *args: Any) -> None:

@@ -557,6 +557,13 @@ def _spec_lookahead_score(value: Any, spec: Mapping[str, Any]) -> Any:
     return value if spec.get("baseline") in STREAM_LABELS and not full else "prob"
 
 
+def _spec_lookahead_tail(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's lookahead tail as its run runs it: only the stream copies a
+    tail (as :func:`_spec_lookahead_score`)."""
+    full = _spec_fills_full_cache(spec)
+    return value if spec.get("baseline") in STREAM_LABELS and not full else "skip"
+
+
 def _spec_stream_ahead(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's stream depth as its run runs it: a label without the stream
     (:data:`STREAM_LABELS`), or a full cache that runs none of the parts
@@ -685,6 +692,9 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting(
         "lookahead_score", "prob", _recorded("lookahead_score"), resolve=_spec_lookahead_score
     ),
+    # pdflash.engine.config.EngineConfig.lookahead_tail (a test keeps the
+    # defaults equal); read as lookahead_score is
+    RunSetting("lookahead_tail", "skip", _recorded("lookahead_tail"), resolve=_spec_lookahead_tail),
     # pdflash.engine.config.EngineConfig.route_ahead_horizon (a test keeps
     # the defaults equal); a row without route-ahead, or older than the
     # setting, records none and reads as the default

@@ -1,10 +1,12 @@
 """PD's streaming route-ahead prefetcher: layer order, capacity-aware
 eviction, stale-copy cancellation, precision gating, and the offloaded
-forward waiting for in-flight copies instead of failing."""
+forward waiting for in-flight copies instead of failing; the lookahead
+tail copied in the BACKGROUND band (lookahead_tail="background")."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -351,3 +353,113 @@ def test_next_layer_copies_beyond_ahead_wait_for_the_release() -> None:
     # two (room (7 free + 3 released) // 2 = 5 >= 2)
     assert [g for _, g in stream.submit_log[5:]] == [10, 11, 12, 13, 16, 17]
     assert all(band == Band.ROUTE_AHEAD for _, band in issuer.submitted)
+
+
+# --- the lookahead tail (lookahead_tail="background") ------------------------
+# The gate lookahead's experts below the stream's threshold are copied in the
+# BACKGROUND band after the confident ones; a tail copy that has not started
+# when its layer is routed, and that the layer does not route, is given back;
+# a routed one stays in flight for the forward.
+
+TAIL_L, TAIL_E = 3, 8
+
+
+class _FixedNext:
+    """Layer l+1's experts 0, 1, 2, 3 at summed probabilities 0.9, 0.5, 0.1,
+    0.05 (the threshold at top-2 is 0.3: 0 and 1 confident, 2 and 3 the tail)."""
+
+    def predict_next(self, layer: int, hidden: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+        nxt = (layer + 1) * TAIL_E
+        return np.arange(nxt, nxt + 4), np.array([0.9, 0.5, 0.1, 0.05], dtype=np.float32)
+
+
+@pytest.fixture
+def held_issuer() -> Iterator[Any]:
+    """The real issuer (host backend), one expert's copy in its window."""
+    from pdflash.h2d import H2DIssuer
+
+    issuer = H2DIssuer(backend="host", chunk_bytes=NBYTES, window_bytes=NBYTES)
+    yield issuer
+    issuer.close()
+
+
+def _stream(issuer: Any, tail_band: Band | None) -> tuple[ExpertCache, StreamingPrefetcher]:
+    src = HostExperts(TAIL_L, TAIL_E)
+    issuer.register_source(src.buf.ctypes.data, src.buf.nbytes)
+    policy = LayerCyclicPolicy(TAIL_L, TAIL_E)
+    cache = ExpertCache(src, issuer, num_slots=12, top_k=2, max_batch_tokens=1, policy=policy)
+    cache._test_src = src  # type: ignore[attr-defined]  # keep the buffer alive
+    adapter = SimpleNamespace(num_layers=TAIL_L, num_experts=TAIL_E, top_k=2)
+    stream = StreamingPrefetcher(
+        adapter,  # type: ignore[arg-type]
+        cache,
+        ahead=0,
+        lookahead_predictor=_FixedNext(),
+        tail_band=tail_band,
+    )
+    return cache, stream
+
+
+def _bands(cache: ExpertCache, flat: list[int]) -> list[int | None]:
+    out: list[int | None] = []
+    for g in flat:
+        slot = int(cache.slot_of[g])
+        out.append(None if slot < 0 else int(cache.band[slot]))
+    return out
+
+
+def test_the_tail_is_copied_in_the_background_band_and_unrouted_copies_are_given_back(
+    held_issuer: Any,
+) -> None:
+    from pdflash.h2d import STATE_QUEUED
+
+    cache, stream = _stream(held_issuer, Band.BACKGROUND)
+    held_issuer._native.test_hold_link(True)
+    try:
+        stream.begin_forward()
+        stream.after_layer(0, torch.zeros(1, 4), torch.zeros(1, 2, dtype=torch.long))
+        layer1 = [TAIL_E + e for e in range(4)]
+        assert cache.is_resident(layer1).all()  # all four in flight
+        assert _bands(cache, layer1) == [Band.ROUTE_AHEAD] * 2 + [Band.BACKGROUND] * 2
+        assert stream.tail_copies == 2 and stream.copies_submitted == 2
+        assert np.flatnonzero(stream.tail[1]).tolist() == [2, 3]
+        tickets = cache.ticket[cache.slot_of[layer1[2:]]]
+        assert (held_issuer.states(tickets) == STATE_QUEUED).all()
+        # layer 1 routes experts 0 and 2: the tail's 3 goes back, its 2 stays
+        stream.on_routed(1, torch.tensor([[0, 2]]))
+        assert stream.tail_given_back == 1
+        assert cache.is_resident([TAIL_E + 2]).all() and not cache.is_resident([TAIL_E + 3]).any()
+        assert not stream.tail.any()
+    finally:
+        held_issuer._native.test_hold_link(False)
+    cache.drain_inflight()
+    assert cache.failed_copies == 0
+    slot = int(cache.slot_of[TAIL_E + 2])
+    assert torch.all(cache.slot_tensor(slot) == (TAIL_E + 2) % 251)
+    assert stream.stats()["stream_tail_copies"] == 2
+    assert stream.stats()["stream_tail_given_back"] == 1
+
+
+def test_without_a_tail_band_the_tail_is_protected_not_copied(held_issuer: Any) -> None:
+    cache, stream = _stream(held_issuer, None)
+    stream.begin_forward()
+    stream.after_layer(0, torch.zeros(1, 4), torch.zeros(1, 2, dtype=torch.long))
+    assert cache.is_resident([TAIL_E, TAIL_E + 1]).all()
+    assert not cache.is_resident([TAIL_E + 2, TAIL_E + 3]).any()
+    assert np.flatnonzero(stream.plan[1]).tolist() == [0, 1, 2, 3]
+    assert not stream.tail.any() and stream.tail_copies == 0
+    cache.drain_inflight()
+
+
+def test_a_paused_or_finished_forward_forgets_its_tail(held_issuer: Any) -> None:
+    cache, stream = _stream(held_issuer, Band.BACKGROUND)
+    stream.begin_forward()
+    stream.after_layer(0, torch.zeros(1, 4), torch.zeros(1, 2, dtype=torch.long))
+    assert stream.tail.any() and stream._tail_issued
+    stream.end_forward()
+    assert not stream.tail.any() and not stream._tail_issued
+    stream.after_layer(0, torch.zeros(1, 4), torch.zeros(1, 2, dtype=torch.long))
+    stream.pause()
+    assert not stream.tail.any() and not stream._tail_issued
+    cache.drain_inflight()
+    assert cache.failed_copies == 0
