@@ -17,7 +17,10 @@ same trace with the lookahead arrays removed (the synthetic router predicts);
 always on) and PD-no-stream (route-ahead's one batch + the plain lookahead);
 ``prev`` (same session): B1, PD and PD-all-on, each PD label also with
 route_ahead_source previous_round (no router pass: under a replay the union's
-approximate router is the synthetic one).
+approximate router is the synthetic one); ``tail`` (thirty-eighth session):
+B1, PD, PD and PD-all-on with lookahead_tail background, PD with
+lookahead_score every, PD-all-on; ``tailfast``: the same arms on a 2 GB/s
+emulated link (more of the link idle).
 """
 
 import json
@@ -62,6 +65,15 @@ elif mode == "parts":
         "PDallon": dict(baseline="PD-all-on"),
         "PDnostream": dict(baseline="PD-no-stream"),
     }
+elif mode in ("tail", "tailfast"):
+    arms = {
+        "B1": dict(baseline="B1"),
+        "PD": dict(baseline="PD"),
+        "PDtail": dict(baseline="PD", lookahead_tail="background"),
+        "PDevery": dict(baseline="PD", lookahead_score="every"),
+        "PDallon": dict(baseline="PD-all-on"),
+        "PDallontail": dict(baseline="PD-all-on", lookahead_tail="background"),
+    }
 elif mode == "prev":
     arms = {
         "B1": dict(baseline="B1"),
@@ -93,7 +105,7 @@ base: dict[str, Any] = dict(
     routing_source="trace",
     acceptance="trace",
     trace=TRACE,
-    emulated_link_gbps=0.5,
+    emulated_link_gbps=2.0 if mode == "tailfast" else 0.5,
     verify_width="fixed:1",
 )
 keys = (
@@ -105,6 +117,9 @@ keys = (
     "expert_cache_hit_rate",
     "lookahead_source",
     "lookahead_score",
+    "lookahead_tail",
+    "stream_tail",
+    "background_bytes_submitted",
     "route_ahead_bytes_submitted",
     "wasted_prefetch_bytes",
     "wall_s",
