@@ -1052,7 +1052,7 @@ def _run(
     from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
     from pdflash.engine.predict import route_ahead_predictor
     from pdflash.h2d import measure_link_gbps
-    from pdflash.routeahead import AcceptanceHorizon, RouteAheadStats
+    from pdflash.routeahead import AcceptanceHorizon, ApproxRouterPredictor, RouteAheadStats
 
     setup = SetupClock() if setup is None else setup
     with setup.phase("link_probe"):
@@ -1138,19 +1138,27 @@ def _run(
             batcher = ShadowComparison(batcher, deficit(None), cache.expert_nbytes)
     if byte_budget is not None:
         config = config.replace(byte_budget=byte_budget)
-    predictor = None
-    horizon = None
-    route_stats = RouteAheadStats.for_adapter(adapter)
-    if config.route_ahead:
-        predictor = route_ahead_predictor(adapter, spec.route_ahead_source)
-        horizon = AcceptanceHorizon(spec.block_size)
-    acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
     routing = None
     if spec.routing_source == "trace":
         from pdflash.engine.replay import TraceRouting, load_replay_trace
 
         assert spec.trace is not None
         routing = TraceRouting(load_replay_trace(spec.trace), adapter, spec.trace)
+    predictor = None
+    horizon = None
+    route_stats = RouteAheadStats.for_adapter(adapter)
+    if config.route_ahead:
+        # under a replay whose trace records it, the union's approximate router
+        # replays the trained model's predictions (the live pass still runs,
+        # for its time)
+        approx = (
+            routing.approx_router_predictor(charge=ApproxRouterPredictor(adapter, proxy="auto"))
+            if routing is not None
+            else None
+        )
+        predictor = route_ahead_predictor(adapter, spec.route_ahead_source, approx=approx)
+        horizon = AcceptanceHorizon(spec.block_size)
+    acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
     max_seq = (
         (spec.prompt_len_max or spec.prompt_len)
         + (spec.max_new_tokens_max or spec.max_new_tokens)
@@ -1929,6 +1937,20 @@ def _serving_workload(spec: RunSpec) -> Workload:
     )
 
 
+def _approx_router_source(predictor: Any) -> str | None:
+    """``trace`` / ``router``: where the route-ahead union's approximate
+    router predicts from (None: the predictor has none)."""
+    from pdflash.engine.replay import TraceApproxRouter
+    from pdflash.routeahead import ApproxRouterPredictor
+
+    for member, _ in getattr(predictor, "members", None) or ():
+        if isinstance(member, TraceApproxRouter):
+            return "trace"
+        if isinstance(member, ApproxRouterPredictor):
+            return "router"
+    return None
+
+
 def _built(engine: Engine) -> EngineConfig:
     """The configuration the engine was built with (the PD controller switches
     parts of ``engine.config`` during the run)."""
@@ -2085,6 +2107,10 @@ def _result(
         "acceptance_params": acceptance.params() if (forced or replayed_acceptance) else {},
         "routing_source": "model" if engine.routing is None else engine.routing.name,
         "route_ahead_source": spec.route_ahead_source if engine.predictor is not None else None,
+        # what the union's approximate router predicts from: the target's
+        # router, or the trained model's predictions replayed from a trace
+        # (None: no approximate router runs)
+        "route_ahead_approx_source": _approx_router_source(engine.predictor),
         # the gate lookahead's predictions: the target's router, or replayed
         # from a trace that records the trained model's (None: no lookahead)
         "lookahead_source": (

@@ -40,6 +40,21 @@ synthetic router:
 ``verify_lookahead``        ``[sum round_rows, L, k]`` and
 ``verify_lookahead_probs``  the same for every verified row.
 
+Optional, all four or none (:data:`APPROX_ARRAYS`): what route-ahead's
+approximate router (:class:`pdflash.routeahead.ApproxRouterPredictor`, the
+router pass of PD's ``union`` source) predicts on the trained model, so a
+replay need not run the synthetic router before a verify:
+
+``token_approx``            ``[T, L, k]``: per token and layer, the top-k of
+                            that layer's router over its MoE norm of the
+                            token's embedding (the ``embed`` proxy), ranked
+                            by gate probability (softmax over all experts).
+``token_approx_probs``      ``[T, L, k]`` float16: those gate probabilities.
+``verify_approx``           ``[sum round_rows, L, k]`` and
+``verify_approx_probs``     per verified row, the same over the drafter's
+                            hidden state for that row (the ``drafter`` proxy,
+                            which ``auto`` picks where the drafter exposes it).
+
 :func:`save_trace` validates before writing; :func:`load_trace` validates
 after reading, so a reader never sees an inconsistent trace.
 """
@@ -89,6 +104,16 @@ LOOKAHEAD_ARRAYS = (
     "verify_lookahead_probs",
 )
 
+#: the optional approximate-router arrays (module doc): all or none
+APPROX_ARRAYS = (
+    "token_approx",
+    "token_approx_probs",
+    "verify_approx",
+    "verify_approx_probs",
+)
+#: the optional arrays, by group
+OPTIONAL_ARRAYS = (LOOKAHEAD_ARRAYS, APPROX_ARRAYS)
+
 
 class TraceFormatError(ValueError):
     """A trace file or object that does not follow the format."""
@@ -110,6 +135,10 @@ class ProxyTrace:
     token_lookahead_probs: npt.NDArray[np.float16] | None = None
     verify_lookahead: npt.NDArray[Any] | None = None
     verify_lookahead_probs: npt.NDArray[np.float16] | None = None
+    token_approx: npt.NDArray[Any] | None = None
+    token_approx_probs: npt.NDArray[np.float16] | None = None
+    verify_approx: npt.NDArray[Any] | None = None
+    verify_approx_probs: npt.NDArray[np.float16] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -119,6 +148,11 @@ class ProxyTrace:
     def has_lookahead(self) -> bool:
         """Whether the trace records the next-layer lookahead (module doc)."""
         return self.token_lookahead is not None
+
+    @property
+    def has_approx(self) -> bool:
+        """Whether the trace records route-ahead's approximate router (module doc)."""
+        return self.token_approx is not None
 
     def request_tokens(self, r: int) -> npt.NDArray[Any]:
         return self.tokens[self.token_request[r] : self.token_request[r + 1]]
@@ -153,7 +187,8 @@ class ProxyTrace:
                 raise TraceFormatError(f"{name} holds an expert id outside [0, {n_exp})")
         if self.token_topk.shape[0] != T:
             raise TraceFormatError("token_topk must have one row per token")
-        self._validate_lookahead(n_layers, k, n_exp)
+        for group in OPTIONAL_ARRAYS:
+            self._validate_optional(group, n_layers, k, n_exp)
         N = self.round_request.size
         if self.round_accepted.shape != (N,) or self.round_rows.shape != (N,):
             raise TraceFormatError("round arrays must have equal lengths")
@@ -175,16 +210,20 @@ class ProxyTrace:
                     f"{int(self.acceptance(r).sum())} (+1 from prefill)"
                 )
 
-    def _validate_lookahead(self, n_layers: int, k: int, n_exp: int) -> None:
-        present = [n for n in LOOKAHEAD_ARRAYS if getattr(self, n) is not None]
+    def _validate_optional(self, group: tuple[str, ...], n_layers: int, k: int, n_exp: int) -> None:
+        """One optional group (``token_X``, its probs, ``verify_X``, its probs):
+        all or none, shaped as the token and verify rows, probabilities in
+        [0, 1] as float16."""
+        present = [n for n in group if getattr(self, n) is not None]
         if not present:
             return
-        if len(present) != len(LOOKAHEAD_ARRAYS):
-            missing = sorted(set(LOOKAHEAD_ARRAYS) - set(present))
-            raise TraceFormatError(f"lookahead arrays come all four or none; missing {missing}")
+        kind = group[0].removeprefix("token_")
+        if len(present) != len(group):
+            missing = sorted(set(group) - set(present))
+            raise TraceFormatError(f"{kind} arrays come all four or none; missing {missing}")
         for ids_name, rows_of in (
-            ("token_lookahead", self.token_topk),
-            ("verify_lookahead", self.verify_topk),
+            (group[0], self.token_topk),
+            (group[2], self.verify_topk),
         ):
             ids, probs = getattr(self, ids_name), getattr(self, ids_name + "_probs")
             want = (rows_of.shape[0], n_layers, k)
@@ -214,8 +253,9 @@ def save_trace(trace: ProxyTrace, path: str | os.PathLike[str]) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     arrays = {name: getattr(trace, name) for name in ARRAYS}
-    if trace.has_lookahead:
-        arrays |= {name: getattr(trace, name) for name in LOOKAHEAD_ARRAYS}
+    for group in OPTIONAL_ARRAYS:
+        if getattr(trace, group[0]) is not None:
+            arrays |= {name: getattr(trace, name) for name in group}
     tmp = out.with_name(out.name + ".tmp.npz")
     np.savez_compressed(
         tmp, provenance=np.array(json.dumps(trace.provenance, sort_keys=True)), **arrays
@@ -231,7 +271,7 @@ def load_trace(path: str | os.PathLike[str]) -> ProxyTrace:
             if missing:
                 raise TraceFormatError(f"{path}: missing arrays {missing}")
             arrays = {n: z[n] for n in ARRAYS}
-            arrays |= {n: z[n] for n in LOOKAHEAD_ARRAYS if n in z.files}
+            arrays |= {n: z[n] for group in OPTIONAL_ARRAYS for n in group if n in z.files}
             prov = json.loads(str(z["provenance"]))
     except (OSError, ValueError) as e:
         if isinstance(e, TraceFormatError):

@@ -9,7 +9,8 @@ accepts with pdflash's own rules (:func:`pdflash.engine.sampling.greedy_accept`,
 :func:`~pdflash.engine.sampling.rejection_accept`), so greedy output equals
 plain greedy decoding and sampled output is distributed as the target's.
 It records each round's committed length and, optionally, the top-k
-routing of every verified row.
+routing of every verified row, its next-layer lookahead and route-ahead's
+approximate router over the drafter's hidden state for it.
 
 Tokens per round are reported two ways:
 
@@ -40,7 +41,12 @@ from pdflash.bench.proxy.drafter import (
     embed_blocks,
     features_of,
 )
-from pdflash.bench.proxy.routing_stats import capture_lookahead, capture_routing, stack_lookahead
+from pdflash.bench.proxy.routing_stats import (
+    approx_router_topk,
+    capture_lookahead,
+    capture_routing,
+    stack_lookahead,
+)
 
 from pdflash.engine.drafter import DFlashDrafter
 from pdflash.engine.sampling import (
@@ -66,6 +72,9 @@ class DecodeResult:
     # the verified rows' next-layer lookahead (ids, probs), each [rows, L, k]
     # (routing_stats.capture_lookahead; recorded with the routing)
     verify_lookahead: list[Lookahead] = field(default_factory=list)
+    # the verified rows' approximate-router prediction over the drafter's
+    # hidden states (ids, probs), each [rows, L, k] (routing_stats.approx_router_topk)
+    verify_approx: list[Lookahead] = field(default_factory=list)
     prefill_topk: npt.NDArray[np.int64] | None = None  # [P, L, k]
 
     @property
@@ -144,6 +153,10 @@ def speculative_decode(
                 qprobs = target_probs(dlogits, params)
                 drafts = sample_from(qprobs, generator).to(dev)
             block = [committed[-1], *[int(t) for t in drafts]]
+            if record_routing:
+                # what route-ahead's router pass predicts from the drafted
+                # block before its verify: one row per verified row
+                res.verify_approx.append(approx_router_topk(target, hidden[0, 0, : len(block)]))
             vlogits, vfeats, vtopk, vla = forward(block)
             if params.greedy:
                 acc, bonus = greedy_accept(drafts.cpu(), vlogits.argmax(-1).cpu())

@@ -32,6 +32,7 @@ def export_trace(
     from pdflash.bench.proxy.decode import speculative_decode
     from pdflash.bench.proxy.drafter import load_target
     from pdflash.bench.proxy.routing_stats import (
+        approx_router_topk,
         capture_lookahead,
         capture_routing,
         stack_lookahead,
@@ -64,6 +65,10 @@ def export_trace(
     # the next-layer lookahead (ids, probs) of token rows and verify rows
     t_la: list[tuple[np.ndarray, np.ndarray]] = []
     v_la: list[tuple[np.ndarray, np.ndarray]] = []
+    # route-ahead's approximate router (ids, probs): embeddings for token
+    # rows, the drafter's hidden states for verify rows
+    t_ap: list[tuple[np.ndarray, np.ndarray]] = []
+    v_ap: list[tuple[np.ndarray, np.ndarray]] = []
     for r, (prompt, _src) in enumerate(prompts):
         res = speculative_decode(
             target, drafter, prompt, max_new_tokens, params, generator=gen, record_routing=True
@@ -74,6 +79,10 @@ def export_trace(
         token_topk.append(np.stack([c[-1].numpy() for c in calls], axis=1).astype(edt))
         t_la.append(stack_lookahead(ahead))
         v_la += res.verify_lookahead
+        with torch.no_grad():
+            emb = target.model.embed_tokens(torch.tensor(seq, device=dev))
+        t_ap.append(approx_router_topk(target, emb))
+        v_ap += res.verify_approx
         tokens.append(np.asarray(seq, dtype=tdt))
         offsets.append(offsets[-1] + len(seq))
         plen.append(len(prompt))
@@ -132,6 +141,12 @@ def export_trace(
             "residual entering layer l (embeddings for layer 0), attention skipped; softmax "
             "over all experts, top-k; probabilities stored as float16"
         ),
+        "approx_router": (
+            "route-ahead's approximate router: every layer's router over its post-attention "
+            "norm of the token's embedding (token rows) or of the drafter's final-normed hidden "
+            "state for the verified row (verify rows); softmax over all experts, top-k; "
+            "probabilities stored as float16"
+        ),
         "max_new_tokens": max_new_tokens,
     }
     trace = tf.ProxyTrace(
@@ -155,6 +170,18 @@ def export_trace(
         verify_lookahead_probs=(
             np.concatenate([p for _, p in v_la]).astype(np.float16)
             if v_la
+            else np.zeros((0, n_layers, k), np.float16)
+        ),
+        token_approx=np.concatenate([i for i, _ in t_ap]).astype(edt),
+        token_approx_probs=np.concatenate([p for _, p in t_ap]).astype(np.float16),
+        verify_approx=(
+            np.concatenate([i for i, _ in v_ap]).astype(edt)
+            if v_ap
+            else np.zeros((0, n_layers, k), edt)
+        ),
+        verify_approx_probs=(
+            np.concatenate([p for _, p in v_ap]).astype(np.float16)
+            if v_ap
             else np.zeros((0, n_layers, k), np.float16)
         ),
     )

@@ -163,6 +163,32 @@ def capture_lookahead(model: Any) -> Iterator[list[list[tuple[Any, Any]]]]:
             h.remove()
 
 
+def approx_router_topk(
+    model: Any, hidden: Any
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Route-ahead's approximate router (:mod:`pdflash.traces`,
+    ``token_approx``) over proxy residuals ``hidden [rows, H]`` of a
+    transformers qwen3_moe model: per layer, its router over its MoE norm of
+    the same ``hidden`` (the proxy feeds every layer alike), softmax over
+    every expert, top-k by probability, as
+    :class:`pdflash.routeahead.ApproxRouterPredictor` scores it. Returns
+    ``([rows, layers, k] ids, [rows, layers, k] probs)``."""
+    import torch
+
+    from pdflash.routeahead.predictors import _topk_gate_scores
+
+    ids, probs = [], []
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = layer.mlp.gate
+            normed = layer.post_attention_layernorm(hidden).reshape(-1, gate.weight.shape[1])
+            logits = torch.nn.functional.linear(normed, gate.weight)
+            i, p = _topk_gate_scores(logits, int(gate.top_k), gate.weight.shape[0])
+            ids.append(i.cpu().long().numpy())
+            probs.append(p.cpu().float().numpy())
+    return np.stack(ids, axis=1), np.stack(probs, axis=1)
+
+
 def stack_lookahead(
     calls: list[list[tuple[Any, Any]]],
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:

@@ -47,7 +47,9 @@ class BatchedUnionPredictor(CombinedPredictor):
 ROUTE_AHEAD_SOURCES = ("union", "token_prior", "previous_round")
 
 
-def route_ahead_predictor(adapter: Any, source: str = "union") -> ExpertPredictor:
+def route_ahead_predictor(
+    adapter: Any, source: str = "union", *, approx: ExpertPredictor | None = None
+) -> ExpertPredictor:
     """The predictor PD's engine asks before a verify.
 
     * ``"union"`` (default): the approximate router (drafter hidden states
@@ -62,6 +64,10 @@ def route_ahead_predictor(adapter: Any, source: str = "union") -> ExpertPredicto
       before the verify, and on learned routing the best coverage/precision
       trade-off ``pdflash-bench routeahead`` found (the union's approximate
       router adds experts at little above the routed share's precision).
+
+    ``approx`` replaces the union's approximate router (a trace replay passes
+    :class:`pdflash.engine.replay.TraceApproxRouter`: the trained model's
+    predictions instead of the synthetic router's).
     """
     from pdflash.routeahead import (
         ApproxRouterPredictor,
@@ -77,7 +83,7 @@ def route_ahead_predictor(adapter: Any, source: str = "union") -> ExpertPredicto
         return PreviousRoundPredictor(adapter.num_layers, adapter.num_experts)
     return BatchedUnionPredictor(
         [
-            (ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
+            (approx or ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
             (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
         ]
     )

@@ -27,7 +27,10 @@ engine on any model shape:
   counted as ``wraps``).
 
 Both are pure functions of the trace and the request assignment, so every
-baseline replays the same routing and acceptance.
+baseline replays the same routing and acceptance. Where the trace records
+them, the predictions the trained model's own routers would make are
+replayed too: the next-layer gate lookahead (:class:`TraceLookahead`) and
+route-ahead's approximate router (:class:`TraceApproxRouter`).
 """
 
 from __future__ import annotations
@@ -41,8 +44,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from pdflash.protocols import NextLayerPredictor
-from pdflash.routeahead.predictors import check_lookahead_score, ranked_next_layer
+from pdflash.protocols import DraftedBlock, ExpertPredictor, NextLayerPredictor
+from pdflash.routeahead.predictors import (
+    ScoreArray,
+    _horizon_rows,
+    check_lookahead_score,
+    predict_batch,
+    ranked_next_layer,
+)
 
 
 @runtime_checkable
@@ -461,6 +470,17 @@ class TraceRouting:
         not record it; the engine's lookahead then runs the target's router)."""
         return TraceLookahead(self, score=score) if self.trace.has_lookahead else None
 
+    def approx_router_predictor(
+        self, charge: ExpertPredictor | None = None
+    ) -> TraceApproxRouter | None:
+        """Route-ahead's approximate router replayed from the trace (None:
+        the trace does not record it; :data:`pdflash.traces.APPROX_ARRAYS`).
+        ``charge``: the live approximate router, run for its time only (see
+        :class:`TraceApproxRouter`)."""
+        if not self.trace.has_approx:
+            return None
+        return TraceApproxRouter(self, charge=charge)
+
     def describe(self) -> dict[str, Any]:
         prov = self.trace.provenance
         total = sum(self.counts.values())
@@ -483,8 +503,14 @@ class TraceRouting:
             "weights": "router's own where the replayed set equals the router's, else softmax of "
             "the router logits over the replayed ids",
             "predictors": (
-                "route-ahead predictors that run the target's router (approx_router) predict "
-                "the router, not the trace; previous_round observes the replayed routing; "
+                (
+                    "route-ahead's approximate router is replayed from the trace "
+                    "(TraceApproxRouter; the target's router still runs, for its time); "
+                    if self.trace.has_approx
+                    else "route-ahead predictors that run the target's router (approx_router) "
+                    "predict the router, not the trace; "
+                )
+                + "previous_round observes the replayed routing; "
                 + (
                     "the next-layer lookahead is replayed from the trace (TraceLookahead)"
                     if self.trace.has_lookahead
@@ -558,3 +584,69 @@ class TraceLookahead:
             minlength=E,
         )
         return ranked_next_layer(scores, nxt)
+
+
+class TraceApproxRouter:
+    """Route-ahead's approximate router replayed from a trace
+    (:data:`pdflash.traces.APPROX_ARRAYS`; an
+    :class:`~pdflash.protocols.ExpertPredictor` with a batched pass, in
+    place of :class:`pdflash.routeahead.ApproxRouterPredictor`): a drafted
+    block's first ``horizon`` rows are matched to trace rows as
+    :class:`TraceRouting` matches a forward's (:meth:`TraceRouting.row_sources`:
+    an exact verify row replays what the trained model's router predicted
+    over the drafter's hidden state for it, a token or positional row what it
+    predicted over the token's embedding), their recorded top-k mapped onto
+    the target's layers and experts as the routing is and scored by the
+    recorded gate probabilities summed over the rows, as the live pass
+    scores its own.
+
+    ``charge``: the live approximate router over the target (whose router,
+    under a replay on synthetic weights, predicts nothing about the replayed
+    routing). It still runs on every block and its scores are dropped, so
+    a replay charges route-ahead the router pass a live model pays.
+    """
+
+    name = "approx_router"
+
+    def __init__(self, routing: TraceRouting, charge: ExpertPredictor | None = None) -> None:
+        trace = routing.trace
+        if not trace.has_approx:
+            raise ValueError("the trace does not record route-ahead's approximate router")
+        self.routing = routing
+        self.charge = charge
+        k = min(routing.top_k, routing.trace_k)
+        ids = np.concatenate([trace.token_approx, trace.verify_approx])[..., :k]
+        probs = np.concatenate([trace.token_approx_probs, trace.verify_approx_probs])[..., :k]
+        # rows in TraceRouting.row_sources' order: token rows, then verify rows;
+        # trace layers picked for the target's (layer_map), experts mapped
+        layers = np.asarray(routing.layer_map, dtype=np.int64)
+        self._ids = ids[:, layers].astype(np.int64) * routing.num_experts // routing.trace_experts
+        self._probs = probs[:, layers].astype(np.float32)
+
+    def predict(self, block: DraftedBlock) -> ScoreArray:
+        result: ScoreArray = self.predict_batch([block])[0]
+        return result
+
+    def predict_batch(self, blocks: Sequence[DraftedBlock]) -> ScoreArray:
+        """Scores ``(len(blocks), L, E)``."""
+        rt = self.routing
+        L, E = rt.num_layers, rt.num_experts
+        if self.charge is not None:
+            predict_batch(self.charge, blocks)
+        out = np.zeros((len(blocks), L, E), dtype=np.float32)
+        flat_layer = np.arange(L, dtype=np.int64)[:, None] * E
+        for b, block in enumerate(blocks):
+            n = _horizon_rows(block)
+            tokens = block.token_ids[:n].detach().cpu().numpy().astype(np.int64)
+            rows, _, _ = rt.row_sources(block.request_id, int(block.positions[0]), tokens)
+            flat = (flat_layer[None] + self._ids[rows]).reshape(-1)
+            out[b] = np.bincount(
+                flat, weights=self._probs[rows].reshape(-1), minlength=L * E
+            ).reshape(L, E)
+        return out
+
+    def observe(self, request_id: int, routed: npt.NDArray[np.bool_]) -> None:
+        """Stateless: nothing to learn from the routed set."""
+
+    def forget(self, request_id: int) -> None:
+        """Stateless: nothing to drop."""

@@ -707,6 +707,9 @@ def test_trace_replayed_on_another_shape_without_the_weights(trace_path: Path, s
     # the trace records the trained model's lookahead: the stream replays it
     assert row["lookahead_source"] == "trace"
     assert "replayed from the trace" in row["routing_params"]["predictors"]
+    # ... and route-ahead's approximate router
+    assert row["route_ahead_approx_source"] == "trace"
+    assert "approximate router is replayed" in row["routing_params"]["predictors"]
     params = row["routing_params"]
     assert params["layer_map"] == [0, t.provenance["num_layers"] // 2]
     assert params["expert_map"].startswith("e * 8 // 16")
@@ -754,6 +757,7 @@ def test_a_trace_without_the_lookahead_leaves_it_to_the_router(
     res = run_spec(_tiny_replay_spec(old, baseline="B1", concurrency=1, acceptance="trace"))
     assert res.row["lookahead_source"] == "router"
     assert "runs the target's router" in res.row["routing_params"]["predictors"]
+    assert res.row["route_ahead_approx_source"] is None  # B1 runs no route-ahead
     res = run_spec(_tiny_replay_spec(old, baseline="B3", concurrency=1, acceptance="trace"))
     assert res.row["lookahead_source"] is None  # every expert resident: no lookahead
 
@@ -841,3 +845,127 @@ def test_expert_map_matches_the_reference(experts: int, top_k: int) -> None:
         for layer in range(2):
             ref = _map_reference(rows[i, layer].tolist(), experts, 16, top_k)
             assert got[i, layer].tolist() == ref, (i, layer)
+
+
+def test_a_trace_without_the_approx_router_leaves_route_ahead_to_the_router(
+    trace_path: Path, tmp_path: Path
+) -> None:
+    """Traces written before the approximate-router arrays replay with the
+    union's router pass over the target's own router, and rows say so."""
+    from pdflash.bench.engine_run import run_spec
+
+    t = tf.load_trace(trace_path)
+    assert t.has_approx
+    for name in tf.APPROX_ARRAYS:
+        setattr(t, name, None)
+    old = tf.save_trace(t, tmp_path / "old.npz")
+    res = run_spec(_tiny_replay_spec(old, baseline="PD", concurrency=1, acceptance="trace"))
+    assert res.row["route_ahead_approx_source"] == "router"
+    assert "predict the router, not the trace" in res.row["routing_params"]["predictors"]
+
+
+class _EmbedRouters(_HFRouters):
+    """:class:`_HFRouters` with the token embeddings (the ``embed`` proxy)."""
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model.model.embed_tokens(token_ids)
+        return out
+
+
+def _block(rid: int, start: int, tokens: Any, horizon: int | None = None) -> Any:
+    from pdflash.protocols import DraftedBlock
+
+    ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
+    return DraftedBlock(
+        request_id=rid,
+        token_ids=ids,
+        positions=torch.arange(start, start + ids.numel()),
+        horizon=horizon,
+    )
+
+
+def test_trace_approx_router_predicts_what_the_trained_models_router_pass_does(
+    trace_path: Path, models: tuple[Any, Any]
+) -> None:
+    """Replayed on the trained model's own shape, token rows give what the
+    live approximate router predicts over their embeddings (the ``embed``
+    proxy), block by block, to float16; the live pass still runs (charged)."""
+    from pdflash.engine.replay import TraceApproxRouter, TraceRouting
+    from pdflash.routeahead import ApproxRouterPredictor
+
+    target, _ = models
+    t = tf.load_trace(trace_path)
+    routers = _EmbedRouters(target)
+    rt = TraceRouting(t, routers, trace_path)
+    live = ApproxRouterPredictor(routers, proxy="embed")  # type: ignore[arg-type]
+
+    class Counting:
+        name = "charge"
+        calls = 0
+
+        def predict_batch(self, blocks: Any) -> Any:
+            Counting.calls += 1
+            return live.predict_batch(blocks)
+
+    replay = rt.approx_router_predictor(charge=Counting())  # type: ignore[arg-type]
+    assert isinstance(replay, TraceApproxRouter)
+    rt.assign(0, 1)
+    seq = t.request_tokens(1).astype(np.int64)
+    blocks = [_block(0, 0, seq[:5]), _block(0, 7, seq[7:8]), _block(0, 3, seq[3:19], horizon=4)]
+    with torch.no_grad():
+        want = live.predict_batch(blocks)
+    got = replay.predict_batch(blocks)
+    assert Counting.calls == 1
+    assert got.shape == want.shape
+    assert np.array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+
+
+def test_trace_approx_router_maps_experts_and_replays_exact_verify_rows(trace_path: Path) -> None:
+    """A block whose rows match a recorded round replays that round's
+    verify rows (the drafter's hidden states); others their token rows;
+    layers and experts mapped as the routing is, scores summed over the
+    block's first ``horizon`` rows."""
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    assert t.token_approx is not None and t.verify_approx is not None
+    assert t.token_approx_probs is not None and t.verify_approx_probs is not None
+    L = int(t.provenance["num_layers"])
+    rt = TraceRouting(t, _FakeAdapter(num_layers=2 * L, num_experts=4, top_k=3), None)
+    predictor = rt.approx_router_predictor()
+    assert predictor is not None
+    rt.assign(0, 0)
+    # the request's first recorded round: its anchor sits right after the prompt
+    first = int(np.flatnonzero(t.round_request == 0)[0])
+    row0 = int(t.round_rows[:first].astype(np.int64).sum())
+    rows = int(t.round_rows[first])
+    start = int(t.prompt_len[0])
+    tokens = t.verify_tokens[row0 : row0 + rows].astype(np.int64)
+    seq = t.request_tokens(0).astype(np.int64)
+
+    def want(ids: Any, probs: Any) -> Any:
+        out = np.zeros((2 * L, 4))
+        for layer in range(2 * L):
+            m = rt.layer_map[layer]
+            e = ids[:, m, :3].astype(np.int64) * 4 // 16
+            out[layer] = np.bincount(
+                e.reshape(-1), weights=probs[:, m, :3].astype(np.float32).reshape(-1), minlength=4
+            )
+        return out
+
+    n = min(3, rows)
+    exact, by_token = predictor.predict_batch(
+        [_block(0, start, tokens, horizon=n), _block(0, 2, seq[2:4])]
+    )
+    v = slice(row0, row0 + n)
+    np.testing.assert_allclose(exact, want(t.verify_approx[v], t.verify_approx_probs[v]), rtol=1e-6)
+    base = int(t.token_request[0])
+    tok = slice(base + 2, base + 4)
+    np.testing.assert_allclose(
+        by_token, want(t.token_approx[tok], t.token_approx_probs[tok]), rtol=1e-6
+    )
+    # a trace without the arrays: none replayed
+    for name in tf.APPROX_ARRAYS:
+        setattr(t, name, None)
+    assert TraceRouting(t, _FakeAdapter(L, 16, 4), None).approx_router_predictor() is None

@@ -81,12 +81,32 @@ def test_invalid_traces_are_refused(tmp_path: Path, corrupt: Any) -> None:
     assert not (tmp_path / "bad.npz").exists()
 
 
-def _with_lookahead(t: tf.ProxyTrace) -> tf.ProxyTrace:
+def _with_lookahead(t: tf.ProxyTrace, kind: str = "lookahead") -> tf.ProxyTrace:
     rng = np.random.default_rng(1)
-    for rows, name in ((t.token_topk, "token_lookahead"), (t.verify_topk, "verify_lookahead")):
+    for rows, name in ((t.token_topk, f"token_{kind}"), (t.verify_topk, f"verify_{kind}")):
         setattr(t, name, rng.integers(0, 8, rows.shape).astype(np.uint8))
         setattr(t, name + "_probs", rng.random(rows.shape).astype(np.float16))
     return t
+
+
+def test_approx_router_arrays_round_trip_are_optional_and_checked(tmp_path: Path) -> None:
+    t = _with_lookahead(_with_lookahead(_trace()), "approx")
+    tf.save_trace(t, tmp_path / "t.npz")
+    back = tf.load_trace(tmp_path / "t.npz")
+    assert back.has_approx and back.has_lookahead
+    for name in tf.APPROX_ARRAYS:
+        a, b = getattr(t, name), getattr(back, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    only = _with_lookahead(_trace())  # the lookahead without the approximate router
+    tf.save_trace(only, tmp_path / "la.npz")
+    assert not tf.load_trace(tmp_path / "la.npz").has_approx
+    t.token_approx_probs = None
+    with pytest.raises(tf.TraceFormatError, match="approx arrays come all four or none"):
+        tf.save_trace(t, tmp_path / "bad.npz")
+    t = _with_lookahead(_trace(), "approx")
+    t.verify_approx = t.verify_approx + 8  # type: ignore[operator]
+    with pytest.raises(tf.TraceFormatError, match="verify_approx holds an expert id outside"):
+        tf.save_trace(t, tmp_path / "bad.npz")
 
 
 def test_lookahead_arrays_round_trip_and_are_optional(tmp_path: Path) -> None:
