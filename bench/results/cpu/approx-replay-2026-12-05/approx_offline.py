@@ -1,0 +1,60 @@
+"""Offline: how well a trace's recorded approximate router and the previous
+round predict a round's routed experts, per layer, over the round's first
+rows (coverage = routed experts predicted / routed; precision = predicted
+experts that were routed; means over rounds and layers), and the embedding
+proxy on single token rows.
+
+    python3 bench/results/cpu/approx-replay-2026-12-05/approx_offline.py TRACE
+"""
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from pdflash import traces as tf
+
+trace = tf.load_trace(sys.argv[1])
+assert trace.verify_approx is not None and trace.token_approx is not None
+layers = int(trace.provenance["num_layers"])
+rows = trace.round_rows.astype(np.int64)
+starts = np.concatenate([[0], np.cumsum(rows)[:-1]])
+
+
+def score(predicted: list[Any], routed: list[Any]) -> tuple[float, float]:
+    cov = prec = 0.0
+    n = 0
+    for p, r in zip(predicted, routed, strict=True):
+        for layer in range(layers):
+            want = set(r[:, layer].ravel().tolist())
+            got = set(p[:, layer].ravel().tolist())
+            cov += len(got & want) / len(want)
+            prec += len(got & want) / len(got)
+            n += 1
+    return cov / n, prec / n
+
+
+for horizon in (1, 2, 4, 16):
+    approx, routed, prev, prev_routed = [], [], [], []
+    last: dict[int, Any] = {}
+    for i, (s, n) in enumerate(zip(starts.tolist(), rows.tolist(), strict=True)):
+        m = min(horizon, n)
+        approx.append(trace.verify_approx[s : s + m])
+        routed.append(trace.verify_topk[s : s + m])
+        req = int(trace.round_request[i])
+        if req in last:
+            prev.append(last[req])
+            prev_routed.append(trace.verify_topk[s : s + m])
+        last[req] = trace.verify_topk[s : s + n]
+    c, p = score(approx, routed)
+    c2, p2 = score(prev, prev_routed)
+    print(
+        f"rows <= {horizon}: approximate router (drafter proxy) coverage {c:.3f} precision "
+        f"{p:.3f} | previous round coverage {c2:.3f} precision {p2:.3f}"
+    )
+n_tok = trace.token_topk.shape[0]
+c3, p3 = score(
+    [trace.token_approx[i : i + 1] for i in range(n_tok)],
+    [trace.token_topk[i : i + 1] for i in range(n_tok)],
+)
+print(f"token rows, embedding proxy, one row: coverage {c3:.3f} precision {p3:.3f}")
