@@ -34,13 +34,33 @@ def score(predicted: list[Any], routed: list[Any]) -> tuple[float, float]:
     return cov / n, prec / n
 
 
+# each round's first position in its request's token rows (rounds start after
+# the prompt and advance by their commits)
+first_row = np.zeros(rows.size, dtype=np.int64)
+pos = {r: int(trace.prompt_len[r]) for r in range(trace.num_requests)}
+for i, (req, acc) in enumerate(
+    zip(trace.round_request.tolist(), trace.round_accepted.tolist(), strict=True)
+):
+    first_row[i] = int(trace.token_request[req]) + pos[req]
+    pos[req] += acc
+
 for horizon in (1, 2, 4, 16):
     approx, routed, prev, prev_routed = [], [], [], []
+    embed, embed_routed = [], []
     last: dict[int, Any] = {}
     for i, (s, n) in enumerate(zip(starts.tolist(), rows.tolist(), strict=True)):
         m = min(horizon, n)
         approx.append(trace.verify_approx[s : s + m])
         routed.append(trace.verify_topk[s : s + m])
+        # the embedding proxy on the same rows: the token rows at those
+        # positions, where the verified token is the committed one
+        t0 = int(first_row[i])
+        t1 = min(t0 + m, int(trace.token_request[int(trace.round_request[i]) + 1]))
+        same = trace.tokens[t0:t1] == trace.verify_tokens[s : s + (t1 - t0)]
+        k = int(np.argmin(same)) if not same.all() else t1 - t0
+        if k:
+            embed.append(trace.token_approx[t0 : t0 + k])
+            embed_routed.append(trace.verify_topk[s : s + k])
         req = int(trace.round_request[i])
         if req in last:
             prev.append(last[req])
@@ -48,9 +68,11 @@ for horizon in (1, 2, 4, 16):
         last[req] = trace.verify_topk[s : s + n]
     c, p = score(approx, routed)
     c2, p2 = score(prev, prev_routed)
+    c4, p4 = score(embed, embed_routed)
     print(
-        f"rows <= {horizon}: approximate router (drafter proxy) coverage {c:.3f} precision "
-        f"{p:.3f} | previous round coverage {c2:.3f} precision {p2:.3f}"
+        f"rows <= {horizon}: approximate router, drafter proxy {c:.3f} / {p:.3f}; "
+        f"embedding proxy (committed rows only) {c4:.3f} / {p4:.3f}; "
+        f"previous round {c2:.3f} / {p2:.3f} (coverage / precision)"
     )
 n_tok = trace.token_topk.shape[0]
 c3, p3 = score(
