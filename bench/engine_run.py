@@ -67,10 +67,10 @@ from pdflash.engine.config import (
     FULL_CACHE,
     HOST_CONTROLS,
     LOOKAHEAD_SCORE_SETTINGS,
-    LOOKAHEAD_TAILS,
     ROUTE_AHEAD_HORIZONS,
     EngineConfig,
     check_host_ahead_min_exposed,
+    check_lookahead_tail,
 )
 from pdflash.engine.drafter import (
     DFlashDrafter,
@@ -469,17 +469,7 @@ class RunSpec:
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
         self._check_one_of("lookahead_score", LOOKAHEAD_SCORE_SETTINGS)
-        self._check_one_of("lookahead_tail", LOOKAHEAD_TAILS)
-        if self.lookahead_tail != "skip" and self.lookahead_score == "every":
-            raise ValueError(
-                f"lookahead_tail {self.lookahead_tail!r} needs a threshold: under "
-                "lookahead_score 'every' no lookahead expert is below it"
-            )
-        if self.lookahead_tail != "skip" and self.host_mode != "off":
-            raise ValueError(
-                f"lookahead_tail {self.lookahead_tail!r} is not combined with the hybrid "
-                "miss service (the host split plans only the confident copies)"
-            )
+        check_lookahead_tail(self.lookahead_tail, self.lookahead_score, self.host_mode)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
         if isinstance(self.stream_ahead, bool) or not (
             isinstance(self.stream_ahead, int) and self.stream_ahead >= 0

@@ -160,30 +160,8 @@ def export_trace(
         verify_topk=np.concatenate(v_topk) if v_topk else np.zeros((0, n_layers, k), edt),
         verify_tokens=np.concatenate(v_tok) if v_tok else np.zeros((0,), tdt),
         provenance=provenance,
-        token_lookahead=np.concatenate([i for i, _ in t_la]).astype(edt),
-        token_lookahead_probs=np.concatenate([p for _, p in t_la]).astype(np.float16),
-        verify_lookahead=(
-            np.concatenate([i for i, _ in v_la]).astype(edt)
-            if v_la
-            else np.zeros((0, n_layers, k), edt)
-        ),
-        verify_lookahead_probs=(
-            np.concatenate([p for _, p in v_la]).astype(np.float16)
-            if v_la
-            else np.zeros((0, n_layers, k), np.float16)
-        ),
-        token_approx=np.concatenate([i for i, _ in t_ap]).astype(edt),
-        token_approx_probs=np.concatenate([p for _, p in t_ap]).astype(np.float16),
-        verify_approx=(
-            np.concatenate([i for i, _ in v_ap]).astype(edt)
-            if v_ap
-            else np.zeros((0, n_layers, k), edt)
-        ),
-        verify_approx_probs=(
-            np.concatenate([p for _, p in v_ap]).astype(np.float16)
-            if v_ap
-            else np.zeros((0, n_layers, k), np.float16)
-        ),
+        **_optional_group("lookahead", t_la, v_la, (n_layers, k), edt),
+        **_optional_group("approx", t_ap, v_ap, (n_layers, k), edt),
     )
     path = tf.save_trace(trace, out_path)
     size = path.stat().st_size
@@ -199,3 +177,23 @@ def export_trace(
     }
     log(f"[trace] wrote {path} ({size / 1e6:.2f} MB): {summary}")
     return {"summary": summary, "provenance": provenance}
+
+
+def _optional_group(
+    kind: str,
+    token_rows: list[tuple[np.ndarray, np.ndarray]],
+    verify_rows: list[tuple[np.ndarray, np.ndarray]],
+    shape: tuple[int, int],
+    ids_dtype: Any,
+) -> dict[str, np.ndarray]:
+    """One optional group of trace arrays (``token_<kind>``, its probs,
+    ``verify_<kind>``, its probs) from per-forward ``(ids, probs)`` pairs."""
+    out: dict[str, np.ndarray] = {}
+    for rows, name in ((token_rows, f"token_{kind}"), (verify_rows, f"verify_{kind}")):
+        if rows:
+            out[name] = np.concatenate([i for i, _ in rows]).astype(ids_dtype)
+            out[name + "_probs"] = np.concatenate([p for _, p in rows]).astype(np.float16)
+        else:
+            out[name] = np.zeros((0, *shape), ids_dtype)
+            out[name + "_probs"] = np.zeros((0, *shape), np.float16)
+    return out

@@ -293,20 +293,7 @@ class EngineConfig:
                 f"lookahead_score must be one of {LOOKAHEAD_SCORE_SETTINGS}, "
                 f"got {self.lookahead_score!r}"
             )
-        if self.lookahead_tail not in LOOKAHEAD_TAILS:
-            raise ValueError(
-                f"lookahead_tail must be one of {LOOKAHEAD_TAILS}, got {self.lookahead_tail!r}"
-            )
-        if self.lookahead_tail != "skip" and self.lookahead_score == "every":
-            raise ValueError(
-                f"lookahead_tail {self.lookahead_tail!r} needs a threshold: under "
-                "lookahead_score 'every' no lookahead expert is below it"
-            )
-        if self.lookahead_tail != "skip" and self.host_experts != "off":
-            raise ValueError(
-                f"lookahead_tail {self.lookahead_tail!r} is not combined with host_experts "
-                f"{self.host_experts!r} (the host split plans only the confident copies)"
-            )
+        check_lookahead_tail(self.lookahead_tail, self.lookahead_score, self.host_experts)
         if self.route_ahead_horizon not in ROUTE_AHEAD_HORIZONS:
             raise ValueError(
                 f"route_ahead_horizon must be one of {ROUTE_AHEAD_HORIZONS}, "
@@ -428,6 +415,24 @@ class EngineConfig:
                 off[part] = why
                 changes[part] = False
         return self.replace(**changes), off
+
+
+def check_lookahead_tail(tail: Any, score: Any, host_experts: Any) -> None:
+    """Raise ValueError unless ``tail`` is one of :data:`LOOKAHEAD_TAILS` and
+    combines with the lookahead score and the hybrid miss service
+    (:attr:`EngineConfig.lookahead_tail`)."""
+    if tail not in LOOKAHEAD_TAILS:
+        raise ValueError(f"lookahead_tail must be one of {LOOKAHEAD_TAILS}, got {tail!r}")
+    if tail != "skip" and score == "every":
+        raise ValueError(
+            f"lookahead_tail {tail!r} needs a threshold: under lookahead_score 'every' no "
+            "lookahead expert is below it"
+        )
+    if tail != "skip" and host_experts != "off":
+        raise ValueError(
+            f"lookahead_tail {tail!r} is not combined with host_experts {host_experts!r} "
+            "(the hybrid miss service's host split plans only the confident copies)"
+        )
 
 
 def check_host_control(value: Any) -> None:
