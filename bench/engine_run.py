@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -264,6 +264,9 @@ class RunSpec:
     routing_source: str = "model"
     # what PD predicts before a verify (pdflash.engine.predict.ROUTE_AHEAD_SOURCES)
     route_ahead_source: str = "union"
+    # what the union's approximate router reads
+    # (pdflash.engine.predict.ROUTE_AHEAD_PROXIES: auto, drafter, embed)
+    route_ahead_proxy: str = "auto"
     # expert-parallel ranks (issue 18, bench/distributed_run.py): experts
     # partitioned over this many GPUs (local processes), by this placement
     gpus: int = 1
@@ -386,9 +389,10 @@ class RunSpec:
             )
         if self.routing_source not in ("model", "trace"):
             raise ValueError(f"routing_source must be model or trace, got {self.routing_source!r}")
-        from pdflash.engine.predict import ROUTE_AHEAD_SOURCES
+        from pdflash.engine.predict import ROUTE_AHEAD_PROXIES, ROUTE_AHEAD_SOURCES
 
         self._check_one_of("route_ahead_source", ROUTE_AHEAD_SOURCES)
+        self._check_one_of("route_ahead_proxy", ROUTE_AHEAD_PROXIES)
         if (self.acceptance == "trace" or self.routing_source == "trace") and not self.trace:
             raise ValueError("acceptance or routing_source 'trace' needs a trace file (trace=)")
         if self.trace is not None and not Path(self.trace).is_file():
@@ -1141,12 +1145,18 @@ def _run(
         # under a replay whose trace records it, the union's approximate router
         # replays the trained model's predictions (the live pass still runs,
         # for its time)
+        proxy = spec.route_ahead_proxy
         approx = (
-            routing.approx_router_predictor(charge=ApproxRouterPredictor(adapter, proxy="auto"))
+            routing.approx_router_predictor(
+                charge=ApproxRouterPredictor(adapter, proxy=cast(Any, proxy)),
+                proxy=proxy,
+            )
             if routing is not None
             else None
         )
-        predictor = route_ahead_predictor(adapter, spec.route_ahead_source, approx=approx)
+        predictor = route_ahead_predictor(
+            adapter, spec.route_ahead_source, approx=approx, proxy=proxy
+        )
         horizon = AcceptanceHorizon(spec.block_size)
     acceptance = _acceptance_for(spec, spec.arch, synthetic_draft)
     max_seq = (
@@ -2101,6 +2111,10 @@ def _result(
         # router, or the trained model's predictions replayed from a trace
         # (None: no approximate router runs)
         "route_ahead_approx_source": _approx_router_source(engine.predictor),
+        # what that approximate router reads (None: none runs)
+        "route_ahead_proxy": (
+            spec.route_ahead_proxy if _approx_router_source(engine.predictor) else None
+        ),
         # the gate lookahead's predictions: the target's router, or replayed
         # from a trace that records the trained model's (None: no lookahead)
         "lookahead_source": (

@@ -47,13 +47,22 @@ replay need not run the synthetic router before a verify:
 
 ``token_approx``            ``[T, L, k]``: per token and layer, the top-k of
                             that layer's router over its MoE norm of the
-                            token's embedding (the ``embed`` proxy), ranked
-                            by gate probability (softmax over all experts).
+                            drafter's hidden state for the token's position
+                            (the ``drafter`` proxy, which ``auto`` picks where
+                            the drafter exposes one), teacher-forced: the
+                            first draft row of the block anchored one
+                            position before (position 0: its own anchor
+                            row); ranked by gate probability (softmax over
+                            all experts).
 ``token_approx_probs``      ``[T, L, k]`` float16: those gate probabilities.
 ``verify_approx``           ``[sum round_rows, L, k]`` and
 ``verify_approx_probs``     per verified row, the same over the drafter's
-                            hidden state for that row (the ``drafter`` proxy,
-                            which ``auto`` picks where the drafter exposes it).
+                            hidden state for that row as decoding drafted it.
+
+Optional, both or none (:data:`APPROX_EMBED_ARRAYS`), for offline reads of
+the other proxy: ``token_approx_embed`` / ``token_approx_embed_probs``
+``[T, L, k]``, the same router over the token's embedding (the ``embed``
+proxy). Replays do not read them.
 
 :func:`save_trace` validates before writing; :func:`load_trace` validates
 after reading, so a reader never sees an inconsistent trace.
@@ -111,8 +120,10 @@ APPROX_ARRAYS = (
     "verify_approx",
     "verify_approx_probs",
 )
+#: the optional embedding-proxy arrays of token rows (module doc): both or none
+APPROX_EMBED_ARRAYS = ("token_approx_embed", "token_approx_embed_probs")
 #: the optional arrays, by group
-OPTIONAL_ARRAYS = (LOOKAHEAD_ARRAYS, APPROX_ARRAYS)
+OPTIONAL_ARRAYS = (LOOKAHEAD_ARRAYS, APPROX_ARRAYS, APPROX_EMBED_ARRAYS)
 
 
 class TraceFormatError(ValueError):
@@ -139,6 +150,8 @@ class ProxyTrace:
     token_approx_probs: npt.NDArray[np.float16] | None = None
     verify_approx: npt.NDArray[Any] | None = None
     verify_approx_probs: npt.NDArray[np.float16] | None = None
+    token_approx_embed: npt.NDArray[Any] | None = None
+    token_approx_embed_probs: npt.NDArray[np.float16] | None = None
 
     @property
     def num_requests(self) -> int:
@@ -211,20 +224,20 @@ class ProxyTrace:
                 )
 
     def _validate_optional(self, group: tuple[str, ...], n_layers: int, k: int, n_exp: int) -> None:
-        """One optional group (``token_X``, its probs, ``verify_X``, its probs):
-        all or none, shaped as the token and verify rows, probabilities in
-        [0, 1] as float16."""
+        """One optional group (``token_X``, its probs[, ``verify_X``, its
+        probs]): all or none, shaped as the token and verify rows,
+        probabilities in [0, 1] as float16."""
         present = [n for n in group if getattr(self, n) is not None]
         if not present:
             return
         kind = group[0].removeprefix("token_")
         if len(present) != len(group):
             missing = sorted(set(group) - set(present))
-            raise TraceFormatError(f"{kind} arrays come all four or none; missing {missing}")
-        for ids_name, rows_of in (
-            (group[0], self.token_topk),
-            (group[2], self.verify_topk),
-        ):
+            raise TraceFormatError(f"{kind} arrays come all or none; missing {missing}")
+        pairs = [(group[0], self.token_topk)]
+        if len(group) == 4:
+            pairs.append((group[2], self.verify_topk))
+        for ids_name, rows_of in pairs:
             ids, probs = getattr(self, ids_name), getattr(self, ids_name + "_probs")
             want = (rows_of.shape[0], n_layers, k)
             if ids.shape != want or probs.shape != want:

@@ -183,6 +183,33 @@ def speculative_decode(
     return res
 
 
+def teacher_forced_drafter_hidden(
+    target: Any, drafter: DFlashDrafter, seq: list[int], features: Any, chunk: int = 64
+) -> Any:
+    """``[len(seq), H]``: for each position ``p >= 1`` of ``seq``, the
+    drafter's final-normed hidden state for it as the first draft row of the
+    block anchored at ``p - 1`` (context: the target ``features [1, T, n_ids
+    * H]`` of the positions before the anchor, as in decoding); for position
+    0, the anchor row of the block anchored there. What route-ahead's
+    ``drafter`` proxy reads for a drafted row, taught by the sequence itself."""
+    import torch
+
+    B = drafter.cfg.block_size
+    T = len(seq)
+    dev = features.device
+    toks = torch.tensor([seq], dtype=torch.long, device=dev)
+    embed = target.model.embed_tokens
+    rows = []
+    with torch.no_grad():
+        for lo in range(0, max(T - 1, 1), chunk):
+            anc = torch.arange(lo, min(lo + chunk, max(T - 1, 1)), device=dev)[None]
+            hidden = block_hidden(drafter, features, embed_blocks(embed, toks, anc, B), anc)
+            if lo == 0:
+                rows.append(hidden[0, :1, 0])  # position 0: the anchor row
+            rows.append(hidden[0, :, min(1, B - 1)])  # position a + 1: the first draft row
+    return torch.cat(rows)[:T]
+
+
 def plain_greedy(target: Any, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Greedy decoding with a full recompute every token (no cache): the reference."""
     import torch

@@ -29,8 +29,8 @@ def export_trace(
     """Decode held-out ``eval`` prompts with the target and drafter, record
     routing and acceptance, write the trace; returns its provenance + size."""
     import torch
-    from pdflash.bench.proxy.decode import speculative_decode
-    from pdflash.bench.proxy.drafter import load_target
+    from pdflash.bench.proxy.decode import speculative_decode, teacher_forced_drafter_hidden
+    from pdflash.bench.proxy.drafter import capture_features, features_of, load_target
     from pdflash.bench.proxy.routing_stats import (
         approx_router_topk,
         capture_lookahead,
@@ -65,24 +65,34 @@ def export_trace(
     # the next-layer lookahead (ids, probs) of token rows and verify rows
     t_la: list[tuple[np.ndarray, np.ndarray]] = []
     v_la: list[tuple[np.ndarray, np.ndarray]] = []
-    # route-ahead's approximate router (ids, probs): embeddings for token
-    # rows, the drafter's hidden states for verify rows
+    # route-ahead's approximate router (ids, probs) over the drafter's hidden
+    # states (token rows: teacher-forced; verify rows: as decoded), and over
+    # the token rows' embeddings
     t_ap: list[tuple[np.ndarray, np.ndarray]] = []
     v_ap: list[tuple[np.ndarray, np.ndarray]] = []
+    t_em: list[tuple[np.ndarray, np.ndarray]] = []
     for r, (prompt, _src) in enumerate(prompts):
         res = speculative_decode(
             target, drafter, prompt, max_new_tokens, params, generator=gen, record_routing=True
         )
         seq = prompt + res.tokens
-        with torch.no_grad(), capture_routing(target) as calls, capture_lookahead(target) as ahead:
+        ids_layers = drafter.target_layer_ids
+        with (
+            torch.no_grad(),
+            capture_routing(target) as calls,
+            capture_lookahead(target) as ahead,
+            capture_features(target, ids_layers) as feats,
+        ):
             target(input_ids=torch.tensor([seq], device=dev), use_cache=False)
         token_topk.append(np.stack([c[-1].numpy() for c in calls], axis=1).astype(edt))
         t_la.append(stack_lookahead(ahead))
         v_la += res.verify_lookahead
+        hidden = teacher_forced_drafter_hidden(target, drafter, seq, features_of(feats, ids_layers))
+        t_ap.append(approx_router_topk(target, hidden))
+        v_ap += res.verify_approx
         with torch.no_grad():
             emb = target.model.embed_tokens(torch.tensor(seq, device=dev))
-        t_ap.append(approx_router_topk(target, emb))
-        v_ap += res.verify_approx
+        t_em.append(approx_router_topk(target, emb))
         tokens.append(np.asarray(seq, dtype=tdt))
         offsets.append(offsets[-1] + len(seq))
         plen.append(len(prompt))
@@ -143,8 +153,10 @@ def export_trace(
         ),
         "approx_router": (
             "route-ahead's approximate router: every layer's router over its post-attention "
-            "norm of the token's embedding (token rows) or of the drafter's final-normed hidden "
-            "state for the verified row (verify rows); softmax over all experts, top-k; "
+            "norm of the drafter's final-normed hidden state for the row (token rows: "
+            "teacher-forced, the first draft row of the block anchored one position before, "
+            "position 0 its own anchor row; verify rows: as decoded), and for token rows over "
+            "the token's embedding (token_approx_embed); softmax over all experts, top-k; "
             "probabilities stored as float16"
         ),
         "max_new_tokens": max_new_tokens,
@@ -162,6 +174,8 @@ def export_trace(
         provenance=provenance,
         **_optional_group("lookahead", t_la, v_la, (n_layers, k), edt),
         **_optional_group("approx", t_ap, v_ap, (n_layers, k), edt),
+        token_approx_embed=np.concatenate([i for i, _ in t_em]).astype(edt),
+        token_approx_embed_probs=np.concatenate([p for _, p in t_em]).astype(np.float16),
     )
     path = tf.save_trace(trace, out_path)
     size = path.stat().st_size

@@ -433,6 +433,15 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         "token_prior (token id -> experts learned online, calibrated to a precision floor) "
         "or previous_round (the experts the request's last verify routed to)",
     )
+    from pdflash.engine.predict import ROUTE_AHEAD_PROXIES
+
+    parser.add_argument(
+        "--route-ahead-proxy",
+        default="auto",
+        choices=list(ROUTE_AHEAD_PROXIES),
+        help="what the union's approximate router reads: auto (the drafter's hidden states "
+        "where the drafter exposes them, else the embeddings), drafter or embed",
+    )
 
 
 def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -445,6 +454,7 @@ def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "trace": None,
         "routing_source": "model",
         "route_ahead_source": "union",
+        "route_ahead_proxy": "auto",
     }
     return {
         name: getattr(args, name)

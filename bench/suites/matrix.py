@@ -881,6 +881,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--routing-source {args.routing_source}")
     if getattr(args, "route_ahead_source", "union") != "union":
         parts.append(f"--route-ahead-source {args.route_ahead_source}")
+    if getattr(args, "route_ahead_proxy", "auto") != "auto":
+        parts.append(f"--route-ahead-proxy {args.route_ahead_proxy}")
     for name, default in SERVING_DEFAULTS.items():
         value = getattr(args, name, default)
         if value != default:

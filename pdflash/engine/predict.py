@@ -12,7 +12,7 @@ routing (:class:`pdflash.routeahead.TokenPriorPredictor`) each forward's top-k.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -45,10 +45,20 @@ class BatchedUnionPredictor(CombinedPredictor):
 
 #: the route-ahead sources PD's engine can predict with before a verify
 ROUTE_AHEAD_SOURCES = ("union", "token_prior", "previous_round")
+#: what the union's approximate router reads
+#: (:class:`~pdflash.routeahead.ApproxRouterPredictor`'s proxies without
+#: attention): ``auto`` (the drafter's hidden states where the drafter
+#: exposes them, else the embeddings), ``drafter``, ``embed``
+ROUTE_AHEAD_PROXIES = ("auto", "drafter", "embed")
+_Proxy = Literal["auto", "drafter", "embed"]
 
 
 def route_ahead_predictor(
-    adapter: Any, source: str = "union", *, approx: ExpertPredictor | None = None
+    adapter: Any,
+    source: str = "union",
+    *,
+    approx: ExpertPredictor | None = None,
+    proxy: str = "auto",
 ) -> ExpertPredictor:
     """The predictor PD's engine asks before a verify.
 
@@ -65,7 +75,8 @@ def route_ahead_predictor(
       trade-off ``pdflash-bench routeahead`` found (the union's approximate
       router adds experts at little above the routed share's precision).
 
-    ``approx`` replaces the union's approximate router (a trace replay passes
+    ``proxy`` (:data:`ROUTE_AHEAD_PROXIES`) is what the union's approximate
+    router reads; ``approx`` replaces it (a trace replay passes
     :class:`pdflash.engine.replay.TraceApproxRouter`: the trained model's
     predictions instead of the synthetic router's).
     """
@@ -77,13 +88,15 @@ def route_ahead_predictor(
 
     if source not in ROUTE_AHEAD_SOURCES:
         raise ValueError(f"route-ahead source must be one of {ROUTE_AHEAD_SOURCES}, got {source!r}")
+    if proxy not in ROUTE_AHEAD_PROXIES:
+        raise ValueError(f"route-ahead proxy must be one of {ROUTE_AHEAD_PROXIES}, got {proxy!r}")
     if source == "token_prior":
         return TokenPriorPredictor(adapter.num_layers, adapter.num_experts)
     if source == "previous_round":
         return PreviousRoundPredictor(adapter.num_layers, adapter.num_experts)
     return BatchedUnionPredictor(
         [
-            (approx or ApproxRouterPredictor(adapter, proxy="auto"), 1.0),
+            (approx or ApproxRouterPredictor(adapter, proxy=cast(_Proxy, proxy)), 1.0),
             (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
         ]
     )

@@ -399,6 +399,16 @@ class TraceRouting:
         rest_idx = base + np.where(by_token, pos, pos % seq.size)
         return np.concatenate([exact_idx, rest_idx]), exact, int(by_token.sum())
 
+    def position_rows(self, request_id: int, start: int, n: int) -> npt.NDArray[np.int64]:
+        """The token rows of positions ``start .. start + n - 1`` of the
+        request's trace request (wrapped into its sequence, as positional
+        rows are)."""
+        r = self.requests.of(request_id)
+        size = int(self._seq[r].size)
+        pos = (int(start) + np.arange(n, dtype=np.int64)) % size
+        out: npt.NDArray[np.int64] = int(self._seq_off[r]) + pos
+        return out
+
     def _mapped_rows(self, idx: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``[n, 2, L_target, k]`` (ids, sorted ids) of trace rows ``idx``
         (see :meth:`row_sources`), mapping the rows not mapped before."""
@@ -471,15 +481,19 @@ class TraceRouting:
         return TraceLookahead(self, score=score) if self.trace.has_lookahead else None
 
     def approx_router_predictor(
-        self, charge: ExpertPredictor | None = None
+        self, *, charge: ExpertPredictor | None = None, proxy: str = "auto"
     ) -> TraceApproxRouter | None:
-        """Route-ahead's approximate router replayed from the trace (None:
-        the trace does not record it; :data:`pdflash.traces.APPROX_ARRAYS`).
-        ``charge``: the live approximate router, run for its time only (see
-        :class:`TraceApproxRouter`)."""
-        if not self.trace.has_approx:
+        """Route-ahead's approximate router replayed from the trace, reading
+        ``proxy`` (``auto`` and ``drafter``: :data:`pdflash.traces.APPROX_ARRAYS`;
+        ``embed``: :data:`~pdflash.traces.APPROX_EMBED_ARRAYS`); None where
+        the trace does not record it. ``charge``: the live approximate router,
+        run for its time only (see :class:`TraceApproxRouter`)."""
+        recorded = (
+            self.trace.token_approx_embed is not None if proxy == "embed" else self.trace.has_approx
+        )
+        if not recorded:
             return None
-        return TraceApproxRouter(self, charge=charge)
+        return TraceApproxRouter(self, charge=charge, proxy=proxy)
 
     def describe(self) -> dict[str, Any]:
         prov = self.trace.provenance
@@ -600,6 +614,12 @@ class TraceApproxRouter:
     recorded gate probabilities summed over the rows, as the live pass
     scores its own.
 
+    With ``proxy="embed"`` it replays the router over the embeddings of the
+    trace's tokens instead (:data:`pdflash.traces.APPROX_EMBED_ARRAYS`,
+    recorded for token rows only): every row reads the token row at its
+    position (wrapped as the routing's positional rows are), so a verify row
+    whose drafted token was rejected reads the committed token's.
+
     ``charge``: the live approximate router over the target (whose router,
     under a replay on synthetic weights, predicts nothing about the replayed
     routing). It still runs on every block and its scores are dropped, so
@@ -608,15 +628,26 @@ class TraceApproxRouter:
 
     name = "approx_router"
 
-    def __init__(self, routing: TraceRouting, charge: ExpertPredictor | None = None) -> None:
+    def __init__(
+        self, routing: TraceRouting, charge: ExpertPredictor | None = None, proxy: str = "auto"
+    ) -> None:
         trace = routing.trace
-        if not trace.has_approx:
-            raise ValueError("the trace does not record route-ahead's approximate router")
+        self.by_position = proxy == "embed"
+        if self.by_position:
+            if trace.token_approx_embed is None or trace.token_approx_embed_probs is None:
+                raise ValueError("the trace does not record the embedding proxy")
+            ids_all, probs_all = trace.token_approx_embed, trace.token_approx_embed_probs
+        else:
+            if not trace.has_approx:
+                raise ValueError("the trace does not record route-ahead's approximate router")
+            ids_all = np.concatenate([trace.token_approx, trace.verify_approx])
+            probs_all = np.concatenate([trace.token_approx_probs, trace.verify_approx_probs])
+        self.proxy = proxy
         self.routing = routing
         self.charge = charge
         k = min(routing.top_k, routing.trace_k)
-        ids = np.concatenate([trace.token_approx, trace.verify_approx])[..., :k]
-        probs = np.concatenate([trace.token_approx_probs, trace.verify_approx_probs])[..., :k]
+        ids = ids_all[..., :k]
+        probs = probs_all[..., :k]
         # rows in TraceRouting.row_sources' order: token rows, then verify rows;
         # trace layers picked for the target's (layer_map), experts mapped
         layers = np.asarray(routing.layer_map, dtype=np.int64)
@@ -637,8 +668,12 @@ class TraceApproxRouter:
         flat_layer = np.arange(L, dtype=np.int64)[:, None] * E
         for b, block in enumerate(blocks):
             n = _horizon_rows(block)
-            tokens = block.token_ids[:n].detach().cpu().numpy().astype(np.int64)
-            rows, _, _ = rt.row_sources(block.request_id, int(block.positions[0]), tokens)
+            start = int(block.positions[0])
+            if self.by_position:
+                rows = rt.position_rows(block.request_id, start, n)
+            else:
+                tokens = block.token_ids[:n].detach().cpu().numpy().astype(np.int64)
+                rows, _, _ = rt.row_sources(block.request_id, start, tokens)
             flat = (flat_layer[None] + self._ids[rows]).reshape(-1)
             out[b] = np.bincount(
                 flat, weights=self._probs[rows].reshape(-1), minlength=L * E

@@ -581,6 +581,15 @@ def _spec_route_ahead_horizon(value: Any, spec: Mapping[str, Any]) -> Any:
     return value if spec.get("baseline") in ROUTE_AHEAD_LABELS and not full else "acceptance"
 
 
+def _spec_route_ahead_proxy(value: Any, spec: Mapping[str, Any]) -> Any:
+    """A spec's approximate-router proxy as its run runs it: only a label
+    with route-ahead from the ``union`` source reads it (a full cache
+    predicts nothing)."""
+    full = _spec_fills_full_cache(spec)
+    runs = spec.get("baseline") in ROUTE_AHEAD_LABELS and not full
+    return value if runs and spec.get("route_ahead_source", "union") == "union" else "auto"
+
+
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's controller warm-up as its run runs it: a label without the
     controller (:data:`CONTROLLER_LABELS`), a full cache that runs none of
@@ -657,6 +666,11 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("compressed_gemm", None, _recorded("compressed_gemm"), omitted=_omitted_gemm),
     RunSetting("routing_source", "model", _recorded("routing_source")),
     RunSetting("route_ahead_source", "union", _recorded("route_ahead_source")),
+    # pdflash.engine.predict.ROUTE_AHEAD_PROXIES (a test keeps the default);
+    # only the union's approximate router reads it
+    RunSetting(
+        "route_ahead_proxy", "auto", _recorded("route_ahead_proxy"), resolve=_spec_route_ahead_proxy
+    ),
     RunSetting("acceptance", "auto"),
     RunSetting("mean_tau", None),
     RunSetting("eviction", "auto", _recorded("eviction_policy")),

@@ -864,15 +864,9 @@ def test_a_trace_without_the_approx_router_leaves_route_ahead_to_the_router(
     assert "predict the router, not the trace" in res.row["routing_params"]["predictors"]
 
 
-class _EmbedRouters(_HFRouters):
-    """:class:`_HFRouters` with the token embeddings (the ``embed`` proxy)."""
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.model.model.embed_tokens(token_ids)
-        return out
-
-
-def _block(rid: int, start: int, tokens: Any, horizon: int | None = None) -> Any:
+def _block(
+    rid: int, start: int, tokens: Any, horizon: int | None = None, hidden: Any = None
+) -> Any:
     from pdflash.protocols import DraftedBlock
 
     ids = torch.as_tensor(np.asarray(tokens, dtype=np.int64))
@@ -880,6 +874,7 @@ def _block(rid: int, start: int, tokens: Any, horizon: int | None = None) -> Any
         request_id=rid,
         token_ids=ids,
         positions=torch.arange(start, start + ids.numel()),
+        drafter_hidden=hidden,
         horizon=horizon,
     )
 
@@ -888,16 +883,21 @@ def test_trace_approx_router_predicts_what_the_trained_models_router_pass_does(
     trace_path: Path, models: tuple[Any, Any]
 ) -> None:
     """Replayed on the trained model's own shape, token rows give what the
-    live approximate router predicts over their embeddings (the ``embed``
-    proxy), block by block, to float16; the live pass still runs (charged)."""
+    live approximate router predicts (``drafter`` proxy) over the drafter's
+    teacher-forced hidden states for those positions, block by block, to
+    float16; the live pass still runs (charged). The embedding-proxy arrays
+    hold the router over the tokens' embeddings."""
+    from pdflash.bench.proxy.decode import teacher_forced_drafter_hidden
+    from pdflash.bench.proxy.drafter import capture_features, features_of
+
     from pdflash.engine.replay import TraceApproxRouter, TraceRouting
     from pdflash.routeahead import ApproxRouterPredictor
 
-    target, _ = models
+    target, drafter = models
     t = tf.load_trace(trace_path)
-    routers = _EmbedRouters(target)
+    routers = _HFRouters(target)
     rt = TraceRouting(t, routers, trace_path)
-    live = ApproxRouterPredictor(routers, proxy="embed")  # type: ignore[arg-type]
+    live = ApproxRouterPredictor(routers, proxy="drafter")  # type: ignore[arg-type]
 
     class Counting:
         name = "charge"
@@ -911,14 +911,47 @@ def test_trace_approx_router_predicts_what_the_trained_models_router_pass_does(
     assert isinstance(replay, TraceApproxRouter)
     rt.assign(0, 1)
     seq = t.request_tokens(1).astype(np.int64)
-    blocks = [_block(0, 0, seq[:5]), _block(0, 7, seq[7:8]), _block(0, 3, seq[3:19], horizon=4)]
+    ids_layers = drafter.target_layer_ids
+    with torch.no_grad(), capture_features(target, ids_layers) as got:
+        target(input_ids=torch.from_numpy(seq)[None], use_cache=False)
+    hidden = teacher_forced_drafter_hidden(
+        target, drafter, seq.tolist(), features_of(got, ids_layers)
+    )
+    blocks = [
+        _block(0, 0, seq[:5], hidden=hidden[:5]),
+        _block(0, 7, seq[7:8], hidden=hidden[7:8]),
+        _block(0, 3, seq[3:19], horizon=4, hidden=hidden[3:19]),
+    ]
     with torch.no_grad():
         want = live.predict_batch(blocks)
-    got = replay.predict_batch(blocks)
+    got_scores = replay.predict_batch(blocks)
     assert Counting.calls == 1
-    assert got.shape == want.shape
-    assert np.array_equal(got > 0, want > 0)
-    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    assert got_scores.shape == want.shape
+    assert np.array_equal(got_scores > 0, want > 0)
+    np.testing.assert_allclose(got_scores, want, rtol=2e-3, atol=2e-3)
+    # the embedding proxy's arrays: the router over the tokens' embeddings
+    assert t.token_approx_embed is not None and t.token_approx_embed_probs is not None
+    embed = ApproxRouterPredictor(_EmbedRouters(target), proxy="embed")  # type: ignore[arg-type]
+    base = int(t.token_request[1])
+    with torch.no_grad():
+        by_embed = embed.predict_batch([_block(0, 0, seq[:1])])[0]
+    for layer in range(routers.num_layers):
+        ids = t.token_approx_embed[base, layer].astype(np.int64)
+        np.testing.assert_allclose(
+            by_embed[layer, ids],
+            t.token_approx_embed_probs[base, layer].astype(np.float32),
+            rtol=2e-3,
+            atol=2e-3,
+        )
+        assert (by_embed[layer] > 0).sum() == ids.size
+
+
+class _EmbedRouters(_HFRouters):
+    """:class:`_HFRouters` with the token embeddings (the ``embed`` proxy)."""
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model.model.embed_tokens(token_ids)
+        return out
 
 
 def test_trace_approx_router_maps_experts_and_replays_exact_verify_rows(trace_path: Path) -> None:
@@ -965,7 +998,55 @@ def test_trace_approx_router_maps_experts_and_replays_exact_verify_rows(trace_pa
     np.testing.assert_allclose(
         by_token, want(t.token_approx[tok], t.token_approx_probs[tok]), rtol=1e-6
     )
+    # the two recordings agree: the first draft row of the request's first
+    # round (decoded) is the teacher-forced row of the position after its anchor
+    assert rows > 1
+    tf_row = base + start + 1
+    assert np.array_equal(
+        np.sort(t.verify_approx[row0 + 1], axis=-1), np.sort(t.token_approx[tf_row], axis=-1)
+    )
+    np.testing.assert_allclose(
+        np.sort(t.verify_approx_probs[row0 + 1].astype(np.float32), axis=-1),
+        np.sort(t.token_approx_probs[tf_row].astype(np.float32), axis=-1),
+        atol=2e-3,
+    )
     # a trace without the arrays: none replayed
     for name in tf.APPROX_ARRAYS:
         setattr(t, name, None)
     assert TraceRouting(t, _FakeAdapter(L, 16, 4), None).approx_router_predictor() is None
+
+
+def test_the_embedding_proxy_replays_each_positions_token_row(trace_path: Path) -> None:
+    """``route_ahead_proxy=embed`` replays the router over the trace tokens'
+    embeddings by position (wrapped), whatever the block's tokens; an engine
+    run records the proxy, and a trace without those arrays falls back to
+    the router."""
+    from pdflash.bench.engine_run import run_spec
+
+    from pdflash.engine.replay import TraceRouting
+
+    t = tf.load_trace(trace_path)
+    assert t.token_approx_embed is not None and t.token_approx_embed_probs is not None
+    L = int(t.provenance["num_layers"])
+    rt = TraceRouting(t, _FakeAdapter(num_layers=L, num_experts=4, top_k=3), None)
+    predictor = rt.approx_router_predictor(proxy="embed")
+    assert predictor is not None and predictor.proxy == "embed"
+    rt.assign(0, 0)
+    size = int(t.token_request[1] - t.token_request[0])
+    (scores,) = predictor.predict_batch([_block(0, size - 1, [0, 0])])  # wraps to position 0
+    rows = [size - 1, 0]
+    for layer in range(L):
+        e = t.token_approx_embed[rows, layer, :3].astype(np.int64) * 4 // 16
+        p = t.token_approx_embed_probs[rows, layer, :3].astype(np.float32)
+        want = np.bincount(e.reshape(-1), weights=p.reshape(-1), minlength=4)
+        np.testing.assert_allclose(scores[layer], want, rtol=1e-6)
+    row = run_spec(
+        _tiny_replay_spec(
+            trace_path, baseline="PD", concurrency=1, acceptance="trace", route_ahead_proxy="embed"
+        )
+    ).row
+    assert (row["route_ahead_proxy"], row["route_ahead_approx_source"]) == ("embed", "trace")
+    t.token_approx_embed = t.token_approx_embed_probs = None
+    assert (
+        TraceRouting(t, _FakeAdapter(L, 16, 4), None).approx_router_predictor(proxy="embed") is None
+    )

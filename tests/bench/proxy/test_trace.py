@@ -101,7 +101,7 @@ def test_approx_router_arrays_round_trip_are_optional_and_checked(tmp_path: Path
     tf.save_trace(only, tmp_path / "la.npz")
     assert not tf.load_trace(tmp_path / "la.npz").has_approx
     t.token_approx_probs = None
-    with pytest.raises(tf.TraceFormatError, match="approx arrays come all four or none"):
+    with pytest.raises(tf.TraceFormatError, match="approx arrays come all or none"):
         tf.save_trace(t, tmp_path / "bad.npz")
     t = _with_lookahead(_trace(), "approx")
     t.verify_approx = t.verify_approx + 8  # type: ignore[operator]
@@ -126,7 +126,7 @@ def test_lookahead_arrays_round_trip_and_are_optional(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("corrupt", "match"),
     [
-        (lambda t: setattr(t, "verify_lookahead_probs", None), "all four or none"),
+        (lambda t: setattr(t, "verify_lookahead_probs", None), "all or none"),
         (lambda t: setattr(t, "token_lookahead", t.token_lookahead[:-1]), "must be"),
         (lambda t: setattr(t, "verify_lookahead", t.verify_lookahead + 8), "outside"),
         (

@@ -12,7 +12,8 @@ root, with the trace written by ``pdflash-bench proxy trace`` (README):
 Arms: B1; PD with the trace's approximate router (``route_ahead_approx_source``
 ``trace``); PDrouter, the same trace with the approximate-router arrays
 removed (the union's router pass predicts the synthetic router, as every
-replay did before); PD-all-on on each.
+replay did before); PDembed, PD with ``route_ahead_proxy=embed`` (the
+trace's router over its tokens' embeddings); PD-all-on on the first two.
 """
 
 import json
@@ -37,6 +38,7 @@ arms: dict[str, dict[str, Any]] = {
     "B1": dict(baseline="B1"),
     "PD": dict(baseline="PD"),
     "PDrouter": dict(baseline="PD", trace=plain),
+    "PDembed": dict(baseline="PD", route_ahead_proxy="embed"),
     "PDallon": dict(baseline="PD-all-on"),
     "PDallonrouter": dict(baseline="PD-all-on", trace=plain),
 }
@@ -65,6 +67,7 @@ keys = (
     "link_busy_s",
     "expert_cache_hit_rate",
     "route_ahead_approx_source",
+    "route_ahead_proxy",
     "routeahead_coverage",
     "routeahead_precision",
     "route_ahead_bytes_submitted",
