@@ -608,8 +608,9 @@ class TraceApproxRouter:
     block's first ``horizon`` rows are matched to trace rows as
     :class:`TraceRouting` matches a forward's (:meth:`TraceRouting.row_sources`:
     an exact verify row replays what the trained model's router predicted
-    over the drafter's hidden state for it, a token or positional row what it
-    predicted over the token's embedding), their recorded top-k mapped onto
+    over the drafter's hidden state for it as decoded, a token or positional
+    row what it predicted over the drafter's teacher-forced hidden state for
+    that position), their recorded top-k mapped onto
     the target's layers and experts as the routing is and scored by the
     recorded gate probabilities summed over the rows, as the live pass
     scores its own.
