@@ -306,6 +306,9 @@ class RunSetting:
     use today's default); None: ``recorded``, else the default. ``refine``
     maps the value :meth:`of_row` read to the value the run ran at where the
     row says more than its setting (a default that has since changed).
+    ``read_where`` says whether a spec's run reads the setting at all; one
+    that does not (the part that reads it does not run) runs as the default,
+    whatever the spec names.
     """
 
     name: str
@@ -315,10 +318,13 @@ class RunSetting:
     resolve: Callable[[Any, Mapping[str, Any]], Any] | None = None
     omitted: Callable[[Mapping[str, Any]], Any] | None = None
     refine: Callable[[Any, Mapping[str, Any]], Any] | None = None
+    read_where: Callable[[Mapping[str, Any]], bool] | None = None
 
     def of_spec(self, spec: Mapping[str, Any]) -> Any:
         """The setting of a run by its spec (the matrix's resume key)."""
         value = spec.get(self.name, self.default)
+        if self.read_where is not None and not self.read_where(spec):
+            value = self.default
         if self.resolve is not None:
             value = self.resolve(value, spec)
         # a number given as an int or a float is one setting
@@ -550,44 +556,24 @@ def _spec_fills_full_cache(spec: Mapping[str, Any]) -> bool:
     return bool(spec.get("cache_fraction", 0.0) >= 1.0) and spec.get("full_cache", "auto") == "auto"
 
 
-def _spec_lookahead_score(value: Any, spec: Mapping[str, Any]) -> Any:
-    """A spec's lookahead score as its run runs it: only the stream
-    thresholds the score (as :func:`_spec_stream_ahead`)."""
-    full = _spec_fills_full_cache(spec)
-    return value if spec.get("baseline") in STREAM_LABELS and not full else "prob"
+def _spec_runs_stream(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run streams route-ahead copies: a label with the
+    stream (:data:`STREAM_LABELS`) and not a full cache, which runs none of
+    the parts that serve a miss. Only such runs read the stream's settings
+    (``stream_ahead``, ``lookahead_score``, ``lookahead_tail``)."""
+    return spec.get("baseline") in STREAM_LABELS and not _spec_fills_full_cache(spec)
 
 
-def _spec_lookahead_tail(value: Any, spec: Mapping[str, Any]) -> Any:
-    """A spec's lookahead tail as its run runs it: only the stream copies a
-    tail (as :func:`_spec_lookahead_score`)."""
-    full = _spec_fills_full_cache(spec)
-    return value if spec.get("baseline") in STREAM_LABELS and not full else "skip"
+def _spec_runs_route_ahead(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run predicts a verify's experts: a label with
+    route-ahead (:data:`ROUTE_AHEAD_LABELS`) and not a full cache."""
+    return spec.get("baseline") in ROUTE_AHEAD_LABELS and not _spec_fills_full_cache(spec)
 
 
-def _spec_stream_ahead(value: Any, spec: Mapping[str, Any]) -> Any:
-    """A spec's stream depth as its run runs it: a label without the stream
-    (:data:`STREAM_LABELS`), or a full cache that runs none of the parts
-    that serve a miss, copies nothing ahead, so any depth runs as the
-    default there."""
-    full = _spec_fills_full_cache(spec)
-    return value if spec.get("baseline") in STREAM_LABELS and not full else 2
-
-
-def _spec_route_ahead_horizon(value: Any, spec: Mapping[str, Any]) -> Any:
-    """A spec's route-ahead horizon as its run runs it: a label without
-    route-ahead (:data:`ROUTE_AHEAD_LABELS`), or a full cache that predicts
-    nothing, runs as the default."""
-    full = _spec_fills_full_cache(spec)
-    return value if spec.get("baseline") in ROUTE_AHEAD_LABELS and not full else "acceptance"
-
-
-def _spec_route_ahead_proxy(value: Any, spec: Mapping[str, Any]) -> Any:
-    """A spec's approximate-router proxy as its run runs it: only a label
-    with route-ahead from the ``union`` source reads it (a full cache
-    predicts nothing)."""
-    full = _spec_fills_full_cache(spec)
-    runs = spec.get("baseline") in ROUTE_AHEAD_LABELS and not full
-    return value if runs and spec.get("route_ahead_source", "union") == "union" else "auto"
+def _spec_runs_router_pass(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run has the route-ahead union's approximate router
+    (route-ahead from the ``union`` source): only it reads ``route_ahead_proxy``."""
+    return _spec_runs_route_ahead(spec) and spec.get("route_ahead_source", "union") == "union"
 
 
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
@@ -669,7 +655,10 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # pdflash.engine.predict.ROUTE_AHEAD_PROXIES (a test keeps the default);
     # only the union's approximate router reads it
     RunSetting(
-        "route_ahead_proxy", "auto", _recorded("route_ahead_proxy"), resolve=_spec_route_ahead_proxy
+        "route_ahead_proxy",
+        "auto",
+        _recorded("route_ahead_proxy"),
+        read_where=_spec_runs_router_pass,
     ),
     RunSetting("acceptance", "auto"),
     RunSetting("mean_tau", None),
@@ -700,15 +689,15 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # pdflash.engine.config.EngineConfig.stream_ahead (a test keeps the
     # defaults equal); a row without the stream, or older than the setting,
     # records none and reads as the default
-    RunSetting("stream_ahead", 2, _recorded("stream_ahead"), resolve=_spec_stream_ahead),
+    RunSetting("stream_ahead", 2, _recorded("stream_ahead"), read_where=_spec_runs_stream),
     # pdflash.engine.config.EngineConfig.lookahead_score (a test keeps the
     # defaults equal); read as stream_ahead is: only a stream's runs use it
     RunSetting(
-        "lookahead_score", "prob", _recorded("lookahead_score"), resolve=_spec_lookahead_score
+        "lookahead_score", "prob", _recorded("lookahead_score"), read_where=_spec_runs_stream
     ),
     # pdflash.engine.config.EngineConfig.lookahead_tail (a test keeps the
     # defaults equal); read as lookahead_score is
-    RunSetting("lookahead_tail", "skip", _recorded("lookahead_tail"), resolve=_spec_lookahead_tail),
+    RunSetting("lookahead_tail", "skip", _recorded("lookahead_tail"), read_where=_spec_runs_stream),
     # pdflash.engine.config.EngineConfig.route_ahead_horizon (a test keeps
     # the defaults equal); a row without route-ahead, or older than the
     # setting, records none and reads as the default
@@ -716,7 +705,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         "route_ahead_horizon",
         "acceptance",
         _recorded("route_ahead_horizon"),
-        resolve=_spec_route_ahead_horizon,
+        read_where=_spec_runs_route_ahead,
     ),
     # the SDPA backends a run's attention may use (None: the process's
     # PDFLASH_SDPA_BACKENDS, as before the setting); one spelling per set
