@@ -1151,7 +1151,7 @@ def _run(
                 charge=ApproxRouterPredictor(adapter, proxy=cast(Any, proxy)),
                 proxy=proxy,
             )
-            if routing is not None
+            if routing is not None and spec.route_ahead_source == "union"
             else None
         )
         predictor = route_ahead_predictor(
@@ -2091,6 +2091,7 @@ def _result(
     layout = getattr(adapter, "layout", None)
     padding = int(getattr(layout, "padding_nbytes", 0) or 0)
     stream = engine.prefetch.built_stream
+    approx_source = _approx_router_source(engine.predictor)
     row: dict[str, Any] = {
         "arch": spec.arch,
         "model_type": getattr(adapter, "arch", None),
@@ -2110,11 +2111,9 @@ def _result(
         # what the union's approximate router predicts from: the target's
         # router, or the trained model's predictions replayed from a trace
         # (None: no approximate router runs)
-        "route_ahead_approx_source": _approx_router_source(engine.predictor),
+        "route_ahead_approx_source": approx_source,
         # what that approximate router reads (None: none runs)
-        "route_ahead_proxy": (
-            spec.route_ahead_proxy if _approx_router_source(engine.predictor) else None
-        ),
+        "route_ahead_proxy": spec.route_ahead_proxy if approx_source else None,
         # the gate lookahead's predictions: the target's router, or replayed
         # from a trace that records the trained model's (None: no lookahead)
         "lookahead_source": (

@@ -174,8 +174,7 @@ def export_trace(
         provenance=provenance,
         **_optional_group("lookahead", t_la, v_la, (n_layers, k), edt),
         **_optional_group("approx", t_ap, v_ap, (n_layers, k), edt),
-        token_approx_embed=np.concatenate([i for i, _ in t_em]).astype(edt),
-        token_approx_embed_probs=np.concatenate([p for _, p in t_em]).astype(np.float16),
+        **_optional_group("approx_embed", t_em, None, (n_layers, k), edt),
     )
     path = tf.save_trace(trace, out_path)
     size = path.stat().st_size
@@ -196,14 +195,18 @@ def export_trace(
 def _optional_group(
     kind: str,
     token_rows: list[tuple[np.ndarray, np.ndarray]],
-    verify_rows: list[tuple[np.ndarray, np.ndarray]],
+    verify_rows: list[tuple[np.ndarray, np.ndarray]] | None,
     shape: tuple[int, int],
     ids_dtype: Any,
 ) -> dict[str, np.ndarray]:
-    """One optional group of trace arrays (``token_<kind>``, its probs,
-    ``verify_<kind>``, its probs) from per-forward ``(ids, probs)`` pairs."""
+    """One optional group of trace arrays (``token_<kind>``, its probs and,
+    unless ``verify_rows`` is None, ``verify_<kind>`` and its probs) from
+    per-forward ``(ids, probs)`` pairs."""
     out: dict[str, np.ndarray] = {}
-    for rows, name in ((token_rows, f"token_{kind}"), (verify_rows, f"verify_{kind}")):
+    groups = [(token_rows, f"token_{kind}")]
+    if verify_rows is not None:
+        groups.append((verify_rows, f"verify_{kind}"))
+    for rows, name in groups:
         if rows:
             out[name] = np.concatenate([i for i, _ in rows]).astype(ids_dtype)
             out[name + "_probs"] = np.concatenate([p for _, p in rows]).astype(np.float16)

@@ -135,25 +135,14 @@ def capture_lookahead(model: Any) -> Iterator[list[list[tuple[Any, Any]]]]:
     Yields ``calls``: one list per layer of ``(ids [tokens, k] int64,
     probs [tokens, k] float32)`` CPU tensor pairs, appended in forward order.
     """
-    import torch
-
-    from pdflash.routeahead.predictors import _topk_gate_scores
-
     layers = model.model.layers
     calls: list[list[tuple[Any, Any]]] = [[] for _ in layers]
     handles = []
     for i, layer in enumerate(layers):
 
         def hook(m: Any, args: Any, kwargs: Any, i: int = i) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            with torch.no_grad():
-                gate = m.mlp.gate
-                normed = m.post_attention_layernorm(hidden).reshape(-1, gate.weight.shape[1])
-                logits = torch.nn.functional.linear(normed, gate.weight)
-                # the engine's own scoring (NextLayerLookahead): softmax over
-                # every expert, top-k by probability
-                ids, top = _topk_gate_scores(logits, int(gate.top_k), gate.weight.shape[0])
-            calls[i].append((ids.detach().cpu().long(), top.detach().cpu()))
+            ids, top = _gate_topk(m, args[0] if args else kwargs["hidden_states"])
+            calls[i].append((ids.cpu().long(), top.cpu()))
 
         handles.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
     try:
@@ -173,20 +162,28 @@ def approx_router_topk(
     every expert, top-k by probability, as
     :class:`pdflash.routeahead.ApproxRouterPredictor` scores it. Returns
     ``([rows, layers, k] ids, [rows, layers, k] probs)``."""
+    ids, probs = [], []
+    for layer in model.model.layers:
+        i, p = _gate_topk(layer, hidden)
+        ids.append(i.cpu().long().numpy())
+        probs.append(p.cpu().float().numpy())
+    return np.stack(ids, axis=1), np.stack(probs, axis=1)
+
+
+def _gate_topk(layer: Any, hidden: Any) -> tuple[Any, Any]:
+    """A qwen3_moe decoder layer's router over its MoE norm of ``hidden``
+    (rows flattened), scored as the engine scores its lookahead and
+    approximate router: softmax over every expert, top-k by probability.
+    Returns ``(ids [rows, k], probs [rows, k])`` on ``hidden``'s device."""
     import torch
 
     from pdflash.routeahead.predictors import _topk_gate_scores
 
-    ids, probs = [], []
     with torch.no_grad():
-        for layer in model.model.layers:
-            gate = layer.mlp.gate
-            normed = layer.post_attention_layernorm(hidden).reshape(-1, gate.weight.shape[1])
-            logits = torch.nn.functional.linear(normed, gate.weight)
-            i, p = _topk_gate_scores(logits, int(gate.top_k), gate.weight.shape[0])
-            ids.append(i.cpu().long().numpy())
-            probs.append(p.cpu().float().numpy())
-    return np.stack(ids, axis=1), np.stack(probs, axis=1)
+        gate = layer.mlp.gate
+        normed = layer.post_attention_layernorm(hidden).reshape(-1, gate.weight.shape[1])
+        logits = torch.nn.functional.linear(normed, gate.weight)
+        return _topk_gate_scores(logits, int(gate.top_k), gate.weight.shape[0])
 
 
 def stack_lookahead(
