@@ -56,6 +56,29 @@ def load_bench_script(filename: str) -> ModuleType:
     return module
 
 
+def check_a_matrix_option_keys_its_runs(
+    argv: list[str], flag: str, value: str, field: str, out: Path
+) -> None:
+    """``pdflash-bench matrix ARGV FLAG VALUE`` plans specs whose ``field``
+    is ``value`` and whose resume key differs from the plain plan's (which
+    carries no ``field``: plain runs keep their specs and keys), and its
+    command names the option only when given; a bad value is refused."""
+    from pdflash.bench import cli
+    from pdflash.bench.suites import matrix
+
+    plain_args = cli.build_parser().parse_args(argv)
+    plain = matrix.plan(plain_args)
+    args = cli.build_parser().parse_args([*argv, flag, value])
+    specs = matrix.plan(args)
+    assert field not in plain[0]
+    assert specs[0][field] == value
+    assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
+    assert f"{flag} {value}" in matrix.matrix_command(args, out)
+    assert flag not in matrix.matrix_command(plain_args, out)
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([*argv, flag, "not-a-choice"])
+
+
 def check_an_issue16_arm_sets(name: str, text: str, value: Any) -> ModuleType:
     """An issue-16 arm ``PD:<name>=<text>`` overrides the run setting
     ``name`` with ``value`` and passes ``check_arms`` beside plain PD on the

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from bench_fixtures import check_an_issue16_arm_sets
+from bench_fixtures import check_a_matrix_option_keys_its_runs, check_an_issue16_arm_sets
 from pdflash.bench.engine_run import RunSpec
 
 from pdflash.engine.predict import ROUTE_AHEAD_PROXIES, route_ahead_predictor
@@ -53,22 +53,16 @@ def test_an_issue16_arm_sets_it() -> None:
     check_an_issue16_arm_sets("route_ahead_proxy", "embed", "embed")
 
 
-def test_the_engine_and_matrix_options_reach_the_spec_key_and_command(tmp_path: Path) -> None:
+def test_the_matrix_option_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
     from pdflash.bench import cli
-    from pdflash.bench.suites import matrix
 
     argv = [
         *("matrix", "--arch", "tiny", "--baselines", "PD"),
         *("--concurrency", "1", "--cache-fraction", "0.2"),
     ]
-    plain_args = cli.build_parser().parse_args(argv)
-    plain = matrix.plan(plain_args)
-    args = cli.build_parser().parse_args([*argv, "--route-ahead-proxy", "embed"])
-    specs = matrix.plan(args)
-    assert "route_ahead_proxy" not in plain[0]  # plain runs keep their specs and keys
-    assert specs[0]["route_ahead_proxy"] == "embed"
-    assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
-    assert "--route-ahead-proxy embed" in matrix.matrix_command(args, tmp_path / "o")
-    assert "--route-ahead-proxy" not in matrix.matrix_command(plain_args, tmp_path / "o")
+    check_a_matrix_option_keys_its_runs(
+        argv, "--route-ahead-proxy", "embed", "route_ahead_proxy", tmp_path / "o"
+    )
+    # the predictor's attention proxy is not offered
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args([*argv, "--route-ahead-proxy", "block_attention"])

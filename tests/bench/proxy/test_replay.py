@@ -548,27 +548,18 @@ def test_matrix_and_engine_cli_pass_the_new_options(tmp_path: Path) -> None:
 
 
 def test_route_ahead_source_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
-    from pdflash.bench import cli
+    from bench_fixtures import check_a_matrix_option_keys_its_runs
     from pdflash.bench.engine_run import RunSpec
-    from pdflash.bench.suites import matrix
 
     argv = [
         *("matrix", "--arch", "proxy", "--weights", str(tmp_path), "--baselines", "PD"),
         *("--concurrency", "1", "--cache-fraction", "0.2"),
     ]
-    plain_args = cli.build_parser().parse_args(argv)
-    plain = matrix.plan(plain_args)
-    args = cli.build_parser().parse_args([*argv, "--route-ahead-source", "token_prior"])
-    specs = matrix.plan(args)
-    assert "route_ahead_source" not in plain[0]  # plain runs keep their specs and keys
-    assert specs[0]["route_ahead_source"] == "token_prior"
-    assert matrix.spec_key(specs[0]) != matrix.spec_key(plain[0])
-    assert "--route-ahead-source token_prior" in matrix.matrix_command(args, tmp_path / "o")
-    assert "--route-ahead-source" not in matrix.matrix_command(plain_args, tmp_path / "o")
+    check_a_matrix_option_keys_its_runs(
+        argv, "--route-ahead-source", "token_prior", "route_ahead_source", tmp_path / "o"
+    )
     with pytest.raises(ValueError, match="route_ahead_source"):
         RunSpec(arch="tiny", baseline="PD", route_ahead_source="oracle").validate()
-    with pytest.raises(SystemExit):
-        cli.build_parser().parse_args([*argv, "--route-ahead-source", "oracle"])
 
 
 def test_routeahead_scores_predictors_on_learned_routing(
