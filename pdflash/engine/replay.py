@@ -666,14 +666,26 @@ class TraceApproxRouter:
         if self.charge is not None:
             predict_batch(self.charge, blocks)
         out = np.zeros((len(blocks), L, E), dtype=np.float32)
+        if not blocks:
+            return out
         flat_layer = np.arange(L, dtype=np.int64)[:, None] * E
+        counts = [_horizon_rows(block) for block in blocks]
+        # NOTE: one host read for every block's first position and rows'
+        # tokens (a device read per block would sync once per block)
+        starts = torch.stack([b.positions[0] for b in blocks]).cpu().numpy()
+        flat_tokens = (
+            torch.cat([b.token_ids[:n] for b, n in zip(blocks, counts, strict=True)])
+            .cpu()
+            .numpy()
+            .astype(np.int64)
+        )
+        offsets = np.concatenate([[0], np.cumsum(counts)])
         for b, block in enumerate(blocks):
-            n = _horizon_rows(block)
-            start = int(block.positions[0])
+            n, start = counts[b], int(starts[b])
             if self.by_position:
                 rows = rt.position_rows(block.request_id, start, n)
             else:
-                tokens = block.token_ids[:n].detach().cpu().numpy().astype(np.int64)
+                tokens = flat_tokens[offsets[b] : offsets[b + 1]]
                 rows, _, _ = rt.row_sources(block.request_id, start, tokens)
             flat = (flat_layer[None] + self._ids[rows]).reshape(-1)
             out[b] = np.bincount(
