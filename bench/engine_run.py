@@ -67,6 +67,7 @@ from pdflash.engine.config import (
     FULL_CACHE,
     HOST_CONTROLS,
     LOOKAHEAD_SCORE_SETTINGS,
+    ROUTE_AHEAD_GATES,
     ROUTE_AHEAD_HORIZONS,
     EngineConfig,
     check_host_ahead_min_exposed,
@@ -308,6 +309,10 @@ class RunSpec:
     # (the acceptance horizon's first rows) or "verified" (every row the
     # verify routes); a run without route-ahead ignores it
     route_ahead_horizon: str = "acceptance"
+    # whether PD's controller gates route-ahead on its batch precision
+    # (pdflash.engine.config.EngineConfig.route_ahead_gate: "precision" or
+    # "off"); a run without the controller's route-ahead ignores it
+    route_ahead_gate: str = "precision"
     # "first_round": after the warm-up, workload bursts outside the clock
     # until PD's controller has ended its first round of probes (the state a
     # server's engine is in after its first steps); "off": the warm-up alone.
@@ -357,6 +362,7 @@ class RunSpec:
             lookahead_score=self.lookahead_score,
             lookahead_tail=self.lookahead_tail,
             route_ahead_horizon=self.route_ahead_horizon,
+            route_ahead_gate=self.route_ahead_gate,
         )
 
     @property
@@ -472,6 +478,7 @@ class RunSpec:
         self._check_one_of("host_ahead", HOST_AHEAD_CHOICES)
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
+        self._check_one_of("route_ahead_gate", ROUTE_AHEAD_GATES)
         self._check_one_of("lookahead_score", LOOKAHEAD_SCORE_SETTINGS)
         check_lookahead_tail(self.lookahead_tail, self.lookahead_score, self.host_mode)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
@@ -2266,6 +2273,14 @@ def _result(
         # who decided whether the host part ran (EngineConfig.host_control);
         # pd_parts' on_fraction says in how many steps it did
         "host_control": _built(engine).host_control,
+        # the controller's route-ahead gate (None: no controller over route-ahead)
+        "route_ahead_gate": (
+            _built(engine).route_ahead_gate
+            if engine.parts is not None
+            and isinstance(engine.parts.policy, PDController)
+            and engine.parts.available.route_ahead
+            else None
+        ),
         "torch_intra_op_threads": torch.get_num_threads(),
     }
     row.update(metrics_to_json(metrics))

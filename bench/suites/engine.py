@@ -442,6 +442,16 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         help="what the union's approximate router reads: auto (the drafter's hidden states "
         "where the drafter exposes them, else the embeddings), drafter or embed",
     )
+    from pdflash.engine.config import ROUTE_AHEAD_GATES
+
+    parser.add_argument(
+        "--route-ahead-gate",
+        default="precision",
+        choices=list(ROUTE_AHEAD_GATES),
+        help="PD's controller over route-ahead: precision (route-ahead runs by default only "
+        "while at least half the experts it predicts are routed; below that it must earn "
+        "its place by its probes) or off (judged as PD's other parts)",
+    )
 
 
 def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -455,6 +465,7 @@ def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "routing_source": "model",
         "route_ahead_source": "union",
         "route_ahead_proxy": "auto",
+        "route_ahead_gate": "precision",
     }
     return {
         name: getattr(args, name)

@@ -883,6 +883,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--route-ahead-source {args.route_ahead_source}")
     if getattr(args, "route_ahead_proxy", "auto") != "auto":
         parts.append(f"--route-ahead-proxy {args.route_ahead_proxy}")
+    if getattr(args, "route_ahead_gate", "precision") != "precision":
+        parts.append(f"--route-ahead-gate {args.route_ahead_gate}")
     for name, default in SERVING_DEFAULTS.items():
         value = getattr(args, name, default)
         if value != default:

@@ -89,6 +89,9 @@ HOST_EXPERTS = ("off", "auto")
 #: (:class:`~pdflash.engine.pd_controller.PDController`): ``controller`` (its
 #: host gate and must-earn probes) or ``always`` (on, never probed nor gated)
 HOST_CONTROLS = ("controller", "always")
+#: :attr:`EngineConfig.route_ahead_gate`'s choices: ``precision`` (the PD
+#: controller's route-ahead gate on its batch precision) or ``off``
+ROUTE_AHEAD_GATES = ("precision", "off")
 CUDA_GRAPHS = ("off", "auto", "piecewise")
 #: :attr:`EngineConfig.route_ahead_horizon`'s choices: predict for the rows
 #: the acceptance horizon keeps, or for every row the verify routes
@@ -209,6 +212,12 @@ class EngineConfig:
             the controller the service runs in every step either way.
             ``always`` needs ``host_experts`` ``auto`` (ValueError otherwise).
             Opt-in (README, "Hybrid miss service", has its measurements).
+        route_ahead_gate: with the PD controller on (``parts_controller``)
+            and route-ahead on, ``precision`` (default: route-ahead runs by
+            default only while its batch precision is at least
+            :data:`~pdflash.engine.pd_controller.ROUTE_AHEAD_GATE_PRECISION`;
+            below it, it is switched off and must earn its place by its
+            probes) or ``off`` (route-ahead judged as PD's other parts).
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
@@ -261,6 +270,7 @@ class EngineConfig:
     full_cache: str = "auto"
     host_experts: str = "off"
     host_control: str = "controller"
+    route_ahead_gate: str = "precision"
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
     verify_width: str = "full"
@@ -308,6 +318,11 @@ class EngineConfig:
             raise ValueError(
                 "host_control 'always' needs host_experts 'auto' (with host_experts off there "
                 "is no host part to run)"
+            )
+        if self.route_ahead_gate not in ROUTE_AHEAD_GATES:
+            raise ValueError(
+                f"route_ahead_gate must be one of {ROUTE_AHEAD_GATES}, "
+                f"got {self.route_ahead_gate!r}"
             )
         if self.full_cache not in FULL_CACHE:
             raise ValueError(f"full_cache must be one of {FULL_CACHE}, got {self.full_cache!r}")

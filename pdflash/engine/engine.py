@@ -349,6 +349,12 @@ class Engine:
             horizon if config.route_ahead and config.route_ahead_horizon == "acceptance" else None
         )
         self.predict_s = 0.0
+        #: route-ahead's batch books over the verify forwards: the (layer,
+        #: expert) pairs the batch's predictions named (union over its
+        #: requests) and how many of them the verify routed (the PD
+        #: controller's route-ahead gate reads each step's deltas)
+        self.route_ahead_predicted_n = 0
+        self.route_ahead_hit_n = 0
         self.acceptance: AcceptanceModel = acceptance or ModelAcceptance()
         self.expert_cache = expert_cache
         self.route_stats = route_stats
@@ -467,7 +473,11 @@ class Engine:
         # ---- PD controller hook (pdflash.engine.pd_controller) ----
         if controller is None and config.parts_controller:
             controller = pd_controller.PDController(
-                host_gate=pd_controller.HOST_GATE_EXPOSED, host_control=config.host_control
+                host_gate=pd_controller.HOST_GATE_EXPOSED,
+                host_control=config.host_control,
+                route_ahead_gate=pd_controller.ROUTE_AHEAD_GATE_PRECISION
+                if config.route_ahead_gate == "precision"
+                else None,
             )
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
         # ---- verify width hook (pdflash.engine.verify_width) ----
@@ -677,6 +687,8 @@ class Engine:
             self.verify_forwards = 0
             self.steps = 0
             self.predict_s = 0.0
+            self.route_ahead_predicted_n = 0
+            self.route_ahead_hit_n = 0
             self.prefetch.reset_stats()
             for books in (self.acceptance, self.routing, self.expert_cache):
                 reset = getattr(books, "reset_stats", None)
@@ -1257,12 +1269,16 @@ class Engine:
             tuple((o.start, grant) for o, (_, grant) in zip(result.outcomes, batch, strict=True))
         )
         self.prefetch.observe_routing(result.routed_union)
-        if self.route_stats is not None and self.config.route_ahead:
+        if self.config.route_ahead:
             predicted = np.zeros_like(out.routed)
             for i, (req, _) in enumerate(batch):
                 if req.predicted is not None and req.predicted.size:
                     predicted[i].reshape(-1)[req.predicted] = True
-            self.route_stats.update(predicted, out.routed, resident_before)
+            named = predicted.any(axis=0)
+            self.route_ahead_predicted_n += int(named.sum())
+            self.route_ahead_hit_n += int((named & out.routed.any(axis=0)).sum())
+            if self.route_stats is not None:
+                self.route_stats.update(predicted, out.routed, resident_before)
         if self.predictor is not None:
             for i, (req, _) in enumerate(batch):
                 self.predictor.observe(req.request_id, out.routed[i])

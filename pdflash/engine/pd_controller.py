@@ -203,6 +203,31 @@ probes, and at every measured step of a hold) and switches the part on
 where their median is at or above the gate; a must-earn probe's verdict
 ends the watch (the part is then judged by its probes, as above).
 
+**The route-ahead gate** (``route_ahead_gate``; the engine's controller
+sets :data:`ROUTE_AHEAD_GATE_PRECISION` unless
+:attr:`~pdflash.engine.config.EngineConfig.route_ahead_gate` is ``off``):
+route-ahead pays only where its copies are mostly right. A predicted copy
+the verify routes saves at most one copy's wait; one it does not route
+costs one copy's link time and the slot it takes. Each step reports the
+(layer, expert) pairs its batch's predictions named (the union over its
+requests) and how many of them the verify routed
+(``route_ahead_predicted``, ``route_ahead_hits``); the controller keeps the
+latest :data:`ROUTE_AHEAD_GATE_WINDOW` steps that had predictions, and their
+**batch precision** is hits over named. Its probes cannot see route-ahead's
+cost where one request runs (per-pair noise several times the effect),
+which the precision shows from the first steps.
+
+Once ``route_ahead_gate_steps`` steps with predictions ran (or, with none,
+twice that many measured steps), the gate's **first decision**: precision
+below the gate switches route-ahead off (and the stream with it), and the
+first round skips its probe; at or above, it stays on. The first round of
+probes waits for this decision. From then on, route-ahead **must earn** its
+place (the host part's rule, above) while it is off by the gate or by a
+must-earn verdict, and while the window's precision is below the gate;
+otherwise it is judged as a default-on part. A must-earn probe's on-arm
+steps refill the window. ``summary()`` gives the window's precision
+(``route_ahead_precision``) and ``settings`` the gate.
+
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
 ``controller`` (default) judges the host part as above; ``always`` runs it
@@ -270,6 +295,21 @@ HOST_GATE_WINDOW = 8
 #: switch the host on, while a link-bound run still gets it from its third
 #: measured step
 HOST_GATE_FIRST_STEPS = 2
+
+#: the route-ahead gate the engine's PD controller uses (:class:`PDController`'s
+#: ``route_ahead_gate``, module docstring): the least batch precision of
+#: route-ahead's predictions (the share of the experts they named that the
+#: verify routed) for route-ahead to run by default; below it, it must earn
+#: its place. A right copy saves at most one copy's wait and a wrong one
+#: costs one copy's link time and a slot, so below one half the copies cost
+#: more than they save (bench/results/h100/session39-2026-12-05/).
+ROUTE_AHEAD_GATE_PRECISION = 0.5
+
+#: steps with route-ahead's predictions the gate's first decision needs
+ROUTE_AHEAD_GATE_STEPS = 4
+
+#: the latest steps with predictions whose batch precision the gate reads
+ROUTE_AHEAD_GATE_WINDOW = 8
 
 #: every switchable part, in probe order
 ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
@@ -351,6 +391,10 @@ class StepMeasurement:
         bytes_in: expert bytes copied in (None: the cache does not count).
         prefetch_bytes_in: of which prefetched (None: not counted).
         prefetch_wasted_bytes: prefetched bytes evicted unused (None: not counted).
+        route_ahead_predicted: (layer, expert) pairs the verify batch's
+            route-ahead predictions named, union over its requests (0: no
+            prediction this step).
+        route_ahead_hits: of those, the pairs the verify routed.
     """
 
     wall_s: float
@@ -364,15 +408,27 @@ class StepMeasurement:
     bytes_in: int | None = None
     prefetch_bytes_in: int | None = None
     prefetch_wasted_bytes: int | None = None
+    route_ahead_predicted: int = 0
+    route_ahead_hits: int = 0
 
     def __post_init__(self) -> None:
         if not self.wall_s >= 0.0:
             raise ValueError(f"wall_s must be >= 0, got {self.wall_s}")
-        for name in ("committed_tokens", "verified_tokens"):
+        for name in (
+            "committed_tokens",
+            "verified_tokens",
+            "route_ahead_predicted",
+            "route_ahead_hits",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.admitted < 0:
             raise ValueError(f"admitted must be >= 0, got {self.admitted}")
+        if self.route_ahead_hits > self.route_ahead_predicted:
+            raise ValueError(
+                f"route_ahead_hits ({self.route_ahead_hits}) must be <= "
+                f"route_ahead_predicted ({self.route_ahead_predicted})"
+            )
         e = self.expected_committed_tokens
         if e is not None and not (math.isfinite(e) and e >= 0.0):
             raise ValueError(f"expected_committed_tokens must be finite and >= 0, got {e}")
@@ -701,6 +757,12 @@ class PDController:
             probes judge the host part) or ``always`` (the host part runs in
             every step where the engine has it, whatever ``initial`` and
             ``host_gate`` say, and is never probed; module docstring).
+        route_ahead_gate: the route-ahead gate (module docstring): the
+            least batch precision of route-ahead's predictions for it to run
+            by default; below it route-ahead must earn its place. None
+            (default): no gate.
+        route_ahead_gate_steps: steps with predictions the gate's first
+            decision needs; at most :data:`ROUTE_AHEAD_GATE_WINDOW`.
     """
 
     name = "paired-steps"
@@ -726,6 +788,8 @@ class PDController:
         host_gate: float | None = None,
         host_gate_steps: int = HOST_GATE_FIRST_STEPS,
         host_control: str = "controller",
+        route_ahead_gate: float | None = None,
+        route_ahead_gate_steps: int = ROUTE_AHEAD_GATE_STEPS,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -737,6 +801,7 @@ class PDController:
             ("settle", settle, 0),
             ("keep_decisions", keep_decisions, 0),
             ("host_gate_steps", host_gate_steps, 1),
+            ("route_ahead_gate_steps", route_ahead_gate_steps, 1),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -759,6 +824,13 @@ class PDController:
         if host_gate_steps > HOST_GATE_WINDOW:
             raise ValueError(
                 f"host_gate_steps must be <= {HOST_GATE_WINDOW} (the window), got {host_gate_steps}"
+            )
+        if route_ahead_gate is not None and not 0.0 < route_ahead_gate <= 1.0:
+            raise ValueError(f"route_ahead_gate must be in (0, 1] or None, got {route_ahead_gate}")
+        if route_ahead_gate_steps > ROUTE_AHEAD_GATE_WINDOW:
+            raise ValueError(
+                f"route_ahead_gate_steps must be <= {ROUTE_AHEAD_GATE_WINDOW} (the window), "
+                f"got {route_ahead_gate_steps}"
             )
         check_host_control(host_control)
         self.host_control = host_control
@@ -787,6 +859,8 @@ class PDController:
         self.rate_of = rate_of
         self.host_gate = None if host_gate is None else float(host_gate)
         self.host_gate_steps = host_gate_steps
+        self.route_ahead_gate = None if route_ahead_gate is None else float(route_ahead_gate)
+        self.route_ahead_gate_steps = route_ahead_gate_steps
         self._initial = initial
         self._available = ALL_ON
         self._fresh_state()
@@ -804,6 +878,19 @@ class PDController:
         #: the host part is off by the gate's reading (not by a must-earn
         #: probe): the gate re-reads its window outside probes
         self._gate_watch = False
+        #: (named, routed) of the latest steps with route-ahead's predictions
+        self._ra_window: deque[tuple[int, int]] = deque(maxlen=ROUTE_AHEAD_GATE_WINDOW)
+        #: the route-ahead gate's first decision is still to be made (bind)
+        self._ra_gate_first = False
+        #: measured steps the first decision has waited
+        self._ra_waited = 0
+        #: route-ahead is off by the gate or a must-earn verdict: it must earn
+        #: its way back on
+        self._ra_gated = False
+        #: the first round skips route-ahead (the gate's first decision judged it)
+        self._skip_ra_turn = False
+        #: the stance the probe under way judges its part by
+        self._probe_stance = "default_on"
         self._parts = self._initial if self._initial is not None else ALL_ON
         self._books = _Books()
         self._probing = False
@@ -871,6 +958,12 @@ class PDController:
         )
         self._skip_host_turn = False
         self._gate_watch = False
+        self._ra_gate_first = (
+            self.route_ahead_gate is not None and available.route_ahead and self._parts.route_ahead
+        )
+        self._ra_waited = 0
+        self._ra_gated = False
+        self._skip_ra_turn = False
 
     def reset_stats(self) -> None:
         self._books.reset()
@@ -885,6 +978,8 @@ class PDController:
         out["gate_window"] = (
             [round(x, 4) for x in self._exposed_off] if self.host_gate is not None else None
         )
+        ra = self._ra_precision()
+        out["route_ahead_precision"] = None if ra is None else round(ra, 4)
         out["settings"] = {
             "margin": self.margin,
             "alpha": self.alpha,
@@ -903,13 +998,16 @@ class PDController:
             "host_gate": self.host_gate,
             "host_gate_steps": self.host_gate_steps,
             "host_control": self.host_control,
+            "route_ahead_gate": self.route_ahead_gate,
+            "route_ahead_gate_steps": self.route_ahead_gate_steps,
         }
         return out
 
-    def alpha_per_look(self, part: str) -> float:
-        """The level of each (look, rule) test of a probe of ``part`` (a
-        must-earn part: of each early look's test, either direction)."""
-        if self.stances[part] == "must_earn":
+    def alpha_per_look(self, part: str, stance: str | None = None) -> float:
+        """The level of each (look, rule) test of a probe of ``part`` judged
+        by ``stance`` (None: its configured stance; a must-earn part: of
+        each early look's test, either direction)."""
+        if (stance or self.stances[part]) == "must_earn":
             return self.alpha / len(self.earn_looks)
         rules = 2 if part in COST_BENEFIT_PARTS else 1
         return self.alpha / (rules * len(self.looks))
@@ -917,6 +1015,10 @@ class PDController:
     def observe(self, m: StepMeasurement) -> PartsState:
         self._books.count(self._parts)
         self._books.add_times(m)
+        if m.route_ahead_predicted > 0:
+            # precision is the predictions' and the routing's, not the
+            # step's timing: every step with predictions reads it
+            self._ra_window.append((m.route_ahead_predicted, m.route_ahead_hits))
         if self._probing:
             self._round_steps += 1
             self._probe_b_steps += int(self._parts != self._base)
@@ -932,9 +1034,11 @@ class PDController:
                 self._gate_first_decision()
             else:
                 self._gate_reread()
+            if self._ra_gate_first:
+                self._ra_gate_first_decision()
             self._countdown -= 1
-            # the first round waits for the gate's first decision
-            if self._countdown <= 0 and not self._gate_first:
+            # the first round waits for the gates' first decisions
+            if self._countdown <= 0 and not self._gate_first and not self._ra_gate_first:
                 self._start_round()
             return self._parts
         if self._half is None:
@@ -1011,8 +1115,12 @@ class PDController:
             part = self._queue.pop(0)
             if part == HOST_PART and (self._host_turn_skipped() or self._gated()):
                 continue
+            if part == "route_ahead" and self._skip_ra_turn:
+                self._skip_ra_turn = False
+                continue
             if part in self._probeable():
                 self._part = part
+                self._probe_stance = self._stance_of(part)
                 self._probing = True
                 self._base = self._parts
                 self._pairs = []
@@ -1104,6 +1212,65 @@ class PDController:
             )
         )
 
+    def _ra_precision(self) -> float | None:
+        """The route-ahead gate's window: its steps' batch precision (None:
+        no step with predictions)."""
+        named = sum(n for n, _ in self._ra_window)
+        return sum(h for _, h in self._ra_window) / named if named else None
+
+    def _ra_window_text(self) -> str:
+        precision = self._ra_precision()
+        gate = self.route_ahead_gate
+        if precision is None:
+            return f"no step with route-ahead's predictions; gate {gate}"
+        return (
+            f"batch precision of route-ahead's predictions {precision:.3g} over the latest "
+            f"{len(self._ra_window)} steps with predictions; gate {gate}"
+        )
+
+    def _stance_of(self, part: str) -> str:
+        """The stance a probe of ``part`` starting now judges it by: its
+        configured one, except route-ahead under the gate (module
+        docstring), which must earn its place while it is off by the gate
+        or a must-earn verdict, or while its window's precision is below
+        the gate."""
+        gate = self.route_ahead_gate
+        if part == "route_ahead" and gate is not None:
+            precision = self._ra_precision()
+            if self._ra_gated or (precision is not None and precision < gate):
+                return "must_earn"
+        return self.stances[part]
+
+    def _ra_gate_first_decision(self) -> None:
+        """The route-ahead gate's first decision (module docstring)."""
+        self._ra_waited += 1
+        need = self.route_ahead_gate_steps
+        if len(self._ra_window) < need and self._ra_waited < 2 * need:
+            return
+        self._ra_gate_first = False
+        gate = self.route_ahead_gate
+        assert gate is not None
+        precision = self._ra_precision()
+        step = self._books.steps
+        nums = self._ra_window_text()
+        if precision is None or precision >= gate:
+            self._log(Decision(step, "route_ahead", True, False, f"kept on (gate): {nums}"))
+            return
+        self._ra_gated = True
+        self._skip_ra_turn = True
+        self._books.switches += 1
+        self._set(self._parts.with_part("route_ahead", False))
+        self._log(
+            Decision(
+                step,
+                "route_ahead",
+                False,
+                True,
+                f"switched off (gated: its copies mostly unrouted; it must earn its way "
+                f"back from the next round): {nums}",
+            )
+        )
+
     def _host_turn_skipped(self) -> bool:
         """True where the host part's turn in this round is skipped (the
         first round, after the gate's first decision)."""
@@ -1172,7 +1339,7 @@ class PDController:
 
     def _look_now(self) -> bool:
         assert self._part is not None
-        looks = self.earn_looks if self.stances[self._part] == "must_earn" else self.looks
+        looks = self.earn_looks if self._probe_stance == "must_earn" else self.looks
         return len(self._pairs) in looks
 
     def _flip_gains(self) -> list[float]:
@@ -1193,7 +1360,7 @@ class PDController:
         # the part's gain: with it over without it, whichever arm it is
         gains = flip if not now else [-g for g in flip]
         gain = paired_test(gains) if len(gains) >= 2 else None
-        early = self.alpha_per_look(part)
+        early = self.alpha_per_look(part, "must_earn")
         last = len(self._pairs) >= self.max_pairs
         verdict = must_earn_verdict(gain, last=last, early_level=early, earn_level=self.earn_level)
         if verdict is None:
@@ -1205,8 +1372,13 @@ class PDController:
             f"by the last look (n {self.max_pairs}), or either way at p < {early:.3g} "
             f"before (alpha {self.alpha:.3g} over {len(self.earn_looks)} looks)"
         )
+        if self._probe_stance != self.stances[part]:
+            nums += f"; must earn by the route-ahead gate: {self._ra_window_text()}"
         step = self._books.steps
-        self._gate_watch = False  # the part's own probe judged it
+        if part == HOST_PART:
+            self._gate_watch = False  # the part's own probe judged it
+        elif part == "route_ahead":
+            self._ra_gated = not verdict  # off: it must earn its way back
         if verdict == now:
             kept = "kept on (pays)" if now else "kept off (not shown to pay)"
             self._log(Decision(step, part, now, False, f"{kept}: {nums}"))
@@ -1235,9 +1407,9 @@ class PDController:
         part = self._part
         assert part is not None
         now = self._base.on(part)
-        if self.stances[part] == "must_earn":
+        if self._probe_stance == "must_earn":
             return self._judge_must_earn(part, now)
-        a_level = self.alpha_per_look(part)
+        a_level = self.alpha_per_look(part, self._probe_stance)
         gains = self._flip_gains()
         if len(gains) < 2:
             return self._end_if_last(part, now, "too few pairs with tokens to compare", False)
@@ -1362,6 +1534,8 @@ class _Marks:
 
     t0: float = 0.0
     predict_s: float = 0.0
+    route_ahead_predicted: int = 0
+    route_ahead_hits: int = 0
     stage_s: dict[str, float] = field(default_factory=dict)
     stall_s: float = 0.0
     sched_n: int = 0
@@ -1461,6 +1635,8 @@ def before_step(parts: EngineParts) -> None:
     parts.marks = _Marks(
         t0=eng.clock(),
         predict_s=eng.predict_s,
+        route_ahead_predicted=eng.route_ahead_predicted_n,
+        route_ahead_hits=eng.route_ahead_hit_n,
         stage_s=dict(eng.prefetch.stage_s),
         stall_s=eng.timer.stall_s_ready(),
         sched_n=len(eng.scheduler_us),
@@ -1529,6 +1705,8 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
         prefetch_wasted_bytes=_delta(
             _cache_counter(cache, "prefetch_bytes_evicted_unused"), mk.prefetch_wasted
         ),
+        route_ahead_predicted=eng.route_ahead_predicted_n - mk.route_ahead_predicted,
+        route_ahead_hits=eng.route_ahead_hit_n - mk.route_ahead_hits,
     )
 
 

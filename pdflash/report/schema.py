@@ -576,6 +576,29 @@ def _spec_runs_router_pass(spec: Mapping[str, Any]) -> bool:
     return _spec_runs_route_ahead(spec) and spec.get("route_ahead_source", "union") == "union"
 
 
+def _spec_gates_route_ahead(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run has PD's controller over route-ahead, which
+    alone reads ``route_ahead_gate``: a label with the controller and
+    route-ahead, not a full cache, on one GPU (expert-parallel ranks run
+    PD's parts fixed)."""
+    return (
+        spec.get("baseline") in CONTROLLER_LABELS
+        and _spec_runs_route_ahead(spec)
+        and (spec.get("gpus") or 1) <= 1
+    )
+
+
+def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
+    """A row's route-ahead gate as its controller ran it: ``off`` where the
+    row's PD controller recorded its settings without a gate (recorded
+    before the gate existed, or run with it off)."""
+    parts = row.get("pd_parts")
+    settings = parts.get("settings") if isinstance(parts, Mapping) else None
+    if isinstance(settings, Mapping) and settings.get("route_ahead_gate") is None:
+        return "off"
+    return value
+
+
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's controller warm-up as its run runs it: a label without the
     controller (:data:`CONTROLLER_LABELS`), a full cache that runs none of
@@ -706,6 +729,15 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         "acceptance",
         _recorded("route_ahead_horizon"),
         read_where=_spec_runs_route_ahead,
+    ),
+    # pdflash.engine.config.EngineConfig.route_ahead_gate (a test keeps the
+    # defaults equal); rows whose controller ran without it read "off"
+    RunSetting(
+        "route_ahead_gate",
+        "precision",
+        _recorded("route_ahead_gate"),
+        refine=_refine_route_ahead_gate,
+        read_where=_spec_gates_route_ahead,
     ),
     # the SDPA backends a run's attention may use (None: the process's
     # PDFLASH_SDPA_BACKENDS, as before the setting); one spelling per set

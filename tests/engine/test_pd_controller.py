@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from pdflash.engine.pd_controller import (
     ALL_ON,
     PARTS,
+    ROUTE_AHEAD_GATE_PRECISION,
     FixedParts,
     PartsPolicy,
     PartsState,
@@ -774,7 +775,9 @@ def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]
     return tmp, greedy_cases(tmp / "target", (3, 9, 6, 5), 14, seed=1)
 
 
-def _engine(tmp: Any, baseline: str, controller: PartsPolicy | None) -> tuple[Any, Any]:
+def _engine(
+    tmp: Any, baseline: str, controller: PartsPolicy | None, **changes: Any
+) -> tuple[Any, Any]:
     from pdflash.engine.batching import DeficitBatcher, ShadowComparison
     from pdflash.engine.config import EngineConfig
     from pdflash.engine.drafter import load_drafter
@@ -804,7 +807,7 @@ def _engine(tmp: Any, baseline: str, controller: PartsPolicy | None) -> tuple[An
     )
     eng = Engine(
         adapter,
-        config.replace(byte_budget=3 * cache.expert_nbytes),
+        config.replace(byte_budget=3 * cache.expert_nbytes, **changes),
         drafter=load_drafter(tmp / "drafter"),
         batcher=batcher,
         predictor=predictor,
@@ -973,3 +976,53 @@ def test_configured_is_the_decided_configuration_while_a_probe_flips_a_part() ->
         ctl.observe(plant.step(ctl.parts))
     assert flipped, "no probe ran"
     assert switches(ctl) == []
+
+
+class _Recording(FixedParts):
+    """Every part on but the 2-D scheduler (the token-only one batches
+    several requests a step), every measurement kept."""
+
+    def __init__(self) -> None:
+        super().__init__(PartsState(scheduler_2d=False))
+        self.measured: list[StepMeasurement] = []
+
+    def observe(self, m: StepMeasurement) -> PartsState:
+        self.measured.append(m)
+        return super().observe(m)
+
+
+def test_steps_report_route_aheads_batch_books_as_the_route_ahead_stats_count_them(
+    offloaded: tuple[Any, list[Any]],
+) -> None:
+    """Differential: each step's named/routed route-ahead pairs (the gate's
+    reading) add up to the batch scope of the route-ahead stats' own
+    accumulator over the same verifies."""
+    from pdflash.routeahead import RouteAheadStats
+
+    tmp, cases = offloaded
+    policy = _Recording()
+    eng, _ = _engine(tmp, "PD", policy)
+    eng.route_stats = RouteAheadStats.for_adapter(eng.adapter)
+    for prompt, _ in cases:
+        eng.add_request(prompt, max_new_tokens=14)
+    eng.run_until_done(max_steps=400)
+    batch = eng.route_stats.snapshot().batch
+    named = sum(m.route_ahead_predicted for m in policy.measured)
+    hits = sum(m.route_ahead_hits for m in policy.measured)
+    assert named == batch.predicted > 0 and hits == batch.hits > 0
+    assert (named, hits) == (eng.route_ahead_predicted_n, eng.route_ahead_hit_n)
+    # batches of several requests name fewer pairs than their requests' sum
+    assert batch.predicted < eng.route_stats.snapshot().request.predicted
+
+
+@pytest.mark.parametrize(
+    ("setting", "gate"), [("precision", ROUTE_AHEAD_GATE_PRECISION), ("off", None)]
+)
+def test_the_engines_controller_gates_route_ahead_as_configured(
+    setting: str, gate: float | None, offloaded: tuple[Any, list[Any]]
+) -> None:
+    tmp, _ = offloaded
+    eng, _ = _engine(tmp, "PD", None, route_ahead_gate=setting)
+    assert isinstance(eng.parts.policy, PDController)
+    assert eng.parts.policy.route_ahead_gate == gate
+    assert eng.parts.policy.summary()["settings"]["route_ahead_gate"] == gate

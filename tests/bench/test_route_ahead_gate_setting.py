@@ -1,0 +1,107 @@
+"""PD's route-ahead gate (``route_ahead_gate``) as a run setting: a RunSpec
+field with the engine's default, checked, reaching the engine configuration,
+keyed by the report only where PD's controller runs route-ahead, read as
+``off`` for rows whose controller ran without it, recorded by runs, and
+settable on the matrix command and an issue-16 arm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench_fixtures import check_a_matrix_option_keys_its_runs, check_an_issue16_arm_sets
+from pdflash.bench.engine_run import RunSpec, run_spec
+
+from pdflash.engine.config import ROUTE_AHEAD_GATES, EngineConfig
+from pdflash.engine.pd_controller import ROUTE_AHEAD_GATE_PRECISION
+from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings
+
+(SETTING,) = [s for s in RUN_SETTINGS if s.name == "route_ahead_gate"]
+
+
+def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
+    assert ROUTE_AHEAD_GATES == ("precision", "off")
+    assert SETTING.default == EngineConfig().route_ahead_gate == "precision"
+    assert RunSpec(arch="tiny", baseline="PD").route_ahead_gate == "precision"
+    spec = RunSpec(arch="tiny", baseline="PD", route_ahead_gate="off")
+    spec.validate()
+    assert spec.engine_config().route_ahead_gate == "off"
+    with pytest.raises(ValueError, match="route_ahead_gate"):
+        EngineConfig(route_ahead_gate="on")
+    with pytest.raises(ValueError, match="route_ahead_gate"):
+        RunSpec(arch="tiny", baseline="PD", route_ahead_gate="on").validate()
+
+
+def test_specs_are_keyed_by_it_where_the_controller_runs_route_ahead() -> None:
+    base = {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2}
+    assert spec_settings(base) == spec_settings({**base, "route_ahead_gate": "precision"})
+    assert spec_settings(base) != spec_settings({**base, "route_ahead_gate": "off"})
+    for label in ("PD+host", "PD-full-width"):
+        spec = {**base, "baseline": label}
+        assert spec_settings(spec) != spec_settings({**spec, "route_ahead_gate": "off"})
+    for other in (
+        {"baseline": "B1"},  # no route-ahead
+        {"baseline": "PD-all-on"},  # no controller
+        {"baseline": "PD-no-route-ahead"},
+        {"cache_fraction": 1.0},  # a full cache runs no controller
+        {"gpus": 2},  # ranks run PD's parts fixed
+    ):
+        spec = {**base, **other}
+        assert spec_settings(spec) == spec_settings({**spec, "route_ahead_gate": "off"})
+
+
+def _pd_row(**fields: Any) -> dict[str, Any]:
+    return {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2, **fields}
+
+
+def test_rows_read_the_gate_their_controller_ran() -> None:
+    gated = {"settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION}}
+    ungated = {"settings": {"route_ahead_gate": None}}
+    before = {"settings": {"margin": 0.05}}  # recorded before the gate existed
+    assert SETTING.of_row(_pd_row(route_ahead_gate="precision", pd_parts=gated)) == "precision"
+    assert SETTING.of_row(_pd_row(route_ahead_gate="off", pd_parts=ungated)) == "off"
+    assert SETTING.of_row(_pd_row(pd_parts=before)) == "off"
+    spec_row = _pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=before)
+    assert SETTING.of_row(spec_row) == "off"
+    # a row that records no controller reads as its spec or the default
+    assert SETTING.of_row(_pd_row()) == "precision"
+    assert row_key(_pd_row(pd_parts=before)) != row_key(_pd_row(pd_parts=gated))
+    assert row_key(_pd_row(pd_parts=gated)) == row_key(_pd_row())
+
+
+def test_a_run_records_it() -> None:
+    base: dict[str, Any] = dict(
+        arch="tiny",
+        device="cpu",
+        concurrency=1,
+        cache_fraction=0.25,
+        num_requests=2,
+        prompt_len=8,
+        max_new_tokens=8,
+    )
+    pd = run_spec(RunSpec(baseline="PD", **base)).row
+    assert pd["route_ahead_gate"] == "precision"
+    assert pd["pd_parts"]["settings"]["route_ahead_gate"] == ROUTE_AHEAD_GATE_PRECISION
+    assert SETTING.of_row(pd) == "precision"
+    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **base)).row
+    assert (
+        off["route_ahead_gate"] == "off" and off["pd_parts"]["settings"]["route_ahead_gate"] is None
+    )
+    assert SETTING.of_row(off) == "off"
+    b1 = run_spec(RunSpec(baseline="B1", **base)).row
+    assert b1["route_ahead_gate"] is None and SETTING.of_row(b1) == "precision"
+
+
+def test_an_issue16_arm_sets_it() -> None:
+    check_an_issue16_arm_sets("route_ahead_gate", "off", "off")
+
+
+def test_the_matrix_option_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
+    argv = [
+        *("matrix", "--arch", "tiny", "--baselines", "PD"),
+        *("--concurrency", "1", "--cache-fraction", "0.2"),
+    ]
+    check_a_matrix_option_keys_its_runs(
+        argv, "--route-ahead-gate", "off", "route_ahead_gate", tmp_path / "o"
+    )

@@ -1,0 +1,187 @@
+"""The PD controller's route-ahead gate (``route_ahead_gate``): route-ahead
+whose predictions are mostly unrouted (batch precision below the gate) is
+switched off by the gate's first decision, a few steps in, and must earn its
+way back by must-earn probes; where its precision is at or above the gate it
+is judged as before (default on). Simulated steps: the step's wall depends
+on whether route-ahead runs (``ra_factor``), with multiplicative noise, and
+route-ahead's steps report the named/routed counts of a precision."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pdflash.engine.pd_controller import (
+    ROUTE_AHEAD_GATE_PRECISION,
+    ROUTE_AHEAD_GATE_STEPS,
+    ROUTE_AHEAD_GATE_WINDOW,
+    PartsState,
+    PDController,
+    StepMeasurement,
+)
+
+NAMED = 200  # (layer, expert) pairs a step's predictions name
+
+
+def _step(
+    parts: PartsState, rng: np.random.Generator, *, precision: float, ra_factor: float
+) -> StepMeasurement:
+    wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, 0.02)))
+    named = NAMED if parts.route_ahead else 0
+    return StepMeasurement(
+        wall_s=wall,
+        committed_tokens=4,
+        verified_tokens=4,
+        route_ahead_predicted=named,
+        route_ahead_hits=round(precision * named),
+    )
+
+
+def simulate(
+    ctl: PDController, *, precision: float, ra_factor: float, steps: int, seed: int = 0
+) -> list[bool]:
+    """Run ``steps`` steps; returns route-ahead's state per step."""
+    ctl.bind(PartsState())
+    rng = np.random.default_rng(seed)
+    states = []
+    for _ in range(steps):
+        parts = ctl.parts
+        states.append(parts.route_ahead)
+        ctl.observe(_step(parts, rng, precision=precision, ra_factor=ra_factor))
+    return states
+
+
+def _ra_decisions(ctl: PDController) -> list[dict[str, object]]:
+    return [d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead"]
+
+
+def _gated() -> PDController:
+    return PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION)
+
+
+def test_the_gates_constants_and_arguments_are_checked() -> None:
+    assert 0.0 < ROUTE_AHEAD_GATE_PRECISION <= 1.0
+    assert 1 <= ROUTE_AHEAD_GATE_STEPS <= ROUTE_AHEAD_GATE_WINDOW
+    for bad in (0.0, -0.1, 1.5):
+        with pytest.raises(ValueError, match="route_ahead_gate"):
+            PDController(route_ahead_gate=bad)
+    with pytest.raises(ValueError, match="route_ahead_gate_steps"):
+        PDController(route_ahead_gate=0.5, route_ahead_gate_steps=ROUTE_AHEAD_GATE_WINDOW + 1)
+    with pytest.raises(ValueError, match="route_ahead_gate_steps"):
+        PDController(route_ahead_gate=0.5, route_ahead_gate_steps=0)
+    with pytest.raises(ValueError, match="route_ahead_hits"):
+        StepMeasurement(wall_s=0.1, committed_tokens=1, route_ahead_predicted=3, route_ahead_hits=4)
+    with pytest.raises(ValueError, match="route_ahead_predicted"):
+        StepMeasurement(wall_s=0.1, committed_tokens=1, route_ahead_predicted=-1)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_imprecise_route_ahead_is_switched_off_in_the_first_steps(seed: int) -> None:
+    """Precision 0.4 (below the gate) where route-ahead costs 8% a step: off
+    after the gate's first decision (its steps' readings), and the first
+    round does not probe it (nor the stream, which needs it)."""
+    ctl = _gated()
+    on = simulate(ctl, precision=0.4, ra_factor=1.08, steps=60, seed=seed)
+    first = _ra_decisions(ctl)[0]
+    assert first["switched"] and first["on"] is False
+    assert "gated" in str(first["why"]) and "0.4" in str(first["why"])
+    assert int(str(first["step"])) <= max(ctl.warmup, ROUTE_AHEAD_GATE_STEPS)
+    assert all(on[: ctl.warmup]) and not any(on[ROUTE_AHEAD_GATE_STEPS + 1 : 30])
+    summary = ctl.summary()
+    assert summary["route_ahead_precision"] == pytest.approx(0.4)
+    assert summary["settings"]["route_ahead_gate"] == ROUTE_AHEAD_GATE_PRECISION
+    # the first round probed the scheduler only
+    first_round = [d for d in summary["decisions"] if int(str(d["step"])) < 30]
+    assert {d["part"] for d in first_round} == {"route_ahead", "scheduler_2d"}
+
+
+def test_without_the_gate_route_ahead_runs_until_its_probe() -> None:
+    """The same steps, no gate: route-ahead runs through the first round's
+    earlier probes (the scheduler's, the stream's) until its own."""
+    ctl = PDController()
+    on = simulate(ctl, precision=0.4, ra_factor=1.08, steps=60)
+    assert all(on[:20])
+    assert ctl.summary()["settings"]["route_ahead_gate"] is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_precise_route_ahead_stays_on_and_is_probed_as_default_on(seed: int) -> None:
+    """Precision 0.7 (at or above the gate) where route-ahead pays 10%: the
+    gate keeps it on, its first-round probe judges it by the default-on
+    rules (both, Bonferroni over the looks), and it runs nearly every step."""
+    ctl = _gated()
+    on = simulate(ctl, precision=0.7, ra_factor=0.9, steps=120, seed=seed)
+    first, *later = _ra_decisions(ctl)
+    assert not first["switched"] and first["on"] is True and "kept on (gate)" in str(first["why"])
+    assert later and all(d["on"] is True for d in later)
+    assert all("need mean > margin" in str(d["why"]) for d in later)
+    assert sum(on) > 100
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gated_route_ahead_earns_its_way_back_where_it_pays(seed: int) -> None:
+    """Precision 0.45 but route-ahead makes the step 30% shorter: gated off
+    first, then its must-earn probe (a later round) shows the gain and
+    switches it on; later probes still judge it as must-earn (precision
+    below the gate) and keep it."""
+    ctl = _gated()
+    on = simulate(ctl, precision=0.45, ra_factor=0.7, steps=200, seed=seed)
+    first, *later = _ra_decisions(ctl)
+    assert first["switched"] and first["on"] is False
+    back = [d for d in later if d["switched"] and d["on"] is True]
+    assert back and "must earn by the route-ahead gate" in str(back[0]["why"])
+    assert "pays again" in str(back[0]["why"])
+    assert ctl.configured.route_ahead and sum(on[-60:]) > 50
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gated_route_ahead_that_costs_stays_off(seed: int) -> None:
+    """Precision 0.4, route-ahead makes the step 5% longer: gated off, and
+    its later must-earn probes keep it off (on only in their on-arm steps)."""
+    ctl = _gated()
+    on = simulate(ctl, precision=0.4, ra_factor=1.05, steps=200, seed=seed)
+    first, *later = _ra_decisions(ctl)
+    assert first["switched"] and first["on"] is False
+    assert later and all(d["on"] is False for d in later)
+    assert all("must earn" in str(d["why"]) for d in later)
+    assert sum(on) < 40
+
+
+def test_a_precision_that_falls_below_the_gate_makes_route_ahead_must_earn() -> None:
+    """Kept on by the first decision (0.7), then its predictions turn
+    imprecise (0.3) and it costs: its next probe judges it as must-earn and
+    switches it off."""
+    ctl = _gated()
+    simulate(ctl, precision=0.7, ra_factor=1.0, steps=40)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        ctl.observe(_step(ctl.parts, rng, precision=0.3, ra_factor=1.1))
+    offs = [d for d in _ra_decisions(ctl) if d["switched"] and d["on"] is False]
+    assert offs and "must earn by the route-ahead gate" in str(offs[0]["why"])
+    assert ctl.parts.route_ahead is False
+
+
+def test_no_predictions_do_not_hold_the_first_round_back() -> None:
+    """Route-ahead on but naming nothing: after twice the gate's steps the
+    first decision keeps it on (nothing read) and the first round starts."""
+    ctl = _gated()
+    ctl.bind(PartsState())
+    for _ in range(40):
+        ctl.observe(StepMeasurement(wall_s=0.05, committed_tokens=4, verified_tokens=4))
+    first = _ra_decisions(ctl)[0]
+    assert first["on"] is True and not first["switched"]
+    assert first["step"] == 2 * ROUTE_AHEAD_GATE_STEPS
+    assert "no step with route-ahead's predictions" in str(first["why"])
+    assert ctl.summary()["route_ahead_precision"] is None
+    # the first round ran: the scheduler's probe ended
+    assert any(d["part"] == "scheduler_2d" for d in ctl.summary()["decisions"])
+
+
+def test_restart_makes_the_first_decision_again() -> None:
+    ctl = _gated()
+    simulate(ctl, precision=0.3, ra_factor=1.0, steps=20)
+    assert ctl.parts.route_ahead is False
+    ctl.restart()
+    assert ctl.parts.route_ahead is True and ctl.summary()["route_ahead_precision"] is None
+    simulate(ctl, precision=0.9, ra_factor=1.0, steps=10)
+    assert ctl.parts.route_ahead is True
