@@ -311,7 +311,8 @@ class RunSpec:
     route_ahead_horizon: str = "acceptance"
     # whether PD's controller gates route-ahead on its batch precision
     # (pdflash.engine.config.EngineConfig.route_ahead_gate: "precision" or
-    # "off"); a run without the controller's route-ahead ignores it
+    # "off"); a run without the controller's route-ahead, or with a host
+    # service, ignores it
     route_ahead_gate: str = "precision"
     # "first_round": after the warm-up, workload bursts outside the clock
     # until PD's controller has ended its first round of probes (the state a
@@ -2273,12 +2274,14 @@ def _result(
         # who decided whether the host part ran (EngineConfig.host_control);
         # pd_parts' on_fraction says in how many steps it did
         "host_control": _built(engine).host_control,
-        # the controller's route-ahead gate (None: no controller over route-ahead)
+        # the controller's route-ahead gate (None: no controller over
+        # route-ahead, or a host service, where the gate does not act)
         "route_ahead_gate": (
             _built(engine).route_ahead_gate
             if engine.parts is not None
             and isinstance(engine.parts.policy, PDController)
             and engine.parts.available.route_ahead
+            and not engine.parts.available.host_experts
             else None
         ),
         "torch_intra_op_threads": torch.get_num_threads(),

@@ -212,8 +212,9 @@ class EngineConfig:
             the controller the service runs in every step either way.
             ``always`` needs ``host_experts`` ``auto`` (ValueError otherwise).
             Opt-in (README, "Hybrid miss service", has its measurements).
-        route_ahead_gate: with the PD controller on (``parts_controller``)
-            and route-ahead on, ``precision`` (default: route-ahead runs by
+        route_ahead_gate: with the PD controller on (``parts_controller``),
+            route-ahead on and no hybrid miss service (whose planner reads
+            route-ahead's predictions too), ``precision`` (default: route-ahead runs by
             default only while its batch precision is at least
             :data:`~pdflash.engine.pd_controller.ROUTE_AHEAD_GATE_PRECISION`;
             below it, it is switched off and must earn its place by its

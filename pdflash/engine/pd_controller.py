@@ -215,7 +215,10 @@ requests) and how many of them the verify routed
 latest :data:`ROUTE_AHEAD_GATE_WINDOW` steps that had predictions, and their
 **batch precision** is hits over named. Its probes cannot see route-ahead's
 cost where one request runs (per-pair noise several times the effect),
-which the precision shows from the first steps.
+which the precision shows from the first steps. Where the engine has a
+hybrid miss service (the host part) the gate does not act: the host
+planner plans the host's experts from route-ahead's predictions too, so
+their worth is not only their copies'.
 
 Once ``route_ahead_gate_steps`` steps with predictions ran (or, with none,
 twice that many measured steps), the gate's **first decision**: precision
@@ -760,7 +763,8 @@ class PDController:
         route_ahead_gate: the route-ahead gate (module docstring): the
             least batch precision of route-ahead's predictions for it to run
             by default; below it route-ahead must earn its place. None
-            (default): no gate.
+            (default): no gate. It does not act where the engine has a host
+            part.
         route_ahead_gate_steps: steps with predictions the gate's first
             decision needs; at most :data:`ROUTE_AHEAD_GATE_WINDOW`.
     """
@@ -891,6 +895,7 @@ class PDController:
         self._skip_ra_turn = False
         #: the stance the probe under way judges its part by
         self._probe_stance = "default_on"
+        self._ra_gate_on = False
         self._parts = self._initial if self._initial is not None else ALL_ON
         self._books = _Books()
         self._probing = False
@@ -958,9 +963,9 @@ class PDController:
         )
         self._skip_host_turn = False
         self._gate_watch = False
-        self._ra_gate_first = (
-            self.route_ahead_gate is not None and available.route_ahead and self._parts.route_ahead
-        )
+        #: the gate acts: set, and no host part reads the predictions too
+        self._ra_gate_on = self.route_ahead_gate is not None and not available.host_experts
+        self._ra_gate_first = self._ra_gate_on and available.route_ahead and self._parts.route_ahead
         self._ra_waited = 0
         self._ra_gated = False
         self._skip_ra_turn = False
@@ -1235,7 +1240,7 @@ class PDController:
         or a must-earn verdict, or while its window's precision is below
         the gate."""
         gate = self.route_ahead_gate
-        if part == "route_ahead" and gate is not None:
+        if part == "route_ahead" and gate is not None and self._ra_gate_on:
             precision = self._ra_precision()
             if self._ra_gated or (precision is not None and precision < gate):
                 return "must_earn"

@@ -577,21 +577,38 @@ def _spec_runs_router_pass(spec: Mapping[str, Any]) -> bool:
 
 
 def _spec_gates_route_ahead(spec: Mapping[str, Any]) -> bool:
-    """Whether a spec's run has PD's controller over route-ahead, which
-    alone reads ``route_ahead_gate``: a label with the controller and
-    route-ahead, not a full cache, on one GPU (expert-parallel ranks run
-    PD's parts fixed)."""
+    """Whether a spec's run has PD's route-ahead gate acting, which alone
+    reads ``route_ahead_gate``: a label with the controller and route-ahead,
+    not a full cache, on one GPU (expert-parallel ranks run PD's parts
+    fixed), without a hybrid miss service (whose planner reads the
+    predictions too: the gate does not act there)."""
+    hosted = spec.get("baseline") == "PD+host" or spec.get("host_experts", "off") != "off"
     return (
         spec.get("baseline") in CONTROLLER_LABELS
         and _spec_runs_route_ahead(spec)
         and (spec.get("gpus") or 1) <= 1
+        and not hosted
     )
 
 
 def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
     """A row's route-ahead gate as its controller ran it: ``off`` where the
-    row's PD controller recorded its settings without a gate (recorded
-    before the gate existed, or run with it off)."""
+    gate would act and the row's PD controller recorded its settings
+    without one (recorded before the gate existed, or run with it off)."""
+    spec = row.get("spec")
+    settings_of_run: Mapping[str, Any] = (
+        spec
+        if isinstance(spec, Mapping)
+        else {
+            "baseline": row.get("baseline"),
+            "cache_fraction": row.get("cache_fraction") or 0.0,
+            "full_cache": _recorded("full_cache", "setting")(row) or "auto",
+            "gpus": row.get("gpus"),
+            "host_experts": row.get("host_experts") or "off",
+        }
+    )
+    if not _spec_gates_route_ahead(settings_of_run):
+        return value
     parts = row.get("pd_parts")
     settings = parts.get("settings") if isinstance(parts, Mapping) else None
     if isinstance(settings, Mapping) and settings.get("route_ahead_gate") is None:

@@ -37,10 +37,11 @@ def test_specs_are_keyed_by_it_where_the_controller_runs_route_ahead() -> None:
     base = {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2}
     assert spec_settings(base) == spec_settings({**base, "route_ahead_gate": "precision"})
     assert spec_settings(base) != spec_settings({**base, "route_ahead_gate": "off"})
-    for label in ("PD+host", "PD-full-width"):
-        spec = {**base, "baseline": label}
-        assert spec_settings(spec) != spec_settings({**spec, "route_ahead_gate": "off"})
+    full_width = {**base, "baseline": "PD-full-width"}
+    assert spec_settings(full_width) != spec_settings({**full_width, "route_ahead_gate": "off"})
     for other in (
+        {"baseline": "PD+host"},  # the host planner reads the predictions: no gate
+        {"host_experts": "auto"},
         {"baseline": "B1"},  # no route-ahead
         {"baseline": "PD-all-on"},  # no controller
         {"baseline": "PD-no-route-ahead"},
@@ -66,6 +67,10 @@ def test_rows_read_the_gate_their_controller_ran() -> None:
     assert SETTING.of_row(spec_row) == "off"
     # a row that records no controller reads as its spec or the default
     assert SETTING.of_row(_pd_row()) == "precision"
+    # where the gate does not act (a host service) an old row is no "off" run
+    assert SETTING.of_row(_pd_row(baseline="PD+host", pd_parts=before)) == "precision"
+    hosted = _pd_row(host_experts="auto", pd_parts=before)
+    assert SETTING.of_row(hosted) == "precision"
     assert row_key(_pd_row(pd_parts=before)) != row_key(_pd_row(pd_parts=gated))
     assert row_key(_pd_row(pd_parts=gated)) == row_key(_pd_row())
 

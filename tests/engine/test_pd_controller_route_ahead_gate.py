@@ -185,3 +185,19 @@ def test_restart_makes_the_first_decision_again() -> None:
     assert ctl.parts.route_ahead is True and ctl.summary()["route_ahead_precision"] is None
     simulate(ctl, precision=0.9, ra_factor=1.0, steps=10)
     assert ctl.parts.route_ahead is True
+
+
+def test_the_gate_does_not_act_with_a_host_part() -> None:
+    """With a host part (whose planner reads route-ahead's predictions too)
+    imprecise route-ahead is not gated: no gate decision, and its probes
+    judge it as a default-on part."""
+    ctl = _gated()
+    ctl.bind(PartsState(host_experts=True))
+    rng = np.random.default_rng(0)
+    on = []
+    for _ in range(40):
+        on.append(ctl.parts.route_ahead)
+        ctl.observe(_step(ctl.parts, rng, precision=0.3, ra_factor=1.0))
+    assert all(on[:20])
+    assert not any("gate" in str(d["why"]) for d in _ra_decisions(ctl))
+    assert ctl.summary()["route_ahead_precision"] == pytest.approx(0.3)
