@@ -81,7 +81,7 @@ from pdflash.engine.drafter import (
 )
 from pdflash.engine.engine import Engine, fills_full_cache
 from pdflash.engine.fixed_step import FixedStepFeed, follow_step_time_fit
-from pdflash.engine.pd_controller import PDController
+from pdflash.engine.pd_controller import PDController, route_ahead_gate_applies
 from pdflash.engine.sampling import SamplingParams
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY
 from pdflash.hybrid.cost import HostCostModel
@@ -2280,8 +2280,7 @@ def _result(
             _built(engine).route_ahead_gate
             if engine.parts is not None
             and isinstance(engine.parts.policy, PDController)
-            and engine.parts.available.route_ahead
-            and not engine.parts.available.host_experts
+            and route_ahead_gate_applies(engine.parts.available)
             else None
         ),
         "torch_intra_op_threads": torch.get_num_threads(),

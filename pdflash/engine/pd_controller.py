@@ -372,6 +372,13 @@ class PartsState:
 ALL_ON = PartsState()
 
 
+def route_ahead_gate_applies(available: PartsState) -> bool:
+    """Whether the route-ahead gate can act on an engine with ``available``
+    parts (module docstring): it has route-ahead, and no host part, whose
+    planner reads route-ahead's predictions too."""
+    return available.route_ahead and not available.host_experts
+
+
 @dataclass(frozen=True)
 class StepMeasurement:
     """What one engine step cost and produced.
@@ -895,7 +902,6 @@ class PDController:
         self._skip_ra_turn = False
         #: the stance the probe under way judges its part by
         self._probe_stance = "default_on"
-        self._ra_gate_on = False
         self._parts = self._initial if self._initial is not None else ALL_ON
         self._books = _Books()
         self._probing = False
@@ -963,9 +969,7 @@ class PDController:
         )
         self._skip_host_turn = False
         self._gate_watch = False
-        #: the gate acts: set, and no host part reads the predictions too
-        self._ra_gate_on = self.route_ahead_gate is not None and not available.host_experts
-        self._ra_gate_first = self._ra_gate_on and available.route_ahead and self._parts.route_ahead
+        self._ra_gate_first = self._ra_gate_acts() and self._parts.route_ahead
         self._ra_waited = 0
         self._ra_gated = False
         self._skip_ra_turn = False
@@ -1217,6 +1221,10 @@ class PDController:
             )
         )
 
+    def _ra_gate_acts(self) -> bool:
+        """A gate is set and can act on the engine's parts."""
+        return self.route_ahead_gate is not None and route_ahead_gate_applies(self._available)
+
     def _ra_precision(self) -> float | None:
         """The route-ahead gate's window: its steps' batch precision (None:
         no step with predictions)."""
@@ -1240,7 +1248,7 @@ class PDController:
         or a must-earn verdict, or while its window's precision is below
         the gate."""
         gate = self.route_ahead_gate
-        if part == "route_ahead" and gate is not None and self._ra_gate_on:
+        if part == "route_ahead" and gate is not None and self._ra_gate_acts():
             precision = self._ra_precision()
             if self._ra_gated or (precision is not None and precision < gate):
                 return "must_earn"

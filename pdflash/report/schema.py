@@ -576,18 +576,24 @@ def _spec_runs_router_pass(spec: Mapping[str, Any]) -> bool:
     return _spec_runs_route_ahead(spec) and spec.get("route_ahead_source", "union") == "union"
 
 
+def _spec_hosted(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run has a hybrid miss service: PD+host, or another
+    label but B3 (every expert resident) with ``host_experts`` on."""
+    baseline = spec.get("baseline")
+    return baseline == "PD+host" or (baseline != "B3" and spec.get("host_experts", "off") != "off")
+
+
 def _spec_gates_route_ahead(spec: Mapping[str, Any]) -> bool:
     """Whether a spec's run has PD's route-ahead gate acting, which alone
     reads ``route_ahead_gate``: a label with the controller and route-ahead,
     not a full cache, on one GPU (expert-parallel ranks run PD's parts
     fixed), without a hybrid miss service (whose planner reads the
     predictions too: the gate does not act there)."""
-    hosted = spec.get("baseline") == "PD+host" or spec.get("host_experts", "off") != "off"
     return (
         spec.get("baseline") in CONTROLLER_LABELS
         and _spec_runs_route_ahead(spec)
         and (spec.get("gpus") or 1) <= 1
-        and not hosted
+        and not _spec_hosted(spec)
     )
 
 
@@ -648,11 +654,7 @@ def _spec_host_control(value: Any, spec: Mapping[str, Any]) -> Any:
     service (B3, or a label other than PD+host with ``host_experts`` off)
     has no host part, so ``always`` runs as ``controller`` there
     (``RunSpec.engine_config``)."""
-    baseline = spec.get("baseline")
-    hosted = baseline == "PD+host" or (
-        baseline != "B3" and spec.get("host_experts", "off") != "off"
-    )
-    return "controller" if value == "always" and not hosted else value
+    return "controller" if value == "always" and not _spec_hosted(spec) else value
 
 
 #: Every setting that, beside the point (arch with its depth and GPUs,
