@@ -228,8 +228,15 @@ probes waits for this decision. From then on, route-ahead **must earn** its
 place (the host part's rule, above) while it is off by the gate or by a
 must-earn verdict, and while the window's precision is below the gate;
 otherwise it is judged as a default-on part. A must-earn probe's on-arm
-steps refill the window. ``summary()`` gives the window's precision
-(``route_ahead_precision``) and ``settings`` the gate.
+steps refill the window. While route-ahead runs on the first decision's
+reading (no probe of route-ahead has switched it since), the gate **keeps
+watching**: outside probes (between two, and at every measured step of a
+hold) a full window whose precision fell below the gate switches it off,
+as the first decision would have (a workload whose predictions start
+precise and then stop being so; a probe cannot see the cost at c=1). Once
+a probe of route-ahead has switched it, its probes judge it. ``summary()``
+gives the window's precision (``route_ahead_precision``) and ``settings``
+the gate.
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
@@ -393,7 +400,8 @@ class StepMeasurement:
         verified: the step ran a verify forward.
         admitted: requests admitted (and prefilled) in the step.
         part_host_s: host seconds spent in each part's own work this step
-            (route-ahead: prediction and its copy issue; scheduler_2d: the
+            (route-ahead: prediction, as its span on the compute stream, and
+            its copy issue; scheduler_2d: the
             verify scheduler; stream: the streaming prefetcher's stages
             outside the forward). Work inside the forward's hooks is not
             separated from the forward.
@@ -900,6 +908,10 @@ class PDController:
         self._ra_gated = False
         #: the first round skips route-ahead (the gate's first decision judged it)
         self._skip_ra_turn = False
+        #: route-ahead runs on the gate's reading (its first decision kept it
+        #: on and no probe of route-ahead has switched it since): outside
+        #: probes the gate re-reads its full window
+        self._ra_watch = False
         #: the stance the probe under way judges its part by
         self._probe_stance = "default_on"
         self._parts = self._initial if self._initial is not None else ALL_ON
@@ -973,6 +985,7 @@ class PDController:
         self._ra_waited = 0
         self._ra_gated = False
         self._skip_ra_turn = False
+        self._ra_watch = False
 
     def reset_stats(self) -> None:
         self._books.reset()
@@ -1045,6 +1058,8 @@ class PDController:
                 self._gate_reread()
             if self._ra_gate_first:
                 self._ra_gate_first_decision()
+            else:
+                self._ra_gate_reread()
             self._countdown -= 1
             # the first round waits for the gates' first decisions
             if self._countdown <= 0 and not self._gate_first and not self._ra_gate_first:
@@ -1120,6 +1135,7 @@ class PDController:
             self._charge_probe()
         # between probes: the part's arms are not under way
         self._gate_reread()
+        self._ra_gate_reread()
         while self._queue:
             part = self._queue.pop(0)
             if part == HOST_PART and (self._host_turn_skipped() or self._gated()):
@@ -1268,21 +1284,37 @@ class PDController:
         nums = self._ra_window_text()
         if precision is None or precision >= gate:
             self._log(Decision(step, "route_ahead", True, False, f"kept on (gate): {nums}"))
+            self._ra_watch = True
             return
-        self._ra_gated = True
         self._skip_ra_turn = True
+        self._ra_gate_off(
+            f"switched off (gated: its copies mostly unrouted; it must earn its way "
+            f"back from the next round): {nums}"
+        )
+
+    def _ra_gate_reread(self) -> None:
+        """The route-ahead gate's watch (module docstring): outside probes,
+        while route-ahead runs on the gate's first reading, a full window
+        whose precision fell below the gate switches it off."""
+        gate = self.route_ahead_gate
+        if not self._ra_watch or gate is None or not self._parts.route_ahead:
+            return
+        precision = self._ra_precision()
+        if len(self._ra_window) < ROUTE_AHEAD_GATE_WINDOW or precision is None:
+            return
+        if precision < gate:
+            self._ra_gate_off(
+                f"switched off (gated on re-reading: its copies now mostly unrouted; it "
+                f"must earn its way back): {self._ra_window_text()}"
+            )
+
+    def _ra_gate_off(self, why: str) -> None:
+        """The gate switches route-ahead off; it must earn its way back."""
+        self._ra_gated = True
+        self._ra_watch = False
         self._books.switches += 1
         self._set(self._parts.with_part("route_ahead", False))
-        self._log(
-            Decision(
-                step,
-                "route_ahead",
-                False,
-                True,
-                f"switched off (gated: its copies mostly unrouted; it must earn its way "
-                f"back from the next round): {nums}",
-            )
-        )
+        self._log(Decision(self._books.steps, "route_ahead", False, True, why))
 
     def _host_turn_skipped(self) -> bool:
         """True where the host part's turn in this round is skipped (the
@@ -1392,6 +1424,7 @@ class PDController:
             self._gate_watch = False  # the part's own probe judged it
         elif part == "route_ahead":
             self._ra_gated = not verdict  # off: it must earn its way back
+            self._ra_watch = False  # its own probe judged it
         if verdict == now:
             kept = "kept on (pays)" if now else "kept off (not shown to pay)"
             self._log(Decision(step, part, now, False, f"{kept}: {nums}"))
@@ -1473,6 +1506,8 @@ class PDController:
         )
         step = self._books.steps
         if rate_vote or cb_vote:
+            if part == "route_ahead":
+                self._ra_watch = False  # its own probe judged it
             self._books.switches += 1
             self._round_switched = True
             self._base = self._base.with_part(part, not now)
@@ -1546,7 +1581,7 @@ class _Marks:
     """Counter values at a step's start (for the step's deltas)."""
 
     t0: float = 0.0
-    predict_s: float = 0.0
+    predict_span_s: float = 0.0
     route_ahead_predicted: int = 0
     route_ahead_hits: int = 0
     stage_s: dict[str, float] = field(default_factory=dict)
@@ -1647,7 +1682,7 @@ def before_step(parts: EngineParts) -> None:
     cache = eng.expert_cache
     parts.marks = _Marks(
         t0=eng.clock(),
-        predict_s=eng.predict_s,
+        predict_span_s=eng.timer.kind_s_ready("predict"),
         route_ahead_predicted=eng.route_ahead_predicted_n,
         route_ahead_hits=eng.route_ahead_hit_n,
         stage_s=dict(eng.prefetch.stage_s),
@@ -1706,7 +1741,11 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
         verified=report.verified > 0,
         admitted=int(report.admitted),
         part_host_s={
-            "route_ahead": (eng.predict_s - mk.predict_s) + stage.get("route_ahead", 0.0),
+            # the predictor's span on the compute stream, not the host's wall
+            # around it: on CUDA its first read of the device waits for the
+            # draft queued before it, which is the draft's time, not its own
+            "route_ahead": (eng.timer.kind_s_ready("predict") - mk.predict_span_s)
+            + stage.get("route_ahead", 0.0),
             "scheduler_2d": sched_s,
             "stream": stage.get("stream_plan", 0.0),
         },

@@ -180,6 +180,28 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   width 1, ``reach=1`` explores position 2 only, the position that decides
   whether width 2 pays, at half the rows).
 
+  Value of information (``adaptive:voi=1``, the default): a due
+  exploration runs only where what it could find could change the width
+  (:func:`exploring_could_pay`). Each position it would verify past the
+  width is given the upper bound of its continuation estimate (the
+  estimate plus :attr:`AdaptiveWidth.EXPLORE_Z` standard errors, at most
+  1), and the step time the lower bound of its link charge (the exposed
+  share at most its measured average, where ``hinge`` charges 1); where, at
+  that charge, the batch's best widths give the request no more drafts
+  with those positions at their upper bounds than with their estimates,
+  the exploration could not pay and is skipped. On a
+  link-bound step with a weak drafter (rows dear, position 2 measured well
+  below what would pay for it) most due explorations are skipped: each
+  cost a step a further row's copies for a fraction of a token (on the
+  CPU emulation of the H100 proxy trace at c=1, three a run cost PD 3-4%
+  against B1 at one draft: ``bench/results/cpu/explore-voi-2026-12-05``).
+  After :attr:`AdaptiveWidth.EXPLORE_SKIP_LIMIT` skipped in a row the next
+  due one runs whatever the bounds say, so a model wrong about the rows'
+  cost, or an acceptance that changed, is still caught, at a quarter of
+  the schedule's rate. Where rows are cheap or the acceptance high, the
+  bounds let the explorations run. ``voi=0`` runs every due exploration
+  (the schedule alone).
+
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
 observations are timings, so a sampled request with a seed of its own is
@@ -211,12 +233,12 @@ BETA_MODES = ("average", "marginal", "one", "hinge")
 #: time (``row=``)
 ROW_MODES = ("compute", "wall")
 #: the ``adaptive:`` options, in the order :class:`WidthSetting` writes them
-ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row", "explore", "reach")
+ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row", "explore", "reach", "voi")
 WIDTH_KINDS = (
     "full",
     "fixed:K",
     "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal|one|hinge]"
-    "[:row=compute|wall][:explore=N][:reach=R]",
+    "[:row=compute|wall][:explore=N][:reach=R][:voi=0|1]",
 )
 
 
@@ -225,7 +247,7 @@ class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
     or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
     ``survival_z``, ``calibrate``, ``union_form``, ``beta_mode``,
-    ``row_mode``, ``explore_every`` and ``explore_reach`` override
+    ``row_mode``, ``explore_every``, ``explore_reach`` and ``explore_voi`` override
     :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark can measure
     the estimator's settings side by side under their own names."""
 
@@ -239,6 +261,7 @@ class WidthSetting:
     row_mode: str | None = None
     explore_every: int | None = None
     explore_reach: int | None = None
+    explore_voi: bool | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -262,6 +285,8 @@ class WidthSetting:
             parts.append(f"explore={self.explore_every}")
         if self.explore_reach is not None:
             parts.append(f"reach={self.explore_reach}")
+        if self.explore_voi is not None:
+            parts.append(f"voi={int(self.explore_voi)}")
         return ":".join(parts)
 
 
@@ -275,9 +300,9 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
     ``cal=0|1``, ``union=geometric|hyperbolic``,
     ``beta=average|marginal|one|hinge``, ``row=compute|wall``, ``explore=N`` (an
-    integer >= 0; 0: never explore) and ``reach=R`` (an integer >= 1), each
-    at most once, ``:``-separated (a benchmark's width list is
-    ``,``-separated)."""
+    integer >= 0; 0: never explore), ``reach=R`` (an integer >= 1) and
+    ``voi=0|1`` (0: every due exploration runs), each at most once,
+    ``:``-separated (a benchmark's width list is ``,``-separated)."""
     values: dict[str, str] = {}
     for part in tail.split(":"):
         key, eq, value = part.partition("=")
@@ -285,7 +310,7 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
             raise ValueError(
                 f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1, "
                 f":union={'|'.join(UNION_FORMS)}, :beta={'|'.join(BETA_MODES)}, "
-                f":row={'|'.join(ROW_MODES)}, :explore=N and :reach=R, each once"
+                f":row={'|'.join(ROW_MODES)}, :explore=N, :reach=R and :voi=0|1, each once"
             )
         values[key] = value
     numbers: dict[str, float] = {}
@@ -301,9 +326,14 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
                 f"verify_width {text!r}: shrink must be > 0 and z >= 0, got {key}={values[key]}"
             )
         numbers[key] = v
-    cal = values.get("cal")
-    if cal is not None and cal not in ("0", "1"):
-        raise ValueError(f"verify_width {text!r}: cal must be 0 or 1, got {cal!r}")
+    flags: dict[str, bool] = {}
+    for key in ("cal", "voi"):
+        if key in values:
+            if values[key] not in ("0", "1"):
+                raise ValueError(
+                    f"verify_width {text!r}: {key} must be 0 or 1, got {values[key]!r}"
+                )
+            flags[key] = values[key] == "1"
     union = values.get("union")
     if union is not None and union not in UNION_FORMS:
         raise ValueError(
@@ -328,19 +358,20 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
         "adaptive",
         shrink_weight=numbers.get("shrink"),
         survival_z=numbers.get("z"),
-        calibrate=None if cal is None else cal == "1",
+        calibrate=flags.get("cal"),
         union_form=union,
         beta_mode=beta,
         row_mode=row,
         explore_every=counts.get("explore"),
         explore_reach=counts.get("reach"),
+        explore_voi=flags.get("voi"),
     )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
     """Parse ``full`` | ``fixed:K`` |
     ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
-    [:explore=N][:reach=R]``; ``K``
+    [:explore=N][:reach=R][:voi=0|1]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -556,6 +587,9 @@ class SurvivalEstimator:
         self.at_risk = np.zeros(max_drafts, dtype=np.int64)
         self.passed = np.zeros(max_drafts, dtype=np.int64)
         self._req: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # global_continuation() as of the last observe (read once or more per
+        # request per step; None: recompute)
+        self._global: np.ndarray | None = None
 
     def observe(self, request_id: int, verified: int, accepted: int) -> None:
         """One round that verified ``verified`` drafts and accepted ``accepted``."""
@@ -571,6 +605,7 @@ class SurvivalEstimator:
         for at_risk, passed in ((self.at_risk, self.passed), req):
             at_risk[:risk] += 1
             passed[:a] += 1
+        self._global = None
 
     def forget(self, request_id: int) -> None:
         self._req.pop(request_id, None)
@@ -580,14 +615,19 @@ class SurvivalEstimator:
         return list(self._req)
 
     def global_continuation(self) -> np.ndarray:
-        """``c_j`` of all requests pooled, ``j = 1..max_drafts``."""
-        out = np.empty(self.max_drafts, dtype=np.float64)
-        prior = self.prior_accept
-        for j in range(self.max_drafts):
-            c = (self.passed[j] + self.prior_weight * prior) / (self.at_risk[j] + self.prior_weight)
-            out[j] = c
-            prior = c  # an unmeasured position inherits the one before
-        return out
+        """``c_j`` of all requests pooled, ``j = 1..max_drafts`` (read-only:
+        computed once per observation, shared until the next)."""
+        if self._global is None:
+            out = np.empty(self.max_drafts, dtype=np.float64)
+            prior, w = self.prior_accept, self.prior_weight
+            for j, (passed, at_risk) in enumerate(
+                zip(self.passed.tolist(), self.at_risk.tolist(), strict=True)
+            ):
+                prior = (passed + w * prior) / (at_risk + w)  # an unmeasured position inherits
+                out[j] = prior
+            out.flags.writeable = False
+            self._global = out
+        return self._global
 
     def continuation(self, request_id: int) -> np.ndarray:
         """``c_j`` of one request, shrunk toward the global estimate."""
@@ -656,6 +696,11 @@ def union_curve(
     if rows <= 0:
         return 0.0
     return saturation - (saturation - top_k) * union_keep(rows - 1, novelty, form)
+
+
+#: :meth:`UnionGrowth._grid`'s grids: (form, grid size, smallest and largest
+#: rate, coarse index or None) -> (rates, log(1 - rates))
+_UNION_GRIDS: dict[tuple[str, int, float, float, int | None], tuple[np.ndarray, np.ndarray]] = {}
 
 
 class UnionGrowth:
@@ -767,9 +812,8 @@ class UnionGrowth:
         n = np.asarray([1.0] + [b[1] / b[0] - 1.0 for b in bins])  # rows - 1
         u = np.asarray([k + (e - k) * k / e] + [b[2] / b[0] for b in bins])
 
-        def best(rates: np.ndarray) -> tuple[int, float]:
+        def best(rates: np.ndarray, log_keep: np.ndarray) -> tuple[int, float]:
             if self.form == "geometric":
-                log_keep = np.log1p(-np.minimum(rates, 1.0 - 1e-12))
                 keep = np.exp(log_keep[:, None] * n[None, :])  # (1 - a)^(r - 1)
             else:
                 keep = 1.0 / (1.0 + rates[:, None] * n[None, :])  # 1 / (1 + a(r - 1))
@@ -782,11 +826,30 @@ class UnionGrowth:
             i = int(np.argmin(err))  # the first (smallest a) of equal errors
             return i, float(sat[i])
 
-        coarse = np.geomspace(self.MIN_NOVELTY, self.MAX_NOVELTY[self.form], self.GRID)
-        i, _ = best(coarse)
-        fine = np.geomspace(coarse[max(i - 1, 0)], coarse[min(i + 1, self.GRID - 1)], self.GRID)
-        j, sat = best(fine)
+        i, _ = best(*self._grid(None))
+        fine, log_keep = self._grid(i)
+        j, sat = best(fine, log_keep)
         return float(fine[j]), sat
+
+    def _grid(self, coarse_best: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """The fit's rates and their ``log(1 - a)``: the coarse grid (None),
+        or the fine grid between coarse rate ``coarse_best``'s neighbours.
+        The same few grids serve every refit, so they are built once per
+        (form, grid) and shared (read-only) by every instance."""
+        top = self.MAX_NOVELTY[self.form]
+        key = (self.form, self.GRID, self.MIN_NOVELTY, top, coarse_best)
+        grid = _UNION_GRIDS.get(key)
+        if grid is None:
+            coarse = np.geomspace(self.MIN_NOVELTY, top, self.GRID)
+            rates = coarse
+            if coarse_best is not None:
+                lo, hi = max(coarse_best - 1, 0), min(coarse_best + 1, self.GRID - 1)
+                rates = np.geomspace(coarse[lo], coarse[hi], self.GRID)
+            log_keep = np.log1p(-np.minimum(rates, 1.0 - 1e-12))
+            for a in (rates, log_keep):
+                a.flags.writeable = False
+            grid = _UNION_GRIDS[key] = (rates, log_keep)
+        return grid
 
     @property
     def novelty(self) -> float:
@@ -886,6 +949,35 @@ def explored_width(width: int, available: int, reach: int = 2) -> int:
     return min(available, max(width + reach, 2 * width))
 
 
+def exploring_could_pay(
+    survivals: Sequence[Sequence[float]],
+    widths: Sequence[int],
+    i: int,
+    upper: Sequence[float],
+    step_time: Callable[[int], float],
+    reach: int = 2,
+) -> bool:
+    """Whether request ``i``'s exploration could change its width: with the
+    continuation of each position it would explore (past ``widths[i]``, up
+    to :func:`explored_width`) at its upper bound ``upper[j-1]`` (position
+    ``j``), :func:`best_batch_widths` (``k_min`` 1) gives it more than
+    ``widths[i]`` drafts. False where nothing is left to explore."""
+    s, w = survivals[i], widths[i]
+    top = explored_width(w, len(s), reach)
+    if w < 1 or top <= w:
+        return False
+    if len(upper) < top:
+        raise ValueError(f"upper has {len(upper)} positions, exploring needs {top}")
+    optimistic = [float(x) for x in s[:w]]
+    last = optimistic[-1]
+    for j in range(w, top):
+        last *= min(1.0, max(0.0, float(upper[j])))
+        optimistic.append(last)
+    lists = [list(x) for x in survivals]
+    lists[i] = optimistic
+    return best_batch_widths(lists, step_time, k_min=1)[i] > w
+
+
 def explore_widths(
     survivals: Sequence[Sequence[float]],
     step_time: Callable[[int], float],
@@ -911,6 +1003,44 @@ def explore_widths(
             cut.append(s)
             mins.append(1)
     return best_batch_widths(cut, step_time, k_min=mins), base
+
+
+def _expected_value(
+    survs: Sequence[np.ndarray], widths: Sequence[int], step_s: Callable[[int], float]
+) -> tuple[float, float]:
+    """``(expected committed tokens, step time)`` of one step at ``widths``."""
+    tokens = len(survs) + sum(float(s[:k].sum()) for s, k in zip(survs, widths, strict=True))
+    return tokens, step_s(sum(widths))
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """A decision's numbers, formatted only when asked for (``stats()``)."""
+
+    widths: tuple[int, ...]
+    available: tuple[int, ...]
+    chosen: tuple[float, float]  # (expected committed tokens, step s)
+    every: tuple[float, float]  # the same at every draft
+    t_fixed: float
+    t_row: float
+    link_s_per_expert: float
+    beta: float
+    calibration: float | None  # applied (``cal=1``), else None
+
+    def __str__(self) -> str:
+        (ct, cs), (ft, fs) = self.chosen, self.every
+        return (
+            f"widths {list(self.widths)} of {list(self.available)}: expected committed tokens "
+            f"{ct:.3g} in {cs:.3g} s = {ct / cs:.4g}/s vs every draft "
+            f"{ft:.3g} in {fs:.3g} s = {ft / fs:.4g}/s (t_fixed {self.t_fixed:.3g} s, "
+            f"t_row {self.t_row:.3g} s, link s/expert {self.link_s_per_expert:.3g} x exposed "
+            f"share {self.beta:.3g}"
+            + (
+                ")"
+                if self.calibration is None
+                else f", calibration {self.calibration:.3g} applied)"
+            )
+        )
 
 
 def calibrated_survival(survival: np.ndarray, kappa: float) -> np.ndarray:
@@ -953,6 +1083,10 @@ class AdaptiveWidth:
             width, to :func:`explored_width` (0: never; ``explore=N``).
         explore_reach: an exploring decision verifies at least this many
             drafts past the width (``reach=R``; :func:`explored_width`).
+        explore_voi: a due exploration runs only where its positions'
+            upper bounds could widen the width, or after
+            :attr:`EXPLORE_SKIP_LIMIT` due ones in a row were skipped
+            (``voi=0|1``; module docstring).
     """
 
     name = "adaptive"
@@ -969,6 +1103,12 @@ class AdaptiveWidth:
     #: decision explores, at least 2 drafts past its width
     EXPLORE_EVERY = 17
     EXPLORE_REACH = 2
+    #: the default of ``explore_voi``, the standard errors above each
+    #: continuation estimate its upper bound takes, and the due explorations
+    #: in a row it may skip (the next one runs whatever the bounds say)
+    EXPLORE_VOI = True
+    EXPLORE_Z = 2.0
+    EXPLORE_SKIP_LIMIT = 3
     #: the defaults of ``shrink_weight`` and ``survival_z`` (``adaptive``
     #: with no options)
     SHRINK_WEIGHT = 4.0
@@ -1008,6 +1148,7 @@ class AdaptiveWidth:
         ema: float = 0.2,
         explore_every: int = EXPLORE_EVERY,
         explore_reach: int = EXPLORE_REACH,
+        explore_voi: bool = EXPLORE_VOI,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -1037,6 +1178,10 @@ class AdaptiveWidth:
         self._cal_expected = 0.0
         self.explore_every = explore_every
         self.explore_reach = explore_reach
+        self.explore_voi = bool(explore_voi)
+        self._explore_skips_in_a_row = 0  # due explorations skipped since one ran
+        self._explore_skipped = 0  # of the due ones, skipped (books: reset_stats)
+        self._explore_forced = 0  # run after EXPLORE_SKIP_LIMIT skips in a row
         self._decision_count = 0  # decisions since the first measured step
         self._explored = 0  # of them, exploration rounds (books: reset_stats)
         self._explored_drafts = 0  # drafts the exploring decisions verified
@@ -1077,7 +1222,7 @@ class AdaptiveWidth:
         self._wall_recent = [0.0] * 11
         # request -> its survival when its width was chosen (the expectation's basis)
         self._expected: dict[int, np.ndarray] = {}
-        self._why: str | None = None  # the last decision's numbers
+        self._why: _Decision | None = None  # the last decision's numbers
         self._books = _Books(self.block_drafts)
 
     # ------------------------------------------------------------ the model
@@ -1299,10 +1444,25 @@ class AdaptiveWidth:
         t_fixed, t_row = fit
         beta = self.exposed_share()
 
+        times: dict[int, float] = {}
+
         def step_s(drafted: int) -> float:  # step_time(c, drafted), the fit read once
-            return t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
+            t = times.get(drafted)
+            if t is None:  # the batch search asks for most row counts more than once
+                t = t_fixed + t_row * (c + drafted) + beta * self.link_s(c + drafted)
+                times[drafted] = t
+            return t
 
         lists = [s.tolist() for s in chosen_by]
+        if self.explore_voi and any(exploring):
+            # optimistic about the rows' cost too: the link charged at most
+            # its measured average share (hinge charges 1 past the hinge)
+            low_beta = min(beta, self._average_exposed_share())
+
+            def optimistic_s(drafted: int) -> float:
+                return t_fixed + t_row * (c + drafted) + low_beta * self.link_s(c + drafted)
+
+            exploring = self._worth_exploring(requests, lists, exploring, optimistic_s)
         out, base = explore_widths(lists, step_s, exploring, self.explore_reach)
         for e, k, b in zip(exploring, out, base, strict=True):
             if e and k > b:  # a request already at its every draft has nothing to explore
@@ -1315,30 +1475,52 @@ class AdaptiveWidth:
             self._books.decided(r.available, k)
         # explained by the survival the widths were chosen by where it is the
         # calibrated one (the lower bounds keep their explanation by the estimates)
-        self._why = self._explain(chosen_by if self.calibrate else survs, out)
+        explained = chosen_by if self.calibrate else survs
+        lens = [len(s) for s in explained]
+        self._why = _Decision(
+            widths=tuple(out),
+            available=tuple(lens),
+            chosen=_expected_value(explained, out, step_s),
+            every=_expected_value(explained, lens, step_s),
+            t_fixed=t_fixed,
+            t_row=t_row,
+            link_s_per_expert=self.link_s_per_expert(),
+            beta=beta,
+            calibration=self.calibration() if self.calibrate else None,
+        )
         return out
 
-    def _explain(self, survs: Sequence[np.ndarray], ks: Sequence[int]) -> str:
-        """The last decision's numbers: expected committed tokens per second
-        at the chosen widths and at every draft, and the step times."""
-        c = len(survs)
-
-        def value(widths: Sequence[int]) -> tuple[float, float, float]:
-            tokens = c + sum(float(s[:k].sum()) for s, k in zip(survs, widths, strict=True))
-            t = self.step_time(c, sum(widths))
-            return tokens, t, tokens / t
-
-        chosen, full = value(ks), value([len(s) for s in survs])
-        fit = self.time_fit()
-        assert fit is not None
-        return (
-            f"widths {list(ks)} of {[len(s) for s in survs]}: expected committed tokens "
-            f"{chosen[0]:.3g} in {chosen[1]:.3g} s = {chosen[2]:.4g}/s vs every draft "
-            f"{full[0]:.3g} in {full[1]:.3g} s = {full[2]:.4g}/s (t_fixed {fit[0]:.3g} s, "
-            f"t_row {fit[1]:.3g} s, link s/expert {self.link_s_per_expert():.3g} x exposed "
-            f"share {self.exposed_share():.3g}"
-            + (f", calibration {self.calibration():.3g} applied)" if self.calibrate else ")")
-        )
+    def _worth_exploring(
+        self,
+        requests: Sequence[WidthRequest],
+        lists: Sequence[Sequence[float]],
+        due: Sequence[bool],
+        step_s: Callable[[int], float],
+    ) -> list[bool]:
+        """The due explorations that run (``voi``, module docstring):
+        ``step_s`` is the step time at the optimistic link charge, the
+        widths each exploration is judged against the batch's best at it."""
+        base = best_batch_widths(lists, step_s, k_min=1)
+        out = []
+        for i, (r, d) in enumerate(zip(requests, due, strict=True)):
+            if not d or base[i] >= len(lists[i]):
+                out.append(d)  # not due, or nothing past the width to explore
+                continue
+            c = self.survival.continuation(r.request_id)
+            se = self.survival.continuation_error(r.request_id)
+            upper = np.minimum(1.0, c + self.EXPLORE_Z * se)[: len(lists[i])]
+            if exploring_could_pay(lists, base, i, upper.tolist(), step_s, self.explore_reach):
+                self._explore_skips_in_a_row = 0
+                out.append(True)
+            elif self._explore_skips_in_a_row >= self.EXPLORE_SKIP_LIMIT:
+                self._explore_skips_in_a_row = 0
+                self._explore_forced += 1
+                out.append(True)
+            else:
+                self._explore_skips_in_a_row += 1
+                self._explore_skipped += 1
+                out.append(False)
+        return out
 
     def observe(self, step: WidthStep) -> None:
         for o in step.outcomes:
@@ -1437,6 +1619,10 @@ class AdaptiveWidth:
         out["exploration_decisions"] = self._explored
         out["exploration_drafts"] = self._explored_drafts
         out["exploration_added_drafts"] = self._explore_added
+        # due explorations the upper bounds showed could not widen (voi), and
+        # those run only because EXPLORE_SKIP_LIMIT were skipped in a row
+        out["exploration_skipped"] = self._explore_skipped
+        out["exploration_forced"] = self._explore_forced
         fit = self.time_fit()
         slope, se = self.row_cost_fit()
         wall_slope, wall_se = self.wall_row_fit()
@@ -1464,6 +1650,7 @@ class AdaptiveWidth:
             "row_mode": self.row_mode,
             "explore_every": self.explore_every,
             "explore_reach": self.explore_reach,
+            "explore_voi": self.explore_voi,
             # measured under either mode, charged (its lower bound) with row=wall
             "t_row_wall_fit_s": None if fit is None else wall_slope,
             "t_row_wall_se_s": None if fit is None else wall_se,
@@ -1482,7 +1669,7 @@ class AdaptiveWidth:
             ],
             "measured_steps": self._n,
         }
-        out["last_decision_why"] = self._why
+        out["last_decision_why"] = None if self._why is None else str(self._why)
         return out
 
     def reset_stats(self) -> None:
@@ -1490,6 +1677,8 @@ class AdaptiveWidth:
         self._explored = 0
         self._explored_drafts = 0
         self._explore_added = 0
+        self._explore_skipped = 0
+        self._explore_forced = 0
 
 
 def _slope_and_error(
@@ -1551,6 +1740,7 @@ def build_policy(
         row_mode=AdaptiveWidth.ROW_MODE if w.row_mode is None else w.row_mode,
         explore_every=AdaptiveWidth.EXPLORE_EVERY if w.explore_every is None else w.explore_every,
         explore_reach=AdaptiveWidth.EXPLORE_REACH if w.explore_reach is None else w.explore_reach,
+        explore_voi=AdaptiveWidth.EXPLORE_VOI if w.explore_voi is None else w.explore_voi,
     )
 
 

@@ -374,9 +374,13 @@ def _spec_width(width: Any, spec: Mapping[str, Any]) -> Any:
 #: second (mirrors :attr:`pdflash.engine.verify_width.AdaptiveWidth.BETA_MODE`,
 #: checked by a test, without importing the engine)
 ADAPTIVE_BETA_DEFAULT = "hinge"
+#: whether an ``adaptive`` width without ``voi=`` skips the due explorations
+#: that could not pay (mirrors :attr:`pdflash.engine.verify_width.AdaptiveWidth.EXPLORE_VOI`,
+#: checked by a test)
+ADAPTIVE_VOI_DEFAULT = True
 #: the ``adaptive:`` options written after ``beta=`` (mirrors the order of
 #: :data:`pdflash.engine.verify_width.ADAPTIVE_OPTION_KEYS`, checked by a test)
-_AFTER_BETA = ("row", "explore", "reach")
+_AFTER_BETA = ("row", "explore", "reach", "voi")
 
 
 def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
@@ -400,6 +404,32 @@ def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
         return width
     at = next((i for i, p in enumerate(parts) if i and p.split("=")[0] in _AFTER_BETA), len(parts))
     return ":".join([*parts[:at], f"beta={mode}", *parts[at:]])
+
+
+def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
+    """An ``adaptive`` width that names no ``voi=``, of a row whose policy
+    ran its explorations otherwise than today's default (rows recorded
+    before ``voi`` became it: ``estimates.explore_voi`` absent or false), as
+    ``...:voi=0`` (``voi`` is the last option the width's parser writes):
+    such a run is not one with today's ``adaptive``. Any other width is
+    itself."""
+    if not isinstance(width, str):
+        return width
+    parts = width.split(":")
+    if parts[0] != "adaptive" or any(p.startswith("voi=") for p in parts[1:]):
+        return width
+    recorded = row.get("verify_width")
+    estimates = recorded.get("estimates") if isinstance(recorded, Mapping) else None
+    if not isinstance(estimates, Mapping):
+        return width  # no policy ran
+    ran = bool(estimates.get("explore_voi"))
+    return width if ran is ADAPTIVE_VOI_DEFAULT else f"{width}:voi={int(ran)}"
+
+
+def _width_refined(width: Any, row: Mapping[str, Any]) -> Any:
+    """A row's ``adaptive`` width with the defaults it ran under named where
+    they differ from today's (:func:`_width_charge`, :func:`_width_voi`)."""
+    return _width_voi(_width_charge(width, row), row)
 
 
 def _omitted_width(row: Mapping[str, Any]) -> Any:
@@ -784,14 +814,14 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # the width the run verifies at: a spec's ``auto`` (RunSpec's default)
     # resolved for its label, as RunSpec resolves it; rows whose spec names
     # no width: what they recorded running at, else full; an adaptive row's
-    # charge named where it differs from today's default
+    # charge and exploration rule named where they differ from today's defaults
     RunSetting(
         "verify_width",
         "auto",
         _recorded("verify_width", "setting"),
         resolve=_spec_width,
         omitted=_omitted_width,
-        refine=_width_charge,
+        refine=_width_refined,
     ),
 )
 

@@ -1026,3 +1026,23 @@ def test_the_engines_controller_gates_route_ahead_as_configured(
     assert isinstance(eng.parts.policy, PDController)
     assert eng.parts.policy.route_ahead_gate == gate
     assert eng.parts.policy.summary()["settings"]["route_ahead_gate"] == gate
+
+
+def test_route_aheads_books_charge_the_predictors_span_not_the_hosts_wall(
+    offloaded: tuple[Any, list[Any]],
+) -> None:
+    """The steps' route-ahead seconds add up to the compute timer's
+    ``predict`` spans plus the prefetch stage's route-ahead seconds: the
+    predictor's own span (on CUDA its first device read waits for the draft
+    queued before it; the host's wall around it, ``predict_s``, counts that
+    wait and is not what the books charge)."""
+    tmp, cases = offloaded
+    policy = _Recording()
+    eng, _ = _engine(tmp, "PD", policy)
+    for prompt, _ in cases:
+        eng.add_request(prompt, max_new_tokens=14)
+    eng.run_until_done(max_steps=400)
+    charged = sum(m.part_host_s["route_ahead"] for m in policy.measured)
+    span = eng.timer.kind_s("predict")
+    assert span > 0.0 and eng.predict_s > span  # the host's bracket is the wider
+    assert charged == pytest.approx(span + eng.prefetch.stage_s.get("route_ahead", 0.0), rel=1e-9)

@@ -31,6 +31,7 @@ from pdflash.engine.verify_width import (
     calibrated_survival,
     explore_widths,
     explored_width,
+    exploring_could_pay,
     is_adaptive,
     parse_width,
 )
@@ -834,14 +835,17 @@ class WidthPlant:
         self.expert_bytes, self.noise = expert_bytes, noise
         self.measured = measured  # False: the engine times neither the verify nor the waits
         self.rng = np.random.default_rng(seed)
+        #: (committed tokens, wall s) of every step
+        self.log: list[tuple[int, float]] = []
 
-    def policy(self) -> AdaptiveWidth:
+    def policy(self, explore_voi: bool = AdaptiveWidth.EXPLORE_VOI) -> AdaptiveWidth:
         return AdaptiveWidth(
             block_size=16,
             num_layers=self.layers,
             num_experts=self.experts,
             top_k=self.top_k,
             expert_bytes=self.expert_bytes,
+            explore_voi=explore_voi,
         )
 
     def exposed_s(self, link: float, busy: float) -> float:
@@ -864,10 +868,12 @@ class WidthPlant:
         jitter = 1.0 + float(self.rng.uniform(-self.noise, self.noise))
         compute = self.t_row * rows * jitter
         exposed = self.exposed_s(link, self.t_draft * jitter + compute)
+        wall = self.t_draft * jitter + compute + exposed
+        self.log.append((sum(1 + o.accepted for o in outs), wall))
         pol.observe(
             WidthStep(
                 tuple(outs),
-                wall_s=self.t_draft * jitter + compute + exposed,
+                wall_s=wall,
                 union_experts=round(union),
                 copied_bytes=round(union) * self.expert_bytes,
                 link_bytes_per_s=self.expert_bytes / self.link_s_per_expert,
@@ -880,8 +886,10 @@ class WidthPlant:
 
 def _run_widths(plant: WidthPlant, steps: int = 30) -> tuple[AdaptiveWidth, list[list[int]]]:
     """``steps`` steps of 2, 3 or 4 requests (the rows vary, as requests
-    finish and arrive); the last steps are of 4."""
-    pol = plant.policy()
+    finish and arrive); the last steps are of 4. Every due exploration runs
+    (``voi=0``: these check the width model's choice;
+    :func:`test_voi_costs_nothing_where_exploring_pays` compares the two)."""
+    pol = plant.policy(explore_voi=False)
     return pol, [plant.step(pol, c=4 - (steps - 1 - i) % 3) for i in range(steps)]
 
 
@@ -1039,9 +1047,16 @@ def _forced_run(
     return share
 
 
-def _gpt_oss_policy(experts: int = 32) -> AdaptiveWidth:
+def _gpt_oss_policy(
+    experts: int = 32, explore_voi: bool = AdaptiveWidth.EXPLORE_VOI
+) -> AdaptiveWidth:
     return AdaptiveWidth(
-        block_size=16, num_layers=8, num_experts=experts, top_k=4, expert_bytes=1000
+        block_size=16,
+        num_layers=8,
+        num_experts=experts,
+        top_k=4,
+        expert_bytes=1000,
+        explore_voi=explore_voi,
     )
 
 
@@ -1051,10 +1066,12 @@ def _two_layer_policy(
     calibrate: bool = AdaptiveWidth.CALIBRATE,
     beta_mode: str = AdaptiveWidth.BETA_MODE,
     row_mode: str = AdaptiveWidth.ROW_MODE,
+    explore_voi: bool = AdaptiveWidth.EXPLORE_VOI,
 ) -> AdaptiveWidth:
     """A 16-token block over 2 layers of 64 top-2 experts, exploring every
-    ``explore_every`` decisions (None: the policy's default), widths chosen
-    at ``survival_z``, with the acceptance calibration applied or not."""
+    ``explore_every`` decisions (None: the policy's default; ``explore_voi``
+    False: every due one), widths chosen at ``survival_z``, with the
+    acceptance calibration applied or not."""
     return AdaptiveWidth(
         block_size=16,
         num_layers=2,
@@ -1065,6 +1082,7 @@ def _two_layer_policy(
         calibrate=calibrate,
         beta_mode=beta_mode,
         row_mode=row_mode,
+        explore_voi=explore_voi,
         **({} if explore_every is None else {"explore_every": explore_every}),
     )
 
@@ -1099,8 +1117,9 @@ def test_link_bound_still_narrows_and_explores_just_past_its_width(seed: int) ->
     estimate at the depths exploration reaches (1..3: max(w + 2, 2w) past
     a width of 1) is within 0.08 of ``alpha^j``. Deeper positions are no
     longer measured here (their rows are not worth verifying unless the
-    nearer ones are, and those are measured), so they are not checked."""
-    pol = _gpt_oss_policy(256)
+    nearer ones are, and those are measured), so they are not checked.
+    Every due exploration runs (``voi=0``: the schedule's own count)."""
+    pol = _gpt_oss_policy(256, explore_voi=False)
     _forced_run(pol, seed=seed, steps=400, experts=256, link_s_per_expert=0.001)
     stats = pol.stats()
     assert stats["mean_width_drafts"] < 1.5
@@ -1164,7 +1183,7 @@ def test_exploration_rounds_are_deterministic_and_every_seventeenth() -> None:
     never does."""
 
     def widths(every: int | None = None) -> list[list[int]]:
-        pol = _two_layer_policy(every)
+        pol = _two_layer_policy(every, explore_voi=False)
         seen = []
         for step in range(13):
             ks = pol.widths([WidthRequest(r, 15) for r in range(3)])
@@ -1219,9 +1238,10 @@ def test_an_exploring_decision_verifies_just_past_its_width(c: int) -> None:
     ``explore_every=0``, same observations): every 17th decision verifies
     exactly ``explored_width`` of the width it would otherwise get, never
     more; the others get that width (at ``c > 1`` a step's other requests
-    may widen with the exploring one, never narrow)."""
+    may widen with the exploring one, never narrow). Every due exploration
+    runs (``voi=0``)."""
     plant = WidthPlant(accept=0.6, t_draft=0.02, t_row=0.0002, link_s_per_expert=0.003, exposed=1.0)
-    pol = plant.policy()
+    pol = plant.policy(explore_voi=False)
     decided, explored, widened = 0, 0, 0
     for step in range(120):
         asks = [WidthRequest(r, 15) for r in range(c)]
@@ -1253,9 +1273,9 @@ def test_reach_sets_how_far_past_its_width_a_decision_explores(reach: int) -> No
     """Link-bound, so the width stays at 1: every 17th decision verifies
     ``max(1 + reach, 2)`` drafts (``reach=1``: position 2 only, the one
     that decides whether width 2 pays) and no other decision widens; the
-    policy refuses a reach below 1."""
+    policy refuses a reach below 1. Every due exploration runs (``voi=0``)."""
     plant = WidthPlant(accept=0.3, t_draft=0.02, t_row=0.0002, link_s_per_expert=0.01, exposed=1.0)
-    pol = plant.policy()
+    pol = plant.policy(explore_voi=False)
     pol.explore_reach = reach
     seen = [plant.step(pol, c=1)[0] for _ in range(120)]
     measured = seen[1:]  # the first step: nothing measured yet, every draft
@@ -1268,7 +1288,8 @@ def test_reach_sets_how_far_past_its_width_a_decision_explores(reach: int) -> No
         )
 
 
-def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate() -> None:
+@pytest.mark.parametrize("voi", [True, False])
+def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate(voi: bool) -> None:
     """The exploration trap, and its way out with exploration bounded to
     just past the width: two requests' first ten rounds accept exactly one
     draft (position 2's estimate falls to ~0.4 and every deeper one
@@ -1277,10 +1298,12 @@ def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate() 
     link-bound step every draft pays, 196 modeled tokens/s at 15 drafts,
     131 at 1). Without exploration the width stays at 1 for good; with
     it the width climbs (each exploration reaching past the last) and
-    verifies the whole block by step 100, the survival estimate near 1."""
+    verifies the whole block by step 100, the survival estimate near 1:
+    with ``voi`` too (the due explorations its upper bounds skip, and the
+    one it runs after three skipped in a row, still get it out)."""
 
     def run(every: int) -> tuple[AdaptiveWidth, list[list[int]]]:
-        pol = _two_layer_policy(every)
+        pol = _two_layer_policy(every, explore_voi=voi)
         seen = []
         for step in range(160):
             ks = pol.widths([WidthRequest(r, 15) for r in range(2)])
@@ -1314,6 +1337,100 @@ def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate() 
     # it climbed through bounded explorations, none of the whole block
     stats = pol.stats()
     assert stats["exploration_decisions"] >= 3 and max(max(ks) for ks in seen[11:40]) < 15
+
+
+def test_exploring_could_pay_reads_the_explored_positions_upper_bounds() -> None:
+    """One request at width 1, rows costly (0.5 s each on a 1 s step):
+    with position 2's upper bound 0.5 even an optimistic width stays at 1
+    (1.9 tokens in 2 s against 1.6 in 1.5 s), with 1 the explored positions
+    would pay (2.2 in 2 s); nothing past the drafts, nothing to explore;
+    the other requests of the batch are chosen again with it."""
+    step = lambda r: 1.0 + 0.5 * r  # noqa: E731
+    s = [[0.6, 0.3, 0.15]]
+    assert best_batch_widths(s, step) == [1]
+    assert not exploring_could_pay(s, [1], 0, [0.6, 0.5, 0.5], step)
+    assert exploring_could_pay(s, [1], 0, [0.6, 1.0, 1.0], step)
+    assert not exploring_could_pay([[0.6]], [1], 0, [1.0], step)  # no draft past it
+    # reach 1 explores position 2 only: its bound alone decides
+    assert exploring_could_pay(s, [1], 0, [0.6, 1.0, 0.0], step, reach=1)
+    with pytest.raises(ValueError, match="upper has 2 positions"):
+        exploring_could_pay(s, [1], 0, [0.6, 1.0], step)
+    # a second request that its rows would make cheaper to widen too
+    two = [[0.6, 0.3, 0.15], [0.9, 0.2, 0.1]]
+    widths = best_batch_widths(two, step)
+    assert exploring_could_pay(two, widths, 0, [0.6, 1.0, 1.0], step) == (
+        best_batch_widths([[0.6, 0.6, 0.6], two[1]], step)[0] > widths[0]
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_voi_skips_due_explorations_that_cannot_pay_and_runs_every_fourth(seed: int) -> None:
+    """Link-bound and a low acceptance (the reach test's plant): the width
+    stays at 1, and once position 2 has been measured its upper bound
+    cannot widen it, so ``voi`` skips those due explorations and runs only
+    the one after :attr:`AdaptiveWidth.EXPLORE_SKIP_LIMIT` skipped in a
+    row; the books add up (every due decision with drafts past its width
+    explored, skipped or forced), against every due one without ``voi``."""
+    runs = {}
+    for voi in (True, False):
+        plant = WidthPlant(
+            accept=0.3, t_draft=0.02, t_row=0.0002, link_s_per_expert=0.01, exposed=1.0, seed=seed
+        )
+        pol = plant.policy(explore_voi=voi)
+        seen = [plant.step(pol, c=1)[0] for _ in range(400)]
+        runs[voi] = (pol.stats(), seen)
+    (on, seen_on), (off, _) = runs[True], runs[False]
+    due = off["exploration_decisions"]
+    assert due == 399 // 17 and off["exploration_skipped"] == 0
+    assert on["exploration_decisions"] + on["exploration_skipped"] == due
+    assert on["exploration_skipped"] >= due // 2
+    limit = AdaptiveWidth.EXPLORE_SKIP_LIMIT
+    assert on["exploration_forced"] >= (on["exploration_skipped"] - limit) // limit
+    assert on["exploration_forced"] <= on["exploration_decisions"]
+    assert on["estimates"]["explore_voi"] is True and off["estimates"]["explore_voi"] is False
+    assert {k for k in seen_on[20:]} <= {1, 3}  # one draft, or an exploration to 3
+    assert on["exploration_drafts"] < off["exploration_drafts"]
+
+
+@pytest.mark.parametrize(
+    ("accept", "link_s_per_expert", "exposed", "gains"),
+    [
+        (0.7, 0.00002, 0.0, False),
+        (0.7, 0.0005, 0.3, False),
+        (0.6, 0.003, 1.0, False),
+        (0.3, 0.01, 1.0, True),
+    ],
+)
+@pytest.mark.parametrize("c", [1, 4])
+def test_voi_costs_nothing_where_exploring_pays(
+    accept: float, link_s_per_expert: float, exposed: float, gains: bool, c: int
+) -> None:
+    """The plant's committed tokens/s with ``voi`` over every due
+    exploration (the last 3/4 of 240 steps, the median over 3 seeds): within
+    2% where rows are cheap or the acceptance high (its upper bounds let
+    the explorations that could widen the width run), and at least 1.5%
+    more where the link makes rows dear and the acceptance low, with four
+    requests (the explorations it skips could not have paid; one request
+    makes too few decisions in these steps to show it apart from noise)."""
+    ratios = []
+    for seed in range(3):
+        rates = []
+        for voi in (True, False):
+            plant = WidthPlant(
+                accept=accept,
+                t_draft=0.02,
+                t_row=0.0002,
+                link_s_per_expert=link_s_per_expert,
+                exposed=exposed,
+                seed=seed,
+            )
+            pol = plant.policy(explore_voi=voi)
+            for _ in range(240):
+                plant.step(pol, c=c)
+            tokens, wall = np.sum(plant.log[60:], axis=0)
+            rates.append(tokens / wall)
+        ratios.append(rates[0] / rates[1])
+    assert float(np.median(ratios)) >= (1.015 if gains and c > 1 else 0.98), ratios
 
 
 # ------------------------------------------- the estimator's options (winner's curse)

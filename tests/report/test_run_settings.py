@@ -275,8 +275,14 @@ def test_a_split_label_is_judged_only_where_its_setting_ran(
     ]
 
 
-def _adaptive_row(width: str, beta_mode: str | None, *, spec: bool = True) -> Row:
-    estimates = {} if beta_mode is None else {"beta_mode": beta_mode}
+def _adaptive_row(
+    width: str, beta_mode: str | None, *, spec: bool = True, voi: bool | None = True
+) -> Row:
+    """A PD row whose adaptive policy recorded ``beta_mode`` and
+    ``explore_voi`` (None: not recorded, as before either existed)."""
+    estimates: dict[str, Any] = {} if beta_mode is None else {"beta_mode": beta_mode}
+    if voi is not None:
+        estimates["explore_voi"] = voi
     row: Row = {
         "arch": "tiny",
         "baseline": "PD",
@@ -321,4 +327,30 @@ def test_an_adaptive_row_of_an_earlier_default_charge_is_not_todays_adaptive() -
     at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
     today = spec_settings(spec)[at]
     assert recorded_spec_settings(_adaptive_row("adaptive", "average"))[at] != today
+    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
+
+
+def test_an_adaptive_row_that_ran_every_due_exploration_is_not_todays_adaptive() -> None:
+    """``adaptive`` gained ``voi`` (on by default): a row whose policy ran
+    every due exploration (``estimates.explore_voi`` false, or absent as
+    before it existed) keys and shows as ``...:voi=0``, after its charge
+    where that differs too; today's rows and explicit ``voi=`` keep their
+    width."""
+    from pdflash.engine.verify_width import AdaptiveWidth, parse_width
+    from pdflash.report import schema
+
+    assert schema.ADAPTIVE_VOI_DEFAULT is AdaptiveWidth.EXPLORE_VOI
+    assert _width_of(_adaptive_row("adaptive", "hinge")) == "adaptive"
+    assert _width_of(_adaptive_row("adaptive", "hinge", voi=False)) == "adaptive:voi=0"
+    assert _width_of(_adaptive_row("adaptive", "hinge", voi=None)) == "adaptive:voi=0"
+    named = _width_of(_adaptive_row("adaptive:explore=0", "average", voi=None))
+    assert named == "adaptive:beta=average:explore=0:voi=0"
+    assert named == str(parse_width(named, 16))
+    assert _width_of(_adaptive_row("adaptive:voi=0", "hinge", voi=False)) == "adaptive:voi=0"
+    assert _width_of(_adaptive_row("adaptive:voi=1", "hinge", voi=True)) == "adaptive:voi=1"
+    assert _width_of(_adaptive_row("fixed:1", "hinge", voi=None)) == "fixed:1"
+    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
+    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
+    today = spec_settings(spec)[at]
+    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge", voi=None))[at] != today
     assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
