@@ -182,25 +182,35 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
 
   Value of information (``adaptive:voi=1``, the default): a due
   exploration runs only where what it could find could change the width
-  (:func:`exploring_could_pay`). Each position it would verify past the
+  (:func:`optimistic_width`). Each position it would verify past the
   width is given the upper bound of its continuation estimate (the
   estimate plus :attr:`AdaptiveWidth.EXPLORE_Z` standard errors, at most
-  1), and the step time the lower bound of its link charge (the exposed
-  share at most its measured average, where ``hinge`` charges 1); where, at
-  that charge, the batch's best widths give the request no more drafts
-  with those positions at their upper bounds than with their estimates,
-  the exploration could not pay and is skipped. On a
-  link-bound step with a weak drafter (rows dear, position 2 measured well
-  below what would pay for it) most due explorations are skipped: each
-  cost a step a further row's copies for a fraction of a token (on the
-  CPU emulation of the H100 proxy trace at c=1, three a run cost PD 3-4%
-  against B1 at one draft: ``bench/results/cpu/explore-voi-2026-12-05``).
-  After :attr:`AdaptiveWidth.EXPLORE_SKIP_LIMIT` skipped in a row the next
-  due one runs whatever the bounds say, so a model wrong about the rows'
-  cost, or an acceptance that changed, is still caught, at a quarter of
-  the schedule's rate. Where rows are cheap or the acceptance high, the
-  bounds let the explorations run. ``voi=0`` runs every due exploration
-  (the schedule alone).
+  1); where the batch's best widths, by the step time the widths are
+  chosen by, give the request no more drafts with those positions at their
+  upper bounds than with their estimates, the exploration could not change
+  the width and is skipped. After :attr:`AdaptiveWidth.EXPLORE_SKIP_LIMIT`
+  skipped in a row the next due one runs whatever the bounds say, so a
+  model wrong about the rows' cost, or an acceptance that changed, is still
+  caught, at a quarter of the schedule's rate. ``voi=0`` runs every due
+  exploration (the schedule alone).
+
+  Where rows are dear (a link-bound step) and the drafter weak, an
+  exploration costs a step a further row's copies for a fraction of a
+  token (on the CPU emulation of the H100 proxy trace at c=1, three a run
+  cost PD about 3%: ``bench/results/cpu/explore-voi-2026-12-05``); once
+  the positions past the width are measured well below what would pay,
+  the rule skips them. Its bounds are wide until a position has a few
+  dozen observations, so in a short run it skips few (one in three there).
+  Where rows are cheap or the acceptance high, the bounds let the
+  explorations run. The rule judges by the model's own link charge, since
+  an exploration changes the width only through that model: where the
+  model overcharges a row (``hinge`` charges its whole link time; on a
+  synthetic plant where 30% of it was exposed, one request) the
+  explorations were also what widened the width, and ``voi`` reads 1-3%
+  below ``voi=0`` there. Charged at the measured average share instead, it
+  would skip nothing on the H100 rows at c=1 (average 0.45, against the
+  whole link time by which the exposed fetch grew across runs: the
+  evidence for ``hinge``).
 
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
@@ -949,23 +959,24 @@ def explored_width(width: int, available: int, reach: int = 2) -> int:
     return min(available, max(width + reach, 2 * width))
 
 
-def exploring_could_pay(
+def optimistic_width(
     survivals: Sequence[Sequence[float]],
     widths: Sequence[int],
     i: int,
     upper: Sequence[float],
     step_time: Callable[[int], float],
     reach: int = 2,
-) -> bool:
-    """Whether request ``i``'s exploration could change its width: with the
-    continuation of each position it would explore (past ``widths[i]``, up
-    to :func:`explored_width`) at its upper bound ``upper[j-1]`` (position
-    ``j``), :func:`best_batch_widths` (``k_min`` 1) gives it more than
-    ``widths[i]`` drafts. False where nothing is left to explore."""
+) -> int:
+    """The drafts :func:`best_batch_widths` (``k_min`` 1) gives request
+    ``i`` with the continuation of each position its exploration would
+    verify (past ``widths[i]``, up to :func:`explored_width`) at its upper
+    bound ``upper[j-1]`` (position ``j``): more than ``widths[i]`` where the
+    exploration could change its width; ``widths[i]`` where nothing is left
+    to explore."""
     s, w = survivals[i], widths[i]
     top = explored_width(w, len(s), reach)
     if w < 1 or top <= w:
-        return False
+        return w
     if len(upper) < top:
         raise ValueError(f"upper has {len(upper)} positions, exploring needs {top}")
     optimistic = [float(x) for x in s[:w]]
@@ -975,7 +986,7 @@ def exploring_could_pay(
         optimistic.append(last)
     lists = [list(x) for x in survivals]
     lists[i] = optimistic
-    return best_batch_widths(lists, step_time, k_min=1)[i] > w
+    return best_batch_widths(lists, step_time, k_min=1)[i]
 
 
 def explore_widths(
@@ -1455,14 +1466,7 @@ class AdaptiveWidth:
 
         lists = [s.tolist() for s in chosen_by]
         if self.explore_voi and any(exploring):
-            # optimistic about the rows' cost too: the link charged at most
-            # its measured average share (hinge charges 1 past the hinge)
-            low_beta = min(beta, self._average_exposed_share())
-
-            def optimistic_s(drafted: int) -> float:
-                return t_fixed + t_row * (c + drafted) + low_beta * self.link_s(c + drafted)
-
-            exploring = self._worth_exploring(requests, lists, exploring, optimistic_s)
+            exploring = self._worth_exploring(requests, lists, exploring, step_s)
         out, base = explore_widths(lists, step_s, exploring, self.explore_reach)
         for e, k, b in zip(exploring, out, base, strict=True):
             if e and k > b:  # a request already at its every draft has nothing to explore
@@ -1497,11 +1501,9 @@ class AdaptiveWidth:
         due: Sequence[bool],
         step_s: Callable[[int], float],
     ) -> list[bool]:
-        """The due explorations that run (``voi``, module docstring):
-        ``step_s`` is the step time at the optimistic link charge, the
-        widths each exploration is judged against the batch's best at it."""
+        """The due explorations that run (``voi``, module docstring)."""
         base = best_batch_widths(lists, step_s, k_min=1)
-        out = []
+        out: list[bool] = []
         for i, (r, d) in enumerate(zip(requests, due, strict=True)):
             if not d or base[i] >= len(lists[i]):
                 out.append(d)  # not due, or nothing past the width to explore
@@ -1509,7 +1511,8 @@ class AdaptiveWidth:
             c = self.survival.continuation(r.request_id)
             se = self.survival.continuation_error(r.request_id)
             upper = np.minimum(1.0, c + self.EXPLORE_Z * se)[: len(lists[i])]
-            if exploring_could_pay(lists, base, i, upper.tolist(), step_s, self.explore_reach):
+            best = optimistic_width(lists, base, i, upper.tolist(), step_s, self.explore_reach)
+            if best > base[i]:
                 self._explore_skips_in_a_row = 0
                 out.append(True)
             elif self._explore_skips_in_a_row >= self.EXPLORE_SKIP_LIMIT:

@@ -383,6 +383,23 @@ ADAPTIVE_VOI_DEFAULT = True
 _AFTER_BETA = ("row", "explore", "reach", "voi")
 
 
+def _unnamed_option(
+    width: Any, row: Mapping[str, Any], key: str
+) -> tuple[list[str], Mapping[str, Any]] | None:
+    """``(the width's parts, the row's recorded estimates)`` where ``width``
+    is an ``adaptive`` width naming no ``key=`` and the row's policy recorded
+    its estimates; None otherwise (nothing to name: another width, the
+    option named, or no policy ran, e.g. switched to full)."""
+    if not isinstance(width, str):
+        return None
+    parts = width.split(":")
+    if parts[0] != "adaptive" or any(p.startswith(f"{key}=") for p in parts[1:]):
+        return None
+    recorded = row.get("verify_width")
+    estimates = recorded.get("estimates") if isinstance(recorded, Mapping) else None
+    return (parts, estimates) if isinstance(estimates, Mapping) else None
+
+
 def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
     """An ``adaptive`` width that names no ``beta=``, of a row whose policy
     charged a further link second otherwise than today's default (rows
@@ -390,15 +407,10 @@ def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
     where only ``average`` existed), as the width that charge is named by
     today, e.g. ``adaptive:beta=average``: so such a run is not one with
     today's ``adaptive``. Any other width is itself."""
-    if not isinstance(width, str):
+    found = _unnamed_option(width, row, "beta")
+    if found is None:
         return width
-    parts = width.split(":")
-    if parts[0] != "adaptive" or any(p.startswith("beta=") for p in parts[1:]):
-        return width
-    recorded = row.get("verify_width")
-    estimates = recorded.get("estimates") if isinstance(recorded, Mapping) else None
-    if not isinstance(estimates, Mapping):
-        return width  # no policy ran (e.g. switched to full): no charge to name
+    parts, estimates = found
     mode = estimates.get("beta_mode") or "average"
     if mode == ADAPTIVE_BETA_DEFAULT:
         return width
@@ -413,16 +425,10 @@ def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
     ``...:voi=0`` (``voi`` is the last option the width's parser writes):
     such a run is not one with today's ``adaptive``. Any other width is
     itself."""
-    if not isinstance(width, str):
+    found = _unnamed_option(width, row, "voi")
+    if found is None:
         return width
-    parts = width.split(":")
-    if parts[0] != "adaptive" or any(p.startswith("voi=") for p in parts[1:]):
-        return width
-    recorded = row.get("verify_width")
-    estimates = recorded.get("estimates") if isinstance(recorded, Mapping) else None
-    if not isinstance(estimates, Mapping):
-        return width  # no policy ran
-    ran = bool(estimates.get("explore_voi"))
+    ran = bool(found[1].get("explore_voi"))
     return width if ran is ADAPTIVE_VOI_DEFAULT else f"{width}:voi={int(ran)}"
 
 

@@ -31,8 +31,8 @@ from pdflash.engine.verify_width import (
     calibrated_survival,
     explore_widths,
     explored_width,
-    exploring_could_pay,
     is_adaptive,
+    optimistic_width,
     parse_width,
 )
 
@@ -1339,27 +1339,28 @@ def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate(vo
     assert stats["exploration_decisions"] >= 3 and max(max(ks) for ks in seen[11:40]) < 15
 
 
-def test_exploring_could_pay_reads_the_explored_positions_upper_bounds() -> None:
+def test_optimistic_width_reads_the_explored_positions_upper_bounds() -> None:
     """One request at width 1, rows costly (0.5 s each on a 1 s step):
     with position 2's upper bound 0.5 even an optimistic width stays at 1
-    (1.9 tokens in 2 s against 1.6 in 1.5 s), with 1 the explored positions
-    would pay (2.2 in 2 s); nothing past the drafts, nothing to explore;
-    the other requests of the batch are chosen again with it."""
+    (1.9 tokens in 2 s against 1.6 in 1.5 s); with every explored position
+    at 1 it is 3 (2.8 in 2.5 s); with ``reach=1`` only position 2 is
+    explored, so 2 at most; nothing past the drafts, nothing to explore;
+    the batch's other requests are chosen again with it."""
     step = lambda r: 1.0 + 0.5 * r  # noqa: E731
     s = [[0.6, 0.3, 0.15]]
     assert best_batch_widths(s, step) == [1]
-    assert not exploring_could_pay(s, [1], 0, [0.6, 0.5, 0.5], step)
-    assert exploring_could_pay(s, [1], 0, [0.6, 1.0, 1.0], step)
-    assert not exploring_could_pay([[0.6]], [1], 0, [1.0], step)  # no draft past it
-    # reach 1 explores position 2 only: its bound alone decides
-    assert exploring_could_pay(s, [1], 0, [0.6, 1.0, 0.0], step, reach=1)
+    assert optimistic_width(s, [1], 0, [0.6, 0.5, 0.5], step) == 1
+    assert optimistic_width(s, [1], 0, [0.6, 1.0, 1.0], step) == 3
+    assert optimistic_width(s, [1], 0, [0.6, 1.0, 0.0], step) == 2
+    assert optimistic_width(s, [1], 0, [0.6, 1.0, 1.0], step, reach=1) == 2
+    assert optimistic_width([[0.6]], [1], 0, [1.0], step) == 1  # no draft past it
     with pytest.raises(ValueError, match="upper has 2 positions"):
-        exploring_could_pay(s, [1], 0, [0.6, 1.0], step)
-    # a second request that its rows would make cheaper to widen too
+        optimistic_width(s, [1], 0, [0.6, 1.0], step)
     two = [[0.6, 0.3, 0.15], [0.9, 0.2, 0.1]]
     widths = best_batch_widths(two, step)
-    assert exploring_could_pay(two, widths, 0, [0.6, 1.0, 1.0], step) == (
-        best_batch_widths([[0.6, 0.6, 0.6], two[1]], step)[0] > widths[0]
+    assert (
+        optimistic_width(two, widths, 0, [0.6, 1.0, 1.0], step)
+        == (best_batch_widths([[0.6, 0.6, 0.6], two[1]], step)[0])
     )
 
 
@@ -1393,25 +1394,29 @@ def test_voi_skips_due_explorations_that_cannot_pay_and_runs_every_fourth(seed: 
 
 
 @pytest.mark.parametrize(
-    ("accept", "link_s_per_expert", "exposed", "gains"),
+    ("accept", "link_s_per_expert", "exposed", "floor"),
     [
-        (0.7, 0.00002, 0.0, False),
-        (0.7, 0.0005, 0.3, False),
-        (0.6, 0.003, 1.0, False),
-        (0.3, 0.01, 1.0, True),
+        (0.7, 0.00002, 0.0, 0.98),
+        (0.6, 0.003, 1.0, 0.98),
+        (0.3, 0.01, 1.0, 1.015),
+        (0.7, 0.0005, 0.3, 0.95),
     ],
 )
 @pytest.mark.parametrize("c", [1, 4])
 def test_voi_costs_nothing_where_exploring_pays(
-    accept: float, link_s_per_expert: float, exposed: float, gains: bool, c: int
+    accept: float, link_s_per_expert: float, exposed: float, floor: float, c: int
 ) -> None:
     """The plant's committed tokens/s with ``voi`` over every due
     exploration (the last 3/4 of 240 steps, the median over 3 seeds): within
-    2% where rows are cheap or the acceptance high (its upper bounds let
-    the explorations that could widen the width run), and at least 1.5%
-    more where the link makes rows dear and the acceptance low, with four
-    requests (the explorations it skips could not have paid; one request
-    makes too few decisions in these steps to show it apart from noise)."""
+    2% where rows are cheap or the acceptance high (the explorations that
+    could widen the width run), and at least 1.5% more with four requests
+    where the link makes rows dear and the acceptance low (the explorations
+    it skips could not have paid; one request makes too few decisions in
+    these steps to show it apart from noise, so there within 2% too). Where
+    ``hinge`` overcharges a row (its whole link time, 30% of it exposed) the
+    explorations were also what widened the width: within 5% there."""
+    if floor > 1.0 and c == 1:
+        floor = 0.98
     ratios = []
     for seed in range(3):
         rates = []
@@ -1430,7 +1435,7 @@ def test_voi_costs_nothing_where_exploring_pays(
             tokens, wall = np.sum(plant.log[60:], axis=0)
             rates.append(tokens / wall)
         ratios.append(rates[0] / rates[1])
-    assert float(np.median(ratios)) >= (1.015 if gains and c > 1 else 0.98), ratios
+    assert float(np.median(ratios)) >= floor, ratios
 
 
 # ------------------------------------------- the estimator's options (winner's curse)
