@@ -423,10 +423,11 @@ def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
     ran its explorations otherwise than today's default (rows recorded
     before ``voi`` became it: ``estimates.explore_voi`` absent or false), as
     ``...:voi=0`` (``voi`` is the last option the width's parser writes):
-    such a run is not one with today's ``adaptive``. Any other width is
-    itself."""
+    such a run is not one with today's ``adaptive``. A width that never
+    explores (``explore=0``: the rule has nothing to judge) and any other
+    width are themselves."""
     found = _unnamed_option(width, row, "voi")
-    if found is None:
+    if found is None or "explore=0" in found[0][1:]:
         return width
     ran = bool(found[1].get("explore_voi"))
     return width if ran is ADAPTIVE_VOI_DEFAULT else f"{width}:voi={int(ran)}"

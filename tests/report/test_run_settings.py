@@ -334,8 +334,8 @@ def test_an_adaptive_row_that_ran_every_due_exploration_is_not_todays_adaptive()
     """``adaptive`` gained ``voi`` (on by default): a row whose policy ran
     every due exploration (``estimates.explore_voi`` false, or absent as
     before it existed) keys and shows as ``...:voi=0``, after its charge
-    where that differs too; today's rows and explicit ``voi=`` keep their
-    width."""
+    where that differs too; today's rows, explicit ``voi=`` and widths that
+    never explore keep their width."""
     from pdflash.engine.verify_width import AdaptiveWidth, parse_width
     from pdflash.report import schema
 
@@ -343,9 +343,12 @@ def test_an_adaptive_row_that_ran_every_due_exploration_is_not_todays_adaptive()
     assert _width_of(_adaptive_row("adaptive", "hinge")) == "adaptive"
     assert _width_of(_adaptive_row("adaptive", "hinge", voi=False)) == "adaptive:voi=0"
     assert _width_of(_adaptive_row("adaptive", "hinge", voi=None)) == "adaptive:voi=0"
-    named = _width_of(_adaptive_row("adaptive:explore=0", "average", voi=None))
-    assert named == "adaptive:beta=average:explore=0:voi=0"
+    named = _width_of(_adaptive_row("adaptive:reach=1", "average", voi=None))
+    assert named == "adaptive:beta=average:reach=1:voi=0"
     assert named == str(parse_width(named, 16))
+    # a width that never explores has nothing for the rule to judge
+    never = _width_of(_adaptive_row("adaptive:explore=0", "hinge", voi=None))
+    assert never == "adaptive:explore=0"
     assert _width_of(_adaptive_row("adaptive:voi=0", "hinge", voi=False)) == "adaptive:voi=0"
     assert _width_of(_adaptive_row("adaptive:voi=1", "hinge", voi=True)) == "adaptive:voi=1"
     assert _width_of(_adaptive_row("fixed:1", "hinge", voi=None)) == "fixed:1"
