@@ -1001,11 +1001,14 @@ def test_steps_report_route_aheads_batch_books_as_the_route_ahead_stats_count_th
 
     tmp, cases = offloaded
     policy = _Recording()
-    eng, _ = _engine(tmp, "PD", policy)
+    eng, issuer = _engine(tmp, "PD", policy)
     eng.route_stats = RouteAheadStats.for_adapter(eng.adapter)
-    for prompt, _ in cases:
-        eng.add_request(prompt, max_new_tokens=14)
-    eng.run_until_done(max_steps=400)
+    try:
+        for prompt, _ in cases:
+            eng.add_request(prompt, max_new_tokens=14)
+        eng.run_until_done(max_steps=400)
+    finally:
+        issuer.close()  # its worker threads end now, not at a later collection
     batch = eng.route_stats.snapshot().batch
     named = sum(m.route_ahead_predicted for m in policy.measured)
     hits = sum(m.route_ahead_hits for m in policy.measured)
@@ -1022,7 +1025,8 @@ def test_the_engines_controller_gates_route_ahead_as_configured(
     setting: str, gate: float | None, offloaded: tuple[Any, list[Any]]
 ) -> None:
     tmp, _ = offloaded
-    eng, _ = _engine(tmp, "PD", None, route_ahead_gate=setting)
+    eng, issuer = _engine(tmp, "PD", None, route_ahead_gate=setting)
+    issuer.close()
     assert isinstance(eng.parts.policy, PDController)
     assert eng.parts.policy.route_ahead_gate == gate
     assert eng.parts.policy.summary()["settings"]["route_ahead_gate"] == gate
@@ -1038,10 +1042,13 @@ def test_route_aheads_books_charge_the_predictors_span_not_the_hosts_wall(
     wait and is not what the books charge)."""
     tmp, cases = offloaded
     policy = _Recording()
-    eng, _ = _engine(tmp, "PD", policy)
-    for prompt, _ in cases:
-        eng.add_request(prompt, max_new_tokens=14)
-    eng.run_until_done(max_steps=400)
+    eng, issuer = _engine(tmp, "PD", policy)
+    try:
+        for prompt, _ in cases:
+            eng.add_request(prompt, max_new_tokens=14)
+        eng.run_until_done(max_steps=400)
+    finally:
+        issuer.close()
     charged = sum(m.part_host_s["route_ahead"] for m in policy.measured)
     span = eng.timer.kind_s("predict")
     assert span > 0.0 and eng.predict_s > span  # the host's bracket is the wider
