@@ -848,6 +848,15 @@ class WidthPlant:
             explore_voi=explore_voi,
         )
 
+    def rate(self, pol: AdaptiveWidth, *, steps: int, c: int, skip: int) -> float:
+        """Committed tokens per second of ``steps`` more steps of ``c``
+        requests, leaving out their first ``skip``."""
+        start = len(self.log)
+        for _ in range(steps):
+            self.step(pol, c=c)
+        tokens, wall = np.sum(self.log[start + skip :], axis=0)
+        return float(tokens / wall)
+
     def exposed_s(self, link: float, busy: float) -> float:
         return max(self.exposed * link, link - busy)
 
@@ -1429,11 +1438,7 @@ def test_voi_costs_nothing_where_exploring_pays(
                 exposed=exposed,
                 seed=seed,
             )
-            pol = plant.policy(explore_voi=voi)
-            for _ in range(240):
-                plant.step(pol, c=c)
-            tokens, wall = np.sum(plant.log[60:], axis=0)
-            rates.append(tokens / wall)
+            rates.append(plant.rate(plant.policy(explore_voi=voi), steps=240, c=c, skip=60))
         ratios.append(rates[0] / rates[1])
     assert float(np.median(ratios)) >= floor, ratios
 

@@ -45,11 +45,7 @@ def rate(point: tuple[float, ...], c: int, seed: int, voi: bool, z: float) -> fl
         exposed=exposed,
         seed=seed,
     )
-    pol = plant.policy(explore_voi=voi)
-    for _ in range(300):
-        plant.step(pol, c=c)
-    tokens, wall = np.sum(plant.log[75:], axis=0)
-    return float(tokens / wall)
+    return float(plant.rate(plant.policy(explore_voi=voi), steps=300, c=c, skip=75))
 
 
 print("accept link_s/expert exposed c | voi z=2 / voi=0: median (least) | z=1: median (least)")
