@@ -64,6 +64,7 @@ from pdflash.engine.config import (
     BASELINES,
     CUDA_GRAPHS,
     DEFAULT_HOST_AHEAD_MIN_EXPOSED,
+    DEFAULT_ROUTE_AHEAD_GATE,
     FULL_CACHE,
     HOST_CONTROLS,
     LOOKAHEAD_SCORE_SETTINGS,
@@ -309,11 +310,11 @@ class RunSpec:
     # (the acceptance horizon's first rows) or "verified" (every row the
     # verify routes); a run without route-ahead ignores it
     route_ahead_horizon: str = "acceptance"
-    # whether PD's controller gates route-ahead on its batch precision
-    # (pdflash.engine.config.EngineConfig.route_ahead_gate: "precision" or
-    # "off"); a run without the controller's route-ahead, or with a host
-    # service, ignores it
-    route_ahead_gate: str = "precision"
+    # how PD's controller gates route-ahead
+    # (pdflash.engine.config.EngineConfig.route_ahead_gate: "precision_cost",
+    # "precision" or "off"); a run without the controller's route-ahead, or
+    # with a host service, ignores it
+    route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
     # "first_round": after the warm-up, workload bursts outside the clock
     # until PD's controller has ended its first round of probes (the state a
     # server's engine is in after its first steps); "off": the warm-up alone.

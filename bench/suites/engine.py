@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pdflash.engine.config import DEFAULT_HOST_AHEAD_MIN_EXPOSED, FULL_CACHE, HOST_CONTROLS
+from pdflash.engine.config import (
+    DEFAULT_HOST_AHEAD_MIN_EXPOSED,
+    DEFAULT_ROUTE_AHEAD_GATE,
+    FULL_CACHE,
+    HOST_CONTROLS,
+    ROUTE_AHEAD_GATES,
+)
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
 from pdflash.hybrid.planner import HOST_AHEAD_FROM_CHOICES
 from pdflash.report.schema import CONTROLLER_WARMUPS
@@ -442,15 +448,15 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         help="what the union's approximate router reads: auto (the drafter's hidden states "
         "where the drafter exposes them, else the embeddings), drafter or embed",
     )
-    from pdflash.engine.config import ROUTE_AHEAD_GATES
-
     parser.add_argument(
         "--route-ahead-gate",
-        default="precision",
+        default=DEFAULT_ROUTE_AHEAD_GATE,
         choices=list(ROUTE_AHEAD_GATES),
-        help="PD's controller over route-ahead: precision (route-ahead runs by default only "
-        "while at least half the experts it predicts are routed; below that it must earn "
-        "its place by its probes) or off (judged as PD's other parts)",
+        help="PD's controller over route-ahead: precision_cost (default: route-ahead runs by "
+        "default only while at least half the experts it predicts are routed and its host "
+        "time is below what those routed predictions could save, one expert's copy each; "
+        "otherwise it must earn its place by its probes), precision (the first rule alone) "
+        "or off (judged as PD's other parts)",
     )
 
 
@@ -465,7 +471,7 @@ def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "routing_source": "model",
         "route_ahead_source": "union",
         "route_ahead_proxy": "auto",
-        "route_ahead_gate": "precision",
+        "route_ahead_gate": DEFAULT_ROUTE_AHEAD_GATE,
     }
     return {
         name: getattr(args, name)

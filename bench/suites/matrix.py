@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pdflash.engine.config import DEFAULT_ROUTE_AHEAD_GATE
 from pdflash.report.schema import (
     CONTROLLER_WARMUPS,
     SETTING_DEFAULTS,
@@ -883,7 +884,7 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--route-ahead-source {args.route_ahead_source}")
     if getattr(args, "route_ahead_proxy", "auto") != "auto":
         parts.append(f"--route-ahead-proxy {args.route_ahead_proxy}")
-    if getattr(args, "route_ahead_gate", "precision") != "precision":
+    if getattr(args, "route_ahead_gate", DEFAULT_ROUTE_AHEAD_GATE) != DEFAULT_ROUTE_AHEAD_GATE:
         parts.append(f"--route-ahead-gate {args.route_ahead_gate}")
     for name, default in SERVING_DEFAULTS.items():
         value = getattr(args, name, default)

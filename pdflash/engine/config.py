@@ -89,9 +89,13 @@ HOST_EXPERTS = ("off", "auto")
 #: (:class:`~pdflash.engine.pd_controller.PDController`): ``controller`` (its
 #: host gate and must-earn probes) or ``always`` (on, never probed nor gated)
 HOST_CONTROLS = ("controller", "always")
-#: :attr:`EngineConfig.route_ahead_gate`'s choices: ``precision`` (the PD
-#: controller's route-ahead gate on its batch precision) or ``off``
-ROUTE_AHEAD_GATES = ("precision", "off")
+#: :attr:`EngineConfig.route_ahead_gate`'s choices: ``precision_cost`` (the
+#: PD controller's route-ahead gate on its batch precision and on its host
+#: time against what its routed predictions could save), ``precision`` (on
+#: its batch precision alone) or ``off``
+ROUTE_AHEAD_GATES = ("precision_cost", "precision", "off")
+#: :attr:`EngineConfig.route_ahead_gate`'s default
+DEFAULT_ROUTE_AHEAD_GATE = "precision_cost"
 CUDA_GRAPHS = ("off", "auto", "piecewise")
 #: :attr:`EngineConfig.route_ahead_horizon`'s choices: predict for the rows
 #: the acceptance horizon keeps, or for every row the verify routes
@@ -214,11 +218,13 @@ class EngineConfig:
             Opt-in (README, "Hybrid miss service", has its measurements).
         route_ahead_gate: with the PD controller on (``parts_controller``),
             route-ahead on and no hybrid miss service (whose planner reads
-            route-ahead's predictions too), ``precision`` (default: route-ahead runs by
-            default only while its batch precision is at least
-            :data:`~pdflash.engine.pd_controller.ROUTE_AHEAD_GATE_PRECISION`;
-            below it, it is switched off and must earn its place by its
-            probes) or ``off`` (route-ahead judged as PD's other parts).
+            route-ahead's predictions too), ``precision_cost`` (default:
+            route-ahead runs by default only while its batch precision is at
+            least :data:`~pdflash.engine.pd_controller.ROUTE_AHEAD_GATE_PRECISION`
+            and its host time is below what its routed predictions could
+            save at one expert's copy each; otherwise it is switched off and
+            must earn its place by its probes), ``precision`` (the precision
+            alone) or ``off`` (route-ahead judged as PD's other parts).
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
@@ -271,7 +277,7 @@ class EngineConfig:
     full_cache: str = "auto"
     host_experts: str = "off"
     host_control: str = "controller"
-    route_ahead_gate: str = "precision"
+    route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
     verify_width: str = "full"

@@ -476,8 +476,9 @@ class Engine:
                 host_gate=pd_controller.HOST_GATE_EXPOSED,
                 host_control=config.host_control,
                 route_ahead_gate=pd_controller.ROUTE_AHEAD_GATE_PRECISION
-                if config.route_ahead_gate == "precision"
+                if config.route_ahead_gate != "off"
                 else None,
+                route_ahead_cost_gate=config.route_ahead_gate == "precision_cost",
             )
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
         # ---- verify width hook (pdflash.engine.verify_width) ----

@@ -238,6 +238,28 @@ a probe of route-ahead has switched it, its probes judge it. ``summary()``
 gives the window's precision (``route_ahead_precision``) and ``settings``
 the gate.
 
+**The gate's cost bound** (``route_ahead_cost_gate``; the engine's
+controller sets it where
+:attr:`~pdflash.engine.config.EngineConfig.route_ahead_gate` is
+``precision_cost``, the default): precision alone says nothing of what a
+right copy is worth. A predicted expert the verify routes saves at most one
+copy's link time (its copy, or its miss avoided by protecting it), so over
+the window route-ahead saves at most its hits times one expert's copy time
+(the expert's bytes at the issuer's measured link rate), whatever its
+copies' timing. Route-ahead's own host time (the predictor and its copy
+issue, with the stream's planning, which runs only with it) is measured.
+Where that host time exceeds the bound over the window the part cannot pay
+(small experts on a fast link: the copies it hides take microseconds, its
+predictor fractions of a millisecond), and the gate switches it off as it
+does an imprecise one: at its first decision, and by its watch. The bound is
+loose (the wrong copies' cost and the copies' timeliness are left out, both
+against route-ahead), so it switches route-ahead off only where no timing
+could make it pay. While the bound holds, route-ahead must earn its place,
+and a must-earn probe's verdict to switch it on is overruled (the window
+then holds the probe's on-arm steps: a gain the bound says cannot be is
+noise). Steps whose measurement lacks a copy time (no link rate measured
+yet) are not counted by it.
+
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
 ``controller`` (default) judges the host part as above; ``always`` runs it
@@ -264,7 +286,7 @@ import numpy as np
 # ``controller`` (its gate and must-earn probes) or ``always``
 from pdflash.engine.config import HOST_CONTROLS as HOST_CONTROLS
 from pdflash.engine.config import check_host_control
-from pdflash.engine.verify_width import SurvivalEstimator
+from pdflash.engine.verify_width import SurvivalEstimator, link_rate_of
 
 if TYPE_CHECKING:
     from pdflash.engine.engine import Engine, StepReport
@@ -413,6 +435,9 @@ class StepMeasurement:
             route-ahead predictions named, union over its requests (0: no
             prediction this step).
         route_ahead_hits: of those, the pairs the verify routed.
+        expert_copy_s: the link seconds one expert's copy takes (its bytes
+            at the issuer's measured rate; None: not measured), for the
+            route-ahead gate's cost bound.
     """
 
     wall_s: float
@@ -428,6 +453,7 @@ class StepMeasurement:
     prefetch_wasted_bytes: int | None = None
     route_ahead_predicted: int = 0
     route_ahead_hits: int = 0
+    expert_copy_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.wall_s >= 0.0:
@@ -450,6 +476,9 @@ class StepMeasurement:
         e = self.expected_committed_tokens
         if e is not None and not (math.isfinite(e) and e >= 0.0):
             raise ValueError(f"expected_committed_tokens must be finite and >= 0, got {e}")
+        c = self.expert_copy_s
+        if c is not None and not (math.isfinite(c) and c >= 0.0):
+            raise ValueError(f"expert_copy_s must be finite and >= 0, got {c}")
 
 
 @runtime_checkable
@@ -711,6 +740,30 @@ def must_earn_verdict(
 
 
 @dataclass(frozen=True)
+class _RouteAheadStep:
+    """What the route-ahead gate keeps of a step with predictions."""
+
+    named: int
+    hits: int
+    #: route-ahead's own host seconds (its part's, with the stream's, which
+    #: runs only with it)
+    host_s: float
+    #: the most its routed predictions could save: one expert's copy each
+    #: (None: no copy time measured)
+    saving_bound_s: float | None
+
+    @classmethod
+    def of(cls, m: StepMeasurement) -> _RouteAheadStep:
+        copy_s = m.expert_copy_s
+        return cls(
+            named=m.route_ahead_predicted,
+            hits=m.route_ahead_hits,
+            host_s=m.part_host_s.get("route_ahead", 0.0) + m.part_host_s.get("stream", 0.0),
+            saving_bound_s=None if copy_s is None else m.route_ahead_hits * copy_s,
+        )
+
+
+@dataclass(frozen=True)
 class _Pair:
     """One probe pair: the measurement as configured (A) and flipped (B)."""
 
@@ -782,6 +835,10 @@ class PDController:
             part.
         route_ahead_gate_steps: steps with predictions the gate's first
             decision needs; at most :data:`ROUTE_AHEAD_GATE_WINDOW`.
+        route_ahead_cost_gate: the gate also switches route-ahead off where
+            its host time exceeds what its routed predictions could save at
+            one expert's copy each (module docstring, "The gate's cost
+            bound"); needs ``route_ahead_gate``.
     """
 
     name = "paired-steps"
@@ -809,6 +866,7 @@ class PDController:
         host_control: str = "controller",
         route_ahead_gate: float | None = None,
         route_ahead_gate_steps: int = ROUTE_AHEAD_GATE_STEPS,
+        route_ahead_cost_gate: bool = False,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -851,6 +909,10 @@ class PDController:
                 f"route_ahead_gate_steps must be <= {ROUTE_AHEAD_GATE_WINDOW} (the window), "
                 f"got {route_ahead_gate_steps}"
             )
+        if route_ahead_cost_gate and route_ahead_gate is None:
+            raise ValueError(
+                "route_ahead_cost_gate needs a route_ahead_gate (the bound is its rule)"
+            )
         check_host_control(host_control)
         self.host_control = host_control
         given = dict(stances or {})
@@ -880,6 +942,7 @@ class PDController:
         self.host_gate_steps = host_gate_steps
         self.route_ahead_gate = None if route_ahead_gate is None else float(route_ahead_gate)
         self.route_ahead_gate_steps = route_ahead_gate_steps
+        self.route_ahead_cost_gate = bool(route_ahead_cost_gate)
         self._initial = initial
         self._available = ALL_ON
         self._fresh_state()
@@ -897,8 +960,8 @@ class PDController:
         #: the host part is off by the gate's reading (not by a must-earn
         #: probe): the gate re-reads its window outside probes
         self._gate_watch = False
-        #: (named, routed) of the latest steps with route-ahead's predictions
-        self._ra_window: deque[tuple[int, int]] = deque(maxlen=ROUTE_AHEAD_GATE_WINDOW)
+        #: the latest steps with route-ahead's predictions
+        self._ra_window: deque[_RouteAheadStep] = deque(maxlen=ROUTE_AHEAD_GATE_WINDOW)
         #: the route-ahead gate's first decision is still to be made (bind)
         self._ra_gate_first = False
         #: measured steps the first decision has waited
@@ -1022,6 +1085,7 @@ class PDController:
             "host_control": self.host_control,
             "route_ahead_gate": self.route_ahead_gate,
             "route_ahead_gate_steps": self.route_ahead_gate_steps,
+            "route_ahead_cost_gate": self.route_ahead_cost_gate,
         }
         return out
 
@@ -1040,7 +1104,7 @@ class PDController:
         if m.route_ahead_predicted > 0:
             # precision is the predictions' and the routing's, not the
             # step's timing: every step with predictions reads it
-            self._ra_window.append((m.route_ahead_predicted, m.route_ahead_hits))
+            self._ra_window.append(_RouteAheadStep.of(m))
         if self._probing:
             self._round_steps += 1
             self._probe_b_steps += int(self._parts != self._base)
@@ -1244,8 +1308,41 @@ class PDController:
     def _ra_precision(self) -> float | None:
         """The route-ahead gate's window: its steps' batch precision (None:
         no step with predictions)."""
-        named = sum(n for n, _ in self._ra_window)
-        return sum(h for _, h in self._ra_window) / named if named else None
+        named = sum(x.named for x in self._ra_window)
+        return sum(x.hits for x in self._ra_window) / named if named else None
+
+    def _ra_cost_bound(self) -> tuple[float, float, int, int] | None:
+        """The cost bound's reading over the window's steps that measured a
+        copy time: (route-ahead's host seconds, the most its routed
+        predictions could save, their count, steps); None: no such step."""
+        steps = [x for x in self._ra_window if x.saving_bound_s is not None]
+        if not steps:
+            return None
+        return (
+            sum(x.host_s for x in steps),
+            sum(x.saving_bound_s or 0.0 for x in steps),
+            sum(x.hits for x in steps),
+            len(steps),
+        )
+
+    def _ra_cannot_pay(self) -> bool:
+        """The cost bound (module docstring): route-ahead's host time over
+        the window exceeds what its routed predictions could save."""
+        if not self.route_ahead_cost_gate:
+            return False
+        reading = self._ra_cost_bound()
+        return reading is not None and reading[0] > reading[1]
+
+    def _ra_cost_text(self) -> str:
+        reading = self._ra_cost_bound()
+        if reading is None:
+            return "no step with a measured copy time"
+        host, bound, hits, steps = reading
+        return (
+            f"route-ahead's host time {host * 1e3:.3g} ms over the latest {steps} steps with "
+            f"predictions, their {hits} routed predictions at most {bound * 1e3:.3g} ms of "
+            f"copies saved"
+        )
 
     def _ra_window_text(self) -> str:
         precision = self._ra_precision()
@@ -1268,6 +1365,8 @@ class PDController:
             precision = self._ra_precision()
             if self._ra_gated or (precision is not None and precision < gate):
                 return "must_earn"
+            if self._ra_cannot_pay():
+                return "must_earn"
         return self.stances[part]
 
     def _ra_gate_first_decision(self) -> None:
@@ -1282,8 +1381,18 @@ class PDController:
         precision = self._ra_precision()
         step = self._books.steps
         nums = self._ra_window_text()
+        if (precision is None or precision >= gate) and self._ra_cannot_pay():
+            self._skip_ra_turn = True
+            self._ra_gate_off(
+                f"switched off (gated: it cannot save its own host time; it must earn its "
+                f"way back from the next round): {self._ra_cost_text()}; {nums}"
+            )
+            return
         if precision is None or precision >= gate:
-            self._log(Decision(step, "route_ahead", True, False, f"kept on (gate): {nums}"))
+            kept = f"kept on (gate): {nums}"
+            if self.route_ahead_cost_gate:
+                kept += f"; {self._ra_cost_text()}"
+            self._log(Decision(step, "route_ahead", True, False, kept))
             self._ra_watch = True
             return
         self._skip_ra_turn = True
@@ -1306,6 +1415,11 @@ class PDController:
             self._ra_gate_off(
                 f"switched off (gated on re-reading: its copies now mostly unrouted; it "
                 f"must earn its way back): {self._ra_window_text()}"
+            )
+        elif self._ra_cannot_pay():
+            self._ra_gate_off(
+                f"switched off (gated on re-reading: it cannot save its own host time; it "
+                f"must earn its way back): {self._ra_cost_text()}; {self._ra_window_text()}"
             )
 
     def _ra_gate_off(self, why: str) -> None:
@@ -1419,6 +1533,12 @@ class PDController:
         )
         if self._probe_stance != self.stances[part]:
             nums += f"; must earn by the route-ahead gate: {self._ra_window_text()}"
+        # a gain shown where the gate's cost bound (over the window, which
+        # holds the probe's on-arm steps) says none can be is noise
+        overruled = part == "route_ahead" and verdict and self._ra_cannot_pay()
+        if overruled:
+            verdict = False
+            nums += f"; overruled by the gate's cost bound: {self._ra_cost_text()}"
         step = self._books.steps
         if part == HOST_PART:
             self._gate_watch = False  # the part's own probe judged it
@@ -1426,7 +1546,12 @@ class PDController:
             self._ra_gated = not verdict  # off: it must earn its way back
             self._ra_watch = False  # its own probe judged it
         if verdict == now:
-            kept = "kept on (pays)" if now else "kept off (not shown to pay)"
+            if now:
+                kept = "kept on (pays)"
+            elif overruled:
+                kept = "kept off (cannot save its own host time)"
+            else:
+                kept = "kept off (not shown to pay)"
             self._log(Decision(step, part, now, False, f"{kept}: {nums}"))
             self._end_probe()
             return True
@@ -1436,6 +1561,8 @@ class PDController:
         self._set(self._base)
         if verdict:
             why = "pays again"
+        elif overruled:
+            why = "cannot save its own host time"
         elif gain is not None and gain.mean < 0:
             why = "costs more than it saves"
         else:
@@ -1759,7 +1886,18 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
         ),
         route_ahead_predicted=eng.route_ahead_predicted_n - mk.route_ahead_predicted,
         route_ahead_hits=eng.route_ahead_hit_n - mk.route_ahead_hits,
+        expert_copy_s=_expert_copy_s(cache),
     )
+
+
+def _expert_copy_s(cache: object) -> float | None:
+    """One expert's copy time at the issuer's measured link rate (None:
+    no rate measured, or no cache)."""
+    nbytes = getattr(cache, "expert_nbytes", None)
+    rate = link_rate_of(cache)
+    if rate is None or not isinstance(nbytes, int) or nbytes <= 0:
+        return None
+    return nbytes / rate
 
 
 def after_step(parts: EngineParts, report: StepReport) -> None:

@@ -1856,7 +1856,7 @@ class WidthHook:
                 wall_s=wall,
                 union_experts=self._union,
                 copied_bytes=copied,
-                link_bytes_per_s=_link_rate(eng.expert_cache),
+                link_bytes_per_s=link_rate_of(eng.expert_cache),
                 verify_compute_s=max(0.0, verify - exposed),
                 exposed_fetch_s=exposed,
             )
@@ -1871,7 +1871,7 @@ def _copied(cache: object) -> int | None:
     return None
 
 
-def _link_rate(cache: object) -> float | None:
+def link_rate_of(cache: object) -> float | None:
     """The issuer's link-rate estimate in bytes/s (None: not measured)."""
     issuer = getattr(cache, "issuer", None)
     stats = getattr(issuer, "stats", None)

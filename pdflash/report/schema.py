@@ -635,9 +635,11 @@ def _spec_gates_route_ahead(spec: Mapping[str, Any]) -> bool:
 
 
 def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
-    """A row's route-ahead gate as its controller ran it: ``off`` where the
-    gate would act and the row's PD controller recorded its settings
-    without one (recorded before the gate existed, or run with it off)."""
+    """A row's route-ahead gate as its controller ran it, where the gate
+    would act and the row's PD controller recorded its settings: ``off``
+    without a gate (recorded before the gate existed, or run with it off),
+    ``precision`` with a gate but no cost bound (recorded before the bound
+    existed, or run with ``precision``)."""
     spec = row.get("spec")
     settings_of_run: Mapping[str, Any] = (
         spec
@@ -654,8 +656,12 @@ def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
         return value
     parts = row.get("pd_parts")
     settings = parts.get("settings") if isinstance(parts, Mapping) else None
-    if isinstance(settings, Mapping) and settings.get("route_ahead_gate") is None:
+    if not isinstance(settings, Mapping):
+        return value
+    if settings.get("route_ahead_gate") is None:
         return "off"
+    if not settings.get("route_ahead_cost_gate", False):
+        return "precision"
     return value
 
 
@@ -790,7 +796,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # defaults equal); rows whose controller ran without it read "off"
     RunSetting(
         "route_ahead_gate",
-        "precision",
+        "precision_cost",
         _recorded("route_ahead_gate"),
         refine=_refine_route_ahead_gate,
         read_where=_spec_gates_route_ahead,

@@ -1,7 +1,8 @@
 """PD's route-ahead gate (``route_ahead_gate``) as a run setting: a RunSpec
-field with the engine's default, checked, reaching the engine configuration,
-keyed by the report only where PD's controller runs route-ahead, read as
-``off`` for rows whose controller ran without it, recorded by runs, and
+field with the engine's default, checked, reaching the engine configuration
+and its controller, keyed by the report only where PD's controller runs
+route-ahead, read as ``off`` for rows whose controller ran without it and as
+``precision`` for rows whose gate had no cost bound, recorded by runs, and
 settable on the matrix command and an issue-16 arm."""
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings
 
 
 def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
-    assert ROUTE_AHEAD_GATES == ("precision", "off")
-    assert SETTING.default == EngineConfig().route_ahead_gate == "precision"
-    assert RunSpec(arch="tiny", baseline="PD").route_ahead_gate == "precision"
-    spec = RunSpec(arch="tiny", baseline="PD", route_ahead_gate="off")
-    spec.validate()
-    assert spec.engine_config().route_ahead_gate == "off"
+    assert ROUTE_AHEAD_GATES == ("precision_cost", "precision", "off")
+    assert SETTING.default == EngineConfig().route_ahead_gate == "precision_cost"
+    assert RunSpec(arch="tiny", baseline="PD").route_ahead_gate == "precision_cost"
+    for gate in ROUTE_AHEAD_GATES:
+        spec = RunSpec(arch="tiny", baseline="PD", route_ahead_gate=gate)
+        spec.validate()
+        assert spec.engine_config().route_ahead_gate == gate
     with pytest.raises(ValueError, match="route_ahead_gate"):
         EngineConfig(route_ahead_gate="on")
     with pytest.raises(ValueError, match="route_ahead_gate"):
@@ -35,7 +37,8 @@ def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
 
 def test_specs_are_keyed_by_it_where_the_controller_runs_route_ahead() -> None:
     base = {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2}
-    assert spec_settings(base) == spec_settings({**base, "route_ahead_gate": "precision"})
+    assert spec_settings(base) == spec_settings({**base, "route_ahead_gate": "precision_cost"})
+    assert spec_settings(base) != spec_settings({**base, "route_ahead_gate": "precision"})
     assert spec_settings(base) != spec_settings({**base, "route_ahead_gate": "off"})
     full_width = {**base, "baseline": "PD-full-width"}
     assert spec_settings(full_width) != spec_settings({**full_width, "route_ahead_gate": "off"})
@@ -57,22 +60,34 @@ def _pd_row(**fields: Any) -> dict[str, Any]:
 
 
 def test_rows_read_the_gate_their_controller_ran() -> None:
+    bounded = {
+        "settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION, "route_ahead_cost_gate": True}
+    }
+    precision = {
+        "settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION, "route_ahead_cost_gate": False}
+    }
+    # recorded before the cost bound existed: the gate on precision alone
     gated = {"settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION}}
     ungated = {"settings": {"route_ahead_gate": None}}
     before = {"settings": {"margin": 0.05}}  # recorded before the gate existed
+    row = _pd_row(route_ahead_gate="precision_cost", pd_parts=bounded)
+    assert SETTING.of_row(row) == "precision_cost"
+    assert SETTING.of_row(_pd_row(route_ahead_gate="precision", pd_parts=precision)) == "precision"
     assert SETTING.of_row(_pd_row(route_ahead_gate="precision", pd_parts=gated)) == "precision"
+    assert SETTING.of_row(_pd_row(pd_parts=gated)) == "precision"
     assert SETTING.of_row(_pd_row(route_ahead_gate="off", pd_parts=ungated)) == "off"
     assert SETTING.of_row(_pd_row(pd_parts=before)) == "off"
     spec_row = _pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=before)
     assert SETTING.of_row(spec_row) == "off"
     # a row that records no controller reads as its spec or the default
-    assert SETTING.of_row(_pd_row()) == "precision"
+    assert SETTING.of_row(_pd_row()) == "precision_cost"
     # where the gate does not act (a host service) an old row is no "off" run
-    assert SETTING.of_row(_pd_row(baseline="PD+host", pd_parts=before)) == "precision"
+    assert SETTING.of_row(_pd_row(baseline="PD+host", pd_parts=before)) == "precision_cost"
     hosted = _pd_row(host_experts="auto", pd_parts=before)
-    assert SETTING.of_row(hosted) == "precision"
+    assert SETTING.of_row(hosted) == "precision_cost"
     assert row_key(_pd_row(pd_parts=before)) != row_key(_pd_row(pd_parts=gated))
-    assert row_key(_pd_row(pd_parts=gated)) == row_key(_pd_row())
+    assert row_key(_pd_row(pd_parts=gated)) != row_key(_pd_row(pd_parts=bounded))
+    assert row_key(_pd_row(pd_parts=bounded)) == row_key(_pd_row())
 
 
 def test_a_run_records_it() -> None:
@@ -86,16 +101,20 @@ def test_a_run_records_it() -> None:
         max_new_tokens=8,
     )
     pd = run_spec(RunSpec(baseline="PD", **base)).row
-    assert pd["route_ahead_gate"] == "precision"
+    assert pd["route_ahead_gate"] == "precision_cost"
     assert pd["pd_parts"]["settings"]["route_ahead_gate"] == ROUTE_AHEAD_GATE_PRECISION
-    assert SETTING.of_row(pd) == "precision"
+    assert pd["pd_parts"]["settings"]["route_ahead_cost_gate"] is True
+    assert SETTING.of_row(pd) == "precision_cost"
+    precision = run_spec(RunSpec(baseline="PD", route_ahead_gate="precision", **base)).row
+    assert precision["pd_parts"]["settings"]["route_ahead_cost_gate"] is False
+    assert SETTING.of_row(precision) == "precision"
     off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **base)).row
     assert (
         off["route_ahead_gate"] == "off" and off["pd_parts"]["settings"]["route_ahead_gate"] is None
     )
     assert SETTING.of_row(off) == "off"
     b1 = run_spec(RunSpec(baseline="B1", **base)).row
-    assert b1["route_ahead_gate"] is None and SETTING.of_row(b1) == "precision"
+    assert b1["route_ahead_gate"] is None and SETTING.of_row(b1) == "precision_cost"
 
 
 def test_an_issue16_arm_sets_it() -> None:

@@ -1019,17 +1019,49 @@ def test_steps_report_route_aheads_batch_books_as_the_route_ahead_stats_count_th
 
 
 @pytest.mark.parametrize(
-    ("setting", "gate"), [("precision", ROUTE_AHEAD_GATE_PRECISION), ("off", None)]
+    ("setting", "gate", "cost"),
+    [
+        ("precision_cost", ROUTE_AHEAD_GATE_PRECISION, True),
+        ("precision", ROUTE_AHEAD_GATE_PRECISION, False),
+        ("off", None, False),
+    ],
 )
 def test_the_engines_controller_gates_route_ahead_as_configured(
-    setting: str, gate: float | None, offloaded: tuple[Any, list[Any]]
+    setting: str, gate: float | None, cost: bool, offloaded: tuple[Any, list[Any]]
 ) -> None:
     tmp, _ = offloaded
     eng, issuer = _engine(tmp, "PD", None, route_ahead_gate=setting)
     issuer.close()
     assert isinstance(eng.parts.policy, PDController)
     assert eng.parts.policy.route_ahead_gate == gate
-    assert eng.parts.policy.summary()["settings"]["route_ahead_gate"] == gate
+    assert eng.parts.policy.route_ahead_cost_gate is cost
+    settings = eng.parts.policy.summary()["settings"]
+    assert settings["route_ahead_gate"] == gate and settings["route_ahead_cost_gate"] is cost
+
+
+def test_steps_measure_one_experts_copy_time_at_the_issuers_rate(
+    offloaded: tuple[Any, list[Any]],
+) -> None:
+    """Each step's ``expert_copy_s`` is the cache's expert bytes at the
+    issuer's link-rate estimate as it stood (the gate's cost bound reads
+    it), once the issuer has one."""
+    from pdflash.engine.verify_width import link_rate_of
+
+    tmp, cases = offloaded
+    policy = _Recording()
+    eng, issuer = _engine(tmp, "PD", policy)
+    try:
+        for prompt, _ in cases:
+            eng.add_request(prompt, max_new_tokens=14)
+        eng.run_until_done(max_steps=400)
+        rate = link_rate_of(eng.expert_cache)
+    finally:
+        issuer.close()
+    measured = [m.expert_copy_s for m in policy.measured if m.expert_copy_s is not None]
+    assert rate is not None and measured
+    assert all(c > 0.0 for c in measured)
+    # the last step's reading is the rate as it stands after the run
+    assert policy.measured[-1].expert_copy_s == pytest.approx(eng.expert_cache.expert_nbytes / rate)
 
 
 def test_route_aheads_books_charge_the_predictors_span_not_the_hosts_wall(

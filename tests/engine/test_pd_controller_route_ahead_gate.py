@@ -3,9 +3,12 @@ whose predictions are mostly unrouted (batch precision below the gate) is
 switched off by the gate's first decision, a few steps in, and must earn its
 way back by must-earn probes; where its precision is at or above the gate it
 is judged as before (default on), and the gate keeps watching its precision
-until a probe of route-ahead switches it. Simulated steps: the step's wall depends
-on whether route-ahead runs (``ra_factor``), with multiplicative noise, and
-route-ahead's steps report the named/routed counts of a precision."""
+until a probe of route-ahead switches it. With the cost bound, route-ahead
+whose host time exceeds what its routed predictions could save (one
+expert's copy each) is switched off the same way. Simulated steps: the
+step's wall depends on whether route-ahead runs (``ra_factor``), with
+multiplicative noise, and route-ahead's steps report the named/routed counts
+of a precision, its host seconds and one expert's copy time."""
 
 from __future__ import annotations
 
@@ -25,21 +28,39 @@ NAMED = 200  # (layer, expert) pairs a step's predictions name
 
 
 def _step(
-    parts: PartsState, rng: np.random.Generator, *, precision: float, ra_factor: float
+    parts: PartsState,
+    rng: np.random.Generator,
+    *,
+    precision: float,
+    ra_factor: float,
+    host_s: float = 0.0,
+    copy_s: float | None = None,
 ) -> StepMeasurement:
+    """A step: route-ahead's host seconds ``host_s`` (with noise) where it
+    runs, one expert's copy time ``copy_s`` (None: not measured)."""
     wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, 0.02)))
     named = NAMED if parts.route_ahead else 0
+    host = host_s * float(np.exp(rng.normal(0.0, 0.1))) if parts.route_ahead else 0.0
     return StepMeasurement(
         wall_s=wall,
         committed_tokens=4,
         verified_tokens=4,
         route_ahead_predicted=named,
         route_ahead_hits=round(precision * named),
+        part_host_s={"route_ahead": 0.7 * host, "stream": 0.3 * host if parts.stream else 0.0},
+        expert_copy_s=copy_s,
     )
 
 
 def simulate(
-    ctl: PDController, *, precision: float, ra_factor: float, steps: int, seed: int = 0
+    ctl: PDController,
+    *,
+    precision: float,
+    ra_factor: float,
+    steps: int,
+    seed: int = 0,
+    host_s: float = 0.0,
+    copy_s: float | None = None,
 ) -> list[bool]:
     """Run ``steps`` steps; returns route-ahead's state per step."""
     ctl.bind(PartsState())
@@ -48,7 +69,10 @@ def simulate(
     for _ in range(steps):
         parts = ctl.parts
         states.append(parts.route_ahead)
-        ctl.observe(_step(parts, rng, precision=precision, ra_factor=ra_factor))
+        step = _step(
+            parts, rng, precision=precision, ra_factor=ra_factor, host_s=host_s, copy_s=copy_s
+        )
+        ctl.observe(step)
     return states
 
 
@@ -58,6 +82,10 @@ def _ra_decisions(ctl: PDController) -> list[dict[str, object]]:
 
 def _gated() -> PDController:
     return PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION)
+
+
+def _bounded() -> PDController:
+    return PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION, route_ahead_cost_gate=True)
 
 
 def test_the_gates_constants_and_arguments_are_checked() -> None:
@@ -74,6 +102,11 @@ def test_the_gates_constants_and_arguments_are_checked() -> None:
         StepMeasurement(wall_s=0.1, committed_tokens=1, route_ahead_predicted=3, route_ahead_hits=4)
     with pytest.raises(ValueError, match="route_ahead_predicted"):
         StepMeasurement(wall_s=0.1, committed_tokens=1, route_ahead_predicted=-1)
+    for bad_copy in (-1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="expert_copy_s"):
+            StepMeasurement(wall_s=0.1, committed_tokens=1, expert_copy_s=bad_copy)
+    with pytest.raises(ValueError, match="route_ahead_cost_gate"):
+        PDController(route_ahead_cost_gate=True)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -225,3 +258,83 @@ def test_the_gate_does_not_act_with_a_host_part() -> None:
     assert all(on[:20])
     assert not any("gate" in str(d["why"]) for d in _ra_decisions(ctl))
     assert ctl.summary()["route_ahead_precision"] == pytest.approx(0.3)
+
+
+# ---- the gate's cost bound (route_ahead_cost_gate)
+# A step's 140 routed predictions (precision 0.7 of 200 named) could save at
+# most 140 copies: 14 ms at 0.1 ms an expert, 14 us at 0.1 us.
+PRECISE = 0.7
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: int) -> None:
+    """Precise predictions of experts whose copies take 0.1 us (the whole
+    step's routed predictions could save 14 us) against 0.5 ms of
+    route-ahead's host time a step, which makes the step 1% longer: the
+    bound switches it off at the gate's first decision; precision alone
+    would keep it, and its later probes judge it as must-earn."""
+    ctl = _bounded()
+    on = simulate(
+        ctl, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
+    )
+    first, *later = _ra_decisions(ctl)
+    assert first["switched"] and first["on"] is False
+    why = str(first["why"])
+    assert "cannot save its own host time" in why and "0.7" in why
+    assert int(str(first["step"])) <= max(ctl.warmup, ROUTE_AHEAD_GATE_STEPS)
+    assert not any(on[ROUTE_AHEAD_GATE_STEPS + 1 : 40])
+    assert later and all("must earn" in str(d["why"]) for d in later)
+    # no must-earn probe switches it back on while the bound holds
+    assert all(d["on"] is False for d in later)
+    assert sum(on) < 40
+    assert ctl.summary()["settings"]["route_ahead_cost_gate"] is True
+    # the precision gate alone keeps it on in the same steps
+    alone = _gated()
+    on_alone = simulate(
+        alone, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
+    )
+    assert _ra_decisions(alone)[0]["on"] is True and all(on_alone[:20])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_route_ahead_whose_hits_could_pay_for_its_host_time_is_kept(seed: int) -> None:
+    """The same host time where an expert's copy takes 0.1 ms (the routed
+    predictions could save 14 ms a step, 56 ms over the first decision's 4
+    steps): the bound keeps route-ahead on and says so, and it runs as under
+    the precision gate alone."""
+    ctl = _bounded()
+    on = simulate(
+        ctl, precision=PRECISE, ra_factor=0.9, steps=120, seed=seed, host_s=5e-4, copy_s=1e-4
+    )
+    first = _ra_decisions(ctl)[0]
+    assert first["on"] is True and not first["switched"]
+    assert "kept on (gate)" in str(first["why"]) and "at most 56 ms" in str(first["why"])
+    assert sum(on) > 100
+
+
+def test_steps_without_a_copy_time_are_not_counted_by_the_bound() -> None:
+    """No link rate measured: the bound reads nothing and the precision
+    gate decides alone."""
+    ctl = _bounded()
+    simulate(ctl, precision=PRECISE, ra_factor=1.0, steps=30, host_s=5e-4, copy_s=None)
+    first = _ra_decisions(ctl)[0]
+    assert first["on"] is True and "no step with a measured copy time" in str(first["why"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_watch_switches_off_route_ahead_whose_copies_became_cheap(seed: int) -> None:
+    """Kept on by the first decision (copies worth 0.1 ms), then the copies
+    cost 0.1 us (the link got fast, or the experts small): the watch
+    switches route-ahead off once a full window reads the bound exceeded,
+    outside a probe."""
+    ctl = _bounded()
+    simulate(ctl, precision=PRECISE, ra_factor=1.0, steps=80, seed=seed, host_s=5e-4, copy_s=1e-4)
+    assert ctl.configured.route_ahead and ctl.rounds_done >= 1
+    rng = np.random.default_rng(seed + 10)
+    for _ in range(120):
+        parts = ctl.parts
+        ctl.observe(_step(parts, rng, precision=PRECISE, ra_factor=1.01, host_s=5e-4, copy_s=1e-7))
+    off = next(d for d in _ra_decisions(ctl) if d["switched"])
+    assert off["on"] is False
+    assert "re-reading: it cannot save its own host time" in str(off["why"])
+    assert 80 < int(str(off["step"])) <= 80 + ROUTE_AHEAD_GATE_WINDOW + 30
