@@ -164,7 +164,8 @@ def scheduler_lines(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _executed(row: dict[str, Any]) -> str:
-    """How often the PD controller ran the 2-D batch, and its switches."""
+    """How often the PD controller ran the 2-D batch and route-ahead, and
+    its switches."""
     parts = row.get("pd_parts")
     if not isinstance(parts, dict):
         return ""
@@ -176,9 +177,11 @@ def _executed(row: dict[str, Any]) -> str:
         for d in parts.get("decisions") or []
         if d.get("switched")
     ]
+    route = (parts.get("on_fraction") or {}).get("route_ahead")
+    route_text = "" if route is None else f", route-ahead in {100 * route:.0f}%"
     return (
-        f"; the PD controller executed the 2-D batch in {100 * frac:.0f}% of steps "
-        f"(switched: {', '.join(switched) if switched else 'nothing'})"
+        f"; the PD controller executed the 2-D batch in {100 * frac:.0f}% of steps"
+        f"{route_text} (switched: {', '.join(switched) if switched else 'nothing'})"
     )
 
 

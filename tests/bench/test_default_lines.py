@@ -1,5 +1,6 @@
 """The bare default's scheduler lines say how often the 2-D batch differed
-from the token-only one and how often the PD controller executed it."""
+from the token-only one and how often the PD controller executed it and
+route-ahead."""
 
 from __future__ import annotations
 
@@ -33,8 +34,12 @@ def test_scheduler_line_reports_what_the_controller_executed() -> None:
     marginal = scheduler_lines([{**row, "fixed_step_bytes": 180000}])[0]
     assert "marginal rule, F = " in marginal and "M hard" not in marginal
     assert line.endswith(
-        "the PD controller executed the 2-D batch in 25% of steps "
+        "the PD controller executed the 2-D batch in 25% of steps, route-ahead in 95% "
         "(switched: scheduler_2d off at step 14)"
+    )
+    no_route = {**row["pd_parts"], "on_fraction": {"scheduler_2d": 0.25}}
+    assert scheduler_lines([{**row, "pd_parts": no_route}])[0].endswith(
+        "in 25% of steps (switched: scheduler_2d off at step 14)"
     )
     del row["pd_parts"]
     assert "controller" not in scheduler_lines([row])[0]
