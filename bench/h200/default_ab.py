@@ -5,7 +5,7 @@ the CPU the emulated one unless ``--emulated-link-gbps`` says otherwise)
 for B1, B2 and PD, plus PD's ablations, every arm once per repeat in an
 order rotated each repeat, until ``--repeats`` or ``--budget-s``.
 
-Arms (``--arms``, comma-separated NAME or NAME=BASE:key=value:...):
+Arms (``--arms``, comma-separated names):
   B1, B2, PD          the default suite's specs as they are
   PDprec              PD with ``route_ahead_gate=precision`` (the gate
                       without its cost bound: the default before it)
