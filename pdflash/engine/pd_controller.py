@@ -758,7 +758,7 @@ class _RouteAheadStep:
         return cls(
             named=m.route_ahead_predicted,
             hits=m.route_ahead_hits,
-            host_s=m.part_host_s.get("route_ahead", 0.0) + m.part_host_s.get("stream", 0.0),
+            host_s=_host(m, "route_ahead") + _host(m, "stream"),
             saving_bound_s=None if copy_s is None else m.route_ahead_hits * copy_s,
         )
 

@@ -8,9 +8,11 @@ tokens identical whatever the parts do."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -818,6 +820,28 @@ def _engine(
     return eng, issuer
 
 
+@contextlib.contextmanager
+def _recorded_pd_run(
+    offloaded: tuple[Any, list[Any]], prepare: Callable[[Any], None] | None = None
+) -> Iterator[tuple[Any, _Recording]]:
+    """A PD engine whose controller records every step's measurement, after
+    running the cases to the end (``prepare`` sees it first); its issuer is
+    closed on leaving, so its worker threads end now, not at a later
+    collection."""
+    tmp, cases = offloaded
+    policy = _Recording()
+    eng, issuer = _engine(tmp, "PD", policy)
+    try:
+        if prepare is not None:
+            prepare(eng)
+        for prompt, _ in cases:
+            eng.add_request(prompt, max_new_tokens=14)
+        eng.run_until_done(max_steps=400)
+        yield eng, policy
+    finally:
+        issuer.close()
+
+
 @pytest.mark.parametrize("policy", ["scripted", "controller", "default", "all-on"])
 def test_engine_greedy_tokens_identical_whatever_the_parts(
     policy: str, offloaded: tuple[Any, list[Any]]
@@ -999,23 +1023,17 @@ def test_steps_report_route_aheads_batch_books_as_the_route_ahead_stats_count_th
     accumulator over the same verifies."""
     from pdflash.routeahead import RouteAheadStats
 
-    tmp, cases = offloaded
-    policy = _Recording()
-    eng, issuer = _engine(tmp, "PD", policy)
-    eng.route_stats = RouteAheadStats.for_adapter(eng.adapter)
-    try:
-        for prompt, _ in cases:
-            eng.add_request(prompt, max_new_tokens=14)
-        eng.run_until_done(max_steps=400)
-    finally:
-        issuer.close()  # its worker threads end now, not at a later collection
-    batch = eng.route_stats.snapshot().batch
-    named = sum(m.route_ahead_predicted for m in policy.measured)
-    hits = sum(m.route_ahead_hits for m in policy.measured)
-    assert named == batch.predicted > 0 and hits == batch.hits > 0
-    assert (named, hits) == (eng.route_ahead_predicted_n, eng.route_ahead_hit_n)
-    # batches of several requests name fewer pairs than their requests' sum
-    assert batch.predicted < eng.route_stats.snapshot().request.predicted
+    def with_stats(eng: Any) -> None:
+        eng.route_stats = RouteAheadStats.for_adapter(eng.adapter)
+
+    with _recorded_pd_run(offloaded, prepare=with_stats) as (eng, policy):
+        batch = eng.route_stats.snapshot().batch
+        named = sum(m.route_ahead_predicted for m in policy.measured)
+        hits = sum(m.route_ahead_hits for m in policy.measured)
+        assert named == batch.predicted > 0 and hits == batch.hits > 0
+        assert (named, hits) == (eng.route_ahead_predicted_n, eng.route_ahead_hit_n)
+        # batches of several requests name fewer pairs than their requests' sum
+        assert batch.predicted < eng.route_stats.snapshot().request.predicted
 
 
 @pytest.mark.parametrize(
@@ -1047,21 +1065,14 @@ def test_steps_measure_one_experts_copy_time_at_the_issuers_rate(
     it), once the issuer has one."""
     from pdflash.engine.verify_width import link_rate_of
 
-    tmp, cases = offloaded
-    policy = _Recording()
-    eng, issuer = _engine(tmp, "PD", policy)
-    try:
-        for prompt, _ in cases:
-            eng.add_request(prompt, max_new_tokens=14)
-        eng.run_until_done(max_steps=400)
-        rate = link_rate_of(eng.expert_cache)
-    finally:
-        issuer.close()
-    measured = [m.expert_copy_s for m in policy.measured if m.expert_copy_s is not None]
-    assert rate is not None and measured
-    assert all(c > 0.0 for c in measured)
-    # the last step's reading is the rate as it stands after the run
-    assert policy.measured[-1].expert_copy_s == pytest.approx(eng.expert_cache.expert_nbytes / rate)
+    with _recorded_pd_run(offloaded) as (eng, policy):
+        rate = link_rate_of(eng.expert_cache)  # while the issuer is open
+        measured = [m.expert_copy_s for m in policy.measured if m.expert_copy_s is not None]
+        assert rate is not None and measured
+        assert all(c > 0.0 for c in measured)
+        # the last step's reading is the rate as it stands after the run
+        last = policy.measured[-1].expert_copy_s
+        assert last == pytest.approx(eng.expert_cache.expert_nbytes / rate)
 
 
 def test_route_aheads_books_charge_the_predictors_span_not_the_hosts_wall(
@@ -1072,16 +1083,9 @@ def test_route_aheads_books_charge_the_predictors_span_not_the_hosts_wall(
     predictor's own span (on CUDA its first device read waits for the draft
     queued before it; the host's wall around it, ``predict_s``, counts that
     wait and is not what the books charge)."""
-    tmp, cases = offloaded
-    policy = _Recording()
-    eng, issuer = _engine(tmp, "PD", policy)
-    try:
-        for prompt, _ in cases:
-            eng.add_request(prompt, max_new_tokens=14)
-        eng.run_until_done(max_steps=400)
-    finally:
-        issuer.close()
-    charged = sum(m.part_host_s["route_ahead"] for m in policy.measured)
-    span = eng.timer.kind_s("predict")
-    assert span > 0.0 and eng.predict_s > span  # the host's bracket is the wider
-    assert charged == pytest.approx(span + eng.prefetch.stage_s.get("route_ahead", 0.0), rel=1e-9)
+    with _recorded_pd_run(offloaded) as (eng, policy):
+        charged = sum(m.part_host_s["route_ahead"] for m in policy.measured)
+        span = eng.timer.kind_s("predict")
+        assert span > 0.0 and eng.predict_s > span  # the host's bracket is the wider
+        route_ahead_stage = eng.prefetch.stage_s.get("route_ahead", 0.0)
+        assert charged == pytest.approx(span + route_ahead_stage, rel=1e-9)
