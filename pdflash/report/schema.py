@@ -793,7 +793,8 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         read_where=_spec_runs_route_ahead,
     ),
     # pdflash.engine.config.EngineConfig.route_ahead_gate (a test keeps the
-    # defaults equal); rows whose controller ran without it read "off"
+    # defaults equal); rows whose controller ran without it read "off", and
+    # those whose gate had no cost bound "precision"
     RunSetting(
         "route_ahead_gate",
         "precision_cost",
