@@ -10,17 +10,26 @@ Arms (``--arms``, comma-separated names):
   PDprec              PD with ``route_ahead_gate=precision`` (the gate
                       without its cost bound: the default before it)
   PDnora              PD-no-route-ahead (route-ahead and the stream off)
+  PDwcost0            PD with ``verify_width=adaptive:cost=0`` (the width
+                      that never stands down for its own host time: the
+                      default before it)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
+``--profile`` instead runs each arm once warm and once with its engine stages
+timed (``bench/h200/default_profile.py``: host ms per engine step by stage,
+and on CUDA the synchronizing calls each stage makes), prints them and writes
+``OUT/profile.json`` (keyed by concurrency, then arm).
 
     python3 bench/h200/default_ab.py --concurrency 1 4 --repeats 8 --out OUT
+    python3 bench/h200/default_ab.py --concurrency 4 --arms B1,B2,PD --profile --out OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,10 +38,15 @@ from pdflash.bench.engine_run import RunSpec, run_spec
 from pdflash.bench.pair_ratios import pair_ratios
 from pdflash.bench.suites import default
 
+# default_profile.py sits next to this script; `python -P` leaves this folder off sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import default_profile  # type: ignore[import-not-found]
+
 #: name: (the default spec it changes, the changes)
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "PDprec": ("PD", {"route_ahead_gate": "precision"}),
     "PDnora": ("PD", {"baseline": "PD-no-route-ahead"}),
+    "PDwcost0": ("PD", {"verify_width": "adaptive:cost=0"}),
 }
 
 
@@ -49,6 +63,30 @@ def _arm_specs(names: list[str], base: dict[str, dict[str, Any]]) -> dict[str, d
     return specs
 
 
+def _default_specs(args: argparse.Namespace, conc: int, on_gpu: bool) -> dict[str, dict[str, Any]]:
+    ns = argparse.Namespace(
+        quick=False,
+        concurrency=[conc],
+        cache_fraction=[0.25],
+        device=args.device,
+        emulated_link_gbps=args.emulated_link_gbps,
+        marginal_rule="verify",
+    )
+    return {s["baseline"]: s for s in default.default_specs(ns, on_gpu=on_gpu)}
+
+
+def _profile(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
+    out: dict[str, dict[str, Any]] = {}
+    for conc in args.concurrency:
+        specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
+        out[str(conc)] = {}
+        for name, spec in specs.items():
+            prof = default_profile.profile_arm(spec, on_gpu)
+            out[str(conc)][name] = prof
+            default_profile.print_profile(f"c={conc} {name}", prof)
+    (args.out / "profile.json").write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
@@ -58,25 +96,20 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--emulated-link-gbps", type=float, default=None)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--profile", action="store_true", help="time each arm's engine stages")
     args = parser.parse_args()
     on_gpu = default._cuda_present(args.device)
     names = args.arms.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        _profile(args, names, on_gpu)
+        return
     rows_path = args.out / "rows.jsonl"
     start = time.monotonic()
     with rows_path.open("a") as f:
         for rep in range(args.repeats):
             for conc in args.concurrency:
-                ns = argparse.Namespace(
-                    quick=False,
-                    concurrency=[conc],
-                    cache_fraction=[0.25],
-                    device=args.device,
-                    emulated_link_gbps=args.emulated_link_gbps,
-                    marginal_rule="verify",
-                )
-                base = {s["baseline"]: s for s in default.default_specs(ns, on_gpu=on_gpu)}
-                specs = _arm_specs(names, base)
+                specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
                 order = names[rep % len(names) :] + names[: rep % len(names)]
                 for name in order:
                     row = run_spec(RunSpec(**{**specs[name], "repeat": rep})).row

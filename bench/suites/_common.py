@@ -85,12 +85,12 @@ def baselines(text: str) -> list[str]:
 WIDTH_FORMS = (
     "auto, full, fixed:K (K >= 0 drafts) or "
     "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]"
-    "[:explore=N][:reach=R][:voi=0|1]"
+    "[:explore=N][:reach=R][:voi=0|1][:cost=0|1]"
 )
 #: adaptive with its estimator options (their ranges are checked when each
 #: run is built, by pdflash.engine.verify_width.parse_width)
 ADAPTIVE_OPTIONS = re.compile(
-    r"adaptive(:(shrink|z|cal|union|beta|row|explore|reach|voi)=[0-9A-Za-z.+-]+)+"
+    r"adaptive(:(shrink|z|cal|union|beta|row|explore|reach|voi|cost)=[0-9A-Za-z.+-]+)+"
 )
 
 #: ``--cuda-graphs`` values: pdflash.engine.config.CUDA_GRAPHS (importing the
@@ -115,7 +115,7 @@ HOST_FORMATS = (
 def verify_width(text: str) -> str:
     """``--verify-width``: ``auto``, ``full``, ``fixed:K`` or
     ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
-    [:explore=N][:reach=R][:voi=0|1]`` (the form checked here without importing the
+    [:explore=N][:reach=R][:voi=0|1][:cost=0|1]`` (the form checked here without importing the
     engine; K against the block size and the options' values when each run
     is built)."""
     s = text.strip()

@@ -212,6 +212,25 @@ Policies (:class:`VerifyWidthPolicy`; ``EngineConfig.verify_width``):
   whole link time by which the exposed fetch grew across runs: the
   evidence for ``hinge``).
 
+Its own host time (``adaptive:cost=1``, the default): choosing widths and
+fitting the step model take host time each step (a few tenths of a
+millisecond), which a host-bound step pays in full. Where the steps'
+modeled saving (per decided step: the seconds the chosen widths' expected
+tokens would take at the every-draft rate, less the chosen step's) is
+below that host time over :attr:`AdaptiveWidth.COST_WINDOW` decided steps,
+the width stands down: every draft is verified, no width is chosen and
+only the acceptance estimates observe the steps. Every
+:attr:`AdaptiveWidth.COST_PROBE_EVERY` th step while standing down decides
+once more (a probe); where the probe's modeled saving exceeds the decided
+steps' mean host time the width comes back. On the tiny default (a
+host-bound step whose expert copies cost microseconds) the chosen widths
+were the whole block in most steps: on the CPU the width's host time was
+0.3-0.6 ms a decided step against a modeled saving of 0-0.3 ms, 0.1-0.2 ms
+a step standing down (``bench/results/cpu/width-cost-2026-12-06``).
+``cost=0`` never stands down. The host time is what the
+engine side measures (:attr:`WidthStep.policy_host_s`); without it (a
+policy driven without the engine) the width never stands down.
+
 The policy is deterministic given its observations (no clock of its own);
 the engine measures (:class:`WidthHook`), the policy decides. Its
 observations are timings, so a sampled request with a seed of its own is
@@ -222,8 +241,10 @@ seed gives the same tokens whatever the load (:class:`WidthHook`).
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
@@ -243,12 +264,23 @@ BETA_MODES = ("average", "marginal", "one", "hinge")
 #: time (``row=``)
 ROW_MODES = ("compute", "wall")
 #: the ``adaptive:`` options, in the order :class:`WidthSetting` writes them
-ADAPTIVE_OPTION_KEYS = ("shrink", "z", "cal", "union", "beta", "row", "explore", "reach", "voi")
+ADAPTIVE_OPTION_KEYS = (
+    "shrink",
+    "z",
+    "cal",
+    "union",
+    "beta",
+    "row",
+    "explore",
+    "reach",
+    "voi",
+    "cost",
+)
 WIDTH_KINDS = (
     "full",
     "fixed:K",
     "adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=average|marginal|one|hinge]"
-    "[:row=compute|wall][:explore=N][:reach=R][:voi=0|1]",
+    "[:row=compute|wall][:explore=N][:reach=R][:voi=0|1][:cost=0|1]",
 )
 
 
@@ -257,7 +289,8 @@ class WidthSetting:
     """A parsed ``verify_width`` setting: ``kind`` is ``full``, ``fixed``
     or ``adaptive``; ``drafts`` is ``K`` of ``fixed:K``; ``shrink_weight``,
     ``survival_z``, ``calibrate``, ``union_form``, ``beta_mode``,
-    ``row_mode``, ``explore_every``, ``explore_reach`` and ``explore_voi`` override
+    ``row_mode``, ``explore_every``, ``explore_reach``, ``explore_voi`` and
+    ``cost_gate`` override
     :class:`AdaptiveWidth`'s (None: its defaults), so a benchmark can measure
     the estimator's settings side by side under their own names."""
 
@@ -272,6 +305,7 @@ class WidthSetting:
     explore_every: int | None = None
     explore_reach: int | None = None
     explore_voi: bool | None = None
+    cost_gate: bool | None = None
 
     def __str__(self) -> str:
         if self.kind == "fixed":
@@ -297,6 +331,8 @@ class WidthSetting:
             parts.append(f"reach={self.explore_reach}")
         if self.explore_voi is not None:
             parts.append(f"voi={int(self.explore_voi)}")
+        if self.cost_gate is not None:
+            parts.append(f"cost={int(self.cost_gate)}")
         return ":".join(parts)
 
 
@@ -310,8 +346,9 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
     """``adaptive:`` options: ``shrink=W`` (W > 0), ``z=Z`` (Z >= 0),
     ``cal=0|1``, ``union=geometric|hyperbolic``,
     ``beta=average|marginal|one|hinge``, ``row=compute|wall``, ``explore=N`` (an
-    integer >= 0; 0: never explore), ``reach=R`` (an integer >= 1) and
-    ``voi=0|1`` (0: every due exploration runs), each at most once,
+    integer >= 0; 0: never explore), ``reach=R`` (an integer >= 1),
+    ``voi=0|1`` (0: every due exploration runs) and ``cost=0|1`` (0: the
+    width never stands down for its host time), each at most once,
     ``:``-separated (a benchmark's width list is ``,``-separated)."""
     values: dict[str, str] = {}
     for part in tail.split(":"):
@@ -320,7 +357,8 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
             raise ValueError(
                 f"verify_width {text!r}: adaptive takes :shrink=W, :z=Z, :cal=0|1, "
                 f":union={'|'.join(UNION_FORMS)}, :beta={'|'.join(BETA_MODES)}, "
-                f":row={'|'.join(ROW_MODES)}, :explore=N, :reach=R and :voi=0|1, each once"
+                f":row={'|'.join(ROW_MODES)}, :explore=N, :reach=R, :voi=0|1 and :cost=0|1, "
+                "each once"
             )
         values[key] = value
     numbers: dict[str, float] = {}
@@ -337,7 +375,7 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
             )
         numbers[key] = v
     flags: dict[str, bool] = {}
-    for key in ("cal", "voi"):
+    for key in ("cal", "voi", "cost"):
         if key in values:
             if values[key] not in ("0", "1"):
                 raise ValueError(
@@ -375,13 +413,14 @@ def _adaptive_options(text: str, tail: str) -> WidthSetting:
         explore_every=counts.get("explore"),
         explore_reach=counts.get("reach"),
         explore_voi=flags.get("voi"),
+        cost_gate=flags.get("cost"),
     )
 
 
 def parse_width(text: object, block_size: int | None = None) -> WidthSetting:
     """Parse ``full`` | ``fixed:K`` |
     ``adaptive[:shrink=W][:z=Z][:cal=0|1][:union=FORM][:beta=MODE][:row=MODE]
-    [:explore=N][:reach=R][:voi=0|1]``; ``K``
+    [:explore=N][:reach=R][:voi=0|1][:cost=0|1]``; ``K``
     is an integer in ``[0, block_size - 1]`` (the drafts a block holds).
     Raises ``ValueError`` with the accepted forms on anything else."""
     if not isinstance(text, str):
@@ -442,6 +481,9 @@ class WidthStep:
             expert copies (None: not measured).
         exposed_fetch_s: seconds the step's forwards waited on expert copies
             (None: not measured).
+        policy_host_s: host seconds the width's own work took since the last
+            observation (the engine side's marks, the policy's decision and
+            its previous observation; None: not measured).
     """
 
     outcomes: tuple[WidthOutcome, ...]
@@ -451,6 +493,7 @@ class WidthStep:
     link_bytes_per_s: float | None = None
     verify_compute_s: float | None = None
     exposed_fetch_s: float | None = None
+    policy_host_s: float | None = None
 
 
 @runtime_checkable
@@ -523,6 +566,64 @@ class _Books:
             # chose, over the rounds it had an expectation for (adaptive only)
             "expected_accepted_drafts": mean(self.expected, self.expected_rounds),
         }
+
+
+class _CostBooks:
+    """The cost gate's books (``adaptive:cost=1``) over a measured run."""
+
+    #: switches listed (the count goes on)
+    LISTED = 16
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.decided_steps = 0
+        self.host_s = 0.0
+        self.saving_s = 0.0
+        self.stood_down_steps = 0
+        self.stood_down_host_s = 0.0
+        self.probes = 0
+        self.switch_count = 0
+        self.switches: list[dict[str, Any]] = []
+
+    def switch(self, *, on: bool, why: str) -> None:
+        self.switch_count += 1
+        if len(self.switches) < self.LISTED:
+            self.switches.append({"decided_step": self.decided_steps, "on": on, "why": why})
+
+    def summary(self, enabled: bool, standing_down: bool) -> dict[str, Any]:
+        def per_step_ms(total: float) -> float | None:
+            return 1e3 * total / self.decided_steps if self.decided_steps else None
+
+        return {
+            "enabled": enabled,
+            "standing_down": standing_down,
+            "decided_steps": self.decided_steps,
+            "host_ms_per_decided_step": per_step_ms(self.host_s),
+            "modeled_saving_ms_per_decided_step": per_step_ms(self.saving_s),
+            "stood_down_steps": self.stood_down_steps,
+            "host_ms_per_stood_down_step": (
+                1e3 * self.stood_down_host_s / self.stood_down_steps
+                if self.stood_down_steps
+                else None
+            ),
+            "probes": self.probes,
+            "switch_count": self.switch_count,
+            "switches": list(self.switches),
+        }
+
+
+def modeled_saving_s(chosen: tuple[float, float], every: tuple[float, float]) -> float:
+    """Seconds a decision's widths save by the width's own model: the time
+    the chosen widths' expected committed tokens would take at the
+    every-draft rate, less the chosen step's time (at least 0: an exploring
+    decision may be wider than the best). ``chosen`` and ``every`` are
+    ``(expected committed tokens, step s)``."""
+    (tokens, step_s), (every_tokens, every_s) = chosen, every
+    if every_tokens <= 0.0 or every_s <= 0.0:
+        return 0.0
+    return max(0.0, tokens * every_s / every_tokens - step_s)
 
 
 class FixedWidth:
@@ -1098,6 +1199,9 @@ class AdaptiveWidth:
             upper bounds could widen the width, or after
             :attr:`EXPLORE_SKIP_LIMIT` due ones in a row were skipped
             (``voi=0|1``; module docstring).
+        cost_gate: stand down (verify every draft) where the decided steps'
+            modeled saving is below the width's own host time
+            (``cost=0|1``; module docstring).
     """
 
     name = "adaptive"
@@ -1120,6 +1224,11 @@ class AdaptiveWidth:
     EXPLORE_VOI = True
     EXPLORE_Z = 2.0
     EXPLORE_SKIP_LIMIT = 3
+    #: the default of ``cost_gate``; the decided steps whose modeled saving
+    #: and host time it compares; the steps between probes while standing down
+    COST_GATE = True
+    COST_WINDOW = 8
+    COST_PROBE_EVERY = 16
     #: the defaults of ``shrink_weight`` and ``survival_z`` (``adaptive``
     #: with no options)
     SHRINK_WEIGHT = 4.0
@@ -1160,6 +1269,7 @@ class AdaptiveWidth:
         explore_every: int = EXPLORE_EVERY,
         explore_reach: int = EXPLORE_REACH,
         explore_voi: bool = EXPLORE_VOI,
+        cost_gate: bool = COST_GATE,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -1197,6 +1307,15 @@ class AdaptiveWidth:
         self._explored = 0  # of them, exploration rounds (books: reset_stats)
         self._explored_drafts = 0  # drafts the exploring decisions verified
         self._explore_added = 0  # drafts the exploring steps added, all their requests
+        self.cost_gate = bool(cost_gate)
+        self._standing_down = False
+        self._steps_since_probe = 0
+        # the latest decided steps' (host s, modeled saving s) while deciding
+        self._cost_window: deque[tuple[float, float]] = deque(maxlen=self.COST_WINDOW)
+        # the pending decision's modeled saving (None: the step decided nothing)
+        self._pending_saving: float | None = None
+        self._decided = False  # whether the latest widths() chose by the model
+        self._cost_books = _CostBooks()
         self.block_drafts = block_size - 1
         self.num_layers = num_layers
         self.expert_bytes = expert_bytes
@@ -1423,15 +1542,34 @@ class AdaptiveWidth:
         link = self.link_s(anchors + drafted)
         return fit[0] + fit[1] * (anchors + drafted) + self.exposed_share() * link
 
+    @property
+    def standing_down(self) -> bool:
+        """Whether the width stands down for its own host time (``cost=1``)."""
+        return self._standing_down
+
+    @property
+    def decided(self) -> bool:
+        """Whether the latest :meth:`widths` chose by the model (False before
+        any step was measured and on a step standing down between probes)."""
+        return self._decided
+
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
         fit = self.time_fit()
+        self._decided = False
+        self._pending_saving = None
         if fit is None:
             # nothing measured yet: verify every draft
             for r in requests:
                 self._expected.pop(r.request_id, None)
                 self._books.decided(r.available, r.available)
             return [r.available for r in requests]
+        if self._standing_down:
+            self._steps_since_probe += 1
+            if self._steps_since_probe < self.COST_PROBE_EVERY:
+                return self._every_draft(requests)
+            self._steps_since_probe = 0
+            self._cost_books.probes += 1
         c = len(requests)
         survs = [
             self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
@@ -1492,7 +1630,51 @@ class AdaptiveWidth:
             beta=beta,
             calibration=self.calibration() if self.calibrate else None,
         )
+        self._decided = True
+        if self.cost_gate:
+            self._pending_saving = modeled_saving_s(self._why.chosen, self._why.every)
         return out
+
+    def _every_draft(self, requests: Sequence[WidthRequest]) -> list[int]:
+        """A step while standing down: every draft, nothing decided."""
+        self._cost_books.stood_down_steps += 1
+        for r in requests:
+            self._expected.pop(r.request_id, None)
+            self._books.decided(r.available, r.available)
+        return [r.available for r in requests]
+
+    def _judge_cost(self, host_s: float, saving_s: float) -> None:
+        """The cost gate on one decided step (module docstring)."""
+        books = self._cost_books
+        books.decided_steps += 1
+        books.host_s += host_s
+        books.saving_s += saving_s
+        if self._standing_down:  # a probe
+            hosts = [h for h, _ in self._cost_window]
+            bar = sum(hosts) / len(hosts) if hosts else host_s
+            if saving_s > bar:
+                self._standing_down = False
+                self._cost_window.clear()
+                books.switch(
+                    on=True,
+                    why=f"back: a probe's modeled saving {1e3 * saving_s:.3g} ms exceeds the "
+                    f"width's host time {1e3 * bar:.3g} ms a decided step",
+                )
+            return
+        self._cost_window.append((host_s, saving_s))
+        if len(self._cost_window) < self.COST_WINDOW:
+            return
+        host = sum(h for h, _ in self._cost_window)
+        saved = sum(v for _, v in self._cost_window)
+        if saved < host:
+            self._standing_down = True
+            self._steps_since_probe = 0
+            books.switch(
+                on=False,
+                why=f"stood down: the latest {self.COST_WINDOW} decided steps' modeled saving "
+                f"{1e3 * saved:.3g} ms is below the width's host time {1e3 * host:.3g} ms; "
+                f"every draft verified, a probe every {self.COST_PROBE_EVERY} steps",
+            )
 
     def _worth_exploring(
         self,
@@ -1545,8 +1727,14 @@ class AdaptiveWidth:
             self._books.rounds += 1
             self._books.verified += o.verified
             self._books.accepted += o.accepted
-        if not step.outcomes:
-            return
+        decided, self._pending_saving = self._pending_saving, None
+        if step.policy_host_s is not None:
+            if decided is not None:
+                self._judge_cost(step.policy_host_s, decided)
+            elif self._standing_down:
+                self._cost_books.stood_down_host_s += step.policy_host_s
+        if not step.outcomes or (self._standing_down and decided is None):
+            return  # standing down: only the acceptance estimates observe the step
         anchors = len(step.outcomes)
         drafted = sum(o.verified for o in step.outcomes)
         if step.union_experts is not None:
@@ -1654,6 +1842,7 @@ class AdaptiveWidth:
             "explore_every": self.explore_every,
             "explore_reach": self.explore_reach,
             "explore_voi": self.explore_voi,
+            "cost_gate": self.cost_gate,
             # measured under either mode, charged (its lower bound) with row=wall
             "t_row_wall_fit_s": None if fit is None else wall_slope,
             "t_row_wall_se_s": None if fit is None else wall_se,
@@ -1673,6 +1862,7 @@ class AdaptiveWidth:
             "measured_steps": self._n,
         }
         out["last_decision_why"] = None if self._why is None else str(self._why)
+        out["cost_gate"] = self._cost_books.summary(self.cost_gate, self._standing_down)
         return out
 
     def reset_stats(self) -> None:
@@ -1682,6 +1872,7 @@ class AdaptiveWidth:
         self._explore_added = 0
         self._explore_skipped = 0
         self._explore_forced = 0
+        self._cost_books.reset()
 
 
 def _slope_and_error(
@@ -1744,6 +1935,7 @@ def build_policy(
         explore_every=AdaptiveWidth.EXPLORE_EVERY if w.explore_every is None else w.explore_every,
         explore_reach=AdaptiveWidth.EXPLORE_REACH if w.explore_reach is None else w.explore_reach,
         explore_voi=AdaptiveWidth.EXPLORE_VOI if w.explore_voi is None else w.explore_voi,
+        cost_gate=AdaptiveWidth.COST_GATE if w.cost_gate is None else w.cost_gate,
     )
 
 
@@ -1783,6 +1975,9 @@ class WidthHook:
         self._stall0 = 0.0
         self._outcomes: tuple[WidthOutcome, ...] = ()
         self._union: int | None = None
+        # host seconds of the width's own work since the last observation
+        # (the previous observation's included: it is the step's cost too)
+        self._host_s = 0.0
 
     def reset_stats(self) -> None:
         """Start the books over (the policy's and the hook's count)."""
@@ -1790,6 +1985,7 @@ class WidthHook:
         self.seeded_full_width = 0
 
     def begin_step(self) -> None:
+        start = time.perf_counter()
         self._t0 = self.engine.clock()
         self._bytes0 = _copied(self.engine.expert_cache)
         # NOTE: the ready spans, never a device synchronize (it would wait for
@@ -1798,10 +1994,18 @@ class WidthHook:
         self._verify0 = self.engine.timer.kind_s_ready("verify")
         self._stall0 = self.engine.timer.stall_s_ready()
         self._outcomes = ()
+        self._host_s += time.perf_counter() - start
 
     def trim(self, reqs: Sequence[Request]) -> None:
         """Cut each request's drafts to the policy's width (the drafter's
         own outputs for the kept positions are untouched)."""
+        start = time.perf_counter()
+        try:
+            self._trim(reqs)
+        finally:
+            self._host_s += time.perf_counter() - start
+
+    def _trim(self, reqs: Sequence[Request]) -> None:
         todo = [r for r in reqs if r.drafts is not None and r.drafts.numel() > 0]
         if not self.timing_independent:
             kept = [r for r in todo if not (r.seeded and not r.params.greedy)]
@@ -1828,6 +2032,7 @@ class WidthHook:
 
     def record(self, batch: Sequence[tuple[Request, int]], result: VerifyResult) -> None:
         """A verify's outcomes (before they are committed)."""
+        start = time.perf_counter()
         routed = result.output.routed
         out: list[WidthOutcome] = []
         for i, ((req, grant), o) in enumerate(zip(batch, result.outcomes, strict=True)):
@@ -1838,10 +2043,28 @@ class WidthHook:
             )
         self._outcomes = tuple(out)
         self._union = int(np.count_nonzero(result.routed_union))
+        self._host_s += time.perf_counter() - start
 
     def end_step(self, report: StepReport) -> None:
         if not self._outcomes:
             return
+        start = time.perf_counter()
+        step = self._measured_step() if self._wants_cost() else WidthStep(self._outcomes)
+        step = replace(step, policy_host_s=self._host_s + (time.perf_counter() - start))
+        start = time.perf_counter()
+        self.policy.observe(step)
+        self._outcomes = ()
+        self._host_s = time.perf_counter() - start  # this observation: the next step's cost
+
+    def _wants_cost(self) -> bool:
+        """False while an adaptive width stands down between probes: it then
+        reads only the outcomes, so the step's cost is not measured."""
+        policy = self.policy
+        return not (
+            isinstance(policy, AdaptiveWidth) and policy.standing_down and not policy.decided
+        )
+
+    def _measured_step(self) -> WidthStep:
         eng = self.engine
         # from after the step's prefill (begin_step) to its end: the draft,
         # the verify and the commit, whatever was admitted
@@ -1850,18 +2073,15 @@ class WidthHook:
         copied = None if now is None or self._bytes0 is None else now - self._bytes0
         exposed = max(0.0, eng.timer.stall_s_ready() - self._stall0)
         verify = max(0.0, eng.timer.kind_s_ready("verify") - self._verify0)
-        self.policy.observe(
-            WidthStep(
-                self._outcomes,
-                wall_s=wall,
-                union_experts=self._union,
-                copied_bytes=copied,
-                link_bytes_per_s=link_rate_of(eng.expert_cache),
-                verify_compute_s=max(0.0, verify - exposed),
-                exposed_fetch_s=exposed,
-            )
+        return WidthStep(
+            self._outcomes,
+            wall_s=wall,
+            union_experts=self._union,
+            copied_bytes=copied,
+            link_bytes_per_s=link_rate_of(eng.expert_cache),
+            verify_compute_s=max(0.0, verify - exposed),
+            exposed_fetch_s=exposed,
         )
-        self._outcomes = ()
 
 
 def _copied(cache: object) -> int | None:

@@ -378,9 +378,13 @@ ADAPTIVE_BETA_DEFAULT = "hinge"
 #: that could not pay (mirrors :attr:`pdflash.engine.verify_width.AdaptiveWidth.EXPLORE_VOI`,
 #: checked by a test)
 ADAPTIVE_VOI_DEFAULT = True
+#: whether an ``adaptive`` width without ``cost=`` stands down where its own
+#: host time exceeds what it saves (mirrors
+#: :attr:`pdflash.engine.verify_width.AdaptiveWidth.COST_GATE`, checked by a test)
+ADAPTIVE_COST_DEFAULT = True
 #: the ``adaptive:`` options written after ``beta=`` (mirrors the order of
 #: :data:`pdflash.engine.verify_width.ADAPTIVE_OPTION_KEYS`, checked by a test)
-_AFTER_BETA = ("row", "explore", "reach", "voi")
+_AFTER_BETA = ("row", "explore", "reach", "voi", "cost")
 
 
 def _unnamed_option(
@@ -429,14 +433,33 @@ def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
     found = _unnamed_option(width, row, "voi")
     if found is None or "explore=0" in found[0][1:]:
         return width
-    ran = bool(found[1].get("explore_voi"))
-    return width if ran is ADAPTIVE_VOI_DEFAULT else f"{width}:voi={int(ran)}"
+    parts, estimates = found
+    ran = bool(estimates.get("explore_voi"))
+    if ran is ADAPTIVE_VOI_DEFAULT:
+        return width
+    at = next((i for i, p in enumerate(parts) if i and p.startswith("cost=")), len(parts))
+    return ":".join([*parts[:at], f"voi={int(ran)}", *parts[at:]])
+
+
+def _width_cost(width: Any, row: Mapping[str, Any]) -> Any:
+    """An ``adaptive`` width that names no ``cost=``, of a row whose policy
+    never stood down for its own host time (rows recorded before the cost
+    gate became the default: ``estimates.cost_gate`` absent or false), as
+    ``...:cost=0`` (``cost`` is the last option the width's parser writes):
+    such a run is not one with today's ``adaptive``. Any other width is
+    itself."""
+    found = _unnamed_option(width, row, "cost")
+    if found is None:
+        return width
+    ran = bool(found[1].get("cost_gate"))
+    return width if ran is ADAPTIVE_COST_DEFAULT else f"{width}:cost={int(ran)}"
 
 
 def _width_refined(width: Any, row: Mapping[str, Any]) -> Any:
     """A row's ``adaptive`` width with the defaults it ran under named where
-    they differ from today's (:func:`_width_charge`, :func:`_width_voi`)."""
-    return _width_voi(_width_charge(width, row), row)
+    they differ from today's (:func:`_width_charge`, :func:`_width_voi`,
+    :func:`_width_cost`)."""
+    return _width_cost(_width_voi(_width_charge(width, row), row), row)
 
 
 def _omitted_width(row: Mapping[str, Any]) -> Any:

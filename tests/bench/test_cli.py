@@ -377,7 +377,7 @@ def test_verify_width_takes_every_adaptive_option_the_engine_parses() -> None:
     # one valid value per option: an option the engine gains fails here
     # until the bench's form (ADAPTIVE_OPTIONS) takes it too
     valid = {"shrink": "8", "z": "1", "cal": "1", "union": "hyperbolic", "beta": "marginal"}
-    valid.update(row="wall", explore="0", reach="1", voi="0")
+    valid.update(row="wall", explore="0", reach="1", voi="0", cost="0")
     assert set(valid) == set(ADAPTIVE_OPTION_KEYS)
     for key, value in valid.items():
         text = f"adaptive:{key}={value}"

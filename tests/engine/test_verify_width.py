@@ -828,8 +828,13 @@ class WidthPlant:
         noise: float = 0.05,
         seed: int = 0,
         measured: bool = True,
+        host_s: float | None = None,
     ) -> None:
         self.accept, self.t_draft, self.t_row = accept, t_draft, t_row
+        # the width's own host seconds on a decided step, added to the wall
+        # and reported (a quarter of it on a step that decided nothing;
+        # None: not reported, nothing added)
+        self.host_s = host_s
         self.link_s_per_expert, self.exposed = link_s_per_expert, exposed
         self.layers, self.experts, self.top_k = layers, experts, top_k
         self.expert_bytes, self.noise = expert_bytes, noise
@@ -838,7 +843,11 @@ class WidthPlant:
         #: (committed tokens, wall s) of every step
         self.log: list[tuple[int, float]] = []
 
-    def policy(self, explore_voi: bool = AdaptiveWidth.EXPLORE_VOI) -> AdaptiveWidth:
+    def policy(
+        self,
+        explore_voi: bool = AdaptiveWidth.EXPLORE_VOI,
+        cost_gate: bool = AdaptiveWidth.COST_GATE,
+    ) -> AdaptiveWidth:
         return AdaptiveWidth(
             block_size=16,
             num_layers=self.layers,
@@ -846,6 +855,7 @@ class WidthPlant:
             top_k=self.top_k,
             expert_bytes=self.expert_bytes,
             explore_voi=explore_voi,
+            cost_gate=cost_gate,
         )
 
     def rate(self, pol: AdaptiveWidth, *, steps: int, c: int, skip: int) -> float:
@@ -877,7 +887,10 @@ class WidthPlant:
         jitter = 1.0 + float(self.rng.uniform(-self.noise, self.noise))
         compute = self.t_row * rows * jitter
         exposed = self.exposed_s(link, self.t_draft * jitter + compute)
-        wall = self.t_draft * jitter + compute + exposed
+        host = None
+        if self.host_s is not None:
+            host = self.host_s if pol.decided else 0.25 * self.host_s
+        wall = self.t_draft * jitter + compute + exposed + (host or 0.0)
         self.log.append((sum(1 + o.accepted for o in outs), wall))
         pol.observe(
             WidthStep(
@@ -888,6 +901,7 @@ class WidthPlant:
                 link_bytes_per_s=self.expert_bytes / self.link_s_per_expert,
                 verify_compute_s=compute if self.measured else None,
                 exposed_fetch_s=exposed if self.measured else None,
+                policy_host_s=host,
             )
         )
         return ks
@@ -1443,6 +1457,127 @@ def test_voi_costs_nothing_where_exploring_pays(
     assert float(np.median(ratios)) >= floor, ratios
 
 
+# ------------------------------------------------- the width's own host time
+def _compute_bound(seed: int = 0, host_s: float | None = 0.001) -> WidthPlant:
+    """A strong drafter on a compute-bound step (every draft pays, so the
+    widths save nothing) whose width costs ``host_s`` a decided step."""
+    return WidthPlant(
+        accept=0.9,
+        t_draft=0.02,
+        t_row=0.00005,
+        link_s_per_expert=0.00005,
+        exposed=0.0,
+        seed=seed,
+        host_s=host_s,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: int) -> None:
+    """Every draft pays (the widths are the whole block), so the model's
+    saving is 0 and the width's 1 ms a decided step is pure cost: after
+    :attr:`AdaptiveWidth.COST_WINDOW` decided steps it stands down, probes
+    every :attr:`AdaptiveWidth.COST_PROBE_EVERY` steps and stays down, and
+    the plant commits more tokens per second than with ``cost=0``; the
+    books count every step once."""
+    rates, stats = {}, {}
+    for gate in (True, False):
+        plant = _compute_bound(seed)
+        pol = plant.policy(cost_gate=gate)
+        rates[gate] = plant.rate(pol, steps=160, c=4, skip=20)
+        stats[gate] = pol.stats()
+        if gate:
+            assert pol.standing_down
+    on, off = stats[True]["cost_gate"], stats[False]["cost_gate"]
+    window, every = AdaptiveWidth.COST_WINDOW, AdaptiveWidth.COST_PROBE_EVERY
+    assert on["enabled"] and on["standing_down"] and on["switch_count"] == 1
+    assert on["switches"][0]["on"] is False and on["switches"][0]["decided_step"] == window
+    assert "stood down" in on["switches"][0]["why"]
+    # one step before any fit decides nothing, then `window` decided, then
+    # one probe every `every` steps
+    assert on["probes"] == (160 - 1 - window) // every
+    assert on["decided_steps"] == window + on["probes"]
+    assert on["decided_steps"] + on["stood_down_steps"] == 159
+    assert on["modeled_saving_ms_per_decided_step"] < on["host_ms_per_decided_step"]
+    assert on["host_ms_per_stood_down_step"] == pytest.approx(0.25)
+    assert not off["enabled"] and off["decided_steps"] == 0 and off["switch_count"] == 0
+    assert stats[True]["estimates"]["cost_gate"] is True
+    assert stats[False]["estimates"]["cost_gate"] is False
+    # ~0.75 ms saved of a ~22 ms step
+    assert rates[True] / rates[False] > 1.02, rates
+
+
+def test_without_its_host_time_measured_the_width_never_stands_down() -> None:
+    plant = _compute_bound(host_s=None)
+    pol = plant.policy()
+    for _ in range(60):
+        plant.step(pol, c=4)
+    books = pol.stats()["cost_gate"]
+    assert books["enabled"] and not pol.standing_down
+    assert books["decided_steps"] == 0 and books["host_ms_per_decided_step"] is None
+
+
+def test_a_width_that_saves_more_than_its_host_time_never_stands_down() -> None:
+    """Link-bound, a weak drafter: one draft saves most of the step, far
+    more than the width's 1 ms."""
+    plant = WidthPlant(
+        accept=0.35, t_draft=0.02, t_row=0.0002, link_s_per_expert=0.004, exposed=1.0, host_s=0.001
+    )
+    pol = plant.policy()
+    seen = [plant.step(pol, c=4) for _ in range(80)]
+    books = pol.stats()["cost_gate"]
+    assert books["switch_count"] == 0 and not pol.standing_down
+    assert books["modeled_saving_ms_per_decided_step"] > 10 * books["host_ms_per_decided_step"]
+    assert {k for ks in seen[-10:] for k in ks} <= {1, 3}
+
+
+@pytest.mark.parametrize("width", ["adaptive", "adaptive:cost=0"])
+def test_the_engine_side_measures_the_widths_host_time(
+    width: str, adapter: Any, drafter: Any, cases: list[Any]
+) -> None:
+    """The hook hands the policy its own host seconds each step; the gate
+    judges them only where it is on."""
+    eng, _ = _run(adapter, drafter, cases, "PD", width)
+    assert eng.width is not None and isinstance(eng.width.policy, AdaptiveWidth)
+    books = eng.width.policy.stats()["cost_gate"]
+    if width == "adaptive":
+        assert books["enabled"] and books["decided_steps"] > 0
+        assert books["host_ms_per_decided_step"] > 0.0
+        assert books["decided_steps"] + books["stood_down_steps"] <= eng.steps
+    else:
+        assert not books["enabled"] and books["decided_steps"] == 0
+        assert not eng.width.policy.standing_down
+
+
+def test_a_probe_brings_the_width_back_once_trimming_pays() -> None:
+    """Stood down on a compute-bound step, the width comes back at a probe
+    once the link makes rows dear (the probe's modeled saving exceeds the
+    decided steps' host time), and narrows."""
+    plant = WidthPlant(
+        accept=0.5,
+        t_draft=0.02,
+        t_row=0.00005,
+        link_s_per_expert=0.00005,
+        exposed=0.0,
+        host_s=0.001,
+    )
+    pol = plant.policy()
+    for _ in range(40):
+        plant.step(pol, c=4)
+    assert pol.standing_down
+    plant.link_s_per_expert, plant.exposed = 0.004, 1.0
+    steps = 0
+    while pol.standing_down and steps < 8 * AdaptiveWidth.COST_PROBE_EVERY:
+        plant.step(pol, c=4)
+        steps += 1
+    books = pol.stats()["cost_gate"]
+    assert not pol.standing_down, books
+    assert books["switch_count"] == 2 and books["switches"][1]["on"] is True
+    assert books["switches"][1]["why"].startswith("back: a probe's modeled saving")
+    seen = [plant.step(pol, c=4) for _ in range(20)]
+    assert np.mean(seen[-5:]) < 8, seen[-5:]
+
+
 # ------------------------------------------- the estimator's options (winner's curse)
 def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
     for text, shrink, z in [
@@ -1511,6 +1646,14 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
     )
     assert isinstance(default, AdaptiveWidth)
     assert (default.explore_every, default.explore_reach) == (17, 2)
+    assert default.cost_gate is True
+    cost = parse_width("adaptive:cost=0:voi=1", 16)
+    assert cost.cost_gate is False and str(cost) == "adaptive:voi=1:cost=0"
+    assert parse_width(str(cost), 16) == cost
+    pol = build_policy(
+        "adaptive:cost=0", block_size=16, num_layers=2, num_experts=64, top_k=2, expert_bytes=1
+    )
+    assert isinstance(pol, AdaptiveWidth) and pol.cost_gate is False
     for bad in (
         "adaptive:",
         "adaptive:z",
@@ -1533,6 +1676,8 @@ def test_adaptive_options_parse_round_trip_and_reach_the_policy() -> None:
         "adaptive:reach=0",
         "adaptive:reach=x",
         "adaptive:explore=3:explore=4",
+        "adaptive:cost=2",
+        "adaptive:cost=1:cost=0",
     ):
         with pytest.raises(ValueError, match="verify_width"):
             parse_width(bad, 16)

@@ -276,13 +276,21 @@ def test_a_split_label_is_judged_only_where_its_setting_ran(
 
 
 def _adaptive_row(
-    width: str, beta_mode: str | None, *, spec: bool = True, voi: bool | None = True
+    width: str,
+    beta_mode: str | None,
+    *,
+    spec: bool = True,
+    voi: bool | None = True,
+    cost: bool | None = True,
 ) -> Row:
-    """A PD row whose adaptive policy recorded ``beta_mode`` and
-    ``explore_voi`` (None: not recorded, as before either existed)."""
+    """A PD row whose adaptive policy recorded ``beta_mode``,
+    ``explore_voi`` and ``cost_gate`` (None: not recorded, as before each
+    existed)."""
     estimates: dict[str, Any] = {} if beta_mode is None else {"beta_mode": beta_mode}
     if voi is not None:
         estimates["explore_voi"] = voi
+    if cost is not None:
+        estimates["cost_gate"] = cost
     row: Row = {
         "arch": "tiny",
         "baseline": "PD",
@@ -356,4 +364,31 @@ def test_an_adaptive_row_that_ran_every_due_exploration_is_not_todays_adaptive()
     at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
     today = spec_settings(spec)[at]
     assert recorded_spec_settings(_adaptive_row("adaptive", "hinge", voi=None))[at] != today
+    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
+
+
+def test_an_adaptive_row_that_never_stood_down_for_its_host_time_is_not_todays_adaptive() -> None:
+    """``adaptive`` gained the cost gate (on by default): a row whose policy
+    never judged its own host time (``estimates.cost_gate`` false, or absent
+    as before it existed) keys and shows as ``...:cost=0``, after its charge
+    and ``voi`` where those differ too, in the order the width's parser
+    writes them; today's rows and explicit ``cost=`` keep their width."""
+    from pdflash.engine.verify_width import AdaptiveWidth, parse_width
+    from pdflash.report import schema
+
+    assert schema.ADAPTIVE_COST_DEFAULT is AdaptiveWidth.COST_GATE
+    assert _width_of(_adaptive_row("adaptive", "hinge")) == "adaptive"
+    assert _width_of(_adaptive_row("adaptive", "hinge", cost=False)) == "adaptive:cost=0"
+    assert _width_of(_adaptive_row("adaptive", "hinge", cost=None)) == "adaptive:cost=0"
+    earliest = _width_of(_adaptive_row("adaptive:reach=1", None, voi=None, cost=None))
+    assert earliest == "adaptive:beta=average:reach=1:voi=0:cost=0"
+    assert earliest == str(parse_width(earliest, 16))
+    named = _width_of(_adaptive_row("adaptive:cost=0", "hinge", voi=False, cost=False))
+    assert named == "adaptive:voi=0:cost=0" and named == str(parse_width(named, 16))
+    assert _width_of(_adaptive_row("adaptive:cost=1", "hinge")) == "adaptive:cost=1"
+    assert _width_of(_adaptive_row("fixed:1", "hinge", cost=None)) == "fixed:1"
+    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
+    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
+    today = spec_settings(spec)[at]
+    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge", cost=None))[at] != today
     assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today

@@ -1,0 +1,135 @@
+"""Where a run's step time goes (``bench/h200/default_ab.py --profile``):
+the host seconds of each engine stage per engine step and, on CUDA, the
+synchronizing CUDA calls each stage makes (``torch.cuda.set_sync_debug_mode``
+warnings, counted by the innermost stage they fell in).
+
+The arm runs once to warm up, then once with the stages wrapped (a
+diagnostic: the wrappers add a few microseconds a stage).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from pdflash.bench.engine_run import RunSpec, run_spec
+
+from pdflash.engine import engine as engine_module
+from pdflash.engine import pd_controller, verify_width
+
+#: (owner, method) pairs timed as stages; nested stages count in their own
+#: line and in their caller's
+STAGES: tuple[tuple[Any, str], ...] = (
+    (engine_module.Engine, "_prefill_admitted"),
+    (engine_module.Engine, "_draft_stage"),
+    (engine_module.Engine, "_draft_blocks"),
+    (verify_width.WidthHook, "trim"),
+    (engine_module.Engine, "_predict"),
+    (engine_module.Engine, "_schedule_stage"),
+    (engine_module.Engine, "_prefetch_before_verify"),
+    (engine_module.Engine, "_verify"),
+    (engine_module.Engine, "_record_verify"),
+    (engine_module.Engine, "_commit_verified"),
+    (engine_module.Engine, "_end_step"),
+    (verify_width.WidthHook, "end_step"),
+)
+
+_SYNC_WARNING = "synchronizing"
+
+
+class _Books:
+    def __init__(self) -> None:
+        self.host_s: dict[str, float] = collections.defaultdict(float)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.syncs: collections.Counter[str] = collections.Counter()
+        self.stack: list[str] = []
+        self.steps = 0
+
+
+@contextmanager
+def _wrapped(books: _Books) -> Iterator[None]:
+    """The stages wrapped to add their host seconds to ``books``."""
+    saved: list[tuple[Any, str, Callable[..., Any]]] = []
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            books.stack.append(name)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                books.host_s[name] += time.perf_counter() - start
+                books.calls[name] += 1
+                books.stack.pop()
+
+        return run
+
+    def counted_step(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            books.steps += 1
+            return fn(*args, **kwargs)
+
+        return run
+
+    try:
+        for owner, method in STAGES:
+            fn = getattr(owner, method)
+            saved.append((owner, method, fn))
+            setattr(owner, method, timed(f"{owner.__name__}.{method}", fn))
+        step = engine_module.Engine._step
+        saved.append((engine_module.Engine, "_step", step))
+        engine_module.Engine._step = counted_step(step)  # type: ignore[method-assign]
+        after = pd_controller.after_step
+        saved.append((pd_controller, "after_step", after))
+        pd_controller.after_step = timed("pd_controller.after_step", after)
+        yield
+    finally:
+        for owner, method, fn in reversed(saved):
+            setattr(owner, method, fn)
+
+
+def profile_arm(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
+    run_spec(RunSpec(**spec))  # warm: the measured run's caches and kernels
+    books = _Books()
+    with _wrapped(books), warnings.catch_warnings():
+        warnings.simplefilter("always")
+        if cuda:
+            torch.cuda.set_sync_debug_mode("warn")
+
+            def on_warning(message: Any, *args: Any, **kwargs: Any) -> None:
+                if _SYNC_WARNING in str(message):
+                    books.syncs[books.stack[-1] if books.stack else "outside a stage"] += 1
+
+            warnings.showwarning = on_warning
+        try:
+            row = run_spec(RunSpec(**spec)).row
+        finally:
+            if cuda:
+                torch.cuda.set_sync_debug_mode(0)
+    steps = max(1, books.steps)
+    return {
+        "tokens_per_s": row["output_tokens_per_s"],
+        "measured_steps": row["steps"],
+        "engine_steps": books.steps,
+        "note": "engine_steps include the run's warm-up outside its clock",
+        "host_ms_per_engine_step": {k: 1e3 * v / steps for k, v in books.host_s.items()},
+        "calls_per_engine_step": {k: v / steps for k, v in books.calls.items()},
+        "syncs_per_engine_step": {k: v / steps for k, v in books.syncs.items()} if cuda else None,
+    }
+
+
+def print_profile(name: str, prof: dict[str, Any]) -> None:
+    """One line per stage of ``profile_arm``'s result, the costliest first."""
+    print(f"{name}: {prof['tokens_per_s']:.1f} tok/s, {prof['engine_steps']} engine steps")
+    syncs_by_stage = prof["syncs_per_engine_step"] or {}
+    for stage, ms in sorted(prof["host_ms_per_engine_step"].items(), key=lambda kv: -kv[1]):
+        syncs = syncs_by_stage.get(stage)
+        extra = "" if syncs is None else f"  syncs/step {syncs:.2f}"
+        print(f"  {stage:40s} {ms:7.3f} ms/step{extra}")
+    if "outside a stage" in syncs_by_stage:
+        print(f"  outside a stage: {syncs_by_stage['outside a stage']:.2f} syncs/step")
