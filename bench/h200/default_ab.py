@@ -3,7 +3,8 @@ default suite's specs (tiny synthetic model, forced acceptance, cache 0.25,
 ``2c`` live requests for a ``c``-block step; on the GPU the real link, on
 the CPU the emulated one unless ``--emulated-link-gbps`` says otherwise)
 for B1, B2 and PD, plus PD's ablations, every arm once per repeat in an
-order rotated each repeat, until ``--repeats`` or ``--budget-s``.
+order rotated each repeat, until ``--repeats`` or ``--budget-s``; before
+the repeats every arm runs once unrecorded (``--warm-runs 0``: not).
 
 Arms (``--arms``, comma-separated names):
   B1, B2, PD          the default suite's specs as they are
@@ -97,6 +98,13 @@ def main() -> None:
     parser.add_argument("--emulated-link-gbps", type=float, default=None)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", action="store_true", help="time each arm's engine stages")
+    parser.add_argument(
+        "--warm-runs",
+        type=int,
+        choices=[0, 1],
+        default=1,
+        help="run every arm once, unrecorded, before the repeats (1, the default)",
+    )
     args = parser.parse_args()
     on_gpu = default._cuda_present(args.device)
     names = args.arms.split(",")
@@ -106,6 +114,11 @@ def main() -> None:
         return
     rows_path = args.out / "rows.jsonl"
     start = time.monotonic()
+    # the process's first runs pay one-time costs (allocator, kernels, caches):
+    # every arm once, unrecorded, so the first repeat's pairs do not carry them
+    for conc in args.concurrency if args.warm_runs else ():
+        for spec in _arm_specs(names, _default_specs(args, conc, on_gpu)).values():
+            run_spec(RunSpec(**{**spec, "repeat": args.repeats}))  # a seed no repeat uses
     with rows_path.open("a") as f:
         for rep in range(args.repeats):
             for conc in args.concurrency:
