@@ -219,10 +219,12 @@ modeled saving (per decided step: the seconds the chosen widths' expected
 tokens would take at the every-draft rate, less the chosen step's) is
 below that host time over :attr:`AdaptiveWidth.COST_WINDOW` decided steps,
 the width stands down: every draft is verified, no width is chosen and
-only the acceptance estimates observe the steps. Every
-:attr:`AdaptiveWidth.COST_PROBE_EVERY` th step while standing down decides
-once more (a probe); where the probe's modeled saving exceeds the decided
-steps' mean host time the width comes back. On the tiny default (a
+only the acceptance estimates observe the steps, but for the
+:attr:`AdaptiveWidth.COST_REFRESH_STEPS` before each probe, whose cost
+refreshes the step model. Every :attr:`AdaptiveWidth.COST_PROBE_EVERY` th
+step while standing down decides once more (a probe); where the probe's
+modeled saving exceeds the decided steps' mean host time the width comes
+back. On the tiny default (a
 host-bound step whose expert copies cost microseconds) the chosen widths
 were the whole block in most steps: on the CPU the width's host time was
 0.3-0.6 ms a decided step against a modeled saving of 0-0.3 ms, 0.1-0.2 ms
@@ -1229,6 +1231,9 @@ class AdaptiveWidth:
     COST_GATE = True
     COST_WINDOW = 8
     COST_PROBE_EVERY = 16
+    #: the steps before each probe whose cost is measured and fitted while
+    #: standing down (the probe then decides with a fresh step model)
+    COST_REFRESH_STEPS = 4
     #: the defaults of ``shrink_weight`` and ``survival_z`` (``adaptive``
     #: with no options)
     SHRINK_WEIGHT = 4.0
@@ -1315,6 +1320,7 @@ class AdaptiveWidth:
         # the pending decision's modeled saving (None: the step decided nothing)
         self._pending_saving: float | None = None
         self._decided = False  # whether the latest widths() chose by the model
+        self._refreshing = False  # a stood-down step before a probe: its cost is fitted
         self._cost_books = _CostBooks()
         self.block_drafts = block_size - 1
         self.num_layers = num_layers
@@ -1553,10 +1559,17 @@ class AdaptiveWidth:
         any step was measured and on a step standing down between probes)."""
         return self._decided
 
+    @property
+    def wants_step_cost(self) -> bool:
+        """Whether :meth:`observe` reads the step :meth:`widths` was last
+        asked about beyond its outcomes (False on the steps standing down
+        between probes, but for the :attr:`COST_REFRESH_STEPS` before each)."""
+        return not self._standing_down or self._decided or self._refreshing
+
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
         fit = self.time_fit()
-        self._decided = False
+        self._decided = self._refreshing = False
         self._pending_saving = None
         if fit is None:
             # nothing measured yet: verify every draft
@@ -1567,6 +1580,8 @@ class AdaptiveWidth:
         if self._standing_down:
             self._steps_since_probe += 1
             if self._steps_since_probe < self.COST_PROBE_EVERY:
+                left = self.COST_PROBE_EVERY - self._steps_since_probe
+                self._refreshing = left <= self.COST_REFRESH_STEPS
                 return self._every_draft(requests)
             self._steps_since_probe = 0
             self._cost_books.probes += 1
@@ -1733,7 +1748,7 @@ class AdaptiveWidth:
                 self._judge_cost(step.policy_host_s, decided)
             elif self._standing_down:
                 self._cost_books.stood_down_host_s += step.policy_host_s
-        if not step.outcomes or (self._standing_down and decided is None):
+        if not step.outcomes or not self.wants_step_cost:
             return  # standing down: only the acceptance estimates observe the step
         anchors = len(step.outcomes)
         drafted = sum(o.verified for o in step.outcomes)
@@ -2060,9 +2075,7 @@ class WidthHook:
         """False while an adaptive width stands down between probes: it then
         reads only the outcomes, so the step's cost is not measured."""
         policy = self.policy
-        return not (
-            isinstance(policy, AdaptiveWidth) and policy.standing_down and not policy.decided
-        )
+        return not isinstance(policy, AdaptiveWidth) or policy.wants_step_cost
 
     def _measured_step(self) -> WidthStep:
         eng = self.engine

@@ -1549,25 +1549,42 @@ def test_the_engine_side_measures_the_widths_host_time(
         assert not eng.width.policy.standing_down
 
 
-def test_a_probe_brings_the_width_back_once_trimming_pays() -> None:
-    """Stood down on a compute-bound step, the width comes back at a probe
-    once the link makes rows dear (the probe's modeled saving exceeds the
-    decided steps' host time), and narrows."""
-    plant = WidthPlant(
-        accept=0.5,
-        t_draft=0.02,
-        t_row=0.00005,
-        link_s_per_expert=0.00005,
-        exposed=0.0,
-        host_s=0.001,
-    )
+def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> None:
+    """Between probes only the outcomes are read, but for the
+    :attr:`AdaptiveWidth.COST_REFRESH_STEPS` before each probe, whose cost
+    the step model is fitted on."""
+    plant = _compute_bound()
+    pol = plant.policy()
+    flags = []
+    for _ in range(80):
+        plant.step(pol, c=4)
+        flags.append((pol.standing_down, pol.decided, pol.wants_step_cost))
+    down = next(i for i, (standing, _, _) in enumerate(flags) if standing)
+    assert flags[down] == (True, True, True)  # the decided step that stood down
+    every, refresh = AdaptiveWidth.COST_PROBE_EVERY, AdaptiveWidth.COST_REFRESH_STEPS
+    cycle = flags[down + 1 : down + 1 + every]
+    assert [decided for _, decided, _ in cycle] == [False] * (every - 1) + [True]
+    wanted = [wants for _, _, wants in cycle]
+    assert wanted == [False] * (every - 1 - refresh) + [True] * (refresh + 1)
+    assert all(standing for standing, _, _ in cycle)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_probe_brings_the_width_back_once_trimming_pays(seed: int) -> None:
+    """Stood down on a compute-bound step with a strong drafter, the width
+    comes back at a probe once the link makes rows dear (80x slower copies,
+    all exposed) and the drafter weakens (acceptance 0.5): the steps before
+    each probe refresh the step model, and within a few probes its modeled
+    saving exceeds the decided steps' host time; then it narrows."""
+    plant = _compute_bound(seed)
     pol = plant.policy()
     for _ in range(40):
         plant.step(pol, c=4)
     assert pol.standing_down
-    plant.link_s_per_expert, plant.exposed = 0.004, 1.0
+    plant.link_s_per_expert, plant.exposed, plant.accept = 0.004, 1.0, 0.5
+    every = AdaptiveWidth.COST_PROBE_EVERY
     steps = 0
-    while pol.standing_down and steps < 8 * AdaptiveWidth.COST_PROBE_EVERY:
+    while pol.standing_down and steps < 8 * every:
         plant.step(pol, c=4)
         steps += 1
     books = pol.stats()["cost_gate"]

@@ -1,0 +1,54 @@
+"""bench/h200/default_profile.py (``default_ab.py --profile``): a quick run of
+the default's specs on the CPU with the engine's stages timed."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+from bench_fixtures import load_bench_script
+
+default_profile = load_bench_script("default_profile.py")
+
+
+def _quick_spec(baseline: str) -> dict[str, Any]:
+    from pdflash.bench.suites import default
+
+    ns = argparse.Namespace(
+        quick=True,
+        concurrency=[1],
+        cache_fraction=[0.25],
+        device="cpu",
+        emulated_link_gbps=10.0,
+        marginal_rule="verify",
+    )
+    specs = {s["baseline"]: s for s in default.default_specs(ns, on_gpu=False)}
+    return specs[baseline]
+
+
+@pytest.mark.parametrize("baseline", ["B1", "PD"])
+def test_every_step_is_timed_by_stage_and_the_wrappers_come_off(
+    baseline: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pdflash.engine import engine as engine_module
+
+    step_before = engine_module.Engine._step
+    prof = default_profile.profile_arm(_quick_spec(baseline), cuda=False)
+    assert engine_module.Engine._step is step_before  # unwrapped on leaving
+    steps = prof["engine_steps"]
+    assert steps >= prof["measured_steps"] > 0
+    host = prof["host_ms_per_engine_step"]
+    calls = prof["calls_per_engine_step"]
+    assert calls["Engine._step"] == 1.0
+    # the stages nest inside the step: none takes longer than it
+    assert all(0.0 < ms <= host["Engine._step"] for ms in host.values())
+    assert host["Engine._verify"] > 0.0 and calls["Engine._draft_stage"] == 1.0
+    if baseline == "PD":  # the width and the controller run only under PD
+        assert calls["WidthHook.trim"] > 0.0 and "pd_controller.after_step" in calls
+    else:
+        assert "WidthHook.trim" not in calls
+    assert prof["syncs_per_engine_step"] is None and prof["syncs_outside_steps"] is None
+    default_profile.print_profile(baseline, prof)
+    out = capsys.readouterr().out
+    assert out.startswith(f"{baseline}: ") and "Engine._verify" in out
