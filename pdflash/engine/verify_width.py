@@ -2072,8 +2072,9 @@ class WidthHook:
         self._host_s = time.perf_counter() - start  # this observation: the next step's cost
 
     def _wants_cost(self) -> bool:
-        """False while an adaptive width stands down between probes: it then
-        reads only the outcomes, so the step's cost is not measured."""
+        """Whether the policy reads the step's cost (False on an adaptive
+        width's steps standing down between probes, but for the refresh
+        steps before each: it then reads only the outcomes)."""
         policy = self.policy
         return not isinstance(policy, AdaptiveWidth) or policy.wants_step_cost
 

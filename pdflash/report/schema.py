@@ -426,8 +426,8 @@ def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
     """An ``adaptive`` width that names no ``voi=``, of a row whose policy
     ran its explorations otherwise than today's default (rows recorded
     before ``voi`` became it: ``estimates.explore_voi`` absent or false), as
-    ``...:voi=0`` (``voi`` is the last option the width's parser writes):
-    such a run is not one with today's ``adaptive``. A width that never
+    ``...:voi=0`` (before a named ``cost=``, the one option the width's parser
+    writes after it): such a run is not one with today's ``adaptive``. A width that never
     explores (``explore=0``: the rule has nothing to judge) and any other
     width are themselves."""
     found = _unnamed_option(width, row, "voi")
