@@ -314,28 +314,33 @@ class WidthSetting:
             return f"fixed:{self.drafts}"
         if self.kind != "adaptive":
             return self.kind
-        parts = ["adaptive"]
-        if self.shrink_weight is not None:
-            parts.append(f"shrink={self.shrink_weight:g}")
-        if self.survival_z is not None:
-            parts.append(f"z={self.survival_z:g}")
-        if self.calibrate is not None:
-            parts.append(f"cal={int(self.calibrate)}")
-        if self.union_form is not None:
-            parts.append(f"union={self.union_form}")
-        if self.beta_mode is not None:
-            parts.append(f"beta={self.beta_mode}")
-        if self.row_mode is not None:
-            parts.append(f"row={self.row_mode}")
-        if self.explore_every is not None:
-            parts.append(f"explore={self.explore_every}")
-        if self.explore_reach is not None:
-            parts.append(f"reach={self.explore_reach}")
-        if self.explore_voi is not None:
-            parts.append(f"voi={int(self.explore_voi)}")
-        if self.cost_gate is not None:
-            parts.append(f"cost={int(self.cost_gate)}")
+        values = (
+            self.shrink_weight,
+            self.survival_z,
+            self.calibrate,
+            self.union_form,
+            self.beta_mode,
+            self.row_mode,
+            self.explore_every,
+            self.explore_reach,
+            self.explore_voi,
+            self.cost_gate,
+        )
+        parts = ["adaptive"] + [
+            f"{key}={_option_text(value)}"
+            for key, value in zip(ADAPTIVE_OPTION_KEYS, values, strict=True)
+            if value is not None
+        ]
         return ":".join(parts)
+
+
+def _option_text(value: float | str | bool) -> str:
+    """An ``adaptive:`` option's value as the parser reads it (flags 0/1)."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
 
 
 def is_adaptive(setting: str) -> bool:
