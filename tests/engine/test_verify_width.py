@@ -916,20 +916,31 @@ def _run_widths(plant: WidthPlant, steps: int = 30) -> tuple[AdaptiveWidth, list
     return pol, [plant.step(pol, c=4 - (steps - 1 - i) % 3) for i in range(steps)]
 
 
+def _compute_bound(
+    seed: int = 0, host_s: float | None = 0.001, measured: bool = True
+) -> WidthPlant:
+    """A strong drafter on a compute-bound step (acceptance 0.9; every draft
+    pays, so the widths save nothing) whose width costs ``host_s`` a decided
+    step."""
+    return WidthPlant(
+        accept=0.9,
+        t_draft=0.02,
+        t_row=0.00005,
+        link_s_per_expert=0.00005,
+        exposed=0.0,
+        seed=seed,
+        measured=measured,
+        host_s=host_s,
+    )
+
+
 def test_a_strong_drafter_on_a_compute_bound_step_keeps_every_draft() -> None:
     # acceptance 0.9 per position (τ ~ 7.9 of 16); a row's compute is 0.25%
     # of the drafter's step and the copies (16 ms of link at full width, less
     # than the step's 23 ms of compute) hide behind the compute: the compute
     # never waits on them
     def plant(measured: bool) -> WidthPlant:
-        return WidthPlant(
-            accept=0.9,
-            t_draft=0.02,
-            t_row=0.00005,
-            link_s_per_expert=0.00005,
-            exposed=0.0,
-            measured=measured,
-        )
+        return _compute_bound(host_s=None, measured=measured)
 
     pol, seen = _run_widths(plant(True))
     assert seen[-1] == [15] * 4 and all(set(ks) == {15} for ks in seen[-6:])
@@ -1458,20 +1469,6 @@ def test_voi_costs_nothing_where_exploring_pays(
 
 
 # ------------------------------------------------- the width's own host time
-def _compute_bound(seed: int = 0, host_s: float | None = 0.001) -> WidthPlant:
-    """A strong drafter on a compute-bound step (every draft pays, so the
-    widths save nothing) whose width costs ``host_s`` a decided step."""
-    return WidthPlant(
-        accept=0.9,
-        t_draft=0.02,
-        t_row=0.00005,
-        link_s_per_expert=0.00005,
-        exposed=0.0,
-        seed=seed,
-        host_s=host_s,
-    )
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: int) -> None:
     """Every draft pays (the widths are the whole block), so the model's

@@ -306,6 +306,14 @@ def _width_of(row: Row) -> Any:
     return row_settings(row)[names.index("verify_width")]
 
 
+def _keys_as_todays_adaptive(row: Row) -> bool:
+    """Whether ``row``'s resume key holds today's spec at ``adaptive``
+    (the verify width's place in the key)."""
+    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
+    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
+    return bool(recorded_spec_settings(row)[at] == spec_settings(spec)[at])
+
+
 def test_an_adaptive_row_of_an_earlier_default_charge_is_not_todays_adaptive() -> None:
     """``adaptive`` changed its default charge (``beta=average`` to
     ``beta=hinge``): a row whose policy recorded another charge, or none
@@ -331,11 +339,8 @@ def test_an_adaptive_row_of_an_earlier_default_charge_is_not_todays_adaptive() -
     no_policy["verify_width"]["estimates"] = None
     assert _width_of(no_policy) == "adaptive"
     # the resume key: today's spec is not the earlier run
-    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
-    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
-    today = spec_settings(spec)[at]
-    assert recorded_spec_settings(_adaptive_row("adaptive", "average"))[at] != today
-    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
+    assert not _keys_as_todays_adaptive(_adaptive_row("adaptive", "average"))
+    assert _keys_as_todays_adaptive(_adaptive_row("adaptive", "hinge"))
 
 
 def test_an_adaptive_row_that_ran_every_due_exploration_is_not_todays_adaptive() -> None:
@@ -360,11 +365,8 @@ def test_an_adaptive_row_that_ran_every_due_exploration_is_not_todays_adaptive()
     assert _width_of(_adaptive_row("adaptive:voi=0", "hinge", voi=False)) == "adaptive:voi=0"
     assert _width_of(_adaptive_row("adaptive:voi=1", "hinge", voi=True)) == "adaptive:voi=1"
     assert _width_of(_adaptive_row("fixed:1", "hinge", voi=None)) == "fixed:1"
-    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
-    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
-    today = spec_settings(spec)[at]
-    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge", voi=None))[at] != today
-    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
+    assert not _keys_as_todays_adaptive(_adaptive_row("adaptive", "hinge", voi=None))
+    assert _keys_as_todays_adaptive(_adaptive_row("adaptive", "hinge"))
 
 
 def test_an_adaptive_row_that_never_stood_down_for_its_host_time_is_not_todays_adaptive() -> None:
@@ -387,8 +389,5 @@ def test_an_adaptive_row_that_never_stood_down_for_its_host_time_is_not_todays_a
     assert named == "adaptive:voi=0:cost=0" and named == str(parse_width(named, 16))
     assert _width_of(_adaptive_row("adaptive:cost=1", "hinge")) == "adaptive:cost=1"
     assert _width_of(_adaptive_row("fixed:1", "hinge", cost=None)) == "fixed:1"
-    spec = {"arch": "tiny", "baseline": "PD", "verify_width": "adaptive"}
-    at = [s.name for s in RUN_SETTINGS if s.in_spec].index("verify_width")
-    today = spec_settings(spec)[at]
-    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge", cost=None))[at] != today
-    assert recorded_spec_settings(_adaptive_row("adaptive", "hinge"))[at] == today
+    assert not _keys_as_todays_adaptive(_adaptive_row("adaptive", "hinge", cost=None))
+    assert _keys_as_todays_adaptive(_adaptive_row("adaptive", "hinge"))
