@@ -382,9 +382,10 @@ ADAPTIVE_VOI_DEFAULT = True
 #: host time exceeds what it saves (mirrors
 #: :attr:`pdflash.engine.verify_width.AdaptiveWidth.COST_GATE`, checked by a test)
 ADAPTIVE_COST_DEFAULT = True
-#: the ``adaptive:`` options written after ``beta=`` (mirrors the order of
-#: :data:`pdflash.engine.verify_width.ADAPTIVE_OPTION_KEYS`, checked by a test)
-_AFTER_BETA = ("row", "explore", "reach", "voi", "cost")
+#: the ``adaptive:`` options in the order the width's parser writes them
+#: (mirrors :data:`pdflash.engine.verify_width.ADAPTIVE_OPTION_KEYS`, checked
+#: by a test)
+_OPTION_ORDER = ("shrink", "z", "cal", "union", "beta", "row", "explore", "reach", "voi", "cost")
 
 
 def _unnamed_option(
@@ -404,6 +405,15 @@ def _unnamed_option(
     return (parts, estimates) if isinstance(estimates, Mapping) else None
 
 
+def _with_option(parts: list[str], key: str, value: str) -> str:
+    """The ``adaptive`` width of ``parts`` with ``key=value`` written where
+    the width's parser writes it (before the first named option it writes
+    later)."""
+    later = _OPTION_ORDER[_OPTION_ORDER.index(key) + 1 :]
+    at = next((i for i, p in enumerate(parts) if i and p.split("=")[0] in later), len(parts))
+    return ":".join([*parts[:at], f"{key}={value}", *parts[at:]])
+
+
 def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
     """An ``adaptive`` width that names no ``beta=``, of a row whose policy
     charged a further link second otherwise than today's default (rows
@@ -418,16 +428,15 @@ def _width_charge(width: Any, row: Mapping[str, Any]) -> Any:
     mode = estimates.get("beta_mode") or "average"
     if mode == ADAPTIVE_BETA_DEFAULT:
         return width
-    at = next((i for i, p in enumerate(parts) if i and p.split("=")[0] in _AFTER_BETA), len(parts))
-    return ":".join([*parts[:at], f"beta={mode}", *parts[at:]])
+    return _with_option(parts, "beta", mode)
 
 
 def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
     """An ``adaptive`` width that names no ``voi=``, of a row whose policy
     ran its explorations otherwise than today's default (rows recorded
     before ``voi`` became it: ``estimates.explore_voi`` absent or false), as
-    ``...:voi=0`` (before a named ``cost=``, the one option the width's parser
-    writes after it): such a run is not one with today's ``adaptive``. A width that never
+    ``...:voi=0`` (where the width's parser writes it): such a run is not
+    one with today's ``adaptive``. A width that never
     explores (``explore=0``: the rule has nothing to judge) and any other
     width are themselves."""
     found = _unnamed_option(width, row, "voi")
@@ -437,22 +446,22 @@ def _width_voi(width: Any, row: Mapping[str, Any]) -> Any:
     ran = bool(estimates.get("explore_voi"))
     if ran is ADAPTIVE_VOI_DEFAULT:
         return width
-    at = next((i for i, p in enumerate(parts) if i and p.startswith("cost=")), len(parts))
-    return ":".join([*parts[:at], f"voi={int(ran)}", *parts[at:]])
+    return _with_option(parts, "voi", str(int(ran)))
 
 
 def _width_cost(width: Any, row: Mapping[str, Any]) -> Any:
     """An ``adaptive`` width that names no ``cost=``, of a row whose policy
     never stood down for its own host time (rows recorded before the cost
     gate became the default: ``estimates.cost_gate`` absent or false), as
-    ``...:cost=0`` (``cost`` is the last option the width's parser writes):
+    ``...:cost=0`` (where the width's parser writes it):
     such a run is not one with today's ``adaptive``. Any other width is
     itself."""
     found = _unnamed_option(width, row, "cost")
     if found is None:
         return width
-    ran = bool(found[1].get("cost_gate"))
-    return width if ran is ADAPTIVE_COST_DEFAULT else f"{width}:cost={int(ran)}"
+    parts, estimates = found
+    ran = bool(estimates.get("cost_gate"))
+    return width if ran is ADAPTIVE_COST_DEFAULT else _with_option(parts, "cost", str(int(ran)))
 
 
 def _width_refined(width: Any, row: Mapping[str, Any]) -> Any:

@@ -324,8 +324,7 @@ def test_an_adaptive_row_of_an_earlier_default_charge_is_not_todays_adaptive() -
     from pdflash.report import schema
 
     assert schema.ADAPTIVE_BETA_DEFAULT == AdaptiveWidth.BETA_MODE
-    keys = list(ADAPTIVE_OPTION_KEYS)
-    assert tuple(keys[keys.index("beta") + 1 :]) == schema._AFTER_BETA
+    assert tuple(ADAPTIVE_OPTION_KEYS) == schema._OPTION_ORDER
     assert _width_of(_adaptive_row("adaptive", "hinge")) == "adaptive"
     assert _width_of(_adaptive_row("adaptive", "average")) == "adaptive:beta=average"
     assert _width_of(_adaptive_row("adaptive", None)) == "adaptive:beta=average"
