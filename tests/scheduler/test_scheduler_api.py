@@ -415,6 +415,34 @@ def test_union_results_are_read_only_views_until_the_next_step() -> None:
     assert ids.tolist() == [3, 1][: len(ids)]  # the view now shows the new step's buffer
 
 
+def test_demand_encodings_agree_and_an_empty_demand_clears_the_set() -> None:
+    """Flat ids (any int dtype, repeats), a boolean mask and a 0/1 mask set
+    the same bits, past the grid's 64-bit word boundary; an empty demand
+    after a set one clears it (the empty set is one shared zero bitset)."""
+    layers, experts = 3, 30  # 90 flat ids: two words
+    s = make(T=64, M=10_000, layers=layers, experts=experts)
+    s.add_request(0)
+    ids = [0, 63, 64, 89, 64]
+    mask = np.zeros((layers, experts), dtype=np.bool_)
+    mask.reshape(-1)[ids] = True
+
+    def demand_ids() -> list[int]:
+        words = np.asarray(s._core.demand_bits(0), dtype="<u8")
+        return np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).tolist()
+
+    seen = []
+    for demand in (ids, np.array(ids, dtype=np.uint16), mask, mask.astype(np.int8)):
+        s.update_demand(0, 1, demand)
+        seen.append(demand_ids())
+    assert seen == [[0, 63, 64, 89]] * 4
+    s.update_demand(0, 1, [])
+    assert demand_ids() == []
+    s.update_demand(0, 1, [5])
+    assert s.step().union_ids.tolist() == [5]
+    s.update_demand(0, 1, np.zeros(0, dtype=np.int64))
+    assert s.step().union_ids.tolist() == []
+
+
 def test_invariant_tracker_accepts_a_long_random_trace() -> None:
     rng = np.random.default_rng(3)
     cfg = SchedulerConfig(
