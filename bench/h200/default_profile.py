@@ -19,8 +19,13 @@ from typing import Any
 import torch
 from pdflash.bench.engine_run import RunSpec, run_spec
 
+from pdflash.cache.expert_cache import ExpertCache
 from pdflash.engine import engine as engine_module
 from pdflash.engine import pd_controller, verify_width
+from pdflash.engine.prefetch import GateLookahead, StreamingPrefetcher
+from pdflash.engine.target import TargetRunner
+from pdflash.engine.verify import Verifier
+from pdflash.models.offload import OffloadedMoE
 
 #: (owner, method) pairs timed as stages; nested stages count in their own
 #: line and in their caller's (a sync counts in the innermost)
@@ -34,6 +39,17 @@ STAGES: tuple[tuple[Any, str], ...] = (
     (engine_module.Engine, "_schedule_stage"),
     (engine_module.Engine, "_prefetch_before_verify"),
     (engine_module.Engine, "_verify"),
+    (Verifier, "run"),
+    # the target's forwards (prefill, verify; the drafter's are its own),
+    # and inside them what runs between the kernels of a routed layer
+    (TargetRunner, "forward"),
+    (OffloadedMoE, "forward_routed"),
+    (StreamingPrefetcher, "on_routed"),
+    (StreamingPrefetcher, "after_layer"),
+    (GateLookahead, "after_layer"),
+    (ExpertCache, "acquire"),
+    (ExpertCache, "wait_ready"),
+    (ExpertCache, "release"),
     (engine_module.Engine, "_record_verify"),
     (engine_module.Engine, "_commit_verified"),
     (engine_module.Engine, "_end_step"),
