@@ -126,6 +126,13 @@ def profile_arm(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
         "measured_steps": row["steps"],
         "engine_steps": engine_steps,
         "note": "engine_steps include the run's warm-up outside its clock",
+        # the row's own spans (CUDA events on CUDA) per measured step, to set
+        # beside the host ms of the stages that enclose them
+        "span_ms_per_measured_step": {
+            key: 1e3 * row[f"{key}_s"] / max(1, row["steps"])
+            for key in ("wall", "draft", "verify", "predict", "prefill")
+            if row.get(f"{key}_s") is not None
+        },
         "host_ms_per_engine_step": {k: 1e3 * v / steps for k, v in books.host_s.items()},
         "calls_per_engine_step": {k: v / steps for k, v in books.calls.items()},
         "syncs_per_engine_step": (
@@ -138,6 +145,8 @@ def profile_arm(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
 def print_profile(name: str, prof: dict[str, Any]) -> None:
     """One line per stage of ``profile_arm``'s result, the costliest first."""
     print(f"{name}: {prof['tokens_per_s']:.1f} tok/s, {prof['engine_steps']} engine steps")
+    spans = ", ".join(f"{k} {v:.3f}" for k, v in prof["span_ms_per_measured_step"].items())
+    print(f"  spans, ms per measured step: {spans}")
     syncs_by_stage = prof["syncs_per_engine_step"] or {}
     for stage, ms in sorted(prof["host_ms_per_engine_step"].items(), key=lambda kv: -kv[1]):
         syncs = syncs_by_stage.get(stage)

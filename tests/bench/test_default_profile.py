@@ -44,6 +44,11 @@ def test_every_step_is_timed_by_stage_and_the_wrappers_come_off(
     # the stages nest inside the step: none takes longer than it
     assert all(0.0 < ms <= host["Engine._step"] for ms in host.values())
     assert host["Engine._verify"] > 0.0 and calls["Engine._draft_stage"] == 1.0
+    # the forward's inner stages nest in the target's forwards
+    assert 0.0 < host["OffloadedMoE.forward_routed"] <= host["TargetRunner.forward"]
+    assert host["ExpertCache.acquire"] <= host["OffloadedMoE.forward_routed"]
+    spans = prof["span_ms_per_measured_step"]
+    assert 0.0 < spans["verify"] < spans["wall"] and 0.0 < spans["draft"] < spans["wall"]
     if baseline == "PD":  # the width and the controller run only under PD
         assert calls["WidthHook.trim"] > 0.0 and "pd_controller.after_step" in calls
     else:
@@ -52,3 +57,4 @@ def test_every_step_is_timed_by_stage_and_the_wrappers_come_off(
     default_profile.print_profile(baseline, prof)
     out = capsys.readouterr().out
     assert out.startswith(f"{baseline}: ") and "Engine._verify" in out
+    assert "spans, ms per measured step: wall " in out
