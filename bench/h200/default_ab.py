@@ -14,6 +14,10 @@ Arms (``--arms``, comma-separated names):
   PDwcost0            PD with ``verify_width=adaptive:cost=0`` (the width
                       that never stands down for its own host time: the
                       default before it)
+  PDnoclear           PD whose controller never reads the route-ahead cost
+                      bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf in
+                      this process for its runs: no configuration names it;
+                      its rows say so in ``arm_patch``): the default before it
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
@@ -30,14 +34,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from pdflash.bench.engine_run import RunSpec, run_spec
 from pdflash.bench.pair_ratios import pair_ratios
 from pdflash.bench.suites import default
+
+from pdflash.engine import pd_controller
 
 # default_profile.py sits next to this script; `python -P` leaves this folder off sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +59,38 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "PDwcost0": ("PD", {"verify_width": "adaptive:cost=0"}),
 }
 
+#: name: (the default spec it runs, the pd_controller constant it changes for
+#: its runs, the value)
+PATCHED: dict[str, tuple[str, str, float]] = {
+    "PDnoclear": ("PD", "ROUTE_AHEAD_COST_CLEAR", math.inf),
+}
+
+
+@contextmanager
+def _patched(name: str) -> Iterator[str | None]:
+    """The arm's controller constant changed while its run runs; yields
+    what changed (None: nothing)."""
+    if name not in PATCHED:
+        yield None
+        return
+    _, attr, value = PATCHED[name]
+    saved = getattr(pd_controller, attr)
+    setattr(pd_controller, attr, value)
+    try:
+        yield f"pd_controller.{attr}={value}"
+    finally:
+        setattr(pd_controller, attr, saved)
+
+
+def run_arm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """One run of arm ``name``: its row, with ``arm`` (and ``arm_patch``)."""
+    with _patched(name) as patch:
+        row = run_spec(RunSpec(**spec)).row
+    row["arm"] = name
+    if patch is not None:
+        row["arm_patch"] = patch
+    return row
+
 
 def _arm_specs(names: list[str], base: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     specs = {}
@@ -59,8 +100,10 @@ def _arm_specs(names: list[str], base: dict[str, dict[str, Any]]) -> dict[str, d
         elif name in VARIANTS:
             of, changes = VARIANTS[name]
             specs[name] = {**base[of], **changes}
+        elif name in PATCHED:
+            specs[name] = base[PATCHED[name][0]]
         else:
-            raise SystemExit(f"unknown arm {name!r}; choose from {[*base, *VARIANTS]}")
+            raise SystemExit(f"unknown arm {name!r}; choose from {[*base, *VARIANTS, *PATCHED]}")
     return specs
 
 
@@ -82,7 +125,8 @@ def _profile(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
         specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
         out[str(conc)] = {}
         for name, spec in specs.items():
-            prof = default_profile.profile_arm(spec, on_gpu)
+            with _patched(name):
+                prof = default_profile.profile_arm(spec, on_gpu)
             out[str(conc)][name] = prof
             default_profile.print_profile(f"c={conc} {name}", prof)
     (args.out / "profile.json").write_text(json.dumps(out, indent=1))
@@ -117,16 +161,15 @@ def main() -> None:
     # the process's first runs pay one-time costs (allocator, kernels, caches):
     # every arm once, unrecorded, so the first repeat's pairs do not carry them
     for conc in args.concurrency if args.warm_runs else ():
-        for spec in _arm_specs(names, _default_specs(args, conc, on_gpu)).values():
-            run_spec(RunSpec(**{**spec, "repeat": args.repeats}))  # a seed no repeat uses
+        for name, spec in _arm_specs(names, _default_specs(args, conc, on_gpu)).items():
+            run_arm(name, {**spec, "repeat": args.repeats})  # a seed no repeat uses
     with rows_path.open("a") as f:
         for rep in range(args.repeats):
             for conc in args.concurrency:
                 specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
                 order = names[rep % len(names) :] + names[: rep % len(names)]
                 for name in order:
-                    row = run_spec(RunSpec(**{**specs[name], "repeat": rep})).row
-                    row["arm"] = name
+                    row = run_arm(name, {**specs[name], "repeat": rep})
                     f.write(json.dumps(row, default=str) + "\n")
                     f.flush()
                     print(

@@ -260,6 +260,16 @@ then holds the probe's on-arm steps: a gain the bound says cannot be is
 noise). Steps whose measurement lacks a copy time (no link rate measured
 yet) are not counted by it.
 
+A **clear** reading decides sooner: where route-ahead's host time is at
+least :data:`ROUTE_AHEAD_COST_CLEAR` times the bound over at least
+:data:`ROUTE_AHEAD_COST_CLEAR_STEPS` steps, the first decision switches it
+off without waiting for ``route_ahead_gate_steps``, and a must-earn probe
+of route-ahead ends, route-ahead off, once its own on-arm steps read so
+(only them: not the window's older steps). A reading that close to the
+window's full one would be overruled at the probe's end anyway; the early
+steps of a run, whose cold cache misses more, favour route-ahead, so they
+do not read clear by chance of the warm-up.
+
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
 ``controller`` (default) judges the host part as above; ``always`` runs it
@@ -342,6 +352,18 @@ ROUTE_AHEAD_GATE_STEPS = 4
 
 #: the latest steps with predictions whose batch precision the gate reads
 ROUTE_AHEAD_GATE_WINDOW = 8
+
+#: a **clear** reading of the cost bound (module docstring): route-ahead's
+#: host time at least this many times the most its routed predictions could
+#: save, over at least :data:`ROUTE_AHEAD_COST_CLEAR_STEPS` steps. It decides
+#: before the window fills: the first decision, and a must-earn probe of
+#: route-ahead, which then ends (a short run paid up to 12 steps with
+#: route-ahead on, each about a millisecond of its host time, for a
+#: verdict the bound would overrule)
+ROUTE_AHEAD_COST_CLEAR = 2.0
+
+#: steps with predictions a clear reading needs
+ROUTE_AHEAD_COST_CLEAR_STEPS = 2
 
 #: every switchable part, in probe order
 ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
@@ -991,6 +1013,8 @@ class PDController:
         self._half: StepMeasurement | None = None  # the pair's first step
         self._extended = False  # the probe runs on past max_pairs
         self._probe_b_steps = 0  # steps of this probe in its flipped arm (settles too)
+        #: a probe of route-ahead: its steps with predictions (the on arm's)
+        self._probe_ra_steps: list[_RouteAheadStep] = []
         self._round_steps = 0  # steps since this round's first probe began
         self._round_loss = 0.0  # step-equivalents this round's probes lost
         self._probe_loss = 0.0  # the same since reset_stats (the summary's)
@@ -1105,9 +1129,13 @@ class PDController:
             # precision is the predictions' and the routing's, not the
             # step's timing: every step with predictions reads it
             self._ra_window.append(_RouteAheadStep.of(m))
+            if self._probing and self._part == "route_ahead":
+                self._probe_ra_steps.append(self._ra_window[-1])
         if self._probing:
             self._round_steps += 1
             self._probe_b_steps += int(self._parts != self._base)
+            if self._ra_probe_reads_clear():
+                return self._parts
         if self._settling > 0:
             self._settling -= 1
             return self._parts
@@ -1215,6 +1243,7 @@ class PDController:
                 self._pairs = []
                 self._half = None
                 self._extended = False
+                self._probe_ra_steps = []
                 self._set(self._arm_parts("A"))
                 return
         self._part = None
@@ -1325,6 +1354,19 @@ class PDController:
             len(steps),
         )
 
+    def _ra_clearly_cannot_pay(self, steps: Sequence[_RouteAheadStep]) -> bool:
+        """A clear reading of the cost bound over ``steps`` (module
+        docstring): enough of them with a measured copy time, and their
+        host time at least ``ROUTE_AHEAD_COST_CLEAR`` times the bound."""
+        if not self.route_ahead_cost_gate:
+            return False
+        measured = [x for x in steps if x.saving_bound_s is not None]
+        if len(measured) < ROUTE_AHEAD_COST_CLEAR_STEPS:
+            return False
+        host = sum(x.host_s for x in measured)
+        bound = sum(x.saving_bound_s or 0.0 for x in measured)
+        return host >= ROUTE_AHEAD_COST_CLEAR * bound and host > 0.0
+
     def _ra_cannot_pay(self) -> bool:
         """The cost bound (module docstring): route-ahead's host time over
         the window exceeds what its routed predictions could save."""
@@ -1373,7 +1415,8 @@ class PDController:
         """The route-ahead gate's first decision (module docstring)."""
         self._ra_waited += 1
         need = self.route_ahead_gate_steps
-        if len(self._ra_window) < need and self._ra_waited < 2 * need:
+        clear = self._ra_clearly_cannot_pay(self._ra_window)
+        if len(self._ra_window) < need and self._ra_waited < 2 * need and not clear:
             return
         self._ra_gate_first = False
         gate = self.route_ahead_gate
@@ -1381,7 +1424,7 @@ class PDController:
         precision = self._ra_precision()
         step = self._books.steps
         nums = self._ra_window_text()
-        if (precision is None or precision >= gate) and self._ra_cannot_pay():
+        if clear or ((precision is None or precision >= gate) and self._ra_cannot_pay()):
             self._skip_ra_turn = True
             self._ra_gate_off(
                 f"switched off (gated: it cannot save its own host time; it must earn its "
@@ -1429,6 +1472,52 @@ class PDController:
         self._books.switches += 1
         self._set(self._parts.with_part("route_ahead", False))
         self._log(Decision(self._books.steps, "route_ahead", False, True, why))
+
+    def _ra_probe_reads_clear(self) -> bool:
+        """A must-earn probe of route-ahead whose own on-arm steps read the
+        cost bound clear (module docstring) ends, route-ahead off. True
+        when it did."""
+        if self._part != "route_ahead" or self._probe_stance != "must_earn":
+            return False
+        steps = self._probe_ra_steps
+        if not self._ra_clearly_cannot_pay(steps):
+            return False
+        host = sum(x.host_s for x in steps if x.saving_bound_s is not None)
+        bound = sum(x.saving_bound_s or 0.0 for x in steps)
+        nums = (
+            f"route-ahead's host time {host * 1e3:.3g} ms over this probe's {len(steps)} steps "
+            f"with predictions, at most {bound * 1e3:.3g} ms of copies saved (a clear reading: "
+            f"at least {ROUTE_AHEAD_COST_CLEAR:g}x)"
+        )
+        self._ra_gated = True
+        self._ra_watch = False
+        if not self._base.route_ahead:
+            self._log(
+                Decision(
+                    self._books.steps,
+                    "route_ahead",
+                    False,
+                    False,
+                    f"kept off (cannot save its own host time) by its probe's cost bound: {nums}",
+                )
+            )
+            self._end_probe()
+            return True
+        self._books.switches += 1
+        self._round_switched = True
+        self._base = self._base.with_part("route_ahead", False)
+        self._set(self._base)
+        self._log(
+            Decision(
+                self._books.steps,
+                "route_ahead",
+                False,
+                True,
+                f"switched off (cannot save its own host time) by its probe's cost bound: {nums}",
+            )
+        )
+        self._next_probe()
+        return True
 
     def _host_turn_skipped(self) -> bool:
         """True where the host part's turn in this round is skipped (the

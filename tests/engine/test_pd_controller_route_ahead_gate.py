@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from pdflash.engine.pd_controller import (
+    ROUTE_AHEAD_COST_CLEAR,
+    ROUTE_AHEAD_COST_CLEAR_STEPS,
     ROUTE_AHEAD_GATE_PRECISION,
     ROUTE_AHEAD_GATE_STEPS,
     ROUTE_AHEAD_GATE_WINDOW,
@@ -271,8 +273,11 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
     """Precise predictions of experts whose copies take 0.1 us (the whole
     step's routed predictions could save 14 us) against 0.5 ms of
     route-ahead's host time a step, which makes the step 1% longer: the
-    bound switches it off at the gate's first decision; precision alone
-    would keep it, and its later probes judge it as must-earn."""
+    bound switches it off at the gate's first decision, as soon as its
+    reading is clear (500 ms against 14 us: from the second step, not the
+    fourth); precision alone would keep it. Its later must-earn probes end
+    as soon as their own on-arm steps read clear: route-ahead runs two
+    steps a probe (a full must-earn probe ran it on 6-9)."""
     ctl = _bounded()
     on = simulate(
         ctl, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
@@ -281,12 +286,13 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
     assert first["switched"] and first["on"] is False
     why = str(first["why"])
     assert "cannot save its own host time" in why and "0.7" in why
-    assert int(str(first["step"])) <= max(ctl.warmup, ROUTE_AHEAD_GATE_STEPS)
-    assert not any(on[ROUTE_AHEAD_GATE_STEPS + 1 : 40])
-    assert later and all("must earn" in str(d["why"]) for d in later)
-    # no must-earn probe switches it back on while the bound holds
-    assert all(d["on"] is False for d in later)
-    assert sum(on) < 40
+    assert int(str(first["step"])) == ROUTE_AHEAD_COST_CLEAR_STEPS < ROUTE_AHEAD_GATE_STEPS
+    assert not any(on[ROUTE_AHEAD_COST_CLEAR_STEPS:40])
+    assert later and all("by its probe's cost bound" in str(d["why"]) for d in later)
+    assert all("clear reading" in str(d["why"]) for d in later)
+    # no probe switches it back on while the bound holds
+    assert all(d["on"] is False and not d["switched"] for d in later)
+    assert sum(on) == ROUTE_AHEAD_COST_CLEAR_STEPS * (1 + len(later))
     assert ctl.summary()["settings"]["route_ahead_cost_gate"] is True
     # the precision gate alone keeps it on in the same steps
     alone = _gated()
@@ -294,6 +300,64 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
         alone, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
     )
     assert _ra_decisions(alone)[0]["on"] is True and all(on_alone[:20])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_bound_exceeded_but_not_clearly_waits_for_the_window_and_full_probes(
+    seed: int,
+) -> None:
+    """Host time 1.5x the bound (below the clear reading's 2x): the first
+    decision waits for its ``route_ahead_gate_steps`` and switches it off
+    there, and its must-earn probes run to their verdict (at its last look
+    or early), none cut short by their own steps."""
+    assert ROUTE_AHEAD_COST_CLEAR > 1.5
+    copy_s = 5e-4 / (1.5 * round(PRECISE * NAMED))
+    ctl = _bounded()
+    on = simulate(
+        ctl, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=copy_s
+    )
+    first, *later = _ra_decisions(ctl)
+    assert first["on"] is False and "cannot save its own host time" in str(first["why"])
+    assert int(str(first["step"])) >= ROUTE_AHEAD_GATE_STEPS
+    assert all(on[:ROUTE_AHEAD_GATE_STEPS])
+    assert later and all("must earn" in str(d["why"]) for d in later)
+    assert not any("by its probe's cost bound" in str(d["why"]) for d in later)
+    assert all(d["on"] is False for d in later)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_clear_reading_ends_a_probe_of_route_ahead_that_runs(seed: int) -> None:
+    """Route-ahead off by imprecise predictions, switched back on by a
+    must-earn probe once they are precise and its copies worth 0.1 ms;
+    then its copies cost 0.1 us: the next probe of route-ahead (must-earn
+    by the bound) switches it off after its first two steps with it on,
+    and later probes keep it off the same way."""
+    ctl = _bounded()
+    ctl.bind(PartsState())
+    rng = np.random.default_rng(seed)
+    on = []
+    for i in range(400):
+        cheap = i >= 200
+        step = _step(
+            ctl.parts,
+            rng,
+            precision=0.3 if i < 60 else PRECISE,
+            ra_factor=1.01 if cheap else 0.8,
+            host_s=5e-4,
+            copy_s=1e-7 if cheap else 1e-4,
+        )
+        on.append(ctl.parts.route_ahead)
+        ctl.observe(step)
+    decisions = _ra_decisions(ctl)
+    back_on = next(d for d in decisions if d["switched"] and d["on"])
+    assert "pays again" in str(back_on["why"]) and int(str(back_on["step"])) < 200
+    off = next(d for d in decisions if d["switched"] and int(str(d["step"])) > 200)
+    assert off["on"] is False and "switched off (cannot save its own host time)" in str(off["why"])
+    assert "by its probe's cost bound" in str(off["why"])
+    off_at = int(str(off["step"]))
+    later = [d for d in decisions if int(str(d["step"])) > off_at]
+    assert later and all("by its probe's cost bound" in str(d["why"]) for d in later)
+    assert sum(on[off_at:]) == ROUTE_AHEAD_COST_CLEAR_STEPS * len(later)
 
 
 @pytest.mark.parametrize("seed", range(3))
