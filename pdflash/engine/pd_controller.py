@@ -263,12 +263,13 @@ yet) are not counted by it.
 A **clear** reading decides sooner: where route-ahead's host time is at
 least :data:`ROUTE_AHEAD_COST_CLEAR` times the bound over at least
 :data:`ROUTE_AHEAD_COST_CLEAR_STEPS` steps, the first decision switches it
-off without waiting for ``route_ahead_gate_steps``, and a must-earn probe
-of route-ahead ends, route-ahead off, once its own on-arm steps read so
-(only them: not the window's older steps). A reading that close to the
-window's full one would be overruled at the probe's end anyway; the early
-steps of a run, whose cold cache misses more, favour route-ahead, so they
-do not read clear by chance of the warm-up.
+off without waiting for ``route_ahead_gate_steps``, in any step with
+predictions (the reading needs no measured wall, so a step that admits
+requests counts); and a must-earn probe of route-ahead ends, route-ahead
+off, once its own on-arm steps read so (only them, not the window's older
+steps): the bound would overrule its verdict to switch route-ahead on at
+its end anyway. A run's first steps, whose cold cache misses more, favour
+route-ahead, so a clear reading there is not the warm-up's chance.
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
@@ -1131,6 +1132,10 @@ class PDController:
             self._ra_window.append(_RouteAheadStep.of(m))
             if self._probing and self._part == "route_ahead":
                 self._probe_ra_steps.append(self._ra_window[-1])
+            elif self._ra_gate_first and self._ra_clearly_cannot_pay(self._ra_window):
+                # a clear reading needs no measured wall: admitting and
+                # settling steps decide too
+                self._ra_gate_first_decision()
         if self._probing:
             self._round_steps += 1
             self._probe_b_steps += int(self._parts != self._base)

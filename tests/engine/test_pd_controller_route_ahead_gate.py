@@ -12,6 +12,8 @@ of a precision, its host seconds and one expert's copy time."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -300,6 +302,29 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
         alone, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
     )
     assert _ra_decisions(alone)[0]["on"] is True and all(on_alone[:20])
+
+
+def test_a_clear_reading_decides_in_steps_that_admit_requests() -> None:
+    """The first steps of a run admit requests (not measured: no step
+    counts toward ``route_ahead_gate_steps``): a clear reading switches
+    route-ahead off at the second of them all the same; a reading only
+    past the bound waits for measured steps."""
+    rng = np.random.default_rng(0)
+    for copy_s, decided_at in ((1e-7, ROUTE_AHEAD_COST_CLEAR_STEPS), (None, None)):
+        ctl = _bounded()
+        ctl.bind(PartsState())
+        for _ in range(6):
+            step = _step(
+                ctl.parts, rng, precision=PRECISE, ra_factor=1.0, host_s=5e-4, copy_s=copy_s
+            )
+            ctl.observe(dataclasses.replace(step, admitted=1))
+        decisions = _ra_decisions(ctl)
+        if decided_at is None:
+            assert decisions == [] and ctl.parts.route_ahead
+        else:
+            (first,) = decisions
+            assert first["on"] is False and int(str(first["step"])) == decided_at
+            assert not ctl.parts.route_ahead
 
 
 @pytest.mark.parametrize("seed", range(3))
