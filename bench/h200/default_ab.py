@@ -24,7 +24,10 @@ Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``--profile`` instead runs each arm once warm and once with its engine stages
 timed (``bench/h200/default_profile.py``: host ms per engine step by stage,
 and on CUDA the synchronizing calls each stage makes), prints them and writes
-``OUT/profile.json`` (keyed by concurrency, then arm).
+``OUT/profile.json`` (keyed by concurrency, then arm); ``--profile-repeats N``
+profiles every arm ``N`` times, interleaved, and prints and writes the
+medians (with every run under ``runs``): one run does not rank arms on a
+host whose speed drifts between runs.
 
     python3 bench/h200/default_ab.py --concurrency 1 4 --repeats 8 --out OUT
     python3 bench/h200/default_ab.py --concurrency 4 --arms B1,B2,PD --profile --out OUT
@@ -120,15 +123,29 @@ def _default_specs(args: argparse.Namespace, conc: int, on_gpu: bool) -> dict[st
 
 
 def _profile(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
+    """Every arm profiled ``--profile-repeats`` times, interleaved (order
+    rotated each repeat; the first repeat warms each arm first); writes
+    every run and, with several, the arms' medians."""
     out: dict[str, dict[str, Any]] = {}
     for conc in args.concurrency:
         specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        for rep in range(args.profile_repeats):
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
+                with _patched(name):
+                    prof = default_profile.profile_arm(specs[name], on_gpu, warm=rep == 0)
+                runs[name].append(prof)
+                if args.profile_repeats == 1:
+                    default_profile.print_profile(f"c={conc} {name}", prof)
+        if args.profile_repeats == 1:
+            out[str(conc)] = {name: r[0] for name, r in runs.items()}
+            continue
         out[str(conc)] = {}
-        for name, spec in specs.items():
-            with _patched(name):
-                prof = default_profile.profile_arm(spec, on_gpu)
-            out[str(conc)][name] = prof
-            default_profile.print_profile(f"c={conc} {name}", prof)
+        for name in names:
+            med = default_profile.median_profile(runs[name])
+            out[str(conc)][name] = {**med, "runs": runs[name]}
+            default_profile.print_profile(f"c={conc} {name}", med)
     (args.out / "profile.json").write_text(json.dumps(out, indent=1))
 
 
@@ -143,6 +160,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", action="store_true", help="time each arm's engine stages")
     parser.add_argument(
+        "--profile-repeats",
+        type=int,
+        default=1,
+        help="with --profile: profiled runs an arm, interleaved; > 1 prints their medians",
+    )
+    parser.add_argument(
         "--warm-runs",
         type=int,
         choices=[0, 1],
@@ -150,6 +173,8 @@ def main() -> None:
         help="run every arm once, unrecorded, before the repeats (1, the default)",
     )
     args = parser.parse_args()
+    if args.profile_repeats < 1:
+        parser.error(f"--profile-repeats must be >= 1, got {args.profile_repeats}")
     on_gpu = default._cuda_present(args.device)
     names = args.arms.split(",")
     args.out.mkdir(parents=True, exist_ok=True)

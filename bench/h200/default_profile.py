@@ -4,7 +4,11 @@ synchronizing CUDA calls each stage makes (``torch.cuda.set_sync_debug_mode``
 warnings, counted by the innermost stage they fell in).
 
 The arm runs once to warm up, then once with the stages wrapped (a
-diagnostic: the wrappers add a few microseconds a stage).
+diagnostic: the wrappers add a few microseconds a stage). One run does not
+rank arms where the host's speed drifts between runs (on the H100 machine
+the same specs read 11.8-19.9 ms a step from run to run):
+``default_ab.py --profile --profile-repeats N`` profiles every arm ``N``
+times, interleaved, and :func:`median_profile` gives the medians.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from pdflash.bench.engine_run import RunSpec, run_spec
 
@@ -101,8 +106,10 @@ def _wrapped(books: _Books) -> Iterator[None]:
             setattr(owner, method, fn)
 
 
-def profile_arm(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
-    run_spec(RunSpec(**spec))  # warm: the measured run's caches and kernels
+def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str, Any]:
+    """One profiled run of ``spec`` (after one unprofiled run where ``warm``)."""
+    if warm:
+        run_spec(RunSpec(**spec))  # the measured run's caches and kernels
     books = _Books()
     with _wrapped(books), warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -142,9 +149,35 @@ def profile_arm(spec: dict[str, Any], cuda: bool) -> dict[str, Any]:
     }
 
 
+def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per key, the median over ``profiles`` (one arm's repeats) of the
+    per-step figures (a stage missing from a repeat counts there as 0), and
+    how many repeats it holds."""
+
+    def median_of(key: str) -> dict[str, float] | None:
+        maps = [p[key] for p in profiles if p[key] is not None]
+        if not maps:
+            return None
+        names = sorted({k for m in maps for k in m})
+        return {k: float(np.median([m.get(k, 0.0) for m in maps])) for k in names}
+
+    syncs_outside = [p["syncs_outside_steps"] for p in profiles]
+    return {
+        "repeats": len(profiles),
+        "tokens_per_s": float(np.median([p["tokens_per_s"] for p in profiles])),
+        "engine_steps": int(np.median([p["engine_steps"] for p in profiles])),
+        "host_ms_per_engine_step": median_of("host_ms_per_engine_step"),
+        "calls_per_engine_step": median_of("calls_per_engine_step"),
+        "syncs_per_engine_step": median_of("syncs_per_engine_step"),
+        "syncs_outside_steps": (None if None in syncs_outside else int(np.median(syncs_outside))),
+        "span_ms_per_measured_step": median_of("span_ms_per_measured_step"),
+    }
+
+
 def print_profile(name: str, prof: dict[str, Any]) -> None:
     """One line per stage of ``profile_arm``'s result, the costliest first."""
-    print(f"{name}: {prof['tokens_per_s']:.1f} tok/s, {prof['engine_steps']} engine steps")
+    runs = f" (medians of {prof['repeats']} runs)" if prof.get("repeats", 1) > 1 else ""
+    print(f"{name}: {prof['tokens_per_s']:.1f} tok/s, {prof['engine_steps']} engine steps{runs}")
     spans = ", ".join(f"{k} {v:.3f}" for k, v in prof["span_ms_per_measured_step"].items())
     print(f"  spans, ms per measured step: {spans}")
     syncs_by_stage = prof["syncs_per_engine_step"] or {}

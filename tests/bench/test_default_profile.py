@@ -58,3 +58,35 @@ def test_every_step_is_timed_by_stage_and_the_wrappers_come_off(
     out = capsys.readouterr().out
     assert out.startswith(f"{baseline}: ") and "Engine._verify" in out
     assert "spans, ms per measured step: wall " in out
+
+
+def _fake(host: dict[str, float], syncs: dict[str, float] | None, tps: float) -> dict[str, Any]:
+    return {
+        "tokens_per_s": tps,
+        "engine_steps": 10,
+        "host_ms_per_engine_step": host,
+        "calls_per_engine_step": dict.fromkeys(host, 1.0),
+        "syncs_per_engine_step": syncs,
+        "syncs_outside_steps": None if syncs is None else 2,
+        "span_ms_per_measured_step": {"wall": host["Engine._step"]},
+    }
+
+
+def test_the_median_of_repeated_profiles_is_taken_stage_by_stage() -> None:
+    """Medians per stage over the repeats; a stage one repeat lacks counts
+    there as 0; sync counts stay absent where no repeat has them."""
+    runs = [
+        _fake({"Engine._step": 10.0, "WidthHook.trim": 0.3}, None, 100.0),
+        _fake({"Engine._step": 14.0}, None, 80.0),
+        _fake({"Engine._step": 11.0, "WidthHook.trim": 0.1}, None, 90.0),
+    ]
+    med = default_profile.median_profile(runs)
+    assert med["repeats"] == 3 and med["tokens_per_s"] == 90.0
+    assert med["host_ms_per_engine_step"] == {"Engine._step": 11.0, "WidthHook.trim": 0.1}
+    assert med["span_ms_per_measured_step"] == {"wall": 11.0}
+    assert med["syncs_per_engine_step"] is None and med["syncs_outside_steps"] is None
+    cuda = default_profile.median_profile(
+        [_fake({"Engine._step": 1.0}, {"Verifier.run": 1.0}, 1.0)]
+    )
+    assert cuda["syncs_per_engine_step"] == {"Verifier.run": 1.0}
+    assert cuda["syncs_outside_steps"] == 2
