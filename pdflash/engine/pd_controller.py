@@ -1111,6 +1111,13 @@ class PDController:
             "route_ahead_gate": self.route_ahead_gate,
             "route_ahead_gate_steps": self.route_ahead_gate_steps,
             "route_ahead_cost_gate": self.route_ahead_cost_gate,
+            # the clear reading's ratio (module docstring); None: no clear
+            # reading (a run that set it to inf), or no cost bound
+            "route_ahead_cost_clear": (
+                ROUTE_AHEAD_COST_CLEAR
+                if self.route_ahead_cost_gate and math.isfinite(ROUTE_AHEAD_COST_CLEAR)
+                else None
+            ),
         }
         return out
 

@@ -20,6 +20,13 @@ class _Row:
         self.row = row
 
 
+def _settings() -> dict[str, Any]:
+    from pdflash.engine.pd_controller import ROUTE_AHEAD_GATE_PRECISION, PDController
+
+    ctl = PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION, route_ahead_cost_gate=True)
+    return dict(ctl.summary()["settings"])
+
+
 def test_a_patched_arm_changes_its_constant_for_its_run_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -43,6 +50,11 @@ def test_a_patched_arm_changes_its_constant_for_its_run_only(
 
     def failing_run_spec(spec: Any) -> _Row:
         raise RuntimeError("the run failed")
+
+    # the controller's summary records the constant as its runs read it
+    monkeypatch.setattr(default_ab, "run_spec", lambda spec: _Row(_settings()))
+    assert default_ab.run_arm("PDnoclear", spec)["route_ahead_cost_clear"] is None
+    assert default_ab.run_arm("PD", spec)["route_ahead_cost_clear"] == before
 
     monkeypatch.setattr(default_ab, "run_spec", failing_run_spec)
     with pytest.raises(RuntimeError, match="the run failed"):

@@ -295,6 +295,7 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
     # no probe switches it back on while the bound holds
     assert all(d["on"] is False and not d["switched"] for d in later)
     assert sum(on) == ROUTE_AHEAD_COST_CLEAR_STEPS * (1 + len(later))
+    assert ctl.summary()["settings"]["route_ahead_cost_clear"] == ROUTE_AHEAD_COST_CLEAR
     assert ctl.summary()["settings"]["route_ahead_cost_gate"] is True
     # the precision gate alone keeps it on in the same steps
     alone = _gated()
@@ -336,6 +337,7 @@ def test_a_bound_exceeded_but_not_clearly_waits_for_the_window_and_full_probes(
     there, and its must-earn probes run to their verdict (at its last look
     or early), none cut short by their own steps."""
     assert ROUTE_AHEAD_COST_CLEAR > 1.5
+    assert _gated().summary()["settings"]["route_ahead_cost_clear"] is None  # no cost bound
     copy_s = 5e-4 / (1.5 * round(PRECISE * NAMED))
     ctl = _bounded()
     on = simulate(
