@@ -5,8 +5,8 @@ warnings, counted by the innermost stage they fell in).
 
 The arm runs once to warm up, then once with the stages wrapped (a
 diagnostic: the wrappers add a few microseconds a stage). One run does not
-rank arms where the host's speed drifts between runs (on the H100 machine
-the same specs read 11.8-19.9 ms a step from run to run):
+rank arms where the host's speed drifts between runs
+(``bench/results/h100/session43-2026-12-06/``):
 ``default_ab.py --profile --profile-repeats N`` profiles every arm ``N``
 times, interleaved, and :func:`median_profile` gives the medians.
 """

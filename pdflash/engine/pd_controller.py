@@ -358,9 +358,8 @@ ROUTE_AHEAD_GATE_WINDOW = 8
 #: host time at least this many times the most its routed predictions could
 #: save, over at least :data:`ROUTE_AHEAD_COST_CLEAR_STEPS` steps. It decides
 #: before the window fills: the first decision, and a must-earn probe of
-#: route-ahead, which then ends (a short run paid up to 12 steps with
-#: route-ahead on, each about a millisecond of its host time, for a
-#: verdict the bound would overrule)
+#: route-ahead, which then ends instead of running route-ahead's steps for
+#: a verdict the bound would overrule
 ROUTE_AHEAD_COST_CLEAR = 2.0
 
 #: steps with predictions a clear reading needs
