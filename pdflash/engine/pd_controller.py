@@ -1351,11 +1351,14 @@ class PDController:
         named = sum(x.named for x in self._ra_window)
         return sum(x.hits for x in self._ra_window) / named if named else None
 
-    def _ra_cost_bound(self) -> tuple[float, float, int, int] | None:
-        """The cost bound's reading over the window's steps that measured a
-        copy time: (route-ahead's host seconds, the most its routed
-        predictions could save, their count, steps); None: no such step."""
-        steps = [x for x in self._ra_window if x.saving_bound_s is not None]
+    def _ra_cost_bound(
+        self, of: Sequence[_RouteAheadStep] | None = None
+    ) -> tuple[float, float, int, int] | None:
+        """The cost bound's reading over the steps of ``of`` (None: the
+        window) that measured a copy time: (route-ahead's host seconds, the
+        most its routed predictions could save, their count, steps); None:
+        no such step."""
+        steps = [x for x in (self._ra_window if of is None else of) if x.saving_bound_s is not None]
         if not steps:
             return None
         return (
@@ -1371,11 +1374,10 @@ class PDController:
         host time at least ``ROUTE_AHEAD_COST_CLEAR`` times the bound."""
         if not self.route_ahead_cost_gate:
             return False
-        measured = [x for x in steps if x.saving_bound_s is not None]
-        if len(measured) < ROUTE_AHEAD_COST_CLEAR_STEPS:
+        reading = self._ra_cost_bound(steps)
+        if reading is None or reading[3] < ROUTE_AHEAD_COST_CLEAR_STEPS:
             return False
-        host = sum(x.host_s for x in measured)
-        bound = sum(x.saving_bound_s or 0.0 for x in measured)
+        host, bound = reading[0], reading[1]
         return host >= ROUTE_AHEAD_COST_CLEAR * bound and host > 0.0
 
     def _ra_cannot_pay(self) -> bool:
@@ -1493,8 +1495,9 @@ class PDController:
         steps = self._probe_ra_steps
         if not self._ra_clearly_cannot_pay(steps):
             return False
-        host = sum(x.host_s for x in steps if x.saving_bound_s is not None)
-        bound = sum(x.saving_bound_s or 0.0 for x in steps)
+        reading = self._ra_cost_bound(steps)
+        assert reading is not None  # a clear reading has measured steps
+        host, bound = reading[0], reading[1]
         nums = (
             f"route-ahead's host time {host * 1e3:.3g} ms over this probe's {len(steps)} steps "
             f"with predictions, at most {bound * 1e3:.3g} ms of copies saved (a clear reading: "
@@ -1503,32 +1506,16 @@ class PDController:
         self._ra_gated = True
         self._ra_watch = False
         if not self._base.route_ahead:
-            self._log(
-                Decision(
-                    self._books.steps,
-                    "route_ahead",
-                    False,
-                    False,
-                    f"kept off (cannot save its own host time) by its probe's cost bound: {nums}",
-                )
-            )
-            self._end_probe()
-            return True
-        self._books.switches += 1
-        self._round_switched = True
-        self._base = self._base.with_part("route_ahead", False)
-        self._set(self._base)
-        self._log(
-            Decision(
-                self._books.steps,
+            return self._probe_keeps(
                 "route_ahead",
                 False,
-                True,
-                f"switched off (cannot save its own host time) by its probe's cost bound: {nums}",
+                f"kept off (cannot save its own host time) by its probe's cost bound: {nums}",
             )
+        return self._probe_switches(
+            "route_ahead",
+            False,
+            f"switched off (cannot save its own host time) by its probe's cost bound: {nums}",
         )
-        self._next_probe()
-        return True
 
     def _host_turn_skipped(self) -> bool:
         """True where the host part's turn in this round is skipped (the
@@ -1550,24 +1537,14 @@ class PDController:
         share = float(np.median([m.exposed_fetch_s / m.wall_s for m in off]))
         if share >= gate:
             return False
-        self._books.switches += 1
-        self._round_switched = True
         self._gate_watch = True
-        self._base = self._base.with_part(HOST_PART, False)
-        self._set(self._base)
-        self._log(
-            Decision(
-                self._books.steps,
-                HOST_PART,
-                False,
-                True,
-                "switched off (gated: nothing to save): median share of the step the forwards "
-                f"waited for copies, host part off: {share:.3g} over {len(off)} steps of its "
-                f"probe; gate {gate:.3g}",
-            )
+        return self._probe_switches(
+            HOST_PART,
+            False,
+            "switched off (gated: nothing to save): median share of the step the forwards "
+            f"waited for copies, host part off: {share:.3g} over {len(off)} steps of its "
+            f"probe; gate {gate:.3g}",
         )
-        self._next_probe()
-        return True
 
     def _gated(self) -> bool:
         """The host gate at the host part's turn (module docstring): True
@@ -1639,7 +1616,6 @@ class PDController:
         if overruled:
             verdict = False
             nums += f"; overruled by the gate's cost bound: {self._ra_cost_text()}"
-        step = self._books.steps
         if part == HOST_PART:
             self._gate_watch = False  # the part's own probe judged it
         elif part == "route_ahead":
@@ -1652,13 +1628,7 @@ class PDController:
                 kept = "kept off (cannot save its own host time)"
             else:
                 kept = "kept off (not shown to pay)"
-            self._log(Decision(step, part, now, False, f"{kept}: {nums}"))
-            self._end_probe()
-            return True
-        self._books.switches += 1
-        self._round_switched = True
-        self._base = self._base.with_part(part, verdict)
-        self._set(self._base)
+            return self._probe_keeps(part, now, f"{kept}: {nums}")
         if verdict:
             why = "pays again"
         elif overruled:
@@ -1667,13 +1637,9 @@ class PDController:
             why = "costs more than it saves"
         else:
             why = "not shown to pay"
-        self._log(
-            Decision(
-                step, part, verdict, True, f"switched {_word(verdict)} ({why}) by must-earn: {nums}"
-            )
+        return self._probe_switches(
+            part, verdict, f"switched {_word(verdict)} ({why}) by must-earn: {nums}"
         )
-        self._next_probe()
-        return True
 
     def _judge(self) -> bool:
         """Test the probe's pairs; True when the probe ended (decided)."""
@@ -1731,30 +1697,17 @@ class PDController:
             f"(alpha {self.alpha:.3g} over {len(self.looks)} looks"
             f"{' and 2 rules' if part in COST_BENEFIT_PARTS else ''})"
         )
-        step = self._books.steps
         if rate_vote or cb_vote:
             if part == "route_ahead":
                 self._ra_watch = False  # its own probe judged it
-            self._books.switches += 1
-            self._round_switched = True
-            self._base = self._base.with_part(part, not now)
-            self._set(self._base)
             why = "costs more than it saves" if now else "pays again"
-            self._log(
-                Decision(
-                    step,
-                    part,
-                    not now,
-                    True,
-                    f"switched {_word(not now)} ({why}) by {_rules(rate_vote, cb_vote)}: {nums}",
-                )
+            return self._probe_switches(
+                part,
+                not now,
+                f"switched {_word(not now)} ({why}) by {_rules(rate_vote, cb_vote)}: {nums}",
             )
-            self._next_probe()
-            return True
         if rate_futile and cb_futile:
-            self._log(Decision(step, part, now, False, f"kept {_word(now)} (no gain): {nums}"))
-            self._end_probe()
-            return True
+            return self._probe_keeps(part, now, f"kept {_word(now)} (no gain): {nums}")
         return self._end_if_last(part, now, nums, rate_hint or cb_hint)
 
     def _end_if_last(self, part: str, now: bool, nums: str, hint: bool) -> bool:
@@ -1764,14 +1717,30 @@ class PDController:
         if not self._extended and hint and self.extend_pairs > 0:
             self._extended = True  # points to a flip: more pairs, pooled
             return False
-        step = self._books.steps
-        self._log(Decision(step, part, now, False, f"kept {_word(now)} (not shown): {nums}"))
-        self._end_probe()
-        return True
+        return self._probe_keeps(part, now, f"kept {_word(now)} (not shown): {nums}")
 
     def _end_probe(self) -> None:
         self._set(self._base)
         self._next_probe()
+
+    def _probe_switches(self, part: str, on: bool, why: str) -> bool:
+        """The probe's verdict switches ``part`` to ``on`` in the
+        configuration it holds from now on; the next probe starts. True (the
+        probe ended)."""
+        self._books.switches += 1
+        self._round_switched = True
+        self._base = self._base.with_part(part, on)
+        self._set(self._base)
+        self._log(Decision(self._books.steps, part, on, True, why))
+        self._next_probe()
+        return True
+
+    def _probe_keeps(self, part: str, on: bool, why: str) -> bool:
+        """The probe's verdict keeps ``part`` as it was (``on``); the next
+        probe starts. True (the probe ended)."""
+        self._log(Decision(self._books.steps, part, on, False, why))
+        self._end_probe()
+        return True
 
     def _log(self, d: Decision) -> None:
         self._books.decisions.append(d)
