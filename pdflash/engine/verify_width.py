@@ -1577,16 +1577,13 @@ class AdaptiveWidth:
         self._decided = self._refreshing = False
         self._pending_saving = None
         if fit is None:
-            # nothing measured yet: verify every draft
-            for r in requests:
-                self._expected.pop(r.request_id, None)
-                self._books.decided(r.available, r.available)
-            return [r.available for r in requests]
+            return self._every_draft(requests)  # nothing measured yet
         if self._standing_down:
             self._steps_since_probe += 1
             if self._steps_since_probe < self.COST_PROBE_EVERY:
                 left = self.COST_PROBE_EVERY - self._steps_since_probe
                 self._refreshing = left <= self.COST_REFRESH_STEPS
+                self._cost_books.stood_down_steps += 1
                 return self._every_draft(requests)
             self._steps_since_probe = 0
             self._cost_books.probes += 1
@@ -1656,8 +1653,8 @@ class AdaptiveWidth:
         return out
 
     def _every_draft(self, requests: Sequence[WidthRequest]) -> list[int]:
-        """A step while standing down: every draft, nothing decided."""
-        self._cost_books.stood_down_steps += 1
+        """Every draft, nothing decided (nothing measured yet, or standing
+        down between probes)."""
         for r in requests:
             self._expected.pop(r.request_id, None)
             self._books.decided(r.available, r.available)
