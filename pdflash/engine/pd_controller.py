@@ -25,10 +25,13 @@ per-pair statistics, one-sided, by Student's t, by the part's **stance**
   expected to commit (``rate_of``, below); it votes to flip when the mean
   exceeds ``margin`` and is above 0 at the look's level;
 * for the prefetching parts (route-ahead, the stream), the **books**: the
-  part's own host seconds plus the exposed fetch seconds with it, less the
-  exposed fetch seconds without it, over the pair's mean step wall (its net
-  cost as a share of the step; the host seconds are measured, not modeled,
-  so this is far less noisy than the wall); it votes to switch the part off
+  host seconds of the prefetch machinery with the part, less those without
+  it (:attr:`StepMeasurement.books_host_s`: every prefetch stage the part
+  changes, the forward hooks of whichever prefetcher runs included), plus
+  the exposed fetch seconds with it, less those without it, over the
+  pair's mean step wall (its net cost as a share of the step; the host
+  seconds are measured, not modeled, so this is far less noisy than the
+  wall); it votes to switch the part off
   when that share exceeds ``margin`` (on, when it falls below ``-margin``)
   at the look's level, unless the rate points the other way (its mean
   below ``-margin``: the books are a proxy, and a wait the device's events
@@ -449,6 +452,14 @@ class StepMeasurement:
             verify scheduler; stream: the streaming prefetcher's stages
             outside the forward). Work inside the forward's hooks is not
             separated from the forward.
+        books_host_s: the host seconds a prefetching part's books charge
+            it (:data:`COST_BENEFIT_PARTS`; a part not named here: its
+            ``part_host_s``): every prefetch stage the part changes, timed
+            whichever prefetcher runs, so that a probe pair's difference is
+            the part's whole host cost (the forward hooks of the stream or,
+            with it off, of the gate lookahead; the stream's plans; the
+            copies issued before the verify; route-ahead's also its
+            predictor's span).
         exposed_fetch_s: time the compute waited on expert copies.
         bytes_in: expert bytes copied in (None: the cache does not count).
         prefetch_bytes_in: of which prefetched (None: not counted).
@@ -469,6 +480,7 @@ class StepMeasurement:
     verified: bool = True
     admitted: int = 0
     part_host_s: Mapping[str, float] = field(default_factory=dict)
+    books_host_s: Mapping[str, float] = field(default_factory=dict)
     exposed_fetch_s: float = 0.0
     bytes_in: int | None = None
     prefetch_bytes_in: int | None = None
@@ -1662,18 +1674,18 @@ class PDController:
         )
         cb_vote, cb_futile, cb_hint = False, True, False
         if part in COST_BENEFIT_PARTS:
-            # the part's own host seconds plus the exposed fetch with it, less
-            # the exposed fetch without it, per step's wall: > 0 costs more
+            # the machinery's host seconds and exposed fetch with the part,
+            # less those without it, per step's wall: > 0 costs more
             # than it saves; where it runs now, a switch off needs > margin,
             # where it is off, a switch on needs < -margin
             sign = 1.0 if now else -1.0
             nets, host_on, exp_on, exp_off = [], [], [], []
             for p in self._pairs:
                 on_m, off_m = (p.a, p.b) if now else (p.b, p.a)
-                host = _host(on_m, part) - _host(off_m, part)
+                host = _books_host(on_m, part) - _books_host(off_m, part)
                 net = host + on_m.exposed_fetch_s - off_m.exposed_fetch_s
                 nets.append(sign * net / (0.5 * (on_m.wall_s + off_m.wall_s)))
-                host_on.append(_host(on_m, part))
+                host_on.append(host)
                 exp_on.append(on_m.exposed_fetch_s)
                 exp_off.append(off_m.exposed_fetch_s)
             books = paired_test(nets)
@@ -1689,7 +1701,7 @@ class PDController:
             rate_hint = rate_hint and books.mean >= -self.margin
             nums += (
                 f"; (cost - saving)/step wall, {'on' if now else 'off'} sign: {books.text()}; "
-                f"host s/step in part {np.mean(host_on):.3g} on, exposed fetch s/step "
+                f"host s/step in part {np.mean(host_on):.3g} on over off, exposed fetch s/step "
                 f"{np.mean(exp_on):.3g} on, {np.mean(exp_off):.3g} off"
             )
         nums += (
@@ -1759,6 +1771,13 @@ def _looks(min_pairs: int, max_pairs: int, extend_pairs: int) -> tuple[int, ...]
 
 def _host(m: StepMeasurement, part: str) -> float:
     return float(m.part_host_s.get(part, 0.0))
+
+
+def _books_host(m: StepMeasurement, part: str) -> float:
+    """The host seconds ``part``'s books charge it in step ``m``."""
+    if part in m.books_host_s:
+        return float(m.books_host_s[part])
+    return _host(m, part)
 
 
 def _rules(rate_vote: bool, cb_vote: bool) -> str:
@@ -1928,6 +1947,11 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
     eng, mk = parts.engine, parts.marks
     stage = {k: v - mk.stage_s.get(k, 0.0) for k, v in eng.prefetch.stage_s.items()}
     sched_s = sum(eng.scheduler_us[mk.sched_n :]) * 1e-6
+    # the predictor's span on the compute stream, not the host's wall around
+    # it: on CUDA its first read of the device waits for the draft queued
+    # before it, which is the draft's time, not its own
+    predict_s = eng.timer.kind_s_ready("predict") - mk.predict_span_s
+    prefetch_s = sum(stage.get(k, 0.0) for k in ("route_ahead", "stream_plan", "forward_hooks"))
     cache = eng.expert_cache
     return StepMeasurement(
         wall_s=max(0.0, eng.clock() - mk.t0),
@@ -1937,14 +1961,11 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
         verified=report.verified > 0,
         admitted=int(report.admitted),
         part_host_s={
-            # the predictor's span on the compute stream, not the host's wall
-            # around it: on CUDA its first read of the device waits for the
-            # draft queued before it, which is the draft's time, not its own
-            "route_ahead": (eng.timer.kind_s_ready("predict") - mk.predict_span_s)
-            + stage.get("route_ahead", 0.0),
+            "route_ahead": predict_s + stage.get("route_ahead", 0.0),
             "scheduler_2d": sched_s,
             "stream": stage.get("stream_plan", 0.0),
         },
+        books_host_s={"route_ahead": predict_s + prefetch_s, "stream": prefetch_s},
         # NOTE: never a device synchronize per step: it would wait for the
         # prefetch copies issued to overlap the next draft
         exposed_fetch_s=max(0.0, eng.timer.stall_s_ready() - mk.stall_s),

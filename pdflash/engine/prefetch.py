@@ -627,24 +627,24 @@ class _WhileStreamOff:
 
 class _BestEffortHooks:
     """Runs a prefetcher's forward hooks so that their failure only counts in
-    the planner's ``failures``: a forward copies on demand whatever a
-    prefetch did not bring."""
+    the planner's ``failures`` (a forward copies on demand whatever a
+    prefetch did not bring), their host time in its ``forward_hooks``
+    stage."""
 
     def __init__(self, planner: ExpertPrefetcher, inner: Any) -> None:
         self.planner = planner
         self.inner = inner
 
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        try:
-            self.inner.after_layer(layer, hidden, topk_ids)
-        except Exception:
-            self.planner.failures += 1
+        self.planner._timed("forward_hooks", self.inner.after_layer, layer, hidden, topk_ids)
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        try:
-            self.inner.on_routed(layer, topk_ids, hidden)
-        except Exception:
-            self.planner.failures += 1
+        if not getattr(self.inner, "paused", False):
+            # NOTE: the routing's host read (a device sync) before the clock:
+            # the offloaded block reads it next anyway (the same read, kept),
+            # so the wait is the forward's, not the hook's own time
+            routed_ids_on_host(topk_ids)
+        self.planner._timed("forward_hooks", self.inner.on_routed, layer, topk_ids, hidden)
 
 
 def _union(parts: list[IdArray]) -> IdArray:
@@ -726,8 +726,11 @@ class ExpertPrefetcher:
             self._fallback_lookahead = GateLookahead(
                 adapter, cache, on_submit=self._count_route_ahead, predictor=lookahead_predictor
             )
-        #: host seconds spent per prefetch stage ("route_ahead" before a
-        #: verify, "stream_plan" after it, "background_prefetch")
+        #: host seconds spent per prefetch stage: "route_ahead" (the copies
+        #: issued before a verify), "stream_plan" (the stream's plans, from
+        #: the predictions and after a verify), "forward_hooks" (whichever
+        #: prefetcher's hooks run inside the forward: the stream's or the
+        #: gate lookahead's), "background_prefetch"
         self.stage_s: dict[str, float] = {}
         #: the routing-frequency prior of the background copies, ``(layers, experts)``
         self.route_freq = np.zeros((adapter.num_layers, adapter.num_experts), dtype=np.float64)
@@ -866,7 +869,7 @@ class ExpertPrefetcher:
         if self.stream is None or not predicted:
             return
         plan = np.unique(np.concatenate(predicted))
-        self._best_effort(self.stream.set_plan, plan, "predicted")
+        self._timed("stream_plan", self.stream.set_plan, plan, "predicted")
         self._planned = plan
 
     def before_verify(self, batch_predicted: list[IdArray], missing: IdArray) -> None:

@@ -463,3 +463,48 @@ def test_a_paused_or_finished_forward_forgets_its_tail(held_issuer: Any) -> None
     assert not stream.tail.any() and not stream._tail_issued
     cache.drain_inflight()
     assert cache.failed_copies == 0
+
+
+class _SlowHooks:
+    """Forward hooks that take a known time; ``fail`` makes them raise."""
+
+    paused = False
+
+    def __init__(self, seconds: float, fail: bool = False) -> None:
+        self.seconds = seconds
+        self.fail = fail
+        self.calls = 0
+
+    def _run(self) -> None:
+        self.calls += 1
+        time.sleep(self.seconds)
+        if self.fail:
+            raise RuntimeError("hook failed")
+
+    def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        self._run()
+
+    def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        self._run()
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_forward_hooks_time_counts_in_the_planners_stage_and_failures_are_counted(
+    fail: bool,
+) -> None:
+    """Every forward hook's host time lands in the planner's
+    ``forward_hooks`` stage (the PD controller's books charge it), a failing
+    hook's too; a failure counts in ``failures`` and does not raise."""
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.prefetch import ExpertPrefetcher, _BestEffortHooks
+
+    adapter = SimpleNamespace(num_layers=2, num_experts=4)
+    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    inner = _SlowHooks(0.004, fail=fail)
+    hooks = _BestEffortHooks(planner, inner)
+    topk = torch.tensor([[0, 1], [1, 2]])
+    hooks.on_routed(0, topk, torch.zeros(2, 4))
+    hooks.after_layer(0, torch.zeros(2, 4), topk)
+    assert inner.calls == 2
+    assert planner.stage_s["forward_hooks"] >= 2 * 0.004
+    assert planner.failures == (2 if fail else 0)
