@@ -18,6 +18,13 @@ Arms (``--arms``, comma-separated names):
                       bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf in
                       this process for its runs: no configuration names it;
                       its rows say so in ``arm_patch``): the default before it
+  PDnoraFcfs          PDnora with first-come batching (B1's) instead of
+                      the 2-D scheduler
+  PDnoraNobg          PDnora without background prefetch
+  PDnoraFull          PDnora with every draft verified (B1's width)
+  PDnoraB1            PDnora with all three: B1's configuration reached from
+                      PD's side (these four change the engine configuration
+                      the spec builds, ``arm_patch`` in their rows)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
@@ -69,10 +76,43 @@ PATCHED: dict[str, tuple[str, str, float]] = {
 }
 
 
+#: name: (the default spec it runs, the EngineConfig fields it changes):
+#: which of PD-no-route-ahead's remaining differences from B1 costs what
+CONFIGURED: dict[str, tuple[str, dict[str, Any]]] = {
+    "PDnoraFcfs": ("PDnora", {"batching": "fcfs"}),
+    "PDnoraNobg": ("PDnora", {"background_prefetch": False}),
+    "PDnoraFull": ("PDnora", {"verify_width": "full"}),
+    "PDnoraB1": (
+        "PDnora",
+        {"batching": "fcfs", "background_prefetch": False, "verify_width": "full"},
+    ),
+}
+
+
+@contextmanager
+def _configured(changes: dict[str, Any]) -> Iterator[str]:
+    """Every engine configuration a run spec builds changed by ``changes``
+    while the run runs; yields what changed."""
+    built = RunSpec.engine_config
+
+    def changed(spec: RunSpec) -> Any:
+        return built(spec).replace(**changes)
+
+    RunSpec.engine_config = changed  # type: ignore[method-assign]
+    try:
+        yield "EngineConfig " + ",".join(f"{k}={v}" for k, v in changes.items())
+    finally:
+        RunSpec.engine_config = built  # type: ignore[method-assign]
+
+
 @contextmanager
 def _patched(name: str) -> Iterator[str | None]:
-    """The arm's controller constant changed while its run runs; yields
-    what changed (None: nothing)."""
+    """The arm's controller constant (or engine configuration) changed while
+    its run runs; yields what changed (None: nothing)."""
+    if name in CONFIGURED:
+        with _configured(CONFIGURED[name][1]) as what:
+            yield what
+        return
     if name not in PATCHED:
         yield None
         return
@@ -105,8 +145,13 @@ def _arm_specs(names: list[str], base: dict[str, dict[str, Any]]) -> dict[str, d
             specs[name] = {**base[of], **changes}
         elif name in PATCHED:
             specs[name] = base[PATCHED[name][0]]
+        elif name in CONFIGURED:
+            of = CONFIGURED[name][0]
+            specs[name] = _arm_specs([of], base)[of]
         else:
-            raise SystemExit(f"unknown arm {name!r}; choose from {[*base, *VARIANTS, *PATCHED]}")
+            raise SystemExit(
+                f"unknown arm {name!r}; choose from {[*base, *VARIANTS, *PATCHED, *CONFIGURED]}"
+            )
     return specs
 
 
