@@ -57,6 +57,7 @@ from pdflash.bench.pair_ratios import pair_ratios
 from pdflash.bench.suites import default
 
 from pdflash.engine import pd_controller
+from pdflash.engine.config import EngineConfig
 
 # default_profile.py sits next to this script; `python -P` leaves this folder off sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -95,14 +96,14 @@ def _configured(changes: dict[str, Any]) -> Iterator[str]:
     while the run runs; yields what changed."""
     built = RunSpec.engine_config
 
-    def changed(spec: RunSpec) -> Any:
+    def changed(spec: RunSpec) -> EngineConfig:
         return built(spec).replace(**changes)
 
-    RunSpec.engine_config = changed  # type: ignore[method-assign]
+    setattr(RunSpec, "engine_config", changed)  # noqa: B010 (a method replaced for a run)
     try:
         yield "EngineConfig " + ",".join(f"{k}={v}" for k, v in changes.items())
     finally:
-        RunSpec.engine_config = built  # type: ignore[method-assign]
+        setattr(RunSpec, "engine_config", built)  # noqa: B010
 
 
 @contextmanager

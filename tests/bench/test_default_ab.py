@@ -65,10 +65,52 @@ def test_a_patched_arm_changes_its_constant_for_its_run_only(
 def test_every_arm_names_a_spec_and_unknown_arms_are_refused() -> None:
     ns = argparse.Namespace(device="cpu", emulated_link_gbps=10.0)
     base = default_ab._default_specs(ns, 1, on_gpu=False)
-    names = ["B1", "B2", "PD", *default_ab.VARIANTS, *default_ab.PATCHED]
+    names = ["B1", "B2", "PD", *default_ab.VARIANTS, *default_ab.PATCHED, *default_ab.CONFIGURED]
     specs = default_ab._arm_specs(names, base)
     assert list(specs) == names
     assert specs["PDnoclear"] == base["PD"]
+    assert specs["PDnoraB1"]["baseline"] == "PD-no-route-ahead"
     assert specs["PDwcost0"]["verify_width"] == "adaptive:cost=0"
     with pytest.raises(SystemExit, match="unknown arm 'PDx'"):
         default_ab._arm_specs(["PDx"], base)
+
+
+def test_a_configured_arm_changes_the_engine_configuration_for_its_runs_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``CONFIGURED`` arm's runs build their spec's engine configuration
+    with its fields changed (recorded in ``arm_patch``); other arms' runs,
+    and every run after a failed one, build it as the spec says."""
+    from pdflash.bench.engine_run import RunSpec
+
+    built: list[Any] = []
+
+    def fake_run_spec(spec: RunSpec) -> _Row:
+        built.append(spec.engine_config())
+        return _Row({"output_tokens_per_s": 1.0})
+
+    monkeypatch.setattr(default_ab, "run_spec", fake_run_spec)
+    spec = {"arch": "tiny", "baseline": "PD-no-route-ahead", "concurrency": 1}
+    row = default_ab.run_arm("PDnoraB1", spec)
+    plain = default_ab.run_arm("PDnora", spec)
+    changed, unchanged = built
+    assert (changed.batching, changed.background_prefetch, changed.verify_width) == (
+        "fcfs",
+        False,
+        "full",
+    )
+    assert (unchanged.batching, unchanged.background_prefetch, unchanged.verify_width) == (
+        "deficit_2d",
+        True,
+        "adaptive",
+    )
+    assert row["arm"] == "PDnoraB1" and "batching=fcfs" in row["arm_patch"]
+    assert plain["arm"] == "PDnora" and "arm_patch" not in plain
+
+    def failing_run_spec(spec: RunSpec) -> _Row:
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(default_ab, "run_spec", failing_run_spec)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        default_ab.run_arm("PDnoraFcfs", spec)
+    assert RunSpec(**spec).engine_config().batching == "deficit_2d"  # restored on failure
