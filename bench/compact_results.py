@@ -1,7 +1,7 @@
 """Gzip the committed raw results under ``bench/results/`` so the tracked tree
 stays small (the device tool copies every tracked file, 64 MiB at most).
 
-Every ``.jsonl``, ``.txt``, ``.log`` and ``.csv`` over 64 KiB, and every
+Every ``.jsonl``, ``.txt``, ``.log`` and ``.csv`` over 32 KiB, and every
 ``tokenizer.json`` (a trained proxy's, kept as provenance), becomes ``NAME.gz``
 (deterministic: no name, mtime 0, like ``gzip -n``); the gzip is read back and
 compared byte for byte before the original goes. ``pdflash-bench report`` and
@@ -21,7 +21,7 @@ from pathlib import Path
 SUFFIXES = (".jsonl", ".txt", ".log", ".csv")
 #: files gzipped by name whatever their suffix (no code reads the committed ones)
 NAMES = ("tokenizer.json",)
-MIN_BYTES = 64 * 1024
+MIN_BYTES = 32 * 1024
 
 
 def candidates(root: Path) -> list[Path]:
