@@ -643,7 +643,11 @@ class _BestEffortHooks:
             # NOTE: the routing's host read (a device sync) before the clock:
             # the offloaded block reads it next anyway (the same read, kept),
             # so the wait is the forward's, not the hook's own time
-            routed_ids_on_host(topk_ids)
+            try:
+                routed_ids_on_host(topk_ids)
+            except Exception:
+                self.planner.failures += 1
+                return
         self.planner._timed("forward_hooks", self.inner.on_routed, layer, topk_ids, hidden)
 
 

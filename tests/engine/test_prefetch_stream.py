@@ -508,3 +508,24 @@ def test_forward_hooks_time_counts_in_the_planners_stage_and_failures_are_counte
     assert inner.calls == 2
     assert planner.stage_s["forward_hooks"] >= 2 * 0.004
     assert planner.failures == (2 if fail else 0)
+
+
+def test_a_routing_read_that_fails_counts_as_the_hooks_failure() -> None:
+    """The stream's routed hook reads the routing before its clock; a read
+    that raises counts in ``failures`` and the hook does not run (a forward
+    copies on demand whatever a prefetch did not bring)."""
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.prefetch import ExpertPrefetcher, _BestEffortHooks
+
+    class _Unreadable(torch.Tensor):
+        def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            raise RuntimeError("device lost")
+
+    adapter = SimpleNamespace(num_layers=2, num_experts=4)
+    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    inner = _SlowHooks(0.0)
+    hooks = _BestEffortHooks(planner, inner)
+    topk = torch.tensor([[0, 1], [1, 2]]).as_subclass(_Unreadable)
+    hooks.on_routed(0, topk, torch.zeros(2, 4))
+    assert planner.failures == 1 and inner.calls == 0
+    assert "forward_hooks" not in planner.stage_s
