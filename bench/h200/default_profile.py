@@ -27,6 +27,7 @@ from pdflash.bench.engine_run import RunSpec, run_spec
 from pdflash.cache.expert_cache import ExpertCache
 from pdflash.engine import engine as engine_module
 from pdflash.engine import pd_controller, verify_width
+from pdflash.engine.fixed_step import FixedStepFeed
 from pdflash.engine.prefetch import GateLookahead, StreamingPrefetcher
 from pdflash.engine.target import TargetRunner
 from pdflash.engine.verify import Verifier
@@ -39,6 +40,7 @@ STAGES: tuple[tuple[Any, str], ...] = (
     (engine_module.Engine, "_prefill_admitted"),
     (engine_module.Engine, "_draft_stage"),
     (engine_module.Engine, "_draft_blocks"),
+    (verify_width.WidthHook, "begin_step"),
     (verify_width.WidthHook, "trim"),
     (engine_module.Engine, "_predict"),
     (engine_module.Engine, "_schedule_stage"),
@@ -56,9 +58,11 @@ STAGES: tuple[tuple[Any, str], ...] = (
     (ExpertCache, "wait_ready"),
     (ExpertCache, "release"),
     (engine_module.Engine, "_record_verify"),
+    (verify_width.WidthHook, "record"),
     (engine_module.Engine, "_commit_verified"),
     (engine_module.Engine, "_end_step"),
     (verify_width.WidthHook, "end_step"),
+    (FixedStepFeed, "after_step"),
 )
 
 _SYNC_WARNING = "synchronizing"
