@@ -4,7 +4,10 @@ synchronizing CUDA calls each stage makes (``torch.cuda.set_sync_debug_mode``
 warnings, counted by the innermost stage they fell in).
 
 The arm runs once to warm up, then once with the stages wrapped (a
-diagnostic: the wrappers add a few microseconds a stage). One run does not
+diagnostic: the wrappers add a few microseconds a stage). Beside the
+stages, the profiled run counts what no stage shows: Python's garbage
+collections and their pauses, and on CUDA the caching allocator's device
+allocations and frees (``cudaMalloc``/``cudaFree``, each synchronizing). One run does not
 rank arms where the host's speed drifts between runs
 (``bench/results/h100/session43-2026-12-06/``):
 ``default_ab.py --profile --profile-repeats N`` profiles every arm ``N``
@@ -14,6 +17,7 @@ times, interleaved, and :func:`median_profile` gives the medians.
 from __future__ import annotations
 
 import collections
+import gc
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -110,12 +114,66 @@ def _wrapped(books: _Books) -> Iterator[None]:
             setattr(owner, method, fn)
 
 
+class _ProcessEvents:
+    """Garbage collections by generation and their pause seconds, those that
+    ran inside an engine step (``in_step``) only (the run's explicit
+    collections before its clock are not the steps'), while counting
+    (``gc.callbacks``); on CUDA the caching allocator's device allocations
+    and frees over the run (``torch.cuda.memory_stats`` deltas)."""
+
+    #: ``torch.cuda.memory_stats`` counters read (absent on a torch without them)
+    CUDA_KEYS = ("num_device_alloc", "num_device_free")
+
+    def __init__(self, cuda: bool, in_step: Callable[[], bool] = lambda: True) -> None:
+        self.cuda = cuda
+        self.in_step = in_step
+        self.collections = [0, 0, 0]
+        self.pause_s = 0.0
+        self._start: float | None = None
+        self._cuda0: dict[str, int] = {}
+        self.cuda_counts: dict[str, int] | None = None
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter() if self.in_step() else None
+            return
+        if self._start is None:
+            return
+        self.collections[int(info["generation"])] += 1
+        self.pause_s += time.perf_counter() - self._start
+
+    def _cuda_stats(self) -> dict[str, int]:
+        stats = torch.cuda.memory_stats()
+        return {k: int(stats[k]) for k in self.CUDA_KEYS if k in stats}
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        if self.cuda:
+            self._cuda0 = self._cuda_stats()
+        gc.callbacks.append(self._on_gc)
+        try:
+            yield
+        finally:
+            gc.callbacks.remove(self._on_gc)
+            if self.cuda:
+                now = self._cuda_stats()
+                self.cuda_counts = {k: now[k] - self._cuda0[k] for k in now if k in self._cuda0}
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        out = {f"gc_gen{g}": n / steps for g, n in enumerate(self.collections)}
+        out["gc_pause_ms"] = 1e3 * self.pause_s / steps
+        for k, v in (self.cuda_counts or {}).items():
+            out[k] = v / steps
+        return out
+
+
 def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str, Any]:
     """One profiled run of ``spec`` (after one unprofiled run where ``warm``)."""
     if warm:
         run_spec(RunSpec(**spec))  # the measured run's caches and kernels
     books = _Books()
-    with _wrapped(books), warnings.catch_warnings():
+    events = _ProcessEvents(cuda, in_step=lambda: "Engine._step" in books.stack)
+    with _wrapped(books), events.counting(), warnings.catch_warnings():
         warnings.simplefilter("always")
         if cuda:
             torch.cuda.set_sync_debug_mode("warn")
@@ -150,6 +208,8 @@ def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str
             {k: v / steps for k, v in books.syncs.items() if k != OUTSIDE} if cuda else None
         ),
         "syncs_outside_steps": books.syncs[OUTSIDE] if cuda else None,
+        # collections inside engine steps, device allocations over the run
+        "process_events_per_engine_step": events.per_step(steps),
     }
 
 
@@ -175,6 +235,7 @@ def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:
         "syncs_per_engine_step": median_of("syncs_per_engine_step"),
         "syncs_outside_steps": (None if None in syncs_outside else int(np.median(syncs_outside))),
         "span_ms_per_measured_step": median_of("span_ms_per_measured_step"),
+        "process_events_per_engine_step": median_of("process_events_per_engine_step"),
     }
 
 
@@ -191,3 +252,6 @@ def print_profile(name: str, prof: dict[str, Any]) -> None:
         print(f"  {stage:40s} {ms:7.3f} ms/step{extra}")
     if prof["syncs_outside_steps"] is not None:
         print(f"  {OUTSIDE}: {prof['syncs_outside_steps']} syncs")
+    events = prof.get("process_events_per_engine_step")
+    if events:
+        print("  per engine step: " + ", ".join(f"{k} {v:.3g}" for k, v in events.items()))

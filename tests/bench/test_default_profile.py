@@ -4,6 +4,7 @@ the default's specs on the CPU with the engine's stages timed."""
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import Any
 
 import pytest
@@ -54,6 +55,10 @@ def test_every_step_is_timed_by_stage_and_the_wrappers_come_off(
     else:
         assert "WidthHook.trim" not in calls
     assert prof["syncs_per_engine_step"] is None and prof["syncs_outside_steps"] is None
+    events = prof["process_events_per_engine_step"]
+    # no CUDA: the allocator's counts are absent, the collections counted
+    assert set(events) == {"gc_gen0", "gc_gen1", "gc_gen2", "gc_pause_ms"}
+    assert all(v >= 0.0 for v in events.values())
     default_profile.print_profile(baseline, prof)
     out = capsys.readouterr().out
     assert out.startswith(f"{baseline}: ") and "Engine._verify" in out
@@ -69,6 +74,7 @@ def _fake(host: dict[str, float], syncs: dict[str, float] | None, tps: float) ->
         "syncs_per_engine_step": syncs,
         "syncs_outside_steps": None if syncs is None else 2,
         "span_ms_per_measured_step": {"wall": host["Engine._step"]},
+        "process_events_per_engine_step": {"gc_gen0": host["Engine._step"] / 10},
     }
 
 
@@ -84,9 +90,29 @@ def test_the_median_of_repeated_profiles_is_taken_stage_by_stage() -> None:
     assert med["repeats"] == 3 and med["tokens_per_s"] == 90.0
     assert med["host_ms_per_engine_step"] == {"Engine._step": 11.0, "WidthHook.trim": 0.1}
     assert med["span_ms_per_measured_step"] == {"wall": 11.0}
+    assert med["process_events_per_engine_step"] == {"gc_gen0": pytest.approx(1.1)}
     assert med["syncs_per_engine_step"] is None and med["syncs_outside_steps"] is None
     cuda = default_profile.median_profile(
         [_fake({"Engine._step": 1.0}, {"Verifier.run": 1.0}, 1.0)]
     )
     assert cuda["syncs_per_engine_step"] == {"Verifier.run": 1.0}
     assert cuda["syncs_outside_steps"] == 2
+
+
+def test_process_events_count_the_collections_that_ran_inside_steps() -> None:
+    """Collections while counting and inside a step are counted by
+    generation with their pauses; none outside a step or after the
+    counting ends."""
+    inside = [False]
+    events = default_profile._ProcessEvents(cuda=False, in_step=lambda: inside[0])
+    with events.counting():
+        gc.collect(2)  # outside a step
+        assert events.collections == [0, 0, 0]
+        inside[0] = True
+        gc.collect(0)
+        gc.collect(2)
+    gc.collect()
+    assert events.collections[0] >= 1 and events.collections[2] >= 1
+    assert events.pause_s > 0.0 and events.cuda_counts is None
+    per = events.per_step(2)
+    assert per["gc_gen2"] == events.collections[2] / 2
