@@ -7,8 +7,8 @@ The arm runs once to warm up, then once with the stages wrapped (a
 diagnostic: the wrappers add a few microseconds a stage). Beside the
 stages, the profiled run counts what no stage shows: Python's garbage
 collections and their pauses, and on CUDA the caching allocator's device
-allocations and frees (``cudaMalloc``/``cudaFree``, each synchronizing). One run does not
-rank arms where the host's speed drifts between runs
+allocations and frees (``cudaMalloc``/``cudaFree``, each synchronizing).
+One run does not rank arms where the host's speed drifts between runs
 (``bench/results/h100/session43-2026-12-06/``):
 ``default_ab.py --profile --profile-repeats N`` profiles every arm ``N``
 times, interleaved, and :func:`median_profile` gives the medians.
