@@ -20,9 +20,10 @@ acceptance models) live beside their concept: ``pdflash.cache``,
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -122,6 +123,46 @@ class CopyIssuer(Protocol):
     def close(self) -> None:
         """Stop the issuer thread and free everything; idempotent."""
         ...
+
+
+class LinkState(NamedTuple):
+    """The link now (:meth:`pdflash.h2d.H2DIssuer.link_state`): copies
+    queued and not yet issued, chunks in flight, and the link-rate estimate
+    in bytes/s (None before a chunk finished)."""
+
+    queued_copies: int
+    inflight_chunks: int
+    link_rate_estimate_bps: float | None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing in flight."""
+        return self.queued_copies == 0 and self.inflight_chunks == 0
+
+
+def link_state_of(issuer: object) -> LinkState | None:
+    """``issuer``'s :class:`LinkState` (None: no issuer): its own
+    ``link_state()`` where it has one, else read from its ``stats()`` (an
+    :class:`CopyIssuer` without the optional ``link_state``, such as a test
+    double)."""
+    if issuer is None:
+        return None
+    native = getattr(issuer, "link_state", None)
+    if callable(native):
+        state = native()
+        assert isinstance(state, LinkState)
+        return state
+    stats = getattr(issuer, "stats", None)
+    if not callable(stats):
+        return None
+    raw = stats()
+    rate = raw.get("link_rate_estimate_bps")
+    usable = isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0
+    return LinkState(
+        int(raw.get("queued_copies", 0)),
+        int(raw.get("inflight_chunks", 0)),
+        float(rate) if usable else None,
+    )
 
 
 # --------------------------------------------------------------------------

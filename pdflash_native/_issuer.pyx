@@ -15,6 +15,7 @@ from libcpp.vector cimport vector
 from pdflash_native._issuer_cpp cimport (
     IssuerConfig,
     IssuerStats,
+    LinkState,
     LiveCounts,
     LogEvent,
     WaitResult,
@@ -406,6 +407,16 @@ cdef class NativeIssuer:
             "submit_lock_wait_s": s.submit_lock_wait_s,
             "submit_locked_s": s.submit_locked_s,
         }
+
+    def link_state(self):
+        """(queued copies, chunks in flight, link-rate estimate in bytes/s,
+        0 before a chunk finished): the link now, without :meth:`stats`'
+        per-band quantiles."""
+        cdef LinkState s
+        self._live()  # raises unless __init__ ran
+        with nogil:
+            s = self._issuer.link_state()
+        return (s.queued_copies, s.inflight_chunks, s.link_rate_estimate_bps)
 
     def debug_log(self):
         """Every recorded event (needs debug_log=True) as a LOG_DTYPE array."""

@@ -73,6 +73,11 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         double submit_lock_wait_s
         double submit_locked_s
 
+    cdef cppclass LinkState:
+        uint64_t queued_copies
+        uint64_t inflight_chunks
+        double link_rate_estimate_bps
+
     cdef cppclass WaitResult:
         int code
         int64_t ticket
@@ -92,6 +97,7 @@ cdef extern from "pdflash/issuer.h" namespace "pdflash" nogil:
         int64_t cancel(int band) except +
         void cancel_unstarted(const int64_t* tickets, size_t n, uint8_t* out) except +
         IssuerStats stats()
+        LinkState link_state()
         vector[LogEvent] debug_log()
         void add_source_region(uintptr_t begin, size_t n, bool check_pinned) except +
         void add_destination_region(uintptr_t begin, size_t n, bool check_device) except +

@@ -1355,6 +1355,12 @@ IssuerStats Issuer::stats() const {
   return out;
 }
 
+LinkState Issuer::link_state() const {
+  const Impl& s = *impl_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  return LinkState{s.queued_copies, std::uint64_t(s.inflight.size()), s.rate_bps};
+}
+
 std::vector<LogEvent> Issuer::debug_log() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->log;

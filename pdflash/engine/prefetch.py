@@ -83,6 +83,7 @@ from pdflash.protocols import (
     NextLayerPredictor,
     TicketState,
     expert_mask,
+    link_state_of,
 )
 
 if TYPE_CHECKING:
@@ -976,11 +977,8 @@ class ExpertPrefetcher:
             cache.prefetch(pick.astype(np.int64), Band.BACKGROUND)
 
     def _link_idle(self) -> bool:
-        issuer = getattr(self.cache, "issuer", None)
-        if issuer is None:
-            return True
-        stats = issuer.stats()
-        return int(stats.get("queued_copies", 0)) == 0 and int(stats.get("inflight_chunks", 0)) == 0
+        state = link_state_of(getattr(self.cache, "issuer", None))
+        return state is None or state.idle
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {

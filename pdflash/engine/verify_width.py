@@ -252,6 +252,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 
 from pdflash.engine.fixed_step import StepTimeFit
+from pdflash.protocols import link_state_of
 
 if TYPE_CHECKING:
     from pdflash.engine.engine import Engine, StepReport
@@ -2109,14 +2110,8 @@ def _copied(cache: object) -> int | None:
 
 def link_rate_of(cache: object) -> float | None:
     """The issuer's link-rate estimate in bytes/s (None: not measured)."""
-    issuer = getattr(cache, "issuer", None)
-    stats = getattr(issuer, "stats", None)
-    if stats is None:
-        return None
     try:
-        rate = stats().get("link_rate_estimate_bps")
+        state = link_state_of(getattr(cache, "issuer", None))
     except Exception:  # a closed issuer: no estimate this step
         return None
-    if isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0:
-        return float(rate)
-    return None
+    return None if state is None else state.link_rate_estimate_bps

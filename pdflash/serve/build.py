@@ -31,6 +31,7 @@ from pdflash.distributed.lockstep import LockstepEngine, replicated_config
 from pdflash.engine.config import EngineConfig, check_host_control
 from pdflash.engine.engine import Engine, fills_full_cache
 from pdflash.engine.pd_controller import FixedParts
+from pdflash.protocols import link_state_of
 
 if TYPE_CHECKING:
     from pdflash.hybrid.service import HostExpertService
@@ -145,7 +146,7 @@ class EngineBundle:
         running requests, running/waiting requests, pinned expert slots,
         copies queued or in flight."""
         eng = self.engine
-        stats = self.issuer.stats()
+        link = link_state_of(self.issuer)
         return {
             "kv_pages": int(eng.kv.used_pages),
             "draft_kv_pages": int(eng.draft_kv.used_pages) if eng.draft_kv is not None else 0,
@@ -153,8 +154,7 @@ class EngineBundle:
             "running": int(eng.num_running),
             "waiting": len(eng._waiting),
             "expert_pins": int(np.asarray(self.cache.pins).sum()),
-            "copies_in_flight": int(stats.get("queued_copies", 0))
-            + int(stats.get("inflight_chunks", 0)),
+            "copies_in_flight": 0 if link is None else link.queued_copies + link.inflight_chunks,
         }
 
     def close(self) -> None:

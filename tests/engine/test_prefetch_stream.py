@@ -529,3 +529,42 @@ def test_a_routing_read_that_fails_counts_as_the_hooks_failure() -> None:
     hooks.on_routed(0, topk, torch.zeros(2, 4))
     assert planner.failures == 1 and inner.calls == 0
     assert "forward_hooks" not in planner.stage_s
+
+
+def test_per_step_link_readers_use_the_issuers_link_state_not_its_stats() -> None:
+    """The link rate the width and the controller read every step, and the
+    background prefetch's idle check, come from the issuer's cheap
+    ``link_state()`` (its ``stats()`` sorts each band's delay window); an
+    issuer without it is read through ``stats()``."""
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.prefetch import ExpertPrefetcher
+    from pdflash.engine.verify_width import link_rate_of
+    from pdflash.protocols import LinkState
+
+    class Issuer:
+        def __init__(self, state: LinkState) -> None:
+            self.state = state
+
+        def link_state(self) -> LinkState:
+            return self.state
+
+        def stats(self) -> dict[str, Any]:
+            raise AssertionError("stats() read on a per-step path")
+
+    busy = SimpleNamespace(issuer=Issuer(LinkState(2, 1, 5e9)))
+    idle = SimpleNamespace(issuer=Issuer(LinkState(0, 0, None)))
+    assert link_rate_of(busy) == 5e9 and link_rate_of(idle) is None
+    adapter = SimpleNamespace(num_layers=2, num_experts=4)
+    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    planner.cache = busy  # type: ignore[assignment]
+    assert not planner._link_idle()
+    planner.cache = idle  # type: ignore[assignment]
+    assert planner._link_idle()
+
+    class StatsOnly:
+        def stats(self) -> dict[str, Any]:
+            return {"queued_copies": 0, "inflight_chunks": 3, "link_rate_estimate_bps": 0.0}
+
+    planner.cache = SimpleNamespace(issuer=StatsOnly())  # type: ignore[assignment]
+    assert not planner._link_idle()
+    assert link_rate_of(planner.cache) is None

@@ -31,7 +31,7 @@ from pdflash.h2d import (
     native_live_counts,
 )
 from pdflash.metrics import NotMeasured
-from pdflash.protocols import Band, CopyIssuer
+from pdflash.protocols import Band, CopyIssuer, LinkState, link_state_of
 
 pytestmark = pytest.mark.native
 
@@ -799,3 +799,38 @@ def test_link_probe_reads_the_emulated_link() -> None:
         assert 0 < gbps <= 0.05 * 1.1
         # and about a quarter second's worth of bytes moved: not a 0 s pass
         assert gbps > 0.05 / 10
+
+
+def _state_from_stats(iss: H2DIssuer) -> LinkState:
+    raw = iss.stats()
+    rate = raw["link_rate_estimate_bps"]
+    return LinkState(raw["queued_copies"], raw["inflight_chunks"], rate if rate > 0 else None)
+
+
+def test_link_state_reads_what_stats_says_of_the_link(issuer: H2DIssuer) -> None:
+    """Differential: ``link_state()`` equals the queue, in-flight and rate
+    fields of ``stats()`` before any copy, with copies held queued and in
+    flight, and after they landed; ``link_state_of`` reads the same from
+    the issuer and from a stats-only double of it."""
+    assert issuer.link_state() == LinkState(0, 0, None) == _state_from_stats(issuer)
+    assert issuer.link_state().idle
+    size = 3 * CHUNK
+    src, dst = _buffers(issuer, 6 * size)
+    issuer._native.test_hold_link(True)
+    tickets = issuer.submit(
+        _slots(src, 6, size), _slots(dst, 6, size), size, np.arange(6), Band.BACKGROUND
+    )
+    held = issuer.link_state()
+    assert held == _state_from_stats(issuer) and held.queued_copies > 0 and not held.idle
+    issuer._native.test_hold_link(False)
+    issuer.wait(tickets, timeout_s=30)
+    done = issuer.link_state()
+    assert done == _state_from_stats(issuer) and done.idle
+    assert done.link_rate_estimate_bps is not None and done.link_rate_estimate_bps > 0
+
+    class StatsOnly:
+        def stats(self) -> dict[str, object]:
+            return issuer.stats()
+
+    assert link_state_of(issuer) == link_state_of(StatsOnly()) == done
+    assert link_state_of(None) is None and link_state_of(object()) is None

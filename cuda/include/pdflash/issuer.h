@@ -114,6 +114,15 @@ struct IssuerStats {
   double submit_locked_s;
 };
 
+// The link's state now, without the quantiles of stats(): cheap enough to
+// read every engine step (stats() copies and sorts each band's queue-delay
+// window, up to 65536 samples a band).
+struct LinkState {
+  std::uint64_t queued_copies;
+  std::uint64_t inflight_chunks;
+  double link_rate_estimate_bps;  // EWMA over finished chunks (0: none yet)
+};
+
 enum WaitCode : int { kWaitOk = 0, kWaitTimeout = 1, kWaitFailed = 2, kWaitCancelled = 3 };
 
 struct WaitResult {
@@ -172,6 +181,7 @@ class Issuer {
   void cancel_unstarted(const std::int64_t* tickets, std::size_t n, std::uint8_t* out);
 
   IssuerStats stats() const;
+  LinkState link_state() const;
   std::vector<LogEvent> debug_log() const;
 
   // Memory the issuer may touch. NOTE: the issuer never reads or writes
