@@ -150,7 +150,11 @@ def link_state_of(issuer: object) -> LinkState | None:
     native = getattr(issuer, "link_state", None)
     if callable(native):
         state = native()
-        assert isinstance(state, LinkState)
+        if not isinstance(state, LinkState):
+            raise TypeError(
+                f"{type(issuer).__name__}.link_state() returned {type(state).__name__}, "
+                "not a pdflash.protocols.LinkState"
+            )
         return state
     stats = getattr(issuer, "stats", None)
     if not callable(stats):

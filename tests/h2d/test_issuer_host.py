@@ -834,3 +834,10 @@ def test_link_state_reads_what_stats_says_of_the_link(issuer: H2DIssuer) -> None
 
     assert link_state_of(issuer) == link_state_of(StatsOnly()) == done
     assert link_state_of(None) is None and link_state_of(object()) is None
+
+    class WrongState:
+        def link_state(self) -> tuple[int, int, float]:
+            return (0, 0, 1.0)
+
+    with pytest.raises(TypeError, match=r"WrongState.link_state\(\) returned tuple"):
+        link_state_of(WrongState())
