@@ -441,7 +441,7 @@ def test_the_books_charge_a_prefetchers_hook_time_beside_its_own_part_time() -> 
     """Route-ahead's own part time (its predictor, 2 ms/step) is less than
     the 3 ms/step of exposed fetch it removes, but its whole host cost (with
     the forward hooks and plans it adds, 10 ms/step more, ``books_host_s``)
-    is not: a 10% loss the loaded CPU's noise hides from the rate. Its books
+    is not: a 9% loss the loaded CPU's noise hides from the rate. Its books
     switch it off in the first round of at least 10 of 12 runs; charging
     only ``part_host_s`` they would read it paying."""
     switched = 0
