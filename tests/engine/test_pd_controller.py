@@ -412,28 +412,30 @@ def test_a_probe_that_points_to_a_flip_is_extended() -> None:
     assert with_extension > without, (with_extension, without)
 
 
+def _route_ahead_books_switches(**plant: Any) -> int:
+    """Of 12 seeded 80-step runs on the loaded CPU's noise with ``plant``'s
+    route-ahead, how many first probes of route-ahead switched it; each such
+    switch must be off, by cost/benefit."""
+    switched = 0
+    for seed in range(12):
+        ctl = PDController()
+        drive(ctl, Plant({}, lognormal=LOADED_CPU, seed=seed, **plant), 80)
+        first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
+        if first["switched"]:
+            assert first["on"] is False and "cost/benefit" in first["why"]
+            switched += 1
+    return switched
+
+
 def test_cost_benefit_switches_off_a_costly_prefetcher_that_noise_hides() -> None:
     """Route-ahead's host work (12 ms/step) removes 2 ms/step of exposed
     fetch: a 9% loss the loaded CPU's wall noise hides from the rate, not
     from its books. Over 12 runs the books switch it off in the first
     round of at least 10 (the rate's veto stops a few whose noisy rate
     happened to read the part more than the margin faster)."""
-    switched = 0
-    for seed in range(12):
-        ctl = PDController()
-        plant = Plant(
-            {},
-            lognormal=LOADED_CPU,
-            seed=seed,
-            host={"route_ahead": 0.012},
-            saves={"route_ahead": 0.002},
-            exposed=0.003,
-        )
-        drive(ctl, plant, 80)
-        first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
-        if first["switched"]:
-            assert first["on"] is False and "cost/benefit" in first["why"]
-            switched += 1
+    switched = _route_ahead_books_switches(
+        host={"route_ahead": 0.012}, saves={"route_ahead": 0.002}, exposed=0.003
+    )
     assert switched >= 10
 
 
@@ -444,23 +446,12 @@ def test_the_books_charge_a_prefetchers_hook_time_beside_its_own_part_time() -> 
     is not: a 9% loss the loaded CPU's noise hides from the rate. Its books
     switch it off in the first round of at least 10 of 12 runs; charging
     only ``part_host_s`` they would read it paying."""
-    switched = 0
-    for seed in range(12):
-        ctl = PDController()
-        plant = Plant(
-            {},
-            lognormal=LOADED_CPU,
-            seed=seed,
-            host={"route_ahead": 0.002},
-            books={"route_ahead": 0.010},
-            saves={"route_ahead": 0.003},
-            exposed=0.004,
-        )
-        drive(ctl, plant, 80)
-        first = next(d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead")
-        if first["switched"]:
-            assert first["on"] is False and "cost/benefit" in first["why"]
-            switched += 1
+    switched = _route_ahead_books_switches(
+        host={"route_ahead": 0.002},
+        books={"route_ahead": 0.010},
+        saves={"route_ahead": 0.003},
+        exposed=0.004,
+    )
     assert switched >= 10
 
 
