@@ -15,16 +15,23 @@ Arms (``--arms``, comma-separated names):
                       that never stands down for its own host time: the
                       default before it)
   PDnoclear           PD whose controller never reads the route-ahead cost
-                      bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf in
-                      this process for its runs: no configuration names it;
-                      its rows say so in ``arm_patch``): the default before it
+                      bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf): the
+                      default before it
+  PDpartbooks         PD whose books charge each prefetching part only its
+                      own stages (``pd_controller._books_host`` replaced by
+                      ``_host``): the books before session 44
+  PDme                PD whose controller probes route-ahead first and
+                      judges it must-earn (``PARTS``, ``ALL_PARTS``,
+                      ``DEFAULT_STANCES``): a design candidate
   PDnoraFcfs          PDnora with first-come batching (B1's) instead of
                       the 2-D scheduler
   PDnoraNobg          PDnora without background prefetch
   PDnoraFull          PDnora with every draft verified (B1's width)
   PDnoraB1            PDnora with all three: B1's configuration reached from
                       PD's side (these four change the engine configuration
-                      the spec builds, ``arm_patch`` in their rows)
+                      the spec builds)
+  (PDnoclear, PDpartbooks, PDme and the PDnora* four change this process
+  for their runs only; their rows say how in ``arm_patch``)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
@@ -47,9 +54,10 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pdflash.bench.engine_run import RunSpec, run_spec
@@ -70,24 +78,19 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "PDwcost0": ("PD", {"verify_width": "adaptive:cost=0"}),
 }
 
-#: name: (the default spec it runs, the pd_controller constant it changes for
-#: its runs, the value)
-PATCHED: dict[str, tuple[str, str, float]] = {
-    "PDnoclear": ("PD", "ROUTE_AHEAD_COST_CLEAR", math.inf),
-}
 
-
-#: name: (the default spec it runs, the EngineConfig fields it changes):
-#: which of PD-no-route-ahead's remaining differences from B1 costs what
-CONFIGURED: dict[str, tuple[str, dict[str, Any]]] = {
-    "PDnoraFcfs": ("PDnora", {"batching": "fcfs"}),
-    "PDnoraNobg": ("PDnora", {"background_prefetch": False}),
-    "PDnoraFull": ("PDnora", {"verify_width": "full"}),
-    "PDnoraB1": (
-        "PDnora",
-        {"batching": "fcfs", "background_prefetch": False, "verify_width": "full"},
-    ),
-}
+@contextmanager
+def _controller(values: dict[str, Any], text: str | None = None) -> Iterator[str]:
+    """``pd_controller``'s module attributes set to ``values`` while the run
+    runs (restored after it, on failure too); yields what changed."""
+    saved = {attr: getattr(pd_controller, attr) for attr in values}
+    for attr, value in values.items():
+        setattr(pd_controller, attr, value)
+    try:
+        yield text or "; ".join(f"pd_controller.{k}={v}" for k, v in values.items())
+    finally:
+        for attr, value in saved.items():
+            setattr(pd_controller, attr, value)
 
 
 @contextmanager
@@ -106,24 +109,54 @@ def _configured(changes: dict[str, Any]) -> Iterator[str]:
         setattr(RunSpec, "engine_config", built)  # noqa: B010
 
 
+def _route_ahead_first_must_earn() -> AbstractContextManager[str]:
+    parts = ("route_ahead", "scheduler_2d", "stream")
+    return _controller(
+        {
+            "PARTS": parts,
+            "ALL_PARTS": (pd_controller.HOST_PART, *parts),
+            "DEFAULT_STANCES": MappingProxyType(
+                {**pd_controller.DEFAULT_STANCES, "route_ahead": "must_earn"}
+            ),
+        },
+        "pd_controller.PARTS route_ahead first; DEFAULT_STANCES route_ahead=must_earn",
+    )
+
+
+#: name: (the arm whose spec it runs, what its runs run under: a context
+#: manager, entered per run, that yields what it changed for the rows'
+#: ``arm_patch``; no configuration names these changes)
+PATCHED: dict[str, tuple[str, Callable[[], AbstractContextManager[str]]]] = {
+    "PDnoclear": ("PD", lambda: _controller({"ROUTE_AHEAD_COST_CLEAR": math.inf})),
+    "PDpartbooks": (
+        "PD",
+        lambda: _controller(
+            {"_books_host": pd_controller._host}, "pd_controller._books_host=_host"
+        ),
+    ),
+    "PDme": ("PD", _route_ahead_first_must_earn),
+    # which of PD-no-route-ahead's remaining differences from B1 costs what
+    "PDnoraFcfs": ("PDnora", lambda: _configured({"batching": "fcfs"})),
+    "PDnoraNobg": ("PDnora", lambda: _configured({"background_prefetch": False})),
+    "PDnoraFull": ("PDnora", lambda: _configured({"verify_width": "full"})),
+    "PDnoraB1": (
+        "PDnora",
+        lambda: _configured(
+            {"batching": "fcfs", "background_prefetch": False, "verify_width": "full"}
+        ),
+    ),
+}
+
+
 @contextmanager
 def _patched(name: str) -> Iterator[str | None]:
-    """The arm's controller constant (or engine configuration) changed while
-    its run runs; yields what changed (None: nothing)."""
-    if name in CONFIGURED:
-        with _configured(CONFIGURED[name][1]) as what:
-            yield what
-        return
+    """What arm ``name``'s runs run under (:data:`PATCHED`); yields what
+    changed (None: nothing)."""
     if name not in PATCHED:
         yield None
         return
-    _, attr, value = PATCHED[name]
-    saved = getattr(pd_controller, attr)
-    setattr(pd_controller, attr, value)
-    try:
-        yield f"pd_controller.{attr}={value}"
-    finally:
-        setattr(pd_controller, attr, saved)
+    with PATCHED[name][1]() as what:
+        yield what
 
 
 def run_arm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -145,14 +178,10 @@ def _arm_specs(names: list[str], base: dict[str, dict[str, Any]]) -> dict[str, d
             of, changes = VARIANTS[name]
             specs[name] = {**base[of], **changes}
         elif name in PATCHED:
-            specs[name] = base[PATCHED[name][0]]
-        elif name in CONFIGURED:
-            of = CONFIGURED[name][0]
+            of = PATCHED[name][0]
             specs[name] = _arm_specs([of], base)[of]
         else:
-            raise SystemExit(
-                f"unknown arm {name!r}; choose from {[*base, *VARIANTS, *PATCHED, *CONFIGURED]}"
-            )
+            raise SystemExit(f"unknown arm {name!r}; choose from {[*base, *VARIANTS, *PATCHED]}")
     return specs
 
 

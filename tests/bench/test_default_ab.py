@@ -65,11 +65,12 @@ def test_a_patched_arm_changes_its_constant_for_its_run_only(
 def test_every_arm_names_a_spec_and_unknown_arms_are_refused() -> None:
     ns = argparse.Namespace(device="cpu", emulated_link_gbps=10.0)
     base = default_ab._default_specs(ns, 1, on_gpu=False)
-    names = ["B1", "B2", "PD", *default_ab.VARIANTS, *default_ab.PATCHED, *default_ab.CONFIGURED]
+    names = ["B1", "B2", "PD", *default_ab.VARIANTS, *default_ab.PATCHED]
     specs = default_ab._arm_specs(names, base)
     assert list(specs) == names
     assert specs["PDnoclear"] == base["PD"]
     assert specs["PDnoraB1"]["baseline"] == "PD-no-route-ahead"
+    assert specs["PDpartbooks"] == specs["PDme"] == base["PD"]
     assert specs["PDwcost0"]["verify_width"] == "adaptive:cost=0"
     with pytest.raises(SystemExit, match="unknown arm 'PDx'"):
         default_ab._arm_specs(["PDx"], base)
@@ -78,7 +79,8 @@ def test_every_arm_names_a_spec_and_unknown_arms_are_refused() -> None:
 def test_a_configured_arm_changes_the_engine_configuration_for_its_runs_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A ``CONFIGURED`` arm's runs build their spec's engine configuration
+    """A patched arm that changes the engine configuration: its runs build
+    their spec's engine configuration
     with its fields changed (recorded in ``arm_patch``); other arms' runs,
     and every run after a failed one, build it as the spec says."""
     from pdflash.bench.engine_run import RunSpec
@@ -114,3 +116,40 @@ def test_a_configured_arm_changes_the_engine_configuration_for_its_runs_only(
     with pytest.raises(RuntimeError, match="the run failed"):
         default_ab.run_arm("PDnoraFcfs", spec)
     assert RunSpec(**spec).engine_config().batching == "deficit_2d"  # restored on failure
+
+
+def test_the_controller_patched_arms_change_the_controller_for_their_runs_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PDme`` probes route-ahead first and judges it must-earn, and
+    ``PDpartbooks`` charges the part-only books, while their runs run; the
+    controller is as it was after each run."""
+    parts, stances, books = (
+        pd_controller.PARTS,
+        pd_controller.DEFAULT_STANCES,
+        pd_controller._books_host,
+    )
+    seen: list[tuple[Any, ...]] = []
+
+    def fake_run_spec(spec: Any) -> _Row:
+        seen.append(
+            (
+                pd_controller.PARTS[0],
+                pd_controller.ALL_PARTS[1],
+                pd_controller.DEFAULT_STANCES["route_ahead"],
+                pd_controller._books_host is pd_controller._host,
+            )
+        )
+        return _Row({"output_tokens_per_s": 1.0})
+
+    monkeypatch.setattr(default_ab, "run_spec", fake_run_spec)
+    monkeypatch.setattr(default_ab, "RunSpec", lambda **kw: kw)
+    me = default_ab.run_arm("PDme", {"baseline": "PD"})
+    partbooks = default_ab.run_arm("PDpartbooks", {"baseline": "PD"})
+    assert seen == [
+        ("route_ahead", "route_ahead", "must_earn", False),
+        (parts[0], parts[0], "default_on", True),
+    ]
+    assert "must_earn" in me["arm_patch"] and partbooks["arm_patch"].endswith("=_host")
+    assert parts == pd_controller.PARTS and pd_controller.DEFAULT_STANCES is stances
+    assert pd_controller._books_host is books
