@@ -146,7 +146,7 @@ def run_loop(
             if policy is not None and k > 0:
                 policy.observe(
                     WidthStep(
-                        (WidthOutcome(req, k, acc, union),),
+                        (WidthOutcome(req, k, acc),),
                         wall_s=step,
                         union_experts=union,
                         copied_bytes=int(miss * union * expert_bytes),

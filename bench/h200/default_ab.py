@@ -23,6 +23,9 @@ Arms (``--arms``, comma-separated names):
   PDme                PD whose controller probes route-ahead first and
                       judges it must-earn (``PARTS``, ``ALL_PARTS``,
                       ``DEFAULT_STANCES``): a design candidate
+  PDprobe16           PD whose stood-down verify width probes every 16
+                      steps, never fewer (``AdaptiveWidth.COST_PROBE_MAX_EVERY``
+                      = ``COST_PROBE_EVERY``): the probes before session 45
   PDnoraFcfs          PDnora with first-come batching (B1's) instead of
                       the 2-D scheduler
   PDnoraNobg          PDnora without background prefetch
@@ -30,8 +33,8 @@ Arms (``--arms``, comma-separated names):
   PDnoraB1            PDnora with all three: B1's configuration reached from
                       PD's side (these four change the engine configuration
                       the spec builds)
-  (PDnoclear, PDpartbooks, PDme and the PDnora* four change this process
-  for their runs only; their rows say how in ``arm_patch``)
+  (PDnoclear, PDpartbooks, PDme, PDprobe16 and the PDnora* four change
+  this process for their runs only; their rows say how in ``arm_patch``)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
@@ -66,6 +69,7 @@ from pdflash.bench.suites import default
 
 from pdflash.engine import pd_controller
 from pdflash.engine.config import EngineConfig
+from pdflash.engine.verify_width import AdaptiveWidth
 
 # default_profile.py sits next to this script; `python -P` leaves this folder off sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -80,17 +84,25 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 @contextmanager
-def _controller(values: dict[str, Any], text: str | None = None) -> Iterator[str]:
-    """``pd_controller``'s module attributes set to ``values`` while the run
-    runs (restored after it, on failure too); yields what changed."""
-    saved = {attr: getattr(pd_controller, attr) for attr in values}
+def _attributes(
+    owner: object, label: str, values: dict[str, Any], text: str | None = None
+) -> Iterator[str]:
+    """``owner``'s attributes (a module's or a class's, named ``label`` in
+    the text) set to ``values`` while the run runs (restored after it, on
+    failure too); yields what changed."""
+    saved = {attr: getattr(owner, attr) for attr in values}
     for attr, value in values.items():
-        setattr(pd_controller, attr, value)
+        setattr(owner, attr, value)
     try:
-        yield text or "; ".join(f"pd_controller.{k}={v}" for k, v in values.items())
+        yield text or "; ".join(f"{label}.{k}={v}" for k, v in values.items())
     finally:
         for attr, value in saved.items():
-            setattr(pd_controller, attr, value)
+            setattr(owner, attr, value)
+
+
+def _controller(values: dict[str, Any], text: str | None = None) -> AbstractContextManager[str]:
+    """``pd_controller``'s module attributes set to ``values`` for the run."""
+    return _attributes(pd_controller, "pd_controller", values, text)
 
 
 @contextmanager
@@ -135,6 +147,12 @@ PATCHED: dict[str, tuple[str, Callable[[], AbstractContextManager[str]]]] = {
         ),
     ),
     "PDme": ("PD", _route_ahead_first_must_earn),
+    "PDprobe16": (
+        "PD",
+        lambda: _attributes(
+            AdaptiveWidth, "AdaptiveWidth", {"COST_PROBE_MAX_EVERY": AdaptiveWidth.COST_PROBE_EVERY}
+        ),
+    ),
     # which of PD-no-route-ahead's remaining differences from B1 costs what
     "PDnoraFcfs": ("PDnora", lambda: _configured({"batching": "fcfs"})),
     "PDnoraNobg": ("PDnora", lambda: _configured({"background_prefetch": False})),

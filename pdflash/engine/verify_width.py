@@ -221,10 +221,15 @@ below that host time over :attr:`AdaptiveWidth.COST_WINDOW` decided steps,
 the width stands down: every draft is verified, no width is chosen and
 only the acceptance estimates observe the steps, but for the
 :attr:`AdaptiveWidth.COST_REFRESH_STEPS` before each probe, whose cost
-refreshes the step model. Every :attr:`AdaptiveWidth.COST_PROBE_EVERY` th
+refreshes the step model. The :attr:`AdaptiveWidth.COST_PROBE_EVERY` th
 step while standing down decides once more (a probe); where the probe's
 modeled saving exceeds the decided steps' mean host time the width comes
-back. On the tiny default (a
+back, else the steps to the next probe double, up to
+:attr:`AdaptiveWidth.COST_PROBE_MAX_EVERY` (a workload where the width
+cannot pay pays for its probes and their refresh steps less and less
+often: at a fixed 16 they were 5 steps in 16). A step between probes
+reads nothing but the acceptance outcomes: no step model, no routing
+union. On the tiny default (a
 host-bound step whose expert copies cost microseconds) the chosen widths
 were the whole block in most steps: on the CPU the width's host time was
 0.3-0.6 ms a decided step against a modeled saving of 0-0.3 ms, 0.1-0.2 ms
@@ -465,13 +470,11 @@ class WidthRequest:
 @dataclass(frozen=True)
 class WidthOutcome:
     """One request's verify: ``verified`` drafts were checked (after the
-    batcher's trim), ``accepted`` of them accepted; ``routed_experts``:
-    (layer, expert) pairs its rows routed to."""
+    batcher's trim), ``accepted`` of them accepted."""
 
     request_id: int
     verified: int
     accepted: int
-    routed_experts: int
 
 
 @dataclass(frozen=True)
@@ -1237,6 +1240,10 @@ class AdaptiveWidth:
     COST_GATE = True
     COST_WINDOW = 8
     COST_PROBE_EVERY = 16
+    #: each probe that keeps the width standing down doubles the steps to
+    #: the next one, up to this many (a probe that brings it back, or a new
+    #: stand-down, starts again from :attr:`COST_PROBE_EVERY`)
+    COST_PROBE_MAX_EVERY = 256
     #: the steps before each probe whose cost is measured and fitted while
     #: standing down (the probe then decides with a fresh step model)
     COST_REFRESH_STEPS = 4
@@ -1321,6 +1328,7 @@ class AdaptiveWidth:
         self.cost_gate = bool(cost_gate)
         self._standing_down = False
         self._steps_since_probe = 0
+        self._probe_every = self.COST_PROBE_EVERY  # steps between probes now
         # the latest decided steps' (host s, modeled saving s) while deciding
         self._cost_window: deque[tuple[float, float]] = deque(maxlen=self.COST_WINDOW)
         # the pending decision's modeled saving (None: the step decided nothing)
@@ -1574,18 +1582,20 @@ class AdaptiveWidth:
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
-        fit = self.time_fit()
         self._decided = self._refreshing = False
         self._pending_saving = None
+        if self._standing_down and self._steps_since_probe + 1 < self._probe_every:
+            # between probes: nothing read, nothing fitted
+            self._steps_since_probe += 1
+            self._refreshing = self._probe_every - self._steps_since_probe <= (
+                self.COST_REFRESH_STEPS
+            )
+            self._cost_books.stood_down_steps += 1
+            return self._every_draft(requests)
+        fit = self.time_fit()
         if fit is None:
             return self._every_draft(requests)  # nothing measured yet
         if self._standing_down:
-            self._steps_since_probe += 1
-            if self._steps_since_probe < self.COST_PROBE_EVERY:
-                left = self.COST_PROBE_EVERY - self._steps_since_probe
-                self._refreshing = left <= self.COST_REFRESH_STEPS
-                self._cost_books.stood_down_steps += 1
-                return self._every_draft(requests)
             self._steps_since_probe = 0
             self._cost_books.probes += 1
         c = len(requests)
@@ -1672,12 +1682,15 @@ class AdaptiveWidth:
             bar = sum(hosts) / len(hosts) if hosts else host_s
             if saving_s > bar:
                 self._standing_down = False
+                self._probe_every = self.COST_PROBE_EVERY
                 self._cost_window.clear()
                 books.switch(
                     on=True,
                     why=f"back: a probe's modeled saving {1e3 * saving_s:.3g} ms exceeds the "
                     f"width's host time {1e3 * bar:.3g} ms a decided step",
                 )
+            else:
+                self._probe_every = min(2 * self._probe_every, self.COST_PROBE_MAX_EVERY)
             return
         self._cost_window.append((host_s, saving_s))
         if len(self._cost_window) < self.COST_WINDOW:
@@ -1687,11 +1700,14 @@ class AdaptiveWidth:
         if saved < host:
             self._standing_down = True
             self._steps_since_probe = 0
+            self._probe_every = self.COST_PROBE_EVERY
             books.switch(
                 on=False,
                 why=f"stood down: the latest {self.COST_WINDOW} decided steps' modeled saving "
                 f"{1e3 * saved:.3g} ms is below the width's host time {1e3 * host:.3g} ms; "
-                f"every draft verified, a probe every {self.COST_PROBE_EVERY} steps",
+                f"every draft verified, a probe after {self.COST_PROBE_EVERY} steps, then "
+                f"twice as many after each probe that keeps it down "
+                f"(at most {self.COST_PROBE_MAX_EVERY})",
             )
 
     def _worth_exploring(
@@ -1880,7 +1896,10 @@ class AdaptiveWidth:
             "measured_steps": self._n,
         }
         out["last_decision_why"] = None if self._why is None else str(self._why)
-        out["cost_gate"] = self._cost_books.summary(self.cost_gate, self._standing_down)
+        out["cost_gate"] = {
+            **self._cost_books.summary(self.cost_gate, self._standing_down),
+            "probe_every_steps": self._probe_every if self._standing_down else None,
+        }
         return out
 
     def reset_stats(self) -> None:
@@ -2051,16 +2070,13 @@ class WidthHook:
     def record(self, batch: Sequence[tuple[Request, int]], result: VerifyResult) -> None:
         """A verify's outcomes (before they are committed)."""
         start = time.perf_counter()
-        routed = result.output.routed
-        out: list[WidthOutcome] = []
-        for i, ((req, grant), o) in enumerate(zip(batch, result.outcomes, strict=True)):
-            if o.error is not None:
-                continue
-            out.append(
-                WidthOutcome(req.request_id, grant - 1, int(o.accepted), int(routed[i].sum()))
-            )
-        self._outcomes = tuple(out)
-        self._union = int(np.count_nonzero(result.routed_union))
+        self._outcomes = tuple(
+            WidthOutcome(req.request_id, grant - 1, int(o.accepted))
+            for (req, grant), o in zip(batch, result.outcomes, strict=True)
+            if o.error is None
+        )
+        # the routing's union only for a step whose cost the policy reads
+        self._union = int(np.count_nonzero(result.routed_union)) if self._wants_cost() else None
         self._host_s += time.perf_counter() - start
 
     def end_step(self, report: StepReport) -> None:

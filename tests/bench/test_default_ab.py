@@ -11,6 +11,7 @@ import pytest
 from bench_fixtures import load_bench_script
 
 from pdflash.engine import pd_controller
+from pdflash.engine.verify_width import AdaptiveWidth
 
 default_ab = load_bench_script("default_ab.py")
 
@@ -153,3 +154,34 @@ def test_the_controller_patched_arms_change_the_controller_for_their_runs_only(
     assert "must_earn" in me["arm_patch"] and partbooks["arm_patch"].endswith("=_host")
     assert parts == pd_controller.PARTS and pd_controller.DEFAULT_STANCES is stances
     assert pd_controller._books_host is books
+
+
+def test_the_width_patched_arm_changes_the_probe_cap_for_its_runs_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PDprobe16``'s runs stand down with a fixed 16-step probe gap; the
+    class is as it was after each run, on failure too."""
+    cap = AdaptiveWidth.COST_PROBE_MAX_EVERY
+    assert cap > AdaptiveWidth.COST_PROBE_EVERY
+    seen: list[int] = []
+
+    def fake_run_spec(spec: Any) -> _Row:
+        seen.append(AdaptiveWidth.COST_PROBE_MAX_EVERY)
+        return _Row({"output_tokens_per_s": 1.0})
+
+    monkeypatch.setattr(default_ab, "run_spec", fake_run_spec)
+    monkeypatch.setattr(default_ab, "RunSpec", lambda **kw: kw)
+    row = default_ab.run_arm("PDprobe16", {"baseline": "PD"})
+    assert seen == [AdaptiveWidth.COST_PROBE_EVERY]
+    assert (
+        row["arm_patch"] == f"AdaptiveWidth.COST_PROBE_MAX_EVERY={AdaptiveWidth.COST_PROBE_EVERY}"
+    )
+    assert cap == AdaptiveWidth.COST_PROBE_MAX_EVERY
+
+    def failing_run_spec(spec: Any) -> _Row:
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(default_ab, "run_spec", failing_run_spec)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        default_ab.run_arm("PDprobe16", {"baseline": "PD"})
+    assert cap == AdaptiveWidth.COST_PROBE_MAX_EVERY

@@ -127,7 +127,7 @@ def test_bad_arguments_raise() -> None:
 
 
 def _observe(pol: AdaptiveWidth, rows: int, wall: float, compute: float) -> None:
-    outs = (WidthOutcome(1, rows - 1, 0, 2 * rows),)
+    outs = (WidthOutcome(1, rows - 1, 0),)
     pol.observe(
         WidthStep(outs, wall_s=wall, verify_compute_s=compute, exposed_fetch_s=0.0, union_experts=4)
     )

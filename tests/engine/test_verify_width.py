@@ -22,6 +22,7 @@ from pdflash.engine.verify_width import (
     SurvivalEstimator,
     UnionGrowth,
     VerifyWidthPolicy,
+    WidthHook,
     WidthOutcome,
     WidthRequest,
     WidthStep,
@@ -539,7 +540,7 @@ def _feed_cycling_widths(
         wait = exposed(link)
         pol.observe(
             WidthStep(
-                (WidthOutcome(0, k, accepted(k, step), 2 * rows),),
+                (WidthOutcome(0, k, accepted(k, step)),),
                 wall_s=0.02 + wait + extra_per_row * rows,
                 union_experts=round(union),
                 copied_bytes=round(union) * 1000,
@@ -684,7 +685,7 @@ def test_the_wall_row_fit_is_the_weighted_least_squares_of_its_steps() -> None:
         wall = 0.02 + wait + 0.003 * rows + float(rng.normal(0.0, 0.002))
         pol.observe(
             WidthStep(
-                (WidthOutcome(0, k, int(rng.integers(0, k + 1)), 2 * rows),),
+                (WidthOutcome(0, k, int(rng.integers(0, k + 1))),),
                 wall_s=wall,
                 union_experts=round(union),
                 copied_bytes=round(union) * 1000,
@@ -726,7 +727,7 @@ def test_adaptive_learns_from_steps() -> None:
     for step in range(6):
         ks = pol.widths([WidthRequest(1, 7), WidthRequest(2, 7)])
         outs = tuple(
-            WidthOutcome(rid, k, min(k, 1 + (step + rid) % 2), 2 * (2 + 2 * k))
+            WidthOutcome(rid, k, min(k, 1 + (step + rid) % 2))
             for rid, k in zip((1, 2), ks, strict=True)
         )
         pol.observe(
@@ -880,7 +881,7 @@ class WidthPlant:
             a = 0
             while a < k and self.rng.random() < self.accept:
                 a += 1
-            outs.append(WidthOutcome(rid, k, a, self.layers * self.top_k * (1 + k)))
+            outs.append(WidthOutcome(rid, k, a))
         rows = c + sum(ks)
         union = self.layers * self.union(rows)
         link = union * self.link_s_per_expert
@@ -1050,7 +1051,7 @@ def _forced_run(
         for r, k in zip(ids, ks, strict=True):
             g = streams.setdefault(r, np.random.default_rng([seed, r]))
             drawn = int(np.floor(np.log(1.0 - g.random()) / np.log(ALPHA)))
-            outs.append(WidthOutcome(r, k, min(drawn, k), 32 * (1 + k)))
+            outs.append(WidthOutcome(r, k, min(drawn, k)))
             left[r] -= min(drawn, k) + 1
         rows = len(ids) + sum(ks)
         union = 8 * experts * (1.0 - (1.0 - 4 / experts) ** rows)
@@ -1181,7 +1182,7 @@ def test_the_row_cost_is_the_lower_confidence_bound_of_the_slope() -> None:
         y = 0.01 + 0.0004 * (1 + k) + float(rng.normal(0.0, 0.002))
         pol.observe(
             WidthStep(
-                (WidthOutcome(1, k, 0, 2),),
+                (WidthOutcome(1, k, 0),),
                 wall_s=y + 0.02,
                 verify_compute_s=y,
                 exposed_fetch_s=0.0,
@@ -1222,9 +1223,7 @@ def test_exploration_rounds_are_deterministic_and_every_seventeenth() -> None:
         for step in range(13):
             ks = pol.widths([WidthRequest(r, 15) for r in range(3)])
             seen.append(ks)
-            outs = tuple(
-                WidthOutcome(r, k, min(k, (step + r) % 3), 4 * (1 + k)) for r, k in enumerate(ks)
-            )
+            outs = tuple(WidthOutcome(r, k, min(k, (step + r) % 3)) for r, k in enumerate(ks))
             pol.observe(
                 WidthStep(
                     outs,
@@ -1342,8 +1341,7 @@ def test_bounded_exploration_still_widens_where_acceptance_beats_the_estimate(vo
         for step in range(160):
             ks = pol.widths([WidthRequest(r, 15) for r in range(2)])
             outs = tuple(
-                WidthOutcome(r, k, min(k, 1) if step < 10 else k, 4 * (1 + k))
-                for r, k in enumerate(ks)
+                WidthOutcome(r, k, min(k, 1) if step < 10 else k) for r, k in enumerate(ks)
             )
             rows = 2 + sum(ks)
             union = 2 * 64 * (1.0 - (1.0 - 2 / 64) ** rows)
@@ -1474,9 +1472,9 @@ def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: i
     """Every draft pays (the widths are the whole block), so the model's
     saving is 0 and the width's 1 ms a decided step is pure cost: after
     :attr:`AdaptiveWidth.COST_WINDOW` decided steps it stands down, probes
-    every :attr:`AdaptiveWidth.COST_PROBE_EVERY` steps and stays down, and
-    the plant commits more tokens per second than with ``cost=0``; the
-    books count every step once."""
+    after :attr:`AdaptiveWidth.COST_PROBE_EVERY` steps, then twice as many
+    after each probe, and stays down, and the plant commits more tokens per
+    second than with ``cost=0``; the books count every step once."""
     rates, stats = {}, {}
     for gate in (True, False):
         plant = _compute_bound(seed)
@@ -1491,8 +1489,11 @@ def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: i
     assert on["switches"][0]["on"] is False and on["switches"][0]["decided_step"] == window
     assert "stood down" in on["switches"][0]["why"]
     # one step before any fit decides nothing, then `window` decided, then
-    # one probe every `every` steps
-    assert on["probes"] == (160 - 1 - window) // every
+    # probes after `every`, `2 every`, `4 every`, ... steps
+    probes, gap, left = 0, every, 160 - 1 - window
+    while left >= gap:
+        probes, left, gap = probes + 1, left - gap, 2 * gap
+    assert probes == 3 and on["probes"] == probes and on["probe_every_steps"] == gap
     assert on["decided_steps"] == window + on["probes"]
     assert on["decided_steps"] + on["stood_down_steps"] == 159
     assert on["modeled_saving_ms_per_decided_step"] < on["host_ms_per_decided_step"]
@@ -1546,6 +1547,45 @@ def test_the_engine_side_measures_the_widths_host_time(
         assert not eng.width.policy.standing_down
 
 
+def test_the_engine_side_reads_a_steps_cost_only_where_the_policy_wants_it(
+    adapter: Any, drafter: Any, cases: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step between probes hands the policy its outcomes alone: no wall,
+    no verify time, no routing union (the engine side skips reading them);
+    every other step hands it all of them. (A 2-step window: the width
+    stands down within the short run.)"""
+    monkeypatch.setattr(AdaptiveWidth, "COST_WINDOW", 2)
+    seen: list[tuple[bool, WidthStep]] = []
+    observe = AdaptiveWidth.observe
+
+    def spy(self: AdaptiveWidth, step: WidthStep) -> None:
+        seen.append((self.wants_step_cost, step))
+        observe(self, step)
+
+    monkeypatch.setattr(AdaptiveWidth, "observe", spy)
+    unions: list[tuple[bool, int | None]] = []
+    end_step = WidthHook.end_step
+
+    def spy_end(self: WidthHook, report: Any) -> None:
+        if self._outcomes:  # the union the verify's record kept
+            unions.append((self._wants_cost(), self._union))
+        end_step(self, report)
+
+    monkeypatch.setattr(WidthHook, "end_step", spy_end)
+    eng, _ = _run(adapter, drafter, cases, "PD", "adaptive")
+    assert unions and all((u is not None) == wanted for wanted, u in unions), unions
+    assert eng.width is not None and eng.width.policy.stats()["cost_gate"]["stood_down_steps"] > 0
+    assert any(not wanted for wanted, _ in seen) and any(wanted for wanted, _ in seen)
+    for wanted, step in seen:
+        assert step.outcomes and step.policy_host_s is not None
+        # (no copied bytes either way: every expert is resident here)
+        fields = (step.wall_s, step.union_experts, step.verify_compute_s)
+        if wanted:
+            assert None not in fields, step
+        else:
+            assert fields == (None, None, None), step
+
+
 def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> None:
     """Between probes only the outcomes are read, but for the
     :attr:`AdaptiveWidth.COST_REFRESH_STEPS` before each probe, whose cost
@@ -1559,11 +1599,55 @@ def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> N
     down = next(i for i, (standing, _, _) in enumerate(flags) if standing)
     assert flags[down] == (True, True, True)  # the decided step that stood down
     every, refresh = AdaptiveWidth.COST_PROBE_EVERY, AdaptiveWidth.COST_REFRESH_STEPS
-    cycle = flags[down + 1 : down + 1 + every]
-    assert [decided for _, decided, _ in cycle] == [False] * (every - 1) + [True]
-    wanted = [wants for _, _, wants in cycle]
-    assert wanted == [False] * (every - 1 - refresh) + [True] * (refresh + 1)
-    assert all(standing for standing, _, _ in cycle)
+    start = down + 1
+    for gap in (every, 2 * every):  # the probe that keeps it down doubles the next gap
+        cycle = flags[start : start + gap]
+        assert [decided for _, decided, _ in cycle] == [False] * (gap - 1) + [True]
+        wanted = [wants for _, _, wants in cycle]
+        assert wanted == [False] * (gap - 1 - refresh) + [True] * (refresh + 1)
+        assert all(standing for standing, _, _ in cycle)
+        start += gap
+
+
+def test_the_gap_between_probes_doubles_up_to_its_cap_and_starts_over() -> None:
+    """Each probe that keeps the width down doubles the steps to the next,
+    up to :attr:`AdaptiveWidth.COST_PROBE_MAX_EVERY`; a probe that brings
+    it back and the stand-down after it start again from
+    :attr:`AdaptiveWidth.COST_PROBE_EVERY`."""
+    plant = _compute_bound()
+    pol = plant.policy()
+    every, cap = AdaptiveWidth.COST_PROBE_EVERY, AdaptiveWidth.COST_PROBE_MAX_EVERY
+    gaps = [every]
+    while gaps[-1] < cap:
+        gaps.append(min(2 * gaps[-1], cap))
+    gaps.append(cap)  # the cap holds
+    probes: list[int] = []
+    step = 0
+    while len(probes) < len(gaps) and step < 4 * sum(gaps):
+        was_down = pol.standing_down
+        plant.step(pol, c=4)
+        if was_down and pol.decided:
+            probes.append(step)
+        step += 1
+    assert np.diff(probes).tolist() == gaps[1:], probes
+    assert pol.stats()["cost_gate"]["probe_every_steps"] == cap
+    # the link makes rows dear: a probe brings the width back
+    plant.link_s_per_expert, plant.exposed, plant.accept = 0.004, 1.0, 0.5
+    while pol.standing_down and step < 8 * sum(gaps):
+        plant.step(pol, c=4)
+        step += 1
+    assert not pol.standing_down and pol.stats()["cost_gate"]["probe_every_steps"] is None
+    # rows cheap again: it stands down anew, and its first probe comes after `every`
+    plant.link_s_per_expert, plant.exposed, plant.accept = 0.00005, 0.0, 0.9
+    while not pol.standing_down and step < 12 * sum(gaps):
+        plant.step(pol, c=4)
+        step += 1
+    assert pol.standing_down
+    decided = []
+    for _ in range(every):
+        plant.step(pol, c=4)
+        decided.append(pol.decided)
+    assert decided == [False] * (every - 1) + [True]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -1579,9 +1663,8 @@ def test_a_probe_brings_the_width_back_once_trimming_pays(seed: int) -> None:
         plant.step(pol, c=4)
     assert pol.standing_down
     plant.link_s_per_expert, plant.exposed, plant.accept = 0.004, 1.0, 0.5
-    every = AdaptiveWidth.COST_PROBE_EVERY
     steps = 0
-    while pol.standing_down and steps < 8 * every:
+    while pol.standing_down and steps < 2 * AdaptiveWidth.COST_PROBE_MAX_EVERY:
         plant.step(pol, c=4)
         steps += 1
     books = pol.stats()["cost_gate"]
@@ -1727,7 +1810,7 @@ def _lucky_request_widths(z: float, calibrate: bool = False) -> list[int]:
     for step in range(32):
         ks = pol.widths([WidthRequest(r, 15) for r in range(4)])
         outs = tuple(
-            WidthOutcome(r, k, k if (r == 0 and step < 4) else 0, 4 * (1 + k))
+            WidthOutcome(r, k, k if (r == 0 and step < 4) else 0)
             for r, k in zip(range(4), ks, strict=True)
         )
         rows = 4 + sum(ks)
@@ -1776,9 +1859,7 @@ def _calibration_after(accept: Callable[[int, int], int], steps: int = 40) -> Ad
     pol = _two_layer_policy(0)
     for _ in range(steps):
         ks = pol.widths([WidthRequest(r, 15) for r in range(2)])
-        outs = tuple(
-            WidthOutcome(r, k, accept(r, k), 2 * (1 + k)) for r, k in zip(range(2), ks, strict=True)
-        )
+        outs = tuple(WidthOutcome(r, k, accept(r, k)) for r, k in zip(range(2), ks, strict=True))
         pol.observe(
             WidthStep(
                 outs,
