@@ -128,6 +128,9 @@ class DeficitBatcher:
         self.scheduler = self._build(byte_budget, fixed_step_bytes)
         self._empty = np.zeros(0, dtype=np.int64)
         self._live: set[int] = set()
+        # live requests whose latest demand named predicted experts (a
+        # superset of the scheduler's pending demands that do)
+        self._predicting: set[int] = set()
 
     def _build(
         self, byte_budget: int | None, fixed_step_bytes: int | None = None
@@ -191,6 +194,7 @@ class DeficitBatcher:
         if request_id in self._live:
             self.scheduler.remove_request(request_id)
             self._live.discard(request_id)
+            self._predicting.discard(request_id)
 
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
@@ -198,7 +202,15 @@ class DeficitBatcher:
         for d in demands:
             pred = d.predicted if d.predicted is not None else self._empty
             self.scheduler.update_demand(d.request_id, d.tokens - 1, pred)
-        if resident is not None:
+            if pred.size:
+                self._predicting.add(d.request_id)
+            else:
+                self._predicting.discard(d.request_id)
+        # the resident set only discounts predicted experts: while no pending
+        # demand names one, every marginal byte count and the missing union
+        # are empty whatever it holds (a demand with predictions has it sent
+        # anew before its step)
+        if resident is not None and self._predicting:
             self.scheduler.set_resident(resident)
         result = self.scheduler.step()
         grants = list(zip(result.request_ids.tolist(), result.token_grants.tolist(), strict=True))

@@ -287,6 +287,7 @@ where the host pays).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -682,9 +683,11 @@ def t_sf(t: float, df: int) -> float:
     return tail if t >= 0 else 1.0 - tail
 
 
+@functools.lru_cache(maxsize=256)
 def t_isf(p: float, df: int) -> float:
     """The ``t`` with ``P(T >= t) = p`` (``0 < p < 1``), by bisection on
-    :func:`t_sf`."""
+    :func:`t_sf` (~90 evaluations; remembered, since the controller asks
+    for few ``(alpha, df)`` pairs over and over)."""
     if not 0.0 < p < 1.0:
         raise ValueError(f"p must be in (0, 1), got {p}")
     if p > 0.5:

@@ -618,6 +618,11 @@ class _WhileStreamOff:
         self.planner = planner
         self.inner = inner
 
+    @property
+    def paused(self) -> bool:
+        """While the stream runs, these hooks have nothing to do."""
+        return self.planner.stream is not None
+
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
         if self.planner.stream is None:
             self.inner.after_layer(layer, hidden, topk_ids)
@@ -630,25 +635,29 @@ class _BestEffortHooks:
     """Runs a prefetcher's forward hooks so that their failure only counts in
     the planner's ``failures`` (a forward copies on demand whatever a
     prefetch did not bring), their host time in its ``forward_hooks``
-    stage."""
+    stage. A prefetcher whose ``paused`` is true is not called at all: it
+    would ignore the hook, and the books would time the call."""
 
     def __init__(self, planner: ExpertPrefetcher, inner: Any) -> None:
         self.planner = planner
         self.inner = inner
 
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
+        if getattr(self.inner, "paused", False):
+            return  # a paused prefetcher ignores its hooks: nothing to run or time
         self.planner._timed("forward_hooks", self.inner.after_layer, layer, hidden, topk_ids)
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        if not getattr(self.inner, "paused", False):
-            # NOTE: the routing's host read (a device sync) before the clock:
-            # the offloaded block reads it next anyway (the same read, kept),
-            # so the wait is the forward's, not the hook's own time
-            try:
-                routed_ids_on_host(topk_ids)
-            except Exception:
-                self.planner.failures += 1
-                return
+        if getattr(self.inner, "paused", False):
+            return
+        # NOTE: the routing's host read (a device sync) before the clock:
+        # the offloaded block reads it next anyway (the same read, kept),
+        # so the wait is the forward's, not the hook's own time
+        try:
+            routed_ids_on_host(topk_ids)
+        except Exception:
+            self.planner.failures += 1
+            return
         self.planner._timed("forward_hooks", self.inner.on_routed, layer, topk_ids, hidden)
 
 

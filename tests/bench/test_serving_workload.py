@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pdflash.bench.engine_run import RunSpec, run_spec
 
-from pdflash.engine.batching import DeficitBatcher, ShadowComparison, VerifyDemand
+from pdflash.engine.batching import BatchDecision, DeficitBatcher, ShadowComparison, VerifyDemand
 from pdflash.report.schema import validate_row
 
 
@@ -144,6 +144,75 @@ def test_shadow_comparison_counts_steps_where_the_byte_budget_changed_the_batch(
     assert len(decision.grants) == 2
     assert shadow.steps == 2 and shadow.differing_steps == 1
     assert shadow.primary_missing_bytes == 300
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("byte_budget", [250, None])
+def test_the_resident_set_is_sent_only_for_steps_with_predictions(
+    seed: int, byte_budget: int | None
+) -> None:
+    """Differential: a batcher that skips the resident set while no pending
+    demand names a predicted expert chooses exactly what one that always
+    sends it chooses (grants and missing union), over steps with and
+    without predictions, a changing resident set and requests whose
+    earlier, ungranted demand (with predictions) stays pending without a
+    new one; the skip happens."""
+
+    class AlwaysResident(DeficitBatcher):
+        def select(self, demands: list[VerifyDemand], resident: np.ndarray | None) -> BatchDecision:
+            for d in demands:
+                pred = d.predicted if d.predicted is not None else self._empty
+                self.scheduler.update_demand(d.request_id, d.tokens - 1, pred)
+            if resident is not None:
+                self.scheduler.set_resident(resident)
+            result = self.scheduler.step()
+            grants = list(
+                zip(result.request_ids.tolist(), result.token_grants.tolist(), strict=True)
+            )
+            return BatchDecision(grants=grants, missing=np.array(result.union_ids, np.int64))
+
+    rng = np.random.default_rng(seed)
+    lean, full = (
+        _deficit(byte_budget),
+        AlwaysResident(
+            token_budget=32, byte_budget=byte_budget, num_layers=1, num_experts=8, expert_nbytes=100
+        ),
+    )
+    sent = 0
+    set_resident = lean.scheduler.set_resident
+
+    def counting(experts: np.ndarray) -> None:
+        nonlocal sent
+        sent += 1
+        set_resident(experts)
+
+    lean.scheduler.set_resident = counting  # type: ignore[method-assign]
+    for rid in range(4):
+        lean.add(rid)
+        full.add(rid)
+    with_predictions = 0
+    for _ in range(60):
+        predicting = bool(rng.random() < 0.5)
+        demands = [
+            VerifyDemand(
+                rid,
+                int(rng.integers(1, 17)),
+                rng.choice(8, size=int(rng.integers(1, 5)), replace=False).astype(np.int64)
+                if predicting
+                else None,
+            )
+            for rid in range(4)
+            if rng.random() < 0.8
+        ]
+        if any(d.predicted is not None for d in demands):
+            with_predictions += 1
+        resident = rng.random((1, 8)) < 0.4
+        a, b = lean.select(demands, resident), full.select(demands, resident)
+        assert a.grants == b.grants
+        assert a.missing.tolist() == b.missing.tolist()
+    # sent on every step with predictions, and on some without (an older
+    # demand with predictions still pending), never on all
+    assert 0 < with_predictions <= sent < 60
 
 
 def test_set_byte_budget_only_between_workloads() -> None:

@@ -510,6 +510,39 @@ def test_forward_hooks_time_counts_in_the_planners_stage_and_failures_are_counte
     assert planner.failures == (2 if fail else 0)
 
 
+def test_a_paused_prefetchers_hooks_are_neither_run_nor_timed() -> None:
+    """A paused inner prefetcher (the stream switched off; the gate
+    lookahead's fallback while the stream runs) is not called: no routing
+    read, nothing in ``forward_hooks``; once resumed its hooks run and are
+    timed again."""
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.prefetch import ExpertPrefetcher, _BestEffortHooks, _WhileStreamOff
+
+    class _Unreadable(torch.Tensor):
+        def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            raise RuntimeError("read while paused")
+
+    adapter = SimpleNamespace(num_layers=2, num_experts=4)
+    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    inner = _SlowHooks(0.0)
+    inner.paused = True  # type: ignore[attr-defined]
+    hooks = _BestEffortHooks(planner, inner)
+    topk = torch.tensor([[0, 1], [1, 2]]).as_subclass(_Unreadable)
+    hooks.on_routed(0, topk, torch.zeros(2, 4))
+    hooks.after_layer(0, torch.zeros(2, 4), topk)
+    assert inner.calls == 0 and planner.failures == 0
+    assert "forward_hooks" not in planner.stage_s
+    inner.paused = False  # type: ignore[attr-defined]
+    hooks.after_layer(0, torch.zeros(2, 4), torch.tensor([[0, 1], [1, 2]]))
+    assert inner.calls == 1 and "forward_hooks" in planner.stage_s
+    # the gate lookahead's fallback pauses while the planner streams
+    fallback = _WhileStreamOff(planner, inner)  # type: ignore[arg-type]
+    planner.stream = None
+    assert not fallback.paused
+    planner.stream = object()  # type: ignore[assignment]
+    assert fallback.paused
+
+
 def test_a_routing_read_that_fails_counts_as_the_hooks_failure() -> None:
     """The stream's routed hook reads the routing before its clock; a read
     that raises counts in ``failures`` and the hook does not run (a forward
