@@ -148,7 +148,7 @@ def test_shadow_comparison_counts_steps_where_the_byte_budget_changed_the_batch(
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("byte_budget", [250, None])
-def test_the_resident_set_is_sent_only_for_steps_with_predictions(
+def test_the_resident_set_is_sent_only_while_a_pending_demand_names_predicted_experts(
     seed: int, byte_budget: int | None
 ) -> None:
     """Differential: a batcher that skips the resident set while no pending
