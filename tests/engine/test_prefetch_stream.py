@@ -20,7 +20,7 @@ from hypothesis_budget import scaled
 
 from pdflash.cache import ExpertCache
 from pdflash.cache.eviction import LayerCyclicPolicy
-from pdflash.engine.prefetch import StreamingPrefetcher
+from pdflash.engine.prefetch import ExpertPrefetcher, StreamingPrefetcher
 from pdflash.protocols import Band
 
 NBYTES = 256
@@ -488,6 +488,22 @@ class _SlowHooks:
         self._run()
 
 
+class _UnreadableRouting(torch.Tensor):
+    """Routing whose host read raises (a lost device)."""
+
+    def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise RuntimeError("routing read failed")
+
+
+def _hooks_planner() -> ExpertPrefetcher:
+    """PD's prefetch planner over a 2-layer, 4-expert stub with no cache:
+    what the forward-hook wrappers report into."""
+    from pdflash.engine.config import EngineConfig
+
+    adapter = SimpleNamespace(num_layers=2, num_experts=4)
+    return ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("fail", [False, True])
 def test_forward_hooks_time_counts_in_the_planners_stage_and_failures_are_counted(
     fail: bool,
@@ -495,11 +511,9 @@ def test_forward_hooks_time_counts_in_the_planners_stage_and_failures_are_counte
     """Every forward hook's host time lands in the planner's
     ``forward_hooks`` stage (the PD controller's books charge it), a failing
     hook's too; a failure counts in ``failures`` and does not raise."""
-    from pdflash.engine.config import EngineConfig
-    from pdflash.engine.prefetch import ExpertPrefetcher, _BestEffortHooks
+    from pdflash.engine.prefetch import _BestEffortHooks
 
-    adapter = SimpleNamespace(num_layers=2, num_experts=4)
-    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    planner = _hooks_planner()
     inner = _SlowHooks(0.004, fail=fail)
     hooks = _BestEffortHooks(planner, inner)
     topk = torch.tensor([[0, 1], [1, 2]])
@@ -515,19 +529,13 @@ def test_a_paused_prefetchers_hooks_are_neither_run_nor_timed() -> None:
     lookahead's fallback while the stream runs) is not called: no routing
     read, nothing in ``forward_hooks``; once resumed its hooks run and are
     timed again."""
-    from pdflash.engine.config import EngineConfig
-    from pdflash.engine.prefetch import ExpertPrefetcher, _BestEffortHooks, _WhileStreamOff
+    from pdflash.engine.prefetch import _BestEffortHooks, _WhileStreamOff
 
-    class _Unreadable(torch.Tensor):
-        def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-            raise RuntimeError("read while paused")
-
-    adapter = SimpleNamespace(num_layers=2, num_experts=4)
-    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    planner = _hooks_planner()
     inner = _SlowHooks(0.0)
     inner.paused = True  # type: ignore[attr-defined]
     hooks = _BestEffortHooks(planner, inner)
-    topk = torch.tensor([[0, 1], [1, 2]]).as_subclass(_Unreadable)
+    topk = torch.tensor([[0, 1], [1, 2]]).as_subclass(_UnreadableRouting)
     hooks.on_routed(0, topk, torch.zeros(2, 4))
     hooks.after_layer(0, torch.zeros(2, 4), topk)
     assert inner.calls == 0 and planner.failures == 0
@@ -547,18 +555,12 @@ def test_a_routing_read_that_fails_counts_as_the_hooks_failure() -> None:
     """The stream's routed hook reads the routing before its clock; a read
     that raises counts in ``failures`` and the hook does not run (a forward
     copies on demand whatever a prefetch did not bring)."""
-    from pdflash.engine.config import EngineConfig
-    from pdflash.engine.prefetch import ExpertPrefetcher, _BestEffortHooks
+    from pdflash.engine.prefetch import _BestEffortHooks
 
-    class _Unreadable(torch.Tensor):
-        def cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-            raise RuntimeError("device lost")
-
-    adapter = SimpleNamespace(num_layers=2, num_experts=4)
-    planner = ExpertPrefetcher(adapter, None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
+    planner = _hooks_planner()
     inner = _SlowHooks(0.0)
     hooks = _BestEffortHooks(planner, inner)
-    topk = torch.tensor([[0, 1], [1, 2]]).as_subclass(_Unreadable)
+    topk = torch.tensor([[0, 1], [1, 2]]).as_subclass(_UnreadableRouting)
     hooks.on_routed(0, topk, torch.zeros(2, 4))
     assert planner.failures == 1 and inner.calls == 0
     assert "forward_hooks" not in planner.stage_s
@@ -570,7 +572,6 @@ def test_per_step_link_readers_use_the_issuers_link_state_not_its_stats() -> Non
     ``link_state()`` (its ``stats()`` sorts each band's delay window); an
     issuer without it is read through ``stats()``."""
     from pdflash.engine.config import EngineConfig
-    from pdflash.engine.prefetch import ExpertPrefetcher
     from pdflash.engine.verify_width import link_rate_of
     from pdflash.protocols import LinkState
 
