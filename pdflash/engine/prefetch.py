@@ -624,7 +624,7 @@ class _WhileStreamOff:
         return self.planner.stream is not None
 
     def after_layer(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor) -> None:
-        if self.planner.stream is None:
+        if not self.paused:
             self.inner.after_layer(layer, hidden, topk_ids)
 
     def on_routed(self, layer: int, topk_ids: torch.Tensor, hidden: torch.Tensor) -> None:
