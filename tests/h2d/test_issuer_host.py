@@ -820,6 +820,10 @@ def test_link_state_reads_what_stats_says_of_the_link(issuer: H2DIssuer) -> None
     tickets = issuer.submit(
         _slots(src, 6, size), _slots(dst, 6, size), size, np.arange(6), Band.BACKGROUND
     )
+    # the issuer's thread fills the window after the submit returns: compare
+    # once it is full (with the link held nothing moves after that)
+    window = issuer.window_bytes // CHUNK
+    _wait_for(lambda: issuer.link_state().inflight_chunks == window)
     held = issuer.link_state()
     assert held == _state_from_stats(issuer) and held.queued_copies > 0 and not held.idle
     issuer._native.test_hold_link(False)
