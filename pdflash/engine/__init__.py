@@ -56,6 +56,8 @@ from pdflash.engine.pd_controller import (
     PartsPolicy,
     PartsState,
     PDController,
+    RestingPolicy,
+    RestStep,
     StepMeasurement,
 )
 from pdflash.engine.replay import RoutingSource, TraceAcceptance, TraceRouting
@@ -83,6 +85,8 @@ __all__ = [
     "Request",
     "RequestMetrics",
     "RequestState",
+    "RestStep",
+    "RestingPolicy",
     "RoutingSource",
     "SamplingParams",
     "StepMeasurement",

@@ -232,6 +232,12 @@ class ShadowComparison:
     With :attr:`execute_shadow` set (the PD controller's token-only mode,
     :mod:`pdflash.engine.pd_controller`) the shadow's decision is executed
     instead; both keep being run and compared.
+
+    With :attr:`compare` cleared (the PD controller at rest: no demand
+    names a predicted expert) only the executed batcher runs; the other
+    misses those steps (its round-robin state stays as it was), and
+    :attr:`steps` counts the compared steps only (:attr:`uncompared_steps`
+    the others).
     """
 
     def __init__(self, primary: VerifyBatcher, shadow: VerifyBatcher, expert_nbytes: int) -> None:
@@ -246,6 +252,9 @@ class ShadowComparison:
         #: execute the shadow's decision instead of the primary's
         self.execute_shadow = False
         self.shadow_executed_steps = 0
+        #: run and compare both batchers (else only the executed one)
+        self.compare = True
+        self.uncompared_steps = 0
 
     def add(self, request_id: int, weight: float = 1.0) -> None:
         self.primary.add(request_id, weight)
@@ -273,6 +282,12 @@ class ShadowComparison:
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
     ) -> BatchDecision:
+        if not self.compare:
+            self.uncompared_steps += 1
+            if self.execute_shadow:
+                self.shadow_executed_steps += 1
+                return self.shadow.select(demands, resident)
+            return self.primary.select(demands, resident)
         decision = self.primary.select(demands, resident)
         shadow = self.shadow.select(demands, resident)
         self.steps += 1

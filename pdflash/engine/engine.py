@@ -875,7 +875,10 @@ class Engine:
         if self.width is not None:  # verify width hook: the step's cost
             self.width.end_step(report)
         if self.fixed_step is not None:  # marginal rule's F from the step-time fit
-            self.fixed_step.after_step()
+            if self.config.route_ahead:
+                self.fixed_step.after_step()
+            else:
+                self.fixed_step.skip()
         if self.parts is not None:  # PD controller hook: the step's measurement
             pd_controller.after_step(self.parts, report)
 

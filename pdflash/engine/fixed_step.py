@@ -109,6 +109,16 @@ class FixedStepFeed:
         self.last_t_fixed_s: float | None = None
         self.kept: dict[str, int] = {}  # why a step kept the F in force, by reason
 
+    #: why :meth:`skip` keeps ``F`` (the reason :attr:`kept` counts)
+    NO_PREDICTED_BYTES = "route-ahead off: no demand names a predicted byte"
+
+    def skip(self) -> None:
+        """A step after which ``F`` is not refitted: route-ahead is off, so
+        no demand names a predicted byte and ``F`` changes no choice (the
+        fit is read again once route-ahead runs)."""
+        why = self.NO_PREDICTED_BYTES
+        self.kept[why] = self.kept.get(why, 0) + 1
+
     def after_step(self) -> int | None:
         """Apply the fit's ``F`` if it is usable; returns the ``F`` applied
         (None: the ``F`` in force stays, the reason counted in :attr:`kept`)."""

@@ -282,6 +282,23 @@ nor gated (no host-off step for a probe or the gate to measure), and the
 controller probes PD's other parts as usual. ``summary()["settings"]``
 records which (the A/B arm of what the gate and the must-earn probes cost
 where the host pays).
+
+**Rest.** Where nothing of PD's prefetching runs (route-ahead off, so the
+stream too, and no host part on) and the controller is in a hold outside
+every gate's first decision and watch, it reads of a step nothing but
+that it ran: the hold counts steps. The controller then **rests**
+(:attr:`PDController.resting`, a :class:`RestingPolicy`): the engine side
+skips the step's measurement (its counters, its expected committed tokens,
+which also leave the acceptance estimate unchanged) and hands the policy a
+:class:`RestStep` (the step's wall and waits, for the books' step sums, and
+whether the hold counts it). The hold's last :meth:`PDController.rest_tail`
+steps are measured in full (the host gate's window where the engine has a
+host part, whose turn reads the latest host-off steps; else the step that
+starts the round). Nothing the controller decides changes: at rest it
+would have read only the count. With route-ahead switched off the 2-D
+scheduler and the stream are not probed either: no demand names a
+predicted expert, so the 2-D choice has no byte dimension, and the stream
+runs only with route-ahead.
 """
 
 from __future__ import annotations
@@ -293,7 +310,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -544,6 +561,38 @@ class PartsPolicy(Protocol):
 
 
 @dataclass(frozen=True)
+class RestStep:
+    """What a policy at rest reads of a step (module docstring, "Rest").
+
+    Attributes:
+        wall_s: the step's wall time (for the books' step sums).
+        exposed_fetch_s: the time its forwards waited for copies (the same).
+        counted: the step would have been measured (it verified and
+            admitted no request): a hold counts it.
+    """
+
+    wall_s: float
+    exposed_fetch_s: float
+    counted: bool
+
+
+@runtime_checkable
+class RestingPolicy(PartsPolicy, Protocol):
+    """A :class:`PartsPolicy` that can rest: on the steps where it reads
+    nothing but their count the engine skips the step's measurement."""
+
+    @property
+    def resting(self) -> bool:
+        """Whether the coming step is read for nothing but its count (the
+        engine then calls :meth:`rest_step` instead of ``observe``)."""
+        ...
+
+    def rest_step(self, step: RestStep) -> PartsState:
+        """Count one step at rest; returns the parts for the next step."""
+        ...
+
+
+@dataclass(frozen=True)
 class Decision:
     """A probe's outcome. ``switched``: the part was flipped to ``on``."""
 
@@ -574,8 +623,10 @@ class _Books:
         # they show whether the per-step reads lose waits
         self.wall_s = 0.0
         self.exposed_fetch_s = 0.0
+        #: steps the policy read at rest (their count, wall and waits only)
+        self.rest_steps = 0
 
-    def add_times(self, m: StepMeasurement) -> None:
+    def add_times(self, m: StepMeasurement | RestStep) -> None:
         self.wall_s += m.wall_s
         self.exposed_fetch_s += m.exposed_fetch_s
 
@@ -603,6 +654,7 @@ class _Books:
             "at_end": {p: parts.runs(p) for p in listed},
             "probes": len(self.decisions),
             "step_sums": {"wall_s": self.wall_s, "exposed_fetch_s": self.exposed_fetch_s},
+            "rest_steps": self.rest_steps,
             # every switch (up to MAX_SWITCHES_KEPT), and the first and last
             # of the other probes' outcomes
             "decisions": [d.as_dict() for d in _kept(self.decisions, keep)],
@@ -1135,6 +1187,39 @@ class PDController:
         }
         return out
 
+    @property
+    def resting(self) -> bool:
+        """Whether the coming step is read for nothing but its count (module
+        docstring, "Rest"): a hold, outside every gate's first decision and
+        watch, with route-ahead and the host part off, before the hold's
+        last :meth:`rest_tail` steps."""
+        return (
+            not self._probing
+            and self._settling == 0
+            and not self._parts.route_ahead
+            and not self._parts.host_experts
+            and not (self._gate_first or self._ra_gate_first)
+            and not (self._gate_watch or self._ra_watch)
+            and self._countdown > self.rest_tail()
+        )
+
+    def rest_tail(self) -> int:
+        """The measured steps that end a hold (module docstring, "Rest"):
+        the host gate's window where the engine has a host part (its turn
+        reads the latest host-off steps), else the one step whose
+        measurement starts the round."""
+        return HOST_GATE_WINDOW if self._available.host_experts else 1
+
+    def rest_step(self, step: RestStep) -> PartsState:
+        if not self.resting:
+            raise RuntimeError("rest_step while the controller is not at rest: observe the step")
+        self._books.count(self._parts)
+        self._books.add_times(step)
+        self._books.rest_steps += 1
+        if step.counted:
+            self._countdown -= 1
+        return self._parts
+
     def alpha_per_look(self, part: str, stance: str | None = None) -> float:
         """The level of each (look, rule) test of a probe of ``part`` judged
         by ``stance`` (None: its configured stance; a must-earn part: of
@@ -1217,13 +1302,18 @@ class PDController:
             self._settling = self.settle
 
     def _probeable(self) -> list[str]:
-        # the stream runs only with route-ahead: probing it without is moot;
-        # a host part under host_control "always" is not the controller's
+        # the stream runs only with route-ahead, and with route-ahead switched
+        # off no demand names a predicted expert, so the 2-D choice has no
+        # byte dimension: probing either is moot (an engine without
+        # route-ahead has no switchable 2-D scheduler: EngineParts); a host
+        # part under host_control "always" is not the controller's
+        ra_off = not self._parts.route_ahead
         return [
             p
             for p in ALL_PARTS
             if self._available.on(p)
-            and (p != "stream" or self._parts.route_ahead)
+            and not (p == "stream" and ra_off)
+            and not (p == "scheduler_2d" and ra_off and self._available.route_ahead)
             and (p != HOST_PART or self.host_control == "controller")
         ]
 
@@ -1831,14 +1921,23 @@ class EngineParts:
         cfg = engine.config
         #: the hybrid miss service, switched through its ``enabled`` flag
         self.host_service = engine.host_service
+        route_ahead = bool(cfg.route_ahead and engine.predictor is not None)
         self.available = PartsState(
-            route_ahead=bool(cfg.route_ahead and engine.predictor is not None),
-            scheduler_2d=bool(cfg.batching == "deficit_2d" and self.switchable_batcher is not None),
+            route_ahead=route_ahead,
+            # without route-ahead no demand names a predicted expert: the
+            # 2-D choice has no byte dimension to switch
+            scheduler_2d=bool(
+                route_ahead and cfg.batching == "deficit_2d" and self.switchable_batcher is not None
+            ),
             stream=self.stream is not None,
             host_experts=self.host_service is not None,
         )
         self.applied: PartsState | None = None
         self.marks = _Marks()
+        #: the policy can rest (module docstring, "Rest"), and the step under
+        #: way runs at rest: its measurement is skipped
+        self.rests = isinstance(policy, RestingPolicy)
+        self.resting = False
         #: the requests' acceptance, for each step's expected committed tokens
         self.survival = SurvivalEstimator(max(0, int(cfg.block_size) - 1))
         policy.bind(self.available)
@@ -1869,7 +1968,7 @@ class EngineParts:
             eng.host_ahead = None
             if self.stream is not None:
                 self.stream.skip[:] = False
-        if self.switchable_batcher is not None:
+        if self.switchable_batcher is not None and self.available.scheduler_2d:
             self.switchable_batcher.execute_shadow = not two_d
         if self.host_service is not None:
             host = parts.host_experts
@@ -1894,9 +1993,19 @@ def _cache_counter(cache: object, name: str) -> int | None:
 
 
 def before_step(parts: EngineParts) -> None:
-    """Apply the policy's parts and mark the counters (start of a step)."""
+    """Apply the policy's parts and mark the counters (start of a step):
+    at rest only the clock and the waits (module docstring, "Rest"), and the
+    token-only shadow scheduler is not run (no demand names a predicted
+    expert: there is no byte dimension to compare)."""
     eng = parts.engine
     parts.apply(parts.policy.parts)
+    resting = parts.rests and cast(RestingPolicy, parts.policy).resting
+    if parts.switchable_batcher is not None and resting != parts.resting:
+        parts.switchable_batcher.compare = not resting
+    parts.resting = resting
+    if resting:
+        parts.marks = _Marks(t0=eng.clock(), stall_s=eng.timer.stall_s_ready())
+        return
     cache = eng.expert_cache
     parts.marks = _Marks(
         t0=eng.clock(),
@@ -1994,5 +2103,21 @@ def _expert_copy_s(cache: object) -> float | None:
 
 
 def after_step(parts: EngineParts, report: StepReport) -> None:
-    """Feed the step's measurement to the policy (end of a step)."""
+    """Feed the step's measurement to the policy (end of a step); at rest
+    only its wall, its waits and whether a hold counts it."""
+    if parts.resting:
+        eng, mk = parts.engine, parts.marks
+        wall = max(0.0, eng.clock() - mk.t0)
+        # nothing learned at rest, but nothing kept of a finished request
+        # (an aborted one is dropped by the next measured step)
+        for rid in report.finished:
+            parts.survival.forget(rid)
+        cast(RestingPolicy, parts.policy).rest_step(
+            RestStep(
+                wall_s=wall,
+                exposed_fetch_s=max(0.0, eng.timer.stall_s_ready() - mk.stall_s),
+                counted=report.verified > 0 and report.admitted == 0 and wall > 0.0,
+            )
+        )
+        return
     parts.policy.observe(measure_step(parts, report))

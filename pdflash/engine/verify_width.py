@@ -2083,8 +2083,11 @@ class WidthHook:
         if not self._outcomes:
             return
         start = time.perf_counter()
-        step = self._measured_step() if self._wants_cost() else WidthStep(self._outcomes)
-        step = replace(step, policy_host_s=self._host_s + (time.perf_counter() - start))
+        if self._wants_cost():
+            step = self._measured_step()
+            step = replace(step, policy_host_s=self._host_s + (time.perf_counter() - start))
+        else:  # between a stood-down width's probes: the outcomes alone
+            step = WidthStep(self._outcomes, policy_host_s=self._host_s)
         start = time.perf_counter()
         self.policy.observe(step)
         self._outcomes = ()

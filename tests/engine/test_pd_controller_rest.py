@@ -1,0 +1,244 @@
+"""The PD controller at rest (module docstring of
+:mod:`pdflash.engine.pd_controller`, "Rest"): in a hold with route-ahead
+and the host part off it reads of a step only that it ran, so the engine
+skips the step's measurement. Differential: a controller fed rest steps
+wherever it rests decides exactly as one fed every measurement; in an
+engine, the rest steps leave the books' sums, the tokens and the
+scheduler's executed choices as they were."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdflash.engine.pd_controller import (
+    HOST_GATE_WINDOW,
+    ROUTE_AHEAD_GATE_PRECISION,
+    PartsState,
+    PDController,
+    RestingPolicy,
+    RestStep,
+    StepMeasurement,
+)
+
+from .conftest import greedy_cases, layer_cyclic_offload, write_target_and_drafter
+
+
+def _plant_step(
+    parts: PartsState, rng: np.random.Generator, ra_factor: float = 1.01
+) -> StepMeasurement:
+    """Route-ahead whose host time (0.5 ms) no routed prediction can save
+    (0.1 us copies) and that makes the step ``ra_factor`` as long, a host
+    part that makes it 10% longer; one step in eight admits a request (not
+    measured), with noisy walls."""
+    wall = 0.05 * float(np.exp(rng.normal(0.0, 0.02)))
+    wall *= ra_factor if parts.route_ahead else 1.0
+    wall *= 1.1 if parts.host_experts else 1.0
+    named = 200 if parts.route_ahead else 0
+    host = 5e-4 if parts.route_ahead else 0.0
+    return StepMeasurement(
+        wall_s=wall,
+        committed_tokens=4,
+        verified_tokens=5,
+        admitted=int(rng.random() < 0.125),
+        exposed_fetch_s=0.01 * wall * float(rng.random()),
+        route_ahead_predicted=named,
+        route_ahead_hits=round(0.7 * named),
+        part_host_s={"route_ahead": host},
+        expert_copy_s=1e-7,
+    )
+
+
+def _drive(ctl: PDController, available: PartsState, steps: int, rest: bool) -> list[PartsState]:
+    """Run ``steps`` plant steps; with ``rest`` a step where the controller
+    rests is handed as a :class:`RestStep` (what the engine side does)."""
+    ctl.bind(available)
+    rng = np.random.default_rng(7)
+    # with a host part the gate does not act: route-ahead goes off by its
+    # probe, where it costs 30% a step
+    ra_factor = 1.3 if available.host_experts else 1.01
+    seen = []
+    for _ in range(steps):
+        seen.append(ctl.parts)
+        m = _plant_step(ctl.parts, rng, ra_factor)
+        if rest and ctl.resting:
+            counted = m.verified and m.admitted == 0 and m.wall_s > 0
+            ctl.rest_step(RestStep(m.wall_s, m.exposed_fetch_s, counted))
+        else:
+            ctl.observe(m)
+    return seen
+
+
+def _controller() -> PDController:
+    return PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION, route_ahead_cost_gate=True)
+
+
+@pytest.mark.parametrize(
+    "available",
+    [PartsState(), PartsState(host_experts=True)],
+    ids=["pd", "pd+host"],
+)
+def test_a_resting_controller_decides_as_one_that_reads_every_step(
+    available: PartsState,
+) -> None:
+    measured, rested = _controller(), _controller()
+    assert isinstance(rested, RestingPolicy)
+    seen = _drive(measured, available, 400, rest=False)
+    assert _drive(rested, available, 400, rest=True) == seen
+    a, b = measured.summary(), rested.summary()
+    assert b["rest_steps"] > 200 and a["rest_steps"] == 0
+    assert a["step_sums"] == pytest.approx(b["step_sums"], rel=1e-12)
+    for key in ("decisions", "on_fraction", "switches", "probes", "at_end", "steps"):
+        assert a[key] == b[key], key
+    # route-ahead went off at the gate's first decision and its must-earn
+    # probes kept it off; the host part costs, so its probe switched it off
+    assert not any(p.route_ahead for p in seen[20:]) or any(
+        d["part"] == "route_ahead" for d in b["decisions"]
+    )
+    if available.host_experts:
+        assert not seen[-1].host_experts
+        assert rested.rest_tail() == HOST_GATE_WINDOW
+    else:
+        assert rested.rest_tail() == 1
+
+
+def test_the_controller_rests_only_in_a_hold_with_nothing_prefetching() -> None:
+    ctl = _controller()
+    ctl.bind(PartsState())
+    # route-ahead runs, the gate's first decision is pending: no rest
+    assert not ctl.resting
+    with pytest.raises(RuntimeError, match="not at rest"):
+        ctl.rest_step(RestStep(0.05, 0.0, True))
+    rng = np.random.default_rng(0)
+    states = []
+    for _ in range(200):
+        states.append((ctl.resting, ctl.parts, ctl._probing, ctl._settling))
+        m = _plant_step(ctl.parts, rng)
+        if ctl.resting:
+            ctl.rest_step(RestStep(m.wall_s, m.exposed_fetch_s, m.admitted == 0))
+        else:
+            ctl.observe(m)
+    assert any(r for r, *_ in states)
+    for resting, parts, probing, settling in states:
+        if resting:
+            assert not parts.route_ahead and not probing and settling == 0
+    # with route-ahead off the 2-D scheduler and the stream are never probed
+    parts_probed = {d["part"] for d in ctl.summary()["decisions"]}
+    assert parts_probed == {"route_ahead"}
+
+
+def test_an_uncounted_rest_step_does_not_shorten_the_hold() -> None:
+    ctl = _controller()
+    _drive(ctl, PartsState(), 10, rest=True)
+    while not ctl.resting:
+        ctl.observe(_plant_step(ctl.parts, np.random.default_rng(1)))
+    left = ctl._countdown
+    ctl.rest_step(RestStep(0.05, 0.0, counted=False))
+    assert ctl._countdown == left
+    ctl.rest_step(RestStep(0.05, 0.0, counted=True))
+    assert ctl._countdown == left - 1
+
+
+# ------------------------------------------------------------------ engine
+@pytest.fixture(scope="module")
+def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
+    import torch
+
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("pdrest")
+    write_target_and_drafter(tmp, "qwen3_moe", 4)
+    return tmp, greedy_cases(tmp / "target", (3, 9, 6, 5), 14, seed=1)
+
+
+class _NeverRests(PDController):
+    """The same controller, every step measured."""
+
+    @property
+    def resting(self) -> bool:
+        return False
+
+
+def _pd_engine(tmp: Any, controller: PDController) -> tuple[Any, Any]:
+    from pdflash.engine.batching import DeficitBatcher, ShadowComparison
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.drafter import load_drafter
+    from pdflash.engine.engine import Engine
+    from pdflash.routeahead import PreviousRoundPredictor
+
+    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
+    # every draft verified: the adaptive width reads the (noisy) timing
+    config = EngineConfig.preset(
+        "PD", block_size=5, max_running=4, token_budget=12, verify_width="full"
+    )
+
+    def deficit(budget: int | None) -> DeficitBatcher:
+        return DeficitBatcher(
+            token_budget=config.token_budget,
+            byte_budget=budget,
+            num_layers=adapter.num_layers,
+            num_experts=adapter.num_experts,
+            expert_nbytes=cache.expert_nbytes,
+        )
+
+    eng = Engine(
+        adapter,
+        config.replace(byte_budget=3 * cache.expert_nbytes),
+        drafter=load_drafter(tmp / "drafter"),
+        batcher=ShadowComparison(
+            deficit(3 * cache.expert_nbytes), deficit(None), cache.expert_nbytes
+        ),
+        predictor=PreviousRoundPredictor(adapter.num_layers, adapter.num_experts),
+        expert_cache=cache,
+        max_seq_len=64,
+        controller=controller,
+    )
+    return eng, issuer
+
+
+def _run(offloaded: tuple[Any, list[Any]], controller: PDController) -> tuple[Any, list[Any]]:
+    tmp, cases = offloaded
+    eng, issuer = _pd_engine(tmp, controller)
+    try:
+        ids = [eng.add_request(p, max_new_tokens=14) for p, _ in cases]
+        done = eng.run_until_done(max_steps=400)
+        return eng, [done[rid].output for rid in ids]
+    finally:
+        issuer.close()
+
+
+def _switching_off_route_ahead() -> dict[str, Any]:
+    # route-ahead off by its gate's first decision (precision 1.0 is out of
+    # reach), then one long hold: no decision reads the (noisy) timing, so
+    # the two runs choose alike step by step
+    return {"route_ahead_gate": 1.0, "warmup": 0, "hold": 1000, "max_hold": 1000}
+
+
+def test_an_engine_at_rest_keeps_its_tokens_books_and_batches(
+    offloaded: tuple[Any, list[Any]],
+) -> None:
+    rested, measured = (
+        PDController(**_switching_off_route_ahead()),
+        _NeverRests(**_switching_off_route_ahead()),
+    )
+    eng, out = _run(offloaded, rested)
+    ref_eng, ref = _run(offloaded, measured)
+    _, cases = offloaded
+    assert out == ref == [want for _, want in cases]
+    books, ref_books = rested.summary(), measured.summary()
+    assert books["rest_steps"] > 0 and ref_books["rest_steps"] == 0
+    assert books["steps"] == eng.steps == ref_books["steps"]
+    # the rest steps' walls and waits are in the books' sums: on the CPU
+    # (nothing read late) the waits are the run's whole exposed fetch
+    assert books["step_sums"]["exposed_fetch_s"] == pytest.approx(
+        eng.timer.stall_s(), rel=1e-9, abs=1e-12
+    )
+    assert books["step_sums"]["wall_s"] > 0
+    # at rest only the executed batcher ran; the steps it compared are the others
+    shadow = eng.batcher
+    assert shadow.uncompared_steps > 0
+    assert shadow.steps + shadow.uncompared_steps == ref_eng.batcher.steps
+    assert ref_eng.batcher.uncompared_steps == 0
+    # the controller's acceptance estimates forget finished requests all the same
+    assert eng.parts is not None and eng.parts.survival.request_ids() == []
