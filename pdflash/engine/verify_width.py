@@ -1580,6 +1580,16 @@ class AdaptiveWidth:
         between probes, but for the :attr:`COST_REFRESH_STEPS` before each)."""
         return not self._standing_down or self._decided or self._refreshing
 
+    @property
+    def next_step_may_read_cost(self) -> bool:
+        """Whether :attr:`wants_step_cost` can be true after the next
+        :meth:`widths` (False only for a step standing down between probes
+        outside the refresh steps: its cost marks need not be taken)."""
+        if not self._standing_down:
+            return True
+        k = self._steps_since_probe + 1
+        return k >= self._probe_every or self._probe_every - k <= self.COST_REFRESH_STEPS
+
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
         self._decided = self._refreshing = False
@@ -2023,6 +2033,12 @@ class WidthHook:
 
     def begin_step(self) -> None:
         start = time.perf_counter()
+        policy = self.policy
+        if isinstance(policy, AdaptiveWidth) and not policy.next_step_may_read_cost:
+            # between a stood-down width's probes: no cost read, no marks
+            self._outcomes = ()
+            self._host_s += time.perf_counter() - start
+            return
         self._t0 = self.engine.clock()
         self._bytes0 = _copied(self.engine.expert_cache)
         # NOTE: the ready spans, never a device synchronize (it would wait for

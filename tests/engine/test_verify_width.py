@@ -1594,8 +1594,12 @@ def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> N
     pol = plant.policy()
     flags = []
     for _ in range(80):
+        # what the engine side reads before the step (whether to take its
+        # cost marks) is what the policy reads after it
+        may_read = pol.next_step_may_read_cost
         plant.step(pol, c=4)
         flags.append((pol.standing_down, pol.decided, pol.wants_step_cost))
+        assert may_read == pol.wants_step_cost
     down = next(i for i, (standing, _, _) in enumerate(flags) if standing)
     assert flags[down] == (True, True, True)  # the decided step that stood down
     every, refresh = AdaptiveWidth.COST_PROBE_EVERY, AdaptiveWidth.COST_REFRESH_STEPS
