@@ -2046,11 +2046,17 @@ def _learn_acceptance(parts: EngineParts, report: StepReport) -> float | None:
     expected = expected_committed(survival, outcomes) if outcomes else None
     for rid, verified, accepted in outcomes:
         survival.observe(rid, verified, accepted)
-    live = parts.engine.requests.live
+    _forget_gone(parts)
+    return expected
+
+
+def _forget_gone(parts: EngineParts) -> None:
+    """Drop the acceptance estimates of requests no longer live (finished
+    or aborted)."""
+    survival, live = parts.survival, parts.engine.requests.live
     for rid in survival.request_ids():
         if rid not in live:
             survival.forget(rid)
-    return expected
 
 
 def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
@@ -2108,10 +2114,8 @@ def after_step(parts: EngineParts, report: StepReport) -> None:
     if parts.resting:
         eng, mk = parts.engine, parts.marks
         wall = max(0.0, eng.clock() - mk.t0)
-        # nothing learned at rest, but nothing kept of a finished request
-        # (an aborted one is dropped by the next measured step)
-        for rid in report.finished:
-            parts.survival.forget(rid)
+        # nothing learned at rest, but nothing kept of a request that left
+        _forget_gone(parts)
         cast(RestingPolicy, parts.policy).rest_step(
             RestStep(
                 wall_s=wall,

@@ -242,3 +242,25 @@ def test_an_engine_at_rest_keeps_its_tokens_books_and_batches(
     assert ref_eng.batcher.uncompared_steps == 0
     # the controller's acceptance estimates forget finished requests all the same
     assert eng.parts is not None and eng.parts.survival.request_ids() == []
+
+
+def test_an_aborted_request_leaves_no_estimate_at_rest(offloaded: tuple[Any, list[Any]]) -> None:
+    """A request aborted while the controller rests (the hold outlasts the
+    run: no measured step follows) leaves nothing in its acceptance
+    estimates."""
+    tmp, cases = offloaded
+    controller = PDController(**_switching_off_route_ahead())
+    eng, issuer = _pd_engine(tmp, controller)
+    try:
+        ids = [eng.add_request(p, max_new_tokens=14) for p, _ in cases]
+        while eng.has_work and not (eng.parts is not None and eng.parts.resting):
+            eng.step()
+        assert eng.parts is not None and eng.parts.resting
+        victim = next(rid for rid in ids if rid in eng.parts.survival.request_ids())
+        assert eng.abort(victim)
+        eng.step()
+        assert eng.parts.resting and victim not in eng.parts.survival.request_ids()
+        eng.run_until_done(max_steps=400)
+        assert eng.parts.survival.request_ids() == []
+    finally:
+        issuer.close()
