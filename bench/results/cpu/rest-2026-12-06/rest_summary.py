@@ -1,0 +1,69 @@
+"""Per-process medians a step of ``default_ab.py`` rows: PD's host time
+outside the forwards' spans (the wall less the draft, verify, prefill and
+predict spans) beyond B1's, PD's scheduler time and the share of PD's steps
+its controller read at rest.
+
+    python3 rest_summary.py            # every folder here with rows.jsonl
+    python3 rest_summary.py new1 old1  # these folders
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _per_step_ms(row: dict[str, Any], key: str) -> float:
+    value = row.get(key)
+    return 1e3 * value / row["steps"] if isinstance(value, (int, float)) else 0.0
+
+
+def outside_spans_ms(row: dict[str, Any]) -> float:
+    """The row's host time a step outside the forwards' spans."""
+    spans = sum(_per_step_ms(row, k) for k in ("draft_s", "verify_s", "prefill_s", "predict_s"))
+    return _per_step_ms(row, "wall_s") - spans
+
+
+def _rows(folder: Path) -> list[dict[str, Any]]:
+    plain = folder / "rows.jsonl"
+    with plain.open() if plain.exists() else gzip.open(f"{plain}.gz", "rt") as lines:
+        return [json.loads(line) for line in lines]
+
+
+def summarize(folder: Path) -> list[str]:
+    rows = _rows(folder)
+    lines = []
+    for conc in (1, 4):
+        b1 = [outside_spans_ms(r) for r in rows if r["arm"] == "B1" and r["concurrency"] == conc]
+        pd = [r for r in rows if r["arm"] == "PD" and r["concurrency"] == conc]
+        if not b1 or not pd:
+            continue
+        excess = statistics.median(map(outside_spans_ms, pd)) - statistics.median(b1)
+        sched = statistics.median(r["scheduler_us_per_step"] for r in pd)
+        rest = statistics.median(
+            r["pd_parts"].get("rest_steps", 0) / r["pd_parts"]["steps"] for r in pd
+        )
+        lines.append(
+            f"{folder.name} c={conc}: PD - B1 outside the spans {excess:.3f} ms/step "
+            f"(B1 {statistics.median(b1):.3f}), PD scheduler {sched:.0f} us, rest share {rest:.2f}"
+        )
+    return lines
+
+
+def main(argv: list[str]) -> None:
+    here = Path(__file__).resolve().parent
+    folders = (
+        [here / name for name in argv]
+        if argv
+        else sorted(p for p in here.iterdir() if list(p.glob("rows.jsonl*")))
+    )
+    for folder in folders:
+        print("\n".join(summarize(folder)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
