@@ -229,7 +229,8 @@ back, else the steps to the next probe double, up to
 cannot pay pays for its probes and their refresh steps less and less
 often: at a fixed 16 they were 5 steps in 16). A step between probes
 reads nothing but the acceptance outcomes: no step model, no routing
-union. On the tiny default (a
+union, no cost marks at its start
+(:attr:`AdaptiveWidth.next_step_may_read_cost`). On the tiny default (a
 host-bound step whose expert copies cost microseconds) the chosen widths
 were the whole block in most steps: on the CPU the width's host time was
 0.3-0.6 ms a decided step against a modeled saving of 0-0.3 ms, 0.1-0.2 ms
