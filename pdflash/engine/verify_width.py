@@ -2023,6 +2023,9 @@ class WidthHook:
         self._stall0 = 0.0
         self._outcomes: tuple[WidthOutcome, ...] = ()
         self._union: int | None = None
+        # this step's cost marks were taken (begin_step): a step without them
+        # hands the policy its outcomes alone, whatever the policy wants
+        self._marked = False
         # host seconds of the width's own work since the last observation
         # (the previous observation's included: it is the step's cost too)
         self._host_s = 0.0
@@ -2035,7 +2038,10 @@ class WidthHook:
     def begin_step(self) -> None:
         start = time.perf_counter()
         policy = self.policy
-        if isinstance(policy, AdaptiveWidth) and not policy.next_step_may_read_cost:
+        self._marked = not (
+            isinstance(policy, AdaptiveWidth) and not policy.next_step_may_read_cost
+        )
+        if not self._marked:
             # between a stood-down width's probes: no cost read, no marks
             self._outcomes = ()
             self._host_s += time.perf_counter() - start
@@ -2113,9 +2119,12 @@ class WidthHook:
     def _wants_cost(self) -> bool:
         """Whether the policy reads the step's cost (False on an adaptive
         width's steps standing down between probes, but for the refresh
-        steps before each: it then reads only the outcomes)."""
+        steps before each: it then reads only the outcomes), and the step's
+        marks were taken (a step that chose no width, with no drafts to
+        trim, keeps the policy's answer from the step before)."""
         policy = self.policy
-        return not isinstance(policy, AdaptiveWidth) or policy.wants_step_cost
+        wants = not isinstance(policy, AdaptiveWidth) or policy.wants_step_cost
+        return wants and self._marked
 
     def _measured_step(self) -> WidthStep:
         eng = self.engine

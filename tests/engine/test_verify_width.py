@@ -1586,6 +1586,47 @@ def test_the_engine_side_reads_a_steps_cost_only_where_the_policy_wants_it(
             assert fields == (None, None, None), step
 
 
+def test_a_step_without_cost_marks_hands_the_policy_its_outcomes_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Right after a probe that kept the width down the next step takes no
+    cost marks; a verify in that step that chose no width (no drafts to
+    trim: the policy's answer is still the probe's) hands the policy its
+    outcomes alone, not a cost measured from an earlier step's marks."""
+    from types import SimpleNamespace
+
+    plant = _compute_bound()
+    pol = plant.policy()
+    for _ in range(200):
+        plant.step(pol, c=4)
+        if pol.standing_down and pol.decided:
+            break
+    assert pol.wants_step_cost and not pol.next_step_may_read_cost
+    clock = iter(range(100))
+    engine = SimpleNamespace(
+        clock=lambda: float(next(clock)),
+        expert_cache=None,
+        timer=SimpleNamespace(kind_s_ready=lambda kind: 0.0, stall_s_ready=lambda: 0.0),
+    )
+    hook = WidthHook(engine, pol)  # type: ignore[arg-type]
+    seen: list[WidthStep] = []
+    monkeypatch.setattr(pol, "observe", seen.append)
+    hook.begin_step()
+    req = SimpleNamespace(request_id=7)
+    result = SimpleNamespace(
+        outcomes=[SimpleNamespace(error=None, accepted=0)],
+        routed_union=np.ones(4, dtype=np.bool_),
+    )
+    hook.record([(req, 1)], result)  # type: ignore[list-item, arg-type]
+    hook.end_step(None)  # type: ignore[arg-type]
+    assert [o.request_id for o in seen[-1].outcomes] == [7]
+    assert (seen[-1].wall_s, seen[-1].union_experts, seen[-1].verify_compute_s) == (
+        None,
+        None,
+        None,
+    )
+
+
 def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> None:
     """Between probes only the outcomes are read, but for the
     :attr:`AdaptiveWidth.COST_REFRESH_STEPS` before each probe, whose cost
