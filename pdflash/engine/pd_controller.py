@@ -294,11 +294,15 @@ which also leave the acceptance estimate unchanged) and hands the policy a
 whether the hold counts it). The hold's last :meth:`PDController.rest_tail`
 steps are measured in full (the host gate's window where the engine has a
 host part, whose turn reads the latest host-off steps; else the step that
-starts the round). Nothing the controller decides changes: at rest it
-would have read only the count. With route-ahead switched off the 2-D
-scheduler and the stream are not probed either: no demand names a
-predicted expert, so the 2-D choice has no byte dimension, and the stream
-runs only with route-ahead.
+starts the round). Given the same measurements a resting controller
+decides exactly as one that reads every step: at rest it would have read
+only the count. One thing differs after a rest: the acceptance estimate
+behind the expected committed tokens has not learned the rest steps'
+outcomes (both arms of a later probe are valued by it alike; a finished
+or aborted request's estimate is dropped at rest all the same). With
+route-ahead switched off the 2-D scheduler and the stream are not probed
+either: no demand names a predicted expert, so the 2-D choice has no byte
+dimension, and the stream runs only with route-ahead.
 """
 
 from __future__ import annotations
