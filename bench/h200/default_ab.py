@@ -26,6 +26,9 @@ Arms (``--arms``, comma-separated names):
   PDprobe16           PD whose stood-down verify width probes every 16
                       steps, never fewer (``AdaptiveWidth.COST_PROBE_MAX_EVERY``
                       = ``COST_PROBE_EVERY``): the probes before session 45
+  PDnorest            PD whose controller never rests (``PDController.resting``
+                      False: every step measured, the shadow scheduler and
+                      F's refit run): the controller before session 46
   PDnoraFcfs          PDnora with first-come batching (B1's) instead of
                       the 2-D scheduler
   PDnoraNobg          PDnora without background prefetch
@@ -33,7 +36,7 @@ Arms (``--arms``, comma-separated names):
   PDnoraB1            PDnora with all three: B1's configuration reached from
                       PD's side (these four change the engine configuration
                       the spec builds)
-  (PDnoclear, PDpartbooks, PDme, PDprobe16 and the PDnora* four change
+  (PDnoclear, PDpartbooks, PDme, PDprobe16, PDnorest and the PDnora* four change
   this process for their runs only; their rows say how in ``arm_patch``)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
@@ -151,6 +154,15 @@ PATCHED: dict[str, tuple[str, Callable[[], AbstractContextManager[str]]]] = {
         "PD",
         lambda: _attributes(
             AdaptiveWidth, "AdaptiveWidth", {"COST_PROBE_MAX_EVERY": AdaptiveWidth.COST_PROBE_EVERY}
+        ),
+    ),
+    "PDnorest": (
+        "PD",
+        lambda: _attributes(
+            pd_controller.PDController,
+            "PDController",
+            {"resting": False},
+            "PDController.resting=False (every step measured)",
         ),
     ),
     # which of PD-no-route-ahead's remaining differences from B1 costs what

@@ -185,3 +185,36 @@ def test_the_width_patched_arm_changes_the_probe_cap_for_its_runs_only(
     with pytest.raises(RuntimeError, match="the run failed"):
         default_ab.run_arm("PDprobe16", {"baseline": "PD"})
     assert cap == AdaptiveWidth.COST_PROBE_MAX_EVERY
+
+
+def test_the_never_resting_arm_measures_every_step_for_its_runs_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PDnorest``'s runs use a controller that never rests; the class's
+    property is back after each run, on failure too."""
+    prop = pd_controller.PDController.__dict__["resting"]
+    assert isinstance(prop, property)
+    seen: list[bool] = []
+
+    def fake_run_spec(spec: Any) -> _Row:
+        ctl = pd_controller.PDController()
+        ctl.bind(pd_controller.PartsState(route_ahead=False))
+        ctl._countdown = 50  # a hold: this controller would rest
+        seen.append(ctl.resting)
+        return _Row({"output_tokens_per_s": 1.0})
+
+    monkeypatch.setattr(default_ab, "RunSpec", lambda **kw: kw)
+    monkeypatch.setattr(default_ab, "run_spec", fake_run_spec)
+    row = default_ab.run_arm("PDnorest", {"baseline": "PD"})
+    default_ab.run_arm("PD", {"baseline": "PD"})
+    assert seen == [False, True]
+    assert row["arm_patch"] == "PDController.resting=False (every step measured)"
+    assert pd_controller.PDController.__dict__["resting"] is prop
+
+    def failing_run_spec(spec: Any) -> _Row:
+        raise RuntimeError("the run failed")
+
+    monkeypatch.setattr(default_ab, "run_spec", failing_run_spec)
+    with pytest.raises(RuntimeError, match="the run failed"):
+        default_ab.run_arm("PDnorest", {"baseline": "PD"})
+    assert pd_controller.PDController.__dict__["resting"] is prop
