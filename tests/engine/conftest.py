@@ -193,6 +193,63 @@ def layer_cyclic_offload(target: Path, num_slots: int) -> tuple[Any, Any, Any]:
     return adapter, issuer, cache
 
 
+@pytest.fixture(scope="module")
+def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Any]]:
+    """A 4-layer qwen3_moe target and its drafter written to a fresh folder,
+    and four greedy cases on it (prompt, reference output of 14 tokens)."""
+    torch.set_num_threads(1)
+    tmp = tmp_path_factory.mktemp("offloaded")
+    write_target_and_drafter(tmp, "qwen3_moe", 4)
+    return tmp, greedy_cases(tmp / "target", (3, 9, 6, 5), 14, seed=1)
+
+
+def offloaded_pd_engine(
+    tmp: Path, baseline: str, controller: Any | None, **changes: Any
+) -> tuple[Engine, Any]:
+    """An engine of ``baseline`` on the :func:`offloaded` target: a
+    six-slot layer-cyclic cache, blocks of 5, four live requests, 12 tokens a
+    step, the 2-D scheduler with a token-only shadow and a byte budget of
+    three experts (it splits batches the token-only one keeps), the union of
+    the approximate router and the previous round as predictor, ``controller``
+    (a ``PartsPolicy``, or None: the preset's) and the configuration changed
+    by ``changes``. Returns ``(engine, issuer)``: close the issuer after."""
+    from pdflash.engine.batching import DeficitBatcher, ShadowComparison
+    from pdflash.engine.config import EngineConfig
+    from pdflash.engine.predict import BatchedUnionPredictor
+    from pdflash.routeahead import ApproxRouterPredictor, PreviousRoundPredictor
+
+    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
+    config = EngineConfig.preset(baseline, block_size=5, max_running=4, token_budget=12)
+
+    def deficit(budget: int | None) -> DeficitBatcher:
+        return DeficitBatcher(
+            token_budget=config.token_budget,
+            byte_budget=budget,
+            num_layers=adapter.num_layers,
+            num_experts=adapter.num_experts,
+            expert_nbytes=cache.expert_nbytes,
+        )
+
+    batcher = ShadowComparison(deficit(3 * cache.expert_nbytes), deficit(None), cache.expert_nbytes)
+    predictor = BatchedUnionPredictor(
+        [
+            (ApproxRouterPredictor(adapter), 1.0),
+            (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
+        ]
+    )
+    eng = Engine(
+        adapter,
+        config.replace(byte_budget=3 * cache.expert_nbytes, **changes),
+        drafter=load_drafter(tmp / "drafter"),
+        batcher=batcher,
+        predictor=predictor,
+        expert_cache=cache,
+        max_seq_len=64,
+        controller=controller,
+    )
+    return eng, issuer
+
+
 def random_prompts(n: int, seed: int, vocab: int) -> list[list[int]]:
     """``n`` prompts of 3 to 11 random token ids (lengths and ids drawn from
     one generator seeded ``seed``)."""

@@ -156,12 +156,13 @@ def test_the_adaptive_width_fit_recovers_the_fixed_time_unfloored() -> None:
     assert feed.after_step() is None and b.fixed_step_bytes == CALIBRATED
 
 
-def test_an_engine_run_follows_its_width_fit(adapter: Any, drafter: Any) -> None:
-    # route-ahead on throughout (no controller to switch it off): F is
-    # refitted after every step
+def _run_fed(
+    adapter: Any, drafter: Any, **changes: Any
+) -> tuple[Engine, DeficitBatcher, FixedStepFeed]:
+    """PD (no controller: its parts as ``changes`` leave them) with F fed
+    from its width's fit, run over four requests to the end."""
     cfg = EngineConfig.preset("PD", block_size=6, max_running=3, token_budget=11)
-    cfg = cfg.replace(parts_controller=False)
-    assert cfg.verify_width == "adaptive"
+    cfg = cfg.replace(parts_controller=False, **changes)
     batcher, predictor = make_batcher_and_predictor(cfg, adapter)
     assert isinstance(batcher, DeficitBatcher)
     batcher.set_byte_budget(6 * adapter.expert_nbytes, CALIBRATED)
@@ -173,6 +174,14 @@ def test_an_engine_run_follows_its_width_fit(adapter: Any, drafter: Any) -> None
     ids = [eng.add_request([1 + i, 2, 3, 4], max_new_tokens=12) for i in range(4)]
     done = eng.run_until_done(max_steps=500)
     assert all(done[i].state == RequestState.FINISHED for i in ids)
+    return eng, batcher, feed
+
+
+def test_an_engine_run_follows_its_width_fit(adapter: Any, drafter: Any) -> None:
+    # route-ahead on throughout (no controller to switch it off): F is
+    # refitted after every step
+    eng, batcher, feed = _run_fed(adapter, drafter)
+    assert eng.config.verify_width == "adaptive"
     # one decision per step, and the F in force is the last usable fit's
     assert feed.fitted_steps + sum(feed.kept.values()) == eng.steps
     assert eng.width is not None and isinstance(eng.width.policy, AdaptiveWidth)
@@ -189,19 +198,7 @@ def test_an_engine_run_follows_its_width_fit(adapter: Any, drafter: Any) -> None
 def test_without_route_ahead_f_is_not_refitted(adapter: Any, drafter: Any) -> None:
     """No predictions, no predicted bytes: F changes no choice, so the feed
     reads no fit; every step counts as kept for that reason, F stays."""
-    cfg = EngineConfig.preset("PD", block_size=6, max_running=3, token_budget=11)
-    cfg = cfg.replace(route_ahead=False, streaming_prefetch=False, parts_controller=False)
-    batcher, predictor = make_batcher_and_predictor(cfg, adapter)
-    assert isinstance(batcher, DeficitBatcher)
-    batcher.set_byte_budget(6 * adapter.expert_nbytes, CALIBRATED)
-    eng = Engine(
-        adapter, cfg, drafter=drafter, batcher=batcher, predictor=predictor, max_seq_len=64
-    )
-    feed = follow_step_time_fit(eng, batcher, LINK, min_steps=2)
-    assert feed is not None
-    ids = [eng.add_request([1 + i, 2, 3, 4], max_new_tokens=12) for i in range(4)]
-    done = eng.run_until_done(max_steps=500)
-    assert all(done[i].state == RequestState.FINISHED for i in ids)
+    eng, batcher, feed = _run_fed(adapter, drafter, route_ahead=False, streaming_prefetch=False)
     assert feed.kept == {FixedStepFeed.NO_PREDICTED_BYTES: eng.steps} and feed.fitted_steps == 0
     assert batcher.fixed_step_bytes == CALIBRATED
 

@@ -37,7 +37,7 @@ from pdflash.engine.pd_controller import (
 from pdflash.engine.verify_width import SurvivalEstimator
 from pdflash.report.stats import t_quantile_975
 
-from .conftest import greedy_cases, layer_cyclic_offload, write_target_and_drafter
+from .conftest import offloaded_pd_engine
 
 #: wall seconds of one step with every part's effect 1.0
 BASE_WALL = 0.1
@@ -793,59 +793,6 @@ class ScriptedParts:
         self._i = 0
 
 
-@pytest.fixture(scope="module")
-def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
-    import torch
-
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("pdctl")
-    write_target_and_drafter(tmp, "qwen3_moe", 4)
-    return tmp, greedy_cases(tmp / "target", (3, 9, 6, 5), 14, seed=1)
-
-
-def _engine(
-    tmp: Any, baseline: str, controller: PartsPolicy | None, **changes: Any
-) -> tuple[Any, Any]:
-    from pdflash.engine.batching import DeficitBatcher, ShadowComparison
-    from pdflash.engine.config import EngineConfig
-    from pdflash.engine.drafter import load_drafter
-    from pdflash.engine.engine import Engine
-    from pdflash.engine.predict import BatchedUnionPredictor
-    from pdflash.routeahead import ApproxRouterPredictor, PreviousRoundPredictor
-
-    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
-    config = EngineConfig.preset(baseline, block_size=5, max_running=4, token_budget=12)
-
-    def deficit(budget: int | None) -> DeficitBatcher:
-        return DeficitBatcher(
-            token_budget=config.token_budget,
-            byte_budget=budget,
-            num_layers=adapter.num_layers,
-            num_experts=adapter.num_experts,
-            expert_nbytes=cache.expert_nbytes,
-        )
-
-    # M of three experts: the 2-D scheduler splits batches the token-only one keeps
-    batcher = ShadowComparison(deficit(3 * cache.expert_nbytes), deficit(None), cache.expert_nbytes)
-    predictor = BatchedUnionPredictor(
-        [
-            (ApproxRouterPredictor(adapter), 1.0),
-            (PreviousRoundPredictor(adapter.num_layers, adapter.num_experts), 0.5),
-        ]
-    )
-    eng = Engine(
-        adapter,
-        config.replace(byte_budget=3 * cache.expert_nbytes, **changes),
-        drafter=load_drafter(tmp / "drafter"),
-        batcher=batcher,
-        predictor=predictor,
-        expert_cache=cache,
-        max_seq_len=64,
-        controller=controller,
-    )
-    return eng, issuer
-
-
 @contextlib.contextmanager
 def _recorded_pd_run(
     offloaded: tuple[Any, list[Any]], prepare: Callable[[Any], None] | None = None
@@ -856,7 +803,7 @@ def _recorded_pd_run(
     collection."""
     tmp, cases = offloaded
     policy = _Recording()
-    eng, issuer = _engine(tmp, "PD", policy)
+    eng, issuer = offloaded_pd_engine(tmp, "PD", policy)
     try:
         if prepare is not None:
             prepare(eng)
@@ -883,7 +830,7 @@ def test_engine_greedy_tokens_identical_whatever_the_parts(
         "all-on": None,
     }[policy]
     baseline = "PD-all-on" if policy == "all-on" else "PD"
-    eng, issuer = _engine(tmp, baseline, controller)
+    eng, issuer = offloaded_pd_engine(tmp, baseline, controller)
     try:
         ids = [eng.add_request(p, max_new_tokens=14) for p, _ in cases]
         done = eng.run_until_done(max_steps=400)
@@ -1074,7 +1021,7 @@ def test_the_engines_controller_gates_route_ahead_as_configured(
     setting: str, gate: float | None, cost: bool, offloaded: tuple[Any, list[Any]]
 ) -> None:
     tmp, _ = offloaded
-    eng, issuer = _engine(tmp, "PD", None, route_ahead_gate=setting)
+    eng, issuer = offloaded_pd_engine(tmp, "PD", None, route_ahead_gate=setting)
     issuer.close()
     assert isinstance(eng.parts.policy, PDController)
     assert eng.parts.policy.route_ahead_gate == gate

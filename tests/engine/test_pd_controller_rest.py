@@ -23,7 +23,7 @@ from pdflash.engine.pd_controller import (
     StepMeasurement,
 )
 
-from .conftest import greedy_cases, layer_cyclic_offload, write_target_and_drafter
+from .conftest import offloaded_pd_engine
 
 
 def _plant_step(
@@ -144,16 +144,6 @@ def test_an_uncounted_rest_step_does_not_shorten_the_hold() -> None:
 
 
 # ------------------------------------------------------------------ engine
-@pytest.fixture(scope="module")
-def offloaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, list[Any]]:
-    import torch
-
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("pdrest")
-    write_target_and_drafter(tmp, "qwen3_moe", 4)
-    return tmp, greedy_cases(tmp / "target", (3, 9, 6, 5), 14, seed=1)
-
-
 class _NeverRests(PDController):
     """The same controller, every step measured."""
 
@@ -163,40 +153,8 @@ class _NeverRests(PDController):
 
 
 def _pd_engine(tmp: Any, controller: PDController) -> tuple[Any, Any]:
-    from pdflash.engine.batching import DeficitBatcher, ShadowComparison
-    from pdflash.engine.config import EngineConfig
-    from pdflash.engine.drafter import load_drafter
-    from pdflash.engine.engine import Engine
-    from pdflash.routeahead import PreviousRoundPredictor
-
-    adapter, issuer, cache = layer_cyclic_offload(tmp / "target", num_slots=6)
     # every draft verified: the adaptive width reads the (noisy) timing
-    config = EngineConfig.preset(
-        "PD", block_size=5, max_running=4, token_budget=12, verify_width="full"
-    )
-
-    def deficit(budget: int | None) -> DeficitBatcher:
-        return DeficitBatcher(
-            token_budget=config.token_budget,
-            byte_budget=budget,
-            num_layers=adapter.num_layers,
-            num_experts=adapter.num_experts,
-            expert_nbytes=cache.expert_nbytes,
-        )
-
-    eng = Engine(
-        adapter,
-        config.replace(byte_budget=3 * cache.expert_nbytes),
-        drafter=load_drafter(tmp / "drafter"),
-        batcher=ShadowComparison(
-            deficit(3 * cache.expert_nbytes), deficit(None), cache.expert_nbytes
-        ),
-        predictor=PreviousRoundPredictor(adapter.num_layers, adapter.num_experts),
-        expert_cache=cache,
-        max_seq_len=64,
-        controller=controller,
-    )
-    return eng, issuer
+    return offloaded_pd_engine(tmp, "PD", controller, verify_width="full")
 
 
 def _run(offloaded: tuple[Any, list[Any]], controller: PDController) -> tuple[Any, list[Any]]:
