@@ -1586,21 +1586,25 @@ class AdaptiveWidth:
         """Whether :attr:`wants_step_cost` can be true after the next
         :meth:`widths` (False only for a step standing down between probes
         outside the refresh steps: its cost marks need not be taken)."""
-        if not self._standing_down:
-            return True
+        between, refreshing = self._next_between_probes()
+        return not between or refreshing
+
+    def _next_between_probes(self) -> tuple[bool, bool]:
+        """Whether the next :meth:`widths` stands down between probes, and
+        whether it is one of the refresh steps before a probe."""
         k = self._steps_since_probe + 1
-        return k >= self._probe_every or self._probe_every - k <= self.COST_REFRESH_STEPS
+        between = self._standing_down and k < self._probe_every
+        return between, between and self._probe_every - k <= self.COST_REFRESH_STEPS
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
         self._decided = self._refreshing = False
         self._pending_saving = None
-        if self._standing_down and self._steps_since_probe + 1 < self._probe_every:
+        between, refreshing = self._next_between_probes()
+        if between:
             # between probes: nothing read, nothing fitted
             self._steps_since_probe += 1
-            self._refreshing = self._probe_every - self._steps_since_probe <= (
-                self.COST_REFRESH_STEPS
-            )
+            self._refreshing = refreshing
             self._cost_books.stood_down_steps += 1
             return self._every_draft(requests)
         fit = self.time_fit()
