@@ -212,9 +212,9 @@ class DeficitBatcher:
         # anew before its step)
         if resident is not None and self._predicting:
             self.scheduler.set_resident(resident)
-        result = self.scheduler.step()
-        grants = list(zip(result.request_ids.tolist(), result.token_grants.tolist(), strict=True))
-        return BatchDecision(grants=grants, missing=np.array(result.union_ids, dtype=np.int64))
+        result = self.scheduler.step_grants()
+        grants = list(zip(result.request_ids, result.token_grants, strict=True))
+        return BatchDecision(grants=grants, missing=result.union_ids)
 
 
 class ShadowComparison:

@@ -995,6 +995,8 @@ class Engine:
             self.horizon.forget(rid)
         if self.width is not None:
             self.width.policy.forget(rid)
+        if self.parts is not None:
+            self.parts.forget(rid)
         for policy in (self.acceptance, self.routing):
             forget = getattr(policy, "forget", None)
             if forget is not None:

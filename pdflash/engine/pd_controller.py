@@ -1944,8 +1944,20 @@ class EngineParts:
         self.resting = False
         #: the requests' acceptance, for each step's expected committed tokens
         self.survival = SurvivalEstimator(max(0, int(cfg.block_size) - 1))
+        self._ended: list[int] = []
         policy.bind(self.available)
         self.apply(policy.parts)
+
+    def forget(self, request_id: int) -> None:
+        """The engine ended a request: its acceptance estimate is dropped at
+        the end of the step (:meth:`forget_ended`; a step that measures
+        still values and learns the request's last outcome by it)."""
+        self._ended.append(request_id)
+
+    def forget_ended(self) -> None:
+        for rid in self._ended:
+            self.survival.forget(rid)
+        self._ended.clear()
 
     def apply(self, parts: PartsState) -> None:
         if parts == self.applied:
@@ -2043,24 +2055,15 @@ def expected_committed(
 
 
 def _learn_acceptance(parts: EngineParts, report: StepReport) -> float | None:
-    """The step's expected committed tokens, then its outcomes learned
-    (and the requests no longer live, finished or aborted, forgotten)."""
+    """The step's expected committed tokens, then its outcomes learned (and
+    the requests that ended since the last step forgotten)."""
     survival = parts.survival
     outcomes = report.verify_outcomes
     expected = expected_committed(survival, outcomes) if outcomes else None
     for rid, verified, accepted in outcomes:
         survival.observe(rid, verified, accepted)
-    _forget_gone(parts)
+    parts.forget_ended()
     return expected
-
-
-def _forget_gone(parts: EngineParts) -> None:
-    """Drop the acceptance estimates of requests no longer live (finished
-    or aborted)."""
-    survival, live = parts.survival, parts.engine.requests.live
-    for rid in survival.request_ids():
-        if rid not in live:
-            survival.forget(rid)
 
 
 def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
@@ -2118,8 +2121,8 @@ def after_step(parts: EngineParts, report: StepReport) -> None:
     if parts.resting:
         eng, mk = parts.engine, parts.marks
         wall = max(0.0, eng.clock() - mk.t0)
-        # nothing learned at rest, but nothing kept of a request that left
-        _forget_gone(parts)
+        # nothing learned at rest, but nothing kept of a request that ended
+        parts.forget_ended()
         cast(RestingPolicy, parts.policy).rest_step(
             RestStep(
                 wall_s=wall,

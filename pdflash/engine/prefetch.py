@@ -971,11 +971,13 @@ class ExpertPrefetcher:
         self._step_route_ahead_bytes = 0
         left = self.byte_budget() - used
         nbytes = int(cache.expert_nbytes)
-        resident = np.asarray(cache.resident_mask(), dtype=np.bool_).reshape(-1)
-        empty = int(cache.num_slots) - int(resident.sum())
+        # the empty slots from the per-slot table (a full cache, the common
+        # case, returns here without building the expert grid's mask)
+        empty = int(np.count_nonzero(cache.expert_of < 0))
         n = min(left // nbytes if nbytes else 0, empty)
         if n <= 0 or not self._link_idle():
             return
+        resident = np.asarray(cache.resident_mask(), dtype=np.bool_).reshape(-1)
         freq = self.route_freq.reshape(-1).copy()
         freq[resident] = 0.0
         order = np.argsort(-freq, kind="stable")

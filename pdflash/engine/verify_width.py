@@ -251,7 +251,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -1603,9 +1603,7 @@ class AdaptiveWidth:
         between, refreshing = self._next_between_probes()
         if between:
             # between probes: nothing read, nothing fitted
-            self._steps_since_probe += 1
-            self._refreshing = refreshing
-            self._cost_books.stood_down_steps += 1
+            self._stand_down_step(refreshing)
             return self._every_draft(requests)
         fit = self.time_fit()
         if fit is None:
@@ -1677,6 +1675,39 @@ class AdaptiveWidth:
         if self.cost_gate:
             self._pending_saving = modeled_saving_s(self._why.chosen, self._why.every)
         return out
+
+    def _stand_down_step(self, refreshing: bool) -> None:
+        self._steps_since_probe += 1
+        self._refreshing = refreshing
+        self._cost_books.stood_down_steps += 1
+
+    def between_probes_widths(self, available: Sequence[tuple[int, int]]) -> bool:
+        """:meth:`widths` on a step standing down between probes, for
+        ``(request id, available drafts)`` pairs, without request objects:
+        returns True where it answered (every draft, as :meth:`widths`
+        would), False where the step is not between probes (ask
+        :meth:`widths`)."""
+        between, refreshing = self._next_between_probes()
+        if not between:
+            return False
+        self._decided = False
+        self._pending_saving = None
+        self._stand_down_step(refreshing)
+        expected, books = self._expected, self._books
+        for rid, n in available:
+            expected.pop(rid, None)
+            books.decided(n, n)
+        return True
+
+    def observe_outcomes(
+        self, outcomes: Sequence[tuple[int, int, int]], policy_host_s: float
+    ) -> None:
+        """:meth:`observe` of a step measured for nothing but its
+        ``(request id, verified, accepted)`` outcomes and the width's host
+        time (a :class:`WidthStep` with no other field: a step standing down
+        between probes), without step objects."""
+        self._learn_outcomes(outcomes)
+        self._book_host(policy_host_s)
 
     def _every_draft(self, requests: Sequence[WidthRequest]) -> list[int]:
         """Every draft, nothing decided (nothing measured yet, or standing
@@ -1756,32 +1787,39 @@ class AdaptiveWidth:
                 out.append(False)
         return out
 
-    def observe(self, step: WidthStep) -> None:
-        for o in step.outcomes:
-            surv = self._expected.pop(o.request_id, None)
+    def _learn_outcomes(self, outcomes: Iterable[tuple[int, int, int]]) -> None:
+        """The acceptance estimates and the books learn ``(request id,
+        verified, accepted)`` outcomes."""
+        books = self._books
+        for rid, verified, accepted in outcomes:
+            surv = self._expected.pop(rid, None)
             if surv is not None:
                 # expected accepted drafts at the width the batcher granted,
                 # from the estimate the choice was made with
-                self._books.expected += float(surv[: o.verified].sum())
-                self._books.expected_rounds += 1
-                if o.verified >= 2:
+                books.expected += float(surv[:verified].sum())
+                books.expected_rounds += 1
+                if verified >= 2:
                     mem = self.CALIBRATION_MEMORY
-                    self._cal_expected = mem * self._cal_expected + float(
-                        surv[1 : o.verified].sum()
-                    )
+                    self._cal_expected = mem * self._cal_expected + float(surv[1:verified].sum())
                     self._cal_accepted = mem * self._cal_accepted + max(
-                        0, min(o.accepted, o.verified) - 1
+                        0, min(accepted, verified) - 1
                     )
-            self.survival.observe(o.request_id, o.verified, o.accepted)
-            self._books.rounds += 1
-            self._books.verified += o.verified
-            self._books.accepted += o.accepted
+            self.survival.observe(rid, verified, accepted)
+            books.rounds += 1
+            books.verified += verified
+            books.accepted += accepted
+
+    def _book_host(self, policy_host_s: float | None) -> None:
         decided, self._pending_saving = self._pending_saving, None
-        if step.policy_host_s is not None:
+        if policy_host_s is not None:
             if decided is not None:
-                self._judge_cost(step.policy_host_s, decided)
+                self._judge_cost(policy_host_s, decided)
             elif self._standing_down:
-                self._cost_books.stood_down_host_s += step.policy_host_s
+                self._cost_books.stood_down_host_s += policy_host_s
+
+    def observe(self, step: WidthStep) -> None:
+        self._learn_outcomes((o.request_id, o.verified, o.accepted) for o in step.outcomes)
+        self._book_host(step.policy_host_s)
         if not step.outcomes or not self.wants_step_cost:
             return  # standing down: only the acceptance estimates observe the step
         anchors = len(step.outcomes)
@@ -2033,6 +2071,9 @@ class WidthHook:
         # host seconds of the width's own work since the last observation
         # (the previous observation's included: it is the step's cost too)
         self._host_s = 0.0
+        # this step's outcomes are read from its report (record kept none:
+        # a step standing down between probes)
+        self._from_report = False
 
     def reset_stats(self) -> None:
         """Start the books over (the policy's and the hook's count)."""
@@ -2041,6 +2082,7 @@ class WidthHook:
 
     def begin_step(self) -> None:
         start = time.perf_counter()
+        self._from_report = False
         policy = self.policy
         self._marked = not (
             isinstance(policy, AdaptiveWidth) and not policy.next_step_may_read_cost
@@ -2077,6 +2119,11 @@ class WidthHook:
             todo = kept
         if not todo:
             return
+        policy = self.policy
+        if isinstance(policy, AdaptiveWidth) and policy.between_probes_widths(
+            [(r.request_id, int(r.drafts.numel())) for r in todo]  # type: ignore[union-attr]
+        ):
+            return  # standing down between probes: every draft kept
         asks = [WidthRequest(r.request_id, int(r.drafts.numel())) for r in todo]  # type: ignore[union-attr]
         ks = self.policy.widths(asks)
         for req, ask, k in zip(todo, asks, ks, strict=True):
@@ -2095,8 +2142,14 @@ class WidthHook:
                 req.draft_hidden = req.draft_hidden[: k + 1]  # anchor row + kept drafts
 
     def record(self, batch: Sequence[tuple[Request, int]], result: VerifyResult) -> None:
-        """A verify's outcomes (before they are committed)."""
+        """A verify's outcomes (before they are committed). On an adaptive
+        width's step standing down between probes nothing is kept: the step's
+        report carries the same outcomes to :meth:`end_step`."""
         start = time.perf_counter()
+        if isinstance(self.policy, AdaptiveWidth) and not self._wants_cost():
+            self._from_report = True
+            self._host_s += time.perf_counter() - start
+            return
         self._outcomes = tuple(
             WidthOutcome(req.request_id, grant - 1, int(o.accepted))
             for (req, grant), o in zip(batch, result.outcomes, strict=True)
@@ -2107,6 +2160,16 @@ class WidthHook:
         self._host_s += time.perf_counter() - start
 
     def end_step(self, report: StepReport) -> None:
+        if self._from_report:
+            self._from_report = False
+            if not report.verify_outcomes:
+                return
+            start = time.perf_counter()
+            policy = self.policy
+            assert isinstance(policy, AdaptiveWidth)
+            policy.observe_outcomes(report.verify_outcomes, self._host_s)
+            self._host_s = time.perf_counter() - start
+            return
         if not self._outcomes:
             return
         start = time.perf_counter()

@@ -133,7 +133,7 @@ from __future__ import annotations
 
 from pdflash.scheduler.bounds import fairness_bound, liveness_bound
 from pdflash.scheduler.config import MIN_WEIGHT, NORMAL_ITEM_COST_MAX, SchedulerConfig
-from pdflash.scheduler.core import StepResult, UnknownRequestError, VerifyScheduler
+from pdflash.scheduler.core import StepGrants, StepResult, UnknownRequestError, VerifyScheduler
 from pdflash.scheduler.policies import DeadlinePolicy, FairPolicy, PolicyInput, WeightPolicy
 
 __all__ = [
@@ -143,6 +143,7 @@ __all__ = [
     "FairPolicy",
     "PolicyInput",
     "SchedulerConfig",
+    "StepGrants",
     "StepResult",
     "UnknownRequestError",
     "VerifyScheduler",

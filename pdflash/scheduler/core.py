@@ -7,7 +7,7 @@ import bisect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +79,14 @@ class StepResult:
     def trimmed(self) -> npt.NDArray[np.bool_]:
         """Items granted fewer tokens than requested (trailing drafts dropped)."""
         return self.token_grants < self.requested_tokens
+
+
+class StepGrants(NamedTuple):
+    """What :meth:`VerifyScheduler.step_grants` returns: the decision alone."""
+
+    request_ids: list[int]  # in execution order
+    token_grants: list[int]  # aligned with request_ids
+    union_ids: npt.NDArray[np.int64]  # sorted flat ids of the batch's missing experts (a copy)
 
 
 def _check_rid(rid: object) -> int:
@@ -359,15 +367,8 @@ class VerifyScheduler:
     # ------------------------------------------------------------ step
     def step(self) -> StepResult:
         """Choose this step's batch (see :mod:`pdflash.scheduler` for the rules)."""
+        self._advance()
         core = self._core
-        cfg = self.config
-        if not cfg.token_only and not self._sizes_given:
-            raise RuntimeError(
-                "set_expert_bytes() must be called before step() when a byte budget is set"
-            )
-        if self.policy is not None and len(self._seqs):
-            self._apply_policy()
-        core.step()
         index, requested, grants, marginal, costs, union_ids, union_mask, deficits, quanta = (
             core.results()
         )
@@ -387,6 +388,38 @@ class VerifyScheduler:
             cap_reached=bool(core.cap_reached),
             lap=int(core.lap),
         )
+        self._finish_step(result.request_ids)
+        return result
+
+    def step_grants(self) -> StepGrants:
+        """:meth:`step` returning only what an engine executes: the batch's
+        request ids and token grants in execution order and the union of its
+        missing experts. The same decision, the same state after it; none of
+        :class:`StepResult`'s diagnostic copies (the engine's batcher calls
+        this every step)."""
+        self._advance()
+        core = self._core
+        index = core.result_index()
+        ids = self._rids[index]
+        result = StepGrants(
+            ids.tolist(), core.result_grant().tolist(), core.result_union_ids().copy()
+        )
+        self._finish_step(ids)
+        return result
+
+    def _advance(self) -> None:
+        """The core's step (the policy applied first)."""
+        if not self.config.token_only and not self._sizes_given:
+            raise RuntimeError(
+                "set_expert_bytes() must be called before step() when a byte budget is set"
+            )
+        if self.policy is not None and len(self._seqs):
+            self._apply_policy()
+        self._core.step()
+
+    def _finish_step(self, request_ids: npt.NDArray[np.int64]) -> None:
+        """The end-of-step asserts and books of a step that served ``request_ids``."""
+        core = self._core
         if self.check_invariants:
             # NOTE: vLLM-style end-of-step asserts, computed by the core in C
             # (O(batch + live), ~free); the from-scratch recomputation of every
@@ -395,13 +428,12 @@ class VerifyScheduler:
                 f"scheduler invariant broken at step {self._step_index}: "
                 f"{_deficit.VIOLATIONS[core.violation]}"
             )
-            cap = cfg.max_requests_per_step
-            assert cap is None or len(result.request_ids) <= cap
+            cap = self.config.max_requests_per_step
+            assert cap is None or len(request_ids) <= cap
         if self.policy is not None:
-            for rid in result.request_ids.tolist():
+            for rid in request_ids.tolist():
                 self._last_served[rid] = self._step_index
         self._step_index += 1
-        return result
 
     def _apply_policy(self) -> None:
         assert self.policy is not None

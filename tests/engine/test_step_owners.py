@@ -160,6 +160,14 @@ class _FakeCache:
     def resident_mask(self) -> np.ndarray:
         return self.resident.copy()
 
+    @property
+    def expert_of(self) -> np.ndarray:
+        """Per slot: the expert it holds (the resident ones in id order), -1: empty."""
+        ids = np.flatnonzero(self.resident)
+        out = np.full(self.num_slots, -1, dtype=np.int64)
+        out[: ids.size] = ids
+        return out
+
     def free_capacity(self, protect: Any = None) -> int:
         return self.num_slots - int(self.resident.sum())
 

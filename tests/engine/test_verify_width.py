@@ -874,8 +874,15 @@ class WidthPlant:
     def union(self, rows: int) -> float:
         return self.experts * (1.0 - (1.0 - self.top_k / self.experts) ** rows)
 
-    def step(self, pol: AdaptiveWidth, c: int = 4) -> list[int]:
-        ks = pol.widths([WidthRequest(rid, 15) for rid in range(c)])
+    def step(self, pol: AdaptiveWidth, c: int = 4, *, lean: bool = False) -> list[int]:
+        """One step of ``c`` requests. ``lean``: a step standing down
+        between probes goes through the engine side's object-free calls
+        (:meth:`AdaptiveWidth.between_probes_widths`,
+        :meth:`AdaptiveWidth.observe_outcomes`) instead."""
+        if lean and pol.between_probes_widths([(rid, 15) for rid in range(c)]):
+            ks = [15] * c
+        else:
+            ks = pol.widths([WidthRequest(rid, 15) for rid in range(c)])
         outs = []
         for rid, k in enumerate(ks):
             a = 0
@@ -893,6 +900,9 @@ class WidthPlant:
             host = self.host_s if pol.decided else 0.25 * self.host_s
         wall = self.t_draft * jitter + compute + exposed + (host or 0.0)
         self.log.append((sum(1 + o.accepted for o in outs), wall))
+        if lean and not pol.wants_step_cost and host is not None:
+            pol.observe_outcomes([(o.request_id, o.verified, o.accepted) for o in outs], host)
+            return ks
         pol.observe(
             WidthStep(
                 tuple(outs),
@@ -1562,7 +1572,18 @@ def test_the_engine_side_reads_a_steps_cost_only_where_the_policy_wants_it(
         seen.append((self.wants_step_cost, step))
         observe(self, step)
 
+    observe_outcomes = AdaptiveWidth.observe_outcomes
+
+    def spy_outcomes(
+        self: AdaptiveWidth, outcomes: list[tuple[int, int, int]], policy_host_s: float
+    ) -> None:
+        # the object-free call of a step between probes: its outcomes alone
+        step = WidthStep(tuple(WidthOutcome(*o) for o in outcomes), policy_host_s=policy_host_s)
+        seen.append((self.wants_step_cost, step))
+        observe_outcomes(self, outcomes, policy_host_s)
+
     monkeypatch.setattr(AdaptiveWidth, "observe", spy)
+    monkeypatch.setattr(AdaptiveWidth, "observe_outcomes", spy_outcomes)
     unions: list[tuple[bool, int | None]] = []
     end_step = WidthHook.end_step
 
@@ -1610,7 +1631,9 @@ def test_a_step_without_cost_marks_hands_the_policy_its_outcomes_alone(
     )
     hook = WidthHook(engine, pol)  # type: ignore[arg-type]
     seen: list[WidthStep] = []
+    alone: list[tuple[list[tuple[int, int, int]], float]] = []
     monkeypatch.setattr(pol, "observe", seen.append)
+    monkeypatch.setattr(pol, "observe_outcomes", lambda o, h: alone.append((list(o), h)))
     hook.begin_step()
     req = SimpleNamespace(request_id=7)
     result = SimpleNamespace(
@@ -1618,13 +1641,10 @@ def test_a_step_without_cost_marks_hands_the_policy_its_outcomes_alone(
         routed_union=np.ones(4, dtype=np.bool_),
     )
     hook.record([(req, 1)], result)  # type: ignore[list-item, arg-type]
-    hook.end_step(None)  # type: ignore[arg-type]
-    assert [o.request_id for o in seen[-1].outcomes] == [7]
-    assert (seen[-1].wall_s, seen[-1].union_experts, seen[-1].verify_compute_s) == (
-        None,
-        None,
-        None,
-    )
+    # the step's report carries the same outcomes the engine computed
+    hook.end_step(SimpleNamespace(verify_outcomes=[(7, 0, 0)]))  # type: ignore[arg-type]
+    assert not seen  # no step object: nothing of a cost to hand over
+    assert len(alone) == 1 and alone[0][0] == [(7, 0, 0)] and alone[0][1] >= 0.0
 
 
 def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> None:
@@ -1652,6 +1672,43 @@ def test_standing_down_the_steps_before_each_probe_refresh_the_step_model() -> N
         assert wanted == [False] * (gap - 1 - refresh) + [True] * (refresh + 1)
         assert all(standing for standing, _, _ in cycle)
         start += gap
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_object_free_calls_between_probes_decide_and_learn_as_widths_and_observe(
+    seed: int,
+) -> None:
+    """The engine side's calls on a step standing down between probes
+    (:meth:`AdaptiveWidth.between_probes_widths` for :meth:`~AdaptiveWidth.widths`,
+    :meth:`AdaptiveWidth.observe_outcomes` for :meth:`~AdaptiveWidth.observe`)
+    leave the width exactly as the full calls do: the same widths every
+    step, the same acceptance estimates and books, through stand-downs,
+    probes and a return."""
+    plants = [_compute_bound(seed), _compute_bound(seed)]
+    pols = [plant.policy() for plant in plants]
+    between = back = 0
+    for step in range(1200):
+        if step == 100:  # the link makes rows dear: a probe brings the width back
+            for plant in plants:
+                plant.link_s_per_expert, plant.exposed, plant.accept = 0.004, 1.0, 0.5
+        between += pols[1]._next_between_probes()[0]
+        ks = [
+            plant.step(pol, c=4, lean=lean)
+            for plant, pol, lean in zip(plants, pols, (False, True), strict=True)
+        ]
+        assert ks[0] == ks[1], step
+        assert pols[0].survival.request_ids() == pols[1].survival.request_ids()
+        for rid in pols[0].survival.request_ids():
+            assert (
+                pols[0].survival.survival(rid).tolist() == pols[1].survival.survival(rid).tolist()
+            )
+        if not pols[0].standing_down and step > 100:
+            back += 1
+            if back == 20:
+                break
+    assert between > 50 and back == 20  # the object-free path ran, and the width came back
+    a, b = pols[0].stats(), pols[1].stats()
+    assert a == b
 
 
 def test_the_gap_between_probes_doubles_up_to_its_cap_and_starts_over() -> None:

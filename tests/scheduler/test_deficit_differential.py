@@ -33,9 +33,12 @@ def run_differential(
     cap: int | None = None,
     fixed: int | None = None,
     shared: bool = False,
+    lean: bool = False,
 ) -> tuple[int, int]:
     """Drive both schedulers with the same random events; returns the items
-    served and the steps whose batch passed M by the marginal rule."""
+    served and the steps whose batch passed M by the marginal rule. With
+    ``lean`` the native side steps with ``step_grants()`` (the engine's
+    batcher's call), checked on the decision and the state after it."""
     rng = np.random.default_rng(seed)
     cfg = SchedulerConfig(
         token_budget=T,
@@ -93,6 +96,21 @@ def run_differential(
                     ids = np.union1d(common, ids[: k // 4]).astype(np.int64)
                 native.update_demand(rid, drafted, ids)
                 ref.update_demand(rid, drafted, ids.tolist())
+        if lean:
+            grants = native.step_grants()
+            b = ref.step()
+            assert grants.request_ids == b.request_ids, step
+            assert grants.token_grants == b.token_grants
+            assert grants.union_ids.tolist() == b.union_ids
+            assert native._core.deficits().tolist() == b.deficits
+            assert int(native._core.lap) == b.lap
+            assert int(native._core.cursor_seq) == b.next_cursor_seq
+            assert bool(native._core.visit_open) == b.next_visit_open
+            served += len(grants.request_ids)
+            missing = int(sizes[grants.union_ids].sum())
+            if M is not None and missing > M and not bool(native._core.oversize):
+                over_budget_steps += 1
+            continue
         a = native.step()
         b = ref.step()
         assert a.request_ids.tolist() == b.request_ids, step
@@ -111,9 +129,12 @@ def run_differential(
     return served, over_budget_steps
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["step", "step_grants"])
 @pytest.mark.parametrize("sizes_mode", ["uniform", "per_word", "per_expert"])
 @pytest.mark.parametrize("M", [None, 150, 600])
-def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None) -> None:
+def test_native_matches_reference_on_long_traces(
+    sizes_mode: str, M: int | None, lean: bool
+) -> None:
     experts = 64 if sizes_mode == "per_word" else 16
     served, over = run_differential(
         11,
@@ -125,6 +146,7 @@ def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None)
         M=M if sizes_mode != "per_word" or M is None else 20 * M,
         quantum=1.0,
         sizes_mode=sizes_mode,
+        lean=lean,
     )
     assert served > 150  # the trace actually schedules work
     assert over == 0  # M is hard without F
@@ -140,6 +162,7 @@ def test_native_matches_reference_on_long_traces(sizes_mode: str, M: int | None)
     quantum=st.sampled_from([1.0, 2.5]),
     sizes_mode=st.sampled_from(["uniform", "per_word", "per_expert"]),
     cap=st.one_of(st.none(), st.integers(1, 5)),
+    lean=st.booleans(),
 )
 def test_native_matches_reference_random_shapes(
     seed: int,
@@ -150,6 +173,7 @@ def test_native_matches_reference_random_shapes(
     quantum: float,
     sizes_mode: str,
     cap: int | None,
+    lean: bool,
 ) -> None:
     run_differential(
         seed,
@@ -162,6 +186,7 @@ def test_native_matches_reference_random_shapes(
         quantum=quantum,
         sizes_mode=sizes_mode,
         cap=cap,
+        lean=lean,
     )
 
 
@@ -217,7 +242,10 @@ def test_portable_kernels_match_reference_too() -> None:
 
 @pytest.mark.parametrize("sizes_mode", ["uniform", "per_word", "per_expert"])
 @pytest.mark.parametrize(("M", "fixed"), [(150, 0), (150, 400), (300, 2000)])
-def test_marginal_rule_native_matches_reference(sizes_mode: str, M: int, fixed: int) -> None:
+@pytest.mark.parametrize("lean", [False, True], ids=["step", "step_grants"])
+def test_marginal_rule_native_matches_reference(
+    sizes_mode: str, M: int, fixed: int, lean: bool
+) -> None:
     """The marginal rule (F set) on shared demand: same schedules, and the
     rule is exercised (some batches pass M by it)."""
     experts = 64 if sizes_mode == "per_word" else 16
@@ -233,6 +261,7 @@ def test_marginal_rule_native_matches_reference(sizes_mode: str, M: int, fixed: 
         sizes_mode=sizes_mode,
         fixed=fixed if sizes_mode != "per_word" else 20 * fixed,
         shared=True,
+        lean=lean,
     )
     assert served > 150
     assert over > 0, "the marginal rule never admitted an item beyond M"
