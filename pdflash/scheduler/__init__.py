@@ -24,6 +24,11 @@ Embedding it in a serving loop::
         for rid in finished_or_aborted():
             sched.remove_request(rid)
 
+``sched.step_grants()`` is the same step returning only the decision
+(request ids, token grants, the missing union: a :class:`StepGrants`)
+without :class:`StepResult`'s per-step diagnostic copies (deficits, quanta,
+marginal bytes), for an engine that reads nothing else.
+
 The rules (the native core and ``pdflash._reference.scheduler`` both
 implement exactly these; ``docs/scheduler.md`` is the full specification,
 with the invariants and the proofs of the liveness and fairness bounds):
