@@ -1598,13 +1598,10 @@ class AdaptiveWidth:
 
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
+        if self.between_probes_widths([(r.request_id, r.available) for r in requests]):
+            return [r.available for r in requests]  # between probes: nothing read or fitted
         self._decided = self._refreshing = False
         self._pending_saving = None
-        between, refreshing = self._next_between_probes()
-        if between:
-            # between probes: nothing read, nothing fitted
-            self._stand_down_step(refreshing)
-            return self._every_draft(requests)
         fit = self.time_fit()
         if fit is None:
             return self._every_draft(requests)  # nothing measured yet
@@ -1676,11 +1673,6 @@ class AdaptiveWidth:
             self._pending_saving = modeled_saving_s(self._why.chosen, self._why.every)
         return out
 
-    def _stand_down_step(self, refreshing: bool) -> None:
-        self._steps_since_probe += 1
-        self._refreshing = refreshing
-        self._cost_books.stood_down_steps += 1
-
     def between_probes_widths(self, available: Sequence[tuple[int, int]]) -> bool:
         """:meth:`widths` on a step standing down between probes, for
         ``(request id, available drafts)`` pairs, without request objects:
@@ -1691,12 +1683,11 @@ class AdaptiveWidth:
         if not between:
             return False
         self._decided = False
+        self._refreshing = refreshing
         self._pending_saving = None
-        self._stand_down_step(refreshing)
-        expected, books = self._expected, self._books
-        for rid, n in available:
-            expected.pop(rid, None)
-            books.decided(n, n)
+        self._steps_since_probe += 1
+        self._cost_books.stood_down_steps += 1
+        self._book_every_draft(available)
         return True
 
     def observe_outcomes(
@@ -1710,12 +1701,17 @@ class AdaptiveWidth:
         self._book_host(policy_host_s)
 
     def _every_draft(self, requests: Sequence[WidthRequest]) -> list[int]:
-        """Every draft, nothing decided (nothing measured yet, or standing
-        down between probes)."""
-        for r in requests:
-            self._expected.pop(r.request_id, None)
-            self._books.decided(r.available, r.available)
+        """Every draft, nothing decided (nothing measured yet)."""
+        self._book_every_draft([(r.request_id, r.available) for r in requests])
         return [r.available for r in requests]
+
+    def _book_every_draft(self, available: Sequence[tuple[int, int]]) -> None:
+        """Every draft kept for ``(request id, available drafts)``: no
+        estimate kept for an expectation, the books' decisions counted."""
+        expected, books = self._expected, self._books
+        for rid, n in available:
+            expected.pop(rid, None)
+            books.decided(n, n)
 
     def _judge_cost(self, host_s: float, saving_s: float) -> None:
         """The cost gate on one decided step (module docstring)."""
