@@ -14,6 +14,8 @@ Arms (``--arms``, comma-separated names):
   PDwcost0            PD with ``verify_width=adaptive:cost=0`` (the width
                       that never stands down for its own host time: the
                       default before it)
+  PDfull              PD with ``verify_width=full`` (every draft verified,
+                      B1's width; the rest of PD as it is)
   PDnoclear           PD whose controller never reads the route-ahead cost
                       bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf): the
                       default before it
@@ -47,7 +49,11 @@ and on CUDA the synchronizing calls each stage makes), prints them and writes
 ``OUT/profile.json`` (keyed by concurrency, then arm); ``--profile-repeats N``
 profiles every arm ``N`` times, interleaved, and prints and writes the
 medians (with every run under ``runs``): one run does not rank arms on a
-host whose speed drifts between runs.
+host whose speed drifts between runs. ``--cuda-api`` (CUDA only) instead
+runs each arm under torch's profiler (CUPTI, no operator tracing;
+``--profile-repeats`` times, interleaved) and writes ``OUT/cuda_api.json``:
+per step the CUDA runtime calls of the Python thread and of the native
+threads (count, mean duration), and the device's kernel and copy time.
 
     python3 bench/h200/default_ab.py --concurrency 1 4 --repeats 8 --out OUT
     python3 bench/h200/default_ab.py --concurrency 4 --arms B1,B2,PD --profile --out OUT
@@ -83,6 +89,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "PDprec": ("PD", {"route_ahead_gate": "precision"}),
     "PDnora": ("PD", {"baseline": "PD-no-route-ahead"}),
     "PDwcost0": ("PD", {"verify_width": "adaptive:cost=0"}),
+    "PDfull": ("PD", {"verify_width": "full"}),
 }
 
 
@@ -254,6 +261,27 @@ def _profile(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
     (args.out / "profile.json").write_text(json.dumps(out, indent=1))
 
 
+def _cuda_api(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
+    """Every arm under the CUDA profiler ``--profile-repeats`` times,
+    interleaved (order rotated each repeat; the first repeat warms each arm
+    first); writes every run to ``OUT/cuda_api.json``."""
+    if not on_gpu:
+        raise SystemExit("--cuda-api needs a CUDA device")
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for conc in args.concurrency:
+        specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        for rep in range(args.profile_repeats):
+            order = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in order:
+                with _patched(name):
+                    prof = default_profile.cuda_api_profile_arm(specs[name], warm=rep == 0)
+                runs[name].append(prof)
+                default_profile.print_cuda_api(f"c={conc} {name} run {rep}", prof)
+        out[str(conc)] = runs
+    (args.out / "cuda_api.json").write_text(json.dumps(out, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
@@ -264,6 +292,11 @@ def main() -> None:
     parser.add_argument("--emulated-link-gbps", type=float, default=None)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--profile", action="store_true", help="time each arm's engine stages")
+    parser.add_argument(
+        "--cuda-api",
+        action="store_true",
+        help="CUDA: each arm's runtime calls by thread and its device time (torch's profiler)",
+    )
     parser.add_argument(
         "--profile-repeats",
         type=int,
@@ -285,6 +318,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     if args.profile:
         _profile(args, names, on_gpu)
+        return
+    if args.cuda_api:
+        _cuda_api(args, names, on_gpu)
         return
     rows_path = args.out / "rows.jsonl"
     start = time.monotonic()

@@ -22,7 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -211,6 +211,114 @@ def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str
         # collections inside engine steps, device allocations over the run
         "process_events_per_engine_step": events.per_step(steps),
     }
+
+
+def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, Any]:
+    """One run of ``spec`` under the CUDA profiler (CUPTI only, no operator
+    tracing; after one unprofiled run where ``warm``), summarized by
+    :func:`summarize_cuda_api`. A diagnostic of where a launch-bound step's
+    time goes: slower launches, more synchronizing calls, or device work
+    that grew."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if warm:
+        run_spec(RunSpec(**spec))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        row = run_spec(RunSpec(**spec)).row
+    records = [
+        ApiRecord(
+            ev.name,
+            ev.device_type.name == "CUDA",
+            int(ev.thread),
+            float(ev.time_range.elapsed_us()),
+        )
+        for ev in prof.events()
+    ]
+    return {
+        "tokens_per_s": row["output_tokens_per_s"],
+        "measured_steps": row["steps"],
+        "wall_ms_per_step": 1e3 * row["wall_s"] / max(1, int(row["steps"])),
+        **summarize_cuda_api(records, int(row["steps"])),
+    }
+
+
+class ApiRecord(NamedTuple):
+    """One profiler event: a runtime call on a host thread, or device work."""
+
+    name: str
+    on_device: bool
+    thread: int
+    us: float
+
+
+def summarize_cuda_api(records: list[ApiRecord], steps: int) -> dict[str, Any]:
+    """Per measured step: each CUDA runtime/driver call's count and mean
+    microseconds on the thread that launches the kernels (the Python
+    thread) and on every other thread (the native copy threads), the
+    device's kernel and copy (``Memcpy``/``Memset``) time, and the kernels."""
+    steps = max(1, steps)
+    # the profiler's thread ids are its own: the launching thread is found
+    # as the one with the most kernel launches
+    launches = collections.Counter(r.thread for r in records if r.name.startswith("cudaLaunch"))
+    main = launches.most_common(1)[0][0] if launches else None
+    api: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
+    threads: set[int] = set()
+    kernel_us = copy_us = 0.0
+    kernels = 0
+    for r in records:
+        if r.on_device:
+            if r.name.startswith(("Memcpy", "Memset")):
+                copy_us += r.us
+            else:
+                kernel_us += r.us
+                kernels += 1
+            continue
+        if not r.name.startswith("cu"):
+            continue
+        threads.add(r.thread)
+        entry = api[r.name]
+        at = 0 if r.thread == main else 2
+        entry[at] += 1
+        entry[at + 1] += r.us
+    return {
+        "note": "per measured step; the profile spans the whole run, its setup too",
+        "threads_calling_cuda": len(threads),
+        "device": {
+            "kernel_ms_per_step": 1e-3 * kernel_us / steps,
+            "copy_ms_per_step": 1e-3 * copy_us / steps,
+            "kernels_per_step": kernels / steps,
+        },
+        "api_per_step": {
+            name: {
+                "main_calls": n_main / steps,
+                "main_us_per_call": us_main / n_main if n_main else None,
+                "other_calls": n_other / steps,
+                "other_us_per_call": us_other / n_other if n_other else None,
+            }
+            for name, (n_main, us_main, n_other, us_other) in sorted(api.items())
+        },
+    }
+
+
+def print_cuda_api(name: str, prof: dict[str, Any]) -> None:
+    """:func:`cuda_api_profile_arm`'s result, the costliest calls first."""
+    dev = prof["device"]
+    print(
+        f"{name}: {prof['tokens_per_s']:.1f} tok/s, wall {prof['wall_ms_per_step']:.3f} ms/step; "
+        f"kernels {dev['kernel_ms_per_step']:.3f} ms ({dev['kernels_per_step']:.0f}), "
+        f"copies {dev['copy_ms_per_step']:.3f} ms a step; {prof['threads_calling_cuda']} threads"
+    )
+
+    def cost(item: tuple[str, dict[str, Any]]) -> float:
+        d = item[1]
+        return d["main_calls"] * (d["main_us_per_call"] or 0.0) + d["other_calls"] * (
+            d["other_us_per_call"] or 0.0
+        )
+
+    for call, d in sorted(prof["api_per_step"].items(), key=lambda kv: -cost(kv))[:14]:
+        main = f"{d['main_calls']:8.1f} x {d['main_us_per_call'] or 0.0:6.2f} us"
+        other = f"{d['other_calls']:8.1f} x {d['other_us_per_call'] or 0.0:6.2f} us"
+        print(f"  {call:32s} main {main}   other threads {other}")
 
 
 def median_profile(profiles: list[dict[str, Any]]) -> dict[str, Any]:

@@ -116,3 +116,36 @@ def test_process_events_count_the_collections_that_ran_inside_steps() -> None:
     assert events.pause_s > 0.0 and events.cuda_counts is None
     per = events.per_step(2)
     assert per["gc_gen2"] == events.collections[2] / 2
+
+
+def test_the_cuda_api_summary_splits_the_launching_thread_from_the_copy_threads() -> None:
+    record = default_profile.ApiRecord
+    records = [
+        record("cudaLaunchKernel", False, 7, 5.0),
+        record("cudaLaunchKernel", False, 7, 7.0),
+        record("cudaEventQuery", False, 7, 1.0),
+        record("cudaEventQuery", False, 9, 2.0),
+        record("cudaEventQuery", False, 9, 4.0),
+        record("cudaMemcpyAsync", False, 9, 3.0),
+        record("aten::add", False, 7, 50.0),  # an operator, not a runtime call
+        record("gemm_kernel", True, 0, 400.0),
+        record("Memcpy HtoD (Pinned -> Device)", True, 0, 100.0),
+    ]
+    out = default_profile.summarize_cuda_api(records, steps=2)
+    api = out["api_per_step"]
+    assert set(api) == {"cudaLaunchKernel", "cudaEventQuery", "cudaMemcpyAsync"}
+    assert api["cudaLaunchKernel"] == {
+        "main_calls": 1.0,
+        "main_us_per_call": 6.0,
+        "other_calls": 0.0,
+        "other_us_per_call": None,
+    }
+    assert api["cudaEventQuery"]["main_calls"] == 0.5
+    assert api["cudaEventQuery"]["other_calls"] == 1.0
+    assert api["cudaEventQuery"]["other_us_per_call"] == 3.0
+    assert out["threads_calling_cuda"] == 2
+    assert out["device"] == {
+        "kernel_ms_per_step": 0.2,
+        "copy_ms_per_step": 0.05,
+        "kernels_per_step": 0.5,
+    }
