@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -223,8 +224,10 @@ def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, A
 
     if warm:
         run_spec(RunSpec(**spec))
+    before = thread_cpu_ns()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         row = run_spec(RunSpec(**spec)).row
+    threads = thread_cpu_delta(before, thread_cpu_ns(), int(row["steps"]))
     records = [
         ApiRecord(
             ev.name,
@@ -238,8 +241,48 @@ def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, A
         "tokens_per_s": row["output_tokens_per_s"],
         "measured_steps": row["steps"],
         "wall_ms_per_step": 1e3 * row["wall_s"] / max(1, int(row["steps"])),
+        "thread_cpu_ms_per_step": threads,
         **summarize_cuda_api(records, int(row["steps"])),
     }
+
+
+def thread_cpu_ns() -> dict[int, tuple[str, int]] | None:
+    """Every thread of this process: its name and the nanoseconds it has
+    run on a CPU (Linux ``/proc/self/task/*/schedstat``; None elsewhere)."""
+    root = Path("/proc/self/task")
+    if not root.is_dir():
+        return None
+    out: dict[int, tuple[str, int]] = {}
+    for task in root.iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            run_ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+        out[int(task.name)] = (name, run_ns)
+    return out
+
+
+def thread_cpu_delta(
+    before: dict[int, tuple[str, int]] | None,
+    after: dict[int, tuple[str, int]] | None,
+    steps: int,
+) -> dict[str, dict[str, float]] | None:
+    """CPU milliseconds per ``steps`` each thread name's threads ran between
+    two :func:`thread_cpu_ns` snapshots, and how many threads ran at all (a
+    thread that started meanwhile counts from zero; one that ended is lost)."""
+    if before is None or after is None:
+        return None
+    steps = max(1, steps)
+    by_name: dict[str, dict[str, float]] = {}
+    for tid, (name, run_ns) in after.items():
+        ran = run_ns - before.get(tid, (name, 0))[1]
+        if ran <= 0:
+            continue
+        entry = by_name.setdefault(name, {"threads": 0.0, "cpu_ms_per_step": 0.0})
+        entry["threads"] += 1
+        entry["cpu_ms_per_step"] += 1e-6 * ran / steps
+    return dict(sorted(by_name.items(), key=lambda kv: -kv[1]["cpu_ms_per_step"]))
 
 
 class ApiRecord(NamedTuple):
@@ -315,6 +358,10 @@ def print_cuda_api(name: str, prof: dict[str, Any]) -> None:
             d["other_us_per_call"] or 0.0
         )
 
+    for thread, t in (prof.get("thread_cpu_ms_per_step") or {}).items():
+        print(
+            f"  threads {thread!r:24s} x{t['threads']:.0f}: {t['cpu_ms_per_step']:.3f} CPU ms a step"
+        )
     for call, d in sorted(prof["api_per_step"].items(), key=lambda kv: -cost(kv))[:14]:
         main = f"{d['main_calls']:8.1f} x {d['main_us_per_call'] or 0.0:6.2f} us"
         other = f"{d['other_calls']:8.1f} x {d['other_us_per_call'] or 0.0:6.2f} us"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import time
 from typing import Any
 
 import pytest
@@ -149,3 +150,32 @@ def test_the_cuda_api_summary_splits_the_launching_thread_from_the_copy_threads(
         "copy_ms_per_step": 0.05,
         "kernels_per_step": 0.5,
     }
+
+
+def test_thread_cpu_time_is_read_per_thread_and_summed_by_name() -> None:
+    import threading
+
+    before = default_profile.thread_cpu_ns()
+    if before is None:
+        pytest.skip("no /proc/self/task here")
+    main = threading.get_native_id()
+    assert main in before
+    stop = time.perf_counter() + 0.05
+    while time.perf_counter() < stop:  # this thread runs, nothing else need
+        pass
+    after = default_profile.thread_cpu_ns()
+    assert after is not None and after[main][1] > before[main][1]
+    delta = default_profile.thread_cpu_delta(before, after, steps=10)
+    assert delta is not None
+    name = after[main][0]
+    # 50 ms of spinning over 10 steps: at least a few CPU ms a step
+    assert delta[name]["cpu_ms_per_step"] >= 2.0 and delta[name]["threads"] >= 1
+    # a thread that started between the snapshots counts from zero; one seen
+    # only before is gone
+    fake_before = {1: ("gone", 5)}
+    fake_after = {2: ("new", 3_000_000), 3: ("idle", 7)}
+    assert default_profile.thread_cpu_delta(fake_before, fake_after, steps=3) == {
+        "new": {"threads": 1.0, "cpu_ms_per_step": 1.0},
+        "idle": {"threads": 1.0, "cpu_ms_per_step": 7e-6 / 3},
+    }
+    assert default_profile.thread_cpu_delta(None, after, steps=1) is None
