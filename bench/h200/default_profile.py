@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -227,7 +228,9 @@ def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, A
     before = thread_cpu_ns()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         row = run_spec(RunSpec(**spec)).row
-    threads = thread_cpu_delta(before, thread_cpu_ns(), int(row["steps"]))
+    threads = thread_cpu_delta(
+        before, thread_cpu_ns(), int(row["steps"]), threading.get_native_id()
+    )
     records = [
         ApiRecord(
             ev.name,
@@ -267,10 +270,13 @@ def thread_cpu_delta(
     before: dict[int, tuple[str, int]] | None,
     after: dict[int, tuple[str, int]] | None,
     steps: int,
+    main_tid: int | None = None,
 ) -> dict[str, dict[str, float]] | None:
     """CPU milliseconds per ``steps`` each thread name's threads ran between
     two :func:`thread_cpu_ns` snapshots, and how many threads ran at all (a
-    thread that started meanwhile counts from zero; one that ended is lost)."""
+    thread that started meanwhile counts from zero; one that ended is lost).
+    Thread ``main_tid`` is named ``main`` (unnamed native threads share
+    the process's name)."""
     if before is None or after is None:
         return None
     steps = max(1, steps)
@@ -279,6 +285,8 @@ def thread_cpu_delta(
         ran = run_ns - before.get(tid, (name, 0))[1]
         if ran <= 0:
             continue
+        if tid == main_tid:
+            name = "main"
         entry = by_name.setdefault(name, {"threads": 0.0, "cpu_ms_per_step": 0.0})
         entry["threads"] += 1
         entry["cpu_ms_per_step"] += 1e-6 * ran / steps
