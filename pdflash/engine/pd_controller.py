@@ -274,6 +274,19 @@ steps): the bound would overrule its verdict to switch route-ahead on at
 its end anyway. A run's first steps, whose cold cache misses more, favour
 route-ahead, so a clear reading there is not the warm-up's chance.
 
+The **waits bound** spares a probe of route-ahead whose verdict is known
+before it runs. A prefetch saves at most the time the forwards wait for
+copies without it, so while route-ahead is off by its gate (with the cost
+bound), a probe of it is skipped (logged as a decision that keeps it off)
+where its host time a step over the cost bound's window is at least
+:data:`ROUTE_AHEAD_COST_CLEAR` times the mean wait for copies of the latest
+:data:`ROUTE_AHEAD_WAITS_WINDOW` counted steps with route-ahead and the host
+part off (rest steps included; at least :data:`ROUTE_AHEAD_WAITS_MIN_STEPS`
+of them). Where the waits grow (a workload whose misses rise) the bound
+lets the next probe run. Not where the engine has a host part (its planner
+reads the predictions: they may pay there by what they plan, not by waits
+they hide).
+
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
 ``controller`` (default) judges the host part as above; ``always`` runs it
@@ -389,6 +402,12 @@ ROUTE_AHEAD_COST_CLEAR = 2.0
 
 #: steps with predictions a clear reading needs
 ROUTE_AHEAD_COST_CLEAR_STEPS = 2
+
+#: the **waits bound** (module docstring): the latest counted steps with
+#: route-ahead and the host part off whose waits for copies it reads, and
+#: how many it needs before it skips a probe
+ROUTE_AHEAD_WAITS_WINDOW = 16
+ROUTE_AHEAD_WAITS_MIN_STEPS = 8
 
 #: every switchable part, in probe order
 ALL_PARTS: tuple[str, ...] = (HOST_PART, *PARTS)
@@ -1064,6 +1083,9 @@ class PDController:
         self._ra_gated = False
         #: the first round skips route-ahead (the gate's first decision judged it)
         self._skip_ra_turn = False
+        #: the waits for copies of the latest counted steps with route-ahead
+        #: and the host part off (the waits bound's window; rest steps too)
+        self._waits_off: deque[float] = deque(maxlen=ROUTE_AHEAD_WAITS_WINDOW)
         #: route-ahead runs on the gate's reading (its first decision kept it
         #: on and no probe of route-ahead has switched it since): outside
         #: probes the gate re-reads its full window
@@ -1222,6 +1244,7 @@ class PDController:
         self._books.rest_steps += 1
         if step.counted:
             self._countdown -= 1
+            self._waits_off.append(step.exposed_fetch_s)  # at rest both parts are off
         return self._parts
 
     def alpha_per_look(self, part: str, stance: str | None = None) -> float:
@@ -1258,6 +1281,8 @@ class PDController:
             return self._parts  # not the parts' time: not measured
         if not self._parts.host_experts:
             self._exposed_off.append(m.exposed_fetch_s / m.wall_s)
+            if not self._parts.route_ahead:
+                self._waits_off.append(m.exposed_fetch_s)
         if not self._probing:
             if self._gate_first:
                 self._gate_first_decision()
@@ -1354,6 +1379,8 @@ class PDController:
                 continue
             if part == "route_ahead" and self._skip_ra_turn:
                 self._skip_ra_turn = False
+                continue
+            if part == "route_ahead" and self._ra_waits_bound_holds():
                 continue
             if part in self._probeable():
                 self._part = part
@@ -1496,6 +1523,43 @@ class PDController:
             return False
         reading = self._ra_cost_bound()
         return reading is not None and reading[0] > reading[1]
+
+    def _ra_waits_bound_holds(self) -> bool:
+        """The waits bound (module docstring) on a probe of route-ahead about
+        to start: where route-ahead is off by its gate and its host time a
+        step (the cost bound's window) is at least
+        :data:`ROUTE_AHEAD_COST_CLEAR` times the mean wait for copies of the
+        latest steps without it, the probe is skipped (logged, route-ahead
+        kept off). True when it was."""
+        if (
+            not self.route_ahead_cost_gate
+            or not self._ra_gated
+            or self._parts.route_ahead
+            or not self._ra_gate_acts()
+            or len(self._waits_off) < ROUTE_AHEAD_WAITS_MIN_STEPS
+        ):
+            return False
+        reading = self._ra_cost_bound()
+        if reading is None:
+            return False
+        host_per_step = reading[0] / reading[3]
+        waits_per_step = sum(self._waits_off) / len(self._waits_off)
+        if host_per_step <= 0.0 or host_per_step < ROUTE_AHEAD_COST_CLEAR * waits_per_step:
+            return False
+        self._log(
+            Decision(
+                self._books.steps,
+                "route_ahead",
+                False,
+                False,
+                f"kept off, its probe skipped (the waits bound: hiding every wait could not "
+                f"pay for it): route-ahead's host time {host_per_step * 1e3:.3g} ms a step over "
+                f"the latest {reading[3]} steps with predictions, at least "
+                f"{ROUTE_AHEAD_COST_CLEAR:g}x the {waits_per_step * 1e3:.3g} ms a step the "
+                f"latest {len(self._waits_off)} steps without it waited for copies",
+            )
+        )
+        return True
 
     def _ra_cost_text(self) -> str:
         reading = self._ra_cost_bound()

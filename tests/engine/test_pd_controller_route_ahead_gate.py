@@ -13,6 +13,7 @@ of a precision, its host seconds and one expert's copy time."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -23,6 +24,8 @@ from pdflash.engine.pd_controller import (
     ROUTE_AHEAD_GATE_PRECISION,
     ROUTE_AHEAD_GATE_STEPS,
     ROUTE_AHEAD_GATE_WINDOW,
+    ROUTE_AHEAD_WAITS_MIN_STEPS,
+    ROUTE_AHEAD_WAITS_WINDOW,
     PartsState,
     PDController,
     StepMeasurement,
@@ -39,9 +42,11 @@ def _step(
     ra_factor: float,
     host_s: float = 0.0,
     copy_s: float | None = None,
+    waits_s: float = 0.0,
 ) -> StepMeasurement:
     """A step: route-ahead's host seconds ``host_s`` (with noise) where it
-    runs, one expert's copy time ``copy_s`` (None: not measured)."""
+    runs, one expert's copy time ``copy_s`` (None: not measured), and the
+    forwards' waits for copies ``waits_s`` (with noise)."""
     wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, 0.02)))
     named = NAMED if parts.route_ahead else 0
     host = host_s * float(np.exp(rng.normal(0.0, 0.1))) if parts.route_ahead else 0.0
@@ -53,6 +58,7 @@ def _step(
         route_ahead_hits=round(precision * named),
         part_host_s={"route_ahead": 0.7 * host, "stream": 0.3 * host if parts.stream else 0.0},
         expert_copy_s=copy_s,
+        exposed_fetch_s=waits_s * float(np.exp(rng.normal(0.0, 0.1))),
     )
 
 
@@ -65,6 +71,7 @@ def simulate(
     seed: int = 0,
     host_s: float = 0.0,
     copy_s: float | None = None,
+    waits_s: float = 0.0,
 ) -> list[bool]:
     """Run ``steps`` steps; returns route-ahead's state per step."""
     ctl.bind(PartsState())
@@ -74,7 +81,13 @@ def simulate(
         parts = ctl.parts
         states.append(parts.route_ahead)
         step = _step(
-            parts, rng, precision=precision, ra_factor=ra_factor, host_s=host_s, copy_s=copy_s
+            parts,
+            rng,
+            precision=precision,
+            ra_factor=ra_factor,
+            host_s=host_s,
+            copy_s=copy_s,
+            waits_s=waits_s,
         )
         ctl.observe(step)
     return states
@@ -280,10 +293,20 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
     reading is clear (500 ms against 14 us: from the second step, not the
     fourth); precision alone would keep it. Its later must-earn probes end
     as soon as their own on-arm steps read clear: route-ahead runs two
-    steps a probe (a full must-earn probe ran it on 6-9)."""
+    steps a probe (a full must-earn probe ran it on 6-9). (The steps wait
+    for copies, so the waits bound does not skip the probes.)"""
     ctl = _bounded()
+    # the forwards wait 1 ms a step for copies without it: hiding them all
+    # could pay for its host time, so the waits bound lets its probes run
     on = simulate(
-        ctl, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
+        ctl,
+        precision=PRECISE,
+        ra_factor=1.01,
+        steps=200,
+        seed=seed,
+        host_s=5e-4,
+        copy_s=1e-7,
+        waits_s=1e-3,
     )
     first, *later = _ra_decisions(ctl)
     assert first["switched"] and first["on"] is False
@@ -343,7 +366,14 @@ def test_a_bound_exceeded_but_not_clearly_waits_for_the_window_and_full_probes(
     copy_s = 5e-4 / (1.5 * round(PRECISE * NAMED))
     ctl = _bounded()
     on = simulate(
-        ctl, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=copy_s
+        ctl,
+        precision=PRECISE,
+        ra_factor=1.01,
+        steps=200,
+        seed=seed,
+        host_s=5e-4,
+        copy_s=copy_s,
+        waits_s=1e-3,  # enough for the waits bound to let the probes run
     )
     first, *later = _ra_decisions(ctl)
     assert first["on"] is False and "cannot save its own host time" in str(first["why"])
@@ -374,6 +404,9 @@ def test_a_clear_reading_ends_a_probe_of_route_ahead_that_runs(seed: int) -> Non
             ra_factor=1.01 if cheap else 0.8,
             host_s=5e-4,
             copy_s=1e-7 if cheap else 1e-4,
+            # the waits route-ahead hides where it makes the step 20% shorter;
+            # then 1 ms: enough for the waits bound to let its probes run
+            waits_s=1e-3 if cheap else 0.01,
         )
         on.append(ctl.parts.route_ahead)
         ctl.observe(step)
@@ -431,3 +464,95 @@ def test_the_watch_switches_off_route_ahead_whose_copies_became_cheap(seed: int)
     assert off["on"] is False
     assert "re-reading: it cannot save its own host time" in str(off["why"])
     assert 80 < int(str(off["step"])) <= 80 + ROUTE_AHEAD_GATE_WINDOW + 30
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_probe_that_hiding_every_wait_could_not_pay_for_is_skipped(seed: int) -> None:
+    """Route-ahead off by its cost bound (0.5 ms of host time a step, 0.1 us
+    copies) where the steps without it wait 0.1 ms a step for copies:
+    even hiding every wait could not pay for it, so the waits bound skips
+    each of its probes (logged, kept off) and it runs only the first
+    decision's steps. With 1 ms of waits a step its probes run."""
+    ctl = _bounded()
+    on = simulate(
+        ctl,
+        precision=PRECISE,
+        ra_factor=1.01,
+        steps=300,
+        seed=seed,
+        host_s=5e-4,
+        copy_s=1e-7,
+        waits_s=1e-4,
+    )
+    first, *later = _ra_decisions(ctl)
+    assert first["switched"] and first["on"] is False
+    assert len(later) >= 2
+    for d in later:
+        why = str(d["why"])
+        assert d["on"] is False and not d["switched"]
+        assert "its probe skipped (the waits bound" in why
+        waits = re.search(r"the ([0-9.]+) ms a step the latest (\d+) steps without it", why)
+        assert waits is not None and 0.08 < float(waits[1]) < 0.13
+        assert int(waits[2]) == ROUTE_AHEAD_WAITS_WINDOW
+    assert sum(on) == ROUTE_AHEAD_COST_CLEAR_STEPS
+    # the rounds go on (the hold doubles): the controller is not stuck
+    assert ctl.rounds_done >= len(later)
+    waited = _bounded()
+    on_waited = simulate(
+        waited,
+        precision=PRECISE,
+        ra_factor=1.01,
+        steps=300,
+        seed=seed,
+        host_s=5e-4,
+        copy_s=1e-7,
+        waits_s=1e-3,
+    )
+    assert not any("waits bound" in str(d["why"]) for d in _ra_decisions(waited))
+    assert sum(on_waited) > sum(on)
+
+
+def test_waits_that_grow_let_the_next_probe_run() -> None:
+    """The waits bound reads the latest steps only: where the steps without
+    route-ahead start waiting 5 ms a step for copies, the next probe of
+    route-ahead runs (its own steps then judge it)."""
+    assert ROUTE_AHEAD_WAITS_MIN_STEPS <= ROUTE_AHEAD_WAITS_WINDOW
+    ctl = _bounded()
+    ctl.bind(PartsState())
+    rng = np.random.default_rng(3)
+    on = []
+    grow_at = 150
+    for i in range(600):
+        on.append(ctl.parts.route_ahead)
+        waits = 1e-4 if i < grow_at else 5e-3
+        ctl.observe(
+            _step(
+                ctl.parts,
+                rng,
+                precision=PRECISE,
+                ra_factor=1.01,
+                host_s=5e-4,
+                copy_s=1e-7,
+                waits_s=waits,
+            )
+        )
+    decisions = _ra_decisions(ctl)
+    skipped = [d for d in decisions if "waits bound" in str(d["why"])]
+    assert skipped and all(
+        int(str(d["step"])) < grow_at + ROUTE_AHEAD_WAITS_WINDOW for d in skipped
+    )
+    ran = [d for d in decisions if int(str(d["step"])) > grow_at + ROUTE_AHEAD_WAITS_WINDOW]
+    assert ran and all("by its probe's cost bound" in str(d["why"]) for d in ran)
+    assert any(on[grow_at + ROUTE_AHEAD_WAITS_WINDOW :])
+
+
+def test_the_waits_bound_needs_enough_steps_and_the_cost_bound() -> None:
+    """No skip without the cost bound (the precision gate alone) or before
+    :data:`ROUTE_AHEAD_WAITS_MIN_STEPS` steps without route-ahead."""
+    alone = _gated()  # precision gate, no cost bound: imprecise route-ahead gated off
+    simulate(alone, precision=0.3, ra_factor=1.01, steps=300, host_s=5e-4, copy_s=1e-7)
+    assert not any("waits bound" in str(d["why"]) for d in _ra_decisions(alone))
+    ctl = _bounded()
+    simulate(ctl, precision=PRECISE, ra_factor=1.01, steps=3, host_s=5e-4, copy_s=1e-7)
+    assert ctl._ra_gated and len(ctl._waits_off) < ROUTE_AHEAD_WAITS_MIN_STEPS
+    assert not ctl._ra_waits_bound_holds()

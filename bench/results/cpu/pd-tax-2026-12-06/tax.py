@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import statistics
 import sys
 import time
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "h200"))
-import default_ab  # type: ignore[import-not-found]  # noqa: E402
+default_ab: Any = importlib.import_module("default_ab")  # bench/h200/default_ab.py
+
 from pdflash.bench.engine_run import RunSpec, run_spec  # noqa: E402
 from pdflash.engine import batching, engine, pd_controller, prefetch, verify_width  # noqa: E402
 
