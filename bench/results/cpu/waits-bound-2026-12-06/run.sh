@@ -1,0 +1,13 @@
+#!/bin/bash
+# alternate processes of the new tree 5e1747c (installed) and the old tree 7917448 (/tmp/pkgOld:
+# git worktree add /tmp/wtOld 7917448 && pip install --no-build-isolation --no-deps --target /tmp/pkgOld /tmp/wtOld)
+OUT=${OUT:-/tmp/wb}
+mkdir -p "$OUT"
+cd /tmp
+for i in 1 2 3; do
+  for b in new old; do
+    if [ $b = old ]; then export PYTHONPATH=/tmp/pkgOld; else unset PYTHONPATH; fi
+    /work/venvs/seams/bin/python -P /work/main/bench/h200/default_ab.py --concurrency 1 4 --repeats 8 --arms B1,PD --emulated-link-gbps 50 --out "$OUT/$b$i" > "$OUT/$b$i.log" 2>&1
+  done
+done
+echo finished > "$OUT/done"
