@@ -1380,7 +1380,8 @@ class PDController:
             if part == "route_ahead" and self._skip_ra_turn:
                 self._skip_ra_turn = False
                 continue
-            if part == "route_ahead" and self._ra_waits_bound_holds():
+            if part == "route_ahead" and (why := self._ra_waits_bound_text()) is not None:
+                self._log(Decision(self._books.steps, "route_ahead", False, False, why))
                 continue
             if part in self._probeable():
                 self._part = part
@@ -1524,13 +1525,12 @@ class PDController:
         reading = self._ra_cost_bound()
         return reading is not None and reading[0] > reading[1]
 
-    def _ra_waits_bound_holds(self) -> bool:
+    def _ra_waits_bound_text(self) -> str | None:
         """The waits bound (module docstring) on a probe of route-ahead about
         to start: where route-ahead is off by its gate and its host time a
         step (the cost bound's window) is at least
         :data:`ROUTE_AHEAD_COST_CLEAR` times the mean wait for copies of the
-        latest steps without it, the probe is skipped (logged, route-ahead
-        kept off). True when it was."""
+        latest steps without it, why the probe is skipped; else None."""
         if (
             not self.route_ahead_cost_gate
             or not self._ra_gated
@@ -1538,28 +1538,21 @@ class PDController:
             or not self._ra_gate_acts()
             or len(self._waits_off) < ROUTE_AHEAD_WAITS_MIN_STEPS
         ):
-            return False
+            return None
         reading = self._ra_cost_bound()
         if reading is None:
-            return False
+            return None
         host_per_step = reading[0] / reading[3]
         waits_per_step = sum(self._waits_off) / len(self._waits_off)
         if host_per_step <= 0.0 or host_per_step < ROUTE_AHEAD_COST_CLEAR * waits_per_step:
-            return False
-        self._log(
-            Decision(
-                self._books.steps,
-                "route_ahead",
-                False,
-                False,
-                f"kept off, its probe skipped (the waits bound: hiding every wait could not "
-                f"pay for it): route-ahead's host time {host_per_step * 1e3:.3g} ms a step over "
-                f"the latest {reading[3]} steps with predictions, at least "
-                f"{ROUTE_AHEAD_COST_CLEAR:g}x the {waits_per_step * 1e3:.3g} ms a step the "
-                f"latest {len(self._waits_off)} steps without it waited for copies",
-            )
+            return None
+        return (
+            f"kept off, its probe skipped (the waits bound: hiding every wait could not "
+            f"pay for it): route-ahead's host time {host_per_step * 1e3:.3g} ms a step over "
+            f"the latest {reading[3]} steps with predictions, at least "
+            f"{ROUTE_AHEAD_COST_CLEAR:g}x the {waits_per_step * 1e3:.3g} ms a step the "
+            f"latest {len(self._waits_off)} steps without it waited for copies"
         )
-        return True
 
     def _ra_cost_text(self) -> str:
         reading = self._ra_cost_bound()

@@ -555,4 +555,4 @@ def test_the_waits_bound_needs_enough_steps_and_the_cost_bound() -> None:
     ctl = _bounded()
     simulate(ctl, precision=PRECISE, ra_factor=1.01, steps=3, host_s=5e-4, copy_s=1e-7)
     assert ctl._ra_gated and len(ctl._waits_off) < ROUTE_AHEAD_WAITS_MIN_STEPS
-    assert not ctl._ra_waits_bound_holds()
+    assert ctl._ra_waits_bound_text() is None
