@@ -19,6 +19,9 @@ Arms (``--arms``, comma-separated names):
   PDnoclear           PD whose controller never reads the route-ahead cost
                       bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf): the
                       default before it
+  PDnowaits           PD whose controller never skips a probe of route-ahead
+                      by the waits bound (``ROUTE_AHEAD_WAITS_MIN_STEPS``
+                      set past any window): the default before it
   PDpartbooks         PD whose books charge each prefetching part only its
                       own stages (``pd_controller._books_host`` replaced by
                       ``_host``): the books before session 44
@@ -38,7 +41,7 @@ Arms (``--arms``, comma-separated names):
   PDnoraB1            PDnora with all three: B1's configuration reached from
                       PD's side (these four change the engine configuration
                       the spec builds)
-  (PDnoclear, PDpartbooks, PDme, PDprobe16, PDnorest and the PDnora* four change
+  (PDnoclear, PDnowaits, PDpartbooks, PDme, PDprobe16, PDnorest and the PDnora* four change
   this process for their runs only; their rows say how in ``arm_patch``)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
@@ -150,6 +153,13 @@ def _route_ahead_first_must_earn() -> AbstractContextManager[str]:
 #: ``arm_patch``; no configuration names these changes)
 PATCHED: dict[str, tuple[str, Callable[[], AbstractContextManager[str]]]] = {
     "PDnoclear": ("PD", lambda: _controller({"ROUTE_AHEAD_COST_CLEAR": math.inf})),
+    "PDnowaits": (
+        "PD",
+        lambda: _controller(
+            {"ROUTE_AHEAD_WAITS_MIN_STEPS": sys.maxsize},
+            "pd_controller.ROUTE_AHEAD_WAITS_MIN_STEPS=maxsize (the waits bound never reads)",
+        ),
+    ),
     "PDpartbooks": (
         "PD",
         lambda: _controller(

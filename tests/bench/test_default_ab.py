@@ -156,6 +156,54 @@ def test_the_controller_patched_arms_change_the_controller_for_their_runs_only(
     assert pd_controller._books_host is books
 
 
+def test_the_no_waits_arm_turns_the_waits_bound_off_for_its_runs_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``PDnowaits``: a controller in its run never skips a probe by the
+    waits bound (its window can never hold enough steps); after the run
+    the bound reads again."""
+    from pdflash.engine.pd_controller import PDController
+
+    def skipping(ctl: PDController) -> bool:
+        # a controller whose route-ahead is off by its cost gate, with a
+        # cost reading and a full window of steps that waited nothing
+        ctl._ra_gated = True
+        ctl._ra_window.append(_ra_step())
+        ctl._waits_off.extend([0.0] * pd_controller.ROUTE_AHEAD_WAITS_WINDOW)
+        return ctl._ra_waits_bound_text() is not None
+
+    seen: list[bool] = []
+
+    def fake_run_spec(spec: Any) -> _Row:
+        seen.append(skipping(_bounded_controller()))
+        return _Row({"output_tokens_per_s": 1.0})
+
+    monkeypatch.setattr(default_ab, "run_spec", fake_run_spec)
+    monkeypatch.setattr(default_ab, "RunSpec", lambda **kw: kw)
+    row = default_ab.run_arm("PDnowaits", {"baseline": "PD"})
+    default_ab.run_arm("PD", {"baseline": "PD"})
+    assert seen == [False, True]
+    assert "ROUTE_AHEAD_WAITS_MIN_STEPS" in row["arm_patch"]
+    assert skipping(_bounded_controller())
+
+
+def _bounded_controller() -> Any:
+    from pdflash.engine.pd_controller import PartsState, PDController
+
+    ctl = PDController(route_ahead_gate=0.5, route_ahead_cost_gate=True)
+    ctl.bind(PartsState())
+    ctl._parts = ctl._parts.with_part("route_ahead", False)  # off, as its gate leaves it
+    return ctl
+
+
+def _ra_step() -> Any:
+    """A step of route-ahead's: 1 ms of host time, predictions that could
+    save at most 1 us."""
+    from pdflash.engine.pd_controller import _RouteAheadStep
+
+    return _RouteAheadStep(named=10, hits=1, host_s=1e-3, saving_bound_s=1e-6)
+
+
 def test_the_width_patched_arm_changes_the_probe_cap_for_its_runs_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "h200"))
 default_ab: Any = importlib.import_module("default_ab")  # bench/h200/default_ab.py
 
 from pdflash.bench.engine_run import RunSpec, run_spec  # noqa: E402
+
 from pdflash.engine import batching, engine, pd_controller, prefetch, verify_width  # noqa: E402
 
 STATE = {"rest": False}
