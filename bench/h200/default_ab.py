@@ -244,22 +244,47 @@ def _default_specs(args: argparse.Namespace, conc: int, on_gpu: bool) -> dict[st
     return {s["baseline"]: s for s in default.default_specs(ns, on_gpu=on_gpu)}
 
 
+def _interleaved_profiles(
+    args: argparse.Namespace,
+    names: list[str],
+    conc: int,
+    on_gpu: bool,
+    profile_one: Callable[[dict[str, Any], bool], dict[str, Any]],
+    show: Callable[[str, int, dict[str, Any]], None],
+) -> dict[str, list[dict[str, Any]]]:
+    """Every arm's ``--profile-repeats`` runs at ``conc`` by ``profile_one(spec,
+    warm)``, interleaved (order rotated each repeat; the first repeat warms
+    each arm first); ``show(arm, repeat, result)`` sees each as it ends."""
+    specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for rep in range(args.profile_repeats):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            with _patched(name):
+                prof = profile_one(specs[name], rep == 0)
+            runs[name].append(prof)
+            show(name, rep, prof)
+    return runs
+
+
 def _profile(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
-    """Every arm profiled ``--profile-repeats`` times, interleaved (order
-    rotated each repeat; the first repeat warms each arm first); writes
+    """Every arm profiled ``--profile-repeats`` times, interleaved; writes
     every run and, with several, the arms' medians."""
     out: dict[str, dict[str, Any]] = {}
     for conc in args.concurrency:
-        specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-        for rep in range(args.profile_repeats):
-            order = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in order:
-                with _patched(name):
-                    prof = default_profile.profile_arm(specs[name], on_gpu, warm=rep == 0)
-                runs[name].append(prof)
-                if args.profile_repeats == 1:
-                    default_profile.print_profile(f"c={conc} {name}", prof)
+
+        def show(name: str, rep: int, prof: dict[str, Any], conc: int = conc) -> None:
+            if args.profile_repeats == 1:
+                default_profile.print_profile(f"c={conc} {name}", prof)
+
+        runs = _interleaved_profiles(
+            args,
+            names,
+            conc,
+            on_gpu,
+            lambda spec, warm: default_profile.profile_arm(spec, on_gpu, warm=warm),
+            show,
+        )
         if args.profile_repeats == 1:
             out[str(conc)] = {name: r[0] for name, r in runs.items()}
             continue
@@ -273,22 +298,23 @@ def _profile(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
 
 def _cuda_api(args: argparse.Namespace, names: list[str], on_gpu: bool) -> None:
     """Every arm under the CUDA profiler ``--profile-repeats`` times,
-    interleaved (order rotated each repeat; the first repeat warms each arm
-    first); writes every run to ``OUT/cuda_api.json``."""
+    interleaved; writes every run to ``OUT/cuda_api.json``."""
     if not on_gpu:
         raise SystemExit("--cuda-api needs a CUDA device")
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for conc in args.concurrency:
-        specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-        for rep in range(args.profile_repeats):
-            order = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in order:
-                with _patched(name):
-                    prof = default_profile.cuda_api_profile_arm(specs[name], warm=rep == 0)
-                runs[name].append(prof)
-                default_profile.print_cuda_api(f"c={conc} {name} run {rep}", prof)
-        out[str(conc)] = runs
+
+        def show(name: str, rep: int, prof: dict[str, Any], conc: int = conc) -> None:
+            default_profile.print_cuda_api(f"c={conc} {name} run {rep}", prof)
+
+        out[str(conc)] = _interleaved_profiles(
+            args,
+            names,
+            conc,
+            on_gpu,
+            lambda spec, warm: default_profile.cuda_api_profile_arm(spec, warm=warm),
+            show,
+        )
     (args.out / "cuda_api.json").write_text(json.dumps(out, indent=1))
 
 

@@ -284,6 +284,24 @@ def test_the_gate_does_not_act_with_a_host_part() -> None:
 PRECISE = 0.7
 
 
+def _cheap_copies(
+    ctl: PDController, *, steps: int, seed: int = 0, waits_s: float = 0.0
+) -> list[bool]:
+    """:func:`simulate` with precise predictions whose copies take 0.1 us
+    against route-ahead's 0.5 ms of host time a step (1% longer steps), the
+    steps waiting ``waits_s`` for copies."""
+    return simulate(
+        ctl,
+        precision=PRECISE,
+        ra_factor=1.01,
+        steps=steps,
+        seed=seed,
+        host_s=5e-4,
+        copy_s=1e-7,
+        waits_s=waits_s,
+    )
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: int) -> None:
     """Precise predictions of experts whose copies take 0.1 us (the whole
@@ -298,16 +316,7 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
     ctl = _bounded()
     # the forwards wait 1 ms a step for copies without it: hiding them all
     # could pay for its host time, so the waits bound lets its probes run
-    on = simulate(
-        ctl,
-        precision=PRECISE,
-        ra_factor=1.01,
-        steps=200,
-        seed=seed,
-        host_s=5e-4,
-        copy_s=1e-7,
-        waits_s=1e-3,
-    )
+    on = _cheap_copies(ctl, steps=200, seed=seed, waits_s=1e-3)
     first, *later = _ra_decisions(ctl)
     assert first["switched"] and first["on"] is False
     why = str(first["why"])
@@ -324,9 +333,7 @@ def test_route_ahead_that_cannot_save_its_host_time_is_switched_off_first(seed: 
     assert ctl.summary()["settings"]["route_ahead_cost_gate"] is True
     # the precision gate alone keeps it on in the same steps
     alone = _gated()
-    on_alone = simulate(
-        alone, precision=PRECISE, ra_factor=1.01, steps=200, seed=seed, host_s=5e-4, copy_s=1e-7
-    )
+    on_alone = _cheap_copies(alone, steps=200, seed=seed)
     assert _ra_decisions(alone)[0]["on"] is True and all(on_alone[:20])
 
 
@@ -474,16 +481,7 @@ def test_a_probe_that_hiding_every_wait_could_not_pay_for_is_skipped(seed: int) 
     each of its probes (logged, kept off) and it runs only the first
     decision's steps. With 1 ms of waits a step its probes run."""
     ctl = _bounded()
-    on = simulate(
-        ctl,
-        precision=PRECISE,
-        ra_factor=1.01,
-        steps=300,
-        seed=seed,
-        host_s=5e-4,
-        copy_s=1e-7,
-        waits_s=1e-4,
-    )
+    on = _cheap_copies(ctl, steps=300, seed=seed, waits_s=1e-4)
     first, *later = _ra_decisions(ctl)
     assert first["switched"] and first["on"] is False
     assert len(later) >= 2
@@ -498,16 +496,7 @@ def test_a_probe_that_hiding_every_wait_could_not_pay_for_is_skipped(seed: int) 
     # the rounds go on (the hold doubles): the controller is not stuck
     assert ctl.rounds_done >= len(later)
     waited = _bounded()
-    on_waited = simulate(
-        waited,
-        precision=PRECISE,
-        ra_factor=1.01,
-        steps=300,
-        seed=seed,
-        host_s=5e-4,
-        copy_s=1e-7,
-        waits_s=1e-3,
-    )
+    on_waited = _cheap_copies(waited, steps=300, seed=seed, waits_s=1e-3)
     assert not any("waits bound" in str(d["why"]) for d in _ra_decisions(waited))
     assert sum(on_waited) > sum(on)
 
@@ -553,6 +542,6 @@ def test_the_waits_bound_needs_enough_steps_and_the_cost_bound() -> None:
     simulate(alone, precision=0.3, ra_factor=1.01, steps=300, host_s=5e-4, copy_s=1e-7)
     assert not any("waits bound" in str(d["why"]) for d in _ra_decisions(alone))
     ctl = _bounded()
-    simulate(ctl, precision=PRECISE, ra_factor=1.01, steps=3, host_s=5e-4, copy_s=1e-7)
+    _cheap_copies(ctl, steps=3)
     assert ctl._ra_gated and len(ctl._waits_off) < ROUTE_AHEAD_WAITS_MIN_STEPS
     assert ctl._ra_waits_bound_text() is None
