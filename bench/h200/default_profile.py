@@ -4,7 +4,11 @@ synchronizing CUDA calls each stage makes (``torch.cuda.set_sync_debug_mode``
 warnings, counted by the innermost stage they fell in).
 
 The arm runs once to warm up, then once with the stages wrapped (a
-diagnostic: the wrappers add a few microseconds a stage). Beside the
+diagnostic: the wrappers add a few microseconds a stage), counting only the
+steps on the run's clock (from ``Engine.reset_stats``: a run's warm-up and
+PD's verify calibration run whole steps before it, larger ones for the
+calibration, which per-step figures over every step would charge to PD's
+own steps). Beside the
 stages, the profiled run counts what no stage shows: Python's garbage
 collections and their pauses, and on CUDA the caching allocator's device
 allocations and frees (``cudaMalloc``/``cudaFree``, each synchronizing).
@@ -82,6 +86,17 @@ class _Books:
         self.calls: collections.Counter[str] = collections.Counter()
         self.syncs: collections.Counter[str] = collections.Counter()
         self.stack: list[str] = []
+        #: what clears the books at the clock's start (``Engine.reset_stats``)
+        self.on_clock: list[Callable[[], None]] = []
+
+    def clock_started(self) -> None:
+        """The run's clock starts: what ran before (its warm-up, PD's verify
+        calibration: whole steps of their own) is dropped."""
+        self.host_s.clear()
+        self.calls.clear()
+        self.syncs.clear()
+        for clear in self.on_clock:
+            clear()
 
 
 @contextmanager
@@ -110,6 +125,15 @@ def _wrapped(books: _Books) -> Iterator[None]:
         after = pd_controller.after_step
         saved.append((pd_controller, "after_step", after))
         pd_controller.after_step = timed("pd_controller.after_step", after)
+        reset = engine_module.Engine.reset_stats
+        saved.append((engine_module.Engine, "reset_stats", reset))
+
+        def reset_and_clear(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = reset(self, *args, **kwargs)
+            books.clock_started()
+            return out
+
+        engine_module.Engine.reset_stats = reset_and_clear  # type: ignore[method-assign]
         yield
     finally:
         for owner, method, fn in reversed(saved):
@@ -161,6 +185,11 @@ class _ProcessEvents:
                 now = self._cuda_stats()
                 self.cuda_counts = {k: now[k] - self._cuda0[k] for k in now if k in self._cuda0}
 
+    def clear_collections(self) -> None:
+        """Forget the collections counted so far (the clock's start)."""
+        self.collections = [0, 0, 0]
+        self.pause_s = 0.0
+
     def per_step(self, steps: int) -> dict[str, float]:
         out = {f"gc_gen{g}": n / steps for g, n in enumerate(self.collections)}
         out["gc_pause_ms"] = 1e3 * self.pause_s / steps
@@ -175,6 +204,7 @@ def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str
         run_spec(RunSpec(**spec))  # the measured run's caches and kernels
     books = _Books()
     events = _ProcessEvents(cuda, in_step=lambda: "Engine._step" in books.stack)
+    books.on_clock.append(events.clear_collections)
     with _wrapped(books), events.counting(), warnings.catch_warnings():
         warnings.simplefilter("always")
         if cuda:
@@ -196,7 +226,8 @@ def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str
         "tokens_per_s": row["output_tokens_per_s"],
         "measured_steps": row["steps"],
         "engine_steps": engine_steps,
-        "note": "engine_steps include the run's warm-up outside its clock",
+        "note": "engine steps on the run's clock (from Engine.reset_stats); device "
+        "allocations over the whole run",
         # the row's own spans (CUDA events on CUDA) per measured step, to set
         # beside the host ms of the stages that enclose them
         "span_ms_per_measured_step": {
@@ -215,9 +246,49 @@ def profile_arm(spec: dict[str, Any], cuda: bool, warm: bool = True) -> dict[str
     }
 
 
+class MeasuredWindow:
+    """A run's ``progress`` callback that opens a profile window at the
+    run's first measured step and counts the steps completed inside it, so
+    the window leaves out the run's setup (a warm-up, PD's verify
+    calibration: whole steps of their own) and its first step. ``profiler``
+    is anything with ``start()``/``stop()`` (a ``torch.profiler.profile``)."""
+
+    def __init__(self, profiler: Any) -> None:
+        self.profiler = profiler
+        self.steps = 0
+        self.opened = False
+        self.closed = False
+        self.cpu_before: dict[int, tuple[str, int]] | None = None
+        self.cpu_after: dict[int, tuple[str, int]] | None = None
+        self._t_open = self._t_last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.opened:
+            self.profiler.start()
+            self.opened = True
+            self.cpu_before = thread_cpu_ns()
+            self._t_open = self._t_last = time.perf_counter()
+            return
+        self.steps += 1
+        self._t_last = time.perf_counter()
+
+    def close(self) -> None:
+        """Stop the profiler (once; a run that never stepped opened none)."""
+        if self.opened and not self.closed:
+            self.cpu_after = thread_cpu_ns()
+            self.profiler.stop()
+            self.closed = True
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds from the window's opening to its last step's end."""
+        return self._t_last - self._t_open
+
+
 def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, Any]:
-    """One run of ``spec`` under the CUDA profiler (CUPTI only, no operator
-    tracing; after one unprofiled run where ``warm``), summarized by
+    """One run of ``spec`` with the CUDA profiler (CUPTI only, no operator
+    tracing) over its measured steps after the first (:class:`MeasuredWindow`;
+    after one unprofiled run where ``warm``), summarized by
     :func:`summarize_cuda_api`. A diagnostic of where a launch-bound step's
     time goes: slower launches, more synchronizing calls, or device work
     that grew."""
@@ -225,11 +296,15 @@ def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, A
 
     if warm:
         run_spec(RunSpec(**spec))
-    before = thread_cpu_ns()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        row = run_spec(RunSpec(**spec)).row
+    window = MeasuredWindow(profile(activities=[ProfilerActivity.CUDA]))
+    try:
+        row = run_spec(RunSpec(**spec), progress=window).row
+    finally:
+        window.close()
+    if window.steps == 0:
+        raise RuntimeError("the run had no measured step after its first: nothing profiled")
     threads = thread_cpu_delta(
-        before, thread_cpu_ns(), int(row["steps"]), threading.get_native_id()
+        window.cpu_before, window.cpu_after, window.steps, threading.get_native_id()
     )
     records = [
         ApiRecord(
@@ -238,14 +313,15 @@ def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, A
             int(ev.thread),
             float(ev.time_range.elapsed_us()),
         )
-        for ev in prof.events()
+        for ev in window.profiler.events()
     ]
     return {
         "tokens_per_s": row["output_tokens_per_s"],
-        "measured_steps": row["steps"],
-        "wall_ms_per_step": 1e3 * row["wall_s"] / max(1, int(row["steps"])),
+        "run_steps": row["steps"],
+        "measured_steps": window.steps,
+        "wall_ms_per_step": 1e3 * window.wall_s / window.steps,
         "thread_cpu_ms_per_step": threads,
-        **summarize_cuda_api(records, int(row["steps"])),
+        **summarize_cuda_api(records, window.steps),
     }
 
 
@@ -302,6 +378,10 @@ class ApiRecord(NamedTuple):
     us: float
 
 
+#: the most frequent kernels :func:`summarize_cuda_api` names
+KERNEL_NAMES_KEPT = 40
+
+
 def summarize_cuda_api(records: list[ApiRecord], steps: int) -> dict[str, Any]:
     """Per measured step: each CUDA runtime/driver call's count and mean
     microseconds on the thread that launches the kernels (the Python
@@ -316,6 +396,7 @@ def summarize_cuda_api(records: list[ApiRecord], steps: int) -> dict[str, Any]:
     threads: set[int] = set()
     kernel_us = copy_us = 0.0
     kernels = 0
+    by_kernel: collections.Counter[str] = collections.Counter()
     for r in records:
         if r.on_device:
             if r.name.startswith(("Memcpy", "Memset")):
@@ -323,6 +404,7 @@ def summarize_cuda_api(records: list[ApiRecord], steps: int) -> dict[str, Any]:
             else:
                 kernel_us += r.us
                 kernels += 1
+                by_kernel[r.name[:120]] += 1
             continue
         if not r.name.startswith("cu"):
             continue
@@ -332,12 +414,16 @@ def summarize_cuda_api(records: list[ApiRecord], steps: int) -> dict[str, Any]:
         entry[at] += 1
         entry[at + 1] += r.us
     return {
-        "note": "per measured step; the profile spans the whole run, its setup too",
+        "note": "per profiled step: the run's measured steps after its first",
         "threads_calling_cuda": len(threads),
         "device": {
             "kernel_ms_per_step": 1e-3 * kernel_us / steps,
             "copy_ms_per_step": 1e-3 * copy_us / steps,
             "kernels_per_step": kernels / steps,
+            # which kernels an arm launches more of (names cut to 120 chars)
+            "top_kernels_per_step": {
+                name: n / steps for name, n in by_kernel.most_common(KERNEL_NAMES_KEPT)
+            },
         },
         "api_per_step": {
             name: {

@@ -36,10 +36,13 @@ def test_every_step_is_timed_by_stage_and_the_wrappers_come_off(
     from pdflash.engine import engine as engine_module
 
     step_before = engine_module.Engine._step
+    reset_before = engine_module.Engine.reset_stats
     prof = default_profile.profile_arm(_quick_spec(baseline), cuda=False)
     assert engine_module.Engine._step is step_before  # unwrapped on leaving
-    steps = prof["engine_steps"]
-    assert steps >= prof["measured_steps"] > 0
+    assert engine_module.Engine.reset_stats is reset_before
+    # only the steps on the run's clock: its warm-up (and PD's verify
+    # calibration) ran engine steps before it that are not counted
+    assert prof["engine_steps"] == prof["measured_steps"] > 0
     host = prof["host_ms_per_engine_step"]
     calls = prof["calls_per_engine_step"]
     assert calls["Engine._step"] == 1.0
@@ -149,7 +152,34 @@ def test_the_cuda_api_summary_splits_the_launching_thread_from_the_copy_threads(
         "kernel_ms_per_step": 0.2,
         "copy_ms_per_step": 0.05,
         "kernels_per_step": 0.5,
+        "top_kernels_per_step": {"gemm_kernel": 0.5},
     }
+
+
+def test_the_measured_window_opens_at_the_first_measured_step_and_counts_the_rest() -> None:
+    class FakeProfiler:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def start(self) -> None:
+            self.calls.append("start")
+
+        def stop(self) -> None:
+            self.calls.append("stop")
+
+    prof = FakeProfiler()
+    window = default_profile.MeasuredWindow(prof)
+    window.close()  # a run that never stepped: nothing to stop
+    assert prof.calls == [] and window.steps == 0
+    for done in (3, 6, 9, 12):
+        window(done, 12)
+    window.close()
+    window.close()
+    # opened at the first step, closed once; the opening step is not counted
+    assert prof.calls == ["start", "stop"]
+    assert window.steps == 3 and window.wall_s >= 0.0
+    if window.cpu_before is not None:
+        assert window.cpu_after is not None
 
 
 def test_thread_cpu_time_is_read_per_thread_and_summed_by_name() -> None:
