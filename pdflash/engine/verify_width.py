@@ -217,9 +217,12 @@ fitting the step model take host time each step (a few tenths of a
 millisecond), which a host-bound step pays in full. Where the steps'
 modeled saving (per decided step: the seconds the chosen widths' expected
 tokens would take at the every-draft rate, less the chosen step's) is
-below that host time over :attr:`AdaptiveWidth.COST_WINDOW` decided steps,
-the width stands down: every draft is verified, no width is chosen and
-only the acceptance estimates observe the steps, but for the
+below that host time over :attr:`AdaptiveWidth.COST_WINDOW` decided steps
+(or under a quarter of it, :attr:`AdaptiveWidth.COST_CLEAR_RATIO`, over the
+first :attr:`AdaptiveWidth.COST_CLEAR_STEPS`: a clear reading, where the
+full window's steps would only pay the width's host time for a verdict
+already plain), the width stands down: every draft is verified, no width
+is chosen and only the acceptance estimates observe the steps, but for the
 :attr:`AdaptiveWidth.COST_REFRESH_STEPS` before each probe, whose cost
 refreshes the step model. The :attr:`AdaptiveWidth.COST_PROBE_EVERY` th
 step while standing down decides once more (a probe); where the probe's
@@ -1240,6 +1243,11 @@ class AdaptiveWidth:
     #: and host time it compares; the steps between probes while standing down
     COST_GATE = True
     COST_WINDOW = 8
+    #: a clear reading: after this many decided steps the width stands down
+    #: at once where their modeled saving is under 1/COST_CLEAR_RATIO of
+    #: their host time (the full window is for the close calls)
+    COST_CLEAR_STEPS = 3
+    COST_CLEAR_RATIO = 4.0
     COST_PROBE_EVERY = 16
     #: each probe that keeps the width standing down doubles the steps to
     #: the next one, up to this many (a probe that brings it back, or a new
@@ -1735,18 +1743,23 @@ class AdaptiveWidth:
                 self._probe_every = min(2 * self._probe_every, self.COST_PROBE_MAX_EVERY)
             return
         self._cost_window.append((host_s, saving_s))
-        if len(self._cost_window) < self.COST_WINDOW:
-            return
+        n = len(self._cost_window)
         host = sum(h for h, _ in self._cost_window)
         saved = sum(v for _, v in self._cost_window)
+        # a clear reading needs no full window (module docstring)
+        clear = n >= self.COST_CLEAR_STEPS and saved * self.COST_CLEAR_RATIO < host
+        if n < self.COST_WINDOW and not clear:
+            return
         if saved < host:
             self._standing_down = True
             self._steps_since_probe = 0
             self._probe_every = self.COST_PROBE_EVERY
             books.switch(
                 on=False,
-                why=f"stood down: the latest {self.COST_WINDOW} decided steps' modeled saving "
-                f"{1e3 * saved:.3g} ms is below the width's host time {1e3 * host:.3g} ms; "
+                why=f"stood down: the latest {n} decided steps' modeled saving "
+                f"{1e3 * saved:.3g} ms is below the width's host time {1e3 * host:.3g} ms"
+                + (f" (under 1/{self.COST_CLEAR_RATIO:g} of it: a clear reading)" if clear else "")
+                + "; "
                 f"every draft verified, a probe after {self.COST_PROBE_EVERY} steps, then "
                 f"twice as many after each probe that keeps it down "
                 f"(at most {self.COST_PROBE_MAX_EVERY})",

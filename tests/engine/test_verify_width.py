@@ -1480,8 +1480,9 @@ def test_voi_costs_nothing_where_exploring_pays(
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: int) -> None:
     """Every draft pays (the widths are the whole block), so the model's
-    saving is 0 and the width's 1 ms a decided step is pure cost: after
-    :attr:`AdaptiveWidth.COST_WINDOW` decided steps it stands down, probes
+    saving is 0 and the width's 1 ms a decided step is pure cost: a clear
+    reading, so after :attr:`AdaptiveWidth.COST_CLEAR_STEPS` decided steps
+    (not the whole :attr:`AdaptiveWidth.COST_WINDOW`) it stands down, probes
     after :attr:`AdaptiveWidth.COST_PROBE_EVERY` steps, then twice as many
     after each probe, and stays down, and the plant commits more tokens per
     second than with ``cost=0``; the books count every step once."""
@@ -1494,10 +1495,11 @@ def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: i
         if gate:
             assert pol.standing_down
     on, off = stats[True]["cost_gate"], stats[False]["cost_gate"]
-    window, every = AdaptiveWidth.COST_WINDOW, AdaptiveWidth.COST_PROBE_EVERY
+    window, every = AdaptiveWidth.COST_CLEAR_STEPS, AdaptiveWidth.COST_PROBE_EVERY
+    assert window < AdaptiveWidth.COST_WINDOW
     assert on["enabled"] and on["standing_down"] and on["switch_count"] == 1
     assert on["switches"][0]["on"] is False and on["switches"][0]["decided_step"] == window
-    assert "stood down" in on["switches"][0]["why"]
+    assert "stood down" in on["switches"][0]["why"] and "clear reading" in on["switches"][0]["why"]
     # one step before any fit decides nothing, then `window` decided, then
     # probes after `every`, `2 every`, `4 every`, ... steps
     probes, gap, left = 0, every, 160 - 1 - window
@@ -1513,6 +1515,35 @@ def test_the_width_stands_down_where_its_host_time_exceeds_what_it_saves(seed: i
     assert stats[False]["estimates"]["cost_gate"] is False
     # ~0.75 ms saved of a ~22 ms step
     assert rates[True] / rates[False] > 1.02, rates
+
+
+@pytest.mark.parametrize(
+    ("saving_ms", "stands_down_at", "clear"),
+    [(0.0, 3, True), (0.2, 3, True), (0.3, 8, False), (0.9, 8, False), (1.1, None, False)],
+)
+def test_a_clear_reading_stands_the_width_down_before_the_full_window(
+    saving_ms: float, stands_down_at: int | None, clear: bool
+) -> None:
+    """Decided steps of 1 ms host time each: a saving under a quarter of it
+    stands the width down after :attr:`AdaptiveWidth.COST_CLEAR_STEPS`, a
+    closer call only after the whole :attr:`AdaptiveWidth.COST_WINDOW`, and
+    a saving above it never."""
+    assert (AdaptiveWidth.COST_CLEAR_STEPS, AdaptiveWidth.COST_WINDOW) == (3, 8)
+    assert AdaptiveWidth.COST_CLEAR_RATIO == 4.0
+    pol = _compute_bound().policy()
+    down_at = None
+    for step in range(1, 13):
+        pol._judge_cost(1e-3, saving_ms * 1e-3)
+        if pol.standing_down:
+            down_at = step
+            break
+    assert down_at == stands_down_at
+    switches = pol.stats()["cost_gate"]["switches"]
+    if stands_down_at is None:
+        assert switches == []
+    else:
+        assert len(switches) == 1 and ("clear reading" in switches[0]["why"]) is clear
+        assert f"the latest {stands_down_at} decided steps" in switches[0]["why"]
 
 
 def test_without_its_host_time_measured_the_width_never_stands_down() -> None:
