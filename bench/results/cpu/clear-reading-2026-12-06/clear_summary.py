@@ -2,7 +2,7 @@
 interleaved runs; mean with a normal 95% interval, and the median) and the
 width's host time a run from its cost books.
 
-    python3 summary.py
+    python3 clear_summary.py
 """
 
 from __future__ import annotations
