@@ -24,15 +24,14 @@ def main() -> None:
             with gzip.open(folder / "rows.jsonl.gz", "rt") as lines:
                 for line in lines:
                     row = json.loads(line)
-                    by_repeat.setdefault(row["repeat"], {})[row["arm"]] = row[
-                        "output_tokens_per_s"
-                    ]
+                    by_repeat.setdefault(row["repeat"], {})[row["arm"]] = row["output_tokens_per_s"]
                     if row["arm"] == "PD":
                         books = row["verify_width"]["cost_gate"]
                         decided.append(books["decided_steps"])
                         width_ms.append(
                             books["decided_steps"] * books["host_ms_per_decided_step"]
-                            + books["stood_down_steps"] * (books["host_ms_per_stood_down_step"] or 0.0)
+                            + books["stood_down_steps"]
+                            * (books["host_ms_per_stood_down_step"] or 0.0)
                         )
             ratios += [d["PD"] / d["B1"] for d in by_repeat.values() if {"PD", "B1"} <= set(d)]
         mean = statistics.mean(ratios)
