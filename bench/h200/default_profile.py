@@ -261,6 +261,10 @@ class MeasuredWindow:
         self.cpu_before: dict[int, tuple[str, int]] | None = None
         self.cpu_after: dict[int, tuple[str, int]] | None = None
         self._t_open = self._t_last = 0.0
+        # the calling (main) thread's CPU seconds at the opening and at the
+        # last step's end: the window exactly, where the other threads' are
+        # read at close (after the run's own end)
+        self._cpu_open = self._cpu_last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
         if not self.opened:
@@ -268,9 +272,11 @@ class MeasuredWindow:
             self.opened = True
             self.cpu_before = thread_cpu_ns()
             self._t_open = self._t_last = time.perf_counter()
+            self._cpu_open = self._cpu_last = time.thread_time()
             return
         self.steps += 1
         self._t_last = time.perf_counter()
+        self._cpu_last = time.thread_time()
 
     def close(self) -> None:
         """Stop the profiler (once; a run that never stepped opened none)."""
@@ -283,6 +289,11 @@ class MeasuredWindow:
     def wall_s(self) -> float:
         """Seconds from the window's opening to its last step's end."""
         return self._t_last - self._t_open
+
+    @property
+    def main_cpu_s(self) -> float:
+        """The calling thread's CPU seconds over the same span as :attr:`wall_s`."""
+        return self._cpu_last - self._cpu_open
 
 
 def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, Any]:
@@ -320,6 +331,9 @@ def cuda_api_profile_arm(spec: dict[str, Any], warm: bool = True) -> dict[str, A
         "run_steps": row["steps"],
         "measured_steps": window.steps,
         "wall_ms_per_step": 1e3 * window.wall_s / window.steps,
+        "main_cpu_ms_per_step": 1e3 * window.main_cpu_s / window.steps,
+        # every thread from the window's opening to the run's end (its
+        # books and the collection after its steps included)
         "thread_cpu_ms_per_step": threads,
         **summarize_cuda_api(records, window.steps),
     }
@@ -440,9 +454,11 @@ def summarize_cuda_api(records: list[ApiRecord], steps: int) -> dict[str, Any]:
 def print_cuda_api(name: str, prof: dict[str, Any]) -> None:
     """:func:`cuda_api_profile_arm`'s result, the costliest calls first."""
     dev = prof["device"]
+    main_cpu = prof.get("main_cpu_ms_per_step")
     print(
-        f"{name}: {prof['tokens_per_s']:.1f} tok/s, wall {prof['wall_ms_per_step']:.3f} ms/step; "
-        f"kernels {dev['kernel_ms_per_step']:.3f} ms ({dev['kernels_per_step']:.0f}), "
+        f"{name}: {prof['tokens_per_s']:.1f} tok/s, wall {prof['wall_ms_per_step']:.3f} ms/step"
+        + (f" (main thread CPU {main_cpu:.3f})" if main_cpu is not None else "")
+        + f"; kernels {dev['kernel_ms_per_step']:.3f} ms ({dev['kernels_per_step']:.0f}), "
         f"copies {dev['copy_ms_per_step']:.3f} ms a step; {prof['threads_calling_cuda']} threads"
     )
 

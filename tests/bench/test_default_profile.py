@@ -156,6 +156,30 @@ def test_the_cuda_api_summary_splits_the_launching_thread_from_the_copy_threads(
     }
 
 
+def test_the_cuda_api_printout_names_the_costliest_calls_first(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    record = default_profile.ApiRecord
+    records = [record("cudaLaunchKernel", False, 7, 5.0)] * 4 + [
+        record("cudaEventQuery", False, 7, 1.0),
+        record("gemm_kernel", True, 0, 400.0),
+    ]
+    prof = {
+        "tokens_per_s": 300.0,
+        "wall_ms_per_step": 10.0,
+        "main_cpu_ms_per_step": 9.5,
+        "thread_cpu_ms_per_step": {"main": {"threads": 1.0, "cpu_ms_per_step": 9.9}},
+        **default_profile.summarize_cuda_api(records, steps=2),
+    }
+    default_profile.print_cuda_api("c=1 PD run 0", prof)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("c=1 PD run 0: 300.0 tok/s, wall 10.000 ms/step")
+    assert "(main thread CPU 9.500)" in lines[0] and "kernels 0.200 ms (0)" in lines[0]
+    assert "threads 'main'" in lines[1]
+    # 2 launches a step at 5 us before 0.5 queries at 1 us
+    assert lines[2].split()[0] == "cudaLaunchKernel" and lines[3].split()[0] == "cudaEventQuery"
+
+
 def test_the_measured_window_opens_at_the_first_measured_step_and_counts_the_rest() -> None:
     class FakeProfiler:
         def __init__(self) -> None:
@@ -177,7 +201,7 @@ def test_the_measured_window_opens_at_the_first_measured_step_and_counts_the_res
     window.close()
     # opened at the first step, closed once; the opening step is not counted
     assert prof.calls == ["start", "stop"]
-    assert window.steps == 3 and window.wall_s >= 0.0
+    assert window.steps == 3 and window.wall_s >= 0.0 and window.main_cpu_s >= 0.0
     if window.cpu_before is not None:
         assert window.cpu_after is not None
 
