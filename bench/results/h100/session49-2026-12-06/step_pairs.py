@@ -18,7 +18,7 @@ from typing import Any
 
 
 def _ms(row: dict[str, Any], key: str) -> float:
-    return 1e3 * float(row.get(key) or 0.0) / row["steps"]
+    return 1e3 * float(row.get(key) or 0.0) / float(row["steps"])
 
 
 def parts(row: dict[str, Any]) -> dict[str, float]:
