@@ -231,8 +231,9 @@ back, else the steps to the next probe double, up to
 :attr:`AdaptiveWidth.COST_PROBE_MAX_EVERY` (a workload where the width
 cannot pay pays for its probes and their refresh steps less and less
 often: at a fixed 16 they were 5 steps in 16). A step between probes
-reads nothing but the acceptance outcomes: no step model, no routing
-union, no cost marks at its start
+reads nothing but the acceptance outcomes (kept, and learned in one batch
+at the width's next reading: :meth:`AdaptiveWidth.observe_outcomes`): no
+step model, no routing union, no cost marks at its start
 (:attr:`AdaptiveWidth.next_step_may_read_cost`). On the tiny default (a
 host-bound step whose expert copies cost microseconds) the chosen widths
 were the whole block in most steps: on the CPU the width's host time was
@@ -731,6 +732,45 @@ class SurvivalEstimator:
         for at_risk, passed in ((self.at_risk, self.passed), req):
             at_risk[:risk] += 1
             passed[:a] += 1
+        self._global = None
+
+    def observe_many(self, outcomes: Sequence[tuple[int, int, int]]) -> None:
+        """:meth:`observe` of every ``(request id, verified, accepted)`` round
+        in ``outcomes`` (in order; the counts are sums, so the state is the
+        same as one call each), counted per position by histogram: a few
+        array operations per request instead of four per round. Raises
+        ValueError, the state unchanged, where any round is invalid."""
+        if not outcomes:
+            return
+        table = np.asarray(outcomes, dtype=np.int64).reshape(-1, 3)
+        verified, accepted = table[:, 1], table[:, 2]
+        bad = np.flatnonzero((accepted < 0) | (accepted > verified))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"need 0 <= accepted <= verified, got {int(accepted[i])}, {int(verified[i])}"
+            )
+        d = self.max_drafts
+        v = np.minimum(verified, d)
+        a = np.minimum(accepted, v)
+        risk = np.minimum(a + 1, v)
+
+        def reached(counts: np.ndarray) -> np.ndarray:
+            # position j (index j - 1) is reached by every round whose count >= j
+            hist = np.bincount(counts, minlength=d + 1)
+            return np.cumsum(hist[::-1])[::-1][1:]
+
+        self.at_risk += reached(risk)
+        self.passed += reached(a)
+        rids = table[:, 0]
+        for rid in dict.fromkeys(rids.tolist()):
+            mine = rids == rid
+            req = self._req.get(rid)
+            if req is None:
+                req = (np.zeros(d, np.int64), np.zeros(d, np.int64))
+                self._req[rid] = req
+            req[0][:] += reached(risk[mine])
+            req[1][:] += reached(a[mine])
         self._global = None
 
     def forget(self, request_id: int) -> None:
@@ -1349,12 +1389,15 @@ class AdaptiveWidth:
         self.num_layers = num_layers
         self.expert_bytes = expert_bytes
         self.ema = ema
-        self.survival = SurvivalEstimator(
+        self._survival = SurvivalEstimator(
             self.block_drafts,
             prior_accept=prior_accept,
             prior_weight=prior_weight,
             shrink_weight=shrink_weight,
         )
+        # outcomes of steps between probes not yet learned (observe_outcomes):
+        # learned in one batch at the width's next reading
+        self._unlearned: list[Sequence[tuple[int, int, int]]] = []
         self.union = UnionGrowth(num_experts, top_k, form=union_form)
         self.miss_rate: float | None = None  # copied bytes per routed batch expert's bytes
         self.link_bytes_per_s: float | None = None
@@ -1604,10 +1647,36 @@ class AdaptiveWidth:
         between = self._standing_down and k < self._probe_every
         return between, between and self._probe_every - k <= self.COST_REFRESH_STEPS
 
+    @property
+    def survival(self) -> SurvivalEstimator:
+        """The acceptance estimates, every outcome observed so far learned."""
+        self._learn_unlearned()
+        return self._survival
+
+    def _learn_unlearned(self) -> None:
+        """Learn the outcomes kept by :meth:`observe_outcomes`, in their
+        order: one batch of counts (:meth:`SurvivalEstimator.observe_many`)
+        and the books' sums, or one by one where a request among them has
+        an estimate kept for the books' expectation (the same state either
+        way)."""
+        if not self._unlearned:
+            return
+        batches, self._unlearned = self._unlearned, []
+        outcomes = [o for batch in batches for o in batch]
+        if any(rid in self._expected for rid, _, _ in outcomes):
+            self._learn_outcomes(outcomes)
+            return
+        self._survival.observe_many(outcomes)
+        books = self._books
+        books.rounds += len(outcomes)
+        books.verified += sum(v for _, v, _ in outcomes)
+        books.accepted += sum(a for _, _, a in outcomes)
+
     # ------------------------------------------------------------ protocol
     def widths(self, requests: Sequence[WidthRequest]) -> list[int]:
         if self.between_probes_widths([(r.request_id, r.available) for r in requests]):
             return [r.available for r in requests]  # between probes: nothing read or fitted
+        self._learn_unlearned()
         self._decided = self._refreshing = False
         self._pending_saving = None
         fit = self.time_fit()
@@ -1618,12 +1687,12 @@ class AdaptiveWidth:
             self._cost_books.probes += 1
         c = len(requests)
         survs = [
-            self.survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
+            self._survival.survival(r.request_id)[: min(r.available, self.block_drafts)]
             for r in requests
         ]
         # chosen by the lower bounds; the books' expectation keeps the estimates
         chosen_by = [
-            self.survival.survival_lower(r.request_id, self.survival_z)[: len(s)]
+            self._survival.survival_lower(r.request_id, self.survival_z)[: len(s)]
             if self.survival_z > 0.0
             else s
             for r, s in zip(requests, survs, strict=True)
@@ -1704,8 +1773,14 @@ class AdaptiveWidth:
         """:meth:`observe` of a step measured for nothing but its
         ``(request id, verified, accepted)`` outcomes and the width's host
         time (a :class:`WidthStep` with no other field: a step standing down
-        between probes), without step objects."""
-        self._learn_outcomes(outcomes)
+        between probes), without step objects. The outcomes are kept and
+        learned at the width's next reading (its next :meth:`widths` that
+        decides, :meth:`observe`, :meth:`forget`, :meth:`stats`,
+        :meth:`reset_stats`, :attr:`survival`): between probes nothing reads
+        them, and one batch costs less host time than a call each. The
+        caller must not change ``outcomes`` after the call."""
+        if outcomes:
+            self._unlearned.append(outcomes)
         self._book_host(policy_host_s)
 
     def _every_draft(self, requests: Sequence[WidthRequest]) -> list[int]:
@@ -1779,8 +1854,8 @@ class AdaptiveWidth:
             if not d or base[i] >= len(lists[i]):
                 out.append(d)  # not due, or nothing past the width to explore
                 continue
-            c = self.survival.continuation(r.request_id)
-            se = self.survival.continuation_error(r.request_id)
+            c = self._survival.continuation(r.request_id)
+            se = self._survival.continuation_error(r.request_id)
             upper = np.minimum(1.0, c + self.EXPLORE_Z * se)[: len(lists[i])]
             best = optimistic_width(lists, base, i, upper.tolist(), step_s, self.explore_reach)
             if best > base[i]:
@@ -1813,7 +1888,7 @@ class AdaptiveWidth:
                     self._cal_accepted = mem * self._cal_accepted + max(
                         0, min(accepted, verified) - 1
                     )
-            self.survival.observe(rid, verified, accepted)
+            self._survival.observe(rid, verified, accepted)
             books.rounds += 1
             books.verified += verified
             books.accepted += accepted
@@ -1827,6 +1902,7 @@ class AdaptiveWidth:
                 self._cost_books.stood_down_host_s += policy_host_s
 
     def observe(self, step: WidthStep) -> None:
+        self._learn_unlearned()
         self._learn_outcomes((o.request_id, o.verified, o.accepted) for o in step.outcomes)
         self._book_host(step.policy_host_s)
         if not step.outcomes or not self.wants_step_cost:
@@ -1890,15 +1966,18 @@ class AdaptiveWidth:
     def calibration(self) -> float:
         """``κ``: the acceptance calibration past the first draft (module
         docstring, ``cal=1``); 1 until rounds past the first draft are seen."""
+        self._learn_unlearned()
         prior = self.CALIBRATION_PRIOR
         kappa = (self._cal_accepted + prior) / (self._cal_expected + prior)
         return min(1.0, max(self.CALIBRATION_MIN, kappa))
 
     def forget(self, request_id: int) -> None:
-        self.survival.forget(request_id)
+        self._learn_unlearned()  # the request's kept outcomes first
+        self._survival.forget(request_id)
         self._expected.pop(request_id, None)
 
     def stats(self) -> dict[str, Any]:
+        self._learn_unlearned()
         out = self._books.summary(self.name)
         # decisions that verified past their width to measure the positions
         # there, the drafts they verified, and the drafts their steps verified
@@ -1914,10 +1993,10 @@ class AdaptiveWidth:
         slope, se = self.row_cost_fit()
         wall_slope, wall_se = self.wall_row_fit()
         slope_fit = self.exposed_slope()
-        surv = np.cumprod(self.survival.global_continuation())
+        surv = np.cumprod(self._survival.global_continuation())
         out["estimates"] = {
             "survival_global": [round(float(s), 4) for s in surv[:8]],
-            "shrink_weight": self.survival.shrink_weight,
+            "shrink_weight": self._survival.shrink_weight,
             "survival_z": self.survival_z,
             "calibrate": self.calibrate,
             # measured under every setting, applied only with calibrate
@@ -1965,6 +2044,7 @@ class AdaptiveWidth:
         return out
 
     def reset_stats(self) -> None:
+        self._learn_unlearned()  # into the books being closed, as one by one
         self._books.reset()
         self._explored = 0
         self._explored_drafts = 0

@@ -1934,6 +1934,72 @@ def test_survival_lower_bound_is_the_estimate_at_z0_and_meets_it_as_rounds_grow(
     assert 0.0 < gap < 0.03
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_observing_many_rounds_at_once_counts_as_one_call_each(seed: int) -> None:
+    """:meth:`SurvivalEstimator.observe_many` leaves the same counts as
+    :meth:`SurvivalEstimator.observe` called round by round (rounds past the
+    deepest position, none verified, every draft accepted; requests
+    interleaved and repeated)."""
+    rng = np.random.default_rng(seed)
+    rounds = []
+    for _ in range(60):
+        verified = int(rng.integers(0, 20))  # past max_drafts = 15 too
+        rounds.append((int(rng.integers(0, 5)), verified, int(rng.integers(0, verified + 1))))
+    rounds += [(9, 0, 0), (9, 15, 15), (9, 18, 18)]
+    one, many = SurvivalEstimator(15), SurvivalEstimator(15)
+    for rid, verified, accepted in rounds:
+        one.observe(rid, verified, accepted)
+    many.observe_many(rounds[:25])
+    many.observe_many([])
+    many.observe_many(rounds[25:])
+    assert one.at_risk.tolist() == many.at_risk.tolist()
+    assert one.passed.tolist() == many.passed.tolist()
+    assert one.request_ids() == many.request_ids()
+    for rid in one.request_ids():
+        assert one.survival(rid).tolist() == many.survival(rid).tolist()
+    # an invalid round anywhere: a clear error, nothing counted
+    before = (many.at_risk.copy(), many.passed.copy(), many.request_ids())
+    with pytest.raises(ValueError, match="accepted <= verified"):
+        many.observe_many([(1, 3, 2), (42, 2, 3)])
+    assert many.at_risk.tolist() == before[0].tolist()
+    assert many.passed.tolist() == before[1].tolist() and many.request_ids() == before[2]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_outcomes_kept_between_probes_are_learned_as_if_one_by_one(seed: int) -> None:
+    """Between probes :meth:`AdaptiveWidth.observe_outcomes` keeps the
+    outcomes and the width learns them in one batch at its next reading: the
+    same widths every step, the same estimates and books as a width that
+    learns each step's outcomes at once, through stand-downs, probes, a
+    return and requests that leave (each forgotten after its kept outcomes
+    are learned)."""
+    plants = [_compute_bound(seed), _compute_bound(seed)]
+    pols = [plant.policy() for plant in plants]
+
+    def learn_at_once(outcomes: Any, policy_host_s: float) -> None:
+        pols[0]._learn_outcomes(outcomes)
+        pols[0]._book_host(policy_host_s)
+
+    pols[0].observe_outcomes = learn_at_once  # type: ignore[method-assign]
+    kept = []
+    for step in range(700):
+        if step == 300:  # the link makes rows dear: a probe brings the width back
+            for plant in plants:
+                plant.link_s_per_expert, plant.exposed, plant.accept = 0.004, 1.0, 0.5
+        if step % 97 == 96:  # a request leaves: the kept outcomes first, then its history
+            for pol in pols:
+                pol.forget(step % 4)
+        ks = [plant.step(pol, c=4, lean=True) for plant, pol in zip(plants, pols, strict=True)]
+        assert ks[0] == ks[1], step
+        kept.append(len(pols[1]._unlearned))
+    assert max(kept) >= 8  # batches of many steps were learned at once
+    assert pols[0]._unlearned == []
+    a, b = pols[0].stats(), pols[1].stats()
+    assert a == b and pols[1]._unlearned == []
+    for rid in range(4):
+        assert pols[0].survival.survival(rid).tolist() == pols[1].survival.survival(rid).tolist()
+
+
 def _lucky_request_widths(z: float, calibrate: bool = False) -> list[int]:
     """Request 0's widths after its first four rounds accepted every draft
     it verified, while every round of three other requests accepted none
