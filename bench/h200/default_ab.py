@@ -47,16 +47,19 @@ Arms (``--arms``, comma-separated names):
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
 ``--profile`` instead runs each arm once warm and once with its engine stages
-timed (``bench/h200/default_profile.py``: host ms per engine step by stage,
-and on CUDA the synchronizing calls each stage makes), prints them and writes
-``OUT/profile.json`` (keyed by concurrency, then arm); ``--profile-repeats N``
+timed (``bench/h200/default_profile.py``: host ms per engine step on the
+run's clock by stage, and on CUDA the synchronizing calls each stage
+makes), prints them and writes ``OUT/profile.json`` (keyed by concurrency,
+then arm); ``--profile-repeats N``
 profiles every arm ``N`` times, interleaved, and prints and writes the
 medians (with every run under ``runs``): one run does not rank arms on a
 host whose speed drifts between runs. ``--cuda-api`` (CUDA only) instead
 runs each arm under torch's profiler (CUPTI, no operator tracing;
-``--profile-repeats`` times, interleaved) and writes ``OUT/cuda_api.json``:
-per step the CUDA runtime calls of the Python thread and of the native
-threads (count, mean duration), and the device's kernel and copy time.
+``--profile-repeats`` times, interleaved) over its measured steps after the
+first, and writes ``OUT/cuda_api.json``: per step the CUDA runtime calls of
+the Python thread and of the native threads (count, mean duration), the
+device's kernel and copy time and its most frequent kernels, and the
+threads' CPU time.
 
     python3 bench/h200/default_ab.py --concurrency 1 4 --repeats 8 --out OUT
     python3 bench/h200/default_ab.py --concurrency 4 --arms B1,B2,PD --profile --out OUT
