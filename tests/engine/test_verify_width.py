@@ -1981,17 +1981,23 @@ def test_outcomes_kept_between_probes_are_learned_as_if_one_by_one(seed: int) ->
         pols[0]._book_host(policy_host_s)
 
     pols[0].observe_outcomes = learn_at_once  # type: ignore[method-assign]
-    kept = []
-    for step in range(700):
-        if step == 300:  # the link makes rows dear: a probe brings the width back
+    kept, stood_down, back = [], False, 0
+    for step in range(1200):
+        if step == 100:  # the link makes rows dear: a probe brings the width back
             for plant in plants:
                 plant.link_s_per_expert, plant.exposed, plant.accept = 0.004, 1.0, 0.5
-        if step % 97 == 96:  # a request leaves: the kept outcomes first, then its history
+        if step % 37 == 36:  # a request leaves: the kept outcomes first, then its history
             for pol in pols:
                 pol.forget(step % 4)
         ks = [plant.step(pol, c=4, lean=True) for plant, pol in zip(plants, pols, strict=True)]
         assert ks[0] == ks[1], step
         kept.append(len(pols[1]._unlearned))
+        stood_down |= pols[1].standing_down
+        if step > 100 and not pols[1].standing_down:
+            back += 1
+            if back == 20:
+                break
+    assert stood_down and back == 20  # it stood down, and a probe brought it back
     assert max(kept) >= 8  # batches of many steps were learned at once
     assert pols[0]._unlearned == []
     a, b = pols[0].stats(), pols[1].stats()
