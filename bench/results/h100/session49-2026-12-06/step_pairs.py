@@ -9,6 +9,7 @@ spans.
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
 import math
 import statistics
@@ -16,15 +17,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def _ms(row: dict[str, Any], key: str) -> float:
-    return 1e3 * float(row.get(key) or 0.0) / float(row["steps"])
+# the outside-span time as the CPU rest study reads it (one definition)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "cpu" / "rest-2026-12-06"))
+rest_summary: Any = importlib.import_module("rest_summary")
 
 
 def parts(row: dict[str, Any]) -> dict[str, float]:
-    spans = _ms(row, "draft_s") + _ms(row, "verify_s")
-    outside = _ms(row, "wall_s") - spans - _ms(row, "prefill_s") - _ms(row, "predict_s")
-    return {"outside": outside, "spans": spans, "wall": _ms(row, "wall_s")}
+    per_step = rest_summary._per_step_ms
+    return {
+        "outside": rest_summary.outside_spans_ms(row),
+        "spans": per_step(row, "draft_s") + per_step(row, "verify_s"),
+        "wall": per_step(row, "wall_s"),
+    }
 
 
 def main(argv: list[str]) -> None:
