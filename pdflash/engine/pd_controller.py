@@ -639,6 +639,8 @@ class _Books:
     def reset(self) -> None:
         self.steps = 0
         self.on_steps = dict.fromkeys(ALL_PARTS, 0)
+        self._counted_parts: PartsState | None = None
+        self._running: tuple[str, ...] = ()
         self.switches = 0
         self.decisions: list[Decision] = []
         # every step's measured wall and exposed fetch, summed (all steps,
@@ -655,8 +657,12 @@ class _Books:
 
     def count(self, parts: PartsState) -> None:
         self.steps += 1
-        for p in ALL_PARTS:
-            self.on_steps[p] += int(parts.runs(p))
+        if parts is not self._counted_parts:  # the same state step after step, mostly
+            self._counted_parts = parts
+            self._running = tuple(p for p in ALL_PARTS if parts.runs(p))
+        on_steps = self.on_steps
+        for p in self._running:
+            on_steps[p] += 1
 
     def listed(self) -> tuple[str, ...]:
         """The parts a summary lists: PD's, and the host service where the
@@ -1995,6 +2001,9 @@ class EngineParts:
         )
         self.applied: PartsState | None = None
         self.marks = _Marks()
+        #: the stall timer's version and reading at the last step's end:
+        #: the next step's start mark (:func:`_stall_mark`)
+        self.stall_reading: tuple[int, float] | None = None
         #: the policy can rest (module docstring, "Rest"), and the step under
         #: way runs at rest: its measurement is skipped
         self.rests = isinstance(policy, RestingPolicy)
@@ -2065,6 +2074,27 @@ def _cache_counter(cache: object, name: str) -> int | None:
     return None
 
 
+def _stall_mark(parts: EngineParts) -> float:
+    """The stall timer at a step's start: the previous step's end reading
+    where no wait was recorded and the timer was not reset since (its
+    version unchanged), else a fresh reading. Exact or better: a wait
+    recorded before that reading but completed on the device after it
+    counts in this step instead of in neither."""
+    timer = parts.engine.timer
+    kept, parts.stall_reading = parts.stall_reading, None
+    if kept is not None and kept[0] == timer.stall_version:
+        return kept[1]
+    return timer.stall_s_ready()
+
+
+def _stall_end(parts: EngineParts) -> float:
+    """The stall timer at a step's end, kept as the next step's start mark."""
+    timer = parts.engine.timer
+    now = timer.stall_s_ready()
+    parts.stall_reading = (timer.stall_version, now)
+    return now
+
+
 def before_step(parts: EngineParts) -> None:
     """Apply the policy's parts and mark the counters (start of a step):
     at rest only the clock and the waits (module docstring, "Rest"), and the
@@ -2077,7 +2107,7 @@ def before_step(parts: EngineParts) -> None:
         parts.switchable_batcher.compare = not resting
     parts.resting = resting
     if resting:
-        parts.marks = _Marks(t0=eng.clock(), stall_s=eng.timer.stall_s_ready())
+        parts.marks = _Marks(t0=eng.clock(), stall_s=_stall_mark(parts))
         return
     cache = eng.expert_cache
     parts.marks = _Marks(
@@ -2086,7 +2116,7 @@ def before_step(parts: EngineParts) -> None:
         route_ahead_predicted=eng.route_ahead_predicted_n,
         route_ahead_hits=eng.route_ahead_hit_n,
         stage_s=dict(eng.prefetch.stage_s),
-        stall_s=eng.timer.stall_s_ready(),
+        stall_s=_stall_mark(parts),
         sched_n=len(eng.scheduler_us),
         bytes_in=_cache_counter(cache, "bytes_in"),
         prefetch_in=_cache_counter(cache, "prefetch_bytes_in"),
@@ -2150,7 +2180,7 @@ def measure_step(parts: EngineParts, report: StepReport) -> StepMeasurement:
         books_host_s={"route_ahead": predict_s + prefetch_s, "stream": prefetch_s},
         # NOTE: never a device synchronize per step: it would wait for the
         # prefetch copies issued to overlap the next draft
-        exposed_fetch_s=max(0.0, eng.timer.stall_s_ready() - mk.stall_s),
+        exposed_fetch_s=max(0.0, _stall_end(parts) - mk.stall_s),
         bytes_in=_delta(_cache_counter(cache, "bytes_in"), mk.bytes_in),
         prefetch_bytes_in=_delta(_cache_counter(cache, "prefetch_bytes_in"), mk.prefetch_in),
         prefetch_wasted_bytes=_delta(
@@ -2183,7 +2213,7 @@ def after_step(parts: EngineParts, report: StepReport) -> None:
         cast(RestingPolicy, parts.policy).rest_step(
             RestStep(
                 wall_s=wall,
-                exposed_fetch_s=max(0.0, eng.timer.stall_s_ready() - mk.stall_s),
+                exposed_fetch_s=max(0.0, _stall_end(parts) - mk.stall_s),
                 counted=report.verified > 0 and report.admitted == 0 and wall > 0.0,
             )
         )

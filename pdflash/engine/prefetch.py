@@ -954,7 +954,20 @@ class ExpertPrefetcher:
     def background(self) -> None:
         if not self.background_enabled:
             return
+        if self._cache_full():
+            # no empty slot, no background copy (:meth:`_background`): the
+            # common case once the cache is warm returns before the timing
+            self._step_route_ahead_bytes = 0
+            return
         self._timed("background_prefetch", self._background)
+
+    def _cache_full(self) -> bool:
+        """Whether the cache's per-slot table shows no empty slot (False
+        where it cannot be read: :meth:`_background` decides)."""
+        expert_of = getattr(self.cache, "expert_of", None)
+        return (
+            isinstance(expert_of, np.ndarray) and expert_of.size > 0 and bool(expert_of.min() >= 0)
+        )
 
     def _background(self) -> None:
         """BACKGROUND copies of the most frequently routed missing experts,

@@ -88,10 +88,16 @@ class ComputeTimer:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._depth = 0
+        #: bumped by every :meth:`reset` and every wait :meth:`stall` starts:
+        #: while it is unchanged, no wait was recorded since a reading of
+        #: :meth:`stall_s_ready` (a later reading adds only the waits then
+        #: still running on the device)
+        self.stall_version = -1
         self.reset()
 
     def reset(self) -> None:
         """Zero the accumulated times (e.g. after a warm-up)."""
+        self.stall_version += 1
         self._forward = _Span(self.cuda)
         self._stalls: dict[str, _Span] = {}  # by STALL_KINDS
         self._host_wait = _Span(self.cuda)
@@ -158,6 +164,7 @@ class ComputeTimer:
         (:data:`STALL_KINDS`)."""
         if kind not in STALL_KINDS:
             raise ValueError(f"stall kind must be one of {STALL_KINDS}, got {kind!r}")
+        self.stall_version += 1
         return self._stalls.setdefault(kind, _Span(self.cuda)).measure()
 
     def stall_kind_s(self, kind: str) -> float:

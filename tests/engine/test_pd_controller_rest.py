@@ -224,3 +224,57 @@ def test_an_aborted_request_leaves_no_estimate_at_rest(offloaded: tuple[Any, lis
         assert eng.parts.survival.request_ids() == []
     finally:
         issuer.close()
+
+
+class _CountingTimer:
+    """A stall timer whose every read is counted; ``stall()`` records a
+    wait of ``ms`` (a version bump, as :class:`ComputeTimer`'s)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.reads = 0
+        self.stall_version = 0
+
+    def stall(self, ms: float) -> None:
+        self.stall_version += 1
+        self.total += ms * 1e-3
+
+    def stall_s_ready(self) -> float:
+        self.reads += 1
+        return self.total
+
+
+def test_a_step_starts_from_the_last_steps_end_reading_while_no_wait_came_between() -> None:
+    from types import SimpleNamespace
+
+    from pdflash.engine.pd_controller import _stall_end, _stall_mark
+
+    timer = _CountingTimer()
+    parts: Any = SimpleNamespace(engine=SimpleNamespace(timer=timer), stall_reading=None)
+    assert _stall_mark(parts) == 0.0 and timer.reads == 1  # nothing kept: read
+    timer.stall(2.0)
+    assert _stall_end(parts) == pytest.approx(2e-3) and timer.reads == 2
+    # the next step's start: the end reading, no read
+    assert _stall_mark(parts) == pytest.approx(2e-3) and timer.reads == 2
+    timer.stall(1.0)
+    assert _stall_end(parts) == pytest.approx(3e-3)
+    # a wait recorded between the steps (or a reset): read again
+    timer.stall(4.0)
+    assert _stall_mark(parts) == pytest.approx(7e-3) and timer.reads == 4
+    # a step that never reached its end keeps nothing for the next one
+    assert parts.stall_reading is None
+    assert _stall_mark(parts) == pytest.approx(7e-3) and timer.reads == 5
+
+
+def test_the_compute_timers_stall_version_moves_with_each_wait_and_reset() -> None:
+    import torch
+
+    from pdflash.engine.timing import ComputeTimer
+
+    timer = ComputeTimer(torch.device("cpu"))
+    v0 = timer.stall_version
+    with timer.forward("verify"), timer.stall("unclassified"):
+        pass
+    assert timer.stall_version == v0 + 1
+    timer.reset()
+    assert timer.stall_version == v0 + 2 and timer.stall_s_ready() == 0.0

@@ -224,6 +224,31 @@ def test_the_planner_counts_its_own_bytes_and_failures() -> None:
     np.testing.assert_array_equal(planner.route_freq, freq)  # what it learned stays
 
 
+def test_background_on_a_full_cache_returns_before_its_timed_stage() -> None:
+    cache = _FakeCache(2, 4, slots=4)
+    cache.resident[[4, 5]] = True
+    config = EngineConfig.preset("PD-no-stream", lookahead=False)
+    planner = ExpertPrefetcher(_shape(), cache, config)  # type: ignore[arg-type]
+    routed = np.zeros((2, 4), dtype=np.bool_)
+    routed[1, 3] = routed[0, 2] = True
+    planner.observe_routing(routed)
+    # route-ahead's bytes are the step's (half the free slots: one copy) ...
+    planner.before_verify([np.array([0, 1])], np.array([0, 1]))
+    assert planner._step_route_ahead_bytes == 100
+    # ... and with the cache full, cleared by the background's early return
+    cache.resident[6] = True
+    stages = dict(planner.stage_s)
+    planner.background()
+    assert cache.calls == [([0], Band.ROUTE_AHEAD)]
+    assert planner._step_route_ahead_bytes == 0
+    assert planner.stage_s.get("background_prefetch") == stages.get("background_prefetch")
+    # a slot given back: the background copies into it (the prior's first)
+    cache.resident[6] = False
+    planner.background()
+    assert cache.calls[-1] == ([2], Band.BACKGROUND)
+    assert planner.stage_s["background_prefetch"] > 0.0
+
+
 def test_the_planner_without_a_cache_does_nothing() -> None:
     planner = ExpertPrefetcher(_shape(), None, EngineConfig.preset("PD"))  # type: ignore[arg-type]
     planner.on_predicted([np.array([1])])
