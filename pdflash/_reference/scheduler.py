@@ -91,13 +91,15 @@ class ReferenceScheduler:
             return
         self.ring.remove((req.seq, rid))
 
-    def update_demand(self, rid: int, drafted_tokens: int, experts: Iterable[int]) -> None:
+    def update_demand(
+        self, rid: int, drafted_tokens: int, experts: Iterable[int] | None = None
+    ) -> None:
         req = self.requests[rid]
         if req.tokens is None:
             # backlogged from the current lap on: owed nothing for earlier laps
             req.credit_lap = max(req.credit_lap, self.lap - 1)
         req.tokens = 1 + drafted_tokens
-        req.experts = frozenset(int(g) for g in experts)
+        req.experts = frozenset(() if experts is None else (int(g) for g in experts))
 
     def clear_demand(self, rid: int) -> None:
         self.requests[rid].tokens = None

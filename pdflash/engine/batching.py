@@ -126,7 +126,6 @@ class DeficitBatcher:
         self.name = "deficit_tokens" if byte_budget is None else "deficit_2d"
         self._shape = (token_budget, num_layers, num_experts, expert_nbytes, max_tokens_per_item)
         self.scheduler = self._build(byte_budget, fixed_step_bytes)
-        self._empty = np.zeros(0, dtype=np.int64)
         self._live: set[int] = set()
         # live requests whose latest demand named predicted experts (a
         # superset of the scheduler's pending demands that do)
@@ -199,13 +198,15 @@ class DeficitBatcher:
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
     ) -> BatchDecision:
+        scheduler, predicting = self.scheduler, self._predicting
         for d in demands:
-            pred = d.predicted if d.predicted is not None else self._empty
-            self.scheduler.update_demand(d.request_id, d.tokens - 1, pred)
-            if pred.size:
-                self._predicting.add(d.request_id)
+            pred = d.predicted
+            if pred is None or not pred.size:
+                scheduler.update_demand(d.request_id, d.tokens - 1)
+                predicting.discard(d.request_id)
             else:
-                self._predicting.discard(d.request_id)
+                scheduler.update_demand(d.request_id, d.tokens - 1, pred)
+                predicting.add(d.request_id)
         # the resident set only discounts predicted experts: while no pending
         # demand names one, every marginal byte count and the missing union
         # are empty whatever it holds (a demand with predictions has it sent

@@ -2201,19 +2201,26 @@ class WidthHook:
             self._host_s += time.perf_counter() - start
 
     def _trim(self, reqs: Sequence[Request]) -> None:
-        todo = [r for r in reqs if r.drafts is not None and r.drafts.numel() > 0]
-        if not self.timing_independent:
-            kept = [r for r in todo if not (r.seeded and not r.params.greedy)]
-            self.seeded_full_width += len(todo) - len(kept)
-            todo = kept
+        # one pass: the requests asked about and their available drafts
+        keep_seeded = not self.timing_independent
+        todo: list[Request] = []
+        available: list[tuple[int, int]] = []
+        for r in reqs:
+            drafts = r.drafts
+            n = 0 if drafts is None else int(drafts.numel())
+            if n == 0:
+                continue
+            if keep_seeded and r.seeded and not r.params.greedy:
+                self.seeded_full_width += 1
+                continue
+            todo.append(r)
+            available.append((r.request_id, n))
         if not todo:
             return
         policy = self.policy
-        if isinstance(policy, AdaptiveWidth) and policy.between_probes_widths(
-            [(r.request_id, int(r.drafts.numel())) for r in todo]  # type: ignore[union-attr]
-        ):
+        if isinstance(policy, AdaptiveWidth) and policy.between_probes_widths(available):
             return  # standing down between probes: every draft kept
-        asks = [WidthRequest(r.request_id, int(r.drafts.numel())) for r in todo]  # type: ignore[union-attr]
+        asks = [WidthRequest(rid, n) for rid, n in available]
         ks = self.policy.widths(asks)
         for req, ask, k in zip(todo, asks, ks, strict=True):
             if not 0 <= k <= ask.available:

@@ -249,11 +249,12 @@ class VerifyScheduler:
         self._base_weight[rid] = w
 
     def update_demand(
-        self, rid: int, drafted_tokens: int, predicted_experts: npt.ArrayLike
+        self, rid: int, drafted_tokens: int, predicted_experts: npt.ArrayLike | None = None
     ) -> None:
         """Set a request's verify demand: ``1 + drafted_tokens`` tokens and the
         experts it is predicted to route to (flat ids, or a boolean
-        ``(num_layers, num_experts)`` mask). Replaces any pending demand."""
+        ``(num_layers, num_experts)`` mask; None: none, as an empty set).
+        Replaces any pending demand."""
         index = self._index(rid)
         if type(drafted_tokens) is not int and (
             isinstance(drafted_tokens, bool) or not isinstance(drafted_tokens, numbers.Integral)
@@ -265,7 +266,11 @@ class VerifyScheduler:
         limit = self.config.max_tokens_per_item
         if limit is not None and tokens > limit:
             raise ValueError(f"1 + drafted_tokens = {tokens} exceeds max_tokens_per_item={limit}")
-        words = self._to_words(predicted_experts, "predicted_experts")
+        words = (
+            self._no_words
+            if predicted_experts is None
+            else self._to_words(predicted_experts, "predicted_experts")
+        )
         self._core.set_demand(index, tokens, words)
 
     def clear_demand(self, rid: int) -> None:

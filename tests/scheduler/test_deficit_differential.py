@@ -94,8 +94,12 @@ def run_differential(
                         pool, size=int(rng.integers(0, len(pool) + 1)), replace=False
                     )
                     ids = np.union1d(common, ids[: k // 4]).astype(np.int64)
-                native.update_demand(rid, drafted, ids)
-                ref.update_demand(rid, drafted, ids.tolist())
+                if rng.random() < 0.1:  # a demand that names no expert (token-only)
+                    native.update_demand(rid, drafted)
+                    ref.update_demand(rid, drafted)
+                else:
+                    native.update_demand(rid, drafted, ids)
+                    ref.update_demand(rid, drafted, ids.tolist())
         if lean:
             grants = native.step_grants()
             b = ref.step()

@@ -441,6 +441,11 @@ def test_demand_encodings_agree_and_an_empty_demand_clears_the_set() -> None:
     assert s.step().union_ids.tolist() == [5]
     s.update_demand(0, 1, np.zeros(0, dtype=np.int64))
     assert s.step().union_ids.tolist() == []
+    # no experts named (None, the default): the empty set, after a set one too
+    s.update_demand(0, 1, [5])
+    s.update_demand(0, 2)
+    assert demand_ids() == [] and s.pending_tokens(0) == 3
+    assert s.step().union_ids.tolist() == []
 
 
 def test_invariant_tracker_accepts_a_long_random_trace() -> None:
