@@ -37,7 +37,7 @@ with the invariants and the proofs of the liveness and fairness bounds):
    given by ``add_request``). A request re-added after removal gets a new
    sequence number and zero credit.
 2. **Demand.** ``update_demand`` sets ``t = 1 + drafts`` tokens and the
-   predicted set ``X``. A step that serves a request *consumes* its demand:
+   predicted set ``X`` (none given: the empty set). A step that serves a request *consumes* its demand:
    it has none until the next ``update_demand`` (the engine drafts again). A
    request without demand is skipped, keeps its credit (bounded) and is owed
    no quanta for the laps it sat out (on becoming backlogged,
