@@ -37,10 +37,11 @@ with the invariants and the proofs of the liveness and fairness bounds):
    given by ``add_request``). A request re-added after removal gets a new
    sequence number and zero credit.
 2. **Demand.** ``update_demand`` sets ``t = 1 + drafts`` tokens and the
-   predicted set ``X`` (none given: the empty set). A step that serves a request *consumes* its demand:
-   it has none until the next ``update_demand`` (the engine drafts again). A
-   request without demand is skipped, keeps its credit (bounded) and is owed
-   no quanta for the laps it sat out (on becoming backlogged,
+   predicted set ``X`` (none given: the empty set). A step that serves a
+   request *consumes* its demand: it has none until the next
+   ``update_demand`` (the engine drafts again). A request without demand is
+   skipped, keeps its credit (bounded) and is owed no quanta for the laps it
+   sat out (on becoming backlogged,
    ``credit_lap = max(credit_lap, lap - 1)``).
 3. **Scan order.** A step scans the live requests with demand in ring order,
    starting at the first whose sequence number is >= the saved cursor
