@@ -160,9 +160,8 @@ def test_the_resident_set_is_sent_only_while_a_pending_demand_names_predicted_ex
 
     class AlwaysResident(DeficitBatcher):
         def select(self, demands: list[VerifyDemand], resident: np.ndarray | None) -> BatchDecision:
-            for d in demands:
-                pred = d.predicted if d.predicted is not None else self._empty
-                self.scheduler.update_demand(d.request_id, d.tokens - 1, pred)
+            for d in demands:  # None: a demand that names no expert
+                self.scheduler.update_demand(d.request_id, d.tokens - 1, d.predicted)
             if resident is not None:
                 self.scheduler.set_resident(resident)
             result = self.scheduler.step()
