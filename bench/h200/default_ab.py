@@ -16,6 +16,10 @@ Arms (``--arms``, comma-separated names):
                       default before it)
   PDfull              PD with ``verify_width=full`` (every draft verified,
                       B1's width; the rest of PD as it is)
+  PDsettled, B1warm   PD with ``controller_warmup=first_round`` (workload
+                      bursts outside the clock until its controller ended
+                      its first round: one burst here) and B1 with one such
+                      burst (``warm_bursts=1``): the two in steady state
   PDnoclear           PD whose controller never reads the route-ahead cost
                       bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf): the
                       default before it
@@ -96,6 +100,11 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "PDnora": ("PD", {"baseline": "PD-no-route-ahead"}),
     "PDwcost0": ("PD", {"verify_width": "adaptive:cost=0"}),
     "PDfull": ("PD", {"verify_width": "full"}),
+    # the steady state a server's engine reaches: PD after its controller's
+    # first round outside the clock, B1 after as many workload bursts (one
+    # burst settles the default's controller; each row's ``warmup`` says)
+    "PDsettled": ("PD", {"controller_warmup": "first_round"}),
+    "B1warm": ("B1", {"warm_bursts": 1}),
 }
 
 

@@ -73,6 +73,9 @@ def test_every_arm_names_a_spec_and_unknown_arms_are_refused() -> None:
     assert specs["PDnoraB1"]["baseline"] == "PD-no-route-ahead"
     assert specs["PDpartbooks"] == specs["PDme"] == base["PD"]
     assert specs["PDwcost0"]["verify_width"] == "adaptive:cost=0"
+    # the steady-state pair: PD settled, B1 given a burst; else as the default
+    assert specs["PDsettled"] == {**base["PD"], "controller_warmup": "first_round"}
+    assert specs["B1warm"] == {**base["B1"], "warm_bursts": 1}
     with pytest.raises(SystemExit, match="unknown arm 'PDx'"):
         default_ab._arm_specs(["PDx"], base)
 
