@@ -316,6 +316,10 @@ or aborted request's estimate is dropped at rest all the same). With
 route-ahead switched off the 2-D scheduler and the stream are not probed
 either: no demand names a predicted expert, so the 2-D choice has no byte
 dimension, and the stream runs only with route-ahead.
+
+A step's waits are the stall timer's reading at its end less its start
+mark; the start mark is the previous step's end reading while no wait was
+recorded since (:func:`_stall_mark`): one read of the timer a step.
 """
 
 from __future__ import annotations
