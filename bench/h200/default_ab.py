@@ -20,6 +20,7 @@ Arms (``--arms``, comma-separated names):
                       bursts outside the clock until its controller ended
                       its first round: one burst here) and B1 with one such
                       burst (``warm_bursts=1``): the two in steady state
+  PDsetFull           PDsettled with every draft verified (B1's width)
   PDnoclear           PD whose controller never reads the route-ahead cost
                       bound clear (``ROUTE_AHEAD_COST_CLEAR`` set to inf): the
                       default before it
@@ -45,8 +46,13 @@ Arms (``--arms``, comma-separated names):
   PDnoraB1            PDnora with all three: B1's configuration reached from
                       PD's side (these four change the engine configuration
                       the spec builds)
-  (PDnoclear, PDnowaits, PDpartbooks, PDme, PDprobe16, PDnorest and the PDnora* four change
-  this process for their runs only; their rows say how in ``arm_patch``)
+  PDsetFcfs           PDsettled with first-come batching (B1's)
+  PDsetB1cfg          PDsettled with first-come batching, no background
+                      prefetch and every draft verified: B1's configuration
+                      under PD's settled controller
+  (PDnoclear, PDnowaits, PDpartbooks, PDme, PDprobe16, PDnorest, the PDnora* four,
+  PDsetFcfs and PDsetB1cfg change this process for their runs only; their rows say how in
+  ``arm_patch``)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
@@ -105,6 +111,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # burst settles the default's controller; each row's ``warmup`` says)
     "PDsettled": ("PD", {"controller_warmup": "first_round"}),
     "B1warm": ("B1", {"warm_bursts": 1}),
+    "PDsetFull": ("PD", {"controller_warmup": "first_round", "verify_width": "full"}),
 }
 
 
@@ -200,6 +207,14 @@ PATCHED: dict[str, tuple[str, Callable[[], AbstractContextManager[str]]]] = {
     "PDnoraFull": ("PDnora", lambda: _configured({"verify_width": "full"})),
     "PDnoraB1": (
         "PDnora",
+        lambda: _configured(
+            {"batching": "fcfs", "background_prefetch": False, "verify_width": "full"}
+        ),
+    ),
+    # which of settled PD's differences from B1 costs what in steady state
+    "PDsetFcfs": ("PDsettled", lambda: _configured({"batching": "fcfs"})),
+    "PDsetB1cfg": (
+        "PDsettled",
         lambda: _configured(
             {"batching": "fcfs", "background_prefetch": False, "verify_width": "full"}
         ),

@@ -76,6 +76,8 @@ def test_every_arm_names_a_spec_and_unknown_arms_are_refused() -> None:
     # the steady-state pair: PD settled, B1 given a burst; else as the default
     assert specs["PDsettled"] == {**base["PD"], "controller_warmup": "first_round"}
     assert specs["B1warm"] == {**base["B1"], "warm_bursts": 1}
+    assert specs["PDsetFcfs"] == specs["PDsetB1cfg"] == specs["PDsettled"]
+    assert specs["PDsetFull"] == {**specs["PDsettled"], "verify_width": "full"}
     with pytest.raises(SystemExit, match="unknown arm 'PDx'"):
         default_ab._arm_specs(["PDx"], base)
 
