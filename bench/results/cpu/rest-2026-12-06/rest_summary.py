@@ -1,7 +1,9 @@
 """Per-process medians a step of ``default_ab.py`` rows: PD's host time
 outside the forwards' spans (the wall less the draft, verify, prefill and
 predict spans) beyond B1's, PD's scheduler time and the share of PD's steps
-its controller read at rest.
+its controller read at rest. :func:`pooled_pairs` and :func:`interval`
+serve the later CPU studies' summaries (``../rest-cuts-2026-12-06/``,
+``../steady-state-2026-12-06/``).
 
     python3 rest_summary.py            # every folder here with rows.jsonl
     python3 rest_summary.py new1 old1  # these folders
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -32,6 +35,31 @@ def _rows(folder: Path) -> list[dict[str, Any]]:
     plain = folder / "rows.jsonl"
     with plain.open() if plain.exists() else gzip.open(f"{plain}.gz", "rt") as lines:
         return [json.loads(line) for line in lines]
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its normal 95% interval."""
+    return statistics.mean(values), 1.96 * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def pooled_pairs(
+    folders: list[Path], num: str, den: str, conc: int | None = None
+) -> tuple[list[float], list[float]]:
+    """Arm ``num`` against ``den`` over the runs of ``folders`` paired by
+    (folder, concurrency, repeat), at concurrency ``conc`` (None: every):
+    each pair's tokens/s ratio and its host-time difference a step outside
+    the spans (:func:`outside_spans_ms`), in ms."""
+    ratios, outside = [], []
+    for folder in folders:
+        runs: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
+        for row in _rows(folder):
+            runs.setdefault((row["concurrency"], row["repeat"]), {})[row["arm"]] = row
+        for (c, _), arms in runs.items():
+            if (conc is None or c == conc) and {num, den} <= set(arms):
+                a, b = arms[num], arms[den]
+                ratios.append(a["output_tokens_per_s"] / b["output_tokens_per_s"])
+                outside.append(outside_spans_ms(a) - outside_spans_ms(b))
+    return ratios, outside
 
 
 def summarize(folder: Path) -> list[str]:
