@@ -59,7 +59,12 @@ from pdflash.engine.attention import (
     sdpa_backends,
     sdpa_shapes_met,
 )
-from pdflash.engine.batching import ShadowComparison
+from pdflash.engine.batching import (
+    DeficitBatcher,
+    DelegatingBatcher,
+    ShadowComparison,
+    VerifyBatcher,
+)
 from pdflash.engine.config import (
     BASELINES,
     CUDA_GRAPHS,
@@ -1052,7 +1057,7 @@ def _run(
     clock are timed (a throwaway clock when None). The whole build and run
     happen with the process-wide resident-graph switch at the spec's
     ``resident_graphs`` (:func:`_under_resident_graphs`)."""
-    from pdflash.engine.batching import DeficitBatcher, VerifyBatcher
+    from pdflash.engine.batching import DeficitBatcher
     from pdflash.engine.predict import route_ahead_predictor
     from pdflash.h2d import measure_link_gbps
     from pdflash.routeahead import AcceptanceHorizon, ApproxRouterPredictor, RouteAheadStats
@@ -2095,6 +2100,13 @@ def _result(
         if engine.scheduler_us
         else NotMeasured("no verify step was scheduled")
     )
+    metrics["uncontended_step_fraction"] = (
+        NotMeasured("no verify step was scheduled")
+        if not engine.scheduler_us
+        else NotMeasured(f"batcher {engine.batcher.name!r} consults no deficit scheduler")
+        if not _deficit_batching(engine.batcher)
+        else engine.uncontended_steps / len(engine.scheduler_us)
+    )
     forced = acceptance.source == "forced" and speculative
     replayed_acceptance = acceptance.source == "trace" and speculative
     layout = getattr(adapter, "layout", None)
@@ -2331,6 +2343,17 @@ def _result(
         requests=per_request,
         initial_resident=initial_resident,
     )
+
+
+def _deficit_batching(batcher: VerifyBatcher) -> bool:
+    """Whether ``batcher`` executes a :class:`DeficitBatcher`'s choices (one
+    that may grant uncontended steps whole), through a shadow comparison or
+    a delegating batcher too."""
+    if isinstance(batcher, DelegatingBatcher):
+        return _deficit_batching(batcher.inner)
+    if isinstance(batcher, ShadowComparison):
+        return _deficit_batching(batcher.primary) or _deficit_batching(batcher.shadow)
+    return isinstance(batcher, DeficitBatcher)
 
 
 def _host_metrics(engine: Engine, wall: float, committed: int) -> dict[str, Metric]:

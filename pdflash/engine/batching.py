@@ -35,6 +35,9 @@ class BatchDecision:
     grants: list[tuple[int, int]]  # (request_id, tokens), in execution order
     missing: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     scheduler_us: float = 0.0
+    #: granted whole without consulting a scheduler (an uncontended step of
+    #: :class:`DeficitBatcher`)
+    uncontended: bool = False
 
 
 class VerifyBatcher(Protocol):
@@ -110,6 +113,23 @@ class DeficitBatcher:
     (docs/scheduler.md rule 4.4). The scheduler's union of the batch's missing
     experts comes back in :attr:`BatchDecision.missing` so the engine
     prefetches exactly that.
+
+    **Uncontended steps.** A step whose demands all fit the token budget
+    together and name no predicted expert is granted whole, in the demands'
+    order, without consulting the scheduler (:attr:`uncontended_steps`
+    counts them): there is nothing to share, and the scheduler would grant
+    the same (every backlogged request is served in a step while the
+    budget lasts: docs/scheduler.md rule 4, work conservation). A request
+    whose earlier demand the scheduler still holds (not granted) must
+    demand anew in the step, or the scheduler decides (it would serve that
+    demand too). Such a step charges no credit and opens no lap, like
+    expert-parallel carry steps (docs/design.md section 7): the deficit
+    ledger and the bounds hold over the steps that consult the scheduler.
+    The demands it still held of requests an uncontended step served are
+    withdrawn before it runs again (served, they are no longer pending).
+    Later contended steps can therefore choose otherwise than a scheduler
+    consulted every step would (its credit and cursor moved in the
+    uncontended steps). ``grant_uncontended=False`` consults it every step.
     """
 
     def __init__(
@@ -122,14 +142,24 @@ class DeficitBatcher:
         expert_nbytes: int,
         max_tokens_per_item: int | None = None,
         fixed_step_bytes: int | None = None,
+        grant_uncontended: bool = True,
     ) -> None:
         self.name = "deficit_tokens" if byte_budget is None else "deficit_2d"
+        #: grant uncontended steps whole without the scheduler (class docstring)
+        self.grant_uncontended = grant_uncontended
         self._shape = (token_budget, num_layers, num_experts, expert_nbytes, max_tokens_per_item)
         self.scheduler = self._build(byte_budget, fixed_step_bytes)
         self._live: set[int] = set()
         # live requests whose latest demand named predicted experts (a
         # superset of the scheduler's pending demands that do)
         self._predicting: set[int] = set()
+        #: steps granted whole without the scheduler (class docstring)
+        self.uncontended_steps = 0
+        # live requests whose demand the scheduler holds, not yet granted
+        self._held: set[int] = set()
+        # of those, the ones an uncontended step served since: their
+        # demands are withdrawn before the scheduler's next step
+        self._served_held: set[int] = set()
 
     def _build(
         self, byte_budget: int | None, fixed_step_bytes: int | None = None
@@ -169,6 +199,8 @@ class DeficitBatcher:
                 f"set_byte_budget with {len(self._live)} live requests would drop their credit"
             )
         self.scheduler = self._build(byte_budget, fixed_step_bytes)
+        self._held.clear()
+        self._served_held.clear()
 
     @property
     def fixed_step_bytes(self) -> int | None:
@@ -194,11 +226,63 @@ class DeficitBatcher:
             self.scheduler.remove_request(request_id)
             self._live.discard(request_id)
             self._predicting.discard(request_id)
+            self._held.discard(request_id)
+            self._served_held.discard(request_id)
+
+    def _whole_grants(self, demands: Sequence[VerifyDemand]) -> list[tuple[int, int]] | None:
+        """Every demand granted whole where the step is uncontended (class
+        docstring); None where the scheduler decides (contended, a predicted
+        expert named, or a demand the scheduler would reject: it raises)."""
+        scheduler = self.scheduler
+        config = scheduler.config
+        if not self.grant_uncontended or scheduler.policy is not None:
+            return None  # off, or a weight policy keeps books of every step
+        cap = config.max_requests_per_step
+        if not demands or (cap is not None and len(demands) > cap):
+            return None
+        left = config.token_budget
+        item_limit = config.max_tokens_per_item
+        live = self._live
+        grants: list[tuple[int, int]] = []
+        for d in demands:
+            rid, tokens, pred = d.request_id, d.tokens, d.predicted
+            if (
+                type(rid) is not int
+                or rid not in live
+                or type(tokens) is not int
+                or not 1 <= tokens <= left
+                or (item_limit is not None and tokens > item_limit)
+                or (pred is not None and pred.size)
+            ):
+                return None
+            left -= tokens
+            grants.append((rid, tokens))
+        if len(grants) > 1 or self._held:
+            ids = {rid for rid, _ in grants}
+            if len(ids) != len(grants):
+                return None  # a repeated request: the scheduler keeps its latest demand
+            if not self._held <= ids:
+                return None  # a held demand not renewed: the scheduler would serve it too
+        return grants
 
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
     ) -> BatchDecision:
+        whole = self._whole_grants(demands)
+        if whole is not None:
+            self.uncontended_steps += 1
+            if self._held:
+                self._served_held |= self._held
+                self._held.clear()
+            if self._predicting:
+                self._predicting.difference_update(rid for rid, _ in whole)
+            return BatchDecision(grants=whole, uncontended=True)
         scheduler, predicting = self.scheduler, self._predicting
+        if self._served_held:
+            for rid in self._served_held:
+                scheduler.clear_demand(rid)
+                predicting.discard(rid)
+            self._served_held.clear()
         for d in demands:
             pred = d.predicted
             if pred is None or not pred.size:
@@ -215,6 +299,9 @@ class DeficitBatcher:
             self.scheduler.set_resident(resident)
         result = self.scheduler.step_grants()
         grants = list(zip(result.request_ids, result.token_grants, strict=True))
+        held = self._held
+        held.update(d.request_id for d in demands)
+        held.difference_update(result.request_ids)
         return BatchDecision(grants=grants, missing=result.union_ids)
 
 

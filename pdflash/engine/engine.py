@@ -467,6 +467,8 @@ class Engine:
         self.verify_kv_spans: list[tuple[tuple[int, int], ...]] = []
         self.steps = 0
         self.scheduler_us: list[float] = []
+        #: scheduled steps the batcher granted whole without its scheduler
+        self.uncontended_steps = 0
         self.verify_forwards = 0
         self.first_step_s: float | None = None
         self.last_step_s: float | None = None
@@ -684,6 +686,7 @@ class Engine:
             self.trace_kinds.clear()
             self.verify_kv_spans.clear()
             self.scheduler_us.clear()
+            self.uncontended_steps = 0
             self.timer.reset()
             self.verify_forwards = 0
             self.steps = 0
@@ -1242,6 +1245,7 @@ class Engine:
         us = (time.perf_counter() - t0) * 1e6
         decision.scheduler_us = us
         self.scheduler_us.append(us)
+        self.uncontended_steps += decision.uncontended
         if not decision.grants:
             raise RuntimeError(f"batcher {self.batcher.name!r} chose nothing with live work")
         return decision

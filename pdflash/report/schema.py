@@ -130,6 +130,8 @@ OPTIONAL_METRIC_FIELDS: tuple[str, ...] = (
     "token_only_differing_step_fraction",
     "batch_missing_bytes_2d",
     "batch_missing_bytes_token_only",
+    # the scheduled steps a deficit batcher granted whole without its scheduler
+    "uncontended_step_fraction",
     "byte_budget_verify_compute_s",
     "fixed_step_bytes",
     "fixed_step_compute_s",
@@ -163,6 +165,7 @@ FRACTION_FIELDS: frozenset[str] = frozenset(
         "link_busy_fraction",
         "useful_byte_fraction",
         "token_only_differing_step_fraction",
+        "uncontended_step_fraction",
         "host_busy_fraction",
     }
 )

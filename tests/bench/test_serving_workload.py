@@ -171,10 +171,24 @@ def test_the_resident_set_is_sent_only_while_a_pending_demand_names_predicted_ex
             return BatchDecision(grants=grants, missing=np.array(result.union_ids, np.int64))
 
     rng = np.random.default_rng(seed)
+    # both consult the scheduler every step (tests/engine/test_batching_uncontended.py
+    # checks the steps granted without it)
     lean, full = (
-        _deficit(byte_budget),
+        DeficitBatcher(
+            token_budget=32,
+            byte_budget=byte_budget,
+            num_layers=1,
+            num_experts=8,
+            expert_nbytes=100,
+            grant_uncontended=False,
+        ),
         AlwaysResident(
-            token_budget=32, byte_budget=byte_budget, num_layers=1, num_experts=8, expert_nbytes=100
+            token_budget=32,
+            byte_budget=byte_budget,
+            num_layers=1,
+            num_experts=8,
+            expert_nbytes=100,
+            grant_uncontended=False,
         ),
     )
     sent = 0
