@@ -2553,6 +2553,8 @@ def _width_fields(engine: Engine, spec: RunSpec) -> dict[str, Any]:
             out["why_no_policy"] = "full width: every draft verified, no policy consulted"
         return out
     out.update(hook.policy.stats())
+    # steps at the PD controller's rest that did not consult the policy
+    out["controller_rest_steps"] = hook.rest_steps
     return out
 
 

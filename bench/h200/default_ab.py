@@ -50,9 +50,14 @@ Arms (``--arms``, comma-separated names):
   PDsetB1cfg          PDsettled with first-come batching, no background
                       prefetch and every draft verified: B1's configuration
                       under PD's settled controller
+  PDbusyrest          PD whose rest keeps PD's own batching and width
+                      (``rest_batching`` ``scheduler``,
+                      ``WidthHook.QUIET_AT_REST`` False): the rest before
+                      session 51
+  PDsetBusy           PDsettled with the same
   (PDnoclear, PDnowaits, PDpartbooks, PDme, PDprobe16, PDnorest, the PDnora* four,
-  PDsetFcfs and PDsetB1cfg change this process for their runs only; their rows say how in
-  ``arm_patch``)
+  PDsetFcfs, PDsetB1cfg, PDbusyrest and PDsetBusy change this process for their runs
+  only; their rows say how in ``arm_patch``)
 
 Writes ``OUT/rows.jsonl`` (each row with its ``arm`` and ``repeat``; read by
 ``bench/pair_ratios.py OUT/rows.jsonl PD/B1 ...``) and prints the pairs.
@@ -94,7 +99,7 @@ from pdflash.bench.suites import default
 
 from pdflash.engine import pd_controller
 from pdflash.engine.config import EngineConfig
-from pdflash.engine.verify_width import AdaptiveWidth
+from pdflash.engine.verify_width import AdaptiveWidth, WidthHook
 
 # default_profile.py sits next to this script; `python -P` leaves this folder off sys.path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -151,6 +156,16 @@ def _configured(changes: dict[str, Any]) -> Iterator[str]:
         yield "EngineConfig " + ",".join(f"{k}={v}" for k, v in changes.items())
     finally:
         setattr(RunSpec, "engine_config", built)  # noqa: B010
+
+
+@contextmanager
+def _busy_rest() -> Iterator[str]:
+    """PD's rest with its own batching and its width consulted."""
+    with (
+        _configured({"rest_batching": "scheduler"}) as configured,
+        _attributes(WidthHook, "WidthHook", {"QUIET_AT_REST": False}) as width,
+    ):
+        yield f"{configured}; {width}"
 
 
 def _route_ahead_first_must_earn() -> AbstractContextManager[str]:
@@ -211,6 +226,9 @@ PATCHED: dict[str, tuple[str, Callable[[], AbstractContextManager[str]]]] = {
             {"batching": "fcfs", "background_prefetch": False, "verify_width": "full"}
         ),
     ),
+    # the rest before session 51: PD's own batching and width at rest
+    "PDbusyrest": ("PD", lambda: _busy_rest()),
+    "PDsetBusy": ("PDsettled", lambda: _busy_rest()),
     # which of settled PD's differences from B1 costs what in steady state
     "PDsetFcfs": ("PDsettled", lambda: _configured({"batching": "fcfs"})),
     "PDsetB1cfg": (

@@ -53,6 +53,18 @@ class VerifyBatcher(Protocol):
 
 
 @runtime_checkable
+class PausableBatcher(VerifyBatcher, Protocol):
+    """A :class:`VerifyBatcher` whose steps can be batched elsewhere for a
+    while (first-come at the PD controller's rest:
+    :mod:`pdflash.engine.pd_controller`, "Rest")."""
+
+    def pause(self) -> None:
+        """The steps until the next :meth:`select` are batched elsewhere;
+        what it holds of earlier demands must not outlive them."""
+        ...
+
+
+@runtime_checkable
 class DelegatingBatcher(VerifyBatcher, Protocol):
     """A :class:`VerifyBatcher` that hands each step's choice to an
     ``inner`` batcher (and may cut or book what it chooses), e.g.
@@ -66,6 +78,20 @@ class DelegatingBatcher(VerifyBatcher, Protocol):
         """This batcher handing its choice to ``inner`` from now on (its
         :attr:`name` becomes ``inner``'s). Before its first step only."""
         ...
+
+
+def first_come_grants(demands: Sequence[VerifyDemand], token_budget: int) -> list[tuple[int, int]]:
+    """Grants in the demands' order while the token budget lasts, the last
+    one trimmed to fit (B1's rule over demands already in arrival order)."""
+    left = token_budget
+    grants: list[tuple[int, int]] = []
+    for d in demands:
+        if left <= 0:
+            break
+        g = min(d.tokens, left)
+        grants.append((d.request_id, g))
+        left -= g
+    return grants
 
 
 class FCFSBatcher:
@@ -91,17 +117,9 @@ class FCFSBatcher:
     def select(
         self, demands: Sequence[VerifyDemand], resident: npt.NDArray[np.bool_] | None
     ) -> BatchDecision:
-        left = self.token_budget
-        grants: list[tuple[int, int]] = []
-        for d in sorted(
-            demands, key=lambda d: (self._order.get(d.request_id, 1 << 62), d.request_id)
-        ):
-            if left <= 0:
-                break
-            g = min(d.tokens, left)
-            grants.append((d.request_id, g))
-            left -= g
-        return BatchDecision(grants=grants)
+        order = self._order
+        ordered = sorted(demands, key=lambda d: (order.get(d.request_id, 1 << 62), d.request_id))
+        return BatchDecision(grants=first_come_grants(ordered, self.token_budget))
 
 
 class DeficitBatcher:
@@ -229,6 +247,14 @@ class DeficitBatcher:
             self._held.discard(request_id)
             self._served_held.discard(request_id)
 
+    def pause(self) -> None:
+        """The steps until the next :meth:`select` are batched elsewhere (the
+        PD controller's rest): the demands the scheduler holds now are
+        withdrawn before it runs again (served meanwhile, or renewed)."""
+        if self._held:
+            self._served_held |= self._held
+            self._held.clear()
+
     def _whole_grants(self, demands: Sequence[VerifyDemand]) -> list[tuple[int, int]] | None:
         """Every demand granted whole where the step is uncontended (class
         docstring); None where the scheduler decides (contended, a predicted
@@ -347,6 +373,12 @@ class ShadowComparison:
     def add(self, request_id: int, weight: float = 1.0) -> None:
         self.primary.add(request_id, weight)
         self.shadow.add(request_id, weight)
+
+    def pause(self) -> None:
+        """:meth:`PausableBatcher.pause` of both batchers that have it."""
+        for batcher in (self.primary, self.shadow):
+            if isinstance(batcher, PausableBatcher):
+                batcher.pause()
 
     def remove(self, request_id: int) -> None:
         self.primary.remove(request_id)

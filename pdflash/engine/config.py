@@ -85,6 +85,9 @@ LOOKAHEAD_TAILS = ("skip", "background")
 
 BATCHING = ("fcfs", "deficit_tokens", "deficit_2d")
 HOST_EXPERTS = ("off", "auto")
+#: :attr:`EngineConfig.rest_batching`'s choices
+REST_BATCHINGS = ("first_come", "scheduler")
+
 #: :attr:`EngineConfig.host_control`'s choices, the PD controller's too
 #: (:class:`~pdflash.engine.pd_controller.PDController`): ``controller`` (its
 #: host gate and must-earn probes) or ``always`` (on, never probed nor gated)
@@ -207,6 +210,15 @@ class EngineConfig:
             miss service: a :class:`~pdflash.hybrid.MissPlanner` gives some
             misses to the host CPU; the engine needs a ``host_service``).
             Default off until measured on the GPU.
+        rest_batching: how a step is batched while the PD controller rests
+            (``parts_controller``; :mod:`~pdflash.engine.pd_controller`,
+            "Rest": no demand names a predicted expert, so the 2-D scheduler
+            has no byte dimension): ``first_come`` (default: B1's rule over
+            the waiting requests in arrival order, the last trimmed to fit;
+            the deficit scheduler misses those steps, so a long-running
+            request runs ahead of later ones as under B1, and per-request
+            weights do not apply, the engine adding every request at 1) or
+            ``scheduler`` (the configured batcher every step).
         host_control: who decides whether the hybrid miss service runs in
             a step, with ``host_experts`` on and the PD controller on
             (``parts_controller``): ``controller`` (default: its host gate and
@@ -277,6 +289,7 @@ class EngineConfig:
     full_cache: str = "auto"
     host_experts: str = "off"
     host_control: str = "controller"
+    rest_batching: str = "first_come"
     route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
@@ -321,6 +334,10 @@ class EngineConfig:
                 f"host_experts must be one of {HOST_EXPERTS}, got {self.host_experts!r}"
             )
         check_host_control(self.host_control)
+        if self.rest_batching not in REST_BATCHINGS:
+            raise ValueError(
+                f"rest_batching must be one of {REST_BATCHINGS}, got {self.rest_batching!r}"
+            )
         if self.host_control == "always" and self.host_experts == "off":
             raise ValueError(
                 "host_control 'always' needs host_experts 'auto' (with host_experts off there "

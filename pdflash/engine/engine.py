@@ -85,6 +85,7 @@ from pdflash.engine.batching import (
     FCFSBatcher,
     VerifyBatcher,
     VerifyDemand,
+    first_come_grants,
 )
 from pdflash.engine.config import NOTHING_TO_MISS, EngineConfig
 from pdflash.engine.drafter import DFlashDrafter, DraftItem
@@ -1235,6 +1236,14 @@ class Engine:
             )
             for r in reqs
         ]
+        parts = self.parts
+        if parts is not None and parts.first_come:  # the PD controller at rest
+            t0 = time.perf_counter()
+            decision = BatchDecision(grants=first_come_grants(demands, self.config.token_budget))
+            us = (time.perf_counter() - t0) * 1e6
+            decision.scheduler_us = us
+            self.scheduler_us.append(us)
+            return decision
         resident = self._resident_mask()
         if resident is not None and self.host_ahead is not None:
             # NOTE: experts planned for the host move no link bytes: the

@@ -309,7 +309,13 @@ steps are measured in full (the host gate's window where the engine has a
 host part, whose turn reads the latest host-off steps; else the step that
 starts the round). Given the same measurements a resting controller
 decides exactly as one that reads every step: at rest it would have read
-only the count. One thing differs after a rest: the acceptance estimate
+only the count. At rest the engine batches each step first-come
+(``rest_batching``, default ``first_come``: B1's rule over the waiting
+requests in arrival order; the configured batcher is paused and misses
+those steps), and a verify width standing down between its probes is not
+consulted (:class:`~pdflash.engine.verify_width.WidthHook`: every draft
+verified, its probes wait for the controller's next round): at rest PD runs
+B1's step, with the controller's count on top. One thing differs after a rest: the acceptance estimate
 behind the expected committed tokens has not learned the rest steps'
 outcomes (both arms of a later probe are valued by it alike; a finished
 or aborted request's estimate is dropped at rest all the same). With
@@ -1976,7 +1982,7 @@ class EngineParts:
     :class:`PartsState` is applied to it."""
 
     def __init__(self, engine: Engine, policy: PartsPolicy) -> None:
-        from pdflash.engine.batching import ShadowComparison
+        from pdflash.engine.batching import DelegatingBatcher, PausableBatcher, ShadowComparison
 
         self.engine = engine
         self.policy = policy
@@ -2012,6 +2018,19 @@ class EngineParts:
         #: way runs at rest: its measurement is skipped
         self.rests = isinstance(policy, RestingPolicy)
         self.resting = False
+        #: the batcher paused at rest, its steps batched first-come by the
+        #: engine (``rest_batching``; module docstring, "Rest"); None: the
+        #: batcher runs at rest too
+        self.rest_batcher: PausableBatcher | None = (
+            batcher
+            if cfg.rest_batching == "first_come"
+            and isinstance(batcher, PausableBatcher)
+            and not isinstance(batcher, DelegatingBatcher)
+            else None
+        )
+        #: the step under way is batched first-come (at rest, with a
+        #: :attr:`rest_batcher`)
+        self.first_come = False
         #: the requests' acceptance, for each step's expected committed tokens
         self.survival = SurvivalEstimator(max(0, int(cfg.block_size) - 1))
         self._ended: list[int] = []
@@ -2107,9 +2126,13 @@ def before_step(parts: EngineParts) -> None:
     eng = parts.engine
     parts.apply(parts.policy.parts)
     resting = parts.rests and cast(RestingPolicy, parts.policy).resting
-    if parts.switchable_batcher is not None and resting != parts.resting:
-        parts.switchable_batcher.compare = not resting
+    if resting != parts.resting:
+        if parts.switchable_batcher is not None:
+            parts.switchable_batcher.compare = not resting
+        if resting and parts.rest_batcher is not None:
+            parts.rest_batcher.pause()
     parts.resting = resting
+    parts.first_come = resting and parts.rest_batcher is not None
     if resting:
         parts.marks = _Marks(t0=eng.clock(), stall_s=_stall_mark(parts))
         return

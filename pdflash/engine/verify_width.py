@@ -1768,7 +1768,7 @@ class AdaptiveWidth:
         return True
 
     def observe_outcomes(
-        self, outcomes: Sequence[tuple[int, int, int]], policy_host_s: float
+        self, outcomes: Sequence[tuple[int, int, int]], policy_host_s: float | None
     ) -> None:
         """:meth:`observe` of a step measured for nothing but its
         ``(request id, verified, accepted)`` outcomes and the width's host
@@ -1778,7 +1778,9 @@ class AdaptiveWidth:
         decides, :meth:`observe`, :meth:`forget`, :meth:`stats`,
         :meth:`reset_stats`, :attr:`survival`): between probes nothing reads
         them, and one batch costs less host time than a call each. The
-        caller must not change ``outcomes`` after the call."""
+        caller must not change ``outcomes`` after the call. ``None`` books
+        no host time (a step at the PD controller's rest: the width was not
+        consulted)."""
         if outcomes:
             self._unlearned.append(outcomes)
         self._book_host(policy_host_s)
@@ -2141,13 +2143,29 @@ class WidthHook:
     The policy is not asked about such a request, but it observes its
     outcomes (uncensored rounds) and its rows in the step's cost.
     ``seeded_full_width`` counts those requests' verify rounds.
+
+    **At the PD controller's rest** (:mod:`pdflash.engine.pd_controller`,
+    "Rest") an adaptive width standing down between its probes is not
+    consulted: every draft is verified, no mark is taken, and the step's
+    outcomes alone are handed over (:meth:`AdaptiveWidth.observe_outcomes`,
+    so its acceptance estimates stay current). Such a step does not count
+    toward the width's next probe: its probes (and the refresh steps before
+    each) run in the controller's rounds. ``rest_steps`` counts them;
+    :attr:`QUIET_AT_REST` cleared consults the policy at rest too.
     """
+
+    #: at the controller's rest, a width between its probes is not consulted
+    QUIET_AT_REST = True
 
     def __init__(self, engine: Engine, policy: VerifyWidthPolicy) -> None:
         self.engine = engine
         self.policy = policy
         self.timing_independent = follows_setting_alone(policy)
         self.seeded_full_width = 0
+        #: steps at the controller's rest the policy was not consulted in
+        self.rest_steps = 0
+        # this step is one of them (begin_step)
+        self._quiet = False
         self._t0: float | None = None
         self._bytes0: int | None = None
         self._verify0 = 0.0
@@ -2168,11 +2186,25 @@ class WidthHook:
         """Start the books over (the policy's and the hook's count)."""
         self.policy.reset_stats()
         self.seeded_full_width = 0
+        self.rest_steps = 0
 
     def begin_step(self) -> None:
+        policy = self.policy
+        parts = self.engine.parts
+        self._quiet = (
+            self.QUIET_AT_REST
+            and parts is not None
+            and parts.resting
+            and isinstance(policy, AdaptiveWidth)
+            and not policy.next_step_may_read_cost
+        )
+        if self._quiet:  # at the controller's rest, between probes: not consulted
+            self.rest_steps += 1
+            self._from_report = False
+            self._outcomes = ()
+            return
         start = time.perf_counter()
         self._from_report = False
-        policy = self.policy
         self._marked = not (
             isinstance(policy, AdaptiveWidth) and not policy.next_step_may_read_cost
         )
@@ -2194,6 +2226,8 @@ class WidthHook:
     def trim(self, reqs: Sequence[Request]) -> None:
         """Cut each request's drafts to the policy's width (the drafter's
         own outputs for the kept positions are untouched)."""
+        if self._quiet:
+            return  # every draft kept (class docstring, "At the PD controller's rest")
         start = time.perf_counter()
         try:
             self._trim(reqs)
@@ -2241,6 +2275,8 @@ class WidthHook:
         """A verify's outcomes (before they are committed). On an adaptive
         width's step standing down between probes nothing is kept: the step's
         report carries the same outcomes to :meth:`end_step`."""
+        if self._quiet:
+            return
         start = time.perf_counter()
         if isinstance(self.policy, AdaptiveWidth) and not self._wants_cost():
             self._from_report = True
@@ -2256,6 +2292,13 @@ class WidthHook:
         self._host_s += time.perf_counter() - start
 
     def end_step(self, report: StepReport) -> None:
+        if self._quiet:
+            self._quiet = False
+            if report.verify_outcomes:
+                policy = self.policy
+                assert isinstance(policy, AdaptiveWidth)
+                policy.observe_outcomes(report.verify_outcomes, None)
+            return
         if self._from_report:
             self._from_report = False
             if not report.verify_outcomes:

@@ -152,14 +152,20 @@ class _NeverRests(PDController):
         return False
 
 
-def _pd_engine(tmp: Any, controller: PDController) -> tuple[Any, Any]:
+def _pd_engine(
+    tmp: Any, controller: PDController, rest_batching: str = "scheduler"
+) -> tuple[Any, Any]:
     # every draft verified: the adaptive width reads the (noisy) timing
-    return offloaded_pd_engine(tmp, "PD", controller, verify_width="full")
+    return offloaded_pd_engine(
+        tmp, "PD", controller, verify_width="full", rest_batching=rest_batching
+    )
 
 
-def _run(offloaded: tuple[Any, list[Any]], controller: PDController) -> tuple[Any, list[Any]]:
+def _run(
+    offloaded: tuple[Any, list[Any]], controller: PDController, rest_batching: str = "scheduler"
+) -> tuple[Any, list[Any]]:
     tmp, cases = offloaded
-    eng, issuer = _pd_engine(tmp, controller)
+    eng, issuer = _pd_engine(tmp, controller, rest_batching)
     try:
         ids = [eng.add_request(p, max_new_tokens=14) for p, _ in cases]
         done = eng.run_until_done(max_steps=400)
@@ -202,6 +208,63 @@ def test_an_engine_at_rest_keeps_its_tokens_books_and_batches(
     assert ref_eng.batcher.uncompared_steps == 0
     # the controller's acceptance estimates forget finished requests all the same
     assert eng.parts is not None and eng.parts.survival.request_ids() == []
+
+
+def test_at_rest_the_engine_batches_first_come_and_pauses_its_scheduler(
+    offloaded: tuple[Any, list[Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rest_batching="first_come"`` (the default): the rest steps are
+    batched by B1's rule over the waiting requests in arrival order, the
+    configured batcher is not consulted in them, and the tokens are the
+    target's greedy tokens all the same."""
+    import pdflash.engine.engine as engine_module
+
+    controller = PDController(**_switching_off_route_ahead())
+    tmp, cases = offloaded
+    eng, issuer = _pd_engine(tmp, controller, "first_come")
+    consulted = [0]
+    select = eng.batcher.select
+
+    def counting(demands: Any, resident: Any) -> Any:
+        consulted[0] += 1
+        return select(demands, resident)
+
+    eng.batcher.select = counting
+    rest_steps: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
+    first_come = engine_module.first_come_grants
+
+    def recording(demands: Any, token_budget: int) -> list[tuple[int, int]]:
+        got = first_come(demands, token_budget)
+        rest_steps.append(([(d.request_id, d.tokens) for d in demands], got))
+        return got
+
+    monkeypatch.setattr(engine_module, "first_come_grants", recording)
+    try:
+        ids = [eng.add_request(p, max_new_tokens=14) for p, _ in cases]
+        steps = 0
+        while eng.has_work:
+            eng.step()
+            steps += 1
+        out = [eng.request(rid).output for rid in ids]
+    finally:
+        issuer.close()
+    assert out == [want for _, want in cases]
+    assert rest_steps and consulted[0] > 0  # both kinds of step ran
+    # every scheduled step was either the batcher's or first-come
+    assert consulted[0] + len(rest_steps) == len(eng.scheduler_us)
+    assert consulted[0] == eng.batcher.steps + eng.batcher.uncompared_steps
+    assert controller.summary()["rest_steps"] == len(rest_steps)
+    budget = eng.config.token_budget
+    for demands, got in rest_steps:
+        ids_in_order = [rid for rid, _ in demands]
+        assert ids_in_order == sorted(ids_in_order)  # arrival order (ids are given in it)
+        left, want = budget, []
+        for rid, tokens in demands:  # B1's rule: whole grants, the last trimmed to fit
+            if left <= 0:
+                break
+            want.append((rid, min(tokens, left)))
+            left -= min(tokens, left)
+        assert got == want
 
 
 def test_an_aborted_request_leaves_no_estimate_at_rest(offloaded: tuple[Any, list[Any]]) -> None:

@@ -1594,8 +1594,10 @@ def test_the_engine_side_reads_a_steps_cost_only_where_the_policy_wants_it(
     """A step between probes hands the policy its outcomes alone: no wall,
     no verify time, no routing union (the engine side skips reading them);
     every other step hands it all of them. (A 2-step window: the width
-    stands down within the short run.)"""
+    stands down within the short run. The width is consulted at the
+    controller's rest too here: the next test covers the steps it is not.)"""
     monkeypatch.setattr(AdaptiveWidth, "COST_WINDOW", 2)
+    monkeypatch.setattr(WidthHook, "QUIET_AT_REST", False)
     seen: list[tuple[bool, WidthStep]] = []
     observe = AdaptiveWidth.observe
 
@@ -1638,6 +1640,69 @@ def test_the_engine_side_reads_a_steps_cost_only_where_the_policy_wants_it(
             assert fields == (None, None, None), step
 
 
+def test_at_the_controllers_rest_a_stood_down_width_is_not_consulted(
+    adapter: Any, drafter: Any, cases: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the PD controller's rest a width standing down between probes is
+    not asked (every draft verified, no marks), hands over each step's
+    outcomes alone with no host time booked, and does not count the step
+    toward its next probe; the tokens are the reference's."""
+    monkeypatch.setattr(AdaptiveWidth, "COST_WINDOW", 2)
+    quiet_outcomes: list[int] = []
+    probe_counts: list[tuple[int, int]] = []
+    observe_outcomes = AdaptiveWidth.observe_outcomes
+
+    def spy_outcomes(
+        self: AdaptiveWidth, outcomes: list[tuple[int, int, int]], policy_host_s: float | None
+    ) -> None:
+        if policy_host_s is None:
+            quiet_outcomes.append(len(outcomes))
+        observe_outcomes(self, outcomes, policy_host_s)
+
+    begin_step = WidthHook.begin_step
+
+    def spy_begin(self: WidthHook) -> None:
+        policy = self.policy
+        assert isinstance(policy, AdaptiveWidth)
+        before = policy._steps_since_probe
+        begin_step(self)
+        if self._quiet:
+            probe_counts.append((before, policy._steps_since_probe))
+
+    widths = AdaptiveWidth.widths
+    between = AdaptiveWidth.between_probes_widths
+    asked_quiet: list[bool] = []
+
+    def spy_widths(self: AdaptiveWidth, requests: Any) -> list[int]:
+        asked_quiet.append(bool(eng_ref and eng_ref[0].width._quiet))
+        return widths(self, requests)
+
+    def spy_between(self: AdaptiveWidth, available: Any) -> bool:
+        asked_quiet.append(bool(eng_ref and eng_ref[0].width._quiet))
+        return between(self, available)
+
+    eng_ref: list[Engine] = []
+    engine_init = Engine.__init__
+
+    def keep(self: Engine, *a: Any, **k: Any) -> None:
+        engine_init(self, *a, **k)
+        eng_ref.append(self)
+
+    monkeypatch.setattr(Engine, "__init__", keep)
+    monkeypatch.setattr(AdaptiveWidth, "observe_outcomes", spy_outcomes)
+    monkeypatch.setattr(AdaptiveWidth, "widths", spy_widths)
+    monkeypatch.setattr(AdaptiveWidth, "between_probes_widths", spy_between)
+    monkeypatch.setattr(WidthHook, "begin_step", spy_begin)
+    eng, out = _run(adapter, drafter, cases, "PD", "adaptive")
+    assert out == {i: ref for i, (_, ref) in enumerate(cases)}
+    assert eng.width is not None and eng.parts is not None
+    rests = eng.width.rest_steps
+    assert rests > 0 and eng.parts.policy.summary()["rest_steps"] >= rests
+    assert probe_counts and all(a == b for a, b in probe_counts)  # no probe counted
+    assert len(quiet_outcomes) > 0 and all(n > 0 for n in quiet_outcomes)
+    assert asked_quiet and not any(asked_quiet)  # never asked in a quiet step
+
+
 def test_a_step_without_cost_marks_hands_the_policy_its_outcomes_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1658,6 +1723,7 @@ def test_a_step_without_cost_marks_hands_the_policy_its_outcomes_alone(
     engine = SimpleNamespace(
         clock=lambda: float(next(clock)),
         expert_cache=None,
+        parts=None,
         timer=SimpleNamespace(kind_s_ready=lambda kind: 0.0, stall_s_ready=lambda: 0.0),
     )
     hook = WidthHook(engine, pol)  # type: ignore[arg-type]

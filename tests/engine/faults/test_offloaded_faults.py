@@ -6,7 +6,7 @@ leaves no KV page, cache pin or in-flight ticket behind."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +87,19 @@ def leaks(eng: Engine, cache: Any, issuer: Any) -> list[str]:
     return out
 
 
-def _fail_nth(obj: Any, name: str, n: int, exc: BaseException) -> list[int]:
+def _fail_nth(
+    obj: Any, name: str, n: int, exc: BaseException, when: Callable[[], bool] | None = None
+) -> list[int]:
+    """``obj.name``'s ``n``-th call raises ``exc`` (counting only the calls
+    made while ``when()`` holds, where given)."""
     calls = [0]
     base = getattr(obj, name)
 
     def wrapped(*a: Any, **k: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == n:
-            raise exc
+        if when is None or when():
+            calls[0] += 1
+            if calls[0] == n:
+                raise exc
         return base(*a, **k)
 
     setattr(obj, name, wrapped)
@@ -122,18 +127,20 @@ def _run_and_classify(
     return ("leaked", "; ".join(lk)) if lk else ("recovered", f"{errored} errored")
 
 
-@pytest.mark.parametrize("nth", [2, 40])
-def test_copy_failure_in_a_forward(stack: Any, ledger: Ledger, nth: int) -> None:
+@pytest.mark.parametrize("stage", ["prefill", "verify"])
+def test_copy_failure_in_a_forward(stack: Any, ledger: Ledger, stage: str) -> None:
     """``wait_ready`` raising is how a failed H2D copy reaches a forward."""
     eng, cache, issuer, cases = stack
     ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases[:3]]
     refs = {rid: ref for rid, (_, ref) in zip(ids, cases, strict=False)}
-    calls = _fail_nth(cache, "wait_ready", nth, CopyFailed("H2D copy failed"))
-    # the 2nd wait is in the first prefill: retried once, nobody errors; the
-    # 40th is in a verify: that batch errors
-    msg = "" if nth == 2 else "H2D copy failed"
+    # the 2nd wait of the run is in the first prefill: retried once, nobody
+    # errors; the 8th wait of the verify stage is in a later verify: that
+    # batch errors
+    nth, when = (2, None) if stage == "prefill" else (8, lambda: eng._stage == "verify")
+    calls = _fail_nth(cache, "wait_ready", nth, CopyFailed("H2D copy failed"), when)
+    msg = "" if stage == "prefill" else "H2D copy failed"
     outcome, detail = _run_and_classify(eng, cache, issuer, ids, refs, msg)
-    ledger.record("offloaded", f"copy_failure_wait_{nth}", outcome, detail)
+    ledger.record("offloaded", f"copy_failure_wait_{stage}", outcome, detail)
     assert calls[0] >= nth
     assert outcome == "recovered", detail
     rid = eng.add_request(cases[3][0], max_new_tokens=MAX_NEW)
