@@ -62,6 +62,7 @@ def _run(
     baseline: str,
     width: str | None,
     policy: VerifyWidthPolicy | None = None,
+    controller: Any | None = None,
 ) -> tuple[Engine, dict[int, list[int]]]:
     kw = {} if width is None else {"verify_width": width}
     cfg = EngineConfig.preset(baseline, block_size=BLOCK, max_running=3, token_budget=11, **kw)
@@ -74,6 +75,7 @@ def _run(
         predictor=predictor,
         max_seq_len=64,
         width=policy,
+        controller=controller,
     )
     ids = [eng.add_request(p, max_new_tokens=MAX_NEW) for p, _ in cases]
     # drafts that are the reference corrupted at a random position: long
@@ -1646,8 +1648,15 @@ def test_at_the_controllers_rest_a_stood_down_width_is_not_consulted(
     """At the PD controller's rest a width standing down between probes is
     not asked (every draft verified, no marks), hands over each step's
     outcomes alone with no host time booked, and does not count the step
-    toward its next probe; the tokens are the reference's."""
-    monkeypatch.setattr(AdaptiveWidth, "COST_WINDOW", 2)
+    toward its next probe; the tokens are the reference's. (Whatever the
+    timing: the controller rests from its gate's first decision, route-ahead
+    off by a precision out of reach, in one long hold; the width stands down
+    by a clear reading after its first decided step.)"""
+    from pdflash.engine.pd_controller import PDController
+
+    monkeypatch.setattr(AdaptiveWidth, "COST_CLEAR_STEPS", 1)
+    monkeypatch.setattr(AdaptiveWidth, "COST_CLEAR_RATIO", 0.0)
+    controller = PDController(route_ahead_gate=1.0, warmup=0, hold=1000, max_hold=1000)
     quiet_outcomes: list[int] = []
     probe_counts: list[tuple[int, int]] = []
     observe_outcomes = AdaptiveWidth.observe_outcomes
@@ -1693,7 +1702,7 @@ def test_at_the_controllers_rest_a_stood_down_width_is_not_consulted(
     monkeypatch.setattr(AdaptiveWidth, "widths", spy_widths)
     monkeypatch.setattr(AdaptiveWidth, "between_probes_widths", spy_between)
     monkeypatch.setattr(WidthHook, "begin_step", spy_begin)
-    eng, out = _run(adapter, drafter, cases, "PD", "adaptive")
+    eng, out = _run(adapter, drafter, cases, "PD", "adaptive", controller=controller)
     assert out == {i: ref for i, (_, ref) in enumerate(cases)}
     assert eng.width is not None and eng.parts is not None
     rests = eng.width.rest_steps
