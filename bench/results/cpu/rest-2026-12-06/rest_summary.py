@@ -1,9 +1,9 @@
 """Per-process medians a step of ``default_ab.py`` rows: PD's host time
 outside the forwards' spans (the wall less the draft, verify, prefill and
 predict spans) beyond B1's, PD's scheduler time and the share of PD's steps
-its controller read at rest. :func:`pooled_pairs` and :func:`interval`
+its controller read at rest. :func:`pooled_pairs`, :func:`pair_summary` and :func:`print_pairs`
 serve the later CPU studies' summaries (``../rest-cuts-2026-12-06/``,
-``../steady-state-2026-12-06/``).
+``../steady-state-2026-12-06/``, ``../rest-b1-step-2026-12-06/``).
 
     python3 rest_summary.py            # every folder here with rows.jsonl
     python3 rest_summary.py new1 old1  # these folders
@@ -16,6 +16,7 @@ import json
 import math
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,31 @@ def pooled_pairs(
                 ratios.append(a["output_tokens_per_s"] / b["output_tokens_per_s"])
                 outside.append(outside_spans_ms(a) - outside_spans_ms(b))
     return ratios, outside
+
+
+def pair_summary(
+    folders: list[Path], num: str, den: str, conc: int | None = None
+) -> tuple[int, float, tuple[float, float], tuple[float, float]]:
+    """:func:`pooled_pairs` summarised: the pairs' count, the ratios'
+    median, their :func:`interval` and the outside-span differences'."""
+    ratios, outside = pooled_pairs(folders, num, den, conc)
+    return len(ratios), statistics.median(ratios), interval(ratios), interval(outside)
+
+
+def print_pairs(folders: list[Path], pairs: Sequence[tuple[str, str]]) -> None:
+    """One line a pair at c=1, then at c=4 (:func:`pair_summary`): the
+    tokens/s ratios of the interleaved runs paired by repeat (median, and
+    mean with a normal 95% interval) and the numerator's host time a step
+    outside the forwards' spans beyond the denominator's (mean with a normal
+    95% interval)."""
+    for conc in (1, 4):
+        for num, den in pairs:
+            n, median, (mean, half), (out_mean, out_half) = pair_summary(folders, num, den, conc)
+            print(
+                f"c={conc} {num}/{den} ({n} pairs): median {median:.3f}, mean {mean:.3f} "
+                f"[{mean - half:.3f}, {mean + half:.3f}]; outside the spans {out_mean:+.3f} "
+                f"+- {out_half:.3f} ms a step"
+            )
 
 
 def summarize(folder: Path) -> list[str]:

@@ -9,7 +9,6 @@ pairs with a normal 95% interval; ``rest_summary.pooled_pairs``).
 from __future__ import annotations
 
 import importlib
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,11 +21,12 @@ rest_summary: Any = importlib.import_module("rest_summary")
 
 def main() -> None:
     for tree in ("new", "old"):
-        ratios, outside = rest_summary.pooled_pairs(sorted(HERE.glob(f"{tree}[0-9]")), "PD", "B1")
-        mean, half = rest_summary.interval(ratios)
-        out_mean, out_half = rest_summary.interval(outside)
+        folders = sorted(HERE.glob(f"{tree}[0-9]"))
+        n, median, (mean, half), (out_mean, out_half) = rest_summary.pair_summary(
+            folders, "PD", "B1"
+        )
         print(
-            f"{tree}: PD/B1 over {len(ratios)} pairs: median {statistics.median(ratios):.3f}, "
+            f"{tree}: PD/B1 over {n} pairs: median {median:.3f}, "
             f"mean {mean:.3f} [{mean - half:.3f}, {mean + half:.3f}]; PD - B1 outside the "
             f"spans {out_mean:.3f} +- {out_half:.3f} ms a step"
         )

@@ -1,8 +1,5 @@
-"""Pooled over the three processes here, at each concurrency: the pairs'
-ratios of tokens/s (per-repeat ratios of interleaved runs; mean with a
-normal 95% interval, and the median) and the numerator's host time a step
-outside the forwards' spans beyond the denominator's (mean with a normal
-95% interval; ``rest_summary.pooled_pairs``).
+"""Cold and steady-state PD and B1, pooled over the processes here
+(``rest_summary.print_pairs``: tokens/s ratios and outside-span times).
 
     python3 steady_summary.py
 """
@@ -10,7 +7,6 @@ outside the forwards' spans beyond the denominator's (mean with a normal
 from __future__ import annotations
 
 import importlib
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,17 +20,7 @@ PAIRS = (("PD", "B1"), ("PDsettled", "B1warm"), ("PDsettled", "PD"), ("B1warm", 
 
 
 def main() -> None:
-    folders = sorted(HERE.glob("p[0-9]"))
-    for conc in (1, 4):
-        for num, den in PAIRS:
-            ratios, outside = rest_summary.pooled_pairs(folders, num, den, conc)
-            mean, half = rest_summary.interval(ratios)
-            out_mean, out_half = rest_summary.interval(outside)
-            print(
-                f"c={conc} {num}/{den} ({len(ratios)} pairs): median "
-                f"{statistics.median(ratios):.3f}, mean {mean:.3f} [{mean - half:.3f}, "
-                f"{mean + half:.3f}]; outside the spans {out_mean:+.3f} +- {out_half:.3f} ms a step"
-            )
+    rest_summary.print_pairs(sorted(HERE.glob("p[0-9]")), PAIRS)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
-"""Settled PD and its variants against B1warm, pooled over the three
-processes here, at each concurrency: the tokens/s ratio (per-repeat ratios
-of interleaved runs; mean with a normal 95% interval, and the median) and
-the host time a step outside the forwards' spans beyond B1warm's (mean with
-a normal 95% interval; ``rest_summary.pooled_pairs``).
+"""Settled PD and its variants against B1warm, pooled over the processes
+here (``rest_summary.print_pairs``: tokens/s ratios and outside-span times).
 
     python3 parts_summary.py
 """
@@ -10,7 +7,6 @@ a normal 95% interval; ``rest_summary.pooled_pairs``).
 from __future__ import annotations
 
 import importlib
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,17 +20,7 @@ ARMS = ("PDsettled", "PDsetFull", "PDsetFcfs", "PDsetB1cfg")
 
 
 def main() -> None:
-    folders = sorted(HERE.glob("p[0-9]"))
-    for conc in (1, 4):
-        for num in ARMS:
-            ratios, outside = rest_summary.pooled_pairs(folders, num, "B1warm", conc)
-            mean, half = rest_summary.interval(ratios)
-            out_mean, out_half = rest_summary.interval(outside)
-            print(
-                f"c={conc} {num}/B1warm ({len(ratios)} pairs): median "
-                f"{statistics.median(ratios):.3f}, mean {mean:.3f} [{mean - half:.3f}, "
-                f"{mean + half:.3f}]; outside the spans {out_mean:+.3f} +- {out_half:.3f} ms a step"
-            )
+    rest_summary.print_pairs(sorted(HERE.glob("p[0-9]")), [(num, "B1warm") for num in ARMS])
 
 
 if __name__ == "__main__":
