@@ -297,9 +297,7 @@ class DeficitBatcher:
         whole = self._whole_grants(demands)
         if whole is not None:
             self.uncontended_steps += 1
-            if self._held:
-                self._served_held |= self._held
-                self._held.clear()
+            self.pause()  # its held demands are served in this step
             if self._predicting:
                 self._predicting.difference_update(rid for rid, _ in whole)
             return BatchDecision(grants=whole, uncontended=True)

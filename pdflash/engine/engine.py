@@ -1240,17 +1240,14 @@ class Engine:
         if parts is not None and parts.first_come:  # the PD controller at rest
             t0 = time.perf_counter()
             decision = BatchDecision(grants=first_come_grants(demands, self.config.token_budget))
-            us = (time.perf_counter() - t0) * 1e6
-            decision.scheduler_us = us
-            self.scheduler_us.append(us)
-            return decision
-        resident = self._resident_mask()
-        if resident is not None and self.host_ahead is not None:
-            # NOTE: experts planned for the host move no link bytes: the
-            # scheduler sees them as resident
-            resident = resident | self.host_ahead
-        t0 = time.perf_counter()
-        decision = self.batcher.select(demands, resident)
+        else:
+            resident = self._resident_mask()
+            if resident is not None and self.host_ahead is not None:
+                # NOTE: experts planned for the host move no link bytes: the
+                # scheduler sees them as resident
+                resident = resident | self.host_ahead
+            t0 = time.perf_counter()
+            decision = self.batcher.select(demands, resident)
         us = (time.perf_counter() - t0) * 1e6
         decision.scheduler_us = us
         self.scheduler_us.append(us)

@@ -116,9 +116,18 @@ def test_bad_serving_specs_are_refused(kwargs: dict[str, object], match: str) ->
         RunSpec(arch="tiny", baseline="PD", **kwargs).validate()  # type: ignore[arg-type]
 
 
-def _deficit(byte_budget: int | None) -> DeficitBatcher:
-    return DeficitBatcher(
-        token_budget=32, byte_budget=byte_budget, num_layers=1, num_experts=8, expert_nbytes=100
+def _deficit(
+    byte_budget: int | None,
+    kind: type[DeficitBatcher] = DeficitBatcher,
+    grant_uncontended: bool = True,
+) -> DeficitBatcher:
+    return kind(
+        token_budget=32,
+        byte_budget=byte_budget,
+        num_layers=1,
+        num_experts=8,
+        expert_nbytes=100,
+        grant_uncontended=grant_uncontended,
     )
 
 
@@ -173,24 +182,8 @@ def test_the_resident_set_is_sent_only_while_a_pending_demand_names_predicted_ex
     rng = np.random.default_rng(seed)
     # both consult the scheduler every step (tests/engine/test_batching_uncontended.py
     # checks the steps granted without it)
-    lean, full = (
-        DeficitBatcher(
-            token_budget=32,
-            byte_budget=byte_budget,
-            num_layers=1,
-            num_experts=8,
-            expert_nbytes=100,
-            grant_uncontended=False,
-        ),
-        AlwaysResident(
-            token_budget=32,
-            byte_budget=byte_budget,
-            num_layers=1,
-            num_experts=8,
-            expert_nbytes=100,
-            grant_uncontended=False,
-        ),
-    )
+    lean = _deficit(byte_budget, grant_uncontended=False)
+    full = _deficit(byte_budget, AlwaysResident, grant_uncontended=False)
     sent = 0
     set_resident = lean.scheduler.set_resident
 
