@@ -141,6 +141,20 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--smoke", action="store_true")
 
 
+def parse_block_ms(text: str) -> list[int | str]:
+    """``--block-m``: ``auto`` and/or powers of two in 16..128 (tl.dot's
+    smallest M is 16), a clear error on anything else."""
+    out: list[int | str] = []
+    for item in text.split(","):
+        if item == "auto":
+            out.append(item)
+        elif item.isdigit() and int(item) in (16, 32, 64, 128):
+            out.append(int(item))
+        else:
+            raise SystemExit(f"--block-m: {item!r} is not auto, 16, 32, 64 or 128")
+    return out
+
+
 def slab_weights(k: Any, slab: dict[str, torch.Tensor]) -> tuple[Any, Any]:
     """The slab's gate_up and down projections as ``k.SlabWeight`` (``k``
     the fused kernel module)."""
@@ -188,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     add_run_arguments(ap)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--configs", default=CONFIGS, help="BLOCK_N:BLOCK_K:warps:stages,...")
+    ap.add_argument(
+        "--block-m",
+        default="auto",
+        help="row tiles to time, comma-separated: auto (pick_block_m, the library's) and/or "
+        "16/32/64/128",
+    )
     args = ap.parse_args(argv)
+    block_ms = parse_block_ms(args.block_m)
     if args.smoke:
         global HIDDEN, INTER, EXPERTS, TOP_K
         HIDDEN, INTER, EXPERTS, TOP_K = 64, 64, 4, 2
@@ -214,12 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     for tokens in (int(t) for t in args.tokens.split(",")):
         x = torch.randn(tokens, HIDDEN, generator=g).bfloat16().to(dev)
         key, x_rows = _routing(g, tokens, dev)
-        block_m = pick_block_m(int(key.numel()), EXPERTS)
-        tiles = k.tile_map(key, EXPERTS, block_m, EXPERTS)
+        auto_m = pick_block_m(int(key.numel()), EXPERTS)
         rows = torch.arange(key.numel(), dtype=torch.int32, device=dev)
         want = None if args.compile_only else _reference(x, key, x_rows, slab)
         nbytes = _active_bytes(key, slab)
-        for variant, (bn, bk, warps, stages) in grid:
+        for block_m, variant, (bn, bk, warps, stages) in (
+            (m, v, c) for m in dict.fromkeys(auto_m if b == "auto" else b for b in block_ms)
+            for v, c in grid
+        ):  # fmt: skip
+            tiles = k.tile_map(key, EXPERTS, block_m, EXPERTS)
             if time.monotonic() - t_start > args.budget_s:
                 break
             dot = variant
@@ -231,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
             point: dict[str, Any] = {
                 "variant": variant, "config": [bn, bk, warps, stages], "tokens": tokens,
-                "block_m": block_m,
+                "block_m": block_m, "block_m_auto": block_m == auto_m,
             }  # fmt: skip
             measure(point, mlp, want, not args.smoke, args, hbm, nbytes)
             points.append(point)
@@ -255,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         result["best_per_tokens"] = best
         for p in sorted(timed, key=lambda p: (p["tokens"], p["us"])):
             print(
-                f"{p['tokens']:4d} tok {p['variant']:15s} {p['config']!s:18s} "
+                f"{p['tokens']:4d} tok m{p['block_m']:<4d}{p['variant']:15s} {p['config']!s:18s} "
                 f"{p['us']:8.1f} us  x{p['over_roofline'] or 0:.2f} roof  err {p['max_rel_err']:.2e}",
                 file=sys.stderr,
             )

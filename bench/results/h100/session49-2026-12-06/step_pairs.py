@@ -4,6 +4,9 @@ events) and the host time outside the draft, verify, prefill and predict
 spans.
 
     python3 step_pairs.py FOLDER NUM/DEN [NUM/DEN ...]
+
+FOLDER's rows*.jsonl.gz files pool their pairs: a pair stays within its
+file (one device call), as bench/pair_ratios.py pools them.
 """
 
 from __future__ import annotations
@@ -33,12 +36,17 @@ def parts(row: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: list[str]) -> None:
     folder = Path(argv[0])
-    with gzip.open(folder / "rows.jsonl.gz", "rt") as lines:
-        rows = [json.loads(line) for line in lines]
+    rows: list[dict[str, Any]] = []
+    for file_number, path in enumerate(sorted(folder.glob("rows*.jsonl.gz"))):
+        with gzip.open(path, "rt") as lines:
+            for line in lines:
+                row = json.loads(line)
+                row["repeat"] = (file_number, row["repeat"])
+                rows.append(row)
     for pair in argv[1:]:
         num, den = pair.split("/")
         for conc in sorted({r["concurrency"] for r in rows}):
-            by_rep: dict[int, dict[str, dict[str, float]]] = {}
+            by_rep: dict[tuple[int, int], dict[str, dict[str, float]]] = {}
             for r in rows:
                 if r["concurrency"] == conc and r["arm"] in (num, den):
                     by_rep.setdefault(r["repeat"], {})[r["arm"]] = parts(r)
