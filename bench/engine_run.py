@@ -73,6 +73,7 @@ from pdflash.engine.config import (
     FULL_CACHE,
     HOST_CONTROLS,
     LOOKAHEAD_SCORE_SETTINGS,
+    REST_BATCHINGS,
     ROUTE_AHEAD_GATES,
     ROUTE_AHEAD_HORIZONS,
     EngineConfig,
@@ -320,6 +321,10 @@ class RunSpec:
     # "precision" or "off"); a run without the controller's route-ahead, or
     # with a host service, ignores it
     route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
+    # how a step is batched while PD's controller rests
+    # (pdflash.engine.config.EngineConfig.rest_batching: "first_come" or
+    # "scheduler"); a run without a resting controller ignores it
+    rest_batching: str = "first_come"
     # "first_round": after the warm-up, workload bursts outside the clock
     # until PD's controller has ended its first round of probes (the state a
     # server's engine is in after its first steps); "off": the warm-up alone.
@@ -370,6 +375,7 @@ class RunSpec:
             lookahead_tail=self.lookahead_tail,
             route_ahead_horizon=self.route_ahead_horizon,
             route_ahead_gate=self.route_ahead_gate,
+            rest_batching=self.rest_batching,
         )
 
     @property
@@ -486,6 +492,7 @@ class RunSpec:
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
         self._check_one_of("route_ahead_gate", ROUTE_AHEAD_GATES)
+        self._check_one_of("rest_batching", REST_BATCHINGS)
         self._check_one_of("lookahead_score", LOOKAHEAD_SCORE_SETTINGS)
         check_lookahead_tail(self.lookahead_tail, self.lookahead_score, self.host_mode)
         check_host_ahead_min_exposed(self.host_ahead_min_exposed)
@@ -2294,6 +2301,13 @@ def _result(
             if engine.parts is not None
             and isinstance(engine.parts.policy, PDController)
             and route_ahead_gate_applies(engine.parts.available)
+            else None
+        ),
+        # how steps were batched while PD's controller rested (None: no
+        # controller that rests)
+        "rest_batching": (
+            _built(engine).rest_batching
+            if engine.parts is not None and engine.parts.rests
             else None
         ),
         "torch_intra_op_threads": torch.get_num_threads(),

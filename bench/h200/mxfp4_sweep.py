@@ -141,13 +141,14 @@ def add_run_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--smoke", action="store_true")
 
 
-def parse_block_ms(text: str) -> list[int | str]:
-    """``--block-m``: ``auto`` and/or powers of two in 16..128 (tl.dot's
-    smallest M is 16), a clear error on anything else."""
-    out: list[int | str] = []
+def parse_block_ms(text: str) -> list[int | None]:
+    """``--block-m``: ``auto`` (None: the library's pick) and/or powers of
+    two in 16..128 (tl.dot's smallest M is 16), a clear error on anything
+    else."""
+    out: list[int | None] = []
     for item in text.split(","):
         if item == "auto":
-            out.append(item)
+            out.append(None)
         elif item.isdigit() and int(item) in (16, 32, 64, 128):
             out.append(int(item))
         else:
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         want = None if args.compile_only else _reference(x, key, x_rows, slab)
         nbytes = _active_bytes(key, slab)
         for block_m, variant, (bn, bk, warps, stages) in (
-            (m, v, c) for m in dict.fromkeys(auto_m if b == "auto" else b for b in block_ms)
+            (m, v, c) for m in dict.fromkeys(auto_m if b is None else b for b in block_ms)
             for v, c in grid
         ):  # fmt: skip
             tiles = k.tile_map(key, EXPERTS, block_m, EXPERTS)

@@ -25,6 +25,7 @@ from pdflash.engine.config import (
     DEFAULT_ROUTE_AHEAD_GATE,
     FULL_CACHE,
     HOST_CONTROLS,
+    REST_BATCHINGS,
     ROUTE_AHEAD_GATES,
 )
 from pdflash.hybrid.affinity import DEFAULT_HOST_AFFINITY, HOST_AFFINITY_CHOICES
@@ -458,6 +459,15 @@ def add_realtext_arguments(parser: argparse._ActionsContainer) -> None:
         "otherwise it must earn its place by its probes), precision (the first rule alone) "
         "or off (judged as PD's other parts)",
     )
+    parser.add_argument(
+        "--rest-batching",
+        default="first_come",
+        choices=list(REST_BATCHINGS),
+        help="how a step is batched while PD's controller rests (route-ahead off): "
+        "first_come (default: B1's rule, the waiting requests in arrival order; the lower "
+        "host cost, but a request that waits for the token budget waits for those ahead of "
+        "it) or scheduler (the configured batcher every step: requests take turns)",
+    )
 
 
 def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -472,6 +482,7 @@ def realtext_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "route_ahead_source": "union",
         "route_ahead_proxy": "auto",
         "route_ahead_gate": DEFAULT_ROUTE_AHEAD_GATE,
+        "rest_batching": "first_come",
     }
     return {
         name: getattr(args, name)

@@ -886,6 +886,8 @@ def matrix_command(args: argparse.Namespace, out: Path) -> str:
         parts.append(f"--route-ahead-proxy {args.route_ahead_proxy}")
     if getattr(args, "route_ahead_gate", DEFAULT_ROUTE_AHEAD_GATE) != DEFAULT_ROUTE_AHEAD_GATE:
         parts.append(f"--route-ahead-gate {args.route_ahead_gate}")
+    if getattr(args, "rest_batching", "first_come") != "first_come":
+        parts.append(f"--rest-batching {args.rest_batching}")
     for name, default in SERVING_DEFAULTS.items():
         value = getattr(args, name, default)
         if value != default:

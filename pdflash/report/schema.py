@@ -700,6 +700,35 @@ def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
     return value
 
 
+def _spec_runs_controller(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run has PD's controller over its parts: a label
+    with the controller (:data:`CONTROLLER_LABELS`), not a full cache (which
+    runs none of the switchable parts), on one GPU (expert-parallel ranks
+    run PD's parts fixed)."""
+    return (
+        spec.get("baseline") in CONTROLLER_LABELS
+        and not _spec_fills_full_cache(spec)
+        and (spec.get("gpus") or 1) <= 1
+    )
+
+
+def _refine_rest_batching(value: Any, row: Mapping[str, Any]) -> Any:
+    """A row's rest batching as its run ran it: a row of a resting
+    controller that records none is older than the setting. Those recorded
+    since at-rest first-come batching (their ``verify_width`` counts the
+    controller's rest steps) ran ``first_come``; older ones batched every
+    step with the configured batcher, ``scheduler``."""
+    if row.get("rest_batching") is not None:
+        return value
+    parts = row.get("pd_parts")
+    if not (isinstance(parts, Mapping) and parts.get("rest_steps") is not None):
+        return value  # no resting controller recorded: the spec's or the default
+    width = row.get("verify_width")
+    if isinstance(width, Mapping) and "controller_rest_steps" in width:
+        return value
+    return "scheduler"
+
+
 def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     """A spec's controller warm-up as its run runs it: a label without the
     controller (:data:`CONTROLLER_LABELS`), a full cache that runs none of
@@ -848,6 +877,16 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         "off",
         _recorded("controller_warmup"),
         resolve=_spec_controller_warmup,
+    ),
+    # pdflash.engine.config.EngineConfig.rest_batching (a test keeps the
+    # defaults equal); rows of a resting controller older than at-rest
+    # first-come batching read "scheduler"
+    RunSetting(
+        "rest_batching",
+        "first_come",
+        _recorded("rest_batching"),
+        refine=_refine_rest_batching,
+        read_where=_spec_runs_controller,
     ),
     # workload bursts after the warm-up, outside the clock (rows older than
     # the setting ran none)
