@@ -56,6 +56,19 @@ def load_bench_script(filename: str) -> ModuleType:
     return module
 
 
+#: a one-point matrix of PD on the tiny shape: the argv the run-setting
+#: tests add their option to (:func:`check_a_matrix_option_keys_its_runs`)
+PD_MATRIX_ARGV = [
+    *("matrix", "--arch", "tiny", "--baselines", "PD"),
+    *("--concurrency", "1", "--cache-fraction", "0.2"),
+]
+
+
+def pd_row(**fields: Any) -> dict[str, Any]:
+    """A recorded row of PD at that one point (no spec), with ``fields``."""
+    return {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2, **fields}
+
+
 def check_a_matrix_option_keys_its_runs(
     argv: list[str], flag: str, value: str, field: str, out: Path
 ) -> None:

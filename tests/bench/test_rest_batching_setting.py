@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_fixtures import check_a_matrix_option_keys_its_runs, check_an_issue16_arm_sets
+from bench_fixtures import (
+    PD_MATRIX_ARGV,
+    check_a_matrix_option_keys_its_runs,
+    check_an_issue16_arm_sets,
+    pd_row,
+)
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.config import REST_BATCHINGS, EngineConfig
@@ -48,26 +53,22 @@ def test_specs_are_keyed_by_it_where_the_controller_runs() -> None:
         assert spec_settings(spec) == spec_settings({**spec, "rest_batching": "scheduler"})
 
 
-def _pd_row(**fields: Any) -> dict[str, Any]:
-    return {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2, **fields}
-
-
 def test_rows_read_the_batching_their_rest_ran() -> None:
     rested = {"rest_steps": 70}
     since = {"setting": "adaptive", "controller_rest_steps": 68}  # at-rest first-come's rows
     before = {"setting": "adaptive"}  # recorded before it
-    assert SETTING.of_row(_pd_row(rest_batching="scheduler", pd_parts=rested)) == "scheduler"
-    assert SETTING.of_row(_pd_row(rest_batching="first_come", pd_parts=rested)) == "first_come"
-    assert SETTING.of_row(_pd_row(pd_parts=rested, verify_width=since)) == "first_come"
-    assert SETTING.of_row(_pd_row(pd_parts=rested, verify_width=before)) == "scheduler"
-    spec_row = _pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=rested)
+    assert SETTING.of_row(pd_row(rest_batching="scheduler", pd_parts=rested)) == "scheduler"
+    assert SETTING.of_row(pd_row(rest_batching="first_come", pd_parts=rested)) == "first_come"
+    assert SETTING.of_row(pd_row(pd_parts=rested, verify_width=since)) == "first_come"
+    assert SETTING.of_row(pd_row(pd_parts=rested, verify_width=before)) == "scheduler"
+    spec_row = pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=rested)
     assert SETTING.of_row({**spec_row, "verify_width": before}) == "scheduler"
     # no resting controller recorded: the spec's or the default
-    assert SETTING.of_row(_pd_row()) == "first_come"
-    assert SETTING.of_row(_pd_row(baseline="B1", verify_width=before)) == "first_come"
-    old = _pd_row(pd_parts=rested, verify_width=before)
-    assert row_key(old) != row_key(_pd_row(pd_parts=rested, verify_width=since))
-    assert row_key(old) == row_key(_pd_row(rest_batching="scheduler", verify_width=before))
+    assert SETTING.of_row(pd_row()) == "first_come"
+    assert SETTING.of_row(pd_row(baseline="B1", verify_width=before)) == "first_come"
+    old = pd_row(pd_parts=rested, verify_width=before)
+    assert row_key(old) != row_key(pd_row(pd_parts=rested, verify_width=since))
+    assert row_key(old) == row_key(pd_row(rest_batching="scheduler", verify_width=before))
 
 
 def test_a_run_records_it() -> None:
@@ -94,10 +95,6 @@ def test_an_issue16_arm_sets_it() -> None:
 
 
 def test_the_matrix_option_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
-    argv = [
-        *("matrix", "--arch", "tiny", "--baselines", "PD"),
-        *("--concurrency", "1", "--cache-fraction", "0.2"),
-    ]
     check_a_matrix_option_keys_its_runs(
-        argv, "--rest-batching", "scheduler", "rest_batching", tmp_path / "o"
+        PD_MATRIX_ARGV, "--rest-batching", "scheduler", "rest_batching", tmp_path / "o"
     )

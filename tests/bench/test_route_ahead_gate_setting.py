@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_fixtures import check_a_matrix_option_keys_its_runs, check_an_issue16_arm_sets
+from bench_fixtures import (
+    PD_MATRIX_ARGV,
+    check_a_matrix_option_keys_its_runs,
+    check_an_issue16_arm_sets,
+    pd_row,
+)
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.config import ROUTE_AHEAD_GATES, EngineConfig
@@ -55,10 +60,6 @@ def test_specs_are_keyed_by_it_where_the_controller_runs_route_ahead() -> None:
         assert spec_settings(spec) == spec_settings({**spec, "route_ahead_gate": "off"})
 
 
-def _pd_row(**fields: Any) -> dict[str, Any]:
-    return {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2, **fields}
-
-
 def test_rows_read_the_gate_their_controller_ran() -> None:
     bounded = {
         "settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION, "route_ahead_cost_gate": True}
@@ -70,24 +71,24 @@ def test_rows_read_the_gate_their_controller_ran() -> None:
     gated = {"settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION}}
     ungated = {"settings": {"route_ahead_gate": None}}
     before = {"settings": {"margin": 0.05}}  # recorded before the gate existed
-    row = _pd_row(route_ahead_gate="precision_cost", pd_parts=bounded)
+    row = pd_row(route_ahead_gate="precision_cost", pd_parts=bounded)
     assert SETTING.of_row(row) == "precision_cost"
-    assert SETTING.of_row(_pd_row(route_ahead_gate="precision", pd_parts=precision)) == "precision"
-    assert SETTING.of_row(_pd_row(route_ahead_gate="precision", pd_parts=gated)) == "precision"
-    assert SETTING.of_row(_pd_row(pd_parts=gated)) == "precision"
-    assert SETTING.of_row(_pd_row(route_ahead_gate="off", pd_parts=ungated)) == "off"
-    assert SETTING.of_row(_pd_row(pd_parts=before)) == "off"
-    spec_row = _pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=before)
+    assert SETTING.of_row(pd_row(route_ahead_gate="precision", pd_parts=precision)) == "precision"
+    assert SETTING.of_row(pd_row(route_ahead_gate="precision", pd_parts=gated)) == "precision"
+    assert SETTING.of_row(pd_row(pd_parts=gated)) == "precision"
+    assert SETTING.of_row(pd_row(route_ahead_gate="off", pd_parts=ungated)) == "off"
+    assert SETTING.of_row(pd_row(pd_parts=before)) == "off"
+    spec_row = pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=before)
     assert SETTING.of_row(spec_row) == "off"
     # a row that records no controller reads as its spec or the default
-    assert SETTING.of_row(_pd_row()) == "precision_cost"
+    assert SETTING.of_row(pd_row()) == "precision_cost"
     # where the gate does not act (a host service) an old row is no "off" run
-    assert SETTING.of_row(_pd_row(baseline="PD+host", pd_parts=before)) == "precision_cost"
-    hosted = _pd_row(host_experts="auto", pd_parts=before)
+    assert SETTING.of_row(pd_row(baseline="PD+host", pd_parts=before)) == "precision_cost"
+    hosted = pd_row(host_experts="auto", pd_parts=before)
     assert SETTING.of_row(hosted) == "precision_cost"
-    assert row_key(_pd_row(pd_parts=before)) != row_key(_pd_row(pd_parts=gated))
-    assert row_key(_pd_row(pd_parts=gated)) != row_key(_pd_row(pd_parts=bounded))
-    assert row_key(_pd_row(pd_parts=bounded)) == row_key(_pd_row())
+    assert row_key(pd_row(pd_parts=before)) != row_key(pd_row(pd_parts=gated))
+    assert row_key(pd_row(pd_parts=gated)) != row_key(pd_row(pd_parts=bounded))
+    assert row_key(pd_row(pd_parts=bounded)) == row_key(pd_row())
 
 
 def test_a_run_records_it() -> None:
@@ -122,10 +123,6 @@ def test_an_issue16_arm_sets_it() -> None:
 
 
 def test_the_matrix_option_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
-    argv = [
-        *("matrix", "--arch", "tiny", "--baselines", "PD"),
-        *("--concurrency", "1", "--cache-fraction", "0.2"),
-    ]
     check_a_matrix_option_keys_its_runs(
-        argv, "--route-ahead-gate", "off", "route_ahead_gate", tmp_path / "o"
+        PD_MATRIX_ARGV, "--route-ahead-gate", "off", "route_ahead_gate", tmp_path / "o"
     )

@@ -9,7 +9,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from bench_fixtures import check_a_matrix_option_keys_its_runs, check_an_issue16_arm_sets
+from bench_fixtures import (
+    PD_MATRIX_ARGV,
+    check_a_matrix_option_keys_its_runs,
+    check_an_issue16_arm_sets,
+)
 from pdflash.bench.engine_run import RunSpec
 
 from pdflash.engine.predict import ROUTE_AHEAD_PROXIES, route_ahead_predictor
@@ -56,13 +60,9 @@ def test_an_issue16_arm_sets_it() -> None:
 def test_the_matrix_option_reaches_the_spec_key_and_command(tmp_path: Path) -> None:
     from pdflash.bench import cli
 
-    argv = [
-        *("matrix", "--arch", "tiny", "--baselines", "PD"),
-        *("--concurrency", "1", "--cache-fraction", "0.2"),
-    ]
     check_a_matrix_option_keys_its_runs(
-        argv, "--route-ahead-proxy", "embed", "route_ahead_proxy", tmp_path / "o"
+        PD_MATRIX_ARGV, "--route-ahead-proxy", "embed", "route_ahead_proxy", tmp_path / "o"
     )
     # the predictor's attention proxy is not offered
     with pytest.raises(SystemExit):
-        cli.build_parser().parse_args([*argv, "--route-ahead-proxy", "block_attention"])
+        cli.build_parser().parse_args([*PD_MATRIX_ARGV, "--route-ahead-proxy", "block_attention"])
