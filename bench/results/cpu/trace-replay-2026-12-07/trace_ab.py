@@ -1,0 +1,94 @@
+"""CPU A/B of PD against B1 on session 39's replayed learned trace
+(../../h100/session39-2026-12-05/proxy-approx/trace_gpu_t1.npz: routing,
+acceptance, gate lookahead and route-ahead's approximate router **learned,
+replayed** on small-qwen3_moe, 4 MoE layers, **synthetic** fp32 weights),
+cache 0.2, closed loop of 4 requests a client, 24 new tokens, the link
+emulated at LINK_GBPS; arms interleaved and rotated per repeat. Run from the
+repository root:
+
+    python3 -P bench/results/cpu/trace-replay-2026-12-07/trace_ab.py CONCURRENCY REPEATS OUT.jsonl LINK_GBPS ARM,ARM,...
+
+Arms: :data:`ARMS`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from pdflash.bench.engine_run import RunSpec, run_spec
+
+TRACE = "bench/results/h100/session39-2026-12-05/proxy-approx/trace_gpu_t1.npz"
+ARMS: dict[str, dict[str, Any]] = {
+    "B1": dict(baseline="B1"),
+    "B1f1": dict(baseline="B1", verify_width="fixed:1"),
+    "PD": dict(baseline="PD"),
+    "PDf1": dict(baseline="PD", verify_width="fixed:1"),
+    "PDsched": dict(baseline="PD", rest_batching="scheduler"),
+    "PDnoraf1": dict(baseline="PD-no-route-ahead", verify_width="fixed:1"),
+    "PDallf1": dict(baseline="PD-all-on", verify_width="fixed:1"),
+}
+KEYS = (
+    "output_tokens_per_s",
+    "bytes_per_token",
+    "exposed_fetch_s",
+    "expert_cache_hit_rate",
+    "routeahead_batch_coverage",
+    "routeahead_batch_precision",
+    "predict_s",
+    "wall_s",
+    "steps",
+    "pd_parts",
+    "verify_width",
+    "rest_batching",
+    "round_latency_p99_s",
+    "tpot_p99_s",
+    "acceptance_length_mean",
+    "routing_source",
+    "acceptance_source",
+    "weights_source",
+    "link_busy_s",
+)
+
+
+def main(argv: list[str]) -> None:
+    conc, reps, out, link_gbps = int(argv[0]), int(argv[1]), argv[2], float(argv[3])
+    names = argv[4].split(",")
+    base: dict[str, Any] = dict(
+        arch="small-qwen3_moe",
+        layers=4,
+        device="cpu",
+        cache_fraction=0.2,
+        concurrency=conc,
+        arrivals="closed",
+        users=conc,
+        num_requests=4 * conc,
+        prompt_len=32,
+        max_new_tokens=24,
+        block_size=16,
+        routing_source="trace",
+        acceptance="trace",
+        trace=TRACE,
+        emulated_link_gbps=link_gbps,
+    )
+    with open(out, "a") as f:
+        for rep in range(reps):
+            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                t0 = time.time()
+                row = run_spec(RunSpec(**{**base, **ARMS[name]}, repeat=rep)).row
+                rec = {
+                    "arm": name,
+                    "repeat": rep,
+                    "concurrency": conc,
+                    "link_gbps": link_gbps,
+                    "run_s": time.time() - t0,
+                }
+                f.write(json.dumps({**rec, **{k: row.get(k) for k in KEYS}}) + "\n")
+                f.flush()
+                print(name, rep, round(row["output_tokens_per_s"], 2), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
