@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
             (m, v, c) for m in dict.fromkeys(auto_m if b is None else b for b in block_ms)
             for v, c in grid
         ):  # fmt: skip
-            tiles = k.tile_map(key, EXPERTS, block_m, EXPERTS)
             if time.monotonic() - t_start > args.budget_s:
                 break
+            tiles = k.tile_map(key, EXPERTS, block_m, EXPERTS)
             dot = variant
             tuner = k._grouped_qgemm_kernel
             tuner.configs = [k._config(bn, bk, warps, stages)]

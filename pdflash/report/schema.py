@@ -655,18 +655,25 @@ def _spec_hosted(spec: Mapping[str, Any]) -> bool:
     return baseline == "PD+host" or (baseline != "B3" and spec.get("host_experts", "off") != "off")
 
 
+def _spec_runs_controller(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run has PD's controller over its parts: a label
+    with the controller (:data:`CONTROLLER_LABELS`), not a full cache (which
+    runs none of the switchable parts), on one GPU (expert-parallel ranks
+    run PD's parts fixed)."""
+    return (
+        spec.get("baseline") in CONTROLLER_LABELS
+        and not _spec_fills_full_cache(spec)
+        and (spec.get("gpus") or 1) <= 1
+    )
+
+
 def _spec_gates_route_ahead(spec: Mapping[str, Any]) -> bool:
     """Whether a spec's run has PD's route-ahead gate acting, which alone
     reads ``route_ahead_gate``: a label with the controller and route-ahead,
     not a full cache, on one GPU (expert-parallel ranks run PD's parts
     fixed), without a hybrid miss service (whose planner reads the
     predictions too: the gate does not act there)."""
-    return (
-        spec.get("baseline") in CONTROLLER_LABELS
-        and _spec_runs_route_ahead(spec)
-        and (spec.get("gpus") or 1) <= 1
-        and not _spec_hosted(spec)
-    )
+    return _spec_runs_controller(spec) and _spec_runs_route_ahead(spec) and not _spec_hosted(spec)
 
 
 def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
@@ -700,18 +707,6 @@ def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
     return value
 
 
-def _spec_runs_controller(spec: Mapping[str, Any]) -> bool:
-    """Whether a spec's run has PD's controller over its parts: a label
-    with the controller (:data:`CONTROLLER_LABELS`), not a full cache (which
-    runs none of the switchable parts), on one GPU (expert-parallel ranks
-    run PD's parts fixed)."""
-    return (
-        spec.get("baseline") in CONTROLLER_LABELS
-        and not _spec_fills_full_cache(spec)
-        and (spec.get("gpus") or 1) <= 1
-    )
-
-
 def _refine_rest_batching(value: Any, row: Mapping[str, Any]) -> Any:
     """A row's rest batching as its run ran it: a row of a resting
     controller that records none is older than the setting. Those recorded
@@ -735,9 +730,7 @@ def _spec_controller_warmup(value: Any, spec: Mapping[str, Any]) -> Any:
     PD's switchable parts, or expert-parallel ranks (their engines run PD's
     parts fixed: ``pdflash.distributed.lockstep.replicated_config``) have no
     probes to settle, so they run ``off``."""
-    full = _spec_fills_full_cache(spec)
-    ranks = (spec.get("gpus") or 1) > 1
-    return value if spec.get("baseline") in CONTROLLER_LABELS and not full and not ranks else "off"
+    return value if _spec_runs_controller(spec) else "off"
 
 
 def _spec_sdpa_backends(value: Any, spec: Mapping[str, Any]) -> Any:
