@@ -29,6 +29,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "PDsched": dict(baseline="PD", rest_batching="scheduler"),
     "PDnoraf1": dict(baseline="PD-no-route-ahead", verify_width="fixed:1"),
     "PDallf1": dict(baseline="PD-all-on", verify_width="fixed:1"),
+    "PDf1evra": dict(baseline="PD", verify_width="fixed:1", eviction="route_ahead"),
 }
 KEYS = (
     "output_tokens_per_s",

@@ -23,8 +23,10 @@ PAIRS = [
     ("PD", "PDf1"),
     ("PDnoraf1", "B1f1"),
     ("PDf1", "PDnoraf1"),
+    ("PDf1evra", "B1f1"),
+    ("PDf1evra", "PDf1"),
 ]
-ARMS = ["B1", "B1f1", "PD", "PDf1", "PDnoraf1"]
+ARMS = ["B1", "B1f1", "PD", "PDf1", "PDnoraf1", "PDf1evra"]
 
 
 def main() -> None:
