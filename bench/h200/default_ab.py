@@ -96,6 +96,7 @@ from typing import Any
 from pdflash.bench.engine_run import RunSpec, run_spec
 from pdflash.bench.pair_ratios import pair_ratios
 from pdflash.bench.suites import default
+from pdflash.bench.suites.matrix import rotated
 
 from pdflash.engine import pd_controller
 from pdflash.engine.config import EngineConfig
@@ -303,8 +304,7 @@ def _interleaved_profiles(
     specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for rep in range(args.profile_repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
+        for name in rotated(names, rep):
             with _patched(name):
                 prof = profile_one(specs[name], rep == 0)
             runs[name].append(prof)
@@ -414,8 +414,7 @@ def main() -> None:
         for rep in range(args.repeats):
             for conc in args.concurrency:
                 specs = _arm_specs(names, _default_specs(args, conc, on_gpu))
-                order = names[rep % len(names) :] + names[: rep % len(names)]
-                for name in order:
+                for name in rotated(names, rep):
                     row = run_arm(name, {**specs[name], "repeat": rep})
                     f.write(json.dumps(row, default=str) + "\n")
                     f.flush()

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from pdflash.bench.engine_run import RunSpec, run_spec
+from pdflash.bench.suites.matrix import rotated
 
 TRACE = "bench/results/h100/session39-2026-12-05/proxy-approx/trace_gpu_t1.npz"
 ARMS: dict[str, dict[str, Any]] = {
@@ -76,7 +77,7 @@ def main(argv: list[str]) -> None:
     )
     with open(out, "a") as f:
         for rep in range(reps):
-            for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            for name in rotated(names, rep):
                 t0 = time.time()
                 row = run_spec(RunSpec(**{**base, **ARMS[name]}, repeat=rep)).row
                 rec = {
