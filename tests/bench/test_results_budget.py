@@ -1,9 +1,10 @@
 """The device tool copies every tracked file (64 MiB at most), so the
 committed results must stay well under that; ``bench/compact_results.py``
 gzips raw results, and this test fails before the tree creeps back over.
-The budget leaves 16 MiB of the copy for the code and the next results (the
-proxy traces, already compressed, are most of what grows: 4.8-7.8 MB each
-since they record the gate lookahead and route-ahead's approximate router)."""
+The budget leaves 15 MiB of the copy for the code (5.4 MiB in the fifty-third
+session) and the next results (the proxy traces, already compressed, are most
+of what grows: 4.8-7.8 MB each since they record the gate lookahead and
+route-ahead's approximate router)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BUDGET_BYTES = 48 * 1024 * 1024
+BUDGET_BYTES = 49 * 1024 * 1024
 
 
 def _tracked(under: str) -> list[Path] | None:

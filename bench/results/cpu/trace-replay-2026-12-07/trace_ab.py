@@ -6,9 +6,11 @@ cache 0.2, closed loop of 4 requests a client, 24 new tokens, the link
 emulated at LINK_GBPS; arms interleaved and rotated per repeat. Run from the
 repository root:
 
-    python3 -P bench/results/cpu/trace-replay-2026-12-07/trace_ab.py CONCURRENCY REPEATS OUT.jsonl LINK_GBPS ARM,ARM,...
+    python3 -P bench/results/cpu/trace-replay-2026-12-07/trace_ab.py CONCURRENCY REPEATS OUT.jsonl LINK_GBPS ARM,ARM,... [ARCH LAYERS]
 
-Arms: :data:`ARMS`.
+Arms: :data:`ARMS`. ARCH and LAYERS (default small-qwen3_moe, 4) pick the
+target the trace is replayed on (session 53: small-gpt_oss, 8 layers, the
+expert count and top-k of the GPU runs' gpt-oss-20b shape).
 """
 
 from __future__ import annotations
@@ -58,9 +60,10 @@ KEYS = (
 def main(argv: list[str]) -> None:
     conc, reps, out, link_gbps = int(argv[0]), int(argv[1]), argv[2], float(argv[3])
     names = argv[4].split(",")
+    arch, layers = (argv[5], int(argv[6])) if len(argv) > 5 else ("small-qwen3_moe", 4)
     base: dict[str, Any] = dict(
-        arch="small-qwen3_moe",
-        layers=4,
+        arch=arch,
+        layers=layers,
         device="cpu",
         cache_fraction=0.2,
         concurrency=conc,
@@ -85,6 +88,8 @@ def main(argv: list[str]) -> None:
                     "repeat": rep,
                     "concurrency": conc,
                     "link_gbps": link_gbps,
+                    "arch": arch,
+                    "layers": layers,
                     "run_s": time.time() - t0,
                 }
                 f.write(json.dumps({**rec, **{k: row.get(k) for k in KEYS}}) + "\n")

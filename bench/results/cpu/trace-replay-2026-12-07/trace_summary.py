@@ -1,6 +1,7 @@
 """Pairs and run medians of this folder's trace-replay A/B
 (``rows.jsonl.gz``: every run of ``trace_ab.py``; pairs are the runs of one
-repeat at one concurrency, arms interleaved and rotated per repeat).
+repeat at one concurrency, arms interleaved and rotated per repeat). Rows
+without ``arch`` ran on small-qwen3_moe with 4 MoE layers (calls 1-3).
 
     python3 bench/results/cpu/trace-replay-2026-12-07/trace_summary.py
 """
@@ -32,6 +33,15 @@ ARMS = ["B1", "B1f1", "PD", "PDf1", "PDnoraf1", "PDf1evra"]
 def main() -> None:
     with gzip.open(HERE / "rows.jsonl.gz", "rt") as lines:
         rows = [json.loads(line) for line in lines]
+    for r in rows:
+        r.setdefault("arch", "small-qwen3_moe")
+        r.setdefault("layers", 4)
+    for target in sorted({(r["arch"], r["layers"]) for r in rows}):
+        print(f"{target[0]}, {target[1]} MoE layers:")
+        _target([r for r in rows if (r["arch"], r["layers"]) == target])
+
+
+def _target(rows: list[dict[str, Any]]) -> None:
     for conc in sorted({r["concurrency"] for r in rows}):
         for call in sorted({r["call"] for r in rows}):
             by_rep: dict[int, dict[str, float]] = {}
