@@ -907,7 +907,12 @@ class UnionGrowth:
     grid (:attr:`GRID` rates from :attr:`MIN_NOVELTY` to 1, then
     :attr:`GRID` more between the best one's neighbours) the best ``S`` is
     closed-form (clipped to ``[top_k, E]``); the least squared error wins
-    (ties: the smaller ``a``). Deterministic given the observations. Past
+    (ties, up to rounding: the smaller ``a``). Unions observed at one row
+    count only (a width of one draft sees two rows, and the prior sits
+    there too) fit every rate from the least that reaches them up to 1;
+    the least is kept, so the curve keeps climbing toward ``E`` past them
+    rather than charging further rows nothing. Deterministic given the
+    observations. Past
     the largest observed row count the curve extrapolates its own form (it
     keeps levelling off toward ``S``); a later observation there corrects
     it (the adaptive width's exploration rounds verify past the width, up
@@ -922,6 +927,9 @@ class UnionGrowth:
     MAX_NOVELTY: ClassVar[dict[str, float]] = {"geometric": 1.0, "hyperbolic": 100.0}
     #: row counts pooled exactly; larger ones in geometric classes
     EXACT_ROWS = 32
+    #: squared errors within this share of the data's weighted sum of
+    #: squares are equal (a tie goes to the smaller rate)
+    TIE_TOLERANCE = 1e-9
 
     def __init__(
         self,
@@ -977,6 +985,7 @@ class UnionGrowth:
         w = np.asarray([self.prior_weight] + [b[0] for b in bins])
         n = np.asarray([1.0] + [b[1] / b[0] - 1.0 for b in bins])  # rows - 1
         u = np.asarray([k + (e - k) * k / e] + [b[2] / b[0] for b in bins])
+        tie = self.TIE_TOLERANCE * float((w * u * u).sum())
 
         def best(rates: np.ndarray, log_keep: np.ndarray) -> tuple[int, float]:
             if self.form == "geometric":
@@ -989,7 +998,11 @@ class UnionGrowth:
             num = (w * (u - k * keep) * grown).sum(axis=1)
             sat = np.clip(num / np.maximum(den, 1e-300), k, e)
             err = (w * (sat[:, None] * grown + k * keep - u) ** 2).sum(axis=1)
-            i = int(np.argmin(err))  # the first (smallest a) of equal errors
+            # the first (smallest a) of equal errors, equal up to rounding:
+            # unions seen at one row count fit every rate from the least that
+            # reaches them up to 1 exactly, and rounding alone must not pick
+            # a = 1 (no growth past the rows seen)
+            i = int(np.flatnonzero(err <= err.min() + tie)[0])
             return i, float(sat[i])
 
         i, _ = best(*self._grid(None))

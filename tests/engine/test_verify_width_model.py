@@ -302,3 +302,49 @@ def test_recorded_qwen_run_explores_for_a_fifth_of_the_whole_blocks_cost() -> No
     extra_before = step_s(sum(whole)) - step_s(sum(base))
     assert 0.0 < extra_now < extra_before / 5
     assert rate(chosen) > 0.95 * rate(base) and rate(whole) < 0.85 * rate(base)
+
+
+@pytest.mark.parametrize("form", ["geometric", "hyperbolic"])
+@pytest.mark.parametrize(
+    ("experts", "top_k", "seen"), [(32, 4, 131.5 / 18), (128, 8, 14.0), (64, 8, 9.0)]
+)
+def test_unions_seen_at_one_row_count_keep_climbing(
+    form: str, experts: int, top_k: int, seen: float
+) -> None:
+    """A width of one draft sees two-row verifies only, where the prior's
+    pseudo-observation sits too. Every rate from the least that reaches
+    their union up to the grid's top fits them exactly; the least is kept
+    (S = E), so further rows are charged the experts they would add.
+    Rounding once picked a = 1 there for two of these (no row past the
+    second adds an expert); the first is a CPU replay's 18 steps of one
+    draft."""
+    ug = UnionGrowth(num_experts=experts, top_k=top_k, form=form)
+    for _ in range(18):
+        ug.observe(2, seen)
+    a, sat = ug.fitted()
+    u2 = (top_k + (experts - top_k) * top_k / experts + 18 * seen) / 19  # with the prior
+    least = (u2 - top_k) / (experts - top_k if form == "geometric" else experts - u2)
+    assert a == pytest.approx(least, rel=0.03) and sat > 0.95 * experts
+    assert ug.union(2) == pytest.approx(u2, rel=1e-6)
+    keep = (1 - least) ** 15 if form == "geometric" else 1 / (1 + 15 * least)
+    assert ug.union(16) == pytest.approx(experts - (experts - top_k) * keep, rel=0.05)
+    assert ug.union(16) > 2 * ug.union(2)
+
+
+def test_one_draft_widths_seen_do_not_make_every_draft_free() -> None:
+    """The CPU replay's decision (session 39's learned trace on small-gpt_oss,
+    8 layers, c=1, link emulated at 0.5 GB/s; decision 19 of a run): 18
+    steps of one draft seen, continuation 0.55 after a first draft at 0.6,
+    the step's fixed time 11.4 ms and 1.23 ms a routed expert a layer. With
+    the union fitted as flat past two rows every draft cost what one did and
+    the width verified all 15; fitted to keep climbing, one draft wins."""
+    ug = UnionGrowth(num_experts=E, top_k=TOP_K)
+    for _ in range(18):
+        ug.observe(2, 131.5 / 18)
+    survival = [0.6 * 0.55**j for j in range(15)]
+
+    def step_s(drafted: int) -> float:
+        return 0.0114 + 0.00123 * 8 * ug.union(1 + drafted)
+
+    assert best_batch_widths([survival], step_s, k_min=1) == [1]
+    assert step_s(15) > 3.0 * step_s(1)
