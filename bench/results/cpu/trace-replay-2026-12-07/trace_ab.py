@@ -57,11 +57,10 @@ KEYS = (
 )
 
 
-def main(argv: list[str]) -> None:
-    conc, reps, out, link_gbps = int(argv[0]), int(argv[1]), argv[2], float(argv[3])
-    names = argv[4].split(",")
-    arch, layers = (argv[5], int(argv[6])) if len(argv) > 5 else ("small-qwen3_moe", 4)
-    base: dict[str, Any] = dict(
+def base_spec(conc: int, link_gbps: float, arch: str, layers: int) -> dict[str, Any]:
+    """The run spec every arm of the replay starts from (the union-tie study's
+    script takes it too)."""
+    return dict(
         arch=arch,
         layers=layers,
         device="cpu",
@@ -78,6 +77,13 @@ def main(argv: list[str]) -> None:
         trace=TRACE,
         emulated_link_gbps=link_gbps,
     )
+
+
+def main(argv: list[str]) -> None:
+    conc, reps, out, link_gbps = int(argv[0]), int(argv[1]), argv[2], float(argv[3])
+    names = argv[4].split(",")
+    arch, layers = (argv[5], int(argv[6])) if len(argv) > 5 else ("small-qwen3_moe", 4)
+    base = base_spec(conc, link_gbps, arch, layers)
     with open(out, "a") as f:
         for rep in range(reps):
             for name in rotated(names, rep):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pdflash.bench.engine_run import RunSpec, run_spec
@@ -22,7 +23,10 @@ from pdflash.bench.suites.matrix import rotated
 
 from pdflash.engine.verify_width import UnionGrowth
 
-TRACE = "bench/results/h100/session39-2026-12-05/proxy-approx/trace_gpu_t1.npz"
+# the trace replay's run spec is trace_ab.py's (its folder; `python -P` leaves it off sys.path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace-replay-2026-12-07"))
+from trace_ab import base_spec
+
 #: name: (run spec changes, the union fit's tie tolerance; None: this tree's)
 ARMS: dict[str, tuple[dict[str, Any], float | None]] = {
     "B1f1": ({"baseline": "B1", "verify_width": "fixed:1"}, None),
@@ -33,23 +37,7 @@ ARMS: dict[str, tuple[dict[str, Any], float | None]] = {
 
 def main(argv: list[str]) -> None:
     conc, reps, out = int(argv[0]), int(argv[1]), argv[2]
-    base: dict[str, Any] = dict(
-        arch="small-gpt_oss",
-        layers=8,
-        device="cpu",
-        cache_fraction=0.2,
-        concurrency=conc,
-        arrivals="closed",
-        users=conc,
-        num_requests=4 * conc,
-        prompt_len=32,
-        max_new_tokens=24,
-        block_size=16,
-        routing_source="trace",
-        acceptance="trace",
-        trace=TRACE,
-        emulated_link_gbps=0.5,
-    )
+    base = base_spec(conc, 0.5, "small-gpt_oss", 8)
     tolerance = UnionGrowth.TIE_TOLERANCE
     with open(out, "a") as f:
         for rep in range(reps):
