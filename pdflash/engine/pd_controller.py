@@ -274,6 +274,16 @@ steps): the bound would overrule its verdict to switch route-ahead on at
 its end anyway. A run's first steps, whose cold cache misses more, favour
 route-ahead, so a clear reading there is not the warm-up's chance.
 
+An **imprecise probe ends early.** A must-earn probe of route-ahead
+whose own on-arm steps still read a batch precision below the gate ends
+after :data:`ROUTE_AHEAD_IMPRECISE_PAIRS` pairs, route-ahead off, unless
+those pairs already hint at a gain (the part's mean gain above ``margin``
+at the unadjusted ``alpha``). Where one request runs, the rate's per-pair
+noise is several times route-ahead's effect, so the last look's verdict is
+mostly noise while every on-arm step pays for the wrong copies; a gain
+large enough to earn route-ahead's way back below the gate shows in the
+first pairs.
+
 The **waits bound** spares a probe of route-ahead whose verdict is known
 before it runs. A prefetch saves at most the time the forwards wait for
 copies without it, so while route-ahead is off by its gate (with the cost
@@ -412,6 +422,11 @@ ROUTE_AHEAD_COST_CLEAR = 2.0
 
 #: steps with predictions a clear reading needs
 ROUTE_AHEAD_COST_CLEAR_STEPS = 2
+
+#: pairs after which a must-earn probe of route-ahead whose on-arm steps
+#: read a precision below the gate ends, route-ahead off, without a hint of
+#: a gain (module docstring: an imprecise probe ends early)
+ROUTE_AHEAD_IMPRECISE_PAIRS = 2
 
 #: the **waits bound** (module docstring): the latest counted steps with
 #: route-ahead and the host part off whose waits for copies it reads, and
@@ -1321,7 +1336,11 @@ class PDController:
             # pairs alternate AB, BA, AB, ...: a trend over the probe cancels
             a_first = len(self._pairs) % 2 == 0
             self._pairs.append(_Pair(first, second) if a_first else _Pair(second, first))
-            if self._gate_probe() or (self._look_now() and self._judge()):
+            if (
+                self._gate_probe()
+                or self._ra_probe_reads_imprecise()
+                or (self._look_now() and self._judge())
+            ):
                 return self._parts
         self._set(self._arm_parts(self._next_arm()))
         return self._parts
@@ -1697,6 +1716,51 @@ class PDController:
             "route_ahead",
             False,
             f"switched off (cannot save its own host time) by its probe's cost bound: {nums}",
+        )
+
+    def _ra_probe_reads_imprecise(self) -> bool:
+        """A must-earn probe of route-ahead whose own on-arm steps read a
+        precision below the gate, at :data:`ROUTE_AHEAD_IMPRECISE_PAIRS`
+        pairs without a hint of a gain, ends, route-ahead off (module
+        docstring). True when it did."""
+        gate = self.route_ahead_gate
+        if (
+            gate is None
+            or self._part != "route_ahead"
+            or self._probe_stance != "must_earn"
+            or len(self._pairs) != ROUTE_AHEAD_IMPRECISE_PAIRS
+        ):
+            return False
+        steps = self._probe_ra_steps
+        named = sum(x.named for x in steps)
+        if not named:
+            return False
+        precision = sum(x.hits for x in steps) / named
+        if precision >= gate:
+            return False
+        now = self._base.route_ahead
+        flip = self._flip_gains()
+        gains = flip if not now else [-g for g in flip]
+        if len(gains) < 2:
+            return False
+        gain = paired_test(gains)
+        if gain.mean > self.margin and gain.p < self.alpha:
+            return False  # a hint of a gain: the probe's looks judge it
+        nums = (
+            f"batch precision of its predictions {precision:.3g} over this probe's "
+            f"{len(steps)} steps with predictions, gate {gate:.3g}; log "
+            f"{self.rate_of.replace('_', ' ')} tokens/s on over off: {gain.text()}, no hint "
+            f"of a gain (mean > margin {self.margin:.3g} at p < {self.alpha:.3g}) after "
+            f"{len(self._pairs)} pairs"
+        )
+        self._ra_gated = True
+        self._ra_watch = False
+        if not now:
+            return self._probe_keeps(
+                "route_ahead", False, f"kept off (imprecise, ended early; it must earn its way back): {nums}"
+            )
+        return self._probe_switches(
+            "route_ahead", False, f"switched off (imprecise, ended early; it must earn its way back): {nums}"
         )
 
     def _host_turn_skipped(self) -> bool:

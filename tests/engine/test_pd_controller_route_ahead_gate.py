@@ -24,6 +24,7 @@ from pdflash.engine.pd_controller import (
     ROUTE_AHEAD_GATE_PRECISION,
     ROUTE_AHEAD_GATE_STEPS,
     ROUTE_AHEAD_GATE_WINDOW,
+    ROUTE_AHEAD_IMPRECISE_PAIRS,
     ROUTE_AHEAD_WAITS_MIN_STEPS,
     ROUTE_AHEAD_WAITS_WINDOW,
     PartsState,
@@ -43,11 +44,13 @@ def _step(
     host_s: float = 0.0,
     copy_s: float | None = None,
     waits_s: float = 0.0,
+    noise: float = 0.02,
 ) -> StepMeasurement:
     """A step: route-ahead's host seconds ``host_s`` (with noise) where it
     runs, one expert's copy time ``copy_s`` (None: not measured), and the
-    forwards' waits for copies ``waits_s`` (with noise)."""
-    wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, 0.02)))
+    forwards' waits for copies ``waits_s`` (with noise); the wall's
+    log-normal noise ``noise``."""
+    wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, noise)))
     named = NAMED if parts.route_ahead else 0
     host = host_s * float(np.exp(rng.normal(0.0, 0.1))) if parts.route_ahead else 0.0
     return StepMeasurement(
@@ -199,6 +202,73 @@ def test_gated_route_ahead_that_costs_stays_off(seed: int) -> None:
     assert later and all(d["on"] is False for d in later)
     assert all("must earn" in str(d["why"]) for d in later)
     assert sum(on) < 40
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_an_imprecise_probe_at_one_request_ends_early(seed: int) -> None:
+    """Precision 0.4 where route-ahead costs 8% a step, under one request's
+    noise (25% a step, several times the effect): once gated off, each
+    must-earn probe of route-ahead whose pairs hint at no gain ends after
+    ROUTE_AHEAD_IMPRECISE_PAIRS pairs, so route-ahead runs in at most 3 of
+    its steps (a settle and a measured step, then the next pair's measured
+    step); a probe the noise lets hint at a gain judges on by its looks."""
+    ctl = _gated()
+    ctl.bind(PartsState())
+    rng = np.random.default_rng(seed)
+    on = []
+    for _ in range(400):
+        on.append(ctl.parts.route_ahead)
+        ctl.observe(_step(ctl.parts, rng, precision=0.4, ra_factor=1.08, noise=0.25))
+    first, *later = _ra_decisions(ctl)
+    assert first["switched"] and first["on"] is False
+    early = [d for d in later if "ended early" in str(d["why"])]
+    assert len(early) >= max(2, len(later) - 1)
+    assert all(d["on"] is False and "must earn its way back" in str(d["why"]) for d in early)
+    assert all(f"after {ROUTE_AHEAD_IMPRECISE_PAIRS} pairs" in str(d["why"]) for d in early)
+    assert all("precision of its predictions 0.4 " in str(d["why"]) for d in early)
+    # route-ahead's steps after the first decision: 3 per early probe, the
+    # full probes' at most 2 per pair (settle and measured) of max_pairs
+    full = len(later) - len(early)
+    assert sum(on[ROUTE_AHEAD_GATE_STEPS + 1 :]) <= 3 * len(early) + 2 * ctl.max_pairs * full
+    # full probes to the last look ran it in 36-40 of these steps (over 100
+    # where the noise let one switch it on)
+    assert sum(on) < 30
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_probe_whose_predictions_turned_precise_runs_in_full(seed: int) -> None:
+    """Gated off at precision 0.4, then its predictions turn precise (0.7)
+    and route-ahead pays 10%: the next probe reads its steps at or above
+    the gate, does not end early, and switches route-ahead back on."""
+    ctl = _gated()
+    simulate(ctl, precision=0.4, ra_factor=1.05, steps=40, seed=seed)
+    assert not ctl.configured.route_ahead
+    before = len(_ra_decisions(ctl))
+    rng = np.random.default_rng(seed + 20)
+    for _ in range(200):
+        ctl.observe(_step(ctl.parts, rng, precision=0.7, ra_factor=0.9))
+    after = _ra_decisions(ctl)[before:]
+    assert after and not any("ended early" in str(d["why"]) for d in after)
+    back = next(d for d in after if d["switched"])
+    assert back["on"] is True and "pays again" in str(back["why"])
+    assert ctl.configured.route_ahead
+
+
+def test_route_ahead_on_by_its_probe_below_the_gate_is_switched_off_early() -> None:
+    """Route-ahead earned its way back at precision 0.45 (30% faster); then
+    it stops paying (1.0): a later probe with its pairs hinting at no gain
+    ends early and switches it off."""
+    ctl = _gated()
+    simulate(ctl, precision=0.45, ra_factor=0.7, steps=200, seed=1)
+    assert ctl.configured.route_ahead
+    before = len(_ra_decisions(ctl))
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        ctl.observe(_step(ctl.parts, rng, precision=0.45, ra_factor=1.0))
+    off = next(d for d in _ra_decisions(ctl)[before:] if d["switched"])
+    assert off["on"] is False
+    assert "switched off (imprecise, ended early" in str(off["why"])
+    assert not ctl.configured.route_ahead
 
 
 @pytest.mark.parametrize("seed", range(3))
