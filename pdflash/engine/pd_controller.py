@@ -1757,10 +1757,14 @@ class PDController:
         self._ra_watch = False
         if not now:
             return self._probe_keeps(
-                "route_ahead", False, f"kept off (imprecise, ended early; it must earn its way back): {nums}"
+                "route_ahead",
+                False,
+                f"kept off (imprecise, ended early; it must earn its way back): {nums}",
             )
         return self._probe_switches(
-            "route_ahead", False, f"switched off (imprecise, ended early; it must earn its way back): {nums}"
+            "route_ahead",
+            False,
+            f"switched off (imprecise, ended early; it must earn its way back): {nums}",
         )
 
     def _host_turn_skipped(self) -> bool:
