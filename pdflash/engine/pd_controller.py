@@ -277,12 +277,14 @@ route-ahead, so a clear reading there is not the warm-up's chance.
 An **imprecise probe ends early.** A must-earn probe of route-ahead
 whose own on-arm steps still read a batch precision below the gate ends
 after :data:`ROUTE_AHEAD_IMPRECISE_PAIRS` pairs, route-ahead off, unless
-those pairs already hint at a gain (the part's mean gain above ``margin``
-at the unadjusted ``alpha``). Where one request runs, the rate's per-pair
-noise is several times route-ahead's effect, so the last look's verdict is
-mostly noise while every on-arm step pays for the wrong copies; a gain
-large enough to earn route-ahead's way back below the gate shows in the
-first pairs.
+those pairs already show its gain at the last look's level (mean gain
+above 0 at p < ``earn_level``: the must-earn verdict's own test, as a
+screen). Where one request runs, the rate's per-pair noise is several
+times route-ahead's effect, so the last look's verdict is mostly noise
+(a route-ahead that changes nothing is switched on far more often than
+``earn_level`` suggests, the looks being many) while every on-arm step
+pays for the wrong copies; a gain that could earn route-ahead's way back
+below the gate mostly passes the screen where a few requests run.
 
 The **waits bound** spares a probe of route-ahead whose verdict is known
 before it runs. A prefetch saves at most the time the forwards wait for
@@ -424,8 +426,8 @@ ROUTE_AHEAD_COST_CLEAR = 2.0
 ROUTE_AHEAD_COST_CLEAR_STEPS = 2
 
 #: pairs after which a must-earn probe of route-ahead whose on-arm steps
-#: read a precision below the gate ends, route-ahead off, without a hint of
-#: a gain (module docstring: an imprecise probe ends early)
+#: read a precision below the gate ends, route-ahead off, unless they show
+#: its gain at ``earn_level`` (module docstring: an imprecise probe ends early)
 ROUTE_AHEAD_IMPRECISE_PAIRS = 2
 
 #: the **waits bound** (module docstring): the latest counted steps with
@@ -1721,8 +1723,8 @@ class PDController:
     def _ra_probe_reads_imprecise(self) -> bool:
         """A must-earn probe of route-ahead whose own on-arm steps read a
         precision below the gate, at :data:`ROUTE_AHEAD_IMPRECISE_PAIRS`
-        pairs without a hint of a gain, ends, route-ahead off (module
-        docstring). True when it did."""
+        pairs that do not show its gain at ``earn_level``, ends, route-ahead
+        off (module docstring). True when it did."""
         gate = self.route_ahead_gate
         if (
             gate is None
@@ -1744,14 +1746,13 @@ class PDController:
         if len(gains) < 2:
             return False
         gain = paired_test(gains)
-        if gain.mean > self.margin and gain.p < self.alpha:
-            return False  # a hint of a gain: the probe's looks judge it
+        if gain.mean > 0 and gain.p < self.earn_level:
+            return False  # its gain shows already: the probe's looks judge it
         nums = (
             f"batch precision of its predictions {precision:.3g} over this probe's "
             f"{len(steps)} steps with predictions, gate {gate:.3g}; log "
-            f"{self.rate_of.replace('_', ' ')} tokens/s on over off: {gain.text()}, no hint "
-            f"of a gain (mean > margin {self.margin:.3g} at p < {self.alpha:.3g}) after "
-            f"{len(self._pairs)} pairs"
+            f"{self.rate_of.replace('_', ' ')} tokens/s on over off: {gain.text()}, its gain "
+            f"not shown at p < {self.earn_level:.3g} after {len(self._pairs)} pairs"
         )
         self._ra_gated = True
         self._ra_watch = False
