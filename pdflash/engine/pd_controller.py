@@ -281,9 +281,9 @@ those pairs already show its gain at the last look's level (mean gain
 above 0 at p < ``earn_level``: the must-earn verdict's own test, as a
 screen). Where one request runs, the rate's per-pair noise is several
 times route-ahead's effect, so the last look's verdict is mostly noise
-(a route-ahead that changes nothing is switched on far more often than
-``earn_level`` suggests, the looks being many) while every on-arm step
-pays for the wrong copies; a gain that could earn route-ahead's way back
+(each probe switches a route-ahead that changes nothing on with
+probability up to ``earn_level + alpha``, and it then runs to the next
+probe) while every on-arm step pays for the wrong copies; a gain that could earn route-ahead's way back
 below the gate mostly passes the screen where a few requests run.
 
 The **waits bound** spares a probe of route-ahead whose verdict is known
