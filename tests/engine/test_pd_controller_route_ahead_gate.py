@@ -284,7 +284,7 @@ def test_a_probe_whose_predictions_turned_precise_runs_in_full(seed: int) -> Non
 
 def test_route_ahead_on_by_its_probe_below_the_gate_is_switched_off_early() -> None:
     """Route-ahead earned its way back at precision 0.45 (30% faster); then
-    it stops paying (1.0): a later probe with its pairs hinting at no gain
+    it stops paying (1.0): a later probe whose pairs do not show a gain
     ends early and switches it off."""
     ctl = _gated()
     simulate(ctl, precision=0.45, ra_factor=0.7, steps=200, seed=1)
