@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from pdflash.bench.engine_run import RunSpec, run_spec
@@ -79,28 +81,57 @@ def base_spec(conc: int, link_gbps: float, arch: str, layers: int) -> dict[str, 
     )
 
 
+def _no_context(name: str) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
+def replay_interleaved(
+    base: dict[str, Any],
+    arms: Mapping[str, dict[str, Any]],
+    names: Sequence[str],
+    reps: int,
+    out: str,
+    fields: Callable[[dict[str, Any]], dict[str, Any]],
+    arm_context: Callable[[str], AbstractContextManager[object]] = _no_context,
+) -> None:
+    """Each repeat runs every arm of ``names`` once, its order rotated per
+    repeat: the run spec ``base`` with the arm's changes ``arms[name]``,
+    inside ``arm_context(name)``. One JSON line a run is appended to ``out``
+    (the arm, repeat, concurrency, ``fields(row)`` and the run's seconds) and
+    its tokens/s printed. The replay studies beside this folder run their
+    arms through it."""
+    with open(out, "a") as f:
+        for rep in range(reps):
+            for name in rotated(list(names), rep):
+                t0 = time.time()
+                with arm_context(name):
+                    row = run_spec(RunSpec(**{**base, **arms[name]}, repeat=rep)).row
+                rec = {
+                    "arm": name,
+                    "repeat": rep,
+                    "concurrency": base["concurrency"],
+                    **fields(row),
+                    "run_s": time.time() - t0,
+                }
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                print(name, rep, round(row["output_tokens_per_s"], 2), flush=True)
+
+
 def main(argv: list[str]) -> None:
     conc, reps, out, link_gbps = int(argv[0]), int(argv[1]), argv[2], float(argv[3])
     names = argv[4].split(",")
     arch, layers = (argv[5], int(argv[6])) if len(argv) > 5 else ("small-qwen3_moe", 4)
-    base = base_spec(conc, link_gbps, arch, layers)
-    with open(out, "a") as f:
-        for rep in range(reps):
-            for name in rotated(names, rep):
-                t0 = time.time()
-                row = run_spec(RunSpec(**{**base, **ARMS[name]}, repeat=rep)).row
-                rec = {
-                    "arm": name,
-                    "repeat": rep,
-                    "concurrency": conc,
-                    "link_gbps": link_gbps,
-                    "arch": arch,
-                    "layers": layers,
-                    "run_s": time.time() - t0,
-                }
-                f.write(json.dumps({**rec, **{k: row.get(k) for k in KEYS}}) + "\n")
-                f.flush()
-                print(name, rep, round(row["output_tokens_per_s"], 2), flush=True)
+
+    def fields(row: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "link_gbps": link_gbps,
+            "arch": arch,
+            "layers": layers,
+            **{k: row.get(k) for k in KEYS},
+        }
+
+    replay_interleaved(base_spec(conc, link_gbps, arch, layers), ARMS, names, reps, out, fields)
 
 
 if __name__ == "__main__":

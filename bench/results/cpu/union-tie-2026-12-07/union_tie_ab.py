@@ -12,60 +12,51 @@ per repeat. Run from the repository root:
 
 from __future__ import annotations
 
-import json
 import sys
-import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
-
-from pdflash.bench.engine_run import RunSpec, run_spec
-from pdflash.bench.suites.matrix import rotated
+from unittest import mock
 
 from pdflash.engine.verify_width import UnionGrowth
 
-# the trace replay's run spec is trace_ab.py's (its folder; `python -P` leaves it off sys.path)
+# the trace replay's run spec and loop are trace_ab.py's (its folder; `python -P` leaves it off sys.path)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace-replay-2026-12-07"))
-from trace_ab import base_spec
+from trace_ab import base_spec, replay_interleaved
 
-#: name: (run spec changes, the union fit's tie tolerance; None: this tree's)
-ARMS: dict[str, tuple[dict[str, Any], float | None]] = {
-    "B1f1": ({"baseline": "B1", "verify_width": "fixed:1"}, None),
-    "PD": ({"baseline": "PD"}, None),
-    "PDoldfit": ({"baseline": "PD"}, 0.0),
+#: name: run spec changes
+ARMS: dict[str, dict[str, Any]] = {
+    "B1f1": {"baseline": "B1", "verify_width": "fixed:1"},
+    "PD": {"baseline": "PD"},
+    "PDoldfit": {"baseline": "PD"},
 }
+#: the arms whose union fit takes another tie tolerance (the rest: this tree's)
+TIE_TOLERANCES: dict[str, float] = {"PDoldfit": 0.0}
+
+
+def _tie_rule(name: str) -> AbstractContextManager[object]:
+    if name not in TIE_TOLERANCES:
+        return nullcontext()
+    return mock.patch.object(UnionGrowth, "TIE_TOLERANCE", TIE_TOLERANCES[name])
+
+
+def _fields(row: dict[str, Any]) -> dict[str, Any]:
+    width = row.get("verify_width") or {}
+    return {
+        "arch": "small-gpt_oss",
+        "layers": 8,
+        "output_tokens_per_s": row["output_tokens_per_s"],
+        "bytes_per_token": row["bytes_per_token"],
+        "width_histogram": width.get("width_histogram"),
+        "exploration_added_drafts": width.get("exploration_added_drafts"),
+        "mean_width_drafts": width.get("mean_width_drafts"),
+    }
 
 
 def main(argv: list[str]) -> None:
     conc, reps, out = int(argv[0]), int(argv[1]), argv[2]
     base = base_spec(conc, 0.5, "small-gpt_oss", 8)
-    tolerance = UnionGrowth.TIE_TOLERANCE
-    with open(out, "a") as f:
-        for rep in range(reps):
-            for name in rotated(list(ARMS), rep):
-                changes, tie = ARMS[name]
-                UnionGrowth.TIE_TOLERANCE = tolerance if tie is None else tie
-                t0 = time.time()
-                try:
-                    row = run_spec(RunSpec(**{**base, **changes}, repeat=rep)).row
-                finally:
-                    UnionGrowth.TIE_TOLERANCE = tolerance
-                width = row.get("verify_width") or {}
-                rec = {
-                    "arm": name,
-                    "repeat": rep,
-                    "concurrency": conc,
-                    "arch": "small-gpt_oss",
-                    "layers": 8,
-                    "output_tokens_per_s": row["output_tokens_per_s"],
-                    "bytes_per_token": row["bytes_per_token"],
-                    "width_histogram": width.get("width_histogram"),
-                    "exploration_added_drafts": width.get("exploration_added_drafts"),
-                    "mean_width_drafts": width.get("mean_width_drafts"),
-                    "run_s": time.time() - t0,
-                }
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                print(name, rep, round(row["output_tokens_per_s"], 2), flush=True)
+    replay_interleaved(base, ARMS, list(ARMS), reps, out, _fields, _tie_rule)
 
 
 if __name__ == "__main__":

@@ -13,18 +13,13 @@ from the repository root:
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from pdflash.bench.engine_run import RunSpec, run_spec
-from pdflash.bench.suites.matrix import rotated
-
-# the trace replay's run spec is trace_ab.py's (its folder; `python -P` leaves it off sys.path)
+# the trace replay's run spec and loop are trace_ab.py's (its folder; `python -P` leaves it off sys.path)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trace-replay-2026-12-07"))
-from trace_ab import base_spec
+from trace_ab import base_spec, replay_interleaved
 
 _WARM_PD = {"baseline": "PD", "controller_warmup": "first_round"}
 ARMS: dict[str, dict[str, Any]] = {
@@ -37,29 +32,20 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
+def _fields(row: dict[str, Any]) -> dict[str, Any]:
+    width = row.get("verify_width") or {}
+    return {
+        "output_tokens_per_s": row["output_tokens_per_s"],
+        "bytes_per_token": row["bytes_per_token"],
+        "mean_width_drafts": width.get("mean_width_drafts"),
+        "exploration_added_drafts": width.get("exploration_added_drafts"),
+        "warm_bursts": row.get("warm_bursts"),
+    }
+
+
 def main(argv: list[str]) -> None:
     conc, reps, out, names = int(argv[0]), int(argv[1]), argv[2], argv[3].split(",")
-    base = base_spec(conc, 0.5, "small-gpt_oss", 8)
-    with open(out, "a") as f:
-        for rep in range(reps):
-            for name in rotated(names, rep):
-                t0 = time.time()
-                row = run_spec(RunSpec(**{**base, **ARMS[name]}, repeat=rep)).row
-                width = row.get("verify_width") or {}
-                rec = {
-                    "arm": name,
-                    "repeat": rep,
-                    "concurrency": conc,
-                    "output_tokens_per_s": row["output_tokens_per_s"],
-                    "bytes_per_token": row["bytes_per_token"],
-                    "mean_width_drafts": width.get("mean_width_drafts"),
-                    "exploration_added_drafts": width.get("exploration_added_drafts"),
-                    "warm_bursts": row.get("warm_bursts"),
-                    "run_s": time.time() - t0,
-                }
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                print(name, rep, round(row["output_tokens_per_s"], 2), flush=True)
+    replay_interleaved(base_spec(conc, 0.5, "small-gpt_oss", 8), ARMS, names, reps, out, _fields)
 
 
 if __name__ == "__main__":
