@@ -75,8 +75,10 @@ def simulate(
     host_s: float = 0.0,
     copy_s: float | None = None,
     waits_s: float = 0.0,
+    noise: float = 0.02,
 ) -> list[bool]:
-    """Run ``steps`` steps; returns route-ahead's state per step."""
+    """Run ``steps`` steps (the wall's noise ``noise``); returns
+    route-ahead's state per step."""
     ctl.bind(PartsState())
     rng = np.random.default_rng(seed)
     states = []
@@ -91,6 +93,7 @@ def simulate(
             host_s=host_s,
             copy_s=copy_s,
             waits_s=waits_s,
+            noise=noise,
         )
         ctl.observe(step)
     return states
@@ -213,12 +216,7 @@ def test_an_imprecise_probe_at_one_request_ends_early(seed: int) -> None:
     its steps (a settle and a measured step, then the next pair's measured
     step); a probe the noise lets show a gain judges on by its looks."""
     ctl = _gated()
-    ctl.bind(PartsState())
-    rng = np.random.default_rng(seed)
-    on = []
-    for _ in range(400):
-        on.append(ctl.parts.route_ahead)
-        ctl.observe(_step(ctl.parts, rng, precision=0.4, ra_factor=1.08, noise=0.25))
+    on = simulate(ctl, precision=0.4, ra_factor=1.08, steps=400, seed=seed, noise=0.25)
     first, *later = _ra_decisions(ctl)
     assert first["switched"] and first["on"] is False
     early = [d for d in later if "ended early" in str(d["why"])]
@@ -240,13 +238,9 @@ def _late_on_share(*, ra_factor: float, noise: float, seeds: int = 12) -> float:
     (gated off first), over ``seeds`` runs."""
     shares = []
     for seed in range(seeds):
-        ctl = _gated()
-        ctl.bind(PartsState())
-        rng = np.random.default_rng(seed)
-        on = []
-        for _ in range(400):
-            on.append(ctl.parts.route_ahead)
-            ctl.observe(_step(ctl.parts, rng, precision=0.45, ra_factor=ra_factor, noise=noise))
+        on = simulate(
+            _gated(), precision=0.45, ra_factor=ra_factor, steps=400, seed=seed, noise=noise
+        )
         shares.append(sum(on[200:]) / 200)
     return float(np.mean(shares))
 
