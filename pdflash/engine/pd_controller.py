@@ -1519,11 +1519,12 @@ class PDController:
         """A gate is set and can act on the engine's parts."""
         return self.route_ahead_gate is not None and route_ahead_gate_applies(self._available)
 
-    def _ra_precision(self) -> float | None:
-        """The route-ahead gate's window: its steps' batch precision (None:
-        no step with predictions)."""
-        named = sum(x.named for x in self._ra_window)
-        return sum(x.hits for x in self._ra_window) / named if named else None
+    def _ra_precision(self, of: Sequence[_RouteAheadStep] | None = None) -> float | None:
+        """The batch precision of the steps of ``of`` (None: the route-ahead
+        gate's window); None: no step with predictions."""
+        steps = self._ra_window if of is None else of
+        named = sum(x.named for x in steps)
+        return sum(x.hits for x in steps) / named if named else None
 
     def _ra_cost_bound(
         self, of: Sequence[_RouteAheadStep] | None = None
@@ -1734,11 +1735,8 @@ class PDController:
         ):
             return False
         steps = self._probe_ra_steps
-        named = sum(x.named for x in steps)
-        if not named:
-            return False
-        precision = sum(x.hits for x in steps) / named
-        if precision >= gate:
+        precision = self._ra_precision(steps)
+        if precision is None or precision >= gate:
             return False
         now = self._base.route_ahead
         flip = self._flip_gains()
