@@ -18,6 +18,7 @@ NATIVE_MODULES: tuple[str, ...] = (
     "_hostmlp",
     "_hostsignal",
     "_issuer",
+    "_mxfp4gemm",
     "_routeahead",
 )
 

@@ -162,7 +162,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "dequantize the used slots then grouped_mm; fused = one Triton dequantize-GEMM "
         "launch per projection over the slab; auto = fused where it runs (CUDA, triton), "
         "else dequant; both = build dequant, and time both on every all-hit point, "
-        "interleaved (rows: by_compressed_gemm). Default: PDFLASH_COMPRESSED_GEMM, else auto",
+        "interleaved (rows: by_compressed_gemm; MXFP4 rows time the fused kernel as fused "
+        "(registers), fused_dot_scaled (tl.dot_scaled) and fused_cuda (the CUDA kernel), or "
+        "say why not). Default: PDFLASH_COMPRESSED_GEMM, else auto",
     )
     p.add_argument(
         "--row-sort",
@@ -656,6 +658,14 @@ def _all_hit(
                 )
             else:
                 modes_not_measured["fused_dot_scaled"] = reason or "tl.dot_scaled takes bf16"
+            # the hand-written CUDA kernel (pdflash_native._mxfp4gemm)
+            reason = fused_gemm_unavailable(device, "cuda")
+            if reason is None and ad.dtype == torch.bfloat16:
+                modes["fused_cuda"] = FusedSlabMLP("mxfp4", fused.act, mxfp4_dot="cuda", **kw)
+            else:
+                modes_not_measured["fused_cuda"] = (
+                    reason or "the CUDA MXFP4 GEMM takes bf16 activations"
+                )
     from pdflash.models.offload import row_sort_mode
     from pdflash.models.resident_graphs import resident_graphs_mode
 

@@ -24,11 +24,25 @@ adapter build (one mode per process unless changed):
   run, building the adapter raises :class:`FusedGemmUnavailableError` naming why.
 * ``dequant`` forces the dequantize-first path.
 
-MXFP4 tiles are multiplied as ``PDFLASH_FUSED_MXFP4_DOT`` says: ``scaled``
-(``tl.dot_scaled``, the default on CUDA: the register variant slows down
-sharply at a few hundred rows) or ``registers`` (values built from bits,
-then ``tl.dot``; the default off CUDA, where only Triton's interpreter runs
-the kernel and it has no ``tl.dot_scaled``).
+MXFP4 tiles with bf16 activations are multiplied as
+``PDFLASH_FUSED_MXFP4_DOT`` says (fp32 activations always take
+``registers``):
+
+* ``cuda``: the hand-written CUDA kernel
+  (:func:`pdflash.models.mxfp4_cuda_gemm.grouped_mxfp4_gemm`,
+  ``cuda/src/mxfp4_moe_gemm.cu``; the tile map stays Triton's). The default
+  on a CUDA device where ``pdflash_native._mxfp4gemm`` was built with the
+  kernel and its first-use probe agrees with dequantize-then-matmul.
+* ``scaled``: ``tl.dot_scaled`` (the default on CUDA where ``cuda`` cannot
+  run, the reason recorded; the register variant slows down sharply at a
+  few hundred rows).
+* ``registers``: values built from bits, then ``tl.dot`` (the default off
+  CUDA, where only Triton's interpreter runs the kernel and it has no
+  ``tl.dot_scaled``).
+
+A ``cuda`` set in the environment that cannot run is an error
+(:class:`FusedGemmUnavailableError` where the fused path would run), never
+a silent fallback.
 """
 
 from __future__ import annotations
@@ -76,19 +90,31 @@ def compressed_gemm_mode() -> str:
 
 #: ``PDFLASH_FUSED_MXFP4_DOT`` values: how the fused kernel multiplies MXFP4
 #: tiles (see :class:`FusedSlabMLP`).
-MXFP4_DOTS = ("registers", "scaled")
+MXFP4_DOTS = ("registers", "scaled", "cuda")
+
+
+def fused_mxfp4_dot_choice(device: torch.device | str | None = None) -> tuple[str, str]:
+    """The MXFP4 dot and why: ``PDFLASH_FUSED_MXFP4_DOT`` when set; unset,
+    ``cuda`` on a CUDA ``device`` where the CUDA kernel runs and its probe
+    agrees (:func:`fused_gemm_unavailable`), else ``scaled`` there (the
+    reason says why not ``cuda``), and ``registers`` off CUDA (the
+    interpreter; no device)."""
+    dot = os.environ.get("PDFLASH_FUSED_MXFP4_DOT", "")
+    if dot:
+        if dot not in MXFP4_DOTS:
+            raise ValueError(f"PDFLASH_FUSED_MXFP4_DOT must be one of {MXFP4_DOTS}, got {dot!r}")
+        return dot, f"PDFLASH_FUSED_MXFP4_DOT={dot}"
+    if device is None or torch.device(device).type != "cuda":
+        return "registers", "default off CUDA"
+    why = fused_gemm_unavailable(device, "cuda")
+    if why is None:
+        return "cuda", "default on CUDA: the CUDA kernel is built and its probe agreed"
+    return "scaled", f"default on CUDA where the CUDA kernel cannot run ({why})"
 
 
 def fused_mxfp4_dot(device: torch.device | str | None = None) -> str:
-    """``PDFLASH_FUSED_MXFP4_DOT``; when unset, ``scaled`` on a CUDA
-    ``device`` and ``registers`` otherwise (the interpreter; no device)."""
-    default = (
-        "scaled" if device is not None and torch.device(device).type == "cuda" else "registers"
-    )
-    dot = os.environ.get("PDFLASH_FUSED_MXFP4_DOT", default) or default
-    if dot not in MXFP4_DOTS:
-        raise ValueError(f"PDFLASH_FUSED_MXFP4_DOT must be one of {MXFP4_DOTS}, got {dot!r}")
-    return dot
+    """The MXFP4 dot for ``device`` (:func:`fused_mxfp4_dot_choice`)."""
+    return fused_mxfp4_dot_choice(device)[0]
 
 
 def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registers") -> str | None:
@@ -96,13 +122,17 @@ def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registe
     (None: it can). On CUDA it is compiled once and checked against
     dequantize-then-matmul on small MXFP4 and FP8 cases (cached per device).
     The CPU counts only under ``TRITON_INTERPRET=1`` set before triton is
-    imported (dry runs; ``registers`` only)."""
+    imported (dry runs; ``registers`` only). ``cuda``: the CUDA kernel
+    (:mod:`pdflash.models.mxfp4_cuda_gemm`) must be built and run on the
+    device (sm_80+), and its probe covers both of its block_m variants."""
     if mxfp4_dot not in MXFP4_DOTS:
         raise ValueError(f"mxfp4_dot must be one of {MXFP4_DOTS}, got {mxfp4_dot!r}")
     device = torch.device(device)
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         if mxfp4_dot == "scaled":
             return "tl.dot_scaled does not run under Triton's interpreter"
+        if mxfp4_dot == "cuda":
+            return "the CUDA MXFP4 GEMM runs on CUDA devices, not the interpreter"
     elif device.type != "cuda":
         return f"the fused kernel runs on CUDA devices, not {device.type}"
     elif not torch.cuda.is_available():
@@ -116,6 +146,12 @@ def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registe
 
 
 def _probe(device: torch.device, mxfp4_dot: str) -> str | None:
+    if mxfp4_dot == "cuda":
+        from pdflash.models.mxfp4_cuda_gemm import unavailable
+
+        why = unavailable(device)
+        if why is not None:
+            return why
     try:
         from pdflash.models import fused_moe_triton as kernels
     except Exception as exc:  # not installed, or an install that does not load
@@ -135,8 +171,11 @@ def probe_error(
     """Run ``kernels`` (the fused module, or an interpreted copy) on a small
     MXFP4 and FP8 case against dequantize-then-matmul in fp32; the first
     disagreement beyond 1e-4 of the largest output, or None. ``scaled``
-    (``tl.dot_scaled`` takes bf16 activations): the MXFP4 case with bf16
-    activations (exact in fp32), within one bf16 rounding (2^-8)."""
+    (``tl.dot_scaled`` takes bf16 activations) and ``cuda`` (the CUDA
+    kernel, :func:`~pdflash.models.mxfp4_cuda_gemm.grouped_mxfp4_gemm`, at
+    block_m 16 and 64: both variants :func:`~pdflash.models.mxfp4_cuda_gemm.pick_variant`
+    picks): the MXFP4 case with bf16 activations (exact in fp32), within one
+    bf16 rounding (2^-8)."""
     from pdflash.models.layout import dequantize_mxfp4_torch, quantize_fp8
 
     g = torch.Generator().manual_seed(0)
@@ -156,18 +195,28 @@ def probe_error(
     fp8 = (kernels.SlabWeight("fp8", values, fp8_scales), values.float() * fp8_scales[..., None])
     cases: list[tuple[Any, torch.Tensor]] = [mxfp4, fp8]
     rel = 1e-4
-    if mxfp4_dot == "scaled":
+    block_ms = [16]
+    if mxfp4_dot in ("scaled", "cuda"):
         x, cases, rel = x.bfloat16(), [mxfp4], 2.0**-8
-    tiles = tuple(t.to(device) for t in tile_map(key, slots, 16, slots))
-    for w, dense_w in cases:
-        w = kernels.SlabWeight(w.fmt, w.data.to(device), w.scale.to(device))
-        got = kernels.grouped_qgemm(
-            x.to(device), x_rows.to(device), tiles, 16, w, mxfp4_dot=mxfp4_dot
-        )
-        want = torch.einsum("rk,rnk->rn", x[x_rows[:5]].float(), dense_w[key[:5]])
-        err = float((got[:5].cpu().float() - want).abs().max())
-        if not err <= rel * max(1.0, float(want.abs().max())):
-            return f"{w.fmt}: max abs error {err:.3g}"
+    if mxfp4_dot == "cuda":
+        block_ms = [16, 64]
+    for block_m in block_ms:
+        slot, start, end = (t.to(device) for t in tile_map(key, slots, block_m, slots))
+        tiles = (slot, start, end)
+        for w, dense_w in cases:
+            w = kernels.SlabWeight(w.fmt, w.data.to(device), w.scale.to(device))
+            if mxfp4_dot == "cuda":
+                from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
+
+                got = grouped_mxfp4_gemm(x.to(device), x_rows.to(device), tiles, block_m, w)
+            else:
+                got = kernels.grouped_qgemm(
+                    x.to(device), x_rows.to(device), tiles, block_m, w, mxfp4_dot=mxfp4_dot
+                )
+            want = torch.einsum("rk,rnk->rn", x[x_rows[:5]].float(), dense_w[key[:5]])
+            err = float((got[:5].cpu().float() - want).abs().max())
+            if not err <= rel * max(1.0, float(want.abs().max())):
+                return f"{w.fmt} (block_m {block_m}): max abs error {err:.3g}"
     return None
 
 
@@ -226,9 +275,11 @@ class FusedSlabMLP:
     ``act``: ``gptoss`` (gate/up interleaved, biases, clamped SwiGLU with
     ``alpha``/``limit``) or ``silu`` (gate rows then up rows, no biases).
     ``mxfp4_dot``: ``registers`` (values built from bits in registers, then
-    ``tl.dot``; runs under the interpreter) or ``scaled`` (``tl.dot_scaled``,
-    Triton's own MXFP4 upcast; bf16 activations on a GPU; fp32 activations
-    take ``registers``).
+    ``tl.dot``; runs under the interpreter), ``scaled`` (``tl.dot_scaled``,
+    Triton's own MXFP4 upcast) or ``cuda`` (the CUDA kernel,
+    :func:`pdflash.models.mxfp4_cuda_gemm.grouped_mxfp4_gemm`); ``scaled``
+    and ``cuda`` take bf16 activations on a GPU, fp32 activations take
+    ``registers``.
     ``kernels``: the kernel module (tests pass an interpreted copy)."""
 
     def __init__(
@@ -295,6 +346,17 @@ class FusedSlabMLP:
         else:
             act, cols = k.ACT_SILU, (0, gate_up.n // 2, 1)
         dot = self.mxfp4_dot if x.dtype == torch.bfloat16 else "registers"
+        if dot == "cuda" and self.fmt == "mxfp4":
+            from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
+
+            h = grouped_mxfp4_gemm(
+                x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
+                limit=self.limit,
+            )  # fmt: skip
+            rows = self._rows(int(h.shape[0]), x.device)
+            return grouped_mxfp4_gemm(h, rows, tiles, block_m, self._weight(views, "down"))
+        if dot == "cuda":  # FP8: the Triton kernel (its dot is for MXFP4 tiles)
+            dot = "registers"
         h = k.grouped_qgemm(
             x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
             limit=self.limit, mxfp4_dot=dot,
@@ -306,11 +368,20 @@ class FusedSlabMLP:
         return out
 
 
+#: how each MXFP4 dot is named in a choice's reason
+_DOT_NAMES = {
+    "registers": "registers + tl.dot",
+    "scaled": "tl.dot_scaled",
+    "cuda": "the CUDA kernel (pdflash_native._mxfp4gemm)",
+}
+
+
 @dataclass(frozen=True)
 class CompressedGemmChoice:
     """How an adapter's compressed experts are multiplied: ``mode``
     (``fused`` or ``dequant``), the MXFP4 dot for ``fused`` MXFP4 (None
-    otherwise) and ``reason`` (the setting and why it resolved so)."""
+    otherwise: ``registers``, ``scaled`` or ``cuda``) and ``reason`` (the
+    setting, why it resolved so, and which MXFP4 dot runs and why)."""
 
     mode: str
     mxfp4_dot: str | None
@@ -329,7 +400,10 @@ def choose_compressed_gemm(device: torch.device | str, fmt: str) -> CompressedGe
     and ``fused`` as forced (``fused`` raises
     :class:`FusedGemmUnavailableError` where it cannot run); ``auto``:
     ``fused`` on a CUDA device where the kernel runs and its probe agrees,
-    ``dequant`` elsewhere, with the reason."""
+    ``dequant`` elsewhere, with the reason. MXFP4's dot:
+    :func:`fused_mxfp4_dot_choice`; a ``PDFLASH_FUSED_MXFP4_DOT=cuda`` that
+    cannot run raises :class:`FusedGemmUnavailableError` (under ``fused``,
+    and under ``auto`` on a CUDA device)."""
     if fmt not in ("mxfp4", "fp8"):
         raise ValueError(f"compressed expert formats: mxfp4, fp8; got {fmt!r}")
     setting = compressed_gemm_mode()
@@ -337,10 +411,16 @@ def choose_compressed_gemm(device: torch.device | str, fmt: str) -> CompressedGe
     device = torch.device(device)
     if setting == "dequant":
         return CompressedGemmChoice("dequant", None, f"dequant forced ({source})")
-    dot = fused_mxfp4_dot(device) if fmt == "mxfp4" else "registers"
-    how = f"MXFP4 via {'tl.dot_scaled' if dot == 'scaled' else 'registers + tl.dot'}"
-    if fmt == "fp8":
-        how = "FP8 dequantized in registers"
+    if fmt == "mxfp4":
+        dot, dot_why = fused_mxfp4_dot_choice(device)
+        how = f"MXFP4 via {_DOT_NAMES[dot]} ({dot_why})"
+        if dot == "cuda" and dot_why.startswith("PDFLASH_FUSED_MXFP4_DOT"):
+            # forced: where it cannot run, an error (never a silent fallback)
+            why = fused_gemm_unavailable(device, "cuda")
+            if why is not None and (setting == "fused" or device.type == "cuda"):
+                raise FusedGemmUnavailableError(f"PDFLASH_FUSED_MXFP4_DOT=cuda cannot run: {why}")
+    else:
+        dot, how = "registers", "FP8 dequantized in registers"
     if setting == "fused":
         why = fused_gemm_unavailable(device, dot)
         if why is not None:

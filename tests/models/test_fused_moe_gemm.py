@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -383,12 +383,13 @@ def test_choice_on_cpu_auto_forced_and_invalid(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(compressed_gemm, "fused_gemm_unavailable", lambda d, dot: "no CUDA device")
     choice = choose_compressed_gemm("cuda", "mxfp4")
     assert choice.mode == "dequant" and "no CUDA device" in choice.reason
-    # ... and one it can: fused, MXFP4 through tl.dot_scaled, FP8 fused
+    # ... and one it can: fused, MXFP4 through the CUDA kernel (the default where
+    # it runs), FP8 fused
     asked: list[str] = []
     monkeypatch.setattr(compressed_gemm, "fused_gemm_unavailable", lambda d, dot: asked.append(dot))
     choice = choose_compressed_gemm("cuda", "mxfp4")
-    assert (choice.mode, choice.mxfp4_dot) == ("fused", "scaled") and asked == ["scaled"]
-    assert "auto: fused" in choice.reason and "tl.dot_scaled" in choice.reason
+    assert (choice.mode, choice.mxfp4_dot) == ("fused", "cuda") and set(asked) == {"cuda"}
+    assert "auto: fused" in choice.reason and "the CUDA kernel" in choice.reason
     fp8 = choose_compressed_gemm("cuda", "fp8")
     assert (fp8.mode, fp8.mxfp4_dot) == ("fused", None) and asked[-1] == "registers"
     # the environment forces a mode, and names itself as the source
@@ -414,10 +415,72 @@ def test_choice_on_cpu_auto_forced_and_invalid(monkeypatch: pytest.MonkeyPatch) 
         choose_compressed_gemm("cpu", "mxfp4")
     with pytest.raises(ValueError, match="compressed expert formats"):
         choose_compressed_gemm("cpu", "int4")
-    # the MXFP4 dot's default: tl.dot_scaled on CUDA, registers off it
+    # the MXFP4 dot's default: the CUDA kernel on CUDA where it runs (not here:
+    # tl.dot_scaled, with why), registers off CUDA
     monkeypatch.delenv("PDFLASH_FUSED_MXFP4_DOT", raising=False)
     assert compressed_gemm.fused_mxfp4_dot("cuda") == "scaled"
+    dot, why = compressed_gemm.fused_mxfp4_dot_choice("cuda")
+    assert dot == "scaled" and "CUDA kernel cannot run" in why
     assert compressed_gemm.fused_mxfp4_dot("cpu") == "registers"
+
+
+def test_cuda_dot_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PDFLASH_FUSED_MXFP4_DOT=cuda``: forced, and an error where it cannot
+    run (never a silent fallback); unset: ``cuda`` where its probe agrees,
+    else ``scaled`` with the reason; the reason names the dot that runs."""
+    set_compressed_gemm(None)
+    monkeypatch.delenv("PDFLASH_COMPRESSED_GEMM", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("PDFLASH_FUSED_MXFP4_DOT", "cuda")
+    assert compressed_gemm.fused_mxfp4_dot("cpu") == "cuda"  # forced is forced
+    assert "cuda" in compressed_gemm.MXFP4_DOTS
+    # a CUDA device where the CUDA kernel cannot run: auto and fused both refuse
+    broken = {"cuda": "pdflash_native._mxfp4gemm was built without the CUDA MXFP4 GEMM"}
+    monkeypatch.setattr(compressed_gemm, "fused_gemm_unavailable", lambda d, dot: broken.get(dot))
+    with pytest.raises(FusedGemmUnavailableError, match=r"PDFLASH_FUSED_MXFP4_DOT=cuda cannot run"):
+        choose_compressed_gemm("cuda", "mxfp4")
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "fused")
+    with pytest.raises(FusedGemmUnavailableError, match="built without the CUDA MXFP4 GEMM"):
+        choose_compressed_gemm("cuda", "mxfp4")
+    # dequant forced: the dot does not matter; FP8 never takes the MXFP4 dot
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "dequant")
+    assert choose_compressed_gemm("cuda", "mxfp4").mode == "dequant"
+    monkeypatch.setenv("PDFLASH_COMPRESSED_GEMM", "auto")
+    fp8 = choose_compressed_gemm("cuda", "fp8")
+    assert (fp8.mode, fp8.mxfp4_dot) == ("fused", None)
+    # auto off CUDA: dequant (the fused path does not run there at all)
+    assert choose_compressed_gemm("cpu", "mxfp4").mode == "dequant"
+    # unset: scaled where the CUDA kernel cannot run, the reason says why
+    monkeypatch.delenv("PDFLASH_FUSED_MXFP4_DOT")
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert (choice.mode, choice.mxfp4_dot) == ("fused", "scaled")
+    assert "tl.dot_scaled" in choice.reason and "built without the CUDA MXFP4 GEMM" in choice.reason
+    # ... and cuda where it runs; forced cuda that runs is named as forced
+    monkeypatch.setattr(compressed_gemm, "fused_gemm_unavailable", lambda d, dot: None)
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert (choice.mode, choice.mxfp4_dot) == ("fused", "cuda")
+    assert "the CUDA kernel" in choice.reason and "probe agreed" in choice.reason
+    monkeypatch.setenv("PDFLASH_FUSED_MXFP4_DOT", "cuda")
+    choice = choose_compressed_gemm("cuda", "mxfp4")
+    assert choice.mxfp4_dot == "cuda" and "PDFLASH_FUSED_MXFP4_DOT=cuda" in choice.reason
+    mlp = FusedSlabMLP("mxfp4", "gptoss", mxfp4_dot="cuda", kernels=compressed_gemm)
+    assert mlp.mxfp4_dot == "cuda"
+
+
+def test_cuda_dot_probe_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA kernel's first-use check refuses off CUDA, under the
+    interpreter too, and names a build without it."""
+    compressed_gemm._PROBES.clear()
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "CUDA devices, not cpu" in str(compressed_gemm.fused_gemm_unavailable("cpu", "cuda"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "not the interpreter" in str(compressed_gemm.fused_gemm_unavailable("cpu", "cuda"))
+    from pdflash.models import mxfp4_cuda_gemm
+
+    fake = SimpleNamespace(BUILT=False)
+    monkeypatch.setattr(mxfp4_cuda_gemm, "native", lambda: fake)
+    why = compressed_gemm._probe(torch.device("cuda", 0), "cuda")
+    assert why is not None and "built without the CUDA MXFP4 GEMM" in why
 
 
 def test_cpu_adapter_records_dequant_and_why(mxfp4_checkpoint: Path, host_issuer: object) -> None:

@@ -105,13 +105,23 @@ def _run(
 @pytest.mark.parametrize("tokens", [16, 64, 256])
 @pytest.mark.parametrize(
     ("dtype", "mxfp4_dot"),
-    [(torch.bfloat16, "registers"), (torch.bfloat16, "scaled"), (torch.float32, "registers")],
+    [
+        (torch.bfloat16, "registers"),
+        (torch.bfloat16, "scaled"),
+        (torch.bfloat16, "cuda"),
+        (torch.float32, "registers"),
+    ],
 )
 def test_gptoss_mxfp4_fused_equals_dequant_path(
     tokens: int, dtype: torch.dtype, mxfp4_dot: str
 ) -> None:
     if not grouped_mm_works(torch.device("cuda"), dtype):
         pytest.skip(f"this torch's CUDA grouped_mm does not take {dtype} (the reference path)")
+    if mxfp4_dot == "cuda":
+        from pdflash.models.mxfp4_cuda_gemm import unavailable
+
+        if unavailable("cuda") is not None:
+            pytest.skip(f"the CUDA MXFP4 GEMM cannot run: {unavailable('cuda')}")
     reason = fused_gemm_unavailable("cuda", mxfp4_dot)
     assert reason is None, reason
     cfg = GPTOSS

@@ -65,6 +65,8 @@ def test_build_info_reports_cuda_flag() -> None:
 
     if shutil.which("nvcc") and os.environ.get("PDFLASH_CUDA", "AUTO") != "OFF":
         assert info["cuda_compiled"] is True
+    # the CUDA MXFP4 GEMM builds exactly when CUDA does (default sm_90)
+    assert importlib.import_module("pdflash_native._mxfp4gemm").BUILT is info["cuda_compiled"]
 
 
 @pytest.mark.slow
@@ -102,6 +104,25 @@ def test_cpu_only_build_compiles_every_native_module(tmp_path: Path) -> None:
         )
     cmake_cache = (tmp_path / "build" / "CMakeCache.txt").read_text()
     assert "PDFLASH_CUDA:STRING=OFF" in cmake_cache
+    # the CUDA MXFP4 GEMM's module imports there and refuses to launch, clearly
+    unpacked = tmp_path / "unpacked"
+    zipfile.ZipFile(next(out.glob("pdflash-*.whl"))).extractall(unpacked)
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-P",
+            "-c",
+            "import sys; sys.path.insert(0, '.'); import pdflash_native._mxfp4gemm as m; "
+            "assert m.BUILT is False and m.num_variants() == 0\n"
+            "try:\n m.launch(*([0] * 27), 1.0, 0.0, 0)\n"
+            "except RuntimeError as e:\n print(e)",
+        ],
+        cwd=unpacked,
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert "built without the CUDA MXFP4 GEMM" in probe.stdout
     # the compile lines the generator wrote: no flag that lets the compiler
     # emit POPCNT (or newer) unconditionally (the dispatch is at run time)
     flag_files = [

@@ -1,0 +1,126 @@
+/* The grouped MXFP4 x bf16 expert GEMM over the slab (cuda/src/mxfp4_moe_gemm.cu):
+ * the CUDA twin of pdflash.models.fused_moe_triton.grouped_qgemm for
+ * fmt "mxfp4" and bf16 activations (fp32 accumulation, bf16 output).
+ *
+ *   out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T + bias[slot(r)])
+ *
+ * for the sorted rows r that the tile map covers: tile i is
+ * (tile_slot[i], tile_start[i], tile_end[i]) int32, slot -1 = dead (skipped,
+ * its range unread), and covers rows [start, min(start + block_m, end)).
+ * Rows no live tile covers are not written (the caller masks them).
+ *
+ * W: blocks [S, N, K/32, 16] uint8 (two e2m1 codes per byte, low nibble =
+ * lower k; each row's K/2 bytes contiguous) and scales [S, N, K/32] uint8
+ * e8m0 (2^(s-127); the k stride must be 1). Bias: bf16 [S, N] (row stride
+ * stride_bs elements) or NULL. x: bf16 rows (k stride 1), x_rows int32.
+ * out: bf16 rows (column stride 1). Strides are in elements for x, bias and
+ * out, in bytes for blocks and scales.
+ *
+ * Epilogues (act): 0 none (+ bias), out [rows, N]; 1 gpt-oss clamped
+ * SwiGLU (g = min(gate, limit), u = clamp(up, -limit, limit),
+ * (u + 1) * g * sigmoid(alpha * g)); 2 silu(gate) * up. For act 1 and 2 the
+ * gate / up weight rows of output column j are gate_col0 + j * col_step and
+ * up_col0 + j * col_step, out [rows, n_out].
+ *
+ * Alignment the kernel needs (else PDFLASH_MXFP4_BAD_ARGS): x and blocks
+ * 16-byte aligned, stride_xm % 8 == 0, stride_ws % 16 == 0 and
+ * stride_wn % 16 == 0 (bytes), stride_sk == 1, K % 32 == 0.
+ *
+ * Variants (mxfp4_moe_variant_info): warps per CTA, m16 weight tiles per
+ * warp, cp.async stages, the largest block_m it is built for (16 / 32 / 64)
+ * and the cp.async L2 prefetch hint in bytes (0: none). Each supports every
+ * block_m up to its max_block_m. Device code needs sm_80+ (mma.sync bf16,
+ * cp.async); the build compiles it only for such architectures.
+ *
+ * Every function is thread-safe. mxfp4_moe_gemm only enqueues work on
+ * `stream` (a cudaStream_t of the current device, as an integer): it may be
+ * called while the stream is being captured into a CUDA graph.
+ *
+ * Builds without the kernel (PDFLASH_WITH_MXFP4_GEMM defined as 0: no CUDA
+ * compiler, or an architecture below sm_80) get inline stand-ins that
+ * return PDFLASH_MXFP4_NOT_BUILT.
+ */
+#ifndef PDFLASH_MXFP4_MOE_GEMM_H_
+#define PDFLASH_MXFP4_MOE_GEMM_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* mxfp4_moe_gemm's return codes */
+enum {
+  PDFLASH_MXFP4_OK = 0,
+  PDFLASH_MXFP4_BAD_VARIANT = 1,        /* variant outside [0, mxfp4_moe_num_variants()) */
+  PDFLASH_MXFP4_BAD_ARGS = 2,           /* a shape, stride, alignment or act the kernel cannot take */
+  PDFLASH_MXFP4_BLOCK_M_TOO_LARGE = 3,  /* block_m > 64 */
+  PDFLASH_MXFP4_BLOCK_M_VARIANT = 4,    /* block_m > the variant's max_block_m */
+  PDFLASH_MXFP4_NOT_BUILT = 5,          /* this build has no kernel */
+  /* + cudaError_t: cudaFuncSetAttribute (dynamic shared memory) failed */
+  PDFLASH_MXFP4_ATTRIBUTE_ERROR = 100,
+  /* + cudaError_t: the launch failed (cudaGetLastError after it) */
+  PDFLASH_MXFP4_LAUNCH_ERROR = 1000
+};
+
+#if defined(PDFLASH_WITH_MXFP4_GEMM) && !PDFLASH_WITH_MXFP4_GEMM
+
+static inline int mxfp4_moe_built(void) { return 0; }
+static inline int mxfp4_moe_num_variants(void) { return 0; }
+static inline int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages,
+                                         int* max_block_m, int* l2_prefetch) {
+  (void)variant, (void)warps, (void)mt, (void)stages, (void)max_block_m, (void)l2_prefetch;
+  return PDFLASH_MXFP4_BAD_VARIANT;
+}
+static inline const char* mxfp4_moe_error_string(int code) {
+  return code == 0 ? "ok" : "pdflash was built without the CUDA MXFP4 GEMM";
+}
+static inline int mxfp4_moe_gemm(
+    int variant, const void* x, long long stride_xm, const int* x_rows, const void* blocks,
+    long long stride_ws, long long stride_wn, const void* scales, long long stride_ss,
+    long long stride_sn, long long stride_sk, const void* bias, long long stride_bs, void* out,
+    long long stride_om, const int* tile_slot, const int* tile_start, const int* tile_end,
+    int num_tiles, int block_m, int N, int K, int n_out, int act, int gate_col0, int up_col0,
+    int col_step, float alpha, float limit, unsigned long long stream) {
+  (void)variant, (void)x, (void)stride_xm, (void)x_rows, (void)blocks, (void)stride_ws;
+  (void)stride_wn, (void)scales, (void)stride_ss, (void)stride_sn, (void)stride_sk, (void)bias;
+  (void)stride_bs, (void)out, (void)stride_om, (void)tile_slot, (void)tile_start, (void)tile_end;
+  (void)num_tiles, (void)block_m, (void)N, (void)K, (void)n_out, (void)act, (void)gate_col0;
+  (void)up_col0, (void)col_step, (void)alpha, (void)limit, (void)stream;
+  return PDFLASH_MXFP4_NOT_BUILT;
+}
+
+#else
+
+/* 1: this library has the kernel. */
+int mxfp4_moe_built(void);
+
+/* How many variants mxfp4_moe_gemm takes (0 .. n - 1). */
+int mxfp4_moe_num_variants(void);
+
+/* A variant's parameters (see above); PDFLASH_MXFP4_OK, or
+ * PDFLASH_MXFP4_BAD_VARIANT (outputs untouched). */
+int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
+                           int* l2_prefetch);
+
+/* A static description of a return code (for CUDA codes, the CUDA error). */
+const char* mxfp4_moe_error_string(int code);
+
+/* Enqueue the GEMM on `stream` (no host sync; num_tiles <= 0: nothing to
+ * do). Returns PDFLASH_MXFP4_OK or an error code above; an error enqueues
+ * nothing. The grid is (num_tiles, column blocks): dead tiles cost an empty
+ * CTA each. */
+int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
+                   const void* blocks, long long stride_ws, long long stride_wn,
+                   const void* scales, long long stride_ss, long long stride_sn,
+                   long long stride_sk, const void* bias, long long stride_bs, void* out,
+                   long long stride_om, const int* tile_slot, const int* tile_start,
+                   const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
+                   int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
+                   unsigned long long stream);
+
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PDFLASH_MXFP4_MOE_GEMM_H_ */

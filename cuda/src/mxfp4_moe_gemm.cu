@@ -1,0 +1,756 @@
+// The grouped MXFP4 expert GEMM of pdflash.models.fused_moe_triton.grouped_qgemm
+// (fmt mxfp4, bf16 activations, fp32 accumulation, bf16 output) as a
+// hand-written CUDA kernel (sm_80+; tuned on sm_90). The API and its error
+// codes: cuda/include/pdflash/mxfp4_moe_gemm.h. Python seam:
+// pdflash.models.mxfp4_cuda_gemm (via pdflash_native._mxfp4gemm); a CPU model
+// of the per-lane index math: tests/models/mxfp4_cuda_model.py.
+//
+//   out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T + bias[slot(r)])
+//
+// W: blocks [S, N, K/32, 16] uint8 (two e2m1 codes per byte, low nibble =
+// lower k) and scales [S, N, K/32] uint8 e8m0 (2^(s-127)); tiles (slot, start,
+// end) int32 per tile, slot -1 = dead; a tile covers sorted rows
+// [start, min(start + block_m, end)). Epilogues: act 0 (none, + bias),
+// act 1 (gpt-oss clamped SwiGLU) and act 2 (silu(gate) * up), both over gate
+// rows g0 + j*step and up rows u0 + j*step, output width n_out.
+//
+// Design (memory-bound at 16..256 tokens; the point is bytes in flight and a
+// cheap dequant):
+// * mma.sync m16n8k16 bf16 with WEIGHTS AS A (16 weight rows = M) and TOKENS
+//   AS B (8 tokens = N), looping over the tile's live 8-token sub-tiles with
+//   the dequantized A fragment reused.
+// * A dot product is invariant under a consistent permutation of k. Lane
+//   (g = lane/4, t = lane%4) owns, per 128-k chunk, the whole 32-value block t
+//   of its rows g and g+8 (16 contiguous bytes each, cp.async 16 B). Each
+//   32-bit word of a block holds 8 codes (nibble i = k 8w+i); the register
+//   pairs (nibble i, nibble i+4) are what a few shifts/masks give cheaply
+//   (sign to bf16 bit 15/31, magnitude to bits 6..8/22..24, i.e. the value
+//   times 2^-126 incl. the e=0 subnormal), and the mma k-steps are assigned so
+//   that each thread's A registers are exactly those pairs. B must hold x at
+//   the same physical k: the activations are staged per chunk in shared
+//   memory in that permuted order (8-groups stored as x0 x4 x1 x5 x2 x6 x3 x7,
+//   XOR-swizzled), so each B fragment pair of k-steps is one LDS.128.
+// * Scale: one bf16x2 multiply by 2^(s-1-D) per register (exact), D a
+//   per-CTA power of two (0 unless a scale byte > 128; the min / max scale
+//   byte of the CTA's rows is scanned once) undone on the fp32 accumulator.
+//   CTAs whose rows have any scale outside that exact range (s < D + 2 or
+//   s > 252; or a spread > 64 with D > 0: never in released checkpoints) take
+//   a slower path: times 2^126
+//   (the exact e2m1 value), then times the bf16 2^(s-127) (subnormal for s = 0,
+//   inf for 255): the reference's value * 2^(s-127) bits, inf / NaN included.
+//   Both rely on bf16x2 multiplies keeping subnormal inputs (value * 2^-126 is
+//   subnormal for |value| = 0.5), as vLLM's Marlin fp4 dequant does.
+// * Weight bytes: a STAGES-deep cp.async ring in shared memory, each thread
+//   copying exactly the bytes it later consumes (no barrier needed for it).
+//   Activations: loaded one chunk ahead into registers (L2/L1), permuted with
+//   prmt and stored to a double-buffered shared tile; one __syncthreads per
+//   chunk. Scales of the CTA's rows are staged in shared memory once: for
+//   the usual layouts (down: consecutive rows; gpt-oss gate/up interleaved
+//   0/1 step 2) a CTA's rows are contiguous, so its scale bytes are one
+//   contiguous range fetched by cp.async together with the first weight
+//   chunks; other layouts fall back to byte loads.
+// * Grid: (tiles, column blocks); WARPS warps per CTA, MT m16 tiles per warp.
+//
+// Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm); the probe
+// (bench/h200/mxfp4_cuda/probe.py) builds it alone:
+//   nvcc -arch=sm_90a -O3 --shared -Xcompiler -fPIC -I cuda/include mxfp4_moe_gemm.cu
+
+#include "pdflash/mxfp4_moe_gemm.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <atomic>
+
+namespace mxcuda {
+
+struct Params {
+  const __nv_bfloat16* x;
+  long long stride_xm;  // elements
+  const int* x_rows;
+  const uint8_t* w;
+  long long stride_ws, stride_wn;  // bytes
+  const uint8_t* sc;
+  long long stride_ss, stride_sn;  // bytes (scale k stride must be 1)
+  const __nv_bfloat16* bias;       // may be null
+  long long stride_bs;             // elements
+  __nv_bfloat16* out;
+  long long stride_om;  // elements
+  const int* tile_slot;
+  const int* tile_start;
+  const int* tile_end;
+  int block_m;
+  int N;    // weight rows
+  int K;    // inputs
+  int KB;   // K / 32
+  int NC;   // 128-k chunks
+  int scale_contig;  // a CTA's rows are one contiguous run of scale rows (pitch KB)
+  int n_out;
+  int act;
+  int g0, u0, step;
+  float alpha, limit;
+};
+
+// ---------------------------------------------------------------- PTX helpers
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes));
+}
+
+// the same with an L2 prefetch-size hint (PF = 64 / 128 / 256 bytes; 0 = none)
+template <int PF>
+__device__ __forceinline__ void cp_async16_pf(uint32_t dst, const void* src, int src_bytes) {
+  if constexpr (PF == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  } else if constexpr (PF == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  } else if constexpr (PF == 64) {
+    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  } else {
+    cp_async16(dst, src, src_bytes);
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1,
+                                               uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// ---------------------------------------------------------------- dequant
+// Nibbles I (bits 4I..4I+3) and I+4 (bits 4I+16..4I+19) of a word as a bf16x2
+// (low half = nibble I) of value * 2^-126: sign -> bit 15/31, the 3 magnitude
+// bits -> bits 6..8 / 22..24 (exponent low 2 bits + mantissa top bit; e = 0
+// gives the subnormal m * 2^-127 = value * 2^-126 too).
+//
+// Written so that only the masks and the final merge need the integer ALU
+// pipe: left shifts as multiplies (ptxas may issue them as IMAD.SHL on the FMA
+// pipe), one shared right shift per word (q >> 8, CSE'd across I = 2, 3), and
+// the sign merged by one LOP3 (em | (sg_src & 0x80008000)).
+template <int I>
+__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t q) {
+  uint32_t em, sg_src;
+  if constexpr (I == 0) {
+    em = (q & 0x00070007u) * 64u;  // bits 0..2 / 16..18 -> 6..8 / 22..24
+    sg_src = q * 4096u;            // bit 3 / 19 -> 15 / 31
+  } else if constexpr (I == 1) {
+    em = (q & 0x00700070u) * 4u;  // bits 4..6 -> 6..8
+    sg_src = q * 256u;            // bit 7 -> 15
+  } else if constexpr (I == 2) {
+    em = ((q >> 8) & 0x00070007u) * 64u;  // bits 8..10 -> 6..8
+    sg_src = q * 16u;                     // bit 11 -> 15
+  } else {
+    em = ((q >> 8) & 0x00700070u) * 4u;  // bits 12..14 -> 6..8
+    sg_src = q;                          // bit 15 -> 15
+  }
+  return em | (sg_src & 0x80008000u);
+}
+
+// bf16x2 of 2^(s-127) for e8m0 s: s << 7 per half (s = 0: the subnormal
+// 2^-127 = 0x0040; s = 255: +inf = 0x7f80)
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t s) {
+  return (s == 0u ? 0x0040u : (s << 7)) * 0x00010001u;
+}
+
+// A register (pair of nibbles I, I+4 of q) times its block's scale.
+// Fast (SLOW = false): one multiply by f = 2^(s-1-D) (exact: the product is a
+// normal bf16 for D + 2 <= s <= 252). Slow (any s): times 2^126 (the exact
+// e2m1 values, normal) then times f = 2^(s-127) (subnormal for s = 0, inf for
+// s = 255): the reference's value * 2^(s-127) rounded to bf16 (exact down to
+// 2^-128; inf / NaN where it has them).
+template <bool SLOW, int I>
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t q, uint32_t f) {
+  const uint32_t bits = e2m1_pair_bits<I>(q);
+  if constexpr (SLOW) return bf16x2_mul(bf16x2_mul(bits, 0x7e807e80u), f);
+  return bf16x2_mul(bits, f);
+}
+
+// ---------------------------------------------------------------- config
+template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_>
+struct Cfg {
+  static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
+  static constexpr int WARPS = WARPS_;    // warps per CTA
+  static constexpr int MT = MT_;          // m16 weight tiles per warp
+  static constexpr int NSM = NSM_;        // max 8-token sub-tiles (block_m <= 8 * NSM)
+  static constexpr int STAGES = STAGES_;  // cp.async ring depth (chunks)
+  static constexpr int MINB = MINB_;      // __launch_bounds__ min blocks per SM
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int WR = WARPS * MT * 16;  // weight rows per CTA
+  static constexpr int XTOK = NSM * 8;        // staged tokens
+  static constexpr int XUNITS = XTOK * 16;    // 16-byte units per chunk
+  static constexpr int XU = (XUNITS + THREADS - 1) / THREADS;
+  static constexpr int WBUF_BYTES = STAGES * MT * 2 * THREADS * 16;
+  static constexpr int XBUF_BYTES = XTOK * 256;  // one chunk of permuted x
+};
+
+template <class C>
+__host__ __device__ constexpr int scale_bytes(int KB) {
+  return ((C::WR * KB + 15) / 16) * 16;
+}
+
+template <class C>
+__host__ __device__ constexpr int smem_bytes(int KB) {
+  return C::WBUF_BYTES + 2 * C::XBUF_BYTES + scale_bytes<C>(KB) + C::XTOK * 4 + 16;
+}
+
+// weight row of mma row (g + 8 r) of global m-tile `mtile`, -1 past the output
+__device__ __forceinline__ int weight_row(const Params& p, int mtile, int g, int r) {
+  if (p.act != 0) {
+    const int j = mtile * 8 + g;
+    if (j >= p.n_out) return -1;
+    const int row = (r == 0 ? p.g0 : p.u0) + j * p.step;
+    return row < p.N ? row : -1;
+  }
+  const int row = mtile * 16 + g + 8 * r;
+  return row < p.N ? row : -1;
+}
+
+template <bool B>
+struct Bool {
+  static constexpr bool value = B;
+};
+
+// ---------------------------------------------------------------- kernel
+template <class C>
+__global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Params p) {
+  constexpr int MT = C::MT, NSM = C::NSM, STAGES = C::STAGES, THREADS = C::THREADS;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tile = blockIdx.x;
+  const int slot = p.tile_slot[tile];
+  if (slot < 0) return;  // dead tile
+  const int start = p.tile_start[tile];
+  const int nrows = min(p.block_m, p.tile_end[tile] - start);
+  if (nrows <= 0) return;
+  const int nsl = (nrows + 7) >> 3;  // live 8-token sub-tiles
+
+  uint8_t* wbuf = smem;
+  uint8_t* xbuf = wbuf + C::WBUF_BYTES;
+  uint8_t* s_scale = xbuf + 2 * C::XBUF_BYTES;
+  int* s_xrow = reinterpret_cast<int*>(s_scale + scale_bytes<C>(p.KB));
+  int* s_mm = s_xrow + C::XTOK;  // [0] = min scale byte, [1] = max
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int mtile0 = blockIdx.y * (C::WARPS * MT) + warp * MT;  // this warp's first m-tile
+  const long long slot64 = slot;
+  const uint32_t wbuf_s = smem_u32(wbuf);
+
+  // ---- this thread's weight rows (mt, r: mma rows g / g + 8) and their scale rows
+  // contiguous scale layout: shared row = global row - row_lo (pitch KB);
+  // fallback: shared row = (warp * MT + mt) * 16 + g + 8 r
+  // (act: rows 2j + {0, 1} for j in [blockIdx.y * WR / 2, + WR / 2): the same start)
+  const int row_lo = blockIdx.y * C::WR;
+  const uint8_t* wsrc[MT][2];
+  bool wlive[MT][2];
+  int soff[MT][2];  // byte offset of the thread's scale row in s_scale
+  bool warp_live = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = weight_row(p, mtile0 + mt, g, r);
+      wlive[mt][r] = row >= 0;
+      wsrc[mt][r] = p.w + slot64 * p.stride_ws + (long long)(row < 0 ? 0 : row) * p.stride_wn +
+                    t * 16;
+      const int srow = p.scale_contig ? (row < 0 ? 0 : row - row_lo)
+                                      : (warp * MT + mt) * 16 + g + 8 * r;
+      soff[mt][r] = srow * p.KB;
+    }
+    warp_live |= weight_row(p, mtile0 + mt, 0, 0) >= 0;  // m-tile has a live row
+  }
+
+  // ---- scale bytes of the CTA's rows: cp.async (group 0) when contiguous + aligned
+  const uint8_t* sbase = p.sc + slot64 * p.stride_ss;
+  int scale_len = 0;  // bytes of staged scales to scan for min / max
+  bool scale_bytes_pending = false;
+  if (p.scale_contig) {
+    const int rows = min(C::WR, p.N - row_lo);
+    scale_len = rows > 0 ? rows * p.KB : 0;
+    const uint8_t* src = sbase + (long long)row_lo * p.stride_sn;
+    if ((reinterpret_cast<uintptr_t>(src) & 15) == 0) {
+      const int units = scale_len >> 4;
+      const uint32_t dst = smem_u32(s_scale);
+      for (int i = tid; i < units; i += THREADS) cp_async16(dst + i * 16, src + i * 16, 16);
+      for (int b = (units << 4) + tid; b < scale_len; b += THREADS) s_scale[b] = __ldg(src + b);
+    } else {
+      scale_bytes_pending = true;  // misaligned: byte loads below
+    }
+  }
+  cp_async_commit();
+
+  // ---- weight ring: chunk c -> stage c % STAGES, each thread its own 2 * MT units
+  auto issue_w = [&](int c) {
+    if (c < p.NC) {
+      const int stage = c % STAGES;
+      const int blk = 4 * c + t;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const bool ok = wlive[mt][r] && blk < p.KB;
+          const uint32_t dst =
+              wbuf_s + (uint32_t)(((stage * MT + mt) * 2 + r) * THREADS + tid) * 16u;
+          cp_async16_pf<C::PF>(dst,
+                               ok ? (const void*)(wsrc[mt][r] + (long long)c * 64) : (const void*)p.w,
+                               ok ? 16 : 0);
+        }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int c = 0; c < STAGES - 1; ++c) issue_w(c);
+
+  // ---- tile rows' x row indices; fallback scale staging
+  if (tid == 0) {
+    s_mm[0] = 255;
+    s_mm[1] = 0;
+  }
+  for (int i = tid; i < C::XTOK; i += THREADS) s_xrow[i] = i < nrows ? p.x_rows[start + i] : 0;
+  if (scale_bytes_pending) {
+    const uint8_t* src = sbase + (long long)row_lo * p.stride_sn;
+    for (int b = tid; b < scale_len; b += THREADS) s_scale[b] = __ldg(src + b);
+  } else if (!p.scale_contig) {
+    scale_len = C::WR * p.KB;
+#pragma unroll 2
+    for (int rr = 0; rr < MT * 16; ++rr) {
+      const int mt = rr >> 4, m16 = rr & 15;
+      const int row = weight_row(p, mtile0 + mt, m16 & 7, m16 >> 3);
+      uint8_t* dst = s_scale + ((warp * MT + mt) * 16 + m16) * p.KB;
+      const uint8_t* src = sbase + (long long)(row < 0 ? 0 : row) * p.stride_sn;
+      for (int b = lane; b < p.KB; b += 32) dst[b] = row >= 0 ? __ldg(src + b) : (uint8_t)127;
+    }
+  }
+  __syncthreads();  // s_xrow, s_mm
+
+  // ---- activations: unit id = tid + i * THREADS -> (token id / 16, 16-byte unit id % 16)
+  uint4 xr[C::XU];
+  auto load_x = [&](int c) {
+    const int k0 = c * 128;
+#pragma unroll
+    for (int i = 0; i < C::XU; ++i) {
+      const int id = tid + i * THREADS;
+      const int tok = id >> 4, u = id & 15;
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (id < C::XUNITS && tok < nrows && k0 + 8 * u < p.K) {
+        const __nv_bfloat16* src = p.x + (long long)s_xrow[tok] * p.stride_xm + k0 + 8 * u;
+        v = __ldg(reinterpret_cast<const uint4*>(src));
+      }
+      xr[i] = v;
+    }
+  };
+  // permuted (x0 x4 x1 x5 x2 x6 x3 x7 per 8-group), XOR-swizzled 16-byte units
+  auto store_x = [&](int buf) {
+    uint8_t* base = xbuf + buf * C::XBUF_BYTES;
+#pragma unroll
+    for (int i = 0; i < C::XU; ++i) {
+      const int id = tid + i * THREADS;
+      const int tok = id >> 4, u = id & 15;
+      if (id < C::XUNITS && tok < nsl * 8) {
+        const uint4 v = xr[i];
+        uint4 o;
+        o.x = __byte_perm(v.x, v.z, 0x5410);  // (x0, x4)
+        o.y = __byte_perm(v.x, v.z, 0x7632);  // (x1, x5)
+        o.z = __byte_perm(v.y, v.w, 0x5410);  // (x2, x6)
+        o.w = __byte_perm(v.y, v.w, 0x7632);  // (x3, x7)
+        const int phys = u ^ (((u >> 3) & 1) << 1) ^ (tok & 1);
+        *reinterpret_cast<uint4*>(base + tok * 256 + phys * 16) = o;
+      }
+    }
+  };
+  load_x(0);
+  store_x(0);
+
+  // ---- scale range of the CTA's rows -> fast (D) or slow path
+  cp_async_wait<STAGES - 1>();  // group 0 (scales) done for this thread's copies
+  __syncthreads();
+  {
+    unsigned lo4 = 0xffffffffu, hi4 = 0u;
+    const int words = scale_len >> 2;
+    const uint32_t* s32 = reinterpret_cast<const uint32_t*>(s_scale);
+    for (int i = tid; i < words; i += THREADS) {
+      lo4 = __vminu4(lo4, s32[i]);
+      hi4 = __vmaxu4(hi4, s32[i]);
+    }
+    unsigned lo = min(min(lo4 & 0xffu, (lo4 >> 8) & 0xffu), min((lo4 >> 16) & 0xffu, lo4 >> 24));
+    unsigned hi = max(max(hi4 & 0xffu, (hi4 >> 8) & 0xffu), max((hi4 >> 16) & 0xffu, hi4 >> 24));
+    for (int b = (words << 2) + tid; b < scale_len; b += THREADS) {
+      lo = min(lo, (unsigned)s_scale[b]);
+      hi = max(hi, (unsigned)s_scale[b]);
+    }
+    lo = __reduce_min_sync(0xffffffffu, lo);
+    hi = __reduce_max_sync(0xffffffffu, hi);
+    if (lane == 0) {
+      atomicMin(&s_mm[0], (int)lo);
+      atomicMax(&s_mm[1], (int)hi);
+    }
+  }
+  __syncthreads();
+  const int s_lo = s_mm[0], s_hi = s_mm[1];
+  int D = s_hi > 128 ? s_hi - 128 : 0;
+  // exact products: s_lo >= D + 2 (A' >= 2^-126, normal), s_hi <= 252; and a
+  // shift only when the spread is <= 64, so that no row's products are pushed
+  // 2^-D toward fp32 subnormals in the accumulation
+  const bool fast = s_lo >= D + 2 && s_hi <= 252 && (D == 0 || s_hi - s_lo <= 64);
+  if (!fast) D = 0;
+
+  // per-thread B read offsets (bytes in a buffer) of word w, sub-tile 0
+  int boff[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const int u = 4 * t + w;
+    boff[w] = g * 256 + ((u ^ ((t >> 1) << 1) ^ (g & 1)) * 16);
+  }
+
+  float acc[MT][NSM][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int ns = 0; ns < NSM; ++ns)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][ns][e] = 0.f;
+
+  // ---- main loop, one copy per dequant path (CTA-uniform choice)
+  auto main_loop = [&](auto slow_tag) {
+    constexpr bool SLOW = decltype(slow_tag)::value;
+    for (int c = 0; c < p.NC; ++c) {
+      issue_w(c + STAGES - 1);
+      if (c + 1 < p.NC) load_x(c + 1);
+      cp_async_wait<STAGES - 1>();  // this thread's weights of chunk c landed
+      __syncthreads();              // x chunk c visible; everyone done with chunk c - 1
+
+      if (warp_live) {
+        const int stage = c % STAGES;
+        const uint8_t* xb = xbuf + (c & 1) * C::XBUF_BYTES;
+        const int blk = 4 * c + t;
+        uint4 wq[MT][2];
+        uint32_t fac[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            wq[mt][r] = *reinterpret_cast<const uint4*>(
+                wbuf + (((stage * MT + mt) * 2 + r) * THREADS + tid) * 16);
+            const uint32_t s = blk < p.KB ? s_scale[soff[mt][r] + blk] : 127u;
+            if constexpr (SLOW)
+              fac[mt][r] = e8m0_bf16x2(s);  // 2^(s-127)
+            else
+              fac[mt][r] = ((s + 126u - (uint32_t)D) << 7) * 0x00010001u;  // 2^(s-1-D)
+          }
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          // A fragments of k-steps 2w (h = 0) and 2w + 1 (h = 1), all m-tiles:
+          // regs (row g, row g+8, row g, row g+8) = pairs (2h, 2h, 2h+1, 2h+1)
+          uint32_t a[2][MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t q0 = (w == 0)   ? wq[mt][0].x
+                                : (w == 1) ? wq[mt][0].y
+                                : (w == 2) ? wq[mt][0].z
+                                           : wq[mt][0].w;
+            const uint32_t q1 = (w == 0)   ? wq[mt][1].x
+                                : (w == 1) ? wq[mt][1].y
+                                : (w == 2) ? wq[mt][1].z
+                                           : wq[mt][1].w;
+            a[0][mt][0] = dequant_pair<SLOW, 0>(q0, fac[mt][0]);
+            a[0][mt][1] = dequant_pair<SLOW, 0>(q1, fac[mt][1]);
+            a[0][mt][2] = dequant_pair<SLOW, 1>(q0, fac[mt][0]);
+            a[0][mt][3] = dequant_pair<SLOW, 1>(q1, fac[mt][1]);
+            a[1][mt][0] = dequant_pair<SLOW, 2>(q0, fac[mt][0]);
+            a[1][mt][1] = dequant_pair<SLOW, 2>(q1, fac[mt][1]);
+            a[1][mt][2] = dequant_pair<SLOW, 3>(q0, fac[mt][0]);
+            a[1][mt][3] = dequant_pair<SLOW, 3>(q1, fac[mt][1]);
+          }
+          // per live sub-tile: one LDS.128 = B of both k-steps (x0x4 x1x5 | x2x6 x3x7)
+#pragma unroll
+          for (int ns = 0; ns < NSM; ++ns) {
+            if (ns < nsl) {
+              const uint4 b = *reinterpret_cast<const uint4*>(xb + ns * 2048 + boff[w]);
+#pragma unroll
+              for (int mt = 0; mt < MT; ++mt) {
+                mma_bf16_16816(acc[mt][ns], a[0][mt][0], a[0][mt][1], a[0][mt][2],
+                               a[0][mt][3], b.x, b.y);
+                mma_bf16_16816(acc[mt][ns], a[1][mt][0], a[1][mt][1], a[1][mt][2],
+                               a[1][mt][3], b.z, b.w);
+              }
+            }
+          }
+        }
+      }
+      if (c + 1 < p.NC) store_x((c + 1) & 1);
+    }
+  };
+  if (fast)
+    main_loop(Bool<false>{});
+  else
+    main_loop(Bool<true>{});
+  cp_async_wait<0>();
+
+  if (!warp_live) return;
+  // ------------------------------------------------------------ epilogue
+  const float mult = __uint_as_float((uint32_t)(127 + D) << 23);  // 2^D
+  const __nv_bfloat16* bias = p.bias ? p.bias + slot64 * p.stride_bs : nullptr;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int mtile = mtile0 + mt;
+    if (p.act != 0) {
+      const int j = mtile * 8 + g;
+      if (j >= p.n_out) continue;
+      const int grow = p.g0 + j * p.step, urow = p.u0 + j * p.step;
+      const float bg = bias ? __bfloat162float(bias[grow]) : 0.f;
+      const float bu = bias ? __bfloat162float(bias[urow]) : 0.f;
+#pragma unroll
+      for (int ns = 0; ns < NSM; ++ns) {
+        if (ns >= nsl) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int lt = ns * 8 + 2 * t + e;
+          if (lt >= nrows) continue;
+          float gate = acc[mt][ns][e] * mult + bg;
+          float up = acc[mt][ns][2 + e] * mult + bu;
+          float y;
+          if (p.act == 2) {  // silu(gate) * up
+            y = gate / (1.f + expf(-gate)) * up;
+          } else {
+            gate = gate > p.limit ? p.limit : gate;  // NaN-propagating min / clamp (as torch)
+            up = up > p.limit ? p.limit : (up < -p.limit ? -p.limit : up);
+            y = (up + 1.f) * (gate / (1.f + expf(-gate * p.alpha)));
+          }
+          p.out[(long long)(start + lt) * p.stride_om + j] = __float2bfloat16_rn(y);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int n = mtile * 16 + g + 8 * r;
+        if (n >= p.N) continue;
+        const float bn = bias ? __bfloat162float(bias[n]) : 0.f;
+#pragma unroll
+        for (int ns = 0; ns < NSM; ++ns) {
+          if (ns >= nsl) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int lt = ns * 8 + 2 * t + e;
+            if (lt >= nrows) continue;
+            const float y = acc[mt][ns][2 * r + e] * mult + bn;
+            p.out[(long long)(start + lt) * p.stride_om + n] = __float2bfloat16_rn(y);
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- host side
+constexpr int kMaxDevices = 64;
+
+template <class C>
+int launch(const Params& p, int num_tiles, cudaStream_t stream) {
+  const int smem = smem_bytes<C>(p.KB);
+  // the largest dynamic shared memory set for this kernel so far, per device
+  // (a function attribute; setting it is not a stream operation, so it is
+  // allowed while the stream is captured)
+  static std::atomic<int> configured[kMaxDevices];
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return PDFLASH_MXFP4_ATTRIBUTE_ERROR + (int)e;
+  std::atomic<int>* done = dev >= 0 && dev < kMaxDevices ? &configured[dev] : nullptr;
+  if (done == nullptr || done->load(std::memory_order_acquire) < smem) {
+    e = cudaFuncSetAttribute(mxfp4_moe_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem);
+    if (e != cudaSuccess) {
+      cudaGetLastError();  // not sticky: later calls work
+      return PDFLASH_MXFP4_ATTRIBUTE_ERROR + (int)e;
+    }
+    if (done != nullptr) {
+      int seen = done->load(std::memory_order_relaxed);
+      while (seen < smem && !done->compare_exchange_weak(seen, smem)) {
+      }
+    }
+  }
+  const int cols_per_cta = C::WARPS * C::MT * (p.act != 0 ? 8 : 16);
+  dim3 grid(num_tiles, (p.n_out + cols_per_cta - 1) / cols_per_cta);
+  mxfp4_moe_kernel<C><<<grid, C::THREADS, smem, stream>>>(p);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? PDFLASH_MXFP4_OK : PDFLASH_MXFP4_LAUNCH_ERROR + (int)e;
+}
+
+// (variant, WARPS, MT, STAGES, MINB, largest NSM it is built for, L2 prefetch
+// hint bytes); NSM (2 / 4 /
+// 8 sub-tiles of 8 tokens) is picked from block_m at launch. MT = 2 with 8
+// sub-tiles (64 fp32 accumulators; 8 warps: 4 sub-tiles) spills: not built.
+#define MXCUDA_VARIANTS(X) \
+  X(0, 4, 1, 4, 3, 8, 0)   \
+  X(1, 4, 2, 4, 3, 4, 0)   \
+  X(2, 8, 1, 4, 2, 8, 0)   \
+  X(3, 8, 2, 3, 2, 2, 0)   \
+  X(4, 16, 1, 4, 1, 8, 0)  \
+  X(5, 8, 1, 8, 2, 8, 0)   \
+  X(6, 4, 1, 8, 3, 8, 0)   \
+  X(7, 4, 2, 8, 2, 4, 0)   \
+  X(8, 8, 1, 4, 2, 8, 256) \
+  X(9, 4, 1, 8, 3, 8, 256)
+
+constexpr int kNumVariants = 10;
+
+template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF>
+int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {
+  if (p.block_m <= 16) return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF>>(p, num_tiles, stream);
+  if (p.block_m <= 32) {
+    if constexpr (NSMAX >= 4)
+      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF>>(p, num_tiles, stream);
+    return PDFLASH_MXFP4_BLOCK_M_VARIANT;
+  }
+  if (p.block_m <= 64) {
+    if constexpr (NSMAX >= 8)
+      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF>>(p, num_tiles, stream);
+    return PDFLASH_MXFP4_BLOCK_M_VARIANT;
+  }
+  return PDFLASH_MXFP4_BLOCK_M_TOO_LARGE;
+}
+
+}  // namespace mxcuda
+
+extern "C" {
+
+int mxfp4_moe_built(void) { return 1; }
+
+int mxfp4_moe_num_variants(void) { return mxcuda::kNumVariants; }
+
+const char* mxfp4_moe_error_string(int code) {
+  if (code >= PDFLASH_MXFP4_LAUNCH_ERROR)
+    return cudaGetErrorString(static_cast<cudaError_t>(code - PDFLASH_MXFP4_LAUNCH_ERROR));
+  if (code >= PDFLASH_MXFP4_ATTRIBUTE_ERROR)
+    return cudaGetErrorString(static_cast<cudaError_t>(code - PDFLASH_MXFP4_ATTRIBUTE_ERROR));
+  switch (code) {
+    case PDFLASH_MXFP4_OK:
+      return "ok";
+    case PDFLASH_MXFP4_BAD_VARIANT:
+      return "unknown variant";
+    case PDFLASH_MXFP4_BAD_ARGS:
+      return "a shape, stride, alignment or epilogue the kernel cannot take";
+    case PDFLASH_MXFP4_BLOCK_M_TOO_LARGE:
+      return "block_m > 64";
+    case PDFLASH_MXFP4_BLOCK_M_VARIANT:
+      return "block_m larger than the variant's max_block_m";
+    case PDFLASH_MXFP4_NOT_BUILT:
+      return "pdflash was built without the CUDA MXFP4 GEMM";
+    default:
+      return "unknown error code";
+  }
+}
+
+// the variant's parameters; 0, or 1 for an unknown variant
+int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
+                           int* l2_prefetch) {
+  switch (variant) {
+#define MXCUDA_INFO(V, W, M, S, B, NS, PF) \
+  case V:                                  \
+    *warps = W;                            \
+    *mt = M;                               \
+    *stages = S;                           \
+    *max_block_m = 8 * NS;                 \
+    *l2_prefetch = PF;                     \
+    return PDFLASH_MXFP4_OK;
+    MXCUDA_VARIANTS(MXCUDA_INFO)
+#undef MXCUDA_INFO
+    default:
+      return PDFLASH_MXFP4_BAD_VARIANT;
+  }
+}
+
+// Returns PDFLASH_MXFP4_OK (0) or an error code (mxfp4_moe_gemm.h).
+int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
+                   const void* blocks, long long stride_ws, long long stride_wn,
+                   const void* scales, long long stride_ss, long long stride_sn,
+                   long long stride_sk, const void* bias, long long stride_bs, void* out,
+                   long long stride_om, const int* tile_slot, const int* tile_start,
+                   const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
+                   int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
+                   unsigned long long stream) {
+  using namespace mxcuda;
+  constexpr int kBad = PDFLASH_MXFP4_BAD_ARGS;
+  if (variant < 0 || variant >= kNumVariants) return PDFLASH_MXFP4_BAD_VARIANT;
+  if (K <= 0 || K % 32 != 0 || N <= 0 || n_out <= 0 || block_m <= 0) return kBad;
+  if (stride_sk != 1 || stride_wn % 16 != 0 || stride_ws % 16 != 0 || stride_xm % 8 != 0)
+    return kBad;
+  if ((reinterpret_cast<uintptr_t>(x) & 15) || (reinterpret_cast<uintptr_t>(blocks) & 15))
+    return kBad;
+  if (act < 0 || act > 2) return kBad;
+  if (act != 0 && (col_step <= 0 || gate_col0 < 0 || up_col0 < 0)) return kBad;
+  if (block_m > 64) return PDFLASH_MXFP4_BLOCK_M_TOO_LARGE;
+  if (num_tiles <= 0) return PDFLASH_MXFP4_OK;
+  if (!x || !x_rows || !blocks || !scales || !out || !tile_slot || !tile_start || !tile_end)
+    return kBad;
+  Params p;
+  p.x = static_cast<const __nv_bfloat16*>(x);
+  p.stride_xm = stride_xm;
+  p.x_rows = x_rows;
+  p.w = static_cast<const uint8_t*>(blocks);
+  p.stride_ws = stride_ws;
+  p.stride_wn = stride_wn;
+  p.sc = static_cast<const uint8_t*>(scales);
+  p.stride_ss = stride_ss;
+  p.stride_sn = stride_sn;
+  p.bias = static_cast<const __nv_bfloat16*>(bias);
+  p.stride_bs = stride_bs;
+  p.out = static_cast<__nv_bfloat16*>(out);
+  p.stride_om = stride_om;
+  p.tile_slot = tile_slot;
+  p.tile_start = tile_start;
+  p.tile_end = tile_end;
+  p.block_m = block_m;
+  p.N = N;
+  p.K = K;
+  p.KB = K / 32;
+  p.NC = (p.KB + 3) / 4;
+  p.n_out = n_out;
+  p.act = act;
+  p.g0 = gate_col0;
+  p.u0 = up_col0;
+  p.step = col_step;
+  p.alpha = alpha;
+  p.limit = limit;
+  // a CTA's weight rows are contiguous: act 0 (rows nb .. nb + WR), or gate /
+  // up interleaved 0 / 1 step 2 (rows 2 jb .. 2 jb + WR); scale rows dense
+  const bool rows_contig =
+      act == 0 || (col_step == 2 && ((gate_col0 == 0 && up_col0 == 1) ||
+                                     (gate_col0 == 1 && up_col0 == 0)));
+  p.scale_contig = rows_contig && stride_sn == p.KB ? 1 : 0;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
+  switch (variant) {
+#define MXCUDA_CASE(V, W, M, S, B, NS, PF) \
+  case V:                                  \
+    return launch_nsm<W, M, S, B, NS, PF>(p, num_tiles, s);
+    MXCUDA_VARIANTS(MXCUDA_CASE)
+#undef MXCUDA_CASE
+    default:
+      return PDFLASH_MXFP4_BAD_VARIANT;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,311 @@
+"""The hand-written CUDA MXFP4 x bf16 grouped expert GEMM
+(``cuda/src/mxfp4_moe_gemm.cu``, bound as :mod:`pdflash_native._mxfp4gemm`).
+
+:func:`grouped_mxfp4_gemm` computes exactly what
+:func:`pdflash.models.fused_moe_triton.grouped_qgemm` computes for MXFP4
+slab weights and bf16 activations (same tile map, same output allocation,
+rows no live tile covers left unset, same ``act`` / ``gate_up``
+conventions), on ``torch.cuda.current_stream()`` with no host sync, so it
+records into CUDA graphs. fp32 accumulation, bf16 output.
+
+Variant policy (:func:`pick_variant`), from the H100 probe of session 55
+(``bench/results/h100/session55-2026-12-07/mxfp4_cuda/``, gpt-oss-20b's
+expert MLP): ``block_m <= 32``: variant 8 (8 warps, one m16 weight tile per
+warp, 4 cp.async stages, 256-byte L2 prefetch hint; 183.7 / 220.9 µs at
+16 / 64 tokens vs Triton's ``scaled`` 249.8 / 277.4); ``block_m`` 33..64:
+variant 4 (16 warps, one m-tile, 4 stages; 432.7 µs at 256 tokens, tied
+with Triton's 434.8 and with variant 8).
+
+The CPU model of the kernel's per-lane algorithm (which lane loads which
+bytes, the dequant bits, the fragment layouts, the scale-range paths) is
+``tests/models/mxfp4_cuda_model.py``; it runs in the CPU tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from pdflash._native import load_native
+
+if TYPE_CHECKING:
+    from pdflash.models.fused_moe_triton import SlabWeight
+
+#: epilogues (the values of :mod:`pdflash.models.fused_moe_triton`'s ACT_*)
+ACT_NONE = 0
+ACT_GPTOSS = 1
+ACT_SILU = 2
+#: the largest BLOCK_M the kernel takes
+MAX_BLOCK_M = 64
+#: :func:`pick_variant`'s choices: variant 8 up to block_m 32, variant 4 above
+SMALL_BLOCK_VARIANT = 8
+LARGE_BLOCK_VARIANT = 4
+
+
+class Mxfp4GemmNative(Protocol):
+    """The native seam (:mod:`pdflash_native._mxfp4gemm`)."""
+
+    BUILT: bool
+    OK: int
+    BAD_VARIANT: int
+    BAD_ARGS: int
+    BLOCK_M_TOO_LARGE: int
+    BLOCK_M_VARIANT: int
+    NOT_BUILT: int
+    ATTRIBUTE_ERROR: int
+    LAUNCH_ERROR: int
+
+    def num_variants(self) -> int: ...
+
+    def variant_info(self, variant: int) -> tuple[int, int, int, int, int]: ...
+
+    def error_string(self, code: int) -> str: ...
+
+    def launch(
+        self,
+        variant: int,
+        x: int,
+        stride_xm: int,
+        x_rows: int,
+        blocks: int,
+        stride_ws: int,
+        stride_wn: int,
+        scales: int,
+        stride_ss: int,
+        stride_sn: int,
+        stride_sk: int,
+        bias: int,
+        stride_bs: int,
+        out: int,
+        stride_om: int,
+        tile_slot: int,
+        tile_start: int,
+        tile_end: int,
+        num_tiles: int,
+        block_m: int,
+        n: int,
+        k: int,
+        n_out: int,
+        act: int,
+        gate_col0: int,
+        up_col0: int,
+        col_step: int,
+        alpha: float,
+        limit: float,
+        stream: int,
+    ) -> int: ...
+
+
+def native() -> Mxfp4GemmNative:
+    """The native module (:class:`pdflash._native.NativeExtensionError` when
+    it is missing: a broken build, never a silent fallback)."""
+    module: Any = load_native("_mxfp4gemm")
+    return module  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled configuration of the kernel."""
+
+    index: int
+    warps: int
+    m_tiles: int  # m16 weight tiles per warp
+    stages: int  # cp.async ring depth (128-k chunks)
+    max_block_m: int
+    l2_prefetch: int  # cp.async L2 prefetch hint, bytes (0: none)
+
+    @property
+    def name(self) -> str:
+        pf = f"pf{self.l2_prefetch}" if self.l2_prefetch else ""
+        return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}"
+
+
+def variants() -> list[Variant]:
+    """Every variant this build has (none when it was built without the kernel)."""
+    mod = native()
+    return [Variant(v, *mod.variant_info(v)) for v in range(mod.num_variants())]
+
+
+def pick_variant(block_m: int) -> int:
+    """The variant for ``block_m`` (module docstring): 8 up to 32, 4 above."""
+    if not 1 <= block_m <= MAX_BLOCK_M:
+        raise ValueError(f"the CUDA MXFP4 GEMM takes block_m 1..{MAX_BLOCK_M}, got {block_m}")
+    return SMALL_BLOCK_VARIANT if block_m <= 32 else LARGE_BLOCK_VARIANT
+
+
+def unavailable(device: torch.device | str) -> str | None:
+    """Why the kernel cannot run on ``device`` (None: it can; whether it
+    agrees with the reference is the first-use probe's business,
+    :func:`pdflash.models.compressed_gemm.fused_gemm_unavailable`)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"the CUDA MXFP4 GEMM runs on CUDA devices, not {device.type}"
+    mod = native()
+    if not mod.BUILT:
+        return (
+            "pdflash_native._mxfp4gemm was built without the CUDA MXFP4 GEMM "
+            "(no CUDA compiler at build time, or CMAKE_CUDA_ARCHITECTURES below 80)"
+        )
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    if major < 8:
+        return f"the CUDA MXFP4 GEMM needs sm_80 or newer, the device is sm_{major}{minor}"
+    return None
+
+
+def _aligned(t: torch.Tensor, nbytes: int) -> bool:
+    return t.data_ptr() % nbytes == 0
+
+
+def grouped_mxfp4_gemm(
+    x: torch.Tensor,
+    x_rows: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    block_m: int,
+    w: SlabWeight,
+    *,
+    act: int = ACT_NONE,
+    gate_up: tuple[int, int, int] = (0, 0, 1),
+    alpha: float = 1.0,
+    limit: float = 0.0,
+    out_dtype: torch.dtype | None = None,
+    variant: int | None = None,
+) -> torch.Tensor:
+    """``out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T + bias)`` for the
+    sorted rows ``r`` the tile map covers (others are left unset), as
+    :func:`~pdflash.models.fused_moe_triton.grouped_qgemm` with
+    ``w.fmt == "mxfp4"``: ``act`` ``ACT_NONE`` (``[n, N]``), ``ACT_GPTOSS``
+    or ``ACT_SILU`` with ``gate_up = (gate_col0, up_col0, col_step)``
+    (``[n, N_out]``). ``x``: bf16 ``[rows, K]``, rows 16-byte aligned (k
+    stride 1, row stride a multiple of 8); ``x_rows`` int32 (int64 is
+    converted); ``tiles`` int32 and contiguous; blocks 16-byte aligned with
+    row strides that are multiples of 16 bytes; scales with k stride 1;
+    bias bf16. Output bf16 (``out_dtype`` None or bf16). ``variant``: None
+    picks by ``block_m`` (:func:`pick_variant`). A ValueError names what the
+    kernel cannot take; a RuntimeError reports a CUDA failure."""
+    w.check()
+    if w.fmt != "mxfp4":
+        raise ValueError(f"the CUDA MXFP4 GEMM takes MXFP4 slab weights, got {w.fmt!r}")
+    if x.dim() != 2 or x.shape[1] != w.k:
+        raise ValueError(f"x must be [rows, {w.k}], got {tuple(x.shape)}")
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"the CUDA MXFP4 GEMM takes bf16 activations, got {x.dtype}")
+    if out_dtype not in (None, torch.bfloat16):
+        raise ValueError(f"the CUDA MXFP4 GEMM writes bf16, not {out_dtype}")
+    if act not in (ACT_NONE, ACT_GPTOSS, ACT_SILU):
+        raise ValueError(f"act must be ACT_NONE, ACT_GPTOSS or ACT_SILU (0/1/2), got {act!r}")
+    if not 1 <= block_m <= MAX_BLOCK_M:
+        raise ValueError(f"the CUDA MXFP4 GEMM takes block_m 1..{MAX_BLOCK_M}, got {block_m}")
+    if x_rows.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"x_rows must be int32 or int64, got {x_rows.dtype}")
+    slot, start, end = tiles
+    named = {"x_rows": x_rows, "blocks": w.data, "scales": w.scale, "tile slot": slot}
+    named.update({"tile start": start, "tile end": end})
+    if w.bias is not None:
+        named["bias"] = w.bias
+    for name, t in named.items():
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, x on {x.device}")
+    for name, t in (("slot", slot), ("start", start), ("end", end)):
+        if t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(f"tile {name} must be a contiguous 1-D int32 tensor")
+    if not slot.numel() == start.numel() == end.numel():
+        raise ValueError("the tile map's slot, start and end must have one entry per tile")
+    if w.bias is not None and w.bias.dtype != torch.bfloat16:
+        raise ValueError(f"the CUDA MXFP4 GEMM reads a bf16 bias, got {w.bias.dtype}")
+    n_rows = int(x_rows.numel())
+    if act == ACT_NONE:
+        n_out, (g0, u0, step) = w.n, (0, 0, 1)
+    else:
+        g0, u0, step = gate_up
+        if step < 1 or g0 < 0 or u0 < 0:
+            raise ValueError(
+                f"gate_up must be (gate_col0 >= 0, up_col0 >= 0, step >= 1), got {gate_up}"
+            )
+        n_out = -(-(w.n - max(g0, u0)) // step)
+    # the kernel's 16-byte loads
+    if x.stride(1) != 1 or x.stride(0) % 8 != 0 or not _aligned(x, 16):
+        raise ValueError(
+            "x rows must be 16-byte aligned: k stride 1, row stride a multiple of 8 "
+            f"elements, data 16-byte aligned (strides {x.stride()}, address % 16 = "
+            f"{x.data_ptr() % 16})"
+        )
+    blocks, scales = w.data, w.scale
+    if blocks.stride(0) % 16 != 0 or blocks.stride(1) % 16 != 0 or not _aligned(blocks, 16):
+        raise ValueError(
+            "MXFP4 blocks must be 16-byte aligned with slot and row strides that are "
+            f"multiples of 16 bytes (strides {blocks.stride()})"
+        )
+    stride_sk = 1 if scales.shape[2] == 1 else scales.stride(2)
+    if stride_sk != 1:
+        raise ValueError(f"MXFP4 scales need k stride 1, got strides {scales.stride()}")
+    mod = native()
+    if variant is None:
+        variant = pick_variant(block_m)
+    elif not 0 <= variant < mod.num_variants():
+        raise ValueError(f"unknown CUDA MXFP4 GEMM variant {variant} (of {mod.num_variants()})")
+    elif block_m > mod.variant_info(variant)[3]:
+        raise ValueError(
+            f"CUDA MXFP4 GEMM variant {variant} takes block_m <= {mod.variant_info(variant)[3]}, "
+            f"got {block_m}"
+        )
+    if x.device.type != "cuda":
+        raise ValueError(f"the CUDA MXFP4 GEMM runs on CUDA tensors, x is on {x.device}")
+    out = torch.empty((n_rows, n_out), dtype=torch.bfloat16, device=x.device)
+    if n_rows == 0 or slot.numel() == 0 or n_out == 0:
+        return out
+    if x_rows.dtype != torch.int32 or not x_rows.is_contiguous():
+        x_rows = x_rows.to(torch.int32).contiguous()
+    bias = w.bias
+    device = x.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index != torch.cuda.current_device():
+        with torch.cuda.device(index):
+            rc = _launch(mod, variant, x, x_rows, w, bias, out, tiles, block_m, n_out,
+                         act, g0, u0, step, alpha, limit, stride_sk)  # fmt: skip
+    else:
+        rc = _launch(mod, variant, x, x_rows, w, bias, out, tiles, block_m, n_out,
+                     act, g0, u0, step, alpha, limit, stride_sk)  # fmt: skip
+    if rc != mod.OK:
+        raise _error(mod, rc, variant, block_m)
+    return out
+
+
+def _launch(
+    mod: Mxfp4GemmNative, variant: int, x: torch.Tensor, x_rows: torch.Tensor, w: SlabWeight,
+    bias: torch.Tensor | None, out: torch.Tensor,
+    tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor], block_m: int, n_out: int, act: int,
+    g0: int, u0: int, step: int, alpha: float, limit: float, stride_sk: int,
+) -> int:  # fmt: skip
+    slot, start, end = tiles
+    blocks, scales = w.data, w.scale
+    return mod.launch(
+        variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
+        blocks.data_ptr(), blocks.stride(0), blocks.stride(1),
+        scales.data_ptr(), scales.stride(0), scales.stride(1), stride_sk,
+        bias.data_ptr() if bias is not None else 0, bias.stride(0) if bias is not None else 0,
+        out.data_ptr(), out.stride(0),
+        slot.data_ptr(), start.data_ptr(), end.data_ptr(), int(slot.numel()),
+        block_m, w.n, w.k, n_out, act, g0, u0, step, float(alpha), float(limit),
+        torch.cuda.current_stream().cuda_stream,
+    )  # fmt: skip
+
+
+def _error(mod: Mxfp4GemmNative, rc: int, variant: int, block_m: int) -> Exception:
+    """The launcher's code as an exception: argument codes as ValueError
+    (the checks above should have caught them), CUDA codes as RuntimeError."""
+    what = f"mxfp4_moe_gemm(variant {variant}, block_m {block_m}) returned {rc}"
+    if rc >= mod.LAUNCH_ERROR:
+        return RuntimeError(f"{what}: the launch failed: {mod.error_string(rc)}")
+    if rc >= mod.ATTRIBUTE_ERROR:
+        return RuntimeError(
+            f"{what}: setting the kernel's shared memory failed (K too large for this "
+            f"device?): {mod.error_string(rc)}"
+        )
+    if rc == mod.NOT_BUILT:
+        return RuntimeError(f"{what}: {mod.error_string(rc)}")
+    return ValueError(f"{what}: {mod.error_string(rc)}")

@@ -1,0 +1,139 @@
+"""The CUDA MXFP4 GEMM's seam on the CPU: the native module imports in every
+build (``BUILT`` says whether it has the kernel; a build without it refuses
+to launch), and :func:`pdflash.models.mxfp4_cuda_gemm.grouped_mxfp4_gemm`
+names every input the kernel cannot take before anything reaches the device
+(the GPU comparisons: ``test_mxfp4_cuda_gemm_gpu.py``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from pdflash._native import load_native
+from pdflash.models import mxfp4_cuda_gemm as g
+
+
+class _W(SimpleNamespace):
+    """SlabWeight's surface (the real one lives in the triton module)."""
+
+    def check(self) -> None:
+        pass
+
+    @property
+    def n(self) -> int:
+        return int(self.data.shape[1])
+
+    @property
+    def k(self) -> int:
+        return int(self.data.shape[2]) * 32
+
+
+def _case(**over: Any) -> dict[str, Any]:
+    s, n, k = 3, 48, 96
+    w = _W(
+        fmt="mxfp4",
+        data=torch.zeros(s, n, k // 32, 16, dtype=torch.uint8),
+        scale=torch.full((s, n, k // 32), 127, dtype=torch.uint8),
+        bias=None,
+    )
+    tiles = (
+        torch.tensor([0, -1], dtype=torch.int32),
+        torch.tensor([0, 0], dtype=torch.int32),
+        torch.tensor([2, 0], dtype=torch.int32),
+    )
+    args = {
+        "x": torch.zeros(2, k, dtype=torch.bfloat16),
+        "x_rows": torch.tensor([0, 1], dtype=torch.int32),
+        "tiles": tiles,
+        "block_m": 16,
+        "w": w,
+    }
+    args.update(over)
+    return args
+
+
+def _call(args: dict[str, Any], **kw: Any) -> torch.Tensor:
+    return g.grouped_mxfp4_gemm(
+        args["x"], args["x_rows"], args["tiles"], args["block_m"], args["w"], **kw
+    )
+
+
+def test_native_module_imports_and_describes_itself() -> None:
+    mod = load_native("_mxfp4gemm")
+    assert isinstance(mod.BUILT, bool)
+    if not mod.BUILT:  # a build without CUDA: imports, refuses to launch
+        assert mod.num_variants() == 0
+        with pytest.raises(RuntimeError, match="built without the CUDA MXFP4 GEMM"):
+            mod.launch(*([0] * 27), 1.0, 0.0, 0)
+        assert "built without" in (g.unavailable("cuda") or "")
+        return
+    assert mod.num_variants() == 10
+    assert [v.name for v in g.variants()][8] == "v8:8w1mt4stpf256"
+    assert g.variants()[4].max_block_m == 64 and g.variants()[4].warps == 16
+    with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
+        mod.variant_info(10)
+    assert mod.error_string(mod.OK) == "ok"
+    assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
+    # the launcher checks what it needs before touching the device
+    assert mod.launch(*([0] * 27), 1.0, 0.0, 0) == mod.BAD_ARGS  # K = 0
+    assert mod.launch(11, *([0] * 26), 1.0, 0.0, 0) == mod.BAD_VARIANT
+
+
+def test_unavailable_off_cuda() -> None:
+    assert "CUDA devices, not cpu" in (g.unavailable("cpu") or "")
+
+
+@pytest.mark.parametrize(
+    ("over", "kw", "match"),
+    [
+        ({"x": torch.zeros(2, 96)}, {}, "bf16 activations"),
+        ({"x": torch.zeros(2, 64, dtype=torch.bfloat16)}, {}, r"x must be \[rows, 96\]"),
+        ({}, {"out_dtype": torch.float32}, "writes bf16"),
+        ({}, {"act": 3}, "act must be"),
+        ({"block_m": 128}, {}, "block_m 1..64"),
+        ({"x_rows": torch.tensor([0.0, 1.0])}, {}, "x_rows must be int32 or int64"),
+        ({}, {"act": 1, "gate_up": (0, 1, 0)}, "gate_up must be"),
+        ({}, {"variant": 10}, "unknown CUDA MXFP4 GEMM variant"),
+        ({}, {"variant": 3, "block_m": None}, "takes block_m <= 16"),
+        ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
+        ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),
+        ({"x": torch.zeros(96, 2, dtype=torch.bfloat16).T}, {}, "16-byte aligned"),
+        ({}, {}, "runs on CUDA tensors"),
+    ],
+)
+def test_arguments_the_kernel_cannot_take_are_named(
+    over: dict[str, Any], kw: dict[str, Any], match: str
+) -> None:
+    if kw.get("variant") is not None and not load_native("_mxfp4gemm").BUILT:
+        pytest.skip("this build has no variants")
+    if "block_m" in kw:
+        over = {**over, "block_m": 32}
+        kw = {k: v for k, v in kw.items() if k != "block_m"}
+    with pytest.raises(ValueError, match=match):
+        _call(_case(**over), **kw)
+
+
+def test_weight_and_tile_errors() -> None:
+    args = _case()
+    w = args["w"]
+    with pytest.raises(ValueError, match="MXFP4 slab weights"):
+        _call({**args, "w": _W(**{**vars(w), "fmt": "fp8"})})
+    with pytest.raises(ValueError, match="bf16 bias"):
+        _call({**args, "w": _W(**{**vars(w), "bias": torch.zeros(3, 48)})})
+    odd = torch.zeros(3, 48, 3, 17, dtype=torch.uint8)[..., :16]  # rows of 51 bytes
+    with pytest.raises(ValueError, match="MXFP4 blocks must be 16-byte aligned"):
+        _call({**args, "w": _W(**{**vars(w), "data": odd})})
+    scale_t = torch.zeros(3, 3, 48, dtype=torch.uint8).transpose(1, 2)
+    with pytest.raises(ValueError, match="scales need k stride 1"):
+        _call({**args, "w": _W(**{**vars(w), "scale": scale_t})})
+    slot, start, end = args["tiles"]
+    with pytest.raises(ValueError, match="tile slot must be a contiguous 1-D int32"):
+        _call({**args, "tiles": (slot.long(), start, end)})
+    with pytest.raises(ValueError, match="one entry per tile"):
+        _call({**args, "tiles": (slot, start, end[:1])})
+    meta = torch.zeros(2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match="tile end is on meta"):
+        _call({**args, "tiles": (slot, start, meta)})
