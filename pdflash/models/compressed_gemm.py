@@ -48,7 +48,9 @@ a silent fallback.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from types import ModuleType
 from typing import Any
 
@@ -346,26 +348,19 @@ class FusedSlabMLP:
         else:
             act, cols = k.ACT_SILU, (0, gate_up.n // 2, 1)
         dot = self.mxfp4_dot if x.dtype == torch.bfloat16 else "registers"
+        gemm: Callable[..., torch.Tensor]
         if dot == "cuda" and self.fmt == "mxfp4":
             from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
 
-            h = grouped_mxfp4_gemm(
-                x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
-                limit=self.limit,
-            )  # fmt: skip
-            rows = self._rows(int(h.shape[0]), x.device)
-            return grouped_mxfp4_gemm(h, rows, tiles, block_m, self._weight(views, "down"))
-        if dot == "cuda":  # FP8: the Triton kernel (its dot is for MXFP4 tiles)
-            dot = "registers"
-        h = k.grouped_qgemm(
+            gemm = grouped_mxfp4_gemm
+        else:  # FP8 under ``cuda``: the Triton kernel (the dot is for MXFP4 tiles)
+            gemm = partial(k.grouped_qgemm, mxfp4_dot="registers" if dot == "cuda" else dot)
+        h = gemm(
             x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
-            limit=self.limit, mxfp4_dot=dot,
+            limit=self.limit,
         )  # fmt: skip
         rows = self._rows(int(h.shape[0]), x.device)
-        out: torch.Tensor = k.grouped_qgemm(
-            h, rows, tiles, block_m, self._weight(views, "down"), mxfp4_dot=dot
-        )
-        return out
+        return gemm(h, rows, tiles, block_m, self._weight(views, "down"))
 
 
 #: how each MXFP4 dot is named in a choice's reason
