@@ -10,13 +10,20 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
         PDFLASH_MXFP4_BLOCK_M_TOO_LARGE
         PDFLASH_MXFP4_BLOCK_M_VARIANT
         PDFLASH_MXFP4_NOT_BUILT
+        PDFLASH_MXFP4_VARIANT_UNAVAILABLE
         PDFLASH_MXFP4_ATTRIBUTE_ERROR
         PDFLASH_MXFP4_LAUNCH_ERROR
 
+    enum:
+        PDFLASH_MXFP4_KIND_MMA_SYNC
+        PDFLASH_MXFP4_KIND_WGMMA
+
     int mxfp4_moe_built()
     int mxfp4_moe_num_variants()
+    int mxfp4_moe_wgmma_built()
     int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
-                               int* l2_prefetch)
+                               int* l2_prefetch, int* kind)
+    int mxfp4_moe_variant_available(int variant, int device)
     const char* mxfp4_moe_error_string(int code)
     int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
                        const void* blocks, long long stride_ws, long long stride_wn,

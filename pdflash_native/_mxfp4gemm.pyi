@@ -1,17 +1,22 @@
 # Hand-written stub for pdflash_native/_mxfp4gemm.pyx (checked by stubtest).
 
 BUILT: bool
+WGMMA_BUILT: bool
 OK: int
 BAD_VARIANT: int
 BAD_ARGS: int
 BLOCK_M_TOO_LARGE: int
 BLOCK_M_VARIANT: int
 NOT_BUILT: int
+VARIANT_UNAVAILABLE: int
 ATTRIBUTE_ERROR: int
 LAUNCH_ERROR: int
+KIND_MMA_SYNC: int
+KIND_WGMMA: int
 
 def num_variants() -> int: ...
-def variant_info(variant: int) -> tuple[int, int, int, int, int]: ...
+def variant_info(variant: int) -> tuple[int, int, int, int, int, int]: ...
+def variant_available(variant: int, device: int) -> int: ...
 def error_string(code: int) -> str: ...
 def launch(
     variant: int,

@@ -7,7 +7,10 @@ enqueues one grouped GEMM and returns the launcher's code (``OK`` or one of
 the error codes below; ``error_string`` describes it). Built without the
 kernel (no CUDA compiler, or an architecture below sm_80), the module still
 imports: ``BUILT`` is False, :func:`num_variants` is 0 and :func:`launch`
-raises RuntimeError. The Python-facing seam is
+raises RuntimeError. ``WGMMA_BUILT``: the build has the sm_90a code of the
+wgmma variants (kind ``KIND_WGMMA``), which run on compute capability 9.0
+devices only; :func:`variant_available` says whether a variant runs on a
+device (``launch`` returns ``VARIANT_UNAVAILABLE`` where it does not). The Python-facing seam is
 ``pdflash.models.mxfp4_cuda_gemm``; the kernel's per-lane algorithm, as
 runnable code, is ``tests/models/mxfp4_cuda_model.py``.
 """
@@ -15,6 +18,7 @@ runnable code, is ``tests/models/mxfp4_cuda_model.py``.
 from libc.stdint cimport uintptr_t
 
 BUILT = bool(mxfp4_moe_built())
+WGMMA_BUILT = bool(mxfp4_moe_wgmma_built())
 
 OK = PDFLASH_MXFP4_OK
 BAD_VARIANT = PDFLASH_MXFP4_BAD_VARIANT
@@ -22,8 +26,12 @@ BAD_ARGS = PDFLASH_MXFP4_BAD_ARGS
 BLOCK_M_TOO_LARGE = PDFLASH_MXFP4_BLOCK_M_TOO_LARGE
 BLOCK_M_VARIANT = PDFLASH_MXFP4_BLOCK_M_VARIANT
 NOT_BUILT = PDFLASH_MXFP4_NOT_BUILT
+VARIANT_UNAVAILABLE = PDFLASH_MXFP4_VARIANT_UNAVAILABLE
 ATTRIBUTE_ERROR = PDFLASH_MXFP4_ATTRIBUTE_ERROR
 LAUNCH_ERROR = PDFLASH_MXFP4_LAUNCH_ERROR
+
+KIND_MMA_SYNC = PDFLASH_MXFP4_KIND_MMA_SYNC
+KIND_WGMMA = PDFLASH_MXFP4_KIND_WGMMA
 
 
 def num_variants():
@@ -32,12 +40,27 @@ def num_variants():
 
 
 def variant_info(int variant):
-    """``(warps, m_tiles_per_warp, stages, max_block_m, l2_prefetch_bytes)``
-    of ``variant`` (ValueError for an unknown one)."""
-    cdef int warps = 0, mt = 0, stages = 0, max_block_m = 0, l2_prefetch = 0
-    if mxfp4_moe_variant_info(variant, &warps, &mt, &stages, &max_block_m, &l2_prefetch) != 0:
+    """``(warps, m_tiles_per_warp, stages, max_block_m, l2_prefetch_bytes,
+    kind)`` of ``variant`` (``kind``: ``KIND_MMA_SYNC`` or ``KIND_WGMMA``;
+    ValueError for an unknown variant)."""
+    cdef int warps = 0, mt = 0, stages = 0, max_block_m = 0, l2_prefetch = 0, kind = 0
+    if mxfp4_moe_variant_info(
+        variant, &warps, &mt, &stages, &max_block_m, &l2_prefetch, &kind
+    ) != 0:
         raise ValueError(f"unknown CUDA MXFP4 GEMM variant {variant} (of {num_variants()})")
-    return warps, mt, stages, max_block_m, l2_prefetch
+    return warps, mt, stages, max_block_m, l2_prefetch, kind
+
+
+def variant_available(int variant, int device):
+    """Whether :func:`launch` runs ``variant`` on CUDA device ``device`` (an
+    ordinal): ``OK``, ``VARIANT_UNAVAILABLE`` (e.g. a wgmma variant without
+    sm_90a code or off compute capability 9.0), ``BAD_VARIANT``,
+    ``NOT_BUILT``, or ``ATTRIBUTE_ERROR`` + the CUDA error of the device
+    query."""
+    cdef int rc
+    with nogil:
+        rc = mxfp4_moe_variant_available(variant, device)
+    return rc
 
 
 def error_string(int code):

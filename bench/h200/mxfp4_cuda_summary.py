@@ -1,9 +1,10 @@
-"""Summarise the ``pdflash-bench moe --compressed-gemm both`` rows of
+"""Summarise the ``pdflash-bench moe`` rows of
 ``bench/h200/mxfp4_cuda_check.sh``: per layer and token count, each
-compressed-GEMM mode's µs (dequant, fused = Triton registers,
-fused_dot_scaled = Triton tl.dot_scaled, fused_cuda = the CUDA kernel), its
-ratio to the HBM roofline and its max error vs the dequant path, plus the
-modes not measured and why.
+compressed-GEMM mode's µs (``--compressed-gemm both``: dequant, fused =
+Triton registers, fused_dot_scaled = Triton tl.dot_scaled, fused_cuda = the
+CUDA kernel), its ratio to the HBM roofline and its max error vs the dequant
+path, plus the modes not measured and why; and the row's own mode replayed
+from a CUDA graph (``--resident-graphs on|both``: ``graph``).
 
     python3 bench/h200/mxfp4_cuda_summary.py OUT/results.jsonl [--out summary.json]
 """
@@ -27,6 +28,20 @@ def summarise(step: str, row: dict[str, Any]) -> dict[str, Any]:
             }
             for mode, m in (r.get("by_compressed_gemm") or {}).items()
         }
+        if not modes:  # one mode: the row's own, eager
+            modes[str(r.get("compressed_gemm"))] = {
+                "us": r.get("offloaded_all_hit_us"),
+                "over_roofline": r.get("offloaded_over_roofline"),
+                "max_abs_err_vs_dequant": None,
+            }
+        graph = (r.get("by_resident_graphs") or {}).get("on")
+        if graph is not None:
+            modes["graph"] = {
+                "us": graph.get("offloaded_all_hit_us"),
+                "over_roofline": graph.get("offloaded_over_roofline"),
+                "execution": graph.get("resident_execution"),
+                "reason": graph.get("resident_execution_reason"),
+            }
         points.append(
             {
                 "layer": r.get("layer"),

@@ -1,9 +1,9 @@
 // The grouped MXFP4 expert GEMM of pdflash.models.fused_moe_triton.grouped_qgemm
 // (fmt mxfp4, bf16 activations, fp32 accumulation, bf16 output) as a
-// hand-written CUDA kernel (sm_80+; tuned on sm_90). The API and its error
-// codes: cuda/include/pdflash/mxfp4_moe_gemm.h. Python seam:
-// pdflash.models.mxfp4_cuda_gemm (via pdflash_native._mxfp4gemm); a CPU model
-// of the per-lane index math: tests/models/mxfp4_cuda_model.py.
+// hand-written CUDA kernel (sm_80+; tuned on sm_90; the wgmma variants need
+// sm_90a). The API and its error codes: cuda/include/pdflash/mxfp4_moe_gemm.h.
+// Python seam: pdflash.models.mxfp4_cuda_gemm (via pdflash_native._mxfp4gemm);
+// a CPU model of the per-lane index math: tests/models/mxfp4_cuda_model.py.
 //
 //   out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T + bias[slot(r)])
 //
@@ -51,9 +51,26 @@
 //   chunks; other layouts fall back to byte loads.
 // * Grid: (tiles, column blocks); WARPS warps per CTA, MT m16 tiles per warp.
 //
-// Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm); the probe
-// (bench/h200/mxfp4_cuda/probe.py) builds it alone:
-//   nvcc -arch=sm_90a -O3 --shared -Xcompiler -fPIC -I cuda/include mxfp4_moe_gemm.cu
+// The wgmma kind (Cfg::KIND == kKindWgmma; sm_90a only): the same lanes,
+// dequant, scale paths and epilogue, but each warpgroup (4 warps, one m16
+// tile each = 64 weight rows) issues wgmma.mma_async m64nNk16 with A (the
+// dequantized weights) from registers and B (x) read by the tensor cores
+// straight from shared memory through a matrix descriptor: no LDS / mma.sync
+// issue per 8-token sub-tile, and x read once per warpgroup instead of once
+// per warp. N = 8 x (live sub-tiles), one compile-time case per count. x is
+// staged per chunk in the same permuted k order, as wgmma core matrices
+// (8 tokens x 16 bytes; K-major, no swizzle): k-step ks = 2w + h owns a
+// region of XTOK * 32 + 16 bytes (the 16 spread the staging stores over the
+// banks), in it core matrix (token group, k half) at (group * 2 + half) * 128.
+// Per chunk: dequant into registers, barrier, wgmma.fence, 8 wgmmas, commit,
+// wait; the D fragment is mma.sync's per 8 columns, so the epilogue is shared.
+//
+// Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm; sm_90a code for the
+// wgmma variants where the architectures include 90, which also defines
+// PDFLASH_MXFP4_GEMM_SM90A); the probe (bench/h200/mxfp4_cuda/probe.py)
+// builds it alone:
+//   nvcc -arch=sm_90a -DPDFLASH_MXFP4_GEMM_SM90A=1 -O3 --shared -Xcompiler -fPIC
+//        -I cuda/include mxfp4_moe_gemm.cu
 
 #include "pdflash/mxfp4_moe_gemm.h"
 
@@ -128,7 +145,13 @@ __device__ __forceinline__ void cp_async_wait() {
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   uint32_t d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  // mul.bf16x2 is sm_90+; a * b + (-0) is a * b with the same single
+  // rounding (and the sign of a zero product kept)
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+#else
   asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+#endif
   return d;
 }
 
@@ -140,6 +163,121 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint3
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// ---------------------------------------------------------------- wgmma (sm_90a)
+// Device passes with the sm_90a features compile the wgmma kernels; every
+// other pass (sm_80, sm_89, the compute_90 PTX kept for newer GPUs, ...)
+// compiles them as a trap, and the launcher never starts them there
+// (kind_runs_on). The asm below is guarded too, so no pass sees an
+// instruction its target lacks.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr bool kWgmmaInThisPass = false;
+#else
+constexpr bool kWgmmaInThisPass = true;
+#endif
+
+__device__ __forceinline__ void wgmma_fence() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+// generic-proxy shared-memory stores -> visible to wgmma's (async proxy) reads
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// B operand layout in shared memory (K-major, no swizzle): the 8 x 16-byte
+// core matrices of k half kh (LBO: the leading, k, direction) and token group
+// n / 8 (SBO: the stride, token, direction) of one k-step
+constexpr uint32_t kWgmmaLboBytes = 128;
+constexpr uint32_t kWgmmaSboBytes = 256;
+
+// matrix descriptor: start address >> 4 (bits 0..13), LBO >> 4 (16..29),
+// SBO >> 4 (32..45); base offset 0, no swizzle (bits 62..63 = 0)
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(kWgmmaLboBytes >> 4) << 16) |
+         ((uint64_t)(kWgmmaSboBytes >> 4) << 32);
+}
+
+// D[64 x 8 NS] += A[64 x 16] * B[16 x 8 NS] for NS live 8-token sub-tiles:
+// A from registers (per warp the mma.m16n8k16 A fragment of its 16 rows), B
+// from shared memory (descriptor desc); d[4 i .. 4 i + 3] is the m16n8
+// accumulator fragment of token columns 8 i .. 8 i + 7 (as mma.sync's).
+// Accumulates (scale-d 1), no negation (scale-a / scale-b 1), B not
+// transposed (K-major). The PTX names every accumulator register, so each
+// NS has its own operand list (generated below).
+template <int NS>
+struct WgmmaM64;
+
+#define MXCUDA_WG_ACC4(i) "+f"(d[4 * i]), "+f"(d[4 * i + 1]), "+f"(d[4 * i + 2]), "+f"(d[4 * i + 3])
+#define MXCUDA_WG_ACC_1 MXCUDA_WG_ACC4(0)
+#define MXCUDA_WG_ACC_2 MXCUDA_WG_ACC_1, MXCUDA_WG_ACC4(1)
+#define MXCUDA_WG_ACC_3 MXCUDA_WG_ACC_2, MXCUDA_WG_ACC4(2)
+#define MXCUDA_WG_ACC_4 MXCUDA_WG_ACC_3, MXCUDA_WG_ACC4(3)
+#define MXCUDA_WG_ACC_5 MXCUDA_WG_ACC_4, MXCUDA_WG_ACC4(4)
+#define MXCUDA_WG_ACC_6 MXCUDA_WG_ACC_5, MXCUDA_WG_ACC4(5)
+#define MXCUDA_WG_ACC_7 MXCUDA_WG_ACC_6, MXCUDA_WG_ACC4(6)
+#define MXCUDA_WG_ACC_8 MXCUDA_WG_ACC_7, MXCUDA_WG_ACC4(7)
+// the accumulators' operand numbers (%0 .. %(4 NS - 1)) as PTX text
+#define MXCUDA_WG_REG_1 "%0, %1, %2, %3"
+#define MXCUDA_WG_REG_2 MXCUDA_WG_REG_1 ", %4, %5, %6, %7"
+#define MXCUDA_WG_REG_3 MXCUDA_WG_REG_2 ", %8, %9, %10, %11"
+#define MXCUDA_WG_REG_4 MXCUDA_WG_REG_3 ", %12, %13, %14, %15"
+#define MXCUDA_WG_REG_5 MXCUDA_WG_REG_4 ", %16, %17, %18, %19"
+#define MXCUDA_WG_REG_6 MXCUDA_WG_REG_5 ", %20, %21, %22, %23"
+#define MXCUDA_WG_REG_7 MXCUDA_WG_REG_6 ", %24, %25, %26, %27"
+#define MXCUDA_WG_REG_8 MXCUDA_WG_REG_7 ", %28, %29, %30, %31"
+// (NS, N = 8 NS, operand numbers of a0..a3, of the descriptor: they follow
+// the 4 NS accumulators)
+#define MXCUDA_WGMMA_SHAPES(X)             \
+  X(1, 8, "%4, %5, %6, %7", "%8")          \
+  X(2, 16, "%8, %9, %10, %11", "%12")      \
+  X(3, 24, "%12, %13, %14, %15", "%16")    \
+  X(4, 32, "%16, %17, %18, %19", "%20")    \
+  X(5, 40, "%20, %21, %22, %23", "%24")    \
+  X(6, 48, "%24, %25, %26, %27", "%28")    \
+  X(7, 56, "%28, %29, %30, %31", "%32")    \
+  X(8, 64, "%32, %33, %34, %35", "%36")
+
+#ifdef __CUDA_ARCH_FEAT_SM90_ALL
+#define MXCUDA_WGMMA_ASM(NS, N, A_OPS, DESC_OP)                                             \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 {" MXCUDA_WG_REG_##NS \
+               "}, {" A_OPS "}, " DESC_OP ", 1, 1, 1, 0;\n"                                  \
+               : MXCUDA_WG_ACC_##NS                                                          \
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc));
+#else
+#define MXCUDA_WGMMA_ASM(NS, N, A_OPS, DESC_OP) \
+  (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)desc;
+#endif
+
+#define MXCUDA_WGMMA_CASE(NS, N, A_OPS, DESC_OP)                                             \
+  template <>                                                                                \
+  struct WgmmaM64<NS> {                                                                      \
+    static __device__ __forceinline__ void run(float* d, uint32_t a0, uint32_t a1,           \
+                                               uint32_t a2, uint32_t a3, uint64_t desc) {    \
+      MXCUDA_WGMMA_ASM(NS, N, A_OPS, DESC_OP)                                                \
+    }                                                                                        \
+  };
+MXCUDA_WGMMA_SHAPES(MXCUDA_WGMMA_CASE)
+#undef MXCUDA_WGMMA_CASE
+#undef MXCUDA_WGMMA_ASM
+#undef MXCUDA_WGMMA_SHAPES
 
 // ---------------------------------------------------------------- dequant
 // Nibbles I (bits 4I..4I+3) and I+4 (bits 4I+16..4I+19) of a word as a bf16x2
@@ -190,8 +328,12 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t q, uint32_t f) {
 }
 
 // ---------------------------------------------------------------- config
-template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_>
+constexpr int kKindMmaSync = PDFLASH_MXFP4_KIND_MMA_SYNC;  // mma.sync m16n8k16, B by LDS
+constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B by descriptor
+
+template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
+  static constexpr int KIND = KIND_;      // kKindMmaSync or kKindWgmma
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -202,9 +344,23 @@ struct Cfg {
   static constexpr int WR = WARPS * MT * 16;  // weight rows per CTA
   static constexpr int XTOK = NSM * 8;        // staged tokens
   static constexpr int XUNITS = XTOK * 16;    // 16-byte units per chunk
-  static constexpr int XU = (XUNITS + THREADS - 1) / THREADS;
+  // x loads per thread and chunk: mma.sync, 16-byte units; wgmma, (token,
+  // word w) units of 4 x 16 bytes (the k = 32 t + 8 w .. + 7 for t = 0..3)
+  static constexpr int XU = KIND == kKindMmaSync ? (XUNITS + THREADS - 1) / THREADS
+                                                 : (XTOK * 4 + THREADS - 1) / THREADS;
+  static constexpr int XREGS = KIND == kKindMmaSync ? XU : 4 * XU;  // uint4 registers of x
   static constexpr int WBUF_BYTES = STAGES * MT * 2 * THREADS * 16;
-  static constexpr int XBUF_BYTES = XTOK * 256;  // one chunk of permuted x
+  // wgmma: one region per k-step (8 per chunk) of XTOK * 32 bytes (core
+  // matrices (8 tokens x 8 k) of 128 bytes: [token group][k half]) + 16
+  // bytes that spread the staging stores over the banks
+  static constexpr int XREG_BYTES = XTOK * 32 + 16;
+  static constexpr int XBUF_BYTES =
+      KIND == kKindMmaSync ? XTOK * 256 : 8 * XREG_BYTES;  // one chunk of permuted x
+  // x buffers: mma.sync, chunk c & 1; wgmma, c % 3 (a wait_group depth of
+  // MXCUDA_WGMMA_PENDING = 1 leaves chunk c - 1's buffer in use)
+  static constexpr int NXB = KIND == kKindMmaSync ? 2 : 3;
+  static_assert(KIND == kKindMmaSync || (MT == 1 && WARPS % 4 == 0),
+                "wgmma: one m16 tile per warp, whole warpgroups");
 };
 
 template <class C>
@@ -214,7 +370,7 @@ __host__ __device__ constexpr int scale_bytes(int KB) {
 
 template <class C>
 __host__ __device__ constexpr int smem_bytes(int KB) {
-  return C::WBUF_BYTES + 2 * C::XBUF_BYTES + scale_bytes<C>(KB) + C::XTOK * 4 + 16;
+  return C::WBUF_BYTES + C::NXB * C::XBUF_BYTES + scale_bytes<C>(KB) + C::XTOK * 4 + 16;
 }
 
 // weight row of mma row (g + 8 r) of global m-tile `mtile`, -1 past the output
@@ -233,10 +389,27 @@ template <bool B>
 struct Bool {
   static constexpr bool value = B;
 };
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
+
+// wgmma groups a warp may leave in flight at the end of a chunk (0 or 1). With
+// 1, chunk c + 1's dequant would overlap chunk c's wgmmas, but ptxas then
+// serializes the wgmmas (C7513: the next chunk's A registers are defined
+// inside the open pipeline stage); 0 leaves that overlap to the other warps
+// and CTAs of the SM.
+#ifndef MXCUDA_WGMMA_PENDING
+#define MXCUDA_WGMMA_PENDING 0
+#endif
 
 // ---------------------------------------------------------------- kernel
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Params p) {
+  if constexpr (C::KIND == kKindWgmma && !kWgmmaInThisPass) {
+    __trap();  // no sm_90a code in this pass; the launcher never starts it here
+    return;
+  }
   constexpr int MT = C::MT, NSM = C::NSM, STAGES = C::STAGES, THREADS = C::THREADS;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tile = blockIdx.x;
@@ -249,7 +422,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
 
   uint8_t* wbuf = smem;
   uint8_t* xbuf = wbuf + C::WBUF_BYTES;
-  uint8_t* s_scale = xbuf + 2 * C::XBUF_BYTES;
+  uint8_t* s_scale = xbuf + C::NXB * C::XBUF_BYTES;
   int* s_xrow = reinterpret_cast<int*>(s_scale + scale_bytes<C>(p.KB));
   int* s_mm = s_xrow + C::XTOK;  // [0] = min scale byte, [1] = max
 
@@ -347,38 +520,88 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
   }
   __syncthreads();  // s_xrow, s_mm
 
-  // ---- activations: unit id = tid + i * THREADS -> (token id / 16, 16-byte unit id % 16)
-  uint4 xr[C::XU];
+  // ---- activations, one 128-k chunk: loaded into registers a chunk ahead,
+  // then permuted into the shared x buffer
+  uint4 xr[C::XREGS];
   auto load_x = [&](int c) {
     const int k0 = c * 128;
+    if constexpr (C::KIND == kKindWgmma) {
+      // unit id = tid + i * THREADS -> (token id >> 2, word w = id & 3):
+      // x[k0 + 32 t + 8 w .. + 7] for t = 0..3 (what k-steps 2w, 2w + 1 take)
 #pragma unroll
-    for (int i = 0; i < C::XU; ++i) {
-      const int id = tid + i * THREADS;
-      const int tok = id >> 4, u = id & 15;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (id < C::XUNITS && tok < nrows && k0 + 8 * u < p.K) {
-        const __nv_bfloat16* src = p.x + (long long)s_xrow[tok] * p.stride_xm + k0 + 8 * u;
-        v = __ldg(reinterpret_cast<const uint4*>(src));
+      for (int i = 0; i < C::XU; ++i) {
+        const int id = tid + i * THREADS;
+        const int tok = id >> 2, w = id & 3;
+#pragma unroll
+        for (int tt = 0; tt < 4; ++tt) {
+          uint4 v = make_uint4(0u, 0u, 0u, 0u);
+          const int k = k0 + 32 * tt + 8 * w;
+          if (id < C::XTOK * 4 && tok < nrows && k < p.K)
+            v = __ldg(
+                reinterpret_cast<const uint4*>(p.x + (long long)s_xrow[tok] * p.stride_xm + k));
+          xr[4 * i + tt] = v;
+        }
       }
-      xr[i] = v;
+    } else {
+      // unit id = tid + i * THREADS -> (token id / 16, 16-byte unit id % 16)
+#pragma unroll
+      for (int i = 0; i < C::XU; ++i) {
+        const int id = tid + i * THREADS;
+        const int tok = id >> 4, u = id & 15;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (id < C::XUNITS && tok < nrows && k0 + 8 * u < p.K) {
+          const __nv_bfloat16* src = p.x + (long long)s_xrow[tok] * p.stride_xm + k0 + 8 * u;
+          v = __ldg(reinterpret_cast<const uint4*>(src));
+        }
+        xr[i] = v;
+      }
     }
   };
-  // permuted (x0 x4 x1 x5 x2 x6 x3 x7 per 8-group), XOR-swizzled 16-byte units
   auto store_x = [&](int buf) {
     uint8_t* base = xbuf + buf * C::XBUF_BYTES;
+    if constexpr (C::KIND == kKindWgmma) {
+      // k-step ks = 2 w + h, k half d: the 16 bytes of token tok are the
+      // pairs (x[32 t + 8 w + 2 h + d], x[.. + 4]) for t = 0..3, the k order
+      // of the A registers (row tok & 7 of core matrix (tok >> 3, d))
 #pragma unroll
-    for (int i = 0; i < C::XU; ++i) {
-      const int id = tid + i * THREADS;
-      const int tok = id >> 4, u = id & 15;
-      if (id < C::XUNITS && tok < nsl * 8) {
-        const uint4 v = xr[i];
-        uint4 o;
-        o.x = __byte_perm(v.x, v.z, 0x5410);  // (x0, x4)
-        o.y = __byte_perm(v.x, v.z, 0x7632);  // (x1, x5)
-        o.z = __byte_perm(v.y, v.w, 0x5410);  // (x2, x6)
-        o.w = __byte_perm(v.y, v.w, 0x7632);  // (x3, x7)
-        const int phys = u ^ (((u >> 3) & 1) << 1) ^ (tok & 1);
-        *reinterpret_cast<uint4*>(base + tok * 256 + phys * 16) = o;
+      for (int i = 0; i < C::XU; ++i) {
+        const int id = tid + i * THREADS;
+        const int tok = id >> 2, w = id & 3;
+        if (id < C::XTOK * 4 && tok < nsl * 8) {
+          uint8_t* tb = base + (tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16;
+          const uint4* v = xr + 4 * i;
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int d = 0; d < 2; ++d) {
+              const uint32_t sel = d ? 0x7632u : 0x5410u;
+              uint4 o;
+              o.x = __byte_perm(h ? v[0].y : v[0].x, h ? v[0].w : v[0].z, sel);
+              o.y = __byte_perm(h ? v[1].y : v[1].x, h ? v[1].w : v[1].z, sel);
+              o.z = __byte_perm(h ? v[2].y : v[2].x, h ? v[2].w : v[2].z, sel);
+              o.w = __byte_perm(h ? v[3].y : v[3].x, h ? v[3].w : v[3].z, sel);
+              *reinterpret_cast<uint4*>(tb + (2 * w + h) * C::XREG_BYTES +
+                                        d * kWgmmaLboBytes) = o;
+            }
+        }
+      }
+      fence_proxy_async_smem();  // the stores -> the wgmmas' reads
+    } else {
+      // permuted (x0 x4 x1 x5 x2 x6 x3 x7 per 8-group), XOR-swizzled 16-byte units
+#pragma unroll
+      for (int i = 0; i < C::XU; ++i) {
+        const int id = tid + i * THREADS;
+        const int tok = id >> 4, u = id & 15;
+        if (id < C::XUNITS && tok < nsl * 8) {
+          const uint4 v = xr[i];
+          uint4 o;
+          o.x = __byte_perm(v.x, v.z, 0x5410);  // (x0, x4)
+          o.y = __byte_perm(v.x, v.z, 0x7632);  // (x1, x5)
+          o.z = __byte_perm(v.y, v.w, 0x5410);  // (x2, x6)
+          o.w = __byte_perm(v.y, v.w, 0x7632);  // (x3, x7)
+          const int phys = u ^ (((u >> 3) & 1) << 1) ^ (tok & 1);
+          *reinterpret_cast<uint4*>(base + tok * 256 + phys * 16) = o;
+        }
       }
     }
   };
@@ -504,10 +727,95 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
       if (c + 1 < p.NC) store_x((c + 1) & 1);
     }
   };
-  if (fast)
-    main_loop(Bool<false>{});
-  else
-    main_loop(Bool<true>{});
+  // ---- wgmma main loop, one copy per (dequant path, live sub-tile count NS)
+  auto wgmma_loop = [&](auto slow_tag, auto ns_tag) __attribute__((always_inline)) {
+    constexpr bool SLOW = decltype(slow_tag)::value;
+    constexpr int NS = decltype(ns_tag)::value;
+    float* accp = &acc[0][0][0];
+    const uint32_t xbuf_s = smem_u32(xbuf);
+    // A of the 8 k-steps of a chunk, double-buffered (see MXCUDA_WGMMA_PENDING)
+    uint32_t a_even[8][4], a_odd[8][4];
+    auto chunk = [&](int c, uint32_t(&a)[8][4]) __attribute__((always_inline)) {
+      issue_w(c + STAGES - 1);
+      if (c + 1 < p.NC) load_x(c + 1);
+      cp_async_wait<STAGES - 1>();  // this thread's weights of chunk c landed
+      {
+        const int stage = c % STAGES;
+        const int blk = 4 * c + t;
+        uint4 wq[2];
+        uint32_t fac[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          wq[r] = *reinterpret_cast<const uint4*>(wbuf + ((stage * 2 + r) * THREADS + tid) * 16);
+          const uint32_t s = blk < p.KB ? s_scale[soff[0][r] + blk] : 127u;
+          if constexpr (SLOW)
+            fac[r] = e8m0_bf16x2(s);  // 2^(s-127)
+          else
+            fac[r] = ((s + 126u - (uint32_t)D) << 7) * 0x00010001u;  // 2^(s-1-D)
+        }
+        // k-steps 2w (pairs 0, 1) and 2w + 1 (pairs 2, 3) of word w, as mma.sync's A
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint32_t q0 = (w == 0) ? wq[0].x : (w == 1) ? wq[0].y : (w == 2) ? wq[0].z : wq[0].w;
+          const uint32_t q1 = (w == 0) ? wq[1].x : (w == 1) ? wq[1].y : (w == 2) ? wq[1].z : wq[1].w;
+          a[2 * w][0] = dequant_pair<SLOW, 0>(q0, fac[0]);
+          a[2 * w][1] = dequant_pair<SLOW, 0>(q1, fac[1]);
+          a[2 * w][2] = dequant_pair<SLOW, 1>(q0, fac[0]);
+          a[2 * w][3] = dequant_pair<SLOW, 1>(q1, fac[1]);
+          a[2 * w + 1][0] = dequant_pair<SLOW, 2>(q0, fac[0]);
+          a[2 * w + 1][1] = dequant_pair<SLOW, 2>(q1, fac[1]);
+          a[2 * w + 1][2] = dequant_pair<SLOW, 3>(q0, fac[0]);
+          a[2 * w + 1][3] = dequant_pair<SLOW, 3>(q1, fac[1]);
+        }
+      }
+      // descriptors before the fence: no other instruction may define a wgmma
+      // input inside the pipeline stage (ptxas would serialize the wgmmas)
+      const uint64_t desc0 = smem_desc(xbuf_s + (uint32_t)((c % C::NXB) * C::XBUF_BYTES));
+      uint64_t desc[8];
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) desc[ks] = desc0 + (uint64_t)((ks * C::XREG_BYTES) >> 4);
+      __syncthreads();  // x chunk c (stored and proxy-fenced a chunk earlier) visible
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks)
+        WgmmaM64<NS>::run(accp, a[ks][0], a[ks][1], a[ks][2], a[ks][3], desc[ks]);
+      wgmma_commit();
+      // with 0 pending: chunk c's wgmmas (this warp's) are done; once every
+      // warp passes the next barrier, x buffer c % NXB is free again
+      wgmma_wait<MXCUDA_WGMMA_PENDING>();
+      if (c + 1 < p.NC) store_x((c + 1) % C::NXB);
+    };
+    for (int c = 0; c < p.NC; c += 2) {
+      chunk(c, a_even);
+      if (c + 1 < p.NC) chunk(c + 1, a_odd);
+    }
+    wgmma_wait<0>();
+  };
+  if constexpr (C::KIND == kKindWgmma) {
+    // the live sub-tile count as a compile-time N (1..NSM)
+    auto by_live_subtiles = [&](auto slow_tag) __attribute__((always_inline)) {
+      switch (nsl) {
+#define MXCUDA_NSL(n)                                        \
+  case n:                                                    \
+    if constexpr (n <= NSM) wgmma_loop(slow_tag, Int<n>{}); \
+    break;
+        MXCUDA_NSL(1) MXCUDA_NSL(2) MXCUDA_NSL(3) MXCUDA_NSL(4)
+        MXCUDA_NSL(5) MXCUDA_NSL(6) MXCUDA_NSL(7) MXCUDA_NSL(8)
+#undef MXCUDA_NSL
+        default:
+          break;
+      }
+    };
+    if (fast)
+      by_live_subtiles(Bool<false>{});
+    else
+      by_live_subtiles(Bool<true>{});
+  } else {
+    if (fast)
+      main_loop(Bool<false>{});
+    else
+      main_loop(Bool<true>{});
+  }
   cp_async_wait<0>();
 
   if (!warp_live) return;
@@ -568,6 +876,29 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
 // ---------------------------------------------------------------- host side
 constexpr int kMaxDevices = 64;
 
+#ifndef PDFLASH_MXFP4_GEMM_SM90A
+#define PDFLASH_MXFP4_GEMM_SM90A 0  // the build system says when there is sm_90a code
+#endif
+
+// Whether a kernel of `kind` runs on device `dev`: every kind needs compute
+// capability 8.0+; the wgmma kind needs this build's sm_90a code
+// (PDFLASH_MXFP4_GEMM_SM90A) and a compute capability 9.0 device, the only
+// one that loads sm_90a code (elsewhere the compute_90 PTX, a trap for it,
+// would run). PDFLASH_MXFP4_OK, PDFLASH_MXFP4_VARIANT_UNAVAILABLE, or
+// PDFLASH_MXFP4_ATTRIBUTE_ERROR + cudaError_t.
+int kind_runs_on(int kind, int dev) {
+  if (kind == kKindWgmma && !PDFLASH_MXFP4_GEMM_SM90A) return PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
+  int major = 0, minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return PDFLASH_MXFP4_ATTRIBUTE_ERROR + (int)e;
+  }
+  const bool runs = kind == kKindWgmma ? major == 9 && minor == 0 : major >= 8;
+  return runs ? PDFLASH_MXFP4_OK : PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
+}
+
 template <class C>
 int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   const int smem = smem_bytes<C>(p.KB);
@@ -578,6 +909,12 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return PDFLASH_MXFP4_ATTRIBUTE_ERROR + (int)e;
+  // (the mma.sync kinds need no check: below sm_80 there is no image for
+  // them and the launch itself reports that)
+  if constexpr (C::KIND == kKindWgmma) {
+    const int rc = kind_runs_on(C::KIND, dev);
+    if (rc != PDFLASH_MXFP4_OK) return rc;
+  }
   std::atomic<int>* done = dev >= 0 && dev < kMaxDevices ? &configured[dev] : nullptr;
   if (done == nullptr || done->load(std::memory_order_acquire) < smem) {
     e = cudaFuncSetAttribute(mxfp4_moe_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -600,34 +937,37 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 }
 
 // (variant, WARPS, MT, STAGES, MINB, largest NSM it is built for, L2 prefetch
-// hint bytes); NSM (2 / 4 /
-// 8 sub-tiles of 8 tokens) is picked from block_m at launch. MT = 2 with 8
-// sub-tiles (64 fp32 accumulators; 8 warps: 4 sub-tiles) spills: not built.
-#define MXCUDA_VARIANTS(X) \
-  X(0, 4, 1, 4, 3, 8, 0)   \
-  X(1, 4, 2, 4, 3, 4, 0)   \
-  X(2, 8, 1, 4, 2, 8, 0)   \
-  X(3, 8, 2, 3, 2, 2, 0)   \
-  X(4, 16, 1, 4, 1, 8, 0)  \
-  X(5, 8, 1, 8, 2, 8, 0)   \
-  X(6, 4, 1, 8, 3, 8, 0)   \
-  X(7, 4, 2, 8, 2, 4, 0)   \
-  X(8, 8, 1, 4, 2, 8, 256) \
-  X(9, 4, 1, 8, 3, 8, 256)
+// hint bytes, kind); NSM (2 / 4 / 8 sub-tiles of 8 tokens) is picked from
+// block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8 warps:
+// 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
+// warpgroups; runs where kind_runs_on says).
+#define MXCUDA_VARIANTS(X)      \
+  X(0, 4, 1, 4, 3, 8, 0, 0)     \
+  X(1, 4, 2, 4, 3, 4, 0, 0)     \
+  X(2, 8, 1, 4, 2, 8, 0, 0)     \
+  X(3, 8, 2, 3, 2, 2, 0, 0)     \
+  X(4, 16, 1, 4, 1, 8, 0, 0)    \
+  X(5, 8, 1, 8, 2, 8, 0, 0)     \
+  X(6, 4, 1, 8, 3, 8, 0, 0)     \
+  X(7, 4, 2, 8, 2, 4, 0, 0)     \
+  X(8, 8, 1, 4, 2, 8, 256, 0)   \
+  X(9, 4, 1, 8, 3, 8, 256, 0)   \
+  X(10, 8, 1, 4, 2, 8, 256, 1)
 
-constexpr int kNumVariants = 10;
+constexpr int kNumVariants = 11;
 
-template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF>
+template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {
-  if (p.block_m <= 16) return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF>>(p, num_tiles, stream);
+  if (p.block_m <= 16)
+    return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
   if (p.block_m <= 32) {
     if constexpr (NSMAX >= 4)
-      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF>>(p, num_tiles, stream);
+      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
     return PDFLASH_MXFP4_BLOCK_M_VARIANT;
   }
   if (p.block_m <= 64) {
     if constexpr (NSMAX >= 8)
-      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF>>(p, num_tiles, stream);
+      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
     return PDFLASH_MXFP4_BLOCK_M_VARIANT;
   }
   return PDFLASH_MXFP4_BLOCK_M_TOO_LARGE;
@@ -640,6 +980,8 @@ extern "C" {
 int mxfp4_moe_built(void) { return 1; }
 
 int mxfp4_moe_num_variants(void) { return mxcuda::kNumVariants; }
+
+int mxfp4_moe_wgmma_built(void) { return PDFLASH_MXFP4_GEMM_SM90A ? 1 : 0; }
 
 const char* mxfp4_moe_error_string(int code) {
   if (code >= PDFLASH_MXFP4_LAUNCH_ERROR)
@@ -659,6 +1001,9 @@ const char* mxfp4_moe_error_string(int code) {
       return "block_m larger than the variant's max_block_m";
     case PDFLASH_MXFP4_NOT_BUILT:
       return "pdflash was built without the CUDA MXFP4 GEMM";
+    case PDFLASH_MXFP4_VARIANT_UNAVAILABLE:
+      return "the variant's code does not run on this device (wgmma: sm_90a code, built for "
+             "CUDA architecture 90, on a compute capability 9.0 device)";
     default:
       return "unknown error code";
   }
@@ -666,21 +1011,30 @@ const char* mxfp4_moe_error_string(int code) {
 
 // the variant's parameters; 0, or 1 for an unknown variant
 int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
-                           int* l2_prefetch) {
+                           int* l2_prefetch, int* kind) {
   switch (variant) {
-#define MXCUDA_INFO(V, W, M, S, B, NS, PF) \
-  case V:                                  \
-    *warps = W;                            \
-    *mt = M;                               \
-    *stages = S;                           \
-    *max_block_m = 8 * NS;                 \
-    *l2_prefetch = PF;                     \
+#define MXCUDA_INFO(V, W, M, S, B, NS, PF, KD) \
+  case V:                                      \
+    *warps = W;                                \
+    *mt = M;                                   \
+    *stages = S;                               \
+    *max_block_m = 8 * NS;                     \
+    *l2_prefetch = PF;                         \
+    *kind = KD;                                \
     return PDFLASH_MXFP4_OK;
     MXCUDA_VARIANTS(MXCUDA_INFO)
 #undef MXCUDA_INFO
     default:
       return PDFLASH_MXFP4_BAD_VARIANT;
   }
+}
+
+int mxfp4_moe_variant_available(int variant, int device) {
+  int warps, mt, stages, max_block_m, l2_prefetch, kind;
+  const int rc =
+      mxfp4_moe_variant_info(variant, &warps, &mt, &stages, &max_block_m, &l2_prefetch, &kind);
+  if (rc != PDFLASH_MXFP4_OK) return rc;
+  return mxcuda::kind_runs_on(kind, device);
 }
 
 // Returns PDFLASH_MXFP4_OK (0) or an error code (mxfp4_moe_gemm.h).
@@ -743,9 +1097,9 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   p.scale_contig = rows_contig && stride_sn == p.KB ? 1 : 0;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
   switch (variant) {
-#define MXCUDA_CASE(V, W, M, S, B, NS, PF) \
-  case V:                                  \
-    return launch_nsm<W, M, S, B, NS, PF>(p, num_tiles, s);
+#define MXCUDA_CASE(V, W, M, S, B, NS, PF, KD) \
+  case V:                                      \
+    return launch_nsm<W, M, S, B, NS, PF, KD>(p, num_tiles, s);
     MXCUDA_VARIANTS(MXCUDA_CASE)
 #undef MXCUDA_CASE
     default:

@@ -30,9 +30,12 @@ MXFP4 tiles with bf16 activations are multiplied as
 
 * ``cuda``: the hand-written CUDA kernel
   (:func:`pdflash.models.mxfp4_cuda_gemm.grouped_mxfp4_gemm`,
-  ``cuda/src/mxfp4_moe_gemm.cu``; the tile map stays Triton's). The default
-  on a CUDA device where ``pdflash_native._mxfp4gemm`` was built with the
-  kernel and its first-use probe agrees with dequantize-then-matmul.
+  ``cuda/src/mxfp4_moe_gemm.cu``; the tile map stays Triton's; its variant
+  per block_m: :func:`~pdflash.models.mxfp4_cuda_gemm.pick_variant`, the
+  wgmma one at block_m 64 on sm_90a unless ``PDFLASH_MXFP4_CUDA_BM64=mma``).
+  The default on a CUDA device where ``pdflash_native._mxfp4gemm`` was built
+  with the kernel and its first-use probe (of the variants it will use)
+  agrees with dequantize-then-matmul.
 * ``scaled``: ``tl.dot_scaled`` (the default on CUDA where ``cuda`` cannot
   run, the reason recorded; the register variant slows down sharply at a
   few hundred rows).
@@ -126,7 +129,12 @@ def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registe
     The CPU counts only under ``TRITON_INTERPRET=1`` set before triton is
     imported (dry runs; ``registers`` only). ``cuda``: the CUDA kernel
     (:mod:`pdflash.models.mxfp4_cuda_gemm`) must be built and run on the
-    device (sm_80+), and its probe covers both of its block_m variants."""
+    device (sm_80+), and its probe covers the variants
+    :func:`~pdflash.models.mxfp4_cuda_gemm.pick_variant` picks there at
+    block_m 16 and 64 (the cache is per variant pair, so a changed
+    ``PDFLASH_MXFP4_CUDA_BM64`` is probed again; a forced ``wgmma`` that
+    cannot run raises :class:`~pdflash.models.mxfp4_cuda_gemm.WgmmaUnavailableError`,
+    an invalid value ValueError)."""
     if mxfp4_dot not in MXFP4_DOTS:
         raise ValueError(f"mxfp4_dot must be one of {MXFP4_DOTS}, got {mxfp4_dot!r}")
     device = torch.device(device)
@@ -142,6 +150,10 @@ def fused_gemm_unavailable(device: torch.device | str, mxfp4_dot: str = "registe
     elif device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     key = f"{device}/{mxfp4_dot}"
+    if mxfp4_dot == "cuda" and device.type == "cuda":
+        from pdflash.models.mxfp4_cuda_gemm import pick_variant
+
+        key += f"/variants {pick_variant(16, device)},{pick_variant(64, device)}"
     if key not in _PROBES:
         _PROBES[key] = _probe(device, mxfp4_dot)
     return _PROBES[key]
@@ -175,9 +187,10 @@ def probe_error(
     disagreement beyond 1e-4 of the largest output, or None. ``scaled``
     (``tl.dot_scaled`` takes bf16 activations) and ``cuda`` (the CUDA
     kernel, :func:`~pdflash.models.mxfp4_cuda_gemm.grouped_mxfp4_gemm`, at
-    block_m 16 and 64: both variants :func:`~pdflash.models.mxfp4_cuda_gemm.pick_variant`
-    picks): the MXFP4 case with bf16 activations (exact in fp32), within one
-    bf16 rounding (2^-8)."""
+    block_m 16 and 64, each with the variant
+    :func:`~pdflash.models.mxfp4_cuda_gemm.pick_variant` picks on ``device``:
+    at 64 the wgmma one where it runs): the MXFP4 case with bf16 activations
+    (exact in fp32), within one bf16 rounding (2^-8)."""
     from pdflash.models.layout import dequantize_mxfp4_torch, quantize_fp8
 
     g = torch.Generator().manual_seed(0)
@@ -207,10 +220,14 @@ def probe_error(
         tiles = (slot, start, end)
         for w, dense_w in cases:
             w = kernels.SlabWeight(w.fmt, w.data.to(device), w.scale.to(device))
+            variant = None
             if mxfp4_dot == "cuda":
-                from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
+                from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm, pick_variant
 
-                got = grouped_mxfp4_gemm(x.to(device), x_rows.to(device), tiles, block_m, w)
+                variant = pick_variant(block_m, device)
+                got = grouped_mxfp4_gemm(
+                    x.to(device), x_rows.to(device), tiles, block_m, w, variant=variant
+                )
             else:
                 got = kernels.grouped_qgemm(
                     x.to(device), x_rows.to(device), tiles, block_m, w, mxfp4_dot=mxfp4_dot
@@ -218,7 +235,8 @@ def probe_error(
             want = torch.einsum("rk,rnk->rn", x[x_rows[:5]].float(), dense_w[key[:5]])
             err = float((got[:5].cpu().float() - want).abs().max())
             if not err <= rel * max(1.0, float(want.abs().max())):
-                return f"{w.fmt} (block_m {block_m}): max abs error {err:.3g}"
+                which = f", variant {variant}" if variant is not None else ""
+                return f"{w.fmt} (block_m {block_m}{which}): max abs error {err:.3g}"
     return None
 
 

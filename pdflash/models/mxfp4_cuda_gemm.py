@@ -8,13 +8,17 @@ rows no live tile covers left unset, same ``act`` / ``gate_up``
 conventions), on ``torch.cuda.current_stream()`` with no host sync, so it
 records into CUDA graphs. fp32 accumulation, bf16 output.
 
-Variant policy (:func:`pick_variant`), from the H100 probe of session 55
-(``bench/results/h100/session55-2026-12-07/mxfp4_cuda/``, gpt-oss-20b's
-expert MLP): ``block_m <= 32``: variant 8 (8 warps, one m16 weight tile per
-warp, 4 cp.async stages, 256-byte L2 prefetch hint; 183.7 / 220.9 µs at
-16 / 64 tokens vs Triton's ``scaled`` 249.8 / 277.4); ``block_m`` 33..64:
-variant 4 (16 warps, one m-tile, 4 stages; 432.7 µs at 256 tokens, tied
-with Triton's 434.8 and with variant 8).
+Variant policy (:func:`pick_variant`; measurements:
+``bench/h200/mxfp4_cuda/README.md``): ``block_m <= 32``: variant 8
+(mma.sync, 8 warps, one m16 weight tile per warp, 4 cp.async stages,
+256-byte L2 prefetch hint). ``block_m`` 33..64: variant 10 (wgmma m64nNk16
+with the dequantized weights as A from registers and the activations as B
+from shared memory; 8 warps = 2 warpgroups, 4 stages, 256-byte hint) where
+it runs, i.e. this build has its sm_90a code and the device is compute
+capability 9.0 (:func:`wgmma_unavailable`); else variant 4 (mma.sync, 16
+warps, one m-tile, 4 stages). ``PDFLASH_MXFP4_CUDA_BM64`` overrides the
+``block_m`` 33..64 choice: ``auto`` (default, the rule above), ``mma``
+(variant 4) or ``wgmma`` (variant 10; an error where it cannot run).
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
@@ -23,6 +27,7 @@ bytes, the dequant bits, the fragment layouts, the scale-range paths) is
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -39,27 +44,45 @@ ACT_GPTOSS = 1
 ACT_SILU = 2
 #: the largest BLOCK_M the kernel takes
 MAX_BLOCK_M = 64
-#: :func:`pick_variant`'s choices: variant 8 up to block_m 32, variant 4 above
+#: :func:`pick_variant`'s choices: variant 8 up to block_m 32; above, the
+#: wgmma variant 10 where it runs, else the mma.sync variant 4
 SMALL_BLOCK_VARIANT = 8
 LARGE_BLOCK_VARIANT = 4
+WGMMA_BLOCK_VARIANT = 10
+#: the environment variable that overrides the block_m 33..64 choice, and its values
+BM64_ENV = "PDFLASH_MXFP4_CUDA_BM64"
+BM64_SETTINGS = ("auto", "mma", "wgmma")
+#: variant kinds (:attr:`Variant.kind`; the native module's KIND_*)
+KIND_MMA_SYNC = 0
+KIND_WGMMA = 1
+
+
+class WgmmaUnavailableError(RuntimeError):
+    """The wgmma variant was asked for where it cannot run."""
 
 
 class Mxfp4GemmNative(Protocol):
     """The native seam (:mod:`pdflash_native._mxfp4gemm`)."""
 
     BUILT: bool
+    WGMMA_BUILT: bool
     OK: int
     BAD_VARIANT: int
     BAD_ARGS: int
     BLOCK_M_TOO_LARGE: int
     BLOCK_M_VARIANT: int
     NOT_BUILT: int
+    VARIANT_UNAVAILABLE: int
     ATTRIBUTE_ERROR: int
     LAUNCH_ERROR: int
+    KIND_MMA_SYNC: int
+    KIND_WGMMA: int
 
     def num_variants(self) -> int: ...
 
-    def variant_info(self, variant: int) -> tuple[int, int, int, int, int]: ...
+    def variant_info(self, variant: int) -> tuple[int, int, int, int, int, int]: ...
+
+    def variant_available(self, variant: int, device: int) -> int: ...
 
     def error_string(self, code: int) -> str: ...
 
@@ -115,11 +138,13 @@ class Variant:
     stages: int  # cp.async ring depth (128-k chunks)
     max_block_m: int
     l2_prefetch: int  # cp.async L2 prefetch hint, bytes (0: none)
+    kind: int  # KIND_MMA_SYNC or KIND_WGMMA
 
     @property
     def name(self) -> str:
         pf = f"pf{self.l2_prefetch}" if self.l2_prefetch else ""
-        return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}"
+        wg = "wg" if self.kind == KIND_WGMMA else ""
+        return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}{wg}"
 
 
 def variants() -> list[Variant]:
@@ -128,11 +153,77 @@ def variants() -> list[Variant]:
     return [Variant(v, *mod.variant_info(v)) for v in range(mod.num_variants())]
 
 
-def pick_variant(block_m: int) -> int:
-    """The variant for ``block_m`` (module docstring): 8 up to 32, 4 above."""
+def bm64_setting() -> str:
+    """``PDFLASH_MXFP4_CUDA_BM64`` (``auto`` when unset or empty); ValueError
+    for any other value than ``auto``, ``mma`` or ``wgmma``."""
+    setting = os.environ.get(BM64_ENV, "") or "auto"
+    if setting not in BM64_SETTINGS:
+        raise ValueError(f"{BM64_ENV} must be one of {BM64_SETTINGS}, got {setting!r}")
+    return setting
+
+
+def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
+    """The variant for ``block_m`` on ``device`` (None: the current CUDA
+    device; module docstring): 8 up to 32; above, as ``PDFLASH_MXFP4_CUDA_BM64``
+    says: ``auto`` the wgmma variant 10 where it runs on ``device``
+    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10, raising
+    :class:`WgmmaUnavailableError` where it cannot run."""
     if not 1 <= block_m <= MAX_BLOCK_M:
         raise ValueError(f"the CUDA MXFP4 GEMM takes block_m 1..{MAX_BLOCK_M}, got {block_m}")
-    return SMALL_BLOCK_VARIANT if block_m <= 32 else LARGE_BLOCK_VARIANT
+    setting = bm64_setting()  # validated at every block_m: a typo never goes unnoticed
+    if block_m <= 32:
+        return SMALL_BLOCK_VARIANT
+    if setting == "mma":
+        return LARGE_BLOCK_VARIANT
+    why = wgmma_unavailable(device)
+    if why is None:
+        return WGMMA_BLOCK_VARIANT
+    if setting == "wgmma":
+        raise WgmmaUnavailableError(f"{BM64_ENV}=wgmma cannot run: {why}")
+    return LARGE_BLOCK_VARIANT
+
+
+#: :func:`wgmma_unavailable`'s answers per CUDA device index
+_WGMMA_WHY: dict[int, str | None] = {}
+
+
+def wgmma_unavailable(device: torch.device | str | None = None) -> str | None:
+    """Why the wgmma variant cannot run on ``device`` (None: the current CUDA
+    device), or None where it can: the build has its sm_90a code (CUDA
+    architecture 90 at build time) and the device is compute capability 9.0
+    (the launcher's own rule, ``variant_available``; cached per device)."""
+    mod = native()
+    if not mod.BUILT:
+        return "pdflash_native._mxfp4gemm was built without the CUDA MXFP4 GEMM"
+    if not mod.WGMMA_BUILT:
+        return (
+            "this build has no sm_90a code for the wgmma variant "
+            "(CMAKE_CUDA_ARCHITECTURES without 90)"
+        )
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type != "cuda":
+        return f"the wgmma variant runs on CUDA devices, not {dev.type}"
+    index = dev.index if dev is not None else None
+    if index is not None and index in _WGMMA_WHY:
+        return _WGMMA_WHY[index]
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if index is None:
+        index = torch.cuda.current_device()
+    if index not in _WGMMA_WHY:
+        rc = mod.variant_available(WGMMA_BLOCK_VARIANT, index)
+        if rc == mod.OK:
+            why = None
+        elif rc == mod.VARIANT_UNAVAILABLE:
+            major, minor = torch.cuda.get_device_capability(index)
+            why = (
+                "the wgmma variant's sm_90a code runs on compute capability 9.0 only, "
+                f"cuda:{index} is sm_{major}{minor}"
+            )
+        else:
+            why = f"querying cuda:{index} failed: {mod.error_string(rc)} (code {rc})"
+        _WGMMA_WHY[index] = why
+    return _WGMMA_WHY[index]
 
 
 def unavailable(device: torch.device | str) -> str | None:
@@ -185,8 +276,9 @@ def grouped_mxfp4_gemm(
     converted); ``tiles`` int32 and contiguous; blocks 16-byte aligned with
     row strides that are multiples of 16 bytes; scales with k stride 1;
     bias bf16. Output bf16 (``out_dtype`` None or bf16). ``variant``: None
-    picks by ``block_m`` (:func:`pick_variant`). A ValueError names what the
-    kernel cannot take; a RuntimeError reports a CUDA failure."""
+    picks by ``block_m`` and the device (:func:`pick_variant`). A ValueError
+    names what the kernel cannot take; a RuntimeError reports a CUDA failure
+    (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
     if w.fmt != "mxfp4":
         raise ValueError(f"the CUDA MXFP4 GEMM takes MXFP4 slab weights, got {w.fmt!r}")
@@ -244,17 +336,22 @@ def grouped_mxfp4_gemm(
     if stride_sk != 1:
         raise ValueError(f"MXFP4 scales need k stride 1, got strides {scales.stride()}")
     mod = native()
-    if variant is None:
-        variant = pick_variant(block_m)
-    elif not 0 <= variant < mod.num_variants():
-        raise ValueError(f"unknown CUDA MXFP4 GEMM variant {variant} (of {mod.num_variants()})")
-    elif block_m > mod.variant_info(variant)[3]:
-        raise ValueError(
-            f"CUDA MXFP4 GEMM variant {variant} takes block_m <= {mod.variant_info(variant)[3]}, "
-            f"got {block_m}"
-        )
+    if variant is not None:
+        if not 0 <= variant < mod.num_variants():
+            raise ValueError(f"unknown CUDA MXFP4 GEMM variant {variant} (of {mod.num_variants()})")
+        if block_m > mod.variant_info(variant)[3]:
+            raise ValueError(
+                f"CUDA MXFP4 GEMM variant {variant} takes block_m <= "
+                f"{mod.variant_info(variant)[3]}, got {block_m}"
+            )
     if x.device.type != "cuda":
         raise ValueError(f"the CUDA MXFP4 GEMM runs on CUDA tensors, x is on {x.device}")
+    if variant is None:
+        variant = pick_variant(block_m, x.device)
+    elif mod.variant_info(variant)[5] == KIND_WGMMA:
+        why = wgmma_unavailable(x.device)
+        if why is not None:
+            raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
     out = torch.empty((n_rows, n_out), dtype=torch.bfloat16, device=x.device)
     if n_rows == 0 or slot.numel() == 0 or n_out == 0:
         return out
@@ -308,4 +405,6 @@ def _error(mod: Mxfp4GemmNative, rc: int, variant: int, block_m: int) -> Excepti
         )
     if rc == mod.NOT_BUILT:
         return RuntimeError(f"{what}: {mod.error_string(rc)}")
+    if rc == mod.VARIANT_UNAVAILABLE:
+        return WgmmaUnavailableError(f"{what}: {mod.error_string(rc)}")
     return ValueError(f"{what}: {mod.error_string(rc)}")

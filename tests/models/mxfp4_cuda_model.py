@@ -24,6 +24,17 @@ a quarter warp (B reads, x writes, scale bytes) hit distinct banks.
 Epilogues: ``act`` 0 (none), 1 (gpt-oss clamped SwiGLU), 2 (silu(gate) *
 up), as the kernel's ``Params.act``.
 
+The wgmma kind (cfg (WARPS, MT, NSM, KIND_WGMMA)): the same lanes, dequant
+and epilogue; x staged per k-step ``ks = 2w + h`` as core matrices (8 tokens
+x 16 bytes) at ``ks * (XTOK * 32 + 16) + (tok >> 3) * SBO + half * LBO +
+(tok & 7) * 16`` (``store_x``'s wgmma branch, literally), B read through the
+matrix descriptor the kernel builds (``smem_desc``, decoded with PTX's K-major
+no-swizzle rule: core matrix (k // 8, n // 8) at start + (k // 8) * LBO +
+(n // 8) * SBO), and per warp each 8-token piece of the m64nNk16 product is
+an m16n8k16 with mma.sync's A / D fragments (the accumulators ``d[4 ns +
+e]`` = the kernel's ``acc[0][ns][e]``). The layout pieces are module
+functions, so tests can mutate each one and see the comparison fail.
+
     python tests/models/mxfp4_cuda_model.py
 """
 
@@ -176,11 +187,153 @@ def mma(d: np.ndarray, a_regs: list, b_regs: list) -> None:
             d[lane][i] += D[row, col]
 
 
+# ------------------------------------------------------------ wgmma kind
+#: Cfg::KIND values
+KIND_MMA_SYNC, KIND_WGMMA = 0, 1
+#: the kernel's kWgmmaLboBytes / kWgmmaSboBytes: the B core matrices (8 tokens
+#: x 16 bytes) of k half kh are kh * LBO apart, of token group n / 8 n // 8 * SBO
+WGMMA_LBO, WGMMA_SBO = 128, 256
+
+
+def wgmma_region_bytes(xtok: int) -> int:
+    """Cfg::XREG_BYTES: one k-step's x region (XTOK * 32) + 16 bytes of bank spread."""
+    return xtok * 32 + 16
+
+
+def smem_desc(addr: int) -> int:
+    """The kernel's smem_desc: start address >> 4 in bits 0..13, LBO >> 4 in
+    16..29, SBO >> 4 in 32..45 (no swizzle, base offset 0)."""
+    return ((addr & 0x3FFFF) >> 4) | ((WGMMA_LBO >> 4) << 16) | ((WGMMA_SBO >> 4) << 32)
+
+
+def wgmma_desc(xbuf_addr: int, ks: int, xreg: int) -> int:
+    """The descriptor of k-step ``ks``: the chunk's x buffer descriptor plus
+    the region offset >> 4 (as the kernel adds it to the 64-bit descriptor)."""
+    return smem_desc(xbuf_addr) + ((ks * xreg) >> 4)
+
+
+def wgmma_b_address(desc: int, kk: int, n: int) -> int:
+    """Shared-memory byte address of B element (k = kk, token column n) that
+    wgmma reads through ``desc`` (PTX: K-major, no swizzle; core matrix
+    (kk // 8, n // 8) at start + (kk // 8) * LBO + (n // 8) * SBO, rows of 16
+    bytes per token, 2 bytes per k)."""
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    return start + (kk >> 3) * lbo + (n >> 3) * sbo + (n & 7) * 16 + (kk & 7) * 2
+
+
+def wgmma_x_store_offset(ks: int, half: int, tok: int, xreg: int) -> int:
+    """store_x (wgmma): byte offset in the x buffer of token ``tok``'s 16 bytes
+    of k-step ``ks``, k half ``half``."""
+    return ks * xreg + (tok >> 3) * WGMMA_SBO + half * WGMMA_LBO + (tok & 7) * 16
+
+
+def wgmma_x_store_values(v: list, h: int, half: int) -> list:
+    """store_x (wgmma): the 8 bf16 of (k-step 2w + h, k half ``half``) from
+    ``v[t]`` = x[k0 + 32 t + 8 w .. + 7]: the pairs (x[32 t + 8 w + 2 h +
+    half], x[.. + 4]) for t = 0..3 (prmt 0x5410 / 0x7632 of words h, h + 2)."""
+    vals = []
+    for t in range(4):
+        vals += [v[t][2 * h + half], v[t][2 * h + 4 + half]]
+    return vals
+
+
+def wgmma_acc_index(ns: int, e: int) -> int:
+    """WgmmaM64's d[] index of accumulator e of sub-tile ns (d = &acc[0][0][0]:
+    acc[0][ns][e])."""
+    return 4 * ns + e
+
+
+def stage_x_mma(xbuf, written, bank_log, where, x_bits, s_xrow, nrows, nsl, k0, K,
+                THREADS, XU, XUNITS) -> None:  # fmt: skip
+    """store_x (mma.sync): 16-byte unit u of token tok, permuted x0 x4 x1 x5
+    x2 x6 x3 x7 (prmt), at tok * 256 + (u XOR-swizzled) * 16."""
+    for tid in range(THREADS):
+        phase_units = []
+        for i in range(XU):
+            uid = tid + i * THREADS
+            tok, u = uid >> 4, uid & 15
+            if not (uid < XUNITS and tok < nsl * 8):
+                continue
+            vals = [0] * 8
+            if tok < nrows and k0 + 8 * u < K:
+                vals = [int(v) for v in x_bits[s_xrow[tok], k0 + 8 * u : k0 + 8 * u + 8]]
+            # words w0..w3 = (x0,x1) (x2,x3) (x4,x5) (x6,x7); prmt as in store_x
+            perm = [vals[0], vals[4], vals[1], vals[5], vals[2], vals[6], vals[3], vals[7]]
+            phys = u ^ (((u >> 3) & 1) << 1) ^ (tok & 1)
+            off = tok * 256 + phys * 16
+            assert not written[off // 16]
+            written[off // 16] = True
+            xbuf[off : off + 16] = np.array(perm, dtype=np.uint16).view(np.uint8)
+            phase_units.append((i, off))
+        for i, off in phase_units:
+            bank_log.append(("xw", *where, i, tid, (off // 16) % 8))
+
+
+def stage_x_wgmma(p, xbuf, written, bank_log, where, x_bits, s_xrow, nrows, nsl, k0,
+                  THREADS, XU, XTOK, XREG) -> None:  # fmt: skip
+    """store_x (wgmma): unit id = tid + i * THREADS -> token id >> 2, word w =
+    id & 3; its 4 x 16 bytes (k-steps 2w, 2w + 1, both k halves) into the
+    core-matrix layout (:func:`wgmma_x_store_offset`)."""
+    K = p["K"]
+    for tid in range(THREADS):
+        for i in range(XU):
+            uid = tid + i * THREADS
+            tok, w = uid >> 2, uid & 3
+            if not (uid < XTOK * 4 and tok < nsl * 8):
+                continue
+            v = []  # v[t] = x[k0 + 32 t + 8 w .. + 7] (load_x)
+            for t in range(4):
+                k = k0 + 32 * t + 8 * w
+                ok = tok < nrows and k < K
+                v.append([int(q) for q in x_bits[s_xrow[tok], k : k + 8]] if ok else [0] * 8)
+            for h in range(2):
+                for half in range(2):
+                    off = wgmma_x_store_offset(2 * w + h, half, tok, XREG)
+                    assert off % 16 == 0 and off + 16 <= len(xbuf) and not written[off // 16]
+                    written[off // 16] = True
+                    vals = wgmma_x_store_values(v, h, half)
+                    xbuf[off : off + 16] = np.array(vals, dtype=np.uint16).view(np.uint8)
+                    bank_log.append(("xw", *where, (i, h, half), tid, (off // 16) % 8))
+
+
+def wgmma_warp(acc_flat, warp, a, w, xbuf, written, xbuf_addr, nsl, XREG) -> None:
+    """One warp's share of the wgmmas of k-steps 2w, 2w + 1 (m64nNk16, N = 8
+    nsl): its 16 rows times B as the descriptor addresses it, accumulated
+    into d[] = the flat accumulators (:func:`wgmma_acc_index`). Per 8 token
+    columns the A / D fragments are mma.m16n8k16's, so each 8-column piece is
+    :func:`mma` with B registers gathered from the descriptor's addresses."""
+    for h in range(2):
+        ks = 2 * w + h
+        desc = wgmma_desc(xbuf_addr, ks, XREG)
+        for ns in range(nsl):
+            b = {}
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                n = 8 * ns + g
+                regs = []
+                for kk in (2 * t, 2 * t + 8):  # b0/b1: k 2t, 2t+1; b2/b3: k 2t+8, 2t+9
+                    off = wgmma_b_address(desc, kk, n) - xbuf_addr
+                    assert off >= 0 and off + 4 <= len(xbuf), "wgmma reads outside the x buffer"
+                    assert written[off // 16], "wgmma reads an unstaged x unit"
+                    regs.append(int(xbuf[off : off + 4].view(np.uint32)[0]))
+                b[lane] = regs
+            idx = [wgmma_acc_index(ns, e) for e in range(4)]
+            d = [np.zeros(4) for _ in range(32)]
+            mma(d, [a[lane, h, 0] for lane in range(32)], [b[lane] for lane in range(32)])
+            for lane in range(32):
+                acc_flat[warp * 32 + lane, idx] += d[lane]
+
+
 def run_model(
-    prob: dict, cfg: tuple[int, int, int], bank_log: list, exact_log: list, path_log: list
+    prob: dict, cfg: tuple[int, ...], bank_log: list, exact_log: list, path_log: list
 ) -> np.ndarray:
-    """The kernel over every CTA; returns out [rows, n_out] (NaN = unset)."""
-    WARPS, MT, NSM = cfg
+    """The kernel over every CTA; returns out [rows, n_out] (NaN = unset).
+    ``cfg``: (WARPS, MT, NSM) or (WARPS, MT, NSM, KIND)."""
+    WARPS, MT, NSM = cfg[:3]
+    KIND = cfg[3] if len(cfg) > 3 else KIND_MMA_SYNC
+    assert KIND == KIND_MMA_SYNC or (MT == 1 and WARPS % 4 == 0)
     THREADS = WARPS * 32
     p = prob
     K, N = p["K"], p["N"]
@@ -188,7 +341,11 @@ def run_model(
     NC = (KB + 3) // 4
     XTOK = NSM * 8
     XUNITS = XTOK * 16
-    XU = -(-XUNITS // THREADS)
+    XU = -(-XUNITS // THREADS) if KIND == KIND_MMA_SYNC else -(-(XTOK * 4) // THREADS)
+    XREG = wgmma_region_bytes(XTOK)
+    XBUF_BYTES = XTOK * 256 if KIND == KIND_MMA_SYNC else 8 * XREG
+    NXB = 2 if KIND == KIND_MMA_SYNC else 3
+    WBUF_BYTES = 4 * MT * 2 * THREADS * 16  # (any ring depth: only the x buffer's base matters)
     blocks, scales, x, x_rows, bias = p["blocks"], p["scales"], p["x"], p["x_rows"], p["bias"]
     out = np.full((len(x_rows), p["n_out"]), np.nan)
     cols_per_cta = WARPS * MT * (8 if p["act"] else 16)
@@ -234,47 +391,23 @@ def run_model(
             path_log.append(("fast" if fast else "slow", D))
             # ---- per-thread state
             acc = np.zeros((THREADS, MT, NSM, 4))
-            # permuted x tile of one chunk: bytes [XTOK * 256]
+            acc_flat = acc.reshape(THREADS, MT * NSM * 4)  # the kernel's &acc[0][0][0]
             for c in range(NC):
-                xbuf = np.full(XTOK * 256, 0xFF, dtype=np.uint8)  # unwritten = NaN bf16
-                written = np.zeros(XTOK * 16, dtype=bool)
+                xbuf = np.full(XBUF_BYTES, 0xFF, dtype=np.uint8)  # unwritten = NaN bf16
+                written = np.zeros(XBUF_BYTES // 16, dtype=bool)
                 k0 = 128 * c
-                for tid in range(THREADS):
-                    phase_units = []
-                    for i in range(XU):
-                        uid = tid + i * THREADS
-                        tok, u = uid >> 4, uid & 15
-                        if not (uid < XUNITS and tok < nsl * 8):
-                            continue
-                        vals = [0] * 8
-                        if tok < nrows and k0 + 8 * u < K:
-                            vals = [
-                                int(v) for v in x_bits[s_xrow[tok], k0 + 8 * u : k0 + 8 * u + 8]
-                            ]
-                        # words w0..w3 = (x0,x1) (x2,x3) (x4,x5) (x6,x7); prmt as in store_x
-                        perm = [
-                            vals[0],
-                            vals[4],
-                            vals[1],
-                            vals[5],
-                            vals[2],
-                            vals[6],
-                            vals[3],
-                            vals[7],
-                        ]
-                        phys = u ^ (((u >> 3) & 1) << 1) ^ (tok & 1)
-                        off = tok * 256 + phys * 16
-                        assert not written[off // 16]
-                        written[off // 16] = True
-                        xbuf[off : off + 16] = np.array(perm, dtype=np.uint16).view(np.uint8)
-                        phase_units.append((i, off))
-                    for i, off in phase_units:
-                        bank_log.append(("xw", tile, by, c, i, tid, (off // 16) % 8))
+                if KIND == KIND_WGMMA:
+                    stage_x_wgmma(p, xbuf, written, bank_log, (tile, by, c), x_bits, s_xrow,
+                                  nrows, nsl, k0, THREADS, XU, XTOK, XREG)  # fmt: skip
+                else:
+                    stage_x_mma(xbuf, written, bank_log, (tile, by, c), x_bits, s_xrow,
+                                nrows, nsl, k0, K, THREADS, XU, XUNITS)  # fmt: skip
+                xbuf_addr = WBUF_BYTES + (c % NXB) * XBUF_BYTES  # (shared-memory address)
                 for warp in range(WARPS):
                     mtile0 = by * WARPS * MT + warp * MT
                     warp_live = any(weight_row(p, mtile0 + mt, 0, 0) >= 0 for mt in range(MT))
-                    if not warp_live:
-                        continue
+                    if not warp_live and KIND == KIND_MMA_SYNC:
+                        continue  # (wgmma: the whole warpgroup runs; dead rows are zeros)
                     # per lane: weight words (cp.async slot) and factors
                     wq = {}
                     fac = {}
@@ -301,6 +434,8 @@ def run_model(
                                 else:
                                     fac[lane, mt, r] = e8m0_bf16x2(s)
                     for w in range(4):
+                        # A of k-steps 2w (h = 0) and 2w + 1 (h = 1): regs (row g, row g+8,
+                        # row g, row g+8) = pairs (2h, 2h, 2h+1, 2h+1) (both kinds)
                         a = {}
                         for lane in range(32):
                             for mt in range(MT):
@@ -313,6 +448,9 @@ def run_model(
                                         dequant_pair(q0, 2 * h + 1, f0, not fast, exact_log),
                                         dequant_pair(q1, 2 * h + 1, f1, not fast, exact_log),
                                     ]
+                        if KIND == KIND_WGMMA:
+                            wgmma_warp(acc_flat, warp, a, w, xbuf, written, xbuf_addr, nsl, XREG)
+                            continue
                         for ns in range(NSM):
                             if ns >= nsl:
                                 continue
@@ -560,8 +698,10 @@ def check_banks(log: list) -> list[str]:
     return bad
 
 
-#: (name, make_problem kwargs, kernel cfg (WARPS, MT, NSM)); make_problem's
-#: act: 0 none, 1 gpt-oss interleaved, 2 gpt-oss stacked, 3 silu stacked
+#: (name, make_problem kwargs, kernel cfg (WARPS, MT, NSM[, KIND])); make_problem's
+#: act: 0 none, 1 gpt-oss interleaved, 2 gpt-oss stacked, 3 silu stacked. The
+#: wgmma cases (names "wg ...") use the library's wgmma variant's shape (8 warps
+#: = 2 warpgroups, MT 1) at its three NSM builds.
 CASES = [
         # (name, problem kwargs, kernel cfg (WARPS, MT, NSM))
         ("act=0 K=320 bm16 realistic", dict(S=4, N=40, K=320, tokens=5, top_k=2, block_m=16, act=0, scale_range=(118, 130)), (2, 1, 2)),
@@ -575,10 +715,17 @@ CASES = [
         ("act=1 K=224 extreme (slow)", dict(S=3, N=34, K=224, tokens=7, top_k=2, block_m=16, act=1, scale_range=(120, 126), extreme=True), (2, 1, 2)),
     ("act=0 K=224 extreme (slow)", dict(S=3, N=34, K=224, tokens=7, top_k=2, block_m=16, act=0, scale_range=(120, 126), extreme=True), (2, 1, 2)),
     ("silu stacked K=192 bm32", dict(S=3, N=40, K=192, tokens=9, top_k=2, block_m=32, act=3, scale_range=(118, 130)), (2, 1, 4)),
+    ("wg act=0 K=320 bm16", dict(S=3, N=72, K=320, tokens=5, top_k=2, block_m=16, act=0, scale_range=(118, 130)), (8, 1, 2, 1)),
+    ("wg act=1 K=192 bm32 13+ rows", dict(S=2, N=72, K=192, tokens=14, top_k=2, block_m=32, act=1, scale_range=(118, 130)), (8, 1, 4, 1)),
+    ("wg act=0 K=160 bm64 >32 rows", dict(S=2, N=40, K=160, tokens=40, top_k=2, block_m=64, act=0, scale_range=(100, 128)), (8, 1, 8, 1)),
+    ("wg act=1 K=224 bm64 extreme (slow)", dict(S=2, N=80, K=224, tokens=30, top_k=2, block_m=64, act=1, scale_range=(120, 126), extreme=True), (8, 1, 8, 1)),
+    ("wg act=0 bm64 scales 180..240 fast D>0", dict(S=2, N=24, K=96, tokens=21, top_k=2, block_m=64, act=0, scale_range=(180, 240)), (8, 1, 8, 1)),
+    ("wg act=1 stacked bm16 (fallback stage)", dict(S=3, N=48, K=256, tokens=9, top_k=2, block_m=16, act=2, scale_range=(118, 130)), (8, 1, 2, 1)),
+    ("wg silu stacked K=128 bm64", dict(S=2, N=40, K=128, tokens=18, top_k=2, block_m=64, act=3, scale_range=(118, 130)), (8, 1, 8, 1)),
 ]  # fmt: skip
 
 
-def run_case(rng, kw: dict, cfg: tuple[int, int, int]) -> dict:
+def run_case(rng, kw: dict, cfg: tuple[int, ...]) -> dict:
     """One case through the model and the reference: the error, whether the
     non-finite entries match, rows left unset, inexact fast-path products,
     shared-memory bank conflicts, and the CTAs' scale paths."""

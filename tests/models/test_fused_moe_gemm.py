@@ -483,6 +483,40 @@ def test_cuda_dot_probe_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     assert why is not None and "built without the CUDA MXFP4 GEMM" in why
 
 
+def test_cuda_dot_probe_follows_the_variant_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA kernel's first-use check is cached per variant pair the
+    policy picks (block_m 16, 64): switching ``PDFLASH_MXFP4_CUDA_BM64``
+    probes again; an invalid value or a forced wgmma that cannot run is an
+    error, not a silent fallback to another dot."""
+    from pdflash.models import mxfp4_cuda_gemm
+
+    probed: list[tuple[str, str]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(compressed_gemm, "_probe", lambda d, dot: probed.append((str(d), dot)))
+    monkeypatch.setattr(mxfp4_cuda_gemm, "wgmma_unavailable", lambda device=None: None)
+    monkeypatch.delenv(mxfp4_cuda_gemm.BM64_ENV, raising=False)
+    compressed_gemm._PROBES.clear()
+    try:
+        assert compressed_gemm.fused_gemm_unavailable("cuda:0", "cuda") is None
+        assert compressed_gemm.fused_gemm_unavailable("cuda:0", "cuda") is None  # cached
+        assert probed == [("cuda:0", "cuda")]
+        assert "cuda:0/cuda/variants 8,10" in compressed_gemm._PROBES
+        monkeypatch.setenv(mxfp4_cuda_gemm.BM64_ENV, "mma")
+        assert compressed_gemm.fused_gemm_unavailable("cuda:0", "cuda") is None
+        assert len(probed) == 2 and "cuda:0/cuda/variants 8,4" in compressed_gemm._PROBES
+        monkeypatch.setenv(mxfp4_cuda_gemm.BM64_ENV, "fast")
+        with pytest.raises(ValueError, match="PDFLASH_MXFP4_CUDA_BM64 must be one of"):
+            compressed_gemm.fused_gemm_unavailable("cuda:0", "cuda")
+        monkeypatch.setenv(mxfp4_cuda_gemm.BM64_ENV, "wgmma")
+        monkeypatch.setattr(mxfp4_cuda_gemm, "wgmma_unavailable", lambda device=None: "sm_89")
+        with pytest.raises(mxfp4_cuda_gemm.WgmmaUnavailableError, match="=wgmma cannot run"):
+            compressed_gemm.fused_gemm_unavailable("cuda:0", "cuda")
+        # the other dots do not depend on it
+        assert compressed_gemm.fused_gemm_unavailable("cuda:0", "scaled") is None
+    finally:
+        compressed_gemm._PROBES.clear()
+
+
 def test_cpu_adapter_records_dequant_and_why(mxfp4_checkpoint: Path, host_issuer: object) -> None:
     set_compressed_gemm(None)
     ad = load_adapter(

@@ -64,22 +64,46 @@ def _call(args: dict[str, Any], **kw: Any) -> torch.Tensor:
 def test_native_module_imports_and_describes_itself() -> None:
     mod = load_native("_mxfp4gemm")
     assert isinstance(mod.BUILT, bool)
+    assert isinstance(mod.WGMMA_BUILT, bool)
+    assert (mod.KIND_MMA_SYNC, mod.KIND_WGMMA) == (g.KIND_MMA_SYNC, g.KIND_WGMMA)
     if not mod.BUILT:  # a build without CUDA: imports, refuses to launch
-        assert mod.num_variants() == 0
+        assert mod.num_variants() == 0 and mod.WGMMA_BUILT is False
+        assert mod.variant_available(g.WGMMA_BLOCK_VARIANT, 0) == mod.NOT_BUILT
         with pytest.raises(RuntimeError, match="built without the CUDA MXFP4 GEMM"):
             mod.launch(*([0] * 27), 1.0, 0.0, 0)
         assert "built without" in (g.unavailable("cuda") or "")
+        assert "built without" in (g.wgmma_unavailable("cuda") or "")
         return
-    assert mod.num_variants() == 10
-    assert [v.name for v in g.variants()][8] == "v8:8w1mt4stpf256"
+    assert mod.num_variants() == 11
+    names = [v.name for v in g.variants()]
+    assert names[8] == "v8:8w1mt4stpf256" and names[10] == "v10:8w1mt4stpf256wg"
     assert g.variants()[4].max_block_m == 64 and g.variants()[4].warps == 16
+    assert [v.index for v in g.variants() if v.kind == g.KIND_WGMMA] == [g.WGMMA_BLOCK_VARIANT]
+    assert mod.variant_info(g.WGMMA_BLOCK_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA)
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
-        mod.variant_info(10)
+        mod.variant_info(11)
+    assert mod.variant_available(11, 0) == mod.BAD_VARIANT
     assert mod.error_string(mod.OK) == "ok"
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
+    assert "sm_90a" in mod.error_string(mod.VARIANT_UNAVAILABLE)
     # the launcher checks what it needs before touching the device
     assert mod.launch(*([0] * 27), 1.0, 0.0, 0) == mod.BAD_ARGS  # K = 0
     assert mod.launch(11, *([0] * 26), 1.0, 0.0, 0) == mod.BAD_VARIANT
+
+
+def test_wgmma_availability_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Off CUDA (and in a build without its sm_90a code) the wgmma variant is
+    unavailable with a reason, the policy never picks it there, and asking
+    for it by name or by the environment is refused before any launch."""
+    assert "not cpu" in (g.wgmma_unavailable("cpu") or "")
+    fake = SimpleNamespace(BUILT=True, WGMMA_BUILT=False)
+    monkeypatch.setattr(g, "native", lambda: fake)
+    assert "no sm_90a code" in (g.wgmma_unavailable("cuda:0") or "")
+    monkeypatch.setenv(g.BM64_ENV, "wgmma")
+    with pytest.raises(g.WgmmaUnavailableError, match="no sm_90a code"):
+        g.pick_variant(64, "cuda:0")
+    monkeypatch.setenv(g.BM64_ENV, "auto")
+    assert g.pick_variant(64, "cuda:0") == g.LARGE_BLOCK_VARIANT
 
 
 def test_unavailable_off_cuda() -> None:
@@ -96,7 +120,7 @@ def test_unavailable_off_cuda() -> None:
         ({"block_m": 128}, {}, "block_m 1..64"),
         ({"x_rows": torch.tensor([0.0, 1.0])}, {}, "x_rows must be int32 or int64"),
         ({}, {"act": 1, "gate_up": (0, 1, 0)}, "gate_up must be"),
-        ({}, {"variant": 10}, "unknown CUDA MXFP4 GEMM variant"),
+        ({}, {"variant": 11}, "unknown CUDA MXFP4 GEMM variant"),
         ({}, {"variant": 3, "block_m": None}, "takes block_m <= 16"),
         ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),

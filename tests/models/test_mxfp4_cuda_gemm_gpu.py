@@ -2,9 +2,14 @@
 on a GPU against a torch fp32 reference (dequantize, matmul, bias, epilogue)
 and against the Triton ``grouped_qgemm(mxfp4_dot="scaled")``: both
 epilogues (and SiLU), 1..256 tokens, block_m 16/32/64, every variant that
-takes the block_m, a dead tile mid-list, rows outside every tile left
-untouched, extreme scale bytes (subnormal weights, inf / NaN), and CUDA-graph
-capture / replay (a shape first launched inside the capture).
+takes the block_m and runs on the device, a dead tile mid-list, rows outside
+every tile left untouched, extreme scale bytes (subnormal weights, inf /
+NaN), and CUDA-graph capture / replay (a shape first launched inside the
+capture). The wgmma variant (sm_90a; skipped elsewhere) gets the probe's
+whole suite at block_m 64 (``bench/h200/mxfp4_cuda/probe.py``) plus every
+live 8-token sub-tile count 1..8 (each a compiled case of its own), the
+policy that picks it, and, on devices where it cannot run, the launcher's
+refusal.
 
 Error metric (as the probe, ``bench/h200/mxfp4_cuda/probe.py``): per output
 row, max |got - ref| / max |ref| over the row; below 2^-7 (two bf16 ulps at
@@ -124,11 +129,20 @@ def _check(
     w: Any, act: int, tokens: int, experts: int, top_k: int, block_m: int, seed: int,
     variants: list[int | None], triton: bool = True,
 ) -> None:  # fmt: skip
+    key, x_rows = _routing(tokens, experts, top_k, seed)
+    x = torch.randn(tokens, w.k, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    _check_routed(w, act, x, key, x_rows, block_m, variants, triton)
+
+
+def _check_routed(
+    w: Any, act: int, x: torch.Tensor, key: torch.Tensor, x_rows: torch.Tensor, block_m: int,
+    variants: list[int | None], triton: bool = True,
+) -> None:  # fmt: skip
+    """Each variant on the rows sorted by ``key`` (a dead tile inserted mid-list)
+    against the fp32 reference and, unless ``triton`` is False, Triton."""
     from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
 
     k = _k()
-    key, x_rows = _routing(tokens, experts, top_k, seed)
-    x = torch.randn(tokens, w.k, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
     tiles = _dead_tile(k.tile_map(key, int(w.data.shape[0]), block_m, int(w.data.shape[0])))
     want = _reference(x, x_rows, key, w, act)
     kw: dict[str, Any] = {"act": act, "gate_up": _cols(act, w.n), "alpha": ALPHA, "limit": LIMIT}
@@ -145,9 +159,14 @@ def _check(
 
 
 def _variants_for(block_m: int) -> list[int | None]:
-    from pdflash.models.mxfp4_cuda_gemm import variants
+    """None (the policy's pick) and every variant that takes ``block_m`` and
+    runs on this device (the wgmma one only where it does)."""
+    from pdflash.models.mxfp4_cuda_gemm import KIND_WGMMA, variants, wgmma_unavailable
 
-    return [None] + [v.index for v in variants() if v.max_block_m >= block_m]
+    wgmma = wgmma_unavailable("cuda") is None
+    return [None] + [
+        v.index for v in variants() if v.max_block_m >= block_m and (v.kind != KIND_WGMMA or wgmma)
+    ]
 
 
 @pytest.mark.parametrize(
@@ -223,3 +242,189 @@ def test_cuda_graph_capture_and_replay() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, mlp())
+
+
+# ------------------------------------------------------------ the wgmma variant
+def _wgmma() -> int:
+    """The wgmma variant's index; skips where it cannot run (no sm_90a code
+    in this build, or not a compute capability 9.0 device)."""
+    from pdflash.models.mxfp4_cuda_gemm import WGMMA_BLOCK_VARIANT, wgmma_unavailable
+
+    why = wgmma_unavailable("cuda")
+    if why is not None:
+        pytest.skip(why)
+    return WGMMA_BLOCK_VARIANT
+
+
+def _live_tile_rows(key: torch.Tensor, width: int, block_m: int) -> list[int]:
+    slot, start, end = _k().tile_map(key, width, block_m, width)
+    return [
+        min(block_m, e - b)
+        for s_, b, e in zip(slot.tolist(), start.tolist(), end.tolist(), strict=True)
+        if s_ >= 0
+    ]
+
+
+# (act, tokens, experts routed over, top_k, block_m): the probe's token counts at
+# block_m 64 (1 / 5 / 9 / 13 / 16 / 64 / 256 tokens, 1..64 rows a tile, tiles of
+# rows not divisible by 8), both epilogues and SiLU, and the variant's NSM 2 / 4
+# builds (block_m 16 / 32)
+WGMMA_ROUTED = [
+    (1, 1, 8, 4, 64), (0, 1, 8, 4, 64), (1, 5, 8, 4, 64), (0, 9, 4, 2, 64),
+    (0, 13, 2, 1, 64), (1, 13, 2, 1, 64), (1, 16, 8, 4, 64), (0, 16, 8, 4, 64),
+    (1, 64, 8, 4, 64), (0, 64, 8, 4, 64), (0, 256, 8, 4, 64), (1, 256, 8, 4, 64),
+    (2, 64, 8, 4, 64), (1, 16, 8, 4, 16), (0, 13, 2, 1, 32),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("act", "tokens", "experts", "top_k", "block_m"), WGMMA_ROUTED)
+def test_wgmma_matches_reference_and_triton(
+    act: int, tokens: int, experts: int, top_k: int, block_m: int
+) -> None:
+    """gpt-oss-20b's projections (K = 2880: 22 full 128-k chunks and a
+    2-block tail), 8 experts, a dead tile mid-list; the wgmma variant and
+    the policy's pick against the fp32 reference and Triton."""
+    v = _wgmma()
+    seed = tokens * 3 + act + 100
+    key, _ = _routing(tokens, experts, top_k, seed)
+    assert any(r % 8 for r in _live_tile_rows(key, 8, block_m))  # a partial sub-tile
+    n = 2 * 2880 if act else 2880
+    w = _slab(8, n, 2880, "real", seed=seed, bias=act != 2)
+    _check(w, act, tokens, experts, top_k, block_m, seed, [v, None])
+
+
+@pytest.mark.parametrize("act", [0, 1, 2])
+@pytest.mark.parametrize("full", [False, True])
+def test_wgmma_every_live_subtile_count(act: int, full: bool) -> None:
+    """One tile per live sub-tile count 1..8 (each a compiled wgmma N of its
+    own): expert e gets 8e + 1 rows (a partial last sub-tile) or 8e + 8."""
+    v = _wgmma()
+    counts = [8 * e + (8 if full else 1) for e in range(8)]
+    key = torch.repeat_interleave(torch.arange(8), torch.tensor(counts)).to(torch.int32).cuda()
+    g = torch.Generator().manual_seed(31 + act + 3 * full)
+    tokens = 100
+    x_rows = torch.randint(0, tokens, (key.numel(),), generator=g).to(torch.int32).cuda()
+    x = torch.randn(tokens, 2880, generator=g).bfloat16().cuda()
+    assert sorted({(r + 7) // 8 for r in _live_tile_rows(key, 8, 64)}) == list(range(1, 9))
+    n = 2 * 2880 if act else 2880
+    w = _slab(8, n, 2880, "real", seed=40 + act, bias=act != 2)
+    _check_routed(w, act, x, key, x_rows, 64, [v])
+
+
+@pytest.mark.parametrize(
+    ("act", "scales"), [(0, "extreme"), (1, "extreme"), (0, "high"), (1, "wide")]
+)
+def test_wgmma_extreme_scales(act: int, scales: str) -> None:
+    """Scale bytes 0/1/2/3/200/240/253/254/255 (the slow path: subnormal
+    weights, inf / NaN rows), 180..240 (fast, D > 0) and 2..128 (fast, D = 0)
+    at block_m 64."""
+    v = _wgmma()
+    n = 2 * 2880 if act else 2880
+    w = _slab(4, n, 2880, scales, seed=61 + act)
+    # Triton's tl.dot_scaled differs on inf / NaN rows: the fp32 reference only
+    _check(w, act, 16, 4, 2, 64, 65 + act, [v, None], triton=scales != "extreme")
+    _check(w, act, 64, 4, 2, 64, 67 + act, [v], triton=scales != "extreme")
+
+
+def test_wgmma_small_odd_slabs() -> None:
+    """N = 200 (gate/up, 100 outputs: a partly dead warpgroup) and N = 192
+    (no bias), K = 96 (one 128-k chunk of 3 blocks) at block_m 64."""
+    v = _wgmma()
+    w = _slab(4, 200, 96, "real", seed=71)
+    _check(w, 1, 16, 4, 2, 64, 71, [v, None])
+    w0 = _slab(4, 192, 96, "real", seed=72, bias=False)
+    _check(w0, 0, 9, 4, 2, 64, 72, [v, None])
+    _check(w0, 0, 64, 4, 2, 64, 73, [v])
+
+
+def test_wgmma_policy_picks_it_and_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where it runs, block_m 64 takes the wgmma variant (the same bits as
+    asking for it), ``PDFLASH_MXFP4_CUDA_BM64=mma`` the mma.sync variant 4;
+    both agree with the reference."""
+    from pdflash.models import mxfp4_cuda_gemm as g
+
+    v = _wgmma()
+    monkeypatch.delenv(g.BM64_ENV, raising=False)
+    assert g.pick_variant(64) == v and g.pick_variant(64, "cuda") == v
+    assert g.pick_variant(16) == g.SMALL_BLOCK_VARIANT
+    k = _k()
+    w = _slab(8, 2880, 2880, "real", seed=81)
+    key, x_rows = _routing(128, 8, 4, 81)
+    x = torch.randn(128, 2880, generator=torch.Generator().manual_seed(81)).bfloat16().cuda()
+    tiles = k.tile_map(key, 8, 64, 8)
+    auto = g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w)
+    assert torch.equal(auto, g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=v))
+    monkeypatch.setenv(g.BM64_ENV, "mma")
+    assert g.pick_variant(64) == g.LARGE_BLOCK_VARIANT
+    mma = g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w)
+    assert torch.equal(mma, g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=4))
+    want = _reference(x, x_rows, key, w, 0)
+    assert _row_rel(auto, want)[0] <= TOL and _row_rel(mma, want)[0] <= TOL
+    monkeypatch.setenv(g.BM64_ENV, "wgmma")
+    assert g.pick_variant(64) == v
+
+
+def test_wgmma_cuda_graph_capture_and_replay() -> None:
+    """The wgmma variant launched first inside a capture (K = 4096, a shared
+    memory size no other test gives it), replayed with new inputs: equal to
+    eager launches."""
+    from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
+
+    v = _wgmma()
+    k = _k()
+    w = _slab(4, 2 * 1024, 4096, "real", seed=91)
+    down = _slab(4, 4096, 1024, "real", seed=92)
+    key, x_rows = _routing(96, 4, 2, 91)
+    x = torch.randn(96, 4096, device="cuda").bfloat16()
+    tiles = k.tile_map(key, 4, 64, 4)
+    rows = torch.arange(key.numel(), dtype=torch.int32, device="cuda")
+    kw: dict[str, Any] = {"act": 1, "gate_up": (0, 1, 2), "alpha": ALPHA, "limit": LIMIT}
+
+    def mlp() -> torch.Tensor:
+        h = grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=v, **kw)
+        return grouped_mxfp4_gemm(h, rows, tiles, 64, down, variant=v)
+
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        out = mlp()
+    torch.cuda.current_stream().wait_stream(s)
+    for seed in (1, 2):
+        x.copy_(torch.randn(96, 4096, generator=torch.Generator().manual_seed(seed)).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, mlp())
+
+
+def test_wgmma_refused_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without sm_90a code or off compute capability 9.0: the policy keeps
+    block_m 64 on variant 4, asking for the wgmma variant raises, and the
+    launcher itself refuses it (VARIANT_UNAVAILABLE) before launching."""
+    from pdflash.models import mxfp4_cuda_gemm as g
+
+    why = g.wgmma_unavailable("cuda")
+    if why is None:
+        pytest.skip("the wgmma variant runs on this device")
+    monkeypatch.delenv(g.BM64_ENV, raising=False)
+    assert g.pick_variant(64) == g.LARGE_BLOCK_VARIANT
+    mod = g.native()
+    assert mod.variant_available(g.WGMMA_BLOCK_VARIANT, torch.cuda.current_device()) == (
+        mod.VARIANT_UNAVAILABLE
+    )
+    w = _slab(2, 64, 96, "real", seed=5)
+    key = torch.tensor([0, 0, 1], dtype=torch.int32, device="cuda")
+    x_rows = torch.arange(3, dtype=torch.int32, device="cuda")
+    x = torch.randn(3, 96, device="cuda").bfloat16()
+    tiles = _k().tile_map(key, 2, 64, 2)
+    with pytest.raises(g.WgmmaUnavailableError, match="cannot run"):
+        g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=g.WGMMA_BLOCK_VARIANT)
+    out = torch.full((3, 64), 7.0, dtype=torch.bfloat16, device="cuda")
+    rc = g._launch(mod, g.WGMMA_BLOCK_VARIANT, x, x_rows, w, w.bias, out, tiles, 64, 64,
+                   0, 0, 0, 1, 1.0, 0.0, 1)  # fmt: skip
+    assert rc == mod.VARIANT_UNAVAILABLE
+    torch.cuda.synchronize()
+    assert bool((out == 7.0).all())  # nothing was launched
+    monkeypatch.setenv(g.BM64_ENV, "wgmma")
+    with pytest.raises(g.WgmmaUnavailableError, match="PDFLASH_MXFP4_CUDA_BM64=wgmma"):
+        g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w)

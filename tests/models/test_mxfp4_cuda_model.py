@@ -3,8 +3,12 @@ the kernel's per-lane index math, dequant bits, mma fragment layouts, scale
 range paths and epilogues literally (float64 accumulation) against a float64
 dequantize-then-matmul reference, and checks the shared-memory bank pattern
 (the pure-Python reference of ``cuda/src/mxfp4_moe_gemm.cu``; the kernel
-itself is compared with torch in ``test_mxfp4_cuda_gemm_gpu.py``). The
-model's variant table must match the kernel source's."""
+itself is compared with torch in ``test_mxfp4_cuda_gemm_gpu.py``). Both
+kinds: mma.sync, and wgmma (x staged as core matrices, B read through the
+matrix descriptor); each mutation of the wgmma layout (descriptor fields,
+k-step regions, staging order, accumulator order) must make the comparison
+fail. The model's variant table and wgmma layout constants must match the
+kernel source's."""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ import importlib.util
 import re
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,7 +43,7 @@ model = _load()
 
 
 @pytest.mark.parametrize(("name", "kw", "cfg"), model.CASES, ids=[c[0] for c in model.CASES])
-def test_kernel_model_equals_reference(name: str, kw: dict, cfg: tuple[int, int, int]) -> None:
+def test_kernel_model_equals_reference(name: str, kw: dict, cfg: tuple[int, ...]) -> None:
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     r = model.run_case(rng, kw, cfg)
     assert r["err"] < 1e-9, r["err"]
@@ -56,20 +62,146 @@ def test_dequant_bits_and_scale_banks() -> None:
     assert model.scale_banks_gptoss(90) == []
 
 
-def test_variant_table_matches_the_policy() -> None:
-    """The kernel source's variants 8 and 4 are what
-    :func:`pdflash.models.mxfp4_cuda_gemm.pick_variant` documents."""
+_desc = model.wgmma_desc
+_store_offset = model.wgmma_x_store_offset
+_store_values = model.wgmma_x_store_values
+
+#: (what is mutated, model function, its mutated replacement)
+WGMMA_MUTATIONS: list[tuple[str, str, Callable[..., Any]]] = [
+    (
+        "descriptor LBO / SBO fields swapped",
+        "smem_desc",
+        lambda addr: ((addr & 0x3FFFF) >> 4) | ((256 >> 4) << 16) | ((128 >> 4) << 32),
+    ),
+    (
+        "descriptor start without the >> 4",
+        "smem_desc",
+        lambda addr: (addr & 0x3FFF) | ((128 >> 4) << 16) | ((256 >> 4) << 32),
+    ),
+    (
+        "k-step regions without the 16-byte bank spread",
+        "wgmma_desc",
+        lambda base, ks, xreg: _desc(base, ks, xreg - 16),
+    ),
+    ("A k-step paired with the other B k-step", "wgmma_desc", lambda b, ks, x: _desc(b, ks ^ 1, x)),
+    (
+        "k halves swapped in the staging",
+        "wgmma_x_store_offset",
+        lambda ks, half, tok, xreg: _store_offset(ks, 1 - half, tok, xreg),
+    ),
+    (
+        "token groups at the LBO instead of the SBO",
+        "wgmma_x_store_offset",
+        lambda ks, half, tok, xreg: ks * xreg + (tok >> 3) * 128 + half * 256 + (tok & 7) * 16,
+    ),
+    (
+        "tokens reversed inside a core matrix",
+        "wgmma_x_store_offset",
+        lambda ks, half, tok, xreg: _store_offset(ks, half, tok ^ 7, xreg),
+    ),
+    (
+        "pairs (x[i], x[i + 4]) staged as (x[i + 4], x[i])",
+        "wgmma_x_store_values",
+        lambda v, h, half: [
+            y for a, b in zip(*[iter(_store_values(v, h, half))] * 2, strict=True) for y in (b, a)
+        ],
+    ),
+    (
+        "k-steps staged in the other order (h swapped)",
+        "wgmma_x_store_values",
+        lambda v, h, half: _store_values(v, 1 - h, half),
+    ),
+    (
+        "accumulator columns swapped in a fragment",
+        "wgmma_acc_index",
+        lambda ns, e: 4 * ns + (e ^ 1),
+    ),
+    ("accumulator sub-tiles swapped", "wgmma_acc_index", lambda ns, e: 4 * (ns ^ 1) + e),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "attr", "mutated"), WGMMA_MUTATIONS, ids=[m[0] for m in WGMMA_MUTATIONS]
+)
+def test_wgmma_layout_mutations_are_caught(
+    what: str, attr: str, mutated: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wgmma comparison is not vacuous: with one piece of its layout
+    changed the model stops matching the reference (a wrong value, a row left
+    unset, or the model's own check that wgmma reads only staged bytes)."""
+    name = "wg act=0 K=160 bm64 >32 rows"
+    kw, cfg = next((c[1], c[2]) for c in model.CASES if c[0] == name)
+    monkeypatch.setattr(model, attr, mutated)
+    try:
+        r = model.run_case(np.random.default_rng(zlib.crc32(name.encode())), kw, cfg)
+    except AssertionError:
+        return  # the model caught it (an unstaged, overlapping or out-of-range access)
+    assert r["err"] > 1e-3 or r["unset"] or not r["nonfinite_match"], (what, r["err"])
+
+
+def _kernel_source() -> str:
+    return (REPO / "cuda" / "src" / "mxfp4_moe_gemm.cu").read_text()
+
+
+def test_wgmma_layout_constants_match_the_kernel() -> None:
+    """The model's LBO / SBO, region pitch and descriptor bit fields are the
+    kernel source's."""
+    src = _kernel_source()
+    lbo = re.search(r"constexpr uint32_t kWgmmaLboBytes = (\d+);", src)
+    sbo = re.search(r"constexpr uint32_t kWgmmaSboBytes = (\d+);", src)
+    assert lbo and sbo
+    assert (int(lbo.group(1)), int(sbo.group(1))) == (model.WGMMA_LBO, model.WGMMA_SBO)
+    assert "XREG_BYTES = XTOK * 32 + 16;" in src and model.wgmma_region_bytes(8) == 8 * 32 + 16
+    assert (
+        "(uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)(kWgmmaLboBytes >> 4) << 16) |" in src
+        and "((uint64_t)(kWgmmaSboBytes >> 4) << 32)" in src
+    )
+    assert "desc0 + (uint64_t)((ks * C::XREG_BYTES) >> 4)" in src
+    assert "d * kWgmmaLboBytes" in src and "(tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16" in src
+    assert model.smem_desc(0x1230) == (0x123 | (8 << 16) | (16 << 32))
+
+
+def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel source's variants 8, 4 and 10 are what
+    :func:`pdflash.models.mxfp4_cuda_gemm.pick_variant` documents, and the
+    policy picks as documented (the wgmma variant at block_m 64 only where it
+    runs; ``PDFLASH_MXFP4_CUDA_BM64`` overrides, loudly validated)."""
     from pdflash.models import mxfp4_cuda_gemm as g
 
-    src = (REPO / "cuda" / "src" / "mxfp4_moe_gemm.cu").read_text()
+    src = _kernel_source()
     rows = {
         int(m[0]): tuple(int(v) for v in m[1:])
-        for m in re.findall(r"X\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", src)
+        for m in re.findall(r"X\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)", src)
     }
     assert len(rows) == int(re.search(r"kNumVariants = (\d+)", src).group(1))  # type: ignore[union-attr]
-    # (warps, m-tiles, stages, min blocks, max 8-token sub-tiles, L2 prefetch)
-    assert rows[g.SMALL_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256)
-    assert rows[g.LARGE_BLOCK_VARIANT] == (16, 1, 4, 1, 8, 0)
-    assert [g.pick_variant(b) for b in (1, 16, 32, 33, 64)] == [8, 8, 8, 4, 4]
+    # (warps, m-tiles, stages, min blocks, max 8-token sub-tiles, L2 prefetch, kind)
+    assert rows[g.SMALL_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_MMA_SYNC)
+    assert rows[g.LARGE_BLOCK_VARIANT] == (16, 1, 4, 1, 8, 0, g.KIND_MMA_SYNC)
+    assert rows[g.WGMMA_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA)
+    assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA] == [g.WGMMA_BLOCK_VARIANT]
+    monkeypatch.delenv(g.BM64_ENV, raising=False)
+    # off CUDA the wgmma variant never runs: the mma.sync variants
+    assert [g.pick_variant(b, "cpu") for b in (1, 16, 32, 33, 64)] == [8, 8, 8, 4, 4]
+    assert "not cpu" in str(g.wgmma_unavailable("cpu"))
     with pytest.raises(ValueError, match=r"block_m 1\.\.64"):
         g.pick_variant(128)
+    # where it runs: 10 at block_m 33..64 unless the environment says mma
+    monkeypatch.setattr(g, "wgmma_unavailable", lambda device=None: None)
+    assert [g.pick_variant(b, "cuda") for b in (16, 32, 33, 64)] == [8, 8, 10, 10]
+    for setting, want in (("", 10), ("auto", 10), ("wgmma", 10), ("mma", 4)):
+        monkeypatch.setenv(g.BM64_ENV, setting)
+        assert (g.pick_variant(64, "cuda"), g.pick_variant(16, "cuda")) == (want, 8), setting
+    # where it does not: auto and mma take 4, a forced wgmma is an error
+    monkeypatch.setattr(g, "wgmma_unavailable", lambda device=None: "not sm_90a here")
+    for setting in ("auto", "mma"):
+        monkeypatch.setenv(g.BM64_ENV, setting)
+        assert g.pick_variant(64, "cuda") == 4
+    monkeypatch.setenv(g.BM64_ENV, "wgmma")
+    with pytest.raises(g.WgmmaUnavailableError, match=r"PDFLASH_MXFP4_CUDA_BM64=wgmma .*sm_90a"):
+        g.pick_variant(64, "cuda")
+    assert g.pick_variant(32, "cuda") == 8  # block_m <= 32 is not its business
+    for bad in ("WGMMA", "mma.sync", "v10", "1"):
+        monkeypatch.setenv(g.BM64_ENV, bad)
+        for block_m in (16, 64):
+            with pytest.raises(ValueError, match="PDFLASH_MXFP4_CUDA_BM64 must be one of"):
+                g.pick_variant(block_m, "cuda")

@@ -1,10 +1,14 @@
 """GPU probe (bench only, issue 13): the hand-written CUDA MXFP4 grouped GEMM
 (the library's ``cuda/src/mxfp4_moe_gemm.cu``, built here on its own) against
-the Triton ``grouped_qgemm`` (``mxfp4_dot="scaled"``).
+the Triton ``grouped_qgemm`` (``mxfp4_dot="scaled"``), for the library
+variants selected by name (``--variants`` or ``MXC_VARIANTS``, e.g.
+``v4,v8,v10``; default all; measurements so far: ``README.md`` here).
 
-1. Builds ``cuda/src/mxfp4_moe_gemm.cu`` with nvcc (``-arch=sm_90a -O3 --shared
-   -Xcompiler -fPIC -Xptxas -v -I cuda/include``, into /tmp/mxfp4_cuda; in the background while Triton
-   autotunes); a failed build prints nvcc's output and exits 2.
+1. Builds ``cuda/src/mxfp4_moe_gemm.cu`` with nvcc (``-arch=sm_90a
+   -DPDFLASH_MXFP4_GEMM_SM90A=1 -O3 --shared -Xcompiler -fPIC -Xptxas -v -I
+   cuda/include``: the wgmma variants included; into /tmp/mxfp4_cuda; in
+   the background while Triton autotunes); a failed build prints nvcc's
+   output and exits 2, an unknown variant name exits 2 listing the names.
 2. Correctness: random MXFP4 slabs at gpt-oss-20b's projection shapes with 8
    (or 4) experts (scale bytes 118..130; a wide 2..128 case (fast path, D = 0);
    a high 180..240 case (fast path, D = 112); an extreme case with scale bytes 0/1/2/3/200/240/253/254/255 in some rows),
@@ -12,7 +16,8 @@ the Triton ``grouped_qgemm`` (``mxfp4_dot="scaled"``).
    BLOCK_M 16/32/64, a dead tile (slot -1) inserted mid-list, row counts not
    divisible by 8, K = 2880 (90 blocks: a 2-block tail chunk), and a small odd
    slab (N 200 / 192, K = 96, no bias).
-   Every CUDA variant is compared with a torch fp32 reference (dequantize,
+   Every selected CUDA variant that runs on the device (the wgmma ones:
+   compute capability 9.0) is compared with a torch fp32 reference (dequantize,
    matmul, bias, epilogue, bf16 output) and with ``grouped_qgemm(scaled)``.
    Error metric: per output row, max |got - ref| / max |ref| over the row,
    then the max over rows (non-finite reference entries must match exactly:
@@ -21,7 +26,7 @@ the Triton ``grouped_qgemm`` (``mxfp4_dot="scaled"``).
 3. Timing at gpt-oss-20b's expert shape (hidden 2880, gate_up 5760 x 2880,
    down 2880 x 2880, 32 experts, top-4; random routing) for 16 / 64 / 256
    tokens: the whole MLP (gate_up + SwiGLU epilogue, then down + bias) with
-   each CUDA variant and with the Triton path, the tile map built as
+   each selected CUDA variant and with the Triton path, the tile map built as
    ``FusedSlabMLP.forward_slab`` does (``pick_block_m`` + the kernels'
    ``tile_map``, shared by both). Each implementation is captured in a CUDA
    graph of ITERS back-to-back MLPs (eager if capture fails); rounds are
@@ -36,17 +41,20 @@ the Triton ``grouped_qgemm`` (``mxfp4_dot="scaled"``).
    counts per kernel (``cuobjdump``, where present).
 
 Prints a table; writes everything as JSON to ``$OUT/mxfp4_cuda.json`` (OUT
-default /tmp/out). Environment: ``MXC_ROUNDS`` (15), ``MXC_ITERS`` (10),
+default /tmp/out). Environment: ``MXC_VARIANTS`` (variant names ``vN`` or
+indices, comma-separated, or ``all``; ``--variants`` overrides it),
+``MXC_ROUNDS`` (15), ``MXC_ITERS`` (10),
 ``MXC_TOKENS`` (16,64,256), ``MXC_CORR_BUDGET_S`` (120) / ``MXC_BUDGET_S`` (165:
 no new correctness case / timing point after that many seconds),
 ``MXC_TRITON_CONFIGS`` (Triton's autotune candidates, default session 53's
 H100 leaders ``32:128:2:3,64:64:4:3``; "" = the library's whole set, slower).
 Run from the repo root with pdflash installed:
-``OUT=$OUT python3 bench/h200/mxfp4_cuda/probe.py``.
+``OUT=$OUT python3 bench/h200/mxfp4_cuda/probe.py [--variants v4,v8,v10]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -75,6 +83,8 @@ CORR_BUDGET_S = float(os.environ.get("MXC_CORR_BUDGET_S", "120"))
 # Triton candidates: session 53's H100 leaders (32:128:2:3 at 16 / 64 tokens,
 # 64:64:4:3 at 256: 2.14 / 2.02 / 3.19x the roofline); "" = the library's set
 TRITON_CONFIGS = os.environ.get("MXC_TRITON_CONFIGS", "32:128:2:3,64:64:4:3")
+# the library variants to check and time (names "vN" or indices; "all")
+VARIANTS_SPEC = os.environ.get("MXC_VARIANTS", "all")
 TOL = 2.0**-7
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2880, 2880, 32, 4
@@ -107,8 +117,8 @@ def start_build() -> subprocess.Popen:
             except (OSError, subprocess.CalledProcessError):
                 continue
     cmd = [
-        nvcc, "-arch=sm_90a", "-O3", "--shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-        "-I", INCLUDE, "-o", SO, SRC,
+        nvcc, "-arch=sm_90a", "-DPDFLASH_MXFP4_GEMM_SM90A=1", "-O3", "--shared",
+        "-Xcompiler", "-fPIC", "-Xptxas", "-v", "-I", INCLUDE, "-o", SO, SRC,
     ]  # fmt: skip
     RESULT["build_cmd"] = " ".join(cmd)
     log("nvcc: " + " ".join(cmd))
@@ -135,10 +145,16 @@ def finish_build(proc: subprocess.Popen) -> None:
         m = re.search(r"Compiling entry function '(\S+)'", line)
         if m:
             name = m.group(1)
-            cm = re.search(r"CfgILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", name)
+            cm = re.search(CFG_RE, name)
             if cm:
-                w, mt, nsm, st, mb, pf = cm.groups()
-                name = f"WARPS={w} MT={mt} NSM={nsm} (block_m<={8 * int(nsm)}) STAGES={st} MINB={mb} L2PF={pf}"
+                w, mt, nsm, st, mb, pf, kd = cm.groups()
+                name = (
+                    f"WARPS={w} MT={mt} NSM={nsm} (block_m<={8 * int(nsm)}) STAGES={st} "
+                    f"MINB={mb} L2PF={pf} KIND={'wgmma' if kd == '1' else 'mma'}"
+                )
+            target = re.search(r"for '(\w+)'", line)
+            if target and target.group(1) != "sm_90a":
+                name = None  # another pass (no wgmma there): not what runs
         m = re.search(
             r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
         )
@@ -152,20 +168,44 @@ def finish_build(proc: subprocess.Popen) -> None:
                 }
             )
         m = re.search(r"Used (\d+) registers", line)
-        if m and kernels and "regs" not in kernels[-1]:
+        if m and name and kernels and "regs" not in kernels[-1]:
             kernels[-1]["regs"] = int(m.group(1))
     RESULT["ptxas"] = kernels
     for k in kernels:
         log(
-            f"ptxas {k['kernel']}: {k.get('regs')} regs, spill st/ld {k['spill_st']}/{k['spill_ld']}"
+            f"ptxas {k['kernel']}: {k.get('regs')} regs, stack {k['stack']}, "
+            f"spill st/ld {k['spill_st']}/{k['spill_ld']}"
         )
-    warn = [ln for ln in out.splitlines() if "warning" in ln.lower()]
+    # (ptxas's "Potential Performance Loss": e.g. serialized wgmmas)
+    warn = [ln for ln in out.splitlines() if "warning" in ln.lower() or "Performance Loss" in ln]
     RESULT["build_warnings"] = warn
     for w in warn:
         log("nvcc warning: " + w)
 
 
-def sass_stats() -> None:
+# the kernels' Cfg<WARPS, MT, NSM, STAGES, MINB, PF, KIND> in mangled names
+CFG_RE = r"CfgILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E"
+
+
+def check_variant_spec(spec: str) -> None:
+    """Exit 2 early for a --variants item that cannot name a variant of the
+    source's table (vN / N / vN:... with N in range); the full names are
+    matched once the library is built (CudaGemm.select)."""
+    if spec.strip() in ("", "all"):
+        return
+    with open(SRC) as f:
+        count = int(re.search(r"kNumVariants = (\d+);", f.read()).group(1))  # type: ignore[union-attr]
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        m = re.fullmatch(r"v?(\d+)(:\S*)?", item)
+        if m is None or int(m.group(1)) >= count:
+            msg = f"--variants: {item!r} names none of the {count} variants v0..v{count - 1}"
+            print(msg, file=sys.stderr)
+            RESULT["variants_error"] = msg
+            write_json()
+            raise SystemExit(2)
+
+
+def sass_stats(selected: list[dict[str, Any]]) -> None:
     """Static SASS opcode counts per kernel (cuobjdump, if present): how the
     dequant landed on the pipes (LOP3 / SHF / PRMT: integer ALU; IMAD incl.
     IMAD.SHL and HMUL2 / HFMA2: FMA pipe; HMMA: tensor)."""
@@ -177,17 +217,17 @@ def sass_stats() -> None:
     except (OSError, subprocess.SubprocessError) as exc:
         RESULT["sass"] = f"cuobjdump unavailable: {exc}"
         return
-    keep = ("HMMA", "LOP3", "SHF", "IMAD", "IMAD.SHL", "IMAD.MOV", "HMUL2", "HFMA2", "PRMT", "LDS",
-            "STS", "LDGSTS", "LDG", "BAR", "BRA", "IADD3", "ISETP", "SEL", "LEA")  # fmt: skip
+    keep = ("HMMA", "HGMMA", "LOP3", "SHF", "IMAD", "IMAD.SHL", "IMAD.MOV", "HMUL2", "HFMA2", "PRMT",
+            "LDS", "STS", "LDGSTS", "LDG", "BAR", "BRA", "IADD3", "ISETP", "SEL", "LEA")  # fmt: skip
     stats: dict[str, dict[str, int]] = {}
     cur = None
     for line in out.splitlines():
         m = re.search(r"Function : (\S+)", line)
         if m:
             name = m.group(1)
-            cm = re.search(r"CfgILi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELi(\d+)E", name)
+            cm = re.search(CFG_RE, name)
             if cm:
-                name = "W{}xMT{}xNSM{}xST{}xMINB{}xPF{}".format(*cm.groups())
+                name = "W{}xMT{}xNSM{}xST{}xMINB{}xPF{}xK{}".format(*cm.groups())
             cur = stats.setdefault(name, {"total": 0})
             continue
         m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
@@ -201,8 +241,16 @@ def sass_stats() -> None:
             if two in keep and two != base:
                 cur[two] = cur.get(two, 0) + 1
     RESULT["sass"] = stats
+    # the selected variants' kernels at block_m 16 and 64 (MINB is not in
+    # variant_info; the other parameters tell the variants apart)
+    wanted = {
+        (str(v["warps"]), str(v["mt"]), nsm, str(v["stages"]), str(v["l2_prefetch"]), str(v["kind"]))
+        for v in selected
+        for nsm in ("2", "8")
+    }  # fmt: skip
     for name in sorted(stats):
-        if "NSM2" in name:
+        f = re.match(r"W(\d+)xMT(\d+)xNSM(\d+)xST(\d+)xMINB\d+xPF(\d+)xK(\d+)$", name)
+        if f and f.groups() in wanted:
             s = stats[name]
             log("sass " + name + ": " + " ".join(f"{k}={s[k]}" for k in ("total", *keep) if k in s))
 
@@ -220,28 +268,56 @@ class CudaGemm:
         ]  # fmt: skip
         lib.mxfp4_moe_num_variants.restype = i32
         lib.mxfp4_moe_variant_info.restype = i32
+        lib.mxfp4_moe_variant_available.restype = i32
+        lib.mxfp4_moe_variant_available.argtypes = [i32, i32]
         self.lib = lib
         self.variants = []
         for v in range(lib.mxfp4_moe_num_variants()):
-            w, mt, st, bm, pf = (ctypes.c_int() for _ in range(5))
-            lib.mxfp4_moe_variant_info(
-                v,
-                ctypes.byref(w),
-                ctypes.byref(mt),
-                ctypes.byref(st),
-                ctypes.byref(bm),
-                ctypes.byref(pf),
-            )
-            name = f"v{v}:{w.value}w{mt.value}mt{st.value}st" + (
-                f"pf{pf.value}" if pf.value else ""
+            w, mt, st, bm, pf, kd = (ctypes.c_int() for _ in range(6))
+            lib.mxfp4_moe_variant_info(v, *(ctypes.byref(c) for c in (w, mt, st, bm, pf, kd)))
+            # as pdflash.models.mxfp4_cuda_gemm.Variant.name
+            name = (
+                f"v{v}:{w.value}w{mt.value}mt{st.value}st"
+                + (f"pf{pf.value}" if pf.value else "")
+                + ("wg" if kd.value == 1 else "")
             )
             self.variants.append(
                 {"variant": v, "warps": w.value, "mt": mt.value, "stages": st.value, "max_block_m": bm.value,
-                 "l2_prefetch": pf.value, "name": name}
+                 "l2_prefetch": pf.value, "kind": kd.value, "name": name}
             )  # fmt: skip
+        self.selected = set(range(len(self.variants)))
+
+    def select(self, spec: str, device_index: int) -> None:
+        """Keep the variants named in ``spec`` ("all", or comma-separated
+        "vN" / "N" / full names) that run on the device; SystemExit(2) for
+        an unknown name."""
+        if spec.strip() in ("", "all"):
+            chosen = set(range(len(self.variants)))
+        else:
+            by_name = {v["name"]: v["variant"] for v in self.variants}
+            by_name.update({v["name"].split(":")[0]: v["variant"] for v in self.variants})
+            by_name.update({str(v["variant"]): v["variant"] for v in self.variants})
+            chosen = set()
+            for item in (x.strip() for x in spec.split(",") if x.strip()):
+                if item not in by_name:
+                    msg = f"unknown variant {item!r}; the library's: " + ", ".join(
+                        v["name"] for v in self.variants
+                    )
+                    print(msg, file=sys.stderr)
+                    RESULT["variants_error"] = msg
+                    write_json()
+                    raise SystemExit(2)
+                chosen.add(by_name[item])
+        for v in sorted(chosen):
+            rc = self.lib.mxfp4_moe_variant_available(v, device_index)
+            if rc != 0:
+                log(f"{self.variants[v]['name']}: does not run on this device (code {rc}); skipped")
+                RESULT.setdefault("variants_unavailable", []).append(self.variants[v]["name"])
+                chosen.discard(v)
+        self.selected = chosen
 
     def supports(self, variant: int, block_m: int) -> bool:
-        return block_m <= self.variants[variant]["max_block_m"]
+        return variant in self.selected and block_m <= self.variants[variant]["max_block_m"]
 
     def qgemm(self, variant, x, x_rows, tiles, block_m, w, *, act=0, gate_up=(0, 0, 1),
               alpha=1.0, limit=0.0, out=None):  # fmt: skip
@@ -790,7 +866,7 @@ def print_table() -> None:
         return
     print()
     print(
-        "(impl = triton or vVARIANT:WARPSw MTmt STAGESst; cuda_us = that impl's per-MLP us; "
+        "(impl = triton or vVARIANT:WARPSw MTmt STAGESst[pfL2][wg = wgmma]; cuda_us = that impl's per-MLP us; "
         "gu / dn = gate_up / down alone, (x roofline))"
     )
     print(f"{'tokens':>6} {'impl':16s} {'bm':>3} {'cuda_us':>9} {'triton_us':>9} {'roof_us':>8} "
@@ -838,7 +914,16 @@ def print_summary() -> None:
     print(f"HBM copy bandwidth {RESULT.get('hbm_gbps')} GB/s on {RESULT.get('device')}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--variants",
+        default=VARIANTS_SPEC,
+        help="library variants to check and time: 'all' or comma-separated names "
+        "(vN, N or the full name, e.g. v4,v8,v10); default $MXC_VARIANTS or all",
+    )
+    args = ap.parse_args(argv)
+    check_variant_spec(args.variants)  # before minutes of build and autotune
     build = start_build()
     if TRITON_CONFIGS and "PDFLASH_FUSED_CONFIGS" not in os.environ:
         os.environ["PDFLASH_FUSED_CONFIGS"] = TRITON_CONFIGS  # read when the kernels import
@@ -907,9 +992,12 @@ def main() -> int:
         )
     finish_build(build)
     log("nvcc done")
-    sass_stats()
     cg = CudaGemm(SO)
     RESULT["variants"] = cg.variants
+    cg.select(args.variants, torch.cuda.current_device())
+    RESULT["selected_variants"] = [cg.variants[v]["name"] for v in sorted(cg.selected)]
+    log("variants: " + ", ".join(RESULT["selected_variants"]))
+    sass_stats([cg.variants[v] for v in sorted(cg.selected)])
     ok = False
     try:
         ok = correctness(cg, k, dev)

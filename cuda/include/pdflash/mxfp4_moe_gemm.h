@@ -27,10 +27,15 @@
  * stride_wn % 16 == 0 (bytes), stride_sk == 1, K % 32 == 0.
  *
  * Variants (mxfp4_moe_variant_info): warps per CTA, m16 weight tiles per
- * warp, cp.async stages, the largest block_m it is built for (16 / 32 / 64)
- * and the cp.async L2 prefetch hint in bytes (0: none). Each supports every
- * block_m up to its max_block_m. Device code needs sm_80+ (mma.sync bf16,
- * cp.async); the build compiles it only for such architectures.
+ * warp, cp.async stages, the largest block_m it is built for (16 / 32 / 64),
+ * the cp.async L2 prefetch hint in bytes (0: none) and the kind
+ * (PDFLASH_MXFP4_KIND_*). Each supports every block_m up to its
+ * max_block_m. Device code needs sm_80+ (mma.sync bf16, cp.async); the build
+ * compiles it only for such architectures. The wgmma kind needs sm_90a code:
+ * built where the CUDA architectures include 90 (mxfp4_moe_wgmma_built), it
+ * runs on compute capability 9.0 devices only; elsewhere mxfp4_moe_gemm
+ * refuses it with PDFLASH_MXFP4_VARIANT_UNAVAILABLE, and
+ * mxfp4_moe_variant_available says so beforehand.
  *
  * Every function is thread-safe. mxfp4_moe_gemm only enqueues work on
  * `stream` (a cudaStream_t of the current device, as an integer): it may be
@@ -38,7 +43,7 @@
  *
  * Builds without the kernel (PDFLASH_WITH_MXFP4_GEMM defined as 0: no CUDA
  * compiler, or an architecture below sm_80) get inline stand-ins that
- * return PDFLASH_MXFP4_NOT_BUILT.
+ * return PDFLASH_MXFP4_NOT_BUILT (mxfp4_moe_variant_available too).
  */
 #ifndef PDFLASH_MXFP4_MOE_GEMM_H_
 #define PDFLASH_MXFP4_MOE_GEMM_H_
@@ -55,20 +60,36 @@ enum {
   PDFLASH_MXFP4_BLOCK_M_TOO_LARGE = 3,  /* block_m > 64 */
   PDFLASH_MXFP4_BLOCK_M_VARIANT = 4,    /* block_m > the variant's max_block_m */
   PDFLASH_MXFP4_NOT_BUILT = 5,          /* this build has no kernel */
-  /* + cudaError_t: cudaFuncSetAttribute (dynamic shared memory) failed */
+  /* the variant's code does not run on the device (wgmma: no sm_90a code in
+   * this build, or not a compute capability 9.0 device) */
+  PDFLASH_MXFP4_VARIANT_UNAVAILABLE = 6,
+  /* + cudaError_t: a device attribute query or cudaFuncSetAttribute
+   * (dynamic shared memory) failed */
   PDFLASH_MXFP4_ATTRIBUTE_ERROR = 100,
   /* + cudaError_t: the launch failed (cudaGetLastError after it) */
   PDFLASH_MXFP4_LAUNCH_ERROR = 1000
+};
+
+/* variant kinds (mxfp4_moe_variant_info) */
+enum {
+  PDFLASH_MXFP4_KIND_MMA_SYNC = 0, /* mma.sync m16n8k16 (sm_80+) */
+  PDFLASH_MXFP4_KIND_WGMMA = 1     /* wgmma m64nNk16, x from shared memory (sm_90a) */
 };
 
 #if defined(PDFLASH_WITH_MXFP4_GEMM) && !PDFLASH_WITH_MXFP4_GEMM
 
 static inline int mxfp4_moe_built(void) { return 0; }
 static inline int mxfp4_moe_num_variants(void) { return 0; }
+static inline int mxfp4_moe_wgmma_built(void) { return 0; }
 static inline int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages,
-                                         int* max_block_m, int* l2_prefetch) {
+                                         int* max_block_m, int* l2_prefetch, int* kind) {
   (void)variant, (void)warps, (void)mt, (void)stages, (void)max_block_m, (void)l2_prefetch;
+  (void)kind;
   return PDFLASH_MXFP4_BAD_VARIANT;
+}
+static inline int mxfp4_moe_variant_available(int variant, int device) {
+  (void)variant, (void)device;
+  return PDFLASH_MXFP4_NOT_BUILT;
 }
 static inline const char* mxfp4_moe_error_string(int code) {
   return code == 0 ? "ok" : "pdflash was built without the CUDA MXFP4 GEMM";
@@ -96,17 +117,27 @@ int mxfp4_moe_built(void);
 /* How many variants mxfp4_moe_gemm takes (0 .. n - 1). */
 int mxfp4_moe_num_variants(void);
 
+/* 1: this library has sm_90a code for the wgmma variants. */
+int mxfp4_moe_wgmma_built(void);
+
 /* A variant's parameters (see above); PDFLASH_MXFP4_OK, or
  * PDFLASH_MXFP4_BAD_VARIANT (outputs untouched). */
 int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
-                           int* l2_prefetch);
+                           int* l2_prefetch, int* kind);
+
+/* Whether mxfp4_moe_gemm runs `variant` on CUDA device `device` (an
+ * ordinal): PDFLASH_MXFP4_OK, PDFLASH_MXFP4_VARIANT_UNAVAILABLE,
+ * PDFLASH_MXFP4_BAD_VARIANT, or PDFLASH_MXFP4_ATTRIBUTE_ERROR + cudaError_t
+ * (the device query failed). Not a stream operation: allowed during capture. */
+int mxfp4_moe_variant_available(int variant, int device);
 
 /* A static description of a return code (for CUDA codes, the CUDA error). */
 const char* mxfp4_moe_error_string(int code);
 
 /* Enqueue the GEMM on `stream` (no host sync; num_tiles <= 0: nothing to
- * do). Returns PDFLASH_MXFP4_OK or an error code above; an error enqueues
- * nothing. The grid is (num_tiles, column blocks): dead tiles cost an empty
+ * do). Returns PDFLASH_MXFP4_OK or an error code above (a variant that does
+ * not run on the current device: PDFLASH_MXFP4_VARIANT_UNAVAILABLE); an
+ * error enqueues nothing. The grid is (num_tiles, column blocks): dead tiles cost an empty
  * CTA each. */
 int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
                    const void* blocks, long long stride_ws, long long stride_wn,
