@@ -12,17 +12,24 @@
 #    scaled=PDFLASH_FUSED_MXFP4_DOT=scaled"
 # Defaults: gpt-oss-20b shape, 8 MoE layers, synthetic MXFP4 experts, B3
 # (every expert resident: the verify's expert GEMMs are exposed) and PD at
-# cache 0.2, c=16, 32 new tokens, --breakdown (verify_breakdown_ms).
+# cache 0.2, c=16, 3 x c requests of 64 new tokens, CUDA graphs auto,
+# REPEATS (3) runs a process (one model load for all of them; pairs are
+# matched by process round and run).
 #   OUT=/path bash bench/h200/mxfp4dot_engine_ab.sh
 # BUDGET_S (default 300), ARCH, LAYERS, POINTS ("B3:1.0 PD:0.2": baseline:cache),
-# CONC (16), DEVICE (auto) override; ARCH=tiny-gpt_oss LAYERS=0 DEVICE=cpu is a
-# CPU dry run (the dot applies on CUDA only; there every process runs dequant).
+# CONC (16), MAX_NEW (64), REPEATS (3), DEVICE (auto), BREAKDOWN (1: add
+# --breakdown, verify_breakdown_ms) override; ARCH=tiny-gpt_oss LAYERS=0
+# DEVICE=cpu is a CPU dry run (the dot applies on CUDA only; there every
+# process runs dequant).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
 budget=${BUDGET_S:-300}
 arch=${ARCH:-gpt-oss-20b} layers=${LAYERS:-8} conc=${CONC:-16} device=${DEVICE:-auto}
 points=${POINTS:-B3:1.0 PD:0.2}
+max_new=${MAX_NEW:-64} repeats=${REPEATS:-3}
+breakdown=()
+[ "${BREAKDOWN:-0}" = 1 ] && breakdown=(--breakdown)
 arms=${ARMS:-cuda=PDFLASH_FUSED_MXFP4_DOT=cuda cudamma=PDFLASH_FUSED_MXFP4_DOT=cuda:PDFLASH_MXFP4_CUDA_BM64=mma scaled=PDFLASH_FUSED_MXFP4_DOT=scaled}
 read -r -a arm_list <<< "$arms"
 names=()
@@ -51,8 +58,9 @@ while :; do
       mkdir -p "$OUT/$name"
       env "${envs[@]}" timeout -k 5 "$left" pdflash-bench engine --json \
         --arch "$arch" "${layer_arg[@]}" --synthetic-format mxfp4 --baselines "$base" \
-        --cache-fraction "$cache" --concurrency "$conc" --max-new-tokens 32 --prompt-len 32 \
-        --device "$device" --breakdown --seed "$repeat" --out "$OUT/$name" \
+        --cache-fraction "$cache" --concurrency "$conc" --num-requests $((3 * conc)) \
+        --max-new-tokens "$max_new" --prompt-len 32 --cuda-graphs auto --repeats "$repeats" \
+        --device "$device" "${breakdown[@]}" --seed "$repeat" --out "$OUT/$name" \
         > "$OUT/$name/last.json" 2> "$OUT/$name/last.err"
       echo "== repeat $repeat $name $base cache $cache rc=$? ($(( $(date +%s) - start )) s)"
     done
@@ -70,7 +78,7 @@ for name in names:
     for line in path.read_text().splitlines() if path.exists() else []:
         r = json.loads(line)
         key = (r["baseline"], r["cache_fraction"], r["concurrency"])
-        rows.setdefault(key, {}).setdefault(r["seed"], {})[name] = r
+        rows.setdefault(key, {}).setdefault((r["seed"], r.get("repeat")), {})[name] = r
 first = names[0]
 for (base, cache, conc), by_seed in sorted(rows.items()):
     print(f"{base} cache {cache} c={conc}")
@@ -81,15 +89,16 @@ for (base, cache, conc), by_seed in sorted(rows.items()):
             if first in pair and name in pair
         ]
         if ratios:
-            print(f"  {first}/{name} tokens/s per repeat {', '.join(f'{r:.3f}' for r in ratios)} "
+            print(f"  {first}/{name} tokens/s per run {', '.join(f'{r:.3f}' for r in ratios)} "
                   f"(median {statistics.median(ratios):.3f}, n {len(ratios)})")
-    for seed, pair in sorted(by_seed.items()):
+    for (seed, run), pair in sorted(by_seed.items()):
         for name in names:
             r = pair.get(name)
             if r is None:
                 continue
             bd = r.get("verify_breakdown_ms") or {}
-            print(f"  seed {seed} {name}: {r['output_tokens_per_s']:.1f} tok/s, "
-                  f"{r.get('compressed_gemm')} ({r.get('compressed_gemm_reason')}); "
-                  f"verify ms {json.dumps(bd)[:160]}")
+            print(f"  round {seed} run {run} {name}: {r['output_tokens_per_s']:.1f} tok/s, "
+                  f"{r.get('steps')} steps, verify x roofline {r.get('verify_over_roofline')}, "
+                  f"{r.get('compressed_gemm')} ({r.get('compressed_gemm_reason')})"
+                  + (f"; verify ms {json.dumps(bd)[:160]}" if bd else ""))
 PY
