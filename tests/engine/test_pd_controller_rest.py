@@ -194,7 +194,11 @@ def test_an_engine_at_rest_keeps_its_tokens_books_and_batches(
     assert out == ref == [want for _, want in cases]
     books, ref_books = rested.summary(), measured.summary()
     assert books["rest_steps"] > 0 and ref_books["rest_steps"] == 0
-    assert books["steps"] == eng.steps == ref_books["steps"]
+    # each run's books count its every step; the two runs' step counts are not
+    # compared: the 2-D batcher splits by the bytes missing when it is asked,
+    # which can depend on when the issuer's copies land (under load, 31
+    # against 29 steps with the same tokens)
+    assert books["steps"] == eng.steps and ref_books["steps"] == ref_eng.steps
     # the rest steps' walls and waits are in the books' sums: on the CPU
     # (nothing read late) the waits are the run's whole exposed fetch
     assert books["step_sums"]["exposed_fetch_s"] == pytest.approx(
