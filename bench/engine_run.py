@@ -321,6 +321,11 @@ class RunSpec:
     # "precision" or "off"); a run without the controller's route-ahead, or
     # with a host service, ignores it
     route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
+    # whether PD's controller reads a gated route-ahead in shadow (its
+    # predictions counted, no copy made) before a must-earn probe of it
+    # (pdflash.engine.config.EngineConfig.route_ahead_shadow_check; False:
+    # the ablation); a run where the gate does not act ignores it
+    route_ahead_shadow_check: bool = True
     # how a step is batched while PD's controller rests
     # (pdflash.engine.config.EngineConfig.rest_batching: "first_come" or
     # "scheduler"); a run without a resting controller ignores it
@@ -375,6 +380,7 @@ class RunSpec:
             lookahead_tail=self.lookahead_tail,
             route_ahead_horizon=self.route_ahead_horizon,
             route_ahead_gate=self.route_ahead_gate,
+            route_ahead_shadow_check=self.route_ahead_shadow_check,
             rest_batching=self.rest_batching,
         )
 
@@ -492,6 +498,10 @@ class RunSpec:
         self._check_one_of("host_ahead_from", HOST_AHEAD_FROM_CHOICES)
         self._check_one_of("host_control", HOST_CONTROLS)
         self._check_one_of("route_ahead_gate", ROUTE_AHEAD_GATES)
+        if not isinstance(self.route_ahead_shadow_check, bool):
+            raise ValueError(
+                f"route_ahead_shadow_check must be a bool, got {self.route_ahead_shadow_check!r}"
+            )
         self._check_one_of("rest_batching", REST_BATCHINGS)
         self._check_one_of("lookahead_score", LOOKAHEAD_SCORE_SETTINGS)
         check_lookahead_tail(self.lookahead_tail, self.lookahead_score, self.host_mode)
@@ -2300,6 +2310,16 @@ def _result(
             _built(engine).route_ahead_gate
             if engine.parts is not None
             and isinstance(engine.parts.policy, PDController)
+            and route_ahead_gate_applies(engine.parts.available)
+            else None
+        ),
+        # whether the gate read a gated route-ahead in shadow before probing
+        # it (None: no gate acting, as route_ahead_gate's None or "off")
+        "route_ahead_shadow_check": (
+            engine.parts.policy.route_ahead_shadow_check
+            if engine.parts is not None
+            and isinstance(engine.parts.policy, PDController)
+            and engine.parts.policy.route_ahead_gate is not None
             and route_ahead_gate_applies(engine.parts.available)
             else None
         ),

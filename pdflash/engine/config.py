@@ -237,6 +237,13 @@ class EngineConfig:
             save at one expert's copy each; otherwise it is switched off and
             must earn its place by its probes), ``precision`` (the precision
             alone) or ``off`` (route-ahead judged as PD's other parts).
+        route_ahead_shadow_check: with the route-ahead gate acting
+            (``route_ahead_gate`` not ``off``), at route-ahead's turn while
+            it must earn its way back, the PD controller first runs it in
+            shadow (its predictions counted, no copy made) and keeps it off,
+            with no paired probe, where their precision is below the gate
+            (:mod:`~pdflash.engine.pd_controller`, "The shadow check").
+            Default on; off: the paired probe runs at once (the ablation).
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
@@ -291,6 +298,7 @@ class EngineConfig:
     host_control: str = "controller"
     rest_batching: str = "first_come"
     route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
+    route_ahead_shadow_check: bool = True
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
     verify_width: str = "full"

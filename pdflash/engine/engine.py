@@ -16,7 +16,9 @@ outcomes and keeps the books. One :meth:`Engine.step`:
    and cuts each block to its verify width (``config.verify_width``,
    :mod:`pdflash.engine.verify_width`; lossless: the bonus token follows the
    last verified draft);
-3. predicts each drafted block's experts (route-ahead predictor);
+3. predicts each drafted block's experts (route-ahead predictor; with
+   route-ahead off in shadow, :attr:`Engine.route_ahead_shadow`, the
+   predictions are only counted against the verify's routing);
 4. the batcher picks the verify batch (token grants) from the demands and
    the resident set; with route-ahead on, the batch's predicted missing
    experts are copied ROUTE_AHEAD before the verify forward starts;
@@ -356,6 +358,13 @@ class Engine:
         #: controller's route-ahead gate reads each step's deltas)
         self.route_ahead_predicted_n = 0
         self.route_ahead_hit_n = 0
+        #: route-ahead runs in shadow (set by the PD controller's parts,
+        #: :class:`~pdflash.engine.pd_controller.PartsState`): with
+        #: ``config.route_ahead`` off, the predictor still predicts
+        #: (``Request.shadow_predicted``) and its predictions enter the two
+        #: counters above, and nothing else (no copy, stream plan, eviction
+        #: protection, host plan or scheduler demand)
+        self.route_ahead_shadow = False
         self.acceptance: AcceptanceModel = acceptance or ModelAcceptance()
         self.expert_cache = expert_cache
         self.route_stats = route_stats
@@ -482,6 +491,7 @@ class Engine:
                 if config.route_ahead_gate != "off"
                 else None,
                 route_ahead_cost_gate=config.route_ahead_gate == "precision_cost",
+                route_ahead_shadow_check=config.route_ahead_shadow_check,
             )
         self.parts = pd_controller.attach(self, controller) if controller is not None else None
         # ---- verify width hook (pdflash.engine.verify_width) ----
@@ -1135,7 +1145,8 @@ class Engine:
             if self.width is not None:  # verify width hook: trim before predicting
                 self._stage = "verify_width"
                 self.width.trim([req for req, _ in todo])
-        if self.predictor is not None and self.config.route_ahead:  # off: PD controller
+        # off: the PD controller (in shadow it predicts for its books alone)
+        if self.predictor is not None and (self.config.route_ahead or self.route_ahead_shadow):
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
 
@@ -1187,7 +1198,10 @@ class Engine:
                 req.state = RequestState.VERIFY
 
     def _predict(self, reqs: list[Request]) -> None:
-        """Route-ahead: predict every drafted block's experts in one call."""
+        """Route-ahead: predict every drafted block's experts in one call.
+        In shadow (:attr:`route_ahead_shadow`, route-ahead off) the
+        predictions are kept as ``Request.shadow_predicted``, for the
+        route-ahead counters alone: nothing plans from them."""
         from pdflash.routeahead import predict_batch
 
         assert self.predictor is not None
@@ -1212,9 +1226,16 @@ class Engine:
         with self.timer.forward("predict"):
             scores = np.asarray(predict_batch(self.predictor, blocks))
         self.predict_s += time.perf_counter() - t0
+        shadow = not self.config.route_ahead
         for req, sc in zip(reqs, scores, strict=True):
-            req.predicted = flat_expert_ids(sc > self.config.route_ahead_min_score)
+            ids = flat_expert_ids(sc > self.config.route_ahead_min_score)
+            if shadow:
+                req.shadow_predicted = ids
+            else:
+                req.predicted = ids
             req.draft_hidden = None
+        if shadow:
+            return
         if self.host_service is not None:
             self._plan_host_ahead()
         # the planner plans the coming verify as soon as the prediction exists
@@ -1285,15 +1306,18 @@ class Engine:
             tuple((o.start, grant) for o, (_, grant) in zip(result.outcomes, batch, strict=True))
         )
         self.prefetch.observe_routing(result.routed_union)
-        if self.config.route_ahead:
+        shadow = self.route_ahead_shadow and not self.config.route_ahead
+        if self.config.route_ahead or shadow:
             predicted = np.zeros_like(out.routed)
             for i, (req, _) in enumerate(batch):
-                if req.predicted is not None and req.predicted.size:
-                    predicted[i].reshape(-1)[req.predicted] = True
+                ids = req.shadow_predicted if shadow else req.predicted
+                if ids is not None and ids.size:
+                    predicted[i].reshape(-1)[ids] = True
             named = predicted.any(axis=0)
             self.route_ahead_predicted_n += int(named.sum())
             self.route_ahead_hit_n += int((named & out.routed.any(axis=0)).sum())
-            if self.route_stats is not None:
+            # the route-ahead stats count copies too: a shadow made none
+            if self.route_stats is not None and not shadow:
                 self.route_stats.update(predicted, out.routed, resident_before)
         if self.predictor is not None:
             for i, (req, _) in enumerate(batch):
@@ -1380,7 +1404,7 @@ class Engine:
             prev = req.pending_context
             req.pending_context = feats if prev is None else torch.cat([prev, feats])
         req.drafts = req.draft_probs = None
-        req.predicted = None
+        req.predicted = req.shadow_predicted = None
         req.anchor = outcome.tokens[-1]
         req.state = RequestState.DRAFT
         got = self._commit(req, outcome.tokens)

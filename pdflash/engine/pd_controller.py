@@ -228,7 +228,8 @@ twice that many measured steps), the gate's **first decision**: precision
 below the gate switches route-ahead off (and the stream with it), and the
 first round skips its probe; at or above, it stays on. The first round of
 probes waits for this decision. From then on, route-ahead **must earn** its
-place (the host part's rule, above) while it is off by the gate or by a
+place (the host part's rule, above; while it is off, its turn starts with
+the shadow check, below) while it is off by the gate or by a
 must-earn verdict, and while the window's precision is below the gate;
 otherwise it is judged as a default-on part. A must-earn probe's on-arm
 steps refill the window. While route-ahead runs on the first decision's
@@ -284,7 +285,10 @@ times route-ahead's effect, so the last look's verdict is mostly noise
 (each probe switches a route-ahead that changes nothing on with
 probability up to ``earn_level + alpha``, and it then runs to the next
 probe) while every on-arm step pays for the wrong copies; a gain that could earn route-ahead's way back
-below the gate mostly passes the screen where a few requests run.
+below the gate mostly passes the screen where a few requests run. (With the
+shadow check, below, a must-earn probe of a gated route-ahead runs only
+where its shadow steps read at or above the gate; the early end then
+catches on-arm steps that read below it.)
 
 The **waits bound** spares a probe of route-ahead whose verdict is known
 before it runs. A prefetch saves at most the time the forwards wait for
@@ -298,6 +302,37 @@ of them). Where the waits grow (a workload whose misses rise) the bound
 lets the next probe run. Not where the engine has a host part (its planner
 reads the predictions: they may pay there by what they plan, not by waits
 they hide).
+
+**The shadow check** (``route_ahead_shadow_check``; the engine's controller
+takes :attr:`~pdflash.engine.config.EngineConfig.route_ahead_shadow_check`,
+on by default). What a must-earn probe of an imprecise route-ahead costs is
+its on-arm steps' copies, not its predictions: the wrong copies take the
+link and cache slots and the stream's narrower lookahead misses (on the H100
+at c=1, precision about 0.4: each on-arm step about 12% slower, median log
+rate on over off -0.122 over 42 probe decisions, against the predictor's
+2-3 ms of a 65 ms step; ``bench/results/h100/session56-2026-12-07/``). So at
+route-ahead's turn while it must earn its way back (off, by the gate or a
+must-earn verdict; after the waits bound, which may skip the turn first),
+the controller first runs it in **shadow**
+(:attr:`PartsState.route_ahead_shadow`): off in everything (no copy, stream
+plan, protection from eviction, host plan, or byte dimension for the
+scheduler), but the predictor still predicts and the engine counts its
+predictions against the verify's routing as it counts route-ahead's own
+(``route_ahead_predicted``, ``route_ahead_hits``). Once
+``route_ahead_gate_steps`` shadow steps had predictions (any step: the
+precision needs no measured wall; with fewer, once twice that many steps
+ran), a batch precision below the gate keeps route-ahead off with no paired
+probe (a decision that says so) and the round moves on; at or above it, or
+with nothing read, its must-earn probe runs as before (from its arm A, after
+a settle step). No shadow step enters a probe's pairs or the probe budget's
+loss. Below the gate route-ahead thus no longer earns its way back by a
+probe's gain: only once its predictions read at or above the gate. Shadow
+steps enter the gate's window like any step with predictions; their host
+time is the predictor's alone (no copy issue, no stream plan), less than
+route-ahead's own, so the cost bound and the waits bound, which read the
+window, read them in route-ahead's favour. ``summary()`` counts the shadow
+steps (``route_ahead_shadow_steps``) and ``settings`` the setting; without it
+(the ablation) the probe runs at once, as before the check.
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
@@ -461,12 +496,19 @@ class PartsState:
     engine built with one has it; a policy left without an explicit
     ``initial`` state starts with every part the engine has on, except a
     :class:`PDController` with a host gate, whose host part starts off
-    unless its ``host_control`` is ``always``)."""
+    unless its ``host_control`` is ``always``).
+    ``route_ahead_shadow``: with route-ahead off, the predictor still
+    predicts and the engine counts its predictions against the verify's
+    routing, and nothing else reads them (no copy, stream plan, protection
+    from eviction, host plan or byte dimension of the scheduler: module
+    docstring, "The shadow check"); moot with route-ahead on. Not a part
+    (:data:`ALL_PARTS`): a way of running route-ahead off, never probed."""
 
     route_ahead: bool = True
     scheduler_2d: bool = True
     stream: bool = True
     host_experts: bool = False
+    route_ahead_shadow: bool = False
 
     def on(self, part: str) -> bool:
         if part not in ALL_PARTS:
@@ -485,9 +527,18 @@ class PartsState:
             return self.stream and self.route_ahead
         return self.on(part)
 
+    @property
+    def shadows_route_ahead(self) -> bool:
+        """Route-ahead runs in shadow: off, its predictions only counted."""
+        return self.route_ahead_shadow and not self.route_ahead
+
     def masked(self, available: PartsState) -> PartsState:
-        """This state with the parts ``available`` lacks switched off."""
-        return PartsState(**{p: self.on(p) and available.on(p) for p in ALL_PARTS})
+        """This state with the parts ``available`` lacks switched off (the
+        shadow too, without route-ahead's predictor)."""
+        return PartsState(
+            **{p: self.on(p) and available.on(p) for p in ALL_PARTS},
+            route_ahead_shadow=self.route_ahead_shadow and available.route_ahead,
+        )
 
 
 #: PD's parts on (and no host service: see :class:`PartsState`)
@@ -677,6 +728,8 @@ class _Books:
         self.exposed_fetch_s = 0.0
         #: steps the policy read at rest (their count, wall and waits only)
         self.rest_steps = 0
+        #: steps route-ahead ran in shadow (off, its predictions only counted)
+        self.shadow_steps = 0
 
     def add_times(self, m: StepMeasurement | RestStep) -> None:
         self.wall_s += m.wall_s
@@ -690,6 +743,7 @@ class _Books:
         on_steps = self.on_steps
         for p in self._running:
             on_steps[p] += 1
+        self.shadow_steps += parts.shadows_route_ahead
 
     def listed(self) -> tuple[str, ...]:
         """The parts a summary lists: PD's, and the host service where the
@@ -711,6 +765,7 @@ class _Books:
             "probes": len(self.decisions),
             "step_sums": {"wall_s": self.wall_s, "exposed_fetch_s": self.exposed_fetch_s},
             "rest_steps": self.rest_steps,
+            "route_ahead_shadow_steps": self.shadow_steps,
             # every switch (up to MAX_SWITCHES_KEPT), and the first and last
             # of the other probes' outcomes
             "decisions": [d.as_dict() for d in _kept(self.decisions, keep)],
@@ -984,6 +1039,12 @@ class PDController:
             its host time exceeds what its routed predictions could save at
             one expert's copy each (module docstring, "The gate's cost
             bound"); needs ``route_ahead_gate``.
+        route_ahead_shadow_check: at route-ahead's turn while it must earn
+            its way back (off, under the gate), its predictions are read in
+            shadow first, with no copy made, and a precision below the gate
+            keeps it off with no paired probe (module docstring, "The shadow
+            check"). False: the paired probe runs at once (the ablation). It
+            acts only with a ``route_ahead_gate``.
     """
 
     name = "paired-steps"
@@ -1012,6 +1073,7 @@ class PDController:
         route_ahead_gate: float | None = None,
         route_ahead_gate_steps: int = ROUTE_AHEAD_GATE_STEPS,
         route_ahead_cost_gate: bool = False,
+        route_ahead_shadow_check: bool = True,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),
@@ -1088,6 +1150,7 @@ class PDController:
         self.route_ahead_gate = None if route_ahead_gate is None else float(route_ahead_gate)
         self.route_ahead_gate_steps = route_ahead_gate_steps
         self.route_ahead_cost_gate = bool(route_ahead_cost_gate)
+        self.route_ahead_shadow_check = bool(route_ahead_shadow_check)
         self._initial = initial
         self._available = ALL_ON
         self._fresh_state()
@@ -1141,6 +1204,12 @@ class PDController:
         self._probe_b_steps = 0  # steps of this probe in its flipped arm (settles too)
         #: a probe of route-ahead: its steps with predictions (the on arm's)
         self._probe_ra_steps: list[_RouteAheadStep] = []
+        #: the shadow check of route-ahead is under way (module docstring,
+        #: "The shadow check"): its turn's steps run it in shadow, no pairs
+        self._shadow_checking = False
+        #: the shadow check's steps with predictions, and all its steps
+        self._shadow_ra_steps: list[_RouteAheadStep] = []
+        self._shadow_waited = 0
         self._round_steps = 0  # steps since this round's first probe began
         self._round_loss = 0.0  # step-equivalents this round's probes lost
         self._probe_loss = 0.0  # the same since reset_stats (the summary's)
@@ -1236,6 +1305,7 @@ class PDController:
             "route_ahead_gate": self.route_ahead_gate,
             "route_ahead_gate_steps": self.route_ahead_gate_steps,
             "route_ahead_cost_gate": self.route_ahead_cost_gate,
+            "route_ahead_shadow_check": self.route_ahead_shadow_check,
             # the clear reading's ratio (module docstring); None: no clear
             # reading (a run that set it to inf), or no cost bound
             "route_ahead_cost_clear": (
@@ -1256,6 +1326,7 @@ class PDController:
             not self._probing
             and self._settling == 0
             and not self._parts.route_ahead
+            and not self._parts.route_ahead_shadow
             and not self._parts.host_experts
             and not (self._gate_first or self._ra_gate_first)
             and not (self._gate_watch or self._ra_watch)
@@ -1294,9 +1365,12 @@ class PDController:
         self._books.add_times(m)
         if m.route_ahead_predicted > 0:
             # precision is the predictions' and the routing's, not the
-            # step's timing: every step with predictions reads it
+            # step's timing: every step with predictions reads it (a shadow
+            # step's too: the same predictor, the same routing)
             self._ra_window.append(_RouteAheadStep.of(m))
-            if self._probing and self._part == "route_ahead":
+            if self._shadow_checking:
+                self._shadow_ra_steps.append(self._ra_window[-1])
+            elif self._probing and self._part == "route_ahead":
                 self._probe_ra_steps.append(self._ra_window[-1])
             elif self._ra_gate_first and self._ra_clearly_cannot_pay(self._ra_window):
                 # a clear reading needs no measured wall: admitting and
@@ -1304,9 +1378,14 @@ class PDController:
                 self._ra_gate_first_decision()
         if self._probing:
             self._round_steps += 1
-            self._probe_b_steps += int(self._parts != self._base)
-            if self._ra_probe_reads_clear():
-                return self._parts
+            if self._shadow_checking:
+                # its reading needs no measured wall either
+                if self._shadow_check_ends():
+                    return self._parts
+            else:
+                self._probe_b_steps += int(self._parts != self._base)
+                if self._ra_probe_reads_clear():
+                    return self._parts
         if self._settling > 0:
             self._settling -= 1
             return self._parts
@@ -1330,6 +1409,8 @@ class PDController:
             if self._countdown <= 0 and not self._gate_first and not self._ra_gate_first:
                 self._start_round()
             return self._parts
+        if self._shadow_checking:
+            return self._parts  # a shadow step enters no pair
         if self._half is None:
             self._half = m
         else:
@@ -1422,14 +1503,12 @@ class PDController:
                 continue
             if part in self._probeable():
                 self._part = part
-                self._probe_stance = self._stance_of(part)
                 self._probing = True
                 self._base = self._parts
-                self._pairs = []
-                self._half = None
-                self._extended = False
-                self._probe_ra_steps = []
-                self._set(self._arm_parts("A"))
+                if part == "route_ahead" and self._shadow_check_due():
+                    self._begin_shadow_check()
+                else:
+                    self._begin_probe()
                 return
         self._part = None
         self._probing = False
@@ -1448,6 +1527,72 @@ class PDController:
         self._countdown = max(1, self._hold_now, budget_hold)
         if not self._round_switched:
             self._hold_now = min(self.max_hold, 2 * self._hold_now)
+
+    def _begin_probe(self) -> None:
+        """Start the paired probe of ``self._part`` from the configuration
+        ``self._base`` (its arm A)."""
+        part = self._part
+        assert part is not None
+        self._probe_stance = self._stance_of(part)
+        self._pairs = []
+        self._half = None
+        self._extended = False
+        self._probe_ra_steps = []
+        self._probe_b_steps = 0
+        self._set(self._arm_parts("A"))
+
+    def _shadow_check_due(self) -> bool:
+        """Route-ahead's turn starts with a shadow check (module docstring,
+        "The shadow check"): the check is on, the gate acts, and route-ahead
+        is off and must earn its way back."""
+        return (
+            self.route_ahead_shadow_check
+            and self._ra_gate_acts()
+            and not self._base.route_ahead
+            and self._stance_of("route_ahead") == "must_earn"
+        )
+
+    def _begin_shadow_check(self) -> None:
+        """Run route-ahead in shadow from the next step: off as configured
+        (``self._base``), its predictions only counted."""
+        self._shadow_checking = True
+        self._shadow_ra_steps = []
+        self._shadow_waited = 0
+        self._probe_stance = "must_earn"
+        # no pair, so nothing for the probe's loss to charge (_charge_probe)
+        self._pairs = []
+        self._half = None
+        self._probe_b_steps = 0
+        self._set(dataclasses.replace(self._base, route_ahead_shadow=True))
+
+    def _shadow_check_ends(self) -> bool:
+        """The shadow check after one more of its steps (module docstring,
+        "The shadow check"): once ``route_ahead_gate_steps`` steps had
+        predictions (or, with fewer, twice that many steps ran), a batch
+        precision below the gate keeps route-ahead off and the round moves
+        on; at or above it (or nothing read) its paired must-earn probe
+        starts. True when the check ended."""
+        self._shadow_waited += 1
+        need = self.route_ahead_gate_steps
+        steps = self._shadow_ra_steps
+        if len(steps) < need and self._shadow_waited < 2 * need:
+            return False
+        self._shadow_checking = False
+        gate = self.route_ahead_gate
+        assert gate is not None
+        precision = self._ra_precision(steps)
+        if precision is not None and precision < gate:
+            self._ra_gated = True
+            self._ra_watch = False
+            return self._probe_keeps(
+                "route_ahead",
+                False,
+                f"kept off (imprecise in a shadow check, no copies made; it must earn its way "
+                f"back): batch precision of its predictions {precision:.3g} over "
+                f"{len(steps)} steps with predictions in shadow, gate {gate:.3g}; no paired probe",
+            )
+        self._begin_probe()
+        return True
 
     def _gate_first_decision(self) -> None:
         """The gate's first decision (module docstring), once
@@ -2120,6 +2265,8 @@ class EngineParts:
             return
         eng, cfg = self.engine, self.full_config
         route = parts.route_ahead and self.available.route_ahead
+        # route-ahead off, its predictor still run and counted (no copy)
+        eng.route_ahead_shadow = parts.shadows_route_ahead and self.available.route_ahead
         stream = route and parts.stream and self.stream is not None
         two_d = parts.scheduler_2d and self.available.scheduler_2d
         eng.config = cfg.replace(

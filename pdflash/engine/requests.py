@@ -109,6 +109,9 @@ class Request:
     drafts: torch.Tensor | None = None  # [n] int64
     draft_probs: torch.Tensor | None = None  # [n, V] (sampling only)
     predicted: npt.NDArray[np.int64] | None = None
+    #: route-ahead's prediction made in shadow (``Engine.route_ahead_shadow``):
+    #: counted against the verify's routing, read by nothing else
+    shadow_predicted: npt.NDArray[np.int64] | None = None
     draft_hidden: torch.Tensor | None = None  # [1 + drafts, hidden], for the predictor
     round_start_s: float = 0.0
     kv_pages_promised: int = 0  # worst-case KV pages reserved in the admission ledger

@@ -676,25 +676,28 @@ def _spec_gates_route_ahead(spec: Mapping[str, Any]) -> bool:
     return _spec_runs_controller(spec) and _spec_runs_route_ahead(spec) and not _spec_hosted(spec)
 
 
+def _spec_of_row(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A row's spec, or for a row without one the settings it records that
+    say which of PD's parts its run had (label, cache, GPUs, host service)."""
+    spec = row.get("spec")
+    if isinstance(spec, Mapping):
+        return spec
+    return {
+        "baseline": row.get("baseline"),
+        "cache_fraction": row.get("cache_fraction") or 0.0,
+        "full_cache": _recorded("full_cache", "setting")(row) or "auto",
+        "gpus": row.get("gpus"),
+        "host_experts": row.get("host_experts") or "off",
+    }
+
+
 def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
     """A row's route-ahead gate as its controller ran it, where the gate
     would act and the row's PD controller recorded its settings: ``off``
     without a gate (recorded before the gate existed, or run with it off),
     ``precision`` with a gate but no cost bound (recorded before the bound
     existed, or run with ``precision``)."""
-    spec = row.get("spec")
-    settings_of_run: Mapping[str, Any] = (
-        spec
-        if isinstance(spec, Mapping)
-        else {
-            "baseline": row.get("baseline"),
-            "cache_fraction": row.get("cache_fraction") or 0.0,
-            "full_cache": _recorded("full_cache", "setting")(row) or "auto",
-            "gpus": row.get("gpus"),
-            "host_experts": row.get("host_experts") or "off",
-        }
-    )
-    if not _spec_gates_route_ahead(settings_of_run):
+    if not _spec_gates_route_ahead(_spec_of_row(row)):
         return value
     parts = row.get("pd_parts")
     settings = parts.get("settings") if isinstance(parts, Mapping) else None
@@ -705,6 +708,26 @@ def _refine_route_ahead_gate(value: Any, row: Mapping[str, Any]) -> Any:
     if not settings.get("route_ahead_cost_gate", False):
         return "precision"
     return value
+
+
+def _spec_shadow_checks_route_ahead(spec: Mapping[str, Any]) -> bool:
+    """Whether a spec's run has PD's route-ahead gate acting with a gate
+    (not ``off``), which alone reads ``route_ahead_shadow_check``."""
+    return _spec_gates_route_ahead(spec) and spec.get("route_ahead_gate") != "off"
+
+
+def _refine_route_ahead_shadow_check(value: Any, row: Mapping[str, Any]) -> Any:
+    """A row's shadow check as its controller ran it: a row whose controller
+    recorded a route-ahead gate but no ``route_ahead_shadow_check`` setting
+    is older than the check (its gated route-ahead was probed at once:
+    False)."""
+    if not _spec_gates_route_ahead(_spec_of_row(row)):
+        return value
+    parts = row.get("pd_parts")
+    settings = parts.get("settings") if isinstance(parts, Mapping) else None
+    if not isinstance(settings, Mapping) or settings.get("route_ahead_gate") is None:
+        return value
+    return settings.get("route_ahead_shadow_check", False)
 
 
 def _refine_rest_batching(value: Any, row: Mapping[str, Any]) -> Any:
@@ -858,6 +881,16 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         _recorded("route_ahead_gate"),
         refine=_refine_route_ahead_gate,
         read_where=_spec_gates_route_ahead,
+    ),
+    # pdflash.engine.config.EngineConfig.route_ahead_shadow_check (a test
+    # keeps the defaults equal); read where the gate acts; rows whose gate
+    # recorded no shadow check (older than it) read False
+    RunSetting(
+        "route_ahead_shadow_check",
+        True,
+        _recorded("route_ahead_shadow_check"),
+        refine=_refine_route_ahead_shadow_check,
+        read_where=_spec_shadow_checks_route_ahead,
     ),
     # the SDPA backends a run's attention may use (None: the process's
     # PDFLASH_SDPA_BACKENDS, as before the setting); one spelling per set

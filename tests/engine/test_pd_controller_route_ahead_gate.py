@@ -49,17 +49,22 @@ def _step(
     """A step: route-ahead's host seconds ``host_s`` (with noise) where it
     runs, one expert's copy time ``copy_s`` (None: not measured), and the
     forwards' waits for copies ``waits_s`` (with noise); the wall's
-    log-normal noise ``noise``."""
+    log-normal noise ``noise``. A shadow step (route-ahead off, its
+    predictions counted) is timed as an off one and reports the
+    predictions and the predictor's share of the host time (0.7), as the
+    engine does."""
     wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, noise)))
-    named = NAMED if parts.route_ahead else 0
-    host = host_s * float(np.exp(rng.normal(0.0, 0.1))) if parts.route_ahead else 0.0
+    predicts = parts.route_ahead or parts.route_ahead_shadow
+    named = NAMED if predicts else 0
+    host = host_s * float(np.exp(rng.normal(0.0, 0.1))) if predicts else 0.0
+    stream = 0.3 * host if parts.route_ahead and parts.stream else 0.0
     return StepMeasurement(
         wall_s=wall,
         committed_tokens=4,
         verified_tokens=4,
         route_ahead_predicted=named,
         route_ahead_hits=round(precision * named),
-        part_host_s={"route_ahead": 0.7 * host, "stream": 0.3 * host if parts.stream else 0.0},
+        part_host_s={"route_ahead": 0.7 * host, "stream": stream},
         expert_copy_s=copy_s,
         exposed_fetch_s=waits_s * float(np.exp(rng.normal(0.0, 0.1))),
     )
@@ -105,6 +110,16 @@ def _ra_decisions(ctl: PDController) -> list[dict[str, object]]:
 
 def _gated() -> PDController:
     return PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION)
+
+
+def _probed() -> PDController:
+    """The gate without its shadow check (the ablation): a gated
+    route-ahead's turn runs its paired must-earn probe at once, whatever its
+    precision. The tests of that probe's rules below an imprecise gate
+    (earning its way back, the early end) use it: with the check, an
+    imprecise route-ahead is kept off before any probe
+    (``test_pd_controller_shadow_check.py``)."""
+    return PDController(route_ahead_gate=ROUTE_AHEAD_GATE_PRECISION, route_ahead_shadow_check=False)
 
 
 def _bounded() -> PDController:
@@ -178,11 +193,12 @@ def test_precise_route_ahead_stays_on_and_is_probed_as_default_on(seed: int) -> 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_gated_route_ahead_earns_its_way_back_where_it_pays(seed: int) -> None:
-    """Precision 0.45 but route-ahead makes the step 30% shorter: gated off
-    first, then its must-earn probe (a later round) shows the gain and
-    switches it on; later probes still judge it as must-earn (precision
-    below the gate) and keep it."""
-    ctl = _gated()
+    """Without the shadow check: precision 0.45 but route-ahead makes the
+    step 30% shorter: gated off first, then its must-earn probe (a later
+    round) shows the gain and switches it on; later probes still judge it
+    as must-earn (precision below the gate) and keep it. (With the check it
+    stays off: its precision is below the gate.)"""
+    ctl = _probed()
     on = simulate(ctl, precision=0.45, ra_factor=0.7, steps=200, seed=seed)
     first, *later = _ra_decisions(ctl)
     assert first["switched"] and first["on"] is False
@@ -214,8 +230,10 @@ def test_an_imprecise_probe_at_one_request_ends_early(seed: int) -> None:
     must-earn probe of route-ahead whose pairs do not show a gain ends after
     ROUTE_AHEAD_IMPRECISE_PAIRS pairs, so route-ahead runs in at most 3 of
     its steps (a settle and a measured step, then the next pair's measured
-    step); a probe the noise lets show a gain judges on by its looks."""
-    ctl = _gated()
+    step); a probe the noise lets show a gain judges on by its looks.
+    Without the shadow check, which keeps such a route-ahead off before any
+    probe."""
+    ctl = _probed()
     on = simulate(ctl, precision=0.4, ra_factor=1.08, steps=400, seed=seed, noise=0.25)
     first, *later = _ra_decisions(ctl)
     assert first["switched"] and first["on"] is False
@@ -235,11 +253,12 @@ def test_an_imprecise_probe_at_one_request_ends_early(seed: int) -> None:
 
 def _late_on_share(*, ra_factor: float, noise: float, seeds: int = 12) -> float:
     """The mean share of steps 200-399 route-ahead ran in, precision 0.45
-    (gated off first), over ``seeds`` runs."""
+    (gated off first), over ``seeds`` runs, without the shadow check (its
+    probes judge it)."""
     shares = []
     for seed in range(seeds):
         on = simulate(
-            _gated(), precision=0.45, ra_factor=ra_factor, steps=400, seed=seed, noise=noise
+            _probed(), precision=0.45, ra_factor=ra_factor, steps=400, seed=seed, noise=noise
         )
         shares.append(sum(on[200:]) / 200)
     return float(np.mean(shares))
@@ -277,10 +296,11 @@ def test_a_probe_whose_predictions_turned_precise_runs_in_full(seed: int) -> Non
 
 
 def test_route_ahead_on_by_its_probe_below_the_gate_is_switched_off_early() -> None:
-    """Route-ahead earned its way back at precision 0.45 (30% faster); then
-    it stops paying (1.0): a later probe whose pairs do not show a gain
-    ends early and switches it off."""
-    ctl = _gated()
+    """Route-ahead earned its way back at precision 0.45 (30% faster; without
+    the shadow check, which would have kept it off); then it stops paying
+    (1.0): a later probe whose pairs do not show a gain ends early and
+    switches it off."""
+    ctl = _probed()
     simulate(ctl, precision=0.45, ra_factor=0.7, steps=200, seed=1)
     assert ctl.configured.route_ahead
     before = len(_ra_decisions(ctl))
