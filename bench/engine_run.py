@@ -323,9 +323,9 @@ class RunSpec:
     route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
     # whether PD's controller reads a gated route-ahead in shadow (its
     # predictions counted, no copy made) before a must-earn probe of it
-    # (pdflash.engine.config.EngineConfig.route_ahead_shadow_check; False:
-    # the ablation); a run where the gate does not act ignores it
-    route_ahead_shadow_check: bool = True
+    # (pdflash.engine.config.EngineConfig.route_ahead_shadow_check; opt-in);
+    # a run where the gate does not act ignores it
+    route_ahead_shadow_check: bool = False
     # how a step is batched while PD's controller rests
     # (pdflash.engine.config.EngineConfig.rest_batching: "first_come" or
     # "scheduler"); a run without a resting controller ignores it

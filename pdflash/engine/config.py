@@ -243,7 +243,9 @@ class EngineConfig:
             shadow (its predictions counted, no copy made) and keeps it off,
             with no paired probe, where their precision is below the gate
             (:mod:`~pdflash.engine.pd_controller`, "The shadow check").
-            Default on; off: the paired probe runs at once (the ablation).
+            Default off (opt-in until a GPU A/B shows it pays: on the CPU
+            replay at c=1 it read 0.996x without it); off: the paired probe
+            runs at once.
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
@@ -298,7 +300,7 @@ class EngineConfig:
     host_control: str = "controller"
     rest_batching: str = "first_come"
     route_ahead_gate: str = DEFAULT_ROUTE_AHEAD_GATE
-    route_ahead_shadow_check: bool = True
+    route_ahead_shadow_check: bool = False
     host_ahead_min_exposed: float = DEFAULT_HOST_AHEAD_MIN_EXPOSED
     cuda_graphs: str = "auto"
     verify_width: str = "full"

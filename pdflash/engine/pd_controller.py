@@ -229,7 +229,7 @@ below the gate switches route-ahead off (and the stream with it), and the
 first round skips its probe; at or above, it stays on. The first round of
 probes waits for this decision. From then on, route-ahead **must earn** its
 place (the host part's rule, above; while it is off, its turn starts with
-the shadow check, below) while it is off by the gate or by a
+the opt-in shadow check, below) while it is off by the gate or by a
 must-earn verdict, and while the window's precision is below the gate;
 otherwise it is judged as a default-on part. A must-earn probe's on-arm
 steps refill the window. While route-ahead runs on the first decision's
@@ -305,7 +305,10 @@ they hide).
 
 **The shadow check** (``route_ahead_shadow_check``; the engine's controller
 takes :attr:`~pdflash.engine.config.EngineConfig.route_ahead_shadow_check`,
-on by default). What a must-earn probe of an imprecise route-ahead costs is
+off by default: opt-in until a GPU A/B shows it pays; on the CPU replay of
+that trace at c=1, where a route-ahead step costs little, PD with it read
+0.996x [0.989, 0.999] PD without it, 8 pairs,
+``bench/results/cpu/shadow-check-2026-12-07/``). What a must-earn probe of an imprecise route-ahead costs is
 its on-arm steps' copies, not its predictions: the wrong copies take the
 link and cache slots and the stream's narrower lookahead misses (on the H100
 at c=1, precision about 0.4: each on-arm step about 12% slower, median log
@@ -332,7 +335,7 @@ time is the predictor's alone (no copy issue, no stream plan), less than
 route-ahead's own, so the cost bound and the waits bound, which read the
 window, read them in route-ahead's favour. ``summary()`` counts the shadow
 steps (``route_ahead_shadow_steps``) and ``settings`` the setting; without it
-(the ablation) the probe runs at once, as before the check.
+(the default) the probe runs at once, as before the check.
 
 **Host control** (``host_control``, :data:`HOST_CONTROLS`; the engine's
 controller takes :attr:`~pdflash.engine.config.EngineConfig.host_control`):
@@ -1043,7 +1046,7 @@ class PDController:
             its way back (off, under the gate), its predictions are read in
             shadow first, with no copy made, and a precision below the gate
             keeps it off with no paired probe (module docstring, "The shadow
-            check"). False: the paired probe runs at once (the ablation). It
+            check"). False (the default): the paired probe runs at once. It
             acts only with a ``route_ahead_gate``.
     """
 
@@ -1073,7 +1076,7 @@ class PDController:
         route_ahead_gate: float | None = None,
         route_ahead_gate_steps: int = ROUTE_AHEAD_GATE_STEPS,
         route_ahead_cost_gate: bool = False,
-        route_ahead_shadow_check: bool = True,
+        route_ahead_shadow_check: bool = False,
     ) -> None:
         for name, value, low in (
             ("min_pairs", min_pairs, 2),

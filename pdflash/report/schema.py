@@ -887,7 +887,7 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
     # recorded no shadow check (older than it) read False
     RunSetting(
         "route_ahead_shadow_check",
-        True,
+        False,
         _recorded("route_ahead_shadow_check"),
         refine=_refine_route_ahead_shadow_check,
         read_where=_spec_shadow_checks_route_ahead,

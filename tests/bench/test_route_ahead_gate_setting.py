@@ -61,14 +61,8 @@ def test_specs_are_keyed_by_it_where_the_controller_runs_route_ahead() -> None:
 
 
 def test_rows_read_the_gate_their_controller_ran() -> None:
-    # as today's controller records it (a row whose gate recorded no shadow
-    # check is older than it: test_route_ahead_shadow_check_setting)
     bounded = {
-        "settings": {
-            "route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION,
-            "route_ahead_cost_gate": True,
-            "route_ahead_shadow_check": True,
-        }
+        "settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION, "route_ahead_cost_gate": True}
     }
     precision = {
         "settings": {"route_ahead_gate": ROUTE_AHEAD_GATE_PRECISION, "route_ahead_cost_gate": False}

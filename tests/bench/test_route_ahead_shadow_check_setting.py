@@ -1,5 +1,5 @@
 """The route-ahead gate's shadow check (``route_ahead_shadow_check``) as a
-run setting: a RunSpec field with the engine's default, checked, reaching
+run setting (opt-in): a RunSpec field with the engine's default, checked, reaching
 the engine configuration and its controller, keyed by the report only where
 the gate acts, read as False for rows whose gate recorded no shadow check
 (older than it), recorded by runs, and settable on an issue-16 arm (the A/B
@@ -21,8 +21,9 @@ from pdflash.report.schema import RUN_SETTINGS, row_key, spec_settings
 
 
 def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
-    assert SETTING.default is EngineConfig().route_ahead_shadow_check is True
-    assert RunSpec(arch="tiny", baseline="PD").route_ahead_shadow_check is True
+    # opt-in until a GPU A/B shows it pays
+    assert SETTING.default is EngineConfig().route_ahead_shadow_check is False
+    assert RunSpec(arch="tiny", baseline="PD").route_ahead_shadow_check is False
     for check in (True, False):
         spec = RunSpec(arch="tiny", baseline="PD", route_ahead_shadow_check=check)
         spec.validate()
@@ -33,8 +34,8 @@ def test_the_default_is_the_engines_and_reaches_its_configuration() -> None:
 
 def test_specs_are_keyed_by_it_where_the_gate_acts() -> None:
     base = {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2}
-    assert spec_settings(base) == spec_settings({**base, "route_ahead_shadow_check": True})
-    assert spec_settings(base) != spec_settings({**base, "route_ahead_shadow_check": False})
+    assert spec_settings(base) == spec_settings({**base, "route_ahead_shadow_check": False})
+    assert spec_settings(base) != spec_settings({**base, "route_ahead_shadow_check": True})
     for other in (
         {"route_ahead_gate": "off"},  # no gate, no check
         {"baseline": "PD+host"},  # the gate does not act
@@ -44,7 +45,7 @@ def test_specs_are_keyed_by_it_where_the_gate_acts() -> None:
         {"gpus": 2},
     ):
         spec = {**base, **other}
-        assert spec_settings(spec) == spec_settings({**spec, "route_ahead_shadow_check": False})
+        assert spec_settings(spec) == spec_settings({**spec, "route_ahead_shadow_check": True})
 
 
 def test_rows_read_the_check_their_controller_ran() -> None:
@@ -60,9 +61,9 @@ def test_rows_read_the_check_their_controller_ran() -> None:
     spec_row = pd_row(spec={"arch": "tiny", "baseline": "PD"}, pd_parts=before)
     assert SETTING.of_row(spec_row) is False
     # no gate recorded, or none acting: the default, as the spec's
-    assert SETTING.of_row(pd_row(pd_parts={"settings": {"route_ahead_gate": None}})) is True
-    assert SETTING.of_row(pd_row(baseline="PD+host", pd_parts=before)) is True
-    assert SETTING.of_row(pd_row()) is True
+    assert SETTING.of_row(pd_row(pd_parts={"settings": {"route_ahead_gate": None}})) is False
+    assert SETTING.of_row(pd_row(baseline="PD+host", pd_parts=before)) is False
+    assert SETTING.of_row(pd_row()) is False
     assert row_key(pd_row(pd_parts=before)) != row_key(pd_row(pd_parts=checked))
     assert row_key(pd_row(pd_parts=before)) == row_key(pd_row(pd_parts=ablated))
 
@@ -77,20 +78,20 @@ def test_a_run_records_it() -> None:
         prompt_len=8,
         max_new_tokens=8,
     )
-    pd = run_spec(RunSpec(baseline="PD", **base)).row
+    pd = run_spec(RunSpec(baseline="PD", route_ahead_shadow_check=True, **base)).row
     assert pd["route_ahead_shadow_check"] is True
     assert pd["pd_parts"]["settings"]["route_ahead_shadow_check"] is True
     assert "route_ahead_shadow_steps" in pd["pd_parts"]
     assert SETTING.of_row(pd) is True
-    ablated = run_spec(RunSpec(baseline="PD", route_ahead_shadow_check=False, **base)).row
-    assert ablated["route_ahead_shadow_check"] is False
-    assert ablated["pd_parts"]["settings"]["route_ahead_shadow_check"] is False
-    assert SETTING.of_row(ablated) is False and row_key(pd) != row_key(ablated)
+    default = run_spec(RunSpec(baseline="PD", **base)).row
+    assert default["route_ahead_shadow_check"] is False
+    assert default["pd_parts"]["settings"]["route_ahead_shadow_check"] is False
+    assert SETTING.of_row(default) is False and row_key(pd) != row_key(default)
     off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **base)).row
-    assert off["route_ahead_shadow_check"] is None and SETTING.of_row(off) is True
+    assert off["route_ahead_shadow_check"] is None and SETTING.of_row(off) is False
     b1 = run_spec(RunSpec(baseline="B1", **base)).row
-    assert b1["route_ahead_shadow_check"] is None and SETTING.of_row(b1) is True
+    assert b1["route_ahead_shadow_check"] is None and SETTING.of_row(b1) is False
 
 
 def test_an_issue16_arm_sets_it() -> None:
-    check_an_issue16_arm_sets("route_ahead_shadow_check", "false", False)
+    check_an_issue16_arm_sets("route_ahead_shadow_check", "true", True)
