@@ -495,9 +495,7 @@ def test_the_engines_controller_runs_its_shadow_check_without_copies(
     decision): at route-ahead's next turn it runs in shadow, its steps
     report predictions and submit no ROUTE_AHEAD byte, and it stays off
     with the shadow check's decision."""
-    ctl = _Logged(
-        route_ahead_gate=1.0, route_ahead_shadow_check=True, warmup=0, hold=2, max_hold=2
-    )
+    ctl = _Logged(route_ahead_gate=1.0, route_ahead_shadow_check=True, warmup=0, hold=2, max_hold=2)
     _engine_run(offloaded, ctl)
     shadow = [(m, b) for parts, m, b in ctl.log if parts.shadows_route_ahead]
     assert shadow, "no shadow step ran"
