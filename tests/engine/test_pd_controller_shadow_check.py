@@ -4,8 +4,8 @@ runs it in shadow (its predictions counted, no copy made) for the gate's
 ``route_ahead_gate_steps`` steps with predictions; a batch precision below
 the gate keeps it off with no paired probe, at or above it the must-earn
 probe runs as before, and no shadow step enters a probe's pairs. Simulated
-steps (``test_pd_controller_route_ahead_gate``'s: a shadow step is timed as
-an off one and reports its predictions); then the engine on the tiny
+steps (``route_ahead_sim``: a shadow step is timed as an off one and
+reports its predictions); then the engine on the tiny
 offloaded target: a shadow step predicts and counts, and copies nothing."""
 
 from __future__ import annotations
@@ -26,66 +26,11 @@ from pdflash.engine.pd_controller import (
 )
 
 from .conftest import offloaded_pd_engine
+from .route_ahead_sim import ra_decisions as _ra_decisions
+from .route_ahead_sim import simulate
+from .route_ahead_sim import step as _step
 
 SHADOW_WHY = "kept off (imprecise in a shadow check"
-NAMED = 200  # (layer, expert) pairs a step's predictions name
-
-
-def _step(
-    parts: PartsState,
-    rng: np.random.Generator,
-    *,
-    precision: float,
-    ra_factor: float,
-    host_s: float = 0.0,
-    copy_s: float | None = None,
-    waits_s: float = 0.0,
-    noise: float = 0.02,
-) -> StepMeasurement:
-    """A step as ``test_pd_controller_route_ahead_gate``'s: the wall
-    ``ra_factor`` times longer where route-ahead runs (log-normal noise
-    ``noise``); a shadow step is timed as an off one and reports its
-    predictions (``precision`` of :data:`NAMED` routed) and the predictor's
-    share (0.7) of route-ahead's host seconds ``host_s``, as the engine's;
-    the forwards wait ``waits_s`` for copies."""
-    wall = 0.05 * (ra_factor if parts.route_ahead else 1.0) * float(np.exp(rng.normal(0.0, noise)))
-    predicts = parts.route_ahead or parts.route_ahead_shadow
-    named = NAMED if predicts else 0
-    host = host_s * float(np.exp(rng.normal(0.0, 0.1))) if predicts else 0.0
-    stream = 0.3 * host if parts.route_ahead and parts.stream else 0.0
-    return StepMeasurement(
-        wall_s=wall,
-        committed_tokens=4,
-        verified_tokens=4,
-        route_ahead_predicted=named,
-        route_ahead_hits=round(precision * named),
-        part_host_s={"route_ahead": 0.7 * host, "stream": stream},
-        expert_copy_s=copy_s,
-        exposed_fetch_s=waits_s,
-    )
-
-
-def simulate(
-    ctl: PDController,
-    *,
-    precision: float,
-    ra_factor: float,
-    steps: int,
-    seed: int = 0,
-    noise: float = 0.02,
-) -> list[bool]:
-    """Run ``steps`` steps; returns route-ahead's state per step."""
-    ctl.bind(PartsState())
-    rng = np.random.default_rng(seed)
-    states = []
-    for _ in range(steps):
-        states.append(ctl.parts.route_ahead)
-        ctl.observe(_step(ctl.parts, rng, precision=precision, ra_factor=ra_factor, noise=noise))
-    return states
-
-
-def _ra_decisions(ctl: PDController) -> list[dict[str, object]]:
-    return [d for d in ctl.summary()["decisions"] if d["part"] == "route_ahead"]
 
 
 def _checked(**kwargs: Any) -> PDController:
