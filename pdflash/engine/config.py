@@ -243,9 +243,9 @@ class EngineConfig:
             shadow (its predictions counted, no copy made) and keeps it off,
             with no paired probe, where their precision is below the gate
             (:mod:`~pdflash.engine.pd_controller`, "The shadow check").
-            Default off (opt-in until a GPU A/B shows it pays: on the CPU
-            replay at c=1 it read 0.996x without it); off: the paired probe
-            runs at once.
+            Off by default: opt-in until a GPU A/B shows it pays
+            (``bench/results/cpu/shadow-check-2026-12-07/``); off, the paired
+            probe runs at once.
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
             with it the service's split of the stream's copies) only where
