@@ -11,6 +11,7 @@ offloaded target: a shadow step predicts and counts, and copies nothing."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -59,8 +60,10 @@ def _drive(
     ra_factor: float = 1.0,
     seed: int = 0,
     noise: float = 0.02,
+    shadow_step: Callable[[StepMeasurement], StepMeasurement] | None = None,
 ) -> tuple[list[PartsState], list[StepMeasurement]]:
-    """Run ``steps`` simulated steps (``precision`` per step where a list);
+    """Run ``steps`` simulated steps (``precision`` per step where a list;
+    a shadow step's measurement changed by ``shadow_step`` where given);
     after each, assert that no shadow step is in the probe's pairs. Returns
     the parts and the measurement of each step."""
     ctl.bind(PartsState())
@@ -72,6 +75,8 @@ def _drive(
         parts = ctl.parts
         m = _step(parts, rng, precision=p, ra_factor=ra_factor, noise=noise)
         if parts.route_ahead_shadow:
+            if shadow_step is not None:
+                m = shadow_step(m)
             shadow_ids.add(id(m))
         seen.append(parts)
         measured.append(m)
@@ -157,16 +162,11 @@ def test_a_shadow_check_without_predictions_runs_the_probe() -> None:
     """Shadow steps that name nothing (no prediction read): after twice the
     gate's steps the check gives way to the paired probe, as before."""
     ctl = _checked(warmup=0, hold=2, max_hold=2)
-    ctl.bind(PartsState())
-    rng = np.random.default_rng(0)
-    seen = []
-    for _ in range(60):
-        parts = ctl.parts
-        seen.append(parts)
-        m = _step(parts, rng, precision=0.3, ra_factor=1.0)
-        if parts.route_ahead_shadow:
-            m = dataclasses.replace(m, route_ahead_predicted=0, route_ahead_hits=0)
-        ctl.observe(m)
+
+    def names_nothing(m: StepMeasurement) -> StepMeasurement:
+        return dataclasses.replace(m, route_ahead_predicted=0, route_ahead_hits=0)
+
+    seen, _ = _drive(ctl, 60, precision=0.3, shadow_step=names_nothing)
     runs = _runs([p.route_ahead_shadow for p in seen])[:2]  # the last may run past the end
     assert len(runs) == 2 and all(n == 2 * ROUTE_AHEAD_GATE_STEPS for _, n in runs)
     assert not any(SHADOW_WHY in str(d["why"]) for d in _ra_decisions(ctl))
@@ -180,16 +180,11 @@ def test_shadow_steps_count_in_steps_that_admit_requests() -> None:
     requests (not measured) count toward the check, as the first
     decision's clear reading does."""
     ctl = _checked(warmup=0, hold=2, max_hold=2)
-    ctl.bind(PartsState())
-    rng = np.random.default_rng(0)
-    seen = []
-    for _ in range(40):
-        parts = ctl.parts
-        seen.append(parts)
-        m = _step(parts, rng, precision=0.3, ra_factor=1.0)
-        if parts.route_ahead_shadow:
-            m = dataclasses.replace(m, admitted=1)
-        ctl.observe(m)
+
+    def admits(m: StepMeasurement) -> StepMeasurement:
+        return dataclasses.replace(m, admitted=1)
+
+    seen, _ = _drive(ctl, 40, precision=0.3, shadow_step=admits)
     runs = _runs([p.route_ahead_shadow for p in seen])
     assert runs and all(n == ROUTE_AHEAD_GATE_STEPS for _, n in runs)
     assert all(str(d["why"]).startswith(SHADOW_WHY) for d in _ra_decisions(ctl)[1:])
