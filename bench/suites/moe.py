@@ -169,10 +169,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--row-sort",
         default=None,
-        choices=["counting", "sort", "both"],
+        choices=["plan", "counting", "sort", "both"],
         help="how the offloaded block orders its routed rows (pdflash.models.offload."
-        "set_row_sort): counting (default; PDFLASH_ROW_SORT) or sort; both = counting in the "
-        "main fields, sort timed in the same all-hit rounds (rows: by_row_sort)",
+        "set_row_sort): plan (default; PDFLASH_ROW_SORT), counting or sort; both = plan in "
+        "the main fields, counting timed in the same all-hit rounds (rows: by_row_sort)",
     )
     p.add_argument(
         "--resident-graphs",
@@ -673,7 +673,7 @@ def _all_hit(
     # (field of the row, setting, context that applies it)
     variants: list[tuple[str, str, Any]] = []
     if args.row_sort == "both":
-        variants.append(("by_row_sort", "sort", _row_sort))
+        variants.append(("by_row_sort", "counting", _row_sort))
     if args.resident_graphs == "both":
         variants.append(("by_resident_graphs", "on", _resident_graphs))
     recorded = runtime.resident_graphs
@@ -1238,7 +1238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.row_sort is not None:
         from pdflash.models.offload import set_row_sort
 
-        set_row_sort("counting" if args.row_sort == "both" else args.row_sort)
+        set_row_sort("plan" if args.row_sort == "both" else args.row_sort)
     if args.resident_graphs is not None:
         from pdflash.models.resident_graphs import set_resident_graphs
 

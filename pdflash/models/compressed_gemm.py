@@ -55,9 +55,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from pdflash.models.fused_moe_triton import RowPlan
 
 #: the settings; ``auto`` resolves to ``fused`` or ``dequant`` per device
 COMPRESSED_GEMM_MODES = ("auto", "dequant", "fused")
@@ -347,19 +350,28 @@ class FusedSlabMLP:
         self,
         x: torch.Tensor,
         x_rows: torch.Tensor,
-        key_sorted: torch.Tensor,
+        key_sorted: torch.Tensor | None,
         width: int,
         views: dict[str, torch.Tensor],
         max_groups: int,
+        *,
+        plan: RowPlan | None = None,
     ) -> torch.Tensor:
         """``out[r] = mlp(slot key_sorted[r])(x[x_rows[r]])`` for the rows
         sorted by slot key (``width`` = a masked row: its output is left
         unset); ``views``: the slab's ``[width, ...]`` component views;
-        ``max_groups`` bounds the distinct keys (the layer's experts)."""
+        ``max_groups`` bounds the distinct keys (the layer's experts).
+        ``plan``: the rows' tile map made already (the kernels'
+        ``row_plan``; its ``token`` is ``x_rows``, ``key_sorted`` is unused)."""
         k = self.k
-        block_m = pick_block_m(int(key_sorted.numel()), max_groups)
-        # the kernels' two-launch tile map (same tiles as :func:`tile_map`)
-        tiles = k.tile_map(key_sorted, width, block_m, max_groups)
+        if plan is not None:
+            block_m, tiles = plan.block_m, plan.tiles
+        elif key_sorted is None:
+            raise ValueError("forward_slab needs the rows' sorted keys or their plan")
+        else:
+            block_m = pick_block_m(int(key_sorted.numel()), max_groups)
+            # the kernels' two-launch tile map (same tiles as :func:`tile_map`)
+            tiles = k.tile_map(key_sorted, width, block_m, max_groups)
         gate_up = self._weight(views, "gate_up")
         if self.act == "gptoss":
             act, cols = k.ACT_GPTOSS, (0, 1, 2)

@@ -526,6 +526,205 @@ def tile_map(
     return slot, start, end
 
 
+#: :func:`row_plan` takes at most this many ``rows x keys`` cells (one
+#: program walks them all: 2048 rows over 128 keys, 8192 over 32; past it
+#: the caller sorts the usual way, in kernels that spread over the GPU)
+ROW_PLAN_MAX_CELLS = 1 << 18
+#: one-hot cells a program holds at a time (``keys x rows`` of a chunk)
+_ROW_PLAN_CHUNK_CELLS = 8192
+
+
+@triton.jit
+def _row_plan_kernel(
+    ids_ptr, keys_ptr, n, width, k, bound, position_ptr, token_ptr, slot_ptr, start_ptr,
+    end_ptr, BLOCK_W: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, N_PAD: tl.constexpr, T_PAD: tl.constexpr,
+):  # fmt: skip
+    """One program: each routed row's key ``keys[ids[r]]``, its place in the
+    rows ordered stably by key, the token of the row at each place and the
+    ``BLOCK_M`` tile map over the ordered rows (the counting sort of
+    :func:`pdflash.models.offload.sort_rows` and :func:`tile_map` fused).
+    The loops run to ``N_PAD >= n`` and ``T_PAD >= bound`` (powers of two:
+    few compiles), masked past them."""
+    g = tl.arange(0, BLOCK_W)
+    # pass 1: rows per key
+    counts = tl.full((BLOCK_W,), 0, tl.int32)
+    for c0 in range(0, N_PAD, CHUNK):
+        r = c0 + tl.arange(0, CHUNK)
+        live = r < n
+        e = tl.load(ids_ptr + r, mask=live, other=0)
+        key = tl.load(keys_ptr + e, mask=live, other=-1).to(tl.int32)
+        hit = (key[None, :] == g[:, None]).to(tl.int32)  # [BLOCK_W, CHUNK]
+        counts += tl.reduce(hit, 1, _add_combine)
+    ends = tl.associative_scan(counts, 0, _add_combine)
+    # pass 2: a row's place is its key's next free place, in row order
+    nxt = ends - counts
+    for c0 in range(0, N_PAD, CHUNK):
+        r = c0 + tl.arange(0, CHUNK)
+        live = r < n
+        e = tl.load(ids_ptr + r, mask=live, other=0)
+        key = tl.load(keys_ptr + e, mask=live, other=-1).to(tl.int32)
+        hit = (key[None, :] == g[:, None]).to(tl.int32)
+        rank = tl.associative_scan(hit, 1, _add_combine)  # 1-based among the chunk's rows of a key
+        place = tl.reduce(hit * (nxt[:, None] + rank - 1), 0, _add_combine)
+        tl.store(position_ptr + r, place, mask=live)
+        tl.store(token_ptr + place, r // k, mask=live)
+        nxt += tl.reduce(hit, 1, _add_combine)
+    # the tile map over the ordered rows
+    tiles = tl.where(g < width, (counts + BLOCK_M - 1) // BLOCK_M, 0)
+    tile_ends = tl.associative_scan(tiles, 0, _add_combine)
+    first = tile_ends - tiles
+    starts = ends - counts
+    for t0 in range(0, T_PAD, BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        t_live = t < bound
+        # a tile's group: how many groups' tiles end at or before it
+        grp = tl.reduce((tile_ends[None, :] <= t[:, None]).to(tl.int32), 1, _add_combine)
+        live = t_live & (grp < width)
+        sel = (g[None, :] == grp[:, None]).to(tl.int32)  # [BLOCK_T, BLOCK_W]
+        group_start = tl.where(live, tl.reduce(sel * starts[None, :], 1, _add_combine), 0)
+        group_end = tl.where(live, tl.reduce(sel * ends[None, :], 1, _add_combine), 0)
+        group_first = tl.where(live, tl.reduce(sel * first[None, :], 1, _add_combine), 0)
+        tl.store(slot_ptr + t, tl.where(live, grp, -1), mask=t_live)
+        tl.store(start_ptr + t, group_start + (t - group_first) * BLOCK_M, mask=t_live)
+        tl.store(end_ptr + t, group_end, mask=t_live)
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """What the fused MLP needs of the routed rows, from one launch
+    (:func:`row_plan`): ``position[r]`` is row ``r``'s place in the rows
+    ordered stably by slot key, ``token[p]`` the token of the row at place
+    ``p`` (the GEMM's ``x_rows``), ``tiles`` the ``block_m`` tile map over
+    the ordered rows (all int32)."""
+
+    position: torch.Tensor
+    token: torch.Tensor
+    tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    block_m: int
+
+
+def row_plan_fits(rows: int, width: int) -> bool:
+    """Whether :func:`row_plan` takes ``rows`` routed rows over ``width`` keys."""
+    return width >= 1 and rows * triton.next_power_of_2(width) <= ROW_PLAN_MAX_CELLS
+
+
+def row_plan(
+    ids: torch.Tensor, keys: torch.Tensor, width: int, k: int, block_m: int, max_groups: int
+) -> RowPlan:
+    """The routed rows ``r`` (token ``r // k``, expert ``ids[r]``) ordered
+    stably by slot key ``keys[ids[r]]`` (every key in ``[0, width)``) and
+    cut into ``block_m`` tiles, in one launch: the places, tokens and tiles
+    that :func:`pdflash.models.offload.sort_rows` (``position``, ``token``)
+    and :func:`tile_map` (the tiles, same count; dead tiles' row ranges are
+    not read) give, exactly. ``ids``: int64 ``[n]``; ``keys``: int64 table
+    indexed by expert id. :func:`row_plan_fits` says which sizes it takes."""
+    if width < 1 or block_m < 1 or k < 1:
+        raise ValueError(f"row_plan needs width, block_m and k >= 1, got {width}, {block_m}, {k}")
+    n = int(ids.numel())
+    if not row_plan_fits(max(n, 1), width):
+        raise ValueError(f"row_plan takes rows x keys <= {ROW_PLAN_MAX_CELLS}, got {n} x {width}")
+    if ids.dim() != 1 or keys.dim() != 1 or not (ids.is_contiguous() and keys.is_contiguous()):
+        raise ValueError("row_plan takes contiguous 1-D ids and keys")
+    device = ids.device
+    bound = -(-n // block_m) + min(width, n, max(0, max_groups))
+    position = torch.empty(n, dtype=torch.int32, device=device)
+    token = torch.empty(n, dtype=torch.int32, device=device)
+    slot = torch.empty(bound, dtype=torch.int32, device=device)
+    start = torch.empty_like(slot)
+    end = torch.empty_like(slot)
+    if n > 0:
+        block_w = triton.next_power_of_2(width)
+        chunk = max(16, min(triton.next_power_of_2(n), _ROW_PLAN_CHUNK_CELLS // block_w))
+        block_t = max(16, min(triton.next_power_of_2(bound), _ROW_PLAN_CHUNK_CELLS // block_w))
+        _row_plan_kernel[(1,)](
+            ids, keys, n, width, k, bound, position, token, slot, start, end,
+            BLOCK_W=block_w, CHUNK=chunk, BLOCK_T=block_t, BLOCK_M=block_m,
+            N_PAD=max(chunk, triton.next_power_of_2(n)),
+            T_PAD=max(block_t, triton.next_power_of_2(bound)), num_warps=8,
+        )  # fmt: skip
+    return RowPlan(position, token, (slot, start, end), block_m)
+
+
+@triton.jit
+def _round_bf16(v):
+    """fp32 ``v`` rounded to the nearest bf16 (ties to even), kept in fp32:
+    by bits, so the interpreter (which truncates in ``.to(bfloat16)``) and the
+    GPU round alike. Infinities stay, NaNs stay NaN."""
+    bits = v.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    special = (bits & 0x7F800000) == 0x7F800000
+    nan = special & ((bits & 0x007FFFFF) != 0)
+    out = tl.where(special, tl.where(nan, bits | 0x00400000, bits) & 0xFFFF0000, rounded)
+    return out.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _weighted_combine_kernel(
+    y_ptr, stride_y, position_ptr, w_ptr, out_ptr, stride_o, hidden, K: tl.constexpr,
+    HAS_POSITION: tl.constexpr, BF16_PRODUCT: tl.constexpr, BF16_OUT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    """``out[t] = sum_j round(y[row(t, j)] * w[t, j])`` accumulated in fp32 in
+    ``j`` order, rounded to out's dtype once; ``row(t, j)`` is
+    ``position[t * K + j]`` (the row's place) or ``t * K + j``."""
+    tok = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    live = h < hidden
+    acc = tl.full((BLOCK_H,), 0.0, tl.float32)
+    for j in tl.static_range(K):
+        if HAS_POSITION:
+            row = tl.load(position_ptr + tok * K + j).to(tl.int64)
+        else:
+            row = (tok * K + j).to(tl.int64)
+        w = tl.load(w_ptr + tok * K + j).to(tl.float32)
+        y = tl.load(y_ptr + row * stride_y + h, mask=live, other=0.0).to(tl.float32)
+        product = y * w
+        if BF16_PRODUCT:
+            product = _round_bf16(product)
+        acc += product
+    if BF16_OUT:
+        acc = _round_bf16(acc)
+    tl.store(out_ptr + tok * stride_o + h, acc.to(out_ptr.dtype.element_ty), mask=live)
+
+
+def weighted_combine(
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    out_dtype: torch.dtype,
+    position: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each token's ``k`` expert outputs weighted and summed in one launch:
+    ``(y[rows].view(T, k, H) * weights.unsqueeze(-1)).sum(dim=1)`` in
+    ``out_dtype``, where ``rows`` is ``position`` (each routed row's place in
+    ``y``) or every row in order. The product is rounded to the promoted
+    dtype of ``y`` and ``weights`` (as torch's multiply), the sum runs in
+    fp32 in ``j`` order and is rounded once."""
+    tokens, k = weights.shape
+    if y.dim() != 2 or (y.shape[1] > 1 and y.stride(1) != 1) or y.dtype not in _TL_DTYPES:
+        raise ValueError("weighted_combine takes fp32/bf16 [rows, H] with contiguous rows")
+    if position is not None and (position.numel() != tokens * k or not position.is_contiguous()):
+        raise ValueError(f"position must be contiguous with {tokens * k} entries")
+    if position is None and y.shape[0] != tokens * k:
+        raise ValueError(f"y has {y.shape[0]} rows for {tokens} x {k} routed rows")
+    product = torch.promote_types(y.dtype, weights.dtype)
+    if product not in _TL_DTYPES or out_dtype not in _TL_DTYPES:
+        raise ValueError(f"weighted_combine takes fp32/bf16, got {product} -> {out_dtype}")
+    hidden = int(y.shape[1])
+    out = torch.empty((tokens, hidden), dtype=out_dtype, device=y.device)
+    if tokens == 0 or hidden == 0:
+        return out
+    weights = weights.contiguous()
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _weighted_combine_kernel[(tokens, triton.cdiv(hidden, block_h))](
+        y, y.stride(0), position if position is not None else weights, weights, out,
+        out.stride(0), hidden, K=k, HAS_POSITION=position is not None,
+        BF16_PRODUCT=product == torch.bfloat16, BF16_OUT=out_dtype == torch.bfloat16,
+        BLOCK_H=block_h,
+    )  # fmt: skip
+    return out
+
+
 @dataclass(frozen=True)
 class SlabWeight:
     """One projection's compressed weights over the slots: ``[S, N, K]``

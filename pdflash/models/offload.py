@@ -90,6 +90,7 @@ from torch import nn
 
 from pdflash.cache.expert_cache import CacheTooSmallError, ExpertCache
 from pdflash.cache.staging import StagingRing, upload_from_ring
+from pdflash.models.compressed_gemm import pick_block_m
 from pdflash.models.resident_graphs import ResidentGraphs, StepFn, resident_graphs_mode
 from pdflash.protocols import (
     LayerBookingCache,
@@ -681,7 +682,7 @@ class OffloadedMoE:
     def _forward_grouped(
         self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        num_tokens, k = topk_ids.shape
+        k = topk_ids.shape[1]
         flat = topk_ids.reshape(-1)
         if flat.dtype != torch.int64:  # NOTE: each skipped no-op call is a dispatch saved
             flat = flat.long()
@@ -689,9 +690,8 @@ class OffloadedMoE:
         if self._unbooked:
             if not cache.layer_resident(layer):
                 raise RuntimeError(f"layer {layer} is not resident: it cannot run unbooked")
-            y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-            self._resident_rows(layer, x, k, flat, y_flat)
-        elif cache.layer_resident(layer):
+            return self._resident_output(layer, x, k, flat, topk_weights)
+        if cache.layer_resident(layer):
             # Every expert of the layer holds a slot: nothing to copy whatever
             # the routing, so the host never reads it (no sync). The layer's
             # experts are pinned (without counting) so no eviction reuses a
@@ -704,24 +704,62 @@ class OffloadedMoE:
                 cache.defer_access(layer, flat)
                 # a replay of the layer's recorded kernels where it can (the
                 # books above and below stay per call), else eagerly
-                replayed = self._resident_replay(layer, x, flat, topk_weights)
-                if replayed is None:
-                    y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-                    self._resident_rows(layer, x, k, flat, y_flat)
+                out = self._resident_replay(layer, x, flat, topk_weights)
+                if out is None:
+                    out = self._resident_output(layer, x, k, flat, topk_weights)
             except BaseException:
                 cache.abort(ids)
                 raise
             cache.unpin_layer(layer)
-            if replayed is not None:
-                return replayed
-        else:
-            y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-            self._grouped_with_misses(layer, x, k, flat, y_flat, topk_ids)
-        # each token's k rows are distinct: one weighted reduction in the
-        # routing weights' precision, rounded to x's dtype once
-        weighted = y_flat.view(num_tokens, k, -1) * topk_weights.unsqueeze(-1)
-        out = weighted.sum(dim=1)
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+            return out
+        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+        self._grouped_with_misses(layer, x, k, flat, y_flat, topk_ids)
+        return self._weighted_sum(y_flat, topk_weights, x.dtype)
+
+    def _weighted_sum(
+        self, y_flat: torch.Tensor, topk_weights: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Each token's ``k`` rows of ``y_flat`` (in routed-row order)
+        weighted and summed: one reduction in the routing weights'
+        precision, rounded to ``dtype`` once (each token's rows are distinct
+        experts). With a fused MLP, its kernels' one-launch combine (the
+        same sum in a fixed order, as :meth:`_planned`'s, so every path of
+        the block gives the same bits)."""
+        fused = self._fused()
+        if fused is not None:
+            out: torch.Tensor = fused.k.weighted_combine(y_flat, topk_weights, dtype)
+            return out
+        tokens, k = topk_weights.shape
+        out = (y_flat.view(tokens, k, -1) * topk_weights.unsqueeze(-1)).sum(dim=1)
+        return out if out.dtype == dtype else out.to(dtype)
+
+    def _planned(
+        self,
+        x: torch.Tensor,
+        k: int,
+        flat: torch.Tensor,
+        keys: torch.Tensor,
+        width: int,
+        views: dict[str, torch.Tensor],
+        topk_weights: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """An all-resident call of the fused MLP in four launches: the rows'
+        plan (slot keys, stable order, tiles: the kernels' ``row_plan``),
+        the two GEMMs and the weighted combine, in place of the sort,
+        tile-map, gather, multiply and sum kernels of :meth:`_run_sorted`
+        (the same rows, tiles and sums). ``keys``: the layer's ``[E]`` slot
+        keys in ``views``. None where it does not apply: no fused MLP, the
+        row sort (:func:`set_row_sort`) not ``plan``, or more rows x keys
+        than the plan takes."""
+        fused = self._fused()
+        n = int(flat.numel())
+        if fused is None or row_sort_mode() != "plan" or not fused.k.row_plan_fits(n, width):
+            return None
+        block_m = pick_block_m(n, self.num_experts)
+        plan = fused.k.row_plan(flat, keys, width, k, block_m, self.num_experts)
+        out = fused.forward_slab(x, plan.token, None, width, views, self.num_experts, plan=plan)
+        combined: torch.Tensor = fused.k.weighted_combine(out, topk_weights, x.dtype, plan.position)
+        return combined
 
     def resident_graph_blocker(self, layer: int, x: torch.Tensor, tokens: int) -> str | None:
         """Why an all-resident call of ``layer`` over ``x`` (``tokens`` rows)
@@ -762,7 +800,7 @@ class OffloadedMoE:
     ) -> torch.Tensor | None:
         """The call's output from a replay of the layer's recorded kernels
         (:class:`~pdflash.models.resident_graphs.ResidentGraphs`; the same
-        kernels as :meth:`_resident_rows` and the weighted sum, so the same
+        kernels as :meth:`_resident_output`, so the same
         bits), or None where it runs eagerly (the reason noted there)."""
         graphs = self.resident_graphs
         tokens, k = topk_weights.shape
@@ -791,10 +829,14 @@ class OffloadedMoE:
             def step(
                 xs: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
             ) -> tuple[torch.Tensor, ...]:
-                y_flat = torch.empty((ids.numel(), xs.shape[1]), dtype=xs.dtype, device=xs.device)
-                self._run_sorted(xs, k, keys[ids], width, views, y_flat)
-                out = (y_flat.view(xs.shape[0], k, -1) * weights.unsqueeze(-1)).sum(dim=1)
-                return (out if out.dtype == xs.dtype else out.to(xs.dtype),)
+                out = self._planned(xs, k, ids, keys, width, views, weights)
+                if out is None:
+                    y_flat = torch.empty(
+                        (ids.numel(), xs.shape[1]), dtype=xs.dtype, device=xs.device
+                    )
+                    self._run_sorted(xs, k, keys[ids], width, views, y_flat)
+                    out = self._weighted_sum(y_flat, weights, xs.dtype)
+                return (out,)
 
             # the recording reads these (and the MLP objects its key names)
             return step, (keys, views, grouped, fused)
@@ -804,6 +846,24 @@ class OffloadedMoE:
     def close(self) -> None:
         """Free the recorded resident calls (their pools and buffers)."""
         self.resident_graphs.close()
+
+    def _resident_output(
+        self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, topk_weights: torch.Tensor
+    ) -> torch.Tensor:
+        """An all-resident layer's output, eagerly: the fused MLP's planned
+        call over the layer's window (:meth:`_planned`) where it applies,
+        else its routed rows (:meth:`_resident_rows`) weighted and summed."""
+        window = self._resident_window(layer)
+        if window is not None:
+            lo, width = window
+            views = self._window_views(lo, width)
+            keys = self._layer_keys(layer, lo)
+            out = self._planned(x, k, flat, keys, width, views, topk_weights)
+            if out is not None:
+                return out
+        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+        self._resident_rows(layer, x, k, flat, y_flat)
+        return self._weighted_sum(y_flat, topk_weights, x.dtype)
 
     def _resident_rows(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
@@ -1091,19 +1151,21 @@ class OffloadedMoE:
 #: cells and sorts past it (the one-hot grows with both)
 COUNTING_SORT_MAX_CELLS = 1 << 22
 
-#: how :func:`sort_rows` orders rows (:func:`set_row_sort`)
-ROW_SORT_MODES = ("counting", "sort")
+#: how the offloaded block orders its routed rows (:func:`set_row_sort`)
+ROW_SORT_MODES = ("plan", "counting", "sort")
 _row_sort: str | None = None  # None: read PDFLASH_ROW_SORT on first use
 
 
 def set_row_sort(mode: str | None) -> None:
-    """How :func:`sort_rows` orders the routed rows from now on:
-    ``counting`` (the default: a counting sort of a handful of small kernels,
-    the least device time, what a captured graph replays) or ``sort``
-    (``torch.sort`` + ``searchsorted``: 5 torch calls instead of 12, so less
-    host time for an eager call whose host is the limit, one radix-sort
-    kernel more device time). Both give the same values. None: back to the
-    environment's ``PDFLASH_ROW_SORT``."""
+    """How the offloaded block orders its routed rows from now on: ``plan``
+    (the default: an all-resident call of a fused MLP orders, tiles and
+    combines its rows in one launch each, the kernels' ``row_plan`` and
+    ``weighted_combine``; every other call as ``counting``), ``counting``
+    (:func:`sort_rows` by a counting sort of a handful of small kernels)
+    or ``sort`` (``torch.sort`` + ``searchsorted``: 5 torch calls instead
+    of 12, so less host time for an eager call whose host is the limit,
+    one radix-sort kernel more device time). All give the same values.
+    None: back to the environment's ``PDFLASH_ROW_SORT``."""
     if mode is not None and mode not in ROW_SORT_MODES:
         raise ValueError(f"row sort must be one of {ROW_SORT_MODES}, got {mode!r}")
     global _row_sort
@@ -1112,10 +1174,10 @@ def set_row_sort(mode: str | None) -> None:
 
 def row_sort_mode() -> str:
     """The :func:`set_row_sort` setting now (else ``PDFLASH_ROW_SORT``, else
-    ``counting``)."""
+    ``plan``)."""
     global _row_sort
     if _row_sort is None:
-        mode = os.environ.get("PDFLASH_ROW_SORT", "counting") or "counting"
+        mode = os.environ.get("PDFLASH_ROW_SORT", "plan") or "plan"
         if mode not in ROW_SORT_MODES:
             raise ValueError(f"PDFLASH_ROW_SORT must be one of {ROW_SORT_MODES}, got {mode!r}")
         _row_sort = mode
@@ -1162,7 +1224,7 @@ def sort_rows(key: torch.Tensor, width: int, k: int) -> RowSort:
     torch calls, more device time). No host sync either way."""
     n = int(key.numel())
     device = key.device
-    if width * n <= COUNTING_SORT_MAX_CELLS and row_sort_mode() == "counting":
+    if width * n <= COUNTING_SORT_MAX_CELLS and row_sort_mode() != "sort":
         key_row = key.unsqueeze(0)  # [1, n]: the one-hot's and the gather's index
         onehot = key_row == _group_column(width, device)  # [width, n]
         # one scan over the one-hot laid out key by key: at (g, r) it counts

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -593,3 +594,150 @@ def test_fp8_block_fused_equals_dequant_path(
         _block_equal(ad, kernels, "fp8", "gptoss", alpha=alpha, limit=limit)
     else:
         _block_equal(ad, kernels, "fp8", "silu")
+
+
+# -- the row plan and the weighted combine (one launch each) -------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "experts", "width", "block_m", "chunk_cells"),
+    [
+        (1, 1, 1, 1, 16, None),
+        (5, 2, 7, 7, 1, None),
+        (64, 4, 32, 32, 64, None),
+        (20, 4, 12, 13, 16, 256),
+    ],
+)
+def test_row_plan_equals_sort_rows_and_tile_map(
+    kernels: ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    tokens: int,
+    k: int,
+    experts: int,
+    width: int,
+    block_m: int,
+    chunk_cells: int | None,
+) -> None:
+    """The one-launch plan gives the counting sort's places and tokens and the
+    reference tile map's tiles exactly; with 256 one-hot cells a program
+    (16 rows or tiles of 16 keys at a time) it walks 5 row chunks and 2 tile
+    chunks."""
+    if chunk_cells is not None:
+        monkeypatch.setattr(kernels, "_ROW_PLAN_CHUNK_CELLS", chunk_cells)
+    g = torch.Generator().manual_seed(tokens * 7 + width)
+    ids = torch.randint(0, experts, (tokens * k,), generator=g)
+    keys = torch.randperm(width, generator=g)[:experts]  # each expert's slot in the window
+    plan = kernels.row_plan(ids, keys, width, k, block_m, experts)
+    rows = offload.sort_rows(keys[ids], width, k)
+    assert plan.position.dtype == plan.token.dtype == torch.int32
+    assert torch.equal(plan.position.long(), rows.position)
+    assert torch.equal(plan.token.long(), rows.token)
+    want = tile_map(rows.key_sorted(), width, block_m, experts)
+    assert plan.block_m == block_m and torch.equal(plan.tiles[0], want[0])
+    live = want[0] >= 0  # dead tiles' row ranges are never read
+    assert torch.equal(plan.tiles[1][live], want[1][live])
+    assert torch.equal(plan.tiles[2][live], want[2][live])
+
+
+def test_row_plan_refuses_what_it_cannot_take(kernels: ModuleType) -> None:
+    ids, keys = torch.zeros(4, dtype=torch.long), torch.arange(3)
+    with pytest.raises(ValueError, match=">= 1"):
+        kernels.row_plan(ids, keys, 0, 2, 16, 3)
+    assert not kernels.row_plan_fits(kernels.ROW_PLAN_MAX_CELLS, 3)
+    with pytest.raises(ValueError, match="rows x keys"):
+        kernels.row_plan(
+            torch.zeros(kernels.ROW_PLAN_MAX_CELLS, dtype=torch.long), keys, 3, 2, 16, 3
+        )
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        kernels.row_plan(torch.zeros(4, 2, dtype=torch.long)[:, 0], keys, 3, 2, 16, 3)
+    plan = kernels.row_plan(ids[:0], keys, 3, 2, 16, 3)  # no rows: no tiles, no launch
+    assert plan.position.numel() == plan.token.numel() == plan.tiles[0].numel() == 0
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("placed", [False, True])
+def test_weighted_combine_is_the_weighted_sum_in_row_order(
+    kernels: ModuleType, weight_dtype: torch.dtype, placed: bool
+) -> None:
+    """Exactly each product rounded to the promoted dtype, summed in fp32 in
+    ``j`` order and rounded once (bf16 products of bf16 inputs hit ties, so
+    a truncating or ties-away rounding fails), which is also torch's
+    ``(y * w).sum(1)`` on the CPU."""
+    g = torch.Generator().manual_seed(3)
+    tokens, k, hidden = 37, 4, 72
+    y = (torch.randn(tokens * k, hidden, generator=g) * 3).bfloat16()
+    w = torch.rand(tokens, k, generator=g).to(weight_dtype)
+    position = torch.randperm(tokens * k, generator=g).to(torch.int32) if placed else None
+    rows = y[position.long()] if position is not None else y
+    product = torch.promote_types(y.dtype, weight_dtype)
+    products = (rows.float().view(tokens, k, hidden) * w.float().unsqueeze(-1)).to(product)
+    acc = torch.zeros(tokens, hidden)
+    for j in range(k):
+        acc = acc + products[:, j].float()
+    for out_dtype in (torch.bfloat16, torch.float32):
+        got = kernels.weighted_combine(y, w, out_dtype, position)
+        assert got.dtype == out_dtype
+        assert torch.equal(got, acc.to(out_dtype))
+    torch_sum = (rows.view(tokens, k, hidden) * w.unsqueeze(-1)).sum(dim=1).to(torch.bfloat16)
+    assert torch.equal(kernels.weighted_combine(y, w, torch.bfloat16, position), torch_sum)
+
+
+def test_weighted_combine_rounds_like_torch_at_the_edges(kernels: ModuleType) -> None:
+    """Ties to even, overflow to inf, inf and NaN kept (the bits-level rounding)."""
+    one = 1.0
+    tie_down, tie_up = one + 2**-8, one + 3 * 2**-8  # halfway between bf16 neighbours
+    vals = torch.tensor([[tie_down, tie_up, 3.4e38, float("inf"), float("nan"), -tie_up]])
+    y = vals.reshape(6, 1)  # 6 tokens of one row each
+    w = torch.ones(6, 1)
+    got = kernels.weighted_combine(y, w, torch.bfloat16)
+    want = y.to(torch.bfloat16)
+    assert torch.equal(got[:4], want[:4]) and bool(torch.isnan(got[4]).all())
+    assert torch.equal(got[5], want[5])
+    assert float(got[0, 0]) == 1.0 and float(got[1, 0]) == 1.015625 and got[2, 0].isinf()
+    with pytest.raises(ValueError, match="entries"):
+        kernels.weighted_combine(y, w, torch.bfloat16, torch.zeros(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="routed rows"):
+        kernels.weighted_combine(y[:5], w, torch.bfloat16)
+
+
+@needs_grouped
+def test_resident_block_plans_its_rows_in_one_launch(
+    kernels: ModuleType, tiny_checkpoints: dict[str, Path], host_issuer: object
+) -> None:
+    """An all-resident gpt-oss layer with a fused MLP: ``plan`` (the default)
+    gives the bits of the ``counting`` path without its sort, gather,
+    multiply and sum calls."""
+    from pdflash.bench.op_count import DispatchCounter
+
+    ad = load_adapter(
+        tiny_checkpoints["gpt_oss"], issuer=host_issuer, cache_fraction=1.0, expert_dtype="fp8"
+    )
+    cache = ad.cache
+    cache.wait_ready(cache.prefetch(np.arange(cache.num_ids)))
+    alpha, limit = ad._swiglu_params()
+    runtime = ad.runtime
+    assert runtime is not None and runtime.grouped is not None
+    runtime.grouped.fused = FusedSlabMLP(
+        "fp8", "gptoss", out_axis=ad.expert_out_axes["gate_up"], kernels=kernels,
+        alpha=alpha, limit=limit,
+    )  # fmt: skip
+    h = torch.randn(9, ad.hidden_size, generator=torch.Generator().manual_seed(4))
+    try:
+        with torch.inference_mode():
+            for layer in range(ad.num_layers):
+                assert runtime.cache.layer_resident(layer)
+                x = ad.moe_norm(layer, h)
+                ids, weights = ad.route(layer, x)
+                got, ops = {}, {}
+                for mode in ("counting", "plan"):
+                    offload.set_row_sort(mode)
+                    runtime.forward_routed(layer, x, ids, weights)  # memoised views
+                    with DispatchCounter() as d:
+                        got[mode] = runtime.forward_routed(layer, x, ids, weights)
+                    ops[mode] = d.ops
+                assert torch.equal(got["plan"], got["counting"])
+                assert "cumsum" in ops["counting"] and "index_select" in ops["counting"]
+                for op in ("cumsum", "index_select", "scatter_", "mul", "sum"):
+                    assert op not in ops["plan"], ops["plan"]
+    finally:
+        offload.set_row_sort(None)
