@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Issue 13: the all-resident MXFP4 block's row plan (one launch ordering and
+# tiling the routed rows, one combining them; PDFLASH_ROW_SORT=plan, the
+# default) against the counting sort it replaces, on the lent GPU:
+#   gputests  the plan and combine against their references at the published
+#             shapes, the fused MXFP4 block, the resident recordings
+#   moe       pdflash-bench moe all-hit at 16/64/256 tokens, replayed from a
+#             CUDA graph, --row-sort both (plan in the main fields, counting
+#             in by_row_sort, same rounds)
+#   kernels_* each mode's 256-token graph replay kernel by kernel
+#             (graph_kernels.py)
+#   summary   allhit_summary.py over the moe rows
+#   ab        (AB_S > 0) B3's verify in the engine, plan vs counting, one
+#             process per arm a round (mxfp4dot_engine_ab.sh)
+#   OUT=/path bash bench/h200/rowplan_check.sh    (AB_S default 150)
+set -uo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export OUT
+export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
+export PACK="$OUT/rowplan_check.tgz"
+ab_s=${AB_S:-150}
+SHAPE="--arch gpt-oss-20b --synthetic-format mxfp4 --tokens 16 --repeats 1 --cache-fraction 1.0 --compressed-gemm fused --resident-graphs on"
+MOE="pdflash-bench moe --json $SHAPE --layers 2 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 --row-sort both"
+KERNELS="python3 -P $HERE/graph_kernels.py --top 2 --out"
+KARGS="moe --json $SHAPE --layers 1 --all-hit-tokens 256 --all-hit-iters 20 --all-hit-rounds 3"
+steps=(
+  "gputests=PDFLASH_FUSED_AUTOTUNE=0 timeout -k 5 200 python3 -P -m pytest -q -rs -p no:cacheprovider tests/models/test_fused_moe_gemm_gpu.py tests/models/test_resident_graphs_gpu.py tests/models/test_allhit_fast_path.py -k 'row_plan or gptoss_mxfp4 or resident or allhit' > $OUT/gputests.txt 2>&1; rc=\$?; tail -8 $OUT/gputests.txt; exit \$rc"
+  "moe=timeout -k 5 120 $MOE"
+  "kernels_plan=timeout -k 5 100 $KERNELS $OUT/kernels256_plan.json -- $KARGS --row-sort plan > $OUT/kernels256_plan.txt 2>&1; rc=\$?; head -40 $OUT/kernels256_plan.txt; exit \$rc"
+  "kernels_counting=timeout -k 5 100 $KERNELS $OUT/kernels256_counting.json -- $KARGS --row-sort counting > $OUT/kernels256_counting.txt 2>&1; rc=\$?; head -40 $OUT/kernels256_counting.txt; exit \$rc"
+  "summary=python3 $HERE/allhit_summary.py $OUT/results.jsonl --out $OUT/moe_summary.json"
+)
+if [ "$ab_s" -gt 0 ]; then
+  steps+=("ab=BUDGET_S=$ab_s POINTS='B3:1.0' ARMS='plan=PDFLASH_ROW_SORT=plan counting=PDFLASH_ROW_SORT=counting' OUT=$OUT/ab bash $HERE/mxfp4dot_engine_ab.sh > $OUT/ab.txt 2>&1; rc=\$?; tail -30 $OUT/ab.txt; exit \$rc")
+fi
+exec bash "$HERE/run.sh" "${steps[@]}"
