@@ -532,6 +532,7 @@ def tile_map(
 ROW_PLAN_MAX_CELLS = 1 << 18
 #: one-hot cells a program holds at a time (``keys x rows`` of a chunk)
 _ROW_PLAN_CHUNK_CELLS = 8192
+_ROW_PLAN_WARPS = 8
 
 
 @triton.jit
@@ -610,7 +611,15 @@ def row_plan_fits(rows: int, width: int) -> bool:
 
 
 def row_plan(
-    ids: torch.Tensor, keys: torch.Tensor, width: int, k: int, block_m: int, max_groups: int
+    ids: torch.Tensor,
+    keys: torch.Tensor,
+    width: int,
+    k: int,
+    block_m: int,
+    max_groups: int,
+    *,
+    chunk_cells: int | None = None,
+    num_warps: int | None = None,
 ) -> RowPlan:
     """The routed rows ``r`` (token ``r // k``, expert ``ids[r]``) ordered
     stably by slot key ``keys[ids[r]]`` (every key in ``[0, width)``) and
@@ -618,7 +627,9 @@ def row_plan(
     that :func:`pdflash.models.offload.sort_rows` (``position``, ``token``)
     and :func:`tile_map` (the tiles, same count; dead tiles' row ranges are
     not read) give, exactly. ``ids``: int64 ``[n]``; ``keys``: int64 table
-    indexed by expert id. :func:`row_plan_fits` says which sizes it takes."""
+    indexed by expert id. :func:`row_plan_fits` says which sizes it takes.
+    ``chunk_cells`` (one-hot cells a program holds at a time) and
+    ``num_warps`` override the launch's tuning (``bench/h200/row_plan_sweep.py``)."""
     if width < 1 or block_m < 1 or k < 1:
         raise ValueError(f"row_plan needs width, block_m and k >= 1, got {width}, {block_m}, {k}")
     n = int(ids.numel())
@@ -635,13 +646,15 @@ def row_plan(
     end = torch.empty_like(slot)
     if n > 0:
         block_w = triton.next_power_of_2(width)
-        chunk = max(16, min(triton.next_power_of_2(n), _ROW_PLAN_CHUNK_CELLS // block_w))
-        block_t = max(16, min(triton.next_power_of_2(bound), _ROW_PLAN_CHUNK_CELLS // block_w))
+        cells = chunk_cells or _ROW_PLAN_CHUNK_CELLS
+        chunk = max(16, min(triton.next_power_of_2(n), cells // block_w))
+        block_t = max(16, min(triton.next_power_of_2(bound), cells // block_w))
         _row_plan_kernel[(1,)](
             ids, keys, n, width, k, bound, position, token, slot, start, end,
             BLOCK_W=block_w, CHUNK=chunk, BLOCK_T=block_t, BLOCK_M=block_m,
             N_PAD=max(chunk, triton.next_power_of_2(n)),
-            T_PAD=max(block_t, triton.next_power_of_2(bound)), num_warps=8,
+            T_PAD=max(block_t, triton.next_power_of_2(bound)),
+            num_warps=num_warps or _ROW_PLAN_WARPS,
         )  # fmt: skip
     return RowPlan(position, token, (slot, start, end), block_m)
 
