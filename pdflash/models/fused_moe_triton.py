@@ -526,12 +526,13 @@ def tile_map(
     return slot, start, end
 
 
-#: :func:`row_plan` takes at most this many ``rows x keys`` cells (one
-#: program walks them all: 2048 rows over 128 keys, 8192 over 32; past it
-#: the caller sorts the usual way, in kernels that spread over the GPU)
-ROW_PLAN_MAX_CELLS = 1 << 18
+#: :func:`row_plan` takes at most this many ``rows x keys`` cells (keys
+#: rounded up to a power of two): one program walks them all, ~16 ns a row
+#: over 32 keys on an H100, so past this (1024 rows over 32 keys, 256 over
+#: 128) the caller's sort, whose kernels spread over the GPU, is the faster
+ROW_PLAN_MAX_CELLS = 1 << 15
 #: one-hot cells a program holds at a time (``keys x rows`` of a chunk)
-_ROW_PLAN_CHUNK_CELLS = 8192
+_ROW_PLAN_CHUNK_CELLS = 16384
 _ROW_PLAN_WARPS = 8
 
 

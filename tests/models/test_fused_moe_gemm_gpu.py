@@ -170,15 +170,15 @@ def test_qwen3_fp8_fused_equals_dequant_path(tokens: int) -> None:
     ("tokens", "k", "experts", "width"),
     [
         (16, 4, 32, 32),
+        (64, 4, 32, 32),
         (256, 4, 32, 32),
-        (256, 8, 128, 128),
-        (2048, 4, 32, 32),
-        (64, 4, 32, 1000),
+        (32, 8, 128, 128),
+        (8, 4, 32, 1000),
     ],
 )
 def test_row_plan_and_combine_on_cuda(tokens: int, k: int, experts: int, width: int) -> None:
-    """The compiled row plan at the published shapes (and the slab-wide and
-    prefill-sized ones the plan takes) equals the counting sort and the
+    """The compiled row plan at the published shapes (up to the most rows it
+    takes, and over a slab-wide key range) equals the counting sort and the
     reference tile map, and the compiled combine equals the fixed-order
     weighted sum exactly (within one bf16 rounding of torch's own sum,
     whose order is its own)."""
