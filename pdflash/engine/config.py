@@ -243,8 +243,9 @@ class EngineConfig:
             shadow (its predictions counted, no copy made) and keeps it off,
             with no paired probe, where their precision is below the gate
             (:mod:`~pdflash.engine.pd_controller`, "The shadow check").
-            Off by default: opt-in until a GPU A/B shows it pays
-            (``bench/results/cpu/shadow-check-2026-12-07/``); off, the paired
+            Off by default: neither the CPU A/B nor the GPU one showed it
+            pays (``bench/results/cpu/shadow-check-2026-12-07/``,
+            ``bench/results/h100/session57-2026-12-07/``); off, the paired
             probe runs at once.
         host_ahead_min_exposed: with ``host_experts`` on, the engine plans
             the host's experts before each verify (the pre-verify plan, and
