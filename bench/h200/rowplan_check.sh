@@ -13,13 +13,16 @@
 #   ab        (AB_S > 0) B3's verify in the engine, plan vs counting, one
 #             process per arm a round (mxfp4dot_engine_ab.sh)
 #   OUT=/path bash bench/h200/rowplan_check.sh    (AB_S default 150)
+# Everything lands in ONE file, $OUT/rowplan_check.tgz (the steps write to a
+# scratch folder: the device tool returns only a few files a call).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
+FINAL=${OUT:-$PWD/out}
+mkdir -p "$FINAL"
+OUT=$(mktemp -d)
 export OUT
 export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-export PACK="$OUT/rowplan_check.tgz"
+export PACK="$FINAL/rowplan_check.tgz"
 ab_s=${AB_S:-150}
 SHAPE="--arch gpt-oss-20b --synthetic-format mxfp4 --tokens 16 --repeats 1 --cache-fraction 1.0 --compressed-gemm fused --resident-graphs on"
 MOE="pdflash-bench moe --json $SHAPE --layers 2 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 --row-sort both"
