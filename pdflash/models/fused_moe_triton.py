@@ -33,6 +33,11 @@ gpt-oss's clamped SwiGLU ``(clamp(up) + 1) * g * sigmoid(alpha * g)`` with
 archs). The gate/up columns are ``gate_col0 + j * col_step`` and
 ``up_col0 + j * col_step`` (gpt-oss interleaves them: 0/1/2; the SwiGLU archs
 stack them: 0/I/1).
+
+An all-resident call needs neither the sort nor the tile map apart:
+:func:`row_plan` (one program) orders the routed rows by slot, writes their
+tokens and cuts the tiles; :func:`weighted_combine` (one launch) weighs each
+token's expert outputs back into one row.
 """
 
 from __future__ import annotations
@@ -529,7 +534,8 @@ def tile_map(
 #: :func:`row_plan` takes at most this many ``rows x keys`` cells (keys
 #: rounded up to a power of two): one program walks them all, ~16 ns a row
 #: over 32 keys on an H100, so past this (1024 rows over 32 keys, 256 over
-#: 128) the caller's sort, whose kernels spread over the GPU, is the faster
+#: 128) the caller's sort, whose kernels spread over the GPU, is kept (up to
+#: here the plan measured faster; past it the two were not compared)
 ROW_PLAN_MAX_CELLS = 1 << 15
 #: one-hot cells a program holds at a time (``keys x rows`` of a chunk)
 _ROW_PLAN_CHUNK_CELLS = 16384
