@@ -1146,7 +1146,7 @@ class Engine:
                 self._stage = "verify_width"
                 self.width.trim([req for req, _ in todo])
         # off: the PD controller (in shadow it predicts for its books alone)
-        if self.predictor is not None and (self.config.route_ahead or self.route_ahead_shadow):
+        if self.predictor is not None and (self.config.route_ahead or self.predicts_in_shadow):
             self._stage = "predict"
             self._predict([r for r in reqs if r.state == RequestState.VERIFY])
 
@@ -1197,9 +1197,15 @@ class Engine:
                 req.draft_hidden = h
                 req.state = RequestState.VERIFY
 
+    @property
+    def predicts_in_shadow(self) -> bool:
+        """Route-ahead's predictor runs for the books alone this step
+        (:attr:`route_ahead_shadow` with ``config.route_ahead`` off)."""
+        return self.route_ahead_shadow and not self.config.route_ahead
+
     def _predict(self, reqs: list[Request]) -> None:
         """Route-ahead: predict every drafted block's experts in one call.
-        In shadow (:attr:`route_ahead_shadow`, route-ahead off) the
+        In shadow (:attr:`predicts_in_shadow`) the
         predictions are kept as ``Request.shadow_predicted``, for the
         route-ahead counters alone: nothing plans from them."""
         from pdflash.routeahead import predict_batch
@@ -1226,7 +1232,7 @@ class Engine:
         with self.timer.forward("predict"):
             scores = np.asarray(predict_batch(self.predictor, blocks))
         self.predict_s += time.perf_counter() - t0
-        shadow = not self.config.route_ahead
+        shadow = self.predicts_in_shadow
         for req, sc in zip(reqs, scores, strict=True):
             ids = flat_expert_ids(sc > self.config.route_ahead_min_score)
             if shadow:
@@ -1306,7 +1312,7 @@ class Engine:
             tuple((o.start, grant) for o, (_, grant) in zip(result.outcomes, batch, strict=True))
         )
         self.prefetch.observe_routing(result.routed_union)
-        shadow = self.route_ahead_shadow and not self.config.route_ahead
+        shadow = self.predicts_in_shadow
         if self.config.route_ahead or shadow:
             predicted = np.zeros_like(out.routed)
             for i, (req, _) in enumerate(batch):
