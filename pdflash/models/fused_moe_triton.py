@@ -540,6 +540,11 @@ ROW_PLAN_MAX_CELLS = 1 << 15
 #: one-hot cells a program holds at a time (``keys x rows`` of a chunk)
 _ROW_PLAN_CHUNK_CELLS = 16384
 _ROW_PLAN_WARPS = 8
+#: what the atomic plan (:func:`row_plan` with ``ordered=False``) takes
+ROW_PLAN_ATOMIC_MAX_ROWS = 1 << 16
+ROW_PLAN_ATOMIC_MAX_KEYS = 1024
+#: rows the atomic plan reads at a time
+_ROW_PLAN_ATOMIC_CHUNK = 1024
 
 
 @triton.jit
@@ -578,7 +583,53 @@ def _row_plan_kernel(
         tl.store(position_ptr + r, place, mask=live)
         tl.store(token_ptr + place, r // k, mask=live)
         nxt += tl.reduce(hit, 1, _add_combine)
-    # the tile map over the ordered rows
+    _plan_tiles(
+        counts, ends, g, width, bound, slot_ptr, start_ptr, end_ptr, BLOCK_T, BLOCK_M, T_PAD
+    )
+
+
+@triton.jit
+def _row_plan_atomic_kernel(
+    ids_ptr, keys_ptr, n, width, k, bound, cursor_ptr, position_ptr, token_ptr, slot_ptr,
+    start_ptr, end_ptr, BLOCK_W: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, N_PAD: tl.constexpr, T_PAD: tl.constexpr,
+):  # fmt: skip
+    """:func:`_row_plan_kernel` without its one-hot: a histogram counts the
+    rows per key, and each row takes its place by an atomic add on its key's
+    next free place (``cursor_ptr``, ``BLOCK_W`` int32 scratch), so the rows
+    of one key land in no fixed order among themselves (each row's output is
+    its own: the block's result is the same)."""
+    g = tl.arange(0, BLOCK_W)
+    counts = tl.full((BLOCK_W,), 0, tl.int32)
+    for c0 in range(0, N_PAD, CHUNK):
+        r = c0 + tl.arange(0, CHUNK)
+        live = r < n
+        e = tl.load(ids_ptr + r, mask=live, other=0)
+        key = tl.load(keys_ptr + e, mask=live, other=0).to(tl.int32)
+        counts += tl.histogram(key, BLOCK_W, mask=live)
+    ends = tl.associative_scan(counts, 0, _add_combine)
+    tl.store(cursor_ptr + g, ends - counts)
+    tl.debug_barrier()  # every key's first place is written before any row takes one
+    for c0 in range(0, N_PAD, CHUNK):
+        r = c0 + tl.arange(0, CHUNK)
+        live = r < n
+        e = tl.load(ids_ptr + r, mask=live, other=0)
+        key = tl.load(keys_ptr + e, mask=live, other=0).to(tl.int32)
+        place = tl.atomic_add(cursor_ptr + key, 1, mask=live)
+        tl.store(position_ptr + r, place, mask=live)
+        tl.store(token_ptr + place, r // k, mask=live)
+    _plan_tiles(
+        counts, ends, g, width, bound, slot_ptr, start_ptr, end_ptr, BLOCK_T, BLOCK_M, T_PAD
+    )
+
+
+@triton.jit
+def _plan_tiles(
+    counts, ends, g, width, bound, slot_ptr, start_ptr, end_ptr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, T_PAD: tl.constexpr,
+):  # fmt: skip
+    """The ``BLOCK_M`` tile map over rows ordered by key, from the rows per
+    key ``counts`` and their cumulative ``ends`` (keys ``g``)."""
     tiles = tl.where(g < width, (counts + BLOCK_M - 1) // BLOCK_M, 0)
     tile_ends = tl.associative_scan(tiles, 0, _add_combine)
     first = tile_ends - tiles
@@ -612,8 +663,13 @@ class RowPlan:
     block_m: int
 
 
-def row_plan_fits(rows: int, width: int) -> bool:
-    """Whether :func:`row_plan` takes ``rows`` routed rows over ``width`` keys."""
+def row_plan_fits(rows: int, width: int, *, ordered: bool = True) -> bool:
+    """Whether :func:`row_plan` takes ``rows`` routed rows over ``width`` keys
+    (``ordered``: the stable plan; else the atomic one, which holds no
+    one-hot and takes up to :data:`ROW_PLAN_ATOMIC_MAX_ROWS` rows over up to
+    :data:`ROW_PLAN_ATOMIC_MAX_KEYS` keys)."""
+    if not ordered:
+        return 1 <= width <= ROW_PLAN_ATOMIC_MAX_KEYS and rows <= ROW_PLAN_ATOMIC_MAX_ROWS
     return width >= 1 and rows * triton.next_power_of_2(width) <= ROW_PLAN_MAX_CELLS
 
 
@@ -627,6 +683,7 @@ def row_plan(
     *,
     chunk_cells: int | None = None,
     num_warps: int | None = None,
+    ordered: bool = True,
 ) -> RowPlan:
     """The routed rows ``r`` (token ``r // k``, expert ``ids[r]``) ordered
     stably by slot key ``keys[ids[r]]`` (every key in ``[0, width)``) and
@@ -636,12 +693,21 @@ def row_plan(
     not read) give, exactly. ``ids``: int64 ``[n]``; ``keys``: int64 table
     indexed by expert id. :func:`row_plan_fits` says which sizes it takes.
     ``chunk_cells`` (one-hot cells a program holds at a time) and
-    ``num_warps`` override the launch's tuning (``bench/h200/row_plan_sweep.py``)."""
+    ``num_warps`` override the launch's tuning (``bench/h200/row_plan_sweep.py``).
+    ``ordered=False``: the atomic plan (:func:`_row_plan_atomic_kernel`):
+    the same tiles and the same rows per key, each key's rows at its places
+    in no fixed order (a valid plan: every output row is the same; not yet
+    timed against the ordered one, so not the block's)."""
     if width < 1 or block_m < 1 or k < 1:
         raise ValueError(f"row_plan needs width, block_m and k >= 1, got {width}, {block_m}, {k}")
     n = int(ids.numel())
-    if not row_plan_fits(max(n, 1), width):
-        raise ValueError(f"row_plan takes rows x keys <= {ROW_PLAN_MAX_CELLS}, got {n} x {width}")
+    if not row_plan_fits(max(n, 1), width, ordered=ordered):
+        takes = (
+            f"rows x keys <= {ROW_PLAN_MAX_CELLS}"
+            if ordered
+            else f"<= {ROW_PLAN_ATOMIC_MAX_ROWS} rows over <= {ROW_PLAN_ATOMIC_MAX_KEYS} keys"
+        )
+        raise ValueError(f"row_plan takes {takes}, got {n} x {width}")
     if ids.dim() != 1 or keys.dim() != 1 or not (ids.is_contiguous() and keys.is_contiguous()):
         raise ValueError("row_plan takes contiguous 1-D ids and keys")
     device = ids.device
@@ -651,17 +717,27 @@ def row_plan(
     slot = torch.empty(bound, dtype=torch.int32, device=device)
     start = torch.empty_like(slot)
     end = torch.empty_like(slot)
-    if n > 0:
-        block_w = triton.next_power_of_2(width)
-        cells = chunk_cells or _ROW_PLAN_CHUNK_CELLS
+    if n == 0:
+        return RowPlan(position, token, (slot, start, end), block_m)
+    block_w = triton.next_power_of_2(width)
+    cells = chunk_cells or _ROW_PLAN_CHUNK_CELLS
+    block_t = max(16, min(triton.next_power_of_2(bound), cells // block_w))
+    warps = num_warps or _ROW_PLAN_WARPS
+    t_pad = max(block_t, triton.next_power_of_2(bound))
+    if ordered:
         chunk = max(16, min(triton.next_power_of_2(n), cells // block_w))
-        block_t = max(16, min(triton.next_power_of_2(bound), cells // block_w))
         _row_plan_kernel[(1,)](
             ids, keys, n, width, k, bound, position, token, slot, start, end,
             BLOCK_W=block_w, CHUNK=chunk, BLOCK_T=block_t, BLOCK_M=block_m,
-            N_PAD=max(chunk, triton.next_power_of_2(n)),
-            T_PAD=max(block_t, triton.next_power_of_2(bound)),
-            num_warps=num_warps or _ROW_PLAN_WARPS,
+            N_PAD=max(chunk, triton.next_power_of_2(n)), T_PAD=t_pad, num_warps=warps,
+        )  # fmt: skip
+    else:
+        chunk = max(16, min(triton.next_power_of_2(n), _ROW_PLAN_ATOMIC_CHUNK))
+        cursor = torch.empty(block_w, dtype=torch.int32, device=device)
+        _row_plan_atomic_kernel[(1,)](
+            ids, keys, n, width, k, bound, cursor, position, token, slot, start, end,
+            BLOCK_W=block_w, CHUNK=chunk, BLOCK_T=block_t, BLOCK_M=block_m,
+            N_PAD=max(chunk, triton.next_power_of_2(n)), T_PAD=t_pad, num_warps=warps,
         )  # fmt: skip
     return RowPlan(position, token, (slot, start, end), block_m)
 

@@ -639,6 +639,38 @@ def test_row_plan_equals_sort_rows_and_tile_map(
     assert torch.equal(plan.tiles[2][live], want[2][live])
 
 
+@pytest.mark.parametrize(("tokens", "k", "experts", "width"), [(5, 2, 7, 7), (20, 4, 12, 40)])
+def test_atomic_row_plan_is_a_valid_plan_with_the_same_tiles(
+    kernels: ModuleType, monkeypatch: pytest.MonkeyPatch, tokens: int, k: int, experts: int,
+    width: int,
+) -> None:  # fmt: skip
+    """``ordered=False``: each row at a place of its own key's range (a
+    permutation), the token of each place its row's, and the ordered plan's
+    tiles exactly; 16 rows a chunk walks 5 chunks of the larger case."""
+    monkeypatch.setattr(kernels, "_ROW_PLAN_ATOMIC_CHUNK", 16)
+    g = torch.Generator().manual_seed(tokens + width)
+    n = tokens * k
+    ids = torch.randint(0, experts, (n,), generator=g)
+    keys = torch.randperm(width, generator=g)[:experts]
+    plan = kernels.row_plan(ids, keys, width, k, 16, experts, ordered=False)
+    rows = offload.sort_rows(keys[ids], width, k)
+    place = plan.position.long()
+    assert torch.equal(torch.sort(place).values, torch.arange(n))
+    assert torch.equal(plan.token.long()[place], torch.arange(n) // k)
+    keys_at = torch.empty(n, dtype=torch.long)
+    keys_at[place] = keys[ids]
+    assert torch.equal(keys_at, rows.key_sorted())  # every key's rows at its own places
+    want = tile_map(rows.key_sorted(), width, 16, experts)
+    live = want[0] >= 0
+    assert torch.equal(plan.tiles[0], want[0])
+    assert torch.equal(plan.tiles[1][live], want[1][live])
+    assert torch.equal(plan.tiles[2][live], want[2][live])
+    assert kernels.row_plan_fits(kernels.ROW_PLAN_ATOMIC_MAX_ROWS, 1000, ordered=False)
+    assert not kernels.row_plan_fits(n, kernels.ROW_PLAN_ATOMIC_MAX_KEYS + 1, ordered=False)
+    with pytest.raises(ValueError, match="keys"):
+        kernels.row_plan(ids, keys, kernels.ROW_PLAN_ATOMIC_MAX_KEYS + 1, k, 16, 4, ordered=False)
+
+
 def test_row_plan_refuses_what_it_cannot_take(kernels: ModuleType) -> None:
     ids, keys = torch.zeros(4, dtype=torch.long), torch.arange(3)
     with pytest.raises(ValueError, match=">= 1"):

@@ -214,3 +214,38 @@ def test_row_plan_and_combine_on_cuda(tokens: int, k: int, experts: int, width: 
     torch_sum = (rows_y * w.unsqueeze(-1)).sum(dim=1)
     ulp = torch_sum.float().abs().clamp(min=2**-126) * 2**-7
     assert bool(((got.float() - torch_sum.float()).abs() <= ulp).all())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "k", "experts", "width"),
+    [(256, 4, 32, 32), (2048, 8, 128, 128), (4096, 4, 32, 1000)],
+)
+def test_atomic_row_plan_on_cuda_is_a_valid_plan(
+    tokens: int, k: int, experts: int, width: int
+) -> None:
+    """The atomic plan (rows of a key in no fixed order) on CUDA, prefill-sized
+    too: a permutation, each key's rows at that key's places, each place's
+    token its row's, and the reference tile map's tiles."""
+    from pdflash.models import fused_moe_triton as kernels
+    from pdflash.models.compressed_gemm import pick_block_m, tile_map
+    from pdflash.models.offload import sort_rows
+
+    g = torch.Generator(device="cuda").manual_seed(tokens + width)
+    n = tokens * k
+    ids = torch.randint(0, experts, (n,), device="cuda", generator=g)
+    keys = torch.randperm(width, device="cuda", generator=g)[:experts]
+    block_m = pick_block_m(n, experts)
+    plan = kernels.row_plan(ids, keys, width, k, block_m, experts, ordered=False)
+    rows = sort_rows(keys[ids], width, k)
+    place = plan.position.long()
+    arange = torch.arange(n, device="cuda")
+    assert torch.equal(torch.sort(place).values, arange)
+    assert torch.equal(plan.token.long()[place], arange // k)
+    keys_at = torch.empty(n, dtype=torch.long, device="cuda")
+    keys_at[place] = keys[ids]
+    assert torch.equal(keys_at, rows.key_sorted())
+    want = tile_map(rows.key_sorted(), width, block_m, experts)
+    live = want[0] >= 0
+    assert torch.equal(plan.tiles[0], want[0])
+    assert torch.equal(plan.tiles[1][live], want[1][live])
+    assert torch.equal(plan.tiles[2][live], want[2][live])
