@@ -10,6 +10,8 @@
 #   kernels_* each mode's 256-token graph replay kernel by kernel
 #             (graph_kernels.py)
 #   summary   allhit_summary.py over the moe rows
+#   sweep     row_plan_sweep.py: the ordered and atomic plans alone, by rows,
+#             keys, warps and cells
 #   ab        (AB_S > 0) B3's verify in the engine, plan vs counting, one
 #             process per arm a round (mxfp4dot_engine_ab.sh)
 #   OUT=/path bash bench/h200/rowplan_check.sh    (AB_S default 150)
@@ -34,6 +36,7 @@ steps=(
   "kernels_plan=timeout -k 5 100 $KERNELS $OUT/kernels256_plan.json -- $KARGS --row-sort plan > $OUT/kernels256_plan.txt 2>&1; rc=\$?; head -40 $OUT/kernels256_plan.txt; exit \$rc"
   "kernels_counting=timeout -k 5 100 $KERNELS $OUT/kernels256_counting.json -- $KARGS --row-sort counting > $OUT/kernels256_counting.txt 2>&1; rc=\$?; head -40 $OUT/kernels256_counting.txt; exit \$rc"
   "summary=python3 $HERE/allhit_summary.py $OUT/results.jsonl --out $OUT/moe_summary.json"
+  "sweep=timeout -k 5 150 python3 -P $HERE/row_plan_sweep.py --out $OUT/row_plan_sweep.json --rows 64,256,1024,4096,16384 --warps 4,8 --cells 8192,16384 > $OUT/row_plan_sweep.txt 2>&1; rc=\$?; tail -2 $OUT/row_plan_sweep.txt; exit \$rc"
 )
 if [ "$ab_s" -gt 0 ]; then
   steps+=("ab=BUDGET_S=$ab_s POINTS='B3:1.0' ARMS='plan=PDFLASH_ROW_SORT=plan counting=PDFLASH_ROW_SORT=counting' OUT=$OUT/ab bash $HERE/mxfp4dot_engine_ab.sh > $OUT/ab.txt 2>&1; rc=\$?; tail -30 $OUT/ab.txt; exit \$rc")
