@@ -548,6 +548,17 @@ _ROW_PLAN_ATOMIC_CHUNK = 1024
 
 
 @triton.jit
+def _chunk_keys(ids_ptr, keys_ptr, c0, n, dead_key, CHUNK: tl.constexpr):
+    """Rows ``c0 .. c0 + CHUNK``: their indices, which are live (``< n``) and
+    their slot keys ``keys[ids[r]]`` (``dead_key`` past ``n``)."""
+    r = c0 + tl.arange(0, CHUNK)
+    live = r < n
+    e = tl.load(ids_ptr + r, mask=live, other=0)
+    key = tl.load(keys_ptr + e, mask=live, other=dead_key).to(tl.int32)
+    return r, live, key
+
+
+@triton.jit
 def _row_plan_kernel(
     ids_ptr, keys_ptr, n, width, k, bound, position_ptr, token_ptr, slot_ptr, start_ptr,
     end_ptr, BLOCK_W: tl.constexpr, CHUNK: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -563,20 +574,14 @@ def _row_plan_kernel(
     # pass 1: rows per key
     counts = tl.full((BLOCK_W,), 0, tl.int32)
     for c0 in range(0, N_PAD, CHUNK):
-        r = c0 + tl.arange(0, CHUNK)
-        live = r < n
-        e = tl.load(ids_ptr + r, mask=live, other=0)
-        key = tl.load(keys_ptr + e, mask=live, other=-1).to(tl.int32)
+        r, live, key = _chunk_keys(ids_ptr, keys_ptr, c0, n, -1, CHUNK)
         hit = (key[None, :] == g[:, None]).to(tl.int32)  # [BLOCK_W, CHUNK]
         counts += tl.reduce(hit, 1, _add_combine)
     ends = tl.associative_scan(counts, 0, _add_combine)
     # pass 2: a row's place is its key's next free place, in row order
     nxt = ends - counts
     for c0 in range(0, N_PAD, CHUNK):
-        r = c0 + tl.arange(0, CHUNK)
-        live = r < n
-        e = tl.load(ids_ptr + r, mask=live, other=0)
-        key = tl.load(keys_ptr + e, mask=live, other=-1).to(tl.int32)
+        r, live, key = _chunk_keys(ids_ptr, keys_ptr, c0, n, -1, CHUNK)
         hit = (key[None, :] == g[:, None]).to(tl.int32)
         rank = tl.associative_scan(hit, 1, _add_combine)  # 1-based among the chunk's rows of a key
         place = tl.reduce(hit * (nxt[:, None] + rank - 1), 0, _add_combine)
@@ -602,19 +607,13 @@ def _row_plan_atomic_kernel(
     g = tl.arange(0, BLOCK_W)
     counts = tl.full((BLOCK_W,), 0, tl.int32)
     for c0 in range(0, N_PAD, CHUNK):
-        r = c0 + tl.arange(0, CHUNK)
-        live = r < n
-        e = tl.load(ids_ptr + r, mask=live, other=0)
-        key = tl.load(keys_ptr + e, mask=live, other=0).to(tl.int32)
+        r, live, key = _chunk_keys(ids_ptr, keys_ptr, c0, n, 0, CHUNK)
         counts += tl.histogram(key, BLOCK_W, mask=live)
     ends = tl.associative_scan(counts, 0, _add_combine)
     tl.store(cursor_ptr + g, ends - counts)
     tl.debug_barrier()  # every key's first place is written before any row takes one
     for c0 in range(0, N_PAD, CHUNK):
-        r = c0 + tl.arange(0, CHUNK)
-        live = r < n
-        e = tl.load(ids_ptr + r, mask=live, other=0)
-        key = tl.load(keys_ptr + e, mask=live, other=0).to(tl.int32)
+        r, live, key = _chunk_keys(ids_ptr, keys_ptr, c0, n, 0, CHUNK)
         place = tl.atomic_add(cursor_ptr + key, 1, mask=live)
         tl.store(position_ptr + r, place, mask=live)
         tl.store(token_ptr + place, r // k, mask=live)
