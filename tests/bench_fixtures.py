@@ -64,6 +64,19 @@ PD_MATRIX_ARGV = [
 ]
 
 
+#: a small CPU run on the tiny shape: the fields the run-setting tests run
+#: their baselines with (``RunSpec(baseline=..., **TINY_RUN)``)
+TINY_RUN: dict[str, Any] = dict(
+    arch="tiny",
+    device="cpu",
+    concurrency=1,
+    cache_fraction=0.25,
+    num_requests=2,
+    prompt_len=8,
+    max_new_tokens=8,
+)
+
+
 def pd_row(**fields: Any) -> dict[str, Any]:
     """A recorded row of PD at that one point (no spec), with ``fields``."""
     return {"arch": "tiny", "baseline": "PD", "concurrency": 1, "cache_fraction": 0.2, **fields}

@@ -8,11 +8,11 @@ command and an issue-16 arm."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from bench_fixtures import (
     PD_MATRIX_ARGV,
+    TINY_RUN,
     check_a_matrix_option_keys_its_runs,
     check_an_issue16_arm_sets,
     pd_row,
@@ -72,21 +72,12 @@ def test_rows_read_the_batching_their_rest_ran() -> None:
 
 
 def test_a_run_records_it() -> None:
-    base: dict[str, Any] = dict(
-        arch="tiny",
-        device="cpu",
-        concurrency=1,
-        cache_fraction=0.25,
-        num_requests=2,
-        prompt_len=8,
-        max_new_tokens=8,
-    )
-    pd = run_spec(RunSpec(baseline="PD", **base)).row
+    pd = run_spec(RunSpec(baseline="PD", **TINY_RUN)).row
     assert pd["rest_batching"] == "first_come" and SETTING.of_row(pd) == "first_come"
-    turns = run_spec(RunSpec(baseline="PD", rest_batching="scheduler", **base)).row
+    turns = run_spec(RunSpec(baseline="PD", rest_batching="scheduler", **TINY_RUN)).row
     assert turns["rest_batching"] == "scheduler" and SETTING.of_row(turns) == "scheduler"
     assert row_key(pd) != row_key(turns)
-    b1 = run_spec(RunSpec(baseline="B1", **base)).row
+    b1 = run_spec(RunSpec(baseline="B1", **TINY_RUN)).row
     assert b1["rest_batching"] is None and SETTING.of_row(b1) == "first_come"
 
 

@@ -8,11 +8,11 @@ settable on the matrix command and an issue-16 arm."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from bench_fixtures import (
     PD_MATRIX_ARGV,
+    TINY_RUN,
     check_a_matrix_option_keys_its_runs,
     check_an_issue16_arm_sets,
     pd_row,
@@ -92,29 +92,20 @@ def test_rows_read_the_gate_their_controller_ran() -> None:
 
 
 def test_a_run_records_it() -> None:
-    base: dict[str, Any] = dict(
-        arch="tiny",
-        device="cpu",
-        concurrency=1,
-        cache_fraction=0.25,
-        num_requests=2,
-        prompt_len=8,
-        max_new_tokens=8,
-    )
-    pd = run_spec(RunSpec(baseline="PD", **base)).row
+    pd = run_spec(RunSpec(baseline="PD", **TINY_RUN)).row
     assert pd["route_ahead_gate"] == "precision_cost"
     assert pd["pd_parts"]["settings"]["route_ahead_gate"] == ROUTE_AHEAD_GATE_PRECISION
     assert pd["pd_parts"]["settings"]["route_ahead_cost_gate"] is True
     assert SETTING.of_row(pd) == "precision_cost"
-    precision = run_spec(RunSpec(baseline="PD", route_ahead_gate="precision", **base)).row
+    precision = run_spec(RunSpec(baseline="PD", route_ahead_gate="precision", **TINY_RUN)).row
     assert precision["pd_parts"]["settings"]["route_ahead_cost_gate"] is False
     assert SETTING.of_row(precision) == "precision"
-    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **base)).row
+    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **TINY_RUN)).row
     assert (
         off["route_ahead_gate"] == "off" and off["pd_parts"]["settings"]["route_ahead_gate"] is None
     )
     assert SETTING.of_row(off) == "off"
-    b1 = run_spec(RunSpec(baseline="B1", **base)).row
+    b1 = run_spec(RunSpec(baseline="B1", **TINY_RUN)).row
     assert b1["route_ahead_gate"] is None and SETTING.of_row(b1) == "precision_cost"
 
 
