@@ -850,34 +850,25 @@ class OffloadedMoE:
     def _resident_output(
         self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, topk_weights: torch.Tensor
     ) -> torch.Tensor:
-        """An all-resident layer's output, eagerly: the fused MLP's planned
-        call over the layer's window (:meth:`_planned`) where it applies,
-        else its routed rows (:meth:`_resident_rows`) weighted and summed."""
-        window = self._resident_window(layer)
-        if window is not None:
-            lo, width = window
-            views = self._window_views(lo, width)
-            keys = self._layer_keys(layer, lo)
-            out = self._planned(x, k, flat, keys, width, views, topk_weights)
-            if out is not None:
-                return out
-        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
-        self._resident_rows(layer, x, k, flat, y_flat)
-        return self._weighted_sum(y_flat, topk_weights, x.dtype)
-
-    def _resident_rows(
-        self, layer: int, x: torch.Tensor, k: int, flat: torch.Tensor, y_flat: torch.Tensor
-    ) -> None:
-        """An all-resident layer's routed rows into ``y_flat``: one unmasked
-        call over the span of slots holding the layer's experts when it fits
-        (:meth:`_resident_window`), else over the whole slab."""
+        """An all-resident layer's output, eagerly: over the span of slots
+        holding the layer's experts when it fits (:meth:`_resident_window`),
+        the fused MLP's planned call (:meth:`_planned`) where it applies,
+        else one unmasked call over the span; otherwise one call over the
+        whole slab; the routed rows then weighted and summed."""
         window = self._resident_window(layer)
         if window is None:
+            y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
             self._grouped_rows(x, k, self._layer_slots(layer)[flat], None, y_flat)
-            return
+            return self._weighted_sum(y_flat, topk_weights, x.dtype)
         lo, width = window
-        keys = self._layer_keys(layer, lo)[flat]
-        self._run_sorted(x, k, keys, width, self._window_views(lo, width), y_flat)
+        views = self._window_views(lo, width)
+        keys = self._layer_keys(layer, lo)
+        out = self._planned(x, k, flat, keys, width, views, topk_weights)
+        if out is not None:
+            return out
+        y_flat = torch.empty((flat.numel(), x.shape[1]), dtype=x.dtype, device=x.device)
+        self._run_sorted(x, k, keys[flat], width, views, y_flat)
+        return self._weighted_sum(y_flat, topk_weights, x.dtype)
 
     def _layer_keys(self, layer: int, lo: int) -> torch.Tensor:
         """``[E]`` device tensor: each of the layer's experts' slot minus
