@@ -212,6 +212,23 @@ def test_small_odd_shapes_and_rows_outside_tiles() -> None:
     assert torch.equal(got64[:3], got[:3])
 
 
+def _check_replay_equals_eager(mlp: Any, x: torch.Tensor) -> None:
+    """``mlp()`` captured first inside a CUDA graph (on a side stream), then
+    replayed with two new inputs written into ``x``: each replay's output
+    equals an eager call's."""
+    graph = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s), torch.cuda.graph(graph):
+        out = mlp()
+    torch.cuda.current_stream().wait_stream(s)
+    for seed in (1, 2):
+        x.copy_(torch.randn(*x.shape, generator=torch.Generator().manual_seed(seed)).bfloat16())
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, mlp())
+
+
 def test_cuda_graph_capture_and_replay() -> None:
     """Launched first inside a capture (a K no other test uses: the kernel's
     shared-memory attribute is set during the capture), replayed with new
@@ -231,17 +248,7 @@ def test_cuda_graph_capture_and_replay() -> None:
         h = grouped_mxfp4_gemm(x, x_rows, tiles, 16, w, **kw)
         return grouped_mxfp4_gemm(h, rows, tiles, 16, down)
 
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(graph):
-        out = mlp()
-    torch.cuda.current_stream().wait_stream(s)
-    for seed in (1, 2):
-        x.copy_(torch.randn(24, 4096, generator=torch.Generator().manual_seed(seed)).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, mlp())
+    _check_replay_equals_eager(mlp, x)
 
 
 # ------------------------------------------------------------ the wgmma variant
@@ -384,17 +391,7 @@ def test_wgmma_cuda_graph_capture_and_replay() -> None:
         h = grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=v, **kw)
         return grouped_mxfp4_gemm(h, rows, tiles, 64, down, variant=v)
 
-    graph = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.cuda.graph(graph):
-        out = mlp()
-    torch.cuda.current_stream().wait_stream(s)
-    for seed in (1, 2):
-        x.copy_(torch.randn(96, 4096, generator=torch.Generator().manual_seed(seed)).bfloat16())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, mlp())
+    _check_replay_equals_eager(mlp, x)
 
 
 def test_wgmma_refused_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
