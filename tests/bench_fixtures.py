@@ -31,6 +31,20 @@ TINY_RUN: dict[str, Any] = {
     "prompt_len": 6,
 }
 
+#: a smaller CPU run with its cache, one client and two requests (RunSpec
+#: keywords besides the label): the runs of the route-ahead gate, shadow
+#: check and rest batching tests, where :data:`TINY_RUN`'s two clients and
+#: block of 6 would change what the controller decides
+TINY_ONE_CLIENT_RUN: dict[str, Any] = {
+    "arch": "tiny",
+    "device": "cpu",
+    "concurrency": 1,
+    "cache_fraction": 0.25,
+    "num_requests": 2,
+    "prompt_len": 8,
+    "max_new_tokens": 8,
+}
+
 
 def load_bench_script(filename: str) -> ModuleType:
     """A GPU helper script of bench/h200/, loaded from the source tree by path
@@ -62,19 +76,6 @@ PD_MATRIX_ARGV = [
     *("matrix", "--arch", "tiny", "--baselines", "PD"),
     *("--concurrency", "1", "--cache-fraction", "0.2"),
 ]
-
-
-#: a small CPU run on the tiny shape: the fields the run-setting tests run
-#: their baselines with (``RunSpec(baseline=..., **TINY_RUN)``)
-TINY_RUN: dict[str, Any] = dict(
-    arch="tiny",
-    device="cpu",
-    concurrency=1,
-    cache_fraction=0.25,
-    num_requests=2,
-    prompt_len=8,
-    max_new_tokens=8,
-)
 
 
 def pd_row(**fields: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from bench_fixtures import (
     PD_MATRIX_ARGV,
-    TINY_RUN,
+    TINY_ONE_CLIENT_RUN,
     check_a_matrix_option_keys_its_runs,
     check_an_issue16_arm_sets,
     pd_row,
@@ -72,12 +72,12 @@ def test_rows_read_the_batching_their_rest_ran() -> None:
 
 
 def test_a_run_records_it() -> None:
-    pd = run_spec(RunSpec(baseline="PD", **TINY_RUN)).row
+    pd = run_spec(RunSpec(baseline="PD", **TINY_ONE_CLIENT_RUN)).row
     assert pd["rest_batching"] == "first_come" and SETTING.of_row(pd) == "first_come"
-    turns = run_spec(RunSpec(baseline="PD", rest_batching="scheduler", **TINY_RUN)).row
+    turns = run_spec(RunSpec(baseline="PD", rest_batching="scheduler", **TINY_ONE_CLIENT_RUN)).row
     assert turns["rest_batching"] == "scheduler" and SETTING.of_row(turns) == "scheduler"
     assert row_key(pd) != row_key(turns)
-    b1 = run_spec(RunSpec(baseline="B1", **TINY_RUN)).row
+    b1 = run_spec(RunSpec(baseline="B1", **TINY_ONE_CLIENT_RUN)).row
     assert b1["rest_batching"] is None and SETTING.of_row(b1) == "first_come"
 
 

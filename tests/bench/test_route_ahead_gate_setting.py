@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from bench_fixtures import (
     PD_MATRIX_ARGV,
-    TINY_RUN,
+    TINY_ONE_CLIENT_RUN,
     check_a_matrix_option_keys_its_runs,
     check_an_issue16_arm_sets,
     pd_row,
@@ -92,20 +92,22 @@ def test_rows_read_the_gate_their_controller_ran() -> None:
 
 
 def test_a_run_records_it() -> None:
-    pd = run_spec(RunSpec(baseline="PD", **TINY_RUN)).row
+    pd = run_spec(RunSpec(baseline="PD", **TINY_ONE_CLIENT_RUN)).row
     assert pd["route_ahead_gate"] == "precision_cost"
     assert pd["pd_parts"]["settings"]["route_ahead_gate"] == ROUTE_AHEAD_GATE_PRECISION
     assert pd["pd_parts"]["settings"]["route_ahead_cost_gate"] is True
     assert SETTING.of_row(pd) == "precision_cost"
-    precision = run_spec(RunSpec(baseline="PD", route_ahead_gate="precision", **TINY_RUN)).row
+    precision = run_spec(
+        RunSpec(baseline="PD", route_ahead_gate="precision", **TINY_ONE_CLIENT_RUN)
+    ).row
     assert precision["pd_parts"]["settings"]["route_ahead_cost_gate"] is False
     assert SETTING.of_row(precision) == "precision"
-    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **TINY_RUN)).row
+    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **TINY_ONE_CLIENT_RUN)).row
     assert (
         off["route_ahead_gate"] == "off" and off["pd_parts"]["settings"]["route_ahead_gate"] is None
     )
     assert SETTING.of_row(off) == "off"
-    b1 = run_spec(RunSpec(baseline="B1", **TINY_RUN)).row
+    b1 = run_spec(RunSpec(baseline="B1", **TINY_ONE_CLIENT_RUN)).row
     assert b1["route_ahead_gate"] is None and SETTING.of_row(b1) == "precision_cost"
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from bench_fixtures import TINY_RUN, check_an_issue16_arm_sets, pd_row
+from bench_fixtures import TINY_ONE_CLIENT_RUN, check_an_issue16_arm_sets, pd_row
 from pdflash.bench.engine_run import RunSpec, run_spec
 
 from pdflash.engine.config import EngineConfig
@@ -69,18 +69,18 @@ def test_rows_read_the_check_their_controller_ran() -> None:
 
 
 def test_a_run_records_it() -> None:
-    pd = run_spec(RunSpec(baseline="PD", route_ahead_shadow_check=True, **TINY_RUN)).row
+    pd = run_spec(RunSpec(baseline="PD", route_ahead_shadow_check=True, **TINY_ONE_CLIENT_RUN)).row
     assert pd["route_ahead_shadow_check"] is True
     assert pd["pd_parts"]["settings"]["route_ahead_shadow_check"] is True
     assert "route_ahead_shadow_steps" in pd["pd_parts"]
     assert SETTING.of_row(pd) is True
-    default = run_spec(RunSpec(baseline="PD", **TINY_RUN)).row
+    default = run_spec(RunSpec(baseline="PD", **TINY_ONE_CLIENT_RUN)).row
     assert default["route_ahead_shadow_check"] is False
     assert default["pd_parts"]["settings"]["route_ahead_shadow_check"] is False
     assert SETTING.of_row(default) is False and row_key(pd) != row_key(default)
-    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **TINY_RUN)).row
+    off = run_spec(RunSpec(baseline="PD", route_ahead_gate="off", **TINY_ONE_CLIENT_RUN)).row
     assert off["route_ahead_shadow_check"] is None and SETTING.of_row(off) is False
-    b1 = run_spec(RunSpec(baseline="B1", **TINY_RUN)).row
+    b1 = run_spec(RunSpec(baseline="B1", **TINY_ONE_CLIENT_RUN)).row
     assert b1["route_ahead_shadow_check"] is None and SETTING.of_row(b1) is False
 
 
