@@ -952,9 +952,12 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   X(7, 4, 2, 8, 2, 4, 0, 0)     \
   X(8, 8, 1, 4, 2, 8, 256, 0)   \
   X(9, 4, 1, 8, 3, 8, 256, 0)   \
-  X(10, 8, 1, 4, 2, 8, 256, 1)
+  X(10, 8, 1, 4, 2, 8, 256, 1)   \
+  X(11, 16, 1, 4, 1, 8, 256, 1)  \
+  X(12, 8, 1, 6, 2, 8, 256, 1)   \
+  X(13, 12, 1, 4, 1, 8, 256, 1)
 
-constexpr int kNumVariants = 11;
+constexpr int kNumVariants = 14;
 
 template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {

@@ -722,6 +722,8 @@ CASES = [
     ("wg act=0 bm64 scales 180..240 fast D>0", dict(S=2, N=24, K=96, tokens=21, top_k=2, block_m=64, act=0, scale_range=(180, 240)), (8, 1, 8, 1)),
     ("wg act=1 stacked bm16 (fallback stage)", dict(S=3, N=48, K=256, tokens=9, top_k=2, block_m=16, act=2, scale_range=(118, 130)), (8, 1, 2, 1)),
     ("wg silu stacked K=128 bm64", dict(S=2, N=40, K=128, tokens=18, top_k=2, block_m=64, act=3, scale_range=(118, 130)), (8, 1, 8, 1)),
+    ("wg 3 warpgroups act=1 K=160 bm64", dict(S=2, N=400, K=160, tokens=40, top_k=2, block_m=64, act=1, scale_range=(118, 130)), (12, 1, 8, 1)),
+    ("wg 4 warpgroups act=0 K=96 bm64", dict(S=2, N=280, K=96, tokens=36, top_k=2, block_m=64, act=0, scale_range=(100, 128)), (16, 1, 8, 1)),
 ]  # fmt: skip
 
 

@@ -74,11 +74,12 @@ def test_native_module_imports_and_describes_itself() -> None:
         assert "built without" in (g.unavailable("cuda") or "")
         assert "built without" in (g.wgmma_unavailable("cuda") or "")
         return
-    assert mod.num_variants() == 11
+    assert mod.num_variants() == 14
     names = [v.name for v in g.variants()]
     assert names[8] == "v8:8w1mt4stpf256" and names[10] == "v10:8w1mt4stpf256wg"
+    assert names[11:] == ["v11:16w1mt4stpf256wg", "v12:8w1mt6stpf256wg", "v13:12w1mt4stpf256wg"]
     assert g.variants()[4].max_block_m == 64 and g.variants()[4].warps == 16
-    assert [v.index for v in g.variants() if v.kind == g.KIND_WGMMA] == [g.WGMMA_BLOCK_VARIANT]
+    assert [v.index for v in g.variants() if v.kind == g.KIND_WGMMA] == [10, 11, 12, 13]
     assert mod.variant_info(g.WGMMA_BLOCK_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA)
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
         mod.variant_info(11)
