@@ -169,10 +169,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--row-sort",
         default=None,
-        choices=["plan", "counting", "sort", "both"],
+        choices=["plan", "plan_atomic", "counting", "sort", "both", "all"],
         help="how the offloaded block orders its routed rows (pdflash.models.offload."
-        "set_row_sort): plan (default; PDFLASH_ROW_SORT), counting or sort; both = plan in "
-        "the main fields, counting timed in the same all-hit rounds (rows: by_row_sort)",
+        "set_row_sort): plan (default; PDFLASH_ROW_SORT), plan_atomic, counting or sort; "
+        "both = plan in the main fields, counting timed in the same all-hit rounds (rows: "
+        "by_row_sort); all = both and plan_atomic too",
     )
     p.add_argument(
         "--resident-graphs",
@@ -672,8 +673,10 @@ def _all_hit(
     # other settings of the block timed in the same rounds as the main one:
     # (field of the row, setting, context that applies it)
     variants: list[tuple[str, str, Any]] = []
-    if args.row_sort == "both":
+    if args.row_sort in ("both", "all"):
         variants.append(("by_row_sort", "counting", _row_sort))
+    if args.row_sort == "all":
+        variants.append(("by_row_sort", "plan_atomic", _row_sort))
     if args.resident_graphs == "both":
         variants.append(("by_resident_graphs", "on", _resident_graphs))
     recorded = runtime.resident_graphs
@@ -1238,7 +1241,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.row_sort is not None:
         from pdflash.models.offload import set_row_sort
 
-        set_row_sort("plan" if args.row_sort == "both" else args.row_sort)
+        set_row_sort("plan" if args.row_sort in ("both", "all") else args.row_sort)
     if args.resident_graphs is not None:
         from pdflash.models.resident_graphs import set_resident_graphs
 

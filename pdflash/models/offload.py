@@ -749,14 +749,18 @@ class OffloadedMoE:
         tile-map, gather, multiply and sum kernels of :meth:`_run_sorted`
         (the same rows, tiles and sums). ``keys``: the layer's ``[E]`` slot
         keys in ``views``. None where it does not apply: no fused MLP, the
-        row sort (:func:`set_row_sort`) not ``plan``, or more rows x keys
-        than the plan takes."""
+        row sort (:func:`set_row_sort`) not ``plan`` or ``plan_atomic``, or
+        more rows or keys than that plan takes."""
         fused = self._fused()
         n = int(flat.numel())
-        if fused is None or row_sort_mode() != "plan" or not fused.k.row_plan_fits(n, width):
+        mode = row_sort_mode()
+        ordered = mode == "plan"
+        if fused is None or mode not in _PLAN_MODES:
+            return None
+        if not fused.k.row_plan_fits(n, width, ordered=ordered):
             return None
         block_m = pick_block_m(n, self.num_experts)
-        plan = fused.k.row_plan(flat, keys, width, k, block_m, self.num_experts)
+        plan = fused.k.row_plan(flat, keys, width, k, block_m, self.num_experts, ordered=ordered)
         out = fused.forward_slab(x, plan.token, None, width, views, self.num_experts, plan=plan)
         combined: torch.Tensor = fused.k.weighted_combine(out, topk_weights, x.dtype, plan.position)
         return combined
@@ -1143,7 +1147,9 @@ class OffloadedMoE:
 COUNTING_SORT_MAX_CELLS = 1 << 22
 
 #: how the offloaded block orders its routed rows (:func:`set_row_sort`)
-ROW_SORT_MODES = ("plan", "counting", "sort")
+ROW_SORT_MODES = ("plan", "plan_atomic", "counting", "sort")
+#: the modes whose all-resident fused calls take the kernels' ``row_plan``
+_PLAN_MODES = ("plan", "plan_atomic")
 _row_sort: str | None = None  # None: read PDFLASH_ROW_SORT on first use
 
 
@@ -1151,7 +1157,9 @@ def set_row_sort(mode: str | None) -> None:
     """How the offloaded block orders its routed rows from now on: ``plan``
     (the default: an all-resident call of a fused MLP orders, tiles and
     combines its rows in one launch each, the kernels' ``row_plan`` and
-    ``weighted_combine``; every other call as ``counting``), ``counting``
+    ``weighted_combine``; every other call as ``counting``), ``plan_atomic``
+    (the same with the atomic plan, ``row_plan(ordered=False)``: each key's
+    rows in no fixed order, up to 65536 rows over 1024 keys), ``counting``
     (:func:`sort_rows` by a counting sort of a handful of small kernels)
     or ``sort`` (``torch.sort`` + ``searchsorted``: 5 torch calls instead
     of 12, so less host time for an eager call whose host is the limit,

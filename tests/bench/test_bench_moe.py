@@ -138,15 +138,16 @@ def test_bench_moe_compressed_gemm_both_on_cpu_says_why_fused_is_absent(
         set_compressed_gemm(None)
 
 
+@pytest.mark.parametrize("setting", ["both", "all"])
 def test_bench_moe_row_sort_both_times_the_counting_sort_beside_the_plan(
-    capsys: pytest.CaptureFixture[str],
+    setting: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from pdflash.models.offload import row_sort_mode, set_row_sort
 
     set_row_sort("sort")  # a setting from before the run, restored after it
     argv = ["moe", "--json", "--arch", "qwen3_moe", "--device", "cpu", "--tokens", "3"]
     argv += ["--repeats", "1", "--all-hit-tokens", "5", "--all-hit-iters", "2"]
-    argv += ["--all-hit-rounds", "2", "--cache-fraction", "1.0", "--row-sort", "both"]
+    argv += ["--all-hit-rounds", "2", "--cache-fraction", "1.0", "--row-sort", setting]
     try:
         assert main(argv) == 0
         assert row_sort_mode() == "plan"  # the run's setting ended with it (back to the default)
@@ -155,6 +156,12 @@ def test_bench_moe_row_sort_both_times_the_counting_sort_beside_the_plan(
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for r in row["all_hit"]:
         assert r["row_sort"] == "plan"
+        # all: the atomic plan too (here, too, the counting sort's calls)
+        want = ["counting", "plan_atomic"] if setting == "all" else ["counting"]
+        assert sorted(r["by_row_sort"]) == want
+        atomic = r["by_row_sort"].get("plan_atomic")
+        if atomic is not None:
+            assert atomic["bit_equal_vs_main"] and len(atomic["offloaded_all_hit_rounds_us"]) == 2
         other = r["by_row_sort"]["counting"]
         assert other["max_abs_diff_vs_main"] == 0.0  # the same bits
         assert len(other["offloaded_all_hit_rounds_us"]) == 2

@@ -737,8 +737,8 @@ def test_resident_block_plans_its_rows_in_one_launch(
     kernels: ModuleType, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
     """An all-resident gpt-oss layer with a fused MLP: ``plan`` (the default)
-    gives the bits of the ``counting`` path without its sort, gather,
-    multiply and sum calls."""
+    and ``plan_atomic`` give the bits of the ``counting`` path without its
+    sort, gather, multiply and sum calls."""
     from pdflash.bench.op_count import DispatchCounter
 
     ad = load_adapter(
@@ -761,15 +761,17 @@ def test_resident_block_plans_its_rows_in_one_launch(
                 x = ad.moe_norm(layer, h)
                 ids, weights = ad.route(layer, x)
                 got, ops = {}, {}
-                for mode in ("counting", "plan"):
+                for mode in ("counting", "plan", "plan_atomic"):
                     offload.set_row_sort(mode)
                     runtime.forward_routed(layer, x, ids, weights)  # memoised views
                     with DispatchCounter() as d:
                         got[mode] = runtime.forward_routed(layer, x, ids, weights)
                     ops[mode] = d.ops
                 assert torch.equal(got["plan"], got["counting"])
+                assert torch.equal(got["plan_atomic"], got["counting"])
                 assert "cumsum" in ops["counting"] and "index_select" in ops["counting"]
-                for op in ("cumsum", "index_select", "scatter_", "mul", "sum"):
-                    assert op not in ops["plan"], ops["plan"]
+                for mode in ("plan", "plan_atomic"):
+                    for op in ("cumsum", "index_select", "scatter_", "mul", "sum"):
+                        assert op not in ops[mode], (mode, ops[mode])
     finally:
         offload.set_row_sort(None)

@@ -82,7 +82,7 @@ def test_native_module_imports_and_describes_itself() -> None:
     assert [v.index for v in g.variants() if v.kind == g.KIND_WGMMA] == [10, 11, 12, 13]
     assert mod.variant_info(g.WGMMA_BLOCK_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA)
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
-        mod.variant_info(11)
+        mod.variant_info(14)
     assert mod.variant_available(11, 0) == mod.BAD_VARIANT
     assert mod.error_string(mod.OK) == "ok"
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
@@ -121,7 +121,7 @@ def test_unavailable_off_cuda() -> None:
         ({"block_m": 128}, {}, "block_m 1..64"),
         ({"x_rows": torch.tensor([0.0, 1.0])}, {}, "x_rows must be int32 or int64"),
         ({}, {"act": 1, "gate_up": (0, 1, 0)}, "gate_up must be"),
-        ({}, {"variant": 11}, "unknown CUDA MXFP4 GEMM variant"),
+        ({}, {"variant": 14}, "unknown CUDA MXFP4 GEMM variant"),
         ({}, {"variant": 3, "block_m": None}, "takes block_m <= 16"),
         ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),
