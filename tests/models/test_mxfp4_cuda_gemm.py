@@ -83,13 +83,13 @@ def test_native_module_imports_and_describes_itself() -> None:
     assert mod.variant_info(g.WGMMA_BLOCK_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA)
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
         mod.variant_info(14)
-    assert mod.variant_available(11, 0) == mod.BAD_VARIANT
+    assert mod.variant_available(14, 0) == mod.BAD_VARIANT
     assert mod.error_string(mod.OK) == "ok"
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
     assert "sm_90a" in mod.error_string(mod.VARIANT_UNAVAILABLE)
     # the launcher checks what it needs before touching the device
     assert mod.launch(*([0] * 27), 1.0, 0.0, 0) == mod.BAD_ARGS  # K = 0
-    assert mod.launch(11, *([0] * 26), 1.0, 0.0, 0) == mod.BAD_VARIANT
+    assert mod.launch(14, *([0] * 26), 1.0, 0.0, 0) == mod.BAD_VARIANT
 
 
 def test_wgmma_availability_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
