@@ -1,33 +1,60 @@
-"""The library's CUDA MXFP4 GEMM at gpt-oss-20b's expert MLP shape, the two
-projections (gate_up with the clamped SwiGLU, down) at one token count, each
-launched once inside an NVTX range named ``ncu`` after warm-up calls: a target
-for Nsight Compute's per-kernel counters, e.g.
+"""The library's CUDA MXFP4 GEMM at gpt-oss-20b's expert MLP shape: the two
+projections (gate_up with the clamped SwiGLU, down) per variant and token
+count, each timed alone (CUDA events around ``--iters`` calls, after warm-up
+calls), one JSON line per (variant, tokens). Each point also launches its two
+projections once inside an NVTX range named ``ncu``: a target for Nsight
+Compute's per-kernel counters, e.g.
 
     ncu --nvtx --nvtx-include 'ncu/' --section SpeedOfLight \\
-        python3 -P bench/h200/mxfp4_cuda/ncu_gemm.py --tokens 256
+        python3 -P bench/h200/mxfp4_cuda/ncu_gemm.py --tokens 256 --variants 10
 
-Synthetic weights (random codes, scale bytes 118..130), random routing.
-Without ncu it prints each projection's µs (CUDA events, 20 calls).
+Synthetic weights (random codes, scale bytes 118..130), random routing; the
+HBM roofline of the weights' bytes is from a 1 GiB device-to-device copy.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
 from pdflash.models import compressed_gemm
 from pdflash.models.fused_moe_triton import SlabWeight
-from pdflash.models.mxfp4_cuda_gemm import ACT_GPTOSS, grouped_mxfp4_gemm
+from pdflash.models.mxfp4_cuda_gemm import ACT_GPTOSS, grouped_mxfp4_gemm, pick_variant
 
 HIDDEN, INTER, EXPERTS, TOP_K = 2880, 2880, 32, 4
 ALPHA, LIMIT = 1.702, 7.0
 
 
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v]
+
+
+def _us_per_call(fn, iters: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
+
+
+def _hbm_gbps(dev: torch.device) -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    us = min(_us_per_call(lambda: dst.copy_(src), 1) for _ in range(5))
+    return 2 * src.numel() / (us * 1e-6) / 1e9
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--variant", type=int, default=None, help="default: the library's pick")
+    ap.add_argument("--tokens", default="256", help="token counts, comma-separated")
+    ap.add_argument("--variants", default="", help="variant indices (default: the library's pick)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
     args = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -39,40 +66,64 @@ def main() -> int:
         return SlabWeight("mxfp4", blocks.to(torch.uint8), scales.to(torch.uint8), bias)
 
     gate_up, down = mx(2 * INTER, HIDDEN), mx(HIDDEN, INTER)
-    x = torch.randn(args.tokens, HIDDEN, generator=g, device=dev).bfloat16()
-    ids = torch.rand(args.tokens, EXPERTS, generator=g, device=dev).topk(TOP_K, dim=1).indices
-    key, order = ids.flatten().sort(stable=True)
-    x_rows = (order // TOP_K).to(torch.int32)
-    rows = key.numel()
-    block_m = compressed_gemm.pick_block_m(rows, EXPERTS)
-    tiles = compressed_gemm.tile_map(key, EXPERTS, block_m, EXPERTS)
-    direct = torch.arange(rows, dtype=torch.int32, device=dev)
+    hbm = _hbm_gbps(dev)
+    per_row = {
+        name: (w.data[0, 0].numel() + w.scale[0, 0].numel())
+        for name, w in (("gate_up", gate_up), ("down", down))
+    }
+    for tokens in _ints(args.tokens):
+        x = torch.randn(tokens, HIDDEN, generator=g, device=dev).bfloat16()
+        ids = torch.rand(tokens, EXPERTS, generator=g, device=dev).topk(TOP_K, dim=1).indices
+        key, order = ids.flatten().sort(stable=True)
+        x_rows = (order // TOP_K).to(torch.int32)
+        rows = key.numel()
+        block_m = compressed_gemm.pick_block_m(rows, EXPERTS)
+        tiles = compressed_gemm.tile_map(key, EXPERTS, block_m, EXPERTS)
+        direct = torch.arange(rows, dtype=torch.int32, device=dev)
+        active = int(key.unique().numel())
+        out: dict[str, torch.Tensor] = {}
+        variants = _ints(args.variants) or [pick_variant(block_m, dev)]
+        times: dict[int, dict[str, list[float]]] = {
+            v: {"gate_up": [], "down": []} for v in variants
+        }
 
-    def step() -> torch.Tensor:
-        h = grouped_mxfp4_gemm(
-            x, x_rows, tiles, block_m, gate_up, act=ACT_GPTOSS, gate_up=(0, 1, 2),
-            alpha=ALPHA, limit=LIMIT, variant=args.variant,
-        )  # fmt: skip
-        return grouped_mxfp4_gemm(h, direct, tiles, block_m, down, variant=args.variant)
+        def run_gate_up(v: int) -> None:
+            out["h"] = grouped_mxfp4_gemm(
+                x, x_rows, tiles, block_m, gate_up, act=ACT_GPTOSS, gate_up=(0, 1, 2),
+                alpha=ALPHA, limit=LIMIT, variant=v,
+            )  # fmt: skip
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push("ncu")
-    step()
-    torch.cuda.nvtx.range_pop()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(20):
-        step()
-    end.record()
-    end.synchronize()
-    tiles_live = int((tiles[0] >= 0).sum())
-    print(
-        f"tokens {args.tokens} rows {rows} block_m {block_m} live tiles {tiles_live}: "
-        f"{start.elapsed_time(end) * 1e3 / 20:.1f} us per MLP (both projections)"
-    )
+        def run_down(v: int) -> None:
+            grouped_mxfp4_gemm(out["h"], direct, tiles, block_m, down, variant=v)
+
+        for v in variants:
+            for _ in range(3):
+                run_gate_up(v)
+                run_down(v)
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("ncu")
+            run_gate_up(v)
+            run_down(v)
+            torch.cuda.nvtx.range_pop()
+            torch.cuda.synchronize()
+        for rnd in range(args.rounds):
+            for v in variants[rnd % len(variants) :] + variants[: rnd % len(variants)]:
+                times[v]["gate_up"].append(_us_per_call(lambda v=v: run_gate_up(v), args.iters))
+                times[v]["down"].append(_us_per_call(lambda v=v: run_down(v), args.iters))
+        for v in variants:
+            row: dict[str, object] = {
+                "variant": v, "tokens": tokens, "rows": rows, "block_m": block_m,
+                "active_experts": active, "hbm_gbps": hbm, "iters": args.iters,
+                "synthetic": True,
+            }  # fmt: skip
+            for name, n in (("gate_up", 2 * INTER), ("down", HIDDEN)):
+                us = sorted(times[v][name])[len(times[v][name]) // 2]
+                roof = active * n * per_row[name] / (hbm * 1e9) * 1e6
+                row[f"{name}_us"] = us
+                row[f"{name}_rounds_us"] = times[v][name]
+                row[f"{name}_roofline_us"] = roof
+                row[f"{name}_over_roofline"] = us / roof
+            print(json.dumps(row), flush=True)
     return 0
 
 
