@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -53,6 +54,22 @@ def _replays(trace: dict[str, Any]) -> tuple[list[list[dict[str, Any]]], list[di
     return replays, loose
 
 
+#: kernel kinds by name (first match wins), for each replay's split
+KINDS = (
+    ("expert GEMM (CUDA MXFP4)", re.compile(r"mxfp4_moe_kernel")),
+    ("expert GEMM (other)", re.compile(r"qgemm|grouped_mm|fused_moe", re.I)),
+    ("row plan", re.compile(r"row_plan")),
+    ("combine", re.compile(r"weighted_combine")),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|softmax", re.I)),
+    ("dense GEMM", re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_", re.I)),
+)
+
+
+def kind_of(name: str) -> str:
+    """The :data:`KINDS` entry a kernel name falls in, else ``other``."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "other")
+
+
 def summarize(trace: dict[str, Any]) -> dict[str, Any]:
     replays, loose = _replays(trace)
     groups: dict[tuple[str, ...], list[list[dict[str, Any]]]] = defaultdict(list)
@@ -77,12 +94,19 @@ def summarize(trace: dict[str, Any]) -> dict[str, Any]:
             )
         spans = [float(r[-1]["ts"]) + float(r[-1]["dur"]) - float(r[0]["ts"]) for r in runs]
         busy = [sum(float(k["dur"]) for k in r) for r in runs]
+        by_kind: dict[str, float] = defaultdict(float)
+        for k in kernels:
+            by_kind[kind_of(str(k["name"]))] += float(k["dur_us"])
         out.append(
             {
                 "replays": len(runs),
                 "kernels": kernels,
                 "span_us": statistics.median(spans),
                 "busy_us": statistics.median(busy),
+                # sums of the kernels' median durations by kind, and of the
+                # median gaps between them
+                "by_kind_us": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
+                "gaps_us": sum(float(k["gap_before_us"] or 0.0) for k in kernels),
             }
         )
     totals: dict[str, list[float]] = defaultdict(list)
@@ -101,6 +125,8 @@ def _print(summary: dict[str, Any], top: int) -> None:
             f"== graph: {g['replays']} replays, span {g['span_us']:.1f} us, "
             f"kernels busy {g['busy_us']:.1f} us, {len(g['kernels'])} kernels"
         )
+        split = ", ".join(f"{kind} {us:.1f}" for kind, us in g["by_kind_us"].items())
+        print(f"   by kind (us): {split}; gaps {g['gaps_us']:.1f}")
         for k in g["kernels"]:
             gap = "" if k["gap_before_us"] is None else f"{k['gap_before_us']:7.1f}"
             print(f"  {k['dur_us']:8.1f} {gap:>7}  {k['name'][:110]}")

@@ -56,8 +56,31 @@ def test_replays_are_grouped_by_launch_and_summarized_by_median() -> None:
     assert first["kernels"][0] == {"name": "a", "dur_us": 6.0, "gap_before_us": None}
     assert first["kernels"][1] == {"name": "b", "dur_us": 4.0, "gap_before_us": 2.0}
     assert first["span_us"] == 14.0 and first["busy_us"] == 10.0  # medians over the replays
+    assert first["by_kind_us"] == {"other": 10.0} and first["gaps_us"] == 2.0
     assert second["replays"] == 1 and second["span_us"] == 9.0
     assert summary["outside_graphs"] == [
         {"name": "z", "calls": 2, "total_us": 5.0},
         {"name": "y", "calls": 1, "total_us": 1.0},
     ]
+
+
+def test_kernel_kinds_split_a_replay() -> None:
+    gk = _module()
+    names = {
+        "void mxcuda::mxfp4_moe_kernel<mxcuda::Cfg<8, 1, 8, 4, 2, 256, 1> >(mxcuda::Params)": (
+            "expert GEMM (CUDA MXFP4)"
+        ),
+        "_row_plan_kernel": "row plan",
+        "_weighted_combine_kernel": "combine",
+        "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>": "attention",
+        "nvjet_tst_128x64_64x8_1x1_v_bz_TNT": "dense GEMM",
+        "void at::native::vectorized_elementwise_kernel<4>": "other",
+    }
+    for name, kind in names.items():
+        assert gk.kind_of(name) == kind, name
+    events = [_launch(1)]
+    events += [_kernel(name, 10.0 * i, 2.0 + i, 1) for i, name in enumerate(names)]
+    (graph,) = gk.summarize({"traceEvents": events})["graphs"]
+    assert graph["by_kind_us"]["expert GEMM (CUDA MXFP4)"] == 2.0
+    assert graph["by_kind_us"]["other"] == 7.0
+    assert sum(graph["by_kind_us"].values()) == graph["busy_us"]
