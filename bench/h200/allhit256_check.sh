@@ -5,7 +5,7 @@
 #              block, the resident recordings, and the CUDA MXFP4 GEMM's own
 #              tests over every variant it has
 #   moe        pdflash-bench moe all-hit at 16/64/256 tokens, replayed from a
-#              CUDA graph, --row-sort all (plan; counting and plan_atomic in
+#              CUDA graph, --row-sort all (plan_atomic; counting and plan in
 #              by_row_sort, same rounds)
 #   variants   the CUDA GEMM's wgmma variants (VARIANTS, default 10..13) per
 #              projection at 64 and 256 tokens (mxfp4_cuda/ncu_gemm.py)

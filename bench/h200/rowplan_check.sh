@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Issue 13: the all-resident MXFP4 block's row plan (one launch ordering and
-# tiling the routed rows, one combining them; PDFLASH_ROW_SORT=plan, the
-# default) against the counting sort it replaces, on the lent GPU:
+# Issue 13: the all-resident MXFP4 block's row plans (one launch ordering and
+# tiling the routed rows, one combining them; PDFLASH_ROW_SORT=plan_atomic,
+# the default, and plan) against the counting sort they replace, on the lent
+# GPU:
 #   gputests  the plan and combine against their references at the published
 #             shapes, the fused MXFP4 block, the resident recordings
 #   moe       pdflash-bench moe all-hit at 16/64/256 tokens, replayed from a
-#             CUDA graph, --row-sort all (plan in the main fields, counting
-#             and plan_atomic in by_row_sort, same rounds)
+#             CUDA graph, --row-sort all (plan_atomic in the main fields,
+#             counting and plan in by_row_sort, same rounds)
 #   kernels_* each mode's 256-token graph replay kernel by kernel
 #             (graph_kernels.py)
 #   summary   allhit_summary.py over the moe rows

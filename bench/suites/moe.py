@@ -171,9 +171,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         choices=["plan", "plan_atomic", "counting", "sort", "both", "all"],
         help="how the offloaded block orders its routed rows (pdflash.models.offload."
-        "set_row_sort): plan (default; PDFLASH_ROW_SORT), plan_atomic, counting or sort; "
-        "both = plan in the main fields, counting timed in the same all-hit rounds (rows: "
-        "by_row_sort); all = both and plan_atomic too",
+        "set_row_sort): plan_atomic (default; PDFLASH_ROW_SORT), plan, counting or sort; "
+        "both = plan_atomic in the main fields, counting timed in the same all-hit rounds "
+        "(rows: by_row_sort); all = both and plan (the stable plan) too",
     )
     p.add_argument(
         "--resident-graphs",
@@ -676,7 +676,7 @@ def _all_hit(
     if args.row_sort in ("both", "all"):
         variants.append(("by_row_sort", "counting", _row_sort))
     if args.row_sort == "all":
-        variants.append(("by_row_sort", "plan_atomic", _row_sort))
+        variants.append(("by_row_sort", "plan", _row_sort))
     if args.resident_graphs == "both":
         variants.append(("by_resident_graphs", "on", _resident_graphs))
     recorded = runtime.resident_graphs
@@ -1239,9 +1239,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit(f"--compressed-gemm fused: {reason}")
         set_compressed_gemm("dequant" if args.compressed_gemm == "both" else args.compressed_gemm)
     if args.row_sort is not None:
-        from pdflash.models.offload import set_row_sort
+        from pdflash.models.offload import DEFAULT_ROW_SORT, set_row_sort
 
-        set_row_sort("plan" if args.row_sort in ("both", "all") else args.row_sort)
+        set_row_sort(DEFAULT_ROW_SORT if args.row_sort in ("both", "all") else args.row_sort)
     if args.resident_graphs is not None:
         from pdflash.models.resident_graphs import set_resident_graphs
 

@@ -749,7 +749,7 @@ class OffloadedMoE:
         tile-map, gather, multiply and sum kernels of :meth:`_run_sorted`
         (the same rows, tiles and sums). ``keys``: the layer's ``[E]`` slot
         keys in ``views``. None where it does not apply: no fused MLP, the
-        row sort (:func:`set_row_sort`) not ``plan`` or ``plan_atomic``, or
+        row sort (:func:`set_row_sort`) not ``plan_atomic`` or ``plan``, or
         more rows or keys than that plan takes."""
         fused = self._fused()
         n = int(flat.numel())
@@ -1147,24 +1147,28 @@ class OffloadedMoE:
 COUNTING_SORT_MAX_CELLS = 1 << 22
 
 #: how the offloaded block orders its routed rows (:func:`set_row_sort`)
-ROW_SORT_MODES = ("plan", "plan_atomic", "counting", "sort")
+ROW_SORT_MODES = ("plan_atomic", "plan", "counting", "sort")
+#: the default: on the GPU the fastest (bench/results/h100/session58-2026-12-07)
+DEFAULT_ROW_SORT = "plan_atomic"
 #: the modes whose all-resident fused calls take the kernels' ``row_plan``
-_PLAN_MODES = ("plan", "plan_atomic")
+_PLAN_MODES = ("plan_atomic", "plan")
 _row_sort: str | None = None  # None: read PDFLASH_ROW_SORT on first use
 
 
 def set_row_sort(mode: str | None) -> None:
-    """How the offloaded block orders its routed rows from now on: ``plan``
-    (the default: an all-resident call of a fused MLP orders, tiles and
-    combines its rows in one launch each, the kernels' ``row_plan`` and
-    ``weighted_combine``; every other call as ``counting``), ``plan_atomic``
-    (the same with the atomic plan, ``row_plan(ordered=False)``: each key's
-    rows in no fixed order, up to 65536 rows over 1024 keys), ``counting``
-    (:func:`sort_rows` by a counting sort of a handful of small kernels)
-    or ``sort`` (``torch.sort`` + ``searchsorted``: 5 torch calls instead
-    of 12, so less host time for an eager call whose host is the limit,
-    one radix-sort kernel more device time). All give the same values.
-    None: back to the environment's ``PDFLASH_ROW_SORT``."""
+    """How the offloaded block orders its routed rows from now on:
+    ``plan_atomic`` (the default: an all-resident call of a fused MLP of up
+    to 65536 rows over 1024 slot keys orders and tiles its rows in one
+    launch, the kernels' ``row_plan(ordered=False)``, which places each
+    key's rows with atomic counters in no fixed order, and weighs them back
+    in one more, ``weighted_combine``; every other call as ``counting``),
+    ``plan`` (the same with the stable plan, ``row_plan``, up to 2^15 rows
+    x keys), ``counting`` (:func:`sort_rows` by a counting sort of a
+    handful of small kernels) or ``sort`` (``torch.sort`` +
+    ``searchsorted``: 5 torch calls instead of 12, so less host time for an
+    eager call whose host is the limit, one radix-sort kernel more device
+    time). All give the same values. None: back to the environment's
+    ``PDFLASH_ROW_SORT``."""
     if mode is not None and mode not in ROW_SORT_MODES:
         raise ValueError(f"row sort must be one of {ROW_SORT_MODES}, got {mode!r}")
     global _row_sort
@@ -1173,10 +1177,10 @@ def set_row_sort(mode: str | None) -> None:
 
 def row_sort_mode() -> str:
     """The :func:`set_row_sort` setting now (else ``PDFLASH_ROW_SORT``, else
-    ``plan``)."""
+    :data:`DEFAULT_ROW_SORT`)."""
     global _row_sort
     if _row_sort is None:
-        mode = os.environ.get("PDFLASH_ROW_SORT", "plan") or "plan"
+        mode = os.environ.get("PDFLASH_ROW_SORT", "") or DEFAULT_ROW_SORT
         if mode not in ROW_SORT_MODES:
             raise ValueError(f"PDFLASH_ROW_SORT must be one of {ROW_SORT_MODES}, got {mode!r}")
         _row_sort = mode

@@ -150,18 +150,19 @@ def test_bench_moe_row_sort_both_times_the_counting_sort_beside_the_plan(
     argv += ["--all-hit-rounds", "2", "--cache-fraction", "1.0", "--row-sort", setting]
     try:
         assert main(argv) == 0
-        assert row_sort_mode() == "plan"  # the run's setting ended with it (back to the default)
+        # the run's setting ended with it (back to the default)
+        assert row_sort_mode() == "plan_atomic"
     finally:
         set_row_sort(None)
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for r in row["all_hit"]:
-        assert r["row_sort"] == "plan"
-        # all: the atomic plan too (here, too, the counting sort's calls)
-        want = ["counting", "plan_atomic"] if setting == "all" else ["counting"]
+        assert r["row_sort"] == "plan_atomic"
+        # all: the stable plan too (here, too, the counting sort's calls)
+        want = ["counting", "plan"] if setting == "all" else ["counting"]
         assert sorted(r["by_row_sort"]) == want
-        atomic = r["by_row_sort"].get("plan_atomic")
-        if atomic is not None:
-            assert atomic["bit_equal_vs_main"] and len(atomic["offloaded_all_hit_rounds_us"]) == 2
+        stable = r["by_row_sort"].get("plan")
+        if stable is not None:
+            assert stable["bit_equal_vs_main"] and len(stable["offloaded_all_hit_rounds_us"]) == 2
         other = r["by_row_sort"]["counting"]
         assert other["max_abs_diff_vs_main"] == 0.0  # the same bits
         assert len(other["offloaded_all_hit_rounds_us"]) == 2

@@ -126,7 +126,7 @@ def test_row_sort_setting_and_environment(
         offload.row_sort_mode()
     offload.set_row_sort(None)
     monkeypatch.delenv("PDFLASH_ROW_SORT")
-    assert offload.row_sort_mode() == "plan"
+    assert offload.row_sort_mode() == offload.DEFAULT_ROW_SORT == "plan_atomic"
 
 
 @pytest.mark.gpu
