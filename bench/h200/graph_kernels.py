@@ -78,6 +78,8 @@ def summarize(trace: dict[str, Any]) -> dict[str, Any]:
     out = []
     for names, runs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         kernels = []
+        by_kind: dict[str, float] = defaultdict(float)
+        gaps_total = 0.0
         for i, name in enumerate(names):
             durs = [float(r[i]["dur"]) for r in runs]
             gaps = [
@@ -85,18 +87,13 @@ def summarize(trace: dict[str, Any]) -> dict[str, Any]:
                 for r in runs
                 if i > 0
             ]
-            kernels.append(
-                {
-                    "name": name,
-                    "dur_us": statistics.median(durs),
-                    "gap_before_us": statistics.median(gaps) if gaps else None,
-                }
-            )
+            dur = statistics.median(durs)
+            gap = statistics.median(gaps) if gaps else None
+            by_kind[kind_of(name)] += dur
+            gaps_total += gap or 0.0
+            kernels.append({"name": name, "dur_us": dur, "gap_before_us": gap})
         spans = [float(r[-1]["ts"]) + float(r[-1]["dur"]) - float(r[0]["ts"]) for r in runs]
         busy = [sum(float(k["dur"]) for k in r) for r in runs]
-        by_kind: dict[str, float] = defaultdict(float)
-        for k in kernels:
-            by_kind[kind_of(str(k["name"]))] += float(k["dur_us"])
         out.append(
             {
                 "replays": len(runs),
@@ -106,7 +103,7 @@ def summarize(trace: dict[str, Any]) -> dict[str, Any]:
                 # sums of the kernels' median durations by kind, and of the
                 # median gaps between them
                 "by_kind_us": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])),
-                "gaps_us": sum(float(k["gap_before_us"] or 0.0) for k in kernels),
+                "gaps_us": gaps_total,
             }
         )
     totals: dict[str, list[float]] = defaultdict(list)

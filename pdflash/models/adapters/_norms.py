@@ -6,6 +6,7 @@ called as they are."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -35,15 +36,61 @@ def normalized_fp32(x: torch.Tensor, eps: float) -> torch.Tensor:
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
 
 
+#: ``PDFLASH_FUSED_NORM``'s values (:func:`fused_norm_setting`)
+FUSED_NORM_SETTINGS = ("off", "on")
+
+
+def fused_norm_setting() -> str:
+    """``PDFLASH_FUSED_NORM``: ``on`` runs the norms below on CUDA in one
+    Triton launch (:mod:`pdflash.models.rmsnorm_triton`; within an ulp of
+    the torch path, not bit-equal), ``off`` (the default, and when unset)
+    keeps the torch path. Any other value is a ValueError."""
+    setting = os.environ.get("PDFLASH_FUSED_NORM", "") or "off"
+    if setting not in FUSED_NORM_SETTINGS:
+        raise ValueError(
+            f"PDFLASH_FUSED_NORM must be one of {FUSED_NORM_SETTINGS}, got {setting!r}"
+        )
+    return setting
+
+
+def _fused(norm: Any, x: torch.Tensor) -> torch.Tensor | None:
+    """The one-launch norm where it is switched on and applies (a Qwen3-MoE
+    or gpt-oss norm, bf16 / fp32), else None."""
+    if not x.is_cuda or fused_norm_setting() != "on":
+        return None
+    from pdflash.models import rmsnorm_triton
+
+    style = (
+        rmsnorm_triton.CAST_THEN_WEIGHT
+        if type(norm) is modeling_qwen3_moe.Qwen3MoeRMSNorm
+        else rmsnorm_triton.WEIGHT_THEN_CAST
+    )
+    weight: torch.Tensor = norm.weight
+    if x.dtype not in (torch.bfloat16, torch.float32) or weight.dtype not in (
+        torch.bfloat16,
+        torch.float32,
+    ):
+        return None
+    if style == rmsnorm_triton.CAST_THEN_WEIGHT and weight.dtype != x.dtype:
+        return None
+    return rmsnorm_triton.rms_norm_rows(x, weight, norm.variance_epsilon, style)
+
+
 def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)``, equal value for value, for transformers'
     ``Qwen3MoeRMSNorm`` (``weight * normed.to(dtype)``) and ``GptOssRMSNorm``
-    (``(weight * normed).to(dtype)``) in one kernel fewer; any other module
-    (or a subclass, which may compute otherwise) is called."""
+    (``(weight * normed).to(dtype)``) in one kernel fewer (on CUDA with
+    ``PDFLASH_FUSED_NORM=on``, :func:`fused_norm_setting`, in one launch, to
+    an ulp); any other module (or a subclass, which may compute otherwise) is
+    called."""
     kind = type(norm)
     if needs_grad(x, norm.weight):  # a multiply into out= records no gradient
         out: torch.Tensor = norm(x)
         return out
+    if kind in (modeling_qwen3_moe.Qwen3MoeRMSNorm, modeling_gpt_oss.GptOssRMSNorm):
+        fused = _fused(norm, x)
+        if fused is not None:
+            return fused
     if kind is modeling_qwen3_moe.Qwen3MoeRMSNorm:
         weight: torch.Tensor = norm.weight
         return weight * normalized(x, norm.variance_epsilon)
