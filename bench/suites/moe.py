@@ -169,7 +169,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--row-sort",
         default=None,
-        choices=["plan", "plan_atomic", "counting", "sort", "both", "all"],
+        choices=["plan_atomic", "plan", "counting", "sort", "both", "all"],
         help="how the offloaded block orders its routed rows (pdflash.models.offload."
         "set_row_sort): plan_atomic (default; PDFLASH_ROW_SORT), plan, counting or sort; "
         "both = plan_atomic in the main fields, counting timed in the same all-hit rounds "
@@ -907,8 +907,8 @@ def _all_hit(
                     # --compressed-gemm both: each mode, timed interleaved on this point
                     "by_compressed_gemm": by_mode or None,
                     "by_compressed_gemm_not_measured": modes_not_measured or None,
-                    # which row sort the main fields' block ran; --row-sort both: the
-                    # other one, timed in the same rounds
+                    # which row sort the main fields' block ran; --row-sort both / all:
+                    # the others, timed in the same rounds
                     "row_sort": row_sort_mode(),
                     "by_row_sort": by_variant.get("by_row_sort") or None,
                     # whether the main fields' block replayed a recording of the

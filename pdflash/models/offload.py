@@ -1148,7 +1148,7 @@ COUNTING_SORT_MAX_CELLS = 1 << 22
 
 #: how the offloaded block orders its routed rows (:func:`set_row_sort`)
 ROW_SORT_MODES = ("plan_atomic", "plan", "counting", "sort")
-#: the default: on the GPU the fastest (bench/results/h100/session58-2026-12-07)
+#: the mode when neither :func:`set_row_sort` nor ``PDFLASH_ROW_SORT`` names one
 DEFAULT_ROW_SORT = "plan_atomic"
 #: the modes whose all-resident fused calls take the kernels' ``row_plan``
 _PLAN_MODES = ("plan_atomic", "plan")

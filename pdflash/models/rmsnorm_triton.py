@@ -42,8 +42,8 @@ def _rms_norm_kernel(
     # tl.reduce with this module's combine, not tl.sum: an interpreted kernel
     # cannot call triton's own @jit helpers when triton was imported first
     h = x * tl.rsqrt(tl.reduce(x * x, 0, _add) / n_cols + eps)
-    if STYLE == 0 and BF16:
-        h = _round_bf16(h)  # normed.to(bf16) before the weight
+    if STYLE == 0 and BF16:  # CAST_THEN_WEIGHT: normed.to(bf16) before the weight
+        h = _round_bf16(h)
     y = w * h
     if BF16:
         y = _round_bf16(y)  # exact in bf16 now: the store's cast keeps it

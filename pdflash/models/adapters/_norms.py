@@ -42,8 +42,9 @@ FUSED_NORM_SETTINGS = ("off", "on")
 
 def fused_norm_setting() -> str:
     """``PDFLASH_FUSED_NORM``: ``on`` runs the norms below on CUDA in one
-    Triton launch (:mod:`pdflash.models.rmsnorm_triton`; within an ulp of
-    the torch path, not bit-equal), ``off`` (the default, and when unset)
+    Triton launch (:mod:`pdflash.models.rmsnorm_triton`; within a bf16 step
+    or a few fp32 ulps of the torch path, not bit-equal), ``off`` (the
+    default, and when unset)
     keeps the torch path. Any other value is a ValueError."""
     setting = os.environ.get("PDFLASH_FUSED_NORM", "") or "off"
     if setting not in FUSED_NORM_SETTINGS:
@@ -80,9 +81,9 @@ def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)``, equal value for value, for transformers'
     ``Qwen3MoeRMSNorm`` (``weight * normed.to(dtype)``) and ``GptOssRMSNorm``
     (``(weight * normed).to(dtype)``) in one kernel fewer (on CUDA with
-    ``PDFLASH_FUSED_NORM=on``, :func:`fused_norm_setting`, in one launch, to
-    an ulp); any other module (or a subclass, which may compute otherwise) is
-    called."""
+    ``PDFLASH_FUSED_NORM=on``, :func:`fused_norm_setting`, in one launch,
+    within a bf16 step); any other module (or a subclass, which may compute
+    otherwise) is called."""
     kind = type(norm)
     if needs_grad(x, norm.weight):  # a multiply into out= records no gradient
         out: torch.Tensor = norm(x)
