@@ -11,8 +11,6 @@ product per output, which is exact."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -20,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from triton_interpreted import interpreted
 
 from pdflash.models import compressed_gemm, load_adapter, offload
 from pdflash.models.compressed_gemm import (
@@ -47,27 +46,10 @@ def kernels() -> ModuleType:
     tensors. The MXFP4 kernel module it imports its e2m1 decoder from is
     loaded fresh too, under the interpreter, while it imports (an interpreted
     kernel cannot call a compiled helper)."""
-    pytest.importorskip("triton")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")
-    try:
-        mxfp4 = _fresh_module("pdflash.models.mxfp4_triton", "_mxfp4_triton_interpreted")
-        mp.setitem(sys.modules, "pdflash.models.mxfp4_triton", mxfp4)
-        module = _fresh_module("pdflash.models.fused_moe_triton", "_fused_moe_interpreted")
-    finally:
-        mp.undo()
-    return module
-
-
-def _fresh_module(name: str, fresh_name: str) -> ModuleType:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin is not None
-    fresh = importlib.util.spec_from_file_location(fresh_name, spec.origin)
-    assert fresh is not None and fresh.loader is not None
-    module = importlib.util.module_from_spec(fresh)
-    sys.modules[fresh.name] = module  # a dataclass looks its module up by name
-    fresh.loader.exec_module(module)
-    return module
+    return interpreted(
+        ("pdflash.models.mxfp4_triton", "_mxfp4_triton_interpreted"),
+        ("pdflash.models.fused_moe_triton", "_fused_moe_interpreted"),
+    )
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> None:

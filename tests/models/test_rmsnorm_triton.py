@@ -8,41 +8,23 @@ by default; off CUDA the adapters' norm stays on the torch path."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from types import ModuleType
 
 import pytest
 import torch
 from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeRMSNorm
-
-
-def _fresh(name: str, fresh_name: str) -> ModuleType:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin is not None
-    fresh = importlib.util.spec_from_file_location(fresh_name, spec.origin)
-    assert fresh is not None and fresh.loader is not None
-    module = importlib.util.module_from_spec(fresh)
-    sys.modules[fresh.name] = module
-    fresh.loader.exec_module(module)
-    return module
+from triton_interpreted import interpreted
 
 
 @pytest.fixture(scope="module")
 def norms() -> ModuleType:
     """The module decorated under ``TRITON_INTERPRET=1``, with the rounding
     helper it imports interpreted too."""
-    pytest.importorskip("triton")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("TRITON_INTERPRET", "1")
-    try:
-        fused = _fresh("pdflash.models.fused_moe_triton", "_fused_moe_for_norms")
-        mp.setitem(sys.modules, "pdflash.models.fused_moe_triton", fused)
-        module = _fresh("pdflash.models.rmsnorm_triton", "_rmsnorm_interpreted")
-    finally:
-        mp.undo()
-    return module
+    return interpreted(
+        ("pdflash.models.fused_moe_triton", "_fused_moe_for_norms"),
+        ("pdflash.models.rmsnorm_triton", "_rmsnorm_interpreted"),
+    )
 
 
 @pytest.mark.parametrize("kind", [Qwen3MoeRMSNorm, GptOssRMSNorm])
