@@ -718,8 +718,8 @@ def test_weighted_combine_rounds_like_torch_at_the_edges(kernels: ModuleType) ->
 def test_resident_block_plans_its_rows_in_one_launch(
     kernels: ModuleType, tiny_checkpoints: dict[str, Path], host_issuer: object
 ) -> None:
-    """An all-resident gpt-oss layer with a fused MLP: ``plan`` (the default)
-    and ``plan_atomic`` give the bits of the ``counting`` path without its
+    """An all-resident gpt-oss layer with a fused MLP: ``plan_atomic`` (the
+    default) and ``plan`` give the bits of the ``counting`` path without its
     sort, gather, multiply and sum calls."""
     from pdflash.bench.op_count import DispatchCounter
 
