@@ -16,17 +16,12 @@ import torch
 import triton
 import triton.language as tl
 
-from pdflash.models.fused_moe_triton import _round_bf16
+from pdflash.models.fused_moe_triton import _add_combine, _round_bf16
 
 #: ``Qwen3MoeRMSNorm``: ``weight * normed.to(dtype)``
 CAST_THEN_WEIGHT = 0
 #: ``GptOssRMSNorm``: ``(weight * normed).to(dtype)``
 WEIGHT_THEN_CAST = 1
-
-
-@triton.jit
-def _add(a, b):
-    return a + b
 
 
 @triton.jit
@@ -39,9 +34,9 @@ def _rms_norm_kernel(
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    # tl.reduce with this module's combine, not tl.sum: an interpreted kernel
+    # tl.reduce with pdflash's combine, not tl.sum: an interpreted kernel
     # cannot call triton's own @jit helpers when triton was imported first
-    h = x * tl.rsqrt(tl.reduce(x * x, 0, _add) / n_cols + eps)
+    h = x * tl.rsqrt(tl.reduce(x * x, 0, _add_combine) / n_cols + eps)
     if STYLE == 0 and BF16:  # CAST_THEN_WEIGHT: normed.to(bf16) before the weight
         h = _round_bf16(h)
     y = w * h
@@ -50,30 +45,35 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def unsupported(x: torch.Tensor, weight: torch.Tensor, style: int) -> str | None:
+    """Why :func:`rms_norm_rows` cannot take these arguments, or None."""
+    if style not in (CAST_THEN_WEIGHT, WEIGHT_THEN_CAST):
+        return f"style must be CAST_THEN_WEIGHT or WEIGHT_THEN_CAST, got {style!r}"
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        return f"rms_norm_rows takes bf16 or fp32 rows, got {x.dtype}"
+    hidden = int(x.shape[-1]) if x.dim() else 0
+    if weight.dim() != 1 or weight.numel() != hidden or hidden == 0:
+        return f"weight must be [{hidden}] for rows of {hidden}, got {tuple(weight.shape)}"
+    if weight.dtype not in (torch.bfloat16, torch.float32):
+        return f"weight must be bf16 or fp32, got {weight.dtype}"
+    if style == CAST_THEN_WEIGHT and weight.dtype != x.dtype:
+        return "CAST_THEN_WEIGHT takes a weight of the rows' dtype (the product keeps it)"
+    if x.device != weight.device:
+        return f"x and weight on different devices: {x.device}, {weight.device}"
+    return None
+
+
 def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, style: int) -> torch.Tensor:
     """RMSNorm of ``x``'s last dimension with ``weight`` in one launch,
     ``style`` :data:`CAST_THEN_WEIGHT` or :data:`WEIGHT_THEN_CAST`; the
     output has ``x``'s shape and dtype. ``x``: bf16 or fp32 with a
     contiguous last dimension; ``weight``: ``[hidden]``, bf16 or fp32 (with
     :data:`CAST_THEN_WEIGHT`, ``x``'s dtype, as the module's product keeps
-    it). A ValueError names what it cannot take."""
-    if style not in (CAST_THEN_WEIGHT, WEIGHT_THEN_CAST):
-        raise ValueError(f"style must be CAST_THEN_WEIGHT or WEIGHT_THEN_CAST, got {style!r}")
-    if x.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"rms_norm_rows takes bf16 or fp32 rows, got {x.dtype}")
-    hidden = int(x.shape[-1]) if x.dim() else 0
-    if weight.dim() != 1 or weight.numel() != hidden or hidden == 0:
-        raise ValueError(
-            f"weight must be [{hidden}] for rows of {hidden}, got {tuple(weight.shape)}"
-        )
-    if weight.dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"weight must be bf16 or fp32, got {weight.dtype}")
-    if style == CAST_THEN_WEIGHT and weight.dtype != x.dtype:
-        raise ValueError(
-            "CAST_THEN_WEIGHT takes a weight of the rows' dtype (the product keeps it)"
-        )
-    if x.device != weight.device:
-        raise ValueError(f"x and weight on different devices: {x.device}, {weight.device}")
+    it). A ValueError names what it cannot take (:func:`unsupported`)."""
+    why = unsupported(x, weight, style)
+    if why is not None:
+        raise ValueError(why)
+    hidden = int(x.shape[-1])
     rows = x.reshape(-1, hidden)
     if rows.stride(1) != 1:
         rows = rows.contiguous()

@@ -55,8 +55,9 @@ def fused_norm_setting() -> str:
 
 
 def _fused(norm: Any, x: torch.Tensor) -> torch.Tensor | None:
-    """The one-launch norm where it is switched on and applies (a Qwen3-MoE
-    or gpt-oss norm, bf16 / fp32), else None."""
+    """The one-launch norm where it is switched on and takes these
+    arguments (:func:`~pdflash.models.rmsnorm_triton.unsupported`), else
+    None."""
     if not x.is_cuda or fused_norm_setting() != "on":
         return None
     from pdflash.models import rmsnorm_triton
@@ -67,12 +68,7 @@ def _fused(norm: Any, x: torch.Tensor) -> torch.Tensor | None:
         else rmsnorm_triton.WEIGHT_THEN_CAST
     )
     weight: torch.Tensor = norm.weight
-    if x.dtype not in (torch.bfloat16, torch.float32) or weight.dtype not in (
-        torch.bfloat16,
-        torch.float32,
-    ):
-        return None
-    if style == rmsnorm_triton.CAST_THEN_WEIGHT and weight.dtype != x.dtype:
+    if rmsnorm_triton.unsupported(x, weight, style) is not None:
         return None
     return rmsnorm_triton.rms_norm_rows(x, weight, norm.variance_epsilon, style)
 
