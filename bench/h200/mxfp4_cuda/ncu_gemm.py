@@ -9,7 +9,8 @@ Compute's per-kernel counters, e.g.
         python3 -P bench/h200/mxfp4_cuda/ncu_gemm.py --tokens 256 --variants 10
 
 Synthetic weights (random codes, scale bytes 118..130), random routing; the
-HBM roofline of the weights' bytes is from a 1 GiB device-to-device copy.
+HBM roofline of the weights' bytes is from the engine rows' copy probe
+(:func:`pdflash.engine.roofline.measure_hbm_gbps`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 
 import torch
 
+from pdflash.engine.roofline import measure_hbm_gbps
 from pdflash.models import compressed_gemm
 from pdflash.models.fused_moe_triton import SlabWeight
 from pdflash.models.mxfp4_cuda_gemm import ACT_GPTOSS, grouped_mxfp4_gemm, pick_variant
@@ -41,14 +43,6 @@ def _us_per_call(fn, iters: int) -> float:
     return start.elapsed_time(end) * 1e3 / iters
 
 
-def _hbm_gbps(dev: torch.device) -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    us = min(_us_per_call(lambda: dst.copy_(src), 1) for _ in range(5))
-    return 2 * src.numel() / (us * 1e-6) / 1e9
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", default="256", help="token counts, comma-separated")
@@ -66,7 +60,9 @@ def main() -> int:
         return SlabWeight("mxfp4", blocks.to(torch.uint8), scales.to(torch.uint8), bias)
 
     gate_up, down = mx(2 * INTER, HIDDEN), mx(HIDDEN, INTER)
-    hbm = _hbm_gbps(dev)
+    hbm = measure_hbm_gbps(dev)
+    if isinstance(hbm, str):
+        raise SystemExit(f"no HBM roofline: {hbm}")
     per_row = {
         name: (w.data[0, 0].numel() + w.scale[0, 0].numel())
         for name, w in (("gate_up", gate_up), ("down", down))
