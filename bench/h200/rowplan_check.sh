@@ -20,12 +20,8 @@
 # scratch folder: the device tool returns only a few files a call).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-FINAL=${OUT:-$PWD/out}
-mkdir -p "$FINAL"
-OUT=$(mktemp -d)
-export OUT
-export PDFLASH_CACHE=${PDFLASH_CACHE:-/tmp/pdflash-cache}
-export PACK="$FINAL/rowplan_check.tgz"
+# shellcheck source=scratch_pack.sh
+source "$HERE/scratch_pack.sh" rowplan_check.tgz
 ab_s=${AB_S:-150}
 SHAPE="--arch gpt-oss-20b --synthetic-format mxfp4 --tokens 16 --repeats 1 --cache-fraction 1.0 --compressed-gemm fused --resident-graphs on"
 MOE="pdflash-bench moe --json $SHAPE --layers 2 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5 --row-sort all"
