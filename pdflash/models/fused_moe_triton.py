@@ -696,7 +696,7 @@ def row_plan(
     ``ordered=False``: the atomic plan (:func:`_row_plan_atomic_kernel`):
     the same tiles and the same rows per key, each key's rows at its places
     in no fixed order (a valid plan: every output row is the same; the
-    block takes it under the row sort ``plan_atomic``, not the default)."""
+    block's default row sort, ``plan_atomic``)."""
     if width < 1 or block_m < 1 or k < 1:
         raise ValueError(f"row_plan needs width, block_m and k >= 1, got {width}, {block_m}, {k}")
     n = int(ids.numel())
