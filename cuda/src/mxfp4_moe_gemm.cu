@@ -331,9 +331,12 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t q, uint32_t f) {
 constexpr int kKindMmaSync = PDFLASH_MXFP4_KIND_MMA_SYNC;  // mma.sync m16n8k16, B by LDS
 constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B by descriptor
 
-template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
+template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_, int XH_>
 struct Cfg {
   static constexpr int KIND = KIND_;      // kKindMmaSync or kKindWgmma
+  // 1: each x staging unit's source row pointer is computed once per CTA (the
+  // unit's token is the same in every chunk), not per chunk from s_xrow
+  static constexpr bool XHOIST = XH_ != 0;
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -523,6 +526,20 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
   // ---- activations, one 128-k chunk: loaded into registers a chunk ahead,
   // then permuted into the shared x buffer
   uint4 xr[C::XREGS];
+  // XHOIST: unit i's x row (+ its k offset within a chunk), null past the
+  // live tokens; a unit's token is the same in every chunk
+  const __nv_bfloat16* xsrc[C::XHOIST ? C::XU : 1];
+  if constexpr (C::XHOIST) {
+#pragma unroll
+    for (int i = 0; i < C::XU; ++i) {
+      const int id = tid + i * THREADS;
+      const int tok = C::KIND == kKindWgmma ? id >> 2 : id >> 4;
+      const int units = C::KIND == kKindWgmma ? C::XTOK * 4 : C::XUNITS;
+      const int koff = C::KIND == kKindWgmma ? 8 * (id & 3) : 8 * (id & 15);
+      xsrc[i] = id < units && tok < nrows ? p.x + (long long)s_xrow[tok] * p.stride_xm + koff
+                                          : nullptr;
+    }
+  }
   auto load_x = [&](int c) {
     const int k0 = c * 128;
     if constexpr (C::KIND == kKindWgmma) {
@@ -535,10 +552,16 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
 #pragma unroll
         for (int tt = 0; tt < 4; ++tt) {
           uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          const int k = k0 + 32 * tt + 8 * w;
-          if (id < C::XTOK * 4 && tok < nrows && k < p.K)
-            v = __ldg(
-                reinterpret_cast<const uint4*>(p.x + (long long)s_xrow[tok] * p.stride_xm + k));
+          if constexpr (C::XHOIST) {
+            // K is a multiple of 32: k0 + 32 tt + 8 w < K iff k0 + 32 tt < K
+            if (xsrc[i] != nullptr && k0 + 32 * tt < p.K)
+              v = __ldg(reinterpret_cast<const uint4*>(xsrc[i] + k0 + 32 * tt));
+          } else {
+            const int k = k0 + 32 * tt + 8 * w;
+            if (id < C::XTOK * 4 && tok < nrows && k < p.K)
+              v = __ldg(reinterpret_cast<const uint4*>(p.x + (long long)s_xrow[tok] * p.stride_xm +
+                                                       k));
+          }
           xr[4 * i + tt] = v;
         }
       }
@@ -549,7 +572,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
         const int id = tid + i * THREADS;
         const int tok = id >> 4, u = id & 15;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (id < C::XUNITS && tok < nrows && k0 + 8 * u < p.K) {
+        if constexpr (C::XHOIST) {
+          if (xsrc[i] != nullptr && k0 + 8 * u < p.K)
+            v = __ldg(reinterpret_cast<const uint4*>(xsrc[i] + k0));
+        } else if (id < C::XUNITS && tok < nrows && k0 + 8 * u < p.K) {
           const __nv_bfloat16* src = p.x + (long long)s_xrow[tok] * p.stride_xm + k0 + 8 * u;
           v = __ldg(reinterpret_cast<const uint4*>(src));
         }
@@ -937,40 +963,42 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 }
 
 // (variant, WARPS, MT, STAGES, MINB, largest NSM it is built for, L2 prefetch
-// hint bytes, kind); NSM (2 / 4 / 8 sub-tiles of 8 tokens) is picked from
-// block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8 warps:
-// 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
-// warpgroups; runs where kind_runs_on says).
-#define MXCUDA_VARIANTS(X)      \
-  X(0, 4, 1, 4, 3, 8, 0, 0)     \
-  X(1, 4, 2, 4, 3, 4, 0, 0)     \
-  X(2, 8, 1, 4, 2, 8, 0, 0)     \
-  X(3, 8, 2, 3, 2, 2, 0, 0)     \
-  X(4, 16, 1, 4, 1, 8, 0, 0)    \
-  X(5, 8, 1, 8, 2, 8, 0, 0)     \
-  X(6, 4, 1, 8, 3, 8, 0, 0)     \
-  X(7, 4, 2, 8, 2, 4, 0, 0)     \
-  X(8, 8, 1, 4, 2, 8, 256, 0)   \
-  X(9, 4, 1, 8, 3, 8, 256, 0)   \
-  X(10, 8, 1, 4, 2, 8, 256, 1)   \
-  X(11, 16, 1, 4, 1, 8, 256, 1)  \
-  X(12, 8, 1, 6, 2, 8, 256, 1)   \
-  X(13, 12, 1, 4, 1, 8, 256, 1)
+// hint bytes, kind, x hoist); NSM (2 / 4 / 8 sub-tiles of 8 tokens) is picked
+// from block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8
+// warps: 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
+// warpgroups; runs where kind_runs_on says). x hoist: Cfg::XHOIST.
+#define MXCUDA_VARIANTS(X)         \
+  X(0, 4, 1, 4, 3, 8, 0, 0, 0)     \
+  X(1, 4, 2, 4, 3, 4, 0, 0, 0)     \
+  X(2, 8, 1, 4, 2, 8, 0, 0, 0)     \
+  X(3, 8, 2, 3, 2, 2, 0, 0, 0)     \
+  X(4, 16, 1, 4, 1, 8, 0, 0, 0)    \
+  X(5, 8, 1, 8, 2, 8, 0, 0, 0)     \
+  X(6, 4, 1, 8, 3, 8, 0, 0, 0)     \
+  X(7, 4, 2, 8, 2, 4, 0, 0, 0)     \
+  X(8, 8, 1, 4, 2, 8, 256, 0, 0)   \
+  X(9, 4, 1, 8, 3, 8, 256, 0, 0)   \
+  X(10, 8, 1, 4, 2, 8, 256, 1, 0)  \
+  X(11, 16, 1, 4, 1, 8, 256, 1, 0) \
+  X(12, 8, 1, 6, 2, 8, 256, 1, 0)  \
+  X(13, 12, 1, 4, 1, 8, 256, 1, 0) \
+  X(14, 8, 1, 4, 2, 8, 256, 1, 1)  \
+  X(15, 8, 1, 4, 2, 8, 256, 0, 1)
 
-constexpr int kNumVariants = 14;
+constexpr int kNumVariants = 16;
 
-template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
+template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND, int XH>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {
   if (p.block_m <= 16)
-    return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
+    return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF, KIND, XH>>(p, num_tiles, stream);
   if (p.block_m <= 32) {
     if constexpr (NSMAX >= 4)
-      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
+      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF, KIND, XH>>(p, num_tiles, stream);
     return PDFLASH_MXFP4_BLOCK_M_VARIANT;
   }
   if (p.block_m <= 64) {
     if constexpr (NSMAX >= 8)
-      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
+      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF, KIND, XH>>(p, num_tiles, stream);
     return PDFLASH_MXFP4_BLOCK_M_VARIANT;
   }
   return PDFLASH_MXFP4_BLOCK_M_TOO_LARGE;
@@ -1016,7 +1044,7 @@ const char* mxfp4_moe_error_string(int code) {
 int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
                            int* l2_prefetch, int* kind) {
   switch (variant) {
-#define MXCUDA_INFO(V, W, M, S, B, NS, PF, KD) \
+#define MXCUDA_INFO(V, W, M, S, B, NS, PF, KD, XH) \
   case V:                                      \
     *warps = W;                                \
     *mt = M;                                   \
@@ -1100,9 +1128,9 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   p.scale_contig = rows_contig && stride_sn == p.KB ? 1 : 0;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
   switch (variant) {
-#define MXCUDA_CASE(V, W, M, S, B, NS, PF, KD) \
-  case V:                                      \
-    return launch_nsm<W, M, S, B, NS, PF, KD>(p, num_tiles, s);
+#define MXCUDA_CASE(V, W, M, S, B, NS, PF, KD, XH) \
+  case V:                                          \
+    return launch_nsm<W, M, S, B, NS, PF, KD, XH>(p, num_tiles, s);
     MXCUDA_VARIANTS(MXCUDA_CASE)
 #undef MXCUDA_CASE
     default:
