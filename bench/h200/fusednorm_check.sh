@@ -23,7 +23,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/scratch_pack.sh" fusednorm_check.tgz
 ENGINE="engine --json --arch gpt-oss-20b --layers 8 --synthetic-format mxfp4 --baselines B3 --cache-fraction 1.0 --concurrency 16 --num-requests 48 --max-new-tokens 64 --prompt-len 32 --cuda-graphs auto --repeats 1 --seed 0"
 AB="BUDGET_S=${AB_BUDGET_S:-240} POINTS='B3:1.0' MAX_NEW=128 REPEATS=3 ARMS='off=PDFLASH_FUSED_NORM=off on=PDFLASH_FUSED_NORM=on' OUT=$OUT/ab bash $HERE/mxfp4dot_engine_ab.sh"
-PROBE="MXC_VARIANTS=v8,v10,v14,v15 MXC_TOKENS=64,256 MXC_CORR_BUDGET_S=40 MXC_BUDGET_S=150 OUT=$OUT/probe python3 -P $HERE/mxfp4_cuda/probe.py"
+PROBE="env MXC_VARIANTS=v8,v10,v14,v15 MXC_TOKENS=64,256 MXC_CORR_BUDGET_S=40 MXC_BUDGET_S=150 OUT=$OUT/probe python3 -P $HERE/mxfp4_cuda/probe.py"
 SASS="python3 -P $HERE/mxfp4_cuda/sass_dump.py --match ILi8ELi1ELi8ELi4ELi2ELi256ELi1E --out $OUT/sass_wgmma_bm64.txt"
 exec bash "$HERE/run.sh" \
   "gputests=PDFLASH_FUSED_NORM=on timeout -k 5 120 python3 -P -m pytest -q -rs -p no:cacheprovider tests/models/test_rmsnorm_triton.py > $OUT/gputests.txt 2>&1; rc=\$?; tail -8 $OUT/gputests.txt; exit \$rc" \

@@ -121,7 +121,7 @@ def test_unavailable_off_cuda() -> None:
         ({"block_m": 128}, {}, "block_m 1..64"),
         ({"x_rows": torch.tensor([0.0, 1.0])}, {}, "x_rows must be int32 or int64"),
         ({}, {"act": 1, "gate_up": (0, 1, 0)}, "gate_up must be"),
-        ({}, {"variant": 14}, "unknown CUDA MXFP4 GEMM variant"),
+        ({}, {"variant": 16}, "unknown CUDA MXFP4 GEMM variant"),
         ({}, {"variant": 3, "block_m": None}, "takes block_m <= 16"),
         ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),

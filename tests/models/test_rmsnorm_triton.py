@@ -79,15 +79,16 @@ def test_one_launch_norm_names_what_it_cannot_take(norms: ModuleType) -> None:
             norms.rms_norm_rows(xs, ws, 1e-5, style)
 
 
-def test_fused_norm_setting_is_off_by_default_and_validated(
+def test_fused_norm_setting_is_on_by_default_and_validated(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from pdflash.models.adapters import _norms
 
     monkeypatch.delenv("PDFLASH_FUSED_NORM", raising=False)
+    assert _norms.fused_norm_setting() == "on"
+    monkeypatch.setenv("PDFLASH_FUSED_NORM", "off")
     assert _norms.fused_norm_setting() == "off"
     monkeypatch.setenv("PDFLASH_FUSED_NORM", "on")
-    assert _norms.fused_norm_setting() == "on"
     # off CUDA the switch changes nothing: the torch path, the module's bits
     norm = GptOssRMSNorm(16, eps=1e-5).to(torch.bfloat16)
     x = torch.randn(4, 16).bfloat16()
@@ -105,7 +106,9 @@ def test_fused_norm_on_cuda_within_a_bf16_step_of_the_module(
 ) -> None:
     """The adapters' norm with ``PDFLASH_FUSED_NORM=on`` on CUDA at a
     published width (gpt-oss-20b's 2880), 256 rows of bf16: one launch,
-    within a bf16 step of the module."""
+    within two bf16 steps of the module (Qwen3's module rounds twice: a
+    one-step difference in the normalized value's cast can grow by the
+    weight product's rounding), most values equal."""
     pytest.importorskip("triton")
     from pdflash.models.adapters import _norms
 
@@ -124,5 +127,5 @@ def test_fused_norm_on_cuda_within_a_bf16_step_of_the_module(
     kernels = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     assert kernels == ["_rms_norm_kernel"], kernels
     err = (got.float() - want.float()).abs() / want.float().abs().clamp_min(1e-3)
-    assert float(err.max()) <= 2.0**-7
+    assert float(err.max()) <= 2.0**-6
     assert float((got == want).float().mean()) > 0.9

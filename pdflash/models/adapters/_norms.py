@@ -41,12 +41,12 @@ FUSED_NORM_SETTINGS = ("off", "on")
 
 
 def fused_norm_setting() -> str:
-    """``PDFLASH_FUSED_NORM``: ``on`` runs the norms below on CUDA in one
-    Triton launch (:mod:`pdflash.models.rmsnorm_triton`; within a bf16 step
-    or a few fp32 ulps of the torch path, not bit-equal), ``off`` (the
-    default, and when unset)
-    keeps the torch path. Any other value is a ValueError."""
-    setting = os.environ.get("PDFLASH_FUSED_NORM", "") or "off"
+    """``PDFLASH_FUSED_NORM``: ``on`` (the default, and when unset) runs
+    the norms below on CUDA in one Triton launch
+    (:mod:`pdflash.models.rmsnorm_triton`; not bit-equal to the torch path:
+    the normalized value within a bf16 step or a few fp32 ulps of it),
+    ``off`` keeps the torch path. Any other value is a ValueError."""
+    setting = os.environ.get("PDFLASH_FUSED_NORM", "") or "on"
     if setting not in FUSED_NORM_SETTINGS:
         raise ValueError(
             f"PDFLASH_FUSED_NORM must be one of {FUSED_NORM_SETTINGS}, got {setting!r}"
