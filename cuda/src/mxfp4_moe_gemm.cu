@@ -331,12 +331,9 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t q, uint32_t f) {
 constexpr int kKindMmaSync = PDFLASH_MXFP4_KIND_MMA_SYNC;  // mma.sync m16n8k16, B by LDS
 constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B by descriptor
 
-template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_, int XH_>
+template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
   static constexpr int KIND = KIND_;      // kKindMmaSync or kKindWgmma
-  // 1: each x staging unit's source row pointer is computed once per CTA (the
-  // unit's token is the same in every chunk), not per chunk from s_xrow
-  static constexpr bool XHOIST = XH_ != 0;
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -352,6 +349,12 @@ struct Cfg {
   static constexpr int XU = KIND == kKindMmaSync ? (XUNITS + THREADS - 1) / THREADS
                                                  : (XTOK * 4 + THREADS - 1) / THREADS;
   static constexpr int XREGS = KIND == kKindMmaSync ? XU : 4 * XU;  // uint4 registers of x
+  // each x staging unit's source row pointer made once per CTA (a unit's
+  // token is the same in every chunk) instead of per chunk from s_xrow, where
+  // the pointers fit: 2.0-5.2% less time a projection pair on an H100
+  // (bench/h200/mxfp4_cuda/README.md); at 4 units (8 warps, 64 tokens,
+  // mma.sync) the kernel would spill
+  static constexpr bool XHOIST = XU <= 2;
   static constexpr int WBUF_BYTES = STAGES * MT * 2 * THREADS * 16;
   // wgmma: one region per k-step (8 per chunk) of XTOK * 32 bytes (core
   // matrices (8 tokens x 8 k) of 128 bytes: [token group][k half]) + 16
@@ -963,42 +966,40 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 }
 
 // (variant, WARPS, MT, STAGES, MINB, largest NSM it is built for, L2 prefetch
-// hint bytes, kind, x hoist); NSM (2 / 4 / 8 sub-tiles of 8 tokens) is picked
-// from block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8
-// warps: 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
-// warpgroups; runs where kind_runs_on says). x hoist: Cfg::XHOIST.
-#define MXCUDA_VARIANTS(X)         \
-  X(0, 4, 1, 4, 3, 8, 0, 0, 0)     \
-  X(1, 4, 2, 4, 3, 4, 0, 0, 0)     \
-  X(2, 8, 1, 4, 2, 8, 0, 0, 0)     \
-  X(3, 8, 2, 3, 2, 2, 0, 0, 0)     \
-  X(4, 16, 1, 4, 1, 8, 0, 0, 0)    \
-  X(5, 8, 1, 8, 2, 8, 0, 0, 0)     \
-  X(6, 4, 1, 8, 3, 8, 0, 0, 0)     \
-  X(7, 4, 2, 8, 2, 4, 0, 0, 0)     \
-  X(8, 8, 1, 4, 2, 8, 256, 0, 0)   \
-  X(9, 4, 1, 8, 3, 8, 256, 0, 0)   \
-  X(10, 8, 1, 4, 2, 8, 256, 1, 0)  \
-  X(11, 16, 1, 4, 1, 8, 256, 1, 0) \
-  X(12, 8, 1, 6, 2, 8, 256, 1, 0)  \
-  X(13, 12, 1, 4, 1, 8, 256, 1, 0) \
-  X(14, 8, 1, 4, 2, 8, 256, 1, 1)  \
-  X(15, 8, 1, 4, 2, 8, 256, 0, 1)
+// hint bytes, kind); NSM (2 / 4 / 8 sub-tiles of 8 tokens) is picked from
+// block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8 warps:
+// 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
+// warpgroups; runs where kind_runs_on says).
+#define MXCUDA_VARIANTS(X)      \
+  X(0, 4, 1, 4, 3, 8, 0, 0)     \
+  X(1, 4, 2, 4, 3, 4, 0, 0)     \
+  X(2, 8, 1, 4, 2, 8, 0, 0)     \
+  X(3, 8, 2, 3, 2, 2, 0, 0)     \
+  X(4, 16, 1, 4, 1, 8, 0, 0)    \
+  X(5, 8, 1, 8, 2, 8, 0, 0)     \
+  X(6, 4, 1, 8, 3, 8, 0, 0)     \
+  X(7, 4, 2, 8, 2, 4, 0, 0)     \
+  X(8, 8, 1, 4, 2, 8, 256, 0)   \
+  X(9, 4, 1, 8, 3, 8, 256, 0)   \
+  X(10, 8, 1, 4, 2, 8, 256, 1)   \
+  X(11, 16, 1, 4, 1, 8, 256, 1)  \
+  X(12, 8, 1, 6, 2, 8, 256, 1)   \
+  X(13, 12, 1, 4, 1, 8, 256, 1)
 
-constexpr int kNumVariants = 16;
+constexpr int kNumVariants = 14;
 
-template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND, int XH>
+template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {
   if (p.block_m <= 16)
-    return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF, KIND, XH>>(p, num_tiles, stream);
+    return launch<Cfg<WARPS, MT, 2, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
   if (p.block_m <= 32) {
     if constexpr (NSMAX >= 4)
-      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF, KIND, XH>>(p, num_tiles, stream);
+      return launch<Cfg<WARPS, MT, 4, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
     return PDFLASH_MXFP4_BLOCK_M_VARIANT;
   }
   if (p.block_m <= 64) {
     if constexpr (NSMAX >= 8)
-      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF, KIND, XH>>(p, num_tiles, stream);
+      return launch<Cfg<WARPS, MT, 8, STAGES, MINB, PF, KIND>>(p, num_tiles, stream);
     return PDFLASH_MXFP4_BLOCK_M_VARIANT;
   }
   return PDFLASH_MXFP4_BLOCK_M_TOO_LARGE;
@@ -1044,7 +1045,7 @@ const char* mxfp4_moe_error_string(int code) {
 int mxfp4_moe_variant_info(int variant, int* warps, int* mt, int* stages, int* max_block_m,
                            int* l2_prefetch, int* kind) {
   switch (variant) {
-#define MXCUDA_INFO(V, W, M, S, B, NS, PF, KD, XH) \
+#define MXCUDA_INFO(V, W, M, S, B, NS, PF, KD) \
   case V:                                      \
     *warps = W;                                \
     *mt = M;                                   \
@@ -1128,9 +1129,9 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   p.scale_contig = rows_contig && stride_sn == p.KB ? 1 : 0;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream));
   switch (variant) {
-#define MXCUDA_CASE(V, W, M, S, B, NS, PF, KD, XH) \
-  case V:                                          \
-    return launch_nsm<W, M, S, B, NS, PF, KD, XH>(p, num_tiles, s);
+#define MXCUDA_CASE(V, W, M, S, B, NS, PF, KD) \
+  case V:                                      \
+    return launch_nsm<W, M, S, B, NS, PF, KD>(p, num_tiles, s);
     MXCUDA_VARIANTS(MXCUDA_CASE)
 #undef MXCUDA_CASE
     default:
