@@ -17,6 +17,7 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
     enum:
         PDFLASH_MXFP4_KIND_MMA_SYNC
         PDFLASH_MXFP4_KIND_WGMMA
+        PDFLASH_MXFP4_KIND_WGMMA_PX
 
     int mxfp4_moe_built()
     int mxfp4_moe_num_variants()

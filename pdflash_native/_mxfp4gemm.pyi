@@ -13,6 +13,7 @@ ATTRIBUTE_ERROR: int
 LAUNCH_ERROR: int
 KIND_MMA_SYNC: int
 KIND_WGMMA: int
+KIND_WGMMA_PX: int
 
 def num_variants() -> int: ...
 def variant_info(variant: int) -> tuple[int, int, int, int, int, int]: ...

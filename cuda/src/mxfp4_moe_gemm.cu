@@ -330,10 +330,15 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t q, uint32_t f) {
 // ---------------------------------------------------------------- config
 constexpr int kKindMmaSync = PDFLASH_MXFP4_KIND_MMA_SYNC;  // mma.sync m16n8k16, B by LDS
 constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B by descriptor
+// the same wgmma, x already in the staged k order in global memory (the
+// caller's chunk-permuted copy): x copied by cp.async into a STAGES-deep ring
+constexpr int kKindWgmmaPx = PDFLASH_MXFP4_KIND_WGMMA_PX;
 
 template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
-  static constexpr int KIND = KIND_;      // kKindMmaSync or kKindWgmma
+  static constexpr int KIND = KIND_;      // kKindMmaSync, kKindWgmma or kKindWgmmaPx
+  static constexpr bool WG = KIND != kKindMmaSync;  // wgmma, B from shared memory
+  static constexpr bool PX = KIND == kKindWgmmaPx;  // x pre-permuted, by cp.async
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -346,15 +351,16 @@ struct Cfg {
   static constexpr int XUNITS = XTOK * 16;    // 16-byte units per chunk
   // x loads per thread and chunk: mma.sync, 16-byte units; wgmma, (token,
   // word w) units of 4 x 16 bytes (the k = 32 t + 8 w .. + 7 for t = 0..3)
-  static constexpr int XU = KIND == kKindMmaSync ? (XUNITS + THREADS - 1) / THREADS
-                                                 : (XTOK * 4 + THREADS - 1) / THREADS;
-  static constexpr int XREGS = KIND == kKindMmaSync ? XU : 4 * XU;  // uint4 registers of x
+  // (PX: 16-byte cp.async units, XTOK x 16 of them a chunk)
+  static constexpr int XU = KIND == kKindMmaSync || PX ? (XUNITS + THREADS - 1) / THREADS
+                                                       : (XTOK * 4 + THREADS - 1) / THREADS;
+  static constexpr int XREGS = PX ? 1 : KIND == kKindMmaSync ? XU : 4 * XU;  // uint4 x registers
   // each x staging unit's source row pointer made once per CTA (a unit's
   // token is the same in every chunk) instead of per chunk from s_xrow, where
   // the pointers fit: 2.0-5.2% less time a projection pair on an H100
   // (bench/h200/mxfp4_cuda/README.md); at 4 units (8 warps, 64 tokens,
   // mma.sync) the kernel would spill
-  static constexpr bool XHOIST = XU <= 2;
+  static constexpr bool XHOIST = XU <= 2 && !PX;
   static constexpr int WBUF_BYTES = STAGES * MT * 2 * THREADS * 16;
   // wgmma: one region per k-step (8 per chunk) of XTOK * 32 bytes (core
   // matrices (8 tokens x 8 k) of 128 bytes: [token group][k half]) + 16
@@ -363,9 +369,10 @@ struct Cfg {
   static constexpr int XBUF_BYTES =
       KIND == kKindMmaSync ? XTOK * 256 : 8 * XREG_BYTES;  // one chunk of permuted x
   // x buffers: mma.sync, chunk c & 1; wgmma, c % 3 (a wait_group depth of
-  // MXCUDA_WGMMA_PENDING = 1 leaves chunk c - 1's buffer in use)
-  static constexpr int NXB = KIND == kKindMmaSync ? 2 : 3;
-  static_assert(KIND == kKindMmaSync || (MT == 1 && WARPS % 4 == 0),
+  // MXCUDA_WGMMA_PENDING = 1 leaves chunk c - 1's buffer in use); PX, the
+  // cp.async ring, c % STAGES
+  static constexpr int NXB = PX ? STAGES : KIND == kKindMmaSync ? 2 : 3;
+  static_assert(!WG || (MT == 1 && WARPS % 4 == 0),
                 "wgmma: one m16 tile per warp, whole warpgroups");
 };
 
@@ -412,7 +419,7 @@ struct Int {
 // ---------------------------------------------------------------- kernel
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Params p) {
-  if constexpr (C::KIND == kKindWgmma && !kWgmmaInThisPass) {
+  if constexpr (C::WG && !kWgmmaInThisPass) {
     __trap();  // no sm_90a code in this pass; the launcher never starts it here
     return;
   }
@@ -545,7 +552,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
   }
   auto load_x = [&](int c) {
     const int k0 = c * 128;
-    if constexpr (C::KIND == kKindWgmma) {
+    if constexpr (C::PX) {
+      (void)k0;  // PX: x comes by cp.async (issue_x)
+    } else if constexpr (C::KIND == kKindWgmma) {
       // unit id = tid + i * THREADS -> (token id >> 2, word w = id & 3):
       // x[k0 + 32 t + 8 w .. + 7] for t = 0..3 (what k-steps 2w, 2w + 1 take)
 #pragma unroll
@@ -588,7 +597,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
   };
   auto store_x = [&](int buf) {
     uint8_t* base = xbuf + buf * C::XBUF_BYTES;
-    if constexpr (C::KIND == kKindWgmma) {
+    if constexpr (C::PX) {
+      (void)base;
+    } else if constexpr (C::KIND == kKindWgmma) {
       // k-step ks = 2 w + h, k half d: the 16 bytes of token tok are the
       // pairs (x[32 t + 8 w + 2 h + d], x[.. + 4]) for t = 0..3, the k order
       // of the A registers (row tok & 7 of core matrix (tok >> 3, d))
@@ -634,8 +645,53 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
       }
     }
   };
-  load_x(0);
-  store_x(0);
+  // PX: chunk c's x, unit id = tid + i * THREADS -> (token id >> 4, unit u =
+  // id & 15 = 2 ks + d): the 16 bytes of k-step ks, k half d, already in the
+  // staged order in global memory (x[row][128 c + 8 u .. + 7]), copied to
+  // where store_x puts them; a partial last chunk's units hold 4 bytes per
+  // live 32-k block (K % 32 == 0), the rest zero-filled, as are the units of
+  // the live sub-tiles' tokens past nrows (src null)
+  const __nv_bfloat16* xsrc_px[C::PX ? C::XU : 1];
+  if constexpr (C::PX) {
+#pragma unroll
+    for (int i = 0; i < C::XU; ++i) {
+      const int id = tid + i * THREADS;
+      const int tok = id >> 4;
+      xsrc_px[i] = id < C::XUNITS && tok < nrows
+                       ? p.x + (long long)s_xrow[tok] * p.stride_xm + 8 * (id & 15)
+                       : nullptr;
+    }
+  }
+  auto issue_x = [&](int c) {
+    if constexpr (C::PX) {
+      if (c < p.NC) {
+        const uint32_t base = smem_u32(xbuf) + (uint32_t)((c % STAGES) * C::XBUF_BYTES);
+        const int live_blocks = min(4, (p.K - 128 * c) >> 5);
+#pragma unroll
+        for (int i = 0; i < C::XU; ++i) {
+          const int id = tid + i * THREADS;
+          const int tok = id >> 4, u = id & 15;
+          if (id >= C::XUNITS || tok >= nsl * 8) continue;
+          const uint32_t dst = base + (uint32_t)((u >> 1) * C::XREG_BYTES +
+                                                 (tok >> 3) * kWgmmaSboBytes +
+                                                 (u & 1) * kWgmmaLboBytes + (tok & 7) * 16);
+          const bool live = xsrc_px[i] != nullptr;
+          cp_async16(dst, live ? (const void*)(xsrc_px[i] + 128 * c) : (const void*)p.x,
+                     live ? 4 * live_blocks : 0);
+        }
+      }
+    } else {
+      (void)c;
+    }
+  };
+  if constexpr (C::PX) {
+#pragma unroll
+    for (int c = 0; c < STAGES - 1; ++c) issue_x(c);
+    cp_async_commit();  // after the weights' groups: chunk 0 waits for all (wgmma_loop)
+  } else {
+    load_x(0);
+    store_x(0);
+  }
 
   // ---- scale range of the CTA's rows -> fast (D) or slow path
   cp_async_wait<STAGES - 1>();  // group 0 (scales) done for this thread's copies
@@ -765,9 +821,18 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
     // A of the 8 k-steps of a chunk, double-buffered (see MXCUDA_WGMMA_PENDING)
     uint32_t a_even[8][4], a_odd[8][4];
     auto chunk = [&](int c, uint32_t(&a)[8][4]) __attribute__((always_inline)) {
-      issue_w(c + STAGES - 1);
-      if (c + 1 < p.NC) load_x(c + 1);
-      cp_async_wait<STAGES - 1>();  // this thread's weights of chunk c landed
+      if constexpr (C::PX) {
+        // chunk c's weights and x landed (chunk 0: the prologue's x group
+        // came after the weights' groups, so wait for everything)
+        if (c == 0)
+          cp_async_wait<0>();
+        else
+          cp_async_wait<STAGES - 2>();
+      } else {
+        issue_w(c + STAGES - 1);
+        if (c + 1 < p.NC) load_x(c + 1);
+        cp_async_wait<STAGES - 1>();  // this thread's weights of chunk c landed
+      }
       {
         const int stage = c % STAGES;
         const int blk = 4 * c + t;
@@ -803,7 +868,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
       uint64_t desc[8];
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) desc[ks] = desc0 + (uint64_t)((ks * C::XREG_BYTES) >> 4);
-      __syncthreads();  // x chunk c (stored and proxy-fenced a chunk earlier) visible
+      if constexpr (C::PX) {
+        fence_proxy_async_smem();  // this thread's cp.async x -> the wgmmas' reads
+        __syncthreads();           // everyone's x of chunk c; chunk c - 1's wgmmas all done
+        issue_x(c + STAGES - 1);   // into chunk c - 1's x stage, free now
+        issue_w(c + STAGES - 1);   // (its commit closes the group)
+      } else {
+        __syncthreads();  // x chunk c (stored and proxy-fenced a chunk earlier) visible
+      }
       wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks)
@@ -811,8 +883,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
       wgmma_commit();
       // with 0 pending: chunk c's wgmmas (this warp's) are done; once every
       // warp passes the next barrier, x buffer c % NXB is free again
-      wgmma_wait<MXCUDA_WGMMA_PENDING>();
-      if (c + 1 < p.NC) store_x((c + 1) % C::NXB);
+      wgmma_wait<C::PX ? 0 : MXCUDA_WGMMA_PENDING>();
+      if (!C::PX && c + 1 < p.NC) store_x((c + 1) % C::NXB);
     };
     for (int c = 0; c < p.NC; c += 2) {
       chunk(c, a_even);
@@ -820,7 +892,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
     }
     wgmma_wait<0>();
   };
-  if constexpr (C::KIND == kKindWgmma) {
+  if constexpr (C::WG) {
     // the live sub-tile count as a compile-time N (1..NSM)
     auto by_live_subtiles = [&](auto slow_tag) __attribute__((always_inline)) {
       switch (nsl) {
@@ -916,7 +988,8 @@ constexpr int kMaxDevices = 64;
 // would run). PDFLASH_MXFP4_OK, PDFLASH_MXFP4_VARIANT_UNAVAILABLE, or
 // PDFLASH_MXFP4_ATTRIBUTE_ERROR + cudaError_t.
 int kind_runs_on(int kind, int dev) {
-  if (kind == kKindWgmma && !PDFLASH_MXFP4_GEMM_SM90A) return PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
+  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx;
+  if (wgmma && !PDFLASH_MXFP4_GEMM_SM90A) return PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
@@ -924,7 +997,7 @@ int kind_runs_on(int kind, int dev) {
     cudaGetLastError();  // not sticky
     return PDFLASH_MXFP4_ATTRIBUTE_ERROR + (int)e;
   }
-  const bool runs = kind == kKindWgmma ? major == 9 && minor == 0 : major >= 8;
+  const bool runs = wgmma ? major == 9 && minor == 0 : major >= 8;
   return runs ? PDFLASH_MXFP4_OK : PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
 }
 
@@ -940,7 +1013,7 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   if (e != cudaSuccess) return PDFLASH_MXFP4_ATTRIBUTE_ERROR + (int)e;
   // (the mma.sync kinds need no check: below sm_80 there is no image for
   // them and the launch itself reports that)
-  if constexpr (C::KIND == kKindWgmma) {
+  if constexpr (C::WG) {
     const int rc = kind_runs_on(C::KIND, dev);
     if (rc != PDFLASH_MXFP4_OK) return rc;
   }
@@ -969,7 +1042,8 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 // hint bytes, kind); NSM (2 / 4 / 8 sub-tiles of 8 tokens) is picked from
 // block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8 warps:
 // 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
-// warpgroups; runs where kind_runs_on says).
+// warpgroups; runs where kind_runs_on says); kind 2 = kKindWgmmaPx (the same,
+// x given chunk-permuted: mxfp4_moe_gemm.h).
 #define MXCUDA_VARIANTS(X)      \
   X(0, 4, 1, 4, 3, 8, 0, 0)     \
   X(1, 4, 2, 4, 3, 4, 0, 0)     \
@@ -984,9 +1058,10 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   X(10, 8, 1, 4, 2, 8, 256, 1)   \
   X(11, 16, 1, 4, 1, 8, 256, 1)  \
   X(12, 8, 1, 6, 2, 8, 256, 1)   \
-  X(13, 12, 1, 4, 1, 8, 256, 1)
+  X(13, 12, 1, 4, 1, 8, 256, 1)  \
+  X(14, 8, 1, 4, 2, 8, 256, 2)
 
-constexpr int kNumVariants = 14;
+constexpr int kNumVariants = 15;
 
 template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {

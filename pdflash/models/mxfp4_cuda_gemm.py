@@ -18,7 +18,11 @@ it runs, i.e. this build has its sm_90a code and the device is compute
 capability 9.0 (:func:`wgmma_unavailable`); else variant 4 (mma.sync, 16
 warps, one m-tile, 4 stages). ``PDFLASH_MXFP4_CUDA_BM64`` overrides the
 ``block_m`` 33..64 choice: ``auto`` (default, the rule above), ``mma``
-(variant 4) or ``wgmma`` (variant 10; an error where it cannot run).
+(variant 4), ``wgmma`` (variant 10; an error where it cannot run) or
+``wgmma_px`` (variant 14: variant 10's kernel reading x by cp.async from a
+chunk-permuted copy, :func:`chunk_permuted`, that :func:`grouped_mxfp4_gemm`
+makes first; an error where it cannot run; not yet timed against 10 on a
+GPU, so not the default).
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
@@ -49,12 +53,18 @@ MAX_BLOCK_M = 64
 SMALL_BLOCK_VARIANT = 8
 LARGE_BLOCK_VARIANT = 4
 WGMMA_BLOCK_VARIANT = 10
+#: ``PDFLASH_MXFP4_CUDA_BM64=wgmma_px``'s variant (x chunk-permuted)
+WGMMA_PX_BLOCK_VARIANT = 14
 #: the environment variable that overrides the block_m 33..64 choice, and its values
 BM64_ENV = "PDFLASH_MXFP4_CUDA_BM64"
-BM64_SETTINGS = ("auto", "mma", "wgmma")
+BM64_SETTINGS = ("auto", "mma", "wgmma", "wgmma_px")
 #: variant kinds (:attr:`Variant.kind`; the native module's KIND_*)
 KIND_MMA_SYNC = 0
 KIND_WGMMA = 1
+KIND_WGMMA_PX = 2  # wgmma, x chunk-permuted (:func:`chunk_permuted`)
+WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX)
+#: the k chunk the kernel stages (and :func:`chunk_permuted` permutes within)
+K_CHUNK = 128
 
 
 class WgmmaUnavailableError(RuntimeError):
@@ -77,6 +87,7 @@ class Mxfp4GemmNative(Protocol):
     LAUNCH_ERROR: int
     KIND_MMA_SYNC: int
     KIND_WGMMA: int
+    KIND_WGMMA_PX: int
 
     def num_variants(self) -> int: ...
 
@@ -138,12 +149,12 @@ class Variant:
     stages: int  # cp.async ring depth (128-k chunks)
     max_block_m: int
     l2_prefetch: int  # cp.async L2 prefetch hint, bytes (0: none)
-    kind: int  # KIND_MMA_SYNC or KIND_WGMMA
+    kind: int  # KIND_MMA_SYNC, KIND_WGMMA or KIND_WGMMA_PX
 
     @property
     def name(self) -> str:
         pf = f"pf{self.l2_prefetch}" if self.l2_prefetch else ""
-        wg = "wg" if self.kind == KIND_WGMMA else ""
+        wg = {KIND_WGMMA: "wg", KIND_WGMMA_PX: "wgpx"}.get(self.kind, "")
         return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}{wg}"
 
 
@@ -153,9 +164,30 @@ def variants() -> list[Variant]:
     return [Variant(v, *mod.variant_info(v)) for v in range(mod.num_variants())]
 
 
+def chunk_permuted(x: torch.Tensor) -> torch.Tensor:
+    """``x [rows, K]`` in the order the wgmma kernel stages it (the layout
+    :data:`KIND_WGMMA_PX` variants read): ``[rows, NC * 128]``, ``NC =
+    ceil(K / 128)``; within each 128-element chunk, input ``k = 32 t + 8 w +
+    4 e + 2 h + d`` (t, w < 4; e, h, d < 2) goes to ``32 w + 16 h + 8 d + 2 t
+    + e``, so that each 16 bytes is one k-step's k half for one token;
+    positions of ``k >= K`` hold zeros. Contiguous, one copy (two where K is
+    not a multiple of 128)."""
+    if x.dim() != 2:
+        raise ValueError(f"chunk_permuted takes [rows, K], got {tuple(x.shape)}")
+    rows, k = x.shape
+    if k % 32 != 0:
+        raise ValueError(f"chunk_permuted needs K % 32 == 0, got K = {k}")
+    nc = -(-k // K_CHUNK)
+    if k != nc * K_CHUNK:
+        x = torch.nn.functional.pad(x, (0, nc * K_CHUNK - k))
+    # dims (t, w, e, h, d) of k in a chunk -> (w, h, d, t, e)
+    view = x.reshape(rows, nc, 4, 4, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4)
+    return view.reshape(rows, nc * K_CHUNK)
+
+
 def bm64_setting() -> str:
     """``PDFLASH_MXFP4_CUDA_BM64`` (``auto`` when unset or empty); ValueError
-    for any other value than ``auto``, ``mma`` or ``wgmma``."""
+    for any other value than ``auto``, ``mma``, ``wgmma`` or ``wgmma_px``."""
     setting = os.environ.get(BM64_ENV, "") or "auto"
     if setting not in BM64_SETTINGS:
         raise ValueError(f"{BM64_ENV} must be one of {BM64_SETTINGS}, got {setting!r}")
@@ -166,8 +198,9 @@ def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
     """The variant for ``block_m`` on ``device`` (None: the current CUDA
     device; module docstring): 8 up to 32; above, as ``PDFLASH_MXFP4_CUDA_BM64``
     says: ``auto`` the wgmma variant 10 where it runs on ``device``
-    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10, raising
-    :class:`WgmmaUnavailableError` where it cannot run."""
+    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10 and
+    ``wgmma_px`` 14, raising :class:`WgmmaUnavailableError` where they cannot
+    run."""
     if not 1 <= block_m <= MAX_BLOCK_M:
         raise ValueError(f"the CUDA MXFP4 GEMM takes block_m 1..{MAX_BLOCK_M}, got {block_m}")
     setting = bm64_setting()  # validated at every block_m: a typo never goes unnoticed
@@ -177,9 +210,9 @@ def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
         return LARGE_BLOCK_VARIANT
     why = wgmma_unavailable(device)
     if why is None:
-        return WGMMA_BLOCK_VARIANT
-    if setting == "wgmma":
-        raise WgmmaUnavailableError(f"{BM64_ENV}=wgmma cannot run: {why}")
+        return WGMMA_PX_BLOCK_VARIANT if setting == "wgmma_px" else WGMMA_BLOCK_VARIANT
+    if setting != "auto":
+        raise WgmmaUnavailableError(f"{BM64_ENV}={setting} cannot run: {why}")
     return LARGE_BLOCK_VARIANT
 
 
@@ -276,7 +309,9 @@ def grouped_mxfp4_gemm(
     converted); ``tiles`` int32 and contiguous; blocks 16-byte aligned with
     row strides that are multiples of 16 bytes; scales with k stride 1;
     bias bf16. Output bf16 (``out_dtype`` None or bf16). ``variant``: None
-    picks by ``block_m`` and the device (:func:`pick_variant`). A ValueError
+    picks by ``block_m`` and the device (:func:`pick_variant`); a
+    :data:`KIND_WGMMA_PX` variant reads :func:`chunk_permuted` ``(x)``, made
+    here (x itself stays as given). A ValueError
     names what the kernel cannot take; a RuntimeError reports a CUDA failure
     (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
@@ -348,7 +383,7 @@ def grouped_mxfp4_gemm(
         raise ValueError(f"the CUDA MXFP4 GEMM runs on CUDA tensors, x is on {x.device}")
     if variant is None:
         variant = pick_variant(block_m, x.device)
-    elif mod.variant_info(variant)[5] == KIND_WGMMA:
+    elif mod.variant_info(variant)[5] in WGMMA_KINDS:
         why = wgmma_unavailable(x.device)
         if why is not None:
             raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
@@ -357,6 +392,8 @@ def grouped_mxfp4_gemm(
         return out
     if x_rows.dtype != torch.int32 or not x_rows.is_contiguous():
         x_rows = x_rows.to(torch.int32).contiguous()
+    if mod.variant_info(variant)[5] == KIND_WGMMA_PX:
+        x = chunk_permuted(x)
     bias = w.bias
     device = x.device
     index = device.index if device.index is not None else torch.cuda.current_device()

@@ -35,6 +35,12 @@ an m16n8k16 with mma.sync's A / D fragments (the accumulators ``d[4 ns +
 e]`` = the kernel's ``acc[0][ns][e]``). The layout pieces are module
 functions, so tests can mutate each one and see the comparison fail.
 
+The wgmma kind with x given chunk-permuted (cfg (..., KIND_WGMMA_PX)): the
+same, x staged by ``issue_x``'s cp.async units from the permuted rows
+(:func:`chunk_permuted_bits`, the header's formula elementwise) into the same
+core-matrix offsets; a partial chunk's units hold 4 bytes per live 32-k block,
+zero-filled after.
+
     python tests/models/mxfp4_cuda_model.py
 """
 
@@ -189,7 +195,7 @@ def mma(d: np.ndarray, a_regs: list, b_regs: list) -> None:
 
 # ------------------------------------------------------------ wgmma kind
 #: Cfg::KIND values
-KIND_MMA_SYNC, KIND_WGMMA = 0, 1
+KIND_MMA_SYNC, KIND_WGMMA, KIND_WGMMA_PX = 0, 1, 2
 #: the kernel's kWgmmaLboBytes / kWgmmaSboBytes: the B core matrices (8 tokens
 #: x 16 bytes) of k half kh are kh * LBO apart, of token group n / 8 n // 8 * SBO
 WGMMA_LBO, WGMMA_SBO = 128, 256
@@ -237,6 +243,48 @@ def wgmma_x_store_values(v: list, h: int, half: int) -> list:
     for t in range(4):
         vals += [v[t][2 * h + half], v[t][2 * h + 4 + half]]
     return vals
+
+
+def chunk_permuted_position(k_in: int) -> int:
+    """Where the header's chunk-permuted layout (kind 2) puts input k_in =
+    32 t + 8 w + 4 e + 2 h + d of a 128-element chunk: 32 w + 16 h + 8 d +
+    2 t + e."""
+    t, w, e, h, d = k_in >> 5, (k_in >> 3) & 3, (k_in >> 2) & 1, (k_in >> 1) & 1, k_in & 1
+    return 32 * w + 16 * h + 8 * d + 2 * t + e
+
+
+def chunk_permuted_bits(x_bits: np.ndarray) -> np.ndarray:
+    """x [rows, K] (bf16 bits) in the chunk-permuted layout: [rows, NC *
+    128], zeros past K (elementwise from :func:`chunk_permuted_position`)."""
+    rows, K = x_bits.shape
+    nc = -(-K // 128)
+    out = np.zeros((rows, nc * 128), dtype=x_bits.dtype)
+    for k in range(K):
+        out[:, (k // 128) * 128 + chunk_permuted_position(k % 128)] = x_bits[:, k]
+    return out
+
+
+def stage_x_wgmma_px(xbuf, written, xp_bits, s_xrow, nrows, nsl, c, K, THREADS, XU,
+                     XUNITS, XREG) -> None:  # fmt: skip
+    """issue_x (kind 2): unit id = tid + i * THREADS -> token id >> 4, unit
+    u = id & 15 = 2 ks + d: 16 bytes of the chunk-permuted row at 128 c + 8 u
+    (4 bytes per live 32-k block of the chunk, the rest zero; tokens of the
+    live sub-tiles past nrows all zero) into the core-matrix layout."""
+    live_blocks = min(4, (K - 128 * c) >> 5)
+    for tid in range(THREADS):
+        for i in range(XU):
+            uid = tid + i * THREADS
+            tok, u = uid >> 4, uid & 15
+            if uid >= XUNITS or tok >= nsl * 8:
+                continue
+            unit = np.zeros(8, dtype=np.uint16)
+            if tok < nrows:
+                src = xp_bits[s_xrow[tok], 128 * c + 8 * u : 128 * c + 8 * u + 8]
+                unit[: 2 * live_blocks] = src[: 2 * live_blocks]  # src-size 4 * live_blocks
+            off = wgmma_x_store_offset(u >> 1, u & 1, tok, XREG)
+            assert off % 16 == 0 and off + 16 <= len(xbuf) and not written[off // 16]
+            written[off // 16] = True
+            xbuf[off : off + 16] = unit.view(np.uint8)
 
 
 def wgmma_acc_index(ns: int, e: int) -> int:
@@ -334,6 +382,7 @@ def run_model(
     WARPS, MT, NSM = cfg[:3]
     KIND = cfg[3] if len(cfg) > 3 else KIND_MMA_SYNC
     assert KIND == KIND_MMA_SYNC or (MT == 1 and WARPS % 4 == 0)
+    wgmma = KIND in (KIND_WGMMA, KIND_WGMMA_PX)
     THREADS = WARPS * 32
     p = prob
     K, N = p["K"], p["N"]
@@ -341,16 +390,17 @@ def run_model(
     NC = (KB + 3) // 4
     XTOK = NSM * 8
     XUNITS = XTOK * 16
-    XU = -(-XUNITS // THREADS) if KIND == KIND_MMA_SYNC else -(-(XTOK * 4) // THREADS)
+    XU = -(-(XTOK * 4) // THREADS) if KIND == KIND_WGMMA else -(-XUNITS // THREADS)
     XREG = wgmma_region_bytes(XTOK)
     XBUF_BYTES = XTOK * 256 if KIND == KIND_MMA_SYNC else 8 * XREG
-    NXB = 2 if KIND == KIND_MMA_SYNC else 3
+    NXB = {KIND_MMA_SYNC: 2, KIND_WGMMA: 3, KIND_WGMMA_PX: 4}[KIND]  # (PX: STAGES 4)
     WBUF_BYTES = 4 * MT * 2 * THREADS * 16  # (any ring depth: only the x buffer's base matters)
     blocks, scales, x, x_rows, bias = p["blocks"], p["scales"], p["x"], p["x_rows"], p["bias"]
     out = np.full((len(x_rows), p["n_out"]), np.nan)
     cols_per_cta = WARPS * MT * (8 if p["act"] else 16)
     grid_y = -(-p["n_out"] // cols_per_cta)
     x_bits = x.view(np.uint16)
+    xp_bits = chunk_permuted_bits(x_bits) if KIND == KIND_WGMMA_PX else None
     for tile in range(len(p["tile_slot"])):
         slot = int(p["tile_slot"][tile])
         if slot < 0:
@@ -396,7 +446,10 @@ def run_model(
                 xbuf = np.full(XBUF_BYTES, 0xFF, dtype=np.uint8)  # unwritten = NaN bf16
                 written = np.zeros(XBUF_BYTES // 16, dtype=bool)
                 k0 = 128 * c
-                if KIND == KIND_WGMMA:
+                if KIND == KIND_WGMMA_PX:
+                    stage_x_wgmma_px(xbuf, written, xp_bits, s_xrow, nrows, nsl, c, K,
+                                     THREADS, XU, XUNITS, XREG)  # fmt: skip
+                elif KIND == KIND_WGMMA:
                     stage_x_wgmma(p, xbuf, written, bank_log, (tile, by, c), x_bits, s_xrow,
                                   nrows, nsl, k0, THREADS, XU, XTOK, XREG)  # fmt: skip
                 else:
@@ -448,7 +501,7 @@ def run_model(
                                         dequant_pair(q0, 2 * h + 1, f0, not fast, exact_log),
                                         dequant_pair(q1, 2 * h + 1, f1, not fast, exact_log),
                                     ]
-                        if KIND == KIND_WGMMA:
+                        if wgmma:
                             wgmma_warp(acc_flat, warp, a, w, xbuf, written, xbuf_addr, nsl, XREG)
                             continue
                         for ns in range(NSM):
@@ -724,6 +777,10 @@ CASES = [
     ("wg silu stacked K=128 bm64", dict(S=2, N=40, K=128, tokens=18, top_k=2, block_m=64, act=3, scale_range=(118, 130)), (8, 1, 8, 1)),
     ("wg 3 warpgroups act=1 K=160 bm64", dict(S=2, N=400, K=160, tokens=40, top_k=2, block_m=64, act=1, scale_range=(118, 130)), (12, 1, 8, 1)),
     ("wg 4 warpgroups act=0 K=96 bm64", dict(S=2, N=280, K=96, tokens=36, top_k=2, block_m=64, act=0, scale_range=(100, 128)), (16, 1, 8, 1)),
+    ("wgpx act=0 K=160 bm64 >32 rows", dict(S=2, N=40, K=160, tokens=40, top_k=2, block_m=64, act=0, scale_range=(100, 128)), (8, 1, 8, 2)),
+    ("wgpx act=1 K=224 bm64 extreme (slow)", dict(S=2, N=80, K=224, tokens=30, top_k=2, block_m=64, act=1, scale_range=(120, 126), extreme=True), (8, 1, 8, 2)),
+    ("wgpx act=1 K=96 bm16", dict(S=3, N=72, K=96, tokens=5, top_k=2, block_m=16, act=1, scale_range=(118, 130)), (8, 1, 2, 2)),
+    ("wgpx act=0 K=384 bm32", dict(S=2, N=40, K=384, tokens=14, top_k=2, block_m=32, act=0, scale_range=(118, 130)), (8, 1, 4, 2)),
 ]  # fmt: skip
 
 

@@ -161,11 +161,13 @@ def _check_routed(
 def _variants_for(block_m: int) -> list[int | None]:
     """None (the policy's pick) and every variant that takes ``block_m`` and
     runs on this device (the wgmma one only where it does)."""
-    from pdflash.models.mxfp4_cuda_gemm import KIND_WGMMA, variants, wgmma_unavailable
+    from pdflash.models.mxfp4_cuda_gemm import WGMMA_KINDS, variants, wgmma_unavailable
 
     wgmma = wgmma_unavailable("cuda") is None
     return [None] + [
-        v.index for v in variants() if v.max_block_m >= block_m and (v.kind != KIND_WGMMA or wgmma)
+        v.index
+        for v in variants()
+        if v.max_block_m >= block_m and (v.kind not in WGMMA_KINDS or wgmma)
     ]
 
 

@@ -8,7 +8,9 @@ kinds: mma.sync, and wgmma (x staged as core matrices, B read through the
 matrix descriptor); each mutation of the wgmma layout (descriptor fields,
 k-step regions, staging order, accumulator order) must make the comparison
 fail. The model's variant table and wgmma layout constants must match the
-kernel source's."""
+kernel source's. The wgmma kind reading x chunk-permuted (kind 2) stages the
+same bytes as the register path, and the library's ``chunk_permuted`` is the
+header's formula."""
 
 from __future__ import annotations
 
@@ -139,6 +141,70 @@ def test_wgmma_layout_mutations_are_caught(
     assert r["err"] > 1e-3 or r["unset"] or not r["nonfinite_match"], (what, r["err"])
 
 
+def test_chunk_permuted_x_stages_the_bytes_the_register_path_stages() -> None:
+    """Kind 2's cp.async units from the chunk-permuted rows land the same
+    bytes where the wgmma kind's load_x / store_x put them (every live
+    sub-tile, a partial last chunk included), for K = 160 and 96."""
+    rng = np.random.default_rng(7)
+    for K, nrows in ((160, 37), (96, 5)):
+        x_bits = rng.integers(0, 1 << 16, size=(nrows + 3, K), dtype=np.uint16)
+        xp_bits = model.chunk_permuted_bits(x_bits)
+        s_xrow = [int(v) for v in rng.permutation(nrows + 3)[:64]]
+        nsl, XTOK, THREADS = (nrows + 7) >> 3, 64, 256
+        XREG = model.wgmma_region_bytes(XTOK)
+        for c in range(-(-K // 128)):
+            reg = np.full(8 * XREG, 0xFF, dtype=np.uint8)
+            px = reg.copy()
+            w_reg = np.zeros(len(reg) // 16, dtype=bool)
+            w_px = w_reg.copy()
+            model.stage_x_wgmma({"K": K}, reg, w_reg, [], (0, 0, c), x_bits, s_xrow, nrows,
+                                nsl, 128 * c, THREADS, 1, XTOK, XREG)  # fmt: skip
+            model.stage_x_wgmma_px(px, w_px, xp_bits, s_xrow, nrows, nsl, c, K, THREADS, 4,
+                                   XTOK * 16, XREG)  # fmt: skip
+            assert np.array_equal(w_reg, w_px), (K, c)
+            assert np.array_equal(reg, px), (K, c)
+
+
+def test_chunk_permuted_mutation_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kind 2's comparison is not vacuous: another placement of k within a
+    chunk (e and d swapped) makes the model stop matching the reference."""
+    name = "wgpx act=0 K=160 bm64 >32 rows"
+    kw, cfg = next((c[1], c[2]) for c in model.CASES if c[0] == name)
+    original = model.chunk_permuted_position
+
+    def swapped(k_in: int) -> int:
+        e, d = (k_in >> 2) & 1, k_in & 1
+        return original((k_in & ~0b101) | (d << 2) | e)
+
+    monkeypatch.setattr(model, "chunk_permuted_position", swapped)
+    r = model.run_case(np.random.default_rng(zlib.crc32(name.encode())), kw, cfg)
+    assert r["err"] > 1e-3, r["err"]
+
+
+def test_library_chunk_permuted_is_the_headers_layout() -> None:
+    """pdflash.models.mxfp4_cuda_gemm.chunk_permuted (torch) equals the
+    model's elementwise formula, zeros past K; and refuses what it cannot
+    permute."""
+    import torch
+
+    from pdflash.models.mxfp4_cuda_gemm import chunk_permuted
+
+    rng = np.random.default_rng(3)
+    for K in (96, 128, 160, 2880):
+        x_bits = rng.integers(0, 1 << 15, size=(5, K), dtype=np.uint16)
+        x = torch.from_numpy(x_bits.astype(np.int16)).view(torch.bfloat16)
+        got = chunk_permuted(x[:, :])
+        assert got.is_contiguous() and got.shape == (5, -(-K // 128) * 128)
+        want = model.chunk_permuted_bits(x_bits)
+        assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), want), K
+    strided = torch.zeros(4, 256, dtype=torch.bfloat16)[:, :128]
+    assert chunk_permuted(strided).shape == (4, 128)
+    with pytest.raises(ValueError, match="K % 32"):
+        chunk_permuted(torch.zeros(2, 48, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"\[rows, K\]"):
+        chunk_permuted(torch.zeros(2, 3, 32, dtype=torch.bfloat16))
+
+
 def _kernel_source() -> str:
     return (REPO / "cuda" / "src" / "mxfp4_moe_gemm.cu").read_text()
 
@@ -159,6 +225,12 @@ def test_wgmma_layout_constants_match_the_kernel() -> None:
     assert "desc0 + (uint64_t)((ks * C::XREG_BYTES) >> 4)" in src
     assert "d * kWgmmaLboBytes" in src and "(tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16" in src
     assert model.smem_desc(0x1230) == (0x123 | (8 << 16) | (16 << 32))
+    # kind 2's cp.async destination and partial-chunk source size (issue_x)
+    assert (
+        "(u >> 1) * C::XREG_BYTES +" in src and "(u & 1) * kWgmmaLboBytes + (tok & 7) * 16" in src
+    )
+    assert "min(4, (p.K - 128 * c) >> 5)" in src and "live ? 4 * live_blocks : 0" in src
+    assert "8 * (id & 15)" in src
 
 
 def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,8 +250,10 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
     assert rows[g.SMALL_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_MMA_SYNC)
     assert rows[g.LARGE_BLOCK_VARIANT] == (16, 1, 4, 1, 8, 0, g.KIND_MMA_SYNC)
     assert rows[g.WGMMA_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA)
+    assert rows[g.WGMMA_PX_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_PX)
     # the policy's wgmma variant first; the others are timed beside it (the probe)
     assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA] == [10, 11, 12, 13]
+    assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA_PX] == [14]
     monkeypatch.delenv(g.BM64_ENV, raising=False)
     # off CUDA the wgmma variant never runs: the mma.sync variants
     assert [g.pick_variant(b, "cpu") for b in (1, 16, 32, 33, 64)] == [8, 8, 8, 4, 4]
@@ -189,7 +263,7 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
     # where it runs: 10 at block_m 33..64 unless the environment says mma
     monkeypatch.setattr(g, "wgmma_unavailable", lambda device=None: None)
     assert [g.pick_variant(b, "cuda") for b in (16, 32, 33, 64)] == [8, 8, 10, 10]
-    for setting, want in (("", 10), ("auto", 10), ("wgmma", 10), ("mma", 4)):
+    for setting, want in (("", 10), ("auto", 10), ("wgmma", 10), ("wgmma_px", 14), ("mma", 4)):
         monkeypatch.setenv(g.BM64_ENV, setting)
         assert (g.pick_variant(64, "cuda"), g.pick_variant(16, "cuda")) == (want, 8), setting
     # where it does not: auto and mma take 4, a forced wgmma is an error
@@ -199,6 +273,9 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
         assert g.pick_variant(64, "cuda") == 4
     monkeypatch.setenv(g.BM64_ENV, "wgmma")
     with pytest.raises(g.WgmmaUnavailableError, match=r"PDFLASH_MXFP4_CUDA_BM64=wgmma .*sm_90a"):
+        g.pick_variant(64, "cuda")
+    monkeypatch.setenv(g.BM64_ENV, "wgmma_px")
+    with pytest.raises(g.WgmmaUnavailableError, match=r"BM64=wgmma_px cannot run: .*sm_90a"):
         g.pick_variant(64, "cuda")
     assert g.pick_variant(32, "cuda") == 8  # block_m <= 32 is not its business
     for bad in ("WGMMA", "mma.sync", "v10", "1"):

@@ -152,7 +152,7 @@ def finish_build(proc: subprocess.Popen) -> None:
                 w, mt, nsm, st, mb, pf, kd = cm.groups()
                 name = (
                     f"WARPS={w} MT={mt} NSM={nsm} (block_m<={8 * int(nsm)}) STAGES={st} "
-                    f"MINB={mb} L2PF={pf} KIND={'wgmma' if kd == '1' else 'mma'}"
+                    f"MINB={mb} L2PF={pf} KIND={ {'1': 'wgmma', '2': 'wgmma_px'}.get(kd, 'mma') }"
                 )
             target = re.search(r"for '(\w+)'", line)
             if target and target.group(1) != "sm_90a":
@@ -281,7 +281,7 @@ class CudaGemm:
             name = (
                 f"v{v}:{w.value}w{mt.value}mt{st.value}st"
                 + (f"pf{pf.value}" if pf.value else "")
-                + ("wg" if kd.value == 1 else "")
+                + {1: "wg", 2: "wgpx"}.get(kd.value, "")
             )
             self.variants.append(
                 {"variant": v, "warps": w.value, "mt": mt.value, "stages": st.value, "max_block_m": bm.value,
@@ -337,6 +337,10 @@ class CudaGemm:
         assert x.dtype == torch.bfloat16 and x.stride(1) == 1 and x_rows.dtype == torch.int32
         assert slot.dtype == torch.int32 and slot.is_contiguous() and start.is_contiguous()
         bias = w.bias
+        if self.variants[variant]["kind"] == 2:  # x read chunk-permuted, as the library makes it
+            from pdflash.models.mxfp4_cuda_gemm import chunk_permuted
+
+            x = chunk_permuted(x)
         rc = self.lib.mxfp4_moe_gemm(
             variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
             w.data.data_ptr(), w.data.stride(0), w.data.stride(1),

@@ -73,7 +73,13 @@ enum {
 /* variant kinds (mxfp4_moe_variant_info) */
 enum {
   PDFLASH_MXFP4_KIND_MMA_SYNC = 0, /* mma.sync m16n8k16 (sm_80+) */
-  PDFLASH_MXFP4_KIND_WGMMA = 1     /* wgmma m64nNk16, x from shared memory (sm_90a) */
+  PDFLASH_MXFP4_KIND_WGMMA = 1,    /* wgmma m64nNk16, x from shared memory (sm_90a) */
+  /* the wgmma kind with x given chunk-permuted (sm_90a): each row of x holds
+   * NC * 128 elements (NC = ceil(K / 128)); within each 128-element chunk the
+   * input k = 32 t + 8 w + 4 e + 2 h + d (t, w < 4; e, h, d < 2) sits at
+   * position 32 w + 16 h + 8 d + 2 t + e (pdflash.models.mxfp4_cuda_gemm.
+   * chunk_permuted); positions of k >= K are never read */
+  PDFLASH_MXFP4_KIND_WGMMA_PX = 2
 };
 
 #if defined(PDFLASH_WITH_MXFP4_GEMM) && !PDFLASH_WITH_MXFP4_GEMM
