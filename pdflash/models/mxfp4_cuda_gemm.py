@@ -169,20 +169,30 @@ def chunk_permuted(x: torch.Tensor) -> torch.Tensor:
     :data:`KIND_WGMMA_PX` variants read): ``[rows, NC * 128]``, ``NC =
     ceil(K / 128)``; within each 128-element chunk, input ``k = 32 t + 8 w +
     4 e + 2 h + d`` (t, w < 4; e, h, d < 2) goes to ``32 w + 16 h + 8 d + 2 t
-    + e``, so that each 16 bytes is one k-step's k half for one token;
-    positions of ``k >= K`` hold zeros. Contiguous, one copy (two where K is
-    not a multiple of 128)."""
+    + e``, so that each 16 bytes is one k-step's k half for one token. The
+    positions of ``k >= K`` (in a partial last chunk) are left unset: the
+    kernel never reads them. One copy, two where K is not a multiple of 128."""
     if x.dim() != 2:
         raise ValueError(f"chunk_permuted takes [rows, K], got {tuple(x.shape)}")
     rows, k = x.shape
     if k % 32 != 0:
         raise ValueError(f"chunk_permuted needs K % 32 == 0, got K = {k}")
-    nc = -(-k // K_CHUNK)
-    if k != nc * K_CHUNK:
-        x = torch.nn.functional.pad(x, (0, nc * K_CHUNK - k))
-    # dims (t, w, e, h, d) of k in a chunk -> (w, h, d, t, e)
-    view = x.reshape(rows, nc, 4, 4, 2, 2, 2).permute(0, 1, 3, 5, 6, 2, 4)
-    return view.reshape(rows, nc * K_CHUNK)
+    full, blocks = divmod(k, K_CHUNK)
+    out = torch.empty((rows, (full + (blocks > 0)) * K_CHUNK), dtype=x.dtype, device=x.device)
+    if full:
+        # dims (t, w, e, h, d) of k in a chunk -> (w, h, d, t, e)
+        src = x[:, : full * K_CHUNK].reshape(rows, full, 4, 4, 2, 2, 2)
+        out[:, : full * K_CHUNK].view(rows, full, 4, 2, 2, 4, 2).copy_(
+            src.permute(0, 1, 3, 5, 6, 2, 4)
+        )
+    if blocks:
+        # the partial chunk's t < K % 128 / 32 only
+        tv = blocks // 32
+        src = x[:, full * K_CHUNK :].reshape(rows, tv, 4, 2, 2, 2)
+        out[:, full * K_CHUNK :].view(rows, 4, 2, 2, 4, 2)[:, :, :, :, :tv].copy_(
+            src.permute(0, 2, 4, 5, 1, 3)
+        )
+    return out
 
 
 def bm64_setting() -> str:

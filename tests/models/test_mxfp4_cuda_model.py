@@ -183,8 +183,8 @@ def test_chunk_permuted_mutation_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_library_chunk_permuted_is_the_headers_layout() -> None:
     """pdflash.models.mxfp4_cuda_gemm.chunk_permuted (torch) equals the
-    model's elementwise formula, zeros past K; and refuses what it cannot
-    permute."""
+    model's elementwise formula at every position of a k < K (the rest is
+    never read); and refuses what it cannot permute."""
     import torch
 
     from pdflash.models.mxfp4_cuda_gemm import chunk_permuted
@@ -196,7 +196,10 @@ def test_library_chunk_permuted_is_the_headers_layout() -> None:
         got = chunk_permuted(x[:, :])
         assert got.is_contiguous() and got.shape == (5, -(-K // 128) * 128)
         want = model.chunk_permuted_bits(x_bits)
-        assert np.array_equal(got.view(torch.int16).numpy().view(np.uint16), want), K
+        live = model.chunk_permuted_bits(np.ones((1, K), dtype=np.uint16))[0] == 1
+        got_bits = got.view(torch.int16).numpy().view(np.uint16)
+        assert np.array_equal(got_bits[:, live], want[:, live]), K
+        assert int(live.sum()) == K
     strided = torch.zeros(4, 256, dtype=torch.bfloat16)[:, :128]
     assert chunk_permuted(strided).shape == (4, 128)
     with pytest.raises(ValueError, match="K % 32"):
