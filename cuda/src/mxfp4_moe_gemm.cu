@@ -65,6 +65,12 @@
 // Per chunk: dequant into registers, barrier, wgmma.fence, 8 wgmmas, commit,
 // wait; the D fragment is mma.sync's per 8 columns, so the epilogue is shared.
 //
+// The kind kKindWgmmaPx: the wgmma kind with x given already in that staged
+// order (the header's chunk-permuted layout), so each core-matrix row is 16
+// contiguous bytes of global memory: x comes by cp.async into a STAGES-deep
+// ring beside the weights, issued after each chunk's barrier, instead of
+// through registers, prmt and shared stores a chunk ahead.
+//
 // Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm; sm_90a code for the
 // wgmma variants where the architectures include 90, which also defines
 // PDFLASH_MXFP4_GEMM_SM90A); the probe (bench/h200/mxfp4_cuda/probe.py)

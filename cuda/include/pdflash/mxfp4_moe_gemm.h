@@ -31,7 +31,7 @@
  * the cp.async L2 prefetch hint in bytes (0: none) and the kind
  * (PDFLASH_MXFP4_KIND_*). Each supports every block_m up to its
  * max_block_m. Device code needs sm_80+ (mma.sync bf16, cp.async); the build
- * compiles it only for such architectures. The wgmma kind needs sm_90a code:
+ * compiles it only for such architectures. The wgmma kinds need sm_90a code:
  * built where the CUDA architectures include 90 (mxfp4_moe_wgmma_built), it
  * runs on compute capability 9.0 devices only; elsewhere mxfp4_moe_gemm
  * refuses it with PDFLASH_MXFP4_VARIANT_UNAVAILABLE, and
