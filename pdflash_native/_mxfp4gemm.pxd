@@ -19,6 +19,10 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
         PDFLASH_MXFP4_KIND_WGMMA
         PDFLASH_MXFP4_KIND_WGMMA_PX
 
+    enum:
+        PDFLASH_MXFP4_OUT_NATURAL
+        PDFLASH_MXFP4_OUT_CHUNK_PERMUTED
+
     int mxfp4_moe_built()
     int mxfp4_moe_num_variants()
     int mxfp4_moe_wgmma_built()
@@ -33,4 +37,4 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
                        long long stride_om, const int* tile_slot, const int* tile_start,
                        const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
                        int act, int gate_col0, int up_col0, int col_step, float alpha,
-                       float limit, unsigned long long stream)
+                       float limit, int out_layout, unsigned long long stream)

@@ -14,6 +14,8 @@ LAUNCH_ERROR: int
 KIND_MMA_SYNC: int
 KIND_WGMMA: int
 KIND_WGMMA_PX: int
+OUT_NATURAL: int
+OUT_CHUNK_PERMUTED: int
 
 def num_variants() -> int: ...
 def variant_info(variant: int) -> tuple[int, int, int, int, int, int]: ...
@@ -49,5 +51,6 @@ def launch(
     col_step: int,
     alpha: float,
     limit: float,
+    out_layout: int,
     stream: int,
 ) -> int: ...

@@ -35,6 +35,9 @@ KIND_MMA_SYNC = PDFLASH_MXFP4_KIND_MMA_SYNC
 KIND_WGMMA = PDFLASH_MXFP4_KIND_WGMMA
 KIND_WGMMA_PX = PDFLASH_MXFP4_KIND_WGMMA_PX
 
+OUT_NATURAL = PDFLASH_MXFP4_OUT_NATURAL
+OUT_CHUNK_PERMUTED = PDFLASH_MXFP4_OUT_CHUNK_PERMUTED
+
 
 def num_variants():
     """How many kernel variants :func:`launch` takes (0 when not built)."""
@@ -81,11 +84,12 @@ def launch(
     uintptr_t tile_slot, uintptr_t tile_start, uintptr_t tile_end, int num_tiles,
     int block_m, int n, int k, int n_out,
     int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
-    uintptr_t stream,
+    int out_layout, uintptr_t stream,
 ):
     """Enqueue the GEMM on ``stream`` (see mxfp4_moe_gemm.h for the layouts;
-    ``bias`` 0 = none); the launcher's code (``OK`` = 0). RuntimeError when
-    this build has no kernel."""
+    ``bias`` 0 = none; ``out_layout`` ``OUT_NATURAL`` or
+    ``OUT_CHUNK_PERMUTED``); the launcher's code (``OK`` = 0). RuntimeError
+    when this build has no kernel."""
     if not BUILT:
         raise RuntimeError(
             "pdflash_native._mxfp4gemm was built without the CUDA MXFP4 GEMM "
@@ -100,6 +104,6 @@ def launch(
             <const void*>bias, stride_bs, <void*>out, stride_om,
             <const int*>tile_slot, <const int*>tile_start, <const int*>tile_end, num_tiles,
             block_m, n, k, n_out, act, gate_col0, up_col0, col_step, alpha, limit,
-            <unsigned long long>stream,
+            out_layout, <unsigned long long>stream,
         )
     return rc

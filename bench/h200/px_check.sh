@@ -7,7 +7,7 @@
 #              the fp32 reference and Triton), and the resident-graph tests
 #              alone (session 59's full GPU run failed one of them)
 #   probe      v10 against v14 (mxfp4_cuda/probe.py; v14's MLP time includes
-#              making the permuted copies of x and of the SwiGLU output)
+#              the permuted copy of x; gate_up writes down's x permuted)
 #   ab         B3's MXFP4 verify (gpt-oss-20b, 8 layers, c=16, forced
 #              acceptance), PDFLASH_MXFP4_CUDA_BM64 auto (variant 10) against
 #              wgmma_px (14), one process per arm per round

@@ -113,7 +113,18 @@ struct Params {
   int act;
   int g0, u0, step;
   float alpha, limit;
+  int out_perm;  // out_layout == PDFLASH_MXFP4_OUT_CHUNK_PERMUTED
 };
+
+// where output column j goes: j, or (out_perm) its place in the header's
+// chunk-permuted layout, k = 32 t + 8 w + 4 e + 2 h + d of a 128-chunk at
+// 32 w + 16 h + 8 d + 2 t + e
+__device__ __forceinline__ int out_column(const Params& p, int j) {
+  if (!p.out_perm) return j;
+  const int k = j & 127;
+  return (j & ~127) | (((k >> 3) & 3) << 5) | (((k >> 1) & 1) << 4) | ((k & 1) << 3) |
+         ((k >> 5) << 1) | ((k >> 2) & 1);
+}
 
 // ---------------------------------------------------------------- PTX helpers
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -955,7 +966,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
             up = up > p.limit ? p.limit : (up < -p.limit ? -p.limit : up);
             y = (up + 1.f) * (gate / (1.f + expf(-gate * p.alpha)));
           }
-          p.out[(long long)(start + lt) * p.stride_om + j] = __float2bfloat16_rn(y);
+          p.out[(long long)(start + lt) * p.stride_om + out_column(p, j)] =
+              __float2bfloat16_rn(y);
         }
       }
     } else {
@@ -972,7 +984,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
             const int lt = ns * 8 + 2 * t + e;
             if (lt >= nrows) continue;
             const float y = acc[mt][ns][2 * r + e] * mult + bn;
-            p.out[(long long)(start + lt) * p.stride_om + n] = __float2bfloat16_rn(y);
+            p.out[(long long)(start + lt) * p.stride_om + out_column(p, n)] =
+                __float2bfloat16_rn(y);
           }
         }
       }
@@ -1158,7 +1171,7 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
                    long long stride_om, const int* tile_slot, const int* tile_start,
                    const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
                    int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
-                   unsigned long long stream) {
+                   int out_layout, unsigned long long stream) {
   using namespace mxcuda;
   constexpr int kBad = PDFLASH_MXFP4_BAD_ARGS;
   if (variant < 0 || variant >= kNumVariants) return PDFLASH_MXFP4_BAD_VARIANT;
@@ -1168,6 +1181,8 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   if ((reinterpret_cast<uintptr_t>(x) & 15) || (reinterpret_cast<uintptr_t>(blocks) & 15))
     return kBad;
   if (act < 0 || act > 2) return kBad;
+  if (out_layout != PDFLASH_MXFP4_OUT_NATURAL && out_layout != PDFLASH_MXFP4_OUT_CHUNK_PERMUTED)
+    return kBad;
   if (act != 0 && (col_step <= 0 || gate_col0 < 0 || up_col0 < 0)) return kBad;
   if (block_m > 64) return PDFLASH_MXFP4_BLOCK_M_TOO_LARGE;
   if (num_tiles <= 0) return PDFLASH_MXFP4_OK;
@@ -1202,6 +1217,7 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   p.step = col_step;
   p.alpha = alpha;
   p.limit = limit;
+  p.out_perm = out_layout == PDFLASH_MXFP4_OUT_CHUNK_PERMUTED ? 1 : 0;
   // a CTA's weight rows are contiguous: act 0 (rows nb .. nb + WR), or gate /
   // up interleaved 0 / 1 step 2 (rows 2 jb .. 2 jb + WR); scale rows dense
   const bool rows_contig =

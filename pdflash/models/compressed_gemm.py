@@ -378,19 +378,30 @@ class FusedSlabMLP:
         else:
             act, cols = k.ACT_SILU, (0, gate_up.n // 2, 1)
         dot = self.mxfp4_dot if x.dtype == torch.bfloat16 else "registers"
-        gemm: Callable[..., torch.Tensor]
+        down = self._weight(views, "down")
         if dot == "cuda" and self.fmt == "mxfp4":
-            from pdflash.models.mxfp4_cuda_gemm import grouped_mxfp4_gemm
+            from pdflash.models import mxfp4_cuda_gemm as cg
 
-            gemm = grouped_mxfp4_gemm
-        else:  # FP8 under ``cuda``: the Triton kernel (the dot is for MXFP4 tiles)
-            gemm = partial(k.grouped_qgemm, mxfp4_dot="registers" if dot == "cuda" else dot)
+            # the first GEMM writes the second's x in the layout the picked
+            # variant reads (an MXFP4 width is a multiple of 32, as it needs)
+            permuted = cg.reads_chunk_permuted(block_m, x.device)
+            layout = cg.CHUNK_PERMUTED if permuted else cg.NATURAL
+            h = cg.grouped_mxfp4_gemm(
+                x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
+                limit=self.limit, out_layout=layout,
+            )  # fmt: skip
+            rows = self._rows(int(h.shape[0]), x.device)
+            return cg.grouped_mxfp4_gemm(h, rows, tiles, block_m, down, x_layout=layout)
+        # FP8 under ``cuda``: the Triton kernel (the dot is for MXFP4 tiles)
+        gemm: Callable[..., torch.Tensor] = partial(
+            k.grouped_qgemm, mxfp4_dot="registers" if dot == "cuda" else dot
+        )
         h = gemm(
             x, x_rows, tiles, block_m, gate_up, act=act, gate_up=cols, alpha=self.alpha,
             limit=self.limit,
         )  # fmt: skip
         rows = self._rows(int(h.shape[0]), x.device)
-        return gemm(h, rows, tiles, block_m, self._weight(views, "down"))
+        return gemm(h, rows, tiles, block_m, down)
 
 
 #: how each MXFP4 dot is named in a choice's reason

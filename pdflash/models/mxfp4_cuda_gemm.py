@@ -21,8 +21,10 @@ warps, one m-tile, 4 stages). ``PDFLASH_MXFP4_CUDA_BM64`` overrides the
 (variant 4), ``wgmma`` (variant 10; an error where it cannot run) or
 ``wgmma_px`` (variant 14: variant 10's kernel reading x by cp.async from a
 chunk-permuted copy, :func:`chunk_permuted`, that :func:`grouped_mxfp4_gemm`
-makes first; an error where it cannot run; not yet timed against 10 on a
-GPU, so not the default).
+makes first, or that the expert MLP's first GEMM writes for its second,
+``out_layout``; built to give variant 10's bits, which its GPU test checks;
+an error where it cannot run; not yet timed against 10 on a GPU, so not the
+default).
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
@@ -65,6 +67,11 @@ KIND_WGMMA_PX = 2  # wgmma, x chunk-permuted (:func:`chunk_permuted`)
 WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX)
 #: the k chunk the kernel stages (and :func:`chunk_permuted` permutes within)
 K_CHUNK = 128
+#: layouts of x and of the output (:func:`grouped_mxfp4_gemm`'s ``x_layout`` /
+#: ``out_layout``): as given, or :func:`chunk_permuted`'s
+NATURAL = "natural"
+CHUNK_PERMUTED = "chunk_permuted"
+LAYOUTS = (NATURAL, CHUNK_PERMUTED)
 
 
 class WgmmaUnavailableError(RuntimeError):
@@ -88,6 +95,8 @@ class Mxfp4GemmNative(Protocol):
     KIND_MMA_SYNC: int
     KIND_WGMMA: int
     KIND_WGMMA_PX: int
+    OUT_NATURAL: int
+    OUT_CHUNK_PERMUTED: int
 
     def num_variants(self) -> int: ...
 
@@ -128,6 +137,7 @@ class Mxfp4GemmNative(Protocol):
         col_step: int,
         alpha: float,
         limit: float,
+        out_layout: int,
         stream: int,
     ) -> int: ...
 
@@ -193,6 +203,14 @@ def chunk_permuted(x: torch.Tensor) -> torch.Tensor:
             src.permute(0, 2, 4, 5, 1, 3)
         )
     return out
+
+
+def reads_chunk_permuted(block_m: int, device: torch.device | str | None = None) -> bool:
+    """Whether the variant :func:`pick_variant` gives for ``block_m`` on
+    ``device`` reads x chunk-permuted (kind :data:`KIND_WGMMA_PX`): then an
+    expert MLP hands the first GEMM's output to the second in that layout."""
+    variant = pick_variant(block_m, device)
+    return native().variant_info(variant)[5] == KIND_WGMMA_PX
 
 
 def bm64_setting() -> str:
@@ -308,6 +326,8 @@ def grouped_mxfp4_gemm(
     limit: float = 0.0,
     out_dtype: torch.dtype | None = None,
     variant: int | None = None,
+    x_layout: str = NATURAL,
+    out_layout: str = NATURAL,
 ) -> torch.Tensor:
     """``out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T + bias)`` for the
     sorted rows ``r`` the tile map covers (others are left unset), as
@@ -321,14 +341,22 @@ def grouped_mxfp4_gemm(
     bias bf16. Output bf16 (``out_dtype`` None or bf16). ``variant``: None
     picks by ``block_m`` and the device (:func:`pick_variant`); a
     :data:`KIND_WGMMA_PX` variant reads :func:`chunk_permuted` ``(x)``, made
-    here (x itself stays as given). A ValueError
+    here from a ``NATURAL`` x; ``x_layout=CHUNK_PERMUTED`` says x is that
+    copy already (``[rows, ceil(K / 128) * 128]``; such a variant only).
+    ``out_layout=CHUNK_PERMUTED`` writes the output in that layout
+    (``[n, ceil(N_out / 128) * 128]``, N_out a multiple of 32; the positions
+    past N_out unset), the next such GEMM's x. A ValueError
     names what the kernel cannot take; a RuntimeError reports a CUDA failure
     (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
     if w.fmt != "mxfp4":
         raise ValueError(f"the CUDA MXFP4 GEMM takes MXFP4 slab weights, got {w.fmt!r}")
-    if x.dim() != 2 or x.shape[1] != w.k:
-        raise ValueError(f"x must be [rows, {w.k}], got {tuple(x.shape)}")
+    for name, layout in (("x_layout", x_layout), ("out_layout", out_layout)):
+        if layout not in LAYOUTS:
+            raise ValueError(f"{name} must be one of {LAYOUTS}, got {layout!r}")
+    x_width = w.k if x_layout == NATURAL else -(-w.k // K_CHUNK) * K_CHUNK
+    if x.dim() != 2 or x.shape[1] != x_width:
+        raise ValueError(f"x ({x_layout}) must be [rows, {x_width}], got {tuple(x.shape)}")
     if x.dtype != torch.bfloat16:
         raise ValueError(f"the CUDA MXFP4 GEMM takes bf16 activations, got {x.dtype}")
     if out_dtype not in (None, torch.bfloat16):
@@ -364,6 +392,8 @@ def grouped_mxfp4_gemm(
                 f"gate_up must be (gate_col0 >= 0, up_col0 >= 0, step >= 1), got {gate_up}"
             )
         n_out = -(-(w.n - max(g0, u0)) // step)
+    if out_layout == CHUNK_PERMUTED and n_out % 32 != 0:
+        raise ValueError(f"out_layout {CHUNK_PERMUTED!r} needs N_out % 32 == 0, got {n_out}")
     # the kernel's 16-byte loads
     if x.stride(1) != 1 or x.stride(0) % 8 != 0 or not _aligned(x, 16):
         raise ValueError(
@@ -397,23 +427,31 @@ def grouped_mxfp4_gemm(
         why = wgmma_unavailable(x.device)
         if why is not None:
             raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
-    out = torch.empty((n_rows, n_out), dtype=torch.bfloat16, device=x.device)
+    reads_permuted = mod.variant_info(variant)[5] == KIND_WGMMA_PX
+    if x_layout == CHUNK_PERMUTED and not reads_permuted:
+        raise ValueError(
+            f"x_layout {CHUNK_PERMUTED!r} needs a variant of kind KIND_WGMMA_PX; variant "
+            f"{variant} reads x as given"
+        )
+    out_width = n_out if out_layout == NATURAL else -(-n_out // K_CHUNK) * K_CHUNK
+    out = torch.empty((n_rows, out_width), dtype=torch.bfloat16, device=x.device)
     if n_rows == 0 or slot.numel() == 0 or n_out == 0:
         return out
     if x_rows.dtype != torch.int32 or not x_rows.is_contiguous():
         x_rows = x_rows.to(torch.int32).contiguous()
-    if mod.variant_info(variant)[5] == KIND_WGMMA_PX:
+    if reads_permuted and x_layout == NATURAL:
         x = chunk_permuted(x)
+    out_code = mod.OUT_NATURAL if out_layout == NATURAL else mod.OUT_CHUNK_PERMUTED
     bias = w.bias
     device = x.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index != torch.cuda.current_device():
         with torch.cuda.device(index):
             rc = _launch(mod, variant, x, x_rows, w, bias, out, tiles, block_m, n_out,
-                         act, g0, u0, step, alpha, limit, stride_sk)  # fmt: skip
+                         act, g0, u0, step, alpha, limit, stride_sk, out_code)  # fmt: skip
     else:
         rc = _launch(mod, variant, x, x_rows, w, bias, out, tiles, block_m, n_out,
-                     act, g0, u0, step, alpha, limit, stride_sk)  # fmt: skip
+                     act, g0, u0, step, alpha, limit, stride_sk, out_code)  # fmt: skip
     if rc != mod.OK:
         raise _error(mod, rc, variant, block_m)
     return out
@@ -423,7 +461,7 @@ def _launch(
     mod: Mxfp4GemmNative, variant: int, x: torch.Tensor, x_rows: torch.Tensor, w: SlabWeight,
     bias: torch.Tensor | None, out: torch.Tensor,
     tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor], block_m: int, n_out: int, act: int,
-    g0: int, u0: int, step: int, alpha: float, limit: float, stride_sk: int,
+    g0: int, u0: int, step: int, alpha: float, limit: float, stride_sk: int, out_code: int,
 ) -> int:  # fmt: skip
     slot, start, end = tiles
     blocks, scales = w.data, w.scale
@@ -434,7 +472,7 @@ def _launch(
         bias.data_ptr() if bias is not None else 0, bias.stride(0) if bias is not None else 0,
         out.data_ptr(), out.stride(0),
         slot.data_ptr(), start.data_ptr(), end.data_ptr(), int(slot.numel()),
-        block_m, w.n, w.k, n_out, act, g0, u0, step, float(alpha), float(limit),
+        block_m, w.n, w.k, n_out, act, g0, u0, step, float(alpha), float(limit), out_code,
         torch.cuda.current_stream().cuda_stream,
     )  # fmt: skip
 

@@ -396,7 +396,15 @@ def run_model(
     NXB = {KIND_MMA_SYNC: 2, KIND_WGMMA: 3, KIND_WGMMA_PX: 4}[KIND]  # (PX: STAGES 4)
     WBUF_BYTES = 4 * MT * 2 * THREADS * 16  # (any ring depth: only the x buffer's base matters)
     blocks, scales, x, x_rows, bias = p["blocks"], p["scales"], p["x"], p["x_rows"], p["bias"]
-    out = np.full((len(x_rows), p["n_out"]), np.nan)
+    # out_column: the epilogue's out_column (out_perm: the chunk-permuted
+    # layout, rows of ceil(n_out / 128) * 128 positions)
+    out_perm = bool(p.get("out_perm"))
+    width = -(-p["n_out"] // 128) * 128 if out_perm else p["n_out"]
+    out = np.full((len(x_rows), width), np.nan)
+
+    def out_column(j: int) -> int:
+        return j - j % 128 + chunk_permuted_position(j % 128) if out_perm else j
+
     cols_per_cta = WARPS * MT * (8 if p["act"] else 16)
     grid_y = -(-p["n_out"] // cols_per_cta)
     x_bits = x.view(np.uint16)
@@ -565,8 +573,8 @@ def run_model(
                                             y = (up + 1.0) * (
                                                 gate / (1.0 + np.exp(-gate * p["alpha"]))
                                             )
-                                    assert np.isnan(out[start + lt, j])
-                                    out[start + lt, j] = y
+                                    assert np.isnan(out[start + lt, out_column(j)])
+                                    out[start + lt, out_column(j)] = y
                         else:
                             for r in range(2):
                                 n = mtile * 16 + g + 8 * r
@@ -578,8 +586,13 @@ def run_model(
                                         lt = ns * 8 + 2 * t + e
                                         if lt >= nrows:
                                             continue
-                                        assert np.isnan(out[start + lt, n])
-                                        out[start + lt, n] = acc[tid, mt, ns, 2 * r + e] * mult + bn
+                                        oc = out_column(n)
+                                        assert np.isnan(out[start + lt, oc])
+                                        out[start + lt, oc] = (
+                                            acc[tid, mt, ns, 2 * r + e] * mult + bn
+                                        )
+    if out_perm:  # read back in natural column order, for the comparison
+        out = out[:, [out_column(j) for j in range(p["n_out"])]]
     return out
 
 
@@ -647,7 +660,8 @@ def tile_map(key: np.ndarray, width: int, block_m: int) -> tuple:
     return slot.astype(np.int32), start.astype(np.int32), ends[gc].astype(np.int32)
 
 
-def make_problem(rng, *, S, N, K, tokens, top_k, block_m, act, scale_range, extreme=False):
+def make_problem(rng, *, S, N, K, tokens, top_k, block_m, act, scale_range, extreme=False,
+                 out_perm=False):  # fmt: skip
     blocks = rng.integers(0, 256, (S, N, K // 32, 16), dtype=np.uint8)
     scales = rng.integers(scale_range[0], scale_range[1] + 1, (S, N, K // 32), dtype=np.uint8)
     if extreme:  # a few rows with one extreme scale byte each
@@ -677,6 +691,7 @@ def make_problem(rng, *, S, N, K, tokens, top_k, block_m, act, scale_range, extr
         blocks=blocks, scales=scales, x=x_bf16.view(np.uint16), x_rows=x_rows, bias=bias,
         tile_slot=slot, tile_start=start, tile_end=end, block_m=block_m, N=N, K=K,
         n_out=n_out, act=act, g0=g0, u0=u0, step=step, alpha=1.702, limit=7.0,
+        out_perm=out_perm,
     )  # fmt: skip
 
 
@@ -781,6 +796,8 @@ CASES = [
     ("wgpx act=1 K=224 bm64 extreme (slow)", dict(S=2, N=80, K=224, tokens=30, top_k=2, block_m=64, act=1, scale_range=(120, 126), extreme=True), (8, 1, 8, 2)),
     ("wgpx act=1 K=96 bm16", dict(S=3, N=72, K=96, tokens=5, top_k=2, block_m=16, act=1, scale_range=(118, 130)), (8, 1, 2, 2)),
     ("wgpx act=0 K=384 bm32", dict(S=2, N=40, K=384, tokens=14, top_k=2, block_m=32, act=0, scale_range=(118, 130)), (8, 1, 4, 2)),
+    ("wgpx act=1 K=160 bm64 out chunk-permuted", dict(S=2, N=320, K=160, tokens=40, top_k=2, block_m=64, act=1, scale_range=(118, 130), out_perm=True), (8, 1, 8, 2)),
+    ("mma act=0 K=96 bm16 out chunk-permuted", dict(S=2, N=160, K=96, tokens=9, top_k=2, block_m=16, act=0, scale_range=(118, 130), out_perm=True), (4, 1, 2)),
 ]  # fmt: skip
 
 

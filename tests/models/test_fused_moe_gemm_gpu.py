@@ -134,6 +134,37 @@ def test_gptoss_mxfp4_fused_equals_dequant_path(
     _run(mlp, fused, views, cfg.hidden_size, cfg.experts, cfg.top_k, tokens, dtype, tokens)
 
 
+def test_gptoss_mxfp4_cuda_chunk_permuted_handoff_equals_the_policys_bits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``PDFLASH_MXFP4_CUDA_BM64=wgmma_px`` the block_m 64 MLP runs
+    variant 14 (x permuted by the seam for gate_up, handed to down
+    chunk-permuted): the same bits as the policy's variant 10, which stages
+    the same k order through registers."""
+    from pdflash.models import mxfp4_cuda_gemm as cg
+
+    if cg.wgmma_unavailable("cuda") is not None:
+        pytest.skip(f"the wgmma variants cannot run: {cg.wgmma_unavailable('cuda')}")
+    cfg = GPTOSS
+    fmt = GptOssAdapter.expert_formats(cfg)[1]
+    layout, _ = GptOssAdapter.stored_layout(cfg, torch.bfloat16, fmt, None)
+    tokens = 256
+    _, views = _slab(layout, cfg.experts, tokens)
+    g = torch.Generator().manual_seed(11)
+    key_sorted, order, _ = _routing(tokens, cfg.experts, cfg.top_k, g)
+    x = (torch.randn(tokens, cfg.hidden_size, generator=g) * 0.5).to("cuda", torch.bfloat16)
+    fused = FusedSlabMLP("mxfp4", "gptoss", alpha=ALPHA, limit=LIMIT, mxfp4_dot="cuda")
+    outs = {}
+    for setting in ("wgmma", "wgmma_px"):
+        monkeypatch.setenv(cg.BM64_ENV, setting)
+        assert cg.reads_chunk_permuted(64, "cuda") == (setting == "wgmma_px")
+        with torch.inference_mode():
+            outs[setting] = fused.forward_slab(
+                x, order // cfg.top_k, key_sorted, cfg.experts, views, cfg.experts
+            )
+    assert torch.equal(outs["wgmma"], outs["wgmma_px"])
+
+
 def _fp8_unpack(axes: dict[str, int], dtype: torch.dtype) -> Any:
     def unpack(v: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out = {n: t for n, t in v.items() if n.endswith("_bias")}

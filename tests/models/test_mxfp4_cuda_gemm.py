@@ -74,7 +74,7 @@ def test_native_module_imports_and_describes_itself() -> None:
         assert mod.num_variants() == 0 and mod.WGMMA_BUILT is False
         assert mod.variant_available(g.WGMMA_BLOCK_VARIANT, 0) == mod.NOT_BUILT
         with pytest.raises(RuntimeError, match="built without the CUDA MXFP4 GEMM"):
-            mod.launch(*([0] * 27), 1.0, 0.0, 0)
+            mod.launch(*([0] * 27), 1.0, 0.0, 0, 0)
         assert "built without" in (g.unavailable("cuda") or "")
         assert "built without" in (g.wgmma_unavailable("cuda") or "")
         return
@@ -93,12 +93,13 @@ def test_native_module_imports_and_describes_itself() -> None:
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
         mod.variant_info(15)
     assert mod.variant_available(15, 0) == mod.BAD_VARIANT
+    assert (mod.OUT_NATURAL, mod.OUT_CHUNK_PERMUTED) == (0, 1)
     assert mod.error_string(mod.OK) == "ok"
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
     assert "sm_90a" in mod.error_string(mod.VARIANT_UNAVAILABLE)
     # the launcher checks what it needs before touching the device
-    assert mod.launch(*([0] * 27), 1.0, 0.0, 0) == mod.BAD_ARGS  # K = 0
-    assert mod.launch(15, *([0] * 26), 1.0, 0.0, 0) == mod.BAD_VARIANT
+    assert mod.launch(*([0] * 27), 1.0, 0.0, 0, 0) == mod.BAD_ARGS  # K = 0
+    assert mod.launch(15, *([0] * 26), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
 
 
 def test_wgmma_availability_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,7 +125,7 @@ def test_unavailable_off_cuda() -> None:
     ("over", "kw", "match"),
     [
         ({"x": torch.zeros(2, 96)}, {}, "bf16 activations"),
-        ({"x": torch.zeros(2, 64, dtype=torch.bfloat16)}, {}, r"x must be \[rows, 96\]"),
+        ({"x": torch.zeros(2, 64, dtype=torch.bfloat16)}, {}, r"x \(natural\) must be \[rows, 96\]"),
         ({}, {"out_dtype": torch.float32}, "writes bf16"),
         ({}, {"act": 3}, "act must be"),
         ({"block_m": 128}, {}, "block_m 1..64"),
@@ -135,6 +136,15 @@ def test_unavailable_off_cuda() -> None:
         ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(96, 2, dtype=torch.bfloat16).T}, {}, "16-byte aligned"),
+        ({}, {"x_layout": "permuted"}, "x_layout must be one of"),
+        ({}, {"out_layout": "rows"}, "out_layout must be one of"),
+        ({}, {"out_layout": "chunk_permuted"}, r"needs N_out % 32 == 0, got 48"),
+        ({}, {"x_layout": "chunk_permuted"}, r"x \(chunk_permuted\) must be \[rows, 128\]"),
+        (
+            {"x": torch.zeros(2, 128, dtype=torch.bfloat16)},
+            {"x_layout": "chunk_permuted"},
+            "runs on CUDA tensors",
+        ),
         ({}, {}, "runs on CUDA tensors"),
     ],
 )

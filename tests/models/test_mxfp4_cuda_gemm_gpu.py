@@ -302,6 +302,70 @@ def test_wgmma_matches_reference_and_triton(
     _check(w, act, tokens, experts, top_k, block_m, seed, [v, None])
 
 
+def test_chunk_permuted_layouts_give_the_wgmma_variants_bits() -> None:
+    """Variant 14 reads the same k order as variant 10 (from a permuted
+    copy instead of through registers), so its output equals 10's bit for
+    bit: from a natural x (the seam permutes it), from x permuted by the
+    caller, and with its output written chunk-permuted (un-permuted, the
+    same), also through variant 10's own epilogue. K = 2880 (a partial last
+    chunk); 1..64 rows a tile."""
+    from pdflash.models import mxfp4_cuda_gemm as g
+
+    _wgmma()
+    for act in (0, 1):
+        seed = 300 + act
+        key, x_rows = _routing(256, 8, 4, seed)
+        n = 2 * 2880 if act else 2880
+        w = _slab(8, n, 2880, "real", seed=seed)
+        x = torch.randn(256, 2880, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+        tiles = _dead_tile(_k().tile_map(key, 8, 64, 8))
+        kw: dict[str, Any] = {
+            "act": act,
+            "gate_up": _cols(act, w.n),
+            "alpha": ALPHA,
+            "limit": LIMIT,
+        }
+        base = g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=g.WGMMA_BLOCK_VARIANT, **kw)
+        live = _covered_rows(tiles, int(x_rows.numel()))
+        px = g.WGMMA_PX_BLOCK_VARIANT
+        got = g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=px, **kw)
+        assert torch.equal(got[live], base[live])
+        xp = g.chunk_permuted(x)
+        got = g.grouped_mxfp4_gemm(
+            xp, x_rows, tiles, 64, w, variant=px, x_layout=g.CHUNK_PERMUTED, **kw
+        )
+        assert torch.equal(got[live], base[live])
+        n_out = int(base.shape[1])
+        pos = torch.tensor([_chunk_position(j) for j in range(n_out)], device="cuda")
+        for variant in (g.WGMMA_BLOCK_VARIANT, px):
+            perm = g.grouped_mxfp4_gemm(
+                x, x_rows, tiles, 64, w, variant=variant, out_layout=g.CHUNK_PERMUTED, **kw
+            )
+            assert perm.shape[1] == -(-n_out // 128) * 128
+            assert torch.equal(perm[live][:, pos], base[live]), variant
+    with pytest.raises(ValueError, match="needs a variant of kind KIND_WGMMA_PX"):
+        g.grouped_mxfp4_gemm(xp, x_rows, tiles, 64, w, variant=g.WGMMA_BLOCK_VARIANT,
+                             x_layout=g.CHUNK_PERMUTED)  # fmt: skip
+
+
+def _chunk_position(j: int) -> int:
+    """Where the header's chunk-permuted layout puts column j: k = 32 t + 8 w
+    + 4 e + 2 h + d of its 128-chunk at 32 w + 16 h + 8 d + 2 t + e."""
+    k = j % 128
+    t, w, e, h, d = k >> 5, (k >> 3) & 3, (k >> 2) & 1, (k >> 1) & 1, k & 1
+    return j - k + 32 * w + 16 * h + 8 * d + 2 * t + e
+
+
+def _covered_rows(tiles: Any, n: int) -> torch.Tensor:
+    """The sorted rows some live tile covers (the rest are left unset)."""
+    slot, start, end = (t.cpu() for t in tiles)
+    covered = torch.zeros(n, dtype=torch.bool)
+    for s, a, b in zip(slot.tolist(), start.tolist(), end.tolist(), strict=True):
+        if s >= 0:
+            covered[a : min(a + 64, b)] = True
+    return covered.cuda()
+
+
 @pytest.mark.parametrize("act", [0, 1, 2])
 @pytest.mark.parametrize("full", [False, True])
 def test_wgmma_every_live_subtile_count(act: int, full: bool) -> None:
@@ -420,7 +484,7 @@ def test_wgmma_refused_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> N
         g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=g.WGMMA_BLOCK_VARIANT)
     out = torch.full((3, 64), 7.0, dtype=torch.bfloat16, device="cuda")
     rc = g._launch(mod, g.WGMMA_BLOCK_VARIANT, x, x_rows, w, w.bias, out, tiles, 64, 64,
-                   0, 0, 0, 1, 1.0, 0.0, 1)  # fmt: skip
+                   0, 0, 0, 1, 1.0, 0.0, 1, mod.OUT_NATURAL)  # fmt: skip
     assert rc == mod.VARIANT_UNAVAILABLE
     torch.cuda.synchronize()
     assert bool((out == 7.0).all())  # nothing was launched

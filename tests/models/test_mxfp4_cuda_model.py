@@ -234,6 +234,17 @@ def test_wgmma_layout_constants_match_the_kernel() -> None:
     )
     assert "min(4, (p.K - 128 * c) >> 5)" in src and "live ? 4 * live_blocks : 0" in src
     assert "8 * (id & 15)" in src
+    # the epilogue's out_column: its bit expression is the model's placement
+    expr = (
+        "(j & ~127) | (((k >> 3) & 3) << 5) | (((k >> 1) & 1) << 4) | ((k & 1) << 3) |\n"
+        "         ((k >> 5) << 1) | ((k >> 2) & 1)"
+    )
+    assert expr in src
+    for k in range(128):
+        kernel = (((k >> 3) & 3) << 5) | (((k >> 1) & 1) << 4) | ((k & 1) << 3)
+        kernel |= ((k >> 5) << 1) | ((k >> 2) & 1)
+        assert kernel == model.chunk_permuted_position(k), k
+    assert sorted(model.chunk_permuted_position(k) for k in range(128)) == list(range(128))
 
 
 def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -266,7 +266,7 @@ class CudaGemm:
         lib.mxfp4_moe_gemm.argtypes = [
             i32, vp, ll, vp, vp, ll, ll, vp, ll, ll, ll, vp, ll, vp, ll, vp, vp, vp,
             i32, i32, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float, ctypes.c_float,
-            ctypes.c_ulonglong,
+            i32, ctypes.c_ulonglong,
         ]  # fmt: skip
         lib.mxfp4_moe_num_variants.restype = i32
         lib.mxfp4_moe_variant_info.restype = i32
@@ -322,7 +322,10 @@ class CudaGemm:
         return variant in self.selected and block_m <= self.variants[variant]["max_block_m"]
 
     def qgemm(self, variant, x, x_rows, tiles, block_m, w, *, act=0, gate_up=(0, 0, 1),
-              alpha=1.0, limit=0.0, out=None):  # fmt: skip
+              alpha=1.0, limit=0.0, out=None, x_permuted=False, out_layout=0):  # fmt: skip
+        """One grouped GEMM; a kind-2 variant permutes a natural x first
+        (``x_permuted``: x is that copy already); ``out_layout`` 1 writes
+        the output chunk-permuted (the library's handoff to such a GEMM)."""
         import torch
 
         n, kb = int(w.data.shape[1]), int(w.data.shape[2])
@@ -332,12 +335,13 @@ class CudaGemm:
             g0, u0, step = gate_up
             n_out = -(-(n - max(g0, u0)) // step)
         if out is None:
-            out = torch.empty((int(x_rows.numel()), n_out), dtype=torch.bfloat16, device=x.device)
+            width = n_out if out_layout == 0 else -(-n_out // 128) * 128
+            out = torch.empty((int(x_rows.numel()), width), dtype=torch.bfloat16, device=x.device)
         slot, start, end = tiles
         assert x.dtype == torch.bfloat16 and x.stride(1) == 1 and x_rows.dtype == torch.int32
         assert slot.dtype == torch.int32 and slot.is_contiguous() and start.is_contiguous()
         bias = w.bias
-        if self.variants[variant]["kind"] == 2:  # x read chunk-permuted, as the library makes it
+        if self.variants[variant]["kind"] == 2 and not x_permuted:  # as the library permutes it
             from pdflash.models.mxfp4_cuda_gemm import chunk_permuted
 
             x = chunk_permuted(x)
@@ -348,7 +352,7 @@ class CudaGemm:
             bias.data_ptr() if bias is not None else None, bias.stride(0) if bias is not None else 0,
             out.data_ptr(), out.stride(0), slot.data_ptr(), start.data_ptr(), end.data_ptr(),
             int(slot.numel()), block_m, n, kb * 32, n_out, act, g0, u0, step,
-            float(alpha), float(limit), torch.cuda.current_stream().cuda_stream,
+            float(alpha), float(limit), out_layout, torch.cuda.current_stream().cuda_stream,
         )  # fmt: skip
         if rc != 0:
             raise RuntimeError(
@@ -756,10 +760,14 @@ def timing(cg: CudaGemm | None, k: Any, dev, hbm: Any, slab, weights) -> None:
             for v in range(len(cg.variants)):
                 if not cg.supports(v, bm):
                     continue
-                h_buf = torch.empty(n, INTER, dtype=torch.bfloat16, device=dev)
+                # kind 2: the library's handoff (gate_up writes down's x
+                # chunk-permuted), so no copy between the two
+                handoff = cg.variants[v]["kind"] == 2
+                h_width = -(-INTER // 128) * 128 if handoff else INTER
+                h_buf = torch.empty(n, h_width, dtype=torch.bfloat16, device=dev)
                 o_buf = torch.empty(n, HIDDEN, dtype=torch.bfloat16, device=dev)
 
-                def cuda_gu(v=v, h_buf=h_buf):
+                def cuda_gu(v=v, h_buf=h_buf, handoff=handoff):
                     cg.qgemm(
                         v,
                         x,
@@ -772,10 +780,11 @@ def timing(cg: CudaGemm | None, k: Any, dev, hbm: Any, slab, weights) -> None:
                         alpha=ALPHA,
                         limit=LIMIT,
                         out=h_buf,
+                        out_layout=int(handoff),
                     )
 
-                def cuda_dn(v=v, h_buf=h_buf, o_buf=o_buf):
-                    return cg.qgemm(v, h_buf, rows, tiles, bm, down, out=o_buf)
+                def cuda_dn(v=v, h_buf=h_buf, o_buf=o_buf, handoff=handoff):
+                    return cg.qgemm(v, h_buf, rows, tiles, bm, down, out=o_buf, x_permuted=handoff)
 
                 def cuda_mlp(gu=cuda_gu, dn=cuda_dn):
                     gu()

@@ -14,7 +14,11 @@
  * e8m0 (2^(s-127); the k stride must be 1). Bias: bf16 [S, N] (row stride
  * stride_bs elements) or NULL. x: bf16 rows (k stride 1), x_rows int32.
  * out: bf16 rows (column stride 1). Strides are in elements for x, bias and
- * out, in bytes for blocks and scales.
+ * out, in bytes for blocks and scales. out_layout 0 writes output column j at
+ * j; 1 (PDFLASH_MXFP4_OUT_CHUNK_PERMUTED, for a next GEMM of kind
+ * PDFLASH_MXFP4_KIND_WGMMA_PX) at its place in the chunk-permuted layout
+ * below (out rows then hold ceil(n_out / 128) * 128 positions; those of
+ * columns >= n_out are not written).
  *
  * Epilogues (act): 0 none (+ bias), out [rows, N]; 1 gpt-oss clamped
  * SwiGLU (g = min(gate, limit), u = clamp(up, -limit, limit),
@@ -82,6 +86,12 @@ enum {
   PDFLASH_MXFP4_KIND_WGMMA_PX = 2
 };
 
+/* out_layout values (mxfp4_moe_gemm) */
+enum {
+  PDFLASH_MXFP4_OUT_NATURAL = 0,
+  PDFLASH_MXFP4_OUT_CHUNK_PERMUTED = 1
+};
+
 #if defined(PDFLASH_WITH_MXFP4_GEMM) && !PDFLASH_WITH_MXFP4_GEMM
 
 static inline int mxfp4_moe_built(void) { return 0; }
@@ -106,12 +116,12 @@ static inline int mxfp4_moe_gemm(
     long long stride_sn, long long stride_sk, const void* bias, long long stride_bs, void* out,
     long long stride_om, const int* tile_slot, const int* tile_start, const int* tile_end,
     int num_tiles, int block_m, int N, int K, int n_out, int act, int gate_col0, int up_col0,
-    int col_step, float alpha, float limit, unsigned long long stream) {
+    int col_step, float alpha, float limit, int out_layout, unsigned long long stream) {
   (void)variant, (void)x, (void)stride_xm, (void)x_rows, (void)blocks, (void)stride_ws;
   (void)stride_wn, (void)scales, (void)stride_ss, (void)stride_sn, (void)stride_sk, (void)bias;
   (void)stride_bs, (void)out, (void)stride_om, (void)tile_slot, (void)tile_start, (void)tile_end;
   (void)num_tiles, (void)block_m, (void)N, (void)K, (void)n_out, (void)act, (void)gate_col0;
-  (void)up_col0, (void)col_step, (void)alpha, (void)limit, (void)stream;
+  (void)up_col0, (void)col_step, (void)alpha, (void)limit, (void)out_layout, (void)stream;
   return PDFLASH_MXFP4_NOT_BUILT;
 }
 
@@ -152,7 +162,7 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
                    long long stride_om, const int* tile_slot, const int* tile_start,
                    const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
                    int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
-                   unsigned long long stream);
+                   int out_layout, unsigned long long stream);
 
 #endif
 
