@@ -4,8 +4,10 @@
 # on one lent GPU, in one call (about 8-9 minutes with the build), each step
 # under a hard timeout:
 #   gputests   the CUDA GEMM's GPU tests (every variant, 14 included, against
-#              the fp32 reference and Triton), and the resident-graph tests
-#              alone (session 59's full GPU run failed one of them)
+#              the fp32 reference and Triton; 14 against 10 bit for bit), the
+#              gpt-oss MLP under wgmma_px against the policy's bits, and the
+#              resident-graph tests alone (session 59's full GPU run failed
+#              one of them)
 #   probe      v10 against v14 (mxfp4_cuda/probe.py; v14's MLP time includes
 #              the permuted copy of x; gate_up writes down's x permuted)
 #   ab         B3's MXFP4 verify (gpt-oss-20b, 8 layers, c=16, forced
@@ -21,6 +23,6 @@ source "$HERE/scratch_pack.sh" px_check.tgz
 PROBE="env MXC_VARIANTS=v10,v14 MXC_TOKENS=64,256 MXC_CORR_BUDGET_S=40 MXC_BUDGET_S=140 OUT=$OUT/probe python3 -P $HERE/mxfp4_cuda/probe.py"
 AB="BUDGET_S=${AB_BUDGET_S:-200} POINTS='B3:1.0' MAX_NEW=128 REPEATS=3 ARMS='v10=PDFLASH_MXFP4_CUDA_BM64=auto v14=PDFLASH_MXFP4_CUDA_BM64=wgmma_px' OUT=$OUT/ab bash $HERE/mxfp4dot_engine_ab.sh"
 exec bash "$HERE/run.sh" \
-  "gputests=timeout -k 5 150 python3 -P -m pytest -q -rs -p no:cacheprovider tests/models/test_mxfp4_cuda_gemm_gpu.py tests/models/test_resident_graphs_gpu.py > $OUT/gputests.txt 2>&1; rc=\$?; tail -15 $OUT/gputests.txt; exit \$rc" \
+  "gputests=timeout -k 5 150 python3 -P -m pytest -q -rs -p no:cacheprovider tests/models/test_mxfp4_cuda_gemm_gpu.py tests/models/test_resident_graphs_gpu.py tests/models/test_fused_moe_gemm_gpu.py::test_gptoss_mxfp4_cuda_chunk_permuted_handoff_equals_the_policys_bits > $OUT/gputests.txt 2>&1; rc=\$?; tail -15 $OUT/gputests.txt; exit \$rc" \
   "probe=timeout -k 5 160 $PROBE > $OUT/probe.txt 2>&1; rc=\$?; tail -30 $OUT/probe.txt; exit \$rc" \
   "ab=$AB > $OUT/ab.txt 2>&1; rc=\$?; python3 $HERE/arm_dirs_pairs.py $OUT/ab v14 v10 >> $OUT/ab.txt 2>&1; tail -12 $OUT/ab.txt; exit \$rc"
