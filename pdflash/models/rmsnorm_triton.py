@@ -75,6 +75,21 @@ def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float, style: int)
     why = unsupported(x, weight, style)
     if why is not None:
         raise ValueError(why)
+    return _launch(x, weight, eps, style)
+
+
+def rms_norm_rows_if_supported(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, style: int
+) -> torch.Tensor | None:
+    """:func:`rms_norm_rows`, or None where :func:`unsupported` names a
+    reason (the arguments checked once)."""
+    if unsupported(x, weight, style) is not None:
+        return None
+    return _launch(x, weight, eps, style)
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float, style: int) -> torch.Tensor:
+    """The kernel over ``x``'s rows (arguments already checked)."""
     hidden = int(x.shape[-1])
     rows = x.reshape(-1, hidden)
     if rows.stride(1) != 1:

@@ -68,9 +68,7 @@ def _fused(norm: Any, x: torch.Tensor) -> torch.Tensor | None:
         else rmsnorm_triton.WEIGHT_THEN_CAST
     )
     weight: torch.Tensor = norm.weight
-    if rmsnorm_triton.unsupported(x, weight, style) is not None:
-        return None
-    return rmsnorm_triton.rms_norm_rows(x, weight, norm.variance_epsilon, style)
+    return rmsnorm_triton.rms_norm_rows_if_supported(x, weight, norm.variance_epsilon, style)
 
 
 def rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
