@@ -411,23 +411,25 @@ def grouped_mxfp4_gemm(
     if stride_sk != 1:
         raise ValueError(f"MXFP4 scales need k stride 1, got strides {scales.stride()}")
     mod = native()
+    picked = variant is None
     if variant is not None:
         if not 0 <= variant < mod.num_variants():
             raise ValueError(f"unknown CUDA MXFP4 GEMM variant {variant} (of {mod.num_variants()})")
-        if block_m > mod.variant_info(variant)[3]:
+        max_block_m = mod.variant_info(variant)[3]
+        if block_m > max_block_m:
             raise ValueError(
-                f"CUDA MXFP4 GEMM variant {variant} takes block_m <= "
-                f"{mod.variant_info(variant)[3]}, got {block_m}"
+                f"CUDA MXFP4 GEMM variant {variant} takes block_m <= {max_block_m}, got {block_m}"
             )
     if x.device.type != "cuda":
         raise ValueError(f"the CUDA MXFP4 GEMM runs on CUDA tensors, x is on {x.device}")
     if variant is None:
         variant = pick_variant(block_m, x.device)
-    elif mod.variant_info(variant)[5] in WGMMA_KINDS:
+    kind = mod.variant_info(variant)[5]
+    if not picked and kind in WGMMA_KINDS:  # (pick_variant asked already)
         why = wgmma_unavailable(x.device)
         if why is not None:
             raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
-    reads_permuted = mod.variant_info(variant)[5] == KIND_WGMMA_PX
+    reads_permuted = kind == KIND_WGMMA_PX
     if x_layout == CHUNK_PERMUTED and not reads_permuted:
         raise ValueError(
             f"x_layout {CHUNK_PERMUTED!r} needs a variant of kind KIND_WGMMA_PX; variant "
