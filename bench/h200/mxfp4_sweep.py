@@ -112,20 +112,24 @@ def _mlp(
     return out
 
 
+def us_per_call(fn: Any, iters: int) -> float:
+    """One round: ``iters`` back-to-back calls of ``fn`` between two CUDA
+    events, µs a call (no warm-up: callers that interleave rounds of
+    several functions warm up once themselves)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) * 1e3 / iters
+
+
 def _timed(fn: Any, iters: int, rounds: int) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    per_call = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(per_call)
+    return statistics.median(us_per_call(fn, iters) for _ in range(rounds))
 
 
 def add_run_arguments(ap: argparse.ArgumentParser) -> None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 
@@ -25,22 +27,15 @@ from pdflash.models import compressed_gemm
 from pdflash.models.fused_moe_triton import SlabWeight
 from pdflash.models.mxfp4_cuda_gemm import ACT_GPTOSS, grouped_mxfp4_gemm, pick_variant
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mxfp4_sweep import us_per_call  # noqa: E402  (bench/h200)
+
 HIDDEN, INTER, EXPERTS, TOP_K = 2880, 2880, 32, 4
 ALPHA, LIMIT = 1.702, 7.0
 
 
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v]
-
-
-def _us_per_call(fn, iters: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
 
 
 def main() -> int:
@@ -104,8 +99,8 @@ def main() -> int:
             torch.cuda.synchronize()
         for rnd in range(args.rounds):
             for v in variants[rnd % len(variants) :] + variants[: rnd % len(variants)]:
-                times[v]["gate_up"].append(_us_per_call(lambda v=v: run_gate_up(v), args.iters))
-                times[v]["down"].append(_us_per_call(lambda v=v: run_down(v), args.iters))
+                times[v]["gate_up"].append(us_per_call(lambda v=v: run_gate_up(v), args.iters))
+                times[v]["down"].append(us_per_call(lambda v=v: run_down(v), args.iters))
         for v in variants:
             row: dict[str, object] = {
                 "variant": v, "tokens": tokens, "rows": rows, "block_m": block_m,
