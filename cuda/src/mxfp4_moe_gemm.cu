@@ -403,6 +403,15 @@ __host__ __device__ constexpr int smem_bytes(int KB) {
   return C::WBUF_BYTES + C::NXB * C::XBUF_BYTES + scale_bytes<C>(KB) + C::XTOK * 4 + 16;
 }
 
+// the wgmma kinds' x buffer: byte offset of token tok's 16 bytes of k-step
+// ks, k half `half` (row tok & 7 of core matrix (tok >> 3, half) in the
+// k-step's region); store_x and issue_x both write there
+template <class C>
+__device__ __forceinline__ int x_stage_offset(int ks, int half, int tok) {
+  const int row = (tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16;  // token tok's 16-byte row
+  return ks * C::XREG_BYTES + half * kWgmmaLboBytes + row;
+}
+
 // weight row of mma row (g + 8 r) of global m-tile `mtile`, -1 past the output
 __device__ __forceinline__ int weight_row(const Params& p, int mtile, int g, int r) {
   if (p.act != 0) {
@@ -625,7 +634,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
         const int id = tid + i * THREADS;
         const int tok = id >> 2, w = id & 3;
         if (id < C::XTOK * 4 && tok < nsl * 8) {
-          uint8_t* tb = base + (tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16;
           const uint4* v = xr + 4 * i;
 #pragma unroll
           for (int h = 0; h < 2; ++h)
@@ -637,8 +645,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
               o.y = __byte_perm(h ? v[1].y : v[1].x, h ? v[1].w : v[1].z, sel);
               o.z = __byte_perm(h ? v[2].y : v[2].x, h ? v[2].w : v[2].z, sel);
               o.w = __byte_perm(h ? v[3].y : v[3].x, h ? v[3].w : v[3].z, sel);
-              *reinterpret_cast<uint4*>(tb + (2 * w + h) * C::XREG_BYTES +
-                                        d * kWgmmaLboBytes) = o;
+              *reinterpret_cast<uint4*>(base + x_stage_offset<C>(2 * w + h, d, tok)) = o;
             }
         }
       }
@@ -689,9 +696,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
           const int id = tid + i * THREADS;
           const int tok = id >> 4, u = id & 15;
           if (id >= C::XUNITS || tok >= nsl * 8) continue;
-          const uint32_t dst = base + (uint32_t)((u >> 1) * C::XREG_BYTES +
-                                                 (tok >> 3) * kWgmmaSboBytes +
-                                                 (u & 1) * kWgmmaLboBytes + (tok & 7) * 16);
+          const uint32_t dst = base + (uint32_t)x_stage_offset<C>(u >> 1, u & 1, tok);
           const bool live = xsrc_px[i] != nullptr;
           cp_async16(dst, live ? (const void*)(xsrc_px[i] + 128 * c) : (const void*)p.x,
                      live ? 4 * live_blocks : 0);

@@ -125,7 +125,11 @@ def test_unavailable_off_cuda() -> None:
     ("over", "kw", "match"),
     [
         ({"x": torch.zeros(2, 96)}, {}, "bf16 activations"),
-        ({"x": torch.zeros(2, 64, dtype=torch.bfloat16)}, {}, r"x \(natural\) must be \[rows, 96\]"),
+        (
+            {"x": torch.zeros(2, 64, dtype=torch.bfloat16)},
+            {},
+            r"x \(natural\) must be \[rows, 96\]",
+        ),
         ({}, {"out_dtype": torch.float32}, "writes bf16"),
         ({}, {"act": 3}, "act must be"),
         ({"block_m": 128}, {}, "block_m 1..64"),

@@ -226,12 +226,13 @@ def test_wgmma_layout_constants_match_the_kernel() -> None:
         and "((uint64_t)(kWgmmaSboBytes >> 4) << 32)" in src
     )
     assert "desc0 + (uint64_t)((ks * C::XREG_BYTES) >> 4)" in src
-    assert "d * kWgmmaLboBytes" in src and "(tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16" in src
+    # one offset function for both wgmma kinds' staging: the model's wgmma_x_store_offset
+    assert "const int row = (tok >> 3) * kWgmmaSboBytes + (tok & 7) * 16;" in src
+    assert "return ks * C::XREG_BYTES + half * kWgmmaLboBytes + row;" in src
+    assert "x_stage_offset<C>(2 * w + h, d, tok)" in src
     assert model.smem_desc(0x1230) == (0x123 | (8 << 16) | (16 << 32))
     # kind 2's cp.async destination and partial-chunk source size (issue_x)
-    assert (
-        "(u >> 1) * C::XREG_BYTES +" in src and "(u & 1) * kWgmmaLboBytes + (tok & 7) * 16" in src
-    )
+    assert "x_stage_offset<C>(u >> 1, u & 1, tok)" in src
     assert "min(4, (p.K - 128 * c) >> 5)" in src and "live ? 4 * live_blocks : 0" in src
     assert "8 * (id & 15)" in src
     # the epilogue's out_column: its bit expression is the model's placement
