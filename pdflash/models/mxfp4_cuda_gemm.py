@@ -22,9 +22,9 @@ warps, one m-tile, 4 stages). ``PDFLASH_MXFP4_CUDA_BM64`` overrides the
 ``wgmma_px`` (variant 14: variant 10's kernel reading x by cp.async from a
 chunk-permuted copy, :func:`chunk_permuted`, that :func:`grouped_mxfp4_gemm`
 makes first, or that the expert MLP's first GEMM writes for its second,
-``out_layout``; built to give variant 10's bits, which its GPU test checks;
-an error where it cannot run; not yet timed against 10 on a GPU, so not the
-default).
+``out_layout``; variant 10's bits, which its GPU test checks; an error where
+it cannot run; not the default: it made the all-hit gpt-oss block at 256
+tokens 1.21x slower on an H100, bench/results/h100/session60-2026-12-07).
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
