@@ -18,6 +18,7 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
         PDFLASH_MXFP4_KIND_MMA_SYNC
         PDFLASH_MXFP4_KIND_WGMMA
         PDFLASH_MXFP4_KIND_WGMMA_PX
+        PDFLASH_MXFP4_KIND_WGMMA_RC
 
     enum:
         PDFLASH_MXFP4_OUT_NATURAL

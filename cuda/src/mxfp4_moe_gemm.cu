@@ -71,6 +71,11 @@
 // ring beside the weights, issued after each chunk's barrier, instead of
 // through registers, prmt and shared stores a chunk ahead.
 //
+// The kind kKindWgmmaRc: the wgmma kind reading blocks whose code words the
+// caller repacked (the header's table), so the dequant's integer work per
+// word drops from 15.5 instructions to 9 (repacked_pair_bits); the same bf16
+// registers, so the same bits.
+//
 // Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm; sm_90a code for the
 // wgmma variants where the architectures include 90, which also defines
 // PDFLASH_MXFP4_GEMM_SM90A); the probe (bench/h200/mxfp4_cuda/probe.py)
@@ -331,15 +336,42 @@ __device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t s) {
   return (s == 0u ? 0x0040u : (s << 7)) * 0x00010001u;
 }
 
+// The same bf16x2 from a word whose 32 bits the caller repacked (the header's
+// PDFLASH_MXFP4_KIND_WGMMA_RC layout): nibble I's role bits (m, e0, e1, s)
+// sit where one rotate (two for pair 3) and one mask put them, so a pair
+// costs 1 / 2 / 2 / 4 integer instructions (pairs 0..3) instead of 4 / 4 /
+// 4 / 3 plus a shared shift. Pairs 0..2's sources are rotations by 0, 4 and
+// 10 of {6, 7, 8, 15} (+16 for the high half); no fourth rotation fits the
+// bits left over, so pair 3 takes m, e0, s by one rotation and e1 by another.
+template <int I>
+__device__ __forceinline__ uint32_t repacked_pair_bits(uint32_t q) {
+  if constexpr (I == 0) {
+    return q & 0x81C081C0u;
+  } else if constexpr (I == 1) {
+    return __funnelshift_r(q, q, 4) & 0x81C081C0u;
+  } else if constexpr (I == 2) {
+    return __funnelshift_r(q, q, 10) & 0x81C081C0u;
+  } else {
+    // m, e0, s from bits 4, 5, 13 (+16) by a left rotation of 2; e1 from bit
+    // 14 (+16) by a right rotation of 6
+    return (__funnelshift_l(q, q, 2) & 0x80C080C0u) | (__funnelshift_r(q, q, 6) & 0x01000100u);
+  }
+}
+
 // A register (pair of nibbles I, I+4 of q) times its block's scale.
 // Fast (SLOW = false): one multiply by f = 2^(s-1-D) (exact: the product is a
 // normal bf16 for D + 2 <= s <= 252). Slow (any s): times 2^126 (the exact
 // e2m1 values, normal) then times f = 2^(s-127) (subnormal for s = 0, inf for
 // s = 255): the reference's value * 2^(s-127) rounded to bf16 (exact down to
 // 2^-128; inf / NaN where it has them).
-template <bool SLOW, int I>
+// (RC: q repacked, repacked_pair_bits.)
+template <bool SLOW, int I, bool RC = false>
 __device__ __forceinline__ uint32_t dequant_pair(uint32_t q, uint32_t f) {
-  const uint32_t bits = e2m1_pair_bits<I>(q);
+  uint32_t bits;
+  if constexpr (RC)
+    bits = repacked_pair_bits<I>(q);
+  else
+    bits = e2m1_pair_bits<I>(q);
   if constexpr (SLOW) return bf16x2_mul(bf16x2_mul(bits, 0x7e807e80u), f);
   return bf16x2_mul(bits, f);
 }
@@ -350,12 +382,15 @@ constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B 
 // the same wgmma, x already in the staged k order in global memory (the
 // caller's chunk-permuted copy): x copied by cp.async into a STAGES-deep ring
 constexpr int kKindWgmmaPx = PDFLASH_MXFP4_KIND_WGMMA_PX;
+// the wgmma kind with the weights' codes repacked (repacked_pair_bits)
+constexpr int kKindWgmmaRc = PDFLASH_MXFP4_KIND_WGMMA_RC;
 
 template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
-  static constexpr int KIND = KIND_;      // kKindMmaSync, kKindWgmma or kKindWgmmaPx
+  static constexpr int KIND = KIND_;      // kKindMmaSync, kKindWgmma, kKindWgmmaPx or kKindWgmmaRc
   static constexpr bool WG = KIND != kKindMmaSync;  // wgmma, B from shared memory
   static constexpr bool PX = KIND == kKindWgmmaPx;  // x pre-permuted, by cp.async
+  static constexpr bool RC = KIND == kKindWgmmaRc;  // codes repacked (repacked_pair_bits)
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -569,9 +604,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
 #pragma unroll
     for (int i = 0; i < C::XU; ++i) {
       const int id = tid + i * THREADS;
-      const int tok = C::KIND == kKindWgmma ? id >> 2 : id >> 4;
-      const int units = C::KIND == kKindWgmma ? C::XTOK * 4 : C::XUNITS;
-      const int koff = C::KIND == kKindWgmma ? 8 * (id & 3) : 8 * (id & 15);
+      const int tok = C::WG ? id >> 2 : id >> 4;
+      const int units = C::WG ? C::XTOK * 4 : C::XUNITS;
+      const int koff = C::WG ? 8 * (id & 3) : 8 * (id & 15);
       xsrc[i] = id < units && tok < nrows ? p.x + (long long)s_xrow[tok] * p.stride_xm + koff
                                           : nullptr;
     }
@@ -580,7 +615,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
     const int k0 = c * 128;
     if constexpr (C::PX) {
       (void)k0;  // PX: x comes by cp.async (issue_x)
-    } else if constexpr (C::KIND == kKindWgmma) {
+    } else if constexpr (C::WG) {
       // unit id = tid + i * THREADS -> (token id >> 2, word w = id & 3):
       // x[k0 + 32 t + 8 w .. + 7] for t = 0..3 (what k-steps 2w, 2w + 1 take)
 #pragma unroll
@@ -625,7 +660,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
     uint8_t* base = xbuf + buf * C::XBUF_BYTES;
     if constexpr (C::PX) {
       (void)base;
-    } else if constexpr (C::KIND == kKindWgmma) {
+    } else if constexpr (C::WG) {
       // k-step ks = 2 w + h, k half d: the 16 bytes of token tok are the
       // pairs (x[32 t + 8 w + 2 h + d], x[.. + 4]) for t = 0..3, the k order
       // of the A registers (row tok & 7 of core matrix (tok >> 3, d))
@@ -874,14 +909,14 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
         for (int w = 0; w < 4; ++w) {
           const uint32_t q0 = (w == 0) ? wq[0].x : (w == 1) ? wq[0].y : (w == 2) ? wq[0].z : wq[0].w;
           const uint32_t q1 = (w == 0) ? wq[1].x : (w == 1) ? wq[1].y : (w == 2) ? wq[1].z : wq[1].w;
-          a[2 * w][0] = dequant_pair<SLOW, 0>(q0, fac[0]);
-          a[2 * w][1] = dequant_pair<SLOW, 0>(q1, fac[1]);
-          a[2 * w][2] = dequant_pair<SLOW, 1>(q0, fac[0]);
-          a[2 * w][3] = dequant_pair<SLOW, 1>(q1, fac[1]);
-          a[2 * w + 1][0] = dequant_pair<SLOW, 2>(q0, fac[0]);
-          a[2 * w + 1][1] = dequant_pair<SLOW, 2>(q1, fac[1]);
-          a[2 * w + 1][2] = dequant_pair<SLOW, 3>(q0, fac[0]);
-          a[2 * w + 1][3] = dequant_pair<SLOW, 3>(q1, fac[1]);
+          a[2 * w][0] = dequant_pair<SLOW, 0, C::RC>(q0, fac[0]);
+          a[2 * w][1] = dequant_pair<SLOW, 0, C::RC>(q1, fac[1]);
+          a[2 * w][2] = dequant_pair<SLOW, 1, C::RC>(q0, fac[0]);
+          a[2 * w][3] = dequant_pair<SLOW, 1, C::RC>(q1, fac[1]);
+          a[2 * w + 1][0] = dequant_pair<SLOW, 2, C::RC>(q0, fac[0]);
+          a[2 * w + 1][1] = dequant_pair<SLOW, 2, C::RC>(q1, fac[1]);
+          a[2 * w + 1][2] = dequant_pair<SLOW, 3, C::RC>(q0, fac[0]);
+          a[2 * w + 1][3] = dequant_pair<SLOW, 3, C::RC>(q1, fac[1]);
         }
       }
       // descriptors before the fence: no other instruction may define a wgmma
@@ -1012,7 +1047,7 @@ constexpr int kMaxDevices = 64;
 // would run). PDFLASH_MXFP4_OK, PDFLASH_MXFP4_VARIANT_UNAVAILABLE, or
 // PDFLASH_MXFP4_ATTRIBUTE_ERROR + cudaError_t.
 int kind_runs_on(int kind, int dev) {
-  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx;
+  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx || kind == kKindWgmmaRc;
   if (wgmma && !PDFLASH_MXFP4_GEMM_SM90A) return PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -1067,7 +1102,8 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 // block_m at launch. MT = 2 with 8 sub-tiles (64 fp32 accumulators; 8 warps:
 // 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
 // warpgroups; runs where kind_runs_on says); kind 2 = kKindWgmmaPx (the same,
-// x given chunk-permuted: mxfp4_moe_gemm.h).
+// x given chunk-permuted: mxfp4_moe_gemm.h); kind 3 = kKindWgmmaRc (variant
+// 10 reading repacked codes: mxfp4_moe_gemm.h).
 #define MXCUDA_VARIANTS(X)      \
   X(0, 4, 1, 4, 3, 8, 0, 0)     \
   X(1, 4, 2, 4, 3, 4, 0, 0)     \
@@ -1083,9 +1119,10 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   X(11, 16, 1, 4, 1, 8, 256, 1)  \
   X(12, 8, 1, 6, 2, 8, 256, 1)   \
   X(13, 12, 1, 4, 1, 8, 256, 1)  \
-  X(14, 8, 1, 4, 2, 8, 256, 2)
+  X(14, 8, 1, 4, 2, 8, 256, 2)   \
+  X(15, 8, 1, 4, 2, 8, 256, 3)
 
-constexpr int kNumVariants = 15;
+constexpr int kNumVariants = 16;
 
 template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {

@@ -25,6 +25,10 @@ makes first, or that the expert MLP's first GEMM writes for its second,
 ``out_layout``; variant 10's bits, which its GPU test checks; an error where
 it cannot run; not the default: it made the all-hit gpt-oss block at 256
 tokens 1.21x slower on an H100, bench/results/h100/session60-2026-12-07).
+Variant 15 (kind :data:`KIND_WGMMA_RC`, never picked) is variant 10 reading
+codes whose bits :func:`repack_codes` moved so that the dequant takes about
+a third fewer instructions; a caller that repacked its slab names it with
+``codes=CODES_REPACKED`` (not yet run on a GPU).
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
@@ -64,7 +68,15 @@ BM64_SETTINGS = ("auto", "mma", "wgmma", "wgmma_px")
 KIND_MMA_SYNC = 0
 KIND_WGMMA = 1
 KIND_WGMMA_PX = 2  # wgmma, x chunk-permuted (:func:`chunk_permuted`)
-WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX)
+KIND_WGMMA_RC = 3  # wgmma, the weights' codes repacked (:func:`repack_codes`)
+WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX, KIND_WGMMA_RC)
+#: variant 10 reading repacked codes (kind :data:`KIND_WGMMA_RC`); never
+#: picked: a caller that repacked its slab names it
+WGMMA_RC_VARIANT = 15
+#: the blocks' code layouts (:func:`grouped_mxfp4_gemm`'s ``codes``): the
+#: checkpoint's, or :func:`repack_codes`'s
+CODES_NATURAL = "natural"
+CODES_REPACKED = "repacked"
 #: the k chunk the kernel stages (and :func:`chunk_permuted` permutes within)
 K_CHUNK = 128
 #: layouts of x and of the output (:func:`grouped_mxfp4_gemm`'s ``x_layout`` /
@@ -95,6 +107,7 @@ class Mxfp4GemmNative(Protocol):
     KIND_MMA_SYNC: int
     KIND_WGMMA: int
     KIND_WGMMA_PX: int
+    KIND_WGMMA_RC: int
     OUT_NATURAL: int
     OUT_CHUNK_PERMUTED: int
 
@@ -159,12 +172,12 @@ class Variant:
     stages: int  # cp.async ring depth (128-k chunks)
     max_block_m: int
     l2_prefetch: int  # cp.async L2 prefetch hint, bytes (0: none)
-    kind: int  # KIND_MMA_SYNC, KIND_WGMMA or KIND_WGMMA_PX
+    kind: int  # KIND_MMA_SYNC, KIND_WGMMA, KIND_WGMMA_PX or KIND_WGMMA_RC
 
     @property
     def name(self) -> str:
         pf = f"pf{self.l2_prefetch}" if self.l2_prefetch else ""
-        wg = {KIND_WGMMA: "wg", KIND_WGMMA_PX: "wgpx"}.get(self.kind, "")
+        wg = {KIND_WGMMA: "wg", KIND_WGMMA_PX: "wgpx", KIND_WGMMA_RC: "wgrc"}.get(self.kind, "")
         return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}{wg}"
 
 
@@ -203,6 +216,41 @@ def chunk_permuted(x: torch.Tensor) -> torch.Tensor:
             src.permute(0, 2, 4, 5, 1, 3)
         )
     return out
+
+
+#: (natural nibble i, role bit b: m, e0, e1, s) -> the bit a repacked word
+#: holds it in (the header's PDFLASH_MXFP4_KIND_WGMMA_RC table)
+REPACKED_BIT = (
+    (6, 7, 8, 15),
+    (10, 11, 12, 19),
+    (16, 17, 18, 25),
+    (4, 5, 14, 13),
+    (22, 23, 24, 31),
+    (26, 27, 28, 3),
+    (0, 1, 2, 9),
+    (20, 21, 30, 29),
+)
+
+
+def repack_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """MXFP4 ``blocks`` (uint8, last dimension a multiple of 4: little-endian
+    32-bit words of 8 codes) with each word's bits moved as
+    :data:`REPACKED_BIT` says, the layout :data:`KIND_WGMMA_RC` variants
+    read; the same shape, a new tensor. A bijection per word: the codes and
+    their bytes' count are unchanged, only their bit positions."""
+    if blocks.dtype != torch.uint8 or blocks.dim() == 0 or blocks.shape[-1] % 4 != 0:
+        raise ValueError(
+            "repack_codes takes uint8 blocks whose last dimension is a multiple of 4, got "
+            f"{blocks.dtype} {tuple(blocks.shape)}"
+        )
+    b = blocks.contiguous().to(torch.int64).reshape(-1, 4)
+    words = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)
+    out = torch.zeros_like(words)
+    for nibble, targets in enumerate(REPACKED_BIT):
+        for role, target in enumerate(targets):
+            out |= ((words >> (4 * nibble + role)) & 1) << target
+    shifts = torch.tensor([0, 8, 16, 24], device=blocks.device)
+    return ((out[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(blocks.shape)
 
 
 def reads_chunk_permuted(block_m: int, device: torch.device | str | None = None) -> bool:
@@ -328,6 +376,7 @@ def grouped_mxfp4_gemm(
     variant: int | None = None,
     x_layout: str = NATURAL,
     out_layout: str = NATURAL,
+    codes: str = CODES_NATURAL,
 ) -> torch.Tensor:
     """``out[r] = epilogue(x[x_rows[r]] @ W[slot(r)]^T + bias)`` for the
     sorted rows ``r`` the tile map covers (others are left unset), as
@@ -345,12 +394,17 @@ def grouped_mxfp4_gemm(
     copy already (``[rows, ceil(K / 128) * 128]``; such a variant only).
     ``out_layout=CHUNK_PERMUTED`` writes the output in that layout
     (``[n, ceil(N_out / 128) * 128]``, N_out a multiple of 32; the positions
-    past N_out unset), the next such GEMM's x. A ValueError
+    past N_out unset), the next such GEMM's x. ``codes=CODES_REPACKED`` says
+    ``w``'s blocks are :func:`repack_codes`'s; it needs a
+    :data:`KIND_WGMMA_RC` variant, named (:data:`WGMMA_RC_VARIANT`), and such
+    a variant needs it. A ValueError
     names what the kernel cannot take; a RuntimeError reports a CUDA failure
     (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
     if w.fmt != "mxfp4":
         raise ValueError(f"the CUDA MXFP4 GEMM takes MXFP4 slab weights, got {w.fmt!r}")
+    if codes not in (CODES_NATURAL, CODES_REPACKED):
+        raise ValueError(f"codes must be {CODES_NATURAL!r} or {CODES_REPACKED!r}, got {codes!r}")
     for name, layout in (("x_layout", x_layout), ("out_layout", out_layout)):
         if layout not in LAYOUTS:
             raise ValueError(f"{name} must be one of {LAYOUTS}, got {layout!r}")
@@ -429,6 +483,11 @@ def grouped_mxfp4_gemm(
         why = wgmma_unavailable(x.device)
         if why is not None:
             raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
+    if (kind == KIND_WGMMA_RC) != (codes == CODES_REPACKED):
+        raise ValueError(
+            f"codes {codes!r} with variant {variant} of kind {kind}: repacked codes go with "
+            "a KIND_WGMMA_RC variant (WGMMA_RC_VARIANT) and only there"
+        )
     reads_permuted = kind == KIND_WGMMA_PX
     if x_layout == CHUNK_PERMUTED and not reads_permuted:
         raise ValueError(

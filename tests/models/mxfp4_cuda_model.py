@@ -135,6 +135,45 @@ def check_pair_bits(rng) -> bool:
     return True
 
 
+def rotr32(q: int, n: int) -> int:
+    return ((q >> n) | (q << (32 - n))) & M32
+
+
+def repack_word(q: int, table) -> int:
+    """A natural 32-bit code word repacked: natural nibble i's bit b goes to
+    bit ``table[i][b]`` (the header's PDFLASH_MXFP4_KIND_WGMMA_RC table)."""
+    out = 0
+    for i, targets in enumerate(table):
+        for b, target in enumerate(targets):
+            out |= ((q >> (4 * i + b)) & 1) << target
+    return out
+
+
+def repacked_pair_bits(q: int, i: int) -> int:
+    """The kernel's ``repacked_pair_bits<I>`` (a repacked word): rotations
+    and masks only."""
+    if i == 0:
+        return q & 0x81C081C0
+    if i == 1:
+        return rotr32(q, 4) & 0x81C081C0
+    if i == 2:
+        return rotr32(q, 10) & 0x81C081C0
+    return (rotr32(q, 30) & 0x80C080C0) | (rotr32(q, 6) & 0x01000100)  # rotl 2, rotr 6
+
+
+def check_repacked_pair_bits(rng, table) -> bool:
+    """Each pair's bits from the repacked word equal ``e2m1_pair_bits`` of
+    the natural word, for random words and the corner patterns."""
+    qs = [int(v) for v in rng.integers(0, 2**32, 20000, dtype=np.uint64)]
+    qs += [0, M32, 0x88888888, 0x77777777] + [1 << b for b in range(32)]
+    for q in qs:
+        r = repack_word(q, table)
+        for i in range(4):
+            if repacked_pair_bits(r, i) != e2m1_pair_bits(q, i):
+                return False
+    return True
+
+
 def e8m0_bf16x2(s: int) -> int:
     b = 0x0040 if s == 0 else (s << 7)
     return (b * 0x00010001) & M32

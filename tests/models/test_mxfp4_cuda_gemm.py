@@ -65,10 +65,11 @@ def test_native_module_imports_and_describes_itself() -> None:
     mod = load_native("_mxfp4gemm")
     assert isinstance(mod.BUILT, bool)
     assert isinstance(mod.WGMMA_BUILT, bool)
-    assert (mod.KIND_MMA_SYNC, mod.KIND_WGMMA, mod.KIND_WGMMA_PX) == (
+    assert (mod.KIND_MMA_SYNC, mod.KIND_WGMMA, mod.KIND_WGMMA_PX, mod.KIND_WGMMA_RC) == (
         g.KIND_MMA_SYNC,
         g.KIND_WGMMA,
         g.KIND_WGMMA_PX,
+        g.KIND_WGMMA_RC,
     )
     if not mod.BUILT:  # a build without CUDA: imports, refuses to launch
         assert mod.num_variants() == 0 and mod.WGMMA_BUILT is False
@@ -78,7 +79,7 @@ def test_native_module_imports_and_describes_itself() -> None:
         assert "built without" in (g.unavailable("cuda") or "")
         assert "built without" in (g.wgmma_unavailable("cuda") or "")
         return
-    assert mod.num_variants() == 15
+    assert mod.num_variants() == 16
     names = [v.name for v in g.variants()]
     assert names[8] == "v8:8w1mt4stpf256" and names[10] == "v10:8w1mt4stpf256wg"
     assert names[11:] == [
@@ -86,20 +87,22 @@ def test_native_module_imports_and_describes_itself() -> None:
         "v12:8w1mt6stpf256wg",
         "v13:12w1mt4stpf256wg",
         "v14:8w1mt4stpf256wgpx",
+        "v15:8w1mt4stpf256wgrc",
     ]
     assert g.variants()[4].max_block_m == 64 and g.variants()[4].warps == 16
     assert [v.index for v in g.variants() if v.kind == g.KIND_WGMMA] == [10, 11, 12, 13]
     assert mod.variant_info(g.WGMMA_BLOCK_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA)
+    assert mod.variant_info(g.WGMMA_RC_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA_RC)
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
-        mod.variant_info(15)
-    assert mod.variant_available(15, 0) == mod.BAD_VARIANT
+        mod.variant_info(16)
+    assert mod.variant_available(16, 0) == mod.BAD_VARIANT
     assert (mod.OUT_NATURAL, mod.OUT_CHUNK_PERMUTED) == (0, 1)
     assert mod.error_string(mod.OK) == "ok"
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
     assert "sm_90a" in mod.error_string(mod.VARIANT_UNAVAILABLE)
     # the launcher checks what it needs before touching the device
     assert mod.launch(*([0] * 27), 1.0, 0.0, 0, 0) == mod.BAD_ARGS  # K = 0
-    assert mod.launch(15, *([0] * 26), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
+    assert mod.launch(16, *([0] * 26), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
 
 
 def test_wgmma_availability_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,12 +138,13 @@ def test_unavailable_off_cuda() -> None:
         ({"block_m": 128}, {}, "block_m 1..64"),
         ({"x_rows": torch.tensor([0.0, 1.0])}, {}, "x_rows must be int32 or int64"),
         ({}, {"act": 1, "gate_up": (0, 1, 0)}, "gate_up must be"),
-        ({}, {"variant": 15}, "unknown CUDA MXFP4 GEMM variant"),
+        ({}, {"variant": 16}, "unknown CUDA MXFP4 GEMM variant"),
         ({}, {"variant": 3, "block_m": None}, "takes block_m <= 16"),
         ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(96, 2, dtype=torch.bfloat16).T}, {}, "16-byte aligned"),
         ({}, {"x_layout": "permuted"}, "x_layout must be one of"),
+        ({}, {"codes": "swizzled"}, "codes must be 'natural' or 'repacked'"),
         ({}, {"out_layout": "rows"}, "out_layout must be one of"),
         ({}, {"out_layout": "chunk_permuted"}, r"needs N_out % 32 == 0, got 48"),
         ({}, {"x_layout": "chunk_permuted"}, r"x \(chunk_permuted\) must be \[rows, 128\]"),

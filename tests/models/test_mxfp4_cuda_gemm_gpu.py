@@ -18,6 +18,7 @@ reference entries must match exactly."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -346,6 +347,38 @@ def test_chunk_permuted_layouts_give_the_wgmma_variants_bits() -> None:
     with pytest.raises(ValueError, match="needs a variant of kind KIND_WGMMA_PX"):
         g.grouped_mxfp4_gemm(xp, x_rows, tiles, 64, w, variant=g.WGMMA_BLOCK_VARIANT,
                              x_layout=g.CHUNK_PERMUTED)  # fmt: skip
+
+
+@pytest.mark.parametrize(("act", "scales"), [(0, "real"), (1, "real"), (2, "extreme"), (1, "wide")])
+def test_repacked_codes_give_the_wgmma_variants_bits(act: int, scales: str) -> None:
+    """Variant 15 dequantizes repacked codes (``repack_codes``) to the same
+    bf16 registers as variant 10 does the natural ones, so its output equals
+    10's bit for bit: both scale paths (extreme scales take the slow one),
+    K = 2880 (a partial last chunk), 1..64 rows a tile, a dead tile; and the
+    seam refuses repacked codes without such a variant, and such a variant
+    without them."""
+    from pdflash.models import mxfp4_cuda_gemm as g
+
+    _wgmma()
+    seed = 400 + act
+    key, x_rows = _routing(256, 8, 4, seed)
+    n = 2 * 2880 if act else 2880
+    w = _slab(8, n, 2880, scales, seed=seed, bias=act != 2)
+    x = torch.randn(256, 2880, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    tiles = _dead_tile(_k().tile_map(key, 8, 64, 8))
+    kw: dict[str, Any] = {"act": act, "gate_up": _cols(act, w.n), "alpha": ALPHA, "limit": LIMIT}
+    base = g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=g.WGMMA_BLOCK_VARIANT, **kw)
+    live = _covered_rows(tiles, int(x_rows.numel()))
+    repacked = dataclasses.replace(w, data=g.repack_codes(w.data))
+    got = g.grouped_mxfp4_gemm(
+        x, x_rows, tiles, 64, repacked, variant=g.WGMMA_RC_VARIANT, codes=g.CODES_REPACKED, **kw
+    )
+    assert torch.equal(got[live], base[live])
+    assert not torch.equal(repacked.data, w.data)
+    with pytest.raises(ValueError, match="repacked codes go with a KIND_WGMMA_RC variant"):
+        g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=g.WGMMA_RC_VARIANT, **kw)
+    with pytest.raises(ValueError, match="repacked codes go with a KIND_WGMMA_RC variant"):
+        g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, repacked, codes=g.CODES_REPACKED, **kw)
 
 
 def _chunk_position(j: int) -> int:

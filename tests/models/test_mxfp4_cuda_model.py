@@ -212,6 +212,52 @@ def _kernel_source() -> str:
     return (REPO / "cuda" / "src" / "mxfp4_moe_gemm.cu").read_text()
 
 
+def test_repacked_codes_give_the_natural_pairs_bits() -> None:
+    """The kind-3 layout: the library's table is the header's, a bijection
+    of a word's 32 bits; the kernel's ``repacked_pair_bits`` (rotations and
+    masks, pinned in its source) of a repacked word equal the natural
+    dequant's bits of the natural word, pair by pair; a swapped table entry
+    is caught; and the library's ``repack_codes`` (torch, bytes) equals the
+    model's word repack."""
+    import torch
+
+    from pdflash.models import mxfp4_cuda_gemm as g
+
+    header = (REPO / "cuda" / "include" / "pdflash" / "mxfp4_moe_gemm.h").read_text()
+    rows = dict(
+        (int(i), tuple(int(b) for b in bits.split(", ")))
+        for i, bits in re.findall(r"i = (\d): (\d+, \d+, \d+, \d+)", header)
+    )
+    assert tuple(rows[i] for i in range(8)) == g.REPACKED_BIT
+    assert sorted(b for row in g.REPACKED_BIT for b in row) == list(range(32))
+    src = _kernel_source()
+    for line in (
+        "return q & 0x81C081C0u;",
+        "return __funnelshift_r(q, q, 4) & 0x81C081C0u;",
+        "return __funnelshift_r(q, q, 10) & 0x81C081C0u;",
+        "return (__funnelshift_l(q, q, 2) & 0x80C080C0u) | (__funnelshift_r(q, q, 6) & 0x01000100u);",
+    ):
+        assert line in src, line
+    rng = np.random.default_rng(7)
+    assert model.check_repacked_pair_bits(rng, g.REPACKED_BIT)
+    swapped = list(g.REPACKED_BIT)
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    assert not model.check_repacked_pair_bits(rng, tuple(swapped))
+    blocks = rng.integers(0, 256, size=(3, 5, 16), dtype=np.uint8)
+    got = g.repack_codes(torch.from_numpy(blocks)).numpy()
+    words = blocks.reshape(-1, 4).astype(np.uint64)
+    natural = words[:, 0] | words[:, 1] << 8 | words[:, 2] << 16 | words[:, 3] << 24
+    want = [model.repack_word(int(q), g.REPACKED_BIT) for q in natural]
+    got_words = got.reshape(-1, 4).astype(np.uint64)
+    got_natural = got_words[:, 0] | got_words[:, 1] << 8 | got_words[:, 2] << 16
+    got_natural |= got_words[:, 3] << 24
+    assert [int(v) for v in got_natural] == want and got.shape == blocks.shape
+    with pytest.raises(ValueError, match="multiple of 4"):
+        g.repack_codes(torch.zeros(2, 6, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        g.repack_codes(torch.zeros(2, 16, dtype=torch.int32))
+
+
 def test_wgmma_layout_constants_match_the_kernel() -> None:
     """The model's LBO / SBO, region pitch and descriptor bit fields are the
     kernel source's."""
@@ -266,9 +312,11 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
     assert rows[g.LARGE_BLOCK_VARIANT] == (16, 1, 4, 1, 8, 0, g.KIND_MMA_SYNC)
     assert rows[g.WGMMA_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA)
     assert rows[g.WGMMA_PX_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_PX)
+    assert rows[g.WGMMA_RC_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_RC)
     # the policy's wgmma variant first; the others are timed beside it (the probe)
     assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA] == [10, 11, 12, 13]
     assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA_PX] == [14]
+    assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA_RC] == [15]
     monkeypatch.delenv(g.BM64_ENV, raising=False)
     # off CUDA the wgmma variant never runs: the mma.sync variants
     assert [g.pick_variant(b, "cpu") for b in (1, 16, 32, 33, 64)] == [8, 8, 8, 4, 4]

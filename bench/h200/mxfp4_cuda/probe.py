@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import os
 import re
@@ -261,6 +262,8 @@ def sass_stats(selected: list[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------ kernel wrapper
 class CudaGemm:
     def __init__(self, path: str) -> None:
+        #: (blocks address, shape) -> (those blocks, their repack_codes copy)
+        self.repacked_blocks: dict[tuple[int, tuple[int, ...]], Any] = {}
         lib = ctypes.CDLL(path)
         ll, i32, vp = ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p
         lib.mxfp4_moe_gemm.restype = i32
@@ -282,7 +285,7 @@ class CudaGemm:
             name = (
                 f"v{v}:{w.value}w{mt.value}mt{st.value}st"
                 + (f"pf{pf.value}" if pf.value else "")
-                + {1: "wg", 2: "wgpx"}.get(kd.value, "")
+                + {1: "wg", 2: "wgpx", 3: "wgrc"}.get(kd.value, "")
             )
             self.variants.append(
                 {"variant": v, "warps": w.value, "mt": mt.value, "stages": st.value, "max_block_m": bm.value,
@@ -319,6 +322,15 @@ class CudaGemm:
                 chosen.discard(v)
         self.selected = chosen
 
+    def _repacked(self, w):
+        from pdflash.models.mxfp4_cuda_gemm import repack_codes
+
+        key = (w.data.data_ptr(), tuple(w.data.shape))
+        if key not in self.repacked_blocks:
+            # the source kept beside its copy: its address stays taken
+            self.repacked_blocks[key] = (w.data, repack_codes(w.data))
+        return dataclasses.replace(w, data=self.repacked_blocks[key][1])
+
     def supports(self, variant: int, block_m: int) -> bool:
         return variant in self.selected and block_m <= self.variants[variant]["max_block_m"]
 
@@ -326,9 +338,13 @@ class CudaGemm:
               alpha=1.0, limit=0.0, out=None, x_permuted=False, out_layout=0):  # fmt: skip
         """One grouped GEMM; a kind-2 variant permutes a natural x first
         (``x_permuted``: x is that copy already); ``out_layout`` 1 writes
-        the output chunk-permuted (the library's handoff to such a GEMM)."""
+        the output chunk-permuted (the library's handoff to such a GEMM); a
+        kind-3 variant reads the blocks repacked (``repack_codes``, made once
+        per blocks tensor and kept: a caller would repack its slab once)."""
         import torch
 
+        if self.variants[variant]["kind"] == 3:
+            w = self._repacked(w)
         n, kb = int(w.data.shape[1]), int(w.data.shape[2])
         if act == 0:
             n_out, (g0, u0, step) = n, (0, 0, 1)

@@ -83,7 +83,16 @@ enum {
    * input k = 32 t + 8 w + 4 e + 2 h + d (t, w < 4; e, h, d < 2) sits at
    * position 32 w + 16 h + 8 d + 2 t + e (pdflash.models.mxfp4_cuda_gemm.
    * chunk_permuted); positions of k >= K are never read */
-  PDFLASH_MXFP4_KIND_WGMMA_PX = 2
+  PDFLASH_MXFP4_KIND_WGMMA_PX = 2,
+  /* the wgmma kind with the weights' codes given repacked (sm_90a): in each
+   * little-endian 32-bit word of the blocks, natural nibble i (bits 4i..4i+3:
+   * m, e0, e1, s of k = 8w + i) moves its role bits to
+   *   i = 0: 6, 7, 8, 15    i = 4: 22, 23, 24, 31
+   *   i = 1: 10, 11, 12, 19 i = 5: 26, 27, 28, 3
+   *   i = 2: 16, 17, 18, 25 i = 6: 0, 1, 2, 9
+   *   i = 3: 4, 5, 14, 13   i = 7: 20, 21, 30, 29
+   * (pdflash.models.mxfp4_cuda_gemm.repack_codes); scales as given */
+  PDFLASH_MXFP4_KIND_WGMMA_RC = 3
 };
 
 /* out_layout values (mxfp4_moe_gemm) */
