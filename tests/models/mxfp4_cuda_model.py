@@ -163,9 +163,16 @@ def repacked_pair_bits(q: int, i: int) -> int:
 
 def check_repacked_pair_bits(rng, table) -> bool:
     """Each pair's bits from the repacked word equal ``e2m1_pair_bits`` of
-    the natural word, for random words and the corner patterns."""
+    the natural word, for random words, the corner patterns, and every value
+    of each pair's two nibbles (amid random others): exhaustive per pair."""
     qs = [int(v) for v in rng.integers(0, 2**32, 20000, dtype=np.uint64)]
     qs += [0, M32, 0x88888888, 0x77777777] + [1 << b for b in range(32)]
+    for i in range(4):
+        keep = M32 ^ ((0xF << (4 * i)) | (0xF << (4 * i + 16)))
+        for lo in range(16):
+            for hi in range(16):
+                other = int(rng.integers(0, 2**32, dtype=np.uint64)) & keep
+                qs.append(other | (lo << (4 * i)) | (hi << (4 * i + 16)))
     for q in qs:
         r = repack_word(q, table)
         for i in range(4):
