@@ -262,6 +262,8 @@ def sass_stats(selected: list[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------ kernel wrapper
 class CudaGemm:
     def __init__(self, path: str) -> None:
+        from pdflash.models.mxfp4_cuda_gemm import Variant
+
         #: (blocks address, shape) -> (those blocks, their repack_codes copy)
         self.repacked_blocks: dict[tuple[int, tuple[int, ...]], Any] = {}
         lib = ctypes.CDLL(path)
@@ -281,12 +283,7 @@ class CudaGemm:
         for v in range(lib.mxfp4_moe_num_variants()):
             w, mt, st, bm, pf, kd = (ctypes.c_int() for _ in range(6))
             lib.mxfp4_moe_variant_info(v, *(ctypes.byref(c) for c in (w, mt, st, bm, pf, kd)))
-            # as pdflash.models.mxfp4_cuda_gemm.Variant.name
-            name = (
-                f"v{v}:{w.value}w{mt.value}mt{st.value}st"
-                + (f"pf{pf.value}" if pf.value else "")
-                + {1: "wg", 2: "wgpx", 3: "wgrc"}.get(kd.value, "")
-            )
+            name = Variant(v, w.value, mt.value, st.value, bm.value, pf.value, kd.value).name
             self.variants.append(
                 {"variant": v, "warps": w.value, "mt": mt.value, "stages": st.value, "max_block_m": bm.value,
                  "l2_prefetch": pf.value, "kind": kd.value, "name": name}
@@ -343,7 +340,9 @@ class CudaGemm:
         per blocks tensor and kept: a caller would repack its slab once)."""
         import torch
 
-        if self.variants[variant]["kind"] == 3:
+        from pdflash.models.mxfp4_cuda_gemm import KIND_WGMMA_PX, KIND_WGMMA_RC, chunk_permuted
+
+        if self.variants[variant]["kind"] == KIND_WGMMA_RC:
             w = self._repacked(w)
         n, kb = int(w.data.shape[1]), int(w.data.shape[2])
         if act == 0:
@@ -358,10 +357,8 @@ class CudaGemm:
         assert x.dtype == torch.bfloat16 and x.stride(1) == 1 and x_rows.dtype == torch.int32
         assert slot.dtype == torch.int32 and slot.is_contiguous() and start.is_contiguous()
         bias = w.bias
-        if self.variants[variant]["kind"] == 2 and not x_permuted:  # as the library permutes it
-            from pdflash.models.mxfp4_cuda_gemm import chunk_permuted
-
-            x = chunk_permuted(x)
+        if self.variants[variant]["kind"] == KIND_WGMMA_PX and not x_permuted:
+            x = chunk_permuted(x)  # as the library permutes it
         rc = self.lib.mxfp4_moe_gemm(
             variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
             w.data.data_ptr(), w.data.stride(0), w.data.stride(1),
@@ -720,6 +717,7 @@ def timing(cg: CudaGemm | None, k: Any, dev, hbm: Any, slab, weights) -> None:
     import torch
 
     from pdflash.models.compressed_gemm import pick_block_m
+    from pdflash.models.mxfp4_cuda_gemm import KIND_WGMMA_PX
 
     gate_up, down = weights
     per_expert = sum(int(t[0].numel()) * t.element_size() for t in slab.values())
@@ -780,7 +778,7 @@ def timing(cg: CudaGemm | None, k: Any, dev, hbm: Any, slab, weights) -> None:
                     continue
                 # kind 2: the library's handoff (gate_up writes down's x
                 # chunk-permuted), so no copy between the two
-                handoff = cg.variants[v]["kind"] == 2
+                handoff = cg.variants[v]["kind"] == KIND_WGMMA_PX
                 h_width = -(-INTER // 128) * 128 if handoff else INTER
                 h_buf = torch.empty(n, h_width, dtype=torch.bfloat16, device=dev)
                 o_buf = torch.empty(n, HIDDEN, dtype=torch.bfloat16, device=dev)
