@@ -212,6 +212,11 @@ def _kernel_source() -> str:
     return (REPO / "cuda" / "src" / "mxfp4_moe_gemm.cu").read_text()
 
 
+def _le_words(blocks: np.ndarray) -> list[int]:
+    """``blocks``' bytes as little-endian 32-bit words."""
+    return [int(v) for v in blocks.reshape(-1).view("<u4")]
+
+
 def test_repacked_codes_give_the_natural_pairs_bits() -> None:
     """The kind-3 layout: the library's table is the header's, a bijection
     of a word's 32 bits; the kernel's ``repacked_pair_bits`` (rotations and
@@ -245,13 +250,8 @@ def test_repacked_codes_give_the_natural_pairs_bits() -> None:
     assert not model.check_repacked_pair_bits(rng, tuple(swapped))
     blocks = rng.integers(0, 256, size=(3, 5, 16), dtype=np.uint8)
     got = g.repack_codes(torch.from_numpy(blocks)).numpy()
-    words = blocks.reshape(-1, 4).astype(np.uint64)
-    natural = words[:, 0] | words[:, 1] << 8 | words[:, 2] << 16 | words[:, 3] << 24
-    want = [model.repack_word(int(q), g.REPACKED_BIT) for q in natural]
-    got_words = got.reshape(-1, 4).astype(np.uint64)
-    got_natural = got_words[:, 0] | got_words[:, 1] << 8 | got_words[:, 2] << 16
-    got_natural |= got_words[:, 3] << 24
-    assert [int(v) for v in got_natural] == want and got.shape == blocks.shape
+    want = [model.repack_word(q, g.REPACKED_BIT) for q in _le_words(blocks)]
+    assert _le_words(got) == want and got.shape == blocks.shape
     with pytest.raises(ValueError, match="multiple of 4"):
         g.repack_codes(torch.zeros(2, 6, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
