@@ -16,6 +16,7 @@ HBM roofline of the weights' bytes is from the engine rows' copy probe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -25,7 +26,18 @@ import torch
 from pdflash.engine.roofline import measure_hbm_gbps
 from pdflash.models import compressed_gemm
 from pdflash.models.fused_moe_triton import SlabWeight
-from pdflash.models.mxfp4_cuda_gemm import ACT_GPTOSS, grouped_mxfp4_gemm, pick_variant
+from pdflash.models.mxfp4_cuda_gemm import (
+    ACT_GPTOSS,
+    CODES_NATURAL,
+    CODES_REPACKED,
+    KIND_WGMMA_RC,
+    grouped_mxfp4_gemm,
+    pick_variant,
+    repack_codes,
+)
+from pdflash.models.mxfp4_cuda_gemm import (
+    variants as compiled_variants,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mxfp4_sweep import us_per_call  # noqa: E402  (bench/h200)
@@ -55,6 +67,18 @@ def main() -> int:
         return SlabWeight("mxfp4", blocks.to(torch.uint8), scales.to(torch.uint8), bias)
 
     gate_up, down = mx(2 * INTER, HIDDEN), mx(HIDDEN, INTER)
+    # kind-3 variants read the codes repacked once (as a slab holding them would)
+    repacked = {
+        "gate_up": dataclasses.replace(gate_up, data=repack_codes(gate_up.data)),
+        "down": dataclasses.replace(down, data=repack_codes(down.data)),
+    }
+    kinds = {v.index: v.kind for v in compiled_variants()}
+
+    def weights(v: int, name: str) -> tuple[SlabWeight, str]:
+        if kinds[v] == KIND_WGMMA_RC:
+            return repacked[name], CODES_REPACKED
+        return (gate_up if name == "gate_up" else down), CODES_NATURAL
+
     hbm = measure_hbm_gbps(dev)
     if isinstance(hbm, str):
         raise SystemExit(f"no HBM roofline: {hbm}")
@@ -79,13 +103,15 @@ def main() -> int:
         }
 
         def run_gate_up(v: int) -> None:
+            w, codes = weights(v, "gate_up")
             out["h"] = grouped_mxfp4_gemm(
-                x, x_rows, tiles, block_m, gate_up, act=ACT_GPTOSS, gate_up=(0, 1, 2),
-                alpha=ALPHA, limit=LIMIT, variant=v,
+                x, x_rows, tiles, block_m, w, act=ACT_GPTOSS, gate_up=(0, 1, 2),
+                alpha=ALPHA, limit=LIMIT, variant=v, codes=codes,
             )  # fmt: skip
 
         def run_down(v: int) -> None:
-            grouped_mxfp4_gemm(out["h"], direct, tiles, block_m, down, variant=v)
+            w, codes = weights(v, "down")
+            grouped_mxfp4_gemm(out["h"], direct, tiles, block_m, w, variant=v, codes=codes)
 
         for v in variants:
             for _ in range(3):
