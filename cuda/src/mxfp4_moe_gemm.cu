@@ -62,8 +62,7 @@
 // (8 tokens x 16 bytes; K-major, no swizzle): k-step ks = 2w + h owns a
 // region of XTOK * 32 + 16 bytes (the 16 spread the staging stores over the
 // banks), in it core matrix (token group, k half) at (group * 2 + half) * 128.
-// Per chunk: dequant into registers, barrier (MB kinds: an mbarrier wait),
-// wgmma.fence, 8 wgmmas, commit,
+// Per chunk: dequant into registers, barrier, wgmma.fence, 8 wgmmas, commit,
 // wait; the D fragment is mma.sync's per 8 columns, so the epilogue is shared.
 //
 // The kind kKindWgmmaPx: the wgmma kind with x given already in that staged
@@ -76,19 +75,6 @@
 // caller repacked (the header's table), so the dequant's integer work per
 // word drops from 15.5 instructions to 9 (repacked_pair_bits); the same bf16
 // registers, so the same bits.
-//
-// The kinds kKindWgmmaMb / kKindWgmmaRcMb: the wgmma kind / kKindWgmmaRc with
-// the chunk's CTA-wide barrier replaced by one mbarrier per x buffer: each
-// thread arrives once its share of chunk c + 1's x is stored (and
-// proxy-fenced), and waits on chunk c's before its wgmmas, so a warp stalls
-// only for x that is not yet staged, not for the slowest warp's dequant.
-// Reuse of a buffer needs no more: a thread stores chunk c + 1's x after its
-// own wgmmas of chunk c, so once every thread arrived for chunk c + 1, every
-// wgmma that read buffer (c + 1) % NXB before (chunk c + 1 - NXB <= c - 1)
-// is done; and no thread can arrive twice on one mbarrier before every thread
-// passed its previous phase (an arrival for chunk c + NXB follows the wait
-// for chunk c + NXB - 1, which follows every thread's arrival for it, made
-// after that thread's wait for chunk c).
 //
 // Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm; sm_90a code for the
 // wgmma variants where the architectures include 90, which also defines
@@ -228,37 +214,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
 #ifdef __CUDA_ARCH_FEAT_SM90_ALL
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-
-// mbarrier in shared memory (sm_90a passes; elsewhere the wgmma kernels trap)
-__device__ __forceinline__ void mbar_init(uint32_t addr, uint32_t count) {
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-#endif
-}
-
-// this thread's arrival (release: its earlier shared-memory stores)
-__device__ __forceinline__ void mbar_arrive(uint32_t addr) {
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
-  asm volatile(
-      "{\n .reg .b64 state;\n mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(addr)
-      : "memory");
-#endif
-}
-
-// until the phase of parity `parity` completed (acquire)
-__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
-#ifdef __CUDA_ARCH_FEAT_SM90_ALL
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  }
 #endif
 }
 
@@ -429,19 +384,13 @@ constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B 
 constexpr int kKindWgmmaPx = PDFLASH_MXFP4_KIND_WGMMA_PX;
 // the wgmma kind with the weights' codes repacked (repacked_pair_bits)
 constexpr int kKindWgmmaRc = PDFLASH_MXFP4_KIND_WGMMA_RC;
-// those two with x handed over by mbarriers (kKindWgmmaMb, module comment)
-constexpr int kKindWgmmaMb = PDFLASH_MXFP4_KIND_WGMMA_MB;
-constexpr int kKindWgmmaRcMb = PDFLASH_MXFP4_KIND_WGMMA_RC_MB;
 
 template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
-  static constexpr int KIND = KIND_;      // kKindMmaSync, kKindWgmma* (PDFLASH_MXFP4_KIND_*)
+  static constexpr int KIND = KIND_;      // kKindMmaSync, kKindWgmma, kKindWgmmaPx or kKindWgmmaRc
   static constexpr bool WG = KIND != kKindMmaSync;  // wgmma, B from shared memory
   static constexpr bool PX = KIND == kKindWgmmaPx;  // x pre-permuted, by cp.async
-  // codes repacked (repacked_pair_bits)
-  static constexpr bool RC = KIND == kKindWgmmaRc || KIND == kKindWgmmaRcMb;
-  // x handed over by one mbarrier per x buffer instead of __syncthreads
-  static constexpr bool MB = KIND == kKindWgmmaMb || KIND == kKindWgmmaRcMb;
+  static constexpr bool RC = KIND == kKindWgmmaRc;  // codes repacked (repacked_pair_bits)
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -475,8 +424,6 @@ struct Cfg {
   // MXCUDA_WGMMA_PENDING = 1 leaves chunk c - 1's buffer in use); PX, the
   // cp.async ring, c % STAGES
   static constexpr int NXB = PX ? STAGES : KIND == kKindMmaSync ? 2 : 3;
-  // MB: the x buffers' mbarriers (8 bytes each), after the buffers
-  static constexpr int MBAR_BYTES = MB ? ((NXB * 8 + 15) / 16) * 16 : 0;
   static_assert(!WG || (MT == 1 && WARPS % 4 == 0),
                 "wgmma: one m16 tile per warp, whole warpgroups");
 };
@@ -488,8 +435,7 @@ __host__ __device__ constexpr int scale_bytes(int KB) {
 
 template <class C>
 __host__ __device__ constexpr int smem_bytes(int KB) {
-  return C::WBUF_BYTES + C::NXB * C::XBUF_BYTES + C::MBAR_BYTES + scale_bytes<C>(KB) +
-         C::XTOK * 4 + 16;
+  return C::WBUF_BYTES + C::NXB * C::XBUF_BYTES + scale_bytes<C>(KB) + C::XTOK * 4 + 16;
 }
 
 // the wgmma kinds' x buffer: byte offset of token tok's 16 bytes of k-step
@@ -550,8 +496,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
 
   uint8_t* wbuf = smem;
   uint8_t* xbuf = wbuf + C::WBUF_BYTES;
-  const uint32_t mbar_s = smem_u32(xbuf + C::NXB * C::XBUF_BYTES);  // MB: x buffer b's at + 8 b
-  uint8_t* s_scale = xbuf + C::NXB * C::XBUF_BYTES + C::MBAR_BYTES;
+  uint8_t* s_scale = xbuf + C::NXB * C::XBUF_BYTES;
   int* s_xrow = reinterpret_cast<int*>(s_scale + scale_bytes<C>(p.KB));
   int* s_mm = s_xrow + C::XTOK;  // [0] = min scale byte, [1] = max
 
@@ -631,9 +576,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
   if (tid == 0) {
     s_mm[0] = 255;
     s_mm[1] = 0;
-    if constexpr (C::MB) {
-      for (int b = 0; b < C::NXB; ++b) mbar_init(mbar_s + 8 * b, THREADS);
-    }
   }
   for (int i = tid; i < C::XTOK; i += THREADS) s_xrow[i] = i < nrows ? p.x_rows[start + i] : 0;
   if (scale_bytes_pending) {
@@ -806,7 +748,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
   } else {
     load_x(0);
     store_x(0);
-    if constexpr (C::MB) mbar_arrive(mbar_s);  // chunk 0's x, buffer 0
   }
 
   // ---- scale range of the CTA's rows -> fast (D) or slow path
@@ -989,9 +930,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
         __syncthreads();           // everyone's x of chunk c; chunk c - 1's wgmmas all done
         issue_x(c + STAGES - 1);   // into chunk c - 1's x stage, free now
         issue_w(c + STAGES - 1);   // (its commit closes the group)
-      } else if constexpr (C::MB) {
-        // every thread's x of chunk c stored and proxy-fenced (phase c / NXB)
-        mbar_wait(mbar_s + 8 * (c % C::NXB), (uint32_t)(c / C::NXB) & 1u);
       } else {
         __syncthreads();  // x chunk c (stored and proxy-fenced a chunk earlier) visible
       }
@@ -1003,10 +941,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
       // with 0 pending: chunk c's wgmmas (this warp's) are done; once every
       // warp passes the next barrier, x buffer c % NXB is free again
       wgmma_wait<C::PX ? 0 : MXCUDA_WGMMA_PENDING>();
-      if (!C::PX && c + 1 < p.NC) {
-        store_x((c + 1) % C::NXB);
-        if constexpr (C::MB) mbar_arrive(mbar_s + 8 * ((c + 1) % C::NXB));
-      }
+      if (!C::PX && c + 1 < p.NC) store_x((c + 1) % C::NXB);
     };
     for (int c = 0; c < p.NC; c += 2) {
       chunk(c, a_even);
@@ -1112,8 +1047,7 @@ constexpr int kMaxDevices = 64;
 // would run). PDFLASH_MXFP4_OK, PDFLASH_MXFP4_VARIANT_UNAVAILABLE, or
 // PDFLASH_MXFP4_ATTRIBUTE_ERROR + cudaError_t.
 int kind_runs_on(int kind, int dev) {
-  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx || kind == kKindWgmmaRc ||
-                     kind == kKindWgmmaMb || kind == kKindWgmmaRcMb;
+  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx || kind == kKindWgmmaRc;
   if (wgmma && !PDFLASH_MXFP4_GEMM_SM90A) return PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -1169,8 +1103,7 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 // 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
 // warpgroups; runs where kind_runs_on says); kind 2 = kKindWgmmaPx (the same,
 // x given chunk-permuted: mxfp4_moe_gemm.h); kind 3 = kKindWgmmaRc (variant
-// 10 reading repacked codes: mxfp4_moe_gemm.h); kinds 4 / 5 = kKindWgmmaMb /
-// kKindWgmmaRcMb (variants 10 / 15 with the mbarrier handoff of x).
+// 10 reading repacked codes: mxfp4_moe_gemm.h).
 #define MXCUDA_VARIANTS(X)      \
   X(0, 4, 1, 4, 3, 8, 0, 0)     \
   X(1, 4, 2, 4, 3, 4, 0, 0)     \
@@ -1187,11 +1120,9 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   X(12, 8, 1, 6, 2, 8, 256, 1)   \
   X(13, 12, 1, 4, 1, 8, 256, 1)  \
   X(14, 8, 1, 4, 2, 8, 256, 2)   \
-  X(15, 8, 1, 4, 2, 8, 256, 3)   \
-  X(16, 8, 1, 4, 2, 8, 256, 4)   \
-  X(17, 8, 1, 4, 2, 8, 256, 5)
+  X(15, 8, 1, 4, 2, 8, 256, 3)
 
-constexpr int kNumVariants = 18;
+constexpr int kNumVariants = 16;
 
 template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {

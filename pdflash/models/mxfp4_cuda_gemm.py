@@ -18,21 +18,17 @@ it runs, i.e. this build has its sm_90a code and the device is compute
 capability 9.0 (:func:`wgmma_unavailable`); else variant 4 (mma.sync, 16
 warps, one m-tile, 4 stages). ``PDFLASH_MXFP4_CUDA_BM64`` overrides the
 ``block_m`` 33..64 choice: ``auto`` (default, the rule above), ``mma``
-(variant 4), ``wgmma`` (variant 10; an error where it cannot run),
-``wgmma_mb`` (variant 16, below; the same) or ``wgmma_px`` (variant 14: variant 10's kernel reading x by cp.async from a
+(variant 4), ``wgmma`` (variant 10; an error where it cannot run) or
+``wgmma_px`` (variant 14: variant 10's kernel reading x by cp.async from a
 chunk-permuted copy, :func:`chunk_permuted`, that :func:`grouped_mxfp4_gemm`
 makes first, or that the expert MLP's first GEMM writes for its second,
 ``out_layout``; variant 10's bits, which its GPU test checks; an error where
 it cannot run; not the default: it made the all-hit gpt-oss block at 256
 tokens 1.21x slower on an H100, bench/results/h100/session60-2026-12-07).
 Variant 15 (kind :data:`KIND_WGMMA_RC`, never picked) is variant 10 reading
-codes whose bits :func:`repack_codes` moved so that the dequant takes ~40%
-fewer integer instructions; a caller that repacked its slab names it with
-``codes=CODES_REPACKED`` (2.7-3.1% faster than variant 10 at 256 tokens on
-an H100, bench/results/h100/session61-2026-12-07). Variants 16 and 17
-(kinds :data:`KIND_WGMMA_MB`, :data:`KIND_WGMMA_RC_MB`, never picked) are
-variants 10 and 15 handing each chunk's x to the wgmmas by mbarriers instead
-of a CTA-wide barrier (Nsight read the barrier as the top stall there).
+codes whose bits :func:`repack_codes` moved so that the dequant takes about
+a third fewer instructions; a caller that repacked its slab names it with
+``codes=CODES_REPACKED`` (not yet run on a GPU).
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
@@ -73,17 +69,10 @@ KIND_MMA_SYNC = 0
 KIND_WGMMA = 1
 KIND_WGMMA_PX = 2  # wgmma, x chunk-permuted (:func:`chunk_permuted`)
 KIND_WGMMA_RC = 3  # wgmma, the weights' codes repacked (:func:`repack_codes`)
-KIND_WGMMA_MB = 4  # KIND_WGMMA with x handed over by mbarriers
-KIND_WGMMA_RC_MB = 5  # KIND_WGMMA_RC with x handed over by mbarriers
-WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX, KIND_WGMMA_RC, KIND_WGMMA_MB, KIND_WGMMA_RC_MB)
-#: the kinds that read the codes repacked (:data:`CODES_REPACKED`)
-REPACKED_KINDS = (KIND_WGMMA_RC, KIND_WGMMA_RC_MB)
+WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX, KIND_WGMMA_RC)
 #: variant 10 reading repacked codes (kind :data:`KIND_WGMMA_RC`); never
 #: picked: a caller that repacked its slab names it
 WGMMA_RC_VARIANT = 15
-#: variants 10 and 15 with the mbarrier handoff of x; never picked
-WGMMA_MB_VARIANT = 16
-WGMMA_RC_MB_VARIANT = 17
 #: the blocks' code layouts (:func:`grouped_mxfp4_gemm`'s ``codes``): the
 #: checkpoint's, or :func:`repack_codes`'s
 CODES_NATURAL = "natural"
@@ -119,8 +108,6 @@ class Mxfp4GemmNative(Protocol):
     KIND_WGMMA: int
     KIND_WGMMA_PX: int
     KIND_WGMMA_RC: int
-    KIND_WGMMA_MB: int
-    KIND_WGMMA_RC_MB: int
     OUT_NATURAL: int
     OUT_CHUNK_PERMUTED: int
 
@@ -185,18 +172,12 @@ class Variant:
     stages: int  # cp.async ring depth (128-k chunks)
     max_block_m: int
     l2_prefetch: int  # cp.async L2 prefetch hint, bytes (0: none)
-    kind: int  # KIND_MMA_SYNC or one of WGMMA_KINDS
+    kind: int  # KIND_MMA_SYNC, KIND_WGMMA, KIND_WGMMA_PX or KIND_WGMMA_RC
 
     @property
     def name(self) -> str:
         pf = f"pf{self.l2_prefetch}" if self.l2_prefetch else ""
-        wg = {
-            KIND_WGMMA: "wg",
-            KIND_WGMMA_PX: "wgpx",
-            KIND_WGMMA_RC: "wgrc",
-            KIND_WGMMA_MB: "wgmb",
-            KIND_WGMMA_RC_MB: "wgrcmb",
-        }.get(self.kind, "")
+        wg = {KIND_WGMMA: "wg", KIND_WGMMA_PX: "wgpx", KIND_WGMMA_RC: "wgrc"}.get(self.kind, "")
         return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}{wg}"
 
 
@@ -282,7 +263,7 @@ def reads_chunk_permuted(block_m: int, device: torch.device | str | None = None)
 
 def bm64_setting() -> str:
     """``PDFLASH_MXFP4_CUDA_BM64`` (``auto`` when unset or empty); ValueError
-    for any other value than :data:`BM64_SETTINGS`'s."""
+    for any other value than ``auto``, ``mma``, ``wgmma`` or ``wgmma_px``."""
     setting = os.environ.get(BM64_ENV, "") or "auto"
     if setting not in BM64_SETTINGS:
         raise ValueError(f"{BM64_ENV} must be one of {BM64_SETTINGS}, got {setting!r}")
@@ -293,9 +274,9 @@ def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
     """The variant for ``block_m`` on ``device`` (None: the current CUDA
     device; module docstring): 8 up to 32; above, as ``PDFLASH_MXFP4_CUDA_BM64``
     says: ``auto`` the wgmma variant 10 where it runs on ``device``
-    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10,
-    ``wgmma_px`` 14 and ``wgmma_mb`` 16, raising
-    :class:`WgmmaUnavailableError` where they cannot run."""
+    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10 and
+    ``wgmma_px`` 14, raising :class:`WgmmaUnavailableError` where they cannot
+    run."""
     if not 1 <= block_m <= MAX_BLOCK_M:
         raise ValueError(f"the CUDA MXFP4 GEMM takes block_m 1..{MAX_BLOCK_M}, got {block_m}")
     setting = bm64_setting()  # validated at every block_m: a typo never goes unnoticed
@@ -305,8 +286,7 @@ def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
         return LARGE_BLOCK_VARIANT
     why = wgmma_unavailable(device)
     if why is None:
-        by_setting = {"wgmma_px": WGMMA_PX_BLOCK_VARIANT, "wgmma_mb": WGMMA_MB_VARIANT}
-        return by_setting.get(setting, WGMMA_BLOCK_VARIANT)
+        return WGMMA_PX_BLOCK_VARIANT if setting == "wgmma_px" else WGMMA_BLOCK_VARIANT
     if setting != "auto":
         raise WgmmaUnavailableError(f"{BM64_ENV}={setting} cannot run: {why}")
     return LARGE_BLOCK_VARIANT
@@ -415,9 +395,9 @@ def grouped_mxfp4_gemm(
     ``out_layout=CHUNK_PERMUTED`` writes the output in that layout
     (``[n, ceil(N_out / 128) * 128]``, N_out a multiple of 32; the positions
     past N_out unset), the next such GEMM's x. ``codes=CODES_REPACKED`` says
-    ``w``'s blocks are :func:`repack_codes`'s; it needs a variant of
-    :data:`REPACKED_KINDS`, named (:data:`WGMMA_RC_VARIANT`,
-    :data:`WGMMA_RC_MB_VARIANT`), and such a variant needs it. A ValueError
+    ``w``'s blocks are :func:`repack_codes`'s; it needs a
+    :data:`KIND_WGMMA_RC` variant, named (:data:`WGMMA_RC_VARIANT`), and such
+    a variant needs it. A ValueError
     names what the kernel cannot take; a RuntimeError reports a CUDA failure
     (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
@@ -503,11 +483,10 @@ def grouped_mxfp4_gemm(
         why = wgmma_unavailable(x.device)
         if why is not None:
             raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
-    if (kind in REPACKED_KINDS) != (codes == CODES_REPACKED):
+    if (kind == KIND_WGMMA_RC) != (codes == CODES_REPACKED):
         raise ValueError(
             f"codes {codes!r} with variant {variant} of kind {kind}: repacked codes go with "
-            "a KIND_WGMMA_RC variant (WGMMA_RC_VARIANT) or a KIND_WGMMA_RC_MB one "
-            "(WGMMA_RC_MB_VARIANT) and only there"
+            "a KIND_WGMMA_RC variant (WGMMA_RC_VARIANT) and only there"
         )
     reads_permuted = kind == KIND_WGMMA_PX
     if x_layout == CHUNK_PERMUTED and not reads_permuted:

@@ -30,7 +30,7 @@ from pdflash.models.mxfp4_cuda_gemm import (
     ACT_GPTOSS,
     CODES_NATURAL,
     CODES_REPACKED,
-    REPACKED_KINDS,
+    KIND_WGMMA_RC,
     grouped_mxfp4_gemm,
     pick_variant,
     repack_codes,
@@ -75,7 +75,7 @@ def main() -> int:
     kinds = {v.index: v.kind for v in compiled_variants()}
 
     def weights(v: int, name: str) -> tuple[SlabWeight, str]:
-        if kinds[v] in REPACKED_KINDS:
+        if kinds[v] == KIND_WGMMA_RC:
             return repacked[name], CODES_REPACKED
         return (gate_up if name == "gate_up" else down), CODES_NATURAL
 

@@ -92,13 +92,7 @@ enum {
    *   i = 2: 16, 17, 18, 25 i = 6: 0, 1, 2, 9
    *   i = 3: 4, 5, 14, 13   i = 7: 20, 21, 30, 29
    * (pdflash.models.mxfp4_cuda_gemm.repack_codes); scales as given */
-  PDFLASH_MXFP4_KIND_WGMMA_RC = 3,
-  /* the wgmma kind (natural codes) and the _RC kind (repacked codes) with x
-   * handed from the warps that stage it to the wgmmas that read it by one
-   * mbarrier per x buffer instead of a CTA-wide barrier a chunk (sm_90a);
-   * inputs and outputs as those kinds' */
-  PDFLASH_MXFP4_KIND_WGMMA_MB = 4,
-  PDFLASH_MXFP4_KIND_WGMMA_RC_MB = 5
+  PDFLASH_MXFP4_KIND_WGMMA_RC = 3
 };
 
 /* out_layout values (mxfp4_moe_gemm) */
