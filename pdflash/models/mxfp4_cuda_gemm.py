@@ -26,9 +26,11 @@ makes first, or that the expert MLP's first GEMM writes for its second,
 it cannot run; not the default: it made the all-hit gpt-oss block at 256
 tokens 1.21x slower on an H100, bench/results/h100/session60-2026-12-07).
 Variant 15 (kind :data:`KIND_WGMMA_RC`, never picked) is variant 10 reading
-codes whose bits :func:`repack_codes` moved so that the dequant takes about
-a third fewer instructions; a caller that repacked its slab names it with
-``codes=CODES_REPACKED`` (not yet run on a GPU).
+codes whose bits :func:`repack_codes` moved so that the dequant takes ~40%
+fewer integer instructions; a caller that repacked its slab names it with
+``codes=CODES_REPACKED``. Its bits equal variant 10's on an H100, and it is
+2.7-3.1% faster at 256 tokens there (bench/results/h100/session61-2026-12-07):
+too little to make every reader of the slab read repacked codes.
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
