@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13: where variant 14 (PDFLASH_MXFP4_CUDA_BM64=wgmma_px: variant 10's
 # wgmma kernel reading x by cp.async from a chunk-permuted copy) loses, and
-# whether variant 15 (variant 10 reading repacked codes: a third fewer dequant
-# instructions) wins. Session
+# whether variant 15 (variant 10 reading repacked codes: ~40% fewer integer
+# dequant instructions) wins. Session
 # 60 ran this script's earlier form at ba7bc5c (GPU tests, the all-hit block
 # under auto and wgmma_px: 1.21x slower at 256 tokens;
 # bench/results/h100/session60-2026-12-07/). This form, on one lent GPU in one

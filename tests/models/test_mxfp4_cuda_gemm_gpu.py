@@ -115,13 +115,6 @@ def _row_rel(got: torch.Tensor, want: torch.Tensor) -> tuple[float, bool]:
     return float((diff.amax(dim=1) / scale).max()), nonfinite_ok
 
 
-def _same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal bit for bit, NaN included: ``torch.equal`` is False wherever both
-    hold a NaN (extreme scale bytes make them), so compare the raw 16-bit
-    words instead."""
-    return got.dtype == want.dtype and torch.equal(got.view(torch.int16), want.view(torch.int16))
-
-
 def _dead_tile(tiles: Any) -> Any:
     slot, start, end = tiles
     mid = slot.numel() // 2
@@ -380,8 +373,11 @@ def test_repacked_codes_give_the_wgmma_variants_bits(act: int, scales: str) -> N
     got = g.grouped_mxfp4_gemm(
         x, x_rows, tiles, 64, repacked, variant=g.WGMMA_RC_VARIANT, codes=g.CODES_REPACKED, **kw
     )
+    # bit for bit as raw 16-bit words: torch.equal is False wherever both hold
+    # a NaN (extreme scale bytes make them)
+    assert got.dtype == base.dtype == torch.bfloat16
     differ = got[live].view(torch.int16) != base[live].view(torch.int16)
-    assert _same_bits(got[live], base[live]), (
+    assert not bool(differ.any()), (
         f"{int(differ.sum())} words differ, {int(base[live][differ].isnan().sum())} of them NaN in v10's"
     )
     assert not torch.equal(repacked.data, w.data)

@@ -25,19 +25,9 @@ import torch
 
 from pdflash.engine.roofline import measure_hbm_gbps
 from pdflash.models import compressed_gemm
+from pdflash.models import mxfp4_cuda_gemm as cg
 from pdflash.models.fused_moe_triton import SlabWeight
-from pdflash.models.mxfp4_cuda_gemm import (
-    ACT_GPTOSS,
-    CODES_NATURAL,
-    CODES_REPACKED,
-    KIND_WGMMA_RC,
-    grouped_mxfp4_gemm,
-    pick_variant,
-    repack_codes,
-)
-from pdflash.models.mxfp4_cuda_gemm import (
-    variants as compiled_variants,
-)
+from pdflash.models.mxfp4_cuda_gemm import ACT_GPTOSS, grouped_mxfp4_gemm, pick_variant
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from mxfp4_sweep import us_per_call  # noqa: E402  (bench/h200)
@@ -66,26 +56,24 @@ def main() -> int:
         bias = (torch.randn(EXPERTS, n, generator=g, device=dev) * 0.1).bfloat16()
         return SlabWeight("mxfp4", blocks.to(torch.uint8), scales.to(torch.uint8), bias)
 
-    gate_up, down = mx(2 * INTER, HIDDEN), mx(HIDDEN, INTER)
-    # kind-3 variants read the codes repacked once (as a slab holding them would)
-    repacked = {
-        "gate_up": dataclasses.replace(gate_up, data=repack_codes(gate_up.data)),
-        "down": dataclasses.replace(down, data=repack_codes(down.data)),
-    }
-    kinds = {v.index: v.kind for v in compiled_variants()}
+    natural = {"gate_up": mx(2 * INTER, HIDDEN), "down": mx(HIDDEN, INTER)}
+    kinds = {v.index: v.kind for v in cg.variants()}
+    # kind-3 variants read the codes repacked, made once on first use (as a
+    # slab holding them would be)
+    repacked: dict[str, SlabWeight] = {}
 
     def weights(v: int, name: str) -> tuple[SlabWeight, str]:
-        if kinds[v] == KIND_WGMMA_RC:
-            return repacked[name], CODES_REPACKED
-        return (gate_up if name == "gate_up" else down), CODES_NATURAL
+        if kinds[v] != cg.KIND_WGMMA_RC:
+            return natural[name], cg.CODES_NATURAL
+        if name not in repacked:
+            w = natural[name]
+            repacked[name] = dataclasses.replace(w, data=cg.repack_codes(w.data))
+        return repacked[name], cg.CODES_REPACKED
 
     hbm = measure_hbm_gbps(dev)
     if isinstance(hbm, str):
         raise SystemExit(f"no HBM roofline: {hbm}")
-    per_row = {
-        name: (w.data[0, 0].numel() + w.scale[0, 0].numel())
-        for name, w in (("gate_up", gate_up), ("down", down))
-    }
+    per_row = {name: (w.data[0, 0].numel() + w.scale[0, 0].numel()) for name, w in natural.items()}
     for tokens in _ints(args.tokens):
         x = torch.randn(tokens, HIDDEN, generator=g, device=dev).bfloat16()
         ids = torch.rand(tokens, EXPERTS, generator=g, device=dev).topk(TOP_K, dim=1).indices
