@@ -58,12 +58,12 @@ def main() -> int:
 
     natural = {"gate_up": mx(2 * INTER, HIDDEN), "down": mx(HIDDEN, INTER)}
     kinds = {v.index: v.kind for v in cg.variants()}
-    # kind-3 variants read the codes repacked, made once on first use (as a
+    # REPACKED_KINDS variants read the codes repacked, made once on first use (as a
     # slab holding them would be)
     repacked: dict[str, SlabWeight] = {}
 
     def weights(v: int, name: str) -> tuple[SlabWeight, str]:
-        if kinds[v] != cg.KIND_WGMMA_RC:
+        if kinds[v] not in cg.REPACKED_KINDS:
             return natural[name], cg.CODES_NATURAL
         if name not in repacked:
             w = natural[name]

@@ -92,7 +92,13 @@ enum {
    *   i = 2: 16, 17, 18, 25 i = 6: 0, 1, 2, 9
    *   i = 3: 4, 5, 14, 13   i = 7: 20, 21, 30, 29
    * (pdflash.models.mxfp4_cuda_gemm.repack_codes); scales as given */
-  PDFLASH_MXFP4_KIND_WGMMA_RC = 3
+  PDFLASH_MXFP4_KIND_WGMMA_RC = 3,
+  /* the wgmma kind (natural codes) and the _RC kind (repacked codes) with
+   * one wgmma group per 16-k step, each step's weights dequantized while the
+   * previous steps' wgmmas run (sm_90a); inputs, outputs and bits as those
+   * kinds' */
+  PDFLASH_MXFP4_KIND_WGMMA_KS = 4,
+  PDFLASH_MXFP4_KIND_WGMMA_RC_KS = 5
 };
 
 /* out_layout values (mxfp4_moe_gemm) */
