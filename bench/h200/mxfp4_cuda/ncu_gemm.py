@@ -10,7 +10,11 @@ Compute's per-kernel counters, e.g.
 
 Synthetic weights (random codes, scale bytes 118..130), random routing; the
 HBM roofline of the weights' bytes is from the engine rows' copy probe
-(:func:`pdflash.engine.roofline.measure_hbm_gbps`).
+(:func:`pdflash.engine.roofline.measure_hbm_gbps`). ``--weights aliased``
+makes every expert's slab entry the same expert (slot stride 0): the same
+grid, tiles and instructions, but 8.3 + 4.1 MB of weights that stay in L2,
+so the time says what the kernel takes when HBM is out of the way (its
+roofline figures are then only the distinct case's, for comparison).
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ def main() -> int:
     ap.add_argument("--variants", default="", help="variant indices (default: the library's pick)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
+    ap.add_argument(
+        "--weights", choices=("distinct", "aliased"), default="distinct",
+        help="aliased: every slot reads expert 0's bytes (L2-resident weights)",
+    )  # fmt: skip
     args = ap.parse_args()
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(0)
@@ -54,7 +62,10 @@ def main() -> int:
         blocks = torch.randint(0, 256, (EXPERTS, n, k // 32, 16), generator=g, device=dev)
         scales = torch.randint(118, 131, (EXPERTS, n, k // 32), generator=g, device=dev)
         bias = (torch.randn(EXPERTS, n, generator=g, device=dev) * 0.1).bfloat16()
-        return SlabWeight("mxfp4", blocks.to(torch.uint8), scales.to(torch.uint8), bias)
+        blocks, scales = blocks.to(torch.uint8), scales.to(torch.uint8)
+        if args.weights == "aliased":  # slot stride 0: every slot is expert 0
+            blocks, scales, bias = (t[:1].expand_as(t) for t in (blocks, scales, bias))
+        return SlabWeight("mxfp4", blocks, scales, bias)
 
     natural = {"gate_up": mx(2 * INTER, HIDDEN), "down": mx(HIDDEN, INTER)}
     kinds = {v.index: v.kind for v in cg.variants()}
@@ -67,7 +78,8 @@ def main() -> int:
             return natural[name], cg.CODES_NATURAL
         if name not in repacked:
             w = natural[name]
-            repacked[name] = dataclasses.replace(w, data=cg.repack_codes(w.data))
+            src = w.data[:1] if args.weights == "aliased" else w.data
+            repacked[name] = dataclasses.replace(w, data=cg.repack_codes(src).expand_as(w.data))
         return repacked[name], cg.CODES_REPACKED
 
     hbm = measure_hbm_gbps(dev)
@@ -119,7 +131,7 @@ def main() -> int:
             row: dict[str, object] = {
                 "variant": v, "tokens": tokens, "rows": rows, "block_m": block_m,
                 "active_experts": active, "hbm_gbps": hbm, "iters": args.iters,
-                "synthetic": True,
+                "synthetic": True, "weights": args.weights,
             }  # fmt: skip
             for name, n in (("gate_up", 2 * INTER), ("down", HIDDEN)):
                 us = sorted(times[v][name])[len(times[v][name]) // 2]
