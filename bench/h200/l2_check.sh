@@ -8,6 +8,8 @@
 #             variants 8, 10, 15, 16 interleaved, 256 / 64 tokens
 #   ncu_distinct / ncu_aliased    variant 10 at 256 tokens: SpeedOfLight,
 #             MemoryWorkloadAnalysis (tables), ComputeWorkloadAnalysis
+#   allhit    the all-hit gpt-oss MXFP4 block, default policy, 16 / 64 / 256
+#             tokens, 2 layers, 5 interleaved rounds (the issue's target row)
 #   OUT=/path bash bench/h200/l2_check.sh
 # Everything lands in ONE file, $OUT/l2_check.tgz.
 set -uo pipefail
@@ -17,8 +19,10 @@ source "$HERE/scratch_pack.sh" l2_check.tgz
 GEMM="python3 -P $HERE/mxfp4_cuda/ncu_gemm.py --tokens 256,64 --variants 8,10,15,16 --rounds 5 --iters 20"
 NCU="ncu --nvtx --nvtx-include ncu/ --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 NCUGEMM="python3 -P $HERE/mxfp4_cuda/ncu_gemm.py --tokens 256 --variants 10 --rounds 1 --iters 2"
+ALLHIT="pdflash-bench moe --json --arch gpt-oss-20b --synthetic-format mxfp4 --tokens 16 --repeats 1 --cache-fraction 1.0 --compressed-gemm fused --resident-graphs on --layers 2 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5"
 KEEP="grep -E 'mxfp4_moe_kernel|Throughput|Hit Rate|Bandwidth|Busy|Executed Ipc|Issue Slots|Duration|Elapsed Cycles|SM Frequency|DRAM Frequency|Mem Pipes|Max Bandwidth' "
 exec bash "$HERE/run.sh" \
+  "allhit=timeout -k 5 100 $ALLHIT" \
   "gemm_distinct=timeout -k 5 90 $GEMM --weights distinct" \
   "gemm_aliased=timeout -k 5 90 $GEMM --weights aliased" \
   "ncu_distinct=timeout -k 5 120 $NCU $NCUGEMM --weights distinct > $OUT/ncu_distinct.txt 2>&1; rc=\$?; $KEEP $OUT/ncu_distinct.txt | head -90; exit \$rc" \
