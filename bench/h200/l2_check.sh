@@ -8,6 +8,9 @@
 #             variants 8, 10-13, 15, 16 interleaved, 256 / 64 tokens
 #   ncu_distinct / ncu_aliased    variant 10 at 256 tokens: SpeedOfLight,
 #             MemoryWorkloadAnalysis (tables), ComputeWorkloadAnalysis
+#   readpat   HBM's rate for the same weight bytes read in the kernel's order
+#             (64 bytes of each of a tile's 128 rows a chunk) against linear
+#             8 KB pieces, no GEMM (mxfp4_cuda/read_pattern.py)
 #   allhit    the all-hit gpt-oss MXFP4 block, default policy, 16 / 64 / 256
 #             tokens, 2 layers, 5 interleaved rounds (the target row)
 #   OUT=/path bash bench/h200/l2_check.sh
@@ -25,5 +28,6 @@ exec bash "$HERE/run.sh" \
   "allhit=timeout -k 5 100 $ALLHIT" \
   "gemm_distinct=timeout -k 5 90 $GEMM --weights distinct" \
   "gemm_aliased=timeout -k 5 90 $GEMM --weights aliased" \
+  "readpat=timeout -k 5 90 python3 -P $HERE/mxfp4_cuda/read_pattern.py --stages 3,4,6 --rounds 7" \
   "ncu_distinct=timeout -k 5 120 $NCU $NCUGEMM --weights distinct > $OUT/ncu_distinct.txt 2>&1; rc=\$?; $KEEP $OUT/ncu_distinct.txt | head -90; exit \$rc" \
   "ncu_aliased=timeout -k 5 120 $NCU $NCUGEMM --weights aliased > $OUT/ncu_aliased.txt 2>&1; rc=\$?; $KEEP $OUT/ncu_aliased.txt | head -90; exit \$rc"
