@@ -32,6 +32,7 @@ def launch(
     blocks: int,
     stride_ws: int,
     stride_wn: int,
+    stride_wc: int,
     scales: int,
     stride_ss: int,
     stride_sn: int,

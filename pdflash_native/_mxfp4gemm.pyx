@@ -82,7 +82,7 @@ def error_string(int code):
 def launch(
     int variant,
     uintptr_t x, long long stride_xm, uintptr_t x_rows,
-    uintptr_t blocks, long long stride_ws, long long stride_wn,
+    uintptr_t blocks, long long stride_ws, long long stride_wn, long long stride_wc,
     uintptr_t scales, long long stride_ss, long long stride_sn, long long stride_sk,
     uintptr_t bias, long long stride_bs,
     uintptr_t out, long long stride_om,
@@ -92,6 +92,7 @@ def launch(
     int out_layout, uintptr_t stream,
 ):
     """Enqueue the GEMM on ``stream`` (see mxfp4_moe_gemm.h for the layouts;
+    ``stride_wc`` 64 for blocks whose rows are contiguous;
     ``bias`` 0 = none; ``out_layout`` ``OUT_NATURAL`` or
     ``OUT_CHUNK_PERMUTED``); the launcher's code (``OK`` = 0). RuntimeError
     when this build has no kernel."""
@@ -104,7 +105,7 @@ def launch(
     with nogil:
         rc = mxfp4_moe_gemm(
             variant, <const void*>x, stride_xm, <const int*>x_rows,
-            <const void*>blocks, stride_ws, stride_wn,
+            <const void*>blocks, stride_ws, stride_wn, stride_wc,
             <const void*>scales, stride_ss, stride_sn, stride_sk,
             <const void*>bias, stride_bs, <void*>out, stride_om,
             <const int*>tile_slot, <const int*>tile_start, <const int*>tile_end, num_tiles,

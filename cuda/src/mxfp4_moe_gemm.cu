@@ -109,6 +109,7 @@ struct Params {
   const int* x_rows;
   const uint8_t* w;
   long long stride_ws, stride_wn;  // bytes
+  long long stride_wc;             // bytes from a row's 128-k chunk to its next (64: natural)
   const uint8_t* sc;
   long long stride_ss, stride_sn;  // bytes (scale k stride must be 1)
   const __nv_bfloat16* bias;       // may be null
@@ -602,7 +603,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
           const uint32_t dst =
               wbuf_s + (uint32_t)(((stage * MT + mt) * 2 + r) * THREADS + tid) * 16u;
           cp_async16_pf<C::PF>(dst,
-                               ok ? (const void*)(wsrc[mt][r] + (long long)c * 64) : (const void*)p.w,
+                               ok ? (const void*)(wsrc[mt][r] + (long long)c * p.stride_wc)
+                                  : (const void*)p.w,
                                ok ? 16 : 0);
         }
     }
@@ -1266,7 +1268,7 @@ int mxfp4_moe_variant_available(int variant, int device) {
 // Returns PDFLASH_MXFP4_OK (0) or an error code (mxfp4_moe_gemm.h).
 int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
                    const void* blocks, long long stride_ws, long long stride_wn,
-                   const void* scales, long long stride_ss, long long stride_sn,
+                   long long stride_wc, const void* scales, long long stride_ss, long long stride_sn,
                    long long stride_sk, const void* bias, long long stride_bs, void* out,
                    long long stride_om, const int* tile_slot, const int* tile_start,
                    const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
@@ -1276,7 +1278,8 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   constexpr int kBad = PDFLASH_MXFP4_BAD_ARGS;
   if (variant < 0 || variant >= kNumVariants) return PDFLASH_MXFP4_BAD_VARIANT;
   if (K <= 0 || K % 32 != 0 || N <= 0 || n_out <= 0 || block_m <= 0) return kBad;
-  if (stride_sk != 1 || stride_wn % 16 != 0 || stride_ws % 16 != 0 || stride_xm % 8 != 0)
+  if (stride_sk != 1 || stride_wn % 16 != 0 || stride_ws % 16 != 0 || stride_wc % 16 != 0 ||
+      stride_xm % 8 != 0)
     return kBad;
   if ((reinterpret_cast<uintptr_t>(x) & 15) || (reinterpret_cast<uintptr_t>(blocks) & 15))
     return kBad;
@@ -1295,6 +1298,7 @@ int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x
   p.w = static_cast<const uint8_t*>(blocks);
   p.stride_ws = stride_ws;
   p.stride_wn = stride_wn;
+  p.stride_wc = stride_wc;
   p.sc = static_cast<const uint8_t*>(scales);
   p.stride_ss = stride_ss;
   p.stride_sn = stride_sn;

@@ -144,6 +144,7 @@ class Mxfp4GemmNative(Protocol):
         blocks: int,
         stride_ws: int,
         stride_wn: int,
+        stride_wc: int,
         scales: int,
         stride_ss: int,
         stride_sn: int,
@@ -551,7 +552,7 @@ def _launch(
     blocks, scales = w.data, w.scale
     return mod.launch(
         variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
-        blocks.data_ptr(), blocks.stride(0), blocks.stride(1),
+        blocks.data_ptr(), blocks.stride(0), blocks.stride(1), 4 * blocks.stride(2),
         scales.data_ptr(), scales.stride(0), scales.stride(1), stride_sk,
         bias.data_ptr() if bias is not None else 0, bias.stride(0) if bias is not None else 0,
         out.data_ptr(), out.stride(0),

@@ -72,7 +72,7 @@ def test_native_module_imports_and_describes_itself() -> None:
         assert mod.num_variants() == 0 and mod.WGMMA_BUILT is False
         assert mod.variant_available(g.WGMMA_BLOCK_VARIANT, 0) == mod.NOT_BUILT
         with pytest.raises(RuntimeError, match="built without the CUDA MXFP4 GEMM"):
-            mod.launch(*([0] * 27), 1.0, 0.0, 0, 0)
+            mod.launch(*([0] * 28), 1.0, 0.0, 0, 0)
         assert "built without" in (g.unavailable("cuda") or "")
         assert "built without" in (g.wgmma_unavailable("cuda") or "")
         return
@@ -102,8 +102,16 @@ def test_native_module_imports_and_describes_itself() -> None:
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
     assert "sm_90a" in mod.error_string(mod.VARIANT_UNAVAILABLE)
     # the launcher checks what it needs before touching the device
-    assert mod.launch(*([0] * 27), 1.0, 0.0, 0, 0) == mod.BAD_ARGS  # K = 0
-    assert mod.launch(18, *([0] * 26), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
+    assert mod.launch(*([0] * 28), 1.0, 0.0, 0, 0) == mod.BAD_ARGS  # K = 0
+    assert mod.launch(18, *([0] * 27), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
+    # a shape it takes with no tiles is a no-op; a chunk stride off 16 bytes is refused
+    args: list[Any] = [0] * 28 + [1.0, 0.0, 0, 0]
+    # stride_sk, block_m, n, k, n_out
+    for at, value in ((11, 1), (20, 1), (21, 1), (22, 32), (23, 1)):
+        args[at] = value
+    for stride_wc, want in ((64, mod.OK), (0, mod.OK), (8, mod.BAD_ARGS)):
+        args[7] = stride_wc
+        assert mod.launch(*args) == want, stride_wc
 
 
 def test_wgmma_availability_off_cuda(monkeypatch: pytest.MonkeyPatch) -> None:

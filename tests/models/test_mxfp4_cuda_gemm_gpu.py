@@ -545,3 +545,50 @@ def test_wgmma_refused_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(g.BM64_ENV, "wgmma")
     with pytest.raises(g.WgmmaUnavailableError, match="PDFLASH_MXFP4_CUDA_BM64=wgmma"):
         g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w)
+
+
+@pytest.mark.parametrize("act", [0, 1])
+def test_chunk_major_blocks_give_the_natural_layouts_bits(act: int) -> None:
+    """The launcher's ``stride_wc`` (bytes from a row's 128-k chunk to its
+    next): a chunk-major copy of the blocks (per slot ``[K/128][N][64]``,
+    ``stride_wn`` 64, ``stride_wc`` N * 64; K = 2880's partial last chunk
+    zero-padded) gives the natural layout's output bit for bit, for the
+    mma.sync variant 8 and, where it runs, the wgmma variant 10."""
+    from pdflash.models import mxfp4_cuda_gemm as g
+
+    seed = 420 + act
+    key, x_rows = _routing(96, 8, 4, seed)
+    n = 2 * 2880 if act else 2880
+    w = _slab(8, n, 2880, "real", seed=seed)
+    x = torch.randn(96, 2880, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
+    s, _, kb, _ = w.data.shape
+    nc = -(-kb // 4)
+    padded = torch.zeros(s, n, nc * 4, 16, dtype=torch.uint8, device="cuda")
+    padded[:, :, :kb] = w.data
+    tiled = padded.view(s, n, nc, 64).transpose(1, 2).contiguous()
+    cols = _cols(act, n)
+    n_out = n // 2 if act else n
+    mod = g.native()
+    variants = [g.SMALL_BLOCK_VARIANT]
+    if g.wgmma_unavailable("cuda") is None:
+        variants.append(g.WGMMA_BLOCK_VARIANT)
+    for variant in variants:
+        block_m = 16 if variant == g.SMALL_BLOCK_VARIANT else 64
+        tiles = _k().tile_map(key, 8, block_m, 8)
+        kw: dict[str, Any] = {"act": act, "gate_up": cols, "alpha": ALPHA, "limit": LIMIT}
+        base = g.grouped_mxfp4_gemm(x, x_rows, tiles, block_m, w, variant=variant, **kw)
+        out = torch.full_like(base, float("nan"))
+        slot, start, end = tiles
+        assert w.bias is not None
+        rc = mod.launch(
+            variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
+            tiled.data_ptr(), tiled.stride(0), 64, n * 64,
+            w.scale.data_ptr(), w.scale.stride(0), w.scale.stride(1), 1,
+            w.bias.data_ptr(), w.bias.stride(0), out.data_ptr(), out.stride(0),
+            slot.data_ptr(), start.data_ptr(), end.data_ptr(), int(slot.numel()),
+            block_m, n, 2880, n_out, act, *cols, ALPHA, LIMIT, mod.OUT_NATURAL,
+            torch.cuda.current_stream().cuda_stream,
+        )  # fmt: skip
+        assert rc == mod.OK, mod.error_string(rc)
+        live = _covered_rows(tiles, int(x_rows.numel()))
+        assert torch.equal(out[live].view(torch.int16), base[live].view(torch.int16)), variant

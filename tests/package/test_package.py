@@ -115,7 +115,7 @@ def test_cpu_only_build_compiles_every_native_module(tmp_path: Path) -> None:
             "import sys; sys.path.insert(0, '.'); import pdflash_native._mxfp4gemm as m; "
             "assert m.BUILT is False and m.num_variants() == 0 and m.WGMMA_BUILT is False\n"
             "assert m.variant_available(10, 0) == m.NOT_BUILT\n"
-            "try:\n m.launch(*([0] * 27), 1.0, 0.0, 0, 0)\n"
+            "try:\n m.launch(*([0] * 28), 1.0, 0.0, 0, 0)\n"
             "except RuntimeError as e:\n print(e)",
         ],
         cwd=unpacked,

@@ -15,6 +15,12 @@ makes every expert's slab entry the same expert (slot stride 0): the same
 grid, tiles and instructions, but 8.3 + 4.1 MB of weights that stay in L2,
 so the time says what the kernel takes when HBM is out of the way (its
 roofline figures are then only the distinct case's, for comparison).
+``--layouts natural,chunk_major`` also times each variant on a chunk-major
+copy of the blocks (per slot ``[K/128][N][64]``: each 128-k chunk of a CTA's
+consecutive rows one contiguous run instead of 64-byte pieces 1440 bytes
+apart; launched through the native seam with ``stride_wc = N * 64``), in the
+same interleaved rounds; its outputs must equal the natural layout's bit for
+bit.
 """
 
 from __future__ import annotations
@@ -51,6 +57,10 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the median is kept")
     ap.add_argument(
+        "--layouts", default="natural",
+        help="blocks layouts timed, comma-separated: natural, chunk_major",
+    )  # fmt: skip
+    ap.add_argument(
         "--weights", choices=("distinct", "aliased"), default="distinct",
         help="aliased: every slot reads expert 0's bytes (L2-resident weights)",
     )  # fmt: skip
@@ -82,6 +92,53 @@ def main() -> int:
             repacked[name] = dataclasses.replace(w, data=cg.repack_codes(src).expand_as(w.data))
         return repacked[name], cg.CODES_REPACKED
 
+    layouts = [lay for lay in args.layouts.split(",") if lay]
+    if not set(layouts) <= {"natural", "chunk_major"}:
+        raise SystemExit(f"unknown --layouts {args.layouts!r}")
+    if args.weights == "aliased" and "chunk_major" in layouts:
+        raise SystemExit("--weights aliased times the natural layout only")
+    # the chunk-major copies (blocks, stride_ws, stride_wn, stride_wc), per weights tensor
+    tiled: dict[int, tuple[torch.Tensor, int, int, int]] = {}
+
+    def chunk_major(blocks: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+        key = blocks.data_ptr()
+        if key not in tiled:
+            e, n, kb, _ = blocks.shape
+            nc = -(-kb // 4)
+            padded = torch.zeros(e, n, nc * 4, 16, dtype=torch.uint8, device=blocks.device)
+            padded[:, :, :kb] = blocks
+            t = padded.view(e, n, nc, 64).transpose(1, 2).contiguous()  # [e, nc, n, 64]
+            tiled[key] = (t, t.stride(0), 64, n * 64)
+        return tiled[key]
+
+    def gemm(v: int, layout: str, name: str, x: torch.Tensor, x_rows: torch.Tensor,
+             tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor], block_m: int,
+             act: int) -> torch.Tensor:  # fmt: skip
+        w, codes = weights(v, name)
+        gate_up = (0, 1, 2)
+        if layout == "natural":
+            return grouped_mxfp4_gemm(
+                x, x_rows, tiles, block_m, w, act=act, gate_up=gate_up, alpha=ALPHA,
+                limit=LIMIT, variant=v, codes=codes,
+            )  # fmt: skip
+        mod = cg.native()
+        blocks, ws, wn, wc = chunk_major(w.data)
+        n_out = w.n // 2 if act else w.n
+        out = torch.empty(x_rows.numel(), n_out, dtype=torch.bfloat16, device=x.device)
+        slot, start, end = tiles
+        assert w.bias is not None
+        rc = mod.launch(
+            v, x.data_ptr(), x.stride(0), x_rows.data_ptr(), blocks.data_ptr(), ws, wn, wc,
+            w.scale.data_ptr(), w.scale.stride(0), w.scale.stride(1), 1,
+            w.bias.data_ptr(), w.bias.stride(0), out.data_ptr(), out.stride(0),
+            slot.data_ptr(), start.data_ptr(), end.data_ptr(), int(slot.numel()),
+            block_m, w.n, w.k, n_out, act, *(gate_up if act else (0, 0, 1)), ALPHA, LIMIT,
+            mod.OUT_NATURAL, torch.cuda.current_stream().cuda_stream,
+        )  # fmt: skip
+        if rc != mod.OK:
+            raise SystemExit(f"chunk-major launch of variant {v}: {mod.error_string(rc)}")
+        return out
+
     hbm = measure_hbm_gbps(dev)
     if isinstance(hbm, str):
         raise SystemExit(f"no HBM roofline: {hbm}")
@@ -96,48 +153,53 @@ def main() -> int:
         tiles = compressed_gemm.tile_map(key, EXPERTS, block_m, EXPERTS)
         direct = torch.arange(rows, dtype=torch.int32, device=dev)
         active = int(key.unique().numel())
-        out: dict[str, torch.Tensor] = {}
+        out: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
         variants = _ints(args.variants) or [pick_variant(block_m, dev)]
-        times: dict[int, dict[str, list[float]]] = {
-            v: {"gate_up": [], "down": []} for v in variants
+        arms = [(v, lay) for v in variants for lay in layouts]
+        times: dict[tuple[int, str], dict[str, list[float]]] = {
+            arm: {"gate_up": [], "down": []} for arm in arms
         }
 
-        def run_gate_up(v: int) -> None:
-            w, codes = weights(v, "gate_up")
-            out["h"] = grouped_mxfp4_gemm(
-                x, x_rows, tiles, block_m, w, act=ACT_GPTOSS, gate_up=(0, 1, 2),
-                alpha=ALPHA, limit=LIMIT, variant=v, codes=codes,
-            )  # fmt: skip
+        def run_gate_up(arm: tuple[int, str]) -> None:
+            h = gemm(*arm, "gate_up", x, x_rows, tiles, block_m, ACT_GPTOSS)
+            out.setdefault(arm, {})["h"] = h
 
-        def run_down(v: int) -> None:
-            w, codes = weights(v, "down")
-            grouped_mxfp4_gemm(out["h"], direct, tiles, block_m, w, variant=v, codes=codes)
+        def run_down(arm: tuple[int, str]) -> None:
+            out[arm]["y"] = gemm(*arm, "down", out[arm]["h"], direct, tiles, block_m, 0)
 
-        for v in variants:
+        for arm in arms:
             for _ in range(3):
-                run_gate_up(v)
-                run_down(v)
+                run_gate_up(arm)
+                run_down(arm)
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push("ncu")
-            run_gate_up(v)
-            run_down(v)
+            run_gate_up(arm)
+            run_down(arm)
             torch.cuda.nvtx.range_pop()
             torch.cuda.synchronize()
+        # (every slot is live and the tile map covers every row: whole outputs compare)
+        for v, lay in arms:
+            if lay != "natural" and (v, "natural") in out:
+                for part in ("h", "y"):
+                    a, b = out[(v, lay)][part], out[(v, "natural")][part]
+                    if not torch.equal(a.view(torch.int16), b.view(torch.int16)):
+                        raise SystemExit(f"variant {v} {lay}: {part} differs from natural")
         for rnd in range(args.rounds):
-            for v in variants[rnd % len(variants) :] + variants[: rnd % len(variants)]:
-                times[v]["gate_up"].append(us_per_call(lambda v=v: run_gate_up(v), args.iters))
-                times[v]["down"].append(us_per_call(lambda v=v: run_down(v), args.iters))
-        for v in variants:
+            for arm in arms[rnd % len(arms) :] + arms[: rnd % len(arms)]:
+                times[arm]["gate_up"].append(us_per_call(lambda a=arm: run_gate_up(a), args.iters))
+                times[arm]["down"].append(us_per_call(lambda a=arm: run_down(a), args.iters))
+        for v, lay in arms:
             row: dict[str, object] = {
-                "variant": v, "tokens": tokens, "rows": rows, "block_m": block_m,
+                "variant": v, "layout": lay, "tokens": tokens, "rows": rows, "block_m": block_m,
                 "active_experts": active, "hbm_gbps": hbm, "iters": args.iters,
                 "synthetic": True, "weights": args.weights,
             }  # fmt: skip
             for name, n in (("gate_up", 2 * INTER), ("down", HIDDEN)):
-                us = sorted(times[v][name])[len(times[v][name]) // 2]
+                ts = times[(v, lay)][name]
+                us = sorted(ts)[len(ts) // 2]
                 roof = active * n * per_row[name] / (hbm * 1e9) * 1e6
                 row[f"{name}_us"] = us
-                row[f"{name}_rounds_us"] = times[v][name]
+                row[f"{name}_rounds_us"] = ts
                 row[f"{name}_roofline_us"] = roof
                 row[f"{name}_over_roofline"] = us / roof
             print(json.dumps(row), flush=True)

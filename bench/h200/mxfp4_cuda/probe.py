@@ -270,7 +270,7 @@ class CudaGemm:
         ll, i32, vp = ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p
         lib.mxfp4_moe_gemm.restype = i32
         lib.mxfp4_moe_gemm.argtypes = [
-            i32, vp, ll, vp, vp, ll, ll, vp, ll, ll, ll, vp, ll, vp, ll, vp, vp, vp,
+            i32, vp, ll, vp, vp, ll, ll, ll, vp, ll, ll, ll, vp, ll, vp, ll, vp, vp, vp,
             i32, i32, i32, i32, i32, i32, i32, i32, i32, ctypes.c_float, ctypes.c_float,
             i32, ctypes.c_ulonglong,
         ]  # fmt: skip
@@ -361,7 +361,7 @@ class CudaGemm:
             x = chunk_permuted(x)  # as the library permutes it
         rc = self.lib.mxfp4_moe_gemm(
             variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
-            w.data.data_ptr(), w.data.stride(0), w.data.stride(1),
+            w.data.data_ptr(), w.data.stride(0), w.data.stride(1), 4 * w.data.stride(2),
             w.scale.data_ptr(), w.scale.stride(0), w.scale.stride(1), w.scale.stride(2),
             bias.data_ptr() if bias is not None else None, bias.stride(0) if bias is not None else 0,
             out.data_ptr(), out.stride(0), slot.data_ptr(), start.data_ptr(), end.data_ptr(),
