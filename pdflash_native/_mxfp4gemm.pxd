@@ -19,8 +19,6 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
         PDFLASH_MXFP4_KIND_WGMMA
         PDFLASH_MXFP4_KIND_WGMMA_PX
         PDFLASH_MXFP4_KIND_WGMMA_RC
-        PDFLASH_MXFP4_KIND_WGMMA_KS
-        PDFLASH_MXFP4_KIND_WGMMA_RC_KS
 
     enum:
         PDFLASH_MXFP4_OUT_NATURAL

@@ -9,8 +9,7 @@ kernel (no CUDA compiler, or an architecture below sm_80), the module still
 imports: ``BUILT`` is False, :func:`num_variants` is 0 and :func:`launch`
 raises RuntimeError. ``WGMMA_BUILT``: the build has the sm_90a code of the
 wgmma variants (kinds ``KIND_WGMMA``, ``KIND_WGMMA_PX``, taking x
-chunk-permuted, ``KIND_WGMMA_RC``, taking the codes repacked, and
-``KIND_WGMMA_KS`` / ``KIND_WGMMA_RC_KS``, one wgmma group per k-step: the
+chunk-permuted, and ``KIND_WGMMA_RC``, taking the codes repacked: the
 header), which run on compute capability 9.0
 devices only; :func:`variant_available` says whether a variant runs on a
 device (``launch`` returns ``VARIANT_UNAVAILABLE`` where it does not). The Python-facing seam is
@@ -37,8 +36,6 @@ KIND_MMA_SYNC = PDFLASH_MXFP4_KIND_MMA_SYNC
 KIND_WGMMA = PDFLASH_MXFP4_KIND_WGMMA
 KIND_WGMMA_PX = PDFLASH_MXFP4_KIND_WGMMA_PX
 KIND_WGMMA_RC = PDFLASH_MXFP4_KIND_WGMMA_RC
-KIND_WGMMA_KS = PDFLASH_MXFP4_KIND_WGMMA_KS
-KIND_WGMMA_RC_KS = PDFLASH_MXFP4_KIND_WGMMA_RC_KS
 
 OUT_NATURAL = PDFLASH_MXFP4_OUT_NATURAL
 OUT_CHUNK_PERMUTED = PDFLASH_MXFP4_OUT_CHUNK_PERMUTED
@@ -52,7 +49,7 @@ def num_variants():
 def variant_info(int variant):
     """``(warps, m_tiles_per_warp, stages, max_block_m, l2_prefetch_bytes,
     kind)`` of ``variant`` (``kind``: ``KIND_MMA_SYNC``, ``KIND_WGMMA``,
-    ``KIND_WGMMA_PX``, ``KIND_WGMMA_RC``, ``KIND_WGMMA_KS`` or ``KIND_WGMMA_RC_KS``;
+    ``KIND_WGMMA_PX`` or ``KIND_WGMMA_RC``;
     ValueError for an unknown variant)."""
     cdef int warps = 0, mt = 0, stages = 0, max_block_m = 0, l2_prefetch = 0, kind = 0
     if mxfp4_moe_variant_info(

@@ -5,7 +5,7 @@
 # distinct experts, and Nsight Compute's speed-of-light and memory tables for
 # both. One call (~5 minutes with the build), each step under a hard timeout:
 #   gemm_distinct / gemm_aliased  both projections of gpt-oss's MLP,
-#             variants 8, 10-13, 15, 16 interleaved, 256 / 64 tokens
+#             variants 8, 10-13, 15 interleaved, 256 / 64 tokens
 #   ncu_distinct / ncu_aliased    variant 10 at 256 tokens: SpeedOfLight,
 #             MemoryWorkloadAnalysis (tables), ComputeWorkloadAnalysis
 #   readpat   HBM's rate for the same weight bytes read in the kernel's order
@@ -19,7 +19,7 @@ set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=scratch_pack.sh
 source "$HERE/scratch_pack.sh" l2_check.tgz
-GEMM="python3 -P $HERE/mxfp4_cuda/ncu_gemm.py --tokens 256,64 --variants 8,10,11,12,13,15,16 --rounds 5 --iters 20"
+GEMM="python3 -P $HERE/mxfp4_cuda/ncu_gemm.py --tokens 256,64 --variants 8,10,11,12,13,15 --rounds 5 --iters 20"
 NCU="ncu --nvtx --nvtx-include ncu/ --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis"
 NCUGEMM="python3 -P $HERE/mxfp4_cuda/ncu_gemm.py --tokens 256 --variants 10 --rounds 1 --iters 2"
 ALLHIT="pdflash-bench moe --json --arch gpt-oss-20b --synthetic-format mxfp4 --tokens 16 --repeats 1 --cache-fraction 1.0 --compressed-gemm fused --resident-graphs on --layers 2 --all-hit-tokens 16,64,256 --all-hit-iters 20 --all-hit-rounds 5"

@@ -76,16 +76,6 @@
 // word drops from 15.5 instructions to 9 (repacked_pair_bits); the same bf16
 // registers, so the same bits.
 //
-// The kinds kKindWgmmaKs / kKindWgmmaRcKs: the wgmma / _RC kinds with one
-// wgmma group per k-step instead of per chunk, each k-step's A registers
-// dequantized while the previous k-steps' wgmmas run: fence, wgmma, commit,
-// then wait until at most 7 groups are in flight and dequantize the next
-// k-step into the registers of the oldest (retired) one, across chunks too.
-// ptxas accepts that pipeline (no C7513: each register is defined only once
-// the wgmma that read it retired) where a chunk of A registers written while
-// the previous chunk's wgmmas are in flight is serialized. The same wgmmas
-// in the same order, so the same bits.
-//
 // Built by cuda/CMakeLists.txt (pdflash_mxfp4gemm; sm_90a code for the
 // wgmma variants where the architectures include 90, which also defines
 // PDFLASH_MXFP4_GEMM_SM90A); the probe (bench/h200/mxfp4_cuda/probe.py)
@@ -418,19 +408,13 @@ constexpr int kKindWgmma = PDFLASH_MXFP4_KIND_WGMMA;       // wgmma m64nNk16, B 
 constexpr int kKindWgmmaPx = PDFLASH_MXFP4_KIND_WGMMA_PX;
 // the wgmma kind with the weights' codes repacked (repacked_pair_bits)
 constexpr int kKindWgmmaRc = PDFLASH_MXFP4_KIND_WGMMA_RC;
-// the wgmma / _RC kinds with one wgmma group per k-step (overlapped dequant)
-constexpr int kKindWgmmaKs = PDFLASH_MXFP4_KIND_WGMMA_KS;
-constexpr int kKindWgmmaRcKs = PDFLASH_MXFP4_KIND_WGMMA_RC_KS;
 
 template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
   static constexpr int KIND = KIND_;      // kKindMmaSync or one of the wgmma kinds
   static constexpr bool WG = KIND != kKindMmaSync;  // wgmma, B from shared memory
   static constexpr bool PX = KIND == kKindWgmmaPx;  // x pre-permuted, by cp.async
-  // codes repacked (repacked_pair_bits)
-  static constexpr bool RC = KIND == kKindWgmmaRc || KIND == kKindWgmmaRcKs;
-  // one wgmma group per k-step, the next k-step's dequant overlapping it
-  static constexpr bool KS = KIND == kKindWgmmaKs || KIND == kKindWgmmaRcKs;
+  static constexpr bool RC = KIND == kKindWgmmaRc;  // codes repacked (repacked_pair_bits)
   static constexpr int PF = PF_;          // cp.async L2 prefetch hint for the weights (bytes)
   static constexpr int WARPS = WARPS_;    // warps per CTA
   static constexpr int MT = MT_;          // m16 weight tiles per warp
@@ -461,8 +445,8 @@ struct Cfg {
   static constexpr int XBUF_BYTES =
       KIND == kKindMmaSync ? XTOK * 256 : 8 * XREG_BYTES;  // one chunk of permuted x
   // x buffers: mma.sync, chunk c & 1; wgmma, c % 3 (a wait_group depth of
-  // MXCUDA_WGMMA_PENDING = 1, or KS's k-step groups, leave chunk c - 1's
-  // buffer in use); PX, the cp.async ring, c % STAGES
+  // MXCUDA_WGMMA_PENDING = 1 leaves chunk c - 1's buffer in use); PX, the
+  // cp.async ring, c % STAGES
   static constexpr int NXB = PX ? STAGES : KIND == kKindMmaSync ? 2 : 3;
   static_assert(!WG || (MT == 1 && WARPS % 4 == 0),
                 "wgmma: one m16 tile per warp, whole warpgroups");
@@ -947,15 +931,8 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
             fac[r] = ((s + 126u - (uint32_t)D) << 7) * 0x00010001u;  // 2^(s-1-D)
         }
       }
-      if constexpr (C::KS) {
-        // k-step 0's registers: free once at most 7 groups are in flight
-        // (the oldest is the previous chunk's k-step 0)
-        wgmma_wait<7>();
-        dequant_kstep<SLOW, C::RC>(0, wq, fac, a[0]);
-      } else {
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) dequant_kstep<SLOW, C::RC>(ks, wq, fac, a[ks]);
-      }
+      for (int ks = 0; ks < 8; ++ks) dequant_kstep<SLOW, C::RC>(ks, wq, fac, a[ks]);
       // descriptors before the fence: no other instruction may define a wgmma
       // input inside the pipeline stage (ptxas would serialize the wgmmas)
       const uint64_t desc0 = smem_desc(xbuf_s + (uint32_t)((c % C::NXB) * C::XBUF_BYTES));
@@ -970,38 +947,19 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB) mxfp4_moe_kernel(const Pa
       } else {
         __syncthreads();  // x chunk c (stored and proxy-fenced a chunk earlier) visible
       }
-      if constexpr (C::KS) {
-        // k-step ks + 1's registers are those of the previous chunk's k-step
-        // ks + 1, the oldest of 8 groups in flight: wait for it, then fill
-        // them while k-steps .. ks run. At the chunk's end this warp's groups
-        // of chunk c - 1 are done, so (after the next barrier) are everyone's
-        // of chunk c - 2: x buffer (c + 1) % NXB is free for store_x
+      wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {
-          wgmma_fence();
-          WgmmaM64<NS>::run(accp, a[ks][0], a[ks][1], a[ks][2], a[ks][3], desc[ks]);
-          wgmma_commit();
-          if (ks < 7) {
-            wgmma_wait<7>();
-            dequant_kstep<SLOW, C::RC>(ks + 1, wq, fac, a[ks + 1]);
-          }
-        }
-      } else {
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks)
-          WgmmaM64<NS>::run(accp, a[ks][0], a[ks][1], a[ks][2], a[ks][3], desc[ks]);
-        wgmma_commit();
-        // with 0 pending: chunk c's wgmmas (this warp's) are done; once every
-        // warp passes the next barrier, x buffer c % NXB is free again
-        wgmma_wait<C::PX ? 0 : MXCUDA_WGMMA_PENDING>();
-      }
+      for (int ks = 0; ks < 8; ++ks)
+        WgmmaM64<NS>::run(accp, a[ks][0], a[ks][1], a[ks][2], a[ks][3], desc[ks]);
+      wgmma_commit();
+      // with 0 pending: chunk c's wgmmas (this warp's) are done; once every
+      // warp passes the next barrier, x buffer c % NXB is free again
+      wgmma_wait<C::PX ? 0 : MXCUDA_WGMMA_PENDING>();
       if (!C::PX && c + 1 < p.NC) store_x((c + 1) % C::NXB);
     };
     for (int c = 0; c < p.NC; c += 2) {
       chunk(c, a_even);
-      // (KS: one set, each k-step's registers reused once its wgmma retired)
-      if (c + 1 < p.NC) chunk(c + 1, C::KS ? a_even : a_odd);
+      if (c + 1 < p.NC) chunk(c + 1, a_odd);
     }
     wgmma_wait<0>();
   };
@@ -1103,8 +1061,7 @@ constexpr int kMaxDevices = 64;
 // would run). PDFLASH_MXFP4_OK, PDFLASH_MXFP4_VARIANT_UNAVAILABLE, or
 // PDFLASH_MXFP4_ATTRIBUTE_ERROR + cudaError_t.
 int kind_runs_on(int kind, int dev) {
-  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx || kind == kKindWgmmaRc ||
-                     kind == kKindWgmmaKs || kind == kKindWgmmaRcKs;
+  const bool wgmma = kind == kKindWgmma || kind == kKindWgmmaPx || kind == kKindWgmmaRc;
   if (wgmma && !PDFLASH_MXFP4_GEMM_SM90A) return PDFLASH_MXFP4_VARIANT_UNAVAILABLE;
   int major = 0, minor = 0;
   cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
@@ -1160,8 +1117,7 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
 // 4 sub-tiles) spills: not built. Kind 1 = kKindWgmma (MT 1, whole
 // warpgroups; runs where kind_runs_on says); kind 2 = kKindWgmmaPx (the same,
 // x given chunk-permuted: mxfp4_moe_gemm.h); kind 3 = kKindWgmmaRc (variant
-// 10 reading repacked codes: mxfp4_moe_gemm.h); kinds 4 / 5 = kKindWgmmaKs /
-// kKindWgmmaRcKs (variants 10 / 15 with one wgmma group per k-step).
+// 10 reading repacked codes: mxfp4_moe_gemm.h).
 #define MXCUDA_VARIANTS(X)      \
   X(0, 4, 1, 4, 3, 8, 0, 0)     \
   X(1, 4, 2, 4, 3, 4, 0, 0)     \
@@ -1178,11 +1134,9 @@ int launch(const Params& p, int num_tiles, cudaStream_t stream) {
   X(12, 8, 1, 6, 2, 8, 256, 1)   \
   X(13, 12, 1, 4, 1, 8, 256, 1)  \
   X(14, 8, 1, 4, 2, 8, 256, 2)   \
-  X(15, 8, 1, 4, 2, 8, 256, 3)   \
-  X(16, 8, 1, 4, 2, 8, 256, 4)   \
-  X(17, 8, 1, 4, 2, 8, 256, 5)
+  X(15, 8, 1, 4, 2, 8, 256, 3)
 
-constexpr int kNumVariants = 18;
+constexpr int kNumVariants = 16;
 
 template <int WARPS, int MT, int STAGES, int MINB, int NSMAX, int PF, int KIND>
 int launch_nsm(const Params& p, int num_tiles, cudaStream_t stream) {
@@ -1268,12 +1222,12 @@ int mxfp4_moe_variant_available(int variant, int device) {
 // Returns PDFLASH_MXFP4_OK (0) or an error code (mxfp4_moe_gemm.h).
 int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
                    const void* blocks, long long stride_ws, long long stride_wn,
-                   long long stride_wc, const void* scales, long long stride_ss, long long stride_sn,
-                   long long stride_sk, const void* bias, long long stride_bs, void* out,
-                   long long stride_om, const int* tile_slot, const int* tile_start,
-                   const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
-                   int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
-                   int out_layout, unsigned long long stream) {
+                   long long stride_wc, const void* scales, long long stride_ss,
+                   long long stride_sn, long long stride_sk, const void* bias,
+                   long long stride_bs, void* out, long long stride_om, const int* tile_slot,
+                   const int* tile_start, const int* tile_end, int num_tiles, int block_m, int N,
+                   int K, int n_out, int act, int gate_col0, int up_col0, int col_step,
+                   float alpha, float limit, int out_layout, unsigned long long stream) {
   using namespace mxcuda;
   constexpr int kBad = PDFLASH_MXFP4_BAD_ARGS;
   if (variant < 0 || variant >= kNumVariants) return PDFLASH_MXFP4_BAD_VARIANT;

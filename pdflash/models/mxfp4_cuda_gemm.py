@@ -18,8 +18,7 @@ it runs, i.e. this build has its sm_90a code and the device is compute
 capability 9.0 (:func:`wgmma_unavailable`); else variant 4 (mma.sync, 16
 warps, one m-tile, 4 stages). ``PDFLASH_MXFP4_CUDA_BM64`` overrides the
 ``block_m`` 33..64 choice: ``auto`` (default, the rule above), ``mma``
-(variant 4), ``wgmma`` (variant 10; an error where it cannot run),
-``wgmma_ks`` (variant 16, below; the same) or
+(variant 4), ``wgmma`` (variant 10; an error where it cannot run) or
 ``wgmma_px`` (variant 14: variant 10's kernel reading x by cp.async from a
 chunk-permuted copy, :func:`chunk_permuted`, that :func:`grouped_mxfp4_gemm`
 makes first, or that the expert MLP's first GEMM writes for its second,
@@ -31,10 +30,7 @@ codes whose bits :func:`repack_codes` moved so that the dequant takes ~40%
 fewer integer instructions; a caller that repacked its slab names it with
 ``codes=CODES_REPACKED``. Its bits equal variant 10's on an H100, and it is
 2.7-3.1% faster at 256 tokens there (bench/results/h100/session61-2026-12-07):
-too little to make every reader of the slab read repacked codes. Variants
-16 and 17 (kinds :data:`KIND_WGMMA_KS`, :data:`KIND_WGMMA_RC_KS`) are
-variants 10 and 15 with one wgmma group per 16-k step, so that each step's
-dequant runs while the previous steps' wgmmas do (the same bits).
+too little to make every reader of the slab read repacked codes.
 
 The CPU model of the kernel's per-lane algorithm (which lane loads which
 bytes, the dequant bits, the fragment layouts, the scale-range paths) is
@@ -67,26 +63,20 @@ LARGE_BLOCK_VARIANT = 4
 WGMMA_BLOCK_VARIANT = 10
 #: ``PDFLASH_MXFP4_CUDA_BM64=wgmma_px``'s variant (x chunk-permuted)
 WGMMA_PX_BLOCK_VARIANT = 14
-#: ``PDFLASH_MXFP4_CUDA_BM64=wgmma_ks``'s variant (one wgmma group per k-step)
-WGMMA_KS_VARIANT = 16
 #: the environment variable that overrides the block_m 33..64 choice, and its values
 BM64_ENV = "PDFLASH_MXFP4_CUDA_BM64"
-BM64_SETTINGS = ("auto", "mma", "wgmma", "wgmma_px", "wgmma_ks")
+BM64_SETTINGS = ("auto", "mma", "wgmma", "wgmma_px")
 #: variant kinds (:attr:`Variant.kind`; the native module's KIND_*)
 KIND_MMA_SYNC = 0
 KIND_WGMMA = 1
 KIND_WGMMA_PX = 2  # wgmma, x chunk-permuted (:func:`chunk_permuted`)
 KIND_WGMMA_RC = 3  # wgmma, the weights' codes repacked (:func:`repack_codes`)
-KIND_WGMMA_KS = 4  # KIND_WGMMA with one wgmma group per k-step
-KIND_WGMMA_RC_KS = 5  # KIND_WGMMA_RC with one wgmma group per k-step
-WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX, KIND_WGMMA_RC, KIND_WGMMA_KS, KIND_WGMMA_RC_KS)
+WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX, KIND_WGMMA_RC)
 #: the kinds that read the codes repacked (:data:`CODES_REPACKED`)
-REPACKED_KINDS = (KIND_WGMMA_RC, KIND_WGMMA_RC_KS)
+REPACKED_KINDS = (KIND_WGMMA_RC,)
 #: variant 10 reading repacked codes (kind :data:`KIND_WGMMA_RC`); never
 #: picked: a caller that repacked its slab names it
 WGMMA_RC_VARIANT = 15
-#: variant 15 with one wgmma group per k-step (kind :data:`KIND_WGMMA_RC_KS`)
-WGMMA_RC_KS_VARIANT = 17
 #: the blocks' code layouts (:func:`grouped_mxfp4_gemm`'s ``codes``): the
 #: checkpoint's, or :func:`repack_codes`'s
 CODES_NATURAL = "natural"
@@ -122,8 +112,6 @@ class Mxfp4GemmNative(Protocol):
     KIND_WGMMA: int
     KIND_WGMMA_PX: int
     KIND_WGMMA_RC: int
-    KIND_WGMMA_KS: int
-    KIND_WGMMA_RC_KS: int
     OUT_NATURAL: int
     OUT_CHUNK_PERMUTED: int
 
@@ -198,8 +186,6 @@ class Variant:
             KIND_WGMMA: "wg",
             KIND_WGMMA_PX: "wgpx",
             KIND_WGMMA_RC: "wgrc",
-            KIND_WGMMA_KS: "wgks",
-            KIND_WGMMA_RC_KS: "wgrcks",
         }.get(self.kind, "")
         return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}{wg}"
 
@@ -297,9 +283,9 @@ def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
     """The variant for ``block_m`` on ``device`` (None: the current CUDA
     device; module docstring): 8 up to 32; above, as ``PDFLASH_MXFP4_CUDA_BM64``
     says: ``auto`` the wgmma variant 10 where it runs on ``device``
-    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10,
-    ``wgmma_px`` 14 and ``wgmma_ks`` 16, raising
-    :class:`WgmmaUnavailableError` where they cannot run."""
+    (:func:`wgmma_unavailable`), else 4; ``mma`` 4; ``wgmma`` 10 and
+    ``wgmma_px`` 14, raising :class:`WgmmaUnavailableError` where they cannot
+    run."""
     if not 1 <= block_m <= MAX_BLOCK_M:
         raise ValueError(f"the CUDA MXFP4 GEMM takes block_m 1..{MAX_BLOCK_M}, got {block_m}")
     setting = bm64_setting()  # validated at every block_m: a typo never goes unnoticed
@@ -309,8 +295,7 @@ def pick_variant(block_m: int, device: torch.device | str | None = None) -> int:
         return LARGE_BLOCK_VARIANT
     why = wgmma_unavailable(device)
     if why is None:
-        by_setting = {"wgmma_px": WGMMA_PX_BLOCK_VARIANT, "wgmma_ks": WGMMA_KS_VARIANT}
-        return by_setting.get(setting, WGMMA_BLOCK_VARIANT)
+        return WGMMA_PX_BLOCK_VARIANT if setting == "wgmma_px" else WGMMA_BLOCK_VARIANT
     if setting != "auto":
         raise WgmmaUnavailableError(f"{BM64_ENV}={setting} cannot run: {why}")
     return LARGE_BLOCK_VARIANT
@@ -420,8 +405,8 @@ def grouped_mxfp4_gemm(
     (``[n, ceil(N_out / 128) * 128]``, N_out a multiple of 32; the positions
     past N_out unset), the next such GEMM's x. ``codes=CODES_REPACKED`` says
     ``w``'s blocks are :func:`repack_codes`'s; it needs a variant of
-    :data:`REPACKED_KINDS`, named (:data:`WGMMA_RC_VARIANT`,
-    :data:`WGMMA_RC_KS_VARIANT`), and such a variant needs it. A ValueError
+    :data:`REPACKED_KINDS`, named (:data:`WGMMA_RC_VARIANT`), and such a
+    variant needs it. A ValueError
     names what the kernel cannot take; a RuntimeError reports a CUDA failure
     (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
@@ -510,7 +495,7 @@ def grouped_mxfp4_gemm(
     if (kind in REPACKED_KINDS) != (codes == CODES_REPACKED):
         raise ValueError(
             f"codes {codes!r} with variant {variant} of kind {kind}: repacked codes go with "
-            "a variant of REPACKED_KINDS (WGMMA_RC_VARIANT, WGMMA_RC_KS_VARIANT) and only there"
+            "a variant of REPACKED_KINDS (WGMMA_RC_VARIANT) and only there"
         )
     reads_permuted = kind == KIND_WGMMA_PX
     if x_layout == CHUNK_PERMUTED and not reads_permuted:

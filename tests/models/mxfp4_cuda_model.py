@@ -41,11 +41,9 @@ same, x staged by ``issue_x``'s cp.async units from the permuted rows
 core-matrix offsets; a partial chunk's units hold 4 bytes per live 32-k block,
 zero-filled after.
 
-The kinds KIND_WGMMA_RC, KIND_WGMMA_KS and KIND_WGMMA_RC_KS have the wgmma
-kind's lanes and layouts: RC changes only the dequant's bit extraction
-(modelled by the repacked-word tests), KS only when each k-step's wgmma group
-is committed and waited for, which no CPU model sees; their GPU tests compare
-them with variant 10 bit for bit.
+The kind KIND_WGMMA_RC has the wgmma kind's lanes and layouts; it changes
+only the dequant's bit extraction (modelled by the repacked-word tests), and
+its GPU test compares it with variant 10 bit for bit.
 
     python tests/models/mxfp4_cuda_model.py
 """

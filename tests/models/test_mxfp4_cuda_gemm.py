@@ -66,8 +66,7 @@ def test_native_module_imports_and_describes_itself() -> None:
     assert isinstance(mod.BUILT, bool)
     assert isinstance(mod.WGMMA_BUILT, bool)
     kinds = ("KIND_MMA_SYNC", "KIND_WGMMA", "KIND_WGMMA_PX", "KIND_WGMMA_RC")
-    kinds += ("KIND_WGMMA_KS", "KIND_WGMMA_RC_KS")
-    assert [getattr(mod, k) for k in kinds] == [getattr(g, k) for k in kinds] == list(range(6))
+    assert [getattr(mod, k) for k in kinds] == [getattr(g, k) for k in kinds] == list(range(4))
     if not mod.BUILT:  # a build without CUDA: imports, refuses to launch
         assert mod.num_variants() == 0 and mod.WGMMA_BUILT is False
         assert mod.variant_available(g.WGMMA_BLOCK_VARIANT, 0) == mod.NOT_BUILT
@@ -76,7 +75,7 @@ def test_native_module_imports_and_describes_itself() -> None:
         assert "built without" in (g.unavailable("cuda") or "")
         assert "built without" in (g.wgmma_unavailable("cuda") or "")
         return
-    assert mod.num_variants() == 18
+    assert mod.num_variants() == 16
     names = [v.name for v in g.variants()]
     assert names[8] == "v8:8w1mt4stpf256" and names[10] == "v10:8w1mt4stpf256wg"
     assert names[11:] == [
@@ -85,25 +84,21 @@ def test_native_module_imports_and_describes_itself() -> None:
         "v13:12w1mt4stpf256wg",
         "v14:8w1mt4stpf256wgpx",
         "v15:8w1mt4stpf256wgrc",
-        "v16:8w1mt4stpf256wgks",
-        "v17:8w1mt4stpf256wgrcks",
     ]
     assert g.variants()[4].max_block_m == 64 and g.variants()[4].warps == 16
     assert [v.index for v in g.variants() if v.kind == g.KIND_WGMMA] == [10, 11, 12, 13]
     assert mod.variant_info(g.WGMMA_BLOCK_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA)
     assert mod.variant_info(g.WGMMA_RC_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA_RC)
-    assert mod.variant_info(g.WGMMA_KS_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA_KS)
-    assert mod.variant_info(g.WGMMA_RC_KS_VARIANT) == (8, 1, 4, 64, 256, mod.KIND_WGMMA_RC_KS)
     with pytest.raises(ValueError, match="unknown CUDA MXFP4 GEMM variant"):
-        mod.variant_info(18)
-    assert mod.variant_available(18, 0) == mod.BAD_VARIANT
+        mod.variant_info(16)
+    assert mod.variant_available(16, 0) == mod.BAD_VARIANT
     assert (mod.OUT_NATURAL, mod.OUT_CHUNK_PERMUTED) == (0, 1)
     assert mod.error_string(mod.OK) == "ok"
     assert "block_m" in mod.error_string(mod.BLOCK_M_VARIANT)
     assert "sm_90a" in mod.error_string(mod.VARIANT_UNAVAILABLE)
     # the launcher checks what it needs before touching the device
     assert mod.launch(*([0] * 28), 1.0, 0.0, 0, 0) == mod.BAD_ARGS  # K = 0
-    assert mod.launch(18, *([0] * 27), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
+    assert mod.launch(16, *([0] * 27), 1.0, 0.0, 0, 0) == mod.BAD_VARIANT
     # a shape it takes with no tiles is a no-op; a chunk stride off 16 bytes is refused
     args: list[Any] = [0] * 28 + [1.0, 0.0, 0, 0]
     # stride_sk, block_m, n, k, n_out
@@ -147,7 +142,7 @@ def test_unavailable_off_cuda() -> None:
         ({"block_m": 128}, {}, "block_m 1..64"),
         ({"x_rows": torch.tensor([0.0, 1.0])}, {}, "x_rows must be int32 or int64"),
         ({}, {"act": 1, "gate_up": (0, 1, 0)}, "gate_up must be"),
-        ({}, {"variant": 18}, "unknown CUDA MXFP4 GEMM variant"),
+        ({}, {"variant": 16}, "unknown CUDA MXFP4 GEMM variant"),
         ({}, {"variant": 3, "block_m": None}, "takes block_m <= 16"),
         ({"x": torch.zeros(2, 100, dtype=torch.bfloat16)[:, :96]}, {}, "16-byte aligned"),
         ({"x": torch.zeros(2, 97, dtype=torch.bfloat16)[:, 1:]}, {}, "16-byte aligned"),

@@ -313,13 +313,11 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
     assert rows[g.WGMMA_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA)
     assert rows[g.WGMMA_PX_BLOCK_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_PX)
     assert rows[g.WGMMA_RC_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_RC)
-    assert rows[g.WGMMA_KS_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_KS)
-    assert rows[g.WGMMA_RC_KS_VARIANT] == (8, 1, 4, 2, 8, 256, g.KIND_WGMMA_RC_KS)
     # the policy's wgmma variant first; the others are timed beside it (the probe)
     assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA] == [10, 11, 12, 13]
     assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA_PX] == [14]
     assert [v for v, row in rows.items() if row[6] == g.KIND_WGMMA_RC] == [15]
-    assert [v for v, row in rows.items() if row[6] in g.REPACKED_KINDS] == [15, 17]
+    assert [v for v, row in rows.items() if row[6] in g.REPACKED_KINDS] == [15]
     assert sorted(row[6] for row in rows.values() if row[6] != g.KIND_MMA_SYNC) == sorted(
         [g.KIND_WGMMA] * 4 + list(g.WGMMA_KINDS[1:])
     )
@@ -332,8 +330,7 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
     # where it runs: 10 at block_m 33..64 unless the environment says mma
     monkeypatch.setattr(g, "wgmma_unavailable", lambda device=None: None)
     assert [g.pick_variant(b, "cuda") for b in (16, 32, 33, 64)] == [8, 8, 10, 10]
-    settings = (("", 10), ("auto", 10), ("wgmma", 10), ("wgmma_px", 14), ("wgmma_ks", 16))
-    for setting, want in (*settings, ("mma", 4)):
+    for setting, want in (("", 10), ("auto", 10), ("wgmma", 10), ("wgmma_px", 14), ("mma", 4)):
         monkeypatch.setenv(g.BM64_ENV, setting)
         assert (g.pick_variant(64, "cuda"), g.pick_variant(16, "cuda")) == (want, 8), setting
     # where it does not: auto and mma take 4, a forced wgmma is an error
@@ -344,7 +341,7 @@ def test_variant_table_matches_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv(g.BM64_ENV, "wgmma")
     with pytest.raises(g.WgmmaUnavailableError, match=r"PDFLASH_MXFP4_CUDA_BM64=wgmma .*sm_90a"):
         g.pick_variant(64, "cuda")
-    for setting in ("wgmma_px", "wgmma_ks"):
+    for setting in ("wgmma_px",):
         monkeypatch.setenv(g.BM64_ENV, setting)
         with pytest.raises(g.WgmmaUnavailableError, match=rf"BM64={setting} cannot run: .*sm_90a"):
             g.pick_variant(64, "cuda")

@@ -10,15 +10,14 @@
  * Rows no live tile covers are not written (the caller masks them).
  *
  * W: blocks [S, N, K/32, 16] uint8 (two e2m1 codes per byte, low nibble =
- * lower k) and scales [S, N, K/32] uint8
- * e8m0 (2^(s-127); the k stride must be 1). The blocks' bytes: row n of
- * slot s starts at s * stride_ws + n * stride_wn, and within a row each
- * 128-k chunk (4 blocks, 64 contiguous bytes) starts stride_wc bytes after
- * the previous one: 64 for rows whose K/2 bytes are contiguous; N * 64 for
- * a chunk-major slot ([K/128][N][64], each chunk of consecutive rows one
- * contiguous run). Bias: bf16 [S, N] (row stride
- * stride_bs elements) or NULL. x: bf16 rows (k stride 1), x_rows int32.
- * out: bf16 rows (column stride 1). Strides are in elements for x, bias and
+ * lower k) and scales [S, N, K/32] uint8 e8m0 (2^(s-127); the k stride must
+ * be 1). The blocks' bytes: row n of slot s starts at s * stride_ws + n *
+ * stride_wn, and within a row each 128-k chunk (4 blocks, 64 contiguous
+ * bytes) starts stride_wc bytes after the previous one: 64 for rows whose
+ * K/2 bytes are contiguous; N * 64 for a chunk-major slot ([K/128][N][64],
+ * each chunk of consecutive rows one contiguous run). Bias: bf16 [S, N]
+ * (row stride stride_bs elements) or NULL. x: bf16 rows (k stride 1), x_rows
+ * int32. out: bf16 rows (column stride 1). Strides are in elements for x, bias and
  * out, in bytes for blocks and scales. out_layout 0 writes output column j at
  * j; 1 (PDFLASH_MXFP4_OUT_CHUNK_PERMUTED, for a next GEMM of kind
  * PDFLASH_MXFP4_KIND_WGMMA_PX) at its place in the chunk-permuted layout
@@ -97,13 +96,7 @@ enum {
    *   i = 2: 16, 17, 18, 25 i = 6: 0, 1, 2, 9
    *   i = 3: 4, 5, 14, 13   i = 7: 20, 21, 30, 29
    * (pdflash.models.mxfp4_cuda_gemm.repack_codes); scales as given */
-  PDFLASH_MXFP4_KIND_WGMMA_RC = 3,
-  /* the wgmma kind (natural codes) and the _RC kind (repacked codes) with
-   * one wgmma group per 16-k step, each step's weights dequantized while the
-   * previous steps' wgmmas run (sm_90a); inputs, outputs and bits as those
-   * kinds' */
-  PDFLASH_MXFP4_KIND_WGMMA_KS = 4,
-  PDFLASH_MXFP4_KIND_WGMMA_RC_KS = 5
+  PDFLASH_MXFP4_KIND_WGMMA_RC = 3
 };
 
 /* out_layout values (mxfp4_moe_gemm) */
@@ -133,12 +126,14 @@ static inline const char* mxfp4_moe_error_string(int code) {
 static inline int mxfp4_moe_gemm(
     int variant, const void* x, long long stride_xm, const int* x_rows, const void* blocks,
     long long stride_ws, long long stride_wn, long long stride_wc, const void* scales,
-    long long stride_ss, long long stride_sn, long long stride_sk, const void* bias, long long stride_bs, void* out,
-    long long stride_om, const int* tile_slot, const int* tile_start, const int* tile_end,
-    int num_tiles, int block_m, int N, int K, int n_out, int act, int gate_col0, int up_col0,
-    int col_step, float alpha, float limit, int out_layout, unsigned long long stream) {
+    long long stride_ss, long long stride_sn, long long stride_sk, const void* bias,
+    long long stride_bs, void* out, long long stride_om, const int* tile_slot,
+    const int* tile_start, const int* tile_end, int num_tiles, int block_m, int N, int K,
+    int n_out, int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
+    int out_layout, unsigned long long stream) {
   (void)variant, (void)x, (void)stride_xm, (void)x_rows, (void)blocks, (void)stride_ws;
-  (void)stride_wn, (void)stride_wc, (void)scales, (void)stride_ss, (void)stride_sn, (void)stride_sk, (void)bias;
+  (void)stride_wn, (void)stride_wc, (void)scales, (void)stride_ss, (void)stride_sn;
+  (void)stride_sk, (void)bias;
   (void)stride_bs, (void)out, (void)stride_om, (void)tile_slot, (void)tile_start, (void)tile_end;
   (void)num_tiles, (void)block_m, (void)N, (void)K, (void)n_out, (void)act, (void)gate_col0;
   (void)up_col0, (void)col_step, (void)alpha, (void)limit, (void)out_layout, (void)stream;
@@ -177,12 +172,12 @@ const char* mxfp4_moe_error_string(int code);
  * CTA each. */
 int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
                    const void* blocks, long long stride_ws, long long stride_wn,
-                   long long stride_wc, const void* scales, long long stride_ss, long long stride_sn,
-                   long long stride_sk, const void* bias, long long stride_bs, void* out,
-                   long long stride_om, const int* tile_slot, const int* tile_start,
-                   const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
-                   int act, int gate_col0, int up_col0, int col_step, float alpha, float limit,
-                   int out_layout, unsigned long long stream);
+                   long long stride_wc, const void* scales, long long stride_ss,
+                   long long stride_sn, long long stride_sk, const void* bias,
+                   long long stride_bs, void* out, long long stride_om, const int* tile_slot,
+                   const int* tile_start, const int* tile_end, int num_tiles, int block_m, int N,
+                   int K, int n_out, int act, int gate_col0, int up_col0, int col_step,
+                   float alpha, float limit, int out_layout, unsigned long long stream);
 
 #endif
 
