@@ -33,9 +33,10 @@ cdef extern from "pdflash/mxfp4_moe_gemm.h" nogil:
     const char* mxfp4_moe_error_string(int code)
     int mxfp4_moe_gemm(int variant, const void* x, long long stride_xm, const int* x_rows,
                        const void* blocks, long long stride_ws, long long stride_wn,
-                       long long stride_wc, const void* scales, long long stride_ss, long long stride_sn,
-                       long long stride_sk, const void* bias, long long stride_bs, void* out,
-                       long long stride_om, const int* tile_slot, const int* tile_start,
-                       const int* tile_end, int num_tiles, int block_m, int N, int K, int n_out,
-                       int act, int gate_col0, int up_col0, int col_step, float alpha,
-                       float limit, int out_layout, unsigned long long stream)
+                       long long stride_wc, const void* scales, long long stride_ss,
+                       long long stride_sn, long long stride_sk, const void* bias,
+                       long long stride_bs, void* out, long long stride_om, const int* tile_slot,
+                       const int* tile_start, const int* tile_end, int num_tiles, int block_m,
+                       int N, int K, int n_out, int act, int gate_col0, int up_col0,
+                       int col_step, float alpha, float limit, int out_layout,
+                       unsigned long long stream)

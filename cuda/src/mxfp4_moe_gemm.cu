@@ -411,7 +411,7 @@ constexpr int kKindWgmmaRc = PDFLASH_MXFP4_KIND_WGMMA_RC;
 
 template <int WARPS_, int MT_, int NSM_, int STAGES_, int MINB_, int PF_, int KIND_>
 struct Cfg {
-  static constexpr int KIND = KIND_;      // kKindMmaSync or one of the wgmma kinds
+  static constexpr int KIND = KIND_;      // kKindMmaSync, kKindWgmma, kKindWgmmaPx or kKindWgmmaRc
   static constexpr bool WG = KIND != kKindMmaSync;  // wgmma, B from shared memory
   static constexpr bool PX = KIND == kKindWgmmaPx;  // x pre-permuted, by cp.async
   static constexpr bool RC = KIND == kKindWgmmaRc;  // codes repacked (repacked_pair_bits)

@@ -72,8 +72,6 @@ KIND_WGMMA = 1
 KIND_WGMMA_PX = 2  # wgmma, x chunk-permuted (:func:`chunk_permuted`)
 KIND_WGMMA_RC = 3  # wgmma, the weights' codes repacked (:func:`repack_codes`)
 WGMMA_KINDS = (KIND_WGMMA, KIND_WGMMA_PX, KIND_WGMMA_RC)
-#: the kinds that read the codes repacked (:data:`CODES_REPACKED`)
-REPACKED_KINDS = (KIND_WGMMA_RC,)
 #: variant 10 reading repacked codes (kind :data:`KIND_WGMMA_RC`); never
 #: picked: a caller that repacked its slab names it
 WGMMA_RC_VARIANT = 15
@@ -177,16 +175,12 @@ class Variant:
     stages: int  # cp.async ring depth (128-k chunks)
     max_block_m: int
     l2_prefetch: int  # cp.async L2 prefetch hint, bytes (0: none)
-    kind: int  # KIND_MMA_SYNC or one of WGMMA_KINDS
+    kind: int  # KIND_MMA_SYNC, KIND_WGMMA, KIND_WGMMA_PX or KIND_WGMMA_RC
 
     @property
     def name(self) -> str:
         pf = f"pf{self.l2_prefetch}" if self.l2_prefetch else ""
-        wg = {
-            KIND_WGMMA: "wg",
-            KIND_WGMMA_PX: "wgpx",
-            KIND_WGMMA_RC: "wgrc",
-        }.get(self.kind, "")
+        wg = {KIND_WGMMA: "wg", KIND_WGMMA_PX: "wgpx", KIND_WGMMA_RC: "wgrc"}.get(self.kind, "")
         return f"v{self.index}:{self.warps}w{self.m_tiles}mt{self.stages}st{pf}{wg}"
 
 
@@ -404,9 +398,9 @@ def grouped_mxfp4_gemm(
     ``out_layout=CHUNK_PERMUTED`` writes the output in that layout
     (``[n, ceil(N_out / 128) * 128]``, N_out a multiple of 32; the positions
     past N_out unset), the next such GEMM's x. ``codes=CODES_REPACKED`` says
-    ``w``'s blocks are :func:`repack_codes`'s; it needs a variant of
-    :data:`REPACKED_KINDS`, named (:data:`WGMMA_RC_VARIANT`), and such a
-    variant needs it. A ValueError
+    ``w``'s blocks are :func:`repack_codes`'s; it needs a
+    :data:`KIND_WGMMA_RC` variant, named (:data:`WGMMA_RC_VARIANT`), and such
+    a variant needs it. A ValueError
     names what the kernel cannot take; a RuntimeError reports a CUDA failure
     (:class:`WgmmaUnavailableError`: a wgmma variant where it cannot run)."""
     w.check()
@@ -492,10 +486,10 @@ def grouped_mxfp4_gemm(
         why = wgmma_unavailable(x.device)
         if why is not None:
             raise WgmmaUnavailableError(f"CUDA MXFP4 GEMM variant {variant} cannot run: {why}")
-    if (kind in REPACKED_KINDS) != (codes == CODES_REPACKED):
+    if (kind == KIND_WGMMA_RC) != (codes == CODES_REPACKED):
         raise ValueError(
             f"codes {codes!r} with variant {variant} of kind {kind}: repacked codes go with "
-            "a variant of REPACKED_KINDS (WGMMA_RC_VARIANT) and only there"
+            "a KIND_WGMMA_RC variant (WGMMA_RC_VARIANT) and only there"
         )
     reads_permuted = kind == KIND_WGMMA_PX
     if x_layout == CHUNK_PERMUTED and not reads_permuted:

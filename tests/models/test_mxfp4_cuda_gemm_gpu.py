@@ -381,7 +381,7 @@ def test_repacked_codes_give_the_wgmma_variants_bits(act: int, scales: str) -> N
         f"{int(differ.sum())} words differ, {int(base[live][differ].isnan().sum())} of them NaN in v10's"
     )
     assert not torch.equal(repacked.data, w.data)
-    refused = "repacked codes go with a variant of REPACKED_KINDS"
+    refused = "repacked codes go with a KIND_WGMMA_RC variant"
     with pytest.raises(ValueError, match=refused):
         g.grouped_mxfp4_gemm(x, x_rows, tiles, 64, w, variant=g.WGMMA_RC_VARIANT, **kw)
     with pytest.raises(ValueError, match=refused):

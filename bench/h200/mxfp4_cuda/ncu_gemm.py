@@ -79,12 +79,12 @@ def main() -> int:
 
     natural = {"gate_up": mx(2 * INTER, HIDDEN), "down": mx(HIDDEN, INTER)}
     kinds = {v.index: v.kind for v in cg.variants()}
-    # REPACKED_KINDS variants read the codes repacked, made once on first use (as a
+    # kind-3 variants read the codes repacked, made once on first use (as a
     # slab holding them would be)
     repacked: dict[str, SlabWeight] = {}
 
     def weights(v: int, name: str) -> tuple[SlabWeight, str]:
-        if kinds[v] not in cg.REPACKED_KINDS:
+        if kinds[v] != cg.KIND_WGMMA_RC:
             return natural[name], cg.CODES_NATURAL
         if name not in repacked:
             w = natural[name]

@@ -340,9 +340,9 @@ class CudaGemm:
         per blocks tensor and kept: a caller would repack its slab once)."""
         import torch
 
-        from pdflash.models.mxfp4_cuda_gemm import KIND_WGMMA_PX, REPACKED_KINDS, chunk_permuted
+        from pdflash.models.mxfp4_cuda_gemm import KIND_WGMMA_PX, KIND_WGMMA_RC, chunk_permuted
 
-        if self.variants[variant]["kind"] in REPACKED_KINDS:
+        if self.variants[variant]["kind"] == KIND_WGMMA_RC:
             w = self._repacked(w)
         n, kb = int(w.data.shape[1]), int(w.data.shape[2])
         if act == 0:
