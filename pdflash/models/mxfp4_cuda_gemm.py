@@ -256,6 +256,21 @@ def repack_codes(blocks: torch.Tensor) -> torch.Tensor:
     return ((out[:, None] >> shifts) & 0xFF).to(torch.uint8).reshape(blocks.shape)
 
 
+def chunk_major_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
+    """MXFP4 ``blocks`` ``[S, N, K/32, 16]`` copied chunk-major, per slot
+    ``[ceil(K/128)][N][64]`` (a partial last chunk zero-padded), with the
+    launcher's ``(stride_ws, stride_wn, stride_wc)`` for it: each 128-k chunk
+    of consecutive rows is one contiguous run (the header's ``stride_wc``)."""
+    if blocks.dtype != torch.uint8 or blocks.dim() != 4 or blocks.shape[3] != 16:
+        raise ValueError(f"chunk_major_blocks takes uint8 [S, N, G, 16], got {tuple(blocks.shape)}")
+    s, n, kb, _ = blocks.shape
+    nc = -(-kb // 4)
+    padded = blocks.new_zeros(s, n, nc * 4, 16)
+    padded[:, :, :kb] = blocks
+    tiled = padded.view(s, n, nc, 64).transpose(1, 2).contiguous()  # [S, NC, N, 64]
+    return tiled, tiled.stride(0), 64, n * 64
+
+
 def reads_chunk_permuted(block_m: int, device: torch.device | str | None = None) -> bool:
     """Whether the variant :func:`pick_variant` gives for ``block_m`` on
     ``device`` reads x chunk-permuted (kind :data:`KIND_WGMMA_PX`): then an

@@ -193,3 +193,24 @@ def test_weight_and_tile_errors() -> None:
     meta = torch.zeros(2, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match="tile end is on meta"):
         _call({**args, "tiles": (slot, start, meta)})
+
+
+def test_chunk_major_blocks_follow_the_launchers_strides() -> None:
+    """Byte (s, n, block b, i) of the natural blocks sits, in the chunk-major
+    copy, at s * stride_ws + n * stride_wn + (b // 4) * stride_wc + (b % 4)
+    * 16 + i: the address the kernel reads with those strides; the padded
+    blocks of a partial last chunk are zero; bad input is refused."""
+    gen = torch.Generator().manual_seed(5)
+    blocks = torch.randint(0, 256, (3, 5, 6, 16), generator=gen).to(torch.uint8)  # K = 192
+    tiled, ws, wn, wc = g.chunk_major_blocks(blocks)
+    assert tiled.shape == (3, 2, 5, 64) and tiled.is_contiguous()
+    assert (ws, wn, wc) == (2 * 5 * 64, 64, 5 * 64)
+    flat = tiled.flatten()
+    s, n, b, i = (
+        t.flatten() for t in torch.meshgrid(*map(torch.arange, blocks.shape), indexing="ij")
+    )
+    at = s * ws + n * wn + (b // 4) * wc + (b % 4) * 16 + i
+    assert torch.equal(flat[at], blocks.flatten())
+    assert int(tiled[:, 1, :, 32:].count_nonzero()) == 0  # blocks 6, 7 of chunk 1: padding
+    with pytest.raises(ValueError, match=r"uint8 \[S, N, G, 16\]"):
+        g.chunk_major_blocks(blocks.view(3, 5, 96))

@@ -552,11 +552,7 @@ def test_chunk_major_blocks_give_the_natural_layouts_bits(act: int) -> None:
     n = 2 * 2880 if act else 2880
     w = _slab(8, n, 2880, "real", seed=seed)
     x = torch.randn(96, 2880, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda()
-    s, _, kb, _ = w.data.shape
-    nc = -(-kb // 4)
-    padded = torch.zeros(s, n, nc * 4, 16, dtype=torch.uint8, device="cuda")
-    padded[:, :, :kb] = w.data
-    tiled = padded.view(s, n, nc, 64).transpose(1, 2).contiguous()
+    tiled, stride_ws, stride_wn, stride_wc = g.chunk_major_blocks(w.data)
     cols = _cols(act, n)
     n_out = n // 2 if act else n
     mod = g.native()
@@ -573,7 +569,7 @@ def test_chunk_major_blocks_give_the_natural_layouts_bits(act: int) -> None:
         assert w.bias is not None
         rc = mod.launch(
             variant, x.data_ptr(), x.stride(0), x_rows.data_ptr(),
-            tiled.data_ptr(), tiled.stride(0), 64, n * 64,
+            tiled.data_ptr(), stride_ws, stride_wn, stride_wc,
             w.scale.data_ptr(), w.scale.stride(0), w.scale.stride(1), 1,
             w.bias.data_ptr(), w.bias.stride(0), out.data_ptr(), out.stride(0),
             slot.data_ptr(), start.data_ptr(), end.data_ptr(), int(slot.numel()),

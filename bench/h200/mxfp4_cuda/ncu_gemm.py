@@ -101,15 +101,9 @@ def main() -> int:
     tiled: dict[int, tuple[torch.Tensor, int, int, int]] = {}
 
     def chunk_major(blocks: torch.Tensor) -> tuple[torch.Tensor, int, int, int]:
-        key = blocks.data_ptr()
-        if key not in tiled:
-            e, n, kb, _ = blocks.shape
-            nc = -(-kb // 4)
-            padded = torch.zeros(e, n, nc * 4, 16, dtype=torch.uint8, device=blocks.device)
-            padded[:, :, :kb] = blocks
-            t = padded.view(e, n, nc, 64).transpose(1, 2).contiguous()  # [e, nc, n, 64]
-            tiled[key] = (t, t.stride(0), 64, n * 64)
-        return tiled[key]
+        if blocks.data_ptr() not in tiled:
+            tiled[blocks.data_ptr()] = cg.chunk_major_blocks(blocks)
+        return tiled[blocks.data_ptr()]
 
     def gemm(v: int, layout: str, name: str, x: torch.Tensor, x_rows: torch.Tensor,
              tiles: tuple[torch.Tensor, torch.Tensor, torch.Tensor], block_m: int,
